@@ -1,0 +1,332 @@
+//! The database handle, workers and the commit-log hook.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::clock::CommitClock;
+use crate::error::{Error, Result};
+use crate::ids::{RecordId, TableId, Ts, WorkerId};
+use crate::record::{free_chain, LOCK_BIT, TS_MASK};
+use crate::table::Table;
+use crate::txn::{ReadTxn, Transaction, TxnScratch};
+
+/// Most tables a database can hold.
+pub const TABLES_MAX: usize = 256;
+/// Longest key, in bytes (the log format's limit).
+pub const KEY_LEN_MAX: usize = 64 * 1024;
+/// Longest value, in bytes.
+pub const VALUE_LEN_MAX: usize = 16 * 1024 * 1024;
+
+/// One write of a committed transaction, as handed to the commit log.
+#[derive(Debug, Clone, Copy)]
+pub struct LoggedWrite<'a> {
+    pub table: TableId,
+    pub rid: RecordId,
+    pub key: &'a [u8],
+    /// `None`: delete.
+    pub value: Option<&'a [u8]>,
+}
+
+/// Where committed write sets go. Implemented by the log crate; the engine only calls it.
+///
+/// Protocol, per worker: `append` is called for each committing transaction in timestamp
+/// order, after validation succeeded and before the worker's commit slot is cleared (so
+/// `CommitClock::stream_bound` never runs ahead of what was appended).
+pub trait CommitLog: Send + Sync {
+    /// Err once the log has failed: commits are refused before they take a timestamp.
+    fn check_writable(&self) -> Result<()>;
+    /// Buffers one transaction's write set on `worker`'s stream. Never does I/O itself; may
+    /// block while the stream's buffer is over its limit (backpressure).
+    fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>);
+    /// Blocks until every transaction with a timestamp at or below `ts` is durable under
+    /// the log's durability, or the log has failed.
+    fn wait_durable(&self, ts: Ts) -> Result<()>;
+    /// Whether `ts` is durable now (Err if the log has failed).
+    fn is_durable(&self, ts: Ts) -> Result<bool>;
+    /// Makes a new table durable before anyone can write to it.
+    fn table_created(&self, id: TableId, name: &str) -> Result<()>;
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Number of workers (threads running read-write transactions), and so of log streams.
+    pub workers: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { workers: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) }
+    }
+}
+
+/// An in-memory database. Durable databases are opened through `ditto_log::open`, which
+/// recovers one of these and attaches a log to it.
+pub struct Database {
+    pub(crate) clock: Arc<CommitClock>,
+    pub(crate) tables: Box<[OnceLock<Table>]>,
+    names: Mutex<HashMap<String, TableId>>,
+    pub(crate) log: OnceLock<Arc<dyn CommitLog>>,
+    workers_taken: Box<[AtomicBool]>,
+}
+
+impl Database {
+    pub fn new(opts: Options) -> Arc<Database> {
+        assert!(opts.workers >= 1 && opts.workers <= 1024, "workers must be in 1..=1024");
+        Arc::new(Database {
+            clock: Arc::new(CommitClock::new(opts.workers)),
+            tables: (0..TABLES_MAX).map(|_| OnceLock::new()).collect(),
+            names: Mutex::new(HashMap::new()),
+            log: OnceLock::new(),
+            workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
+        })
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers_taken.len()
+    }
+
+    pub fn clock(&self) -> &Arc<CommitClock> {
+        &self.clock
+    }
+
+    /// Attaches the commit log. Must happen before any worker commits.
+    pub fn attach_log(&self, log: Arc<dyn CommitLog>) {
+        assert!(self.log.set(log).is_ok(), "a commit log is already attached");
+    }
+
+    pub fn has_log(&self) -> bool {
+        self.log.get().is_some()
+    }
+
+    /// Creates a table (durably, if a log is attached). Creating an existing name is an error.
+    pub fn create_table(&self, name: &str) -> Result<TableId> {
+        let mut names = self.names.lock();
+        if names.contains_key(name) {
+            return Err(Error::TableExists(name.to_string()));
+        }
+        let id = TableId(names.len() as u32);
+        if names.len() >= TABLES_MAX {
+            return Err(Error::TooManyTables(TABLES_MAX));
+        }
+        if let Some(log) = self.log.get() {
+            log.table_created(id, name)?;
+        }
+        self.install_table(id, name, &mut names);
+        Ok(id)
+    }
+
+    /// Returns the table's id, creating it if needed.
+    pub fn open_table(&self, name: &str) -> Result<TableId> {
+        match self.table_id(name) {
+            Some(id) => Ok(id),
+            None => self.create_table(name),
+        }
+    }
+
+    /// Recreates a table recorded in a catalog (recovery; no log call).
+    pub fn restore_table(&self, id: TableId, name: &str) {
+        let mut names = self.names.lock();
+        assert_eq!(id.0 as usize, names.len(), "catalog tables must be restored in id order");
+        self.install_table(id, name, &mut names);
+    }
+
+    fn install_table(&self, id: TableId, name: &str, names: &mut HashMap<String, TableId>) {
+        names.insert(name.to_string(), id);
+        let fresh = Table::new(name.to_string());
+        assert!(self.tables[id.0 as usize].set(fresh).is_ok(), "table slot {id:?} reused");
+    }
+
+    pub fn table_id(&self, name: &str) -> Option<TableId> {
+        self.names.lock().get(name).copied()
+    }
+
+    /// All tables, in id order.
+    pub fn tables(&self) -> Vec<(TableId, String)> {
+        let mut v: Vec<_> = self.names.lock().iter().map(|(n, id)| (*id, n.clone())).collect();
+        v.sort();
+        v
+    }
+
+    pub(crate) fn table(&self, id: TableId) -> Result<&Table> {
+        self.tables.get(id.0 as usize).and_then(|t| t.get()).ok_or(Error::NoSuchTable(id))
+    }
+
+    /// Takes worker `id` (each worker is used by one thread at a time; its id is its log
+    /// stream). Returns None if it is taken.
+    pub fn worker(self: &Arc<Self>, id: WorkerId) -> Option<Worker> {
+        let flag = self.workers_taken.get(id.0 as usize)?;
+        if flag.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(Worker { db: Arc::clone(self), id, scratch: TxnScratch::default(), commits: 0, cleanup: Vec::new() })
+    }
+
+    /// A read-only transaction at the newest consistent snapshot. Never blocks writers,
+    /// never aborts.
+    pub fn read(&self) -> ReadTxn<'_> {
+        ReadTxn::new(self)
+    }
+
+    /// Waits until `ts` is durable (immediately true without a log).
+    pub fn wait_durable(&self, ts: Ts) -> Result<()> {
+        match self.log.get() {
+            Some(log) => log.wait_durable(ts),
+            None => Ok(()),
+        }
+    }
+
+    // ---- recovery: only before any worker runs ------------------------------------------
+
+    /// Installs a recovered version of (table, rid) if it is newer than what the record has.
+    /// Safe to call from several threads at once (replay of several streams in parallel).
+    pub fn recovery_install(&self, table: TableId, rid: RecordId, key: &Bytes, ts: Ts, value: Option<Bytes>) -> Result<()> {
+        let t = self.table(table)?;
+        t.reserve_rids(rid.0 + 1);
+        let rec = t.record(rid);
+        let _ = rec.key.get_or_init(|| key.clone());
+        assert!(rec.lock(), "recovered record {table:?}/{rid:?} is unlinked");
+        let cur = rec.tid.load(Ordering::Relaxed) & TS_MASK;
+        if ts.0 <= cur {
+            rec.unlock_unchanged();
+            return Ok(());
+        }
+        let guard = crossbeam_epoch::pin();
+        let old = rec.head.swap(
+            crossbeam_epoch::Owned::new(crate::record::Version { ts, value, older: crossbeam_epoch::Atomic::null() }),
+            Ordering::AcqRel,
+            &guard,
+        );
+        // SAFETY: recovery runs before any reader exists; the old chain is unreachable.
+        unsafe { free_chain(old, &guard) };
+        rec.tid.store(ts.0, Ordering::Release);
+        debug_assert!(rec.tid.load(Ordering::Relaxed) & LOCK_BIT == 0);
+        Ok(())
+    }
+
+    /// After recovery installs: builds the table's index from its live records and moves
+    /// the clock past `max_ts`.
+    pub fn recovery_finish(&self, max_ts: Ts) -> Result<()> {
+        self.clock.advance_to(max_ts);
+        let guard = crossbeam_epoch::pin();
+        for slot in self.tables.iter() {
+            let Some(t) = slot.get() else { continue };
+            for rid in 0..t.rid_limit() {
+                let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
+                let obs = rec.read_latest(&guard);
+                if obs.value.is_some() {
+                    let key = rec.key.get().expect("a recovered record has its key").clone();
+                    t.index.insert(key, RecordId(rid));
+                }
+            }
+        }
+        self.clock.refresh_horizon();
+        Ok(())
+    }
+
+    /// Number of live (present) keys in a table, by scanning the index at a snapshot.
+    pub fn count(&self, table: TableId) -> Result<u64> {
+        let r = self.read();
+        let mut n = 0u64;
+        r.for_each(table, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, |_, _| {
+            n += 1;
+            true
+        })?;
+        Ok(n)
+    }
+}
+
+/// A worker: the context of one thread running read-write transactions. Its id names its
+/// commit slot and its log stream.
+pub struct Worker {
+    pub(crate) db: Arc<Database>,
+    pub(crate) id: WorkerId,
+    pub(crate) scratch: TxnScratch,
+    pub(crate) commits: u64,
+    /// Deleted records to unlink from the index once no snapshot can see them.
+    pub(crate) cleanup: Vec<(TableId, RecordId, Ts)>,
+}
+
+/// How many times `Worker::run` retries a conflicting transaction.
+pub const RETRIES_MAX: u32 = 1000;
+
+impl Worker {
+    pub fn id(&self) -> WorkerId {
+        self.id
+    }
+
+    pub fn db(&self) -> &Arc<Database> {
+        &self.db
+    }
+
+    /// Starts a read-write transaction.
+    pub fn begin(&mut self) -> Transaction<'_> {
+        Transaction::new(self)
+    }
+
+    /// Runs `body` in a transaction and commits it, retrying on conflicts (up to
+    /// RETRIES_MAX times). Returns the body's result and a ticket for durability.
+    pub fn run<T>(&mut self, mut body: impl FnMut(&mut Transaction<'_>) -> Result<T>) -> Result<(T, CommitTicket)> {
+        let mut tries = 0;
+        loop {
+            let mut txn = self.begin();
+            let out = body(&mut txn).and_then(|v| txn.commit_async().map(|t| (v, t)));
+            match out {
+                Err(e) if e.is_retryable() && tries < RETRIES_MAX => tries += 1,
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.db.workers_taken[self.id.0 as usize].store(false, Ordering::Release);
+    }
+}
+
+/// What a successful commit returns: its timestamp, and the way to wait until it is durable.
+/// A commit must not be reported to anyone as done before `wait` returns Ok.
+#[must_use = "a commit is not durable until CommitTicket::wait returns"]
+pub struct CommitTicket {
+    pub(crate) ts: Ts,
+    pub(crate) log: Option<Arc<dyn CommitLog>>,
+}
+
+impl CommitTicket {
+    /// The commit timestamp (for a read-only transaction: the newest timestamp it read).
+    pub fn ts(&self) -> Ts {
+        self.ts
+    }
+
+    /// Blocks until the commit is durable under the log's durability.
+    pub fn wait(self) -> Result<Ts> {
+        if let Some(log) = &self.log {
+            log.wait_durable(self.ts)?;
+        }
+        Ok(self.ts)
+    }
+
+    pub fn is_durable(&self) -> Result<bool> {
+        match &self.log {
+            Some(log) => log.is_durable(self.ts),
+            None => Ok(true),
+        }
+    }
+}
+
+impl std::fmt::Debug for CommitTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CommitTicket({})", self.ts)
+    }
+}
+
+pub(crate) fn value_bytes(v: &[u8]) -> Result<Bytes> {
+    if v.len() > VALUE_LEN_MAX {
+        return Err(Error::TooLarge { what: "value", len: v.len(), max: VALUE_LEN_MAX });
+    }
+    Ok(Bytes::copy_from_slice(v))
+}

@@ -1,0 +1,39 @@
+//! Engine errors. Each variant says whether retrying the transaction can help.
+
+use std::sync::Arc;
+
+use crate::ids::TableId;
+
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// Validation failed or a record was unlinked under us: run the transaction again.
+    #[error("transaction conflict: {0}; retry")]
+    Conflict(&'static str),
+    /// `insert` of a key that is present.
+    #[error("key already exists")]
+    KeyExists,
+    /// `update` of a key that is absent.
+    #[error("key not found")]
+    KeyNotFound,
+    #[error("no such table {0:?}")]
+    NoSuchTable(TableId),
+    #[error("table {0:?} already exists")]
+    TableExists(String),
+    #[error("too many tables (limit {0})")]
+    TooManyTables(usize),
+    #[error("{what} is {len} bytes, over the limit of {max}")]
+    TooLarge { what: &'static str, len: usize, max: usize },
+    /// The log could not make commits durable (failed fsync, full disk, ...). The database
+    /// refuses writes from then on; restart recovers from what is durable. Not retryable.
+    #[error("log failure, writes stopped: {0}")]
+    LogFailed(Arc<str>),
+}
+
+impl Error {
+    /// True where running the same transaction again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Conflict(_))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,36 @@
+//! Identifiers and times
+//! =====================
+//! Newtypes so that a record id can never be passed where a timestamp is expected.
+//! All of them are plain integers on the wire (little endian, see docs/log-format.md).
+
+use std::fmt;
+
+/// A commit timestamp. Commit timestamps totally order all transactions of a database:
+/// a transaction with a smaller timestamp serializes before one with a larger timestamp.
+/// `Ts(0)` is "before everything" (the initial, empty state).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ts(pub u64);
+
+impl Ts {
+    pub const ZERO: Ts = Ts(0);
+    pub const MAX: Ts = Ts(u64::MAX >> 2);
+}
+
+impl fmt::Display for Ts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ts{}", self.0)
+    }
+}
+
+/// A table, numbered in creation order from 0.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TableId(pub u32);
+
+/// A record's slot in its table's indirection array. Record ids are never reused within
+/// a table, so (table, record id) names one logical row for the life of the database.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecordId(pub u64);
+
+/// A worker, and so also the log stream it writes (one stream per worker).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkerId(pub u32);

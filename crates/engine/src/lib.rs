@@ -1,0 +1,38 @@
+//! ditto's engine
+//! ==============
+//! A multi-core, in-memory, multi-version store of ordered tables with serializable
+//! read-write transactions and non-blocking read-only snapshots.
+//!
+//! ```text
+//!  Worker (one per thread) --begin--> Transaction --commit--> CommitLog (ditto-log)
+//!     |                                    |
+//!     |          ReadTxn (any thread) ---- | ---- reads versions at a snapshot ts
+//!     v                                    v
+//!  Table = index (skip list: key -> rid) + indirection array (rid -> Record -> versions)
+//! ```
+//!
+//! Modules: `clock` (commit timestamps, visibility, GC horizon), `record` (TID word and
+//! version chains), `table` (index and indirection array), `txn` (OCC and snapshots), `db`
+//! (handles, workers, the commit-log hook).
+//!
+//! Non-goals here: durability (the log crate), replication, secondary indexes (applications
+//! keep them as tables, as TPC-C does).
+
+mod clock;
+mod db;
+mod error;
+mod ids;
+mod record;
+mod table;
+mod txn;
+
+pub use clock::{CommitClock, READERS_MAX};
+pub use db::{
+    CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, RETRIES_MAX, TABLES_MAX,
+    VALUE_LEN_MAX,
+};
+pub use error::{Error, Result};
+pub use ids::{RecordId, TableId, Ts, WorkerId};
+pub use table::RECORDS_PER_TABLE_MAX;
+pub use txn::{Direction, ReadTxn, Transaction};
+pub use bytes::Bytes;

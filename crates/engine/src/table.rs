@@ -1,0 +1,124 @@
+//! Tables: ordered index + indirection array
+//! ========================================
+//! ```text
+//!   index (skip list, key -> rid)        indirection array (rid -> Record)
+//!   "a" -> 0  "b" -> 7  "c" -> 3    ===>  chunk[rid >> 16][rid & 0xffff]
+//! ```
+//! The index is touched only by inserts (and by the cleanup of unlinked records); updates and
+//! deletes change the record, never the index. Replay and recovery address records by rid
+//! directly (Query Fresh's indirection arrays), so they never need the index for updates.
+//!
+//! The indirection array is a two-level array of fixed-size chunks allocated on first use
+//! and never freed or moved while the table lives, which is what lets transactions hold
+//! plain `&Record` for the life of the database borrow.
+//!
+//! Index choice: crossbeam-skiplist, picked by `ditto bench index` (docs/index-choice.md):
+//! lock-free, ordered, double-ended range iteration (reverse scans), concurrent inserts.
+
+use std::ops::Bound;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use crossbeam_skiplist::SkipMap;
+
+use crate::ids::RecordId;
+use crate::record::Record;
+
+const CHUNK_BITS: u32 = 16;
+const CHUNK_LEN: usize = 1 << CHUNK_BITS;
+const CHUNKS_MAX: usize = 1 << 15;
+/// Largest number of records a table can ever allocate.
+pub const RECORDS_PER_TABLE_MAX: u64 = (CHUNK_LEN * CHUNKS_MAX) as u64;
+
+pub(crate) struct Table {
+    pub name: String,
+    pub index: SkipMap<Bytes, RecordId>,
+    chunks: Box<[AtomicPtr<Record>]>,
+    next_rid: AtomicU64,
+}
+
+impl Table {
+    pub fn new(name: String) -> Table {
+        let chunks = (0..CHUNKS_MAX).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect();
+        Table { name, index: SkipMap::new(), chunks, next_rid: AtomicU64::new(0) }
+    }
+
+    /// Number of record ids handed out so far (an upper bound on live records).
+    pub fn rid_limit(&self) -> u64 {
+        self.next_rid.load(Ordering::Acquire)
+    }
+
+    pub fn allocate_rid(&self) -> RecordId {
+        let rid = self.next_rid.fetch_add(1, Ordering::AcqRel);
+        assert!(rid < RECORDS_PER_TABLE_MAX, "table {} is out of record ids", self.name);
+        RecordId(rid)
+    }
+
+    /// Makes sure rids below `limit` are never handed out again (recovery).
+    pub fn reserve_rids(&self, limit: u64) {
+        self.next_rid.fetch_max(limit, Ordering::AcqRel);
+    }
+
+    /// The record at `rid`, allocating its chunk if needed.
+    pub fn record(&self, rid: RecordId) -> &Record {
+        let (c, i) = ((rid.0 >> CHUNK_BITS) as usize, (rid.0 as usize) & (CHUNK_LEN - 1));
+        let slot = &self.chunks[c];
+        let mut p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            let fresh: Box<[Record]> = (0..CHUNK_LEN).map(|_| Record::default()).collect();
+            let fresh = Box::into_raw(fresh) as *mut Record;
+            match slot.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => p = fresh,
+                Err(existing) => {
+                    // SAFETY: `fresh` came from Box::into_raw above and was never shared.
+                    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, CHUNK_LEN)) });
+                    p = existing;
+                }
+            }
+        }
+        // SAFETY: chunks are CHUNK_LEN records, never freed before the table is dropped.
+        unsafe { &*p.add(i) }
+    }
+
+    /// The record at `rid` if its chunk exists.
+    pub fn record_if_allocated(&self, rid: RecordId) -> Option<&Record> {
+        let c = (rid.0 >> CHUNK_BITS) as usize;
+        if c >= CHUNKS_MAX || self.chunks[c].load(Ordering::Acquire).is_null() {
+            return None;
+        }
+        Some(self.record(rid))
+    }
+
+    pub fn range<'a>(
+        &'a self,
+        lo: Bound<&'a [u8]>,
+        hi: Bound<&'a [u8]>,
+    ) -> crossbeam_skiplist::map::Range<'a, [u8], (Bound<&'a [u8]>, Bound<&'a [u8]>), Bytes, RecordId> {
+        self.index.range::<[u8], _>((lo, hi))
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        for slot in self.chunks.iter() {
+            let p = slot.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: we have exclusive access; the chunk came from Box::into_raw.
+            let chunk = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK_LEN)) };
+            for rec in chunk.iter() {
+                // SAFETY: nobody else can reach these versions any more.
+                unsafe {
+                    let g = crossbeam_epoch::unprotected();
+                    let mut cur = rec.head.load(Ordering::Relaxed, g);
+                    while !cur.is_null() {
+                        let next = cur.deref().older.load(Ordering::Relaxed, g);
+                        drop(cur.into_owned());
+                        cur = next;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,637 @@
+//! Transactions
+//! ============
+//! Read-write transactions use optimistic concurrency control in the manner of Silo, with
+//! one change: the commit timestamp comes from the global commit clock (see `clock`).
+//!
+//! ```text
+//!  execute:  reads record (record, TID seen); writes buffer in the write set;
+//!            scans record their range and a fingerprint of the records in it;
+//!            point misses record the key; inserts put an absent record in the index.
+//!  commit:   1. lock the write set in address order (no deadlock), check each TID unchanged
+//!            2. ts = clock.begin_commit()         -- the serialization point
+//!            3. validate: every read TID unchanged and not locked by another;
+//!               every scanned range re-scanned gives the same fingerprint (phantoms);
+//!               every missed key still missing
+//!            4. append the write set to the worker's log stream
+//!            5. install new versions at ts, trim old ones, unlock
+//!            6. clock.end_commit()
+//! ```
+//!
+//! Why this is serializable in timestamp order: a transaction's reads are validated after
+//! its timestamp is taken and while its writes are locked. A writer that installed a newer
+//! version of something we read has either an earlier timestamp (then our validation sees
+//! its TID or its lock and we abort) or a later one (then it serializes after us). Inserts
+//! into a scanned range go into the index before their writer locks them, so a re-scan after
+//! our timestamp sees them, locked or committed, unless the inserter takes its timestamp
+//! after ours.
+//!
+//! Read-only transactions (`ReadTxn`) read the newest version at or below a snapshot
+//! timestamp taken from `visible_ts()`: they never block, never abort, and see a prefix of
+//! the commit order.
+
+use std::ops::Bound;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use crossbeam_epoch::Guard;
+
+use crate::db::{value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX};
+use crate::error::{Error, Result};
+use crate::ids::{RecordId, TableId, Ts};
+use crate::record::{Record, LOCK_BIT, TS_MASK, UNLINKED_BIT};
+use crate::table::Table;
+
+/// Scan direction.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Reverse,
+}
+
+struct WriteEntry {
+    table: TableId,
+    rid: RecordId,
+    rec: *const Record,
+    key: Bytes,
+    /// `None`: delete.
+    value: Option<Bytes>,
+    /// The TID the transaction saw; validated under the lock at commit.
+    observed_tid: u64,
+    /// This transaction put the record into the index (it was not there before).
+    created: bool,
+}
+
+struct ScanEntry {
+    table: TableId,
+    lo: Bound<Bytes>,
+    hi: Bound<Bytes>,
+    fingerprint: Fingerprint,
+}
+
+/// Order-independent fingerprint of a set of record ids.
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+struct Fingerprint {
+    sum: u64,
+    count: u64,
+}
+
+impl Fingerprint {
+    fn add(&mut self, rid: RecordId) {
+        // splitmix64: a sum of well-mixed values makes accidental equality of two different
+        // sets negligible.
+        let mut z = rid.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        self.sum = self.sum.wrapping_add(z ^ (z >> 31));
+        self.count += 1;
+    }
+}
+
+/// Buffers reused from one transaction to the next on a worker.
+#[derive(Default)]
+pub(crate) struct TxnScratch {
+    reads: Vec<(*const Record, u64)>,
+    writes: Vec<WriteEntry>,
+    scans: Vec<ScanEntry>,
+    misses: Vec<(TableId, Bytes)>,
+}
+
+// SAFETY: the raw record pointers point into tables owned by the database, which the worker
+// keeps alive through its Arc; they are only dereferenced by the worker's own thread.
+unsafe impl Send for TxnScratch {}
+
+/// A read-write transaction. Dropping it without commit aborts it.
+pub struct Transaction<'w> {
+    worker: &'w mut Worker,
+    guard: Guard,
+    s: TxnScratch,
+    done: bool,
+}
+
+/// How a write treats the record's current state.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum WriteMode {
+    Insert,
+    Update,
+    Put,
+    Delete,
+}
+
+impl<'w> Transaction<'w> {
+    pub(crate) fn new(worker: &'w mut Worker) -> Transaction<'w> {
+        let s = std::mem::take(&mut worker.scratch);
+        debug_assert!(s.reads.is_empty() && s.writes.is_empty());
+        Transaction { worker, guard: crossbeam_epoch::pin(), s, done: false }
+    }
+
+    fn db(&self) -> &Database {
+        &self.worker.db
+    }
+
+    fn table(&self, id: TableId) -> Result<&'w Table> {
+        let t = self.worker.db.table(id)?;
+        // SAFETY: tables are never dropped before the database, which the worker keeps alive
+        // for at least 'w.
+        Ok(unsafe { &*(t as *const Table) })
+    }
+
+    fn find_write(&self, rec: *const Record) -> Option<usize> {
+        self.s.writes.iter().position(|w| std::ptr::eq(w.rec, rec))
+    }
+
+    /// Reads a key. `None` if absent or deleted.
+    pub fn get(&mut self, table: TableId, key: &[u8]) -> Result<Option<Bytes>> {
+        let t = self.table(table)?;
+        let Some(entry) = t.index.get(key) else {
+            self.s.misses.push((table, Bytes::copy_from_slice(key)));
+            return Ok(None);
+        };
+        let rec: &Record = t.record(*entry.value());
+        if let Some(i) = self.find_write(rec) {
+            return Ok(self.s.writes[i].value.clone());
+        }
+        let obs = rec.read_latest(&self.guard);
+        self.s.reads.push((rec, obs.tid));
+        Ok(obs.value)
+    }
+
+    /// Inserts a key that must not exist (Err(KeyExists) otherwise).
+    pub fn insert(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(table, key, Some(value), WriteMode::Insert).map(|_| ())
+    }
+
+    /// Replaces the value of a key that must exist (Err(KeyNotFound) otherwise).
+    pub fn update(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(table, key, Some(value), WriteMode::Update).map(|_| ())
+    }
+
+    /// Inserts or replaces. Returns whether the key existed.
+    pub fn put(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.write(table, key, Some(value), WriteMode::Put)
+    }
+
+    /// Deletes a key. Returns whether it existed.
+    pub fn delete(&mut self, table: TableId, key: &[u8]) -> Result<bool> {
+        self.write(table, key, None, WriteMode::Delete)
+    }
+
+    fn write(&mut self, table: TableId, key: &[u8], value: Option<&[u8]>, mode: WriteMode) -> Result<bool> {
+        if key.len() > KEY_LEN_MAX {
+            return Err(Error::TooLarge { what: "key", len: key.len(), max: KEY_LEN_MAX });
+        }
+        let value = value.map(value_bytes).transpose()?;
+        let t = self.table(table)?;
+        let (entry_rid, created) = match t.index.get(key) {
+            Some(e) => (*e.value(), false),
+            None if matches!(mode, WriteMode::Update | WriteMode::Delete) => {
+                self.s.misses.push((table, Bytes::copy_from_slice(key)));
+                return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
+            }
+            None => {
+                let key = Bytes::copy_from_slice(key);
+                let mut mine = None;
+                let e = t.index.get_or_insert_with(key.clone(), || {
+                    let rid = t.allocate_rid();
+                    let _ = t.record(rid).key.set(key.clone());
+                    mine = Some(rid);
+                    rid
+                });
+                let rid = *e.value();
+                (rid, mine == Some(rid))
+            }
+        };
+        let rec: &Record = t.record(entry_rid);
+        if let Some(i) = self.find_write(rec) {
+            let w = &mut self.s.writes[i];
+            let existed = w.value.is_some();
+            match mode {
+                WriteMode::Insert if existed => return Err(Error::KeyExists),
+                WriteMode::Update if !existed => return Err(Error::KeyNotFound),
+                WriteMode::Delete if !existed => return Ok(false),
+                _ => w.value = value,
+            }
+            return Ok(existed);
+        }
+        let obs = rec.read_latest(&self.guard);
+        let existed = obs.value.is_some();
+        let refuse = match mode {
+            WriteMode::Insert if existed => Some(Err(Error::KeyExists)),
+            WriteMode::Update if !existed => Some(Err(Error::KeyNotFound)),
+            WriteMode::Delete if !existed => Some(Ok(false)),
+            _ => None,
+        };
+        if let Some(out) = refuse {
+            // The outcome depended on the record's state: validate it like any read.
+            self.s.reads.push((rec, obs.tid));
+            return out;
+        }
+        let key = rec.key.get().expect("an indexed record has its key").clone();
+        self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, key, value, observed_tid: obs.tid, created });
+        Ok(existed)
+    }
+
+    /// Ordered range scan. `limit` counts present keys returned (0 = no limit).
+    pub fn scan(
+        &mut self,
+        table: TableId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        dir: Direction,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        let t = self.table(table)?;
+        let mut out = Vec::new();
+        let mut fp = Fingerprint::default();
+        let mut stopped_at: Option<Bytes> = None;
+        let mut visit = |this: &mut Self, key: &Bytes, rid: RecordId| -> bool {
+            let rec: &Record = t.record(rid);
+            let value = match this.find_write(rec) {
+                Some(i) => {
+                    let w = &this.s.writes[i];
+                    if w.observed_tid != 0 {
+                        fp.add(rid);
+                    }
+                    w.value.clone()
+                }
+                None => {
+                    let obs = rec.read_latest(&this.guard);
+                    if obs.tid != 0 {
+                        fp.add(rid);
+                        this.s.reads.push((rec, obs.tid));
+                    }
+                    obs.value
+                }
+            };
+            if let Some(v) = value {
+                out.push((key.clone(), v));
+                if limit != 0 && out.len() >= limit {
+                    stopped_at = Some(key.clone());
+                    return false;
+                }
+            }
+            true
+        };
+        let range = t.range(lo, hi);
+        match dir {
+            Direction::Forward => {
+                for e in range {
+                    if !visit(self, e.key(), *e.value()) {
+                        break;
+                    }
+                }
+            }
+            Direction::Reverse => {
+                for e in range.rev() {
+                    if !visit(self, e.key(), *e.value()) {
+                        break;
+                    }
+                }
+            }
+        }
+        let owned = |b: Bound<&[u8]>| match b {
+            Bound::Included(k) => Bound::Included(Bytes::copy_from_slice(k)),
+            Bound::Excluded(k) => Bound::Excluded(Bytes::copy_from_slice(k)),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        // With a limit, only the part of the range actually walked is protected.
+        let (lo, hi) = match (stopped_at, dir) {
+            (Some(k), Direction::Forward) => (owned(lo), Bound::Included(k)),
+            (Some(k), Direction::Reverse) => (Bound::Included(k), owned(hi)),
+            (None, _) => (owned(lo), owned(hi)),
+        };
+        self.s.scans.push(ScanEntry { table, lo, hi, fingerprint: fp });
+        Ok(out)
+    }
+
+    /// Commits and waits until the commit is durable. Returns the commit timestamp.
+    pub fn commit(self) -> Result<Ts> {
+        self.commit_async()?.wait()
+    }
+
+    /// Commits (validates and installs) without waiting for durability: the returned ticket
+    /// must be waited on before the outcome is reported to anyone.
+    pub fn commit_async(mut self) -> Result<CommitTicket> {
+        let out = self.try_commit();
+        if out.is_err() {
+            self.abort_cleanup();
+        }
+        self.done = true;
+        out
+    }
+
+    fn try_commit(&mut self) -> Result<CommitTicket> {
+        let log = self.db().log.get().cloned();
+        if self.s.writes.is_empty() {
+            // Read-only: validate, and let the ticket wait for what we read to be durable.
+            self.validate(&[])?;
+            let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
+            return Ok(CommitTicket { ts: Ts(read_ts), log });
+        }
+        if let Some(log) = &log {
+            log.check_writable()?;
+        }
+        // 1. Lock in address order.
+        self.s.writes.sort_unstable_by_key(|w| w.rec as usize);
+        let mut locked = 0;
+        let mut failure = None;
+        for w in &self.s.writes {
+            // SAFETY: records outlive the transaction (see TxnScratch).
+            let rec = unsafe { &*w.rec };
+            if !rec.lock() {
+                failure = Some(Error::Conflict("record unlinked"));
+                break;
+            }
+            locked += 1;
+            if rec.tid.load(Ordering::Relaxed) & !LOCK_BIT != w.observed_tid {
+                failure = Some(Error::Conflict("written record changed"));
+                break;
+            }
+        }
+        if let Some(e) = failure {
+            self.unlock(locked);
+            return Err(e);
+        }
+        // 2. The serialization point.
+        let worker = self.worker.id.0 as usize;
+        let clock = std::sync::Arc::clone(&self.worker.db.clock);
+        let ts = clock.begin_commit(worker);
+        // 3. Validate.
+        let writes_sorted: Vec<*const Record> = self.s.writes.iter().map(|w| w.rec).collect();
+        if let Err(e) = self.validate(&writes_sorted) {
+            clock.end_commit(worker);
+            self.unlock(locked);
+            return Err(e);
+        }
+        // 4. Log, while the versions are still ours to describe.
+        if let Some(log) = &log {
+            let mut it = self.s.writes.iter().map(|w| LoggedWrite {
+                table: w.table,
+                rid: w.rid,
+                key: &w.key,
+                value: w.value.as_deref(),
+            });
+            log.append(self.worker.id, ts, &mut it);
+        }
+        // 5. Install and unlock.
+        let horizon = clock.horizon();
+        for w in self.s.writes.drain(..) {
+            // SAFETY: as above.
+            let rec = unsafe { &*w.rec };
+            if w.value.is_none() {
+                self.worker.cleanup.push((w.table, w.rid, ts));
+            }
+            rec.install_and_unlock(ts, w.value, horizon, &self.guard);
+        }
+        // 6. Visible to snapshots and to the stream bound.
+        clock.end_commit(worker);
+        self.worker.commits += 1;
+        if self.worker.commits % 128 == 0 {
+            let h = clock.refresh_horizon();
+            self.unlink_deleted(h);
+        }
+        Ok(CommitTicket { ts, log })
+    }
+
+    /// Validation of reads, scans and misses. `own` is the sorted set of records this
+    /// transaction has locked.
+    fn validate(&self, own: &[*const Record]) -> Result<()> {
+        let is_own = |rec: *const Record| own.binary_search_by_key(&(rec as usize), |p| *p as usize).is_ok();
+        for &(rec, seen) in &self.s.reads {
+            // SAFETY: as above.
+            let cur = unsafe { &*rec }.tid.load(Ordering::Acquire);
+            if cur & !LOCK_BIT != seen || (cur & LOCK_BIT != 0 && !is_own(rec)) {
+                return Err(Error::Conflict("read validation"));
+            }
+        }
+        for scan in &self.s.scans {
+            let t = self.worker.db.table(scan.table)?;
+            let mut fp = Fingerprint::default();
+            let range = t.index.range::<[u8], _>((as_ref(&scan.lo), as_ref(&scan.hi)));
+            for e in range {
+                let rid = *e.value();
+                let rec: &Record = t.record(rid);
+                let created_by_us = self.find_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
+                let cur = rec.tid.load(Ordering::Acquire);
+                if created_by_us || cur == 0 {
+                    continue;
+                }
+                fp.add(rid);
+            }
+            if fp != scan.fingerprint {
+                return Err(Error::Conflict("phantom in scanned range"));
+            }
+        }
+        for (table, key) in &self.s.misses {
+            let t = self.worker.db.table(*table)?;
+            if let Some(e) = t.index.get(key.as_ref()) {
+                let rec: &Record = t.record(*e.value());
+                let created_by_us = self.find_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
+                if !created_by_us && rec.tid.load(Ordering::Acquire) != 0 {
+                    return Err(Error::Conflict("phantom at a missed key"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unlock(&self, locked: usize) {
+        for w in &self.s.writes[..locked] {
+            // SAFETY: as above.
+            unsafe { &*w.rec }.unlock_unchanged();
+        }
+    }
+
+    /// Unlinks from the index the absent records this transaction created.
+    fn abort_cleanup(&mut self) {
+        for w in self.s.writes.iter().filter(|w| w.created) {
+            let t = self.worker.db.table(w.table).expect("table of a write exists");
+            // SAFETY: as above.
+            unlink_if(t, unsafe { &*w.rec }, &w.key, w.rid, 0);
+        }
+    }
+
+    /// Deleted records whose tombstone every snapshot sees are taken out of the index.
+    fn unlink_deleted(&mut self, horizon: Ts) {
+        let db = std::sync::Arc::clone(&self.worker.db);
+        self.worker.cleanup.retain(|&(table, rid, ts)| {
+            if ts > horizon {
+                return true;
+            }
+            if let Ok(t) = db.table(table) {
+                let rec = t.record(rid);
+                if let Some(key) = rec.key.get() {
+                    unlink_if(t, rec, key, rid, ts.0);
+                }
+            }
+            false
+        });
+    }
+}
+
+/// Takes `rec` out of the index if its TID is still exactly `expect_tid` (absent: 0, or the
+/// tombstone's timestamp), and marks it unlinked so no transaction can write it again.
+fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u64) {
+    if !rec.lock() {
+        return;
+    }
+    let cur = rec.tid.load(Ordering::Relaxed) & !LOCK_BIT;
+    let guard = crossbeam_epoch::pin();
+    let is_tombstone_or_absent = {
+        let head = rec.head.load(Ordering::Acquire, &guard);
+        // SAFETY: pinned.
+        unsafe { head.as_ref() }.is_none_or(|v| v.value.is_none())
+    };
+    if cur != expect_tid || !is_tombstone_or_absent {
+        rec.unlock_unchanged();
+        return;
+    }
+    if let Some(e) = t.index.get(key.as_ref()) {
+        if *e.value() == rid {
+            e.remove();
+        }
+    }
+    rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
+}
+
+fn as_ref(b: &Bound<Bytes>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.as_ref()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_ref()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.abort_cleanup();
+        }
+        let mut s = std::mem::take(&mut self.s);
+        s.reads.clear();
+        s.writes.clear();
+        s.scans.clear();
+        s.misses.clear();
+        self.worker.scratch = s;
+    }
+}
+
+/// A read-only transaction at a snapshot: never blocks, never aborts.
+pub struct ReadTxn<'db> {
+    db: &'db Database,
+    slot: usize,
+    ts: Ts,
+}
+
+impl<'db> ReadTxn<'db> {
+    pub(crate) fn new(db: &'db Database) -> ReadTxn<'db> {
+        let (slot, ts) = db.clock.register_reader();
+        ReadTxn { db, slot, ts }
+    }
+
+    /// The snapshot timestamp: the transaction sees exactly the commits at or below it.
+    pub fn ts(&self) -> Ts {
+        self.ts
+    }
+
+    pub fn get(&self, table: TableId, key: &[u8]) -> Result<Option<Bytes>> {
+        let t = self.db.table(table)?;
+        let guard = crossbeam_epoch::pin();
+        let Some(e) = t.index.get(key) else { return Ok(None) };
+        Ok(t.record(*e.value()).read_at(self.ts, &guard).and_then(|v| v.value.clone()))
+    }
+
+    /// Calls `f(key, value)` for present keys in the range in order until it returns false.
+    pub fn for_each(
+        &self,
+        table: TableId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        mut f: impl FnMut(&Bytes, &Bytes) -> bool,
+    ) -> Result<()> {
+        let t = self.db.table(table)?;
+        for e in t.range(lo, hi) {
+            let guard = crossbeam_epoch::pin();
+            if let Some(v) = t.record(*e.value()).read_at(self.ts, &guard).and_then(|v| v.value.as_ref()) {
+                if !f(e.key(), v) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ordered range scan at the snapshot. `limit` 0 = no limit.
+    pub fn scan(
+        &self,
+        table: TableId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        dir: Direction,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        let t = self.db.table(table)?;
+        let mut out = Vec::new();
+        let mut visit = |key: &Bytes, rid: RecordId| {
+            let guard = crossbeam_epoch::pin();
+            if let Some(v) = t.record(rid).read_at(self.ts, &guard).and_then(|v| v.value.clone()) {
+                out.push((key.clone(), v));
+            }
+            limit == 0 || out.len() < limit
+        };
+        let range = t.range(lo, hi);
+        match dir {
+            Direction::Forward => {
+                for e in range {
+                    if !visit(e.key(), *e.value()) {
+                        break;
+                    }
+                }
+            }
+            Direction::Reverse => {
+                for e in range.rev() {
+                    if !visit(e.key(), *e.value()) {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Walks records by record id (not through the index) and calls `f(rid, key, version
+    /// ts, value)` for each record present at the snapshot. Checkpoints use this to split a
+    /// table into rid ranges written in parallel.
+    pub fn for_each_record(
+        &self,
+        table: TableId,
+        rids: std::ops::Range<u64>,
+        mut f: impl FnMut(RecordId, &Bytes, Ts, &Bytes),
+    ) -> Result<()> {
+        let t = self.db.table(table)?;
+        let end = rids.end.min(t.rid_limit());
+        let mut guard = crossbeam_epoch::pin();
+        for rid in rids.start..end {
+            if rid % 1024 == 0 {
+                guard.repin();
+            }
+            let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
+            if let Some(v) = rec.read_at(self.ts, &guard) {
+                if let (Some(val), Some(key)) = (v.value.as_ref(), rec.key.get()) {
+                    f(RecordId(rid), key, v.ts, val);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Upper bound (exclusive) of the record ids allocated in a table.
+    pub fn rid_limit(&self, table: TableId) -> Result<u64> {
+        Ok(self.db.table(table)?.rid_limit())
+    }
+}
+
+impl Drop for ReadTxn<'_> {
+    fn drop(&mut self) {
+        self.db.clock.release_reader(self.slot);
+    }
+}

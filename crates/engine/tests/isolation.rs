@@ -1,0 +1,284 @@
+//! Serializability of read-write transactions and stability of snapshots.
+//! Each test names the anomaly it shows ditto prevents.
+
+use std::ops::Bound::{Included, Unbounded};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{Database, Direction, Error, Options, TableId, WorkerId};
+
+fn db(workers: usize) -> (Arc<Database>, TableId) {
+    let db = Database::new(Options { workers });
+    let t = db.create_table("t").unwrap();
+    (db, t)
+}
+
+fn num(v: &[u8]) -> i64 {
+    i64::from_le_bytes(v.try_into().unwrap())
+}
+
+#[test]
+fn lost_update_is_prevented() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| x.insert(t, b"k", &0i64.to_le_bytes())).unwrap().1.wait().unwrap();
+    let mut a = w0.begin();
+    let mut b = w1.begin();
+    let va = num(&a.get(t, b"k").unwrap().unwrap());
+    let vb = num(&b.get(t, b"k").unwrap().unwrap());
+    a.update(t, b"k", &(va + 1).to_le_bytes()).unwrap();
+    b.update(t, b"k", &(vb + 1).to_le_bytes()).unwrap();
+    a.commit().unwrap();
+    assert!(matches!(b.commit(), Err(Error::Conflict(_))), "second read-modify-write must abort");
+    assert_eq!(num(&db.read().get(t, b"k").unwrap().unwrap()), 1);
+}
+
+#[test]
+fn write_skew_is_prevented() {
+    // Two doctors on call; each checks that the other is on call, then goes off call.
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| {
+        x.insert(t, b"alice", b"on")?;
+        x.insert(t, b"bob", b"on")
+    })
+    .unwrap()
+    .1
+    .wait()
+    .unwrap();
+    let mut a = w0.begin();
+    let mut b = w1.begin();
+    assert_eq!(a.get(t, b"bob").unwrap().as_deref(), Some(&b"on"[..]));
+    assert_eq!(b.get(t, b"alice").unwrap().as_deref(), Some(&b"on"[..]));
+    a.update(t, b"alice", b"off").unwrap();
+    b.update(t, b"bob", b"off").unwrap();
+    let ra = a.commit();
+    let rb = b.commit();
+    assert!(ra.is_ok() != rb.is_ok(), "exactly one of the two must commit: {ra:?} {rb:?}");
+    let r = db.read();
+    let on = [&b"alice"[..], &b"bob"[..]].iter().filter(|k| r.get(t, k).unwrap().as_deref() == Some(&b"on"[..])).count();
+    assert_eq!(on, 1);
+}
+
+#[test]
+fn phantom_insert_into_scanned_range_aborts_scanner() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| {
+        x.insert(t, b"a1", b"1")?;
+        x.insert(t, b"a3", b"1")
+    })
+    .unwrap()
+    .1
+    .wait()
+    .unwrap();
+    // The scanner counts rows in [a0, a9] and writes the count elsewhere.
+    let mut s = w0.begin();
+    let rows = s.scan(t, Included(b"a0"), Included(b"a9"), Direction::Forward, 0).unwrap();
+    assert_eq!(rows.len(), 2);
+    s.put(t, b"count", &(rows.len() as i64).to_le_bytes()).unwrap();
+    // Meanwhile a new row lands in the range and commits first.
+    let mut i = w1.begin();
+    i.insert(t, b"a2", b"1").unwrap();
+    i.commit().unwrap();
+    assert!(matches!(s.commit(), Err(Error::Conflict(_))), "scan saw a phantom and must abort");
+}
+
+#[test]
+fn phantom_at_missed_key_aborts_reader() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    let mut r = w0.begin();
+    assert!(r.get(t, b"x").unwrap().is_none());
+    r.put(t, b"saw-no-x", b"1").unwrap();
+    let mut i = w1.begin();
+    i.insert(t, b"x", b"1").unwrap();
+    i.commit().unwrap();
+    assert!(matches!(r.commit(), Err(Error::Conflict(_))));
+}
+
+#[test]
+fn scan_with_limit_protects_only_the_walked_part() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| {
+        for k in [b"b1", b"b2", b"b5"] {
+            x.insert(t, k, b"v")?;
+        }
+        Ok(())
+    })
+    .unwrap()
+    .1
+    .wait()
+    .unwrap();
+    let mut s = w0.begin();
+    let first = s.scan(t, Included(b"b0"), Unbounded, Direction::Forward, 1).unwrap();
+    assert_eq!(&first[0].0[..], b"b1");
+    let last = s.scan(t, Unbounded, Included(b"b9"), Direction::Reverse, 1).unwrap();
+    assert_eq!(&last[0].0[..], b"b5");
+    s.put(t, b"z", b"1").unwrap();
+    // An insert between b1 and b5 is outside both walked parts: no conflict.
+    w1.run(|x| x.insert(t, b"b3", b"v")).unwrap().1.wait().unwrap();
+    s.commit().expect("insert outside the walked ranges must not abort");
+}
+
+#[test]
+fn own_writes_are_visible_and_insert_delete_rules_hold() {
+    let (db, t) = db(1);
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    let mut x = w.begin();
+    x.insert(t, b"k", b"1").unwrap();
+    assert_eq!(x.insert(t, b"k", b"2"), Err(Error::KeyExists));
+    assert_eq!(x.get(t, b"k").unwrap().as_deref(), Some(&b"1"[..]));
+    assert!(x.delete(t, b"k").unwrap());
+    assert_eq!(x.get(t, b"k").unwrap(), None);
+    assert_eq!(x.update(t, b"k", b"3"), Err(Error::KeyNotFound));
+    x.insert(t, b"k", b"4").unwrap();
+    let rows = x.scan(t, Unbounded, Unbounded, Direction::Forward, 0).unwrap();
+    assert_eq!(rows.len(), 1);
+    x.commit().unwrap();
+    let mut y = w.begin();
+    assert!(y.delete(t, b"k").unwrap());
+    y.commit().unwrap();
+    assert_eq!(db.read().get(t, b"k").unwrap(), None);
+    // Re-insert after delete works and is visible.
+    w.run(|x| x.insert(t, b"k", b"5")).unwrap().1.wait().unwrap();
+    assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"5"[..]));
+}
+
+#[test]
+fn aborted_insert_leaves_nothing_visible() {
+    let (db, t) = db(1);
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    {
+        let mut x = w.begin();
+        x.insert(t, b"ghost", b"1").unwrap();
+        // dropped: aborted
+    }
+    assert_eq!(db.read().get(t, b"ghost").unwrap(), None);
+    assert_eq!(db.count(t).unwrap(), 0);
+    w.run(|x| x.insert(t, b"ghost", b"2")).unwrap().1.wait().unwrap();
+    assert_eq!(db.read().get(t, b"ghost").unwrap().as_deref(), Some(&b"2"[..]));
+}
+
+#[test]
+fn snapshot_is_stable_under_concurrent_updates() {
+    let (db, t) = db(1);
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    w.run(|x| x.insert(t, b"k", &0i64.to_le_bytes())).unwrap().1.wait().unwrap();
+    let snap = db.read();
+    for i in 1..=1000i64 {
+        w.run(|x| x.update(t, b"k", &i.to_le_bytes())).unwrap().1.wait().unwrap();
+    }
+    assert_eq!(num(&snap.get(t, b"k").unwrap().unwrap()), 0, "a snapshot never moves");
+    drop(snap);
+    assert_eq!(num(&db.read().get(t, b"k").unwrap().unwrap()), 1000);
+}
+
+/// Bank transfers between accounts on every worker; snapshots taken concurrently must
+/// always see the same total, and so must the final state.
+#[test]
+fn bank_transfers_keep_the_total_under_all_workers() {
+    const ACCOUNTS: u64 = 50;
+    const START: i64 = 1000;
+    let workers = 4;
+    let (db, t) = db(workers);
+    {
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| {
+            for a in 0..ACCOUNTS {
+                x.insert(t, &a.to_be_bytes(), &START.to_le_bytes())?;
+            }
+            Ok(())
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let commits = AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    std::thread::scope(|s| {
+        for i in 0..workers {
+            let (db, stop, commits) = (&db, &stop, &commits);
+            s.spawn(move || {
+                let mut w = db.worker(WorkerId(i as u32)).unwrap();
+                let mut seed = 0x1234_5678u64 + i as u64;
+                let mut rnd = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                for _ in 0..200_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (a, b, amt) = (rnd() % ACCOUNTS, rnd() % ACCOUNTS, (rnd() % 100) as i64);
+                    if a == b {
+                        continue;
+                    }
+                    let mut x = w.begin();
+                    let va = num(&x.get(t, &a.to_be_bytes()).unwrap().unwrap());
+                    let vb = num(&x.get(t, &b.to_be_bytes()).unwrap().unwrap());
+                    x.update(t, &a.to_be_bytes(), &(va - amt).to_le_bytes()).unwrap();
+                    x.update(t, &b.to_be_bytes(), &(vb + amt).to_le_bytes()).unwrap();
+                    match x.commit() {
+                        Ok(_) => {
+                            commits.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(Error::Conflict(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+        }
+        let (db, stop) = (&db, &stop);
+        s.spawn(move || {
+            let mut checks = 0;
+            while Instant::now() < deadline {
+                let r = db.read();
+                let rows = r.scan(t, Unbounded, Unbounded, Direction::Forward, 0).unwrap();
+                assert_eq!(rows.len() as u64, ACCOUNTS);
+                let total: i64 = rows.iter().map(|(_, v)| num(v)).sum();
+                assert_eq!(total, START * ACCOUNTS as i64, "snapshot at {} saw a partial transfer", r.ts());
+                checks += 1;
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert!(checks > 10);
+        });
+    });
+    assert!(commits.load(Ordering::Relaxed) > 100, "too few transfers committed");
+    let total: i64 = db.read().scan(t, Unbounded, Unbounded, Direction::Forward, 0).unwrap().iter().map(|(_, v)| num(v)).sum();
+    assert_eq!(total, START * ACCOUNTS as i64);
+}
+
+/// Concurrent counters: every committed increment is counted exactly once.
+#[test]
+fn concurrent_increments_are_all_counted() {
+    let workers = 4;
+    let (db, t) = db(workers);
+    db.worker(WorkerId(0)).unwrap().run(|x| x.insert(t, b"c", &0i64.to_le_bytes())).unwrap().1.wait().unwrap();
+    let per = 2000;
+    std::thread::scope(|s| {
+        for i in 0..workers {
+            let db = &db;
+            s.spawn(move || {
+                let mut w = db.worker(WorkerId(i as u32)).unwrap();
+                for _ in 0..per {
+                    w.run(|x| {
+                        let v = num(&x.get(t, b"c")?.unwrap());
+                        x.update(t, b"c", &(v + 1).to_le_bytes())
+                    })
+                    .unwrap()
+                    .1
+                    .wait()
+                    .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(num(&db.read().get(t, b"c").unwrap().unwrap()), (workers * per) as i64);
+}
