@@ -36,6 +36,11 @@ pub struct CommitClock {
     commit_slots: Box<[Slot]>,
     reader_slots: Box<[Slot]>,
     horizon: AtomicU64,
+    /// The largest `visible_ts` handed out: a committer may publish a slot value read just
+    /// before another worker moved the clock, which would let a fresh computation dip below
+    /// an earlier one. A bound once valid stays valid (installs are permanent), so we return
+    /// the maximum and snapshots never go backwards.
+    visible_max: AtomicU64,
 }
 
 /// Max concurrent read-only transactions (snapshots); more wait for a free slot.
@@ -49,6 +54,7 @@ impl CommitClock {
             commit_slots: (0..workers).map(|_| slot()).collect(),
             reader_slots: (0..READERS_MAX).map(|_| slot()).collect(),
             horizon: AtomicU64::new(0),
+            visible_max: AtomicU64::new(0),
         }
     }
 
@@ -65,6 +71,7 @@ impl CommitClock {
     /// everything recovered).
     pub fn advance_to(&self, ts: Ts) {
         self.clock.fetch_max(ts.0, SeqCst);
+        self.visible_max.fetch_max(ts.0, SeqCst);
     }
 
     pub(crate) fn begin_commit(&self, worker: usize) -> Ts {
@@ -86,7 +93,7 @@ impl CommitClock {
         for s in self.commit_slots.iter() {
             ts = ts.min(s.0.load(SeqCst));
         }
-        Ts(ts)
+        Ts(self.visible_max.fetch_max(ts, SeqCst).max(ts))
     }
 
     /// Every transaction of `worker` with a timestamp at or below this has been handed to

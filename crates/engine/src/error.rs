@@ -24,8 +24,10 @@ pub enum Error {
     #[error("{what} is {len} bytes, over the limit of {max}")]
     TooLarge { what: &'static str, len: usize, max: usize },
     /// The log could not make commits durable (failed fsync, full disk, ...). The database
-    /// refuses writes from then on; restart recovers from what is durable. Not retryable.
-    #[error("log failure, writes stopped: {0}")]
+    /// refuses writes from then on; restart recovers from what is durable. A commit that
+    /// gets this error while waiting has an unknown outcome: it was never acknowledged, but
+    /// its bytes may have reached the disk. Not retryable.
+    #[error("log failure, writes stopped (outcome of commits in flight unknown): {0}")]
     LogFailed(Arc<str>),
 }
 

@@ -1,0 +1,105 @@
+//! The table catalog: `CATALOG` in the data directory, rewritten whole (write a temporary
+//! file, fsync, rename, fsync the directory) whenever a table is created.
+//!
+//! Format (little endian): magic "DITTOCAT", version u32 = 1, count u32, then per table
+//! id u32, name_len u16, name bytes; then crc32c u32 of everything before it.
+
+use std::io::Write;
+use std::path::Path;
+
+use ditto_engine::TableId;
+
+use crate::storage::Storage;
+use crate::LogError;
+
+const MAGIC: &[u8; 8] = b"DITTOCAT";
+const VERSION: u32 = 1;
+pub const CATALOG_FILE: &str = "CATALOG";
+
+#[derive(Default, Clone, Debug)]
+pub struct Catalog {
+    pub tables: Vec<(TableId, String)>,
+}
+
+impl Catalog {
+    pub fn add(&mut self, id: TableId, name: &str) {
+        assert_eq!(id.0 as usize, self.tables.len(), "tables are created in id order");
+        self.tables.push((id, name.to_string()));
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&(self.tables.len() as u32).to_le_bytes());
+        for (id, name) in &self.tables {
+            b.extend_from_slice(&id.0.to_le_bytes());
+            b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            b.extend_from_slice(name.as_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8], file: &Path) -> Result<Catalog, LogError> {
+        let bad = |what: &str| LogError::Corrupt { file: file.to_path_buf(), offset: 0, what: what.to_string() };
+        if b.len() < 20 || &b[..8] != MAGIC {
+            return Err(bad("not a ditto catalog"));
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
+            return Err(bad("catalog checksum mismatch"));
+        }
+        let version = u32::from_le_bytes(body[8..12].try_into().unwrap());
+        if version != VERSION {
+            return Err(bad(&format!("unsupported catalog version {version}")));
+        }
+        let count = u32::from_le_bytes(body[12..16].try_into().unwrap()) as usize;
+        let mut p = 16;
+        let mut cat = Catalog::default();
+        for i in 0..count {
+            if p + 6 > body.len() {
+                return Err(bad("catalog truncated"));
+            }
+            let id = u32::from_le_bytes(body[p..p + 4].try_into().unwrap());
+            let len = u16::from_le_bytes(body[p + 4..p + 6].try_into().unwrap()) as usize;
+            p += 6;
+            if id as usize != i || p + len > body.len() {
+                return Err(bad("catalog entry out of order or truncated"));
+            }
+            let name = std::str::from_utf8(&body[p..p + len]).map_err(|_| bad("table name is not UTF-8"))?;
+            cat.tables.push((TableId(id), name.to_string()));
+            p += len;
+        }
+        if p != body.len() {
+            return Err(bad("trailing bytes in catalog"));
+        }
+        Ok(cat)
+    }
+
+    pub fn load(dir: &Path) -> Result<Catalog, LogError> {
+        let path = dir.join(CATALOG_FILE);
+        match std::fs::read(&path) {
+            Ok(b) => Catalog::decode(&b, &path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Catalog::default()),
+            Err(e) => Err(LogError::io(&path, e)),
+        }
+    }
+
+    pub fn save(&self, dir: &Path, storage: &dyn Storage) -> std::io::Result<()> {
+        write_atomically(dir, CATALOG_FILE, &self.encode(), storage)
+    }
+}
+
+/// Writes `dir/name` so that after a crash it is either the old file or the new one.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8], storage: &dyn Storage) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    storage.sync_dir(dir)
+}

@@ -1,0 +1,374 @@
+//! Checkpoints
+//! ===========
+//! A checkpoint is a transaction-consistent image of every table at one snapshot
+//! timestamp `C`, taken through an ordinary read-only snapshot, so workers never stop.
+//! Threads split the tables into record-id ranges and each writes its own part file:
+//!
+//! ```text
+//!  checkpoints/ckpt-<C:020>/part-0000.dat ... part-NNNN.dat   (rows: table, rid, ts, key, value)
+//!  checkpoints/ckpt-<C:020>/MANIFEST                          (written last, atomically)
+//! ```
+//!
+//! A checkpoint exists only once its MANIFEST does; a directory without one is a
+//! half-written checkpoint and is ignored (and deleted) in favour of the previous one. Once
+//! the manifest is durable, log segments whose transactions are all at or below `C` and
+//! older checkpoints are deleted. The manifest also names the oldest log epoch still
+//! relevant (`log_epoch_min`): segments of older epochs were superseded by recovery.
+//!
+//! Formats are in docs/checkpoint-format.md.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use ditto_engine::{Database, RecordId, TableId, Ts};
+
+use crate::catalog::write_atomically;
+use crate::format::Epoch;
+use crate::storage::{sync_dir, Storage};
+use crate::LogError;
+
+const PART_MAGIC: &[u8; 8] = b"DITTOCKP";
+const END_MAGIC: &[u8; 8] = b"DITTOEND";
+const MANIFEST_MAGIC: &[u8; 8] = b"DITTOMAN";
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+const PART_HEADER_LEN: usize = 32;
+const PART_TRAILER_LEN: usize = 24;
+const RIDS_PER_TASK: u64 = 1 << 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    pub rows: u64,
+    pub bytes: u64,
+    pub crc: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub ts: Ts,
+    pub log_epoch_min: Epoch,
+    pub parts: Vec<PartInfo>,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(MANIFEST_MAGIC);
+        b.extend_from_slice(&CHECKPOINT_FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&self.ts.0.to_le_bytes());
+        b.extend_from_slice(&self.log_epoch_min.0.to_le_bytes());
+        b.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
+        for p in &self.parts {
+            b.extend_from_slice(&p.rows.to_le_bytes());
+            b.extend_from_slice(&p.bytes.to_le_bytes());
+            b.extend_from_slice(&p.crc.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8], file: &Path) -> Result<Manifest, LogError> {
+        let bad = |offset: u64, what: &str| LogError::Corrupt { file: file.to_path_buf(), offset, what: what.into() };
+        if b.len() < 36 || &b[..8] != MANIFEST_MAGIC {
+            return Err(bad(0, "not a checkpoint manifest"));
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
+            return Err(bad(0, "manifest checksum mismatch"));
+        }
+        let u32_at = |p: usize| u32::from_le_bytes(body[p..p + 4].try_into().unwrap());
+        let u64_at = |p: usize| u64::from_le_bytes(body[p..p + 8].try_into().unwrap());
+        let version = u32_at(8);
+        if version != CHECKPOINT_FORMAT_VERSION {
+            return Err(bad(8, &format!("unsupported checkpoint version {version}")));
+        }
+        let n = u32_at(28) as usize;
+        if body.len() != 32 + n * 20 {
+            return Err(bad(28, "manifest length does not match its part count"));
+        }
+        let parts = (0..n)
+            .map(|i| {
+                let p = 32 + i * 20;
+                PartInfo { rows: u64_at(p), bytes: u64_at(p + 8), crc: u32_at(p + 16) }
+            })
+            .collect();
+        Ok(Manifest { ts: Ts(u64_at(12)), log_epoch_min: Epoch(u64_at(20)), parts })
+    }
+}
+
+/// What a checkpoint wrote.
+#[derive(Debug, Clone)]
+pub struct CheckpointInfo {
+    pub ts: Ts,
+    pub dir: PathBuf,
+    pub rows: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+pub(crate) fn checkpoints_dir(data: &Path) -> PathBuf {
+    data.join("checkpoints")
+}
+
+fn ckpt_dir(data: &Path, ts: Ts) -> PathBuf {
+    checkpoints_dir(data).join(format!("ckpt-{:020}", ts.0))
+}
+
+fn part_path(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("part-{i:04}.dat"))
+}
+
+/// Writes a checkpoint of `db` at a fresh snapshot with `threads` writers. Does not delete
+/// anything; the caller does that once this returns.
+pub(crate) fn write(
+    db: &Database,
+    data: &Path,
+    threads: usize,
+    log_epoch_min: Epoch,
+    storage: &dyn Storage,
+) -> Result<CheckpointInfo, LogError> {
+    let t0 = Instant::now();
+    let snap = db.read();
+    let ts = snap.ts();
+    let dir = ckpt_dir(data, ts);
+    if dir.exists() {
+        // A leftover of an earlier attempt at the same timestamp.
+        std::fs::remove_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+    let mut tasks = Vec::new();
+    for (table, _) in db.tables() {
+        let limit = snap.rid_limit(table).map_err(LogError::Engine)?;
+        let mut start = 0;
+        while start < limit {
+            tasks.push((table, start..(start + RIDS_PER_TASK).min(limit)));
+            start += RIDS_PER_TASK;
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let threads = threads.max(1);
+    let parts: Vec<Result<PartInfo, LogError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let (snap, tasks, next, dir) = (&snap, &tasks, &next, &dir);
+                s.spawn(move || -> Result<PartInfo, LogError> {
+                    let path = part_path(dir, i);
+                    let f = std::fs::File::create(&path).map_err(|e| LogError::io(&path, e))?;
+                    let mut w = PartWriter::new(BufWriter::with_capacity(1 << 20, f), i as u32, ts);
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((table, rids)) = tasks.get(k) else { break };
+                        let mut err = None;
+                        snap.for_each_record(*table, rids.clone(), |rid, key, vts, val| {
+                            if err.is_none() {
+                                err = w.row(*table, rid, vts, key, val).err();
+                            }
+                        })
+                        .map_err(LogError::Engine)?;
+                        if let Some(e) = err {
+                            return Err(LogError::io(&path, e));
+                        }
+                    }
+                    let info = w.finish().map_err(|e| LogError::io(&path, e))?;
+                    Ok(info)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("checkpoint writer panicked")).collect()
+    });
+    let parts: Vec<PartInfo> = parts.into_iter().collect::<Result<_, _>>()?;
+    let manifest = Manifest { ts, log_epoch_min, parts };
+    sync_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
+    write_atomically(&dir, "MANIFEST", &manifest.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
+    sync_dir(&checkpoints_dir(data)).map_err(|e| LogError::io(&dir, e))?;
+    Ok(CheckpointInfo {
+        ts,
+        dir,
+        rows: manifest.parts.iter().map(|p| p.rows).sum(),
+        bytes: manifest.parts.iter().map(|p| p.bytes).sum(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+struct PartWriter<W: Write> {
+    out: W,
+    crc: u32,
+    bytes: u64,
+    rows: u64,
+}
+
+impl<W: Write> PartWriter<W> {
+    fn new(out: W, part: u32, ts: Ts) -> Self {
+        let mut w = PartWriter { out, crc: 0, bytes: 0, rows: 0 };
+        let mut h = [0u8; PART_HEADER_LEN];
+        h[..8].copy_from_slice(PART_MAGIC);
+        h[8..12].copy_from_slice(&CHECKPOINT_FORMAT_VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&part.to_le_bytes());
+        h[16..24].copy_from_slice(&ts.0.to_le_bytes());
+        let hc = crc32c::crc32c(&h[..28]);
+        h[28..32].copy_from_slice(&hc.to_le_bytes());
+        w.pending_err(&h);
+        w
+    }
+
+    fn pending_err(&mut self, b: &[u8]) {
+        // Header write errors surface at the first row or at finish (BufWriter buffers).
+        let _ = self.put(b);
+    }
+
+    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.bytes += b.len() as u64;
+        self.out.write_all(b)
+    }
+
+    fn row(&mut self, table: TableId, rid: RecordId, ts: Ts, key: &Bytes, val: &Bytes) -> std::io::Result<()> {
+        let mut h = [0u8; 24];
+        h[..4].copy_from_slice(&table.0.to_le_bytes());
+        h[4..12].copy_from_slice(&rid.0.to_le_bytes());
+        h[12..20].copy_from_slice(&ts.0.to_le_bytes());
+        h[20..24].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        self.put(&h)?;
+        self.put(key)?;
+        self.put(&(val.len() as u32).to_le_bytes())?;
+        self.put(val)?;
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn finish(mut self) -> std::io::Result<PartInfo>
+    where
+        W: IntoInner,
+    {
+        let mut t = [0u8; PART_TRAILER_LEN];
+        t[..8].copy_from_slice(END_MAGIC);
+        t[8..16].copy_from_slice(&self.rows.to_le_bytes());
+        t[16..20].copy_from_slice(&self.crc.to_le_bytes());
+        self.out.write_all(&t)?;
+        self.bytes += PART_TRAILER_LEN as u64;
+        let file = self.out.into_file()?;
+        file.sync_all()?;
+        let crc = crc32c::crc32c_append(self.crc, &t);
+        Ok(PartInfo { rows: self.rows, bytes: self.bytes, crc })
+    }
+}
+
+trait IntoInner {
+    fn into_file(self) -> std::io::Result<std::fs::File>;
+}
+
+impl IntoInner for BufWriter<std::fs::File> {
+    fn into_file(self) -> std::io::Result<std::fs::File> {
+        self.into_inner().map_err(|e| e.into_error())
+    }
+}
+
+/// The newest complete checkpoint, if any. Directories without a MANIFEST are half-written
+/// and returned in `incomplete` for deletion. A MANIFEST that does not decode is corruption.
+pub(crate) fn find_newest(data: &Path) -> Result<(Option<(PathBuf, Manifest)>, Vec<PathBuf>), LogError> {
+    let root = checkpoints_dir(data);
+    let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&root) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-")))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(LogError::io(&root, e)),
+    };
+    dirs.sort();
+    let mut incomplete = Vec::new();
+    let mut found = None;
+    while let Some(d) = dirs.pop() {
+        let mpath = d.join("MANIFEST");
+        match std::fs::read(&mpath) {
+            Ok(b) if found.is_none() => found = Some((d, Manifest::decode(&b, &mpath)?)),
+            Ok(_) => incomplete.push(d), // older complete checkpoints: superseded
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => incomplete.push(d),
+            Err(e) => return Err(LogError::io(&mpath, e)),
+        }
+    }
+    Ok((found, incomplete))
+}
+
+/// Loads a checkpoint into `db` (tables already restored), parts in parallel.
+/// Returns (rows, bytes).
+pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> Result<(u64, u64), LogError> {
+    let next = AtomicUsize::new(0);
+    let rows = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<(), LogError> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(info) = m.parts.get(i) else { return Ok(()) };
+                        let path = part_path(dir, i);
+                        let b = std::fs::read(&path).map_err(|e| LogError::io(&path, e))?;
+                        let n = load_part(db, &path, Bytes::from(b), i as u32, m.ts, info)?;
+                        rows.fetch_add(n, Ordering::Relaxed);
+                        bytes.fetch_add(info.bytes, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().expect("checkpoint loader panicked"))
+    })?;
+    Ok((rows.into_inner(), bytes.into_inner()))
+}
+
+fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &PartInfo) -> Result<u64, LogError> {
+    let bad = |offset: usize, what: &str| LogError::Corrupt { file: path.to_path_buf(), offset: offset as u64, what: what.into() };
+    if b.len() as u64 != info.bytes {
+        return Err(bad(b.len(), &format!("part is {} bytes, manifest says {}", b.len(), info.bytes)));
+    }
+    if crc32c::crc32c(&b) != info.crc {
+        return Err(bad(0, "part checksum does not match the manifest"));
+    }
+    if b.len() < PART_HEADER_LEN + PART_TRAILER_LEN || &b[..8] != PART_MAGIC {
+        return Err(bad(0, "not a checkpoint part"));
+    }
+    let u32_at = |p: usize| u32::from_le_bytes(b[p..p + 4].try_into().unwrap());
+    let u64_at = |p: usize| u64::from_le_bytes(b[p..p + 8].try_into().unwrap());
+    if u32_at(8) != CHECKPOINT_FORMAT_VERSION || u32_at(12) != part || u64_at(16) != ts.0 {
+        return Err(bad(8, "part header does not match the manifest"));
+    }
+    let end = b.len() - PART_TRAILER_LEN;
+    if &b[end..end + 8] != END_MAGIC || u64_at(end + 8) != info.rows {
+        return Err(bad(end, "bad part trailer"));
+    }
+    let mut p = PART_HEADER_LEN;
+    let mut n = 0;
+    while p < end {
+        if p + 24 > end {
+            return Err(bad(p, "row header runs past the end"));
+        }
+        let table = TableId(u32_at(p));
+        let rid = RecordId(u64_at(p + 4));
+        let vts = Ts(u64_at(p + 12));
+        let klen = u32_at(p + 20) as usize;
+        let kstart = p + 24;
+        if kstart + klen + 4 > end {
+            return Err(bad(p, "row key runs past the end"));
+        }
+        let vlen = u32_at(kstart + klen) as usize;
+        let vstart = kstart + klen + 4;
+        if vstart + vlen > end {
+            return Err(bad(p, "row value runs past the end"));
+        }
+        if vts > ts {
+            return Err(bad(p, "row version is newer than the checkpoint"));
+        }
+        let key = b.slice(kstart..kstart + klen);
+        db.recovery_install(table, rid, &key, vts, Some(b.slice(vstart..vstart + vlen))).map_err(LogError::Engine)?;
+        p = vstart + vlen;
+        n += 1;
+    }
+    if n != info.rows {
+        return Err(bad(end, "row count does not match the manifest"));
+    }
+    Ok(n)
+}

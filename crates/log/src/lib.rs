@@ -1,0 +1,260 @@
+//! ditto's redo log: durability for the engine
+//! ==========================================
+//! ```text
+//!  ditto_log::open(dir) --recover--> Database + Logger (attached as the engine's CommitLog)
+//!
+//!  dir/LOCK                      held (flock) while open: one process per data directory
+//!  dir/CATALOG                   table names (catalog.rs)
+//!  dir/log/stream-S-eE-sQ.seg    one stream per worker, segments rolled at a size limit
+//!  dir/checkpoints/ckpt-C/       parallel checkpoint parts + MANIFEST (checkpoint.rs)
+//! ```
+//! - `format`: the batch and segment byte format (docs/log-format.md).
+//! - `writer`: per-stream buffers, group commit, durable watermark, failure handling.
+//! - `checkpoint`: online, parallel, transaction-consistent checkpoints.
+//! - `recovery`: newest complete checkpoint + parallel replay up to the recomputed watermark.
+//!
+//! Redo only: batches carry after-images (table, record id, key, value or tombstone), so
+//! replay never needs undo and never needs the index to apply an update.
+
+pub mod catalog;
+pub mod checkpoint;
+pub mod format;
+pub mod options;
+pub mod recovery;
+pub mod storage;
+pub mod writer;
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{Database, Options, Ts};
+use parking_lot::Mutex;
+
+pub use checkpoint::CheckpointInfo;
+pub use format::{Epoch, StreamId};
+pub use options::{Durability, LogOptions};
+pub use recovery::RecoveryReport;
+pub use writer::{LogStats, Logger};
+
+use crate::catalog::Catalog;
+
+#[derive(thiserror::Error, Debug)]
+pub enum LogError {
+    /// An operating-system error on a file (missing permissions, full disk, ...).
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Bytes on disk are not what ditto wrote. Never retryable: the node refuses to start
+    /// rather than silently drop data; a person has to look at the file.
+    #[error("corrupt {file} at offset {offset}: {what}")]
+    Corrupt { file: PathBuf, offset: u64, what: String },
+    #[error("data directory {0} is in use by another process")]
+    InUse(PathBuf),
+    #[error(transparent)]
+    Engine(ditto_engine::Error),
+}
+
+impl LogError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> LogError {
+        LogError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub workers: usize,
+    pub log: LogOptions,
+    /// Print recovery progress to stderr.
+    pub progress: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { workers: Options::default().workers, log: LogOptions::default(), progress: false }
+    }
+}
+
+/// A durable database: the engine with its log attached. Clones share it.
+#[derive(Clone)]
+pub struct Durable {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Arc<Database>,
+    logger: Arc<Logger>,
+    dir: PathBuf,
+    opts: LogOptions,
+    checkpointing: Mutex<()>,
+    recovery: RecoveryReport,
+    _lock: std::fs::File,
+}
+
+/// Opens (creating if needed) and recovers the database in `dir`.
+pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
+    let t0 = Instant::now();
+    for d in [dir.to_path_buf(), dir.join("log"), dir.join("checkpoints")] {
+        std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
+    }
+    let lock_path = dir.join("LOCK");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| LogError::io(&lock_path, e))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(LogError::InUse(dir.to_path_buf()));
+    }
+    let catalog = Catalog::load(dir)?;
+    let db = Database::new(Options { workers: opts.workers });
+    for (id, name) in &catalog.tables {
+        db.restore_table(*id, name);
+    }
+    let mut report = RecoveryReport::default();
+    let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
+    let (ckpt_ts, epoch_min) = match &newest {
+        Some((cdir, m)) => {
+            let t = Instant::now();
+            if opts.progress {
+                eprintln!("recovery: loading checkpoint at ts {} ({} parts)", m.ts.0, m.parts.len());
+            }
+            let (rows, bytes) = checkpoint::load(&db, cdir, m, opts.log.checkpoint_threads)?;
+            report.checkpoint_ts = Some(m.ts);
+            report.checkpoint_rows = rows;
+            report.checkpoint_bytes = bytes;
+            report.checkpoint_seconds = t.elapsed().as_secs_f64();
+            if opts.progress {
+                eprintln!(
+                    "recovery: checkpoint loaded: {rows} rows, {:.1} MB in {:.2} s ({:.0} MB/s)",
+                    bytes as f64 / 1e6,
+                    report.checkpoint_seconds,
+                    report.checkpoint_mb_per_s()
+                );
+            }
+            (m.ts, m.log_epoch_min)
+        }
+        None => (Ts::ZERO, Epoch(0)),
+    };
+    let segments = recovery::list_segments(dir)?;
+    let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress)?;
+    let recovered_ts = cut.max(ckpt_ts);
+    db.recovery_finish(recovered_ts).map_err(LogError::Engine)?;
+    let epoch = Epoch(report.max_epoch.max(epoch_min.0.saturating_sub(1)) + 1);
+    if opts.progress && !segments.is_empty() {
+        eprintln!(
+            "recovery: replayed {} txns ({:.0} MB/s of log), dropped {} unacknowledged above the cut",
+            report.log_txns_replayed,
+            report.log_mb_per_s(),
+            report.log_txns_dropped_above_cut
+        );
+    }
+    // Everything recovered goes into a fresh checkpoint that names the new epoch, so the old
+    // segments (and whatever they hold above the cut) can never be replayed again.
+    if !segments.is_empty() {
+        let info = checkpoint::write(&db, dir, opts.log.checkpoint_threads, epoch, &*opts.log.storage)?;
+        if opts.progress {
+            eprintln!("recovery: wrote checkpoint at ts {} ({} rows) for epoch {}", info.ts.0, info.rows, epoch.0);
+        }
+        for s in &segments {
+            std::fs::remove_file(&s.path).map_err(|e| LogError::io(&s.path, e))?;
+        }
+        remove_checkpoints_except(dir, &info.dir)?;
+    } else {
+        for d in &stale_ckpts {
+            std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
+        }
+    }
+    let logger = Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, recovered_ts)
+        .map_err(|e| LogError::io(&dir.join("log"), e))?;
+    db.attach_log(Arc::clone(&logger) as Arc<dyn ditto_engine::CommitLog>);
+    report.total_seconds = t0.elapsed().as_secs_f64();
+    Ok(Durable {
+        inner: Arc::new(Inner {
+            db,
+            logger,
+            dir: dir.to_path_buf(),
+            opts: opts.log,
+            checkpointing: Mutex::new(()),
+            recovery: report,
+            _lock: lock,
+        }),
+    })
+}
+
+fn remove_checkpoints_except(dir: &Path, keep: &Path) -> Result<(), LogError> {
+    let root = checkpoint::checkpoints_dir(dir);
+    for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
+        let p = e.map_err(|e| LogError::io(&root, e))?.path();
+        if p != keep {
+            std::fs::remove_dir_all(&p).map_err(|e| LogError::io(&p, e))?;
+        }
+    }
+    Ok(())
+}
+
+impl Durable {
+    pub fn db(&self) -> &Arc<Database> {
+        &self.inner.db
+    }
+
+    pub fn logger(&self) -> &Arc<Logger> {
+        &self.inner.logger
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// What recovery found and did when this database was opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.inner.recovery
+    }
+
+    /// Writes an online checkpoint (workers keep running), then deletes the log segments and
+    /// older checkpoints it covers.
+    pub fn checkpoint(&self) -> Result<CheckpointInfo, LogError> {
+        let _one = self.inner.checkpointing.lock();
+        let i = &self.inner;
+        let info = checkpoint::write(&i.db, &i.dir, i.opts.checkpoint_threads, i.logger.epoch(), &*i.opts.storage)?;
+        for seg in i.logger.take_segments_covered_by(info.ts) {
+            std::fs::remove_file(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
+        }
+        remove_checkpoints_except(&i.dir, &info.dir)?;
+        Ok(info)
+    }
+
+    /// Checkpoints every `every` on a background thread until the database is closed.
+    pub fn spawn_checkpointer(&self, every: Duration) -> std::thread::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        std::thread::spawn(move || loop {
+            let step = Duration::from_millis(50);
+            let mut waited = Duration::ZERO;
+            while waited < every {
+                std::thread::sleep(step);
+                waited += step;
+                match weak.upgrade() {
+                    Some(i) if i.logger.failure().is_none() && i.logger.check_open() => {}
+                    _ => return,
+                }
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            if let Err(e) = (Durable { inner }).checkpoint() {
+                tracing::error!("background checkpoint failed: {e}");
+            }
+        })
+    }
+
+    /// Flushes what was appended, stops the flushers. Commits after this fail.
+    pub fn close(&self) {
+        self.inner.logger.shutdown();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.logger.shutdown();
+    }
+}

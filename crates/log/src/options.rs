@@ -1,0 +1,71 @@
+//! Durability and log options.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::storage::{RealStorage, Storage};
+
+/// When a commit counts as durable, and so when it may be acknowledged. Every variant
+/// acknowledges a commit only after the batch holding it (and every batch of every stream
+/// holding an earlier timestamp) has reached the point named here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Group commit with an fsync per batch: a stream's flusher writes whatever accumulated
+    /// while the previous fsync ran, then fsyncs. Survives process crashes, OS crashes and
+    /// power loss (given a disk that honours fsync). Lowest latency of the fsync modes.
+    EveryBatch,
+    /// Group commit on a timer: every interval each stream writes and fsyncs its batch.
+    /// Survives the same failures as `EveryBatch`; acknowledgement waits up to one interval.
+    Interval(Duration),
+    /// Write to the OS every interval, never fsync. Survives a process crash (the page cache
+    /// outlives the process), NOT an OS crash or power loss. For benchmarks and tests.
+    NoSync(Duration),
+}
+
+impl Durability {
+    pub fn name(&self) -> String {
+        match self {
+            Durability::EveryBatch => "fsync-every-batch".into(),
+            Durability::Interval(d) => format!("fsync-interval-{}ms", d.as_millis()),
+            Durability::NoSync(d) => format!("no-fsync-{}ms", d.as_millis()),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct LogOptions {
+    pub durability: Durability,
+    /// LZ4-compress each batch (kept uncompressed when that does not shrink it).
+    pub compress: bool,
+    /// A segment file is closed and a new one started once it is over this size.
+    pub segment_bytes_max: u64,
+    /// A worker's commit blocks while its stream has more than this many bytes buffered.
+    pub stream_buffer_bytes_max: usize,
+    /// Threads writing a checkpoint (and loading one in recovery).
+    pub checkpoint_threads: usize,
+    /// Where files go; tests substitute a fault-injecting storage.
+    pub storage: Arc<dyn Storage>,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            durability: Durability::Interval(Duration::from_millis(10)),
+            compress: true,
+            segment_bytes_max: 64 << 20,
+            stream_buffer_bytes_max: 64 << 20,
+            checkpoint_threads: 2,
+            storage: Arc::new(RealStorage),
+        }
+    }
+}
+
+impl std::fmt::Debug for LogOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogOptions")
+            .field("durability", &self.durability)
+            .field("compress", &self.compress)
+            .field("segment_bytes_max", &self.segment_bytes_max)
+            .finish()
+    }
+}

@@ -1,0 +1,356 @@
+//! Group commit
+//! ============
+//! Each worker appends its committed write sets to its own stream buffer (no global log
+//! latch); each stream has a flusher thread that frames the buffer as one batch, writes it
+//! to the stream's current segment and, depending on the durability, fsyncs it. One fsync
+//! covers the whole batch.
+//!
+//! ```text
+//!  worker w --append(ts, writes)--> buffer[w] --flusher[w]: bound = clock.stream_bound(w)
+//!                                                          take buffer, frame, write, fsync
+//!                                                          durable[w] = max(durable[w], bound)
+//!  watermark = min over w of durable[w]   -->  commits with ts <= watermark are released
+//! ```
+//!
+//! The bound is read *before* the buffer is taken, so every transaction of the stream at or
+//! below it is in this batch or an earlier one. It is written into the batch header, so
+//! recovery can recompute the same watermark from the disk (Rolis 3.3). Idle streams still
+//! write heartbeat batches (no transactions, a newer bound) so the watermark keeps moving.
+//!
+//! Invariants: durable[w] only grows; watermark <= every durable[w]; a commit is
+//! acknowledged only if its ts <= watermark; after the first write or fsync error the log
+//! is failed for good: nothing more is acknowledged and commits are refused.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{CommitClock, CommitLog, Error, LoggedWrite, TableId, Ts, WorkerId};
+use parking_lot::{Condvar, Mutex};
+
+use crate::catalog::Catalog;
+use crate::format::{BatchBuilder, Epoch, SegmentHeader, StreamId, SEGMENT_HEADER_LEN};
+use crate::options::{Durability, LogOptions};
+use crate::storage::LogFile;
+
+/// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode).
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
+
+/// A closed segment: once a checkpoint covers `last_ts`, it can be deleted.
+#[derive(Debug, Clone)]
+pub(crate) struct ClosedSegment {
+    pub path: PathBuf,
+    pub last_ts: Ts,
+}
+
+struct Stream {
+    buf: Mutex<BatchBuilder>,
+    /// Signalled when a worker appends (flusher waits) and when the flusher takes the buffer
+    /// (workers under backpressure wait).
+    cv: Condvar,
+    durable: AtomicU64,
+    closed: Mutex<Vec<ClosedSegment>>,
+}
+
+/// Counters for reports and metrics.
+#[derive(Default, Debug)]
+pub struct LogStats {
+    pub bytes_written: AtomicU64,
+    pub batches: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub fsync_ns_total: AtomicU64,
+    pub txns: AtomicU64,
+}
+
+pub struct Logger {
+    dir: PathBuf,
+    epoch: Epoch,
+    opts: LogOptions,
+    clock: Arc<CommitClock>,
+    streams: Box<[Stream]>,
+    watermark: AtomicU64,
+    failed: OnceLock<Arc<str>>,
+    wait_lock: Mutex<()>,
+    wait_cv: Condvar,
+    shutdown: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    catalog: Mutex<Catalog>,
+    pub stats: LogStats,
+}
+
+impl Logger {
+    /// Starts one flusher per stream, each with a fresh segment of `epoch`.
+    pub(crate) fn start(
+        dir: &Path,
+        epoch: Epoch,
+        opts: LogOptions,
+        clock: Arc<CommitClock>,
+        catalog: Catalog,
+        durable_from: Ts,
+    ) -> std::io::Result<Arc<Logger>> {
+        let n = clock.workers();
+        let streams = (0..n)
+            .map(|_| Stream {
+                buf: Mutex::new(BatchBuilder::new()),
+                cv: Condvar::new(),
+                durable: AtomicU64::new(durable_from.0),
+                closed: Mutex::new(Vec::new()),
+            })
+            .collect();
+        let logger = Arc::new(Logger {
+            dir: dir.to_path_buf(),
+            epoch,
+            opts,
+            clock,
+            streams,
+            watermark: AtomicU64::new(durable_from.0),
+            failed: OnceLock::new(),
+            wait_lock: Mutex::new(()),
+            wait_cv: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            catalog: Mutex::new(catalog),
+            stats: LogStats::default(),
+        });
+        let mut files = Vec::with_capacity(n);
+        for w in 0..n {
+            files.push(logger.open_segment(w, 1)?);
+        }
+        for (w, file) in files.into_iter().enumerate() {
+            let l = Arc::clone(&logger);
+            let h = std::thread::Builder::new().name(format!("ditto-log-{w}")).spawn(move || l.flusher(w, file))?;
+            logger.threads.lock().push(h);
+        }
+        Ok(logger)
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.opts.durability
+    }
+
+    /// Every commit at or below this timestamp is durable.
+    pub fn watermark(&self) -> Ts {
+        Ts(self.watermark.load(Ordering::Acquire))
+    }
+
+    pub fn failure(&self) -> Option<Arc<str>> {
+        self.failed.get().cloned()
+    }
+
+    pub(crate) fn segment_path(dir: &Path, stream: usize, epoch: Epoch, seq: u64) -> PathBuf {
+        dir.join("log").join(format!("stream-{stream:04}-e{:010}-s{seq:010}.seg", epoch.0))
+    }
+
+    fn open_segment(&self, w: usize, seq: u64) -> std::io::Result<(Box<dyn LogFile>, u64, PathBuf)> {
+        let path = Self::segment_path(&self.dir, w, self.epoch, seq);
+        let mut f = self.opts.storage.create_new(&path)?;
+        let header = SegmentHeader { stream: StreamId(w as u32), epoch: self.epoch, seq };
+        f.write_all(&header.encode())?;
+        f.sync()?;
+        self.opts.storage.sync_dir(&self.dir.join("log"))?;
+        Ok((f, seq, path))
+    }
+
+    fn fail(&self, what: String) {
+        tracing::error!("log failed, writes stopped: {what}");
+        let _ = self.failed.set(what.into());
+        let _g = self.wait_lock.lock();
+        self.wait_cv.notify_all();
+        for s in self.streams.iter() {
+            s.cv.notify_all();
+        }
+    }
+
+    fn flusher(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf)) {
+        let (mut file, mut seq, mut path) = first;
+        let stream = &self.streams[w];
+        let mut spare = BatchBuilder::new();
+        let mut frame = Vec::new();
+        let mut seg_bytes = SEGMENT_HEADER_LEN as u64;
+        let mut seg_last_ts = Ts::ZERO;
+        let mut written_bound = Ts(stream.durable.load(Ordering::Acquire));
+        let mut next_tick = Instant::now();
+        let (fsync, interval) = match self.opts.durability {
+            Durability::EveryBatch => (true, None),
+            Durability::Interval(d) => (true, Some(d)),
+            Durability::NoSync(d) => (false, Some(d)),
+        };
+        loop {
+            let stopping = self.shutdown.load(Ordering::Acquire);
+            if self.failed.get().is_some() {
+                return;
+            }
+            // Wait for work (or the tick).
+            match interval {
+                Some(d) if !stopping => {
+                    next_tick += d;
+                    let now = Instant::now();
+                    if next_tick > now {
+                        std::thread::sleep(next_tick - now);
+                    } else {
+                        next_tick = now;
+                    }
+                }
+                None if !stopping => {
+                    let mut buf = stream.buf.lock();
+                    if buf.is_empty() {
+                        stream.cv.wait_for(&mut buf, HEARTBEAT_EVERY);
+                    }
+                }
+                _ => {}
+            }
+            let bound = self.clock.stream_bound(w);
+            {
+                let mut buf = stream.buf.lock();
+                std::mem::swap(&mut *buf, &mut spare);
+                stream.cv.notify_all();
+            }
+            if spare.is_empty() && bound <= written_bound {
+                if stopping {
+                    return;
+                }
+                continue;
+            }
+            frame.clear();
+            let header = spare.finish_into(StreamId(w as u32), self.epoch, bound, self.opts.compress, &mut frame);
+            let txns = spare.txn_count() as u64;
+            if let Some(last) = spare.last_ts() {
+                seg_last_ts = seg_last_ts.max(last);
+            }
+            spare.clear();
+            if let Err(e) = file.write_all(&frame) {
+                return self.fail(format!("write to {}: {e}", path.display()));
+            }
+            if fsync {
+                let t0 = Instant::now();
+                if let Err(e) = file.sync() {
+                    return self.fail(format!("fsync of {}: {e}", path.display()));
+                }
+                self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+                self.stats.fsync_ns_total.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            debug_assert_eq!(header.bound_ts, bound);
+            self.stats.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            self.stats.txns.fetch_add(txns, Ordering::Relaxed);
+            seg_bytes += frame.len() as u64;
+            written_bound = written_bound.max(bound);
+            stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+            self.advance_watermark();
+            if seg_bytes >= self.opts.segment_bytes_max {
+                stream.closed.lock().push(ClosedSegment { path: path.clone(), last_ts: seg_last_ts });
+                match self.open_segment(w, seq + 1) {
+                    Ok(next) => (file, seq, path) = next,
+                    Err(e) => return self.fail(format!("opening segment {} of stream {w}: {e}", seq + 1)),
+                }
+                seg_bytes = SEGMENT_HEADER_LEN as u64;
+                seg_last_ts = Ts::ZERO;
+            }
+        }
+    }
+
+    fn advance_watermark(&self) {
+        let min = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).min().unwrap_or(0);
+        let prev = self.watermark.fetch_max(min, Ordering::AcqRel);
+        if min > prev {
+            let _g = self.wait_lock.lock();
+            self.wait_cv.notify_all();
+        }
+    }
+
+    /// Closed segments whose every transaction is at or below `ts` (so a checkpoint at `ts`
+    /// covers them): removed from the list and returned for deletion.
+    pub(crate) fn take_segments_covered_by(&self, ts: Ts) -> Vec<ClosedSegment> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut closed = s.closed.lock();
+            let (done, keep): (Vec<_>, Vec<_>) = closed.drain(..).partition(|c| c.last_ts <= ts);
+            *closed = keep;
+            out.extend(done);
+        }
+        out
+    }
+
+    /// False once shut down.
+    pub fn check_open(&self) -> bool {
+        !self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Stops the flushers after a final flush of everything appended so far.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        for s in self.streams.iter() {
+            s.cv.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl CommitLog for Logger {
+    fn check_writable(&self) -> ditto_engine::Result<()> {
+        match self.failed.get() {
+            Some(msg) => Err(Error::LogFailed(msg.clone())),
+            None if self.shutdown.load(Ordering::Acquire) => Err(Error::LogFailed("log is shut down".into())),
+            None => Ok(()),
+        }
+    }
+
+    fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
+        let stream = &self.streams[worker.0 as usize];
+        let mut buf = stream.buf.lock();
+        while buf.payload_len() > self.opts.stream_buffer_bytes_max && self.failed.get().is_none() {
+            stream.cv.wait_for(&mut buf, Duration::from_millis(10));
+        }
+        buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
+        if matches!(self.opts.durability, Durability::EveryBatch) {
+            stream.cv.notify_one();
+        }
+    }
+
+    fn wait_durable(&self, ts: Ts) -> ditto_engine::Result<()> {
+        if self.watermark() >= ts {
+            return Ok(());
+        }
+        let mut g = self.wait_lock.lock();
+        loop {
+            if self.watermark() >= ts {
+                return Ok(());
+            }
+            if let Some(msg) = self.failed.get() {
+                return Err(Error::LogFailed(msg.clone()));
+            }
+            self.wait_cv.wait_for(&mut g, Duration::from_millis(50));
+        }
+    }
+
+    fn is_durable(&self, ts: Ts) -> ditto_engine::Result<bool> {
+        if self.watermark() >= ts {
+            return Ok(true);
+        }
+        match self.failed.get() {
+            Some(msg) => Err(Error::LogFailed(msg.clone())),
+            None => Ok(false),
+        }
+    }
+
+    fn table_created(&self, id: TableId, name: &str) -> ditto_engine::Result<()> {
+        self.check_writable()?;
+        let mut cat = self.catalog.lock();
+        cat.add(id, name);
+        if let Err(e) = cat.save(&self.dir, &*self.opts.storage) {
+            let msg = format!("saving the catalog: {e}");
+            self.fail(msg.clone());
+            return Err(Error::LogFailed(msg.into()));
+        }
+        Ok(())
+    }
+}
+
