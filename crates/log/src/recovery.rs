@@ -198,7 +198,7 @@ pub(crate) fn replay_log(
     report.cut_ts = cut;
     report.log_bytes = logs.iter().map(|l| l.bytes).sum();
     report.torn_tails_truncated = logs.iter().filter_map(|l| l.torn.clone()).collect();
-    if progress {
+    if progress && report.segments > 0 {
         eprintln!(
             "recovery: {} stream(s), {} segment(s), {:.1} MB of log; replaying ({}, {}]",
             report.streams,

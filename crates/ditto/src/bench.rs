@@ -1,0 +1,292 @@
+//! `ditto bench`: the embedded benchmarks, each run once per `--log` mode in one process so
+//! that the log's cost is a ratio measured on the same machine in the same run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ditto_bench::harness::{Probe, Report, RunConfig};
+use ditto_bench::{index, tpcc, ycsb};
+use ditto_engine::{Database, Options};
+use ditto_log::OpenOptions;
+
+use crate::logmode::{log_options, LogMode, ScratchDir};
+
+#[derive(clap::Subcommand)]
+pub enum BenchCmd {
+    /// TPC-C full mix with consistency checks after every run.
+    Tpcc(TpccArgs),
+    /// YCSB++ (Rolis 6.1): 50% read-only txns of 4 reads, 50% txns of 4 read-modify-writes.
+    Ycsb(YcsbArgs),
+    /// The ordered-index candidates (docs/index-choice.md).
+    Index(IndexArgs),
+    /// Recovery speed: log a TPC-C run, then time checkpoint load and log replay.
+    Recovery(RecoveryArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct Common {
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Seconds of measured run per log mode.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Log modes to run, in order (comma-separated): off, nosync, interval, every-batch.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "off,interval")]
+    pub log: Vec<LogMode>,
+    /// Group-commit interval for `interval` and `nosync`.
+    #[arg(long, default_value_t = 10)]
+    pub interval_ms: u64,
+    /// Do not LZ4-compress log batches.
+    #[arg(long)]
+    pub no_compress: bool,
+    /// Data directory for logged runs (default: a scratch directory, removed afterwards).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// End with one JSON object holding every figure.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(clap::Args)]
+pub struct TpccArgs {
+    #[command(flatten)]
+    c: Common,
+    /// Warehouses (default: one per worker).
+    #[arg(long)]
+    warehouses: Option<u32>,
+    /// Reduced sizes (1,000 items, 100 customers per district) for quick runs.
+    #[arg(long)]
+    small: bool,
+}
+
+#[derive(clap::Args)]
+pub struct YcsbArgs {
+    #[command(flatten)]
+    c: Common,
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    #[arg(long, default_value_t = 100)]
+    value_len: usize,
+    /// Zipfian skew (e.g. 0.99); uniform if absent.
+    #[arg(long)]
+    zipf: Option<f64>,
+}
+
+#[derive(clap::Args)]
+pub struct IndexArgs {
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<usize>,
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct RecoveryArgs {
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Seconds of TPC-C to log (no checkpoint in between, so it all has to be replayed).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long)]
+    warehouses: Option<u32>,
+    #[arg(long)]
+    small: bool,
+    #[arg(long)]
+    no_compress: bool,
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        BenchCmd::Tpcc(a) => {
+            let w = a.warehouses.unwrap_or(a.c.workers as u32);
+            let cfg = if a.small { tpcc::TpccConfig::small(w) } else { tpcc::TpccConfig::new(w) };
+            run_modes("tpcc", &a.c, |db, run, probe| {
+                let t = tpcc::load(db, &cfg, run.progress)?;
+                let report = tpcc::run(db, &t, run, probe)?;
+                let c = tpcc::check_consistency(db, &t).map_err(|e| format!("TPC-C consistency check failed: {e}"))?;
+                if run.progress {
+                    eprintln!(
+                        "consistency conditions 1-4 hold ({} districts, {} orders, {} order lines)",
+                        c.districts, c.orders, c.order_lines
+                    );
+                }
+                Ok(report)
+            })
+        }
+        BenchCmd::Ycsb(a) => {
+            let cfg = ycsb::YcsbConfig {
+                keys: a.keys,
+                value_len: a.value_len,
+                zipf_theta: a.zipf,
+                ..ycsb::YcsbConfig::default()
+            };
+            run_modes("ycsb", &a.c, |db, run, probe| {
+                let y = ycsb::load(db, &cfg, run.progress)?;
+                let report = ycsb::run(db, &y, run, probe)?;
+                let rows = ycsb::check(db, &y)?;
+                if run.progress {
+                    eprintln!("check: {rows} rows present");
+                }
+                Ok(report)
+            })
+        }
+        BenchCmd::Index(a) => {
+            let res = index::run(&index::IndexBenchConfig { keys: a.keys, threads: a.threads, seconds_per_case: a.seconds });
+            index::print(&res);
+            if a.json {
+                println!("{}", serde_json::to_string(&res)?);
+            }
+            Ok(())
+        }
+        BenchCmd::Recovery(a) => recovery(a),
+    }
+}
+
+type Body<'a> = dyn Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>> + 'a;
+
+fn run_modes(
+    name: &str,
+    c: &Common,
+    body: impl Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let body: &Body = &body;
+    let run = RunConfig {
+        workers: c.workers,
+        duration: Duration::from_secs_f64(c.seconds),
+        seed: c.seed,
+        progress: !c.json || atty_stderr(),
+    };
+    let mut results: Vec<(String, Report)> = Vec::new();
+    for mode in &c.log {
+        let label = mode.name(c.interval_ms);
+        eprintln!("== {name}: {} worker(s), log {label}", c.workers);
+        let report = match mode.durability(c.interval_ms) {
+            None => {
+                let db = Database::new(Options { workers: c.workers });
+                body(&db, &run, &Probe::NONE)?
+            }
+            Some(dur) => {
+                let scratch = ScratchDir::new(c.dir.clone(), name)?;
+                let d = ditto_log::open(
+                    &scratch.path,
+                    OpenOptions { workers: c.workers, log: log_options(dur, !c.no_compress), progress: run.progress },
+                )?;
+                let logger = d.logger().clone();
+                let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
+                let r = body(d.db(), &run, &Probe { log_bytes: &bytes })?;
+                d.close();
+                r
+            }
+        };
+        report.print();
+        results.push((label, report));
+    }
+    if results.len() > 1 {
+        let base = results[0].1.throughput_tps;
+        println!("\n{name}: throughput relative to log {}", results[0].0);
+        for (label, r) in &results {
+            println!("  {:<24} {:>12.0} tps  {:>6.3}x", label, r.throughput_tps, r.throughput_tps / base);
+        }
+    }
+    if c.json {
+        let runs: Vec<_> = results
+            .iter()
+            .map(|(label, r)| serde_json::json!({ "log": label, "report": r, "ratio_to_first": r.throughput_tps / results[0].1.throughput_tps }))
+            .collect();
+        println!("{}", serde_json::json!({ "benchmark": name, "machine": machine(), "runs": runs }));
+    }
+    Ok(())
+}
+
+fn atty_stderr() -> bool {
+    // SAFETY: isatty on a standard descriptor.
+    unsafe { libc::isatty(2) == 1 }
+}
+
+pub fn machine() -> serde_json::Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    serde_json::json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": cpu,
+    })
+}
+
+fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let scratch = ScratchDir::new(a.dir.clone(), "recovery")?;
+    let w = a.warehouses.unwrap_or(a.workers as u32);
+    let cfg = if a.small { tpcc::TpccConfig::small(w) } else { tpcc::TpccConfig::new(w) };
+    let open = |progress| {
+        ditto_log::open(
+            &scratch.path,
+            OpenOptions {
+                workers: a.workers,
+                log: log_options(ditto_log::Durability::NoSync(Duration::from_millis(10)), !a.no_compress),
+                progress,
+            },
+        )
+    };
+    let txns;
+    {
+        let d = open(false)?;
+        let t = tpcc::load(d.db(), &cfg, true)?;
+        // The load is folded into a checkpoint, so the measured log is the run's alone.
+        let ck = d.checkpoint()?;
+        eprintln!("checkpoint after load: {} rows, {:.1} MB", ck.rows, ck.bytes as f64 / 1e6);
+        let run = RunConfig { workers: a.workers, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
+        let logger = d.logger().clone();
+        let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
+        let r = tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes })?;
+        txns = r.committed;
+        d.close();
+    }
+    let d = open(true)?;
+    let rep = d.recovery().clone();
+    let t = tpcc::open(d.db())?;
+    tpcc::check_consistency(d.db(), &t).map_err(|e| format!("consistency after recovery: {e}"))?;
+    println!("recovery of {txns} logged TPC-C transactions with {} workers:", a.workers);
+    println!(
+        "  checkpoint: {:>8.1} MB, {:>10} rows in {:>6.2} s = {:>7.0} MB/s",
+        rep.checkpoint_bytes as f64 / 1e6,
+        rep.checkpoint_rows,
+        rep.checkpoint_seconds,
+        rep.checkpoint_mb_per_s()
+    );
+    println!(
+        "  log:        {:>8.1} MB, {:>10} txns in {:>6.2} s = {:>7.0} MB/s ({} streams)",
+        rep.log_bytes as f64 / 1e6,
+        rep.log_txns_replayed,
+        rep.log_seconds,
+        rep.log_mb_per_s(),
+        rep.streams
+    );
+    println!("  total open (incl. index rebuild and the new checkpoint): {:.2} s", rep.total_seconds);
+    println!("  TPC-C consistency conditions 1-4 hold after recovery");
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "benchmark": "recovery", "machine": machine(), "workers": a.workers,
+                "checkpoint_mb": rep.checkpoint_bytes as f64 / 1e6, "checkpoint_mb_per_s": rep.checkpoint_mb_per_s(),
+                "log_mb": rep.log_bytes as f64 / 1e6, "log_mb_per_s": rep.log_mb_per_s(),
+                "log_txns_replayed": rep.log_txns_replayed, "total_open_s": rep.total_seconds,
+            })
+        );
+    }
+    d.close();
+    Ok(())
+}

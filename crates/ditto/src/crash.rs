@@ -1,0 +1,123 @@
+//! `ditto crash-child`: the workload the crash tests SIGKILL.
+//!
+//! Bank transfers between `accounts` accounts, each transfer also inserting an event
+//! (worker, seq) -> (from, to, amount). A line `ACK <worker> <seq> <ts>` is printed only
+//! after the commit is durable. After any crash, the checker (crates/ditto/tests/crash.rs)
+//! expects: every ACKed event present; each worker's events a gap-free prefix (recovery is
+//! a prefix of the commit order); the total balance unchanged (no partial transfer).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{Direction, Error, WorkerId};
+use ditto_log::OpenOptions;
+use rand::{Rng, SeedableRng};
+
+use crate::logmode::{log_options, LogMode};
+
+pub const START_BALANCE: i64 = 1_000_000;
+
+#[derive(clap::Args)]
+pub struct CrashArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[arg(long, value_enum, default_value_t = LogMode::EveryBatch)]
+    log: LogMode,
+    #[arg(long, default_value_t = 2)]
+    interval_ms: u64,
+    #[arg(long, default_value_t = 64)]
+    accounts: u64,
+    /// Online checkpoint every this many ms (0: none).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_ms: u64,
+    /// Small segments so that crashes land around segment rolls too.
+    #[arg(long, default_value_t = 256 * 1024)]
+    segment_bytes: u64,
+    /// Stop by itself after this long.
+    #[arg(long, default_value_t = 60)]
+    max_seconds: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+pub fn event_key(worker: u32, seq: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&worker.to_be_bytes());
+    k[4..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let dur = a.log.durability(a.interval_ms).ok_or("crash-child needs a log")?;
+    let mut log = log_options(dur, true);
+    log.segment_bytes_max = a.segment_bytes;
+    let d = ditto_log::open(&a.dir, OpenOptions { workers: a.workers, log, progress: false })?;
+    let db = d.db().clone();
+    let accounts = db.open_table("accounts")?;
+    let events = db.open_table("events")?;
+    {
+        let mut w = db.worker(WorkerId(0)).expect("worker 0");
+        let n = a.accounts;
+        w.run(|x| {
+            for i in 0..n {
+                if x.get(accounts, &i.to_be_bytes())?.is_none() {
+                    x.insert(accounts, &i.to_be_bytes(), &START_BALANCE.to_le_bytes())?;
+                }
+            }
+            Ok(())
+        })?
+        .1
+        .wait()?;
+    }
+    if a.checkpoint_ms > 0 {
+        d.spawn_checkpointer(Duration::from_millis(a.checkpoint_ms));
+    }
+    println!("READY");
+    std::io::stdout().flush()?;
+    let deadline = Instant::now() + Duration::from_secs(a.max_seconds);
+    std::thread::scope(|s| {
+        for wi in 0..a.workers as u32 {
+            let db = &db;
+            let a = &a;
+            s.spawn(move || -> Result<(), Error> {
+                let mut w = db.worker(WorkerId(wi)).expect("worker");
+                // Continue after the last event this worker made durable before a crash.
+                let last = db.read().scan(
+                    events,
+                    std::ops::Bound::Included(&event_key(wi, 0)[..]),
+                    std::ops::Bound::Included(&event_key(wi, u64::MAX)[..]),
+                    Direction::Reverse,
+                    1,
+                )?;
+                let mut seq = last.first().map(|(k, _)| u64::from_be_bytes(k[4..12].try_into().unwrap()) + 1).unwrap_or(0);
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(a.seed * 1000 + wi as u64 + seq);
+                while Instant::now() < deadline {
+                    let (from, to) = (rng.gen_range(0..a.accounts), rng.gen_range(0..a.accounts));
+                    let amount: i64 = rng.gen_range(1..100);
+                    let (_, ticket) = w.run(|x| {
+                        let f = i64::from_le_bytes(x.get(accounts, &from.to_be_bytes())?.unwrap()[..].try_into().unwrap());
+                        x.update(accounts, &from.to_be_bytes(), &(f - amount).to_le_bytes())?;
+                        let t = i64::from_le_bytes(x.get(accounts, &to.to_be_bytes())?.unwrap()[..].try_into().unwrap());
+                        x.update(accounts, &to.to_be_bytes(), &(t + amount).to_le_bytes())?;
+                        let mut ev = [0u8; 24];
+                        ev[..8].copy_from_slice(&from.to_le_bytes());
+                        ev[8..16].copy_from_slice(&to.to_le_bytes());
+                        ev[16..].copy_from_slice(&amount.to_le_bytes());
+                        x.insert(events, &event_key(wi, seq), &ev)
+                    })?;
+                    let ts = ticket.wait()?;
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "ACK {wi} {seq} {}", ts.0);
+                    let _ = out.flush();
+                    seq += 1;
+                }
+                Ok(())
+            });
+        }
+    });
+    d.close();
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! `--log` flag values shared by the subcommands.
+
+use std::time::Duration;
+
+use ditto_log::{Durability, LogOptions};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogMode {
+    /// No log at all: in-memory only (the baseline).
+    Off,
+    /// Write every interval, never fsync (survives a process crash only).
+    Nosync,
+    /// Group commit, fsync every interval (the default).
+    Interval,
+    /// Group commit, fsync every batch as soon as the previous fsync returns.
+    EveryBatch,
+}
+
+impl LogMode {
+    pub fn durability(self, interval_ms: u64) -> Option<Durability> {
+        let d = Duration::from_millis(interval_ms);
+        match self {
+            LogMode::Off => None,
+            LogMode::Nosync => Some(Durability::NoSync(d)),
+            LogMode::Interval => Some(Durability::Interval(d)),
+            LogMode::EveryBatch => Some(Durability::EveryBatch),
+        }
+    }
+
+    pub fn name(self, interval_ms: u64) -> String {
+        match self.durability(interval_ms) {
+            None => "off".into(),
+            Some(d) => d.name(),
+        }
+    }
+}
+
+pub fn log_options(durability: Durability, compress: bool) -> LogOptions {
+    LogOptions { durability, compress, ..LogOptions::default() }
+}
+
+/// A fresh scratch directory for a run, removed when dropped unless kept.
+pub struct ScratchDir {
+    pub path: std::path::PathBuf,
+    keep: bool,
+}
+
+impl ScratchDir {
+    pub fn new(given: Option<std::path::PathBuf>, tag: &str) -> std::io::Result<ScratchDir> {
+        match given {
+            Some(p) => {
+                std::fs::create_dir_all(&p)?;
+                Ok(ScratchDir { path: p, keep: true })
+            }
+            None => {
+                let p = std::env::temp_dir().join(format!("ditto-{tag}-{}", std::process::id()));
+                if p.exists() {
+                    std::fs::remove_dir_all(&p)?;
+                }
+                std::fs::create_dir_all(&p)?;
+                Ok(ScratchDir { path: p, keep: false })
+            }
+        }
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The `ditto` binary. Every role of a node is a subcommand of this one binary.
+//!
+//! - `ditto demo`: the most complete thing ditto shows today (see demo.rs).
+//! - `ditto bench tpcc|ycsb|index|recovery`: the embedded benchmarks (see bench.rs).
+//! - `ditto crash-child`: a workload for the crash tests; not for people.
+
+mod bench;
+mod crash;
+mod demo;
+mod logmode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ditto", version, about = "A replicated, multi-core, in-memory transactional database")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Load TPC-C into a durable data directory, run the full mix, crash it with SIGKILL,
+    /// recover, verify, and print a report.
+    Demo(demo::DemoArgs),
+    /// Embedded benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// Workload used by the crash tests (prints acknowledged commits on stdout).
+    #[command(hide = true)]
+    CrashChild(crash::CrashArgs),
+    /// Internal: the crashing half of `ditto demo`.
+    #[command(hide = true)]
+    DemoChild(demo::DemoChildArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let out = match cli.cmd {
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Bench(b) => bench::run(b),
+        Cmd::CrashChild(a) => crash::run(a),
+        Cmd::DemoChild(a) => demo::child(a),
+    };
+    if let Err(e) = out {
+        eprintln!("ditto: error: {e}");
+        std::process::exit(1);
+    }
+}
