@@ -30,6 +30,10 @@ const CHUNKS_MAX: usize = 1 << 15;
 /// Largest number of records a table can ever allocate.
 pub const RECORDS_PER_TABLE_MAX: u64 = (CHUNK_LEN * CHUNKS_MAX) as u64;
 
+/// An ordered walk over part of a table's index.
+pub(crate) type IndexRange<'a> =
+    crossbeam_skiplist::map::Range<'a, [u8], (Bound<&'a [u8]>, Bound<&'a [u8]>), Bytes, RecordId>;
+
 pub(crate) struct Table {
     pub name: String,
     pub index: SkipMap<Bytes, RecordId>,
@@ -89,11 +93,7 @@ impl Table {
         Some(self.record(rid))
     }
 
-    pub fn range<'a>(
-        &'a self,
-        lo: Bound<&'a [u8]>,
-        hi: Bound<&'a [u8]>,
-    ) -> crossbeam_skiplist::map::Range<'a, [u8], (Bound<&'a [u8]>, Bound<&'a [u8]>), Bytes, RecordId> {
+    pub fn range<'a>(&'a self, lo: Bound<&'a [u8]>, hi: Bound<&'a [u8]>) -> IndexRange<'a> {
         self.index.range::<[u8], _>((lo, hi))
     }
 }

@@ -385,7 +385,7 @@ impl<'w> Transaction<'w> {
         // 6. Visible to snapshots and to the stream bound.
         clock.end_commit(worker);
         self.worker.commits += 1;
-        if self.worker.commits % 128 == 0 {
+        if self.worker.commits.is_multiple_of(128) {
             let h = clock.refresh_horizon();
             self.unlink_deleted(h);
         }
@@ -611,7 +611,7 @@ impl<'db> ReadTxn<'db> {
         let end = rids.end.min(t.rid_limit());
         let mut guard = crossbeam_epoch::pin();
         for rid in rids.start..end {
-            if rid % 1024 == 0 {
+            if rid.is_multiple_of(1024) {
                 guard.repin();
             }
             let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };

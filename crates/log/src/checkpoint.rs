@@ -268,7 +268,10 @@ impl IntoInner for BufWriter<std::fs::File> {
 
 /// The newest complete checkpoint, if any. Directories without a MANIFEST are half-written
 /// and returned in `incomplete` for deletion. A MANIFEST that does not decode is corruption.
-pub(crate) fn find_newest(data: &Path) -> Result<(Option<(PathBuf, Manifest)>, Vec<PathBuf>), LogError> {
+/// The newest complete checkpoint (directory and manifest), and the directories to delete.
+pub(crate) type Found = (Option<(PathBuf, Manifest)>, Vec<PathBuf>);
+
+pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     let root = checkpoints_dir(data);
     let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&root) {
         Ok(rd) => rd

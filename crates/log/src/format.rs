@@ -443,13 +443,17 @@ impl BatchBuilder {
         if let Some(last) = self.last_ts {
             assert!(ts > last, "log: txn ts {ts:?} not above previous {last:?} in batch");
         }
-        let write_count = u32::try_from(writes.len()).expect("log: more than u32::MAX writes in one txn");
         assert!(self.txn_count < u32::MAX, "log: more than u32::MAX txns in one batch");
 
         let p = &mut self.payload;
-        p.reserve(TXN_HEADER_LEN + writes.len() * MIN_WRITE_LEN);
+        p.reserve(TXN_HEADER_LEN + writes.len().saturating_mul(MIN_WRITE_LEN));
         p.extend_from_slice(&ts.0.to_le_bytes());
-        p.extend_from_slice(&write_count.to_le_bytes());
+        // The count is patched in after the loop: `len()` sizes the reservation, but the
+        // count written is the number of writes actually encoded, so an iterator that
+        // misreports its length cannot produce an undecodable batch.
+        let count_at = p.len();
+        p.extend_from_slice(&[0; 4]);
+        let mut write_count: u32 = 0;
         for (table, rid, key, value) in writes {
             assert!(key.len() <= MAX_KEY_LEN, "log: key of {} bytes too long", key.len());
             // One fixed-size record per write, copied in one go, then the variable parts.
@@ -466,7 +470,9 @@ impl BatchBuilder {
                 p.extend_from_slice(&(v.len() as u32).to_le_bytes());
                 p.extend_from_slice(v);
             }
+            write_count = write_count.checked_add(1).expect("log: more than u32::MAX writes in one txn");
         }
+        p[count_at..count_at + 4].copy_from_slice(&write_count.to_le_bytes());
         assert!(p.len() <= MAX_RAW_LEN, "log: batch payload of {} bytes exceeds MAX_RAW_LEN", p.len());
         self.txn_count += 1;
         self.first_ts.get_or_insert(ts);

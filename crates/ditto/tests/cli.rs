@@ -1,0 +1,70 @@
+//! Tiny runs of every benchmark and of the demo through the real binary, so none of them
+//! rots; the JSON they print is parsed and its figures checked for sense.
+
+use std::process::Command;
+
+fn ditto(args: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto")).args(args).output().expect("run ditto");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "ditto {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    (stdout, stderr)
+}
+
+fn last_json(stdout: &str) -> serde_json::Value {
+    let line = stdout.lines().rev().find(|l| l.starts_with('{') || l.starts_with('[')).expect("a JSON line");
+    serde_json::from_str(line).expect("valid JSON")
+}
+
+#[test]
+fn bench_tpcc_small_with_and_without_log() {
+    let (out, _) = ditto(&["bench", "tpcc", "--small", "--workers", "2", "--seconds", "1", "--log", "off,nosync", "--json"]);
+    let j = last_json(&out);
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert!(r["report"]["committed"].as_u64().unwrap() > 0);
+        assert!(r["report"]["throughput_tps"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(runs[0]["report"]["log_bytes"].as_u64().unwrap(), 0, "log off writes nothing");
+    assert!(runs[1]["report"]["log_bytes_per_txn"].as_f64().unwrap() > 50.0, "a logged TPC-C txn writes bytes");
+}
+
+#[test]
+fn bench_ycsb_small() {
+    let (out, _) = ditto(&["bench", "ycsb", "--keys", "10000", "--workers", "2", "--seconds", "1", "--log", "off", "--json"]);
+    let j = last_json(&out);
+    assert!(j["runs"][0]["report"]["committed"].as_u64().unwrap() > 0);
+    let (out, _) =
+        ditto(&["bench", "ycsb", "--keys", "10000", "--zipf", "0.99", "--seconds", "1", "--log", "interval", "--json"]);
+    assert!(last_json(&out)["runs"][0]["report"]["committed"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bench_index_small() {
+    let (out, _) = ditto(&["bench", "index", "--keys", "10000", "--seconds", "0.05", "--threads", "1", "--json"]);
+    let j = last_json(&out);
+    assert!(j.as_array().unwrap().iter().all(|r| r["mops_per_s"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
+fn bench_recovery_small() {
+    let (out, _) = ditto(&["bench", "recovery", "--small", "--workers", "2", "--seconds", "1", "--json"]);
+    let j = last_json(&out);
+    assert!(j["log_txns_replayed"].as_u64().unwrap() > 0);
+    assert!(j["log_mb_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn demo_small_crashes_recovers_and_verifies() {
+    let (out, _) = ditto(&["demo", "--small", "--seconds", "2"]);
+    assert!(out.contains("every acknowledged commit recovered"), "{out}");
+    assert!(out.contains("TPC-C consistency conditions 1-4"), "{out}");
+}
+
+#[test]
+fn demo_refuses_log_off_with_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto")).args(["demo", "--log", "off"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a log"));
+}
