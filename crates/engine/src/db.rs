@@ -20,6 +20,9 @@ pub const TABLES_MAX: usize = 256;
 pub const KEY_LEN_MAX: usize = 64 * 1024;
 /// Longest value, in bytes.
 pub const VALUE_LEN_MAX: usize = 16 * 1024 * 1024;
+/// Largest write set of one transaction, counted as the log encodes it (12 bytes per
+/// transaction, 17 per write, plus keys and values); half the log's batch limit.
+pub const TXN_BYTES_MAX: usize = 128 * 1024 * 1024;
 
 /// One write of a committed transaction, as handed to the commit log.
 #[derive(Debug, Clone, Copy)]

@@ -28,7 +28,7 @@ mod txn;
 
 pub use clock::{CommitClock, READERS_MAX};
 pub use db::{
-    CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, RETRIES_MAX, TABLES_MAX,
+    CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, RETRIES_MAX, TABLES_MAX, TXN_BYTES_MAX,
     VALUE_LEN_MAX,
 };
 pub use error::{Error, Result};

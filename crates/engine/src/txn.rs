@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use crossbeam_epoch::Guard;
 
-use crate::db::{value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX};
+use crate::db::{value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, TXN_BYTES_MAX};
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
 use crate::record::{Record, LOCK_BIT, TS_MASK, UNLINKED_BIT};
@@ -326,6 +326,11 @@ impl<'w> Transaction<'w> {
             self.validate(&[])?;
             let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
             return Ok(CommitTicket { ts: Ts(read_ts), log });
+        }
+        let bytes: usize =
+            12 + self.s.writes.iter().map(|w| 17 + w.key.len() + w.value.as_ref().map_or(0, |v| 4 + v.len())).sum::<usize>();
+        if bytes > TXN_BYTES_MAX {
+            return Err(Error::TooLarge { what: "transaction write set", len: bytes, max: TXN_BYTES_MAX });
         }
         if let Some(log) = &log {
             log.check_writable()?;

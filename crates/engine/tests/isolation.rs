@@ -282,3 +282,16 @@ fn concurrent_increments_are_all_counted() {
     });
     assert_eq!(num(&db.read().get(t, b"c").unwrap().unwrap()), (workers * per) as i64);
 }
+
+#[test]
+fn oversized_write_set_is_refused_with_a_clear_error_and_changes_nothing() {
+    let (db, t) = db(1);
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    let mut x = w.begin();
+    let big = vec![7u8; ditto_engine::VALUE_LEN_MAX];
+    for i in 0..9u32 {
+        x.put(t, &i.to_be_bytes(), &big).unwrap();
+    }
+    assert!(matches!(x.commit(), Err(Error::TooLarge { what: "transaction write set", .. })));
+    assert_eq!(db.count(t).unwrap(), 0);
+}

@@ -263,6 +263,31 @@ fn push_txn_rejects_non_increasing_ts() {
     b.push_txn(Ts(5), std::iter::empty());
 }
 
+/// An iterator whose `len()` is wrong: the builder must encode what it yields.
+struct LyingLen<I>(I);
+impl<I: Iterator> Iterator for LyingLen<I> {
+    type Item = I::Item;
+    fn next(&mut self) -> Option<I::Item> {
+        self.0.next()
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (5, Some(5))
+    }
+}
+impl<I: Iterator> ExactSizeIterator for LyingLen<I> {}
+
+#[test]
+fn write_count_is_what_was_written() {
+    let w = [(TableId(1), RecordId(1), &b"a"[..], Some(&b"x"[..])), (TableId(1), RecordId(2), &b"b"[..], None)];
+    let mut b = BatchBuilder::new();
+    b.push_txn(Ts(1), LyingLen(w.into_iter()));
+    let mut out = Vec::new();
+    b.finish_into(STREAM, EPOCH, Ts(1), false, &mut out);
+    let (batch, _) = decode_batch(&Bytes::from(out)).unwrap();
+    assert_eq!(batch.txns[0].writes.len(), 2);
+    assert_eq!(batch.txns[0].writes[1].value, None);
+}
+
 #[test]
 fn compression_shrinks_repetitive_payload() {
     let txns: Vec<T> = (0..100)
