@@ -143,7 +143,8 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             })
         }
         BenchCmd::Index(a) => {
-            let res = index::run(&index::IndexBenchConfig { keys: a.keys, threads: a.threads, seconds_per_case: a.seconds });
+            let res =
+                index::run(&index::IndexBenchConfig { keys: a.keys, threads: a.threads, seconds_per_case: a.seconds });
             index::print(&res);
             if a.json {
                 println!("{}", serde_json::to_string(&res)?);
@@ -218,7 +219,11 @@ fn atty_stderr() -> bool {
 pub fn machine() -> serde_json::Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     serde_json::json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -247,7 +252,8 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
         // The load is folded into a checkpoint, so the measured log is the run's alone.
         let ck = d.checkpoint()?;
         eprintln!("checkpoint after load: {} rows, {:.1} MB", ck.rows, ck.bytes as f64 / 1e6);
-        let run = RunConfig { workers: a.workers, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
+        let run =
+            RunConfig { workers: a.workers, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
         let logger = d.logger().clone();
         let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
         let r = tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes })?;

@@ -92,15 +92,18 @@ pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
                     Direction::Reverse,
                     1,
                 )?;
-                let mut seq = last.first().map(|(k, _)| u64::from_be_bytes(k[4..12].try_into().unwrap()) + 1).unwrap_or(0);
+                let mut seq =
+                    last.first().map(|(k, _)| u64::from_be_bytes(k[4..12].try_into().unwrap()) + 1).unwrap_or(0);
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(a.seed * 1000 + wi as u64 + seq);
                 while Instant::now() < deadline {
                     let (from, to) = (rng.gen_range(0..a.accounts), rng.gen_range(0..a.accounts));
                     let amount: i64 = rng.gen_range(1..100);
                     let (_, ticket) = w.run(|x| {
-                        let f = i64::from_le_bytes(x.get(accounts, &from.to_be_bytes())?.unwrap()[..].try_into().unwrap());
+                        let f =
+                            i64::from_le_bytes(x.get(accounts, &from.to_be_bytes())?.unwrap()[..].try_into().unwrap());
                         x.update(accounts, &from.to_be_bytes(), &(f - amount).to_le_bytes())?;
-                        let t = i64::from_le_bytes(x.get(accounts, &to.to_be_bytes())?.unwrap()[..].try_into().unwrap());
+                        let t =
+                            i64::from_le_bytes(x.get(accounts, &to.to_be_bytes())?.unwrap()[..].try_into().unwrap());
                         x.update(accounts, &to.to_be_bytes(), &(t + amount).to_le_bytes())?;
                         let mut ev = [0u8; 24];
                         ev[..8].copy_from_slice(&from.to_le_bytes());

@@ -72,7 +72,11 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let scratch = ScratchDir::new(a.dir.clone(), "demo")?;
     let warehouses = a.warehouses.unwrap_or(a.workers as u32);
-    println!("ditto demo: TPC-C, {warehouses} warehouse(s), {} worker(s), log {}", a.workers, a.log.name(a.interval_ms));
+    println!(
+        "ditto demo: TPC-C, {warehouses} warehouse(s), {} worker(s), log {}",
+        a.workers,
+        a.log.name(a.interval_ms)
+    );
     println!("data directory: {}", scratch.path.display());
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
@@ -145,7 +149,9 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let rep = d.recovery().clone();
     let cut = rep.cut_ts.max(rep.checkpoint_ts.unwrap_or_default());
     if cut.0 < acked {
-        return Err(format!("LOST ACKNOWLEDGED COMMITS: recovered up to ts {} but ts {acked} was acknowledged", cut.0).into());
+        return Err(
+            format!("LOST ACKNOWLEDGED COMMITS: recovered up to ts {} but ts {acked} was acknowledged", cut.0).into()
+        );
     }
     let t = tpcc::open(d.db())?;
     let c = tpcc::check_consistency(d.db(), &t).map_err(|e| format!("TPC-C consistency after recovery: {e}"))?;
@@ -162,7 +168,12 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n================ ditto demo report ================");
     println!("TPC-C full mix, {} worker(s), {} warehouse(s), log {}", a.workers, warehouses, a.log.name(a.interval_ms));
     println!("  throughput          {:>10.0} txn/s over {:.1} s", report.throughput_tps, report.duration_s);
-    println!("  committed           {:>10}   aborts {} ({:.2}%)", report.committed, report.aborts, report.abort_rate * 100.0);
+    println!(
+        "  committed           {:>10}   aborts {} ({:.2}%)",
+        report.committed,
+        report.aborts,
+        report.abort_rate * 100.0
+    );
     println!("  latency to durable  p50 {} us, p99 {} us", report.latency_us_p50, report.latency_us_p99);
     println!("  log                 {:>10.0} bytes/txn (LZ4)", report.log_bytes_per_txn);
     println!("  CPU                 {:>10.1} us/txn", report.cpu_s_per_txn * 1e6);
@@ -253,7 +264,13 @@ pub fn child(a: DemoChildArgs) -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_secs(5));
         match dd.checkpoint() {
             Ok(info) => {
-                eprintln!("checkpoint at ts {}: {} rows, {:.1} MB in {:.2} s", info.ts.0, info.rows, info.bytes as f64 / 1e6, info.seconds);
+                eprintln!(
+                    "checkpoint at ts {}: {} rows, {:.1} MB in {:.2} s",
+                    info.ts.0,
+                    info.rows,
+                    info.bytes as f64 / 1e6,
+                    info.seconds
+                );
                 println!("CHECKPOINT {}", info.ts.0);
             }
             Err(e) => eprintln!("checkpoint failed: {e}"),

@@ -18,7 +18,8 @@ fn last_json(stdout: &str) -> serde_json::Value {
 
 #[test]
 fn bench_tpcc_small_with_and_without_log() {
-    let (out, _) = ditto(&["bench", "tpcc", "--small", "--workers", "2", "--seconds", "1", "--log", "off,nosync", "--json"]);
+    let (out, _) =
+        ditto(&["bench", "tpcc", "--small", "--workers", "2", "--seconds", "1", "--log", "off,nosync", "--json"]);
     let j = last_json(&out);
     let runs = j["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
@@ -32,7 +33,8 @@ fn bench_tpcc_small_with_and_without_log() {
 
 #[test]
 fn bench_ycsb_small() {
-    let (out, _) = ditto(&["bench", "ycsb", "--keys", "10000", "--workers", "2", "--seconds", "1", "--log", "off", "--json"]);
+    let (out, _) =
+        ditto(&["bench", "ycsb", "--keys", "10000", "--workers", "2", "--seconds", "1", "--log", "off", "--json"]);
     let j = last_json(&out);
     assert!(j["runs"][0]["report"]["committed"].as_u64().unwrap() > 0);
     let (out, _) =

@@ -4,6 +4,7 @@
 //! - every acknowledged event is present;
 //! - each worker's events form a gap-free prefix (recovery is a prefix of the commit order);
 //! - the total balance is unchanged (no transaction is partly visible).
+//!
 //! Rounds reuse the directory, so each recovery starts from an earlier recovery's output.
 //! Set DITTO_CRASH_ROUNDS to run more rounds.
 

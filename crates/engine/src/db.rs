@@ -186,7 +186,14 @@ impl Database {
 
     /// Installs a recovered version of (table, rid) if it is newer than what the record has.
     /// Safe to call from several threads at once (replay of several streams in parallel).
-    pub fn recovery_install(&self, table: TableId, rid: RecordId, key: &Bytes, ts: Ts, value: Option<Bytes>) -> Result<()> {
+    pub fn recovery_install(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        key: &Bytes,
+        ts: Ts,
+        value: Option<Bytes>,
+    ) -> Result<()> {
         let t = self.table(table)?;
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);

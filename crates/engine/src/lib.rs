@@ -26,13 +26,13 @@ mod record;
 mod table;
 mod txn;
 
+pub use bytes::Bytes;
 pub use clock::{CommitClock, READERS_MAX};
 pub use db::{
-    CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, RETRIES_MAX, TABLES_MAX, TXN_BYTES_MAX,
-    VALUE_LEN_MAX,
+    CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, RETRIES_MAX, TABLES_MAX,
+    TXN_BYTES_MAX, VALUE_LEN_MAX,
 };
 pub use error::{Error, Result};
 pub use ids::{RecordId, TableId, Ts, WorkerId};
 pub use table::RECORDS_PER_TABLE_MAX;
 pub use txn::{Direction, ReadTxn, Transaction};
-pub use bytes::Bytes;

@@ -94,10 +94,7 @@ impl Record {
                 return false;
             }
             if cur & LOCK_BIT == 0
-                && self
-                    .tid
-                    .compare_exchange_weak(cur, cur | LOCK_BIT, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
+                && self.tid.compare_exchange_weak(cur, cur | LOCK_BIT, Ordering::Acquire, Ordering::Relaxed).is_ok()
             {
                 return true;
             }

@@ -327,8 +327,13 @@ impl<'w> Transaction<'w> {
             let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
             return Ok(CommitTicket { ts: Ts(read_ts), log });
         }
-        let bytes: usize =
-            12 + self.s.writes.iter().map(|w| 17 + w.key.len() + w.value.as_ref().map_or(0, |v| 4 + v.len())).sum::<usize>();
+        let bytes: usize = 12
+            + self
+                .s
+                .writes
+                .iter()
+                .map(|w| 17 + w.key.len() + w.value.as_ref().map_or(0, |v| 4 + v.len()))
+                .sum::<usize>();
         if bytes > TXN_BYTES_MAX {
             return Err(Error::TooLarge { what: "transaction write set", len: bytes, max: TXN_BYTES_MAX });
         }

@@ -57,7 +57,8 @@ fn write_skew_is_prevented() {
     let rb = b.commit();
     assert!(ra.is_ok() != rb.is_ok(), "exactly one of the two must commit: {ra:?} {rb:?}");
     let r = db.read();
-    let on = [&b"alice"[..], &b"bob"[..]].iter().filter(|k| r.get(t, k).unwrap().as_deref() == Some(&b"on"[..])).count();
+    let on =
+        [&b"alice"[..], &b"bob"[..]].iter().filter(|k| r.get(t, k).unwrap().as_deref() == Some(&b"on"[..])).count();
     assert_eq!(on, 1);
 }
 
@@ -251,7 +252,8 @@ fn bank_transfers_keep_the_total_under_all_workers() {
         });
     });
     assert!(commits.load(Ordering::Relaxed) > 100, "too few transfers committed");
-    let total: i64 = db.read().scan(t, Unbounded, Unbounded, Direction::Forward, 0).unwrap().iter().map(|(_, v)| num(v)).sum();
+    let total: i64 =
+        db.read().scan(t, Unbounded, Unbounded, Direction::Forward, 0).unwrap().iter().map(|(_, v)| num(v)).sum();
     assert_eq!(total, START * ACCOUNTS as i64);
 }
 

@@ -324,7 +324,11 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
 }
 
 fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &PartInfo) -> Result<u64, LogError> {
-    let bad = |offset: usize, what: &str| LogError::Corrupt { file: path.to_path_buf(), offset: offset as u64, what: what.into() };
+    let bad = |offset: usize, what: &str| LogError::Corrupt {
+        file: path.to_path_buf(),
+        offset: offset as u64,
+        what: what.into(),
+    };
     if b.len() as u64 != info.bytes {
         return Err(bad(b.len(), &format!("part is {} bytes, manifest says {}", b.len(), info.bytes)));
     }

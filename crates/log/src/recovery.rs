@@ -46,7 +46,6 @@ pub struct RecoveryReport {
     pub max_epoch: u64,
 }
 
-
 impl RecoveryReport {
     pub fn log_mb_per_s(&self) -> f64 {
         if self.log_seconds > 0.0 {
@@ -96,7 +95,11 @@ pub(crate) fn list_segments(data: &Path) -> Result<Vec<SegmentFile>, LogError> {
         match parse_name(&path) {
             Some((stream, epoch, seq)) => out.push(SegmentFile { path, stream, epoch, seq }),
             None => {
-                return Err(LogError::Corrupt { file: path, offset: 0, what: "unexpected file in the log directory".into() })
+                return Err(LogError::Corrupt {
+                    file: path,
+                    offset: 0,
+                    what: "unexpected file in the log directory".into(),
+                })
             }
         }
     }
@@ -124,7 +127,11 @@ fn read_stream(files: &[&SegmentFile]) -> Result<StreamLog, LogError> {
             what: format!("segment header: {e}"),
         })?;
         if scan.header.stream.0 != f.stream || scan.header.epoch != f.epoch || scan.header.seq != f.seq {
-            return Err(LogError::Corrupt { file: f.path.clone(), offset: 0, what: "segment header does not match its file name".into() });
+            return Err(LogError::Corrupt {
+                file: f.path.clone(),
+                offset: 0,
+                what: "segment header does not match its file name".into(),
+            });
         }
         match scan.end {
             SegmentEnd::Clean => {}
@@ -141,11 +148,19 @@ fn read_stream(files: &[&SegmentFile]) -> Result<StreamLog, LogError> {
         for (offset, b) in scan.batches {
             let h = &b.header;
             if h.stream.0 != f.stream || h.epoch != f.epoch {
-                return Err(LogError::Corrupt { file: f.path.clone(), offset, what: "batch of another stream or epoch".into() });
+                return Err(LogError::Corrupt {
+                    file: f.path.clone(),
+                    offset,
+                    what: "batch of another stream or epoch".into(),
+                });
             }
             if h.txn_count > 0 {
                 if h.first_ts <= last_ts {
-                    return Err(LogError::Corrupt { file: f.path.clone(), offset, what: "timestamps went backwards".into() });
+                    return Err(LogError::Corrupt {
+                        file: f.path.clone(),
+                        offset,
+                        what: "timestamps went backwards".into(),
+                    });
                 }
                 last_ts = h.last_ts;
             }

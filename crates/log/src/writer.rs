@@ -353,4 +353,3 @@ impl CommitLog for Logger {
         Ok(())
     }
 }
-

@@ -38,7 +38,11 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn acknowledged_commits_survive_reopen_in_every_durability() {
-    for dur in [Durability::EveryBatch, Durability::Interval(Duration::from_millis(5)), Durability::NoSync(Duration::from_millis(5))] {
+    for dur in [
+        Durability::EveryBatch,
+        Durability::Interval(Duration::from_millis(5)),
+        Durability::NoSync(Duration::from_millis(5)),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         {
             let d = open(dir.path(), opts(2, dur)).unwrap();
@@ -249,7 +253,11 @@ fn libc_enospc() -> i32 {
 fn faulty() -> (Arc<dyn Storage>, Arc<AtomicBool>, Arc<AtomicBool>) {
     let fail_sync = Arc::new(AtomicBool::new(false));
     let fail_write = Arc::new(AtomicBool::new(false));
-    let s = FaultyStorage { fail_sync: fail_sync.clone(), fail_write_enospc: fail_write.clone(), syncs: Arc::new(AtomicU64::new(0)) };
+    let s = FaultyStorage {
+        fail_sync: fail_sync.clone(),
+        fail_write_enospc: fail_write.clone(),
+        syncs: Arc::new(AtomicU64::new(0)),
+    };
     (Arc::new(s), fail_sync, fail_write)
 }
 
