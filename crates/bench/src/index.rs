@@ -154,6 +154,10 @@ impl OrderedIndex for SkipMapIndex {
 /// the distribution. `delta` starts from a hint learnt from earlier scans, which suits uniformly
 /// spread keys (this benchmark) and is optimistic for clustered keys (TPC-C composite keys,
 /// where the density behind one customer's orders differs from the table average).
+///
+/// Measured (docs/index-choice.md): in scc 2.4.0 `range` from an arbitrary start costs O(n)
+/// before its first item (about 12 ms at 1M keys), because its start position lands far left of
+/// the bound and the leaf list is walked forward; both `scan` and the emulated `scan_rev` pay it.
 #[derive(Default)]
 pub struct SccTree {
     tree: scc::TreeIndex<Bytes, u64>,

@@ -12,7 +12,7 @@
 //! and never freed or moved while the table lives, which is what lets transactions hold
 //! plain `&Record` for the life of the database borrow.
 //!
-//! Index choice: crossbeam-skiplist, to be confirmed by `ditto bench index` (numbers pending, docs/results.md):
+//! Index choice: crossbeam-skiplist, picked by `ditto bench index` (docs/index-choice.md):
 //! lock-free, ordered, double-ended range iteration (reverse scans), concurrent inserts.
 
 use std::ops::Bound;
