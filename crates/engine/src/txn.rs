@@ -323,7 +323,7 @@ impl<'w> Transaction<'w> {
         let log = self.db().log.get().cloned();
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
-            self.validate(&[])?;
+            self.validate()?;
             let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
             return Ok(CommitTicket { ts: Ts(read_ts), log });
         }
@@ -366,8 +366,7 @@ impl<'w> Transaction<'w> {
         let clock = std::sync::Arc::clone(&self.worker.db.clock);
         let ts = clock.begin_commit(worker);
         // 3. Validate.
-        let writes_sorted: Vec<*const Record> = self.s.writes.iter().map(|w| w.rec).collect();
-        if let Err(e) = self.validate(&writes_sorted) {
+        if let Err(e) = self.validate() {
             clock.end_commit(worker);
             self.unlock(locked);
             return Err(e);
@@ -402,10 +401,12 @@ impl<'w> Transaction<'w> {
         Ok(CommitTicket { ts, log })
     }
 
-    /// Validation of reads, scans and misses. `own` is the sorted set of records this
-    /// transaction has locked.
-    fn validate(&self, own: &[*const Record]) -> Result<()> {
-        let is_own = |rec: *const Record| own.binary_search_by_key(&(rec as usize), |p| *p as usize).is_ok();
+    /// Validation of reads, scans and misses. At commit the write set is sorted by record
+    /// address (the lock order), so "locked by us" is a binary search in it; a read-only
+    /// transaction has no writes and so locks nothing.
+    fn validate(&self) -> Result<()> {
+        let is_own =
+            |rec: *const Record| self.s.writes.binary_search_by_key(&(rec as usize), |w| w.rec as usize).is_ok();
         for &(rec, seen) in &self.s.reads {
             // SAFETY: as above.
             let cur = unsafe { &*rec }.tid.load(Ordering::Acquire);
