@@ -1,10 +1,12 @@
 //! Micro-benchmark that chose the engine's concurrent ordered index (key bytes -> record id).
 //!
 //! Candidates (all keyed by `bytes::Bytes`, valued by `u64`):
-//! - `skipmap`: `crossbeam_skiplist::SkipMap` (what the engine uses).
+//! - `skipmap`: `crossbeam_skiplist::SkipMap` (what the engine used first).
 //! - `scc-tree`: `scc::TreeIndex` (scc 2.x). It has only ascending iterators (`iter`, `range`), no
 //!   `DoubleEndedIterator`, so a reverse scan with a limit is *emulated* (see [`SccTree`]).
 //! - `rwlock-btree`: `parking_lot::RwLock<std::collections::BTreeMap>` (baseline).
+//! - `olc-btree`: `ditto_engine::BTreeIndex`, the engine's own B+tree with optimistic lock
+//!   coupling (what the engine uses now).
 //!
 //! Ops, each measured per candidate and thread count:
 //! - `insert`: bulk insert of `keys` distinct random 8-byte keys, split over the threads
@@ -88,9 +90,9 @@ pub trait OrderedIndex: Send + Sync {
     fn get(&self, key: &[u8]) -> Option<u64>;
     fn remove(&self, key: &[u8]) -> bool;
     /// Visits up to `limit` entries with key >= `start`, ascending; returns how many.
-    fn scan<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, f: F) -> usize;
+    fn scan<F: FnMut(u64)>(&self, start: &[u8], limit: usize, f: F) -> usize;
     /// Visits up to `limit` entries with key <= `start`, descending; returns how many.
-    fn scan_rev<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, f: F) -> usize;
+    fn scan_rev<F: FnMut(u64)>(&self, start: &[u8], limit: usize, f: F) -> usize;
 }
 
 /// `crossbeam_skiplist::SkipMap`: `range(..=start).rev()` is native (`DoubleEndedIterator`).
@@ -124,19 +126,19 @@ impl OrderedIndex for SkipMapIndex {
         self.0.remove(key).is_some()
     }
     #[inline]
-    fn scan<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+    fn scan<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
         let mut n = 0;
         for e in self.0.range::<[u8], _>((Bound::Included(start), Bound::Unbounded)).take(limit) {
-            f(e.key(), *e.value());
+            f(*e.value());
             n += 1;
         }
         n
     }
     #[inline]
-    fn scan_rev<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+    fn scan_rev<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
         let mut n = 0;
         for e in self.0.range::<[u8], _>((Bound::Unbounded, Bound::Included(start))).rev().take(limit) {
-            f(e.key(), *e.value());
+            f(*e.value());
             n += 1;
         }
         n
@@ -194,16 +196,16 @@ impl OrderedIndex for SccTree {
         self.tree.remove(key)
     }
     #[inline]
-    fn scan<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+    fn scan<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
         let guard = scc::ebr::Guard::new();
         let mut n = 0;
-        for (k, v) in self.tree.range::<[u8], _>((Bound::Included(start), Bound::Unbounded), &guard).take(limit) {
-            f(k, *v);
+        for (_, v) in self.tree.range::<[u8], _>((Bound::Included(start), Bound::Unbounded), &guard).take(limit) {
+            f(*v);
             n += 1;
         }
         n
     }
-    fn scan_rev<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+    fn scan_rev<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
         if limit == 0 {
             return 0;
         }
@@ -211,7 +213,7 @@ impl OrderedIndex for SccTree {
         let p = prefix_u64(start);
         let mut delta = self.rev_hint.load(Ordering::Relaxed).max(1);
         // Ring of the last `limit` entries seen in the window (ascending order, wrapping).
-        let mut ring: Vec<(&Bytes, u64)> = Vec::with_capacity(limit);
+        let mut ring: Vec<u64> = Vec::with_capacity(limit);
         loop {
             ring.clear();
             let lo = p.checked_sub(delta).map(u64::to_be_bytes);
@@ -220,11 +222,11 @@ impl OrderedIndex for SccTree {
                 None => Bound::Unbounded,
             };
             let mut seen = 0usize;
-            for (k, v) in self.tree.range::<[u8], _>((lower, Bound::Included(start)), &guard) {
+            for (_, v) in self.tree.range::<[u8], _>((lower, Bound::Included(start)), &guard) {
                 if ring.len() < limit {
-                    ring.push((k, *v));
+                    ring.push(*v);
                 } else {
-                    ring[seen % limit] = (k, *v);
+                    ring[seen % limit] = *v;
                 }
                 seen += 1;
             }
@@ -239,13 +241,69 @@ impl OrderedIndex for SccTree {
                 // Newest (largest) entry is at index (seen - 1) % limit once the ring wrapped.
                 for j in 0..n {
                     let idx = if seen <= limit { n - 1 - j } else { (seen - 1 - j) % limit };
-                    let (k, v) = ring[idx];
-                    f(k, v);
+                    f(ring[idx]);
                 }
                 return n;
             }
             delta = delta.saturating_mul(16);
         }
+    }
+}
+
+/// `ditto_engine::BTreeIndex`: the engine's own B+tree with optimistic lock coupling (keys
+/// inline in the nodes, readers write no shared memory, walks in both directions).
+#[derive(Default)]
+pub struct OlcBTree(ditto_engine::BTreeIndex);
+
+impl OrderedIndex for OlcBTree {
+    fn name(&self) -> &'static str {
+        "olc-btree"
+    }
+    fn native_reverse(&self) -> bool {
+        true
+    }
+    #[inline]
+    fn insert(&self, key: Bytes, val: u64) -> bool {
+        // The engine's callers hold a pinned guard across a transaction; so does this.
+        let g = crossbeam_epoch::pin();
+        self.0.get_or_insert_with(&key, || val, &g).1
+    }
+    #[inline]
+    fn get(&self, key: &[u8]) -> Option<u64> {
+        let g = crossbeam_epoch::pin();
+        self.0.get(key, &g)
+    }
+    #[inline]
+    fn remove(&self, key: &[u8]) -> bool {
+        let g = crossbeam_epoch::pin();
+        match self.0.get(key, &g) {
+            Some(v) => self.0.remove_if(key, v, &g),
+            None => false,
+        }
+    }
+    #[inline]
+    fn scan<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+        let mut n = 0;
+        if limit > 0 {
+            self.0.for_each(Bound::Included(start), Bound::Unbounded, ditto_engine::Direction::Forward, |v| {
+                f(v);
+                n += 1;
+                n < limit
+            });
+        }
+        n
+    }
+    #[inline]
+    fn scan_rev<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+        let mut n = 0;
+        if limit > 0 {
+            self.0.for_each(Bound::Unbounded, Bound::Included(start), ditto_engine::Direction::Reverse, |v| {
+                f(v);
+                n += 1;
+                n < limit
+            });
+        }
+        n
     }
 }
 
@@ -280,21 +338,21 @@ impl OrderedIndex for RwBTree {
         self.0.write().remove(key).is_some()
     }
     #[inline]
-    fn scan<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+    fn scan<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
         let m = self.0.read();
         let mut n = 0;
-        for (k, v) in m.range::<[u8], _>((Bound::Included(start), Bound::Unbounded)).take(limit) {
-            f(k, *v);
+        for (_, v) in m.range::<[u8], _>((Bound::Included(start), Bound::Unbounded)).take(limit) {
+            f(*v);
             n += 1;
         }
         n
     }
     #[inline]
-    fn scan_rev<F: FnMut(&Bytes, u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
+    fn scan_rev<F: FnMut(u64)>(&self, start: &[u8], limit: usize, mut f: F) -> usize {
         let m = self.0.read();
         let mut n = 0;
-        for (k, v) in m.range::<[u8], _>((Bound::Unbounded, Bound::Included(start))).rev().take(limit) {
-            f(k, *v);
+        for (_, v) in m.range::<[u8], _>((Bound::Unbounded, Bound::Included(start))).rev().take(limit) {
+            f(*v);
             n += 1;
         }
         n
@@ -432,9 +490,9 @@ fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, se
                 while !stop.load(Ordering::Relaxed) {
                     let start = rng.gen::<u64>().to_be_bytes();
                     if op == TimedOp::Scan {
-                        idx.scan(&start, SCAN_LEN, |_, v| sum = sum.wrapping_add(v));
+                        idx.scan(&start, SCAN_LEN, |v| sum = sum.wrapping_add(v));
                     } else {
-                        idx.scan_rev(&start, SCAN_LEN, |_, v| sum = sum.wrapping_add(v));
+                        idx.scan_rev(&start, SCAN_LEN, |v| sum = sum.wrapping_add(v));
                     }
                     ops += 1;
                 }
@@ -459,7 +517,7 @@ fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, se
     })
 }
 
-/// Runs every candidate on every op and thread count. For each thread count the three indexes
+/// Runs every candidate on every op and thread count. For each thread count the four indexes
 /// are built one after the other, then each timed op runs on each index in turn (op-major), so
 /// a burst of outside load on the machine is spread over the candidates rather than landing on
 /// one of them.
@@ -474,6 +532,8 @@ pub fn run(cfg: &IndexBenchConfig) -> Vec<IndexResult> {
         out.push(result(&b, "insert", threads, n, mops));
         let (c, mops) = build::<RwBTree>(n, threads);
         out.push(result(&c, "insert", threads, n, mops));
+        let (d, mops) = build::<OlcBTree>(n, threads);
+        out.push(result(&d, "insert", threads, n, mops));
         for op in TimedOp::ALL {
             let mops = run_timed(&a, op, n, threads, secs);
             out.push(result(&a, op.name(a.native_reverse()), threads, n, mops));
@@ -481,6 +541,8 @@ pub fn run(cfg: &IndexBenchConfig) -> Vec<IndexResult> {
             out.push(result(&b, op.name(b.native_reverse()), threads, n, mops));
             let mops = run_timed(&c, op, n, threads, secs);
             out.push(result(&c, op.name(c.native_reverse()), threads, n, mops));
+            let mops = run_timed(&d, op, n, threads, secs);
+            out.push(result(&d, op.name(d.native_reverse()), threads, n, mops));
         }
         let mops = remove_all(&a, n, threads);
         out.push(result(&a, "remove", threads, n, mops));
@@ -488,6 +550,8 @@ pub fn run(cfg: &IndexBenchConfig) -> Vec<IndexResult> {
         out.push(result(&b, "remove", threads, n, mops));
         let mops = remove_all(&c, n, threads);
         out.push(result(&c, "remove", threads, n, mops));
+        let mops = remove_all(&d, n, threads);
+        out.push(result(&d, "remove", threads, n, mops));
     }
     out
 }
@@ -552,16 +616,16 @@ fn op_rank(op: &str) -> usize {
 mod tests {
     use super::*;
 
-    fn collect_fwd<I: OrderedIndex>(idx: &I, start: &[u8], limit: usize) -> Vec<(Bytes, u64)> {
+    fn collect_fwd<I: OrderedIndex>(idx: &I, start: &[u8], limit: usize) -> Vec<u64> {
         let mut v = Vec::new();
-        let n = idx.scan(start, limit, |k, val| v.push((k.clone(), val)));
+        let n = idx.scan(start, limit, |val| v.push(val));
         assert_eq!(n, v.len());
         v
     }
 
-    fn collect_rev<I: OrderedIndex>(idx: &I, start: &[u8], limit: usize) -> Vec<(Bytes, u64)> {
+    fn collect_rev<I: OrderedIndex>(idx: &I, start: &[u8], limit: usize) -> Vec<u64> {
         let mut v = Vec::new();
-        let n = idx.scan_rev(start, limit, |k, val| v.push((k.clone(), val)));
+        let n = idx.scan_rev(start, limit, |val| v.push(val));
         assert_eq!(n, v.len());
         v
     }
@@ -614,14 +678,14 @@ mod tests {
                 let want: Vec<_> = model
                     .range::<[u8], _>((Bound::Included(&start[..]), Bound::Unbounded))
                     .take(limit)
-                    .map(|(k, v)| (k.clone(), *v))
+                    .map(|(_, v)| *v)
                     .collect();
                 assert_eq!(collect_fwd(&idx, start, limit), want, "{} scan from {start:?}", idx.name());
                 let want: Vec<_> = model
                     .range::<[u8], _>((Bound::Unbounded, Bound::Included(&start[..])))
                     .rev()
                     .take(limit)
-                    .map(|(k, v)| (k.clone(), *v))
+                    .map(|(_, v)| *v)
                     .collect();
                 assert_eq!(collect_rev(&idx, start, limit), want, "{} scan_rev from {start:?}", idx.name());
             }
@@ -639,7 +703,7 @@ mod tests {
                 .range::<[u8], _>((Bound::Unbounded, Bound::Included(&start[..])))
                 .rev()
                 .take(SCAN_LEN)
-                .map(|(k, v)| (k.clone(), *v))
+                .map(|(_, v)| *v)
                 .collect();
             assert_eq!(collect_rev(&idx, start, SCAN_LEN), want, "{} scan_rev after removes", idx.name());
         }
@@ -650,6 +714,7 @@ mod tests {
         check_adapter::<SkipMapIndex>();
         check_adapter::<SccTree>();
         check_adapter::<RwBTree>();
+        check_adapter::<OlcBTree>();
     }
 
     #[test]
@@ -658,7 +723,7 @@ mod tests {
         let results = run(&cfg);
         let json = serde_json::to_string(&results).unwrap();
         assert!(json.contains("\"mops_per_s\""));
-        for index in ["skipmap", "scc-tree", "rwlock-btree"] {
+        for index in ["skipmap", "scc-tree", "rwlock-btree", "olc-btree"] {
             for threads in [1, 2] {
                 for op in ["insert", "get", "scan", "scan_rev", "mixed", "remove"] {
                     let r = results

@@ -1028,19 +1028,28 @@ impl TpccWorker<'_> {
     ) -> Result<Outcome, Error> {
         let (tb, w) = (self.t.tables, self.home);
         let mut txn = worker.begin();
-        let wrow = txn.get(tb.warehouse, &wkey(w))?.ok_or_else(|| missing("warehouse"))?;
-        let w_tax = Warehouse::decode(&wrow).tax;
+        // Reads decode in place (`get_with`): no copy and no reference count per row.
+        let w_tax =
+            txn.get_with(tb.warehouse, &wkey(w), |b| Warehouse::decode(b).tax)?.ok_or_else(|| missing("warehouse"))?;
         let dk = dkey(w, d);
-        let drow = txn.get(tb.district, &dk)?.ok_or_else(|| missing("district"))?;
-        let mut dist = District::decode(&drow);
-        let (o_id, d_tax) = (dist.next_o_id, dist.tax);
-        dist.next_o_id += 1;
-        dist.encode(&mut self.buf);
+        let buf = &mut self.buf;
+        let (o_id, d_tax) = txn
+            .get_with(tb.district, &dk, |b| {
+                let mut dist = District::decode(b);
+                let out = (dist.next_o_id, dist.tax);
+                dist.next_o_id += 1;
+                dist.encode(buf);
+                out
+            })?
+            .ok_or_else(|| missing("district"))?;
         txn.update(tb.district, &dk, &self.buf)?;
-        let crow = txn.get(tb.customer, &wdx_key(w, d, c))?.ok_or_else(|| missing("customer"))?;
-        let cust = Customer::decode(&crow);
-        let c_discount = cust.discount;
-        std::hint::black_box((cust.last, cust.credit));
+        let c_discount = txn
+            .get_with(tb.customer, &wdx_key(w, d, c), |b| {
+                let cust = Customer::decode(b);
+                std::hint::black_box((cust.last, cust.credit));
+                cust.discount
+            })?
+            .ok_or_else(|| missing("customer"))?;
 
         let entry_d = now_us();
         Order { c_id: c, entry_d, carrier_id: 0, ol_cnt: lines.len() as u8, all_local: all_local as u8 }
@@ -1052,15 +1061,18 @@ impl TpccWorker<'_> {
 
         let mut total = 0i64;
         for (n, line) in lines.iter().enumerate() {
-            let Some(irow) = txn.get(tb.item, &ikey(line.i_id))? else {
+            let item = txn.get_with(tb.item, &ikey(line.i_id), |b| {
+                let item = Item::decode(b);
+                std::hint::black_box(item.name);
+                (item.price, contains_original(item.data))
+            })?;
+            let Some((i_price, i_original)) = item else {
                 // The 1% rollback (2.4.2.3): an unused item id. Dropping the transaction
                 // aborts it.
                 return Ok(Outcome::UserAbort);
             };
-            let item = Item::decode(&irow);
             let sk = skey(line.supply_w, line.i_id);
-            let srow = txn.get(tb.stock, &sk)?.ok_or_else(|| missing("stock"))?;
-            let mut s = Stock::decode(&srow);
+            let mut s = txn.get_with(tb.stock, &sk, Stock::decode)?.ok_or_else(|| missing("stock"))?;
             let q = line.quantity as i32;
             s.quantity = if s.quantity >= q + 10 { s.quantity - q } else { s.quantity - q + 91 };
             s.ytd += line.quantity as u32;
@@ -1071,12 +1083,15 @@ impl TpccWorker<'_> {
             let mut sbuf = [0u8; 16];
             s.encode(&mut sbuf);
             txn.update(tb.stock, &sk, &sbuf)?;
-            let sdrow = txn.get(tb.stock_data, &sk)?.ok_or_else(|| missing("stock_data"))?;
-            let sd = StockData::decode(&sdrow);
-            let dist_info = sd.dist_info(d);
-            let brand_generic = contains_original(item.data) && contains_original(sd.data);
-            std::hint::black_box((brand_generic, item.name));
-            let amount = line.quantity as i64 * item.price;
+            let (dist_info, s_original) = txn
+                .get_with(tb.stock_data, &sk, |b| {
+                    let sd = StockData::decode(b);
+                    (sd.dist_info(d), contains_original(sd.data))
+                })?
+                .ok_or_else(|| missing("stock_data"))?;
+            let brand_generic = i_original && s_original;
+            std::hint::black_box(brand_generic);
+            let amount = line.quantity as i64 * i_price;
             total += amount;
             OrderLine {
                 i_id: line.i_id,

@@ -229,7 +229,7 @@ impl Database {
                 let obs = rec.read_latest(&guard);
                 if obs.value.is_some() {
                     let key = rec.key.get().expect("a recovered record has its key").clone();
-                    t.index.insert(key, RecordId(rid));
+                    t.index.get_or_insert_with(&key, || rid, &guard);
                 }
             }
         }

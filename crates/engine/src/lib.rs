@@ -8,11 +8,11 @@
 //!     |                                    |
 //!     |          ReadTxn (any thread) ---- | ---- reads versions at a snapshot ts
 //!     v                                    v
-//!  Table = index (skip list: key -> rid) + indirection array (rid -> Record -> versions)
+//!  Table = index (B+tree: key -> rid) + indirection array (rid -> Record -> versions)
 //! ```
 //!
 //! Modules: `clock` (commit timestamps, visibility, GC horizon), `record` (TID word and
-//! version chains), `table` (index and indirection array), `txn` (OCC and snapshots), `db`
+//! version chains), `index` (the concurrent B+tree), `table` (index and indirection array), `txn` (OCC and snapshots), `db`
 //! (handles, workers, the commit-log hook).
 //!
 //! Non-goals here: durability (the log crate), replication, secondary indexes (applications
@@ -22,6 +22,7 @@ mod clock;
 mod db;
 mod error;
 mod ids;
+mod index;
 mod record;
 mod table;
 mod txn;
@@ -34,5 +35,7 @@ pub use db::{
 };
 pub use error::{Error, Result};
 pub use ids::{RecordId, TableId, Ts, WorkerId};
+/// The engine's ordered index, public for `ditto bench index` and for reuse.
+pub use index::Index as BTreeIndex;
 pub use table::RECORDS_PER_TABLE_MAX;
 pub use txn::{Direction, ReadTxn, Transaction};

@@ -53,6 +53,13 @@ impl Record {
     /// Reads the newest version consistently against concurrent committers (Silo's stable read):
     /// TID, head, TID again; retried while a committer holds the lock or the TID moved.
     pub fn read_latest(&self, guard: &Guard) -> Observed {
+        let (tid, head) = self.read_latest_ref(guard);
+        Observed { tid, value: head.and_then(|v| v.value.clone()) }
+    }
+
+    /// As `read_latest`, but lends the newest version instead of cloning its value: the
+    /// version is immutable once published and lives while `guard` is pinned.
+    pub fn read_latest_ref<'g>(&self, guard: &'g Guard) -> (u64, Option<&'g Version>) {
         let mut spins = 0u32;
         loop {
             let t1 = self.tid.load(Ordering::Acquire);
@@ -62,11 +69,10 @@ impl Record {
                 continue;
             }
             let head = self.head.load(Ordering::Acquire, guard);
-            // SAFETY: versions are only freed through the epoch GC and `guard` is pinned.
-            let value = unsafe { head.as_ref() }.and_then(|v| v.value.clone());
             let t2 = self.tid.load(Ordering::Acquire);
             if t1 == t2 {
-                return Observed { tid: t1, value };
+                // SAFETY: versions are only freed through the epoch GC and `guard` is pinned.
+                return (t1, unsafe { head.as_ref() });
             }
         }
     }

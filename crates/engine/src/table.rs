@@ -1,7 +1,7 @@
 //! Tables: ordered index + indirection array
 //! ========================================
 //! ```text
-//!   index (skip list, key -> rid)        indirection array (rid -> Record)
+//!   index (B+tree, key -> rid)           indirection array (rid -> Record)
 //!   "a" -> 0  "b" -> 7  "c" -> 3    ===>  chunk[rid >> 16][rid & 0xffff]
 //! ```
 //! The index is touched only by inserts (and by the cleanup of unlinked records); updates and
@@ -12,16 +12,15 @@
 //! and never freed or moved while the table lives, which is what lets transactions hold
 //! plain `&Record` for the life of the database borrow.
 //!
-//! Index choice: crossbeam-skiplist, picked by `ditto bench index` (docs/index-choice.md):
-//! lock-free, ordered, double-ended range iteration (reverse scans), concurrent inserts.
+//! Index choice: our own B+tree with optimistic lock coupling (`index`), picked by `ditto
+//! bench index` over crossbeam-skiplist, scc's TreeIndex and a locked `BTreeMap`
+//! (docs/index-choice.md): readers write no shared memory, keys sit inline in the nodes,
+//! and it walks in both directions.
 
-use std::ops::Bound;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use bytes::Bytes;
-use crossbeam_skiplist::SkipMap;
-
 use crate::ids::RecordId;
+use crate::index::Index;
 use crate::record::Record;
 
 const CHUNK_BITS: u32 = 16;
@@ -30,13 +29,9 @@ const CHUNKS_MAX: usize = 1 << 15;
 /// Largest number of records a table can ever allocate.
 pub const RECORDS_PER_TABLE_MAX: u64 = (CHUNK_LEN * CHUNKS_MAX) as u64;
 
-/// An ordered walk over part of a table's index.
-pub(crate) type IndexRange<'a> =
-    crossbeam_skiplist::map::Range<'a, [u8], (Bound<&'a [u8]>, Bound<&'a [u8]>), Bytes, RecordId>;
-
 pub(crate) struct Table {
     pub name: String,
-    pub index: SkipMap<Bytes, RecordId>,
+    pub index: Index,
     chunks: Box<[AtomicPtr<Record>]>,
     next_rid: AtomicU64,
 }
@@ -44,7 +39,7 @@ pub(crate) struct Table {
 impl Table {
     pub fn new(name: String) -> Table {
         let chunks = (0..CHUNKS_MAX).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect();
-        Table { name, index: SkipMap::new(), chunks, next_rid: AtomicU64::new(0) }
+        Table { name, index: Index::new(), chunks, next_rid: AtomicU64::new(0) }
     }
 
     /// Number of record ids handed out so far (an upper bound on live records).
@@ -91,10 +86,6 @@ impl Table {
             return None;
         }
         Some(self.record(rid))
-    }
-
-    pub fn range<'a>(&'a self, lo: Bound<&'a [u8]>, hi: Bound<&'a [u8]>) -> IndexRange<'a> {
-        self.index.range::<[u8], _>((lo, hi))
     }
 }
 

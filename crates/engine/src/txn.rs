@@ -38,7 +38,7 @@ use crossbeam_epoch::Guard;
 use crate::db::{value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, TXN_BYTES_MAX};
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
-use crate::record::{Record, LOCK_BIT, TS_MASK, UNLINKED_BIT};
+use crate::record::{Record, Version, LOCK_BIT, TS_MASK, UNLINKED_BIT};
 use crate::table::Table;
 
 /// Scan direction.
@@ -87,6 +87,56 @@ impl Fingerprint {
     }
 }
 
+/// The last few keys this transaction found in the index, so that the common "get, then
+/// update the same key" costs one index search, not two. Only short keys are kept (the
+/// bytes inline, compared exactly); a hit is as good as a fresh search because a record
+/// that left the index since is unlinked, and writing it then fails at commit.
+#[derive(Default)]
+struct RecentKeys {
+    slots: [RecentKey; RECENT_KEYS],
+    next: usize,
+}
+
+const RECENT_KEYS: usize = 16;
+const RECENT_KEY_LEN_MAX: usize = 16;
+
+#[derive(Default, Clone, Copy)]
+struct RecentKey {
+    table: u32,
+    /// 0: empty slot (an empty key is never cached).
+    len: u8,
+    key: [u8; RECENT_KEY_LEN_MAX],
+    rid: u64,
+}
+
+impl RecentKeys {
+    fn clear(&mut self) {
+        self.slots = [RecentKey::default(); RECENT_KEYS];
+    }
+
+    fn remember(&mut self, table: TableId, key: &[u8], rid: RecordId) {
+        if key.is_empty() || key.len() > RECENT_KEY_LEN_MAX {
+            return;
+        }
+        let slot = &mut self.slots[self.next % RECENT_KEYS];
+        slot.table = table.0;
+        slot.len = key.len() as u8;
+        slot.key[..key.len()].copy_from_slice(key);
+        slot.rid = rid.0;
+        self.next = self.next.wrapping_add(1);
+    }
+
+    fn find(&self, table: TableId, key: &[u8]) -> Option<RecordId> {
+        if key.is_empty() || key.len() > RECENT_KEY_LEN_MAX {
+            return None;
+        }
+        self.slots
+            .iter()
+            .find(|s| s.len as usize == key.len() && s.table == table.0 && &s.key[..key.len()] == key)
+            .map(|s| RecordId(s.rid))
+    }
+}
+
 /// Buffers reused from one transaction to the next on a worker.
 #[derive(Default)]
 pub(crate) struct TxnScratch {
@@ -94,6 +144,7 @@ pub(crate) struct TxnScratch {
     writes: Vec<WriteEntry>,
     scans: Vec<ScanEntry>,
     misses: Vec<(TableId, Bytes)>,
+    recent: RecentKeys,
 }
 
 // SAFETY: the raw record pointers point into tables owned by the database, which the worker
@@ -141,18 +192,34 @@ impl<'w> Transaction<'w> {
 
     /// Reads a key. `None` if absent or deleted.
     pub fn get(&mut self, table: TableId, key: &[u8]) -> Result<Option<Bytes>> {
+        Ok(self.find_value(table, key)?.cloned())
+    }
+
+    /// Reads a key and hands its value to `f` in place (no copy, no reference count), for
+    /// callers that decode the value at once. `None` if absent or deleted.
+    pub fn get_with<R>(&mut self, table: TableId, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        Ok(self.find_value(table, key)?.map(|v| f(v)))
+    }
+
+    /// The value a read of `key` sees (our own write, or the newest committed version,
+    /// recorded for validation).
+    fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&Bytes>> {
         let t = self.table(table)?;
-        let Some(entry) = t.index.get(key) else {
+        let Some(rid) = t.index.get(key, &self.guard) else {
             self.s.misses.push((table, Bytes::copy_from_slice(key)));
             return Ok(None);
         };
-        let rec: &Record = t.record(*entry.value());
+        self.s.recent.remember(table, key, RecordId(rid));
+        let rec: &Record = t.record(RecordId(rid));
         if let Some(i) = self.find_write(rec) {
-            return Ok(self.s.writes[i].value.clone());
+            return Ok(self.s.writes[i].value.as_ref());
         }
-        let obs = rec.read_latest(&self.guard);
-        self.s.reads.push((rec, obs.tid));
-        Ok(obs.value)
+        let (tid, head) = rec.read_latest_ref(&self.guard);
+        let head = head.map(|v| v as *const Version);
+        self.s.reads.push((rec, tid));
+        // SAFETY: the version is immutable and lives while `self.guard` (pinned for the
+        // whole transaction) is, which outlasts the returned borrow of `self`.
+        Ok(head.and_then(|v| unsafe { &*v }.value.as_ref()))
     }
 
     /// Inserts a key that must not exist (Err(KeyExists) otherwise).
@@ -181,23 +248,29 @@ impl<'w> Transaction<'w> {
         }
         let value = value.map(value_bytes).transpose()?;
         let t = self.table(table)?;
-        let (entry_rid, created) = match t.index.get(key) {
-            Some(e) => (*e.value(), false),
+        let found = match self.s.recent.find(table, key) {
+            Some(rid) => Some(rid),
+            None => t.index.get(key, &self.guard).map(RecordId),
+        };
+        let (entry_rid, created) = match found {
+            Some(rid) => (rid, false),
             None if matches!(mode, WriteMode::Update | WriteMode::Delete) => {
                 self.s.misses.push((table, Bytes::copy_from_slice(key)));
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
             None => {
-                let key = Bytes::copy_from_slice(key);
-                let mut mine = None;
-                let e = t.index.get_or_insert_with(key.clone(), || {
-                    let rid = t.allocate_rid();
-                    let _ = t.record(rid).key.set(key.clone());
-                    mine = Some(rid);
-                    rid
-                });
-                let rid = *e.value();
-                (rid, mine == Some(rid))
+                // The record gets its key before the index publishes its rid, so whoever
+                // finds the rid finds the key.
+                let (rid, created) = t.index.get_or_insert_with(
+                    key,
+                    || {
+                        let rid = t.allocate_rid();
+                        let _ = t.record(rid).key.set(Bytes::copy_from_slice(key));
+                        rid.0
+                    },
+                    &self.guard,
+                );
+                (RecordId(rid), created)
             }
         };
         let rec: &Record = t.record(entry_rid);
@@ -243,8 +316,9 @@ impl<'w> Transaction<'w> {
         let mut out = Vec::new();
         let mut fp = Fingerprint::default();
         let mut stopped_at: Option<Bytes> = None;
-        let mut visit = |this: &mut Self, key: &Bytes, rid: RecordId| -> bool {
+        let mut visit = |this: &mut Self, rid: RecordId| -> bool {
             let rec: &Record = t.record(rid);
+            let key = rec.key.get().expect("an indexed record has its key");
             let value = match this.find_write(rec) {
                 Some(i) => {
                     let w = &this.s.writes[i];
@@ -271,23 +345,7 @@ impl<'w> Transaction<'w> {
             }
             true
         };
-        let range = t.range(lo, hi);
-        match dir {
-            Direction::Forward => {
-                for e in range {
-                    if !visit(self, e.key(), *e.value()) {
-                        break;
-                    }
-                }
-            }
-            Direction::Reverse => {
-                for e in range.rev() {
-                    if !visit(self, e.key(), *e.value()) {
-                        break;
-                    }
-                }
-            }
-        }
+        t.index.for_each(lo, hi, dir, |rid| visit(self, RecordId(rid)));
         let owned = |b: Bound<&[u8]>| match b {
             Bound::Included(k) => Bound::Included(Bytes::copy_from_slice(k)),
             Bound::Excluded(k) => Bound::Excluded(Bytes::copy_from_slice(k)),
@@ -417,25 +475,24 @@ impl<'w> Transaction<'w> {
         for scan in &self.s.scans {
             let t = self.worker.db.table(scan.table)?;
             let mut fp = Fingerprint::default();
-            let range = t.index.range::<[u8], _>((as_ref(&scan.lo), as_ref(&scan.hi)));
-            for e in range {
-                let rid = *e.value();
+            t.index.for_each(as_ref(&scan.lo), as_ref(&scan.hi), Direction::Forward, |rid| {
+                let rid = RecordId(rid);
                 let rec: &Record = t.record(rid);
                 let created_by_us = self.find_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
                 let cur = rec.tid.load(Ordering::Acquire);
-                if created_by_us || cur == 0 {
-                    continue;
+                if !created_by_us && cur != 0 {
+                    fp.add(rid);
                 }
-                fp.add(rid);
-            }
+                true
+            });
             if fp != scan.fingerprint {
                 return Err(Error::Conflict("phantom in scanned range"));
             }
         }
         for (table, key) in &self.s.misses {
             let t = self.worker.db.table(*table)?;
-            if let Some(e) = t.index.get(key.as_ref()) {
-                let rec: &Record = t.record(*e.value());
+            if let Some(rid) = t.index.get(key, &self.guard) {
+                let rec: &Record = t.record(RecordId(rid));
                 let created_by_us = self.find_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
                 if !created_by_us && rec.tid.load(Ordering::Acquire) != 0 {
                     return Err(Error::Conflict("phantom at a missed key"));
@@ -496,11 +553,7 @@ fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u6
         rec.unlock_unchanged();
         return;
     }
-    if let Some(e) = t.index.get(key.as_ref()) {
-        if *e.value() == rid {
-            e.remove();
-        }
-    }
+    t.index.remove_if(key, rid.0, &guard);
     rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
 }
 
@@ -522,6 +575,7 @@ impl Drop for Transaction<'_> {
         s.writes.clear();
         s.scans.clear();
         s.misses.clear();
+        s.recent.clear();
         self.worker.scratch = s;
     }
 }
@@ -545,10 +599,20 @@ impl<'db> ReadTxn<'db> {
     }
 
     pub fn get(&self, table: TableId, key: &[u8]) -> Result<Option<Bytes>> {
-        let t = self.db.table(table)?;
         let guard = crossbeam_epoch::pin();
-        let Some(e) = t.index.get(key) else { return Ok(None) };
-        Ok(t.record(*e.value()).read_at(self.ts, &guard).and_then(|v| v.value.clone()))
+        Ok(self.value_at(table, key, &guard)?.cloned())
+    }
+
+    /// Reads a key at the snapshot and hands its value to `f` in place.
+    pub fn get_with<R>(&self, table: TableId, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        let guard = crossbeam_epoch::pin();
+        Ok(self.value_at(table, key, &guard)?.map(|v| f(v)))
+    }
+
+    fn value_at<'g>(&self, table: TableId, key: &[u8], guard: &'g Guard) -> Result<Option<&'g Bytes>> {
+        let t = self.db.table(table)?;
+        let Some(rid) = t.index.get(key, guard) else { return Ok(None) };
+        Ok(t.record(RecordId(rid)).read_at(self.ts, guard).and_then(|v| v.value.as_ref()))
     }
 
     /// Calls `f(key, value)` for present keys in the range in order until it returns false.
@@ -560,14 +624,14 @@ impl<'db> ReadTxn<'db> {
         mut f: impl FnMut(&Bytes, &Bytes) -> bool,
     ) -> Result<()> {
         let t = self.db.table(table)?;
-        for e in t.range(lo, hi) {
+        t.index.for_each(lo, hi, Direction::Forward, |rid| {
             let guard = crossbeam_epoch::pin();
-            if let Some(v) = t.record(*e.value()).read_at(self.ts, &guard).and_then(|v| v.value.as_ref()) {
-                if !f(e.key(), v) {
-                    break;
-                }
+            let rec = t.record(RecordId(rid));
+            match (rec.read_at(self.ts, &guard).and_then(|v| v.value.as_ref()), rec.key.get()) {
+                (Some(v), Some(key)) => f(key, v),
+                _ => true,
             }
-        }
+        });
         Ok(())
     }
 
@@ -582,30 +646,14 @@ impl<'db> ReadTxn<'db> {
     ) -> Result<Vec<(Bytes, Bytes)>> {
         let t = self.db.table(table)?;
         let mut out = Vec::new();
-        let mut visit = |key: &Bytes, rid: RecordId| {
+        t.index.for_each(lo, hi, dir, |rid| {
             let guard = crossbeam_epoch::pin();
-            if let Some(v) = t.record(rid).read_at(self.ts, &guard).and_then(|v| v.value.clone()) {
+            let rec = t.record(RecordId(rid));
+            if let (Some(v), Some(key)) = (rec.read_at(self.ts, &guard).and_then(|v| v.value.clone()), rec.key.get()) {
                 out.push((key.clone(), v));
             }
             limit == 0 || out.len() < limit
-        };
-        let range = t.range(lo, hi);
-        match dir {
-            Direction::Forward => {
-                for e in range {
-                    if !visit(e.key(), *e.value()) {
-                        break;
-                    }
-                }
-            }
-            Direction::Reverse => {
-                for e in range.rev() {
-                    if !visit(e.key(), *e.value()) {
-                        break;
-                    }
-                }
-            }
-        }
+        });
         Ok(out)
     }
 

@@ -1,0 +1,1315 @@
+//! Ordered index: a B+tree with optimistic lock coupling
+//! =====================================================
+//! Maps key bytes to a record id (`u64`). It is the engine's only ordered structure; the
+//! records themselves live in the indirection array (`table`).
+//!
+//! ```text
+//!                    [ inner: k0 | k1 ]             version word per node:
+//!                   /        |        \               even = unlocked, odd = write-locked,
+//!      [leaf <k0]   [leaf k0..k1]   [leaf >=k1]      +2 on every change
+//! ```
+//!
+//! Concurrency follows Leis et al., "The ART of Practical Synchronization" (DaMoN 2016),
+//! and their `btreeolc`: readers take no locks and write no shared memory. A reader notes a
+//! node's version, reads the node, and checks the version again; if it moved, the reader
+//! restarts from the root. Writers lock only the nodes they change (the leaf, and for a
+//! split its parent). Full nodes are split on the way down, so a split never has to climb.
+//! Every field a reader may see while a writer changes it is an atomic read and written
+//! with `Relaxed` ordering, and versions use the seqlock pattern of `crossbeam`'s
+//! `AtomicCell` (lock, `fence(Release)`, write, unlock with `Release`; read, `fence(Acquire)`,
+//! re-check), so optimistic reads are data-race free in Rust's memory model. A reader never
+//! trusts what it read before the version check: counts are clamped to the node capacity,
+//! child pointers are checked for null.
+//!
+//! Keys: each slot stores the first 16 key bytes as two big-endian `u64` words (so most
+//! comparisons are two integer compares on data inside the node), the key length, and,
+//! for keys longer than 16 bytes, a pointer to the rest (the "tail"). Order is plain
+//! lexicographic byte order: compare the words, then the tails, then the lengths (see
+//! [`SearchKey`]).
+//!
+//! Memory: a leaf whose last entry is deleted leaves the tree (its parent drops it and a
+//! neighbour takes over its empty key range); it is marked obsolete, so a reader that still
+//! reaches it restarts, and it is freed through crossbeam-epoch. Tails are freed the same
+//! way when their key is removed. Every operation runs under a pinned `Guard`. Inner nodes
+//! never leave the tree.
+//!
+//! Invariants (checked by the tests in this file):
+//! - keys in a node are strictly increasing; an inner node with `n` separators has `n + 1`
+//!   children, and child `i` holds exactly the keys in `[sep[i-1], sep[i])`;
+//! - an inner node's key range never changes; a leaf's range shrinks when it splits and
+//!   grows only over the range of an empty neighbour that left the tree. So the fence key a
+//!   walk carries to the next leaf never skips an entry that was present for the whole walk
+//!   (what the phantom check's re-scan relies on).
+//!
+//! Not done: merging under-full nodes that are not empty (their slots are reused by later
+//! inserts in the same key range), removing inner nodes, prefix compression.
+
+use std::cmp::Ordering as Cmp;
+use std::ops::Bound;
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_epoch::Guard;
+
+use crate::txn::Direction;
+
+/// Slots per leaf.
+const LEAF_CAP: usize = 32;
+/// Separators per inner node (children: one more).
+const INNER_CAP: usize = 32;
+/// Key bytes stored inline in a slot.
+const INLINE: usize = 16;
+
+// ---- version lock ---------------------------------------------------------------------
+
+/// A node's version word: odd while write-locked, +2 for every completed change, and
+/// `OBSOLETE` set for good once the node has left the tree.
+struct VersionLock(AtomicU64);
+
+const OBSOLETE: u64 = 1 << 63;
+
+impl VersionLock {
+    /// Waits out a writer and returns the (even) version; `None` if the node has left the
+    /// tree (the caller restarts from the root).
+    #[inline]
+    fn read(&self) -> Option<u64> {
+        let mut spins = 0u32;
+        loop {
+            let v = self.0.load(Ordering::Acquire);
+            if v & OBSOLETE != 0 {
+                return None;
+            }
+            if v & 1 == 0 {
+                return Some(v);
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// True if nothing changed since `read` returned `v`.
+    #[inline]
+    fn check(&self, v: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.0.load(Ordering::Relaxed) == v
+    }
+
+    /// Takes the write lock if the version is still `v`.
+    #[inline]
+    fn upgrade(&self, v: u64) -> bool {
+        if self.0.compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            fence(Ordering::Release);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Releases the lock after a change.
+    #[inline]
+    fn unlock(&self) {
+        let prev = self.0.fetch_add(1, Ordering::Release);
+        debug_assert!(prev & 1 == 1, "unlock of an unlocked node");
+    }
+
+    /// Releases the lock of a node that has just left the tree.
+    #[inline]
+    fn unlock_obsolete(&self) {
+        let prev = self.0.load(Ordering::Relaxed);
+        debug_assert!(prev & 1 == 1, "unlock of an unlocked node");
+        self.0.store((prev + 1) | OBSOLETE, Ordering::Release);
+    }
+
+    /// Releases the lock after no change: readers that saw the old version stay valid.
+    #[inline]
+    fn unlock_unchanged(&self, v: u64) {
+        debug_assert_eq!(self.0.load(Ordering::Relaxed), v + 1);
+        self.0.store(v, Ordering::Release);
+    }
+}
+
+// ---- keys -----------------------------------------------------------------------------
+
+/// The bytes beyond the first 16 of a long key, owned by exactly one slot.
+type Tail = Box<[u8]>;
+
+/// A key prepared for comparisons against slots.
+struct SearchKey<'a> {
+    hi: u64,
+    lo: u64,
+    len: u32,
+    tail: &'a [u8],
+}
+
+impl<'a> SearchKey<'a> {
+    fn new(key: &'a [u8]) -> SearchKey<'a> {
+        let mut b = [0u8; INLINE];
+        let n = key.len().min(INLINE);
+        b[..n].copy_from_slice(&key[..n]);
+        SearchKey {
+            hi: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            lo: u64::from_be_bytes(b[8..].try_into().expect("8 bytes")),
+            len: u32::try_from(key.len()).expect("key length fits u32 (KEY_LEN_MAX)"),
+            tail: key.get(INLINE..).unwrap_or(&[]),
+        }
+    }
+}
+
+/// Key slots of one node, structure-of-arrays so a search touches few cache lines.
+struct Keys<const N: usize> {
+    hi: [AtomicU64; N],
+    lo: [AtomicU64; N],
+    len: [AtomicU32; N],
+    /// Null for keys of at most 16 bytes.
+    tail: [AtomicPtr<Tail>; N],
+}
+
+impl<const N: usize> Keys<N> {
+    fn new() -> Self {
+        Keys {
+            hi: std::array::from_fn(|_| AtomicU64::new(0)),
+            lo: std::array::from_fn(|_| AtomicU64::new(0)),
+            len: std::array::from_fn(|_| AtomicU32::new(0)),
+            tail: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+        }
+    }
+
+    /// Orders slot `i` against `k`. May see a torn slot under a concurrent writer; the
+    /// caller's version check then discards the result.
+    #[inline]
+    fn cmp(&self, i: usize, k: &SearchKey<'_>, _g: &Guard) -> Cmp {
+        let h = self.hi[i].load(Ordering::Relaxed);
+        if h != k.hi {
+            return h.cmp(&k.hi);
+        }
+        let l = self.lo[i].load(Ordering::Relaxed);
+        if l != k.lo {
+            return l.cmp(&k.lo);
+        }
+        let len = self.len[i].load(Ordering::Relaxed);
+        if len as usize <= INLINE && k.len as usize <= INLINE {
+            return len.cmp(&k.len);
+        }
+        let p = self.tail[i].load(Ordering::Acquire);
+        // SAFETY: a non-null tail pointer is freed only through the epoch after its key left
+        // the index, and we hold a guard pinned before we read the pointer.
+        let tail: &[u8] = if p.is_null() { &[] } else { unsafe { &*p } };
+        tail.cmp(k.tail).then(len.cmp(&k.len))
+    }
+
+    /// First slot in `0..n` whose key is `>= k` (`> k` if `after`).
+    #[inline]
+    fn search(&self, n: usize, k: &SearchKey<'_>, after: bool, g: &Guard) -> usize {
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let c = self.cmp(mid, k, g);
+            if c == Cmp::Less || (after && c == Cmp::Equal) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Copies slot `i`'s key into `out` (valid only if the caller's version check passes).
+    fn copy_key(&self, i: usize, out: &mut Vec<u8>, _g: &Guard) {
+        out.clear();
+        out.extend_from_slice(&self.hi[i].load(Ordering::Relaxed).to_be_bytes());
+        out.extend_from_slice(&self.lo[i].load(Ordering::Relaxed).to_be_bytes());
+        let len = self.len[i].load(Ordering::Relaxed) as usize;
+        if len <= INLINE {
+            out.truncate(len);
+        } else {
+            let p = self.tail[i].load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: as in `cmp`.
+                out.extend_from_slice(unsafe { &*p });
+            }
+        }
+    }
+
+    /// Writes `key` into slot `i` (caller holds the node's lock), taking ownership of `tail`.
+    fn set(&self, i: usize, k: &SearchKey<'_>, tail: *mut Tail) {
+        self.hi[i].store(k.hi, Ordering::Relaxed);
+        self.lo[i].store(k.lo, Ordering::Relaxed);
+        self.len[i].store(k.len, Ordering::Relaxed);
+        self.tail[i].store(tail, Ordering::Release);
+    }
+
+    /// Copies slot `from` of `src` to slot `to` of `self` (the tail pointer moves with it;
+    /// the caller makes sure exactly one slot owns it afterwards).
+    fn move_slot<const M: usize>(&self, to: usize, src: &Keys<M>, from: usize) {
+        self.hi[to].store(src.hi[from].load(Ordering::Relaxed), Ordering::Relaxed);
+        self.lo[to].store(src.lo[from].load(Ordering::Relaxed), Ordering::Relaxed);
+        self.len[to].store(src.len[from].load(Ordering::Relaxed), Ordering::Relaxed);
+        self.tail[to].store(src.tail[from].load(Ordering::Relaxed), Ordering::Release);
+    }
+
+    /// A fresh owned copy of slot `i`'s tail (for a separator), or null.
+    fn clone_tail(&self, i: usize) -> *mut Tail {
+        let p = self.tail[i].load(Ordering::Relaxed);
+        if p.is_null() {
+            return p;
+        }
+        // SAFETY: the caller holds the node's lock; the tail is live.
+        Box::into_raw(Box::new(unsafe { (*p).clone() }))
+    }
+}
+
+fn new_tail(key: &[u8]) -> *mut Tail {
+    match key.get(INLINE..) {
+        Some(t) if !t.is_empty() => Box::into_raw(Box::new(Tail::from(t))),
+        _ => std::ptr::null_mut(),
+    }
+}
+
+// ---- nodes ----------------------------------------------------------------------------
+
+#[repr(C)]
+struct Header {
+    version: VersionLock,
+    /// Set at creation, never changed.
+    leaf: bool,
+    count: AtomicU32,
+}
+
+impl Header {
+    fn new(leaf: bool) -> Header {
+        Header { version: VersionLock(AtomicU64::new(0)), leaf, count: AtomicU32::new(0) }
+    }
+
+    /// The slot count, clamped so that a torn read cannot index out of bounds.
+    #[inline]
+    fn count(&self, cap: usize) -> usize {
+        (self.count.load(Ordering::Relaxed) as usize).min(cap)
+    }
+}
+
+#[repr(C, align(64))]
+struct Leaf {
+    h: Header,
+    keys: Keys<LEAF_CAP>,
+    vals: [AtomicU64; LEAF_CAP],
+}
+
+#[repr(C, align(64))]
+struct Inner {
+    h: Header,
+    keys: Keys<INNER_CAP>,
+    children: [AtomicPtr<Header>; INNER_CAP + 1],
+}
+
+impl Leaf {
+    fn boxed() -> *mut Header {
+        let l = Box::new(Leaf {
+            h: Header::new(true),
+            keys: Keys::new(),
+            vals: std::array::from_fn(|_| AtomicU64::new(0)),
+        });
+        Box::into_raw(l) as *mut Header
+    }
+}
+
+impl Inner {
+    fn boxed() -> *mut Inner {
+        Box::into_raw(Box::new(Inner {
+            h: Header::new(false),
+            keys: Keys::new(),
+            children: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+        }))
+    }
+}
+
+/// Cache lines of a node that a search reads: the header and the two inline key words of
+/// every slot (the header is 16 bytes; `hi` and `lo` follow it in both node kinds).
+const SEARCH_LINES: usize = std::mem::size_of::<Leaf>() / 64;
+const _: () = assert!(LEAF_CAP == INNER_CAP, "SEARCH_LINES assumes one slot count");
+
+/// Starts loading the lines a search of node `p` will read, all at once, instead of one
+/// dependent cache miss after another down the binary search (Masstree does the same).
+#[inline(always)]
+fn prefetch_node(p: *const Header) {
+    #[cfg(target_arch = "x86_64")]
+    for line in 0..SEARCH_LINES {
+        // SAFETY: prefetching is a hint and never faults, even for a bad address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                (p as *const i8).wrapping_add(line * 64),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Views a node by kind. Nodes are never freed before the index, so the reference is valid
+/// for as long as the index is borrowed.
+enum NodeRef<'a> {
+    Leaf(&'a Leaf),
+    Inner(&'a Inner),
+}
+
+#[inline]
+fn node<'a>(p: *mut Header) -> NodeRef<'a> {
+    // SAFETY: `p` is a non-null node pointer of this index (checked by callers); `leaf` is
+    // immutable and tells the allocation's real type (both are repr(C) with the header first).
+    unsafe {
+        if (*p).leaf {
+            NodeRef::Leaf(&*(p as *const Leaf))
+        } else {
+            NodeRef::Inner(&*(p as *const Inner))
+        }
+    }
+}
+
+// ---- the index ------------------------------------------------------------------------
+
+/// A concurrent ordered map from key bytes to `u64`. See the module documentation.
+pub struct Index {
+    root: AtomicPtr<Header>,
+}
+
+// SAFETY: all shared state is atomics; nodes and tails are owned by the index.
+unsafe impl Send for Index {}
+unsafe impl Sync for Index {}
+
+/// Outcome of one optimistic attempt.
+enum Attempt<T> {
+    Done(T),
+    Restart,
+}
+
+use Attempt::{Done, Restart};
+
+impl Default for Index {
+    fn default() -> Self {
+        Index { root: AtomicPtr::new(Leaf::boxed()) }
+    }
+}
+
+impl Index {
+    pub fn new() -> Index {
+        Index::default()
+    }
+
+    /// The value for `key`, if present.
+    pub fn get(&self, key: &[u8], g: &Guard) -> Option<u64> {
+        let k = SearchKey::new(key);
+        loop {
+            if let Done(v) = self.try_get(&k, g) {
+                return v;
+            }
+        }
+    }
+
+    fn try_get(&self, k: &SearchKey<'_>, g: &Guard) -> Attempt<Option<u64>> {
+        let mut p = self.root.load(Ordering::Acquire);
+        // SAFETY (here and for every node pointer below): nodes are freed only through the
+        // epoch after they left the tree, and the caller's guard was pinned before.
+        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
+        if self.root.load(Ordering::Acquire) != p {
+            return Restart;
+        }
+        loop {
+            match node(p) {
+                NodeRef::Inner(n) => {
+                    let cnt = n.h.count(INNER_CAP);
+                    let i = n.keys.search(cnt, k, true, g);
+                    let c = n.children[i].load(Ordering::Acquire);
+                    prefetch_node(c);
+                    if c.is_null() || !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
+                    if !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    p = c;
+                    v = cv;
+                }
+                NodeRef::Leaf(l) => {
+                    let cnt = l.h.count(LEAF_CAP);
+                    let i = l.keys.search(cnt, k, false, g);
+                    let found = i < cnt && l.keys.cmp(i, k, g) == Cmp::Equal;
+                    let val = if found { Some(l.vals[i].load(Ordering::Relaxed)) } else { None };
+                    if !l.h.version.check(v) {
+                        return Restart;
+                    }
+                    return Done(val);
+                }
+            }
+        }
+    }
+
+    /// Returns the value for `key`, inserting `make()` first if absent; the bool says whether
+    /// this call inserted. `make` runs under the leaf's lock, at most once.
+    pub fn get_or_insert_with(&self, key: &[u8], make: impl FnOnce() -> u64, g: &Guard) -> (u64, bool) {
+        let k = SearchKey::new(key);
+        let mut make = Some(make);
+        loop {
+            if let Done(out) = self.try_insert(&k, key, &mut make, g) {
+                return out;
+            }
+        }
+    }
+
+    fn try_insert<F: FnOnce() -> u64>(
+        &self,
+        k: &SearchKey<'_>,
+        key: &[u8],
+        make: &mut Option<F>,
+        g: &Guard,
+    ) -> Attempt<(u64, bool)> {
+        let mut p = self.root.load(Ordering::Acquire);
+        // SAFETY (here and for every node pointer below): nodes are freed only through the
+        // epoch after they left the tree, and the caller's guard was pinned before.
+        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
+        if self.root.load(Ordering::Acquire) != p {
+            return Restart;
+        }
+        let mut parent: Option<(&Inner, u64)> = None;
+        loop {
+            match node(p) {
+                NodeRef::Inner(n) => {
+                    if n.h.count.load(Ordering::Relaxed) as usize >= INNER_CAP {
+                        self.split(p, v, parent, k, g);
+                        return Restart;
+                    }
+                    if let Some((pn, pv)) = parent {
+                        if !pn.h.version.check(pv) {
+                            return Restart;
+                        }
+                    }
+                    let cnt = n.h.count(INNER_CAP);
+                    let i = n.keys.search(cnt, k, true, g);
+                    let c = n.children[i].load(Ordering::Acquire);
+                    prefetch_node(c);
+                    if c.is_null() || !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
+                    if !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    parent = Some((n, v));
+                    p = c;
+                    v = cv;
+                }
+                NodeRef::Leaf(l) => {
+                    // Present already? Answer without locking.
+                    let cnt = l.h.count(LEAF_CAP);
+                    let i = l.keys.search(cnt, k, false, g);
+                    if i < cnt && l.keys.cmp(i, k, g) == Cmp::Equal {
+                        let val = l.vals[i].load(Ordering::Relaxed);
+                        return if l.h.version.check(v) { Done((val, false)) } else { Restart };
+                    }
+                    if cnt >= LEAF_CAP {
+                        self.split(p, v, parent, k, g);
+                        return Restart;
+                    }
+                    if !l.h.version.upgrade(v) {
+                        return Restart;
+                    }
+                    if let Some((pn, pv)) = parent {
+                        if !pn.h.version.check(pv) {
+                            l.h.version.unlock_unchanged(v);
+                            return Restart;
+                        }
+                    }
+                    // Locked, and unchanged since the search above: `i` is the slot.
+                    let cnt = l.h.count.load(Ordering::Relaxed) as usize;
+                    debug_assert!(cnt < LEAF_CAP);
+                    for j in (i..cnt).rev() {
+                        l.keys.move_slot(j + 1, &l.keys, j);
+                        l.vals[j + 1].store(l.vals[j].load(Ordering::Relaxed), Ordering::Relaxed);
+                    }
+                    let val = (make.take().expect("make runs once"))();
+                    l.keys.set(i, k, new_tail(key));
+                    l.vals[i].store(val, Ordering::Relaxed);
+                    l.h.count.store(cnt as u32 + 1, Ordering::Relaxed);
+                    l.h.version.unlock();
+                    return Done((val, true));
+                }
+            }
+        }
+    }
+
+    /// Splits the full node `p` (version `v`) under `parent`, or grows a new root. Gives up
+    /// silently if any version moved: the caller restarts either way.
+    /// `k` is the key being inserted: when it goes past the node's last key (ascending
+    /// inserts, such as new order ids) the split leaves the left node full instead of half
+    /// full.
+    fn split(&self, p: *mut Header, v: u64, parent: Option<(&Inner, u64)>, k: &SearchKey<'_>, g: &Guard) {
+        let h = unsafe { &*p };
+        if let Some((pn, pv)) = parent {
+            if !pn.h.version.upgrade(pv) {
+                return;
+            }
+            if !h.version.upgrade(v) {
+                pn.h.version.unlock_unchanged(pv);
+                return;
+            }
+        } else {
+            if !h.version.upgrade(v) {
+                return;
+            }
+            if self.root.load(Ordering::Acquire) != p {
+                h.version.unlock_unchanged(v);
+                return;
+            }
+        }
+        // Both locked: build the right sibling and the separator that goes up.
+        let (right, sep_key, sep_tail): (*mut Header, SepKey, *mut Tail) = match node(p) {
+            NodeRef::Leaf(l) => {
+                let n = l.h.count.load(Ordering::Relaxed) as usize;
+                let appending = l.keys.cmp(n - 1, k, g) == Cmp::Less;
+                let mid = if appending { n - 1 } else { n / 2 };
+                let rp = Leaf::boxed();
+                let NodeRef::Leaf(r) = node(rp) else { unreachable!() };
+                for j in mid..n {
+                    r.keys.move_slot(j - mid, &l.keys, j);
+                    r.vals[j - mid].store(l.vals[j].load(Ordering::Relaxed), Ordering::Relaxed);
+                    l.keys.tail[j].store(std::ptr::null_mut(), Ordering::Release);
+                }
+                r.h.count.store((n - mid) as u32, Ordering::Relaxed);
+                let sep = SepKey::of(&r.keys, 0);
+                let tail = r.keys.clone_tail(0);
+                l.h.count.store(mid as u32, Ordering::Relaxed);
+                (rp, sep, tail)
+            }
+            NodeRef::Inner(n) => {
+                let cnt = n.h.count.load(Ordering::Relaxed) as usize;
+                let appending = n.keys.cmp(cnt - 1, k, g) == Cmp::Less;
+                let mid = if appending { cnt - 1 } else { cnt / 2 };
+                let rp = Inner::boxed();
+                // SAFETY: fresh allocation.
+                let r = unsafe { &*rp };
+                for j in mid + 1..cnt {
+                    r.keys.move_slot(j - mid - 1, &n.keys, j);
+                    n.keys.tail[j].store(std::ptr::null_mut(), Ordering::Release);
+                }
+                for j in mid + 1..=cnt {
+                    r.children[j - mid - 1].store(n.children[j].load(Ordering::Relaxed), Ordering::Release);
+                }
+                r.h.count.store((cnt - mid - 1) as u32, Ordering::Relaxed);
+                // The middle separator moves up with its tail.
+                let sep = SepKey::of(&n.keys, mid);
+                let tail = n.keys.tail[mid].swap(std::ptr::null_mut(), Ordering::AcqRel);
+                n.h.count.store(mid as u32, Ordering::Relaxed);
+                (rp as *mut Header, sep, tail)
+            }
+        };
+        let sk = SearchKey { hi: sep_key.hi, lo: sep_key.lo, len: sep_key.len, tail: &[] };
+        match parent {
+            Some((pn, _)) => {
+                let cnt = pn.h.count.load(Ordering::Relaxed) as usize;
+                assert!(cnt < INNER_CAP, "split parent is full (nodes are split on the way down)");
+                let at = (0..=cnt)
+                    .find(|&j| pn.children[j].load(Ordering::Relaxed) == p)
+                    .expect("split node is a child of its locked parent");
+                for j in (at..cnt).rev() {
+                    pn.keys.move_slot(j + 1, &pn.keys, j);
+                }
+                for j in (at + 1..=cnt).rev() {
+                    pn.children[j + 1].store(pn.children[j].load(Ordering::Relaxed), Ordering::Release);
+                }
+                pn.keys.set(at, &sk, sep_tail);
+                pn.children[at + 1].store(right, Ordering::Release);
+                pn.h.count.store(cnt as u32 + 1, Ordering::Relaxed);
+                h.version.unlock();
+                pn.h.version.unlock();
+            }
+            None => {
+                let rootp = Inner::boxed();
+                // SAFETY: fresh allocation, published by the store below.
+                let r = unsafe { &*rootp };
+                r.keys.set(0, &sk, sep_tail);
+                r.children[0].store(p, Ordering::Relaxed);
+                r.children[1].store(right, Ordering::Relaxed);
+                r.h.count.store(1, Ordering::Relaxed);
+                self.root.store(rootp as *mut Header, Ordering::Release);
+                h.version.unlock();
+            }
+        }
+    }
+
+    /// Removes `key` if it maps to `val`. Returns whether it did.
+    pub fn remove_if(&self, key: &[u8], val: u64, g: &Guard) -> bool {
+        let k = SearchKey::new(key);
+        loop {
+            if let Done(out) = self.try_remove(&k, val, g) {
+                return out;
+            }
+        }
+    }
+
+    fn try_remove(&self, k: &SearchKey<'_>, val: u64, g: &Guard) -> Attempt<bool> {
+        let mut p = self.root.load(Ordering::Acquire);
+        // SAFETY (here and for every node pointer below): nodes are freed only through the
+        // epoch after they left the tree, and the caller's guard was pinned before.
+        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
+        if self.root.load(Ordering::Acquire) != p {
+            return Restart;
+        }
+        let mut parent: Option<(&Inner, u64)> = None;
+        loop {
+            match node(p) {
+                NodeRef::Inner(n) => {
+                    let cnt = n.h.count(INNER_CAP);
+                    let i = n.keys.search(cnt, k, true, g);
+                    let c = n.children[i].load(Ordering::Acquire);
+                    prefetch_node(c);
+                    if c.is_null() || !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
+                    if !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    parent = Some((n, v));
+                    p = c;
+                    v = cv;
+                }
+                NodeRef::Leaf(l) => {
+                    let cnt = l.h.count(LEAF_CAP);
+                    let i = l.keys.search(cnt, k, false, g);
+                    let hit = i < cnt && l.keys.cmp(i, k, g) == Cmp::Equal && l.vals[i].load(Ordering::Relaxed) == val;
+                    if !hit {
+                        return if l.h.version.check(v) { Done(false) } else { Restart };
+                    }
+                    if cnt == 1 {
+                        if let Some((pn, pv)) = parent {
+                            if pn.h.count(INNER_CAP) >= 1 {
+                                return self.remove_leaf(p, v, pn, pv, i, g);
+                            }
+                        }
+                    }
+                    if !l.h.version.upgrade(v) {
+                        return Restart;
+                    }
+                    if let Some((pn, pv)) = parent {
+                        if !pn.h.version.check(pv) {
+                            l.h.version.unlock_unchanged(v);
+                            return Restart;
+                        }
+                    }
+                    let tail = l.keys.tail[i].load(Ordering::Relaxed);
+                    for j in i + 1..cnt {
+                        l.keys.move_slot(j - 1, &l.keys, j);
+                        l.vals[j - 1].store(l.vals[j].load(Ordering::Relaxed), Ordering::Relaxed);
+                    }
+                    l.keys.tail[cnt - 1].store(std::ptr::null_mut(), Ordering::Release);
+                    l.h.count.store(cnt as u32 - 1, Ordering::Relaxed);
+                    l.h.version.unlock();
+                    if !tail.is_null() {
+                        let tail = tail as usize;
+                        // SAFETY: the tail left the index above; readers that may still hold
+                        // the pointer are pinned, so it is freed only after they unpin.
+                        unsafe { g.defer_unchecked(move || drop(Box::from_raw(tail as *mut Tail))) };
+                    }
+                    return Done(true);
+                }
+            }
+        }
+    }
+
+    /// Removes the last entry (slot `i`) of leaf `p` by taking the leaf out of its parent, so
+    /// that walks do not cross empty leaves (a queue that deletes at its front, such as
+    /// TPC-C's new orders, would otherwise leave a growing run of them). The parent keeps at
+    /// least one child; the neighbour that takes over the leaf's key range grows by it.
+    fn remove_leaf(&self, p: *mut Header, v: u64, pn: &Inner, pv: u64, i: usize, g: &Guard) -> Attempt<bool> {
+        if !pn.h.version.upgrade(pv) {
+            return Restart;
+        }
+        let h = unsafe { &*p };
+        if !h.version.upgrade(v) {
+            pn.h.version.unlock_unchanged(pv);
+            return Restart;
+        }
+        let NodeRef::Leaf(l) = node(p) else { unreachable!("remove_leaf on an inner node") };
+        let cnt = pn.h.count.load(Ordering::Relaxed) as usize;
+        let at = (0..=cnt)
+            .find(|&j| pn.children[j].load(Ordering::Relaxed) == p)
+            .expect("leaf is a child of its locked parent");
+        // Child `at` spans [sep[at-1], sep[at]). Drop it with the separator on its left
+        // (the left neighbour grows up to sep[at]) or, for the first child, with sep[0]
+        // (the right neighbour grows down to the parent's low bound).
+        let sep = at.saturating_sub(1);
+        let sep_tail = pn.keys.tail[sep].load(Ordering::Relaxed);
+        for j in sep + 1..cnt {
+            pn.keys.move_slot(j - 1, &pn.keys, j);
+        }
+        pn.keys.tail[cnt - 1].store(std::ptr::null_mut(), Ordering::Release);
+        for j in at + 1..=cnt {
+            pn.children[j - 1].store(pn.children[j].load(Ordering::Relaxed), Ordering::Release);
+        }
+        pn.children[cnt].store(std::ptr::null_mut(), Ordering::Release);
+        pn.h.count.store(cnt as u32 - 1, Ordering::Relaxed);
+        let key_tail = l.keys.tail[i].swap(std::ptr::null_mut(), Ordering::AcqRel);
+        l.h.count.store(0, Ordering::Relaxed);
+        h.version.unlock_obsolete();
+        pn.h.version.unlock();
+        let (leaf, sep_tail, key_tail) = (p as usize, sep_tail as usize, key_tail as usize);
+        // SAFETY: the leaf and both tails left the tree above; readers that may still hold
+        // them are pinned, so they are freed only after those readers unpin.
+        unsafe {
+            g.defer_unchecked(move || {
+                drop(Box::from_raw(leaf as *mut Leaf));
+                for t in [sep_tail, key_tail] {
+                    if t != 0 {
+                        drop(Box::from_raw(t as *mut Tail));
+                    }
+                }
+            })
+        };
+        Done(true)
+    }
+
+    /// Calls `f(value)` for each entry with a key in `(lo, hi)` in key order (`Reverse`:
+    /// descending), until `f` returns false. Each leaf is read as one consistent snapshot;
+    /// entries inserted concurrently behind the walk's position are not seen. The walk pins
+    /// the epoch per leaf, not for its whole length, and `f` runs unpinned by it.
+    pub fn for_each(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>, dir: Direction, mut f: impl FnMut(u64) -> bool) {
+        // Where the next leaf starts (forward: its low bound; reverse: its high bound).
+        let mut at: Bound<Vec<u8>> = match dir {
+            Direction::Forward => lo.map(<[u8]>::to_vec),
+            Direction::Reverse => hi.map(<[u8]>::to_vec),
+        };
+        let (lo_k, hi_k) = (lo.map(SearchKey::new), hi.map(SearchKey::new));
+        let mut vals = [0u64; LEAF_CAP];
+        let mut fence = Vec::new();
+        loop {
+            let at_k = at.as_ref().map(|b| SearchKey::new(b));
+            let g = crossbeam_epoch::pin();
+            let Done((n, more)) = self.leaf_chunk(&at_k, &lo_k, &hi_k, dir, &mut vals, &mut fence, &g) else {
+                continue;
+            };
+            drop(g);
+            for &val in &vals[..n] {
+                if !f(val) {
+                    return;
+                }
+            }
+            if !more {
+                return;
+            }
+            at = match dir {
+                Direction::Forward => Bound::Included(std::mem::take(&mut fence)),
+                Direction::Reverse => Bound::Excluded(std::mem::take(&mut fence)),
+            };
+        }
+    }
+
+    /// One leaf of a walk: fills `vals` with the in-range values of the leaf that holds the
+    /// walk's position `at`, in walk order. Returns how many, and whether the walk goes on to
+    /// the neighbouring leaf, whose fence key is then in `fence`.
+    #[allow(clippy::too_many_arguments)]
+    fn leaf_chunk(
+        &self,
+        at: &Bound<SearchKey<'_>>,
+        lo: &Bound<SearchKey<'_>>,
+        hi: &Bound<SearchKey<'_>>,
+        dir: Direction,
+        vals: &mut [u64; LEAF_CAP],
+        fence: &mut Vec<u8>,
+        g: &Guard,
+    ) -> Attempt<(usize, bool)> {
+        let mut p = self.root.load(Ordering::Acquire);
+        // SAFETY (here and for every node pointer below): nodes are freed only through the
+        // epoch after they left the tree, and the caller's guard was pinned before.
+        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
+        if self.root.load(Ordering::Acquire) != p {
+            return Restart;
+        }
+        // The leaf's neighbour exists iff some ancestor had a separator on that side.
+        let mut has_fence = false;
+        loop {
+            match node(p) {
+                NodeRef::Inner(n) => {
+                    let cnt = n.h.count(INNER_CAP);
+                    let i = match (dir, at) {
+                        (Direction::Forward, Bound::Unbounded) => 0,
+                        (Direction::Reverse, Bound::Unbounded) => cnt,
+                        (_, Bound::Included(k)) => n.keys.search(cnt, k, true, g),
+                        (Direction::Forward, Bound::Excluded(k)) => n.keys.search(cnt, k, true, g),
+                        (Direction::Reverse, Bound::Excluded(k)) => n.keys.search(cnt, k, false, g),
+                    };
+                    match dir {
+                        Direction::Forward if i < cnt => {
+                            n.keys.copy_key(i, fence, g);
+                            has_fence = true;
+                        }
+                        Direction::Reverse if i > 0 => {
+                            n.keys.copy_key(i - 1, fence, g);
+                            has_fence = true;
+                        }
+                        _ => {}
+                    }
+                    let c = n.children[i].load(Ordering::Acquire);
+                    prefetch_node(c);
+                    if c.is_null() || !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
+                    if !n.h.version.check(v) {
+                        return Restart;
+                    }
+                    p = c;
+                    v = cv;
+                }
+                NodeRef::Leaf(l) => {
+                    let cnt = l.h.count(LEAF_CAP);
+                    let mut n = 0;
+                    let mut hit_bound = false;
+                    match dir {
+                        Direction::Forward => {
+                            let start = match at {
+                                Bound::Unbounded => 0,
+                                Bound::Included(k) => l.keys.search(cnt, k, false, g),
+                                Bound::Excluded(k) => l.keys.search(cnt, k, true, g),
+                            };
+                            for i in start..cnt {
+                                let past = match hi {
+                                    Bound::Unbounded => false,
+                                    Bound::Included(k) => l.keys.cmp(i, k, g) == Cmp::Greater,
+                                    Bound::Excluded(k) => l.keys.cmp(i, k, g) != Cmp::Less,
+                                };
+                                if past {
+                                    hit_bound = true;
+                                    break;
+                                }
+                                vals[n] = l.vals[i].load(Ordering::Relaxed);
+                                n += 1;
+                            }
+                        }
+                        Direction::Reverse => {
+                            let end = match at {
+                                Bound::Unbounded => cnt,
+                                Bound::Included(k) => l.keys.search(cnt, k, true, g),
+                                Bound::Excluded(k) => l.keys.search(cnt, k, false, g),
+                            };
+                            for i in (0..end).rev() {
+                                let past = match lo {
+                                    Bound::Unbounded => false,
+                                    Bound::Included(k) => l.keys.cmp(i, k, g) == Cmp::Less,
+                                    Bound::Excluded(k) => l.keys.cmp(i, k, g) != Cmp::Greater,
+                                };
+                                if past {
+                                    hit_bound = true;
+                                    break;
+                                }
+                                vals[n] = l.vals[i].load(Ordering::Relaxed);
+                                n += 1;
+                            }
+                        }
+                    }
+                    if !l.h.version.check(v) {
+                        return Restart;
+                    }
+                    // Past the range's far end already? The fence itself may be beyond it.
+                    let more = has_fence
+                        && !hit_bound
+                        && match (dir, hi, lo) {
+                            (Direction::Forward, Bound::Included(k), _) => {
+                                SearchKey::new(fence).cmp_key(k) != Cmp::Greater
+                            }
+                            (Direction::Forward, Bound::Excluded(k), _) => {
+                                SearchKey::new(fence).cmp_key(k) == Cmp::Less
+                            }
+                            (Direction::Reverse, _, Bound::Included(k) | Bound::Excluded(k)) => {
+                                SearchKey::new(fence).cmp_key(k) == Cmp::Greater
+                            }
+                            _ => true,
+                        };
+                    return Done((n, more));
+                }
+            }
+        }
+    }
+
+    /// Number of entries (walks every leaf; for tests and diagnostics).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let mut n = 0;
+        self.for_each(Bound::Unbounded, Bound::Unbounded, Direction::Forward, |_| {
+            n += 1;
+            true
+        });
+        n
+    }
+}
+
+/// A separator's inline part, captured while its node is locked.
+struct SepKey {
+    hi: u64,
+    lo: u64,
+    len: u32,
+}
+
+impl SepKey {
+    fn of<const N: usize>(keys: &Keys<N>, i: usize) -> SepKey {
+        SepKey {
+            hi: keys.hi[i].load(Ordering::Relaxed),
+            lo: keys.lo[i].load(Ordering::Relaxed),
+            len: keys.len[i].load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl SearchKey<'_> {
+    /// Orders two prepared keys as byte strings.
+    fn cmp_key(&self, o: &SearchKey<'_>) -> Cmp {
+        self.hi
+            .cmp(&o.hi)
+            .then(self.lo.cmp(&o.lo))
+            .then_with(|| {
+                if self.len as usize <= INLINE && o.len as usize <= INLINE {
+                    Cmp::Equal
+                } else {
+                    self.tail.cmp(o.tail)
+                }
+            })
+            .then(self.len.cmp(&o.len))
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        fn free(p: *mut Header) {
+            // SAFETY: exclusive access in drop; every node and tail is owned by exactly one
+            // place in the tree (moved-from slots were nulled).
+            unsafe {
+                if (*p).leaf {
+                    let l = Box::from_raw(p as *mut Leaf);
+                    for t in &l.keys.tail {
+                        let t = t.load(Ordering::Relaxed);
+                        if !t.is_null() {
+                            drop(Box::from_raw(t));
+                        }
+                    }
+                } else {
+                    let n = Box::from_raw(p as *mut Inner);
+                    let cnt = n.h.count.load(Ordering::Relaxed) as usize;
+                    for t in &n.keys.tail {
+                        let t = t.load(Ordering::Relaxed);
+                        if !t.is_null() {
+                            drop(Box::from_raw(t));
+                        }
+                    }
+                    for c in &n.children[..=cnt] {
+                        free(c.load(Ordering::Relaxed));
+                    }
+                }
+            }
+        }
+        free(*self.root.get_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The index against `BTreeMap` (one thread, random operations and bounds) and under
+    //! threads (ordering and presence invariants while splits happen).
+
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeMap;
+    use std::sync::atomic::AtomicBool;
+
+    /// Keys from a small alphabet with lengths 0..40, so that long shared prefixes, keys
+    /// that are prefixes of others, zero bytes and tails (> 16 bytes) are all common.
+    fn random_key(rng: &mut SmallRng) -> Vec<u8> {
+        let len = match rng.gen_range(0..4) {
+            0 => rng.gen_range(0..=8),
+            1 => rng.gen_range(14..=18),
+            _ => rng.gen_range(0..=40),
+        };
+        let prefix = rng.gen_range(0..3) * 17; // shared 17-byte prefix for some keys
+        (0..len).map(|i| if i < prefix { 7 } else { [0u8, 1, 2, 255][rng.gen_range(0..4)] }).collect()
+    }
+
+    fn bound(rng: &mut SmallRng) -> Bound<Vec<u8>> {
+        match rng.gen_range(0..3) {
+            0 => Bound::Unbounded,
+            1 => Bound::Included(random_key(rng)),
+            _ => Bound::Excluded(random_key(rng)),
+        }
+    }
+
+    fn check_scans(ix: &Index, model: &BTreeMap<Vec<u8>, u64>, rng: &mut SmallRng) {
+        let (lo, hi) = (bound(rng), bound(rng));
+        let bad_range = match (&lo, &hi) {
+            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => {
+                a > b || (a == b && (matches!(lo, Bound::Excluded(_)) || matches!(hi, Bound::Excluded(_))))
+            }
+            _ => false,
+        };
+        let limit = rng.gen_range(0..80);
+        let take = |dir| {
+            let mut out = Vec::new();
+            ix.for_each(lo.as_ref().map(|k| &k[..]), hi.as_ref().map(|k| &k[..]), dir, |v| {
+                out.push(v);
+                limit == 0 || out.len() < limit
+            });
+            out
+        };
+        let (fwd, rev) = (take(Direction::Forward), take(Direction::Reverse));
+        if bad_range {
+            // BTreeMap::range panics on these; the index must simply find nothing.
+            assert!(fwd.is_empty() && rev.is_empty(), "empty range {lo:?}..{hi:?} returned entries");
+            return;
+        }
+        let all: Vec<u64> = model.range((lo.clone(), hi.clone())).map(|(_, v)| *v).collect();
+        let n = if limit == 0 { all.len() } else { limit.min(all.len()) };
+        assert_eq!(fwd, all[..n].to_vec(), "forward {lo:?}..{hi:?} limit {limit}");
+        let back: Vec<u64> = all.iter().rev().take(n).copied().collect();
+        assert_eq!(rev, back, "reverse {lo:?}..{hi:?} limit {limit}");
+    }
+
+    #[test]
+    fn matches_btreemap_under_random_operations() {
+        for seed in 0..8u64 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let ix = Index::new();
+            let mut model = BTreeMap::new();
+            let g = crossbeam_epoch::pin();
+            for step in 0..6000u64 {
+                let key = random_key(&mut rng);
+                match rng.gen_range(0..10) {
+                    0..=5 => {
+                        let (v, inserted) = ix.get_or_insert_with(&key, || step, &g);
+                        let expect = *model.entry(key.clone()).or_insert(step);
+                        assert_eq!((v, inserted), (expect, expect == step), "insert {key:?}");
+                    }
+                    6 | 7 => {
+                        let val = model.get(&key).copied().unwrap_or(u64::MAX);
+                        // Half the time ask with the wrong value: nothing may change.
+                        let ask = if rng.gen() { val } else { val ^ 1 };
+                        let removed = ix.remove_if(&key, ask, &g);
+                        assert_eq!(removed, model.contains_key(&key) && ask == val, "remove {key:?}");
+                        if removed {
+                            model.remove(&key);
+                        }
+                    }
+                    _ => assert_eq!(ix.get(&key, &g), model.get(&key).copied(), "get {key:?}"),
+                }
+                if step % 50 == 0 {
+                    check_scans(&ix, &model, &mut rng);
+                }
+            }
+            assert_eq!(ix.len(), model.len());
+            for (k, v) in &model {
+                assert_eq!(ix.get(k, &g), Some(*v));
+            }
+        }
+    }
+
+    #[test]
+    fn sequential_and_reverse_order_inserts_build_a_deep_tree() {
+        let ix = Index::new();
+        let g = crossbeam_epoch::pin();
+        let n = 50_000u64;
+        for i in 0..n {
+            // Alternate ends so both the leftmost and rightmost paths split.
+            let x = if i % 2 == 0 { i } else { 10 * n - i };
+            ix.get_or_insert_with(&x.to_be_bytes(), || x, &g);
+        }
+        let mut seen = Vec::new();
+        ix.for_each(Bound::Unbounded, Bound::Unbounded, Direction::Forward, |v| {
+            seen.push(v);
+            true
+        });
+        assert_eq!(seen.len() as u64, n);
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "forward walk out of order");
+        let mut back = Vec::new();
+        ix.for_each(Bound::Unbounded, Bound::Unbounded, Direction::Reverse, |v| {
+            back.push(v);
+            true
+        });
+        back.reverse();
+        assert_eq!(seen, back);
+    }
+
+    /// Writers insert (and some remove) interleaved keys while readers walk the index. At
+    /// every moment: walks are strictly ordered, and keys never removed, once inserted, are
+    /// found by `get` and by a walk over their neighbourhood.
+    #[test]
+    fn concurrent_inserts_removes_and_walks_keep_order_and_presence() {
+        let ix = Index::new();
+        let writers = 3u64;
+        let per = 60_000u64;
+        let done = AtomicBool::new(false);
+        let progress: Vec<AtomicU64> = (0..writers).map(|_| AtomicU64::new(0)).collect();
+        // Key of (writer w, i): value x = i * writers + w, as 8 bytes, or 24 bytes (with a
+        // tail) for odd i; the value is x, so key order is value order.
+        let key = |x: u64| -> Vec<u8> {
+            let mut k = x.to_be_bytes().to_vec();
+            if (x / writers) % 2 == 1 {
+                k.extend_from_slice(&[0xAB; 16]);
+            }
+            k
+        };
+        // Keys with x % 5 == 4 are removed again right after insert; the others stay.
+        let stays = |x: u64| x % 5 != 4;
+        std::thread::scope(|s| {
+            for w in 0..writers {
+                let (ix, progress) = (&ix, &progress);
+                s.spawn(move || {
+                    for i in 0..per {
+                        let x = i * writers + w;
+                        let g = crossbeam_epoch::pin();
+                        let (v, inserted) = ix.get_or_insert_with(&key(x), || x, &g);
+                        assert!(inserted && v == x);
+                        if !stays(x) {
+                            assert!(ix.remove_if(&key(x), x, &g));
+                        }
+                        progress[w as usize].store(i + 1, Ordering::Release);
+                    }
+                });
+            }
+            for r in 0..2u64 {
+                let (ix, progress, done) = (&ix, &progress, &done);
+                s.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(r);
+                    let mut rounds = 0u64;
+                    while !done.load(Ordering::Acquire) || rounds < 10 {
+                        rounds += 1;
+                        let g = crossbeam_epoch::pin();
+                        // Every key inserted (and staying) before this point must be found.
+                        let w = rng.gen_range(0..writers);
+                        let upto = progress[w as usize].load(Ordering::Acquire);
+                        if upto > 0 {
+                            let i = rng.gen_range(0..upto);
+                            let x = i * writers + w;
+                            if stays(x) {
+                                assert_eq!(ix.get(&key(x), &g), Some(x), "lost key {x}");
+                                let mut found = false;
+                                let lo = key(x.saturating_sub(40));
+                                ix.for_each(Bound::Included(&lo), Bound::Unbounded, Direction::Forward, |v| {
+                                    found |= v == x;
+                                    v < x
+                                });
+                                assert!(found, "forward walk missed key {x}");
+                                let mut found = false;
+                                let hi = key(x + 40);
+                                ix.for_each(Bound::Unbounded, Bound::Included(&hi), Direction::Reverse, |v| {
+                                    found |= v == x;
+                                    v > x
+                                });
+                                assert!(found, "reverse walk missed key {x}");
+                            }
+                        }
+                        let dir = if rounds.is_multiple_of(2) { Direction::Forward } else { Direction::Reverse };
+                        let mut prev: Option<u64> = None;
+                        let mut count = 0;
+                        ix.for_each(Bound::Unbounded, Bound::Unbounded, dir, |v| {
+                            if let Some(p) = prev {
+                                let ordered = if dir == Direction::Forward { p < v } else { p > v };
+                                assert!(ordered, "walk out of order: {p} then {v}");
+                            }
+                            prev = Some(v);
+                            count += 1;
+                            count < 2000
+                        });
+                    }
+                });
+            }
+            // Let the writers finish, then stop the readers.
+            while progress.iter().any(|p| p.load(Ordering::Acquire) < per) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            done.store(true, Ordering::Release);
+        });
+        let g = crossbeam_epoch::pin();
+        let expect = (0..writers * per).filter(|&x| stays(x)).count();
+        assert_eq!(ix.len(), expect);
+        for x in 0..writers * per {
+            assert_eq!(ix.get(&key(x), &g), stays(x).then_some(x));
+        }
+    }
+
+    /// A queue, as TPC-C's new-order table is used: one thread appends ascending keys, one
+    /// deletes from the front (so leaves empty out and leave the tree), and readers walk from
+    /// the front. Every key between the deleter's and the appender's progress must be found,
+    /// the first key a walk finds is never one that was deleted before the walk began, and
+    /// walks stay ordered.
+    #[test]
+    fn queue_with_deletes_at_the_front_keeps_walks_correct() {
+        let ix = Index::new();
+        let n = 100_000u64;
+        let (appended, deleted) = (AtomicU64::new(0), AtomicU64::new(0));
+        let key = |x: u64| {
+            let mut k = vec![1u8, 2, 3];
+            k.extend_from_slice(&x.to_be_bytes());
+            k
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for x in 0..n {
+                    let g = crossbeam_epoch::pin();
+                    assert!(ix.get_or_insert_with(&key(x), || x, &g).1);
+                    appended.store(x + 1, Ordering::Release);
+                }
+            });
+            s.spawn(|| {
+                let mut x = 0;
+                while x < n {
+                    if x < appended.load(Ordering::Acquire) {
+                        let g = crossbeam_epoch::pin();
+                        assert!(ix.remove_if(&key(x), x, &g), "delete of {x} failed");
+                        x += 1;
+                        deleted.store(x, Ordering::Release);
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            for r in 0..2u64 {
+                let (ix, appended, deleted) = (&ix, &appended, &deleted);
+                s.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(100 + r);
+                    while deleted.load(Ordering::Acquire) < n {
+                        let lo = deleted.load(Ordering::Acquire);
+                        let hi = appended.load(Ordering::Acquire);
+                        let g = crossbeam_epoch::pin();
+                        if lo < hi {
+                            let x = rng.gen_range(lo..hi);
+                            // x may be deleted meanwhile; if it is still ahead of the deleter
+                            // after the get, the get must have found it.
+                            let got = ix.get(&key(x), &g);
+                            if deleted.load(Ordering::Acquire) <= x {
+                                assert_eq!(got, Some(x), "key {x} missing");
+                            }
+                        }
+                        let mut first = None;
+                        let mut prev = None;
+                        let mut count = 0;
+                        ix.for_each(Bound::Unbounded, Bound::Unbounded, Direction::Forward, |v| {
+                            first.get_or_insert(v);
+                            if let Some(p) = prev {
+                                assert!(p < v, "walk out of order: {p} then {v}");
+                            }
+                            prev = Some(v);
+                            count += 1;
+                            count < 64
+                        });
+                        if let Some(f) = first {
+                            assert!(f >= lo, "walk found {f}, deleted before the walk began (front {lo})");
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(ix.len(), 0);
+        let g = crossbeam_epoch::pin();
+        // The emptied tree still works.
+        assert!(ix.get_or_insert_with(&key(7), || 7, &g).1);
+        assert_eq!(ix.get(&key(7), &g), Some(7));
+    }
+}
