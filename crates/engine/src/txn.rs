@@ -319,6 +319,8 @@ impl<'w> Transaction<'w> {
         let mut visit = |this: &mut Self, rid: RecordId| -> bool {
             let rec: &Record = t.record(rid);
             let key = rec.key.get().expect("an indexed record has its key");
+            // Scans are often followed by updates of what they found (TPC-C Delivery).
+            this.s.recent.remember(table, key, rid);
             let value = match this.find_write(rec) {
                 Some(i) => {
                     let w = &this.s.writes[i];
