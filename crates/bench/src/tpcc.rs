@@ -1269,8 +1269,9 @@ impl TpccWorker<'_> {
     fn stock_level(&mut self, worker: &mut Worker, d: u8, threshold: i32) -> Result<Outcome, Error> {
         let (tb, w) = (self.t.tables, self.home);
         let r = worker.db().read();
-        let drow = r.get(tb.district, &dkey(w, d))?.ok_or_else(|| missing("district"))?;
-        let next = District::decode(&drow).next_o_id;
+        let next = r
+            .get_with(tb.district, &dkey(w, d), |b| District::decode(b).next_o_id)?
+            .ok_or_else(|| missing("district"))?;
         let (lo, hi) = (ol_key(w, d, next.saturating_sub(20), 0), ol_key(w, d, next, 0));
         self.ids.clear();
         r.for_each(tb.order_line, Included(&lo), Excluded(&hi), |_, v| {
@@ -1281,8 +1282,8 @@ impl TpccWorker<'_> {
         self.ids.dedup();
         let mut low = 0u32;
         for &i in &self.ids {
-            let srow = r.get(tb.stock, &skey(w, i))?.ok_or_else(|| missing("stock"))?;
-            if Stock::decode(&srow).quantity < threshold {
+            let quantity = r.get_with(tb.stock, &skey(w, i), |b| Stock::decode(b).quantity)?;
+            if quantity.ok_or_else(|| missing("stock"))? < threshold {
                 low += 1;
             }
         }

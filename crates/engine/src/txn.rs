@@ -626,8 +626,15 @@ impl<'db> ReadTxn<'db> {
         mut f: impl FnMut(&Bytes, &Bytes) -> bool,
     ) -> Result<()> {
         let t = self.db.table(table)?;
+        // One pin for the walk, renewed now and then so a long walk does not hold back
+        // reclamation for its whole length.
+        let mut guard = crossbeam_epoch::pin();
+        let mut visited = 0u32;
         t.index.for_each(lo, hi, Direction::Forward, |rid| {
-            let guard = crossbeam_epoch::pin();
+            visited = visited.wrapping_add(1);
+            if visited.is_multiple_of(1024) {
+                guard.repin();
+            }
             let rec = t.record(RecordId(rid));
             match (rec.read_at(self.ts, &guard).and_then(|v| v.value.as_ref()), rec.key.get()) {
                 (Some(v), Some(key)) => f(key, v),
@@ -648,8 +655,8 @@ impl<'db> ReadTxn<'db> {
     ) -> Result<Vec<(Bytes, Bytes)>> {
         let t = self.db.table(table)?;
         let mut out = Vec::new();
+        let guard = crossbeam_epoch::pin();
         t.index.for_each(lo, hi, dir, |rid| {
-            let guard = crossbeam_epoch::pin();
             let rec = t.record(RecordId(rid));
             if let (Some(v), Some(key)) = (rec.read_at(self.ts, &guard).and_then(|v| v.value.clone()), rec.key.get()) {
                 out.push((key.clone(), v));
