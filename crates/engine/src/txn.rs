@@ -35,7 +35,10 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use crossbeam_epoch::Guard;
 
-use crate::db::{value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, TXN_BYTES_MAX};
+use crate::db::{
+    value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
+    LOG_WRITE_OVERHEAD_MAX, TXN_BYTES_MAX,
+};
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
 use crate::record::{Record, LOCK_BIT, TS_MASK, UNLINKED_BIT};
@@ -59,6 +62,8 @@ struct WriteEntry {
     observed_tid: u64,
     /// This transaction put the record into the index (it was not there before).
     created: bool,
+    /// The record had a value before this transaction (so the log need not carry the key).
+    existed: bool,
 }
 
 struct ScanEntry {
@@ -226,7 +231,16 @@ impl<'w> Transaction<'w> {
             return out;
         }
         let key = rec.key.get().expect("an indexed record has its key").clone();
-        self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, key, value, observed_tid: obs.tid, created });
+        self.s.writes.push(WriteEntry {
+            table,
+            rid: entry_rid,
+            rec,
+            key,
+            value,
+            observed_tid: obs.tid,
+            created,
+            existed,
+        });
         Ok(existed)
     }
 
@@ -327,12 +341,13 @@ impl<'w> Transaction<'w> {
             let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
             return Ok(CommitTicket { ts: Ts(read_ts), log });
         }
-        let bytes: usize = 12
+        // An upper bound of the logged size (the key is counted even where it is not logged).
+        let bytes: usize = LOG_TXN_OVERHEAD_MAX
             + self
                 .s
                 .writes
                 .iter()
-                .map(|w| 17 + w.key.len() + w.value.as_ref().map_or(0, |v| 4 + v.len()))
+                .map(|w| LOG_WRITE_OVERHEAD_MAX + w.key.len() + w.value.as_ref().map_or(0, |v| v.len()))
                 .sum::<usize>();
         if bytes > TXN_BYTES_MAX {
             return Err(Error::TooLarge { what: "transaction write set", len: bytes, max: TXN_BYTES_MAX });
@@ -376,7 +391,7 @@ impl<'w> Transaction<'w> {
             let mut it = self.s.writes.iter().map(|w| LoggedWrite {
                 table: w.table,
                 rid: w.rid,
-                key: &w.key,
+                key: (!w.existed).then_some(&w.key[..]),
                 value: w.value.as_deref(),
             });
             log.append(self.worker.id, ts, &mut it);
