@@ -71,7 +71,7 @@ impl CommitLog for MockLog {
         Ok(())
     }
     fn append(&self, _w: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
-        let n: usize = writes.map(|w| 16 + w.key.len() + w.value.map_or(0, |v| v.len())).sum();
+        let n: usize = writes.map(|w| 16 + w.key.map_or(0, |k| k.len()) + w.value.map_or(0, |v| v.len())).sum();
         self.bytes.fetch_add(n as u64 + 16, Ordering::Relaxed);
         self.appended.fetch_max(ts.0, Ordering::SeqCst);
     }

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use crate::clock::CommitClock;
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts, WorkerId};
-use crate::record::{free_chain, LOCK_BIT, TS_MASK};
-use crate::table::Table;
+use crate::record::{Version, LOCK_BIT, TS_MASK};
+use crate::table::{Table, RECORDS_PER_TABLE_MAX};
 use crate::txn::{ReadTxn, Transaction, TxnScratch};
 
 /// Most tables a database can hold.
@@ -20,16 +20,28 @@ pub const TABLES_MAX: usize = 256;
 pub const KEY_LEN_MAX: usize = 64 * 1024;
 /// Longest value, in bytes.
 pub const VALUE_LEN_MAX: usize = 16 * 1024 * 1024;
-/// Largest write set of one transaction, counted as the log encodes it (12 bytes per
-/// transaction, 17 per write, plus keys and values); half the log's batch limit.
+/// Largest write set of one transaction, counted as an upper bound of what the log
+/// encodes: `LOG_TXN_OVERHEAD_MAX` per transaction, `LOG_WRITE_OVERHEAD_MAX` per write,
+/// plus every write's key and value bytes; half the log's batch limit.
 pub const TXN_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// Most bytes the log spends on one transaction besides its writes (log format v2: a ts
+/// delta varint of at most 10 bytes and a write count varint of at most 5). The log crate
+/// checks at compile time that its encoding stays within this.
+pub const LOG_TXN_OVERHEAD_MAX: usize = 15;
+/// Most bytes the log spends on one write besides its key and value bytes (log format v2:
+/// flags 1, table varint 5, rid varint 10, key length varint 3, value length varint 4).
+pub const LOG_WRITE_OVERHEAD_MAX: usize = 23;
 
 /// One write of a committed transaction, as handed to the commit log.
 #[derive(Debug, Clone, Copy)]
 pub struct LoggedWrite<'a> {
     pub table: TableId,
     pub rid: RecordId,
-    pub key: &'a [u8],
+    /// The key, when the record had no value before this transaction (an insert, or a write
+    /// over a tombstone; an insert then delete in one transaction logs a delete with its key).
+    /// `None` for updates and deletes of records present before the transaction: replay addresses them
+    /// by `rid`, and the record's key is already in the checkpoint or in an earlier write.
+    pub key: Option<&'a [u8]>,
     /// `None`: delete.
     pub value: Option<&'a [u8]>,
 }
@@ -190,28 +202,75 @@ impl Database {
         &self,
         table: TableId,
         rid: RecordId,
-        key: &Bytes,
+        key: Option<&Bytes>,
         ts: Ts,
         value: Option<Bytes>,
     ) -> Result<()> {
+        self.recovery_install_with(table, rid, key.map(|k| || k.clone()), ts, value.map(|v| move || v))
+    }
+
+    /// `recovery_install` with the key and value made on demand: `key` is called only if
+    /// the record has no key yet, `value` only if this version is newer than the record's
+    /// (`None` is still a delete). Replay uses it so that the many writes that lose to a
+    /// newer version cost no `Bytes` at all.
+    pub fn recovery_install_with<K, V>(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        key: Option<K>,
+        ts: Ts,
+        value: Option<V>,
+    ) -> Result<()>
+    where
+        K: FnOnce() -> Bytes,
+        V: FnOnce() -> Bytes,
+    {
         let t = self.table(table)?;
+        if rid.0 >= RECORDS_PER_TABLE_MAX {
+            return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
+        }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
-        let _ = rec.key.get_or_init(|| key.clone());
+        if let Some(key) = key {
+            let _ = rec.key.get_or_init(key);
+        }
+        // During recovery a record's version only ever gets newer, so a write that is not
+        // newer than what the record holds now never will be: skip it without taking the
+        // lock (replay meets many such writes, as it goes newest first).
+        if ts.0 <= rec.tid.load(Ordering::Acquire) & TS_MASK {
+            return Ok(());
+        }
         assert!(rec.lock(), "recovered record {table:?}/{rid:?} is unlinked");
         let cur = rec.tid.load(Ordering::Relaxed) & TS_MASK;
         if ts.0 <= cur {
             rec.unlock_unchanged();
             return Ok(());
         }
-        let guard = crossbeam_epoch::pin();
-        let old = rec.head.swap(
-            crossbeam_epoch::Owned::new(crate::record::Version { ts, value, older: crossbeam_epoch::Atomic::null() }),
-            Ordering::AcqRel,
-            &guard,
-        );
-        // SAFETY: recovery runs before any reader exists; the old chain is unreachable.
-        unsafe { free_chain(old, &guard) };
+        let value = value.map(|v| v());
+        // SAFETY: recovery runs before any reader or committer exists, and every installer
+        // takes the record lock (held here) before touching its versions: nothing else can
+        // load, change or free them, so they need no epoch protection and may be changed in
+        // place or freed at once.
+        unsafe {
+            let g = crossbeam_epoch::unprotected();
+            let mut head = rec.head.load(Ordering::Relaxed, g);
+            if head.is_null() {
+                let v = Version { ts, value, older: crossbeam_epoch::Atomic::null() };
+                rec.head.store(crossbeam_epoch::Owned::new(v), Ordering::Release);
+            } else {
+                // Replay installs a record's versions over and over: overwrite the one
+                // version in place rather than allocate a new one and retire the old.
+                let v = head.deref_mut();
+                v.ts = ts;
+                v.value = value;
+                let mut older = v.older.swap(crossbeam_epoch::Shared::null(), Ordering::Relaxed, g);
+                while !older.is_null() {
+                    let next = older.deref().older.load(Ordering::Relaxed, g);
+                    drop(older.into_owned());
+                    older = next;
+                }
+            }
+        }
         rec.tid.store(ts.0, Ordering::Release);
         debug_assert!(rec.tid.load(Ordering::Relaxed) & LOCK_BIT == 0);
         Ok(())
@@ -228,8 +287,15 @@ impl Database {
                 let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
                 let obs = rec.read_latest(&guard);
                 if obs.value.is_some() {
-                    let key = rec.key.get().expect("a recovered record has its key").clone();
-                    t.index.get_or_insert_with(&key, || rid, &guard);
+                    // A present record got its key from the checkpoint or from the logged
+                    // insert; without one the log or checkpoint lost an insert.
+                    let Some(key) = rec.key.get() else {
+                        return Err(Error::Corrupt(format!(
+                            "table {} record {rid} has a value but no key was recovered for it",
+                            t.name
+                        )));
+                    };
+                    t.index.get_or_insert_with(key, || rid, &guard);
                 }
             }
         }

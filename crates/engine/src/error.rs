@@ -23,6 +23,10 @@ pub enum Error {
     TooManyTables(usize),
     #[error("{what} is {len} bytes, over the limit of {max}")]
     TooLarge { what: &'static str, len: usize, max: usize },
+    /// Recovered state is inconsistent (a present record without a key, ...): the log or
+    /// checkpoint it came from is damaged. Recovery stops; nothing is started on it.
+    #[error("recovered state is inconsistent: {0}")]
+    Corrupt(String),
     /// The log could not make commits durable (failed fsync, full disk, ...). The database
     /// refuses writes from then on; restart recovers from what is durable. A commit that
     /// gets this error while waiting has an unknown outcome: it was never acknowledged, but

@@ -55,7 +55,11 @@ impl Table {
 
     /// Makes sure rids below `limit` are never handed out again (recovery).
     pub fn reserve_rids(&self, limit: u64) {
-        self.next_rid.fetch_max(limit, Ordering::AcqRel);
+        // Replay calls this for every write: read first, so the shared counter's cache line
+        // is only written (and bounced between replay threads) when it actually grows.
+        if self.next_rid.load(Ordering::Acquire) < limit {
+            self.next_rid.fetch_max(limit, Ordering::AcqRel);
+        }
     }
 
     /// The record at `rid`, allocating its chunk if needed.

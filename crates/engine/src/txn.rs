@@ -35,7 +35,10 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use crossbeam_epoch::Guard;
 
-use crate::db::{value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, TXN_BYTES_MAX};
+use crate::db::{
+    value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
+    LOG_WRITE_OVERHEAD_MAX, TXN_BYTES_MAX,
+};
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
 use crate::record::{Record, Version, LOCK_BIT, TS_MASK, UNLINKED_BIT};
@@ -52,13 +55,14 @@ struct WriteEntry {
     table: TableId,
     rid: RecordId,
     rec: *const Record,
-    key: Bytes,
     /// `None`: delete.
     value: Option<Bytes>,
     /// The TID the transaction saw; validated under the lock at commit.
     observed_tid: u64,
     /// This transaction put the record into the index (it was not there before).
     created: bool,
+    /// The record had a value before this transaction (so the log need not carry the key).
+    existed: bool,
 }
 
 struct ScanEntry {
@@ -66,6 +70,20 @@ struct ScanEntry {
     lo: Bound<Bytes>,
     hi: Bound<Bytes>,
     fingerprint: Fingerprint,
+}
+
+impl WriteEntry {
+    /// The key the log carries for this write: only when the record had no value before
+    /// this transaction (see `LoggedWrite::key`). Read from the record, which keeps it for
+    /// its whole life, so a write entry holds no key of its own.
+    fn logged_key(&self) -> Option<&[u8]> {
+        if self.existed {
+            return None;
+        }
+        // SAFETY: records outlive the transaction (see TxnScratch).
+        let rec = unsafe { &*self.rec };
+        Some(rec.key.get().expect("an indexed record has its key"))
+    }
 }
 
 /// Order-independent fingerprint of a set of record ids.
@@ -298,8 +316,7 @@ impl<'w> Transaction<'w> {
             self.s.reads.push((rec, obs.tid));
             return out;
         }
-        let key = rec.key.get().expect("an indexed record has its key").clone();
-        self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, key, value, observed_tid: obs.tid, created });
+        self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, value, observed_tid: obs.tid, created, existed });
         Ok(existed)
     }
 
@@ -387,12 +404,17 @@ impl<'w> Transaction<'w> {
             let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
             return Ok(CommitTicket { ts: Ts(read_ts), log });
         }
-        let bytes: usize = 12
+        // An upper bound of the logged size (the key is counted even where it is not logged).
+        let bytes: usize = LOG_TXN_OVERHEAD_MAX
             + self
                 .s
                 .writes
                 .iter()
-                .map(|w| 17 + w.key.len() + w.value.as_ref().map_or(0, |v| 4 + v.len()))
+                .map(|w| {
+                    LOG_WRITE_OVERHEAD_MAX
+                        + w.logged_key().map_or(0, <[u8]>::len)
+                        + w.value.as_ref().map_or(0, |v| v.len())
+                })
                 .sum::<usize>();
         if bytes > TXN_BYTES_MAX {
             return Err(Error::TooLarge { what: "transaction write set", len: bytes, max: TXN_BYTES_MAX });
@@ -436,7 +458,7 @@ impl<'w> Transaction<'w> {
             let mut it = self.s.writes.iter().map(|w| LoggedWrite {
                 table: w.table,
                 rid: w.rid,
-                key: &w.key,
+                key: w.logged_key(),
                 value: w.value.as_deref(),
             });
             log.append(self.worker.id, ts, &mut it);
@@ -516,7 +538,10 @@ impl<'w> Transaction<'w> {
         for w in self.s.writes.iter().filter(|w| w.created) {
             let t = self.worker.db.table(w.table).expect("table of a write exists");
             // SAFETY: as above.
-            unlink_if(t, unsafe { &*w.rec }, &w.key, w.rid, 0);
+            let rec = unsafe { &*w.rec };
+            if let Some(key) = rec.key.get() {
+                unlink_if(t, rec, key, w.rid, 0);
+            }
         }
     }
 

@@ -369,8 +369,10 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
         if vts > ts {
             return Err(bad(p, "row version is newer than the checkpoint"));
         }
+        // Checkpoint rows are whole records: they always carry the key.
         let key = b.slice(kstart..kstart + klen);
-        db.recovery_install(table, rid, &key, vts, Some(b.slice(vstart..vstart + vlen))).map_err(LogError::Engine)?;
+        db.recovery_install(table, rid, Some(&key), vts, Some(b.slice(vstart..vstart + vlen)))
+            .map_err(LogError::Engine)?;
         p = vstart + vlen;
         n += 1;
     }

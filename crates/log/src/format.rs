@@ -25,15 +25,26 @@
 //! * **Compression per batch, not per write.** Writes of one batch are often similar (same
 //!   tables, neighbouring keys), small values compress poorly alone, and one LZ4 call per
 //!   group commit is cheap. The raw length is stored in the header, so decompression needs
-//!   exactly one allocation. When LZ4 does not shrink the payload it is stored raw.
-//! * **Zero-copy decode.** Decoded keys and values are `Bytes` slices of the (decompressed)
-//!   payload, which is itself a slice of the file buffer when uncompressed: recovery of an
-//!   uncompressed segment performs no per-write copies, only reference-count increments.
+//!   at most one allocation (none into a reused buffer). When LZ4 does not shrink the
+//!   payload it is stored raw.
+//! * **Check once, keep the stored bytes, walk without allocating.** `decode_batch` checks
+//!   a batch completely (decompressing into a reusable scratch buffer), and the `Batch` it
+//!   returns keeps only the header and the *stored* bytes (a slice of the file buffer).
+//!   Reading it again (`Batch::payload_in`) decompresses into the caller's scratch buffer
+//!   and walks the payload as borrowed views (`TxnView`, `WriteView`), allocating nothing.
+//!   Recovery thus never holds every decompressed payload at once (fresh memory that would
+//!   have to be page-faulted in) and only copies out the keys and values it keeps; for an
+//!   uncompressed batch `Payload::bytes` even hands those out as zero-copy slices.
 //! * **Encode appends into reusable buffers.** `BatchBuilder` keeps its payload `Vec`
 //!   across batches, and `finish_into` compresses straight into the caller's output `Vec`,
 //!   so the commit path allocates nothing in the steady state.
-//! * **Little endian, fixed widths, no varints.** Parsing is a handful of bounds-checked
-//!   loads; the space varints would save is mostly recovered by LZ4 anyway.
+//! * **Fixed-width headers, varint payload (version 2).** Both headers are fixed-width
+//!   little endian, so they can be found and checked at known offsets. Inside the payload
+//!   every integer is an LEB128 varint, timestamps are deltas, and a write carries its key
+//!   only when the record had no value before it (replay addresses records by record id):
+//!   most table ids, record ids, lengths and ts deltas fit in one to three bytes, which LZ4
+//!   alone did not recover. Varints are canonical (no overlong forms), so an uncompressed
+//!   payload re-encodes to the same bytes.
 //!
 //! Invariants
 //! ----------
@@ -44,8 +55,9 @@
 //!   (a *heartbeat*, which only advances `bound_ts`);
 //! * `bound_ts` is *not* related to `last_ts`: a writer may include transactions whose ts
 //!   is above the bound it can prove;
-//! * the payload is consumed exactly (no trailing bytes), lengths respect the `MAX_*`
-//!   limits, and the decoder refuses oversize lengths before allocating anything;
+//! * the payload is consumed exactly (no trailing bytes), varints are canonical and fit
+//!   their field, lengths respect the `MAX_*` limits and the bytes remaining, and the
+//!   decoder refuses oversize lengths before allocating anything;
 //! * within one segment every batch carries the segment's stream id and epoch
 //!   (checked by `read_segment`, not by `decode_batch`, which does not know the segment).
 //!
@@ -62,7 +74,8 @@
 //! * Cross-batch invariants (ts increasing across batches, `bound_ts` monotone) are stream
 //!   semantics and are left to recovery.
 //! * No attempt to salvage data after a corrupt point, and no backwards compatibility
-//!   machinery beyond the version fields (there is exactly one version).
+//!   machinery beyond the version fields: this build reads and writes version 2 only, and
+//!   reports any other version (e.g. a version-1 file) as `UnsupportedVersion`.
 
 use bytes::Bytes;
 use ditto_engine::{RecordId, TableId, Ts};
@@ -76,8 +89,10 @@ pub struct StreamId(pub u32);
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Epoch(pub u64);
 
-/// The format version written in segment headers (u32) and batch headers (u16).
-pub const LOG_FORMAT_VERSION: u32 = 1;
+/// The format version written in segment headers (u32) and batch headers (u16). The only
+/// version this build reads: version 1 (fixed-width payload) is refused as
+/// `UnsupportedVersion(1)`.
+pub const LOG_FORMAT_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"DITTOLOG";
 pub const BATCH_MAGIC: [u8; 4] = *b"DBAT";
 pub const SEGMENT_HEADER_LEN: usize = 48;
@@ -92,29 +107,64 @@ pub const MAX_RAW_LEN: usize = 256 * 1024 * 1024;
 /// Largest stored (possibly compressed) payload of one batch.
 pub const MAX_STORED_LEN: usize = 256 * 1024 * 1024;
 
-/// Bytes a transaction occupies in a payload before its writes: ts u64, write_count u32.
-pub const TXN_HEADER_LEN: usize = 12;
-/// Smallest encoded write: a delete with an empty key (op, table, rid, key_len).
-const MIN_WRITE_LEN: usize = 1 + 4 + 8 + 4;
+/// Most bytes a transaction occupies in a payload before its writes: ts delta (a u64
+/// varint, at most 10 bytes) and write count (a u32 varint, at most 5).
+pub const TXN_HEADER_MAX_LEN: usize = 10 + 5;
+/// Fewest bytes a transaction occupies: a one-byte ts delta and a one-byte write count.
+const MIN_TXN_LEN: usize = 2;
+/// Most bytes of a write before its key and value: flags, table (u32 varint), rid (u64
+/// varint).
+const WRITE_FIXED_MAX_LEN: usize = 1 + 5 + 10;
+/// Smallest encoded write: a delete without a key (flags, one-byte table, one-byte rid).
+const MIN_WRITE_LEN: usize = 3;
 
 /// Batch header flag: the payload is one LZ4 block.
 const FLAG_COMPRESSED: u8 = 1;
-const OP_PUT: u8 = 0;
-const OP_DELETE: u8 = 1;
+/// Write flags (the first byte of every write): bit 0 set is a delete (no value), clear a
+/// put; bit 1 set means a key follows. Other bits must be zero.
+const WRITE_DELETE: u8 = 1;
+const WRITE_HAS_KEY: u8 = 2;
 
 /// LZ4 cannot expand more than 255 output bytes per input byte (a 0xFF length byte is
 /// worth 255 bytes of match), so a header claiming more is lying: refuse it before
 /// allocating `raw_len` bytes.
 const LZ4_MAX_RATIO: u64 = 255;
 
-/// Bytes one write occupies in an uncompressed payload. Lets callers check a transaction
-/// against `MAX_RAW_LEN` before handing it to `BatchBuilder::push_txn`.
-pub const fn write_encoded_len(key_len: usize, value_len: Option<usize>) -> usize {
-    match value_len {
-        Some(v) => MIN_WRITE_LEN + key_len + 4 + v,
-        None => MIN_WRITE_LEN + key_len,
-    }
+/// Bytes LEB128 needs for `x`: 7 bits per byte, at least one byte.
+pub const fn varint_len(x: u64) -> usize {
+    let bits = 64 - (x | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
 }
+
+/// An upper bound of the bytes one write occupies in an uncompressed payload (exact but for
+/// the table and rid varints, counted at their widest). `key_len` is `None` for a write
+/// without a key, `value_len` `None` for a delete. Lets callers check a transaction against
+/// `MAX_RAW_LEN` before handing it to `BatchBuilder::push_txn`: a transaction needs at most
+/// `TXN_HEADER_MAX_LEN` plus the sum of this over its writes.
+pub const fn write_encoded_len(key_len: Option<usize>, value_len: Option<usize>) -> usize {
+    let key = match key_len {
+        Some(k) => varint_len(k as u64) + k,
+        None => 0,
+    };
+    let value = match value_len {
+        Some(v) => varint_len(v as u64) + v,
+        None => 0,
+    };
+    WRITE_FIXED_MAX_LEN + key + value
+}
+
+// The engine refuses transactions whose log size it estimates over `TXN_BYTES_MAX` with
+// per-transaction and per-write overheads of its own; they must bound this encoding's.
+const _: () = {
+    use ditto_engine::{KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX, LOG_WRITE_OVERHEAD_MAX, VALUE_LEN_MAX};
+    assert!(KEY_LEN_MAX <= MAX_KEY_LEN && VALUE_LEN_MAX <= MAX_VALUE_LEN);
+    assert!(TXN_HEADER_MAX_LEN <= LOG_TXN_OVERHEAD_MAX);
+    // The widest write the engine can produce, less its key and value bytes.
+    assert!(
+        write_encoded_len(Some(KEY_LEN_MAX), Some(VALUE_LEN_MAX)) - KEY_LEN_MAX - VALUE_LEN_MAX
+            <= LOG_WRITE_OVERHEAD_MAX
+    );
+};
 
 /// Why bytes could not be decoded. Every variant means the bytes themselves are bad (or
 /// missing); see `is_retryable`.
@@ -124,7 +174,7 @@ pub enum FormatError {
     Truncated { needed: usize, available: usize },
     #[error("bad magic")]
     BadMagic,
-    #[error("unsupported format version {0}")]
+    #[error("unsupported log format version {0} (this build reads version {v} only)", v = LOG_FORMAT_VERSION)]
     UnsupportedVersion(u32),
     #[error("unknown flags {0:#04x}")]
     BadFlags(u8),
@@ -366,8 +416,9 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
         if h.first_ts > h.last_ts {
             return Err(FormatError::Malformed("first_ts > last_ts"));
         }
-        // Also bounds what decode_batch pre-allocates for the transaction list.
-        if u64::from(h.txn_count) * TXN_HEADER_LEN as u64 > raw {
+        // Every transaction takes at least MIN_TXN_LEN bytes; this also bounds what
+        // `Batch::records` pre-allocates for the transaction list.
+        if u64::from(h.txn_count) * MIN_TXN_LEN as u64 > raw {
             return Err(FormatError::Malformed("txn_count too large for raw_len"));
         }
     }
@@ -379,6 +430,21 @@ fn check_len(what: &'static str, len: u32, max: usize) -> Result<(), FormatError
         return Err(FormatError::TooLarge { what, len: len.into(), max: max as u64 });
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Varints
+// ---------------------------------------------------------------------------------------
+
+/// Appends `x` as an LEB128 varint: 7 bits per byte, least significant first, the high bit
+/// set on every byte but the last. Always the shortest form.
+#[inline]
+fn put_varint(out: &mut Vec<u8>, mut x: u64) {
+    while x >= 0x80 {
+        out.push(x as u8 | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -427,8 +493,9 @@ impl BatchBuilder {
         self.last_ts
     }
 
-    /// Appends one transaction. `writes` yields (table, rid, key, value); `None` is a
-    /// delete (tombstone).
+    /// Appends one transaction. `writes` yields (table, rid, key, value): `key` is `Some`
+    /// when the write must carry the record's key (the record had no value before it), and
+    /// `value` `None` is a delete (tombstone).
     ///
     /// # Panics
     /// If `ts` is not greater than the previous transaction's, if a key or value exceeds
@@ -438,41 +505,61 @@ impl BatchBuilder {
     /// failed ts check but may hold a partial transaction after a failed size check.
     pub fn push_txn<'a, I>(&mut self, ts: Ts, writes: I)
     where
-        I: ExactSizeIterator<Item = (TableId, RecordId, &'a [u8], Option<&'a [u8]>)>,
+        I: ExactSizeIterator<Item = (TableId, RecordId, Option<&'a [u8]>, Option<&'a [u8]>)>,
     {
-        if let Some(last) = self.last_ts {
-            assert!(ts > last, "log: txn ts {ts:?} not above previous {last:?} in batch");
-        }
+        // The first transaction is encoded relative to the batch's first_ts, i.e. itself.
+        let prev = match self.last_ts {
+            Some(last) => {
+                assert!(ts > last, "log: txn ts {ts:?} not above previous {last:?} in batch");
+                last
+            }
+            None => ts,
+        };
         assert!(self.txn_count < u32::MAX, "log: more than u32::MAX txns in one batch");
+        let claimed = u32::try_from(writes.len()).expect("log: more than u32::MAX writes in one txn");
 
         let p = &mut self.payload;
-        p.reserve(TXN_HEADER_LEN + writes.len().saturating_mul(MIN_WRITE_LEN));
-        p.extend_from_slice(&ts.0.to_le_bytes());
-        // The count is patched in after the loop: `len()` sizes the reservation, but the
-        // count written is the number of writes actually encoded, so an iterator that
-        // misreports its length cannot produce an undecodable batch.
+        p.reserve(TXN_HEADER_MAX_LEN + writes.len().saturating_mul(MIN_WRITE_LEN));
+        put_varint(p, ts.0 - prev.0);
+        // The count is written from `len()` and corrected after the loop if the iterator
+        // yielded a different number of writes, so an iterator that misreports its length
+        // cannot produce an undecodable batch.
         let count_at = p.len();
-        p.extend_from_slice(&[0; 4]);
+        put_varint(p, claimed.into());
         let mut write_count: u32 = 0;
         for (table, rid, key, value) in writes {
-            assert!(key.len() <= MAX_KEY_LEN, "log: key of {} bytes too long", key.len());
-            // One fixed-size record per write, copied in one go, then the variable parts.
-            let mut fixed = [0u8; MIN_WRITE_LEN];
-            fixed[0] = if value.is_some() { OP_PUT } else { OP_DELETE };
-            put(&mut fixed, 1, table.0.to_le_bytes());
-            put(&mut fixed, 5, rid.0.to_le_bytes());
-            put(&mut fixed, 13, (key.len() as u32).to_le_bytes());
-            p.reserve(write_encoded_len(key.len(), value.map(<[u8]>::len)));
-            p.extend_from_slice(&fixed);
-            p.extend_from_slice(key);
+            let mut flags = 0;
+            if let Some(k) = key {
+                assert!(k.len() <= MAX_KEY_LEN, "log: key of {} bytes too long", k.len());
+                flags |= WRITE_HAS_KEY;
+            }
+            match value {
+                Some(v) => assert!(v.len() <= MAX_VALUE_LEN, "log: value of {} bytes too long", v.len()),
+                None => flags |= WRITE_DELETE,
+            }
+            p.reserve(write_encoded_len(key.map(<[u8]>::len), value.map(<[u8]>::len)));
+            p.push(flags);
+            put_varint(p, table.0.into());
+            put_varint(p, rid.0);
+            if let Some(k) = key {
+                put_varint(p, k.len() as u64);
+            }
             if let Some(v) = value {
-                assert!(v.len() <= MAX_VALUE_LEN, "log: value of {} bytes too long", v.len());
-                p.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                put_varint(p, v.len() as u64);
+            }
+            if let Some(k) = key {
+                p.extend_from_slice(k);
+            }
+            if let Some(v) = value {
                 p.extend_from_slice(v);
             }
             write_count = write_count.checked_add(1).expect("log: more than u32::MAX writes in one txn");
         }
-        p[count_at..count_at + 4].copy_from_slice(&write_count.to_le_bytes());
+        if write_count != claimed {
+            let mut count = Vec::with_capacity(5);
+            put_varint(&mut count, write_count.into());
+            p.splice(count_at..count_at + varint_len(claimed.into()), count);
+        }
         assert!(p.len() <= MAX_RAW_LEN, "log: batch payload of {} bytes exceeds MAX_RAW_LEN", p.len());
         self.txn_count += 1;
         self.first_ts.get_or_insert(ts);
@@ -542,59 +629,264 @@ impl BatchBuilder {
 // Decoding
 // ---------------------------------------------------------------------------------------
 
-/// One transaction as read back from the log.
+/// One decoded batch: its header and its stored payload bytes (compressed or not), which
+/// `decode_batch` has checked completely against every rule of docs/log-format.md. Only
+/// `decode_batch` and `read_segment` build one.
+///
+/// Reading the transactions needs the uncompressed payload: `payload_in` decompresses it
+/// into a caller's reusable buffer (nothing allocated, nothing kept), `payload` into a new
+/// shared buffer, and `records` returns owned records whose keys and values share one such
+/// buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub header: BatchHeader,
+    /// Exactly the `stored_len` bytes after the header (a slice of the buffer decoded).
+    stored: Bytes,
+}
+
+/// A batch's uncompressed payload, ready to be walked (`txns`).
+#[derive(Clone, Copy, Debug)]
+pub struct Payload<'a> {
+    header: &'a BatchHeader,
+    bytes: &'a [u8],
+    /// The `Bytes` that `bytes` is a slice of, when there is one (zero-copy `bytes()`).
+    shared: Option<&'a Bytes>,
+}
+
+/// One transaction of a batch, borrowed from the batch's payload.
+#[derive(Clone, Debug)]
+pub struct TxnView<'a> {
+    pub ts: Ts,
+    pub write_count: u32,
+    /// The payload from this transaction's first write on.
+    rest: &'a [u8],
+}
+
+/// One write, borrowed from the batch's payload (see `Payload::bytes` to keep parts).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct WriteView<'a> {
+    pub table: TableId,
+    pub rid: RecordId,
+    /// Present when the record had no value before this write (insert, or write over a
+    /// tombstone); otherwise replay finds the record by `rid`.
+    pub key: Option<&'a [u8]>,
+    /// `None` is a delete (tombstone).
+    pub value: Option<&'a [u8]>,
+}
+
+/// One transaction as read back from the log, owned (see `Batch::records`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxnRecord {
     pub ts: Ts,
     pub writes: Vec<WriteRecord>,
 }
 
-/// One write as read back from the log. `key` and `value` are zero-copy slices of the
-/// batch's (decompressed) payload; holding one keeps that whole payload alive.
+/// One write as read back from the log, owned. `key` and `value` are zero-copy slices of
+/// one buffer holding the batch's uncompressed payload; holding one keeps it all alive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriteRecord {
     pub table: TableId,
     pub rid: RecordId,
-    pub key: Bytes,
+    /// See `WriteView::key`.
+    pub key: Option<Bytes>,
     /// `None` is a delete (tombstone).
     pub value: Option<Bytes>,
 }
 
-/// One decoded batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Batch {
-    pub header: BatchHeader,
-    pub txns: Vec<TxnRecord>,
+/// Why walking a `Batch` cannot fail: `decode_batch` walked the same bytes successfully.
+const VALIDATED: &str = "log: a Batch's payload was checked by decode_batch";
+
+impl Batch {
+    /// The payload bytes as stored (LZ4-compressed when `header.compressed`).
+    pub fn stored(&self) -> &Bytes {
+        &self.stored
+    }
+
+    /// The uncompressed payload, decompressed into `scratch` if the batch is compressed
+    /// (reusing its allocation), else borrowed from the stored bytes. Allocates nothing
+    /// once `scratch` is large enough.
+    pub fn payload_in<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Payload<'a> {
+        if self.header.compressed {
+            let bytes = decompress(&self.stored, self.header.raw_len, scratch).expect(VALIDATED);
+            Payload { header: &self.header, bytes, shared: None }
+        } else {
+            Payload { header: &self.header, bytes: &self.stored, shared: Some(&self.stored) }
+        }
+    }
+
+    /// The uncompressed payload as a `Bytes` of its own (the stored bytes themselves when
+    /// uncompressed, else a new buffer).
+    pub fn payload(&self) -> Bytes {
+        if self.header.compressed {
+            let mut raw = Vec::new();
+            decompress(&self.stored, self.header.raw_len, &mut raw).expect(VALIDATED);
+            Bytes::from(raw)
+        } else {
+            self.stored.clone()
+        }
+    }
+
+    /// The transactions as owned records, sharing one uncompressed payload buffer.
+    pub fn records(&self) -> Vec<TxnRecord> {
+        let payload = self.payload();
+        let view = Payload { header: &self.header, bytes: &payload, shared: Some(&payload) };
+        view.txns()
+            .map(|t| TxnRecord {
+                ts: t.ts,
+                writes: t
+                    .writes()
+                    .map(|w| WriteRecord {
+                        table: w.table,
+                        rid: w.rid,
+                        key: w.key.map(|k| view.bytes(k)),
+                        value: w.value.map(|v| view.bytes(v)),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
 }
 
+impl<'a> Payload<'a> {
+    /// The uncompressed payload bytes.
+    pub fn as_slice(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The `Bytes` the payload is a slice of, if any (an uncompressed batch's stored bytes,
+    /// or the buffer of `Batch::records`); `None` for a payload decompressed into scratch.
+    pub fn shared(&self) -> Option<&'a Bytes> {
+        self.shared
+    }
+
+    /// The transactions, in payload (= ts) order.
+    pub fn txns(&self) -> Txns<'a> {
+        Txns {
+            r: Reader { buf: self.bytes, pos: 0 },
+            prev: None,
+            first_ts: self.header.first_ts,
+            left: self.header.txn_count,
+        }
+    }
+
+    /// `part` (a key or value of one of this payload's writes) as `Bytes`: a zero-copy
+    /// slice when the payload is itself a `Bytes` (an uncompressed batch, or `records`),
+    /// else a copy.
+    ///
+    /// # Panics
+    /// If `part` is not a slice of this payload.
+    pub fn bytes(&self, part: &[u8]) -> Bytes {
+        match self.shared {
+            Some(b) => b.slice_ref(part),
+            None => {
+                let range = self.bytes.as_ptr_range();
+                assert!(
+                    range.start <= part.as_ptr() && part.as_ptr_range().end <= range.end,
+                    "log: Payload::bytes of a slice from elsewhere"
+                );
+                Bytes::copy_from_slice(part)
+            }
+        }
+    }
+}
+
+/// Iterator over a batch's transactions (`Payload::txns`).
+pub struct Txns<'a> {
+    r: Reader<'a>,
+    prev: Option<Ts>,
+    first_ts: Ts,
+    left: u32,
+}
+
+impl<'a> Iterator for Txns<'a> {
+    type Item = TxnView<'a>;
+
+    fn next(&mut self) -> Option<TxnView<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let (t, end) = next_txn(&mut self.r, self.prev, self.first_ts).expect(VALIDATED);
+        self.r.pos = end;
+        self.prev = Some(t.ts);
+        Some(t)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for Txns<'_> {}
+
+impl<'a> TxnView<'a> {
+    /// The transaction's writes, in the order they were logged.
+    pub fn writes(&self) -> Writes<'a> {
+        Writes { r: Reader { buf: self.rest, pos: 0 }, left: self.write_count }
+    }
+}
+
+/// Iterator over one transaction's writes (`TxnView::writes`).
+pub struct Writes<'a> {
+    r: Reader<'a>,
+    left: u32,
+}
+
+impl<'a> Iterator for Writes<'a> {
+    type Item = WriteView<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<WriteView<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        Some(self.r.write().expect(VALIDATED))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for Writes<'_> {}
+
 /// Decodes one whole batch at the start of `buf`: header, payload checksum,
-/// decompression, transactions. Returns the batch and the bytes it occupies
-/// (`BATCH_HEADER_LEN + stored_len`); `buf` may continue beyond it.
+/// decompression, and every transaction and write of the payload. Returns the batch and
+/// the bytes it occupies (`BATCH_HEADER_LEN + stored_len`); `buf` may continue beyond it.
 pub fn decode_batch(buf: &Bytes) -> Result<(Batch, usize), FormatError> {
+    decode_batch_in(buf, &mut Vec::new())
+}
+
+/// `decode_batch`, decompressing (to check the payload) into `scratch`, whose allocation
+/// is reused from one batch to the next.
+pub fn decode_batch_in(buf: &Bytes, scratch: &mut Vec<u8>) -> Result<(Batch, usize), FormatError> {
     let header = decode_batch_header(buf)?;
     let total = header.total_len();
     if buf.len() < total {
         return Err(FormatError::Truncated { needed: total, available: buf.len() });
     }
-    let stored = buf.slice(BATCH_HEADER_LEN..total);
-    let computed = crc32c::crc32c(&stored);
+    let stored = &buf[BATCH_HEADER_LEN..total];
+    let computed = crc32c::crc32c(stored);
     if computed != header.payload_crc {
         return Err(FormatError::PayloadChecksum { stored: header.payload_crc, computed });
     }
-    let payload = if header.compressed {
-        // raw_len was bounded by decode_batch_header, so this allocation is too.
-        let mut raw = vec![0u8; header.raw_len as usize];
-        let n =
-            lz4_flex::block::decompress_into(&stored, &mut raw).map_err(|e| FormatError::Decompress(e.to_string()))?;
-        if n != raw.len() {
-            return Err(FormatError::Malformed("decompressed length differs from raw_len"));
-        }
-        Bytes::from(raw)
-    } else {
-        stored
-    };
-    let txns = parse_payload(&header, &payload)?;
-    Ok((Batch { header, txns }, total))
+    let payload = if header.compressed { decompress(stored, header.raw_len, scratch)? } else { stored };
+    validate_payload(&header, payload)?;
+    Ok((Batch { header, stored: buf.slice(BATCH_HEADER_LEN..total) }, total))
+}
+
+/// Decompresses an LZ4 block that must yield exactly `raw_len` bytes into `scratch`.
+fn decompress<'s>(stored: &[u8], raw_len: u32, scratch: &'s mut Vec<u8>) -> Result<&'s [u8], FormatError> {
+    // raw_len was bounded by decode_batch_header, so this allocation is too. Only the
+    // growth is zeroed: a reused buffer is overwritten, never read before written.
+    let raw_len = raw_len as usize;
+    scratch.resize(raw_len, 0);
+    let n = lz4_flex::block::decompress_into(stored, scratch).map_err(|e| FormatError::Decompress(e.to_string()))?;
+    if n != raw_len {
+        return Err(FormatError::Malformed("decompressed length differs from raw_len"));
+    }
+    Ok(&scratch[..])
 }
 
 /// A cursor over a checksum-verified payload. Running out of bytes here is `Malformed`,
@@ -608,94 +900,140 @@ struct Reader<'a> {
 const SHORT_PAYLOAD: FormatError = FormatError::Malformed("payload ends inside a record");
 
 impl<'a> Reader<'a> {
+    #[inline]
     fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
-    #[inline]
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
-        let a: &[u8; N] = self.buf[self.pos..].first_chunk().ok_or(SHORT_PAYLOAD)?;
-        self.pos += N;
-        Ok(*a)
-    }
+
     #[inline]
     fn u8(&mut self) -> Result<u8, FormatError> {
-        Ok(self.array::<1>()?[0])
+        let b = *self.buf.get(self.pos).ok_or(SHORT_PAYLOAD)?;
+        self.pos += 1;
+        Ok(b)
     }
+
+    /// An LEB128 varint of at most 64 bits, in its shortest form. Refuses a varint that
+    /// runs past the payload, that is overlong (a final byte of zero after the first: the
+    /// same value fits in fewer bytes), or that overflows (a tenth byte above 1, or an
+    /// eleventh byte).
     #[inline]
-    fn u32(&mut self) -> Result<u32, FormatError> {
-        self.array().map(u32::from_le_bytes)
+    fn varint(&mut self) -> Result<u64, FormatError> {
+        let b = self.u8()?;
+        if b < 0x80 {
+            return Ok(b.into());
+        }
+        let mut x = u64::from(b & 0x7F);
+        let mut shift = 7;
+        loop {
+            let b = self.u8()?;
+            if shift == 63 && b > 1 {
+                return Err(FormatError::Malformed("varint overflows 64 bits"));
+            }
+            x |= u64::from(b & 0x7F) << shift;
+            if b < 0x80 {
+                if b == 0 {
+                    return Err(FormatError::Malformed("overlong varint"));
+                }
+                return Ok(x);
+            }
+            shift += 7;
+        }
     }
+
     #[inline]
-    fn u64(&mut self) -> Result<u64, FormatError> {
-        self.array().map(u64::from_le_bytes)
+    fn varint_u32(&mut self) -> Result<u32, FormatError> {
+        u32::try_from(self.varint()?).map_err(|_| FormatError::Malformed("varint overflows 32 bits"))
     }
-    /// Skips `len` bytes, returning their range.
+
+    /// A varint length, checked against `max` (`TooLarge`) and the bytes left (`Malformed`).
     #[inline]
-    fn skip(&mut self, len: usize) -> Result<std::ops::Range<usize>, FormatError> {
-        if self.remaining() < len {
+    fn len(&mut self, what: &'static str, max: usize) -> Result<usize, FormatError> {
+        let len = self.varint()?;
+        if len > max as u64 {
+            return Err(FormatError::TooLarge { what, len, max: max as u64 });
+        }
+        let len = len as usize;
+        if len > self.remaining() {
             return Err(SHORT_PAYLOAD);
         }
-        let start = self.pos;
+        Ok(len)
+    }
+
+    /// The next `len` bytes (checked by the caller to be present).
+    #[inline]
+    fn take(&mut self, len: usize) -> Result<&'a [u8], FormatError> {
+        let s = self.buf.get(self.pos..self.pos + len).ok_or(SHORT_PAYLOAD)?;
         self.pos += len;
-        Ok(start..self.pos)
+        Ok(s)
+    }
+
+    /// One write: flags, table, rid, key_len if keyed, value_len if a put, key, value.
+    #[inline]
+    fn write(&mut self) -> Result<WriteView<'a>, FormatError> {
+        let flags = self.u8()?;
+        if flags & !(WRITE_DELETE | WRITE_HAS_KEY) != 0 {
+            return Err(FormatError::Malformed("unknown write flags"));
+        }
+        let table = TableId(self.varint_u32()?);
+        let rid = RecordId(self.varint()?);
+        let key_len = if flags & WRITE_HAS_KEY != 0 { Some(self.len("key_len", MAX_KEY_LEN)?) } else { None };
+        let value_len = if flags & WRITE_DELETE == 0 { Some(self.len("value_len", MAX_VALUE_LEN)?) } else { None };
+        let key = match key_len {
+            Some(n) => Some(self.take(n)?),
+            None => None,
+        };
+        let value = match value_len {
+            Some(n) => Some(self.take(n)?),
+            None => None,
+        };
+        Ok(WriteView { table, rid, key, value })
     }
 }
 
-fn parse_payload(header: &BatchHeader, payload: &Bytes) -> Result<Vec<TxnRecord>, FormatError> {
+/// Reads the header of the transaction at `r`'s position (ts delta, write count) and walks
+/// its writes. Returns the transaction and the position after it; `r` is left at the
+/// first write. `prev` is the previous transaction's ts (`None` for the first, whose delta
+/// is from `first_ts` and must be 0).
+fn next_txn<'a>(r: &mut Reader<'a>, prev: Option<Ts>, first_ts: Ts) -> Result<(TxnView<'a>, usize), FormatError> {
+    let delta = r.varint()?;
+    let ts = match prev {
+        None if delta != 0 => return Err(FormatError::Malformed("first txn ts differs from first_ts")),
+        None => first_ts,
+        Some(_) if delta == 0 => return Err(FormatError::Malformed("txn ts not strictly increasing")),
+        Some(p) => Ts(p.0.checked_add(delta).ok_or(FormatError::Malformed("txn ts overflows"))?),
+    };
+    let write_count = r.varint_u32()?;
+    // Refuse early: each write needs at least MIN_WRITE_LEN bytes.
+    if write_count as usize > r.remaining() / MIN_WRITE_LEN {
+        return Err(FormatError::Malformed("write_count too large for payload"));
+    }
+    let rest = &r.buf[r.pos..];
+    let mut walk = Reader { buf: r.buf, pos: r.pos };
+    for _ in 0..write_count {
+        walk.write()?;
+    }
+    Ok((TxnView { ts, write_count, rest }, walk.pos))
+}
+
+/// Checks a whole payload against its header: exactly `txn_count` well-formed
+/// transactions with strictly increasing ts from `first_ts` to `last_ts`, and nothing after
+/// them. After this, walking the payload (`Payload::txns`) cannot fail.
+fn validate_payload(header: &BatchHeader, payload: &[u8]) -> Result<(), FormatError> {
     let mut r = Reader { buf: payload, pos: 0 };
-    // Bounded by raw_len / TXN_HEADER_LEN (checked in decode_batch_header).
-    let mut txns = Vec::with_capacity(header.txn_count as usize);
     let mut prev: Option<Ts> = None;
     for _ in 0..header.txn_count {
-        let ts = Ts(r.u64()?);
-        if prev.is_some_and(|p| ts <= p) {
-            return Err(FormatError::Malformed("txn ts not strictly increasing"));
-        }
-        prev = Some(ts);
-        let write_count = r.u32()? as usize;
-        // Refuse before allocating: each write needs at least MIN_WRITE_LEN bytes.
-        if write_count > r.remaining() / MIN_WRITE_LEN {
-            return Err(FormatError::Malformed("write_count too large for payload"));
-        }
-        let mut writes = Vec::with_capacity(write_count);
-        for _ in 0..write_count {
-            let op = r.u8()?;
-            let table = TableId(r.u32()?);
-            let rid = RecordId(r.u64()?);
-            let key_len = r.u32()?;
-            if key_len as usize > MAX_KEY_LEN {
-                return Err(too_large("key_len", key_len, MAX_KEY_LEN));
-            }
-            let key = payload.slice(r.skip(key_len as usize)?);
-            let value = match op {
-                OP_PUT => {
-                    let value_len = r.u32()?;
-                    if value_len as usize > MAX_VALUE_LEN {
-                        return Err(too_large("value_len", value_len, MAX_VALUE_LEN));
-                    }
-                    Some(payload.slice(r.skip(value_len as usize)?))
-                }
-                OP_DELETE => None,
-                _ => return Err(FormatError::Malformed("unknown write op")),
-            };
-            writes.push(WriteRecord { table, rid, key, value });
-        }
-        txns.push(TxnRecord { ts, writes });
+        let (t, end) = next_txn(&mut r, prev, header.first_ts)?;
+        r.pos = end;
+        prev = Some(t.ts);
     }
     if r.remaining() != 0 {
         return Err(FormatError::Malformed("trailing bytes after last txn"));
     }
     // For an empty batch the header check already required first_ts == last_ts == 0.
-    if let (Some(first), Some(last)) = (txns.first(), txns.last()) {
-        if first.ts != header.first_ts || last.ts != header.last_ts {
-            return Err(FormatError::Malformed("first_ts/last_ts do not match the txns"));
-        }
+    if prev.is_some_and(|last| last != header.last_ts) {
+        return Err(FormatError::Malformed("last txn ts differs from last_ts"));
     }
-    Ok(txns)
-}
-
-fn too_large(what: &'static str, len: u32, max: usize) -> FormatError {
-    FormatError::TooLarge { what, len: len.into(), max: max as u64 }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -742,13 +1080,14 @@ pub enum SegmentEnd {
 pub fn read_segment(file: &Bytes) -> Result<SegmentScan, FormatError> {
     let header = SegmentHeader::decode(file)?;
     let mut batches = Vec::new();
+    let mut scratch = Vec::new();
     let mut off = SEGMENT_HEADER_LEN;
     let end = loop {
         if off == file.len() {
             break SegmentEnd::Clean;
         }
         let rest = file.slice(off..);
-        let reason = match decode_batch(&rest).and_then(|b| belongs(&header, b)) {
+        let reason = match decode_batch_in(&rest, &mut scratch).and_then(|b| belongs(&header, b)) {
             Ok((batch, used)) => {
                 batches.push((off as u64, batch));
                 off += used;

@@ -13,8 +13,9 @@
 //! - `checkpoint`: online, parallel, transaction-consistent checkpoints.
 //! - `recovery`: newest complete checkpoint + parallel replay up to the recomputed watermark.
 //!
-//! Redo only: batches carry after-images (table, record id, key, value or tombstone), so
-//! replay never needs undo and never needs the index to apply an update.
+//! Redo only: batches carry after-images (table, record id, value or tombstone, and the key
+//! when the write gives the record a value it did not have), so replay never needs undo and
+//! never needs the index to apply an update.
 
 pub mod catalog;
 pub mod checkpoint;
@@ -49,6 +50,11 @@ pub enum LogError {
     /// rather than silently drop data; a person has to look at the file.
     #[error("corrupt {file} at offset {offset}: {what}")]
     Corrupt { file: PathBuf, offset: u64, what: String },
+    /// A log file written in a format version this build does not read (e.g. version 1,
+    /// written before the varint payload). Not corruption: the file is intact, but must be
+    /// recovered by a build that reads its version (or the data reloaded).
+    #[error("{file}: log format version {version} is not supported (this build reads version {supported} only)")]
+    UnsupportedVersion { file: PathBuf, version: u32, supported: u32 },
     #[error("data directory {0} is in use by another process")]
     InUse(PathBuf),
     #[error(transparent)]

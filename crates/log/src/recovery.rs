@@ -4,27 +4,42 @@
 //!  1. CATALOG                 -> tables
 //!  2. newest complete checkpoint (MANIFEST present) at ts C -> loaded in parallel
 //!  3. every segment of every stream (epoch >= the manifest's log_epoch_min), read and
-//!     checked in parallel, one thread per stream:
+//!     checked in parallel (one segment per task, largest first, on as many threads as
+//!     cores), then each stream checked as a whole:
 //!       - a torn tail in a stream's LAST segment is truncated away (it was never durable,
-//!         so it held nothing acknowledged);
-//!       - any other damage stops recovery with the file and offset.
+//!         so it held nothing acknowledged), once the whole log has checked out;
+//!       - any other damage stops recovery with the file and offset, changing nothing.
 //!  4. cut = min over streams of max(C, highest bound_ts the stream made durable)
 //!     (the durable watermark the primary had, recomputed from the disk: Rolis 3.3)
-//!  5. replay, one thread per stream, every transaction with C < ts <= cut; a version is
-//!     installed only if newer than what the record holds, so streams need no ordering
-//!     among themselves. Transactions above the cut were never acknowledged and are dropped
-//!     (their streams may hold them, others may not: keeping them would break the prefix).
+//!  5. replay every transaction with C < ts <= cut; a version is installed only if newer
+//!     than what the record holds, so streams need no ordering among themselves, and
+//!     batches of all streams are shared out to as many threads as cores, newest first
+//!     (once a frequently updated record holds its newest version, every older write to it
+//!     is a timestamp comparison, not a version installed). Transactions above the cut
+//!     were never acknowledged and are dropped (their streams may hold them, others may
+//!     not: keeping them would break the prefix).
+//!     Writes carry a record's key only when they bring it a value it did not have (insert,
+//!     or write over a tombstone); any write that brings a key sets it, whatever the order,
+//!     so an update replayed before the insert that names its key is fine, and a record
+//!     left with a value but no key means the log lost its insert (step 6 refuses it).
 //!  6. indexes rebuilt from the live records; clock moved past everything recovered.
+//!
+//! Memory: the segment files are held as read (compressed) until replay ends; batches are
+//! decompressed into one reused buffer per thread, and the keys and values replay keeps
+//! are copied into shared 1 MiB chunks (`Arena`), or sliced without a copy from an
+//! uncompressed segment.
 //! ```
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use ditto_engine::{Database, Ts};
 
-use crate::format::{read_segment, Batch, Epoch, SegmentEnd};
+use crate::format::{read_segment, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION};
 use crate::LogError;
 
 #[derive(Debug, Clone, Default)]
@@ -107,44 +122,61 @@ pub(crate) fn list_segments(data: &Path) -> Result<Vec<SegmentFile>, LogError> {
     Ok(out)
 }
 
-struct StreamLog {
-    batches: Vec<Batch>,
-    bound: Ts,
-    bytes: u64,
-    torn: Option<(PathBuf, u64)>,
-}
-
-fn read_stream(files: &[&SegmentFile]) -> Result<StreamLog, LogError> {
-    let mut out = StreamLog { batches: Vec::new(), bound: Ts::ZERO, bytes: 0, torn: None };
-    let mut last_ts = Ts::ZERO;
-    for (i, f) in files.iter().enumerate() {
-        let is_last = i + 1 == files.len();
-        let raw = std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?;
-        let raw = Bytes::from(raw);
-        let scan = read_segment(&raw).map_err(|e| LogError::Corrupt {
+/// One segment file, read and checked on its own (`read_segment`), plus its length.
+fn read_one(f: &SegmentFile) -> Result<(SegmentScan, u64), LogError> {
+    let raw = Bytes::from(std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?);
+    let scan = read_segment(&raw).map_err(|e| match e {
+        FormatError::UnsupportedVersion(version) => {
+            LogError::UnsupportedVersion { file: f.path.clone(), version, supported: LOG_FORMAT_VERSION }
+        }
+        e => LogError::Corrupt { file: f.path.clone(), offset: 0, what: format!("segment header: {e}") },
+    })?;
+    if scan.header.stream.0 != f.stream || scan.header.epoch != f.epoch || scan.header.seq != f.seq {
+        return Err(LogError::Corrupt {
             file: f.path.clone(),
             offset: 0,
-            what: format!("segment header: {e}"),
-        })?;
-        if scan.header.stream.0 != f.stream || scan.header.epoch != f.epoch || scan.header.seq != f.seq {
-            return Err(LogError::Corrupt {
-                file: f.path.clone(),
-                offset: 0,
-                what: "segment header does not match its file name".into(),
-            });
-        }
+            what: "segment header does not match its file name".into(),
+        });
+    }
+    Ok((scan, raw.len() as u64))
+}
+
+/// What one stream's segments hold, checked as a stream.
+struct StreamLog<'s> {
+    /// The batches holding transactions above the checkpoint.
+    batches: Vec<Batch>,
+    /// The highest `bound_ts` the stream made durable.
+    bound: Ts,
+    bytes: u64,
+    /// A torn tail of the stream's last segment: the file and the length to truncate to.
+    torn: Option<(&'s Path, u64)>,
+}
+
+/// Checks one stream's segments (`scans`, in stream order, as read by `read_one`) as a
+/// stream: only the last segment may end torn, batches carry the stream's id and epoch,
+/// and timestamps increase across batches. Keeps the batches with transactions above
+/// `ckpt_ts`.
+fn check_stream<'s>(
+    files: &[&'s SegmentFile],
+    scans: Vec<Result<(SegmentScan, u64), LogError>>,
+    ckpt_ts: Ts,
+) -> Result<StreamLog<'s>, LogError> {
+    let mut out = StreamLog { batches: Vec::new(), bound: Ts::ZERO, bytes: 0, torn: None };
+    let mut last_ts = Ts::ZERO;
+    for (i, (f, scan)) in files.iter().zip(scans).enumerate() {
+        let (scan, len) = scan?;
+        let is_last = i + 1 == files.len();
         match scan.end {
             SegmentEnd::Clean => {}
             SegmentEnd::Torn { offset, reason } if is_last => {
                 tracing::warn!("{}: torn tail at offset {offset} ({reason}); truncating", f.path.display());
-                truncate(&f.path, offset)?;
-                out.torn = Some((f.path.clone(), offset));
+                out.torn = Some((&f.path, offset));
             }
             SegmentEnd::Torn { offset, reason } | SegmentEnd::Corrupt { offset, reason } => {
                 return Err(LogError::Corrupt { file: f.path.clone(), offset, what: reason.to_string() });
             }
         }
-        out.bytes += raw.len() as u64;
+        out.bytes += len;
         for (offset, b) in scan.batches {
             let h = &b.header;
             if h.stream.0 != f.stream || h.epoch != f.epoch {
@@ -165,7 +197,9 @@ fn read_stream(files: &[&SegmentFile]) -> Result<StreamLog, LogError> {
                 last_ts = h.last_ts;
             }
             out.bound = out.bound.max(h.bound_ts);
-            out.batches.push(b);
+            if h.txn_count > 0 && h.last_ts > ckpt_ts {
+                out.batches.push(b);
+            }
         }
     }
     Ok(out)
@@ -175,6 +209,56 @@ fn truncate(path: &Path, len: u64) -> Result<(), LogError> {
     let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| LogError::io(path, e))?;
     f.set_len(len).map_err(|e| LogError::io(path, e))?;
     f.sync_all().map_err(|e| LogError::io(path, e))
+}
+
+/// Runs `f` on every item on up to `threads` threads, which take the items in order from a
+/// shared counter; returns the results in item order.
+fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let threads = threads.clamp(1, items.len().max(1));
+    let mut out: Vec<(usize, R)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { return done };
+                        done.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().expect("recovery thread panicked")).collect()
+    });
+    out.sort_unstable_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Where replay copies the keys and values it keeps out of a decompressed payload (which
+/// lives in a scratch buffer reused batch after batch): packed into shared chunks, so that
+/// a kept value costs a copy and a reference count, not an allocation of its own. A chunk
+/// is freed once nothing refers to any of its values.
+#[derive(Default)]
+struct Arena {
+    chunk: BytesMut,
+}
+
+impl Arena {
+    const CHUNK: usize = 1 << 20;
+
+    fn copy(&mut self, part: &[u8]) -> Bytes {
+        if self.chunk.capacity() - self.chunk.len() < part.len() {
+            self.chunk = BytesMut::with_capacity(Self::CHUNK.max(part.len()));
+        }
+        self.chunk.extend_from_slice(part);
+        self.chunk.split().freeze()
+    }
+}
+
+/// Threads for reading and replaying the log.
+fn recovery_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Steps 3-5 above: reads the log of epochs >= `epoch_min` and replays it after `ckpt_ts`.
@@ -204,15 +288,39 @@ pub(crate) fn replay_log(
     }
     report.streams = by_stream.len();
     report.segments = live.len();
-    // Read and check every stream in parallel.
-    let logs: Vec<StreamLog> = std::thread::scope(|sc| {
-        let hs: Vec<_> = by_stream.values().map(|files| sc.spawn(move || read_stream(files))).collect();
-        hs.into_iter().map(|h| h.join().expect("log reader panicked")).collect::<Result<Vec<_>, _>>()
-    })?;
+    let threads = recovery_threads();
+
+    // Read and check every segment in parallel, largest first (segment files are read
+    // whole; the longest one bounds the phase), then every stream as a whole.
+    let mut order: Vec<usize> = (0..live.len()).collect();
+    let sizes: Vec<u64> = live.iter().map(|s| std::fs::metadata(&s.path).map_or(0, |m| m.len())).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+    let mut scans: Vec<Option<Result<(SegmentScan, u64), LogError>>> = {
+        let read = parallel_map(&order, threads, |&i| read_one(live[i]));
+        let mut by_index: Vec<_> = (0..live.len()).map(|_| None).collect();
+        for (i, r) in order.iter().zip(read) {
+            by_index[*i] = Some(r);
+        }
+        by_index
+    };
+    let mut logs = Vec::with_capacity(by_stream.len());
+    let mut first = 0;
+    for files in by_stream.values() {
+        // `live` is sorted by (stream, epoch, seq), so each stream's files are contiguous.
+        let mine = scans[first..first + files.len()].iter_mut().map(|s| s.take().expect("each scan taken once"));
+        logs.push(check_stream(files, mine.collect(), ckpt_ts)?);
+        first += files.len();
+    }
+    // Only once the whole log checked out: cut torn tails away (they were never durable, so
+    // they held nothing acknowledged).
+    for (path, len) in logs.iter().filter_map(|l| l.torn) {
+        truncate(path, len)?;
+    }
+
     let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts);
     report.cut_ts = cut;
     report.log_bytes = logs.iter().map(|l| l.bytes).sum();
-    report.torn_tails_truncated = logs.iter().filter_map(|l| l.torn.clone()).collect();
+    report.torn_tails_truncated = logs.iter().filter_map(|l| l.torn.map(|(p, len)| (p.to_path_buf(), len))).collect();
     if progress && report.segments > 0 {
         eprintln!(
             "recovery: {} stream(s), {} segment(s), {:.1} MB of log; replaying ({}, {}]",
@@ -223,37 +331,60 @@ pub(crate) fn replay_log(
             cut.0
         );
     }
-    // Replay every stream in parallel; newest version wins per record.
-    let counts: Vec<(u64, u64)> = std::thread::scope(|sc| {
-        let hs: Vec<_> = logs
-            .iter()
-            .map(|l| {
-                sc.spawn(move || -> Result<(u64, u64), LogError> {
-                    let (mut replayed, mut dropped) = (0, 0);
-                    for b in &l.batches {
-                        for t in &b.txns {
-                            if t.ts <= ckpt_ts {
-                                continue;
-                            }
+
+    // Replay. A version is installed only if newer than the record's, so batches can go in
+    // any order on any thread: all streams' batches together, newest first, shared out
+    // batch by batch, and within a batch newest transaction first. A frequently written
+    // record then gets its newest version early, and its older writes cost one timestamp
+    // comparison each.
+    let mut batches: Vec<&Batch> = logs.iter().flat_map(|l| &l.batches).collect();
+    batches.sort_unstable_by_key(|b| std::cmp::Reverse(b.header.last_ts));
+    let replayed = AtomicU64::new(0);
+    let dropped = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads.min(batches.len()).max(1))
+            .map(|_| {
+                sc.spawn(|| -> Result<(), LogError> {
+                    let mut scratch = Vec::new();
+                    let arena = RefCell::new(Arena::default());
+                    let (mut n_replayed, mut n_dropped) = (0, 0);
+                    while let Some(b) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if b.header.first_ts > cut {
+                            n_dropped += u64::from(b.header.txn_count);
+                            continue;
+                        }
+                        let p = b.payload_in(&mut scratch);
+                        // Keys and values that are kept: zero-copy slices of an uncompressed
+                        // batch, else copies packed into the arena (the payload is scratch).
+                        let keep = |part: &[u8]| match p.shared() {
+                            Some(_) => p.bytes(part),
+                            None => arena.borrow_mut().copy(part),
+                        };
+                        let txns: Vec<_> = p.txns().filter(|t| t.ts > ckpt_ts).collect();
+                        for t in txns.iter().rev() {
                             if t.ts > cut {
-                                dropped += 1;
+                                n_dropped += 1;
                                 continue;
                             }
-                            for w in &t.writes {
-                                db.recovery_install(w.table, w.rid, &w.key, t.ts, w.value.clone())
-                                    .map_err(LogError::Engine)?;
+                            for w in t.writes() {
+                                let key = w.key.map(|k| move || keep(k));
+                                let value = w.value.map(|v| move || keep(v));
+                                db.recovery_install_with(w.table, w.rid, key, t.ts, value).map_err(LogError::Engine)?;
                             }
-                            replayed += 1;
+                            n_replayed += 1;
                         }
                     }
-                    Ok((replayed, dropped))
+                    replayed.fetch_add(n_replayed, Ordering::Relaxed);
+                    dropped.fetch_add(n_dropped, Ordering::Relaxed);
+                    Ok(())
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("replayer panicked")).collect::<Result<Vec<_>, _>>()
+        hs.into_iter().try_for_each(|h| h.join().expect("replayer panicked"))
     })?;
-    report.log_txns_replayed = counts.iter().map(|c| c.0).sum();
-    report.log_txns_dropped_above_cut = counts.iter().map(|c| c.1).sum();
+    report.log_txns_replayed = replayed.into_inner();
+    report.log_txns_dropped_above_cut = dropped.into_inner();
     report.max_epoch = segments.iter().map(|s| s.epoch.0).max().unwrap_or(0);
     report.log_seconds = t0.elapsed().as_secs_f64();
     Ok(cut)

@@ -333,3 +333,222 @@ fn recovery_works_with_a_different_worker_count() {
     let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 310);
 }
+
+// ---------------------------------------------------------------------------------------
+// Optional keys (log format v2): a write carries the record's key only when it brings the
+// record a value it did not have; replay must still end with every present record keyed.
+// ---------------------------------------------------------------------------------------
+
+/// What a process crash would leave of `dir` right now: every file as written so far
+/// (the directory lock aside), copied while the database keeps running.
+fn crash_image(dir: &Path) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy(&e.path(), &target);
+            } else if e.file_name() != "LOCK" {
+                std::fs::copy(e.path(), target).unwrap();
+            }
+        }
+    }
+    let img = tempfile::tempdir().unwrap();
+    copy(dir, img.path());
+    img
+}
+
+/// Every write in the log of `dir`, per stream, as (ts, table, rid, key, value).
+type LoggedWrites = Vec<(u64, u32, u64, Option<Vec<u8>>, Option<Vec<u8>>)>;
+fn logged_writes(dir: &Path) -> std::collections::BTreeMap<u32, LoggedWrites> {
+    let mut out = std::collections::BTreeMap::<u32, LoggedWrites>::new();
+    for seg in segments(dir) {
+        let scan = ditto_log::format::read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
+        let mine = out.entry(scan.header.stream.0).or_default();
+        for (_, b) in &scan.batches {
+            for t in b.records() {
+                for w in t.writes {
+                    let (k, v) = (w.key.map(|k| k.to_vec()), w.value.map(|v| v.to_vec()));
+                    mine.push((t.ts.0, w.table.0, w.rid.0, k, v));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn updates_in_another_stream_than_the_insert_recover_key_and_latest_value() {
+    let dir = tempfile::tempdir().unwrap();
+    // A segment per batch, so that the checkpoint deletes the segments it covers.
+    let mut o = opts(2, Durability::EveryBatch);
+    o.log.segment_bytes_max = 1;
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let key = |i: u64| format!("key-{i:03}").into_bytes();
+    let mut w0 = d.db().worker(WorkerId(0)).unwrap();
+    let mut w1 = d.db().worker(WorkerId(1)).unwrap();
+    // Keys 0..20 inserted before a checkpoint (their keys come from it), 20..40 after (their
+    // keys come only from stream 0's log); every key then updated on stream 1 only.
+    for i in 0..40 {
+        if i == 20 {
+            d.checkpoint().unwrap();
+        }
+        w0.run(|x| x.insert(t, &key(i), b"inserted")).unwrap().1.wait().unwrap();
+    }
+    for round in 1..=3u8 {
+        for i in 0..40 {
+            w1.run(|x| x.update(t, &key(i), &[b'u', round])).unwrap().1.wait().unwrap();
+        }
+    }
+    // One more update of key 39 on stream 0 after stream 1's, so both streams hold updates.
+    w0.run(|x| x.update(t, &key(39), b"last")).unwrap().1.wait().unwrap();
+    let img = crash_image(dir.path());
+    drop((w0, w1));
+    d.close();
+
+    // The log is what the test means: the inserts after the checkpoint (with keys) in stream
+    // 0, the earlier ones gone with their segments, keyless updates in stream 1.
+    let logged = logged_writes(img.path());
+    assert!(logged[&0].iter().filter(|w| w.4.as_deref() == Some(b"inserted")).all(|w| w.3.is_some()));
+    assert_eq!(logged[&0].iter().filter(|w| w.4.as_deref() == Some(b"inserted")).count(), 20);
+    assert_eq!(logged[&1].len(), 120);
+    assert!(logged[&1].iter().all(|w| w.3.is_none()), "updates of present records carry no key");
+
+    let d = open(img.path(), opts(2, Durability::EveryBatch)).unwrap();
+    assert!(d.recovery().checkpoint_ts.is_some());
+    let t = d.db().table_id("t").unwrap();
+    assert_eq!(count(&d, t), 40);
+    let r = d.db().read();
+    for i in 0..40 {
+        let want: &[u8] = if i == 39 { b"last" } else { b"u\x03" };
+        assert_eq!(r.get(t, &key(i)).unwrap().as_deref(), Some(want), "key {i}");
+    }
+    // The index was rebuilt with every key: a scan sees them all, in order.
+    let all = r.scan(t, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, ditto_engine::Direction::Forward, 0);
+    let keys: Vec<_> = all.unwrap().into_iter().map(|(k, _)| k.to_vec()).collect();
+    assert_eq!(keys, (0..40).map(key).collect::<Vec<_>>());
+}
+
+#[test]
+fn reinsert_over_a_tombstone_after_a_checkpoint_logs_the_key_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w0 = d.db().worker(WorkerId(0)).unwrap();
+    let mut w1 = d.db().worker(WorkerId(1)).unwrap();
+    w0.run(|x| x.insert(t, b"k", b"v1")).unwrap().1.wait().unwrap();
+    w0.run(|x| x.insert(t, b"other", b"x")).unwrap().1.wait().unwrap();
+    w0.run(|x| x.delete(t, b"k")).unwrap().1.wait().unwrap();
+    // The checkpoint holds no row for k: it is deleted at the checkpoint's snapshot.
+    d.checkpoint().unwrap();
+    // Re-insert from the other stream: the record is still in the index with its
+    // tombstone, so this writes the same rid, which no longer has a value: key logged.
+    w1.run(|x| x.insert(t, b"k", b"v2")).unwrap().1.wait().unwrap();
+    w1.run(|x| x.update(t, b"other", b"y")).unwrap().1.wait().unwrap();
+    let img = crash_image(dir.path());
+    drop((w0, w1));
+    d.close();
+
+    let logged = logged_writes(img.path());
+    let s1 = &logged[&1];
+    assert_eq!(s1.len(), 2, "{s1:?}");
+    assert_eq!((s1[0].3.as_deref(), s1[0].4.as_deref()), (Some(&b"k"[..]), Some(&b"v2"[..])));
+    assert_eq!((s1[1].3.as_deref(), s1[1].4.as_deref()), (None, Some(&b"y"[..])));
+
+    let d = open(img.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    assert_eq!(r.get(t, b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+    assert_eq!(r.get(t, b"other").unwrap().as_deref(), Some(&b"y"[..]));
+    assert_eq!(count(&d, t), 2);
+}
+
+#[test]
+fn delete_and_reinsert_in_other_streams_replay_in_any_order() {
+    // Insert on stream 0, delete on stream 1, re-insert on stream 0, update on stream 1:
+    // replay (newest first, streams in parallel) must end at the last value, keyed.
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w0 = d.db().worker(WorkerId(0)).unwrap();
+    let mut w1 = d.db().worker(WorkerId(1)).unwrap();
+    for i in 0..30u32 {
+        let k = i.to_be_bytes();
+        w0.run(|x| x.insert(t, &k, b"a")).unwrap().1.wait().unwrap();
+        w1.run(|x| x.delete(t, &k).map(|_| ())).unwrap().1.wait().unwrap();
+        w0.run(|x| x.insert(t, &k, b"b")).unwrap().1.wait().unwrap();
+        if i % 2 == 0 {
+            w1.run(|x| x.update(t, &k, b"c")).unwrap().1.wait().unwrap();
+        }
+    }
+    let img = crash_image(dir.path());
+    drop((w0, w1));
+    d.close();
+    let d = open(img.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    for i in 0..30u32 {
+        let want: &[u8] = if i % 2 == 0 { b"c" } else { b"b" };
+        assert_eq!(r.get(t, &i.to_be_bytes()).unwrap().as_deref(), Some(want), "key {i}");
+    }
+    assert_eq!(count(&d, t), 30);
+}
+
+#[test]
+fn a_present_record_whose_insert_is_missing_refuses_to_start() {
+    use ditto_log::format::{read_segment, BatchBuilder};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 5);
+        d.close();
+    }
+    // Rewrite the log with every key dropped: as if the inserts had been lost.
+    for seg in segments(dir.path()) {
+        let scan = read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
+        let mut file = scan.header.encode().to_vec();
+        for (_, b) in &scan.batches {
+            let mut builder = BatchBuilder::new();
+            for t in b.records() {
+                builder.push_txn(t.ts, t.writes.iter().map(|w| (w.table, w.rid, None, w.value.as_deref())));
+            }
+            let h = &b.header;
+            builder.finish_into(h.stream, h.epoch, h.bound_ts, h.compressed, &mut file);
+        }
+        std::fs::write(&seg, file).unwrap();
+    }
+    match open(dir.path(), opts(1, Durability::EveryBatch)) {
+        Err(LogError::Engine(Error::Corrupt(what))) => assert!(what.contains("no key"), "{what}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("recovery must refuse records without keys"),
+    }
+}
+
+#[test]
+fn a_version_1_segment_is_refused_naming_file_and_version() {
+    use ditto_log::format::{SegmentHeader, StreamId};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("log")).unwrap();
+    let seg = dir.path().join("log").join("stream-0000-e0000000001-s0000000001.seg");
+    // A version-1 segment header: the v2 layout of the header is unchanged but for the
+    // version field (and so the checksum).
+    let mut h = SegmentHeader { stream: StreamId(0), epoch: ditto_log::Epoch(1), seq: 1 }.encode();
+    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..44]);
+    h[44..48].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&seg, h).unwrap();
+    match open(dir.path(), opts(1, Durability::EveryBatch)) {
+        Err(e @ LogError::UnsupportedVersion { .. }) => {
+            let LogError::UnsupportedVersion { ref file, version, supported } = e else { unreachable!() };
+            assert_eq!((file, version, supported), (&seg, 1, 2));
+            let msg = e.to_string();
+            assert!(msg.contains(&seg.display().to_string()) && msg.contains("version 1"), "{msg}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a version-1 log must not be read as version 2"),
+    }
+    assert_eq!(std::fs::read(&seg).unwrap(), h, "refused without touching the file");
+}

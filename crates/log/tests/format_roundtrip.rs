@@ -18,7 +18,7 @@ const EPOCH: Epoch = Epoch(3);
 struct W {
     table: u32,
     rid: u64,
-    key: Vec<u8>,
+    key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
 }
 
@@ -32,12 +32,28 @@ fn push_all(b: &mut BatchBuilder, txns: &[T]) {
     for t in txns {
         b.push_txn(
             Ts(t.ts),
-            t.writes.iter().map(|w| (TableId(w.table), RecordId(w.rid), &w.key[..], w.value.as_deref())),
+            t.writes.iter().map(|w| (TableId(w.table), RecordId(w.rid), w.key.as_deref(), w.value.as_deref())),
         );
     }
 }
 
-fn assert_same_txns(decoded: &[TxnRecord], expected: &[T]) {
+/// Checks a decoded batch against what was encoded, through both ways of reading it: the
+/// borrowed views (`payload_in`) and the owned records.
+fn assert_same_txns(batch: &Batch, expected: &[T]) {
+    let mut scratch = Vec::new();
+    let p = batch.payload_in(&mut scratch);
+    assert_eq!(p.txns().len(), expected.len(), "txn count");
+    for (d, e) in p.txns().zip(expected) {
+        assert_eq!(d.ts, Ts(e.ts));
+        assert_eq!(d.writes().len(), e.writes.len(), "write count of txn {}", e.ts);
+        for (dw, ew) in d.writes().zip(&e.writes) {
+            assert_eq!(dw.table, TableId(ew.table));
+            assert_eq!(dw.rid, RecordId(ew.rid));
+            assert_eq!(dw.key, ew.key.as_deref());
+            assert_eq!(dw.value, ew.value.as_deref());
+        }
+    }
+    let decoded = batch.records();
     assert_eq!(decoded.len(), expected.len(), "txn count");
     for (d, e) in decoded.iter().zip(expected) {
         assert_eq!(d.ts, Ts(e.ts));
@@ -45,7 +61,7 @@ fn assert_same_txns(decoded: &[TxnRecord], expected: &[T]) {
         for (dw, ew) in d.writes.iter().zip(&e.writes) {
             assert_eq!(dw.table, TableId(ew.table));
             assert_eq!(dw.rid, RecordId(ew.rid));
-            assert_eq!(&dw.key[..], &ew.key[..]);
+            assert_eq!(dw.key.as_deref(), ew.key.as_deref());
             assert_eq!(dw.value.as_deref(), ew.value.as_deref());
         }
     }
@@ -78,7 +94,8 @@ fn build_segment(batches: &[Vec<T>], compress: &[bool]) -> (Vec<u8>, Vec<u64>) {
 }
 
 /// Deterministic data for the damage tests: `n` txns starting at `ts0`, mixing puts,
-/// deletes, empty keys and values, and some repetition so compression kicks in.
+/// deletes, writes with and without keys, empty values, rids of one and two varint bytes,
+/// and some repetition so compression kicks in.
 fn sample_txns(ts0: u64, n: usize) -> Vec<T> {
     (0..n)
         .map(|i| T {
@@ -87,7 +104,7 @@ fn sample_txns(ts0: u64, n: usize) -> Vec<T> {
                 .map(|j| W {
                     table: j as u32,
                     rid: (i * 100 + j) as u64,
-                    key: format!("key-{i}-{j}").into_bytes(),
+                    key: ((i + j) % 2 == 1).then(|| format!("key-{i}-{j}").into_bytes()),
                     value: match (i + j) % 3 {
                         0 => None,
                         1 => Some(Vec::new()),
@@ -108,7 +125,7 @@ fn assert_prefix(scan: &SegmentScan, batches: &[Vec<T>], offsets: &[u64], n: usi
     assert_eq!(scan.batches.len(), n, "intact batch count");
     for (i, (off, b)) in scan.batches.iter().enumerate() {
         assert_eq!(*off, offsets[i]);
-        assert_same_txns(&b.txns, &batches[i]);
+        assert_same_txns(b, &batches[i]);
     }
 }
 
@@ -116,19 +133,33 @@ fn assert_prefix(scan: &SegmentScan, batches: &[Vec<T>], offsets: &[u64], n: usi
 // 1. Property: round trip of batches and segments
 // ---------------------------------------------------------------------------------------
 
-fn arb_write() -> impl Strategy<Value = W> {
-    (
-        any::<u32>(),
-        any::<u64>(),
-        prop::collection::vec(any::<u8>(), 0..40),
-        prop::option::of(prop::collection::vec(any::<u8>(), 0..300)),
-    )
-        .prop_map(|(table, rid, key, value)| W { table, rid, key, value })
+/// An integer that is often at a varint width boundary (2^(7k) - 1 or 2^(7k)) or small,
+/// else anything.
+fn arb_varint_edge(max: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        (0u32..10, any::<bool>()).prop_map(move |(k, over)| {
+            let edge = 1u64.checked_shl(7 * k).unwrap_or(0).wrapping_sub(1);
+            edge.saturating_add(over as u64).min(max)
+        }),
+        0..300u64.min(max),
+        0..=max,
+    ]
 }
 
-/// 1..20 txns with strictly increasing ts (starting anywhere, gaps of 1..1000).
+fn arb_write() -> impl Strategy<Value = W> {
+    (
+        arb_varint_edge(u32::MAX.into()),
+        arb_varint_edge(u64::MAX),
+        prop::option::of(prop::collection::vec(any::<u8>(), 0..200)),
+        prop::option::of(prop::collection::vec(any::<u8>(), 0..300)),
+    )
+        .prop_map(|(table, rid, key, value)| W { table: table as u32, rid, key, value })
+}
+
+/// 1..20 txns with strictly increasing ts (starting anywhere, gaps of 1..1000 or huge).
 fn arb_txns() -> impl Strategy<Value = Vec<T>> {
-    (0u64..(1 << 40), prop::collection::vec((1u64..1000, prop::collection::vec(arb_write(), 0..10)), 1..20)).prop_map(
+    let gap = prop_oneof![4 => 1u64..1000, 1 => arb_varint_edge(1 << 40).prop_map(|g| g.max(1))];
+    (arb_varint_edge(1 << 62), prop::collection::vec((gap, prop::collection::vec(arb_write(), 0..10)), 1..20)).prop_map(
         |(base, raw)| {
             let mut ts = base;
             raw.into_iter()
@@ -139,6 +170,20 @@ fn arb_txns() -> impl Strategy<Value = Vec<T>> {
                 .collect()
         },
     )
+}
+
+/// What `write_encoded_len` promises: a transaction takes at most `TXN_HEADER_MAX_LEN`
+/// plus the bound of each write.
+fn encoded_len_bound(txns: &[T]) -> usize {
+    txns.iter()
+        .map(|t| {
+            TXN_HEADER_MAX_LEN
+                + t.writes
+                    .iter()
+                    .map(|w| write_encoded_len(w.key.as_ref().map(Vec::len), w.value.as_ref().map(Vec::len)))
+                    .sum::<usize>()
+        })
+        .sum()
 }
 
 proptest! {
@@ -162,6 +207,7 @@ proptest! {
         } else {
             prop_assert_eq!(h.stored_len, h.raw_len);
         }
+        prop_assert!(h.raw_len as usize <= encoded_len_bound(&txns), "write_encoded_len is an upper bound");
         // Trailing bytes after the batch are not part of it.
         let mut with_tail = bytes.clone();
         with_tail.extend_from_slice(b"trailing");
@@ -169,7 +215,7 @@ proptest! {
             let (batch, used) = decode_batch(&Bytes::from(buf)).expect("decodes");
             prop_assert_eq!(used, h.total_len());
             prop_assert_eq!(batch.header, h);
-            assert_same_txns(&batch.txns, &txns);
+            assert_same_txns(&batch, &txns);
         }
     }
 
@@ -218,7 +264,8 @@ fn heartbeat_round_trip() {
         let (batch, used) = decode_batch(&Bytes::from(out).slice(6..)).unwrap();
         assert_eq!(used, BATCH_HEADER_LEN);
         assert_eq!(batch.header, h);
-        assert!(batch.txns.is_empty());
+        assert!(batch.records().is_empty());
+        assert_eq!(batch.payload_in(&mut Vec::new()).txns().count(), 0);
     }
     // A segment of heartbeats only.
     let (file, offsets) = build_segment(&[vec![], vec![], vec![]], &[true]);
@@ -252,7 +299,7 @@ fn builder_is_reusable_and_tracks_ts() {
     push_all(&mut b, &again);
     let mut out = Vec::new();
     b.finish_into(STREAM, EPOCH, Ts(0), true, &mut out);
-    assert_same_txns(&decode_batch(&Bytes::from(out)).unwrap().0.txns, &again);
+    assert_same_txns(&decode_batch(&Bytes::from(out)).unwrap().0, &again);
 }
 
 #[test]
@@ -278,14 +325,32 @@ impl<I: Iterator> ExactSizeIterator for LyingLen<I> {}
 
 #[test]
 fn write_count_is_what_was_written() {
-    let w = [(TableId(1), RecordId(1), &b"a"[..], Some(&b"x"[..])), (TableId(1), RecordId(2), &b"b"[..], None)];
+    let w = [(TableId(1), RecordId(1), Some(&b"a"[..]), Some(&b"x"[..])), (TableId(1), RecordId(2), None, None)];
     let mut b = BatchBuilder::new();
     b.push_txn(Ts(1), LyingLen(w.into_iter()));
+    // Also a claimed length whose varint is longer than the true count's (200 vs 2 writes).
+    struct Claims200<I>(I);
+    impl<I: Iterator> Iterator for Claims200<I> {
+        type Item = I::Item;
+        fn next(&mut self) -> Option<I::Item> {
+            self.0.next()
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (200, Some(200))
+        }
+    }
+    impl<I: Iterator> ExactSizeIterator for Claims200<I> {}
+    b.push_txn(Ts(2), Claims200(w.into_iter()));
     let mut out = Vec::new();
-    b.finish_into(STREAM, EPOCH, Ts(1), false, &mut out);
+    b.finish_into(STREAM, EPOCH, Ts(2), false, &mut out);
     let (batch, _) = decode_batch(&Bytes::from(out)).unwrap();
-    assert_eq!(batch.txns[0].writes.len(), 2);
-    assert_eq!(batch.txns[0].writes[1].value, None);
+    let txns = batch.records();
+    for t in &txns {
+        assert_eq!(t.writes.len(), 2);
+        assert_eq!(t.writes[0].key.as_deref(), Some(&b"a"[..]));
+        assert_eq!(t.writes[1].key, None);
+        assert_eq!(t.writes[1].value, None);
+    }
 }
 
 #[test]
@@ -296,7 +361,7 @@ fn compression_shrinks_repetitive_payload() {
             writes: vec![W {
                 table: 1,
                 rid: i,
-                key: format!("customer:{:08}", i % 10).into_bytes(),
+                key: Some(format!("customer:{:08}", i % 10).into_bytes()),
                 value: Some(b"the same value again and again ".repeat(8)),
             }],
         })
@@ -305,7 +370,7 @@ fn compression_shrinks_repetitive_payload() {
     assert!(h.compressed);
     assert!(h.stored_len < h.raw_len / 2, "stored {} raw {}", h.stored_len, h.raw_len);
     let (batch, _) = decode_batch(&Bytes::from(bytes)).unwrap();
-    assert_same_txns(&batch.txns, &txns);
+    assert_same_txns(&batch, &txns);
     // Same txns without compression: same raw payload, stored raw.
     let (_, plain) = encode_batch(&txns, 1099, false);
     assert!(!plain.compressed);
@@ -329,14 +394,14 @@ fn incompressible_payload_is_stored_raw() {
             table: 0,
             rid: 0,
             // Disjoint from the value, or LZ4 would find the repeat.
-            key: noise[4000..].to_vec(),
+            key: Some(noise[4000..].to_vec()),
             value: Some(noise[..4000].to_vec()),
         }],
     }];
     let (bytes, h) = encode_batch(&txns, 1, true);
     assert!(!h.compressed);
     assert_eq!(h.stored_len, h.raw_len);
-    assert_same_txns(&decode_batch(&Bytes::from(bytes)).unwrap().0.txns, &txns);
+    assert_same_txns(&decode_batch(&Bytes::from(bytes)).unwrap().0, &txns);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -488,23 +553,38 @@ fn header(txn_count: u32, first: u64, last: u64, raw_len: u32) -> BatchHeader {
     }
 }
 
-/// (op, key, value) of a hand-encoded write.
-type RawWrite<'a> = (u8, &'a [u8], Option<&'a [u8]>);
+/// LEB128 in its shortest form, as the format writes it.
+fn varint(mut x: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    while x >= 0x80 {
+        v.push(x as u8 | 0x80);
+        x >>= 7;
+    }
+    v.push(x as u8);
+    v
+}
 
-/// Hand-encodes one txn (table 1, rid 2 for every write), bypassing the builder's checks.
-fn txn_bytes(ts: u64, writes: &[RawWrite]) -> Vec<u8> {
-    let mut v = ts.to_le_bytes().to_vec();
-    v.extend_from_slice(&(writes.len() as u32).to_le_bytes());
-    for (op, key, value) in writes {
-        v.push(*op);
-        v.extend_from_slice(&1u32.to_le_bytes());
-        v.extend_from_slice(&2u64.to_le_bytes());
-        v.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        v.extend_from_slice(key);
-        if let Some(val) = value {
-            v.extend_from_slice(&(val.len() as u32).to_le_bytes());
-            v.extend_from_slice(val);
+/// (flags, key, value) of a hand-encoded write.
+type RawWrite<'a> = (u8, Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// Hand-encodes one txn (table 1, rid 2 for every write), bypassing the builder's checks:
+/// ts delta, write count, then per write the flags byte as given, table, rid, a key length
+/// if there is a key, a value length if there is a value, the key, the value.
+fn txn_bytes(delta: u64, writes: &[RawWrite]) -> Vec<u8> {
+    let mut v = varint(delta);
+    v.extend(varint(writes.len() as u64));
+    for (flags, key, value) in writes {
+        v.push(*flags);
+        v.extend(varint(1));
+        v.extend(varint(2));
+        if let Some(k) = key {
+            v.extend(varint(k.len() as u64));
         }
+        if let Some(val) = value {
+            v.extend(varint(val.len() as u64));
+        }
+        v.extend_from_slice(key.unwrap_or_default());
+        v.extend_from_slice(value.unwrap_or_default());
     }
     v
 }
@@ -513,26 +593,39 @@ fn decode_err(bytes: Vec<u8>) -> FormatError {
     decode_batch(&Bytes::from(bytes)).expect_err("must not decode")
 }
 
+/// Decodes a one-batch payload with the given ts range and txn count, as uncompressed.
+fn decode_payload(txn_count: u32, first: u64, last: u64, payload: &[u8]) -> Result<Batch, FormatError> {
+    decode_batch(&Bytes::from(forge(header(txn_count, first, last, payload.len() as u32), payload))).map(|(b, _)| b)
+}
+
 #[test]
 fn forged_batches_are_rejected() {
-    let t1 = txn_bytes(5, &[(0, b"k", Some(b"v")), (1, b"gone", None)]);
-    let t2 = txn_bytes(9, &[]);
+    let t1 = txn_bytes(0, &[(2, Some(b"k"), Some(b"v")), (3, Some(b"gone"), None), (0, None, Some(b"w"))]);
+    let t2 = txn_bytes(4, &[(1, None, None)]);
     let both = [t1.clone(), t2.clone()].concat();
     let n = both.len() as u32;
 
     // The forge itself is sound: a correct batch decodes.
     let (ok, _) = decode_batch(&Bytes::from(forge(header(2, 5, 9, n), &both))).unwrap();
-    assert_eq!(ok.txns.len(), 2);
-    assert_eq!(ok.txns[0].writes[1].value, None);
-    assert_eq!(ok.txns[0].writes[0].value.as_deref(), Some(&b"v"[..]));
+    let txns = ok.records();
+    assert_eq!(txns.len(), 2);
+    assert_eq!((txns[0].ts, txns[1].ts), (Ts(5), Ts(9)));
+    let w = &txns[0].writes;
+    assert_eq!((w[0].key.as_deref(), w[0].value.as_deref()), (Some(&b"k"[..]), Some(&b"v"[..])));
+    assert_eq!((w[1].key.as_deref(), w[1].value.as_deref()), (Some(&b"gone"[..]), None));
+    assert_eq!((w[2].key.as_deref(), w[2].value.as_deref()), (None, Some(&b"w"[..])));
+    assert_eq!((txns[1].writes[0].key.as_deref(), txns[1].writes[0].value.as_deref()), (None, None));
 
     let malformed = |e: FormatError| matches!(e, FormatError::Malformed(_));
-    // Non-increasing ts.
+    // Non-increasing ts (a later txn with delta 0).
     let dup = [t1.clone(), t1.clone()].concat();
     assert!(malformed(decode_err(forge(header(2, 5, 5, dup.len() as u32), &dup))));
     let rev = [t2.clone(), t1.clone()].concat();
     assert!(malformed(decode_err(forge(header(2, 9, 5, n), &rev))));
+    // The first txn's delta must be 0 (its ts is first_ts).
     assert!(malformed(decode_err(forge(header(2, 9, 9, n), &rev))));
+    let late_first = txn_bytes(1, &[]);
+    assert!(malformed(decode_payload(1, 5, 6, &late_first).unwrap_err()));
     // first_ts / last_ts not matching the txns.
     assert!(malformed(decode_err(forge(header(2, 4, 9, n), &both))));
     assert!(malformed(decode_err(forge(header(2, 5, 10, n), &both))));
@@ -541,19 +634,40 @@ fn forged_batches_are_rejected() {
     trailing.push(0);
     assert!(malformed(decode_err(forge(header(2, 5, 9, n + 1), &trailing))));
     assert!(malformed(decode_err(forge(header(3, 5, 9, n), &both))));
-    // Unknown op.
-    let bad_op = txn_bytes(5, &[(2, b"k", None)]);
-    assert!(malformed(decode_err(forge(header(1, 5, 5, bad_op.len() as u32), &bad_op))));
+    // txn_count impossible for raw_len (each txn takes at least 2 bytes).
+    assert!(malformed(decode_err(forge(header(n / 2 + 1, 5, 9, n), &both))));
+    // Unknown write flags.
+    for flags in [4, 0x80, 0xFF] {
+        let bad = txn_bytes(0, &[(flags, None, Some(b"v"))]);
+        assert!(malformed(decode_payload(1, 5, 5, &bad).unwrap_err()), "flags {flags:#x}");
+    }
+    // write_count larger than the payload could hold.
+    let mut many = varint(0);
+    many.extend(varint(1000));
+    many.extend(txn_bytes(0, &[(1, None, None)])[2..].iter());
+    assert!(malformed(decode_payload(1, 5, 5, &many).unwrap_err()));
     // raw_len != stored_len for an uncompressed batch.
     assert!(malformed(decode_err(forge(header(2, 5, 9, n + 3), &both))));
     // Empty batch with ts set.
     assert!(malformed(decode_err(forge(header(0, 5, 5, 0), &[]))));
-    // Oversize key, refused before reading it.
-    let mut huge_key = txn_bytes(5, &[(1, b"", None)]);
-    let kl = huge_key.len() - 4;
-    huge_key[kl..].copy_from_slice(&(MAX_KEY_LEN as u32 + 1).to_le_bytes());
-    let e = decode_err(forge(header(1, 5, 5, huge_key.len() as u32), &huge_key));
+    // Oversize key and value lengths, refused before anything is read for them.
+    let oversize = |flags: u8, len: usize| {
+        let mut v = [varint(0), varint(1), vec![flags], varint(1), varint(2), varint(len as u64)].concat();
+        v.extend_from_slice(&[0; 16]);
+        decode_payload(1, 5, 5, &v).unwrap_err()
+    };
+    let e = oversize(3, MAX_KEY_LEN + 1);
+    assert!(matches!(e, FormatError::TooLarge { what: "key_len", len, .. } if len == MAX_KEY_LEN as u64 + 1), "{e:?}");
+    let e = oversize(0, MAX_VALUE_LEN + 1);
+    assert!(matches!(e, FormatError::TooLarge { what: "value_len", .. }), "{e:?}");
+    let e = oversize(3, usize::MAX);
     assert!(matches!(e, FormatError::TooLarge { what: "key_len", .. }), "{e:?}");
+    // Lengths within the limits but beyond the payload's end.
+    assert!(malformed(oversize(3, 17)));
+    assert!(malformed(oversize(0, 17)));
+    let put_with_key =
+        [varint(0), varint(1), vec![2], varint(1), varint(2), varint(10), varint(10), vec![0; 19]].concat();
+    assert!(malformed(decode_payload(1, 5, 5, &put_with_key).unwrap_err()), "key and value together too long");
     // Oversize raw_len in the header, refused before allocating.
     let mut h = header(1, 5, 5, MAX_RAW_LEN as u32 + 1);
     h.compressed = true;
@@ -579,19 +693,138 @@ fn forged_batches_are_rejected() {
     let crc = crc32c::crc32c(&v[..60]);
     v[60..64].copy_from_slice(&crc.to_le_bytes());
     assert!(malformed(decode_err(v.clone())));
-    // Future version.
+    // Other versions: the previous one (fixed-width payload) and a future one.
     v[7] = 0;
-    v[4] = 2;
-    let crc = crc32c::crc32c(&v[..60]);
-    v[60..64].copy_from_slice(&crc.to_le_bytes());
-    assert_eq!(decode_err(v), FormatError::UnsupportedVersion(2));
+    for version in [1u16, 3] {
+        v[4..6].copy_from_slice(&version.to_le_bytes());
+        let crc = crc32c::crc32c(&v[..60]);
+        v[60..64].copy_from_slice(&crc.to_le_bytes());
+        let e = decode_err(v.clone());
+        assert_eq!(e, FormatError::UnsupportedVersion(version.into()));
+        assert!(e.to_string().contains(&format!("version {version}")), "{e}");
+    }
+}
+
+/// The varints of one write (flags 3: a delete with a key), as (name, bytes), so that any
+/// one can be replaced by a bad encoding.
+fn write_fields() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("delta", varint(0)),
+        ("count", varint(1)),
+        ("flags", vec![3]),
+        ("table", varint(1)),
+        ("rid", varint(2)),
+        ("key_len", varint(1)),
+        ("key", b"k".to_vec()),
+    ]
+}
+
+fn with_field(name: &str, bytes: &[u8]) -> Vec<u8> {
+    write_fields().into_iter().flat_map(|(n, b)| if n == name { bytes.to_vec() } else { b }).collect()
+}
+
+#[test]
+fn forged_varints_are_rejected() {
+    // The unmodified fields decode.
+    let good = with_field("", &[]);
+    let b = decode_payload(1, 5, 5, &good).unwrap();
+    assert_eq!(b.records()[0].writes[0].key.as_deref(), Some(&b"k"[..]));
+
+    let malformed = |e: &FormatError, what: &str| matches!(e, FormatError::Malformed(m) if *m == what);
+    for field in ["delta", "count", "table", "rid", "key_len"] {
+        // Overlong: the same value in more bytes than needed (a final zero byte).
+        for bad in
+            [&[0x80, 0x00][..], &[0x81, 0x80, 0x00], &[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x80, 0x00]]
+        {
+            let e = decode_payload(1, 5, 5, &with_field(field, bad)).unwrap_err();
+            assert!(malformed(&e, "overlong varint"), "{field} {bad:x?}: {e:?}");
+        }
+        // Overflow: a tenth byte above 1, or an eleventh byte.
+        let mut ten = vec![0xFF; 9];
+        ten.push(0x02);
+        let mut eleven = vec![0xFF; 10];
+        eleven.push(0x01);
+        for bad in [ten, eleven] {
+            let e = decode_payload(1, 5, 5, &with_field(field, &bad)).unwrap_err();
+            assert!(malformed(&e, "varint overflows 64 bits"), "{field} {bad:x?}: {e:?}");
+        }
+        // Truncated: the payload ends inside the varint (after a checksummed, complete
+        // batch: a malformed payload, not a torn write).
+        let cut = with_field(field, &[0x80, 0x80]);
+        let end = write_fields().iter().position(|(n, _)| *n == field).unwrap();
+        let prefix: usize = write_fields()[..end].iter().map(|(_, b)| b.len()).sum();
+        let e = decode_payload(1, 5, 5, &cut[..prefix + 2]).unwrap_err();
+        assert!(malformed(&e, "payload ends inside a record"), "{field}: {e:?}");
+    }
+    // u32 fields refuse values above u32::MAX, even in canonical form.
+    for field in ["count", "table"] {
+        let e = decode_payload(1, 5, 5, &with_field(field, &varint(1 << 32))).unwrap_err();
+        assert!(malformed(&e, "varint overflows 32 bits"), "{field}: {e:?}");
+    }
+    // The largest u64 (ten bytes, the last one 1) is a valid rid.
+    let mut max = vec![0xFF; 9];
+    max.push(0x01);
+    assert_eq!(max, varint(u64::MAX));
+    let b = decode_payload(1, 5, 5, &with_field("rid", &max)).unwrap();
+    assert_eq!(b.records()[0].writes[0].rid, RecordId(u64::MAX));
+    // A ts delta that overflows u64.
+    let t = [txn_bytes(0, &[]), txn_bytes(5, &[])].concat();
+    let e = decode_payload(2, u64::MAX - 1, u64::MAX, &t).unwrap_err();
+    assert!(malformed(&e, "txn ts overflows"), "{e:?}");
+}
+
+#[test]
+fn varint_edges_round_trip() {
+    assert_eq!([0, 127, 128, 16383, 16384, u32::MAX.into(), u64::MAX].map(varint_len), [1, 1, 2, 2, 3, 5, 10],);
+    for x in [0, 1, 127, 128, 255, 16383, 16384, 1 << 35, u64::MAX - 1, u64::MAX] {
+        assert_eq!(varint(x).len(), varint_len(x), "{x}");
+    }
+    let long_key = [7u8; 128];
+    let long_value = vec![9u8; 16384];
+    let mut writes = Vec::new();
+    for (table, rid) in [(0, 0), (127, 127), (128, 128), (u32::MAX, 16383), (1, 16384), (2, u64::MAX)] {
+        for (key, value) in [
+            (None, None),
+            (Some(&long_key[..127]), Some(&long_value[..127])),
+            (Some(&long_key[..]), Some(&long_value[..128])),
+            (Some(&long_key[..0]), Some(&long_value[..])),
+            (None, Some(&long_value[..0])),
+        ] {
+            writes.push(W { table, rid, key: key.map(<[u8]>::to_vec), value: value.map(<[u8]>::to_vec) });
+        }
+    }
+    // ts deltas of 1, 127, 128 and the largest possible.
+    let txns: Vec<T> = [0, 1, 128, 256, u64::MAX]
+        .into_iter()
+        .enumerate()
+        .map(|(i, ts)| T { ts, writes: writes[i * 6..i * 6 + 6].to_vec() })
+        .collect();
+    for compress in [false, true] {
+        let (bytes, h) = encode_batch(&txns, 0, compress);
+        let (batch, _) = decode_batch(&Bytes::from(bytes)).unwrap();
+        assert_same_txns(&batch, &txns);
+        // The exact size: every varint in its shortest form.
+        let mut expect = 0;
+        let mut prev = txns[0].ts;
+        for t in &txns {
+            expect += varint_len(t.ts - prev) + varint_len(t.writes.len() as u64);
+            prev = t.ts;
+            for w in &t.writes {
+                expect += 1 + varint_len(w.table.into()) + varint_len(w.rid);
+                expect += w.key.as_ref().map_or(0, |k| varint_len(k.len() as u64) + k.len());
+                expect += w.value.as_ref().map_or(0, |v| varint_len(v.len() as u64) + v.len());
+            }
+        }
+        assert_eq!(h.raw_len as usize, expect);
+        assert!(expect <= encoded_len_bound(&txns));
+    }
 }
 
 #[test]
 fn checksum_valid_bad_last_batch_is_corrupt_not_torn() {
     let batches = three_batches();
     let (file, offsets) = build_segment(&batches[..2], &[false]);
-    let t = txn_bytes(500, &[(0, b"k", Some(b"v"))]);
+    let t = txn_bytes(0, &[(2, Some(b"k"), Some(b"v"))]);
     let h = header(1, 500, 500, t.len() as u32);
     type IsExpected = fn(&FormatError) -> bool;
     let cases: Vec<(Vec<u8>, IsExpected)> = vec![
@@ -657,11 +890,14 @@ fn segment_header_round_trip_and_errors() {
     let mut bad = b;
     bad[30] ^= 1;
     assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::HeaderChecksum { .. })));
-    let mut bad = b;
-    bad[8] = 2;
-    let crc = crc32c::crc32c(&bad[..44]);
-    bad[44..].copy_from_slice(&crc.to_le_bytes());
-    assert_eq!(SegmentHeader::decode(&bad), Err(FormatError::UnsupportedVersion(2)));
+    assert_eq!(LOG_FORMAT_VERSION, 2);
+    for version in [1, 3] {
+        let mut bad = b;
+        bad[8] = version;
+        let crc = crc32c::crc32c(&bad[..44]);
+        bad[44..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(SegmentHeader::decode(&bad), Err(FormatError::UnsupportedVersion(version.into())));
+    }
 }
 
 #[test]
@@ -671,7 +907,7 @@ fn batch_header_layout_is_as_documented() {
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[..4], b"DBAT");
-    assert_eq!(&bytes[4..6], &1u16.to_le_bytes());
+    assert_eq!(&bytes[4..6], &2u16.to_le_bytes());
     assert_eq!((bytes[6], bytes[7]), (0, 0));
     assert_eq!(u32_at(8), STREAM.0);
     assert_eq!(u64_at(12), EPOCH.0);
@@ -683,17 +919,21 @@ fn batch_header_layout_is_as_documented() {
     assert_eq!(u32_at(52), h.stored_len);
     assert_eq!(u32_at(56), crc32c::crc32c(&bytes[64..]));
     assert_eq!(u32_at(60), crc32c::crc32c(&bytes[..60]));
-    // First txn: ts u64, write_count u32 (sample txn 0 has no writes), then txn 1.
-    assert_eq!(u64_at(64), 77);
-    assert_eq!(u32_at(72), 0);
-    assert_eq!(u64_at(76), 80);
-    assert_eq!(u32_at(84), 1);
-    assert_eq!(bytes[88], 0, "op of txn 1's write: (1+0)%3 == 1 is a put");
-    assert_eq!(u32_at(89), 0, "table");
-    assert_eq!(u64_at(93), 100, "rid");
-    assert_eq!(u32_at(101), 7, "key_len of \"key-1-0\"");
-    assert_eq!(&bytes[105..112], b"key-1-0");
-    assert_eq!(u32_at(112), 0, "value_len of the empty value");
+    // The payload, byte by byte: the worked example of docs/log-format.md.
+    #[rustfmt::skip]
+    let expected: Vec<u8> = [
+        &[0x00, 0x00][..],                   // txn ts 77: delta 0 (from first_ts), 0 writes
+        &[0x03, 0x01],                       // txn ts 80: delta 3, 1 write
+        &[0x02, 0x00, 0x64, 0x07, 0x00],     //   put with key, table 0, rid 100, key_len 7, value_len 0
+        b"key-1-0",                          //   key; the value is empty
+        &[0x03, 0x02],                       // txn ts 83: delta 3, 2 writes
+        &[0x00, 0x00, 0xC8, 0x01, 0x16],     //   put without key, table 0, rid 200, value_len 22
+        &[b'c'; 22],                         //   value
+        &[0x03, 0x01, 0xC9, 0x01, 0x07],     //   delete with key, table 1, rid 201, key_len 7
+        b"key-2-1",                          //   key
+    ]
+    .concat();
+    assert_eq!(&bytes[64..], &expected[..]);
     assert_eq!(decode_batch_header(&bytes), Ok(h));
 }
 
@@ -723,16 +963,19 @@ fn errors_are_not_retryable() {
 fn check_decoded(batch: &Batch, used: usize, avail: usize) {
     assert!(used <= avail);
     assert_eq!(used, batch.header.total_len());
-    assert_eq!(batch.txns.len(), batch.header.txn_count as usize);
+    let txns = batch.records();
+    assert_eq!(txns.len(), batch.header.txn_count as usize);
     let mut b = BatchBuilder::new();
-    for t in &batch.txns {
-        b.push_txn(t.ts, t.writes.iter().map(|w| (w.table, w.rid, &w.key[..], w.value.as_deref())));
+    for t in &txns {
+        b.push_txn(t.ts, t.writes.iter().map(|w| (w.table, w.rid, w.key.as_deref(), w.value.as_deref())));
     }
     assert_eq!(b.payload_len(), batch.header.raw_len as usize);
+    // The encoding is canonical: what decoded re-encodes to the same payload bytes.
+    assert_eq!(b.payload(), &batch.payload()[..]);
     let mut out = Vec::new();
     b.finish_into(batch.header.stream, batch.header.epoch, batch.header.bound_ts, false, &mut out);
     let (again, _) = decode_batch(&Bytes::from(out)).unwrap();
-    assert_eq!(again.txns, batch.txns);
+    assert_eq!(again.records(), txns);
 }
 
 proptest! {
@@ -795,7 +1038,7 @@ proptest! {
         if let Ok(scan) = read_segment(&Bytes::from(damaged.clone())) {
             for (i, (off, b)) in scan.batches.iter().enumerate() {
                 prop_assert_eq!(*off, offsets[i]);
-                assert_same_txns(&b.txns, &batches[i]);
+                assert_same_txns(b, &batches[i]);
             }
             if scan.end == SegmentEnd::Clean {
                 prop_assert_eq!(scan.valid_len(), damaged.len() as u64);
