@@ -347,6 +347,22 @@ fn prefetch_node(p: *const Header) {
     let _ = p;
 }
 
+impl Inner {
+    /// One step of lock coupling: child `i` and its version, provided this node (read at
+    /// version `v`) did not change while the child pointer and version were read.
+    #[inline]
+    fn child(&self, i: usize, v: u64) -> Option<(*mut Header, u64)> {
+        let c = self.children[i].load(Ordering::Acquire);
+        prefetch_node(c);
+        if c.is_null() || !self.h.version.check(v) {
+            return None;
+        }
+        // SAFETY: as for every node pointer (see `Index::root`).
+        let cv = unsafe { &*c }.version.read()?;
+        self.h.version.check(v).then_some((c, cv))
+    }
+}
+
 /// Views a node by kind. Nodes are never freed before the index, so the reference is valid
 /// for as long as the index is borrowed.
 enum NodeRef<'a> {
@@ -397,6 +413,16 @@ impl Index {
         Index::default()
     }
 
+    /// The root and its version, if it is still the root once its version is read.
+    #[inline]
+    fn root(&self) -> Option<(*mut Header, u64)> {
+        let p = self.root.load(Ordering::Acquire);
+        // SAFETY: nodes are freed only through the epoch after they left the tree, and every
+        // caller holds a guard pinned before it read the pointer (so for all node pointers).
+        let v = unsafe { &*p }.version.read()?;
+        (self.root.load(Ordering::Acquire) == p).then_some((p, v))
+    }
+
     /// The value for `key`, if present.
     pub fn get(&self, key: &[u8], g: &Guard) -> Option<u64> {
         let k = SearchKey::new(key);
@@ -408,27 +434,13 @@ impl Index {
     }
 
     fn try_get(&self, k: &SearchKey<'_>, g: &Guard) -> Attempt<Option<u64>> {
-        let mut p = self.root.load(Ordering::Acquire);
-        // SAFETY (here and for every node pointer below): nodes are freed only through the
-        // epoch after they left the tree, and the caller's guard was pinned before.
-        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
-        if self.root.load(Ordering::Acquire) != p {
-            return Restart;
-        }
+        let Some((mut p, mut v)) = self.root() else { return Restart };
         loop {
             match node(p) {
                 NodeRef::Inner(n) => {
                     let cnt = n.h.count(INNER_CAP);
                     let i = n.keys.search(cnt, k, true, g);
-                    let c = n.children[i].load(Ordering::Acquire);
-                    prefetch_node(c);
-                    if c.is_null() || !n.h.version.check(v) {
-                        return Restart;
-                    }
-                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
-                    if !n.h.version.check(v) {
-                        return Restart;
-                    }
+                    let Some((c, cv)) = n.child(i, v) else { return Restart };
                     p = c;
                     v = cv;
                 }
@@ -465,13 +477,7 @@ impl Index {
         make: &mut Option<F>,
         g: &Guard,
     ) -> Attempt<(u64, bool)> {
-        let mut p = self.root.load(Ordering::Acquire);
-        // SAFETY (here and for every node pointer below): nodes are freed only through the
-        // epoch after they left the tree, and the caller's guard was pinned before.
-        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
-        if self.root.load(Ordering::Acquire) != p {
-            return Restart;
-        }
+        let Some((mut p, mut v)) = self.root() else { return Restart };
         let mut parent: Option<(&Inner, u64)> = None;
         loop {
             match node(p) {
@@ -487,15 +493,7 @@ impl Index {
                     }
                     let cnt = n.h.count(INNER_CAP);
                     let i = n.keys.search(cnt, k, true, g);
-                    let c = n.children[i].load(Ordering::Acquire);
-                    prefetch_node(c);
-                    if c.is_null() || !n.h.version.check(v) {
-                        return Restart;
-                    }
-                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
-                    if !n.h.version.check(v) {
-                        return Restart;
-                    }
+                    let Some((c, cv)) = n.child(i, v) else { return Restart };
                     parent = Some((n, v));
                     p = c;
                     v = cv;
@@ -649,28 +647,14 @@ impl Index {
     }
 
     fn try_remove(&self, k: &SearchKey<'_>, val: u64, g: &Guard) -> Attempt<bool> {
-        let mut p = self.root.load(Ordering::Acquire);
-        // SAFETY (here and for every node pointer below): nodes are freed only through the
-        // epoch after they left the tree, and the caller's guard was pinned before.
-        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
-        if self.root.load(Ordering::Acquire) != p {
-            return Restart;
-        }
+        let Some((mut p, mut v)) = self.root() else { return Restart };
         let mut parent: Option<(&Inner, u64)> = None;
         loop {
             match node(p) {
                 NodeRef::Inner(n) => {
                     let cnt = n.h.count(INNER_CAP);
                     let i = n.keys.search(cnt, k, true, g);
-                    let c = n.children[i].load(Ordering::Acquire);
-                    prefetch_node(c);
-                    if c.is_null() || !n.h.version.check(v) {
-                        return Restart;
-                    }
-                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
-                    if !n.h.version.check(v) {
-                        return Restart;
-                    }
+                    let Some((c, cv)) = n.child(i, v) else { return Restart };
                     parent = Some((n, v));
                     p = c;
                     v = cv;
@@ -819,13 +803,7 @@ impl Index {
         fence: &mut Vec<u8>,
         g: &Guard,
     ) -> Attempt<(usize, bool)> {
-        let mut p = self.root.load(Ordering::Acquire);
-        // SAFETY (here and for every node pointer below): nodes are freed only through the
-        // epoch after they left the tree, and the caller's guard was pinned before.
-        let Some(mut v) = unsafe { &*p }.version.read() else { return Restart };
-        if self.root.load(Ordering::Acquire) != p {
-            return Restart;
-        }
+        let Some((mut p, mut v)) = self.root() else { return Restart };
         // The leaf's neighbour exists iff some ancestor had a separator on that side.
         let mut has_fence = false;
         loop {
@@ -850,15 +828,7 @@ impl Index {
                         }
                         _ => {}
                     }
-                    let c = n.children[i].load(Ordering::Acquire);
-                    prefetch_node(c);
-                    if c.is_null() || !n.h.version.check(v) {
-                        return Restart;
-                    }
-                    let Some(cv) = unsafe { &*c }.version.read() else { return Restart };
-                    if !n.h.version.check(v) {
-                        return Restart;
-                    }
+                    let Some((c, cv)) = n.child(i, v) else { return Restart };
                     p = c;
                     v = cv;
                 }
