@@ -11,6 +11,12 @@ mod logmode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: every write allocates a value and a version and
+/// frees old ones from other threads' epochs, which glibc served with arena locks and
+/// `malloc_consolidate` (about 10% of a TPC-C worker in perf); see docs/results.md.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "ditto", version, about = "A replicated, multi-core, in-memory transactional database")]
 struct Cli {
