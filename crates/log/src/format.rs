@@ -43,8 +43,13 @@
 //!   every integer is an LEB128 varint, timestamps are deltas, and a write carries its key
 //!   only when the record had no value before it (replay addresses records by record id):
 //!   most table ids, record ids, lengths and ts deltas fit in one to three bytes, which LZ4
-//!   alone did not recover. Varints are canonical (no overlong forms), so an uncompressed
-//!   payload re-encodes to the same bytes.
+//!   alone did not recover. A table id below 63 is packed into the write's flags byte, and
+//!   a record id is a zigzag varint of its difference from the previous record id of the
+//!   same table *in the same batch* (0 at the start of every batch, so each batch decodes
+//!   on its own): writes to neighbouring records (order lines, inserts in key order) take
+//!   one byte for the rid instead of three to five. The encoding is canonical (shortest
+//!   varints, packed table ids whenever they fit), so an uncompressed payload re-encodes
+//!   to the same bytes.
 //!
 //! Invariants
 //! ----------
@@ -58,6 +63,9 @@
 //! * the payload is consumed exactly (no trailing bytes), varints are canonical and fit
 //!   their field, lengths respect the `MAX_*` limits and the bytes remaining, and the
 //!   decoder refuses oversize lengths before allocating anything;
+//! * table ids are below `MAX_TABLES` (the engine's `TABLES_MAX`) and packed into the
+//!   flags byte when below `PACKED_TABLE_LIMIT`; record ids are below `RID_LIMIT` (the
+//!   engine's `RECORDS_PER_TABLE_MAX`);
 //! * within one segment every batch carries the segment's stream id and epoch
 //!   (checked by `read_segment`, not by `decode_batch`, which does not know the segment).
 //!
@@ -78,7 +86,7 @@
 //!   reports any other version (e.g. a version-1 file) as `UnsupportedVersion`.
 
 use bytes::Bytes;
-use ditto_engine::{RecordId, TableId, Ts};
+use ditto_engine::{RecordId, TableId, Ts, RECORDS_PER_TABLE_MAX, TABLES_MAX};
 
 /// Identifies a log stream (one per worker; see `ditto_engine::WorkerId`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -107,23 +115,39 @@ pub const MAX_RAW_LEN: usize = 256 * 1024 * 1024;
 /// Largest stored (possibly compressed) payload of one batch.
 pub const MAX_STORED_LEN: usize = 256 * 1024 * 1024;
 
+/// Table ids a write may carry are below this (the engine's `TABLES_MAX`).
+pub const MAX_TABLES: usize = TABLES_MAX;
+/// Table ids below this are packed into a write's flags byte (bits 2-7 hold table + 1);
+/// others (up to `MAX_TABLES - 1`) follow it as a varint, with bits 2-7 zero.
+pub const PACKED_TABLE_LIMIT: u32 = 63;
+/// Record ids a write may carry are below this (the engine's `RECORDS_PER_TABLE_MAX`).
+pub const RID_LIMIT: u64 = RECORDS_PER_TABLE_MAX;
+
+// The decoder keeps one u32 "previous rid" per table, and Bases stores table ids as u8.
+const _: () = assert!(MAX_TABLES <= 256 && MAX_TABLES > PACKED_TABLE_LIMIT as usize);
+const _: () = assert!(RID_LIMIT > 0 && RID_LIMIT <= 1 << 32);
+
 /// Most bytes a transaction occupies in a payload before its writes: ts delta (a u64
 /// varint, at most 10 bytes) and write count (a u32 varint, at most 5).
 pub const TXN_HEADER_MAX_LEN: usize = 10 + 5;
 /// Fewest bytes a transaction occupies: a one-byte ts delta and a one-byte write count.
 const MIN_TXN_LEN: usize = 2;
-/// Most bytes of a write before its key and value: flags, table (u32 varint), rid (u64
-/// varint).
-const WRITE_FIXED_MAX_LEN: usize = 1 + 5 + 10;
-/// Smallest encoded write: a delete without a key (flags, one-byte table, one-byte rid).
-const MIN_WRITE_LEN: usize = 3;
+/// Most bytes of a write before its key and value: flags, table varint (only for a table
+/// of `PACKED_TABLE_LIMIT` or more), rid delta (a zigzag varint of a difference between two
+/// record ids, so at most 2 * (RID_LIMIT - 1)).
+const WRITE_FIXED_MAX_LEN: usize = 1 + varint_len(MAX_TABLES as u64 - 1) + varint_len(2 * (RID_LIMIT - 1));
+/// Smallest encoded write: a delete without a key (flags with the table packed, one-byte
+/// rid delta).
+const MIN_WRITE_LEN: usize = 2;
 
 /// Batch header flag: the payload is one LZ4 block.
 const FLAG_COMPRESSED: u8 = 1;
 /// Write flags (the first byte of every write): bit 0 set is a delete (no value), clear a
-/// put; bit 1 set means a key follows. Other bits must be zero.
+/// put; bit 1 set means a key follows; bits 2-7 (`flags >> TABLE_SHIFT`) are table + 1 for
+/// a table below `PACKED_TABLE_LIMIT`, else 0 and a table varint follows.
 const WRITE_DELETE: u8 = 1;
 const WRITE_HAS_KEY: u8 = 2;
+const TABLE_SHIFT: u32 = 2;
 
 /// LZ4 cannot expand more than 255 output bytes per input byte (a 0xFF length byte is
 /// worth 255 bytes of match), so a header claiming more is lying: refuse it before
@@ -137,7 +161,7 @@ pub const fn varint_len(x: u64) -> usize {
 }
 
 /// An upper bound of the bytes one write occupies in an uncompressed payload (exact but for
-/// the table and rid varints, counted at their widest). `key_len` is `None` for a write
+/// the table varint and rid delta, counted at their widest). `key_len` is `None` for a write
 /// without a key, `value_len` `None` for a delete. Lets callers check a transaction against
 /// `MAX_RAW_LEN` before handing it to `BatchBuilder::push_txn`: a transaction needs at most
 /// `TXN_HEADER_MAX_LEN` plus the sum of this over its writes.
@@ -447,6 +471,35 @@ fn put_varint(out: &mut Vec<u8>, mut x: u64) {
     out.push(x as u8);
 }
 
+/// Zigzag: a signed difference (as the u64 of `wrapping_sub`) to an unsigned varint
+/// value, small for small differences either way (0, -1, 1, -2 ... -> 0, 1, 2, 3 ...).
+#[inline]
+fn zigzag(delta: u64) -> u64 {
+    (delta << 1) ^ ((delta as i64 >> 63) as u64)
+}
+
+/// Inverse of `zigzag`.
+#[inline]
+fn unzigzag(z: u64) -> u64 {
+    (z >> 1) ^ (z & 1).wrapping_neg()
+}
+
+/// The previous record id of each table while walking one batch (all 0 at its start).
+type Rids = [u32; MAX_TABLES];
+
+/// The rid a write's zigzag delta `z` designates after `prev` (the table's previous rid in
+/// the batch), which becomes the new `prev`. Wrapping arithmetic: any result outside
+/// `RID_LIMIT` is refused, so each rid has exactly one encoding.
+#[inline]
+fn next_rid(prev: &mut u32, z: u64) -> Result<RecordId, FormatError> {
+    let rid = u64::from(*prev).wrapping_add(unzigzag(z));
+    if rid >= RID_LIMIT {
+        return Err(FormatError::Malformed("record id beyond RECORDS_PER_TABLE_MAX"));
+    }
+    *prev = rid as u32;
+    Ok(RecordId(rid))
+}
+
 // ---------------------------------------------------------------------------------------
 // Encoding
 // ---------------------------------------------------------------------------------------
@@ -460,6 +513,9 @@ pub struct BatchBuilder {
     txn_count: u32,
     first_ts: Option<Ts>,
     last_ts: Option<Ts>,
+    /// The previous rid of each table in this batch (`MAX_TABLES` entries once the first
+    /// write is pushed; empty means all 0).
+    rids: Vec<u32>,
 }
 
 impl BatchBuilder {
@@ -498,7 +554,8 @@ impl BatchBuilder {
     /// `value` `None` is a delete (tombstone).
     ///
     /// # Panics
-    /// If `ts` is not greater than the previous transaction's, if a key or value exceeds
+    /// If `ts` is not greater than the previous transaction's, if a table id is not below
+    /// `MAX_TABLES` or a record id not below `RID_LIMIT`, if a key or value exceeds
     /// `MAX_KEY_LEN`/`MAX_VALUE_LEN`, or if the payload would exceed `MAX_RAW_LEN`. These
     /// would produce a batch that no reader accepts, so they are caller bugs: check sizes
     /// (see `write_encoded_len`) before committing. The builder is left unchanged by a
@@ -518,6 +575,9 @@ impl BatchBuilder {
         assert!(self.txn_count < u32::MAX, "log: more than u32::MAX txns in one batch");
         let claimed = u32::try_from(writes.len()).expect("log: more than u32::MAX writes in one txn");
 
+        if self.rids.is_empty() {
+            self.rids.resize(MAX_TABLES, 0);
+        }
         let p = &mut self.payload;
         p.reserve(TXN_HEADER_MAX_LEN + writes.len().saturating_mul(MIN_WRITE_LEN));
         put_varint(p, ts.0 - prev.0);
@@ -528,6 +588,8 @@ impl BatchBuilder {
         put_varint(p, claimed.into());
         let mut write_count: u32 = 0;
         for (table, rid, key, value) in writes {
+            assert!((table.0 as usize) < MAX_TABLES, "log: table id {} beyond TABLES_MAX", table.0);
+            assert!(rid.0 < RID_LIMIT, "log: record id {} beyond RECORDS_PER_TABLE_MAX", rid.0);
             let mut flags = 0;
             if let Some(k) = key {
                 assert!(k.len() <= MAX_KEY_LEN, "log: key of {} bytes too long", k.len());
@@ -538,9 +600,14 @@ impl BatchBuilder {
                 None => flags |= WRITE_DELETE,
             }
             p.reserve(write_encoded_len(key.map(<[u8]>::len), value.map(<[u8]>::len)));
-            p.push(flags);
-            put_varint(p, table.0.into());
-            put_varint(p, rid.0);
+            let prev = std::mem::replace(&mut self.rids[table.0 as usize], rid.0 as u32);
+            if table.0 < PACKED_TABLE_LIMIT {
+                p.push(flags | ((table.0 + 1) as u8) << TABLE_SHIFT);
+            } else {
+                p.push(flags);
+                put_varint(p, table.0.into());
+            }
+            put_varint(p, zigzag(rid.0.wrapping_sub(u64::from(prev))));
             if let Some(k) = key {
                 put_varint(p, k.len() as u64);
             }
@@ -619,6 +686,7 @@ impl BatchBuilder {
     /// Forgets the accumulated transactions, keeping the buffer for the next batch.
     pub fn clear(&mut self) {
         self.payload.clear();
+        self.rids.fill(0);
         self.txn_count = 0;
         self.first_ts = None;
         self.last_ts = None;
@@ -660,6 +728,62 @@ pub struct TxnView<'a> {
     pub write_count: u32,
     /// The payload from this transaction's first write on.
     rest: &'a [u8],
+    /// The previous rids its writes' deltas start from, so that it can be walked on its
+    /// own (recovery keeps a batch's views and walks them newest first).
+    bases: Bases,
+}
+
+/// Most distinct tables whose base rids a `TxnView` keeps inline.
+const FEW_TABLES: usize = 8;
+
+/// The previous rid, at the start of one transaction, of each table it writes.
+#[derive(Clone, Debug)]
+enum Bases {
+    /// The first `n` entries of `tables`/`rids`: every table the transaction writes.
+    Few { n: u8, tables: [u8; FEW_TABLES], rids: [u32; FEW_TABLES] },
+    /// Every table's, for a transaction that writes more than `FEW_TABLES` tables (rare:
+    /// one allocation per such transaction).
+    All(Box<Rids>),
+}
+
+impl Bases {
+    const EMPTY: Bases = Bases::Few { n: 0, tables: [0; FEW_TABLES], rids: [0; FEW_TABLES] };
+
+    /// Records table `t`'s base `rids[t]` unless already recorded, before a write of the
+    /// transaction changes it (`rids` holds the batch's state after the writes so far).
+    #[inline]
+    fn note(&mut self, t: usize, rids: &Rids) {
+        let Bases::Few { n, tables, rids: base } = self else { return };
+        let k = usize::from(*n);
+        if tables[..k].contains(&(t as u8)) {
+            return;
+        }
+        if k < FEW_TABLES {
+            tables[k] = t as u8;
+            base[k] = rids[t];
+            *n += 1;
+            return;
+        }
+        // Too many tables: keep them all, undoing the transaction's writes so far (each
+        // listed table's base is its value before them; the others were not written).
+        let mut all = Box::new(*rids);
+        for (&t, &r) in tables.iter().zip(base.iter()) {
+            all[usize::from(t)] = r;
+        }
+        *self = Bases::All(all);
+    }
+
+    /// The running previous rid of table `t` (which the transaction writes).
+    #[inline]
+    fn get(&mut self, t: u32) -> &mut u32 {
+        match self {
+            Bases::Few { n, tables, rids } => {
+                let i = tables[..usize::from(*n)].iter().position(|&x| u32::from(x) == t).expect(VALIDATED);
+                &mut rids[i]
+            }
+            Bases::All(all) => &mut all[t as usize],
+        }
+    }
 }
 
 /// One write, borrowed from the batch's payload (see `Payload::bytes` to keep parts).
@@ -766,6 +890,7 @@ impl<'a> Payload<'a> {
             prev: None,
             first_ts: self.header.first_ts,
             left: self.header.txn_count,
+            rids: [0; MAX_TABLES],
         }
     }
 
@@ -796,6 +921,8 @@ pub struct Txns<'a> {
     prev: Option<Ts>,
     first_ts: Ts,
     left: u32,
+    /// Each table's previous rid after the transactions returned so far.
+    rids: Rids,
 }
 
 impl<'a> Iterator for Txns<'a> {
@@ -806,7 +933,7 @@ impl<'a> Iterator for Txns<'a> {
             return None;
         }
         self.left -= 1;
-        let (t, end) = next_txn(&mut self.r, self.prev, self.first_ts).expect(VALIDATED);
+        let (t, end) = next_txn(&mut self.r, self.prev, self.first_ts, &mut self.rids, true).expect(VALIDATED);
         self.r.pos = end;
         self.prev = Some(t.ts);
         Some(t)
@@ -822,7 +949,7 @@ impl ExactSizeIterator for Txns<'_> {}
 impl<'a> TxnView<'a> {
     /// The transaction's writes, in the order they were logged.
     pub fn writes(&self) -> Writes<'a> {
-        Writes { r: Reader { buf: self.rest, pos: 0 }, left: self.write_count }
+        Writes { r: Reader { buf: self.rest, pos: 0 }, left: self.write_count, rids: self.bases.clone() }
     }
 }
 
@@ -830,6 +957,8 @@ impl<'a> TxnView<'a> {
 pub struct Writes<'a> {
     r: Reader<'a>,
     left: u32,
+    /// The previous rid of each table the transaction writes, as of the next write.
+    rids: Bases,
 }
 
 impl<'a> Iterator for Writes<'a> {
@@ -841,7 +970,9 @@ impl<'a> Iterator for Writes<'a> {
             return None;
         }
         self.left -= 1;
-        Some(self.r.write().expect(VALIDATED))
+        let w = self.r.write().expect(VALIDATED);
+        let rid = next_rid(self.rids.get(w.table), w.rid_delta).expect(VALIDATED);
+        Some(WriteView { table: TableId(w.table), rid, key: w.key, value: w.value })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -967,15 +1098,27 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    /// One write: flags, table, rid, key_len if keyed, value_len if a put, key, value.
+    /// One write: flags (with the table packed, or a table varint after it), rid delta,
+    /// key_len if keyed, value_len if a put, key, value. The table id is checked (below
+    /// `MAX_TABLES`, in the packed form whenever it fits); the rid delta is left to the
+    /// caller, which knows the table's previous rid (`next_rid`).
     #[inline]
-    fn write(&mut self) -> Result<WriteView<'a>, FormatError> {
+    fn write(&mut self) -> Result<RawWrite<'a>, FormatError> {
         let flags = self.u8()?;
-        if flags & !(WRITE_DELETE | WRITE_HAS_KEY) != 0 {
-            return Err(FormatError::Malformed("unknown write flags"));
-        }
-        let table = TableId(self.varint_u32()?);
-        let rid = RecordId(self.varint()?);
+        let table = match flags >> TABLE_SHIFT {
+            0 => {
+                let t = self.varint()?;
+                if t < u64::from(PACKED_TABLE_LIMIT) {
+                    return Err(FormatError::Malformed("table id in long form fits the flags byte"));
+                }
+                if t >= MAX_TABLES as u64 {
+                    return Err(FormatError::Malformed("table id beyond TABLES_MAX"));
+                }
+                t as u32
+            }
+            packed => u32::from(packed - 1),
+        };
+        let rid_delta = self.varint()?;
         let key_len = if flags & WRITE_HAS_KEY != 0 { Some(self.len("key_len", MAX_KEY_LEN)?) } else { None };
         let value_len = if flags & WRITE_DELETE == 0 { Some(self.len("value_len", MAX_VALUE_LEN)?) } else { None };
         let key = match key_len {
@@ -986,15 +1129,31 @@ impl<'a> Reader<'a> {
             Some(n) => Some(self.take(n)?),
             None => None,
         };
-        Ok(WriteView { table, rid, key, value })
+        Ok(RawWrite { table, rid_delta, key, value })
     }
+}
+
+/// A write as it is in the payload: its rid still a zigzag delta.
+struct RawWrite<'a> {
+    table: u32,
+    rid_delta: u64,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
 }
 
 /// Reads the header of the transaction at `r`'s position (ts delta, write count) and walks
 /// its writes. Returns the transaction and the position after it; `r` is left at the
 /// first write. `prev` is the previous transaction's ts (`None` for the first, whose delta
-/// is from `first_ts` and must be 0).
-fn next_txn<'a>(r: &mut Reader<'a>, prev: Option<Ts>, first_ts: Ts) -> Result<(TxnView<'a>, usize), FormatError> {
+/// is from `first_ts` and must be 0). `rids` is each table's previous rid before the
+/// transaction, and after it on return. The view's bases are filled in only if `bases`
+/// (validation does not need them).
+fn next_txn<'a>(
+    r: &mut Reader<'a>,
+    prev: Option<Ts>,
+    first_ts: Ts,
+    rids: &mut Rids,
+    bases: bool,
+) -> Result<(TxnView<'a>, usize), FormatError> {
     let delta = r.varint()?;
     let ts = match prev {
         None if delta != 0 => return Err(FormatError::Malformed("first txn ts differs from first_ts")),
@@ -1009,10 +1168,16 @@ fn next_txn<'a>(r: &mut Reader<'a>, prev: Option<Ts>, first_ts: Ts) -> Result<(T
     }
     let rest = &r.buf[r.pos..];
     let mut walk = Reader { buf: r.buf, pos: r.pos };
+    let mut b = Bases::EMPTY;
     for _ in 0..write_count {
-        walk.write()?;
+        let w = walk.write()?;
+        let t = w.table as usize;
+        if bases {
+            b.note(t, rids);
+        }
+        next_rid(&mut rids[t], w.rid_delta)?;
     }
-    Ok((TxnView { ts, write_count, rest }, walk.pos))
+    Ok((TxnView { ts, write_count, rest, bases: b }, walk.pos))
 }
 
 /// Checks a whole payload against its header: exactly `txn_count` well-formed
@@ -1021,8 +1186,9 @@ fn next_txn<'a>(r: &mut Reader<'a>, prev: Option<Ts>, first_ts: Ts) -> Result<(T
 fn validate_payload(header: &BatchHeader, payload: &[u8]) -> Result<(), FormatError> {
     let mut r = Reader { buf: payload, pos: 0 };
     let mut prev: Option<Ts> = None;
+    let mut rids: Rids = [0; MAX_TABLES];
     for _ in 0..header.txn_count {
-        let (t, end) = next_txn(&mut r, prev, header.first_ts)?;
+        let (t, end) = next_txn(&mut r, prev, header.first_ts, &mut rids, false)?;
         r.pos = end;
         prev = Some(t.ts);
     }
