@@ -28,8 +28,9 @@ pub const TXN_BYTES_MAX: usize = 128 * 1024 * 1024;
 /// delta varint of at most 10 bytes and a write count varint of at most 5). The log crate
 /// checks at compile time that its encoding stays within this.
 pub const LOG_TXN_OVERHEAD_MAX: usize = 15;
-/// Most bytes the log spends on one write besides its key and value bytes (log format v2:
-/// flags 1, table varint 5, rid varint 10, key length varint 3, value length varint 4).
+/// A bound on the bytes the log spends on one write besides its key and value bytes. Log
+/// format v2 needs at most 15 (flags 1, table varint 2, rid delta varint 5, key length
+/// varint 3, value length varint 4); the log crate checks at compile time that this holds.
 pub const LOG_WRITE_OVERHEAD_MAX: usize = 23;
 
 /// One write of a committed transaction, as handed to the commit log.
