@@ -185,9 +185,21 @@ fn run_modes(
                     OpenOptions { workers: c.workers, log: log_options(dur, !c.no_compress), progress: run.progress },
                 )?;
                 let logger = d.logger().clone();
+                let stats = d.logger().clone();
                 let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
-                let r = body(d.db(), &run, &Probe { log_bytes: &bytes })?;
+                let mut r = body(d.db(), &run, &Probe { log_bytes: &bytes })?;
                 d.close();
+                // fsync latency over the whole process (load included): how the disk behaved.
+                let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                let fsyncs = load(&stats.stats.fsyncs);
+                let mean_ms = load(&stats.stats.fsync_ns_total) as f64 / fsyncs.max(1) as f64 / 1e6;
+                let max_ms = load(&stats.stats.fsync_ns_max) as f64 / 1e6;
+                eprintln!("  log fsyncs {fsyncs}, mean {mean_ms:.2} ms, max {max_ms:.1} ms (load and run)");
+                if let serde_json::Value::Object(m) = &mut r.extra {
+                    m.insert("log_fsyncs".into(), fsyncs.into());
+                    m.insert("log_fsync_ms_mean".into(), mean_ms.into());
+                    m.insert("log_fsync_ms_max".into(), max_ms.into());
+                }
                 r
             }
         };

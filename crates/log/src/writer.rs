@@ -61,6 +61,8 @@ pub struct LogStats {
     pub batches: AtomicU64,
     pub fsyncs: AtomicU64,
     pub fsync_ns_total: AtomicU64,
+    /// The slowest fsync so far: stalls of the disk show here, and in commit latency.
+    pub fsync_ns_max: AtomicU64,
     pub txns: AtomicU64,
 }
 
@@ -233,7 +235,9 @@ impl Logger {
                     return self.fail(format!("fsync of {}: {e}", path.display()));
                 }
                 self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-                self.stats.fsync_ns_total.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                let ns = t0.elapsed().as_nanos() as u64;
+                self.stats.fsync_ns_total.fetch_add(ns, Ordering::Relaxed);
+                self.stats.fsync_ns_max.fetch_max(ns, Ordering::Relaxed);
             }
             debug_assert_eq!(header.bound_ts, bound);
             self.stats.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
