@@ -107,8 +107,9 @@ impl Fingerprint {
 
 /// The last few keys this transaction found in the index, so that the common "get, then
 /// update the same key" costs one index search, not two. Only short keys are kept (the
-/// bytes inline, compared exactly); a hit is as good as a fresh search because a record
-/// that left the index since is unlinked, and writing it then fails at commit.
+/// bytes inline, compared exactly). A hit is as good as a fresh search: the index maps a key
+/// to the same record until that record is unlinked, and an unlinked hit is searched again
+/// (`isolation.rs`: update_after_get_of_a_key_replaced_meanwhile_aborts).
 #[derive(Default)]
 struct RecentKeys {
     slots: [RecentKey; RECENT_KEYS],
@@ -266,9 +267,11 @@ impl<'w> Transaction<'w> {
         }
         let value = value.map(value_bytes).transpose()?;
         let t = self.table(table)?;
+        // A remembered record that has left the index since is no answer: search again, as
+        // a transaction that never remembered it would.
         let found = match self.s.recent.find(table, key) {
-            Some(rid) => Some(rid),
-            None => t.index.get(key, &self.guard).map(RecordId),
+            Some(rid) if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => Some(rid),
+            _ => t.index.get(key, &self.guard).map(RecordId),
         };
         let (entry_rid, created) = match found {
             Some(rid) => (rid, false),

@@ -297,3 +297,27 @@ fn oversized_write_set_is_refused_with_a_clear_error_and_changes_nothing() {
     assert!(matches!(x.commit(), Err(Error::TooLarge { what: "transaction write set", .. })));
     assert_eq!(db.count(t).unwrap(), 0);
 }
+
+/// `update` after `get` reuses the record the get found (no second index search). If the
+/// key was deleted and inserted again by someone else in between, the update must not go
+/// to a stale record and the new value must survive: the transaction aborts.
+#[test]
+fn update_after_get_of_a_key_replaced_meanwhile_aborts() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| x.insert(t, b"k", &1i64.to_le_bytes())).unwrap().1.wait().unwrap();
+    let mut a = w0.begin();
+    assert_eq!(a.get_with(t, b"k", num).unwrap(), Some(1));
+    w1.run(|x| x.delete(t, b"k")).unwrap().1.wait().unwrap();
+    // Many commits, so deleted records get unlinked from the index once no snapshot needs
+    // them; the re-insert then makes a new record for the same key.
+    for i in 0..300i64 {
+        w1.run(|x| x.put(t, b"churn", &i.to_le_bytes())).unwrap().1.wait().unwrap();
+    }
+    w1.run(|x| x.insert(t, b"k", &7i64.to_le_bytes())).unwrap().1.wait().unwrap();
+    a.update(t, b"k", &2i64.to_le_bytes()).unwrap();
+    // The transaction sees its own write, in place too.
+    assert_eq!(a.get_with(t, b"k", num).unwrap(), Some(2));
+    assert!(matches!(a.commit(), Err(Error::Conflict(_))), "a stale read-modify-write must abort");
+    assert_eq!(num(&db.read().get(t, b"k").unwrap().unwrap()), 7, "the re-inserted value survives");
+}
