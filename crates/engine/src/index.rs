@@ -1213,7 +1213,9 @@ mod tests {
     fn queue_with_deletes_at_the_front_keeps_walks_correct() {
         let ix = Index::new();
         let n = 100_000u64;
-        let (appended, deleted) = (AtomicU64::new(0), AtomicU64::new(0));
+        // `deleting`: keys below it may be gone (published before each removal);
+        // `deleted`: keys below it are gone (published after).
+        let (appended, deleting, deleted) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
         let key = |x: u64| {
             let mut k = vec![1u8, 2, 3];
             k.extend_from_slice(&x.to_be_bytes());
@@ -1232,6 +1234,7 @@ mod tests {
                 while x < n {
                     if x < appended.load(Ordering::Acquire) {
                         let g = crossbeam_epoch::pin();
+                        deleting.store(x + 1, Ordering::Release);
                         assert!(ix.remove_if(&key(x), x, &g), "delete of {x} failed");
                         x += 1;
                         deleted.store(x, Ordering::Release);
@@ -1241,7 +1244,7 @@ mod tests {
                 }
             });
             for r in 0..2u64 {
-                let (ix, appended, deleted) = (&ix, &appended, &deleted);
+                let (ix, appended, deleting, deleted) = (&ix, &appended, &deleting, &deleted);
                 s.spawn(move || {
                     let mut rng = SmallRng::seed_from_u64(100 + r);
                     while deleted.load(Ordering::Acquire) < n {
@@ -1250,10 +1253,10 @@ mod tests {
                         let g = crossbeam_epoch::pin();
                         if lo < hi {
                             let x = rng.gen_range(lo..hi);
-                            // x may be deleted meanwhile; if it is still ahead of the deleter
-                            // after the get, the get must have found it.
+                            // x may be deleted meanwhile; if its removal had not begun when
+                            // the get returned, the get must have found it.
                             let got = ix.get(&key(x), &g);
-                            if deleted.load(Ordering::Acquire) <= x {
+                            if deleting.load(Ordering::Acquire) <= x {
                                 assert_eq!(got, Some(x), "key {x} missing");
                             }
                         }

@@ -35,7 +35,8 @@ impl Durability {
 #[derive(Clone)]
 pub struct LogOptions {
     pub durability: Durability,
-    /// LZ4-compress each batch (kept uncompressed when that does not shrink it).
+    /// LZ4-compress each batch (kept uncompressed when that does not shrink it; after a
+    /// batch that shrank by less than 1/8, the next 32 are stored without trying).
     pub compress: bool,
     /// A segment file is closed and a new one started once it is over this size.
     pub segment_bytes_max: u64,

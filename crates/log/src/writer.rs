@@ -38,6 +38,11 @@ use crate::storage::LogFile;
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 
+/// After a batch that LZ4 did not shrink by at least 1/8, this many batches are stored
+/// without trying (incompressible values, such as YCSB's random bytes, would otherwise pay
+/// for compression and gain nothing); then the flusher tries again.
+const COMPRESS_SKIP_BATCHES: u32 = 32;
+
 /// A closed segment: once a checkpoint covers `last_ts`, it can be deleted.
 #[derive(Debug, Clone)]
 pub(crate) struct ClosedSegment {
@@ -63,6 +68,8 @@ pub struct LogStats {
     pub fsync_ns_total: AtomicU64,
     /// The slowest fsync so far: stalls of the disk show here, and in commit latency.
     pub fsync_ns_max: AtomicU64,
+    /// Batches stored without trying LZ4 because recent ones did not shrink.
+    pub compress_skipped: AtomicU64,
     pub txns: AtomicU64,
 }
 
@@ -177,6 +184,7 @@ impl Logger {
         let mut seg_bytes = SEGMENT_HEADER_LEN as u64;
         let mut seg_last_ts = Ts::ZERO;
         let mut written_bound = Ts(stream.durable.load(Ordering::Acquire));
+        let mut compress_skip = 0u32;
         let mut next_tick = Instant::now();
         let (fsync, interval) = match self.opts.durability {
             Durability::EveryBatch => (true, None),
@@ -220,7 +228,18 @@ impl Logger {
                 continue;
             }
             frame.clear();
-            let header = spare.finish_into(StreamId(w as u32), self.epoch, bound, self.opts.compress, &mut frame);
+            // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
+            let has_txns = !spare.is_empty();
+            let try_compress = self.opts.compress && has_txns && compress_skip == 0;
+            let header = spare.finish_into(StreamId(w as u32), self.epoch, bound, try_compress, &mut frame);
+            if try_compress {
+                if u64::from(header.stored_len) * 8 > u64::from(header.raw_len) * 7 {
+                    compress_skip = COMPRESS_SKIP_BATCHES;
+                }
+            } else if self.opts.compress && has_txns {
+                compress_skip -= 1;
+                self.stats.compress_skipped.fetch_add(1, Ordering::Relaxed);
+            }
             let txns = spare.txn_count() as u64;
             if let Some(last) = spare.last_ts() {
                 seg_last_ts = seg_last_ts.max(last);

@@ -552,3 +552,46 @@ fn a_version_1_segment_is_refused_naming_file_and_version() {
     }
     assert_eq!(std::fs::read(&seg).unwrap(), h, "refused without touching the file");
 }
+
+/// Batches that LZ4 cannot shrink make the flusher store the next ones raw for a while
+/// (no CPU spent on hopeless compression); values that compress are compressed again after
+/// that, and everything reads back.
+#[test]
+fn incompressible_batches_pause_compression_and_everything_recovers() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let o = || OpenOptions {
+        workers: 1,
+        log: LogOptions { durability: Durability::EveryBatch, compress: true, ..LogOptions::default() },
+        progress: false,
+    };
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let random: Vec<Vec<u8>> = (0..200).map(|_| (0..512).map(|_| rng.gen()).collect()).collect();
+    {
+        let d = open(dir.path(), o()).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        // Each commit waits for its own batch (EveryBatch), so each is a batch of its own.
+        for (i, v) in random.iter().enumerate() {
+            w.run(|x| x.put(t, &(i as u64).to_be_bytes(), v).map(|_| ())).unwrap().1.wait().unwrap();
+        }
+        let skipped = d.logger().stats.compress_skipped.load(Ordering::Relaxed);
+        assert!(skipped > 100, "incompressible batches were still compressed: {skipped} skipped of 200");
+        let before = d.logger().stats.bytes_written.load(Ordering::Relaxed);
+        for i in 0..200u64 {
+            w.run(|x| x.put(t, &(1000 + i).to_be_bytes(), &[b'a'; 4096]).map(|_| ())).unwrap().1.wait().unwrap();
+        }
+        let compressible = d.logger().stats.bytes_written.load(Ordering::Relaxed) - before;
+        assert!(compressible < 200 * 4096 / 2, "compressible values were not compressed again: {compressible} bytes");
+        d.close();
+    }
+    let d = open(dir.path(), o()).unwrap();
+    let t = d.db().open_table("t").unwrap();
+    let r = d.db().read();
+    for (i, v) in random.iter().enumerate() {
+        assert_eq!(r.get(t, &(i as u64).to_be_bytes()).unwrap().as_deref(), Some(&v[..]));
+    }
+    for i in 0..200u64 {
+        assert_eq!(r.get(t, &(1000 + i).to_be_bytes()).unwrap().as_deref(), Some(&[b'a'; 4096][..]));
+    }
+}
