@@ -323,37 +323,27 @@ fn push_txn_rejects_non_increasing_ts() {
     b.push_txn(Ts(5), std::iter::empty());
 }
 
-/// An iterator whose `len()` is wrong: the builder must encode what it yields.
-struct LyingLen<I>(I);
-impl<I: Iterator> Iterator for LyingLen<I> {
+/// An iterator whose `len()` claims `N` items, whatever it yields: the builder must encode
+/// what it yields.
+struct LyingLen<I, const N: usize>(I);
+impl<I: Iterator, const N: usize> Iterator for LyingLen<I, N> {
     type Item = I::Item;
     fn next(&mut self) -> Option<I::Item> {
         self.0.next()
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (5, Some(5))
+        (N, Some(N))
     }
 }
-impl<I: Iterator> ExactSizeIterator for LyingLen<I> {}
+impl<I: Iterator, const N: usize> ExactSizeIterator for LyingLen<I, N> {}
 
 #[test]
 fn write_count_is_what_was_written() {
     let w = [(TableId(1), RecordId(1), Some(&b"a"[..]), Some(&b"x"[..])), (TableId(1), RecordId(2), None, None)];
     let mut b = BatchBuilder::new();
-    b.push_txn(Ts(1), LyingLen(w.into_iter()));
+    b.push_txn(Ts(1), LyingLen::<_, 5>(w.into_iter()));
     // Also a claimed length whose varint is longer than the true count's (200 vs 2 writes).
-    struct Claims200<I>(I);
-    impl<I: Iterator> Iterator for Claims200<I> {
-        type Item = I::Item;
-        fn next(&mut self) -> Option<I::Item> {
-            self.0.next()
-        }
-        fn size_hint(&self) -> (usize, Option<usize>) {
-            (200, Some(200))
-        }
-    }
-    impl<I: Iterator> ExactSizeIterator for Claims200<I> {}
-    b.push_txn(Ts(2), Claims200(w.into_iter()));
+    b.push_txn(Ts(2), LyingLen::<_, 200>(w.into_iter()));
     let mut out = Vec::new();
     b.finish_into(STREAM, EPOCH, Ts(2), false, &mut out);
     let (batch, _) = decode_batch(&Bytes::from(out)).unwrap();
