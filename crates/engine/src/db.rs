@@ -296,7 +296,13 @@ impl Database {
                             t.name
                         )));
                     };
-                    t.index.get_or_insert_with(key, || rid, &guard);
+                    let (other, inserted) = t.index.get_or_insert_with(key, || rid, &guard);
+                    if !inserted {
+                        return Err(Error::Corrupt(format!(
+                            "table {} records {other} and {rid} are both present with the same key",
+                            t.name
+                        )));
+                    }
                 }
             }
         }

@@ -12,8 +12,8 @@
 //! Concurrency follows Leis et al., "The ART of Practical Synchronization" (DaMoN 2016),
 //! and their `btreeolc`: readers take no locks and write no shared memory. A reader notes a
 //! node's version, reads the node, and checks the version again; if it moved, the reader
-//! restarts from the root. Writers lock only the nodes they change (the leaf, and for a
-//! split its parent). Full nodes are split on the way down, so a split never has to climb.
+//! restarts from the root. Writers lock only the nodes they change (the leaf, and its parent
+//! for a split or for taking an emptied leaf out). Full nodes are split on the way down, so a split never has to climb.
 //! Every field a reader may see while a writer changes it is an atomic read and written
 //! with `Relaxed` ordering, and versions use the seqlock pattern of `crossbeam`'s
 //! `AtomicCell` (lock, `fence(Release)`, write, unlock with `Release`; read, `fence(Acquire)`,
@@ -33,11 +33,11 @@
 //! way when their key is removed. Every operation runs under a pinned `Guard`. Inner nodes
 //! never leave the tree.
 //!
-//! Invariants (checked by the tests in this file):
+//! Invariants (the tests in this file check their consequences, not the structure itself):
 //! - keys in a node are strictly increasing; an inner node with `n` separators has `n + 1`
 //!   children, and child `i` holds exactly the keys in `[sep[i-1], sep[i])`;
-//! - an inner node's key range never changes; a leaf's range shrinks when it splits and
-//!   grows only over the range of an empty neighbour that left the tree. So the fence key a
+//! - a node's key range shrinks only when it splits (which changes its version); a leaf's
+//!   range grows only over the range of an empty neighbour that left the tree. So the fence key a
 //!   walk carries to the next leaf never skips an entry that was present for the whole walk
 //!   (what the phantom check's re-scan relies on).
 //!
@@ -128,6 +128,15 @@ impl VersionLock {
     fn unlock_unchanged(&self, v: u64) {
         debug_assert_eq!(self.0.load(Ordering::Relaxed), v + 1);
         self.0.store(v, Ordering::Release);
+    }
+}
+
+/// Releases a lock taken at version `v`, unchanged, if dropped (a panic in between).
+struct UnlockOnUnwind<'a>(&'a VersionLock, u64);
+
+impl Drop for UnlockOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.unlock_unchanged(self.1);
     }
 }
 
@@ -325,8 +334,8 @@ impl Inner {
     }
 }
 
-/// Cache lines of a node that a search reads: the header and the two inline key words of
-/// every slot (the header is 16 bytes; `hi` and `lo` follow it in both node kinds).
+/// Cache lines prefetched when a search reaches a node: all of them (measured faster than
+/// only the header and key words, docs/index-choice.md).
 const SEARCH_LINES: usize = std::mem::size_of::<Leaf>() / 64;
 const _: () = assert!(LEAF_CAP == INNER_CAP, "SEARCH_LINES assumes one slot count");
 
@@ -363,8 +372,8 @@ impl Inner {
     }
 }
 
-/// Views a node by kind. Nodes are never freed before the index, so the reference is valid
-/// for as long as the index is borrowed.
+/// Views a node by kind. A node is freed only through the epoch after it left the tree, so
+/// the reference is valid while the caller's guard is pinned.
 enum NodeRef<'a> {
     Leaf(&'a Leaf),
     Inner(&'a Inner),
@@ -393,6 +402,16 @@ pub struct Index {
 // SAFETY: all shared state is atomics; nodes and tails are owned by the index.
 unsafe impl Send for Index {}
 unsafe impl Sync for Index {}
+
+/// Every operation's guard must be pinned on the global collector, the one `for_each` pins
+/// and frees are deferred on: a guard of another collector would protect nothing.
+#[inline]
+fn check_guard(g: &Guard) {
+    assert!(
+        g.collector().is_some_and(|c| c == crossbeam_epoch::default_collector()),
+        "index operations need a guard from crossbeam_epoch::pin()"
+    );
+}
 
 /// Outcome of one optimistic attempt.
 enum Attempt<T> {
@@ -425,6 +444,7 @@ impl Index {
 
     /// The value for `key`, if present.
     pub fn get(&self, key: &[u8], g: &Guard) -> Option<u64> {
+        check_guard(g);
         let k = SearchKey::new(key);
         loop {
             if let Done(v) = self.try_get(&k, g) {
@@ -461,6 +481,7 @@ impl Index {
     /// Returns the value for `key`, inserting `make()` first if absent; the bool says whether
     /// this call inserted. `make` runs under the leaf's lock, at most once.
     pub fn get_or_insert_with(&self, key: &[u8], make: impl FnOnce() -> u64, g: &Guard) -> (u64, bool) {
+        check_guard(g);
         let k = SearchKey::new(key);
         let mut make = Some(make);
         loop {
@@ -519,14 +540,17 @@ impl Index {
                             return Restart;
                         }
                     }
-                    // Locked, and unchanged since the search above: `i` is the slot.
+                    // Locked, and unchanged since the search above: `i` is the slot. `make`
+                    // runs before any slot moves; if it panics, the leaf is unlocked as it was.
+                    let unwind = UnlockOnUnwind(&l.h.version, v);
+                    let val = (make.take().expect("make runs once"))();
+                    std::mem::forget(unwind);
                     let cnt = l.h.count.load(Ordering::Relaxed) as usize;
                     debug_assert!(cnt < LEAF_CAP);
                     for j in (i..cnt).rev() {
                         l.keys.move_slot(j + 1, &l.keys, j);
                         l.vals[j + 1].store(l.vals[j].load(Ordering::Relaxed), Ordering::Relaxed);
                     }
-                    let val = (make.take().expect("make runs once"))();
                     l.keys.set(i, k, new_tail(key));
                     l.vals[i].store(val, Ordering::Relaxed);
                     l.h.count.store(cnt as u32 + 1, Ordering::Relaxed);
@@ -638,6 +662,7 @@ impl Index {
 
     /// Removes `key` if it maps to `val`. Returns whether it did.
     pub fn remove_if(&self, key: &[u8], val: u64, g: &Guard) -> bool {
+        check_guard(g);
         let k = SearchKey::new(key);
         loop {
             if let Done(out) = self.try_remove(&k, val, g) {
@@ -1284,5 +1309,54 @@ mod tests {
         // The emptied tree still works.
         assert!(ix.get_or_insert_with(&key(7), || 7, &g).1);
         assert_eq!(ix.get(&key(7), &g), Some(7));
+    }
+
+    /// Threads racing to insert the same keys (long ones, with distinct tails): exactly one
+    /// insert wins per key, and every thread gets the winner's value back.
+    #[test]
+    fn racing_inserts_of_the_same_keys_insert_each_once() {
+        let ix = Index::new();
+        let n = 20_000u64;
+        let key = |x: u64| {
+            let mut k = vec![9u8; 16];
+            k.extend_from_slice(&(x * 7919 % n).to_be_bytes());
+            k
+        };
+        let wins: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let ix = &ix;
+                    s.spawn(move || {
+                        let mut got = Vec::new();
+                        for x in 0..n {
+                            let g = crossbeam_epoch::pin();
+                            let (v, inserted) = ix.get_or_insert_with(&key(x), || x * 10 + t, &g);
+                            got.push((v, inserted as u64));
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let g = crossbeam_epoch::pin();
+        for x in 0..n {
+            let winners = wins.iter().filter(|w| w[x as usize].1 == 1).count();
+            assert_eq!(winners, 1, "key {x} inserted {winners} times");
+            let v = ix.get(&key(x), &g).unwrap();
+            assert!(wins.iter().all(|w| w[x as usize].0 == v), "a thread saw another value for key {x}");
+            assert_eq!(v / 10, x, "key {x} holds a value made for another key");
+        }
+        assert_eq!(ix.len(), n as usize);
+    }
+
+    #[test]
+    #[should_panic(expected = "guard from crossbeam_epoch::pin()")]
+    fn a_guard_of_another_collector_is_refused() {
+        let ix = Index::new();
+        let collector = crossbeam_epoch::Collector::new();
+        let handle = collector.register();
+        let g = handle.pin();
+        ix.get(b"k", &g);
     }
 }

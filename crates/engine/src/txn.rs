@@ -149,8 +149,9 @@ impl RecentKeys {
         if key.is_empty() || key.len() > RECENT_KEY_LEN_MAX {
             return None;
         }
-        self.slots
-            .iter()
+        // Newest first: a key found twice (a record replaced meanwhile) answers with the later.
+        (1..=RECENT_KEYS)
+            .map(|back| &self.slots[self.next.wrapping_sub(back) % RECENT_KEYS])
             .find(|s| s.len as usize == key.len() && s.table == table.0 && &s.key[..key.len()] == key)
             .map(|s| RecordId(s.rid))
     }
@@ -583,6 +584,9 @@ fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u6
         rec.unlock_unchanged();
         return;
     }
+    // Unlinked (still locked) before it leaves the index, so that whoever still holds its rid
+    // (a transaction's remembered keys) sees it gone by the time a new record takes the key.
+    rec.tid.store(cur | UNLINKED_BIT | LOCK_BIT, Ordering::Release);
     t.index.remove_if(key, rid.0, &guard);
     rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
 }
