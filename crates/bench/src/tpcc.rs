@@ -310,251 +310,158 @@ impl<'a> Dec<'a> {
     }
 }
 
-struct Warehouse<'a> {
-    ytd: i64,
-    tax: i32,
-    name: &'a [u8],
-    street_1: &'a [u8],
-    street_2: &'a [u8],
-    city: &'a [u8],
-    state: [u8; 2],
-    zip: [u8; 9],
+/// A column type as rows store it (see `Enc` and `Dec`).
+trait Field<'a>: Sized {
+    fn put(&self, e: &mut Enc<'_>);
+    fn get(d: &mut Dec<'a>) -> Self;
 }
 
-impl<'a> Warehouse<'a> {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.i64(self.ytd);
-        e.i32(self.tax);
-        e.str(self.name);
-        e.str(self.street_1);
-        e.str(self.street_2);
-        e.str(self.city);
-        e.fixed(&self.state);
-        e.fixed(&self.zip);
-    }
-    fn decode(b: &'a [u8]) -> Self {
-        let mut d = Dec(b);
-        Warehouse {
-            ytd: d.i64(),
-            tax: d.i32(),
-            name: d.str(),
-            street_1: d.str(),
-            street_2: d.str(),
-            city: d.str(),
-            state: d.fixed(),
-            zip: d.fixed(),
+macro_rules! int_field {
+    ($($t:ident),*) => {$(
+        impl Field<'_> for $t {
+            fn put(&self, e: &mut Enc<'_>) {
+                e.$t(*self)
+            }
+            fn get(d: &mut Dec<'_>) -> Self {
+                d.$t()
+            }
         }
+    )*};
+}
+int_field!(u8, u32, i32, u64, i64);
+
+impl<const N: usize> Field<'_> for [u8; N] {
+    fn put(&self, e: &mut Enc<'_>) {
+        e.fixed(self)
+    }
+    fn get(d: &mut Dec<'_>) -> Self {
+        d.fixed()
     }
 }
 
-struct District<'a> {
-    ytd: i64,
-    tax: i32,
-    next_o_id: u32,
-    name: &'a [u8],
-    street_1: &'a [u8],
-    street_2: &'a [u8],
-    city: &'a [u8],
-    state: [u8; 2],
-    zip: [u8; 9],
+/// A length-prefixed string, borrowed from the row it was decoded from.
+impl<'a> Field<'a> for &'a [u8] {
+    fn put(&self, e: &mut Enc<'_>) {
+        e.str(self)
+    }
+    fn get(d: &mut Dec<'a>) -> Self {
+        d.str()
+    }
 }
 
-impl<'a> District<'a> {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.i64(self.ytd);
-        e.i32(self.tax);
-        e.u32(self.next_o_id);
-        e.str(self.name);
-        e.str(self.street_1);
-        e.str(self.street_2);
-        e.str(self.city);
-        e.fixed(&self.state);
-        e.fixed(&self.zip);
-    }
-    fn decode(b: &'a [u8]) -> Self {
-        let mut d = Dec(b);
-        District {
-            ytd: d.i64(),
-            tax: d.i32(),
-            next_o_id: d.u32(),
-            name: d.str(),
-            street_1: d.str(),
-            street_2: d.str(),
-            city: d.str(),
-            state: d.fixed(),
-            zip: d.fixed(),
+/// A row struct with `encode` (fields in declaration order) and `decode` (the same order).
+macro_rules! row {
+    ($(#[$m:meta])* struct $name:ident $(<$lt:lifetime>)? { $($(#[$fm:meta])* $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        struct $name $(<$lt>)? { $($(#[$fm])* $f: $t,)* }
+
+        impl<'a> $name $(<$lt>)? {
+            fn encode(&self, out: &mut Vec<u8>) {
+                let mut e = Enc::start(out);
+                $(Field::put(&self.$f, &mut e);)*
+            }
+            // History rows are only written.
+            #[allow(dead_code)]
+            fn decode(b: &'a [u8]) -> Self {
+                let mut d = Dec(b);
+                $name { $($f: Field::get(&mut d),)* }
+            }
         }
+    };
+}
+
+row! {
+    struct Warehouse<'a> {
+        ytd: i64,
+        tax: i32,
+        name: &'a [u8],
+        street_1: &'a [u8],
+        street_2: &'a [u8],
+        city: &'a [u8],
+        state: [u8; 2],
+        zip: [u8; 9],
     }
 }
 
-/// Every customer column but C_DATA.
-struct Customer<'a> {
-    balance: i64,
-    ytd_payment: i64,
-    payment_cnt: u32,
-    delivery_cnt: u32,
-    credit_lim: i64,
-    discount: i32,
-    credit: [u8; 2],
-    since: u64,
-    first: &'a [u8],
-    middle: [u8; 2],
-    last: &'a [u8],
-    street_1: &'a [u8],
-    street_2: &'a [u8],
-    city: &'a [u8],
-    state: [u8; 2],
-    zip: [u8; 9],
-    phone: [u8; 16],
-}
-
-impl<'a> Customer<'a> {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.i64(self.balance);
-        e.i64(self.ytd_payment);
-        e.u32(self.payment_cnt);
-        e.u32(self.delivery_cnt);
-        e.i64(self.credit_lim);
-        e.i32(self.discount);
-        e.fixed(&self.credit);
-        e.u64(self.since);
-        e.str(self.first);
-        e.fixed(&self.middle);
-        e.str(self.last);
-        e.str(self.street_1);
-        e.str(self.street_2);
-        e.str(self.city);
-        e.fixed(&self.state);
-        e.fixed(&self.zip);
-        e.fixed(&self.phone);
-    }
-    fn decode(b: &'a [u8]) -> Self {
-        let mut d = Dec(b);
-        Customer {
-            balance: d.i64(),
-            ytd_payment: d.i64(),
-            payment_cnt: d.u32(),
-            delivery_cnt: d.u32(),
-            credit_lim: d.i64(),
-            discount: d.i32(),
-            credit: d.fixed(),
-            since: d.u64(),
-            first: d.str(),
-            middle: d.fixed(),
-            last: d.str(),
-            street_1: d.str(),
-            street_2: d.str(),
-            city: d.str(),
-            state: d.fixed(),
-            zip: d.fixed(),
-            phone: d.fixed(),
-        }
+row! {
+    struct District<'a> {
+        ytd: i64,
+        tax: i32,
+        next_o_id: u32,
+        name: &'a [u8],
+        street_1: &'a [u8],
+        street_2: &'a [u8],
+        city: &'a [u8],
+        state: [u8; 2],
+        zip: [u8; 9],
     }
 }
 
-struct History<'a> {
-    c_id: u32,
-    c_d_id: u8,
-    c_w_id: u32,
-    d_id: u8,
-    w_id: u32,
-    date: u64,
-    amount: i64,
-    data: &'a [u8],
-}
-
-impl History<'_> {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.u32(self.c_id);
-        e.u8(self.c_d_id);
-        e.u32(self.c_w_id);
-        e.u8(self.d_id);
-        e.u32(self.w_id);
-        e.u64(self.date);
-        e.i64(self.amount);
-        e.str(self.data);
+row! {
+    /// Every customer column but C_DATA.
+    struct Customer<'a> {
+        balance: i64,
+        ytd_payment: i64,
+        payment_cnt: u32,
+        delivery_cnt: u32,
+        credit_lim: i64,
+        discount: i32,
+        credit: [u8; 2],
+        since: u64,
+        first: &'a [u8],
+        middle: [u8; 2],
+        last: &'a [u8],
+        street_1: &'a [u8],
+        street_2: &'a [u8],
+        city: &'a [u8],
+        state: [u8; 2],
+        zip: [u8; 9],
+        phone: [u8; 16],
     }
 }
 
-struct Order {
-    c_id: u32,
-    entry_d: u64,
-    /// 0: null (not delivered).
-    carrier_id: u8,
-    ol_cnt: u8,
-    all_local: u8,
-}
-
-impl Order {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.u32(self.c_id);
-        e.u64(self.entry_d);
-        e.u8(self.carrier_id);
-        e.u8(self.ol_cnt);
-        e.u8(self.all_local);
-    }
-    fn decode(b: &[u8]) -> Self {
-        let mut d = Dec(b);
-        Order { c_id: d.u32(), entry_d: d.u64(), carrier_id: d.u8(), ol_cnt: d.u8(), all_local: d.u8() }
+row! {
+    struct History<'a> {
+        c_id: u32,
+        c_d_id: u8,
+        c_w_id: u32,
+        d_id: u8,
+        w_id: u32,
+        date: u64,
+        amount: i64,
+        data: &'a [u8],
     }
 }
 
-struct OrderLine {
-    i_id: u32,
-    supply_w_id: u32,
-    /// 0: null (not delivered).
-    delivery_d: u64,
-    quantity: u8,
-    amount: i64,
-    dist_info: [u8; 24],
-}
-
-impl OrderLine {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.u32(self.i_id);
-        e.u32(self.supply_w_id);
-        e.u64(self.delivery_d);
-        e.u8(self.quantity);
-        e.i64(self.amount);
-        e.fixed(&self.dist_info);
-    }
-    fn decode(b: &[u8]) -> Self {
-        let mut d = Dec(b);
-        OrderLine {
-            i_id: d.u32(),
-            supply_w_id: d.u32(),
-            delivery_d: d.u64(),
-            quantity: d.u8(),
-            amount: d.i64(),
-            dist_info: d.fixed(),
-        }
+row! {
+    struct Order {
+        c_id: u32,
+        entry_d: u64,
+        /// 0: null (not delivered).
+        carrier_id: u8,
+        ol_cnt: u8,
+        all_local: u8,
     }
 }
 
-struct Item<'a> {
-    im_id: u32,
-    price: i64,
-    name: &'a [u8],
-    data: &'a [u8],
+row! {
+    struct OrderLine {
+        i_id: u32,
+        supply_w_id: u32,
+        /// 0: null (not delivered).
+        delivery_d: u64,
+        quantity: u8,
+        amount: i64,
+        dist_info: [u8; 24],
+    }
 }
 
-impl<'a> Item<'a> {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut e = Enc::start(out);
-        e.u32(self.im_id);
-        e.i64(self.price);
-        e.str(self.name);
-        e.str(self.data);
-    }
-    fn decode(b: &'a [u8]) -> Self {
-        let mut d = Dec(b);
-        Item { im_id: d.u32(), price: d.i64(), name: d.str(), data: d.str() }
+row! {
+    struct Item<'a> {
+        im_id: u32,
+        price: i64,
+        name: &'a [u8],
+        data: &'a [u8],
     }
 }
 
