@@ -1359,4 +1359,26 @@ mod tests {
         let g = handle.pin();
         ix.get(b"k", &g);
     }
+
+    /// A panic in `make` (the engine's rid allocation can panic when a table is out of
+    /// record ids) leaves the index as it was: the leaf unlocked, nothing inserted, no slot
+    /// shifted, and later operations and the drop work.
+    #[test]
+    fn a_panic_in_make_leaves_the_index_unchanged_and_unlocked() {
+        let ix = Index::new();
+        let g = crossbeam_epoch::pin();
+        let long = |x: u8| [x; 24];
+        for x in [1u8, 3] {
+            ix.get_or_insert_with(&long(x), || u64::from(x), &g);
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ix.get_or_insert_with(&long(2), || panic!("out of record ids"), &g)
+        }));
+        assert!(r.is_err());
+        assert_eq!(ix.get(&long(2), &g), None);
+        assert_eq!(ix.get(&long(1), &g), Some(1));
+        assert_eq!(ix.get(&long(3), &g), Some(3));
+        assert_eq!(ix.get_or_insert_with(&long(2), || 2, &g), (2, true));
+        assert_eq!(ix.len(), 3);
+    }
 }
