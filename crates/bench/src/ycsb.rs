@@ -143,10 +143,10 @@ pub fn check(db: &Database, y: &Ycsb) -> Result<u64, String> {
     db.read()
         .for_each(y.table, Bound::Unbounded, Bound::Unbounded, |k, v| {
             let ok = k.len() == 8
-                && u64::from_be_bytes(k.as_ref().try_into().expect("8 bytes")) < y.config.keys
+                && u64::from_be_bytes(k.try_into().expect("8 bytes")) < y.config.keys
                 && v.len() == y.config.value_len;
             if !ok {
-                bad = Some(k.clone());
+                bad = Some(k.to_vec());
                 return false;
             }
             rows += 1;

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use crate::clock::CommitClock;
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts, WorkerId};
-use crate::record::{Version, LOCK_BIT, TS_MASK};
+use crate::record::{OwnedVersion, LOCK_BIT, TS_MASK};
 use crate::table::{Table, RECORDS_PER_TABLE_MAX};
 use crate::txn::{ReadTxn, Transaction, TxnScratch};
 
@@ -197,38 +197,27 @@ impl Database {
 
     // ---- recovery: only before any worker runs ------------------------------------------
 
-    /// Installs a recovered version of (table, rid) if it is newer than what the record has.
-    /// Safe to call from several threads at once (replay of several streams in parallel).
-    pub fn recovery_install(
-        &self,
-        table: TableId,
-        rid: RecordId,
-        key: Option<&Bytes>,
-        ts: Ts,
-        value: Option<Bytes>,
-    ) -> Result<()> {
-        self.recovery_install_with(table, rid, key.map(|k| || k.clone()), ts, value.map(|v| move || v))
-    }
-
-    /// `recovery_install` with the key and value made on demand: `key` is called only if
-    /// the record has no key yet, `value` only if this version is newer than the record's
-    /// (`None` is still a delete). Replay uses it so that the many writes that lose to a
-    /// newer version cost no `Bytes` at all.
-    pub fn recovery_install_with<K, V>(
+    /// Installs a recovered version of (table, rid) if it is newer than what the record has
+    /// (`value` `None`: a delete). `key` is called only if the record has no key yet, so the
+    /// many replayed writes that lose to a newer version cost no allocation at all. Safe to
+    /// call from several threads at once (replay of several streams in parallel).
+    pub fn recovery_install<K>(
         &self,
         table: TableId,
         rid: RecordId,
         key: Option<K>,
         ts: Ts,
-        value: Option<V>,
+        value: Option<&[u8]>,
     ) -> Result<()>
     where
         K: FnOnce() -> Bytes,
-        V: FnOnce() -> Bytes,
     {
         let t = self.table(table)?;
         if rid.0 >= RECORDS_PER_TABLE_MAX {
             return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
+        }
+        if let Some(v) = value {
+            check_value_len(v)?;
         }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
@@ -247,29 +236,16 @@ impl Database {
             rec.unlock_unchanged();
             return Ok(());
         }
-        let value = value.map(|v| v());
         // SAFETY: recovery runs before any reader or committer exists, and every installer
         // takes the record lock (held here) before touching its versions: nothing else can
-        // load, change or free them, so they need no epoch protection and may be changed in
-        // place or freed at once.
+        // load or free them, so the one recovered version is overwritten in place when the
+        // value fits, else replaced at once, not retired.
         unsafe {
-            let g = crossbeam_epoch::unprotected();
-            let mut head = rec.head.load(Ordering::Relaxed, g);
-            if head.is_null() {
-                let v = Version { ts, value, older: crossbeam_epoch::Atomic::null() };
-                rec.head.store(crossbeam_epoch::Owned::new(v), Ordering::Release);
-            } else {
-                // Replay installs a record's versions over and over: overwrite the one
-                // version in place rather than allocate a new one and retire the old.
-                let v = head.deref_mut();
-                v.ts = ts;
-                v.value = value;
-                let mut older = v.older.swap(crossbeam_epoch::Shared::null(), Ordering::Relaxed, g);
-                while !older.is_null() {
-                    let next = older.deref().older.load(Ordering::Relaxed, g);
-                    drop(older.into_owned());
-                    older = next;
-                }
+            if !rec.overwrite_only_version(ts, value) {
+                rec.free_versions_now();
+                let mut version = OwnedVersion::new(value);
+                version.set_ts(ts);
+                rec.head.store(version.into_raw(), Ordering::Release);
             }
         }
         rec.tid.store(ts.0, Ordering::Release);
@@ -286,8 +262,8 @@ impl Database {
             let Some(t) = slot.get() else { continue };
             for rid in 0..t.rid_limit() {
                 let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
-                let obs = rec.read_latest(&guard);
-                if obs.value.is_some() {
+                let (_, head) = rec.read_latest(&guard);
+                if head.is_some_and(|v| v.value().is_some()) {
                     // A present record got its key from the checkpoint or from the logged
                     // insert; without one the log or checkpoint lost an insert.
                     let Some(key) = rec.key.get() else {
@@ -407,9 +383,9 @@ impl std::fmt::Debug for CommitTicket {
     }
 }
 
-pub(crate) fn value_bytes(v: &[u8]) -> Result<Bytes> {
+pub(crate) fn check_value_len(v: &[u8]) -> Result<()> {
     if v.len() > VALUE_LEN_MAX {
         return Err(Error::TooLarge { what: "value", len: v.len(), max: VALUE_LEN_MAX });
     }
-    Ok(Bytes::copy_from_slice(v))
+    Ok(())
 }

@@ -104,15 +104,7 @@ impl Drop for Table {
             let chunk = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK_LEN)) };
             for rec in chunk.iter() {
                 // SAFETY: nobody else can reach these versions any more.
-                unsafe {
-                    let g = crossbeam_epoch::unprotected();
-                    let mut cur = rec.head.load(Ordering::Relaxed, g);
-                    while !cur.is_null() {
-                        let next = cur.deref().older.load(Ordering::Relaxed, g);
-                        drop(cur.into_owned());
-                        cur = next;
-                    }
-                }
+                unsafe { rec.free_versions_now() };
             }
         }
     }

@@ -36,12 +36,12 @@ use bytes::Bytes;
 use crossbeam_epoch::Guard;
 
 use crate::db::{
-    value_bytes, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
+    check_value_len, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
     LOG_WRITE_OVERHEAD_MAX, TXN_BYTES_MAX,
 };
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
-use crate::record::{Record, Version, LOCK_BIT, TS_MASK, UNLINKED_BIT};
+use crate::record::{OwnedVersion, Record, LOCK_BIT, TS_MASK, UNLINKED_BIT};
 use crate::table::Table;
 
 /// Scan direction.
@@ -55,8 +55,8 @@ struct WriteEntry {
     table: TableId,
     rid: RecordId,
     rec: *const Record,
-    /// `None`: delete.
-    value: Option<Bytes>,
+    /// The new version, installed as is at commit (a tombstone for a delete).
+    version: OwnedVersion,
     /// The TID the transaction saw; validated under the lock at commit.
     observed_tid: u64,
     /// This transaction put the record into the index (it was not there before).
@@ -212,18 +212,18 @@ impl<'w> Transaction<'w> {
 
     /// Reads a key. `None` if absent or deleted.
     pub fn get(&mut self, table: TableId, key: &[u8]) -> Result<Option<Bytes>> {
-        Ok(self.find_value(table, key)?.cloned())
+        Ok(self.find_value(table, key)?.map(Bytes::copy_from_slice))
     }
 
     /// Reads a key and hands its value to `f` in place (no copy, no reference count), for
     /// callers that decode the value at once. `None` if absent or deleted.
     pub fn get_with<R>(&mut self, table: TableId, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
-        Ok(self.find_value(table, key)?.map(|v| f(v)))
+        Ok(self.find_value(table, key)?.map(f))
     }
 
     /// The value a read of `key` sees (our own write, or the newest committed version,
     /// recorded for validation).
-    fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&Bytes>> {
+    fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
         let t = self.table(table)?;
         let Some(rid) = t.index.get(key, &self.guard) else {
             self.s.misses.push((table, Bytes::copy_from_slice(key)));
@@ -232,14 +232,14 @@ impl<'w> Transaction<'w> {
         self.s.recent.remember(table, key, RecordId(rid));
         let rec: &Record = t.record(RecordId(rid));
         if let Some(i) = self.find_write(rec) {
-            return Ok(self.s.writes[i].value.as_ref());
+            return Ok(self.s.writes[i].version.value());
         }
-        let (tid, head) = rec.read_latest_ref(&self.guard);
-        let head = head.map(|v| v as *const Version);
+        let (tid, head) = rec.read_latest(&self.guard);
+        let value = head.and_then(|v| v.value()).map(|v| v as *const [u8]);
         self.s.reads.push((rec, tid));
         // SAFETY: the version is immutable and lives while `self.guard` (pinned for the
         // whole transaction) is, which outlasts the returned borrow of `self`.
-        Ok(head.and_then(|v| unsafe { &*v }.value.as_ref()))
+        Ok(value.map(|v| unsafe { &*v }))
     }
 
     /// Inserts a key that must not exist (Err(KeyExists) otherwise).
@@ -266,7 +266,9 @@ impl<'w> Transaction<'w> {
         if key.len() > KEY_LEN_MAX {
             return Err(Error::TooLarge { what: "key", len: key.len(), max: KEY_LEN_MAX });
         }
-        let value = value.map(value_bytes).transpose()?;
+        if let Some(v) = value {
+            check_value_len(v)?;
+        }
         let t = self.table(table)?;
         // A remembered record that has left the index since is no answer: search again, as
         // a transaction that never remembered it would.
@@ -298,17 +300,17 @@ impl<'w> Transaction<'w> {
         let rec: &Record = t.record(entry_rid);
         if let Some(i) = self.find_write(rec) {
             let w = &mut self.s.writes[i];
-            let existed = w.value.is_some();
+            let existed = w.version.value().is_some();
             match mode {
                 WriteMode::Insert if existed => return Err(Error::KeyExists),
                 WriteMode::Update if !existed => return Err(Error::KeyNotFound),
                 WriteMode::Delete if !existed => return Ok(false),
-                _ => w.value = value,
+                _ => w.version.set(value),
             }
             return Ok(existed);
         }
-        let obs = rec.read_latest(&self.guard);
-        let existed = obs.value.is_some();
+        let (tid, head) = rec.read_latest(&self.guard);
+        let existed = head.is_some_and(|v| v.value().is_some());
         let refuse = match mode {
             WriteMode::Insert if existed => Some(Err(Error::KeyExists)),
             WriteMode::Update if !existed => Some(Err(Error::KeyNotFound)),
@@ -317,10 +319,11 @@ impl<'w> Transaction<'w> {
         };
         if let Some(out) = refuse {
             // The outcome depended on the record's state: validate it like any read.
-            self.s.reads.push((rec, obs.tid));
+            self.s.reads.push((rec, tid));
             return out;
         }
-        self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, value, observed_tid: obs.tid, created, existed });
+        let version = OwnedVersion::new(value);
+        self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, version, observed_tid: tid, created, existed });
         Ok(existed)
     }
 
@@ -348,15 +351,15 @@ impl<'w> Transaction<'w> {
                     if w.observed_tid != 0 {
                         fp.add(rid);
                     }
-                    w.value.clone()
+                    w.version.value().map(Bytes::copy_from_slice)
                 }
                 None => {
-                    let obs = rec.read_latest(&this.guard);
-                    if in_phantom_set(obs.tid) {
+                    let (tid, head) = rec.read_latest(&this.guard);
+                    if in_phantom_set(tid) {
                         fp.add(rid);
-                        this.s.reads.push((rec, obs.tid));
+                        this.s.reads.push((rec, tid));
                     }
-                    obs.value
+                    head.and_then(|v| v.value()).map(Bytes::copy_from_slice)
                 }
             };
             if let Some(v) = value {
@@ -417,7 +420,7 @@ impl<'w> Transaction<'w> {
                 .map(|w| {
                     LOG_WRITE_OVERHEAD_MAX
                         + w.logged_key().map_or(0, <[u8]>::len)
-                        + w.value.as_ref().map_or(0, |v| v.len())
+                        + w.version.value().map_or(0, <[u8]>::len)
                 })
                 .sum::<usize>();
         if bytes > TXN_BYTES_MAX {
@@ -463,7 +466,7 @@ impl<'w> Transaction<'w> {
                 table: w.table,
                 rid: w.rid,
                 key: w.logged_key(),
-                value: w.value.as_deref(),
+                value: w.version.value(),
             });
             log.append(self.worker.id, ts, &mut it);
         }
@@ -472,10 +475,10 @@ impl<'w> Transaction<'w> {
         for w in self.s.writes.drain(..) {
             // SAFETY: as above.
             let rec = unsafe { &*w.rec };
-            if w.value.is_none() {
+            if w.version.value().is_none() {
                 self.worker.cleanup.push((w.table, w.rid, ts));
             }
-            rec.install_and_unlock(ts, w.value, horizon, &self.guard);
+            rec.install_and_unlock(ts, w.version, horizon, &self.guard);
         }
         // 6. Visible to snapshots and to the stream bound.
         clock.end_commit(worker);
@@ -585,9 +588,8 @@ fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u6
     let cur = rec.tid.load(Ordering::Relaxed) & !LOCK_BIT;
     let guard = crossbeam_epoch::pin();
     let is_tombstone_or_absent = {
-        let head = rec.head.load(Ordering::Acquire, &guard);
-        // SAFETY: pinned.
-        unsafe { head.as_ref() }.is_none_or(|v| v.value.is_none())
+        // Not `read_latest`: that would wait for our own lock.
+        rec.head_locked(&guard).is_none_or(|v| v.value().is_none())
     };
     if cur != expect_tid || !is_tombstone_or_absent {
         rec.unlock_unchanged();
@@ -643,19 +645,19 @@ impl<'db> ReadTxn<'db> {
 
     pub fn get(&self, table: TableId, key: &[u8]) -> Result<Option<Bytes>> {
         let guard = crossbeam_epoch::pin();
-        Ok(self.value_at(table, key, &guard)?.cloned())
+        Ok(self.value_at(table, key, &guard)?.map(Bytes::copy_from_slice))
     }
 
     /// Reads a key at the snapshot and hands its value to `f` in place.
     pub fn get_with<R>(&self, table: TableId, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         let guard = crossbeam_epoch::pin();
-        Ok(self.value_at(table, key, &guard)?.map(|v| f(v)))
+        Ok(self.value_at(table, key, &guard)?.map(f))
     }
 
-    fn value_at<'g>(&self, table: TableId, key: &[u8], guard: &'g Guard) -> Result<Option<&'g Bytes>> {
+    fn value_at<'g>(&self, table: TableId, key: &[u8], guard: &'g Guard) -> Result<Option<&'g [u8]>> {
         let t = self.db.table(table)?;
         let Some(rid) = t.index.get(key, guard) else { return Ok(None) };
-        Ok(t.record(RecordId(rid)).read_at(self.ts, guard).and_then(|v| v.value.as_ref()))
+        Ok(t.record(RecordId(rid)).read_at(self.ts, guard).and_then(|v| v.value()))
     }
 
     /// Calls `f(key, value)` for present keys in the range in order until it returns false.
@@ -664,7 +666,7 @@ impl<'db> ReadTxn<'db> {
         table: TableId,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
-        mut f: impl FnMut(&Bytes, &Bytes) -> bool,
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
         let t = self.db.table(table)?;
         // One pin for the walk, renewed now and then so a long walk does not hold back
@@ -677,7 +679,7 @@ impl<'db> ReadTxn<'db> {
                 guard.repin();
             }
             let rec = t.record(RecordId(rid));
-            match (rec.read_at(self.ts, &guard).and_then(|v| v.value.as_ref()), rec.key.get()) {
+            match (rec.read_at(self.ts, &guard).and_then(|v| v.value()), rec.key.get()) {
                 (Some(v), Some(key)) => f(key, v),
                 _ => true,
             }
@@ -699,8 +701,8 @@ impl<'db> ReadTxn<'db> {
         let guard = crossbeam_epoch::pin();
         t.index.for_each(lo, hi, dir, |rid| {
             let rec = t.record(RecordId(rid));
-            if let (Some(v), Some(key)) = (rec.read_at(self.ts, &guard).and_then(|v| v.value.clone()), rec.key.get()) {
-                out.push((key.clone(), v));
+            if let (Some(v), Some(key)) = (rec.read_at(self.ts, &guard).and_then(|v| v.value()), rec.key.get()) {
+                out.push((key.clone(), Bytes::copy_from_slice(v)));
             }
             limit == 0 || out.len() < limit
         });
@@ -714,7 +716,7 @@ impl<'db> ReadTxn<'db> {
         &self,
         table: TableId,
         rids: std::ops::Range<u64>,
-        mut f: impl FnMut(RecordId, &Bytes, Ts, &Bytes),
+        mut f: impl FnMut(RecordId, &[u8], Ts, &[u8]),
     ) -> Result<()> {
         let t = self.db.table(table)?;
         let end = rids.end.min(t.rid_limit());
@@ -725,7 +727,7 @@ impl<'db> ReadTxn<'db> {
             }
             let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
             if let Some(v) = rec.read_at(self.ts, &guard) {
-                if let (Some(val), Some(key)) = (v.value.as_ref(), rec.key.get()) {
+                if let (Some(val), Some(key)) = (v.value(), rec.key.get()) {
                     f(RecordId(rid), key, v.ts, val);
                 }
             }

@@ -225,7 +225,7 @@ impl<W: Write> PartWriter<W> {
         self.out.write_all(b)
     }
 
-    fn row(&mut self, table: TableId, rid: RecordId, ts: Ts, key: &Bytes, val: &Bytes) -> std::io::Result<()> {
+    fn row(&mut self, table: TableId, rid: RecordId, ts: Ts, key: &[u8], val: &[u8]) -> std::io::Result<()> {
         let mut h = [0u8; 24];
         h[..4].copy_from_slice(&table.0.to_le_bytes());
         h[4..12].copy_from_slice(&rid.0.to_le_bytes());
@@ -370,9 +370,8 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
             return Err(bad(p, "row version is newer than the checkpoint"));
         }
         // Checkpoint rows are whole records: they always carry the key.
-        let key = b.slice(kstart..kstart + klen);
-        db.recovery_install(table, rid, Some(&key), vts, Some(b.slice(vstart..vstart + vlen)))
-            .map_err(LogError::Engine)?;
+        let key = || b.slice(kstart..kstart + klen);
+        db.recovery_install(table, rid, Some(key), vts, Some(&b[vstart..vstart + vlen])).map_err(LogError::Engine)?;
         p = vstart + vlen;
         n += 1;
     }

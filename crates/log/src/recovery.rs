@@ -355,8 +355,9 @@ pub(crate) fn replay_log(
                             continue;
                         }
                         let p = b.payload_in(&mut scratch);
-                        // Keys and values that are kept: zero-copy slices of an uncompressed
-                        // batch, else copies packed into the arena (the payload is scratch).
+                        // Keys that are kept: zero-copy slices of an uncompressed batch, else
+                        // copies packed into the arena (the payload is scratch). Values are
+                        // copied into their versions.
                         let keep = |part: &[u8]| match p.shared() {
                             Some(_) => p.bytes(part),
                             None => arena.borrow_mut().copy(part),
@@ -369,8 +370,7 @@ pub(crate) fn replay_log(
                             }
                             for w in t.writes() {
                                 let key = w.key.map(|k| move || keep(k));
-                                let value = w.value.map(|v| move || keep(v));
-                                db.recovery_install_with(w.table, w.rid, key, t.ts, value).map_err(LogError::Engine)?;
+                                db.recovery_install(w.table, w.rid, key, t.ts, w.value).map_err(LogError::Engine)?;
                             }
                             n_replayed += 1;
                         }
