@@ -22,6 +22,8 @@ pub enum BenchCmd {
     Index(IndexArgs),
     /// Recovery speed: log a TPC-C run, then time checkpoint load and log replay.
     Recovery(RecoveryArgs),
+    /// The log's LZ4 compressor on real TPC-C batch payloads: MB/s and ratio.
+    Lz4(Lz4Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -107,6 +109,21 @@ pub struct RecoveryArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+pub struct Lz4Args {
+    /// Seconds of TPC-C (1 worker, uncompressed log) whose batches are compressed.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Timed passes over all payloads; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Reduced TPC-C sizes (quick runs; smaller rows, so a different ratio).
+    #[arg(long)]
+    small: bool,
+    #[arg(long)]
+    json: bool,
+}
+
 pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
         BenchCmd::Tpcc(a) => {
@@ -152,6 +169,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         BenchCmd::Recovery(a) => recovery(a),
+        BenchCmd::Lz4(a) => lz4(a),
     }
 }
 
@@ -306,5 +324,70 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     d.close();
+    Ok(())
+}
+
+/// Logs a short TPC-C run uncompressed, reads every batch payload back from the segment
+/// files, and times the flusher's compressor over them (best of `rounds` passes).
+fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
+    let scratch = ScratchDir::new(None, "lz4")?;
+    let cfg = if a.small { tpcc::TpccConfig::small(1) } else { tpcc::TpccConfig::new(1) };
+    {
+        let d = ditto_log::open(
+            &scratch.path,
+            OpenOptions {
+                workers: 1,
+                log: log_options(ditto_log::Durability::NoSync(Duration::from_millis(10)), false),
+                progress: false,
+            },
+        )?;
+        let t = tpcc::load(d.db(), &cfg, true)?;
+        // Only the run's batches count: the load's are folded into a checkpoint.
+        d.checkpoint()?;
+        let run = RunConfig { workers: 1, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
+        let zero = || 0u64;
+        tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &zero })?;
+        d.close();
+    }
+    let mut payloads = Vec::new();
+    for e in std::fs::read_dir(scratch.path.join("log"))? {
+        let path = e?.path();
+        let file = ditto_engine::Bytes::from(std::fs::read(&path)?);
+        let scan = ditto_log::format::read_segment(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+        payloads.extend(scan.batches.iter().map(|(_, b)| b.payload()).filter(|p| !p.is_empty()));
+    }
+    let raw: usize = payloads.iter().map(|p| p.len()).sum();
+    if raw == 0 {
+        return Err("the TPC-C run logged nothing".into());
+    }
+    let (mut best, mut stored) = (f64::MAX, 0usize);
+    let mut out = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let t0 = std::time::Instant::now();
+        stored = 0;
+        for p in &payloads {
+            out.clear();
+            stored += ditto_log::format::compress_payload(p, &mut out).unwrap_or(p.len());
+        }
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    let mb_per_s = raw as f64 / 1e6 / best;
+    println!(
+        "lz4: {} TPC-C batches, {:.1} MB raw -> {:.1} MB ({:.3}), {:.0} MB/s",
+        payloads.len(),
+        raw as f64 / 1e6,
+        stored as f64 / 1e6,
+        stored as f64 / raw as f64,
+        mb_per_s
+    );
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "benchmark": "lz4", "machine": machine(), "batches": payloads.len(),
+                "raw_mb": raw as f64 / 1e6, "ratio": stored as f64 / raw as f64, "compress_mb_per_s": mb_per_s,
+            })
+        );
+    }
     Ok(())
 }

@@ -50,6 +50,16 @@ fn bench_index_small() {
 }
 
 #[test]
+fn bench_lz4_small() {
+    let (out, _) = ditto(&["bench", "lz4", "--small", "--seconds", "0.5", "--rounds", "1", "--json"]);
+    let j = last_json(&out);
+    assert!(j["batches"].as_u64().unwrap() > 0, "{out}");
+    let ratio = j["ratio"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio < 1.0, "TPC-C payloads compress: {out}");
+    assert!(j["compress_mb_per_s"].as_f64().unwrap() > 0.0, "{out}");
+}
+
+#[test]
 fn bench_recovery_small() {
     let (out, _) = ditto(&["bench", "recovery", "--small", "--workers", "2", "--seconds", "1", "--json"]);
     let j = last_json(&out);

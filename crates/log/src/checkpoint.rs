@@ -25,6 +25,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use ditto_engine::{Database, RecordId, TableId, Ts};
 
+use crate::arena::KeyArena;
+
 use crate::catalog::write_atomically;
 use crate::format::Epoch;
 use crate::storage::{sync_dir, Storage};
@@ -347,6 +349,7 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
     if &b[end..end + 8] != END_MAGIC || u64_at(end + 8) != info.rows {
         return Err(bad(end, "bad part trailer"));
     }
+    let mut keys = KeyArena::default();
     let mut p = PART_HEADER_LEN;
     let mut n = 0;
     while p < end {
@@ -370,7 +373,7 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
             return Err(bad(p, "row version is newer than the checkpoint"));
         }
         // Checkpoint rows are whole records: they always carry the key.
-        let key = || b.slice(kstart..kstart + klen);
+        let key = || keys.copy(&b[kstart..kstart + klen]);
         db.recovery_install(table, rid, Some(key), vts, Some(&b[vstart..vstart + vlen])).map_err(LogError::Engine)?;
         p = vstart + vlen;
         n += 1;

@@ -17,6 +17,7 @@
 //! when the write gives the record a value it did not have), so replay never needs undo and
 //! never needs the index to apply an update.
 
+mod arena;
 pub mod catalog;
 pub mod checkpoint;
 pub mod format;

@@ -25,9 +25,8 @@
 //!  6. indexes rebuilt from the live records; clock moved past everything recovered.
 //!
 //! Memory: the segment files are held as read (compressed) until replay ends; batches are
-//! decompressed into one reused buffer per thread, and the keys and values replay keeps
-//! are copied into shared 1 MiB chunks (`Arena`), or sliced without a copy from an
-//! uncompressed segment.
+//! decompressed into one reused buffer per thread; the keys replay keeps are copied into
+//! shared 1 MiB chunks (`KeyArena`), the values into their versions.
 //! ```
 
 use std::cell::RefCell;
@@ -36,8 +35,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use ditto_engine::{Database, Ts};
+
+use crate::arena::KeyArena;
 
 use crate::format::{read_segment, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION};
 use crate::LogError;
@@ -235,27 +236,6 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) ->
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Where replay copies the keys and values it keeps out of a decompressed payload (which
-/// lives in a scratch buffer reused batch after batch): packed into shared chunks, so that
-/// a kept value costs a copy and a reference count, not an allocation of its own. A chunk
-/// is freed once nothing refers to any of its values.
-#[derive(Default)]
-struct Arena {
-    chunk: BytesMut,
-}
-
-impl Arena {
-    const CHUNK: usize = 1 << 20;
-
-    fn copy(&mut self, part: &[u8]) -> Bytes {
-        if self.chunk.capacity() - self.chunk.len() < part.len() {
-            self.chunk = BytesMut::with_capacity(Self::CHUNK.max(part.len()));
-        }
-        self.chunk.extend_from_slice(part);
-        self.chunk.split().freeze()
-    }
-}
-
 /// Threads for reading and replaying the log.
 fn recovery_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -347,7 +327,7 @@ pub(crate) fn replay_log(
             .map(|_| {
                 sc.spawn(|| -> Result<(), LogError> {
                     let mut scratch = Vec::new();
-                    let arena = RefCell::new(Arena::default());
+                    let arena = RefCell::new(KeyArena::default());
                     let (mut n_replayed, mut n_dropped) = (0, 0);
                     while let Some(b) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
                         if b.header.first_ts > cut {
@@ -355,13 +335,10 @@ pub(crate) fn replay_log(
                             continue;
                         }
                         let p = b.payload_in(&mut scratch);
-                        // Keys that are kept: zero-copy slices of an uncompressed batch, else
-                        // copies packed into the arena (the payload is scratch). Values are
-                        // copied into their versions.
-                        let keep = |part: &[u8]| match p.shared() {
-                            Some(_) => p.bytes(part),
-                            None => arena.borrow_mut().copy(part),
-                        };
+                        // Keys that are kept are copied into the arena, not sliced out of the
+                        // payload, so that no segment buffer outlives replay for the sake of a
+                        // few keys. Values are copied into their versions.
+                        let keep = |part: &[u8]| arena.borrow_mut().copy(part);
                         let txns: Vec<_> = p.txns().filter(|t| t.ts > ckpt_ts).collect();
                         for t in txns.iter().rev() {
                             if t.ts > cut {
