@@ -834,6 +834,20 @@ impl Batch {
         }
     }
 
+    /// The second step of `decode_batch` (after `decode_batch_checksums`): decompresses the
+    /// payload into `scratch` if needed and checks every record in it. Recovery runs it
+    /// once per batch, in the replayer, so that replay does not decompress twice.
+    pub fn checked_payload_in<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Payload<'a>, FormatError> {
+        let p = if self.header.compressed {
+            let bytes = decompress(&self.stored, self.header.raw_len, scratch)?;
+            Payload { header: &self.header, bytes, shared: None }
+        } else {
+            Payload { header: &self.header, bytes: &self.stored, shared: Some(&self.stored) }
+        };
+        validate_payload(&self.header, p.bytes)?;
+        Ok(p)
+    }
+
     /// The uncompressed payload as a `Bytes` of its own (the stored bytes themselves when
     /// uncompressed, else a new buffer).
     pub fn payload(&self) -> Bytes {
@@ -988,6 +1002,16 @@ pub fn decode_batch(buf: &Bytes) -> Result<(Batch, usize), FormatError> {
 /// `decode_batch`, decompressing (to check the payload) into `scratch`, whose allocation
 /// is reused from one batch to the next.
 pub fn decode_batch_in(buf: &Bytes, scratch: &mut Vec<u8>) -> Result<(Batch, usize), FormatError> {
+    let (batch, used) = decode_batch_checksums(buf)?;
+    batch.checked_payload_in(scratch)?;
+    Ok((batch, used))
+}
+
+/// The first step of `decode_batch`: header and payload checksums, no decompression and
+/// no look inside the payload. A batch that passes is intact as written (so no torn write
+/// explains a later `checked_payload_in` failure: that is corruption); its payload must
+/// still pass `checked_payload_in` before anything reads it.
+pub fn decode_batch_checksums(buf: &Bytes) -> Result<(Batch, usize), FormatError> {
     let header = decode_batch_header(buf)?;
     let total = header.total_len();
     if buf.len() < total {
@@ -998,8 +1022,6 @@ pub fn decode_batch_in(buf: &Bytes, scratch: &mut Vec<u8>) -> Result<(Batch, usi
     if computed != header.payload_crc {
         return Err(FormatError::PayloadChecksum { stored: header.payload_crc, computed });
     }
-    let payload = if header.compressed { decompress(stored, header.raw_len, scratch)? } else { stored };
-    validate_payload(&header, payload)?;
     Ok((Batch { header, stored: buf.slice(BATCH_HEADER_LEN..total) }, total))
 }
 
@@ -1258,16 +1280,34 @@ pub fn compress_payload(raw: &[u8], out: &mut Vec<u8>) -> Option<usize> {
 /// first batch that does not decode, which is classified as `Torn` or `Corrupt` (see the
 /// module docs). Errs only if the segment header itself is bad. Never panics.
 pub fn read_segment(file: &Bytes) -> Result<SegmentScan, FormatError> {
+    read_segment_checking(file, |_| true)
+}
+
+/// `read_segment` that looks inside only the payloads `check_inside` is given: a batch
+/// `check_inside` returns false for has passed its checksums alone, and its reader must
+/// call `Batch::checked_payload_in` before anything else (recovery's replayer does).
+pub fn read_segment_checking(
+    file: &Bytes,
+    mut check_inside: impl FnMut(&Batch) -> bool,
+) -> Result<SegmentScan, FormatError> {
+    let mut scratch = Vec::new();
+    read_segment_with(file, |b| if check_inside(b) { b.checked_payload_in(&mut scratch).map(drop) } else { Ok(()) })
+}
+
+fn read_segment_with(
+    file: &Bytes,
+    mut inside: impl FnMut(&Batch) -> Result<(), FormatError>,
+) -> Result<SegmentScan, FormatError> {
     let header = SegmentHeader::decode(file)?;
     let mut batches = Vec::new();
-    let mut scratch = Vec::new();
     let mut off = SEGMENT_HEADER_LEN;
     let end = loop {
         if off == file.len() {
             break SegmentEnd::Clean;
         }
         let rest = file.slice(off..);
-        let reason = match decode_batch_in(&rest, &mut scratch).and_then(|b| belongs(&header, b)) {
+        let decoded = decode_batch_checksums(&rest).and_then(|b| inside(&b.0).map(|()| b));
+        let reason = match decoded.and_then(|b| belongs(&header, b)) {
             Ok((batch, used)) => {
                 batches.push((off as u64, batch));
                 off += used;

@@ -6,9 +6,14 @@
 //!  3. every segment of every stream (epoch >= the manifest's log_epoch_min), read and
 //!     checked in parallel (one segment per task, largest first, on as many threads as
 //!     cores), then each stream checked as a whole:
+//!       - every batch's checksums here; the inside of a batch (decompressed, every
+//!         record decoded) here if replay will not read it, else by the replayer in step
+//!         5, so no payload is decompressed twice;
 //!       - a torn tail in a stream's LAST segment is truncated away (it was never durable,
-//!         so it held nothing acknowledged), once the whole log has checked out;
-//!       - any other damage stops recovery with the file and offset, changing nothing.
+//!         so it held nothing acknowledged), once the whole log has been checked and
+//!         replayed;
+//!       - any other damage, here or in step 5, stops recovery with the file and offset,
+//!         changing nothing on disk.
 //!  4. cut = min over streams of max(C, highest bound_ts the stream made durable)
 //!     (the durable watermark the primary had, recomputed from the disk: Rolis 3.3)
 //!  5. replay every transaction with C < ts <= cut; a version is installed only if newer
@@ -40,7 +45,7 @@ use ditto_engine::{Database, Ts};
 
 use crate::arena::KeyArena;
 
-use crate::format::{read_segment, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION};
+use crate::format::{read_segment_checking, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION};
 use crate::LogError;
 
 #[derive(Debug, Clone, Default)]
@@ -56,6 +61,9 @@ pub struct RecoveryReport {
     pub log_txns_dropped_above_cut: u64,
     pub torn_tails_truncated: Vec<(PathBuf, u64)>,
     pub cut_ts: Ts,
+    /// Of `log_seconds`, the part spent reading and checking the segments (the rest is
+    /// replay).
+    pub log_check_seconds: f64,
     pub log_seconds: f64,
     pub total_seconds: f64,
     /// Highest epoch seen in the log (new writes use a higher one).
@@ -123,10 +131,17 @@ pub(crate) fn list_segments(data: &Path) -> Result<Vec<SegmentFile>, LogError> {
     Ok(out)
 }
 
-/// One segment file, read and checked on its own (`read_segment`), plus its length.
-fn read_one(f: &SegmentFile) -> Result<(SegmentScan, u64), LogError> {
+/// Whether replay will read this batch (it holds transactions above the checkpoint).
+fn replays(b: &Batch, ckpt_ts: Ts) -> bool {
+    b.header.txn_count > 0 && b.header.last_ts > ckpt_ts
+}
+
+/// One segment file, read and checked on its own, plus its length. Every batch's checksums
+/// are checked here; the inside of a batch only if replay will not read it (the replayer
+/// checks the others as it decompresses them, so each payload is decompressed once).
+fn read_one(f: &SegmentFile, ckpt_ts: Ts) -> Result<(SegmentScan, u64), LogError> {
     let raw = Bytes::from(std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?);
-    let scan = read_segment(&raw).map_err(|e| match e {
+    let scan = read_segment_checking(&raw, |b| !replays(b, ckpt_ts)).map_err(|e| match e {
         FormatError::UnsupportedVersion(version) => {
             LogError::UnsupportedVersion { file: f.path.clone(), version, supported: LOG_FORMAT_VERSION }
         }
@@ -142,10 +157,18 @@ fn read_one(f: &SegmentFile) -> Result<(SegmentScan, u64), LogError> {
     Ok((scan, raw.len() as u64))
 }
 
+/// A batch replay will read, and where it is (for errors).
+struct Kept<'s> {
+    batch: Batch,
+    file: &'s Path,
+    offset: u64,
+}
+
 /// What one stream's segments hold, checked as a stream.
 struct StreamLog<'s> {
-    /// The batches holding transactions above the checkpoint.
-    batches: Vec<Batch>,
+    /// The batches holding transactions above the checkpoint (checksums checked, insides
+    /// not yet).
+    batches: Vec<Kept<'s>>,
     /// The highest `bound_ts` the stream made durable.
     bound: Ts,
     bytes: u64,
@@ -198,8 +221,8 @@ fn check_stream<'s>(
                 last_ts = h.last_ts;
             }
             out.bound = out.bound.max(h.bound_ts);
-            if h.txn_count > 0 && h.last_ts > ckpt_ts {
-                out.batches.push(b);
+            if replays(&b, ckpt_ts) {
+                out.batches.push(Kept { batch: b, file: &f.path, offset });
             }
         }
     }
@@ -276,7 +299,7 @@ pub(crate) fn replay_log(
     let sizes: Vec<u64> = live.iter().map(|s| std::fs::metadata(&s.path).map_or(0, |m| m.len())).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
     let mut scans: Vec<Option<Result<(SegmentScan, u64), LogError>>> = {
-        let read = parallel_map(&order, threads, |&i| read_one(live[i]));
+        let read = parallel_map(&order, threads, |&i| read_one(live[i], ckpt_ts));
         let mut by_index: Vec<_> = (0..live.len()).map(|_| None).collect();
         for (i, r) in order.iter().zip(read) {
             by_index[*i] = Some(r);
@@ -291,22 +314,18 @@ pub(crate) fn replay_log(
         logs.push(check_stream(files, mine.collect(), ckpt_ts)?);
         first += files.len();
     }
-    // Only once the whole log checked out: cut torn tails away (they were never durable, so
-    // they held nothing acknowledged).
-    for (path, len) in logs.iter().filter_map(|l| l.torn) {
-        truncate(path, len)?;
-    }
-
     let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts);
     report.cut_ts = cut;
     report.log_bytes = logs.iter().map(|l| l.bytes).sum();
     report.torn_tails_truncated = logs.iter().filter_map(|l| l.torn.map(|(p, len)| (p.to_path_buf(), len))).collect();
+    report.log_check_seconds = t0.elapsed().as_secs_f64();
     if progress && report.segments > 0 {
         eprintln!(
-            "recovery: {} stream(s), {} segment(s), {:.1} MB of log; replaying ({}, {}]",
+            "recovery: {} stream(s), {} segment(s), {:.1} MB of log read and checked in {:.2} s; replaying ({}, {}]",
             report.streams,
             report.segments,
             report.log_bytes as f64 / 1e6,
+            report.log_check_seconds,
             ckpt_ts.0,
             cut.0
         );
@@ -317,8 +336,8 @@ pub(crate) fn replay_log(
     // batch by batch, and within a batch newest transaction first. A frequently written
     // record then gets its newest version early, and its older writes cost one timestamp
     // comparison each.
-    let mut batches: Vec<&Batch> = logs.iter().flat_map(|l| &l.batches).collect();
-    batches.sort_unstable_by_key(|b| std::cmp::Reverse(b.header.last_ts));
+    let mut batches: Vec<&Kept> = logs.iter().flat_map(|l| &l.batches).collect();
+    batches.sort_unstable_by_key(|k| std::cmp::Reverse(k.batch.header.last_ts));
     let replayed = AtomicU64::new(0);
     let dropped = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
@@ -329,12 +348,18 @@ pub(crate) fn replay_log(
                     let mut scratch = Vec::new();
                     let arena = RefCell::new(KeyArena::default());
                     let (mut n_replayed, mut n_dropped) = (0, 0);
-                    while let Some(b) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if b.header.first_ts > cut {
-                            n_dropped += u64::from(b.header.txn_count);
+                    while let Some(k) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        // Checked even if all of it is above the cut: damage anywhere is
+                        // refused, and nothing has been written to disk yet.
+                        let p = k.batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
+                            file: k.file.to_path_buf(),
+                            offset: k.offset,
+                            what: e.to_string(),
+                        })?;
+                        if k.batch.header.first_ts > cut {
+                            n_dropped += u64::from(k.batch.header.txn_count);
                             continue;
                         }
-                        let p = b.payload_in(&mut scratch);
                         // Keys that are kept are copied into the arena, not sliced out of the
                         // payload, so that no segment buffer outlives replay for the sake of a
                         // few keys. Values are copied into their versions.
@@ -360,6 +385,11 @@ pub(crate) fn replay_log(
             .collect();
         hs.into_iter().try_for_each(|h| h.join().expect("replayer panicked"))
     })?;
+    // Only once the whole log checked out and replayed: cut torn tails away (they were never
+    // durable, so they held nothing acknowledged).
+    for (path, len) in logs.iter().filter_map(|l| l.torn) {
+        truncate(path, len)?;
+    }
     report.log_txns_replayed = replayed.into_inner();
     report.log_txns_dropped_above_cut = dropped.into_inner();
     report.max_epoch = segments.iter().map(|s| s.epoch.0).max().unwrap_or(0);

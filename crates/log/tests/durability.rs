@@ -497,6 +497,56 @@ fn delete_and_reinsert_in_other_streams_replay_in_any_order() {
 }
 
 #[test]
+fn a_batch_with_good_checksums_but_bad_contents_is_refused_at_replay_changing_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut o = opts(2, Durability::EveryBatch);
+        o.log.compress = false;
+        let d = open(dir.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 20);
+        put_n(&d, t, 1, 100, 20);
+        d.close();
+    }
+    let segs = segments(dir.path());
+    let seg_of = |stream: &str| segs.iter().find(|p| p.to_str().unwrap().contains(stream)).unwrap().clone();
+    let (seg0, seg1) = (seg_of("stream-0000-"), seg_of("stream-0001-"));
+    // Stream 1 ends in a torn half batch, which recovery would truncate if it succeeded.
+    let whole = bytes::Bytes::from(std::fs::read(&seg1).unwrap());
+    let scan = ditto_log::format::read_segment(&whole).unwrap();
+    let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
+    let mut torn = whole.to_vec();
+    let half = &whole[*off as usize..];
+    torn.extend_from_slice(&half[..half.len() / 2]);
+    std::fs::write(&seg1, &torn).unwrap();
+    // Stream 0: its first transaction claims 127 writes, and both checksums are made to
+    // match, so only a look inside the payload (which replay does) finds the damage.
+    let mut b = std::fs::read(&seg0).unwrap();
+    let scan = ditto_log::format::read_segment(&bytes::Bytes::from(b.clone())).unwrap();
+    let (off, batch) = scan.batches.iter().find(|(_, b)| b.header.txn_count > 0).unwrap();
+    let (off, stored_len) = (*off as usize, batch.header.stored_len as usize);
+    let payload = off + 64;
+    let ts_len = b[payload..].iter().position(|x| x & 0x80 == 0).unwrap() + 1;
+    b[payload + ts_len] = 0x7F;
+    let crc = crc32c::crc32c(&b[payload..payload + stored_len]);
+    b[off + 56..off + 60].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c::crc32c(&b[off..off + 60]);
+    b[off + 60..off + 64].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&seg0, &b).unwrap();
+    match open(dir.path(), opts(2, Durability::EveryBatch)) {
+        Err(LogError::Corrupt { file, offset, what }) => {
+            assert_eq!(file, seg0, "{what}");
+            assert_eq!(offset, off as u64, "{what}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("recovery must refuse a corrupt log"),
+    }
+    // Nothing changed on disk: not the damaged segment, and not the other stream's torn tail.
+    assert_eq!(std::fs::read(&seg0).unwrap(), b);
+    assert_eq!(std::fs::read(&seg1).unwrap(), torn);
+}
+
+#[test]
 fn a_present_record_whose_insert_is_missing_refuses_to_start() {
     use ditto_log::format::{read_segment, BatchBuilder};
     let dir = tempfile::tempdir().unwrap();
