@@ -16,6 +16,7 @@
 //!   of a version may still walk it.
 
 use std::alloc::Layout;
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -35,6 +36,8 @@ pub(crate) const TS_MASK: u64 = UNLINKED_BIT - 1;
 ///
 /// A version is built unpublished (`OwnedVersion`, owned by a transaction's write set),
 /// gets its timestamp at install, and is immutable once a record's `head` points to it.
+/// Readers hold a `VersionRef`, a raw pointer with the allocation's whole provenance: a
+/// `&Version` would cover only the header, not the bytes after it.
 #[repr(C)]
 pub(crate) struct Version {
     /// The commit timestamp (written before the version is published, never after).
@@ -54,17 +57,17 @@ impl Version {
         Layout::from_size_align(HEADER + cap as usize, std::mem::align_of::<Version>()).expect("version layout")
     }
 
-    /// `None` is a tombstone.
+    /// The value of the version at `p` (`None`: a tombstone).
+    ///
+    /// SAFETY: `p` is a live version that nobody changes for `'a`.
     #[inline]
-    pub fn value(&self) -> Option<&[u8]> {
-        if self.len == TOMBSTONE {
+    unsafe fn value_of<'a>(p: *const Version) -> Option<&'a [u8]> {
+        let len = (*p).len;
+        if len == TOMBSTONE {
             return None;
         }
-        // SAFETY: the allocation holds `cap >= len` initialized bytes after the header, and
-        // they do not change while the version is reachable by `&self`.
-        Some(unsafe {
-            std::slice::from_raw_parts((self as *const Version as *const u8).add(HEADER), self.len as usize)
-        })
+        // The allocation holds `cap >= len` initialized bytes after the header.
+        Some(std::slice::from_raw_parts((p as *const u8).add(HEADER), len as usize))
     }
 
     /// Frees a version.
@@ -106,18 +109,19 @@ impl OwnedVersion {
         OwnedVersion(p)
     }
 
-    pub fn get(&self) -> &Version {
+    fn cap(&self) -> u32 {
         // SAFETY: we own a live, initialized version.
-        unsafe { self.0.as_ref() }
+        unsafe { (*self.0.as_ptr()).cap }
     }
 
     pub fn value(&self) -> Option<&[u8]> {
-        self.get().value()
+        // SAFETY: we own it; it cannot change while `self` is borrowed.
+        unsafe { Version::value_of(self.0.as_ptr()) }
     }
 
     /// Replaces the value, in place when it fits.
     pub fn set(&mut self, value: Option<&[u8]>) {
-        let cap = self.get().cap;
+        let cap = self.cap();
         match value {
             Some(v) if v.len() <= cap as usize => {
                 // SAFETY: we own it exclusively and `v` fits the allocation.
@@ -154,6 +158,42 @@ impl Drop for OwnedVersion {
     }
 }
 
+/// A published version, readable while the guard it was loaded under (`'g`) is pinned:
+/// versions are freed only through the epoch GC, and never change once published.
+#[derive(Clone, Copy)]
+pub(crate) struct VersionRef<'g> {
+    p: NonNull<Version>,
+    _guard: PhantomData<&'g Guard>,
+}
+
+impl<'g> VersionRef<'g> {
+    /// `p` must be null or a version loaded from a record (or chain) under a guard pinned
+    /// for `'g`.
+    #[inline]
+    fn new(p: *mut Version) -> Option<VersionRef<'g>> {
+        NonNull::new(p).map(|p| VersionRef { p, _guard: PhantomData })
+    }
+
+    #[inline]
+    pub fn ts(self) -> Ts {
+        // SAFETY: see `new`: live and unchanging while 'g lasts.
+        unsafe { (*self.p.as_ptr()).ts }
+    }
+
+    /// `None` is a tombstone.
+    #[inline]
+    pub fn value(self) -> Option<&'g [u8]> {
+        // SAFETY: as in `ts`.
+        unsafe { Version::value_of(self.p.as_ptr()) }
+    }
+
+    #[inline]
+    fn older(self) -> *mut Version {
+        // SAFETY: as in `ts`.
+        unsafe { (*self.p.as_ptr()).older.load(Ordering::Acquire) }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Record {
     pub tid: AtomicU64,
@@ -166,7 +206,7 @@ impl Record {
     /// read): TID, head, TID again; retried while a committer holds the lock or the TID
     /// moved. Lends the version, which is immutable once published and lives while `guard`
     /// is pinned.
-    pub fn read_latest<'g>(&self, _guard: &'g Guard) -> (u64, Option<&'g Version>) {
+    pub fn read_latest<'g>(&self, _guard: &'g Guard) -> (u64, Option<VersionRef<'g>>) {
         let mut spins = 0u32;
         loop {
             let t1 = self.tid.load(Ordering::Acquire);
@@ -178,29 +218,26 @@ impl Record {
             let head = self.head.load(Ordering::Acquire);
             let t2 = self.tid.load(Ordering::Acquire);
             if t1 == t2 {
-                // SAFETY: versions are only freed through the epoch GC and `guard` is pinned.
-                return (t1, unsafe { head.as_ref() });
+                return (t1, VersionRef::new(head));
             }
         }
     }
 
     /// The newest version, for the holder of the record's lock (nothing can change it).
-    pub fn head_locked<'g>(&self, _guard: &'g Guard) -> Option<&'g Version> {
+    pub fn head_locked<'g>(&self, _guard: &'g Guard) -> Option<VersionRef<'g>> {
         debug_assert!(self.tid.load(Ordering::Relaxed) & LOCK_BIT != 0, "head_locked without the lock");
-        // SAFETY: versions are only freed through the epoch GC and `guard` is pinned.
-        unsafe { self.head.load(Ordering::Acquire).as_ref() }
+        VersionRef::new(self.head.load(Ordering::Acquire))
     }
 
     /// The newest version with `ts <= at`: what a snapshot at `at` sees. `None` if the
     /// record had no visible version then (the visible one may be a tombstone).
-    pub fn read_at<'g>(&self, at: Ts, _guard: &'g Guard) -> Option<&'g Version> {
-        let mut cur = self.head.load(Ordering::Acquire);
-        // SAFETY: as above.
-        while let Some(v) = unsafe { cur.as_ref() } {
-            if v.ts <= at {
+    pub fn read_at<'g>(&self, at: Ts, _guard: &'g Guard) -> Option<VersionRef<'g>> {
+        let mut cur = VersionRef::new(self.head.load(Ordering::Acquire));
+        while let Some(v) = cur {
+            if v.ts() <= at {
                 return Some(v);
             }
-            cur = v.older.load(Ordering::Acquire);
+            cur = VersionRef::new(v.older());
         }
         None
     }
@@ -236,8 +273,9 @@ impl Record {
         assert!(ts.0 > cur & TS_MASK, "version timestamps must grow: {} after {}", ts.0, cur & TS_MASK);
         let mut version = version;
         version.set_ts(ts);
-        version.get().older.store(self.head.load(Ordering::Relaxed), Ordering::Relaxed);
         let new = version.into_raw();
+        // SAFETY: not published yet: ours alone.
+        unsafe { (*new).older.store(self.head.load(Ordering::Relaxed), Ordering::Relaxed) };
         self.head.store(new, Ordering::Release);
         // SAFETY: we hold the lock, so nobody else trims this chain; `new` is live.
         unsafe { trim(new, horizon, guard) };
@@ -254,7 +292,7 @@ impl Record {
             return false;
         }
         let mut v = OwnedVersion(NonNull::new_unchecked(p));
-        let fits = value.is_none_or(|v2| v2.len() <= v.get().cap as usize);
+        let fits = value.is_none_or(|v2| v2.len() <= v.cap() as usize);
         if fits {
             v.set(value);
             v.set_ts(ts);
@@ -283,13 +321,13 @@ impl Record {
 /// SAFETY: the caller holds the record lock and `head` is the record's live head.
 pub(crate) unsafe fn trim(head: *mut Version, horizon: Ts, guard: &Guard) {
     let mut cur = head;
-    while let Some(v) = cur.as_ref() {
-        if v.ts <= horizon {
-            let rest = v.older.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    while !cur.is_null() {
+        if (*cur).ts <= horizon {
+            let rest = (*cur).older.swap(std::ptr::null_mut(), Ordering::AcqRel);
             free_chain(rest, guard);
             return;
         }
-        cur = v.older.load(Ordering::Acquire);
+        cur = (*cur).older.load(Ordering::Acquire);
     }
 }
 
@@ -342,13 +380,13 @@ mod tests {
             // Horizon 1: versions below the one at ts 1 may go, ts 1 itself must stay.
             rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(val)), Ts(1), &guard);
         }
-        assert_eq!(rec.read_at(Ts(1), &guard).and_then(Version::value), Some(&b"one"[..]));
-        assert_eq!(rec.read_at(Ts(2), &guard).and_then(Version::value), Some(&b"two"[..]));
-        assert_eq!(rec.read_latest(&guard).1.and_then(Version::value), Some(&b"three"[..]));
+        assert_eq!(rec.read_at(Ts(1), &guard).and_then(VersionRef::value), Some(&b"one"[..]));
+        assert_eq!(rec.read_at(Ts(2), &guard).and_then(VersionRef::value), Some(&b"two"[..]));
+        assert_eq!(rec.read_latest(&guard).1.and_then(VersionRef::value), Some(&b"three"[..]));
         assert!(rec.lock());
         rec.install_and_unlock(Ts(4), OwnedVersion::new(None), Ts(3), &guard);
         // ts 3 is the newest at or below the horizon: it stays, everything older is cut.
-        assert_eq!(rec.read_at(Ts(3), &guard).and_then(Version::value), Some(&b"three"[..]));
+        assert_eq!(rec.read_at(Ts(3), &guard).and_then(VersionRef::value), Some(&b"three"[..]));
         assert!(rec.read_at(Ts(2), &guard).is_none(), "trimmed below the horizon");
         assert!(rec.read_latest(&guard).1.is_some_and(|v| v.value().is_none()), "tombstone on top");
         // SAFETY: nothing else can reach this record.

@@ -728,7 +728,7 @@ impl<'db> ReadTxn<'db> {
             let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
             if let Some(v) = rec.read_at(self.ts, &guard) {
                 if let (Some(val), Some(key)) = (v.value(), rec.key.get()) {
-                    f(RecordId(rid), key, v.ts, val);
+                    f(RecordId(rid), key, v.ts(), val);
                 }
             }
         }
