@@ -824,28 +824,28 @@ impl Batch {
 
     /// The uncompressed payload, decompressed into `scratch` if the batch is compressed
     /// (reusing its allocation), else borrowed from the stored bytes. Allocates nothing
-    /// once `scratch` is large enough.
+    /// once `scratch` is large enough. Only for a batch whose payload was checked
+    /// (`decode_batch`, or `checked_payload_in` before).
     pub fn payload_in<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Payload<'a> {
-        if self.header.compressed {
-            let bytes = decompress(&self.stored, self.header.raw_len, scratch).expect(VALIDATED);
-            Payload { header: &self.header, bytes, shared: None }
-        } else {
-            Payload { header: &self.header, bytes: &self.stored, shared: Some(&self.stored) }
-        }
+        self.decompressed_in(scratch).expect(VALIDATED)
     }
 
     /// The second step of `decode_batch` (after `decode_batch_checksums`): decompresses the
     /// payload into `scratch` if needed and checks every record in it. Recovery runs it
     /// once per batch, in the replayer, so that replay does not decompress twice.
     pub fn checked_payload_in<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Payload<'a>, FormatError> {
-        let p = if self.header.compressed {
+        let p = self.decompressed_in(scratch)?;
+        validate_payload(&self.header, p.bytes)?;
+        Ok(p)
+    }
+
+    fn decompressed_in<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Payload<'a>, FormatError> {
+        Ok(if self.header.compressed {
             let bytes = decompress(&self.stored, self.header.raw_len, scratch)?;
             Payload { header: &self.header, bytes, shared: None }
         } else {
             Payload { header: &self.header, bytes: &self.stored, shared: Some(&self.stored) }
-        };
-        validate_payload(&self.header, p.bytes)?;
-        Ok(p)
+        })
     }
 
     /// The uncompressed payload as a `Bytes` of its own (the stored bytes themselves when
@@ -885,12 +885,6 @@ impl<'a> Payload<'a> {
     /// The uncompressed payload bytes.
     pub fn as_slice(&self) -> &'a [u8] {
         self.bytes
-    }
-
-    /// The `Bytes` the payload is a slice of, if any (an uncompressed batch's stored bytes,
-    /// or the buffer of `Batch::records`); `None` for a payload decompressed into scratch.
-    pub fn shared(&self) -> Option<&'a Bytes> {
-        self.shared
     }
 
     /// The transactions, in payload (= ts) order.
