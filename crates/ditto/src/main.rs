@@ -2,12 +2,14 @@
 //!
 //! - `ditto demo`: the most complete thing ditto shows today (see demo.rs).
 //! - `ditto bench tpcc|ycsb|index|recovery`: the embedded benchmarks (see bench.rs).
+//! - `ditto server`: the Redis-protocol server (see server.rs and crates/server).
 //! - `ditto crash-child`: a workload for the crash tests; not for people.
 
 mod bench;
 mod crash;
 mod demo;
 mod logmode;
+mod server;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +34,8 @@ enum Cmd {
     /// Embedded benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Serve the Redis protocol on a durable database.
+    Server(server::ServerArgs),
     /// Workload used by the crash tests (prints acknowledged commits on stdout).
     #[command(hide = true)]
     CrashChild(crash::CrashArgs),
@@ -49,6 +53,7 @@ fn main() {
     let out = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Server(a) => server::run(a),
         Cmd::CrashChild(a) => crash::run(a),
         Cmd::DemoChild(a) => demo::child(a),
     };

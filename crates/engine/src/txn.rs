@@ -242,6 +242,25 @@ impl<'w> Transaction<'w> {
         Ok(value.map(|v| unsafe { &*v }))
     }
 
+    /// The commit timestamp of the key's newest committed version (a delete's tombstone
+    /// counts), or `Ts(0)` if the key was never written. Validated at commit like any read,
+    /// so a change after this call aborts the transaction. For a key this transaction has
+    /// written, the timestamp of the version it overwrote. Redis's WATCH is built on this.
+    pub fn version_ts(&mut self, table: TableId, key: &[u8]) -> Result<Ts> {
+        let t = self.table(table)?;
+        let Some(rid) = t.index.get(key, &self.guard) else {
+            self.s.misses.push((table, Bytes::copy_from_slice(key)));
+            return Ok(Ts(0));
+        };
+        let rec: &Record = t.record(RecordId(rid));
+        if let Some(i) = self.find_write(rec) {
+            return Ok(Ts(self.s.writes[i].observed_tid & TS_MASK));
+        }
+        let (tid, _) = rec.read_latest(&self.guard);
+        self.s.reads.push((rec, tid));
+        Ok(Ts(tid & TS_MASK))
+    }
+
     /// Inserts a key that must not exist (Err(KeyExists) otherwise).
     pub fn insert(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
         self.write(table, key, Some(value), WriteMode::Insert).map(|_| ())

@@ -300,6 +300,21 @@ impl Logger {
         out
     }
 
+    /// Waits until the watermark is past `seen`, the log fails, or `timeout` passes, and
+    /// returns the watermark. For whoever releases many waiting commits at once (the
+    /// server's durability releaser) instead of blocking a thread per commit.
+    pub fn wait_watermark_past(&self, seen: Ts, timeout: Duration) -> Ts {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.wait_lock.lock();
+        loop {
+            let w = self.watermark();
+            if w > seen || self.failed.get().is_some() || Instant::now() >= deadline {
+                return w;
+            }
+            self.wait_cv.wait_until(&mut g, deadline);
+        }
+    }
+
     /// False once shut down.
     pub fn check_open(&self) -> bool {
         !self.shutdown.load(Ordering::Acquire)

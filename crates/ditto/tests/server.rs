@@ -1,0 +1,312 @@
+//! The Redis-protocol server driven by real clients, as separate processes over TCP:
+//! redis-cli and redis-benchmark (Debian's redis-tools), redis-py (tests/redis_py_client.py),
+//! and a raw socket client here for SIGKILL and garbage tests. `.ci/run` installs the
+//! clients; a missing one fails its test with a message saying what to install.
+//!
+//! Every server listens on 127.0.0.1 with port 0 (the kernel picks a free port, which the
+//! server prints) and is killed when its handle drops.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    /// Starts `ditto server` on `dir` with extra config lines; waits for it to listen.
+    fn start(dir: &Path, config: &str) -> Server {
+        let cfg = dir.with_extension("toml");
+        std::fs::write(&cfg, format!("metrics = \"off\"\nworkers = 2\ncheckpoint_interval_s = 2\n{config}")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--port", "0", "--data-dir", dir.to_str().unwrap(), "--config", cfg.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ditto server");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address in 60 s");
+        let addr = line.strip_prefix("ditto server listening on ").expect("the ready line").split(' ').next().unwrap();
+        let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        Server { child, port }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tool(name: &str) -> PathBuf {
+    let found =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));
+    found.unwrap_or_else(|| panic!("{name} is not installed: apt-get install redis-tools (see .ci/run)"))
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new(tool("redis-cli"))
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim_end().to_string()
+}
+
+/// A minimal RESP client on a raw socket.
+struct Raw {
+    s: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Raw {
+    fn connect(port: u16) -> Raw {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let r = BufReader::new(s.try_clone().unwrap());
+        Raw { s, r }
+    }
+
+    fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a);
+            req.extend_from_slice(b"\r\n");
+        }
+        self.s.write_all(&req)
+    }
+
+    /// Reads one reply line-wise (enough for simple, error, integer and bulk replies).
+    fn reply(&mut self) -> std::io::Result<String> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if let Some(n) = line.strip_prefix('$') {
+            let n: i64 = n.trim().parse().unwrap();
+            if n < 0 {
+                return Ok("(nil)".into());
+            }
+            let mut buf = vec![0; n as usize + 2];
+            self.r.read_exact(&mut buf)?;
+            return Ok(String::from_utf8_lossy(&buf[..n as usize]).into_owned());
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> std::io::Result<String> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.send(&args)?;
+        self.reply()
+    }
+}
+
+#[test]
+fn redis_cli_speaks_to_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "");
+    assert_eq!(srv.cli(&["PING"]), "PONG");
+    assert_eq!(srv.cli(&["SET", "greeting", "hello world"]), "OK");
+    assert_eq!(srv.cli(&["GET", "greeting"]), "hello world");
+    assert_eq!(srv.cli(&["APPEND", "greeting", "!"]), "12");
+    assert_eq!(srv.cli(&["INCRBY", "n", "41"]), "41");
+    assert_eq!(srv.cli(&["INCR", "n"]), "42");
+    assert_eq!(srv.cli(&["INCR", "greeting"]), "ERR value is not an integer or out of range");
+    assert_eq!(srv.cli(&["HSET", "h", "a", "1", "b", "2"]), "2");
+    assert_eq!(srv.cli(&["HGETALL", "h"]), "a\n1\nb\n2");
+    assert_eq!(srv.cli(&["GET", "h"]), "WRONGTYPE Operation against a key holding the wrong kind of value");
+    assert_eq!(srv.cli(&["MSET", "x", "1", "y", "2"]), "OK");
+    assert_eq!(srv.cli(&["MGET", "x", "y", "nope", "h"]), "1\n2"); // two nils, trimmed
+    assert_eq!(srv.cli(&["DEL", "x", "y", "nope"]), "2");
+    assert_eq!(srv.cli(&["DBSIZE"]), "3");
+    assert_eq!(srv.cli(&["EXISTS", "n", "h", "x"]), "2");
+    assert!(srv.cli(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL'"));
+    assert!(srv.cli(&["INFO", "keyspace"]).contains("db0:keys=3"));
+    assert_eq!(srv.cli(&["ROLE"]), "master\n0");
+    assert_eq!(
+        srv.cli(&["SET", "k", "v", "EX", "10"]),
+        "ERR key expiry (EX, PX, EXAT, PXAT) is not supported by ditto"
+    );
+    // RESP3 through redis-cli -3.
+    let out =
+        Command::new(tool("redis-cli")).args(["-3", "-p", &srv.port.to_string(), "HGETALL", "h"]).output().unwrap();
+    // redis-cli prints a RESP3 map one "key value" pair per line (a RESP2 array: one item
+    // per line, as above).
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), "a 1\nb 2");
+    // A pipeline of 1000 commands through redis-cli --pipe.
+    let mut pipe = Command::new(tool("redis-cli"))
+        .args(["-p", &srv.port.to_string(), "--pipe"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = String::new();
+    for i in 0..1000 {
+        input.push_str(&format!("*3\r\n$3\r\nSET\r\n${}\r\np{i}\r\n$1\r\n{}\r\n", format!("p{i}").len(), i % 10));
+    }
+    pipe.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = pipe.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("errors: 0, replies: 1000"), "{out:?}");
+    assert_eq!(srv.cli(&["DBSIZE"]), "1003");
+}
+
+#[test]
+fn redis_py_pipelines_transactions_resp3_and_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "requirepass = \"s3cret\"\n");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redis_py_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([srv.port.to_string(), "s3cret".into()])
+        .output()
+        .expect("run python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "redis-py client failed:\n{text}");
+    assert!(text.contains("ALL OK"), "{text}");
+}
+
+#[test]
+fn redis_benchmark_runs_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "");
+    for extra in [&["-P", "16"][..], &[][..]] {
+        let out = Command::new(tool("redis-benchmark"))
+            .args([
+                "-p",
+                &srv.port.to_string(),
+                "-t",
+                "set,get,incr,hset,mset",
+                "-n",
+                "3000",
+                "-c",
+                "20",
+                "-r",
+                "1000",
+                "-q",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        for t in ["SET", "GET", "INCR", "HSET", "MSET"] {
+            assert!(
+                text.contains(&format!("{t}: ")) || text.contains(&format!("{t} (10 keys): ")),
+                "{t} missing:\n{text}"
+            );
+        }
+        assert!(!text.to_lowercase().contains("error"), "{text}");
+    }
+    assert_eq!(srv.cli(&["PING"]), "PONG");
+}
+
+/// Writers INCR their own counters and SET keys, recording what the server acknowledged;
+/// the server is SIGKILLed under that load and restarted, and every acknowledged write must
+/// be there (a counter may be higher: a write can be durable before its reply is lost).
+#[test]
+fn every_acknowledged_write_survives_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let rounds = std::env::var("DITTO_SERVER_KILL_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let mut acked_total: Vec<u64> = vec![0; 4];
+    for round in 0..rounds {
+        let mut srv = Server::start(&data, "");
+        // What earlier rounds acknowledged is still there.
+        let mut c = Raw::connect(srv.port);
+        for (w, &n) in acked_total.iter().enumerate() {
+            let got: u64 = c.cmd(&["GET", &format!("ctr:{w}")]).unwrap().trim_start_matches(':').parse().unwrap_or(0);
+            assert!(got >= n, "round {round}: counter {w} is {got}, but {n} increments were acknowledged");
+        }
+        let port = srv.port;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut c = Raw::connect(port);
+                    let mut acked = Vec::new();
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                        match c.cmd(&["INCR", &format!("ctr:{w}")]) {
+                            Ok(r) if r.starts_with(':') => acked.push(r[1..].parse::<u64>().unwrap()),
+                            Ok(r) => panic!("INCR answered {r}"),
+                            Err(_) => break,
+                        }
+                    }
+                    acked.last().copied().unwrap_or(0)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(rng.gen_range(300..1200)));
+        srv.kill();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for (w, h) in writers.into_iter().enumerate() {
+            let last = h.join().unwrap();
+            acked_total[w] = acked_total[w].max(last);
+        }
+        assert!(acked_total.iter().sum::<u64>() > 0, "round {round}: no write was acknowledged");
+    }
+    let srv = Server::start(&data, "");
+    for (w, &n) in acked_total.iter().enumerate() {
+        let got: u64 = srv.cli(&["GET", &format!("ctr:{w}")]).parse().unwrap_or(0);
+        assert!(got >= n, "counter {w} is {got}, but {n} increments were acknowledged");
+    }
+}
+
+/// Random bytes on many connections: the server closes those with protocol errors and
+/// keeps serving everyone else.
+#[test]
+fn garbage_from_clients_never_hurts_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "max_request_bytes = 65536\nmax_args = 1000\n");
+    let mut good = Raw::connect(srv.port);
+    assert_eq!(good.cmd(&["SET", "stay", "here"]).unwrap(), "+OK");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    for round in 0..200 {
+        let mut s = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let len = rng.gen_range(1..4096);
+        let mut bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        // Start some of them like a real request, so the parser goes deeper.
+        if round % 3 == 0 {
+            bytes.splice(0..0, b"*3\r\n$3\r\nSET\r\n$".iter().copied());
+        }
+        let _ = s.write_all(&bytes);
+        let mut sink = [0u8; 4096];
+        let _ = s.read(&mut sink);
+    }
+    // Announced sizes over the limits are refused at once, before anything is buffered.
+    for bad in ["*1\r\n$100000000\r\n", "*100000\r\n", "*1\r\n*1\r\n$1\r\na\r\n"] {
+        let mut c = Raw::connect(srv.port);
+        c.s.write_all(bad.as_bytes()).unwrap();
+        let r = c.reply().unwrap();
+        assert!(r.starts_with("-ERR Protocol error"), "{bad:?} -> {r}");
+        assert!(c.reply().is_err(), "the connection stays open after a protocol error");
+    }
+    assert_eq!(good.cmd(&["GET", "stay"]).unwrap(), "here");
+    assert_eq!(srv.cli(&["PING"]), "PONG");
+}

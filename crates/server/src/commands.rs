@@ -1,0 +1,384 @@
+//! The command table and the data commands
+//! =======================================
+//! Every command the server knows has a [`Spec`]: its name, Redis's arity convention
+//! (positive: exactly that many arguments counting the name; negative: at least that
+//! many), whether it writes, and where its keys are (for `COMMAND`). Data commands
+//! ([`Kind::Data`]) run inside an engine transaction ([`run_data`]); connection commands
+//! ([`Kind::Conn`]) are handled by the session (`session.rs`).
+//!
+//! Error replies follow Redis's text, so that client libraries that match on it behave.
+
+use bytes::Bytes;
+use ditto_engine::{Result, Transaction};
+
+use crate::keyspace::{Entry, Keyspace, WrongType, WRONGTYPE};
+use crate::resp::Reply;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Runs in an engine transaction.
+    Data,
+    /// Handled by the connection's session.
+    Conn,
+}
+
+#[derive(Debug)]
+pub struct Spec {
+    /// Upper case.
+    pub name: &'static str,
+    pub arity: i32,
+    pub kind: Kind,
+    pub write: bool,
+    /// First key, last key (-1: the last argument), step; 0, 0, 0 for none.
+    pub keys: (i32, i32, i32),
+}
+
+const fn data(name: &'static str, arity: i32, write: bool, keys: (i32, i32, i32)) -> Spec {
+    Spec { name, arity, kind: Kind::Data, write, keys }
+}
+
+const fn conn(name: &'static str, arity: i32) -> Spec {
+    Spec { name, arity, kind: Kind::Conn, write: false, keys: (0, 0, 0) }
+}
+
+pub static SPECS: &[Spec] = &[
+    data("GET", 2, false, (1, 1, 1)),
+    data("SET", -3, true, (1, 1, 1)),
+    data("GETSET", 3, true, (1, 1, 1)),
+    data("SETNX", 3, true, (1, 1, 1)),
+    data("DEL", -2, true, (1, -1, 1)),
+    data("EXISTS", -2, false, (1, -1, 1)),
+    data("TYPE", 2, false, (1, 1, 1)),
+    data("INCR", 2, true, (1, 1, 1)),
+    data("INCRBY", 3, true, (1, 1, 1)),
+    data("DECR", 2, true, (1, 1, 1)),
+    data("DECRBY", 3, true, (1, 1, 1)),
+    data("APPEND", 3, true, (1, 1, 1)),
+    data("STRLEN", 2, false, (1, 1, 1)),
+    data("MGET", -2, false, (1, -1, 1)),
+    data("MSET", -3, true, (1, -1, 2)),
+    data("MSETNX", -3, true, (1, -1, 2)),
+    data("HSET", -4, true, (1, 1, 1)),
+    data("HMSET", -4, true, (1, 1, 1)),
+    data("HGET", 3, false, (1, 1, 1)),
+    data("HMGET", -3, false, (1, 1, 1)),
+    data("HDEL", -3, true, (1, 1, 1)),
+    data("HGETALL", 2, false, (1, 1, 1)),
+    data("HINCRBY", 4, true, (1, 1, 1)),
+    data("HEXISTS", 3, false, (1, 1, 1)),
+    data("HLEN", 2, false, (1, 1, 1)),
+    conn("PING", -1),
+    conn("ECHO", 2),
+    conn("HELLO", -1),
+    conn("AUTH", -2),
+    conn("SELECT", 2),
+    conn("QUIT", -1),
+    conn("RESET", 1),
+    conn("COMMAND", -1),
+    conn("CLIENT", -2),
+    conn("MULTI", 1),
+    conn("EXEC", 1),
+    conn("DISCARD", 1),
+    conn("WATCH", -2),
+    conn("UNWATCH", 1),
+    conn("INFO", -1),
+    conn("ROLE", 1),
+    conn("WAIT", 3),
+    conn("DBSIZE", 1),
+    conn("SCAN", -2),
+    conn("DITTO.LASTCOMMIT", 1),
+    conn("DITTO.WAITTS", -2),
+];
+
+/// The spec of a command name, any case.
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    SPECS.iter().find(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+impl Spec {
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        if self.arity >= 0 {
+            argc == self.arity as usize
+        } else {
+            argc >= (-self.arity) as usize
+        }
+    }
+
+    pub fn lower_name(&self) -> String {
+        self.name.to_ascii_lowercase()
+    }
+}
+
+pub fn unknown_command(args: &[Bytes]) -> Reply {
+    let name = String::from_utf8_lossy(&args[0]);
+    let rest: Vec<String> =
+        args[1..].iter().take(8).map(|a| format!("'{}'", sanitize(&String::from_utf8_lossy(a)))).collect();
+    Reply::err(format!("ERR unknown command '{}', with args beginning with: {}", sanitize(&name), rest.join(" ")))
+}
+
+pub fn wrong_arity(spec: &Spec) -> Reply {
+    Reply::err(format!("ERR wrong number of arguments for '{}' command", spec.lower_name()))
+}
+
+/// Client text echoed in an error line, with line breaks and other control bytes removed
+/// (an error reply is one line) and cut short.
+fn sanitize(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).take(128).collect()
+}
+
+pub const SYNTAX: &str = "ERR syntax error";
+pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+const OVERFLOW: &str = "ERR increment or decrement would overflow";
+
+/// Parses a Redis integer argument or value: optional '-', digits, no leading '+', no
+/// spaces, no leading zeros (as Redis's `string2ll`).
+pub fn parse_int(b: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(b).ok()?;
+    let n: i64 = s.parse().ok()?;
+    let canonical = itoa::Buffer::new().format(n) == s;
+    canonical.then_some(n)
+}
+
+fn int_reply(n: i64) -> Bytes {
+    Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes())
+}
+
+fn wrongtype() -> Reply {
+    Reply::err(WRONGTYPE)
+}
+
+/// Runs a data command in `txn`, on database `db`. Arity was checked by the caller.
+/// Redis-level failures (WRONGTYPE, syntax) are `Ok(Reply::Error)` and write nothing;
+/// `Err` is an engine error (a conflict is retried by the caller).
+pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
+    let a = &args[1..];
+    Ok(match spec.name {
+        "GET" => match ks.get_string(txn, db, &a[0])? {
+            Ok(Some(v)) => Reply::Bulk(v),
+            Ok(None) => Reply::Nil,
+            Err(WrongType) => wrongtype(),
+        },
+        "SET" => return set(a, ks, db, txn),
+        "GETSET" => match ks.get_string(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(old) => {
+                ks.set_string(txn, db, &a[0], &a[1])?;
+                old.map_or(Reply::Nil, Reply::Bulk)
+            }
+        },
+        "SETNX" => match ks.get(txn, db, &a[0])? {
+            Some(_) => Reply::Int(0),
+            None => {
+                ks.set_string(txn, db, &a[0], &a[1])?;
+                Reply::Int(1)
+            }
+        },
+        "DEL" => {
+            let mut n = 0;
+            for k in a {
+                n += ks.delete(txn, db, k)? as i64;
+            }
+            Reply::Int(n)
+        }
+        "EXISTS" => {
+            let mut n = 0;
+            for k in a {
+                n += ks.get(txn, db, k)?.is_some() as i64;
+            }
+            Reply::Int(n)
+        }
+        "TYPE" => Reply::Simple(ks.get(txn, db, &a[0])?.map_or("none", |e| e.type_name())),
+        "INCR" => return incr_by(ks, db, txn, &a[0], Some(1)),
+        "DECR" => return incr_by(ks, db, txn, &a[0], Some(-1)),
+        "INCRBY" => return incr_by(ks, db, txn, &a[0], parse_int(&a[1])),
+        "DECRBY" => return incr_by(ks, db, txn, &a[0], parse_int(&a[1]).and_then(i64::checked_neg)),
+        "APPEND" => match ks.get_string(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(old) => {
+                let mut v = old.map(|b| b.to_vec()).unwrap_or_default();
+                v.extend_from_slice(&a[1]);
+                ks.set_string(txn, db, &a[0], &v)?;
+                Reply::Int(v.len() as i64)
+            }
+        },
+        "STRLEN" => match ks.get_string(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(v) => Reply::Int(v.map_or(0, |v| v.len() as i64)),
+        },
+        "MGET" => {
+            let mut out = Vec::with_capacity(a.len());
+            for k in a {
+                // Redis answers nil for a key of another type here, not WRONGTYPE.
+                out.push(match ks.get(txn, db, k)? {
+                    Some(Entry::String(v)) => Reply::Bulk(v),
+                    _ => Reply::Nil,
+                });
+            }
+            Reply::Array(out)
+        }
+        "MSET" | "MSETNX" => {
+            if !a.len().is_multiple_of(2) {
+                return Ok(wrong_arity(spec));
+            }
+            if spec.name == "MSETNX" {
+                for pair in a.chunks(2) {
+                    if ks.get(txn, db, &pair[0])?.is_some() {
+                        return Ok(Reply::Int(0));
+                    }
+                }
+            }
+            for pair in a.chunks(2) {
+                ks.set_string(txn, db, &pair[0], &pair[1])?;
+            }
+            if spec.name == "MSET" {
+                Reply::Ok
+            } else {
+                Reply::Int(1)
+            }
+        }
+        "HSET" | "HMSET" => {
+            if !(a.len() - 1).is_multiple_of(2) {
+                return Ok(wrong_arity(spec));
+            }
+            let len = match ks.hash_len(txn, db, &a[0])? {
+                Err(WrongType) => return Ok(wrongtype()),
+                Ok(len) => len.unwrap_or(0),
+            };
+            let pairs: Vec<(&[u8], &[u8])> = a[1..].chunks(2).map(|p| (&p[0][..], &p[1][..])).collect();
+            let added = ks.hset(txn, db, &a[0], len, &pairs)?;
+            if spec.name == "HSET" {
+                Reply::Int(added as i64)
+            } else {
+                Reply::Ok
+            }
+        }
+        "HGET" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Nil,
+            Ok(Some(_)) => ks.hget(txn, db, &a[0], &a[1])?.map_or(Reply::Nil, Reply::Bulk),
+        },
+        "HMGET" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Array(vec![Reply::Nil; a.len() - 1]),
+            Ok(Some(_)) => {
+                let mut out = Vec::with_capacity(a.len() - 1);
+                for f in &a[1..] {
+                    out.push(ks.hget(txn, db, &a[0], f)?.map_or(Reply::Nil, Reply::Bulk));
+                }
+                Reply::Array(out)
+            }
+        },
+        "HDEL" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Int(0),
+            Ok(Some(len)) => Reply::Int(ks.hdel(txn, db, &a[0], len, &a[1..])? as i64),
+        },
+        "HGETALL" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Map(Vec::new()),
+            Ok(Some(_)) => Reply::Map(
+                ks.hgetall(txn, db, &a[0])?.into_iter().map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v))).collect(),
+            ),
+        },
+        "HINCRBY" => {
+            let Some(by) = parse_int(&a[2]) else { return Ok(Reply::err(NOT_INTEGER)) };
+            let len = match ks.hash_len(txn, db, &a[0])? {
+                Err(WrongType) => return Ok(wrongtype()),
+                Ok(len) => len.unwrap_or(0),
+            };
+            let old = match ks.hget(txn, db, &a[0], &a[1])? {
+                None => 0,
+                Some(v) => match parse_int(&v) {
+                    Some(n) => n,
+                    None => return Ok(Reply::err("ERR hash value is not an integer")),
+                },
+            };
+            let Some(new) = old.checked_add(by) else { return Ok(Reply::err(OVERFLOW)) };
+            ks.hset(txn, db, &a[0], len, &[(&a[1], &int_reply(new))])?;
+            Reply::Int(new)
+        }
+        "HEXISTS" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Int(0),
+            Ok(Some(_)) => Reply::Int(ks.hget(txn, db, &a[0], &a[1])?.is_some() as i64),
+        },
+        "HLEN" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(len) => Reply::Int(len.unwrap_or(0) as i64),
+        },
+        other => unreachable!("{other} is not a data command"),
+    })
+}
+
+/// SET key value [NX|XX] [GET] [KEEPTTL]. Expiry options are refused: ditto has no key
+/// expiry (yet), and silently ignoring one would keep data a client meant to expire.
+fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
+    let (mut nx, mut xx, mut get) = (false, false, false);
+    for opt in &a[2..] {
+        match opt.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GET" => get = true,
+            b"KEEPTTL" => {}
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
+                return Ok(Reply::err("ERR key expiry (EX, PX, EXAT, PXAT) is not supported by ditto"))
+            }
+            _ => return Ok(Reply::err(SYNTAX)),
+        }
+    }
+    if nx && xx {
+        return Ok(Reply::err(SYNTAX));
+    }
+    let entry = ks.get(txn, db, &a[0])?;
+    let old = match (&entry, get) {
+        (Some(Entry::String(v)), true) => Some(v.clone()),
+        (Some(_), true) => return Ok(wrongtype()),
+        _ => None,
+    };
+    let exists = entry.is_some();
+    if (nx && exists) || (xx && !exists) {
+        return Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Nil });
+    }
+    ks.set_string(txn, db, &a[0], &a[1])?;
+    Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Ok })
+}
+
+fn incr_by(ks: &Keyspace, db: u8, txn: &mut Transaction<'_>, key: &[u8], by: Option<i64>) -> Result<Reply> {
+    let Some(by) = by else { return Ok(Reply::err(NOT_INTEGER)) };
+    let old = match ks.get_string(txn, db, key)? {
+        Err(WrongType) => return Ok(wrongtype()),
+        Ok(None) => 0,
+        Ok(Some(v)) => match parse_int(&v) {
+            Some(n) => n,
+            None => return Ok(Reply::err(NOT_INTEGER)),
+        },
+    };
+    let Some(new) = old.checked_add(by) else { return Ok(Reply::err(OVERFLOW)) };
+    ks.set_string(txn, db, key, &int_reply(new))?;
+    Ok(Reply::Int(new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_parse_as_redis_does() {
+        assert_eq!(parse_int(b"42"), Some(42));
+        assert_eq!(parse_int(b"-7"), Some(-7));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        for bad in [&b""[..], b"+1", b" 1", b"01", b"1.0", b"9223372036854775808", b"-0", b"abc"] {
+            assert_eq!(parse_int(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn lookup_ignores_case_and_arity_follows_redis() {
+        let s = lookup(b"hGeTaLl").unwrap();
+        assert_eq!(s.name, "HGETALL");
+        assert!(s.arity_ok(2) && !s.arity_ok(3));
+        let m = lookup(b"mget").unwrap();
+        assert!(m.arity_ok(2) && m.arity_ok(9) && !m.arity_ok(1));
+        assert!(lookup(b"FLUSHALL").is_none());
+    }
+}

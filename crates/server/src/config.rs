@@ -1,0 +1,145 @@
+//! Server configuration: a TOML file, with command-line flags over it
+//! ==================================================================
+//! Every key is optional; see `docs/server.md` for the list with defaults. Unknown keys are
+//! an error (a misspelt `requirepass` must not leave a server open).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ditto_log::Durability;
+use serde::Deserialize;
+
+use crate::resp::Limits;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on. Loopback unless set otherwise.
+    pub bind: String,
+    pub port: u16,
+    /// The durable data directory (log, checkpoints). Required.
+    pub data_dir: Option<PathBuf>,
+    /// Engine workers = server threads = log streams.
+    pub workers: usize,
+    /// `interval` (group commit, fsync every `fsync_interval_ms`), `every-batch` (fsync each
+    /// batch as soon as the last fsync returns), or `nosync` (write every interval, never
+    /// fsync: survives a process crash, not an OS crash).
+    pub durability: String,
+    pub fsync_interval_ms: u64,
+    /// LZ4 per log batch.
+    pub compress_log: bool,
+    /// Seconds between online checkpoints (0: none).
+    pub checkpoint_interval_s: u64,
+    /// Clients must AUTH with this password (user `default`).
+    pub requirepass: Option<String>,
+    pub max_clients: usize,
+    pub max_args: usize,
+    pub max_request_bytes: usize,
+    pub max_inline_bytes: usize,
+    /// Replies buffered for one connection before the server stops reading its requests
+    /// and writes them out; one reply larger than this is refused with an error.
+    pub max_output_bytes: usize,
+    /// `host:port` of the Prometheus endpoint, or `off`.
+    pub metrics: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Config {
+            bind: "127.0.0.1".into(),
+            port: 6379,
+            data_dir: None,
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()).min(64),
+            durability: "interval".into(),
+            fsync_interval_ms: 10,
+            compress_log: true,
+            checkpoint_interval_s: 300,
+            requirepass: None,
+            max_clients: 10_000,
+            max_args: limits.max_args,
+            max_request_bytes: limits.max_request_bytes,
+            max_inline_bytes: limits.max_inline_bytes,
+            max_output_bytes: 64 << 20,
+            metrics: "127.0.0.1:9379".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+    }
+
+    pub fn durability(&self) -> Result<Durability, ConfigError> {
+        let d = Duration::from_millis(self.fsync_interval_ms);
+        match self.durability.as_str() {
+            "interval" => Ok(Durability::Interval(d)),
+            "every-batch" => Ok(Durability::EveryBatch),
+            "nosync" => Ok(Durability::NoSync(d)),
+            other => Err(ConfigError::Invalid(format!(
+                "durability {other:?}: expected \"interval\", \"every-batch\" or \"nosync\""
+            ))),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_args: self.max_args,
+            max_request_bytes: self.max_request_bytes,
+            max_inline_bytes: self.max_inline_bytes,
+        }
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.durability()?;
+        let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
+        if self.data_dir.is_none() {
+            return bad("data_dir is required (--data-dir or data_dir in the config file)");
+        }
+        if self.workers == 0 || self.workers > 64 {
+            return bad("workers must be 1..=64");
+        }
+        if self.max_args == 0 || self.max_request_bytes < 1024 || self.max_inline_bytes < 64 {
+            return bad("max_args must be >= 1, max_request_bytes >= 1024, max_inline_bytes >= 64");
+        }
+        if self.max_output_bytes < 1024 {
+            return bad("max_output_bytes must be >= 1024");
+        }
+        if self.fsync_interval_ms == 0 && self.durability != "every-batch" {
+            return bad("fsync_interval_ms must be >= 1");
+        }
+        if self.requirepass.as_deref() == Some("") {
+            return bad("requirepass is empty: remove it for no password");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(toml::from_str::<Config>("requirepas = \"x\"").is_err());
+        let c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\ndurability = \"sometimes\"").unwrap();
+        assert!(c.validate().is_err());
+        let c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nrequirepass = \"pw\"").unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.port, c.requirepass.as_deref(), c.bind.as_str()), (7000, Some("pw"), "127.0.0.1"));
+        assert!(Config::default().validate().is_err(), "no data_dir");
+    }
+}

@@ -1,0 +1,242 @@
+//! Redis's keyspace on engine tables
+//! =================================
+//! Two tables hold every database (`SELECT 0..15`):
+//!
+//! ```text
+//!  redis.keys    [db u8][key]                        -> [type u8][payload]
+//!                    type 0 string: payload = the value's bytes
+//!                    type 1 hash:   payload = field count, u64 little-endian
+//!  redis.fields  [db u8][key length u32 BE][key][field] -> field value
+//! ```
+//!
+//! A hash's fields sort together, after its length-prefixed key, so HGETALL is one range
+//! scan. Every write to a hash rewrites its row in `redis.keys` (the field count), which is
+//! what lets WATCH see any change of a hash through one record. An empty hash does not
+//! exist: removing its last field removes its row, as in Redis.
+//!
+//! Every function here runs inside a caller's engine transaction and only reads and writes
+//! through it, so a command made of several of them is one serializable transaction.
+
+use std::ops::Bound;
+
+use bytes::{Bytes, BytesMut};
+use ditto_engine::{Database, Direction, Result, TableId, Transaction};
+
+pub const KEYS_TABLE: &str = "redis.keys";
+pub const FIELDS_TABLE: &str = "redis.fields";
+
+const T_STRING: u8 = 0;
+const T_HASH: u8 = 1;
+
+/// What a key holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    String(Bytes),
+    Hash { fields: u64 },
+}
+
+impl Entry {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Entry::String(_) => "string",
+            Entry::Hash { .. } => "hash",
+        }
+    }
+}
+
+/// A key's value is of another type than the command works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrongType;
+
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+#[derive(Clone, Copy, Debug)]
+pub struct Keyspace {
+    pub keys: TableId,
+    pub fields: TableId,
+}
+
+impl Keyspace {
+    /// Opens the two tables, creating them in a new database.
+    pub fn open(db: &Database) -> Result<Keyspace> {
+        let table = |name: &str| match db.table_id(name) {
+            Some(id) => Ok(id),
+            None => db.create_table(name),
+        };
+        Ok(Keyspace { keys: table(KEYS_TABLE)?, fields: table(FIELDS_TABLE)? })
+    }
+
+    pub fn key_row(db: u8, key: &[u8]) -> Vec<u8> {
+        let mut row = Vec::with_capacity(1 + key.len());
+        row.push(db);
+        row.extend_from_slice(key);
+        row
+    }
+
+    /// The prefix every field row of hash `key` starts with.
+    fn field_prefix(db: u8, key: &[u8]) -> Vec<u8> {
+        let mut row = Vec::with_capacity(5 + key.len() + 16);
+        row.push(db);
+        row.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        row.extend_from_slice(key);
+        row
+    }
+
+    fn field_row(db: u8, key: &[u8], field: &[u8]) -> Vec<u8> {
+        let mut row = Self::field_prefix(db, key);
+        row.extend_from_slice(field);
+        row
+    }
+
+    pub fn get(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Option<Entry>> {
+        let Some(v) = txn.get(self.keys, &Self::key_row(db, key))? else { return Ok(None) };
+        Ok(Some(decode_entry(v)))
+    }
+
+    /// The string at `key`; `Err(WrongType)` inside if it holds something else.
+    pub fn get_string(
+        &self,
+        txn: &mut Transaction<'_>,
+        db: u8,
+        key: &[u8],
+    ) -> Result<Result<Option<Bytes>, WrongType>> {
+        Ok(match self.get(txn, db, key)? {
+            None => Ok(None),
+            Some(Entry::String(v)) => Ok(Some(v)),
+            Some(_) => Err(WrongType),
+        })
+    }
+
+    pub fn set_string(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8], value: &[u8]) -> Result<()> {
+        // A key that held a hash loses its fields, as SET over a hash does in Redis.
+        if let Some(Entry::Hash { .. }) = self.get(txn, db, key)? {
+            self.delete_fields(txn, db, key)?;
+        }
+        let mut row = BytesMut::with_capacity(1 + value.len());
+        row.extend_from_slice(&[T_STRING]);
+        row.extend_from_slice(value);
+        txn.put(self.keys, &Self::key_row(db, key), &row)?;
+        Ok(())
+    }
+
+    /// Removes a key of any type. Returns whether it existed.
+    pub fn delete(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<bool> {
+        match self.get(txn, db, key)? {
+            None => Ok(false),
+            Some(entry) => {
+                if let Entry::Hash { .. } = entry {
+                    self.delete_fields(txn, db, key)?;
+                }
+                txn.delete(self.keys, &Self::key_row(db, key))
+            }
+        }
+    }
+
+    fn delete_fields(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<()> {
+        for (row, _) in self.scan_fields(txn, db, key)? {
+            txn.delete(self.fields, &row)?;
+        }
+        Ok(())
+    }
+
+    /// (row, value) of every field of hash `key`, in field order.
+    fn scan_fields(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
+        let lo = Self::field_prefix(db, key);
+        let hi = prefix_end(&lo);
+        let hi = match &hi {
+            Some(h) => Bound::Excluded(&h[..]),
+            None => Bound::Unbounded,
+        };
+        txn.scan(self.fields, Bound::Included(&lo[..]), hi, Direction::Forward, 0)
+    }
+
+    /// The hash's field count; `Ok(None)` if absent.
+    pub fn hash_len(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Result<Option<u64>, WrongType>> {
+        Ok(match self.get(txn, db, key)? {
+            None => Ok(None),
+            Some(Entry::Hash { fields }) => Ok(Some(fields)),
+            Some(_) => Err(WrongType),
+        })
+    }
+
+    pub fn hget(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8], field: &[u8]) -> Result<Option<Bytes>> {
+        txn.get(self.fields, &Self::field_row(db, key, field))
+    }
+
+    /// Every (field, value) of the hash, in field order.
+    pub fn hgetall(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
+        let skip = 5 + key.len();
+        Ok(self.scan_fields(txn, db, key)?.into_iter().map(|(row, v)| (row.slice(skip..), v)).collect())
+    }
+
+    /// Sets fields of a hash (creating it); the caller has checked the key's type.
+    /// Returns how many fields are new.
+    pub fn hset(
+        &self,
+        txn: &mut Transaction<'_>,
+        db: u8,
+        key: &[u8],
+        len: u64,
+        pairs: &[(&[u8], &[u8])],
+    ) -> Result<u64> {
+        let mut added = 0;
+        for (field, value) in pairs {
+            if !txn.put(self.fields, &Self::field_row(db, key, field), value)? {
+                added += 1;
+            }
+        }
+        self.write_hash_row(txn, db, key, len + added)?;
+        Ok(added)
+    }
+
+    /// Removes fields; the caller has checked the key holds a hash of `len` fields.
+    /// Returns how many existed.
+    pub fn hdel(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8], len: u64, fields: &[Bytes]) -> Result<u64> {
+        let mut removed = 0;
+        for field in fields {
+            if txn.delete(self.fields, &Self::field_row(db, key, field))? {
+                removed += 1;
+            }
+        }
+        let left = len.checked_sub(removed).ok_or_else(|| {
+            ditto_engine::Error::Corrupt(format!("hash field count {len} is below the {removed} fields removed"))
+        })?;
+        if left == 0 {
+            txn.delete(self.keys, &Self::key_row(db, key))?;
+        } else {
+            self.write_hash_row(txn, db, key, left)?;
+        }
+        Ok(removed)
+    }
+
+    fn write_hash_row(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8], fields: u64) -> Result<()> {
+        let mut row = [0u8; 9];
+        row[0] = T_HASH;
+        row[1..].copy_from_slice(&fields.to_le_bytes());
+        txn.put(self.keys, &Self::key_row(db, key), &row)?;
+        Ok(())
+    }
+}
+
+pub fn decode_entry(v: Bytes) -> Entry {
+    match v.first() {
+        Some(&T_HASH) if v.len() == 9 => {
+            Entry::Hash { fields: u64::from_le_bytes(v[1..9].try_into().expect("8 bytes")) }
+        }
+        // T_STRING; anything else would be a bug in this module, and reads as a string.
+        _ => Entry::String(v.slice(1.min(v.len())..)),
+    }
+}
+
+/// The first key after every key starting with `prefix` (None: no such key, the range is
+/// unbounded above).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}

@@ -1,0 +1,21 @@
+//! ditto's Redis-protocol server.
+//!
+//! - `resp.rs`: request parsing (RESP2 arrays and inline commands, with limits) and reply
+//!   encoding (RESP2 and RESP3).
+//! - `keyspace.rs`: Redis strings and hashes laid out on two engine tables.
+//! - `commands.rs`: the command table and the data commands, each run in a transaction.
+//! - `session.rs`: one connection's state (auth, database, MULTI/WATCH) with no I/O.
+//! - `server.rs`: tokio, connections, and releasing replies once their commit is durable.
+//! - `metrics.rs`: the Prometheus endpoint.
+//! - `config.rs`: the TOML configuration.
+
+pub mod commands;
+pub mod config;
+pub mod keyspace;
+pub mod metrics;
+pub mod resp;
+pub mod server;
+pub mod session;
+
+pub use config::Config;
+pub use server::{run, ServerError};

@@ -1,0 +1,433 @@
+//! RESP: requests in, replies out
+//! ==============================
+//! Clients send every command as a RESP2 array of bulk strings (`*N\r\n$len\r\narg\r\n...`),
+//! also after `HELLO 3`; telnet-style inline commands (one line, words split on spaces) are
+//! accepted too, as Redis does. Replies are encoded for the connection's protocol version:
+//! RESP3 has its own null, map, set, boolean and double types, RESP2 folds them into
+//! bulk strings, integers and flat arrays.
+//!
+//! Why the request parser is our own and not `redis-protocol`'s decoder (which the tests use
+//! as an oracle): a request is a flat array of bulk strings, and the server must refuse
+//! anything else before buffering it. The crate's decoder accepts any RESP2 value, recurses
+//! once per nested array with no depth limit (a 1 MiB request of `*1\r\n` repeated is
+//! 262,144 levels), learns a bulk string's length only once the whole string is buffered,
+//! and starts over from the first byte on every read of a partial frame. [`RequestParser`]
+//! keeps its place between reads, checks every length against [`Limits`] as soon as it is
+//! announced, and never recurses.
+//!
+//! Invariants: the parser consumes from the buffer exactly the bytes of complete
+//! arguments and headers; a request it returns holds at most `max_args` arguments and
+//! `max_request_bytes` bytes of them; after an error the connection is closed, so the
+//! parser's state after an error does not matter.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// Bounds on what one client may send.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Arguments of one command.
+    pub max_args: usize,
+    /// Bytes of one command's arguments together (and so of any one argument).
+    pub max_request_bytes: usize,
+    /// Bytes of an inline command line, or of a header line.
+    pub max_inline_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_args: 1024 * 1024, max_request_bytes: 64 << 20, max_inline_bytes: 64 * 1024 }
+    }
+}
+
+/// A malformed or oversized request. The message is Redis's where Redis has one; the
+/// server replies `-ERR Protocol error: <message>` and closes the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+fn perr(msg: impl Into<String>) -> ProtocolError {
+    ProtocolError(msg.into())
+}
+
+/// Where the parser is inside a multibulk request.
+#[derive(Debug, Default)]
+enum State {
+    /// Between requests.
+    #[default]
+    Idle,
+    /// Inside `*N`: `left` arguments still to come; `pending` is the announced length of
+    /// the next one once its `$len` line was read.
+    Multibulk { left: usize, pending: Option<usize> },
+}
+
+/// Incremental request parser; one per connection.
+#[derive(Debug, Default)]
+pub struct RequestParser {
+    state: State,
+    args: Vec<Bytes>,
+    /// Argument bytes of the request so far.
+    bytes: usize,
+}
+
+impl RequestParser {
+    /// Takes the next complete request out of `buf`. `Ok(None)`: more bytes are needed.
+    /// An empty request (`*0`, `*-1`, a blank inline line) comes back as an empty vector;
+    /// Redis ignores those, and so does the server.
+    pub fn next(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        loop {
+            match self.state {
+                State::Idle => {
+                    let Some(&first) = buf.first() else { return Ok(None) };
+                    if first != b'*' {
+                        return inline(buf, limits);
+                    }
+                    let Some(n) = read_int_line(buf, 1, limits, "invalid multibulk length")? else {
+                        return Ok(None);
+                    };
+                    if n <= 0 {
+                        return Ok(Some(Vec::new()));
+                    }
+                    if n as u64 > limits.max_args as u64 {
+                        return Err(perr("invalid multibulk length"));
+                    }
+                    let n = n as usize;
+                    self.args = Vec::with_capacity(n.min(1024));
+                    self.bytes = 0;
+                    self.state = State::Multibulk { left: n, pending: None };
+                }
+                State::Multibulk { left, pending: None } => {
+                    let Some(&first) = buf.first() else { return Ok(None) };
+                    if first != b'$' {
+                        return Err(perr(format!("expected '$', got '{}'", char::from(first).escape_default())));
+                    }
+                    let Some(len) = read_int_line(buf, 1, limits, "invalid bulk length")? else {
+                        return Ok(None);
+                    };
+                    if len < 0 || len as u64 > (limits.max_request_bytes - self.bytes) as u64 {
+                        return Err(perr("invalid bulk length"));
+                    }
+                    self.state = State::Multibulk { left, pending: Some(len as usize) };
+                }
+                State::Multibulk { left, pending: Some(len) } => {
+                    if buf.len() < len + 2 {
+                        // Make room once for the whole argument, not read by read.
+                        buf.reserve(len + 2 - buf.len());
+                        return Ok(None);
+                    }
+                    if &buf[len..len + 2] != b"\r\n" {
+                        return Err(perr("bulk string not terminated by CRLF"));
+                    }
+                    let arg = buf.split_to(len).freeze();
+                    buf.advance(2);
+                    self.bytes += len;
+                    self.args.push(arg);
+                    if left == 1 {
+                        self.state = State::Idle;
+                        return Ok(Some(std::mem::take(&mut self.args)));
+                    }
+                    self.state = State::Multibulk { left: left - 1, pending: None };
+                }
+            }
+        }
+    }
+
+    /// True between requests (nothing partial is held).
+    pub fn is_idle(&self) -> bool {
+        matches!(self.state, State::Idle)
+    }
+}
+
+/// Reads `<prefix byte><integer>\r\n` at the front of `buf`, consuming it. `Ok(None)` if
+/// the line is not complete yet.
+fn read_int_line(buf: &mut BytesMut, skip: usize, limits: &Limits, what: &str) -> Result<Option<i64>, ProtocolError> {
+    let Some(end) = find_crlf(buf) else {
+        if buf.len() > limits.max_inline_bytes {
+            return Err(perr("too big count string"));
+        }
+        return Ok(None);
+    };
+    let digits = &buf[skip..end];
+    let n = std::str::from_utf8(digits).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| perr(what))?;
+    buf.advance(end + 2);
+    Ok(Some(n))
+}
+
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = buf[from..].iter().position(|&b| b == b'\r') {
+        let at = from + i;
+        match buf.get(at + 1) {
+            Some(b'\n') => return Some(at),
+            Some(_) => from = at + 1,
+            None => return None,
+        }
+    }
+    None
+}
+
+/// An inline command: one line (ended by `\n`, an optional `\r` before it), split on
+/// spaces and tabs. No quoting, unlike redis-cli's own parser: inline commands are for
+/// people at a telnet prompt, and every client library sends arrays.
+fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > limits.max_inline_bytes {
+            return Err(perr("too big inline request"));
+        }
+        return Ok(None);
+    };
+    if nl > limits.max_inline_bytes {
+        return Err(perr("too big inline request"));
+    }
+    let line = buf.split_to(nl + 1).freeze();
+    let body = line.slice(..line.len() - 1);
+    let body = if body.ends_with(b"\r") { body.slice(..body.len() - 1) } else { body };
+    let mut args = Vec::new();
+    let mut start = None;
+    for (i, &b) in body.iter().enumerate() {
+        let space = b == b' ' || b == b'\t';
+        match (start, space) {
+            (None, false) => start = Some(i),
+            (Some(s), true) => {
+                args.push(body.slice(s..i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        args.push(body.slice(s..));
+    }
+    if args.len() > limits.max_args {
+        return Err(perr("too many arguments in inline request"));
+    }
+    Ok(Some(args))
+}
+
+/// Protocol version of a connection (`HELLO 2|3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Resp2,
+    Resp3,
+}
+
+/// A reply, independent of the protocol version it will be encoded in.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    /// `+OK`.
+    Ok,
+    Simple(&'static str),
+    SimpleOwned(String),
+    /// An error line, with its code (`ERR`, `WRONGTYPE` ...) as the first word.
+    Error(String),
+    Int(i64),
+    Bulk(Bytes),
+    /// A missing value: `$-1` in RESP2, `_` in RESP3.
+    Nil,
+    /// A missing array (EXEC after a WATCH fired): `*-1` in RESP2, `_` in RESP3.
+    NilArray,
+    Array(Vec<Reply>),
+    /// A map in RESP3, a flat array of key, value, key, value ... in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// A set in RESP3, an array in RESP2.
+    Set(Vec<Reply>),
+    /// `#t`/`#f` in RESP3, `:1`/`:0` in RESP2.
+    Bool(bool),
+}
+
+impl Reply {
+    pub fn err(msg: impl Into<String>) -> Reply {
+        let msg = msg.into();
+        debug_assert!(!msg.contains(['\r', '\n']), "an error line holds no line break");
+        Reply::Error(msg)
+    }
+
+    pub fn bulk(b: impl Into<Bytes>) -> Reply {
+        Reply::Bulk(b.into())
+    }
+
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+
+    /// Appends the reply to `out` in protocol `proto`.
+    pub fn encode(&self, proto: Proto, out: &mut BytesMut) {
+        match self {
+            Reply::Ok => out.put_slice(b"+OK\r\n"),
+            Reply::Simple(s) => line(out, b'+', s.as_bytes()),
+            Reply::SimpleOwned(s) => line(out, b'+', s.as_bytes()),
+            Reply::Error(s) => line(out, b'-', s.as_bytes()),
+            Reply::Int(n) => int_line(out, b':', *n),
+            Reply::Bulk(b) => {
+                int_line(out, b'$', b.len() as i64);
+                out.put_slice(b);
+                out.put_slice(b"\r\n");
+            }
+            Reply::Nil => out.put_slice(if proto == Proto::Resp3 { b"_\r\n" } else { b"$-1\r\n" }),
+            Reply::NilArray => out.put_slice(if proto == Proto::Resp3 { b"_\r\n" } else { b"*-1\r\n" }),
+            Reply::Array(items) => {
+                int_line(out, b'*', items.len() as i64);
+                items.iter().for_each(|r| r.encode(proto, out));
+            }
+            Reply::Set(items) => {
+                int_line(out, if proto == Proto::Resp3 { b'~' } else { b'*' }, items.len() as i64);
+                items.iter().for_each(|r| r.encode(proto, out));
+            }
+            Reply::Map(pairs) => {
+                match proto {
+                    Proto::Resp3 => int_line(out, b'%', pairs.len() as i64),
+                    Proto::Resp2 => int_line(out, b'*', 2 * pairs.len() as i64),
+                }
+                for (k, v) in pairs {
+                    k.encode(proto, out);
+                    v.encode(proto, out);
+                }
+            }
+            Reply::Bool(b) => match proto {
+                Proto::Resp3 => out.put_slice(if *b { b"#t\r\n" } else { b"#f\r\n" }),
+                Proto::Resp2 => int_line(out, b':', *b as i64),
+            },
+        }
+    }
+}
+
+fn line(out: &mut BytesMut, prefix: u8, body: &[u8]) {
+    out.put_u8(prefix);
+    out.put_slice(body);
+    out.put_slice(b"\r\n");
+}
+
+fn int_line(out: &mut BytesMut, prefix: u8, n: i64) {
+    out.put_u8(prefix);
+    out.put_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use redis_protocol::resp2::decode::decode_bytes_mut;
+    use redis_protocol::resp2::types::BytesFrame;
+
+    fn encode_request(args: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    fn parse_all(bytes: &[u8], chunk: usize) -> Result<Vec<Vec<Bytes>>, ProtocolError> {
+        let limits = Limits::default();
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in bytes.chunks(chunk.max(1)) {
+            buf.extend_from_slice(piece);
+            while let Some(req) = p.next(&mut buf, &limits)? {
+                out.push(req);
+            }
+        }
+        assert!(p.is_idle() && buf.is_empty(), "bytes left over after complete requests");
+        Ok(out)
+    }
+
+    proptest! {
+        /// Any pipeline of well-formed requests, cut into reads of any size, parses to the
+        /// same arguments as redis-protocol's decoder finds in the whole buffer.
+        #[test]
+        fn pipelines_parse_like_the_reference_decoder(
+            reqs in prop::collection::vec(prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..6), 1..8),
+            chunk in 1usize..64,
+        ) {
+            let bytes: Vec<u8> = reqs.iter().flat_map(|r| encode_request(r)).collect();
+            let ours = parse_all(&bytes, chunk).unwrap();
+            let mut whole = BytesMut::from(&bytes[..]);
+            let mut theirs = Vec::new();
+            while let Some((frame, _, _)) = decode_bytes_mut(&mut whole).unwrap() {
+                let BytesFrame::Array(items) = frame else { panic!("not an array") };
+                theirs.push(items.into_iter().map(|f| match f {
+                    BytesFrame::BulkString(b) => b,
+                    other => panic!("not a bulk string: {other:?}"),
+                }).collect::<Vec<_>>());
+            }
+            prop_assert_eq!(ours, theirs);
+        }
+
+        /// Random bytes never panic the parser, and what it returns obeys the limits.
+        #[test]
+        fn random_bytes_give_requests_or_an_error_never_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let limits = Limits { max_args: 4, max_request_bytes: 64, max_inline_bytes: 32 };
+            let mut p = RequestParser::default();
+            let mut buf = BytesMut::from(&bytes[..]);
+            while let Ok(Some(req)) = p.next(&mut buf, &limits) {
+                prop_assert!(req.len() <= 4);
+                prop_assert!(req.iter().map(Bytes::len).sum::<usize>() <= 64);
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_requests_are_refused_when_announced_not_when_buffered() {
+        let limits = Limits { max_args: 3, max_request_bytes: 10, max_inline_bytes: 16 };
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::from(&b"*4\r\n"[..]);
+        assert_eq!(p.next(&mut buf, &limits).unwrap_err().0, "invalid multibulk length");
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::from(&b"*2\r\n$6\r\nabcdef\r\n$5\r\n"[..]);
+        assert_eq!(p.next(&mut buf, &limits).unwrap_err().0, "invalid bulk length");
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::from(&b"*1\r\n$-3\r\n"[..]);
+        assert!(p.next(&mut buf, &limits).is_err());
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::from(&b"*100000000000000000000\r\n"[..]);
+        assert!(p.next(&mut buf, &limits).is_err());
+        // A header line that never ends.
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::from(&b"*11111111111111111111111111111"[..]);
+        assert_eq!(p.next(&mut buf, &limits).unwrap_err().0, "too big count string");
+    }
+
+    #[test]
+    fn nested_arrays_and_bad_terminators_are_protocol_errors() {
+        let limits = Limits::default();
+        for bad in [&b"*1\r\n*1\r\n$1\r\na\r\n"[..], b"*1\r\n:5\r\n", b"*1\r\n$1\r\nab\r\n", b"*x\r\n", b"*1\r\n$z\r\n"]
+        {
+            let mut p = RequestParser::default();
+            let mut buf = BytesMut::from(bad);
+            assert!(p.next(&mut buf, &limits).is_err(), "{:?} was accepted", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn inline_commands_split_on_spaces() {
+        let got = parse_all(b"SET  k\tv\r\nPING\n\r\n", 3).unwrap();
+        assert_eq!(
+            got,
+            vec![vec![Bytes::from("SET"), Bytes::from("k"), Bytes::from("v")], vec![Bytes::from("PING")], vec![]]
+        );
+    }
+
+    #[test]
+    fn replies_encode_per_protocol() {
+        let r = Reply::Map(vec![(Reply::bulk("a"), Reply::Int(1))]);
+        let (mut two, mut three) = (BytesMut::new(), BytesMut::new());
+        r.encode(Proto::Resp2, &mut two);
+        r.encode(Proto::Resp3, &mut three);
+        assert_eq!(&two[..], b"*2\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(&three[..], b"%1\r\n$1\r\na\r\n:1\r\n");
+        for (r, two, three) in [
+            (Reply::Nil, &b"$-1\r\n"[..], &b"_\r\n"[..]),
+            (Reply::NilArray, b"*-1\r\n", b"_\r\n"),
+            (Reply::Bool(true), b":1\r\n", b"#t\r\n"),
+            (Reply::Set(vec![Reply::Ok]), b"*1\r\n+OK\r\n", b"~1\r\n+OK\r\n"),
+        ] {
+            let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+            r.encode(Proto::Resp2, &mut a);
+            r.encode(Proto::Resp3, &mut b);
+            assert_eq!((&a[..], &b[..]), (two, three));
+        }
+    }
+}

@@ -1,0 +1,918 @@
+//! One client connection's state and command handling, with no I/O
+//! ===============================================================
+//! [`Session::handle`] takes one parsed request and returns an [`Outcome`]: the reply, the
+//! commit timestamp that must be durable before the reply may leave (a write's commit, or
+//! the newest commit a read saw), and whether to close the connection. The connection task
+//! (`server.rs`) does the waiting and the writing, so everything here can be tested
+//! step by step with an engine worker and no sockets.
+//!
+//! ```text
+//!            +---------- AUTH/HELLO AUTH ok ----------+
+//!  [no auth] |                                        v
+//!  (only AUTH, HELLO, QUIT)                      [normal] --MULTI--> [queueing]
+//!                                                   ^                 |  commands -> QUEUED
+//!                                                   +--EXEC/DISCARD---+  (a bad one flags
+//!                                                                         EXECABORT)
+//! ```
+//!
+//! A data command outside MULTI is one engine transaction; MULTI/EXEC is one transaction
+//! for every queued data command. WATCH remembers the commit timestamp of each watched
+//! key's newest version; EXEC re-reads them inside its transaction and answers nil without
+//! writing if any differs (the read is validated at commit, so a change racing with EXEC
+//! aborts and retries it, and the retry sees the change).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use ditto_engine::{Database, Error, Ts, Worker, RETRIES_MAX};
+use parking_lot::Mutex;
+use subtle::ConstantTimeEq;
+
+use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
+use crate::keyspace::{decode_entry, prefix_end, Keyspace};
+use crate::resp::{Proto, Reply};
+
+/// Databases a client can SELECT.
+pub const DATABASES: usize = 16;
+
+/// What the server shares with every session.
+pub struct Shared {
+    pub db: Arc<Database>,
+    pub ks: Keyspace,
+    /// Where durability is read from; `None` for an in-memory database (tests).
+    pub log: Option<Arc<ditto_log::Logger>>,
+    pub password: Option<String>,
+    pub stats: Stats,
+    pub cursors: Mutex<Cursors>,
+    pub started: Instant,
+    pub tcp_port: u16,
+    next_client_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(
+        db: Arc<Database>,
+        log: Option<Arc<ditto_log::Logger>>,
+        password: Option<String>,
+        tcp_port: u16,
+    ) -> Result<Shared, Error> {
+        let ks = Keyspace::open(&db)?;
+        Ok(Shared {
+            db,
+            ks,
+            log,
+            password,
+            stats: Stats::default(),
+            cursors: Mutex::new(Cursors::default()),
+            started: Instant::now(),
+            tcp_port,
+            next_client_id: AtomicU64::new(1),
+        })
+    }
+}
+
+/// Counters for INFO and the metrics endpoint.
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub commands: AtomicU64,
+    pub txn_commits: AtomicU64,
+    pub txn_conflicts: AtomicU64,
+    pub errors: AtomicU64,
+    pub connections_received: AtomicU64,
+    pub connected_clients: AtomicUsize,
+    pub rejected_connections: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+/// SCAN cursors: a cursor number names the last key a SCAN returned, so the next call
+/// resumes after it however the keyspace changed meanwhile. Shared by every connection (a
+/// client may continue a scan on another connection) and bounded: the oldest are forgotten,
+/// and an unknown cursor is an error rather than a silent restart.
+#[derive(Default)]
+pub struct Cursors {
+    next: u64,
+    by_id: HashMap<u64, (u8, Bytes)>,
+    order: VecDeque<u64>,
+}
+
+const CURSORS_MAX: usize = 65_536;
+
+impl Cursors {
+    fn issue(&mut self, db: u8, after: Bytes) -> u64 {
+        self.next += 1;
+        let id = self.next;
+        self.by_id.insert(id, (db, after));
+        self.order.push_back(id);
+        while self.order.len() > CURSORS_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+        id
+    }
+
+    fn get(&self, id: u64) -> Option<&(u8, Bytes)> {
+        self.by_id.get(&id)
+    }
+}
+
+/// What the connection does with one request.
+#[derive(Debug)]
+pub struct Outcome {
+    pub reply: Reply,
+    /// The reply may leave only once every commit up to this timestamp is durable.
+    pub wait: Ts,
+    pub close: bool,
+}
+
+impl Outcome {
+    fn now(reply: Reply) -> Outcome {
+        Outcome { reply, wait: Ts(0), close: false }
+    }
+}
+
+pub struct Session {
+    pub id: u64,
+    pub proto: Proto,
+    name: Option<Bytes>,
+    authed: bool,
+    db: u8,
+    /// Queued requests while inside MULTI.
+    multi: Option<Vec<Vec<Bytes>>>,
+    /// A request queued inside MULTI was refused: EXEC answers EXECABORT.
+    multi_failed: bool,
+    /// (db, key, commit ts of its newest version when WATCHed).
+    watched: Vec<(u8, Bytes, Ts)>,
+    /// The commit timestamp of this connection's last write (DITTO.LASTCOMMIT).
+    last_commit: Ts,
+}
+
+impl Session {
+    pub fn new(sh: &Shared) -> Session {
+        Session {
+            id: sh.next_client_id.fetch_add(1, Ordering::Relaxed),
+            proto: Proto::Resp2,
+            name: None,
+            authed: sh.password.is_none(),
+            db: 0,
+            multi: None,
+            multi_failed: false,
+            watched: Vec::new(),
+            last_commit: Ts(0),
+        }
+    }
+
+    /// Handles one request (a non-empty argument list).
+    pub fn handle(&mut self, args: Vec<Bytes>, sh: &Shared, worker: &mut Worker) -> Outcome {
+        debug_assert!(!args.is_empty());
+        sh.stats.commands.fetch_add(1, Ordering::Relaxed);
+        let out = self.dispatch(args, sh, worker);
+        if out.reply.is_error() {
+            sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        out
+    }
+
+    fn dispatch(&mut self, args: Vec<Bytes>, sh: &Shared, worker: &mut Worker) -> Outcome {
+        let Some(spec) = lookup(&args[0]) else {
+            self.flag_multi();
+            return Outcome::now(unknown_command(&args));
+        };
+        if !spec.arity_ok(args.len()) {
+            self.flag_multi();
+            return Outcome::now(wrong_arity(spec));
+        }
+        if !self.authed && !matches!(spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") {
+            self.flag_multi();
+            return Outcome::now(Reply::err("NOAUTH Authentication required."));
+        }
+        if let Some(queue) = self.multi.as_mut() {
+            if !matches!(spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
+                queue.push(args);
+                return Outcome::now(Reply::Simple("QUEUED"));
+            }
+        }
+        match spec.name {
+            "MULTI" => Outcome::now(if self.multi.is_some() {
+                Reply::err("ERR MULTI calls can not be nested")
+            } else {
+                self.multi = Some(Vec::new());
+                Reply::Ok
+            }),
+            "EXEC" => self.exec(sh, worker),
+            "DISCARD" => Outcome::now(if self.multi.take().is_some() {
+                self.multi_failed = false;
+                self.watched.clear();
+                Reply::Ok
+            } else {
+                Reply::err("ERR DISCARD without MULTI")
+            }),
+            "WATCH" => self.watch(&args[1..], sh, worker),
+            _ if spec.kind == Kind::Data => self.run_single(spec, &args, sh, worker),
+            _ => self.conn_command(spec, &args, sh),
+        }
+    }
+
+    /// A refused request inside MULTI makes EXEC fail, as in Redis.
+    fn flag_multi(&mut self) {
+        if self.multi.is_some() {
+            self.multi_failed = true;
+        }
+    }
+
+    fn run_single(&mut self, spec: &Spec, args: &[Bytes], sh: &Shared, worker: &mut Worker) -> Outcome {
+        let db = self.db;
+        let mut tries = 0;
+        loop {
+            let mut txn = worker.begin();
+            let res = run_data(spec, args, &sh.ks, db, &mut txn).and_then(|reply| Ok((reply, txn.commit_async()?)));
+            match res {
+                Ok((reply, ticket)) => {
+                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
+                    if spec.write && !reply.is_error() {
+                        self.last_commit = ticket.ts();
+                    }
+                    return Outcome { reply, wait: ticket.ts(), close: false };
+                }
+                Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
+                    sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
+                    tries += 1;
+                }
+                Err(e) => return Outcome::now(engine_error(&e)),
+            }
+        }
+    }
+
+    fn watch(&mut self, keys: &[Bytes], sh: &Shared, worker: &mut Worker) -> Outcome {
+        if self.multi.is_some() {
+            return Outcome::now(Reply::err("ERR WATCH inside MULTI is not allowed"));
+        }
+        let mut tries = 0;
+        loop {
+            let mut txn = worker.begin();
+            let mut seen = Vec::with_capacity(keys.len());
+            let res = keys
+                .iter()
+                .try_for_each(|k| {
+                    let ts = txn.version_ts(sh.ks.keys, &Keyspace::key_row(self.db, k))?;
+                    seen.push((self.db, k.clone(), ts));
+                    Ok(())
+                })
+                .and_then(|()| txn.commit_async());
+            match res {
+                Ok(ticket) => {
+                    self.watched.extend(seen);
+                    return Outcome { reply: Reply::Ok, wait: ticket.ts(), close: false };
+                }
+                Err(e) if e.is_retryable() && tries < RETRIES_MAX => tries += 1,
+                Err(e) => return Outcome::now(engine_error(&e)),
+            }
+        }
+    }
+
+    fn exec(&mut self, sh: &Shared, worker: &mut Worker) -> Outcome {
+        let Some(queue) = self.multi.take() else { return Outcome::now(Reply::err("ERR EXEC without MULTI")) };
+        let watched = std::mem::take(&mut self.watched);
+        if std::mem::take(&mut self.multi_failed) {
+            return Outcome::now(Reply::err("EXECABORT Transaction discarded because of previous errors."));
+        }
+        let db_before = self.db;
+        let mut tries = 0;
+        loop {
+            self.db = db_before;
+            let mut txn = worker.begin();
+            let mut wait = Ts(0);
+            let mut wrote = false;
+            let attempt = (|| -> Result<Option<Vec<Reply>>, Error> {
+                for (db, key, ts) in &watched {
+                    if txn.version_ts(sh.ks.keys, &Keyspace::key_row(*db, key))? != *ts {
+                        return Ok(None);
+                    }
+                }
+                let mut replies = Vec::with_capacity(queue.len());
+                for args in &queue {
+                    let spec = lookup(&args[0]).expect("queued requests were looked up");
+                    if spec.kind == Kind::Data {
+                        match run_data(spec, args, &sh.ks, self.db, &mut txn) {
+                            Ok(r) => {
+                                wrote |= spec.write && !r.is_error();
+                                replies.push(r);
+                            }
+                            // A command over a limit fails alone, as a Redis command error
+                            // inside EXEC does; the engine refused it before writing.
+                            Err(e @ Error::TooLarge { .. }) => replies.push(engine_error(&e)),
+                            Err(e) => return Err(e),
+                        }
+                    } else {
+                        let out = self.conn_command(spec, args, sh);
+                        wait = wait.max(out.wait);
+                        replies.push(out.reply);
+                    }
+                }
+                Ok(Some(replies))
+            })();
+            let res = attempt.and_then(|r| Ok((r, txn.commit_async()?)));
+            match res {
+                Ok((None, _)) => return Outcome::now(Reply::NilArray),
+                Ok((Some(replies), ticket)) => {
+                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
+                    if wrote {
+                        self.last_commit = ticket.ts();
+                    }
+                    return Outcome { reply: Reply::Array(replies), wait: wait.max(ticket.ts()), close: false };
+                }
+                Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
+                    sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
+                    tries += 1;
+                }
+                Err(e) => {
+                    self.db = db_before;
+                    return Outcome::now(engine_error(&e));
+                }
+            }
+        }
+    }
+
+    /// Connection commands (no engine transaction of their own). Also run inside EXEC.
+    fn conn_command(&mut self, spec: &Spec, args: &[Bytes], sh: &Shared) -> Outcome {
+        let a = &args[1..];
+        let reply = match spec.name {
+            "PING" => match a.len() {
+                0 => Reply::Simple("PONG"),
+                1 => Reply::Bulk(a[0].clone()),
+                _ => wrong_arity(spec),
+            },
+            "ECHO" => Reply::Bulk(a[0].clone()),
+            "QUIT" => return Outcome { reply: Reply::Ok, wait: Ts(0), close: true },
+            "RESET" => {
+                let authed = sh.password.is_none();
+                *self = Session { id: self.id, authed, ..Session::new(sh) };
+                Reply::Simple("RESET")
+            }
+            "AUTH" => self.auth(a, sh),
+            "HELLO" => self.hello(a, sh),
+            "SELECT" => match parse_int(&a[0]) {
+                Some(n) if (0..DATABASES as i64).contains(&n) => {
+                    self.db = n as u8;
+                    Reply::Ok
+                }
+                Some(_) => Reply::err("ERR DB index is out of range"),
+                None => Reply::err(commands::NOT_INTEGER),
+            },
+            "CLIENT" => self.client(a),
+            "COMMAND" => command_info(a),
+            "UNWATCH" => {
+                self.watched.clear();
+                Reply::Ok
+            }
+            "INFO" => Reply::Bulk(info(a, sh).into()),
+            "ROLE" => Reply::Array(vec![Reply::bulk("master"), Reply::Int(0), Reply::Array(Vec::new())]),
+            // No replicas yet: every acknowledged write is already durable here, and no
+            // replica can acknowledge it.
+            "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
+                (Some(n), Some(t)) if n >= 0 && t >= 0 => Reply::Int(0),
+                _ => Reply::err(commands::NOT_INTEGER),
+            },
+            "DBSIZE" => return dbsize(self.db, sh),
+            "SCAN" => return scan(self.db, a, sh),
+            "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
+            "DITTO.WAITTS" => return wait_ts(a, sh),
+            other => unreachable!("{other} is not a connection command"),
+        };
+        Outcome::now(reply)
+    }
+
+    fn auth(&mut self, a: &[Bytes], sh: &Shared) -> Reply {
+        let (user, pass) = match a.len() {
+            1 => (&b"default"[..], &a[0]),
+            2 => (&a[0][..], &a[1]),
+            _ => return Reply::err(SYNTAX_ERR),
+        };
+        let Some(expected) = &sh.password else {
+            return Reply::err(
+                "ERR AUTH <password> called without any password configured for the default user. \
+                 Are you sure your configuration is correct?",
+            );
+        };
+        if user == b"default" && password_matches(expected, pass) {
+            self.authed = true;
+            Reply::Ok
+        } else {
+            Reply::err("WRONGPASS invalid username-password pair or user is disabled.")
+        }
+    }
+
+    fn hello(&mut self, a: &[Bytes], sh: &Shared) -> Reply {
+        let mut proto = self.proto;
+        let mut rest = a;
+        if let Some(v) = a.first() {
+            match parse_int(v) {
+                Some(2) => proto = Proto::Resp2,
+                Some(3) => proto = Proto::Resp3,
+                Some(_) => return Reply::err("NOPROTO unsupported protocol version"),
+                None => return Reply::err("ERR Protocol version is not an integer or out of range"),
+            }
+            rest = &a[1..];
+        }
+        let mut name = None;
+        while let Some(opt) = rest.first() {
+            match opt.to_ascii_uppercase().as_slice() {
+                b"AUTH" if rest.len() >= 3 => {
+                    let r = self.auth(&rest[1..3], sh);
+                    if r.is_error() {
+                        return r;
+                    }
+                    rest = &rest[3..];
+                }
+                b"SETNAME" if rest.len() >= 2 => {
+                    name = Some(rest[1].clone());
+                    rest = &rest[2..];
+                }
+                _ => return Reply::err(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(opt))),
+            }
+        }
+        if !self.authed {
+            return Reply::err(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> \
+                 AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol \
+                 version at the same time",
+            );
+        }
+        self.proto = proto;
+        if name.is_some() {
+            self.name = name;
+        }
+        let s = |t: &'static str| Reply::bulk(t);
+        Reply::Map(vec![
+            (s("server"), s("redis")),
+            (s("version"), s(REDIS_COMPAT_VERSION)),
+            (s("proto"), Reply::Int(if proto == Proto::Resp3 { 3 } else { 2 })),
+            (s("id"), Reply::Int(self.id as i64)),
+            (s("mode"), s("standalone")),
+            (s("role"), s("master")),
+            (s("modules"), Reply::Array(Vec::new())),
+        ])
+    }
+
+    fn client(&mut self, a: &[Bytes]) -> Reply {
+        match a[0].to_ascii_uppercase().as_slice() {
+            b"SETNAME" if a.len() == 2 => {
+                if a[1].iter().any(|&b| b <= b' ' || b > b'~') {
+                    return Reply::err("ERR Client names cannot contain spaces, newlines or special characters.");
+                }
+                self.name = if a[1].is_empty() { None } else { Some(a[1].clone()) };
+                Reply::Ok
+            }
+            b"GETNAME" if a.len() == 1 => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
+            b"ID" if a.len() == 1 => Reply::Int(self.id as i64),
+            // Client libraries announce themselves; nothing here uses it.
+            b"SETINFO" if a.len() == 3 => Reply::Ok,
+            b"INFO" if a.len() == 1 => Reply::Bulk(self.client_line().into()),
+            b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO" => Reply::err(format!(
+                "ERR wrong number of arguments for 'client|{}' command",
+                String::from_utf8_lossy(&a[0]).to_ascii_lowercase()
+            )),
+            _ => Reply::err(format!(
+                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                String::from_utf8_lossy(&a[0]).chars().filter(|c| !c.is_control()).take(64).collect::<String>()
+            )),
+        }
+    }
+
+    fn client_line(&self) -> String {
+        format!(
+            "id={} name={} db={} multi={} resp={}\n",
+            self.id,
+            self.name.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default(),
+            self.db,
+            self.multi.as_ref().map_or(-1, |q| q.len() as i64),
+            if self.proto == Proto::Resp3 { 3 } else { 2 }
+        )
+    }
+}
+
+const SYNTAX_ERR: &str = commands::SYNTAX;
+
+/// The Redis version ditto reports to clients that look (HELLO, INFO): the command set and
+/// replies follow Redis 7.
+pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
+
+/// Constant-time in the password's bytes (the length is not secret: it is compared first).
+fn password_matches(expected: &str, given: &[u8]) -> bool {
+    expected.len() == given.len() && bool::from(expected.as_bytes().ct_eq(given))
+}
+
+pub fn engine_error(e: &Error) -> Reply {
+    match e {
+        Error::Conflict(_) => Reply::err(format!("ERR {e} (gave up after {RETRIES_MAX} retries)")),
+        Error::TooLarge { .. } => Reply::err(format!("ERR {e}")),
+        Error::LogFailed(_) => Reply::err(format!("ERR {e}")),
+        other => Reply::err(format!("ERR {other}")),
+    }
+}
+
+fn command_info(a: &[Bytes]) -> Reply {
+    let entry = |s: &Spec| {
+        let mut flags = vec![Reply::Simple(if s.write { "write" } else { "readonly" })];
+        if s.kind == Kind::Conn {
+            flags = vec![Reply::Simple("fast")];
+        }
+        Reply::Array(vec![
+            Reply::bulk(s.lower_name()),
+            Reply::Int(s.arity as i64),
+            Reply::Set(flags),
+            Reply::Int(s.keys.0 as i64),
+            Reply::Int(s.keys.1 as i64),
+            Reply::Int(s.keys.2 as i64),
+            Reply::Set(Vec::new()),
+            Reply::Set(Vec::new()),
+            Reply::Set(Vec::new()),
+            Reply::Set(Vec::new()),
+        ])
+    };
+    let Some(sub) = a.first() else { return Reply::Array(SPECS.iter().map(entry).collect()) };
+    match sub.to_ascii_uppercase().as_slice() {
+        b"COUNT" => Reply::Int(SPECS.len() as i64),
+        b"LIST" => Reply::Array(SPECS.iter().map(|s| Reply::bulk(s.lower_name())).collect()),
+        b"INFO" => Reply::Array(a[1..].iter().map(|n| lookup(n).map_or(Reply::Nil, entry)).collect()),
+        // Documentation is not served; clients that probe for it (redis-cli) do without.
+        b"DOCS" => Reply::Map(Vec::new()),
+        _ => Reply::err(format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            String::from_utf8_lossy(sub).chars().filter(|c| !c.is_control()).take(64).collect::<String>()
+        )),
+    }
+}
+
+/// Counts the keys of `db` at a snapshot: O(keys), unlike Redis's O(1).
+fn dbsize(db: u8, sh: &Shared) -> Outcome {
+    let snap = sh.db.read();
+    let mut n = 0i64;
+    let (lo, hi) = db_range(db);
+    let res = snap.for_each(
+        sh.ks.keys,
+        std::ops::Bound::Included(&lo[..]),
+        hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+        |_, _| {
+            n += 1;
+            true
+        },
+    );
+    match res {
+        Ok(()) => Outcome { reply: Reply::Int(n), wait: snap.ts(), close: false },
+        Err(e) => Outcome::now(engine_error(&e)),
+    }
+}
+
+fn db_range(db: u8) -> (Vec<u8>, Option<Vec<u8>>) {
+    (vec![db], prefix_end(&[db]))
+}
+
+/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE type], at a fresh snapshot per call. Keys
+/// present for a whole scan are returned once; keys added or removed meanwhile may or may
+/// not be (Redis's guarantee).
+fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
+    let Some(cursor) = std::str::from_utf8(&a[0]).ok().and_then(|s| s.parse::<u64>().ok()) else {
+        return Outcome::now(Reply::err("ERR invalid cursor"));
+    };
+    let (mut pattern, mut count, mut kind) = (None, 10usize, None);
+    let mut opts = a[1..].chunks(2);
+    for opt in opts.by_ref() {
+        if opt.len() != 2 {
+            return Outcome::now(Reply::err(SYNTAX_ERR));
+        }
+        match opt[0].to_ascii_uppercase().as_slice() {
+            b"MATCH" => pattern = Some(opt[1].clone()),
+            b"COUNT" => match parse_int(&opt[1]) {
+                Some(n) if n >= 1 => count = (n as usize).min(1 << 20),
+                Some(_) => return Outcome::now(Reply::err(SYNTAX_ERR)),
+                None => return Outcome::now(Reply::err(commands::NOT_INTEGER)),
+            },
+            b"TYPE" => kind = Some(opt[1].to_ascii_lowercase()),
+            _ => return Outcome::now(Reply::err(SYNTAX_ERR)),
+        }
+    }
+    let (lo_row, hi) = db_range(db);
+    let lo = if cursor == 0 {
+        std::ops::Bound::Included(lo_row)
+    } else {
+        match sh.cursors.lock().get(cursor) {
+            Some((cdb, after)) if *cdb == db => std::ops::Bound::Excluded(Keyspace::key_row(db, after)),
+            _ => return Outcome::now(Reply::err("ERR invalid cursor")),
+        }
+    };
+    let snap = sh.db.read();
+    let mut keys = Vec::new();
+    let mut examined = 0;
+    let mut last: Option<Bytes> = None;
+    let res = snap.for_each(
+        sh.ks.keys,
+        lo.as_ref().map(|v| &v[..]),
+        hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+        |row, value| {
+            let key = &row[1..];
+            examined += 1;
+            let type_ok = kind.as_ref().is_none_or(|k| {
+                decode_entry(Bytes::copy_from_slice(&value[..value.len().min(9)])).type_name().as_bytes() == &k[..]
+            });
+            if type_ok && pattern.as_ref().is_none_or(|p| glob_match(p, key)) {
+                keys.push(Reply::Bulk(Bytes::copy_from_slice(key)));
+            }
+            if examined >= count {
+                last = Some(Bytes::copy_from_slice(key));
+                return false;
+            }
+            true
+        },
+    );
+    if let Err(e) = res {
+        return Outcome::now(engine_error(&e));
+    }
+    let next = match last {
+        Some(k) => sh.cursors.lock().issue(db, k),
+        None => 0,
+    };
+    Outcome {
+        reply: Reply::Array(vec![Reply::bulk(next.to_string()), Reply::Array(keys)]),
+        wait: snap.ts(),
+        close: false,
+    }
+}
+
+/// DITTO.WAITTS ts: answers once every commit up to `ts` is durable (so that data read
+/// afterwards is at least that fresh). A timestamp this node has not reached is an error.
+fn wait_ts(a: &[Bytes], sh: &Shared) -> Outcome {
+    let Some(ts) = parse_int(&a[0]).filter(|&t| t >= 0) else { return Outcome::now(Reply::err(commands::NOT_INTEGER)) };
+    let now = sh.db.clock().visible_ts();
+    if ts as u64 > now.0 {
+        return Outcome::now(Reply::err(format!("ERR timestamp {ts} is ahead of this node (at {})", now.0)));
+    }
+    Outcome { reply: Reply::Ok, wait: Ts(ts as u64), close: false }
+}
+
+/// Redis's glob: `*`, `?`, `[abc]`, `[^a-z]`, and `\` to escape.
+pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    let (mut p, mut i) = (0, 0);
+    // Backtracking point for the last `*`: (pattern index after it, string index).
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        let step = match pat.get(p) {
+            Some(b'*') => {
+                star = Some((p + 1, i));
+                p += 1;
+                continue;
+            }
+            Some(b'?') => Some(p + 1),
+            Some(b'[') => class_match(pat, p, s[i]),
+            Some(b'\\') if p + 1 < pat.len() => (pat[p + 1] == s[i]).then_some(p + 2),
+            Some(&c) => (c == s[i]).then_some(p + 1),
+            None => None,
+        };
+        match (step, star) {
+            (Some(np), _) => {
+                p = np;
+                i += 1;
+            }
+            (None, Some((sp, si))) => {
+                p = sp;
+                i = si + 1;
+                star = Some((sp, si + 1));
+            }
+            (None, None) => return false,
+        }
+    }
+    pat[p.min(pat.len())..].iter().all(|&c| c == b'*')
+}
+
+/// Matches `c` against the class starting at `pat[p] == '['`; the index after the class.
+fn class_match(pat: &[u8], p: usize, c: u8) -> Option<usize> {
+    let mut j = p + 1;
+    let negate = pat.get(j) == Some(&b'^');
+    if negate {
+        j += 1;
+    }
+    let mut hit = false;
+    while j < pat.len() && pat[j] != b']' {
+        if pat[j] == b'\\' && j + 1 < pat.len() {
+            hit |= pat[j + 1] == c;
+            j += 2;
+        } else if j + 2 < pat.len() && pat[j + 1] == b'-' && pat[j + 2] != b']' {
+            let (a, b) = (pat[j].min(pat[j + 2]), pat[j].max(pat[j + 2]));
+            hit |= (a..=b).contains(&c);
+            j += 3;
+        } else {
+            hit |= pat[j] == c;
+            j += 1;
+        }
+    }
+    // An unterminated class matches up to the pattern's end, as in Redis.
+    let end = (j + 1).min(pat.len());
+    (hit != negate).then_some(end)
+}
+
+fn info(a: &[Bytes], sh: &Shared) -> String {
+    let wanted: Vec<String> = a.iter().map(|s| String::from_utf8_lossy(s).to_ascii_lowercase()).collect();
+    let all = wanted.is_empty() || wanted.iter().any(|w| w == "all" || w == "everything" || w == "default");
+    let want = |s: &str| all || wanted.iter().any(|w| w == s);
+    let st = &sh.stats;
+    let mut out = String::new();
+    use std::fmt::Write;
+    if want("server") {
+        let _ = write!(
+            out,
+            "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nditto_version:{}\r\nredis_mode:standalone\r\n\
+             process_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nworkers:{}\r\n\r\n",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id(),
+            sh.tcp_port,
+            sh.started.elapsed().as_secs(),
+            sh.db.workers(),
+        );
+    }
+    if want("clients") {
+        let _ = write!(out, "# Clients\r\nconnected_clients:{}\r\n\r\n", st.connected_clients.load(Ordering::Relaxed));
+    }
+    if want("persistence") {
+        let (durability, watermark, failure) = match &sh.log {
+            Some(l) => (l.durability().name(), l.watermark().0, l.failure().map(|f| f.to_string())),
+            None => ("none (in memory)".into(), 0, None),
+        };
+        let _ = write!(
+            out,
+            "# Persistence\r\ndurability:{durability}\r\ndurable_ts:{watermark}\r\nlog_failed:{}\r\n",
+            failure.is_some() as u8
+        );
+        if let Some(l) = &sh.log {
+            let s = &l.stats;
+            let _ = write!(
+                out,
+                "log_bytes_written:{}\r\nlog_fsyncs:{}\r\nlog_fsync_us_total:{}\r\nlog_fsync_us_max:{}\r\n",
+                s.bytes_written.load(Ordering::Relaxed),
+                s.fsyncs.load(Ordering::Relaxed),
+                s.fsync_ns_total.load(Ordering::Relaxed) / 1000,
+                s.fsync_ns_max.load(Ordering::Relaxed) / 1000,
+            );
+        }
+        out.push_str("\r\n");
+    }
+    if want("stats") {
+        let _ = write!(
+            out,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
+             rejected_connections:{}\r\ntotal_error_replies:{}\r\nprotocol_errors:{}\r\n\
+             txn_commits:{}\r\ntxn_conflicts:{}\r\n\r\n",
+            st.connections_received.load(Ordering::Relaxed),
+            st.commands.load(Ordering::Relaxed),
+            st.rejected_connections.load(Ordering::Relaxed),
+            st.errors.load(Ordering::Relaxed),
+            st.protocol_errors.load(Ordering::Relaxed),
+            st.txn_commits.load(Ordering::Relaxed),
+            st.txn_conflicts.load(Ordering::Relaxed),
+        );
+    }
+    if want("replication") {
+        out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
+    }
+    if want("keyspace") {
+        out.push_str("# Keyspace\r\n");
+        for db in 0..DATABASES as u8 {
+            if let Reply::Int(n) = dbsize(db, sh).reply {
+                if n > 0 {
+                    let _ = write!(out, "db{db}:keys={n},expires=0,avg_ttl=0\r\n");
+                }
+            }
+        }
+        out.push_str("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ditto_engine::{Options, WorkerId};
+
+    fn setup() -> (Shared, Worker) {
+        let db = Database::new(Options { workers: 1 });
+        let sh = Shared::new(Arc::clone(&db), None, Some("sesame".into()), 0).unwrap();
+        let w = db.worker(WorkerId(0)).unwrap();
+        (sh, w)
+    }
+
+    fn cmd(s: &mut Session, sh: &Shared, w: &mut Worker, line: &str) -> Reply {
+        let args = line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect();
+        s.handle(args, sh, w).reply
+    }
+
+    #[test]
+    fn auth_gates_commands_and_wrong_passwords_are_refused() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Error(e) if e.starts_with("NOAUTH")));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "AUTH nope"), Reply::Error(e) if e.starts_with("WRONGPASS")));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "AUTH sesamf"), Reply::Error(_)));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH default sesame"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Nil);
+    }
+
+    #[test]
+    fn multi_exec_runs_queued_commands_and_watch_fires_on_change() {
+        let (sh, mut w) = setup();
+        let mut a = Session::new(&sh);
+        let mut b = Session::new(&sh);
+        for s in [&mut a, &mut b] {
+            assert_eq!(cmd(s, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        }
+        assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH k"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SET k 1"), Reply::Simple("QUEUED"));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "INCR k"), Reply::Simple("QUEUED"));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Array(vec![Reply::Ok, Reply::Int(2)]));
+        // b changes the key between a's WATCH and EXEC: nil, nothing written.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH k"), Reply::Ok);
+        assert_eq!(cmd(&mut b, &sh, &mut w, "SET k 10"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SET k 99"), Reply::Simple("QUEUED"));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::NilArray);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "GET k"), Reply::bulk("10"));
+        // A bad command while queueing aborts the whole EXEC.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SET k 5"), Reply::Simple("QUEUED"));
+        assert!(cmd(&mut a, &sh, &mut w, "GET").is_error());
+        assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "GET k"), Reply::bulk("10"));
+    }
+
+    #[test]
+    fn types_are_enforced_and_hashes_vanish_when_emptied() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HSET h a 1 b 2"), Reply::Int(2));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HSET h a 3"), Reply::Int(0));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "GET h"), Reply::Error(e) if e.starts_with("WRONGTYPE")));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "INCR h"), Reply::Error(e) if e.starts_with("WRONGTYPE")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HLEN h"), Reply::Int(2));
+        assert_eq!(
+            cmd(&mut s, &sh, &mut w, "HGETALL h"),
+            Reply::Map(vec![(Reply::bulk("a"), Reply::bulk("3")), (Reply::bulk("b"), Reply::bulk("2"))])
+        );
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HDEL h a b c"), Reply::Int(2));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXISTS h"), Reply::Int(0));
+        // SET over a hash replaces it, fields and all.
+        cmd(&mut s, &sh, &mut w, "HSET h x 1");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET h v"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HSET h2 x 1"), Reply::Int(1));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DBSIZE"), Reply::Int(2));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SELECT 3"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DBSIZE"), Reply::Int(0));
+    }
+
+    #[test]
+    fn scan_visits_every_key_once_across_cursors() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        for i in 0..57 {
+            cmd(&mut s, &sh, &mut w, &format!("SET key:{i} v"));
+        }
+        cmd(&mut s, &sh, &mut w, "SET other v");
+        let mut seen = Vec::new();
+        let mut cursor = "0".to_string();
+        for _ in 0..100 {
+            let Reply::Array(parts) = cmd(&mut s, &sh, &mut w, &format!("SCAN {cursor} MATCH key:* COUNT 7")) else {
+                panic!()
+            };
+            let (Reply::Bulk(c), Reply::Array(keys)) = (&parts[0], &parts[1]) else { panic!() };
+            seen.extend(keys.iter().cloned());
+            cursor = String::from_utf8(c.to_vec()).unwrap();
+            if cursor == "0" {
+                break;
+            }
+        }
+        assert_eq!(cursor, "0", "the scan did not finish");
+        assert_eq!(seen.len(), 57);
+        assert!(cmd(&mut s, &sh, &mut w, "SCAN 999999").is_error());
+    }
+
+    #[test]
+    fn glob_follows_redis() {
+        for (p, s, m) in [
+            ("*", "", true),
+            ("a*c", "abbbc", true),
+            ("a*c", "abbb", false),
+            ("h?llo", "hello", true),
+            ("h[ae]llo", "hallo", true),
+            ("h[^e]llo", "hello", false),
+            ("h[a-b]llo", "hbllo", true),
+            ("k\\*", "k*", true),
+            ("k\\*", "kx", false),
+            ("*:*:x", "a:b:c:x", true),
+        ] {
+            assert_eq!(glob_match(p.as_bytes(), s.as_bytes()), m, "{p} vs {s}");
+        }
+    }
+}
