@@ -24,6 +24,8 @@ pub enum BenchCmd {
     Recovery(RecoveryArgs),
     /// The log's LZ4 compressor on real TPC-C batch payloads: MB/s and ratio.
     Lz4(Lz4Args),
+    /// redis-benchmark against `ditto server` and a real Redis (appendfsync everysec).
+    Redis(crate::redisbench::RedisBenchArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -170,6 +172,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
         }
         BenchCmd::Recovery(a) => recovery(a),
         BenchCmd::Lz4(a) => lz4(a),
+        BenchCmd::Redis(a) => crate::redisbench::run(a),
     }
 }
 

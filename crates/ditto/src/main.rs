@@ -9,6 +9,7 @@ mod bench;
 mod crash;
 mod demo;
 mod logmode;
+mod redisbench;
 mod server;
 
 use clap::{Parser, Subcommand};

@@ -22,7 +22,7 @@ pub struct ServerArgs {
     /// Engine workers (server threads, log streams) [default: cores].
     #[arg(long)]
     workers: Option<usize>,
-    /// Durability: interval, every-batch or nosync [default: interval].
+    /// Durability: every-batch, interval or nosync [default: every-batch].
     #[arg(long)]
     durability: Option<String>,
     /// Prometheus endpoint host:port, or "off" [default: 127.0.0.1:9379].

@@ -80,3 +80,13 @@ fn demo_refuses_log_off_with_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a log"));
 }
+
+#[test]
+fn bench_redis_small_against_ditto_only() {
+    let (out, _) = ditto(&["bench", "redis", "--requests", "2000", "--clients", "10", "--no-redis", "--json"]);
+    let j = last_json(&out);
+    let rows = j["rows"].as_array().unwrap();
+    // SET and GET, pipelined and not, for each of the two default durabilities.
+    assert_eq!(rows.len(), 8, "{out}");
+    assert!(rows.iter().all(|r| r["rps"].as_f64().unwrap() > 0.0), "{out}");
+}
