@@ -146,6 +146,10 @@ fn read_int_line(buf: &mut BytesMut, skip: usize, limits: &Limits, what: &str) -
         }
         return Ok(None);
     };
+    // The same verdict however the line arrived: in one read or byte by byte.
+    if end > limits.max_inline_bytes {
+        return Err(perr("too big count string"));
+    }
     let digits = &buf[skip..end];
     let n = std::str::from_utf8(digits).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| perr(what))?;
     buf.advance(end + 2);
@@ -366,6 +370,40 @@ mod tests {
                 prop_assert!(req.len() <= 4);
                 prop_assert!(req.iter().map(Bytes::len).sum::<usize>() <= 64);
             }
+        }
+    }
+
+    fn parse_pieces(pieces: &[&[u8]], limits: &Limits) -> (Vec<Vec<Bytes>>, bool) {
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in pieces {
+            buf.extend_from_slice(piece);
+            loop {
+                match p.next(&mut buf, limits) {
+                    Ok(Some(req)) => out.push(req),
+                    Ok(None) => break,
+                    Err(_) => return (out, true),
+                }
+            }
+        }
+        (out, false)
+    }
+
+    proptest! {
+        /// How bytes are cut into reads never changes what is parsed or refused (the same
+        /// property the fuzz target checks, on inputs that look like requests).
+        #[test]
+        fn cutting_reads_anywhere_changes_nothing(
+            reqs in prop::collection::vec(prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..5), 1..5),
+            noise in prop::collection::vec(any::<u8>(), 0..20),
+            at in 0usize..400,
+        ) {
+            let limits = Limits { max_args: 3, max_request_bytes: 60, max_inline_bytes: 70 };
+            let mut bytes: Vec<u8> = reqs.iter().flat_map(|r| encode_request(r)).collect();
+            bytes.extend_from_slice(&noise);
+            let at = at.min(bytes.len());
+            prop_assert_eq!(parse_pieces(&[&bytes], &limits), parse_pieces(&[&bytes[..at], &bytes[at..]], &limits));
         }
     }
 

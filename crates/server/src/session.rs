@@ -49,6 +49,9 @@ pub struct Shared {
     pub cursors: Mutex<Cursors>,
     pub started: Instant,
     pub tcp_port: u16,
+    /// A read-only node (a hot standby, later): writes are refused with READONLY. Always
+    /// false on a primary, which is all there is for now.
+    pub read_only: bool,
     next_client_id: AtomicU64,
 }
 
@@ -69,6 +72,7 @@ impl Shared {
             cursors: Mutex::new(Cursors::default()),
             started: Instant::now(),
             tcp_port,
+            read_only: false,
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -188,6 +192,10 @@ impl Session {
         if !self.authed && !matches!(spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") {
             self.flag_multi();
             return Outcome::now(Reply::err("NOAUTH Authentication required."));
+        }
+        if spec.write && sh.read_only {
+            self.flag_multi();
+            return Outcome::now(Reply::err("READONLY You can't write against a read only replica."));
         }
         if let Some(queue) = self.multi.as_mut() {
             if !matches!(spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
@@ -896,6 +904,22 @@ mod tests {
         assert_eq!(cursor, "0", "the scan did not finish");
         assert_eq!(seen.len(), 57);
         assert!(cmd(&mut s, &sh, &mut w, "SCAN 999999").is_error());
+    }
+
+    #[test]
+    fn a_read_only_node_refuses_writes_and_serves_reads() {
+        let (mut sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k v"), Reply::Ok);
+        sh.read_only = true;
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "SET k w"), Reply::Error(e) if e.starts_with("READONLY")));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "HSET h f v"), Reply::Error(e) if e.starts_with("READONLY")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("v"));
+        // Inside MULTI a write is refused at once and the EXEC aborts.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(cmd(&mut s, &sh, &mut w, "DEL k").is_error());
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
 
     #[test]
