@@ -310,3 +310,34 @@ fn garbage_from_clients_never_hurts_the_server() {
     assert_eq!(good.cmd(&["GET", "stay"]).unwrap(), "here");
     assert_eq!(srv.cli(&["PING"]), "PONG");
 }
+
+/// Connections over max_clients are refused with Redis's error; a reply larger than
+/// max_output_bytes is replaced by an error and the connection keeps working.
+#[test]
+fn client_and_output_limits_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "max_clients = 2\nmax_output_bytes = 1024\n");
+    let mut a = Raw::connect(srv.port);
+    let mut b = Raw::connect(srv.port);
+    assert_eq!(a.cmd(&["PING"]).unwrap(), "+PONG");
+    assert_eq!(b.cmd(&["PING"]).unwrap(), "+PONG");
+    let mut c = Raw::connect(srv.port);
+    assert_eq!(c.reply().unwrap(), "-ERR max number of clients reached");
+    assert!(c.reply().is_err(), "the refused connection stays open");
+    let big = "x".repeat(2000);
+    assert_eq!(a.cmd(&["SET", "big", &big]).unwrap(), "+OK");
+    let r = a.cmd(&["GET", "big"]).unwrap();
+    assert!(r.starts_with("-ERR reply of") && r.contains("max_output_bytes"), "{r}");
+    assert_eq!(a.cmd(&["STRLEN", "big"]).unwrap(), ":2000");
+    // A slot frees when a client leaves.
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut d = Raw::connect(srv.port);
+        match d.cmd(&["PING"]) {
+            Ok(r) if r == "+PONG" => break,
+            other => assert!(Instant::now() < deadline, "no slot after a client left: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -223,14 +223,20 @@ impl<'w> Transaction<'w> {
 
     /// The value a read of `key` sees (our own write, or the newest committed version,
     /// recorded for validation).
-    fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
+    /// The record `key` maps to, remembered for a later write of the same key; a miss is
+    /// recorded for the phantom check.
+    fn locate(&mut self, table: TableId, key: &[u8]) -> Result<Option<&'w Record>> {
         let t = self.table(table)?;
         let Some(rid) = t.index.get(key, &self.guard) else {
             self.s.misses.push((table, Bytes::copy_from_slice(key)));
             return Ok(None);
         };
         self.s.recent.remember(table, key, RecordId(rid));
-        let rec: &Record = t.record(RecordId(rid));
+        Ok(Some(t.record(RecordId(rid))))
+    }
+
+    fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
+        let Some(rec) = self.locate(table, key)? else { return Ok(None) };
         if let Some(i) = self.find_write(rec) {
             return Ok(self.s.writes[i].version.value());
         }
@@ -247,12 +253,7 @@ impl<'w> Transaction<'w> {
     /// so a change after this call aborts the transaction. For a key this transaction has
     /// written, the timestamp of the version it overwrote. Redis's WATCH is built on this.
     pub fn version_ts(&mut self, table: TableId, key: &[u8]) -> Result<Ts> {
-        let t = self.table(table)?;
-        let Some(rid) = t.index.get(key, &self.guard) else {
-            self.s.misses.push((table, Bytes::copy_from_slice(key)));
-            return Ok(Ts(0));
-        };
-        let rec: &Record = t.record(RecordId(rid));
+        let Some(rec) = self.locate(table, key)? else { return Ok(Ts(0)) };
         if let Some(i) = self.find_write(rec) {
             return Ok(Ts(self.s.writes[i].observed_tid & TS_MASK));
         }

@@ -162,14 +162,14 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
         "GETSET" => match ks.get_string(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(old) => {
-                ks.set_string(txn, db, &a[0], &a[1])?;
+                ks.replace_with_string(txn, db, &a[0], None, &a[1])?;
                 old.map_or(Reply::Nil, Reply::Bulk)
             }
         },
         "SETNX" => match ks.get(txn, db, &a[0])? {
             Some(_) => Reply::Int(0),
             None => {
-                ks.set_string(txn, db, &a[0], &a[1])?;
+                ks.replace_with_string(txn, db, &a[0], None, &a[1])?;
                 Reply::Int(1)
             }
         },
@@ -197,7 +197,7 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
             Ok(old) => {
                 let mut v = old.map(|b| b.to_vec()).unwrap_or_default();
                 v.extend_from_slice(&a[1]);
-                ks.set_string(txn, db, &a[0], &v)?;
+                ks.replace_with_string(txn, db, &a[0], None, &v)?;
                 Reply::Int(v.len() as i64)
             }
         },
@@ -228,7 +228,12 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
                 }
             }
             for pair in a.chunks(2) {
-                ks.set_string(txn, db, &pair[0], &pair[1])?;
+                if spec.name == "MSETNX" {
+                    // Every key was just read and found absent.
+                    ks.replace_with_string(txn, db, &pair[0], None, &pair[1])?;
+                } else {
+                    ks.set_string(txn, db, &pair[0], &pair[1])?;
+                }
             }
             if spec.name == "MSET" {
                 Reply::Ok
@@ -339,7 +344,7 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<
     if (nx && exists) || (xx && !exists) {
         return Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Nil });
     }
-    ks.set_string(txn, db, &a[0], &a[1])?;
+    ks.replace_with_string(txn, db, &a[0], entry.as_ref(), &a[1])?;
     Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Ok })
 }
 
@@ -354,7 +359,7 @@ fn incr_by(ks: &Keyspace, db: u8, txn: &mut Transaction<'_>, key: &[u8], by: Opt
         },
     };
     let Some(new) = old.checked_add(by) else { return Ok(Reply::err(OVERFLOW)) };
-    ks.set_string(txn, db, key, &int_reply(new))?;
+    ks.replace_with_string(txn, db, key, None, &int_reply(new))?;
     Ok(Reply::Int(new))
 }
 

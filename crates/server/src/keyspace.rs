@@ -107,9 +107,24 @@ impl Keyspace {
         })
     }
 
+    /// Sets `key` to a string whatever it held: a hash loses its fields, as SET over a
+    /// hash does in Redis.
     pub fn set_string(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8], value: &[u8]) -> Result<()> {
-        // A key that held a hash loses its fields, as SET over a hash does in Redis.
-        if let Some(Entry::Hash { .. }) = self.get(txn, db, key)? {
+        let held = self.get(txn, db, key)?;
+        self.replace_with_string(txn, db, key, held.as_ref(), value)
+    }
+
+    /// `set_string` for a caller that has already read the key (`held`), so it is not read
+    /// twice.
+    pub fn replace_with_string(
+        &self,
+        txn: &mut Transaction<'_>,
+        db: u8,
+        key: &[u8],
+        held: Option<&Entry>,
+        value: &[u8],
+    ) -> Result<()> {
+        if let Some(Entry::Hash { .. }) = held {
             self.delete_fields(txn, db, key)?;
         }
         let mut row = BytesMut::with_capacity(1 + value.len());
@@ -215,6 +230,14 @@ impl Keyspace {
         row[1..].copy_from_slice(&fields.to_le_bytes());
         txn.put(self.keys, &Self::key_row(db, key), &row)?;
         Ok(())
+    }
+}
+
+/// The type name of a `redis.keys` row's value, without decoding it.
+pub fn type_name_of(row_value: &[u8]) -> &'static str {
+    match row_value.first() {
+        Some(&T_HASH) => "hash",
+        _ => "string",
     }
 }
 

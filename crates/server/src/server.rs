@@ -170,7 +170,10 @@ pub fn run(cfg: Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServerErro
                         }
                     };
                     sh.stats.connections_received.fetch_add(1, Ordering::Relaxed);
-                    if sh.stats.connected_clients.load(Ordering::Relaxed) >= max_clients {
+                    // Counted here, before the task starts, so a burst of connections cannot
+                    // all pass the check; `serve` gives the slot back.
+                    if sh.stats.connected_clients.fetch_add(1, Ordering::AcqRel) >= max_clients {
+                        sh.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
                         sh.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
                         tokio::spawn(async move {
                             let mut s = stream;
@@ -197,14 +200,13 @@ pub fn run(cfg: Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServerErro
 }
 
 impl Conn {
+    /// Serves one client; the accept loop has counted it in `connected_clients`.
     async fn serve(&self, mut stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        let stats = &self.sh.stats;
-        stats.connected_clients.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.serve_inner(&mut stream).await {
             tracing::debug!("connection closed: {e}");
         }
-        stats.connected_clients.fetch_sub(1, Ordering::Relaxed);
+        self.sh.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
     }
 
     async fn serve_inner(&self, stream: &mut TcpStream) -> std::io::Result<()> {
@@ -289,7 +291,7 @@ impl Conn {
     /// Waits until every commit up to `ts` is durable.
     async fn wait_durable(&self, ts: Ts) -> Result<(), Arc<str>> {
         let Some(rx) = &self.durable else { return Ok(()) };
-        if ts == Ts(0) {
+        if ts == Ts(0) || rx.borrow().watermark >= ts {
             return Ok(());
         }
         let mut rx = rx.clone();
@@ -299,5 +301,69 @@ impl Conn {
             Ok(d) => Err(d.failed.clone().unwrap_or_else(|| "log failed".into())),
             Err(_) => Err("the server is shutting down".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ditto_engine::Options;
+
+    /// A connection's replies leave only once the watermark covers its commits; if the log
+    /// fails instead, every reply of the waiting pipeline becomes an error and the
+    /// connection is closed. Driven through a real socket, with the durability state set by
+    /// the test in place of the releaser.
+    #[test]
+    fn replies_wait_for_durability_and_a_log_failure_turns_them_into_errors() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let db = Database::new(Options { workers: 1 });
+        let sh = Arc::new(Shared::new(Arc::clone(&db), None, None, 0).unwrap());
+        let (tx, rx) = watch::channel(Durability { watermark: Ts(0), failed: None });
+        let conn = Arc::new(Conn {
+            sh: Arc::clone(&sh),
+            limits: Limits::default(),
+            max_output: 1 << 20,
+            durable: Some(rx),
+            metrics: Arc::new(Metrics::default()),
+        });
+        rt.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let c = Arc::clone(&conn);
+            tokio::spawn(async move {
+                loop {
+                    let (s, _) = listener.accept().await.unwrap();
+                    c.sh.stats.connected_clients.fetch_add(1, Ordering::AcqRel);
+                    let c = Arc::clone(&c);
+                    tokio::spawn(async move { c.serve(s).await });
+                }
+            });
+            let quiet = Duration::from_millis(300);
+            let mut buf = vec![0u8; 256];
+
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n").await.unwrap();
+            assert!(tokio::time::timeout(quiet, a.read(&mut buf)).await.is_err(), "answered before durable");
+            let committed = db.clock().visible_ts();
+            assert!(committed > Ts(0));
+            tx.send_replace(Durability { watermark: committed, failed: None });
+            let n = tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await.unwrap().unwrap();
+            assert_eq!(&buf[..n], b"+OK\r\n");
+
+            // A pipeline of a write and a read: both wait, then both fail with the log.
+            let mut b = TcpStream::connect(addr).await.unwrap();
+            b.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nw\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await.unwrap();
+            assert!(tokio::time::timeout(quiet, b.read(&mut buf)).await.is_err(), "answered before durable");
+            tx.send_replace(Durability { watermark: committed, failed: Some("fsync failed: EIO".into()) });
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), b.read_to_end(&mut got)).await.unwrap().unwrap();
+            let text = String::from_utf8(got).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 2, "{text}");
+            assert!(
+                lines.iter().all(|l| l.starts_with("-ERR log failure") && l.contains("fsync failed: EIO")),
+                "{text}"
+            );
+        });
     }
 }

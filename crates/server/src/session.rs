@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
 use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
-use crate::keyspace::{decode_entry, prefix_end, Keyspace};
+use crate::keyspace::{prefix_end, type_name_of, Keyspace};
 use crate::resp::{Proto, Reply};
 
 /// Databases a client can SELECT.
@@ -156,8 +156,13 @@ pub struct Session {
 
 impl Session {
     pub fn new(sh: &Shared) -> Session {
+        Session::with_id(sh.next_client_id.fetch_add(1, Ordering::Relaxed), sh)
+    }
+
+    /// A fresh session (not authenticated if a password is set, database 0, RESP2).
+    fn with_id(id: u64, sh: &Shared) -> Session {
         Session {
-            id: sh.next_client_id.fetch_add(1, Ordering::Relaxed),
+            id,
             proto: Proto::Resp2,
             name: None,
             authed: sh.password.is_none(),
@@ -356,8 +361,7 @@ impl Session {
             "ECHO" => Reply::Bulk(a[0].clone()),
             "QUIT" => return Outcome { reply: Reply::Ok, wait: Ts(0), close: true },
             "RESET" => {
-                let authed = sh.password.is_none();
-                *self = Session { id: self.id, authed, ..Session::new(sh) };
+                *self = Session::with_id(self.id, sh);
                 Reply::Simple("RESET")
             }
             "AUTH" => self.auth(a, sh),
@@ -397,7 +401,7 @@ impl Session {
         let (user, pass) = match a.len() {
             1 => (&b"default"[..], &a[0]),
             2 => (&a[0][..], &a[1]),
-            _ => return Reply::err(SYNTAX_ERR),
+            _ => return Reply::err(commands::SYNTAX),
         };
         let Some(expected) = &sh.password else {
             return Reply::err(
@@ -502,8 +506,6 @@ impl Session {
     }
 }
 
-const SYNTAX_ERR: &str = commands::SYNTAX;
-
 /// The Redis version ditto reports to clients that look (HELLO, INFO): the command set and
 /// replies follow Redis 7.
 pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
@@ -516,8 +518,6 @@ fn password_matches(expected: &str, given: &[u8]) -> bool {
 pub fn engine_error(e: &Error) -> Reply {
     match e {
         Error::Conflict(_) => Reply::err(format!("ERR {e} (gave up after {RETRIES_MAX} retries)")),
-        Error::TooLarge { .. } => Reply::err(format!("ERR {e}")),
-        Error::LogFailed(_) => Reply::err(format!("ERR {e}")),
         other => Reply::err(format!("ERR {other}")),
     }
 }
@@ -590,17 +590,17 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
     let mut opts = a[1..].chunks(2);
     for opt in opts.by_ref() {
         if opt.len() != 2 {
-            return Outcome::now(Reply::err(SYNTAX_ERR));
+            return Outcome::now(Reply::err(commands::SYNTAX));
         }
         match opt[0].to_ascii_uppercase().as_slice() {
             b"MATCH" => pattern = Some(opt[1].clone()),
             b"COUNT" => match parse_int(&opt[1]) {
                 Some(n) if n >= 1 => count = (n as usize).min(1 << 20),
-                Some(_) => return Outcome::now(Reply::err(SYNTAX_ERR)),
+                Some(_) => return Outcome::now(Reply::err(commands::SYNTAX)),
                 None => return Outcome::now(Reply::err(commands::NOT_INTEGER)),
             },
             b"TYPE" => kind = Some(opt[1].to_ascii_lowercase()),
-            _ => return Outcome::now(Reply::err(SYNTAX_ERR)),
+            _ => return Outcome::now(Reply::err(commands::SYNTAX)),
         }
     }
     let (lo_row, hi) = db_range(db);
@@ -623,9 +623,7 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
         |row, value| {
             let key = &row[1..];
             examined += 1;
-            let type_ok = kind.as_ref().is_none_or(|k| {
-                decode_entry(Bytes::copy_from_slice(&value[..value.len().min(9)])).type_name().as_bytes() == &k[..]
-            });
+            let type_ok = kind.as_ref().is_none_or(|k| type_name_of(value).as_bytes() == &k[..]);
             if type_ok && pattern.as_ref().is_none_or(|p| glob_match(p, key)) {
                 keys.push(Reply::Bulk(Bytes::copy_from_slice(key)));
             }
