@@ -28,6 +28,25 @@ pub struct ServerArgs {
     /// Prometheus endpoint host:port, or "off" [default: 127.0.0.1:9379].
     #[arg(long)]
     metrics: Option<String>,
+    /// Also serve TLS clients on this port (0: any free port); needs --tls-cert-file and
+    /// --tls-key-file.
+    #[arg(long)]
+    tls_port: Option<u16>,
+    /// PEM certificate chain for TLS.
+    #[arg(long)]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates that client certificates must chain to (mutual TLS).
+    #[arg(long)]
+    tls_ca_cert_file: Option<PathBuf>,
+    /// Require client certificates signed by --tls-ca-cert-file.
+    #[arg(long)]
+    tls_auth_clients: bool,
+    /// Serve TLS only (no plaintext port).
+    #[arg(long)]
+    tls_only: bool,
 }
 
 pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -53,10 +72,29 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(m) = a.metrics {
         cfg.metrics = m;
     }
+    if a.tls_port.is_some() {
+        cfg.tls_port = a.tls_port;
+    }
+    if let Some(f) = a.tls_cert_file {
+        cfg.tls_cert_file = Some(f);
+    }
+    if let Some(f) = a.tls_key_file {
+        cfg.tls_key_file = Some(f);
+    }
+    if let Some(f) = a.tls_ca_cert_file {
+        cfg.tls_ca_cert_file = Some(f);
+    }
+    cfg.tls_auth_clients |= a.tls_auth_clients;
+    cfg.tls_only |= a.tls_only;
     let durability = cfg.durability()?.name();
-    ditto_server::run(cfg, |addr| {
-        // Tests and scripts wait for this line.
-        println!("ditto server listening on {addr} ({durability})");
+    ditto_server::run(cfg, |l| {
+        // Tests and scripts wait for these lines; the plaintext one comes first.
+        if let Some(a) = l.plain {
+            println!("ditto server listening on {a} ({durability})");
+        }
+        if let Some(a) = l.tls {
+            println!("ditto server listening for TLS on {a} ({durability})");
+        }
     })?;
     Ok(())
 }

@@ -16,7 +16,10 @@ use rand::{Rng, SeedableRng};
 
 struct Server {
     child: Child,
+    /// The plaintext port (0 with `tls_only`).
     port: u16,
+    /// The TLS port, when the config sets `tls_port`.
+    tls_port: Option<u16>,
 }
 
 impl Server {
@@ -37,10 +40,21 @@ impl Server {
                 let _ = tx.send(line);
             }
         });
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address in 60 s");
-        let addr = line.strip_prefix("ditto server listening on ").expect("the ready line").split(' ').next().unwrap();
-        let port = addr.rsplit(':').next().unwrap().parse().unwrap();
-        Server { child, port }
+        let port_of =
+            |rest: &str| -> u16 { rest.split(' ').next().unwrap().rsplit(':').next().unwrap().parse().unwrap() };
+        let (want_plain, want_tls) = (!config.contains("tls_only = true"), config.contains("tls_port"));
+        let (mut port, mut tls_port) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (want_plain && port.is_none()) || (want_tls && tls_port.is_none()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).expect("server did not report its addresses in 60 s");
+            if let Some(rest) = line.strip_prefix("ditto server listening for TLS on ") {
+                tls_port = Some(port_of(rest));
+            } else if let Some(rest) = line.strip_prefix("ditto server listening on ") {
+                port = Some(port_of(rest));
+            }
+        }
+        Server { child, port: port.unwrap_or(0), tls_port }
     }
 
     fn kill(&mut self) {
@@ -340,4 +354,117 @@ fn client_and_output_limits_hold() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Writes a CA, a server and a client certificate under `dir`; returns the config lines
+/// for a TLS listener on a free port.
+fn tls_config(dir: &Path, extra: &str) -> (ditto_server::tls::testing::Pki, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let pki = ditto_server::tls::testing::make(dir);
+    let cfg = format!(
+        "tls_port = 0\ntls_cert_file = {:?}\ntls_key_file = {:?}\ntls_ca_cert_file = {:?}\n{extra}",
+        pki.server_cert, pki.server_key, pki.ca
+    );
+    (pki, cfg)
+}
+
+fn run_tool(name: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(tool(name)).args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// redis-cli, redis-py and redis-benchmark over TLS, beside the plaintext port, which sees
+/// the same data; plaintext on the TLS port and a client that does not trust the server's
+/// CA are refused, and the server keeps serving.
+#[test]
+fn tls_clients_are_served_beside_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, cfg) = tls_config(&dir.path().join("pki"), "");
+    let srv = Server::start(&dir.path().join("d"), &cfg);
+    let tls_port = srv.tls_port.unwrap().to_string();
+    let ca = pki.ca.to_str().unwrap();
+    let tls_cli = |args: &[&str]| {
+        let mut all = vec!["--tls", "--cacert", ca, "-h", "127.0.0.1", "-p", &tls_port];
+        all.extend_from_slice(args);
+        run_tool("redis-cli", &all)
+    };
+    assert_eq!(tls_cli(&["SET", "secret", "over tls"]), (true, "OK\n".into()));
+    assert_eq!(srv.cli(&["GET", "secret"]), "over tls");
+    assert_eq!(tls_cli(&["INCRBY", "n", "5"]), (true, "5\n".into()));
+
+    // Plaintext to the TLS port gets no reply.
+    let (_, text) = run_tool("redis-cli", &["-h", "127.0.0.1", "-p", &tls_port, "PING"]);
+    assert!(!text.contains("PONG"), "plaintext served on the TLS port: {text}");
+    // A client that trusts another CA refuses the server.
+    let other = tls_config(&dir.path().join("other"), "").0;
+    let (ok, text) = run_tool(
+        "redis-cli",
+        &["--tls", "--cacert", other.ca.to_str().unwrap(), "-h", "127.0.0.1", "-p", &tls_port, "PING"],
+    );
+    assert!(!ok || !text.contains("PONG"), "a stranger's CA accepted: {text}");
+
+    let py = format!(
+        "import redis\n\
+         r = redis.Redis(host='127.0.0.1', port={tls_port}, ssl=True, ssl_ca_certs={ca:?}, protocol=3)\n\
+         assert r.get('secret') == b'over tls'\n\
+         p = r.pipeline(transaction=True)\n\
+         p.incr('n'); p.hset('h', mapping={{'a': 1, 'b': 2}}); p.hgetall('h')\n\
+         assert p.execute() == [6, 2, {{b'a': b'1', b'b': b'2'}}], 'pipeline'\n\
+         print('TLS OK')\n"
+    );
+    let out = Command::new("python3").args(["-c", &py]).output().expect("run python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("TLS OK"), "redis-py over TLS:\n{text}");
+
+    let (ok, text) = run_tool(
+        "redis-benchmark",
+        &[
+            "--tls",
+            "--cacert",
+            ca,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &tls_port,
+            "-t",
+            "set,get",
+            "-n",
+            "2000",
+            "-c",
+            "10",
+            "-P",
+            "8",
+            "-q",
+        ],
+    );
+    assert!(ok && text.contains("SET: ") && text.contains("GET: "), "{text}");
+    assert!(!text.to_lowercase().contains("error"), "{text}");
+    assert_eq!(tls_cli(&["PING"]), (true, "PONG\n".into()));
+    let info = srv.cli(&["INFO", "stats"]);
+    let failures: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("tls_handshake_failures:"))
+        .expect("tls_handshake_failures in INFO")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(failures >= 2, "plaintext and the stranger should count: {info}");
+}
+
+/// Mutual TLS with no plaintext port: a client without a certificate signed by the CA is
+/// refused; one with it is served.
+#[test]
+fn tls_only_with_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, cfg) = tls_config(&dir.path().join("pki"), "tls_only = true\ntls_auth_clients = true\n");
+    let srv = Server::start(&dir.path().join("d"), &cfg);
+    assert_eq!(srv.port, 0, "no plaintext listener");
+    let tls_port = srv.tls_port.unwrap().to_string();
+    let ca = pki.ca.to_str().unwrap();
+    let base = ["--tls", "--cacert", ca, "-h", "127.0.0.1", "-p", &tls_port];
+    let (ok, text) = run_tool("redis-cli", &[&base[..], &["PING"]].concat());
+    assert!(!ok || !text.contains("PONG"), "served without a client certificate: {text}");
+    let cert = ["--cert", pki.client_cert.to_str().unwrap(), "--key", pki.client_key.to_str().unwrap()];
+    assert_eq!(run_tool("redis-cli", &[&base[..], &cert[..], &["SET", "k", "v"]].concat()), (true, "OK\n".into()));
+    assert_eq!(run_tool("redis-cli", &[&base[..], &cert[..], &["GET", "k"]].concat()), (true, "v\n".into()));
 }

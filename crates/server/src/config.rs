@@ -10,6 +10,7 @@ use ditto_log::Durability;
 use serde::Deserialize;
 
 use crate::resp::Limits;
+use crate::tls::TlsFiles;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -44,6 +45,19 @@ pub struct Config {
     pub max_output_bytes: usize,
     /// `host:port` of the Prometheus endpoint, or `off`.
     pub metrics: String,
+    /// Also listen for TLS clients on this port (0: any free port). Needs `tls_cert_file`
+    /// and `tls_key_file`.
+    pub tls_port: Option<u16>,
+    /// Serve TLS clients only: no plaintext listener on `port`.
+    pub tls_only: bool,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// CA certificates client certificates must chain to (with `tls_auth_clients`).
+    pub tls_ca_cert_file: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate signed by `tls_ca_cert_file`.
+    pub tls_auth_clients: bool,
+    /// Seconds a TLS client has to finish its handshake.
+    pub tls_handshake_timeout_s: u64,
 }
 
 impl Default for Config {
@@ -65,6 +79,13 @@ impl Default for Config {
             max_inline_bytes: limits.max_inline_bytes,
             max_output_bytes: 64 << 20,
             metrics: "127.0.0.1:9379".into(),
+            tls_port: None,
+            tls_only: false,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_cert_file: None,
+            tls_auth_clients: false,
+            tls_handshake_timeout_s: 10,
         }
     }
 }
@@ -127,7 +148,38 @@ impl Config {
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass is empty: remove it for no password");
         }
+        self.tls()?;
         Ok(())
+    }
+
+    /// The TLS files when `tls_port` is set; `None` for a plaintext-only server.
+    pub fn tls(&self) -> Result<Option<TlsFiles>, ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
+        let Some(_) = self.tls_port else {
+            let stray = self.tls_only
+                || self.tls_auth_clients
+                || self.tls_cert_file.is_some()
+                || self.tls_key_file.is_some()
+                || self.tls_ca_cert_file.is_some();
+            // TLS settings without a TLS port would leave a server that looks secured
+            // serving plaintext only.
+            return if stray { bad("tls_* settings need tls_port") } else { Ok(None) };
+        };
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
+            return bad("tls_port needs tls_cert_file and tls_key_file");
+        };
+        if self.tls_auth_clients && self.tls_ca_cert_file.is_none() {
+            return bad("tls_auth_clients needs tls_ca_cert_file");
+        }
+        if self.tls_handshake_timeout_s == 0 {
+            return bad("tls_handshake_timeout_s must be >= 1");
+        }
+        Ok(Some(TlsFiles {
+            cert_file: cert.clone(),
+            key_file: key.clone(),
+            ca_cert_file: self.tls_ca_cert_file.clone(),
+            auth_clients: self.tls_auth_clients,
+        }))
     }
 }
 
@@ -144,5 +196,17 @@ mod tests {
         c.validate().unwrap();
         assert_eq!((c.port, c.requirepass.as_deref(), c.bind.as_str()), (7000, Some("pw"), "127.0.0.1"));
         assert!(Config::default().validate().is_err(), "no data_dir");
+    }
+
+    #[test]
+    fn tls_settings_must_be_complete() {
+        let base = "data_dir = \"/tmp/x\"\n";
+        let check = |extra: &str| toml::from_str::<Config>(&format!("{base}{extra}")).unwrap().validate();
+        assert!(check("tls_only = true").is_err(), "tls_only without a TLS port");
+        assert!(check("tls_cert_file = \"a\"").is_err(), "a certificate without a TLS port");
+        assert!(check("tls_port = 0").is_err(), "no certificate");
+        assert!(check("tls_port = 0\ntls_cert_file = \"a\"").is_err(), "no key");
+        check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"").unwrap();
+        assert!(check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_auth_clients = true").is_err());
     }
 }

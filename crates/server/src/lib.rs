@@ -7,6 +7,8 @@
 //! - `session.rs`: one connection's state (auth, database, MULTI/WATCH) with no I/O.
 //! - `server.rs`: tokio, connections, and releasing replies once their commit is durable.
 //! - `metrics.rs`: the Prometheus endpoint.
+//! - `tls.rs`: rustls configurations from PEM files, for client connections (and later
+//!   replication links).
 //! - `config.rs`: the TOML configuration.
 
 pub mod commands;
@@ -16,6 +18,7 @@ pub mod metrics;
 pub mod resp;
 pub mod server;
 pub mod session;
+pub mod tls;
 
 pub use config::Config;
-pub use server::{run, ServerError};
+pub use server::{run, Listening, ServerError};

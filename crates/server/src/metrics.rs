@@ -73,6 +73,11 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
     counter("ditto_protocol_errors_total", "Connections closed for a malformed request.", r(&st.protocol_errors));
     counter("ditto_connections_total", "Connections accepted.", r(&st.connections_received));
     counter("ditto_rejected_connections_total", "Connections refused at max_clients.", r(&st.rejected_connections));
+    counter(
+        "ditto_tls_handshake_failures_total",
+        "TLS connections closed before their handshake completed.",
+        r(&st.tls_handshake_failures),
+    );
     if let Some(l) = &sh.log {
         counter("ditto_log_bytes_total", "Bytes written to the redo log.", r(&l.stats.bytes_written));
         counter("ditto_log_fsyncs_total", "Log fsyncs.", r(&l.stats.fsyncs));

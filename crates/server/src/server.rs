@@ -2,6 +2,7 @@
 //! =======================================================
 //! ```text
 //!  accept loop (tokio, main thread) --spawn--> connection task, one per client
+//!   (plaintext port, TLS port)                    [TLS handshake, bounded in time]
 //!                                                 read -> RequestParser -> Session::handle
 //!                                                 (runs on a runtime thread, which owns one
 //!                                                  engine Worker = one log stream)
@@ -26,14 +27,16 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use ditto_engine::{Database, Ts, Worker, WorkerId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::{self, Metrics};
 use crate::resp::{Limits, Reply, RequestParser};
 use crate::session::{Outcome, Session, Shared};
+use crate::tls::{self, TlsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -43,6 +46,8 @@ pub enum ServerError {
     Open(#[from] ditto_log::LogError),
     #[error("engine: {0}")]
     Engine(#[from] ditto_engine::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
 }
@@ -82,14 +87,44 @@ struct Conn {
     sh: Arc<Shared>,
     limits: Limits,
     max_output: usize,
+    max_clients: usize,
+    tls_handshake_timeout: Duration,
     durable: Option<watch::Receiver<Durability>>,
     metrics: Arc<Metrics>,
 }
 
+/// The addresses a running server listens on.
+#[derive(Clone, Copy, Debug)]
+pub struct Listening {
+    /// Plaintext RESP; `None` with `tls_only`.
+    pub plain: Option<SocketAddr>,
+    /// RESP over TLS; `None` without `tls_port`.
+    pub tls: Option<SocketAddr>,
+}
+
+async fn bind(host: &str, port: u16) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let l = TcpListener::bind((host, port)).await.map_err(io(format!("binding {host}:{port}")))?;
+    let a = l.local_addr().map_err(io("reading the bound address"))?;
+    Ok((l, a))
+}
+
+/// Accepts on `l`, or waits forever when there is no such listener.
+async fn accept_on(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Opens the database in `cfg.data_dir`, recovers it, and serves until SIGINT or SIGTERM.
-/// `ready` is called with the bound address once clients can connect.
-pub fn run(cfg: Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServerError> {
+/// `ready` is called with the bound addresses once clients can connect.
+pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerError> {
     cfg.validate()?;
+    // Certificates are read before the database is opened, so a bad file fails fast.
+    let acceptor = match cfg.tls()? {
+        Some(files) => Some(TlsAcceptor::from(tls::server_config(&files)?)),
+        None => None,
+    };
     let dir = cfg.data_dir.clone().expect("validated");
     let log = ditto_log::LogOptions { durability: cfg.durability()?, compress: cfg.compress_log, ..Default::default() };
     let durable = ditto_log::open(&dir, ditto_log::OpenOptions { workers: cfg.workers, log, progress: true })?;
@@ -100,16 +135,17 @@ pub fn run(cfg: Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServerErro
         .enable_all()
         .build()
         .map_err(io("starting the runtime"))?;
-    let listener = rt
-        .block_on(TcpListener::bind((cfg.bind.as_str(), cfg.port)))
-        .map_err(io(format!("binding {}:{}", cfg.bind, cfg.port)))?;
-    let addr = listener.local_addr().map_err(io("reading the bound address"))?;
-    let sh = Arc::new(Shared::new(
-        Arc::clone(durable.db()),
-        Some(Arc::clone(&logger)),
-        cfg.requirepass.clone(),
-        addr.port(),
-    )?);
+    let plain = match cfg.tls_only {
+        false => Some(rt.block_on(bind(&cfg.bind, cfg.port))?),
+        true => None,
+    };
+    let tls_listener = match cfg.tls_port {
+        Some(port) => Some(rt.block_on(bind(&cfg.bind, port))?),
+        None => None,
+    };
+    let listening = Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1) };
+    let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
+    let sh = Arc::new(Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?);
     let metrics = Arc::new(Metrics::default());
     if cfg.metrics != "off" {
         let m = rt
@@ -149,41 +185,19 @@ pub fn run(cfg: Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServerErro
         sh: Arc::clone(&sh),
         limits: cfg.limits(),
         max_output: cfg.max_output_bytes,
+        max_clients: cfg.max_clients,
+        tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
         durable: Some(rx),
         metrics,
     });
-    ready(addr);
-    let max_clients = cfg.max_clients;
+    ready(&listening);
     rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io("installing the SIGTERM handler"))?;
         loop {
             tokio::select! {
-                accepted = listener.accept() => {
-                    let (stream, _) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            // Out of file descriptors and the like: back off, keep serving.
-                            tracing::warn!("accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    };
-                    sh.stats.connections_received.fetch_add(1, Ordering::Relaxed);
-                    // Counted here, before the task starts, so a burst of connections cannot
-                    // all pass the check; `serve` gives the slot back.
-                    if sh.stats.connected_clients.fetch_add(1, Ordering::AcqRel) >= max_clients {
-                        sh.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
-                        sh.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
-                        tokio::spawn(async move {
-                            let mut s = stream;
-                            let _ = s.write_all(b"-ERR max number of clients reached\r\n").await;
-                        });
-                        continue;
-                    }
-                    let conn = Arc::clone(&conn);
-                    tokio::spawn(async move { conn.serve(stream).await });
-                }
+                a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None).await,
+                a = accept_on(tls_listener.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, acceptor.clone()).await,
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
             }
@@ -200,16 +214,61 @@ pub fn run(cfg: Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServerErro
 }
 
 impl Conn {
-    /// Serves one client; the accept loop has counted it in `connected_clients`.
-    async fn serve(&self, mut stream: TcpStream) {
+    /// Takes one accepted connection: counts it against `max_clients` and starts its task.
+    async fn admit(self: Arc<Self>, accepted: std::io::Result<(TcpStream, SocketAddr)>, tls: Option<TlsAcceptor>) {
+        let sh = &self.sh;
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                return;
+            }
+        };
+        sh.stats.connections_received.fetch_add(1, Ordering::Relaxed);
+        // Counted here, before the task starts, so a burst of connections cannot all pass
+        // the check; `serve` gives the slot back.
+        if sh.stats.connected_clients.fetch_add(1, Ordering::AcqRel) >= self.max_clients {
+            sh.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
+            sh.stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            // A TLS client cannot read a plaintext error; it just sees the close.
+            if tls.is_none() {
+                tokio::spawn(async move {
+                    let mut s = stream;
+                    let _ = s.write_all(b"-ERR max number of clients reached\r\n").await;
+                });
+            }
+            return;
+        }
+        tokio::spawn(async move { self.serve(stream, tls).await });
+    }
+
+    /// Serves one client, over TLS when `tls` is set; `admit` has counted it in
+    /// `connected_clients`.
+    async fn serve(&self, stream: TcpStream, tls: Option<TlsAcceptor>) {
         let _ = stream.set_nodelay(true);
-        if let Err(e) = self.serve_inner(&mut stream).await {
+        let done = match tls {
+            None => self.serve_inner(stream).await,
+            Some(acceptor) => match tokio::time::timeout(self.tls_handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => self.serve_inner(s).await,
+                Ok(Err(e)) => {
+                    self.sh.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                    Err(e)
+                }
+                Err(_) => {
+                    self.sh.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                    Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out"))
+                }
+            },
+        };
+        if let Err(e) = done {
             tracing::debug!("connection closed: {e}");
         }
         self.sh.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
     }
 
-    async fn serve_inner(&self, stream: &mut TcpStream) -> std::io::Result<()> {
+    async fn serve_inner<S: AsyncRead + AsyncWrite + Unpin>(&self, mut stream: S) -> std::io::Result<()> {
         let mut session = Session::new(&self.sh);
         let mut parser = RequestParser::default();
         let mut inbuf = BytesMut::with_capacity(16 * 1024);
@@ -265,6 +324,8 @@ impl Conn {
                     close = true;
                 }
                 stream.write_all(&out).await?;
+                // TLS buffers records until flushed; plain TCP's flush does nothing.
+                stream.flush().await?;
                 out.clear();
                 let now = Instant::now();
                 for t in started.drain(..) {
@@ -313,31 +374,39 @@ mod tests {
     /// fails instead, every reply of the waiting pipeline becomes an error and the
     /// connection is closed. Driven through a real socket, with the durability state set by
     /// the test in place of the releaser.
+    fn test_conn(durable: Option<watch::Receiver<Durability>>, handshake: Duration) -> Arc<Conn> {
+        let db = Database::new(Options { workers: 1 });
+        Arc::new(Conn {
+            sh: Arc::new(Shared::new(db, None, None, 0).unwrap()),
+            limits: Limits::default(),
+            max_output: 1 << 20,
+            max_clients: 100,
+            tls_handshake_timeout: handshake,
+            durable,
+            metrics: Arc::new(Metrics::default()),
+        })
+    }
+
+    /// Serves `conn` on a free loopback port through `admit`, as `run` does.
+    async fn listen(conn: Arc<Conn>, tls: Option<TlsAcceptor>) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                Arc::clone(&conn).admit(listener.accept().await, tls.clone()).await;
+            }
+        });
+        addr
+    }
+
     #[test]
     fn replies_wait_for_durability_and_a_log_failure_turns_them_into_errors() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let db = Database::new(Options { workers: 1 });
-        let sh = Arc::new(Shared::new(Arc::clone(&db), None, None, 0).unwrap());
         let (tx, rx) = watch::channel(Durability { watermark: Ts(0), failed: None });
-        let conn = Arc::new(Conn {
-            sh: Arc::clone(&sh),
-            limits: Limits::default(),
-            max_output: 1 << 20,
-            durable: Some(rx),
-            metrics: Arc::new(Metrics::default()),
-        });
+        let conn = test_conn(Some(rx), Duration::from_secs(10));
+        let db = Arc::clone(&conn.sh.db);
         rt.block_on(async move {
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
-            let c = Arc::clone(&conn);
-            tokio::spawn(async move {
-                loop {
-                    let (s, _) = listener.accept().await.unwrap();
-                    c.sh.stats.connected_clients.fetch_add(1, Ordering::AcqRel);
-                    let c = Arc::clone(&c);
-                    tokio::spawn(async move { c.serve(s).await });
-                }
-            });
+            let addr = listen(conn, None).await;
             let quiet = Duration::from_millis(300);
             let mut buf = vec![0u8; 256];
 
@@ -364,6 +433,100 @@ mod tests {
                 lines.iter().all(|l| l.starts_with("-ERR log failure") && l.contains("fsync failed: EIO")),
                 "{text}"
             );
+        });
+    }
+
+    /// TLS through a real socket: a client that trusts the CA is served; plaintext on the
+    /// TLS port, a client that does not trust the certificate, and (with mutual TLS) a client
+    /// without a certificate are refused and counted; a client that never finishes its
+    /// handshake is dropped after the timeout; the listener keeps serving throughout.
+    #[test]
+    fn tls_clients_are_served_and_bad_handshakes_are_refused() {
+        use tokio_rustls::TlsConnector;
+        let dir = tempfile::tempdir().unwrap();
+        let pki = tls::testing::make(dir.path());
+        let files = tls::TlsFiles {
+            cert_file: pki.server_cert.clone(),
+            key_file: pki.server_key.clone(),
+            ca_cert_file: Some(pki.ca.clone()),
+            auth_clients: false,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let conn = test_conn(None, Duration::from_millis(500));
+            let sh = Arc::clone(&conn.sh);
+            let one_way = TlsAcceptor::from(tls::server_config(&files).unwrap());
+            let addr = listen(Arc::clone(&conn), Some(one_way)).await;
+            let mutual = TlsAcceptor::from(tls::server_config(&tls::TlsFiles { auth_clients: true, ..files }).unwrap());
+            let mutual_addr = listen(conn, Some(mutual)).await;
+            let name = tls::server_name("127.0.0.1").unwrap();
+            let trusting = TlsConnector::from(tls::client_config(&pki.ca, None).unwrap());
+            let with_cert =
+                TlsConnector::from(tls::client_config(&pki.ca, Some((&pki.client_cert, &pki.client_key))).unwrap());
+            let limit = Duration::from_secs(10);
+
+            async fn roundtrip<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> Vec<u8> {
+                s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nv1\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await.unwrap();
+                s.flush().await.unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 64];
+                while got.len() < 13 {
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "closed after {got:?}");
+                    got.extend_from_slice(&buf[..n]);
+                }
+                got
+            }
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let mut good = tokio::time::timeout(limit, trusting.connect(name.clone(), tcp)).await.unwrap().unwrap();
+            assert_eq!(roundtrip(&mut good).await, b"+OK\r\n$2\r\nv1\r\n");
+
+            // Plaintext RESP on the TLS port: no reply, closed, counted.
+            let mut plain = TcpStream::connect(addr).await.unwrap();
+            plain.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+            let mut got = Vec::new();
+            let _ = tokio::time::timeout(limit, plain.read_to_end(&mut got)).await.unwrap();
+            assert!(!got.windows(4).any(|w| w == b"PONG"), "plaintext answered: {got:?}");
+
+            // A client that trusts another CA refuses the server's certificate.
+            let other = tempfile::tempdir().unwrap();
+            let stranger = TlsConnector::from(tls::client_config(&tls::testing::make(other.path()).ca, None).unwrap());
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            assert!(tokio::time::timeout(limit, stranger.connect(name.clone(), tcp)).await.unwrap().is_err());
+
+            // A client that connects and says nothing is dropped after the handshake timeout.
+            let mut silent = TcpStream::connect(addr).await.unwrap();
+            let t = Instant::now();
+            let n = tokio::time::timeout(limit, silent.read(&mut [0u8; 16])).await.unwrap().unwrap_or(0);
+            assert_eq!(n, 0, "the silent client was sent bytes");
+            assert!(t.elapsed() >= Duration::from_millis(400), "dropped before the timeout");
+
+            // Mutual TLS: without a client certificate the handshake (or the first read) fails.
+            let tcp = TcpStream::connect(mutual_addr).await.unwrap();
+            match tokio::time::timeout(limit, trusting.connect(name.clone(), tcp)).await.unwrap() {
+                Err(_) => {}
+                Ok(mut s) => {
+                    // TLS 1.3 finishes the client's side before the server checks it.
+                    let _ = s.write_all(b"*1\r\n$4\r\nPING\r\n").await;
+                    let _ = s.flush().await;
+                    let mut got = Vec::new();
+                    let r = tokio::time::timeout(limit, s.read_to_end(&mut got)).await.unwrap();
+                    assert!(r.is_err() || got.is_empty(), "served without a client certificate: {got:?}");
+                }
+            }
+            let tcp = TcpStream::connect(mutual_addr).await.unwrap();
+            let mut ok = tokio::time::timeout(limit, with_cert.connect(name.clone(), tcp)).await.unwrap().unwrap();
+            assert_eq!(roundtrip(&mut ok).await, b"+OK\r\n$2\r\nv1\r\n");
+
+            // The first connection was served throughout; four handshakes failed.
+            assert_eq!(roundtrip(&mut good).await, b"+OK\r\n$2\r\nv1\r\n");
+            // (The server may see a refused handshake end after the client has moved on.)
+            let counted = || sh.stats.tls_handshake_failures.load(Ordering::Relaxed);
+            let t = Instant::now();
+            while counted() < 4 && t.elapsed() < limit {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(counted(), 4, "plaintext, wrong CA, silent, no client certificate");
         });
     }
 }

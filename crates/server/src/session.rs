@@ -89,6 +89,7 @@ pub struct Stats {
     pub connected_clients: AtomicUsize,
     pub rejected_connections: AtomicU64,
     pub protocol_errors: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
 }
 
 /// SCAN cursors: a cursor number names the last key a SCAN returned, so the next call
@@ -769,12 +770,13 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
             out,
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              rejected_connections:{}\r\ntotal_error_replies:{}\r\nprotocol_errors:{}\r\n\
-             txn_commits:{}\r\ntxn_conflicts:{}\r\n\r\n",
+             tls_handshake_failures:{}\r\ntxn_commits:{}\r\ntxn_conflicts:{}\r\n\r\n",
             st.connections_received.load(Ordering::Relaxed),
             st.commands.load(Ordering::Relaxed),
             st.rejected_connections.load(Ordering::Relaxed),
             st.errors.load(Ordering::Relaxed),
             st.protocol_errors.load(Ordering::Relaxed),
+            st.tls_handshake_failures.load(Ordering::Relaxed),
             st.txn_commits.load(Ordering::Relaxed),
             st.txn_conflicts.load(Ordering::Relaxed),
         );
