@@ -53,11 +53,34 @@ pub struct IndexBenchConfig {
     pub threads: Vec<usize>,
     /// Duration of each timed case (`get`, `scan`, `scan_rev`, `mixed`).
     pub seconds_per_case: f64,
+    pub shape: KeyShape,
+}
+
+/// What the keys look like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyShape {
+    /// 8 random bytes: every key differs in its first bytes.
+    #[default]
+    Random8,
+    /// The server's layout of redis-benchmark's keys: a database byte, `key:`, and 12
+    /// decimal digits (17 bytes); consecutive numbers share all but the last byte.
+    Redis,
+}
+
+impl std::str::FromStr for KeyShape {
+    type Err = String;
+    fn from_str(s: &str) -> Result<KeyShape, String> {
+        match s {
+            "random8" => Ok(KeyShape::Random8),
+            "redis" => Ok(KeyShape::Redis),
+            o => Err(format!("key shape {o:?}: expected random8 or redis")),
+        }
+    }
 }
 
 impl Default for IndexBenchConfig {
     fn default() -> Self {
-        IndexBenchConfig { keys: 1_000_000, threads: vec![1, 2], seconds_per_case: 1.0 }
+        IndexBenchConfig { keys: 1_000_000, threads: vec![1, 2], seconds_per_case: 1.0, shape: KeyShape::Random8 }
     }
 }
 
@@ -77,6 +100,39 @@ fn splitmix64(mut z: u64) -> u64 {
 #[inline]
 fn key_bytes(i: u64) -> [u8; 8] {
     splitmix64(SEED ^ i).to_be_bytes()
+}
+
+/// Key number `i` in `shape`, on the stack.
+struct Key {
+    buf: [u8; 17],
+    len: usize,
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+#[inline]
+fn key_of(shape: KeyShape, i: u64) -> Key {
+    let mut buf = [0u8; 17];
+    match shape {
+        KeyShape::Random8 => {
+            buf[..8].copy_from_slice(&key_bytes(i));
+            Key { buf, len: 8 }
+        }
+        KeyShape::Redis => {
+            buf[1..5].copy_from_slice(b"key:");
+            let mut n = i % 1_000_000_000_000;
+            for b in buf[5..].iter_mut().rev() {
+                *b = b'0' + (n % 10) as u8;
+                n /= 10;
+            }
+            Key { buf, len: 17 }
+        }
+    }
 }
 
 /// What the benchmark needs from an ordered index.
@@ -440,11 +496,11 @@ fn result(index: &impl OrderedIndex, op: &str, threads: usize, keys: u64, mops_p
 
 /// Bulk-inserts keys `0..n` split over `threads` (thread t owns keys with i % threads == t);
 /// the `Bytes` are built before the clock starts. Returns the index and Mops/s.
-fn build<I: OrderedIndex + Default>(n: u64, threads: usize) -> (I, f64) {
+fn build<I: OrderedIndex + Default>(n: u64, threads: usize, shape: KeyShape) -> (I, f64) {
     let index = I::default();
     let owned: Vec<std::sync::Mutex<Vec<(Bytes, u64)>>> = (0..threads)
         .map(|t| {
-            let v = (t as u64..n).step_by(threads).map(|i| (Bytes::copy_from_slice(&key_bytes(i)), i)).collect();
+            let v = (t as u64..n).step_by(threads).map(|i| (Bytes::copy_from_slice(&key_of(shape, i)), i)).collect();
             std::sync::Mutex::new(v)
         })
         .collect();
@@ -459,10 +515,10 @@ fn build<I: OrderedIndex + Default>(n: u64, threads: usize) -> (I, f64) {
 }
 
 /// Removes keys `0..n` split over `threads`; returns Mops/s.
-fn remove_all<I: OrderedIndex>(index: &I, n: u64, threads: usize) -> f64 {
+fn remove_all<I: OrderedIndex>(index: &I, n: u64, threads: usize, shape: KeyShape) -> f64 {
     let elapsed = once_each(threads, |t| {
         for i in (t as u64..n).step_by(threads) {
-            let removed = index.remove(&key_bytes(i));
+            let removed = index.remove(&key_of(shape, i));
             debug_assert!(removed);
         }
     });
@@ -470,7 +526,7 @@ fn remove_all<I: OrderedIndex>(index: &I, n: u64, threads: usize) -> f64 {
 }
 
 /// Runs one timed op for `secs` on `threads` threads; returns Mops/s.
-fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, secs: f64) -> f64 {
+fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, secs: f64, shape: KeyShape) -> f64 {
     let salt = 0x100 * (op as u64 + 1);
     timed(index, threads, secs, |idx, t, stop| {
         let mut rng = SmallRng::seed_from_u64(SEED ^ salt ^ ((t as u64 + 1) << 32));
@@ -480,7 +536,7 @@ fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, se
                 let mut found = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let i = rng.gen_range(0..n);
-                    found += idx.get(&key_bytes(i)).is_some() as u64;
+                    found += idx.get(&key_of(shape, i)).is_some() as u64;
                     ops += 1;
                 }
                 assert_eq!(found, ops, "{}: get missed existing keys", idx.name());
@@ -488,7 +544,10 @@ fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, se
             TimedOp::Scan | TimedOp::ScanRev => {
                 let mut sum = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let start = rng.gen::<u64>().to_be_bytes();
+                    let start = match shape {
+                        KeyShape::Random8 => key_of(shape, rng.gen()),
+                        KeyShape::Redis => key_of(shape, rng.gen_range(0..n)),
+                    };
                     if op == TimedOp::Scan {
                         idx.scan(&start, SCAN_LEN, |v| sum = sum.wrapping_add(v));
                     } else {
@@ -503,11 +562,11 @@ fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, se
                 let mut next_new = n + t as u64;
                 while !stop.load(Ordering::Relaxed) {
                     if rng.gen_ratio(1, 10) {
-                        idx.insert(Bytes::copy_from_slice(&key_bytes(next_new)), next_new);
+                        idx.insert(Bytes::copy_from_slice(&key_of(shape, next_new)), next_new);
                         next_new += threads as u64;
                     } else {
                         let i = rng.gen_range(0..n);
-                        std::hint::black_box(idx.get(&key_bytes(i)));
+                        std::hint::black_box(idx.get(&key_of(shape, i)));
                     }
                     ops += 1;
                 }
@@ -522,35 +581,35 @@ fn run_timed<I: OrderedIndex>(index: &I, op: TimedOp, n: u64, threads: usize, se
 /// a burst of outside load on the machine is spread over the candidates rather than landing on
 /// one of them.
 pub fn run(cfg: &IndexBenchConfig) -> Vec<IndexResult> {
-    let (n, secs) = (cfg.keys, cfg.seconds_per_case);
+    let (n, secs, shape) = (cfg.keys, cfg.seconds_per_case, cfg.shape);
     let mut out = Vec::new();
     for &threads in &cfg.threads {
         let threads = threads.max(1);
-        let (a, mops) = build::<SkipMapIndex>(n, threads);
+        let (a, mops) = build::<SkipMapIndex>(n, threads, shape);
         out.push(result(&a, "insert", threads, n, mops));
-        let (b, mops) = build::<SccTree>(n, threads);
+        let (b, mops) = build::<SccTree>(n, threads, shape);
         out.push(result(&b, "insert", threads, n, mops));
-        let (c, mops) = build::<RwBTree>(n, threads);
+        let (c, mops) = build::<RwBTree>(n, threads, shape);
         out.push(result(&c, "insert", threads, n, mops));
-        let (d, mops) = build::<OlcBTree>(n, threads);
+        let (d, mops) = build::<OlcBTree>(n, threads, shape);
         out.push(result(&d, "insert", threads, n, mops));
         for op in TimedOp::ALL {
-            let mops = run_timed(&a, op, n, threads, secs);
+            let mops = run_timed(&a, op, n, threads, secs, shape);
             out.push(result(&a, op.name(a.native_reverse()), threads, n, mops));
-            let mops = run_timed(&b, op, n, threads, secs);
+            let mops = run_timed(&b, op, n, threads, secs, shape);
             out.push(result(&b, op.name(b.native_reverse()), threads, n, mops));
-            let mops = run_timed(&c, op, n, threads, secs);
+            let mops = run_timed(&c, op, n, threads, secs, shape);
             out.push(result(&c, op.name(c.native_reverse()), threads, n, mops));
-            let mops = run_timed(&d, op, n, threads, secs);
+            let mops = run_timed(&d, op, n, threads, secs, shape);
             out.push(result(&d, op.name(d.native_reverse()), threads, n, mops));
         }
-        let mops = remove_all(&a, n, threads);
+        let mops = remove_all(&a, n, threads, shape);
         out.push(result(&a, "remove", threads, n, mops));
-        let mops = remove_all(&b, n, threads);
+        let mops = remove_all(&b, n, threads, shape);
         out.push(result(&b, "remove", threads, n, mops));
-        let mops = remove_all(&c, n, threads);
+        let mops = remove_all(&c, n, threads, shape);
         out.push(result(&c, "remove", threads, n, mops));
-        let mops = remove_all(&d, n, threads);
+        let mops = remove_all(&d, n, threads, shape);
         out.push(result(&d, "remove", threads, n, mops));
     }
     out
@@ -719,8 +778,13 @@ mod tests {
 
     #[test]
     fn tiny_run_has_throughput_for_every_op() {
-        let cfg = IndexBenchConfig { keys: 10_000, threads: vec![1, 2], seconds_per_case: 0.05 };
+        let cfg =
+            IndexBenchConfig { keys: 10_000, threads: vec![1, 2], seconds_per_case: 0.05, shape: KeyShape::Random8 };
         let results = run(&cfg);
+        let redis = run(&IndexBenchConfig { shape: KeyShape::Redis, ..cfg.clone() });
+        assert_eq!(redis.len(), results.len());
+        assert!(redis.iter().all(|r| r.mops_per_s > 0.0 && r.mops_per_s.is_finite()), "{redis:?}");
+        assert_eq!(&*key_of(KeyShape::Redis, 42), b"\0key:000000000042");
         let json = serde_json::to_string(&results).unwrap();
         assert!(json.contains("\"mops_per_s\""));
         for index in ["skipmap", "scc-tree", "rwlock-btree", "olc-btree"] {

@@ -88,6 +88,9 @@ pub struct IndexArgs {
     threads: Vec<usize>,
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
+    /// random8 (8 random bytes) or redis (the server's layout of redis-benchmark keys, 17 bytes).
+    #[arg(long, default_value = "random8")]
+    key_shape: index::KeyShape,
     #[arg(long)]
     json: bool,
 }
@@ -162,8 +165,12 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             })
         }
         BenchCmd::Index(a) => {
-            let res =
-                index::run(&index::IndexBenchConfig { keys: a.keys, threads: a.threads, seconds_per_case: a.seconds });
+            let res = index::run(&index::IndexBenchConfig {
+                keys: a.keys,
+                threads: a.threads,
+                seconds_per_case: a.seconds,
+                shape: a.key_shape,
+            });
             index::print(&res);
             if a.json {
                 println!("{}", serde_json::to_string(&res)?);

@@ -21,9 +21,9 @@
 //! trusts what it read before the version check: counts are clamped to the node capacity,
 //! child pointers are checked for null.
 //!
-//! Keys: each slot stores the first 16 key bytes as two big-endian `u64` words (so most
-//! comparisons are two integer compares on data inside the node), the key length, and,
-//! for keys longer than 16 bytes, a pointer to the rest (the "tail"). Order is plain
+//! Keys: each slot stores the first 24 key bytes as three big-endian `u64` words (so most
+//! comparisons are integer compares on data inside the node), the key length, and, for
+//! keys longer than 24 bytes, a pointer to the rest (the "tail"). Order is plain
 //! lexicographic byte order: compare the words, then the tails, then the lengths (see
 //! [`SearchKey`]).
 //!
@@ -56,8 +56,10 @@ use crate::txn::Direction;
 const LEAF_CAP: usize = 32;
 /// Separators per inner node (children: one more).
 const INNER_CAP: usize = 32;
-/// Key bytes stored inline in a slot.
-const INLINE: usize = 16;
+/// Key bytes stored inline in a slot, as `WORDS` big-endian words.
+const INLINE: usize = 24;
+const WORDS: usize = INLINE / 8;
+const _: () = assert!(WORDS == 3, "Keys::cmp compares three words");
 
 // ---- version lock ---------------------------------------------------------------------
 
@@ -142,13 +144,12 @@ impl Drop for UnlockOnUnwind<'_> {
 
 // ---- keys -----------------------------------------------------------------------------
 
-/// The bytes beyond the first 16 of a long key, owned by exactly one slot.
+/// The bytes beyond the first `INLINE` of a long key, owned by exactly one slot.
 type Tail = Box<[u8]>;
 
 /// A key prepared for comparisons against slots.
 struct SearchKey<'a> {
-    hi: u64,
-    lo: u64,
+    words: [u64; WORDS],
     len: u32,
     tail: &'a [u8],
 }
@@ -159,28 +160,26 @@ impl<'a> SearchKey<'a> {
         let n = key.len().min(INLINE);
         b[..n].copy_from_slice(&key[..n]);
         SearchKey {
-            hi: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
-            lo: u64::from_be_bytes(b[8..].try_into().expect("8 bytes")),
+            words: std::array::from_fn(|w| u64::from_be_bytes(b[w * 8..w * 8 + 8].try_into().expect("8 bytes"))),
             len: u32::try_from(key.len()).expect("key length fits u32 (KEY_LEN_MAX)"),
             tail: key.get(INLINE..).unwrap_or(&[]),
         }
     }
 }
 
-/// Key slots of one node, structure-of-arrays so a search touches few cache lines.
+/// Key slots of one node, structure-of-arrays so a search touches few cache lines: the
+/// first words of all slots are together, then the second words, and so on.
 struct Keys<const N: usize> {
-    hi: [AtomicU64; N],
-    lo: [AtomicU64; N],
+    words: [[AtomicU64; N]; WORDS],
     len: [AtomicU32; N],
-    /// Null for keys of at most 16 bytes.
+    /// Null for keys of at most `INLINE` bytes.
     tail: [AtomicPtr<Tail>; N],
 }
 
 impl<const N: usize> Keys<N> {
     fn new() -> Self {
         Keys {
-            hi: std::array::from_fn(|_| AtomicU64::new(0)),
-            lo: std::array::from_fn(|_| AtomicU64::new(0)),
+            words: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             len: std::array::from_fn(|_| AtomicU32::new(0)),
             tail: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
         }
@@ -190,16 +189,27 @@ impl<const N: usize> Keys<N> {
     /// caller's version check then discards the result.
     #[inline]
     fn cmp(&self, i: usize, k: &SearchKey<'_>, _g: &Guard) -> Cmp {
-        let h = self.hi[i].load(Ordering::Relaxed);
-        if h != k.hi {
-            return h.cmp(&k.hi);
+        let w = &self.words;
+        let x = w[0][i].load(Ordering::Relaxed);
+        if x != k.words[0] {
+            return x.cmp(&k.words[0]);
         }
-        let l = self.lo[i].load(Ordering::Relaxed);
-        if l != k.lo {
-            return l.cmp(&k.lo);
+        let x = w[1][i].load(Ordering::Relaxed);
+        if x != k.words[1] {
+            return x.cmp(&k.words[1]);
         }
+        // The first 16 bytes are equal. If either key ends within them, the shorter is a
+        // prefix of the longer (its zero padding matched), so length decides, and short keys
+        // never touch the third word's cache lines.
         let len = self.len[i].load(Ordering::Relaxed);
-        if len as usize <= INLINE && k.len as usize <= INLINE {
+        let shorter = len.min(k.len) as usize;
+        if shorter > 16 {
+            let x = w[2][i].load(Ordering::Relaxed);
+            if x != k.words[2] {
+                return x.cmp(&k.words[2]);
+            }
+        }
+        if shorter <= INLINE {
             return len.cmp(&k.len);
         }
         let p = self.tail[i].load(Ordering::Acquire);
@@ -228,8 +238,9 @@ impl<const N: usize> Keys<N> {
     /// Copies slot `i`'s key into `out` (valid only if the caller's version check passes).
     fn copy_key(&self, i: usize, out: &mut Vec<u8>, _g: &Guard) {
         out.clear();
-        out.extend_from_slice(&self.hi[i].load(Ordering::Relaxed).to_be_bytes());
-        out.extend_from_slice(&self.lo[i].load(Ordering::Relaxed).to_be_bytes());
+        for w in &self.words {
+            out.extend_from_slice(&w[i].load(Ordering::Relaxed).to_be_bytes());
+        }
         let len = self.len[i].load(Ordering::Relaxed) as usize;
         if len <= INLINE {
             out.truncate(len);
@@ -244,8 +255,9 @@ impl<const N: usize> Keys<N> {
 
     /// Writes `key` into slot `i` (caller holds the node's lock), taking ownership of `tail`.
     fn set(&self, i: usize, k: &SearchKey<'_>, tail: *mut Tail) {
-        self.hi[i].store(k.hi, Ordering::Relaxed);
-        self.lo[i].store(k.lo, Ordering::Relaxed);
+        for (w, x) in self.words.iter().zip(k.words) {
+            w[i].store(x, Ordering::Relaxed);
+        }
         self.len[i].store(k.len, Ordering::Relaxed);
         self.tail[i].store(tail, Ordering::Release);
     }
@@ -253,8 +265,9 @@ impl<const N: usize> Keys<N> {
     /// Copies slot `from` of `src` to slot `to` of `self` (the tail pointer moves with it;
     /// the caller makes sure exactly one slot owns it afterwards).
     fn move_slot<const M: usize>(&self, to: usize, src: &Keys<M>, from: usize) {
-        self.hi[to].store(src.hi[from].load(Ordering::Relaxed), Ordering::Relaxed);
-        self.lo[to].store(src.lo[from].load(Ordering::Relaxed), Ordering::Relaxed);
+        for (w, s) in self.words.iter().zip(&src.words) {
+            w[to].store(s[from].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
         self.len[to].store(src.len[from].load(Ordering::Relaxed), Ordering::Relaxed);
         self.tail[to].store(src.tail[from].load(Ordering::Relaxed), Ordering::Release);
     }
@@ -626,7 +639,7 @@ impl Index {
                 (rp as *mut Header, sep, tail)
             }
         };
-        let sk = SearchKey { hi: sep_key.hi, lo: sep_key.lo, len: sep_key.len, tail: &[] };
+        let sk = SearchKey { words: sep_key.words, len: sep_key.len, tail: &[] };
         match parent {
             Some((pn, _)) => {
                 let cnt = pn.h.count.load(Ordering::Relaxed) as usize;
@@ -941,16 +954,14 @@ impl Index {
 
 /// A separator's inline part, captured while its node is locked.
 struct SepKey {
-    hi: u64,
-    lo: u64,
+    words: [u64; WORDS],
     len: u32,
 }
 
 impl SepKey {
     fn of<const N: usize>(keys: &Keys<N>, i: usize) -> SepKey {
         SepKey {
-            hi: keys.hi[i].load(Ordering::Relaxed),
-            lo: keys.lo[i].load(Ordering::Relaxed),
+            words: std::array::from_fn(|w| keys.words[w][i].load(Ordering::Relaxed)),
             len: keys.len[i].load(Ordering::Relaxed),
         }
     }
@@ -959,9 +970,8 @@ impl SepKey {
 impl SearchKey<'_> {
     /// Orders two prepared keys as byte strings.
     fn cmp_key(&self, o: &SearchKey<'_>) -> Cmp {
-        self.hi
-            .cmp(&o.hi)
-            .then(self.lo.cmp(&o.lo))
+        self.words
+            .cmp(&o.words)
             .then_with(|| {
                 if self.len as usize <= INLINE && o.len as usize <= INLINE {
                     Cmp::Equal
@@ -1018,14 +1028,16 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     /// Keys from a small alphabet with lengths 0..40, so that long shared prefixes, keys
-    /// that are prefixes of others, zero bytes and tails (> 16 bytes) are all common.
+    /// that are prefixes of others, zero bytes, word boundaries and tails (> INLINE bytes)
+    /// are all common.
     fn random_key(rng: &mut SmallRng) -> Vec<u8> {
-        let len = match rng.gen_range(0..4) {
+        let len = match rng.gen_range(0..5) {
             0 => rng.gen_range(0..=8),
             1 => rng.gen_range(14..=18),
+            2 => rng.gen_range(INLINE - 2..=INLINE + 2),
             _ => rng.gen_range(0..=40),
         };
-        let prefix = rng.gen_range(0..3) * 17; // shared 17-byte prefix for some keys
+        let prefix = [0, 17, 25][rng.gen_range(0..3)]; // shared 17- or 25-byte prefix for some keys
         (0..len).map(|i| if i < prefix { 7 } else { [0u8, 1, 2, 255][rng.gen_range(0..4)] }).collect()
     }
 
