@@ -38,7 +38,7 @@ pub use checkpoint::CheckpointInfo;
 pub use format::{Epoch, StreamId};
 pub use options::{Durability, LogOptions};
 pub use recovery::RecoveryReport;
-pub use writer::{LogStats, Logger};
+pub use writer::{LogStats, Logger, ProgressListener};
 
 use crate::catalog::Catalog;
 

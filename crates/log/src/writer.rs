@@ -73,6 +73,12 @@ pub struct LogStats {
     pub txns: AtomicU64,
 }
 
+/// Told, on a flusher thread, each time the watermark moves (with the new watermark) and
+/// once when the log fails (with the reason). It must not block: it runs between a stream's
+/// fsync and its next batch. Calls from different streams may arrive out of order, so a
+/// listener keeps the largest watermark it has seen.
+pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
+
 pub struct Logger {
     dir: PathBuf,
     epoch: Epoch,
@@ -83,6 +89,7 @@ pub struct Logger {
     failed: OnceLock<Arc<str>>,
     wait_lock: Mutex<()>,
     wait_cv: Condvar,
+    listener: OnceLock<ProgressListener>,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     catalog: Mutex<Catalog>,
@@ -118,6 +125,7 @@ impl Logger {
             failed: OnceLock::new(),
             wait_lock: Mutex::new(()),
             wait_cv: Condvar::new(),
+            listener: OnceLock::new(),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             catalog: Mutex::new(catalog),
@@ -169,10 +177,15 @@ impl Logger {
     fn fail(&self, what: String) {
         tracing::error!("log failed, writes stopped: {what}");
         let _ = self.failed.set(what.into());
-        let _g = self.wait_lock.lock();
-        self.wait_cv.notify_all();
+        {
+            let _g = self.wait_lock.lock();
+            self.wait_cv.notify_all();
+        }
         for s in self.streams.iter() {
             s.cv.notify_all();
+        }
+        if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
+            f(self.watermark(), Some(why));
         }
     }
 
@@ -282,8 +295,13 @@ impl Logger {
         let min = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).min().unwrap_or(0);
         let prev = self.watermark.fetch_max(min, Ordering::AcqRel);
         if min > prev {
-            let _g = self.wait_lock.lock();
-            self.wait_cv.notify_all();
+            {
+                let _g = self.wait_lock.lock();
+                self.wait_cv.notify_all();
+            }
+            if let Some(f) = self.listener.get() {
+                f(Ts(min), None);
+            }
         }
     }
 
@@ -300,19 +318,17 @@ impl Logger {
         out
     }
 
-    /// Waits until the watermark is past `seen`, the log fails, or `timeout` passes, and
-    /// returns the watermark. For whoever releases many waiting commits at once (the
-    /// server's durability releaser) instead of blocking a thread per commit.
-    pub fn wait_watermark_past(&self, seen: Ts, timeout: Duration) -> Ts {
-        let deadline = Instant::now() + timeout;
-        let mut g = self.wait_lock.lock();
-        loop {
-            let w = self.watermark();
-            if w > seen || self.failed.get().is_some() || Instant::now() >= deadline {
-                return w;
-            }
-            self.wait_cv.wait_until(&mut g, deadline);
+    /// Installs the one progress listener (see [`ProgressListener`]): whoever releases many
+    /// waiting commits at once (the server) learns of durability on the flusher's own thread,
+    /// with no thread of its own in between. Progress before the call is not reported: read
+    /// [`Logger::watermark`] and [`Logger::failure`] after it. Refused if one is installed.
+    pub fn set_progress_listener(&self, f: ProgressListener) -> Result<(), &'static str> {
+        self.listener.set(f).map_err(|_| "a progress listener is already installed")?;
+        // A failure before the call is reported now, so it cannot be missed.
+        if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
+            f(self.watermark(), Some(why));
         }
+        Ok(())
     }
 
     /// False once shut down.

@@ -269,9 +269,19 @@ fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool)) {
     let acked: u64;
     {
         let d = open(dir.path(), o).unwrap();
+        let told: Arc<parking_lot::Mutex<Option<String>>> = Arc::default();
+        let t2 = Arc::clone(&told);
+        d.logger()
+            .set_progress_listener(Box::new(move |_, failed| {
+                if let Some(why) = failed {
+                    *t2.lock() = Some(why.to_string());
+                }
+            }))
+            .unwrap();
         let t = d.db().create_table("t").unwrap();
         put_n(&d, t, 0, 0, 20);
         acked = 20;
+        assert!(told.lock().is_none());
         make_fail(&fail_sync, &fail_write);
         let mut w = d.db().worker(WorkerId(0)).unwrap();
         // The commit installs in memory but must never be acknowledged.
@@ -281,6 +291,8 @@ fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool)) {
         let r = w.run(|x| x.put(t, b"later", b"1"));
         assert!(matches!(r, Err(Error::LogFailed(_))), "writes must stop after a log failure");
         assert!(d.logger().failure().is_some());
+        let why = told.lock().clone().expect("the progress listener was told of the failure");
+        assert_eq!(Some(why.as_str()), d.logger().failure().as_deref());
     }
     fail_sync.store(false, Ordering::SeqCst);
     fail_write.store(false, Ordering::SeqCst);
@@ -644,4 +656,38 @@ fn incompressible_batches_pause_compression_and_everything_recovers() {
     for i in 0..200u64 {
         assert_eq!(r.get(t, &(1000 + i).to_be_bytes()).unwrap().as_deref(), Some(&[b'a'; 4096][..]));
     }
+}
+
+/// The progress listener hears every advance of the watermark, from the flusher threads, so
+/// a commit's wait can end there; a second listener is refused.
+#[test]
+fn the_progress_listener_hears_each_watermark_advance() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let seen: Arc<parking_lot::Mutex<Vec<u64>>> = Arc::default();
+    let s2 = Arc::clone(&seen);
+    d.logger()
+        .set_progress_listener(Box::new(move |w, failed| {
+            assert!(failed.is_none());
+            s2.lock().push(w.0);
+        }))
+        .unwrap();
+    assert!(d.logger().set_progress_listener(Box::new(|_, _| {})).is_err());
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(1)).unwrap();
+    for i in 0..50u64 {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap();
+        let ts = ticket.ts();
+        ticket.wait().unwrap();
+        // The listener is told of a watermark covering it (the flusher calls it right after
+        // moving the watermark, so at most a moment after the acknowledgement).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !seen.lock().iter().any(|&x| x >= ts.0) {
+            assert!(std::time::Instant::now() < deadline, "listener never heard of {ts:?}");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let v = seen.lock().clone();
+    assert!(v.len() >= 2, "{v:?}");
+    assert!(v.iter().all(|&x| x <= d.logger().watermark().0), "told of a watermark beyond the real one");
 }

@@ -9,7 +9,8 @@
 //!                                                 replies encoded; the batch waits until the
 //!                                                 log watermark covers its newest commit
 //!                                                 -> write
-//!  releaser thread: Logger::wait_watermark_past -> watch channel -> waiting connections
+//!  log flusher threads: after each fsync, the progress listener -> watch channel -> waiting
+//!                       connections
 //! ```
 //!
 //! Each runtime thread owns an engine worker, taken the first time that thread runs a
@@ -21,7 +22,7 @@
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -157,29 +158,29 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let checkpointer = (cfg.checkpoint_interval_s > 0)
         .then(|| durable.spawn_checkpointer(Duration::from_secs(cfg.checkpoint_interval_s)));
 
-    // The releaser: one thread turns watermark progress into wake-ups.
-    let (tx, rx) = watch::channel(Durability { watermark: logger.watermark(), failed: None });
-    let stop = Arc::new(AtomicBool::new(false));
-    let releaser = {
-        let (logger, stop) = (Arc::clone(&logger), Arc::clone(&stop));
-        std::thread::Builder::new()
-            .name("ditto-release".into())
-            .spawn(move || {
-                let mut seen = logger.watermark();
-                while !stop.load(Ordering::Acquire) {
-                    let w = logger.wait_watermark_past(seen, Duration::from_millis(100));
-                    let failed = logger.failure();
-                    if w > seen || failed.is_some() {
-                        seen = w;
-                        tx.send_replace(Durability { watermark: w, failed: failed.clone() });
-                    }
-                    if failed.is_some() {
-                        return;
-                    }
+    // Durability progress reaches connections from the log's flusher threads, through a
+    // watch channel (no thread of ours in between: one wake-up fewer per commit).
+    let (tx, rx) = watch::channel(Durability { watermark: Ts(0), failed: None });
+    let tx = Arc::new(tx);
+    let release = {
+        let tx = Arc::clone(&tx);
+        move |w: Ts, failed: Option<&Arc<str>>| {
+            tx.send_if_modified(|d| {
+                let moved = w > d.watermark;
+                d.watermark = d.watermark.max(w);
+                let failing = failed.is_some() && d.failed.is_none();
+                if failing {
+                    d.failed = failed.cloned();
                 }
-            })
-            .map_err(io("starting the releaser"))?
+                moved || failing
+            });
+        }
     };
+    logger.set_progress_listener(Box::new(release.clone())).map_err(|e| ServerError::Io {
+        what: "installing the durability listener".into(),
+        source: std::io::Error::other(e),
+    })?;
+    release(logger.watermark(), logger.failure().as_ref());
 
     let conn = Arc::new(Conn {
         sh: Arc::clone(&sh),
@@ -205,9 +206,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         Ok::<(), ServerError>(())
     })?;
     tracing::info!("shutting down: flushing the log");
-    stop.store(true, Ordering::Release);
     durable.close();
-    let _ = releaser.join();
     drop(checkpointer);
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
@@ -373,7 +372,7 @@ mod tests {
     /// A connection's replies leave only once the watermark covers its commits; if the log
     /// fails instead, every reply of the waiting pipeline becomes an error and the
     /// connection is closed. Driven through a real socket, with the durability state set by
-    /// the test in place of the releaser.
+    /// the test in place of the log's progress listener.
     fn test_conn(durable: Option<watch::Receiver<Durability>>, handshake: Duration) -> Arc<Conn> {
         let db = Database::new(Options { workers: 1 });
         Arc::new(Conn {
