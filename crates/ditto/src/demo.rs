@@ -10,6 +10,8 @@
 //!  SIGKILL at a random moment under load --> X
 //!  open the same dir: recovery with progress
 //!  check: recovered cut >= every ACKED ts, TPC-C consistency 1-4, mix still runs
+//!  then the server part (demo_server.rs): `ditto server` as a process, clients over TCP,
+//!  SIGKILL under load, restart, every acknowledged write present
 //!  print the report
 //! ```
 
@@ -46,6 +48,13 @@ pub struct DemoArgs {
     log: LogMode,
     #[arg(long, default_value_t = 10)]
     interval_ms: u64,
+    /// Seconds of client load on the Redis-protocol server before its SIGKILL (0: skip
+    /// the server part).
+    #[arg(long, default_value_t = 5.0)]
+    server_seconds: f64,
+    /// Client connections in the server part.
+    #[arg(long, default_value_t = 8)]
+    server_clients: usize,
 }
 
 #[derive(clap::Args)]
@@ -165,6 +174,16 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     tpcc::check_consistency(d.db(), &t).map_err(|e| format!("TPC-C consistency after the post-recovery run: {e}"))?;
     d.close();
 
+    let server = if a.server_seconds > 0.0 {
+        let dir = ScratchDir::new(a.dir.as_ref().map(|d| d.with_extension("server")), "demo-server")?;
+        Some(
+            crate::demo_server::run(&dir.path, a.workers, a.server_clients.max(1), a.server_seconds)
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+
     println!("\n================ ditto demo report ================");
     println!("TPC-C full mix, {} worker(s), {} warehouse(s), log {}", a.workers, warehouses, a.log.name(a.interval_ms));
     println!("  throughput          {:>10.0} txn/s over {:.1} s", report.throughput_tps, report.duration_s);
@@ -200,6 +219,10 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         c.districts, c.orders, c.order_lines
     );
     println!("          {} more transactions ran after recovery, consistency still holds  OK", after.committed);
+    if let Some(s) = server {
+        println!("---------------------------------------------------");
+        s.print();
+    }
     println!("===================================================");
     Ok(())
 }

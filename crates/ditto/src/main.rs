@@ -8,6 +8,7 @@
 mod bench;
 mod crash;
 mod demo;
+mod demo_server;
 mod logmode;
 mod redisbench;
 mod server;
@@ -30,7 +31,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Load TPC-C into a durable data directory, run the full mix, crash it with SIGKILL,
-    /// recover, verify, and print a report.
+    /// recover, verify; then the same for the Redis-protocol server under real TCP
+    /// clients; and print a report.
     Demo(demo::DemoArgs),
     /// Embedded benchmarks.
     #[command(subcommand)]

@@ -69,9 +69,13 @@ fn bench_recovery_small() {
 
 #[test]
 fn demo_small_crashes_recovers_and_verifies() {
-    let (out, _) = ditto(&["demo", "--small", "--seconds", "2"]);
+    let (out, _) = ditto(&["demo", "--small", "--seconds", "2", "--server-seconds", "2"]);
     assert!(out.contains("every acknowledged commit recovered"), "{out}");
     assert!(out.contains("TPC-C consistency conditions 1-4"), "{out}");
+    // The server part: a real server process, SIGKILLed under client load and restarted.
+    assert!(out.contains("every acknowledged INCR present (8 counters"), "{out}");
+    assert!(out.contains("accounts still sum to 10000  OK"), "{out}");
+    assert!(out.contains("18 keys after the restart"), "10 accounts and 8 counters: {out}");
 }
 
 #[test]
@@ -83,10 +87,20 @@ fn demo_refuses_log_off_with_a_clear_error() {
 
 #[test]
 fn bench_redis_small_against_ditto_only() {
-    let (out, _) = ditto(&["bench", "redis", "--requests", "2000", "--clients", "10", "--no-redis", "--json"]);
+    let (out, _) =
+        ditto(&["bench", "redis", "--requests", "2000", "--clients", "10", "--no-redis", "--rounds", "2", "--json"]);
     let j = last_json(&out);
     let rows = j["rows"].as_array().unwrap();
-    // SET and GET, pipelined and not, for each of the two default durabilities.
-    assert_eq!(rows.len(), 8, "{out}");
+    // SET and GET, pipelined and not, for each of the two default durabilities, twice.
+    assert_eq!(rows.len(), 16, "{out}");
     assert!(rows.iter().all(|r| r["rps"].as_f64().unwrap() > 0.0), "{out}");
+    let summary = j["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 8, "{out}");
+    for s in summary {
+        assert_eq!(s["rounds"], 2, "{s}");
+        let (lo, mid, hi) =
+            (s["rps_min"].as_f64().unwrap(), s["rps_median"].as_f64().unwrap(), s["rps_max"].as_f64().unwrap());
+        assert!(lo > 0.0 && lo <= mid && mid <= hi, "{s}");
+        assert!(s["vs_redis"].is_null(), "no Redis, no ratio: {s}");
+    }
 }
