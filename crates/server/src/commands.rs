@@ -92,7 +92,12 @@ pub static SPECS: &[Spec] = &[
 
 /// The spec of a command name, any case.
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    SPECS.iter().find(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
+    lookup_index(name).map(|i| &SPECS[i])
+}
+
+/// The command's position in [`SPECS`] (per-command statistics are kept by it).
+pub fn lookup_index(name: &[u8]) -> Option<usize> {
+    SPECS.iter().position(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 impl Spec {

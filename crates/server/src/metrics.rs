@@ -2,8 +2,9 @@
 //! ===========================
 //! `GET /metrics` on its own listener (loopback by default) answers the text exposition
 //! format: command, transaction, conflict and error counters, a command latency histogram
-//! (request parsed to reply written, durability wait included), and the log's bytes, fsync
-//! count and fsync time. Replication lag and freshness per backup will join here as
+//! (request parsed to reply written, durability wait included), the same histogram and
+//! call, rejection and failure counters per command, and the log's bytes, fsync count and
+//! fsync time. Replication lag and freshness per backup will join here as
 //! further series. Any other path is a 404; requests are bounded to 8 KiB.
 
 use std::fmt::Write;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::commands::SPECS;
 use crate::session::Shared;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -35,23 +37,65 @@ impl Histogram {
         self.counts[i].fetch_add(1, Ordering::Relaxed);
         self.sum_ns.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
-
-    fn write(&self, name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            cum += c.load(Ordering::Relaxed);
-            let le = BUCKETS.get(i).map_or("+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cum}");
-        }
-        let _ = writeln!(out, "{name}_sum {}", self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9);
-        let _ = writeln!(out, "{name}_count {cum}");
-    }
 }
 
-#[derive(Default)]
+/// The series of the sum of `shards` (one histogram kept per thread); `labels` is empty or
+/// `key="value",` pairs ending in a comma. The family's HELP and TYPE lines are the
+/// caller's. Writes nothing when every shard is empty and `skip_empty`.
+fn write_series<'a>(
+    shards: impl Iterator<Item = &'a Histogram> + Clone,
+    name: &str,
+    labels: &str,
+    skip_empty: bool,
+    out: &mut String,
+) {
+    let mut counts = [0u64; BUCKETS.len() + 1];
+    let mut sum_ns = 0u64;
+    for h in shards {
+        for (c, a) in counts.iter_mut().zip(&h.counts) {
+            *c += a.load(Ordering::Relaxed);
+        }
+        sum_ns += h.sum_ns.load(Ordering::Relaxed);
+    }
+    if skip_empty && counts.iter().all(|&c| c == 0) {
+        return;
+    }
+    let mut cum = 0;
+    for (i, c) in counts.iter().enumerate() {
+        cum += c;
+        let le = BUCKETS.get(i).map_or("+Inf".to_string(), |b| b.to_string());
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{le}\"}} {cum}");
+    }
+    let braces = if labels.is_empty() { String::new() } else { format!("{{{}}}", labels.trim_end_matches(',')) };
+    let _ = writeln!(out, "{name}_sum{braces} {}", sum_ns as f64 / 1e9);
+    let _ = writeln!(out, "{name}_count{braces} {cum}");
+}
+
+/// Command latencies, one shard per server thread (see `Stats::per_command` for why).
 pub struct Metrics {
-    pub latency: Histogram,
+    /// Per shard: every command.
+    latency: Box<[Histogram]>,
+    /// Per shard, then per command indexed like `commands::SPECS`.
+    per_command: Box<[Box<[Histogram]>]>,
+}
+
+impl Metrics {
+    pub fn new(shards: usize) -> Metrics {
+        let shards = shards.max(1);
+        Metrics {
+            latency: (0..shards).map(|_| Histogram::default()).collect(),
+            per_command: (0..shards).map(|_| SPECS.iter().map(|_| Histogram::default()).collect()).collect(),
+        }
+    }
+
+    /// Records one command's latency (request parsed to reply written) in `shard`.
+    pub fn record(&self, shard: usize, cmd: Option<usize>, d: Duration) {
+        let shard = shard % self.latency.len();
+        self.latency[shard].record(d);
+        if let Some(h) = cmd.and_then(|i| self.per_command[shard].get(i)) {
+            h.record(d);
+        }
+    }
 }
 
 /// The exposition text.
@@ -101,11 +145,33 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         "# HELP ditto_connected_clients Open client connections.\n# TYPE ditto_connected_clients gauge\nditto_connected_clients {}",
         st.connected_clients.load(Ordering::Relaxed)
     );
-    m.latency.write(
-        "ditto_command_latency_seconds",
-        "From a request parsed to its reply written, durability wait included.",
-        &mut out,
+    let name = "ditto_command_latency_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} From a request parsed to its reply written, durability wait included.\n# TYPE {name} histogram"
     );
+    write_series(m.latency.iter(), name, "", false, &mut out);
+    let name = "ditto_command_latency_by_command_seconds";
+    let _ = writeln!(out, "# HELP {name} The same, per command (those seen so far).\n# TYPE {name} histogram");
+    for (i, spec) in SPECS.iter().enumerate() {
+        let label = format!("cmd=\"{}\",", spec.name.to_ascii_lowercase());
+        write_series(m.per_command.iter().map(|shard| &shard[i]), name, &label, true, &mut out);
+    }
+    let per_cmd = [
+        ("ditto_command_calls_total", "Calls per command (refused ones not included)."),
+        ("ditto_command_rejected_total", "Commands refused before running (arity, NOAUTH, READONLY)."),
+        ("ditto_command_failed_total", "Commands that ran and answered an error."),
+    ];
+    for (k, (name, help)) in per_cmd.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (i, spec) in SPECS.iter().enumerate() {
+            let [calls, _, rejected, failed] = st.command_totals(i);
+            if calls + rejected > 0 {
+                let v = [calls, rejected, failed][k];
+                let _ = writeln!(out, "{name}{{cmd=\"{}\"}} {v}", spec.name.to_ascii_lowercase());
+            }
+        }
+    }
     out
 }
 
@@ -141,4 +207,57 @@ async fn answer(mut s: TcpStream, sh: &Shared, m: &Metrics) -> std::io::Result<(
     s.write_all(head.as_bytes()).await?;
     s.write_all(body.as_bytes()).await?;
     s.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::lookup_index;
+    use ditto_engine::{Database, Options};
+
+    /// The exposition text over a real socket: per-command series for the commands seen,
+    /// histograms cumulative and ending in +Inf = count; other paths are 404.
+    #[test]
+    fn the_endpoint_serves_per_command_series() {
+        let db = Database::new(Options { workers: 1 });
+        let sh = Arc::new(Shared::new(db, None, None, 0).unwrap());
+        let m = Arc::new(Metrics::new(2));
+        let get = lookup_index(b"GET").unwrap();
+        // Two shards (server threads): the endpoint shows their sums.
+        m.record(0, Some(get), Duration::from_micros(30));
+        m.record(1, Some(get), Duration::from_millis(3));
+        m.record(1, None, Duration::from_micros(30));
+        sh.stats.command(0, get).calls.fetch_add(2, Ordering::Relaxed);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let fetch = |path: &'static str| {
+            let (sh, m) = (Arc::clone(&sh), Arc::clone(&m));
+            rt.block_on(async move {
+                let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = l.local_addr().unwrap();
+                tokio::spawn(serve(l, sh, m));
+                let mut c = TcpStream::connect(addr).await.unwrap();
+                c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+                let mut body = String::new();
+                tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut body)).await.unwrap().unwrap();
+                body
+            })
+        };
+        let text = fetch("/metrics");
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        let series = |prefix: &str| -> Vec<u64> {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+                .collect()
+        };
+        let all = series("ditto_command_latency_seconds_bucket{le=");
+        let by_get = series("ditto_command_latency_by_command_seconds_bucket{cmd=\"get\",le=");
+        assert_eq!((all.len(), by_get.len()), (BUCKETS.len() + 1, BUCKETS.len() + 1));
+        assert!(all.windows(2).all(|w| w[0] <= w[1]) && by_get.windows(2).all(|w| w[0] <= w[1]), "cumulative");
+        assert_eq!((all.last(), by_get.last()), (Some(&3), Some(&2)));
+        assert_eq!(series("ditto_command_latency_by_command_seconds_count{cmd=\"get\"}"), vec![2]);
+        assert_eq!(series("ditto_command_calls_total{cmd=\"get\"}"), vec![2]);
+        assert!(!text.contains("cmd=\"set\""), "only commands seen");
+        assert!(fetch("/other").starts_with("HTTP/1.1 404"));
+    }
 }

@@ -147,7 +147,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let listening = Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1) };
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
     let sh = Arc::new(Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?);
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new(cfg.workers));
     if cfg.metrics != "off" {
         let m = rt
             .block_on(TcpListener::bind(cfg.metrics.as_str()))
@@ -272,7 +272,10 @@ impl Conn {
         let mut parser = RequestParser::default();
         let mut inbuf = BytesMut::with_capacity(16 * 1024);
         let mut out = BytesMut::with_capacity(16 * 1024);
-        let mut started: Vec<Instant> = Vec::new();
+        // When each buffered request was parsed, and which command it was.
+        let mut started: Vec<(Instant, Option<usize>)> = Vec::new();
+        // The metrics shard: the engine worker of the thread that ran the last command.
+        let mut shard = 0usize;
         loop {
             // Handle every complete request buffered (up to the output bound).
             let mut wait = Ts(0);
@@ -283,10 +286,18 @@ impl Conn {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
-                        started.push(Instant::now());
-                        let o = with_worker(&self.sh.db, |w| session.handle(args, &self.sh, w)).unwrap_or_else(|e| {
-                            Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true }
+                        let t = Instant::now();
+                        let o = with_worker(&self.sh.db, |w| {
+                            shard = w.id().0 as usize;
+                            session.handle(args, &self.sh, w)
+                        })
+                        .unwrap_or_else(|e| Outcome {
+                            reply: Reply::err(format!("ERR {e}")),
+                            wait: Ts(0),
+                            close: true,
+                            cmd: None,
                         });
+                        started.push((t, o.cmd));
                         let before = out.len();
                         o.reply.encode(session.proto, &mut out);
                         let size = out.len() - before;
@@ -327,8 +338,8 @@ impl Conn {
                 stream.flush().await?;
                 out.clear();
                 let now = Instant::now();
-                for t in started.drain(..) {
-                    self.metrics.latency.record(now - t);
+                for (t, cmd) in started.drain(..) {
+                    self.metrics.record(shard, cmd, now - t);
                 }
                 if out.capacity() > 1 << 20 {
                     out = BytesMut::with_capacity(16 * 1024);
@@ -382,7 +393,7 @@ mod tests {
             max_clients: 100,
             tls_handshake_timeout: handshake,
             durable,
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(1)),
         })
     }
 
