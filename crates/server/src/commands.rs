@@ -76,6 +76,7 @@ pub static SPECS: &[Spec] = &[
     conn("RESET", 1),
     conn("COMMAND", -1),
     conn("CLIENT", -2),
+    conn("CONFIG", -2),
     conn("MULTI", 1),
     conn("EXEC", 1),
     conn("DISCARD", 1),

@@ -152,6 +152,34 @@ impl Config {
         Ok(())
     }
 
+    /// What CONFIG GET shows, in Redis's parameter names where there is one (`durability`
+    /// and `fsync-interval-ms` are ditto's). Never the password.
+    pub fn view(&self) -> Vec<(String, String)> {
+        let appendfsync = match self.durability.as_str() {
+            // Both fsync before the reply, which is what Redis calls "always".
+            "every-batch" | "interval" => "always",
+            _ => "no",
+        };
+        let mut v = vec![
+            ("bind", self.bind.clone()),
+            ("port", if self.tls_only { "0".into() } else { self.port.to_string() }),
+            ("databases", crate::session::DATABASES.to_string()),
+            ("maxclients", self.max_clients.to_string()),
+            ("appendonly", "yes".into()),
+            ("appendfsync", appendfsync.into()),
+            ("save", String::new()),
+            ("durability", self.durability.clone()),
+            ("fsync-interval-ms", self.fsync_interval_ms.to_string()),
+            ("proto-max-bulk-len", self.max_request_bytes.to_string()),
+            ("client-output-buffer-limit", format!("normal {} {} 0", self.max_output_bytes, self.max_output_bytes)),
+        ];
+        if let Some(p) = self.tls_port {
+            v.push(("tls-port", p.to_string()));
+            v.push(("tls-auth-clients", if self.tls_auth_clients { "yes" } else { "no" }.into()));
+        }
+        v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
+    }
+
     /// The TLS files when `tls_port` is set; `None` for a plaintext-only server.
     pub fn tls(&self) -> Result<Option<TlsFiles>, ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.into()));

@@ -146,7 +146,17 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     };
     let listening = Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1) };
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
-    let sh = Arc::new(Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?);
+    let mut sh = Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?;
+    sh.config_view = cfg.view();
+    // The bound ports (0 in the config asks for any free one).
+    for (k, v) in sh.config_view.iter_mut() {
+        match k.as_str() {
+            "port" => *v = listening.plain.map_or(0, |a| a.port()).to_string(),
+            "tls-port" => *v = listening.tls.map_or(0, |a| a.port()).to_string(),
+            _ => {}
+        }
+    }
+    let sh = Arc::new(sh);
     let metrics = Arc::new(Metrics::new(cfg.workers));
     if cfg.metrics != "off" {
         let m = rt

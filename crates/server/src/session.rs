@@ -52,6 +52,9 @@ pub struct Shared {
     /// A read-only node (a hot standby, later): writes are refused with READONLY. Always
     /// false on a primary, which is all there is for now.
     pub read_only: bool,
+    /// What CONFIG GET shows: (name, value) in Redis's names where there is one. The
+    /// server fills it from its configuration; the password is never shown.
+    pub config_view: Vec<(String, String)>,
     next_client_id: AtomicU64,
 }
 
@@ -73,6 +76,7 @@ impl Shared {
             started: Instant::now(),
             tcp_port,
             read_only: false,
+            config_view: Vec::new(),
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -449,6 +453,7 @@ impl Session {
                 None => Reply::err(commands::NOT_INTEGER),
             },
             "CLIENT" => self.client(a),
+            "CONFIG" => config(a, sh),
             "COMMAND" => command_info(a),
             "UNWATCH" => {
                 self.watched.clear();
@@ -718,6 +723,27 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
     Outcome::after(Reply::Array(vec![Reply::bulk(next.to_string()), Reply::Array(keys)]), snap.ts())
 }
 
+/// CONFIG GET pattern...: the parameters in `Shared::config_view` whose names match a glob,
+/// as a map. Nothing can be changed at run time: the config file is the one place.
+fn config(a: &[Bytes], sh: &Shared) -> Reply {
+    if !a[0].eq_ignore_ascii_case(b"GET") {
+        return Reply::err(format!(
+            "ERR CONFIG {} is not supported by ditto (CONFIG GET is; settings live in the config file)",
+            String::from_utf8_lossy(&a[0]).to_ascii_uppercase()
+        ));
+    }
+    if a.len() < 2 {
+        return Reply::err("ERR wrong number of arguments for 'config|get' command");
+    }
+    let pairs = sh
+        .config_view
+        .iter()
+        .filter(|(name, _)| a[1..].iter().any(|p| glob_match(&p.to_ascii_lowercase(), name.as_bytes())))
+        .map(|(n, v)| (Reply::bulk(n.clone()), Reply::bulk(v.clone())))
+        .collect();
+    Reply::Map(pairs)
+}
+
 /// DITTO.WAITTS ts: answers once every commit up to `ts` is durable (so that data read
 /// afterwards is at least that fresh). A timestamp this node has not reached is an error.
 fn wait_ts(a: &[Bytes], sh: &Shared) -> Outcome {
@@ -910,6 +936,25 @@ mod tests {
         assert!(matches!(cmd(&mut s, &sh, &mut w, "AUTH sesamf"), Reply::Error(_)));
         assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH default sesame"), Reply::Ok);
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Nil);
+    }
+
+    #[test]
+    fn config_get_matches_globs_and_nothing_can_be_set() {
+        let (mut sh, mut w) = setup();
+        sh.config_view = vec![("port".into(), "7000".into()), ("appendonly".into(), "yes".into())];
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        let pairs = |r: Reply| match r {
+            Reply::Map(m) => m.len(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(pairs(cmd(&mut s, &sh, &mut w, "CONFIG GET *")), 2);
+        assert_eq!(pairs(cmd(&mut s, &sh, &mut w, "CONFIG get APPEND*")), 1);
+        assert_eq!(pairs(cmd(&mut s, &sh, &mut w, "CONFIG GET requirepass")), 0, "the password is never shown");
+        assert!(
+            matches!(cmd(&mut s, &sh, &mut w, "CONFIG SET port 1"), Reply::Error(e) if e.contains("not supported"))
+        );
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "CONFIG GET"), Reply::Error(_)));
     }
 
     #[test]
