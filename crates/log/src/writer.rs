@@ -177,15 +177,15 @@ impl Logger {
     fn fail(&self, what: String) {
         tracing::error!("log failed, writes stopped: {what}");
         let _ = self.failed.set(what.into());
+        if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
+            f(self.watermark(), Some(why));
+        }
         {
             let _g = self.wait_lock.lock();
             self.wait_cv.notify_all();
         }
         for s in self.streams.iter() {
             s.cv.notify_all();
-        }
-        if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
-            f(self.watermark(), Some(why));
         }
     }
 

@@ -291,6 +291,11 @@ fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool)) {
         let r = w.run(|x| x.put(t, b"later", b"1"));
         assert!(matches!(r, Err(Error::LogFailed(_))), "writes must stop after a log failure");
         assert!(d.logger().failure().is_some());
+        // The flusher tells the listener right after it marks the log failed: wait for it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while told.lock().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let why = told.lock().clone().expect("the progress listener was told of the failure");
         assert_eq!(Some(why.as_str()), d.logger().failure().as_deref());
     }
