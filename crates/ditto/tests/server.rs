@@ -185,6 +185,18 @@ fn redis_cli_speaks_to_the_server() {
     let out = pipe.wait_with_output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("errors: 0, replies: 1000"), "{out:?}");
     assert_eq!(srv.cli(&["DBSIZE"]), "1003");
+    // Per-command statistics saw all of that, with the time spent on it.
+    let stats = srv.cli(&["INFO", "commandstats"]);
+    let set = stats.lines().find(|l| l.starts_with("cmdstat_set:")).unwrap_or_else(|| panic!("{stats}"));
+    let field = |name: &str| -> f64 {
+        set.split([':', ',']).find_map(|kv| kv.strip_prefix(&format!("{name}="))).unwrap().trim().parse().unwrap()
+    };
+    assert!(field("calls") >= 1000.0 && field("usec") > 0.0, "{set}");
+    assert!(
+        stats.contains("cmdstat_incr:") && stats.contains("failed_calls=1"),
+        "INCR of a string failed once: {stats}"
+    );
+    assert!(srv.cli(&["CONFIG", "GET", "appendonly"]).contains("yes"));
 }
 
 #[test]

@@ -334,6 +334,17 @@ impl Conn {
                     }
                 }
             }
+            // Each command's handling time is the gap to the next one's start (or to now).
+            if !started.is_empty() {
+                let handled = Instant::now();
+                for (k, &(t, cmd)) in started.iter().enumerate() {
+                    if let Some(c) = cmd {
+                        let next = started.get(k + 1).map_or(handled, |n| n.0);
+                        let ns = next.saturating_duration_since(t).as_nanos() as u64;
+                        self.sh.stats.command(shard, c).nanos.fetch_add(ns, Ordering::Relaxed);
+                    }
+                }
+            }
             if !out.is_empty() {
                 if let Err(failed) = self.wait_durable(wait).await {
                     out.clear();
