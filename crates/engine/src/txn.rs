@@ -31,12 +31,14 @@
 
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use crossbeam_epoch::Guard;
 
+use crate::clock::CommitClock;
 use crate::db::{
-    check_value_len, CommitTicket, Database, LoggedWrite, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
+    check_value_len, CommitTicket, Database, LoggedWrite, TicketLog, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
     LOG_WRITE_OVERHEAD_MAX, TXN_BYTES_MAX,
 };
 use crate::error::{Error, Result};
@@ -193,10 +195,6 @@ impl<'w> Transaction<'w> {
         let s = std::mem::take(&mut worker.scratch);
         debug_assert!(s.reads.is_empty() && s.writes.is_empty());
         Transaction { worker, guard: crossbeam_epoch::pin(), s, done: false }
-    }
-
-    fn db(&self) -> &Database {
-        &self.worker.db
     }
 
     fn table(&self, id: TableId) -> Result<&'w Table> {
@@ -423,14 +421,32 @@ impl<'w> Transaction<'w> {
         out
     }
 
+    /// This worker's log handle for a ticket (see `TicketLog`), made on first use.
+    fn ticket_log(&mut self) -> Option<Arc<TicketLog>> {
+        if self.worker.ticket_log.is_none() {
+            let log = self.worker.db.log.get()?;
+            self.worker.ticket_log = Some(Arc::new(TicketLog(Arc::clone(log))));
+        }
+        self.worker.ticket_log.clone()
+    }
+
+    /// The database's commit clock, borrowed for the transaction's lifetime rather than
+    /// through `self` (so commit can use it while it changes the worker's fields), and
+    /// without cloning its `Arc`, whose count every worker would share.
+    fn clock(&self) -> &'w CommitClock {
+        // SAFETY: the clock is owned by the database, which the worker keeps alive for at
+        // least 'w, and is never replaced.
+        unsafe { &*Arc::as_ptr(&self.worker.db.clock) }
+    }
+
     fn try_commit(&mut self) -> Result<CommitTicket> {
-        let log = self.db().log.get().cloned();
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
             self.validate()?;
             let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
-            return Ok(CommitTicket { ts: Ts(read_ts), log });
+            return Ok(CommitTicket { ts: Ts(read_ts), log: self.ticket_log() });
         }
+        let log = self.ticket_log();
         // An upper bound of the logged size (the key is counted even where it is not logged).
         let bytes: usize = LOG_TXN_OVERHEAD_MAX
             + self
@@ -447,7 +463,7 @@ impl<'w> Transaction<'w> {
             return Err(Error::TooLarge { what: "transaction write set", len: bytes, max: TXN_BYTES_MAX });
         }
         if let Some(log) = &log {
-            log.check_writable()?;
+            log.0.check_writable()?;
         }
         // 1. Lock in address order.
         self.s.writes.sort_unstable_by_key(|w| w.rec as usize);
@@ -472,7 +488,7 @@ impl<'w> Transaction<'w> {
         }
         // 2. The serialization point.
         let worker = self.worker.id.0 as usize;
-        let clock = std::sync::Arc::clone(&self.worker.db.clock);
+        let clock = self.clock();
         let ts = clock.begin_commit(worker);
         // 3. Validate.
         if let Err(e) = self.validate() {
@@ -488,7 +504,7 @@ impl<'w> Transaction<'w> {
                 key: w.logged_key(),
                 value: w.version.value(),
             });
-            log.append(self.worker.id, ts, &mut it);
+            log.0.append(self.worker.id, ts, &mut it);
         }
         // 5. Install and unlock.
         let horizon = clock.horizon();
