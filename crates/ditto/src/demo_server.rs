@@ -105,31 +105,40 @@ impl Client {
     }
 }
 
-struct Server {
-    child: Child,
-    port: u16,
+/// A server child process (ditto's or Redis's), killed when dropped.
+pub(crate) struct ServerProcess {
+    pub child: Child,
+    pub port: u16,
 }
 
-impl Drop for Server {
+impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-fn start_server(dir: &Path, workers: usize) -> Result<Server, Error> {
+/// Starts `ditto server` on `dir` on a free loopback port (metrics off, `args` added, its
+/// stderr to `stderr`) and waits until it listens. Shared by the demo and `ditto bench
+/// redis`.
+pub(crate) fn start_ditto_server(dir: &Path, args: &[&str], stderr: Stdio) -> Result<ServerProcess, Error> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["server", "--port", "0", "--data-dir", dir.to_str().ok_or("data dir is not UTF-8")?])
-        .args(["--workers", &workers.to_string(), "--metrics", "off"])
+        .args(["--metrics", "off"])
+        .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
     // The server prints its address once it serves; recovery comes before that.
     let line = lines.next().ok_or("the server exited before listening")??;
     let addr = line.strip_prefix("ditto server listening on ").ok_or(format!("unexpected line {line:?}"))?;
     let port = addr.split(' ').next().and_then(|a| a.rsplit(':').next()).ok_or("no port")?.parse()?;
-    Ok(Server { child, port })
+    Ok(ServerProcess { child, port })
+}
+
+fn start_server(dir: &Path, workers: usize) -> Result<ServerProcess, Error> {
+    start_ditto_server(dir, &["--workers", &workers.to_string()], Stdio::null())
 }
 
 /// What one client thread saw.

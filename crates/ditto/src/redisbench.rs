@@ -13,11 +13,12 @@
 //! only once fsynced. The table says so next to the figures.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::demo_server::{start_ditto_server, ServerProcess};
 use crate::logmode::ScratchDir;
 
 #[derive(clap::Args)]
@@ -122,15 +123,6 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
     out
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -150,20 +142,12 @@ fn wait_ping(port: u16) -> Result<(), String> {
     Err(format!("no PONG on port {port} within 60 s"))
 }
 
-fn start_ditto(dir: &Path, durability: &str, workers: usize) -> Result<(Proc, u16), Box<dyn std::error::Error>> {
-    let port = free_port()?;
-    let child = Command::new(std::env::current_exe()?)
-        .args(["server", "--port", &port.to_string(), "--data-dir", dir.to_str().ok_or("data dir path")?])
-        .args(["--durability", durability, "--workers", &workers.to_string(), "--metrics", "off"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let p = Proc(child);
-    wait_ping(port)?;
-    Ok((p, port))
+fn start_ditto(dir: &Path, durability: &str, workers: usize) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+    let args = ["--durability", durability, "--workers", &workers.to_string()];
+    Ok(start_ditto_server(dir, &args, Stdio::inherit()).map_err(|e| e.to_string())?)
 }
 
-fn start_redis(dir: &Path) -> Result<(Proc, u16), Box<dyn std::error::Error>> {
+fn start_redis(dir: &Path) -> Result<ServerProcess, Box<dyn std::error::Error>> {
     let port = free_port()?;
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir", dir.to_str().ok_or("dir")?])
@@ -172,9 +156,9 @@ fn start_redis(dir: &Path) -> Result<(Proc, u16), Box<dyn std::error::Error>> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("starting redis-server (apt-get install redis-server): {e}"))?;
-    let p = Proc(child);
+    let p = ServerProcess { child, port };
     wait_ping(port)?;
-    Ok((p, port))
+    Ok(p)
 }
 
 /// Runs redis-benchmark SET and GET and parses its CSV.
@@ -241,9 +225,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     for round in 1..=a.rounds.max(1) {
         for &p in &a.pipeline {
-            for (server, (_proc, port)) in servers.iter().zip(&running) {
+            for (server, proc) in servers.iter().zip(&running) {
                 eprintln!("round {round}: {server}: SET, GET with {} clients, pipeline {p} ...", a.clients);
-                rows.extend(bench(*port, &a, p, server, round)?);
+                rows.extend(bench(proc.port, &a, p, server, round)?);
             }
         }
     }

@@ -219,8 +219,6 @@ impl<'w> Transaction<'w> {
         Ok(self.find_value(table, key)?.map(f))
     }
 
-    /// The value a read of `key` sees (our own write, or the newest committed version,
-    /// recorded for validation).
     /// The record `key` maps to, remembered for a later write of the same key; a miss is
     /// recorded for the phantom check.
     fn locate(&mut self, table: TableId, key: &[u8]) -> Result<Option<&'w Record>> {
@@ -233,6 +231,8 @@ impl<'w> Transaction<'w> {
         Ok(Some(t.record(RecordId(rid))))
     }
 
+    /// The value a read of `key` sees (our own write, or the newest committed version,
+    /// recorded for validation).
     fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
         let Some(rec) = self.locate(table, key)? else { return Ok(None) };
         if let Some(i) = self.find_write(rec) {

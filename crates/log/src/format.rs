@@ -1285,13 +1285,7 @@ pub fn read_segment_checking(
     mut check_inside: impl FnMut(&Batch) -> bool,
 ) -> Result<SegmentScan, FormatError> {
     let mut scratch = Vec::new();
-    read_segment_with(file, |b| if check_inside(b) { b.checked_payload_in(&mut scratch).map(drop) } else { Ok(()) })
-}
-
-fn read_segment_with(
-    file: &Bytes,
-    mut inside: impl FnMut(&Batch) -> Result<(), FormatError>,
-) -> Result<SegmentScan, FormatError> {
+    let mut inside = |b: &Batch| if check_inside(b) { b.checked_payload_in(&mut scratch).map(drop) } else { Ok(()) };
     let header = SegmentHeader::decode(file)?;
     let mut batches = Vec::new();
     let mut off = SEGMENT_HEADER_LEN;

@@ -22,6 +22,12 @@ use crate::session::Shared;
 const BUCKETS: [f64; 14] =
     [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
 
+/// The bucket of `d`: the first whose bound it does not exceed, else +Inf.
+fn bucket(d: Duration) -> usize {
+    let s = d.as_secs_f64();
+    BUCKETS.iter().position(|&b| s <= b).unwrap_or(BUCKETS.len())
+}
+
 /// A cumulative histogram of durations, lock-free to record.
 #[derive(Default)]
 pub struct Histogram {
@@ -31,10 +37,10 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    pub fn record(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = BUCKETS.iter().position(|&b| s <= b).unwrap_or(BUCKETS.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
+    /// Records `d`, whose bucket (`bucket(d)`) the caller found once for all the
+    /// histograms it records in.
+    fn record_in(&self, bucket: usize, d: Duration) {
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
         self.sum_ns.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 }
@@ -90,10 +96,10 @@ impl Metrics {
 
     /// Records one command's latency (request parsed to reply written) in `shard`.
     pub fn record(&self, shard: usize, cmd: Option<usize>, d: Duration) {
-        let shard = shard % self.latency.len();
-        self.latency[shard].record(d);
+        let (shard, b) = (shard % self.latency.len(), bucket(d));
+        self.latency[shard].record_in(b, d);
         if let Some(h) = cmd.and_then(|i| self.per_command[shard].get(i)) {
-            h.record(d);
+            h.record_in(b, d);
         }
     }
 }

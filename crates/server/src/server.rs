@@ -334,18 +334,8 @@ impl Conn {
                     }
                 }
             }
-            // Each command's handling time is the gap to the next one's start (or to now).
-            if !started.is_empty() {
-                let handled = Instant::now();
-                for (k, &(t, cmd)) in started.iter().enumerate() {
-                    if let Some(c) = cmd {
-                        let next = started.get(k + 1).map_or(handled, |n| n.0);
-                        let ns = next.saturating_duration_since(t).as_nanos() as u64;
-                        self.sh.stats.command(shard, c).nanos.fetch_add(ns, Ordering::Relaxed);
-                    }
-                }
-            }
             if !out.is_empty() {
+                let handled = Instant::now();
                 if let Err(failed) = self.wait_durable(wait).await {
                     out.clear();
                     for _ in 0..replies {
@@ -358,10 +348,18 @@ impl Conn {
                 // TLS buffers records until flushed; plain TCP's flush does nothing.
                 stream.flush().await?;
                 out.clear();
+                // Latency: parsed to written. Handling time (INFO commandstats): the gap to
+                // the next request's start, or to the end of handling for the last one.
                 let now = Instant::now();
-                for (t, cmd) in started.drain(..) {
+                for (k, &(t, cmd)) in started.iter().enumerate() {
                     self.metrics.record(shard, cmd, now - t);
+                    if let Some(c) = cmd {
+                        let next = started.get(k + 1).map_or(handled, |n| n.0);
+                        let ns = next.saturating_duration_since(t).as_nanos() as u64;
+                        self.sh.stats.command(shard, c).nanos.fetch_add(ns, Ordering::Relaxed);
+                    }
                 }
+                started.clear();
                 if out.capacity() > 1 << 20 {
                     out = BytesMut::with_capacity(16 * 1024);
                 }
