@@ -159,11 +159,107 @@ impl RecentKeys {
     }
 }
 
+/// Where each record of the write set sits in `writes`: an open-addressing table keyed by
+/// the record's address. Reads ask it once per record read, so a linear search of the write
+/// set made a transaction of n reads and m writes cost n*m (7% of TPC-C's instructions,
+/// cachegrind). Slots carry the generation they were written in, so clearing is one
+/// increment. Valid only until commit sorts `writes` (validation then binary-searches).
+struct WriteMap {
+    slots: Vec<WriteSlot>,
+    len: usize,
+    generation: u32,
+}
+
+#[derive(Default, Clone, Copy)]
+struct WriteSlot {
+    rec: usize,
+    index: u32,
+    generation: u32,
+}
+
+const WRITE_MAP_MIN: usize = 64;
+/// A table grown past this (a huge write set) is given back when its transaction ends.
+const WRITE_MAP_KEEP: usize = 4096;
+
+impl Default for WriteMap {
+    fn default() -> Self {
+        WriteMap { slots: vec![WriteSlot::default(); WRITE_MAP_MIN], len: 0, generation: 1 }
+    }
+}
+
+impl WriteMap {
+    #[inline]
+    fn home(&self, rec: usize) -> usize {
+        // Fibonacci hashing of the address (records are at least 8-byte aligned).
+        let bits = self.slots.len().trailing_zeros();
+        ((rec as u64 >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+    }
+
+    #[inline]
+    fn get(&self, rec: *const Record) -> Option<usize> {
+        let rec = rec as usize;
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(rec);
+        loop {
+            let s = &self.slots[i];
+            if s.generation != self.generation {
+                return None;
+            }
+            if s.rec == rec {
+                return Some(s.index as usize);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Records that `rec` is write `index` (a record not in the map yet).
+    fn insert(&mut self, rec: *const Record, index: usize) {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        self.place(rec as usize, u32::try_from(index).expect("write set fits u32"));
+        self.len += 1;
+    }
+
+    fn place(&mut self, rec: usize, index: u32) {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(rec);
+        while self.slots[i].generation == self.generation {
+            debug_assert_ne!(self.slots[i].rec, rec, "a record is written once per write set");
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = WriteSlot { rec, index, generation: self.generation };
+    }
+
+    fn grow(&mut self) {
+        let live: Vec<WriteSlot> = self.slots.iter().filter(|s| s.generation == self.generation).copied().collect();
+        self.slots = vec![WriteSlot::default(); self.slots.len() * 2];
+        for s in live {
+            self.place(s.rec, s.index);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        if self.slots.len() > WRITE_MAP_KEEP {
+            *self = WriteMap::default();
+            return;
+        }
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // Slots of 2^32 transactions ago could pass for current ones: wipe them.
+            self.slots.fill(WriteSlot::default());
+            self.generation = 1;
+        }
+    }
+}
+
 /// Buffers reused from one transaction to the next on a worker.
 #[derive(Default)]
 pub(crate) struct TxnScratch {
     reads: Vec<(*const Record, u64)>,
     writes: Vec<WriteEntry>,
+    write_map: WriteMap,
     scans: Vec<ScanEntry>,
     misses: Vec<(TableId, Bytes)>,
     recent: RecentKeys,
@@ -204,8 +300,18 @@ impl<'w> Transaction<'w> {
         Ok(unsafe { &*(t as *const Table) })
     }
 
+    /// The write set's entry for `rec`, while the transaction runs (not after commit sorted
+    /// the write set).
+    #[inline]
     fn find_write(&self, rec: *const Record) -> Option<usize> {
-        self.s.writes.iter().position(|w| std::ptr::eq(w.rec, rec))
+        let i = self.s.write_map.get(rec);
+        debug_assert_eq!(i, self.s.writes.iter().position(|w| std::ptr::eq(w.rec, rec)));
+        i
+    }
+
+    /// The write set's entry for `rec` once commit has sorted the write set by address.
+    fn find_sorted_write(&self, rec: *const Record) -> Option<usize> {
+        self.s.writes.binary_search_by_key(&(rec as usize), |w| w.rec as usize).ok()
     }
 
     /// Reads a key. `None` if absent or deleted.
@@ -289,14 +395,18 @@ impl<'w> Transaction<'w> {
         }
         let t = self.table(table)?;
         // A remembered record that has left the index since is no answer: search again, as
-        // a transaction that never remembered it would.
+        // a transaction that never remembered it would. Inserts and puts skip the plain
+        // search: `get_or_insert_with` answers a present key without locking, so one descent
+        // serves both outcomes.
+        let may_create = matches!(mode, WriteMode::Insert | WriteMode::Put);
         let found = match self.s.recent.find(table, key) {
             Some(rid) if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => Some(rid),
+            _ if may_create => None,
             _ => t.index.get(key, &self.guard).map(RecordId),
         };
         let (entry_rid, created) = match found {
             Some(rid) => (rid, false),
-            None if matches!(mode, WriteMode::Update | WriteMode::Delete) => {
+            None if !may_create => {
                 self.s.misses.push((table, Bytes::copy_from_slice(key)));
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
@@ -341,6 +451,7 @@ impl<'w> Transaction<'w> {
             return out;
         }
         let version = OwnedVersion::new(value);
+        self.s.write_map.insert(rec, self.s.writes.len());
         self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, version, observed_tid: tid, created, existed });
         Ok(existed)
     }
@@ -530,8 +641,7 @@ impl<'w> Transaction<'w> {
     /// address (the lock order), so "locked by us" is a binary search in it; a read-only
     /// transaction has no writes and so locks nothing.
     fn validate(&self) -> Result<()> {
-        let is_own =
-            |rec: *const Record| self.s.writes.binary_search_by_key(&(rec as usize), |w| w.rec as usize).is_ok();
+        let is_own = |rec: *const Record| self.find_sorted_write(rec).is_some();
         for &(rec, seen) in &self.s.reads {
             // SAFETY: as above.
             let cur = unsafe { &*rec }.tid.load(Ordering::Acquire);
@@ -545,7 +655,7 @@ impl<'w> Transaction<'w> {
             t.index.for_each(as_ref(&scan.lo), as_ref(&scan.hi), Direction::Forward, |rid| {
                 let rid = RecordId(rid);
                 let rec: &Record = t.record(rid);
-                let created_by_us = self.find_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
+                let created_by_us = self.find_sorted_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
                 let cur = rec.tid.load(Ordering::Acquire);
                 if !created_by_us && in_phantom_set(cur) {
                     fp.add(rid);
@@ -560,7 +670,7 @@ impl<'w> Transaction<'w> {
             let t = self.worker.db.table(*table)?;
             if let Some(rid) = t.index.get(key, &self.guard) {
                 let rec: &Record = t.record(RecordId(rid));
-                let created_by_us = self.find_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
+                let created_by_us = self.find_sorted_write(rec).is_some_and(|i| self.s.writes[i].observed_tid == 0);
                 if !created_by_us && in_phantom_set(rec.tid.load(Ordering::Acquire)) {
                     return Err(Error::Conflict("phantom at a missed key"));
                 }
@@ -654,6 +764,7 @@ impl Drop for Transaction<'_> {
         let mut s = std::mem::take(&mut self.s);
         s.reads.clear();
         s.writes.clear();
+        s.write_map.clear();
         s.scans.clear();
         s.misses.clear();
         s.recent.clear();
@@ -780,5 +891,41 @@ impl<'db> ReadTxn<'db> {
 impl Drop for ReadTxn<'_> {
     fn drop(&mut self) {
         self.db.clock.release_reader(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The map answers exactly like a linear search of the write set, through growth, many
+    /// clears, and the wrap of the generation counter.
+    #[test]
+    fn write_map_agrees_with_a_linear_search() {
+        let records: Vec<Record> = (0..6000).map(|_| Record::default()).collect();
+        let mut map = WriteMap::default();
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        for round in 0..200 {
+            if round == 100 {
+                map.generation = u32::MAX - 1; // wraps within the next few clears
+            }
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let n = [0, 1, 5, 31, 32, 33, 200, 2500][(rng % 8) as usize];
+            let start = (rng >> 8) as usize % (records.len() - 2 * n);
+            // Every other record of a window, so absent neighbours are asked about too.
+            let written: Vec<*const Record> = (0..n).map(|i| &records[start + 2 * i] as *const Record).collect();
+            for (i, &r) in written.iter().enumerate() {
+                map.insert(r, i);
+            }
+            for r in &records {
+                let p = r as *const Record;
+                assert_eq!(map.get(p), written.iter().position(|&w| std::ptr::eq(w, p)), "round {round}");
+            }
+            map.clear();
+            assert!(records.iter().all(|r| map.get(r).is_none()), "round {round}: cleared");
+        }
+        assert!(map.slots.len() <= WRITE_MAP_KEEP, "a huge table is given back");
     }
 }
