@@ -121,13 +121,27 @@ struct RecentKeys {
 const RECENT_KEYS: usize = 16;
 const RECENT_KEY_LEN_MAX: usize = 16;
 
+/// A remembered key, compared as two integers: the table and length, and the key bytes
+/// zero-padded (the length tells "a" from "a\0").
 #[derive(Default, Clone, Copy)]
 struct RecentKey {
-    table: u32,
-    /// 0: empty slot (an empty key is never cached).
-    len: u8,
-    key: [u8; RECENT_KEY_LEN_MAX],
+    /// `table << 8 | len`; 0: empty slot (an empty key is never cached).
+    tag: u64,
+    key: u128,
     rid: u64,
+}
+
+impl RecentKey {
+    /// The tag and padded bytes of a key that can be remembered.
+    #[inline]
+    fn probe(table: TableId, key: &[u8]) -> Option<(u64, u128)> {
+        if key.is_empty() || key.len() > RECENT_KEY_LEN_MAX {
+            return None;
+        }
+        let mut b = [0u8; RECENT_KEY_LEN_MAX];
+        b[..key.len()].copy_from_slice(key);
+        Some((((table.0 as u64) << 8) | key.len() as u64, u128::from_ne_bytes(b)))
+    }
 }
 
 impl RecentKeys {
@@ -136,25 +150,17 @@ impl RecentKeys {
     }
 
     fn remember(&mut self, table: TableId, key: &[u8], rid: RecordId) {
-        if key.is_empty() || key.len() > RECENT_KEY_LEN_MAX {
-            return;
-        }
-        let slot = &mut self.slots[self.next % RECENT_KEYS];
-        slot.table = table.0;
-        slot.len = key.len() as u8;
-        slot.key[..key.len()].copy_from_slice(key);
-        slot.rid = rid.0;
+        let Some((tag, key)) = RecentKey::probe(table, key) else { return };
+        self.slots[self.next % RECENT_KEYS] = RecentKey { tag, key, rid: rid.0 };
         self.next = self.next.wrapping_add(1);
     }
 
     fn find(&self, table: TableId, key: &[u8]) -> Option<RecordId> {
-        if key.is_empty() || key.len() > RECENT_KEY_LEN_MAX {
-            return None;
-        }
+        let (tag, key) = RecentKey::probe(table, key)?;
         // Newest first: a key found twice (a record replaced meanwhile) answers with the later.
         (1..=RECENT_KEYS)
             .map(|back| &self.slots[self.next.wrapping_sub(back) % RECENT_KEYS])
-            .find(|s| s.len as usize == key.len() && s.table == table.0 && &s.key[..key.len()] == key)
+            .find(|s| s.tag == tag && s.key == key)
             .map(|s| RecordId(s.rid))
     }
 }
