@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Instructions and simulated cache misses per committed TPC-C transaction (1 worker, log
+# off), under cachegrind: a run of SECONDS minus a run of 1 s, so loading cancels out.
+# Deterministic where wall-clock figures on a shared machine are not; compare builds whose
+# runs committed similar numbers of transactions (the tables grow as they run).
+#
+#   scripts/tpcc-cachegrind.sh path/to/ditto [SECONDS (default 20)]
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 DITTO [SECONDS]" >&2; exit 2; }
+ditto=$1 seconds=${2:-20}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for s in "$seconds" 1; do
+    valgrind --tool=cachegrind --cache-sim=yes --cachegrind-out-file="$out/cg.$s" \
+        "$ditto" bench tpcc --workers 1 --seconds "$s" --log off >"$out/$s.txt" 2>&1
+done
+python3 - "$out" "$seconds" <<'PY'
+import re, sys
+out, long = sys.argv[1], sys.argv[2]
+def figures(s):
+    t = open(f"{out}/{s}.txt").read()
+    count = lambda name: int(re.search(name + r":\s+([\d,]+)", t).group(1).replace(",", ""))
+    return (int(re.search(r"committed\s+(\d+)", t).group(1)),
+            count("I   refs"), count("D1  misses"), count("LL misses"))
+a, b = figures(long), figures(1)
+n = a[0] - b[0]
+print(f"transactions {n}: instructions/txn {(a[1]-b[1])/n:.0f}, "
+      f"D1 misses/txn {(a[2]-b[2])/n:.1f}, LL misses/txn {(a[3]-b[3])/n:.1f}")
+PY
