@@ -172,7 +172,6 @@ impl RecentKeys {
 /// increment. Valid only until commit sorts `writes` (validation then binary-searches).
 struct WriteMap {
     slots: Vec<WriteSlot>,
-    len: usize,
     generation: u32,
 }
 
@@ -189,7 +188,7 @@ const WRITE_MAP_KEEP: usize = 4096;
 
 impl Default for WriteMap {
     fn default() -> Self {
-        WriteMap { slots: vec![WriteSlot::default(); WRITE_MAP_MIN], len: 0, generation: 1 }
+        WriteMap { slots: vec![WriteSlot::default(); WRITE_MAP_MIN], generation: 1 }
     }
 }
 
@@ -218,13 +217,13 @@ impl WriteMap {
         }
     }
 
-    /// Records that `rec` is write `index` (a record not in the map yet).
+    /// Records that `rec` is write `index` (a record not in the map yet). Writes are
+    /// added in order, so `index` is also how many the map holds.
     fn insert(&mut self, rec: *const Record, index: usize) {
-        if (self.len + 1) * 2 > self.slots.len() {
+        if (index + 1) * 2 > self.slots.len() {
             self.grow();
         }
         self.place(rec as usize, u32::try_from(index).expect("write set fits u32"));
-        self.len += 1;
     }
 
     fn place(&mut self, rec: usize, index: u32) {
@@ -246,7 +245,6 @@ impl WriteMap {
     }
 
     fn clear(&mut self) {
-        self.len = 0;
         if self.slots.len() > WRITE_MAP_KEEP {
             *self = WriteMap::default();
             return;
