@@ -58,6 +58,8 @@ const LEAF_CAP: usize = 32;
 const INNER_CAP: usize = 32;
 /// Key bytes stored inline in a slot, as `WORDS` big-endian words.
 const INLINE: usize = 24;
+/// Lookups `get_many` interleaves at a time.
+pub const GET_MANY_BATCH: usize = 16;
 const WORDS: usize = INLINE / 8;
 const _: () = assert!(WORDS == 3, "Keys::cmp compares three words");
 
@@ -168,7 +170,9 @@ impl<'a> SearchKey<'a> {
 }
 
 /// Key slots of one node, structure-of-arrays so a search touches few cache lines: the
-/// first words of all slots are together, then the second words, and so on.
+/// first words of all slots are together, then the second words, and so on. `repr(C)`: the
+/// words come first, which `BATCH_SEARCH_LINES` relies on.
+#[repr(C)]
 struct Keys<const N: usize> {
     words: [[AtomicU64; N]; WORDS],
     len: [AtomicU32; N],
@@ -350,23 +354,22 @@ impl Inner {
 /// Cache lines prefetched when a search reaches a node: all of them (measured faster than
 /// only the header and key words, docs/index-choice.md).
 const SEARCH_LINES: usize = std::mem::size_of::<Leaf>() / 64;
+/// Lines prefetched per node by the interleaved lookups of `get_many`: the header and the
+/// first two words of every key, which decide most searches. With up to 16 lookups in flight
+/// the core's line fill buffers are the limit, and fewer lines per node measured faster
+/// (docs/index-choice.md); a single lookup has them to itself.
+const BATCH_SEARCH_LINES: usize =
+    (std::mem::offset_of!(Leaf, keys) + 2 * std::mem::size_of::<[AtomicU64; LEAF_CAP]>()).div_ceil(64);
 const _: () = assert!(LEAF_CAP == INNER_CAP, "SEARCH_LINES assumes one slot count");
+const _: () = assert!(std::mem::offset_of!(Leaf, keys) == std::mem::offset_of!(Inner, keys), "one layout");
 
-/// Starts loading the lines a search of node `p` will read, all at once, instead of one
+/// Starts loading the first `lines` lines of node `p`, all at once, instead of one
 /// dependent cache miss after another down the binary search (Masstree does the same).
 #[inline(always)]
-fn prefetch_node(p: *const Header) {
-    #[cfg(target_arch = "x86_64")]
-    for line in 0..SEARCH_LINES {
-        // SAFETY: prefetching is a hint and never faults, even for a bad address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                (p as *const i8).wrapping_add(line * 64),
-            )
-        };
+fn prefetch_node(p: *const Header, lines: usize) {
+    for line in 0..lines {
+        crate::prefetch((p as *const u8).wrapping_add(line * 64));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 impl Inner {
@@ -375,7 +378,7 @@ impl Inner {
     #[inline]
     fn child(&self, i: usize, v: u64) -> Option<(*mut Header, u64)> {
         let c = self.children[i].load(Ordering::Acquire);
-        prefetch_node(c);
+        prefetch_node(c, SEARCH_LINES);
         if c.is_null() || !self.h.version.check(v) {
             return None;
         }
@@ -486,6 +489,83 @@ impl Index {
                         return Restart;
                     }
                     return Done(val);
+                }
+            }
+        }
+    }
+
+    /// Looks up several keys at once: `out[i]` is the value for `keys[i]`. The same answers as
+    /// calling `get` for each key, but the descents are interleaved: each round takes every
+    /// key one level down and prefetches the node it goes to next, so the cache misses of up
+    /// to `GET_MANY_BATCH` independent lookups overlap instead of following one another.
+    pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K], out: &mut [Option<u64>], g: &Guard) {
+        check_guard(g);
+        assert_eq!(keys.len(), out.len(), "one output slot per key");
+        for (keys, out) in keys.chunks(GET_MANY_BATCH).zip(out.chunks_mut(GET_MANY_BATCH)) {
+            self.get_batch(keys, out, g);
+        }
+    }
+
+    fn get_batch<K: AsRef<[u8]>>(&self, keys: &[K], out: &mut [Option<u64>], g: &Guard) {
+        let n = keys.len();
+        debug_assert!(n <= GET_MANY_BATCH);
+        let sk: [SearchKey<'_>; GET_MANY_BATCH] =
+            std::array::from_fn(|i| SearchKey::new(keys.get(i).map_or(&[][..], |k| k.as_ref())));
+        // Where each lookup stands: about to enter node `c` under `parent` read at version
+        // `pv` (the root has no parent), or done. A lookup whose versions move falls back to
+        // a plain `get` (rare: a concurrent split or removal on its path).
+        #[derive(Clone, Copy)]
+        enum Step {
+            Enter { c: *mut Header, parent: *mut Header, pv: u64 },
+            Done,
+        }
+        let Some((root, _)) = self.root() else {
+            for (o, k) in out.iter_mut().zip(keys) {
+                *o = self.get(k.as_ref(), g);
+            }
+            return;
+        };
+        let mut steps = [Step::Enter { c: root, parent: std::ptr::null_mut(), pv: 0 }; GET_MANY_BATCH];
+        let mut active = n;
+        while active > 0 {
+            for i in 0..n {
+                let Step::Enter { c, parent, pv } = steps[i] else { continue };
+                // SAFETY: as for every node pointer (see `Index::root`).
+                let entered = unsafe { &*c }.version.read().filter(|_| {
+                    // The root's parent is the root pointer itself.
+                    if parent.is_null() {
+                        self.root.load(Ordering::Acquire) == c
+                    } else {
+                        unsafe { &*parent }.version.check(pv)
+                    }
+                });
+                let next = match entered {
+                    None => None,
+                    Some(v) => match node(c) {
+                        NodeRef::Inner(nd) => {
+                            let j = nd.keys.search(nd.h.count(INNER_CAP), &sk[i], true, g);
+                            let child = nd.children[j].load(Ordering::Acquire);
+                            prefetch_node(child, BATCH_SEARCH_LINES);
+                            (!child.is_null()).then_some(Step::Enter { c: child, parent: c, pv: v })
+                        }
+                        NodeRef::Leaf(l) => {
+                            let cnt = l.h.count(LEAF_CAP);
+                            let j = l.keys.search(cnt, &sk[i], false, g);
+                            let found = j < cnt && l.keys.cmp(j, &sk[i], g) == Cmp::Equal;
+                            let val = found.then(|| l.vals[j].load(Ordering::Relaxed));
+                            l.h.version.check(v).then(|| {
+                                out[i] = val;
+                                Step::Done
+                            })
+                        }
+                    },
+                };
+                steps[i] = next.unwrap_or_else(|| {
+                    out[i] = self.get(keys[i].as_ref(), g);
+                    Step::Done
+                });
+                if matches!(steps[i], Step::Done) {
+                    active -= 1;
                 }
             }
         }
@@ -1104,7 +1184,23 @@ mod tests {
                             model.remove(&key);
                         }
                     }
-                    _ => assert_eq!(ix.get(&key, &g), model.get(&key).copied(), "get {key:?}"),
+                    8 => assert_eq!(ix.get(&key, &g), model.get(&key).copied(), "get {key:?}"),
+                    _ => {
+                        // A batch (more than one round of `get_many`'s interleaving), half
+                        // of it keys that are present, with repeats.
+                        let present: Vec<&Vec<u8>> = model.keys().collect();
+                        let keys: Vec<Vec<u8>> = (0..rng.gen_range(0..40))
+                            .map(|_| match present.len() {
+                                n if n > 0 && rng.gen() => present[rng.gen_range(0..n)].clone(),
+                                _ => random_key(&mut rng),
+                            })
+                            .collect();
+                        let mut out = vec![Some(u64::MAX); keys.len()];
+                        ix.get_many(&keys, &mut out, &g);
+                        for (k, o) in keys.iter().zip(&out) {
+                            assert_eq!(*o, model.get(k).copied(), "get_many {k:?}");
+                        }
+                    }
                 }
                 if step % 50 == 0 {
                     check_scans(&ix, &model, &mut rng);
@@ -1196,6 +1292,16 @@ mod tests {
                             let x = i * writers + w;
                             if stays(x) {
                                 assert_eq!(ix.get(&key(x), &g), Some(x), "lost key {x}");
+                                // The same through interleaved lookups, among neighbours
+                                // that may be in flight.
+                                let near: Vec<u64> = (x.saturating_sub(8)..x + 8).collect();
+                                let keys: Vec<Vec<u8>> = near.iter().map(|&y| key(y)).collect();
+                                let mut out = vec![None; keys.len()];
+                                ix.get_many(&keys, &mut out, &g);
+                                for (&y, o) in near.iter().zip(&out) {
+                                    assert!(y == x || o.is_none() || *o == Some(y), "get_many {y}: {o:?}");
+                                }
+                                assert_eq!(out[near.iter().position(|&y| y == x).expect("x is near")], Some(x));
                                 let mut found = false;
                                 let lo = key(x.saturating_sub(40));
                                 ix.for_each(Bound::Included(&lo), Bound::Unbounded, Direction::Forward, |v| {

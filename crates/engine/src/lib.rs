@@ -39,3 +39,15 @@ pub use ids::{RecordId, TableId, Ts, WorkerId};
 pub use index::Index as BTreeIndex;
 pub use table::RECORDS_PER_TABLE_MAX;
 pub use txn::{Direction, ReadTxn, Transaction};
+
+/// Starts loading the cache line holding `p` into L1, without waiting for it.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint and never faults, even for a bad address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -174,6 +174,12 @@ impl<'g> VersionRef<'g> {
         NonNull::new(p).map(|p| VersionRef { p, _guard: PhantomData })
     }
 
+    /// Starts loading the version's header and first value bytes.
+    #[inline(always)]
+    pub fn prefetch(self) {
+        crate::prefetch(self.p.as_ptr());
+    }
+
     #[inline]
     pub fn ts(self) -> Ts {
         // SAFETY: see `new`: live and unchanging while 'g lasts.
@@ -202,6 +208,19 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// Starts loading the TID word and the head pointer (which may sit on two lines).
+    #[inline(always)]
+    pub fn prefetch(&self) {
+        crate::prefetch(&self.tid);
+        crate::prefetch(&self.head);
+    }
+
+    /// Starts loading the newest version (for a snapshot read, which starts there).
+    #[inline(always)]
+    pub fn prefetch_head(&self) {
+        crate::prefetch(self.head.load(Ordering::Relaxed));
+    }
+
     /// Reads the newest version consistently against concurrent committers (Silo's stable
     /// read): TID, head, TID again; retried while a committer holds the lock or the TID
     /// moved. Lends the version, which is immutable once published and lives while `guard`

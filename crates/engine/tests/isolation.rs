@@ -321,3 +321,93 @@ fn update_after_get_of_a_key_replaced_meanwhile_aborts() {
     assert!(matches!(a.commit(), Err(Error::Conflict(_))), "a stale read-modify-write must abort");
     assert_eq!(num(&db.read().get(t, b"k").unwrap().unwrap()), 7, "the re-inserted value survives");
 }
+
+/// `get_many_with` reads what `get_with` reads, key by key: committed values, the
+/// transaction's own writes and deletes, misses, repeats, and more keys than one batch.
+#[test]
+fn batched_reads_see_what_single_reads_see() {
+    let (db, t) = db(1);
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    w.run(|x| {
+        for i in 0..100i64 {
+            x.insert(t, &(i as u32).to_be_bytes(), &i.to_le_bytes())?;
+        }
+        Ok(())
+    })
+    .unwrap()
+    .1
+    .wait()
+    .unwrap();
+    let mut x = w.begin();
+    x.update(t, &3u32.to_be_bytes(), &333i64.to_le_bytes()).unwrap();
+    x.delete(t, &4u32.to_be_bytes()).unwrap();
+    x.insert(t, &500u32.to_be_bytes(), &5i64.to_le_bytes()).unwrap();
+    // 0..110 (ten absent), the own writes again, and 500 (inserted by this transaction).
+    let keys: Vec<[u8; 4]> = (0..110u32).chain([3, 4, 500, 7]).map(|i| i.to_be_bytes()).collect();
+    let mut batched = vec![None; keys.len()];
+    x.get_many_with(t, &keys, |i, v| batched[i] = Some(v.map(num))).unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(batched[i], Some(x.get_with(t, k, num).unwrap()), "key {:?}", u32::from_be_bytes(*k));
+    }
+    assert_eq!(batched[3], Some(Some(333)));
+    assert_eq!(batched[4], Some(None));
+    assert_eq!(batched[105], Some(None));
+    assert_eq!(batched[112], Some(Some(5)));
+    // A snapshot's batched reads agree with its single reads, and ignore uncommitted writes.
+    let snap = db.read();
+    let mut seen = vec![None; keys.len()];
+    snap.get_many_with(t, &keys, |i, v| seen[i] = Some(v.map(num))).unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(seen[i], Some(snap.get_with(t, k, num).unwrap()));
+    }
+    assert_eq!(seen[3], Some(Some(3)));
+    assert_eq!(seen[112], Some(None));
+    x.commit().unwrap();
+    assert_eq!(seen[3], Some(Some(3)), "the snapshot was taken before the commit");
+}
+
+/// Reads and misses of a batch are validated like single ones: a change to a key read in
+/// a batch, or an insert of a key a batch missed, aborts the reader.
+#[test]
+fn batched_reads_are_validated_at_commit() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| {
+        for i in 0..40u32 {
+            x.insert(t, &i.to_be_bytes(), &0i64.to_le_bytes())?;
+        }
+        Ok(())
+    })
+    .unwrap()
+    .1
+    .wait()
+    .unwrap();
+    let keys: Vec<[u8; 4]> = (0..45u32).map(|i| i.to_be_bytes()).collect();
+    // Changed: key 37 (in the third batch). Inserted: key 42 (a miss).
+    for change in [37u32, 42] {
+        let mut r = w0.begin();
+        let mut n = 0;
+        r.get_many_with(t, &keys, |_, v| n += usize::from(v.is_some())).unwrap();
+        assert_eq!(n, 40);
+        r.put(t, b"summary", &(n as i64).to_le_bytes()).unwrap();
+        w1.run(|x| x.put(t, &change.to_be_bytes(), &1i64.to_le_bytes())).unwrap().1.wait().unwrap();
+        assert!(matches!(r.commit(), Err(Error::Conflict(_))), "change of key {change} must abort the reader");
+        // Back to the loaded state: 0..40 present, the rest absent.
+        w1.run(|x| {
+            if change < 40 {
+                x.put(t, &change.to_be_bytes(), &0i64.to_le_bytes())
+            } else {
+                x.delete(t, &change.to_be_bytes())
+            }
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    }
+    // With no change in between, the same transaction commits.
+    let mut r = w0.begin();
+    r.get_many_with(t, &keys, |_, _| {}).unwrap();
+    r.put(t, b"summary", b"ok").unwrap();
+    r.commit().unwrap();
+}
