@@ -226,7 +226,10 @@ struct YcsbWorker {
     rng: SmallRng,
     /// The current transaction's keys (kept for retries).
     cur: Vec<u64>,
+    keys_buf: Vec<[u8; 8]>,
+    /// The values read, back to back, and where each ends.
     buf: Vec<u8>,
+    ends: Vec<usize>,
 }
 
 impl YcsbWorker {
@@ -259,24 +262,41 @@ impl Workload for YcsbWorker {
     }
 
     fn execute(&mut self, worker: &mut Worker, &read_write: &bool) -> Result<Outcome, Error> {
-        if !read_write {
-            let r = worker.db().read();
-            for &k in &self.cur {
-                let v = r.get(self.table, &key(k))?.ok_or(Error::KeyNotFound)?;
-                std::hint::black_box(&v);
+        // All of a transaction's keys are read in one batch (`get_many_with`: their index
+        // descents overlap). Each value is copied out, as a client would receive it, into
+        // `buf`, the read-modify-writes' new values stamped in place.
+        self.keys_buf.clear();
+        self.keys_buf.extend(self.cur.iter().map(|&k| key(k)));
+        self.buf.clear();
+        self.ends.clear();
+        let (buf, ends, rng) = (&mut self.buf, &mut self.ends, &mut self.rng);
+        let mut absent = false;
+        let mut take = |_: usize, v: Option<&[u8]>| match v {
+            Some(v) => {
+                let start = buf.len();
+                buf.extend_from_slice(v);
+                if read_write {
+                    let n = v.len().min(8);
+                    buf[start..start + n].copy_from_slice(&rng.next_u64().to_le_bytes()[..n]);
+                }
+                ends.push(buf.len());
             }
-            return Ok(Outcome::Committed(None));
+            None => absent = true,
+        };
+        if !read_write {
+            worker.db().read().get_many_with(self.table, &self.keys_buf, &mut take)?;
+            std::hint::black_box(&self.buf);
+            return if absent { Err(Error::KeyNotFound) } else { Ok(Outcome::Committed(None)) };
         }
         let mut txn = worker.begin();
-        for &k in &self.cur {
-            let kb = key(k);
-            let v = txn.get(self.table, &kb)?.ok_or(Error::KeyNotFound)?;
-            self.buf.clear();
-            self.buf.extend_from_slice(&v);
-            let n = self.buf.len().min(8);
-            let stamp = self.rng.next_u64().to_le_bytes();
-            self.buf[..n].copy_from_slice(&stamp[..n]);
-            txn.update(self.table, &kb, &self.buf)?;
+        txn.get_many_with(self.table, &self.keys_buf, &mut take)?;
+        if absent {
+            return Err(Error::KeyNotFound);
+        }
+        let mut start = 0;
+        for (kb, &end) in self.keys_buf.iter().zip(&self.ends) {
+            txn.update(self.table, kb, &self.buf[start..end])?;
+            start = end;
         }
         Ok(Outcome::Committed(Some(txn.commit_async()?)))
     }
@@ -304,6 +324,8 @@ pub fn run(db: &Arc<Database>, y: &Ycsb, cfg: &RunConfig, probe: &Probe<'_>) -> 
         zipf,
         rng: SmallRng::seed_from_u64(cfg.seed.wrapping_add(i as u64)),
         cur: Vec::with_capacity(c.ops_per_txn),
-        buf: Vec::with_capacity(c.value_len),
+        keys_buf: Vec::with_capacity(c.ops_per_txn),
+        buf: Vec::with_capacity(c.value_len * c.ops_per_txn),
+        ends: Vec::with_capacity(c.ops_per_txn),
     })
 }
