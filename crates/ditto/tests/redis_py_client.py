@@ -43,6 +43,10 @@ assert r.hget("h", "a") == b"1" and r.hmget("h", "a", "zz") == [b"1", None]
 assert r.hincrby("h", "a", 5) == 6 and r.hexists("h", "a") and r.hlen("h") == 2
 assert r.hgetall("h") == {b"a": b"6", b"b": b"2"}
 assert r.hdel("h", "a", "zz") == 1 and r.hlen("h") == 1
+# MGET over more keys than one batched read (16): present, missing and a hash (nil).
+assert r.mset({f"mg{i}": str(i * i) for i in range(0, 40, 2)})
+names = [f"mg{i}" for i in range(40)] + ["h", "mg4"]
+assert r.mget(names) == [str(i * i).encode() if i % 2 == 0 else None for i in range(40)] + [None, b"16"]
 try:
     r.get("h")
     raise AssertionError("GET on a hash succeeded")

@@ -212,15 +212,9 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
             Ok(v) => Reply::Int(v.map_or(0, |v| v.len() as i64)),
         },
         "MGET" => {
-            let mut out = Vec::with_capacity(a.len());
-            for k in a {
-                // Redis answers nil for a key of another type here, not WRONGTYPE.
-                out.push(match ks.get(txn, db, k)? {
-                    Some(Entry::String(v)) => Reply::Bulk(v),
-                    _ => Reply::Nil,
-                });
-            }
-            Reply::Array(out)
+            // Redis answers nil for a key of another type here, not WRONGTYPE.
+            let values = ks.get_strings(txn, db, a)?;
+            Reply::Array(values.into_iter().map(|v| v.map_or(Reply::Nil, Reply::Bulk)).collect())
         }
         "MSET" | "MSETNX" => {
             if !a.len().is_multiple_of(2) {

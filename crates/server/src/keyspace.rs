@@ -93,6 +93,19 @@ impl Keyspace {
         Ok(Some(decode_entry(v)))
     }
 
+    /// The strings at `keys`, in order, `None` for a missing key or one of another type (as
+    /// MGET answers). One batched read (`get_many_with`), so the lookups' misses overlap.
+    pub fn get_strings(&self, txn: &mut Transaction<'_>, db: u8, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
+        let rows: Vec<Vec<u8>> = keys.iter().map(|k| Self::key_row(db, k)).collect();
+        let mut out = vec![None; keys.len()];
+        txn.get_many_with(self.keys, &rows, |i, v| {
+            if let Some(Entry::String(v)) = v.map(|v| decode_entry(Bytes::copy_from_slice(v))) {
+                out[i] = Some(v);
+            }
+        })?;
+        Ok(out)
+    }
+
     /// The string at `key`; `Err(WrongType)` inside if it holds something else.
     pub fn get_string(
         &self,
