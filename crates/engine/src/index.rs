@@ -536,6 +536,7 @@ impl Index {
                     if parent.is_null() {
                         self.root.load(Ordering::Acquire) == c
                     } else {
+                        // SAFETY: as above; the parent is a node this batch entered.
                         unsafe { &*parent }.version.check(pv)
                     }
                 });

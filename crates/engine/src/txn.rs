@@ -888,10 +888,13 @@ impl<'db> ReadTxn<'db> {
         mut f: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<()> {
         let t = self.db.table(table)?;
-        let guard = crossbeam_epoch::pin();
+        let mut guard = crossbeam_epoch::pin();
         let mut rids = [None; GET_MANY_BATCH];
-        let mut recs: [Option<&Record>; GET_MANY_BATCH] = [None; GET_MANY_BATCH];
         for (c, keys) in keys.chunks(GET_MANY_BATCH).enumerate() {
+            // Nothing is held from one batch to the next: renew the pin, so a long list
+            // does not hold back reclamation for its whole length.
+            guard.repin();
+            let mut recs: [Option<&Record>; GET_MANY_BATCH] = [None; GET_MANY_BATCH];
             let n = keys.len();
             t.index.get_many(keys, &mut rids[..n], &guard);
             for (rec, rid) in recs.iter_mut().zip(&rids[..n]) {
