@@ -1332,7 +1332,7 @@ pub struct ConsistencyReport {
     pub order_lines: u64,
 }
 
-/// Checks consistency conditions 1-4 on one snapshot:
+/// Checks consistency conditions 1-4, and a stock condition of ditto's, on one snapshot:
 /// 1. W_YTD = sum(D_YTD) per warehouse;
 /// 2. D_NEXT_O_ID - 1 = max(O_ID) = max(NO_O_ID) per district (the latter when new_order
 ///    has rows for the district);

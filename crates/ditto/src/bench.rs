@@ -140,7 +140,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
                 let c = tpcc::check_consistency(db, &t).map_err(|e| format!("TPC-C consistency check failed: {e}"))?;
                 if run.progress {
                     eprintln!(
-                        "consistency conditions 1-4 hold ({} districts, {} orders, {} order lines)",
+                        "consistency conditions 1-4 and stock hold ({} districts, {} orders, {} order lines)",
                         c.districts, c.orders, c.order_lines
                     );
                 }
@@ -321,7 +321,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
         rep.streams
     );
     println!("  total open (incl. index rebuild and the new checkpoint): {:.2} s", rep.total_seconds);
-    println!("  TPC-C consistency conditions 1-4 hold after recovery");
+    println!("  TPC-C consistency conditions 1-4 and stock hold after recovery");
     if a.json {
         println!(
             "{}",

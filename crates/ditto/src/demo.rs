@@ -215,7 +215,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("          back up {:.2} s after the kill", recovered_in.as_secs_f64());
     println!("checks:   every acknowledged commit recovered (cut ts {} >= acked ts {acked})  OK", cut.0);
     println!(
-        "          TPC-C consistency conditions 1-4 ({} districts, {} orders, {} order lines)  OK",
+        "          TPC-C consistency conditions 1-4 and stock ({} districts, {} orders, {} order lines)  OK",
         c.districts, c.orders, c.order_lines
     );
     println!("          {} more transactions ran after recovery, consistency still holds  OK", after.committed);
