@@ -890,6 +890,8 @@ struct TpccWorker<'a> {
     buf: Vec<u8>,
     buf2: Vec<u8>,
     ids: Vec<u32>,
+    /// StockLevel's stock keys, for one batched read.
+    stock_keys: Vec<[u8; 8]>,
     /// Per district of the home warehouse, an order id that was once the oldest undelivered
     /// one: order ids only grow and Delivery takes the oldest, so none below it is
     /// undelivered, and Delivery's scan can start there instead of at 0 (as Silo's TPC-C
@@ -993,7 +995,6 @@ impl TpccWorker<'_> {
         }
         let skeys: [[u8; 8]; 15] = std::array::from_fn(|k| lines.get(k).map_or([0; 8], |l| skey(l.supply_w, l.i_id)));
         let mut stock_data = [([0u8; 24], false); 15];
-        absent = false;
         txn.get_many_with(tb.stock_data, &skeys[..n], |k, v| match v {
             Some(b) => {
                 let sd = StockData::decode(b);
@@ -1001,6 +1002,9 @@ impl TpccWorker<'_> {
             }
             None => absent = true,
         })?;
+        if absent {
+            return Err(missing("stock_data"));
+        }
         // Stocks last: their updates below then find them among the remembered keys.
         let mut stock = [Stock::default(); 15];
         txn.get_many_with(tb.stock, &skeys[..n], |k, v| match v {
@@ -1223,14 +1227,13 @@ impl TpccWorker<'_> {
         })?;
         self.ids.sort_unstable();
         self.ids.dedup();
+        self.stock_keys.clear();
+        self.stock_keys.extend(self.ids.iter().map(|&i| skey(w, i)));
         let (mut low, mut absent) = (0u32, false);
-        for ids in self.ids.chunks(64) {
-            let keys: [[u8; 8]; 64] = std::array::from_fn(|k| skey(w, ids.get(k).copied().unwrap_or(0)));
-            r.get_many_with(tb.stock, &keys[..ids.len()], |_, v| match v {
-                Some(b) => low += u32::from(Stock::decode(b).quantity < threshold),
-                None => absent = true,
-            })?;
-        }
+        r.get_many_with(tb.stock, &self.stock_keys, |_, v| match v {
+            Some(b) => low += u32::from(Stock::decode(b).quantity < threshold),
+            None => absent = true,
+        })?;
         if absent {
             return Err(missing("stock"));
         }
@@ -1316,6 +1319,7 @@ pub fn run(db: &Arc<Database>, t: &Tpcc, cfg: &RunConfig, probe: &Probe<'_>) -> 
         buf: Vec::with_capacity(512),
         buf2: Vec::with_capacity(512),
         ids: Vec::with_capacity(512),
+        stock_keys: Vec::with_capacity(512),
         oldest_new_order: [0; DISTRICTS as usize],
     })
 }

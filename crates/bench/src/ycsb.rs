@@ -225,8 +225,7 @@ struct YcsbWorker {
     zipf: Option<Zipfian>,
     rng: SmallRng,
     /// The current transaction's keys (kept for retries).
-    cur: Vec<u64>,
-    keys_buf: Vec<[u8; 8]>,
+    cur: Vec<[u8; 8]>,
     /// The values read, back to back, and where each ends.
     buf: Vec<u8>,
     ends: Vec<usize>,
@@ -249,7 +248,7 @@ impl Workload for YcsbWorker {
         let read_only = self.rng.gen::<f64>() < self.read_only_fraction;
         self.cur.clear();
         while self.cur.len() < self.ops {
-            let k = self.draw_key();
+            let k = key(self.draw_key());
             if !self.cur.contains(&k) {
                 self.cur.push(k);
             }
@@ -265,8 +264,6 @@ impl Workload for YcsbWorker {
         // All of a transaction's keys are read in one batch (`get_many_with`: their index
         // descents overlap). Each value is copied out, as a client would receive it, into
         // `buf`, the read-modify-writes' new values stamped in place.
-        self.keys_buf.clear();
-        self.keys_buf.extend(self.cur.iter().map(|&k| key(k)));
         self.buf.clear();
         self.ends.clear();
         let (buf, ends, rng) = (&mut self.buf, &mut self.ends, &mut self.rng);
@@ -284,17 +281,17 @@ impl Workload for YcsbWorker {
             None => absent = true,
         };
         if !read_write {
-            worker.db().read().get_many_with(self.table, &self.keys_buf, &mut take)?;
+            worker.db().read().get_many_with(self.table, &self.cur, &mut take)?;
             std::hint::black_box(&self.buf);
             return if absent { Err(Error::KeyNotFound) } else { Ok(Outcome::Committed(None)) };
         }
         let mut txn = worker.begin();
-        txn.get_many_with(self.table, &self.keys_buf, &mut take)?;
+        txn.get_many_with(self.table, &self.cur, &mut take)?;
         if absent {
             return Err(Error::KeyNotFound);
         }
         let mut start = 0;
-        for (kb, &end) in self.keys_buf.iter().zip(&self.ends) {
+        for (kb, &end) in self.cur.iter().zip(&self.ends) {
             txn.update(self.table, kb, &self.buf[start..end])?;
             start = end;
         }
@@ -324,7 +321,6 @@ pub fn run(db: &Arc<Database>, y: &Ycsb, cfg: &RunConfig, probe: &Probe<'_>) -> 
         zipf,
         rng: SmallRng::seed_from_u64(cfg.seed.wrapping_add(i as u64)),
         cur: Vec::with_capacity(c.ops_per_txn),
-        keys_buf: Vec::with_capacity(c.ops_per_txn),
         buf: Vec::with_capacity(c.value_len * c.ops_per_txn),
         ends: Vec::with_capacity(c.ops_per_txn),
     })

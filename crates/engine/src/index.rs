@@ -372,6 +372,19 @@ fn prefetch_node(p: *const Header, lines: usize) {
     }
 }
 
+impl Leaf {
+    /// The value for `k` in this leaf, read at version `v`; `None` if the version moved
+    /// (the caller restarts).
+    #[inline]
+    fn find(&self, k: &SearchKey<'_>, v: u64, g: &Guard) -> Option<Option<u64>> {
+        let cnt = self.h.count(LEAF_CAP);
+        let i = self.keys.search(cnt, k, false, g);
+        let found = i < cnt && self.keys.cmp(i, k, g) == Cmp::Equal;
+        let val = found.then(|| self.vals[i].load(Ordering::Relaxed));
+        self.h.version.check(v).then_some(val)
+    }
+}
+
 impl Inner {
     /// One step of lock coupling: child `i` and its version, provided this node (read at
     /// version `v`) did not change while the child pointer and version were read.
@@ -480,16 +493,7 @@ impl Index {
                     p = c;
                     v = cv;
                 }
-                NodeRef::Leaf(l) => {
-                    let cnt = l.h.count(LEAF_CAP);
-                    let i = l.keys.search(cnt, k, false, g);
-                    let found = i < cnt && l.keys.cmp(i, k, g) == Cmp::Equal;
-                    let val = if found { Some(l.vals[i].load(Ordering::Relaxed)) } else { None };
-                    if !l.h.version.check(v) {
-                        return Restart;
-                    }
-                    return Done(val);
-                }
+                NodeRef::Leaf(l) => return l.find(k, v, g).map_or(Restart, Done),
             }
         }
     }
@@ -549,16 +553,10 @@ impl Index {
                             prefetch_node(child, BATCH_SEARCH_LINES);
                             (!child.is_null()).then_some(Step::Enter { c: child, parent: c, pv: v })
                         }
-                        NodeRef::Leaf(l) => {
-                            let cnt = l.h.count(LEAF_CAP);
-                            let j = l.keys.search(cnt, &sk[i], false, g);
-                            let found = j < cnt && l.keys.cmp(j, &sk[i], g) == Cmp::Equal;
-                            let val = found.then(|| l.vals[j].load(Ordering::Relaxed));
-                            l.h.version.check(v).then(|| {
-                                out[i] = val;
-                                Step::Done
-                            })
-                        }
+                        NodeRef::Leaf(l) => l.find(&sk[i], v, g).map(|val| {
+                            out[i] = val;
+                            Step::Done
+                        }),
                     },
                 };
                 steps[i] = next.unwrap_or_else(|| {

@@ -270,6 +270,58 @@ pub(crate) struct TxnScratch {
     recent: RecentKeys,
 }
 
+/// What a read of a record saw: this transaction's own write (its index in `writes`), or
+/// the newest committed version (`None`: the record has none).
+#[derive(Clone, Copy)]
+enum Seen<'g> {
+    Own(usize),
+    Committed(Option<VersionRef<'g>>),
+}
+
+impl TxnScratch {
+    /// The write set's entry for `rec`, while the transaction runs (not after commit sorted
+    /// the write set).
+    #[inline]
+    fn find_write(&self, rec: *const Record) -> Option<usize> {
+        let i = self.write_map.get(rec);
+        debug_assert_eq!(i, self.writes.iter().position(|w| std::ptr::eq(w.rec, rec)));
+        i
+    }
+
+    /// Notes the outcome of an index lookup of `key`: the record is remembered for a later
+    /// write of the same key, a miss is recorded for the phantom check.
+    fn looked_up<'t>(&mut self, table: TableId, t: &'t Table, key: &[u8], rid: Option<u64>) -> Option<&'t Record> {
+        let Some(rid) = rid else {
+            self.misses.push((table, Bytes::copy_from_slice(key)));
+            return None;
+        };
+        self.recent.remember(table, key, RecordId(rid));
+        Some(t.record(RecordId(rid)))
+    }
+
+    /// Reads `rec` as a transaction does: our own write if we wrote it, else the newest
+    /// committed version, whose TID is recorded for validation. Does not touch the
+    /// version itself (a caller may prefetch it first).
+    #[inline]
+    fn see<'g>(&mut self, rec: &Record, guard: &'g Guard) -> Seen<'g> {
+        if let Some(i) = self.find_write(rec) {
+            return Seen::Own(i);
+        }
+        let (tid, head) = rec.read_latest(guard);
+        self.reads.push((rec, tid));
+        Seen::Committed(head)
+    }
+
+    /// The value a read saw (`None`: absent or deleted).
+    #[inline]
+    fn value<'a>(&'a self, seen: Seen<'a>) -> Option<&'a [u8]> {
+        match seen {
+            Seen::Own(i) => self.writes[i].version.value(),
+            Seen::Committed(head) => head.and_then(|v| v.value()),
+        }
+    }
+}
+
 // SAFETY: the raw record pointers point into tables owned by the database, which the worker
 // keeps alive through its Arc; they are only dereferenced by the worker's own thread.
 unsafe impl Send for TxnScratch {}
@@ -305,15 +357,6 @@ impl<'w> Transaction<'w> {
         Ok(unsafe { &*(t as *const Table) })
     }
 
-    /// The write set's entry for `rec`, while the transaction runs (not after commit sorted
-    /// the write set).
-    #[inline]
-    fn find_write(&self, rec: *const Record) -> Option<usize> {
-        let i = self.s.write_map.get(rec);
-        debug_assert_eq!(i, self.s.writes.iter().position(|w| std::ptr::eq(w.rec, rec)));
-        i
-    }
-
     /// The write set's entry for `rec` once commit has sorted the write set by address.
     fn find_sorted_write(&self, rec: *const Record) -> Option<usize> {
         self.s.writes.binary_search_by_key(&(rec as usize), |w| w.rec as usize).ok()
@@ -343,59 +386,29 @@ impl<'w> Transaction<'w> {
         mut f: impl FnMut(usize, Option<&[u8]>),
     ) -> Result<()> {
         let t = self.table(table)?;
-        // What each key of a batch found: nothing, our own write (its index), or the
-        // newest committed version.
-        #[derive(Clone, Copy)]
-        enum Found<'g> {
-            Nothing,
-            Own(usize),
-            Committed(Option<VersionRef<'g>>),
-        }
         let mut rids = [None; GET_MANY_BATCH];
         let mut recs: [Option<&Record>; GET_MANY_BATCH] = [None; GET_MANY_BATCH];
-        let mut found = [Found::Nothing; GET_MANY_BATCH];
+        let mut seen: [Option<Seen<'_>>; GET_MANY_BATCH] = [None; GET_MANY_BATCH];
         for (c, keys) in keys.chunks(GET_MANY_BATCH).enumerate() {
             let n = keys.len();
             t.index.get_many(keys, &mut rids[..n], &self.guard);
             // Pass 1: start loading every record.
             for (i, key) in keys.iter().enumerate() {
-                let key = key.as_ref();
-                recs[i] = rids[i].map(|rid| {
-                    let rec = t.record(RecordId(rid));
+                recs[i] = self.s.looked_up(table, t, key.as_ref(), rids[i]);
+                if let Some(rec) = recs[i] {
                     rec.prefetch();
-                    self.s.recent.remember(table, key, RecordId(rid));
-                    rec
-                });
-                if recs[i].is_none() {
-                    self.s.misses.push((table, Bytes::copy_from_slice(key)));
                 }
             }
-            // Pass 2: read each record's TID and head (or find our own write), and start
-            // loading the versions.
+            // Pass 2: read each record's TID and head, and start loading the versions.
             for i in 0..n {
-                found[i] = match recs[i] {
-                    None => Found::Nothing,
-                    Some(rec) => match self.find_write(rec) {
-                        Some(w) => Found::Own(w),
-                        None => {
-                            let (tid, head) = rec.read_latest(&self.guard);
-                            self.s.reads.push((rec, tid));
-                            if let Some(v) = head {
-                                v.prefetch();
-                            }
-                            Found::Committed(head)
-                        }
-                    },
-                };
+                seen[i] = recs[i].map(|rec| self.s.see(rec, &self.guard));
+                if let Some(Seen::Committed(Some(v))) = seen[i] {
+                    v.prefetch();
+                }
             }
             // Pass 3: hand the values over.
-            for (i, f_i) in found[..n].iter().enumerate() {
-                let value = match *f_i {
-                    Found::Nothing => None,
-                    Found::Own(w) => self.s.writes[w].version.value(),
-                    Found::Committed(head) => head.and_then(|v| v.value()),
-                };
-                f(c * GET_MANY_BATCH + i, value);
+            for (i, s) in seen[..n].iter().enumerate() {
+                f(c * GET_MANY_BATCH + i, s.and_then(|s| self.s.value(s)));
             }
         }
         Ok(())
@@ -405,27 +418,16 @@ impl<'w> Transaction<'w> {
     /// recorded for the phantom check.
     fn locate(&mut self, table: TableId, key: &[u8]) -> Result<Option<&'w Record>> {
         let t = self.table(table)?;
-        let Some(rid) = t.index.get(key, &self.guard) else {
-            self.s.misses.push((table, Bytes::copy_from_slice(key)));
-            return Ok(None);
-        };
-        self.s.recent.remember(table, key, RecordId(rid));
-        Ok(Some(t.record(RecordId(rid))))
+        let rid = t.index.get(key, &self.guard);
+        Ok(self.s.looked_up(table, t, key, rid))
     }
 
     /// The value a read of `key` sees (our own write, or the newest committed version,
     /// recorded for validation).
     fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
         let Some(rec) = self.locate(table, key)? else { return Ok(None) };
-        if let Some(i) = self.find_write(rec) {
-            return Ok(self.s.writes[i].version.value());
-        }
-        let (tid, head) = rec.read_latest(&self.guard);
-        let value = head.and_then(|v| v.value()).map(|v| v as *const [u8]);
-        self.s.reads.push((rec, tid));
-        // SAFETY: the version is immutable and lives while `self.guard` (pinned for the
-        // whole transaction) is, which outlasts the returned borrow of `self`.
-        Ok(value.map(|v| unsafe { &*v }))
+        let seen = self.s.see(rec, &self.guard);
+        Ok(self.s.value(seen))
     }
 
     /// The commit timestamp of the key's newest committed version (a delete's tombstone
@@ -434,7 +436,7 @@ impl<'w> Transaction<'w> {
     /// written, the timestamp of the version it overwrote. Redis's WATCH is built on this.
     pub fn version_ts(&mut self, table: TableId, key: &[u8]) -> Result<Ts> {
         let Some(rec) = self.locate(table, key)? else { return Ok(Ts(0)) };
-        if let Some(i) = self.find_write(rec) {
+        if let Some(i) = self.s.find_write(rec) {
             return Ok(Ts(self.s.writes[i].observed_tid & TS_MASK));
         }
         let (tid, _) = rec.read_latest(&self.guard);
@@ -502,7 +504,7 @@ impl<'w> Transaction<'w> {
             }
         };
         let rec: &Record = t.record(entry_rid);
-        if let Some(i) = self.find_write(rec) {
+        if let Some(i) = self.s.find_write(rec) {
             let w = &mut self.s.writes[i];
             let existed = w.version.value().is_some();
             match mode {
@@ -550,7 +552,7 @@ impl<'w> Transaction<'w> {
             let key = rec.key.get().expect("an indexed record has its key");
             // Scans are often followed by updates of what they found (TPC-C Delivery).
             this.s.recent.remember(table, key, rid);
-            let value = match this.find_write(rec) {
+            let value = match this.s.find_write(rec) {
                 Some(i) => {
                     let w = &this.s.writes[i];
                     if w.observed_tid != 0 {

@@ -49,7 +49,7 @@ impl Histogram {
 /// `key="value",` pairs ending in a comma. The family's HELP and TYPE lines are the
 /// caller's. Writes nothing when every shard is empty and `skip_empty`.
 fn write_series<'a>(
-    shards: impl Iterator<Item = &'a Histogram> + Clone,
+    shards: impl Iterator<Item = &'a Histogram>,
     name: &str,
     labels: &str,
     skip_empty: bool,

@@ -171,20 +171,16 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     // Durability progress reaches connections from the log's flusher threads, through a
     // watch channel (no thread of ours in between: one wake-up fewer per commit).
     let (tx, rx) = watch::channel(Durability { watermark: Ts(0), failed: None });
-    let tx = Arc::new(tx);
-    let release = {
-        let tx = Arc::clone(&tx);
-        move |w: Ts, failed: Option<&Arc<str>>| {
-            tx.send_if_modified(|d| {
-                let moved = w > d.watermark;
-                d.watermark = d.watermark.max(w);
-                let failing = failed.is_some() && d.failed.is_none();
-                if failing {
-                    d.failed = failed.cloned();
-                }
-                moved || failing
-            });
-        }
+    let release = move |w: Ts, failed: Option<&Arc<str>>| {
+        tx.send_if_modified(|d| {
+            let moved = w > d.watermark;
+            d.watermark = d.watermark.max(w);
+            let failing = failed.is_some() && d.failed.is_none();
+            if failing {
+                d.failed = failed.cloned();
+            }
+            moved || failing
+        });
     };
     logger.set_progress_listener(Box::new(release.clone())).map_err(|e| ServerError::Io {
         what: "installing the durability listener".into(),
