@@ -12,7 +12,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for s in "$seconds" 1; do
     valgrind --tool=cachegrind --cache-sim=yes --cachegrind-out-file="$out/cg.$s" \
-        "$ditto" bench tpcc --workers 1 --seconds "$s" --log off >"$out/$s.txt" 2>&1
+        "$ditto" bench tpcc --workers 1 --seconds "$s" --log off >"$out/$s.txt" 2>&1 ||
+        { cat "$out/$s.txt" >&2; exit 1; }
 done
 python3 - "$out" "$seconds" <<'PY'
 import re, sys

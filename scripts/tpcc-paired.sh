@@ -21,8 +21,9 @@ print(sys.argv[1], round(r["throughput_tps"]), round(r["cpu_s_per_txn"] * 1e6, 1
 for i in $(seq "$rounds"); do
     if [ $((i % 2)) = 1 ]; then ca=0 cb=1; else ca=1 cb=0; fi
     one "$ca" "$a" A >"$out/a" &
-    one "$cb" "$b" B >"$out/b"
-    wait
+    pa=$!
+    one "$cb" "$b" B >"$out/b" || { wait "$pa"; exit 1; }
+    wait "$pa" # a failed run of A stops the script too
     echo "round $i (A on core $ca)"
     cat "$out/a" "$out/b"
 done

@@ -45,7 +45,8 @@ pub struct Common {
     /// Do not LZ4-compress log batches.
     #[arg(long)]
     pub no_compress: bool,
-    /// Data directory for logged runs (default: a scratch directory, removed afterwards).
+    /// Data directory for a logged run, new or empty, so one logged mode per run (default: a
+    /// scratch directory per mode, removed afterwards).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// End with one JSON object holding every figure.

@@ -30,7 +30,8 @@ use crate::logmode::{log_options, LogMode, ScratchDir};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Data directory (default: a scratch directory, removed afterwards).
+    /// Data directory, new or empty (default: a scratch directory, removed afterwards); the
+    /// server part uses DIR.server beside it.
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Seconds of the measured TPC-C run before the crash.

@@ -39,7 +39,8 @@ pub fn log_options(durability: Durability, compress: bool) -> LogOptions {
     LogOptions { durability, compress, ..LogOptions::default() }
 }
 
-/// A fresh scratch directory for a run, removed when dropped unless kept.
+/// A fresh scratch directory for a run, removed when dropped unless the caller named it (a
+/// named one must be new or empty: runs load their own data).
 pub struct ScratchDir {
     pub path: std::path::PathBuf,
     keep: bool,
@@ -50,6 +51,13 @@ impl ScratchDir {
         match given {
             Some(p) => {
                 std::fs::create_dir_all(&p)?;
+                // A run loads its own data: an old database here would be recovered under it.
+                if std::fs::read_dir(&p)?.next().is_some() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!("{} is not empty: give a new or empty directory", p.display()),
+                    ));
+                }
                 Ok(ScratchDir { path: p, keep: true })
             }
             None => {

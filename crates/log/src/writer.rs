@@ -73,10 +73,11 @@ pub struct LogStats {
     pub txns: AtomicU64,
 }
 
-/// Told, on a flusher thread, each time the watermark moves (with the new watermark) and
-/// once when the log fails (with the reason). It must not block: it runs between a stream's
-/// fsync and its next batch. Calls from different streams may arrive out of order, so a
-/// listener keeps the largest watermark it has seen.
+/// Told, on a flusher thread, each time the watermark moves (with the new watermark), and
+/// when the log fails (with the reason), on the thread that failed it. It must not block:
+/// it runs between a stream's fsync and its next batch. Calls from different streams may
+/// arrive out of order, so a listener keeps the largest watermark it has seen; a failure
+/// that races with `set_progress_listener` may be told twice, so a listener keeps the first.
 pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
 
 pub struct Logger {
@@ -176,9 +177,11 @@ impl Logger {
 
     fn fail(&self, what: String) {
         tracing::error!("log failed, writes stopped: {what}");
-        let _ = self.failed.set(what.into());
-        if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
-            f(self.watermark(), Some(why));
+        // Only the first failure is the log's reason, and only it is reported.
+        if self.failed.set(what.into()).is_ok() {
+            if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
+                f(self.watermark(), Some(why));
+            }
         }
         {
             let _g = self.wait_lock.lock();

@@ -215,6 +215,15 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// What CONFIG GET can show: the settings clients probe, and never the password.
+    #[test]
+    fn the_config_view_never_shows_the_password() {
+        let c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nrequirepass = \"sesame-9\"").unwrap();
+        let view = c.view();
+        assert!(view.iter().any(|(k, v)| k == "port" && v == "7000"), "{view:?}");
+        assert!(view.iter().all(|(k, v)| k != "requirepass" && !v.contains("sesame-9")), "{view:?}");
+    }
+
     #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         assert!(toml::from_str::<Config>("requirepas = \"x\"").is_err());
