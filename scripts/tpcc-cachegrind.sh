@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Instructions and simulated cache misses per committed TPC-C transaction (1 worker, log
-# off), under cachegrind: a run of SECONDS minus a run of 1 s, so loading cancels out.
+# off unless LOG names a mode, e.g. LOG=interval; then the flusher's instructions count
+# too, since valgrind runs every thread), under cachegrind: a run of SECONDS minus a run of 1 s, so loading cancels out.
 # Deterministic where wall-clock figures on a shared machine are not; compare builds whose
 # runs committed similar numbers of transactions (the tables grow as they run).
 #
-#   scripts/tpcc-cachegrind.sh path/to/ditto [SECONDS (default 20)]
+#   [LOG=interval] [ARGS=--no-compress] [KEEP=dir] scripts/tpcc-cachegrind.sh path/to/ditto [SECONDS (default 20)]
+#
+# ARGS adds arguments to `ditto bench tpcc`. KEEP=dir keeps the two cachegrind files there (cg.SECONDS, cg.1) for cg_diff.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DITTO [SECONDS]" >&2; exit 2; }
-ditto=$1 seconds=${2:-20}
+ditto=$1 seconds=${2:-20} log=${LOG:-off}
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap 'if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$out"/cg.* "$KEEP"/; fi; rm -rf "$out"' EXIT
 for s in "$seconds" 1; do
     valgrind --tool=cachegrind --cache-sim=yes --cachegrind-out-file="$out/cg.$s" \
-        "$ditto" bench tpcc --workers 1 --seconds "$s" --log off >"$out/$s.txt" 2>&1 ||
+        "$ditto" bench tpcc --workers 1 --seconds "$s" --log "$log" ${ARGS:-} >"$out/$s.txt" 2>&1 ||
         { cat "$out/$s.txt" >&2; exit 1; }
 done
 python3 - "$out" "$seconds" <<'PY'

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Compares two ditto builds on TPC-C (1 worker, log off) on a noisy 2-core machine: each
-# round runs both at the same time, one pinned to each core, so both see the same
+# Compares two ditto builds on TPC-C (1 worker, log off unless LOG names a mode; ARGS adds
+# arguments to both builds' `ditto bench tpcc`) on a noisy 2-core machine: each
+# round runs both at the same time, one pinned to each core (with its log flusher, so a
+# logged run measures the whole CPU cost of a transaction), so both see the same
 # neighbours; the cores swap every round. Prints one line per build per round
 # (tps, CPU us per transaction, p50 per transaction type); compare the pairs' ratios.
 #
-#   scripts/tpcc-paired.sh ROUNDS SECONDS path/to/ditto-A path/to/ditto-B
+#   [LOG=interval] [ARGS=--no-compress] scripts/tpcc-paired.sh ROUNDS SECONDS path/to/ditto-A path/to/ditto-B
 set -euo pipefail
 [ $# -eq 4 ] || { echo "usage: $0 ROUNDS SECONDS DITTO_A DITTO_B" >&2; exit 2; }
 rounds=$1 seconds=$2 a=$3 b=$4
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 one() { # core binary label
-    taskset -c "$1" "$2" bench tpcc --workers 1 --seconds "$seconds" --log off --json 2>/dev/null | tail -1 |
+    taskset -c "$1" "$2" bench tpcc --workers 1 --seconds "$seconds" --log "${LOG:-off}" ${ARGS:-} --json 2>/dev/null | tail -1 |
         python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())["runs"][0]["report"]

@@ -22,7 +22,8 @@ pub enum BenchCmd {
     Index(IndexArgs),
     /// Recovery speed: log a TPC-C run, then time checkpoint load and log replay.
     Recovery(RecoveryArgs),
-    /// The log's LZ4 compressor on real TPC-C batch payloads: MB/s and ratio.
+    /// The log's LZ4 compressor on real TPC-C batch payloads: MB/s and ratio, and what the
+    /// log holds per table.
     Lz4(Lz4Args),
     /// redis-benchmark against `ditto server` and a real Redis (appendfsync everysec).
     Redis(crate::redisbench::RedisBenchArgs),
@@ -343,7 +344,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
 fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
     let scratch = ScratchDir::new(None, "lz4")?;
     let cfg = if a.small { tpcc::TpccConfig::small(1) } else { tpcc::TpccConfig::new(1) };
-    {
+    let tables = {
         let d = ditto_log::open(
             &scratch.path,
             OpenOptions {
@@ -353,19 +354,41 @@ fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
             },
         )?;
         let t = tpcc::load(d.db(), &cfg, true)?;
-        // Only the run's batches count: the load's are folded into a checkpoint.
-        d.checkpoint()?;
+        // Only the run's batches count: the load's are folded into a checkpoint, and batches
+        // that hold load transactions (at or below its timestamp) are skipped below.
+        let loaded = d.checkpoint()?.ts;
         let run = RunConfig { workers: 1, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
         let zero = || 0u64;
         tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &zero })?;
+        let tables = d.db().tables();
         d.close();
-    }
+        (tables, loaded)
+    };
+    let (tables, loaded) = tables;
     let mut payloads = Vec::new();
+    // Per table: writes, key bytes and value bytes the run logged.
+    let mut per_table = vec![(0u64, 0u64, 0u64); tables.iter().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0)];
+    let mut txns = 0u64;
     for e in std::fs::read_dir(scratch.path.join("log"))? {
         let path = e?.path();
         let file = ditto_engine::Bytes::from(std::fs::read(&path)?);
         let scan = ditto_log::format::read_segment(&file).map_err(|e| format!("{}: {e}", path.display()))?;
-        payloads.extend(scan.batches.iter().map(|(_, b)| b.payload()).filter(|p| !p.is_empty()));
+        let batches: Vec<_> = scan.batches.iter().map(|(_, b)| b).filter(|b| b.header.first_ts > loaded).collect();
+        for b in &batches {
+            let mut scratch = Vec::new();
+            for txn in b.payload_in(&mut scratch).txns() {
+                txns += 1;
+                for w in txn.writes() {
+                    let t = per_table.get_mut(w.table.0 as usize).ok_or("the log names a table the run never made")?;
+                    *t = (
+                        t.0 + 1,
+                        t.1 + w.key.map_or(0, |k| k.len() as u64),
+                        t.2 + w.value.map_or(0, |v| v.len() as u64),
+                    );
+                }
+            }
+        }
+        payloads.extend(batches.iter().map(|b| b.payload()).filter(|p| !p.is_empty()));
     }
     let raw: usize = payloads.iter().map(|p| p.len()).sum();
     if raw == 0 {
@@ -384,6 +407,22 @@ fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mb_per_s = raw as f64 / 1e6 / best;
     println!(
+        "per transaction ({txns} logged), by table: writes, key bytes, value bytes (raw payload {:.1} B)",
+        raw as f64 / txns.max(1) as f64
+    );
+    let per_txn = |x: u64| x as f64 / txns.max(1) as f64;
+    let mut by_table = serde_json::Map::new();
+    for (id, name) in &tables {
+        let (n, k, v) = per_table[id.0 as usize];
+        if n > 0 {
+            println!("  {name:<20} {:>6.2} {:>7.1} {:>7.1}", per_txn(n), per_txn(k), per_txn(v));
+            by_table.insert(
+                name.clone(),
+                serde_json::json!({"writes": per_txn(n), "key_bytes": per_txn(k), "value_bytes": per_txn(v)}),
+            );
+        }
+    }
+    println!(
         "lz4: {} TPC-C batches, {:.1} MB raw -> {:.1} MB ({:.3}), {:.0} MB/s",
         payloads.len(),
         raw as f64 / 1e6,
@@ -397,6 +436,7 @@ fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
             serde_json::json!({
                 "benchmark": "lz4", "machine": machine(), "batches": payloads.len(),
                 "raw_mb": raw as f64 / 1e6, "ratio": stored as f64 / raw as f64, "compress_mb_per_s": mb_per_s,
+                "raw_bytes_per_txn": raw as f64 / txns.max(1) as f64, "per_txn_by_table": by_table,
             })
         );
     }
