@@ -8,13 +8,18 @@
 //!  (read-write)   (read-write)  (snapshot)       (read-write)  (snapshot)
 //! ```
 //!
-//! Schema: Silo's vertical partitioning. Hot, small rows are apart from cold, large ones so
-//! that updates copy and log little: `customer` holds everything but C_DATA, which lives in
-//! `customer_data` (written only by Payment for BC-credit customers); `stock` holds the four
-//! counters NewOrder updates, `stock_data` the S_DIST_xx and S_DATA it only reads. Secondary
-//! indexes are tables: `customer_name_idx` (customers by last name) and `oorder_c_id_idx`
-//! (a customer's orders). Keys are big-endian fixed-width integers (byte order = numeric
-//! order); values are little-endian fixed fields followed by length-prefixed strings.
+//! Schema: vertical partitioning, as Silo does for some tables and here for all that are
+//! updated. Every row a transaction writes is logged whole (redo after-images), so the
+//! columns transactions update are kept apart from those that are read-only after the load:
+//! `warehouse` holds W_YTD and W_TAX, `warehouse_info` the name and address; `district`
+//! holds D_YTD, D_TAX and D_NEXT_O_ID, `district_info` the name and address; `customer`
+//! holds the balance and the three counters Payment and Delivery update, `customer_info`
+//! the rest but C_DATA, which lives in `customer_data` (written only by Payment for
+//! BC-credit customers); `stock` holds the four counters NewOrder updates, `stock_data` the
+//! S_DIST_xx and S_DATA it only reads. Secondary indexes are tables: `customer_name_idx`
+//! (customers by last name) and `oorder_c_id_idx` (a customer's orders). Keys are
+//! big-endian fixed-width integers (byte order = numeric order); values are short integers
+//! (see `Enc`), fixed byte arrays and length-prefixed strings.
 //! Money is in integer cents, rates (tax, discount) in units of 1/10000.
 //!
 //! See docs/benchmarks.md for the mix, the measurements and the deviations from the spec.
@@ -95,8 +100,11 @@ impl Default for TpccConfig {
 #[derive(Clone, Copy, Debug)]
 pub struct Tables {
     pub warehouse: TableId,
+    pub warehouse_info: TableId,
     pub district: TableId,
+    pub district_info: TableId,
     pub customer: TableId,
+    pub customer_info: TableId,
     pub customer_data: TableId,
     pub customer_name_idx: TableId,
     pub history: TableId,
@@ -109,10 +117,13 @@ pub struct Tables {
     pub stock_data: TableId,
 }
 
-const TABLE_NAMES: [&str; 13] = [
+const TABLE_NAMES: [&str; 16] = [
     "warehouse",
+    "warehouse_info",
     "district",
+    "district_info",
     "customer",
+    "customer_info",
     "customer_data",
     "customer_name_idx",
     "history",
@@ -129,8 +140,11 @@ impl Tables {
     fn from_ids(id: impl Fn(&str) -> Result<TableId, String>) -> Result<Tables, String> {
         Ok(Tables {
             warehouse: id("warehouse")?,
+            warehouse_info: id("warehouse_info")?,
             district: id("district")?,
+            district_info: id("district_info")?,
             customer: id("customer")?,
+            customer_info: id("customer_info")?,
             customer_data: id("customer_data")?,
             customer_name_idx: id("customer_name_idx")?,
             history: id("history")?,
@@ -241,7 +255,16 @@ fn be_u32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-// ---- values: little-endian fields, length-prefixed strings --------------------------------
+// ---- values: short integers, fixed byte arrays, length-prefixed strings -----------------
+
+/// Integers below `SHORT_MAX` (after zigzag for signed ones) take one byte; larger ones a
+/// tag byte `SHORT_MAX - 1 + n` and their `n` low bytes, little-endian (n = 1..=8). So the
+/// small counters, ids and cent amounts most columns hold take one to four bytes instead
+/// of four or eight: every row a transaction writes is logged whole, and most of TPC-C's
+/// log is rows. Unlike LEB128 varints, the length is known from the first byte, so reading
+/// one is a masked load rather than a loop over its bytes (LEB128 cost TPC-C 3,000 instructions
+/// per transaction in that loop; see docs/results.md, eighth session).
+const SHORT_MAX: u8 = 0xF8;
 
 struct Enc<'a>(&'a mut Vec<u8>);
 
@@ -253,17 +276,27 @@ impl Enc<'_> {
     fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn i32(&mut self, v: i32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
+    #[inline(always)]
     fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        if v < u64::from(SHORT_MAX) {
+            self.0.push(v as u8);
+        } else {
+            let n = (64 - v.leading_zeros() as usize).div_ceil(8);
+            self.0.push(SHORT_MAX - 1 + n as u8);
+            self.0.extend_from_slice(&v.to_le_bytes()[..n]);
+        }
     }
+    #[inline(always)]
+    fn u32(&mut self, v: u32) {
+        self.u64(v.into());
+    }
+    #[inline(always)]
     fn i64(&mut self, v: i64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.u64(((v << 1) ^ (v >> 63)) as u64);
+    }
+    #[inline(always)]
+    fn i32(&mut self, v: i32) {
+        self.i64(v.into());
     }
     fn fixed(&mut self, v: &[u8]) {
         self.0.extend_from_slice(v);
@@ -275,8 +308,8 @@ impl Enc<'_> {
     }
 }
 
-/// Reads fields in order. Rows are written only by this module, so a short row is a bug:
-/// it panics.
+/// Reads fields in order. Rows are written only by this module, so a short or malformed
+/// row is a bug: it panics.
 struct Dec<'a>(&'a [u8]);
 
 impl<'a> Dec<'a> {
@@ -292,17 +325,35 @@ impl<'a> Dec<'a> {
     fn u8(&mut self) -> u8 {
         self.take(1)[0]
     }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.fixed())
-    }
-    fn i32(&mut self) -> i32 {
-        i32::from_le_bytes(self.fixed())
-    }
+    #[inline(always)]
     fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.fixed())
+        let tag = self.u8();
+        if tag < SHORT_MAX {
+            return tag.into();
+        }
+        let n = usize::from(tag - (SHORT_MAX - 1));
+        // With 8 bytes left, one unaligned load and a mask; near a row's end, a copy.
+        if let Some(word) = self.0.first_chunk::<8>() {
+            let v = u64::from_le_bytes(*word) & (u64::MAX >> (64 - 8 * n));
+            self.0 = &self.0[n..];
+            return v;
+        }
+        let mut le = [0u8; 8];
+        le[..n].copy_from_slice(self.take(n));
+        u64::from_le_bytes(le)
     }
+    #[inline(always)]
+    fn u32(&mut self) -> u32 {
+        u32::try_from(self.u64()).expect("TPC-C row: u32 column out of range")
+    }
+    #[inline(always)]
     fn i64(&mut self) -> i64 {
-        i64::from_le_bytes(self.fixed())
+        let v = self.u64();
+        (v >> 1) as i64 ^ -((v & 1) as i64)
+    }
+    #[inline(always)]
+    fn i32(&mut self) -> i32 {
+        i32::try_from(self.i64()).expect("TPC-C row: i32 column out of range")
     }
     fn str(&mut self) -> &'a [u8] {
         let n = self.u8() as usize;
@@ -371,9 +422,17 @@ macro_rules! row {
 }
 
 row! {
-    struct Warehouse<'a> {
+    /// The warehouse columns a transaction writes or reads on every call: W_YTD (Payment)
+    /// and W_TAX (NewOrder).
+    struct Warehouse {
         ytd: i64,
         tax: i32,
+    }
+}
+
+row! {
+    /// The rest of the warehouse, read-only after the load (Payment reads W_NAME).
+    struct WarehouseInfo<'a> {
         name: &'a [u8],
         street_1: &'a [u8],
         street_2: &'a [u8],
@@ -384,10 +443,18 @@ row! {
 }
 
 row! {
-    struct District<'a> {
+    /// The district columns a transaction writes or reads on every call: D_YTD (Payment),
+    /// D_NEXT_O_ID (NewOrder, StockLevel) and D_TAX (NewOrder).
+    struct District {
         ytd: i64,
         tax: i32,
         next_o_id: u32,
+    }
+}
+
+row! {
+    /// The rest of the district, read-only after the load (Payment reads D_NAME).
+    struct DistrictInfo<'a> {
         name: &'a [u8],
         street_1: &'a [u8],
         street_2: &'a [u8],
@@ -398,12 +465,18 @@ row! {
 }
 
 row! {
-    /// Every customer column but C_DATA.
-    struct Customer<'a> {
+    /// The customer columns Payment and Delivery update.
+    struct Customer {
         balance: i64,
         ytd_payment: i64,
         payment_cnt: u32,
         delivery_cnt: u32,
+    }
+}
+
+row! {
+    /// The customer columns that are read-only after the load, but for C_DATA.
+    struct CustomerInfo<'a> {
         credit_lim: i64,
         discount: i32,
         credit: [u8; 2],
@@ -465,25 +538,14 @@ row! {
     }
 }
 
-/// The stock columns NewOrder updates.
-#[derive(Clone, Copy, Default)]
-struct Stock {
-    quantity: i32,
-    ytd: u32,
-    order_cnt: u32,
-    remote_cnt: u32,
-}
-
-impl Stock {
-    fn encode(&self, out: &mut [u8; 16]) {
-        out[..4].copy_from_slice(&self.quantity.to_le_bytes());
-        out[4..8].copy_from_slice(&self.ytd.to_le_bytes());
-        out[8..12].copy_from_slice(&self.order_cnt.to_le_bytes());
-        out[12..].copy_from_slice(&self.remote_cnt.to_le_bytes());
-    }
-    fn decode(b: &[u8]) -> Self {
-        let mut d = Dec(b);
-        Stock { quantity: d.i32(), ytd: d.u32(), order_cnt: d.u32(), remote_cnt: d.u32() }
+row! {
+    /// The stock columns NewOrder updates.
+    #[derive(Clone, Copy, Default)]
+    struct Stock {
+        quantity: i32,
+        ytd: u32,
+        order_cnt: u32,
+        remote_cnt: u32,
     }
 }
 
@@ -649,8 +711,8 @@ pub fn load(db: &Arc<Database>, cfg: &TpccConfig, progress: bool) -> Result<Tpcc
     };
 
     let c = cfg.customers_per_district as u64;
-    let per_district = 4 * c + 2 * c + cfg.new_orders_per_district() as u64 + 10 * c;
-    let rows = cfg.items as u64 + cfg.warehouses as u64 * (1 + 2 * cfg.items as u64 + 10 * (1 + per_district));
+    let per_district = 5 * c + 2 * c + cfg.new_orders_per_district() as u64 + 10 * c;
+    let rows = cfg.items as u64 + cfg.warehouses as u64 * (2 + 2 * cfg.items as u64 + 10 * (2 + per_district));
     let pb = harness::load_progress(rows, "tpcc load", progress);
     let loaders = (cfg.warehouses as usize).min(db.workers()).max(1);
     let next_w = AtomicU64::new(1);
@@ -708,27 +770,19 @@ fn load_warehouse(l: &mut Loader<'_>, t: &Tpcc, w: u32) -> Result<(), Error> {
     astring(&mut rng, 10, 20, &mut s2);
     astring(&mut rng, 10, 20, &mut s3);
     astring(&mut rng, 10, 20, &mut s4);
-    Warehouse {
-        ytd: 30_000_000,
-        tax: rng.gen_range(0..=2000),
-        name: &s1,
-        street_1: &s2,
-        street_2: &s3,
-        city: &s4,
-        state: afixed(&mut rng),
-        zip: zip(&mut rng),
-    }
-    .encode(&mut buf);
+    Warehouse { ytd: 30_000_000, tax: rng.gen_range(0..=2000) }.encode(&mut buf);
     l.add(tb.warehouse, &wkey(w), &buf)?;
+    WarehouseInfo { name: &s1, street_1: &s2, street_2: &s3, city: &s4, state: afixed(&mut rng), zip: zip(&mut rng) }
+        .encode(&mut buf);
+    l.add(tb.warehouse_info, &wkey(w), &buf)?;
 
     for i in 1..=t.items {
         let dist: [[u8; 24]; 10] = std::array::from_fn(|_| afixed(&mut rng));
         data_string(&mut rng, &mut s1);
         StockData::encode(&dist, &s1, &mut buf);
         l.add(tb.stock_data, &skey(w, i), &buf)?;
-        let mut sbuf = [0u8; 16];
-        Stock { quantity: rng.gen_range(10..=100), ytd: 0, order_cnt: 0, remote_cnt: 0 }.encode(&mut sbuf);
-        l.add(tb.stock, &skey(w, i), &sbuf)?;
+        Stock { quantity: rng.gen_range(10..=100), ytd: 0, order_cnt: 0, remote_cnt: 0 }.encode(&mut buf);
+        l.add(tb.stock, &skey(w, i), &buf)?;
     }
 
     let mut perm: Vec<u32> = (1..=customers).collect();
@@ -737,10 +791,9 @@ fn load_warehouse(l: &mut Loader<'_>, t: &Tpcc, w: u32) -> Result<(), Error> {
         astring(&mut rng, 10, 20, &mut s2);
         astring(&mut rng, 10, 20, &mut s3);
         astring(&mut rng, 10, 20, &mut s4);
-        District {
-            ytd: 3_000_000,
-            tax: rng.gen_range(0..=2000),
-            next_o_id: orders + 1,
+        District { ytd: 3_000_000, tax: rng.gen_range(0..=2000), next_o_id: orders + 1 }.encode(&mut buf);
+        l.add(tb.district, &dkey(w, d), &buf)?;
+        DistrictInfo {
             name: &s1,
             street_1: &s2,
             street_2: &s3,
@@ -749,7 +802,7 @@ fn load_warehouse(l: &mut Loader<'_>, t: &Tpcc, w: u32) -> Result<(), Error> {
             zip: zip(&mut rng),
         }
         .encode(&mut buf);
-        l.add(tb.district, &dkey(w, d), &buf)?;
+        l.add(tb.district_info, &dkey(w, d), &buf)?;
 
         for c in 1..=customers {
             let num = if c <= 1000 { c - 1 } else { nurand(&mut rng, 255, 0, 999, C_LAST_LOAD) };
@@ -760,11 +813,9 @@ fn load_warehouse(l: &mut Loader<'_>, t: &Tpcc, w: u32) -> Result<(), Error> {
             astring(&mut rng, 10, 20, &mut s1);
             astring(&mut rng, 10, 20, &mut s2);
             astring(&mut rng, 10, 20, &mut s3);
-            Customer {
-                balance: -1000,
-                ytd_payment: 1000,
-                payment_cnt: 1,
-                delivery_cnt: 0,
+            Customer { balance: -1000, ytd_payment: 1000, payment_cnt: 1, delivery_cnt: 0 }.encode(&mut buf);
+            l.add(tb.customer, &wdx_key(w, d, c), &buf)?;
+            CustomerInfo {
                 credit_lim: 5_000_000,
                 discount: rng.gen_range(0..=5000),
                 credit: if rng.gen_range(0..10) == 0 { *b"BC" } else { *b"GC" },
@@ -780,7 +831,7 @@ fn load_warehouse(l: &mut Loader<'_>, t: &Tpcc, w: u32) -> Result<(), Error> {
                 phone: nfixed(&mut rng),
             }
             .encode(&mut buf);
-            l.add(tb.customer, &wdx_key(w, d, c), &buf)?;
+            l.add(tb.customer_info, &wdx_key(w, d, c), &buf)?;
             astring(&mut rng, 300, 500, &mut s4);
             l.add(tb.customer_data, &wdx_key(w, d, c), &s4)?;
             l.add(tb.customer_name_idx, &name_key(w, d, last, &first, c), &c.to_le_bytes())?;
@@ -959,8 +1010,8 @@ impl TpccWorker<'_> {
             .ok_or_else(|| missing("district"))?;
         txn.update(tb.district, &dk, &self.buf)?;
         let c_discount = txn
-            .get_with(tb.customer, &wdx_key(w, d, c), |b| {
-                let cust = Customer::decode(b);
+            .get_with(tb.customer_info, &wdx_key(w, d, c), |b| {
+                let cust = CustomerInfo::decode(b);
                 std::hint::black_box((cust.last, cust.credit));
                 cust.discount
             })?
@@ -1029,9 +1080,8 @@ impl TpccWorker<'_> {
                 s.remote_cnt += 1;
             }
             stock[k] = s;
-            let mut sbuf = [0u8; 16];
-            s.encode(&mut sbuf);
-            txn.update(tb.stock, &skeys[k], &sbuf)?;
+            s.encode(&mut self.buf);
+            txn.update(tb.stock, &skeys[k], &self.buf)?;
             let ((i_price, i_original), (dist_info, s_original)) = (item[k], stock_data[k]);
             let brand_generic = i_original && s_original;
             std::hint::black_box(brand_generic);
@@ -1103,7 +1153,14 @@ impl TpccWorker<'_> {
         cust.payment_cnt += 1;
         cust.encode(&mut self.buf);
         txn.update(tb.customer, &ck, &self.buf)?;
-        if &cust.credit == b"BC" {
+        let credit = txn
+            .get_with(tb.customer_info, &ck, |b| {
+                let info = CustomerInfo::decode(b);
+                std::hint::black_box((info.first, info.middle, info.last, info.street_1, info.phone, info.since));
+                info.credit
+            })?
+            .ok_or_else(|| missing("customer_info"))?;
+        if &credit == b"BC" {
             let old = txn.get(tb.customer_data, &ck)?.ok_or_else(|| missing("customer_data"))?;
             self.buf2.clear();
             let _ = write!(self.buf2, "{c_id} {c_d} {c_w} {d} {w} {}.{:02} | ", amount / 100, amount % 100);
@@ -1114,9 +1171,12 @@ impl TpccWorker<'_> {
 
         // H_DATA: W_NAME, four spaces, D_NAME.
         self.buf2.clear();
-        self.buf2.extend_from_slice(wh.name);
-        self.buf2.extend_from_slice(b"    ");
-        self.buf2.extend_from_slice(dist.name);
+        let h_data = &mut self.buf2;
+        txn.get_with(tb.warehouse_info, &wk, |b| h_data.extend_from_slice(WarehouseInfo::decode(b).name))?
+            .ok_or_else(|| missing("warehouse_info"))?;
+        h_data.extend_from_slice(b"    ");
+        txn.get_with(tb.district_info, &dk, |b| h_data.extend_from_slice(DistrictInfo::decode(b).name))?
+            .ok_or_else(|| missing("district_info"))?;
         History { c_id, c_d_id: c_d, c_w_id: c_w, d_id: d, w_id: w, date: now_us(), amount, data: &self.buf2 }
             .encode(&mut self.buf);
         loop {
@@ -1147,9 +1207,14 @@ impl TpccWorker<'_> {
                 self.ids[(self.ids.len() - 1) / 2]
             }
         };
-        let crow = r.get(tb.customer, &wdx_key(w, d, c_id))?.ok_or_else(|| missing("customer"))?;
-        let cust = Customer::decode(&crow);
-        std::hint::black_box((cust.balance, cust.first, cust.middle, cust.last));
+        let ck = wdx_key(w, d, c_id);
+        let balance =
+            r.get_with(tb.customer, &ck, |b| Customer::decode(b).balance)?.ok_or_else(|| missing("customer"))?;
+        r.get_with(tb.customer_info, &ck, |b| {
+            let info = CustomerInfo::decode(b);
+            std::hint::black_box((balance, info.first, info.middle, info.last));
+        })?
+        .ok_or_else(|| missing("customer_info"))?;
         let (lo, hi) = (ocidx_key(w, d, c_id, 0), ocidx_key(w, d, c_id, u32::MAX));
         let latest = r.scan(tb.oorder_c_id_idx, Included(&lo), Included(&hi), Direction::Reverse, 1)?;
         let Some((k, _)) = latest.first() else {
@@ -1222,7 +1287,7 @@ impl TpccWorker<'_> {
         let (lo, hi) = (ol_key(w, d, next.saturating_sub(20), 0), ol_key(w, d, next, 0));
         self.ids.clear();
         r.for_each(tb.order_line, Included(&lo), Excluded(&hi), |_, v| {
-            self.ids.push(u32::from_le_bytes(v[..4].try_into().expect("4 bytes")));
+            self.ids.push(Dec(v).u32()); // OL_I_ID, an order line's first column
             true
         })?;
         self.ids.sort_unstable();
@@ -1469,4 +1534,62 @@ pub fn adjust_district_ytd(db: &Arc<Database>, t: &Tpcc, w: u32, d: u8, delta_ce
     })?;
     ticket.wait()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_fields_round_trip_at_their_extremes() {
+        let ints = [0i64, 1, -1, 63, -64, 64, -65, i32::MAX as i64, i32::MIN as i64, i64::MAX, i64::MIN];
+        let mut buf = Vec::new();
+        let mut e = Enc::start(&mut buf);
+        for &v in &ints {
+            e.i64(v);
+            e.u64(v as u64);
+        }
+        e.u32(u32::MAX);
+        e.i32(i32::MIN);
+        e.str(b"");
+        e.str(&[7u8; 255]);
+        e.fixed(b"xy");
+        let mut d = Dec(&buf);
+        for &v in &ints {
+            assert_eq!(d.i64(), v);
+            assert_eq!(d.u64(), v as u64);
+        }
+        assert_eq!(d.u32(), u32::MAX);
+        assert_eq!(d.i32(), i32::MIN);
+        assert_eq!(d.str(), b"");
+        assert_eq!(d.str(), &[7u8; 255][..]);
+        assert_eq!(d.fixed::<2>(), *b"xy");
+        assert!(d.0.is_empty(), "every byte read back");
+        // An integer at a row's end has fewer than 8 bytes after its tag: the copying path.
+        for &v in &ints {
+            Enc::start(&mut buf).i64(v);
+            let mut d = Dec(&buf);
+            assert_eq!(d.i64(), v);
+            assert!(d.0.is_empty());
+        }
+    }
+
+    #[test]
+    fn small_integers_take_few_bytes() {
+        let mut buf = Vec::new();
+        Stock { quantity: 91, ytd: 10, order_cnt: 1, remote_cnt: 0 }.encode(&mut buf);
+        assert_eq!(buf.len(), 4, "quantity 91 zigzags to 182, below SHORT_MAX: one byte, as each counter");
+        let s = Stock::decode(&buf);
+        assert_eq!((s.quantity, s.ytd, s.order_cnt, s.remote_cnt), (91, 10, 1, 0));
+        Stock { quantity: -5, ytd: 300, order_cnt: 248, remote_cnt: 247 }.encode(&mut buf);
+        assert_eq!(buf.len(), 1 + 3 + 2 + 1, "300 and 248 take a tag byte and their low bytes");
+        let s = Stock::decode(&buf);
+        assert_eq!((s.quantity, s.ytd, s.order_cnt, s.remote_cnt), (-5, 300, 248, 247));
+    }
+
+    #[test]
+    #[should_panic(expected = "TPC-C row too short")]
+    fn a_truncated_integer_is_a_bug() {
+        Dec(&[SHORT_MAX + 1, 1]).u64();
+    }
 }
