@@ -471,37 +471,6 @@ fn put_varint(out: &mut Vec<u8>, mut x: u64) {
     out.push(x as u8);
 }
 
-/// A write's head (flags byte, table id, rid delta, key and value lengths: at most
-/// 1 + 5 + 10 + 5 + 5 bytes), built on the stack and appended with one copy instead of a
-/// capacity check per byte.
-struct WriteHead {
-    b: [u8; 32],
-    n: usize,
-}
-
-impl WriteHead {
-    #[inline]
-    fn new(flags: u8) -> WriteHead {
-        let mut b = [0u8; 32];
-        b[0] = flags;
-        WriteHead { b, n: 1 }
-    }
-    #[inline]
-    fn varint(&mut self, mut x: u64) {
-        while x >= 0x80 {
-            self.b[self.n] = x as u8 | 0x80;
-            x >>= 7;
-            self.n += 1;
-        }
-        self.b[self.n] = x as u8;
-        self.n += 1;
-    }
-    #[inline]
-    fn bytes(&self) -> &[u8] {
-        &self.b[..self.n]
-    }
-}
-
 /// Zigzag: a signed difference (as the u64 of `wrapping_sub`) to an unsigned varint
 /// value, small for small differences either way (0, -1, 1, -2 ... -> 0, 1, 2, 3 ...).
 #[inline]
@@ -632,21 +601,19 @@ impl BatchBuilder {
             }
             p.reserve(write_encoded_len(key.map(<[u8]>::len), value.map(<[u8]>::len)));
             let prev = std::mem::replace(&mut self.rids[table.0 as usize], rid.0 as u32);
-            let mut head = if table.0 < PACKED_TABLE_LIMIT {
-                WriteHead::new(flags | ((table.0 + 1) as u8) << TABLE_SHIFT)
+            if table.0 < PACKED_TABLE_LIMIT {
+                p.push(flags | ((table.0 + 1) as u8) << TABLE_SHIFT);
             } else {
-                let mut h = WriteHead::new(flags);
-                h.varint(table.0.into());
-                h
-            };
-            head.varint(zigzag(rid.0.wrapping_sub(u64::from(prev))));
+                p.push(flags);
+                put_varint(p, table.0.into());
+            }
+            put_varint(p, zigzag(rid.0.wrapping_sub(u64::from(prev))));
             if let Some(k) = key {
-                head.varint(k.len() as u64);
+                put_varint(p, k.len() as u64);
             }
             if let Some(v) = value {
-                head.varint(v.len() as u64);
+                put_varint(p, v.len() as u64);
             }
-            p.extend_from_slice(head.bytes());
             if let Some(k) = key {
                 p.extend_from_slice(k);
             }
