@@ -262,8 +262,8 @@ fn be_u32(b: &[u8], at: usize) -> u32 {
 /// small counters, ids and cent amounts most columns hold take one to four bytes instead
 /// of four or eight: every row a transaction writes is logged whole, and most of TPC-C's
 /// log is rows. Unlike LEB128 varints, the length is known from the first byte, so reading
-/// one is a masked load rather than a loop over its bytes (LEB128 cost TPC-C 3,000 instructions
-/// per transaction in that loop; see docs/results.md, eighth session).
+/// one is a masked load rather than a loop over its bytes (LEB128's loop cost TPC-C about
+/// 3,150 instructions per transaction; see docs/results.md, eighth session).
 const SHORT_MAX: u8 = 0xF8;
 
 struct Enc<'a>(&'a mut Vec<u8>);
