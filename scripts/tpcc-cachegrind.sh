@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Instructions and simulated cache misses per committed TPC-C transaction (1 worker, log
 # off unless LOG names a mode, e.g. LOG=interval; then the flusher's instructions count
-# too, since valgrind runs every thread), under cachegrind: a run of SECONDS minus a run of 1 s, so loading cancels out.
-# Deterministic where wall-clock figures on a shared machine are not; compare builds whose
-# runs committed similar numbers of transactions (the tables grow as they run).
+# too, since valgrind runs every thread), under cachegrind: a run of SECONDS minus a run
+# of 1 s, so loading cancels out. Deterministic where wall-clock figures on a shared
+# machine are not; compare builds whose runs committed similar numbers of transactions
+# (the tables grow as they run, and the final consistency check is counted too). Under
+# valgrind a logged run's batches are tiny and compress poorly, so the log stores them
+# uncompressed: LZ4's cost at real speed does not show here.
 #
 #   [LOG=interval] [ARGS=--no-compress] [KEEP=dir] scripts/tpcc-cachegrind.sh path/to/ditto [SECONDS (default 20)]
 #
-# ARGS adds arguments to `ditto bench tpcc`. KEEP=dir keeps the two cachegrind files there (cg.SECONDS, cg.1) for cg_diff.
+# ARGS adds arguments to `ditto bench tpcc`. KEEP=dir keeps the two cachegrind files there
+# (cg.SECONDS, cg.1) for cg_diff.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DITTO [SECONDS]" >&2; exit 2; }
 ditto=$1 seconds=${2:-20} log=${LOG:-off}

@@ -344,7 +344,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
 fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
     let scratch = ScratchDir::new(None, "lz4")?;
     let cfg = if a.small { tpcc::TpccConfig::small(1) } else { tpcc::TpccConfig::new(1) };
-    let tables = {
+    let (tables, loaded) = {
         let d = ditto_log::open(
             &scratch.path,
             OpenOptions {
@@ -364,19 +364,17 @@ fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
         d.close();
         (tables, loaded)
     };
-    let (tables, loaded) = tables;
     let mut payloads = Vec::new();
     // Per table: writes, key bytes and value bytes the run logged.
     let mut per_table = vec![(0u64, 0u64, 0u64); tables.iter().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0)];
-    let mut txns = 0u64;
+    let (mut txns, mut decompressed) = (0u64, Vec::new());
     for e in std::fs::read_dir(scratch.path.join("log"))? {
         let path = e?.path();
         let file = ditto_engine::Bytes::from(std::fs::read(&path)?);
         let scan = ditto_log::format::read_segment(&file).map_err(|e| format!("{}: {e}", path.display()))?;
         let batches: Vec<_> = scan.batches.iter().map(|(_, b)| b).filter(|b| b.header.first_ts > loaded).collect();
         for b in &batches {
-            let mut scratch = Vec::new();
-            for txn in b.payload_in(&mut scratch).txns() {
+            for txn in b.payload_in(&mut decompressed).txns() {
                 txns += 1;
                 for w in txn.writes() {
                     let t = per_table.get_mut(w.table.0 as usize).ok_or("the log names a table the run never made")?;
