@@ -118,11 +118,20 @@ impl Drop for ServerProcess {
     }
 }
 
-/// Starts `ditto server` on `dir` on a free loopback port (metrics off, `args` added, its
-/// stderr to `stderr`) and waits until it listens. Shared by the demo and `ditto bench
-/// redis`.
-pub(crate) fn start_ditto_server(dir: &Path, args: &[&str], stderr: Stdio) -> Result<ServerProcess, Error> {
-    let mut child = Command::new(std::env::current_exe()?)
+/// Starts `ditto server` (this executable, or `exe`) on `dir` on a free loopback port
+/// (metrics off, `args` added, its stderr to `stderr`) and waits until it listens. Shared
+/// by the demo and `ditto bench redis`.
+pub(crate) fn start_ditto_server(
+    exe: Option<&Path>,
+    dir: &Path,
+    args: &[&str],
+    stderr: Stdio,
+) -> Result<ServerProcess, Error> {
+    let exe = match exe {
+        Some(e) => e.to_path_buf(),
+        None => std::env::current_exe()?,
+    };
+    let mut child = Command::new(exe)
         .args(["server", "--port", "0", "--data-dir", dir.to_str().ok_or("data dir is not UTF-8")?])
         .args(["--metrics", "off"])
         .args(args)
@@ -138,7 +147,7 @@ pub(crate) fn start_ditto_server(dir: &Path, args: &[&str], stderr: Stdio) -> Re
 }
 
 fn start_server(dir: &Path, workers: usize) -> Result<ServerProcess, Error> {
-    start_ditto_server(dir, &["--workers", &workers.to_string()], Stdio::null())
+    start_ditto_server(None, dir, &["--workers", &workers.to_string()], Stdio::null())
 }
 
 /// What one client thread saw.
