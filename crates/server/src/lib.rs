@@ -5,7 +5,8 @@
 //! - `keyspace.rs`: Redis strings and hashes laid out on two engine tables.
 //! - `commands.rs`: the command table and the data commands, each run in a transaction.
 //! - `session.rs`: one connection's state (auth, database, MULTI/WATCH) with no I/O.
-//! - `server.rs`: tokio, connections, and releasing replies once their commit is durable.
+//! - `server.rs`: tokio and connections.
+//! - `release.rs`: replies wait there until their commit is durable.
 //! - `metrics.rs`: the Prometheus endpoint.
 //! - `tls.rs`: rustls configurations from PEM files, for client connections (and later
 //!   replication links).
@@ -15,6 +16,7 @@ pub mod commands;
 pub mod config;
 pub mod keyspace;
 pub mod metrics;
+pub mod release;
 pub mod resp;
 pub mod server;
 pub mod session;

@@ -9,8 +9,8 @@
 //!                                                 replies encoded; the batch waits until the
 //!                                                 log watermark covers its newest commit
 //!                                                 -> write
-//!  log flusher threads: after each fsync, the progress listener -> watch channel -> waiting
-//!                       connections
+//!  log flusher threads: after each fsync, the progress listener -> Release (release.rs)
+//!                       -> the waiting connections its new watermark covers
 //! ```
 //!
 //! Each runtime thread owns an engine worker, taken the first time that thread runs a
@@ -30,11 +30,11 @@ use bytes::BytesMut;
 use ditto_engine::{Database, Ts, Worker, WorkerId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::{self, Metrics};
+use crate::release::Release;
 use crate::resp::{Limits, Reply, RequestParser};
 use crate::session::{Outcome, Session, Shared};
 use crate::tls::{self, TlsError};
@@ -56,13 +56,6 @@ pub enum ServerError {
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
     let what = what.into();
     move |source| ServerError::Io { what, source }
-}
-
-/// The durability state connections wait on.
-#[derive(Clone, Debug)]
-struct Durability {
-    watermark: Ts,
-    failed: Option<Arc<str>>,
 }
 
 thread_local! {
@@ -90,7 +83,7 @@ struct Conn {
     max_output: usize,
     max_clients: usize,
     tls_handshake_timeout: Duration,
-    durable: Option<watch::Receiver<Durability>>,
+    durable: Option<Arc<Release>>,
     metrics: Arc<Metrics>,
 }
 
@@ -168,25 +161,14 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let checkpointer = (cfg.checkpoint_interval_s > 0)
         .then(|| durable.spawn_checkpointer(Duration::from_secs(cfg.checkpoint_interval_s)));
 
-    // Durability progress reaches connections from the log's flusher threads, through a
-    // watch channel (no thread of ours in between: one wake-up fewer per commit).
-    let (tx, rx) = watch::channel(Durability { watermark: Ts(0), failed: None });
-    let release = move |w: Ts, failed: Option<&Arc<str>>| {
-        tx.send_if_modified(|d| {
-            let moved = w > d.watermark;
-            d.watermark = d.watermark.max(w);
-            let failing = failed.is_some() && d.failed.is_none();
-            if failing {
-                d.failed = failed.cloned();
-            }
-            moved || failing
-        });
-    };
-    logger.set_progress_listener(Box::new(release.clone())).map_err(|e| ServerError::Io {
-        what: "installing the durability listener".into(),
-        source: std::io::Error::other(e),
+    // Durability progress reaches connections from the log's flusher threads (no thread of
+    // ours in between: one wake-up fewer per commit), waking only those it covers.
+    let release = Arc::new(Release::default());
+    let listener = Arc::clone(&release);
+    logger.set_progress_listener(Box::new(move |w, failed| listener.advance(w, failed))).map_err(|e| {
+        ServerError::Io { what: "installing the durability listener".into(), source: std::io::Error::other(e) }
     })?;
-    release(logger.watermark(), logger.failure().as_ref());
+    release.advance(logger.watermark(), logger.failure().as_ref());
 
     let conn = Arc::new(Conn {
         sh: Arc::clone(&sh),
@@ -194,7 +176,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         max_output: cfg.max_output_bytes,
         max_clients: cfg.max_clients,
         tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
-        durable: Some(rx),
+        durable: Some(release),
         metrics,
     });
     ready(&listening);
@@ -376,16 +358,9 @@ impl Conn {
 
     /// Waits until every commit up to `ts` is durable.
     async fn wait_durable(&self, ts: Ts) -> Result<(), Arc<str>> {
-        let Some(rx) = &self.durable else { return Ok(()) };
-        if ts == Ts(0) || rx.borrow().watermark >= ts {
-            return Ok(());
-        }
-        let mut rx = rx.clone();
-        let state = rx.wait_for(|d| d.watermark >= ts || d.failed.is_some()).await;
-        match state {
-            Ok(d) if d.watermark >= ts => Ok(()),
-            Ok(d) => Err(d.failed.clone().unwrap_or_else(|| "log failed".into())),
-            Err(_) => Err("the server is shutting down".into()),
+        match &self.durable {
+            Some(release) => release.wait(ts).await,
+            None => Ok(()),
         }
     }
 }
@@ -399,7 +374,7 @@ mod tests {
     /// fails instead, every reply of the waiting pipeline becomes an error and the
     /// connection is closed. Driven through a real socket, with the durability state set by
     /// the test in place of the log's progress listener.
-    fn test_conn(durable: Option<watch::Receiver<Durability>>, handshake: Duration) -> Arc<Conn> {
+    fn test_conn(durable: Option<Arc<Release>>, handshake: Duration) -> Arc<Conn> {
         let db = Database::new(Options { workers: 1 });
         Arc::new(Conn {
             sh: Arc::new(Shared::new(db, None, None, 0).unwrap()),
@@ -427,8 +402,8 @@ mod tests {
     #[test]
     fn replies_wait_for_durability_and_a_log_failure_turns_them_into_errors() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let (tx, rx) = watch::channel(Durability { watermark: Ts(0), failed: None });
-        let conn = test_conn(Some(rx), Duration::from_secs(10));
+        let release = Arc::new(Release::default());
+        let conn = test_conn(Some(Arc::clone(&release)), Duration::from_secs(10));
         let db = Arc::clone(&conn.sh.db);
         rt.block_on(async move {
             let addr = listen(conn, None).await;
@@ -440,7 +415,7 @@ mod tests {
             assert!(tokio::time::timeout(quiet, a.read(&mut buf)).await.is_err(), "answered before durable");
             let committed = db.clock().visible_ts();
             assert!(committed > Ts(0));
-            tx.send_replace(Durability { watermark: committed, failed: None });
+            release.advance(committed, None);
             let n = tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await.unwrap().unwrap();
             assert_eq!(&buf[..n], b"+OK\r\n");
 
@@ -448,7 +423,7 @@ mod tests {
             let mut b = TcpStream::connect(addr).await.unwrap();
             b.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nw\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await.unwrap();
             assert!(tokio::time::timeout(quiet, b.read(&mut buf)).await.is_err(), "answered before durable");
-            tx.send_replace(Durability { watermark: committed, failed: Some("fsync failed: EIO".into()) });
+            release.advance(committed, Some(&"fsync failed: EIO".into()));
             let mut got = Vec::new();
             tokio::time::timeout(Duration::from_secs(10), b.read_to_end(&mut got)).await.unwrap().unwrap();
             let text = String::from_utf8(got).unwrap();

@@ -1,0 +1,251 @@
+//! Releasing replies once their commits are durable
+//! ===============================================
+//! A connection that has answered a pipeline waits until the log's watermark covers the
+//! newest commit among its replies (`wait`); the log's flusher threads report each new
+//! watermark, or the log's failure, through `advance`.
+//!
+//! ```text
+//!  connection: wait(ts) --watermark >= ts--> Ok at once (no lock)
+//!                       --otherwise-------> (ts, sender) into a min-heap, await the receiver
+//!  flusher:    advance(w) -> pop every entry with ts <= w, send Ok: each waiter woken once
+//!              advance(_, failed) -> every entry, and every later wait not yet covered: Err
+//! ```
+//!
+//! Why not a broadcast (a `tokio::sync::watch` of the watermark, as before): every move of
+//! the watermark woke every waiting connection, and with 50 clients writing without
+//! pipelining most of them went back to sleep because their commit was not yet covered (a
+//! few thousand moves per second times ~40 waiters). The heap wakes exactly the
+//! connections whose commits the move covers.
+//!
+//! Invariants: the watermark only grows; an entry is in the heap only while its ts is above
+//! the watermark and the log has not failed (both checked under the lock that `advance`
+//! takes); every entry leaves the heap exactly once, with Ok if covered, else with the
+//! failure.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ditto_engine::Ts;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+type Outcome = Result<(), Arc<str>>;
+
+/// See the module notes.
+pub struct Release {
+    /// The watermark, readable without the lock (the fast path of `wait`).
+    watermark: AtomicU64,
+    state: Mutex<State>,
+}
+
+struct State {
+    failed: Option<Arc<str>>,
+    waiting: BinaryHeap<Waiter>,
+}
+
+struct Waiter {
+    ts: Ts,
+    tx: oneshot::Sender<Outcome>,
+}
+
+// Ordered by ts, reversed: BinaryHeap is a max-heap and we pop the smallest ts first.
+impl Ord for Waiter {
+    fn cmp(&self, o: &Self) -> CmpOrdering {
+        o.ts.cmp(&self.ts)
+    }
+}
+impl PartialOrd for Waiter {
+    fn partial_cmp(&self, o: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(o))
+    }
+}
+impl PartialEq for Waiter {
+    fn eq(&self, o: &Self) -> bool {
+        self.ts == o.ts
+    }
+}
+impl Eq for Waiter {}
+
+impl Default for Release {
+    fn default() -> Self {
+        Release { watermark: AtomicU64::new(0), state: Mutex::new(State { failed: None, waiting: BinaryHeap::new() }) }
+    }
+}
+
+impl Release {
+    /// Every commit up to `w` is durable; `failed`, when set, is the log's failure (the
+    /// first one reported is kept). Called from the log's flusher threads; never blocks
+    /// beyond the short lock, and moves of the watermark may arrive out of order.
+    pub fn advance(&self, w: Ts, failed: Option<&Arc<str>>) {
+        let mut st = self.state.lock();
+        let w = Ts(self.watermark.fetch_max(w.0, Ordering::AcqRel).max(w.0));
+        if let (Some(f), None) = (failed, &st.failed) {
+            st.failed = Some(Arc::clone(f));
+        }
+        while st.waiting.peek().is_some_and(|top| top.ts <= w) {
+            let done = st.waiting.pop().expect("peeked");
+            // A receiver that went away (its connection closed) needs no answer.
+            let _ = done.tx.send(Ok(()));
+        }
+        if let Some(f) = st.failed.clone() {
+            for done in st.waiting.drain() {
+                let _ = done.tx.send(Err(Arc::clone(&f)));
+            }
+        }
+    }
+
+    /// Every commit up to this is durable.
+    pub fn watermark(&self) -> Ts {
+        Ts(self.watermark.load(Ordering::Acquire))
+    }
+
+    /// Returns once every commit up to `ts` is durable, or with the log's failure if it
+    /// failed first. `Ts(0)` (nothing to wait for) returns at once.
+    pub async fn wait(&self, ts: Ts) -> Outcome {
+        if self.watermark() >= ts {
+            return Ok(());
+        }
+        let rx = {
+            let mut st = self.state.lock();
+            // Re-read under the lock: `advance` moves the watermark and drains under it, so
+            // an entry pushed now is either covered by a later `advance` or failed by one.
+            if self.watermark() >= ts {
+                return Ok(());
+            }
+            if let Some(f) = &st.failed {
+                return Err(Arc::clone(f));
+            }
+            let (tx, rx) = oneshot::channel();
+            st.waiting.push(Waiter { ts, tx });
+            rx
+        };
+        rx.await.unwrap_or_else(|_| Err("the server is shutting down".into()))
+    }
+
+    /// Connections waiting now (for tests and INFO).
+    pub fn waiting(&self) -> usize {
+        self.state.lock().waiting.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    /// Polls once; `Some` if it finished.
+    fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        match f.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        }
+    }
+
+    #[test]
+    fn waiters_are_released_in_timestamp_order_as_the_watermark_covers_them() {
+        let r = Release::default();
+        assert_eq!(poll_once(pin!(r.wait(Ts(0)))), Some(Ok(())), "nothing to wait for");
+        let mut w5 = pin!(r.wait(Ts(5)));
+        let mut w3 = pin!(r.wait(Ts(3)));
+        let mut w9 = pin!(r.wait(Ts(9)));
+        let mut w3b = pin!(r.wait(Ts(3)));
+        for w in [w5.as_mut(), w3.as_mut(), w9.as_mut(), w3b.as_mut()] {
+            assert_eq!(poll_once(w), None);
+        }
+        assert_eq!(r.waiting(), 4);
+        r.advance(Ts(2), None);
+        assert_eq!(r.waiting(), 4, "nothing covered");
+        r.advance(Ts(4), None);
+        assert_eq!(r.waiting(), 2, "both waiters at 3 released, 5 and 9 not");
+        assert_eq!(poll_once(w3.as_mut()), Some(Ok(())));
+        assert_eq!(poll_once(w3b.as_mut()), Some(Ok(())));
+        assert_eq!(poll_once(w5.as_mut()), None);
+        // A move reported late (another flusher's, smaller) does not take the watermark back.
+        r.advance(Ts(1), None);
+        assert_eq!(r.watermark(), Ts(4));
+        r.advance(Ts(5), None);
+        assert_eq!(poll_once(w5.as_mut()), Some(Ok(())));
+        assert_eq!(poll_once(w9.as_mut()), None);
+        assert_eq!(r.waiting(), 1);
+        // Covered already: no entry.
+        assert_eq!(poll_once(pin!(r.wait(Ts(5)))), Some(Ok(())));
+        assert_eq!(r.waiting(), 1);
+    }
+
+    #[test]
+    fn a_failure_fails_every_waiter_not_covered_and_every_later_one() {
+        let r = Release::default();
+        r.advance(Ts(10), None);
+        let mut a = pin!(r.wait(Ts(11)));
+        let mut b = pin!(r.wait(Ts(20)));
+        assert_eq!(poll_once(a.as_mut()), None);
+        assert_eq!(poll_once(b.as_mut()), None);
+        let eio: Arc<str> = "fsync failed: EIO".into();
+        // The failing flusher's last move covers `a`: it is released, `b` fails.
+        r.advance(Ts(12), Some(&eio));
+        assert_eq!(poll_once(a.as_mut()), Some(Ok(())));
+        assert_eq!(poll_once(b.as_mut()), Some(Err(Arc::clone(&eio))));
+        assert_eq!(r.waiting(), 0);
+        // Later: covered commits are still durable; the rest fail at once, with the first reason.
+        assert_eq!(poll_once(pin!(r.wait(Ts(12)))), Some(Ok(())));
+        r.advance(Ts(12), Some(&"second failure".into()));
+        assert_eq!(poll_once(pin!(r.wait(Ts(13)))), Some(Err(eio)));
+        assert_eq!(r.waiting(), 0);
+    }
+
+    #[test]
+    fn a_waiter_that_goes_away_leaves_no_trouble() {
+        let r = Release::default();
+        {
+            let mut gone = pin!(r.wait(Ts(7)));
+            assert_eq!(poll_once(gone.as_mut()), None);
+        }
+        assert_eq!(r.waiting(), 1, "dropped, still in the heap until covered");
+        r.advance(Ts(7), None);
+        assert_eq!(r.waiting(), 0);
+    }
+
+    /// Many tasks waiting on many threads while flushers advance from other threads: every
+    /// waiter finishes, none before its ts is covered.
+    #[test]
+    fn concurrent_waiters_and_advances() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let r = Arc::new(Release::default());
+        let tasks: Vec<_> = (1..=400u64)
+            .map(|i| {
+                let r = Arc::clone(&r);
+                rt.spawn(async move {
+                    let ts = Ts(i * 7 % 1000 + 1);
+                    r.wait(ts).await.unwrap();
+                    assert!(r.watermark() >= ts);
+                })
+            })
+            .collect();
+        let flushers: Vec<_> = (0..2)
+            .map(|f| {
+                let r = Arc::clone(&r);
+                std::thread::spawn(move || {
+                    for w in (f..=1000).step_by(2) {
+                        r.advance(Ts(w), None);
+                        if w % 50 == 0 {
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for f in flushers {
+            f.join().unwrap();
+        }
+        rt.block_on(async {
+            for t in tasks {
+                tokio::time::timeout(std::time::Duration::from_secs(30), t).await.unwrap().unwrap();
+            }
+        });
+        assert_eq!(r.waiting(), 0);
+    }
+}
