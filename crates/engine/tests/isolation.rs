@@ -303,23 +303,50 @@ fn oversized_write_set_is_refused_with_a_clear_error_and_changes_nothing() {
 /// to a stale record and the new value must survive: the transaction aborts.
 #[test]
 fn update_after_get_of_a_key_replaced_meanwhile_aborts() {
-    let (db, t) = db(2);
-    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
-    w0.run(|x| x.insert(t, b"k", &1i64.to_le_bytes())).unwrap().1.wait().unwrap();
-    let mut a = w0.begin();
-    assert_eq!(a.get_with(t, b"k", num).unwrap(), Some(1));
-    w1.run(|x| x.delete(t, b"k")).unwrap().1.wait().unwrap();
-    // Many commits, so deleted records get unlinked from the index once no snapshot needs
-    // them; the re-insert then makes a new record for the same key.
-    for i in 0..300i64 {
-        w1.run(|x| x.put(t, b"churn", &i.to_le_bytes())).unwrap().1.wait().unwrap();
+    // Keys of every length class the transaction's remembered keys treat differently: short,
+    // at each 16-byte boundary of the remembered bytes, and too long to remember. Keys of
+    // the same length differing only in their last byte must not answer for each other.
+    for len in [1usize, 16, 17, 31, 32, 33, 100] {
+        let (db, t) = db(2);
+        let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+        let k = vec![b'k'; len];
+        let mut twin = k.clone();
+        *twin.last_mut().unwrap() = b'j';
+        w0.run(|x| {
+            x.insert(t, &k, &1i64.to_le_bytes())?;
+            x.insert(t, &twin, &100i64.to_le_bytes())
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+        let mut a = w0.begin();
+        assert_eq!(a.get_with(t, &twin, num).unwrap(), Some(100), "len {len}");
+        assert_eq!(a.get_with(t, &k, num).unwrap(), Some(1), "len {len}");
+        w1.run(|x| x.delete(t, &k)).unwrap().1.wait().unwrap();
+        // Many commits, so deleted records get unlinked from the index once no snapshot needs
+        // them; the re-insert then makes a new record for the same key.
+        for i in 0..300i64 {
+            w1.run(|x| x.put(t, b"churn", &i.to_le_bytes())).unwrap().1.wait().unwrap();
+        }
+        w1.run(|x| x.insert(t, &k, &7i64.to_le_bytes())).unwrap().1.wait().unwrap();
+        a.update(t, &k, &2i64.to_le_bytes()).unwrap();
+        // The transaction sees its own write, in place too, and the twin is untouched.
+        assert_eq!(a.get_with(t, &k, num).unwrap(), Some(2), "len {len}");
+        assert_eq!(a.get_with(t, &twin, num).unwrap(), Some(100), "len {len}");
+        assert!(matches!(a.commit(), Err(Error::Conflict(_))), "a stale read-modify-write must abort (len {len})");
+        assert_eq!(num(&db.read().get(t, &k).unwrap().unwrap()), 7, "the re-inserted value survives (len {len})");
+        assert_eq!(num(&db.read().get(t, &twin).unwrap().unwrap()), 100, "len {len}");
+        // Read the twin, then the key (remembered last), then write the twin: the write
+        // must find the twin's record, not the key's.
+        let mut b = w0.begin();
+        assert_eq!(b.get_with(t, &twin, num).unwrap(), Some(100));
+        assert_eq!(b.get_with(t, &k, num).unwrap(), Some(7));
+        b.update(t, &twin, &101i64.to_le_bytes()).unwrap();
+        b.commit().unwrap();
+        assert_eq!(num(&db.read().get(t, &k).unwrap().unwrap()), 7, "len {len}");
+        assert_eq!(num(&db.read().get(t, &twin).unwrap().unwrap()), 101, "len {len}");
     }
-    w1.run(|x| x.insert(t, b"k", &7i64.to_le_bytes())).unwrap().1.wait().unwrap();
-    a.update(t, b"k", &2i64.to_le_bytes()).unwrap();
-    // The transaction sees its own write, in place too.
-    assert_eq!(a.get_with(t, b"k", num).unwrap(), Some(2));
-    assert!(matches!(a.commit(), Err(Error::Conflict(_))), "a stale read-modify-write must abort");
-    assert_eq!(num(&db.read().get(t, b"k").unwrap().unwrap()), 7, "the re-inserted value survives");
 }
 
 /// `get_many_with` reads what `get_with` reads, key by key: committed values, the
