@@ -323,7 +323,7 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         "\nMedians over the rounds (p50, p99 and CPU too); ratios are median to median. CPU us: the\n\
          server's CPU time per request (user + system, all its threads).\n\
          ditto acknowledges a write once it is fsynced (every-batch: group commit, fsyncs back to back;\n\
-         interval: group commit every 10 ms). Redis with appendfsync everysec acknowledges before its\n\
+         interval: group commit at most every 10 ms). Redis with appendfsync everysec acknowledges before its\n\
          fsync; with always, after it. The servers and redis-benchmark share this machine's cores."
     );
     if a.json {

@@ -14,11 +14,15 @@ pub enum Durability {
     /// while the previous fsync ran, then fsyncs. Survives process crashes, OS crashes and
     /// power loss (given a disk that honours fsync). Lowest latency of the fsync modes.
     EveryBatch,
-    /// Group commit on a timer: every interval each stream writes and fsyncs its batch.
-    /// Survives the same failures as `EveryBatch`; acknowledgement waits up to one interval.
+    /// Group commit at most once per interval: each stream writes and fsyncs a batch no
+    /// sooner than an interval after its previous one, so under load every commit of an
+    /// interval shares one fsync; a commit to a stream that wrote nothing for an interval
+    /// goes out at once. Survives the same failures as `EveryBatch`; acknowledgement waits
+    /// up to one interval (plus the fsync).
     Interval(Duration),
-    /// Write to the OS every interval, never fsync. Survives a process crash (the page cache
-    /// outlives the process), NOT an OS crash or power loss. For benchmarks and tests.
+    /// Write to the OS at most once per interval (as `Interval`), never fsync. Survives a
+    /// process crash (the page cache outlives the process), NOT an OS crash or power loss.
+    /// For benchmarks and tests.
     NoSync(Duration),
 }
 

@@ -13,9 +13,15 @@
 //! ```
 //!
 //! The bound is read *before* the buffer is taken, so every transaction of the stream at or
-//! below it is in this batch or an earlier one. It is written into the batch header, so
-//! recovery can recompute the same watermark from the disk (Rolis 3.3). Idle streams still
-//! write heartbeat batches (no transactions, a newer bound) so the watermark keeps moving.
+//! below it is in this batch or an earlier one; the batch's last transaction is such a bound
+//! too (one worker per stream commits in timestamp order), and the larger of the two is used.
+//! It is written into the batch header, so recovery can recompute the same watermark from
+//! the disk (Rolis 3.3). Idle streams still write heartbeat batches (no transactions, a newer
+//! bound) so the watermark keeps moving.
+//!
+//! With `Durability::Interval(d)` a stream starts at most one batch per `d`: under load its
+//! batches are `d` apart, but a commit to a stream that wrote nothing for `d` goes out at
+//! once (it used to wait for the next tick of a fixed timer).
 //!
 //! Invariants: durable[w] only grows; watermark <= every durable[w]; a commit is
 //! acknowledged only if its ts <= watermark; after the first write or fsync error the log
@@ -35,7 +41,8 @@ use crate::format::{BatchBuilder, Epoch, SegmentHeader, StreamId, SEGMENT_HEADER
 use crate::options::{Durability, LogOptions};
 use crate::storage::LogFile;
 
-/// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode).
+/// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
+/// interval, every interval).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 
 /// After a batch that LZ4 did not shrink by at least 1/8, this many batches are stored
@@ -201,7 +208,9 @@ impl Logger {
         let mut seg_last_ts = Ts::ZERO;
         let mut written_bound = Ts(stream.durable.load(Ordering::Acquire));
         let mut compress_skip = 0u32;
-        let mut next_tick = Instant::now();
+        // When the last batch was started: with an interval, the next starts no sooner than
+        // one interval later.
+        let mut last_start: Option<Instant> = None;
         let (fsync, interval) = match self.opts.durability {
             Durability::EveryBatch => (true, None),
             Durability::Interval(d) => (true, Some(d)),
@@ -212,24 +221,20 @@ impl Logger {
             if self.failed.get().is_some() {
                 return;
             }
-            // Wait for work (or the tick).
-            match interval {
-                Some(d) if !stopping => {
-                    next_tick += d;
-                    let now = Instant::now();
-                    if next_tick > now {
-                        std::thread::sleep(next_tick - now);
-                    } else {
-                        next_tick = now;
-                    }
+            // Wait for work: a commit (appends wake us) or, idle, the heartbeat timeout.
+            if !stopping {
+                let mut buf = stream.buf.lock();
+                if buf.is_empty() {
+                    stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
                 }
-                None if !stopping => {
-                    let mut buf = stream.buf.lock();
-                    if buf.is_empty() {
-                        stream.cv.wait_for(&mut buf, HEARTBEAT_EVERY);
-                    }
+            }
+            // With an interval, at most one batch per interval: a commit to a stream that
+            // wrote nothing for an interval goes out at once, under load batches are an
+            // interval apart (and every commit of the interval shares one fsync).
+            if let (Some(d), false) = (interval, stopping) {
+                if let Some(wait) = last_start.and_then(|t| (t + d).checked_duration_since(Instant::now())) {
+                    std::thread::sleep(wait);
                 }
-                _ => {}
             }
             let bound = self.clock.stream_bound(w);
             {
@@ -237,12 +242,19 @@ impl Logger {
                 std::mem::swap(&mut *buf, &mut spare);
                 stream.cv.notify_all();
             }
+            // The batch's last transaction is a bound too: the stream's worker commits one
+            // transaction at a time, in timestamp order, so every transaction of this stream
+            // up to it is in this batch or an earlier one. It matters when an append wakes us
+            // before its committer has left its commit slot: the clock's bound still stops
+            // below that commit, which would then wait for the next batch.
+            let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
             if spare.is_empty() && bound <= written_bound {
                 if stopping {
                     return;
                 }
                 continue;
             }
+            last_start = Some(Instant::now());
             frame.clear();
             // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
             let has_txns = !spare.is_empty();
@@ -367,17 +379,15 @@ impl CommitLog for Logger {
             stream.cv.wait_for(&mut buf, Duration::from_millis(10));
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
-        if matches!(self.opts.durability, Durability::EveryBatch) {
-            stream.cv.notify_one();
-            drop(buf);
-            // The watermark is the minimum over all streams, so this commit is durable only
-            // once every other stream has fsynced a bound past it. Wake idle flushers now, so
-            // their heartbeat fsync runs beside this batch's instead of after their next
-            // HEARTBEAT_EVERY tick. (A busy flusher is not waiting: the wake costs nothing.)
-            for (i, s) in self.streams.iter().enumerate() {
-                if i != worker.0 as usize {
-                    s.cv.notify_one();
-                }
+        stream.cv.notify_one();
+        drop(buf);
+        // The watermark is the minimum over all streams, so this commit is durable only once
+        // every other stream has made a bound past it durable. Wake idle flushers now, so
+        // their heartbeat runs beside this batch instead of after their idle timeout. (A
+        // busy flusher is not waiting: the wake costs nothing.)
+        for (i, s) in self.streams.iter().enumerate() {
+            if i != worker.0 as usize {
+                s.cv.notify_one();
             }
         }
     }

@@ -61,6 +61,42 @@ fn acknowledged_commits_survive_reopen_in_every_durability() {
     }
 }
 
+/// `Interval(d)` bounds how often each stream writes (at most one batch per `d`) without
+/// making a lone commit wait for a tick: after an idle interval a commit goes out at once.
+#[test]
+fn interval_durability_writes_at_most_once_per_interval_but_a_lone_commit_at_once() {
+    let d_ms = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(2, Durability::Interval(Duration::from_millis(d_ms)))).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut commit = |i: u64| {
+        let t0 = std::time::Instant::now();
+        w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+        t0.elapsed()
+    };
+    // Idle for more than an interval, then one commit: both streams write at once (this
+    // one its batch, the other a heartbeat), far sooner than the interval.
+    std::thread::sleep(Duration::from_millis(d_ms + 100));
+    let lone = commit(0);
+    assert!(lone < Duration::from_millis(d_ms * 3 / 4), "a lone commit waited {lone:?} (interval {d_ms} ms)");
+    // Back to back: each waits for its stream's next batch, an interval after the last.
+    let batches0 = d.logger().stats.batches.load(Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    let mut n = 1;
+    while t0.elapsed() < Duration::from_millis(d_ms * 4) {
+        commit(n);
+        n += 1;
+    }
+    let elapsed_ms = t0.elapsed().as_millis() as u64;
+    let batches = d.logger().stats.batches.load(Ordering::Relaxed) - batches0;
+    // Two streams, each at most one batch per interval (plus the one under way at the start).
+    let most = 2 * (elapsed_ms / d_ms + 1);
+    assert!(batches <= most, "{batches} batches in {elapsed_ms} ms, at most {most} allowed");
+    assert!(n >= 3, "only {n} commits in {elapsed_ms} ms");
+    d.close();
+}
+
 #[test]
 fn deletes_and_updates_replay_to_the_last_state() {
     let dir = tempfile::tempdir().unwrap();
