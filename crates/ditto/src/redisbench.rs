@@ -45,6 +45,10 @@ pub struct RedisBenchArgs {
     /// ditto durabilities to run (comma-separated): every-batch, interval, nosync.
     #[arg(long, value_delimiter = ',', default_value = "every-batch,interval")]
     durability: Vec<String>,
+    /// ditto servers' fsync interval (interval and nosync durabilities), ms [default: the
+    /// server's].
+    #[arg(long)]
+    fsync_interval_ms: Option<u64>,
     /// ditto server workers.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -189,9 +193,13 @@ fn start_ditto(
     exe: Option<&Path>,
     dir: &Path,
     durability: &str,
-    workers: usize,
+    a: &RedisBenchArgs,
 ) -> Result<ServerProcess, Box<dyn std::error::Error>> {
-    let args = ["--durability", durability, "--workers", &workers.to_string()];
+    let (workers, ms) = (a.workers.to_string(), a.fsync_interval_ms.map(|ms| ms.to_string()));
+    let mut args = vec!["--durability", durability, "--workers", &workers];
+    if let Some(ms) = &ms {
+        args.extend(["--fsync-interval-ms", ms]);
+    }
     Ok(start_ditto_server(exe, dir, &args, Stdio::inherit()).map_err(|e| e.to_string())?)
 }
 
@@ -280,8 +288,8 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         std::fs::create_dir_all(&dir)?;
         let (kind, what) = server.split_once('/').expect("servers are named kind/what");
         running.push(match kind {
-            "ditto" => start_ditto(None, &dir, what, a.workers)?,
-            "other" => start_ditto(a.other_ditto.as_deref(), &dir, what, a.workers)?,
+            "ditto" => start_ditto(None, &dir, what, &a)?,
+            "other" => start_ditto(a.other_ditto.as_deref(), &dir, what, &a)?,
             _ => start_redis(&dir, what)?,
         });
     }
@@ -323,8 +331,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         "\nMedians over the rounds (p50, p99 and CPU too); ratios are median to median. CPU us: the\n\
          server's CPU time per request (user + system, all its threads).\n\
          ditto acknowledges a write once it is fsynced (every-batch: group commit, fsyncs back to back;\n\
-         interval: group commit at most every 10 ms). Redis with appendfsync everysec acknowledges before its\n\
-         fsync; with always, after it. The servers and redis-benchmark share this machine's cores."
+         interval: group commit at most every {} ms). Redis with appendfsync everysec acknowledges\n\
+         before its fsync; with always, after it. The servers and redis-benchmark share this machine's cores.",
+        a.fsync_interval_ms.unwrap_or(ditto_server::config::Config::default().fsync_interval_ms)
     );
     if a.json {
         println!(

@@ -25,6 +25,9 @@ pub struct ServerArgs {
     /// Durability: every-batch, interval or nosync [default: every-batch].
     #[arg(long)]
     durability: Option<String>,
+    /// With interval or nosync: a stream writes at most once per this many ms [default: 10].
+    #[arg(long)]
+    fsync_interval_ms: Option<u64>,
     /// Prometheus endpoint host:port, or "off" [default: 127.0.0.1:9379].
     #[arg(long)]
     metrics: Option<String>,
@@ -68,6 +71,9 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(d) = a.durability {
         cfg.durability = d;
+    }
+    if let Some(ms) = a.fsync_interval_ms {
+        cfg.fsync_interval_ms = ms;
     }
     if let Some(m) = a.metrics {
         cfg.metrics = m;
