@@ -149,7 +149,7 @@ fn int_reply(n: i64) -> Bytes {
     Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes())
 }
 
-fn wrongtype() -> Reply {
+pub(crate) fn wrongtype() -> Reply {
     Reply::err(WRONGTYPE)
 }
 
@@ -213,8 +213,8 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
         },
         "MGET" => {
             // Redis answers nil for a key of another type here, not WRONGTYPE.
-            let values = ks.get_strings(txn, db, a)?;
-            Reply::Array(values.into_iter().map(|v| v.map_or(Reply::Nil, Reply::Bulk)).collect())
+            let values = ks.get_strings(txn, db, &a.iter().collect::<Vec<_>>())?;
+            Reply::Array(values.into_iter().map(|v| v.ok().flatten().map_or(Reply::Nil, Reply::Bulk)).collect())
         }
         "MSET" | "MSETNX" => {
             if !a.len().is_multiple_of(2) {

@@ -93,15 +93,23 @@ impl Keyspace {
         Ok(Some(decode_entry(v)))
     }
 
-    /// The strings at `keys`, in order, `None` for a missing key or one of another type (as
-    /// MGET answers). One batched read (`get_many_with`), so the lookups' misses overlap.
-    pub fn get_strings(&self, txn: &mut Transaction<'_>, db: u8, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
+    /// The strings at `keys`, in order (`Ok(None)`: missing; `Err(WrongType)`: another
+    /// type). One batched read (`get_many_with`), so the lookups' misses overlap: MGET, and
+    /// a pipeline's run of GETs.
+    pub fn get_strings(
+        &self,
+        txn: &mut Transaction<'_>,
+        db: u8,
+        keys: &[&Bytes],
+    ) -> Result<Vec<Result<Option<Bytes>, WrongType>>> {
         let rows: Vec<Vec<u8>> = keys.iter().map(|k| Self::key_row(db, k)).collect();
-        let mut out = vec![None; keys.len()];
+        let mut out = vec![Ok(None); keys.len()];
         txn.get_many_with(self.keys, &rows, |i, v| {
-            if let Some(Entry::String(v)) = v.map(|v| decode_entry(Bytes::copy_from_slice(v))) {
-                out[i] = Some(v);
-            }
+            out[i] = match v.map(|v| decode_entry(Bytes::copy_from_slice(v))) {
+                None => Ok(None),
+                Some(Entry::String(v)) => Ok(Some(v)),
+                Some(_) => Err(WrongType),
+            };
         })?;
         Ok(out)
     }

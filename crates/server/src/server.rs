@@ -77,6 +77,14 @@ fn with_worker<R>(db: &Arc<Database>, f: impl FnOnce(&mut Worker) -> R) -> Resul
     })
 }
 
+/// At most this many pipelined GETs in a row are answered in one transaction.
+const GET_RUN_MAX: usize = 64;
+
+/// The outcome of a request when this thread has no engine worker.
+fn no_worker(e: &'static str) -> Outcome {
+    Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true, cmd: None }
+}
+
 struct Conn {
     sh: Arc<Shared>,
     limits: Limits,
@@ -264,43 +272,73 @@ impl Conn {
         let mut started: Vec<(Instant, Option<usize>)> = Vec::new();
         // The metrics shard: the engine worker of the thread that ran the last command.
         let mut shard = 0usize;
+        // A request parsed while gathering a run of GETs that ended the run: handled next.
+        let mut held = None;
         loop {
             // Handle every complete request buffered (up to the output bound).
             let mut wait = Ts(0);
             let mut close = false;
             let mut replies = 0usize;
             while out.len() < self.max_output {
-                match parser.next(&mut inbuf, &self.limits) {
+                let next = match held.take() {
+                    Some(r) => r,
+                    None => parser.next(&mut inbuf, &self.limits),
+                };
+                match next {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
-                        let t = Instant::now();
-                        let o = with_worker(&self.sh.db, |w| {
-                            shard = w.id().0 as usize;
-                            session.handle(args, &self.sh, w)
-                        })
-                        .unwrap_or_else(|e| Outcome {
-                            reply: Reply::err(format!("ERR {e}")),
-                            wait: Ts(0),
-                            close: true,
-                            cmd: None,
-                        });
-                        started.push((t, o.cmd));
-                        let before = out.len();
-                        o.reply.encode(session.proto, &mut out);
-                        let size = out.len() - before;
-                        if size > self.max_output {
-                            out.truncate(before);
-                            Reply::err(format!(
-                                "ERR reply of {size} bytes is over max_output_bytes ({})",
-                                self.max_output
-                            ))
-                            .encode(session.proto, &mut out);
+                        // A run of plain GETs is answered together (`Session::handle_gets`).
+                        let batchable = session.batchable_get(&args);
+                        let mut gets = vec![args];
+                        if batchable {
+                            while gets.len() < GET_RUN_MAX {
+                                match parser.next(&mut inbuf, &self.limits) {
+                                    Ok(Some(a)) if a.is_empty() => continue,
+                                    Ok(Some(a)) if session.batchable_get(&a) => gets.push(a),
+                                    other => {
+                                        held = Some(other);
+                                        break;
+                                    }
+                                }
+                            }
                         }
-                        replies += 1;
-                        wait = wait.max(o.wait);
-                        if o.close {
-                            close = true;
+                        let t = Instant::now();
+                        let outcomes = match gets.len() {
+                            1 => {
+                                let args = gets.pop().expect("one request");
+                                let o = with_worker(&self.sh.db, |w| {
+                                    shard = w.id().0 as usize;
+                                    session.handle(args, &self.sh, w)
+                                });
+                                vec![o.unwrap_or_else(no_worker)]
+                            }
+                            n => match with_worker(&self.sh.db, |w| {
+                                shard = w.id().0 as usize;
+                                session.handle_gets(&gets, &self.sh, w)
+                            }) {
+                                Ok(v) => v,
+                                Err(e) => (0..n).map(|_| no_worker(e)).collect(),
+                            },
+                        };
+                        for o in outcomes {
+                            started.push((t, o.cmd));
+                            let before = out.len();
+                            o.reply.encode(session.proto, &mut out);
+                            let size = out.len() - before;
+                            if size > self.max_output {
+                                out.truncate(before);
+                                Reply::err(format!(
+                                    "ERR reply of {size} bytes is over max_output_bytes ({})",
+                                    self.max_output
+                                ))
+                                .encode(session.proto, &mut out);
+                            }
+                            replies += 1;
+                            wait = wait.max(o.wait);
+                            close |= o.close;
+                        }
+                        if close {
                             break;
                         }
                     }
@@ -433,6 +471,60 @@ mod tests {
                 lines.iter().all(|l| l.starts_with("-ERR log failure") && l.contains("fsync failed: EIO")),
                 "{text}"
             );
+        });
+    }
+
+    /// Runs of pipelined GETs are answered together (`Session::handle_gets`) and the request
+    /// that ends a run is still handled, in order: a write between reads, a GET inside
+    /// MULTI, and a malformed frame after a run, which is answered after the run's replies.
+    #[test]
+    fn pipelined_runs_of_gets_keep_every_reply_in_order() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let conn = test_conn(None, Duration::from_secs(10));
+        rt.block_on(async move {
+            let addr = listen(conn, None).await;
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            let req = |args: &[&str]| {
+                let mut r = format!("*{}\r\n", args.len());
+                for a in args {
+                    r += &format!("${}\r\n{a}\r\n", a.len());
+                }
+                r
+            };
+            let mut pipeline = String::new();
+            for a in [
+                &["SET", "a", "1"][..],
+                &["GET", "a"],
+                &["GET", "b"],
+                &["SET", "b", "2"],
+                &["GET", "b"],
+                &["GET", "a"],
+                &["MULTI"],
+                &["GET", "a"],
+                &["GET", "b"],
+                &["EXEC"],
+            ] {
+                pipeline += &req(a);
+            }
+            // 70 GETs in a row: more than one run.
+            for i in 0..70 {
+                pipeline += &req(&["GET", if i % 2 == 0 { "a" } else { "zz" }]);
+            }
+            pipeline += &req(&["GET", "b"]);
+            pipeline += "*1\r\n:5\r\n";
+            c.write_all(pipeline.as_bytes()).await.unwrap();
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut got)).await.unwrap().unwrap();
+            let mut want = String::from("+OK\r\n$1\r\n1\r\n$-1\r\n+OK\r\n$1\r\n2\r\n$1\r\n1\r\n");
+            want += "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n$1\r\n1\r\n$1\r\n2\r\n";
+            for i in 0..70 {
+                want += if i % 2 == 0 { "$1\r\n1\r\n" } else { "$-1\r\n" };
+            }
+            want += "$1\r\n2\r\n";
+            let got = String::from_utf8(got).unwrap();
+            assert!(got.starts_with(&want), "got {got:?}");
+            let rest = &got[want.len()..];
+            assert!(rest.starts_with("-ERR Protocol error") && rest.ends_with("\r\n"), "then {rest:?}");
         });
     }
 

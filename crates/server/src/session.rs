@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
 use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
-use crate::keyspace::{prefix_end, type_name_of, Keyspace};
+use crate::keyspace::{prefix_end, type_name_of, Keyspace, WrongType};
 use crate::resp::{Proto, Reply};
 
 /// Databases a client can SELECT.
@@ -268,6 +268,61 @@ impl Session {
         }
         out.cmd = Some(i);
         out
+    }
+
+    /// Whether `args` is a plain `GET key` that `handle_gets` may answer together with its
+    /// neighbours in a pipeline: the session is authenticated and not queueing a MULTI, so
+    /// the request would run as a data command of its own.
+    pub fn batchable_get(&self, args: &[Bytes]) -> bool {
+        args.len() == 2 && args[0].eq_ignore_ascii_case(b"GET") && self.authed && self.multi.is_none()
+    }
+
+    /// Answers a pipeline's run of plain GETs (each `batchable_get`) in one transaction,
+    /// their index searches interleaved (`get_many_with`), with the replies, statistics and
+    /// durability waits that `handle` gives each GET alone. Serializable as they are: the
+    /// client sent them all before any reply, so they may all take effect at one point
+    /// (the transaction's) within the span each of them was outstanding.
+    pub fn handle_gets(&mut self, reqs: &[Vec<Bytes>], sh: &Shared, worker: &mut Worker) -> Vec<Outcome> {
+        debug_assert!(reqs.iter().all(|r| self.batchable_get(r)));
+        let i = commands::lookup_index(b"GET").expect("GET is a command");
+        let stats = sh.stats.command(worker.id().0 as usize, i);
+        sh.stats.commands.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        stats.calls.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        let keys: Vec<&Bytes> = reqs.iter().map(|r| &r[1]).collect();
+        let mut tries = 0;
+        let (replies, wait) = loop {
+            let mut txn = worker.begin();
+            let res = sh.ks.get_strings(&mut txn, self.db, &keys).and_then(|v| Ok((v, txn.commit_async()?)));
+            match res {
+                Ok((values, ticket)) => {
+                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
+                    let replies: Vec<Reply> = values
+                        .into_iter()
+                        .map(|v| match v {
+                            Ok(Some(v)) => Reply::Bulk(v),
+                            Ok(None) => Reply::Nil,
+                            Err(WrongType) => commands::wrongtype(),
+                        })
+                        .collect();
+                    break (replies, ticket.ts());
+                }
+                Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
+                    sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
+                    tries += 1;
+                }
+                Err(e) => break (vec![engine_error(&e); reqs.len()], Ts(0)),
+            }
+        };
+        replies
+            .into_iter()
+            .map(|reply| {
+                if reply.is_error() {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                Outcome { reply, wait, close: false, cmd: Some(i) }
+            })
+            .collect()
     }
 
     /// Runs a known command; `Err` is a refusal before it ran (see [`CommandStats`]).
@@ -938,6 +993,56 @@ mod tests {
         assert!(matches!(cmd(&mut s, &sh, &mut w, "AUTH sesamf"), Reply::Error(_)));
         assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH default sesame"), Reply::Ok);
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Nil);
+    }
+
+    /// A pipeline's run of GETs answered together gives each GET the reply, statistics and
+    /// durability wait it gets alone; only plain GETs of an authenticated session outside
+    /// MULTI qualify.
+    #[test]
+    fn a_run_of_gets_answers_as_each_get_alone() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        let req =
+            |line: &str| -> Vec<Bytes> { line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect() };
+        assert!(!s.batchable_get(&req("GET a")), "not authenticated yet");
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        cmd(&mut s, &sh, &mut w, "SET a 1");
+        cmd(&mut s, &sh, &mut w, "HSET h f v");
+        cmd(&mut s, &sh, &mut w, "SELECT 3");
+        cmd(&mut s, &sh, &mut w, "SET a three");
+        cmd(&mut s, &sh, &mut w, "SELECT 0");
+        let run: Vec<Vec<Bytes>> = ["GET a", "get h", "GET missing", "Get a"].iter().map(|l| req(l)).collect();
+        assert!(run.iter().all(|r| s.batchable_get(r)));
+        for other in ["GET", "GET a b", "MGET a", "SET a 1"] {
+            assert!(!s.batchable_get(&req(other)), "{other}");
+        }
+        let gets =
+            |sh: &Shared| sh.stats.command(0, commands::lookup_index(b"GET").unwrap()).calls.load(Ordering::Relaxed);
+        let (calls0, errors0, commands0) =
+            (gets(&sh), sh.stats.errors.load(Ordering::Relaxed), sh.stats.commands.load(Ordering::Relaxed));
+        let together = s.handle_gets(&run, &sh, &mut w);
+        assert_eq!(gets(&sh) - calls0, 4);
+        assert_eq!(sh.stats.errors.load(Ordering::Relaxed) - errors0, 1, "the WRONGTYPE");
+        assert_eq!(sh.stats.commands.load(Ordering::Relaxed) - commands0, 4);
+        let alone: Vec<Outcome> = run.iter().map(|r| s.handle(r.clone(), &sh, &mut w)).collect();
+        assert_eq!(together.len(), 4);
+        // A read waits for the newest commit it saw: together, the newest any of them saw.
+        let newest = alone.iter().map(|a| a.wait).max().unwrap();
+        assert!(newest > Ts(0));
+        for (t, a) in together.iter().zip(&alone) {
+            assert_eq!(t.reply, a.reply);
+            assert_eq!((t.cmd, t.close), (a.cmd, a.close));
+            assert_eq!(t.wait, newest);
+        }
+        assert_eq!(together[0].reply, Reply::Bulk(Bytes::from("1")));
+        assert!(matches!(&together[1].reply, Reply::Error(e) if e.starts_with("WRONGTYPE")));
+        assert_eq!(together[2].reply, Reply::Nil);
+        // Another database: the same keys answer from it.
+        cmd(&mut s, &sh, &mut w, "SELECT 3");
+        assert_eq!(s.handle_gets(&run[..1], &sh, &mut w)[0].reply, Reply::Bulk(Bytes::from("three")));
+        // Inside MULTI a GET is queued, so it is not batchable.
+        cmd(&mut s, &sh, &mut w, "MULTI");
+        assert!(!s.batchable_get(&req("GET a")));
     }
 
     #[test]
