@@ -77,8 +77,8 @@ fn with_worker<R>(db: &Arc<Database>, f: impl FnOnce(&mut Worker) -> R) -> Resul
     })
 }
 
-/// At most this many pipelined GETs in a row are answered in one transaction.
-const GET_RUN_MAX: usize = 64;
+/// At most this many pipelined GETs (or SETs) in a row are answered in one transaction.
+const RUN_MAX: usize = 64;
 
 /// The outcome of a request when this thread has no engine worker.
 fn no_worker(e: &'static str) -> Outcome {
@@ -288,14 +288,15 @@ impl Conn {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
-                        // A run of plain GETs is answered together (`Session::handle_gets`).
-                        let batchable = session.batchable_get(&args);
-                        let mut gets = vec![args];
-                        if batchable {
-                            while gets.len() < GET_RUN_MAX {
+                        // A run of plain GETs, or of plain SETs, is answered together
+                        // (`Session::handle_run`).
+                        let kind = session.run_kind(&args, &self.sh);
+                        let mut run = vec![args];
+                        if let Some(kind) = kind {
+                            while run.len() < RUN_MAX {
                                 match parser.next(&mut inbuf, &self.limits) {
                                     Ok(Some(a)) if a.is_empty() => continue,
-                                    Ok(Some(a)) if session.batchable_get(&a) => gets.push(a),
+                                    Ok(Some(a)) if session.run_kind(&a, &self.sh) == Some(kind) => run.push(a),
                                     other => {
                                         held = Some(other);
                                         break;
@@ -304,22 +305,22 @@ impl Conn {
                             }
                         }
                         let t = Instant::now();
-                        let outcomes = match gets.len() {
-                            1 => {
-                                let args = gets.pop().expect("one request");
+                        let outcomes = match (kind, run.len()) {
+                            (Some(kind), n) if n > 1 => match with_worker(&self.sh.db, |w| {
+                                shard = w.id().0 as usize;
+                                session.handle_run(kind, &run, &self.sh, w)
+                            }) {
+                                Ok(v) => v,
+                                Err(e) => (0..n).map(|_| no_worker(e)).collect(),
+                            },
+                            _ => {
+                                let args = run.pop().expect("one request");
                                 let o = with_worker(&self.sh.db, |w| {
                                     shard = w.id().0 as usize;
                                     session.handle(args, &self.sh, w)
                                 });
                                 vec![o.unwrap_or_else(no_worker)]
                             }
-                            n => match with_worker(&self.sh.db, |w| {
-                                shard = w.id().0 as usize;
-                                session.handle_gets(&gets, &self.sh, w)
-                            }) {
-                                Ok(v) => v,
-                                Err(e) => (0..n).map(|_| no_worker(e)).collect(),
-                            },
                         };
                         for o in outcomes {
                             started.push((t, o.cmd));
@@ -474,9 +475,10 @@ mod tests {
         });
     }
 
-    /// Runs of pipelined GETs are answered together (`Session::handle_gets`) and the request
-    /// that ends a run is still handled, in order: a write between reads, a GET inside
-    /// MULTI, and a malformed frame after a run, which is answered after the run's replies.
+    /// Runs of pipelined GETs and SETs are answered together (`Session::handle_run`) and
+    /// the request that ends a run is still handled, in order: a write between reads, a GET
+    /// inside MULTI, and a malformed frame after a run, which is answered after the run's
+    /// replies.
     #[test]
     fn pipelined_runs_of_gets_keep_every_reply_in_order() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -511,6 +513,10 @@ mod tests {
                 pipeline += &req(&["GET", if i % 2 == 0 { "a" } else { "zz" }]);
             }
             pipeline += &req(&["GET", "b"]);
+            // A run of SETs, then reads of what it wrote: in order, the later write wins.
+            for a in [&["SET", "x", "1"][..], &["SET", "y", "2"], &["SET", "x", "3"], &["GET", "x"], &["GET", "y"]] {
+                pipeline += &req(a);
+            }
             pipeline += "*1\r\n:5\r\n";
             c.write_all(pipeline.as_bytes()).await.unwrap();
             let mut got = Vec::new();
@@ -521,6 +527,7 @@ mod tests {
                 want += if i % 2 == 0 { "$1\r\n1\r\n" } else { "$-1\r\n" };
             }
             want += "$1\r\n2\r\n";
+            want += "+OK\r\n+OK\r\n+OK\r\n$1\r\n3\r\n$1\r\n2\r\n";
             let got = String::from_utf8(got).unwrap();
             assert!(got.starts_with(&want), "got {got:?}");
             let rest = &got[want.len()..];

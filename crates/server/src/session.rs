@@ -182,6 +182,13 @@ impl Cursors {
     }
 }
 
+/// The requests a pipeline may answer as a run, together (`Session::handle_run`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunKind {
+    Get,
+    Set,
+}
+
 /// What the connection does with one request.
 #[derive(Debug)]
 pub struct Outcome {
@@ -270,49 +277,73 @@ impl Session {
         out
     }
 
-    /// Whether `args` is a plain `GET key` that `handle_gets` may answer together with its
-    /// neighbours in a pipeline: the session is authenticated and not queueing a MULTI, so
-    /// the request would run as a data command of its own.
-    pub fn batchable_get(&self, args: &[Bytes]) -> bool {
-        args.len() == 2 && args[0].eq_ignore_ascii_case(b"GET") && self.authed && self.multi.is_none()
+    /// Whether `args` is a request that `handle_run` may answer together with its
+    /// neighbours of the same kind in a pipeline: a plain `GET key` or `SET key value`, in a
+    /// session that is authenticated and not queueing a MULTI (so the request would run as a
+    /// data command of its own), a SET only where writes are allowed.
+    pub fn run_kind(&self, args: &[Bytes], sh: &Shared) -> Option<RunKind> {
+        if !self.authed || self.multi.is_some() {
+            return None;
+        }
+        match args.len() {
+            2 if args[0].eq_ignore_ascii_case(b"GET") => Some(RunKind::Get),
+            3 if args[0].eq_ignore_ascii_case(b"SET") && !sh.read_only => Some(RunKind::Set),
+            _ => None,
+        }
     }
 
-    /// Answers a pipeline's run of plain GETs (each `batchable_get`) in one transaction,
-    /// their index searches interleaved (`get_many_with`), with the replies, statistics and
-    /// durability waits that `handle` gives each GET alone. Serializable as they are: the
-    /// client sent them all before any reply, so they may all take effect at one point
-    /// (the transaction's) within the span each of them was outstanding.
-    pub fn handle_gets(&mut self, reqs: &[Vec<Bytes>], sh: &Shared, worker: &mut Worker) -> Vec<Outcome> {
-        debug_assert!(reqs.iter().all(|r| self.batchable_get(r)));
-        let i = commands::lookup_index(b"GET").expect("GET is a command");
-        let stats = sh.stats.command(worker.id().0 as usize, i);
-        sh.stats.commands.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        stats.calls.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+    /// Answers a pipeline's run of requests of one `run_kind` in one transaction, with the
+    /// replies, statistics and durability waits that `handle` gives each alone. GETs read
+    /// with their index searches interleaved (`get_many_with`); SETs share one commit and
+    /// one log record. Serializable as they are: the client sent them all before any reply,
+    /// so they may all take effect at one point (the transaction's) within the span each
+    /// was outstanding, in their order. A run the transaction cannot take (an engine error
+    /// other than a conflict, such as a value over the size limit) is run request by request.
+    pub fn handle_run(&mut self, kind: RunKind, reqs: &[Vec<Bytes>], sh: &Shared, worker: &mut Worker) -> Vec<Outcome> {
+        debug_assert!(reqs.iter().all(|r| self.run_kind(r, sh) == Some(kind)));
+        let name: &[u8] = match kind {
+            RunKind::Get => b"GET",
+            RunKind::Set => b"SET",
+        };
+        let i = commands::lookup_index(name).expect("a command");
         let keys: Vec<&Bytes> = reqs.iter().map(|r| &r[1]).collect();
         let mut tries = 0;
         let (replies, wait) = loop {
             let mut txn = worker.begin();
-            let res = sh.ks.get_strings(&mut txn, self.db, &keys).and_then(|v| Ok((v, txn.commit_async()?)));
-            match res {
-                Ok((values, ticket)) => {
-                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
-                    let replies: Vec<Reply> = values
+            let res = match kind {
+                RunKind::Get => sh.ks.get_strings(&mut txn, self.db, &keys).map(|values| {
+                    values
                         .into_iter()
                         .map(|v| match v {
                             Ok(Some(v)) => Reply::Bulk(v),
                             Ok(None) => Reply::Nil,
                             Err(WrongType) => commands::wrongtype(),
                         })
-                        .collect();
+                        .collect()
+                }),
+                RunKind::Set => reqs
+                    .iter()
+                    .try_for_each(|r| sh.ks.set_string(&mut txn, self.db, &r[1], &r[2]))
+                    .map(|()| vec![Reply::Ok; reqs.len()]),
+            };
+            match res.and_then(|replies: Vec<Reply>| Ok((replies, txn.commit_async()?))) {
+                Ok((replies, ticket)) => {
+                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
+                    if kind == RunKind::Set {
+                        self.last_commit = ticket.ts();
+                    }
                     break (replies, ticket.ts());
                 }
                 Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
                     sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
                     tries += 1;
                 }
-                Err(e) => break (vec![engine_error(&e); reqs.len()], Ts(0)),
+                Err(_) => return reqs.iter().map(|r| self.handle(r.clone(), sh, worker)).collect(),
             }
         };
+        let stats = sh.stats.command(worker.id().0 as usize, i);
+        sh.stats.commands.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        stats.calls.fetch_add(reqs.len() as u64, Ordering::Relaxed);
         replies
             .into_iter()
             .map(|reply| {
@@ -995,33 +1026,61 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Nil);
     }
 
-    /// A pipeline's run of GETs answered together gives each GET the reply, statistics and
-    /// durability wait it gets alone; only plain GETs of an authenticated session outside
-    /// MULTI qualify.
+    /// A pipeline's run of GETs or SETs answered together gives each request the reply,
+    /// statistics and durability wait it gets alone; only plain GETs and SETs of an
+    /// authenticated session outside MULTI qualify (SETs only where writes are allowed); a
+    /// run of SETs the transaction cannot take runs request by request.
     #[test]
-    fn a_run_of_gets_answers_as_each_get_alone() {
-        let (sh, mut w) = setup();
+    fn a_run_of_gets_or_sets_answers_as_each_alone() {
+        let (mut sh, mut w) = setup();
         let mut s = Session::new(&sh);
         let req =
             |line: &str| -> Vec<Bytes> { line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect() };
-        assert!(!s.batchable_get(&req("GET a")), "not authenticated yet");
+        assert_eq!(s.run_kind(&req("GET a"), &sh), None, "not authenticated yet");
         cmd(&mut s, &sh, &mut w, "AUTH sesame");
-        cmd(&mut s, &sh, &mut w, "SET a 1");
-        cmd(&mut s, &sh, &mut w, "HSET h f v");
+        let sets: Vec<Vec<Bytes>> = ["SET a 1", "set h x", "SET a 11", "Set b 2"].iter().map(|l| req(l)).collect();
+        assert!(sets.iter().all(|r| s.run_kind(r, &sh) == Some(RunKind::Set)));
+        let calls = |sh: &Shared, c: &[u8]| {
+            sh.stats.command(0, commands::lookup_index(c).unwrap()).calls.load(Ordering::Relaxed)
+        };
+        let (set_calls0, commits0) = (calls(&sh, b"SET"), sh.stats.txn_commits.load(Ordering::Relaxed));
+        let set = s.handle_run(RunKind::Set, &sets, &sh, &mut w);
+        assert!(set.iter().all(|o| o.reply == Reply::Ok && o.cmd == Some(commands::lookup_index(b"SET").unwrap())));
+        assert!(set.iter().all(|o| o.wait == set[0].wait && o.wait > Ts(0)));
+        assert_eq!(s.last_commit, set[0].wait, "DITTO.LASTCOMMIT is the run's commit");
+        assert_eq!(calls(&sh, b"SET") - set_calls0, 4);
+        assert_eq!(sh.stats.txn_commits.load(Ordering::Relaxed) - commits0, 1, "one transaction");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET a"), Reply::Bulk(Bytes::from("11")), "in order: the later SET wins");
+        // A SET over a hash replaces it, as SET alone does.
+        cmd(&mut s, &sh, &mut w, "HSET hh f v");
+        let over = s.handle_run(RunKind::Set, &[req("SET hh s"), req("SET c 3")], &sh, &mut w);
+        assert!(over.iter().all(|o| o.reply == Reply::Ok));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "HGET hh f"), Reply::Error(e) if e.starts_with("WRONGTYPE")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET hh"), Reply::Bulk(Bytes::from("s")));
+        // A value over the engine's limit: the run falls back to one request at a time, so
+        // the others still take effect and only the oversize one fails.
+        let big =
+            vec![Bytes::from("SET"), Bytes::from("big"), Bytes::from(vec![b'x'; ditto_engine::VALUE_LEN_MAX + 1])];
+        let mixed = s.handle_run(RunKind::Set, &[req("SET d 4"), big, req("SET e 5")], &sh, &mut w);
+        assert_eq!(mixed[0].reply, Reply::Ok);
+        assert!(mixed[1].reply.is_error(), "{:?}", mixed[1].reply);
+        assert_eq!(mixed[2].reply, Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET e"), Reply::Bulk(Bytes::from("5")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXISTS big"), Reply::Int(0));
+
+        cmd(&mut s, &sh, &mut w, "HSET hg f v");
         cmd(&mut s, &sh, &mut w, "SELECT 3");
         cmd(&mut s, &sh, &mut w, "SET a three");
         cmd(&mut s, &sh, &mut w, "SELECT 0");
-        let run: Vec<Vec<Bytes>> = ["GET a", "get h", "GET missing", "Get a"].iter().map(|l| req(l)).collect();
-        assert!(run.iter().all(|r| s.batchable_get(r)));
-        for other in ["GET", "GET a b", "MGET a", "SET a 1"] {
-            assert!(!s.batchable_get(&req(other)), "{other}");
+        let run: Vec<Vec<Bytes>> = ["GET a", "get hg", "GET missing", "Get a"].iter().map(|l| req(l)).collect();
+        assert!(run.iter().all(|r| s.run_kind(r, &sh) == Some(RunKind::Get)));
+        for other in ["GET", "GET a b", "MGET a", "SET a", "SET a 1 NX", "SETNX a 1"] {
+            assert_eq!(s.run_kind(&req(other), &sh), None, "{other}");
         }
-        let gets =
-            |sh: &Shared| sh.stats.command(0, commands::lookup_index(b"GET").unwrap()).calls.load(Ordering::Relaxed);
         let (calls0, errors0, commands0) =
-            (gets(&sh), sh.stats.errors.load(Ordering::Relaxed), sh.stats.commands.load(Ordering::Relaxed));
-        let together = s.handle_gets(&run, &sh, &mut w);
-        assert_eq!(gets(&sh) - calls0, 4);
+            (calls(&sh, b"GET"), sh.stats.errors.load(Ordering::Relaxed), sh.stats.commands.load(Ordering::Relaxed));
+        let together = s.handle_run(RunKind::Get, &run, &sh, &mut w);
+        assert_eq!(calls(&sh, b"GET") - calls0, 4);
         assert_eq!(sh.stats.errors.load(Ordering::Relaxed) - errors0, 1, "the WRONGTYPE");
         assert_eq!(sh.stats.commands.load(Ordering::Relaxed) - commands0, 4);
         let alone: Vec<Outcome> = run.iter().map(|r| s.handle(r.clone(), &sh, &mut w)).collect();
@@ -1034,15 +1093,21 @@ mod tests {
             assert_eq!((t.cmd, t.close), (a.cmd, a.close));
             assert_eq!(t.wait, newest);
         }
-        assert_eq!(together[0].reply, Reply::Bulk(Bytes::from("1")));
+        assert_eq!(together[0].reply, Reply::Bulk(Bytes::from("11")));
         assert!(matches!(&together[1].reply, Reply::Error(e) if e.starts_with("WRONGTYPE")));
         assert_eq!(together[2].reply, Reply::Nil);
         // Another database: the same keys answer from it.
         cmd(&mut s, &sh, &mut w, "SELECT 3");
-        assert_eq!(s.handle_gets(&run[..1], &sh, &mut w)[0].reply, Reply::Bulk(Bytes::from("three")));
-        // Inside MULTI a GET is queued, so it is not batchable.
+        assert_eq!(s.handle_run(RunKind::Get, &run[..1], &sh, &mut w)[0].reply, Reply::Bulk(Bytes::from("three")));
+        // Inside MULTI requests are queued, so none forms a run.
         cmd(&mut s, &sh, &mut w, "MULTI");
-        assert!(!s.batchable_get(&req("GET a")));
+        assert_eq!(s.run_kind(&req("GET a"), &sh), None);
+        assert_eq!(s.run_kind(&req("SET a 1"), &sh), None);
+        cmd(&mut s, &sh, &mut w, "DISCARD");
+        // A read-only node runs GETs together, never SETs.
+        sh.read_only = true;
+        assert_eq!(s.run_kind(&req("GET a"), &sh), Some(RunKind::Get));
+        assert_eq!(s.run_kind(&req("SET a 1"), &sh), None);
     }
 
     #[test]
