@@ -213,7 +213,8 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
         },
         "MGET" => {
             // Redis answers nil for a key of another type here, not WRONGTYPE.
-            let values = ks.get_strings(txn, db, &a.iter().collect::<Vec<_>>())?;
+            // One reply: its size is bounded where it is encoded (`max_output_bytes`).
+            let values = ks.get_strings(txn, db, &a.iter().collect::<Vec<_>>(), usize::MAX)?;
             Reply::Array(values.into_iter().map(|v| v.ok().flatten().map_or(Reply::Nil, Reply::Bulk)).collect())
         }
         "MSET" | "MSETNX" => {

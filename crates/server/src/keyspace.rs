@@ -95,21 +95,29 @@ impl Keyspace {
 
     /// The strings at `keys`, in order (`Ok(None)`: missing; `Err(WrongType)`: another
     /// type). One batched read (`get_many_with`), so the lookups' misses overlap: MGET, and
-    /// a pipeline's run of GETs.
+    /// a pipeline's run of GETs. Values are copied out only up to `budget` bytes: the
+    /// answer stops after the value that takes the total past it (so it holds at least one
+    /// entry), and the caller answers the rest later. Every key is read either way.
     pub fn get_strings(
         &self,
         txn: &mut Transaction<'_>,
         db: u8,
         keys: &[&Bytes],
+        budget: usize,
     ) -> Result<Vec<Result<Option<Bytes>, WrongType>>> {
         let rows: Vec<Vec<u8>> = keys.iter().map(|k| Self::key_row(db, k)).collect();
-        let mut out = vec![Ok(None); keys.len()];
+        let mut out = Vec::with_capacity(keys.len());
+        let mut bytes = 0usize;
         txn.get_many_with(self.keys, &rows, |i, v| {
-            out[i] = match v.map(|v| decode_entry(Bytes::copy_from_slice(v))) {
+            if i != out.len() || (i > 0 && bytes > budget) {
+                return;
+            }
+            bytes = bytes.saturating_add(v.map_or(0, <[u8]>::len));
+            out.push(match v.map(|v| decode_entry(Bytes::copy_from_slice(v))) {
                 None => Ok(None),
                 Some(Entry::String(v)) => Ok(Some(v)),
                 Some(_) => Err(WrongType),
-            };
+            });
         })?;
         Ok(out)
     }

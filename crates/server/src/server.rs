@@ -21,6 +21,7 @@
 //! fails, the batch's replies are replaced by errors and the connection is closed.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -272,15 +273,17 @@ impl Conn {
         let mut started: Vec<(Instant, Option<usize>)> = Vec::new();
         // The metrics shard: the engine worker of the thread that ran the last command.
         let mut shard = 0usize;
-        // A request parsed while gathering a run of GETs that ended the run: handled next.
-        let mut held = None;
+        // Requests parsed but not handled yet, handled before any further parsing: the one
+        // that ended a run of GETs or SETs, and the part of a run of GETs left for later
+        // because its replies reached the output bound.
+        let mut pending = VecDeque::new();
         loop {
             // Handle every complete request buffered (up to the output bound).
             let mut wait = Ts(0);
             let mut close = false;
             let mut replies = 0usize;
             while out.len() < self.max_output {
-                let next = match held.take() {
+                let next = match pending.pop_front() {
                     Some(r) => r,
                     None => parser.next(&mut inbuf, &self.limits),
                 };
@@ -294,11 +297,15 @@ impl Conn {
                         let mut run = vec![args];
                         if let Some(kind) = kind {
                             while run.len() < RUN_MAX {
-                                match parser.next(&mut inbuf, &self.limits) {
+                                let next = match pending.pop_front() {
+                                    Some(r) => r,
+                                    None => parser.next(&mut inbuf, &self.limits),
+                                };
+                                match next {
                                     Ok(Some(a)) if a.is_empty() => continue,
                                     Ok(Some(a)) if session.run_kind(&a, &self.sh) == Some(kind) => run.push(a),
                                     other => {
-                                        held = Some(other);
+                                        pending.push_front(other);
                                         break;
                                     }
                                 }
@@ -306,13 +313,22 @@ impl Conn {
                         }
                         let t = Instant::now();
                         let outcomes = match (kind, run.len()) {
-                            (Some(kind), n) if n > 1 => match with_worker(&self.sh.db, |w| {
-                                shard = w.id().0 as usize;
-                                session.handle_run(kind, &run, &self.sh, w)
-                            }) {
-                                Ok(v) => v,
-                                Err(e) => (0..n).map(|_| no_worker(e)).collect(),
-                            },
+                            (Some(kind), n) if n > 1 => {
+                                let budget = self.max_output - out.len();
+                                match with_worker(&self.sh.db, |w| {
+                                    shard = w.id().0 as usize;
+                                    session.handle_run(kind, &run, budget, &self.sh, w)
+                                }) {
+                                    Ok(v) => {
+                                        // What the output bound left for later, in order.
+                                        for r in run.drain(v.len()..).rev() {
+                                            pending.push_front(Ok(Some(r)));
+                                        }
+                                        v
+                                    }
+                                    Err(e) => (0..n).map(|_| no_worker(e)).collect(),
+                                }
+                            }
                             _ => {
                                 let args = run.pop().expect("one request");
                                 let o = with_worker(&self.sh.db, |w| {
@@ -533,6 +549,41 @@ mod tests {
             let rest = &got[want.len()..];
             assert!(rest.starts_with("-ERR Protocol error") && rest.ends_with("\r\n"), "then {rest:?}");
         });
+    }
+
+    /// A run of GETs whose replies pass `max_output_bytes` is answered in parts, each part
+    /// written before the next is read from the database, every reply in order.
+    #[test]
+    fn a_run_of_gets_past_the_output_bound_is_answered_in_parts() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let db = Database::new(Options { workers: 1 });
+        let conn = Arc::new(Conn {
+            sh: Arc::new(Shared::new(db, None, None, 0).unwrap()),
+            limits: Limits::default(),
+            max_output: 100,
+            max_clients: 100,
+            tls_handshake_timeout: Duration::from_secs(10),
+            durable: None,
+            metrics: Arc::new(Metrics::new(1)),
+        });
+        let sh = Arc::clone(&conn.sh);
+        rt.block_on(async move {
+            let addr = listen(conn, None).await;
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            let value = "v".repeat(40);
+            let mut pipeline = format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$40\r\n{value}\r\n");
+            for _ in 0..20 {
+                pipeline += "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
+            }
+            pipeline += "*1\r\n$4\r\nQUIT\r\n";
+            c.write_all(pipeline.as_bytes()).await.unwrap();
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut got)).await.unwrap().unwrap();
+            let want = format!("+OK\r\n{}+OK\r\n", format!("$40\r\n{value}\r\n").repeat(20));
+            assert_eq!(String::from_utf8(got).unwrap(), want);
+        });
+        let get = crate::commands::lookup_index(b"GET").unwrap();
+        assert_eq!(sh.stats.command_totals(get)[0], 20, "every GET counted once");
     }
 
     /// TLS through a real socket: a client that trusts the CA is served; plaintext on the

@@ -299,7 +299,17 @@ impl Session {
     /// so they may all take effect at one point (the transaction's) within the span each
     /// was outstanding, in their order. A run the transaction cannot take (an engine error
     /// other than a conflict, such as a value over the size limit) is run request by request.
-    pub fn handle_run(&mut self, kind: RunKind, reqs: &[Vec<Bytes>], sh: &Shared, worker: &mut Worker) -> Vec<Outcome> {
+    /// GETs whose values together pass `budget` bytes are answered only up to the one that
+    /// passes it (at least one): the answer may hold fewer outcomes than `reqs`, and the
+    /// caller runs the rest later, so a run cannot buffer much more output than one request.
+    pub fn handle_run(
+        &mut self,
+        kind: RunKind,
+        reqs: &[Vec<Bytes>],
+        budget: usize,
+        sh: &Shared,
+        worker: &mut Worker,
+    ) -> Vec<Outcome> {
         debug_assert!(reqs.iter().all(|r| self.run_kind(r, sh) == Some(kind)));
         let name: &[u8] = match kind {
             RunKind::Get => b"GET",
@@ -311,7 +321,7 @@ impl Session {
         let (replies, wait) = loop {
             let mut txn = worker.begin();
             let res = match kind {
-                RunKind::Get => sh.ks.get_strings(&mut txn, self.db, &keys).map(|values| {
+                RunKind::Get => sh.ks.get_strings(&mut txn, self.db, &keys, budget).map(|values| {
                     values
                         .into_iter()
                         .map(|v| match v {
@@ -342,8 +352,8 @@ impl Session {
             }
         };
         let stats = sh.stats.command(worker.id().0 as usize, i);
-        sh.stats.commands.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        stats.calls.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        sh.stats.commands.fetch_add(replies.len() as u64, Ordering::Relaxed);
+        stats.calls.fetch_add(replies.len() as u64, Ordering::Relaxed);
         replies
             .into_iter()
             .map(|reply| {
@@ -1044,7 +1054,7 @@ mod tests {
             sh.stats.command(0, commands::lookup_index(c).unwrap()).calls.load(Ordering::Relaxed)
         };
         let (set_calls0, commits0) = (calls(&sh, b"SET"), sh.stats.txn_commits.load(Ordering::Relaxed));
-        let set = s.handle_run(RunKind::Set, &sets, &sh, &mut w);
+        let set = s.handle_run(RunKind::Set, &sets, usize::MAX, &sh, &mut w);
         assert!(set.iter().all(|o| o.reply == Reply::Ok && o.cmd == Some(commands::lookup_index(b"SET").unwrap())));
         assert!(set.iter().all(|o| o.wait == set[0].wait && o.wait > Ts(0)));
         assert_eq!(s.last_commit, set[0].wait, "DITTO.LASTCOMMIT is the run's commit");
@@ -1053,7 +1063,7 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET a"), Reply::Bulk(Bytes::from("11")), "in order: the later SET wins");
         // A SET over a hash replaces it, as SET alone does.
         cmd(&mut s, &sh, &mut w, "HSET hh f v");
-        let over = s.handle_run(RunKind::Set, &[req("SET hh s"), req("SET c 3")], &sh, &mut w);
+        let over = s.handle_run(RunKind::Set, &[req("SET hh s"), req("SET c 3")], usize::MAX, &sh, &mut w);
         assert!(over.iter().all(|o| o.reply == Reply::Ok));
         assert!(matches!(cmd(&mut s, &sh, &mut w, "HGET hh f"), Reply::Error(e) if e.starts_with("WRONGTYPE")));
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET hh"), Reply::Bulk(Bytes::from("s")));
@@ -1061,7 +1071,7 @@ mod tests {
         // the others still take effect and only the oversize one fails.
         let big =
             vec![Bytes::from("SET"), Bytes::from("big"), Bytes::from(vec![b'x'; ditto_engine::VALUE_LEN_MAX + 1])];
-        let mixed = s.handle_run(RunKind::Set, &[req("SET d 4"), big, req("SET e 5")], &sh, &mut w);
+        let mixed = s.handle_run(RunKind::Set, &[req("SET d 4"), big, req("SET e 5")], usize::MAX, &sh, &mut w);
         assert_eq!(mixed[0].reply, Reply::Ok);
         assert!(mixed[1].reply.is_error(), "{:?}", mixed[1].reply);
         assert_eq!(mixed[2].reply, Reply::Ok);
@@ -1079,7 +1089,7 @@ mod tests {
         }
         let (calls0, errors0, commands0) =
             (calls(&sh, b"GET"), sh.stats.errors.load(Ordering::Relaxed), sh.stats.commands.load(Ordering::Relaxed));
-        let together = s.handle_run(RunKind::Get, &run, &sh, &mut w);
+        let together = s.handle_run(RunKind::Get, &run, usize::MAX, &sh, &mut w);
         assert_eq!(calls(&sh, b"GET") - calls0, 4);
         assert_eq!(sh.stats.errors.load(Ordering::Relaxed) - errors0, 1, "the WRONGTYPE");
         assert_eq!(sh.stats.commands.load(Ordering::Relaxed) - commands0, 4);
@@ -1096,9 +1106,22 @@ mod tests {
         assert_eq!(together[0].reply, Reply::Bulk(Bytes::from("11")));
         assert!(matches!(&together[1].reply, Reply::Error(e) if e.starts_with("WRONGTYPE")));
         assert_eq!(together[2].reply, Reply::Nil);
+        // A byte budget: the answer stops after the value that passes it (at least one).
+        cmd(&mut s, &sh, &mut w, "SET ten 0123456789");
+        let tens: Vec<Vec<Bytes>> = (0..3).map(|_| req("GET ten")).collect();
+        let (calls0, commands0) = (calls(&sh, b"GET"), sh.stats.commands.load(Ordering::Relaxed));
+        assert_eq!(s.handle_run(RunKind::Get, &tens, 15, &sh, &mut w).len(), 2);
+        assert_eq!(s.handle_run(RunKind::Get, &tens, 5, &sh, &mut w).len(), 1);
+        assert_eq!(s.handle_run(RunKind::Get, &tens, 0, &sh, &mut w).len(), 1);
+        assert_eq!(s.handle_run(RunKind::Get, &tens, 30, &sh, &mut w).len(), 3);
+        assert_eq!(calls(&sh, b"GET") - calls0, 7, "only the answered GETs count");
+        assert_eq!(sh.stats.commands.load(Ordering::Relaxed) - commands0, 7);
         // Another database: the same keys answer from it.
         cmd(&mut s, &sh, &mut w, "SELECT 3");
-        assert_eq!(s.handle_run(RunKind::Get, &run[..1], &sh, &mut w)[0].reply, Reply::Bulk(Bytes::from("three")));
+        assert_eq!(
+            s.handle_run(RunKind::Get, &run[..1], usize::MAX, &sh, &mut w)[0].reply,
+            Reply::Bulk(Bytes::from("three"))
+        );
         // Inside MULTI requests are queued, so none forms a run.
         cmd(&mut s, &sh, &mut w, "MULTI");
         assert_eq!(s.run_kind(&req("GET a"), &sh), None);
