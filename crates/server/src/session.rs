@@ -1067,6 +1067,19 @@ mod tests {
         assert!(over.iter().all(|o| o.reply == Reply::Ok));
         assert!(matches!(cmd(&mut s, &sh, &mut w, "HGET hh f"), Reply::Error(e) if e.starts_with("WRONGTYPE")));
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET hh"), Reply::Bulk(Bytes::from("s")));
+        // The same hash twice in a run: replaced once, the later value wins.
+        cmd(&mut s, &sh, &mut w, "HSET h2 f v g w");
+        let twice = s.handle_run(RunKind::Set, &[req("SET h2 s"), req("SET h2 t")], usize::MAX, &sh, &mut w);
+        assert!(twice.iter().all(|o| o.reply == Reply::Ok));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET h2"), Reply::Bulk(Bytes::from("t")));
+        // No field left behind: a new hash at the key holds only its own field.
+        cmd(&mut s, &sh, &mut w, "DEL h2");
+        cmd(&mut s, &sh, &mut w, "HSET h2 z 1");
+        match cmd(&mut s, &sh, &mut w, "HGETALL h2") {
+            Reply::Map(m) => assert_eq!(m.len(), 1, "{m:?}"),
+            Reply::Array(a) => assert_eq!(a.len(), 2, "{a:?}"),
+            other => panic!("{other:?}"),
+        }
         // A value over the engine's limit: the run falls back to one request at a time, so
         // the others still take effect and only the oversize one fails.
         let big =
