@@ -149,8 +149,18 @@ fn int_reply(n: i64) -> Bytes {
     Bytes::copy_from_slice(itoa::Buffer::new().format(n).as_bytes())
 }
 
-pub(crate) fn wrongtype() -> Reply {
+fn wrongtype() -> Reply {
     Reply::err(WRONGTYPE)
+}
+
+/// GET's reply to what a key holds: its string, nil, or WRONGTYPE. Also a pipeline's run of
+/// GETs (`Session::handle_run`).
+pub(crate) fn get_reply(held: std::result::Result<Option<Bytes>, WrongType>) -> Reply {
+    match held {
+        Ok(Some(v)) => Reply::Bulk(v),
+        Ok(None) => Reply::Nil,
+        Err(WrongType) => wrongtype(),
+    }
 }
 
 /// Runs a data command in `txn`, on database `db`. Arity was checked by the caller.
@@ -159,11 +169,7 @@ pub(crate) fn wrongtype() -> Reply {
 pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
     let a = &args[1..];
     Ok(match spec.name {
-        "GET" => match ks.get_string(txn, db, &a[0])? {
-            Ok(Some(v)) => Reply::Bulk(v),
-            Ok(None) => Reply::Nil,
-            Err(WrongType) => wrongtype(),
-        },
+        "GET" => get_reply(ks.get_string(txn, db, &a[0])?),
         "SET" => return set(a, ks, db, txn),
         "GETSET" => match ks.get_string(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),

@@ -109,6 +109,7 @@ impl Keyspace {
         let mut out = Vec::with_capacity(keys.len());
         let mut bytes = 0usize;
         txn.get_many_with(self.keys, &rows, |i, v| {
+            // Values arrive in key order; once one is skipped for the budget, so are the rest.
             if i != out.len() || (i > 0 && bytes > budget) {
                 return;
             }

@@ -124,7 +124,7 @@ impl Release {
         rx.await.unwrap_or_else(|_| Err("the server is shutting down".into()))
     }
 
-    /// Connections waiting now (for tests and INFO).
+    /// Connections waiting now (tests read it).
     pub fn waiting(&self) -> usize {
         self.state.lock().waiting.len()
     }

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use ditto_engine::{Database, Ts, Worker, WorkerId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,8 +36,8 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::{Config, ConfigError};
 use crate::metrics::{self, Metrics};
 use crate::release::Release;
-use crate::resp::{Limits, Reply, RequestParser};
-use crate::session::{Outcome, Session, Shared};
+use crate::resp::{Limits, ProtocolError, Reply, RequestParser};
+use crate::session::{Outcome, RunKind, Session, Shared};
 use crate::tls::{self, TlsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,25 @@ fn with_worker<R>(db: &Arc<Database>, f: impl FnOnce(&mut Worker) -> R) -> Resul
 
 /// At most this many pipelined GETs (or SETs) in a row are answered in one transaction.
 const RUN_MAX: usize = 64;
+
+/// A request as the parser gives it: a request, nothing complete yet, or a protocol error.
+type Parsed = Result<Option<Vec<Bytes>>, ProtocolError>;
+
+/// The next request: one set aside earlier (`pending`), else the next parsed from `inbuf`.
+fn next_request(
+    pending: &mut VecDeque<Parsed>,
+    parser: &mut RequestParser,
+    inbuf: &mut BytesMut,
+    limits: &Limits,
+) -> Parsed {
+    pending.pop_front().unwrap_or_else(|| parser.next(inbuf, limits))
+}
+
+/// What the connection runs next: one request, or a run of GETs or SETs.
+enum Work {
+    One(Vec<Bytes>),
+    Run(RunKind, Vec<Vec<Bytes>>),
+}
 
 /// The outcome of a request when this thread has no engine worker.
 fn no_worker(e: &'static str) -> Outcome {
@@ -277,43 +296,50 @@ impl Conn {
         // that ended a run of GETs or SETs, and the part of a run of GETs left for later
         // because its replies reached the output bound.
         let mut pending = VecDeque::new();
+        // The outcomes of the request (or run) being handled; reused.
+        let mut outcomes: Vec<Outcome> = Vec::new();
         loop {
             // Handle every complete request buffered (up to the output bound).
             let mut wait = Ts(0);
             let mut close = false;
             let mut replies = 0usize;
             while out.len() < self.max_output {
-                let next = match pending.pop_front() {
-                    Some(r) => r,
-                    None => parser.next(&mut inbuf, &self.limits),
-                };
-                match next {
+                match next_request(&mut pending, &mut parser, &mut inbuf, &self.limits) {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
                         // A run of plain GETs, or of plain SETs, is answered together
                         // (`Session::handle_run`).
-                        let kind = session.run_kind(&args, &self.sh);
-                        let mut run = vec![args];
-                        if let Some(kind) = kind {
-                            while run.len() < RUN_MAX {
-                                let next = match pending.pop_front() {
-                                    Some(r) => r,
-                                    None => parser.next(&mut inbuf, &self.limits),
-                                };
-                                match next {
-                                    Ok(Some(a)) if a.is_empty() => continue,
-                                    Ok(Some(a)) if session.run_kind(&a, &self.sh) == Some(kind) => run.push(a),
-                                    other => {
-                                        pending.push_front(other);
-                                        break;
+                        let work = match session.run_kind(&args, &self.sh) {
+                            None => Work::One(args),
+                            Some(kind) => {
+                                let mut run = vec![args];
+                                while run.len() < RUN_MAX {
+                                    match next_request(&mut pending, &mut parser, &mut inbuf, &self.limits) {
+                                        Ok(Some(a)) if a.is_empty() => continue,
+                                        Ok(Some(a)) if session.run_kind(&a, &self.sh) == Some(kind) => run.push(a),
+                                        other => {
+                                            pending.push_front(other);
+                                            break;
+                                        }
                                     }
                                 }
+                                match run.len() {
+                                    1 => Work::One(run.pop().expect("one request")),
+                                    _ => Work::Run(kind, run),
+                                }
                             }
-                        }
+                        };
                         let t = Instant::now();
-                        let outcomes = match (kind, run.len()) {
-                            (Some(kind), n) if n > 1 => {
+                        match work {
+                            Work::One(args) => {
+                                let o = with_worker(&self.sh.db, |w| {
+                                    shard = w.id().0 as usize;
+                                    session.handle(args, &self.sh, w)
+                                });
+                                outcomes.push(o.unwrap_or_else(no_worker));
+                            }
+                            Work::Run(kind, mut run) => {
                                 let budget = self.max_output - out.len();
                                 match with_worker(&self.sh.db, |w| {
                                     shard = w.id().0 as usize;
@@ -324,21 +350,13 @@ impl Conn {
                                         for r in run.drain(v.len()..).rev() {
                                             pending.push_front(Ok(Some(r)));
                                         }
-                                        v
+                                        outcomes.extend(v);
                                     }
-                                    Err(e) => (0..n).map(|_| no_worker(e)).collect(),
+                                    Err(e) => outcomes.extend(run.iter().map(|_| no_worker(e))),
                                 }
                             }
-                            _ => {
-                                let args = run.pop().expect("one request");
-                                let o = with_worker(&self.sh.db, |w| {
-                                    shard = w.id().0 as usize;
-                                    session.handle(args, &self.sh, w)
-                                });
-                                vec![o.unwrap_or_else(no_worker)]
-                            }
-                        };
-                        for o in outcomes {
+                        }
+                        for o in outcomes.drain(..) {
                             started.push((t, o.cmd));
                             let before = out.len();
                             o.reply.encode(session.proto, &mut out);

@@ -27,12 +27,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use ditto_engine::{Database, Error, Ts, Worker, RETRIES_MAX};
+use ditto_engine::{CommitTicket, Database, Error, Transaction, Ts, Worker, RETRIES_MAX};
 use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
 use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
-use crate::keyspace::{prefix_end, type_name_of, Keyspace, WrongType};
+use crate::keyspace::{prefix_end, type_name_of, Keyspace};
 use crate::resp::{Proto, Reply};
 
 /// Databases a client can SELECT.
@@ -317,40 +317,24 @@ impl Session {
         };
         let i = commands::lookup_index(name).expect("a command");
         let keys: Vec<&Bytes> = reqs.iter().map(|r| &r[1]).collect();
-        let mut tries = 0;
-        let (replies, wait) = loop {
-            let mut txn = worker.begin();
-            let res = match kind {
-                RunKind::Get => sh.ks.get_strings(&mut txn, self.db, &keys, budget).map(|values| {
-                    values
-                        .into_iter()
-                        .map(|v| match v {
-                            Ok(Some(v)) => Reply::Bulk(v),
-                            Ok(None) => Reply::Nil,
-                            Err(WrongType) => commands::wrongtype(),
-                        })
-                        .collect()
-                }),
-                RunKind::Set => reqs
-                    .iter()
-                    .try_for_each(|r| sh.ks.set_string(&mut txn, self.db, &r[1], &r[2]))
-                    .map(|()| vec![Reply::Ok; reqs.len()]),
-            };
-            match res.and_then(|replies: Vec<Reply>| Ok((replies, txn.commit_async()?))) {
-                Ok((replies, ticket)) => {
-                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
-                    if kind == RunKind::Set {
-                        self.last_commit = ticket.ts();
-                    }
-                    break (replies, ticket.ts());
-                }
-                Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
-                    sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
-                    tries += 1;
-                }
-                Err(_) => return reqs.iter().map(|r| self.handle(r.clone(), sh, worker)).collect(),
+        let db = self.db;
+        let ran = run_txn(sh, worker, |txn| match kind {
+            RunKind::Get => {
+                let values = sh.ks.get_strings(txn, db, &keys, budget)?;
+                Ok(values.into_iter().map(commands::get_reply).collect::<Vec<_>>())
             }
+            RunKind::Set => {
+                reqs.iter().try_for_each(|r| sh.ks.set_string(txn, db, &r[1], &r[2]))?;
+                Ok(vec![Reply::Ok; reqs.len()])
+            }
+        });
+        let Ok((replies, ticket)) = ran else {
+            return reqs.iter().map(|r| self.handle(r.clone(), sh, worker)).collect();
         };
+        let wait = ticket.ts();
+        if kind == RunKind::Set {
+            self.last_commit = wait;
+        }
         let stats = sh.stats.command(worker.id().0 as usize, i);
         sh.stats.commands.fetch_add(replies.len() as u64, Ordering::Relaxed);
         stats.calls.fetch_add(replies.len() as u64, Ordering::Relaxed);
@@ -413,24 +397,14 @@ impl Session {
 
     fn run_single(&mut self, spec: &Spec, args: &[Bytes], sh: &Shared, worker: &mut Worker) -> Outcome {
         let db = self.db;
-        let mut tries = 0;
-        loop {
-            let mut txn = worker.begin();
-            let res = run_data(spec, args, &sh.ks, db, &mut txn).and_then(|reply| Ok((reply, txn.commit_async()?)));
-            match res {
-                Ok((reply, ticket)) => {
-                    sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
-                    if spec.write && !reply.is_error() {
-                        self.last_commit = ticket.ts();
-                    }
-                    return Outcome::after(reply, ticket.ts());
+        match run_txn(sh, worker, |txn| run_data(spec, args, &sh.ks, db, txn)) {
+            Ok((reply, ticket)) => {
+                if spec.write && !reply.is_error() {
+                    self.last_commit = ticket.ts();
                 }
-                Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
-                    sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
-                    tries += 1;
-                }
-                Err(e) => return Outcome::now(engine_error(&e)),
+                Outcome::after(reply, ticket.ts())
             }
+            Err(e) => Outcome::now(engine_error(&e)),
         }
     }
 
@@ -689,6 +663,31 @@ pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
 /// Constant-time in the password's bytes (the length is not secret: it is compared first).
 fn password_matches(expected: &str, given: &[u8]) -> bool {
     expected.len() == given.len() && bool::from(expected.as_bytes().ct_eq(given))
+}
+
+/// Runs `body` in a transaction of `worker` and commits it without waiting for durability,
+/// again after a conflict (up to `RETRIES_MAX` retries), counting commits and conflicts:
+/// what `body` made and the commit's ticket, or the error that ended it.
+fn run_txn<T>(
+    sh: &Shared,
+    worker: &mut Worker,
+    mut body: impl FnMut(&mut Transaction<'_>) -> ditto_engine::Result<T>,
+) -> ditto_engine::Result<(T, CommitTicket)> {
+    let mut tries = 0;
+    loop {
+        let mut txn = worker.begin();
+        match body(&mut txn).and_then(|made| Ok((made, txn.commit_async()?))) {
+            Ok(done) => {
+                sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
+                return Ok(done);
+            }
+            Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
+                sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub fn engine_error(e: &Error) -> Reply {
