@@ -10,7 +10,8 @@
 //! ```
 //!
 //! A checkpoint exists only once its MANIFEST does; a directory without one is a
-//! half-written checkpoint and is ignored (and deleted) in favour of the previous one. Once
+//! half-written checkpoint and is ignored (and deleted) in favour of the previous one. A
+//! complete checkpoint is never removed to write the same timestamp again (see `write`). Once
 //! the manifest is durable, log segments whose transactions are all at or below `C` and
 //! older checkpoints are deleted. The manifest also names the oldest log epoch still
 //! relevant (`log_epoch_min`): segments of older epochs were superseded by recovery.
@@ -137,8 +138,33 @@ pub(crate) fn write(
     let ts = snap.ts();
     let dir = ckpt_dir(data, ts);
     if dir.exists() {
-        // A leftover of an earlier attempt at the same timestamp.
-        std::fs::remove_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+        let mpath = dir.join("MANIFEST");
+        match std::fs::read(&mpath) {
+            // A complete checkpoint at this very timestamp (nothing committed since it was
+            // taken, as after a recovery that replayed nothing): the same image. It may be the
+            // only complete checkpoint, so it is kept, never removed and rewritten (a crash
+            // in between would leave none); only its manifest moves to the newer epoch, in
+            // one atomic write.
+            Ok(b) => {
+                let mut m = Manifest::decode(&b, &mpath)?;
+                if m.log_epoch_min < log_epoch_min {
+                    m.log_epoch_min = log_epoch_min;
+                    write_atomically(&dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
+                }
+                return Ok(CheckpointInfo {
+                    ts,
+                    dir,
+                    rows: m.parts.iter().map(|p| p.rows).sum(),
+                    bytes: m.parts.iter().map(|p| p.bytes).sum(),
+                    seconds: t0.elapsed().as_secs_f64(),
+                });
+            }
+            // A leftover of an earlier attempt at the same timestamp, never complete.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::remove_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+            }
+            Err(e) => return Err(LogError::io(&mpath, e)),
+        }
     }
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
     let mut tasks = Vec::new();

@@ -194,6 +194,42 @@ fn online_checkpoint_truncates_covered_segments_and_recovers() {
     assert!(d.recovery().checkpoint_ts.is_some());
 }
 
+/// A checkpoint at a timestamp that already has a complete one (nothing committed since)
+/// keeps that one: removing it to write it again would leave no complete checkpoint if the
+/// process died in between (a SIGKILL crash test caught a recovery failing on a missing
+/// part file). A recovery that replays nothing checkpoints at the same timestamp for its
+/// new epoch: the kept checkpoint's manifest then names that epoch.
+#[test]
+fn a_checkpoint_at_the_timestamp_of_a_complete_one_keeps_it() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let part_inode = |d: &Path| std::fs::metadata(d.join("part-0000.dat")).unwrap().ino();
+    let (first_dir, inode) = {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 100);
+        let a = d.checkpoint().unwrap();
+        let inode = part_inode(&a.dir);
+        let b = d.checkpoint().unwrap();
+        assert_eq!((b.ts, &b.dir, b.rows, b.bytes), (a.ts, &a.dir, a.rows, a.bytes));
+        assert_eq!(part_inode(&b.dir), inode, "the part files were not rewritten");
+        d.close();
+        (a.dir, inode)
+    };
+    for round in 0..2 {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().table_id("t").unwrap();
+        assert_eq!(count(&d, t), 100, "round {round}");
+        let epoch = d.logger().epoch();
+        d.close();
+        drop(d);
+        assert_eq!(part_inode(&first_dir), inode, "round {round}: still the first checkpoint's parts");
+        let mpath = first_dir.join("MANIFEST");
+        let m = ditto_log::checkpoint::Manifest::decode(&std::fs::read(&mpath).unwrap(), &mpath).unwrap();
+        assert_eq!(m.log_epoch_min, epoch, "round {round}: the manifest names the recovery's epoch");
+    }
+}
+
 #[test]
 fn half_written_checkpoint_is_ignored_for_the_previous_one() {
     let dir = tempfile::tempdir().unwrap();
