@@ -42,6 +42,11 @@ pub struct RedisBenchArgs {
     /// Random keys drawn from this many (redis-benchmark -r).
     #[arg(long, default_value_t = 100_000)]
     keyspace: u64,
+    /// redis-benchmark's own threads (its --threads; 1 = its single-threaded client). One
+    /// client thread tops out at a few hundred thousand requests per second; give it more
+    /// on a machine with cores to spare, or it measures itself.
+    #[arg(long, default_value_t = 1)]
+    bench_threads: u32,
     /// ditto durabilities to run (comma-separated): every-batch, interval, nosync.
     #[arg(long, value_delimiter = ',', default_value = "every-batch,interval")]
     durability: Vec<String>,
@@ -236,6 +241,7 @@ fn bench(
         .args(["-p", &proc.port.to_string(), "-t", test, "--csv"])
         .args(["-n", &a.requests.to_string(), "-c", &a.clients.to_string(), "-P", &pipeline.to_string()])
         .args(["-r", &a.keyspace.to_string()])
+        .args(if a.bench_threads > 1 { vec!["--threads".to_string(), a.bench_threads.to_string()] } else { vec![] })
         .output()
         .map_err(|e| format!("running redis-benchmark (apt-get install redis-tools): {e}"))?;
     if !out.status.success() {
@@ -344,6 +350,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                 "requests": a.requests,
                 "keyspace": a.keyspace,
                 "rounds": a.rounds,
+                "workers": a.workers,
+                "bench_threads": a.bench_threads,
+                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
                 "summary": summary,
                 "rows": rows,
             })

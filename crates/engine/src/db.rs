@@ -1,7 +1,7 @@
 //! The database handle, workers and the commit-log hook.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -260,20 +260,43 @@ impl Database {
         Ok(())
     }
 
-    /// After recovery installs: builds the table's index from its live records and moves
-    /// the clock past `max_ts`.
-    pub fn recovery_finish(&self, max_ts: Ts) -> Result<()> {
+    /// After recovery installs: builds every table's index from its live records, on
+    /// `threads` threads, and moves the clock past `max_ts`. The index takes concurrent
+    /// inserts, so the threads share out record-id ranges of all tables
+    /// (`REBUILD_RIDS_PER_TASK` each) from one counter. Returns the keys indexed.
+    pub fn recovery_finish(&self, max_ts: Ts, threads: usize) -> Result<u64> {
+        const REBUILD_RIDS_PER_TASK: u64 = 1 << 14;
         self.clock.advance_to(max_ts);
-        let guard = crossbeam_epoch::pin();
+        let mut tasks = Vec::new();
         for slot in self.tables.iter() {
             let Some(t) = slot.get() else { continue };
-            for rid in 0..t.rid_limit() {
-                let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
-                let (_, head) = rec.read_latest(&guard);
-                if head.is_some_and(|v| v.value().is_some()) {
+            let limit = t.rid_limit();
+            tasks.extend(
+                (0..limit)
+                    .step_by(REBUILD_RIDS_PER_TASK as usize)
+                    .map(|lo| (t, lo..(lo + REBUILD_RIDS_PER_TASK).min(limit))),
+            );
+        }
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let indexed = AtomicU64::new(0);
+        let rebuild = || -> Result<()> {
+            let guard = crossbeam_epoch::pin();
+            let mut n = 0;
+            while let Some((t, rids)) = tasks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                if failed.load(Ordering::Relaxed) {
+                    break;
+                }
+                for rid in rids.clone() {
+                    let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
+                    let (_, head) = rec.read_latest(&guard);
+                    if head.is_none_or(|v| v.value().is_none()) {
+                        continue;
+                    }
                     // A present record got its key from the checkpoint or from the logged
                     // insert; without one the log or checkpoint lost an insert.
                     let Some(key) = rec.key.get() else {
+                        failed.store(true, Ordering::Relaxed);
                         return Err(Error::Corrupt(format!(
                             "table {} record {rid} has a value but no key was recovered for it",
                             t.name
@@ -281,16 +304,27 @@ impl Database {
                     };
                     let (other, inserted) = t.index.get_or_insert_with(key, || rid, &guard);
                     if !inserted {
+                        failed.store(true, Ordering::Relaxed);
+                        let (a, b) = (other.min(rid), other.max(rid));
                         return Err(Error::Corrupt(format!(
-                            "table {} records {other} and {rid} are both present with the same key",
+                            "table {} records {a} and {b} are both present with the same key",
                             t.name
                         )));
                     }
+                    n += 1;
                 }
             }
-        }
+            indexed.fetch_add(n, Ordering::Relaxed);
+            Ok(())
+        };
+        let threads = threads.clamp(1, tasks.len().max(1));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (1..threads).map(|_| s.spawn(rebuild)).collect();
+            let mine = rebuild();
+            hs.into_iter().map(|h| h.join().expect("index rebuild panicked")).fold(mine, Result::and)
+        })?;
         self.clock.refresh_horizon();
-        Ok(())
+        Ok(indexed.into_inner())
     }
 
     /// Number of live (present) keys in a table, by scanning the index at a snapshot.

@@ -2,7 +2,9 @@
 //! ===========
 //! A checkpoint is a transaction-consistent image of every table at one snapshot
 //! timestamp `C`, taken through an ordinary read-only snapshot, so workers never stop.
-//! Threads split the tables into record-id ranges and each writes its own part file:
+//! Threads split the tables into record-id ranges and each writes its own part files, a new
+//! one whenever its part has grown past `LogOptions::checkpoint_part_bytes` (so recovery,
+//! which has every core, loads it on more threads than wrote it):
 //!
 //! ```text
 //!  checkpoints/ckpt-<C:020>/part-0000.dat ... part-NNNN.dat   (rows: table, rid, ts, key, value)
@@ -109,6 +111,7 @@ pub struct CheckpointInfo {
     pub dir: PathBuf,
     pub rows: u64,
     pub bytes: u64,
+    pub parts: usize,
     pub seconds: f64,
 }
 
@@ -124,12 +127,14 @@ fn part_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("part-{i:04}.dat"))
 }
 
-/// Writes a checkpoint of `db` at a fresh snapshot with `threads` writers. Does not delete
-/// anything; the caller does that once this returns.
+/// Writes a checkpoint of `db` at a fresh snapshot with `threads` writers, each starting a
+/// new part once its part is over `part_bytes`. Does not delete anything; the caller does
+/// that once this returns.
 pub(crate) fn write(
     db: &Database,
     data: &Path,
     threads: usize,
+    part_bytes: u64,
     log_epoch_min: Epoch,
     storage: &dyn Storage,
 ) -> Result<CheckpointInfo, LogError> {
@@ -156,6 +161,7 @@ pub(crate) fn write(
                     dir,
                     rows: m.parts.iter().map(|p| p.rows).sum(),
                     bytes: m.parts.iter().map(|p| p.bytes).sum(),
+                    parts: m.parts.len(),
                     seconds: t0.elapsed().as_secs_f64(),
                 });
             }
@@ -177,18 +183,32 @@ pub(crate) fn write(
         }
     }
     let next = AtomicUsize::new(0);
-    let threads = threads.max(1);
-    let parts: Vec<Result<PartInfo, LogError>> = std::thread::scope(|s| {
+    let next_part = AtomicUsize::new(0);
+    let threads = threads.clamp(1, tasks.len().max(1));
+    let written: Vec<Result<Vec<(usize, PartInfo)>, LogError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let (snap, tasks, next, dir) = (&snap, &tasks, &next, &dir);
-                s.spawn(move || -> Result<PartInfo, LogError> {
-                    let path = part_path(dir, i);
-                    let f = std::fs::File::create(&path).map_err(|e| LogError::io(&path, e))?;
-                    let mut w = PartWriter::new(BufWriter::with_capacity(1 << 20, f), i as u32, ts);
+            .map(|_| {
+                let (snap, tasks, next, next_part, dir) = (&snap, &tasks, &next, &next_part, &dir);
+                s.spawn(move || -> Result<Vec<(usize, PartInfo)>, LogError> {
+                    // Every part number handed out gets its file and its manifest entry, so
+                    // the numbers are 0..n without gaps.
+                    let start = || -> Result<(usize, PathBuf, PartWriter<BufWriter<std::fs::File>>), LogError> {
+                        let i = next_part.fetch_add(1, Ordering::Relaxed);
+                        let path = part_path(dir, i);
+                        let f = std::fs::File::create(&path).map_err(|e| LogError::io(&path, e))?;
+                        Ok((i, path.clone(), PartWriter::new(BufWriter::with_capacity(1 << 20, f), i as u32, ts)))
+                    };
+                    let mut done = Vec::new();
+                    let (mut i, mut path, mut w) = start()?;
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some((table, rids)) = tasks.get(k) else { break };
+                        if w.bytes >= part_bytes {
+                            let (ni, npath, nw) = start()?;
+                            let full = std::mem::replace(&mut w, nw);
+                            done.push((i, full.finish().map_err(|e| LogError::io(&path, e))?));
+                            (i, path) = (ni, npath);
+                        }
                         let mut err = None;
                         snap.for_each_record(*table, rids.clone(), |rid, key, vts, val| {
                             if err.is_none() {
@@ -200,14 +220,20 @@ pub(crate) fn write(
                             return Err(LogError::io(&path, e));
                         }
                     }
-                    let info = w.finish().map_err(|e| LogError::io(&path, e))?;
-                    Ok(info)
+                    done.push((i, w.finish().map_err(|e| LogError::io(&path, e))?));
+                    Ok(done)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("checkpoint writer panicked")).collect()
     });
-    let parts: Vec<PartInfo> = parts.into_iter().collect::<Result<_, _>>()?;
+    let mut numbered = Vec::new();
+    for w in written {
+        numbered.extend(w?);
+    }
+    numbered.sort_unstable_by_key(|(i, _)| *i);
+    debug_assert!(numbered.iter().enumerate().all(|(k, (i, _))| k == *i), "part numbers 0..n");
+    let parts: Vec<PartInfo> = numbered.into_iter().map(|(_, p)| p).collect();
     let manifest = Manifest { ts, log_epoch_min, parts };
     sync_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
     write_atomically(&dir, "MANIFEST", &manifest.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
@@ -217,6 +243,7 @@ pub(crate) fn write(
         dir,
         rows: manifest.parts.iter().map(|p| p.rows).sum(),
         bytes: manifest.parts.iter().map(|p| p.bytes).sum(),
+        parts: manifest.parts.len(),
         seconds: t0.elapsed().as_secs_f64(),
     })
 }

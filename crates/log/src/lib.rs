@@ -128,7 +128,7 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
             if opts.progress {
                 eprintln!("recovery: loading checkpoint at ts {} ({} parts)", m.ts.0, m.parts.len());
             }
-            let (rows, bytes) = checkpoint::load(&db, cdir, m, opts.log.checkpoint_threads)?;
+            let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery::recovery_threads())?;
             report.checkpoint_ts = Some(m.ts);
             report.checkpoint_rows = rows;
             report.checkpoint_bytes = bytes;
@@ -148,7 +148,9 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
     let segments = recovery::list_segments(dir)?;
     let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress)?;
     let recovered_ts = cut.max(ckpt_ts);
-    db.recovery_finish(recovered_ts).map_err(LogError::Engine)?;
+    let t = Instant::now();
+    report.index_keys = db.recovery_finish(recovered_ts, recovery::recovery_threads()).map_err(LogError::Engine)?;
+    report.index_seconds = t.elapsed().as_secs_f64();
     let epoch = Epoch(report.max_epoch.max(epoch_min.0.saturating_sub(1)) + 1);
     if opts.progress && !segments.is_empty() {
         eprintln!(
@@ -158,12 +160,21 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
             report.log_txns_dropped_above_cut
         );
     }
+    if opts.progress {
+        eprintln!("recovery: indexed {} keys in {:.2} s", report.index_keys, report.index_seconds);
+    }
     // Everything recovered goes into a fresh checkpoint that names the new epoch, so the old
     // segments (and whatever they hold above the cut) can never be replayed again.
+    // Nothing else runs yet, so it takes every core (and leaves more parts for the next load).
     if !segments.is_empty() {
-        let info = checkpoint::write(&db, dir, opts.log.checkpoint_threads, epoch, &*opts.log.storage)?;
+        let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
+        let info = checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage)?;
+        report.checkpoint_write_seconds = info.seconds;
         if opts.progress {
-            eprintln!("recovery: wrote checkpoint at ts {} ({} rows) for epoch {}", info.ts.0, info.rows, epoch.0);
+            eprintln!(
+                "recovery: wrote checkpoint at ts {} ({} rows, {} parts) for epoch {} in {:.2} s",
+                info.ts.0, info.rows, info.parts, epoch.0, info.seconds
+            );
         }
         for s in &segments {
             std::fs::remove_file(&s.path).map_err(|e| LogError::io(&s.path, e))?;
@@ -225,7 +236,14 @@ impl Durable {
     pub fn checkpoint(&self) -> Result<CheckpointInfo, LogError> {
         let _one = self.inner.checkpointing.lock();
         let i = &self.inner;
-        let info = checkpoint::write(&i.db, &i.dir, i.opts.checkpoint_threads, i.logger.epoch(), &*i.opts.storage)?;
+        let info = checkpoint::write(
+            &i.db,
+            &i.dir,
+            i.opts.checkpoint_threads,
+            i.opts.checkpoint_part_bytes,
+            i.logger.epoch(),
+            &*i.opts.storage,
+        )?;
         for seg in i.logger.take_segments_covered_by(info.ts) {
             std::fs::remove_file(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
         }

@@ -46,8 +46,11 @@ pub struct LogOptions {
     pub segment_bytes_max: u64,
     /// A worker's commit blocks while its stream has more than this many bytes buffered.
     pub stream_buffer_bytes_max: usize,
-    /// Threads writing a checkpoint (and loading one in recovery).
+    /// Threads writing an online checkpoint (recovery loads and writes with every core).
     pub checkpoint_threads: usize,
+    /// A checkpoint writer starts a new part file once its part is over this size, so
+    /// recovery can load a checkpoint on more threads than wrote it.
+    pub checkpoint_part_bytes: u64,
     /// Where files go; tests substitute a fault-injecting storage.
     pub storage: Arc<dyn Storage>,
 }
@@ -60,6 +63,7 @@ impl Default for LogOptions {
             segment_bytes_max: 64 << 20,
             stream_buffer_bytes_max: 64 << 20,
             checkpoint_threads: 2,
+            checkpoint_part_bytes: 64 << 20,
             storage: Arc::new(RealStorage),
         }
     }

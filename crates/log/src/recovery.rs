@@ -65,6 +65,11 @@ pub struct RecoveryReport {
     /// replay).
     pub log_check_seconds: f64,
     pub log_seconds: f64,
+    /// Keys put into the indexes after replay, and the time that took.
+    pub index_keys: u64,
+    pub index_seconds: f64,
+    /// Writing the checkpoint that closes recovery (0 when there was no log to replay).
+    pub checkpoint_write_seconds: f64,
     pub total_seconds: f64,
     /// Highest epoch seen in the log (new writes use a higher one).
     pub max_epoch: u64,
@@ -259,8 +264,9 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) ->
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Threads for reading and replaying the log.
-fn recovery_threads() -> usize {
+/// Threads for recovery: reading and replaying the log, loading the checkpoint, rebuilding
+/// the indexes and writing the new checkpoint (nothing else runs yet).
+pub(crate) fn recovery_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
