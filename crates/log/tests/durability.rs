@@ -734,6 +734,54 @@ fn a_present_record_whose_insert_is_missing_refuses_to_start() {
     }
 }
 
+/// Two live records with one key cannot both be indexed: the (parallel) index rebuild
+/// refuses, naming the table and both records, whichever thread met them first.
+#[test]
+fn two_present_records_with_one_key_refuse_to_start() {
+    use ditto_log::format::{read_segment, BatchBuilder};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 5);
+        d.close();
+    }
+    // Rewrite the log so that the insert of key 3 carries key 1 instead.
+    let dup = 1u64.to_be_bytes();
+    let mut rewritten = 0;
+    for seg in segments(dir.path()) {
+        let scan = read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
+        let mut file = scan.header.encode().to_vec();
+        for (_, b) in &scan.batches {
+            let mut builder = BatchBuilder::new();
+            for t in b.records() {
+                let writes = t.writes.iter().map(|w| {
+                    let key = match w.key.as_deref() {
+                        Some(k) if k == 3u64.to_be_bytes() => {
+                            rewritten += 1;
+                            Some(&dup[..])
+                        }
+                        k => k,
+                    };
+                    (w.table, w.rid, key, w.value.as_deref())
+                });
+                builder.push_txn(t.ts, writes);
+            }
+            let h = &b.header;
+            builder.finish_into(h.stream, h.epoch, h.bound_ts, h.compressed, &mut file);
+        }
+        std::fs::write(&seg, file).unwrap();
+    }
+    assert_eq!(rewritten, 1, "the log holds key 3's insert once");
+    match open(dir.path(), opts(1, Durability::EveryBatch)) {
+        Err(LogError::Engine(Error::Corrupt(what))) => {
+            assert!(what.contains("both present with the same key") && what.contains("records 1 and 3"), "{what}")
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("recovery must refuse two records with one key"),
+    }
+}
+
 #[test]
 fn a_version_1_segment_is_refused_naming_file_and_version() {
     use ditto_log::format::{SegmentHeader, StreamId};
