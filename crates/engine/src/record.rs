@@ -350,16 +350,27 @@ pub(crate) unsafe fn trim(head: *mut Version, horizon: Ts, guard: &Guard) {
     }
 }
 
-/// Hands a detached chain to the epoch GC.
+/// Hands a detached chain to the epoch GC, as one deferred walk: the versions are old and
+/// most likely out of the cache, so the chain is walked once, when it is freed, rather than
+/// also now to defer each version on its own (that walk was a cache miss per trimmed chain,
+/// about half of `commit_async`'s own samples under TPC-C).
 ///
-/// SAFETY: `chain` is unreachable from any record for readers pinned from now on.
-pub(crate) unsafe fn free_chain(mut chain: *mut Version, guard: &Guard) {
-    while !chain.is_null() {
-        let next = (*chain).older.load(Ordering::Acquire);
-        let p = chain as usize;
-        guard.defer_unchecked(move || Version::free(p as *mut Version));
-        chain = next;
+/// SAFETY: `chain` is unreachable from any record for readers pinned from now on, and the
+/// chain is no one else's: only a trim detaches versions, and it reaches them only from a
+/// record's live head.
+pub(crate) unsafe fn free_chain(chain: *mut Version, guard: &Guard) {
+    if chain.is_null() {
+        return;
     }
+    let p = chain as usize;
+    guard.defer_unchecked(move || {
+        let mut cur = p as *mut Version;
+        while !cur.is_null() {
+            let next = (*cur).older.load(Ordering::Acquire);
+            Version::free(cur);
+            cur = next;
+        }
+    });
 }
 
 fn backoff(spins: u32) {
