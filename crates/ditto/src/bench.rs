@@ -1,5 +1,11 @@
-//! `ditto bench`: the embedded benchmarks, each run once per `--log` mode in one process so
-//! that the log's cost is a ratio measured on the same machine in the same run.
+//! `ditto bench`: the embedded benchmarks, each run once per `--log` mode so that the log's
+//! cost is a ratio measured on the same machine in the same run.
+//!
+//! Each mode runs in a fresh child process (this executable again, with `--one-process` and
+//! that mode alone): a mode that ran after another in the same process ran on a heap the
+//! first had used and freed, and was slower for it whether it logged or not (TPC-C,
+//! `--log off,interval,off,interval,off` in one process on a 16-core machine: 106k, 86k,
+//! 90k, 94k, 89k tps with 2 workers; docs/results.md), which read as a cost of the log.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +61,10 @@ pub struct Common {
     pub json: bool,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run every log mode in this process, one after the other, instead of each in a fresh
+    /// child process (later modes then run on a heap the earlier ones used).
+    #[arg(long)]
+    pub one_process: bool,
 }
 
 #[derive(clap::Args)]
@@ -192,6 +202,9 @@ fn run_modes(
     c: &Common,
     body: impl Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if c.log.len() > 1 && !c.one_process {
+        return run_modes_in_children(name, c);
+    }
     let body: &Body = &body;
     let run = RunConfig {
         workers: c.workers,
@@ -247,6 +260,60 @@ fn run_modes(
         let runs: Vec<_> = results
             .iter()
             .map(|(label, r)| serde_json::json!({ "log": label, "report": r, "ratio_to_first": r.throughput_tps / results[0].1.throughput_tps }))
+            .collect();
+        println!("{}", serde_json::json!({ "benchmark": name, "machine": machine(), "runs": runs }));
+    }
+    Ok(())
+}
+
+/// Runs each log mode in a child process: this executable with this process's arguments,
+/// `--log` set to that mode, and `--one-process --json`. The children's reports pass
+/// through; their JSON is gathered into one summary, as `run_modes` prints it.
+fn run_modes_in_children(name: &str, c: &Common) -> Result<(), Box<dyn std::error::Error>> {
+    use clap::ValueEnum;
+    let exe = std::env::current_exe()?;
+    let mut base: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--log" => {
+                args.next();
+            }
+            "--json" | "--one-process" => {}
+            _ if a.starts_with("--log=") => {}
+            _ => base.push(a),
+        }
+    }
+    let mut runs: Vec<(String, serde_json::Value)> = Vec::new();
+    for mode in &c.log {
+        let value = mode.to_possible_value().expect("every mode has a name");
+        let out = std::process::Command::new(&exe)
+            .args(&base)
+            .args(["--log", value.get_name(), "--one-process", "--json"])
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            print!("{text}");
+            return Err(format!("{name} with log {} failed ({})", value.get_name(), out.status).into());
+        }
+        let (report, json) = text.trim_end().rsplit_once('\n').unwrap_or(("", &text));
+        println!("{report}");
+        let v: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| format!("{name} with log {}: no JSON summary: {e}", value.get_name()))?;
+        let run = &v["runs"][0];
+        runs.push((run["log"].as_str().unwrap_or("?").to_string(), run["report"].clone()));
+    }
+    let tps = |r: &serde_json::Value| r["throughput_tps"].as_f64().unwrap_or(0.0);
+    let base_tps = tps(&runs[0].1);
+    println!("\n{name}: throughput relative to log {} (each mode in a fresh process)", runs[0].0);
+    for (label, r) in &runs {
+        println!("  {:<24} {:>12.0} tps  {:>6.3}x", label, tps(r), tps(r) / base_tps);
+    }
+    if c.json {
+        let runs: Vec<_> = runs
+            .iter()
+            .map(|(label, r)| serde_json::json!({ "log": label, "report": r, "ratio_to_first": tps(r) / base_tps }))
             .collect();
         println!("{}", serde_json::json!({ "benchmark": name, "machine": machine(), "runs": runs }));
     }

@@ -29,6 +29,14 @@ fn bench_tpcc_small_with_and_without_log() {
     }
     assert_eq!(runs[0]["report"]["log_bytes"].as_u64().unwrap(), 0, "log off writes nothing");
     assert!(runs[1]["report"]["log_bytes_per_txn"].as_f64().unwrap() > 50.0, "a logged TPC-C txn writes bytes");
+    assert!(out.contains("each mode in a fresh process"), "{out}");
+    assert_eq!(out.matches("tpcc (2 workers").count(), 2, "both children's reports pass through: {out}");
+    // The same in one process, as before.
+    let (out, _) =
+        ditto(&["bench", "tpcc", "--small", "--seconds", "0.5", "--log", "nosync,off", "--one-process", "--json"]);
+    let runs = last_json(&out)["runs"].as_array().unwrap().clone();
+    assert_eq!((runs[0]["log"].as_str(), runs[1]["log"].as_str()), (Some("no-fsync-10ms"), Some("off")));
+    assert!(!out.contains("fresh process"), "{out}");
 }
 
 #[test]
