@@ -703,8 +703,10 @@ fn a_batch_with_good_checksums_but_bad_contents_is_refused_at_replay_changing_no
     assert_eq!(std::fs::read(&seg1).unwrap(), torn);
 }
 
-#[test]
-fn a_present_record_whose_insert_is_missing_refuses_to_start() {
+/// A directory holding five logged inserts (keys 0..5 as big-endian u64, record ids 0..5)
+/// whose log was then rewritten with each write's key replaced by `key(old key)`, checksums
+/// recomputed: the damage is in the contents, where only recovery's own checks can see it.
+fn five_inserts_with_rewritten_keys(key: impl Fn(Option<&[u8]>) -> Option<Vec<u8>>) -> tempfile::TempDir {
     use ditto_log::format::{read_segment, BatchBuilder};
     let dir = tempfile::tempdir().unwrap();
     {
@@ -713,20 +715,30 @@ fn a_present_record_whose_insert_is_missing_refuses_to_start() {
         put_n(&d, t, 0, 0, 5);
         d.close();
     }
-    // Rewrite the log with every key dropped: as if the inserts had been lost.
     for seg in segments(dir.path()) {
         let scan = read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
         let mut file = scan.header.encode().to_vec();
         for (_, b) in &scan.batches {
             let mut builder = BatchBuilder::new();
             for t in b.records() {
-                builder.push_txn(t.ts, t.writes.iter().map(|w| (w.table, w.rid, None, w.value.as_deref())));
+                let keys: Vec<Option<Vec<u8>>> = t.writes.iter().map(|w| key(w.key.as_deref())).collect();
+                builder.push_txn(
+                    t.ts,
+                    t.writes.iter().zip(&keys).map(|(w, k)| (w.table, w.rid, k.as_deref(), w.value.as_deref())),
+                );
             }
             let h = &b.header;
             builder.finish_into(h.stream, h.epoch, h.bound_ts, h.compressed, &mut file);
         }
         std::fs::write(&seg, file).unwrap();
     }
+    dir
+}
+
+#[test]
+fn a_present_record_whose_insert_is_missing_refuses_to_start() {
+    // Every key dropped: as if the inserts had been lost.
+    let dir = five_inserts_with_rewritten_keys(|_| None);
     match open(dir.path(), opts(1, Durability::EveryBatch)) {
         Err(LogError::Engine(Error::Corrupt(what))) => assert!(what.contains("no key"), "{what}"),
         Err(e) => panic!("wrong error: {e}"),
@@ -738,41 +750,11 @@ fn a_present_record_whose_insert_is_missing_refuses_to_start() {
 /// refuses, naming the table and both records, whichever thread met them first.
 #[test]
 fn two_present_records_with_one_key_refuse_to_start() {
-    use ditto_log::format::{read_segment, BatchBuilder};
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-        let t = d.db().create_table("t").unwrap();
-        put_n(&d, t, 0, 0, 5);
-        d.close();
-    }
-    // Rewrite the log so that the insert of key 3 carries key 1 instead.
-    let dup = 1u64.to_be_bytes();
-    let mut rewritten = 0;
-    for seg in segments(dir.path()) {
-        let scan = read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
-        let mut file = scan.header.encode().to_vec();
-        for (_, b) in &scan.batches {
-            let mut builder = BatchBuilder::new();
-            for t in b.records() {
-                let writes = t.writes.iter().map(|w| {
-                    let key = match w.key.as_deref() {
-                        Some(k) if k == 3u64.to_be_bytes() => {
-                            rewritten += 1;
-                            Some(&dup[..])
-                        }
-                        k => k,
-                    };
-                    (w.table, w.rid, key, w.value.as_deref())
-                });
-                builder.push_txn(t.ts, writes);
-            }
-            let h = &b.header;
-            builder.finish_into(h.stream, h.epoch, h.bound_ts, h.compressed, &mut file);
-        }
-        std::fs::write(&seg, file).unwrap();
-    }
-    assert_eq!(rewritten, 1, "the log holds key 3's insert once");
+    // The insert of key 3 carries key 1 instead.
+    let dir = five_inserts_with_rewritten_keys(|k| match k {
+        Some(k) if k == 3u64.to_be_bytes() => Some(1u64.to_be_bytes().to_vec()),
+        k => k.map(<[u8]>::to_vec),
+    });
     match open(dir.path(), opts(1, Durability::EveryBatch)) {
         Err(LogError::Engine(Error::Corrupt(what))) => {
             assert!(what.contains("both present with the same key") && what.contains("records 1 and 3"), "{what}")
