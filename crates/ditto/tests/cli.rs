@@ -93,6 +93,24 @@ fn demo_refuses_log_off_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a log"));
 }
 
+/// A mode whose child process fails stops the run with an error naming that mode: with a
+/// given `--dir`, the first logged mode leaves its database there and the second, which
+/// needs a new or empty directory, refuses.
+#[test]
+fn bench_stops_with_the_error_of_a_failing_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "tpcc", "--small", "--seconds", "0.3", "--log", "nosync,interval", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("is not empty"), "the child's reason: {stderr}");
+    assert!(stderr.contains("tpcc with log interval failed"), "the parent names the mode: {stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tpcc (1 workers"), "the first mode's report passed through");
+}
+
 #[test]
 fn bench_redis_small_against_ditto_only() {
     let (out, _) =

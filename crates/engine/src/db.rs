@@ -1,7 +1,7 @@
 //! The database handle, workers and the commit-log hook.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -279,8 +279,7 @@ impl Database {
         }
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
-        let indexed = AtomicU64::new(0);
-        let rebuild = || -> Result<()> {
+        let rebuild = || -> Result<u64> {
             let guard = crossbeam_epoch::pin();
             let mut n = 0;
             while let Some((t, rids)) = tasks.get(next.fetch_add(1, Ordering::Relaxed)) {
@@ -314,17 +313,18 @@ impl Database {
                     n += 1;
                 }
             }
-            indexed.fetch_add(n, Ordering::Relaxed);
-            Ok(())
+            Ok(n)
         };
         let threads = threads.clamp(1, tasks.len().max(1));
-        std::thread::scope(|s| {
+        let indexed = std::thread::scope(|s| {
             let hs: Vec<_> = (1..threads).map(|_| s.spawn(rebuild)).collect();
             let mine = rebuild();
-            hs.into_iter().map(|h| h.join().expect("index rebuild panicked")).fold(mine, Result::and)
+            hs.into_iter()
+                .map(|h| h.join().expect("index rebuild panicked"))
+                .try_fold(mine?, |sum, n| Ok::<_, Error>(sum + n?))
         })?;
         self.clock.refresh_horizon();
-        Ok(indexed.into_inner())
+        Ok(indexed)
     }
 
     /// Number of live (present) keys in a table, by scanning the index at a snapshot.

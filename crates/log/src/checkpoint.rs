@@ -115,6 +115,20 @@ pub struct CheckpointInfo {
     pub seconds: f64,
 }
 
+impl CheckpointInfo {
+    /// What the checkpoint in `dir` with manifest `m` holds, `started` being when writing it began.
+    fn of(m: &Manifest, dir: PathBuf, started: Instant) -> CheckpointInfo {
+        CheckpointInfo {
+            ts: m.ts,
+            dir,
+            rows: m.parts.iter().map(|p| p.rows).sum(),
+            bytes: m.parts.iter().map(|p| p.bytes).sum(),
+            parts: m.parts.len(),
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 pub(crate) fn checkpoints_dir(data: &Path) -> PathBuf {
     data.join("checkpoints")
 }
@@ -156,14 +170,7 @@ pub(crate) fn write(
                     m.log_epoch_min = log_epoch_min;
                     write_atomically(&dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
                 }
-                return Ok(CheckpointInfo {
-                    ts,
-                    dir,
-                    rows: m.parts.iter().map(|p| p.rows).sum(),
-                    bytes: m.parts.iter().map(|p| p.bytes).sum(),
-                    parts: m.parts.len(),
-                    seconds: t0.elapsed().as_secs_f64(),
-                });
+                return Ok(CheckpointInfo::of(&m, dir, t0));
             }
             // A leftover of an earlier attempt at the same timestamp, never complete.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -196,7 +203,7 @@ pub(crate) fn write(
                         let i = next_part.fetch_add(1, Ordering::Relaxed);
                         let path = part_path(dir, i);
                         let f = std::fs::File::create(&path).map_err(|e| LogError::io(&path, e))?;
-                        Ok((i, path.clone(), PartWriter::new(BufWriter::with_capacity(1 << 20, f), i as u32, ts)))
+                        Ok((i, path, PartWriter::new(BufWriter::with_capacity(1 << 20, f), i as u32, ts)))
                     };
                     let mut done = Vec::new();
                     let (mut i, mut path, mut w) = start()?;
@@ -238,14 +245,7 @@ pub(crate) fn write(
     sync_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
     write_atomically(&dir, "MANIFEST", &manifest.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
     sync_dir(&checkpoints_dir(data)).map_err(|e| LogError::io(&dir, e))?;
-    Ok(CheckpointInfo {
-        ts,
-        dir,
-        rows: manifest.parts.iter().map(|p| p.rows).sum(),
-        bytes: manifest.parts.iter().map(|p| p.bytes).sum(),
-        parts: manifest.parts.len(),
-        seconds: t0.elapsed().as_secs_f64(),
-    })
+    Ok(CheckpointInfo::of(&manifest, dir, t0))
 }
 
 struct PartWriter<W: Write> {

@@ -574,16 +574,8 @@ mod tests {
     #[test]
     fn a_run_of_gets_past_the_output_bound_is_answered_in_parts() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let db = Database::new(Options { workers: 1 });
-        let conn = Arc::new(Conn {
-            sh: Arc::new(Shared::new(db, None, None, 0).unwrap()),
-            limits: Limits::default(),
-            max_output: 100,
-            max_clients: 100,
-            tls_handshake_timeout: Duration::from_secs(10),
-            durable: None,
-            metrics: Arc::new(Metrics::new(1)),
-        });
+        let conn = Arc::try_unwrap(test_conn(None, Duration::from_secs(10))).ok().expect("the only handle");
+        let conn = Arc::new(Conn { max_output: 100, ..conn });
         let sh = Arc::clone(&conn.sh);
         rt.block_on(async move {
             let addr = listen(conn, None).await;

@@ -316,7 +316,10 @@ impl Session {
             RunKind::Set => b"SET",
         };
         let i = commands::lookup_index(name).expect("a command");
-        let keys: Vec<&Bytes> = reqs.iter().map(|r| &r[1]).collect();
+        let keys: Vec<&Bytes> = match kind {
+            RunKind::Get => reqs.iter().map(|r| &r[1]).collect(),
+            RunKind::Set => Vec::new(),
+        };
         let db = self.db;
         let ran = run_txn(sh, worker, |txn| match kind {
             RunKind::Get => {
