@@ -4,7 +4,6 @@
 //! Format (little endian): magic "DITTOCAT", version u32 = 1, count u32, then per table
 //! id u32, name_len u16, name bytes; then crc32c u32 of everything before it.
 
-use std::io::Write;
 use std::path::Path;
 
 use ditto_engine::TableId;
@@ -92,13 +91,19 @@ impl Catalog {
     }
 }
 
-/// Writes `dir/name` so that after a crash it is either the old file or the new one.
+/// Writes `dir/name` so that after a crash it is either the old file or the new one. Every
+/// step goes through `storage`; a failure before the rename leaves the old file as it was
+/// (and a `.tmp` the next attempt replaces).
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8], storage: &dyn Storage) -> std::io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = storage.create_new(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        f.sync()?;
     }
     std::fs::rename(&tmp, dir.join(name))?;
     storage.sync_dir(dir)

@@ -26,13 +26,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use ditto_engine::{Database, RecordId, TableId, Ts};
+use ditto_engine::{Database, ReadTxn, RecordId, TableId, Ts};
 
 use crate::arena::KeyArena;
 
 use crate::catalog::write_atomically;
 use crate::format::Epoch;
-use crate::storage::{sync_dir, Storage};
+use crate::storage::{LogFile, LogFileWriter, Storage};
 use crate::LogError;
 
 const PART_MAGIC: &[u8; 8] = b"DITTOCKP";
@@ -142,8 +142,9 @@ fn part_path(dir: &Path, i: usize) -> PathBuf {
 }
 
 /// Writes a checkpoint of `db` at a fresh snapshot with `threads` writers, each starting a
-/// new part once its part is over `part_bytes`. Does not delete anything; the caller does
-/// that once this returns.
+/// new part once its part is over `part_bytes`, every file through `storage`. Deletes
+/// nothing older; the caller does that once this returns. On an error (a full disk, a
+/// failed fsync) the new checkpoint's directory is removed and the previous one stays.
 pub(crate) fn write(
     db: &Database,
     data: &Path,
@@ -180,6 +181,38 @@ pub(crate) fn write(
         }
     }
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+    match write_new(db, &snap, data, &dir, threads, part_bytes, log_epoch_min, storage) {
+        Ok(manifest) => Ok(CheckpointInfo::of(&manifest, dir, t0)),
+        Err(e) => {
+            // A full disk, or a failed write or fsync: the attempt leaves nothing behind,
+            // and the caller deletes no segment, so the previous checkpoint and the log
+            // still hold everything. The manifest goes first, so a directory that lost some
+            // of its parts never looks complete; if it cannot be removed, the checkpoint
+            // was complete (parts and manifest synced) and may stay.
+            match std::fs::remove_file(dir.join("MANIFEST")) {
+                Err(r) if r.kind() != std::io::ErrorKind::NotFound => {}
+                _ => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Writes the parts, then the manifest, of a new checkpoint of `snap` into `dir`.
+#[allow(clippy::too_many_arguments)]
+fn write_new(
+    db: &Database,
+    snap: &ReadTxn<'_>,
+    data: &Path,
+    dir: &Path,
+    threads: usize,
+    part_bytes: u64,
+    log_epoch_min: Epoch,
+    storage: &dyn Storage,
+) -> Result<Manifest, LogError> {
+    let ts = snap.ts();
     let mut tasks = Vec::new();
     for (table, _) in db.tables() {
         let limit = snap.rid_limit(table).map_err(LogError::Engine)?;
@@ -195,15 +228,15 @@ pub(crate) fn write(
     let written: Vec<Result<Vec<(usize, PartInfo)>, LogError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (snap, tasks, next, next_part, dir) = (&snap, &tasks, &next, &next_part, &dir);
+                let (tasks, next, next_part) = (&tasks, &next, &next_part);
                 s.spawn(move || -> Result<Vec<(usize, PartInfo)>, LogError> {
                     // Every part number handed out gets its file and its manifest entry, so
                     // the numbers are 0..n without gaps.
-                    let start = || -> Result<(usize, PathBuf, PartWriter<BufWriter<std::fs::File>>), LogError> {
+                    let start = || -> Result<(usize, PathBuf, PartWriter), LogError> {
                         let i = next_part.fetch_add(1, Ordering::Relaxed);
                         let path = part_path(dir, i);
-                        let f = std::fs::File::create(&path).map_err(|e| LogError::io(&path, e))?;
-                        Ok((i, path, PartWriter::new(BufWriter::with_capacity(1 << 20, f), i as u32, ts)))
+                        let f = storage.create_new(&path).map_err(|e| LogError::io(&path, e))?;
+                        Ok((i, path, PartWriter::new(f, i as u32, ts)))
                     };
                     let mut done = Vec::new();
                     let (mut i, mut path, mut w) = start()?;
@@ -242,21 +275,25 @@ pub(crate) fn write(
     debug_assert!(numbered.iter().enumerate().all(|(k, (i, _))| k == *i), "part numbers 0..n");
     let parts: Vec<PartInfo> = numbered.into_iter().map(|(_, p)| p).collect();
     let manifest = Manifest { ts, log_epoch_min, parts };
-    sync_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
-    write_atomically(&dir, "MANIFEST", &manifest.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
-    sync_dir(&checkpoints_dir(data)).map_err(|e| LogError::io(&dir, e))?;
-    Ok(CheckpointInfo::of(&manifest, dir, t0))
+    storage.sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
+    write_atomically(dir, "MANIFEST", &manifest.encode(), storage)
+        .map_err(|e| LogError::io(&dir.join("MANIFEST"), e))?;
+    let root = checkpoints_dir(data);
+    storage.sync_dir(&root).map_err(|e| LogError::io(&root, e))?;
+    Ok(manifest)
 }
 
-struct PartWriter<W: Write> {
-    out: W,
+/// One part file being written, through the storage and a 1 MiB buffer.
+struct PartWriter {
+    out: BufWriter<LogFileWriter>,
     crc: u32,
     bytes: u64,
     rows: u64,
 }
 
-impl<W: Write> PartWriter<W> {
-    fn new(out: W, part: u32, ts: Ts) -> Self {
+impl PartWriter {
+    fn new(file: Box<dyn LogFile>, part: u32, ts: Ts) -> Self {
+        let out = BufWriter::with_capacity(1 << 20, LogFileWriter(file));
         let mut w = PartWriter { out, crc: 0, bytes: 0, rows: 0 };
         let mut h = [0u8; PART_HEADER_LEN];
         h[..8].copy_from_slice(PART_MAGIC);
@@ -294,30 +331,17 @@ impl<W: Write> PartWriter<W> {
         Ok(())
     }
 
-    fn finish(mut self) -> std::io::Result<PartInfo>
-    where
-        W: IntoInner,
-    {
+    fn finish(mut self) -> std::io::Result<PartInfo> {
         let mut t = [0u8; PART_TRAILER_LEN];
         t[..8].copy_from_slice(END_MAGIC);
         t[8..16].copy_from_slice(&self.rows.to_le_bytes());
         t[16..20].copy_from_slice(&self.crc.to_le_bytes());
         self.out.write_all(&t)?;
         self.bytes += PART_TRAILER_LEN as u64;
-        let file = self.out.into_file()?;
-        file.sync_all()?;
+        let mut file = self.out.into_inner().map_err(|e| e.into_error())?;
+        file.0.sync()?;
         let crc = crc32c::crc32c_append(self.crc, &t);
         Ok(PartInfo { rows: self.rows, bytes: self.bytes, crc })
-    }
-}
-
-trait IntoInner {
-    fn into_file(self) -> std::io::Result<std::fs::File>;
-}
-
-impl IntoInner for BufWriter<std::fs::File> {
-    fn into_file(self) -> std::io::Result<std::fs::File> {
-        self.into_inner().map_err(|e| e.into_error())
     }
 }
 

@@ -232,18 +232,23 @@ impl Durable {
     }
 
     /// Writes an online checkpoint (workers keep running), then deletes the log segments and
-    /// older checkpoints it covers.
+    /// older checkpoints it covers. If it fails, nothing is deleted and the log goes on: the
+    /// previous checkpoint and the segments still hold everything.
     pub fn checkpoint(&self) -> Result<CheckpointInfo, LogError> {
         let _one = self.inner.checkpointing.lock();
         let i = &self.inner;
-        let info = checkpoint::write(
+        let written = checkpoint::write(
             &i.db,
             &i.dir,
             i.opts.checkpoint_threads,
             i.opts.checkpoint_part_bytes,
             i.logger.epoch(),
             &*i.opts.storage,
-        )?;
+        );
+        let stats = &i.logger.stats;
+        let counter = if written.is_ok() { &stats.checkpoints } else { &stats.checkpoint_failures };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let info = written?;
         for seg in i.logger.take_segments_covered_by(info.ts) {
             std::fs::remove_file(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
         }

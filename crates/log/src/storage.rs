@@ -47,6 +47,21 @@ impl LogFile for RealFile {
     }
 }
 
+/// `io::Write` over a `LogFile`, for buffered writers (checkpoint parts): every write goes
+/// through the storage, so a simulated full disk or failed fsync reaches checkpoints too.
+pub(crate) struct LogFileWriter(pub Box<dyn LogFile>);
+
+impl Write for LogFileWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }

@@ -78,6 +78,10 @@ pub struct LogStats {
     /// Batches stored without trying LZ4 because recent ones did not shrink.
     pub compress_skipped: AtomicU64,
     pub txns: AtomicU64,
+    /// Online checkpoints completed, and those that failed (a full disk, a failed fsync:
+    /// the log goes on, and the previous checkpoint stays; see `Durable::checkpoint`).
+    pub checkpoints: AtomicU64,
+    pub checkpoint_failures: AtomicU64,
 }
 
 /// Told, on a flusher thread, each time the watermark moves (with the new watermark), and

@@ -463,6 +463,164 @@ fn full_disk_fails_the_commit_and_stops_writes() {
     fault_case(|_, write| write.store(true, Ordering::SeqCst));
 }
 
+/// Storage that fails the `fail_at`-th operation (1-based; 0 = never) on a path containing
+/// `only`: a create or write with ENOSPC, a file or directory sync with EIO. It counts the
+/// operations it saw there, so a test can fail each step of a protocol in turn.
+#[derive(Clone)]
+struct StepFaults {
+    only: &'static str,
+    fail_at: Arc<AtomicU64>,
+    ops: Arc<AtomicU64>,
+}
+
+impl StepFaults {
+    fn new(only: &'static str) -> StepFaults {
+        StepFaults { only, fail_at: Arc::default(), ops: Arc::default() }
+    }
+
+    fn arm(&self, fail_at: u64) {
+        self.ops.store(0, Ordering::SeqCst);
+        self.fail_at.store(fail_at, Ordering::SeqCst);
+    }
+
+    fn step(&self, path: &Path, sync: bool) -> io::Result<()> {
+        if !path.to_string_lossy().contains(self.only) {
+            return Ok(());
+        }
+        let n = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_at.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(if sync { 5 } else { libc_enospc() }));
+        }
+        Ok(())
+    }
+}
+
+struct StepFile {
+    faults: StepFaults,
+    path: PathBuf,
+    inner: Box<dyn LogFile>,
+}
+
+impl Storage for StepFaults {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        self.step(path, false)?;
+        Ok(Box::new(StepFile { faults: self.clone(), path: path.to_path_buf(), inner: RealStorage.create_new(path)? }))
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.step(dir, true)?;
+        RealStorage.sync_dir(dir)
+    }
+}
+
+impl LogFile for StepFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.faults.step(&self.path, false)?;
+        self.inner.write_all(buf)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.faults.step(&self.path, true)?;
+        self.inner.sync()
+    }
+}
+
+fn checkpoint_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("checkpoints")).unwrap().map(|e| e.unwrap().path()).collect();
+    v.sort();
+    v
+}
+
+/// A full disk or a failed fsync at any step of an online checkpoint (creating a part,
+/// writing it, syncing it, the directory, the manifest) fails that checkpoint with the file
+/// named, leaves the previous checkpoint and every log segment it needs, and stops nothing:
+/// commits go on, the next checkpoint succeeds, and a reopen recovers every row.
+#[test]
+fn a_checkpoint_failing_at_any_step_keeps_the_previous_one_and_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = StepFaults::new("checkpoints");
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(faults.clone());
+    let mut rows = 200u64;
+    let mut failures = 0;
+    {
+        let d = open(dir.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, rows);
+        let good = d.checkpoint().unwrap();
+        for k in 1..=500 {
+            // A new row each time, so each checkpoint is a new one (not the kept image).
+            put_n(&d, t, 0, rows, 1);
+            rows += 1;
+            let segs = segments(dir.path());
+            faults.arm(k);
+            let r = d.checkpoint();
+            faults.arm(0);
+            match r {
+                Ok(info) => {
+                    assert!(k > 1 && faults.ops.load(Ordering::SeqCst) < k, "step {k} was reached but did not fail");
+                    assert_eq!(info.rows, rows);
+                    break;
+                }
+                Err(LogError::Io { path, source }) => {
+                    failures += 1;
+                    assert!(path.starts_with(dir.path().join("checkpoints")), "step {k}: names {path:?}");
+                    assert!(matches!(source.raw_os_error(), Some(5 | 28)), "step {k}: {source}");
+                    assert_eq!(checkpoint_dirs(dir.path()), vec![good.dir.clone()], "step {k}: only the previous one");
+                    assert_eq!(segments(dir.path()), segs, "step {k}: no segment deleted");
+                }
+                Err(e) => panic!("step {k}: unexpected error {e}"),
+            }
+            assert!(d.logger().failure().is_none(), "a failed checkpoint does not fail the log");
+        }
+        // Create, write and sync the part; sync the directory; create, write and sync the
+        // manifest; sync the directory after the rename, and the checkpoints directory.
+        assert!(failures >= 9, "only {failures} steps failed: parts, syncs and the manifest must all be reached");
+        let stats = &d.logger().stats;
+        assert_eq!(stats.checkpoint_failures.load(Ordering::Relaxed), failures);
+        assert_eq!(stats.checkpoints.load(Ordering::Relaxed), 2, "the first and the last");
+        put_n(&d, t, 0, rows, 10);
+        rows += 10;
+        d.close();
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    assert_eq!(count(&d, t), rows);
+}
+
+/// The checkpoint that closes a recovery failing at any step: the open fails naming the
+/// file and changes nothing that matters, so the next open recovers every row.
+#[test]
+fn a_failed_closing_checkpoint_fails_the_open_and_the_next_open_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 150);
+        d.close();
+    }
+    let faults = StepFaults::new("checkpoints");
+    let mut failures = 0;
+    for k in 1..=200 {
+        let mut o = opts(1, Durability::EveryBatch);
+        o.log.storage = Arc::new(faults.clone());
+        faults.arm(k);
+        match open(dir.path(), o) {
+            Ok(d) => {
+                assert!(faults.ops.load(Ordering::SeqCst) < k, "step {k} was reached but did not fail");
+                assert_eq!(count(&d, d.db().table_id("t").unwrap()), 150);
+                break;
+            }
+            Err(LogError::Io { path, .. }) => {
+                failures += 1;
+                assert!(path.starts_with(dir.path().join("checkpoints")), "step {k}: names {path:?}");
+            }
+            Err(e) => panic!("step {k}: unexpected error {e}"),
+        }
+    }
+    assert!(failures >= 9, "only {failures} steps failed");
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 150);
+}
+
 #[test]
 fn a_second_process_cannot_open_the_same_directory() {
     let dir = tempfile::tempdir().unwrap();

@@ -132,6 +132,12 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         counter("ditto_log_bytes_total", "Bytes written to the redo log.", r(&l.stats.bytes_written));
         counter("ditto_log_fsyncs_total", "Log fsyncs.", r(&l.stats.fsyncs));
         counter("ditto_log_transactions_total", "Transactions written to the log.", r(&l.stats.txns));
+        counter("ditto_checkpoints_total", "Online checkpoints completed.", r(&l.stats.checkpoints));
+        counter(
+            "ditto_checkpoint_failures_total",
+            "Online checkpoints that failed (the previous one and the log still hold everything).",
+            r(&l.stats.checkpoint_failures),
+        );
         let _ = writeln!(
             out,
             "# HELP ditto_log_fsync_seconds_total Time spent in log fsyncs.\n# TYPE ditto_log_fsync_seconds_total counter\n\
