@@ -70,8 +70,9 @@
 //!   (checked by `read_segment`, not by `decode_batch`, which does not know the segment).
 //!
 //! The torn-vs-corrupt rule (`read_segment`): at the first batch that fails to decode, if
-//! a valid batch header of this segment follows anywhere later, the damage is in the
-//! middle (`SegmentEnd::Corrupt`); otherwise it is a torn or zero-filled tail
+//! only zero bytes follow up to the end, they are space zeroed ahead by the writer
+//! (`SegmentEnd::Zeros`); else, if a valid batch header of this segment follows anywhere
+//! later, the damage is in the middle (`SegmentEnd::Corrupt`); otherwise it is a torn tail
 //! (`SegmentEnd::Torn`) that the caller may truncate away. A failure in a batch whose
 //! checksums verify cannot come from a torn write, so it is always `Corrupt`.
 //!
@@ -1243,6 +1244,10 @@ impl SegmentScan {
 pub enum SegmentEnd {
     /// The file ends exactly after its last batch (or after its header).
     Clean,
+    /// Only zero bytes follow the last batch, from `offset` to the end: space the writer
+    /// zeroed ahead of its batches and had not used yet. Acceptable only in a stream's
+    /// last segment (the writer cuts the zeros off a segment before it starts the next).
+    Zeros { offset: u64 },
     /// The batch at `offset` is damaged and nothing valid follows it: a torn or
     /// zero-filled tail. Acceptable only in a stream's last segment, where the caller may
     /// truncate the file to `offset`.
@@ -1304,6 +1309,9 @@ pub fn read_segment_checking(
             Err(e) => e,
         };
         let offset = off as u64;
+        if file[off..].iter().all(|&b| b == 0) {
+            break SegmentEnd::Zeros { offset };
+        }
         break if !reason.could_be_torn() || valid_header_after(file, off + 1, &header) {
             SegmentEnd::Corrupt { offset, reason }
         } else {

@@ -196,7 +196,17 @@ fn check_stream<'s>(
         let (scan, len) = scan?;
         let is_last = i + 1 == files.len();
         match scan.end {
+            SegmentEnd::Clean | SegmentEnd::Zeros { .. } if is_last => {}
             SegmentEnd::Clean => {}
+            SegmentEnd::Zeros { offset } => {
+                return Err(LogError::Corrupt {
+                    file: f.path.clone(),
+                    offset,
+                    what: "zeros up to the end of a segment that is not its stream's last \
+                           (the writer cuts them before starting the next segment)"
+                        .into(),
+                });
+            }
             SegmentEnd::Torn { offset, reason } if is_last => {
                 tracing::warn!("{}: torn tail at offset {offset} ({reason}); truncating", f.path.display());
                 out.torn = Some((&f.path, offset));

@@ -50,6 +50,13 @@ const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 /// for compression and gain nothing); then the flusher tries again.
 const COMPRESS_SKIP_BATCHES: u32 = 32;
 
+/// How far a segment is zeroed ahead of its batches (never past the segment's size limit
+/// unless one batch goes past it). Appending to a file makes every fsync commit its new
+/// size and blocks through the file system's journal; overwriting zeros that are already
+/// on disk does not, so only about one fsync per `ZERO_AHEAD` bytes of log pays for that
+/// (`docs/durability.md` has the figures).
+const ZERO_AHEAD: u64 = 4 << 20;
+
 /// A closed segment: once a checkpoint covers `last_ts`, it can be deleted.
 #[derive(Debug, Clone)]
 pub(crate) struct ClosedSegment {
@@ -209,6 +216,8 @@ impl Logger {
         let mut spare = BatchBuilder::new();
         let mut frame = Vec::new();
         let mut seg_bytes = SEGMENT_HEADER_LEN as u64;
+        // The segment holds zeros up to here (see ZERO_AHEAD).
+        let mut zeroed = seg_bytes;
         let mut seg_last_ts = Ts::ZERO;
         let mut written_bound = Ts(stream.durable.load(Ordering::Acquire));
         let mut compress_skip = 0u32;
@@ -254,6 +263,11 @@ impl Logger {
             let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
             if spare.is_empty() && bound <= written_bound {
                 if stopping {
+                    // A clean close leaves no zeros past the last batch. Everything is
+                    // durable already: if this fails, recovery reads the zeros as the end.
+                    if let Err(e) = file.truncate(seg_bytes).and_then(|()| file.sync()) {
+                        tracing::warn!("trimming {} at close: {e}", path.display());
+                    }
                     return;
                 }
                 continue;
@@ -277,6 +291,13 @@ impl Logger {
                 seg_last_ts = seg_last_ts.max(last);
             }
             spare.clear();
+            let end = seg_bytes + frame.len() as u64;
+            if end > zeroed {
+                zeroed = (end + ZERO_AHEAD).min(end.max(self.opts.segment_bytes_max));
+                if let Err(e) = file.extend_zeroed(zeroed) {
+                    return self.fail(format!("write to {}: {e}", path.display()));
+                }
+            }
             if let Err(e) = file.write_all(&frame) {
                 return self.fail(format!("write to {}: {e}", path.display()));
             }
@@ -299,12 +320,18 @@ impl Logger {
             stream.durable.fetch_max(bound.0, Ordering::AcqRel);
             self.advance_watermark();
             if seg_bytes >= self.opts.segment_bytes_max {
+                // Only a stream's last segment may end in zeros (recovery refuses them in
+                // any other): cut them before the next segment exists.
+                if let Err(e) = file.truncate(seg_bytes).and_then(|()| file.sync()) {
+                    return self.fail(format!("trimming {}: {e}", path.display()));
+                }
                 stream.closed.lock().push(ClosedSegment { path: path.clone(), last_ts: seg_last_ts });
                 match self.open_segment(w, seq + 1) {
                     Ok(next) => (file, seq, path) = next,
                     Err(e) => return self.fail(format!("opening segment {} of stream {w}: {e}", seq + 1)),
                 }
                 seg_bytes = SEGMENT_HEADER_LEN as u64;
+                zeroed = seg_bytes;
                 seg_last_ts = Ts::ZERO;
             }
         }

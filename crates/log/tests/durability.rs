@@ -372,6 +372,15 @@ impl LogFile for FaultyFile {
         }
         self.inner.write_all(buf)
     }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        if self.fail_write_enospc.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc_enospc()));
+        }
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
     fn sync(&mut self) -> io::Result<()> {
         self.syncs.fetch_add(1, Ordering::SeqCst);
         if self.fail_sync.load(Ordering::SeqCst) {
@@ -516,6 +525,14 @@ impl LogFile for StepFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.faults.step(&self.path, false)?;
         self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.faults.step(&self.path, false)?;
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.faults.step(&self.path, false)?;
+        self.inner.truncate(len)
     }
     fn sync(&mut self) -> io::Result<()> {
         self.faults.step(&self.path, true)?;
@@ -672,6 +689,52 @@ fn crash_image(dir: &Path) -> tempfile::TempDir {
     let img = tempfile::tempdir().unwrap();
     copy(dir, img.path());
     img
+}
+
+/// The writer zeroes each segment ahead of its batches (so an fsync commits no new size):
+/// while open, the stream's last segment ends in zeros, which recovery reads as the end of
+/// the log, not as a torn write; a rolled segment, and the last one at a clean close, are
+/// cut to their batches; zeros at the end of a segment that is not its stream's last are
+/// refused, naming the file.
+#[test]
+fn segments_are_zeroed_ahead_and_cut_when_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid_len = |p: &Path| ditto_log::format::read_segment(&std::fs::read(p).unwrap().into()).unwrap().valid_len();
+    let image = {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 2500);
+        let segs = segments(dir.path());
+        assert!(segs.len() >= 3, "64 KiB segments rolled: {segs:?}");
+        for s in &segs[..segs.len() - 1] {
+            assert_eq!(std::fs::metadata(s).unwrap().len(), valid_len(s), "{s:?}: a rolled segment is cut");
+        }
+        let last = segs.last().unwrap();
+        assert!(std::fs::metadata(last).unwrap().len() > valid_len(last), "the open segment is zeroed ahead");
+        // A copy while open is what a crash leaves: it recovers every row, tearing nothing.
+        let image = crash_image(dir.path());
+        let r = open(image.path(), opts(1, Durability::EveryBatch)).unwrap();
+        assert_eq!(count(&r, r.db().table_id("t").unwrap()), 2500);
+        assert!(r.recovery().torn_tails_truncated.is_empty(), "zeros are not a torn tail");
+        r.close();
+        d.close();
+        let last = segments(dir.path()).pop().unwrap();
+        assert_eq!(std::fs::metadata(&last).unwrap().len(), valid_len(&last), "cut at a clean close");
+        crash_image(dir.path())
+    };
+    // Zeros after a segment that is not the last: refused, naming the file.
+    let segs = segments(image.path());
+    let victim = &segs[segs.len() - 2];
+    let mut b = std::fs::read(victim).unwrap();
+    let end = b.len() as u64;
+    b.resize(b.len() + 4096, 0);
+    std::fs::write(victim, &b).unwrap();
+    match open(image.path(), opts(1, Durability::EveryBatch)) {
+        Err(LogError::Corrupt { file, offset, .. }) => assert_eq!((file, offset), (victim.clone(), end)),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("zeros in a segment that is not the last must be refused"),
+    }
+    assert_eq!(std::fs::read(victim).unwrap(), b, "refusing changed nothing");
 }
 
 /// Every write in the log of `dir`, per stream, as (ts, table, rid, key, value).

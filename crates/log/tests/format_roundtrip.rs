@@ -500,13 +500,30 @@ fn zero_filled_tails() {
     let batches = three_batches();
     let (file, offsets) = build_segment(&batches, &[false, true]);
 
-    // Preallocated / extended file: zeros after the last complete batch.
+    // Zeroed ahead by the writer: zeros after the last complete batch.
     let mut padded = file.clone();
     padded.resize(file.len() + 4096, 0);
-    let scan = read_segment(&Bytes::from(padded)).unwrap();
-    assert_eq!(scan.end, SegmentEnd::Torn { offset: file.len() as u64, reason: FormatError::BadMagic });
+    let scan = read_segment(&Bytes::from(padded.clone())).unwrap();
+    assert_eq!(scan.end, SegmentEnd::Zeros { offset: file.len() as u64 });
     assert_prefix(&scan, &batches, &offsets, 3);
     assert_eq!(scan.valid_len(), file.len() as u64);
+    // Zeros after the header only: a fresh segment.
+    let mut fresh = file[..SEGMENT_HEADER_LEN].to_vec();
+    fresh.resize(SEGMENT_HEADER_LEN + 4096, 0);
+    let scan = read_segment(&Bytes::from(fresh)).unwrap();
+    assert_eq!(scan.end, SegmentEnd::Zeros { offset: SEGMENT_HEADER_LEN as u64 });
+    assert!(scan.batches.is_empty());
+    // One non-zero byte anywhere in the zeros: not zeros, but damage after the last batch.
+    for pos in [file.len(), file.len() + 1000, padded.len() - 1] {
+        let mut b = padded.clone();
+        b[pos] = 1;
+        let scan = read_segment(&Bytes::from(b)).unwrap();
+        assert!(
+            matches!(scan.end, SegmentEnd::Torn { offset, .. } if offset == file.len() as u64),
+            "{pos}: {:?}",
+            scan.end
+        );
+    }
 
     // Last batch partially written: its second half (and beyond) reads as zeros.
     let last = offsets[2] as usize;
