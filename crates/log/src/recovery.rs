@@ -195,6 +195,11 @@ fn check_stream<'s>(
     for (i, (f, scan)) in files.iter().zip(scans).enumerate() {
         let (scan, len) = scan?;
         let is_last = i + 1 == files.len();
+        // Zeros the writer laid ahead are not log: recovery speed counts only what was read.
+        let len = match scan.end {
+            SegmentEnd::Zeros { offset } => offset,
+            _ => len,
+        };
         match scan.end {
             SegmentEnd::Clean | SegmentEnd::Zeros { .. } if is_last => {}
             SegmentEnd::Clean => {}
