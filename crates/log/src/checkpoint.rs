@@ -181,7 +181,10 @@ pub(crate) fn write(
         }
     }
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
-    match write_new(db, &snap, data, &dir, threads, part_bytes, log_epoch_min, storage) {
+    let root = checkpoints_dir(data);
+    let written = write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage)
+        .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
+    match written {
         Ok(manifest) => Ok(CheckpointInfo::of(&manifest, dir, t0)),
         Err(e) => {
             // A full disk, or a failed write or fsync: the attempt leaves nothing behind,
@@ -201,11 +204,9 @@ pub(crate) fn write(
 }
 
 /// Writes the parts, then the manifest, of a new checkpoint of `snap` into `dir`.
-#[allow(clippy::too_many_arguments)]
 fn write_new(
     db: &Database,
     snap: &ReadTxn<'_>,
-    data: &Path,
     dir: &Path,
     threads: usize,
     part_bytes: u64,
@@ -278,8 +279,6 @@ fn write_new(
     storage.sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
     write_atomically(dir, "MANIFEST", &manifest.encode(), storage)
         .map_err(|e| LogError::io(&dir.join("MANIFEST"), e))?;
-    let root = checkpoints_dir(data);
-    storage.sync_dir(&root).map_err(|e| LogError::io(&root, e))?;
     Ok(manifest)
 }
 

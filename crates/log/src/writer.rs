@@ -51,9 +51,9 @@ const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 const COMPRESS_SKIP_BATCHES: u32 = 32;
 
 /// How far a segment is zeroed ahead of its batches (never past the segment's size limit
-/// unless one batch goes past it). Appending to a file makes every fsync commit its new
-/// size and blocks through the file system's journal; overwriting zeros that are already
-/// on disk does not, so only about one fsync per `ZERO_AHEAD` bytes of log pays for that
+/// unless one batch goes past it). Appending to a file makes every fsync allocate and map
+/// the new blocks and persist the new size; overwriting zeros that are already on disk
+/// does not, so only about one fsync per `ZERO_AHEAD` bytes of log pays for that
 /// (`docs/durability.md` has the figures).
 const ZERO_AHEAD: u64 = 4 << 20;
 

@@ -473,18 +473,24 @@ fn full_disk_fails_the_commit_and_stops_writes() {
 }
 
 /// Storage that fails the `fail_at`-th operation (1-based; 0 = never) on a path containing
-/// `only`: a create or write with ENOSPC, a file or directory sync with EIO. It counts the
+/// `only`, of the kind `kind` if one is given ("create", "write", "extend", "truncate",
+/// "sync", "sync_dir"): a sync with EIO, anything else with ENOSPC. It counts the
 /// operations it saw there, so a test can fail each step of a protocol in turn.
 #[derive(Clone)]
 struct StepFaults {
     only: &'static str,
+    kind: Option<&'static str>,
     fail_at: Arc<AtomicU64>,
     ops: Arc<AtomicU64>,
 }
 
 impl StepFaults {
     fn new(only: &'static str) -> StepFaults {
-        StepFaults { only, fail_at: Arc::default(), ops: Arc::default() }
+        StepFaults { only, kind: None, fail_at: Arc::default(), ops: Arc::default() }
+    }
+
+    fn of_kind(only: &'static str, kind: &'static str) -> StepFaults {
+        StepFaults { kind: Some(kind), ..StepFaults::new(only) }
     }
 
     fn arm(&self, fail_at: u64) {
@@ -492,13 +498,13 @@ impl StepFaults {
         self.fail_at.store(fail_at, Ordering::SeqCst);
     }
 
-    fn step(&self, path: &Path, sync: bool) -> io::Result<()> {
-        if !path.to_string_lossy().contains(self.only) {
+    fn step(&self, path: &Path, kind: &'static str) -> io::Result<()> {
+        if !path.to_string_lossy().contains(self.only) || self.kind.is_some_and(|k| k != kind) {
             return Ok(());
         }
         let n = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.fail_at.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(if sync { 5 } else { libc_enospc() }));
+            return Err(io::Error::from_raw_os_error(if kind.starts_with("sync") { 5 } else { libc_enospc() }));
         }
         Ok(())
     }
@@ -512,31 +518,71 @@ struct StepFile {
 
 impl Storage for StepFaults {
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        self.step(path, false)?;
+        self.step(path, "create")?;
         Ok(Box::new(StepFile { faults: self.clone(), path: path.to_path_buf(), inner: RealStorage.create_new(path)? }))
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.step(dir, true)?;
+        self.step(dir, "sync_dir")?;
         RealStorage.sync_dir(dir)
     }
 }
 
 impl LogFile for StepFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.faults.step(&self.path, false)?;
+        self.faults.step(&self.path, "write")?;
         self.inner.write_all(buf)
     }
     fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        self.faults.step(&self.path, false)?;
+        self.faults.step(&self.path, "extend")?;
         self.inner.extend_zeroed(len)
     }
     fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.faults.step(&self.path, false)?;
+        self.faults.step(&self.path, "truncate")?;
         self.inner.truncate(len)
     }
     fn sync(&mut self) -> io::Result<()> {
-        self.faults.step(&self.path, true)?;
+        self.faults.step(&self.path, "sync")?;
         self.inner.sync()
+    }
+}
+
+/// A full disk while the log zeroes a segment ahead, or while it cuts a full segment before
+/// starting the next (first, second or third time): the log fails and stops writes, no
+/// commit it could not make durable is acknowledged, and a reopen recovers every
+/// acknowledged one (a segment left uncut is its stream's last, so its zeros are the end).
+#[test]
+fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing() {
+    for (kind, nth) in [("extend", 1), ("extend", 3), ("truncate", 1), ("truncate", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = StepFaults::of_kind("/log/stream-", kind);
+        faults.arm(nth);
+        let mut o = opts(1, Durability::EveryBatch);
+        o.log.storage = Arc::new(faults.clone());
+        let mut acked = 0u64;
+        {
+            let d = open(dir.path(), o).unwrap();
+            let t = d.db().create_table("t").unwrap();
+            let mut w = d.db().worker(WorkerId(0)).unwrap();
+            for i in 0..3000u64 {
+                let r = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes().repeat(8)).map(|_| ()));
+                match r.and_then(|(_, ticket)| ticket.wait()) {
+                    Ok(_) => acked = i + 1,
+                    Err(Error::LogFailed(_)) => break,
+                    Err(e) => panic!("{kind} #{nth}: unexpected error {e}"),
+                }
+            }
+            let why = d.logger().failure().unwrap_or_else(|| panic!("{kind} #{nth} was never reached"));
+            assert!(why.contains("/log/stream-"), "{kind} #{nth}: the failure names the segment: {why}");
+            // The first extension comes with the first batch; later ones after whole segments.
+            assert!(acked > 0 || (kind, nth) == ("extend", 1), "{kind} #{nth}: the log worked until the fault");
+        }
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().table_id("t").unwrap();
+        let r = d.db().read();
+        for i in 0..acked {
+            assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "{kind} #{nth}: acknowledged commit {i} lost");
+        }
+        assert!(count(&d, t) <= acked + 1, "{kind} #{nth}: at most the commit in flight beyond");
     }
 }
 
