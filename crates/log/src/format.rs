@@ -98,14 +98,25 @@ pub struct StreamId(pub u32);
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Epoch(pub u64);
 
-/// The format version written in segment headers (u32) and batch headers (u16). The only
-/// version this build reads: version 1 (fixed-width payload) is refused as
-/// `UnsupportedVersion(1)`.
-pub const LOG_FORMAT_VERSION: u32 = 2;
+/// The format version this build writes in segment headers (u32) and batch headers (u16).
+/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 2 is
+/// version 3 without the batch header's `floor_ts` (read as 0); version 1 (fixed-width
+/// payload) is refused as `UnsupportedVersion(1)`.
+pub const LOG_FORMAT_VERSION: u32 = 3;
+pub const OLDEST_READABLE_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"DITTOLOG";
 pub const BATCH_MAGIC: [u8; 4] = *b"DBAT";
 pub const SEGMENT_HEADER_LEN: usize = 48;
-pub const BATCH_HEADER_LEN: usize = 64;
+/// A version-3 batch header: the 64 bytes every version shares, then `floor_ts`.
+pub const BATCH_HEADER_LEN: usize = 72;
+/// The part of a batch header whose layout every version shares (magic, version, header
+/// checksum at fixed offsets): a whole version-2 header.
+pub const BATCH_HEADER_FIXED_LEN: usize = 64;
+
+/// Whether this build reads log format `version`.
+pub fn readable_version(version: u32) -> bool {
+    (OLDEST_READABLE_VERSION..=LOG_FORMAT_VERSION).contains(&version)
+}
 
 /// Largest key a write may carry.
 pub const MAX_KEY_LEN: usize = 64 * 1024;
@@ -199,7 +210,7 @@ pub enum FormatError {
     Truncated { needed: usize, available: usize },
     #[error("bad magic")]
     BadMagic,
-    #[error("unsupported log format version {0} (this build reads version {v} only)", v = LOG_FORMAT_VERSION)]
+    #[error("unsupported log format version {0} (this build reads versions {o} to {v})", o = OLDEST_READABLE_VERSION, v = LOG_FORMAT_VERSION)]
     UnsupportedVersion(u32),
     #[error("unknown flags {0:#04x}")]
     BadFlags(u8),
@@ -318,7 +329,7 @@ impl SegmentHeader {
             return Err(FormatError::HeaderChecksum { stored, computed });
         }
         let version = le32(b, 8);
-        if version != LOG_FORMAT_VERSION {
+        if !readable_version(version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
         if b[32..44].iter().any(|&x| x != 0) {
@@ -332,9 +343,12 @@ impl SegmentHeader {
 // Batch header
 // ---------------------------------------------------------------------------------------
 
-/// The 64-byte header in front of every batch's payload.
+/// The header in front of every batch's payload (72 bytes in version 3, 64 in version 2).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BatchHeader {
+    /// The format version of this batch: `LOG_FORMAT_VERSION` for every batch this build
+    /// writes; 2 for a batch of an older log (then `floor_ts` is 0).
+    pub version: u16,
     pub stream: StreamId,
     pub epoch: Epoch,
     /// The payload is one LZ4 block (`stored_len` bytes decompressing to `raw_len`).
@@ -346,27 +360,60 @@ pub struct BatchHeader {
     /// Every transaction of this stream with ts <= `bound_ts` is in this batch or an
     /// earlier one.
     pub bound_ts: Ts,
+    /// Every transaction of *every* stream with ts <= `floor_ts` is in this batch or an
+    /// earlier one of its stream, or was durable in another stream when this batch was
+    /// framed (the writer vouched for idle streams, `crates/log/src/writer.rs`). At most
+    /// `bound_ts`; 0 vouches for nothing.
+    pub floor_ts: Ts,
     pub txn_count: u32,
     /// Uncompressed payload length.
     pub raw_len: u32,
     /// Payload bytes following the header.
     pub stored_len: u32,
-    /// CRC32C of the stored payload bytes.
+    /// CRC32C of the stored payload bytes (version 3: of `floor_ts`'s 8 bytes, then the
+    /// stored payload bytes; the header checksum covers only the fixed part).
     pub payload_crc: u32,
 }
 
 impl BatchHeader {
-    /// Header plus stored payload: the bytes this batch occupies in a segment.
-    pub fn total_len(&self) -> usize {
-        BATCH_HEADER_LEN + self.stored_len as usize
+    /// The bytes this header occupies: 72 (version 3) or 64 (version 2).
+    pub fn header_len(&self) -> usize {
+        if self.version == 2 {
+            BATCH_HEADER_FIXED_LEN
+        } else {
+            BATCH_HEADER_LEN
+        }
     }
 
-    /// Serializes the header, computing the header checksum. Does not validate: the
-    /// encoder only builds consistent headers, and tests need to build inconsistent ones.
-    pub fn encode(&self) -> [u8; BATCH_HEADER_LEN] {
-        let mut b = [0u8; BATCH_HEADER_LEN];
+    /// Header plus stored payload: the bytes this batch occupies in a segment.
+    pub fn total_len(&self) -> usize {
+        self.header_len() + self.stored_len as usize
+    }
+
+    /// The payload checksum of `stored` under this header's version.
+    pub fn payload_checksum(&self, stored: &[u8]) -> u32 {
+        if self.version == 2 {
+            crc32c::crc32c(stored)
+        } else {
+            crc32c::crc32c_append(crc32c::crc32c(&self.floor_ts.0.to_le_bytes()), stored)
+        }
+    }
+
+    /// Serializes the header (`header_len()` bytes), computing the header checksum. Does
+    /// not validate: the encoder only builds consistent headers, and tests need to build
+    /// inconsistent ones (and version-2 ones, whose `floor_ts` is not written).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.header_len()];
+        self.encode_into(&mut b);
+        b
+    }
+
+    /// `encode` into `out`, which must be exactly `header_len()` bytes long.
+    pub fn encode_into(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), self.header_len(), "batch header buffer");
+        let mut b = [0u8; BATCH_HEADER_FIXED_LEN];
         put(&mut b, 0, BATCH_MAGIC);
-        put(&mut b, 4, (LOG_FORMAT_VERSION as u16).to_le_bytes());
+        put(&mut b, 4, self.version.to_le_bytes());
         b[6] = if self.compressed { FLAG_COMPRESSED } else { 0 };
         // b[7] reserved, zero.
         put(&mut b, 8, self.stream.0.to_le_bytes());
@@ -380,16 +427,20 @@ impl BatchHeader {
         put(&mut b, 56, self.payload_crc.to_le_bytes());
         let crc = crc32c::crc32c(&b[..60]);
         put(&mut b, 60, crc.to_le_bytes());
-        b
+        out[..BATCH_HEADER_FIXED_LEN].copy_from_slice(&b);
+        if self.version != 2 {
+            out[BATCH_HEADER_FIXED_LEN..].copy_from_slice(&self.floor_ts.0.to_le_bytes());
+        }
     }
 }
 
 /// Decodes and validates the batch header at the start of `buf`: magic, header checksum,
 /// version, flags, reserved byte, size limits, and the consistency of the header fields
-/// among themselves. Does not look at the payload.
+/// among themselves. Does not look at the payload. `floor_ts` (version 3) is read but not
+/// yet trusted: the payload checksum covers it, and `decode_batch_checksums` checks it.
 pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
-    let b: &[u8; BATCH_HEADER_LEN] =
-        buf.first_chunk().ok_or(FormatError::Truncated { needed: BATCH_HEADER_LEN, available: buf.len() })?;
+    let b: &[u8; BATCH_HEADER_FIXED_LEN] =
+        buf.first_chunk().ok_or(FormatError::Truncated { needed: BATCH_HEADER_FIXED_LEN, available: buf.len() })?;
     if b[..4] != BATCH_MAGIC {
         return Err(FormatError::BadMagic);
     }
@@ -401,9 +452,16 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
         return Err(FormatError::HeaderChecksum { stored, computed });
     }
     let version = le16(b, 4);
-    if u32::from(version) != LOG_FORMAT_VERSION {
+    if !readable_version(version.into()) {
         return Err(FormatError::UnsupportedVersion(version.into()));
     }
+    let floor_ts = if version == 2 {
+        Ts(0)
+    } else {
+        let f: &[u8; BATCH_HEADER_LEN] =
+            buf.first_chunk().ok_or(FormatError::Truncated { needed: BATCH_HEADER_LEN, available: buf.len() })?;
+        Ts(le64(f, BATCH_HEADER_FIXED_LEN))
+    };
     let flags = b[6];
     if flags & !FLAG_COMPRESSED != 0 {
         return Err(FormatError::BadFlags(flags));
@@ -412,12 +470,14 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
         return Err(FormatError::Malformed("batch header reserved byte is not zero"));
     }
     let h = BatchHeader {
+        version,
         stream: StreamId(le32(b, 8)),
         epoch: Epoch(le64(b, 12)),
         compressed: flags & FLAG_COMPRESSED != 0,
         first_ts: Ts(le64(b, 20)),
         last_ts: Ts(le64(b, 28)),
         bound_ts: Ts(le64(b, 36)),
+        floor_ts,
         txn_count: le32(b, 44),
         raw_len: le32(b, 48),
         stored_len: le32(b, 52),
@@ -636,7 +696,8 @@ impl BatchBuilder {
 
     /// Frames the accumulated transactions as one batch appended to `out` (header, then
     /// payload), LZ4-compressing the payload when `compress` is true and that makes it
-    /// smaller. Returns the header written. Does not clear the builder.
+    /// smaller. Returns the header written. Does not clear the builder. The batch vouches
+    /// for no other stream (`floor_ts` 0): see `finish_vouching_into`.
     pub fn finish_into(
         &self,
         stream: StreamId,
@@ -645,6 +706,20 @@ impl BatchBuilder {
         compress: bool,
         out: &mut Vec<u8>,
     ) -> BatchHeader {
+        self.finish_vouching_into(stream, epoch, bound_ts, Ts(0), compress, out)
+    }
+
+    /// `finish_into` with a `floor_ts` (at most `bound_ts`; see `BatchHeader::floor_ts`).
+    pub fn finish_vouching_into(
+        &self,
+        stream: StreamId,
+        epoch: Epoch,
+        bound_ts: Ts,
+        floor_ts: Ts,
+        compress: bool,
+        out: &mut Vec<u8>,
+    ) -> BatchHeader {
+        assert!(floor_ts <= bound_ts, "log: floor {floor_ts:?} above bound {bound_ts:?}");
         let raw = &self.payload[..];
         let start = out.len();
         let body = start + BATCH_HEADER_LEN;
@@ -663,20 +738,23 @@ impl BatchBuilder {
             out.extend_from_slice(raw);
         }
         let stored = &out[body..];
-        let header = BatchHeader {
+        let mut header = BatchHeader {
+            version: LOG_FORMAT_VERSION as u16,
             stream,
             epoch,
             compressed,
             first_ts: self.first_ts.unwrap_or(Ts(0)),
             last_ts: self.last_ts.unwrap_or(Ts(0)),
             bound_ts,
+            floor_ts,
             txn_count: self.txn_count,
             // Both fit: push_txn keeps raw <= MAX_RAW_LEN and compressed < raw.
             raw_len: raw.len() as u32,
             stored_len: stored.len() as u32,
-            payload_crc: crc32c::crc32c(stored),
+            payload_crc: 0,
         };
-        out[start..body].copy_from_slice(&header.encode());
+        header.payload_crc = header.payload_checksum(stored);
+        header.encode_into(&mut out[start..body]);
         header
     }
 
@@ -989,7 +1067,7 @@ impl ExactSizeIterator for Writes<'_> {}
 
 /// Decodes one whole batch at the start of `buf`: header, payload checksum,
 /// decompression, and every transaction and write of the payload. Returns the batch and
-/// the bytes it occupies (`BATCH_HEADER_LEN + stored_len`); `buf` may continue beyond it.
+/// the bytes it occupies (`header_len() + stored_len`); `buf` may continue beyond it.
 pub fn decode_batch(buf: &Bytes) -> Result<(Batch, usize), FormatError> {
     decode_batch_in(buf, &mut Vec::new())
 }
@@ -1012,12 +1090,16 @@ pub fn decode_batch_checksums(buf: &Bytes) -> Result<(Batch, usize), FormatError
     if buf.len() < total {
         return Err(FormatError::Truncated { needed: total, available: buf.len() });
     }
-    let stored = &buf[BATCH_HEADER_LEN..total];
-    let computed = crc32c::crc32c(stored);
+    let body = header.header_len();
+    let computed = header.payload_checksum(&buf[body..total]);
     if computed != header.payload_crc {
         return Err(FormatError::PayloadChecksum { stored: header.payload_crc, computed });
     }
-    Ok((Batch { header, stored: buf.slice(BATCH_HEADER_LEN..total) }, total))
+    // The floor is trusted only now that the payload checksum has vouched for its bytes.
+    if header.floor_ts > header.bound_ts {
+        return Err(FormatError::Malformed("floor_ts above bound_ts"));
+    }
+    Ok((Batch { header, stored: buf.slice(body..total) }, total))
 }
 
 /// Decompresses an LZ4 block that must yield exactly `raw_len` bytes into `scratch`.
@@ -1292,6 +1374,8 @@ pub fn read_segment_checking(
     let mut scratch = Vec::new();
     let mut inside = |b: &Batch| if check_inside(b) { b.checked_payload_in(&mut scratch).map(drop) } else { Ok(()) };
     let header = SegmentHeader::decode(file)?;
+    // Decoded, so the version is one this build reads; every batch must carry it too.
+    let version = u16::from_le_bytes([file[8], file[9]]);
     let mut batches = Vec::new();
     let mut off = SEGMENT_HEADER_LEN;
     let end = loop {
@@ -1300,7 +1384,7 @@ pub fn read_segment_checking(
         }
         let rest = file.slice(off..);
         let decoded = decode_batch_checksums(&rest).and_then(|b| inside(&b.0).map(|()| b));
-        let reason = match decoded.and_then(|b| belongs(&header, b)) {
+        let reason = match decoded.and_then(|b| belongs(&header, version, b)) {
             Ok((batch, used)) => {
                 batches.push((off as u64, batch));
                 off += used;
@@ -1321,8 +1405,11 @@ pub fn read_segment_checking(
     Ok(SegmentScan { header, batches, end })
 }
 
-fn belongs(seg: &SegmentHeader, b: (Batch, usize)) -> Result<(Batch, usize), FormatError> {
+fn belongs(seg: &SegmentHeader, version: u16, b: (Batch, usize)) -> Result<(Batch, usize), FormatError> {
     let h = &b.0.header;
+    if h.version != version {
+        return Err(FormatError::Malformed("batch of another format version than its segment"));
+    }
     if h.stream != seg.stream {
         return Err(FormatError::StreamMismatch { expected: seg.stream.0, found: h.stream.0 });
     }
@@ -1338,8 +1425,8 @@ fn belongs(seg: &SegmentHeader, b: (Batch, usize)) -> Result<(Batch, usize), For
 /// whole magic.
 fn valid_header_after(file: &[u8], from: usize, seg: &SegmentHeader) -> bool {
     let mut p = from;
-    while p + BATCH_HEADER_LEN <= file.len() {
-        let Some(i) = file[p..file.len() - BATCH_HEADER_LEN + 1].iter().position(|&x| x == BATCH_MAGIC[0]) else {
+    while p + BATCH_HEADER_FIXED_LEN <= file.len() {
+        let Some(i) = file[p..file.len() - BATCH_HEADER_FIXED_LEN + 1].iter().position(|&x| x == BATCH_MAGIC[0]) else {
             return false;
         };
         let cand = &file[p + i..];

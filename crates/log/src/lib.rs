@@ -54,8 +54,8 @@ pub enum LogError {
     /// A log file written in a format version this build does not read (e.g. version 1,
     /// written before the varint payload). Not corruption: the file is intact, but must be
     /// recovered by a build that reads its version (or the data reloaded).
-    #[error("{file}: log format version {version} is not supported (this build reads version {supported} only)")]
-    UnsupportedVersion { file: PathBuf, version: u32, supported: u32 },
+    #[error("{file}: log format version {version} is not supported (this build reads versions {oldest} to {newest})")]
+    UnsupportedVersion { file: PathBuf, version: u32, oldest: u32, newest: u32 },
     #[error("data directory {0} is in use by another process")]
     InUse(PathBuf),
     #[error(transparent)]

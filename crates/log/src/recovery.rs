@@ -14,8 +14,10 @@
 //!         replayed;
 //!       - any other damage, here or in step 5, stops recovery with the file and offset,
 //!         changing nothing on disk.
-//!  4. cut = min over streams of max(C, highest bound_ts the stream made durable)
-//!     (the durable watermark the primary had, recomputed from the disk: Rolis 3.3)
+//!  4. cut = max(min over streams of max(C, highest bound_ts the stream made durable),
+//!               highest floor_ts of any intact batch)
+//!     (the durable watermark the primary had, recomputed from the disk: Rolis 3.3; a
+//!     floor vouches for every stream, docs/log-format.md)
 //!  5. replay every transaction with C < ts <= cut; a version is installed only if newer
 //!     than what the record holds, so streams need no ordering among themselves, and
 //!     batches of all streams are shared out to as many threads as cores, newest first
@@ -45,7 +47,10 @@ use ditto_engine::{Database, Ts};
 
 use crate::arena::KeyArena;
 
-use crate::format::{read_segment_checking, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION};
+use crate::format::{
+    read_segment_checking, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION,
+    OLDEST_READABLE_VERSION,
+};
 use crate::LogError;
 
 #[derive(Debug, Clone, Default)]
@@ -147,9 +152,12 @@ fn replays(b: &Batch, ckpt_ts: Ts) -> bool {
 fn read_one(f: &SegmentFile, ckpt_ts: Ts) -> Result<(SegmentScan, u64), LogError> {
     let raw = Bytes::from(std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?);
     let scan = read_segment_checking(&raw, |b| !replays(b, ckpt_ts)).map_err(|e| match e {
-        FormatError::UnsupportedVersion(version) => {
-            LogError::UnsupportedVersion { file: f.path.clone(), version, supported: LOG_FORMAT_VERSION }
-        }
+        FormatError::UnsupportedVersion(version) => LogError::UnsupportedVersion {
+            file: f.path.clone(),
+            version,
+            oldest: OLDEST_READABLE_VERSION,
+            newest: LOG_FORMAT_VERSION,
+        },
         e => LogError::Corrupt { file: f.path.clone(), offset: 0, what: format!("segment header: {e}") },
     })?;
     if scan.header.stream.0 != f.stream || scan.header.epoch != f.epoch || scan.header.seq != f.seq {
@@ -176,6 +184,8 @@ struct StreamLog<'s> {
     batches: Vec<Kept<'s>>,
     /// The highest `bound_ts` the stream made durable.
     bound: Ts,
+    /// The highest `floor_ts` in the stream's batches.
+    floor: Ts,
     bytes: u64,
     /// A torn tail of the stream's last segment: the file and the length to truncate to.
     torn: Option<(&'s Path, u64)>,
@@ -190,7 +200,7 @@ fn check_stream<'s>(
     scans: Vec<Result<(SegmentScan, u64), LogError>>,
     ckpt_ts: Ts,
 ) -> Result<StreamLog<'s>, LogError> {
-    let mut out = StreamLog { batches: Vec::new(), bound: Ts::ZERO, bytes: 0, torn: None };
+    let mut out = StreamLog { batches: Vec::new(), bound: Ts::ZERO, floor: Ts::ZERO, bytes: 0, torn: None };
     let mut last_ts = Ts::ZERO;
     for (i, (f, scan)) in files.iter().zip(scans).enumerate() {
         let (scan, len) = scan?;
@@ -241,6 +251,7 @@ fn check_stream<'s>(
                 last_ts = h.last_ts;
             }
             out.bound = out.bound.max(h.bound_ts);
+            out.floor = out.floor.max(h.floor_ts);
             if replays(&b, ckpt_ts) {
                 out.batches.push(Kept { batch: b, file: &f.path, offset });
             }
@@ -335,7 +346,8 @@ pub(crate) fn replay_log(
         logs.push(check_stream(files, mine.collect(), ckpt_ts)?);
         first += files.len();
     }
-    let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts);
+    let floor = logs.iter().map(|l| l.floor).max().unwrap_or(Ts::ZERO);
+    let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor);
     report.cut_ts = cut;
     report.log_bytes = logs.iter().map(|l| l.bytes).sum();
     report.torn_tails_truncated = logs.iter().filter_map(|l| l.torn.map(|(p, len)| (p.to_path_buf(), len))).collect();

@@ -16,16 +16,41 @@
 //! below it is in this batch or an earlier one; the batch's last transaction is such a bound
 //! too (one worker per stream commits in timestamp order), and the larger of the two is used.
 //! It is written into the batch header, so recovery can recompute the same watermark from
-//! the disk (Rolis 3.3). Idle streams still write heartbeat batches (no transactions, a newer
-//! bound) so the watermark keeps moving.
+//! the disk (Rolis 3.3).
+//!
+//! Idle streams and the floor
+//! --------------------------
+//! The minimum alone would make every stream write and fsync something for every commit
+//! anywhere: an idle stream's bound must pass a commit before the commit is released.
+//! Instead, each batch also vouches for the other streams. When the flusher of stream w
+//! frames a batch, it looks at every other stream v:
+//!
+//! ```text
+//!  b = clock.stream_bound(v)                 read first: v's commits <= b are appended by now
+//!  lock buffer[v]: empty, nothing in flight?  then they are all durable:  vouch[v] = max(durable[v], b)
+//!                  otherwise                                               vouch[v] = durable[v]
+//!  floor = min(this batch's bound, every vouch[v])      written into the batch header
+//!  after this batch's fsync: watermark = max(min over v of durable[v], every floor made durable)
+//! ```
+//!
+//! So a commit on a busy stream is released by its own batch's fsync while the other
+//! streams sleep: one fsync per group of commits, not one per stream. The floor is a fact
+//! about the disk (every transaction of every stream at or below it was durable once this
+//! batch was), so recovery takes the largest floor it finds as well. A stream writes a
+//! *heartbeat* (a batch with no transactions) only when it owes one: some stream made a
+//! bound durable that the watermark has not reached, and this stream's own durable bound is
+//! below it (it was busy when the others framed theirs); the flusher whose fsync left the
+//! watermark short wakes such streams.
 //!
 //! With `Durability::Interval(d)` a stream starts at most one batch per `d`: under load its
 //! batches are `d` apart, but a commit to a stream that wrote nothing for `d` goes out at
 //! once (it used to wait for the next tick of a fixed timer).
 //!
-//! Invariants: durable[w] only grows; watermark <= every durable[w]; a commit is
-//! acknowledged only if its ts <= watermark; after the first write or fsync error the log
-//! is failed for good: nothing more is acknowledged and commits are refused.
+//! Invariants: durable[w] and the floor only grow; floor <= bound in every batch; the
+//! watermark is at most max(min over w of durable[w], the largest durable floor), the cut
+//! recovery recomputes from the disk; a commit is acknowledged only if its ts <= watermark;
+//! after the first write or fsync error the log is failed for good: nothing more is
+//! acknowledged and commits are refused.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,7 +67,8 @@ use crate::options::{Durability, LogOptions};
 use crate::storage::LogFile;
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
-/// interval, every interval).
+/// interval, every interval): a safety net, since the flusher that finds the watermark
+/// short of its bound wakes the streams that owe one.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 
 /// After a batch that LZ4 did not shrink by at least 1/8, this many batches are stored
@@ -61,6 +87,10 @@ const ZERO_AHEAD: u64 = 4 << 20;
 #[derive(Debug, Clone)]
 pub(crate) struct ClosedSegment {
     pub path: PathBuf,
+    /// The highest transaction ts *or bound* the segment holds. A bound counts: recovery
+    /// takes each stream's highest durable bound, and a deleted segment's bound above the
+    /// checkpoint could be what released a commit of another stream that the checkpoint
+    /// does not hold.
     pub last_ts: Ts,
 }
 
@@ -70,6 +100,9 @@ struct Stream {
     /// (workers under backpressure wait).
     cv: Condvar,
     durable: AtomicU64,
+    /// The flusher took a batch with transactions from `buf` and has not made it durable
+    /// yet. Set under `buf`'s lock, cleared (Release) once `durable` covers the batch.
+    in_flight: AtomicBool,
     closed: Mutex<Vec<ClosedSegment>>,
 }
 
@@ -85,6 +118,9 @@ pub struct LogStats {
     /// Batches stored without trying LZ4 because recent ones did not shrink.
     pub compress_skipped: AtomicU64,
     pub txns: AtomicU64,
+    /// Batches with no transactions, written only to move the watermark (see the module
+    /// notes: most idle streams are vouched for by the busy ones instead).
+    pub heartbeats: AtomicU64,
     /// Online checkpoints completed, and those that failed (a full disk, a failed fsync:
     /// the log goes on, and the previous checkpoint stays; see `Durable::checkpoint`).
     pub checkpoints: AtomicU64,
@@ -104,6 +140,8 @@ pub struct Logger {
     opts: LogOptions,
     clock: Arc<CommitClock>,
     streams: Box<[Stream]>,
+    /// The largest floor of a durable batch (see the module notes).
+    floor: AtomicU64,
     watermark: AtomicU64,
     failed: OnceLock<Arc<str>>,
     wait_lock: Mutex<()>,
@@ -131,6 +169,7 @@ impl Logger {
                 buf: Mutex::new(BatchBuilder::new()),
                 cv: Condvar::new(),
                 durable: AtomicU64::new(durable_from.0),
+                in_flight: AtomicBool::new(false),
                 closed: Mutex::new(Vec::new()),
             })
             .collect();
@@ -140,6 +179,7 @@ impl Logger {
             opts,
             clock,
             streams,
+            floor: AtomicU64::new(durable_from.0),
             watermark: AtomicU64::new(durable_from.0),
             failed: OnceLock::new(),
             wait_lock: Mutex::new(()),
@@ -234,10 +274,12 @@ impl Logger {
             if self.failed.get().is_some() {
                 return;
             }
-            // Wait for work: a commit (appends wake us) or, idle, the heartbeat timeout.
+            // Wait for work: a commit (appends wake us), a heartbeat we owe (whoever finds
+            // the watermark short wakes us, under this lock, so no wake-up is lost), or the
+            // timeout.
             if !stopping {
                 let mut buf = stream.buf.lock();
-                if buf.is_empty() {
+                if buf.is_empty() && !self.owes_heartbeat(w, written_bound) {
                     stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
                 }
             }
@@ -253,6 +295,9 @@ impl Logger {
             {
                 let mut buf = stream.buf.lock();
                 std::mem::swap(&mut *buf, &mut spare);
+                if !spare.is_empty() {
+                    stream.in_flight.store(true, Ordering::Relaxed);
+                }
                 stream.cv.notify_all();
             }
             // The batch's last transaction is a bound too: the stream's worker commits one
@@ -261,7 +306,10 @@ impl Logger {
             // before its committer has left its commit slot: the clock's bound still stops
             // below that commit, which would then wait for the next batch.
             let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
-            if spare.is_empty() && bound <= written_bound {
+            // An idle stream writes only a heartbeat it owes (or its last one, at close).
+            let idle =
+                spare.is_empty() && (bound <= written_bound || !(stopping || self.owes_heartbeat(w, written_bound)));
+            if idle {
                 if stopping {
                     // A clean close leaves no zeros past the last batch. Everything is
                     // durable already: if this fails, recovery reads the zeros as the end.
@@ -274,10 +322,12 @@ impl Logger {
             }
             last_start = Some(Instant::now());
             frame.clear();
+            let floor = self.floor_for(w, bound);
             // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
             let has_txns = !spare.is_empty();
             let try_compress = self.opts.compress && has_txns && compress_skip == 0;
-            let header = spare.finish_into(StreamId(w as u32), self.epoch, bound, try_compress, &mut frame);
+            let header =
+                spare.finish_vouching_into(StreamId(w as u32), self.epoch, bound, floor, try_compress, &mut frame);
             if try_compress {
                 if u64::from(header.stored_len) * 8 > u64::from(header.raw_len) * 7 {
                     compress_skip = COMPRESS_SKIP_BATCHES;
@@ -287,9 +337,7 @@ impl Logger {
                 self.stats.compress_skipped.fetch_add(1, Ordering::Relaxed);
             }
             let txns = spare.txn_count() as u64;
-            if let Some(last) = spare.last_ts() {
-                seg_last_ts = seg_last_ts.max(last);
-            }
+            seg_last_ts = seg_last_ts.max(bound);
             spare.clear();
             let end = seg_bytes + frame.len() as u64;
             if end > zeroed {
@@ -315,10 +363,20 @@ impl Logger {
             self.stats.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
             self.stats.txns.fetch_add(txns, Ordering::Relaxed);
+            if !has_txns {
+                self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+            }
             seg_bytes += frame.len() as u64;
             written_bound = written_bound.max(bound);
             stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+            stream.in_flight.store(false, Ordering::Release);
+            self.floor.fetch_max(floor.0, Ordering::AcqRel);
             self.advance_watermark();
+            if self.watermark() < bound {
+                // Some stream was busy when this batch vouched for the others, and its
+                // bound is still below ours: it owes a heartbeat, unless it is writing.
+                self.wake_owing(w);
+            }
             if seg_bytes >= self.opts.segment_bytes_max {
                 // Only a stream's last segment may end in zeros (recovery refuses them in
                 // any other): cut them before the next segment exists.
@@ -337,8 +395,56 @@ impl Logger {
         }
     }
 
+    /// The floor for a batch of stream `w` with bound `bound` (see the module notes).
+    fn floor_for(&self, w: usize, bound: Ts) -> Ts {
+        let mut floor = bound.0;
+        for (v, s) in self.streams.iter().enumerate() {
+            if v == w {
+                continue;
+            }
+            // First the clock: every commit of stream v at or below `b` is appended by now.
+            let b = self.clock.stream_bound(v).0;
+            let durable = s.durable.load(Ordering::Acquire);
+            let vouch = {
+                let buf = s.buf.lock();
+                // Nothing buffered and nothing taken but not yet durable: every commit v
+                // appended, so every one at or below `b`, is durable.
+                if buf.is_empty() && !s.in_flight.load(Ordering::Acquire) {
+                    durable.max(b)
+                } else {
+                    durable
+                }
+            };
+            floor = floor.min(vouch);
+        }
+        Ts(floor)
+    }
+
+    /// Whether idle stream `w` (whose batches so far bound `written`) owes a heartbeat:
+    /// some stream made a bound durable that the watermark has not reached, ours is below
+    /// it, and we can write a higher one.
+    fn owes_heartbeat(&self, w: usize, written: Ts) -> bool {
+        let top = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).max().unwrap_or(0);
+        self.watermark.load(Ordering::Acquire) < top
+            && self.streams[w].durable.load(Ordering::Acquire) < top
+            && self.clock.stream_bound(w) > written
+    }
+
+    /// Wakes the flushers of the streams (other than `w`) whose durable bound is below
+    /// `w`'s, under their buffer's lock (see the wait in `flusher`).
+    fn wake_owing(&self, w: usize) {
+        let mine = self.streams[w].durable.load(Ordering::Acquire);
+        for (v, s) in self.streams.iter().enumerate() {
+            if v != w && s.durable.load(Ordering::Acquire) < mine {
+                let _buf = s.buf.lock();
+                s.cv.notify_all();
+            }
+        }
+    }
+
     fn advance_watermark(&self) {
         let min = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).min().unwrap_or(0);
+        let min = min.max(self.floor.load(Ordering::Acquire));
         let prev = self.watermark.fetch_max(min, Ordering::AcqRel);
         if min > prev {
             {
@@ -411,16 +517,7 @@ impl CommitLog for Logger {
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
         stream.cv.notify_one();
-        drop(buf);
-        // The watermark is the minimum over all streams, so this commit is durable only once
-        // every other stream has made a bound past it durable. Wake idle flushers now, so
-        // their heartbeat runs beside this batch instead of after their idle timeout. (A
-        // busy flusher is not waiting: the wake costs nothing.)
-        for (i, s) in self.streams.iter().enumerate() {
-            if i != worker.0 as usize {
-                s.cv.notify_one();
-            }
-        }
+        // Idle streams are not woken: this stream's batch vouches for them (module notes).
     }
 
     fn wait_durable(&self, ts: Ts) -> ditto_engine::Result<()> {

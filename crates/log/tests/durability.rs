@@ -1046,8 +1046,8 @@ fn a_version_1_segment_is_refused_naming_file_and_version() {
     std::fs::write(&seg, h).unwrap();
     match open(dir.path(), opts(1, Durability::EveryBatch)) {
         Err(e @ LogError::UnsupportedVersion { .. }) => {
-            let LogError::UnsupportedVersion { ref file, version, supported } = e else { unreachable!() };
-            assert_eq!((file, version, supported), (&seg, 1, 2));
+            let LogError::UnsupportedVersion { ref file, version, oldest, newest } = e else { unreachable!() };
+            assert_eq!((file, version, oldest, newest), (&seg, 1, 2, 3));
             let msg = e.to_string();
             assert!(msg.contains(&seg.display().to_string()) && msg.contains("version 1"), "{msg}");
         }
@@ -1134,4 +1134,91 @@ fn the_progress_listener_hears_each_watermark_advance() {
     let v = seen.lock().clone();
     assert!(v.len() >= 2, "{v:?}");
     assert_eq!(failures.load(Ordering::Relaxed), 0, "no failure was reported");
+}
+
+/// Commits on one stream while the others sleep: the busy stream's batches vouch for the
+/// idle ones (`floor_ts`), so every commit is released by one fsync, the idle streams write
+/// no heartbeat while open, and recovery, which finds no batch at all in the idle streams'
+/// segments, still restores every acknowledged commit from the floors. (Before the floor,
+/// each idle stream wrote and fsynced a heartbeat for every commit elsewhere, and without
+/// the floor in recovery the cut would stay at 0.)
+#[test]
+fn a_busy_stream_vouches_for_idle_ones_and_recovery_trusts_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 300;
+    let d = open(dir.path(), opts(4, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let stats = &d.logger().stats;
+    let fsyncs0 = stats.fsyncs.load(Ordering::Relaxed);
+    put_n(&d, t, 2, 0, n);
+    let fsyncs = stats.fsyncs.load(Ordering::Relaxed) - fsyncs0;
+    assert_eq!(stats.heartbeats.load(Ordering::Relaxed), 0, "no idle stream wrote a heartbeat");
+    // One fsync per commit here (each waited for the previous one's release).
+    assert!(fsyncs <= n, "{fsyncs} fsyncs for {n} commits, one stream busy of 4");
+    let image = crash_image(dir.path());
+    d.close();
+    // Only stream 2 holds batches; the crash image's other streams are bare headers.
+    for seg in segments(image.path()) {
+        let scan = ditto_log::format::read_segment(&std::fs::read(&seg).unwrap().into()).unwrap();
+        let mine = scan.header.stream.0 == 2;
+        assert_eq!(scan.batches.is_empty(), !mine, "{seg:?}");
+        assert!(
+            scan.batches.iter().all(|(_, b)| b.header.floor_ts == b.header.bound_ts),
+            "{seg:?}: every batch vouched"
+        );
+    }
+    let r = open(image.path(), opts(4, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&r, r.db().table_id("t").unwrap()), n);
+}
+
+/// Two streams committing at once cannot always vouch for each other (the other is mid-
+/// batch): then the one whose bound lags owes a heartbeat, and writes it at once rather than
+/// at its next timeout. Every commit of both is acknowledged and recovered, and a crash
+/// image taken at any moment while both run recovers at least every acknowledged commit.
+#[test]
+fn streams_that_cannot_vouch_for_each_other_still_release_every_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 400;
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let acked = [AtomicU64::new(0), AtomicU64::new(0)];
+    let images = std::thread::scope(|s| {
+        for w in 0..2u32 {
+            let (d, acked) = (&d, &acked);
+            s.spawn(move || {
+                let mut wk = d.db().worker(WorkerId(w)).unwrap();
+                for i in 0..n {
+                    let k = (u64::from(w) << 32 | i).to_be_bytes();
+                    wk.run(|x| x.put(t, &k, b"v").map(|_| ())).unwrap().1.wait().unwrap();
+                    acked[w as usize].store(i + 1, Ordering::Release);
+                }
+            });
+        }
+        // Crash images while both run: each must hold every commit acknowledged before it.
+        let mut images = Vec::new();
+        while images.len() < 3 && acked.iter().any(|a| a.load(Ordering::Acquire) < n) {
+            std::thread::sleep(Duration::from_millis(15));
+            let before = [acked[0].load(Ordering::Acquire), acked[1].load(Ordering::Acquire)];
+            images.push((before, crash_image(dir.path())));
+        }
+        images
+    });
+    let hb = d.logger().stats.heartbeats.load(Ordering::Relaxed);
+    let batches = d.logger().stats.batches.load(Ordering::Relaxed);
+    assert!(hb < batches, "{hb} heartbeats of {batches} batches");
+    drop(d);
+    for (before, image) in images {
+        let r = open(image.path(), opts(2, Durability::EveryBatch)).unwrap();
+        let mut wk = r.db().worker(WorkerId(0)).unwrap();
+        let t = r.db().table_id("t").unwrap();
+        for (w, &upto) in before.iter().enumerate() {
+            for i in 0..upto {
+                let k = ((w as u64) << 32 | i).to_be_bytes();
+                let found = wk.run(|x| x.get(t, &k).map(|v| v.is_some())).unwrap().0;
+                assert!(found, "stream {w}: commit {i} was acknowledged before the image");
+            }
+        }
+    }
+    let r = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&r, r.db().table_id("t").unwrap()), 2 * n);
 }

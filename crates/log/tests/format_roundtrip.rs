@@ -284,7 +284,7 @@ fn heartbeat_round_trip() {
     let (file, offsets) = build_segment(&[vec![], vec![], vec![]], &[true]);
     let scan = read_segment(&Bytes::from(file)).unwrap();
     assert_eq!(scan.end, SegmentEnd::Clean);
-    assert_eq!(offsets, vec![48, 112, 176]);
+    assert_eq!(offsets, vec![48, 120, 192]);
     assert_eq!(scan.batches.len(), 3);
 }
 
@@ -552,7 +552,7 @@ fn zero_filled_tails() {
 /// A batch with the given header fields and payload and correct checksums.
 fn forge(mut h: BatchHeader, payload: &[u8]) -> Vec<u8> {
     h.stored_len = payload.len() as u32;
-    h.payload_crc = crc32c::crc32c(payload);
+    h.payload_crc = h.payload_checksum(payload);
     let mut v = h.encode().to_vec();
     v.extend_from_slice(payload);
     v
@@ -560,12 +560,14 @@ fn forge(mut h: BatchHeader, payload: &[u8]) -> Vec<u8> {
 
 fn header(txn_count: u32, first: u64, last: u64, raw_len: u32) -> BatchHeader {
     BatchHeader {
+        version: LOG_FORMAT_VERSION as u16,
         stream: STREAM,
         epoch: EPOCH,
         compressed: false,
         first_ts: Ts(first),
         last_ts: Ts(last),
         bound_ts: Ts(last),
+        floor_ts: Ts(0),
         txn_count,
         raw_len,
         stored_len: 0,
@@ -734,7 +736,7 @@ fn forged_batches_are_rejected() {
     assert!(malformed(decode_err(v.clone())));
     // Other versions: the previous one (fixed-width payload) and a future one.
     v[7] = 0;
-    for version in [1u16, 3] {
+    for version in [1u16, 4] {
         v[4..6].copy_from_slice(&version.to_le_bytes());
         let crc = crc32c::crc32c(&v[..60]);
         v[60..64].copy_from_slice(&crc.to_le_bytes());
@@ -1177,8 +1179,14 @@ fn segment_header_round_trip_and_errors() {
     let mut bad = b;
     bad[30] ^= 1;
     assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::HeaderChecksum { .. })));
-    assert_eq!(LOG_FORMAT_VERSION, 2);
-    for version in [1, 3] {
+    assert_eq!(LOG_FORMAT_VERSION, 3);
+    // Version 2 (64-byte batch headers, no floor) is still read.
+    let mut old = b;
+    old[8] = 2;
+    let crc = crc32c::crc32c(&old[..44]);
+    old[44..].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(SegmentHeader::decode(&old), Ok(h));
+    for version in [1, 4] {
         let mut bad = b;
         bad[8] = version;
         let crc = crc32c::crc32c(&bad[..44]);
@@ -1194,7 +1202,7 @@ fn batch_header_layout_is_as_documented() {
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[..4], b"DBAT");
-    assert_eq!(&bytes[4..6], &2u16.to_le_bytes());
+    assert_eq!(&bytes[4..6], &3u16.to_le_bytes());
     assert_eq!((bytes[6], bytes[7]), (0, 0));
     assert_eq!(u32_at(8), STREAM.0);
     assert_eq!(u64_at(12), EPOCH.0);
@@ -1204,6 +1212,9 @@ fn batch_header_layout_is_as_documented() {
     assert_eq!(u32_at(44), 3);
     assert_eq!(u32_at(48), h.raw_len);
     assert_eq!(u32_at(52), h.stored_len);
+    // floor_ts (0: `finish_into` vouches for no other stream), then the payload; the
+    // payload checksum covers both, the header checksum the first 60 bytes only.
+    assert_eq!(u64_at(64), 0);
     assert_eq!(u32_at(56), crc32c::crc32c(&bytes[64..]));
     assert_eq!(u32_at(60), crc32c::crc32c(&bytes[..60]));
     // The payload, byte by byte: the worked example of docs/log-format.md.
@@ -1220,8 +1231,83 @@ fn batch_header_layout_is_as_documented() {
         b"key-2-1",                    //   key
     ]
     .concat();
-    assert_eq!(&bytes[64..], &expected[..]);
+    assert_eq!(&bytes[72..], &expected[..]);
     assert_eq!(decode_batch_header(&bytes), Ok(h));
+}
+
+/// The floor a writer vouches with: at offset 64, covered by the payload checksum (not the
+/// header checksum, whose place and span every version shares), never above the bound.
+#[test]
+fn floor_is_written_checked_and_bounded() {
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &sample_txns(77, 3));
+    let mut bytes = Vec::new();
+    let h = b.finish_vouching_into(STREAM, EPOCH, Ts(1234), Ts(1000), false, &mut bytes);
+    assert_eq!((h.bound_ts, h.floor_ts), (Ts(1234), Ts(1000)));
+    assert_eq!(u64::from_le_bytes(bytes[64..72].try_into().unwrap()), 1000);
+    let (batch, used) = decode_batch(&Bytes::from(bytes.clone())).unwrap();
+    assert_eq!((batch.header, used), (h, bytes.len()));
+    // Any damaged floor byte is a payload checksum failure: a torn write, not a new version.
+    for i in 64..72 {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x10;
+        assert!(matches!(decode_err(bad), FormatError::PayloadChecksum { .. }), "byte {i}");
+    }
+    // A floor above the bound, checksums correct, is malformed.
+    let e = decode_err(forge(BatchHeader { floor_ts: Ts(1235), ..h }, &bytes[72..]));
+    assert_eq!(e, FormatError::Malformed("floor_ts above bound_ts"));
+    // A header cut inside the floor is truncated (so may be a torn tail).
+    assert_eq!(decode_batch_header(&bytes[..70]), Err(FormatError::Truncated { needed: 72, available: 70 }));
+    // Heartbeats carry a floor too.
+    let mut hb = Vec::new();
+    let h = BatchBuilder::new().finish_vouching_into(STREAM, EPOCH, Ts(50), Ts(50), true, &mut hb);
+    assert_eq!(decode_batch(&Bytes::from(hb)).unwrap().0.header, h);
+}
+
+/// A log written by the previous version (64-byte batch headers, no floor) is still read:
+/// the same batches, re-framed as version 2, decode to the same transactions with floor 0.
+#[test]
+fn version_2_batches_are_still_read() {
+    let txns = sample_txns(5, 4);
+    let (v3, h3) = encode_batch(&txns, 20, false);
+    let payload = &v3[BATCH_HEADER_LEN..];
+    let h2 = BatchHeader { version: 2, ..h3 };
+    let v2 = forge(h2, payload);
+    assert_eq!(v2.len(), 64 + payload.len());
+    assert_eq!(&v2[4..6], &2u16.to_le_bytes());
+    assert_eq!(u32::from_le_bytes(v2[56..60].try_into().unwrap()), crc32c::crc32c(payload));
+    let (b2, used) = decode_batch(&Bytes::from(v2.clone())).unwrap();
+    assert_eq!((b2.header.floor_ts, b2.header.header_len(), used), (Ts(0), 64, v2.len()));
+    let (b3, _) = decode_batch(&Bytes::from(v3)).unwrap();
+    assert_eq!(b2.records(), b3.records());
+    // A whole version-2 segment: header version 2, then version-2 batches.
+    let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11 }.encode().to_vec();
+    seg[8] = 2;
+    let crc = crc32c::crc32c(&seg[..44]);
+    seg[44..48].copy_from_slice(&crc.to_le_bytes());
+    seg.extend_from_slice(&v2);
+    seg.extend_from_slice(&forge(BatchHeader { version: 2, ..header(0, 0, 0, 0) }, &[]));
+    let scan = read_segment(&Bytes::from(seg.clone())).unwrap();
+    assert_eq!(scan.end, SegmentEnd::Clean);
+    assert_eq!(scan.batches.iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![48, 48 + v2.len() as u64]);
+    // A batch of the other version in a segment is corruption (its checksums verify, so no
+    // torn write explains it), whichever way round.
+    let mut mixed = seg;
+    mixed.extend_from_slice(&v3_heartbeat());
+    let scan = read_segment(&Bytes::from(mixed.clone())).unwrap();
+    let at = (48 + v2.len() + 64) as u64;
+    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset, .. } if offset == at), "{:?}", scan.end);
+    let mut mixed = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11 }.encode().to_vec();
+    mixed.extend_from_slice(&v3_heartbeat());
+    mixed.extend_from_slice(&v2);
+    let scan = read_segment(&Bytes::from(mixed)).unwrap();
+    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset: 120, .. }), "{:?}", scan.end);
+}
+
+fn v3_heartbeat() -> Vec<u8> {
+    let mut out = Vec::new();
+    BatchBuilder::new().finish_into(STREAM, EPOCH, Ts(30), false, &mut out);
+    out
 }
 
 #[test]

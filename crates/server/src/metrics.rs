@@ -131,6 +131,11 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
     if let Some(l) = &sh.log {
         counter("ditto_log_bytes_total", "Bytes written to the redo log.", r(&l.stats.bytes_written));
         counter("ditto_log_fsyncs_total", "Log fsyncs.", r(&l.stats.fsyncs));
+        counter(
+            "ditto_log_heartbeats_total",
+            "Log batches without transactions, written only to move the durable watermark.",
+            r(&l.stats.heartbeats),
+        );
         counter("ditto_log_transactions_total", "Transactions written to the log.", r(&l.stats.txns));
         counter("ditto_checkpoints_total", "Online checkpoints completed.", r(&l.stats.checkpoints));
         counter(
