@@ -146,7 +146,7 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
         None => (Ts::ZERO, Epoch(0)),
     };
     let segments = recovery::list_segments(dir)?;
-    let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress)?;
+    let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress, &*opts.log.storage)?;
     let recovered_ts = cut.max(ckpt_ts);
     let t = Instant::now();
     report.index_keys = db.recovery_finish(recovered_ts, recovery::recovery_threads()).map_err(LogError::Engine)?;

@@ -51,6 +51,7 @@ use crate::format::{
     read_segment_checking, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION,
     OLDEST_READABLE_VERSION,
 };
+use crate::storage::Storage;
 use crate::LogError;
 
 #[derive(Debug, Clone, Default)]
@@ -260,12 +261,6 @@ fn check_stream<'s>(
     Ok(out)
 }
 
-fn truncate(path: &Path, len: u64) -> Result<(), LogError> {
-    let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| LogError::io(path, e))?;
-    f.set_len(len).map_err(|e| LogError::io(path, e))?;
-    f.sync_all().map_err(|e| LogError::io(path, e))
-}
-
 /// Runs `f` on every item on up to `threads` threads, which take the items in order from a
 /// shared counter; returns the results in item order.
 fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
@@ -304,6 +299,7 @@ pub(crate) fn replay_log(
     ckpt_ts: Ts,
     report: &mut RecoveryReport,
     progress: bool,
+    storage: &dyn Storage,
 ) -> Result<Ts, LogError> {
     let t0 = Instant::now();
     let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
@@ -421,7 +417,7 @@ pub(crate) fn replay_log(
     // Only once the whole log checked out and replayed: cut torn tails away (they were never
     // durable, so they held nothing acknowledged).
     for (path, len) in logs.iter().filter_map(|l| l.torn) {
-        truncate(path, len)?;
+        storage.truncate_existing(path, len).map_err(|e| LogError::io(path, e))?;
     }
     report.log_txns_replayed = replayed.into_inner();
     report.log_txns_dropped_above_cut = dropped.into_inner();

@@ -11,6 +11,9 @@ pub trait Storage: Send + Sync + 'static {
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
     /// Makes the directory entries of `dir` durable (after creating or renaming files).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Cuts the existing file `path` to `len` bytes and makes that durable (recovery cutting
+    /// a torn tail away).
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()>;
 }
 
 pub trait LogFile: Send {
@@ -41,6 +44,12 @@ impl Storage for RealStorage {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         sync_dir(dir)
+    }
+
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        let f = OpenOptions::new().write(true).open(path)?;
+        f.set_len(len)?;
+        f.sync_all()
     }
 }
 

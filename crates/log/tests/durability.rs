@@ -137,6 +137,19 @@ fn torn_tail_is_truncated_and_recovery_continues() {
     let mut f = std::fs::OpenOptions::new().append(true).open(last).unwrap();
     io::Write::write_all(&mut f, &batch[..batch.len() / 2]).unwrap();
     drop(f);
+    // A disk that fails the cut (here: EIO) fails the open, naming the file, and leaves the
+    // torn tail as it was; the next open cuts it.
+    let torn = std::fs::read(last).unwrap();
+    let faults = StepFaults::of_kind("/log/stream-", "truncate");
+    faults.arm(1);
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(faults.clone());
+    match open(dir.path(), o) {
+        Err(LogError::Io { path, .. }) => assert_eq!(&path, last),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a failed cut of a torn tail must fail the open"),
+    }
+    assert_eq!(std::fs::read(last).unwrap(), torn, "the torn tail is untouched");
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     let t = d.db().table_id("t").unwrap();
     assert_eq!(count(&d, t), 50);
@@ -363,6 +376,12 @@ impl Storage for FaultyStorage {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         RealStorage.sync_dir(dir)
     }
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(5)); // EIO
+        }
+        RealStorage.truncate_existing(path, len)
+    }
 }
 
 impl LogFile for FaultyFile {
@@ -524,6 +543,10 @@ impl Storage for StepFaults {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.step(dir, "sync_dir")?;
         RealStorage.sync_dir(dir)
+    }
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        self.step(path, "truncate")?;
+        RealStorage.truncate_existing(path, len)
     }
 }
 
