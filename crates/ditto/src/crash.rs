@@ -5,6 +5,8 @@
 //! after the commit is durable. After any crash, the checker (crates/ditto/tests/crash.rs)
 //! expects: every ACKed event present; each worker's events a gap-free prefix (recovery is
 //! a prefix of the commit order); the total balance unchanged (no partial transfer).
+//! `--active-workers` and `--pause-pct` leave log streams idle, for good or at random
+//! moments, so crashes also land while busy streams vouch for idle ones (the log's floor).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,6 +26,14 @@ pub struct CrashArgs {
     dir: PathBuf,
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Workers that run transfers (the first ones); the rest stay idle, so their log
+    /// streams are vouched for by the busy ones (default: all).
+    #[arg(long)]
+    active_workers: Option<usize>,
+    /// Percent of transfers after which the worker pauses for up to 3 ms, so streams go
+    /// idle and busy again at random.
+    #[arg(long, default_value_t = 0)]
+    pause_pct: u32,
     #[arg(long, value_enum, default_value_t = LogMode::EveryBatch)]
     log: LogMode,
     #[arg(long, default_value_t = 2)]
@@ -79,7 +89,7 @@ pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
     std::io::stdout().flush()?;
     let deadline = Instant::now() + Duration::from_secs(a.max_seconds);
     std::thread::scope(|s| {
-        for wi in 0..a.workers as u32 {
+        for wi in 0..a.active_workers.unwrap_or(a.workers).min(a.workers) as u32 {
             let db = &db;
             let a = &a;
             s.spawn(move || -> Result<(), Error> {
@@ -116,6 +126,9 @@ pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
                     let _ = writeln!(out, "ACK {wi} {seq} {}", ts.0);
                     let _ = out.flush();
                     seq += 1;
+                    if rng.gen_range(0..100) < a.pause_pct {
+                        std::thread::sleep(Duration::from_micros(rng.gen_range(0..3000)));
+                    }
                 }
                 Ok(())
             });

@@ -27,9 +27,10 @@ fn rounds(default: usize) -> usize {
 }
 
 /// Runs the child until READY plus a random delay, kills it, returns the ACKs it printed.
-fn run_and_kill(dir: &Path, log: &str, checkpoint_ms: u64, rng: &mut impl Rng) -> HashMap<u32, u64> {
+fn run_and_kill(dir: &Path, log: &str, checkpoint_ms: u64, extra: &[&str], rng: &mut impl Rng) -> HashMap<u32, u64> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(["crash-child", "--dir", dir.to_str().unwrap(), "--workers", "2", "--log", log])
+        .args(["crash-child", "--dir", dir.to_str().unwrap(), "--log", log])
+        .args(if extra.is_empty() { &["--workers", "2"][..] } else { extra })
         .args(["--checkpoint-ms", &checkpoint_ms.to_string(), "--max-seconds", "30"])
         .args(["--accounts", &ACCOUNTS.to_string(), "--seed", &rng.gen_range(1..1000u64).to_string()])
         .stdout(Stdio::piped())
@@ -104,12 +105,17 @@ fn check(dir: &Path, acked: &HashMap<u32, u64>) -> u64 {
 }
 
 fn crash_rounds(log: &str, checkpoint_ms: u64, n: usize, seed: u64) {
+    crash_rounds_with(log, checkpoint_ms, &[], n, seed)
+}
+
+/// `extra`: the child's worker arguments (default `--workers 2`, all busy).
+fn crash_rounds_with(log: &str, checkpoint_ms: u64, extra: &[&str], n: usize, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let t0 = Instant::now();
     let mut total_acked = 0;
     for round in 0..n {
-        let acked = run_and_kill(dir.path(), log, checkpoint_ms, &mut rng);
+        let acked = run_and_kill(dir.path(), log, checkpoint_ms, extra, &mut rng);
         total_acked += acked.values().sum::<u64>();
         let recovered = check(dir.path(), &acked);
         eprintln!("round {round}: {recovered} events recovered, acks so far {total_acked}");
@@ -131,4 +137,13 @@ fn sigkill_under_load_interval_fsync() {
 #[test]
 fn sigkill_during_frequent_checkpoints() {
     crash_rounds("every-batch", 30, rounds(6), 3);
+}
+
+/// Four log streams, two of them never written and two pausing at random: most batches
+/// vouch for streams that write nothing (the log's floor), and a crash lands while some
+/// are idle and some busy. Recovery must still hold every acknowledged commit, as a prefix.
+#[test]
+fn sigkill_with_idle_and_pausing_streams() {
+    let extra = ["--workers", "4", "--active-workers", "2", "--pause-pct", "30"];
+    crash_rounds_with("every-batch", 0, &extra, rounds(4), 4);
 }

@@ -26,9 +26,9 @@
 //! frames a batch, it looks at every other stream v:
 //!
 //! ```text
-//!  b = clock.stream_bound(v)                 read first: v's commits <= b are appended by now
-//!  lock buffer[v]: empty, nothing in flight?  then they are all durable:  vouch[v] = max(durable[v], b)
-//!                  otherwise                                               vouch[v] = durable[v]
+//!  b = clock.stream_bound(v)            read first: v's commits <= b are appended by now
+//!  appended[v] <= durable[v]?           then they are all durable:  vouch[v] = max(durable[v], b)
+//!                 otherwise                                          vouch[v] = durable[v]
 //!  floor = min(this batch's bound, every vouch[v])      written into the batch header
 //!  after this batch's fsync: watermark = max(min over v of durable[v], every floor made durable)
 //! ```
@@ -36,11 +36,13 @@
 //! So a commit on a busy stream is released by its own batch's fsync while the other
 //! streams sleep: one fsync per group of commits, not one per stream. The floor is a fact
 //! about the disk (every transaction of every stream at or below it was durable once this
-//! batch was), so recovery takes the largest floor it finds as well. A stream writes a
-//! *heartbeat* (a batch with no transactions) only when it owes one: some stream made a
-//! bound durable that the watermark has not reached, and this stream's own durable bound is
-//! below it (it was busy when the others framed theirs); the flusher whose fsync left the
-//! watermark short wakes such streams.
+//! batch was), so recovery takes the largest floor it finds as well. A floor is dragged
+//! down by a stream that was mid-batch when it was framed; so a stream that has just made
+//! a batch durable checks whether it owes a *heartbeat* (a batch with no transactions):
+//! whether some stream's durable bound is past the watermark and a floor framed now would
+//! lift it. If not, a stream still mid-batch holds it back and will ask the same when it
+//! is done; the last to finish finds every stream vouchable. Idle streams never write
+//! (but for a check at their idle timeout, a safety net).
 //!
 //! With `Durability::Interval(d)` a stream starts at most one batch per `d`: under load its
 //! batches are `d` apart, but a commit to a stream that wrote nothing for `d` goes out at
@@ -67,8 +69,8 @@ use crate::options::{Durability, LogOptions};
 use crate::storage::LogFile;
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
-/// interval, every interval): a safety net, since the flusher that finds the watermark
-/// short of its bound wakes the streams that owe one.
+/// interval, every interval): a safety net, since a flusher asks right after each of its
+/// batches (see `owes_heartbeat`).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 
 /// After a batch that LZ4 did not shrink by at least 1/8, this many batches are stored
@@ -100,9 +102,9 @@ struct Stream {
     /// (workers under backpressure wait).
     cv: Condvar,
     durable: AtomicU64,
-    /// The flusher took a batch with transactions from `buf` and has not made it durable
-    /// yet. Set under `buf`'s lock, cleared (Release) once `durable` covers the batch.
-    in_flight: AtomicBool,
+    /// The ts of the last transaction appended (stored before its committer leaves its
+    /// commit slot). Every appended transaction is durable once `durable` reaches it.
+    appended: AtomicU64,
     closed: Mutex<Vec<ClosedSegment>>,
 }
 
@@ -169,7 +171,7 @@ impl Logger {
                 buf: Mutex::new(BatchBuilder::new()),
                 cv: Condvar::new(),
                 durable: AtomicU64::new(durable_from.0),
-                in_flight: AtomicBool::new(false),
+                appended: AtomicU64::new(durable_from.0),
                 closed: Mutex::new(Vec::new()),
             })
             .collect();
@@ -274,12 +276,11 @@ impl Logger {
             if self.failed.get().is_some() {
                 return;
             }
-            // Wait for work: a commit (appends wake us), a heartbeat we owe (whoever finds
-            // the watermark short wakes us, under this lock, so no wake-up is lost), or the
-            // timeout.
+            // Wait for work: a commit (appends wake us), or, idle, the timeout; but not if
+            // we owe a heartbeat (checked first, so right after each of our batches).
             if !stopping {
                 let mut buf = stream.buf.lock();
-                if buf.is_empty() && !self.owes_heartbeat(w, written_bound) {
+                if buf.is_empty() && !self.owes_heartbeat(w) {
                     stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
                 }
             }
@@ -295,9 +296,6 @@ impl Logger {
             {
                 let mut buf = stream.buf.lock();
                 std::mem::swap(&mut *buf, &mut spare);
-                if !spare.is_empty() {
-                    stream.in_flight.store(true, Ordering::Relaxed);
-                }
                 stream.cv.notify_all();
             }
             // The batch's last transaction is a bound too: the stream's worker commits one
@@ -307,8 +305,9 @@ impl Logger {
             // below that commit, which would then wait for the next batch.
             let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
             // An idle stream writes only a heartbeat it owes (or its last one, at close).
+            // An idle stream writes a heartbeat it owes, or its last bound at close.
             let idle =
-                spare.is_empty() && (bound <= written_bound || !(stopping || self.owes_heartbeat(w, written_bound)));
+                spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !self.owes_heartbeat(w));
             if idle {
                 if stopping {
                     // A clean close leaves no zeros past the last batch. Everything is
@@ -369,14 +368,8 @@ impl Logger {
             seg_bytes += frame.len() as u64;
             written_bound = written_bound.max(bound);
             stream.durable.fetch_max(bound.0, Ordering::AcqRel);
-            stream.in_flight.store(false, Ordering::Release);
             self.floor.fetch_max(floor.0, Ordering::AcqRel);
             self.advance_watermark();
-            if self.watermark() < bound {
-                // Some stream was busy when this batch vouched for the others, and its
-                // bound is still below ours: it owes a heartbeat, unless it is writing.
-                self.wake_owing(w);
-            }
             if seg_bytes >= self.opts.segment_bytes_max {
                 // Only a stream's last segment may end in zeros (recovery refuses them in
                 // any other): cut them before the next segment exists.
@@ -402,44 +395,30 @@ impl Logger {
             if v == w {
                 continue;
             }
-            // First the clock: every commit of stream v at or below `b` is appended by now.
+            // First the clock: every commit of stream v at or below `b` has been appended,
+            // and its store of `appended` is visible to us (the clock's SeqCst loads of v's
+            // commit slot synchronise with the store that left it). No lock is taken.
             let b = self.clock.stream_bound(v).0;
+            let appended = s.appended.load(Ordering::Acquire);
             let durable = s.durable.load(Ordering::Acquire);
-            let vouch = {
-                let buf = s.buf.lock();
-                // Nothing buffered and nothing taken but not yet durable: every commit v
-                // appended, so every one at or below `b`, is durable.
-                if buf.is_empty() && !s.in_flight.load(Ordering::Acquire) {
-                    durable.max(b)
-                } else {
-                    durable
-                }
-            };
+            // Everything v appended is durable, so every commit at or below `b` is.
+            let vouch = if appended <= durable { durable.max(b) } else { durable };
             floor = floor.min(vouch);
         }
         Ts(floor)
     }
 
-    /// Whether idle stream `w` (whose batches so far bound `written`) owes a heartbeat:
-    /// some stream made a bound durable that the watermark has not reached, ours is below
-    /// it, and we can write a higher one.
-    fn owes_heartbeat(&self, w: usize, written: Ts) -> bool {
+    /// Whether idle stream `w` owes a heartbeat: some stream made a bound durable that the
+    /// watermark has not reached, and a batch `w` framed now would carry a floor above the
+    /// watermark. Only the streams that finish a batch ask at once (the others when their
+    /// idle timeout comes round). One that does not owe, after its batch, is held back by a
+    /// stream that has not made its own batch durable yet, and that stream asks in turn when
+    /// it has; the last to finish finds every stream vouchable. So no one is woken for it,
+    /// and an idle stream that others vouch for never writes.
+    fn owes_heartbeat(&self, w: usize) -> bool {
+        let wm = self.watermark.load(Ordering::Acquire);
         let top = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).max().unwrap_or(0);
-        self.watermark.load(Ordering::Acquire) < top
-            && self.streams[w].durable.load(Ordering::Acquire) < top
-            && self.clock.stream_bound(w) > written
-    }
-
-    /// Wakes the flushers of the streams (other than `w`) whose durable bound is below
-    /// `w`'s, under their buffer's lock (see the wait in `flusher`).
-    fn wake_owing(&self, w: usize) {
-        let mine = self.streams[w].durable.load(Ordering::Acquire);
-        for (v, s) in self.streams.iter().enumerate() {
-            if v != w && s.durable.load(Ordering::Acquire) < mine {
-                let _buf = s.buf.lock();
-                s.cv.notify_all();
-            }
-        }
+        wm < top && self.floor_for(w, self.clock.stream_bound(w)).0 > wm
     }
 
     fn advance_watermark(&self) {
@@ -516,6 +495,7 @@ impl CommitLog for Logger {
             stream.cv.wait_for(&mut buf, Duration::from_millis(10));
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
+        stream.appended.store(ts.0, Ordering::Release);
         stream.cv.notify_one();
         // Idle streams are not woken: this stream's batch vouches for them (module notes).
     }
