@@ -304,7 +304,6 @@ impl Logger {
             // before its committer has left its commit slot: the clock's bound still stops
             // below that commit, which would then wait for the next batch.
             let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
-            // An idle stream writes only a heartbeat it owes (or its last one, at close).
             // An idle stream writes a heartbeat it owes, or its last bound at close.
             let idle =
                 spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !self.owes_heartbeat(w));
