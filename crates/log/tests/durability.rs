@@ -806,6 +806,36 @@ fn segments_are_zeroed_ahead_and_cut_when_closed() {
     assert_eq!(std::fs::read(victim).unwrap(), b, "refusing changed nothing");
 }
 
+/// Only small batches are zeroed ahead of: a batch over 64 KiB is appended (writing as many
+/// zeros again would cost more than the allocation it saves), a small one after it extends
+/// the segment with zeros again, and both recover.
+#[test]
+fn large_batches_are_appended_small_ones_zeroed_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid_len = |p: &Path| ditto_log::format::read_segment(&std::fs::read(p).unwrap().into()).unwrap().valid_len();
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.segment_bytes_max = 64 << 20;
+    o.log.compress = false;
+    let d = open(dir.path(), o.clone()).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let big = vec![7u8; 200 << 10];
+    w.run(|x| x.put(t, b"big", &big).map(|_| ())).unwrap().1.wait().unwrap();
+    let seg = segments(dir.path()).pop().unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    assert_eq!(len, valid_len(&seg), "a 200 KiB batch is appended, no zeros after it");
+    assert!(len > 200 << 10);
+    w.run(|x| x.put(t, b"small", b"v").map(|_| ())).unwrap().1.wait().unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    assert!(len >= valid_len(&seg) + (128 << 10), "a small batch zeroes ahead again: {len} bytes");
+    let image = crash_image(dir.path());
+    drop(w);
+    d.close();
+    let r = open(image.path(), o).unwrap();
+    assert_eq!(count(&r, r.db().table_id("t").unwrap()), 2);
+    assert!(r.recovery().torn_tails_truncated.is_empty());
+}
+
 /// Every write in the log of `dir`, per stream, as (ts, table, rid, key, value).
 type LoggedWrites = Vec<(u64, u32, u64, Option<Vec<u8>>, Option<Vec<u8>>)>;
 fn logged_writes(dir: &Path) -> std::collections::BTreeMap<u32, LoggedWrites> {
