@@ -3,9 +3,12 @@
 
   append     append to the file;
   zeroed     overwrite zeros written (and fsynced) before the timed loop;
-  live-zero  what the log writer does (crates/log/src/writer.rs, ZERO_AHEAD): whenever a
-             batch would pass the zeros, first extend the file with AHEAD bytes of zeros,
-             inside the timed loop, so their writing and the fsync that carries them count.
+  live-zero  how the log writer zeroes ahead (crates/log/src/writer.rs, ZERO_AHEAD):
+             whenever a batch would pass the zeros, first extend the file with AHEAD bytes
+             of zeros, inside the timed loop, so their writing and the fsync that carries
+             them count. The writer itself does this only for batches of at most 64 KiB
+             (ZERO_BATCH_MAX) and appends larger ones; this script zeroes for any size, to
+             measure both sides of that limit.
 
     scripts/fsync-zeroed.py DIR [BATCH_BYTES (default 225000)] [COUNT (default 300)] [ROUNDS (default 2)] [AHEAD (default 262144)]
 

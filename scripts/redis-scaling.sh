@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `ditto bench redis` at several server worker counts, for a machine with more cores than
-# the 2-core development VM (docs/server.md, "Scaling"): every-batch durability against
+# the 2-core development VM (docs/server.md, "Scaling on 16 cores"): every-batch durability against
 # Redis (appendfsync everysec and always) at the largest worker count, ditto alone at the
 # others, and the interval durability with pipelining once. redis-benchmark runs with
 # BENCH_THREADS threads (default 4) so the client is not the limit. Writes each run's

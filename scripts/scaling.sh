@@ -2,7 +2,7 @@
 # Multi-core scaling of the embedded engine: TPC-C (warehouses = workers) and YCSB++ with
 # 1, 2, 4, ... workers, each with the log off and on (fsync every 10 ms), so every logged
 # figure has its unlogged baseline from the same run. Made for a machine with more cores
-# than the 2-core development VM (docs/results.md, "Scaling"). Writes one JSON object per
+# than the 2-core development VM (docs/results.md, "Engine scaling"). Writes one JSON object per
 # benchmark run to OUTDIR/scaling.jsonl and a table to stdout.
 #
 #   scripts/scaling.sh path/to/ditto OUTDIR [SECONDS] [WORKERS...]

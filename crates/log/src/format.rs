@@ -12,7 +12,7 @@
 //!
 //! A log is a set of *streams* (one per worker). A stream is a sequence of *segment
 //! files*; each starts with a 48-byte `SegmentHeader` and continues with *batches* back to
-//! back. A batch is the unit of group commit: a 64-byte header followed by a payload of
+//! back. A batch is the unit of group commit: a 72-byte header followed by a payload of
 //! transactions, optionally LZ4-compressed as a whole.
 //!
 //! Why it looks like this
@@ -83,8 +83,9 @@
 //! * Cross-batch invariants (ts increasing across batches, `bound_ts` monotone) are stream
 //!   semantics and are left to recovery.
 //! * No attempt to salvage data after a corrupt point, and no backwards compatibility
-//!   machinery beyond the version fields: this build reads and writes version 2 only, and
-//!   reports any other version (e.g. a version-1 file) as `UnsupportedVersion`.
+//!   machinery beyond the version fields: this build writes version 3, reads versions 2
+//!   and 3 (2 lacks `floor_ts`), and reports any other version (e.g. a version-1 file) as
+//!   `UnsupportedVersion`.
 
 use bytes::Bytes;
 use ditto_engine::{RecordId, TableId, Ts, RECORDS_PER_TABLE_MAX, TABLES_MAX};

@@ -21,8 +21,8 @@ pub trait LogFile: Send {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Makes the file at least `len` bytes long by writing zeros past its end (real zeros,
     /// not a hole, so later writes over them allocate nothing), without moving the write
-    /// position. A log segment is zeroed ahead of its batches so that the fsync of a batch
-    /// has no file size or block allocation to commit (docs/durability.md).
+    /// position. A log segment is zeroed ahead of its small batches so that their fsyncs
+    /// have no file size or block allocation to commit (docs/durability.md).
     fn extend_zeroed(&mut self, len: u64) -> io::Result<()>;
     /// Cuts the file to `len` bytes (the zeros past the last batch of a segment that is
     /// closed); the caller syncs.

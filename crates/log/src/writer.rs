@@ -373,8 +373,11 @@ impl Logger {
             }
             seg_bytes += frame.len() as u64;
             written_bound = written_bound.max(bound);
-            stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+            // The floor first: whoever sees the new durable bound sees the floor with it
+            // (`durable_state`), so no stream mistakes the moment between for a lagging
+            // watermark and writes a heartbeat nobody needs.
             self.floor.fetch_max(floor.0, Ordering::AcqRel);
+            stream.durable.fetch_max(bound.0, Ordering::AcqRel);
             self.advance_watermark();
             if seg_bytes >= self.opts.segment_bytes_max {
                 // Only a stream's last segment may end in zeros (recovery refuses them in
@@ -422,14 +425,25 @@ impl Logger {
     /// it has; the last to finish finds every stream vouchable. So no one is woken for it,
     /// and an idle stream that others vouch for never writes.
     fn owes_heartbeat(&self, w: usize) -> bool {
-        let wm = self.watermark.load(Ordering::Acquire);
-        let top = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).max().unwrap_or(0);
+        let (wm, top) = self.durable_state();
         wm < top && self.floor_for(w, self.clock.stream_bound(w)).0 > wm
     }
 
+    /// The watermark the durable bounds and floors make now (what `advance_watermark`
+    /// publishes), and the highest durable bound of any stream. The bounds are read before
+    /// the floor, which each flusher stores before its bound.
+    fn durable_state(&self) -> (u64, u64) {
+        let (mut min, mut top) = (u64::MAX, 0);
+        for s in self.streams.iter() {
+            let d = s.durable.load(Ordering::Acquire);
+            (min, top) = (min.min(d), top.max(d));
+        }
+        debug_assert!(!self.streams.is_empty(), "a log has at least one stream");
+        (min.max(self.floor.load(Ordering::Acquire)), top)
+    }
+
     fn advance_watermark(&self) {
-        let min = self.streams.iter().map(|s| s.durable.load(Ordering::Acquire)).min().unwrap_or(0);
-        let min = min.max(self.floor.load(Ordering::Acquire));
+        let (min, _) = self.durable_state();
         let prev = self.watermark.fetch_max(min, Ordering::AcqRel);
         if min > prev {
             {

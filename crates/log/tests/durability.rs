@@ -30,6 +30,22 @@ fn count(d: &ditto_log::Durable, t: TableId) -> u64 {
     d.db().count(t).unwrap()
 }
 
+/// A new data directory holding `rows` rows of table "t" (keys 0..rows, written by worker 0
+/// under every-batch durability), closed.
+fn filled(rows: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, rows);
+    d.close();
+    dir
+}
+
+/// The length of a segment file's header and intact batches (what a clean cut leaves).
+fn valid_len(seg: &Path) -> u64 {
+    ditto_log::format::read_segment(&std::fs::read(seg).unwrap().into()).unwrap().valid_len()
+}
+
 fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir.join("log")).unwrap().map(|e| e.unwrap().path()).collect();
     v.sort();
@@ -119,13 +135,7 @@ fn deletes_and_updates_replay_to_the_last_state() {
 
 #[test]
 fn torn_tail_is_truncated_and_recovery_continues() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-        let t = d.db().create_table("t").unwrap();
-        put_n(&d, t, 0, 0, 50);
-        d.close();
-    }
+    let dir = filled(50);
     // Half of a batch appended to the last segment: a torn write.
     let segs = segments(dir.path());
     let last = segs.last().unwrap();
@@ -169,8 +179,9 @@ fn corruption_in_the_middle_refuses_to_start_naming_file_and_offset() {
     }
     let seg = segments(dir.path()).pop().unwrap();
     let mut b = std::fs::read(&seg).unwrap();
-    // Flip a byte inside the payload of the first batch (offset 48 + 64 + 10); valid batches follow.
-    b[48 + 64 + 10] ^= 0xFF;
+    // Flip a byte inside the payload of the first batch (segment header, batch header, 10
+    // bytes in); valid batches follow.
+    b[48 + ditto_log::format::BATCH_HEADER_LEN + 10] ^= 0xFF;
     std::fs::write(&seg, &b).unwrap();
     match open(dir.path(), opts(1, Durability::EveryBatch)) {
         Err(LogError::Corrupt { file, offset, .. }) => {
@@ -676,15 +687,9 @@ fn a_checkpoint_failing_at_any_step_keeps_the_previous_one_and_the_log() {
 /// file and changes nothing that matters, so the next open recovers every row.
 #[test]
 fn a_failed_closing_checkpoint_fails_the_open_and_the_next_open_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-        let t = d.db().create_table("t").unwrap();
-        put_n(&d, t, 0, 0, 150);
-        d.close();
-    }
+    let dir = filled(150);
     let faults = StepFaults::new("checkpoints");
-    let mut failures = 0;
+    let (mut failures, mut opened) = (0, false);
     for k in 1..=200 {
         let mut o = opts(1, Durability::EveryBatch);
         o.log.storage = Arc::new(faults.clone());
@@ -693,6 +698,7 @@ fn a_failed_closing_checkpoint_fails_the_open_and_the_next_open_recovers() {
             Ok(d) => {
                 assert!(faults.ops.load(Ordering::SeqCst) < k, "step {k} was reached but did not fail");
                 assert_eq!(count(&d, d.db().table_id("t").unwrap()), 150);
+                opened = true;
                 break;
             }
             Err(LogError::Io { path, .. }) => {
@@ -703,6 +709,7 @@ fn a_failed_closing_checkpoint_fails_the_open_and_the_next_open_recovers() {
         }
     }
     assert!(failures >= 9, "only {failures} steps failed");
+    assert!(opened, "a fault past the last step must let the open through");
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 150);
 }
@@ -768,7 +775,6 @@ fn crash_image(dir: &Path) -> tempfile::TempDir {
 #[test]
 fn segments_are_zeroed_ahead_and_cut_when_closed() {
     let dir = tempfile::tempdir().unwrap();
-    let valid_len = |p: &Path| ditto_log::format::read_segment(&std::fs::read(p).unwrap().into()).unwrap().valid_len();
     let image = {
         let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
         let t = d.db().create_table("t").unwrap();
@@ -812,7 +818,6 @@ fn segments_are_zeroed_ahead_and_cut_when_closed() {
 #[test]
 fn large_batches_are_appended_small_ones_zeroed_ahead() {
     let dir = tempfile::tempdir().unwrap();
-    let valid_len = |p: &Path| ditto_log::format::read_segment(&std::fs::read(p).unwrap().into()).unwrap().valid_len();
     let mut o = opts(1, Durability::EveryBatch);
     o.log.segment_bytes_max = 64 << 20;
     o.log.compress = false;
@@ -1001,11 +1006,11 @@ fn a_batch_with_good_checksums_but_bad_contents_is_refused_at_replay_changing_no
     let mut b = std::fs::read(&seg0).unwrap();
     let scan = ditto_log::format::read_segment(&bytes::Bytes::from(b.clone())).unwrap();
     let (off, batch) = scan.batches.iter().find(|(_, b)| b.header.txn_count > 0).unwrap();
-    let (off, stored_len) = (*off as usize, batch.header.stored_len as usize);
-    let payload = off + 64;
+    let (off, h) = (*off as usize, batch.header);
+    let payload = off + h.header_len();
     let ts_len = b[payload..].iter().position(|x| x & 0x80 == 0).unwrap() + 1;
     b[payload + ts_len] = 0x7F;
-    let crc = crc32c::crc32c(&b[payload..payload + stored_len]);
+    let crc = h.payload_checksum(&b[payload..payload + h.stored_len as usize]);
     b[off + 56..off + 60].copy_from_slice(&crc.to_le_bytes());
     let crc = crc32c::crc32c(&b[off..off + 60]);
     b[off + 60..off + 64].copy_from_slice(&crc.to_le_bytes());
@@ -1014,6 +1019,7 @@ fn a_batch_with_good_checksums_but_bad_contents_is_refused_at_replay_changing_no
         Err(LogError::Corrupt { file, offset, what }) => {
             assert_eq!(file, seg0, "{what}");
             assert_eq!(offset, off as u64, "{what}");
+            assert!(!what.contains("checksum"), "found by a look inside, not by a checksum: {what}");
         }
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("recovery must refuse a corrupt log"),
@@ -1028,13 +1034,7 @@ fn a_batch_with_good_checksums_but_bad_contents_is_refused_at_replay_changing_no
 /// recomputed: the damage is in the contents, where only recovery's own checks can see it.
 fn five_inserts_with_rewritten_keys(key: impl Fn(Option<&[u8]>) -> Option<Vec<u8>>) -> tempfile::TempDir {
     use ditto_log::format::{read_segment, BatchBuilder};
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-        let t = d.db().create_table("t").unwrap();
-        put_n(&d, t, 0, 0, 5);
-        d.close();
-    }
+    let dir = filled(5);
     for seg in segments(dir.path()) {
         let scan = read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
         let mut file = scan.header.encode().to_vec();
@@ -1108,6 +1108,44 @@ fn a_version_1_segment_is_refused_naming_file_and_version() {
         Ok(_) => panic!("a version-1 log must not be read as version 2"),
     }
     assert_eq!(std::fs::read(&seg).unwrap(), h, "refused without touching the file");
+}
+
+/// A data directory written by the previous format version (2: 64-byte batch headers, no
+/// floor) opens: every segment of a closed two-stream log re-framed as version 2, byte for
+/// byte what that version wrote, recovers every row; the log then goes on in version 3.
+#[test]
+fn a_version_2_log_recovers() {
+    use ditto_log::format::{read_segment, BatchHeader};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 300);
+        put_n(&d, t, 1, 300, 200);
+        d.close();
+    }
+    for seg in segments(dir.path()) {
+        let scan = read_segment(&bytes::Bytes::from(std::fs::read(&seg).unwrap())).unwrap();
+        let mut file = scan.header.encode().to_vec();
+        file[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&file[..44]);
+        file[44..48].copy_from_slice(&crc.to_le_bytes());
+        for (_, b) in &scan.batches {
+            let mut h = BatchHeader { version: 2, floor_ts: ditto_engine::Ts(0), ..b.header };
+            h.payload_crc = h.payload_checksum(b.stored());
+            file.extend_from_slice(&h.encode());
+            file.extend_from_slice(b.stored());
+        }
+        std::fs::write(&seg, file).unwrap();
+    }
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    assert!(d.recovery().log_txns_replayed >= 500, "{:?}", d.recovery());
+    let t = d.db().table_id("t").unwrap();
+    assert_eq!(count(&d, t), 500);
+    put_n(&d, t, 0, 500, 10);
+    drop(d);
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 510);
 }
 
 /// Batches that LZ4 cannot shrink make the flusher store the next ones raw for a while
@@ -1225,9 +1263,9 @@ fn a_busy_stream_vouches_for_idle_ones_and_recovery_trusts_the_floor() {
 }
 
 /// Two streams committing at once cannot always vouch for each other (the other is mid-
-/// batch): then the one whose bound lags owes a heartbeat, and writes it at once rather than
-/// at its next timeout. Every commit of both is acknowledged and recovered, and a crash
-/// image taken at any moment while both run recovers at least every acknowledged commit.
+/// batch): then a stream owes a heartbeat and writes it. Every commit of both is
+/// acknowledged and recovered, and a crash image taken while both run recovers at least
+/// every commit acknowledged before it.
 #[test]
 fn streams_that_cannot_vouch_for_each_other_still_release_every_commit() {
     let dir = tempfile::tempdir().unwrap();
@@ -1247,18 +1285,18 @@ fn streams_that_cannot_vouch_for_each_other_still_release_every_commit() {
                 }
             });
         }
-        // Crash images while both run: each must hold every commit acknowledged before it.
+        // Crash images while both run (at least one, however fast they finish): each must
+        // hold every commit acknowledged before it was taken.
         let mut images = Vec::new();
-        while images.len() < 3 && acked.iter().any(|a| a.load(Ordering::Acquire) < n) {
-            std::thread::sleep(Duration::from_millis(15));
+        loop {
+            std::thread::sleep(Duration::from_millis(5));
             let before = [acked[0].load(Ordering::Acquire), acked[1].load(Ordering::Acquire)];
             images.push((before, crash_image(dir.path())));
+            if images.len() == 3 || before.iter().all(|&a| a == n) {
+                break images;
+            }
         }
-        images
     });
-    let hb = d.logger().stats.heartbeats.load(Ordering::Relaxed);
-    let batches = d.logger().stats.batches.load(Ordering::Relaxed);
-    assert!(hb < batches, "{hb} heartbeats of {batches} batches");
     drop(d);
     for (before, image) in images {
         let r = open(image.path(), opts(2, Durability::EveryBatch)).unwrap();
