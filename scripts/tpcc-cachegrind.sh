@@ -8,7 +8,7 @@
 # valgrind a logged run's batches are tiny and compress poorly, so the log stores them
 # uncompressed: LZ4's cost at real speed does not show here.
 #
-#   [LOG=interval] [ARGS=--no-compress] [KEEP=dir] scripts/tpcc-cachegrind.sh path/to/ditto [SECONDS (default 20)]
+#   [LOG=interval] [ARGS=--compress] [KEEP=dir] scripts/tpcc-cachegrind.sh path/to/ditto [SECONDS (default 20)]
 #
 # ARGS adds arguments to `ditto bench tpcc`. KEEP=dir keeps the two cachegrind files there
 # (cg.SECONDS, cg.1) for cg_diff.

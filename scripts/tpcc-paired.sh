@@ -6,7 +6,7 @@
 # neighbours; the cores swap every round. Prints one line per build per round
 # (tps, CPU us per transaction, p50 per transaction type); compare the pairs' ratios.
 #
-#   [LOG=interval] [ARGS=--no-compress] scripts/tpcc-paired.sh ROUNDS SECONDS path/to/ditto-A path/to/ditto-B
+#   [LOG=interval] [ARGS=--compress] scripts/tpcc-paired.sh ROUNDS SECONDS path/to/ditto-A path/to/ditto-B
 set -euo pipefail
 [ $# -eq 4 ] || { echo "usage: $0 ROUNDS SECONDS DITTO_A DITTO_B" >&2; exit 2; }
 rounds=$1 seconds=$2 a=$3 b=$4

@@ -14,7 +14,7 @@ use std::time::Duration;
 use ditto_bench::harness::{Probe, Report, RunConfig};
 use ditto_bench::{index, tpcc, ycsb};
 use ditto_engine::{Database, Options};
-use ditto_log::OpenOptions;
+use ditto_log::{LogOptions, OpenOptions};
 
 use crate::logmode::{log_options, LogMode, ScratchDir};
 
@@ -49,9 +49,12 @@ pub struct Common {
     /// Group-commit interval for `interval` and `nosync`.
     #[arg(long, default_value_t = 10)]
     pub interval_ms: u64,
-    /// Do not LZ4-compress log batches.
+    /// LZ4-compress log batches (off by default, as in the log's own default).
     #[arg(long)]
-    pub no_compress: bool,
+    pub compress: bool,
+    /// Write log segments through the page cache instead of with direct I/O.
+    #[arg(long)]
+    pub buffered_log: bool,
     /// Data directory for a logged run, new or empty, so one logged mode per run (default: a
     /// scratch directory per mode, removed afterwards).
     #[arg(long)]
@@ -118,8 +121,9 @@ pub struct RecoveryArgs {
     warehouses: Option<u32>,
     #[arg(long)]
     small: bool,
+    /// LZ4-compress log batches.
     #[arg(long)]
-    no_compress: bool,
+    compress: bool,
     #[arg(long)]
     dir: Option<PathBuf>,
     #[arg(long)]
@@ -225,7 +229,11 @@ fn run_modes(
                 let scratch = ScratchDir::new(c.dir.clone(), name)?;
                 let d = ditto_log::open(
                     &scratch.path,
-                    OpenOptions { workers: c.workers, log: log_options(dur, !c.no_compress), progress: run.progress },
+                    OpenOptions {
+                        workers: c.workers,
+                        log: LogOptions { direct_io: !c.buffered_log, ..log_options(dur, c.compress) },
+                        progress: run.progress,
+                    },
                 )?;
                 let logger = d.logger().clone();
                 let stats = d.logger().clone();
@@ -349,7 +357,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
             &scratch.path,
             OpenOptions {
                 workers: a.workers,
-                log: log_options(ditto_log::Durability::NoSync(Duration::from_millis(10)), !a.no_compress),
+                log: log_options(ditto_log::Durability::NoSync(Duration::from_millis(10)), a.compress),
                 progress,
             },
         )

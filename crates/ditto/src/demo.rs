@@ -49,6 +49,9 @@ pub struct DemoArgs {
     log: LogMode,
     #[arg(long, default_value_t = 10)]
     interval_ms: u64,
+    /// LZ4-compress log batches (off by default, as in the log's own default).
+    #[arg(long)]
+    compress: bool,
     /// Seconds of client load on the Redis-protocol server before its SIGKILL (0: skip
     /// the server part).
     #[arg(long, default_value_t = 5.0)]
@@ -74,6 +77,8 @@ pub struct DemoChildArgs {
     log: LogMode,
     #[arg(long)]
     interval_ms: u64,
+    #[arg(long)]
+    compress: bool,
 }
 
 pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -98,6 +103,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         .args(["--log", &format!("{:?}", a.log).to_lowercase().replace("everybatch", "every-batch")])
         .args(["--interval-ms", &a.interval_ms.to_string()])
         .args(if a.small { vec!["--small"] } else { vec![] })
+        .args(if a.compress { vec!["--compress"] } else { vec![] })
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
@@ -151,7 +157,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         &scratch.path,
         OpenOptions {
             workers: a.workers,
-            log: log_options(a.log.durability(a.interval_ms).expect("checked above"), true),
+            log: log_options(a.log.durability(a.interval_ms).expect("checked above"), a.compress),
             progress: true,
         },
     )?;
@@ -195,7 +201,11 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         report.abort_rate * 100.0
     );
     println!("  latency to durable  p50 {} us, p99 {} us", report.latency_us_p50, report.latency_us_p99);
-    println!("  log                 {:>10.0} bytes/txn (LZ4)", report.log_bytes_per_txn);
+    println!(
+        "  log                 {:>10.0} bytes/txn ({})",
+        report.log_bytes_per_txn,
+        if a.compress { "LZ4" } else { "uncompressed; --compress for LZ4" }
+    );
     println!("  CPU                 {:>10.1} us/txn", report.cpu_s_per_txn * 1e6);
     println!("  online checkpoints  {checkpoints} during the run");
     println!("crash: SIGKILL {} ms after the run, under load", kill_after.as_millis());
@@ -271,7 +281,8 @@ impl ReportLine {
 
 pub fn child(a: DemoChildArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dur = a.log.durability(a.interval_ms).ok_or("needs a log")?;
-    let d = ditto_log::open(&a.dir, OpenOptions { workers: a.workers, log: log_options(dur, true), progress: true })?;
+    let d =
+        ditto_log::open(&a.dir, OpenOptions { workers: a.workers, log: log_options(dur, a.compress), progress: true })?;
     let cfg = if a.small { tpcc::TpccConfig::small(a.warehouses) } else { tpcc::TpccConfig::new(a.warehouses) };
     eprintln!("== load");
     let t = tpcc::load(d.db(), &cfg, true)?;

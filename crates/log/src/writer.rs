@@ -232,7 +232,7 @@ impl Logger {
 
     fn open_segment(&self, w: usize, seq: u64) -> std::io::Result<(Box<dyn LogFile>, u64, PathBuf)> {
         let path = Self::segment_path(&self.dir, w, self.epoch, seq);
-        let mut f = self.opts.storage.create_new(&path)?;
+        let mut f = self.opts.storage.create_segment(&path, self.opts.direct_io)?;
         let header = SegmentHeader { stream: StreamId(w as u32), epoch: self.epoch, seq };
         f.write_all(&header.encode())?;
         f.sync()?;
