@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let file = if mode & 1 != 0 {
-        let seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 0 };
+        let seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 0, streams: STREAM.0 + 1, prev_ts: Default::default() };
         [&seg.encode()[..], &batch].concat()
     } else {
         batch

@@ -100,15 +100,16 @@ pub struct StreamId(pub u32);
 pub struct Epoch(pub u64);
 
 /// The format version this build writes in segment headers (u32) and batch headers (u16).
-/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 2 is
-/// version 3 without the batch header's `floor_ts` (read as 0); version 1 (fixed-width
-/// payload) is refused as `UnsupportedVersion(1)`.
-pub const LOG_FORMAT_VERSION: u32 = 3;
+/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 3 is
+/// version 4 without the segment header's `streams` and `prev_ts` (read as 0: not
+/// recorded); version 2 is version 3 without the batch header's `floor_ts` (read as 0);
+/// version 1 (fixed-width payload) is refused as `UnsupportedVersion(1)`.
+pub const LOG_FORMAT_VERSION: u32 = 4;
 pub const OLDEST_READABLE_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"DITTOLOG";
 pub const BATCH_MAGIC: [u8; 4] = *b"DBAT";
 pub const SEGMENT_HEADER_LEN: usize = 48;
-/// A version-3 batch header: the 64 bytes every version shares, then `floor_ts`.
+/// A batch header since version 3: the 64 bytes every version shares, then `floor_ts`.
 pub const BATCH_HEADER_LEN: usize = 72;
 /// The part of a batch header whose layout every version shares (magic, version, header
 /// checksum at fixed offsets): a whole version-2 header.
@@ -299,6 +300,14 @@ pub struct SegmentHeader {
     pub epoch: Epoch,
     /// Position of this segment within its stream, from 0.
     pub seq: u64,
+    /// How many streams the epoch's log has (version 4; 0 in older versions: not
+    /// recorded). Recovery refuses a log missing one of them.
+    pub streams: u32,
+    /// The highest timestamp, of a transaction or a bound, in this stream's earlier
+    /// segments of the epoch (version 4; 0 for a stream's first segment and in older
+    /// versions). A checkpoint deletes the oldest segments it covers, so recovery accepts
+    /// that earlier segments are missing only if this is at or below its checkpoint.
+    pub prev_ts: Ts,
 }
 
 impl SegmentHeader {
@@ -309,7 +318,8 @@ impl SegmentHeader {
         put(&mut b, 12, self.stream.0.to_le_bytes());
         put(&mut b, 16, self.epoch.0.to_le_bytes());
         put(&mut b, 24, self.seq.to_le_bytes());
-        // 32..44 reserved, already zero.
+        put(&mut b, 32, self.streams.to_le_bytes());
+        put(&mut b, 36, self.prev_ts.0.to_le_bytes());
         let crc = crc32c::crc32c(&b[..44]);
         put(&mut b, 44, crc.to_le_bytes());
         b
@@ -333,10 +343,20 @@ impl SegmentHeader {
         if !readable_version(version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
-        if b[32..44].iter().any(|&x| x != 0) {
-            return Err(FormatError::Malformed("segment header reserved bytes are not zero"));
-        }
-        Ok(SegmentHeader { stream: StreamId(le32(b, 12)), epoch: Epoch(le64(b, 16)), seq: le64(b, 24) })
+        let stream = StreamId(le32(b, 12));
+        let (streams, prev_ts) = if version >= 4 {
+            let streams = le32(b, 32);
+            if stream.0 >= streams {
+                return Err(FormatError::Malformed("segment header: stream id not below the epoch's stream count"));
+            }
+            (streams, Ts(le64(b, 36)))
+        } else {
+            if b[32..44].iter().any(|&x| x != 0) {
+                return Err(FormatError::Malformed("segment header reserved bytes are not zero"));
+            }
+            (0, Ts::ZERO)
+        };
+        Ok(SegmentHeader { stream, epoch: Epoch(le64(b, 16)), seq: le64(b, 24), streams, prev_ts })
     }
 }
 

@@ -190,22 +190,66 @@ struct StreamLog<'s> {
     bytes: u64,
     /// A torn tail of the stream's last segment: the file and the length to truncate to.
     torn: Option<(&'s Path, u64)>,
+    /// The epoch's stream count its segment headers name (0: not recorded, before version 4).
+    streams: u32,
+    /// Whether any segment of the stream holds a batch (so the epoch's writer ran, and had
+    /// created the first segment of every stream before it did).
+    wrote: bool,
 }
 
 /// Checks one stream's segments (`scans`, in stream order, as read by `read_one`) as a
 /// stream: only the last segment may end torn, batches carry the stream's id and epoch,
-/// and timestamps increase across batches. Keeps the batches with transactions above
-/// `ckpt_ts`.
+/// timestamps increase across batches, and a segment missing before a present one held
+/// nothing above the checkpoint (`SegmentHeader::prev_ts`; a checkpoint deletes the oldest
+/// segments it covers, and nothing else deletes any). Keeps the batches with transactions
+/// above `ckpt_ts`.
 fn check_stream<'s>(
     files: &[&'s SegmentFile],
     scans: Vec<Result<(SegmentScan, u64), LogError>>,
     ckpt_ts: Ts,
 ) -> Result<StreamLog<'s>, LogError> {
-    let mut out = StreamLog { batches: Vec::new(), bound: Ts::ZERO, floor: Ts::ZERO, bytes: 0, torn: None };
+    let mut out = StreamLog {
+        batches: Vec::new(),
+        bound: Ts::ZERO,
+        floor: Ts::ZERO,
+        bytes: 0,
+        torn: None,
+        streams: 0,
+        wrote: false,
+    };
     let mut last_ts = Ts::ZERO;
     for (i, (f, scan)) in files.iter().zip(scans).enumerate() {
         let (scan, len) = scan?;
         let is_last = i + 1 == files.len();
+        // The segment before this one is missing (or, for the first file, may be): what
+        // the stream wrote before this segment must be in the checkpoint.
+        let predecessor_missing = i == 0 || files[i - 1].seq + 1 != f.seq;
+        if predecessor_missing && scan.header.prev_ts > ckpt_ts {
+            return Err(LogError::Corrupt {
+                file: f.path.clone(),
+                offset: 0,
+                what: format!(
+                    "segment {} of stream {} is missing: the stream's segments before this one held \
+                     commits up to ts {}, above the checkpoint (ts {})",
+                    f.seq.saturating_sub(1),
+                    f.stream,
+                    scan.header.prev_ts.0,
+                    ckpt_ts.0
+                ),
+            });
+        }
+        if i > 0 && scan.header.streams != out.streams {
+            return Err(LogError::Corrupt {
+                file: f.path.clone(),
+                offset: 0,
+                what: format!(
+                    "segment header names {} streams, an earlier segment of the stream {}",
+                    scan.header.streams, out.streams
+                ),
+            });
+        }
+        out.streams = scan.header.streams;
+        out.wrote |= !scan.batches.is_empty();
         // Zeros the writer laid ahead are not log: recovery speed counts only what was read.
         let len = match scan.end {
             SegmentEnd::Zeros { offset } => offset,
@@ -341,6 +385,34 @@ pub(crate) fn replay_log(
         let mine = scans[first..first + files.len()].iter_mut().map(|s| s.take().expect("each scan taken once"));
         logs.push(check_stream(files, mine.collect(), ckpt_ts)?);
         first += files.len();
+    }
+    // Every stream of the epoch must be there (version-4 headers say how many): the writer
+    // creates each stream's first segment before any stream writes, and a checkpoint never
+    // deletes a stream's last segment. Without the check, the other streams' bounds and
+    // floors would carry the cut past the missing stream's commits.
+    let counts: std::collections::BTreeSet<u32> = logs.iter().map(|l| l.streams).filter(|&n| n > 0).collect();
+    if let (Some(&n), Some(first)) = (counts.first(), live.first()) {
+        let dir = first.path.parent().unwrap_or(Path::new("log")).to_path_buf();
+        if counts.len() > 1 {
+            return Err(LogError::Corrupt {
+                file: dir,
+                offset: 0,
+                what: format!("the epoch's segments name different stream counts {counts:?}"),
+            });
+        }
+        if logs.iter().any(|l| l.wrote) {
+            if let Some(k) = (0..n).find(|k| !by_stream.contains_key(k)) {
+                return Err(LogError::Corrupt {
+                    file: dir,
+                    offset: 0,
+                    what: format!(
+                        "stream {k} of epoch {} has no segment file, though the epoch has {n} streams \
+                         and wrote batches",
+                        first.epoch.0
+                    ),
+                });
+            }
+        }
     }
     let floor = logs.iter().map(|l| l.floor).max().unwrap_or(Ts::ZERO);
     let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor);

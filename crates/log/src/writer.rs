@@ -199,7 +199,7 @@ impl Logger {
         });
         let mut files = Vec::with_capacity(n);
         for w in 0..n {
-            files.push(logger.open_segment(w, 1)?);
+            files.push(logger.open_segment(w, 1, Ts::ZERO)?);
         }
         for (w, file) in files.into_iter().enumerate() {
             let l = Arc::clone(&logger);
@@ -230,10 +230,13 @@ impl Logger {
         dir.join("log").join(format!("stream-{stream:04}-e{:010}-s{seq:010}.seg", epoch.0))
     }
 
-    fn open_segment(&self, w: usize, seq: u64) -> std::io::Result<(Box<dyn LogFile>, u64, PathBuf)> {
+    /// Creates segment `seq` of stream `w`; `prev_ts` is the highest timestamp in the
+    /// stream's earlier segments of this epoch (see `SegmentHeader::prev_ts`).
+    fn open_segment(&self, w: usize, seq: u64, prev_ts: Ts) -> std::io::Result<(Box<dyn LogFile>, u64, PathBuf)> {
         let path = Self::segment_path(&self.dir, w, self.epoch, seq);
         let mut f = self.opts.storage.create_segment(&path, self.opts.direct_io)?;
-        let header = SegmentHeader { stream: StreamId(w as u32), epoch: self.epoch, seq };
+        let streams = self.streams.len() as u32;
+        let header = SegmentHeader { stream: StreamId(w as u32), epoch: self.epoch, seq, streams, prev_ts };
         f.write_all(&header.encode())?;
         f.sync()?;
         self.opts.storage.sync_dir(&self.dir.join("log"))?;
@@ -386,7 +389,7 @@ impl Logger {
                     return self.fail(format!("trimming {}: {e}", path.display()));
                 }
                 stream.closed.lock().push(ClosedSegment { path: path.clone(), last_ts: seg_last_ts });
-                match self.open_segment(w, seq + 1) {
+                match self.open_segment(w, seq + 1, written_bound.max(seg_last_ts)) {
                     Ok(next) => (file, seq, path) = next,
                     Err(e) => return self.fail(format!("opening segment {} of stream {w}: {e}", seq + 1)),
                 }

@@ -79,7 +79,8 @@ fn encode_batch(txns: &[T], bound: u64, compress: bool) -> (Vec<u8>, BatchHeader
 /// A segment file holding one batch per element of `batches`; returns the file and the
 /// offset of each batch. Reuses one builder, as the log writer does.
 fn build_segment(batches: &[Vec<T>], compress: &[bool]) -> (Vec<u8>, Vec<u64>) {
-    let mut file = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11 }.encode().to_vec();
+    let mut file =
+        SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
     let mut offsets = Vec::new();
     let mut b = BatchBuilder::new();
     for (i, txns) in batches.iter().enumerate() {
@@ -250,7 +251,7 @@ proptest! {
         let (file, offsets) = build_segment(&batches, &compress);
         let scan = read_segment(&Bytes::from(file.clone())).expect("header ok");
         prop_assert_eq!(&scan.end, &SegmentEnd::Clean);
-        prop_assert_eq!(scan.header, SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11 });
+        prop_assert_eq!(scan.header, SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11, streams: 8, prev_ts: Ts(0) });
         prop_assert_eq!(scan.valid_len(), file.len() as u64);
         assert_prefix(&scan, &batches, &offsets, batches.len());
         for (i, (_, b)) in scan.batches.iter().enumerate() {
@@ -736,7 +737,7 @@ fn forged_batches_are_rejected() {
     assert!(malformed(decode_err(v.clone())));
     // Other versions: the previous one (fixed-width payload) and a future one.
     v[7] = 0;
-    for version in [1u16, 4] {
+    for version in [1u16, LOG_FORMAT_VERSION as u16 + 1] {
         v[4..6].copy_from_slice(&version.to_le_bytes());
         let crc = crc32c::crc32c(&v[..60]);
         v[60..64].copy_from_slice(&crc.to_le_bytes());
@@ -1166,12 +1167,26 @@ fn later_batch_of_other_stream_does_not_make_a_torn_tail_corrupt() {
 
 #[test]
 fn segment_header_round_trip_and_errors() {
-    let h = SegmentHeader { stream: StreamId(u32::MAX), epoch: Epoch(u64::MAX - 1), seq: 12345 };
+    let h = SegmentHeader {
+        stream: StreamId(u32::MAX - 1),
+        epoch: Epoch(u64::MAX - 1),
+        seq: 12345,
+        streams: u32::MAX,
+        prev_ts: Ts(0x0102_0304_0506_0708),
+    };
     let b = h.encode();
     assert_eq!(&b[..8], b"DITTOLOG");
     assert_eq!(&b[8..12], &LOG_FORMAT_VERSION.to_le_bytes());
-    assert!(b[32..44].iter().all(|&x| x == 0));
+    assert_eq!(&b[32..36], &u32::MAX.to_le_bytes());
+    assert_eq!(&b[36..44], &0x0102_0304_0506_0708u64.to_le_bytes());
     assert_eq!(SegmentHeader::decode(&b), Ok(h));
+    // Version 4: the stream id must be below the epoch's stream count.
+    let mut bad = SegmentHeader { stream: StreamId(3), streams: 3, ..h }.encode();
+    assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::Malformed(_))));
+    bad[32] = 4;
+    let crc = crc32c::crc32c(&bad[..44]);
+    bad[44..].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(SegmentHeader::decode(&bad).map(|h| h.streams), Ok(4));
     assert_eq!(SegmentHeader::decode(&b[..47]), Err(FormatError::Truncated { needed: 48, available: 47 }));
     let mut bad = b;
     bad[0] = b'X';
@@ -1179,14 +1194,22 @@ fn segment_header_round_trip_and_errors() {
     let mut bad = b;
     bad[30] ^= 1;
     assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::HeaderChecksum { .. })));
-    assert_eq!(LOG_FORMAT_VERSION, 3);
-    // Version 2 (64-byte batch headers, no floor) is still read.
-    let mut old = b;
-    old[8] = 2;
-    let crc = crc32c::crc32c(&old[..44]);
-    old[44..].copy_from_slice(&crc.to_le_bytes());
-    assert_eq!(SegmentHeader::decode(&old), Ok(h));
-    for version in [1, 4] {
+    assert_eq!(LOG_FORMAT_VERSION, 4);
+    // Versions 2 and 3 (no stream count or prev_ts: bytes 32..44 reserved, zero) are
+    // still read, as "not recorded"; non-zero reserved bytes there are refused.
+    for version in [2, 3] {
+        let mut old = b;
+        old[8] = version;
+        old[32..44].fill(0);
+        let crc = crc32c::crc32c(&old[..44]);
+        old[44..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(SegmentHeader::decode(&old), Ok(SegmentHeader { streams: 0, prev_ts: Ts(0), ..h }));
+        old[40] = 1;
+        let crc = crc32c::crc32c(&old[..44]);
+        old[44..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(SegmentHeader::decode(&old), Err(FormatError::Malformed(_))));
+    }
+    for version in [1, 5] {
         let mut bad = b;
         bad[8] = version;
         let crc = crc32c::crc32c(&bad[..44]);
@@ -1202,7 +1225,7 @@ fn batch_header_layout_is_as_documented() {
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
     assert_eq!(&bytes[..4], b"DBAT");
-    assert_eq!(&bytes[4..6], &3u16.to_le_bytes());
+    assert_eq!(&bytes[4..6], &(LOG_FORMAT_VERSION as u16).to_le_bytes());
     assert_eq!((bytes[6], bytes[7]), (0, 0));
     assert_eq!(u32_at(8), STREAM.0);
     assert_eq!(u64_at(12), EPOCH.0);
@@ -1281,8 +1304,9 @@ fn version_2_batches_are_still_read() {
     let (b3, _) = decode_batch(&Bytes::from(v3)).unwrap();
     assert_eq!(b2.records(), b3.records());
     // A whole version-2 segment: header version 2, then version-2 batches.
-    let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11 }.encode().to_vec();
+    let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
     seg[8] = 2;
+    seg[32..44].fill(0);
     let crc = crc32c::crc32c(&seg[..44]);
     seg[44..48].copy_from_slice(&crc.to_le_bytes());
     seg.extend_from_slice(&v2);
@@ -1297,7 +1321,8 @@ fn version_2_batches_are_still_read() {
     let scan = read_segment(&Bytes::from(mixed.clone())).unwrap();
     let at = (48 + v2.len() + 64) as u64;
     assert!(matches!(scan.end, SegmentEnd::Corrupt { offset, .. } if offset == at), "{:?}", scan.end);
-    let mut mixed = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11 }.encode().to_vec();
+    let mut mixed =
+        SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
     mixed.extend_from_slice(&v3_heartbeat());
     mixed.extend_from_slice(&v2);
     let scan = read_segment(&Bytes::from(mixed)).unwrap();
@@ -1363,7 +1388,7 @@ proptest! {
         let _ = decode_batch_header(&data);
         let _ = read_segment(&bytes);
         // Behind a valid segment header, so the batch walk is exercised.
-        let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 0 }.encode().to_vec();
+        let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 0, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
         seg.extend_from_slice(&data);
         let scan = read_segment(&Bytes::from(seg.clone())).unwrap();
         for (off, b) in &scan.batches {
