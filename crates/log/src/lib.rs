@@ -176,8 +176,16 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
                 info.ts.0, info.rows, info.parts, epoch.0, info.seconds
             );
         }
+        // The checkpoint names the new epoch, so these segments are obsolete whether or
+        // not they go now: one that cannot be deleted is left for the next open.
         for s in &segments {
-            std::fs::remove_file(&s.path).map_err(|e| LogError::io(&s.path, e))?;
+            match opts.log.storage.remove(&s.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!("deleting {} after recovery: {e}; the next open tries again", s.path.display())
+                }
+            }
         }
         remove_checkpoints_except(dir, &info.dir)?;
     } else {
@@ -249,9 +257,25 @@ impl Durable {
         let counter = if written.is_ok() { &stats.checkpoints } else { &stats.checkpoint_failures };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let info = written?;
-        for seg in i.logger.take_segments_covered_by(info.ts) {
-            std::fs::remove_file(&seg.path).map_err(|e| LogError::io(&seg.path, e))?;
+        // The checkpoint is complete: a segment that cannot be deleted now costs only disk
+        // space, so it is logged, counted and left for the next checkpoint to delete
+        // (recovery reads a covered segment and skips it).
+        let mut kept = Vec::new();
+        for (w, seg) in i.logger.take_segments_covered_by(info.ts) {
+            match i.opts.storage.remove(&seg.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(
+                        "deleting {} after a checkpoint: {e}; the next checkpoint tries again",
+                        seg.path.display()
+                    );
+                    stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    kept.push((w, seg));
+                }
+            }
         }
+        i.logger.return_segments(kept);
         remove_checkpoints_except(&i.dir, &info.dir)?;
         Ok(info)
     }

@@ -20,6 +20,10 @@ pub trait Storage: Send + Sync + 'static {
     }
     /// Makes the directory entries of `dir` durable (after creating or renaming files).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Deletes the file `path` (a log segment a checkpoint covers).
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
     /// Cuts the existing file `path` to `len` bytes and makes that durable (recovery cutting
     /// a torn tail away).
     fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()>;

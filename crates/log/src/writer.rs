@@ -132,6 +132,8 @@ pub struct LogStats {
     /// the log goes on, and the previous checkpoint stays; see `Durable::checkpoint`).
     pub checkpoints: AtomicU64,
     pub checkpoint_failures: AtomicU64,
+    /// Covered segments a checkpoint failed to delete (they are tried again by the next).
+    pub segment_delete_failures: AtomicU64,
 }
 
 /// Told, on a flusher thread, each time the watermark moves (with the new watermark), and
@@ -461,15 +463,23 @@ impl Logger {
 
     /// Closed segments whose every transaction is at or below `ts` (so a checkpoint at `ts`
     /// covers them): removed from the list and returned for deletion.
-    pub(crate) fn take_segments_covered_by(&self, ts: Ts) -> Vec<ClosedSegment> {
+    pub(crate) fn take_segments_covered_by(&self, ts: Ts) -> Vec<(usize, ClosedSegment)> {
         let mut out = Vec::new();
-        for s in self.streams.iter() {
+        for (w, s) in self.streams.iter().enumerate() {
             let mut closed = s.closed.lock();
             let (done, keep): (Vec<_>, Vec<_>) = closed.drain(..).partition(|c| c.last_ts <= ts);
             *closed = keep;
-            out.extend(done);
+            out.extend(done.into_iter().map(|c| (w, c)));
         }
         out
+    }
+
+    /// Gives back covered segments a checkpoint could not delete, for the next one to try.
+    /// They go first: a stream's closed segments stay oldest first.
+    pub(crate) fn return_segments(&self, segments: Vec<(usize, ClosedSegment)>) {
+        for (w, c) in segments.into_iter().rev() {
+            self.streams[w].closed.lock().insert(0, c);
+        }
     }
 
     /// Installs the one progress listener (see [`ProgressListener`]): whoever releases many

@@ -1514,3 +1514,71 @@ fn a_missing_stream_is_refused_unless_the_epoch_never_wrote() {
     let r = open(image.path(), opts(2, Durability::EveryBatch)).unwrap();
     assert_eq!(r.db().tables().len(), 0);
 }
+
+/// Real files whose deletion fails while `fail` is set.
+struct Undeletable {
+    fail: Arc<AtomicBool>,
+}
+
+impl Storage for Undeletable {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_new(path)
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        RealStorage.sync_dir(dir)
+    }
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        RealStorage.truncate_existing(path, len)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "simulated: cannot delete"));
+        }
+        RealStorage.remove(path)
+    }
+}
+
+/// A checkpoint whose covered segments cannot be deleted still succeeds (it is complete;
+/// the segments only cost disk), counts them, and the next checkpoint deletes them. A
+/// recovery that cannot delete the old epoch's segments opens anyway and leaves them to
+/// the next open; every row survives throughout.
+#[test]
+fn segments_a_checkpoint_cannot_delete_are_deleted_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let fail = Arc::new(AtomicBool::new(true));
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(Undeletable { fail: fail.clone() });
+    let d = open(dir.path(), o.clone()).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 2000);
+    let first = segment_named(dir.path(), 0, 1);
+    let before = segments(dir.path()).len();
+    assert!(before >= 3, "small segments should have rolled: {before}");
+    d.checkpoint().unwrap();
+    let stats = &d.logger().stats;
+    assert_eq!(segments(dir.path()).len(), before, "nothing could be deleted");
+    assert_eq!(stats.segment_delete_failures.load(Ordering::Relaxed), before as u64 - 1);
+    fail.store(false, Ordering::SeqCst);
+    put_n(&d, t, 0, 2000, 10);
+    d.checkpoint().unwrap();
+    assert!(!first.exists(), "the next checkpoint deleted what the first could not");
+    assert!(segments(dir.path()).len() < before);
+    put_n(&d, t, 0, 2010, 10);
+    d.close();
+    drop(d);
+    // Recovery cannot delete the old epoch's segments: it opens, and they stay.
+    fail.store(true, Ordering::SeqCst);
+    let old = segments(dir.path());
+    let d = open(dir.path(), o.clone()).unwrap();
+    assert_eq!(count(&d, t), 2020);
+    assert!(old.iter().all(|p| p.exists()), "the old epoch's segments are still there");
+    d.close();
+    drop(d);
+    fail.store(false, Ordering::SeqCst);
+    let d = open(dir.path(), o).unwrap();
+    assert_eq!(count(&d, t), 2020);
+    assert!(old.iter().all(|p| !p.exists()), "the next open deleted them");
+}

@@ -143,6 +143,11 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
             "Online checkpoints that failed (the previous one and the log still hold everything).",
             r(&l.stats.checkpoint_failures),
         );
+        counter(
+            "ditto_log_segment_delete_failures_total",
+            "Covered log segments a checkpoint failed to delete (the next checkpoint tries again).",
+            r(&l.stats.segment_delete_failures),
+        );
         let _ = writeln!(
             out,
             "# HELP ditto_log_fsync_seconds_total Time spent in log fsyncs.\n# TYPE ditto_log_fsync_seconds_total counter\n\
