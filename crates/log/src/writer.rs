@@ -393,7 +393,10 @@ impl Logger {
                 stream.closed.lock().push(ClosedSegment { path: path.clone(), last_ts: seg_last_ts });
                 match self.open_segment(w, seq + 1, written_bound.max(seg_last_ts)) {
                     Ok(next) => (file, seq, path) = next,
-                    Err(e) => return self.fail(format!("opening segment {} of stream {w}: {e}", seq + 1)),
+                    Err(e) => {
+                        let next = Self::segment_path(&self.dir, w, self.epoch, seq + 1);
+                        return self.fail(format!("opening segment {}: {e}", next.display()));
+                    }
                 }
                 seg_bytes = SEGMENT_HEADER_LEN as u64;
                 zeroed = seg_bytes;

@@ -586,15 +586,19 @@ impl LogFile for StepFile {
     }
 }
 
-/// A full disk while the log zeroes a segment ahead, or while it cuts a full segment before
-/// starting the next (first, second or third time): the log fails and stops writes, no
+/// A full disk while the log zeroes a segment ahead, while it cuts a full segment before
+/// starting the next (first or second time), or while it creates the next segment or
+/// syncs the directory entry of it (the first roll): the log fails and stops writes, no
 /// commit it could not make durable is acknowledged, and a reopen recovers every
 /// acknowledged one (a segment left uncut is its stream's last, so its zeros are the end).
+/// The same faults at the open's own first segment fail the open, and a later open works.
 #[test]
 fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing() {
-    for (kind, nth) in [("extend", 1), ("extend", 3), ("truncate", 1), ("truncate", 2)] {
+    let cases = [("extend", 1), ("extend", 3), ("truncate", 1), ("truncate", 2), ("create", 2), ("sync_dir", 2)];
+    for (kind, nth) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let faults = StepFaults::of_kind("/log/stream-", kind);
+        // Segment files are under log/stream-..., the directory synced is log itself.
+        let faults = StepFaults::of_kind(if kind == "sync_dir" { "/log" } else { "/log/stream-" }, kind);
         faults.arm(nth);
         let mut o = opts(1, Durability::EveryBatch);
         o.log.storage = Arc::new(faults.clone());
@@ -613,6 +617,7 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
             }
             let why = d.logger().failure().unwrap_or_else(|| panic!("{kind} #{nth} was never reached"));
             assert!(why.contains("/log/stream-"), "{kind} #{nth}: the failure names the segment: {why}");
+            assert!(acked > 100 || kind == "extend", "{kind} #{nth}: the fault came with a roll, after {acked}");
             // The first extension comes with the first batch; later ones after whole segments.
             assert!(acked > 0 || (kind, nth) == ("extend", 1), "{kind} #{nth}: the log worked until the fault");
         }
@@ -623,6 +628,21 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
             assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "{kind} #{nth}: acknowledged commit {i} lost");
         }
         assert!(count(&d, t) <= acked + 1, "{kind} #{nth}: at most the commit in flight beyond");
+    }
+    for kind in ["create", "sync_dir"] {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = StepFaults::of_kind(if kind == "sync_dir" { "/log" } else { "/log/stream-" }, kind);
+        faults.arm(1);
+        let mut o = opts(1, Durability::EveryBatch);
+        o.log.storage = Arc::new(faults.clone());
+        match open(dir.path(), o) {
+            Err(e) => assert!(e.to_string().contains("log"), "{kind}: the error names the log: {e}"),
+            Ok(_) => panic!("{kind}: the open's first segment failed, so must the open"),
+        }
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 10);
+        assert_eq!(count(&d, t), 10);
     }
 }
 
