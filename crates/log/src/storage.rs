@@ -59,7 +59,13 @@ impl Storage for RealStorage {
         if direct {
             use std::os::unix::fs::OpenOptionsExt;
             match OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_DIRECT).open(path) {
-                Ok(f) => return Ok(Box::new(DirectFile { f, direct: true, pos: 0, len: 0, buf: Vec::new() })),
+                Ok(f) => {
+                    return Ok(Box::new(DirectFile {
+                        file: RealFile { f, pos: 0, len: 0 },
+                        direct: true,
+                        buf: Vec::new(),
+                    }))
+                }
                 // No direct I/O on this file system (tmpfs). The open may have created the
                 // file before refusing the flag; it did not exist before (that would have
                 // been EEXIST), so creating or opening it now is the same.
@@ -87,30 +93,35 @@ impl Storage for RealStorage {
 
 struct RealFile {
     f: File,
-    /// The write position (the file's cursor) and the file's length.
+    /// The write position and the file's length.
     pos: u64,
     len: u64,
 }
 
-/// Zeros written per call when extending a file.
-static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+/// Writes zeros into `f` from `*len` up to `to` (64 KiB per call, from an aligned buffer,
+/// so direct I/O takes them when both ends are aligned), moving `*len` on.
+fn zero_fill(f: &File, len: &mut u64, to: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let zeros = bytes_of(&ZERO_BLOCKS);
+    while *len < to {
+        let n = (to - *len).min(zeros.len() as u64) as usize;
+        f.write_all_at(&zeros[..n], *len)?;
+        *len += n as u64;
+    }
+    Ok(())
+}
 
 impl LogFile for RealFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.f.write_all(buf)?;
+        use std::os::unix::fs::FileExt;
+        self.f.write_all_at(buf, self.pos)?;
         self.pos += buf.len() as u64;
         self.len = self.len.max(self.pos);
         Ok(())
     }
 
     fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        while self.len < len {
-            let n = (len - self.len).min(ZEROS.len() as u64) as usize;
-            self.f.write_all_at(&ZEROS[..n], self.len)?;
-            self.len += n as u64;
-        }
-        Ok(())
+        zero_fill(&self.f, &mut self.len, len)
     }
 
     fn truncate(&mut self, len: u64) -> io::Result<()> {
@@ -133,7 +144,7 @@ pub const DIRECT_ALIGN: usize = 4096;
 struct Block([u8; DIRECT_ALIGN]);
 
 const ZERO_BLOCK: Block = Block([0; DIRECT_ALIGN]);
-/// Aligned zeros for extending a direct file (16 blocks per write).
+/// Aligned zeros for extending a file (16 blocks per write).
 static ZERO_BLOCKS: [Block; 16] = [ZERO_BLOCK; 16];
 
 fn bytes_of(blocks: &[Block]) -> &[u8] {
@@ -166,32 +177,23 @@ fn note_buffered(path: &Path, e: &io::Error) {
 /// refused for its alignment (`EINVAL`: a device with larger blocks), the file turns
 /// direct I/O off and goes on through the page cache.
 struct DirectFile {
-    f: File,
+    /// The file, its write position (bytes written) and its length (a multiple of
+    /// `DIRECT_ALIGN` while `direct`, but after `truncate`); once direct I/O is off, the
+    /// plain file does everything.
+    file: RealFile,
     direct: bool,
-    /// The write position (bytes written) and the file's length (a multiple of
-    /// `DIRECT_ALIGN` while `direct`, but after `truncate`).
-    pos: u64,
-    len: u64,
     /// Staging for a write: the last partial block's bytes first (`pos % DIRECT_ALIGN` of
     /// them), then the new bytes, then zeros to the block's end.
     buf: Vec<Block>,
 }
 
 impl DirectFile {
-    fn write_buffered(&mut self, data: &[u8]) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        self.f.write_all_at(data, self.pos)?;
-        self.pos += data.len() as u64;
-        self.len = self.len.max(self.pos);
-        Ok(())
-    }
-
     /// Turns direct I/O off for this file (the kernel refused an aligned write, or a write
     /// must go where blocks cannot).
     fn stop_direct(&mut self, why: &str) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         tracing::warn!("direct I/O off for a log segment ({why}): it goes through the page cache");
-        let fd = self.f.as_raw_fd();
+        let fd = self.file.f.as_raw_fd();
         // SAFETY: fcntl on a descriptor this file owns; no pointers are passed.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
@@ -206,9 +208,9 @@ impl LogFile for DirectFile {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
         if !self.direct {
-            return self.write_buffered(data);
+            return self.file.write_all(data);
         }
-        let head = (self.pos % DIRECT_ALIGN as u64) as usize;
+        let head = (self.file.pos % DIRECT_ALIGN as u64) as usize;
         let end = head + data.len();
         let blocks = end.div_ceil(DIRECT_ALIGN);
         if self.buf.len() < blocks {
@@ -217,17 +219,17 @@ impl LogFile for DirectFile {
         let bytes = &mut bytes_of_mut(&mut self.buf)[..blocks * DIRECT_ALIGN];
         bytes[head..end].copy_from_slice(data);
         bytes[end..].fill(0);
-        let at = self.pos - head as u64;
-        match self.f.write_all_at(bytes, at) {
+        let at = self.file.pos - head as u64;
+        match self.file.f.write_all_at(bytes, at) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.stop_direct(&format!("a {}-byte write at {at} was refused: {e}", blocks * DIRECT_ALIGN))?;
-                return self.write_buffered(data);
+                return self.file.write_all(data);
             }
             Err(e) => return Err(e),
         }
-        self.pos += data.len() as u64;
-        self.len = self.len.max(at + bytes.len() as u64);
+        self.file.pos += data.len() as u64;
+        self.file.len = self.file.len.max(at + bytes.len() as u64);
         // The new last partial block moves to the front for the next write.
         let keep = end / DIRECT_ALIGN * DIRECT_ALIGN;
         bytes.copy_within(keep..end, 0);
@@ -235,37 +237,20 @@ impl LogFile for DirectFile {
     }
 
     fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        if self.direct && !self.len.is_multiple_of(DIRECT_ALIGN as u64) {
+        if self.direct && !self.file.len.is_multiple_of(DIRECT_ALIGN as u64) {
             // Only after `truncate`, which the writer does last; never mind the blocks then.
             self.stop_direct("extending a file cut to an unaligned length")?;
         }
-        if !self.direct {
-            while self.len < len {
-                let n = (len - self.len).min(ZEROS.len() as u64) as usize;
-                self.f.write_all_at(&ZEROS[..n], self.len)?;
-                self.len += n as u64;
-            }
-            return Ok(());
-        }
-        let len = len.next_multiple_of(DIRECT_ALIGN as u64);
-        let zeros = bytes_of(&ZERO_BLOCKS);
-        while self.len < len {
-            let n = (len - self.len).min(zeros.len() as u64) as usize;
-            self.f.write_all_at(&zeros[..n], self.len)?;
-            self.len += n as u64;
-        }
-        Ok(())
+        let len = if self.direct { len.next_multiple_of(DIRECT_ALIGN as u64) } else { len };
+        self.file.extend_zeroed(len)
     }
 
     fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.f.set_len(len)?;
-        self.len = len;
-        Ok(())
+        self.file.truncate(len)
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        self.f.sync_data()
+        self.file.sync()
     }
 }
 

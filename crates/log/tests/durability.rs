@@ -1484,18 +1484,22 @@ fn segments_a_checkpoint_covers_may_be_missing_in_any_pattern() {
     let dir = tempfile::tempdir().unwrap();
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     let t = d.db().create_table("t").unwrap();
-    put_n(&d, t, 0, 0, 600);
+    put_n(&d, t, 0, 0, 2000);
     let first = segment_named(dir.path(), 0, 1);
+    let second = segment_named(dir.path(), 0, 2);
     let saved = std::fs::read(&first).unwrap();
     d.checkpoint().unwrap();
-    assert!(!first.exists(), "the checkpoint deleted the segments it covers");
-    put_n(&d, t, 0, 600, 50);
+    assert!(!first.exists() && !second.exists(), "the checkpoint deleted the segments it covers");
+    assert!(segments(dir.path()).len() == 1, "all but the current one: {:?}", segments(dir.path()));
+    put_n(&d, t, 0, 2000, 50);
     let image = crash_image(dir.path());
     d.close();
-    // As if the deletion of segment 1 had not reached the disk, but those after it had.
+    // As if the deletion of segment 1 had not reached the disk, but those after it had:
+    // segment 1, a gap from 2, then the current one.
     std::fs::write(image.path().join("log").join(first.file_name().unwrap()), saved).unwrap();
+    assert_eq!(segments(image.path()).len(), 2);
     let r = open(image.path(), opts(1, Durability::EveryBatch)).unwrap();
-    assert_eq!(count(&r, t), 650);
+    assert_eq!(count(&r, t), 2050);
 }
 
 /// Every stream of an epoch must have its segments: one that has none, while the others
