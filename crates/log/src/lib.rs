@@ -179,13 +179,7 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
         // The checkpoint names the new epoch, so these segments are obsolete whether or
         // not they go now: one that cannot be deleted is left for the next open.
         for s in &segments {
-            match opts.log.storage.remove(&s.path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!("deleting {} after recovery: {e}; the next open tries again", s.path.display())
-                }
-            }
+            remove_or_warn(&*opts.log.storage, &s.path, "after recovery; the next open tries again");
         }
         remove_checkpoints_except(dir, &info.dir)?;
     } else {
@@ -208,6 +202,20 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
             _lock: lock,
         }),
     })
+}
+
+/// Deletes a log segment that a complete checkpoint made obsolete; whether it is gone (a
+/// file already missing is). A failure only costs disk, so it is logged (`when` says when
+/// and what happens next), not returned.
+fn remove_or_warn(storage: &dyn storage::Storage, path: &Path, when: &str) -> bool {
+    match storage.remove(path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => {
+            tracing::warn!("deleting {} {when}: {e}", path.display());
+            false
+        }
+    }
 }
 
 fn remove_checkpoints_except(dir: &Path, keep: &Path) -> Result<(), LogError> {
@@ -262,17 +270,9 @@ impl Durable {
         // (recovery reads a covered segment and skips it).
         let mut kept = Vec::new();
         for (w, seg) in i.logger.take_segments_covered_by(info.ts) {
-            match i.opts.storage.remove(&seg.path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(
-                        "deleting {} after a checkpoint: {e}; the next checkpoint tries again",
-                        seg.path.display()
-                    );
-                    stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    kept.push((w, seg));
-                }
+            if !remove_or_warn(&*i.opts.storage, &seg.path, "after a checkpoint; the next one tries again") {
+                stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                kept.push((w, seg));
             }
         }
         i.logger.return_segments(kept);

@@ -391,7 +391,7 @@ impl Logger {
                     return self.fail(format!("trimming {}: {e}", path.display()));
                 }
                 stream.closed.lock().push(ClosedSegment { path: path.clone(), last_ts: seg_last_ts });
-                match self.open_segment(w, seq + 1, written_bound.max(seg_last_ts)) {
+                match self.open_segment(w, seq + 1, written_bound) {
                     Ok(next) => (file, seq, path) = next,
                     Err(e) => {
                         let next = Self::segment_path(&self.dir, w, self.epoch, seq + 1);
