@@ -69,10 +69,36 @@ fn bench_lz4_small() {
 
 #[test]
 fn bench_recovery_small() {
-    let (out, _) = ditto(&["bench", "recovery", "--small", "--workers", "2", "--seconds", "1", "--json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("saved");
+    let saved_arg = saved.to_str().unwrap();
+    // By default a child process runs TPC-C and this one recovers, as after a crash.
+    let (out, _) =
+        ditto(&["bench", "recovery", "--small", "--workers", "2", "--seconds", "1", "--save", saved_arg, "--json"]);
     let j = last_json(&out);
-    assert!(j["log_txns_replayed"].as_u64().unwrap() > 0);
+    assert_eq!(j["recovered_in"], "a new process", "{out}");
+    let replayed = j["log_txns_replayed"].as_u64().unwrap();
+    assert!(replayed > 0);
     assert!(j["log_mb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(saved.join("log").is_dir(), "--save copies the directory as the run left it");
+    // Recovering the saved copy replays the same transactions; the copy itself is untouched,
+    // so it can be recovered again.
+    for _ in 0..2 {
+        let (out, _) = ditto(&["bench", "recovery", "--from", saved_arg, "--json"]);
+        assert!(out.contains(&format!("recovery of a copy of {saved_arg}")), "{out}");
+        assert_eq!(last_json(&out)["log_txns_replayed"].as_u64().unwrap(), replayed, "{out}");
+    }
+    // The old way, in the process that ran TPC-C.
+    let (out, _) =
+        ditto(&["bench", "recovery", "--small", "--workers", "1", "--seconds", "0.5", "--same-process", "--json"]);
+    assert_eq!(last_json(&out)["recovered_in"], "the process that ran", "{out}");
+    // A save target that is not empty is refused before anything runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "recovery", "--small", "--seconds", "0.2", "--save", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"), "{out:?}");
 }
 
 #[test]
