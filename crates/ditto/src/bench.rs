@@ -16,7 +16,7 @@ use ditto_bench::{index, tpcc, ycsb};
 use ditto_engine::{Database, Options};
 use ditto_log::{LogOptions, OpenOptions};
 
-use crate::logmode::{log_options, LogMode, ScratchDir};
+use crate::logmode::{create_empty_dir, log_options, LogMode, ScratchDir};
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
@@ -367,9 +367,7 @@ pub fn machine() -> serde_json::Value {
 fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(save) = a.save.as_deref().filter(|_| !a.run_only) {
         // Refused before the run, not after it.
-        if std::fs::read_dir(save).is_ok_and(|mut d| d.next().is_some()) {
-            return Err(format!("{} is not empty: give a new or empty directory to --save", save.display()).into());
-        }
+        create_empty_dir(save)?;
     }
     let scratch = ScratchDir::new(a.dir.clone(), "recovery")?;
     let w = a.warehouses.unwrap_or(a.workers as u32);
@@ -390,8 +388,8 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else if !a.same_process && !a.run_only {
         // A recovery runs in a new process after a crash, so the run goes into a child
         // and this process recovers on a heap nothing has used yet. (In the process that
-        // ran, recovery was 239-266 MB/s of log where a fresh process recovering a copy of
-        // the same directory did 408-425: docs/results.md, fifteenth session.)
+        // ran, log replay was 169-187 MB/s where a fresh process did 341-385, three
+        // interleaved rounds: docs/results.md, fifteenth session.)
         let mut args: Vec<String> = std::env::args().skip(1).filter(|x| x != "--json").collect();
         if a.dir.is_none() {
             args.extend(["--dir".to_string(), scratch.path.display().to_string()]);
@@ -484,13 +482,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// recovery reads it from the disk, as after a crash (the log is written with direct I/O
 /// and was never in the cache).
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    if std::fs::read_dir(to)?.next().is_some() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::AlreadyExists,
-            format!("{} is not empty: give a new or empty directory", to.display()),
-        ));
-    }
+    create_empty_dir(to)?;
     fn walk(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
         for e in std::fs::read_dir(from)? {
             let e = e?;

@@ -41,6 +41,18 @@ pub fn log_options(durability: Durability, compress: bool) -> LogOptions {
 
 /// A fresh scratch directory for a run, removed when dropped unless the caller named it (a
 /// named one must be new or empty: runs load their own data).
+/// Creates `p` if it does not exist; refuses it if it holds anything.
+pub fn create_empty_dir(p: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(p)?;
+    if std::fs::read_dir(p)?.next().is_some() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} is not empty: give a new or empty directory", p.display()),
+        ));
+    }
+    Ok(())
+}
+
 pub struct ScratchDir {
     pub path: std::path::PathBuf,
     keep: bool,
@@ -50,14 +62,8 @@ impl ScratchDir {
     pub fn new(given: Option<std::path::PathBuf>, tag: &str) -> std::io::Result<ScratchDir> {
         match given {
             Some(p) => {
-                std::fs::create_dir_all(&p)?;
                 // A run loads its own data: an old database here would be recovered under it.
-                if std::fs::read_dir(&p)?.next().is_some() {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::AlreadyExists,
-                        format!("{} is not empty: give a new or empty directory", p.display()),
-                    ));
-                }
+                create_empty_dir(&p)?;
                 Ok(ScratchDir { path: p, keep: true })
             }
             None => {
