@@ -502,6 +502,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()>
         Ok(())
     }
     walk(from, to)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("copying {} to {}: {e}", from.display(), to.display())))
 }
 
 /// Logs a short TPC-C run uncompressed, reads every batch payload back from the segment

@@ -39,8 +39,6 @@ pub fn log_options(durability: Durability, compress: bool) -> LogOptions {
     LogOptions { durability, compress, ..LogOptions::default() }
 }
 
-/// A fresh scratch directory for a run, removed when dropped unless the caller named it (a
-/// named one must be new or empty: runs load their own data).
 /// Creates `p` if it does not exist; refuses it if it holds anything.
 pub fn create_empty_dir(p: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(p)?;
@@ -53,6 +51,8 @@ pub fn create_empty_dir(p: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A fresh scratch directory for a run, removed when dropped unless the caller named it (a
+/// named one must be new or empty: runs load their own data).
 pub struct ScratchDir {
     pub path: std::path::PathBuf,
     keep: bool,

@@ -99,6 +99,15 @@ fn bench_recovery_small() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"), "{out:?}");
+    // A directory to recover that is not there is named in the error.
+    let missing = dir.path().join("missing");
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "recovery", "--from", missing.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("copying {}", missing.display())), "{err}");
 }
 
 #[test]
