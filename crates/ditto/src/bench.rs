@@ -17,6 +17,7 @@ use ditto_engine::{Database, Options};
 use ditto_log::{LogOptions, OpenOptions};
 
 use crate::logmode::{create_empty_dir, log_options, LogMode, ScratchDir};
+use crate::memory::{self, Prefault};
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
@@ -68,6 +69,35 @@ pub struct Common {
     /// child process (later modes then run on a heap the earlier ones used).
     #[arg(long)]
     pub one_process: bool,
+    /// MiB of heap to pre-fault after the load, before the measured run, as Silo does
+    /// (see memory.rs): `auto` (256 MiB per worker and second of run, at most a quarter of
+    /// the available memory), `off`, or a number.
+    #[arg(long, default_value = "auto")]
+    pub prefault: Prefault,
+}
+
+impl Common {
+    /// Pre-faults the heap for the run (after the load, which is not measured), says so,
+    /// and records it in the report's extra figures.
+    fn prefault(&self, run: &RunConfig) -> memory::Prefaulted {
+        let p = memory::prefault(self.prefault.mib(run.workers, run.duration.as_secs_f64()), run.workers);
+        if run.progress && p.mib > 0 {
+            eprintln!(
+                "pre-faulted {} MiB of heap for the run in {:.1} s (--prefault off to skip)",
+                p.mib,
+                p.took.as_secs_f64()
+            );
+        }
+        p
+    }
+}
+
+/// Adds what `Common::prefault` did to a report's extra figures.
+fn note_prefault(r: &mut Report, p: memory::Prefaulted) {
+    if let serde_json::Value::Object(m) = &mut r.extra {
+        m.insert("prefault_mib".into(), p.mib.into());
+        m.insert("prefault_s".into(), p.took.as_secs_f64().into());
+    }
 }
 
 #[derive(clap::Args)]
@@ -168,7 +198,9 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = if a.small { tpcc::TpccConfig::small(w) } else { tpcc::TpccConfig::new(w) };
             run_modes("tpcc", &a.c, |db, run, probe| {
                 let t = tpcc::load(db, &cfg, run.progress)?;
-                let report = tpcc::run(db, &t, run, probe)?;
+                let p = a.c.prefault(run);
+                let mut report = tpcc::run(db, &t, run, probe)?;
+                note_prefault(&mut report, p);
                 let c = tpcc::check_consistency(db, &t).map_err(|e| format!("TPC-C consistency check failed: {e}"))?;
                 if run.progress {
                     eprintln!(
@@ -188,7 +220,9 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             };
             run_modes("ycsb", &a.c, |db, run, probe| {
                 let y = ycsb::load(db, &cfg, run.progress)?;
-                let report = ycsb::run(db, &y, run, probe)?;
+                let p = a.c.prefault(run);
+                let mut report = ycsb::run(db, &y, run, probe)?;
+                note_prefault(&mut report, p);
                 let rows = ycsb::check(db, &y)?;
                 if run.progress {
                     eprintln!("check: {rows} rows present");

@@ -10,6 +10,7 @@ mod crash;
 mod demo;
 mod demo_server;
 mod logmode;
+mod memory;
 mod redisbench;
 mod server;
 

@@ -30,11 +30,28 @@ fn bench_tpcc_small_with_and_without_log() {
     assert_eq!(runs[0]["report"]["log_bytes"].as_u64().unwrap(), 0, "log off writes nothing");
     assert!(runs[1]["report"]["log_bytes_per_txn"].as_f64().unwrap() > 50.0, "a logged TPC-C txn writes bytes");
     assert!(out.contains("each mode in a fresh process"), "{out}");
+    // `--prefault auto`: 256 MiB per worker-second, unless capped by the memory available.
+    for r in runs {
+        let mib = r["report"]["extra"]["prefault_mib"].as_u64().unwrap();
+        assert!(mib > 0 && mib <= 512, "auto pre-faults up to 2 workers x 1 s x 256 MiB, not {mib}");
+    }
     assert_eq!(out.matches("tpcc (2 workers").count(), 2, "both children's reports pass through: {out}");
     // The same in one process, as before.
-    let (out, _) =
-        ditto(&["bench", "tpcc", "--small", "--seconds", "0.5", "--log", "nosync,off", "--one-process", "--json"]);
+    let (out, _) = ditto(&[
+        "bench",
+        "tpcc",
+        "--small",
+        "--seconds",
+        "0.5",
+        "--log",
+        "nosync,off",
+        "--one-process",
+        "--prefault",
+        "64",
+        "--json",
+    ]);
     let runs = last_json(&out)["runs"].as_array().unwrap().clone();
+    assert!(runs.iter().all(|r| r["report"]["extra"]["prefault_mib"] == 64), "{runs:?}");
     assert_eq!((runs[0]["log"].as_str(), runs[1]["log"].as_str()), (Some("no-fsync-10ms"), Some("off")));
     assert!(!out.contains("fresh process"), "{out}");
 }
@@ -45,9 +62,32 @@ fn bench_ycsb_small() {
         ditto(&["bench", "ycsb", "--keys", "10000", "--workers", "2", "--seconds", "1", "--log", "off", "--json"]);
     let j = last_json(&out);
     assert!(j["runs"][0]["report"]["committed"].as_u64().unwrap() > 0);
-    let (out, _) =
-        ditto(&["bench", "ycsb", "--keys", "10000", "--zipf", "0.99", "--seconds", "1", "--log", "interval", "--json"]);
-    assert!(last_json(&out)["runs"][0]["report"]["committed"].as_u64().unwrap() > 0);
+    let (out, _) = ditto(&[
+        "bench",
+        "ycsb",
+        "--keys",
+        "10000",
+        "--zipf",
+        "0.99",
+        "--seconds",
+        "1",
+        "--log",
+        "interval",
+        "--prefault",
+        "off",
+        "--json",
+    ]);
+    let r = &last_json(&out)["runs"][0]["report"];
+    assert!(r["committed"].as_u64().unwrap() > 0);
+    assert_eq!(r["extra"]["prefault_mib"], 0);
+    // A size it cannot read is refused before anything runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "ycsb", "--keys", "1000", "--prefault", "2g"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("auto, off or a number of MiB"), "{err}");
 }
 
 #[test]

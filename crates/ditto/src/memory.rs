@@ -1,0 +1,178 @@
+//! Pre-faulting the heap before a measured run (`ditto bench --prefault`).
+//!
+//! A TPC-C run grows the heap all the time (every NewOrder inserts a dozen rows), and the
+//! first write to each new page of it is a page fault that zeroes the page. On a virtual
+//! machine that fault also goes to the host, which has to back the page first: on the
+//! project's 2-core VM, first touches run at 0.6-3 GB/s, and `clear_page_erms` under
+//! mimalloc's `mi_page_free_list_extend` was 20% of a TPC-C worker's samples, with the log
+//! on or off (docs/results.md, sixteenth session). Silo, whose figures the TPC-C targets
+//! quote, pre-faults its memory pools before it measures; this does the same for ditto:
+//!
+//! 1. mimalloc is told never to purge (return freed memory to the OS), so what is touched
+//!    here stays resident and touched;
+//! 2. `threads` threads each allocate their share in 1 MiB blocks, write one byte to every
+//!    4 KiB page of each, and free them all. mimalloc puts the freed blocks' memory back in
+//!    its arenas, and the run's pages are carved out of it, already faulted in.
+//!
+//! The process keeps that memory until it exits (the purge stays off), which is what a
+//! benchmark process wants and why this is not done for the server.
+
+use std::time::{Duration, Instant};
+
+/// mimalloc's `mi_option_purge_delay` (milliseconds; -1 = never purge). The Rust bindings
+/// do not name it, so its index in mimalloc 3's `mi_option_t` is written here, for the
+/// `libmimalloc-sys` version pinned in the workspace; a test checks that this index is the
+/// option `MIMALLOC_PURGE_DELAY` sets.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+const BLOCK: usize = 1 << 20;
+const PAGE: usize = 4096;
+
+/// How much to pre-fault: `auto` (an estimate from the run's workers and seconds), `off`,
+/// or a number of MiB.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Prefault {
+    Auto,
+    Off,
+    Mib(u64),
+}
+
+impl std::str::FromStr for Prefault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Prefault, String> {
+        match s {
+            "auto" => Ok(Prefault::Auto),
+            "off" | "0" => Ok(Prefault::Off),
+            n => n
+                .parse::<u64>()
+                .map(Prefault::Mib)
+                .map_err(|_| format!("--prefault takes auto, off or a number of MiB, not {n:?}")),
+        }
+    }
+}
+
+/// `auto`'s estimate of what a run grows the heap by, per worker and second of run: TPC-C
+/// grew it by 1.8 KB per transaction (RSS sampled during a 1-worker run at 50k tps, 90 MB/s),
+/// so this covers about 140k transactions per worker-second.
+pub const AUTO_MIB_PER_WORKER_SECOND: u64 = 256;
+
+impl Prefault {
+    /// The MiB to pre-fault for a run of `workers` for `seconds`: `auto` is capped at a
+    /// quarter of the memory the kernel says is available.
+    pub fn mib(self, workers: usize, seconds: f64) -> u64 {
+        match self {
+            Prefault::Off => 0,
+            Prefault::Mib(n) => n,
+            Prefault::Auto => {
+                let want = (AUTO_MIB_PER_WORKER_SECOND as f64 * workers as f64 * seconds).ceil() as u64;
+                match available_mib() {
+                    Some(avail) => want.min(avail / 4),
+                    None => want,
+                }
+            }
+        }
+    }
+}
+
+/// What `prefault` did.
+#[derive(Debug, Clone, Copy)]
+pub struct Prefaulted {
+    pub mib: u64,
+    pub took: Duration,
+}
+
+/// Turns mimalloc's purging off for the rest of the process and pre-faults `mib` MiB of
+/// heap on `threads` threads (see the module notes).
+pub fn prefault(mib: u64, threads: usize) -> Prefaulted {
+    let t0 = Instant::now();
+    if mib == 0 {
+        return Prefaulted { mib, took: t0.elapsed() };
+    }
+    // SAFETY: sets one of mimalloc's options, which it reads when it decides to purge.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    let threads = threads.max(1) as u64;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let share = mib / threads + u64::from(t < mib % threads);
+            s.spawn(move || {
+                let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(share as usize);
+                for _ in 0..share {
+                    // Uninitialised capacity, so that the loop below is the first touch.
+                    let mut b: Vec<u8> = Vec::with_capacity(BLOCK);
+                    let p = b.as_mut_ptr();
+                    for off in (0..BLOCK).step_by(PAGE) {
+                        // SAFETY: `off < BLOCK`, within the allocation; the byte is never read.
+                        unsafe { p.add(off).write_volatile(1) };
+                    }
+                    blocks.push(b);
+                }
+            });
+        }
+    });
+    Prefaulted { mib, took: t0.elapsed() }
+}
+
+/// `MemAvailable` from /proc/meminfo, in MiB.
+fn available_mib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_three_forms() {
+        assert_eq!("auto".parse::<Prefault>(), Ok(Prefault::Auto));
+        assert_eq!("off".parse::<Prefault>(), Ok(Prefault::Off));
+        assert_eq!("0".parse::<Prefault>(), Ok(Prefault::Off));
+        assert_eq!("512".parse::<Prefault>(), Ok(Prefault::Mib(512)));
+        let e = "2g".parse::<Prefault>().unwrap_err();
+        assert!(e.contains("auto, off or a number of MiB"), "{e}");
+        assert_eq!(Prefault::Mib(7).mib(4, 100.0), 7);
+        assert_eq!(Prefault::Off.mib(4, 100.0), 0);
+        let auto = Prefault::Auto.mib(1, 1.0);
+        assert!(auto <= AUTO_MIB_PER_WORKER_SECOND, "{auto}");
+        assert!(auto > 0, "a machine running tests has some memory available");
+    }
+
+    /// The index written in `MI_OPTION_PURGE_DELAY` is the option `MIMALLOC_PURGE_DELAY`
+    /// sets: this test runs itself again in a child with that variable set (mimalloc reads
+    /// its options when the process starts), and the child reads the option by index.
+    #[test]
+    fn purge_delay_index_is_mimallocs() {
+        const CHILD: &str = "DITTO_TEST_PURGE_DELAY_CHILD";
+        // SAFETY: reads one of mimalloc's options.
+        let read = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        if std::env::var_os(CHILD).is_some() {
+            assert_eq!(read(), 4321, "MIMALLOC_PURGE_DELAY=4321 did not set option {MI_OPTION_PURGE_DELAY}");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "memory::tests::purge_delay_index_is_mimallocs", "--nocapture"])
+            .env(CHILD, "1")
+            .env("MIMALLOC_PURGE_DELAY", "4321")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("1 passed"), "the child did not run the test:\n{text}");
+    }
+
+    /// The pre-faulted memory is resident after it is freed (mimalloc keeps it).
+    #[test]
+    fn prefaulted_memory_stays_resident() {
+        let rss = || {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+            statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * PAGE as u64 >> 20
+        };
+        let before = rss();
+        assert_eq!(prefault(128, 2).mib, 128);
+        let after = rss();
+        assert!(after >= before + 100, "resident {before} MiB before, {after} MiB after pre-faulting 128 MiB");
+        assert_eq!(prefault(0, 2).mib, 0);
+    }
+}
