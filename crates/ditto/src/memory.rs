@@ -167,7 +167,7 @@ mod tests {
     fn prefaulted_memory_stays_resident() {
         let rss = || {
             let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-            statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * PAGE as u64 >> 20
+            (statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * PAGE as u64) >> 20
         };
         let before = rss();
         assert_eq!(prefault(128, 2).mib, 128);
