@@ -77,9 +77,13 @@ pub struct Common {
 }
 
 impl Common {
-    /// Pre-faults the heap for the run (after the load, which is not measured), says so,
-    /// and records it in the report's extra figures.
-    fn prefault(&self, run: &RunConfig) -> memory::Prefaulted {
+    /// Runs `measure` (the measured run, after the load) on a heap pre-faulted for it, says
+    /// so, and records what was pre-faulted in the report's extra figures.
+    fn prefaulted(
+        &self,
+        run: &RunConfig,
+        measure: impl FnOnce() -> Result<Report, ditto_engine::Error>,
+    ) -> Result<Report, ditto_engine::Error> {
         let p = memory::prefault(self.prefault.mib(run.workers, run.duration.as_secs_f64()), run.workers);
         if run.progress && p.mib > 0 {
             eprintln!(
@@ -88,15 +92,12 @@ impl Common {
                 p.took.as_secs_f64()
             );
         }
-        p
-    }
-}
-
-/// Adds what `Common::prefault` did to a report's extra figures.
-fn note_prefault(r: &mut Report, p: memory::Prefaulted) {
-    if let serde_json::Value::Object(m) = &mut r.extra {
-        m.insert("prefault_mib".into(), p.mib.into());
-        m.insert("prefault_s".into(), p.took.as_secs_f64().into());
+        let mut r = measure()?;
+        if let serde_json::Value::Object(m) = &mut r.extra {
+            m.insert("prefault_mib".into(), p.mib.into());
+            m.insert("prefault_s".into(), p.took.as_secs_f64().into());
+        }
+        Ok(r)
     }
 }
 
@@ -198,9 +199,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = if a.small { tpcc::TpccConfig::small(w) } else { tpcc::TpccConfig::new(w) };
             run_modes("tpcc", &a.c, |db, run, probe| {
                 let t = tpcc::load(db, &cfg, run.progress)?;
-                let p = a.c.prefault(run);
-                let mut report = tpcc::run(db, &t, run, probe)?;
-                note_prefault(&mut report, p);
+                let report = a.c.prefaulted(run, || tpcc::run(db, &t, run, probe))?;
                 let c = tpcc::check_consistency(db, &t).map_err(|e| format!("TPC-C consistency check failed: {e}"))?;
                 if run.progress {
                     eprintln!(
@@ -220,9 +219,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             };
             run_modes("ycsb", &a.c, |db, run, probe| {
                 let y = ycsb::load(db, &cfg, run.progress)?;
-                let p = a.c.prefault(run);
-                let mut report = ycsb::run(db, &y, run, probe)?;
-                note_prefault(&mut report, p);
+                let report = a.c.prefaulted(run, || ycsb::run(db, &y, run, probe))?;
                 let rows = ycsb::check(db, &y)?;
                 if run.progress {
                     eprintln!("check: {rows} rows present");

@@ -171,6 +171,9 @@ mod tests {
         };
         let before = rss();
         assert_eq!(prefault(128, 2).mib, 128);
+        // SAFETY: reads one of mimalloc's options.
+        let purge = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(purge, -1, "mimalloc would hand the pre-faulted memory back after its purge delay");
         let after = rss();
         assert!(after >= before + 100, "resident {before} MiB before, {after} MiB after pre-faulting 128 MiB");
         assert_eq!(prefault(0, 2).mib, 0);
