@@ -105,6 +105,6 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8], storage: &d
         f.write_all(bytes)?;
         f.sync()?;
     }
-    std::fs::rename(&tmp, dir.join(name))?;
+    storage.rename(&tmp, &dir.join(name))?;
     storage.sync_dir(dir)
 }

@@ -145,8 +145,14 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
         }
         None => (Ts::ZERO, Epoch(0)),
     };
-    let segments = recovery::list_segments(dir)?;
+    let recovery::LogDir { segments, unfinished } = recovery::list_segments(dir)?;
     let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress, &*opts.log.storage)?;
+    // Only once the log checked out: a segment a crash left unfinished held no batch.
+    for path in unfinished {
+        tracing::warn!("{}: a segment left unfinished by a crash (no batch in it); removing", path.display());
+        opts.log.storage.remove(&path).map_err(|e| LogError::io(&path, e))?;
+        report.unfinished_segments_removed.push(path);
+    }
     let recovered_ts = cut.max(ckpt_ts);
     let t = Instant::now();
     report.index_keys = db.recovery_finish(recovered_ts, recovery::recovery_threads()).map_err(LogError::Engine)?;

@@ -51,7 +51,8 @@ use crate::format::{
     read_segment_checking, Batch, Epoch, FormatError, SegmentEnd, SegmentScan, LOG_FORMAT_VERSION,
     OLDEST_READABLE_VERSION,
 };
-use crate::storage::Storage;
+use crate::storage::{Storage, DIRECT_ALIGN};
+use crate::writer::UNFINISHED_SUFFIX;
 use crate::LogError;
 
 #[derive(Debug, Clone, Default)]
@@ -66,6 +67,9 @@ pub struct RecoveryReport {
     pub log_txns_replayed: u64,
     pub log_txns_dropped_above_cut: u64,
     pub torn_tails_truncated: Vec<(PathBuf, u64)>,
+    /// Segments a crash left while their header was being written (`*.seg.new`): they
+    /// held no batch, and recovery removed them.
+    pub unfinished_segments_removed: Vec<PathBuf>,
     pub cut_ts: Ts,
     /// Of `log_seconds`, the part spent reading and checking the segments (the rest is
     /// replay).
@@ -117,29 +121,56 @@ fn parse_name(path: &Path) -> Option<(u32, Epoch, u64)> {
     Some((s, Epoch(e), q))
 }
 
-pub(crate) fn list_segments(data: &Path) -> Result<Vec<SegmentFile>, LogError> {
+/// What the log directory holds: the segments, sorted by (stream, epoch, seq), and the
+/// unfinished ones (`UNFINISHED_SUFFIX`): a crash came while their header was written, so
+/// they hold nothing but at most that header and are removed once recovery succeeds.
+pub(crate) struct LogDir {
+    pub segments: Vec<SegmentFile>,
+    pub unfinished: Vec<PathBuf>,
+}
+
+pub(crate) fn list_segments(data: &Path) -> Result<LogDir, LogError> {
     let dir = data.join("log");
     let rd = match std::fs::read_dir(&dir) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(LogDir { segments: Vec::new(), unfinished: Vec::new() })
+        }
         Err(e) => return Err(LogError::io(&dir, e)),
     };
     let mut out = Vec::new();
+    let mut unfinished = Vec::new();
     for e in rd {
         let path = e.map_err(|e| LogError::io(&dir, e))?.path();
+        let corrupt = |what: &str| LogError::Corrupt { file: path.clone(), offset: 0, what: what.into() };
+        if let Some(seg) = path.to_str().and_then(|p| p.strip_suffix(UNFINISHED_SUFFIX)) {
+            let name = parse_name(Path::new(seg)).ok_or_else(|| corrupt("unexpected file in the log directory"))?;
+            // The writer writes the header in one write (one block with direct I/O) and
+            // renames before any batch: anything longer was not left by it.
+            let len = std::fs::metadata(&path).map_err(|e| LogError::io(&path, e))?.len();
+            if len > DIRECT_ALIGN as u64 {
+                return Err(corrupt(&format!("an unfinished segment holds {len} bytes, more than a header")));
+            }
+            unfinished.push((name, path));
+            continue;
+        }
         match parse_name(&path) {
             Some((stream, epoch, seq)) => out.push(SegmentFile { path, stream, epoch, seq }),
-            None => {
-                return Err(LogError::Corrupt {
-                    file: path,
-                    offset: 0,
-                    what: "unexpected file in the log directory".into(),
-                })
-            }
+            None => return Err(corrupt("unexpected file in the log directory")),
+        }
+    }
+    // Segments are created one after another, so only a stream's last can be unfinished.
+    for ((stream, epoch, seq), path) in &unfinished {
+        if out.iter().any(|s| s.stream == *stream && s.epoch == *epoch && s.seq >= *seq) {
+            return Err(LogError::Corrupt {
+                file: path.clone(),
+                offset: 0,
+                what: "an unfinished segment is not its stream's last".into(),
+            });
         }
     }
     out.sort_by_key(|s| (s.stream, s.epoch, s.seq));
-    Ok(out)
+    Ok(LogDir { segments: out, unfinished: unfinished.into_iter().map(|(_, p)| p).collect() })
 }
 
 /// Whether replay will read this batch (it holds transactions above the checkpoint).

@@ -20,6 +20,10 @@ pub trait Storage: Send + Sync + 'static {
     }
     /// Makes the directory entries of `dir` durable (after creating or renaming files).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Renames `from` to `to` (replacing `to`); the caller syncs the directory.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
     /// Deletes the file `path` (a log segment a checkpoint covers).
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)

@@ -90,6 +90,9 @@ const ZERO_AHEAD: u64 = 256 << 10;
 /// costs more than the block allocation it saves (`docs/durability.md`).
 const ZERO_BATCH_MAX: u64 = 64 << 10;
 
+/// Appended to a segment's file name while its header is written (`Logger::open_segment`).
+pub(crate) const UNFINISHED_SUFFIX: &str = ".new";
+
 /// A closed segment: once a checkpoint covers `last_ts`, it can be deleted.
 #[derive(Debug, Clone)]
 pub(crate) struct ClosedSegment {
@@ -234,13 +237,23 @@ impl Logger {
 
     /// Creates segment `seq` of stream `w`; `prev_ts` is the highest timestamp in the
     /// stream's earlier segments of this epoch (see `SegmentHeader::prev_ts`).
+    ///
+    /// A file with a segment's name always holds its whole header, durably: the header is
+    /// written and synced under the name plus `.new` (`UNFINISHED_SUFFIX`), which is then
+    /// renamed. A crash in between leaves a `.new` file, which recovery removes; without
+    /// it, a crash between creating the file and syncing its header left a segment with
+    /// no header, which recovery must refuse as damage.
     fn open_segment(&self, w: usize, seq: u64, prev_ts: Ts) -> std::io::Result<(Box<dyn LogFile>, u64, PathBuf)> {
         let path = Self::segment_path(&self.dir, w, self.epoch, seq);
-        let mut f = self.opts.storage.create_segment(&path, self.opts.direct_io)?;
+        let mut unfinished = path.clone().into_os_string();
+        unfinished.push(UNFINISHED_SUFFIX);
+        let unfinished = PathBuf::from(unfinished);
+        let mut f = self.opts.storage.create_segment(&unfinished, self.opts.direct_io)?;
         let streams = self.streams.len() as u32;
         let header = SegmentHeader { stream: StreamId(w as u32), epoch: self.epoch, seq, streams, prev_ts };
         f.write_all(&header.encode())?;
         f.sync()?;
+        self.opts.storage.rename(&unfinished, &path)?;
         self.opts.storage.sync_dir(&self.dir.join("log"))?;
         Ok((f, seq, path))
     }

@@ -46,8 +46,24 @@ fn valid_len(seg: &Path) -> u64 {
     ditto_log::format::read_segment(&std::fs::read(seg).unwrap().into()).unwrap().valid_len()
 }
 
+/// Segments a crash (or a failure) left while their header was written.
+fn unfinished_segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "new"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The log's segments (not those being created, `*.seg.new`).
 fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir.join("log")).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
     v.sort();
     v
 }
@@ -565,6 +581,10 @@ impl Storage for StepFaults {
         self.step(path, "truncate")?;
         RealStorage.truncate_existing(path, len)
     }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.step(from, "rename")?;
+        RealStorage.rename(from, to)
+    }
 }
 
 impl LogFile for StepFile {
@@ -587,14 +607,16 @@ impl LogFile for StepFile {
 }
 
 /// A full disk while the log zeroes a segment ahead, while it cuts a full segment before
-/// starting the next (first or second time), or while it creates the next segment or
-/// syncs the directory entry of it (the first roll): the log fails and stops writes, no
-/// commit it could not make durable is acknowledged, and a reopen recovers every
-/// acknowledged one (a segment left uncut is its stream's last, so its zeros are the end).
-/// The same faults at the open's own first segment fail the open, and a later open works.
+/// starting the next (first or second time), or while it creates the next segment, gives
+/// it its name or syncs the directory entry of it (the first roll): the log fails and
+/// stops writes, no commit it could not make durable is acknowledged, and a reopen
+/// recovers every acknowledged one (a segment left uncut is its stream's last, so its
+/// zeros are the end; one left unfinished, `.seg.new`, is removed). The same faults at the
+/// open's own first segment fail the open, and a later open works.
 #[test]
 fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing() {
-    let cases = [("extend", 1), ("extend", 3), ("truncate", 1), ("truncate", 2), ("create", 2), ("sync_dir", 2)];
+    let cases =
+        [("extend", 1), ("extend", 3), ("truncate", 1), ("truncate", 2), ("create", 2), ("rename", 2), ("sync_dir", 2)];
     for (kind, nth) in cases {
         let dir = tempfile::tempdir().unwrap();
         // Segment files are under log/stream-..., the directory synced is log itself.
@@ -621,7 +643,11 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
             // The first extension comes with the first batch; later ones after whole segments.
             assert!(acked > 0 || (kind, nth) == ("extend", 1), "{kind} #{nth}: the log worked until the fault");
         }
+        let unfinished = unfinished_segments(dir.path());
+        assert_eq!(unfinished.len(), usize::from(kind == "rename"), "{kind} #{nth}: {unfinished:?}");
         let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        assert_eq!(d.recovery().unfinished_segments_removed, unfinished, "{kind} #{nth}");
+        assert!(unfinished_segments(dir.path()).is_empty(), "{kind} #{nth}: removed");
         let t = d.db().table_id("t").unwrap();
         let r = d.db().read();
         for i in 0..acked {
@@ -629,7 +655,7 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
         }
         assert!(count(&d, t) <= acked + 1, "{kind} #{nth}: at most the commit in flight beyond");
     }
-    for kind in ["create", "sync_dir"] {
+    for kind in ["create", "rename", "sync_dir"] {
         let dir = tempfile::tempdir().unwrap();
         let faults = StepFaults::of_kind(if kind == "sync_dir" { "/log" } else { "/log/stream-" }, kind);
         faults.arm(1);
@@ -784,7 +810,15 @@ fn crash_image(dir: &Path) -> tempfile::TempDir {
             if e.file_type().unwrap().is_dir() {
                 copy(&e.path(), &target);
             } else if e.file_name() != "LOCK" {
-                std::fs::copy(e.path(), target).unwrap();
+                // A file gone since the listing (a segment renamed once its header is
+                // written, or deleted by a checkpoint) is missing from the image, as
+                // after a crash just before the rename or just after the delete.
+                match std::fs::copy(e.path(), target) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    r => {
+                        r.unwrap();
+                    }
+                }
             }
         }
     }
@@ -1605,4 +1639,67 @@ fn segments_a_checkpoint_cannot_delete_are_deleted_by_the_next() {
     let d = open(dir.path(), o).unwrap();
     assert_eq!(count(&d, t), 2020);
     assert!(old.iter().all(|p| !p.exists()), "the next open deleted them");
+}
+
+/// What a crash while a segment's header is written leaves: `<segment>.seg.new`, empty or
+/// holding the header (one block with direct I/O). Recovery removes it once the rest of
+/// the log checked out, and reports it. Anything else with that suffix is refused, naming
+/// the file, and changes nothing: one longer than a header block (the writer never writes
+/// a batch before the rename), or one that is not its stream's last segment. A segment
+/// under its own name with no header is damage, as before.
+#[test]
+fn a_segment_left_unfinished_by_a_crash_is_removed_and_nothing_else_is() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 1500);
+        put_n(&d, t, 1, 1500, 10);
+        d.close();
+    }
+    let segs = segments(dir.path());
+    let last0 = segs.iter().rfind(|p| p.to_string_lossy().contains("stream-0000-")).unwrap().clone();
+    let name = last0.file_name().unwrap().to_str().unwrap().to_owned();
+    let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
+    let with_seq = |q: u64| last0.with_file_name(format!("{}{q:010}.seg.new", &name[..name.len() - 14]));
+    let header = std::fs::read(&last0).unwrap()[..48].to_vec();
+    let mut block = header.clone();
+    block.resize(4096, 0);
+
+    // Refused: more than a header block; and an unfinished segment before the last.
+    for (path, bytes) in [(with_seq(seq + 1), vec![0u8; 4097]), (with_seq(seq), block.clone())] {
+        let image = crash_image(dir.path());
+        let victim = image.path().join("log").join(path.file_name().unwrap());
+        std::fs::write(&victim, &bytes).unwrap();
+        let before: Vec<_> = segments(image.path()).iter().map(|p| std::fs::read(p).unwrap()).collect();
+        match open(image.path(), opts(2, Durability::EveryBatch)) {
+            Err(LogError::Corrupt { file, .. }) => assert_eq!(file, victim),
+            Err(e) => panic!("wrong error {e}"),
+            Ok(_) => panic!("{victim:?} ({} bytes) must be refused", bytes.len()),
+        }
+        assert!(victim.exists(), "refusing removed nothing");
+        let after: Vec<_> = segments(image.path()).iter().map(|p| std::fs::read(p).unwrap()).collect();
+        assert_eq!(before, after, "refusing changed no segment");
+    }
+
+    // Removed: empty, the header alone, the header's block.
+    for bytes in [Vec::new(), header.clone(), block] {
+        let image = crash_image(dir.path());
+        let victim = image.path().join("log").join(with_seq(seq + 1).file_name().unwrap());
+        std::fs::write(&victim, &bytes).unwrap();
+        let d = open(image.path(), opts(2, Durability::EveryBatch)).unwrap();
+        assert_eq!(d.recovery().unfinished_segments_removed, vec![victim.clone()], "{} bytes", bytes.len());
+        assert!(!victim.exists());
+        assert_eq!(count(&d, d.db().table_id("t").unwrap()), 1510, "{} bytes: every row", bytes.len());
+    }
+
+    // A segment under its own name always has its header: an empty one is damage.
+    let image = crash_image(dir.path());
+    let victim = image.path().join("log").join(with_seq(seq + 1).file_stem().unwrap());
+    std::fs::write(&victim, b"").unwrap();
+    match open(image.path(), opts(2, Durability::EveryBatch)) {
+        Err(LogError::Corrupt { file, .. }) => assert_eq!(file, victim),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("a segment with no header must be refused"),
+    }
 }
