@@ -195,6 +195,7 @@ pub struct Lz4Args {
 pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
         BenchCmd::Tpcc(a) => {
+            a.c.prefault.check()?;
             let w = a.warehouses.unwrap_or(a.c.workers as u32);
             let cfg = if a.small { tpcc::TpccConfig::small(w) } else { tpcc::TpccConfig::new(w) };
             run_modes("tpcc", &a.c, |db, run, probe| {
@@ -211,6 +212,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
             })
         }
         BenchCmd::Ycsb(a) => {
+            a.c.prefault.check()?;
             let cfg = ycsb::YcsbConfig {
                 keys: a.keys,
                 value_len: a.value_len,

@@ -12,7 +12,11 @@
 //!    here stays resident and touched;
 //! 2. `threads` threads each allocate their share in 1 MiB blocks, write one byte to every
 //!    4 KiB page of each, and free them all. mimalloc puts the freed blocks' memory back in
-//!    its arenas, and the run's pages are carved out of it, already faulted in.
+//!    its arenas, and the run's pages are carved out of it, already faulted in. (Where
+//!    the kernel backs mimalloc's arenas with transparent huge pages, as on the project's
+//!    VM, mimalloc's own write to a block's header already faults in the 2 MiB around it:
+//!    a test without the loop saw 106 MiB of `AnonHugePages` for 128 MiB allocated. The
+//!    loop is what covers every page where pages are 4 KiB.)
 //!
 //! The process keeps that memory until it exits (the purge stays off), which is what a
 //! benchmark process wants and why this is not done for the server.
@@ -70,6 +74,20 @@ impl Prefault {
                     None => want,
                 }
             }
+        }
+    }
+}
+
+impl Prefault {
+    /// Refuses an amount over half the memory the kernel says is available now: the load
+    /// and the run need the rest, and touching more ends in the OOM killer, not an error.
+    pub fn check(self) -> Result<(), String> {
+        match (self, available_mib()) {
+            (Prefault::Mib(n), Some(avail)) if n > avail / 2 => Err(format!(
+                "--prefault {n} MiB is more than half the memory available ({avail} MiB); \
+                 the load and the run need the rest (auto stays under a quarter)"
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -139,22 +157,15 @@ mod tests {
         assert!(auto > 0, "a machine running tests has some memory available");
     }
 
-    /// The index written in `MI_OPTION_PURGE_DELAY` is the option `MIMALLOC_PURGE_DELAY`
-    /// sets: this test runs itself again in a child with that variable set (mimalloc reads
-    /// its options when the process starts), and the child reads the option by index.
-    #[test]
-    fn purge_delay_index_is_mimallocs() {
-        const CHILD: &str = "DITTO_TEST_PURGE_DELAY_CHILD";
-        // SAFETY: reads one of mimalloc's options.
-        let read = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        if std::env::var_os(CHILD).is_some() {
-            assert_eq!(read(), 4321, "MIMALLOC_PURGE_DELAY=4321 did not set option {MI_OPTION_PURGE_DELAY}");
-            return;
-        }
+    /// Runs the test `name` (of this module) again, alone, in a child process of this test
+    /// binary with `CHILD_ENV` and `env` set, and fails if it fails there. For what needs
+    /// a process of its own: mimalloc reads its options when a process starts, and the
+    /// process's resident size moves with whatever the other tests do.
+    fn in_child(name: &str, env: &[(&str, &str)]) {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "memory::tests::purge_delay_index_is_mimallocs", "--nocapture"])
-            .env(CHILD, "1")
-            .env("MIMALLOC_PURGE_DELAY", "4321")
+            .args(["--exact", &format!("memory::tests::{name}"), "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, "1")
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
@@ -162,9 +173,36 @@ mod tests {
         assert!(text.contains("1 passed"), "the child did not run the test:\n{text}");
     }
 
-    /// The pre-faulted memory is resident after it is freed (mimalloc keeps it).
+    const CHILD_ENV: &str = "DITTO_TEST_MEMORY_CHILD";
+
+    fn is_child() -> bool {
+        std::env::var_os(CHILD_ENV).is_some()
+    }
+
+    /// The index written in `MI_OPTION_PURGE_DELAY` is the option `MIMALLOC_PURGE_DELAY`
+    /// sets: the child, started with that variable set, reads the option by index.
+    #[test]
+    fn purge_delay_index_is_mimallocs() {
+        if !is_child() {
+            return in_child("purge_delay_index_is_mimallocs", &[("MIMALLOC_PURGE_DELAY", "4321")]);
+        }
+        // SAFETY: reads one of mimalloc's options.
+        let read = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(read, 4321, "MIMALLOC_PURGE_DELAY=4321 did not set option {MI_OPTION_PURGE_DELAY}");
+    }
+
+    /// The pre-faulted memory is resident after it is freed, and mimalloc's purge is off,
+    /// so it stays so (a purge comes later, when mimalloc next collects: the resident size
+    /// right after cannot show it, the option can). In a child process: beside other
+    /// tests, the resident size also moves with their frees (CI once saw 98 MiB gained for
+    /// 128), and purging stays on for them. Alone, the gain for 128 MiB still varied from
+    /// 104 to 136 MiB over 40 runs, so the bound is half. (With transparent huge pages it
+    /// holds even without the touching loop: see the module notes.)
     #[test]
     fn prefaulted_memory_stays_resident() {
+        if !is_child() {
+            return in_child("prefaulted_memory_stays_resident", &[]);
+        }
         let rss = || {
             let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
             (statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * PAGE as u64) >> 20
@@ -175,7 +213,7 @@ mod tests {
         let purge = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
         assert_eq!(purge, -1, "mimalloc would hand the pre-faulted memory back after its purge delay");
         let after = rss();
-        assert!(after >= before + 100, "resident {before} MiB before, {after} MiB after pre-faulting 128 MiB");
+        assert!(after >= before + 64, "resident {before} MiB before, {after} MiB after pre-faulting 128 MiB");
         assert_eq!(prefault(0, 2).mib, 0);
     }
 }

@@ -88,6 +88,17 @@ fn bench_ycsb_small() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("auto, off or a number of MiB"), "{err}");
+    // So is more than half the memory available (no machine running this has 1 PiB).
+    for bench in ["ycsb", "tpcc"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["bench", bench, "--prefault", "1073741824"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bench}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("more than half the memory available"), "{bench}: {err}");
+        assert!(!err.contains("== "), "{bench}: refused before any run started: {err}");
+    }
 }
 
 #[test]
