@@ -172,4 +172,22 @@ assert info["role"] == "master" and info["connected_slaves"] == 0
 assert r.command_count() > 30
 assert "get" in r.command()
 assert r.info("replication")["role"] == "master"
+
+# Commands beyond the list that applications commonly use (docs/server.md).
+r.set("range", "Hello,World")
+assert r.getrange("range", 0, 4) == b"Hello" and r.getrange("range", -5, -1) == b"World"
+assert r.setrange("range", 6, "Redis") == 11 and r.get("range") == b"Hello,Redis"
+assert r.getdel("range") == b"Hello,Redis" and r.get("range") is None
+assert r.hsetnx("hx", "f", "1") == 1 and r.hsetnx("hx", "f", "2") == 0
+assert r.hkeys("hx") == [b"f"] and r.hvals("hx") == [b"1"] and r.hstrlen("hx", "f") == 1
+assert r.ttl("hx") == -1 and r.pttl("hx") == -1 and r.ttl("no-such-key") == -2
+assert r.rename("hx", "hy") and r.hgetall("hy") == {b"f": b"1"} and not r.exists("hx")
+r.set("rn", "v")
+assert r.renamenx("rn", "hy") is False and r.renamenx("rn", "rn2") is True
+assert r.unlink("rn2", "no-such-key") == 1
+assert sorted(r.keys("scan:1?")) == sorted(f"scan:{i}".encode() for i in range(10, 20))
+assert r1.dbsize() == 1
+assert r.flushdb() and r.dbsize() == 0 and r.keys("*") == []
+assert r1.dbsize() == 1, "FLUSHDB leaves the other databases"
+assert r.flushall() and r1.dbsize() == 0
 print("ALL OK")

@@ -67,6 +67,20 @@ pub static SPECS: &[Spec] = &[
     data("HINCRBY", 4, true, (1, 1, 1)),
     data("HEXISTS", 3, false, (1, 1, 1)),
     data("HLEN", 2, false, (1, 1, 1)),
+    data("UNLINK", -2, true, (1, -1, 1)),
+    data("GETDEL", 2, true, (1, 1, 1)),
+    data("GETRANGE", 4, false, (1, 1, 1)),
+    data("SETRANGE", 4, true, (1, 1, 1)),
+    data("HSETNX", 4, true, (1, 1, 1)),
+    data("HKEYS", 2, false, (1, 1, 1)),
+    data("HVALS", 2, false, (1, 1, 1)),
+    data("HSTRLEN", 3, false, (1, 1, 1)),
+    data("TTL", 2, false, (1, 1, 1)),
+    data("PTTL", 2, false, (1, 1, 1)),
+    data("RENAME", 3, true, (1, 2, 1)),
+    data("RENAMENX", 3, true, (1, 2, 1)),
+    data("FLUSHDB", -1, true, (0, 0, 0)),
+    data("FLUSHALL", -1, true, (0, 0, 0)),
     conn("PING", -1),
     conn("ECHO", 2),
     conn("HELLO", -1),
@@ -87,6 +101,7 @@ pub static SPECS: &[Spec] = &[
     conn("WAIT", 3),
     conn("DBSIZE", 1),
     conn("SCAN", -2),
+    conn("KEYS", 2),
     conn("DITTO.LASTCOMMIT", 1),
     conn("DITTO.WAITTS", -2),
 ];
@@ -185,7 +200,8 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
                 Reply::Int(1)
             }
         },
-        "DEL" => {
+        // UNLINK frees memory in the background in Redis; here a delete is the same work.
+        "DEL" | "UNLINK" => {
             let mut n = 0;
             for k in a {
                 n += ks.delete(txn, db, k)? as i64;
@@ -318,6 +334,66 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
             Err(WrongType) => wrongtype(),
             Ok(len) => Reply::Int(len.unwrap_or(0) as i64),
         },
+        "GETDEL" => match ks.get_string(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Nil,
+            Ok(Some(v)) => {
+                ks.delete(txn, db, &a[0])?;
+                Reply::Bulk(v)
+            }
+        },
+        "GETRANGE" => {
+            let (Some(start), Some(end)) = (parse_int(&a[1]), parse_int(&a[2])) else {
+                return Ok(Reply::err(NOT_INTEGER));
+            };
+            match ks.get_string(txn, db, &a[0])? {
+                Err(WrongType) => wrongtype(),
+                Ok(v) => {
+                    let v = v.unwrap_or_default();
+                    Reply::Bulk(string_range(v.len(), start, end).map_or_else(Bytes::new, |r| v.slice(r)))
+                }
+            }
+        }
+        "SETRANGE" => return set_range(a, ks, db, txn),
+        "HSETNX" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(len) => {
+                let len = len.unwrap_or(0);
+                if len > 0 && ks.hget(txn, db, &a[0], &a[1])?.is_some() {
+                    Reply::Int(0)
+                } else {
+                    ks.hset(txn, db, &a[0], len, &[(&a[1], &a[2])])?;
+                    Reply::Int(1)
+                }
+            }
+        },
+        "HKEYS" | "HVALS" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Array(Vec::new()),
+            Ok(Some(_)) => Reply::Array(
+                ks.hgetall(txn, db, &a[0])?
+                    .into_iter()
+                    .map(|(f, v)| Reply::Bulk(if spec.name == "HKEYS" { f } else { v }))
+                    .collect(),
+            ),
+        },
+        "HSTRLEN" => match ks.hash_len(txn, db, &a[0])? {
+            Err(WrongType) => wrongtype(),
+            Ok(None) => Reply::Int(0),
+            Ok(Some(_)) => Reply::Int(ks.hget(txn, db, &a[0], &a[1])?.map_or(0, |v| v.len() as i64)),
+        },
+        // No key expires in ditto: -1 for a key that exists (no expiry), -2 for none.
+        "TTL" | "PTTL" => Reply::Int(if ks.get(txn, db, &a[0])?.is_some() { -1 } else { -2 }),
+        "RENAME" | "RENAMENX" => return rename(spec.name == "RENAMENX", a, ks, db, txn),
+        "FLUSHDB" | "FLUSHALL" => {
+            match a {
+                [] => {}
+                [mode] if mode.eq_ignore_ascii_case(b"SYNC") || mode.eq_ignore_ascii_case(b"ASYNC") => {}
+                _ => return Ok(Reply::err(SYNTAX)),
+            }
+            ks.flush(txn, (spec.name == "FLUSHDB").then_some(db))?;
+            Reply::Ok
+        }
         other => unreachable!("{other} is not a data command"),
     })
 }
@@ -353,6 +429,71 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<
     }
     ks.replace_with_string(txn, db, &a[0], entry.as_ref(), &a[1])?;
     Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Ok })
+}
+
+/// The byte range GETRANGE answers for a string of `len` bytes: Redis's rules (negative
+/// indexes count from the end, both ends inclusive and clamped), `None` for empty.
+fn string_range(len: usize, start: i64, end: i64) -> Option<std::ops::Range<usize>> {
+    let len = len as i64;
+    let at = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+    let (start, end) = (at(start), at(end).min(len - 1));
+    (len > 0 && start <= end).then(|| start as usize..end as usize + 1)
+}
+
+/// SETRANGE key offset value: overwrites from `offset`, padding with zero bytes; the new
+/// length. An empty value changes nothing (and creates no key).
+fn set_range(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
+    let offset = match parse_int(&a[1]) {
+        Some(n) if n >= 0 => n as usize,
+        Some(_) => return Ok(Reply::err("ERR offset is out of range")),
+        None => return Ok(Reply::err(NOT_INTEGER)),
+    };
+    let old = match ks.get_string(txn, db, &a[0])? {
+        Err(WrongType) => return Ok(wrongtype()),
+        Ok(old) => old.unwrap_or_default(),
+    };
+    if a[2].is_empty() {
+        return Ok(Reply::Int(old.len() as i64));
+    }
+    // Checked before allocating: the row is the type byte and the string.
+    let end = offset.saturating_add(a[2].len());
+    if end > ditto_engine::VALUE_LEN_MAX - 1 {
+        return Ok(Reply::err(format!(
+            "ERR string exceeds maximum allowed size ({} bytes in ditto)",
+            ditto_engine::VALUE_LEN_MAX - 1
+        )));
+    }
+    let mut v = old.to_vec();
+    if v.len() < end {
+        v.resize(end, 0);
+    }
+    v[offset..end].copy_from_slice(&a[2]);
+    ks.replace_with_string(txn, db, &a[0], None, &v)?;
+    Ok(Reply::Int(v.len() as i64))
+}
+
+/// RENAME / RENAMENX key newkey: moves the value (a hash with its fields) to `newkey`,
+/// replacing what it held (RENAMENX: only if it holds nothing).
+fn rename(nx: bool, a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
+    let (from, to) = (&a[0], &a[1]);
+    let Some(entry) = ks.get(txn, db, from)? else { return Ok(Reply::err("ERR no such key")) };
+    if from == to {
+        return Ok(if nx { Reply::Int(0) } else { Reply::Ok });
+    }
+    if nx && ks.get(txn, db, to)?.is_some() {
+        return Ok(Reply::Int(0));
+    }
+    ks.delete(txn, db, to)?;
+    match entry {
+        Entry::String(v) => ks.replace_with_string(txn, db, to, None, &v)?,
+        Entry::Hash { .. } => {
+            let fields = ks.hgetall(txn, db, from)?;
+            let pairs: Vec<(&[u8], &[u8])> = fields.iter().map(|(f, v)| (&f[..], &v[..])).collect();
+            ks.hset(txn, db, to, 0, &pairs)?;
+        }
+    }
+    ks.delete(txn, db, from)?;
+    Ok(if nx { Reply::Int(1) } else { Reply::Ok })
 }
 
 fn incr_by(ks: &Keyspace, db: u8, txn: &mut Transaction<'_>, key: &[u8], by: Option<i64>) -> Result<Reply> {
@@ -391,6 +532,6 @@ mod tests {
         assert!(s.arity_ok(2) && !s.arity_ok(3));
         let m = lookup(b"mget").unwrap();
         assert!(m.arity_ok(2) && m.arity_ok(9) && !m.arity_ok(1));
-        assert!(lookup(b"FLUSHALL").is_none());
+        assert!(lookup(b"OBJECT").is_none());
     }
 }

@@ -254,6 +254,24 @@ impl Keyspace {
         Ok(removed)
     }
 
+    /// Removes every key of database `db` (of every database with `None`), hash fields
+    /// included, in this transaction: FLUSHDB and FLUSHALL. A keyspace whose deletes pass
+    /// the engine's transaction size (`TXN_BYTES_MAX`) is refused whole, changing nothing.
+    pub fn flush(&self, txn: &mut Transaction<'_>, db: Option<u8>) -> Result<()> {
+        let (lo, hi) = match db {
+            Some(d) => (vec![d], prefix_end(&[d])),
+            None => (Vec::new(), None),
+        };
+        let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        // Both tables' rows start with the database byte.
+        for table in [self.keys, self.fields] {
+            for (row, _) in txn.scan(table, Bound::Included(&lo[..]), hi, Direction::Forward, 0)? {
+                txn.delete(table, &row)?;
+            }
+        }
+        Ok(())
+    }
+
     fn write_hash_row(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8], fields: u64) -> Result<()> {
         let mut row = [0u8; 9];
         row[0] = T_HASH;

@@ -543,6 +543,7 @@ impl Session {
             },
             "DBSIZE" => return dbsize(self.db, sh),
             "SCAN" => return scan(self.db, a, sh),
+            "KEYS" => return keys(self.db, &a[0], sh),
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
             "DITTO.WAITTS" => return wait_ts(a, sh),
             other => unreachable!("{other} is not a connection command"),
@@ -755,6 +756,29 @@ fn dbsize(db: u8, sh: &Shared) -> Outcome {
 
 fn db_range(db: u8) -> (Vec<u8>, Option<Vec<u8>>) {
     (vec![db], prefix_end(&[db]))
+}
+
+/// KEYS pattern: every key of the database that matches, at one snapshot (Redis walks the
+/// whole keyspace for it too; SCAN is the way that does not).
+fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
+    let snap = sh.db.read();
+    let (lo, hi) = db_range(db);
+    let mut keys = Vec::new();
+    let res = snap.for_each(
+        sh.ks.keys,
+        std::ops::Bound::Included(&lo[..]),
+        hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+        |row, _| {
+            if glob_match(pattern, &row[1..]) {
+                keys.push(Reply::Bulk(Bytes::copy_from_slice(&row[1..])));
+            }
+            true
+        },
+    );
+    match res {
+        Ok(()) => Outcome::after(Reply::Array(keys), snap.ts()),
+        Err(e) => Outcome::now(engine_error(&e)),
+    }
 }
 
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE type], at a fresh snapshot per call. Keys
@@ -1250,6 +1274,118 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "DBSIZE"), Reply::Int(2));
         assert_eq!(cmd(&mut s, &sh, &mut w, "SELECT 3"), Reply::Ok);
         assert_eq!(cmd(&mut s, &sh, &mut w, "DBSIZE"), Reply::Int(0));
+    }
+
+    /// The commands beyond the list that clients commonly send, with Redis's
+    /// replies: UNLINK, GETDEL, GETRANGE, SETRANGE, HSETNX, HKEYS, HVALS, HSTRLEN, TTL,
+    /// PTTL, RENAME, RENAMENX, KEYS, FLUSHDB, FLUSHALL.
+    #[test]
+    fn common_extra_commands_answer_as_redis_does() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        let mut c = |line: &str| cmd(&mut s, &sh, &mut w, line);
+        let bulk = |v: &str| Reply::bulk(v.to_owned());
+        let err = |r: Reply, prefix: &str| matches!(&r, Reply::Error(e) if e.starts_with(prefix));
+        c("AUTH sesame");
+        // Strings.
+        c("SET s Hello,World");
+        for (range, want) in [
+            ("0 4", "Hello"),
+            ("-5 -1", "World"),
+            ("-100 2", "Hel"),
+            ("6 100", "World"),
+            ("5 3", ""),
+            ("20 30", ""),
+            ("-1 -5", ""),
+        ] {
+            assert_eq!(c(&format!("GETRANGE s {range}")), bulk(want), "GETRANGE s {range}");
+        }
+        assert_eq!(c("GETRANGE missing 0 -1"), bulk(""));
+        assert!(err(c("GETRANGE s a 1"), "ERR value is not an integer"));
+        assert_eq!(c("SETRANGE s 6 Redis"), Reply::Int(11));
+        assert_eq!(c("GET s"), bulk("Hello,Redis"));
+        assert_eq!(c("SETRANGE pad 3 x"), Reply::Int(4));
+        assert_eq!(c("GET pad"), Reply::Bulk(Bytes::from_static(b"\0\0\0x")));
+        assert_eq!(c("SETRANGE s 0 "), Reply::Int(11), "an empty value changes nothing");
+        assert_eq!(c("SETRANGE none 5 "), Reply::Int(0));
+        assert_eq!(c("EXISTS none"), Reply::Int(0), "and creates no key");
+        assert!(err(c("SETRANGE s -1 x"), "ERR offset is out of range"));
+        assert!(err(c("SETRANGE s 16777215 x"), "ERR string exceeds maximum allowed size"));
+        assert_eq!(c("GET s"), bulk("Hello,Redis"), "a refused SETRANGE wrote nothing");
+        assert_eq!(c("GETDEL s"), bulk("Hello,Redis"));
+        assert_eq!(c("GETDEL s"), Reply::Nil);
+        assert_eq!(c("EXISTS s"), Reply::Int(0));
+        // Hashes.
+        assert_eq!(c("HSETNX h f 1"), Reply::Int(1));
+        assert_eq!(c("HSETNX h f 2"), Reply::Int(0));
+        assert_eq!(c("HSETNX h g 22"), Reply::Int(1));
+        assert_eq!(c("HLEN h"), Reply::Int(2));
+        assert_eq!(c("HKEYS h"), Reply::Array(vec![bulk("f"), bulk("g")]));
+        assert_eq!(c("HVALS h"), Reply::Array(vec![bulk("1"), bulk("22")]));
+        assert_eq!(c("HSTRLEN h g"), Reply::Int(2));
+        assert_eq!(c("HSTRLEN h nope"), Reply::Int(0));
+        assert_eq!(c("HKEYS nope"), Reply::Array(Vec::new()));
+        c("SET str v");
+        for wrong in ["HSETNX str f 1", "HKEYS str", "HVALS str", "HSTRLEN str f", "GETDEL h", "GETRANGE h 0 1"] {
+            assert!(err(c(wrong), "WRONGTYPE"), "{wrong}");
+        }
+        // No expiry in ditto.
+        assert_eq!(c("TTL str"), Reply::Int(-1));
+        assert_eq!(c("PTTL h"), Reply::Int(-1));
+        assert_eq!(c("TTL nope"), Reply::Int(-2));
+        // RENAME moves a hash with its fields and replaces what the target held.
+        assert_eq!(c("RENAME h str"), Reply::Ok);
+        assert_eq!(c("EXISTS h"), Reply::Int(0));
+        assert_eq!(c("HGET h f"), Reply::Nil, "no field left behind");
+        assert_eq!(c("HGETALL str"), Reply::Map(vec![(bulk("f"), bulk("1")), (bulk("g"), bulk("22"))]));
+        c("SET a 1");
+        assert_eq!(c("RENAMENX a str"), Reply::Int(0));
+        assert_eq!(c("GET a"), bulk("1"), "RENAMENX onto a key changes nothing");
+        assert_eq!(c("HLEN str"), Reply::Int(2));
+        assert_eq!(c("RENAMENX a b"), Reply::Int(1));
+        assert_eq!(c("GET b"), bulk("1"));
+        assert_eq!(c("RENAME b b"), Reply::Ok);
+        assert!(err(c("RENAME nope x"), "ERR no such key"));
+        // RENAME of a string over a hash removes the hash's fields.
+        assert_eq!(c("RENAME b str"), Reply::Ok);
+        assert_eq!(c("GET str"), bulk("1"));
+        c("HSET str2 f x");
+        assert_eq!(c("RENAME str2 str3"), Reply::Ok);
+        assert_eq!(c("HGET str3 f"), bulk("x"));
+        // UNLINK is DEL.
+        c("SET u 1");
+        assert_eq!(c("UNLINK u nope str3"), Reply::Int(2));
+        // KEYS, FLUSHDB, FLUSHALL.
+        c("SET key:1 a");
+        c("SET key:2 b");
+        c("HSET key:h f v");
+        let Reply::Array(mut keys) = c("KEYS key:*") else { panic!("KEYS answers an array") };
+        keys.sort_by_key(|k| format!("{k:?}"));
+        assert_eq!(keys, vec![bulk("key:1"), bulk("key:2"), bulk("key:h")]);
+        assert_eq!(c("KEYS nothing*"), Reply::Array(Vec::new()));
+        assert!(err(c("FLUSHDB NOW"), "ERR syntax error"));
+        assert_eq!(c("DBSIZE"), Reply::Int(5), "pad, str and the three key:*");
+        c("SELECT 2");
+        c("SET other 1");
+        c("HSET otherh f 1");
+        c("SELECT 0");
+        assert_eq!(c("FLUSHDB ASYNC"), Reply::Ok);
+        assert_eq!(c("DBSIZE"), Reply::Int(0));
+        assert_eq!(c("HGET key:h f"), Reply::Nil);
+        c("SELECT 2");
+        assert_eq!(c("DBSIZE"), Reply::Int(2), "FLUSHDB leaves other databases");
+        assert_eq!(c("HGET otherh f"), bulk("1"));
+        assert_eq!(c("FLUSHALL"), Reply::Ok);
+        assert_eq!(c("DBSIZE"), Reply::Int(0));
+        // No field row is left anywhere.
+        let snap = sh.db.read();
+        let mut fields = 0;
+        snap.for_each(sh.ks.fields, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, |_, _| {
+            fields += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(fields, 0);
     }
 
     #[test]
