@@ -327,7 +327,8 @@ impl Session {
                 Ok(values.into_iter().map(commands::get_reply).collect::<Vec<_>>())
             }
             RunKind::Set => {
-                reqs.iter().try_for_each(|r| sh.ks.set_string(txn, db, &r[1], &r[2]))?;
+                let pairs: Vec<(&[u8], &[u8])> = reqs.iter().map(|r| (&r[1][..], &r[2][..])).collect();
+                sh.ks.set_strings(txn, db, &pairs)?;
                 Ok(vec![Reply::Ok; reqs.len()])
             }
         });
