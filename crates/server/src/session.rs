@@ -1107,6 +1107,20 @@ mod tests {
             Reply::Array(a) => assert_eq!(a.len(), 2, "{a:?}"),
             other => panic!("{other:?}"),
         }
+        // A run longer than one batched read of types (16 keys): a hash in the second batch,
+        // a key written in the first batch and again in the second.
+        cmd(&mut s, &sh, &mut w, "HSET h3 f v g w");
+        let mut long: Vec<Vec<Bytes>> = (0..20).map(|i| req(&format!("SET k{i} {i}"))).collect();
+        long.extend([req("SET h3 s"), req("SET k0 again")]);
+        let out = s.handle_run(RunKind::Set, &long, usize::MAX, &sh, &mut w);
+        assert!(out.len() == 22 && out.iter().all(|o| o.reply == Reply::Ok && o.wait == out[0].wait));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k0"), Reply::Bulk(Bytes::from("again")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k19"), Reply::Bulk(Bytes::from("19")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET h3"), Reply::Bulk(Bytes::from("s")));
+        cmd(&mut s, &sh, &mut w, "DEL h3");
+        cmd(&mut s, &sh, &mut w, "HSET h3 z 1");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HLEN h3"), Reply::Int(1));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HGET h3 f"), Reply::Nil, "the old fields went with the SET");
         // A value over the engine's limit: the run falls back to one request at a time, so
         // the others still take effect and only the oversize one fails.
         let big =
