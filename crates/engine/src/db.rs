@@ -183,6 +183,7 @@ impl Database {
             id,
             scratch: TxnScratch::default(),
             commits: 0,
+            installs_since_collect: 0,
             cleanup: Vec::new(),
             ticket_log: None,
         })
@@ -346,6 +347,9 @@ pub struct Worker {
     pub(crate) id: WorkerId,
     pub(crate) scratch: TxnScratch,
     pub(crate) commits: u64,
+    /// Versions installed since this worker last asked the epoch GC to collect (see
+    /// `GC_COLLECT_EVERY_INSTALLS` in txn.rs).
+    pub(crate) installs_since_collect: u32,
     /// Deleted records to unlink from the index once no snapshot can see them.
     pub(crate) cleanup: Vec<(TableId, RecordId, Ts)>,
     /// This worker's handle on the log for its tickets (made at its first commit with a

@@ -339,6 +339,15 @@ pub struct Transaction<'w> {
     done: bool,
 }
 
+/// A worker asks the epoch GC to collect once its commits have installed this many
+/// versions (each install may hand a trimmed chain to the GC). crossbeam-epoch collects by
+/// itself only at every 128th pin of a thread, and then at most 8 bags of 64 deferred
+/// frees: 4 frees per pin. A transaction pins once, so a worker whose transactions each
+/// replace more than 4 versions made garbage faster than it was collected. The server's
+/// pipelined runs of 16 SETs did: its memory grew by 40 MiB/s under `redis-benchmark -P
+/// 16` on 100k keys, without bound. One collection per 128 installs frees up to 512.
+const GC_COLLECT_EVERY_INSTALLS: u32 = 128;
+
 /// How a write treats the record's current state.
 #[derive(Copy, Clone, PartialEq, Eq)]
 enum WriteMode {
@@ -702,6 +711,7 @@ impl<'w> Transaction<'w> {
         }
         // 5. Install and unlock.
         let horizon = clock.horizon();
+        self.worker.installs_since_collect += self.s.writes.len() as u32;
         for w in self.s.writes.drain(..) {
             // SAFETY: as above.
             let rec = unsafe { &*w.rec };
@@ -712,6 +722,11 @@ impl<'w> Transaction<'w> {
         }
         // 6. Visible to snapshots and to the stream bound.
         clock.end_commit(worker);
+        if self.worker.installs_since_collect >= GC_COLLECT_EVERY_INSTALLS {
+            self.worker.installs_since_collect = 0;
+            // Hands this thread's freed versions to the global queue and collects there.
+            self.guard.flush();
+        }
         self.worker.commits += 1;
         if self.worker.commits.is_multiple_of(128) {
             let h = clock.refresh_horizon();
