@@ -5,7 +5,7 @@ use ditto_engine::{Database, Options, WorkerId};
 
 fn resident_mib() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096 >> 20
+    (statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096) >> 20
 }
 
 /// Transactions of 32 updates each over 10k keys: every install hands the replaced version
@@ -27,17 +27,21 @@ fn garbage_is_collected_as_fast_as_large_transactions_make_it() {
         v
     };
     for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
-        w.run(|x| chunk.iter().try_for_each(|i| x.insert(t, &i.to_be_bytes(), &value(*i, 0)))).unwrap();
+        let (_, ticket) =
+            w.run(|x| chunk.iter().try_for_each(|i| x.insert(t, &i.to_be_bytes(), &value(*i, 0)))).unwrap();
+        ticket.wait().unwrap();
     }
     let mut round = 0u64;
     let mut update = |w: &mut ditto_engine::Worker, txns: u64| {
         for _ in 0..txns {
             round += 1;
             let first = round * WRITES % KEYS;
-            w.run(|x| {
-                (first..first + WRITES).try_for_each(|i| x.update(t, &(i % KEYS).to_be_bytes(), &value(i, round)))
-            })
-            .unwrap();
+            let (_, ticket) = w
+                .run(|x| {
+                    (first..first + WRITES).try_for_each(|i| x.update(t, &(i % KEYS).to_be_bytes(), &value(i, round)))
+                })
+                .unwrap();
+            ticket.wait().unwrap();
         }
     };
     update(&mut w, 5_000);
