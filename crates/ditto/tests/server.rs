@@ -247,6 +247,32 @@ fn redis_benchmark_runs_clean() {
     assert_eq!(srv.cli(&["PING"]), "PONG");
 }
 
+/// The server's memory stays bounded under pipelined SETs over a fixed keyspace: each run
+/// of 16 SETs is one transaction replacing 16 versions, and before the workers asked the
+/// epoch GC to collect (`GC_COLLECT_EVERY_INSTALLS`) that grew the server by about 60 MiB
+/// per million SETs, without bound (docs/results.md, seventeenth session).
+#[test]
+fn memory_stays_bounded_under_pipelined_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "");
+    let rss_mib = || {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", srv.child.id())).unwrap();
+        (statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096) >> 20
+    };
+    let sets = |n: &str| {
+        let out = Command::new(tool("redis-benchmark"))
+            .args(["-p", &srv.port.to_string(), "-t", "set", "-n", n, "-c", "20", "-P", "16", "-r", "10000", "-q"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    sets("200000");
+    let before = rss_mib();
+    sets("2000000");
+    let after = rss_mib();
+    assert!(after <= before + 48, "server resident {before} MiB after 200k SETs, {after} MiB after 2M more");
+}
+
 /// Writers INCR their own counters and SET keys, recording what the server acknowledged;
 /// the server is SIGKILLed under that load and restarted, and every acknowledged write must
 /// be there (a counter may be higher: a write can be durable before its reply is lost).
