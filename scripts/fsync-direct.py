@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CPU and wall time per write+fdatasync of one batch, through the page cache and with
 direct I/O (O_DIRECT, whole 4 KiB blocks from an aligned buffer, the last partial block
-written again by the next write, as crates/log/src/storage.rs's DirectFile does),
-interleaved ROUNDS times:
+written again by the next write, as crates/log/src/storage.rs's DirectFile does), and
+with direct I/O written with RWF_DSYNC (one pwritev2 that returns once the data is
+durable, in place of the write and the fdatasync), interleaved ROUNDS times:
 
     scripts/fsync-direct.py DIR [BATCH_BYTES (default 225000)] [COUNT (default 300)] [ROUNDS (default 3)]
 
@@ -32,7 +33,7 @@ def busy():
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
 
 
-def run(path, direct, batch, count):
+def run(path, direct, batch, count, dsync=False):
     if os.path.exists(path):
         os.remove(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if direct else 0), 0o644)
@@ -46,13 +47,15 @@ def run(path, direct, batch, count):
             if direct:
                 start = pos // ALIGN * ALIGN
                 end = (pos + batch + ALIGN - 1) // ALIGN * ALIGN
-                n = os.pwritev(fd, [memoryview(buf)[: end - start]], start)
+                flags = os.RWF_DSYNC if dsync else 0
+                n = os.pwritev(fd, [memoryview(buf)[: end - start]], start, flags)
                 assert n == end - start
             else:
                 n = os.pwrite(fd, memoryview(buf)[:batch], pos)
                 assert n == batch
             pos += batch
-            os.fdatasync(fd)
+            if not dsync:
+                os.fdatasync(fd)
     finally:
         os.close(fd)
         os.remove(path)
@@ -68,10 +71,10 @@ def main():
     path = os.path.join(d, "fsync-direct.test")
     print(f"{batch}-byte batches, {count} per run; µs per batch")
     for r in range(rounds):
-        for direct in (False, True):
-            proc, machine, wall = run(path, direct, batch, count)
-            name = "direct" if direct else "page cache"
-            print(f"round {r + 1} {name:<10} process CPU {proc:7.1f}  machine busy {machine:7.1f}  wall {wall:7.1f}")
+        for direct, dsync in ((False, False), (True, False), (True, True)):
+            proc, machine, wall = run(path, direct, batch, count, dsync)
+            name = "direct+dsync" if dsync else "direct" if direct else "page cache"
+            print(f"round {r + 1} {name:<12} process CPU {proc:7.1f}  machine busy {machine:7.1f}  wall {wall:7.1f}")
 
 
 if __name__ == "__main__":
