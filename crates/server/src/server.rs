@@ -169,6 +169,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
     let mut sh = Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?;
     sh.config_view = cfg.view();
+    sh.max_reply_bytes = cfg.max_output_bytes;
     // The bound ports (0 in the config asks for any free one).
     for (k, v) in sh.config_view.iter_mut() {
         match k.as_str() {

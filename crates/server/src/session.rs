@@ -55,6 +55,9 @@ pub struct Shared {
     /// What CONFIG GET shows: (name, value) in Redis's names where there is one. The
     /// server fills it from its configuration; the password is never shown.
     pub config_view: Vec<(String, String)>,
+    /// The largest reply the server writes (`max_output_bytes`); a command that builds its
+    /// reply from the whole keyspace (KEYS) stops at it instead of building more.
+    pub max_reply_bytes: usize,
     next_client_id: AtomicU64,
 }
 
@@ -77,6 +80,7 @@ impl Shared {
             tcp_port,
             read_only: false,
             config_view: Vec::new(),
+            max_reply_bytes: usize::MAX,
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -760,23 +764,32 @@ fn db_range(db: u8) -> (Vec<u8>, Option<Vec<u8>>) {
 }
 
 /// KEYS pattern: every key of the database that matches, at one snapshot (Redis walks the
-/// whole keyspace for it too; SCAN is the way that does not).
+/// whole keyspace for it too; SCAN is the way that does not). A reply that would pass
+/// `max_reply_bytes` is refused as soon as it does, so a large keyspace is never copied
+/// whole into a reply the server would not send.
 fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
     let snap = sh.db.read();
     let (lo, hi) = db_range(db);
     let mut keys = Vec::new();
+    // What the keys take encoded: `$<len>\r\n<key>\r\n`, at most 24 bytes besides the key.
+    let mut bytes = 0usize;
     let res = snap.for_each(
         sh.ks.keys,
         std::ops::Bound::Included(&lo[..]),
         hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
         |row, _| {
             if glob_match(pattern, &row[1..]) {
+                bytes += row.len() - 1 + 24;
                 keys.push(Reply::Bulk(Bytes::copy_from_slice(&row[1..])));
             }
-            true
+            bytes <= sh.max_reply_bytes
         },
     );
     match res {
+        Ok(()) if bytes > sh.max_reply_bytes => Outcome::now(Reply::err(format!(
+            "ERR the keys matching would pass max_output_bytes ({}); use SCAN",
+            sh.max_reply_bytes
+        ))),
         Ok(()) => Outcome::after(Reply::Array(keys), snap.ts()),
         Err(e) => Outcome::now(engine_error(&e)),
     }
@@ -1378,6 +1391,15 @@ mod tests {
         keys.sort_by_key(|k| format!("{k:?}"));
         assert_eq!(keys, vec![bulk("key:1"), bulk("key:2"), bulk("key:h")]);
         assert_eq!(c("KEYS nothing*"), Reply::Array(Vec::new()));
+        drop(c);
+        let limited = Shared { max_reply_bytes: 60, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        let mut s2 = Session::new(&limited);
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "KEYS key:[12]"), Reply::Array(vec![bulk("key:1"), bulk("key:2")]));
+        assert!(
+            matches!(cmd(&mut s2, &limited, &mut w, "KEYS key:*"), Reply::Error(e) if e.contains("max_output_bytes")),
+            "three keys pass 60 bytes (29 each, counted as encoded)"
+        );
+        let mut c = |line: &str| cmd(&mut s, &sh, &mut w, line);
         assert!(err(c("FLUSHDB NOW"), "ERR syntax error"));
         assert_eq!(c("DBSIZE"), Reply::Int(5), "pad, str and the three key:*");
         c("SELECT 2");
