@@ -1391,7 +1391,6 @@ mod tests {
         keys.sort_by_key(|k| format!("{k:?}"));
         assert_eq!(keys, vec![bulk("key:1"), bulk("key:2"), bulk("key:h")]);
         assert_eq!(c("KEYS nothing*"), Reply::Array(Vec::new()));
-        drop(c);
         let limited = Shared { max_reply_bytes: 60, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
         let mut s2 = Session::new(&limited);
         assert_eq!(cmd(&mut s2, &limited, &mut w, "KEYS key:[12]"), Reply::Array(vec![bulk("key:1"), bulk("key:2")]));
