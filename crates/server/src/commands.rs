@@ -180,8 +180,18 @@ pub(crate) fn get_reply(held: std::result::Result<Option<Bytes>, WrongType>) -> 
 
 /// Runs a data command in `txn`, on database `db`. Arity was checked by the caller.
 /// Redis-level failures (WRONGTYPE, syntax) are `Ok(Reply::Error)` and write nothing;
-/// `Err` is an engine error (a conflict is retried by the caller).
-pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
+/// `Err` is an engine error (a conflict is retried by the caller). `max_reply` is the
+/// largest reply the server writes (`max_output_bytes`): the commands whose reply can name
+/// one value many times (MGET, HMGET) stop copying values past it and answer an error, so
+/// a short request cannot make the server copy a large value without bound.
+pub fn run_data(
+    spec: &Spec,
+    args: &[Bytes],
+    ks: &Keyspace,
+    db: u8,
+    max_reply: usize,
+    txn: &mut Transaction<'_>,
+) -> Result<Reply> {
     let a = &args[1..];
     Ok(match spec.name {
         "GET" => get_reply(ks.get_string(txn, db, &a[0])?),
@@ -234,9 +244,13 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
             Ok(v) => Reply::Int(v.map_or(0, |v| v.len() as i64)),
         },
         "MGET" => {
-            // Redis answers nil for a key of another type here, not WRONGTYPE.
-            // One reply: its size is bounded where it is encoded (`max_output_bytes`).
-            let values = ks.get_strings(txn, db, &a.iter().collect::<Vec<_>>(), usize::MAX)?;
+            // Redis answers nil for a key of another type here, not WRONGTYPE. Values are
+            // copied only up to `max_reply` bytes (`get_strings` stops after the one that
+            // passes it); a reply that would pass it is an error, as at encoding.
+            let values = ks.get_strings(txn, db, &a.iter().collect::<Vec<_>>(), max_reply)?;
+            if values.len() < a.len() || values_len(&values) > max_reply {
+                return Ok(too_large(max_reply));
+            }
             Reply::Array(values.into_iter().map(|v| v.ok().flatten().map_or(Reply::Nil, Reply::Bulk)).collect())
         }
         "MSET" | "MSETNX" => {
@@ -290,8 +304,14 @@ pub fn run_data(spec: &Spec, args: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Tr
             Ok(None) => Reply::Array(vec![Reply::Nil; a.len() - 1]),
             Ok(Some(_)) => {
                 let mut out = Vec::with_capacity(a.len() - 1);
+                let mut bytes = 0usize;
                 for f in &a[1..] {
-                    out.push(ks.hget(txn, db, &a[0], f)?.map_or(Reply::Nil, Reply::Bulk));
+                    let v = ks.hget(txn, db, &a[0], f)?;
+                    bytes = bytes.saturating_add(v.as_ref().map_or(0, Bytes::len));
+                    if bytes > max_reply {
+                        return Ok(too_large(max_reply));
+                    }
+                    out.push(v.map_or(Reply::Nil, Reply::Bulk));
                 }
                 Reply::Array(out)
             }
@@ -429,6 +449,16 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<
     }
     ks.replace_with_string(txn, db, &a[0], entry.as_ref(), &a[1])?;
     Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Ok })
+}
+
+/// The error for a reply whose values alone pass `max_output_bytes`.
+fn too_large(max_reply: usize) -> Reply {
+    Reply::err(format!("ERR reply would be over max_output_bytes ({max_reply})"))
+}
+
+/// The bytes of the values in an MGET's answer.
+fn values_len(values: &[std::result::Result<Option<Bytes>, WrongType>]) -> usize {
+    values.iter().map(|v| v.as_ref().ok().and_then(Option::as_ref).map_or(0, Bytes::len)).fold(0, usize::saturating_add)
 }
 
 /// The byte range GETRANGE answers for a string of `len` bytes: Redis's rules (negative

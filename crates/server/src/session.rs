@@ -405,7 +405,7 @@ impl Session {
 
     fn run_single(&mut self, spec: &Spec, args: &[Bytes], sh: &Shared, worker: &mut Worker) -> Outcome {
         let db = self.db;
-        match run_txn(sh, worker, |txn| run_data(spec, args, &sh.ks, db, txn)) {
+        match run_txn(sh, worker, |txn| run_data(spec, args, &sh.ks, db, sh.max_reply_bytes, txn)) {
             Ok((reply, ticket)) => {
                 if spec.write && !reply.is_error() {
                     self.last_commit = ticket.ts();
@@ -466,7 +466,7 @@ impl Session {
                 for args in &queue {
                     let spec = lookup(&args[0]).expect("queued requests were looked up");
                     if spec.kind == Kind::Data {
-                        match run_data(spec, args, &sh.ks, self.db, &mut txn) {
+                        match run_data(spec, args, &sh.ks, self.db, sh.max_reply_bytes, &mut txn) {
                             Ok(r) => {
                                 wrote |= spec.write && !r.is_error();
                                 replies.push(r);
@@ -1398,6 +1398,28 @@ mod tests {
             matches!(cmd(&mut s2, &limited, &mut w, "KEYS key:*"), Reply::Error(e) if e.contains("max_output_bytes")),
             "three keys pass 60 bytes (29 each, counted as encoded)"
         );
+        // One value named many times: MGET and HMGET stop copying at the limit.
+        cmd(&mut s2, &limited, &mut w, &format!("SET big {}", "x".repeat(25)));
+        cmd(&mut s2, &limited, &mut w, &format!("HSET hbig f {}", "y".repeat(25)));
+        assert!(matches!(cmd(&mut s2, &limited, &mut w, "MGET big big"), Reply::Array(v) if v.len() == 2));
+        assert!(matches!(cmd(&mut s2, &limited, &mut w, "HMGET hbig f f"), Reply::Array(v) if v.len() == 2));
+        for over in ["MGET big big big", "HMGET hbig f f f"] {
+            assert!(
+                matches!(cmd(&mut s2, &limited, &mut w, over), Reply::Error(e) if e.contains("max_output_bytes")),
+                "{over}: 75 bytes of values pass 60"
+            );
+        }
+        cmd(&mut s2, &limited, &mut w, "MULTI");
+        cmd(&mut s2, &limited, &mut w, "MGET big big big");
+        cmd(&mut s2, &limited, &mut w, "GET big");
+        match cmd(&mut s2, &limited, &mut w, "EXEC") {
+            Reply::Array(r) => {
+                assert!(matches!(&r[0], Reply::Error(e) if e.contains("max_output_bytes")), "{r:?}");
+                assert_eq!(r[1], Reply::Bulk(Bytes::from("x".repeat(25))), "the rest of EXEC runs");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL big hbig"), Reply::Int(2));
         let mut c = |line: &str| cmd(&mut s, &sh, &mut w, line);
         assert!(err(c("FLUSHDB NOW"), "ERR syntax error"));
         assert_eq!(c("DBSIZE"), Reply::Int(5), "pad, str and the three key:*");
