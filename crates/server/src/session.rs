@@ -38,6 +38,13 @@ use crate::resp::{Proto, Reply};
 /// Databases a client can SELECT.
 pub const DATABASES: usize = 16;
 
+/// The most a MULTI may queue: as much as one transaction may write (the engine's
+/// `TXN_BYTES_MAX`), so a queue of writes any larger could not commit anyway. Without a
+/// bound a client could queue without end (each request is bounded, their number was not).
+pub const MULTI_QUEUE_BYTES_MAX: usize = ditto_engine::TXN_BYTES_MAX;
+/// What a queued argument costs besides its bytes (its `Bytes` handle and slot).
+const QUEUED_ARG_OVERHEAD: usize = 32;
+
 /// What the server shares with every session.
 pub struct Shared {
     pub db: Arc<Database>,
@@ -222,6 +229,9 @@ pub struct Session {
     db: u8,
     /// Queued requests while inside MULTI.
     multi: Option<Vec<Vec<Bytes>>>,
+    /// The bytes queued since MULTI, counted as `QUEUED_ARG_OVERHEAD` per argument plus
+    /// its bytes; past `MULTI_QUEUE_BYTES_MAX` the queue is dropped and EXEC aborts.
+    multi_bytes: usize,
     /// A request queued inside MULTI was refused: EXEC answers EXECABORT.
     multi_failed: bool,
     /// (db, key, commit ts of its newest version when WATCHed).
@@ -245,6 +255,7 @@ impl Session {
             db: 0,
             multi: None,
             multi_failed: false,
+            multi_bytes: 0,
             watched: Vec::new(),
             last_commit: Ts(0),
         }
@@ -371,6 +382,15 @@ impl Session {
         }
         if let Some(queue) = self.multi.as_mut() {
             if !matches!(spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
+                self.multi_bytes += args.iter().map(|a| a.len() + QUEUED_ARG_OVERHEAD).sum::<usize>();
+                if self.multi_bytes > MULTI_QUEUE_BYTES_MAX {
+                    // EXEC will abort (the caller flags it); what was queued is let go now.
+                    *queue = Vec::new();
+                    return Err(Reply::err(format!(
+                        "ERR MULTI queue over {MULTI_QUEUE_BYTES_MAX} bytes, more than one transaction can \
+                         write; EXEC will abort"
+                    )));
+                }
                 queue.push(args);
                 return Ok(Outcome::now(Reply::Simple("QUEUED")));
             }
@@ -380,6 +400,7 @@ impl Session {
                 Reply::err("ERR MULTI calls can not be nested")
             } else {
                 self.multi = Some(Vec::new());
+                self.multi_bytes = 0;
                 Reply::Ok
             }),
             "EXEC" => self.exec(sh, worker),
@@ -1444,6 +1465,30 @@ mod tests {
         })
         .unwrap();
         assert_eq!(fields, 0);
+    }
+
+    /// A MULTI queue past `MULTI_QUEUE_BYTES_MAX` is refused at the request that passes it,
+    /// its memory let go, and EXEC aborts; the connection goes on.
+    #[test]
+    fn a_multi_queue_is_bounded() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        let set =
+            |key: &str, len: usize| vec![Bytes::from("SET"), Bytes::from(key.to_owned()), Bytes::from(vec![b'v'; len])];
+        let half = MULTI_QUEUE_BYTES_MAX / 2;
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(s.handle(set("a", half - 200), &sh, &mut w).reply, Reply::Simple("QUEUED"));
+        assert_eq!(s.handle(set("b", half - 200), &sh, &mut w).reply, Reply::Simple("QUEUED"), "just under");
+        let over = s.handle(set("c", 200), &sh, &mut w).reply;
+        assert!(matches!(&over, Reply::Error(e) if e.contains("MULTI queue over")), "{over:?}");
+        assert!(s.multi.as_ref().is_some_and(Vec::is_empty), "the queue is let go at once");
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXISTS a b c"), Reply::Int(0));
+        // A new MULTI starts from nothing.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(s.handle(set("a", half), &sh, &mut w).reply, Reply::Simple("QUEUED"));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DISCARD"), Reply::Ok);
     }
 
     #[test]
