@@ -234,8 +234,11 @@ pub struct Session {
     multi_bytes: usize,
     /// A request queued inside MULTI was refused: EXEC answers EXECABORT.
     multi_failed: bool,
-    /// (db, key, commit ts of its newest version when WATCHed).
-    watched: Vec<(u8, Bytes, Ts)>,
+    /// (db, key) -> commit ts of the key's newest version when first WATCHed.
+    watched: std::collections::HashMap<(u8, Bytes), Ts>,
+    /// The bytes of the watched keys (plus `QUEUED_ARG_OVERHEAD` each), bounded as a MULTI
+    /// queue is.
+    watched_bytes: usize,
     /// The commit timestamp of this connection's last write (DITTO.LASTCOMMIT).
     last_commit: Ts,
 }
@@ -256,7 +259,8 @@ impl Session {
             multi: None,
             multi_failed: false,
             multi_bytes: 0,
-            watched: Vec::new(),
+            watched: std::collections::HashMap::new(),
+            watched_bytes: 0,
             last_commit: Ts(0),
         }
     }
@@ -406,7 +410,7 @@ impl Session {
             "EXEC" => self.exec(sh, worker),
             "DISCARD" => Outcome::now(if self.multi.take().is_some() {
                 self.multi_failed = false;
-                self.watched.clear();
+                self.unwatch();
                 Reply::Ok
             } else {
                 Reply::err("ERR DISCARD without MULTI")
@@ -437,6 +441,11 @@ impl Session {
         }
     }
 
+    fn unwatch(&mut self) {
+        self.watched.clear();
+        self.watched_bytes = 0;
+    }
+
     fn watch(&mut self, keys: &[Bytes], sh: &Shared, worker: &mut Worker) -> Outcome {
         if self.multi.is_some() {
             return Outcome::now(Reply::err("ERR WATCH inside MULTI is not allowed"));
@@ -455,7 +464,19 @@ impl Session {
                 .and_then(|()| txn.commit_async());
             match res {
                 Ok(ticket) => {
-                    self.watched.extend(seen);
+                    // A key watched again keeps its first watch, as in Redis.
+                    for (db, key, ts) in seen {
+                        if let std::collections::hash_map::Entry::Vacant(e) = self.watched.entry((db, key)) {
+                            self.watched_bytes += e.key().1.len() + QUEUED_ARG_OVERHEAD;
+                            e.insert(ts);
+                        }
+                    }
+                    if self.watched_bytes > MULTI_QUEUE_BYTES_MAX {
+                        self.unwatch();
+                        return Outcome::now(Reply::err(format!(
+                            "ERR watched keys over {MULTI_QUEUE_BYTES_MAX} bytes; every key unwatched"
+                        )));
+                    }
                     return Outcome::after(Reply::Ok, ticket.ts());
                 }
                 Err(e) if e.is_retryable() && tries < RETRIES_MAX => tries += 1,
@@ -467,6 +488,7 @@ impl Session {
     fn exec(&mut self, sh: &Shared, worker: &mut Worker) -> Outcome {
         let Some(queue) = self.multi.take() else { return Outcome::now(Reply::err("ERR EXEC without MULTI")) };
         let watched = std::mem::take(&mut self.watched);
+        self.watched_bytes = 0;
         if std::mem::take(&mut self.multi_failed) {
             return Outcome::now(Reply::err("EXECABORT Transaction discarded because of previous errors."));
         }
@@ -478,7 +500,7 @@ impl Session {
             let mut wait = Ts(0);
             let mut wrote = false;
             let attempt = (|| -> Result<Option<Vec<Reply>>, Error> {
-                for (db, key, ts) in &watched {
+                for ((db, key), ts) in &watched {
                     if txn.version_ts(sh.ks.keys, &Keyspace::key_row(*db, key))? != *ts {
                         return Ok(None);
                     }
@@ -556,7 +578,7 @@ impl Session {
             "CONFIG" => config(a, sh),
             "COMMAND" => command_info(a),
             "UNWATCH" => {
-                self.watched.clear();
+                self.unwatch();
                 Reply::Ok
             }
             "INFO" => Reply::Bulk(info(a, sh).into()),
@@ -1489,6 +1511,37 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
         assert_eq!(s.handle(set("a", half), &sh, &mut w).reply, Reply::Simple("QUEUED"));
         assert_eq!(cmd(&mut s, &sh, &mut w, "DISCARD"), Reply::Ok);
+    }
+
+    /// WATCH of a key already watched keeps the first watch and costs nothing more; watched
+    /// keys past `MULTI_QUEUE_BYTES_MAX` are refused and all unwatched.
+    #[test]
+    fn watched_keys_are_kept_once_and_bounded() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        for _ in 0..1000 {
+            assert_eq!(cmd(&mut s, &sh, &mut w, "WATCH k j"), Reply::Ok);
+        }
+        assert_eq!(s.watched.len(), 2);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "UNWATCH"), Reply::Ok);
+        assert!(s.watched.is_empty() && s.watched_bytes == 0);
+        let key_len = 60 << 10;
+        let n = MULTI_QUEUE_BYTES_MAX / (key_len + QUEUED_ARG_OVERHEAD) / 2 + 1;
+        let watch = |tag: u8| {
+            let mut args = vec![Bytes::from("WATCH")];
+            args.extend((0..n).map(|i| {
+                let mut k = vec![tag; key_len];
+                k[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                Bytes::from(k)
+            }));
+            args
+        };
+        assert_eq!(s.handle(watch(b'a'), &sh, &mut w).reply, Reply::Ok, "just over half");
+        let over = s.handle(watch(b'b'), &sh, &mut w).reply;
+        assert!(matches!(&over, Reply::Error(e) if e.contains("watched keys over")), "{over:?}");
+        assert!(s.watched.is_empty() && s.watched_bytes == 0, "every key unwatched");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "WATCH k"), Reply::Ok, "and watching works again");
     }
 
     #[test]
