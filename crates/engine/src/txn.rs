@@ -557,7 +557,25 @@ impl<'w> Transaction<'w> {
         dir: Direction,
         limit: usize,
     ) -> Result<Vec<(Bytes, Bytes)>> {
+        self.scan_within(table, lo, hi, dir, limit, usize::MAX).map(|(rows, _)| rows)
+    }
+
+    /// `scan` that also stops once the keys and values it returns pass `max_bytes`: the
+    /// rows up to and including the one that passes it, and whether it walked the whole
+    /// range (false: it stopped at `limit` or `max_bytes`, perhaps at the range's last
+    /// key). Only the part walked is validated at commit, as with a limit. For a caller
+    /// that would refuse a result that large, so that it is never copied whole.
+    pub fn scan_within(
+        &mut self,
+        table: TableId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        dir: Direction,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<(Bytes, Bytes)>, bool)> {
         let t = self.table(table)?;
+        let mut bytes = 0usize;
         let mut out = Vec::new();
         let mut fp = Fingerprint::default();
         let mut stopped_at: Option<Bytes> = None;
@@ -584,8 +602,9 @@ impl<'w> Transaction<'w> {
                 }
             };
             if let Some(v) = value {
+                bytes = bytes.saturating_add(key.len() + v.len());
                 out.push((key.clone(), v));
-                if limit != 0 && out.len() >= limit {
+                if (limit != 0 && out.len() >= limit) || bytes > max_bytes {
                     stopped_at = Some(key.clone());
                     return false;
                 }
@@ -599,13 +618,14 @@ impl<'w> Transaction<'w> {
             Bound::Unbounded => Bound::Unbounded,
         };
         // With a limit, only the part of the range actually walked is protected.
+        let complete = stopped_at.is_none();
         let (lo, hi) = match (stopped_at, dir) {
             (Some(k), Direction::Forward) => (owned(lo), Bound::Included(k)),
             (Some(k), Direction::Reverse) => (Bound::Included(k), owned(hi)),
             (None, _) => (owned(lo), owned(hi)),
         };
         self.s.scans.push(ScanEntry { table, lo, hi, fingerprint: fp });
-        Ok(out)
+        Ok((out, complete))
     }
 
     /// Commits and waits until the commit is durable. Returns the commit timestamp.

@@ -124,6 +124,37 @@ fn scan_with_limit_protects_only_the_walked_part() {
     s.commit().expect("insert outside the walked ranges must not abort");
 }
 
+/// A scan bounded by bytes stops after the row that passes the bound, says it stopped,
+/// and, as with a limit, protects only the part it walked: an insert past it does not
+/// conflict, one inside it does.
+#[test]
+fn scan_within_bytes_stops_and_protects_the_walked_part() {
+    let (db, t) = db(2);
+    let (mut w0, mut w1) = (db.worker(WorkerId(0)).unwrap(), db.worker(WorkerId(1)).unwrap());
+    w0.run(|x| ["b1", "b2", "b5", "b7"].iter().try_for_each(|k| x.insert(t, k.as_bytes(), b"vvvv")))
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    let mut all = w0.begin();
+    let (rows, complete) = all.scan_within(t, Unbounded, Unbounded, Direction::Forward, 0, 1 << 20).unwrap();
+    assert!(complete && rows.len() == 4);
+    drop(all);
+    // Each row is 6 bytes: the bound of 8 is passed by the second.
+    let mut s = w0.begin();
+    let (rows, complete) = s.scan_within(t, Included(b"b0"), Unbounded, Direction::Forward, 0, 8).unwrap();
+    assert!(!complete);
+    assert_eq!(rows.iter().map(|(k, _)| &k[..]).collect::<Vec<_>>(), [&b"b1"[..], b"b2"]);
+    s.put(t, b"z", b"1").unwrap();
+    w1.run(|x| x.insert(t, b"b3", b"v")).unwrap().1.wait().unwrap();
+    s.commit().expect("an insert past the walked part must not abort");
+    let mut s = w0.begin();
+    s.scan_within(t, Included(b"b0"), Unbounded, Direction::Forward, 0, 8).unwrap();
+    s.put(t, b"z", b"2").unwrap();
+    w1.run(|x| x.insert(t, b"b15", b"v")).unwrap().1.wait().unwrap();
+    assert!(matches!(s.commit(), Err(Error::Conflict(_))), "an insert inside the walked part must abort");
+}
+
 #[test]
 fn own_writes_are_visible_and_insert_delete_rules_hold() {
     let (db, t) = db(1);

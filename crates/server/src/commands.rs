@@ -182,8 +182,9 @@ pub(crate) fn get_reply(held: std::result::Result<Option<Bytes>, WrongType>) -> 
 /// Redis-level failures (WRONGTYPE, syntax) are `Ok(Reply::Error)` and write nothing;
 /// `Err` is an engine error (a conflict is retried by the caller). `max_reply` is the
 /// largest reply the server writes (`max_output_bytes`): the commands whose reply can name
-/// one value many times (MGET, HMGET) stop copying values past it and answer an error, so
-/// a short request cannot make the server copy a large value without bound.
+/// one value many times (MGET, HMGET) or a whole hash (HGETALL, HKEYS, HVALS) stop copying
+/// past it and answer an error, so a short request cannot make the server copy without
+/// bound.
 pub fn run_data(
     spec: &Spec,
     args: &[Bytes],
@@ -324,9 +325,10 @@ pub fn run_data(
         "HGETALL" => match ks.hash_len(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(None) => Reply::Map(Vec::new()),
-            Ok(Some(_)) => Reply::Map(
-                ks.hgetall(txn, db, &a[0])?.into_iter().map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v))).collect(),
-            ),
+            Ok(Some(_)) => match ks.hgetall_within(txn, db, &a[0], max_reply)? {
+                None => too_large(max_reply),
+                Some(all) => Reply::Map(all.into_iter().map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v))).collect()),
+            },
         },
         "HINCRBY" => {
             let Some(by) = parse_int(&a[2]) else { return Ok(Reply::err(NOT_INTEGER)) };
@@ -390,12 +392,13 @@ pub fn run_data(
         "HKEYS" | "HVALS" => match ks.hash_len(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(None) => Reply::Array(Vec::new()),
-            Ok(Some(_)) => Reply::Array(
-                ks.hgetall(txn, db, &a[0])?
-                    .into_iter()
-                    .map(|(f, v)| Reply::Bulk(if spec.name == "HKEYS" { f } else { v }))
-                    .collect(),
-            ),
+            // Bounded by fields and values together: both are copied out of the engine.
+            Ok(Some(_)) => match ks.hgetall_within(txn, db, &a[0], max_reply)? {
+                None => too_large(max_reply),
+                Some(all) => Reply::Array(
+                    all.into_iter().map(|(f, v)| Reply::Bulk(if spec.name == "HKEYS" { f } else { v })).collect(),
+                ),
+            },
         },
         "HSTRLEN" => match ks.hash_len(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),

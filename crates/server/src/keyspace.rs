@@ -241,8 +241,27 @@ impl Keyspace {
 
     /// Every (field, value) of the hash, in field order.
     pub fn hgetall(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
-        let skip = 5 + key.len();
-        Ok(self.scan_fields(txn, db, key)?.into_iter().map(|(row, v)| (row.slice(skip..), v)).collect())
+        Ok(self.hgetall_within(txn, db, key, usize::MAX)?.expect("no byte limit"))
+    }
+
+    /// `hgetall` for a reply: `None` once the fields and values (with their rows' prefix)
+    /// pass `max_bytes`, having copied no more than that.
+    pub fn hgetall_within(
+        &self,
+        txn: &mut Transaction<'_>,
+        db: u8,
+        key: &[u8],
+        max_bytes: usize,
+    ) -> Result<Option<Vec<(Bytes, Bytes)>>> {
+        let lo = Self::field_prefix(db, key);
+        let hi = prefix_end(&lo);
+        let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let (rows, _) = txn.scan_within(self.fields, Bound::Included(&lo[..]), hi, Direction::Forward, 0, max_bytes)?;
+        if rows.iter().map(|(r, v)| r.len() + v.len()).fold(0, usize::saturating_add) > max_bytes {
+            return Ok(None);
+        }
+        let skip = lo.len();
+        Ok(Some(rows.into_iter().map(|(row, v)| (row.slice(skip..), v)).collect()))
     }
 
     /// Sets fields of a hash (creating it); the caller has checked the key's type.

@@ -1452,6 +1452,16 @@ mod tests {
                 "{over}: 75 bytes of values pass 60"
             );
         }
+        // A whole hash too: within the limit it is answered, past it refused.
+        assert!(matches!(cmd(&mut s2, &limited, &mut w, "HGETALL hbig"), Reply::Map(m) if m.len() == 1));
+        cmd(&mut s2, &limited, &mut w, &format!("HSET hbig g {}", "z".repeat(25)));
+        for over in ["HGETALL hbig", "HKEYS hbig", "HVALS hbig"] {
+            assert!(
+                matches!(cmd(&mut s2, &limited, &mut w, over), Reply::Error(e) if e.contains("max_output_bytes")),
+                "{over}: two fields of 35 bytes (row prefix, field, value) pass 60"
+            );
+        }
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "HLEN hbig"), Reply::Int(2));
         cmd(&mut s2, &limited, &mut w, "MULTI");
         cmd(&mut s2, &limited, &mut w, "MGET big big big");
         cmd(&mut s2, &limited, &mut w, "GET big");
