@@ -87,6 +87,8 @@ struct Row {
     p99_ms: f64,
     /// The server's CPU time (user + system, every thread) per request, microseconds.
     cpu_us_per_req: f64,
+    /// The server's resident memory right after the test, MiB.
+    rss_mib: f64,
 }
 
 /// One configuration over all rounds: medians and the throughput range.
@@ -102,6 +104,10 @@ struct Summary {
     p50_ms_median: f64,
     p99_ms_median: f64,
     cpu_us_per_req_median: f64,
+    /// The server's largest resident memory after this test in any round, MiB: a server
+    /// that keeps growing over the rounds shows here (the seventeenth session found the
+    /// epoch GC falling behind under pipelined SETs this way, by hand).
+    rss_mib_max: f64,
     /// Median throughput over Redis everysec's median for the same test (absent without it).
     vs_redis: Option<f64>,
     /// The same over Redis with appendfsync always.
@@ -138,6 +144,7 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
             p50_ms_median: median(same.iter().map(|x| x.p50_ms).collect()),
             p99_ms_median: median(same.iter().map(|x| x.p99_ms).collect()),
             cpu_us_per_req_median: median(same.iter().map(|x| x.cpu_us_per_req).collect()),
+            rss_mib_max: same.iter().map(|x| x.rss_mib).fold(0.0, f64::max),
             vs_redis: None,
             vs_redis_always: None,
         });
@@ -154,6 +161,20 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
         s.vs_redis_always = ratio(&always, s);
     }
     out
+}
+
+/// Resident memory of process `pid` now, MiB, from `/proc/PID/statm`.
+fn resident_mib(pid: u32) -> Result<f64, String> {
+    let path = format!("/proc/{pid}/statm");
+    let statm = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let pages: u64 =
+        statm.split_whitespace().nth(1).and_then(|f| f.parse().ok()).ok_or(format!("{path}: {statm:?}"))?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if page <= 0 {
+        return Err("sysconf(_SC_PAGESIZE) failed".into());
+    }
+    Ok((pages * page as u64) as f64 / (1 << 20) as f64)
 }
 
 /// CPU time (user + system, all threads) of process `pid` so far, from `/proc/PID/stat`.
@@ -248,6 +269,7 @@ fn bench(
         return Err(format!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
     let cpu = cpu_time(pid)?.saturating_sub(cpu0);
+    let rss_mib = resident_mib(pid)?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut rows = Vec::new();
     let mut header: Vec<String> = Vec::new();
@@ -270,6 +292,7 @@ fn bench(
             p50_ms: col("p50_latency_ms")?,
             p99_ms: col("p99_latency_ms")?,
             cpu_us_per_req: cpu.as_secs_f64() * 1e6 / a.requests as f64,
+            rss_mib,
         });
     }
     match <[Row; 1]>::try_from(rows) {
@@ -313,14 +336,24 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     drop(running);
     let summary = summarize(&rows);
     println!(
-        "\n{:<20} {:>4} {:>3} {:>11} {:>21} {:>7} {:>7} {:>7} {:>9} {:>9}",
-        "server", "test", "-P", "median rq/s", "range (rounds)", "p50 ms", "p99 ms", "CPU us", "/everysec", "/always"
+        "\n{:<20} {:>4} {:>3} {:>11} {:>21} {:>7} {:>7} {:>7} {:>8} {:>9} {:>9}",
+        "server",
+        "test",
+        "-P",
+        "median rq/s",
+        "range (rounds)",
+        "p50 ms",
+        "p99 ms",
+        "CPU us",
+        "RSS MiB",
+        "/everysec",
+        "/always"
     );
     let show = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
     for s in &summary {
         let range = format!("{:.0}-{:.0} ({})", s.rps_min, s.rps_max, s.rounds);
         println!(
-            "{:<20} {:>4} {:>3} {:>11.0} {:>21} {:>7.3} {:>7.3} {:>7.1} {:>9} {:>9}",
+            "{:<20} {:>4} {:>3} {:>11.0} {:>21} {:>7.3} {:>7.3} {:>7.1} {:>8.0} {:>9} {:>9}",
             s.server,
             s.test,
             s.pipeline,
@@ -329,13 +362,15 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             s.p50_ms_median,
             s.p99_ms_median,
             s.cpu_us_per_req_median,
+            s.rss_mib_max,
             show(s.vs_redis),
             show(s.vs_redis_always)
         );
     }
     println!(
         "\nMedians over the rounds (p50, p99 and CPU too); ratios are median to median. CPU us: the\n\
-         server's CPU time per request (user + system, all its threads).\n\
+         server's CPU time per request (user + system, all its threads). RSS MiB: the server's\n\
+         resident memory after the test, the largest over the rounds.\n\
          ditto acknowledges a write once it is fsynced (every-batch: group commit, fsyncs back to back;\n\
          interval: group commit at most every {} ms). Redis with appendfsync everysec acknowledges\n\
          before its fsync; with always, after it. The servers and redis-benchmark share this machine's cores.",
@@ -366,8 +401,9 @@ mod tests {
     use super::*;
 
     fn row(server: &str, round: u32, rps: f64) -> Row {
-        let (p50_ms, cpu_us_per_req) = (rps / 1e4, rps / 10.0);
-        Row { server: server.into(), test: "SET".into(), pipeline: 1, round, rps, p50_ms, p99_ms: 1.0, cpu_us_per_req }
+        let (p50_ms, cpu_us_per_req, rss_mib) = (rps / 1e4, rps / 10.0, 100.0 - rps);
+        let test = "SET".into();
+        Row { server: server.into(), test, pipeline: 1, round, rps, p50_ms, p99_ms: 1.0, cpu_us_per_req, rss_mib }
     }
 
     #[test]
@@ -387,6 +423,7 @@ mod tests {
         let d = &s[0];
         assert_eq!((d.rounds, d.rps_median, d.rps_min, d.rps_max), (3, 20.0, 10.0, 30.0));
         assert_eq!((d.p50_ms_median, d.cpu_us_per_req_median), (0.002, 2.0));
+        assert_eq!(d.rss_mib_max, 90.0, "the largest over the rounds, not the median");
         assert_eq!(d.vs_redis, Some(1.0));
         assert_eq!(d.vs_redis_always, Some(20.0 / 6.5));
         assert_eq!(s[2].vs_redis, Some(6.5 / 20.0));
@@ -406,5 +443,17 @@ mod tests {
         let used = cpu_time(me).unwrap() - before;
         assert!(used >= Duration::from_millis(100), "300 ms of spinning counted as {used:?}");
         assert!(cpu_time(u32::MAX).is_err());
+    }
+
+    /// This process's resident memory is read from /proc and grows with what it touches.
+    #[test]
+    fn resident_memory_of_this_process_is_read() {
+        let me = std::process::id();
+        let before = resident_mib(me).unwrap();
+        let touched = std::hint::black_box(vec![1u8; 64 << 20]);
+        let after = resident_mib(me).unwrap();
+        assert!(after >= before + 32.0, "{before} MiB, then {after} MiB with 64 MiB touched");
+        drop(touched);
+        assert!(resident_mib(u32::MAX).is_err());
     }
 }
