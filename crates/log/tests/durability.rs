@@ -1693,6 +1693,23 @@ fn a_segment_left_unfinished_by_a_crash_is_removed_and_nothing_else_is() {
         assert_eq!(count(&d, d.db().table_id("t").unwrap()), 1510, "{} bytes: every row", bytes.len());
     }
 
+    // Removing it fails (a full or read-only disk): the open fails naming it and leaves
+    // it, and the next open removes it and recovers everything.
+    let image = crash_image(dir.path());
+    let victim = image.path().join("log").join(with_seq(seq + 1).file_name().unwrap());
+    std::fs::write(&victim, &header).unwrap();
+    let mut o = opts(2, Durability::EveryBatch);
+    o.log.storage = Arc::new(Undeletable { fail: Arc::new(AtomicBool::new(true)) });
+    match open(image.path(), o) {
+        Err(e) => assert!(e.to_string().contains(".seg.new"), "the error names the file: {e}"),
+        Ok(_) => panic!("a failed removal must fail the open"),
+    }
+    assert!(victim.exists());
+    let d = open(image.path(), opts(2, Durability::EveryBatch)).unwrap();
+    assert_eq!(d.recovery().unfinished_segments_removed, vec![victim.clone()]);
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 1510);
+    drop(d);
+
     // A segment under its own name always has its header: an empty one is damage.
     let image = crash_image(dir.path());
     let victim = image.path().join("log").join(with_seq(seq + 1).file_stem().unwrap());

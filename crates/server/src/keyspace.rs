@@ -256,8 +256,10 @@ impl Keyspace {
         let lo = Self::field_prefix(db, key);
         let hi = prefix_end(&lo);
         let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        let (rows, _) = txn.scan_within(self.fields, Bound::Included(&lo[..]), hi, Direction::Forward, 0, max_bytes)?;
-        if rows.iter().map(|(r, v)| r.len() + v.len()).fold(0, usize::saturating_add) > max_bytes {
+        // With no row limit, the scan stops early only for passing `max_bytes`.
+        let (rows, whole) =
+            txn.scan_within(self.fields, Bound::Included(&lo[..]), hi, Direction::Forward, 0, max_bytes)?;
+        if !whole {
             return Ok(None);
         }
         let skip = lo.len();

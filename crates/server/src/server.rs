@@ -108,7 +108,6 @@ fn no_worker(e: &'static str) -> Outcome {
 struct Conn {
     sh: Arc<Shared>,
     limits: Limits,
-    max_output: usize,
     max_clients: usize,
     tls_handshake_timeout: Duration,
     durable: Option<Arc<Release>>,
@@ -169,7 +168,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
     let mut sh = Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?;
     sh.config_view = cfg.view();
-    sh.max_reply_bytes = cfg.max_output_bytes;
+    sh.max_output_bytes = cfg.max_output_bytes;
     // The bound ports (0 in the config asks for any free one).
     for (k, v) in sh.config_view.iter_mut() {
         match k.as_str() {
@@ -202,7 +201,6 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let conn = Arc::new(Conn {
         sh: Arc::clone(&sh),
         limits: cfg.limits(),
-        max_output: cfg.max_output_bytes,
         max_clients: cfg.max_clients,
         tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
         durable: Some(release),
@@ -304,7 +302,7 @@ impl Conn {
             let mut wait = Ts(0);
             let mut close = false;
             let mut replies = 0usize;
-            while out.len() < self.max_output {
+            while out.len() < self.sh.max_output_bytes {
                 match next_request(&mut pending, &mut parser, &mut inbuf, &self.limits) {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
@@ -341,7 +339,7 @@ impl Conn {
                                 outcomes.push(o.unwrap_or_else(no_worker));
                             }
                             Work::Run(kind, mut run) => {
-                                let budget = self.max_output - out.len();
+                                let budget = self.sh.max_output_bytes - out.len();
                                 match with_worker(&self.sh.db, |w| {
                                     shard = w.id().0 as usize;
                                     session.handle_run(kind, &run, budget, &self.sh, w)
@@ -362,11 +360,11 @@ impl Conn {
                             let before = out.len();
                             o.reply.encode(session.proto, &mut out);
                             let size = out.len() - before;
-                            if size > self.max_output {
+                            if size > self.sh.max_output_bytes {
                                 out.truncate(before);
                                 Reply::err(format!(
                                     "ERR reply of {size} bytes is over max_output_bytes ({})",
-                                    self.max_output
+                                    self.sh.max_output_bytes
                                 ))
                                 .encode(session.proto, &mut out);
                             }
@@ -450,10 +448,11 @@ mod tests {
     /// the test in place of the log's progress listener.
     fn test_conn(durable: Option<Arc<Release>>, handshake: Duration) -> Arc<Conn> {
         let db = Database::new(Options { workers: 1 });
+        let mut sh = Shared::new(db, None, None, 0).unwrap();
+        sh.max_output_bytes = 1 << 20;
         Arc::new(Conn {
-            sh: Arc::new(Shared::new(db, None, None, 0).unwrap()),
+            sh: Arc::new(sh),
             limits: Limits::default(),
-            max_output: 1 << 20,
             max_clients: 100,
             tls_handshake_timeout: handshake,
             durable,
@@ -576,7 +575,9 @@ mod tests {
     fn a_run_of_gets_past_the_output_bound_is_answered_in_parts() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let conn = Arc::try_unwrap(test_conn(None, Duration::from_secs(10))).ok().expect("the only handle");
-        let conn = Arc::new(Conn { max_output: 100, ..conn });
+        let mut sh = Shared::new(Arc::clone(&conn.sh.db), None, None, 0).unwrap();
+        sh.max_output_bytes = 100;
+        let conn = Arc::new(Conn { sh: Arc::new(sh), ..conn });
         let sh = Arc::clone(&conn.sh);
         rt.block_on(async move {
             let addr = listen(conn, None).await;

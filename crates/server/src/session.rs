@@ -62,9 +62,10 @@ pub struct Shared {
     /// What CONFIG GET shows: (name, value) in Redis's names where there is one. The
     /// server fills it from its configuration; the password is never shown.
     pub config_view: Vec<(String, String)>,
-    /// The largest reply the server writes (`max_output_bytes`); a command that builds its
-    /// reply from the whole keyspace (KEYS) stops at it instead of building more.
-    pub max_reply_bytes: usize,
+    /// The configuration's `max_output_bytes`: the replies a connection buffers before it
+    /// stops reading requests, and the largest single reply (one that would be larger is an
+    /// error; KEYS, MGET, HMGET and the hash reads stop copying once they pass it).
+    pub max_output_bytes: usize,
     next_client_id: AtomicU64,
 }
 
@@ -87,7 +88,7 @@ impl Shared {
             tcp_port,
             read_only: false,
             config_view: Vec::new(),
-            max_reply_bytes: usize::MAX,
+            max_output_bytes: usize::MAX,
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -430,7 +431,7 @@ impl Session {
 
     fn run_single(&mut self, spec: &Spec, args: &[Bytes], sh: &Shared, worker: &mut Worker) -> Outcome {
         let db = self.db;
-        match run_txn(sh, worker, |txn| run_data(spec, args, &sh.ks, db, sh.max_reply_bytes, txn)) {
+        match run_txn(sh, worker, |txn| run_data(spec, args, &sh.ks, db, sh.max_output_bytes, txn)) {
             Ok((reply, ticket)) => {
                 if spec.write && !reply.is_error() {
                     self.last_commit = ticket.ts();
@@ -509,7 +510,7 @@ impl Session {
                 for args in &queue {
                     let spec = lookup(&args[0]).expect("queued requests were looked up");
                     if spec.kind == Kind::Data {
-                        match run_data(spec, args, &sh.ks, self.db, sh.max_reply_bytes, &mut txn) {
+                        match run_data(spec, args, &sh.ks, self.db, sh.max_output_bytes, &mut txn) {
                             Ok(r) => {
                                 wrote |= spec.write && !r.is_error();
                                 replies.push(r);
@@ -808,7 +809,7 @@ fn db_range(db: u8) -> (Vec<u8>, Option<Vec<u8>>) {
 
 /// KEYS pattern: every key of the database that matches, at one snapshot (Redis walks the
 /// whole keyspace for it too; SCAN is the way that does not). A reply that would pass
-/// `max_reply_bytes` is refused as soon as it does, so a large keyspace is never copied
+/// `max_output_bytes` is refused as soon as it does, so a large keyspace is never copied
 /// whole into a reply the server would not send.
 fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
     let snap = sh.db.read();
@@ -825,13 +826,13 @@ fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
                 bytes += row.len() - 1 + 24;
                 keys.push(Reply::Bulk(Bytes::copy_from_slice(&row[1..])));
             }
-            bytes <= sh.max_reply_bytes
+            bytes <= sh.max_output_bytes
         },
     );
     match res {
-        Ok(()) if bytes > sh.max_reply_bytes => Outcome::now(Reply::err(format!(
+        Ok(()) if bytes > sh.max_output_bytes => Outcome::now(Reply::err(format!(
             "ERR the keys matching would pass max_output_bytes ({}); use SCAN",
-            sh.max_reply_bytes
+            sh.max_output_bytes
         ))),
         Ok(()) => Outcome::after(Reply::Array(keys), snap.ts()),
         Err(e) => Outcome::now(engine_error(&e)),
@@ -1434,7 +1435,7 @@ mod tests {
         keys.sort_by_key(|k| format!("{k:?}"));
         assert_eq!(keys, vec![bulk("key:1"), bulk("key:2"), bulk("key:h")]);
         assert_eq!(c("KEYS nothing*"), Reply::Array(Vec::new()));
-        let limited = Shared { max_reply_bytes: 60, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        let limited = Shared { max_output_bytes: 60, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
         let mut s2 = Session::new(&limited);
         assert_eq!(cmd(&mut s2, &limited, &mut w, "KEYS key:[12]"), Reply::Array(vec![bulk("key:1"), bulk("key:2")]));
         assert!(
