@@ -87,6 +87,10 @@ pub struct Database {
     names: Mutex<HashMap<String, TableId>>,
     pub(crate) log: OnceLock<Arc<dyn CommitLog>>,
     workers_taken: Box<[AtomicBool]>,
+    /// Per worker, its deleted records to unlink from the index once no snapshot can see
+    /// them (`Database::unlink_deleted`). Shared, not the worker's own, so that `reclaim`
+    /// on any thread reaches every worker's deletes.
+    pub(crate) deleted: Box<[Mutex<Vec<(TableId, RecordId, Ts)>>]>,
 }
 
 impl Database {
@@ -98,7 +102,42 @@ impl Database {
             names: Mutex::new(HashMap::new()),
             log: OnceLock::new(),
             workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
+            deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
         })
+    }
+
+    /// Frees now what would otherwise wait for the workers' periodic collections: every
+    /// deleted record that all snapshots see as deleted leaves the index and its older
+    /// versions go to the epoch GC, which is then asked to collect (a few times, as each
+    /// try can advance the epoch by one). For whoever needs memory back at once, such as
+    /// the server before it refuses a write over `maxmemory`; any thread may call it.
+    /// Garbage that other threads deferred and still hold in their own bags is collected
+    /// when they next flush (after at most `GC_COLLECT_EVERY_INSTALLS` installs).
+    pub fn reclaim(&self) {
+        let horizon = self.clock.refresh_horizon();
+        for w in 0..self.deleted.len() {
+            self.unlink_deleted(w, horizon);
+        }
+        for _ in 0..3 {
+            crossbeam_epoch::pin().flush();
+        }
+    }
+
+    /// Unlinks worker `w`'s deleted records whose tombstone is at or below `horizon`.
+    pub(crate) fn unlink_deleted(&self, w: usize, horizon: Ts) {
+        let mut deleted = self.deleted[w].lock();
+        deleted.retain(|&(table, rid, ts)| {
+            if ts > horizon {
+                return true;
+            }
+            if let Ok(t) = self.table(table) {
+                let rec = t.record(rid);
+                if let Some(key) = rec.key.get() {
+                    crate::txn::unlink_if(t, rec, key, rid, ts.0);
+                }
+            }
+            false
+        });
     }
 
     pub fn workers(&self) -> usize {
@@ -184,7 +223,6 @@ impl Database {
             scratch: TxnScratch::default(),
             commits: 0,
             installs_since_collect: 0,
-            cleanup: Vec::new(),
             ticket_log: None,
         })
     }
@@ -350,8 +388,6 @@ pub struct Worker {
     /// Versions installed since this worker last asked the epoch GC to collect (see
     /// `GC_COLLECT_EVERY_INSTALLS` in txn.rs).
     pub(crate) installs_since_collect: u32,
-    /// Deleted records to unlink from the index once no snapshot can see them.
-    pub(crate) cleanup: Vec<(TableId, RecordId, Ts)>,
     /// This worker's handle on the log for its tickets (made at its first commit with a
     /// log attached; see [`TicketLog`]).
     pub(crate) ticket_log: Option<Arc<TicketLog>>,

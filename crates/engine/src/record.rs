@@ -11,7 +11,8 @@
 //! - `tid & TS_MASK` is the commit timestamp of the head version (0: no version, "absent").
 //! - Versions along a chain have strictly decreasing timestamps.
 //! - Only the holder of the record's lock bit changes `head`, trims the chain, or sets
-//!   `UNLINKED`. An unlinked record is out of the index forever; record ids are not reused.
+//!   `UNLINKED`. An unlinked record is out of the index forever, and keeps only its
+//!   tombstone (the versions under it are freed at the unlink); record ids are not reused.
 //! - Versions are freed only through crossbeam-epoch, so a reader pinned before the unlink
 //!   of a version may still walk it.
 
@@ -299,6 +300,15 @@ impl Record {
         // SAFETY: we hold the lock, so nobody else trims this chain; `new` is live.
         unsafe { trim(new, horizon, guard) };
         self.tid.store(ts.0, Ordering::Release);
+    }
+
+    /// Hands every version older than the newest one at or below `horizon` to the epoch GC.
+    ///
+    /// SAFETY: the caller holds the record's lock, and no snapshot below `horizon` exists
+    /// or will be taken.
+    pub unsafe fn trim_locked(&self, horizon: Ts, guard: &Guard) {
+        debug_assert!(self.tid.load(Ordering::Relaxed) & LOCK_BIT != 0, "trim without the lock");
+        trim(self.head.load(Ordering::Relaxed), horizon, guard)
     }
 
     /// Overwrites the record's only version in place if the value fits its allocation.

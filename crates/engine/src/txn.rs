@@ -732,12 +732,13 @@ impl<'w> Transaction<'w> {
         // 5. Install and unlock.
         let horizon = clock.horizon();
         self.worker.installs_since_collect += self.s.writes.len() as u32;
+        if self.s.writes.iter().any(|w| w.version.value().is_none()) {
+            let mut deleted = self.worker.db.deleted[worker].lock();
+            deleted.extend(self.s.writes.iter().filter(|w| w.version.value().is_none()).map(|w| (w.table, w.rid, ts)));
+        }
         for w in self.s.writes.drain(..) {
             // SAFETY: as above.
             let rec = unsafe { &*w.rec };
-            if w.version.value().is_none() {
-                self.worker.cleanup.push((w.table, w.rid, ts));
-            }
             rec.install_and_unlock(ts, w.version, horizon, &self.guard);
         }
         // 6. Visible to snapshots and to the stream bound.
@@ -750,7 +751,7 @@ impl<'w> Transaction<'w> {
         self.worker.commits += 1;
         if self.worker.commits.is_multiple_of(128) {
             let h = clock.refresh_horizon();
-            self.unlink_deleted(h);
+            self.worker.db.unlink_deleted(self.worker.id.0 as usize, h);
         }
         Ok(CommitTicket { ts, log })
     }
@@ -815,23 +816,6 @@ impl<'w> Transaction<'w> {
             }
         }
     }
-
-    /// Deleted records whose tombstone every snapshot sees are taken out of the index.
-    fn unlink_deleted(&mut self, horizon: Ts) {
-        let db = std::sync::Arc::clone(&self.worker.db);
-        self.worker.cleanup.retain(|&(table, rid, ts)| {
-            if ts > horizon {
-                return true;
-            }
-            if let Ok(t) = db.table(table) {
-                let rec = t.record(rid);
-                if let Some(key) = rec.key.get() {
-                    unlink_if(t, rec, key, rid, ts.0);
-                }
-            }
-            false
-        });
-    }
 }
 
 /// Whether a record with this TID word counts in a scan's fingerprint (and as a phantom at a
@@ -845,7 +829,11 @@ fn in_phantom_set(tid: u64) -> bool {
 
 /// Takes `rec` out of the index if its TID is still exactly `expect_tid` (absent: 0, or the
 /// tombstone's timestamp), and marks it unlinked so no transaction can write it again.
-fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u64) {
+/// The versions under a tombstone go to the epoch GC: the caller unlinks only a tombstone
+/// every snapshot sees, so nothing can read below it. (They used to stay: a deleted value
+/// was freed only if the delete's own install could trim it, which a stale horizon often
+/// prevented, and nothing writes an unlinked record again.)
+pub(crate) fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u64) {
     if !rec.lock() {
         return;
     }
@@ -862,6 +850,8 @@ fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u6
     // Unlinked (still locked) before it leaves the index, so that whoever still holds its rid
     // (a transaction's remembered keys) sees it gone by the time a new record takes the key.
     rec.tid.store(cur | UNLINKED_BIT | LOCK_BIT, Ordering::Release);
+    // SAFETY: we hold the lock, and every snapshot sees the tombstone (ts `cur`).
+    unsafe { rec.trim_locked(Ts(cur), &guard) };
     t.index.remove_if(key, rid.0, &guard);
     rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
 }
