@@ -779,6 +779,15 @@ impl BatchBuilder {
         header
     }
 
+    /// Forgets the accumulated transactions, keeping the buffer for the next batch, up to
+    /// `keep` bytes of it: a larger one (left by a large batch) is let go.
+    pub fn clear_keeping(&mut self, keep: usize) {
+        self.clear();
+        if self.payload.capacity() > keep {
+            self.payload = Vec::new();
+        }
+    }
+
     /// Forgets the accumulated transactions, keeping the buffer for the next batch.
     pub fn clear(&mut self) {
         self.payload.clear();

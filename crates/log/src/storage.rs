@@ -148,6 +148,9 @@ pub const DIRECT_ALIGN: usize = 4096;
 struct Block([u8; DIRECT_ALIGN]);
 
 const ZERO_BLOCK: Block = Block([0; DIRECT_ALIGN]);
+/// Direct I/O staging kept between writes; more, grown by a large batch, is let go after it
+/// (as the writer's `BUFFER_KEEP_MAX`).
+const STAGING_KEEP_MAX: usize = 1 << 20;
 /// Aligned zeros for extending a file (16 blocks per write).
 static ZERO_BLOCKS: [Block; 16] = [ZERO_BLOCK; 16];
 
@@ -237,6 +240,11 @@ impl LogFile for DirectFile {
         // The new last partial block moves to the front for the next write.
         let keep = end / DIRECT_ALIGN * DIRECT_ALIGN;
         bytes.copy_within(keep..end, 0);
+        // Staging grown by a large write is let go (all but that block) once it is done.
+        if self.buf.len() * DIRECT_ALIGN > STAGING_KEEP_MAX {
+            self.buf.truncate(1);
+            self.buf.shrink_to_fit();
+        }
         Ok(())
     }
 

@@ -90,6 +90,13 @@ const ZERO_AHEAD: u64 = 256 << 10;
 /// costs more than the block allocation it saves (`docs/durability.md`).
 const ZERO_BATCH_MAX: u64 = 64 << 10;
 
+/// A flusher keeps buffers (the stream's two batch builders, the framed batch, the direct
+/// I/O staging) up to this size between batches; one grown past it by a large batch (up to
+/// 128 MiB, the largest transaction) is let go after that batch, so one large write does
+/// not pin four times its size per stream for good. Batches this large are rare enough
+/// that allocating their buffers anew costs nothing that shows.
+const BUFFER_KEEP_MAX: usize = 1 << 20;
+
 /// Appended to a segment's file name while its header is written (`Logger::open_segment`).
 pub(crate) const UNFINISHED_SUFFIX: &str = ".new";
 
@@ -359,7 +366,7 @@ impl Logger {
             }
             let txns = spare.txn_count() as u64;
             seg_last_ts = seg_last_ts.max(bound);
-            spare.clear();
+            spare.clear_keeping(BUFFER_KEEP_MAX);
             let end = seg_bytes + frame.len() as u64;
             if end > zeroed && frame.len() as u64 <= ZERO_BATCH_MAX {
                 zeroed = (end + ZERO_AHEAD).min(end.max(self.opts.segment_bytes_max));
@@ -390,6 +397,9 @@ impl Logger {
                 self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
             }
             seg_bytes += frame.len() as u64;
+            if frame.capacity() > BUFFER_KEEP_MAX {
+                frame = Vec::new();
+            }
             written_bound = written_bound.max(bound);
             // The floor first: whoever sees the new durable bound sees the floor with it
             // (`durable_state`), so no stream mistakes the moment between for a lagging

@@ -956,7 +956,10 @@ fn updates_in_another_stream_than_the_insert_recover_key_and_latest_value() {
     // 0, the earlier ones gone with their segments, keyless updates in stream 1.
     let logged = logged_writes(img.path());
     assert!(logged[&0].iter().filter(|w| w.4.as_deref() == Some(b"inserted")).all(|w| w.3.is_some()));
-    assert_eq!(logged[&0].iter().filter(|w| w.4.as_deref() == Some(b"inserted")).count(), 20);
+    // 20, or 21: the flusher closes a segment just after the batch in it is durable, so
+    // the checkpoint can come before insert 19's segment is on the list it deletes from.
+    let inserts = logged[&0].iter().filter(|w| w.4.as_deref() == Some(b"inserted")).count();
+    assert!((20..=21).contains(&inserts), "{inserts} inserts in stream 0's log");
     assert_eq!(logged[&1].len(), 120);
     assert!(logged[&1].iter().all(|w| w.3.is_none()), "updates of present records carry no key");
 
