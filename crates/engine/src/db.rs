@@ -90,8 +90,11 @@ pub struct Database {
     /// Per worker, its deleted records to unlink from the index once no snapshot can see
     /// them (`Database::unlink_deleted`). Shared, not the worker's own, so that `reclaim`
     /// on any thread reaches every worker's deletes.
-    pub(crate) deleted: Box<[Mutex<Vec<(TableId, RecordId, Ts)>>]>,
+    pub(crate) deleted: Box<[Mutex<Vec<Deleted>>]>,
 }
+
+/// A deleted record waiting to be unlinked: its table, rid and tombstone's timestamp.
+pub(crate) type Deleted = (TableId, RecordId, Ts);
 
 impl Database {
     pub fn new(opts: Options) -> Arc<Database> {

@@ -42,11 +42,11 @@ fn deleted_values_are_freed_by_reclaim_and_by_later_commits() {
     let value = vec![7u8; MIB as usize];
     let mut round = |prefix: u8| {
         for i in 0..64u8 {
-            w.run(|x| x.insert(t, &[prefix, i], &value)).unwrap();
+            w.run(|x| x.insert(t, &[prefix, i], &value)).unwrap().1.wait().unwrap();
         }
         let full = mib_now();
         for i in 0..64u8 {
-            w.run(|x| x.delete(t, &[prefix, i])).unwrap();
+            w.run(|x| x.delete(t, &[prefix, i])).unwrap().1.wait().unwrap();
         }
         (full, w.run(|x| x.get(t, &[prefix, 0]).map(|v| v.is_none())).unwrap().0)
     };
@@ -62,7 +62,7 @@ fn deleted_values_are_freed_by_reclaim_and_by_later_commits() {
     let (full, _) = round(2);
     assert!(full >= after + 64);
     for i in 0..300u32 {
-        w.run(|x| x.put(t, &[3, (i % 4) as u8], b"small")).unwrap();
+        w.run(|x| x.put(t, &[3, (i % 4) as u8], b"small")).unwrap().1.wait().unwrap();
     }
     let later = mib_now();
     assert!(later <= after + 4, "deleted 64 MiB, 300 commits later: {later} MiB allocated, {after} before");
