@@ -50,6 +50,11 @@ pub struct ServerArgs {
     /// Serve TLS only (no plaintext port).
     #[arg(long)]
     tls_only: bool,
+    /// Refuse writes that may grow the data with -OOM while the memory in use is over this:
+    /// a size such as 4gb or 512mb, 0 for no limit, or auto (3/4 of the machine's or the
+    /// cgroup's memory) [default: auto].
+    #[arg(long)]
+    maxmemory: Option<String>,
 }
 
 pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -90,6 +95,10 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(f) = a.tls_ca_cert_file {
         cfg.tls_ca_cert_file = Some(f);
     }
+    if let Some(m) = a.maxmemory {
+        cfg.maxmemory = ditto_server::config::MaxMemory::Text(m);
+    }
+    cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
     let durability = cfg.durability()?.name();

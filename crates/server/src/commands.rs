@@ -29,49 +29,56 @@ pub struct Spec {
     pub arity: i32,
     pub kind: Kind,
     pub write: bool,
+    /// May grow the data (Redis's `denyoom`): refused while over `maxmemory` (memory.rs).
+    pub grows: bool,
     /// First key, last key (-1: the last argument), step; 0, 0, 0 for none.
     pub keys: (i32, i32, i32),
 }
 
 const fn data(name: &'static str, arity: i32, write: bool, keys: (i32, i32, i32)) -> Spec {
-    Spec { name, arity, kind: Kind::Data, write, keys }
+    Spec { name, arity, kind: Kind::Data, write, grows: false, keys }
+}
+
+/// A write that may grow the data.
+const fn grow(name: &'static str, arity: i32, keys: (i32, i32, i32)) -> Spec {
+    Spec { name, arity, kind: Kind::Data, write: true, grows: true, keys }
 }
 
 const fn conn(name: &'static str, arity: i32) -> Spec {
-    Spec { name, arity, kind: Kind::Conn, write: false, keys: (0, 0, 0) }
+    Spec { name, arity, kind: Kind::Conn, write: false, grows: false, keys: (0, 0, 0) }
 }
 
 pub static SPECS: &[Spec] = &[
     data("GET", 2, false, (1, 1, 1)),
-    data("SET", -3, true, (1, 1, 1)),
-    data("GETSET", 3, true, (1, 1, 1)),
-    data("SETNX", 3, true, (1, 1, 1)),
+    grow("SET", -3, (1, 1, 1)),
+    grow("GETSET", 3, (1, 1, 1)),
+    grow("SETNX", 3, (1, 1, 1)),
     data("DEL", -2, true, (1, -1, 1)),
     data("EXISTS", -2, false, (1, -1, 1)),
     data("TYPE", 2, false, (1, 1, 1)),
-    data("INCR", 2, true, (1, 1, 1)),
-    data("INCRBY", 3, true, (1, 1, 1)),
-    data("DECR", 2, true, (1, 1, 1)),
-    data("DECRBY", 3, true, (1, 1, 1)),
-    data("APPEND", 3, true, (1, 1, 1)),
+    grow("INCR", 2, (1, 1, 1)),
+    grow("INCRBY", 3, (1, 1, 1)),
+    grow("DECR", 2, (1, 1, 1)),
+    grow("DECRBY", 3, (1, 1, 1)),
+    grow("APPEND", 3, (1, 1, 1)),
     data("STRLEN", 2, false, (1, 1, 1)),
     data("MGET", -2, false, (1, -1, 1)),
-    data("MSET", -3, true, (1, -1, 2)),
-    data("MSETNX", -3, true, (1, -1, 2)),
-    data("HSET", -4, true, (1, 1, 1)),
-    data("HMSET", -4, true, (1, 1, 1)),
+    grow("MSET", -3, (1, -1, 2)),
+    grow("MSETNX", -3, (1, -1, 2)),
+    grow("HSET", -4, (1, 1, 1)),
+    grow("HMSET", -4, (1, 1, 1)),
     data("HGET", 3, false, (1, 1, 1)),
     data("HMGET", -3, false, (1, 1, 1)),
     data("HDEL", -3, true, (1, 1, 1)),
     data("HGETALL", 2, false, (1, 1, 1)),
-    data("HINCRBY", 4, true, (1, 1, 1)),
+    grow("HINCRBY", 4, (1, 1, 1)),
     data("HEXISTS", 3, false, (1, 1, 1)),
     data("HLEN", 2, false, (1, 1, 1)),
     data("UNLINK", -2, true, (1, -1, 1)),
     data("GETDEL", 2, true, (1, 1, 1)),
     data("GETRANGE", 4, false, (1, 1, 1)),
-    data("SETRANGE", 4, true, (1, 1, 1)),
-    data("HSETNX", 4, true, (1, 1, 1)),
+    grow("SETRANGE", 4, (1, 1, 1)),
+    grow("HSETNX", 4, (1, 1, 1)),
     data("HKEYS", 2, false, (1, 1, 1)),
     data("HVALS", 2, false, (1, 1, 1)),
     data("HSTRLEN", 3, false, (1, 1, 1)),

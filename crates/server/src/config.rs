@@ -58,6 +58,41 @@ pub struct Config {
     pub tls_auth_clients: bool,
     /// Seconds a TLS client has to finish its handshake.
     pub tls_handshake_timeout_s: u64,
+    /// Over this much memory in use, commands that may grow the data are refused with
+    /// `-OOM` (Redis's `noeviction`; `memory.rs`). A size in Redis's units (`"4gb"`, or
+    /// bytes), `0` for none, or `"auto"` (the default): three quarters of the machine's
+    /// memory or the cgroup's limit, whichever is lower.
+    pub maxmemory: MaxMemory,
+    /// What measures the memory in use: set by the binary, which installs the counting
+    /// allocator (`memory::Counting`). A `maxmemory` without it is refused.
+    #[serde(skip)]
+    pub used_memory: Option<fn() -> u64>,
+}
+
+/// The `maxmemory` setting: a size in Redis's units (a string such as `"512mb"`, or an
+/// integer of bytes), or `"auto"`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum MaxMemory {
+    Bytes(u64),
+    Text(String),
+}
+
+impl MaxMemory {
+    /// The limit in bytes (0: none).
+    pub fn bytes(&self) -> Result<u64, ConfigError> {
+        match self {
+            MaxMemory::Bytes(n) => Ok(*n),
+            MaxMemory::Text(t) if t.eq_ignore_ascii_case("auto") => {
+                Ok(crate::memory::physical_memory().map_or(0, |m| m / 4 * 3))
+            }
+            MaxMemory::Text(t) => crate::memory::parse_size(t).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "maxmemory {t:?}: expected \"auto\", 0 (no limit) or a size such as 4gb, 512mb or a number of bytes"
+                ))
+            }),
+        }
+    }
 }
 
 impl Default for Config {
@@ -86,6 +121,8 @@ impl Default for Config {
             tls_ca_cert_file: None,
             tls_auth_clients: false,
             tls_handshake_timeout_s: 10,
+            maxmemory: MaxMemory::Text("auto".into()),
+            used_memory: None,
         }
     }
 }
@@ -148,6 +185,10 @@ impl Config {
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass is empty: remove it for no password");
         }
+        if self.maxmemory.bytes()? != 0 && self.used_memory.is_none() {
+            return bad("maxmemory needs the memory in use measured (the ditto binary's counting allocator); \
+                        set maxmemory = 0 for no limit");
+        }
         self.tls()?;
         Ok(())
     }
@@ -172,6 +213,8 @@ impl Config {
             ("fsync-interval-ms", self.fsync_interval_ms.to_string()),
             ("proto-max-bulk-len", self.max_request_bytes.to_string()),
             ("client-output-buffer-limit", format!("normal {} {} 0", self.max_output_bytes, self.max_output_bytes)),
+            ("maxmemory", self.maxmemory.bytes().unwrap_or(0).to_string()),
+            ("maxmemory-policy", "noeviction".into()),
         ];
         if let Some(p) = self.tls_port {
             v.push(("tls-port", p.to_string()));
@@ -229,16 +272,40 @@ mod tests {
         assert!(toml::from_str::<Config>("requirepas = \"x\"").is_err());
         let c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\ndurability = \"sometimes\"").unwrap();
         assert!(c.validate().is_err());
-        let c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nrequirepass = \"pw\"").unwrap();
+        let mut c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nrequirepass = \"pw\"").unwrap();
+        assert!(c.validate().is_err(), "maxmemory (auto) with nothing to measure memory by");
+        c.used_memory = Some(crate::memory::allocated_bytes);
         c.validate().unwrap();
         assert_eq!((c.port, c.requirepass.as_deref(), c.bind.as_str()), (7000, Some("pw"), "127.0.0.1"));
         assert!(Config::default().validate().is_err(), "no data_dir");
     }
 
     #[test]
+    fn maxmemory_takes_redis_sizes_auto_or_none() {
+        let parse = |v: &str| toml::from_str::<Config>(&format!("maxmemory = {v}")).unwrap().maxmemory.bytes();
+        assert_eq!(parse("\"512mb\"").unwrap(), 512 << 20);
+        assert_eq!(parse("1000000").unwrap(), 1_000_000);
+        assert_eq!(parse("0").unwrap(), 0);
+        let auto = parse("\"auto\"").unwrap();
+        let physical = crate::memory::physical_memory().unwrap();
+        assert!(auto > 0 && auto <= physical / 4 * 3, "{auto} of {physical}");
+        let e = parse("\"lots\"").unwrap_err().to_string();
+        assert!(e.contains("maxmemory \"lots\""), "{e}");
+        assert!(toml::from_str::<Config>("maxmemory = -1").is_err());
+        // With no limit there is nothing to measure, so no gauge is needed.
+        let c: Config = toml::from_str("data_dir = \"/tmp/x\"\nmaxmemory = 0").unwrap();
+        c.validate().unwrap();
+        let view = Config { used_memory: Some(crate::memory::allocated_bytes), ..c }.view();
+        assert!(view.iter().any(|(k, v)| k == "maxmemory" && v == "0"), "{view:?}");
+    }
+
+    #[test]
     fn tls_settings_must_be_complete() {
         let base = "data_dir = \"/tmp/x\"\n";
-        let check = |extra: &str| toml::from_str::<Config>(&format!("{base}{extra}")).unwrap().validate();
+        let check = |extra: &str| {
+            let c = toml::from_str::<Config>(&format!("{base}{extra}")).unwrap();
+            Config { used_memory: Some(crate::memory::allocated_bytes), ..c }.validate()
+        };
         assert!(check("tls_only = true").is_err(), "tls_only without a TLS port");
         assert!(check("tls_cert_file = \"a\"").is_err(), "a certificate without a TLS port");
         assert!(check("tls_port = 0").is_err(), "no certificate");

@@ -11,10 +11,12 @@
 //! - `tls.rs`: rustls configurations from PEM files, for client connections (and later
 //!   replication links).
 //! - `config.rs`: the TOML configuration.
+//! - `memory.rs`: the counting allocator, the memory in use, and `maxmemory`.
 
 pub mod commands;
 pub mod config;
 pub mod keyspace;
+pub mod memory;
 pub mod metrics;
 pub mod release;
 pub mod resp;

@@ -128,6 +128,11 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         "TLS connections closed before their handshake completed.",
         r(&st.tls_handshake_failures),
     );
+    counter(
+        "ditto_oom_rejections_total",
+        "Commands refused with OOM while the memory in use was over maxmemory.",
+        r(&sh.memory.rejections),
+    );
     if let Some(l) = &sh.log {
         counter("ditto_log_bytes_total", "Bytes written to the redo log.", r(&l.stats.bytes_written));
         counter("ditto_log_fsyncs_total", "Log fsyncs.", r(&l.stats.fsyncs));
@@ -166,6 +171,15 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         out,
         "# HELP ditto_connected_clients Open client connections.\n# TYPE ditto_connected_clients gauge\nditto_connected_clients {}",
         st.connected_clients.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ditto_used_memory_bytes Bytes allocated and not freed (the maxmemory gauge).\n\
+         # TYPE ditto_used_memory_bytes gauge\nditto_used_memory_bytes {}\n\
+         # HELP ditto_maxmemory_bytes The maxmemory limit (0: none).\n# TYPE ditto_maxmemory_bytes gauge\n\
+         ditto_maxmemory_bytes {}",
+        (sh.memory.used)(),
+        sh.memory.max
     );
     let name = "ditto_command_latency_seconds";
     let _ = writeln!(

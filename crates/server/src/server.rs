@@ -100,6 +100,9 @@ enum Work {
     Run(RunKind, Vec<Vec<Bytes>>),
 }
 
+/// How often the server frees deleted data on its own (`Database::reclaim`).
+const RECLAIM_EVERY: Duration = Duration::from_millis(100);
+
 /// The outcome of a request when this thread has no engine worker.
 fn no_worker(e: &'static str) -> Outcome {
     Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true, cmd: None }
@@ -169,6 +172,18 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let mut sh = Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?;
     sh.config_view = cfg.view();
     sh.max_output_bytes = cfg.max_output_bytes;
+    sh.memory.max = cfg.maxmemory.bytes()?;
+    if let Some(used) = cfg.used_memory {
+        sh.memory.used = used;
+    }
+    if sh.memory.max != 0 && (sh.memory.used)() > sh.memory.max {
+        tracing::warn!(
+            "the recovered data already uses {} of maxmemory {}: writes that may grow it are refused \
+             until keys are deleted",
+            crate::memory::human((sh.memory.used)()),
+            crate::memory::human(sh.memory.max)
+        );
+    }
     // The bound ports (0 in the config asks for any free one).
     for (k, v) in sh.config_view.iter_mut() {
         match k.as_str() {
@@ -186,6 +201,17 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         tracing::info!("metrics on http://{}/metrics", m.local_addr().map_err(io("metrics address"))?);
         rt.spawn(metrics::serve(m, Arc::clone(&sh), Arc::clone(&metrics)));
     }
+    // Deleted data is freed as the workers commit (every 128 commits or installs); this
+    // frees it on an idle server too, so memory in use (and maxmemory) sees deletes soon.
+    let db = Arc::clone(durable.db());
+    rt.spawn(async move {
+        let mut tick = tokio::time::interval(RECLAIM_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            db.reclaim();
+        }
+    });
     let checkpointer = (cfg.checkpoint_interval_s > 0)
         .then(|| durable.spawn_checkpointer(Duration::from_secs(cfg.checkpoint_interval_s)));
 
@@ -286,6 +312,10 @@ impl Conn {
         let mut session = Session::new(&self.sh);
         let mut parser = RequestParser::default();
         let mut inbuf = BytesMut::with_capacity(16 * 1024);
+        // Whether `inbuf` grew past 1 MiB for a large request: once that request is handled
+        // the buffer is replaced, as parsed requests are split off it and its remainder
+        // would otherwise keep the whole allocation alive.
+        let mut inbuf_large = false;
         let mut out = BytesMut::with_capacity(16 * 1024);
         // When each buffered request was parsed, and which command it was.
         let mut started: Vec<(Instant, Option<usize>)> = Vec::new();
@@ -421,10 +451,17 @@ impl Conn {
                 stream.shutdown().await?;
                 return Ok(());
             }
+            // A large request grew the buffer: give the memory back once it is consumed (as
+            // `out` above), or an idle connection would keep it for good.
+            if inbuf_large && inbuf.is_empty() {
+                inbuf = BytesMut::with_capacity(16 * 1024);
+                inbuf_large = false;
+            }
             inbuf.reserve(16 * 1024);
             if stream.read_buf(&mut inbuf).await? == 0 {
                 return Ok(());
             }
+            inbuf_large |= inbuf.capacity() > 1 << 20;
         }
     }
 

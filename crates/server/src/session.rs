@@ -33,6 +33,7 @@ use subtle::ConstantTimeEq;
 
 use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
 use crate::keyspace::{prefix_end, type_name_of, Keyspace};
+use crate::memory::{self, MemoryLimit, OOM};
 use crate::resp::{Proto, Reply};
 
 /// Databases a client can SELECT.
@@ -66,6 +67,8 @@ pub struct Shared {
     /// stops reading requests, and the largest single reply (one that would be larger is an
     /// error; KEYS, MGET, HMGET and the hash reads stop copying once they pass it).
     pub max_output_bytes: usize,
+    /// `maxmemory` and the gauge it is checked against (memory.rs).
+    pub memory: MemoryLimit,
     next_client_id: AtomicU64,
 }
 
@@ -89,6 +92,7 @@ impl Shared {
             read_only: false,
             config_view: Vec::new(),
             max_output_bytes: usize::MAX,
+            memory: MemoryLimit::none(),
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -307,7 +311,8 @@ impl Session {
         }
         match args.len() {
             2 if args[0].eq_ignore_ascii_case(b"GET") => Some(RunKind::Get),
-            3 if args[0].eq_ignore_ascii_case(b"SET") && !sh.read_only => Some(RunKind::Set),
+            // Over maxmemory each SET goes alone, to be refused by `dispatch`.
+            3 if args[0].eq_ignore_ascii_case(b"SET") && !sh.read_only && !sh.memory.over() => Some(RunKind::Set),
             _ => None,
         }
     }
@@ -385,6 +390,18 @@ impl Session {
         if spec.write && sh.read_only {
             return Err(Reply::err("READONLY You can't write against a read only replica."));
         }
+        // Deleted values may still wait for a collection: get them back before refusing.
+        if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && (sh.db.reclaim(), sh.memory.over()).1 {
+            sh.memory.rejections.fetch_add(1, Ordering::Relaxed);
+            if spec.name == "EXEC" {
+                // As Redis: the transaction is discarded, not left open.
+                self.multi = None;
+                self.multi_failed = false;
+                self.unwatch();
+                return Err(Reply::err(format!("EXECABORT Transaction discarded because of: {OOM}")));
+            }
+            return Err(Reply::err(OOM));
+        }
         if let Some(queue) = self.multi.as_mut() {
             if !matches!(spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
                 self.multi_bytes += args.iter().map(|a| a.len() + QUEUED_ARG_OVERHEAD).sum::<usize>();
@@ -420,6 +437,18 @@ impl Session {
             _ if spec.kind == Kind::Data => self.run_single(spec, &args, sh, worker),
             _ => self.conn_command(spec, &args, sh),
         })
+    }
+
+    /// Whether `spec` is refused while over `maxmemory`, as Redis decides: a command that may
+    /// grow the data; inside MULTI, anything that would be queued (a queue grows too); EXEC
+    /// of a queue holding such a command.
+    fn may_grow(&self, spec: &Spec) -> bool {
+        match &self.multi {
+            _ if spec.grows => true,
+            Some(queue) if spec.name == "EXEC" => queue.iter().any(|args| lookup(&args[0]).is_some_and(|s| s.grows)),
+            Some(_) => !matches!(spec.name, "DISCARD" | "QUIT" | "RESET"),
+            None => false,
+        }
     }
 
     /// A refused request inside MULTI makes EXEC fail, as in Redis.
@@ -1018,6 +1047,21 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     if want("clients") {
         let _ = write!(out, "# Clients\r\nconnected_clients:{}\r\n\r\n", st.connected_clients.load(Ordering::Relaxed));
     }
+    if want("memory") {
+        let used = (sh.memory.used)();
+        let rss = memory::resident_bytes().unwrap_or(0);
+        let _ = write!(
+            out,
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{}\r\nused_memory_rss:{rss}\r\n\
+             used_memory_rss_human:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{}\r\n\
+             maxmemory_policy:noeviction\r\noom_rejections:{}\r\n\r\n",
+            memory::human(used),
+            memory::human(rss),
+            sh.memory.max,
+            memory::human(sh.memory.max),
+            sh.memory.rejections.load(Ordering::Relaxed),
+        );
+    }
     if want("persistence") {
         let (durability, watermark, failure) = match &sh.log {
             Some(l) => (l.durability().name(), l.watermark().0, l.failure().map(|f| f.to_string())),
@@ -1522,6 +1566,77 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
         assert_eq!(s.handle(set("a", half), &sh, &mut w).reply, Reply::Simple("QUEUED"));
         assert_eq!(cmd(&mut s, &sh, &mut w, "DISCARD"), Reply::Ok);
+    }
+
+    /// Over `maxmemory`, as Redis with `noeviction`: commands that may grow the data are
+    /// refused with OOM and change nothing (alone, in a pipelined run, queued in MULTI, and
+    /// EXEC of a queue holding one); reads, deletes and DISCARD still run. Under the limit
+    /// again, everything runs.
+    #[test]
+    fn writes_that_may_grow_are_refused_over_maxmemory() {
+        static USED: AtomicU64 = AtomicU64::new(0);
+        let (mut sh, mut w) = setup();
+        sh.memory = MemoryLimit { max: 1000, used: || USED.load(Ordering::Relaxed), rejections: AtomicU64::new(0) };
+        let mut s = Session::new(&sh);
+        let oom = |r: &Reply| matches!(r, Reply::Error(e) if e == OOM);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET a 1"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HSET h f v"), Reply::Int(1));
+        // Queued while under the limit, executed once over it.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "INCR a"), Reply::Simple("QUEUED"));
+        USED.store(1001, Ordering::Relaxed);
+        let r = cmd(&mut s, &sh, &mut w, "EXEC");
+        assert!(matches!(&r, Reply::Error(e) if e.starts_with("EXECABORT") && e.contains(OOM)), "{r:?}");
+        assert!(s.multi.is_none(), "the transaction is discarded");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET a"), Reply::Bulk(Bytes::from("1")), "the INCR did not run");
+        for grows in [
+            "SET b 1",
+            "SETNX b 1",
+            "GETSET a 2",
+            "INCR a",
+            "INCRBY a 2",
+            "DECR a",
+            "DECRBY a 2",
+            "APPEND a x",
+            "MSET b 1 c 2",
+            "MSETNX b 1",
+            "HSET h g v",
+            "HMSET h g v",
+            "HINCRBY h n 1",
+            "SETRANGE a 5 x",
+            "HSETNX h g v",
+        ] {
+            let r = cmd(&mut s, &sh, &mut w, grows);
+            assert!(oom(&r), "{grows}: {r:?}");
+        }
+        let args = |k: &str| vec![Bytes::from("SET"), Bytes::from(k.to_owned()), Bytes::from("v")];
+        assert_eq!(s.run_kind(&args("x"), &sh), None, "a pipelined SET goes alone, to be refused");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET a"), Reply::Bulk(Bytes::from("1")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXISTS b c"), Reply::Int(0), "nothing refused was written");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HLEN h"), Reply::Int(1));
+        // Inside MULTI, queueing itself is refused (the queue grows), and EXEC then aborts.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(oom(&cmd(&mut s, &sh, &mut w, "GET a")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DISCARD"), Reply::Ok);
+        // A client can make room.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "HDEL h f"), Reply::Int(1));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "RENAME a z"), Reply::Ok, "a rename moves, it does not grow");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DEL z"), Reply::Int(1));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "FLUSHDB"), Reply::Ok);
+        assert_eq!(sh.memory.rejections.load(Ordering::Relaxed), 17);
+        let info = info(&[Bytes::from("memory")], &sh);
+        for line in
+            ["used_memory:1001\r\n", "maxmemory:1000\r\n", "maxmemory_policy:noeviction\r\n", "oom_rejections:17\r\n"]
+        {
+            assert!(info.contains(line), "{line:?} in {info}");
+        }
+        USED.store(1000, Ordering::Relaxed);
+        assert_eq!(s.run_kind(&args("x"), &sh), Some(RunKind::Set));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET b 1"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "INCR b"), Reply::Simple("QUEUED"));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Array(vec![Reply::Int(2)]));
     }
 
     /// WATCH of a key already watched keeps the first watch and costs nothing more; watched
