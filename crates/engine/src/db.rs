@@ -14,6 +14,8 @@ use crate::record::{OwnedVersion, LOCK_BIT, TS_MASK};
 use crate::table::{Table, RECORDS_PER_TABLE_MAX};
 use crate::txn::{ReadTxn, Transaction, TxnScratch};
 
+/// Most workers a database can have.
+pub const WORKERS_MAX: usize = 1024;
 /// Most tables a database can hold.
 pub const TABLES_MAX: usize = 256;
 /// Longest key, in bytes (the log format's limit).
@@ -98,7 +100,7 @@ pub(crate) type Deleted = (TableId, RecordId, Ts);
 
 impl Database {
     pub fn new(opts: Options) -> Arc<Database> {
-        assert!(opts.workers >= 1 && opts.workers <= 1024, "workers must be in 1..=1024");
+        assert!(opts.workers >= 1 && opts.workers <= WORKERS_MAX, "workers must be in 1..=1024");
         Arc::new(Database {
             clock: Arc::new(CommitClock::new(opts.workers)),
             tables: (0..TABLES_MAX).map(|_| OnceLock::new()).collect(),
@@ -367,6 +369,13 @@ impl Database {
         })?;
         self.clock.refresh_horizon();
         Ok(indexed)
+    }
+
+    /// Record ids the table has handed out in its life, of `RECORDS_PER_TABLE_MAX`: ids of
+    /// deleted records are not reused, so this only grows, and at the limit the table takes
+    /// no new keys (`Error::OutOfRecordIds`).
+    pub fn record_ids_used(&self, table: TableId) -> Result<u64> {
+        Ok(self.table(table)?.rid_limit())
     }
 
     /// Number of live (present) keys in a table, by scanning the index at a snapshot.

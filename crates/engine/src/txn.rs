@@ -503,6 +503,16 @@ impl<'w> Transaction<'w> {
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
             None => {
+                // Record ids are not reused (record.rs): a table that has handed out nearly
+                // all of them refuses new records with an error rather than panicking in
+                // `allocate_rid`. The margin covers every worker between this check and its
+                // allocation (one each).
+                if t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX {
+                    return Err(Error::OutOfRecordIds {
+                        table: t.name.clone(),
+                        max: crate::table::RECORDS_PER_TABLE_MAX,
+                    });
+                }
                 // The record gets its key before the index publishes its rid, so whoever
                 // finds the rid finds the key.
                 let (rid, created) = t.index.get_or_insert_with(
@@ -1041,6 +1051,31 @@ impl Drop for ReadTxn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Database, Options, WorkerId, WORKERS_MAX};
+
+    /// A table whose record ids are (nearly) all handed out refuses new keys with an error,
+    /// where `allocate_rid` used to panic; existing keys still update and delete.
+    #[test]
+    fn a_table_out_of_record_ids_refuses_new_keys_and_serves_the_rest() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.insert(t, b"old", b"1")).unwrap().1.wait().unwrap();
+        let max = crate::table::RECORDS_PER_TABLE_MAX;
+        db.table(t).unwrap().reserve_rids(max - WORKERS_MAX as u64 - 1);
+        w.run(|x| x.insert(t, b"last", b"1")).unwrap().1.wait().unwrap();
+        for refused in [w.run(|x| x.insert(t, b"new", b"1")).map(|_| ()), w.run(|x| x.put(t, b"new", b"1")).map(|_| ())]
+        {
+            match refused {
+                Err(Error::OutOfRecordIds { table, max: m }) => assert_eq!((table.as_str(), m), ("t", max)),
+                other => panic!("{other:?}"),
+            }
+        }
+        w.run(|x| x.update(t, b"old", b"2")).unwrap().1.wait().unwrap();
+        w.run(|x| x.delete(t, b"last")).unwrap().1.wait().unwrap();
+        assert_eq!(db.count(t).unwrap(), 1);
+        assert_eq!(w.run(|x| x.get(t, b"old")).unwrap().0.as_deref(), Some(&b"2"[..]));
+    }
 
     /// The map answers exactly like a linear search of the write set, through growth, many
     /// clears, and the wrap of the generation counter.
