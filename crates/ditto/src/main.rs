@@ -20,10 +20,10 @@ use clap::{Parser, Subcommand};
 /// frees old ones from other threads' epochs, which glibc served with arena locks and
 /// `malloc_consolidate` (about 10% of a TPC-C worker in perf); see docs/results.md.
 /// Wrapped to count the bytes in use, which the server's `maxmemory` is checked against
-/// (crates/server/src/memory.rs: a thread-local add per allocation).
+/// (crates/engine/src/alloc.rs: a thread-local add per allocation).
 #[global_allocator]
-static ALLOC: ditto_server::memory::Counting<mimalloc::MiMalloc> =
-    ditto_server::memory::Counting::new(mimalloc::MiMalloc);
+static ALLOC: ditto_engine::alloc::Counting<mimalloc::MiMalloc> =
+    ditto_engine::alloc::Counting::new(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(name = "ditto", version, about = "A replicated, multi-core, in-memory transactional database")]

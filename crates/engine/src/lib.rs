@@ -13,11 +13,13 @@
 //!
 //! Modules: `clock` (commit timestamps, visibility, GC horizon), `record` (TID word and
 //! version chains), `index` (the concurrent B+tree), `table` (index and indirection array), `txn` (OCC and snapshots), `db`
-//! (handles, workers, the commit-log hook).
+//! (handles, workers, the commit-log hook), `alloc` (the counting global allocator: memory
+//! in use).
 //!
 //! Non-goals here: durability (the log crate), replication, secondary indexes (applications
 //! keep them as tables, as TPC-C does).
 
+pub mod alloc;
 mod clock;
 mod db;
 mod error;

@@ -2,36 +2,18 @@
 //! periodic unlinking and collection under further commits. Before the unlink freed the
 //! versions under a tombstone, a deleted value stayed allocated for good whenever the
 //! delete's own install could not trim it (its horizon was older than the value).
-//! Memory is counted by this binary's allocator, exactly.
+//! Memory is counted by the engine's counting allocator (to within 256 KiB per thread).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, Ordering};
-
+use ditto_engine::alloc::{allocated_bytes, Counting};
 use ditto_engine::{Database, Options, WorkerId};
 
-struct Counted;
-
-static ALLOCATED: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: passes every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counted {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCATED.fetch_add(l.size() as i64, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        ALLOCATED.fetch_sub(l.size() as i64, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static A: Counted = Counted;
+static A: Counting<std::alloc::System> = Counting::new(std::alloc::System);
 
 const MIB: i64 = 1 << 20;
 
 fn mib_now() -> i64 {
-    ALLOCATED.load(Ordering::Relaxed) / MIB
+    allocated_bytes() as i64 / MIB
 }
 
 #[test]

@@ -1,32 +1,15 @@
 //! A large batch does not leave its buffers behind: the flusher lets go of a batch builder,
 //! a framed batch or direct I/O staging grown past 1 MiB once the batch is written. Before,
 //! each kept its largest size for good: four buffers of up to twice a 16 MiB value's size,
-//! per stream. Memory is counted by this binary's allocator, exactly.
+//! per stream. Memory is counted by the engine's counting allocator (to within 256 KiB per
+//! thread).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, Ordering};
-
+use ditto_engine::alloc::{allocated_bytes, Counting};
 use ditto_engine::WorkerId;
 use ditto_log::{open, Durability, LogOptions, OpenOptions};
 
-struct Counted;
-
-static ALLOCATED: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: passes every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counted {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCATED.fetch_add(l.size() as i64, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        ALLOCATED.fetch_sub(l.size() as i64, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static A: Counted = Counted;
+static A: Counting<std::alloc::System> = Counting::new(std::alloc::System);
 
 const MIB: i64 = 1 << 20;
 
@@ -43,14 +26,14 @@ fn a_large_batch_leaves_no_large_buffers_behind() {
     let mut w = d.db().worker(WorkerId(0)).unwrap();
     let value = vec![3u8; 15 << 20];
     w.run(|x| x.put(t, b"warm", b"up").map(|_| ())).unwrap().1.wait().unwrap();
-    let before = ALLOCATED.load(Ordering::Relaxed);
+    let before = allocated_bytes() as i64;
     for i in 0..4u8 {
         w.run(|x| x.put(t, &[i], &value).map(|_| ())).unwrap().1.wait().unwrap();
     }
     // The flusher lets go right after the write that made the batch durable; give it a moment.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let kept = loop {
-        let kept = (ALLOCATED.load(Ordering::Relaxed) - before) / MIB - 4 * 15;
+        let kept = (allocated_bytes() as i64 - before) / MIB - 4 * 15;
         if kept <= 4 || std::time::Instant::now() > deadline {
             break kept;
         }

@@ -64,7 +64,7 @@ pub struct Config {
     /// memory or the cgroup's limit, whichever is lower.
     pub maxmemory: MaxMemory,
     /// What measures the memory in use: set by the binary, which installs the counting
-    /// allocator (`memory::Counting`). A `maxmemory` without it is refused.
+    /// allocator (`ditto_engine::alloc::Counting`). A `maxmemory` without it is refused.
     #[serde(skip)]
     pub used_memory: Option<fn() -> u64>,
 }

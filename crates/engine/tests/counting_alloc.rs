@@ -1,16 +1,16 @@
-//! The counting allocator (crates/server/src/memory.rs) as the global allocator of this test
+//! The counting allocator (crates/engine/src/alloc.rs) as the global allocator of this test
 //! binary: what a thread allocates shows in `allocated_bytes` once past the flush step,
 //! what it frees comes off again, and a thread's unflushed share is added when it exits.
 //! One test, so no other test's allocations run beside it.
 
 use std::sync::mpsc;
 
-use ditto_server::memory::{allocated_bytes, Counting};
+use ditto_engine::alloc::{allocated_bytes, Counting};
 
 #[global_allocator]
 static ALLOC: Counting<std::alloc::System> = Counting::new(std::alloc::System);
 
-/// The flush step in memory.rs; each running thread may hold up to this much unflushed.
+/// The flush step in alloc.rs; each running thread may hold up to this much unflushed.
 const STEP: i64 = 256 << 10;
 
 fn now() -> i64 {
