@@ -1,8 +1,8 @@
 //! The database handle, workers and the commit-log hook.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use crate::clock::CommitClock;
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts, WorkerId};
-use crate::record::{OwnedVersion, LOCK_BIT, TS_MASK};
+use crate::record::{OwnedVersion, LOCK_BIT, TS_MASK, UNLINKED_BIT};
 use crate::table::{Table, RECORDS_PER_TABLE_MAX};
 use crate::txn::{ReadTxn, Transaction, TxnScratch};
 
@@ -93,6 +93,12 @@ pub struct Database {
     /// them (`Database::unlink_deleted`). Shared, not the worker's own, so that `reclaim`
     /// on any thread reaches every worker's deletes.
     pub(crate) deleted: Box<[Mutex<Vec<Deleted>>]>,
+    /// Ids of records whose life ended at or below this may be reused (table.rs): the
+    /// newest durable checkpoint's timestamp once a log is attached (0 before the first),
+    /// unbounded without a log.
+    reuse_bound: AtomicU64,
+    /// This database, for work deferred to the epoch GC (giving back record ids).
+    me: Weak<Database>,
 }
 
 /// A deleted record waiting to be unlinked: its table, rid and tombstone's timestamp.
@@ -101,14 +107,44 @@ pub(crate) type Deleted = (TableId, RecordId, Ts);
 impl Database {
     pub fn new(opts: Options) -> Arc<Database> {
         assert!(opts.workers >= 1 && opts.workers <= WORKERS_MAX, "workers must be in 1..=1024");
-        Arc::new(Database {
+        Arc::new_cyclic(|me| Database {
             clock: Arc::new(CommitClock::new(opts.workers)),
             tables: (0..TABLES_MAX).map(|_| OnceLock::new()).collect(),
             names: Mutex::new(HashMap::new()),
             log: OnceLock::new(),
             workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
             deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
+            reuse_bound: AtomicU64::new(u64::MAX),
+            me: me.clone(),
         })
+    }
+
+    /// Record ids whose former life ended at or below `ts` may be reused: the log calls this
+    /// once a checkpoint at `ts` is durable (table.rs says why).
+    pub fn allow_rid_reuse_up_to(&self, ts: Ts) {
+        self.reuse_bound.fetch_max(ts.0, Ordering::AcqRel);
+    }
+
+    pub(crate) fn reuse_bound(&self) -> Ts {
+        Ts(self.reuse_bound.load(Ordering::Acquire))
+    }
+
+    /// Gives unlinked records' ids back for reuse once no transaction pinned now can hold
+    /// them: (table, rid, the timestamp of the tombstone that ended the record's life).
+    pub(crate) fn release_rids_after(&self, guard: &crossbeam_epoch::Guard, unlinked: Vec<Deleted>) {
+        if unlinked.is_empty() {
+            return;
+        }
+        let me = self.me.clone();
+        guard.defer(move || {
+            if let Some(db) = me.upgrade() {
+                for (table, rid, deleted) in unlinked {
+                    if let Ok(t) = db.table(table) {
+                        t.release_rid(rid, deleted);
+                    }
+                }
+            }
+        });
     }
 
     /// Frees now what would otherwise wait for the workers' periodic collections: every
@@ -129,20 +165,30 @@ impl Database {
     }
 
     /// Unlinks worker `w`'s deleted records whose tombstone is at or below `horizon`.
+    /// The due entries are taken out under the list's lock and unlinked after it is let go:
+    /// an unlink waits for the record's lock, and a committer holds its records' locks
+    /// while it adds to this list, so holding both would deadlock (it did, under
+    /// `reclaim` on another thread: crates/engine/tests/rid_reuse.rs).
     pub(crate) fn unlink_deleted(&self, w: usize, horizon: Ts) {
-        let mut deleted = self.deleted[w].lock();
-        deleted.retain(|&(table, rid, ts)| {
-            if ts > horizon {
-                return true;
+        let due: Vec<Deleted> = {
+            let mut deleted = self.deleted[w].lock();
+            if deleted.iter().all(|&(_, _, ts)| ts > horizon) {
+                return;
             }
+            let (due, keep) = deleted.drain(..).partition(|&(_, _, ts)| ts <= horizon);
+            *deleted = keep;
+            due
+        };
+        let guard = crossbeam_epoch::pin();
+        let mut unlinked = Vec::new();
+        for (table, rid, ts) in due {
             if let Ok(t) = self.table(table) {
-                let rec = t.record(rid);
-                if let Some(key) = rec.key.get() {
-                    crate::txn::unlink_if(t, rec, key, rid, ts.0);
+                if crate::txn::unlink_if(t, rid, ts.0, &guard) {
+                    unlinked.push((table, rid, ts));
                 }
             }
-            false
-        });
+        }
+        self.release_rids_after(&guard, unlinked);
     }
 
     pub fn workers(&self) -> usize {
@@ -153,9 +199,11 @@ impl Database {
         &self.clock
     }
 
-    /// Attaches the commit log. Must happen before any worker commits.
+    /// Attaches the commit log. Must happen before any worker commits. From then on record
+    /// ids are reused only up to `allow_rid_reuse_up_to` (the log's durable checkpoints).
     pub fn attach_log(&self, log: Arc<dyn CommitLog>) {
         assert!(self.log.set(log).is_ok(), "a commit log is already attached");
+        self.reuse_bound.store(0, Ordering::Release);
     }
 
     pub fn has_log(&self) -> bool {
@@ -326,14 +374,21 @@ impl Database {
         let rebuild = || -> Result<u64> {
             let guard = crossbeam_epoch::pin();
             let mut n = 0;
+            let mut absent = Vec::new();
             while let Some((t, rids)) = tasks.get(next.fetch_add(1, Ordering::Relaxed)) {
                 if failed.load(Ordering::Relaxed) {
                     break;
                 }
+                absent.clear();
                 for rid in rids.clone() {
                     let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
                     let (_, head) = rec.read_latest(&guard);
                     if head.is_none_or(|v| v.value().is_none()) {
+                        // Deleted, or never written: out of the index, so unlinked, and its
+                        // id free for a new key (the log's checkpoint after recovery covers
+                        // whatever life it had; nothing runs yet, so no grace is needed).
+                        rec.tid.fetch_or(UNLINKED_BIT, Ordering::AcqRel);
+                        absent.push(rid);
                         continue;
                     }
                     // A present record got its key from the checkpoint or from the logged
@@ -356,6 +411,7 @@ impl Database {
                     }
                     n += 1;
                 }
+                t.release_rids(&absent);
             }
             Ok(n)
         };
@@ -371,11 +427,12 @@ impl Database {
         Ok(indexed)
     }
 
-    /// Record ids the table has handed out in its life, of `RECORDS_PER_TABLE_MAX`: ids of
-    /// deleted records are not reused, so this only grows, and at the limit the table takes
-    /// no new keys (`Error::OutOfRecordIds`).
+    /// Record ids in use in the table, of `RECORDS_PER_TABLE_MAX`: those handed out, less
+    /// those given back and not yet reused (table.rs). At the limit, with none to reuse, the
+    /// table takes no new keys (`Error::OutOfRecordIds`).
     pub fn record_ids_used(&self, table: TableId) -> Result<u64> {
-        Ok(self.table(table)?.rid_limit())
+        let t = self.table(table)?;
+        Ok(t.rid_limit().saturating_sub(t.free_rids() as u64))
     }
 
     /// Number of live (present) keys in a table, by scanning the index at a snapshot.

@@ -21,10 +21,10 @@ pub enum Error {
     TableExists(String),
     #[error("too many tables (limit {0})")]
     TooManyTables(usize),
-    /// The table has handed out (nearly) all its record ids. Ids of deleted records are not
-    /// reused, so a table that has had this many distinct inserts in its life can take no
-    /// new keys (updates and deletes still run). Not retryable.
-    #[error("table {table} is out of record ids ({max} in its life; the ids of deleted records are not reused)")]
+    /// The table has handed out (nearly) all its record ids and has none to reuse yet (ids
+    /// of deleted records come back once a durable checkpoint covers their deletes). Updates
+    /// and deletes still run. Not retryable.
+    #[error("table {table} is out of record ids ({max}; the ids of deleted records come back after a checkpoint)")]
     OutOfRecordIds { table: String, max: u64 },
     #[error("{what} is {len} bytes, over the limit of {max}")]
     TooLarge { what: &'static str, len: usize, max: usize },

@@ -11,8 +11,9 @@
 //! - `tid & TS_MASK` is the commit timestamp of the head version (0: no version, "absent").
 //! - Versions along a chain have strictly decreasing timestamps.
 //! - Only the holder of the record's lock bit changes `head`, trims the chain, or sets
-//!   `UNLINKED`. An unlinked record is out of the index forever, and keeps only its
-//!   tombstone (the versions under it are freed at the unlink); record ids are not reused.
+//!   `UNLINKED`. An unlinked record is out of the index, and keeps only its tombstone (the
+//!   versions under it are freed at the unlink). Its id comes back through the epoch GC
+//!   and is reused once a durable checkpoint covers the tombstone (table.rs, `reuse`).
 //! - Versions are freed only through crossbeam-epoch, so a reader pinned before the unlink
 //!   of a version may still walk it.
 
@@ -300,6 +301,31 @@ impl Record {
         // SAFETY: we hold the lock, so nobody else trims this chain; `new` is live.
         unsafe { trim(new, horizon, guard) };
         self.tid.store(ts.0, Ordering::Release);
+    }
+
+    /// Makes an unlinked record a new, absent record for `key`: its id is being reused
+    /// (table.rs). The old versions go to the epoch GC; the TID word says locked while the
+    /// key changes, so a late unlink of the record's former life (`unlink_if`) waits, then
+    /// finds a TID it does not expect and leaves it (it reads the key only under the lock).
+    ///
+    /// SAFETY: the record is unlinked (out of the index) or absent after recovery, and no
+    /// transaction that could have reached it before then is still running (its id came
+    /// back through the epoch GC). Walkers by record id (checkpoints) may still read its TID
+    /// and versions, which stay valid; they read the key only of a record with a value
+    /// visible at their snapshot, which this record does not have: its former life ended
+    /// at or below every snapshot's horizon, and its new one starts after every running
+    /// snapshot.
+    pub unsafe fn reuse(&self, key: Bytes, guard: &Guard) {
+        let cur = self.tid.load(Ordering::Acquire);
+        debug_assert!(cur & UNLINKED_BIT != 0 && cur & LOCK_BIT == 0, "reuse of a live record: {cur:#x}");
+        self.tid.store(LOCK_BIT, Ordering::Release);
+        free_chain(self.head.swap(std::ptr::null_mut(), Ordering::AcqRel), guard);
+        // The OnceLock's bytes all sit in cells (the value's `UnsafeCell`, the `Once`'s
+        // atomic), so they may be written through a shared reference while nobody reads
+        // them (see above).
+        let slot = &self.key as *const OnceLock<Bytes> as *mut OnceLock<Bytes>;
+        drop(std::ptr::replace(slot, OnceLock::from(key)));
+        self.tid.store(0, Ordering::Release);
     }
 
     /// Hands every version older than the newest one at or below `horizon` to the epoch GC.

@@ -12,14 +12,24 @@
 //! and never freed or moved while the table lives, which is what lets transactions hold
 //! plain `&Record` for the life of the database borrow.
 //!
+//! Record ids are reused: an unlinked record's id goes back (`release_rid`) through the
+//! epoch GC, so no transaction that found the record before its unlink is still running,
+//! and a new key takes it (`take_free_rid`, `Record::reuse`) once a durable checkpoint
+//! covers the tombstone that ended its former life. The log names records by id, so the
+//! checkpoint matters: recovery replays only what is above its checkpoint, and so never
+//! meets two lives (two keys) of one id. Without a log, ids are reused at once.
+//!
 //! Index choice: our own B+tree with optimistic lock coupling (`index`), picked by `ditto
 //! bench index` over crossbeam-skiplist, scc's TreeIndex and a locked `BTreeMap`
 //! (docs/index-choice.md): readers write no shared memory, keys sit inline in the nodes,
 //! and it walks in both directions.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use crate::ids::RecordId;
+use parking_lot::Mutex;
+
+use crate::ids::{RecordId, Ts};
 use crate::index::Index;
 use crate::record::Record;
 
@@ -34,12 +44,72 @@ pub(crate) struct Table {
     pub index: Index,
     chunks: Box<[AtomicPtr<Record>]>,
     next_rid: AtomicU64,
+    /// Ids of unlinked records, back from the epoch GC (no transaction can hold them any
+    /// more), each with the timestamp of the tombstone that ended the record's life; in
+    /// roughly that order. One is reused once a durable checkpoint covers its tombstone
+    /// (`take_free_rid`).
+    free: Mutex<VecDeque<(u64, Ts)>>,
+    /// `free.len()`, read without the lock so that inserts skip it when there is nothing.
+    free_len: AtomicUsize,
 }
 
 impl Table {
     pub fn new(name: String) -> Table {
         let chunks = (0..CHUNKS_MAX).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect();
-        Table { name, index: Index::new(), chunks, next_rid: AtomicU64::new(0) }
+        Table {
+            name,
+            index: Index::new(),
+            chunks,
+            next_rid: AtomicU64::new(0),
+            free: Mutex::new(VecDeque::new()),
+            free_len: AtomicUsize::new(0),
+        }
+    }
+
+    /// Gives back the id of a record unlinked at or after a tombstone at `deleted` (`Ts(0)`:
+    /// a record that never had a version). Called only once no transaction can hold it.
+    pub fn release_rid(&self, rid: RecordId, deleted: Ts) {
+        let mut free = self.free.lock();
+        free.push_back((rid.0, deleted));
+        self.free_len.store(free.len(), Ordering::Release);
+    }
+
+    /// Gives back the ids of records found absent by recovery (`Ts(0)`: any life they had is
+    /// in the checkpoint recovery writes).
+    pub fn release_rids(&self, rids: &[u64]) {
+        if rids.is_empty() {
+            return;
+        }
+        let mut free = self.free.lock();
+        free.extend(rids.iter().map(|&r| (r, Ts(0))));
+        self.free_len.store(free.len(), Ordering::Release);
+    }
+
+    /// A record id to reuse, if the oldest given back ended its life at or below `bound`
+    /// (the newest durable checkpoint: recovery replays only what is above it, so it never
+    /// meets the record's former life and its key).
+    pub fn take_free_rid(&self, bound: Ts) -> Option<RecordId> {
+        if self.free_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut free = self.free.lock();
+        let &(rid, deleted) = free.front()?;
+        if deleted > bound {
+            return None;
+        }
+        free.pop_front();
+        self.free_len.store(free.len(), Ordering::Release);
+        Some(RecordId(rid))
+    }
+
+    /// Whether `take_free_rid(bound)` would give an id now.
+    pub fn has_free_rid(&self, bound: Ts) -> bool {
+        self.free_len.load(Ordering::Acquire) != 0 && self.free.lock().front().is_some_and(|&(_, d)| d <= bound)
+    }
+
+    /// Ids waiting to be reused (reports).
+    pub fn free_rids(&self) -> usize {
+        self.free_len.load(Ordering::Relaxed)
     }
 
     /// Number of record ids handed out so far (an upper bound on live records).

@@ -503,11 +503,13 @@ impl<'w> Transaction<'w> {
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
             None => {
-                // Record ids are not reused (record.rs): a table that has handed out nearly
-                // all of them refuses new records with an error rather than panicking in
+                // A table that has handed out nearly all its record ids, with none to reuse,
+                // refuses new records with an error rather than panicking in
                 // `allocate_rid`. The margin covers every worker between this check and its
                 // allocation (one each).
-                if t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX {
+                if t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX
+                    && !t.has_free_rid(self.worker.db.reuse_bound())
+                {
                     return Err(Error::OutOfRecordIds {
                         table: t.name.clone(),
                         max: crate::table::RECORDS_PER_TABLE_MAX,
@@ -515,14 +517,24 @@ impl<'w> Transaction<'w> {
                 }
                 // The record gets its key before the index publishes its rid, so whoever
                 // finds the rid finds the key.
+                let bound = self.worker.db.reuse_bound();
+                let guard = &self.guard;
                 let (rid, created) = t.index.get_or_insert_with(
                     key,
-                    || {
-                        let rid = t.allocate_rid();
-                        let _ = t.record(rid).key.set(Bytes::copy_from_slice(key));
-                        rid.0
+                    || match t.take_free_rid(bound) {
+                        Some(rid) => {
+                            // SAFETY: the id came back through the epoch GC after the
+                            // unlink (`release_rids_after`), and the checkpoint bound holds.
+                            unsafe { t.record(rid).reuse(Bytes::copy_from_slice(key), guard) };
+                            rid.0
+                        }
+                        None => {
+                            let rid = t.allocate_rid();
+                            let _ = t.record(rid).key.set(Bytes::copy_from_slice(key));
+                            rid.0
+                        }
                     },
-                    &self.guard,
+                    guard,
                 );
                 (RecordId(rid), created)
             }
@@ -817,14 +829,15 @@ impl<'w> Transaction<'w> {
 
     /// Unlinks from the index the absent records this transaction created.
     fn abort_cleanup(&mut self) {
+        let db = &self.worker.db;
+        let mut unlinked = Vec::new();
         for w in self.s.writes.iter().filter(|w| w.created) {
-            let t = self.worker.db.table(w.table).expect("table of a write exists");
-            // SAFETY: as above.
-            let rec = unsafe { &*w.rec };
-            if let Some(key) = rec.key.get() {
-                unlink_if(t, rec, key, w.rid, 0);
+            let t = db.table(w.table).expect("table of a write exists");
+            if unlink_if(t, w.rid, 0, &self.guard) {
+                unlinked.push((w.table, w.rid, Ts(0)));
             }
         }
+        db.release_rids_after(&self.guard, unlinked);
     }
 }
 
@@ -837,33 +850,39 @@ fn in_phantom_set(tid: u64) -> bool {
     tid != 0 && tid & UNLINKED_BIT == 0
 }
 
-/// Takes `rec` out of the index if its TID is still exactly `expect_tid` (absent: 0, or the
-/// tombstone's timestamp), and marks it unlinked so no transaction can write it again.
+/// Takes record `rid` of `t` out of the index if its TID is still exactly `expect_tid`
+/// (absent: 0, or the tombstone's timestamp) and marks it unlinked so no transaction can
+/// write it again; whether it did (the caller then gives the id back for reuse,
+/// `Database::release_rids_after`).
 /// The versions under a tombstone go to the epoch GC: the caller unlinks only a tombstone
 /// every snapshot sees, so nothing can read below it. (They used to stay: a deleted value
 /// was freed only if the delete's own install could trim it, which a stale horizon often
 /// prevented, and nothing writes an unlinked record again.)
-pub(crate) fn unlink_if(t: &Table, rec: &Record, key: &Bytes, rid: RecordId, expect_tid: u64) {
+pub(crate) fn unlink_if(t: &Table, rid: RecordId, expect_tid: u64, guard: &Guard) -> bool {
+    let rec = t.record(rid);
     if !rec.lock() {
-        return;
+        return false;
     }
     let cur = rec.tid.load(Ordering::Relaxed) & !LOCK_BIT;
-    let guard = crossbeam_epoch::pin();
     let is_tombstone_or_absent = {
         // Not `read_latest`: that would wait for our own lock.
-        rec.head_locked(&guard).is_none_or(|v| v.value().is_none())
+        rec.head_locked(guard).is_none_or(|v| v.value().is_none())
     };
-    if cur != expect_tid || !is_tombstone_or_absent {
+    // The key is read under the lock: a reuse changes it only while the lock bit is set,
+    // and this may be a late unlink of the record's former life (then the TID differs).
+    let key = rec.key.get();
+    let (true, true, Some(key)) = (cur == expect_tid, is_tombstone_or_absent, key) else {
         rec.unlock_unchanged();
-        return;
-    }
+        return false;
+    };
     // Unlinked (still locked) before it leaves the index, so that whoever still holds its rid
     // (a transaction's remembered keys) sees it gone by the time a new record takes the key.
     rec.tid.store(cur | UNLINKED_BIT | LOCK_BIT, Ordering::Release);
     // SAFETY: we hold the lock, and every snapshot sees the tombstone (ts `cur`).
-    unsafe { rec.trim_locked(Ts(cur), &guard) };
-    t.index.remove_if(key, rid.0, &guard);
+    unsafe { rec.trim_locked(Ts(cur), guard) };
+    t.index.remove_if(key, rid.0, guard);
     rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
+    true
 }
 
 fn as_ref(b: &Bound<Bytes>) -> Bound<&[u8]> {

@@ -172,10 +172,13 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
     // Everything recovered goes into a fresh checkpoint that names the new epoch, so the old
     // segments (and whatever they hold above the cut) can never be replayed again.
     // Nothing else runs yet, so it takes every core (and leaves more parts for the next load).
+    // The newest durable checkpoint, which the next recovery starts from (or a newer one).
+    let mut durable_ckpt_ts = ckpt_ts;
     if !segments.is_empty() {
         let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
         let info = checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage)?;
         report.checkpoint_write_seconds = info.seconds;
+        durable_ckpt_ts = info.ts;
         if opts.progress {
             eprintln!(
                 "recovery: wrote checkpoint at ts {} ({} rows, {} parts) for epoch {} in {:.2} s",
@@ -196,6 +199,9 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
     let logger = Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, recovered_ts)
         .map_err(|e| LogError::io(&dir.join("log"), e))?;
     db.attach_log(Arc::clone(&logger) as Arc<dyn ditto_engine::CommitLog>);
+    // Record ids whose former life a checkpoint covers may be reused: recovery never meets
+    // that life again (crates/engine/src/table.rs).
+    db.allow_rid_reuse_up_to(durable_ckpt_ts);
     report.total_seconds = t0.elapsed().as_secs_f64();
     Ok(Durable {
         inner: Arc::new(Inner {
@@ -271,6 +277,7 @@ impl Durable {
         let counter = if written.is_ok() { &stats.checkpoints } else { &stats.checkpoint_failures };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let info = written?;
+        i.db.allow_rid_reuse_up_to(info.ts);
         // The checkpoint is complete: a segment that cannot be deleted now costs only disk
         // space, so it is logged, counted and left for the next checkpoint to delete
         // (recovery reads a covered segment and skips it).
