@@ -339,6 +339,43 @@ fn maxmemory_refuses_growth_until_keys_are_deleted() {
     assert_eq!(c.cmd(&["SET", "after", &value]).unwrap(), "+OK");
 }
 
+/// Key churn does not grow the server for good: new keys set and deleted, with checkpoints
+/// between (every 2 s here), take the record ids of the keys deleted before.
+#[test]
+fn churned_keys_reuse_record_ids_after_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "maxmemory = 0\n");
+    let mut c = Raw::connect(srv.port);
+    let ids = |c: &mut Raw, what: &str| -> u64 {
+        let info = c.cmd(&["INFO", "memory"]).unwrap();
+        let line = info.lines().find_map(|l| l.strip_prefix(&format!("record_ids_{what}:")));
+        line.unwrap_or_else(|| panic!("{info}")).trim().parse().unwrap()
+    };
+    for phase in 0..3 {
+        for batch in 0..10 {
+            let keys: Vec<String> = (0..1000).map(|i| format!("p{phase}-b{batch}-k{i}")).collect();
+            for k in &keys {
+                c.send(&[b"SET", k.as_bytes(), b"v"]).unwrap();
+            }
+            for _ in &keys {
+                assert_eq!(c.reply().unwrap(), "+OK");
+            }
+            for k in &keys {
+                c.send(&[b"DEL", k.as_bytes()]).unwrap();
+            }
+            for _ in &keys {
+                assert_eq!(c.reply().unwrap(), ":1");
+            }
+        }
+        // A checkpoint covers this phase's deletes before the next phase.
+        std::thread::sleep(Duration::from_millis(2600));
+    }
+    assert_eq!(c.cmd(&["DBSIZE"]).unwrap(), ":0");
+    let allocated = ids(&mut c, "allocated");
+    assert!(allocated <= 12_000, "30,000 keys made and deleted in three phases took {allocated} record ids");
+    assert!(ids(&mut c, "used") <= 1000, "no key is left, the ids come back");
+}
+
 /// Writers INCR their own counters and SET keys, recording what the server acknowledged;
 /// the server is SIGKILLed under that load and restarted, and every acknowledged write must
 /// be there (a counter may be higher: a write can be durable before its reply is lost).

@@ -435,6 +435,12 @@ impl Database {
         Ok(t.rid_limit().saturating_sub(t.free_rids() as u64))
     }
 
+    /// Record ids the table has ever handed out (its indirection array's extent): reused
+    /// ids count once.
+    pub fn record_ids_allocated(&self, table: TableId) -> Result<u64> {
+        Ok(self.table(table)?.rid_limit())
+    }
+
     /// Number of live (present) keys in a table, by scanning the index at a snapshot.
     pub fn count(&self, table: TableId) -> Result<u64> {
         let r = self.read();
