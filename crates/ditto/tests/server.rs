@@ -273,6 +273,13 @@ fn memory_stays_bounded_under_pipelined_sets() {
     assert!(after <= before + 48, "server resident {before} MiB after 200k SETs, {after} MiB after 2M more");
 }
 
+/// A numeric field of `INFO memory`.
+fn info_field(c: &mut Raw, name: &str) -> u64 {
+    let info = c.cmd(&["INFO", "memory"]).unwrap();
+    let line = info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_else(|| panic!("{info}"));
+    line.trim().parse().unwrap()
+}
+
 /// `maxmemory`: a client writing 1 MiB values is refused with Redis's OOM error once the
 /// server's memory in use passes the limit, and stays refused; reads still work, and once it
 /// deletes its keys the memory is given back and writes are accepted again.
@@ -281,11 +288,6 @@ fn maxmemory_refuses_growth_until_keys_are_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start(&dir.path().join("d"), "maxmemory = \"96mb\"\n");
     let mut c = Raw::connect(srv.port);
-    let info_field = |c: &mut Raw, name: &str| -> u64 {
-        let info = c.cmd(&["INFO", "memory"]).unwrap();
-        let line = info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_else(|| panic!("{info}"));
-        line.trim().parse().unwrap()
-    };
     assert_eq!(info_field(&mut c, "maxmemory"), 96 << 20);
     let base = info_field(&mut c, "used_memory");
     assert!(base < 48 << 20, "a fresh server uses {base} bytes");
@@ -346,11 +348,6 @@ fn churned_keys_reuse_record_ids_after_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start(&dir.path().join("d"), "maxmemory = 0\n");
     let mut c = Raw::connect(srv.port);
-    let ids = |c: &mut Raw, what: &str| -> u64 {
-        let info = c.cmd(&["INFO", "memory"]).unwrap();
-        let line = info.lines().find_map(|l| l.strip_prefix(&format!("record_ids_{what}:")));
-        line.unwrap_or_else(|| panic!("{info}")).trim().parse().unwrap()
-    };
     for phase in 0..3 {
         for batch in 0..10 {
             let keys: Vec<String> = (0..1000).map(|i| format!("p{phase}-b{batch}-k{i}")).collect();
@@ -371,9 +368,9 @@ fn churned_keys_reuse_record_ids_after_checkpoints() {
         std::thread::sleep(Duration::from_millis(2600));
     }
     assert_eq!(c.cmd(&["DBSIZE"]).unwrap(), ":0");
-    let allocated = ids(&mut c, "allocated");
+    let allocated = info_field(&mut c, "record_ids_allocated");
     assert!(allocated <= 12_000, "30,000 keys made and deleted in three phases took {allocated} record ids");
-    assert!(ids(&mut c, "used") <= 1000, "no key is left, the ids come back");
+    assert!(info_field(&mut c, "record_ids_used") <= 1000, "no key is left, the ids come back");
 }
 
 /// Writers INCR their own counters and SET keys, recording what the server acknowledged;
