@@ -26,8 +26,10 @@ impl fmt::Display for Ts {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TableId(pub u32);
 
-/// A record's slot in its table's indirection array. Record ids are never reused within
-/// a table, so (table, record id) names one logical row for the life of the database.
+/// A record's slot in its table's indirection array. A deleted record's id is reused for a
+/// new key, but only once no transaction that could have seen the old record runs and a
+/// durable checkpoint covers its delete (table.rs): within a transaction, and within the
+/// log a recovery replays, (table, record id) names one key.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RecordId(pub u64);
 

@@ -1060,7 +1060,8 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
             sh.memory.max,
             memory::human(sh.memory.max),
             sh.memory.rejections.load(Ordering::Relaxed),
-            // Of the two tables, the one nearer its limit (ids are not reused, record.rs).
+            // Of the two tables, the one nearer its limit (table.rs: ids are reused after a
+            // checkpoint).
             [sh.ks.keys, sh.ks.fields].iter().map(|&t| sh.db.record_ids_used(t).unwrap_or(0)).max().unwrap_or(0),
             [sh.ks.keys, sh.ks.fields].iter().map(|&t| sh.db.record_ids_allocated(t).unwrap_or(0)).max().unwrap_or(0),
             ditto_engine::RECORDS_PER_TABLE_MAX,
