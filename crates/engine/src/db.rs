@@ -137,11 +137,11 @@ impl Database {
         }
         let me = self.me.clone();
         guard.defer(move || {
-            if let Some(db) = me.upgrade() {
-                for (table, rid, deleted) in unlinked {
-                    if let Ok(t) = db.table(table) {
-                        t.release_rid(rid, deleted);
-                    }
+            let Some(db) = me.upgrade() else { return };
+            // One lock per table: the ids come grouped by table, or nearly.
+            for run in unlinked.chunk_by(|a, b| a.0 == b.0) {
+                if let Ok(t) = db.table(run[0].0) {
+                    t.release_rids(run.iter().map(|&(_, rid, deleted)| (rid, deleted)));
                 }
             }
         });
@@ -411,7 +411,7 @@ impl Database {
                     }
                     n += 1;
                 }
-                t.release_rids(&absent);
+                t.release_rids(absent.iter().map(|&rid| (RecordId(rid), Ts(0))));
             }
             Ok(n)
         };

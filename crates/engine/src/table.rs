@@ -66,22 +66,17 @@ impl Table {
         }
     }
 
-    /// Gives back the id of a record unlinked at or after a tombstone at `deleted` (`Ts(0)`:
-    /// a record that never had a version). Called only once no transaction can hold it.
-    pub fn release_rid(&self, rid: RecordId, deleted: Ts) {
-        let mut free = self.free.lock();
-        free.push_back((rid.0, deleted));
-        self.free_len.store(free.len(), Ordering::Release);
-    }
-
-    /// Gives back the ids of records found absent by recovery (`Ts(0)`: any life they had is
-    /// in the checkpoint recovery writes).
-    pub fn release_rids(&self, rids: &[u64]) {
-        if rids.is_empty() {
+    /// Gives back the ids of records unlinked, each with the timestamp of the tombstone
+    /// that ended its life (`Ts(0)`: a record that never had a version, or one recovery
+    /// found absent, whose life is in the checkpoint recovery writes). Called only once no
+    /// transaction can hold them.
+    pub fn release_rids(&self, ids: impl IntoIterator<Item = (RecordId, Ts)>) {
+        let mut ids = ids.into_iter().peekable();
+        if ids.peek().is_none() {
             return;
         }
         let mut free = self.free.lock();
-        free.extend(rids.iter().map(|&r| (r, Ts(0))));
+        free.extend(ids.map(|(rid, deleted)| (rid.0, deleted)));
         self.free_len.store(free.len(), Ordering::Release);
     }
 

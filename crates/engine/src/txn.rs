@@ -754,15 +754,19 @@ impl<'w> Transaction<'w> {
         // 5. Install and unlock.
         let horizon = clock.horizon();
         self.worker.installs_since_collect += self.s.writes.len() as u32;
-        if self.s.writes.iter().any(|w| w.version.value().is_none()) {
-            let mut deleted = self.worker.db.deleted[worker].lock();
-            deleted.extend(self.s.writes.iter().filter(|w| w.version.value().is_none()).map(|w| (w.table, w.rid, ts)));
-        }
+        // Deletes go on this worker's list for unlinking, its lock taken at the first one
+        // (whoever holds it waits for no record lock: `Database::unlink_deleted`).
+        let db = &self.worker.db;
+        let mut deleted = None;
         for w in self.s.writes.drain(..) {
+            if w.version.value().is_none() {
+                deleted.get_or_insert_with(|| db.deleted[worker].lock()).push((w.table, w.rid, ts));
+            }
             // SAFETY: as above.
             let rec = unsafe { &*w.rec };
             rec.install_and_unlock(ts, w.version, horizon, &self.guard);
         }
+        drop(deleted);
         // 6. Visible to snapshots and to the stream bound.
         clock.end_commit(worker);
         if self.worker.installs_since_collect >= GC_COLLECT_EVERY_INSTALLS {

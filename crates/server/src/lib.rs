@@ -11,7 +11,7 @@
 //! - `tls.rs`: rustls configurations from PEM files, for client connections (and later
 //!   replication links).
 //! - `config.rs`: the TOML configuration.
-//! - `memory.rs`: the counting allocator, the memory in use, and `maxmemory`.
+//! - `memory.rs`: the memory in use (the engine's counting allocator) and `maxmemory`.
 
 pub mod commands;
 pub mod config;

@@ -390,8 +390,11 @@ impl Session {
         if spec.write && sh.read_only {
             return Err(Reply::err("READONLY You can't write against a read only replica."));
         }
-        // Deleted values may still wait for a collection: get them back before refusing.
-        if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && (sh.db.reclaim(), sh.memory.over()).1 {
+        if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && {
+            // Deleted values may still wait for a collection: get them back before refusing.
+            sh.db.reclaim();
+            sh.memory.over()
+        } {
             sh.memory.rejections.fetch_add(1, Ordering::Relaxed);
             if spec.name == "EXEC" {
                 // As Redis: the transaction is discarded, not left open.
