@@ -12,7 +12,7 @@
 //! and never freed or moved while the table lives, which is what lets transactions hold
 //! plain `&Record` for the life of the database borrow.
 //!
-//! Record ids are reused: an unlinked record's id goes back (`release_rid`) through the
+//! Record ids are reused: an unlinked record's id goes back (`release_rids`) through the
 //! epoch GC, so no transaction that found the record before its unlink is still running,
 //! and a new key takes it (`take_free_rid`, `Record::reuse`) once a durable checkpoint
 //! covers the tombstone that ended its former life. The log names records by id, so the
