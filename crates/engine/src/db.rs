@@ -316,7 +316,7 @@ impl Database {
             return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
         }
         if let Some(v) = value {
-            check_value_len(v)?;
+            check_value_len(v.len())?;
         }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
@@ -549,9 +549,9 @@ impl std::fmt::Debug for CommitTicket {
     }
 }
 
-pub(crate) fn check_value_len(v: &[u8]) -> Result<()> {
-    if v.len() > VALUE_LEN_MAX {
-        return Err(Error::TooLarge { what: "value", len: v.len(), max: VALUE_LEN_MAX });
+pub(crate) fn check_value_len(len: usize) -> Result<()> {
+    if len > VALUE_LEN_MAX {
+        return Err(Error::TooLarge { what: "value", len, max: VALUE_LEN_MAX });
     }
     Ok(())
 }

@@ -80,6 +80,27 @@ impl Version {
     }
 }
 
+/// A value written as one but given in two parts, `.0` then `.1`: a caller that prefixes
+/// its values (the server's type tag) need not build each value in a buffer of its own
+/// before the version copies it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parts<'a>(pub &'a [u8], pub &'a [u8]);
+
+impl Parts<'_> {
+    pub fn len(&self) -> usize {
+        self.0.len() + self.1.len()
+    }
+
+    /// Copies the value to `dst`.
+    ///
+    /// # Safety
+    /// `dst` is valid for `self.len()` bytes of writes and overlaps neither part.
+    unsafe fn copy_to(&self, dst: *mut u8) {
+        std::ptr::copy_nonoverlapping(self.0.as_ptr(), dst, self.0.len());
+        std::ptr::copy_nonoverlapping(self.1.as_ptr(), dst.add(self.0.len()), self.1.len());
+    }
+}
+
 /// An unpublished version, owned (freed on drop).
 pub(crate) struct OwnedVersion(NonNull<Version>);
 
@@ -90,7 +111,12 @@ impl OwnedVersion {
     /// A version holding `value` (`None`: a tombstone), timestamp 0 until installed. The
     /// caller has checked the value against `VALUE_LEN_MAX`, far below `u32::MAX`.
     pub fn new(value: Option<&[u8]>) -> OwnedVersion {
-        let len = value.map_or(0, <[u8]>::len);
+        OwnedVersion::new_in_parts(value.map(|v| Parts(&[], v)))
+    }
+
+    /// `new` of a value given in two parts (see [`Parts`]).
+    pub fn new_in_parts(value: Option<Parts<'_>>) -> OwnedVersion {
+        let len = value.map_or(0, |v| v.len());
         let cap = u32::try_from(len).ok().filter(|&c| c != TOMBSTONE).expect("value length checked by the caller");
         let layout = Version::layout(cap);
         // SAFETY: the layout has a non-zero size (the header).
@@ -105,7 +131,7 @@ impl OwnedVersion {
                 cap,
             });
             if let Some(v) = value {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), (p.as_ptr() as *mut u8).add(HEADER), v.len());
+                v.copy_to((p.as_ptr() as *mut u8).add(HEADER));
             }
         }
         OwnedVersion(p)
@@ -122,20 +148,20 @@ impl OwnedVersion {
     }
 
     /// Replaces the value, in place when it fits.
-    pub fn set(&mut self, value: Option<&[u8]>) {
+    pub fn set(&mut self, value: Option<Parts<'_>>) {
         let cap = self.cap();
         match value {
             Some(v) if v.len() <= cap as usize => {
                 // SAFETY: we own it exclusively and `v` fits the allocation.
                 unsafe {
                     let p = self.0.as_ptr();
-                    std::ptr::copy_nonoverlapping(v.as_ptr(), (p as *mut u8).add(HEADER), v.len());
+                    v.copy_to((p as *mut u8).add(HEADER));
                     (*p).len = v.len() as u32;
                 }
             }
             // SAFETY: as above.
             None => unsafe { (*self.0.as_ptr()).len = TOMBSTONE },
-            Some(_) => *self = OwnedVersion::new(value),
+            Some(_) => *self = OwnedVersion::new_in_parts(value),
         }
     }
 
@@ -349,7 +375,7 @@ impl Record {
         let mut v = OwnedVersion(NonNull::new_unchecked(p));
         let fits = value.is_none_or(|v2| v2.len() <= v.cap() as usize);
         if fits {
-            v.set(value);
+            v.set(value.map(|v2| Parts(&[], v2)));
             v.set_ts(ts);
         }
         std::mem::forget(v); // still the record's
@@ -423,16 +449,23 @@ mod tests {
 
     #[test]
     fn a_version_keeps_its_value_inline_and_tells_empty_from_tombstone() {
+        let whole = |v: &'static [u8]| Some(Parts(&[], v));
         let mut v = OwnedVersion::new(Some(b"hello"));
         assert_eq!(v.value(), Some(&b"hello"[..]));
-        v.set(Some(b"hi")); // shorter: in place
+        v.set(whole(b"hi")); // shorter: in place
         assert_eq!(v.value(), Some(&b"hi"[..]));
-        v.set(Some(b"a longer value than before")); // longer: a new allocation
+        v.set(whole(b"a longer value than before")); // longer: a new allocation
         assert_eq!(v.value(), Some(&b"a longer value than before"[..]));
         v.set(None);
         assert_eq!(v.value(), None);
-        v.set(Some(b""));
+        v.set(whole(b""));
         assert_eq!(v.value(), Some(&b""[..]));
+        // A value given in two parts is stored as one, in place or not.
+        v.set(Some(Parts(b"\x00", b"xyz")));
+        assert_eq!(v.value(), Some(&b"\x00xyz"[..]));
+        v.set(Some(Parts(b"head:", b"a tail longer than the allocation")));
+        assert_eq!(v.value(), Some(&b"head:a tail longer than the allocation"[..]));
+        assert_eq!(OwnedVersion::new_in_parts(Some(Parts(b"ab", b""))).value(), Some(&b"ab"[..]));
         assert_eq!(OwnedVersion::new(Some(b"")).value(), Some(&b""[..]));
         assert_eq!(OwnedVersion::new(None).value(), None);
     }

@@ -44,7 +44,7 @@ use crate::db::{
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
 use crate::index::GET_MANY_BATCH;
-use crate::record::{OwnedVersion, Record, VersionRef, LOCK_BIT, TS_MASK, UNLINKED_BIT};
+use crate::record::{OwnedVersion, Parts, Record, VersionRef, LOCK_BIT, TS_MASK, UNLINKED_BIT};
 use crate::table::Table;
 
 /// Scan direction.
@@ -460,17 +460,23 @@ impl<'w> Transaction<'w> {
 
     /// Inserts a key that must not exist (Err(KeyExists) otherwise).
     pub fn insert(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
-        self.write(table, key, Some(value), WriteMode::Insert).map(|_| ())
+        self.write(table, key, Some(Parts(&[], value)), WriteMode::Insert).map(|_| ())
     }
 
     /// Replaces the value of a key that must exist (Err(KeyNotFound) otherwise).
     pub fn update(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
-        self.write(table, key, Some(value), WriteMode::Update).map(|_| ())
+        self.write(table, key, Some(Parts(&[], value)), WriteMode::Update).map(|_| ())
     }
 
     /// Inserts or replaces. Returns whether the key existed.
     pub fn put(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.write(table, key, Some(value), WriteMode::Put)
+        self.write(table, key, Some(Parts(&[], value)), WriteMode::Put)
+    }
+
+    /// `put` of the value `head` followed by `tail`, without the caller building it first
+    /// (the server prefixes each value with its type).
+    pub fn put_concat(&mut self, table: TableId, key: &[u8], head: &[u8], tail: &[u8]) -> Result<bool> {
+        self.write(table, key, Some(Parts(head, tail)), WriteMode::Put)
     }
 
     /// Deletes a key. Returns whether it existed.
@@ -478,12 +484,12 @@ impl<'w> Transaction<'w> {
         self.write(table, key, None, WriteMode::Delete)
     }
 
-    fn write(&mut self, table: TableId, key: &[u8], value: Option<&[u8]>, mode: WriteMode) -> Result<bool> {
+    fn write(&mut self, table: TableId, key: &[u8], value: Option<Parts<'_>>, mode: WriteMode) -> Result<bool> {
         if key.len() > KEY_LEN_MAX {
             return Err(Error::TooLarge { what: "key", len: key.len(), max: KEY_LEN_MAX });
         }
         if let Some(v) = value {
-            check_value_len(v)?;
+            check_value_len(v.len())?;
         }
         let t = self.table(table)?;
         // A remembered record that has left the index since is no answer: search again, as
@@ -564,7 +570,7 @@ impl<'w> Transaction<'w> {
             self.s.reads.push((rec, tid));
             return out;
         }
-        let version = OwnedVersion::new(value);
+        let version = OwnedVersion::new_in_parts(value);
         self.s.write_map.insert(rec, self.s.writes.len());
         self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, version, observed_tid: tid, created, existed });
         Ok(existed)
@@ -1098,6 +1104,33 @@ mod tests {
         w.run(|x| x.delete(t, b"last")).unwrap().1.wait().unwrap();
         assert_eq!(db.count(t).unwrap(), 1);
         assert_eq!(w.run(|x| x.get(t, b"old")).unwrap().0.as_deref(), Some(&b"2"[..]));
+    }
+
+    /// `put_concat` stores its two parts as one value, replacing in place or not, and a
+    /// value whose parts together pass the limit is refused with nothing written.
+    #[test]
+    fn put_concat_stores_head_then_tail() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put_concat(t, b"k", b"\x00", b"abc")).unwrap().1.wait().unwrap();
+        assert_eq!(w.run(|x| x.get(t, b"k")).unwrap().0.as_deref(), Some(&b"\x00abc"[..]));
+        // Twice in one transaction: the second replaces the first in the write set.
+        w.run(|x| {
+            x.put_concat(t, b"k", b"", b"a much longer value than the first")?;
+            x.put_concat(t, b"k", b"h:", b"")
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+        assert_eq!(w.run(|x| x.get(t, b"k")).unwrap().0.as_deref(), Some(&b"h:"[..]));
+        let half = vec![7u8; crate::VALUE_LEN_MAX / 2 + 1];
+        match w.run(|x| x.put_concat(t, b"k", &half, &half)) {
+            Err(Error::TooLarge { what: "value", len, .. }) => assert_eq!(len, 2 * half.len()),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert_eq!(w.run(|x| x.get(t, b"k")).unwrap().0.as_deref(), Some(&b"h:"[..]));
     }
 
     /// The map answers exactly like a linear search of the write set, through growth, many

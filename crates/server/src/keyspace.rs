@@ -19,7 +19,7 @@
 
 use std::ops::Bound;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use ditto_engine::{Database, Direction, Result, TableId, Transaction};
 
 pub const KEYS_TABLE: &str = "redis.keys";
@@ -73,6 +73,24 @@ impl Keyspace {
         row
     }
 
+    /// The `redis.keys` rows of `keys`, in order, built in `buf` (one allocation for a
+    /// pipeline's run, instead of one per key).
+    fn key_rows<K: AsRef<[u8]>>(db: u8, keys: impl Iterator<Item = K> + Clone, buf: &mut Vec<u8>) -> Vec<&[u8]> {
+        buf.clear();
+        buf.reserve(keys.clone().map(|k| 1 + k.as_ref().len()).sum());
+        for k in keys.clone() {
+            buf.push(db);
+            buf.extend_from_slice(k.as_ref());
+        }
+        let mut rest = &buf[..];
+        keys.map(|k| {
+            let (row, r) = rest.split_at(1 + k.as_ref().len());
+            rest = r;
+            row
+        })
+        .collect()
+    }
+
     /// The prefix every field row of hash `key` starts with.
     fn field_prefix(db: u8, key: &[u8]) -> Vec<u8> {
         let mut row = Vec::with_capacity(5 + key.len() + 16);
@@ -105,7 +123,8 @@ impl Keyspace {
         keys: &[&Bytes],
         budget: usize,
     ) -> Result<Vec<Result<Option<Bytes>, WrongType>>> {
-        let rows: Vec<Vec<u8>> = keys.iter().map(|k| Self::key_row(db, k)).collect();
+        let mut buf = Vec::new();
+        let rows = Self::key_rows(db, keys.iter(), &mut buf);
         let mut out = Vec::with_capacity(keys.len());
         let mut bytes = 0usize;
         txn.get_many_with(self.keys, &rows, |i, v| {
@@ -156,8 +175,9 @@ impl Keyspace {
     pub fn set_strings(&self, txn: &mut Transaction<'_>, db: u8, pairs: &[(&[u8], &[u8])]) -> Result<()> {
         // The engine interleaves up to 16 reads, and remembers the last 16 keys looked up.
         const RUN_READ: usize = 16;
+        let mut buf = Vec::new();
         for chunk in pairs.chunks(RUN_READ) {
-            let rows: Vec<Vec<u8>> = chunk.iter().map(|(k, _)| Self::key_row(db, k)).collect();
+            let rows = Self::key_rows(db, chunk.iter().map(|(k, _)| k), &mut buf);
             let mut hash = [false; RUN_READ];
             txn.get_many_with(self.keys, &rows, |i, v| hash[i] = v.is_some_and(is_hash_row))?;
             for ((row, (key, value)), hash) in rows.iter().zip(chunk).zip(hash) {
@@ -188,10 +208,7 @@ impl Keyspace {
 
     /// Writes a string value under the `redis.keys` row `row`.
     fn put_string(&self, txn: &mut Transaction<'_>, row: &[u8], value: &[u8]) -> Result<()> {
-        let mut v = BytesMut::with_capacity(1 + value.len());
-        v.extend_from_slice(&[T_STRING]);
-        v.extend_from_slice(value);
-        txn.put(self.keys, row, &v)?;
+        txn.put_concat(self.keys, row, &[T_STRING], value)?;
         Ok(())
     }
 
