@@ -13,7 +13,8 @@
 //! and their `btreeolc`: readers take no locks and write no shared memory. A reader notes a
 //! node's version, reads the node, and checks the version again; if it moved, the reader
 //! restarts from the root. Writers lock only the nodes they change (the leaf, and its parent
-//! for a split or for taking an emptied leaf out). Full nodes are split on the way down, so a split never has to climb.
+//! for a split; for taking an emptied leaf out, the ancestors that leave with it and the one
+//! that drops them). Full nodes are split on the way down, so a split never has to climb.
 //! Every field a reader may see while a writer changes it is an atomic read and written
 //! with `Relaxed` ordering, and versions use the seqlock pattern of `crossbeam`'s
 //! `AtomicCell` (lock, `fence(Release)`, write, unlock with `Release`; read, `fence(Acquire)`,
@@ -27,22 +28,25 @@
 //! lexicographic byte order: compare the words, then the tails, then the lengths (see
 //! [`SearchKey`]).
 //!
-//! Memory: a leaf whose last entry is deleted leaves the tree (its parent drops it and a
-//! neighbour takes over its empty key range); it is marked obsolete, so a reader that still
-//! reaches it restarts, and it is freed through crossbeam-epoch. Tails are freed the same
-//! way when their key is removed. Every operation runs under a pinned `Guard`. Inner nodes
-//! never leave the tree.
+//! Memory: a leaf whose last entry is deleted leaves the tree, and with it the inner nodes
+//! above it that had no other child: the nearest ancestor with another child drops the
+//! subtree and a neighbour takes over its empty key range. The nodes are marked obsolete,
+//! so a reader that still reaches one restarts, and they are freed through
+//! crossbeam-epoch. Tails are freed the same way when their key is removed. Every
+//! operation runs under a pinned `Guard`. So keys that come and go in ascending order
+//! leave nothing behind; only the root, and a chain of one-child nodes under it, stay
+//! when the tree empties.
 //!
 //! Invariants (the tests in this file check their consequences, not the structure itself):
 //! - keys in a node are strictly increasing; an inner node with `n` separators has `n + 1`
 //!   children, and child `i` holds exactly the keys in `[sep[i-1], sep[i])`;
 //! - a node's key range shrinks only when it splits (which changes its version); a leaf's
-//!   range grows only over the range of an empty neighbour that left the tree. So the fence key a
+//!   range grows only over the range of an empty neighbour subtree that left the tree. So the fence key a
 //!   walk carries to the next leaf never skips an entry that was present for the whole walk
 //!   (what the phantom check's re-scan relies on).
 //!
 //! Not done: merging under-full nodes that are not empty (their slots are reused by later
-//! inserts in the same key range), removing inner nodes, prefix compression.
+//! inserts in the same key range), shrinking the tree's height, prefix compression.
 
 use std::cmp::Ordering as Cmp;
 use std::ops::Bound;
@@ -58,6 +62,9 @@ const LEAF_CAP: usize = 32;
 const INNER_CAP: usize = 32;
 /// Key bytes stored inline in a slot, as `WORDS` big-endian words.
 const INLINE: usize = 24;
+/// Inner nodes of one child each that a removal takes out with the leaf below them
+/// (`remove_subtree`); a tree of 32-way nodes is far shallower than this.
+const CHAIN_MAX: usize = 16;
 /// Lookups `get_many` interleaves at a time.
 pub const GET_MANY_BATCH: usize = 16;
 const WORDS: usize = INLINE / 8;
@@ -766,10 +773,26 @@ impl Index {
     fn try_remove(&self, k: &SearchKey<'_>, val: u64, g: &Guard) -> Attempt<bool> {
         let Some((mut p, mut v)) = self.root() else { return Restart };
         let mut parent: Option<(&Inner, u64)> = None;
+        // The deepest inner node on the path with more than one child, and the inner nodes
+        // below it, each with one child only: if the leaf loses its last entry, the whole
+        // chain under the anchor leaves the tree with it (see `remove_subtree`).
+        let mut anchor: Option<(&Inner, u64)> = None;
+        let mut chain = [(std::ptr::null_mut::<Header>(), 0u64); CHAIN_MAX];
+        let mut chain_len = 0usize;
         loop {
             match node(p) {
                 NodeRef::Inner(n) => {
                     let cnt = n.h.count(INNER_CAP);
+                    if cnt >= 1 {
+                        anchor = Some((n, v));
+                        chain_len = 0;
+                    } else if anchor.is_some() && chain_len < CHAIN_MAX {
+                        chain[chain_len] = (p, v);
+                        chain_len += 1;
+                    } else {
+                        // Deeper than any tree of `RECORDS_PER_TABLE_MAX` keys: keep the nodes.
+                        anchor = None;
+                    }
                     let i = n.keys.search(cnt, k, true, g);
                     let Some((c, cv)) = n.child(i, v) else { return Restart };
                     parent = Some((n, v));
@@ -784,10 +807,8 @@ impl Index {
                         return if l.h.version.check(v) { Done(false) } else { Restart };
                     }
                     if cnt == 1 {
-                        if let Some((pn, pv)) = parent {
-                            if pn.h.count(INNER_CAP) >= 1 {
-                                return self.remove_leaf(p, v, pn, pv, i, g);
-                            }
+                        if let Some(anchor) = anchor {
+                            return self.remove_subtree(anchor, &chain[..chain_len], (p, v), i, g);
                         }
                     }
                     if !l.h.version.upgrade(v) {
@@ -819,27 +840,50 @@ impl Index {
         }
     }
 
-    /// Removes the last entry (slot `i`) of leaf `p` by taking the leaf out of its parent, so
-    /// that walks do not cross empty leaves (a queue that deletes at its front, such as
-    /// TPC-C's new orders, would otherwise leave a growing run of them). The parent keeps at
-    /// least one child; the neighbour that takes over the leaf's key range grows by it.
-    fn remove_leaf(&self, p: *mut Header, v: u64, pn: &Inner, pv: u64, i: usize, g: &Guard) -> Attempt<bool> {
+    /// Removes the last entry (slot `i`) of `leaf` by taking the subtree that holds it out
+    /// of `anchor`: the leaf, and the `chain` of inner nodes between them, each left with
+    /// one child. So walks do not cross empty leaves (a queue that deletes at its front,
+    /// such as TPC-C's new orders, would otherwise leave a growing run of them), and keys
+    /// that come and go in ascending order (ids, timestamps) leave no inner nodes behind:
+    /// without the chain, each 1,000 or so such keys kept an emptied inner node and its
+    /// last leaf for good. The anchor keeps at least one child; the neighbour that takes over
+    /// the subtree's key range grows by it.
+    ///
+    /// Locks are taken top-down, each only at the version the descent read (so what the
+    /// descent saw still holds once all are held), and a failed one releases the others
+    /// unchanged: no waiting, hence no deadlock with splits and inserts, which lock top-down
+    /// too.
+    fn remove_subtree(
+        &self,
+        anchor: (&Inner, u64),
+        chain: &[(*mut Header, u64)],
+        leaf: (*mut Header, u64),
+        i: usize,
+        g: &Guard,
+    ) -> Attempt<bool> {
+        let (pn, pv) = anchor;
         if !pn.h.version.upgrade(pv) {
             return Restart;
         }
-        let h = unsafe { &*p };
-        if !h.version.upgrade(v) {
-            pn.h.version.unlock_unchanged(pv);
-            return Restart;
+        let below = || chain.iter().copied().chain(std::iter::once(leaf));
+        for (locked, (p, v)) in below().enumerate() {
+            // SAFETY: as for every node pointer (see `Index::root`).
+            if !unsafe { &*p }.version.upgrade(v) {
+                for (q, qv) in below().take(locked) {
+                    unsafe { &*q }.version.unlock_unchanged(qv);
+                }
+                pn.h.version.unlock_unchanged(pv);
+                return Restart;
+            }
         }
-        let NodeRef::Leaf(l) = node(p) else { unreachable!("remove_leaf on an inner node") };
+        let top = chain.first().map_or(leaf.0, |c| c.0);
         let cnt = pn.h.count.load(Ordering::Relaxed) as usize;
         let at = (0..=cnt)
-            .find(|&j| pn.children[j].load(Ordering::Relaxed) == p)
-            .expect("leaf is a child of its locked parent");
+            .find(|&j| pn.children[j].load(Ordering::Relaxed) == top)
+            .expect("the subtree is a child of its locked anchor");
         // Child `at` spans [sep[at-1], sep[at]). Drop it with the separator on its left
         // (the left neighbour grows up to sep[at]) or, for the first child, with sep[0]
-        // (the right neighbour grows down to the parent's low bound).
+        // (the right neighbour grows down to the anchor's low bound).
         let sep = at.saturating_sub(1);
         let sep_tail = pn.keys.tail[sep].load(Ordering::Relaxed);
         for j in sep + 1..cnt {
@@ -851,16 +895,25 @@ impl Index {
         }
         pn.children[cnt].store(std::ptr::null_mut(), Ordering::Release);
         pn.h.count.store(cnt as u32 - 1, Ordering::Relaxed);
+        let NodeRef::Leaf(l) = node(leaf.0) else { unreachable!("remove_subtree without a leaf") };
         let key_tail = l.keys.tail[i].swap(std::ptr::null_mut(), Ordering::AcqRel);
         l.h.count.store(0, Ordering::Relaxed);
-        h.version.unlock_obsolete();
+        let mut gone = [0usize; CHAIN_MAX + 1];
+        for (j, (p, _)) in below().enumerate() {
+            // SAFETY: as above.
+            unsafe { &*p }.version.unlock_obsolete();
+            gone[j] = p as usize;
+        }
         pn.h.version.unlock();
-        let (leaf, sep_tail, key_tail) = (p as usize, sep_tail as usize, key_tail as usize);
-        // SAFETY: the leaf and both tails left the tree above; readers that may still hold
-        // them are pinned, so they are freed only after those readers unpin.
+        let (n, sep_tail, key_tail) = (chain.len() + 1, sep_tail as usize, key_tail as usize);
+        // SAFETY: the nodes and both tails left the tree above; readers that may still hold
+        // them are pinned, so they are freed only after those readers unpin. Each node is
+        // freed alone: its one child is the next in `gone`.
         unsafe {
             g.defer_unchecked(move || {
-                drop(Box::from_raw(leaf as *mut Leaf));
+                for &p in &gone[..n] {
+                    free_node(p as *mut Header);
+                }
                 for t in [sep_tail, key_tail] {
                     if t != 0 {
                         drop(Box::from_raw(t as *mut Tail));
@@ -1019,6 +1072,21 @@ impl Index {
         }
     }
 
+    /// Nodes in the tree (for tests, with no operation running).
+    #[cfg(test)]
+    fn node_count(&self) -> usize {
+        fn count(p: *mut Header) -> usize {
+            match node(p) {
+                NodeRef::Leaf(_) => 1,
+                NodeRef::Inner(n) => {
+                    let cnt = n.h.count(INNER_CAP);
+                    1 + n.children[..=cnt].iter().map(|c| count(c.load(Ordering::Relaxed))).sum::<usize>()
+                }
+            }
+        }
+        count(self.root.load(Ordering::Relaxed))
+    }
+
     /// Number of entries (walks every leaf; for tests and diagnostics).
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -1062,33 +1130,41 @@ impl SearchKey<'_> {
     }
 }
 
+/// Frees node `p` and the tails it owns, not its children.
+///
+/// # Safety
+/// `p` is a node no one else can reach any more (left the tree, and every reader that could
+/// hold it has unpinned; or the index is being dropped), freed once.
+unsafe fn free_node(p: *mut Header) {
+    // Both kinds keep their keys at one offset, with one slot count (asserted above).
+    let keys = &*((p as *const u8).add(std::mem::offset_of!(Leaf, keys)) as *const Keys<LEAF_CAP>);
+    for t in &keys.tail {
+        let t = t.load(Ordering::Relaxed);
+        if !t.is_null() {
+            drop(Box::from_raw(t));
+        }
+    }
+    if (*p).leaf {
+        drop(Box::from_raw(p as *mut Leaf));
+    } else {
+        drop(Box::from_raw(p as *mut Inner));
+    }
+}
+
 impl Drop for Index {
     fn drop(&mut self) {
         fn free(p: *mut Header) {
             // SAFETY: exclusive access in drop; every node and tail is owned by exactly one
             // place in the tree (moved-from slots were nulled).
             unsafe {
-                if (*p).leaf {
-                    let l = Box::from_raw(p as *mut Leaf);
-                    for t in &l.keys.tail {
-                        let t = t.load(Ordering::Relaxed);
-                        if !t.is_null() {
-                            drop(Box::from_raw(t));
-                        }
-                    }
-                } else {
-                    let n = Box::from_raw(p as *mut Inner);
+                if !(*p).leaf {
+                    let n = &*(p as *const Inner);
                     let cnt = n.h.count.load(Ordering::Relaxed) as usize;
-                    for t in &n.keys.tail {
-                        let t = t.load(Ordering::Relaxed);
-                        if !t.is_null() {
-                            drop(Box::from_raw(t));
-                        }
-                    }
                     for c in &n.children[..=cnt] {
                         free(c.load(Ordering::Relaxed));
                     }
                 }
+                free_node(p);
             }
         }
         free(*self.root.get_mut());
@@ -1402,20 +1478,27 @@ mod tests {
                                 assert_eq!(got, Some(x), "key {x} missing");
                             }
                         }
+                        // One walker goes forward from the front, where subtrees leave the
+                        // tree, the other backward from the back, where they are split.
+                        let dir = if r == 0 { Direction::Forward } else { Direction::Reverse };
                         let mut first = None;
                         let mut prev = None;
                         let mut count = 0;
-                        ix.for_each(Bound::Unbounded, Bound::Unbounded, Direction::Forward, |v| {
+                        ix.for_each(Bound::Unbounded, Bound::Unbounded, dir, |v| {
                             first.get_or_insert(v);
                             if let Some(p) = prev {
-                                assert!(p < v, "walk out of order: {p} then {v}");
+                                let ordered = if r == 0 { p < v } else { p > v };
+                                assert!(ordered, "{dir:?} walk out of order: {p} then {v}");
                             }
                             prev = Some(v);
                             count += 1;
                             count < 64
                         });
-                        if let Some(f) = first {
+                        if let (Some(f), Direction::Forward) = (first, dir) {
                             assert!(f >= lo, "walk found {f}, deleted before the walk began (front {lo})");
+                        }
+                        if let Some(last) = prev {
+                            assert!(last >= lo, "walk found {last}, deleted before the walk began (front {lo})");
                         }
                     }
                 });
@@ -1426,6 +1509,42 @@ mod tests {
         // The emptied tree still works.
         assert!(ix.get_or_insert_with(&key(7), || 7, &g).1);
         assert_eq!(ix.get(&key(7), &g), Some(7));
+    }
+
+    /// Keys that come and go in ascending order (a queue, ids, timestamps) keep the tree
+    /// the size of what is live: emptied subtrees leave it, inner nodes included. Before,
+    /// each 1,000 or so keys that passed through left an inner node and a leaf behind.
+    #[test]
+    fn ascending_churn_leaves_no_nodes_behind() {
+        let ix = Index::new();
+        let g = crossbeam_epoch::pin();
+        let key = |x: u64| x.to_be_bytes();
+        let (live, total) = (2_000u64, 400_000u64);
+        let mut most = 0;
+        for x in 0..total {
+            assert!(ix.get_or_insert_with(&key(x), || x, &g).1);
+            if x >= live {
+                assert!(ix.remove_if(&key(x - live), x - live, &g));
+            }
+            if x % 10_000 == 0 {
+                most = most.max(ix.node_count());
+            }
+        }
+        // 2,000 keys fill at least 63 leaves of 32 and at most 2,000 (one each); inner
+        // nodes over them, and the chain of one-child nodes a root can be left with.
+        let bound = 2 * live as usize / LEAF_CAP + 64;
+        assert!(most <= bound, "{most} nodes for {live} live keys (bound {bound})");
+        for x in total - live..total {
+            assert_eq!(ix.get(&key(x), &g), Some(x));
+        }
+        // Emptied, then used again.
+        for x in total - live..total {
+            assert!(ix.remove_if(&key(x), x, &g));
+        }
+        assert_eq!(ix.len(), 0);
+        assert!(ix.node_count() <= 16, "{} nodes left in an empty tree", ix.node_count());
+        assert!(ix.get_or_insert_with(&key(1), || 1, &g).1);
+        assert_eq!(ix.get(&key(1), &g), Some(1));
     }
 
     /// Threads racing to insert the same keys (long ones, with distinct tails): exactly one
