@@ -83,7 +83,13 @@ pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
         .wait()?;
     }
     if a.checkpoint_ms > 0 {
-        d.spawn_checkpointer(Duration::from_millis(a.checkpoint_ms));
+        // By time only, so the crash rounds checkpoint at the pace they ask for.
+        d.spawn_checkpointer(ditto_log::CheckpointPolicy {
+            every: Some(Duration::from_millis(a.checkpoint_ms)),
+            log_growth_percent: 0,
+            log_min_bytes: 0,
+            reuse_min_ids: 0,
+        });
     }
     println!("READY");
     std::io::stdout().flush()?;

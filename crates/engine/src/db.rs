@@ -97,6 +97,8 @@ pub struct Database {
     /// newest durable checkpoint's timestamp once a log is attached (0 before the first),
     /// unbounded without a log.
     reuse_bound: AtomicU64,
+    /// Record ids given back for reuse since the database was created (`release_rids_after`).
+    rids_released: AtomicU64,
     /// This database, for work deferred to the epoch GC (giving back record ids).
     me: Weak<Database>,
 }
@@ -115,6 +117,7 @@ impl Database {
             workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
             deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
             reuse_bound: AtomicU64::new(u64::MAX),
+            rids_released: AtomicU64::new(0),
             me: me.clone(),
         })
     }
@@ -138,6 +141,7 @@ impl Database {
         let me = self.me.clone();
         guard.defer(move || {
             let Some(db) = me.upgrade() else { return };
+            db.rids_released.fetch_add(unlinked.len() as u64, Ordering::Relaxed);
             // One lock per table: the ids come grouped by table, or nearly.
             for run in unlinked.chunk_by(|a, b| a.0 == b.0) {
                 if let Ok(t) = db.table(run[0].0) {
@@ -433,6 +437,19 @@ impl Database {
     pub fn record_ids_used(&self, table: TableId) -> Result<u64> {
         let t = self.table(table)?;
         Ok(t.rid_limit().saturating_sub(t.free_rids() as u64))
+    }
+
+    /// Record ids given back for reuse, in every table, since this database was created:
+    /// deleted records' ids, which wait for the next checkpoint to be reused. The log's
+    /// checkpointer counts them to checkpoint sooner under key churn
+    /// (`ditto_log::CheckpointPolicy`).
+    pub fn record_ids_released(&self) -> u64 {
+        self.rids_released.load(Ordering::Relaxed)
+    }
+
+    /// Record ids in use in every table (`record_ids_used` summed).
+    pub fn record_ids_used_total(&self) -> u64 {
+        self.tables.iter().filter_map(OnceLock::get).map(|t| t.rid_limit().saturating_sub(t.free_rids() as u64)).sum()
     }
 
     /// Record ids the table has ever handed out (its indirection array's extent): reused

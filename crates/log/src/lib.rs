@@ -241,6 +241,83 @@ fn remove_checkpoints_except(dir: &Path, keep: &Path) -> Result<(), LogError> {
     Ok(())
 }
 
+/// How long the background checkpointer waits after a failed checkpoint before it tries
+/// again (the time trigger, too, counts from the failed one).
+pub const CHECKPOINT_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// When the background checkpointer (`Durable::spawn_checkpointer`) writes a checkpoint:
+/// as soon as any one trigger is due. A checkpoint bounds what recovery replays and the
+/// log kept on disk, and lets deleted records' ids be reused (a record id is reused only
+/// once a checkpoint covers the delete that freed it, crates/engine/src/table.rs). By time
+/// alone, a busy database could write far more log than it holds, and keep every record
+/// deleted since the last checkpoint: the two other triggers bound both by what the
+/// database holds, as Redis's `auto-aof-rewrite-percentage` and `-min-size` bound its AOF.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// This long after the last checkpoint began (`None`: not by time).
+    pub every: Option<Duration>,
+    /// Once the log written since the last checkpoint is this percentage of that
+    /// checkpoint's size (0: not by log growth)...
+    pub log_growth_percent: u64,
+    /// ...and at least this many bytes.
+    pub log_min_bytes: u64,
+    /// Once this many record ids were given back since the last checkpoint (0: not by ids),
+    /// and at least as many as are in use: deleted records wait in memory (their key and
+    /// tombstone) until the next checkpoint lets their ids be reused.
+    pub reuse_min_ids: u64,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        CheckpointPolicy {
+            every: Some(Duration::from_secs(300)),
+            log_growth_percent: 100,
+            log_min_bytes: 64 << 20,
+            reuse_min_ids: 100_000,
+        }
+    }
+}
+
+/// Why a checkpoint is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    Time,
+    LogGrowth,
+    IdReuse,
+}
+
+/// What `CheckpointPolicy::due` decides on, all since the last checkpoint began.
+#[derive(Clone, Copy, Debug)]
+pub struct Due {
+    pub elapsed: Duration,
+    pub log_bytes: u64,
+    pub last_checkpoint_bytes: u64,
+    pub ids_released: u64,
+    pub ids_used: u64,
+}
+
+impl CheckpointPolicy {
+    /// The first trigger that is due, if any. No I/O: the checkpointer feeds it counters.
+    pub fn due(&self, d: Due) -> Option<Trigger> {
+        if self.every.is_some_and(|every| d.elapsed >= every) {
+            return Some(Trigger::Time);
+        }
+        let growth = d.last_checkpoint_bytes.saturating_mul(self.log_growth_percent) / 100;
+        if self.log_growth_percent > 0 && d.log_bytes >= growth.max(self.log_min_bytes) {
+            return Some(Trigger::LogGrowth);
+        }
+        if self.reuse_min_ids > 0 && d.ids_released >= d.ids_used.max(self.reuse_min_ids) {
+            return Some(Trigger::IdReuse);
+        }
+        None
+    }
+
+    /// Whether any trigger is on (else no checkpointer is needed).
+    pub fn any(&self) -> bool {
+        self.every.is_some() || self.log_growth_percent > 0 || self.reuse_min_ids > 0
+    }
+}
+
 impl Durable {
     pub fn db(&self) -> &Arc<Database> {
         &self.inner.db
@@ -293,23 +370,61 @@ impl Durable {
         Ok(info)
     }
 
-    /// Checkpoints every `every` on a background thread until the database is closed.
-    pub fn spawn_checkpointer(&self, every: Duration) -> std::thread::JoinHandle<()> {
+    /// Checkpoints on a background thread, whenever `policy` says one is due, until the
+    /// database is closed.
+    pub fn spawn_checkpointer(&self, policy: CheckpointPolicy) -> std::thread::JoinHandle<()> {
         let weak = Arc::downgrade(&self.inner);
-        std::thread::spawn(move || loop {
+        std::thread::spawn(move || {
             let step = Duration::from_millis(50);
-            let mut waited = Duration::ZERO;
-            while waited < every {
+            let counters = |i: &Inner| {
+                (i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed), i.db.record_ids_released())
+            };
+            let Some(first) = weak.upgrade() else { return };
+            // Since the last checkpoint: when it began, the counters then, and its size (of
+            // the one recovery loaded, unknown here: 0, so the log's minimum applies).
+            let (mut since, mut at, mut last_bytes) = (Instant::now(), counters(&first), 0u64);
+            drop(first);
+            // After a failure, when to try again.
+            let mut retry_at: Option<Instant> = None;
+            loop {
                 std::thread::sleep(step);
-                waited += step;
-                match weak.upgrade() {
-                    Some(i) if i.logger.failure().is_none() && i.logger.check_open() => {}
-                    _ => return,
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.logger.failure().is_some() || !inner.logger.check_open() {
+                    return;
                 }
-            }
-            let Some(inner) = weak.upgrade() else { return };
-            if let Err(e) = (Durable { inner }).checkpoint() {
-                tracing::error!("background checkpoint failed: {e}");
+                if retry_at.is_some_and(|t| Instant::now() < t) {
+                    continue;
+                }
+                let now = counters(&inner);
+                let Some(why) = policy.due(Due {
+                    elapsed: since.elapsed(),
+                    log_bytes: now.0.saturating_sub(at.0),
+                    last_checkpoint_bytes: last_bytes,
+                    ids_released: now.1.saturating_sub(at.1),
+                    ids_used: inner.db.record_ids_used_total(),
+                }) else {
+                    continue;
+                };
+                let stats = &inner.logger.stats;
+                let started = Instant::now();
+                match (Durable { inner: Arc::clone(&inner) }).checkpoint() {
+                    Ok(info) => {
+                        (at, last_bytes, retry_at) = (now, info.bytes, None);
+                        let by = match why {
+                            Trigger::Time => &stats.checkpoints_by_time,
+                            Trigger::LogGrowth => &stats.checkpoints_by_log_growth,
+                            Trigger::IdReuse => &stats.checkpoints_by_id_reuse,
+                        };
+                        by.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // The counters stay, so the same trigger is due again: after a pause, not
+                    // at once, as a full disk rarely clears in 50 ms.
+                    Err(e) => {
+                        tracing::error!("background checkpoint ({why:?}) failed: {e}");
+                        retry_at = Some(Instant::now() + CHECKPOINT_RETRY_AFTER);
+                    }
+                }
+                since = started;
             }
         })
     }

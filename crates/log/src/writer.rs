@@ -142,6 +142,11 @@ pub struct LogStats {
     /// the log goes on, and the previous checkpoint stays; see `Durable::checkpoint`).
     pub checkpoints: AtomicU64,
     pub checkpoint_failures: AtomicU64,
+    /// The background checkpointer's completed checkpoints by trigger
+    /// (`CheckpointPolicy`); checkpoints asked for directly count in none.
+    pub checkpoints_by_time: AtomicU64,
+    pub checkpoints_by_log_growth: AtomicU64,
+    pub checkpoints_by_id_reuse: AtomicU64,
     /// Covered segments a checkpoint failed to delete (they are tried again by the next).
     pub segment_delete_failures: AtomicU64,
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ditto_log::Durability;
+use ditto_log::{CheckpointPolicy, Durability};
 use serde::Deserialize;
 
 use crate::resp::Limits;
@@ -32,8 +32,17 @@ pub struct Config {
     pub fsync_interval_ms: u64,
     /// LZ4 per log batch (off by default: CPU for a few bytes, docs/durability.md).
     pub compress_log: bool,
-    /// Seconds between online checkpoints (0: none).
+    /// Seconds between online checkpoints (0: not by time). Checkpoints also start sooner,
+    /// on the two triggers below (`ditto_log::CheckpointPolicy`).
     pub checkpoint_interval_s: u64,
+    /// Checkpoint once the log written since the last checkpoint reaches this percentage of
+    /// that checkpoint's size (0: not by log growth; Redis's `auto-aof-rewrite-percentage`)...
+    pub checkpoint_log_growth_percent: u64,
+    /// ...and at least this many bytes (Redis's `auto-aof-rewrite-min-size`).
+    pub checkpoint_log_min_bytes: u64,
+    /// Checkpoint once this many deleted records' ids, and at least as many as are in use,
+    /// wait for one to be reused (0: not by ids).
+    pub checkpoint_reuse_min_ids: u64,
     /// Clients must AUTH with this password (user `default`).
     pub requirepass: Option<String>,
     pub max_clients: usize,
@@ -107,6 +116,9 @@ impl Default for Config {
             fsync_interval_ms: 10,
             compress_log: false,
             checkpoint_interval_s: 300,
+            checkpoint_log_growth_percent: 100,
+            checkpoint_log_min_bytes: 64 << 20,
+            checkpoint_reuse_min_ids: 100_000,
             requirepass: None,
             max_clients: 10_000,
             max_args: limits.max_args,
@@ -152,6 +164,16 @@ impl Config {
             other => Err(ConfigError::Invalid(format!(
                 "durability {other:?}: expected \"interval\", \"every-batch\" or \"nosync\""
             ))),
+        }
+    }
+
+    /// When to checkpoint (see the fields' notes).
+    pub fn checkpoint_policy(&self) -> CheckpointPolicy {
+        CheckpointPolicy {
+            every: (self.checkpoint_interval_s > 0).then(|| Duration::from_secs(self.checkpoint_interval_s)),
+            log_growth_percent: self.checkpoint_log_growth_percent,
+            log_min_bytes: self.checkpoint_log_min_bytes,
+            reuse_min_ids: self.checkpoint_reuse_min_ids,
         }
     }
 
@@ -297,6 +319,20 @@ mod tests {
         c.validate().unwrap();
         let view = Config { used_memory: Some(crate::memory::allocated_bytes), ..c }.view();
         assert!(view.iter().any(|(k, v)| k == "maxmemory" && v == "0"), "{view:?}");
+    }
+
+    #[test]
+    fn checkpoint_triggers_come_from_the_config() {
+        let d = Config::default().checkpoint_policy();
+        assert_eq!(d, CheckpointPolicy::default());
+        let c: Config = toml::from_str(
+            "checkpoint_interval_s = 0\ncheckpoint_log_growth_percent = 50\ncheckpoint_log_min_bytes = 1024\n\
+             checkpoint_reuse_min_ids = 0",
+        )
+        .unwrap();
+        let p = c.checkpoint_policy();
+        assert_eq!(p, CheckpointPolicy { every: None, log_growth_percent: 50, log_min_bytes: 1024, reuse_min_ids: 0 });
+        assert!(p.any());
     }
 
     #[test]

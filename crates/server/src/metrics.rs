@@ -155,6 +155,18 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         );
         let _ = writeln!(
             out,
+            "# HELP ditto_checkpoints_triggered_total Background checkpoints completed, by the trigger that \
+             started them.\n# TYPE ditto_checkpoints_triggered_total counter"
+        );
+        for (trigger, n) in [
+            ("time", &l.stats.checkpoints_by_time),
+            ("log_growth", &l.stats.checkpoints_by_log_growth),
+            ("id_reuse", &l.stats.checkpoints_by_id_reuse),
+        ] {
+            let _ = writeln!(out, "ditto_checkpoints_triggered_total{{trigger=\"{trigger}\"}} {}", r(n));
+        }
+        let _ = writeln!(
+            out,
             "# HELP ditto_log_fsync_seconds_total Time spent in log fsyncs.\n# TYPE ditto_log_fsync_seconds_total counter\n\
              ditto_log_fsync_seconds_total {}\n# HELP ditto_log_fsync_seconds_max The slowest log fsync.\n\
              # TYPE ditto_log_fsync_seconds_max gauge\nditto_log_fsync_seconds_max {}\n\

@@ -212,8 +212,8 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             db.reclaim();
         }
     });
-    let checkpointer = (cfg.checkpoint_interval_s > 0)
-        .then(|| durable.spawn_checkpointer(Duration::from_secs(cfg.checkpoint_interval_s)));
+    let policy = cfg.checkpoint_policy();
+    let checkpointer = policy.any().then(|| durable.spawn_checkpointer(policy));
 
     // Durability progress reaches connections from the log's flusher threads (no thread of
     // ours in between: one wake-up fewer per commit), waking only those it covers.

@@ -1,0 +1,138 @@
+//! The background checkpointer starts a checkpoint sooner than its interval when the log
+//! written since the last one, or the record ids deleted since, pass their thresholds
+//! (`CheckpointPolicy`); with those triggers off, it waits for the interval.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ditto_engine::WorkerId;
+use ditto_log::{open, CheckpointPolicy, Durability, LogOptions, OpenOptions};
+
+fn opts() -> OpenOptions {
+    OpenOptions {
+        workers: 1,
+        log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
+        progress: false,
+    }
+}
+
+/// Waits (bounded) until `done`; false if it never was.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+#[test]
+fn a_growing_log_starts_a_checkpoint_before_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts()).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let policy = CheckpointPolicy {
+        every: Some(Duration::from_secs(3600)),
+        log_growth_percent: 100,
+        log_min_bytes: 1 << 20,
+        reuse_min_ids: 0,
+    };
+    let _ckpt = d.spawn_checkpointer(policy);
+    let stats = &d.logger().stats;
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let value = vec![5u8; 4096];
+    // Under the minimum: no checkpoint.
+    for i in 0..64u32 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &value).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stats.checkpoints.load(Ordering::Relaxed), 0, "checkpoint with 256 KiB of log");
+    // Past it: one, by log growth, though the interval is an hour away.
+    for i in 0..256u32 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &value).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    assert!(
+        eventually(|| stats.checkpoints_by_log_growth.load(Ordering::Relaxed) >= 1),
+        "no checkpoint after 1.3 MiB of log"
+    );
+    assert_eq!(stats.checkpoints_by_time.load(Ordering::Relaxed), 0);
+    // The next is due only once the log grows by the checkpoint's size (1 MiB of values
+    // here), not at the next step.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stats.checkpoints.load(Ordering::Relaxed), 1);
+    drop(w);
+    drop(d);
+    let d = open(dir.path(), opts()).unwrap();
+    assert_eq!(d.db().count(t).unwrap(), 256);
+}
+
+#[test]
+fn deleted_record_ids_start_a_checkpoint_that_lets_them_be_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts()).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let policy = CheckpointPolicy { every: None, log_growth_percent: 0, log_min_bytes: 0, reuse_min_ids: 1000 };
+    let _ckpt = d.spawn_checkpointer(policy);
+    let stats = &d.logger().stats;
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let keys = |from: u32| (from..from + 2000).map(|i| i.to_be_bytes());
+    w.run(|x| keys(0).try_for_each(|k| x.insert(t, &k, b"v"))).unwrap().1.wait().unwrap();
+    w.run(|x| keys(0).try_for_each(|k| x.delete(t, &k).map(|_| ()))).unwrap().1.wait().unwrap();
+    assert!(
+        eventually(|| {
+            d.db().reclaim();
+            stats.checkpoints_by_id_reuse.load(Ordering::Relaxed) >= 1
+        }),
+        "no checkpoint with 2,000 ids waiting ({} given back)",
+        d.db().record_ids_released()
+    );
+    // Every id back (the checkpoint may have begun with half of them), then new keys take
+    // them all.
+    assert!(eventually(|| {
+        d.db().reclaim();
+        d.db().record_ids_released() >= 2000
+    }));
+    let allocated = d.db().record_ids_allocated(t).unwrap();
+    w.run(|x| keys(10_000).try_for_each(|k| x.insert(t, &k, b"w"))).unwrap().1.wait().unwrap();
+    assert_eq!(d.db().record_ids_allocated(t).unwrap(), allocated, "new keys took fresh ids");
+    assert_eq!(
+        stats.checkpoints_by_log_growth.load(Ordering::Relaxed) + stats.checkpoints_by_time.load(Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn the_policy_decides_by_the_first_trigger_due() {
+    use ditto_log::{Due, Trigger};
+    let p = CheckpointPolicy::default();
+    let quiet =
+        Due { elapsed: Duration::from_secs(1), log_bytes: 0, last_checkpoint_bytes: 0, ids_released: 0, ids_used: 0 };
+    assert_eq!(p.due(quiet), None);
+    assert_eq!(p.due(Due { elapsed: Duration::from_secs(300), ..quiet }), Some(Trigger::Time));
+    // Log: the larger of the minimum and the percentage of the last checkpoint.
+    assert_eq!(p.due(Due { log_bytes: (64 << 20) - 1, ..quiet }), None);
+    assert_eq!(p.due(Due { log_bytes: 64 << 20, ..quiet }), Some(Trigger::LogGrowth));
+    let big = Due { last_checkpoint_bytes: 1 << 30, ..quiet };
+    assert_eq!(p.due(Due { log_bytes: (1 << 30) - 1, ..big }), None);
+    assert_eq!(p.due(Due { log_bytes: 1 << 30, ..big }), Some(Trigger::LogGrowth));
+    // Ids: the larger of the minimum and the ids in use.
+    let min = p.reuse_min_ids;
+    assert_eq!(p.due(Due { ids_released: min - 1, ..quiet }), None);
+    assert_eq!(p.due(Due { ids_released: min, ..quiet }), Some(Trigger::IdReuse));
+    assert_eq!(p.due(Due { ids_released: 2 * min, ids_used: 2 * min + 1, ..quiet }), None);
+    assert_eq!(p.due(Due { ids_released: 2 * min, ids_used: 2 * min, ..quiet }), Some(Trigger::IdReuse));
+    // Zero turns a trigger off.
+    let off = CheckpointPolicy { every: None, log_growth_percent: 0, log_min_bytes: 0, reuse_min_ids: 0 };
+    assert!(!off.any());
+    let all = Due {
+        elapsed: Duration::MAX,
+        log_bytes: u64::MAX,
+        last_checkpoint_bytes: 0,
+        ids_released: u64::MAX,
+        ids_used: 0,
+    };
+    assert_eq!(off.due(all), None);
+    assert!(p.any());
+}
