@@ -786,11 +786,11 @@ impl Index {
                     if cnt >= 1 {
                         anchor = Some((n, v));
                         chain_len = 0;
-                    } else if anchor.is_some() && chain_len < CHAIN_MAX {
+                    } else if chain_len < CHAIN_MAX {
                         chain[chain_len] = (p, v);
                         chain_len += 1;
                     } else {
-                        // Deeper than any tree of `RECORDS_PER_TABLE_MAX` keys: keep the nodes.
+                        // A chain longer than any real tree is tall: the nodes stay.
                         anchor = None;
                     }
                     let i = n.keys.search(cnt, k, true, g);
@@ -870,6 +870,7 @@ impl Index {
             // SAFETY: as for every node pointer (see `Index::root`).
             if !unsafe { &*p }.version.upgrade(v) {
                 for (q, qv) in below().take(locked) {
+                    // SAFETY: as above.
                     unsafe { &*q }.version.unlock_unchanged(qv);
                 }
                 pn.h.version.unlock_unchanged(pv);
