@@ -435,8 +435,7 @@ impl Database {
     /// those given back and not yet reused (table.rs). At the limit, with none to reuse, the
     /// table takes no new keys (`Error::OutOfRecordIds`).
     pub fn record_ids_used(&self, table: TableId) -> Result<u64> {
-        let t = self.table(table)?;
-        Ok(t.rid_limit().saturating_sub(t.free_rids() as u64))
+        Ok(self.table(table)?.rids_used())
     }
 
     /// Record ids given back for reuse, in every table, since this database was created:
@@ -449,7 +448,7 @@ impl Database {
 
     /// Record ids in use in every table (`record_ids_used` summed).
     pub fn record_ids_used_total(&self) -> u64 {
-        self.tables.iter().filter_map(OnceLock::get).map(|t| t.rid_limit().saturating_sub(t.free_rids() as u64)).sum()
+        self.tables.iter().filter_map(OnceLock::get).map(Table::rids_used).sum()
     }
 
     /// Record ids the table has ever handed out (its indirection array's extent): reused

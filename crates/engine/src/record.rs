@@ -86,7 +86,12 @@ impl Version {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Parts<'a>(pub &'a [u8], pub &'a [u8]);
 
-impl Parts<'_> {
+impl<'a> Parts<'a> {
+    /// A value given whole.
+    pub fn whole(v: &'a [u8]) -> Parts<'a> {
+        Parts(&[], v)
+    }
+
     pub fn len(&self) -> usize {
         self.0.len() + self.1.len()
     }
@@ -111,7 +116,7 @@ impl OwnedVersion {
     /// A version holding `value` (`None`: a tombstone), timestamp 0 until installed. The
     /// caller has checked the value against `VALUE_LEN_MAX`, far below `u32::MAX`.
     pub fn new(value: Option<&[u8]>) -> OwnedVersion {
-        OwnedVersion::new_in_parts(value.map(|v| Parts(&[], v)))
+        OwnedVersion::new_in_parts(value.map(Parts::whole))
     }
 
     /// `new` of a value given in two parts (see [`Parts`]).
@@ -375,7 +380,7 @@ impl Record {
         let mut v = OwnedVersion(NonNull::new_unchecked(p));
         let fits = value.is_none_or(|v2| v2.len() <= v.cap() as usize);
         if fits {
-            v.set(value.map(|v2| Parts(&[], v2)));
+            v.set(value.map(Parts::whole));
             v.set_ts(ts);
         }
         std::mem::forget(v); // still the record's
@@ -449,7 +454,7 @@ mod tests {
 
     #[test]
     fn a_version_keeps_its_value_inline_and_tells_empty_from_tombstone() {
-        let whole = |v: &'static [u8]| Some(Parts(&[], v));
+        let whole = |v: &'static [u8]| Some(Parts::whole(v));
         let mut v = OwnedVersion::new(Some(b"hello"));
         assert_eq!(v.value(), Some(&b"hello"[..]));
         v.set(whole(b"hi")); // shorter: in place

@@ -102,9 +102,9 @@ impl Table {
         self.free_len.load(Ordering::Acquire) != 0 && self.free.lock().front().is_some_and(|&(_, d)| d <= bound)
     }
 
-    /// Ids waiting to be reused (reports).
-    pub fn free_rids(&self) -> usize {
-        self.free_len.load(Ordering::Relaxed)
+    /// Ids in use: handed out, less those given back and not yet reused (reports).
+    pub fn rids_used(&self) -> u64 {
+        self.rid_limit().saturating_sub(self.free_len.load(Ordering::Relaxed) as u64)
     }
 
     /// Number of record ids handed out so far (an upper bound on live records).

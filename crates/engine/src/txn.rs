@@ -460,17 +460,17 @@ impl<'w> Transaction<'w> {
 
     /// Inserts a key that must not exist (Err(KeyExists) otherwise).
     pub fn insert(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
-        self.write(table, key, Some(Parts(&[], value)), WriteMode::Insert).map(|_| ())
+        self.write(table, key, Some(Parts::whole(value)), WriteMode::Insert).map(|_| ())
     }
 
     /// Replaces the value of a key that must exist (Err(KeyNotFound) otherwise).
     pub fn update(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<()> {
-        self.write(table, key, Some(Parts(&[], value)), WriteMode::Update).map(|_| ())
+        self.write(table, key, Some(Parts::whole(value)), WriteMode::Update).map(|_| ())
     }
 
     /// Inserts or replaces. Returns whether the key existed.
     pub fn put(&mut self, table: TableId, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.write(table, key, Some(Parts(&[], value)), WriteMode::Put)
+        self.write(table, key, Some(Parts::whole(value)), WriteMode::Put)
     }
 
     /// `put` of the value `head` followed by `tail`, without the caller building it first
