@@ -2,11 +2,15 @@
 //! written since the last one, or the record ids deleted since, pass their thresholds
 //! (`CheckpointPolicy`); with those triggers off, it waits for the interval.
 
-use std::sync::atomic::Ordering;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::WorkerId;
-use ditto_log::{open, CheckpointPolicy, Durability, LogOptions, OpenOptions};
+use ditto_log::storage::{LogFile, RealStorage, Storage};
+use ditto_log::{open, CheckpointPolicy, Durability, LogOptions, OpenOptions, CHECKPOINT_RETRY_AFTER};
 
 fn opts() -> OpenOptions {
     OpenOptions {
@@ -135,4 +139,67 @@ fn the_policy_decides_by_the_first_trigger_due() {
     };
     assert_eq!(off.due(all), None);
     assert!(p.any());
+}
+
+/// Storage whose checkpoint files cannot be created while `full` is set (a full disk for
+/// checkpoints; the log's own segments still work).
+struct CheckpointsFail {
+    full: Arc<AtomicBool>,
+}
+
+impl Storage for CheckpointsFail {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        if self.full.load(Ordering::SeqCst) && path.components().any(|c| c.as_os_str() == "checkpoints") {
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        RealStorage.create_new(path)
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        RealStorage.sync_dir(dir)
+    }
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        RealStorage.truncate_existing(path, len)
+    }
+}
+
+/// A due checkpoint that fails is not retried at every step while its trigger stays due,
+/// but after `CHECKPOINT_RETRY_AFTER`; once the disk has room it succeeds, and commits went
+/// on throughout.
+#[test]
+fn a_failed_checkpoint_is_retried_after_a_pause_not_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = Arc::new(AtomicBool::new(true));
+    let mut o = opts();
+    o.log.storage = Arc::new(CheckpointsFail { full: Arc::clone(&full) });
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let policy = CheckpointPolicy { every: None, log_growth_percent: 100, log_min_bytes: 64 << 10, reuse_min_ids: 0 };
+    let _ckpt = d.spawn_checkpointer(policy);
+    let stats = &d.logger().stats;
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let value = vec![1u8; 4096];
+    for i in 0..64u32 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &value).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    assert!(eventually(|| stats.checkpoint_failures.load(Ordering::Relaxed) >= 1), "the due checkpoint never ran");
+    let failed_at = Instant::now();
+    // The trigger is still due; without the pause the checkpointer would try every 50 ms.
+    std::thread::sleep(CHECKPOINT_RETRY_AFTER / 2);
+    assert_eq!(stats.checkpoint_failures.load(Ordering::Relaxed), 1, "retried within the pause");
+    // Commits go on while checkpoints fail.
+    w.run(|x| x.put(t, b"during", b"1").map(|_| ())).unwrap().1.wait().unwrap();
+    full.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(|| stats.checkpoints_by_log_growth.load(Ordering::Relaxed) >= 1),
+        "no checkpoint once the disk had room"
+    );
+    assert!(failed_at.elapsed() >= CHECKPOINT_RETRY_AFTER / 2);
+    assert_eq!(stats.checkpoint_failures.load(Ordering::Relaxed), 1);
+    drop(w);
+    drop(d);
+    let d = open(dir.path(), opts()).unwrap();
+    assert_eq!(d.db().count(t).unwrap(), 65);
 }
