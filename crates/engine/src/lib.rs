@@ -40,7 +40,7 @@ pub use ids::{RecordId, TableId, Ts, WorkerId};
 /// The engine's ordered index, public for `ditto bench index` and for reuse.
 pub use index::Index as BTreeIndex;
 pub use table::RECORDS_PER_TABLE_MAX;
-pub use txn::{Direction, ReadTxn, Transaction};
+pub use txn::{Direction, KeyVersion, ReadTxn, Transaction};
 
 /// Starts loading the cache line holding `p` into L1, without waiting for it.
 #[inline(always)]

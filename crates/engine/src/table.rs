@@ -51,6 +51,19 @@ pub(crate) struct Table {
     free: Mutex<VecDeque<(u64, Ts)>>,
     /// `free.len()`, read without the lock so that inserts skip it when there is nothing.
     free_len: AtomicUsize,
+    /// For the keys hashing to each slot, the newest tombstone unlinked from the index:
+    /// what lets `Transaction::changed_since` tell a key that was deleted before a read
+    /// from one created and deleted after it, once either record is gone.
+    unlinked: Box<[AtomicU64]>,
+}
+
+/// Slots of `Table::unlinked` (32 KiB a table): a key shares its slot with one in 4,096.
+const UNLINKED_SLOTS: usize = 4096;
+
+/// The `Table::unlinked` slot of a key (FNV-1a).
+fn unlinked_slot(key: &[u8]) -> usize {
+    let h = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    (h ^ (h >> 32)) as usize % UNLINKED_SLOTS
 }
 
 impl Table {
@@ -63,7 +76,20 @@ impl Table {
             next_rid: AtomicU64::new(0),
             free: Mutex::new(VecDeque::new()),
             free_len: AtomicUsize::new(0),
+            unlinked: (0..UNLINKED_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Notes that `key`'s record, ended by a tombstone at `ts`, is leaving the index.
+    /// Called before it leaves, so whoever misses the key in the index sees the note.
+    pub(crate) fn note_unlinked(&self, key: &[u8], ts: Ts) {
+        self.unlinked[unlinked_slot(key)].fetch_max(ts.0, Ordering::SeqCst);
+    }
+
+    /// Whether a tombstone newer than `since` may have been unlinked for `key`: true if one
+    /// was (exact), or if one was for another key of the same slot.
+    pub(crate) fn unlinked_after(&self, key: &[u8], since: Ts) -> bool {
+        self.unlinked[unlinked_slot(key)].load(Ordering::SeqCst) > since.0
     }
 
     /// Gives back the ids of records unlinked, each with the timestamp of the tombstone

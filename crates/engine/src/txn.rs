@@ -54,6 +54,17 @@ pub enum Direction {
     Reverse,
 }
 
+/// What [`Transaction::version`] read of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyVersion {
+    /// The commit timestamp of the newest committed version; `Ts(0)` with no record.
+    pub ts: Ts,
+    /// Whether that version holds a value (false: deleted, or no record).
+    pub present: bool,
+    /// The commit clock just before the read: any later write of the key commits above it.
+    missed_at: Ts,
+}
+
 struct WriteEntry {
     table: TableId,
     rid: RecordId,
@@ -444,18 +455,47 @@ impl<'w> Transaction<'w> {
         Ok(self.s.value(seen))
     }
 
-    /// The commit timestamp of the key's newest committed version (a delete's tombstone
-    /// counts), or `Ts(0)` if the key was never written. Validated at commit like any read,
-    /// so a change after this call aborts the transaction. For a key this transaction has
-    /// written, the timestamp of the version it overwrote. Redis's WATCH is built on this.
-    pub fn version_ts(&mut self, table: TableId, key: &[u8]) -> Result<Ts> {
-        let Some(rec) = self.locate(table, key)? else { return Ok(Ts(0)) };
+    /// The key's newest committed version: its commit timestamp (a delete's tombstone
+    /// counts; `Ts(0)` where the key has no record: never written, or deleted and its
+    /// tombstone since cleaned up) and whether it holds a value. Validated at commit like
+    /// any read, so a change after this call aborts the transaction. For a key this
+    /// transaction has written, the version it overwrote. Redis's WATCH is built on this
+    /// and `changed_since`.
+    pub fn version(&mut self, table: TableId, key: &[u8]) -> Result<KeyVersion> {
+        // Read before the search: whatever writes the key after a miss commits above it.
+        let clock = self.worker.db.clock().visible_ts();
+        let Some(rec) = self.locate(table, key)? else {
+            return Ok(KeyVersion { ts: Ts(0), present: false, missed_at: clock });
+        };
         if let Some(i) = self.s.find_write(rec) {
-            return Ok(Ts(self.s.writes[i].observed_tid & TS_MASK));
+            let w = &self.s.writes[i];
+            return Ok(KeyVersion { ts: Ts(w.observed_tid & TS_MASK), present: w.existed, missed_at: clock });
         }
-        let (tid, _) = rec.read_latest(&self.guard);
+        let (tid, head) = rec.read_latest(&self.guard);
         self.s.reads.push((rec, tid));
-        Ok(Ts(tid & TS_MASK))
+        let present = head.is_some_and(|v| v.value().is_some());
+        Ok(KeyVersion { ts: Ts(tid & TS_MASK), present, missed_at: clock })
+    }
+
+    /// Whether `key` was written after `then` was read of it (by `version`, in this or an
+    /// earlier transaction): its newest version is another one, or the key was absent then
+    /// and is absent now but a tombstone newer than that read left the index meanwhile
+    /// (it was created and deleted again, and the cleanup took the record). An absent key
+    /// whose own older tombstone was cleaned up meanwhile has not changed. Exact, but for
+    /// a rare `true` where another key sharing one of 4,096 slots had a tombstone cleaned
+    /// up meanwhile. The read is validated at commit like any.
+    pub fn changed_since(&mut self, table: TableId, key: &[u8], then: KeyVersion) -> Result<bool> {
+        let now = self.version(table, key)?;
+        if (now.ts, now.present) == (then.ts, then.present) {
+            // The same version; or no record then nor now, and none cleaned up since.
+            return Ok(now.ts == Ts(0) && self.table(table)?.unlinked_after(key, then.missed_at));
+        }
+        if now.ts == Ts(0) && !then.present {
+            // Absent then (a tombstone), gone now: its own tombstone was cleaned up, unless
+            // a newer one for the key was.
+            return Ok(self.table(table)?.unlinked_after(key, then.ts.max(then.missed_at)));
+        }
+        Ok(true)
     }
 
     /// Inserts a key that must not exist (Err(KeyExists) otherwise).
@@ -602,9 +642,42 @@ impl<'w> Transaction<'w> {
         limit: usize,
         max_bytes: usize,
     ) -> Result<(Vec<(Bytes, Bytes)>, bool)> {
-        let t = self.table(table)?;
         let mut bytes = 0usize;
         let mut out = Vec::new();
+        let complete = self.walk(table, lo, hi, dir, |key, v| {
+            bytes = bytes.saturating_add(key.len() + v.len());
+            out.push((key.clone(), Bytes::copy_from_slice(v)));
+            !((limit != 0 && out.len() >= limit) || bytes > max_bytes)
+        })?;
+        Ok((out, complete))
+    }
+
+    /// Calls `f(key, value)` for the present keys of the range in order, this
+    /// transaction's own writes included, until it returns false. The part walked is
+    /// validated at commit as a scan's is: a key added or removed there by another
+    /// transaction aborts this one. Values are not copied.
+    pub fn for_each(
+        &mut self,
+        table: TableId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        self.walk(table, lo, hi, Direction::Forward, |k, v| f(k, v)).map(|_| ())
+    }
+
+    /// The walk under `scan_within` and `for_each`: `f(key, value)` for each present key
+    /// until it returns false; records the part walked for validation at commit. Returns
+    /// whether the whole range was walked.
+    fn walk(
+        &mut self,
+        table: TableId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        dir: Direction,
+        mut f: impl FnMut(&Bytes, &[u8]) -> bool,
+    ) -> Result<bool> {
+        let t = self.table(table)?;
         let mut fp = Fingerprint::default();
         let mut stopped_at: Option<Bytes> = None;
         let mut visit = |this: &mut Self, rid: RecordId| -> bool {
@@ -618,7 +691,7 @@ impl<'w> Transaction<'w> {
                     if w.observed_tid != 0 {
                         fp.add(rid);
                     }
-                    w.version.value().map(Bytes::copy_from_slice)
+                    w.version.value()
                 }
                 None => {
                     let (tid, head) = rec.read_latest(&this.guard);
@@ -626,13 +699,11 @@ impl<'w> Transaction<'w> {
                         fp.add(rid);
                         this.s.reads.push((rec, tid));
                     }
-                    head.and_then(|v| v.value()).map(Bytes::copy_from_slice)
+                    head.and_then(|v| v.value())
                 }
             };
             if let Some(v) = value {
-                bytes = bytes.saturating_add(key.len() + v.len());
-                out.push((key.clone(), v));
-                if (limit != 0 && out.len() >= limit) || bytes > max_bytes {
+                if !f(key, v) {
                     stopped_at = Some(key.clone());
                     return false;
                 }
@@ -645,7 +716,7 @@ impl<'w> Transaction<'w> {
             Bound::Excluded(k) => Bound::Excluded(Bytes::copy_from_slice(k)),
             Bound::Unbounded => Bound::Unbounded,
         };
-        // With a limit, only the part of the range actually walked is protected.
+        // When the walk stopped early, only the part actually walked is protected.
         let complete = stopped_at.is_none();
         let (lo, hi) = match (stopped_at, dir) {
             (Some(k), Direction::Forward) => (owned(lo), Bound::Included(k)),
@@ -653,7 +724,7 @@ impl<'w> Transaction<'w> {
             (None, _) => (owned(lo), owned(hi)),
         };
         self.s.scans.push(ScanEntry { table, lo, hi, fingerprint: fp });
-        Ok((out, complete))
+        Ok(complete)
     }
 
     /// Commits and waits until the commit is durable. Returns the commit timestamp.
@@ -888,6 +959,9 @@ pub(crate) fn unlink_if(t: &Table, rid: RecordId, expect_tid: u64, guard: &Guard
     // Unlinked (still locked) before it leaves the index, so that whoever still holds its rid
     // (a transaction's remembered keys) sees it gone by the time a new record takes the key.
     rec.tid.store(cur | UNLINKED_BIT | LOCK_BIT, Ordering::Release);
+    if cur != 0 {
+        t.note_unlinked(key, Ts(cur));
+    }
     // SAFETY: we hold the lock, and every snapshot sees the tombstone (ts `cur`).
     unsafe { rec.trim_locked(Ts(cur), guard) };
     t.index.remove_if(key, rid.0, guard);
