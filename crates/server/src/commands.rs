@@ -137,21 +137,35 @@ impl Spec {
     }
 }
 
+/// Redis's text: the name, then each argument quoted and followed by a space while the
+/// arguments written stay under 128 bytes, each cut to what is left of them.
 pub fn unknown_command(args: &[Bytes]) -> Reply {
-    let name = String::from_utf8_lossy(&args[0]);
-    let rest: Vec<String> =
-        args[1..].iter().take(8).map(|a| format!("'{}'", sanitize(&String::from_utf8_lossy(a)))).collect();
-    Reply::err(format!("ERR unknown command '{}', with args beginning with: {}", sanitize(&name), rest.join(" ")))
+    let mut rest: Vec<u8> = Vec::new();
+    for a in &args[1..] {
+        if rest.len() >= 128 {
+            break;
+        }
+        let room = 128 - rest.len();
+        rest.push(b'\'');
+        rest.extend_from_slice(&a[..a.len().min(room)]);
+        rest.extend_from_slice(b"' ");
+    }
+    let name = &args[0][..args[0].len().min(128)];
+    Reply::err(format!(
+        "ERR unknown command '{}', with args beginning with: {}",
+        one_line(&String::from_utf8_lossy(name)),
+        one_line(&String::from_utf8_lossy(&rest))
+    ))
 }
 
 pub fn wrong_arity(spec: &Spec) -> Reply {
     Reply::err(format!("ERR wrong number of arguments for '{}' command", spec.lower_name()))
 }
 
-/// Client text echoed in an error line, with line breaks and other control bytes removed
-/// (an error reply is one line) and cut short.
-fn sanitize(s: &str) -> String {
-    s.chars().filter(|c| !c.is_control()).take(128).collect()
+/// Client text echoed in an error line: an error reply is one line, so line breaks become
+/// spaces, as Redis does.
+fn one_line(s: &str) -> String {
+    s.replace(['\r', '\n'], " ")
 }
 
 pub const SYNTAX: &str = "ERR syntax error";
@@ -237,7 +251,13 @@ pub fn run_data(
         "INCR" => return incr_by(ks, db, txn, &a[0], Some(1)),
         "DECR" => return incr_by(ks, db, txn, &a[0], Some(-1)),
         "INCRBY" => return incr_by(ks, db, txn, &a[0], parse_int(&a[1])),
-        "DECRBY" => return incr_by(ks, db, txn, &a[0], parse_int(&a[1]).and_then(i64::checked_neg)),
+        "DECRBY" => {
+            // Redis refuses i64::MIN before it looks at the key: its negation overflows.
+            return match parse_int(&a[1]) {
+                Some(i64::MIN) => Ok(Reply::err("ERR decrement would overflow")),
+                by => incr_by(ks, db, txn, &a[0], by.map(|n| -n)),
+            };
+        }
         "APPEND" => match ks.get_string(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(old) => {
@@ -472,8 +492,13 @@ fn values_len(values: &[std::result::Result<Option<Bytes>, WrongType>]) -> usize
 }
 
 /// The byte range GETRANGE answers for a string of `len` bytes: Redis's rules (negative
-/// indexes count from the end, both ends inclusive and clamped), `None` for empty.
+/// indexes count from the end, both ends inclusive and clamped), `None` for empty. Two
+/// negative indexes out of order are empty before any clamping (`GETRANGE k -5 -7` is
+/// empty even where clamping both to 0 would give the first byte).
 fn string_range(len: usize, start: i64, end: i64) -> Option<std::ops::Range<usize>> {
+    if start < 0 && end < 0 && start > end {
+        return None;
+    }
     let len = len as i64;
     let at = |i: i64| if i < 0 { (len + i).max(0) } else { i };
     let (start, end) = (at(start), at(end).min(len - 1));

@@ -312,6 +312,10 @@ impl Keyspace {
                 removed += 1;
             }
         }
+        if removed == 0 {
+            // Nothing changed: no write, so a WATCH of the key sees no change (as in Redis).
+            return Ok(0);
+        }
         let left = len.checked_sub(removed).ok_or_else(|| {
             ditto_engine::Error::Corrupt(format!("hash field count {len} is below the {removed} fields removed"))
         })?;

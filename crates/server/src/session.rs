@@ -16,10 +16,12 @@
 //! ```
 //!
 //! A data command outside MULTI is one engine transaction; MULTI/EXEC is one transaction
-//! for every queued data command. WATCH remembers the commit timestamp of each watched
-//! key's newest version; EXEC re-reads them inside its transaction and answers nil without
-//! writing if any differs (the read is validated at commit, so a change racing with EXEC
-//! aborts and retries it, and the retry sees the change).
+//! for every queued data command. WATCH remembers each watched key's newest version (commit
+//! timestamp, and whether it holds a value); EXEC asks inside its transaction whether any
+//! changed since (`Transaction::changed_since`, which also sees a key created and deleted
+//! again after its record left the index) and answers nil without writing if one did. The
+//! read is validated at commit, so a change racing with EXEC aborts and retries it, and the
+//! retry sees the change.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use ditto_engine::{CommitTicket, Database, Error, Transaction, Ts, Worker, RETRIES_MAX};
+use ditto_engine::{CommitTicket, Database, Error, KeyVersion, Transaction, Ts, Worker, RETRIES_MAX};
 use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
@@ -239,8 +241,8 @@ pub struct Session {
     multi_bytes: usize,
     /// A request queued inside MULTI was refused: EXEC answers EXECABORT.
     multi_failed: bool,
-    /// (db, key) -> commit ts of the key's newest version when first WATCHed.
-    watched: std::collections::HashMap<(u8, Bytes), Ts>,
+    /// (db, key) -> the key's newest version when first WATCHed.
+    watched: std::collections::HashMap<(u8, Bytes), KeyVersion>,
     /// The bytes of the watched keys (plus `QUEUED_ARG_OVERHEAD` each), bounded as a MULTI
     /// queue is.
     watched_bytes: usize,
@@ -291,7 +293,18 @@ impl Session {
             Err(refused) => {
                 self.flag_multi();
                 stats.rejected.fetch_add(1, Ordering::Relaxed);
-                Outcome::now(refused)
+                Outcome::now(match (SPECS[i].name, refused) {
+                    // As Redis: an EXEC refused before it runs (arity, auth, maxmemory)
+                    // discards the transaction instead of leaving it open.
+                    ("EXEC", Reply::Error(msg)) => {
+                        self.multi = None;
+                        self.multi_failed = false;
+                        self.unwatch();
+                        let why = msg.strip_prefix("ERR ").unwrap_or(&msg);
+                        Reply::err(format!("EXECABORT Transaction discarded because of: {why}"))
+                    }
+                    (_, refused) => refused,
+                })
             }
         };
         if out.reply.is_error() {
@@ -396,13 +409,6 @@ impl Session {
             sh.memory.over()
         } {
             sh.memory.rejections.fetch_add(1, Ordering::Relaxed);
-            if spec.name == "EXEC" {
-                // As Redis: the transaction is discarded, not left open.
-                self.multi = None;
-                self.multi_failed = false;
-                self.unwatch();
-                return Err(Reply::err(format!("EXECABORT Transaction discarded because of: {OOM}")));
-            }
             return Err(Reply::err(OOM));
         }
         if let Some(queue) = self.multi.as_mut() {
@@ -490,8 +496,8 @@ impl Session {
             let res = keys
                 .iter()
                 .try_for_each(|k| {
-                    let ts = txn.version_ts(sh.ks.keys, &Keyspace::key_row(self.db, k))?;
-                    seen.push((self.db, k.clone(), ts));
+                    let v = txn.version(sh.ks.keys, &Keyspace::key_row(self.db, k))?;
+                    seen.push((self.db, k.clone(), v));
                     Ok(())
                 })
                 .and_then(|()| txn.commit_async());
@@ -533,8 +539,8 @@ impl Session {
             let mut wait = Ts(0);
             let mut wrote = false;
             let attempt = (|| -> Result<Option<Vec<Reply>>, Error> {
-                for ((db, key), ts) in &watched {
-                    if txn.version_ts(sh.ks.keys, &Keyspace::key_row(*db, key))? != *ts {
+                for ((db, key), then) in &watched {
+                    if txn.changed_since(sh.ks.keys, &Keyspace::key_row(*db, key), *then)? {
                         return Ok(None);
                     }
                 }
@@ -552,6 +558,12 @@ impl Session {
                             Err(e @ Error::TooLarge { .. }) => replies.push(engine_error(&e)),
                             Err(e) => return Err(e),
                         }
+                    } else if matches!(spec.name, "DBSIZE" | "SCAN" | "KEYS") {
+                        // Inside the transaction: they see its earlier writes, and a key
+                        // another client adds or removes in the range they walked
+                        // meanwhile makes the commit fail and the EXEC run again.
+                        let out = self.read_keys(spec, &args[1..], sh, &mut Reader::Txn(&mut txn));
+                        replies.push(out.reply);
                     } else {
                         let out = self.conn_command(spec, args, sh);
                         wait = wait.max(out.wait);
@@ -622,14 +634,22 @@ impl Session {
                 (Some(n), Some(t)) if n >= 0 && t >= 0 => Reply::Int(0),
                 _ => Reply::err(commands::NOT_INTEGER),
             },
-            "DBSIZE" => return dbsize(self.db, sh),
-            "SCAN" => return scan(self.db, a, sh),
-            "KEYS" => return keys(self.db, &a[0], sh),
+            "DBSIZE" | "SCAN" | "KEYS" => return self.read_keys(spec, a, sh, &mut Reader::Snapshot(sh.db.read())),
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
             "DITTO.WAITTS" => return wait_ts(a, sh),
             other => unreachable!("{other} is not a connection command"),
         };
         Outcome::now(reply)
+    }
+
+    /// DBSIZE, SCAN and KEYS, which walk the keyspace, at `at`.
+    fn read_keys(&self, spec: &Spec, a: &[Bytes], sh: &Shared, at: &mut Reader) -> Outcome {
+        match spec.name {
+            "DBSIZE" => dbsize(self.db, sh, at),
+            "SCAN" => scan(self.db, a, sh, at),
+            "KEYS" => keys(self.db, &a[0], sh, at),
+            other => unreachable!("{other} does not walk the keyspace"),
+        }
     }
 
     fn auth(&mut self, a: &[Bytes], sh: &Shared) -> Reply {
@@ -816,22 +836,52 @@ fn command_info(a: &[Bytes]) -> Reply {
 }
 
 /// Counts the keys of `db` at a snapshot: O(keys), unlike Redis's O(1).
-fn dbsize(db: u8, sh: &Shared) -> Outcome {
-    let snap = sh.db.read();
+fn dbsize(db: u8, sh: &Shared, at: &mut Reader) -> Outcome {
     let mut n = 0i64;
     let (lo, hi) = db_range(db);
-    let res = snap.for_each(
+    let res = at.for_each(
         sh.ks.keys,
         std::ops::Bound::Included(&lo[..]),
         hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
-        |_, _| {
+        &mut |_, _| {
             n += 1;
             true
         },
     );
     match res {
-        Ok(()) => Outcome::after(Reply::Int(n), snap.ts()),
+        Ok(()) => Outcome::after(Reply::Int(n), at.wait()),
         Err(e) => Outcome::now(engine_error(&e)),
+    }
+}
+
+/// Where DBSIZE, KEYS and SCAN read: a snapshot of their own, or inside EXEC the EXEC's
+/// transaction, so that they see its earlier writes and are serialized with it.
+pub(crate) enum Reader<'a, 't> {
+    Snapshot(ditto_engine::ReadTxn<'a>),
+    Txn(&'a mut Transaction<'t>),
+}
+
+impl Reader<'_, '_> {
+    fn for_each(
+        &mut self,
+        table: ditto_engine::TableId,
+        lo: std::ops::Bound<&[u8]>,
+        hi: std::ops::Bound<&[u8]>,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        match self {
+            Reader::Snapshot(snap) => snap.for_each(table, lo, hi, f),
+            Reader::Txn(txn) => txn.for_each(table, lo, hi, f),
+        }
+    }
+
+    /// What a reply read here waits for: the snapshot's commits to be durable; inside
+    /// EXEC the EXEC's own commit, which it waits for anyway.
+    fn wait(&self) -> Ts {
+        match self {
+            Reader::Snapshot(snap) => snap.ts(),
+            Reader::Txn(_) => Ts(0),
+        }
     }
 }
 
@@ -843,17 +893,16 @@ fn db_range(db: u8) -> (Vec<u8>, Option<Vec<u8>>) {
 /// whole keyspace for it too; SCAN is the way that does not). A reply that would pass
 /// `max_output_bytes` is refused as soon as it does, so a large keyspace is never copied
 /// whole into a reply the server would not send.
-fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
-    let snap = sh.db.read();
+fn keys(db: u8, pattern: &[u8], sh: &Shared, at: &mut Reader) -> Outcome {
     let (lo, hi) = db_range(db);
     let mut keys = Vec::new();
     // What the keys take encoded: `$<len>\r\n<key>\r\n`, at most 24 bytes besides the key.
     let mut bytes = 0usize;
-    let res = snap.for_each(
+    let res = at.for_each(
         sh.ks.keys,
         std::ops::Bound::Included(&lo[..]),
         hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
-        |row, _| {
+        &mut |row, _| {
             if glob_match(pattern, &row[1..]) {
                 bytes += row.len() - 1 + 24;
                 keys.push(Reply::Bulk(Bytes::copy_from_slice(&row[1..])));
@@ -866,7 +915,7 @@ fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
             "ERR the keys matching would pass max_output_bytes ({}); use SCAN",
             sh.max_output_bytes
         ))),
-        Ok(()) => Outcome::after(Reply::Array(keys), snap.ts()),
+        Ok(()) => Outcome::after(Reply::Array(keys), at.wait()),
         Err(e) => Outcome::now(engine_error(&e)),
     }
 }
@@ -874,7 +923,7 @@ fn keys(db: u8, pattern: &[u8], sh: &Shared) -> Outcome {
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE type], at a fresh snapshot per call. Keys
 /// present for a whole scan are returned once; keys added or removed meanwhile may or may
 /// not be (Redis's guarantee).
-fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
+fn scan(db: u8, a: &[Bytes], sh: &Shared, at: &mut Reader) -> Outcome {
     let Some(cursor) = std::str::from_utf8(&a[0]).ok().and_then(|s| s.parse::<u64>().ok()) else {
         return Outcome::now(Reply::err("ERR invalid cursor"));
     };
@@ -904,15 +953,14 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
             _ => return Outcome::now(Reply::err("ERR invalid cursor")),
         }
     };
-    let snap = sh.db.read();
     let mut keys = Vec::new();
     let mut examined = 0;
     let mut last: Option<Bytes> = None;
-    let res = snap.for_each(
+    let res = at.for_each(
         sh.ks.keys,
         lo.as_ref().map(|v| &v[..]),
         hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
-        |row, value| {
+        &mut |row, value| {
             let key = &row[1..];
             examined += 1;
             let type_ok = kind.as_ref().is_none_or(|k| type_name_of(value).as_bytes() == &k[..]);
@@ -933,7 +981,7 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared) -> Outcome {
         Some(k) => sh.cursors.lock().issue(db, k),
         None => 0,
     };
-    Outcome::after(Reply::Array(vec![Reply::bulk(next.to_string()), Reply::Array(keys)]), snap.ts())
+    Outcome::after(Reply::Array(vec![Reply::bulk(next.to_string()), Reply::Array(keys)]), at.wait())
 }
 
 /// CONFIG GET pattern...: the parameters in `Shared::config_view` whose names match a glob,
@@ -1132,8 +1180,9 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     }
     if want("keyspace") {
         out.push_str("# Keyspace\r\n");
+        let mut at = Reader::Snapshot(sh.db.read());
         for db in 0..DATABASES as u8 {
-            if let Reply::Int(n) = dbsize(db, sh).reply {
+            if let Reply::Int(n) = dbsize(db, sh, &mut at).reply {
                 if n > 0 {
                     let _ = write!(out, "db{db}:keys={n},expires=0,avg_ttl=0\r\n");
                 }
@@ -1373,6 +1422,81 @@ mod tests {
         assert!(cmd(&mut a, &sh, &mut w, "GET").is_error());
         assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
         assert_eq!(cmd(&mut a, &sh, &mut w, "GET k"), Reply::bulk("10"));
+    }
+
+    /// Found by the differential test against Redis (crates/ditto/tests/redis_differential.rs):
+    /// what WATCH counts as a change, what KEYS and DBSIZE see inside EXEC, and an EXEC
+    /// refused before it runs.
+    #[test]
+    fn watch_exec_and_keys_inside_exec_behave_as_in_redis() {
+        let (sh, mut w) = setup();
+        let mut a = Session::new(&sh);
+        let mut b = Session::new(&sh);
+        for s in [&mut a, &mut b] {
+            assert_eq!(cmd(s, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        }
+        let exec_ok = |a: &mut Session, w: &mut Worker| match cmd(a, &sh, w, "EXEC") {
+            Reply::Array(_) => true,
+            Reply::NilArray => false,
+            other => panic!("EXEC answered {other:?}"),
+        };
+        // An HDEL that removes nothing writes nothing: no change for WATCH.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "HSET h f 1"), Reply::Int(1));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH h"), Reply::Ok);
+        assert_eq!(cmd(&mut b, &sh, &mut w, "HDEL h nosuchfield"), Reply::Int(0));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(exec_ok(&mut a, &mut w), "an HDEL of no field is no change");
+        assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH h"), Reply::Ok);
+        assert_eq!(cmd(&mut b, &sh, &mut w, "SET h x NX"), Reply::Nil);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(exec_ok(&mut a, &mut w), "a SET NX that did not set is no change");
+        // A deleted key whose tombstone is cleaned up between WATCH and EXEC is unchanged...
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SET gone 1"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "DEL gone"), Reply::Int(1));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH gone"), Reply::Ok);
+        sh.db.reclaim();
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(exec_ok(&mut a, &mut w), "a cleaned-up tombstone is no change");
+        // ...but a key created (and deleted again) meanwhile is a change.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH gone"), Reply::Ok);
+        assert_eq!(cmd(&mut b, &sh, &mut w, "SET gone 2"), Reply::Ok);
+        assert_eq!(cmd(&mut b, &sh, &mut w, "DEL gone"), Reply::Int(1));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(!exec_ok(&mut a, &mut w), "created and deleted meanwhile is a change");
+        // Still a change once that record too has left the index; for a key never written
+        // before the WATCH as well.
+        for key in ["gone", "never"] {
+            sh.db.reclaim();
+            assert_eq!(cmd(&mut a, &sh, &mut w, &format!("WATCH {key}")), Reply::Ok);
+            assert_eq!(cmd(&mut b, &sh, &mut w, &format!("SET {key} 3")), Reply::Ok);
+            assert_eq!(cmd(&mut b, &sh, &mut w, &format!("DEL {key}")), Reply::Int(1));
+            sh.db.reclaim();
+            assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+            assert!(!exec_ok(&mut a, &mut w), "{key}: created and deleted, then cleaned up, is a change");
+        }
+        // KEYS and DBSIZE inside EXEC see the EXEC's own earlier writes.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        for c in ["SET new 1", "KEYS n*", "DBSIZE", "DEL new", "DBSIZE"] {
+            assert_eq!(cmd(&mut a, &sh, &mut w, c), Reply::Simple("QUEUED"));
+        }
+        assert_eq!(
+            cmd(&mut a, &sh, &mut w, "EXEC"),
+            Reply::Array(vec![
+                Reply::Ok,
+                Reply::Array(vec![Reply::bulk("new")]),
+                Reply::Int(2),
+                Reply::Int(1),
+                Reply::Int(1)
+            ])
+        );
+        // EXEC refused before it runs (here its arity) discards the transaction.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SET k 1"), Reply::Simple("QUEUED"));
+        assert_eq!(
+            cmd(&mut a, &sh, &mut w, "EXEC now"),
+            Reply::err("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")
+        );
+        assert_eq!(cmd(&mut a, &sh, &mut w, "GET k"), Reply::Nil, "not queued any more: runs at once");
     }
 
     #[test]
