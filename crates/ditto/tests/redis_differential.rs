@@ -108,40 +108,55 @@ impl Client<TcpStream> {
     }
 }
 
-impl<S: Read + Write> Client<S> {
+impl<S: Read + Write + Send> Client<S> {
     fn new(w: S, r: S) -> Self {
         Client { w, r: BufReader::new(r) }
     }
 
     fn cmd(&mut self, args: &[Vec<u8>]) -> Value {
-        let mut req = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            req.extend_from_slice(a);
-            req.extend_from_slice(b"\r\n");
-        }
-        self.w.write_all(&req).expect("send");
-        self.read()
+        self.pipeline(std::slice::from_ref(&args.to_vec())).pop().expect("one reply")
     }
 
-    fn line(&mut self) -> String {
+    /// Sends every request before reading any reply (from another thread, so that a server
+    /// that stops reading while its replies wait cannot deadlock the test), then reads the
+    /// replies.
+    fn pipeline(&mut self, batch: &[Vec<Vec<u8>>]) -> Vec<Value> {
+        let mut req = Vec::new();
+        for args in batch {
+            req.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for a in args {
+                req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                req.extend_from_slice(a);
+                req.extend_from_slice(b"\r\n");
+            }
+        }
+        let (w, r) = (&mut self.w, &mut self.r);
+        std::thread::scope(|scope| {
+            let sender = scope.spawn(move || w.write_all(&req).expect("send"));
+            let replies = batch.iter().map(|_| Self::read(r)).collect();
+            sender.join().expect("the sender");
+            replies
+        })
+    }
+
+    fn line(r: &mut BufReader<S>) -> String {
         let mut line = Vec::new();
-        let n = self.r.read_until(b'\n', &mut line).expect("read a reply");
+        let n = r.read_until(b'\n', &mut line).expect("read a reply");
         assert!(n >= 2 && line.ends_with(b"\r\n"), "reply line cut short: {line:?}");
         line.truncate(line.len() - 2);
         String::from_utf8(line).expect("reply line is UTF-8")
     }
 
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
+    fn bytes(r: &mut BufReader<S>, n: usize) -> Vec<u8> {
         let mut buf = vec![0; n + 2];
-        self.r.read_exact(&mut buf).expect("read a bulk");
+        r.read_exact(&mut buf).expect("read a bulk");
         assert_eq!(&buf[n..], b"\r\n", "bulk not ended by CRLF");
         buf.truncate(n);
         buf
     }
 
-    fn read(&mut self) -> Value {
-        let line = self.line();
+    fn read(r: &mut BufReader<S>) -> Value {
+        let line = Self::line(r);
         let (kind, rest) = line.split_at(1);
         let len = || rest.parse::<i64>().unwrap_or_else(|_| panic!("bad length in {line:?}"));
         match kind {
@@ -149,16 +164,16 @@ impl<S: Read + Write> Client<S> {
             "-" => Value::Error(rest.into()),
             ":" => Value::Int(len()),
             "$" if len() < 0 => Value::Nil,
-            "$" => Value::Bulk(self.bytes(len() as usize)),
+            "$" => Value::Bulk(Self::bytes(r, len() as usize)),
             "*" if len() < 0 => Value::NilArray,
-            "*" => Value::Array((0..len()).map(|_| self.read()).collect()),
-            "~" => Value::Set((0..len()).map(|_| self.read()).collect()),
-            "%" => Value::Map((0..len()).map(|_| (self.read(), self.read())).collect()),
+            "*" => Value::Array((0..len()).map(|_| Self::read(r)).collect()),
+            "~" => Value::Set((0..len()).map(|_| Self::read(r)).collect()),
+            "%" => Value::Map((0..len()).map(|_| (Self::read(r), Self::read(r))).collect()),
             "_" => Value::Nil,
             "," => Value::Double(rest.into()),
             "#" => Value::Bool(rest == "t"),
             "=" => {
-                let b = self.bytes(len() as usize);
+                let b = Self::bytes(r, len() as usize);
                 Value::Verbatim(String::from_utf8_lossy(&b[..3]).into(), b[4..].to_vec())
             }
             _ => panic!("unknown reply type in {line:?}"),
@@ -168,7 +183,7 @@ impl<S: Read + Write> Client<S> {
 
 /// Runs a SCAN iteration with `opts` from cursor 0 to its end (bounded in steps): the
 /// keys it found, sorted, or the first reply that is not a SCAN page (an error).
-fn scan_all<S: Read + Write>(c: &mut Client<S>, opts: &[Vec<u8>]) -> Value {
+fn scan_all<S: Read + Write + Send>(c: &mut Client<S>, opts: &[Vec<u8>]) -> Value {
     let mut cursor = b"0".to_vec();
     let mut found = Vec::new();
     for _ in 0..10_000 {
@@ -332,7 +347,7 @@ impl Gen {
     fn command(&mut self) -> Vec<Vec<u8>> {
         let w = |s: &str| s.as_bytes().to_vec();
         let mut c: Vec<Vec<u8>>;
-        match self.rng.gen_range(0..46) {
+        match self.rng.gen_range(0..50) {
             0 | 1 => c = vec![w("GET"), self.key()],
             2..=4 => {
                 c = vec![w("SET"), self.key(), self.value()];
@@ -419,6 +434,18 @@ impl Gen {
                 };
             }
             44 => c = vec![w("SCAN")],
+            45 => {
+                // Connection commands with their errors (no password is configured).
+                c = match self.rng.gen_range(0..6) {
+                    0 => vec![w("AUTH"), w("secret")],
+                    1 => vec![w("AUTH"), w("default"), w("secret")],
+                    2 => vec![w("CLIENT"), w("SETNAME"), w(self.pick(&["conn", "a b", "", "x\ny"]))],
+                    3 => vec![w("CLIENT"), w("GETNAME")],
+                    _ => vec![w("HELLO"), w(self.pick(&["2", "3", "4", "x", "0"]))],
+                };
+            }
+            46 if self.rng.gen_ratio(1, 20) => c = vec![w(self.pick(&["FLUSHDB", "FLUSHALL"]))],
+            47 => c = vec![w("EXISTS"), self.key(), self.key(), self.key()],
             _ => c = vec![w("INCRBY"), self.key(), self.small()],
         }
         // Command names in any case.
@@ -426,6 +453,21 @@ impl Gen {
             c[0] = c[0].iter().map(|b| if self.rng.gen_bool(0.5) { b.to_ascii_lowercase() } else { *b }).collect();
         }
         c
+    }
+
+    /// A command of a pipeline: mostly a plain GET or SET (the runs ditto answers together),
+    /// else any command but a bare SCAN (its iteration is not pipelined).
+    fn pipelined(&mut self) -> Vec<Vec<u8>> {
+        match self.rng.gen_range(0..10) {
+            0..=3 => vec![b"GET".to_vec(), self.key()],
+            4..=6 => vec![b"SET".to_vec(), self.key(), self.value()],
+            _ => loop {
+                let c = self.next();
+                if !(c.len() == 1 && c[0].eq_ignore_ascii_case(b"SCAN")) {
+                    break c;
+                }
+            },
+        }
     }
 
     /// SCAN's options for a whole iteration (its cursors are the servers' own, so the
@@ -452,6 +494,8 @@ fn normalize(args: &[Vec<u8>], v: Value, in_multi: bool) -> Value {
         // Queued inside MULTI: the reply is +QUEUED, not the command's own.
         (_, v) if in_multi => v,
         ("HGETALL", v) => v.unordered_pairs(),
+        // HELLO's map describes the server (name, version, id): only its type is compared.
+        ("HELLO", Value::Map(_) | Value::Array(_)) => Value::Simple("(server description)".into()),
         ("HKEYS" | "HVALS" | "KEYS", v) => v.unordered(),
         (_, v) => v,
     }
@@ -499,61 +543,74 @@ fn run_seed(seed: u64, proto: u8, count: usize) {
     let mut compared = 0usize;
     // With DITTO_DIFF_DUMP=FILE, every command sent, as `conn hex-arg hex-arg...` lines.
     let mut dump = std::env::var_os("DITTO_DIFF_DUMP").map(|f| std::fs::File::create(f).expect("create the dump"));
-    for _ in 0..count {
+    while compared < count {
         let conn = usize::from(gen.rng.gen_ratio(1, 5));
         gen.in_multi = multi[conn].is_some();
-        let args = gen.next();
-        history.push(format!("[{conn}{}] {}", if gen.in_multi { " multi" } else { "" }, show(&args)));
-        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
         let (redis, ditto) = match conn {
             0 => (&mut redis, &mut ditto),
             _ => (&mut redis2, &mut ditto2),
         };
-        if let Some(f) = dump.as_mut() {
-            let hex: Vec<String> = args.iter().map(|a| a.iter().map(|b| format!("{b:02x}")).collect()).collect();
-            writeln!(f, "{conn} {}", hex.join(" ")).unwrap();
-        }
-        let (r, d) = if name == "SCAN" && !gen.in_multi {
-            let opts = gen.scan_options();
-            history.push(format!("    (a whole SCAN iteration with {})", show(&opts)));
-            (scan_all(redis, &opts), scan_all(ditto, &opts))
-        } else {
-            let (r, d) = (redis.cmd(&args), ditto.cmd(&args));
-            match &multi[conn] {
-                Some(queued) if name == "EXEC" => (normalize_exec(queued, r), normalize_exec(queued, d)),
-                _ => (normalize(&args, r, gen.in_multi), normalize(&args, d, gen.in_multi)),
+        // One command at a time, or now and then a pipeline: sent whole before any reply
+        // is read, mostly plain GETs and SETs, which ditto answers together in one
+        // transaction per run (`Session::handle_run`).
+        let batch: Vec<Vec<Vec<u8>>> = match gen.rng.gen_ratio(1, 6) {
+            false => vec![gen.next()],
+            true => {
+                let n = gen.rng.gen_range(2..40);
+                (0..n).map(|_| gen.pipelined()).collect()
             }
         };
-        if r != d {
-            let from = history
-                .len()
-                .saturating_sub(std::env::var("DITTO_DIFF_SHOW").ok().and_then(|n| n.parse().ok()).unwrap_or(30));
-            panic!(
-                "seed {seed}, RESP{proto}, command {}: replies differ\n  redis: {r:?}\n  ditto: {d:?}\nlast commands:\n  {}",
-                history.len(),
-                history[from..].join("\n  ")
-            );
+        let first = batch[0].clone();
+        if batch.len() == 1 && first[0].eq_ignore_ascii_case(b"SCAN") && first.len() == 1 && !gen.in_multi {
+            let opts = gen.scan_options();
+            history.push(format!("[{conn}] a whole SCAN iteration with {}", show(&opts)));
+            let (r, d) = (scan_all(redis, &opts), scan_all(ditto, &opts));
+            if r != d {
+                fail(seed, proto, &history, &r, &d);
+            }
+            compared += 1;
+            continue;
         }
-        compared += 1;
-        if let Some(last) = history.last_mut() {
-            let shown = format!("{r:?}");
-            last.push_str(&format!("  -> {}", &shown[..shown.len().min(60)]));
+        for args in &batch {
+            if let Some(f) = dump.as_mut() {
+                let hex: Vec<String> = args.iter().map(|a| a.iter().map(|b| format!("{b:02x}")).collect()).collect();
+                writeln!(f, "{conn} {}", hex.join(" ")).unwrap();
+            }
         }
-        // Follow the connection's MULTI state from the reply both servers gave.
-        let ended = match (name.as_str(), &r) {
-            ("EXEC", Value::Array(_) | Value::NilArray | Value::Nil) => true,
-            ("EXEC", Value::Error(e)) => e.starts_with("EXECABORT"),
-            ("DISCARD", Value::Simple(_)) => true,
-            _ => false,
-        };
-        match (&mut multi[conn], &r) {
-            (None, Value::Simple(ok)) if name == "MULTI" && ok == "OK" => multi[conn] = Some(Vec::new()),
-            (Some(_), _) if ended => multi[conn] = None,
-            (Some(queued), Value::Simple(q)) if q == "QUEUED" => queued.push(args.clone()),
-            _ => {}
+        let (rs, ds) = (redis.pipeline(&batch), ditto.pipeline(&batch));
+        let piped = if batch.len() > 1 { " piped" } else { "" };
+        for ((args, r), d) in batch.into_iter().zip(rs).zip(ds) {
+            let in_multi = multi[conn].is_some();
+            history.push(format!("[{conn}{}{piped}] {}", if in_multi { " multi" } else { "" }, show(&args)));
+            let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+            let (r, d) = match &multi[conn] {
+                Some(queued) if name == "EXEC" => (normalize_exec(queued, r), normalize_exec(queued, d)),
+                _ => (normalize(&args, r, in_multi), normalize(&args, d, in_multi)),
+            };
+            if r != d {
+                fail(seed, proto, &history, &r, &d);
+            }
+            compared += 1;
+            if let Some(last) = history.last_mut() {
+                let shown = format!("{r:?}");
+                last.push_str(&format!("  -> {}", &shown[..shown.len().min(60)]));
+            }
+            // Follow the connection's MULTI state from the reply both servers gave.
+            let ended = match (name.as_str(), &r) {
+                ("EXEC", Value::Array(_) | Value::NilArray | Value::Nil) => true,
+                ("EXEC", Value::Error(e)) => e.starts_with("EXECABORT"),
+                ("DISCARD", Value::Simple(_)) => true,
+                _ => false,
+            };
+            match (&mut multi[conn], &r) {
+                (None, Value::Simple(ok)) if name == "MULTI" && ok == "OK" => multi[conn] = Some(Vec::new()),
+                (Some(_), _) if ended => multi[conn] = None,
+                (Some(queued), Value::Simple(q)) if q == "QUEUED" => queued.push(args.clone()),
+                _ => {}
+            }
         }
     }
-    assert_eq!(compared, count);
+    assert!(compared >= count);
     // And the data the stream left behind, in each database it can reach: the keys, and
     // each key's type and value.
     let w = |s: &str| s.as_bytes().to_vec();
@@ -583,6 +640,16 @@ fn run_seed(seed: u64, proto: u8, count: usize) {
         }
     }
     assert!(keys_seen > 0, "seed {seed}: the stream left no key to compare");
+}
+
+fn fail(seed: u64, proto: u8, history: &[String], r: &Value, d: &Value) -> ! {
+    let show = std::env::var("DITTO_DIFF_SHOW").ok().and_then(|n| n.parse().ok()).unwrap_or(30);
+    let from = history.len().saturating_sub(show);
+    panic!(
+        "seed {seed}, RESP{proto}, command {}: replies differ\n  redis: {r:?}\n  ditto: {d:?}\nlast commands:\n  {}",
+        history.len(),
+        history[from..].join("\n  ")
+    );
 }
 
 fn seeds() -> Vec<u64> {

@@ -158,6 +158,39 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
     ))
 }
 
+/// CLIENT's subcommands and their arity as Redis counts it (the command and subcommand
+/// included; negative: at least).
+const CLIENT_SUBCOMMANDS: &[(&str, i32)] = &[("SETNAME", 3), ("GETNAME", 2), ("ID", 2), ("SETINFO", 4), ("INFO", 2)];
+
+/// The refusal Redis gives a container command's subcommand before running (or queueing)
+/// it: unknown, or the wrong number of arguments. CLIENT's subcommands, and CONFIG GET's
+/// arity (CONFIG's other subcommands get ditto's own answer when they run).
+pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
+    let sub = args.get(1)?.to_ascii_uppercase();
+    let arity = match spec.name {
+        "CLIENT" => match CLIENT_SUBCOMMANDS.iter().find(|(n, _)| n.as_bytes() == sub.as_slice()) {
+            Some(&(_, arity)) => arity,
+            None => {
+                let shown = &args[1][..args[1].len().min(128)];
+                return Some(Reply::err(format!(
+                    "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                    one_line(&String::from_utf8_lossy(shown))
+                )));
+            }
+        },
+        "CONFIG" if sub == b"GET" => -3,
+        _ => return None,
+    };
+    let ok = if arity >= 0 { args.len() == arity as usize } else { args.len() >= (-arity) as usize };
+    (!ok).then(|| {
+        Reply::err(format!(
+            "ERR wrong number of arguments for '{}|{}' command",
+            spec.lower_name(),
+            String::from_utf8_lossy(&sub).to_ascii_lowercase()
+        ))
+    })
+}
+
 pub fn wrong_arity(spec: &Spec) -> Reply {
     Reply::err(format!("ERR wrong number of arguments for '{}' command", spec.lower_name()))
 }

@@ -397,6 +397,9 @@ impl Session {
         if !spec.arity_ok(args.len()) {
             return Err(wrong_arity(spec));
         }
+        if let Some(refused) = commands::subcommand_refusal(spec, &args) {
+            return Err(refused);
+        }
         if !self.authed && !matches!(spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") {
             return Err(Reply::err("NOAUTH Authentication required."));
         }
@@ -659,10 +662,19 @@ impl Session {
             _ => return Reply::err(commands::SYNTAX),
         };
         let Some(expected) = &sh.password else {
-            return Reply::err(
-                "ERR AUTH <password> called without any password configured for the default user. \
-                 Are you sure your configuration is correct?",
-            );
+            // As Redis with no password: the default user takes any password, but the
+            // one-argument form is answered with an error, to catch a misconfiguration.
+            return match (a.len(), user) {
+                (1, _) => Reply::err(
+                    "ERR AUTH <password> called without any password configured for the default user. \
+                     Are you sure your configuration is correct?",
+                ),
+                (_, b"default") => {
+                    self.authed = true;
+                    Reply::Ok
+                }
+                _ => Reply::err("WRONGPASS invalid username-password pair or user is disabled."),
+            };
         };
         if user == b"default" && password_matches(expected, pass) {
             self.authed = true;
@@ -724,28 +736,23 @@ impl Session {
         ])
     }
 
+    /// CLIENT's subcommands, whose names and arity `dispatch` has checked
+    /// (`commands::subcommand_refusal`).
     fn client(&mut self, a: &[Bytes]) -> Reply {
         match a[0].to_ascii_uppercase().as_slice() {
-            b"SETNAME" if a.len() == 2 => {
+            b"SETNAME" => {
                 if a[1].iter().any(|&b| b <= b' ' || b > b'~') {
                     return Reply::err("ERR Client names cannot contain spaces, newlines or special characters.");
                 }
                 self.name = if a[1].is_empty() { None } else { Some(a[1].clone()) };
                 Reply::Ok
             }
-            b"GETNAME" if a.len() == 1 => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
-            b"ID" if a.len() == 1 => Reply::Int(self.id as i64),
+            b"GETNAME" => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
+            b"ID" => Reply::Int(self.id as i64),
             // Client libraries announce themselves; nothing here uses it.
-            b"SETINFO" if a.len() == 3 => Reply::Ok,
-            b"INFO" if a.len() == 1 => Reply::Bulk(self.client_line().into()),
-            b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO" => Reply::err(format!(
-                "ERR wrong number of arguments for 'client|{}' command",
-                String::from_utf8_lossy(&a[0]).to_ascii_lowercase()
-            )),
-            _ => Reply::err(format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                String::from_utf8_lossy(&a[0]).chars().filter(|c| !c.is_control()).take(64).collect::<String>()
-            )),
+            b"SETINFO" => Reply::Ok,
+            b"INFO" => Reply::Bulk(self.client_line().into()),
+            other => unreachable!("CLIENT {other:?} passed subcommand_refusal"),
         }
     }
 
@@ -992,9 +999,6 @@ fn config(a: &[Bytes], sh: &Shared) -> Reply {
             "ERR CONFIG {} is not supported by ditto (CONFIG GET is; settings live in the config file)",
             String::from_utf8_lossy(&a[0]).to_ascii_uppercase()
         ));
-    }
-    if a.len() < 2 {
-        return Reply::err("ERR wrong number of arguments for 'config|get' command");
     }
     let pairs = sh
         .config_view
@@ -1497,6 +1501,17 @@ mod tests {
             Reply::err("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")
         );
         assert_eq!(cmd(&mut a, &sh, &mut w, "GET k"), Reply::Nil, "not queued any more: runs at once");
+        // A subcommand's arity is checked before queueing, as the command's is.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(
+            cmd(&mut a, &sh, &mut w, "CLIENT SETNAME a b"),
+            Reply::err("ERR wrong number of arguments for 'client|setname' command")
+        );
+        assert_eq!(
+            cmd(&mut a, &sh, &mut w, "CLIENT NOSUCH"),
+            Reply::err("ERR unknown subcommand 'NOSUCH'. Try CLIENT HELP.")
+        );
+        assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
 
     #[test]
