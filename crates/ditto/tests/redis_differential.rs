@@ -45,9 +45,8 @@ enum Value {
 }
 
 impl Value {
-    /// The reply's type alone (HELLO's maps differ in their contents by design).
-    fn kind(&self) -> std::mem::Discriminant<Value> {
-        std::mem::discriminant(self)
+    fn is_error(&self) -> bool {
+        matches!(self, Value::Error(_))
     }
 
     /// The reply with the order removed where neither server promises one.
@@ -92,7 +91,12 @@ struct Client<S: Read + Write> {
     r: BufReader<S>,
 }
 
-impl Client<UnixStream> {
+/// Another connection to the same server.
+trait Another {
+    fn another(&self) -> Self;
+}
+
+impl Another for Client<UnixStream> {
     fn another(&self) -> Self {
         let s = UnixStream::connect(self.w.peer_addr().unwrap().as_pathname().unwrap()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -100,7 +104,7 @@ impl Client<UnixStream> {
     }
 }
 
-impl Client<TcpStream> {
+impl Another for Client<TcpStream> {
     fn another(&self) -> Self {
         let s = TcpStream::connect(self.w.peer_addr().unwrap()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -206,10 +210,17 @@ fn scan_all<S: Read + Write + Send>(c: &mut Client<S>, opts: &[Vec<u8>]) -> Valu
 
 struct Proc(Child);
 
-impl Drop for Proc {
-    fn drop(&mut self) {
+impl Proc {
+    /// Kills the process with SIGKILL and waits for it.
+    fn sigkill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.sigkill();
     }
 }
 
@@ -444,7 +455,7 @@ impl Gen {
                     _ => vec![w("HELLO"), w(self.pick(&["2", "3", "4", "x", "0"]))],
                 };
             }
-            46 if self.rng.gen_ratio(1, 20) => c = vec![w(self.pick(&["FLUSHDB", "FLUSHALL"]))],
+            46 if self.rng.gen_ratio(1, 100) => c = vec![w(self.pick(&["FLUSHDB", "FLUSHALL"]))],
             47 => c = vec![w("EXISTS"), self.key(), self.key(), self.key()],
             _ => c = vec![w("INCRBY"), self.key(), self.small()],
         }
@@ -519,24 +530,26 @@ fn show(args: &[Vec<u8>]) -> String {
     args.iter().map(one).collect::<Vec<_>>().join(" ")
 }
 
-/// Runs `count` commands of `seed` against both servers in `proto` (2 or 3).
-fn run_seed(seed: u64, proto: u8, count: usize) {
+/// Runs `count` commands of `seed` against both servers in `proto` (2 or 3); the number of
+/// keys whose data was compared.
+fn run_seed(seed: u64, proto: u8, count: usize) -> usize {
     let dir = tempfile::tempdir().unwrap();
-    let (_redis, mut redis) = start_redis(dir.path());
-    let (_ditto, mut ditto) = start_ditto(&dir.path().join("ditto"));
-    if proto == 3 {
-        let hello = vec![b"HELLO".to_vec(), b"3".to_vec()];
-        assert!(matches!(redis.cmd(&hello), Value::Map(_)));
-        assert!(matches!(ditto.cmd(&hello), Value::Map(_)));
-    }
-    // A second connection to each: its writes between another's WATCH and EXEC must make
+    let (_redis, redis_first) = start_redis(dir.path());
+    let ditto_dir = dir.path().join("ditto");
+    let (p, ditto_first) = start_ditto(&ditto_dir);
+    let mut ditto_proc = p;
+    // Two connections to each: writes on one between the other's WATCH and EXEC must make
     // that EXEC fail on both servers.
-    let (mut redis2, mut ditto2) = (redis.another(), ditto.another());
-    if proto == 3 {
-        let hello = vec![b"HELLO".to_vec(), b"3".to_vec()];
-        assert_eq!(redis2.cmd(&hello).kind(), ditto2.cmd(&hello).kind());
-    }
+    let ([mut redis, mut redis2], [mut ditto, mut ditto2]) =
+        (connections(redis_first, proto), connections(ditto_first, proto));
     let mut gen = Gen { rng: StdRng::seed_from_u64(seed), in_multi: false };
+    // Once, midway, ditto is killed with SIGKILL and restarted on its data: both servers'
+    // connections start again (so no MULTI, WATCH or SELECT survives on either side), and
+    // the data must be Redis's.
+    let restart_at = gen.rng.gen_range(count / 4..count * 3 / 4);
+    let mut restarted = false;
+    // Keys compared at the restart and at the end.
+    let mut keys = 0;
     let mut history: Vec<String> = Vec::new();
     // Per connection: the commands queued by its open MULTI, as both servers accepted them.
     let mut multi: [Option<Vec<Vec<Vec<u8>>>>; 2] = [None, None];
@@ -544,6 +557,31 @@ fn run_seed(seed: u64, proto: u8, count: usize) {
     // With DITTO_DIFF_DUMP=FILE, every command sent, as `conn hex-arg hex-arg...` lines.
     let mut dump = std::env::var_os("DITTO_DIFF_DUMP").map(|f| std::fs::File::create(f).expect("create the dump"));
     while compared < count {
+        if !restarted && compared >= restart_at {
+            restarted = true;
+            for (conn, open) in multi.iter_mut().enumerate() {
+                if open.take().is_some() {
+                    let discard = [b"DISCARD".to_vec()];
+                    let (r, d) = match conn {
+                        0 => (redis.cmd(&discard), ditto.cmd(&discard)),
+                        _ => (redis2.cmd(&discard), ditto2.cmd(&discard)),
+                    };
+                    assert_eq!(r, d);
+                }
+            }
+            ditto_proc.sigkill();
+            let (p, first) = start_ditto(&ditto_dir);
+            ditto_proc = p;
+            [ditto, ditto2] = connections(first, proto);
+            [redis, redis2] = connections(redis.another(), proto);
+            history.push(format!("(ditto killed with SIGKILL and restarted after {compared} commands)"));
+            keys += same_data(
+                &mut redis,
+                &mut ditto,
+                proto,
+                &format!("seed {seed}, RESP{proto}, after a SIGKILL and a restart"),
+            );
+        }
         let conn = usize::from(gen.rng.gen_ratio(1, 5));
         gen.in_multi = multi[conn].is_some();
         let (redis, ditto) = match conn {
@@ -611,35 +649,76 @@ fn run_seed(seed: u64, proto: u8, count: usize) {
         }
     }
     assert!(compared >= count);
-    // And the data the stream left behind, in each database it can reach: the keys, and
-    // each key's type and value.
-    let w = |s: &str| s.as_bytes().to_vec();
     if multi[0].is_some() {
-        assert_eq!(redis.cmd(&[w("DISCARD")]), ditto.cmd(&[w("DISCARD")]));
+        let discard = [b"DISCARD".to_vec()];
+        assert_eq!(redis.cmd(&discard), ditto.cmd(&discard));
     }
+    keys += same_data(&mut redis, &mut ditto, proto, &format!("seed {seed}, RESP{proto}, at the end"));
+    // Every reply was read, so every write was acknowledged, hence durable: after a SIGKILL
+    // and a restart, ditto holds what Redis holds.
+    ditto_proc.sigkill();
+    let (_ditto_proc, first) = start_ditto(&ditto_dir);
+    let [mut ditto, _] = connections(first, proto);
+    same_data(
+        &mut redis,
+        &mut ditto,
+        proto,
+        &format!("seed {seed}, RESP{proto}, after a SIGKILL and a restart at the end"),
+    );
+    keys
+}
+
+/// Two connections to a server, the first given, in `proto`.
+fn connections<S: Read + Write + Send>(first: Client<S>, proto: u8) -> [Client<S>; 2]
+where
+    Client<S>: Another,
+{
+    let second = first.another();
+    let mut both = [first, second];
+    if proto == 3 {
+        for c in &mut both {
+            let hello = vec![b"HELLO".to_vec(), b"3".to_vec()];
+            assert!(matches!(c.cmd(&hello), Value::Map(_)));
+        }
+    }
+    both
+}
+
+/// Compares the data of both servers in the databases the streams reach: the keys, and
+/// each key's type and value. Leaves both connections in database 0; the number of keys.
+fn same_data<A: Read + Write + Send, B: Read + Write + Send>(
+    redis: &mut Client<A>,
+    ditto: &mut Client<B>,
+    proto: u8,
+    when: &str,
+) -> usize {
+    let w = |s: &str| s.as_bytes().to_vec();
+    // The stream may have switched protocols (HELLO): back to the run's.
+    let hello = [w("HELLO"), proto.to_string().into_bytes()];
+    assert_eq!((redis.cmd(&hello).is_error(), ditto.cmd(&hello).is_error()), (false, false));
     let mut keys_seen = 0;
-    for db in ["0", "1"] {
+    for db in ["1", "0"] {
         let select = [w("SELECT"), w(db)];
         assert_eq!((redis.cmd(&select), ditto.cmd(&select)), (Value::Simple("OK".into()), Value::Simple("OK".into())));
         let all = [w("KEYS"), w("*")];
         let (rk, dk) = (redis.cmd(&all).unordered(), ditto.cmd(&all).unordered());
-        assert_eq!(rk, dk, "seed {seed}, RESP{proto}: the keys left in db {db} differ");
+        assert_eq!(rk, dk, "{when}: the keys in db {db} differ");
         let Value::Array(keys) = rk else { panic!("KEYS answered {rk:?}") };
         for k in keys {
             let Value::Bulk(k) = k else { panic!("a key is {k:?}") };
             keys_seen += 1;
             let ty = [w("TYPE"), k.clone()];
             let t = redis.cmd(&ty);
-            assert_eq!(t, ditto.cmd(&ty), "seed {seed}: TYPE {k:?}");
+            assert_eq!(t, ditto.cmd(&ty), "{when}: TYPE {k:?}");
             let read = match &t {
                 Value::Simple(t) if t == "hash" => vec![w("HGETALL"), k.clone()],
                 _ => vec![w("GET"), k.clone()],
             };
             let (rv, dv) = (normalize(&read, redis.cmd(&read), false), normalize(&read, ditto.cmd(&read), false));
-            assert_eq!(rv, dv, "seed {seed}, RESP{proto}: the value of {k:?} in db {db} differs");
+            assert_eq!(rv, dv, "{when}: the value of {k:?} in db {db} differs");
         }
     }
-    assert!(keys_seen > 0, "seed {seed}: the stream left no key to compare");
+    keys_seen
 }
 
 fn fail(seed: u64, proto: u8, history: &[String], r: &Value, d: &Value) -> ! {
@@ -661,14 +740,12 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn replies_match_redis_over_resp2() {
-    for seed in seeds() {
-        run_seed(seed, 2, 2_000);
-    }
+    let keys: usize = seeds().into_iter().map(|seed| run_seed(seed, 2, 2_000)).sum();
+    assert!(keys > 0, "no data was left to compare");
 }
 
 #[test]
 fn replies_match_redis_over_resp3() {
-    for seed in seeds() {
-        run_seed(seed + 1_000, 3, 2_000);
-    }
+    let keys: usize = seeds().into_iter().map(|seed| run_seed(seed + 1_000, 3, 2_000)).sum();
+    assert!(keys > 0, "no data was left to compare");
 }
