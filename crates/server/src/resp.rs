@@ -1,8 +1,8 @@
 //! RESP: requests in, replies out
 //! ==============================
 //! Clients send every command as a RESP2 array of bulk strings (`*N\r\n$len\r\narg\r\n...`),
-//! also after `HELLO 3`; telnet-style inline commands (one line, words split on spaces) are
-//! accepted too, as Redis does. Replies are encoded for the connection's protocol version:
+//! also after `HELLO 3`; telnet-style inline commands (one line, words split on spaces,
+//! with Redis's quoting) are accepted too, as Redis does. Replies are encoded for the connection's protocol version:
 //! RESP3 has its own null, map, set, boolean and double types, RESP2 folds them into
 //! bulk strings, integers and flat arrays.
 //!
@@ -169,9 +169,8 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
     None
 }
 
-/// An inline command: one line (ended by `\n`, an optional `\r` before it), split on
-/// spaces and tabs. No quoting, unlike redis-cli's own parser: inline commands are for
-/// people at a telnet prompt, and every client library sends arrays.
+/// An inline command: one line (ended by `\n`, an optional `\r` before it), split into
+/// arguments as Redis splits it (`split_inline`).
 fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
     let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
         if buf.len() > limits.max_inline_bytes {
@@ -182,29 +181,97 @@ fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, Pro
     if nl > limits.max_inline_bytes {
         return Err(perr("too big inline request"));
     }
-    let line = buf.split_to(nl + 1).freeze();
-    let body = line.slice(..line.len() - 1);
-    let body = if body.ends_with(b"\r") { body.slice(..body.len() - 1) } else { body };
-    let mut args = Vec::new();
-    let mut start = None;
-    for (i, &b) in body.iter().enumerate() {
-        let space = b == b' ' || b == b'\t';
-        match (start, space) {
-            (None, false) => start = Some(i),
-            (Some(s), true) => {
-                args.push(body.slice(s..i));
-                start = None;
-            }
-            _ => {}
-        }
-    }
-    if let Some(s) = start {
-        args.push(body.slice(s..));
-    }
+    let line = buf.split_to(nl + 1);
+    let body = &line[..line.len() - 1];
+    let body = body.strip_suffix(b"\r").unwrap_or(body);
+    let args = split_inline(body).ok_or_else(|| perr("unbalanced quotes in request"))?;
     if args.len() > limits.max_args {
         return Err(perr("too many arguments in inline request"));
     }
     Ok(Some(args))
+}
+
+/// Splits an inline command line into arguments as Redis does (`sdssplitargs`): words
+/// separated by white space; `"double quotes"` with the escapes `\n \r \t \b \a \xHH`
+/// (any other escaped byte stands for itself); `'single quotes'` where only `\'` is an
+/// escape. A closing quote must end the word; a line holding an unclosed quote, or a quote
+/// closed mid-word, is refused (`None`). The line ends at a NUL byte, as Redis reads it as
+/// a C string.
+fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
+    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut args = Vec::new();
+    let mut i = 0;
+    loop {
+        while i < line.len() && space(line[i]) {
+            i += 1;
+        }
+        if i == line.len() {
+            return Some(args);
+        }
+        let mut word = Vec::new();
+        let (mut double, mut single) = (false, false);
+        loop {
+            let b = line.get(i).copied();
+            let next = line.get(i + 1).copied();
+            if double {
+                match (b?, next) {
+                    (b'\\', Some(b'x'))
+                        if line.get(i + 2).and_then(|&h| hex(h)).is_some()
+                            && line.get(i + 3).and_then(|&h| hex(h)).is_some() =>
+                    {
+                        word.push(hex(line[i + 2])? * 16 + hex(line[i + 3])?);
+                        i += 3;
+                    }
+                    (b'\\', Some(c)) => {
+                        word.push(match c {
+                            b'n' => b'\n',
+                            b'r' => b'\r',
+                            b't' => b'\t',
+                            b'b' => 0x08,
+                            b'a' => 0x07,
+                            other => other,
+                        });
+                        i += 1;
+                    }
+                    (b'"', next) => {
+                        if next.is_some_and(|n| !space(n)) {
+                            return None;
+                        }
+                        i += 1;
+                        break;
+                    }
+                    (other, _) => word.push(other),
+                }
+            } else if single {
+                match (b?, next) {
+                    (b'\\', Some(b'\'')) => {
+                        word.push(b'\'');
+                        i += 1;
+                    }
+                    (b'\'', next) => {
+                        if next.is_some_and(|n| !space(n)) {
+                            return None;
+                        }
+                        i += 1;
+                        break;
+                    }
+                    (other, _) => word.push(other),
+                }
+            } else {
+                match b {
+                    None => break,
+                    Some(c) if space(c) => break,
+                    Some(b'"') => double = true,
+                    Some(b'\'') => single = true,
+                    Some(c) => word.push(c),
+                }
+            }
+            i += 1;
+        }
+        args.push(Bytes::from(word));
+    }
 }
 
 /// Protocol version of a connection (`HELLO 2|3`).
@@ -514,6 +581,29 @@ mod tests {
             got,
             vec![vec![Bytes::from("SET"), Bytes::from("k"), Bytes::from("v")], vec![Bytes::from("PING")], vec![]]
         );
+    }
+
+    /// Quotes and escapes as Redis's `sdssplitargs` reads them (the cases were checked
+    /// against redis-server 7.0 over a raw socket).
+    #[test]
+    fn inline_commands_take_quotes_as_redis_does() {
+        let split = |l: &[u8]| split_inline(l).map(|v| v.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+        let words = |w: &[&[u8]]| Some(w.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+        assert_eq!(split(br#"SET "a b" "c\x41\n""#), words(&[b"SET", b"a b", b"cA\n"]));
+        assert_eq!(split(br"SET 'x y' 'it\'s'"), words(&[b"SET", b"x y", b"it's"]));
+        assert_eq!(split(br#"ECHO "\t\a\b\\\q""#), words(&[b"ECHO", b"\t\x07\x08\\q"]));
+        assert_eq!(split(br#"SET k "\xZZ""#), words(&[b"SET", b"k", b"xZZ"]));
+        assert_eq!(split(br#"a"b c"d"#), None, "a quote closed mid-word");
+        assert_eq!(split(br#"a"b c" d"#), words(&[b"ab c", b"d"]), "a quote opened mid-word");
+        assert_eq!(split(br#"GET "a b"#), None, "an unclosed quote");
+        assert_eq!(split(b"GET 'a"), None);
+        assert_eq!(split(br#"SET "" ''"#), words(&[b"SET", b"", b""]));
+        assert_eq!(split(b"PING\0 ignored"), words(&[b"PING"]), "the line ends at a NUL");
+        assert_eq!(split(b" \x0b\x0c "), words(&[]));
+        // Through the parser: an unbalanced line is a protocol error.
+        let mut buf = BytesMut::from(&b"GET \"a b\r\n"[..]);
+        let e = RequestParser::default().next(&mut buf, &Limits::default()).unwrap_err();
+        assert_eq!(e.to_string(), "Protocol error: unbalanced quotes in request");
     }
 
     #[test]
