@@ -732,6 +732,19 @@ impl<'w> Transaction<'w> {
         self.commit_async()?.wait()
     }
 
+    /// This transaction's writes of `table` so far: each key, whether it had a value before
+    /// the transaction, and whether it has one after. What a commit of it changes in the
+    /// number of present keys (the server's DBSIZE counts come from it); "before" is what
+    /// the commit validates, so it is exact once the commit succeeds.
+    pub fn write_set(&self, table: TableId) -> impl Iterator<Item = (&[u8], bool, bool)> + '_ {
+        self.s.writes.iter().filter(move |w| w.table == table).map(|w| {
+            // SAFETY: records outlive the transaction (see TxnScratch).
+            let rec = unsafe { &*w.rec };
+            let key = rec.key.get().expect("a written record has its key");
+            (&key[..], w.existed, w.version.value().is_some())
+        })
+    }
+
     /// Commits (validates and installs) without waiting for durability: the returned ticket
     /// must be waited on before the outcome is reported to anyone.
     pub fn commit_async(mut self) -> Result<CommitTicket> {

@@ -34,12 +34,12 @@ use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
 use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
-use crate::keyspace::{prefix_end, type_name_of, Keyspace};
+use crate::keyspace::{prefix_end, type_name_of, KeyCounts, Keyspace};
 use crate::memory::{self, MemoryLimit, OOM};
 use crate::resp::{Proto, Reply};
 
 /// Databases a client can SELECT.
-pub const DATABASES: usize = 16;
+pub const DATABASES: usize = crate::keyspace::DBS;
 
 /// The most a MULTI may queue: as much as one transaction may write (the engine's
 /// `TXN_BYTES_MAX`), so a queue of writes any larger could not commit anyway. Without a
@@ -52,6 +52,8 @@ const QUEUED_ARG_OVERHEAD: usize = 32;
 pub struct Shared {
     pub db: Arc<Database>,
     pub ks: Keyspace,
+    /// Keys per database, moved by every commit (`commit_counted`).
+    pub key_counts: KeyCounts,
     /// Where durability is read from; `None` for an in-memory database (tests).
     pub log: Option<Arc<ditto_log::Logger>>,
     pub password: Option<String>,
@@ -82,7 +84,9 @@ impl Shared {
         tcp_port: u16,
     ) -> Result<Shared, Error> {
         let ks = Keyspace::open(&db)?;
+        let key_counts = KeyCounts::count(&db, &ks)?;
         Ok(Shared {
+            key_counts,
             stats: Stats::new(db.workers()),
             db,
             ks,
@@ -575,7 +579,7 @@ impl Session {
                 }
                 Ok(Some(replies))
             })();
-            let res = attempt.and_then(|r| Ok((r, txn.commit_async()?)));
+            let res = attempt.and_then(|r| Ok((r, commit_counted(sh, txn)?)));
             match res {
                 Ok((None, _)) => return Outcome::now(Reply::NilArray),
                 Ok((Some(replies), ticket)) => {
@@ -788,7 +792,7 @@ fn run_txn<T>(
     let mut tries = 0;
     loop {
         let mut txn = worker.begin();
-        match body(&mut txn).and_then(|made| Ok((made, txn.commit_async()?))) {
+        match body(&mut txn).and_then(|made| Ok((made, commit_counted(sh, txn)?))) {
             Ok(done) => {
                 sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
                 return Ok(done);
@@ -800,6 +804,14 @@ fn run_txn<T>(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Commits a transaction of data commands and moves the key counts by what it did.
+fn commit_counted(sh: &Shared, txn: Transaction<'_>) -> ditto_engine::Result<CommitTicket> {
+    let delta = KeyCounts::delta(&sh.ks, &txn);
+    let ticket = txn.commit_async()?;
+    sh.key_counts.apply(&delta);
+    Ok(ticket)
 }
 
 pub fn engine_error(e: &Error) -> Reply {
@@ -843,7 +855,14 @@ fn command_info(a: &[Bytes]) -> Reply {
 }
 
 /// Counts the keys of `db` at a snapshot: O(keys), unlike Redis's O(1).
+/// DBSIZE: inside EXEC, a walk of the database in the EXEC's transaction (exact and
+/// serialized with it); elsewhere the count kept by every commit (`KeyCounts`), in O(1).
+/// The count may include commits not yet durable: the reply waits until every commit so
+/// far is, as a read waits for what it saw.
 fn dbsize(db: u8, sh: &Shared, at: &mut Reader) -> Outcome {
+    if let Reader::Snapshot(_) = at {
+        return Outcome::after(Reply::Int(sh.key_counts.get(db)), sh.db.clock().now());
+    }
     let mut n = 0i64;
     let (lo, hi) = db_range(db);
     let res = at.for_each(
@@ -1184,12 +1203,10 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     }
     if want("keyspace") {
         out.push_str("# Keyspace\r\n");
-        let mut at = Reader::Snapshot(sh.db.read());
         for db in 0..DATABASES as u8 {
-            if let Reply::Int(n) = dbsize(db, sh, &mut at).reply {
-                if n > 0 {
-                    let _ = write!(out, "db{db}:keys={n},expires=0,avg_ttl=0\r\n");
-                }
+            let n = sh.key_counts.get(db);
+            if n > 0 {
+                let _ = write!(out, "db{db}:keys={n},expires=0,avg_ttl=0\r\n");
             }
         }
         out.push_str("\r\n");
@@ -1512,6 +1529,71 @@ mod tests {
             Reply::err("ERR unknown subcommand 'NOSUCH'. Try CLIENT HELP.")
         );
         assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+    }
+
+    /// DBSIZE's kept counts (`KeyCounts`) equal a walk of each database after every command
+    /// of a seeded random mix of everything that makes or removes keys, and a count made
+    /// afresh (as at a restart) agrees.
+    #[test]
+    fn key_counts_follow_every_command() {
+        use rand::{Rng, SeedableRng};
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        let walk = |db: u8| {
+            let (lo, hi) = db_range(db);
+            let mut n = 0i64;
+            let hi = hi.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+            sh.db
+                .read()
+                .for_each(sh.ks.keys, std::ops::Bound::Included(&lo[..]), hi, |_, _| {
+                    n += 1;
+                    true
+                })
+                .unwrap();
+            n
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let ops = [
+            "SET {k} v",
+            "SET {k} v NX",
+            "GETDEL {k}",
+            "DEL {k} {j}",
+            "HSET {k} f v g w",
+            "HDEL {k} f",
+            "HDEL {k} g",
+            "MSET {k} 1 {j} 2",
+            "MSETNX {k} 1 {j} 2",
+            "RENAME {k} {j}",
+            "RENAMENX {k} {j}",
+            "INCR {k}",
+            "APPEND {k} x",
+            "SETRANGE {k} 3 y",
+            "HINCRBY {k} f 1",
+            "SELECT 0",
+            "SELECT 1",
+            "FLUSHDB",
+            "MULTI",
+            "EXEC",
+            "DISCARD",
+        ];
+        for step in 0..3000 {
+            let op = ops[rng.gen_range(0..ops.len())];
+            if op == "FLUSHDB" && rng.gen_ratio(9, 10) {
+                continue;
+            }
+            let k = format!("k{}", rng.gen_range(0..8));
+            let j = format!("k{}", rng.gen_range(0..8));
+            cmd(&mut s, &sh, &mut w, &op.replace("{k}", &k).replace("{j}", &j));
+            for db in [0, 1] {
+                assert_eq!(sh.key_counts.get(db), walk(db), "db {db} after step {step}: {op}");
+            }
+        }
+        let fresh = KeyCounts::count(&sh.db, &sh.ks).unwrap();
+        for db in 0..DATABASES as u8 {
+            assert_eq!(fresh.get(db), sh.key_counts.get(db));
+        }
+        assert!((0..2).map(walk).sum::<i64>() > 0, "the mix left keys to count");
     }
 
     #[test]
