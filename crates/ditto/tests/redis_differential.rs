@@ -13,6 +13,11 @@
 //! documented differences in docs/server.md and is left out of the generator here with the
 //! reason (key expiry options, which ditto refuses).
 //!
+//! The replies are read by a small parser here, not `redis-protocol`'s decoders (the
+//! server's oracle in resp.rs): the streams switch a connection between RESP2 and RESP3
+//! with HELLO mid-stream, the crate has one decoder per version, and the comparison needs
+//! RESP2's nil bulk and nil array kept apart and values that sort (HGETALL, KEYS).
+//!
 //! `DITTO_DIFF_SEED=N` runs one seed; on a difference the test prints the seed, the
 //! protocol and the commands that led to it.
 

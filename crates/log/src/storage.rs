@@ -6,6 +6,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
+/// The methods with a default do what the real file system does; a stand-in overrides
+/// the ones it fails.
 pub trait Storage: Send + Sync + 'static {
     /// Creates a new file (it must not exist) for appending.
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
@@ -19,7 +21,9 @@ pub trait Storage: Send + Sync + 'static {
         self.create_new(path)
     }
     /// Makes the directory entries of `dir` durable (after creating or renaming files).
-    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        sync_dir(dir)
+    }
     /// Renames `from` to `to` (replacing `to`); the caller syncs the directory.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
@@ -30,7 +34,11 @@ pub trait Storage: Send + Sync + 'static {
     }
     /// Cuts the existing file `path` to `len` bytes and makes that durable (recovery cutting
     /// a torn tail away).
-    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()>;
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        let f = OpenOptions::new().write(true).open(path)?;
+        f.set_len(len)?;
+        f.sync_all()
+    }
 }
 
 pub trait LogFile: Send {
@@ -82,16 +90,6 @@ impl Storage for RealStorage {
             }
         }
         self.create_new(path)
-    }
-
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        sync_dir(dir)
-    }
-
-    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
-        let f = OpenOptions::new().write(true).open(path)?;
-        f.set_len(len)?;
-        f.sync_all()
     }
 }
 

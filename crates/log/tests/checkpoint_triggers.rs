@@ -157,12 +157,6 @@ impl Storage for CheckpointsFail {
     fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
         RealStorage.create_segment(path, direct)
     }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealStorage.sync_dir(dir)
-    }
-    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
-        RealStorage.truncate_existing(path, len)
-    }
 }
 
 /// A due checkpoint that fails is not retried at every step while its trigger stays due,

@@ -406,9 +406,6 @@ impl Storage for FaultyStorage {
             syncs: self.syncs.clone(),
         }))
     }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealStorage.sync_dir(dir)
-    }
     fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
         if self.fail_sync.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(5)); // EIO
@@ -1587,12 +1584,6 @@ impl Storage for Undeletable {
     }
     fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
         RealStorage.create_segment(path, direct)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealStorage.sync_dir(dir)
-    }
-    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
-        RealStorage.truncate_existing(path, len)
     }
     fn remove(&self, path: &Path) -> io::Result<()> {
         if self.fail.load(Ordering::SeqCst) {

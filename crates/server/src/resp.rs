@@ -211,62 +211,52 @@ fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
             return Some(args);
         }
         let mut word = Vec::new();
-        let (mut double, mut single) = (false, false);
+        // The quote the word is inside, if any.
+        let mut quote: Option<u8> = None;
         loop {
-            let b = line.get(i).copied();
-            let next = line.get(i + 1).copied();
-            if double {
-                match (b?, next) {
-                    (b'\\', Some(b'x'))
-                        if line.get(i + 2).and_then(|&h| hex(h)).is_some()
-                            && line.get(i + 3).and_then(|&h| hex(h)).is_some() =>
-                    {
-                        word.push(hex(line[i + 2])? * 16 + hex(line[i + 3])?);
-                        i += 3;
-                    }
-                    (b'\\', Some(c)) => {
-                        word.push(match c {
-                            b'n' => b'\n',
-                            b'r' => b'\r',
-                            b't' => b'\t',
-                            b'b' => 0x08,
-                            b'a' => 0x07,
-                            other => other,
-                        });
-                        i += 1;
-                    }
-                    (b'"', next) => {
-                        if next.is_some_and(|n| !space(n)) {
-                            return None;
-                        }
-                        i += 1;
-                        break;
-                    }
-                    (other, _) => word.push(other),
-                }
-            } else if single {
-                match (b?, next) {
-                    (b'\\', Some(b'\'')) => {
-                        word.push(b'\'');
-                        i += 1;
-                    }
-                    (b'\'', next) => {
-                        if next.is_some_and(|n| !space(n)) {
-                            return None;
-                        }
-                        i += 1;
-                        break;
-                    }
-                    (other, _) => word.push(other),
-                }
-            } else {
-                match b {
+            let Some(q) = quote else {
+                match line.get(i).copied() {
                     None => break,
                     Some(c) if space(c) => break,
-                    Some(b'"') => double = true,
-                    Some(b'\'') => single = true,
+                    Some(c @ (b'"' | b'\'')) => quote = Some(c),
                     Some(c) => word.push(c),
                 }
+                i += 1;
+                continue;
+            };
+            // Inside quotes the line must close them: its end is an error.
+            let b = *line.get(i)?;
+            let next = line.get(i + 1).copied();
+            let hex_byte = line.get(i + 2).and_then(|&h| hex(h)).zip(line.get(i + 3).and_then(|&h| hex(h)));
+            match (q, b, next, hex_byte) {
+                (b'"', b'\\', Some(b'x'), Some((hi, lo))) => {
+                    word.push(hi * 16 + lo);
+                    i += 3;
+                }
+                (b'"', b'\\', Some(c), _) => {
+                    word.push(match c {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 0x08,
+                        b'a' => 0x07,
+                        other => other,
+                    });
+                    i += 1;
+                }
+                (b'\'', b'\\', Some(b'\''), _) => {
+                    word.push(b'\'');
+                    i += 1;
+                }
+                // The closing quote, which must end the word.
+                (_, c, next, _) if c == q => {
+                    if next.is_some_and(|n| !space(n)) {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                }
+                (_, c, _, _) => word.push(c),
             }
             i += 1;
         }
