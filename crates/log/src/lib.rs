@@ -178,6 +178,7 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
         let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
         let info = checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage)?;
         report.checkpoint_write_seconds = info.seconds;
+        report.checkpoint_written_bytes = info.bytes;
         durable_ckpt_ts = info.ts;
         if opts.progress {
             eprintln!(
@@ -380,9 +381,12 @@ impl Durable {
                 (i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed), i.db.record_ids_released())
             };
             let Some(first) = weak.upgrade() else { return };
-            // Since the last checkpoint: when it began, the counters then, and its size (of
-            // the one recovery loaded, unknown here: 0, so the log's minimum applies).
-            let (mut since, mut at, mut last_bytes) = (Instant::now(), counters(&first), 0u64);
+            // Since the last checkpoint: when it began (for the one the database was opened
+            // on, the open: recovery wrote it then, or loaded it), the counters then, and its
+            // size. Recovery leaves no log behind the checkpoint it opens on, so the log
+            // written since the open is all there is.
+            let (mut since, mut at, mut last_bytes) =
+                (Instant::now(), counters(&first), first.recovery.open_checkpoint_bytes());
             drop(first);
             // After a failure, when to try again.
             let mut retry_at: Option<Instant> = None;

@@ -80,12 +80,25 @@ pub struct RecoveryReport {
     pub index_seconds: f64,
     /// Writing the checkpoint that closes recovery (0 when there was no log to replay).
     pub checkpoint_write_seconds: f64,
+    /// That checkpoint's size (0 when none was written).
+    pub checkpoint_written_bytes: u64,
     pub total_seconds: f64,
     /// Highest epoch seen in the log (new writes use a higher one).
     pub max_epoch: u64,
 }
 
 impl RecoveryReport {
+    /// The size of the checkpoint the database stands on once open: the one recovery wrote
+    /// to close, else the one it loaded (0 for a new database). The log-growth trigger
+    /// counts from it (`CheckpointPolicy`).
+    pub fn open_checkpoint_bytes(&self) -> u64 {
+        if self.checkpoint_written_bytes > 0 {
+            self.checkpoint_written_bytes
+        } else {
+            self.checkpoint_bytes
+        }
+    }
+
     pub fn log_mb_per_s(&self) -> f64 {
         if self.log_seconds > 0.0 {
             self.log_bytes as f64 / 1e6 / self.log_seconds

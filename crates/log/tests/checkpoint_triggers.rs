@@ -197,3 +197,56 @@ fn a_failed_checkpoint_is_retried_after_a_pause_not_at_once() {
     let d = open(dir.path(), opts()).unwrap();
     assert_eq!(d.db().count(t).unwrap(), 65);
 }
+
+/// After a restart, log growth counts against the checkpoint the database opened on (the
+/// one recovery wrote), not against nothing: it used to take the minimum alone, so a large
+/// database checkpointed again after `log_min_bytes` of log, whatever its size.
+#[test]
+fn after_a_restart_log_growth_counts_against_the_checkpoint_opened_on() {
+    let dir = tempfile::tempdir().unwrap();
+    // Values LZ4 cannot shrink, so sizes on disk follow the bytes written.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut value = move || -> Vec<u8> {
+        (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let t = {
+        let d = open(dir.path(), opts()).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        for i in 0..512u32 {
+            let v = value();
+            w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
+        }
+        t
+    };
+    let d = open(dir.path(), opts()).unwrap();
+    let opened_on = d.recovery().open_checkpoint_bytes();
+    assert!(opened_on >= 2 << 20, "recovery closes with a checkpoint of the 2 MiB written: {opened_on} bytes");
+    let policy = CheckpointPolicy { every: None, log_growth_percent: 100, log_min_bytes: 256 << 10, reuse_min_ids: 0 };
+    let _ckpt = d.spawn_checkpointer(policy);
+    let stats = &d.logger().stats;
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    // 1 MiB of log: four times the minimum, half the checkpoint.
+    for i in 0..256u32 {
+        let v = value();
+        w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stats.checkpoints.load(Ordering::Relaxed), 0, "checkpoint after half the opened-on checkpoint's size");
+    // Past the checkpoint's size: one, by log growth.
+    for i in 256..768u32 {
+        let v = value();
+        w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    assert!(
+        eventually(|| stats.checkpoints_by_log_growth.load(Ordering::Relaxed) >= 1),
+        "no checkpoint after 3 MiB of log on a 2 MiB checkpoint"
+    );
+}
