@@ -204,7 +204,8 @@ fn a_failed_checkpoint_is_retried_after_a_pause_not_at_once() {
 #[test]
 fn after_a_restart_log_growth_counts_against_the_checkpoint_opened_on() {
     let dir = tempfile::tempdir().unwrap();
-    // Values LZ4 cannot shrink, so sizes on disk follow the bytes written.
+    // Incompressible values: the sizes compared hold whether or not the log is compressed
+    // (`LogOptions::compress`).
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut value = move || -> Vec<u8> {
         (0..4096)
