@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ditto_engine::WorkerId;
+use ditto_engine::{TableId, Worker, WorkerId};
 use ditto_log::storage::{LogFile, RealStorage, Storage};
 use ditto_log::{open, CheckpointPolicy, Durability, LogOptions, OpenOptions, CHECKPOINT_RETRY_AFTER};
 
@@ -207,24 +207,25 @@ fn after_a_restart_log_growth_counts_against_the_checkpoint_opened_on() {
     // Incompressible values: the sizes compared hold whether or not the log is compressed
     // (`LogOptions::compress`).
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut value = move || -> Vec<u8> {
-        (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+    // Writes keys `keys`, 4 KiB each, one commit per key.
+    let mut write = move |w: &mut Worker, t: TableId, keys: std::ops::Range<u32>| {
+        for i in keys {
+            let v: Vec<u8> = (0..4096)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
+        }
     };
     let t = {
         let d = open(dir.path(), opts()).unwrap();
         let t = d.db().create_table("t").unwrap();
         let mut w = d.db().worker(WorkerId(0)).unwrap();
-        for i in 0..512u32 {
-            let v = value();
-            w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
-        }
+        write(&mut w, t, 0..512);
         t
     };
     let d = open(dir.path(), opts()).unwrap();
@@ -235,17 +236,11 @@ fn after_a_restart_log_growth_counts_against_the_checkpoint_opened_on() {
     let stats = &d.logger().stats;
     let mut w = d.db().worker(WorkerId(0)).unwrap();
     // 1 MiB of log: four times the minimum, half the checkpoint.
-    for i in 0..256u32 {
-        let v = value();
-        w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
-    }
+    write(&mut w, t, 0..256);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(stats.checkpoints.load(Ordering::Relaxed), 0, "checkpoint after half the opened-on checkpoint's size");
     // Past the checkpoint's size: one, by log growth.
-    for i in 256..768u32 {
-        let v = value();
-        w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1.wait().unwrap();
-    }
+    write(&mut w, t, 256..768);
     assert!(
         eventually(|| stats.checkpoints_by_log_growth.load(Ordering::Relaxed) >= 1),
         "no checkpoint after 3 MiB of log on a 2 MiB checkpoint"
