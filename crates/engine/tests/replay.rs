@@ -1,0 +1,127 @@
+//! Live replay on a backup (crates/engine/src/replay.rs): versions installed out of order
+//! across threads, snapshots at the published read view, a key given a new record and a
+//! record given a new key by the primary.
+
+use std::sync::Arc;
+
+use ditto_engine::{Database, Options, RecordId, ReplayEffect, TableId, Ts};
+
+fn db() -> (Arc<Database>, TableId) {
+    let db = Database::new(Options { workers: 2 });
+    let t = db.create_table("t").unwrap();
+    (db, t)
+}
+
+#[test]
+fn versions_slot_in_by_timestamp_and_snapshots_read_at_the_view() {
+    let (db, t) = db();
+    let rid = RecordId(3);
+    // Arrival order 5, 2 (the insert), 9, 7: two streams' writes to one record.
+    assert_eq!(db.replay_install(t, rid, Some(b"k"), Ts(2), Some(b"v2")).unwrap(), ReplayEffect::Created);
+    assert_eq!(db.replay_install(t, rid, None, Ts(9), Some(b"v9")).unwrap(), ReplayEffect::Unchanged);
+    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"v5")).unwrap(), ReplayEffect::Unchanged);
+    assert_eq!(db.replay_install(t, rid, None, Ts(7), None).unwrap(), ReplayEffect::Unchanged);
+    // A duplicate changes nothing.
+    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"other")).unwrap(), ReplayEffect::Unchanged);
+    for (view, want) in [(1, None), (2, Some("v2")), (4, Some("v2")), (5, Some("v5")), (7, None), (8, None), (9, Some("v9"))]
+    {
+        db.publish_read_view(Ts(view));
+        let r = db.read();
+        assert_eq!(r.ts(), Ts(view), "the snapshot reads at the published view");
+        let got = r.get(t, b"k").unwrap();
+        assert_eq!(got.as_deref(), want.map(str::as_bytes), "at view {view}");
+    }
+}
+
+#[test]
+fn a_snapshot_taken_before_a_view_moves_keeps_reading_its_own_view() {
+    let (db, t) = db();
+    db.replay_install(t, RecordId(0), Some(b"a"), Ts(1), Some(b"1")).unwrap();
+    db.publish_read_view(Ts(1));
+    let old = db.read();
+    db.replay_install(t, RecordId(0), None, Ts(2), Some(b"2")).unwrap();
+    db.replay_install(t, RecordId(1), Some(b"b"), Ts(3), Some(b"3")).unwrap();
+    db.publish_read_view(Ts(3));
+    let new = db.read();
+    assert_eq!(old.get(t, b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(old.get(t, b"b").unwrap(), None, "an insert above the view is invisible");
+    assert_eq!(new.get(t, b"a").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(new.get(t, b"b").unwrap().as_deref(), Some(&b"3"[..]));
+    // The read view never goes back.
+    db.publish_read_view(Ts(2));
+    assert_eq!(db.read().ts(), Ts(3));
+}
+
+#[test]
+fn a_key_given_a_new_record_moves_once_its_old_life_is_over() {
+    let (db, t) = db();
+    db.replay_install(t, RecordId(0), Some(b"k"), Ts(1), Some(b"old")).unwrap();
+    assert_eq!(db.replay_install(t, RecordId(0), None, Ts(2), None).unwrap(), ReplayEffect::Deleted);
+    db.publish_read_view(Ts(2));
+    // The primary unlinked record 0 and inserted "k" again as record 5 at ts 3.
+    assert_eq!(db.replay_install(t, RecordId(5), Some(b"k"), Ts(3), Some(b"new")).unwrap(), ReplayEffect::Created);
+    db.publish_read_view(Ts(3));
+    assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"new"[..]));
+    assert_eq!(db.count(t).unwrap(), 1);
+}
+
+#[test]
+fn a_record_id_given_a_new_key_waits_for_its_old_tombstone() {
+    let (db, t) = db();
+    let rid = RecordId(7);
+    db.replay_install(t, rid, Some(b"first"), Ts(1), Some(b"a")).unwrap();
+    db.publish_read_view(Ts(1));
+    let db2 = Arc::clone(&db);
+    // The new life (ts 4) arrives before the old life's tombstone (ts 3, another stream).
+    let reuse = std::thread::spawn(move || db2.replay_install(t, rid, Some(b"second"), Ts(4), Some(b"b")));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!reuse.is_finished(), "the reuse waits until everything before it is seen by every snapshot");
+    db.replay_install(t, rid, None, Ts(3), None).unwrap();
+    db.publish_read_view(Ts(3));
+    assert_eq!(reuse.join().unwrap().unwrap(), ReplayEffect::Created);
+    db.publish_read_view(Ts(4));
+    let r = db.read();
+    assert_eq!(r.get(t, b"first").unwrap(), None);
+    assert_eq!(r.get(t, b"second").unwrap().as_deref(), Some(&b"b"[..]));
+}
+
+#[test]
+fn a_new_life_over_a_live_value_is_refused_as_corruption() {
+    let (db, t) = db();
+    db.replay_install(t, RecordId(0), Some(b"k"), Ts(1), Some(b"v")).unwrap();
+    db.publish_read_view(Ts(5));
+    let err = db.replay_install(t, RecordId(1), Some(b"k"), Ts(6), Some(b"w")).unwrap_err();
+    assert!(err.to_string().contains("still holds a value"), "{err}");
+    let err = db.replay_install(t, RecordId(9), None, Ts(7), Some(b"x")).unwrap_err();
+    assert!(err.to_string().contains("no key"), "{err}");
+}
+
+#[test]
+fn parallel_replayers_build_the_same_state_as_serial_replay() {
+    // 4 threads each replay one "stream": stream s writes ts = 4*i + s + 1 to record i % 64.
+    let (db, t) = db();
+    let n = 20_000u64;
+    std::thread::scope(|sc| {
+        for s in 0..4u64 {
+            let db = &db;
+            sc.spawn(move || {
+                for i in 0..n {
+                    let ts = 4 * i + s + 1;
+                    let rid = (i * 4 + s) % 64;
+                    let key = format!("k{rid}");
+                    let first = i * 4 + s < 64;
+                    db.replay_install(t, RecordId(rid), first.then_some(key.as_bytes()), Ts(ts), Some(&ts.to_le_bytes()))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    db.publish_read_view(Ts(4 * n));
+    let r = db.read();
+    for rid in 0..64u64 {
+        // The newest write to rid: the largest j = i*4+s with j % 64 == rid, ts = j + 1.
+        let j = (4 * n - 64) + rid;
+        let got = r.get(t, format!("k{rid}").as_bytes()).unwrap().unwrap();
+        assert_eq!(u64::from_le_bytes(got[..8].try_into().unwrap()), j + 1, "record {rid}");
+    }
+}
