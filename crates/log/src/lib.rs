@@ -23,6 +23,7 @@ pub mod checkpoint;
 pub mod format;
 pub mod options;
 pub mod recovery;
+pub mod replica;
 pub mod storage;
 pub mod writer;
 
@@ -38,7 +39,7 @@ pub use checkpoint::CheckpointInfo;
 pub use format::{Epoch, StreamId};
 pub use options::{Durability, LogOptions};
 pub use recovery::RecoveryReport;
-pub use writer::{LogStats, Logger, ProgressListener};
+pub use writer::{LogStats, Logger, ProgressListener, ShipTap};
 
 use crate::catalog::Catalog;
 
@@ -104,17 +105,7 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
     for d in [dir.to_path_buf(), dir.join("log"), dir.join("checkpoints")] {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
-    let lock_path = dir.join("LOCK");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| LogError::io(&lock_path, e))?;
-    // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(LogError::InUse(dir.to_path_buf()));
-    }
+    let lock = lock_dir(dir)?;
     let catalog = Catalog::load(dir)?;
     let db = Database::new(Options { workers: opts.workers });
     for (id, name) in &catalog.tables {
@@ -217,6 +208,22 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
     })
 }
 
+/// Takes the data directory's lock (`dir/LOCK`, flock): one process per directory.
+pub(crate) fn lock_dir(dir: &Path) -> Result<std::fs::File, LogError> {
+    let lock_path = dir.join("LOCK");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| LogError::io(&lock_path, e))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(LogError::InUse(dir.to_path_buf()));
+    }
+    Ok(lock)
+}
+
 /// Deletes a log segment that a complete checkpoint made obsolete; whether it is gone (a
 /// file already missing is). A failure only costs disk, so it is logged (`when` says when
 /// and what happens next), not returned.
@@ -231,7 +238,7 @@ fn remove_or_warn(storage: &dyn storage::Storage, path: &Path, when: &str) -> bo
     }
 }
 
-fn remove_checkpoints_except(dir: &Path, keep: &Path) -> Result<(), LogError> {
+pub(crate) fn remove_checkpoints_except(dir: &Path, keep: &Path) -> Result<(), LogError> {
     let root = checkpoint::checkpoints_dir(dir);
     for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
         let p = e.map_err(|e| LogError::io(&root, e))?.path();

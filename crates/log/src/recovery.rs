@@ -216,10 +216,10 @@ fn read_one(f: &SegmentFile, ckpt_ts: Ts) -> Result<(SegmentScan, u64), LogError
 }
 
 /// A batch replay will read, and where it is (for errors).
-struct Kept<'s> {
-    batch: Batch,
-    file: &'s Path,
-    offset: u64,
+pub(crate) struct Kept<'s> {
+    pub batch: Batch,
+    pub file: &'s Path,
+    pub offset: u64,
 }
 
 /// What one stream's segments hold, checked as a stream.
@@ -373,6 +373,71 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) ->
     out.into_iter().map(|(_, r)| r).collect()
 }
 
+/// Replays every transaction with `ckpt_ts` < ts <= `cut` of `batches` on `threads` threads;
+/// returns (transactions replayed, transactions dropped above the cut).
+pub(crate) fn replay_kept(
+    db: &Database,
+    mut batches: Vec<&Kept>,
+    ckpt_ts: Ts,
+    cut: Ts,
+    threads: usize,
+) -> Result<(u64, u64), LogError> {
+    // Replay. A version is installed only if newer than the record's, so batches can go in
+    // any order on any thread: all streams' batches together, newest first, shared out
+    // batch by batch, and within a batch newest transaction first. A frequently written
+    // record then gets its newest version early, and its older writes cost one timestamp
+    // comparison each.
+    batches.sort_unstable_by_key(|k| std::cmp::Reverse(k.batch.header.last_ts));
+    let replayed = AtomicU64::new(0);
+    let dropped = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads.min(batches.len()).max(1))
+            .map(|_| {
+                sc.spawn(|| -> Result<(), LogError> {
+                    let mut scratch = Vec::new();
+                    let arena = RefCell::new(KeyArena::default());
+                    let (mut n_replayed, mut n_dropped) = (0, 0);
+                    while let Some(k) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        // Checked even if all of it is above the cut: damage anywhere is
+                        // refused, and nothing has been written to disk yet.
+                        let p = k.batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
+                            file: k.file.to_path_buf(),
+                            offset: k.offset,
+                            what: e.to_string(),
+                        })?;
+                        if k.batch.header.first_ts > cut {
+                            n_dropped += u64::from(k.batch.header.txn_count);
+                            continue;
+                        }
+                        // Keys that are kept are copied into the arena, not sliced out of the
+                        // payload, so that no segment buffer outlives replay for the sake of a
+                        // few keys. Values are copied into their versions.
+                        let keep = |part: &[u8]| arena.borrow_mut().copy(part);
+                        let txns: Vec<_> = p.txns().filter(|t| t.ts > ckpt_ts).collect();
+                        for t in txns.iter().rev() {
+                            if t.ts > cut {
+                                n_dropped += 1;
+                                continue;
+                            }
+                            for w in t.writes() {
+                                let key = w.key.map(|k| move || keep(k));
+                                db.recovery_install(w.table, w.rid, key, t.ts, w.value).map_err(LogError::Engine)?;
+                            }
+                            n_replayed += 1;
+                        }
+                    }
+                    replayed.fetch_add(n_replayed, Ordering::Relaxed);
+                    dropped.fetch_add(n_dropped, Ordering::Relaxed);
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().expect("replayer panicked"))
+    })?;
+    Ok((replayed.into_inner(), dropped.into_inner()))
+}
+
 /// Threads for recovery: reading and replaying the log, loading the checkpoint, rebuilding
 /// the indexes and writing the new checkpoint (nothing else runs yet).
 pub(crate) fn recovery_threads() -> usize {
@@ -476,67 +541,15 @@ pub(crate) fn replay_log(
         );
     }
 
-    // Replay. A version is installed only if newer than the record's, so batches can go in
-    // any order on any thread: all streams' batches together, newest first, shared out
-    // batch by batch, and within a batch newest transaction first. A frequently written
-    // record then gets its newest version early, and its older writes cost one timestamp
-    // comparison each.
-    let mut batches: Vec<&Kept> = logs.iter().flat_map(|l| &l.batches).collect();
-    batches.sort_unstable_by_key(|k| std::cmp::Reverse(k.batch.header.last_ts));
-    let replayed = AtomicU64::new(0);
-    let dropped = AtomicU64::new(0);
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..threads.min(batches.len()).max(1))
-            .map(|_| {
-                sc.spawn(|| -> Result<(), LogError> {
-                    let mut scratch = Vec::new();
-                    let arena = RefCell::new(KeyArena::default());
-                    let (mut n_replayed, mut n_dropped) = (0, 0);
-                    while let Some(k) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        // Checked even if all of it is above the cut: damage anywhere is
-                        // refused, and nothing has been written to disk yet.
-                        let p = k.batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
-                            file: k.file.to_path_buf(),
-                            offset: k.offset,
-                            what: e.to_string(),
-                        })?;
-                        if k.batch.header.first_ts > cut {
-                            n_dropped += u64::from(k.batch.header.txn_count);
-                            continue;
-                        }
-                        // Keys that are kept are copied into the arena, not sliced out of the
-                        // payload, so that no segment buffer outlives replay for the sake of a
-                        // few keys. Values are copied into their versions.
-                        let keep = |part: &[u8]| arena.borrow_mut().copy(part);
-                        let txns: Vec<_> = p.txns().filter(|t| t.ts > ckpt_ts).collect();
-                        for t in txns.iter().rev() {
-                            if t.ts > cut {
-                                n_dropped += 1;
-                                continue;
-                            }
-                            for w in t.writes() {
-                                let key = w.key.map(|k| move || keep(k));
-                                db.recovery_install(w.table, w.rid, key, t.ts, w.value).map_err(LogError::Engine)?;
-                            }
-                            n_replayed += 1;
-                        }
-                    }
-                    replayed.fetch_add(n_replayed, Ordering::Relaxed);
-                    dropped.fetch_add(n_dropped, Ordering::Relaxed);
-                    Ok(())
-                })
-            })
-            .collect();
-        hs.into_iter().try_for_each(|h| h.join().expect("replayer panicked"))
-    })?;
+    let batches: Vec<&Kept> = logs.iter().flat_map(|l| &l.batches).collect();
+    let (replayed, dropped) = replay_kept(db, batches, ckpt_ts, cut, threads)?;
     // Only once the whole log checked out and replayed: cut torn tails away (they were never
     // durable, so they held nothing acknowledged).
     for (path, len) in logs.iter().filter_map(|l| l.torn) {
         storage.truncate_existing(path, len).map_err(|e| LogError::io(path, e))?;
     }
-    report.log_txns_replayed = replayed.into_inner();
-    report.log_txns_dropped_above_cut = dropped.into_inner();
+    report.log_txns_replayed = replayed;
+    report.log_txns_dropped_above_cut = dropped;
     report.max_epoch = segments.iter().map(|s| s.epoch.0).max().unwrap_or(0);
     report.log_seconds = t0.elapsed().as_secs_f64();
     Ok(cut)

@@ -158,6 +158,17 @@ pub struct LogStats {
 /// that races with `set_progress_listener` may be told twice, so a listener keeps the first.
 pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
 
+/// Sees every batch as it is framed, before it is written (the replication layer ships it
+/// from here, so shipping overlaps the local write and fsync), and every table created.
+/// Calls come on the flusher threads (for `batch`) and must not block: a tap that cannot
+/// keep up drops its receiver, it never holds the flusher. A batch is told before its
+/// stream's durable bound moves, so a batch whose floor vouches for another stream's batch
+/// is always told after that batch (the order backups rely on, crates/log/src/replica.rs).
+pub trait ShipTap: Send + Sync {
+    fn batch(&self, header: &crate::format::BatchHeader, frame: &[u8]);
+    fn table_created(&self, id: TableId, name: &str);
+}
+
 pub struct Logger {
     dir: PathBuf,
     epoch: Epoch,
@@ -171,6 +182,7 @@ pub struct Logger {
     wait_lock: Mutex<()>,
     wait_cv: Condvar,
     listener: OnceLock<ProgressListener>,
+    tap: OnceLock<Arc<dyn ShipTap>>,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     catalog: Mutex<Catalog>,
@@ -209,6 +221,7 @@ impl Logger {
             wait_lock: Mutex::new(()),
             wait_cv: Condvar::new(),
             listener: OnceLock::new(),
+            tap: OnceLock::new(),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             catalog: Mutex::new(catalog),
@@ -369,6 +382,9 @@ impl Logger {
                 compress_skip -= 1;
                 self.stats.compress_skipped.fetch_add(1, Ordering::Relaxed);
             }
+            if let Some(tap) = self.tap.get() {
+                tap.batch(&header, &frame);
+            }
             let txns = spare.txn_count() as u64;
             seg_last_ts = seg_last_ts.max(bound);
             spare.clear_keeping(BUFFER_KEEP_MAX);
@@ -526,6 +542,27 @@ impl Logger {
         Ok(())
     }
 
+    /// Installs the one shipping tap (see [`ShipTap`]); batches framed before the call are
+    /// not told. Refused if one is installed.
+    pub fn set_ship_tap(&self, tap: Arc<dyn ShipTap>) -> Result<(), &'static str> {
+        self.tap.set(tap).map_err(|_| "a shipping tap is already installed")
+    }
+
+    /// The number of streams (one per worker).
+    pub fn streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Each stream's durable bound (highest bound made durable locally).
+    pub fn durable_bounds(&self) -> Vec<Ts> {
+        self.streams.iter().map(|s| Ts(s.durable.load(Ordering::Acquire))).collect()
+    }
+
+    /// The tables the catalog holds, in id order.
+    pub fn catalog_tables(&self) -> Vec<(TableId, String)> {
+        self.catalog.lock().tables.clone()
+    }
+
     /// False once shut down.
     pub fn check_open(&self) -> bool {
         !self.shutdown.load(Ordering::Acquire)
@@ -598,6 +635,11 @@ impl CommitLog for Logger {
             let msg = format!("saving the catalog: {e}");
             self.fail(msg.clone());
             return Err(Error::LogFailed(msg.into()));
+        }
+        // Under the catalog lock, so backups learn of tables in id order, and before any
+        // batch can write to the table.
+        if let Some(tap) = self.tap.get() {
+            tap.table_created(id, name);
         }
         Ok(())
     }

@@ -1,0 +1,377 @@
+//! A backup's own log: the primary's batches, in the order received
+//! =================================================================
+//! A backup persists every batch the primary ships before it acknowledges or replays it
+//! (Query Fresh 3.2: replay pipelining). It keeps them in one sequence of files, in
+//! receive order, not one file per primary stream:
+//!
+//! ```text
+//!  dir/replica/rlog-QQQQQQQQQQ.seg   header (32 B) | entry | entry | ...
+//!  entry = len u32 | flags u8 | 3 zero bytes | crc32c u32 of those 8 bytes | the batch as the primary framed it
+//!  flags bit 0: FLOOR_TRUSTED (the batch's floor_ts may vouch for other streams)
+//! ```
+//!
+//! Why one sequence: a batch's floor vouches for other streams' batches that were durable
+//! on the primary when it was framed (crates/log/src/writer.rs). The primary ships batches
+//! in the order it frames them, so every batch a floor vouches for reached the backup
+//! before the batch carrying it. With one file, what survives a backup's crash is a prefix
+//! of what it received, so a floor found on disk is still true on the backup's disk; with a
+//! file per stream, a later batch's file could be synced while an earlier one's was not.
+//! Batches the primary reads back from its own segments to fill a gap are not shipped in
+//! that order, so their floors are not trusted (flag clear).
+//!
+//! Recovery (`open_replica`) is the primary's, fed from these files: the newest checkpoint,
+//! then every entry checked, each stream's highest bound and the highest trusted floor make
+//! the cut, and the batches are replayed up to it on every core (`recovery::replay_kept`).
+//! A torn tail of the last file is cut; damage anywhere else stops the open with the file
+//! and offset. The open writes a checkpoint at the cut and deletes the files, so a
+//! restarted backup asks the primary for everything above its cut.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use ditto_engine::{Database, Options, Ts};
+
+use crate::catalog::Catalog;
+use crate::format::{decode_batch_checksums, Batch, Epoch};
+use crate::recovery::{recovery_threads, replay_kept, Kept};
+use crate::storage::{LogFile, Storage};
+use crate::{checkpoint, LogError, RecoveryReport};
+
+pub const REPLICA_MAGIC: [u8; 8] = *b"DITTORPL";
+pub const REPLICA_FORMAT_VERSION: u32 = 1;
+pub const REPLICA_HEADER_LEN: usize = 32;
+pub const ENTRY_HEADER_LEN: usize = 12;
+/// Entry flag: the batch's floor may vouch for other streams (it was shipped in framing order).
+pub const FLOOR_TRUSTED: u8 = 1;
+
+/// The directory of a backup's received log.
+pub fn replica_dir(data: &Path) -> PathBuf {
+    data.join("replica")
+}
+
+fn file_path(data: &Path, seq: u64) -> PathBuf {
+    replica_dir(data).join(format!("rlog-{seq:010}.seg"))
+}
+
+fn encode_header(streams: u32, seq: u64) -> [u8; REPLICA_HEADER_LEN] {
+    let mut b = [0u8; REPLICA_HEADER_LEN];
+    b[..8].copy_from_slice(&REPLICA_MAGIC);
+    b[8..12].copy_from_slice(&REPLICA_FORMAT_VERSION.to_le_bytes());
+    b[12..16].copy_from_slice(&streams.to_le_bytes());
+    b[16..24].copy_from_slice(&seq.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..28]);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// (streams, seq) of a file header, or why not.
+fn decode_header(b: &[u8]) -> Result<(u32, u64), String> {
+    if b.len() < REPLICA_HEADER_LEN || b[..8] != REPLICA_MAGIC {
+        return Err("not a replica log file (bad magic or too short)".into());
+    }
+    let crc = u32::from_le_bytes(b[28..32].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&b[..28]) {
+        return Err("replica log header checksum mismatch".into());
+    }
+    let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    if version != REPLICA_FORMAT_VERSION {
+        return Err(format!("replica log format version {version} is not supported (this build reads 1)"));
+    }
+    Ok((u32::from_le_bytes(b[12..16].try_into().expect("4")), u64::from_le_bytes(b[16..24].try_into().expect("8"))))
+}
+
+/// The entry header in front of a batch of `len` bytes.
+pub fn entry_header(len: usize, flags: u8) -> [u8; ENTRY_HEADER_LEN] {
+    let mut h = [0u8; ENTRY_HEADER_LEN];
+    h[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    h[4] = flags;
+    let crc = crc32c::crc32c(&h[..8]);
+    h[8..12].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Appends received batches to the backup's replica log; `sync` makes them durable.
+/// Invariant: entries reach the disk in the order `append` was called, and `sync` returns
+/// only once every appended entry is durable (one file at a time, rolled at a size limit).
+pub struct ReplicaLog {
+    data: PathBuf,
+    storage: Arc<dyn Storage>,
+    streams: u32,
+    file: Box<dyn LogFile>,
+    seq: u64,
+    bytes: u64,
+    bytes_max: u64,
+    pending: Vec<u8>,
+    /// The highest batch bound in the current file, and the closed files with theirs: a
+    /// file is deleted once a checkpoint covers its highest bound.
+    cur_max_ts: Ts,
+    closed: Vec<(PathBuf, Ts)>,
+}
+
+impl ReplicaLog {
+    /// Starts a new replica log file `seq` for a primary with `streams` streams.
+    pub fn create(
+        data: &Path,
+        storage: Arc<dyn Storage>,
+        streams: u32,
+        seq: u64,
+        bytes_max: u64,
+    ) -> std::io::Result<ReplicaLog> {
+        let dir = replica_dir(data);
+        std::fs::create_dir_all(&dir)?;
+        let file = Self::open_file(data, &*storage, streams, seq)?;
+        Ok(ReplicaLog {
+            data: data.to_path_buf(),
+            storage,
+            streams,
+            file,
+            seq,
+            bytes: REPLICA_HEADER_LEN as u64,
+            bytes_max,
+            pending: Vec::new(),
+            cur_max_ts: Ts::ZERO,
+            closed: Vec::new(),
+        })
+    }
+
+    fn open_file(data: &Path, storage: &dyn Storage, streams: u32, seq: u64) -> std::io::Result<Box<dyn LogFile>> {
+        let path = file_path(data, seq);
+        let mut f = storage.create_new(&path)?;
+        f.write_all(&encode_header(streams, seq))?;
+        f.sync()?;
+        storage.sync_dir(&replica_dir(data))?;
+        Ok(f)
+    }
+
+    pub fn streams(&self) -> u32 {
+        self.streams
+    }
+
+    /// Queues one batch (as the primary framed it) for the next `sync`. `bound` is its
+    /// `bound_ts`, for deciding later which files a checkpoint covers.
+    pub fn append(&mut self, batch: &[u8], floor_trusted: bool, bound: Ts) {
+        self.pending.extend_from_slice(&entry_header(batch.len(), if floor_trusted { FLOOR_TRUSTED } else { 0 }));
+        self.pending.extend_from_slice(batch);
+        self.cur_max_ts = self.cur_max_ts.max(bound);
+    }
+
+    /// Writes and fsyncs everything appended. After an error the log must not be used again
+    /// (no fsync retry on the same file, see `LogFile::sync`).
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(&self.pending)?;
+        self.file.sync()?;
+        self.bytes += self.pending.len() as u64;
+        self.pending.clear();
+        if self.pending.capacity() > 1 << 20 {
+            self.pending = Vec::new();
+        }
+        if self.bytes >= self.bytes_max {
+            let next = Self::open_file(&self.data, &*self.storage, self.streams, self.seq + 1)?;
+            self.closed.push((file_path(&self.data, self.seq), self.cur_max_ts));
+            self.file = next;
+            self.seq += 1;
+            self.bytes = REPLICA_HEADER_LEN as u64;
+        }
+        Ok(())
+    }
+
+    /// Deletes the closed files whose every batch a checkpoint at `ts` covers (a file that
+    /// cannot be deleted is logged and kept for the next checkpoint).
+    pub fn remove_covered_by(&mut self, ts: Ts) {
+        let storage = &self.storage;
+        self.closed.retain(|(path, max)| {
+            if *max > ts {
+                return true;
+            }
+            match storage.remove(path) {
+                Ok(()) => false,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => {
+                    tracing::warn!("deleting {} after a checkpoint: {e}; the next one tries again", path.display());
+                    true
+                }
+            }
+        });
+    }
+}
+
+/// A backup's database recovered from its data directory.
+pub struct ReplicaOpen {
+    pub db: Arc<Database>,
+    /// Everything at or below this is in `db`, and nothing above it.
+    pub cut: Ts,
+    /// The primary's stream count the replica log named (None: no replica log was found).
+    pub streams: Option<u32>,
+    pub report: RecoveryReport,
+    /// The directory lock (held while the backup runs).
+    pub lock: std::fs::File,
+}
+
+/// Opens a backup's data directory: the newest checkpoint, then the replica log replayed
+/// up to its cut (see the module notes). Leaves a checkpoint at the cut and no replica log.
+pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> Result<ReplicaOpen, LogError> {
+    let t0 = Instant::now();
+    for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
+        std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
+    }
+    let lock = crate::lock_dir(dir)?;
+    if crate::recovery::list_segments(dir)?.segments.iter().next().is_some() {
+        return Err(LogError::Corrupt {
+            file: dir.join("log"),
+            offset: 0,
+            what: "this data directory holds a primary's log segments: a backup needs an empty \
+                   directory or one it wrote itself"
+                .into(),
+        });
+    }
+    let catalog = Catalog::load(dir)?;
+    let db = Database::new(Options { workers });
+    for (id, name) in &catalog.tables {
+        db.restore_table(*id, name);
+    }
+    let mut report = RecoveryReport::default();
+    let (newest, _) = checkpoint::find_newest(dir)?;
+    let ckpt_ts = match &newest {
+        Some((cdir, m)) => {
+            let t = Instant::now();
+            let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery_threads())?;
+            report.checkpoint_ts = Some(m.ts);
+            report.checkpoint_rows = rows;
+            report.checkpoint_bytes = bytes;
+            report.checkpoint_seconds = t.elapsed().as_secs_f64();
+            m.ts
+        }
+        None => Ts::ZERO,
+    };
+    // Every file, in sequence order.
+    let rdir = replica_dir(dir);
+    let mut files: Vec<(u64, PathBuf)> = Vec::new();
+    for e in std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))? {
+        let path = e.map_err(|e| LogError::io(&rdir, e))?.path();
+        let seq = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("rlog-")?.strip_suffix(".seg")?.parse().ok());
+        match seq {
+            Some(seq) => files.push((seq, path)),
+            None => {
+                return Err(LogError::Corrupt { file: path, offset: 0, what: "unexpected file in the replica log".into() })
+            }
+        }
+    }
+    files.sort();
+    let t = Instant::now();
+    let mut streams: Option<u32> = None;
+    // Per stream: highest bound; and the highest trusted floor.
+    let mut bounds: Vec<Ts> = Vec::new();
+    let mut floor = Ts::ZERO;
+    let mut kept: Vec<(Batch, usize, u64)> = Vec::new();
+    let raws: Vec<Bytes> = files
+        .iter()
+        .map(|(_, p)| std::fs::read(p).map(Bytes::from).map_err(|e| LogError::io(p, e)))
+        .collect::<Result<_, _>>()?;
+    for (i, ((seq, path), raw)) in files.iter().zip(&raws).enumerate() {
+        let last = i + 1 == files.len();
+        let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
+        let (n, hseq) = match decode_header(raw) {
+            Ok(h) => h,
+            // A crash while the header of the newest file was written: it holds nothing.
+            Err(_) if last && raw.len() <= REPLICA_HEADER_LEN => break,
+            Err(e) => return Err(corrupt(0, e)),
+        };
+        if hseq != *seq {
+            return Err(corrupt(0, "header does not match the file name".into()));
+        }
+        match streams {
+            None => {
+                streams = Some(n);
+                bounds = vec![Ts::ZERO; n as usize];
+            }
+            Some(m) if m != n => return Err(corrupt(0, format!("names {n} primary streams, an earlier file {m}"))),
+            Some(_) => {}
+        }
+        let mut off = REPLICA_HEADER_LEN;
+        while off < raw.len() {
+            let rest = &raw[off..];
+            let entry = (|| -> Result<(Batch, u8, usize), String> {
+                if rest.len() < ENTRY_HEADER_LEN {
+                    return Err("entry header cut short".into());
+                }
+                let len = u32::from_le_bytes(rest[..4].try_into().expect("4")) as usize;
+                let flags = rest[4];
+                let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4"));
+                if crc != crc32c::crc32c(&rest[..8]) || rest[5..8] != [0, 0, 0] || flags & !FLOOR_TRUSTED != 0 {
+                    return Err("entry header checksum mismatch".into());
+                }
+                if rest.len() < ENTRY_HEADER_LEN + len {
+                    return Err(format!("entry of {len} bytes cut short"));
+                }
+                let body = raw.slice(off + ENTRY_HEADER_LEN..off + ENTRY_HEADER_LEN + len);
+                let (batch, used) = decode_batch_checksums(&body).map_err(|e| e.to_string())?;
+                if used != len {
+                    return Err(format!("entry of {len} bytes holds a batch of {used}"));
+                }
+                Ok((batch, flags, ENTRY_HEADER_LEN + len))
+            })();
+            match entry {
+                Ok((batch, flags, used)) => {
+                    let h = &batch.header;
+                    let s = h.stream.0 as usize;
+                    if s >= bounds.len() {
+                        return Err(corrupt(off as u64, format!("batch of stream {s}, of {n} streams")));
+                    }
+                    bounds[s] = bounds[s].max(h.bound_ts);
+                    if flags & FLOOR_TRUSTED != 0 {
+                        floor = floor.max(h.floor_ts);
+                    }
+                    report.log_bytes += used as u64;
+                    if h.txn_count > 0 && h.last_ts > ckpt_ts {
+                        kept.push((batch, i, off as u64));
+                    }
+                    off += used;
+                }
+                // The tail of the newest file may be torn (never acknowledged); all zeros
+                // is the same. Anything else is damage.
+                Err(e) if last => {
+                    tracing::warn!("{}: torn tail at offset {off} ({e}); dropped", path.display());
+                    break;
+                }
+                Err(e) => return Err(corrupt(off as u64, e)),
+            }
+        }
+    }
+    let cut = bounds.iter().map(|b| (*b).max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor).max(ckpt_ts);
+    report.cut_ts = cut;
+    report.streams = bounds.len();
+    report.segments = files.len();
+    report.log_check_seconds = t.elapsed().as_secs_f64();
+    let paths: Vec<&Path> = files.iter().map(|(_, p)| p.as_path()).collect();
+    let kept: Vec<Kept> =
+        kept.into_iter().map(|(batch, i, offset)| Kept { batch, file: paths[i], offset }).collect();
+    let (replayed, dropped) = replay_kept(&db, kept.iter().collect(), ckpt_ts, cut, recovery_threads())?;
+    report.log_txns_replayed = replayed;
+    report.log_txns_dropped_above_cut = dropped;
+    report.log_seconds = t.elapsed().as_secs_f64();
+    let ti = Instant::now();
+    report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
+    report.index_seconds = ti.elapsed().as_secs_f64();
+    db.publish_read_view(cut);
+    // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
+    // them: it was never acknowledged).
+    if !files.is_empty() {
+        let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
+        report.checkpoint_write_seconds = info.seconds;
+        report.checkpoint_written_bytes = info.bytes;
+        for (_, p) in &files {
+            storage.remove(p).map_err(|e| LogError::io(p, e))?;
+        }
+        crate::remove_checkpoints_except(dir, &info.dir)?;
+    }
+    report.total_seconds = t0.elapsed().as_secs_f64();
+    Ok(ReplicaOpen { db, cut, streams, report, lock })
+}
