@@ -508,6 +508,12 @@ impl Worker {
         Transaction::new(self)
     }
 
+    /// Starts a read-only transaction at the newest snapshot (see
+    /// `Transaction::new_snapshot`): a backup's commands run in these.
+    pub fn begin_snapshot(&mut self) -> Transaction<'_> {
+        Transaction::new_snapshot(self)
+    }
+
     /// Runs `body` in a transaction and commits it, retrying on conflicts (up to
     /// RETRIES_MAX times). Returns the body's result and a ticket for durability.
     pub fn run<T>(&mut self, mut body: impl FnMut(&mut Transaction<'_>) -> Result<T>) -> Result<(T, CommitTicket)> {

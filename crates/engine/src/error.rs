@@ -26,6 +26,9 @@ pub enum Error {
     /// and deletes still run. Not retryable.
     #[error("table {table} is out of record ids ({max}; the ids of deleted records come back after a checkpoint)")]
     OutOfRecordIds { table: String, max: u64 },
+    /// A write in a snapshot (read-only) transaction, as on a backup. Not retryable.
+    #[error("a read-only transaction cannot write")]
+    ReadOnly,
     #[error("{what} is {len} bytes, over the limit of {max}")]
     TooLarge { what: &'static str, len: usize, max: usize },
     /// Recovered state is inconsistent (a present record without a key, ...): the log or

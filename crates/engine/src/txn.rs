@@ -284,6 +284,9 @@ pub(crate) struct TxnScratch {
     scans: Vec<ScanEntry>,
     misses: Vec<(TableId, Bytes)>,
     recent: RecentKeys,
+    /// A snapshot transaction (`Worker::begin_snapshot`): reads at this timestamp, holds
+    /// this reader slot, writes nothing and validates nothing.
+    snapshot: Option<(usize, Ts)>,
 }
 
 /// What a read of a record saw: this transaction's own write (its index in `writes`), or
@@ -323,9 +326,22 @@ impl TxnScratch {
         if let Some(i) = self.find_write(rec) {
             return Seen::Own(i);
         }
-        let (tid, head) = rec.read_latest(guard);
+        let (tid, head) = self.read_rec(rec, guard);
         self.reads.push((rec, tid));
         Seen::Committed(head)
+    }
+
+    /// The version a read sees: the newest committed (with its TID, for validation), or in
+    /// a snapshot transaction the newest at the snapshot (with its timestamp as the TID).
+    #[inline]
+    fn read_rec<'g>(&self, rec: &Record, guard: &'g Guard) -> (u64, Option<VersionRef<'g>>) {
+        match self.snapshot {
+            None => rec.read_latest(guard),
+            Some((_, at)) => {
+                let v = rec.read_at(at, guard);
+                (v.map_or(0, |v| v.ts().0), v)
+            }
+        }
     }
 
     /// The value a read saw (`None`: absent or deleted).
@@ -371,8 +387,23 @@ enum WriteMode {
 impl<'w> Transaction<'w> {
     pub(crate) fn new(worker: &'w mut Worker) -> Transaction<'w> {
         let s = std::mem::take(&mut worker.scratch);
-        debug_assert!(s.reads.is_empty() && s.writes.is_empty());
+        debug_assert!(s.reads.is_empty() && s.writes.is_empty() && s.snapshot.is_none());
         Transaction { worker, guard: crossbeam_epoch::pin(), s, done: false }
+    }
+
+    /// A transaction that reads at the newest snapshot (as a `ReadTxn`) and refuses writes
+    /// with `Error::ReadOnly`; its commit validates nothing and its ticket is the snapshot's
+    /// timestamp. What a backup runs read-only commands in: replay installs versions
+    /// above the snapshot as it reads, and it never sees one of them.
+    pub(crate) fn new_snapshot(worker: &'w mut Worker) -> Transaction<'w> {
+        let mut t = Transaction::new(worker);
+        t.s.snapshot = Some(t.worker.db.clock.register_reader());
+        t
+    }
+
+    /// The snapshot a snapshot transaction reads at (`None` for a read-write one).
+    pub fn snapshot_ts(&self) -> Option<Ts> {
+        self.s.snapshot.map(|(_, ts)| ts)
     }
 
     fn table(&self, id: TableId) -> Result<&'w Table> {
@@ -471,7 +502,7 @@ impl<'w> Transaction<'w> {
             let w = &self.s.writes[i];
             return Ok(KeyVersion { ts: Ts(w.observed_tid & TS_MASK), present: w.existed, missed_at: clock });
         }
-        let (tid, head) = rec.read_latest(&self.guard);
+        let (tid, head) = self.s.read_rec(rec, &self.guard);
         self.s.reads.push((rec, tid));
         let present = head.is_some_and(|v| v.value().is_some());
         Ok(KeyVersion { ts: Ts(tid & TS_MASK), present, missed_at: clock })
@@ -525,6 +556,9 @@ impl<'w> Transaction<'w> {
     }
 
     fn write(&mut self, table: TableId, key: &[u8], value: Option<Parts<'_>>, mode: WriteMode) -> Result<bool> {
+        if self.s.snapshot.is_some() {
+            return Err(Error::ReadOnly);
+        }
         if key.len() > KEY_LEN_MAX {
             return Err(Error::TooLarge { what: "key", len: key.len(), max: KEY_LEN_MAX });
         }
@@ -694,7 +728,7 @@ impl<'w> Transaction<'w> {
                     w.version.value()
                 }
                 None => {
-                    let (tid, head) = rec.read_latest(&this.guard);
+                    let (tid, head) = this.s.read_rec(rec, &this.guard);
                     if in_phantom_set(tid) {
                         fp.add(rid);
                         this.s.reads.push((rec, tid));
@@ -775,6 +809,10 @@ impl<'w> Transaction<'w> {
     }
 
     fn try_commit(&mut self) -> Result<CommitTicket> {
+        if let Some((_, at)) = self.s.snapshot {
+            // Everything read was at one snapshot: nothing to validate, nothing to wait for.
+            return Ok(CommitTicket { ts: at, log: None });
+        }
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
             self.validate()?;
@@ -996,6 +1034,9 @@ impl Drop for Transaction<'_> {
             self.abort_cleanup();
         }
         let mut s = std::mem::take(&mut self.s);
+        if let Some((slot, _)) = s.snapshot.take() {
+            self.worker.db.clock.release_reader(slot);
+        }
         s.reads.clear();
         s.writes.clear();
         s.write_map.clear();

@@ -375,3 +375,46 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
     report.total_seconds = t0.elapsed().as_secs_f64();
     Ok(ReplicaOpen { db, cut, streams, report, lock })
 }
+
+/// The batches of the primary's log in `data` (its current epoch `epoch`) that hold
+/// anything above `after`: every stream's batches with a bound above it, stream by stream
+/// in order, for shipping to a backup that has everything at or below `after`. `None` when
+/// the log no longer holds all of them (a checkpoint deleted a segment the backup still
+/// needs): the backup must then be sent a checkpoint. The files are read as they are; a
+/// batch still being written at the end of a stream's last segment is left out (the caller
+/// waits until what was framed before it asked is durable, and ships later batches live).
+pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
+    let segs: Vec<_> =
+        crate::recovery::list_segments(data)?.segments.into_iter().filter(|s| s.epoch == epoch).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < segs.len() {
+        let stream = segs[i].stream;
+        let mut first = true;
+        let mut prev_seq = 0;
+        while i < segs.len() && segs[i].stream == stream {
+            let f = &segs[i];
+            let raw = Bytes::from(std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?);
+            let scan = crate::format::read_segment(&raw).map_err(|e| LogError::Corrupt {
+                file: f.path.clone(),
+                offset: 0,
+                what: format!("segment header: {e}"),
+            })?;
+            // A missing earlier segment held something the backup lacks: no gap can be sent.
+            let missing_before = first || f.seq != prev_seq + 1;
+            if missing_before && scan.header.prev_ts > after {
+                return Ok(None);
+            }
+            for (off, b) in &scan.batches {
+                if b.header.bound_ts > after {
+                    let off = *off as usize;
+                    out.push(raw.slice(off..off + b.header.total_len()));
+                }
+            }
+            first = false;
+            prev_seq = f.seq;
+            i += 1;
+        }
+    }
+    Ok(Some(out))
+}

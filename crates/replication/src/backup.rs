@@ -1,0 +1,612 @@
+//! The backup's side: receive, persist, acknowledge, replay, publish the read view
+//! ==============================================================================
+//! ```text
+//!  receiver thread: frames from the primary -> replica log (append) ... burst read:
+//!                   Ack{received} -> fsync -> Ack{durable} -> batches to the replayers
+//!  replayer[s] (one per primary stream, or one for all in `serial` mode):
+//!                   install every write (Database::replay_install) -> complete(seq)
+//!  read view = min(released watermark from the primary, replayed prefix watermark)
+//!              -> Database::publish_read_view: snapshots read there, never blocked
+//! ```
+//! A batch is persisted before it is acknowledged as durable and before it is replayed
+//! (Query Fresh's replay pipelining: replay is never on the primary's commit path). A
+//! batch of an older epoch is refused; a batch the backup has (its stream's bound is at or
+//! below what it holds) is skipped, and within a batch every transaction at or below what
+//! the stream held, so nothing is applied twice after a resume. A stream's batches are
+//! replayed in order by one thread (`Database::replay_install` relies on it to wait for an
+//! old record life without deadlock); streams in parallel.
+
+use std::io::{BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ditto_engine::{Database, Ts};
+use ditto_log::catalog::Catalog;
+use ditto_log::format::decode_batch_checksums;
+use ditto_log::replica::{open_replica, ReplicaLog};
+use ditto_log::storage::{RealStorage, Storage};
+use ditto_log::Epoch;
+use parking_lot::Mutex;
+
+use crate::protocol::{read_frame, Frame, Start, PROTOCOL_VERSION};
+use crate::watermark::{Ordered, Prefix};
+
+/// How a backup replays (for comparison; `Parallel` is the default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// One thread for every stream, as classic replicas do.
+    Serial,
+    /// One thread per primary stream.
+    Parallel,
+}
+
+impl ReplayMode {
+    pub fn parse(s: &str) -> Result<ReplayMode, String> {
+        match s {
+            "serial" => Ok(ReplayMode::Serial),
+            "parallel" => Ok(ReplayMode::Parallel),
+            _ => Err(format!("unknown replay mode '{s}' (serial or parallel)")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BackupOptions {
+    /// The primary's replication address, host:port.
+    pub primary: String,
+    pub data_dir: PathBuf,
+    /// Engine workers of this node (its snapshot readers; replay has its own threads).
+    pub workers: usize,
+    /// This node's name, as the primary shows it.
+    pub node: String,
+    pub replay: ReplayMode,
+    /// Print join progress to stderr.
+    pub progress: bool,
+}
+
+/// Figures of one backup (all timestamps are the primary's).
+#[derive(Default, Debug)]
+pub struct BackupState {
+    pub received: AtomicU64,
+    pub durable: AtomicU64,
+    pub replayed: AtomicU64,
+    pub released: AtomicU64,
+    /// What snapshots read at: min(released, replayed).
+    pub visible: AtomicU64,
+    pub connected: AtomicBool,
+    pub batches_received: AtomicU64,
+    pub batches_skipped: AtomicU64,
+    pub txns_replayed: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub reconnects: AtomicU64,
+    /// Replay CPU (thread time) in nanoseconds, summed over replayers.
+    pub replay_cpu_ns: AtomicU64,
+    /// When the newest batch arrived, and the ts it carried (for lag in milliseconds).
+    pub last_batch_unix_ms: AtomicU64,
+    pub failure: Mutex<Option<String>>,
+}
+
+/// A running backup: its database (read it through snapshots) and its figures.
+pub struct Backup {
+    pub db: Arc<Database>,
+    pub state: Arc<BackupState>,
+    pub primary: String,
+    _lock: std::fs::File,
+}
+
+#[derive(thiserror::Error, Debug)]
+pub enum BackupError {
+    #[error("{0}")]
+    Log(#[from] ditto_log::LogError),
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("the primary refused: {0}")]
+    Refused(String),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
+    let what = what.into();
+    move |source| BackupError::Io { what, source }
+}
+
+const STATE_FILE: &str = "REPLICA_STATE";
+
+fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
+    let s = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
+    s.trim().strip_prefix("epoch ")?.parse().ok().map(Epoch)
+}
+
+fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "epoch {}", e.0)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(STATE_FILE))?;
+    ditto_log::storage::sync_dir(dir)
+}
+
+fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
+    let s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    (&s).write_all(&hello.encode())?;
+    let r = BufReader::with_capacity(4 << 20, s.try_clone()?);
+    Ok((s, r))
+}
+
+/// Joins the primary (a checkpoint if this node holds nothing the primary can resume,
+/// else the log above what it holds) and starts receiving and replaying. Returns once the
+/// database is loaded and the live log flows; the backup then runs on its own threads.
+pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let dir = opts.data_dir.clone();
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+    let followed = read_followed_epoch(&dir);
+    let mut opened = open_replica(&dir, opts.workers, &storage)?;
+    let have = match followed {
+        Some(_) if opened.cut > Ts::ZERO => opened.cut,
+        _ => Ts::ZERO,
+    };
+    let hello = Frame::Hello {
+        version: PROTOCOL_VERSION,
+        epoch: followed.unwrap_or(Epoch(0)),
+        have_ts: have,
+        node: opts.node.clone(),
+    };
+    // The primary may not be up yet: try for a while.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (stream, mut reader) = loop {
+        match connect(&opts.primary, &hello) {
+            Ok(c) => break c,
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!("connecting to the primary at {}: {e}; retrying", opts.primary);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(BackupError::Io { what: format!("connecting to the primary at {}", opts.primary), source: e }),
+        }
+    };
+    let welcome = read_frame(&mut reader).map_err(io("reading the primary's welcome"))?;
+    let (epoch, streams, tables, start) = match welcome {
+        Some(Frame::Welcome { epoch, streams, tables, start }) => (epoch, streams, tables, start),
+        Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
+        other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
+    };
+    let base = match start {
+        Start::Resume => {
+            if opened.streams.is_some_and(|n| n != streams) {
+                return Err(BackupError::Protocol(format!(
+                    "the primary has {streams} streams, this backup's log {}",
+                    opened.streams.unwrap_or(0)
+                )));
+            }
+            add_tables(&opened.db, &dir, &tables, &*storage)?;
+            if opts.progress {
+                eprintln!("backup: resuming from ts {} (epoch {})", have.0, epoch.0);
+            }
+            have
+        }
+        Start::Checkpoint { ts } => {
+            let t0 = Instant::now();
+            let incoming = receive_checkpoint(&mut reader, &dir, opts.progress)?;
+            // Replace whatever this node held with the primary's checkpoint.
+            drop(opened);
+            for sub in ["checkpoints", "replica"] {
+                let p = dir.join(sub);
+                if p.exists() {
+                    std::fs::remove_dir_all(&p).map_err(io(format!("removing {}", p.display())))?;
+                }
+            }
+            std::fs::create_dir_all(dir.join("checkpoints")).map_err(io("creating checkpoints"))?;
+            let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", ts.0));
+            std::fs::rename(&incoming, &ckpt).map_err(io("moving the received checkpoint in place"))?;
+            ditto_log::storage::sync_dir(&dir.join("checkpoints")).map_err(io("syncing checkpoints"))?;
+            let mut cat = Catalog::default();
+            for (id, name) in &tables {
+                cat.add(ditto_engine::TableId(*id), name);
+            }
+            cat.save(&dir, &*storage).map_err(io("saving the catalog"))?;
+            opened = open_replica(&dir, opts.workers, &storage)?;
+            if opts.progress {
+                eprintln!(
+                    "backup: checkpoint at ts {} loaded: {} rows in {:.2} s",
+                    ts.0,
+                    opened.report.checkpoint_rows,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+            ts
+        }
+    };
+    write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
+    let db = Arc::clone(&opened.db);
+    let state = Arc::new(BackupState::default());
+    for a in [&state.received, &state.durable, &state.replayed, &state.visible] {
+        a.store(base.0, Ordering::Release);
+    }
+    state.connected.store(true, Ordering::Release);
+    let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, 64 << 20).map_err(io("creating the replica log"))?;
+    let engine = Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay);
+    let run = Receiver {
+        opts: opts.clone(),
+        storage,
+        epoch,
+        streams,
+        rlog,
+        received: Prefix::new(streams as usize, base),
+        durable: Prefix::new(streams as usize, base),
+        engine,
+        state: Arc::clone(&state),
+        seq: 0,
+    };
+    std::thread::Builder::new()
+        .name("ditto-repl-recv".into())
+        .spawn(move || run.run(stream, reader))
+        .map_err(io("starting the receiver"))?;
+    Ok(Backup { db, state, primary: opts.primary, _lock: opened.lock })
+}
+
+fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn Storage) -> Result<(), BackupError> {
+    let have = db.tables();
+    let mut changed = false;
+    for (id, name) in tables {
+        match have.iter().find(|(i, _)| i.0 == *id) {
+            Some((_, n)) if n == name => {}
+            Some((_, n)) => {
+                return Err(BackupError::Protocol(format!("table {id} is '{name}' on the primary, '{n}' here")))
+            }
+            None => {
+                db.restore_table(ditto_engine::TableId(*id), name);
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        let mut cat = Catalog::default();
+        for (id, name) in db.tables() {
+            cat.add(id, &name);
+        }
+        cat.save(dir, storage).map_err(io("saving the catalog"))?;
+    }
+    Ok(())
+}
+
+fn receive_checkpoint(r: &mut BufReader<TcpStream>, dir: &Path, progress: bool) -> Result<PathBuf, BackupError> {
+    let incoming = dir.join("incoming-checkpoint");
+    let _ = std::fs::remove_dir_all(&incoming);
+    std::fs::create_dir_all(&incoming).map_err(io("creating incoming-checkpoint"))?;
+    let mut open: Option<(String, std::fs::File)> = None;
+    let mut bytes = 0u64;
+    let mut last_print = Instant::now();
+    loop {
+        match read_frame(r).map_err(io("receiving the checkpoint"))? {
+            Some(Frame::File { name, offset, data, last }) => {
+                if name.contains('/') || name.contains("..") || name.is_empty() {
+                    return Err(BackupError::Protocol(format!("checkpoint file name '{name}'")));
+                }
+                if open.as_ref().is_none_or(|(n, _)| *n != name) {
+                    if offset != 0 {
+                        return Err(BackupError::Protocol(format!("{name} does not start at offset 0")));
+                    }
+                    let f = std::fs::File::create(incoming.join(&name)).map_err(io(format!("creating {name}")))?;
+                    open = Some((name.clone(), f));
+                }
+                let (_, f) = open.as_mut().expect("opened above");
+                f.write_all(&data).map_err(io(format!("writing {name}")))?;
+                bytes += data.len() as u64;
+                if last {
+                    f.sync_all().map_err(io(format!("syncing {name}")))?;
+                    open = None;
+                }
+                if progress && last_print.elapsed() > Duration::from_millis(500) {
+                    eprintln!("backup: received {:.1} MB of checkpoint", bytes as f64 / 1e6);
+                    last_print = Instant::now();
+                }
+            }
+            Some(Frame::CheckpointDone { .. }) => break,
+            Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
+            other => return Err(BackupError::Protocol(format!("expected checkpoint files, got {other:?}"))),
+        }
+    }
+    ditto_log::storage::sync_dir(&incoming).map_err(io("syncing incoming-checkpoint"))?;
+    Ok(incoming)
+}
+
+/// One batch for a replayer.
+struct Job {
+    seq: u64,
+    stream: usize,
+    bound: Ts,
+    floor: Option<Ts>,
+    /// Transactions at or below this were held before (a resume overlaps).
+    skip_to: Ts,
+    batch: Bytes,
+}
+
+/// The replayers and the read view.
+struct Engine {
+    db: Arc<Database>,
+    state: Arc<BackupState>,
+    replayed: Mutex<Ordered>,
+    queues: Vec<std::sync::mpsc::Sender<Job>>,
+    mode: ReplayMode,
+}
+
+impl Engine {
+    /// The engine with its replayers running.
+    fn start(db: Arc<Database>, state: Arc<BackupState>, streams: usize, base: Ts, mode: ReplayMode) -> Arc<Engine> {
+        let threads = match mode {
+            ReplayMode::Serial => 1,
+            ReplayMode::Parallel => streams,
+        };
+        let mut queues = Vec::new();
+        let mut rxs = Vec::new();
+        for _ in 0..threads {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            queues.push(tx);
+            rxs.push(rx);
+        }
+        let e = Arc::new(Engine {
+            db,
+            state,
+            replayed: Mutex::new(Ordered::new(Prefix::new(streams, base), 1)),
+            queues,
+            mode,
+        });
+        start_replayers(&e, rxs);
+        e
+    }
+
+    fn queue_for(&self, stream: usize) -> &std::sync::mpsc::Sender<Job> {
+        match self.mode {
+            ReplayMode::Serial => &self.queues[0],
+            ReplayMode::Parallel => &self.queues[stream],
+        }
+    }
+
+    /// Installs one batch; returns the transactions replayed.
+    fn replay(&self, job: &Job, scratch: &mut Vec<u8>) -> Result<u64, String> {
+        let (batch, _) = decode_batch_checksums(&job.batch).map_err(|e| e.to_string())?;
+        let payload = batch.checked_payload_in(scratch).map_err(|e| e.to_string())?;
+        let mut n = 0;
+        for t in payload.txns() {
+            if t.ts <= job.skip_to {
+                continue;
+            }
+            for w in t.writes() {
+                self.db.replay_install(w.table, w.rid, w.key, t.ts, w.value).map_err(|e| e.to_string())?;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn completed(&self, job: &Job) {
+        let w = self.replayed.lock().complete(job.seq, job.stream, job.bound, job.floor);
+        self.state.replayed.fetch_max(w.0, Ordering::AcqRel);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let view = self.state.replayed.load(Ordering::Acquire).min(self.state.released.load(Ordering::Acquire));
+        let prev = self.state.visible.fetch_max(view, Ordering::AcqRel);
+        if view > prev {
+            self.db.publish_read_view(Ts(view));
+        }
+    }
+}
+
+/// This thread's CPU time in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the struct we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct Receiver {
+    opts: BackupOptions,
+    storage: Arc<dyn Storage>,
+    epoch: Epoch,
+    streams: u32,
+    rlog: ReplicaLog,
+    received: Prefix,
+    durable: Prefix,
+    engine: Arc<Engine>,
+    state: Arc<BackupState>,
+    seq: u64,
+}
+
+impl Receiver {
+    fn run(mut self, stream: TcpStream, reader: BufReader<TcpStream>) {
+        let (mut stream, mut reader) = (stream, reader);
+        loop {
+            let why = match self.serve(&stream, &mut reader) {
+                Ok(()) => "the primary closed the connection".to_string(),
+                Err(e) => e,
+            };
+            self.state.connected.store(false, Ordering::Release);
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            if let Some(fatal) = self.state.failure.lock().clone() {
+                tracing::error!("backup stopped: {fatal}");
+                return;
+            }
+            tracing::warn!("replication from {} interrupted: {why}; resuming", self.opts.primary);
+            // Resume above what every stream holds (each stream's surplus is skipped).
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+                let have = self.received.watermark();
+                let hello = Frame::Hello {
+                    version: PROTOCOL_VERSION,
+                    epoch: self.epoch,
+                    have_ts: have,
+                    node: self.opts.node.clone(),
+                };
+                let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
+                match read_frame(&mut r) {
+                    Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume })) => {
+                        if epoch != self.epoch || streams != self.streams {
+                            self.fatal(format!("the primary moved to epoch {} ({streams} streams) while this backup followed epoch {}: restart it to copy a fresh checkpoint", epoch.0, self.epoch.0));
+                            return;
+                        }
+                        if let Err(e) = add_tables(&self.engine.db, &self.opts.data_dir, &tables, &*self.storage) {
+                            self.fatal(e.to_string());
+                            return;
+                        }
+                        (stream, reader) = (s, r);
+                        self.state.reconnects.fetch_add(1, Ordering::Relaxed);
+                        self.state.connected.store(true, Ordering::Release);
+                        tracing::info!("replication resumed above ts {}", have.0);
+                        break;
+                    }
+                    Ok(Some(Frame::Welcome { .. })) => {
+                        self.fatal("the primary's log no longer holds what this backup lacks: restart it to copy a fresh checkpoint".into());
+                        return;
+                    }
+                    Ok(Some(Frame::Refuse { reason })) => tracing::warn!("the primary refused: {reason}"),
+                    other => tracing::warn!("unexpected answer from the primary: {other:?}"),
+                }
+            }
+        }
+    }
+
+    fn fatal(&self, why: String) {
+        tracing::error!("backup stopped: {why}");
+        *self.state.failure.lock() = Some(why);
+    }
+
+    fn ack(&self, stream: &TcpStream) -> Result<(), String> {
+        let f = Frame::Ack {
+            received: self.received.watermark(),
+            durable: self.durable.watermark(),
+            replayed: Ts(self.state.replayed.load(Ordering::Acquire)),
+        };
+        (&*stream).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))
+    }
+
+    fn serve(&mut self, stream: &TcpStream, reader: &mut BufReader<TcpStream>) -> Result<(), String> {
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut last_ack = Instant::now();
+        loop {
+            let frame = match read_frame(reader) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(format!("reading from the primary: {e}")),
+            };
+            match frame {
+                Frame::Batch { epoch, released, floor_trusted, batch } => {
+                    if epoch < self.epoch {
+                        return Err(format!("refused a batch of epoch {} (following {})", epoch.0, self.epoch.0));
+                    }
+                    if epoch > self.epoch {
+                        self.fatal(format!("the primary moved to epoch {}: restart this backup", epoch.0));
+                        return Err("epoch changed".into());
+                    }
+                    let (b, used) = decode_batch_checksums(&batch).map_err(|e| format!("a corrupt batch: {e}"))?;
+                    if used != batch.len() {
+                        return Err("a batch frame with trailing bytes".into());
+                    }
+                    let h = b.header;
+                    let s = h.stream.0 as usize;
+                    if s >= self.streams as usize {
+                        return Err(format!("a batch of stream {s}, of {}", self.streams));
+                    }
+                    self.state.bytes_received.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    let held = self.received.stream_bound(s);
+                    if h.bound_ts <= held {
+                        self.state.batches_skipped.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.rlog.append(&batch, floor_trusted, h.bound_ts);
+                        let floor = floor_trusted.then_some(h.floor_ts);
+                        self.received.push(s, h.bound_ts, floor);
+                        self.seq += 1;
+                        jobs.push(Job { seq: self.seq, stream: s, bound: h.bound_ts, floor, skip_to: held, batch });
+                        self.state.batches_received.fetch_add(1, Ordering::Relaxed);
+                        let now_ms = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64);
+                        self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
+                    }
+                    self.state.released.fetch_max(released.0, Ordering::AcqRel);
+                }
+                Frame::Heartbeat { released } => {
+                    self.state.released.fetch_max(released.0, Ordering::AcqRel);
+                }
+                Frame::Table { id, name } => {
+                    add_tables(&self.engine.db, &self.opts.data_dir, &[(id, name)], &*self.storage)
+                        .map_err(|e| e.to_string())?;
+                }
+                Frame::Refuse { reason } => return Err(format!("the primary refused: {reason}")),
+                other => return Err(format!("unexpected frame {other:?}")),
+            }
+            self.state.received.store(self.received.watermark().0, Ordering::Release);
+            // A burst is done when nothing more is buffered: acknowledge receipt, make it
+            // durable, acknowledge that, then replay.
+            if reader.buffer().is_empty() || jobs.len() >= 1024 || last_ack.elapsed() > Duration::from_millis(5) {
+                if let Err(e) = self.ack(stream) {
+                    return Err(e);
+                }
+                if let Err(e) = self.rlog.sync() {
+                    self.fatal(format!("persisting received batches failed ({e}); this backup stops acknowledging"));
+                    return Err("disk failure".into());
+                }
+                self.durable = self.received.clone();
+                self.state.durable.store(self.durable.watermark().0, Ordering::Release);
+                for j in jobs.drain(..) {
+                    let q = self.engine.queue_for(j.stream);
+                    if q.send(j).is_err() {
+                        return Err("a replayer stopped".into());
+                    }
+                }
+                self.engine.publish();
+                self.ack(stream)?;
+                last_ack = Instant::now();
+            }
+        }
+    }
+}
+
+/// Starts the replay threads of `engine` (one per queue).
+fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>>) {
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let e = Arc::clone(engine);
+        std::thread::Builder::new()
+            .name(format!("ditto-replay-{i}"))
+            .spawn(move || {
+                let mut scratch = Vec::new();
+                let cpu0 = thread_cpu_ns();
+                let mut cpu_reported = cpu0;
+                while let Ok(job) = rx.recv() {
+                    match e.replay(&job, &mut scratch) {
+                        Ok(n) => {
+                            e.state.txns_replayed.fetch_add(n, Ordering::Relaxed);
+                            e.completed(&job);
+                        }
+                        Err(why) => {
+                            let msg = format!("replaying a batch of stream {} failed: {why}", job.stream);
+                            tracing::error!("{msg}");
+                            *e.state.failure.lock() = Some(msg);
+                            return;
+                        }
+                    }
+                    let now = thread_cpu_ns();
+                    e.state.replay_cpu_ns.fetch_add(now - cpu_reported, Ordering::Relaxed);
+                    cpu_reported = now;
+                }
+            })
+            .expect("starting a replayer");
+    }
+}
+
+impl Backup {
+    /// The failure that stopped this backup, if any (it then serves its last read view).
+    pub fn failure(&self) -> Option<String> {
+        self.state.failure.lock().clone()
+    }
+}

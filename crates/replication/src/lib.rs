@@ -1,0 +1,32 @@
+//! ditto's hot standby
+//! ===================
+//! Log shipping from a primary to its backups, commit policies, parallel replay, and
+//! consistent, fresh reads on backups (Query Fresh 3.1-3.4, Rolis 3.3-3.5, KuaFu,
+//! ScyPer's one-to-many propagation). Between the log and the server:
+//!
+//! ```text
+//!  primary: Logger --ShipTap--> Primary (primary.rs) --TCP frames (protocol.rs)--> backup
+//!           server releases at release_watermark(policy, Holdings) (policy.rs) <--acks--+
+//!  backup:  receive -> replica log (ditto_log::replica) -> ack -> replay (backup.rs)
+//!           read view = min(released, replayed prefix) (watermark.rs) -> snapshots
+//! ```
+//!
+//! Pure parts (no I/O, tested step by step): `protocol` (frames), `policy` (who must hold
+//! a commit), `watermark` (the watermark of a prefix of batches, in order or completed out
+//! of order). I/O parts: `primary`, `backup` (blocking TCP on threads of their own; the
+//! server's tokio runtime is not involved).
+//!
+//! Not here: failover and the control plane (crates/cluster, a later issue): a backup
+//! follows one primary and its epoch, and stops (saying so) if that primary restarts into
+//! a new epoch or can no longer serve what the backup lacks; a restart then copies a fresh
+//! checkpoint.
+
+pub mod backup;
+pub mod policy;
+pub mod primary;
+pub mod protocol;
+pub mod watermark;
+
+pub use backup::{Backup, BackupError, BackupOptions, BackupState, ReplayMode};
+pub use policy::{release_watermark, CommitPolicy, Holdings, Level, Scope};
+pub use primary::{BackupInfo, Primary, PrimaryOptions};

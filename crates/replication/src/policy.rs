@@ -1,0 +1,186 @@
+//! Commit policies: when a commit may be released to its client
+//! ============================================================
+//! A commit is released once the *release watermark* covers its timestamp. Each node that
+//! counts contributes a watermark (every commit at or below it is held there), itself the
+//! minimum over the primary's streams (Rolis 3.4: a later commit on one stream is never
+//! released before an earlier one on another); the policy picks which nodes count:
+//!
+//! | policy | released when | survives |
+//! |---|---|---|
+//! | `local` | durable on the primary (shipped in the background) | the primary's crash and restart; not the loss of its disk (1-safe) |
+//! | `majority-durable` | durable on a majority of the nodes (primary included) | the loss of any minority of nodes |
+//! | `majority-received` | in memory on a majority, durable on the primary... not waited for | the loss of any minority, unless every node holding it crashes before its fsync |
+//! | `all-durable` | durable on every node | the loss of all but one node |
+//! | `all-received` | in memory on every node | as majority-received, for all but one node |
+//!
+//! `received` counts a backup once the batch is in its memory (its own fsync follows in the
+//! background, PostgreSQL's `synchronous_commit = remote_write`); the primary counts with
+//! what it has framed and shipped, so no fsync is on the commit path at all. With no
+//! backup connected, `majority` of a single node is the primary alone; `all` counts every
+//! backup that is configured to be connected (a missing one blocks releases, and says so).
+
+use ditto_engine::Ts;
+
+/// How many nodes must hold a commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Local,
+    Majority,
+    All,
+}
+
+/// How a counted node holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// In memory (received; fsync in the background).
+    Received,
+    /// fsynced.
+    Durable,
+}
+
+/// A commit policy (see the module notes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitPolicy {
+    pub scope: Scope,
+    pub level: Level,
+}
+
+impl CommitPolicy {
+    pub const LOCAL: CommitPolicy = CommitPolicy { scope: Scope::Local, level: Level::Durable };
+
+    /// `local`, `majority`, `all`, each optionally `-durable` (the default) or `-received`.
+    pub fn parse(s: &str) -> Result<CommitPolicy, String> {
+        let s = s.trim().to_ascii_lowercase();
+        let (scope, level) = match s.split_once('-') {
+            Some((a, b)) => (a.to_string(), Some(b.to_string())),
+            None => (s.clone(), None),
+        };
+        let scope = match scope.as_str() {
+            "local" => Scope::Local,
+            "majority" => Scope::Majority,
+            "all" => Scope::All,
+            _ => return Err(format!("unknown commit policy '{s}' (local, majority, all, with -durable or -received)")),
+        };
+        let level = match level.as_deref() {
+            None | Some("durable") => Level::Durable,
+            Some("received") if scope != Scope::Local => Level::Received,
+            _ => return Err(format!("unknown commit policy '{s}' (local, majority, all, with -durable or -received)")),
+        };
+        Ok(CommitPolicy { scope, level })
+    }
+
+    pub fn name(&self) -> String {
+        match (self.scope, self.level) {
+            (Scope::Local, _) => "local".into(),
+            (Scope::Majority, Level::Durable) => "majority-durable".into(),
+            (Scope::Majority, Level::Received) => "majority-received".into(),
+            (Scope::All, Level::Durable) => "all-durable".into(),
+            (Scope::All, Level::Received) => "all-received".into(),
+        }
+    }
+
+    /// The stronger of two policies (a transaction may ask for more than the default).
+    pub fn max(self, o: CommitPolicy) -> CommitPolicy {
+        let rank = |s: Scope| match s {
+            Scope::Local => 0,
+            Scope::Majority => 1,
+            Scope::All => 2,
+        };
+        CommitPolicy {
+            scope: if rank(o.scope) > rank(self.scope) { o.scope } else { self.scope },
+            level: if o.level == Level::Durable || self.level == Level::Durable { Level::Durable } else { Level::Received },
+        }
+    }
+}
+
+/// What each node holds, as watermarks: the primary's own, and one per backup that is
+/// configured (`None`: not connected now).
+#[derive(Clone, Debug, Default)]
+pub struct Holdings {
+    /// Durable on the primary's disk.
+    pub primary_durable: Ts,
+    /// Framed and shipped by the primary (in its memory).
+    pub primary_shipped: Ts,
+    /// Per backup: (received, durable).
+    pub backups: Vec<Option<(Ts, Ts)>>,
+}
+
+/// The release watermark under `policy`: the largest ts that the policy's quorum holds.
+/// Pure, so tests can drive it step by step.
+pub fn release_watermark(policy: CommitPolicy, h: &Holdings) -> Ts {
+    let mine = match policy.level {
+        Level::Durable => h.primary_durable,
+        // The primary's memory holds everything it shipped; never more than the backups
+        // received, which is what the quorum decides on.
+        Level::Received => h.primary_shipped.max(h.primary_durable),
+    };
+    if policy.scope == Scope::Local {
+        return h.primary_durable;
+    }
+    let mut held: Vec<Ts> = vec![mine];
+    held.extend(h.backups.iter().map(|b| match (b, policy.level) {
+        (None, _) => Ts::ZERO,
+        (Some((r, _)), Level::Received) => *r,
+        (Some((_, d)), Level::Durable) => *d,
+    }));
+    let nodes = held.len();
+    let need = match policy.scope {
+        Scope::All => nodes,
+        _ => nodes / 2 + 1,
+    };
+    // The need-th largest: at least `need` nodes hold everything up to it.
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    held[need - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(p: u64, backups: &[Option<(u64, u64)>]) -> Holdings {
+        Holdings {
+            primary_durable: Ts(p),
+            primary_shipped: Ts(p + 100),
+            backups: backups.iter().map(|b| b.map(|(r, d)| (Ts(r), Ts(d)))).collect(),
+        }
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for s in ["local", "majority-durable", "majority-received", "all-durable", "all-received"] {
+            assert_eq!(CommitPolicy::parse(s).unwrap().name(), s);
+        }
+        assert_eq!(CommitPolicy::parse("majority").unwrap().name(), "majority-durable");
+        assert!(CommitPolicy::parse("local-received").is_err());
+        assert!(CommitPolicy::parse("most").is_err());
+    }
+
+    #[test]
+    fn quorums_pick_the_right_node() {
+        let p = |s| CommitPolicy::parse(s).unwrap();
+        // Primary durable at 10; backups (received, durable): (30, 20), (5, 4).
+        let x = h(10, &[Some((30, 20)), Some((5, 4))]);
+        assert_eq!(release_watermark(p("local"), &x), Ts(10));
+        assert_eq!(release_watermark(p("majority-durable"), &x), Ts(10), "2 of 3: primary and the first backup");
+        assert_eq!(release_watermark(p("majority-received"), &x), Ts(30));
+        assert_eq!(release_watermark(p("all-durable"), &x), Ts(4));
+        assert_eq!(release_watermark(p("all-received"), &x), Ts(5));
+        // A missing backup blocks `all`; `majority` of 3 goes on with 2.
+        let y = h(10, &[Some((30, 20)), None]);
+        assert_eq!(release_watermark(p("all-durable"), &y), Ts(0));
+        assert_eq!(release_watermark(p("majority-durable"), &y), Ts(10));
+        // One backup: majority of 2 is both.
+        let z = h(10, &[Some((8, 7))]);
+        assert_eq!(release_watermark(p("majority-durable"), &z), Ts(7));
+        assert_eq!(release_watermark(p("majority-received"), &z), Ts(8));
+        // No backup configured: everything is the primary's.
+        assert_eq!(release_watermark(p("all-durable"), &h(10, &[])), Ts(10));
+    }
+
+    #[test]
+    fn the_stronger_policy_wins() {
+        let p = |s| CommitPolicy::parse(s).unwrap();
+        assert_eq!(p("majority-received").max(p("all-received")), p("all-received"));
+        assert_eq!(p("majority-received").max(p("local")), p("majority-durable"));
+    }
+}

@@ -1,0 +1,462 @@
+//! The primary's side: shipping batches to backups, collecting acknowledgements
+//! ==========================================================================
+//! ```text
+//!  flusher[w] --tap.batch (framed, before its write)--> every link's queue (bounded bytes)
+//!  link sender thread:  [Welcome, checkpoint files | gap batches read back from disk] then queue -> TCP
+//!  link reader thread:  Ack{received, durable, replayed} -> Holdings -> on_change (the server releases)
+//! ```
+//! Invariants: the tap never blocks a flusher (a link whose queue passes
+//! `queue_bytes_max` is dropped, and the backup resumes from disk); a link's frames go out
+//! in tap order, after everything of its start (checkpoint or gap), so floors stay true on
+//! the backup (crates/log/src/replica.rs); a backup's watermarks only count while its link
+//! is up, and only grow within a link.
+
+use std::io::{BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ditto_engine::{TableId, Ts};
+use ditto_log::format::BatchHeader;
+use ditto_log::{Durable, Epoch};
+use parking_lot::{Condvar, Mutex};
+
+use crate::policy::Holdings;
+use crate::protocol::{read_frame, Frame, Start, PROTOCOL_VERSION};
+use crate::watermark::Prefix;
+
+/// How the primary ships.
+#[derive(Clone, Debug)]
+pub struct PrimaryOptions {
+    /// Backups the quorum counts (a missing one counts as holding nothing); more may connect.
+    pub backups_expected: usize,
+    /// A backup further behind than this many bytes of queued frames is dropped (it resumes
+    /// from the log on disk): the primary's memory stays bounded whatever a backup does.
+    pub queue_bytes_max: usize,
+    /// How often an idle link sends the release watermark (and how stale a backup's view of
+    /// it can be when nothing else is sent).
+    pub heartbeat: Duration,
+}
+
+impl Default for PrimaryOptions {
+    fn default() -> Self {
+        PrimaryOptions { backups_expected: 0, queue_bytes_max: 256 << 20, heartbeat: Duration::from_millis(1) }
+    }
+}
+
+/// What the server sees of one backup.
+#[derive(Clone, Debug)]
+pub struct BackupInfo {
+    pub node: String,
+    pub addr: String,
+    pub received: Ts,
+    pub durable: Ts,
+    pub replayed: Ts,
+    pub queued_bytes: usize,
+    pub connected_for: Duration,
+}
+
+struct Link {
+    node: String,
+    addr: String,
+    slot: usize,
+    queue: Mutex<Queue>,
+    cv: Condvar,
+    received: AtomicU64,
+    durable: AtomicU64,
+    replayed: AtomicU64,
+    since: Instant,
+}
+
+struct Queue {
+    frames: std::collections::VecDeque<Bytes>,
+    bytes: usize,
+    dead: Option<String>,
+}
+
+impl Link {
+    fn kill(&self, why: String) {
+        let mut q = self.queue.lock();
+        if q.dead.is_none() {
+            q.dead = Some(why);
+        }
+        q.frames.clear();
+        q.bytes = 0;
+        self.cv.notify_all();
+    }
+}
+
+pub type OnChange = Box<dyn Fn(&Holdings) + Send + Sync>;
+
+/// The shipping side of a primary (see the module notes).
+pub struct Primary {
+    durable: Durable,
+    epoch: Epoch,
+    opts: PrimaryOptions,
+    links: Mutex<Vec<Arc<Link>>>,
+    shipped: Mutex<Prefix>,
+    released: AtomicU64,
+    on_change: OnChange,
+    stopping: AtomicBool,
+    pub batches_shipped: AtomicU64,
+    pub backups_dropped: AtomicU64,
+}
+
+impl Primary {
+    /// Installs the shipping tap on `durable`'s log and listens for backups on `listener`.
+    /// `on_change` is called (on any thread, not blocking) whenever what the nodes hold moves.
+    pub fn start(
+        durable: &Durable,
+        listener: TcpListener,
+        opts: PrimaryOptions,
+        on_change: OnChange,
+    ) -> std::io::Result<Arc<Primary>> {
+        let logger = durable.logger();
+        let p = Arc::new(Primary {
+            durable: durable.clone(),
+            epoch: logger.epoch(),
+            opts,
+            links: Mutex::new(Vec::new()),
+            shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
+            released: AtomicU64::new(0),
+            on_change,
+            stopping: AtomicBool::new(false),
+            batches_shipped: AtomicU64::new(0),
+            backups_dropped: AtomicU64::new(0),
+        });
+        logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
+        let me = Arc::clone(&p);
+        std::thread::Builder::new().name("ditto-repl-accept".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if me.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                match conn {
+                    Ok(s) => {
+                        let me = Arc::clone(&me);
+                        let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
+                            let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                            if let Err(e) = me.serve(s) {
+                                tracing::warn!("replication link to {addr} closed: {e}");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!("replication accept failed: {e}");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+        })?;
+        Ok(p)
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// What every node holds now.
+    pub fn holdings(&self) -> Holdings {
+        let logger = self.durable.logger();
+        let links = self.links.lock();
+        let slots = self.opts.backups_expected.max(links.iter().map(|l| l.slot + 1).max().unwrap_or(0));
+        let mut backups = vec![None; slots];
+        for l in links.iter() {
+            backups[l.slot] =
+                Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
+        }
+        Holdings { primary_durable: logger.watermark(), primary_shipped: self.shipped.lock().watermark(), backups }
+    }
+
+    /// Called by the server with the release watermark (of the default policy) it computed,
+    /// so backups learn what they may show.
+    pub fn set_released(&self, ts: Ts) {
+        self.released.fetch_max(ts.0, Ordering::AcqRel);
+    }
+
+    pub fn released(&self) -> Ts {
+        Ts(self.released.load(Ordering::Acquire))
+    }
+
+    pub fn backups(&self) -> Vec<BackupInfo> {
+        self.links
+            .lock()
+            .iter()
+            .map(|l| BackupInfo {
+                node: l.node.clone(),
+                addr: l.addr.clone(),
+                received: Ts(l.received.load(Ordering::Acquire)),
+                durable: Ts(l.durable.load(Ordering::Acquire)),
+                replayed: Ts(l.replayed.load(Ordering::Acquire)),
+                queued_bytes: l.queue.lock().bytes,
+                connected_for: l.since.elapsed(),
+            })
+            .collect()
+    }
+
+    fn changed(&self) {
+        (self.on_change)(&self.holdings());
+    }
+
+    fn push_all(&self, frame: &Bytes) {
+        for l in self.links.lock().iter() {
+            let mut q = l.queue.lock();
+            if q.dead.is_some() {
+                continue;
+            }
+            if q.bytes + frame.len() > self.opts.queue_bytes_max {
+                drop(q);
+                self.backups_dropped.fetch_add(1, Ordering::Relaxed);
+                l.kill(format!(
+                    "backup {} fell more than {} MiB behind; dropped, it resumes from the log on disk",
+                    l.node,
+                    self.opts.queue_bytes_max >> 20
+                ));
+                continue;
+            }
+            q.bytes += frame.len();
+            q.frames.push_back(frame.clone());
+            l.cv.notify_one();
+        }
+    }
+
+    /// One backup's connection, start to end.
+    fn serve(self: &Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let addr = stream.peer_addr()?.to_string();
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let (epoch, have_ts, node) = match read_frame(&mut reader)? {
+            Some(Frame::Hello { version, epoch, have_ts, node }) if version == PROTOCOL_VERSION => (epoch, have_ts, node),
+            Some(Frame::Hello { version, .. }) => {
+                let reason = format!("replication protocol version {version} is not supported (this primary speaks {PROTOCOL_VERSION})");
+                let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                return Err(std::io::Error::other(reason));
+            }
+            other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
+        };
+        stream.set_read_timeout(None)?;
+        let logger = Arc::clone(self.durable.logger());
+        // Register first: from here on every framed batch is queued for this backup.
+        let link = {
+            let mut links = self.links.lock();
+            let slot = (0..).find(|s| !links.iter().any(|l| l.slot == *s)).expect("a free slot");
+            let link = Arc::new(Link {
+                node: node.clone(),
+                addr: addr.clone(),
+                slot,
+                queue: Mutex::new(Queue { frames: Default::default(), bytes: 0, dead: None }),
+                cv: Condvar::new(),
+                received: AtomicU64::new(0),
+                durable: AtomicU64::new(0),
+                replayed: AtomicU64::new(0),
+                since: Instant::now(),
+            });
+            links.push(Arc::clone(&link));
+            link
+        };
+        let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger);
+        link.kill("link closed".into());
+        self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
+        self.changed();
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        out
+    }
+
+    fn serve_link(
+        self: &Arc<Self>,
+        stream: &TcpStream,
+        reader: BufReader<TcpStream>,
+        link: &Arc<Link>,
+        epoch: Epoch,
+        have_ts: Ts,
+        logger: &ditto_log::Logger,
+    ) -> std::io::Result<()> {
+        let db = self.durable.db();
+        let reg_clock = db.clock().now();
+        // Everything framed before the registration must be durable (so a gap read from
+        // disk holds it) and installed (so a checkpoint holds it).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while logger.watermark() < reg_clock || db.clock().visible_ts() < reg_clock {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other("the log did not become durable up to the registration"));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let gap = if have_ts > Ts::ZERO && epoch == self.epoch {
+            ditto_log::replica::batches_after(self.durable.dir(), self.epoch, have_ts).map_err(std::io::Error::other)?
+        } else {
+            None
+        };
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
+        let tables = |logger: &ditto_log::Logger| {
+            logger.catalog_tables().into_iter().map(|(id, n)| (id.0, n)).collect::<Vec<_>>()
+        };
+        match gap {
+            Some(gap) => {
+                tracing::info!("backup {} at {addr}: resuming above ts {} ({} batches from disk)", link.node, have_ts.0, gap.len(), addr = link.addr);
+                let welcome = Frame::Welcome {
+                    epoch: self.epoch,
+                    streams: logger.streams() as u32,
+                    tables: tables(logger),
+                    start: Start::Resume,
+                };
+                w.write_all(&welcome.encode())?;
+                for b in gap {
+                    let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
+                    w.write_all(&f.encode())?;
+                }
+            }
+            None => {
+                let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
+                tracing::info!(
+                    "backup {} at {}: sending a checkpoint at ts {} ({} rows, {:.1} MB)",
+                    link.node,
+                    link.addr,
+                    info.ts.0,
+                    info.rows,
+                    info.bytes as f64 / 1e6
+                );
+                // Hard links keep the files while a later checkpoint replaces this one.
+                let keep = self.durable.dir().join(format!("ship-{}-{}", std::process::id(), link.slot));
+                let _ = std::fs::remove_dir_all(&keep);
+                std::fs::create_dir_all(&keep)?;
+                let mut files = Vec::new();
+                for e in std::fs::read_dir(&info.dir)? {
+                    let p = e?.path();
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                    std::fs::hard_link(&p, keep.join(&name))?;
+                    files.push(name);
+                }
+                // The manifest last: a backup treats the checkpoint as whole only with it.
+                files.sort_by_key(|n| (n == "MANIFEST", n.clone()));
+                let welcome = Frame::Welcome {
+                    epoch: self.epoch,
+                    streams: logger.streams() as u32,
+                    tables: tables(logger),
+                    start: Start::Checkpoint { ts: info.ts },
+                };
+                w.write_all(&welcome.encode())?;
+                let sent = send_files(&mut w, &keep, &files);
+                let _ = std::fs::remove_dir_all(&keep);
+                sent?;
+                w.write_all(&Frame::CheckpointDone { ts: info.ts }.encode())?;
+            }
+        }
+        w.flush()?;
+        // Acks come on their own thread.
+        let me = Arc::clone(self);
+        let l2 = Arc::clone(link);
+        let acks = std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
+            let mut reader = reader;
+            let why = loop {
+                match read_frame(&mut reader) {
+                    Ok(Some(Frame::Ack { received, durable, replayed })) => {
+                        l2.received.fetch_max(received.0, Ordering::AcqRel);
+                        l2.durable.fetch_max(durable.0, Ordering::AcqRel);
+                        l2.replayed.fetch_max(replayed.0, Ordering::AcqRel);
+                        me.changed();
+                    }
+                    Ok(Some(Frame::Refuse { reason })) => break format!("the backup refused: {reason}"),
+                    Ok(Some(f)) => break format!("unexpected frame from the backup: {f:?}"),
+                    Ok(None) => break "the backup closed the connection".into(),
+                    Err(e) => break format!("reading acks: {e}"),
+                }
+            };
+            l2.kill(why);
+        })?;
+        self.changed();
+        // Send the queue until the link dies.
+        let mut last_released = Ts::ZERO;
+        let result = loop {
+            let frames: Vec<Bytes> = {
+                let mut q = link.queue.lock();
+                if q.frames.is_empty() && q.dead.is_none() {
+                    link.cv.wait_for(&mut q, self.opts.heartbeat);
+                }
+                if let Some(why) = &q.dead {
+                    break Err(std::io::Error::other(why.clone()));
+                }
+                q.bytes = 0;
+                q.frames.drain(..).collect()
+            };
+            for f in &frames {
+                w.write_all(f)?;
+            }
+            let released = self.released();
+            if released > last_released {
+                w.write_all(&Frame::Heartbeat { released }.encode())?;
+                last_released = released;
+            }
+            w.flush()?;
+        };
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        let _ = acks.join();
+        result
+    }
+
+    /// Stops accepting backups (links close with the process).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for l in self.links.lock().iter() {
+            l.kill("the primary is shutting down".into());
+        }
+    }
+}
+
+fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Result<()> {
+    const CHUNK: usize = 1 << 20;
+    for name in files {
+        let path: PathBuf = dir.join(name);
+        let data = std::fs::read(&path)?;
+        let mut off = 0;
+        loop {
+            let end = (off + CHUNK).min(data.len());
+            let last = end == data.len();
+            let f = Frame::File {
+                name: name.clone(),
+                offset: off as u64,
+                data: Bytes::copy_from_slice(&data[off..end]),
+                last,
+            };
+            w.write_all(&f.encode())?;
+            off = end;
+            if last {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Tap(std::sync::Weak<Primary>);
+
+impl ditto_log::ShipTap for Tap {
+    fn batch(&self, header: &BatchHeader, frame: &[u8]) {
+        let Some(p) = self.0.upgrade() else { return };
+        {
+            let mut s = p.shipped.lock();
+            s.push(header.stream.0 as usize, header.bound_ts, Some(header.floor_ts));
+        }
+        if !p.links.lock().is_empty() {
+            let f = Frame::Batch {
+                epoch: p.epoch,
+                released: p.released(),
+                floor_trusted: true,
+                batch: Bytes::copy_from_slice(frame),
+            }
+            .encode();
+            p.push_all(&f);
+            p.batches_shipped.fetch_add(1, Ordering::Relaxed);
+        }
+        p.changed();
+    }
+
+    fn table_created(&self, id: TableId, name: &str) {
+        let Some(p) = self.0.upgrade() else { return };
+        p.push_all(&Frame::Table { id: id.0, name: name.to_string() }.encode());
+    }
+}
