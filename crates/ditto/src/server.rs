@@ -55,6 +55,24 @@ pub struct ServerArgs {
     /// cgroup's memory) [default: auto].
     #[arg(long)]
     maxmemory: Option<String>,
+    /// Run as a backup (hot standby) of the primary whose replication port is HOST:PORT:
+    /// joins it (a checkpoint, or the log above what this node holds), replays its log,
+    /// serves reads at a consistent, fresh read view and refuses writes.
+    #[arg(long, value_name = "HOST:PORT")]
+    replica_of: Option<String>,
+    /// On a primary: accept backups on this port (0: any free one; the bound one is printed).
+    #[arg(long)]
+    repl_port: Option<u16>,
+    /// When a write is acknowledged: local, majority, all (each -durable or -received)
+    /// [default: local].
+    #[arg(long)]
+    commit_policy: Option<String>,
+    /// Backups the commit policy counts (a missing one holds nothing) [default: 0].
+    #[arg(long)]
+    backups: Option<usize>,
+    /// On a backup: serial or parallel replay [default: parallel].
+    #[arg(long)]
+    replay: Option<String>,
 }
 
 pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -98,6 +116,21 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(m) = a.maxmemory {
         cfg.maxmemory = ditto_server::config::MaxMemory::Text(m);
     }
+    if a.replica_of.is_some() {
+        cfg.replica_of = a.replica_of;
+    }
+    if a.repl_port.is_some() {
+        cfg.repl_port = a.repl_port;
+    }
+    if let Some(p) = a.commit_policy {
+        cfg.commit_policy = p;
+    }
+    if let Some(n) = a.backups {
+        cfg.backups = n;
+    }
+    if let Some(r) = a.replay {
+        cfg.replay = r;
+    }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
@@ -109,6 +142,9 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(a) = l.tls {
             println!("ditto server listening for TLS on {a} ({durability})");
+        }
+        if let Some(a) = l.repl {
+            println!("ditto server accepting backups on {a}");
         }
     })?;
     Ok(())

@@ -89,7 +89,9 @@ impl Link {
     }
 }
 
-pub type OnChange = Box<dyn Fn(&Holdings) + Send + Sync>;
+/// Told what every node holds whenever it moves; returns the release watermark (which
+/// backups are then told).
+pub type OnChange = Box<dyn Fn(&Holdings) -> Ts + Send + Sync>;
 
 /// The shipping side of a primary (see the module notes).
 pub struct Primary {
@@ -171,9 +173,8 @@ impl Primary {
         Holdings { primary_durable: logger.watermark(), primary_shipped: self.shipped.lock().watermark(), backups }
     }
 
-    /// Called by the server with the release watermark (of the default policy) it computed,
-    /// so backups learn what they may show.
-    pub fn set_released(&self, ts: Ts) {
+    /// The release watermark (of the default policy), which backups learn.
+    fn set_released(&self, ts: Ts) {
         self.released.fetch_max(ts.0, Ordering::AcqRel);
     }
 
@@ -198,7 +199,13 @@ impl Primary {
     }
 
     fn changed(&self) {
-        (self.on_change)(&self.holdings());
+        let released = (self.on_change)(&self.holdings());
+        self.set_released(released);
+    }
+
+    /// Recomputes the release watermark (the server calls it when the local log moves).
+    pub fn recompute(&self) {
+        self.changed();
     }
 
     fn push_all(&self, frame: &Bytes) {
@@ -307,6 +314,25 @@ impl Primary {
                 w.write_all(&welcome.encode())?;
                 for b in gap {
                     let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
+                    w.write_all(&f.encode())?;
+                }
+                // The gap's floors are not trusted (not in framing order), so an idle stream
+                // would hold the backup's watermark until it writes again; while writers
+                // wait on that watermark, it never would. Everything at or below the
+                // registration clock was durable before the gap was read, so it was all in
+                // the gap: an empty batch vouches for it (and is persisted like any, so
+                // the backup's own recovery sees it too).
+                if reg_clock > have_ts {
+                    let mut frame = Vec::new();
+                    ditto_log::format::BatchBuilder::new().finish_vouching_into(
+                        ditto_log::StreamId(0),
+                        self.epoch,
+                        reg_clock,
+                        reg_clock,
+                        false,
+                        &mut frame,
+                    );
+                    let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: true, batch: frame.into() };
                     w.write_all(&f.encode())?;
                 }
             }

@@ -67,6 +67,19 @@ pub struct Config {
     pub tls_auth_clients: bool,
     /// Seconds a TLS client has to finish its handshake.
     pub tls_handshake_timeout_s: u64,
+    /// Run as a backup (hot standby) of the primary whose replication port is at host:port:
+    /// read-only, replaying its log (docs/replication.md).
+    pub replica_of: Option<String>,
+    /// On a primary: accept backups on this port (0: any free one) on `bind`.
+    pub repl_port: Option<u16>,
+    /// When a write is acknowledged: local, majority, all (each -durable or -received).
+    pub commit_policy: String,
+    /// Backups the commit policy counts (a missing one holds nothing).
+    pub backups: usize,
+    /// On a backup: serial or parallel replay.
+    pub replay: String,
+    /// On a backup: how long DITTO.WAITTS waits for the read view to reach its timestamp.
+    pub waitts_timeout_ms: u64,
     /// Over this much memory in use, commands that may grow the data are refused with
     /// `-OOM` (Redis's `noeviction`; `memory.rs`). A size in Redis's units (`"4gb"`, or
     /// bytes), `0` for none, or `"auto"` (the default): three quarters of the machine's
@@ -133,6 +146,12 @@ impl Default for Config {
             tls_ca_cert_file: None,
             tls_auth_clients: false,
             tls_handshake_timeout_s: 10,
+            replica_of: None,
+            repl_port: None,
+            commit_policy: "local".into(),
+            backups: 0,
+            replay: "parallel".into(),
+            waitts_timeout_ms: 5000,
             maxmemory: MaxMemory::Text("auto".into()),
             used_memory: None,
         }
@@ -185,9 +204,19 @@ impl Config {
         }
     }
 
+    /// The commit policy.
+    pub fn policy(&self) -> Result<ditto_replication::CommitPolicy, ConfigError> {
+        ditto_replication::CommitPolicy::parse(&self.commit_policy).map_err(ConfigError::Invalid)
+    }
+
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.durability()?;
+        self.policy()?;
+        ditto_replication::ReplayMode::parse(&self.replay).map_err(ConfigError::Invalid)?;
+        if self.replica_of.is_some() && self.repl_port.is_some() {
+            return Err(ConfigError::Invalid("a backup (replica_of) does not accept backups itself (repl_port)".into()));
+        }
         let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
         if self.data_dir.is_none() {
             return bad("data_dir is required (--data-dir or data_dir in the config file)");

@@ -19,6 +19,7 @@ pub mod keyspace;
 pub mod memory;
 pub mod metrics;
 pub mod release;
+pub mod replinfo;
 pub mod resp;
 pub mod server;
 pub mod session;

@@ -114,6 +114,8 @@ struct Conn {
     max_clients: usize,
     tls_handshake_timeout: Duration,
     durable: Option<Arc<Release>>,
+    /// On a backup: how long a reply waits for the read view (DITTO.WAITTS).
+    wait_timeout: Option<Duration>,
     metrics: Arc<Metrics>,
 }
 
@@ -124,6 +126,8 @@ pub struct Listening {
     pub plain: Option<SocketAddr>,
     /// RESP over TLS; `None` without `tls_port`.
     pub tls: Option<SocketAddr>,
+    /// Where backups connect (a primary with `repl_port`).
+    pub repl: Option<SocketAddr>,
 }
 
 async fn bind(host: &str, port: u16) -> Result<(TcpListener, SocketAddr), ServerError> {
@@ -150,9 +154,37 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         None => None,
     };
     let dir = cfg.data_dir.clone().expect("validated");
-    let log = ditto_log::LogOptions { durability: cfg.durability()?, compress: cfg.compress_log, ..Default::default() };
-    let durable = ditto_log::open(&dir, ditto_log::OpenOptions { workers: cfg.workers, log, progress: true })?;
-    let logger = Arc::clone(durable.logger());
+    let policy = cfg.policy()?;
+    // A backup joins its primary (a checkpoint or the log above what it holds) before it
+    // serves; a primary opens and recovers its own directory.
+    let (durable, backup) = match &cfg.replica_of {
+        Some(primary) => {
+            let opts = ditto_replication::BackupOptions {
+                primary: primary.clone(),
+                data_dir: dir.clone(),
+                workers: cfg.workers,
+                node: format!("{}:{}", cfg.bind, cfg.port),
+                replay: ditto_replication::ReplayMode::parse(&cfg.replay).map_err(ConfigError::Invalid)?,
+                progress: true,
+            };
+            let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
+                what: format!("joining the primary at {primary}"),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            (None, Some(b))
+        }
+        None => {
+            let log =
+                ditto_log::LogOptions { durability: cfg.durability()?, compress: cfg.compress_log, ..Default::default() };
+            (Some(ditto_log::open(&dir, ditto_log::OpenOptions { workers: cfg.workers, log, progress: true })?), None)
+        }
+    };
+    let db = match (&durable, &backup) {
+        (Some(d), _) => Arc::clone(d.db()),
+        (None, Some(b)) => Arc::clone(&b.db),
+        (None, None) => unreachable!("a primary or a backup"),
+    };
+    let logger = durable.as_ref().map(|d| Arc::clone(d.logger()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.workers)
         .thread_name("ditto-server")
@@ -167,9 +199,11 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         Some(port) => Some(rt.block_on(bind(&cfg.bind, port))?),
         None => None,
     };
-    let listening = Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1) };
+    let mut listening =
+        Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1), repl: None };
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
-    let mut sh = Shared::new(Arc::clone(durable.db()), Some(Arc::clone(&logger)), cfg.requirepass.clone(), port)?;
+    let mut sh = Shared::new(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port)?;
+    sh.read_only = backup.is_some();
     sh.config_view = cfg.view();
     sh.max_output_bytes = cfg.max_output_bytes;
     sh.memory.max = cfg.maxmemory.bytes()?;
@@ -192,6 +226,33 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             _ => {}
         }
     }
+    // Durability progress reaches connections from the log's flusher threads (no thread of
+    // ours in between: one wake-up fewer per commit), waking only those it covers. With
+    // backups, what releases a commit is the commit policy's quorum (ditto_replication).
+    let release = Arc::new(Release::default());
+    let mut primary = None;
+    if let (Some(d), Some(port)) = (&durable, cfg.repl_port) {
+        let l = std::net::TcpListener::bind((cfg.bind.as_str(), port))
+            .map_err(io(format!("binding the replication port {}:{port}", cfg.bind)))?;
+        let l_addr = Some(l.local_addr().map_err(io("reading the replication address"))?);
+        let repl_addr = l_addr.map(|a| a.to_string()).unwrap_or_default();
+        let opts = ditto_replication::PrimaryOptions { backups_expected: cfg.backups, ..Default::default() };
+        let r = Arc::clone(&release);
+        let on_change = Box::new(move |h: &ditto_replication::Holdings| {
+            let w = ditto_replication::release_watermark(policy, h);
+            r.advance(w, None);
+            w
+        });
+        let p = ditto_replication::Primary::start(d, l, opts, on_change).map_err(io("starting replication"))?;
+        tracing::info!("accepting backups on {repl_addr} (commit policy {})", policy.name());
+        listening.repl = l_addr;
+        sh.replication = crate::session::Replication::Primary { primary: Arc::clone(&p), policy, repl_addr };
+        primary = Some(p);
+    }
+    if let Some(b) = &backup {
+        sh.replication =
+            crate::session::Replication::Backup { state: Arc::clone(&b.state), primary: b.primary.clone() };
+    }
     let sh = Arc::new(sh);
     let metrics = Arc::new(Metrics::new(cfg.workers));
     if cfg.metrics != "off" {
@@ -203,26 +264,49 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     }
     // Deleted data is freed as the workers commit (every 128 commits or installs); this
     // frees it on an idle server too, so memory in use (and maxmemory) sees deletes soon.
-    let db = Arc::clone(durable.db());
+    let db2 = Arc::clone(&db);
     rt.spawn(async move {
         let mut tick = tokio::time::interval(RECLAIM_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            db.reclaim();
+            db2.reclaim();
         }
     });
-    let policy = cfg.checkpoint_policy();
-    let checkpointer = policy.any().then(|| durable.spawn_checkpointer(policy));
-
-    // Durability progress reaches connections from the log's flusher threads (no thread of
-    // ours in between: one wake-up fewer per commit), waking only those it covers.
-    let release = Arc::new(Release::default());
-    let listener = Arc::clone(&release);
-    logger.set_progress_listener(Box::new(move |w, failed| listener.advance(w, failed))).map_err(|e| {
-        ServerError::Io { what: "installing the durability listener".into(), source: std::io::Error::other(e) }
-    })?;
-    release.advance(logger.watermark(), logger.failure().as_ref());
+    let ckpt_policy = cfg.checkpoint_policy();
+    let checkpointer = durable.as_ref().and_then(|d| ckpt_policy.any().then(|| d.spawn_checkpointer(ckpt_policy)));
+    if let Some(logger) = &logger {
+        let listener = Arc::clone(&release);
+        let p = primary.clone();
+        logger
+            .set_progress_listener(Box::new(move |w, failed| match (&p, failed) {
+                (Some(p), None) => p.recompute(),
+                _ => listener.advance(w, failed),
+            }))
+            .map_err(|e| ServerError::Io {
+                what: "installing the durability listener".into(),
+                source: std::io::Error::other(e),
+            })?;
+        match &primary {
+            Some(p) => p.recompute(),
+            None => release.advance(logger.watermark(), logger.failure().as_ref()),
+        }
+    }
+    // A backup's replies wait for its read view (DITTO.WAITTS, bounded); it moves as replay
+    // and the primary's releases do.
+    let wait_timeout = backup.as_ref().map(|_| Duration::from_millis(cfg.waitts_timeout_ms));
+    if let Some(b) = &backup {
+        let state = Arc::clone(&b.state);
+        let r = Arc::clone(&release);
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                r.advance(Ts(state.visible.load(Ordering::Acquire)), None);
+            }
+        });
+    }
 
     let conn = Arc::new(Conn {
         sh: Arc::clone(&sh),
@@ -230,6 +314,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         max_clients: cfg.max_clients,
         tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
         durable: Some(release),
+        wait_timeout,
         metrics,
     });
     ready(&listening);
@@ -247,7 +332,12 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         Ok::<(), ServerError>(())
     })?;
     tracing::info!("shutting down: flushing the log");
-    durable.close();
+    if let Some(p) = &primary {
+        p.stop();
+    }
+    if let Some(d) = &durable {
+        d.close();
+    }
     drop(checkpointer);
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
@@ -418,11 +508,17 @@ impl Conn {
                 let handled = Instant::now();
                 if let Err(failed) = self.wait_durable(wait).await {
                     out.clear();
+                    // On a backup the only wait that fails is a read view that did not get
+                    // there in time: nothing was written, the connection goes on.
+                    let on_backup = self.wait_timeout.is_some();
                     for _ in 0..replies {
-                        Reply::err(format!("ERR log failure, writes stopped (outcome unknown): {failed}"))
-                            .encode(session.proto, &mut out);
+                        let msg = match on_backup {
+                            true => format!("ERR {failed}"),
+                            false => format!("ERR log failure, writes stopped (outcome unknown): {failed}"),
+                        };
+                        Reply::err(msg).encode(session.proto, &mut out);
                     }
-                    close = true;
+                    close |= !on_backup;
                 }
                 stream.write_all(&out).await?;
                 // TLS buffers records until flushed; plain TCP's flush does nothing.
@@ -467,9 +563,19 @@ impl Conn {
 
     /// Waits until every commit up to `ts` is durable.
     async fn wait_durable(&self, ts: Ts) -> Result<(), Arc<str>> {
-        match &self.durable {
-            Some(release) => release.wait(ts).await,
-            None => Ok(()),
+        match (&self.durable, self.wait_timeout) {
+            (Some(release), None) => release.wait(ts).await,
+            (Some(release), Some(t)) => match tokio::time::timeout(t, release.wait(ts)).await {
+                Ok(r) => r,
+                Err(_) => Err(format!(
+                    "timed out after {} ms waiting for this backup's read view (at {}) to reach ts {}",
+                    t.as_millis(),
+                    release.watermark().0,
+                    ts.0
+                )
+                .into()),
+            },
+            (None, _) => Ok(()),
         }
     }
 }

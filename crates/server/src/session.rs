@@ -49,6 +49,25 @@ pub const MULTI_QUEUE_BYTES_MAX: usize = ditto_engine::TXN_BYTES_MAX;
 const QUEUED_ARG_OVERHEAD: usize = 32;
 
 /// What the server shares with every session.
+/// This node's part in replication.
+#[derive(Clone, Default)]
+pub enum Replication {
+    #[default]
+    Standalone,
+    Primary { primary: Arc<ditto_replication::Primary>, policy: ditto_replication::CommitPolicy, repl_addr: String },
+    Backup { state: Arc<ditto_replication::BackupState>, primary: String },
+}
+
+/// Starts a transaction for a command: on a read-only node (a backup) a snapshot
+/// transaction at the read view, which replay never disturbs; else a read-write one.
+pub(crate) fn begin<'w>(sh: &Shared, worker: &'w mut Worker) -> Transaction<'w> {
+    if sh.read_only {
+        worker.begin_snapshot()
+    } else {
+        worker.begin()
+    }
+}
+
 pub struct Shared {
     pub db: Arc<Database>,
     pub ks: Keyspace,
@@ -61,9 +80,11 @@ pub struct Shared {
     pub cursors: Mutex<Cursors>,
     pub started: Instant,
     pub tcp_port: u16,
-    /// A read-only node (a hot standby, later): writes are refused with READONLY. Always
+    /// A read-only node (a hot standby): writes are refused with READONLY. Always
     /// false on a primary, which is all there is for now.
     pub read_only: bool,
+    /// What this node is in replication (INFO replication, READONLY's address).
+    pub replication: Replication,
     /// What CONFIG GET shows: (name, value) in Redis's names where there is one. The
     /// server fills it from its configuration; the password is never shown.
     pub config_view: Vec<(String, String)>,
@@ -96,6 +117,7 @@ impl Shared {
             started: Instant::now(),
             tcp_port,
             read_only: false,
+            replication: Replication::Standalone,
             config_view: Vec::new(),
             max_output_bytes: usize::MAX,
             memory: MemoryLimit::none(),
@@ -408,7 +430,12 @@ impl Session {
             return Err(Reply::err("NOAUTH Authentication required."));
         }
         if spec.write && sh.read_only {
-            return Err(Reply::err("READONLY You can't write against a read only replica."));
+            return Err(Reply::err(match &sh.replication {
+                Replication::Backup { primary, .. } => {
+                    format!("READONLY You can't write against a read only replica. The primary's replication address is {primary}")
+                }
+                _ => "READONLY You can't write against a read only replica.".to_string(),
+            }));
         }
         if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && {
             // Deleted values may still wait for a collection: get them back before refusing.
@@ -498,7 +525,7 @@ impl Session {
         }
         let mut tries = 0;
         loop {
-            let mut txn = worker.begin();
+            let mut txn = begin(sh, worker);
             let mut seen = Vec::with_capacity(keys.len());
             let res = keys
                 .iter()
@@ -542,7 +569,7 @@ impl Session {
         let mut tries = 0;
         loop {
             self.db = db_before;
-            let mut txn = worker.begin();
+            let mut txn = begin(sh, worker);
             let mut wait = Ts(0);
             let mut wrote = false;
             let attempt = (|| -> Result<Option<Vec<Reply>>, Error> {
@@ -795,7 +822,7 @@ fn run_txn<T>(
 ) -> ditto_engine::Result<(T, CommitTicket)> {
     let mut tries = 0;
     loop {
-        let mut txn = worker.begin();
+        let mut txn = begin(sh, worker);
         match body(&mut txn).and_then(|made| Ok((made, commit_counted(sh, txn)?))) {
             Ok(done) => {
                 sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
@@ -1031,7 +1058,8 @@ fn config(a: &[Bytes], sh: &Shared) -> Reply {
 fn wait_ts(a: &[Bytes], sh: &Shared) -> Outcome {
     let Some(ts) = parse_int(&a[0]).filter(|&t| t >= 0) else { return Outcome::now(Reply::err(commands::NOT_INTEGER)) };
     let now = sh.db.clock().visible_ts();
-    if ts as u64 > now.0 {
+    // A backup waits (bounded, `waitts_timeout_ms`) for its read view to get there.
+    if ts as u64 > now.0 && !sh.read_only {
         return Outcome::now(Reply::err(format!("ERR timestamp {ts} is ahead of this node (at {})", now.0)));
     }
     Outcome::after(Reply::Ok, Ts(ts as u64))
@@ -1179,7 +1207,7 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
         );
     }
     if want("replication") {
-        out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
+        out.push_str(&crate::replinfo::section(sh));
     }
     // Not part of the default sections, as in Redis: INFO commandstats (or all, everything).
     if wanted.iter().any(|w| matches!(w.as_str(), "commandstats" | "all" | "everything")) {

@@ -1,0 +1,254 @@
+//! Hot standby with real processes on loopback: a primary and a backup (`ditto server
+//! --replica-of`), a bank workload on the primary whose total never changes and a counter
+//! whose acknowledged values only grow, read on the backup throughout (every read must be
+//! a prefix of the primary's released history), the backup SIGKILLed and restarted under
+//! load (it resumes from its own durable position), and at the end every acknowledged
+//! commit present on the backup (DITTO.WAITTS with the primary's commit timestamp).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Node {
+    child: Child,
+    port: u16,
+    repl: Option<String>,
+}
+
+impl Node {
+    fn start(dir: &Path, extra: &[&str]) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ditto server");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let want_repl = extra.contains(&"--repl-port");
+        let (mut port, mut repl) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while port.is_none() || (want_repl && repl.is_none()) {
+            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server start");
+            if let Some(rest) = line.strip_prefix("ditto server listening on ") {
+                port = Some(rest.split(' ').next().unwrap().rsplit(':').next().unwrap().parse().unwrap());
+            } else if let Some(rest) = line.strip_prefix("ditto server accepting backups on ") {
+                repl = Some(rest.trim().to_string());
+            }
+        }
+        Node { child, port: port.unwrap(), repl }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A minimal RESP client (simple, error, integer, bulk and array-of-bulk replies).
+struct Client {
+    s: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Client {
+    fn connect(port: u16) -> std::io::Result<Client> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let r = BufReader::new(s.try_clone()?);
+        Ok(Client { s, r })
+    }
+
+    fn line(&mut self) -> std::io::Result<String> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    fn reply(&mut self) -> std::io::Result<Vec<String>> {
+        let l = self.line()?;
+        if let Some(n) = l.strip_prefix('*') {
+            let n: i64 = n.parse().unwrap();
+            let mut out = Vec::new();
+            for _ in 0..n.max(0) {
+                out.extend(self.reply()?);
+            }
+            return Ok(out);
+        }
+        if let Some(n) = l.strip_prefix('$') {
+            let n: i64 = n.parse().unwrap();
+            if n < 0 {
+                return Ok(vec!["(nil)".into()]);
+            }
+            let mut buf = vec![0; n as usize + 2];
+            self.r.read_exact(&mut buf)?;
+            return Ok(vec![String::from_utf8_lossy(&buf[..n as usize]).into_owned()]);
+        }
+        Ok(vec![l])
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> std::io::Result<Vec<String>> {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.s.write_all(req.as_bytes())?;
+        self.reply()
+    }
+
+    fn one(&mut self, args: &[&str]) -> String {
+        self.cmd(args).unwrap().remove(0)
+    }
+}
+
+const ACCOUNTS: usize = 8;
+const START: i64 = 1000;
+
+#[test]
+fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_backup_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
+    let primary = Node::start(
+        &pdir,
+        &["--repl-port", "0", "--commit-policy", "majority-durable", "--backups", "1"],
+    );
+    let repl = primary.repl.clone().unwrap();
+    let mut backup = Node::start(&bdir, &["--replica-of", &repl]);
+    let mut c = Client::connect(primary.port).unwrap();
+    let mut mset = vec!["MSET".to_string()];
+    for i in 0..ACCOUNTS {
+        mset.push(format!("acct{i}"));
+        mset.push(START.to_string());
+    }
+    let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
+    assert_eq!(c.one(&mset), "+OK");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked_counter = Arc::new(AtomicU64::new(0));
+    let last_commit = Arc::new(AtomicU64::new(0));
+    let transfers = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for w in 0..2u64 {
+        let (stop, transfers, port) = (Arc::clone(&stop), Arc::clone(&transfers), primary.port);
+        writers.push(std::thread::spawn(move || {
+            let mut c = Client::connect(port).unwrap();
+            let mut x = w * 7 + 3;
+            while !stop.load(Ordering::Relaxed) {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let (a, b) = ((x >> 33) as usize % ACCOUNTS, (x >> 40) as usize % ACCOUNTS);
+                let amount = ((x >> 50) % 50).to_string();
+                let (fa, fb) = (format!("acct{a}"), format!("acct{b}"));
+                assert_eq!(c.one(&["MULTI"]), "+OK");
+                assert_eq!(c.one(&["DECRBY", &fa, &amount]), "+QUEUED");
+                assert_eq!(c.one(&["INCRBY", &fb, &amount]), "+QUEUED");
+                let r = c.cmd(&["EXEC"]).unwrap();
+                assert_eq!(r.len(), 2, "EXEC: {r:?}");
+                transfers.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    {
+        let (stop, acked, last, port) = (Arc::clone(&stop), Arc::clone(&acked_counter), Arc::clone(&last_commit), primary.port);
+        writers.push(std::thread::spawn(move || {
+            let mut c = Client::connect(port).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let v: u64 = c.one(&["INCR", "counter"]).trim_start_matches(':').parse().unwrap();
+                acked.store(v, Ordering::Release);
+                let ts: u64 = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').parse().unwrap();
+                last.store(ts, Ordering::Release);
+            }
+        }));
+    }
+    // Reads on the backup, throughout: the bank's total never changes and the counter
+    // never goes back (nor passes what the primary acknowledged... it may lag).
+    let reads = Arc::new(AtomicU64::new(0));
+    let check_reads = |port: u16, stop: Arc<AtomicBool>, reads: Arc<AtomicU64>, acked: Arc<AtomicU64>| {
+        std::thread::spawn(move || {
+            let mut seen_counter = 0u64;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let Ok(mut c) = Client::connect(port) else { return };
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                let mut args = vec!["MGET".to_string()];
+                args.extend((0..ACCOUNTS).map(|i| format!("acct{i}")));
+                args.push("counter".into());
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let Ok(vals) = c.cmd(&args) else { return };
+                let (accts, counter) = vals.split_at(ACCOUNTS);
+                if accts.iter().all(|v| v == "(nil)") {
+                    continue;
+                }
+                let sum: i64 = accts.iter().map(|v| v.parse::<i64>().unwrap()).sum();
+                assert_eq!(sum, START * ACCOUNTS as i64, "a backup read saw a partial transfer: {accts:?}");
+                let ctr: u64 = if counter[0] == "(nil)" { 0 } else { counter[0].parse().unwrap() };
+                assert!(ctr >= seen_counter, "the backup's counter went back: {ctr} after {seen_counter}");
+                // Never an unreleased value: at most one ahead of what the writer saw acked
+                // (its reply may still be on the way).
+                assert!(ctr <= acked.load(Ordering::Acquire) + 1, "the backup shows an unreleased counter {ctr}");
+                seen_counter = ctr;
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let r1 = check_reads(backup.port, Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&acked_counter));
+    std::thread::sleep(Duration::from_millis(1500));
+    // SIGKILL the backup under load; writes wait (majority of two needs it), then resume.
+    backup.kill();
+    let _ = r1.join();
+    let before = transfers.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    backup = Node::start(&bdir, &["--replica-of", &repl]);
+    let r2 = check_reads(backup.port, Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&acked_counter));
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    r2.join().unwrap();
+    assert!(transfers.load(Ordering::Relaxed) > before, "writes went on after the backup came back");
+    assert!(reads.load(Ordering::Relaxed) > 10, "the backup served reads throughout");
+
+    // Read-your-writes: the backup waits for the primary's last commit, then holds it.
+    let mut b = Client::connect(backup.port).unwrap();
+    let ts = last_commit.load(Ordering::Acquire).to_string();
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    // Every writer has finished: one more commit is later than all of theirs.
+    let mut p = Client::connect(primary.port).unwrap();
+    assert_eq!(p.one(&["SET", "fence", "1"]), "+OK");
+    let fence = p.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    assert_eq!(b.one(&["DITTO.WAITTS", &fence]), "+OK");
+    let want = acked_counter.load(Ordering::Acquire);
+    assert_eq!(b.one(&["GET", "counter"]), want.to_string(), "every acknowledged INCR is on the backup");
+    let mut args = vec!["MGET".to_string()];
+    args.extend((0..ACCOUNTS).map(|i| format!("acct{i}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let got = b.cmd(&args).unwrap();
+    assert_eq!(got, p.cmd(&args).unwrap(), "the backup's accounts are the primary's");
+    // Writes are refused, naming the primary.
+    let refused = b.one(&["SET", "x", "y"]);
+    assert!(refused.starts_with("-READONLY") && refused.contains(&repl), "{refused}");
+    // A timestamp the primary never reaches: a clear timeout, bounded.
+    let t0 = Instant::now();
+    let far = b.one(&["DITTO.WAITTS", "999999999999"]);
+    assert!(far.contains("timed out"), "{far}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let info = b.cmd(&["INFO", "replication"]).unwrap().join("\n");
+    assert!(info.contains("role:slave") && info.contains("master_link_status:up"), "{info}");
+}
