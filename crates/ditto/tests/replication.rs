@@ -126,10 +126,7 @@ const START: i64 = 1000;
 fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_backup_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
-    let primary = Node::start(
-        &pdir,
-        &["--repl-port", "0", "--commit-policy", "majority-durable", "--backups", "1"],
-    );
+    let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "majority-durable", "--backups", "1"]);
     let repl = primary.repl.clone().unwrap();
     let mut backup = Node::start(&bdir, &["--replica-of", &repl]);
     let mut c = Client::connect(primary.port).unwrap();
@@ -166,7 +163,8 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
         }));
     }
     {
-        let (stop, acked, last, port) = (Arc::clone(&stop), Arc::clone(&acked_counter), Arc::clone(&last_commit), primary.port);
+        let (stop, acked, last, port) =
+            (Arc::clone(&stop), Arc::clone(&acked_counter), Arc::clone(&last_commit), primary.port);
         writers.push(std::thread::spawn(move || {
             let mut c = Client::connect(port).unwrap();
             while !stop.load(Ordering::Relaxed) {

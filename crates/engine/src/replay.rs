@@ -164,7 +164,10 @@ impl Database {
             // the key this one.
             self.end_old_life(t, RecordId(other), ts)?;
             if Instant::now() > deadline {
-                return Err(Error::Corrupt(format!("table {}: key held by record {other} would not leave the index", t.name)));
+                return Err(Error::Corrupt(format!(
+                    "table {}: key held by record {other} would not leave the index",
+                    t.name
+                )));
             }
         }
     }

@@ -23,7 +23,8 @@ fn versions_slot_in_by_timestamp_and_snapshots_read_at_the_view() {
     assert_eq!(db.replay_install(t, rid, None, Ts(7), None).unwrap(), ReplayEffect::Unchanged);
     // A duplicate changes nothing.
     assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"other")).unwrap(), ReplayEffect::Unchanged);
-    for (view, want) in [(1, None), (2, Some("v2")), (4, Some("v2")), (5, Some("v5")), (7, None), (8, None), (9, Some("v9"))]
+    for (view, want) in
+        [(1, None), (2, Some("v2")), (4, Some("v2")), (5, Some("v5")), (7, None), (8, None), (9, Some("v9"))]
     {
         db.publish_read_view(Ts(view));
         let r = db.read();
@@ -110,8 +111,14 @@ fn parallel_replayers_build_the_same_state_as_serial_replay() {
                     let rid = (i * 4 + s) % 64;
                     let key = format!("k{rid}");
                     let first = i * 4 + s < 64;
-                    db.replay_install(t, RecordId(rid), first.then_some(key.as_bytes()), Ts(ts), Some(&ts.to_le_bytes()))
-                        .unwrap();
+                    db.replay_install(
+                        t,
+                        RecordId(rid),
+                        first.then_some(key.as_bytes()),
+                        Ts(ts),
+                        Some(&ts.to_le_bytes()),
+                    )
+                    .unwrap();
                 }
             });
         }

@@ -220,7 +220,7 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
     let lock = crate::lock_dir(dir)?;
-    if crate::recovery::list_segments(dir)?.segments.iter().next().is_some() {
+    if !crate::recovery::list_segments(dir)?.segments.is_empty() {
         return Err(LogError::Corrupt {
             file: dir.join("log"),
             offset: 0,
@@ -260,7 +260,11 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
         match seq {
             Some(seq) => files.push((seq, path)),
             None => {
-                return Err(LogError::Corrupt { file: path, offset: 0, what: "unexpected file in the replica log".into() })
+                return Err(LogError::Corrupt {
+                    file: path,
+                    offset: 0,
+                    what: "unexpected file in the replica log".into(),
+                })
             }
         }
     }
@@ -351,8 +355,7 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
     report.segments = files.len();
     report.log_check_seconds = t.elapsed().as_secs_f64();
     let paths: Vec<&Path> = files.iter().map(|(_, p)| p.as_path()).collect();
-    let kept: Vec<Kept> =
-        kept.into_iter().map(|(batch, i, offset)| Kept { batch, file: paths[i], offset }).collect();
+    let kept: Vec<Kept> = kept.into_iter().map(|(batch, i, offset)| Kept { batch, file: paths[i], offset }).collect();
     let (replayed, dropped) = replay_kept(&db, kept.iter().collect(), ckpt_ts, cut, recovery_threads())?;
     report.log_txns_replayed = replayed;
     report.log_txns_dropped_above_cut = dropped;

@@ -169,7 +169,12 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 tracing::warn!("connecting to the primary at {}: {e}; retrying", opts.primary);
                 std::thread::sleep(Duration::from_millis(200));
             }
-            Err(e) => return Err(BackupError::Io { what: format!("connecting to the primary at {}", opts.primary), source: e }),
+            Err(e) => {
+                return Err(BackupError::Io {
+                    what: format!("connecting to the primary at {}", opts.primary),
+                    source: e,
+                })
+            }
         }
     };
     let welcome = read_frame(&mut reader).map_err(io("reading the primary's welcome"))?;
@@ -231,7 +236,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         a.store(base.0, Ordering::Release);
     }
     state.connected.store(true, Ordering::Release);
-    let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, 64 << 20).map_err(io("creating the replica log"))?;
+    let rlog =
+        ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, 64 << 20).map_err(io("creating the replica log"))?;
     let engine = Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay);
     let run = Receiver {
         opts: opts.clone(),
@@ -549,9 +555,7 @@ impl Receiver {
             // A burst is done when nothing more is buffered: acknowledge receipt, make it
             // durable, acknowledge that, then replay.
             if reader.buffer().is_empty() || jobs.len() >= 1024 || last_ack.elapsed() > Duration::from_millis(5) {
-                if let Err(e) = self.ack(stream) {
-                    return Err(e);
-                }
+                self.ack(stream)?;
                 if let Err(e) = self.rlog.sync() {
                     self.fatal(format!("persisting received batches failed ({e}); this backup stops acknowledging"));
                     return Err("disk failure".into());

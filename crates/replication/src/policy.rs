@@ -88,7 +88,11 @@ impl CommitPolicy {
         };
         CommitPolicy {
             scope: if rank(o.scope) > rank(self.scope) { o.scope } else { self.scope },
-            level: if o.level == Level::Durable || self.level == Level::Durable { Level::Durable } else { Level::Received },
+            level: if o.level == Level::Durable || self.level == Level::Durable {
+                Level::Durable
+            } else {
+                Level::Received
+            },
         }
     }
 }

@@ -167,8 +167,7 @@ impl Primary {
         let slots = self.opts.backups_expected.max(links.iter().map(|l| l.slot + 1).max().unwrap_or(0));
         let mut backups = vec![None; slots];
         for l in links.iter() {
-            backups[l.slot] =
-                Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
+            backups[l.slot] = Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
         }
         Holdings { primary_durable: logger.watermark(), primary_shipped: self.shipped.lock().watermark(), backups }
     }
@@ -237,9 +236,13 @@ impl Primary {
         let addr = stream.peer_addr()?.to_string();
         let mut reader = BufReader::new(stream.try_clone()?);
         let (epoch, have_ts, node) = match read_frame(&mut reader)? {
-            Some(Frame::Hello { version, epoch, have_ts, node }) if version == PROTOCOL_VERSION => (epoch, have_ts, node),
+            Some(Frame::Hello { version, epoch, have_ts, node }) if version == PROTOCOL_VERSION => {
+                (epoch, have_ts, node)
+            }
             Some(Frame::Hello { version, .. }) => {
-                let reason = format!("replication protocol version {version} is not supported (this primary speaks {PROTOCOL_VERSION})");
+                let reason = format!(
+                    "replication protocol version {version} is not supported (this primary speaks {PROTOCOL_VERSION})"
+                );
                 let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
                 return Err(std::io::Error::other(reason));
             }
@@ -304,7 +307,13 @@ impl Primary {
         };
         match gap {
             Some(gap) => {
-                tracing::info!("backup {} at {addr}: resuming above ts {} ({} batches from disk)", link.node, have_ts.0, gap.len(), addr = link.addr);
+                tracing::info!(
+                    "backup {} at {addr}: resuming above ts {} ({} batches from disk)",
+                    link.node,
+                    have_ts.0,
+                    gap.len(),
+                    addr = link.addr
+                );
                 let welcome = Frame::Welcome {
                     epoch: self.epoch,
                     streams: logger.streams() as u32,
@@ -313,7 +322,8 @@ impl Primary {
                 };
                 w.write_all(&welcome.encode())?;
                 for b in gap {
-                    let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
+                    let f =
+                        Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
                     w.write_all(&f.encode())?;
                 }
                 // The gap's floors are not trusted (not in framing order), so an idle stream
@@ -332,7 +342,12 @@ impl Primary {
                         false,
                         &mut frame,
                     );
-                    let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: true, batch: frame.into() };
+                    let f = Frame::Batch {
+                        epoch: self.epoch,
+                        released: self.released(),
+                        floor_trusted: true,
+                        batch: frame.into(),
+                    };
                     w.write_all(&f.encode())?;
                 }
             }

@@ -267,9 +267,11 @@ impl Frame {
                 Frame::Batch { epoch, released, floor_trusted, batch: std::mem::take(&mut b) }
             }
             kind::HEARTBEAT => Frame::Heartbeat { released: Ts(get_u64(&mut b)?) },
-            kind::ACK => {
-                Frame::Ack { received: Ts(get_u64(&mut b)?), durable: Ts(get_u64(&mut b)?), replayed: Ts(get_u64(&mut b)?) }
-            }
+            kind::ACK => Frame::Ack {
+                received: Ts(get_u64(&mut b)?),
+                durable: Ts(get_u64(&mut b)?),
+                replayed: Ts(get_u64(&mut b)?),
+            },
             kind::REFUSE => Frame::Refuse { reason: get_str(&mut b)? },
             k => return Err(ProtocolError::UnknownKind(k)),
         };
@@ -326,7 +328,12 @@ mod tests {
             start: Start::Checkpoint { ts: Ts(7) },
         });
         roundtrip(Frame::Welcome { epoch: Epoch(4), streams: 2, tables: vec![], start: Start::Resume });
-        roundtrip(Frame::File { name: "part-0000.dat".into(), offset: 10, data: Bytes::from_static(b"abc"), last: true });
+        roundtrip(Frame::File {
+            name: "part-0000.dat".into(),
+            offset: 10,
+            data: Bytes::from_static(b"abc"),
+            last: true,
+        });
         roundtrip(Frame::CheckpointDone { ts: Ts(7) });
         roundtrip(Frame::Table { id: 2, name: "t".into() });
         roundtrip(Frame::Batch {

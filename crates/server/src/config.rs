@@ -215,7 +215,9 @@ impl Config {
         self.policy()?;
         ditto_replication::ReplayMode::parse(&self.replay).map_err(ConfigError::Invalid)?;
         if self.replica_of.is_some() && self.repl_port.is_some() {
-            return Err(ConfigError::Invalid("a backup (replica_of) does not accept backups itself (repl_port)".into()));
+            return Err(ConfigError::Invalid(
+                "a backup (replica_of) does not accept backups itself (repl_port)".into(),
+            ));
         }
         let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
         if self.data_dir.is_none() {

@@ -174,8 +174,11 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             (None, Some(b))
         }
         None => {
-            let log =
-                ditto_log::LogOptions { durability: cfg.durability()?, compress: cfg.compress_log, ..Default::default() };
+            let log = ditto_log::LogOptions {
+                durability: cfg.durability()?,
+                compress: cfg.compress_log,
+                ..Default::default()
+            };
             (Some(ditto_log::open(&dir, ditto_log::OpenOptions { workers: cfg.workers, log, progress: true })?), None)
         }
     };
@@ -599,6 +602,7 @@ mod tests {
             max_clients: 100,
             tls_handshake_timeout: handshake,
             durable,
+            wait_timeout: None,
             metrics: Arc::new(Metrics::new(1)),
         })
     }

@@ -54,8 +54,15 @@ const QUEUED_ARG_OVERHEAD: usize = 32;
 pub enum Replication {
     #[default]
     Standalone,
-    Primary { primary: Arc<ditto_replication::Primary>, policy: ditto_replication::CommitPolicy, repl_addr: String },
-    Backup { state: Arc<ditto_replication::BackupState>, primary: String },
+    Primary {
+        primary: Arc<ditto_replication::Primary>,
+        policy: ditto_replication::CommitPolicy,
+        repl_addr: String,
+    },
+    Backup {
+        state: Arc<ditto_replication::BackupState>,
+        primary: String,
+    },
 }
 
 /// Starts a transaction for a command: on a read-only node (a backup) a snapshot
