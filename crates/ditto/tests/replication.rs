@@ -175,6 +175,24 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
             }
         }));
     }
+    // Fresh keys inserted on one connection and updated at once on another (connections
+    // go to workers in turn, so the insert and the update are on different log streams):
+    // on a backup the update's stream may be replayed before the insert's.
+    let appended = Arc::new(AtomicU64::new(0));
+    {
+        let (stop, appended, port) = (Arc::clone(&stop), Arc::clone(&appended), primary.port);
+        writers.push(std::thread::spawn(move || {
+            let (mut a, mut b) = (Client::connect(port).unwrap(), Client::connect(port).unwrap());
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("log:{n}");
+                assert_eq!(a.one(&["SET", &key, "0"]), "+OK");
+                assert_eq!(b.one(&["INCR", &key]), ":1");
+                n += 1;
+                appended.store(n, Ordering::Release);
+            }
+        }));
+    }
     // Reads on the backup, throughout: the bank's total never changes and the counter
     // never goes back (nor passes what the primary acknowledged... it may lag).
     let reads = Arc::new(AtomicU64::new(0));
@@ -239,6 +257,11 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let got = b.cmd(&args).unwrap();
     assert_eq!(got, p.cmd(&args).unwrap(), "the backup's accounts are the primary's");
+    let n = appended.load(Ordering::Acquire);
+    assert!(n > 10, "only {n} keys inserted and updated");
+    for i in 0..n {
+        assert_eq!(b.one(&["GET", &format!("log:{i}")]), "1", "log:{i} of {n} on the backup");
+    }
     // Writes are refused, naming the primary.
     let refused = b.one(&["SET", "x", "y"]);
     assert!(refused.starts_with("-READONLY") && refused.contains(&repl), "{refused}");

@@ -101,6 +101,8 @@ pub struct Database {
     rids_released: AtomicU64,
     /// This database, for work deferred to the epoch GC (giving back record ids).
     me: Weak<Database>,
+    /// On a backup: replayed updates waiting for their record's insert (replay.rs).
+    pub(crate) parked: crate::replay::Parked,
 }
 
 /// A deleted record waiting to be unlinked: its table, rid and tombstone's timestamp.
@@ -116,6 +118,7 @@ impl Database {
             log: OnceLock::new(),
             workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
             deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
+            parked: Default::default(),
             reuse_bound: AtomicU64::new(u64::MAX),
             rids_released: AtomicU64::new(0),
             me: me.clone(),

@@ -23,6 +23,12 @@
 //! - Updates and deletes touch only the record (the indirection array), never the index; a
 //!   write carrying a key (insert, or a value over a tombstone) puts key -> rid in the index
 //!   first, so a snapshot that finds the key before the version is visible reads "absent".
+//! - An update or delete (a write without a key) follows a value. Replayed in parallel, it
+//!   can come before the write that gave the value, which is on another stream: then it is
+//!   *parked* and installed by that write, in timestamp order. The read view cannot pass
+//!   a parked write (its insert's batch is not complete), and `publish_read_view` refuses
+//!   to if one is still parked at or below it: the insert never came, the log is
+//!   inconsistent.
 //! - A record id is the primary's. When the primary gives a key a new record, or a record a
 //!   new key (its ids are reused once a checkpoint covers the old life's tombstone,
 //!   table.rs), the old life must be over for every snapshot before the index changes:
@@ -36,10 +42,13 @@
 //! primary's released watermark and the replayed prefix), nor cleaning up deleted records
 //! the primary never reuses (they stay as tombstones until then; their memory is small).
 
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use crossbeam_epoch::Guard;
+use parking_lot::Mutex;
 
 use crate::db::{check_value_len, Database};
 use crate::error::{Error, Result};
@@ -47,15 +56,16 @@ use crate::ids::{RecordId, TableId, Ts};
 use crate::record::{OwnedVersion, Record, Version, LOCK_BIT, TS_MASK, UNLINKED_BIT};
 use crate::table::{Table, RECORDS_PER_TABLE_MAX};
 
-/// What an installed write did to the record's newest state (for key counts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplayEffect {
-    /// The record's newest version went from absent or a tombstone to a value: one more key.
-    Created,
-    /// The record's newest version went from a value to a tombstone: one key fewer.
-    Deleted,
-    /// Anything else: an update, a version older than the head, a duplicate.
-    Unchanged,
+/// Keyless writes (updates and deletes) that came before the write that gave their record
+/// its value: the insert is on another stream, whose replayer is behind (see the module
+/// notes). They wait here, per record, and are installed by that write.
+#[derive(Default)]
+pub(crate) struct Parked {
+    /// Raised before a replayer looks at a record to decide whether to park (and lowered
+    /// if it does not), so a keyed write that installs and then finds it zero knows that
+    /// no replayer can still park on the old state (see `replay_install`).
+    count: AtomicUsize,
+    writes: Mutex<HashMap<(TableId, RecordId), Vec<(Ts, Option<Box<[u8]>>)>>>,
 }
 
 /// How long replay waits for an old life to end for every snapshot before it reports the
@@ -65,7 +75,9 @@ pub const REPLAY_REUSE_WAIT_MAX: Duration = Duration::from_secs(60);
 impl Database {
     /// Installs one replayed write: `value` `None` is a delete; `key` is given when the
     /// write gives the record a value it did not have (the log's rule). Safe to call from
-    /// several threads at once and while snapshots read. See the module notes.
+    /// several threads at once and while snapshots read. Returns how the number of keys
+    /// with a value moved (+1 an insert, -1 a delete, 0 otherwise; a write that wakes
+    /// parked ones adds theirs). See the module notes.
     pub fn replay_install(
         &self,
         table: TableId,
@@ -73,7 +85,7 @@ impl Database {
         key: Option<&[u8]>,
         ts: Ts,
         value: Option<&[u8]>,
-    ) -> Result<ReplayEffect> {
+    ) -> Result<i64> {
         let t = self.table(table)?;
         if rid.0 >= RECORDS_PER_TABLE_MAX {
             return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
@@ -86,53 +98,127 @@ impl Database {
         }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
-        if let Some(key) = key {
-            self.replay_bind_key(t, rid, rec, key, ts)?;
-        } else if rec.key.get().is_none() {
-            return Err(Error::Corrupt(format!(
-                "replayed update of table {} record {} at ts {}, which has no key (its insert was never received)",
-                t.name, rid.0, ts.0
-            )));
+        let Some(key) = key else {
+            // An update or delete needs the value it follows. Usually it is there (or the
+            // record's lock says so); if not, the write that gave it is on a stream whose
+            // replayer is behind: park, under the parked lock, after raising the count.
+            if let Some(delta) = self.install_keyless(t, rec, ts, value)? {
+                return Ok(delta);
+            }
+            let mut parked = self.parked.writes.lock();
+            self.parked.count.fetch_add(1, Ordering::SeqCst);
+            if let Some(delta) = self.install_keyless(t, rec, ts, value)? {
+                self.parked.count.fetch_sub(1, Ordering::SeqCst);
+                return Ok(delta);
+            }
+            parked.entry((table, rid)).or_default().push((ts, value.map(Box::from)));
+            return Ok(0);
+        };
+        self.replay_bind_key(t, rid, rec, key, ts)?;
+        let mut delta = self.install_locked(t, rec, ts, value)?;
+        // Installed (the record's lock released): a replayer that raised the count after
+        // this load takes the record's lock after us and finds our value. One that raised
+        // it before holds or held the parked lock, so we see what it parked.
+        if self.parked.count.load(Ordering::SeqCst) > 0 {
+            let mut parked = self.parked.writes.lock();
+            if let Some(mut waiting) = parked.remove(&(table, rid)) {
+                waiting.sort_by_key(|w| w.0);
+                let mut still = Vec::new();
+                for (wts, wv) in waiting {
+                    match self.install_keyless(t, rec, wts, wv.as_deref())? {
+                        Some(d) => {
+                            delta += d;
+                            self.parked.count.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        None => still.push((wts, wv)),
+                    }
+                }
+                if !still.is_empty() {
+                    parked.insert((table, rid), still);
+                }
+            }
         }
+        Ok(delta)
+    }
+
+    /// Installs a keyless write if the version it follows (the newest below `ts`) holds a
+    /// value; `None` (nothing done) if there is none yet, or a tombstone, or the record
+    /// is between lives.
+    fn install_keyless(&self, t: &Table, rec: &Record, ts: Ts, value: Option<&[u8]>) -> Result<Option<i64>> {
+        let guard = crossbeam_epoch::pin();
+        if !rec.lock() {
+            return Ok(None);
+        }
+        let follows_value = rec.read_at(Ts(ts.0 - 1), &guard).is_some_and(|v| v.value().is_some());
+        if !follows_value {
+            rec.unlock_unchanged();
+            return Ok(None);
+        }
+        Ok(Some(self.install_holding_lock(t, rec, ts, value, &guard)))
+    }
+
+    /// Takes the record's lock (waiting out a reuse in progress) and installs.
+    fn install_locked(&self, t: &Table, rec: &Record, ts: Ts, value: Option<&[u8]>) -> Result<i64> {
         let guard = crossbeam_epoch::pin();
         let mut spins = 0u32;
         while !rec.lock() {
-            // Unlinked: only the reuse path in `replay_bind_key` makes it live again, and an
-            // update without a key never targets an unlinked record on a consistent log.
+            // Unlinked: only the reuse path in `replay_bind_key` makes it live again, which
+            // has run for this record before we got here.
             spins += 1;
             if spins > 1_000 {
                 return Err(Error::Corrupt(format!(
-                    "replayed write to table {} record {} at ts {} after its record left the index",
-                    t.name, rid.0, ts.0
+                    "replayed write to table {} at ts {} after its record left the index",
+                    t.name, ts.0
                 )));
             }
             std::thread::yield_now();
         }
+        Ok(self.install_holding_lock(t, rec, ts, value, &guard))
+    }
+
+    /// Installs at `ts` (head, or slotted into the chain) and releases the lock.
+    fn install_holding_lock(&self, _t: &Table, rec: &Record, ts: Ts, value: Option<&[u8]>, guard: &Guard) -> i64 {
         let cur = rec.tid.load(Ordering::Relaxed) & TS_MASK;
-        let had_value = rec.head_locked(&guard).is_some_and(|v| v.value().is_some());
+        let had_value = rec.head_locked(guard).is_some_and(|v| v.value().is_some());
         if ts.0 > cur {
             // The GC horizon is at most the read view, which is below `ts`.
             let horizon = self.clock.horizon();
-            rec.install_and_unlock(ts, OwnedVersion::new(value), horizon, &guard);
-            return Ok(match (had_value, value.is_some()) {
-                (false, true) => ReplayEffect::Created,
-                (true, false) => ReplayEffect::Deleted,
-                _ => ReplayEffect::Unchanged,
-            });
+            rec.install_and_unlock(ts, OwnedVersion::new(value), horizon, guard);
+            return match (had_value, value.is_some()) {
+                (false, true) => 1,
+                (true, false) => -1,
+                _ => 0,
+            };
         }
         // Older than the head: slot it in at its place (or find it there already).
         // SAFETY: we hold the lock, so nobody else links or trims this chain; the versions
         // we walk are live (trims happen only under the lock).
         unsafe { insert_older(rec, ts, value) };
         rec.unlock_unchanged();
-        Ok(ReplayEffect::Unchanged)
+        0
     }
 
     /// Publishes the read view on a backup: every transaction at or below `ts` is installed
     /// and released, so snapshots taken from now on read at `ts`. Never moves backwards.
-    pub fn publish_read_view(&self, ts: Ts) {
+    ///
+    /// Fails, publishing nothing, if a keyless write at or below `ts` is still parked: the
+    /// write that should have given its record a value never came (an inconsistent log).
+    pub fn publish_read_view(&self, ts: Ts) -> Result<()> {
+        if self.parked.count.load(Ordering::SeqCst) > 0 {
+            let parked = self.parked.writes.lock();
+            for ((table, rid), w) in parked.iter() {
+                if let Some((wts, _)) = w.iter().find(|w| w.0 <= ts) {
+                    let name = self.table(*table).map(|t| t.name.clone()).unwrap_or_default();
+                    return Err(Error::Corrupt(format!(
+                        "replayed update of table {name} record {} at ts {}, which had no value to update (its insert was never received)",
+                        rid.0, wts.0
+                    )));
+                }
+            }
+        }
         self.clock.advance_to(ts);
         self.clock.refresh_horizon();
+        Ok(())
     }
 
     /// Makes `key` -> `rid` hold in the index, ending an old life first where the primary

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ditto_engine::{Database, Options, RecordId, ReplayEffect, TableId, Ts};
+use ditto_engine::{Database, Options, RecordId, TableId, Ts};
 
 fn db() -> (Arc<Database>, TableId) {
     let db = Database::new(Options { workers: 2 });
@@ -17,16 +17,16 @@ fn versions_slot_in_by_timestamp_and_snapshots_read_at_the_view() {
     let (db, t) = db();
     let rid = RecordId(3);
     // Arrival order 5, 2 (the insert), 9, 7: two streams' writes to one record.
-    assert_eq!(db.replay_install(t, rid, Some(b"k"), Ts(2), Some(b"v2")).unwrap(), ReplayEffect::Created);
-    assert_eq!(db.replay_install(t, rid, None, Ts(9), Some(b"v9")).unwrap(), ReplayEffect::Unchanged);
-    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"v5")).unwrap(), ReplayEffect::Unchanged);
-    assert_eq!(db.replay_install(t, rid, None, Ts(7), None).unwrap(), ReplayEffect::Unchanged);
+    assert_eq!(db.replay_install(t, rid, Some(b"k"), Ts(2), Some(b"v2")).unwrap(), 1);
+    assert_eq!(db.replay_install(t, rid, None, Ts(9), Some(b"v9")).unwrap(), 0);
+    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"v5")).unwrap(), 0);
+    assert_eq!(db.replay_install(t, rid, None, Ts(7), None).unwrap(), 0);
     // A duplicate changes nothing.
-    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"other")).unwrap(), ReplayEffect::Unchanged);
+    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"other")).unwrap(), 0);
     for (view, want) in
         [(1, None), (2, Some("v2")), (4, Some("v2")), (5, Some("v5")), (7, None), (8, None), (9, Some("v9"))]
     {
-        db.publish_read_view(Ts(view));
+        db.publish_read_view(Ts(view)).unwrap();
         let r = db.read();
         assert_eq!(r.ts(), Ts(view), "the snapshot reads at the published view");
         let got = r.get(t, b"k").unwrap();
@@ -38,18 +38,18 @@ fn versions_slot_in_by_timestamp_and_snapshots_read_at_the_view() {
 fn a_snapshot_taken_before_a_view_moves_keeps_reading_its_own_view() {
     let (db, t) = db();
     db.replay_install(t, RecordId(0), Some(b"a"), Ts(1), Some(b"1")).unwrap();
-    db.publish_read_view(Ts(1));
+    db.publish_read_view(Ts(1)).unwrap();
     let old = db.read();
     db.replay_install(t, RecordId(0), None, Ts(2), Some(b"2")).unwrap();
     db.replay_install(t, RecordId(1), Some(b"b"), Ts(3), Some(b"3")).unwrap();
-    db.publish_read_view(Ts(3));
+    db.publish_read_view(Ts(3)).unwrap();
     let new = db.read();
     assert_eq!(old.get(t, b"a").unwrap().as_deref(), Some(&b"1"[..]));
     assert_eq!(old.get(t, b"b").unwrap(), None, "an insert above the view is invisible");
     assert_eq!(new.get(t, b"a").unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(new.get(t, b"b").unwrap().as_deref(), Some(&b"3"[..]));
     // The read view never goes back.
-    db.publish_read_view(Ts(2));
+    db.publish_read_view(Ts(2)).unwrap();
     assert_eq!(db.read().ts(), Ts(3));
 }
 
@@ -57,11 +57,11 @@ fn a_snapshot_taken_before_a_view_moves_keeps_reading_its_own_view() {
 fn a_key_given_a_new_record_moves_once_its_old_life_is_over() {
     let (db, t) = db();
     db.replay_install(t, RecordId(0), Some(b"k"), Ts(1), Some(b"old")).unwrap();
-    assert_eq!(db.replay_install(t, RecordId(0), None, Ts(2), None).unwrap(), ReplayEffect::Deleted);
-    db.publish_read_view(Ts(2));
+    assert_eq!(db.replay_install(t, RecordId(0), None, Ts(2), None).unwrap(), -1);
+    db.publish_read_view(Ts(2)).unwrap();
     // The primary unlinked record 0 and inserted "k" again as record 5 at ts 3.
-    assert_eq!(db.replay_install(t, RecordId(5), Some(b"k"), Ts(3), Some(b"new")).unwrap(), ReplayEffect::Created);
-    db.publish_read_view(Ts(3));
+    assert_eq!(db.replay_install(t, RecordId(5), Some(b"k"), Ts(3), Some(b"new")).unwrap(), 1);
+    db.publish_read_view(Ts(3)).unwrap();
     assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"new"[..]));
     assert_eq!(db.count(t).unwrap(), 1);
 }
@@ -71,16 +71,16 @@ fn a_record_id_given_a_new_key_waits_for_its_old_tombstone() {
     let (db, t) = db();
     let rid = RecordId(7);
     db.replay_install(t, rid, Some(b"first"), Ts(1), Some(b"a")).unwrap();
-    db.publish_read_view(Ts(1));
+    db.publish_read_view(Ts(1)).unwrap();
     let db2 = Arc::clone(&db);
     // The new life (ts 4) arrives before the old life's tombstone (ts 3, another stream).
     let reuse = std::thread::spawn(move || db2.replay_install(t, rid, Some(b"second"), Ts(4), Some(b"b")));
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(!reuse.is_finished(), "the reuse waits until everything before it is seen by every snapshot");
     db.replay_install(t, rid, None, Ts(3), None).unwrap();
-    db.publish_read_view(Ts(3));
-    assert_eq!(reuse.join().unwrap().unwrap(), ReplayEffect::Created);
-    db.publish_read_view(Ts(4));
+    db.publish_read_view(Ts(3)).unwrap();
+    assert_eq!(reuse.join().unwrap().unwrap(), 1);
+    db.publish_read_view(Ts(4)).unwrap();
     let r = db.read();
     assert_eq!(r.get(t, b"first").unwrap(), None);
     assert_eq!(r.get(t, b"second").unwrap().as_deref(), Some(&b"b"[..]));
@@ -90,11 +90,55 @@ fn a_record_id_given_a_new_key_waits_for_its_old_tombstone() {
 fn a_new_life_over_a_live_value_is_refused_as_corruption() {
     let (db, t) = db();
     db.replay_install(t, RecordId(0), Some(b"k"), Ts(1), Some(b"v")).unwrap();
-    db.publish_read_view(Ts(5));
+    db.publish_read_view(Ts(5)).unwrap();
     let err = db.replay_install(t, RecordId(1), Some(b"k"), Ts(6), Some(b"w")).unwrap_err();
     assert!(err.to_string().contains("still holds a value"), "{err}");
-    let err = db.replay_install(t, RecordId(9), None, Ts(7), Some(b"x")).unwrap_err();
-    assert!(err.to_string().contains("no key"), "{err}");
+    // An update whose insert never comes waits for it, and the read view cannot pass it.
+    assert_eq!(db.replay_install(t, RecordId(9), None, Ts(7), Some(b"x")).unwrap(), 0);
+    db.publish_read_view(Ts(6)).unwrap();
+    let err = db.publish_read_view(Ts(7)).unwrap_err();
+    assert!(err.to_string().contains("its insert was never received"), "{err}");
+    assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v"[..]), "the view stayed at 6");
+}
+
+/// Parallel replay: the insert is on one stream and the record's updates and delete on
+/// another, whose replayer gets there first. They wait for the insert and are installed
+/// by it, in timestamp order; the key count moves once each way.
+#[test]
+fn updates_that_come_before_their_insert_wait_for_it() {
+    let (db, t) = db();
+    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(12), None).unwrap(), 0);
+    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(11), Some(b"b")).unwrap(), 0);
+    assert_eq!(db.replay_install(t, RecordId(3), Some(b"k"), Ts(10), Some(b"a")).unwrap(), 0, "+1, then -1");
+    for (view, want) in [(10, Some(&b"a"[..])), (11, Some(&b"b"[..])), (12, None)] {
+        db.publish_read_view(Ts(view)).unwrap();
+        assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), want, "at {view}");
+    }
+    // Threads: many records, inserts on one thread, two updates each on two others, all
+    // started together; every record ends at its newest update.
+    let n = 2_000u64;
+    std::thread::scope(|sc| {
+        let db = &db;
+        sc.spawn(move || {
+            for i in 0..n {
+                let key = format!("r{i}");
+                db.replay_install(t, RecordId(100 + i), Some(key.as_bytes()), Ts(100 + 3 * i), Some(b"0")).unwrap();
+            }
+        });
+        for u in 1..=2u64 {
+            sc.spawn(move || {
+                for i in (0..n).rev() {
+                    let v = u.to_string();
+                    db.replay_install(t, RecordId(100 + i), None, Ts(100 + 3 * i + u), Some(v.as_bytes())).unwrap();
+                }
+            });
+        }
+    });
+    db.publish_read_view(Ts(100 + 3 * n)).unwrap();
+    let r = db.read();
+    for i in 0..n {
+        assert_eq!(r.get(t, format!("r{i}").as_bytes()).unwrap().as_deref(), Some(&b"2"[..]), "record {i}");
+    }
 }
 
 #[test]
@@ -123,7 +167,7 @@ fn parallel_replayers_build_the_same_state_as_serial_replay() {
             });
         }
     });
-    db.publish_read_view(Ts(4 * n));
+    db.publish_read_view(Ts(4 * n)).unwrap();
     let r = db.read();
     for rid in 0..64u64 {
         // The newest write to rid: the largest j = i*4+s with j % 64 == rid, ts = j + 1.

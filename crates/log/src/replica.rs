@@ -363,7 +363,7 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
     let ti = Instant::now();
     report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = ti.elapsed().as_secs_f64();
-    db.publish_read_view(cut);
+    db.publish_read_view(cut).map_err(LogError::Engine)?;
     // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
     // them: it was never acknowledged).
     if !files.is_empty() {

@@ -401,9 +401,19 @@ impl Engine {
 
     fn publish(&self) {
         let view = self.state.replayed.load(Ordering::Acquire).min(self.state.released.load(Ordering::Acquire));
-        let prev = self.state.visible.fetch_max(view, Ordering::AcqRel);
+        let prev = self.state.visible.load(Ordering::Acquire);
         if view > prev {
-            self.db.publish_read_view(Ts(view));
+            // The engine's view first (it only moves forward): `visible` never claims more.
+            match self.db.publish_read_view(Ts(view)) {
+                Ok(()) => {
+                    self.state.visible.fetch_max(view, Ordering::AcqRel);
+                }
+                Err(e) => {
+                    let msg = format!("the read view stays at ts {prev}: {e}");
+                    tracing::error!("{msg}");
+                    *self.state.failure.lock() = Some(msg);
+                }
+            }
         }
     }
 }
@@ -525,7 +535,10 @@ impl Receiver {
                     }
                     self.state.bytes_received.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     let held = self.received.stream_bound(s);
-                    if h.bound_ts <= held {
+                    // Nothing new on its stream: skip it, unless it is a heartbeat whose
+                    // floor lifts the watermark (an idle stream's bound may not move).
+                    let lifts = floor_trusted && h.floor_ts > self.received.watermark();
+                    if h.bound_ts <= held && !lifts {
                         self.state.batches_skipped.fetch_add(1, Ordering::Relaxed);
                     } else {
                         self.rlog.append(&batch, floor_trusted, h.bound_ts);

@@ -23,6 +23,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_commit_policy", policy.name());
             put("ditto_epoch", primary.epoch().0.to_string());
             put("ditto_durable_ts", h.primary_durable.0.to_string());
+            put("ditto_shipped_ts", h.primary_shipped.0.to_string());
             put("ditto_released_ts", primary.released().0.to_string());
             put("connected_slaves", backups.len().to_string());
             let now = sh.db.clock().now().0;
