@@ -65,8 +65,11 @@ pub(crate) struct Parked {
     /// if it does not), so a keyed write that installs and then finds it zero knows that
     /// no replayer can still park on the old state (see `replay_install`).
     count: AtomicUsize,
-    writes: Mutex<HashMap<(TableId, RecordId), Vec<(Ts, Option<Box<[u8]>>)>>>,
+    writes: Mutex<HashMap<(TableId, RecordId), Vec<ParkedWrite>>>,
 }
+
+/// A parked write: its timestamp and value (`None`: a delete).
+type ParkedWrite = (Ts, Option<Box<[u8]>>);
 
 /// How long replay waits for an old life to end for every snapshot before it reports the
 /// log as inconsistent (a snapshot held this long blocks the reuse, see the module notes).
