@@ -56,7 +56,17 @@ pub trait LogFile: Send {
     /// have dropped the dirty pages and a later successful fsync proves nothing
     /// (PostgreSQL's fsync lesson), so the writer stops instead of retrying.
     fn sync(&mut self) -> io::Result<()>;
+    /// A handle that fsyncs this file from another thread, while this one goes on writing
+    /// (what a sync covers is what was written before it started). `Unsupported` where the
+    /// file cannot give one (direct I/O stages its last block in memory; test files): the
+    /// writer then syncs inline.
+    fn syncer(&self) -> io::Result<Syncer> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
+
+/// See [`LogFile::syncer`].
+pub type Syncer = Box<dyn FnMut() -> io::Result<()> + Send>;
 
 /// Plain files.
 pub struct RealStorage;
@@ -134,6 +144,11 @@ impl LogFile for RealFile {
 
     fn sync(&mut self) -> io::Result<()> {
         self.f.sync_data()
+    }
+
+    fn syncer(&self) -> io::Result<Syncer> {
+        let f = self.f.try_clone()?;
+        Ok(Box::new(move || f.sync_data()))
     }
 }
 

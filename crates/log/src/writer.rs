@@ -66,7 +66,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::catalog::Catalog;
 use crate::format::{BatchBuilder, Epoch, SegmentHeader, StreamId, SEGMENT_HEADER_LEN};
 use crate::options::{Durability, LogOptions};
-use crate::storage::LogFile;
+use crate::storage::{LogFile, Syncer};
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
 /// interval, every interval): a safety net, since a flusher asks right after each of its
@@ -109,6 +109,28 @@ pub(crate) struct ClosedSegment {
     /// checkpoint could be what released a commit of another stream that the checkpoint
     /// does not hold.
     pub last_ts: Ts,
+}
+
+/// A flusher's batches written ahead of their fsync, for its syncer thread: with a
+/// shipping tap, the flusher writes a batch and frames the next at once while the syncer
+/// fsyncs what was written (one fsync covers every batch written before it starts) and
+/// then publishes it exactly as the flusher does inline: the floor, the durable bound, the
+/// watermark. So what a floor means, and what recovery finds, do not change; only the
+/// flusher no longer waits. A segment is closed, and the log, only once the syncer has
+/// caught up.
+#[derive(Default)]
+struct SyncAhead {
+    state: Mutex<AheadState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct AheadState {
+    /// Written and not yet synced: the segment's syncer, the largest bound and floor.
+    pending: Option<(Arc<Mutex<Syncer>>, Ts, Ts)>,
+    /// The syncer is syncing.
+    busy: bool,
+    stop: bool,
 }
 
 struct Stream {
@@ -300,8 +322,79 @@ impl Logger {
         }
     }
 
+    /// Stream `w`'s flusher thread, with its syncer beside it (see `SyncAhead`).
     fn flusher(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf)) {
+        let ahead = SyncAhead::default();
+        std::thread::scope(|sc| {
+            let syncer = std::thread::Builder::new()
+                .name(format!("ditto-sync-{w}"))
+                .spawn_scoped(sc, || self.syncer(w, &ahead))
+                .expect("starting a log syncer thread");
+            self.flush_loop(w, first, &ahead);
+            ahead.state.lock().stop = true;
+            ahead.cv.notify_all();
+            let _ = syncer.join();
+        });
+    }
+
+    /// Syncs what stream `w`'s flusher wrote ahead, back to back, and publishes each sync
+    /// as the flusher would have (floor, durable bound, watermark).
+    fn syncer(&self, w: usize, ahead: &SyncAhead) {
+        let stream = &self.streams[w];
+        loop {
+            let (handle, bound, floor) = {
+                let mut st = ahead.state.lock();
+                loop {
+                    if let Some(p) = st.pending.take() {
+                        st.busy = true;
+                        break p;
+                    }
+                    if st.stop {
+                        return;
+                    }
+                    ahead.cv.wait(&mut st);
+                }
+            };
+            let t0 = Instant::now();
+            let r = (handle.lock())();
+            if let Err(e) = r {
+                self.fail(format!("fsync of stream {w}'s segment: {e}"));
+                let mut st = ahead.state.lock();
+                st.busy = false;
+                ahead.cv.notify_all();
+                return;
+            }
+            let ns = t0.elapsed().as_nanos() as u64;
+            self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            self.stats.fsync_ns_total.fetch_add(ns, Ordering::Relaxed);
+            self.stats.fsync_ns_max.fetch_max(ns, Ordering::Relaxed);
+            self.floor.fetch_max(floor.0, Ordering::AcqRel);
+            stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+            self.advance_watermark();
+            {
+                let mut st = ahead.state.lock();
+                st.busy = false;
+                ahead.cv.notify_all();
+            }
+            // The flusher asks again whether it owes a heartbeat.
+            let _g = stream.buf.lock();
+            stream.cv.notify_all();
+        }
+    }
+
+    /// Waits until everything written ahead is synced. False if the log failed.
+    fn drain_ahead(&self, ahead: &SyncAhead) -> bool {
+        let mut st = ahead.state.lock();
+        while (st.pending.is_some() || st.busy) && self.failed.get().is_none() {
+            ahead.cv.wait_for(&mut st, Duration::from_millis(10));
+        }
+        self.failed.get().is_none()
+    }
+
+    fn flush_loop(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf), ahead: &SyncAhead) {
         let (mut file, mut seq, mut path) = first;
+        // The current segment's syncer, once a batch is written ahead.
+        let mut seg_syncer: Option<Arc<Mutex<Syncer>>> = None;
         let stream = &self.streams[w];
         let mut spare = BatchBuilder::new();
         let mut frame = Vec::new();
@@ -326,9 +419,11 @@ impl Logger {
             }
             // Wait for work: a commit (appends wake us), or, idle, the timeout; but not if
             // we owe a heartbeat (checked first, so right after each of our batches).
+            // A batch written ahead and not yet synced will ask again once it is.
+            let owes = |written: Ts| written.0 <= stream.durable.load(Ordering::Acquire) && self.owes_heartbeat(w);
             if !stopping {
                 let mut buf = stream.buf.lock();
-                if buf.is_empty() && !self.owes_heartbeat(w) {
+                if buf.is_empty() && !owes(written_bound) {
                     stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
                 }
             }
@@ -353,10 +448,12 @@ impl Logger {
             // below that commit, which would then wait for the next batch.
             let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
             // An idle stream writes a heartbeat it owes, or its last bound at close.
-            let idle =
-                spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !self.owes_heartbeat(w));
+            let idle = spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !owes(written_bound));
             if idle {
                 if stopping {
+                    if !self.drain_ahead(ahead) {
+                        return;
+                    }
                     // A clean close leaves no zeros past the last batch. Everything is
                     // durable already: if this fails, recovery reads the zeros as the end.
                     if let Err(e) = file.truncate(seg_bytes).and_then(|()| file.sync()) {
@@ -400,7 +497,21 @@ impl Logger {
             if let Err(e) = file.write_all(&frame) {
                 return self.fail(format!("write to {}: {e}", path.display()));
             }
-            if fsync {
+            // With a shipping tap, the sync goes to the syncer and this thread frames the
+            // next batch at once: backups receive batches at the pace of commits, not of
+            // this disk's fsyncs (a `received` commit policy waits for no fsync at all).
+            let sync_ahead = fsync && self.tap.get().is_some() && {
+                if seg_syncer.is_none() {
+                    seg_syncer = file.syncer().ok().map(|s| Arc::new(Mutex::new(s)));
+                }
+                seg_syncer.is_some()
+            };
+            if sync_ahead {
+                let mut st = ahead.state.lock();
+                let (b, f) = st.pending.as_ref().map_or((bound, floor), |p| (p.1.max(bound), p.2.max(floor)));
+                st.pending = Some((Arc::clone(seg_syncer.as_ref().expect("checked")), b, f));
+                ahead.cv.notify_all();
+            } else if fsync {
                 let t0 = Instant::now();
                 if let Err(e) = file.sync() {
                     return self.fail(format!("fsync of {}: {e}", path.display()));
@@ -422,13 +533,19 @@ impl Logger {
                 frame = Vec::new();
             }
             written_bound = written_bound.max(bound);
-            // The floor first: whoever sees the new durable bound sees the floor with it
-            // (`durable_state`), so no stream mistakes the moment between for a lagging
-            // watermark and writes a heartbeat nobody needs.
-            self.floor.fetch_max(floor.0, Ordering::AcqRel);
-            stream.durable.fetch_max(bound.0, Ordering::AcqRel);
-            self.advance_watermark();
+            if !sync_ahead {
+                // The floor first: whoever sees the new durable bound sees the floor with it
+                // (`durable_state`), so no stream mistakes the moment between for a lagging
+                // watermark and writes a heartbeat nobody needs.
+                self.floor.fetch_max(floor.0, Ordering::AcqRel);
+                stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+                self.advance_watermark();
+            }
             if seg_bytes >= self.opts.segment_bytes_max {
+                if !self.drain_ahead(ahead) {
+                    return;
+                }
+                seg_syncer = None;
                 // Only a stream's last segment may end in zeros (recovery refuses them in
                 // any other): cut them before the next segment exists.
                 if let Err(e) = file.truncate(seg_bytes).and_then(|()| file.sync()) {
