@@ -105,22 +105,27 @@ impl Client {
     }
 }
 
-/// A server child process (ditto's or Redis's), killed when dropped.
+/// A server child process (ditto's or Redis's), killed when dropped, with its backup (or
+/// replica) process if it has one, killed first.
 pub(crate) struct ServerProcess {
     pub child: Child,
     pub port: u16,
+    /// A ditto primary's replication address (with `--repl-port`).
+    pub repl: Option<String>,
+    pub backup: Option<Box<ServerProcess>>,
 }
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
+        drop(self.backup.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
 /// Starts `ditto server` (this executable, or `exe`) on `dir` on a free loopback port
-/// (metrics off, `args` added, its stderr to `stderr`) and waits until it listens. Shared
-/// by the demo and `ditto bench redis`.
+/// (metrics off, `args` added, its stderr to `stderr`) and waits until it listens (and,
+/// with `--repl-port`, accepts backups). Shared by the demo and `ditto bench redis`.
 pub(crate) fn start_ditto_server(
     exe: Option<&Path>,
     dir: &Path,
@@ -143,7 +148,14 @@ pub(crate) fn start_ditto_server(
     let line = lines.next().ok_or("the server exited before listening")??;
     let addr = line.strip_prefix("ditto server listening on ").ok_or(format!("unexpected line {line:?}"))?;
     let port = addr.split(' ').next().and_then(|a| a.rsplit(':').next()).ok_or("no port")?.parse()?;
-    Ok(ServerProcess { child, port })
+    let repl = if args.contains(&"--repl-port") {
+        let line = lines.next().ok_or("the server exited before accepting backups")??;
+        let a = line.strip_prefix("ditto server accepting backups on ").ok_or(format!("unexpected line {line:?}"))?;
+        Some(a.trim().to_string())
+    } else {
+        None
+    };
+    Ok(ServerProcess { child, port, repl, backup: None })
 }
 
 fn start_server(dir: &Path, workers: usize) -> Result<ServerProcess, Error> {

@@ -67,6 +67,11 @@ pub struct RedisBenchArgs {
     /// durabilities, interleaved with this one, as servers named `other/<durability>`.
     #[arg(long)]
     other_ditto: Option<PathBuf>,
+    /// ditto commit policies to run with one backup (a second `ditto server --replica-of`
+    /// process), comma-separated, or "none"; compared with a Redis primary and replica
+    /// (`replicaof`, appendfsync everysec, no WAIT).
+    #[arg(long, value_delimiter = ',', default_value = "majority-received")]
+    replicated: Vec<String>,
     /// Skip the Redis baselines.
     #[arg(long)]
     no_redis: bool,
@@ -87,6 +92,8 @@ struct Row {
     p99_ms: f64,
     /// The server's CPU time (user + system, every thread) per request, microseconds.
     cpu_us_per_req: f64,
+    /// Its backup's (or replica's) CPU time per request, where it has one.
+    backup_cpu_us_per_req: Option<f64>,
     /// The server's resident memory right after the test, MiB.
     rss_mib: f64,
 }
@@ -104,11 +111,13 @@ struct Summary {
     p50_ms_median: f64,
     p99_ms_median: f64,
     cpu_us_per_req_median: f64,
+    backup_cpu_us_per_req_median: Option<f64>,
     /// The server's largest resident memory after this test in any round, MiB: a server
     /// that keeps growing over the rounds shows here (the seventeenth session found the
     /// epoch GC falling behind under pipelined SETs this way, by hand).
     rss_mib_max: f64,
-    /// Median throughput over Redis everysec's median for the same test (absent without it).
+    /// Median throughput over Redis everysec's median for the same test (absent without
+    /// it): for a ditto primary with a backup, over Redis everysec with a replica.
     vs_redis: Option<f64>,
     /// The same over Redis with appendfsync always.
     vs_redis_always: Option<f64>,
@@ -144,6 +153,11 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
             p50_ms_median: median(same.iter().map(|x| x.p50_ms).collect()),
             p99_ms_median: median(same.iter().map(|x| x.p99_ms).collect()),
             cpu_us_per_req_median: median(same.iter().map(|x| x.cpu_us_per_req).collect()),
+            backup_cpu_us_per_req_median: same
+                .iter()
+                .map(|x| x.backup_cpu_us_per_req)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
             rss_mib_max: same.iter().map(|x| x.rss_mib).fold(0.0, f64::max),
             vs_redis: None,
             vs_redis_always: None,
@@ -153,11 +167,13 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
         out.iter().filter(|s| s.server == server).map(|s| (s.test.clone(), s.pipeline, s.rps_median)).collect()
     };
     let (everysec, always) = (base("redis/everysec"), base("redis/always"));
+    let everysec_replica = base(REDIS_REPLICA);
     let ratio = |base: &[(String, u32, f64)], s: &Summary| {
         base.iter().find(|b| b.0 == s.test && b.1 == s.pipeline).map(|b| s.rps_median / b.2)
     };
     for s in &mut out {
-        s.vs_redis = ratio(&everysec, s);
+        let with_backup = s.server.starts_with("ditto+backup/");
+        s.vs_redis = ratio(if with_backup { &everysec_replica } else { &everysec }, s);
         s.vs_redis_always = ratio(&always, s);
     }
     out
@@ -196,6 +212,9 @@ fn cpu_time(pid: u32) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64((ticks(11)? + ticks(12)?) as f64 / hz as f64))
 }
 
+/// The Redis baseline with a replica.
+const REDIS_REPLICA: &str = "redis+replica/everysec";
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -229,20 +248,74 @@ fn start_ditto(
     Ok(start_ditto_server(exe, dir, &args, Stdio::inherit()).map_err(|e| e.to_string())?)
 }
 
-fn start_redis(dir: &Path, fsync: &str) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+/// A ditto primary under commit policy `policy` with one backup, each in its own process
+/// on its own data directory; returns once the backup is connected.
+fn start_ditto_pair(dir: &Path, policy: &str, a: &RedisBenchArgs) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+    ditto_replication::CommitPolicy::parse(policy).map_err(|e| format!("--replicated: {e}"))?;
+    let (pdir, bdir) = (dir.join("primary"), dir.join("backup"));
+    std::fs::create_dir_all(&pdir)?;
+    let workers = a.workers.to_string();
+    let args = ["--workers", &workers, "--repl-port", "0", "--commit-policy", policy, "--backups", "1"];
+    let mut p = start_ditto_server(None, &pdir, &args, Stdio::inherit()).map_err(|e| e.to_string())?;
+    let repl = p.repl.clone().ok_or("the primary printed no replication address")?;
+    let b = start_ditto_server(None, &bdir, &["--workers", &workers, "--replica-of", &repl], Stdio::inherit())
+        .map_err(|e| e.to_string())?;
+    p.backup = Some(Box::new(b));
+    wait_info(p.port, "connected_slaves:1")?;
+    Ok(p)
+}
+
+/// Waits until `INFO replication` on `port` holds `want`.
+fn wait_info(port: u16, want: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let out = Command::new("redis-cli").args(["-p", &port.to_string(), "INFO", "replication"]).output();
+        if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(want)) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("no {want:?} in INFO replication on port {port} within 60 s"))
+}
+
+fn start_redis(dir: &Path, fsync: &str, replica_of: Option<u16>) -> Result<ServerProcess, Box<dyn std::error::Error>> {
     if !["everysec", "always"].contains(&fsync) {
         return Err(format!("--redis-fsync: unknown policy {fsync:?} (everysec, always)").into());
     }
     let port = free_port()?;
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir", dir.to_str().ok_or("dir")?])
-        .args(["--appendonly", "yes", "--appendfsync", fsync, "--save", ""])
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir", dir.to_str().ok_or("dir")?]).args([
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        fsync,
+        "--save",
+        "",
+    ]);
+    if let Some(primary) = replica_of {
+        cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+    }
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("starting redis-server (apt-get install redis-server): {e}"))?;
-    let p = ServerProcess { child, port };
+    let p = ServerProcess { child, port, repl: None, backup: None };
     wait_ping(port)?;
+    Ok(p)
+}
+
+/// A Redis primary and its replica (each appendfsync `fsync`); returns once the replica's
+/// link is up.
+fn start_redis_pair(dir: &Path, fsync: &str) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+    let (pdir, rdir) = (dir.join("primary"), dir.join("replica"));
+    std::fs::create_dir_all(&pdir)?;
+    std::fs::create_dir_all(&rdir)?;
+    let mut p = start_redis(&pdir, fsync, None)?;
+    let r = start_redis(&rdir, fsync, Some(p.port))?;
+    let rport = r.port;
+    p.backup = Some(Box::new(r));
+    wait_info(rport, "master_link_status:up")?;
     Ok(p)
 }
 
@@ -258,6 +331,8 @@ fn bench(
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let pid = proc.child.id();
     let cpu0 = cpu_time(pid)?;
+    let backup_pid = proc.backup.as_ref().map(|b| b.child.id());
+    let bcpu0 = backup_pid.map(cpu_time).transpose()?;
     let out = Command::new("redis-benchmark")
         .args(["-p", &proc.port.to_string(), "-t", test, "--csv"])
         .args(["-n", &a.requests.to_string(), "-c", &a.clients.to_string(), "-P", &pipeline.to_string()])
@@ -269,6 +344,10 @@ fn bench(
         return Err(format!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
     let cpu = cpu_time(pid)?.saturating_sub(cpu0);
+    let bcpu = match (backup_pid, bcpu0) {
+        (Some(b), Some(c0)) => Some(cpu_time(b)?.saturating_sub(c0)),
+        _ => None,
+    };
     let rss_mib = resident_mib(pid)?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut rows = Vec::new();
@@ -292,6 +371,7 @@ fn bench(
             p50_ms: col("p50_latency_ms")?,
             p99_ms: col("p99_latency_ms")?,
             cpu_us_per_req: cpu.as_secs_f64() * 1e6 / a.requests as f64,
+            backup_cpu_us_per_req: bcpu.map(|c| c.as_secs_f64() * 1e6 / a.requests as f64),
             rss_mib,
         });
     }
@@ -308,8 +388,13 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.other_ditto.is_some() {
         servers.extend(a.durability.iter().map(|d| format!("other/{d}")));
     }
+    let replicated: Vec<&String> = a.replicated.iter().filter(|p| p.as_str() != "none").collect();
+    servers.extend(replicated.iter().map(|p| format!("ditto+backup/{p}")));
     if !a.no_redis {
         servers.extend(a.redis_fsync.iter().map(|f| format!("redis/{f}")));
+        if !replicated.is_empty() {
+            servers.push(REDIS_REPLICA.to_string());
+        }
     }
     let mut running = Vec::new();
     for (i, server) in servers.iter().enumerate() {
@@ -319,7 +404,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         running.push(match kind {
             "ditto" => start_ditto(None, &dir, what, &a)?,
             "other" => start_ditto(a.other_ditto.as_deref(), &dir, what, &a)?,
-            _ => start_redis(&dir, what)?,
+            "ditto+backup" => start_ditto_pair(&dir, what, &a)?,
+            "redis+replica" => start_redis_pair(&dir, what)?,
+            _ => start_redis(&dir, what, None)?,
         });
     }
     for round in 1..=a.rounds.max(1) {
@@ -336,7 +423,7 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     drop(running);
     let summary = summarize(&rows);
     println!(
-        "\n{:<20} {:>4} {:>3} {:>11} {:>21} {:>7} {:>7} {:>7} {:>8} {:>9} {:>9}",
+        "\n{:<32} {:>4} {:>3} {:>11} {:>21} {:>7} {:>7} {:>7} {:>9} {:>8} {:>9} {:>9}",
         "server",
         "test",
         "-P",
@@ -345,6 +432,7 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         "p50 ms",
         "p99 ms",
         "CPU us",
+        "backup us",
         "RSS MiB",
         "/everysec",
         "/always"
@@ -353,7 +441,7 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     for s in &summary {
         let range = format!("{:.0}-{:.0} ({})", s.rps_min, s.rps_max, s.rounds);
         println!(
-            "{:<20} {:>4} {:>3} {:>11.0} {:>21} {:>7.3} {:>7.3} {:>7.1} {:>8.0} {:>9} {:>9}",
+            "{:<32} {:>4} {:>3} {:>11.0} {:>21} {:>7.3} {:>7.3} {:>7.1} {:>9} {:>8.0} {:>9} {:>9}",
             s.server,
             s.test,
             s.pipeline,
@@ -362,6 +450,7 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             s.p50_ms_median,
             s.p99_ms_median,
             s.cpu_us_per_req_median,
+            s.backup_cpu_us_per_req_median.map_or("-".to_string(), |c| format!("{c:.1}")),
             s.rss_mib_max,
             show(s.vs_redis),
             show(s.vs_redis_always)
@@ -370,10 +459,14 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "\nMedians over the rounds (p50, p99 and CPU too); ratios are median to median. CPU us: the\n\
          server's CPU time per request (user + system, all its threads). RSS MiB: the server's\n\
-         resident memory after the test, the largest over the rounds.\n\
+         resident memory after the test, the largest over the rounds. backup us: the same for its\n\
+         backup (ditto --replica-of) or replica (Redis replicaof) process.\n\
          ditto acknowledges a write once it is fsynced (every-batch: group commit, fsyncs back to back;\n\
          interval: group commit at most every {} ms). Redis with appendfsync everysec acknowledges\n\
-         before its fsync; with always, after it. The servers and redis-benchmark share this machine's cores.",
+         before its fsync; with always, after it. ditto+backup/POLICY: a primary and one backup process\n\
+         (majority-received: the reply waits until the backup has the write in memory, no fsync on the\n\
+         commit path); its /everysec ratio is to Redis everysec with one replica and no WAIT (the reply\n\
+         waits for nothing). The servers and redis-benchmark share this machine's cores.",
         a.fsync_interval_ms.unwrap_or(ditto_server::config::Config::default().fsync_interval_ms)
     );
     if a.json {
@@ -403,7 +496,19 @@ mod tests {
     fn row(server: &str, round: u32, rps: f64) -> Row {
         let (p50_ms, cpu_us_per_req, rss_mib) = (rps / 1e4, rps / 10.0, 100.0 - rps);
         let test = "SET".into();
-        Row { server: server.into(), test, pipeline: 1, round, rps, p50_ms, p99_ms: 1.0, cpu_us_per_req, rss_mib }
+        let backup_cpu_us_per_req = None;
+        Row {
+            server: server.into(),
+            test,
+            pipeline: 1,
+            round,
+            rps,
+            p50_ms,
+            p99_ms: 1.0,
+            cpu_us_per_req,
+            backup_cpu_us_per_req,
+            rss_mib,
+        }
     }
 
     #[test]
