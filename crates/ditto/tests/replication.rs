@@ -5,119 +5,12 @@
 //! load (it resumes from its own durable position), and at the end every acknowledged
 //! commit present on the backup (DITTO.WAITTS with the primary's commit timestamp).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Node {
-    child: Child,
-    port: u16,
-    repl: Option<String>,
-}
-
-impl Node {
-    fn start(dir: &Path, extra: &[&str]) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ditto server");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let want_repl = extra.contains(&"--repl-port");
-        let (mut port, mut repl) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while port.is_none() || (want_repl && repl.is_none()) {
-            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server start");
-            if let Some(rest) = line.strip_prefix("ditto server listening on ") {
-                port = Some(rest.split(' ').next().unwrap().rsplit(':').next().unwrap().parse().unwrap());
-            } else if let Some(rest) = line.strip_prefix("ditto server accepting backups on ") {
-                repl = Some(rest.trim().to_string());
-            }
-        }
-        Node { child, port: port.unwrap(), repl }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A minimal RESP client (simple, error, integer, bulk and array-of-bulk replies).
-struct Client {
-    s: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Client {
-    fn connect(port: u16) -> std::io::Result<Client> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        let r = BufReader::new(s.try_clone()?);
-        Ok(Client { s, r })
-    }
-
-    fn line(&mut self) -> std::io::Result<String> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(line.trim_end().to_string())
-    }
-
-    fn reply(&mut self) -> std::io::Result<Vec<String>> {
-        let l = self.line()?;
-        if let Some(n) = l.strip_prefix('*') {
-            let n: i64 = n.parse().unwrap();
-            let mut out = Vec::new();
-            for _ in 0..n.max(0) {
-                out.extend(self.reply()?);
-            }
-            return Ok(out);
-        }
-        if let Some(n) = l.strip_prefix('$') {
-            let n: i64 = n.parse().unwrap();
-            if n < 0 {
-                return Ok(vec!["(nil)".into()]);
-            }
-            let mut buf = vec![0; n as usize + 2];
-            self.r.read_exact(&mut buf)?;
-            return Ok(vec![String::from_utf8_lossy(&buf[..n as usize]).into_owned()]);
-        }
-        Ok(vec![l])
-    }
-
-    fn cmd(&mut self, args: &[&str]) -> std::io::Result<Vec<String>> {
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        self.s.write_all(req.as_bytes())?;
-        self.reply()
-    }
-
-    fn one(&mut self, args: &[&str]) -> String {
-        self.cmd(args).unwrap().remove(0)
-    }
-}
+mod common;
+use common::{Client, Node};
 
 const ACCOUNTS: usize = 8;
 const START: i64 = 1000;

@@ -509,6 +509,10 @@ impl Receiver {
     fn serve(&mut self, stream: &TcpStream, reader: &mut BufReader<TcpStream>) -> Result<(), String> {
         let mut jobs: Vec<Job> = Vec::new();
         let mut last_ack = Instant::now();
+        // What the join brought (a checkpoint, or what this node held) counts at once: an
+        // idle primary sends nothing more, and a commit waiting on this backup (under
+        // `all`) would wait for the next write.
+        self.ack(stream)?;
         loop {
             let frame = match read_frame(reader) {
                 Ok(Some(f)) => f,

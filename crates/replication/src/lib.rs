@@ -28,5 +28,5 @@ pub mod protocol;
 pub mod watermark;
 
 pub use backup::{Backup, BackupError, BackupOptions, BackupState, ReplayMode};
-pub use policy::{release_watermark, CommitPolicy, Holdings, Level, Scope};
+pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};

@@ -137,6 +137,24 @@ pub fn release_watermark(policy: CommitPolicy, h: &Holdings) -> Ts {
     held[need - 1]
 }
 
+/// Why `policy` cannot release anything more while `h` holds (a counted backup is not
+/// connected), for `INFO replication` and the logs; `None` if nothing is missing.
+pub fn blocked_by(policy: CommitPolicy, h: &Holdings) -> Option<String> {
+    let missing: Vec<usize> = h.backups.iter().enumerate().filter(|(_, b)| b.is_none()).map(|(i, _)| i).collect();
+    let nodes = 1 + h.backups.len();
+    let connected = nodes - missing.len();
+    match policy.scope {
+        Scope::Local => None,
+        Scope::All => {
+            missing.first().map(|i| format!("backup slot {i} is not connected ({} counts every backup)", policy.name()))
+        }
+        Scope::Majority if connected < nodes / 2 + 1 => {
+            Some(format!("{connected} of {nodes} nodes connected; {} needs {}", policy.name(), nodes / 2 + 1))
+        }
+        Scope::Majority => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +197,20 @@ mod tests {
         assert_eq!(release_watermark(p("majority-received"), &z), Ts(8));
         // No backup configured: everything is the primary's.
         assert_eq!(release_watermark(p("all-durable"), &h(10, &[])), Ts(10));
+    }
+
+    #[test]
+    fn a_missing_backup_is_named_where_it_blocks() {
+        let p = |s| CommitPolicy::parse(s).unwrap();
+        let two_one_down = h(10, &[Some((30, 20)), None]);
+        let all = blocked_by(p("all-durable"), &two_one_down).unwrap();
+        assert!(all.contains("backup slot 1 is not connected"), "{all}");
+        assert_eq!(blocked_by(p("majority-durable"), &two_one_down), None, "2 of 3 is a majority");
+        let one_down = h(10, &[None]);
+        let maj = blocked_by(p("majority-received"), &one_down).unwrap();
+        assert!(maj.contains("1 of 2 nodes connected; majority-received needs 2"), "{maj}");
+        assert_eq!(blocked_by(p("local"), &one_down), None);
+        assert_eq!(blocked_by(p("all-durable"), &h(10, &[Some((1, 1))])), None);
     }
 
     #[test]

@@ -282,17 +282,34 @@ impl Frame {
     }
 }
 
-/// Reads one frame from a blocking reader. `Ok(None)` at a clean end of stream.
+fn truncated(at_least: usize, of: usize) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("truncated frame: the stream ended after {at_least}+ of its {of} bytes"),
+    )
+}
+
+/// Reads one frame from a blocking reader. `Ok(None)` at a clean end of stream (between
+/// frames); a stream that ends inside a frame is an `UnexpectedEof` error naming it.
 pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> {
     let mut h = [0u8; FRAME_HEADER_LEN];
-    match r.read_exact(&mut h) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+    // The end of the stream between frames is a close; anywhere else, a truncated frame.
+    let mut got = 0;
+    while got < h.len() {
+        match r.read(&mut h[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(truncated(got, FRAME_HEADER_LEN)),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     let len = Frame::body_len(&h).map_err(std::io::Error::other)?;
     let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => truncated(FRAME_HEADER_LEN, FRAME_HEADER_LEN + len),
+        _ => e,
+    })?;
     Frame::decode(&h, Bytes::from(body)).map(Some).map_err(std::io::Error::other)
 }
 

@@ -25,6 +25,9 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_durable_ts", h.primary_durable.0.to_string());
             put("ditto_shipped_ts", h.primary_shipped.0.to_string());
             put("ditto_released_ts", primary.released().0.to_string());
+            if let Some(why) = ditto_replication::blocked_by(*policy, &h) {
+                put("ditto_release_blocked", why);
+            }
             put("connected_slaves", backups.len().to_string());
             let now = sh.db.clock().now().0;
             for (i, b) in backups.iter().enumerate() {

@@ -1,0 +1,128 @@
+//! What the real-process replication tests share: a `ditto server` child process (killed
+//! when dropped) and a minimal RESP client.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Node {
+    pub child: Child,
+    pub port: u16,
+    pub repl: Option<String>,
+}
+
+impl Node {
+    pub fn start(dir: &Path, extra: &[&str]) -> Node {
+        Node::start_logged(dir, extra, None)
+    }
+
+    /// As `start`, with the server's log (stderr) going to `log` if given.
+    pub fn start_logged(dir: &Path, extra: &[&str], log: Option<&Path>) -> Node {
+        let stderr = match log {
+            Some(p) => Stdio::from(std::fs::File::create(p).expect("create the server's log file")),
+            None => Stdio::inherit(),
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn ditto server");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let want_repl = extra.contains(&"--repl-port");
+        let (mut port, mut repl) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while port.is_none() || (want_repl && repl.is_none()) {
+            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server start");
+            if let Some(rest) = line.strip_prefix("ditto server listening on ") {
+                port = Some(rest.split(' ').next().unwrap().rsplit(':').next().unwrap().parse().unwrap());
+            } else if let Some(rest) = line.strip_prefix("ditto server accepting backups on ") {
+                repl = Some(rest.trim().to_string());
+            }
+        }
+        Node { child, port: port.unwrap(), repl }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A minimal RESP client (simple, error, integer, bulk and array-of-bulk replies).
+pub struct Client {
+    s: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(port: u16) -> std::io::Result<Client> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let r = BufReader::new(s.try_clone()?);
+        Ok(Client { s, r })
+    }
+
+    pub fn set_read_timeout(&mut self, d: Duration) {
+        self.s.set_read_timeout(Some(d)).unwrap();
+    }
+
+    pub fn line(&mut self) -> std::io::Result<String> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    pub fn reply(&mut self) -> std::io::Result<Vec<String>> {
+        let l = self.line()?;
+        if let Some(n) = l.strip_prefix('*') {
+            let n: i64 = n.parse().unwrap();
+            let mut out = Vec::new();
+            for _ in 0..n.max(0) {
+                out.extend(self.reply()?);
+            }
+            return Ok(out);
+        }
+        if let Some(n) = l.strip_prefix('$') {
+            let n: i64 = n.parse().unwrap();
+            if n < 0 {
+                return Ok(vec!["(nil)".into()]);
+            }
+            let mut buf = vec![0; n as usize + 2];
+            self.r.read_exact(&mut buf)?;
+            return Ok(vec![String::from_utf8_lossy(&buf[..n as usize]).into_owned()]);
+        }
+        Ok(vec![l])
+    }
+
+    pub fn cmd(&mut self, args: &[&str]) -> std::io::Result<Vec<String>> {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.s.write_all(req.as_bytes())?;
+        self.reply()
+    }
+
+    pub fn one(&mut self, args: &[&str]) -> String {
+        self.cmd(args).unwrap().remove(0)
+    }
+}
