@@ -155,6 +155,8 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
     for i in 0..n {
         assert_eq!(b.one(&["GET", &format!("log:{i}")]), "1", "log:{i} of {n} on the backup");
     }
+    // Replay keeps DBSIZE (the backup counted at its start, then replay moved it).
+    assert_eq!(b.one(&["DBSIZE"]), p.one(&["DBSIZE"]), "DBSIZE on the backup and the primary");
     // Writes are refused, naming the primary.
     let refused = b.one(&["SET", "x", "y"]);
     assert!(refused.starts_with("-READONLY") && refused.contains(&repl), "{refused}");

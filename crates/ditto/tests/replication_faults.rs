@@ -166,6 +166,8 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
     for i in 0..n {
         assert_eq!(b.one(&["GET", &format!("k:{i}")]), "1", "k:{i} of {n} on the backup");
     }
+    // Replay keeps DBSIZE (the backup counted at its start, then replay moved it).
+    assert_eq!(b.one(&["DBSIZE"]), p.one(&["DBSIZE"]), "DBSIZE on the backup and the primary");
     let reconnects: u64 = info_field(&mut b, "ditto_reconnects").unwrap().parse().unwrap();
     assert_eq!(reconnects, 2, "one resume per damaged connection");
     assert_eq!(info_field(&mut b, "master_link_status").as_deref(), Some("up"));

@@ -56,6 +56,21 @@ use crate::ids::{RecordId, TableId, Ts};
 use crate::record::{OwnedVersion, Record, Version, LOCK_BIT, TS_MASK, UNLINKED_BIT};
 use crate::table::{Table, RECORDS_PER_TABLE_MAX};
 
+/// What a replayed write did to the number of keys with a value: `delta` is +1 (an
+/// insert), -1 (a delete) or 0, plus what writes it woke did (see `replay_install`); `key`
+/// is the record's key where `delta` is not 0 (the caller counts keys per database).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyDelta {
+    pub delta: i64,
+    pub key: Option<Bytes>,
+}
+
+impl KeyDelta {
+    fn of(rec: &Record, delta: i64) -> KeyDelta {
+        KeyDelta { delta, key: if delta != 0 { rec.key.get().cloned() } else { None } }
+    }
+}
+
 /// Keyless writes (updates and deletes) that came before the write that gave their record
 /// its value: the insert is on another stream, whose replayer is behind (see the module
 /// notes). They wait here, per record, and are installed by that write.
@@ -88,7 +103,7 @@ impl Database {
         key: Option<&[u8]>,
         ts: Ts,
         value: Option<&[u8]>,
-    ) -> Result<i64> {
+    ) -> Result<KeyDelta> {
         let t = self.table(table)?;
         if rid.0 >= RECORDS_PER_TABLE_MAX {
             return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
@@ -106,16 +121,16 @@ impl Database {
             // record's lock says so); if not, the write that gave it is on a stream whose
             // replayer is behind: park, under the parked lock, after raising the count.
             if let Some(delta) = self.install_keyless(t, rec, ts, value)? {
-                return Ok(delta);
+                return Ok(KeyDelta::of(rec, delta));
             }
             let mut parked = self.parked.writes.lock();
             self.parked.count.fetch_add(1, Ordering::SeqCst);
             if let Some(delta) = self.install_keyless(t, rec, ts, value)? {
                 self.parked.count.fetch_sub(1, Ordering::SeqCst);
-                return Ok(delta);
+                return Ok(KeyDelta::of(rec, delta));
             }
             parked.entry((table, rid)).or_default().push((ts, value.map(Box::from)));
-            return Ok(0);
+            return Ok(KeyDelta { delta: 0, key: None });
         };
         self.replay_bind_key(t, rid, rec, key, ts)?;
         let mut delta = self.install_locked(t, rec, ts, value)?;
@@ -141,7 +156,7 @@ impl Database {
                 }
             }
         }
-        Ok(delta)
+        Ok(KeyDelta::of(rec, delta))
     }
 
     /// Installs a keyless write if the version it follows (the newest below `ts`) holds a

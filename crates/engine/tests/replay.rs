@@ -17,12 +17,13 @@ fn versions_slot_in_by_timestamp_and_snapshots_read_at_the_view() {
     let (db, t) = db();
     let rid = RecordId(3);
     // Arrival order 5, 2 (the insert), 9, 7: two streams' writes to one record.
-    assert_eq!(db.replay_install(t, rid, Some(b"k"), Ts(2), Some(b"v2")).unwrap(), 1);
-    assert_eq!(db.replay_install(t, rid, None, Ts(9), Some(b"v9")).unwrap(), 0);
-    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"v5")).unwrap(), 0);
-    assert_eq!(db.replay_install(t, rid, None, Ts(7), None).unwrap(), 0);
+    let inserted = db.replay_install(t, rid, Some(b"k"), Ts(2), Some(b"v2")).unwrap();
+    assert_eq!((inserted.delta, inserted.key.as_deref()), (1, Some(&b"k"[..])), "an insert names its key");
+    assert_eq!(db.replay_install(t, rid, None, Ts(9), Some(b"v9")).unwrap().delta, 0);
+    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"v5")).unwrap().delta, 0);
+    assert_eq!(db.replay_install(t, rid, None, Ts(7), None).unwrap().delta, 0);
     // A duplicate changes nothing.
-    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"other")).unwrap(), 0);
+    assert_eq!(db.replay_install(t, rid, None, Ts(5), Some(b"other")).unwrap().delta, 0);
     for (view, want) in
         [(1, None), (2, Some("v2")), (4, Some("v2")), (5, Some("v5")), (7, None), (8, None), (9, Some("v9"))]
     {
@@ -57,10 +58,11 @@ fn a_snapshot_taken_before_a_view_moves_keeps_reading_its_own_view() {
 fn a_key_given_a_new_record_moves_once_its_old_life_is_over() {
     let (db, t) = db();
     db.replay_install(t, RecordId(0), Some(b"k"), Ts(1), Some(b"old")).unwrap();
-    assert_eq!(db.replay_install(t, RecordId(0), None, Ts(2), None).unwrap(), -1);
+    let deleted = db.replay_install(t, RecordId(0), None, Ts(2), None).unwrap();
+    assert_eq!((deleted.delta, deleted.key.as_deref()), (-1, Some(&b"k"[..])), "a delete names its record's key");
     db.publish_read_view(Ts(2)).unwrap();
     // The primary unlinked record 0 and inserted "k" again as record 5 at ts 3.
-    assert_eq!(db.replay_install(t, RecordId(5), Some(b"k"), Ts(3), Some(b"new")).unwrap(), 1);
+    assert_eq!(db.replay_install(t, RecordId(5), Some(b"k"), Ts(3), Some(b"new")).unwrap().delta, 1);
     db.publish_read_view(Ts(3)).unwrap();
     assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"new"[..]));
     assert_eq!(db.count(t).unwrap(), 1);
@@ -79,7 +81,7 @@ fn a_record_id_given_a_new_key_waits_for_its_old_tombstone() {
     assert!(!reuse.is_finished(), "the reuse waits until everything before it is seen by every snapshot");
     db.replay_install(t, rid, None, Ts(3), None).unwrap();
     db.publish_read_view(Ts(3)).unwrap();
-    assert_eq!(reuse.join().unwrap().unwrap(), 1);
+    assert_eq!(reuse.join().unwrap().unwrap().delta, 1);
     db.publish_read_view(Ts(4)).unwrap();
     let r = db.read();
     assert_eq!(r.get(t, b"first").unwrap(), None);
@@ -94,7 +96,7 @@ fn a_new_life_over_a_live_value_is_refused_as_corruption() {
     let err = db.replay_install(t, RecordId(1), Some(b"k"), Ts(6), Some(b"w")).unwrap_err();
     assert!(err.to_string().contains("still holds a value"), "{err}");
     // An update whose insert never comes waits for it, and the read view cannot pass it.
-    assert_eq!(db.replay_install(t, RecordId(9), None, Ts(7), Some(b"x")).unwrap(), 0);
+    assert_eq!(db.replay_install(t, RecordId(9), None, Ts(7), Some(b"x")).unwrap().delta, 0);
     db.publish_read_view(Ts(6)).unwrap();
     let err = db.publish_read_view(Ts(7)).unwrap_err();
     assert!(err.to_string().contains("its insert was never received"), "{err}");
@@ -107,9 +109,9 @@ fn a_new_life_over_a_live_value_is_refused_as_corruption() {
 #[test]
 fn updates_that_come_before_their_insert_wait_for_it() {
     let (db, t) = db();
-    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(12), None).unwrap(), 0);
-    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(11), Some(b"b")).unwrap(), 0);
-    assert_eq!(db.replay_install(t, RecordId(3), Some(b"k"), Ts(10), Some(b"a")).unwrap(), 0, "+1, then -1");
+    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(12), None).unwrap().delta, 0);
+    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(11), Some(b"b")).unwrap().delta, 0);
+    assert_eq!(db.replay_install(t, RecordId(3), Some(b"k"), Ts(10), Some(b"a")).unwrap().delta, 0, "+1, then -1");
     for (view, want) in [(10, Some(&b"a"[..])), (11, Some(&b"b"[..])), (12, None)] {
         db.publish_read_view(Ts(view)).unwrap();
         assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), want, "at {view}");

@@ -54,7 +54,7 @@ impl ReplayMode {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct BackupOptions {
     /// The primary's replication address, host:port.
     pub primary: String,
@@ -66,7 +66,14 @@ pub struct BackupOptions {
     pub replay: ReplayMode,
     /// Print join progress to stderr.
     pub progress: bool,
+    /// Told every replayed write that gave a key a value or took it away: (table, key,
+    /// commit ts, +1 or -1), on a replay thread, when installed (the server keeps its key
+    /// counts with it). Must not block.
+    pub on_keys: Option<KeysHook>,
 }
+
+/// See [`BackupOptions::on_keys`].
+pub type KeysHook = Arc<dyn Fn(ditto_engine::TableId, &[u8], Ts, i64) + Send + Sync>;
 
 /// Figures of one backup (all timestamps are the primary's).
 #[derive(Default, Debug)]
@@ -238,7 +245,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     state.connected.store(true, Ordering::Release);
     let rlog =
         ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, 64 << 20).map_err(io("creating the replica log"))?;
-    let engine = Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay);
+    let engine =
+        Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay, opts.on_keys.clone());
     let run = Receiver {
         opts: opts.clone(),
         storage,
@@ -342,11 +350,19 @@ struct Engine {
     replayed: Mutex<Ordered>,
     queues: Vec<std::sync::mpsc::Sender<Job>>,
     mode: ReplayMode,
+    on_keys: Option<KeysHook>,
 }
 
 impl Engine {
     /// The engine with its replayers running.
-    fn start(db: Arc<Database>, state: Arc<BackupState>, streams: usize, base: Ts, mode: ReplayMode) -> Arc<Engine> {
+    fn start(
+        db: Arc<Database>,
+        state: Arc<BackupState>,
+        streams: usize,
+        base: Ts,
+        mode: ReplayMode,
+        on_keys: Option<KeysHook>,
+    ) -> Arc<Engine> {
         let threads = match mode {
             ReplayMode::Serial => 1,
             ReplayMode::Parallel => streams,
@@ -364,6 +380,7 @@ impl Engine {
             replayed: Mutex::new(Ordered::new(Prefix::new(streams, base), 1)),
             queues,
             mode,
+            on_keys,
         });
         start_replayers(&e, rxs);
         e
@@ -386,7 +403,10 @@ impl Engine {
                 continue;
             }
             for w in t.writes() {
-                self.db.replay_install(w.table, w.rid, w.key, t.ts, w.value).map_err(|e| e.to_string())?;
+                let d = self.db.replay_install(w.table, w.rid, w.key, t.ts, w.value).map_err(|e| e.to_string())?;
+                if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
+                    f(w.table, key, t.ts, d.delta);
+                }
             }
             n += 1;
         }

@@ -20,7 +20,7 @@
 use std::ops::Bound;
 
 use bytes::Bytes;
-use ditto_engine::{Database, Direction, Result, TableId, Transaction};
+use ditto_engine::{Database, Direction, Result, TableId, Transaction, Ts};
 
 pub const KEYS_TABLE: &str = "redis.keys";
 pub const FIELDS_TABLE: &str = "redis.fields";
@@ -59,9 +59,16 @@ impl KeyCounts {
     /// Counts the keys of every database at a snapshot (the walk recovery would need
     /// anyway; about 80 ms per million keys on the project's VM).
     pub fn count(db: &Database, ks: &Keyspace) -> Result<KeyCounts> {
+        Ok(Self::count_at(db, ks)?.0)
+    }
+
+    /// As `count`, with the timestamp of the snapshot counted.
+    pub fn count_at(db: &Database, ks: &Keyspace) -> Result<(KeyCounts, Ts)> {
         let counts = KeyCounts(Default::default());
         let mut n = [0i64; DBS];
-        db.read().for_each(ks.keys, Bound::Unbounded, Bound::Unbounded, |row, _| {
+        let snap = db.read();
+        let at = snap.ts();
+        snap.for_each(ks.keys, Bound::Unbounded, Bound::Unbounded, |row, _| {
             if let Some(c) = n.get_mut(row[0] as usize) {
                 *c += 1;
             }
@@ -70,7 +77,14 @@ impl KeyCounts {
         for (c, v) in counts.0.iter().zip(n) {
             c.store(v, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(counts)
+        Ok((counts, at))
+    }
+
+    /// Moves database `db`'s count by `d`.
+    pub fn add(&self, db: u8, d: i64) {
+        if let Some(c) = self.0.get(db as usize) {
+            c.fetch_add(d, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// What committing `txn` as it stands changes in each database's count.
@@ -98,6 +112,49 @@ impl KeyCounts {
     /// The keys of database `db` now.
     pub fn get(&self, db: u8) -> i64 {
         self.0.get(db as usize).map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// On a backup, replay moves the key counts (no command does): each replayed insert or
+/// delete of a `redis.keys` row above the snapshot the counts were taken at (what that
+/// walk did not see) moves its database's count. Replay runs before the server has
+/// counted, so what comes before `attach` waits here, and `attach` applies what lies above
+/// its snapshot.
+#[derive(Default)]
+pub struct ReplayKeyCounts {
+    early: std::sync::Mutex<Vec<(TableId, u8, Ts, i64)>>,
+    attached: std::sync::OnceLock<(std::sync::Arc<KeyCounts>, TableId, Ts)>,
+}
+
+impl ReplayKeyCounts {
+    /// A replayed write gave `key` of `table` a value (`delta` +1) or took it away (-1).
+    pub fn record(&self, table: TableId, key: &[u8], ts: Ts, delta: i64) {
+        let Some(&db) = key.first() else { return };
+        let apply = |(counts, keys, at): &(std::sync::Arc<KeyCounts>, TableId, Ts)| {
+            if table == *keys && ts > *at {
+                counts.add(db, delta);
+            }
+        };
+        if let Some(a) = self.attached.get() {
+            return apply(a);
+        }
+        let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        // Attached between the check and the lock: it drained the list already.
+        match self.attached.get() {
+            Some(a) => apply(a),
+            None => early.push((table, db, ts, delta)),
+        }
+    }
+
+    /// The counts (taken at snapshot `at`) that replay moves from now on.
+    pub fn attach(&self, counts: std::sync::Arc<KeyCounts>, keys: TableId, at: Ts) {
+        let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        for (table, db, ts, delta) in early.drain(..) {
+            if table == keys && ts > at {
+                counts.add(db, delta);
+            }
+        }
+        let _ = self.attached.set((counts, keys, at));
     }
 }
 

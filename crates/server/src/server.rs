@@ -155,10 +155,13 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     };
     let dir = cfg.data_dir.clone().expect("validated");
     let policy = cfg.policy()?;
+    // On a backup, replay moves DBSIZE's counts (attached once the server has counted).
+    let replay_key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
     // A backup joins its primary (a checkpoint or the log above what it holds) before it
     // serves; a primary opens and recovers its own directory.
     let (durable, backup) = match &cfg.replica_of {
         Some(primary) => {
+            let rkc = Arc::clone(&replay_key_counts);
             let opts = ditto_replication::BackupOptions {
                 primary: primary.clone(),
                 data_dir: dir.clone(),
@@ -166,6 +169,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 node: format!("{}:{}", cfg.bind, cfg.port),
                 replay: ditto_replication::ReplayMode::parse(&cfg.replay).map_err(ConfigError::Invalid)?,
                 progress: true,
+                on_keys: Some(Arc::new(move |table, key: &[u8], ts, delta| rkc.record(table, key, ts, delta))),
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),
@@ -206,6 +210,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1), repl: None };
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
     let mut sh = Shared::new(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port)?;
+    replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
     sh.read_only = backup.is_some();
     sh.config_view = cfg.view();
     sh.max_output_bytes = cfg.max_output_bytes;

@@ -79,7 +79,9 @@ pub struct Shared {
     pub db: Arc<Database>,
     pub ks: Keyspace,
     /// Keys per database, moved by every commit (`commit_counted`).
-    pub key_counts: KeyCounts,
+    pub key_counts: Arc<KeyCounts>,
+    /// The snapshot `key_counts` were counted at.
+    pub key_counts_at: ditto_engine::Ts,
     /// Where durability is read from; `None` for an in-memory database (tests).
     pub log: Option<Arc<ditto_log::Logger>>,
     pub password: Option<String>,
@@ -112,9 +114,10 @@ impl Shared {
         tcp_port: u16,
     ) -> Result<Shared, Error> {
         let ks = Keyspace::open(&db)?;
-        let key_counts = KeyCounts::count(&db, &ks)?;
+        let (key_counts, key_counts_at) = KeyCounts::count_at(&db, &ks)?;
         Ok(Shared {
-            key_counts,
+            key_counts: Arc::new(key_counts),
+            key_counts_at,
             stats: Stats::new(db.workers()),
             db,
             ks,
