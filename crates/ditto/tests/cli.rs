@@ -203,14 +203,20 @@ fn bench_redis_small_against_ditto_only() {
         ditto(&["bench", "redis", "--requests", "2000", "--clients", "10", "--no-redis", "--rounds", "2", "--json"]);
     let j = last_json(&out);
     let rows = j["rows"].as_array().unwrap();
-    // SET and GET, pipelined and not, for each of the two default durabilities, twice.
-    assert_eq!(rows.len(), 16, "{out}");
+    // SET and GET, pipelined and not, for each of the two default durabilities and the
+    // default primary with a backup, twice.
+    assert_eq!(rows.len(), 24, "{out}");
     assert!(rows.iter().all(|r| r["rps"].as_f64().unwrap() > 0.0), "{out}");
     // The server's CPU per request is read from /proc: present and not negative (2,000
     // requests can take less than one clock tick of CPU).
     assert!(rows.iter().all(|r| r["cpu_us_per_req"].as_f64().unwrap() >= 0.0), "{out}");
+    // A primary with a backup: its backup's CPU is read too; the others have none.
+    for r in rows {
+        let with_backup = r["server"].as_str().unwrap().starts_with("ditto+backup/");
+        assert_eq!(r["backup_cpu_us_per_req"].as_f64().is_some(), with_backup, "{r}");
+    }
     let summary = j["summary"].as_array().unwrap();
-    assert_eq!(summary.len(), 8, "{out}");
+    assert_eq!(summary.len(), 12, "{out}");
     for s in summary {
         assert_eq!(s["rounds"], 2, "{s}");
         let (lo, mid, hi) =
