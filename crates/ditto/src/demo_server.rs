@@ -30,7 +30,7 @@ const BALANCE: i64 = 1000;
 
 /// A RESP reply, as much of it as the demo reads.
 #[derive(Debug, PartialEq)]
-enum Reply {
+pub(crate) enum Reply {
     Simple(String),
     Error(String),
     Int(i64),
@@ -38,14 +38,18 @@ enum Reply {
     Array(Option<Vec<Reply>>),
 }
 
-struct Client {
+pub(crate) struct Client {
     w: TcpStream,
     r: BufReader<TcpStream>,
 }
 
 impl Client {
     fn connect(port: u16) -> Result<Client, Error> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
+        Client::connect_to("127.0.0.1", port)
+    }
+
+    pub(crate) fn connect_to(host: &str, port: u16) -> Result<Client, Error> {
+        let s = TcpStream::connect((host, port))?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         Ok(Client { r: BufReader::new(s.try_clone()?), w: s })
@@ -90,7 +94,7 @@ impl Client {
         })
     }
 
-    fn call(&mut self, args: &[&str]) -> Result<Reply, Error> {
+    pub(crate) fn call(&mut self, args: &[&str]) -> Result<Reply, Error> {
         self.send(&[args])?;
         self.read()
     }

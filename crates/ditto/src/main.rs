@@ -3,6 +3,7 @@
 //! - `ditto demo`: the most complete thing ditto shows today (see demo.rs).
 //! - `ditto bench tpcc|ycsb|index|recovery`: the embedded benchmarks (see bench.rs).
 //! - `ditto server`: the Redis-protocol server (see server.rs and crates/server).
+//! - `ditto status`: a node's replication state (see status.rs).
 //! - `ditto crash-child`: a workload for the crash tests; not for people.
 
 mod bench;
@@ -13,6 +14,7 @@ mod logmode;
 mod memory;
 mod redisbench;
 mod server;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +45,8 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// Serve the Redis protocol on a durable database.
     Server(server::ServerArgs),
+    /// A node's replication state: role, positions, per-backup lag and freshness.
+    Status(status::StatusArgs),
     /// Workload used by the crash tests (prints acknowledged commits on stdout).
     #[command(hide = true)]
     CrashChild(crash::CrashArgs),
@@ -61,6 +65,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Server(a) => server::run(a),
+        Cmd::Status(a) => status::run(a).map_err(|e| e as Box<dyn std::error::Error>),
         Cmd::CrashChild(a) => crash::run(a),
         Cmd::DemoChild(a) => demo::child(a),
     };

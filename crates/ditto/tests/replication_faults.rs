@@ -200,4 +200,19 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert!(!info.contains("ditto_release_blocked"), "{info}");
     assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
     assert_eq!(b.one(&["GET", "k"]), "v");
+    // `ditto status` reads both roles.
+    let status = |port: u16| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["status", "--port", &port.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ps = status(primary.port);
+    assert!(ps.contains("primary, epoch") && ps.contains("commit policy all-durable"), "{ps}");
+    assert!(ps.contains("1 backup(s) connected") && ps.contains("replay ms"), "{ps}");
+    assert!(!ps.contains("BLOCKED"), "{ps}");
+    let bs = status(backup.port);
+    assert!(bs.contains(&format!("backup of {}", primary.repl.as_ref().unwrap())) && bs.contains("link up"), "{bs}");
 }

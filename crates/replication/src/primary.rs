@@ -57,6 +57,12 @@ pub struct BackupInfo {
     pub replayed: Ts,
     pub queued_bytes: usize,
     pub connected_for: Duration,
+    /// How long the oldest commit shipped and not yet received, durable, replayed there
+    /// has waited (zero when it holds everything shipped): PostgreSQL's write, flush and
+    /// replay lag, measured on the primary's own clock, so no clock sync is assumed.
+    pub received_lag: Duration,
+    pub durable_lag: Duration,
+    pub replay_lag: Duration,
 }
 
 struct Link {
@@ -100,6 +106,9 @@ pub struct Primary {
     opts: PrimaryOptions,
     links: Mutex<Vec<Arc<Link>>>,
     shipped: Mutex<Prefix>,
+    /// (batch bound, when shipped), oldest first, for the lags (`lag_since`); trimmed to
+    /// what some backup has not replayed, and at most `LAG_SAMPLES_MAX` long.
+    samples: Mutex<std::collections::VecDeque<(Ts, Instant)>>,
     released: AtomicU64,
     on_change: OnChange,
     stopping: AtomicBool,
@@ -123,6 +132,7 @@ impl Primary {
             opts,
             links: Mutex::new(Vec::new()),
             shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
+            samples: Mutex::new(Default::default()),
             released: AtomicU64::new(0),
             on_change,
             stopping: AtomicBool::new(false),
@@ -182,19 +192,58 @@ impl Primary {
     }
 
     pub fn backups(&self) -> Vec<BackupInfo> {
-        self.links
-            .lock()
+        let links: Vec<Arc<Link>> = self.links.lock().clone();
+        let samples = self.samples.lock();
+        let now = Instant::now();
+        let lag = |held: Ts| lag_since(&samples, held, now);
+        links
             .iter()
-            .map(|l| BackupInfo {
-                node: l.node.clone(),
-                addr: l.addr.clone(),
-                received: Ts(l.received.load(Ordering::Acquire)),
-                durable: Ts(l.durable.load(Ordering::Acquire)),
-                replayed: Ts(l.replayed.load(Ordering::Acquire)),
-                queued_bytes: l.queue.lock().bytes,
-                connected_for: l.since.elapsed(),
+            .map(|l| {
+                let (received, durable, replayed) = (
+                    Ts(l.received.load(Ordering::Acquire)),
+                    Ts(l.durable.load(Ordering::Acquire)),
+                    Ts(l.replayed.load(Ordering::Acquire)),
+                );
+                BackupInfo {
+                    node: l.node.clone(),
+                    addr: l.addr.clone(),
+                    received,
+                    durable,
+                    replayed,
+                    queued_bytes: l.queue.lock().bytes,
+                    connected_for: l.since.elapsed(),
+                    received_lag: lag(received),
+                    durable_lag: lag(durable),
+                    replay_lag: lag(replayed),
+                }
             })
             .collect()
+    }
+
+    /// Keeps a lag sample for a batch with bound `bound` shipped now, and lets go of those
+    /// every backup has replayed.
+    fn sample(&self, bound: Ts) {
+        let now = Instant::now();
+        let oldest_needed = self.links.lock().iter().map(|l| Ts(l.replayed.load(Ordering::Acquire))).min();
+        let mut s = self.samples.lock();
+        if let Some(held) = oldest_needed {
+            // Keep the first sample above what every backup replayed.
+            let done = s.partition_point(|(ts, _)| *ts <= held);
+            s.drain(..done);
+        }
+        if s.back().is_some_and(|(ts, _)| *ts >= bound) {
+            return;
+        }
+        // Samples closer than this add nothing a lag in milliseconds can show.
+        if s.back().is_some_and(|(_, at)| now.duration_since(*at) < LAG_SAMPLE_EVERY) {
+            let last = s.len() - 1;
+            s[last].0 = bound;
+            return;
+        }
+        if s.len() >= LAG_SAMPLES_MAX {
+            s.pop_front();
+        }
+        s.push_back((bound, now));
     }
 
     fn changed(&self) {
@@ -473,6 +522,18 @@ fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Resu
     Ok(())
 }
 
+/// Lag samples at most this close together.
+const LAG_SAMPLE_EVERY: Duration = Duration::from_micros(100);
+/// At most this many lag samples (10 s of a backup that replays nothing, at one per 100 us;
+/// past it, the oldest go, and the lag reads lower than it is).
+const LAG_SAMPLES_MAX: usize = 100_000;
+
+/// How long the oldest sample above `held` has waited at `now`: zero if none is above it.
+fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now: Instant) -> Duration {
+    let i = samples.partition_point(|(ts, _)| *ts <= held);
+    samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
+}
+
 struct Tap(std::sync::Weak<Primary>);
 
 impl ditto_log::ShipTap for Tap {
@@ -483,6 +544,7 @@ impl ditto_log::ShipTap for Tap {
             s.push(header.stream.0 as usize, header.bound_ts, Some(header.floor_ts));
         }
         if !p.links.lock().is_empty() {
+            p.sample(header.bound_ts);
             let f = Frame::Batch {
                 epoch: p.epoch,
                 released: p.released(),
@@ -499,5 +561,24 @@ impl ditto_log::ShipTap for Tap {
     fn table_created(&self, id: TableId, name: &str) {
         let Some(p) = self.0.upgrade() else { return };
         p.push_all(&Frame::Table { id: id.0, name: name.to_string() }.encode());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_the_wait_of_the_oldest_sample_not_yet_held() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let s: std::collections::VecDeque<(Ts, Instant)> =
+            [(Ts(10), t0), (Ts(20), t0 + ms(5)), (Ts(30), t0 + ms(9))].into_iter().collect();
+        let now = t0 + ms(12);
+        assert_eq!(lag_since(&s, Ts(5), now), ms(12), "nothing held: the oldest shipped");
+        assert_eq!(lag_since(&s, Ts(10), now), ms(7));
+        assert_eq!(lag_since(&s, Ts(25), now), ms(3), "held past 20: the sample at 30 waits");
+        assert_eq!(lag_since(&s, Ts(30), now), Duration::ZERO, "holds everything shipped");
+        assert_eq!(lag_since(&Default::default(), Ts(0), now), Duration::ZERO);
     }
 }

@@ -4,8 +4,8 @@
 //! format: command, transaction, conflict and error counters, a command latency histogram
 //! (request parsed to reply written, durability wait included), the same histogram and
 //! call, rejection and failure counters per command, and the log's bytes, fsync count and
-//! fsync time. Replication lag and freshness per backup will join here as
-//! further series. Any other path is a 404; requests are bounded to 8 KiB.
+//! fsync time, and replication's positions, lags and freshness per backup
+//! (replinfo.rs). Any other path is a 404; requests are bounded to 8 KiB.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -179,6 +179,7 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
             l.failure().is_some() as u8,
         );
     }
+    crate::replinfo::prometheus(sh, &mut out);
     let _ = writeln!(
         out,
         "# HELP ditto_connected_clients Open client connections.\n# TYPE ditto_connected_clients gauge\nditto_connected_clients {}",
