@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ditto_engine::{CommitTicket, Database, Error, Worker, WorkerId};
+use ditto_engine::{CommitTicket, Database, Error, Ts, Worker, WorkerId};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
@@ -55,6 +55,12 @@ impl Default for RunConfig {
 pub struct Probe<'a> {
     /// Total bytes the log has written so far (0 when there is no log).
     pub log_bytes: &'a (dyn Fn() -> u64 + Sync),
+    /// Where commits are released by something other than the local log (a primary under
+    /// a replicated commit policy): the release watermark. A commit counts, and its
+    /// latency ends, once it is at or below it (instead of once locally durable).
+    pub released: Option<&'a (dyn Fn() -> Ts + Sync)>,
+    /// Called once as the measured run starts (after the load), before any worker.
+    pub on_run_start: Option<&'a (dyn Fn() + Sync)>,
 }
 
 fn no_log_bytes() -> u64 {
@@ -63,7 +69,7 @@ fn no_log_bytes() -> u64 {
 
 impl Probe<'static> {
     /// A probe for a database without a log.
-    pub const NONE: Probe<'static> = Probe { log_bytes: &no_log_bytes };
+    pub const NONE: Probe<'static> = Probe { log_bytes: &no_log_bytes, released: None, on_run_start: None };
 }
 
 /// The result of running one transaction to its end (conflicts are reported as
@@ -278,6 +284,9 @@ where
     let stop = AtomicBool::new(false);
     let finished = AtomicBool::new(false);
     let progress: Vec<Padded> = (0..cfg.workers).map(|_| Padded::default()).collect();
+    if let Some(f) = probe.on_run_start {
+        f();
+    }
     let log_before = (probe.log_bytes)();
     let cpu_before = cpu_seconds();
     let start = Instant::now();
@@ -296,7 +305,7 @@ where
                     .spawn_scoped(s, move || {
                         let mut worker = db.worker(WorkerId(i as u32)).unwrap_or_else(|| panic!("worker {i} is taken"));
                         let mut wl = make(i);
-                        let out = worker_loop(&mut worker, &mut wl, ntypes, deadline, stop, progress);
+                        let out = worker_loop(&mut worker, &mut wl, ntypes, deadline, stop, progress, probe.released);
                         if out.is_err() {
                             stop.store(true, Ordering::Relaxed);
                         }
@@ -373,7 +382,25 @@ fn worker_loop<W: Workload>(
     deadline: Instant,
     stop: &AtomicBool,
     progress: &AtomicU64,
+    released: Option<&(dyn Fn() -> Ts + Sync)>,
 ) -> Result<WorkerStats, Error> {
+    // Whether a commit counts yet, and waiting until it does.
+    let is_done = |t: &CommitTicket| match released {
+        Some(r) => Ok(t.ts() <= r()),
+        None => t.is_durable(),
+    };
+    let wait = |t: CommitTicket| -> Result<(), Error> {
+        match released {
+            Some(r) => {
+                while t.ts() > r() {
+                    t.is_durable()?; // the log's failure surfaces here
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Ok(())
+            }
+            None => t.wait().map(|_| ()),
+        }
+    };
     let mut st = WorkerStats::new(ntypes);
     let mut pending: VecDeque<(CommitTicket, Instant, usize)> = VecDeque::with_capacity(1024);
     let mut done = 0u64;
@@ -411,7 +438,7 @@ fn worker_loop<W: Workload>(
         if !pending.is_empty() {
             let mut now = None;
             while let Some((ticket, _, _)) = pending.front() {
-                if !ticket.is_durable()? {
+                if !is_done(ticket)? {
                     break;
                 }
                 let (_, t0, ty) = pending.pop_front().expect("front exists");
@@ -419,7 +446,7 @@ fn worker_loop<W: Workload>(
             }
             if pending.len() > PENDING_MAX {
                 let (ticket, t0, ty) = pending.pop_front().expect("pending is not empty");
-                ticket.wait()?;
+                wait(ticket)?;
                 st.record(ty, t0, Instant::now());
             }
         }
@@ -430,7 +457,7 @@ fn worker_loop<W: Workload>(
         }
     }
     while let Some((ticket, t0, ty)) = pending.pop_front() {
-        ticket.wait()?;
+        wait(ticket)?;
         st.record(ty, t0, Instant::now());
     }
     progress.store(st.committed.iter().sum(), Ordering::Relaxed);

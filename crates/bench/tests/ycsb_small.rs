@@ -104,7 +104,7 @@ fn with_a_log_latency_and_bytes_are_measured() {
         let y = ycsb::load(&db, &small(None), false).expect("load");
         let bytes = || log.bytes.load(Ordering::Relaxed);
         let cfg = RunConfig { workers: 2, duration: Duration::from_millis(500), seed: 5, progress: false };
-        let rep = ycsb::run(&db, &y, &cfg, &Probe { log_bytes: &bytes }).expect("run");
+        let rep = ycsb::run(&db, &y, &cfg, &Probe { log_bytes: &bytes, ..Probe::NONE }).expect("run");
         log.stop.store(true, Ordering::Relaxed);
         println!("{}", rep.to_text());
         assert!(rep.committed > 0);

@@ -74,6 +74,21 @@ pub struct Common {
     /// the available memory), `off`, or a number.
     #[arg(long, default_value = "auto")]
     pub prefault: Prefault,
+    /// Cluster runs: after each logged mode, run it again as a primary with this many
+    /// backups (each a `ditto server --replica-of` process), once per --backup-replay mode,
+    /// all in this process (see cluster.rs).
+    #[arg(long, default_value_t = 0)]
+    pub backups: usize,
+    /// The cluster runs' commit policy: local, majority, all, each -durable or -received.
+    #[arg(long, default_value = "majority-durable")]
+    pub commit_policy: String,
+    /// The cluster runs' backup replay modes (comma-separated): serial, parallel.
+    #[arg(long, value_delimiter = ',', default_value = "parallel")]
+    pub backup_replay: Vec<String>,
+    /// Cluster runs: pin this process (the primary) to the first half of the CPUs and the
+    /// backups to the other half.
+    #[arg(long)]
+    pub pin: bool,
 }
 
 impl Common {
@@ -255,9 +270,10 @@ fn run_modes(
     c: &Common,
     body: impl Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    if c.log.len() > 1 && !c.one_process {
+    if c.log.len() > 1 && !c.one_process && c.backups == 0 {
         return run_modes_in_children(name, c);
     }
+    let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
     let body: &Body = &body;
     let run = RunConfig {
         workers: c.workers,
@@ -287,7 +303,7 @@ fn run_modes(
                 let logger = d.logger().clone();
                 let stats = d.logger().clone();
                 let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
-                let mut r = body(d.db(), &run, &Probe { log_bytes: &bytes })?;
+                let mut r = body(d.db(), &run, &Probe { log_bytes: &bytes, ..Probe::NONE })?;
                 d.close();
                 // fsync latency over the whole process (load included): how the disk behaved.
                 let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -304,7 +320,43 @@ fn run_modes(
             }
         };
         report.print();
-        results.push((label, report));
+        let standalone_tps = report.throughput_tps;
+        results.push((label.clone(), report));
+        let Some(dur) = mode.durability(c.interval_ms).filter(|_| c.backups > 0) else { continue };
+        for replay in &c.backup_replay {
+            let cl = format!("{label}+{}x{}/{}", c.backups, policy.name(), replay);
+            eprintln!(
+                "== {name}: {} worker(s), log {label}, {} backup(s), {}, {replay} replay",
+                c.workers,
+                c.backups,
+                policy.name()
+            );
+            let spec = crate::cluster::ClusterSpec {
+                backups: c.backups,
+                policy,
+                replay,
+                pin: c.pin,
+                workers: c.workers,
+                durability: dur,
+                compress: c.compress,
+                direct_io: !c.buffered_log,
+            };
+            let mut r = crate::cluster::run(name, &spec, &run, body)?;
+            if let serde_json::Value::Object(m) = &mut r.extra {
+                m.insert("throughput_ratio_vs_standalone".into(), (r.throughput_tps / standalone_tps).into());
+            }
+            r.print();
+            let x = &r.extra;
+            println!(
+                "  cluster              {:.3}x of standalone; replay {:.3}x of execution CPU per txn; backup lag p50 {:.2} ms, p99 {:.2} ms; freshness {:.3}%",
+                r.throughput_tps / standalone_tps,
+                x["replay_cost_ratio"].as_f64().unwrap_or(0.0),
+                x["backup_lag_ms_p50"].as_f64().unwrap_or(0.0),
+                x["backup_lag_ms_p99"].as_f64().unwrap_or(0.0),
+                x["freshness_score"].as_f64().unwrap_or(0.0),
+            );
+            results.push((cl, r));
+        }
     }
     if results.len() > 1 {
         let base = results[0].1.throughput_tps;
@@ -448,7 +500,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
             RunConfig { workers: a.workers, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
         let logger = d.logger().clone();
         let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
-        let r = tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes })?;
+        let r = tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes, ..Probe::NONE })?;
         txns = Some(r.committed);
         d.close();
         if let Some(save) = &a.save {
@@ -558,7 +610,7 @@ fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
         let loaded = d.checkpoint()?.ts;
         let run = RunConfig { workers: 1, duration: Duration::from_secs_f64(a.seconds), seed: 7, progress: true };
         let zero = || 0u64;
-        tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &zero })?;
+        tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &zero, ..Probe::NONE })?;
         let tables = d.db().tables();
         d.close();
         (tables, loaded)

@@ -176,7 +176,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         d.db(),
         &t,
         &RunConfig { workers: a.workers, duration: Duration::from_secs(2), seed: 99, progress: false },
-        &Probe { log_bytes: &|| 0 },
+        &Probe { log_bytes: &|| 0, ..Probe::NONE },
     )?;
     tpcc::check_consistency(d.db(), &t).map_err(|e| format!("TPC-C consistency after the post-recovery run: {e}"))?;
     d.close();
@@ -319,13 +319,13 @@ pub fn child(a: DemoChildArgs) -> Result<(), Box<dyn std::error::Error>> {
     let logger = d.logger().clone();
     let bytes = move || logger.stats.bytes_written.load(Ordering::Relaxed);
     let run = RunConfig { workers: a.workers, duration: Duration::from_secs_f64(a.seconds), seed: 42, progress: true };
-    let report = tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes })?;
+    let report = tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes, ..Probe::NONE })?;
     report.print();
     println!("REPORT {}", serde_json::to_string(&report)?);
     std::io::stdout().flush()?;
     // Keep the load on until the parent kills us.
     eprintln!("== running on until killed");
     let run = RunConfig { workers: a.workers, duration: Duration::from_secs(600), seed: 43, progress: false };
-    tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes })?;
+    tpcc::run(d.db(), &t, &run, &Probe { log_bytes: &bytes, ..Probe::NONE })?;
     Ok(())
 }

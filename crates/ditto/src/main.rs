@@ -7,6 +7,7 @@
 //! - `ditto crash-child`: a workload for the crash tests; not for people.
 
 mod bench;
+mod cluster;
 mod crash;
 mod demo;
 mod demo_server;

@@ -197,6 +197,51 @@ fn bench_stops_with_the_error_of_a_failing_mode() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("tpcc (1 workers"), "the first mode's report passed through");
 }
 
+/// A cluster run: the same mode standalone, then as a primary with a backup process under
+/// `majority-durable`, serial and parallel replay; the figures the hot-standby issue asks
+/// for are in the JSON and hold what they say.
+#[test]
+fn bench_ycsb_cluster_run_with_a_backup() {
+    let (out, _) = ditto(&[
+        "bench",
+        "ycsb",
+        "--keys",
+        "10000",
+        "--workers",
+        "2",
+        "--seconds",
+        "1",
+        "--log",
+        "every-batch",
+        "--prefault",
+        "off",
+        "--backups",
+        "1",
+        "--backup-replay",
+        "serial,parallel",
+        "--pin",
+        "--json",
+    ]);
+    let j = last_json(&out);
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "standalone, then serial and parallel cluster runs: {out}");
+    for (run, replay) in runs[1..].iter().zip(["serial", "parallel"]) {
+        let x = &run["report"]["extra"];
+        assert_eq!(x["backup_replay"], replay, "{x}");
+        assert_eq!(x["commit_policy"], "majority-durable", "{x}");
+        assert!(run["report"]["committed"].as_u64().unwrap() > 0, "{x}");
+        let ratio = x["throughput_ratio_vs_standalone"].as_f64().unwrap();
+        assert!(ratio > 0.0 && ratio < 10.0, "{x}");
+        assert!(x["replay_cost_ratio"].as_f64().unwrap() > 0.0, "the backup replayed: {x}");
+        let (p50, p99) = (x["backup_lag_ms_p50"].as_f64().unwrap(), x["backup_lag_ms_p99"].as_f64().unwrap());
+        assert!(0.0 <= p50 && p50 <= p99, "{x}");
+        assert!(x["lag_samples"].as_u64().unwrap() > 0, "{x}");
+        let f = x["freshness_score"].as_f64().unwrap();
+        assert!(f > 0.0 && f <= 100.0, "{x}");
+        assert!(x["commit_latency_us_p99"].as_u64().unwrap() >= x["commit_latency_us_p50"].as_u64().unwrap());
+    }
+}
+
 #[test]
 fn bench_redis_small_against_ditto_only() {
     let (out, _) =

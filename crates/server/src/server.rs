@@ -209,6 +209,19 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let mut listening =
         Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1), repl: None };
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
+    // A backup's tables are the primary's (ids included): it must never create one. A
+    // ditto server primary creates its keyspace before any backup joins.
+    if let (Some(b), Some(_)) = (&backup, &cfg.replica_of) {
+        let missing =
+            [crate::keyspace::KEYS_TABLE, crate::keyspace::FIELDS_TABLE].into_iter().find(|t| db.table_id(t).is_none());
+        if let Some(t) = missing {
+            return Err(ConfigError::Invalid(format!(
+                "the primary at {} holds no table {t}: a backup serves Redis clients only for a primary that has the Redis keyspace (a ditto server, or a benchmark that creates it)",
+                b.primary
+            ))
+            .into());
+        }
+    }
     let mut sh = Shared::new(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port)?;
     replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
     sh.read_only = backup.is_some();

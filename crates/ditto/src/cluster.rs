@@ -1,0 +1,278 @@
+//! Cluster runs of `ditto bench tpcc|ycsb --backups N`: the benchmark runs embedded in this
+//! process as a primary (its log shipped by `ditto_replication::Primary`), with N backups,
+//! each a `ditto server --replica-of` child process replaying it; a commit counts once the
+//! commit policy releases it (the harness's `Probe::released`).
+//!
+//! ```text
+//!  this process (pinned to the first half of the CPUs with --pin)     N x `ditto server --replica-of`
+//!   workers -> log -> Primary --TCP batches--------------------------->  receive, fsync, ack, replay
+//!   harness counts a commit at release_watermark(policy, acks) <--acks--  (pinned to the other half)
+//!   sampler: every 5 ms, the backups' replay lag and freshness (Primary::backups)
+//! ```
+//!
+//! Figures: the run's report, plus `throughput_ratio_vs_standalone` (filled in by the
+//! caller from the same mode run without backups in the same process, just before),
+//! `replay_cost_ratio` (the backups' replay CPU per transaction, from their INFO, over this
+//! process's CPU per logged transaction: workers, log and shipping, read-only transactions
+//! excluded since they are not replayed), `backup_lag_ms_p50/_p99` (how long the oldest
+//! shipped commit not yet replayed has waited, sampled over the run, worst backup) and
+//! `freshness_score` (Query Fresh: a backup's read view over the primary's, mean over the
+//! samples, worst backup).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_bench::harness::{Probe, Report, RunConfig};
+use ditto_engine::Database;
+use ditto_log::{Durability, LogOptions, OpenOptions};
+use ditto_replication::{release_watermark, CommitPolicy, Primary, PrimaryOptions};
+use parking_lot::Mutex;
+
+use crate::demo_server::{Client, Reply};
+use crate::logmode::log_options;
+
+type Error = Box<dyn std::error::Error>;
+
+/// What a cluster run needs besides the benchmark body.
+pub struct ClusterSpec<'a> {
+    pub backups: usize,
+    pub policy: CommitPolicy,
+    pub replay: &'a str,
+    pub pin: bool,
+    pub workers: usize,
+    pub durability: Durability,
+    pub compress: bool,
+    pub direct_io: bool,
+}
+
+struct BackupProc {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for BackupProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The CPUs this process may use.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![];
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// Pins the calling thread (and the threads it starts from now on) to `cpus`.
+fn pin_to(cpus: &[usize]) -> Result<(), Error> {
+    // SAFETY: as in `allowed_cpus`; CPU_SET writes inside the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!("sched_setaffinity({cpus:?}): {}", std::io::Error::last_os_error()).into());
+        }
+    }
+    Ok(())
+}
+
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn start_backup(
+    dir: &Path,
+    primary: &str,
+    workers: usize,
+    replay: &str,
+    cpus: Option<&[usize]>,
+) -> Result<BackupProc, Error> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = match cpus {
+        Some(c) => {
+            let mut t = Command::new("taskset");
+            t.args(["-c", &cpu_list(c)]).arg(exe);
+            t
+        }
+        None => Command::new(exe),
+    };
+    let mut child = cmd
+        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", dir.to_str().ok_or("dir is not UTF-8")?])
+        .args(["--workers", &workers.to_string(), "--replica-of", primary, "--replay", replay])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log"))?))
+        .spawn()
+        .map_err(|e| format!("starting a backup process (taskset is in util-linux): {e}"))?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let line = lines.next().ok_or("the backup exited before listening")??;
+    let addr = line.strip_prefix("ditto server listening on ").ok_or(format!("unexpected line {line:?}"))?;
+    let port = addr.split(' ').next().and_then(|a| a.rsplit(':').next()).ok_or("no port")?.parse()?;
+    Ok(BackupProc { child, port })
+}
+
+/// (replay CPU ms, transactions replayed) from a backup's INFO.
+fn replay_counters(port: u16) -> Result<(f64, f64), Error> {
+    let mut c = Client::connect_to("127.0.0.1", port).map_err(|e| e.to_string())?;
+    let text = match c.call(&["INFO", "replication"]).map_err(|e| e.to_string())? {
+        Reply::Bulk(Some(b)) => String::from_utf8(b)?,
+        other => return Err(format!("INFO replication: {other:?}").into()),
+    };
+    let (f, _) = crate::status::parse_info(&text);
+    let num = |k: &str| -> Result<f64, Error> {
+        Ok(f.get(k).ok_or(format!("no {k} in the backup's INFO"))?.trim().parse::<f64>()?)
+    };
+    Ok((num("ditto_replay_cpu_ms")?, num("ditto_txns_replayed")?))
+}
+
+/// One cluster run (see the module notes). `body` loads and runs the benchmark.
+pub fn run(
+    name: &str,
+    spec: &ClusterSpec<'_>,
+    run: &RunConfig,
+    body: &dyn Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Error>,
+) -> Result<Report, Error> {
+    let scratch = crate::logmode::ScratchDir::new(None, &format!("{name}-cluster"))?;
+    let all = allowed_cpus();
+    let before = all.clone();
+    let (mine, theirs): (Option<Vec<usize>>, Option<Vec<usize>>) = if spec.pin && all.len() >= 2 {
+        let half = all.len() / 2;
+        (Some(all[..half].to_vec()), Some(all[half..].to_vec()))
+    } else {
+        (None, None)
+    };
+    if let Some(m) = &mine {
+        // Before the log's threads start, so they inherit it.
+        pin_to(m)?;
+        eprintln!(
+            "  pinned: this process (primary) to CPU(s) {}, the backups to CPU(s) {}",
+            cpu_list(m),
+            cpu_list(theirs.as_deref().unwrap_or_default())
+        );
+    }
+    let out = (|| -> Result<Report, Error> {
+        let d = ditto_log::open(
+            &scratch.path.join("primary"),
+            OpenOptions {
+                workers: spec.workers,
+                log: LogOptions { direct_io: spec.direct_io, ..log_options(spec.durability, spec.compress) },
+                progress: run.progress,
+            },
+        )?;
+        // The backups are `ditto server`s, which serve the Redis keyspace: it exists before
+        // they join (a backup never creates a table of its own).
+        ditto_server::keyspace::Keyspace::open(d.db())?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?.to_string();
+        let policy = spec.policy;
+        let opts = PrimaryOptions { backups_expected: spec.backups, ..Default::default() };
+        let primary = Primary::start(&d, listener, opts, Box::new(move |h| release_watermark(policy, h)))?;
+        // The release moves when the local log's watermark does too (a backup may ack a
+        // batch before this node's own fsync of it ends), as the server's listener does.
+        let p2 = Arc::clone(&primary);
+        d.logger()
+            .set_progress_listener(Box::new(move |_, _| p2.recompute()))
+            .map_err(|e| format!("installing the release listener: {e}"))?;
+        let mut backups = Vec::new();
+        for i in 0..spec.backups {
+            let dir = scratch.path.join(format!("backup-{i}"));
+            backups.push(start_backup(&dir, &addr, spec.workers, spec.replay, theirs.as_deref())?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while primary.backups().len() < spec.backups {
+            if Instant::now() > deadline {
+                return Err(format!("{} backups did not connect within 60 s", spec.backups).into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The sampler: from the run's start, the worst backup's replay lag and freshness.
+        let started = AtomicBool::new(false);
+        let done = AtomicBool::new(false);
+        let lags = Mutex::new(hdrhistogram::Histogram::<u64>::new(3).expect("histogram"));
+        let fresh = Mutex::new((0.0f64, 0u64));
+        let counters0 = Mutex::new(Vec::new());
+        let logged0 = std::sync::atomic::AtomicU64::new(0);
+        let on_start = || {
+            logged0.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
+            let c: Vec<(f64, f64)> = backups.iter().map(|b| replay_counters(b.port).unwrap_or((0.0, 0.0))).collect();
+            *counters0.lock() = c;
+            started.store(true, Ordering::Release);
+        };
+        let released = || primary.released();
+        let logger = d.logger().clone();
+        let bytes = move || logger.stats.bytes_written.load(Ordering::Relaxed);
+        let report = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    if !started.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    let bs = primary.backups();
+                    let visible = d.db().clock().visible_ts().0;
+                    let rel = primary.released().0;
+                    let lag = bs.iter().map(|b| b.replay_lag).max().unwrap_or_default();
+                    let _ = lags.lock().record(lag.as_micros() as u64);
+                    let f = bs
+                        .iter()
+                        .map(|b| ditto_server::replinfo::freshness_pct(b.replayed.0.min(rel), visible))
+                        .fold(100.0, f64::min);
+                    let mut fr = fresh.lock();
+                    fr.0 += f;
+                    fr.1 += 1;
+                }
+            });
+            let probe = Probe { log_bytes: &bytes, released: Some(&released), on_run_start: Some(&on_start) };
+            let r = body(d.db(), run, &probe);
+            done.store(true, Ordering::Release);
+            r
+        });
+        let mut report = report?;
+        // Execution CPU per transaction that the backups replay (read-only ones are not
+        // logged): this process's CPU over the run (workers, log, shipping) per logged one.
+        let logged = d.logger().stats.txns.load(Ordering::Relaxed) - logged0.load(Ordering::Relaxed);
+        let exec_s_per_txn = report.cpu_s_per_txn * report.committed as f64 / logged.max(1) as f64;
+        let c1: Vec<(f64, f64)> = backups.iter().map(|b| replay_counters(b.port)).collect::<Result<_, _>>()?;
+        let c0 = counters0.lock().clone();
+        // Replay CPU per transaction: the most expensive backup.
+        let replay_s_per_txn =
+            c0.iter().zip(&c1).map(|(a, b)| ((b.0 - a.0) / 1e3) / (b.1 - a.1).max(1.0)).fold(0.0, f64::max);
+        let lags = lags.lock();
+        let fr = *fresh.lock();
+        if let serde_json::Value::Object(m) = &mut report.extra {
+            m.insert("backups".into(), spec.backups.into());
+            m.insert("commit_policy".into(), spec.policy.name().into());
+            m.insert("backup_replay".into(), spec.replay.into());
+            m.insert("pinned".into(), spec.pin.into());
+            m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
+            m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
+            m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_s_per_txn.max(1e-12)).into());
+            m.insert("backup_lag_ms_p50".into(), (lags.value_at_quantile(0.5) as f64 / 1e3).into());
+            m.insert("backup_lag_ms_p99".into(), (lags.value_at_quantile(0.99) as f64 / 1e3).into());
+            m.insert("backup_lag_ms_max".into(), (lags.max() as f64 / 1e3).into());
+            m.insert("lag_samples".into(), lags.len().into());
+            m.insert("freshness_score".into(), (if fr.1 > 0 { fr.0 / fr.1 as f64 } else { 100.0 }).into());
+            m.insert("commit_latency_us_p50".into(), report.latency_us_p50.into());
+            m.insert("commit_latency_us_p99".into(), report.latency_us_p99.into());
+        }
+        primary.stop();
+        drop(backups);
+        d.close();
+        Ok(report)
+    })();
+    if mine.is_some() {
+        pin_to(&before)?;
+    }
+    out
+}
