@@ -141,7 +141,7 @@ pub fn run(
     name: &str,
     spec: &ClusterSpec<'_>,
     run: &RunConfig,
-    body: &dyn Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Error>,
+    body: &crate::bench::Body<'_>,
 ) -> Result<Report, Error> {
     let scratch = crate::logmode::ScratchDir::new(None, &format!("{name}-cluster"))?;
     let all = allowed_cpus();
