@@ -263,7 +263,8 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-pub(crate) type Body<'a> = dyn Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>> + 'a;
+pub(crate) type Body<'a> =
+    dyn Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>> + 'a;
 
 fn run_modes(
     name: &str,

@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_bench::harness::{Probe, Report, RunConfig};
-use ditto_engine::Database;
 use ditto_log::{Durability, LogOptions, OpenOptions};
 use ditto_replication::{release_watermark, CommitPolicy, Primary, PrimaryOptions};
 use parking_lot::Mutex;
