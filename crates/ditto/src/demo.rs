@@ -59,6 +59,9 @@ pub struct DemoArgs {
     /// Client connections in the server part.
     #[arg(long, default_value_t = 8)]
     server_clients: usize,
+    /// Seconds of client load on a primary with a backup (0: skip the hot-standby part).
+    #[arg(long, default_value_t = 3.0)]
+    standby_seconds: f64,
 }
 
 #[derive(clap::Args)]
@@ -191,6 +194,16 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         None
     };
 
+    let standby = if a.standby_seconds > 0.0 {
+        let dir = ScratchDir::new(a.dir.as_ref().map(|d| d.with_extension("standby")), "demo-standby")?;
+        Some(
+            crate::demo_standby::run(&dir.path, a.workers, a.server_clients.max(1), a.standby_seconds)
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+
     println!("\n================ ditto demo report ================");
     println!("TPC-C full mix, {} worker(s), {} warehouse(s), log {}", a.workers, warehouses, a.log.name(a.interval_ms));
     println!("  throughput          {:>10.0} txn/s over {:.1} s", report.throughput_tps, report.duration_s);
@@ -235,6 +248,10 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("          {} more transactions ran after recovery, consistency still holds  OK", after.committed);
     if let Some(s) = server {
+        println!("---------------------------------------------------");
+        s.print();
+    }
+    if let Some(s) = standby {
         println!("---------------------------------------------------");
         s.print();
     }

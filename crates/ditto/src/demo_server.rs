@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const ACCOUNTS: u64 = 10;
-const BALANCE: i64 = 1000;
+pub(crate) const ACCOUNTS: u64 = 10;
+pub(crate) const BALANCE: i64 = 1000;
 
 /// A RESP reply, as much of it as the demo reads.
 #[derive(Debug, PartialEq)]
@@ -99,7 +99,7 @@ impl Client {
         self.read()
     }
 
-    fn int(&mut self, args: &[&str]) -> Result<i64, Error> {
+    pub(crate) fn int(&mut self, args: &[&str]) -> Result<i64, Error> {
         match self.call(args)? {
             Reply::Int(n) => Ok(n),
             Reply::Bulk(Some(b)) => Ok(String::from_utf8(b)?.parse()?),
@@ -168,14 +168,14 @@ fn start_server(dir: &Path, workers: usize) -> Result<ServerProcess, Error> {
 
 /// What one client thread saw.
 #[derive(Default)]
-struct ClientLog {
-    counter_acked: i64,
-    transfers: u64,
-    ops: u64,
-    latencies_us: Vec<u32>,
+pub(crate) struct ClientLog {
+    pub counter_acked: i64,
+    pub transfers: u64,
+    pub ops: u64,
+    pub latencies_us: Vec<u32>,
 }
 
-fn client_loop(port: u16, i: usize, stop: &AtomicBool) -> ClientLog {
+pub(crate) fn client_loop(port: u16, i: usize, stop: &AtomicBool) -> ClientLog {
     let mut log = ClientLog::default();
     let Ok(mut c) = Client::connect(port) else { return log };
     let counter = format!("demo:counter:{i}");

@@ -11,6 +11,7 @@ mod cluster;
 mod crash;
 mod demo;
 mod demo_server;
+mod demo_standby;
 mod logmode;
 mod memory;
 mod redisbench;
