@@ -275,6 +275,17 @@ fn run_modes(
         return run_modes_in_children(name, c);
     }
     let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
+    if c.pin && c.backups > 0 {
+        // Every run of this process, standalone ones included, on the primary's CPUs
+        // (before any log thread starts, so they inherit it).
+        if let Some((mine, _)) = crate::cluster::halves() {
+            crate::cluster::pin_to(&mine)?;
+            eprintln!(
+                "pinned: this process (standalone runs and the primary) to CPU(s) {}",
+                crate::cluster::cpu_list(&mine)
+            );
+        }
+    }
     let body: &Body = &body;
     let run = RunConfig {
         workers: c.workers,

@@ -72,8 +72,16 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// With `--pin`: the CPUs of this process (the primary, and the standalone runs, pinned the
+/// same way so the ratio compares like with like) and of the backups: the first and the
+/// second half of the allowed ones. `None` with fewer than two.
+pub fn halves() -> Option<(Vec<usize>, Vec<usize>)> {
+    let all = allowed_cpus();
+    (all.len() >= 2).then(|| (all[..all.len() / 2].to_vec(), all[all.len() / 2..].to_vec()))
+}
+
 /// Pins the calling thread (and the threads it starts from now on) to `cpus`.
-fn pin_to(cpus: &[usize]) -> Result<(), Error> {
+pub fn pin_to(cpus: &[usize]) -> Result<(), Error> {
     // SAFETY: as in `allowed_cpus`; CPU_SET writes inside the set.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -87,7 +95,7 @@ fn pin_to(cpus: &[usize]) -> Result<(), Error> {
     Ok(())
 }
 
-fn cpu_list(cpus: &[usize]) -> String {
+pub fn cpu_list(cpus: &[usize]) -> String {
     cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
@@ -143,22 +151,10 @@ pub fn run(
     body: &crate::bench::Body<'_>,
 ) -> Result<Report, Error> {
     let scratch = crate::logmode::ScratchDir::new(None, &format!("{name}-cluster"))?;
-    let all = allowed_cpus();
-    let before = all.clone();
-    let (mine, theirs): (Option<Vec<usize>>, Option<Vec<usize>>) = if spec.pin && all.len() >= 2 {
-        let half = all.len() / 2;
-        (Some(all[..half].to_vec()), Some(all[half..].to_vec()))
-    } else {
-        (None, None)
-    };
-    if let Some(m) = &mine {
-        // Before the log's threads start, so they inherit it.
-        pin_to(m)?;
-        eprintln!(
-            "  pinned: this process (primary) to CPU(s) {}, the backups to CPU(s) {}",
-            cpu_list(m),
-            cpu_list(theirs.as_deref().unwrap_or_default())
-        );
+    // The caller pinned this process to the first half (`halves`) before any run.
+    let theirs = if spec.pin { halves().map(|h| h.1) } else { None };
+    if let Some(t) = &theirs {
+        eprintln!("  pinned: the backups to CPU(s) {}", cpu_list(t));
     }
     let out = (|| -> Result<Report, Error> {
         let d = ditto_log::open(
@@ -270,8 +266,5 @@ pub fn run(
         d.close();
         Ok(report)
     })();
-    if mine.is_some() {
-        pin_to(&before)?;
-    }
     out
 }
