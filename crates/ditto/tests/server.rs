@@ -378,13 +378,25 @@ fn churned_keys_reuse_record_ids_after_checkpoints() {
 /// be there (a counter may be higher: a write can be durable before its reply is lost).
 #[test]
 fn every_acknowledged_write_survives_sigkill() {
+    sigkill_rounds("");
+}
+
+/// The same as a primary that accepts backups (none connects): its log's fsyncs run on
+/// syncer threads beside the flushers (crates/log/src/writer.rs, `SyncAhead`), and a reply
+/// still means durable.
+#[test]
+fn every_acknowledged_write_survives_sigkill_with_fsyncs_beside_the_flushers() {
+    sigkill_rounds("repl_port = 0\n");
+}
+
+fn sigkill_rounds(config: &str) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let rounds = std::env::var("DITTO_SERVER_KILL_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let mut acked_total: Vec<u64> = vec![0; 4];
     for round in 0..rounds {
-        let mut srv = Server::start(&data, "");
+        let mut srv = Server::start(&data, config);
         // What earlier rounds acknowledged is still there.
         let mut c = Raw::connect(srv.port);
         for (w, &n) in acked_total.iter().enumerate() {
@@ -420,7 +432,7 @@ fn every_acknowledged_write_survives_sigkill() {
         }
         assert!(acked_total.iter().sum::<u64>() > 0, "round {round}: no write was acknowledged");
     }
-    let srv = Server::start(&data, "");
+    let srv = Server::start(&data, config);
     for (w, &n) in acked_total.iter().enumerate() {
         let got: u64 = srv.cli(&["GET", &format!("ctr:{w}")]).parse().unwrap_or(0);
         assert!(got >= n, "counter {w} is {got}, but {n} increments were acknowledged");

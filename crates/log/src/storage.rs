@@ -58,8 +58,7 @@ pub trait LogFile: Send {
     fn sync(&mut self) -> io::Result<()>;
     /// A handle that fsyncs this file from another thread, while this one goes on writing
     /// (what a sync covers is what was written before it started). `Unsupported` where the
-    /// file cannot give one (direct I/O stages its last block in memory; test files): the
-    /// writer then syncs inline.
+    /// file cannot give one (the tests' simulated files): the writer then syncs inline.
     fn syncer(&self) -> io::Result<Syncer> {
         Err(io::ErrorKind::Unsupported.into())
     }
@@ -276,6 +275,12 @@ impl LogFile for DirectFile {
 
     fn sync(&mut self) -> io::Result<()> {
         self.file.sync()
+    }
+
+    /// Every write has gone to the file whole (its last partial block included, kept here
+    /// only to be written again with the next bytes), so a sync of a clone covers it.
+    fn syncer(&self) -> io::Result<Syncer> {
+        self.file.syncer()
     }
 }
 
