@@ -275,16 +275,18 @@ fn run_modes(
         return run_modes_in_children(name, c);
     }
     let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
+    // With --pin: every run of this process, standalone ones included, on the primary's
+    // CPUs (before any log thread starts, so they inherit it), the backups on the others.
+    let mut backup_cpus = None;
     if c.pin && c.backups > 0 {
-        // Every run of this process, standalone ones included, on the primary's CPUs
-        // (before any log thread starts, so they inherit it).
-        if let Some((mine, _)) = crate::cluster::halves() {
-            crate::cluster::pin_to(&mine)?;
-            eprintln!(
-                "pinned: this process (standalone runs and the primary) to CPU(s) {}",
-                crate::cluster::cpu_list(&mine)
-            );
-        }
+        let (mine, theirs) = crate::cluster::halves().ok_or("--pin needs at least two CPUs")?;
+        crate::cluster::pin_to(&mine)?;
+        eprintln!(
+            "pinned: this process (standalone runs and the primary) to CPU(s) {}, the backups to CPU(s) {}",
+            crate::cluster::cpu_list(&mine),
+            crate::cluster::cpu_list(&theirs)
+        );
+        backup_cpus = Some(theirs);
     }
     let body: &Body = &body;
     let run = RunConfig {
@@ -347,7 +349,7 @@ fn run_modes(
                 backups: c.backups,
                 policy,
                 replay,
-                pin: c.pin,
+                backup_cpus: backup_cpus.clone(),
                 workers: c.workers,
                 durability: dur,
                 compress: c.compress,

@@ -41,7 +41,9 @@ pub struct ClusterSpec<'a> {
     pub backups: usize,
     pub policy: CommitPolicy,
     pub replay: &'a str,
-    pub pin: bool,
+    /// The CPUs the backups are pinned to (`halves`, taken before this process pinned
+    /// itself), or none.
+    pub backup_cpus: Option<Vec<usize>>,
     pub workers: usize,
     pub durability: Durability,
     pub compress: bool,
@@ -152,7 +154,7 @@ pub fn run(
 ) -> Result<Report, Error> {
     let scratch = crate::logmode::ScratchDir::new(None, &format!("{name}-cluster"))?;
     // The caller pinned this process to the first half (`halves`) before any run.
-    let theirs = if spec.pin { halves().map(|h| h.1) } else { None };
+    let theirs = spec.backup_cpus.clone();
     if let Some(t) = &theirs {
         eprintln!("  pinned: the backups to CPU(s) {}", cpu_list(t));
     }
@@ -249,7 +251,7 @@ pub fn run(
             m.insert("backups".into(), spec.backups.into());
             m.insert("commit_policy".into(), spec.policy.name().into());
             m.insert("backup_replay".into(), spec.replay.into());
-            m.insert("pinned".into(), spec.pin.into());
+            m.insert("pinned".into(), spec.backup_cpus.is_some().into());
             m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
             m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
             m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_s_per_txn.max(1e-12)).into());
