@@ -5,7 +5,8 @@
 //! The backup must drop each damaged connection with a clear log line, resume above what
 //! it holds, and end with exactly the primary's acknowledged state: nothing skipped, and
 //! reads that never go back. A second test: under `all-durable` a missing backup blocks
-//! releases, and `INFO replication` says which.
+//! releases, and `INFO replication` says which, while a connection that chose `local`
+//! (DITTO.POLICY) is answered.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -188,6 +189,16 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     let mut w = Client::connect(primary.port).unwrap();
     w.set_read_timeout(Duration::from_millis(700));
     assert!(w.cmd(&["SET", "k", "v"]).is_err(), "a write was acknowledged with the backup missing");
+    // A connection may choose its own policy: `local` answers once durable here.
+    let mut l = Client::connect(primary.port).unwrap();
+    assert_eq!(l.one(&["DITTO.POLICY"]), "all-durable", "the server's policy at first");
+    assert!(l.one(&["DITTO.POLICY", "most"]).starts_with("-ERR unknown commit policy"));
+    assert_eq!(l.one(&["DITTO.POLICY", "local"]), "+OK");
+    assert_eq!(l.one(&["DITTO.POLICY"]), "local");
+    l.set_read_timeout(Duration::from_secs(10));
+    assert_eq!(l.one(&["SET", "mine", "1"]), "+OK", "a local write while the backup is missing");
+    assert_eq!(l.one(&["DITTO.POLICY", "default"]), "+OK");
+    assert_eq!(l.one(&["DITTO.POLICY"]), "all-durable");
     // ...and is acknowledged once it joins.
     let backup = Node::start(&tmp.path().join("b"), &["--replica-of", primary.repl.as_ref().unwrap()]);
     w.set_read_timeout(Duration::from_secs(30));

@@ -111,6 +111,7 @@ pub static SPECS: &[Spec] = &[
     conn("KEYS", 2),
     conn("DITTO.LASTCOMMIT", 1),
     conn("DITTO.WAITTS", -2),
+    conn("DITTO.POLICY", -1),
 ];
 
 /// The spec of a command name, any case.

@@ -114,6 +114,9 @@ struct Conn {
     max_clients: usize,
     tls_handshake_timeout: Duration,
     durable: Option<Arc<Release>>,
+    /// On a primary: one release per commit policy, for connections that chose their own
+    /// (DITTO.POLICY); the server's policy's is `durable`.
+    by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)>,
     /// On a backup: how long a reply waits for the read view (DITTO.WAITTS).
     wait_timeout: Option<Duration>,
     metrics: Arc<Metrics>,
@@ -252,6 +255,18 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     // backups, what releases a commit is the commit policy's quorum (ditto_replication).
     let release = Arc::new(Release::default());
     let mut primary = None;
+    // Every policy a connection may choose on a primary (the server's own is `release`).
+    let by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)> = match cfg.repl_port {
+        Some(_) if durable.is_some() => {
+            ["local", "majority-received", "majority-durable", "all-received", "all-durable"]
+                .into_iter()
+                .map(|n| ditto_replication::CommitPolicy::parse(n).expect("a known policy"))
+                .filter(|p| *p != policy)
+                .map(|p| (p, Arc::new(Release::default())))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
     if let (Some(d), Some(port)) = (&durable, cfg.repl_port) {
         let l = std::net::TcpListener::bind((cfg.bind.as_str(), port))
             .map_err(io(format!("binding the replication port {}:{port}", cfg.bind)))?;
@@ -259,9 +274,13 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         let repl_addr = l_addr.map(|a| a.to_string()).unwrap_or_default();
         let opts = ditto_replication::PrimaryOptions { backups_expected: cfg.backups, ..Default::default() };
         let r = Arc::clone(&release);
+        let others = by_policy.clone();
         let on_change = Box::new(move |h: &ditto_replication::Holdings| {
             let w = ditto_replication::release_watermark(policy, h);
             r.advance(w, None);
+            for (p, rel) in &others {
+                rel.advance(ditto_replication::release_watermark(*p, h), None);
+            }
             w
         });
         let p = ditto_replication::Primary::start(d, l, opts, on_change).map_err(io("starting replication"))?;
@@ -298,11 +317,18 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let checkpointer = durable.as_ref().and_then(|d| ckpt_policy.any().then(|| d.spawn_checkpointer(ckpt_policy)));
     if let Some(logger) = &logger {
         let listener = Arc::clone(&release);
+        let others = by_policy.clone();
         let p = primary.clone();
         logger
             .set_progress_listener(Box::new(move |w, failed| match (&p, failed) {
                 (Some(p), None) => p.recompute(),
-                _ => listener.advance(w, failed),
+                _ => {
+                    listener.advance(w, failed);
+                    // A failed log fails every policy's waiters.
+                    for (_, r) in &others {
+                        r.advance(w, failed);
+                    }
+                }
             }))
             .map_err(|e| ServerError::Io {
                 what: "installing the durability listener".into(),
@@ -335,6 +361,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         max_clients: cfg.max_clients,
         tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
         durable: Some(release),
+        by_policy,
         wait_timeout,
         metrics,
     });
@@ -527,7 +554,7 @@ impl Conn {
             }
             if !out.is_empty() {
                 let handled = Instant::now();
-                if let Err(failed) = self.wait_durable(wait).await {
+                if let Err(failed) = self.wait_durable(wait, session.policy()).await {
                     out.clear();
                     // On a backup the only wait that fails is a read view that did not get
                     // there in time: nothing was written, the connection goes on.
@@ -582,8 +609,12 @@ impl Conn {
         }
     }
 
-    /// Waits until every commit up to `ts` is durable.
-    async fn wait_durable(&self, ts: Ts) -> Result<(), Arc<str>> {
+    /// Waits until every commit up to `ts` is durable (released under `policy`, or the
+    /// server's policy).
+    async fn wait_durable(&self, ts: Ts, policy: Option<ditto_replication::CommitPolicy>) -> Result<(), Arc<str>> {
+        if let Some((_, r)) = policy.and_then(|p| self.by_policy.iter().find(|(q, _)| *q == p)) {
+            return r.wait(ts).await;
+        }
         match (&self.durable, self.wait_timeout) {
             (Some(release), None) => release.wait(ts).await,
             (Some(release), Some(t)) => match tokio::time::timeout(t, release.wait(ts)).await {
@@ -620,6 +651,7 @@ mod tests {
             max_clients: 100,
             tls_handshake_timeout: handshake,
             durable,
+            by_policy: Vec::new(),
             wait_timeout: None,
             metrics: Arc::new(Metrics::new(1)),
         })

@@ -284,9 +284,48 @@ pub struct Session {
     watched_bytes: usize,
     /// The commit timestamp of this connection's last write (DITTO.LASTCOMMIT).
     last_commit: Ts,
+    /// This connection's commit policy (DITTO.POLICY); `None`: the server's.
+    policy: Option<ditto_replication::CommitPolicy>,
 }
 
 impl Session {
+    /// The commit policy this connection's writes are released under (`None`: the
+    /// server's default).
+    pub fn policy(&self) -> Option<ditto_replication::CommitPolicy> {
+        self.policy
+    }
+
+    /// DITTO.POLICY [policy|default]: shows or sets this connection's commit policy. On a
+    /// primary any policy (a weaker one than the server's answers sooner and is safer
+    /// only as far as it says; backups show the write once the server's policy releases
+    /// it); elsewhere only `local`.
+    fn set_policy(&mut self, a: &[Bytes], sh: &Shared) -> Reply {
+        let default = match &sh.replication {
+            Replication::Primary { policy, .. } => Some(*policy),
+            _ => None,
+        };
+        let Some(arg) = a.first() else {
+            let p = self.policy.or(default).unwrap_or(ditto_replication::CommitPolicy::LOCAL);
+            return Reply::Bulk(Bytes::from(p.name()));
+        };
+        let text = String::from_utf8_lossy(arg);
+        if text.eq_ignore_ascii_case("default") {
+            self.policy = None;
+            return Reply::Ok;
+        }
+        match ditto_replication::CommitPolicy::parse(&text) {
+            Err(e) => Reply::err(format!("ERR {e}")),
+            Ok(p) if default.is_none() && p != ditto_replication::CommitPolicy::LOCAL => Reply::err(format!(
+                "ERR commit policy {} needs backups: this node is not a primary (ditto server --repl-port)",
+                p.name()
+            )),
+            Ok(p) => {
+                self.policy = Some(p);
+                Reply::Ok
+            }
+        }
+    }
+
     pub fn new(sh: &Shared) -> Session {
         Session::with_id(sh.next_client_id.fetch_add(1, Ordering::Relaxed), sh)
     }
@@ -305,6 +344,7 @@ impl Session {
             watched: std::collections::HashMap::new(),
             watched_bytes: 0,
             last_commit: Ts(0),
+            policy: None,
         }
     }
 
@@ -685,6 +725,7 @@ impl Session {
             "SCAN" | "KEYS" => return self.read_keys(spec, a, sh, &mut Reader::Snapshot(sh.db.read())),
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
             "DITTO.WAITTS" => return wait_ts(a, sh),
+            "DITTO.POLICY" => self.set_policy(a, sh),
             other => unreachable!("{other} is not a connection command"),
         };
         Outcome::now(reply)
@@ -1265,6 +1306,21 @@ mod tests {
     fn cmd(s: &mut Session, sh: &Shared, w: &mut Worker, line: &str) -> Reply {
         let args = line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect();
         s.handle(args, sh, w).reply
+    }
+
+    /// Without backups only `local` can be chosen; a policy name is checked.
+    #[test]
+    fn a_node_that_is_not_a_primary_offers_only_the_local_policy() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DITTO.POLICY"), Reply::Bulk(Bytes::from("local")));
+        let e = cmd(&mut s, &sh, &mut w, "DITTO.POLICY majority-received");
+        assert!(matches!(&e, Reply::Error(m) if m.contains("needs backups")), "{e:?}");
+        assert_eq!(s.policy(), None, "a refused policy changes nothing");
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "DITTO.POLICY sometimes"), Reply::Error(_)));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DITTO.POLICY local"), Reply::Ok);
+        assert_eq!(s.policy(), Some(ditto_replication::CommitPolicy::LOCAL));
     }
 
     #[test]
