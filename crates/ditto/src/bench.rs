@@ -350,6 +350,7 @@ fn run_modes(
                 policy,
                 replay,
                 backup_cpus: backup_cpus.clone(),
+                prefault_mib: c.prefault.mib(c.workers, c.seconds),
                 workers: c.workers,
                 durability: dur,
                 compress: c.compress,

@@ -44,6 +44,9 @@ pub struct ClusterSpec<'a> {
     /// The CPUs the backups are pinned to (`halves`, taken before this process pinned
     /// itself), or none.
     pub backup_cpus: Option<Vec<usize>>,
+    /// MiB of heap each backup pre-faults (what this process pre-faults for its run, so
+    /// that replay and execution pay the same for fresh memory).
+    pub prefault_mib: u64,
     pub workers: usize,
     pub durability: Durability,
     pub compress: bool,
@@ -107,6 +110,7 @@ fn start_backup(
     workers: usize,
     replay: &str,
     cpus: Option<&[usize]>,
+    prefault_mib: u64,
 ) -> Result<BackupProc, Error> {
     let exe = std::env::current_exe()?;
     let mut cmd = match cpus {
@@ -120,6 +124,7 @@ fn start_backup(
     let mut child = cmd
         .args(["server", "--port", "0", "--metrics", "off", "--data-dir", dir.to_str().ok_or("dir is not UTF-8")?])
         .args(["--workers", &workers.to_string(), "--replica-of", primary, "--replay", replay])
+        .args(["--prefault-mib", &prefault_mib.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log"))?))
         .spawn()
@@ -184,7 +189,7 @@ pub fn run(
         let mut backups = Vec::new();
         for i in 0..spec.backups {
             let dir = scratch.path.join(format!("backup-{i}"));
-            backups.push(start_backup(&dir, &addr, spec.workers, spec.replay, theirs.as_deref())?);
+            backups.push(start_backup(&dir, &addr, spec.workers, spec.replay, theirs.as_deref(), spec.prefault_mib)?);
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while primary.backups().len() < spec.backups {

@@ -73,6 +73,10 @@ pub struct ServerArgs {
     /// On a backup: serial or parallel replay [default: parallel].
     #[arg(long)]
     replay: Option<String>,
+    /// Pre-fault this many MiB of heap before serving (the benchmarks' cluster runs give
+    /// their backups what the primary pre-faulted; see memory.rs).
+    #[arg(long, hide = true)]
+    prefault_mib: Option<u64>,
 }
 
 pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -134,6 +138,10 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
+    if let Some(mib) = a.prefault_mib {
+        let p = crate::memory::prefault(mib, cfg.workers.max(1));
+        eprintln!("pre-faulted {} MiB of heap in {:.1} s", p.mib, p.took.as_secs_f64());
+    }
     let durability = cfg.durability()?.name();
     ditto_server::run(cfg, |l| {
         // Tests and scripts wait for these lines; the plaintext one comes first.
