@@ -1,7 +1,8 @@
 //! Replication faults between real processes: a proxy between the primary and its backup
 //! that understands the replication frames damages the stream on purpose. Its first
 //! connection gets one byte of a batch frame flipped (the CRC must catch it), its second is
-//! cut in the middle of a batch frame (a truncated frame); the later ones pass everything.
+//! cut in the middle of a batch frame (a truncated frame), its third goes silent (the
+//! backup must notice within `backup::SILENCE_MAX`); the later ones pass everything.
 //! The backup must drop each damaged connection with a clear log line, resume above what
 //! it holds, and end with exactly the primary's acknowledged state: nothing skipped, and
 //! reads that never go back. A second test: under `all-durable` a missing backup blocks
@@ -54,6 +55,7 @@ fn proxy(primary: String, log: Arc<ProxyLog>) -> String {
             std::thread::spawn(move || {
                 let (mut p_r, mut b_w) = (to_primary, from_backup);
                 let mut batches = 0u64;
+                let mut silent = false;
                 loop {
                     let mut h = [0u8; FRAME_HEADER_LEN];
                     if p_r.read_exact(&mut h).is_err() {
@@ -68,15 +70,20 @@ fn proxy(primary: String, log: Arc<ProxyLog>) -> String {
                         batches += 1;
                         log.batches_last.store(batches, Ordering::Release);
                     }
-                    if batches == DAMAGED_BATCH && body.first() == Some(&BATCH_KIND) && i < 2 {
+                    if batches == DAMAGED_BATCH && body.first() == Some(&BATCH_KIND) && i < 3 {
                         log.damaged.fetch_add(1, Ordering::AcqRel);
-                        if i == 0 {
-                            body[n / 2] ^= 0x10; // one bit, mid-body
-                        } else {
-                            let _ = b_w.write_all(&h);
-                            let _ = b_w.write_all(&body[..n / 2]);
-                            break; // cut mid-frame
+                        match i {
+                            0 => body[n / 2] ^= 0x10, // one bit, mid-body
+                            1 => {
+                                let _ = b_w.write_all(&h);
+                                let _ = b_w.write_all(&body[..n / 2]);
+                                break; // cut mid-frame
+                            }
+                            _ => silent = true, // from here on, nothing reaches the backup
                         }
+                    }
+                    if silent {
+                        continue;
                     }
                     let mut frame = h.to_vec();
                     frame.extend_from_slice(&body);
@@ -146,14 +153,14 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
     };
     // Both faults, then a clean connection that carries load again.
     let deadline = Instant::now() + Duration::from_secs(90);
-    while !(plog.connections.load(Ordering::Acquire) >= 3 && plog.batches_last.load(Ordering::Acquire) >= 100) {
-        assert!(Instant::now() < deadline, "the backup did not get past both faults within 90 s");
+    while !(plog.connections.load(Ordering::Acquire) >= 4 && plog.batches_last.load(Ordering::Acquire) >= 100) {
+        assert!(Instant::now() < deadline, "the backup did not get past the faults within 90 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     assert!(reader.join().unwrap() > 10, "the backup served reads throughout");
-    assert_eq!(plog.damaged.load(Ordering::Acquire), 2);
+    assert_eq!(plog.damaged.load(Ordering::Acquire), 3);
 
     // Every acknowledged write is on the backup, once the primary's last commit is.
     let mut p = Client::connect(primary.port).unwrap();
@@ -170,11 +177,13 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
     // Replay keeps DBSIZE (the backup counted at its start, then replay moved it).
     assert_eq!(b.one(&["DBSIZE"]), p.one(&["DBSIZE"]), "DBSIZE on the backup and the primary");
     let reconnects: u64 = info_field(&mut b, "ditto_reconnects").unwrap().parse().unwrap();
-    assert_eq!(reconnects, 2, "one resume per damaged connection");
+    assert_eq!(reconnects, 3, "one resume per damaged connection");
     assert_eq!(info_field(&mut b, "master_link_status").as_deref(), Some("up"));
     let text = std::fs::read_to_string(&blog).unwrap();
     assert!(text.contains("checksum mismatch"), "no log line names the bad checksum:\n{text}");
-    assert!(text.matches("resuming").count() >= 2, "no log line says the backup resumes:\n{text}");
+    assert!(text.contains("truncated frame"), "no log line names the truncated frame:\n{text}");
+    assert!(text.contains("nothing from the primary for"), "no log line names the silence:\n{text}");
+    assert!(text.matches("resuming").count() >= 3, "no log line says the backup resumes:\n{text}");
 }
 
 #[test]

@@ -140,6 +140,9 @@ fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
     ditto_log::storage::sync_dir(dir)
 }
 
+/// How long a backup waits for any frame from its primary before it drops the link.
+pub const SILENCE_MAX: Duration = Duration::from_secs(5);
+
 fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
     let s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
@@ -529,6 +532,10 @@ impl Receiver {
     fn serve(&mut self, stream: &TcpStream, reader: &mut BufReader<TcpStream>) -> Result<(), String> {
         let mut jobs: Vec<Job> = Vec::new();
         let mut last_ack = Instant::now();
+        // A live primary sends at least a heartbeat every `primary::IDLE_HEARTBEAT`: one
+        // silent for much longer is gone or cut off (or a damaged length field has us
+        // waiting for bytes that never come); drop the link and resume.
+        stream.set_read_timeout(Some(SILENCE_MAX)).map_err(|e| format!("setting the link's read timeout: {e}"))?;
         // What the join brought (a checkpoint, or what this node held) counts at once: an
         // idle primary sends nothing more, and a commit waiting on this backup (under
         // `all`) would wait for the next write.
@@ -537,6 +544,9 @@ impl Receiver {
             let frame = match read_frame(reader) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Err(format!("nothing from the primary for {} s", SILENCE_MAX.as_secs()))
+                }
                 Err(e) => return Err(format!("reading from the primary: {e}")),
             };
             match frame {

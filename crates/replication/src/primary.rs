@@ -461,6 +461,7 @@ impl Primary {
         self.changed();
         // Send the queue until the link dies.
         let mut last_released = Ts::ZERO;
+        let mut last_sent = Instant::now();
         let result = loop {
             let frames: Vec<Bytes> = {
                 let mut q = link.queue.lock();
@@ -477,10 +478,15 @@ impl Primary {
                 w.write_all(f)?;
             }
             let released = self.released();
-            if released > last_released {
+            // A heartbeat when the release moved, and at least every IDLE_HEARTBEAT, so a
+            // backup can tell an idle primary from a gone one (backup::SILENCE_MAX).
+            if released > last_released || (frames.is_empty() && last_sent.elapsed() >= IDLE_HEARTBEAT) {
                 w.write_all(&Frame::Heartbeat { released }.encode())?;
                 last_released = released;
+            } else if frames.is_empty() {
+                continue;
             }
+            last_sent = Instant::now();
             w.flush()?;
         };
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -521,6 +527,9 @@ fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Resu
     }
     Ok(())
 }
+
+/// An idle link sends a heartbeat at least this often.
+pub const IDLE_HEARTBEAT: Duration = Duration::from_millis(200);
 
 /// Lag samples at most this close together.
 const LAG_SAMPLE_EVERY: Duration = Duration::from_micros(100);
