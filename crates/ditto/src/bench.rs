@@ -89,6 +89,11 @@ pub struct Common {
     /// backups to the other half.
     #[arg(long)]
     pub pin: bool,
+    /// Replay-only runs: record each logged mode's log, then replay it into a fresh
+    /// database as fast as the backups' replay goes, once per mode given (serial,
+    /// parallel; see replaybench.rs).
+    #[arg(long, value_delimiter = ',')]
+    pub replay_only: Vec<String>,
 }
 
 impl Common {
@@ -317,8 +322,38 @@ fn run_modes(
                 let logger = d.logger().clone();
                 let stats = d.logger().clone();
                 let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
-                let mut r = body(d.db(), &run, &Probe { log_bytes: &bytes, ..Probe::NONE })?;
+                // --replay-only: record every batch, and where the run starts.
+                let recorder = (!c.replay_only.is_empty()).then(|| Arc::new(crate::replaybench::Recorder::default()));
+                if let Some(rec) = &recorder {
+                    d.logger()
+                        .set_ship_tap(Arc::clone(rec) as Arc<dyn ditto_log::ShipTap>)
+                        .map_err(|e| format!("recording the log: {e}"))?;
+                }
+                let l2 = d.logger().clone();
+                let mark = || {
+                    if let Some(rec) = &recorder {
+                        rec.mark_run_start(l2.stats.txns.load(std::sync::atomic::Ordering::Relaxed));
+                    }
+                };
+                let probe = Probe {
+                    log_bytes: &bytes,
+                    on_run_start: recorder.as_ref().map(|_| &mark as &(dyn Fn() + Sync)),
+                    ..Probe::NONE
+                };
+                let mut r = body(d.db(), &run, &probe)?;
+                let logged_in_run = d.logger().stats.txns.load(std::sync::atomic::Ordering::Relaxed)
+                    - recorder.as_ref().map_or(0, |rec| rec.logged_at_start.load(std::sync::atomic::Ordering::Relaxed));
                 d.close();
+                if let Some(rec) = &recorder {
+                    let exec = r.cpu_s_per_txn * r.committed as f64 / logged_in_run.max(1) as f64;
+                    let mut out = Vec::new();
+                    for m in &c.replay_only {
+                        out.push(crate::replaybench::replay(rec, c.workers, m, exec)?);
+                    }
+                    if let serde_json::Value::Object(m) = &mut r.extra {
+                        m.insert("replay_only".into(), out.into());
+                    }
+                }
                 // fsync latency over the whole process (load included): how the disk behaved.
                 let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                 let fsyncs = load(&stats.stats.fsyncs);

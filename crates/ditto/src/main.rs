@@ -15,6 +15,7 @@ mod demo_standby;
 mod logmode;
 mod memory;
 mod redisbench;
+mod replaybench;
 mod server;
 mod status;
 

@@ -242,6 +242,40 @@ fn bench_ycsb_cluster_run_with_a_backup() {
     }
 }
 
+/// A replay-only run: the recorded log replayed serially and in parallel installs the same
+/// transactions, and the figures are there.
+#[test]
+fn bench_ycsb_replay_only_serial_and_parallel() {
+    let (out, _) = ditto(&[
+        "bench",
+        "ycsb",
+        "--keys",
+        "10000",
+        "--workers",
+        "2",
+        "--seconds",
+        "1",
+        "--log",
+        "every-batch",
+        "--prefault",
+        "off",
+        "--replay-only",
+        "serial,parallel",
+        "--json",
+    ]);
+    let j = last_json(&out);
+    let r = j["runs"].as_array().unwrap()[0]["report"]["extra"]["replay_only"].as_array().unwrap().clone();
+    assert_eq!(r.len(), 2, "{out}");
+    assert_eq!((r[0]["mode"].as_str(), r[1]["mode"].as_str()), (Some("serial"), Some("parallel")));
+    let txns = r[0]["txns"].as_u64().unwrap();
+    assert!(txns > 0, "{out}");
+    assert_eq!(r[1]["txns"].as_u64(), Some(txns), "both modes replay every recorded transaction: {out}");
+    for m in &r {
+        assert!(m["replay_cost_ratio"].as_f64().unwrap() > 0.0 && m["txns_per_s"].as_f64().unwrap() > 0.0, "{m}");
+        assert!(m["load_txns_replayed"].as_u64().unwrap() > 0, "{m}");
+    }
+}
+
 #[test]
 fn bench_redis_small_against_ditto_only() {
     let (out, _) =

@@ -661,3 +661,73 @@ impl Backup {
         self.state.failure.lock().clone()
     }
 }
+
+/// What [`replay_recorded`] did.
+#[derive(Clone, Debug)]
+pub struct ReplayRun {
+    pub batches: u64,
+    pub txns: u64,
+    pub seconds: f64,
+    /// The replay threads' CPU time.
+    pub cpu_seconds: f64,
+    /// The replayed watermark at the end (every transaction at or below it is installed).
+    pub replayed: Ts,
+}
+
+/// Replays recorded batches (each a framed batch as the primary's log wrote it, in the
+/// order the primary framed them) into `db` with this module's live replay, as fast as it
+/// goes: the replay-only benchmark. `db` holds the primary's tables with their ids and
+/// everything at or below `base`. Returns once every batch is installed.
+pub fn replay_recorded(
+    db: Arc<Database>,
+    streams: usize,
+    base: Ts,
+    mode: ReplayMode,
+    batches: &[Bytes],
+) -> Result<ReplayRun, String> {
+    let state = Arc::new(BackupState::default());
+    // Snapshots may read at the replayed view; nothing waits for a primary's release.
+    state.released.store(u64::MAX >> 8, Ordering::Release);
+    let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None);
+    let t0 = Instant::now();
+    let mut last = base;
+    let mut prefix = Prefix::new(streams, base);
+    for (i, b) in batches.iter().enumerate() {
+        let (decoded, _) = decode_batch_checksums(b).map_err(|e| format!("recorded batch {i}: {e}"))?;
+        let h = decoded.header;
+        let s = h.stream.0 as usize;
+        if s >= streams {
+            return Err(format!("recorded batch {i} is of stream {s}, of {streams}"));
+        }
+        prefix.push(s, h.bound_ts, Some(h.floor_ts));
+        let job = Job {
+            seq: i as u64 + 1,
+            stream: s,
+            bound: h.bound_ts,
+            floor: Some(h.floor_ts),
+            skip_to: base,
+            batch: b.clone(),
+        };
+        engine.queue_for(s).send(job).map_err(|_| "a replayer stopped".to_string())?;
+    }
+    last = last.max(prefix.watermark());
+    // Done when the replayed prefix covers the last batch (or a replayer failed).
+    loop {
+        if let Some(why) = state.failure.lock().clone() {
+            return Err(why);
+        }
+        if state.replayed.load(Ordering::Acquire) >= last.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    // The replayers report their CPU after each batch; the last report is in by now.
+    Ok(ReplayRun {
+        batches: batches.len() as u64,
+        txns: state.txns_replayed.load(Ordering::Acquire),
+        seconds,
+        cpu_seconds: state.replay_cpu_ns.load(Ordering::Acquire) as f64 / 1e9,
+        replayed: Ts(state.replayed.load(Ordering::Acquire)),
+    })
+}

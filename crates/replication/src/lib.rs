@@ -27,6 +27,6 @@ pub mod primary;
 pub mod protocol;
 pub mod watermark;
 
-pub use backup::{Backup, BackupError, BackupOptions, BackupState, ReplayMode};
+pub use backup::{replay_recorded, Backup, BackupError, BackupOptions, BackupState, ReplayMode, ReplayRun};
 pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};

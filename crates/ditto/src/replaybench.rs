@@ -1,0 +1,90 @@
+//! Replay-only runs (`ditto bench tpcc|ycsb --replay-only serial,parallel`): the logged run
+//! is recorded as the primary frames it (a shipping tap keeps every batch), then replayed
+//! into a fresh database by the backups' live replay (`ditto_replication::replay_recorded`)
+//! as fast as it goes, once per replay mode: first the load's batches (not timed), then the
+//! run's (timed).
+//!
+//! Figures per mode: transactions replayed per second, replay CPU per transaction, and
+//! `replay_cost_ratio`: that over the recorded run's CPU per logged transaction (the whole
+//! process: workers, log; read-only transactions are not logged, so not counted).
+//! Recording copies every batch, and a tap moves the log's fsyncs to syncer threads
+//! (crates/log/src/writer.rs), so the recorded run's own figures include both.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ditto_engine::{Database, Options, TableId, Ts};
+use ditto_log::format::BatchHeader;
+use parking_lot::Mutex;
+
+type Error = Box<dyn std::error::Error>;
+
+/// Keeps every batch the log frames, and where the measured run starts.
+#[derive(Default)]
+pub struct Recorder {
+    frames: Mutex<Vec<Bytes>>,
+    tables: Mutex<Vec<(TableId, String)>>,
+    run_start: AtomicUsize,
+    /// The log's transaction count when the run started.
+    pub logged_at_start: AtomicU64,
+}
+
+impl ditto_log::ShipTap for Recorder {
+    fn batch(&self, _header: &BatchHeader, frame: &[u8]) {
+        self.frames.lock().push(Bytes::copy_from_slice(frame));
+    }
+
+    fn table_created(&self, id: TableId, name: &str) {
+        self.tables.lock().push((id, name.to_string()));
+    }
+}
+
+impl Recorder {
+    /// The measured run starts: batches from here on are the run's.
+    pub fn mark_run_start(&self, logged: u64) {
+        self.run_start.store(self.frames.lock().len(), Ordering::Release);
+        self.logged_at_start.store(logged, Ordering::Release);
+    }
+}
+
+/// Replays what `rec` recorded in `mode`; `exec_s_per_txn` is the recorded run's CPU per
+/// logged transaction. Returns the figures as JSON (and prints a line).
+pub fn replay(rec: &Recorder, streams: usize, mode: &str, exec_s_per_txn: f64) -> Result<serde_json::Value, Error> {
+    let mode_v = ditto_replication::ReplayMode::parse(mode).map_err(|e| format!("--replay-only: {e}"))?;
+    let frames = rec.frames.lock();
+    let split = rec.run_start.load(Ordering::Acquire).min(frames.len());
+    let db = Database::new(Options { workers: streams });
+    let mut tables = rec.tables.lock().clone();
+    tables.sort_by_key(|t| t.0 .0);
+    for (id, name) in &tables {
+        let got = db.create_table(name)?;
+        if got != *id {
+            return Err(format!("table {name} got id {} on replay, {} when recorded", got.0, id.0).into());
+        }
+    }
+    let load = ditto_replication::replay_recorded(Arc::clone(&db), streams, Ts::ZERO, mode_v, &frames[..split])?;
+    let run = ditto_replication::replay_recorded(Arc::clone(&db), streams, load.replayed, mode_v, &frames[split..])?;
+    let per_txn = run.cpu_seconds / run.txns.max(1) as f64;
+    let ratio = per_txn / exec_s_per_txn.max(1e-12);
+    println!(
+        "  replay-only {mode:<8}  {:>10.0} txn/s ({} txns, {} batches in {:.2} s); replay CPU {:.2} us/txn = {:.3}x of execution",
+        run.txns as f64 / run.seconds.max(1e-9),
+        run.txns,
+        run.batches,
+        run.seconds,
+        per_txn * 1e6,
+        ratio
+    );
+    Ok(serde_json::json!({
+        "mode": mode,
+        "txns": run.txns,
+        "batches": run.batches,
+        "seconds": run.seconds,
+        "txns_per_s": run.txns as f64 / run.seconds.max(1e-9),
+        "replay_cpu_s_per_txn": per_txn,
+        "exec_cpu_s_per_logged_txn": exec_s_per_txn,
+        "replay_cost_ratio": ratio,
+        "load_txns_replayed": load.txns,
+    }))
+}
