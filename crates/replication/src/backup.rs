@@ -70,6 +70,9 @@ pub struct BackupOptions {
     /// commit ts, +1 or -1), on a replay thread, when installed (the server keeps its key
     /// counts with it). Must not block.
     pub on_keys: Option<KeysHook>,
+    /// Where its files go (`None`: the real file system; tests inject full disks and
+    /// failed fsyncs here).
+    pub storage: Option<Arc<dyn Storage>>,
 }
 
 /// See [`BackupOptions::on_keys`].
@@ -155,7 +158,7 @@ fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<T
 /// else the log above what it holds) and starts receiving and replaying. Returns once the
 /// database is loaded and the live log flows; the backup then runs on its own threads.
 pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
-    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let storage: Arc<dyn Storage> = opts.storage.clone().unwrap_or_else(|| Arc::new(RealStorage));
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let followed = read_followed_epoch(&dir);

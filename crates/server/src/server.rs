@@ -173,6 +173,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 replay: ditto_replication::ReplayMode::parse(&cfg.replay).map_err(ConfigError::Invalid)?,
                 progress: true,
                 on_keys: Some(Arc::new(move |table, key: &[u8], ts, delta| rkc.record(table, key, ts, delta))),
+                storage: None,
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),

@@ -1,0 +1,148 @@
+//! A backup whose disk fills (its writes fail with ENOSPC) stops acknowledging: under
+//! `majority-durable` with one backup the primary then releases nothing more, and says why
+//! on the backup; nothing acknowledged is lost, and the commit that waited is released once
+//! a healthy backup joins. A primary and backups in this process, over real TCP on
+//! loopback, with real files; only the failing backup's storage is simulated.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{Ts, WorkerId};
+use ditto_log::storage::{LogFile, RealStorage, Storage};
+use ditto_log::OpenOptions;
+use ditto_replication::{backup, release_watermark, BackupOptions, CommitPolicy, Primary, PrimaryOptions, ReplayMode};
+
+/// Real files whose writes fail with ENOSPC once `full` is set.
+struct FillingDisk {
+    full: Arc<AtomicBool>,
+}
+
+struct FillingFile {
+    inner: Box<dyn LogFile>,
+    full: Arc<AtomicBool>,
+}
+
+fn enospc() -> io::Error {
+    io::Error::from_raw_os_error(28)
+}
+
+impl Storage for FillingDisk {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(enospc());
+        }
+        Ok(Box::new(FillingFile { inner: RealStorage.create_new(path)?, full: Arc::clone(&self.full) }))
+    }
+}
+
+impl LogFile for FillingFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(enospc());
+        }
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(enospc());
+        }
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(enospc());
+        }
+        self.inner.sync()
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn backup_opts(primary: &str, dir: &Path, node: &str, storage: Option<Arc<dyn Storage>>) -> BackupOptions {
+    BackupOptions {
+        primary: primary.to_string(),
+        data_dir: dir.to_path_buf(),
+        workers: 1,
+        node: node.into(),
+        replay: ReplayMode::Parallel,
+        progress: false,
+        on_keys: None,
+        storage,
+    }
+}
+
+#[test]
+fn a_backup_whose_disk_fills_stops_acknowledging_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, progress: false, ..Default::default() })
+        .unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let policy = CommitPolicy::parse("majority-durable").unwrap();
+    let released = Arc::new(AtomicU64::new(0));
+    let r2 = Arc::clone(&released);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let p = Primary::start(
+        &d,
+        listener,
+        PrimaryOptions { backups_expected: 1, ..Default::default() },
+        Box::new(move |h| {
+            let w = release_watermark(policy, h);
+            r2.fetch_max(w.0, Ordering::SeqCst);
+            w
+        }),
+    )
+    .unwrap();
+    let p2 = Arc::clone(&p);
+    d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+
+    let full = Arc::new(AtomicBool::new(false));
+    let disk: Arc<dyn Storage> = Arc::new(FillingDisk { full: Arc::clone(&full) });
+    let b1 = backup::start(backup_opts(&addr, &tmp.path().join("b1"), "b1", Some(disk))).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..200u32 {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap();
+        last = ticket.wait().unwrap();
+    }
+    wait_until("the first 200 commits released", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= last.0);
+
+    // The disk fills: the next commit is durable on the primary but never released.
+    full.store(true, Ordering::SeqCst);
+    let (_, ticket) = w.run(|x| x.put(t, b"after", b"full")).unwrap();
+    let stuck = ticket.wait().unwrap();
+    wait_until("the backup to stop on its full disk", Duration::from_secs(20), || b1.failure().is_some());
+    let why = b1.failure().unwrap();
+    assert!(why.contains("persisting received batches failed"), "{why}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(released.load(Ordering::SeqCst) < stuck.0, "a commit was released that only the primary held");
+    assert!(b1.state.durable.load(Ordering::SeqCst) < stuck.0, "the backup claims durable what its disk refused");
+
+    // Nothing acknowledged is lost: a healthy backup joins and the commit is released.
+    let b2 = backup::start(backup_opts(&addr, &tmp.path().join("b2"), "b2", None)).unwrap();
+    wait_until("the waiting commit released with a healthy backup", Duration::from_secs(20), || {
+        released.load(Ordering::SeqCst) >= stuck.0
+    });
+    wait_until("the healthy backup's read view", Duration::from_secs(20), || {
+        b2.state.visible.load(Ordering::SeqCst) >= stuck.0
+    });
+    let r = b2.db.read();
+    let tb = b2.db.table_id("t").unwrap();
+    assert_eq!(r.get(tb, b"after").unwrap().as_deref(), Some(&b"full"[..]));
+    for i in 0..200u32 {
+        assert_eq!(r.get(tb, &i.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]), "row {i}");
+    }
+    p.stop();
+}
