@@ -21,7 +21,12 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
     let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
     let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "majority-durable", "--backups", "1"]);
     let repl = primary.repl.clone().unwrap();
-    let mut backup = Node::start(&bdir, &["--replica-of", &repl]);
+    // The backup checkpoints itself every second (and deletes the replica log it covers),
+    // so its restart below loads its own checkpoint and the log above it.
+    let bcfg = tmp.path().join("backup.toml");
+    std::fs::write(&bcfg, "checkpoint_interval_s = 1\n").unwrap();
+    let bcfg = bcfg.to_str().unwrap().to_string();
+    let mut backup = Node::start(&bdir, &["--replica-of", &repl, "--config", &bcfg]);
     let mut c = Client::connect(primary.port).unwrap();
     let mut mset = vec!["MSET".to_string()];
     for i in 0..ACCOUNTS {
@@ -123,7 +128,13 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
     let _ = r1.join();
     let before = transfers.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(300));
-    backup = Node::start(&bdir, &["--replica-of", &repl]);
+    let ckpts: Vec<u64> = std::fs::read_dir(bdir.join("checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("ckpt-")?.parse().ok())
+        .collect();
+    assert_eq!(ckpts.len(), 1, "one checkpoint left: {ckpts:?}");
+    assert!(ckpts[0] > 100, "the checkpoint is the backup's own, taken under load (ts {})", ckpts[0]);
+    backup = Node::start(&bdir, &["--replica-of", &repl, "--config", &bcfg]);
     let r2 = check_reads(backup.port, Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&acked_counter));
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);

@@ -37,7 +37,7 @@ use crate::catalog::Catalog;
 use crate::format::{decode_batch_checksums, Batch, Epoch};
 use crate::recovery::{recovery_threads, replay_kept, Kept};
 use crate::storage::{LogFile, Storage};
-use crate::{checkpoint, LogError, RecoveryReport};
+use crate::{checkpoint, CheckpointInfo, LogError, RecoveryReport};
 
 pub const REPLICA_MAGIC: [u8; 8] = *b"DITTORPL";
 pub const REPLICA_FORMAT_VERSION: u32 = 1;
@@ -420,4 +420,16 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
         }
     }
     Ok(Some(out))
+}
+
+/// A backup's own checkpoint: writes one of `db` at its read view (every transaction at or
+/// below it installed, as a snapshot sees it), then deletes the older checkpoints. Its
+/// replica log files that the new checkpoint covers may then go
+/// (`ReplicaLog::remove_covered_by` with the returned timestamp); `open_replica` loads it
+/// and replays only what lies above it.
+pub fn checkpoint_replica(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
+    let threads = recovery_threads().min(2);
+    let info = checkpoint::write(db, data, threads, 64 << 20, Epoch(0), storage)?;
+    crate::remove_checkpoints_except(data, &info.dir)?;
+    Ok(info)
 }

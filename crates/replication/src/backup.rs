@@ -73,6 +73,29 @@ pub struct BackupOptions {
     /// Where its files go (`None`: the real file system; tests inject full disks and
     /// failed fsyncs here).
     pub storage: Option<Arc<dyn Storage>>,
+    /// How often the backup writes its own checkpoint (at its read view) and deletes the
+    /// replica log files it covers, so its disk use stays bounded.
+    pub checkpoint_every: Duration,
+    /// Replica log files are closed past this size (only closed ones are deleted).
+    pub replica_file_bytes: u64,
+}
+
+impl BackupOptions {
+    /// Defaults for everything but where the primary is and where the data goes.
+    pub fn new(primary: &str, data_dir: &Path, workers: usize, node: &str) -> BackupOptions {
+        BackupOptions {
+            primary: primary.to_string(),
+            data_dir: data_dir.to_path_buf(),
+            workers,
+            node: node.to_string(),
+            replay: ReplayMode::Parallel,
+            progress: false,
+            on_keys: None,
+            storage: None,
+            checkpoint_every: Duration::from_secs(300),
+            replica_file_bytes: 64 << 20,
+        }
+    }
 }
 
 /// See [`BackupOptions::on_keys`].
@@ -97,6 +120,10 @@ pub struct BackupState {
     pub replay_cpu_ns: AtomicU64,
     /// When the newest batch arrived, and the ts it carried (for lag in milliseconds).
     pub last_batch_unix_ms: AtomicU64,
+    /// The timestamp of this backup's newest own checkpoint (0: none yet this run), and
+    /// how many it wrote.
+    pub checkpoint_ts: AtomicU64,
+    pub checkpoints: AtomicU64,
     pub failure: Mutex<Option<String>>,
 }
 
@@ -249,10 +276,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         a.store(base.0, Ordering::Release);
     }
     state.connected.store(true, Ordering::Release);
-    let rlog =
-        ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, 64 << 20).map_err(io("creating the replica log"))?;
+    let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, opts.replica_file_bytes.max(1 << 12))
+        .map_err(io("creating the replica log"))?;
     let engine =
         Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay, opts.on_keys.clone());
+    let run_storage = Arc::clone(&storage);
     let run = Receiver {
         opts: opts.clone(),
         storage,
@@ -264,11 +292,41 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         engine,
         state: Arc::clone(&state),
         seq: 0,
+        removed_to: base,
     };
     std::thread::Builder::new()
         .name("ditto-repl-recv".into())
         .spawn(move || run.run(stream, reader))
         .map_err(io("starting the receiver"))?;
+    // Its own checkpoints, at its read view, off the receiving path; the receiver then
+    // deletes the replica log files they cover (`Receiver::after_sync`).
+    {
+        let (db, state, dir, storage, every) =
+            (Arc::clone(&db), Arc::clone(&state), dir.clone(), Arc::clone(&run_storage), opts.checkpoint_every);
+        std::thread::Builder::new()
+            .name("ditto-repl-ckpt".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                if state.failure.lock().is_some() {
+                    return;
+                }
+                let view = state.visible.load(Ordering::Acquire);
+                if view <= state.checkpoint_ts.load(Ordering::Acquire) {
+                    continue; // nothing new since the last one
+                }
+                match ditto_log::replica::checkpoint_replica(&db, &dir, &*storage) {
+                    Ok(info) => {
+                        state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
+                        state.checkpoints.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("backup checkpoint at ts {} ({} rows)", info.ts.0, info.rows);
+                    }
+                    // A full disk or failed fsync: the replica log still holds everything;
+                    // the next round tries again.
+                    Err(e) => tracing::warn!("backup checkpoint failed (the replica log keeps everything): {e}"),
+                }
+            })
+            .map_err(io("starting the checkpointer"))?;
+    }
     Ok(Backup { db, state, primary: opts.primary, _lock: opened.lock })
 }
 
@@ -463,6 +521,8 @@ struct Receiver {
     engine: Arc<Engine>,
     state: Arc<BackupState>,
     seq: u64,
+    /// Replica log files covered up to here are deleted.
+    removed_to: Ts,
 }
 
 impl Receiver {
@@ -611,6 +671,12 @@ impl Receiver {
                     return Err("disk failure".into());
                 }
                 self.durable = self.received.clone();
+                // The backup's own checkpoint covers replica log files: they can go.
+                let ckpt = Ts(self.state.checkpoint_ts.load(Ordering::Acquire));
+                if ckpt > self.removed_to {
+                    self.rlog.remove_covered_by(ckpt);
+                    self.removed_to = ckpt;
+                }
                 self.state.durable.store(self.durable.watermark().0, Ordering::Release);
                 for j in jobs.drain(..) {
                     let q = self.engine.queue_for(j.stream);

@@ -1,4 +1,5 @@
-//! A backup whose disk fills (its writes fail with ENOSPC) stops acknowledging: under
+//! Backup upkeep with real files and TCP: its own checkpoints delete the replica log they
+//! cover. And: a backup whose disk fills (its writes fail with ENOSPC) stops acknowledging: under
 //! `majority-durable` with one backup the primary then releases nothing more, and says why
 //! on the backup; nothing acknowledged is lost, and the commit that waited is released once
 //! a healthy backup joins. A primary and backups in this process, over real TCP on
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use ditto_engine::{Ts, WorkerId};
 use ditto_log::storage::{LogFile, RealStorage, Storage};
 use ditto_log::OpenOptions;
-use ditto_replication::{backup, release_watermark, BackupOptions, CommitPolicy, Primary, PrimaryOptions, ReplayMode};
+use ditto_replication::{backup, release_watermark, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
 
 /// Real files whose writes fail with ENOSPC once `full` is set.
 struct FillingDisk {
@@ -71,16 +72,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn backup_opts(primary: &str, dir: &Path, node: &str, storage: Option<Arc<dyn Storage>>) -> BackupOptions {
-    BackupOptions {
-        primary: primary.to_string(),
-        data_dir: dir.to_path_buf(),
-        workers: 1,
-        node: node.into(),
-        replay: ReplayMode::Parallel,
-        progress: false,
-        on_keys: None,
-        storage,
-    }
+    BackupOptions { storage, ..BackupOptions::new(primary, dir, 1, node) }
 }
 
 #[test]
@@ -144,5 +136,80 @@ fn a_backup_whose_disk_fills_stops_acknowledging_and_nothing_is_lost() {
     for i in 0..200u32 {
         assert_eq!(r.get(tb, &i.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]), "row {i}");
     }
+    p.stop();
+}
+
+/// A backup writes its own checkpoints at its read view and deletes the replica log files
+/// they cover, so its disk use stays bounded while the primary writes on.
+#[test]
+fn a_backup_checkpoints_and_deletes_the_replica_log_it_covers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, progress: false, ..Default::default() })
+        .unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let policy = CommitPolicy::parse("majority-durable").unwrap();
+    let released = Arc::new(AtomicU64::new(0));
+    let r2 = Arc::clone(&released);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let p = Primary::start(
+        &d,
+        listener,
+        PrimaryOptions { backups_expected: 1, ..Default::default() },
+        Box::new(move |h| {
+            let w = release_watermark(policy, h);
+            r2.fetch_max(w.0, Ordering::SeqCst);
+            w
+        }),
+    )
+    .unwrap();
+    let p2 = Arc::clone(&p);
+    d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let bdir = tmp.path().join("b");
+    let opts = BackupOptions {
+        checkpoint_every: Duration::from_millis(100),
+        replica_file_bytes: 16 << 10,
+        ..BackupOptions::new(&addr, &bdir, 1, "b")
+    };
+    let b = backup::start(opts).unwrap();
+    let files = || std::fs::read_dir(bdir.join("replica")).map(|r| r.count()).unwrap_or(0);
+    // The highest replica log file number there: how many files the log has gone through.
+    let newest = || {
+        std::fs::read_dir(bdir.join("replica"))
+            .map(|r| {
+                r.filter_map(|e| {
+                    let n = e.ok()?.file_name().to_string_lossy().to_string();
+                    n.strip_prefix("rlog-")?.strip_suffix(".seg")?.parse::<u64>().ok()
+                })
+                .max()
+                .unwrap_or(0)
+            })
+            .unwrap_or(0)
+    };
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut most = 0;
+    let mut last = Ts::ZERO;
+    for i in 0..1000u32 {
+        let (_, ticket) = w.run(|x| x.put(t, &(i % 500).to_be_bytes(), &[i as u8; 400])).unwrap();
+        last = ticket.wait().unwrap();
+        most = most.max(files());
+    }
+    wait_until("every commit released", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= last.0);
+    wait_until("a backup checkpoint covering the last commit", Duration::from_secs(20), || {
+        b.state.checkpoint_ts.load(Ordering::SeqCst) >= last.0
+    });
+    // The receiver deletes after its next sync: one more commit.
+    let (_, ticket) = w.run(|x| x.put(t, b"last", b"1")).unwrap();
+    let fence = ticket.wait().unwrap();
+    wait_until("the covered replica log files deleted", Duration::from_secs(20), || files() <= 2);
+    assert!(b.state.checkpoints.load(Ordering::SeqCst) >= 1);
+    assert!(newest() >= 10, "the replica log went through only {} files: the test did not make it grow", newest());
+    assert!(most as u64 <= newest() / 2, "{most} files at once of {}: they were not deleted as it went", newest());
+    let ckpts = std::fs::read_dir(bdir.join("checkpoints")).unwrap().count();
+    assert_eq!(ckpts, 1, "older checkpoints are deleted");
+    wait_until("the backup's read view", Duration::from_secs(20), || b.state.visible.load(Ordering::SeqCst) >= fence.0);
+    let r = b.db.read();
+    let tb = b.db.table_id("t").unwrap();
+    assert_eq!(r.get(tb, &499u32.to_be_bytes()).unwrap().as_deref(), Some(&[999u32 as u8; 400][..]));
     p.stop();
 }

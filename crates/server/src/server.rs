@@ -174,6 +174,13 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 progress: true,
                 on_keys: Some(Arc::new(move |table, key: &[u8], ts, delta| rkc.record(table, key, ts, delta))),
                 storage: None,
+                // Its own checkpoints follow the server's checkpoint interval (a primary's
+                // is one trigger of several; a backup's replica log is deleted after them).
+                checkpoint_every: Duration::from_secs(match cfg.checkpoint_interval_s {
+                    0 => 300,
+                    s => s,
+                }),
+                replica_file_bytes: 64 << 20,
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),
