@@ -38,9 +38,13 @@
 //!   replayer waits only for timestamps below the one it holds, and the smallest waiting
 //!   timestamp's predecessors are all held by replayers that are not waiting.
 //!
+//! - A replayed delete that becomes a record's head is queued for cleanup as a worker's
+//!   delete is: `Database::reclaim` unlinks the record (out of the index, its id given
+//!   back) once every snapshot sees the tombstone. A later write that gives the id a key,
+//!   the same or another, starts a new life on it.
+//!
 //! Not done here: deciding the read view (the replication crate does, as the minimum of the
-//! primary's released watermark and the replayed prefix), nor cleaning up deleted records
-//! the primary never reuses (they stay as tombstones until then; their memory is small).
+//! primary's released watermark and the replayed prefix).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -120,20 +124,35 @@ impl Database {
             // An update or delete needs the value it follows. Usually it is there (or the
             // record's lock says so); if not, the write that gave it is on a stream whose
             // replayer is behind: park, under the parked lock, after raising the count.
-            if let Some(delta) = self.install_keyless(t, rec, ts, value)? {
+            if let Some(delta) = self.install_keyless(table, rid, rec, ts, value)? {
                 return Ok(KeyDelta::of(rec, delta));
             }
             let mut parked = self.parked.writes.lock();
             self.parked.count.fetch_add(1, Ordering::SeqCst);
-            if let Some(delta) = self.install_keyless(t, rec, ts, value)? {
+            if let Some(delta) = self.install_keyless(table, rid, rec, ts, value)? {
                 self.parked.count.fetch_sub(1, Ordering::SeqCst);
                 return Ok(KeyDelta::of(rec, delta));
             }
             parked.entry((table, rid)).or_default().push((ts, value.map(Box::from)));
             return Ok(KeyDelta { delta: 0, key: None });
         };
-        self.replay_bind_key(t, rid, rec, key, ts)?;
-        let mut delta = self.install_locked(t, rec, ts, value)?;
+        // Bound, then installed; if the record left the index in between (the backup's own
+        // cleanup unlinked its old life's tombstone), bind it again: that starts its life anew.
+        let mut tries = 0;
+        let mut delta = loop {
+            self.replay_bind_key(t, rid, rec, key, ts)?;
+            if let Some(d) = self.try_install_live(table, rid, rec, ts, value) {
+                break d;
+            }
+            tries += 1;
+            if tries > 1_000 {
+                return Err(Error::Corrupt(format!(
+                    "replayed write to table {} record {} at ts {} after its record left the index",
+                    t.name, rid.0, ts.0
+                )));
+            }
+            std::thread::yield_now();
+        };
         // Installed (the record's lock released): a replayer that raised the count after
         // this load takes the record's lock after us and finds our value. One that raised
         // it before holds or held the parked lock, so we see what it parked.
@@ -143,7 +162,7 @@ impl Database {
                 waiting.sort_by_key(|w| w.0);
                 let mut still = Vec::new();
                 for (wts, wv) in waiting {
-                    match self.install_keyless(t, rec, wts, wv.as_deref())? {
+                    match self.install_keyless(table, rid, rec, wts, wv.as_deref())? {
                         Some(d) => {
                             delta += d;
                             self.parked.count.fetch_sub(1, Ordering::SeqCst);
@@ -162,7 +181,14 @@ impl Database {
     /// Installs a keyless write if the version it follows (the newest below `ts`) holds a
     /// value; `None` (nothing done) if there is none yet, or a tombstone, or the record
     /// is between lives.
-    fn install_keyless(&self, t: &Table, rec: &Record, ts: Ts, value: Option<&[u8]>) -> Result<Option<i64>> {
+    fn install_keyless(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        rec: &Record,
+        ts: Ts,
+        value: Option<&[u8]>,
+    ) -> Result<Option<i64>> {
         let guard = crossbeam_epoch::pin();
         if !rec.lock() {
             return Ok(None);
@@ -172,35 +198,47 @@ impl Database {
             rec.unlock_unchanged();
             return Ok(None);
         }
-        Ok(Some(self.install_holding_lock(t, rec, ts, value, &guard)))
+        Ok(Some(self.install_holding_lock(table, rid, rec, ts, value, &guard)))
     }
 
-    /// Takes the record's lock (waiting out a reuse in progress) and installs.
-    fn install_locked(&self, t: &Table, rec: &Record, ts: Ts, value: Option<&[u8]>) -> Result<i64> {
+    /// Takes the record's lock and installs; `None` if the record is unlinked (out of the
+    /// index: its life must start anew first).
+    fn try_install_live(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        rec: &Record,
+        ts: Ts,
+        value: Option<&[u8]>,
+    ) -> Option<i64> {
         let guard = crossbeam_epoch::pin();
-        let mut spins = 0u32;
-        while !rec.lock() {
-            // Unlinked: only the reuse path in `replay_bind_key` makes it live again, which
-            // has run for this record before we got here.
-            spins += 1;
-            if spins > 1_000 {
-                return Err(Error::Corrupt(format!(
-                    "replayed write to table {} at ts {} after its record left the index",
-                    t.name, ts.0
-                )));
-            }
-            std::thread::yield_now();
+        if !rec.lock() {
+            return None;
         }
-        Ok(self.install_holding_lock(t, rec, ts, value, &guard))
+        Some(self.install_holding_lock(table, rid, rec, ts, value, &guard))
     }
 
-    /// Installs at `ts` (head, or slotted into the chain) and releases the lock.
-    fn install_holding_lock(&self, _t: &Table, rec: &Record, ts: Ts, value: Option<&[u8]>, guard: &Guard) -> i64 {
+    /// Installs at `ts` (head, or slotted into the chain) and releases the lock. A
+    /// tombstone that becomes the head is queued for cleanup, as a worker's delete is
+    /// (`Database::reclaim` unlinks it once every snapshot sees it).
+    fn install_holding_lock(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        rec: &Record,
+        ts: Ts,
+        value: Option<&[u8]>,
+        guard: &Guard,
+    ) -> i64 {
         let cur = rec.tid.load(Ordering::Relaxed) & TS_MASK;
         let had_value = rec.head_locked(guard).is_some_and(|v| v.value().is_some());
         if ts.0 > cur {
             // The GC horizon is at most the read view, which is below `ts`.
             let horizon = self.clock.horizon();
+            if value.is_none() {
+                // Under the record's lock, as a committer adds its deletes.
+                self.deleted[rid.0 as usize % self.deleted.len()].lock().push((table, rid, ts));
+            }
             rec.install_and_unlock(ts, OwnedVersion::new(value), horizon, guard);
             return match (had_value, value.is_some()) {
                 (false, true) => 1,
@@ -247,7 +285,8 @@ impl Database {
             None => {
                 let _ = rec.key.get_or_init(|| Bytes::copy_from_slice(key));
             }
-            Some(k) if k.as_ref() == key => {}
+            // The same key on a live record: the life goes on.
+            Some(k) if k.as_ref() == key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => {}
             Some(_) => {
                 self.end_old_life(t, rid, ts)?;
                 let guard = crossbeam_epoch::pin();
@@ -280,6 +319,10 @@ impl Database {
     /// whose newest version must then be a tombstone (or nothing): its life ended before
     /// `ts` on the primary.
     fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts) -> Result<()> {
+        // Unlinked already (the backup's own cleanup): every snapshot saw its tombstone.
+        if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT != 0 {
+            return Ok(());
+        }
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         while self.clock.refresh_horizon().0 < ts.0 - 1 {
             if Instant::now() > deadline {
