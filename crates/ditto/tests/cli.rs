@@ -170,6 +170,9 @@ fn demo_small_crashes_recovers_and_verifies() {
     assert!(out.contains("every acknowledged INCR present (8 counters"), "{out}");
     assert!(out.contains("accounts still sum to 10000  OK"), "{out}");
     assert!(out.contains("18 keys after the restart"), "10 accounts and 8 counters: {out}");
+    // The hot-standby part: a primary and a backup process, reads on the backup checked.
+    assert!(out.contains("each a consistent state  OK"), "{out}");
+    assert!(out.contains("every acknowledged INCR on the backup (8 counters), DBSIZE 19 on both  OK"), "{out}");
 }
 
 #[test]
