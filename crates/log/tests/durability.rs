@@ -437,6 +437,26 @@ impl LogFile for FaultyFile {
         }
         self.inner.sync()
     }
+    /// The same faults for fsyncs on a syncer thread (a log with a shipping tap).
+    fn syncer(&self) -> io::Result<ditto_log::storage::Syncer> {
+        let mut real = self.inner.syncer()?;
+        let (fail, syncs) = (self.fail_sync.clone(), self.syncs.clone());
+        Ok(Box::new(move || {
+            syncs.fetch_add(1, Ordering::SeqCst);
+            if fail.load(Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(5)); // EIO
+            }
+            real()
+        }))
+    }
+}
+
+/// A shipping tap that ships nothing: with one installed, fsyncs run on syncer threads.
+struct NoShip;
+
+impl ditto_log::ShipTap for NoShip {
+    fn batch(&self, _: &ditto_log::format::BatchHeader, _: &[u8]) {}
+    fn table_created(&self, _: TableId, _: &str) {}
 }
 
 fn libc_enospc() -> i32 {
@@ -454,7 +474,7 @@ fn faulty() -> (Arc<dyn Storage>, Arc<AtomicBool>, Arc<AtomicBool>) {
     (Arc::new(s), fail_sync, fail_write)
 }
 
-fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool)) {
+fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool), sync_ahead: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (storage, fail_sync, fail_write) = faulty();
     let mut o = opts(1, Durability::EveryBatch);
@@ -462,6 +482,9 @@ fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool)) {
     let acked: u64;
     {
         let d = open(dir.path(), o).unwrap();
+        if sync_ahead {
+            d.logger().set_ship_tap(Arc::new(NoShip)).unwrap();
+        }
         let told: Arc<parking_lot::Mutex<Option<String>>> = Arc::default();
         let times_told = Arc::new(AtomicU64::new(0));
         let (t2, n2) = (Arc::clone(&told), Arc::clone(&times_told));
@@ -513,12 +536,23 @@ fn fault_case(make_fail: impl Fn(&AtomicBool, &AtomicBool)) {
 
 #[test]
 fn failed_fsync_fails_the_commit_and_stops_writes() {
-    fault_case(|sync, _| sync.store(true, Ordering::SeqCst));
+    fault_case(|sync, _| sync.store(true, Ordering::SeqCst), false);
 }
 
 #[test]
 fn full_disk_fails_the_commit_and_stops_writes() {
-    fault_case(|_, write| write.store(true, Ordering::SeqCst));
+    fault_case(|_, write| write.store(true, Ordering::SeqCst), false);
+}
+
+/// The same with the fsyncs on syncer threads beside the flushers (a primary's log).
+#[test]
+fn failed_fsync_on_the_syncer_fails_the_commit_and_stops_writes() {
+    fault_case(|sync, _| sync.store(true, Ordering::SeqCst), true);
+}
+
+#[test]
+fn full_disk_with_fsyncs_on_the_syncer_fails_the_commit_and_stops_writes() {
+    fault_case(|_, write| write.store(true, Ordering::SeqCst), true);
 }
 
 /// Storage that fails the `fail_at`-th operation (1-based; 0 = never) on a path containing
