@@ -83,6 +83,11 @@ pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>
                 get("ditto_replay_cpu_ms"),
                 get("ditto_reconnects"),
             );
+            println!(
+                "  own checkpoints {} (newest at ts {}; the replica log below it is deleted)",
+                get("ditto_checkpoints"),
+                get("ditto_checkpoint_ts")
+            );
             if let Some(why) = f.get("ditto_failure") {
                 println!("  STOPPED: {why}");
             }
