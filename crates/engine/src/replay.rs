@@ -124,12 +124,12 @@ impl Database {
             // An update or delete needs the value it follows. Usually it is there (or the
             // record's lock says so); if not, the write that gave it is on a stream whose
             // replayer is behind: park, under the parked lock, after raising the count.
-            if let Some(delta) = self.install_keyless(table, rid, rec, ts, value)? {
+            if let Some(delta) = self.install_if(table, rid, rec, ts, value, true) {
                 return Ok(KeyDelta::of(rec, delta));
             }
             let mut parked = self.parked.writes.lock();
             self.parked.count.fetch_add(1, Ordering::SeqCst);
-            if let Some(delta) = self.install_keyless(table, rid, rec, ts, value)? {
+            if let Some(delta) = self.install_if(table, rid, rec, ts, value, true) {
                 self.parked.count.fetch_sub(1, Ordering::SeqCst);
                 return Ok(KeyDelta::of(rec, delta));
             }
@@ -141,7 +141,7 @@ impl Database {
         let mut tries = 0;
         let mut delta = loop {
             self.replay_bind_key(t, rid, rec, key, ts)?;
-            if let Some(d) = self.try_install_live(table, rid, rec, ts, value) {
+            if let Some(d) = self.install_if(table, rid, rec, ts, value, false) {
                 break d;
             }
             tries += 1;
@@ -162,7 +162,7 @@ impl Database {
                 waiting.sort_by_key(|w| w.0);
                 let mut still = Vec::new();
                 for (wts, wv) in waiting {
-                    match self.install_keyless(table, rid, rec, wts, wv.as_deref())? {
+                    match self.install_if(table, rid, rec, wts, wv.as_deref(), true) {
                         Some(d) => {
                             delta += d;
                             self.parked.count.fetch_sub(1, Ordering::SeqCst);
@@ -178,41 +178,24 @@ impl Database {
         Ok(KeyDelta::of(rec, delta))
     }
 
-    /// Installs a keyless write if the version it follows (the newest below `ts`) holds a
-    /// value; `None` (nothing done) if there is none yet, or a tombstone, or the record
-    /// is between lives.
-    fn install_keyless(
+    /// Takes the record's lock and installs; `None` (nothing done) if the record is
+    /// unlinked (between lives) or, with `after_value`, if the version the write follows
+    /// (the newest below `ts`) holds no value yet: a keyless write waits for its insert.
+    fn install_if(
         &self,
         table: TableId,
         rid: RecordId,
         rec: &Record,
         ts: Ts,
         value: Option<&[u8]>,
-    ) -> Result<Option<i64>> {
-        let guard = crossbeam_epoch::pin();
-        if !rec.lock() {
-            return Ok(None);
-        }
-        let follows_value = rec.read_at(Ts(ts.0 - 1), &guard).is_some_and(|v| v.value().is_some());
-        if !follows_value {
-            rec.unlock_unchanged();
-            return Ok(None);
-        }
-        Ok(Some(self.install_holding_lock(table, rid, rec, ts, value, &guard)))
-    }
-
-    /// Takes the record's lock and installs; `None` if the record is unlinked (out of the
-    /// index: its life must start anew first).
-    fn try_install_live(
-        &self,
-        table: TableId,
-        rid: RecordId,
-        rec: &Record,
-        ts: Ts,
-        value: Option<&[u8]>,
+        after_value: bool,
     ) -> Option<i64> {
         let guard = crossbeam_epoch::pin();
         if !rec.lock() {
+            return None;
+        }
+        if after_value && rec.read_at(Ts(ts.0 - 1), &guard).is_none_or(|v| v.value().is_none()) {
+            rec.unlock_unchanged();
             return None;
         }
         Some(self.install_holding_lock(table, rid, rec, ts, value, &guard))

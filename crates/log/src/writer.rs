@@ -364,13 +364,8 @@ impl Logger {
                 ahead.cv.notify_all();
                 return;
             }
-            let ns = t0.elapsed().as_nanos() as u64;
-            self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-            self.stats.fsync_ns_total.fetch_add(ns, Ordering::Relaxed);
-            self.stats.fsync_ns_max.fetch_max(ns, Ordering::Relaxed);
-            self.floor.fetch_max(floor.0, Ordering::AcqRel);
-            stream.durable.fetch_max(bound.0, Ordering::AcqRel);
-            self.advance_watermark();
+            self.count_fsync(t0);
+            self.publish_durable(stream, bound, floor);
             {
                 let mut st = ahead.state.lock();
                 st.busy = false;
@@ -380,6 +375,24 @@ impl Logger {
             let _g = stream.buf.lock();
             stream.cv.notify_all();
         }
+    }
+
+    /// An fsync that began at `t0` ended: the figures.
+    fn count_fsync(&self, t0: Instant) {
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.stats.fsync_ns_total.fetch_add(ns, Ordering::Relaxed);
+        self.stats.fsync_ns_max.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// A batch with `bound` and `floor` of `stream` is durable (its fsync returned, on the
+    /// flusher or its syncer). The floor first: whoever sees the new durable bound sees the
+    /// floor with it (`durable_state`), so no stream mistakes the moment between for a
+    /// lagging watermark and writes a heartbeat nobody needs.
+    fn publish_durable(&self, stream: &Stream, bound: Ts, floor: Ts) {
+        self.floor.fetch_max(floor.0, Ordering::AcqRel);
+        stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+        self.advance_watermark();
     }
 
     /// Waits until everything written ahead is synced. False if the log failed.
@@ -516,10 +529,7 @@ impl Logger {
                 if let Err(e) = file.sync() {
                     return self.fail(format!("fsync of {}: {e}", path.display()));
                 }
-                self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-                let ns = t0.elapsed().as_nanos() as u64;
-                self.stats.fsync_ns_total.fetch_add(ns, Ordering::Relaxed);
-                self.stats.fsync_ns_max.fetch_max(ns, Ordering::Relaxed);
+                self.count_fsync(t0);
             }
             debug_assert_eq!(header.bound_ts, bound);
             self.stats.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
@@ -534,12 +544,7 @@ impl Logger {
             }
             written_bound = written_bound.max(bound);
             if !sync_ahead {
-                // The floor first: whoever sees the new durable bound sees the floor with it
-                // (`durable_state`), so no stream mistakes the moment between for a lagging
-                // watermark and writes a heartbeat nobody needs.
-                self.floor.fetch_max(floor.0, Ordering::AcqRel);
-                stream.durable.fetch_max(bound.0, Ordering::AcqRel);
-                self.advance_watermark();
+                self.publish_durable(stream, bound, floor);
             }
             if seg_bytes >= self.opts.segment_bytes_max {
                 if !self.drain_ahead(ahead) {

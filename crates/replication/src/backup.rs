@@ -703,7 +703,13 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                 let cpu0 = thread_cpu_ns();
                 let mut cpu_reported = cpu0;
                 while let Ok(job) = rx.recv() {
-                    match e.replay(&job, &mut scratch) {
+                    let replayed = e.replay(&job, &mut scratch);
+                    // The batch's CPU is counted before it completes, so whoever sees it
+                    // complete sees its cost too (`replay_recorded`).
+                    let now = thread_cpu_ns();
+                    e.state.replay_cpu_ns.fetch_add(now - cpu_reported, Ordering::Relaxed);
+                    cpu_reported = now;
+                    match replayed {
                         Ok(n) => {
                             e.state.txns_replayed.fetch_add(n, Ordering::Relaxed);
                             e.completed(&job);
@@ -715,9 +721,6 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                             return;
                         }
                     }
-                    let now = thread_cpu_ns();
-                    e.state.replay_cpu_ns.fetch_add(now - cpu_reported, Ordering::Relaxed);
-                    cpu_reported = now;
                 }
             })
             .expect("starting a replayer");
@@ -759,7 +762,6 @@ pub fn replay_recorded(
     state.released.store(u64::MAX >> 8, Ordering::Release);
     let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None);
     let t0 = Instant::now();
-    let mut last = base;
     let mut prefix = Prefix::new(streams, base);
     for (i, b) in batches.iter().enumerate() {
         let (decoded, _) = decode_batch_checksums(b).map_err(|e| format!("recorded batch {i}: {e}"))?;
@@ -779,7 +781,7 @@ pub fn replay_recorded(
         };
         engine.queue_for(s).send(job).map_err(|_| "a replayer stopped".to_string())?;
     }
-    last = last.max(prefix.watermark());
+    let last = prefix.watermark();
     // Done when the replayed prefix covers the last batch (or a replayer failed).
     loop {
         if let Some(why) = state.failure.lock().clone() {
@@ -791,7 +793,7 @@ pub fn replay_recorded(
         std::thread::sleep(Duration::from_micros(200));
     }
     let seconds = t0.elapsed().as_secs_f64();
-    // The replayers report their CPU after each batch; the last report is in by now.
+    // Each replayer reports a batch's CPU before it completes it: the last report is in.
     Ok(ReplayRun {
         batches: batches.len() as u64,
         txns: state.txns_replayed.load(Ordering::Acquire),

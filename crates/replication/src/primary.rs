@@ -220,11 +220,11 @@ impl Primary {
             .collect()
     }
 
-    /// Keeps a lag sample for a batch with bound `bound` shipped now, and lets go of those
-    /// every backup has replayed.
-    fn sample(&self, bound: Ts) {
+    /// Keeps a lag sample for a batch with bound `bound` shipped now to `links`, and lets
+    /// go of those every one of them has replayed.
+    fn sample(&self, links: &[Arc<Link>], bound: Ts) {
         let now = Instant::now();
-        let oldest_needed = self.links.lock().iter().map(|l| Ts(l.replayed.load(Ordering::Acquire))).min();
+        let oldest_needed = links.iter().map(|l| Ts(l.replayed.load(Ordering::Acquire))).min();
         let mut s = self.samples.lock();
         if let Some(held) = oldest_needed {
             // Keep the first sample above what every backup replayed.
@@ -257,7 +257,12 @@ impl Primary {
     }
 
     fn push_all(&self, frame: &Bytes) {
-        for l in self.links.lock().iter() {
+        self.push_to(&self.links.lock(), frame);
+    }
+
+    /// Queues `frame` for each of `links` (the caller holds the links' lock).
+    fn push_to(&self, links: &[Arc<Link>], frame: &Bytes) {
+        for l in links {
             let mut q = l.queue.lock();
             if q.dead.is_some() {
                 continue;
@@ -552,17 +557,15 @@ impl ditto_log::ShipTap for Tap {
             let mut s = p.shipped.lock();
             s.push(header.stream.0 as usize, header.bound_ts, Some(header.floor_ts));
         }
-        if !p.links.lock().is_empty() {
-            p.sample(header.bound_ts);
-            let f = Frame::Batch {
-                epoch: p.epoch,
-                released: p.released(),
-                floor_trusted: true,
-                batch: Bytes::copy_from_slice(frame),
+        {
+            // One look at the links per batch: sample, frame once, queue for each.
+            let links = p.links.lock();
+            if !links.is_empty() {
+                p.sample(&links, header.bound_ts);
+                let f = crate::protocol::encode_batch(p.epoch, p.released(), true, frame);
+                p.push_to(&links, &f);
+                p.batches_shipped.fetch_add(1, Ordering::Relaxed);
             }
-            .encode();
-            p.push_all(&f);
-            p.batches_shipped.fetch_add(1, Ordering::Relaxed);
         }
         p.changed();
     }

@@ -163,12 +163,7 @@ impl Frame {
                 put_str(&mut b, name);
             }
             Frame::Batch { epoch, released, floor_trusted, batch } => {
-                b.reserve(batch.len() + 32);
-                b.put_u8(kind::BATCH);
-                b.put_u64_le(epoch.0);
-                b.put_u64_le(released.0);
-                b.put_u8(u8::from(*floor_trusted));
-                b.put_slice(batch);
+                put_batch_body(&mut b, *epoch, *released, *floor_trusted, batch);
             }
             Frame::Heartbeat { released } => {
                 b.put_u8(kind::HEARTBEAT);
@@ -185,11 +180,7 @@ impl Frame {
                 put_str(&mut b, reason);
             }
         }
-        let len = b.len() - FRAME_HEADER_LEN;
-        let crc = crc32c::crc32c(&b[FRAME_HEADER_LEN..]);
-        b[..4].copy_from_slice(&(len as u32).to_le_bytes());
-        b[4..8].copy_from_slice(&crc.to_le_bytes());
-        b.freeze()
+        seal(b)
     }
 
     /// The body length a frame header announces (checked against the limit).
@@ -282,6 +273,33 @@ impl Frame {
     }
 }
 
+/// A `Batch` frame straight from the batch's bytes: `Frame::Batch { .. }.encode()` without
+/// first copying the batch into a `Bytes` (the primary's tap, once per batch).
+pub fn encode_batch(epoch: Epoch, released: Ts, floor_trusted: bool, batch: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(FRAME_HEADER_LEN + 18 + batch.len());
+    b.put_bytes(0, FRAME_HEADER_LEN);
+    put_batch_body(&mut b, epoch, released, floor_trusted, batch);
+    seal(b)
+}
+
+fn put_batch_body(b: &mut BytesMut, epoch: Epoch, released: Ts, floor_trusted: bool, batch: &[u8]) {
+    b.reserve(batch.len() + 18);
+    b.put_u8(kind::BATCH);
+    b.put_u64_le(epoch.0);
+    b.put_u64_le(released.0);
+    b.put_u8(u8::from(floor_trusted));
+    b.put_slice(batch);
+}
+
+/// Fills in the header (body length and checksum) of a frame built after its zeroed header.
+fn seal(mut b: BytesMut) -> Bytes {
+    let len = b.len() - FRAME_HEADER_LEN;
+    let crc = crc32c::crc32c(&b[FRAME_HEADER_LEN..]);
+    b[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    b[4..8].copy_from_slice(&crc.to_le_bytes());
+    b.freeze()
+}
+
 fn truncated(at_least: usize, of: usize) -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::UnexpectedEof,
@@ -359,6 +377,17 @@ mod tests {
             floor_trusted: true,
             batch: Bytes::from_static(b"DBAT...."),
         });
+        // The tap's direct encoding is the same frame.
+        assert_eq!(
+            encode_batch(Epoch(4), Ts(5), true, b"DBAT...."),
+            Frame::Batch {
+                epoch: Epoch(4),
+                released: Ts(5),
+                floor_trusted: true,
+                batch: Bytes::from_static(b"DBAT....")
+            }
+            .encode()
+        );
         roundtrip(Frame::Heartbeat { released: Ts(8) });
         roundtrip(Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) });
         roundtrip(Frame::Refuse { reason: "no".into() });

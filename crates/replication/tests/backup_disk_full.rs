@@ -71,6 +71,44 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A primary in this process: its log in `dir`, a table `t`, replication on a free
+/// loopback port under `majority-durable` with one backup counted, and the release
+/// watermark it computes.
+struct TestPrimary {
+    d: ditto_log::Durable,
+    t: ditto_engine::TableId,
+    released: Arc<AtomicU64>,
+    addr: String,
+    p: Arc<Primary>,
+}
+
+impl TestPrimary {
+    fn start(dir: &Path) -> TestPrimary {
+        let d = ditto_log::open(dir, OpenOptions { workers: 1, progress: false, ..Default::default() }).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let policy = CommitPolicy::parse("majority-durable").unwrap();
+        let released = Arc::new(AtomicU64::new(0));
+        let r2 = Arc::clone(&released);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let p = Primary::start(
+            &d,
+            listener,
+            PrimaryOptions { backups_expected: 1, ..Default::default() },
+            Box::new(move |h| {
+                let w = release_watermark(policy, h);
+                r2.fetch_max(w.0, Ordering::SeqCst);
+                w
+            }),
+        )
+        .unwrap();
+        // The release moves with the local watermark too (as the server does it).
+        let p2 = Arc::clone(&p);
+        d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+        TestPrimary { d, t, released, addr, p }
+    }
+}
+
 fn backup_opts(primary: &str, dir: &Path, node: &str, storage: Option<Arc<dyn Storage>>) -> BackupOptions {
     BackupOptions { storage, ..BackupOptions::new(primary, dir, 1, node) }
 }
@@ -78,27 +116,7 @@ fn backup_opts(primary: &str, dir: &Path, node: &str, storage: Option<Arc<dyn St
 #[test]
 fn a_backup_whose_disk_fills_stops_acknowledging_and_nothing_is_lost() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, progress: false, ..Default::default() })
-        .unwrap();
-    let t = d.db().create_table("t").unwrap();
-    let policy = CommitPolicy::parse("majority-durable").unwrap();
-    let released = Arc::new(AtomicU64::new(0));
-    let r2 = Arc::clone(&released);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let p = Primary::start(
-        &d,
-        listener,
-        PrimaryOptions { backups_expected: 1, ..Default::default() },
-        Box::new(move |h| {
-            let w = release_watermark(policy, h);
-            r2.fetch_max(w.0, Ordering::SeqCst);
-            w
-        }),
-    )
-    .unwrap();
-    let p2 = Arc::clone(&p);
-    d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
 
     let full = Arc::new(AtomicBool::new(false));
     let disk: Arc<dyn Storage> = Arc::new(FillingDisk { full: Arc::clone(&full) });
@@ -144,27 +162,7 @@ fn a_backup_whose_disk_fills_stops_acknowledging_and_nothing_is_lost() {
 #[test]
 fn a_backup_checkpoints_and_deletes_the_replica_log_it_covers() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, progress: false, ..Default::default() })
-        .unwrap();
-    let t = d.db().create_table("t").unwrap();
-    let policy = CommitPolicy::parse("majority-durable").unwrap();
-    let released = Arc::new(AtomicU64::new(0));
-    let r2 = Arc::clone(&released);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let p = Primary::start(
-        &d,
-        listener,
-        PrimaryOptions { backups_expected: 1, ..Default::default() },
-        Box::new(move |h| {
-            let w = release_watermark(policy, h);
-            r2.fetch_max(w.0, Ordering::SeqCst);
-            w
-        }),
-    )
-    .unwrap();
-    let p2 = Arc::clone(&p);
-    d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
     let bdir = tmp.path().join("b");
     let opts = BackupOptions {
         checkpoint_every: Duration::from_millis(100),
