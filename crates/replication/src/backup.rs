@@ -299,7 +299,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         .spawn(move || run.run(stream, reader))
         .map_err(io("starting the receiver"))?;
     // Its own checkpoints, at its read view, off the receiving path; the receiver then
-    // deletes the replica log files they cover (`Receiver::after_sync`).
+    // deletes the replica log files they cover (`Receiver::serve`, after each sync).
     {
         let (db, state, dir, storage, every) =
             (Arc::clone(&db), Arc::clone(&state), dir.clone(), Arc::clone(&run_storage), opts.checkpoint_every);
