@@ -82,7 +82,8 @@ pub struct Common {
     /// The cluster runs' commit policy: local, majority, all, each -durable or -received.
     #[arg(long, default_value = "majority-durable")]
     pub commit_policy: String,
-    /// The cluster runs' backup replay modes (comma-separated): serial, parallel.
+    /// The cluster runs' backup replay modes (comma-separated): serial, parallel,
+    /// dependency (KuaFu's graph, a barrier every 1024 transactions), dependency:N.
     #[arg(long, value_delimiter = ',', default_value = "parallel")]
     pub backup_replay: Vec<String>,
     /// Cluster runs: pin this process (the primary) to the first half of the CPUs and the
@@ -91,7 +92,8 @@ pub struct Common {
     pub pin: bool,
     /// Replay-only runs: record each logged mode's log, then replay it into a fresh
     /// database as fast as the backups' replay goes, once per mode given (serial,
-    /// parallel; see replaybench.rs).
+    /// parallel, dependency, dependency:N; see replaybench.rs), and check it holds the
+    /// primary's keys and values.
     #[arg(long, value_delimiter = ',')]
     pub replay_only: Vec<String>,
 }
@@ -343,12 +345,16 @@ fn run_modes(
                 let mut r = body(d.db(), &run, &probe)?;
                 let logged_in_run = d.logger().stats.txns.load(std::sync::atomic::Ordering::Relaxed)
                     - recorder.as_ref().map_or(0, |rec| rec.logged_at_start.load(std::sync::atomic::Ordering::Relaxed));
+                let primary_contents = match &recorder {
+                    Some(_) => crate::replaybench::contents(d.db())?,
+                    None => Vec::new(),
+                };
                 d.close();
                 if let Some(rec) = &recorder {
                     let exec = r.cpu_s_per_txn * r.committed as f64 / logged_in_run.max(1) as f64;
                     let mut out = Vec::new();
                     for m in &c.replay_only {
-                        out.push(crate::replaybench::replay(rec, c.workers, m, exec)?);
+                        out.push(crate::replaybench::replay(rec, c.workers, m, exec, &primary_contents)?);
                     }
                     if let serde_json::Value::Object(m) = &mut r.extra {
                         m.insert("replay_only".into(), out.into());

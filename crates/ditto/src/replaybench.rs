@@ -2,7 +2,8 @@
 //! is recorded as the primary frames it (a shipping tap keeps every batch), then replayed
 //! into a fresh database by the backups' live replay (`ditto_replication::replay_recorded`)
 //! as fast as it goes, once per replay mode: first the load's batches (not timed), then the
-//! run's (timed).
+//! run's (timed). Each replayed database must then hold exactly the primary's keys and
+//! values (`contents`), or the run fails.
 //!
 //! Figures per mode: transactions replayed per second, replay CPU per transaction, and
 //! `replay_cost_ratio`: that over the recorded run's CPU per logged transaction (the whole
@@ -48,9 +49,36 @@ impl Recorder {
     }
 }
 
+/// Every table's present keys and values as (name, count, CRC32C over them in key order):
+/// a replayed database must give the primary's.
+pub fn contents(db: &Database) -> Result<Vec<(String, u64, u32)>, Error> {
+    let mut out = Vec::new();
+    let r = db.read();
+    for (id, name) in db.tables() {
+        let (mut n, mut crc) = (0u64, 0u32);
+        r.for_each(id, std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, |k, v| {
+            n += 1;
+            for part in [&(k.len() as u32).to_le_bytes()[..], k, &(v.len() as u32).to_le_bytes()[..], v] {
+                crc = crc32c::crc32c_append(crc, part);
+            }
+            true
+        })?;
+        out.push((name, n, crc));
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Replays what `rec` recorded in `mode`; `exec_s_per_txn` is the recorded run's CPU per
-/// logged transaction. Returns the figures as JSON (and prints a line).
-pub fn replay(rec: &Recorder, streams: usize, mode: &str, exec_s_per_txn: f64) -> Result<serde_json::Value, Error> {
+/// logged transaction; `primary` is the primary's `contents` after the run, which the
+/// replayed database must match. Returns the figures as JSON (and prints a line).
+pub fn replay(
+    rec: &Recorder,
+    streams: usize,
+    mode: &str,
+    exec_s_per_txn: f64,
+    primary: &[(String, u64, u32)],
+) -> Result<serde_json::Value, Error> {
     let mode_v = ditto_replication::ReplayMode::parse(mode).map_err(|e| format!("--replay-only: {e}"))?;
     let frames = rec.frames.lock();
     let split = rec.run_start.load(Ordering::Acquire).min(frames.len());
@@ -65,6 +93,22 @@ pub fn replay(rec: &Recorder, streams: usize, mode: &str, exec_s_per_txn: f64) -
     }
     let load = ditto_replication::replay_recorded(Arc::clone(&db), streams, Ts::ZERO, mode_v, &frames[..split])?;
     let run = ditto_replication::replay_recorded(Arc::clone(&db), streams, load.replayed, mode_v, &frames[split..])?;
+    let replayed = contents(&db)?;
+    if replayed != primary {
+        let diff: Vec<String> = primary
+            .iter()
+            .zip(&replayed)
+            .filter(|(a, b)| a != b)
+            .map(|(a, b)| {
+                format!("{}: primary {} keys crc {:08x}, replayed {} keys crc {:08x}", a.0, a.1, a.2, b.1, b.2)
+            })
+            .collect();
+        return Err(format!(
+            "replay-only {mode}: the replayed database differs from the primary's: {}",
+            diff.join("; ")
+        )
+        .into());
+    }
     let per_txn = run.cpu_seconds / run.txns.max(1) as f64;
     let ratio = per_txn / exec_s_per_txn.max(1e-12);
     println!(
@@ -86,5 +130,6 @@ pub fn replay(rec: &Recorder, streams: usize, mode: &str, exec_s_per_txn: f64) -
         "exec_cpu_s_per_logged_txn": exec_s_per_txn,
         "replay_cost_ratio": ratio,
         "load_txns_replayed": load.txns,
+        "matches_primary": true,
     }))
 }

@@ -70,7 +70,8 @@ pub struct ServerArgs {
     /// Backups the commit policy counts (a missing one holds nothing) [default: 0].
     #[arg(long)]
     backups: Option<usize>,
-    /// On a backup: serial or parallel replay [default: parallel].
+    /// On a backup: serial, parallel or dependency (KuaFu; dependency:N for a barrier every N
+    /// transactions, 0 for none) [default: parallel].
     #[arg(long)]
     replay: Option<String>,
     /// Pre-fault this many MiB of heap before serving (the benchmarks' cluster runs give

@@ -221,14 +221,14 @@ fn bench_ycsb_cluster_run_with_a_backup() {
         "--backups",
         "1",
         "--backup-replay",
-        "serial,parallel",
+        "serial,parallel,dependency",
         "--pin",
         "--json",
     ]);
     let j = last_json(&out);
     let runs = j["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 3, "standalone, then serial and parallel cluster runs: {out}");
-    for (run, replay) in runs[1..].iter().zip(["serial", "parallel"]) {
+    assert_eq!(runs.len(), 4, "standalone, then serial, parallel and dependency cluster runs: {out}");
+    for (run, replay) in runs[1..].iter().zip(["serial", "parallel", "dependency"]) {
         let x = &run["report"]["extra"];
         assert_eq!(x["backup_replay"], replay, "{x}");
         assert_eq!(x["commit_policy"], "majority-durable", "{x}");
@@ -245,15 +245,16 @@ fn bench_ycsb_cluster_run_with_a_backup() {
     }
 }
 
-/// A replay-only run: the recorded log replayed serially and in parallel installs the same
-/// transactions, and the figures are there.
+/// A replay-only run of TPC-C (inserts, updates and deletes): the recorded log replayed in
+/// every mode installs every transaction and ends with exactly the primary's keys and
+/// values (the run fails otherwise), and the figures are there.
 #[test]
-fn bench_ycsb_replay_only_serial_and_parallel() {
+fn bench_tpcc_replay_only_in_every_mode() {
+    let modes = ["serial", "parallel", "dependency", "dependency:0"];
     let (out, _) = ditto(&[
         "bench",
-        "ycsb",
-        "--keys",
-        "10000",
+        "tpcc",
+        "--small",
         "--workers",
         "2",
         "--seconds",
@@ -263,17 +264,18 @@ fn bench_ycsb_replay_only_serial_and_parallel() {
         "--prefault",
         "off",
         "--replay-only",
-        "serial,parallel",
+        &modes.join(","),
         "--json",
     ]);
     let j = last_json(&out);
     let r = j["runs"].as_array().unwrap()[0]["report"]["extra"]["replay_only"].as_array().unwrap().clone();
-    assert_eq!(r.len(), 2, "{out}");
-    assert_eq!((r[0]["mode"].as_str(), r[1]["mode"].as_str()), (Some("serial"), Some("parallel")));
+    let got: Vec<&str> = r.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(got, modes, "{out}");
     let txns = r[0]["txns"].as_u64().unwrap();
     assert!(txns > 0, "{out}");
-    assert_eq!(r[1]["txns"].as_u64(), Some(txns), "both modes replay every recorded transaction: {out}");
     for m in &r {
+        assert_eq!(m["txns"].as_u64(), Some(txns), "every mode replays every recorded transaction: {out}");
+        assert_eq!(m["matches_primary"], true, "{m}");
         assert!(m["replay_cost_ratio"].as_f64().unwrap() > 0.0 && m["txns_per_s"].as_f64().unwrap() > 0.0, "{m}");
         assert!(m["load_txns_replayed"].as_u64().unwrap() > 0, "{m}");
     }

@@ -5,6 +5,9 @@
 //!                   Ack{received} -> fsync -> Ack{durable} -> batches to the replayers
 //!  replayer[s] (one per primary stream, or one for all in `serial` mode):
 //!                   install every write (Database::replay_install) -> complete(seq)
+//!  or, in `dependency` mode (dependency.rs): a dispatcher puts transactions in commit-ts
+//!                   order into KuaFu's write-set graph; executors install them
+//!                   (Database::replay_install) -> the per-transaction replayed watermark
 //!  read view = min(released watermark from the primary, replayed prefix watermark)
 //!              -> Database::publish_read_view: snapshots read there, never blocked
 //! ```
@@ -14,7 +17,8 @@
 //! below what it holds) is skipped, and within a batch every transaction at or below what
 //! the stream held, so nothing is applied twice after a resume. A stream's batches are
 //! replayed in order by one thread (`Database::replay_install` relies on it to wait for an
-//! old record life without deadlock); streams in parallel.
+//! old record life without deadlock); streams in parallel. The dependency mode keeps the
+//! same guarantee another way (see dependency.rs).
 
 use std::io::{BufReader, Write};
 use std::net::TcpStream;
@@ -42,14 +46,38 @@ pub enum ReplayMode {
     Serial,
     /// One thread per primary stream.
     Parallel,
+    /// KuaFu's write-set dependency graph (crates/replication/src/dependency.rs): one
+    /// dispatcher and one executor per primary stream; a barrier every `barrier_every`
+    /// transactions (0: none).
+    Dependency { barrier_every: u32 },
 }
 
 impl ReplayMode {
+    /// `serial`, `parallel`, `dependency` (KuaFu's barrier every 1024 transactions) or
+    /// `dependency:N` (a barrier every N; 0: none).
     pub fn parse(s: &str) -> Result<ReplayMode, String> {
+        let bad = || format!("unknown replay mode '{s}' (serial, parallel, dependency or dependency:N)");
         match s {
             "serial" => Ok(ReplayMode::Serial),
             "parallel" => Ok(ReplayMode::Parallel),
-            _ => Err(format!("unknown replay mode '{s}' (serial or parallel)")),
+            "dependency" => Ok(ReplayMode::Dependency { barrier_every: crate::dependency::KUAFU_BARRIER_EVERY }),
+            _ => match s.strip_prefix("dependency:") {
+                Some(n) => Ok(ReplayMode::Dependency { barrier_every: n.parse().map_err(|_| bad())? }),
+                None => Err(bad()),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ReplayMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplayMode::Serial => f.write_str("serial"),
+            ReplayMode::Parallel => f.write_str("parallel"),
+            ReplayMode::Dependency { barrier_every } if *barrier_every == crate::dependency::KUAFU_BARRIER_EVERY => {
+                f.write_str("dependency")
+            }
+            ReplayMode::Dependency { barrier_every } => write!(f, "dependency:{barrier_every}"),
         }
     }
 }
@@ -415,6 +443,8 @@ struct Engine {
     queues: Vec<std::sync::mpsc::Sender<Job>>,
     mode: ReplayMode,
     on_keys: Option<KeysHook>,
+    /// The dependency mode's dispatcher and executors.
+    graph: std::sync::OnceLock<Arc<crate::dependency::Shared>>,
 }
 
 impl Engine {
@@ -428,7 +458,7 @@ impl Engine {
         on_keys: Option<KeysHook>,
     ) -> Arc<Engine> {
         let threads = match mode {
-            ReplayMode::Serial => 1,
+            ReplayMode::Serial | ReplayMode::Dependency { .. } => 1,
             ReplayMode::Parallel => streams,
         };
         let mut queues = Vec::new();
@@ -445,16 +475,57 @@ impl Engine {
             queues,
             mode,
             on_keys,
+            graph: std::sync::OnceLock::new(),
         });
-        start_replayers(&e, rxs);
+        match mode {
+            ReplayMode::Dependency { barrier_every } => {
+                let rx = rxs.pop().expect("one queue");
+                let mut scratch = Vec::new();
+                let decode = move |job: Job| decode_for_graph(&job, &mut scratch);
+                let sink = Arc::clone(&e) as Arc<dyn crate::dependency::Sink>;
+                let shared = crate::dependency::start(sink, rx, decode, streams, base, streams, barrier_every);
+                let _ = e.graph.set(shared);
+            }
+            ReplayMode::Serial | ReplayMode::Parallel => start_replayers(&e, rxs),
+        }
         e
     }
 
     fn queue_for(&self, stream: usize) -> &std::sync::mpsc::Sender<Job> {
         match self.mode {
-            ReplayMode::Serial => &self.queues[0],
+            ReplayMode::Serial | ReplayMode::Dependency { .. } => &self.queues[0],
             ReplayMode::Parallel => &self.queues[stream],
         }
+    }
+
+    /// Installs one transaction's writes.
+    fn install(&self, t: &crate::dependency::Txn) -> Result<(), String> {
+        for (table, rid, key, value) in t.writes() {
+            self.install_write(table, rid, key, t.ts, value)?;
+        }
+        Ok(())
+    }
+
+    /// Installs one write and tells the key-count hook what it did.
+    fn install_write(
+        &self,
+        table: ditto_engine::TableId,
+        rid: ditto_engine::RecordId,
+        key: Option<&[u8]>,
+        ts: Ts,
+        value: Option<&[u8]>,
+    ) -> Result<(), String> {
+        let d = self.db.replay_install(table, rid, key, ts, value).map_err(|e| e.to_string())?;
+        if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
+            f(table, key, ts, d.delta);
+        }
+        Ok(())
+    }
+
+    /// Every replay thread has reported its CPU (the dependency mode's threads report
+    /// when they go idle; the others before they complete a batch).
+    fn quiet(&self) -> bool {
+        self.graph.get().is_none_or(|g| g.quiet())
     }
 
     /// Installs one batch; returns the transactions replayed.
@@ -467,10 +538,7 @@ impl Engine {
                 continue;
             }
             for w in t.writes() {
-                let d = self.db.replay_install(w.table, w.rid, w.key, t.ts, w.value).map_err(|e| e.to_string())?;
-                if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
-                    f(w.table, key, t.ts, d.delta);
-                }
+                self.install_write(w.table, w.rid, w.key, t.ts, w.value)?;
             }
             n += 1;
         }
@@ -493,17 +561,79 @@ impl Engine {
                     self.state.visible.fetch_max(view, Ordering::AcqRel);
                 }
                 Err(e) => {
-                    let msg = format!("the read view stays at ts {prev}: {e}");
-                    tracing::error!("{msg}");
-                    *self.state.failure.lock() = Some(msg);
+                    // Said once: later publications fail the same way.
+                    let mut failure = self.state.failure.lock();
+                    if failure.is_none() {
+                        let msg = format!("the read view stays at ts {prev}: {e}");
+                        tracing::error!("{msg}");
+                        *failure = Some(msg);
+                    }
                 }
             }
         }
     }
 }
 
+/// A batch for the dependency mode: every write located in one shared payload (the
+/// stored bytes themselves when the batch is not compressed).
+fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependency::Work, String> {
+    use crate::dependency::{Decoded, Txn, WriteAt};
+    let (batch, _) = decode_batch_checksums(&job.batch).map_err(|e| e.to_string())?;
+    let mut writes = Vec::new();
+    let mut spans = Vec::new();
+    {
+        let p = batch.checked_payload_in(scratch).map_err(|e| e.to_string())?;
+        let base = p.as_slice().as_ptr() as usize;
+        let at = |part: &[u8]| ((part.as_ptr() as usize - base) as u32, part.len() as u32);
+        for t in p.txns() {
+            if t.ts <= job.skip_to {
+                continue;
+            }
+            let start = writes.len();
+            writes.extend(t.writes().map(|w| WriteAt {
+                table: w.table,
+                rid: w.rid,
+                key: w.key.map(at),
+                value: w.value.map(at),
+            }));
+            spans.push((t.ts, start..writes.len()));
+        }
+    }
+    let payload = if batch.header.compressed { Bytes::from(std::mem::take(scratch)) } else { batch.stored().clone() };
+    let d = Arc::new(Decoded { payload, writes });
+    let txns = spans.into_iter().map(|(ts, writes)| Txn { ts, batch: Arc::clone(&d), writes }).collect();
+    Ok(crate::dependency::Work { stream: job.stream, bound: job.bound, floor: job.floor, txns })
+}
+
+impl crate::dependency::Sink for Engine {
+    fn install(&self, txn: &crate::dependency::Txn) -> Result<(), String> {
+        Engine::install(self, txn)?;
+        self.state.txns_replayed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn replayed(&self, ts: Ts) {
+        if self.state.replayed.fetch_max(ts.0, Ordering::AcqRel) < ts.0 {
+            self.publish();
+        }
+    }
+
+    fn failed(&self, why: String) {
+        let mut failure = self.state.failure.lock();
+        if failure.is_none() {
+            let msg = format!("replay failed: {why}");
+            tracing::error!("{msg}");
+            *failure = Some(msg);
+        }
+    }
+
+    fn add_cpu_ns(&self, ns: u64) {
+        self.state.replay_cpu_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
 /// This thread's CPU time in nanoseconds.
-fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the struct we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
@@ -787,7 +917,7 @@ pub fn replay_recorded(
         if let Some(why) = state.failure.lock().clone() {
             return Err(why);
         }
-        if state.replayed.load(Ordering::Acquire) >= last.0 {
+        if state.replayed.load(Ordering::Acquire) >= last.0 && engine.quiet() {
             break;
         }
         std::thread::sleep(Duration::from_micros(200));

@@ -22,6 +22,7 @@
 //! checkpoint.
 
 pub mod backup;
+pub mod dependency;
 pub mod policy;
 pub mod primary;
 pub mod protocol;

@@ -76,7 +76,8 @@ pub struct Config {
     pub commit_policy: String,
     /// Backups the commit policy counts (a missing one holds nothing).
     pub backups: usize,
-    /// On a backup: serial or parallel replay.
+    /// On a backup: `serial`, `parallel` or `dependency` replay (`dependency:N`: a barrier
+    /// every N transactions, 0 for none; see crates/replication/src/dependency.rs).
     pub replay: String,
     /// On a backup: how long DITTO.WAITTS waits for the read view to reach its timestamp.
     pub waitts_timeout_ms: u64,
