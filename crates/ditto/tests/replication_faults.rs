@@ -7,7 +7,7 @@
 //! it holds, and end with exactly the primary's acknowledged state: nothing skipped, and
 //! reads that never go back. A second test: under `all-durable` a missing backup blocks
 //! releases, and `INFO replication` says which, while a connection that chose `local`
-//! (DITTO.POLICY) is answered.
+//! (DITTO.POLICY) is answered; then Redis's ROLE and WAIT on both roles.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -235,4 +235,18 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert!(!ps.contains("BLOCKED"), "{ps}");
     let bs = status(backup.port);
     assert!(bs.contains(&format!("backup of {}", primary.repl.as_ref().unwrap())) && bs.contains("link up"), "{bs}");
+    // Redis's ROLE and WAIT. The backup names its primary; the primary lists its backup.
+    let role = b.cmd(&["ROLE"]).unwrap();
+    let repl_port = primary.repl.as_ref().unwrap().rsplit_once(':').unwrap().1.to_string();
+    assert_eq!(role[..4], ["slave", "127.0.0.1", &format!(":{repl_port}"), "connected"], "{role:?}");
+    let role = c.cmd(&["ROLE"]).unwrap();
+    assert_eq!((role[0].as_str(), role.len()), ("master", 5), "one backup listed: {role:?}");
+    assert!(role[4].parse::<u64>().unwrap() >= ts.parse::<u64>().unwrap(), "{role:?}");
+    // WAIT counts the backups holding this connection's writes, waiting at most its timeout.
+    assert_eq!(w.one(&["WAIT", "1", "5000"]), ":1");
+    let t0 = Instant::now();
+    assert_eq!(w.one(&["WAIT", "2", "200"]), ":1", "only one backup exists");
+    assert!(t0.elapsed() >= Duration::from_millis(200), "WAIT returned before its timeout");
+    assert_eq!(w.one(&["WAIT", "1", "-1"]), "-ERR timeout is negative");
+    assert_eq!(b.one(&["WAIT", "0", "0"]), "-ERR WAIT cannot be used with replica instances");
 }

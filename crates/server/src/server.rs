@@ -105,7 +105,7 @@ const RECLAIM_EVERY: Duration = Duration::from_millis(100);
 
 /// The outcome of a request when this thread has no engine worker.
 fn no_worker(e: &'static str) -> Outcome {
-    Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true, cmd: None }
+    Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true, cmd: None, replicas: None }
 }
 
 struct Conn {
@@ -534,7 +534,11 @@ impl Conn {
                         for o in outcomes.drain(..) {
                             started.push((t, o.cmd));
                             let before = out.len();
-                            o.reply.encode(session.proto, &mut out);
+                            let reply = match o.replicas {
+                                Some(w) => Reply::Int(self.wait_replicas(w).await as i64),
+                                None => o.reply,
+                            };
+                            reply.encode(session.proto, &mut out);
                             let size = out.len() - before;
                             if size > self.sh.max_output_bytes {
                                 out.truncate(before);
@@ -614,6 +618,19 @@ impl Conn {
                 return Ok(());
             }
             inbuf_large |= inbuf.capacity() > 1 << 20;
+        }
+    }
+
+    /// Redis's WAIT: polls (every millisecond) until `w.n` backups have received every commit
+    /// up to `w.ts`, or the timeout passes; how many have.
+    async fn wait_replicas(&self, w: crate::session::WaitReplicas) -> usize {
+        let deadline = (!w.timeout.is_zero()).then(|| Instant::now() + w.timeout);
+        loop {
+            let n = crate::session::replicas_holding(&self.sh, w.ts);
+            if n >= w.n || deadline.is_some_and(|d| Instant::now() >= d) {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

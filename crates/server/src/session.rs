@@ -252,6 +252,18 @@ pub struct Outcome {
     pub close: bool,
     /// The command's index in [`SPECS`], for per-command metrics (`None`: unknown command).
     pub cmd: Option<usize>,
+    /// Redis's WAIT: the reply is the number of backups holding this commit, counted by the
+    /// connection once it has waited for it (`reply` is then not sent).
+    pub replicas: Option<WaitReplicas>,
+}
+
+/// WAIT numreplicas timeout, on a primary: wait until `n` backups have received every
+/// commit of the connection (up to `ts`), or `timeout` passes (zero: no limit, as Redis).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitReplicas {
+    pub n: usize,
+    pub ts: Ts,
+    pub timeout: std::time::Duration,
 }
 
 impl Outcome {
@@ -260,7 +272,7 @@ impl Outcome {
     }
 
     fn after(reply: Reply, wait: Ts) -> Outcome {
-        Outcome { reply, wait, close: false, cmd: None }
+        Outcome { reply, wait, close: false, cmd: None, replicas: None }
     }
 }
 
@@ -463,7 +475,7 @@ impl Session {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
                     sh.stats.errors.fetch_add(1, Ordering::Relaxed);
                 }
-                Outcome { reply, wait, close: false, cmd: Some(i) }
+                Outcome { reply, wait, close: false, cmd: Some(i), replicas: None }
             })
             .collect()
     }
@@ -711,11 +723,20 @@ impl Session {
                 Reply::Ok
             }
             "INFO" => Reply::Bulk(info(a, sh).into()),
-            "ROLE" => Reply::Array(vec![Reply::bulk("master"), Reply::Int(0), Reply::Array(Vec::new())]),
-            // No replicas yet: every acknowledged write is already durable here, and no
-            // replica can acknowledge it.
+            "ROLE" => role(sh),
+            // Redis's WAIT: how many backups have received this connection's writes (the
+            // connection waits, bounded by the timeout; see `WaitReplicas`).
             "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
-                (Some(n), Some(t)) if n >= 0 && t >= 0 => Reply::Int(0),
+                (Some(_), Some(_)) if sh.read_only => Reply::err("ERR WAIT cannot be used with replica instances"),
+                (Some(n), Some(t)) if n >= 0 && t >= 0 => {
+                    let w = WaitReplicas {
+                        n: n as usize,
+                        ts: self.last_commit,
+                        timeout: std::time::Duration::from_millis(t as u64),
+                    };
+                    return Outcome { replicas: Some(w), ..Outcome::now(Reply::Int(0)) };
+                }
+                (Some(_), Some(_)) => Reply::err("ERR timeout is negative"),
                 _ => Reply::err(commands::NOT_INTEGER),
             },
             // The count kept by every commit, in O(1). It may include commits not yet
@@ -1102,6 +1123,49 @@ fn config(a: &[Bytes], sh: &Shared) -> Reply {
         .map(|(n, v)| (Reply::bulk(n.clone()), Reply::bulk(v.clone())))
         .collect();
     Reply::Map(pairs)
+}
+
+/// ROLE, as Redis answers it: `master`, its offset (the released timestamp) and its backups
+/// (host, port, received timestamp); or `slave`, the primary's host and port, the link's
+/// state and the read view.
+fn role(sh: &Shared) -> Reply {
+    let split = |addr: &str| {
+        let (h, p) = addr.rsplit_once(':').unwrap_or((addr, "0"));
+        (h.to_string(), p.to_string())
+    };
+    match &sh.replication {
+        Replication::Standalone => Reply::Array(vec![Reply::bulk("master"), Reply::Int(0), Reply::Array(Vec::new())]),
+        Replication::Primary { primary, .. } => {
+            let backups = primary
+                .backups()
+                .into_iter()
+                .map(|b| {
+                    let (h, p) = split(&b.addr);
+                    Reply::Array(vec![Reply::bulk(h), Reply::bulk(p), Reply::bulk(b.received.0.to_string())])
+                })
+                .collect();
+            Reply::Array(vec![Reply::bulk("master"), Reply::Int(primary.released().0 as i64), Reply::Array(backups)])
+        }
+        Replication::Backup { state, primary } => {
+            let (h, p) = split(primary);
+            let up = state.connected.load(std::sync::atomic::Ordering::Acquire) && state.failure.lock().is_none();
+            Reply::Array(vec![
+                Reply::bulk("slave"),
+                Reply::bulk(h),
+                Reply::Int(p.parse().unwrap_or(0)),
+                Reply::bulk(if up { "connected" } else { "connect" }),
+                Reply::Int(state.visible.load(std::sync::atomic::Ordering::Acquire) as i64),
+            ])
+        }
+    }
+}
+
+/// How many backups hold every commit up to `ts` (received; none on a standalone node).
+pub fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
+    match &sh.replication {
+        Replication::Primary { primary, .. } => primary.backups().iter().filter(|b| b.received >= ts).count(),
+        _ => 0,
+    }
 }
 
 /// DITTO.WAITTS ts: answers once every commit up to `ts` is durable (so that data read
