@@ -208,11 +208,41 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert_eq!(l.one(&["SET", "mine", "1"]), "+OK", "a local write while the backup is missing");
     assert_eq!(l.one(&["DITTO.POLICY", "default"]), "+OK");
     assert_eq!(l.one(&["DITTO.POLICY"]), "all-durable");
+    // A transaction may choose its own policy (DITTO.POLICY inside MULTI): `local` here is
+    // answered, and the connection keeps its own policy afterwards...
+    for (cmd, want) in
+        [(&["MULTI"][..], "+OK"), (&["DITTO.POLICY", "local"], "+QUEUED"), (&["SET", "txn", "1"], "+QUEUED")]
+    {
+        assert_eq!(l.one(cmd), want);
+    }
+    assert_eq!(l.cmd(&["EXEC"]).unwrap(), ["+OK", "+OK"], "a local transaction while the backup is missing");
+    assert_eq!(l.one(&["DITTO.POLICY"]), "all-durable");
+    // ...and one that asks for more than its connection's waits for it.
+    let mut strict = Client::connect(primary.port).unwrap();
+    assert_eq!(strict.one(&["DITTO.POLICY", "local"]), "+OK");
+    for (cmd, want) in
+        [(&["MULTI"][..], "+OK"), (&["DITTO.POLICY", "all-durable"], "+QUEUED"), (&["SET", "strict", "1"], "+QUEUED")]
+    {
+        assert_eq!(strict.one(cmd), want);
+    }
+    strict.set_read_timeout(Duration::from_millis(700));
+    assert!(strict.cmd(&["EXEC"]).is_err(), "an all-durable transaction was answered with the backup missing");
+    // A write keeps the policy it was made under when the connection changes its policy
+    // later in the same pipeline.
+    let mut piped = Client::connect(primary.port).unwrap();
+    piped.send(&[&["SET", "piped", "1"], &["DITTO.POLICY", "local"]]).unwrap();
+    piped.set_read_timeout(Duration::from_millis(700));
+    assert!(piped.reply().is_err(), "an all-durable write was answered under the policy set after it");
     // ...and is acknowledged once it joins.
     let backup = Node::start(&tmp.path().join("b"), &["--replica-of", primary.repl.as_ref().unwrap()]);
     w.set_read_timeout(Duration::from_secs(30));
     let r = w.reply();
     assert_eq!(r.as_ref().map_err(|e| e.to_string()), Ok(&vec!["+OK".to_string()]));
+    strict.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(strict.reply().unwrap(), ["+OK", "+OK"]);
+    assert_eq!(strict.one(&["DITTO.POLICY"]), "local", "the transaction's policy was its own");
+    piped.set_read_timeout(Duration::from_secs(30));
+    assert_eq!((piped.reply().unwrap(), piped.reply().unwrap()), (vec!["+OK".into()], vec!["+OK".into()]));
     let mut b = Client::connect(backup.port).unwrap();
     let ts = w.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
     assert!(ts.parse::<u64>().unwrap() > 0, "{ts}");

@@ -105,7 +105,7 @@ const RECLAIM_EVERY: Duration = Duration::from_millis(100);
 
 /// The outcome of a request when this thread has no engine worker.
 fn no_worker(e: &'static str) -> Outcome {
-    Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true, cmd: None, replicas: None }
+    Outcome { reply: Reply::err(format!("ERR {e}")), wait: Ts(0), close: true, cmd: None, replicas: None, policy: None }
 }
 
 struct Conn {
@@ -475,7 +475,10 @@ impl Conn {
         let mut outcomes: Vec<Outcome> = Vec::new();
         loop {
             // Handle every complete request buffered (up to the output bound).
-            let mut wait = Ts(0);
+            // What the replies wait for, per commit policy (a connection's policy may change
+            // mid-pipeline, and a transaction may choose its own): each reply waits under
+            // the policy it was given, and none leaves before all are released.
+            let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
             let mut close = false;
             let mut replies = 0usize;
             while out.len() < self.sh.max_output_bytes {
@@ -549,7 +552,11 @@ impl Conn {
                                 .encode(session.proto, &mut out);
                             }
                             replies += 1;
-                            wait = wait.max(o.wait);
+                            let p = o.policy.or(session.policy());
+                            match waits.iter_mut().find(|w| w.0 == p) {
+                                Some(w) => w.1 = w.1.max(o.wait),
+                                None => waits.push((p, o.wait)),
+                            }
                             close |= o.close;
                         }
                         if close {
@@ -566,7 +573,14 @@ impl Conn {
             }
             if !out.is_empty() {
                 let handled = Instant::now();
-                if let Err(failed) = self.wait_durable(wait, session.policy()).await {
+                let mut waited = Ok(());
+                for (p, ts) in waits.drain(..) {
+                    waited = self.wait_durable(ts, p).await;
+                    if waited.is_err() {
+                        break;
+                    }
+                }
+                if let Err(failed) = waited {
                     out.clear();
                     // On a backup the only wait that fails is a read view that did not get
                     // there in time: nothing was written, the connection goes on.

@@ -255,6 +255,9 @@ pub struct Outcome {
     /// Redis's WAIT: the reply is the number of backups holding this commit, counted by the
     /// connection once it has waited for it (`reply` is then not sent).
     pub replicas: Option<WaitReplicas>,
+    /// The commit policy `wait` is released under, where it is not the connection's (a
+    /// transaction's own: DITTO.POLICY inside MULTI).
+    pub policy: Option<ditto_replication::CommitPolicy>,
 }
 
 /// WAIT numreplicas timeout, on a primary: wait until `n` backups have received every
@@ -272,7 +275,7 @@ impl Outcome {
     }
 
     fn after(reply: Reply, wait: Ts) -> Outcome {
-        Outcome { reply, wait, close: false, cmd: None, replicas: None }
+        Outcome { reply, wait, close: false, cmd: None, replicas: None, policy: None }
     }
 }
 
@@ -475,7 +478,7 @@ impl Session {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
                     sh.stats.errors.fetch_add(1, Ordering::Relaxed);
                 }
-                Outcome { reply, wait, close: false, cmd: Some(i), replicas: None }
+                Outcome { reply, wait, close: false, cmd: Some(i), replicas: None, policy: None }
             })
             .collect()
     }
@@ -620,7 +623,23 @@ impl Session {
         }
     }
 
+    /// EXEC. A DITTO.POLICY queued in the transaction is the transaction's own policy: its
+    /// reply is released under it, and the connection keeps its policy.
     fn exec(&mut self, sh: &Shared, worker: &mut Worker) -> Outcome {
+        let conn_policy = self.policy;
+        let mut o = self.exec_queued(sh, worker);
+        if self.policy != conn_policy {
+            let server = match &sh.replication {
+                Replication::Primary { policy, .. } => Some(*policy),
+                _ => None,
+            };
+            o.policy = self.policy.or(server);
+            self.policy = conn_policy;
+        }
+        o
+    }
+
+    fn exec_queued(&mut self, sh: &Shared, worker: &mut Worker) -> Outcome {
         let Some(queue) = self.multi.take() else { return Outcome::now(Reply::err("ERR EXEC without MULTI")) };
         let watched = std::mem::take(&mut self.watched);
         self.watched_bytes = 0;

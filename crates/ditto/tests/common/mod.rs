@@ -114,12 +114,20 @@ impl Client {
     }
 
     pub fn cmd(&mut self, args: &[&str]) -> std::io::Result<Vec<String>> {
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        self.s.write_all(req.as_bytes())?;
+        self.send(&[args])?;
         self.reply()
+    }
+
+    /// Sends requests in one write (a pipeline); read their replies with `reply`.
+    pub fn send(&mut self, reqs: &[&[&str]]) -> std::io::Result<()> {
+        let mut req = String::new();
+        for args in reqs {
+            req.push_str(&format!("*{}\r\n", args.len()));
+            for a in *args {
+                req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+            }
+        }
+        self.s.write_all(req.as_bytes())
     }
 
     pub fn one(&mut self, args: &[&str]) -> String {
