@@ -211,3 +211,86 @@ fn a_backup_checkpoints_and_deletes_the_replica_log_it_covers() {
     assert_eq!(r.get(tb, &499u32.to_be_bytes()).unwrap().as_deref(), Some(&[999u32 as u8; 400][..]));
     p.stop();
 }
+
+/// Real files, except that creating or writing a checkpoint file fails with ENOSPC while
+/// `full` is set (the replica log's files are untouched).
+struct FullForCheckpoints {
+    full: Arc<AtomicBool>,
+}
+
+impl Storage for FullForCheckpoints {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        if !path.to_string_lossy().contains("checkpoint") {
+            return RealStorage.create_new(path);
+        }
+        if self.full.load(Ordering::SeqCst) {
+            return Err(enospc());
+        }
+        Ok(Box::new(FillingFile { inner: RealStorage.create_new(path)?, full: Arc::clone(&self.full) }))
+    }
+}
+
+/// A backup whose checkpoints fail (its disk refuses checkpoint files) goes on receiving,
+/// acknowledging and replaying, keeps every replica log file (nothing is covered), and
+/// leaves no checkpoint behind; once the disk has room again its next checkpoint covers
+/// everything and the replica log files go.
+#[test]
+fn a_failing_backup_checkpoint_keeps_the_replica_log_and_the_backup_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let bdir = tmp.path().join("b");
+    let full = Arc::new(AtomicBool::new(true));
+    let opts = BackupOptions {
+        checkpoint_every: Duration::from_millis(50),
+        replica_file_bytes: 16 << 10,
+        storage: Some(Arc::new(FullForCheckpoints { full: Arc::clone(&full) })),
+        ..BackupOptions::new(&addr, &bdir, 1, "b")
+    };
+    let b = backup::start(opts).unwrap();
+    let files = || std::fs::read_dir(bdir.join("replica")).map(|r| r.count()).unwrap_or(0);
+    // Complete checkpoints (an attempt in flight has a directory, but no MANIFEST yet).
+    let checkpoints = || {
+        let mut c: Vec<std::path::PathBuf> = std::fs::read_dir(bdir.join("checkpoints"))
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("MANIFEST").exists()).collect())
+            .unwrap_or_default();
+        c.sort();
+        c
+    };
+    // The one the backup joined from (streamed by the primary).
+    let joined = checkpoints();
+    assert_eq!(joined.len(), 1, "{joined:?}");
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..600u32 {
+        let (_, ticket) = w.run(|x| x.put(t, &(i % 300).to_be_bytes(), &[i as u8; 400])).unwrap();
+        last = ticket.wait().unwrap();
+    }
+    wait_until("every commit released while checkpoints fail", Duration::from_secs(20), || {
+        released.load(Ordering::SeqCst) >= last.0
+    });
+    wait_until("the backup's read view", Duration::from_secs(20), || b.state.visible.load(Ordering::SeqCst) >= last.0);
+    // Many checkpoint rounds pass, each failing.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(b.failure().is_none(), "a failing checkpoint stopped the backup: {:?}", b.failure());
+    assert_eq!(b.state.checkpoints.load(Ordering::SeqCst), 0, "a checkpoint was counted that the disk refused");
+    assert_eq!(b.state.checkpoint_ts.load(Ordering::SeqCst), 0);
+    assert_eq!(checkpoints(), joined, "a failed checkpoint was left behind as one");
+    let kept = files();
+    assert!(kept >= 10, "the replica log holds {kept} files: the test did not make it grow");
+
+    // Room again: the next checkpoint covers everything, and the covered files go.
+    full.store(false, Ordering::SeqCst);
+    wait_until("a checkpoint once the disk has room", Duration::from_secs(20), || {
+        b.state.checkpoint_ts.load(Ordering::SeqCst) >= last.0
+    });
+    let (_, ticket) = w.run(|x| x.put(t, b"last", b"1")).unwrap();
+    let fence = ticket.wait().unwrap();
+    wait_until("the covered replica log files deleted", Duration::from_secs(20), || files() <= 2);
+    let now = checkpoints();
+    assert!(now.len() == 1 && now != joined, "the backup's own checkpoint replaced the one it joined from: {now:?}");
+    wait_until("the read view", Duration::from_secs(20), || b.state.visible.load(Ordering::SeqCst) >= fence.0);
+    let r = b.db.read();
+    let tb = b.db.table_id("t").unwrap();
+    assert_eq!(r.get(tb, &299u32.to_be_bytes()).unwrap().as_deref(), Some(&[599u32 as u8; 400][..]));
+    p.stop();
+}
