@@ -110,11 +110,16 @@ impl Merge {
 
     /// The next batch in shipping order: its stream, bound, trusted floor and transactions
     /// (in timestamp order, as a stream's batch holds them).
+    /// Transactions at or below the watermark already passed (every one of them arrived
+    /// before) are the overlap of a resumed connection: they are not taken twice.
     pub fn push(&mut self, stream: usize, bound: Ts, floor: Option<Ts>, txns: impl IntoIterator<Item = Txn>) {
+        let w = self.prefix.watermark();
         let q = &mut self.pending[stream];
         for t in txns {
-            debug_assert!(q.back().is_none_or(|b| b.ts < t.ts), "a stream's transactions come in ts order");
-            q.push_back(t);
+            // A stream's transactions come in ts order; one already queued is an overlap too.
+            if t.ts > w && q.back().is_none_or(|b| b.ts < t.ts) {
+                q.push_back(t);
+            }
         }
         self.prefix.push(stream, bound, floor);
     }
@@ -550,6 +555,12 @@ mod tests {
         m.push(0, Ts(9), Some(Ts(8)), []);
         assert_eq!(m.pop().map(|t| t.ts.0), Some(4));
         assert_eq!(m.watermark(), Ts(8));
+        // A resumed connection sends again what was held: not taken twice.
+        m.push(1, Ts(10), None, [txn(4, &[2]), txn(10, &[2])]);
+        assert_eq!(m.pop().map(|t| t.ts.0), None, "10 waits for stream 0; 4 was taken already");
+        m.push(0, Ts(12), None, [txn(11, &[1])]);
+        let order: Vec<u64> = std::iter::from_fn(|| m.pop()).map(|t| t.ts.0).collect();
+        assert_eq!(order, [10], "11 waits: stream 1 is known complete only to 10");
     }
 
     #[test]
