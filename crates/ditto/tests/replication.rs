@@ -17,6 +17,16 @@ const START: i64 = 1000;
 
 #[test]
 fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_backup_restart() {
+    prefixes_and_restart("parallel");
+}
+
+/// The same with KuaFu's dependency replay on the backup (crates/replication/src/dependency.rs).
+#[test]
+fn the_same_with_dependency_replay() {
+    prefixes_and_restart("dependency");
+}
+
+fn prefixes_and_restart(replay: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
     let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "majority-durable", "--backups", "1"]);
@@ -26,7 +36,9 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
     let bcfg = tmp.path().join("backup.toml");
     std::fs::write(&bcfg, "checkpoint_interval_s = 1\n").unwrap();
     let bcfg = bcfg.to_str().unwrap().to_string();
-    let mut backup = Node::start(&bdir, &["--replica-of", &repl, "--config", &bcfg]);
+    let mut backup = Node::start(&bdir, &["--replica-of", &repl, "--config", &bcfg, "--replay", replay]);
+    let info = Client::connect(backup.port).unwrap().cmd(&["INFO", "replication"]).unwrap().join("\n");
+    assert!(info.contains(&format!("ditto_replay_mode:{replay}")), "{info}");
     let mut c = Client::connect(primary.port).unwrap();
     let mut mset = vec!["MSET".to_string()];
     for i in 0..ACCOUNTS {
@@ -134,7 +146,7 @@ fn backup_reads_are_prefixes_and_every_acknowledged_commit_reaches_it_across_a_b
         .collect();
     assert_eq!(ckpts.len(), 1, "one checkpoint left: {ckpts:?}");
     assert!(ckpts[0] > 100, "the checkpoint is the backup's own, taken under load (ts {})", ckpts[0]);
-    backup = Node::start(&bdir, &["--replica-of", &repl, "--config", &bcfg]);
+    backup = Node::start(&bdir, &["--replica-of", &repl, "--config", &bcfg, "--replay", replay]);
     let r2 = check_reads(backup.port, Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&acked_counter));
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);

@@ -153,6 +153,8 @@ pub struct BackupState {
     pub checkpoint_ts: AtomicU64,
     pub checkpoints: AtomicU64,
     pub failure: Mutex<Option<String>>,
+    /// The replay mode, as `ReplayMode` prints it.
+    pub replay_mode: Mutex<String>,
 }
 
 /// A running backup: its database (read it through snapshots) and its figures.
@@ -300,6 +302,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
     let db = Arc::clone(&opened.db);
     let state = Arc::new(BackupState::default());
+    *state.replay_mode.lock() = opts.replay.to_string();
     for a in [&state.received, &state.durable, &state.replayed, &state.visible] {
         a.store(base.0, Ordering::Release);
     }
