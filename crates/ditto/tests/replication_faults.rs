@@ -264,7 +264,12 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert!(ps.contains("1 backup(s) connected") && ps.contains("replay ms"), "{ps}");
     assert!(!ps.contains("BLOCKED"), "{ps}");
     let bs = status(backup.port);
-    assert!(bs.contains(&format!("backup of {}", primary.repl.as_ref().unwrap())) && bs.contains("link up"), "{bs}");
+    assert!(
+        bs.contains(&format!("backup of {}", primary.repl.as_ref().unwrap()))
+            && bs.contains("link up")
+            && bs.contains("(parallel replay)"),
+        "{bs}"
+    );
     // Redis's ROLE and WAIT. The backup names its primary; the primary lists its backup.
     let role = b.cmd(&["ROLE"]).unwrap();
     let repl_port = primary.repl.as_ref().unwrap().rsplit_once(':').unwrap().1.to_string();
