@@ -79,7 +79,7 @@ pub fn replay(
     exec_s_per_txn: f64,
     primary: &[(String, u64, u32)],
 ) -> Result<serde_json::Value, Error> {
-    let mode_v = ditto_replication::ReplayMode::parse(mode).map_err(|e| format!("--replay-only: {e}"))?;
+    let (mode_v, share) = ditto_replication::parse_replay(mode).map_err(|e| format!("--replay-only: {e}"))?;
     let frames = rec.frames.lock();
     let split = rec.run_start.load(Ordering::Acquire).min(frames.len());
     let db = Database::new(Options { workers: streams });
@@ -91,8 +91,9 @@ pub fn replay(
             return Err(format!("table {name} got id {} on replay, {} when recorded", got.0, id.0).into());
         }
     }
-    let load = ditto_replication::replay_recorded(Arc::clone(&db), streams, Ts::ZERO, mode_v, &frames[..split])?;
-    let run = ditto_replication::replay_recorded(Arc::clone(&db), streams, load.replayed, mode_v, &frames[split..])?;
+    let load = ditto_replication::replay_recorded(Arc::clone(&db), streams, Ts::ZERO, mode_v, share, &frames[..split])?;
+    let run =
+        ditto_replication::replay_recorded(Arc::clone(&db), streams, load.replayed, mode_v, share, &frames[split..])?;
     let replayed = contents(&db)?;
     if replayed != primary {
         let diff: Vec<String> = primary

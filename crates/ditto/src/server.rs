@@ -71,7 +71,8 @@ pub struct ServerArgs {
     #[arg(long)]
     backups: Option<usize>,
     /// On a backup: serial, parallel or dependency (KuaFu; dependency:N for a barrier every N
-    /// transactions, 0 for none) [default: parallel].
+    /// transactions, 0 for none), each with an optional `+shared` (values point into the
+    /// received batch: log-as-database) [default: parallel].
     #[arg(long)]
     replay: Option<String>,
     /// Pre-fault this many MiB of heap before serving (the benchmarks' cluster runs give

@@ -250,7 +250,7 @@ fn bench_ycsb_cluster_run_with_a_backup() {
 /// values (the run fails otherwise), and the figures are there.
 #[test]
 fn bench_tpcc_replay_only_in_every_mode() {
-    let modes = ["serial", "parallel", "dependency", "dependency:0"];
+    let modes = ["serial", "parallel", "dependency", "dependency:0", "parallel+shared", "dependency:0+shared:64"];
     let (out, _) = ditto(&[
         "bench",
         "tpcc",

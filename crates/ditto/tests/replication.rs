@@ -26,6 +26,13 @@ fn the_same_with_dependency_replay() {
     prefixes_and_restart("dependency");
 }
 
+/// The same with every replayed value shared with its received batch, not copied (Query
+/// Fresh's log-as-database, `+shared`).
+#[test]
+fn the_same_with_shared_values() {
+    prefixes_and_restart("parallel+shared");
+}
+
 fn prefixes_and_restart(replay: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));

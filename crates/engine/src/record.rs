@@ -34,7 +34,8 @@ pub(crate) const TS_MASK: u64 = UNLINKED_BIT - 1;
 
 /// One version of a record: a header followed, in the same allocation, by the value bytes.
 /// Keeping the value inline makes a write one allocation, not two (version node + value
-/// buffer), and a read one dependent cache miss fewer.
+/// buffer), and a read one dependent cache miss fewer. A backup may instead share a
+/// replayed value with the batch it came in (`SHARED`: a `Bytes` follows the header).
 ///
 /// A version is built unpublished (`OwnedVersion`, owned by a transaction's write set),
 /// gets its timestamp at install, and is immutable once a record's `head` points to it.
@@ -52,11 +53,19 @@ pub(crate) struct Version {
 }
 
 const TOMBSTONE: u32 = u32::MAX;
+/// `cap` of a version whose value is not inline but a `Bytes` stored after the header: a
+/// slice of a buffer shared with others (a backup's received batch: Query Fresh's
+/// log-as-database, crates/engine/src/replay.rs). The `Bytes` keeps the buffer alive until
+/// the version is freed.
+const SHARED: u32 = u32::MAX;
 const HEADER: usize = std::mem::size_of::<Version>();
+const _: () =
+    assert!(HEADER.is_multiple_of(std::mem::align_of::<Bytes>()), "a shared value's Bytes follows the header");
 
 impl Version {
     fn layout(cap: u32) -> Layout {
-        Layout::from_size_align(HEADER + cap as usize, std::mem::align_of::<Version>()).expect("version layout")
+        let body = if cap == SHARED { std::mem::size_of::<Bytes>() } else { cap as usize };
+        Layout::from_size_align(HEADER + body, std::mem::align_of::<Version>()).expect("version layout")
     }
 
     /// The value of the version at `p` (`None`: a tombstone).
@@ -68,6 +77,11 @@ impl Version {
         if len == TOMBSTONE {
             return None;
         }
+        if (*p).cap == SHARED {
+            // A live `Bytes` follows the header for as long as the version lives.
+            let b = &*((p as *const u8).add(HEADER) as *const Bytes);
+            return Some(std::slice::from_raw_parts(b.as_ptr(), b.len()));
+        }
         // The allocation holds `cap >= len` initialized bytes after the header.
         Some(std::slice::from_raw_parts((p as *const u8).add(HEADER), len as usize))
     }
@@ -76,7 +90,11 @@ impl Version {
     ///
     /// SAFETY: `p` came from `OwnedVersion::into_raw` and nothing can reach it any more.
     pub unsafe fn free(p: *mut Version) {
-        std::alloc::dealloc(p as *mut u8, Self::layout((*p).cap));
+        let cap = (*p).cap;
+        if cap == SHARED {
+            std::ptr::drop_in_place((p as *mut u8).add(HEADER) as *mut Bytes);
+        }
+        std::alloc::dealloc(p as *mut u8, Self::layout(cap));
     }
 }
 
@@ -142,9 +160,28 @@ impl OwnedVersion {
         OwnedVersion(p)
     }
 
-    fn cap(&self) -> u32 {
+    /// A version whose value is `value` itself, shared, not copied (see `SHARED`).
+    pub fn shared(value: Bytes) -> OwnedVersion {
+        let len =
+            u32::try_from(value.len()).ok().filter(|&c| c != TOMBSTONE).expect("value length checked by the caller");
+        let layout = Version::layout(SHARED);
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) } as *mut Version;
+        let Some(p) = NonNull::new(p) else { std::alloc::handle_alloc_error(layout) };
+        // SAFETY: fresh allocation of the right layout: the header, then the `Bytes`
+        // (aligned: checked above), both written before any read.
+        unsafe {
+            p.as_ptr().write(Version { ts: Ts(0), older: AtomicPtr::new(std::ptr::null_mut()), len, cap: SHARED });
+            ((p.as_ptr() as *mut u8).add(HEADER) as *mut Bytes).write(value);
+        }
+        OwnedVersion(p)
+    }
+
+    /// Whether a value of `len` bytes fits in place (never in place of a shared one).
+    fn fits(&self, len: usize) -> bool {
         // SAFETY: we own a live, initialized version.
-        unsafe { (*self.0.as_ptr()).cap }
+        let cap = unsafe { (*self.0.as_ptr()).cap };
+        cap != SHARED && len <= cap as usize
     }
 
     pub fn value(&self) -> Option<&[u8]> {
@@ -154,9 +191,8 @@ impl OwnedVersion {
 
     /// Replaces the value, in place when it fits.
     pub fn set(&mut self, value: Option<Parts<'_>>) {
-        let cap = self.cap();
         match value {
-            Some(v) if v.len() <= cap as usize => {
+            Some(v) if self.fits(v.len()) => {
                 // SAFETY: we own it exclusively and `v` fits the allocation.
                 unsafe {
                     let p = self.0.as_ptr();
@@ -378,7 +414,7 @@ impl Record {
             return false;
         }
         let mut v = OwnedVersion(NonNull::new_unchecked(p));
-        let fits = value.is_none_or(|v2| v2.len() <= v.cap() as usize);
+        let fits = value.is_none_or(|v2| v.fits(v2.len()));
         if fits {
             v.set(value.map(Parts::whole));
             v.set_ts(ts);

@@ -88,7 +88,39 @@ pub(crate) struct Parked {
 }
 
 /// A parked write: its timestamp and value (`None`: a delete).
-type ParkedWrite = (Ts, Option<Box<[u8]>>);
+type ParkedWrite = (Ts, Option<Bytes>);
+
+/// A replayed value: copied into the version, or shared with the buffer it came in (Query
+/// Fresh's log-as-database: the version points into the received batch, which it keeps
+/// alive until the version is freed).
+#[derive(Clone, Copy, Debug)]
+enum Val<'a> {
+    Copy(&'a [u8]),
+    Share(&'a Bytes),
+}
+
+impl<'a> Val<'a> {
+    fn bytes(self) -> &'a [u8] {
+        match self {
+            Val::Copy(b) => b,
+            Val::Share(b) => b,
+        }
+    }
+
+    fn version(value: Option<Val<'_>>) -> OwnedVersion {
+        match value {
+            Some(Val::Share(b)) => OwnedVersion::shared(b.clone()),
+            v => OwnedVersion::new(v.map(|v| v.bytes())),
+        }
+    }
+
+    fn owned(self) -> Bytes {
+        match self {
+            Val::Copy(b) => Bytes::copy_from_slice(b),
+            Val::Share(b) => b.clone(),
+        }
+    }
+}
 
 /// How long replay waits for an old life to end for every snapshot before it reports the
 /// log as inconsistent (a snapshot held this long blocks the reuse, see the module notes).
@@ -108,12 +140,36 @@ impl Database {
         ts: Ts,
         value: Option<&[u8]>,
     ) -> Result<KeyDelta> {
+        self.replay_install_val(table, rid, key, ts, value.map(Val::Copy))
+    }
+
+    /// `replay_install` with the value shared, not copied: the version points into `value`'s
+    /// buffer (a received batch) and keeps it alive (Query Fresh's log-as-database).
+    pub fn replay_install_shared(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        key: Option<&[u8]>,
+        ts: Ts,
+        value: Option<&Bytes>,
+    ) -> Result<KeyDelta> {
+        self.replay_install_val(table, rid, key, ts, value.map(Val::Share))
+    }
+
+    fn replay_install_val(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        key: Option<&[u8]>,
+        ts: Ts,
+        value: Option<Val<'_>>,
+    ) -> Result<KeyDelta> {
         let t = self.table(table)?;
         if rid.0 >= RECORDS_PER_TABLE_MAX {
             return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
         }
         if let Some(v) = value {
-            check_value_len(v.len())?;
+            check_value_len(v.bytes().len())?;
         }
         if ts.0 == 0 || ts.0 > TS_MASK {
             return Err(Error::Corrupt(format!("replayed write at timestamp {}", ts.0)));
@@ -133,7 +189,7 @@ impl Database {
                 self.parked.count.fetch_sub(1, Ordering::SeqCst);
                 return Ok(KeyDelta::of(rec, delta));
             }
-            parked.entry((table, rid)).or_default().push((ts, value.map(Box::from)));
+            parked.entry((table, rid)).or_default().push((ts, value.map(|v| v.owned())));
             return Ok(KeyDelta { delta: 0, key: None });
         };
         // Bound, then installed; if the record left the index in between (the backup's own
@@ -162,7 +218,7 @@ impl Database {
                 waiting.sort_by_key(|w| w.0);
                 let mut still = Vec::new();
                 for (wts, wv) in waiting {
-                    match self.install_if(table, rid, rec, wts, wv.as_deref(), true) {
+                    match self.install_if(table, rid, rec, wts, wv.as_ref().map(Val::Share), true) {
                         Some(d) => {
                             delta += d;
                             self.parked.count.fetch_sub(1, Ordering::SeqCst);
@@ -187,7 +243,7 @@ impl Database {
         rid: RecordId,
         rec: &Record,
         ts: Ts,
-        value: Option<&[u8]>,
+        value: Option<Val<'_>>,
         after_value: bool,
     ) -> Option<i64> {
         let guard = crossbeam_epoch::pin();
@@ -210,7 +266,7 @@ impl Database {
         rid: RecordId,
         rec: &Record,
         ts: Ts,
-        value: Option<&[u8]>,
+        value: Option<Val<'_>>,
         guard: &Guard,
     ) -> i64 {
         let cur = rec.tid.load(Ordering::Relaxed) & TS_MASK;
@@ -222,7 +278,7 @@ impl Database {
                 // Under the record's lock, as a committer adds its deletes.
                 self.deleted[rid.0 as usize % self.deleted.len()].lock().push((table, rid, ts));
             }
-            rec.install_and_unlock(ts, OwnedVersion::new(value), horizon, guard);
+            rec.install_and_unlock(ts, Val::version(value), horizon, guard);
             return match (had_value, value.is_some()) {
                 (false, true) => 1,
                 (true, false) => -1,
@@ -344,7 +400,7 @@ impl Database {
 /// at `ts` is there already.
 ///
 /// SAFETY: the caller holds the record's lock; `ts` is below the head's timestamp.
-unsafe fn insert_older(rec: &Record, ts: Ts, value: Option<&[u8]>) {
+unsafe fn insert_older(rec: &Record, ts: Ts, value: Option<Val<'_>>) {
     let mut above: *mut Version = rec.head.load(Ordering::Acquire);
     debug_assert!(!above.is_null() && (*above).ts >= ts);
     if (*above).ts == ts {
@@ -353,7 +409,7 @@ unsafe fn insert_older(rec: &Record, ts: Ts, value: Option<&[u8]>) {
     loop {
         let below = (*above).older.load(Ordering::Acquire);
         if below.is_null() || (*below).ts < ts {
-            let mut v = OwnedVersion::new(value);
+            let mut v = Val::version(value);
             v.set_ts(ts);
             let p = v.into_raw();
             (*p).older.store(below, Ordering::Relaxed);

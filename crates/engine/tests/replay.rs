@@ -216,3 +216,45 @@ fn replayed_deletes_leave_the_index_once_every_snapshot_sees_them() {
     assert_eq!(r.get(t, b"k4").unwrap(), None);
     assert_eq!(db.count(t).unwrap(), 2);
 }
+
+/// Query Fresh's log-as-database: replayed values shared with the buffer they came in (not
+/// copied) read back as installed, out of order and through parking, and the buffer is
+/// let go once every version pointing into it is freed.
+#[test]
+fn shared_values_point_into_their_buffer_and_let_it_go_once_freed() {
+    let (db, t) = db();
+    let buf = bytes::Bytes::from((0..64u8).collect::<Vec<u8>>());
+    let part = |a: usize, b: usize| buf.slice(a..b);
+    // An update parked before its insert, both shared; one slotted below the head; a
+    // copied one on top.
+    db.replay_install_shared(t, RecordId(1), None, Ts(5), Some(&part(10, 20))).unwrap();
+    db.replay_install_shared(t, RecordId(1), Some(b"k"), Ts(2), Some(&part(0, 10))).unwrap();
+    db.replay_install_shared(t, RecordId(1), None, Ts(3), Some(&part(20, 30))).unwrap();
+    db.replay_install(t, RecordId(1), None, Ts(7), Some(b"copied")).unwrap();
+    db.replay_install_shared(t, RecordId(2), Some(b"gone"), Ts(4), Some(&part(30, 64))).unwrap();
+    db.replay_install(t, RecordId(2), None, Ts(6), None).unwrap();
+    for (view, want) in
+        [(2, part(0, 10)), (3, part(20, 30)), (5, part(10, 20)), (7, bytes::Bytes::from_static(b"copied"))]
+    {
+        db.publish_read_view(Ts(view)).unwrap();
+        assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&want[..]), "at view {view}");
+        let gone = db.read().get(t, b"gone").unwrap();
+        assert_eq!(gone.as_deref(), (view == 5).then(|| &buf[30..64]), "at view {view}");
+    }
+    assert!(!buf.is_unique(), "the versions hold the buffer");
+    // Newer versions supersede the shared ones; the deleted record is cleaned up. Once the
+    // GC has freed them all, the buffer is ours alone again.
+    db.publish_read_view(Ts(7)).unwrap();
+    for ts in 8..12 {
+        db.replay_install(t, RecordId(1), None, Ts(ts), Some(b"newer")).unwrap();
+        db.publish_read_view(Ts(ts)).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !buf.is_unique() {
+        assert!(std::time::Instant::now() < deadline, "the shared versions were never freed");
+        db.reclaim();
+        crossbeam_epoch::pin().flush();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"newer"[..]));
+}

@@ -23,7 +23,7 @@
 use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,22 @@ impl ReplayMode {
     }
 }
 
+/// A replay setting as written on the command line: a mode (`ReplayMode::parse`),
+/// optionally followed by `+shared` (every replayed value points into its received batch
+/// instead of being copied: Query Fresh's log-as-database) or `+shared:N` (values of N
+/// bytes or more). Returns the mode and the smallest value shared.
+pub fn parse_replay(s: &str) -> Result<(ReplayMode, Option<usize>), String> {
+    let (mode, share) = match s.split_once('+') {
+        None => (s, None),
+        Some((m, "shared")) => (m, Some(0)),
+        Some((m, rest)) => {
+            let n = rest.strip_prefix("shared:").and_then(|n| n.parse().ok());
+            (m, Some(n.ok_or_else(|| format!("unknown replay option '+{rest}' (+shared or +shared:N)"))?))
+        }
+    };
+    Ok((ReplayMode::parse(mode)?, share))
+}
+
 impl std::fmt::Display for ReplayMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -92,6 +108,9 @@ pub struct BackupOptions {
     /// This node's name, as the primary shows it.
     pub node: String,
     pub replay: ReplayMode,
+    /// Values of at least this many bytes are shared with their received batch, not
+    /// copied (`parse_replay`'s `+shared`); `None`: every value is copied.
+    pub share_values_from: Option<usize>,
     /// Print join progress to stderr.
     pub progress: bool,
     /// Told every replayed write that gave a key a value or took it away: (table, key,
@@ -117,6 +136,7 @@ impl BackupOptions {
             workers,
             node: node.to_string(),
             replay: ReplayMode::Parallel,
+            share_values_from: None,
             progress: false,
             on_keys: None,
             storage: None,
@@ -302,7 +322,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
     let db = Arc::clone(&opened.db);
     let state = Arc::new(BackupState::default());
-    *state.replay_mode.lock() = opts.replay.to_string();
+    *state.replay_mode.lock() = match opts.share_values_from {
+        None => opts.replay.to_string(),
+        Some(0) => format!("{}+shared", opts.replay),
+        Some(n) => format!("{}+shared:{n}", opts.replay),
+    };
     for a in [&state.received, &state.durable, &state.replayed, &state.visible] {
         a.store(base.0, Ordering::Release);
     }
@@ -311,6 +335,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         .map_err(io("creating the replica log"))?;
     let engine =
         Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay, opts.on_keys.clone());
+    engine.set_share_from(opts.share_values_from);
     let run_storage = Arc::clone(&storage);
     let run = Receiver {
         opts: opts.clone(),
@@ -446,6 +471,9 @@ struct Engine {
     queues: Vec<std::sync::mpsc::Sender<Job>>,
     mode: ReplayMode,
     on_keys: Option<KeysHook>,
+    /// Values at least this long are shared with their batch (`BackupOptions`); 0 set
+    /// before any batch comes, as `usize::MAX` for none.
+    share_from: AtomicUsize,
     /// The dependency mode's dispatcher and executors.
     graph: std::sync::OnceLock<Arc<crate::dependency::Shared>>,
 }
@@ -478,6 +506,7 @@ impl Engine {
             queues,
             mode,
             on_keys,
+            share_from: AtomicUsize::new(usize::MAX),
             graph: std::sync::OnceLock::new(),
         });
         match mode {
@@ -503,13 +532,20 @@ impl Engine {
 
     /// Installs one transaction's writes.
     fn install(&self, t: &crate::dependency::Txn) -> Result<(), String> {
+        let share_from = self.share_from.load(Ordering::Relaxed);
         for (table, rid, key, value) in t.writes() {
-            self.install_write(table, rid, key, t.ts, value)?;
+            let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
+            self.install_write(table, rid, key, t.ts, value, shared.as_ref())?;
         }
         Ok(())
     }
 
-    /// Installs one write and tells the key-count hook what it did.
+    fn set_share_from(&self, from: Option<usize>) {
+        self.share_from.store(from.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// Installs one write (its value shared with the batch when `shared` is that value as
+    /// a slice of it) and tells the key-count hook what it did.
     fn install_write(
         &self,
         table: ditto_engine::TableId,
@@ -517,8 +553,13 @@ impl Engine {
         key: Option<&[u8]>,
         ts: Ts,
         value: Option<&[u8]>,
+        shared: Option<&Bytes>,
     ) -> Result<(), String> {
-        let d = self.db.replay_install(table, rid, key, ts, value).map_err(|e| e.to_string())?;
+        let d = match shared {
+            Some(b) => self.db.replay_install_shared(table, rid, key, ts, Some(b)),
+            None => self.db.replay_install(table, rid, key, ts, value),
+        }
+        .map_err(|e| e.to_string())?;
         if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
             f(table, key, ts, d.delta);
         }
@@ -535,13 +576,16 @@ impl Engine {
     fn replay(&self, job: &Job, scratch: &mut Vec<u8>) -> Result<u64, String> {
         let (batch, _) = decode_batch_checksums(&job.batch).map_err(|e| e.to_string())?;
         let payload = batch.checked_payload_in(scratch).map_err(|e| e.to_string())?;
+        // A compressed batch's payload is in `scratch`, reused: its values are copied.
+        let share_from = if batch.header.compressed { usize::MAX } else { self.share_from.load(Ordering::Relaxed) };
         let mut n = 0;
         for t in payload.txns() {
             if t.ts <= job.skip_to {
                 continue;
             }
             for w in t.writes() {
-                self.install_write(w.table, w.rid, w.key, t.ts, w.value)?;
+                let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
+                self.install_write(w.table, w.rid, w.key, t.ts, w.value, shared.as_ref())?;
             }
             n += 1;
         }
@@ -888,12 +932,14 @@ pub fn replay_recorded(
     streams: usize,
     base: Ts,
     mode: ReplayMode,
+    share_values_from: Option<usize>,
     batches: &[Bytes],
 ) -> Result<ReplayRun, String> {
     let state = Arc::new(BackupState::default());
     // Snapshots may read at the replayed view; nothing waits for a primary's release.
     state.released.store(u64::MAX >> 8, Ordering::Release);
     let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None);
+    engine.set_share_from(share_values_from);
     let t0 = Instant::now();
     let mut prefix = Prefix::new(streams, base);
     for (i, b) in batches.iter().enumerate() {
@@ -934,4 +980,23 @@ pub fn replay_recorded(
         cpu_seconds: state.replay_cpu_ns.load(Ordering::Acquire) as f64 / 1e9,
         replayed: Ts(state.replayed.load(Ordering::Acquire)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_settings_parse_and_bad_ones_say_why() {
+        assert_eq!(parse_replay("parallel"), Ok((ReplayMode::Parallel, None)));
+        assert_eq!(parse_replay("serial+shared"), Ok((ReplayMode::Serial, Some(0))));
+        assert_eq!(
+            parse_replay("dependency:0+shared:512"),
+            Ok((ReplayMode::Dependency { barrier_every: 0 }, Some(512)))
+        );
+        assert_eq!(parse_replay("dependency").map(|r| r.0.to_string()), Ok("dependency".to_string()));
+        assert!(parse_replay("parallel+copied").unwrap_err().contains("+shared or +shared:N"));
+        assert!(parse_replay("paralel").unwrap_err().contains("unknown replay mode"));
+        assert!(parse_replay("dependency:x").is_err());
+    }
 }

@@ -28,6 +28,8 @@ pub mod primary;
 pub mod protocol;
 pub mod watermark;
 
-pub use backup::{replay_recorded, Backup, BackupError, BackupOptions, BackupState, ReplayMode, ReplayRun};
+pub use backup::{
+    parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, ReplayMode, ReplayRun,
+};
 pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};

@@ -77,7 +77,9 @@ pub struct Config {
     /// Backups the commit policy counts (a missing one holds nothing).
     pub backups: usize,
     /// On a backup: `serial`, `parallel` or `dependency` replay (`dependency:N`: a barrier
-    /// every N transactions, 0 for none; see crates/replication/src/dependency.rs).
+    /// every N transactions, 0 for none; see crates/replication/src/dependency.rs), and
+    /// `+shared` to share replayed values with their received batch instead of copying
+    /// them (`+shared:N`: values of N bytes or more; Query Fresh's log-as-database).
     pub replay: String,
     /// On a backup: how long DITTO.WAITTS waits for the read view to reach its timestamp.
     pub waitts_timeout_ms: u64,
@@ -214,7 +216,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.durability()?;
         self.policy()?;
-        ditto_replication::ReplayMode::parse(&self.replay).map_err(ConfigError::Invalid)?;
+        ditto_replication::parse_replay(&self.replay).map_err(ConfigError::Invalid)?;
         if self.replica_of.is_some() && self.repl_port.is_some() {
             return Err(ConfigError::Invalid(
                 "a backup (replica_of) does not accept backups itself (repl_port)".into(),

@@ -165,12 +165,15 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let (durable, backup) = match &cfg.replica_of {
         Some(primary) => {
             let rkc = Arc::clone(&replay_key_counts);
+            let (replay, share_values_from) =
+                ditto_replication::parse_replay(&cfg.replay).map_err(ConfigError::Invalid)?;
             let opts = ditto_replication::BackupOptions {
                 primary: primary.clone(),
                 data_dir: dir.clone(),
                 workers: cfg.workers,
                 node: format!("{}:{}", cfg.bind, cfg.port),
-                replay: ditto_replication::ReplayMode::parse(&cfg.replay).map_err(ConfigError::Invalid)?,
+                replay,
+                share_values_from,
                 progress: true,
                 on_keys: Some(Arc::new(move |table, key: &[u8], ts, delta| rkc.record(table, key, ts, delta))),
                 storage: None,
