@@ -654,9 +654,7 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
 
 impl crate::dependency::Sink for Engine {
     fn install(&self, txn: &crate::dependency::Txn) -> Result<(), String> {
-        Engine::install(self, txn)?;
-        self.state.txns_replayed.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Engine::install(self, txn)
     }
 
     fn replayed(&self, ts: Ts) {
@@ -674,8 +672,9 @@ impl crate::dependency::Sink for Engine {
         }
     }
 
-    fn add_cpu_ns(&self, ns: u64) {
-        self.state.replay_cpu_ns.fetch_add(ns, Ordering::Relaxed);
+    fn add_done(&self, txns: u64, cpu_ns: u64) {
+        self.state.txns_replayed.fetch_add(txns, Ordering::Relaxed);
+        self.state.replay_cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
     }
 }
 
@@ -901,6 +900,13 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                 }
             })
             .expect("starting a replayer");
+    }
+}
+
+impl BackupState {
+    /// Connected to the primary and not stopped by a failure.
+    pub fn link_up(&self) -> bool {
+        self.connected.load(Ordering::Acquire) && self.failure.lock().is_none()
     }
 }
 

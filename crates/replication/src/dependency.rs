@@ -202,7 +202,9 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// Every transaction at or below `ts` is installed.
     fn replayed(&self, ts: Ts);
     fn failed(&self, why: String);
-    fn add_cpu_ns(&self, ns: u64);
+    /// `txns` more transactions installed, `cpu_ns` more replay CPU (reported in bulk, not
+    /// per transaction: a counter shared by every executor would be a contended line).
+    fn add_done(&self, txns: u64, cpu_ns: u64);
 }
 
 struct Node {
@@ -375,7 +377,7 @@ fn dispatch<M>(
             Ok(w) => w,
             Err(std::sync::mpsc::TryRecvError::Empty) => {
                 let now = crate::backup::thread_cpu_ns();
-                sink.add_cpu_ns(now - cpu_reported);
+                sink.add_done(0, now - cpu_reported);
                 cpu_reported = now;
                 sh.idle.fetch_add(1, Ordering::SeqCst);
                 let w = rx.recv();
@@ -466,7 +468,16 @@ const PUBLISH_EVERY: u32 = 32;
 
 fn execute(sh: &Shared, sink: &dyn Sink) {
     let mut cpu_reported = crate::backup::thread_cpu_ns();
-    let mut unpublished = 0u32;
+    // Installed since the last report (of transactions, CPU and the replayed watermark).
+    let mut unreported = 0u32;
+    let report = |n: &mut u32, cpu_reported: &mut u64, replayed: Ts| {
+        // The counts first, so whoever sees these complete sees their cost.
+        let now = crate::backup::thread_cpu_ns();
+        sink.add_done(u64::from(*n), now - *cpu_reported);
+        *cpu_reported = now;
+        sink.replayed(replayed);
+        *n = 0;
+    };
     loop {
         let node = {
             let mut q = sh.ready.lock();
@@ -474,15 +485,10 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
                 if let Some(Ready(n)) = q.pop() {
                     break n;
                 }
-                // Going idle: report the CPU and what is replayed first.
+                // Going idle: report first.
                 drop(q);
-                if unpublished > 0 {
-                    sink.replayed(sh.tracker.lock().replayed());
-                    unpublished = 0;
-                }
-                let now = crate::backup::thread_cpu_ns();
-                sink.add_cpu_ns(now - cpu_reported);
-                cpu_reported = now;
+                let replayed = sh.tracker.lock().replayed();
+                report(&mut unreported, &mut cpu_reported, replayed);
                 q = sh.ready.lock();
                 if q.is_empty() {
                     sh.idle.fetch_add(1, Ordering::SeqCst);
@@ -510,15 +516,14 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
                 sh.push_ready(f);
             }
         }
-        sh.tracker.lock().finish(node.idx);
-        unpublished += 1;
-        if unpublished >= PUBLISH_EVERY {
-            // The CPU first, so whoever sees these complete sees their cost.
-            let now = crate::backup::thread_cpu_ns();
-            sink.add_cpu_ns(now - cpu_reported);
-            cpu_reported = now;
-            sink.replayed(sh.tracker.lock().replayed());
-            unpublished = 0;
+        let replayed = {
+            let mut t = sh.tracker.lock();
+            t.finish(node.idx);
+            t.replayed()
+        };
+        unreported += 1;
+        if unreported >= PUBLISH_EVERY {
+            report(&mut unreported, &mut cpu_reported, replayed);
         }
         let left = sh.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
         if left == sh.wake_at.load(Ordering::SeqCst) {
@@ -605,7 +610,7 @@ mod tests {
             fn failed(&self, why: String) {
                 *self.failed.lock() = Some(why);
             }
-            fn add_cpu_ns(&self, _: u64) {}
+            fn add_done(&self, _: u64, _: u64) {}
         }
         let sink = Arc::new(Rec {
             log: Mutex::default(),
@@ -668,5 +673,57 @@ mod tests {
                 assert!(done.contains(&t), "watermark {} published before ts {t} was installed", w.0);
             }
         }
+    }
+
+    /// A failing install stops replay: the failure is reported, and the replayed watermark
+    /// never covers the transaction that failed. A batch that does not decode stops the
+    /// dispatcher the same way.
+    #[test]
+    fn a_failed_install_or_an_undecodable_batch_stops_replay_and_says_why() {
+        struct Failing {
+            at: u64,
+            replayed: Mutex<Ts>,
+            failed: Mutex<Option<String>>,
+        }
+        impl Sink for Failing {
+            fn install(&self, t: &Txn) -> Result<(), String> {
+                if t.ts.0 == self.at {
+                    return Err(format!("no room for ts {}", t.ts.0));
+                }
+                Ok(())
+            }
+            fn replayed(&self, ts: Ts) {
+                let mut r = self.replayed.lock();
+                *r = (*r).max(ts);
+            }
+            fn failed(&self, why: String) {
+                self.failed.lock().get_or_insert(why);
+            }
+            fn add_done(&self, _: u64, _: u64) {}
+        }
+        let wait_failed = |sink: &Failing| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while sink.failed.lock().is_none() {
+                assert!(std::time::Instant::now() < deadline, "the failure was never reported");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            sink.failed.lock().clone().unwrap()
+        };
+        // An install fails at ts 50 (one stream, one row: every transaction follows it).
+        let sink = Arc::new(Failing { at: 50, replayed: Mutex::new(Ts(0)), failed: Mutex::default() });
+        let (tx, rx) = std::sync::mpsc::channel();
+        start(Arc::clone(&sink) as Arc<dyn Sink>, rx, |w: Result<Work, String>| w, 1, Ts(0), 2, 0);
+        let txns: Vec<Txn> = (1..=100).map(|ts| txn(ts, &[7])).collect();
+        tx.send(Ok(Work { stream: 0, bound: Ts(100), floor: None, txns })).unwrap();
+        assert_eq!(wait_failed(&sink), "no room for ts 50");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(*sink.replayed.lock() < Ts(50), "the watermark covered the failed transaction");
+
+        // A batch that does not decode.
+        let sink = Arc::new(Failing { at: 0, replayed: Mutex::new(Ts(0)), failed: Mutex::default() });
+        let (tx, rx) = std::sync::mpsc::channel();
+        start(Arc::clone(&sink) as Arc<dyn Sink>, rx, |w: Result<Work, String>| w, 1, Ts(0), 1, 0);
+        tx.send(Err("payload checksum mismatch".to_string())).unwrap();
+        assert_eq!(wait_failed(&sink), "payload checksum mismatch");
     }
 }

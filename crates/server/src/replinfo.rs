@@ -16,6 +16,11 @@ pub fn freshness_pct(backup_view: u64, primary_view: u64) -> f64 {
     (backup_view.min(primary_view) as f64 / primary_view as f64) * 100.0
 }
 
+/// `host:port` split at its last colon (port "0" when there is none).
+pub fn host_port(addr: &str) -> (&str, &str) {
+    addr.rsplit_once(':').unwrap_or((addr, "0"))
+}
+
 /// (name, value) pairs of this node's replication state.
 pub fn fields(sh: &Shared) -> Vec<(String, String)> {
     let mut f: Vec<(String, String)> = Vec::new();
@@ -67,10 +72,10 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Acquire);
             let (received, visible) = (ld(&state.received), ld(&state.visible));
             put("role", "slave".into());
-            let (host, port) = primary.rsplit_once(':').unwrap_or((primary.as_str(), "0"));
+            let (host, port) = host_port(primary);
             put("master_host", host.into());
             put("master_port", port.into());
-            let up = state.connected.load(Ordering::Acquire) && state.failure.lock().is_none();
+            let up = state.link_up();
             put("master_link_status", if up { "up" } else { "down" }.into());
             put("ditto_received_ts", received.to_string());
             put("ditto_durable_ts", ld(&state.durable).to_string());
@@ -168,7 +173,7 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                     ("{position=\"visible\"}".into(), ld(&state.visible)),
                 ],
             );
-            let up = state.connected.load(Ordering::Acquire) && state.failure.lock().is_none();
+            let up = state.link_up();
             gauge(
                 "ditto_replication_link_up",
                 "1 while the link to the primary is up.",

@@ -476,12 +476,13 @@ impl Conn {
         let mut pending = VecDeque::new();
         // The outcomes of the request (or run) being handled; reused.
         let mut outcomes: Vec<Outcome> = Vec::new();
+        // What the replies wait for, per commit policy (a connection's policy may change
+        // mid-pipeline, and a transaction may choose its own): each reply waits under the
+        // policy it was given, and none leaves before all are released. Drained at each
+        // flush; reused.
+        let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
         loop {
             // Handle every complete request buffered (up to the output bound).
-            // What the replies wait for, per commit policy (a connection's policy may change
-            // mid-pipeline, and a transaction may choose its own): each reply waits under
-            // the policy it was given, and none leaves before all are released.
-            let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
             let mut close = false;
             let mut replies = 0usize;
             while out.len() < self.sh.max_output_bytes {

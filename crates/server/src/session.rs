@@ -1148,10 +1148,7 @@ fn config(a: &[Bytes], sh: &Shared) -> Reply {
 /// (host, port, received timestamp); or `slave`, the primary's host and port, the link's
 /// state and the read view.
 fn role(sh: &Shared) -> Reply {
-    let split = |addr: &str| {
-        let (h, p) = addr.rsplit_once(':').unwrap_or((addr, "0"));
-        (h.to_string(), p.to_string())
-    };
+    use crate::replinfo::host_port;
     match &sh.replication {
         Replication::Standalone => Reply::Array(vec![Reply::bulk("master"), Reply::Int(0), Reply::Array(Vec::new())]),
         Replication::Primary { primary, .. } => {
@@ -1159,20 +1156,23 @@ fn role(sh: &Shared) -> Reply {
                 .backups()
                 .into_iter()
                 .map(|b| {
-                    let (h, p) = split(&b.addr);
-                    Reply::Array(vec![Reply::bulk(h), Reply::bulk(p), Reply::bulk(b.received.0.to_string())])
+                    let (h, p) = host_port(&b.addr);
+                    Reply::Array(vec![
+                        Reply::bulk(h.to_string()),
+                        Reply::bulk(p.to_string()),
+                        Reply::bulk(b.received.0.to_string()),
+                    ])
                 })
                 .collect();
             Reply::Array(vec![Reply::bulk("master"), Reply::Int(primary.released().0 as i64), Reply::Array(backups)])
         }
         Replication::Backup { state, primary } => {
-            let (h, p) = split(primary);
-            let up = state.connected.load(std::sync::atomic::Ordering::Acquire) && state.failure.lock().is_none();
+            let (h, p) = host_port(primary);
             Reply::Array(vec![
                 Reply::bulk("slave"),
-                Reply::bulk(h),
+                Reply::bulk(h.to_string()),
                 Reply::Int(p.parse().unwrap_or(0)),
-                Reply::bulk(if up { "connected" } else { "connect" }),
+                Reply::bulk(if state.link_up() { "connected" } else { "connect" }),
                 Reply::Int(state.visible.load(std::sync::atomic::Ordering::Acquire) as i64),
             ])
         }
