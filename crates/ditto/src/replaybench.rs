@@ -8,8 +8,8 @@
 //! Figures per mode: transactions replayed per second, replay CPU per transaction, and
 //! `replay_cost_ratio`: that over the recorded run's CPU per logged transaction (the whole
 //! process: workers, log; read-only transactions are not logged, so not counted).
-//! Recording copies every batch, and a tap moves the log's fsyncs to syncer threads
-//! (crates/log/src/writer.rs), so the recorded run's own figures include both.
+//! Recording copies every batch, and a tap moves the log's writes and fsyncs to disk
+//! threads (crates/log/src/writer.rs), so the recorded run's own figures include both.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

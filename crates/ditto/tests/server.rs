@@ -381,9 +381,9 @@ fn every_acknowledged_write_survives_sigkill() {
     sigkill_rounds("");
 }
 
-/// The same as a primary that accepts backups (none connects): its log's fsyncs run on
-/// syncer threads beside the flushers (crates/log/src/writer.rs, `SyncAhead`), and a reply
-/// still means durable.
+/// The same as a primary that accepts backups (none connects): its log's writes and fsyncs
+/// run on disk threads beside the flushers (crates/log/src/writer.rs, `WriteAhead`), and a
+/// reply still means durable.
 #[test]
 fn every_acknowledged_write_survives_sigkill_with_fsyncs_beside_the_flushers() {
     sigkill_rounds("repl_port = 0\n");

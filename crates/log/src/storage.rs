@@ -56,16 +56,7 @@ pub trait LogFile: Send {
     /// have dropped the dirty pages and a later successful fsync proves nothing
     /// (PostgreSQL's fsync lesson), so the writer stops instead of retrying.
     fn sync(&mut self) -> io::Result<()>;
-    /// A handle that fsyncs this file from another thread, while this one goes on writing
-    /// (what a sync covers is what was written before it started). `Unsupported` where the
-    /// file cannot give one (the tests' simulated files): the writer then syncs inline.
-    fn syncer(&self) -> io::Result<Syncer> {
-        Err(io::ErrorKind::Unsupported.into())
-    }
 }
-
-/// See [`LogFile::syncer`].
-pub type Syncer = Box<dyn FnMut() -> io::Result<()> + Send>;
 
 /// Plain files.
 pub struct RealStorage;
@@ -143,11 +134,6 @@ impl LogFile for RealFile {
 
     fn sync(&mut self) -> io::Result<()> {
         self.f.sync_data()
-    }
-
-    fn syncer(&self) -> io::Result<Syncer> {
-        let f = self.f.try_clone()?;
-        Ok(Box::new(move || f.sync_data()))
     }
 }
 
@@ -275,12 +261,6 @@ impl LogFile for DirectFile {
 
     fn sync(&mut self) -> io::Result<()> {
         self.file.sync()
-    }
-
-    /// Every write has gone to the file whole (its last partial block included, kept here
-    /// only to be written again with the next bytes), so a sync of a clone covers it.
-    fn syncer(&self) -> io::Result<Syncer> {
-        self.file.syncer()
     }
 }
 

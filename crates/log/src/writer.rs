@@ -66,7 +66,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::catalog::Catalog;
 use crate::format::{BatchBuilder, Epoch, SegmentHeader, StreamId, SEGMENT_HEADER_LEN};
 use crate::options::{Durability, LogOptions};
-use crate::storage::{LogFile, Syncer};
+use crate::storage::LogFile;
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
 /// interval, every interval): a safety net, since a flusher asks right after each of its
@@ -111,28 +111,58 @@ pub(crate) struct ClosedSegment {
     pub last_ts: Ts,
 }
 
-/// A flusher's batches written ahead of their fsync, for its syncer thread: with a
-/// shipping tap, the flusher writes a batch and frames the next at once while the syncer
-/// fsyncs what was written (one fsync covers every batch written before it starts) and
-/// then publishes it exactly as the flusher does inline: the floor, the durable bound, the
-/// watermark. So what a floor means, and what recovery finds, do not change; only the
-/// flusher no longer waits. A segment is closed, and the log, only once the syncer has
-/// caught up.
+/// A flusher's batches framed and not yet on disk, for its disk thread. With a shipping
+/// tap, the flusher frames a batch, hands it to the tap and queues it here, then frames the
+/// next at once; the disk thread writes what is queued (back to back, in one write),
+/// fsyncs it and publishes it exactly as the flusher does inline: the floor, the durable
+/// bound, the watermark. So what a floor means, and what recovery finds, do not change;
+/// only the flusher waits for neither the write nor the fsync, and backups receive batches
+/// at the pace of commits, not of this disk (a `received` commit policy waits for no
+/// disk here at all, and a write that stalls for a moment stalls no shipping). At most
+/// `AHEAD_BYTES_MAX` wait here; past it the flusher waits for the disk. The log closes
+/// only once the disk thread has written and synced everything queued.
 #[derive(Default)]
-struct SyncAhead {
+struct WriteAhead {
     state: Mutex<AheadState>,
     cv: Condvar,
 }
 
 #[derive(Default)]
 struct AheadState {
-    /// Written and not yet synced: the segment's syncer, the largest bound and floor.
-    pending: Option<(Arc<Mutex<Syncer>>, Ts, Ts)>,
-    /// The syncer is syncing.
+    /// Framed batches not yet written, back to back, and the largest bound and floor of any
+    /// batch queued so far (both only grow).
+    frames: Vec<u8>,
+    bound: Ts,
+    floor: Ts,
+    /// The disk thread is writing or syncing what it took.
     busy: bool,
     stop: bool,
 }
 
+/// Framed batches waiting for the disk thread at most (per stream): a disk that stalls
+/// holds the flusher back once this much is queued, so memory stays bounded.
+const AHEAD_BYTES_MAX: usize = 32 << 20;
+
+/// A stream's open segment and where its writes stand; the flusher's while it writes
+/// inline, the disk thread's once batches are written ahead.
+struct Segment {
+    file: Box<dyn LogFile>,
+    seq: u64,
+    path: PathBuf,
+    /// The write position (the header included); the file holds zeros up to `zeroed`
+    /// (see `ZERO_AHEAD`).
+    end: u64,
+    zeroed: u64,
+    /// The highest bound written to this segment.
+    last_ts: Ts,
+}
+
+impl Segment {
+    fn new((file, seq, path): (Box<dyn LogFile>, u64, PathBuf)) -> Segment {
+        let end = SEGMENT_HEADER_LEN as u64;
+        Segment { file, seq, path, end, zeroed: end, last_ts: Ts::ZERO }
+    }
+}
 struct Stream {
     buf: Mutex<BatchBuilder>,
     /// Signalled when a worker appends (flusher waits) and when the flusher takes the buffer
@@ -322,59 +352,108 @@ impl Logger {
         }
     }
 
-    /// Stream `w`'s flusher thread, with its syncer beside it (see `SyncAhead`).
+    /// Stream `w`'s flusher thread, with its disk thread beside it (see `WriteAhead`).
     fn flusher(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf)) {
-        let ahead = SyncAhead::default();
+        let ahead = WriteAhead::default();
+        let seg = Mutex::new(Segment::new(first));
         std::thread::scope(|sc| {
-            let syncer = std::thread::Builder::new()
-                .name(format!("ditto-sync-{w}"))
-                .spawn_scoped(sc, || self.syncer(w, &ahead))
-                .expect("starting a log syncer thread");
-            self.flush_loop(w, first, &ahead);
+            let disk = std::thread::Builder::new()
+                .name(format!("ditto-disk-{w}"))
+                .spawn_scoped(sc, || self.disk_thread(w, &seg, &ahead))
+                .expect("starting a log disk thread");
+            self.flush_loop(w, &seg, &ahead);
             ahead.state.lock().stop = true;
             ahead.cv.notify_all();
-            let _ = syncer.join();
+            let _ = disk.join();
         });
     }
 
-    /// Syncs what stream `w`'s flusher wrote ahead, back to back, and publishes each sync
-    /// as the flusher would have (floor, durable bound, watermark).
-    fn syncer(&self, w: usize, ahead: &SyncAhead) {
+    /// Writes, fsyncs and publishes what stream `w`'s flusher queued (see `WriteAhead`),
+    /// then closes a full segment.
+    fn disk_thread(&self, w: usize, seg: &Mutex<Segment>, ahead: &WriteAhead) {
         let stream = &self.streams[w];
+        let fsync = !matches!(self.opts.durability, Durability::NoSync(_));
+        let mut frames = Vec::new();
         loop {
-            let (handle, bound, floor) = {
+            let (bound, floor) = {
                 let mut st = ahead.state.lock();
-                loop {
-                    if let Some(p) = st.pending.take() {
-                        st.busy = true;
-                        break p;
-                    }
-                    if st.stop {
-                        return;
-                    }
+                while st.frames.is_empty() && !st.stop {
                     ahead.cv.wait(&mut st);
                 }
-            };
-            let t0 = Instant::now();
-            let r = (handle.lock())();
-            if let Err(e) = r {
-                self.fail(format!("fsync of stream {w}'s segment: {e}"));
-                let mut st = ahead.state.lock();
-                st.busy = false;
+                if st.frames.is_empty() || self.failed.get().is_some() {
+                    st.frames.clear();
+                    return;
+                }
+                std::mem::swap(&mut st.frames, &mut frames);
+                st.busy = true;
+                // A flusher held back by `AHEAD_BYTES_MAX` goes on.
                 ahead.cv.notify_all();
-                return;
+                (st.bound, st.floor)
+            };
+            let done = self.write_batches(w, &mut seg.lock(), &frames, bound, floor, fsync);
+            frames.clear();
+            if frames.capacity() > BUFFER_KEEP_MAX {
+                frames = Vec::new();
             }
-            self.count_fsync(t0);
-            self.publish_durable(stream, bound, floor);
             {
                 let mut st = ahead.state.lock();
                 st.busy = false;
                 ahead.cv.notify_all();
             }
+            if let Err(e) = done {
+                return self.fail(e);
+            }
             // The flusher asks again whether it owes a heartbeat.
             let _g = stream.buf.lock();
             stream.cv.notify_all();
         }
+    }
+
+    /// Writes framed batches (one or more, back to back; `bound` and `floor` the largest
+    /// of theirs) to stream `w`'s segment, fsyncs them (with `fsync`), publishes them, and
+    /// closes the segment if it is full. An error is the log's failure.
+    fn write_batches(
+        &self,
+        w: usize,
+        seg: &mut Segment,
+        frames: &[u8],
+        bound: Ts,
+        floor: Ts,
+        fsync: bool,
+    ) -> Result<(), String> {
+        let end = seg.end + frames.len() as u64;
+        if end > seg.zeroed && frames.len() as u64 <= ZERO_BATCH_MAX {
+            seg.zeroed = (end + ZERO_AHEAD).min(end.max(self.opts.segment_bytes_max));
+            seg.file.extend_zeroed(seg.zeroed).map_err(|e| format!("write to {}: {e}", seg.path.display()))?;
+        }
+        // A large batch written past the zeros appends; the file ends at the batch.
+        seg.zeroed = seg.zeroed.max(end);
+        seg.file.write_all(frames).map_err(|e| format!("write to {}: {e}", seg.path.display()))?;
+        seg.end = end;
+        seg.last_ts = seg.last_ts.max(bound);
+        if fsync {
+            let t0 = Instant::now();
+            seg.file.sync().map_err(|e| format!("fsync of {}: {e}", seg.path.display()))?;
+            self.count_fsync(t0);
+        }
+        self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
+        self.publish_durable(&self.streams[w], bound, floor);
+        if seg.end < self.opts.segment_bytes_max {
+            return Ok(());
+        }
+        // Only a stream's last segment may end in zeros (recovery refuses them in any
+        // other): cut them before the next segment exists.
+        seg.file
+            .truncate(seg.end)
+            .and_then(|()| seg.file.sync())
+            .map_err(|e| format!("trimming {}: {e}", seg.path.display()))?;
+        self.streams[w].closed.lock().push(ClosedSegment { path: seg.path.clone(), last_ts: seg.last_ts });
+        let next = seg.seq + 1;
+        let opened = self.open_segment(w, next, seg.last_ts).map_err(|e| {
+            format!("opening segment {}: {e}", Self::segment_path(&self.dir, w, self.epoch, next).display())
+        })?;
+        *seg = Segment::new(opened);
+        Ok(())
     }
 
     /// An fsync that began at `t0` ended: the figures.
@@ -386,35 +465,51 @@ impl Logger {
     }
 
     /// A batch with `bound` and `floor` of `stream` is durable (its fsync returned, on the
-    /// flusher or its syncer). The floor first: whoever sees the new durable bound sees the
-    /// floor with it (`durable_state`), so no stream mistakes the moment between for a
-    /// lagging watermark and writes a heartbeat nobody needs.
+    /// flusher or its disk thread). The floor first: whoever sees the new durable bound
+    /// sees the floor with it (`durable_state`), so no stream mistakes the moment between
+    /// for a lagging watermark and writes a heartbeat nobody needs.
     fn publish_durable(&self, stream: &Stream, bound: Ts, floor: Ts) {
         self.floor.fetch_max(floor.0, Ordering::AcqRel);
         stream.durable.fetch_max(bound.0, Ordering::AcqRel);
         self.advance_watermark();
     }
 
-    /// Waits until everything written ahead is synced. False if the log failed.
-    fn drain_ahead(&self, ahead: &SyncAhead) -> bool {
+    /// Waits until everything queued for the disk thread is written and synced. False if
+    /// the log failed.
+    fn drain_ahead(&self, ahead: &WriteAhead) -> bool {
         let mut st = ahead.state.lock();
-        while (st.pending.is_some() || st.busy) && self.failed.get().is_none() {
+        while (!st.frames.is_empty() || st.busy) && self.failed.get().is_none() {
             ahead.cv.wait_for(&mut st, Duration::from_millis(10));
         }
         self.failed.get().is_none()
     }
 
-    fn flush_loop(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf), ahead: &SyncAhead) {
-        let (mut file, mut seq, mut path) = first;
-        // The current segment's syncer, once a batch is written ahead.
-        let mut seg_syncer: Option<Arc<Mutex<Syncer>>> = None;
+    /// Queues a framed batch for the disk thread (see `WriteAhead`); waits while too much
+    /// is queued. False if the log failed.
+    fn queue_ahead(&self, ahead: &WriteAhead, frame: &mut Vec<u8>, bound: Ts, floor: Ts) -> bool {
+        let mut st = ahead.state.lock();
+        while st.frames.len() >= AHEAD_BYTES_MAX && self.failed.get().is_none() {
+            ahead.cv.wait_for(&mut st, Duration::from_millis(10));
+        }
+        if self.failed.get().is_some() {
+            return false;
+        }
+        if st.frames.is_empty() {
+            // The disk thread's emptied buffer comes back for the next batch.
+            std::mem::swap(&mut st.frames, frame);
+        } else {
+            st.frames.extend_from_slice(frame);
+        }
+        st.bound = st.bound.max(bound);
+        st.floor = st.floor.max(floor);
+        ahead.cv.notify_all();
+        true
+    }
+
+    fn flush_loop(&self, w: usize, seg: &Mutex<Segment>, ahead: &WriteAhead) {
         let stream = &self.streams[w];
         let mut spare = BatchBuilder::new();
         let mut frame = Vec::new();
-        let mut seg_bytes = SEGMENT_HEADER_LEN as u64;
-        // The segment's length: its batches, then zeros up to here (see ZERO_AHEAD).
-        let mut zeroed = seg_bytes;
-        let mut seg_last_ts = Ts::ZERO;
         let mut written_bound = Ts(stream.durable.load(Ordering::Acquire));
         let mut compress_skip = 0u32;
         // When the last batch was started: with an interval, the next starts no sooner than
@@ -432,7 +527,7 @@ impl Logger {
             }
             // Wait for work: a commit (appends wake us), or, idle, the timeout; but not if
             // we owe a heartbeat (checked first, so right after each of our batches).
-            // A batch written ahead and not yet synced will ask again once it is.
+            // A batch queued for the disk thread and not yet synced will ask again once it is.
             let owes = |written: Ts| written.0 <= stream.durable.load(Ordering::Acquire) && self.owes_heartbeat(w);
             if !stopping {
                 let mut buf = stream.buf.lock();
@@ -469,8 +564,9 @@ impl Logger {
                     }
                     // A clean close leaves no zeros past the last batch. Everything is
                     // durable already: if this fails, recovery reads the zeros as the end.
-                    if let Err(e) = file.truncate(seg_bytes).and_then(|()| file.sync()) {
-                        tracing::warn!("trimming {} at close: {e}", path.display());
+                    let seg = &mut *seg.lock();
+                    if let Err(e) = seg.file.truncate(seg.end).and_then(|()| seg.file.sync()) {
+                        tracing::warn!("trimming {} at close: {e}", seg.path.display());
                     }
                     return;
                 }
@@ -492,81 +588,27 @@ impl Logger {
                 compress_skip -= 1;
                 self.stats.compress_skipped.fetch_add(1, Ordering::Relaxed);
             }
-            if let Some(tap) = self.tap.get() {
-                tap.batch(&header, &frame);
-            }
-            let txns = spare.txn_count() as u64;
-            seg_last_ts = seg_last_ts.max(bound);
-            spare.clear_keeping(BUFFER_KEEP_MAX);
-            let end = seg_bytes + frame.len() as u64;
-            if end > zeroed && frame.len() as u64 <= ZERO_BATCH_MAX {
-                zeroed = (end + ZERO_AHEAD).min(end.max(self.opts.segment_bytes_max));
-                if let Err(e) = file.extend_zeroed(zeroed) {
-                    return self.fail(format!("write to {}: {e}", path.display()));
-                }
-            }
-            // A large batch written past the zeros appends; the file ends at the batch.
-            zeroed = zeroed.max(end);
-            if let Err(e) = file.write_all(&frame) {
-                return self.fail(format!("write to {}: {e}", path.display()));
-            }
-            // With a shipping tap, the sync goes to the syncer and this thread frames the
-            // next batch at once: backups receive batches at the pace of commits, not of
-            // this disk's fsyncs (a `received` commit policy waits for no fsync at all).
-            let sync_ahead = fsync && self.tap.get().is_some() && {
-                if seg_syncer.is_none() {
-                    seg_syncer = file.syncer().ok().map(|s| Arc::new(Mutex::new(s)));
-                }
-                seg_syncer.is_some()
-            };
-            if sync_ahead {
-                let mut st = ahead.state.lock();
-                let (b, f) = st.pending.as_ref().map_or((bound, floor), |p| (p.1.max(bound), p.2.max(floor)));
-                st.pending = Some((Arc::clone(seg_syncer.as_ref().expect("checked")), b, f));
-                ahead.cv.notify_all();
-            } else if fsync {
-                let t0 = Instant::now();
-                if let Err(e) = file.sync() {
-                    return self.fail(format!("fsync of {}: {e}", path.display()));
-                }
-                self.count_fsync(t0);
-            }
             debug_assert_eq!(header.bound_ts, bound);
-            self.stats.bytes_written.fetch_add(frame.len() as u64, Ordering::Relaxed);
+            let txns = spare.txn_count() as u64;
+            spare.clear_keeping(BUFFER_KEEP_MAX);
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
             self.stats.txns.fetch_add(txns, Ordering::Relaxed);
             if !has_txns {
                 self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
             }
-            seg_bytes += frame.len() as u64;
-            if frame.capacity() > BUFFER_KEEP_MAX {
-                frame = Vec::new();
-            }
             written_bound = written_bound.max(bound);
-            if !sync_ahead {
-                self.publish_durable(stream, bound, floor);
-            }
-            if seg_bytes >= self.opts.segment_bytes_max {
-                if !self.drain_ahead(ahead) {
+            // With a shipping tap, the batch is shipped now and written by the disk thread
+            // (see `WriteAhead`); without one, this thread writes and fsyncs it.
+            if let Some(tap) = self.tap.get() {
+                tap.batch(&header, &frame);
+                if !self.queue_ahead(ahead, &mut frame, bound, floor) {
                     return;
                 }
-                seg_syncer = None;
-                // Only a stream's last segment may end in zeros (recovery refuses them in
-                // any other): cut them before the next segment exists.
-                if let Err(e) = file.truncate(seg_bytes).and_then(|()| file.sync()) {
-                    return self.fail(format!("trimming {}: {e}", path.display()));
-                }
-                stream.closed.lock().push(ClosedSegment { path: path.clone(), last_ts: seg_last_ts });
-                match self.open_segment(w, seq + 1, written_bound) {
-                    Ok(next) => (file, seq, path) = next,
-                    Err(e) => {
-                        let next = Self::segment_path(&self.dir, w, self.epoch, seq + 1);
-                        return self.fail(format!("opening segment {}: {e}", next.display()));
-                    }
-                }
-                seg_bytes = SEGMENT_HEADER_LEN as u64;
-                zeroed = seg_bytes;
-                seg_last_ts = Ts::ZERO;
+            } else if let Err(e) = self.write_batches(w, &mut seg.lock(), &frame, bound, floor, fsync) {
+                return self.fail(e);
+            }
+            if frame.capacity() > BUFFER_KEEP_MAX {
+                frame = Vec::new();
             }
         }
     }

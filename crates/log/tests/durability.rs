@@ -437,21 +437,10 @@ impl LogFile for FaultyFile {
         }
         self.inner.sync()
     }
-    /// The same faults for fsyncs on a syncer thread (a log with a shipping tap).
-    fn syncer(&self) -> io::Result<ditto_log::storage::Syncer> {
-        let mut real = self.inner.syncer()?;
-        let (fail, syncs) = (self.fail_sync.clone(), self.syncs.clone());
-        Ok(Box::new(move || {
-            syncs.fetch_add(1, Ordering::SeqCst);
-            if fail.load(Ordering::SeqCst) {
-                return Err(io::Error::from_raw_os_error(5)); // EIO
-            }
-            real()
-        }))
-    }
 }
 
-/// A shipping tap that ships nothing: with one installed, fsyncs run on syncer threads.
+/// A shipping tap that ships nothing: with one installed, writes and fsyncs run on the
+/// streams' disk threads.
 struct NoShip;
 
 impl ditto_log::ShipTap for NoShip {
@@ -544,14 +533,15 @@ fn full_disk_fails_the_commit_and_stops_writes() {
     fault_case(|_, write| write.store(true, Ordering::SeqCst), false);
 }
 
-/// The same with the fsyncs on syncer threads beside the flushers (a primary's log).
+/// The same with the writes and fsyncs on disk threads beside the flushers (a primary's
+/// log).
 #[test]
-fn failed_fsync_on_the_syncer_fails_the_commit_and_stops_writes() {
+fn failed_fsync_on_the_disk_thread_fails_the_commit_and_stops_writes() {
     fault_case(|sync, _| sync.store(true, Ordering::SeqCst), true);
 }
 
 #[test]
-fn full_disk_with_fsyncs_on_the_syncer_fails_the_commit_and_stops_writes() {
+fn full_disk_on_the_disk_thread_fails_the_commit_and_stops_writes() {
     fault_case(|_, write| write.store(true, Ordering::SeqCst), true);
 }
 
@@ -1822,4 +1812,111 @@ fn reused_record_ids_recover_with_their_new_keys() {
     assert_eq!(count(&r, t), live);
     // Recovery gives the ids of absent records back: 110 handed out, `live` in use.
     assert_eq!(r.db().record_ids_used(t).unwrap(), live);
+}
+
+/// Storage whose writes stall while `stalled` is set (a disk that stops answering for a
+/// while), for at most 30 s.
+struct StallStorage {
+    stalled: Arc<AtomicBool>,
+}
+
+struct StallFile {
+    inner: Box<dyn LogFile>,
+    stalled: Arc<AtomicBool>,
+}
+
+impl StallFile {
+    fn wait_for_the_disk(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.stalled.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Storage for StallStorage {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(StallFile { inner: RealStorage.create_new(path)?, stalled: Arc::clone(&self.stalled) }))
+    }
+}
+
+impl LogFile for StallFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.sync()
+    }
+}
+
+/// A tap that remembers the highest bound it was shown.
+struct HighestShipped(Arc<AtomicU64>);
+
+impl ditto_log::ShipTap for HighestShipped {
+    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8]) {
+        self.0.fetch_max(h.bound_ts.0, Ordering::SeqCst);
+    }
+    fn table_created(&self, _: TableId, _: &str) {}
+}
+
+/// With a shipping tap, a local disk that stalls holds up no shipping: commits made while
+/// every write hangs are still shipped (framed and handed to the tap) at once, and none
+/// is durable, nor acknowledged, until the disk answers; then all are, and survive.
+#[test]
+fn a_stalled_disk_holds_up_no_shipping_and_releases_nothing_until_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let stalled = Arc::new(AtomicBool::new(false));
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(StallStorage { stalled: Arc::clone(&stalled) });
+    let shipped = Arc::new(AtomicU64::new(0));
+    let n = 50u64;
+    {
+        let d = open(dir.path(), o).unwrap();
+        d.logger().set_ship_tap(Arc::new(HighestShipped(Arc::clone(&shipped)))).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 0, 0, 5);
+        stalled.store(true, Ordering::SeqCst);
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        // Two rounds: the second is made once the first is shipped, so its batch comes
+        // after one that the stalled disk already holds.
+        let mut tickets = Vec::new();
+        for round in [5..5 + n / 2, 5 + n / 2..5 + n] {
+            tickets.extend(round.map(|i| w.run(|x| x.put(t, &i.to_be_bytes(), b"during the stall")).unwrap().1));
+            let last = tickets.last().unwrap().ts();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while shipped.load(Ordering::SeqCst) < last.0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(
+                shipped.load(Ordering::SeqCst) >= last.0,
+                "commits made while the disk stalls must still be shipped (shipped up to {}, last commit {})",
+                shipped.load(Ordering::SeqCst),
+                last.0
+            );
+        }
+        let last = tickets.last().unwrap().ts();
+        let first = tickets[0].ts();
+        assert!(d.logger().watermark() < first, "nothing written during the stall may count as durable");
+        assert!(!tickets[0].is_durable().unwrap());
+        stalled.store(false, Ordering::SeqCst);
+        for tk in tickets {
+            tk.wait().unwrap();
+        }
+        assert!(d.logger().watermark() >= last);
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    for i in 0..5 + n {
+        assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "acknowledged commit {i} lost");
+    }
 }
