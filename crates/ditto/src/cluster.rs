@@ -7,7 +7,7 @@
 //!  this process (pinned to the first half of the CPUs with --pin)     N x `ditto server --replica-of`
 //!   workers -> log -> Primary --TCP batches--------------------------->  receive, fsync, ack, replay
 //!   harness counts a commit at release_watermark(policy, acks) <--acks--  (pinned to the other half)
-//!   sampler: every 5 ms, the backups' replay lag and freshness (Primary::backups)
+//!   sampler: every 5 ms, the backups' lags and freshness (Primary::backups)
 //! ```
 //!
 //! Figures: the run's report, plus `throughput_ratio_vs_standalone` (filled in by the
@@ -15,7 +15,9 @@
 //! `replay_cost_ratio` (the backups' replay CPU per transaction, from their INFO, over this
 //! process's CPU per logged transaction: workers, log and shipping, read-only transactions
 //! excluded since they are not replayed), `backup_lag_ms_p50/_p99` (how long the oldest
-//! shipped commit not yet replayed has waited, sampled over the run, worst backup) and
+//! shipped commit not yet replayed has waited, sampled over the run, worst backup; and the
+//! same for its stages, `backup_received_lag_ms_*` and `backup_durable_lag_ms_*`, so a lag
+//! can be placed: on the link, at the backup's fsync, or in its replay) and
 //! `freshness_score` (Query Fresh: a backup's read view over the primary's, mean over the
 //! samples, worst backup).
 
@@ -201,7 +203,11 @@ pub fn run(
         // The sampler: from the run's start, the worst backup's replay lag and freshness.
         let started = AtomicBool::new(false);
         let done = AtomicBool::new(false);
-        let lags = Mutex::new(hdrhistogram::Histogram::<u64>::new(3).expect("histogram"));
+        // The worst backup's lag at each stage: received, durable, replayed (where a lag that
+        // is high in replay only is the backup's replay, and one high from `received` on is
+        // the shipping or the link).
+        let hist = || hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        let lags = Mutex::new([hist(), hist(), hist()]);
         let fresh = Mutex::new((0.0f64, 0u64));
         let counters0 = Mutex::new(Vec::new());
         let logged0 = std::sync::atomic::AtomicU64::new(0);
@@ -224,8 +230,15 @@ pub fn run(
                     let bs = primary.backups();
                     let visible = d.db().clock().visible_ts().0;
                     let rel = primary.released().0;
-                    let lag = bs.iter().map(|b| b.replay_lag).max().unwrap_or_default();
-                    let _ = lags.lock().record(lag.as_micros() as u64);
+                    {
+                        let mut lags = lags.lock();
+                        let stages: [fn(&ditto_replication::BackupInfo) -> Duration; 3] =
+                            [|b| b.received_lag, |b| b.durable_lag, |b| b.replay_lag];
+                        for (h, lag_of) in lags.iter_mut().zip(stages) {
+                            let lag = bs.iter().map(lag_of).max().unwrap_or_default();
+                            let _ = h.record(lag.as_micros() as u64);
+                        }
+                    }
                     let f = bs
                         .iter()
                         .map(|b| ditto_server::replinfo::freshness_pct(b.replayed.0.min(rel), visible))
@@ -260,10 +273,13 @@ pub fn run(
             m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
             m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
             m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_s_per_txn.max(1e-12)).into());
-            m.insert("backup_lag_ms_p50".into(), (lags.value_at_quantile(0.5) as f64 / 1e3).into());
-            m.insert("backup_lag_ms_p99".into(), (lags.value_at_quantile(0.99) as f64 / 1e3).into());
-            m.insert("backup_lag_ms_max".into(), (lags.max() as f64 / 1e3).into());
-            m.insert("lag_samples".into(), lags.len().into());
+            let ms = |us: u64| us as f64 / 1e3;
+            for (h, stage) in lags.iter().zip(["backup_received_lag", "backup_durable_lag", "backup_lag"]) {
+                m.insert(format!("{stage}_ms_p50"), ms(h.value_at_quantile(0.5)).into());
+                m.insert(format!("{stage}_ms_p99"), ms(h.value_at_quantile(0.99)).into());
+                m.insert(format!("{stage}_ms_max"), ms(h.max()).into());
+            }
+            m.insert("lag_samples".into(), lags[2].len().into());
             m.insert("freshness_score".into(), (if fr.1 > 0 { fr.0 / fr.1 as f64 } else { 100.0 }).into());
             m.insert("commit_latency_us_p50".into(), report.latency_us_p50.into());
             m.insert("commit_latency_us_p99".into(), report.latency_us_p99.into());

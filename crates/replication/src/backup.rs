@@ -1,8 +1,9 @@
 //! The backup's side: receive, persist, acknowledge, replay, publish the read view
 //! ==============================================================================
 //! ```text
-//!  receiver thread: frames from the primary -> replica log (append) ... burst read:
-//!                   Ack{received} -> fsync -> Ack{durable} -> batches to the replayers
+//!  receiver thread:  frames from the primary ... burst read: queue it -> Ack{received}
+//!  persister thread: the queued bursts -> replica log (write, fsync) -> Ack{durable}
+//!                    -> batches to the replayers
 //!  replayer[s] (one per primary stream, or one for all in `serial` mode):
 //!                   install every write (Database::replay_install) -> complete(seq)
 //!  or, in `dependency` mode (dependency.rs): a dispatcher puts transactions in commit-ts
@@ -12,7 +13,11 @@
 //!              -> Database::publish_read_view: snapshots read there, never blocked
 //! ```
 //! A batch is persisted before it is acknowledged as durable and before it is replayed
-//! (Query Fresh's replay pipelining: replay is never on the primary's commit path). A
+//! (Query Fresh's replay pipelining: replay is never on the primary's commit path). The
+//! receiver never waits for this node's disk: it acknowledges receipt while the persister
+//! writes and fsyncs the bursts before (so a `received` commit policy waits for no disk
+//! anywhere, and a stalled fsync here holds up neither receipt nor its acks); at most
+//! `PERSIST_BYTES_MAX` wait to be persisted, then the receiver waits too. A
 //! batch of an older epoch is refused; a batch the backup has (its stream's bound is at or
 //! below what it holds) is skipped, and within a batch every transaction at or below what
 //! the stream held, so nothing is applied twice after a resume. A stream's batches are
@@ -34,7 +39,7 @@ use ditto_log::format::decode_batch_checksums;
 use ditto_log::replica::{open_replica, ReplicaLog};
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::Epoch;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::protocol::{read_frame, Frame, Start, PROTOCOL_VERSION};
 use crate::watermark::{Ordered, Prefix};
@@ -337,18 +342,33 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay, opts.on_keys.clone());
     engine.set_share_from(opts.share_values_from);
     let run_storage = Arc::clone(&storage);
+    let persist = Arc::new(ToPersist::default());
+    let link: AckLink = Arc::new(Mutex::new(stream.try_clone().map_err(io("cloning the link"))?));
+    let persister = Persister {
+        rlog,
+        engine: Arc::clone(&engine),
+        state: Arc::clone(&state),
+        link: Arc::clone(&link),
+        removed_to: base,
+    };
+    {
+        let persist = Arc::clone(&persist);
+        std::thread::Builder::new()
+            .name("ditto-repl-persist".into())
+            .spawn(move || persister.run(&persist))
+            .map_err(io("starting the persister"))?;
+    }
     let run = Receiver {
         opts: opts.clone(),
         storage,
         epoch,
         streams,
-        rlog,
         received: Prefix::new(streams as usize, base),
-        durable: Prefix::new(streams as usize, base),
         engine,
         state: Arc::clone(&state),
         seq: 0,
-        removed_to: base,
+        persist,
+        link,
     };
     std::thread::Builder::new()
         .name("ditto-repl-recv".into())
@@ -691,18 +711,141 @@ struct Receiver {
     storage: Arc<dyn Storage>,
     epoch: Epoch,
     streams: u32,
-    rlog: ReplicaLog,
     received: Prefix,
-    durable: Prefix,
     engine: Arc<Engine>,
     state: Arc<BackupState>,
     seq: u64,
+    persist: Arc<ToPersist>,
+    link: AckLink,
+}
+
+/// The link to the primary as both threads that acknowledge write to it (the receiver
+/// and the persister; one frame at a time, under the lock). The receiver swaps in each
+/// new connection.
+type AckLink = Arc<Mutex<TcpStream>>;
+
+/// Under a steady stream (a burst that never ends), receipt is acknowledged at least this
+/// often: a commit under a `received` policy waits for it.
+const ACK_EVERY: Duration = Duration::from_millis(1);
+
+/// At most this many bytes of received batches wait to be persisted (see the module notes).
+const PERSIST_BYTES_MAX: usize = 64 << 20;
+
+/// Received bursts for the persister thread, in order.
+#[derive(Default)]
+struct ToPersist {
+    q: Mutex<PersistQueue>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct PersistQueue {
+    /// The batches to persist and then replay, in arrival order.
+    jobs: Vec<Job>,
+    bytes: usize,
+    /// What the receiver held once the last of `jobs` had arrived: durable once they are.
+    received: Option<Prefix>,
+    failed: bool,
+    /// The receiver stopped for good (the backup failed): the persister ends too.
+    stop: bool,
+}
+
+impl ToPersist {
+    /// Queues a burst; waits while too much is queued. False if the persister failed.
+    fn push(&self, jobs: &mut Vec<Job>, received: &Prefix) -> bool {
+        let mut q = self.q.lock();
+        while q.bytes >= PERSIST_BYTES_MAX && !q.failed {
+            self.cv.wait_for(&mut q, Duration::from_millis(10));
+        }
+        if q.failed {
+            return false;
+        }
+        q.bytes += jobs.iter().map(|j| j.batch.len()).sum::<usize>();
+        q.jobs.append(jobs);
+        q.received = Some(received.clone());
+        self.cv.notify_all();
+        true
+    }
+}
+
+/// Writes and fsyncs what the receiver queued, acknowledges it as durable, hands it to
+/// the replayers, and deletes the replica log files this node's checkpoints cover.
+struct Persister {
+    rlog: ReplicaLog,
+    engine: Arc<Engine>,
+    state: Arc<BackupState>,
+    link: AckLink,
     /// Replica log files covered up to here are deleted.
     removed_to: Ts,
 }
 
+impl Persister {
+    fn run(mut self, persist: &ToPersist) {
+        loop {
+            let (jobs, received) = {
+                let mut q = persist.q.lock();
+                while q.received.is_none() && !q.stop {
+                    persist.cv.wait(&mut q);
+                }
+                if q.received.is_none() {
+                    return;
+                }
+                q.bytes = 0;
+                persist.cv.notify_all();
+                (std::mem::take(&mut q.jobs), q.received.take().expect("checked"))
+            };
+            for j in &jobs {
+                self.rlog.append(&j.batch, j.floor.is_some(), j.bound);
+            }
+            if let Err(e) = self.rlog.sync() {
+                let why = format!("persisting received batches failed ({e}); this backup stops acknowledging");
+                tracing::error!("backup stopped: {why}");
+                *self.state.failure.lock() = Some(why);
+                persist.q.lock().failed = true;
+                persist.cv.notify_all();
+                // The receiver stops at once: its link goes down.
+                let _ = self.link.lock().shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            self.state.durable.fetch_max(received.watermark().0, Ordering::AcqRel);
+            // This node's own checkpoint covers replica log files: they can go.
+            let ckpt = Ts(self.state.checkpoint_ts.load(Ordering::Acquire));
+            if ckpt > self.removed_to {
+                self.rlog.remove_covered_by(ckpt);
+                self.removed_to = ckpt;
+            }
+            for j in jobs {
+                if self.engine.queue_for(j.stream).send(j).is_err() {
+                    return; // a replayer stopped, and said why
+                }
+            }
+            self.engine.publish();
+            // A link that is down takes the ack with it; the next link's first ack says it.
+            let _ = send_ack(&self.link, &self.state);
+        }
+    }
+}
+
+/// Tells the primary what this node holds.
+fn send_ack(link: &AckLink, state: &BackupState) -> Result<(), String> {
+    let f = Frame::Ack {
+        received: Ts(state.received.load(Ordering::Acquire)),
+        durable: Ts(state.durable.load(Ordering::Acquire)),
+        replayed: Ts(state.replayed.load(Ordering::Acquire)),
+    };
+    (&*link.lock()).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))
+}
+
 impl Receiver {
     fn run(mut self, stream: TcpStream, reader: BufReader<TcpStream>) {
+        self.follow(stream, reader);
+        // Stopped for good (the backup failed): the persister ends too.
+        self.persist.q.lock().stop = true;
+        self.persist.cv.notify_all();
+    }
+
+    /// Follows the primary, resuming after each interruption, until the backup fails.
+    fn follow(&mut self, stream: TcpStream, reader: BufReader<TcpStream>) {
         let (mut stream, mut reader) = (stream, reader);
         loop {
             let why = match self.serve(&stream, &mut reader) {
@@ -759,13 +902,8 @@ impl Receiver {
         *self.state.failure.lock() = Some(why);
     }
 
-    fn ack(&self, stream: &TcpStream) -> Result<(), String> {
-        let f = Frame::Ack {
-            received: self.received.watermark(),
-            durable: self.durable.watermark(),
-            replayed: Ts(self.state.replayed.load(Ordering::Acquire)),
-        };
-        (&*stream).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))
+    fn ack(&self) -> Result<(), String> {
+        send_ack(&self.link, &self.state)
     }
 
     fn serve(&mut self, stream: &TcpStream, reader: &mut BufReader<TcpStream>) -> Result<(), String> {
@@ -778,7 +916,8 @@ impl Receiver {
         // What the join brought (a checkpoint, or what this node held) counts at once: an
         // idle primary sends nothing more, and a commit waiting on this backup (under
         // `all`) would wait for the next write.
-        self.ack(stream)?;
+        *self.link.lock() = stream.try_clone().map_err(|e| format!("cloning the link: {e}"))?;
+        self.ack()?;
         loop {
             let frame = match read_frame(reader) {
                 Ok(Some(f)) => f,
@@ -814,7 +953,6 @@ impl Receiver {
                     if h.bound_ts <= held && !lifts {
                         self.state.batches_skipped.fetch_add(1, Ordering::Relaxed);
                     } else {
-                        self.rlog.append(&batch, floor_trusted, h.bound_ts);
                         let floor = floor_trusted.then_some(h.floor_ts);
                         self.received.push(s, h.bound_ts, floor);
                         self.seq += 1;
@@ -838,30 +976,15 @@ impl Receiver {
                 other => return Err(format!("unexpected frame {other:?}")),
             }
             self.state.received.store(self.received.watermark().0, Ordering::Release);
-            // A burst is done when nothing more is buffered: acknowledge receipt, make it
-            // durable, acknowledge that, then replay.
-            if reader.buffer().is_empty() || jobs.len() >= 1024 || last_ack.elapsed() > Duration::from_millis(5) {
-                self.ack(stream)?;
-                if let Err(e) = self.rlog.sync() {
-                    self.fatal(format!("persisting received batches failed ({e}); this backup stops acknowledging"));
-                    return Err("disk failure".into());
+            // A burst is done when nothing more is buffered: hand it to the persister (which
+            // makes it durable, says so, and has it replayed) and acknowledge receipt now.
+            if reader.buffer().is_empty() || jobs.len() >= 1024 || last_ack.elapsed() >= ACK_EVERY {
+                if !jobs.is_empty() && !self.persist.push(&mut jobs, &self.received) {
+                    return Err("the persister stopped".into());
                 }
-                self.durable = self.received.clone();
-                // The backup's own checkpoint covers replica log files: they can go.
-                let ckpt = Ts(self.state.checkpoint_ts.load(Ordering::Acquire));
-                if ckpt > self.removed_to {
-                    self.rlog.remove_covered_by(ckpt);
-                    self.removed_to = ckpt;
-                }
-                self.state.durable.store(self.durable.watermark().0, Ordering::Release);
-                for j in jobs.drain(..) {
-                    let q = self.engine.queue_for(j.stream);
-                    if q.send(j).is_err() {
-                        return Err("a replayer stopped".into());
-                    }
-                }
+                // A heartbeat may have moved the release: the read view follows.
                 self.engine.publish();
-                self.ack(stream)?;
+                self.ack()?;
                 last_ack = Instant::now();
             }
         }
