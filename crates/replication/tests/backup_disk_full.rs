@@ -2,7 +2,8 @@
 //! cover. And: a backup whose disk fills (its writes fail with ENOSPC) stops acknowledging: under
 //! `majority-durable` with one backup the primary then releases nothing more, and says why
 //! on the backup; nothing acknowledged is lost, and the commit that waited is released once
-//! a healthy backup joins. A primary and backups in this process, over real TCP on
+//! a healthy backup joins. A backup whose disk stalls still acknowledges receipt, and
+//! nothing more, until it answers. A primary and backups in this process, over real TCP on
 //! loopback, with real files; only the failing backup's storage is simulated.
 
 use std::io;
@@ -292,5 +293,97 @@ fn a_failing_backup_checkpoint_keeps_the_replica_log_and_the_backup_goes_on() {
     let r = b.db.read();
     let tb = b.db.table_id("t").unwrap();
     assert_eq!(r.get(tb, &299u32.to_be_bytes()).unwrap().as_deref(), Some(&[599u32 as u8; 400][..]));
+    p.stop();
+}
+
+/// Real files whose writes and fsyncs hang while `stalled` is set (at most 30 s): a disk
+/// that stops answering for a while.
+struct StallingDisk {
+    stalled: Arc<AtomicBool>,
+}
+
+struct StallingFile {
+    inner: Box<dyn LogFile>,
+    stalled: Arc<AtomicBool>,
+}
+
+impl StallingFile {
+    fn wait_for_the_disk(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.stalled.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Storage for StallingDisk {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(StallingFile { inner: RealStorage.create_new(path)?, stalled: Arc::clone(&self.stalled) }))
+    }
+}
+
+impl LogFile for StallingFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.sync()
+    }
+}
+
+/// A backup whose disk stalls goes on acknowledging receipt (what a `received` commit
+/// policy waits for), but claims nothing durable, and replays nothing, until the disk
+/// answers; then everything is durable, released under `majority-durable`, and readable.
+#[test]
+fn a_backup_whose_disk_stalls_still_acknowledges_receipt_and_nothing_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let stalled = Arc::new(AtomicBool::new(false));
+    let disk: Arc<dyn Storage> = Arc::new(StallingDisk { stalled: Arc::clone(&stalled) });
+    let b = backup::start(backup_opts(&addr, &tmp.path().join("b"), "b", Some(disk))).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut put = |from: u32, to: u32| {
+        let mut last = Ts::ZERO;
+        for i in from..to {
+            last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+        }
+        last
+    };
+    let before = put(0, 50);
+    wait_until("the first commits released", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= before.0);
+
+    stalled.store(true, Ordering::SeqCst);
+    let received = || p.backups().first().map_or(0, |i| i.received.0);
+    // Two rounds: the second is sent once the first is received, so it arrives while the
+    // backup's disk holds the first.
+    let mut last = Ts::ZERO;
+    for round in [(50, 100), (100, 150)] {
+        last = put(round.0, round.1);
+        wait_until("receipt acknowledged while the backup's disk stalls", Duration::from_secs(10), || {
+            received() >= last.0
+        });
+    }
+    assert!(b.state.durable.load(Ordering::SeqCst) < last.0, "durable claimed while the disk hangs");
+    assert!(b.state.replayed.load(Ordering::SeqCst) < last.0, "replayed before it was persisted");
+    assert!(released.load(Ordering::SeqCst) < last.0, "released under majority-durable without the backup's disk");
+
+    stalled.store(false, Ordering::SeqCst);
+    wait_until("released once the disk answers", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= last.0);
+    wait_until("the backup's read view", Duration::from_secs(20), || b.state.visible.load(Ordering::SeqCst) >= last.0);
+    let r = b.db.read();
+    let tb = b.db.table_id("t").unwrap();
+    for i in 0..150u32 {
+        assert_eq!(r.get(tb, &i.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]), "row {i}");
+    }
+    assert!(b.failure().is_none());
     p.stop();
 }
