@@ -264,6 +264,52 @@ impl LogFile for DirectFile {
     }
 }
 
+/// Real files whose writes and fsyncs hang while `stalled` is set (each for at most 30 s):
+/// a disk that stops answering for a while, for the tests that show what a stall may and
+/// may not hold up (shipping, receipt) and what it must (durability, release).
+pub struct StallingStorage {
+    pub stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct StallingFile {
+    inner: Box<dyn LogFile>,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StallingFile {
+    fn wait_for_the_disk(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.stalled.load(std::sync::atomic::Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+impl Storage for StallingStorage {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let inner = RealStorage.create_new(path)?;
+        Ok(Box::new(StallingFile { inner, stalled: std::sync::Arc::clone(&self.stalled) }))
+    }
+}
+
+impl LogFile for StallingFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.wait_for_the_disk();
+        self.inner.sync()
+    }
+}
+
 /// `io::Write` over a `LogFile`, for buffered writers (checkpoint parts): every write goes
 /// through the storage, so a simulated full disk or failed fsync reaches checkpoints too.
 pub(crate) struct LogFileWriter(pub Box<dyn LogFile>);

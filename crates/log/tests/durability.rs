@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ditto_engine::{Error, TableId, WorkerId};
-use ditto_log::storage::{LogFile, RealStorage, Storage};
+use ditto_log::storage::{LogFile, RealStorage, StallingStorage, Storage};
 use ditto_log::{open, Durability, LogError, LogOptions, OpenOptions};
 
 fn opts(workers: usize, durability: Durability) -> OpenOptions {
@@ -638,7 +638,8 @@ impl LogFile for StepFile {
 fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing() {
     let cases =
         [("extend", 1), ("extend", 3), ("truncate", 1), ("truncate", 2), ("create", 2), ("rename", 2), ("sync_dir", 2)];
-    for (kind, nth) in cases {
+    // Each case twice: the flusher writing inline, and the disk thread (a shipping tap).
+    for ((kind, nth), tap) in cases.iter().flat_map(|c| [(*c, false), (*c, true)]) {
         let dir = tempfile::tempdir().unwrap();
         // Segment files are under log/stream-..., the directory synced is log itself.
         let faults = StepFaults::of_kind(if kind == "sync_dir" { "/log" } else { "/log/stream-" }, kind);
@@ -648,6 +649,9 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
         let mut acked = 0u64;
         {
             let d = open(dir.path(), o).unwrap();
+            if tap {
+                d.logger().set_ship_tap(Arc::new(NoShip)).unwrap();
+            }
             let t = d.db().create_table("t").unwrap();
             let mut w = d.db().worker(WorkerId(0)).unwrap();
             for i in 0..3000u64 {
@@ -1814,50 +1818,6 @@ fn reused_record_ids_recover_with_their_new_keys() {
     assert_eq!(r.db().record_ids_used(t).unwrap(), live);
 }
 
-/// Storage whose writes stall while `stalled` is set (a disk that stops answering for a
-/// while), for at most 30 s.
-struct StallStorage {
-    stalled: Arc<AtomicBool>,
-}
-
-struct StallFile {
-    inner: Box<dyn LogFile>,
-    stalled: Arc<AtomicBool>,
-}
-
-impl StallFile {
-    fn wait_for_the_disk(&self) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while self.stalled.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-impl Storage for StallStorage {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        Ok(Box::new(StallFile { inner: RealStorage.create_new(path)?, stalled: Arc::clone(&self.stalled) }))
-    }
-}
-
-impl LogFile for StallFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.wait_for_the_disk();
-        self.inner.write_all(buf)
-    }
-    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        self.wait_for_the_disk();
-        self.inner.extend_zeroed(len)
-    }
-    fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.inner.truncate(len)
-    }
-    fn sync(&mut self) -> io::Result<()> {
-        self.wait_for_the_disk();
-        self.inner.sync()
-    }
-}
-
 /// A tap that remembers the highest bound it was shown.
 struct HighestShipped(Arc<AtomicU64>);
 
@@ -1876,7 +1836,7 @@ fn a_stalled_disk_holds_up_no_shipping_and_releases_nothing_until_it_answers() {
     let dir = tempfile::tempdir().unwrap();
     let stalled = Arc::new(AtomicBool::new(false));
     let mut o = opts(1, Durability::EveryBatch);
-    o.log.storage = Arc::new(StallStorage { stalled: Arc::clone(&stalled) });
+    o.log.storage = Arc::new(StallingStorage { stalled: Arc::clone(&stalled) });
     let shipped = Arc::new(AtomicU64::new(0));
     let n = 50u64;
     {

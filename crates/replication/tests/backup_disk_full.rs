@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::{Ts, WorkerId};
-use ditto_log::storage::{LogFile, RealStorage, Storage};
+use ditto_log::storage::{LogFile, RealStorage, StallingStorage, Storage};
 use ditto_log::OpenOptions;
 use ditto_replication::{backup, release_watermark, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
 
@@ -296,50 +296,6 @@ fn a_failing_backup_checkpoint_keeps_the_replica_log_and_the_backup_goes_on() {
     p.stop();
 }
 
-/// Real files whose writes and fsyncs hang while `stalled` is set (at most 30 s): a disk
-/// that stops answering for a while.
-struct StallingDisk {
-    stalled: Arc<AtomicBool>,
-}
-
-struct StallingFile {
-    inner: Box<dyn LogFile>,
-    stalled: Arc<AtomicBool>,
-}
-
-impl StallingFile {
-    fn wait_for_the_disk(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.stalled.load(Ordering::SeqCst) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-impl Storage for StallingDisk {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        Ok(Box::new(StallingFile { inner: RealStorage.create_new(path)?, stalled: Arc::clone(&self.stalled) }))
-    }
-}
-
-impl LogFile for StallingFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.wait_for_the_disk();
-        self.inner.write_all(buf)
-    }
-    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        self.wait_for_the_disk();
-        self.inner.extend_zeroed(len)
-    }
-    fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.inner.truncate(len)
-    }
-    fn sync(&mut self) -> io::Result<()> {
-        self.wait_for_the_disk();
-        self.inner.sync()
-    }
-}
-
 /// A backup whose disk stalls goes on acknowledging receipt (what a `received` commit
 /// policy waits for), but claims nothing durable, and replays nothing, until the disk
 /// answers; then everything is durable, released under `majority-durable`, and readable.
@@ -348,7 +304,7 @@ fn a_backup_whose_disk_stalls_still_acknowledges_receipt_and_nothing_more() {
     let tmp = tempfile::tempdir().unwrap();
     let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
     let stalled = Arc::new(AtomicBool::new(false));
-    let disk: Arc<dyn Storage> = Arc::new(StallingDisk { stalled: Arc::clone(&stalled) });
+    let disk: Arc<dyn Storage> = Arc::new(StallingStorage { stalled: Arc::clone(&stalled) });
     let b = backup::start(backup_opts(&addr, &tmp.path().join("b"), "b", Some(disk))).unwrap();
     let mut w = d.db().worker(WorkerId(0)).unwrap();
     let mut put = |from: u32, to: u32| {
