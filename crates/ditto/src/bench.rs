@@ -354,7 +354,8 @@ fn run_modes(
                     let exec = r.cpu_s_per_txn * r.committed as f64 / logged_in_run.max(1) as f64;
                     let mut out = Vec::new();
                     for m in &c.replay_only {
-                        out.push(crate::replaybench::replay(rec, c.workers, m, exec, &primary_contents)?);
+                        let mib = c.prefault.mib(c.workers, c.seconds);
+                        out.push(crate::replaybench::replay(rec, c.workers, m, exec, &primary_contents, mib)?);
                     }
                     if let serde_json::Value::Object(m) = &mut r.extra {
                         m.insert("replay_only".into(), out.into());

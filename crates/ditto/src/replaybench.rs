@@ -71,13 +71,18 @@ pub fn contents(db: &Database) -> Result<Vec<(String, u64, u32)>, Error> {
 
 /// Replays what `rec` recorded in `mode`; `exec_s_per_txn` is the recorded run's CPU per
 /// logged transaction; `primary` is the primary's `contents` after the run, which the
-/// replayed database must match. Returns the figures as JSON (and prints a line).
+/// replayed database must match; `prefault_mib` is pre-faulted after the load is replayed
+/// and before the run is, as it was for the recorded run (`crate::memory`). Every mode
+/// gets its own: without it, the mode replayed second grew its heap on fresh pages and
+/// paid about twice the CPU per transaction (docs/replication.md). Returns the figures as
+/// JSON (and prints a line).
 pub fn replay(
     rec: &Recorder,
     streams: usize,
     mode: &str,
     exec_s_per_txn: f64,
     primary: &[(String, u64, u32)],
+    prefault_mib: u64,
 ) -> Result<serde_json::Value, Error> {
     let (mode_v, share) = ditto_replication::parse_replay(mode).map_err(|e| format!("--replay-only: {e}"))?;
     let frames = rec.frames.lock();
@@ -92,6 +97,7 @@ pub fn replay(
         }
     }
     let load = ditto_replication::replay_recorded(Arc::clone(&db), streams, Ts::ZERO, mode_v, share, &frames[..split])?;
+    let prefaulted = crate::memory::prefault(prefault_mib, streams);
     let run =
         ditto_replication::replay_recorded(Arc::clone(&db), streams, load.replayed, mode_v, share, &frames[split..])?;
     let replayed = contents(&db)?;
@@ -131,6 +137,7 @@ pub fn replay(
         "exec_cpu_s_per_logged_txn": exec_s_per_txn,
         "replay_cost_ratio": ratio,
         "load_txns_replayed": load.txns,
+        "prefault_mib": prefaulted.mib,
         "matches_primary": true,
     }))
 }
