@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ditto_engine::{Database, Ts};
+use ditto_engine::{Database, Prefetch, Ts};
 use ditto_log::catalog::Catalog;
 use ditto_log::format::decode_batch_checksums;
 use ditto_log::replica::{open_replica, ReplicaLog};
@@ -599,15 +599,29 @@ impl Engine {
         // A compressed batch's payload is in `scratch`, reused: its values are copied.
         let share_from = if batch.header.compressed { usize::MAX } else { self.share_from.load(Ordering::Relaxed) };
         let mut n = 0;
+        let mut writes = Vec::new();
         for t in payload.txns() {
             if t.ts <= job.skip_to {
                 continue;
             }
-            for w in t.writes() {
-                let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
-                self.install_write(w.table, w.rid, w.key, t.ts, w.value, shared.as_ref())?;
-            }
+            let tw = t.writes();
+            writes.reserve(tw.len());
+            writes.extend(tw.map(|w| (t.ts, w)));
             n += 1;
+        }
+        let _pin = self.db.replay_pin();
+        // Installed in log order, each record (and then its newest version) prefetched some
+        // writes ahead, so the cache misses of several writes overlap (see
+        // `Database::replay_prefetch`).
+        for (i, &(ts, w)) in writes.iter().enumerate() {
+            if let Some((_, a)) = writes.get(i + PREFETCH_RECORD_AHEAD) {
+                self.db.replay_prefetch(a.table, a.rid, Prefetch::Record);
+            }
+            if let Some((_, a)) = writes.get(i + PREFETCH_HEAD_AHEAD) {
+                self.db.replay_prefetch(a.table, a.rid, Prefetch::Head);
+            }
+            let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
+            self.install_write(w.table, w.rid, w.key, ts, w.value, shared.as_ref())?;
         }
         Ok(n)
     }
@@ -640,6 +654,12 @@ impl Engine {
         }
     }
 }
+
+/// How many writes ahead of the one it installs a replayer prefetches a record, and its
+/// newest version (which needs the record in cache to find). Chosen by measurement on
+/// TPC-C replay (docs/replication.md).
+const PREFETCH_RECORD_AHEAD: usize = 16;
+const PREFETCH_HEAD_AHEAD: usize = 8;
 
 /// A batch for the dependency mode: every write located in one shared payload (the
 /// stored bytes themselves when the batch is not compressed).
