@@ -553,9 +553,43 @@ impl Engine {
     /// Installs one transaction's writes.
     fn install(&self, t: &crate::dependency::Txn) -> Result<(), String> {
         let share_from = self.share_from.load(Ordering::Relaxed);
-        for (table, rid, key, value) in t.writes() {
-            let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
-            self.install_write(table, rid, key, t.ts, value, shared.as_ref())?;
+        self.install_ahead(
+            t.writes.len(),
+            |i| {
+                let (table, rid, _, _) = t.write(i);
+                (table, rid)
+            },
+            |i| {
+                let (table, rid, key, value) = t.write(i);
+                let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
+                self.install_write(table, rid, key, t.ts, value, shared.as_ref())
+            },
+        )
+    }
+
+    /// Installs writes `0..n` in order with `install(i)`, `row(j)` naming write `j`'s
+    /// record: before write `i`, it prefetches the record of write `i +
+    /// PREFETCH_RECORD_AHEAD` and the newest version of write `i + PREFETCH_HEAD_AHEAD`
+    /// (by then in cache), so the cache misses of several writes overlap instead of
+    /// following one another (`Database::replay_prefetch`); and it pins the engine's
+    /// memory once for them all (`Database::replay_pin`).
+    fn install_ahead(
+        &self,
+        n: usize,
+        row: impl Fn(usize) -> (ditto_engine::TableId, ditto_engine::RecordId),
+        mut install: impl FnMut(usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let _pin = self.db.replay_pin();
+        for i in 0..n {
+            if i + PREFETCH_RECORD_AHEAD < n {
+                let (table, rid) = row(i + PREFETCH_RECORD_AHEAD);
+                self.db.replay_prefetch(table, rid, Prefetch::Record);
+            }
+            if i + PREFETCH_HEAD_AHEAD < n {
+                let (table, rid) = row(i + PREFETCH_HEAD_AHEAD);
+                self.db.replay_prefetch(table, rid, Prefetch::Head);
+            }
+            install(i)?;
         }
         Ok(())
     }
@@ -609,20 +643,15 @@ impl Engine {
             writes.extend(tw.map(|w| (t.ts, w)));
             n += 1;
         }
-        let _pin = self.db.replay_pin();
-        // Installed in log order, each record (and then its newest version) prefetched some
-        // writes ahead, so the cache misses of several writes overlap (see
-        // `Database::replay_prefetch`).
-        for (i, &(ts, w)) in writes.iter().enumerate() {
-            if let Some((_, a)) = writes.get(i + PREFETCH_RECORD_AHEAD) {
-                self.db.replay_prefetch(a.table, a.rid, Prefetch::Record);
-            }
-            if let Some((_, a)) = writes.get(i + PREFETCH_HEAD_AHEAD) {
-                self.db.replay_prefetch(a.table, a.rid, Prefetch::Head);
-            }
-            let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
-            self.install_write(w.table, w.rid, w.key, ts, w.value, shared.as_ref())?;
-        }
+        self.install_ahead(
+            writes.len(),
+            |i| (writes[i].1.table, writes[i].1.rid),
+            |i| {
+                let (ts, w) = writes[i];
+                let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
+                self.install_write(w.table, w.rid, w.key, ts, w.value, shared.as_ref())
+            },
+        )?;
         Ok(n)
     }
 
@@ -656,10 +685,12 @@ impl Engine {
 }
 
 /// How many writes ahead of the one it installs a replayer prefetches a record, and its
-/// newest version (which needs the record in cache to find). Chosen by measurement on
-/// TPC-C replay (docs/replication.md).
-const PREFETCH_RECORD_AHEAD: usize = 16;
-const PREFETCH_HEAD_AHEAD: usize = 8;
+/// newest version (which needs the record in cache to find). On TPC-C replay (2-core VM),
+/// distances from 4/2 to 32/16 measured within the noise of each other and all well
+/// ahead of none (docs/replication.md); 8/4 reaches across most of a transaction's writes
+/// in the dependency mode, which prefetches within a transaction.
+const PREFETCH_RECORD_AHEAD: usize = 8;
+const PREFETCH_HEAD_AHEAD: usize = 4;
 
 /// A batch for the dependency mode: every write located in one shared payload (the
 /// stored bytes themselves when the batch is not compressed).

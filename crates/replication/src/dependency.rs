@@ -83,9 +83,15 @@ impl Txn {
 
     /// (table, record id, key, value) of each write, in logged order.
     pub fn writes(&self) -> impl Iterator<Item = (TableId, RecordId, Option<&[u8]>, Option<&[u8]>)> {
+        (0..self.writes.len()).map(|i| self.write(i))
+    }
+
+    /// Write `i` (below `self.writes.len()`), as `writes` gives it.
+    pub fn write(&self, i: usize) -> (TableId, RecordId, Option<&[u8]>, Option<&[u8]>) {
         let p = &self.batch.payload[..];
-        let part = move |r: Option<(u32, u32)>| r.map(|(o, n)| &p[o as usize..(o + n) as usize]);
-        self.at().iter().map(move |w| (w.table, w.rid, part(w.key), part(w.value)))
+        let part = |r: Option<(u32, u32)>| r.map(|(o, n)| &p[o as usize..(o + n) as usize]);
+        let w = &self.at()[i];
+        (w.table, w.rid, part(w.key), part(w.value))
     }
 }
 
