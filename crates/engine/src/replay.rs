@@ -150,7 +150,7 @@ impl Database {
         ts: Ts,
         value: Option<&[u8]>,
     ) -> Result<KeyDelta> {
-        self.replay_install_val(table, rid, key, ts, value.map(Val::Copy))
+        self.replay_install_val(table, rid, key, ts, value.map(Val::Copy), &mut |_| {})
     }
 
     /// `replay_install` with the value shared, not copied: the version points into `value`'s
@@ -163,7 +163,32 @@ impl Database {
         ts: Ts,
         value: Option<&Bytes>,
     ) -> Result<KeyDelta> {
-        self.replay_install_val(table, rid, key, ts, value.map(Val::Share))
+        self.replay_install_val(table, rid, key, ts, value.map(Val::Share), &mut |_| {})
+    }
+
+    /// `replay_install` (with the value shared when `shared` is given, as
+    /// `replay_install_shared`), calling `on_wait(need)` while the write waits for every
+    /// snapshot to reach `need`: a key's or record id's new life waits for the old one to
+    /// be over for every snapshot (see the module notes), and that may be a wait for the
+    /// caller's own progress. The caller installs in log order, so when called, every
+    /// write of its stream below this one's timestamp is installed: it should make that
+    /// visible (publish the read view it allows), or the wait may never end.
+    #[allow(clippy::too_many_arguments)]
+    pub fn replay_install_with(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        key: Option<&[u8]>,
+        ts: Ts,
+        value: Option<&[u8]>,
+        shared: Option<&Bytes>,
+        on_wait: &mut dyn FnMut(Ts),
+    ) -> Result<KeyDelta> {
+        let value = match shared {
+            Some(b) => Some(Val::Share(b)),
+            None => value.map(Val::Copy),
+        };
+        self.replay_install_val(table, rid, key, ts, value, on_wait)
     }
 
     /// Pins the engine's memory for a replayer's batch. Every install pins for itself;
@@ -199,6 +224,7 @@ impl Database {
         key: Option<&[u8]>,
         ts: Ts,
         value: Option<Val<'_>>,
+        on_wait: &mut dyn FnMut(Ts),
     ) -> Result<KeyDelta> {
         let t = self.table(table)?;
         if rid.0 >= RECORDS_PER_TABLE_MAX {
@@ -232,7 +258,7 @@ impl Database {
         // cleanup unlinked its old life's tombstone), bind it again: that starts its life anew.
         let mut tries = 0;
         let mut delta = loop {
-            self.replay_bind_key(t, rid, rec, key, ts)?;
+            self.replay_bind_key(t, rid, rec, key, ts, on_wait)?;
             if let Some(d) = self.install_if(table, rid, rec, ts, value, false) {
                 break d;
             }
@@ -354,7 +380,15 @@ impl Database {
 
     /// Makes `key` -> `rid` hold in the index, ending an old life first where the primary
     /// ended one (see the module notes).
-    fn replay_bind_key(&self, t: &Table, rid: RecordId, rec: &Record, key: &[u8], ts: Ts) -> Result<()> {
+    fn replay_bind_key(
+        &self,
+        t: &Table,
+        rid: RecordId,
+        rec: &Record,
+        key: &[u8],
+        ts: Ts,
+        on_wait: &mut dyn FnMut(Ts),
+    ) -> Result<()> {
         // The record's own key: set on its first life, or a reused id with a new key.
         match rec.key.get() {
             None => {
@@ -363,7 +397,7 @@ impl Database {
             // The same key on a live record: the life goes on.
             Some(k) if k.as_ref() == key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => {}
             Some(_) => {
-                self.end_old_life(t, rid, ts)?;
+                self.end_old_life(t, rid, ts, on_wait)?;
                 let guard = crossbeam_epoch::pin();
                 // SAFETY: `end_old_life` unlinked the record, and every snapshot sees its
                 // tombstone; a snapshot still holding the rid reads no version at or below
@@ -380,7 +414,7 @@ impl Database {
             }
             // The key lived in another record, which the primary unlinked before it gave
             // the key this one.
-            self.end_old_life(t, RecordId(other), ts)?;
+            self.end_old_life(t, RecordId(other), ts, on_wait)?;
             if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(
                     "table {}: key held by record {other} would not leave the index",
@@ -393,13 +427,17 @@ impl Database {
     /// Waits until every snapshot sees everything before `ts`, then unlinks record `rid`,
     /// whose newest version must then be a tombstone (or nothing): its life ended before
     /// `ts` on the primary.
-    fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts) -> Result<()> {
+    fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts, on_wait: &mut dyn FnMut(Ts)) -> Result<()> {
         // Unlinked already (the backup's own cleanup): every snapshot saw its tombstone.
         if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT != 0 {
             return Ok(());
         }
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         while self.clock.refresh_horizon().0 < ts.0 - 1 {
+            on_wait(Ts(ts.0 - 1));
+            if self.clock.refresh_horizon().0 >= ts.0 - 1 {
+                break;
+            }
             if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(
                     "table {}: record {} changes key at ts {}, but the read view stayed below it for {:?}",

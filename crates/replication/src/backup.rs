@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ditto_engine::{Database, Prefetch, Ts};
 use ditto_log::catalog::Catalog;
-use ditto_log::format::decode_batch_checksums;
+use ditto_log::format::{decode_batch_checksums, WriteView};
 use ditto_log::replica::{open_replica, ReplicaLog};
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::Epoch;
@@ -550,8 +550,8 @@ impl Engine {
         }
     }
 
-    /// Installs one transaction's writes.
-    fn install(&self, t: &crate::dependency::Txn) -> Result<(), String> {
+    /// Installs one transaction's writes; `on_wait` as for `Database::replay_install_with`.
+    fn install(&self, t: &crate::dependency::Txn, on_wait: &mut dyn FnMut(Ts)) -> Result<(), String> {
         let share_from = self.share_from.load(Ordering::Relaxed);
         self.install_ahead(
             t.writes.len(),
@@ -562,7 +562,7 @@ impl Engine {
             |i| {
                 let (table, rid, key, value) = t.write(i);
                 let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
-                self.install_write(table, rid, key, t.ts, value, shared.as_ref())
+                self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), on_wait)
             },
         )
     }
@@ -599,21 +599,17 @@ impl Engine {
     }
 
     /// Installs one write (its value shared with the batch when `shared` is that value as
-    /// a slice of it) and tells the key-count hook what it did.
+    /// a slice of it) and tells the key-count hook what it did; `on_wait` as for
+    /// `Database::replay_install_with`.
     fn install_write(
         &self,
-        table: ditto_engine::TableId,
-        rid: ditto_engine::RecordId,
-        key: Option<&[u8]>,
+        w: WriteView<'_>,
         ts: Ts,
-        value: Option<&[u8]>,
         shared: Option<&Bytes>,
+        on_wait: &mut dyn FnMut(Ts),
     ) -> Result<(), String> {
-        let d = match shared {
-            Some(b) => self.db.replay_install_shared(table, rid, key, ts, Some(b)),
-            None => self.db.replay_install(table, rid, key, ts, value),
-        }
-        .map_err(|e| e.to_string())?;
+        let WriteView { table, rid, key, value } = w;
+        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, on_wait).map_err(|e| e.to_string())?;
         if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
             f(table, key, ts, d.delta);
         }
@@ -649,10 +645,19 @@ impl Engine {
             |i| {
                 let (ts, w) = writes[i];
                 let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
-                self.install_write(w.table, w.rid, w.key, ts, w.value, shared.as_ref())
+                // Waiting for the read view mid-batch: what this batch installed so far
+                // must count, or the wait is for itself (`Ordered::progress`).
+                self.install_write(w, ts, shared.as_ref(), &mut |need| self.progressed(job, need))
             },
         )?;
         Ok(n)
+    }
+
+    /// `job` is in progress with everything of it at or below `upto` installed.
+    fn progressed(&self, job: &Job, upto: Ts) {
+        let w = self.replayed.lock().progress(job.seq, job.stream, upto, job.floor);
+        self.state.replayed.fetch_max(w.0, Ordering::AcqRel);
+        self.publish();
     }
 
     fn completed(&self, job: &Job) {
@@ -724,8 +729,8 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
 }
 
 impl crate::dependency::Sink for Engine {
-    fn install(&self, txn: &crate::dependency::Txn) -> Result<(), String> {
-        Engine::install(self, txn)
+    fn install(&self, txn: &crate::dependency::Txn, on_wait: &mut dyn FnMut(Ts)) -> Result<(), String> {
+        Engine::install(self, txn, on_wait)
     }
 
     fn replayed(&self, ts: Ts) {

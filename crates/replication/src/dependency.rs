@@ -204,7 +204,9 @@ impl Tracker {
 
 /// Where the executors' work goes (the backup's engine).
 pub(crate) trait Sink: Send + Sync + 'static {
-    fn install(&self, txn: &Txn) -> Result<(), String>;
+    /// Installs `txn`, calling `on_wait` while a write waits for the read view (see
+    /// `Database::replay_install_with`).
+    fn install(&self, txn: &Txn, on_wait: &mut dyn FnMut(Ts)) -> Result<(), String>;
     /// Every transaction at or below `ts` is installed.
     fn replayed(&self, ts: Ts);
     fn failed(&self, why: String);
@@ -360,6 +362,23 @@ fn row(w: &WriteAt) -> (u32, u64) {
     (w.table.0, w.rid.0)
 }
 
+/// A write that binds a key (insert, or a value over a tombstone) also writes the key's
+/// row, (table with the top bit set, a hash of the key): one key's lives may be on two
+/// records (the primary unlinked the first and gave the key another), and the later life
+/// must not be bound before the earlier one (crates/engine/src/replay.rs). Hash collisions
+/// only order more than needed.
+fn key_row(w: &WriteAt, payload: &[u8]) -> Option<(u32, u64)> {
+    use std::hash::{Hash, Hasher};
+    let (o, n) = w.key?;
+    let mut h = std::hash::DefaultHasher::new();
+    payload[o as usize..(o + n) as usize].hash(&mut h);
+    Some((w.table.0 | KEY_ROW, h.finish()))
+}
+
+/// Set on a key's row; table ids are far below it.
+const KEY_ROW: u32 = 1 << 31;
+const _: () = assert!((ditto_engine::TABLES_MAX as u64) < KEY_ROW as u64);
+
 fn dispatch<M>(
     sh: &Shared,
     sink: &dyn Sink,
@@ -418,8 +437,10 @@ fn dispatch<M>(
             since_barrier += 1;
             let idx = sh.tracker.lock().register(txn.ts);
             let node = Arc::new(Node { idx, txn, pending: AtomicU32::new(1), links: Mutex::default() });
-            for w in node.txn.at() {
-                let Some(prev) = last.insert(row(w), idx) else { continue };
+            let payload = &node.txn.batch.payload[..];
+            let rows = node.txn.at().iter().flat_map(|w| std::iter::once(row(w)).chain(key_row(w, payload)));
+            for r in rows {
+                let Some(prev) = last.insert(r, idx) else { continue };
                 if prev == idx || prev < window_first {
                     continue;
                 }
@@ -506,7 +527,14 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
                 }
             }
         };
-        if let Err(why) = sink.install(&node.txn) {
+        // A write waiting for the read view waits for the transactions below it, which
+        // other executors finish (the ready queue hands out the oldest first): publish
+        // what they did, as an idle executor would.
+        let mut on_wait = |_: Ts| {
+            let replayed = sh.tracker.lock().replayed();
+            sink.replayed(replayed);
+        };
+        if let Err(why) = sink.install(&node.txn, &mut on_wait) {
             sh.stop.store(true, Ordering::Release);
             sh.ready_cv.notify_all();
             sink.failed(why);
@@ -603,7 +631,7 @@ mod tests {
             failed: Mutex<Option<String>>,
         }
         impl Sink for Rec {
-            fn install(&self, t: &Txn) -> Result<(), String> {
+            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts)) -> Result<(), String> {
                 self.log.lock().push((t.ts.0, t.writes().map(|w| w.1 .0).collect()));
                 std::thread::yield_now();
                 self.installed.lock().insert(t.ts.0);
@@ -692,7 +720,7 @@ mod tests {
             failed: Mutex<Option<String>>,
         }
         impl Sink for Failing {
-            fn install(&self, t: &Txn) -> Result<(), String> {
+            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts)) -> Result<(), String> {
                 if t.ts.0 == self.at {
                     return Err(format!("no room for ts {}", t.ts.0));
                 }

@@ -50,30 +50,86 @@ impl Prefix {
     }
 }
 
-/// Batches numbered in shipping order, completed in any order; the prefix of completed
-/// ones feeds a `Prefix`.
+/// Batches numbered in shipping order, completed in any order across streams but in
+/// shipping order within each stream (one replayer per stream, or one for all); the
+/// prefix of completed ones feeds a `Prefix`.
+///
+/// Besides that prefix it keeps, per stream, how far the stream's own batches are
+/// installed, which may run ahead of the prefix (a later batch of one stream done while
+/// an earlier batch of another is not), and what a batch in progress reports with
+/// `progress`. The watermark is the highest of three claims, each sound on its own:
+/// - the prefix's watermark (floors count only here: a floor vouches for what came
+///   *earlier in the order*);
+/// - the minimum over streams of what each has installed of its own transactions;
+/// - a floor of the batch in progress at the head of the order (every earlier batch
+///   done), capped at what that batch has installed.
 #[derive(Debug)]
 pub struct Ordered {
     next: u64,
     done: BTreeMap<u64, (usize, Ts, Option<Ts>)>,
     pub prefix: Prefix,
+    /// Per stream: every transaction of it at or below this is installed.
+    installed: Vec<Ts>,
+    /// The last batch completed per stream (the per-stream order is asserted).
+    last_seq: Vec<Option<u64>>,
+    /// The third claim above.
+    vouched: Ts,
 }
 
 impl Ordered {
     /// The first batch to come is number `first`.
     pub fn new(prefix: Prefix, first: u64) -> Ordered {
-        Ordered { next: first, done: BTreeMap::new(), prefix }
+        let streams = prefix.bounds.len();
+        let base = prefix.base;
+        Ordered {
+            next: first,
+            done: BTreeMap::new(),
+            prefix,
+            installed: vec![base; streams],
+            last_seq: vec![None; streams],
+            vouched: base,
+        }
     }
 
-    /// Batch `seq` is complete. Returns the prefix's watermark.
+    /// Batch `seq` is complete. Returns the watermark.
     pub fn complete(&mut self, seq: u64, stream: usize, bound: Ts, floor: Option<Ts>) -> Ts {
         assert!(seq >= self.next, "batch {seq} completed twice");
+        assert!(
+            self.last_seq[stream].is_none_or(|l| seq > l),
+            "batch {seq} of stream {stream} completed out of its stream's order"
+        );
+        self.last_seq[stream] = Some(seq);
+        self.installed[stream] = self.installed[stream].max(bound);
         self.done.insert(seq, (stream, bound, floor));
         while let Some((s, b, f)) = self.done.remove(&self.next) {
             self.prefix.push(s, b, f);
             self.next += 1;
         }
-        self.prefix.watermark()
+        self.watermark()
+    }
+
+    /// Batch `seq` of `stream` (with `floor`) is in progress and every transaction of it
+    /// at or below `upto` is installed; so is every earlier batch of its stream. Returns
+    /// the watermark. A replayer that must wait for the read view in the middle of a
+    /// batch reports this first, or it would wait for itself.
+    pub fn progress(&mut self, seq: u64, stream: usize, upto: Ts, floor: Option<Ts>) -> Ts {
+        assert!(
+            self.last_seq[stream].is_none_or(|l| seq > l),
+            "progress in batch {seq} of stream {stream}, completed already"
+        );
+        self.installed[stream] = self.installed[stream].max(upto);
+        if seq == self.next {
+            if let Some(f) = floor {
+                self.vouched = self.vouched.max(f.min(upto));
+            }
+        }
+        self.watermark()
+    }
+
+    /// Every transaction at or below this is installed (see the type's notes).
+    pub fn watermark(&self) -> Ts {
+        let own = self.installed.iter().copied().min().unwrap_or(self.prefix.base);
+        self.prefix.watermark().max(own).max(self.vouched)
     }
 }
 
@@ -88,13 +144,16 @@ mod tests {
     fn rolis_figure_3_a_later_commit_is_never_covered_before_an_earlier_one() {
         // (stream, bound): each batch holds one transaction, bound = its ts.
         let batches = [(0usize, 1u64), (1, 2), (0, 3), (1, 4)];
-        let orders: [[usize; 4]; 4] = [[0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0], [1, 3, 0, 2]];
+        // Any interleaving of the streams, each stream's batches in its own order (one
+        // replayer per stream).
+        let orders: [[usize; 4]; 5] = [[0, 1, 2, 3], [1, 3, 0, 2], [1, 0, 3, 2], [0, 2, 1, 3], [1, 0, 2, 3]];
         for order in orders {
             let mut o = Ordered::new(Prefix::new(2, Ts(0)), 0);
             let mut done = [false; 4];
             for &i in &order {
                 let (s, b) = batches[i];
                 let w = o.complete(i as u64, s, Ts(b), None);
+                assert_eq!(w, o.watermark());
                 done[i] = true;
                 // Every transaction at or below w is complete.
                 for (j, &(_, ts)) in batches.iter().enumerate() {
@@ -107,6 +166,36 @@ mod tests {
             // later batch (or heartbeat) of stream 0.
             assert_eq!(o.prefix.watermark(), Ts(3));
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of its stream's order")]
+    fn a_stream_completed_out_of_its_order_is_a_bug() {
+        let mut o = Ordered::new(Prefix::new(2, Ts(0)), 1);
+        o.complete(3, 0, Ts(5), None);
+        o.complete(1, 0, Ts(2), None);
+    }
+
+    /// A replayer in the middle of a batch reports what it installed: it counts for its
+    /// stream at once, its batch's floor only once every earlier batch is done, and never
+    /// beyond what it installed.
+    #[test]
+    fn progress_in_a_batch_counts_for_its_stream_and_its_floor_only_at_the_head() {
+        // Batch 1: stream 1, ts up to 4. Batch 2: stream 0, ts 3..9, floor 8.
+        let mut o = Ordered::new(Prefix::new(2, Ts(0)), 1);
+        assert_eq!(o.progress(2, 0, Ts(6), Some(Ts(8))), Ts(0), "stream 1 has nothing installed");
+        assert_eq!(o.complete(1, 1, Ts(4), None), Ts(4), "both streams hold everything up to 4");
+        assert_eq!(o.watermark(), Ts(4));
+        // Now batch 2 is at the head: its floor vouches for stream 1 up to 8, capped at
+        // what batch 2 installed (6).
+        assert_eq!(o.progress(2, 0, Ts(6), Some(Ts(8))), Ts(6));
+        assert_eq!(o.progress(2, 0, Ts(8), Some(Ts(8))), Ts(8));
+        assert_eq!(o.complete(2, 0, Ts(9), Some(Ts(8))), Ts(8), "stream 1 is vouched for up to 8 only");
+        // Without a floor, progress lifts only its own stream.
+        let mut o = Ordered::new(Prefix::new(2, Ts(0)), 1);
+        o.complete(1, 1, Ts(10), None);
+        assert_eq!(o.progress(2, 0, Ts(7), None), Ts(7));
+        assert_eq!(o.progress(2, 0, Ts(12), None), Ts(10), "stream 1 holds up to 10 only");
     }
 
     #[test]

@@ -1,0 +1,173 @@
+//! A key's or a record id's new life in the same batch as the end of its old one.
+//!
+//! Replay gives a key a new record, or a record a new key, only once every snapshot sees
+//! the old life's tombstone (crates/engine/src/replay.rs), and that wait is on the read
+//! view. When the delete and the new life come in one batch of one stream, the read view
+//! cannot pass the batch's start until the batch is done: the wait must not depend on it.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ditto_engine::{Database, Options, RecordId, TableId, Ts};
+use ditto_log::format::BatchBuilder;
+use ditto_log::{Epoch, StreamId};
+use ditto_replication::{replay_recorded, ReplayMode};
+
+type Wr<'a> = (TableId, RecordId, Option<&'a [u8]>, Option<&'a [u8]>);
+type W = Wr<'static>;
+
+fn batch(txns: &[(u64, Vec<W>)]) -> Bytes {
+    batch_of(0, txns.last().unwrap().0, txns)
+}
+
+/// A batch of `stream` with the given bound (at least its last transaction's timestamp).
+fn batch_of(stream: u32, bound: u64, txns: &[(u64, Vec<W>)]) -> Bytes {
+    let mut b = BatchBuilder::new();
+    for (ts, writes) in txns {
+        b.push_txn(Ts(*ts), writes.iter().copied());
+    }
+    let mut out = Vec::new();
+    b.finish_into(StreamId(stream), Epoch(1), Ts(bound), false, &mut out);
+    Bytes::from(out)
+}
+
+/// Replays `batches` (one stream) in `mode`, failing the test if it takes over 10 s.
+fn replay(mode: ReplayMode, batches: Vec<Bytes>) -> Arc<Database> {
+    replay_streams(mode, 1, batches)
+}
+
+fn replay_streams(mode: ReplayMode, streams: usize, batches: Vec<Bytes>) -> Arc<Database> {
+    let db = Database::new(Options { workers: streams });
+    assert_eq!(db.create_table("t").unwrap(), TableId(0));
+    let (tx, rx) = mpsc::channel();
+    let d = Arc::clone(&db);
+    std::thread::spawn(move || {
+        let _ = tx.send(replay_recorded(d, streams, Ts::ZERO, mode, None, &batches));
+    });
+    let run = rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{mode:?}: replay still waiting after 10 s"))
+        .unwrap_or_else(|e| panic!("{mode:?}: replay failed: {e}"));
+    assert_eq!(run.replayed, Ts(4), "{mode:?}");
+    db
+}
+
+const T: TableId = TableId(0);
+
+fn modes() -> [ReplayMode; 3] {
+    [ReplayMode::Serial, ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }]
+}
+
+#[test]
+fn a_key_deleted_and_given_a_new_record_in_one_batch_is_replayed_without_waiting() {
+    for mode in modes() {
+        let db = replay(
+            mode,
+            vec![batch(&[
+                (1, vec![(T, RecordId(0), Some(b"k"), Some(b"old"))]),
+                (2, vec![(T, RecordId(0), None, None)]),
+                // The primary unlinked record 0 and gave "k" record 1.
+                (3, vec![(T, RecordId(1), Some(b"k"), Some(b"new"))]),
+                (4, vec![(T, RecordId(1), None, Some(b"newer"))]),
+            ])],
+        );
+        let r = db.read();
+        assert_eq!(r.get(T, b"k").unwrap().as_deref(), Some(&b"newer"[..]), "{mode:?}");
+        assert_eq!(db.count(T).unwrap(), 1, "{mode:?}");
+    }
+}
+
+#[test]
+fn a_record_id_deleted_and_given_a_new_key_in_one_batch_is_replayed_without_waiting() {
+    for mode in modes() {
+        let db = replay(
+            mode,
+            vec![batch(&[
+                (1, vec![(T, RecordId(0), Some(b"a"), Some(b"1"))]),
+                (2, vec![(T, RecordId(0), None, None)]),
+                // The primary unlinked record 0 and reused its id for "b".
+                (3, vec![(T, RecordId(0), Some(b"b"), Some(b"2"))]),
+                (4, vec![(T, RecordId(0), None, Some(b"3"))]),
+            ])],
+        );
+        let r = db.read();
+        assert_eq!(r.get(T, b"a").unwrap(), None, "{mode:?}");
+        assert_eq!(r.get(T, b"b").unwrap().as_deref(), Some(&b"3"[..]), "{mode:?}");
+        assert_eq!(db.count(T).unwrap(), 1, "{mode:?}");
+    }
+}
+
+/// The wait for the old life also needs another stream's transaction below the new life,
+/// shipped after the batch that waits: replayers of their own (`parallel`) or executors
+/// (`dependency`) get there. (`serial`, one thread in shipping order, cannot: it replays
+/// nothing else while it waits, and fails after `REPLAY_REUSE_WAIT_MAX`; see
+/// docs/replication.md.)
+#[test]
+fn a_new_life_waiting_on_another_streams_later_batch_is_replayed_by_parallel_replayers() {
+    for mode in [ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }] {
+        let db = replay_streams(
+            mode,
+            2,
+            vec![
+                batch_of(
+                    0,
+                    4,
+                    &[
+                        (1, vec![(T, RecordId(0), Some(b"k"), Some(b"old"))]),
+                        (2, vec![(T, RecordId(0), None, None)]),
+                        (4, vec![(T, RecordId(1), Some(b"k"), Some(b"new"))]),
+                    ],
+                ),
+                batch_of(1, 4, &[(3, vec![(T, RecordId(2), Some(b"other"), Some(b"x"))])]),
+            ],
+        );
+        let r = db.read();
+        assert_eq!(r.get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]), "{mode:?}");
+        assert_eq!(r.get(T, b"other").unwrap().as_deref(), Some(&b"x"[..]), "{mode:?}");
+    }
+}
+
+/// The other order across streams: a key's new life (stream 1) reaches a replayer before
+/// its old life's insert (stream 0, whose replayer is behind). Parallel replayers bind the
+/// new life at once, as the key is absent; the old life's insert then finds the key taken
+/// by a live record.
+#[test]
+#[ignore = "known gap (docs/replication.md): parallel replay cannot bind a key's old life after its new one"]
+fn a_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
+    let filler: Vec<W> = (0..100_000u64).map(|i| (TableId(1), RecordId(i), None, Some(&b"f"[..]))).collect();
+    let db = Database::new(Options { workers: 2 });
+    db.create_table("t").unwrap();
+    db.create_table("filler").unwrap();
+    // The filler records need a value to update: inserted first, in the load.
+    let load: Vec<Bytes> = {
+        let keys: Vec<Vec<u8>> = (0..100_000u64).map(|i| i.to_be_bytes().to_vec()).collect();
+        let writes: Vec<Wr<'_>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (TableId(1), RecordId(i as u64), Some(&k[..]), Some(&b"0"[..])))
+            .collect();
+        let mut b = BatchBuilder::new();
+        b.push_txn(Ts(1), writes.into_iter());
+        let mut out = Vec::new();
+        b.finish_into(StreamId(0), Epoch(1), Ts(1), false, &mut out);
+        vec![Bytes::from(out), batch_of(1, 1, &[])]
+    };
+    replay_recorded(Arc::clone(&db), 2, Ts::ZERO, ReplayMode::Parallel, None, &load).unwrap();
+    let run = vec![
+        batch_of(
+            0,
+            5,
+            &[
+                (2, filler),
+                (3, vec![(T, RecordId(0), Some(b"k"), Some(b"old"))]),
+                (4, vec![(T, RecordId(0), None, None)]),
+            ],
+        ),
+        batch_of(1, 6, &[(6, vec![(T, RecordId(1), Some(b"k"), Some(b"new"))])]),
+    ];
+    let got = replay_recorded(Arc::clone(&db), 2, Ts(1), ReplayMode::Parallel, None, &run);
+    assert!(got.is_ok(), "{got:?}");
+    assert_eq!(db.read().get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]));
+}
