@@ -103,6 +103,7 @@ pub struct Database {
     me: Weak<Database>,
     /// On a backup: replayed updates waiting for their record's insert (replay.rs).
     pub(crate) parked: crate::replay::Parked,
+    pub(crate) redirects: crate::replay::Redirects,
 }
 
 /// A deleted record waiting to be unlinked: its table, rid and tombstone's timestamp.
@@ -119,6 +120,7 @@ impl Database {
             workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
             deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
             parked: Default::default(),
+            redirects: Default::default(),
             reuse_bound: AtomicU64::new(u64::MAX),
             rids_released: AtomicU64::new(0),
             me: me.clone(),

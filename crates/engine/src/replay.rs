@@ -38,6 +38,16 @@
 //!   replayer waits only for timestamps below the one it holds, and the smallest waiting
 //!   timestamp's predecessors are all held by replayers that are not waiting.
 //!
+//! - A key's late old life: replayers may bind a key's later life (a new record, which the
+//!   primary gave it after cleaning the old one up) before a lagging stream brings the old
+//!   life; nothing says to wait, since the key is absent. The old life's writes then go
+//!   below the later life, on its record (`Redirects`): the key is the same, so a snapshot
+//!   at an older view finds them there by timestamp, and they move no key count (the old
+//!   life's +1 and -1 cancel). Writes to the old record below the later life's start
+//!   follow (parked ones too), until the read view passes that start; a backup does not
+//!   checkpoint meanwhile (`replay_redirecting`), since the cut would hold the old life's
+//!   rows under the later record's id.
+//!
 //! - A replayed delete that becomes a record's head is queued for cleanup as a worker's
 //!   delete is: `Database::reclaim` unlinks the record (out of the index, its id given
 //!   back) once every snapshot sees the tombstone. A later write that gives the id a key,
@@ -85,6 +95,21 @@ pub(crate) struct Parked {
     /// no replayer can still park on the old state (see `replay_install`).
     count: AtomicUsize,
     writes: Mutex<HashMap<(TableId, RecordId), Vec<ParkedWrite>>>,
+}
+
+/// Records a key's late old life is sent to (see the module notes): (table, the old
+/// record) -> where its writes below `before` go.
+#[derive(Default)]
+pub(crate) struct Redirects {
+    count: AtomicUsize,
+    map: Mutex<HashMap<(TableId, RecordId), Redirect>>,
+}
+
+struct Redirect {
+    to: RecordId,
+    key: Bytes,
+    /// Where the later life starts (its oldest version when the redirect was made).
+    before: Ts,
 }
 
 /// A parked write: its timestamp and value (`None`: a delete).
@@ -237,28 +262,22 @@ impl Database {
             return Err(Error::Corrupt(format!("replayed write at timestamp {}", ts.0)));
         }
         t.reserve_rids(rid.0 + 1);
+        // A late old life's write goes where its key's later life is (see the module notes).
+        if let Some(to) = self.redirect_of(table, rid, key, ts) {
+            return self.install_redirected(t, table, to, key.is_some(), ts, value);
+        }
         let rec = t.record(rid);
         let Some(key) = key else {
-            // An update or delete needs the value it follows. Usually it is there (or the
-            // record's lock says so); if not, the write that gave it is on a stream whose
-            // replayer is behind: park, under the parked lock, after raising the count.
-            if let Some(delta) = self.install_if(table, rid, rec, ts, value, true) {
-                return Ok(KeyDelta::of(rec, delta));
-            }
-            let mut parked = self.parked.writes.lock();
-            self.parked.count.fetch_add(1, Ordering::SeqCst);
-            if let Some(delta) = self.install_if(table, rid, rec, ts, value, true) {
-                self.parked.count.fetch_sub(1, Ordering::SeqCst);
-                return Ok(KeyDelta::of(rec, delta));
-            }
-            parked.entry((table, rid)).or_default().push((ts, value.map(|v| v.owned())));
-            return Ok(KeyDelta { delta: 0, key: None });
+            return self.install_keyless(t, table, rid, rec, ts, value, true);
         };
         // Bound, then installed; if the record left the index in between (the backup's own
         // cleanup unlinked its old life's tombstone), bind it again: that starts its life anew.
         let mut tries = 0;
         let mut delta = loop {
-            self.replay_bind_key(t, rid, rec, key, ts, on_wait)?;
+            if let Some((to, before)) = self.replay_bind_key(t, rid, rec, key, ts, on_wait)? {
+                self.add_redirect(table, rid, to, key, before);
+                return self.install_redirected(t, table, to, true, ts, value);
+            }
             if let Some(d) = self.install_if(table, rid, rec, ts, value, false) {
                 break d;
             }
@@ -271,29 +290,156 @@ impl Database {
             }
             std::thread::yield_now();
         };
+        delta += self.wake_parked(table, rid, rec);
+        Ok(KeyDelta::of(rec, delta))
+    }
+
+    /// An update or delete: installed if the value it follows is there (or the record's
+    /// lock says so); if not, the write that gave it is on a stream whose replayer is
+    /// behind: parked, under the parked lock, after raising the count. With `redirectable`,
+    /// a redirect added meanwhile (checked under the parked lock, which `add_redirect`'s
+    /// drain takes after adding it) sends it on.
+    #[allow(clippy::too_many_arguments)]
+    fn install_keyless(
+        &self,
+        t: &Table,
+        table: TableId,
+        rid: RecordId,
+        rec: &Record,
+        ts: Ts,
+        value: Option<Val<'_>>,
+        redirectable: bool,
+    ) -> Result<KeyDelta> {
+        if let Some(delta) = self.install_if(table, rid, rec, ts, value, true) {
+            return Ok(KeyDelta::of(rec, delta));
+        }
+        let mut parked = self.parked.writes.lock();
+        self.parked.count.fetch_add(1, Ordering::SeqCst);
+        if let Some(delta) = self.install_if(table, rid, rec, ts, value, true) {
+            self.parked.count.fetch_sub(1, Ordering::SeqCst);
+            return Ok(KeyDelta::of(rec, delta));
+        }
+        if redirectable {
+            if let Some(to) = self.redirect_of(table, rid, None, ts) {
+                self.parked.count.fetch_sub(1, Ordering::SeqCst);
+                drop(parked);
+                return self.install_redirected(t, table, to, false, ts, value);
+            }
+        }
+        parked.entry((table, rid)).or_default().push((ts, value.map(|v| v.owned())));
+        Ok(KeyDelta { delta: 0, key: None })
+    }
+
+    /// Installs the writes parked on `rid` that its newly installed value lets in, in
+    /// timestamp order; returns how they moved the key count.
+    fn wake_parked(&self, table: TableId, rid: RecordId, rec: &Record) -> i64 {
         // Installed (the record's lock released): a replayer that raised the count after
         // this load takes the record's lock after us and finds our value. One that raised
         // it before holds or held the parked lock, so we see what it parked.
-        if self.parked.count.load(Ordering::SeqCst) > 0 {
-            let mut parked = self.parked.writes.lock();
-            if let Some(mut waiting) = parked.remove(&(table, rid)) {
-                waiting.sort_by_key(|w| w.0);
-                let mut still = Vec::new();
-                for (wts, wv) in waiting {
-                    match self.install_if(table, rid, rec, wts, wv.as_ref().map(Val::Share), true) {
-                        Some(d) => {
-                            delta += d;
-                            self.parked.count.fetch_sub(1, Ordering::SeqCst);
-                        }
-                        None => still.push((wts, wv)),
+        if self.parked.count.load(Ordering::SeqCst) == 0 {
+            return 0;
+        }
+        let mut delta = 0;
+        let mut parked = self.parked.writes.lock();
+        if let Some(mut waiting) = parked.remove(&(table, rid)) {
+            waiting.sort_by_key(|w| w.0);
+            let mut still = Vec::new();
+            for (wts, wv) in waiting {
+                match self.install_if(table, rid, rec, wts, wv.as_ref().map(Val::Share), true) {
+                    Some(d) => {
+                        delta += d;
+                        self.parked.count.fetch_sub(1, Ordering::SeqCst);
                     }
-                }
-                if !still.is_empty() {
-                    parked.insert((table, rid), still);
+                    None => still.push((wts, wv)),
                 }
             }
+            if !still.is_empty() {
+                parked.insert((table, rid), still);
+            }
         }
-        Ok(KeyDelta::of(rec, delta))
+        delta
+    }
+
+    /// A write of a key's late old life, installed on record `to`, which holds the key's
+    /// later life: below that life, by timestamp, so it changes no key count. The writes
+    /// of the old record parked before the redirect existed follow it there.
+    fn install_redirected(
+        &self,
+        t: &Table,
+        table: TableId,
+        to: RecordId,
+        keyed: bool,
+        ts: Ts,
+        value: Option<Val<'_>>,
+    ) -> Result<KeyDelta> {
+        let rec = t.record(to);
+        if !keyed {
+            self.install_keyless(t, table, to, rec, ts, value, false)?;
+            return Ok(KeyDelta { delta: 0, key: None });
+        }
+        if self.install_if(table, to, rec, ts, value, false).is_none() {
+            return Err(Error::Corrupt(format!(
+                "table {}: record {} left the index with a later life of a key whose earlier life (ts {}) was not replayed",
+                t.name, to.0, ts.0
+            )));
+        }
+        self.drain_redirected(t, table, to);
+        self.wake_parked(table, to, rec);
+        Ok(KeyDelta { delta: 0, key: None })
+    }
+
+    /// Moves the writes parked on records redirected to `to` over to `to` (where
+    /// `wake_parked` installs what it can).
+    fn drain_redirected(&self, _t: &Table, table: TableId, to: RecordId) {
+        let from: Vec<RecordId> = {
+            let m = self.redirects.map.lock();
+            m.iter().filter(|(k, r)| k.0 == table && r.to == to).map(|(k, _)| k.1).collect()
+        };
+        let mut parked = self.parked.writes.lock();
+        for f in from {
+            if let Some(w) = parked.remove(&(table, f)) {
+                parked.entry((table, to)).or_default().extend(w);
+            }
+        }
+    }
+
+    /// Writes to `from` below `before` (keyless, or giving it `key` again) go to `to`
+    /// from now on (see the module notes).
+    fn add_redirect(&self, table: TableId, from: RecordId, to: RecordId, key: &[u8], before: Ts) {
+        let mut m = self.redirects.map.lock();
+        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), before });
+        self.redirects.count.store(m.len(), Ordering::SeqCst);
+    }
+
+    /// Where a write to `rid` at `ts` goes instead, if it belongs to a late old life.
+    fn redirect_of(&self, table: TableId, rid: RecordId, key: Option<&[u8]>, ts: Ts) -> Option<RecordId> {
+        if self.redirects.count.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let mut m = self.redirects.map.lock();
+        self.prune_redirects(&mut m);
+        let r = m.get(&(table, rid))?;
+        (ts < r.before && key.is_none_or(|k| k == r.key.as_ref())).then_some(r.to)
+    }
+
+    /// Drops the redirects no write can use any more: once the read view reaches
+    /// `before - 1`, every write below `before` is installed.
+    fn prune_redirects(&self, m: &mut HashMap<(TableId, RecordId), Redirect>) {
+        let view = self.clock.visible_ts();
+        m.retain(|_, r| r.before.0 > view.0 + 1);
+        self.redirects.count.store(m.len(), Ordering::SeqCst);
+    }
+
+    /// Whether a key's late old life is being replayed onto a later record. A checkpoint
+    /// cut now would write that old life's rows under the later record's id, where the
+    /// primary had them under the old one: a backup does not checkpoint until it is over.
+    pub fn replay_redirecting(&self) -> bool {
+        if self.redirects.count.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let mut m = self.redirects.map.lock();
+        self.prune_redirects(&mut m);
+        !m.is_empty()
     }
 
     /// Takes the record's lock and installs; `None` (nothing done) if the record is
@@ -388,7 +534,7 @@ impl Database {
         key: &[u8],
         ts: Ts,
         on_wait: &mut dyn FnMut(Ts),
-    ) -> Result<()> {
+    ) -> Result<Option<(RecordId, Ts)>> {
         // The record's own key: set on its first life, or a reused id with a new key.
         match rec.key.get() {
             None => {
@@ -410,7 +556,27 @@ impl Database {
         loop {
             let (other, inserted) = t.index.get_or_insert_with(key, || rid.0, &guard);
             if inserted || other == rid.0 {
-                return Ok(());
+                return Ok(None);
+            }
+            let orec = t.record(RecordId(other));
+            if orec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
+                match oldest_ts(orec, &guard) {
+                    // The key's later life, bound before this earlier one came (its
+                    // stream's replayer was behind): this life goes below that one.
+                    Some(start) if start > ts => return Ok(Some((RecordId(other), start))),
+                    Some(_) => {}
+                    // Bound by a replayer that has not installed yet: look again.
+                    None => {
+                        if Instant::now() > deadline {
+                            return Err(Error::Corrupt(format!(
+                                "table {}: key held by record {other}, which never got a value",
+                                t.name
+                            )));
+                        }
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
             }
             // The key lived in another record, which the primary unlinked before it gave
             // the key this one.
@@ -467,6 +633,25 @@ impl Database {
             }
         }
         Ok(())
+    }
+}
+
+/// The timestamp of the oldest version in `rec`'s chain; `None` if it has none.
+fn oldest_ts(rec: &Record, _guard: &Guard) -> Option<Ts> {
+    let mut p: *mut Version = rec.head.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: versions are freed through the epoch, so those reached under `_guard` stay
+    // valid; a trim that unlinks part of the chain meanwhile only ends the walk earlier.
+    unsafe {
+        loop {
+            let older = (*p).older.load(Ordering::Acquire);
+            if older.is_null() {
+                return Some((*p).ts);
+            }
+            p = older;
+        }
     }
 }
 

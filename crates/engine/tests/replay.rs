@@ -258,3 +258,39 @@ fn shared_values_point_into_their_buffer_and_let_it_go_once_freed() {
     }
     assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"newer"[..]));
 }
+
+/// Parallel replayers may bind a key's new life (on a new record) before a lagging stream
+/// brings its old life: the old life's writes then go below the new life, on its record,
+/// and every view reads what the primary had at that timestamp. An update of the old life
+/// that came before its insert (parked) follows it there.
+#[test]
+fn a_late_old_life_goes_below_the_new_one_and_every_view_reads_the_primarys_history() {
+    let (db, t) = db();
+    let (old, new) = (RecordId(0), RecordId(1));
+    let mut keys = 0;
+    // The primary: insert k on record 0 at 3, update at 4, delete at 5, clean record 0 up,
+    // give k record 1 at 7. The replayers see 7, then 4, 3 and 5.
+    keys += db.replay_install(t, new, Some(b"k"), Ts(7), Some(b"new")).unwrap().delta;
+    keys += db.replay_install(t, old, None, Ts(4), Some(b"old2")).unwrap().delta;
+    assert!(!db.replay_redirecting(), "nothing to redirect yet: the update waits for its insert");
+    keys += db.replay_install(t, old, Some(b"k"), Ts(3), Some(b"old")).unwrap().delta;
+    assert!(db.replay_redirecting());
+    keys += db.replay_install(t, old, None, Ts(5), None).unwrap().delta;
+    assert_eq!(keys, 1, "one key with a value in the end, as on the primary");
+    for (view, want) in [(2, None), (3, Some("old")), (4, Some("old2")), (5, None), (6, None), (7, Some("new"))] {
+        db.publish_read_view(Ts(view)).unwrap();
+        let got = db.read().get(t, b"k").unwrap();
+        assert_eq!(got.as_deref(), want.map(str::as_bytes), "at view {view}");
+        // No write below 7 can come once the view is at 6: the redirect is over.
+        assert_eq!(db.replay_redirecting(), view < 6, "at view {view}");
+    }
+    assert_eq!(db.count(t).unwrap(), 1);
+    // Record 0 goes on to a life of its own, with another key (once every snapshot is past
+    // 8, as for any reuse of a record id).
+    db.publish_read_view(Ts(8)).unwrap();
+    db.replay_install(t, old, Some(b"j"), Ts(9), Some(b"j1")).unwrap();
+    db.publish_read_view(Ts(9)).unwrap();
+    let r = db.read();
+    assert_eq!(r.get(t, b"j").unwrap().as_deref(), Some(&b"j1"[..]));
+    assert_eq!(r.get(t, b"k").unwrap().as_deref(), Some(&b"new"[..]));
+}
