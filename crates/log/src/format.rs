@@ -1007,6 +1007,24 @@ impl<'a> Payload<'a> {
         }
     }
 
+    /// Every write of the transactions above `skip_to`, with its transaction's timestamp,
+    /// in payload order, each decoded once (`txns` then `writes` decodes each twice: once
+    /// to find where the next transaction starts). A replayer's loop; `FlatWrites::txns`
+    /// counts the transactions it went through above `skip_to`, empty ones included.
+    pub fn writes_above(&self, skip_to: Ts) -> FlatWrites<'a> {
+        FlatWrites {
+            r: Reader { buf: self.bytes, pos: 0 },
+            prev: None,
+            first_ts: self.header.first_ts,
+            txns_left: self.header.txn_count,
+            writes_left: 0,
+            ts: Ts(0),
+            skip_to,
+            txns: 0,
+            rids: [0; MAX_TABLES],
+        }
+    }
+
     /// `part` (a key or value of one of this payload's writes) as `Bytes`: a zero-copy
     /// slice when the payload is itself a `Bytes` (an uncompressed batch, or `records`),
     /// else a copy.
@@ -1063,6 +1081,54 @@ impl<'a> TxnView<'a> {
     /// The transaction's writes, in the order they were logged.
     pub fn writes(&self) -> Writes<'a> {
         Writes { r: Reader { buf: self.rest, pos: 0 }, left: self.write_count, rids: self.bases.clone() }
+    }
+}
+
+/// Iterator over a batch's writes above a timestamp (`Payload::writes_above`).
+pub struct FlatWrites<'a> {
+    r: Reader<'a>,
+    prev: Option<Ts>,
+    first_ts: Ts,
+    txns_left: u32,
+    /// Writes left in the transaction at `ts`.
+    writes_left: u32,
+    ts: Ts,
+    skip_to: Ts,
+    /// Transactions above `skip_to` gone through so far.
+    pub txns: u64,
+    rids: Rids,
+}
+
+impl<'a> Iterator for FlatWrites<'a> {
+    type Item = (Ts, WriteView<'a>);
+
+    #[inline]
+    fn next(&mut self) -> Option<(Ts, WriteView<'a>)> {
+        loop {
+            while self.writes_left == 0 {
+                if self.txns_left == 0 {
+                    return None;
+                }
+                self.txns_left -= 1;
+                let delta = self.r.varint().expect(VALIDATED);
+                self.ts = match self.prev {
+                    None => self.first_ts,
+                    Some(p) => Ts(p.0 + delta),
+                };
+                self.prev = Some(self.ts);
+                self.writes_left = self.r.varint_u32().expect(VALIDATED);
+                if self.ts > self.skip_to {
+                    self.txns += 1;
+                }
+            }
+            self.writes_left -= 1;
+            let w = self.r.write().expect(VALIDATED);
+            // Skipped writes still move their table's rid, which the next deltas start from.
+            let rid = next_rid(&mut self.rids[w.table as usize], w.rid_delta).expect(VALIDATED);
+            if self.ts > self.skip_to {
+                return Some((self.ts, WriteView { table: TableId(w.table), rid, key: w.key, value: w.value }));
+            }
+        }
     }
 }
 

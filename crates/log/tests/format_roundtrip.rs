@@ -37,8 +37,9 @@ fn push_all(b: &mut BatchBuilder, txns: &[T]) {
     }
 }
 
-/// Checks a decoded batch against what was encoded, through both ways of reading it: the
-/// borrowed views (`payload_in`) and the owned records.
+/// Checks a decoded batch against what was encoded, through every way of reading it: the
+/// borrowed views (`payload_in`), flat above each cut (`writes_above`) and the owned
+/// records.
 fn assert_same_txns(batch: &Batch, expected: &[T]) {
     let mut scratch = Vec::new();
     let p = batch.payload_in(&mut scratch);
@@ -52,6 +53,22 @@ fn assert_same_txns(batch: &Batch, expected: &[T]) {
             assert_eq!(dw.key, ew.key.as_deref());
             assert_eq!(dw.value, ew.value.as_deref());
         }
+    }
+    // And flat (`writes_above`), above every cut a replayer may resume from.
+    for skip in std::iter::once(0).chain(expected.iter().map(|t| t.ts)) {
+        let above: Vec<&T> = expected.iter().filter(|t| t.ts > skip).collect();
+        let want: Vec<(u64, &W)> = above.iter().flat_map(|t| t.writes.iter().map(move |w| (t.ts, w))).collect();
+        let mut flat = p.writes_above(Ts(skip));
+        let got: Vec<_> = flat.by_ref().collect();
+        assert_eq!(got.len(), want.len(), "writes above {skip}");
+        for ((ts, dw), (ets, ew)) in got.iter().zip(&want) {
+            assert_eq!(*ts, Ts(*ets));
+            assert_eq!(dw.table, TableId(ew.table));
+            assert_eq!(dw.rid, RecordId(ew.rid));
+            assert_eq!(dw.key, ew.key.as_deref());
+            assert_eq!(dw.value, ew.value.as_deref());
+        }
+        assert_eq!(flat.txns, above.len() as u64, "transactions above {skip}, empty ones too");
     }
     let decoded = batch.records();
     assert_eq!(decoded.len(), expected.len(), "txn count");

@@ -635,17 +635,9 @@ impl Engine {
         let payload = batch.checked_payload_in(scratch).map_err(|e| e.to_string())?;
         // A compressed batch's payload is in `scratch`, reused: its values are copied.
         let share_from = if batch.header.compressed { usize::MAX } else { self.share_from.load(Ordering::Relaxed) };
-        let mut n = 0;
-        let mut writes = Vec::new();
-        for t in payload.txns() {
-            if t.ts <= job.skip_to {
-                continue;
-            }
-            let tw = t.writes();
-            writes.reserve(tw.len());
-            writes.extend(tw.map(|w| (t.ts, w)));
-            n += 1;
-        }
+        let mut flat = payload.writes_above(job.skip_to);
+        let writes: Vec<_> = flat.by_ref().collect();
+        let n = flat.txns;
         self.install_ahead(
             writes.len(),
             |i| (writes[i].1.table, writes[i].1.rid),
