@@ -638,6 +638,17 @@ impl Engine {
         let mut flat = payload.writes_above(job.skip_to);
         let writes: Vec<_> = flat.by_ref().collect();
         let n = flat.txns;
+        // Each table's ids reserved once for the batch (`Database::replay_reserve_rids`).
+        let mut limits: Vec<(ditto_engine::TableId, u64)> = Vec::new();
+        for (_, w) in &writes {
+            match limits.iter_mut().find(|l| l.0 == w.table) {
+                Some(l) => l.1 = l.1.max(w.rid.0 + 1),
+                None => limits.push((w.table, w.rid.0 + 1)),
+            }
+        }
+        for (table, limit) in limits {
+            self.db.replay_reserve_rids(table, limit);
+        }
         self.install_ahead(
             writes.len(),
             |i| (writes[i].1.table, writes[i].1.rid),
