@@ -198,3 +198,76 @@ fn prefixes_and_restart(replay: &str) {
     let info = b.cmd(&["INFO", "replication"]).unwrap().join("\n");
     assert!(info.contains("role:slave") && info.contains("master_link_status:up"), "{info}");
 }
+
+/// Keys deleted and written again at once, from two connections (two log streams), under
+/// load: the primary's clean-up (every 100 ms) now and then unlinks a deleted key's record
+/// between its DEL and the SET right behind it, which gives the key a new record in the
+/// same shipped batch, or on the other stream. The backup replays through every such new
+/// life (it used to wait for its own batch, 60 s, and stop) and ends with the primary's
+/// keys, values and DBSIZE.
+#[test]
+fn keys_deleted_and_written_again_at_once_keep_the_backup_replaying() {
+    churn("parallel");
+}
+
+#[test]
+fn the_same_with_dependency_replay_of_churned_keys() {
+    churn("dependency");
+}
+
+#[test]
+fn the_same_with_serial_replay_of_churned_keys() {
+    churn("serial");
+}
+
+fn churn(replay: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
+    let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "majority-received", "--backups", "1"]);
+    let repl = primary.repl.clone().unwrap();
+    let _backup = Node::start(&bdir, &["--replica-of", &repl, "--replay", replay]);
+    const KEYS: usize = 32;
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (stop, cycles, port) = (Arc::clone(&stop), Arc::clone(&cycles), primary.port);
+            std::thread::spawn(move || {
+                let mut c = Client::connect(port).unwrap();
+                let mut i = w as usize;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    let key = format!("churn:{}", i % KEYS);
+                    let (v1, v2) = (format!("{w}-{i}-a"), format!("{w}-{i}-b"));
+                    c.send(&[&["SET", &key, &v1], &["DEL", &key], &["SET", &key, &v2]]).unwrap();
+                    for _ in 0..3 {
+                        let r = c.reply().unwrap();
+                        assert!(r[0] == "+OK" || r[0].starts_with(':'), "{key}: {r:?}");
+                    }
+                    i += 2;
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let n = cycles.load(Ordering::Relaxed);
+    // At 100 ms between clean-ups and a few thousand cycles a second, dozens of new lives.
+    assert!(n > 1000, "only {n} delete-and-write cycles");
+    let mut p = Client::connect(primary.port).unwrap();
+    assert_eq!(p.one(&["SET", "fence", "1"]), "+OK");
+    let fence = p.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut b = Client::connect(_backup.port).unwrap();
+    assert_eq!(b.one(&["DITTO.WAITTS", &fence]), "+OK", "the backup replays up to the last commit");
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("churn:{i}")).collect();
+    let mut args = vec!["MGET"];
+    args.extend(keys.iter().map(String::as_str));
+    assert_eq!(b.cmd(&args).unwrap(), p.cmd(&args).unwrap(), "the backup's values are the primary's");
+    assert_eq!(b.one(&["DBSIZE"]), p.one(&["DBSIZE"]), "DBSIZE on the backup and the primary");
+    let info = b.cmd(&["INFO", "replication"]).unwrap().join("\n");
+    assert!(info.contains("master_link_status:up"), "{info}");
+}

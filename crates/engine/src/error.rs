@@ -41,6 +41,11 @@ pub enum Error {
     /// its bytes may have reached the disk. Not retryable.
     #[error("log failure, writes stopped (outcome of commits in flight unknown): {0}")]
     LogFailed(Arc<str>),
+    /// A replayed write stopped waiting for the read view because its caller said so
+    /// (`Database::replay_install_with`'s `on_wait` returned false); its value is not
+    /// installed, and installing it again later is safe.
+    #[error("replayed write at ts {0} put off while it waits for the read view")]
+    ReplayPutOff(u64),
 }
 
 impl Error {

@@ -175,7 +175,7 @@ impl Database {
         ts: Ts,
         value: Option<&[u8]>,
     ) -> Result<KeyDelta> {
-        self.replay_install_val(table, rid, key, ts, value.map(Val::Copy), &mut |_| {})
+        self.replay_install_val(table, rid, key, ts, value.map(Val::Copy), &mut |_| true)
     }
 
     /// `replay_install` with the value shared, not copied: the version points into `value`'s
@@ -188,7 +188,7 @@ impl Database {
         ts: Ts,
         value: Option<&Bytes>,
     ) -> Result<KeyDelta> {
-        self.replay_install_val(table, rid, key, ts, value.map(Val::Share), &mut |_| {})
+        self.replay_install_val(table, rid, key, ts, value.map(Val::Share), &mut |_| true)
     }
 
     /// `replay_install` (with the value shared when `shared` is given, as
@@ -197,7 +197,10 @@ impl Database {
     /// be over for every snapshot (see the module notes), and that may be a wait for the
     /// caller's own progress. The caller installs in log order, so when called, every
     /// write of its stream below this one's timestamp is installed: it should make that
-    /// visible (publish the read view it allows), or the wait may never end.
+    /// visible (publish the read view it allows), or the wait may never end. If `on_wait`
+    /// returns false the write stops waiting and fails with `Error::ReplayPutOff`: its
+    /// value is not installed, and the caller may install it again later (as it may any
+    /// write: an install of a (record, ts) already there changes nothing).
     #[allow(clippy::too_many_arguments)]
     pub fn replay_install_with(
         &self,
@@ -207,7 +210,7 @@ impl Database {
         ts: Ts,
         value: Option<&[u8]>,
         shared: Option<&Bytes>,
-        on_wait: &mut dyn FnMut(Ts),
+        on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<KeyDelta> {
         let value = match shared {
             Some(b) => Some(Val::Share(b)),
@@ -266,7 +269,7 @@ impl Database {
         key: Option<&[u8]>,
         ts: Ts,
         value: Option<Val<'_>>,
-        on_wait: &mut dyn FnMut(Ts),
+        on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<KeyDelta> {
         let t = self.table(table)?;
         if rid.0 >= RECORDS_PER_TABLE_MAX {
@@ -550,7 +553,7 @@ impl Database {
         rec: &Record,
         key: &[u8],
         ts: Ts,
-        on_wait: &mut dyn FnMut(Ts),
+        on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<Option<(RecordId, Ts)>> {
         // The record's own key: set on its first life, or a reused id with a new key.
         match rec.key.get() {
@@ -610,14 +613,16 @@ impl Database {
     /// Waits until every snapshot sees everything before `ts`, then unlinks record `rid`,
     /// whose newest version must then be a tombstone (or nothing): its life ended before
     /// `ts` on the primary.
-    fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts, on_wait: &mut dyn FnMut(Ts)) -> Result<()> {
+    fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<()> {
         // Unlinked already (the backup's own cleanup): every snapshot saw its tombstone.
         if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT != 0 {
             return Ok(());
         }
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         while self.clock.refresh_horizon().0 < ts.0 - 1 {
-            on_wait(Ts(ts.0 - 1));
+            if !on_wait(Ts(ts.0 - 1)) {
+                return Err(Error::ReplayPutOff(ts.0));
+            }
             if self.clock.refresh_horizon().0 >= ts.0 - 1 {
                 break;
             }

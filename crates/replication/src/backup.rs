@@ -490,6 +490,25 @@ struct Job {
     batch: Bytes,
 }
 
+/// Why a batch's replay stopped short.
+#[derive(Debug)]
+enum Stop {
+    /// A write at this timestamp was put off while it waited for the read view (the serial
+    /// replayer's `help` said so); everything of the batch below it is installed.
+    PutOff(Ts),
+    /// Replay failed: the backup stops, saying why.
+    Failed(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::PutOff(ts) => write!(f, "put off at ts {}", ts.0),
+            Stop::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The replayers and the read view.
 struct Engine {
     db: Arc<Database>,
@@ -558,7 +577,7 @@ impl Engine {
     }
 
     /// Installs one transaction's writes; `on_wait` as for `Database::replay_install_with`.
-    fn install(&self, t: &crate::dependency::Txn, on_wait: &mut dyn FnMut(Ts)) -> Result<(), String> {
+    fn install(&self, t: &crate::dependency::Txn, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<(), String> {
         let share_from = self.share_from.load(Ordering::Relaxed);
         self.install_ahead(
             t.writes.len(),
@@ -570,6 +589,7 @@ impl Engine {
                 let (table, rid, key, value) = t.write(i);
                 let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
                 self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), on_wait)
+                    .map_err(|e| e.to_string())
             },
         )
     }
@@ -580,12 +600,12 @@ impl Engine {
     /// (by then in cache), so the cache misses of several writes overlap instead of
     /// following one another (`Database::replay_prefetch`); and it pins the engine's
     /// memory once for them all (`Database::replay_pin`).
-    fn install_ahead(
+    fn install_ahead<E>(
         &self,
         n: usize,
         row: impl Fn(usize) -> (ditto_engine::TableId, ditto_engine::RecordId),
-        mut install: impl FnMut(usize) -> Result<(), String>,
-    ) -> Result<(), String> {
+        mut install: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<(), E> {
         let _pin = self.db.replay_pin();
         for i in 0..n {
             if i + PREFETCH_RECORD_AHEAD < n {
@@ -613,10 +633,13 @@ impl Engine {
         w: WriteView<'_>,
         ts: Ts,
         shared: Option<&Bytes>,
-        on_wait: &mut dyn FnMut(Ts),
-    ) -> Result<(), String> {
+        on_wait: &mut dyn FnMut(Ts) -> bool,
+    ) -> Result<(), Stop> {
         let WriteView { table, rid, key, value } = w;
-        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, on_wait).map_err(|e| e.to_string())?;
+        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, on_wait).map_err(|e| match e {
+            ditto_engine::Error::ReplayPutOff(at) => Stop::PutOff(Ts(at)),
+            e => Stop::Failed(e.to_string()),
+        })?;
         if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
             f(table, key, ts, d.delta);
         }
@@ -629,10 +652,14 @@ impl Engine {
         self.graph.get().is_none_or(|g| g.quiet())
     }
 
-    /// Installs one batch; returns the transactions replayed.
-    fn replay(&self, job: &Job, scratch: &mut Vec<u8>) -> Result<u64, String> {
-        let (batch, _) = decode_batch_checksums(&job.batch).map_err(|e| e.to_string())?;
-        let payload = batch.checked_payload_in(scratch).map_err(|e| e.to_string())?;
+    /// Installs one batch; returns the transactions replayed. `help(need)` runs while a
+    /// write waits for the read view to reach `need` (after this batch's progress is
+    /// reported): the serial replayer replays other streams' queued batches there, and
+    /// puts this batch off if it returns false (`SerialQueue`).
+    fn replay(&self, job: &Job, scratch: &mut Vec<u8>, help: &mut dyn FnMut(Ts) -> bool) -> Result<u64, Stop> {
+        let failed = |e: ditto_log::format::FormatError| Stop::Failed(e.to_string());
+        let (batch, _) = decode_batch_checksums(&job.batch).map_err(failed)?;
+        let payload = batch.checked_payload_in(scratch).map_err(failed)?;
         // A compressed batch's payload is in `scratch`, reused: its values are copied.
         let share_from = if batch.header.compressed { usize::MAX } else { self.share_from.load(Ordering::Relaxed) };
         let mut flat = payload.writes_above(job.skip_to);
@@ -649,7 +676,7 @@ impl Engine {
         for (table, limit) in limits {
             self.db.replay_reserve_rids(table, limit);
         }
-        self.install_ahead(
+        let installed = self.install_ahead(
             writes.len(),
             |i| (writes[i].1.table, writes[i].1.rid),
             |i| {
@@ -657,10 +684,30 @@ impl Engine {
                 let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
                 // Waiting for the read view mid-batch: what this batch installed so far
                 // must count, or the wait is for itself (`Ordered::progress`).
-                self.install_write(w, ts, shared.as_ref(), &mut |need| self.progressed(job, need))
+                self.install_write(w, ts, shared.as_ref(), &mut |need| {
+                    self.progressed(job, need);
+                    help(need)
+                })
             },
-        )?;
-        Ok(n)
+        );
+        match installed {
+            Ok(()) => Ok(n),
+            Err(Stop::PutOff(at)) => {
+                // The transactions below it are installed, and skipped when the batch is
+                // taken up again: counted now.
+                let mut done = 0u64;
+                let mut last = None;
+                for &(ts, _) in writes.iter().take_while(|w| w.0 < at) {
+                    if last != Some(ts) {
+                        done += 1;
+                        last = Some(ts);
+                    }
+                }
+                self.state.txns_replayed.fetch_add(done, Ordering::Relaxed);
+                Err(Stop::PutOff(at))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// `job` is in progress with everything of it at or below `upto` installed.
@@ -739,7 +786,7 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
 }
 
 impl crate::dependency::Sink for Engine {
-    fn install(&self, txn: &crate::dependency::Txn, on_wait: &mut dyn FnMut(Ts)) -> Result<(), String> {
+    fn install(&self, txn: &crate::dependency::Txn, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<(), String> {
         Engine::install(self, txn, on_wait)
     }
 
@@ -1057,38 +1104,154 @@ impl Receiver {
     }
 }
 
-/// Starts the replay threads of `engine` (one per queue).
+/// Starts the replay threads of `engine` (one per queue; the serial mode's one thread
+/// runs `SerialQueue`).
 fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>>) {
+    let serial = engine.mode == ReplayMode::Serial;
     for (i, rx) in rxs.into_iter().enumerate() {
         let e = Arc::clone(engine);
         std::thread::Builder::new()
             .name(format!("ditto-replay-{i}"))
             .spawn(move || {
-                let mut scratch = Vec::new();
-                let cpu0 = thread_cpu_ns();
-                let mut cpu_reported = cpu0;
-                while let Ok(job) = rx.recv() {
-                    let replayed = e.replay(&job, &mut scratch);
-                    // The batch's CPU is counted before it completes, so whoever sees it
-                    // complete sees its cost too (`replay_recorded`).
-                    let now = thread_cpu_ns();
-                    e.state.replay_cpu_ns.fetch_add(now - cpu_reported, Ordering::Relaxed);
-                    cpu_reported = now;
-                    match replayed {
-                        Ok(n) => {
-                            e.state.txns_replayed.fetch_add(n, Ordering::Relaxed);
-                            e.completed(&job);
-                        }
-                        Err(why) => {
-                            let msg = format!("replaying a batch of stream {} failed: {why}", job.stream);
-                            tracing::error!("{msg}");
-                            *e.state.failure.lock() = Some(msg);
+                let mut cpu_reported = thread_cpu_ns();
+                if serial {
+                    let q = SerialQueue {
+                        rx,
+                        deferred: Default::default(),
+                        busy: Default::default(),
+                        waiting: Default::default(),
+                    };
+                    while let Some(job) = q.next() {
+                        if !q.run(&e, job, &mut cpu_reported) {
                             return;
                         }
+                    }
+                    return;
+                }
+                let mut scratch = Vec::new();
+                while let Ok(job) = rx.recv() {
+                    let replayed = e.replay(&job, &mut scratch, &mut |_| true);
+                    e.account_cpu(&mut cpu_reported);
+                    if !e.finish(&job, replayed) {
+                        return;
                     }
                 }
             })
             .expect("starting a replayer");
+    }
+}
+
+impl Engine {
+    /// Adds this thread's CPU since the last report. Called before a batch completes, so
+    /// whoever sees it complete sees its cost too (`replay_recorded`).
+    fn account_cpu(&self, cpu_reported: &mut u64) {
+        let now = thread_cpu_ns();
+        self.state.replay_cpu_ns.fetch_add(now - *cpu_reported, Ordering::Relaxed);
+        *cpu_reported = now;
+    }
+
+    /// Completes a replayed batch, or records why it failed (then returns false: the
+    /// replayer stops).
+    fn finish(&self, job: &Job, replayed: Result<u64, Stop>) -> bool {
+        match replayed {
+            Ok(n) => {
+                self.state.txns_replayed.fetch_add(n, Ordering::Relaxed);
+                self.completed(job);
+                true
+            }
+            Err(why) => {
+                let msg = format!("replaying a batch of stream {} failed: {why}", job.stream);
+                tracing::error!("{msg}");
+                let mut failure = self.state.failure.lock();
+                if failure.is_none() {
+                    *failure = Some(msg);
+                }
+                false
+            }
+        }
+    }
+}
+
+/// The serial mode's one replayer: batches in shipping order, one at a time, except while
+/// a write waits for the read view (a key's or record id's new life, see
+/// crates/engine/src/replay.rs). What it waits for may be in batches of other streams
+/// shipped later, which one thread in shipping order would never reach: so while it waits
+/// it replays the queued batches of every stream that has none in progress or put off,
+/// in their order (`help`). Such a helped batch may wait too; if it waits for a
+/// transaction that a waiting batch below it holds, it is put off (`Stop::PutOff`: what it
+/// installed stays, the rest is taken up again once the batches below are done), else it
+/// helps in turn. Each stream's batches still complete in its own order (`Ordered`
+/// asserts it).
+struct SerialQueue {
+    rx: std::sync::mpsc::Receiver<Job>,
+    /// Batches put off or queued behind one, in order; `true`: put off while waiting,
+    /// taken up only at the top level.
+    deferred: std::cell::RefCell<std::collections::VecDeque<(Job, bool)>>,
+    /// Streams with a batch in progress (nested, innermost last).
+    busy: std::cell::RefCell<Vec<usize>>,
+    /// The timestamps of the writes waiting in those batches.
+    waiting: std::cell::RefCell<Vec<Ts>>,
+}
+
+impl SerialQueue {
+    /// The next batch: a deferred one first (in order), else the next to arrive.
+    fn next(&self) -> Option<Job> {
+        let deferred = self.deferred.borrow_mut().pop_front().map(|d| d.0);
+        deferred.or_else(|| self.rx.recv().ok())
+    }
+
+    /// Replays `job`, and completes it or puts it off; false once replay failed.
+    fn run(&self, e: &Engine, job: Job, cpu_reported: &mut u64) -> bool {
+        self.busy.borrow_mut().push(job.stream);
+        let mut scratch = Vec::new();
+        let replayed = e.replay(&job, &mut scratch, &mut |need| {
+            // It needs every transaction up to `need`: one held by a waiting write below
+            // can only come after this batch gives way.
+            if self.waiting.borrow().iter().any(|&w| w <= need) {
+                return false;
+            }
+            self.waiting.borrow_mut().push(Ts(need.0 + 1));
+            self.help(e, cpu_reported);
+            self.waiting.borrow_mut().pop();
+            true
+        });
+        self.busy.borrow_mut().pop();
+        e.account_cpu(cpu_reported);
+        match replayed {
+            Err(Stop::PutOff(at)) => {
+                // Ahead of every later batch of its stream, which `help` then leaves too.
+                let rest = Job { skip_to: job.skip_to.max(Ts(at.0 - 1)), ..job };
+                self.deferred.borrow_mut().push_front((rest, true));
+                true
+            }
+            r => e.finish(&job, r),
+        }
+    }
+
+    /// Replays what can go ahead of the batches in progress (see the type's notes).
+    fn help(&self, e: &Engine, cpu_reported: &mut u64) {
+        while let Ok(job) = self.rx.try_recv() {
+            self.deferred.borrow_mut().push_back((job, false));
+        }
+        loop {
+            // The first deferred batch, not put off, whose stream is idle and has no
+            // earlier one deferred.
+            let runnable = {
+                let deferred = self.deferred.borrow();
+                let busy = self.busy.borrow();
+                (0..deferred.len()).find(|&i| {
+                    let (job, put_off) = &deferred[i];
+                    !put_off
+                        && !busy.contains(&job.stream)
+                        && !deferred.iter().take(i).any(|d| d.0.stream == job.stream)
+                })
+            };
+            let Some(i) = runnable else { return };
+            let (job, _) = self.deferred.borrow_mut().remove(i).expect("an index just found");
+            if !self.run(e, job, cpu_reported) {
+                return;
+            }
+        }
     }
 }
 

@@ -206,7 +206,7 @@ impl Tracker {
 pub(crate) trait Sink: Send + Sync + 'static {
     /// Installs `txn`, calling `on_wait` while a write waits for the read view (see
     /// `Database::replay_install_with`).
-    fn install(&self, txn: &Txn, on_wait: &mut dyn FnMut(Ts)) -> Result<(), String>;
+    fn install(&self, txn: &Txn, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<(), String>;
     /// Every transaction at or below `ts` is installed.
     fn replayed(&self, ts: Ts);
     fn failed(&self, why: String);
@@ -533,6 +533,7 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
         let mut on_wait = |_: Ts| {
             let replayed = sh.tracker.lock().replayed();
             sink.replayed(replayed);
+            true
         };
         if let Err(why) = sink.install(&node.txn, &mut on_wait) {
             sh.stop.store(true, Ordering::Release);
@@ -631,7 +632,7 @@ mod tests {
             failed: Mutex<Option<String>>,
         }
         impl Sink for Rec {
-            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts)) -> Result<(), String> {
+            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts) -> bool) -> Result<(), String> {
                 self.log.lock().push((t.ts.0, t.writes().map(|w| w.1 .0).collect()));
                 std::thread::yield_now();
                 self.installed.lock().insert(t.ts.0);
@@ -720,7 +721,7 @@ mod tests {
             failed: Mutex<Option<String>>,
         }
         impl Sink for Failing {
-            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts)) -> Result<(), String> {
+            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts) -> bool) -> Result<(), String> {
                 if t.ts.0 == self.at {
                     return Err(format!("no room for ts {}", t.ts.0));
                 }

@@ -35,10 +35,12 @@ fn batch_of(stream: u32, bound: u64, txns: &[(u64, Vec<W>)]) -> Bytes {
 
 /// Replays `batches` (one stream) in `mode`, failing the test if it takes over 10 s.
 fn replay(mode: ReplayMode, batches: Vec<Bytes>) -> Arc<Database> {
-    replay_streams(mode, 1, batches)
+    replay_streams(mode, 1, batches, Ts(4))
 }
 
-fn replay_streams(mode: ReplayMode, streams: usize, batches: Vec<Bytes>) -> Arc<Database> {
+/// Replays `batches` of `streams` streams, which must end with everything up to `want`
+/// replayed.
+fn replay_streams(mode: ReplayMode, streams: usize, batches: Vec<Bytes>, want: Ts) -> Arc<Database> {
     let db = Database::new(Options { workers: streams });
     assert_eq!(db.create_table("t").unwrap(), TableId(0));
     let (tx, rx) = mpsc::channel();
@@ -50,7 +52,7 @@ fn replay_streams(mode: ReplayMode, streams: usize, batches: Vec<Bytes>) -> Arc<
         .recv_timeout(Duration::from_secs(10))
         .unwrap_or_else(|_| panic!("{mode:?}: replay still waiting after 10 s"))
         .unwrap_or_else(|e| panic!("{mode:?}: replay failed: {e}"));
-    assert_eq!(run.replayed, Ts(4), "{mode:?}");
+    assert_eq!(run.replayed, want, "{mode:?}");
     db
 }
 
@@ -101,12 +103,10 @@ fn a_record_id_deleted_and_given_a_new_key_in_one_batch_is_replayed_without_wait
 
 /// The wait for the old life also needs another stream's transaction below the new life,
 /// shipped after the batch that waits: replayers of their own (`parallel`) or executors
-/// (`dependency`) get there. (`serial`, one thread in shipping order, cannot: it replays
-/// nothing else while it waits, and fails after `REPLAY_REUSE_WAIT_MAX`; see
-/// docs/replication.md.)
+/// (`dependency`) get there, and the serial replayer replays that batch while it waits.
 #[test]
-fn a_new_life_waiting_on_another_streams_later_batch_is_replayed_by_parallel_replayers() {
-    for mode in [ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }] {
+fn a_new_life_waiting_on_another_streams_later_batch_is_replayed_in_every_mode() {
+    for mode in modes() {
         let db = replay_streams(
             mode,
             2,
@@ -122,6 +122,7 @@ fn a_new_life_waiting_on_another_streams_later_batch_is_replayed_by_parallel_rep
                 ),
                 batch_of(1, 4, &[(3, vec![(T, RecordId(2), Some(b"other"), Some(b"x"))])]),
             ],
+            Ts(4),
         );
         let r = db.read();
         assert_eq!(r.get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]), "{mode:?}");
@@ -170,4 +171,43 @@ fn a_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
     let got = replay_recorded(Arc::clone(&db), 2, Ts(1), ReplayMode::Parallel, None, &run);
     assert!(got.is_ok(), "{got:?}");
     assert_eq!(db.read().get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]));
+}
+
+/// Two streams, each with a new life waiting for the other: the serial replayer, waiting
+/// in stream 0's batch, replays stream 1's, which waits for stream 0's waiting write; that
+/// batch is put off (what it installed stays), stream 0's goes on, and the rest of stream
+/// 1's follows.
+#[test]
+fn new_lives_waiting_on_each_other_across_two_streams() {
+    for mode in modes() {
+        let db = replay_streams(
+            mode,
+            2,
+            vec![
+                batch_of(
+                    0,
+                    6,
+                    &[
+                        (1, vec![(T, RecordId(0), Some(b"k"), Some(b"k-old"))]),
+                        (2, vec![(T, RecordId(0), None, None)]),
+                        (5, vec![(T, RecordId(1), Some(b"k"), Some(b"k-new"))]),
+                    ],
+                ),
+                batch_of(
+                    1,
+                    6,
+                    &[
+                        (3, vec![(T, RecordId(2), Some(b"j"), Some(b"j-old"))]),
+                        (4, vec![(T, RecordId(2), None, None)]),
+                        (6, vec![(T, RecordId(3), Some(b"j"), Some(b"j-new"))]),
+                    ],
+                ),
+            ],
+            Ts(6),
+        );
+        let r = db.read();
+        assert_eq!(r.get(T, b"k").unwrap().as_deref(), Some(&b"k-new"[..]), "{mode:?}");
+        assert_eq!(r.get(T, b"j").unwrap().as_deref(), Some(&b"j-new"[..]), "{mode:?}");
+        assert_eq!(db.count(T).unwrap(), 2, "{mode:?}");
+    }
 }
