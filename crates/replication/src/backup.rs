@@ -1120,6 +1120,7 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                         deferred: Default::default(),
                         busy: Default::default(),
                         waiting: Default::default(),
+                        scratch: Default::default(),
                     };
                     while let Some(job) = q.next() {
                         if !q.run(&e, job, &mut cpu_reported) {
@@ -1191,6 +1192,7 @@ struct SerialQueue {
     busy: std::cell::RefCell<Vec<usize>>,
     /// The timestamps of the writes waiting in those batches.
     waiting: std::cell::RefCell<Vec<Ts>>,
+    scratch: std::cell::RefCell<Vec<Vec<u8>>>,
 }
 
 impl SerialQueue {
@@ -1203,7 +1205,8 @@ impl SerialQueue {
     /// Replays `job`, and completes it or puts it off; false once replay failed.
     fn run(&self, e: &Engine, job: Job, cpu_reported: &mut u64) -> bool {
         self.busy.borrow_mut().push(job.stream);
-        let mut scratch = Vec::new();
+        // One buffer per nesting level, kept (a compressed batch is decompressed into it).
+        let mut scratch = self.scratch.borrow_mut().pop().unwrap_or_default();
         let replayed = e.replay(&job, &mut scratch, &mut |need| {
             // It needs every transaction up to `need`: one held by a waiting write below
             // can only come after this batch gives way.
@@ -1216,6 +1219,7 @@ impl SerialQueue {
             true
         });
         self.busy.borrow_mut().pop();
+        self.scratch.borrow_mut().push(scratch);
         e.account_cpu(cpu_reported);
         match replayed {
             Err(Stop::PutOff(at)) => {
