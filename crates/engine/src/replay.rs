@@ -103,7 +103,12 @@ pub(crate) struct Parked {
 pub(crate) struct Redirects {
     count: AtomicUsize,
     map: Mutex<HashMap<(TableId, RecordId), Redirect>>,
+    /// Held (read) by a checkpoint cut, taken (write) to add a redirect.
+    gate: parking_lot::RwLock<()>,
 }
+
+/// See [`Database::replay_checkpoint_gate`].
+pub struct ReplayGate<'a>(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, ()>);
 
 struct Redirect {
     to: RecordId,
@@ -408,17 +413,22 @@ impl Database {
         Ok(KeyDelta { delta: 0, key: None })
     }
 
-    /// Moves the writes parked on records redirected to `to` over to `to` (where
-    /// `wake_parked` installs what it can).
+    /// Moves the writes parked on records redirected to `to`, below the redirect's bound,
+    /// over to `to` (where `wake_parked` installs what it can); later ones stay.
     fn drain_redirected(&self, _t: &Table, table: TableId, to: RecordId) {
-        let from: Vec<RecordId> = {
+        let from: Vec<(RecordId, Ts)> = {
             let m = self.redirects.map.lock();
-            m.iter().filter(|(k, r)| k.0 == table && r.to == to).map(|(k, _)| k.1).collect()
+            m.iter().filter(|(k, r)| k.0 == table && r.to == to).map(|(k, r)| (k.1, r.before)).collect()
         };
         let mut parked = self.parked.writes.lock();
-        for f in from {
-            if let Some(w) = parked.remove(&(table, f)) {
-                parked.entry((table, to)).or_default().extend(w);
+        for (f, before) in from {
+            let Some(w) = parked.remove(&(table, f)) else { continue };
+            let (moved, stay): (Vec<_>, Vec<_>) = w.into_iter().partition(|p| p.0 < before);
+            if !stay.is_empty() {
+                parked.insert((table, f), stay);
+            }
+            if !moved.is_empty() {
+                parked.entry((table, to)).or_default().extend(moved);
             }
         }
     }
@@ -426,6 +436,8 @@ impl Database {
     /// Writes to `from` below `before` (keyless, or giving it `key` again) go to `to`
     /// from now on (see the module notes).
     fn add_redirect(&self, table: TableId, from: RecordId, to: RecordId, key: &[u8], before: Ts) {
+        // Not while a checkpoint cut is being written (`replay_checkpoint_gate`).
+        let _gate = self.redirects.gate.write();
         let mut m = self.redirects.map.lock();
         m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), before });
         self.redirects.count.store(m.len(), Ordering::SeqCst);
@@ -438,8 +450,16 @@ impl Database {
         }
         let mut m = self.redirects.map.lock();
         self.prune_redirects(&mut m);
-        let r = m.get(&(table, rid))?;
-        (ts < r.before && key.is_none_or(|k| k == r.key.as_ref())).then_some(r.to)
+        let r = m.get_mut(&(table, rid))?;
+        match key {
+            // Another key on the record: its next life (the primary reused its id), which
+            // is the record's own; the redirect ends there.
+            Some(k) if k != r.key.as_ref() => {
+                r.before = r.before.min(ts);
+                None
+            }
+            _ => (ts < r.before).then_some(r.to),
+        }
     }
 
     /// Drops the redirects no write can use any more: once the read view reaches
@@ -450,9 +470,17 @@ impl Database {
         self.redirects.count.store(m.len(), Ordering::SeqCst);
     }
 
-    /// Whether a key's late old life is being replayed onto a later record. A checkpoint
-    /// cut now would write that old life's rows under the later record's id, where the
-    /// primary had them under the old one: a backup does not checkpoint until it is over.
+    /// For a backup's checkpoint: `None` while a key's late old life is being replayed onto
+    /// a later record (a cut would hold that old life's rows under the later record's id,
+    /// where the primary had them under the old one); else a gate that keeps new redirects
+    /// out until it is dropped, so that the cut taken under it has none either.
+    pub fn replay_checkpoint_gate(&self) -> Option<ReplayGate<'_>> {
+        let gate = self.redirects.gate.read();
+        (!self.replay_redirecting()).then_some(ReplayGate(gate))
+    }
+
+    /// Whether a key's late old life is being replayed onto a later record (see
+    /// `replay_checkpoint_gate`).
     pub fn replay_redirecting(&self) -> bool {
         if self.redirects.count.load(Ordering::SeqCst) == 0 {
             return false;
@@ -580,11 +608,13 @@ impl Database {
             }
             let orec = t.record(RecordId(other));
             if orec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
-                match oldest_ts(orec, &guard) {
+                match next_above(orec, ts, &guard) {
                     // The key's later life, bound before this earlier one came (its
-                    // stream's replayer was behind): this life goes below that one.
-                    Some(start) if start > ts => return Ok(Some((RecordId(other), start))),
-                    Some(_) => {}
+                    // stream's replayer was behind): this life goes below that one, up to
+                    // the next version there (a later life's start, or a life between
+                    // that came late too and went below it already).
+                    Some(Some(next)) => return Ok(Some((RecordId(other), next))),
+                    Some(None) => {}
                     // Bound by a replayer that has not installed yet: look again.
                     None => {
                         if Instant::now() > deadline {
@@ -658,23 +688,24 @@ impl Database {
     }
 }
 
-/// The timestamp of the oldest version in `rec`'s chain; `None` if it has none.
-fn oldest_ts(rec: &Record, _guard: &Guard) -> Option<Ts> {
+/// The oldest version of `rec` above `ts`, if any (`Some(None)`: none); `None` if `rec`
+/// has no version at all.
+fn next_above(rec: &Record, ts: Ts, _guard: &Guard) -> Option<Option<Ts>> {
     let mut p: *mut Version = rec.head.load(Ordering::Acquire);
     if p.is_null() {
         return None;
     }
+    let mut above = None;
     // SAFETY: versions are freed through the epoch, so those reached under `_guard` stay
-    // valid; a trim that unlinks part of the chain meanwhile only ends the walk earlier.
+    // valid; a trim that unlinks part of the chain meanwhile only ends the walk earlier
+    // (and trims only versions at or below the read view, which is below `ts`).
     unsafe {
-        loop {
-            let older = (*p).older.load(Ordering::Acquire);
-            if older.is_null() {
-                return Some((*p).ts);
-            }
-            p = older;
+        while !p.is_null() && (*p).ts > ts {
+            above = Some((*p).ts);
+            p = (*p).older.load(Ordering::Acquire);
         }
     }
+    Some(above)
 }
 
 /// Links a version at `ts` below the head, at its place by timestamp; nothing if a version

@@ -390,13 +390,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 if view <= state.checkpoint_ts.load(Ordering::Acquire) {
                     continue; // nothing new since the last one
                 }
-                if db.replay_redirecting() {
+                let Some(_gate) = db.replay_checkpoint_gate() else {
                     // A key's late old life is being replayed onto its later record: a cut
                     // now would hold it under the wrong record id. It is over once the
                     // read view passes the later life's start; the next round will do.
                     tracing::info!("backup checkpoint put off: a key's earlier life is still being replayed");
                     continue;
-                }
+                };
                 match ditto_log::replica::checkpoint_replica(&db, &dir, &*storage) {
                     Ok(info) => {
                         state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
@@ -1185,9 +1185,10 @@ impl Engine {
 /// asserts it).
 struct SerialQueue {
     rx: std::sync::mpsc::Receiver<Job>,
-    /// Batches put off or queued behind one, in order; `true`: put off while waiting,
-    /// taken up only at the top level.
-    deferred: std::cell::RefCell<std::collections::VecDeque<(Job, bool)>>,
+    /// Batches put off or queued behind one, in order; with the timestamp of the write a
+    /// batch was put off at, if it was (`help` takes it up again only once no write
+    /// waiting below holds a transaction it needs).
+    deferred: std::cell::RefCell<std::collections::VecDeque<(Job, Option<Ts>)>>,
     /// Streams with a batch in progress (nested, innermost last).
     busy: std::cell::RefCell<Vec<usize>>,
     /// The timestamps of the writes waiting in those batches.
@@ -1202,8 +1203,12 @@ impl SerialQueue {
         deferred.or_else(|| self.rx.recv().ok())
     }
 
-    /// Replays `job`, and completes it or puts it off; false once replay failed.
+    /// Replays `job`, and completes it or puts it off; false once replay failed (here, or
+    /// in a batch it helped).
     fn run(&self, e: &Engine, job: Job, cpu_reported: &mut u64) -> bool {
+        if e.state.failure.lock().is_some() {
+            return false;
+        }
         self.busy.borrow_mut().push(job.stream);
         // One buffer per nesting level, kept (a compressed batch is decompressed into it).
         let mut scratch = self.scratch.borrow_mut().pop().unwrap_or_default();
@@ -1216,16 +1221,18 @@ impl SerialQueue {
             self.waiting.borrow_mut().push(Ts(need.0 + 1));
             self.help(e, cpu_reported);
             self.waiting.borrow_mut().pop();
-            true
+            // A helped batch failed: stop waiting, and stop.
+            e.state.failure.lock().is_none()
         });
         self.busy.borrow_mut().pop();
         self.scratch.borrow_mut().push(scratch);
         e.account_cpu(cpu_reported);
         match replayed {
+            Err(Stop::PutOff(_)) if e.state.failure.lock().is_some() => false,
             Err(Stop::PutOff(at)) => {
                 // Ahead of every later batch of its stream, which `help` then leaves too.
                 let rest = Job { skip_to: job.skip_to.max(Ts(at.0 - 1)), ..job };
-                self.deferred.borrow_mut().push_front((rest, true));
+                self.deferred.borrow_mut().push_front((rest, Some(at)));
                 true
             }
             r => e.finish(&job, r),
@@ -1235,17 +1242,17 @@ impl SerialQueue {
     /// Replays what can go ahead of the batches in progress (see the type's notes).
     fn help(&self, e: &Engine, cpu_reported: &mut u64) {
         while let Ok(job) = self.rx.try_recv() {
-            self.deferred.borrow_mut().push_back((job, false));
+            self.deferred.borrow_mut().push_back((job, None));
         }
         loop {
-            // The first deferred batch, not put off, whose stream is idle and has no
-            // earlier one deferred.
+            // The first deferred batch whose stream is idle and has no earlier one
+            // deferred, and, if it was put off at `at`, needs nothing a waiting write holds.
             let runnable = {
                 let deferred = self.deferred.borrow();
-                let busy = self.busy.borrow();
+                let (busy, waiting) = (self.busy.borrow(), self.waiting.borrow());
                 (0..deferred.len()).find(|&i| {
                     let (job, put_off) = &deferred[i];
-                    !put_off
+                    put_off.is_none_or(|at| waiting.iter().all(|&w| w.0 > at.0 - 1))
                         && !busy.contains(&job.stream)
                         && !deferred.iter().take(i).any(|d| d.0.stream == job.stream)
                 })

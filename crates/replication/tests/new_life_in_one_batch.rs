@@ -211,3 +211,31 @@ fn new_lives_waiting_on_each_other_across_two_streams() {
         assert_eq!(db.count(T).unwrap(), 2, "{mode:?}");
     }
 }
+
+/// Three streams whose new lives wait at 100, 60 and 80: the serial replayer, waiting at
+/// 100 in stream 0's batch, helps stream 1's, which waits at 60 and helps stream 2's,
+/// which needs 60 and is put off; once stream 1's is done, stream 2's must be taken up
+/// again while stream 0's still waits.
+#[test]
+fn a_put_off_batch_is_taken_up_again_once_what_it_needs_is_free() {
+    let lives = |stream: u32, k: &'static [u8], base: u64, new_at: u64| {
+        let r = u64::from(stream) * 2;
+        batch_of(
+            stream,
+            100,
+            &[
+                (base, vec![(T, RecordId(r), Some(k), Some(&b"old"[..]))]),
+                (base + 1, vec![(T, RecordId(r), None, None)]),
+                (new_at, vec![(T, RecordId(r + 1), Some(k), Some(&b"new"[..]))]),
+            ],
+        )
+    };
+    for mode in modes() {
+        let batches = vec![lives(0, b"k0", 1, 100), lives(1, b"k1", 3, 60), lives(2, b"k2", 5, 80)];
+        let db = replay_streams(mode, 3, batches, Ts(100));
+        let r = db.read();
+        for k in [&b"k0"[..], b"k1", b"k2"] {
+            assert_eq!(r.get(T, k).unwrap().as_deref(), Some(&b"new"[..]), "{mode:?}");
+        }
+    }
+}
