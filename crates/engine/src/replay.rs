@@ -43,10 +43,12 @@
 //!   life; nothing says to wait, since the key is absent. The old life's writes then go
 //!   below the later life, on its record (`Redirects`): the key is the same, so a snapshot
 //!   at an older view finds them there by timestamp, and they move no key count (the old
-//!   life's +1 and -1 cancel). Writes to the old record below the later life's start
-//!   follow (parked ones too), until the read view passes that start; a backup does not
-//!   checkpoint meanwhile (`replay_redirecting`), since the cut would hold the old life's
-//!   rows under the later record's id.
+//!   life's +1 and -1 cancel). It is placed below the next version above it there (the
+//!   later life's start, or a life between that came late too). Writes to the old record
+//!   below that bound follow (parked ones too), until the read view passes it, or until
+//!   the record gets another key (its own next life); a backup does not checkpoint
+//!   meanwhile (`replay_checkpoint_gate`), since the cut would hold the old life's rows
+//!   under the later record's id.
 //!
 //! - A replayed delete that becomes a record's head is queued for cleanup as a worker's
 //!   delete is: `Database::reclaim` unlinks the record (out of the index, its id given
