@@ -166,6 +166,8 @@ pub struct BackupState {
     pub connected: AtomicBool,
     pub batches_received: AtomicU64,
     pub batches_skipped: AtomicU64,
+    /// Bytes of received batches held for replay (`REPLAY_QUEUE_BYTES_MAX`).
+    pub replay_queued_bytes: AtomicU64,
     pub txns_replayed: AtomicU64,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
@@ -490,6 +492,80 @@ struct Job {
     batch: Bytes,
 }
 
+/// Most bytes of received batches held in memory for replay (queued, or being replayed)
+/// before the persister waits: a backup whose replay stays behind the primary then slows
+/// its receipt (and, through TCP, the primary's shipping to it) instead of growing without
+/// bound. See `QueueBudget`.
+pub const REPLAY_QUEUE_BYTES_MAX: u64 = 256 << 20;
+
+/// How recent a replayer's wait for the read view lifts the bound (see `QueueBudget`).
+const WAIT_LIFTS_FOR: Duration = Duration::from_millis(50);
+
+/// The bytes of batches handed to replay and not yet done with, against a bound; no I/O.
+///
+/// A replayer that waits for the read view (a key's new life, crates/engine/src/replay.rs)
+/// may be waiting for a batch of another stream that is still to be handed over; were the
+/// bound to hold then, the batches ahead of it would never drain and the wait would never
+/// end. So a wait within `WAIT_LIFTS_FOR` lifts it: such waits last until other streams
+/// catch up, which is what letting batches through makes happen.
+#[derive(Debug)]
+struct QueueBudget {
+    bytes: u64,
+    max: u64,
+    last_wait: Option<Instant>,
+}
+
+impl QueueBudget {
+    fn new(max: u64) -> QueueBudget {
+        QueueBudget { bytes: 0, max, last_wait: None }
+    }
+
+    /// Whether a batch may be handed over now (one always may when none is held).
+    fn may_take(&self, now: Instant) -> bool {
+        self.bytes == 0
+            || self.bytes < self.max
+            || self.last_wait.is_some_and(|t| now.duration_since(t) < WAIT_LIFTS_FOR)
+    }
+
+    fn took(&mut self, len: u64) {
+        self.bytes += len;
+    }
+
+    fn released(&mut self, len: u64) {
+        debug_assert!(self.bytes >= len, "released more than was taken");
+        self.bytes = self.bytes.saturating_sub(len);
+    }
+}
+
+/// `QueueBudget` shared by the persister (which waits on it), the replayers and the
+/// dependency mode's dispatcher (which release).
+struct ReplayBudget {
+    budget: Mutex<QueueBudget>,
+    room: Condvar,
+    /// Where the held bytes show (`replay_queued_bytes`).
+    state: Arc<BackupState>,
+}
+
+impl ReplayBudget {
+    fn took(&self, b: &mut QueueBudget, len: u64) {
+        b.took(len);
+        self.state.replay_queued_bytes.store(b.bytes, Ordering::Relaxed);
+    }
+
+    fn released(&self, len: usize) {
+        let mut b = self.budget.lock();
+        b.released(len as u64);
+        self.state.replay_queued_bytes.store(b.bytes, Ordering::Relaxed);
+        drop(b);
+        self.room.notify_all();
+    }
+
+    fn note_wait(&self) {
+        self.budget.lock().last_wait = Some(Instant::now());
+        self.room.notify_all();
+    }
+}
+
 /// Why a batch's replay stopped short.
 #[derive(Debug)]
 enum Stop {
@@ -522,6 +598,8 @@ struct Engine {
     share_from: AtomicUsize,
     /// The dependency mode's dispatcher and executors.
     graph: std::sync::OnceLock<Arc<crate::dependency::Shared>>,
+    /// What replay holds in memory (see `QueueBudget`).
+    budget: Arc<ReplayBudget>,
 }
 
 impl Engine {
@@ -545,6 +623,11 @@ impl Engine {
             queues.push(tx);
             rxs.push(rx);
         }
+        let budget = Arc::new(ReplayBudget {
+            budget: Mutex::new(QueueBudget::new(REPLAY_QUEUE_BYTES_MAX)),
+            room: Condvar::new(),
+            state: Arc::clone(&state),
+        });
         let e = Arc::new(Engine {
             db,
             state,
@@ -554,12 +637,19 @@ impl Engine {
             on_keys,
             share_from: AtomicUsize::new(usize::MAX),
             graph: std::sync::OnceLock::new(),
+            budget: Arc::clone(&budget),
         });
         match mode {
             ReplayMode::Dependency { barrier_every } => {
                 let rx = rxs.pop().expect("one queue");
                 let mut scratch = Vec::new();
-                let decode = move |job: Job| decode_for_graph(&job, &mut scratch);
+                // The graph bounds what the dispatcher holds (`MAX_IN_FLIGHT`): a batch
+                // leaves the budget once decoded into it.
+                let decode = move |job: Job| {
+                    let work = decode_for_graph(&job, &mut scratch);
+                    budget.released(job.batch.len());
+                    work
+                };
                 let sink = Arc::clone(&e) as Arc<dyn crate::dependency::Sink>;
                 let shared = crate::dependency::start(sink, rx, decode, streams, base, streams, barrier_every);
                 let _ = e.graph.set(shared);
@@ -567,6 +657,23 @@ impl Engine {
             ReplayMode::Serial | ReplayMode::Parallel => start_replayers(&e, rxs),
         }
         e
+    }
+
+    /// Hands `job` to its replayer once the budget has room (see `QueueBudget`); false if
+    /// the replayers stopped (replay failed: the backup says why).
+    fn dispatch(&self, job: Job) -> bool {
+        let len = job.batch.len() as u64;
+        {
+            let mut b = self.budget.budget.lock();
+            while !b.may_take(Instant::now()) {
+                if self.state.failure.lock().is_some() {
+                    return false;
+                }
+                self.budget.room.wait_for(&mut b, Duration::from_millis(10));
+            }
+            self.budget.took(&mut b, len);
+        }
+        self.queue_for(job.stream).send(job).is_ok()
     }
 
     fn queue_for(&self, stream: usize) -> &std::sync::mpsc::Sender<Job> {
@@ -588,8 +695,11 @@ impl Engine {
             |i| {
                 let (table, rid, key, value) = t.write(i);
                 let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
-                self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), on_wait)
-                    .map_err(|e| e.to_string())
+                self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), &mut |need| {
+                    self.budget.note_wait();
+                    on_wait(need)
+                })
+                .map_err(|e| e.to_string())
             },
         )
     }
@@ -686,6 +796,7 @@ impl Engine {
                 // must count, or the wait is for itself (`Ordered::progress`).
                 self.install_write(w, ts, shared.as_ref(), &mut |need| {
                     self.progressed(job, need);
+                    self.budget.note_wait();
                     help(need)
                 })
             },
@@ -927,14 +1038,15 @@ impl Persister {
                 self.rlog.remove_covered_by(ckpt);
                 self.removed_to = ckpt;
             }
+            // Durable now, whatever replay does: said first (a link that is down takes the
+            // ack with it; the next link's first ack says it).
+            let _ = send_ack(&self.link, &self.state);
             for j in jobs {
-                if self.engine.queue_for(j.stream).send(j).is_err() {
+                if !self.engine.dispatch(j) {
                     return; // a replayer stopped, and said why
                 }
             }
             self.engine.publish();
-            // A link that is down takes the ack with it; the next link's first ack says it.
-            let _ = send_ack(&self.link, &self.state);
         }
     }
 }
@@ -1133,6 +1245,7 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                 while let Ok(job) = rx.recv() {
                     let replayed = e.replay(&job, &mut scratch, &mut |_| true);
                     e.account_cpu(&mut cpu_reported);
+                    e.budget.released(job.batch.len());
                     if !e.finish(&job, replayed) {
                         return;
                     }
@@ -1231,11 +1344,15 @@ impl SerialQueue {
             Err(Stop::PutOff(_)) if e.state.failure.lock().is_some() => false,
             Err(Stop::PutOff(at)) => {
                 // Ahead of every later batch of its stream, which `help` then leaves too.
+                // Still held: it stays in the budget.
                 let rest = Job { skip_to: job.skip_to.max(Ts(at.0 - 1)), ..job };
                 self.deferred.borrow_mut().push_front((rest, Some(at)));
                 true
             }
-            r => e.finish(&job, r),
+            r => {
+                e.budget.released(job.batch.len());
+                e.finish(&job, r)
+            }
         }
     }
 
@@ -1327,7 +1444,9 @@ pub fn replay_recorded(
             skip_to: base,
             batch: b.clone(),
         };
-        engine.queue_for(s).send(job).map_err(|_| "a replayer stopped".to_string())?;
+        if !engine.dispatch(job) {
+            return Err(state.failure.lock().clone().unwrap_or_else(|| "a replayer stopped".to_string()));
+        }
     }
     let last = prefix.watermark();
     // Done when the replayed prefix covers the last batch (or a replayer failed).
@@ -1354,6 +1473,30 @@ pub fn replay_recorded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_replay_budget_holds_its_bound_unless_a_replayer_waits_for_the_read_view() {
+        let t0 = Instant::now();
+        let mut b = QueueBudget::new(100);
+        assert!(b.may_take(t0), "empty");
+        b.took(250);
+        assert!(!b.may_take(t0), "over the bound");
+        b.released(200);
+        assert!(b.may_take(t0), "under it again");
+        b.took(60);
+        assert!(!b.may_take(t0));
+        // A replayer waiting for the read view may be waiting for a batch still to come.
+        b.last_wait = Some(t0);
+        assert!(b.may_take(t0 + WAIT_LIFTS_FOR / 2), "a recent wait lifts the bound");
+        assert!(!b.may_take(t0 + WAIT_LIFTS_FOR * 2), "an old one does not");
+        b.released(110);
+        assert_eq!(b.bytes, 0);
+        // One batch may always go when nothing is held, however large.
+        b.took(1000);
+        assert!(!b.may_take(t0 + WAIT_LIFTS_FOR * 2));
+        b.released(1000);
+        assert!(b.may_take(t0 + WAIT_LIFTS_FOR * 2));
+    }
 
     #[test]
     fn replay_settings_parse_and_bad_ones_say_why() {

@@ -85,6 +85,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_lag_ts", received.saturating_sub(visible).to_string());
             put("ditto_batches_received", ld(&state.batches_received).to_string());
             put("ditto_batches_skipped", ld(&state.batches_skipped).to_string());
+            put("ditto_replay_queued_bytes", ld(&state.replay_queued_bytes).to_string());
             put("ditto_txns_replayed", ld(&state.txns_replayed).to_string());
             put("ditto_bytes_received", ld(&state.bytes_received).to_string());
             put("ditto_reconnects", ld(&state.reconnects).to_string());
@@ -178,6 +179,11 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 "ditto_replication_link_up",
                 "1 while the link to the primary is up.",
                 vec![(String::new(), (up as u8).to_string())],
+            );
+            gauge(
+                "ditto_replication_replay_queued_bytes",
+                "Bytes of received batches held in memory for replay (bounded; past the bound receipt waits).",
+                vec![(String::new(), ld(&state.replay_queued_bytes))],
             );
             gauge(
                 "ditto_replication_reconnects",
