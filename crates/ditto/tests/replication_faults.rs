@@ -267,7 +267,8 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert!(
         bs.contains(&format!("backup of {}", primary.repl.as_ref().unwrap()))
             && bs.contains("link up")
-            && bs.contains("(parallel replay)"),
+            && bs.contains("(parallel replay)")
+            && bs.contains("held for replay "),
         "{bs}"
     );
     // Redis's ROLE and WAIT. The backup names its primary; the primary lists its backup.
