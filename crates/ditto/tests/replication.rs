@@ -210,11 +210,7 @@ fn keys_deleted_and_written_again_at_once_keep_the_backup_replaying() {
     churn("parallel");
 }
 
-/// Ignored: now and then (three times in about eighty runs, the first in CI) the
-/// dependency mode's replay stops for good partway through, with its dispatcher holding
-/// undecoded batches; not found yet (docs/replication.md, "Not done yet").
 #[test]
-#[ignore = "known rare stall of dependency replay under key churn (docs/replication.md)"]
 fn the_same_with_dependency_replay_of_churned_keys() {
     churn("dependency");
 }

@@ -423,7 +423,20 @@ fn dispatch<M>(
         };
         merge.push(work.stream, work.bound, work.floor, work.txns);
         while let Some(txn) = merge.pop() {
-            if barrier_every > 0 && since_barrier >= barrier_every {
+            let barrier = barrier_every > 0 && since_barrier >= barrier_every;
+            if barrier || sh.in_flight.load(Ordering::SeqCst) > MAX_IN_FLIGHT - 1 {
+                // About to wait for executors: one of them may be waiting for the read
+                // view to reach the ts below its own (a key's new life), which the cut
+                // bounds. Everything below this transaction is registered (the merge
+                // releases in ts order), so the cut may say so now, not after the loop.
+                let replayed = {
+                    let mut t = sh.tracker.lock();
+                    t.set_cut(Ts(txn.ts.0 - 1));
+                    t.replayed()
+                };
+                sink.replayed(replayed);
+            }
+            if barrier {
                 wait_for_room(sh, 0, 0);
                 since_barrier = 0;
             }
@@ -618,6 +631,59 @@ mod tests {
         t.finish(b);
         assert_eq!(t.replayed(), Ts(20), "everything registered is done: the cut");
         assert_eq!(t.in_graph(), 0);
+    }
+
+    /// A transaction that waits for the replayed watermark to reach the ts below it (as a
+    /// key's new life waits for the read view), registered just before the dispatcher
+    /// meets a barrier: the barrier waits for it, so the cut must already cover what is
+    /// registered below it (it used to be raised only after the dispatcher's loop).
+    #[test]
+    fn a_transaction_waiting_for_the_watermark_does_not_deadlock_a_barrier() {
+        struct Waits {
+            replayed: Mutex<Ts>,
+            installed: Mutex<Vec<u64>>,
+            failed: Mutex<Option<String>>,
+        }
+        impl Sink for Waits {
+            fn install(&self, t: &Txn, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<(), String> {
+                if t.ts == Ts(2) {
+                    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                    while *self.replayed.lock() < Ts(1) {
+                        if std::time::Instant::now() > deadline {
+                            return Err("ts 2 waited 5 s for the watermark to reach 1".into());
+                        }
+                        on_wait(Ts(1));
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                self.installed.lock().push(t.ts.0);
+                Ok(())
+            }
+            fn replayed(&self, ts: Ts) {
+                let mut r = self.replayed.lock();
+                *r = (*r).max(ts);
+            }
+            fn failed(&self, why: String) {
+                *self.failed.lock() = Some(why);
+            }
+            fn add_done(&self, _: u64, _: u64) {}
+        }
+        let sink =
+            Arc::new(Waits { replayed: Mutex::new(Ts(0)), installed: Mutex::default(), failed: Mutex::default() });
+        let (tx, rx) = std::sync::mpsc::channel();
+        // One stream, two executors, a barrier every 2 transactions.
+        let _shared = start(Arc::clone(&sink) as Arc<dyn Sink>, rx, |w: Result<Work, String>| w, 1, Ts(0), 2, 2);
+        let txns = vec![txn(1, &[1]), txn(2, &[2]), txn(3, &[3])];
+        tx.send(Ok(Work { stream: 0, bound: Ts(3), floor: None, txns })).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while *sink.replayed.lock() < Ts(3) {
+            assert!(sink.failed.lock().is_none(), "{:?}", sink.failed.lock());
+            assert!(std::time::Instant::now() < deadline, "replay stopped at {:?}", sink.replayed.lock());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut done = sink.installed.lock().clone();
+        done.sort();
+        assert_eq!(done, [1, 2, 3]);
     }
 
     /// The executors against a recording sink: every row's writes are installed in ts
