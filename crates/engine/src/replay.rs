@@ -115,7 +115,8 @@ pub struct ReplayGate<'a>(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, (
 struct Redirect {
     to: RecordId,
     key: Bytes,
-    /// Where the later life starts (its oldest version when the redirect was made).
+    /// Where the writes sent on end: the next version above the late life on `to` when
+    /// the redirect was made (lowered if `from` gets another key first).
     before: Ts,
 }
 
@@ -182,7 +183,7 @@ impl Database {
         ts: Ts,
         value: Option<&[u8]>,
     ) -> Result<KeyDelta> {
-        self.replay_install_val(table, rid, key, ts, value.map(Val::Copy), &mut |_| true)
+        self.replay_install_with(table, rid, key, ts, value, None, &mut |_| true)
     }
 
     /// `replay_install` with the value shared, not copied: the version points into `value`'s
@@ -195,7 +196,7 @@ impl Database {
         ts: Ts,
         value: Option<&Bytes>,
     ) -> Result<KeyDelta> {
-        self.replay_install_val(table, rid, key, ts, value.map(Val::Share), &mut |_| true)
+        self.replay_install_with(table, rid, key, ts, None, value, &mut |_| true)
     }
 
     /// `replay_install` (with the value shared when `shared` is given, as
@@ -410,14 +411,14 @@ impl Database {
                 t.name, to.0, ts.0
             )));
         }
-        self.drain_redirected(t, table, to);
+        self.drain_redirected(table, to);
         self.wake_parked(table, to, rec);
         Ok(KeyDelta { delta: 0, key: None })
     }
 
     /// Moves the writes parked on records redirected to `to`, below the redirect's bound,
     /// over to `to` (where `wake_parked` installs what it can); later ones stay.
-    fn drain_redirected(&self, _t: &Table, table: TableId, to: RecordId) {
+    fn drain_redirected(&self, table: TableId, to: RecordId) {
         let from: Vec<(RecordId, Ts)> = {
             let m = self.redirects.map.lock();
             m.iter().filter(|(k, r)| k.0 == table && r.to == to).map(|(k, r)| (k.1, r.before)).collect()

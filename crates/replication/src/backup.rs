@@ -517,14 +517,13 @@ struct QueueBudget {
 
 impl QueueBudget {
     fn new(max: u64) -> QueueBudget {
+        assert!(max > 0, "a replay budget of 0 bytes would hand nothing over");
         QueueBudget { bytes: 0, max, last_wait: None }
     }
 
     /// Whether a batch may be handed over now (one always may when none is held).
     fn may_take(&self, now: Instant) -> bool {
-        self.bytes == 0
-            || self.bytes < self.max
-            || self.last_wait.is_some_and(|t| now.duration_since(t) < WAIT_LIFTS_FOR)
+        self.bytes < self.max || self.last_wait.is_some_and(|t| now.duration_since(t) < WAIT_LIFTS_FOR)
     }
 
     fn took(&mut self, len: u64) {
@@ -695,11 +694,8 @@ impl Engine {
             |i| {
                 let (table, rid, key, value) = t.write(i);
                 let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
-                self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), &mut |need| {
-                    self.budget.note_wait();
-                    on_wait(need)
-                })
-                .map_err(|e| e.to_string())
+                self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), on_wait)
+                    .map_err(|e| e.to_string())
             },
         )
     }
@@ -746,7 +742,12 @@ impl Engine {
         on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<(), Stop> {
         let WriteView { table, rid, key, value } = w;
-        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, on_wait).map_err(|e| match e {
+        // A replayer waiting for the read view lifts the replay budget (`QueueBudget`).
+        let mut wait = |need: Ts| {
+            self.budget.note_wait();
+            on_wait(need)
+        };
+        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, &mut wait).map_err(|e| match e {
             ditto_engine::Error::ReplayPutOff(at) => Stop::PutOff(Ts(at)),
             e => Stop::Failed(e.to_string()),
         })?;
@@ -796,7 +797,6 @@ impl Engine {
                 // must count, or the wait is for itself (`Ordered::progress`).
                 self.install_write(w, ts, shared.as_ref(), &mut |need| {
                     self.progressed(job, need);
-                    self.budget.note_wait();
                     help(need)
                 })
             },

@@ -239,3 +239,33 @@ fn a_put_off_batch_is_taken_up_again_once_what_it_needs_is_free() {
         }
     }
 }
+
+/// A batch that cannot be replayed (a write to a table this node does not have) stops
+/// replay with the reason, in every mode: also when the serial replayer meets it while
+/// helping, its own batch waiting for a new life (the wait gives up, nothing goes on).
+#[test]
+fn a_batch_that_cannot_be_replayed_stops_replay_even_one_replayed_while_waiting() {
+    for mode in modes() {
+        let db = Database::new(Options { workers: 2 });
+        assert_eq!(db.create_table("t").unwrap(), TableId(0));
+        let batches = vec![
+            batch_of(
+                0,
+                4,
+                &[
+                    (1, vec![(T, RecordId(0), Some(b"k"), Some(b"old"))]),
+                    (2, vec![(T, RecordId(0), None, None)]),
+                    (4, vec![(T, RecordId(1), Some(b"k"), Some(b"new"))]),
+                ],
+            ),
+            batch_of(1, 4, &[(3, vec![(TableId(5), RecordId(0), Some(b"x"), Some(b"y"))])]),
+        ];
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(replay_recorded(db, 2, Ts::ZERO, mode, None, &batches));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("{mode:?}: replay hung"));
+        let why = got.expect_err("a write to an unknown table cannot be replayed");
+        assert!(why.contains("no such table"), "{mode:?}: {why}");
+    }
+}
