@@ -1,0 +1,393 @@
+//! Failure detection and the failover's steps, without I/O
+//! ========================================================
+//! Every node keeps a [`Coordinator`]; only the one on the Raft leader acts. It is fed
+//! what the node hears (any message from a node counts as a heartbeat) and the replies of
+//! the failover's steps, and answers with [`Action`]s for the caller to carry out:
+//!
+//! ```text
+//!  Serving, primary P not heard for `timeout`  -> Propose(BeginFailover e+1)
+//!  Failover at E (committed)                   -> AskReport(E) to every member, again
+//!                                                 every `resend` until a quorum reports
+//!  a quorum of TailReports                     -> plan (failover.rs) -> Prepare(plan) to
+//!                                                 the chosen node
+//!  Prepared by it                              -> Propose(OpenEpoch E: primary, recovery
+//!                                                 point, start)
+//!  no Prepared within `prepare_timeout`        -> Propose(BeginFailover E+1): a new round,
+//!                                                 fenced anew
+//! ```
+//!
+//! A node that is asked for its report first makes the fence durable (it refuses batches
+//! of epochs below E from then on, across restarts: see [`Fence`]) and only then reports,
+//! so what it reports is everything it will ever have acknowledged of the old epoch.
+//! Proposals can be lost with a leader that is replaced; the next leader starts from the
+//! state it has applied, so every step is safe to repeat.
+
+use std::collections::BTreeMap;
+
+use crate::failover::{plan, RecoveryPlan, TailReport};
+use crate::state::{Command, ControlState, NodeId, Phase};
+
+/// Timings, in the caller's clock units (milliseconds in a server).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// A primary not heard from for this long is failed over.
+    pub failure: u64,
+    /// Ask again (reports, proposals) after this long without an answer.
+    pub resend: u64,
+    /// A chosen primary that has not prepared within this long is passed over.
+    pub prepare: u64,
+}
+
+/// What the coordinator asks its node to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Propose(Command),
+    /// Ask `to` to fence itself at `epoch` (durably) and report its tails.
+    AskReport {
+        to: NodeId,
+        epoch: u64,
+    },
+    /// Ask `to` to fetch what `plan.fetch` lists, then to answer `Prepared`.
+    Prepare {
+        to: NodeId,
+        plan: RecoveryPlan,
+    },
+}
+
+#[derive(Debug)]
+struct Round {
+    epoch: u64,
+    reports: BTreeMap<NodeId, TailReport>,
+    asked_at: Option<u64>,
+    /// The plan, when it was first sent, and when last.
+    plan: Option<(RecoveryPlan, u64, u64)>,
+    prepared: Option<u64>,
+}
+
+/// See the module notes.
+#[derive(Debug)]
+pub struct Coordinator {
+    me: NodeId,
+    t: Timeouts,
+    /// When this coordinator started: a node never heard from counts as silent since.
+    started: u64,
+    /// Whether this node serves as the primary now (a node the state names primary but
+    /// that restarted does not: it never resumes an epoch it served before, so it is
+    /// failed over like any silent primary).
+    serving: bool,
+    /// The (epoch, primary) last seen serving, and since when: a primary is silent only
+    /// for as long as it has been primary (a new one has not shipped anything yet).
+    serving_since: Option<(u64, NodeId, u64)>,
+    heard: BTreeMap<NodeId, u64>,
+    round: Option<Round>,
+    /// The last proposal and when it was made (not repeated before `resend`).
+    proposed: Option<(Command, u64)>,
+}
+
+impl Coordinator {
+    pub fn new(me: NodeId, t: Timeouts, now: u64) -> Coordinator {
+        Coordinator {
+            me,
+            t,
+            started: now,
+            serving: false,
+            serving_since: None,
+            heard: BTreeMap::from([(me, now)]),
+            round: None,
+            proposed: None,
+        }
+    }
+
+    /// Something arrived from `node` (a heartbeat, a batch, an ack, a Raft message).
+    pub fn heard(&mut self, node: NodeId, now: u64) {
+        let e = self.heard.entry(node).or_insert(now);
+        *e = (*e).max(now);
+    }
+
+    /// Forgets what was heard from other nodes, so that contact counts only from here on
+    /// (a node that starts serving an epoch counts only its own epoch's acknowledgements:
+    /// one applying an old epoch's opening while it catches up never gets any).
+    pub fn reset_contact(&mut self) {
+        self.heard.retain(|&n, _| n == self.me);
+    }
+
+    /// Whether this node serves as the primary (see the field's note).
+    pub fn set_serving(&mut self, serving: bool) {
+        self.serving = serving;
+    }
+
+    /// When `node` was last heard from (None: never, since this node started; `u64::MAX`
+    /// for this node itself, which hears itself as long as it runs).
+    pub fn last_heard(&self, node: NodeId) -> Option<u64> {
+        if node == self.me {
+            return Some(u64::MAX);
+        }
+        self.heard.get(&node).copied()
+    }
+
+    /// Whether a primary may accept writes: it has heard (acknowledgements of its epoch)
+    /// from a quorum of the members, itself included, within the failure timeout. A
+    /// primary cut off from the majority stops taking writes by itself, before the
+    /// majority's coordinator times it out (it could not release them anyway under
+    /// `majority` or `all`: the fenced majority refuses its batches; under `local` this
+    /// is what stops it).
+    pub fn has_quorum_contact(&self, state: &ControlState, now: u64) -> bool {
+        let recent = state
+            .members
+            .keys()
+            .filter(|&&n| self.last_heard(n).is_some_and(|t| t == u64::MAX || now.saturating_sub(t) < self.t.failure))
+            .count();
+        recent >= state.quorum()
+    }
+
+    fn propose(&mut self, cmd: Command, now: u64, out: &mut Vec<Action>) {
+        if let Some((prev, at)) = &self.proposed {
+            let same = match (prev, &cmd) {
+                (Command::BeginFailover { epoch: a, .. }, Command::BeginFailover { epoch: b, .. }) => a == b,
+                _ => *prev == cmd,
+            };
+            if same && now.saturating_sub(*at) < self.t.resend {
+                return;
+            }
+        }
+        self.proposed = Some((cmd.clone(), now));
+        out.push(Action::Propose(cmd));
+    }
+
+    /// Advances the failover by time (call every few milliseconds).
+    pub fn tick(&mut self, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
+        let mut out = Vec::new();
+        if !leader {
+            self.round = None;
+            self.proposed = None;
+            return out;
+        }
+        match state.phase {
+            None => {}
+            Some(Phase::Serving) => {
+                self.round = None;
+                let p = state.primary().expect("serving has a primary");
+                let since = match self.serving_since {
+                    Some((e, q, t)) if e == state.epoch && q == p => t,
+                    _ => {
+                        self.serving_since = Some((state.epoch, p, now));
+                        now
+                    }
+                };
+                // A primary never heard of counts from when this node started, or from when
+                // it became primary, whichever is later.
+                let silent = match self.last_heard(p) {
+                    Some(u64::MAX) if self.serving => 0,
+                    Some(u64::MAX) => u64::MAX,
+                    t => now.saturating_sub(t.unwrap_or(0).max(self.started).max(since)),
+                };
+                if silent >= self.t.failure {
+                    let reason = if silent == u64::MAX {
+                        format!("primary {p} (this node) restarted and does not resume its epoch")
+                    } else {
+                        format!("primary {p} not heard from for {silent} ms")
+                    };
+                    self.propose(Command::BeginFailover { epoch: state.epoch + 1, reason }, now, &mut out);
+                }
+            }
+            Some(Phase::Failover) => {
+                let epoch = state.epoch;
+                if self.round.as_ref().map(|r| r.epoch) != Some(epoch) {
+                    self.round =
+                        Some(Round { epoch, reports: BTreeMap::new(), asked_at: None, plan: None, prepared: None });
+                }
+                let r = self.round.as_mut().expect("set above");
+                match &mut r.plan {
+                    None => {
+                        if r.asked_at.is_none_or(|t| now.saturating_sub(t) >= self.t.resend) {
+                            r.asked_at = Some(now);
+                            for &to in state.members.keys().filter(|n| !r.reports.contains_key(n)) {
+                                out.push(Action::AskReport { to, epoch });
+                            }
+                        }
+                    }
+                    Some((p, sent, last)) => {
+                        let (p, sent, resend) = (p.clone(), *sent, now.saturating_sub(*last) >= self.t.resend);
+                        if resend {
+                            *last = now;
+                        }
+                        if let Some(discarded) = r.prepared {
+                            let open = Command::OpenEpoch {
+                                epoch,
+                                primary: p.primary,
+                                recovered_epoch: p.recovered_epoch,
+                                recovery_point: p.recovery_point,
+                                start: p.start,
+                                lost: discarded,
+                            };
+                            self.propose(open, now, &mut out);
+                        } else if now.saturating_sub(sent) >= self.t.prepare {
+                            let reason = format!("node {} did not prepare within {} ms", p.primary, self.t.prepare);
+                            self.propose(Command::BeginFailover { epoch: epoch + 1, reason }, now, &mut out);
+                        } else if resend {
+                            // The request may have been lost; Prepare is idempotent.
+                            out.push(Action::Prepare { to: p.primary, plan: p });
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A node's tail report for the round at `report.fenced_at`.
+    pub fn on_report(&mut self, report: TailReport, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(r) = self.round.as_mut() else { return out };
+        let open = state.open_epoch().map(|e| (e.epoch, e.start));
+        if !leader || state.phase != Some(Phase::Failover) || r.epoch != state.epoch || report.fenced_at != r.epoch {
+            return out;
+        }
+        let Some((open_epoch, start)) = open else { return out };
+        if report.epoch != open_epoch || r.plan.is_some() {
+            return out;
+        }
+        r.reports.insert(report.node, report);
+        if let Ok(p) = plan(&r.reports, state.members.len(), r.epoch, open_epoch, start) {
+            r.plan = Some((p.clone(), now, now));
+            out.push(Action::Prepare { to: p.primary, plan: p });
+        }
+        out
+    }
+
+    /// The chosen node holds every stream up to the recovery point; `discarded` counts
+    /// the old epoch's commits above it that the node held.
+    pub fn on_prepared(
+        &mut self,
+        node: NodeId,
+        epoch: u64,
+        discarded: u64,
+        now: u64,
+        state: &ControlState,
+        leader: bool,
+    ) -> Vec<Action> {
+        let Some(r) = self.round.as_mut() else { return Vec::new() };
+        let matches = r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch);
+        if !leader || !matches || r.epoch != state.epoch || state.phase != Some(Phase::Failover) {
+            return Vec::new();
+        }
+        r.prepared = Some(discarded);
+        self.tick(now, state, leader)
+    }
+
+    /// The plan of the round in progress, if one was made (for status reports).
+    pub fn plan(&self) -> Option<&RecoveryPlan> {
+        self.round.as_ref().and_then(|r| r.plan.as_ref()).map(|(p, _, _)| p)
+    }
+}
+
+/// The highest epoch a node has promised to fence at, kept on its disk: once it reported
+/// for epoch E it refuses batches of epochs below E, even after a restart that finds its
+/// control log behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fence(pub u64);
+
+impl Fence {
+    /// Whether a batch of `epoch` from `from` may be accepted.
+    pub fn accepts(self, state: &ControlState, epoch: u64, from: NodeId) -> bool {
+        epoch >= self.0 && state.accepts(epoch, from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Member;
+
+    const T: Timeouts = Timeouts { failure: 100, resend: 20, prepare: 200 };
+
+    fn boot(n: u64) -> ControlState {
+        let mut s = ControlState::default();
+        let members = (1..=n).map(|id| Member { id, addr: String::new() }).collect();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        s
+    }
+
+    fn report(node: NodeId, fenced_at: u64, streams: &[u64]) -> TailReport {
+        TailReport { node, fenced_at, epoch: 1, streams: streams.to_vec(), newest: 99, eligible: true }
+    }
+
+    #[test]
+    fn a_silent_primary_is_failed_over_step_by_step() {
+        let mut s = boot(3);
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        assert!(c.tick(50, &s, true).is_empty(), "heard 50 ms ago");
+        assert!(c.tick(500, &s, false).is_empty(), "followers do nothing");
+        let a = c.tick(150, &s, true);
+        let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
+        assert!(matches!(begin, Command::BeginFailover { epoch: 2, .. }));
+        assert!(c.tick(155, &s, true).is_empty(), "not proposed again before resend");
+        s.apply(begin).unwrap();
+        let a = c.tick(160, &s, true);
+        assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>());
+        assert!(c.on_report(report(2, 2, &[10, 20]), 161, &s, true).is_empty(), "one report is no quorum");
+        assert!(c.on_report(report(3, 1, &[30, 30]), 161, &s, true).is_empty(), "a report fenced at another epoch");
+        let a = c.tick(181, &s, true);
+        assert_eq!(a, vec![Action::AskReport { to: 1, epoch: 2 }, Action::AskReport { to: 3, epoch: 2 }]);
+        let a = c.on_report(report(3, 2, &[15, 25]), 182, &s, true);
+        let [Action::Prepare { to: 3, plan }] = &a[..] else { panic!("{a:?}") };
+        assert_eq!(plan.recovery_point, 15);
+        assert!(c.on_prepared(2, 2, 0, 183, &s, true).is_empty(), "only the chosen node prepares");
+        let a = c.on_prepared(3, 2, 4, 184, &s, true);
+        let [Action::Propose(open)] = &a[..] else { panic!("{a:?}") };
+        assert_eq!(
+            *open,
+            Command::OpenEpoch { epoch: 2, primary: 3, recovered_epoch: 1, recovery_point: 15, start: 99, lost: 4 }
+        );
+        s.apply(open).unwrap();
+        assert_eq!(s.primary(), Some(3));
+        c.heard(3, 185);
+        assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
+    }
+
+    #[test]
+    fn a_leader_named_primary_that_does_not_serve_fails_itself_over() {
+        let s = boot(3);
+        let mut c = Coordinator::new(1, T, 0);
+        c.set_serving(true);
+        assert!(c.tick(500, &s, true).is_empty(), "it hears itself");
+        c.set_serving(false);
+        let a = c.tick(505, &s, true);
+        assert!(matches!(&a[..], [Action::Propose(Command::BeginFailover { epoch: 2, .. })]), "{a:?}");
+    }
+
+    #[test]
+    fn a_chosen_node_that_does_not_prepare_is_passed_over_in_a_new_epoch() {
+        let mut s = boot(3);
+        let mut c = Coordinator::new(2, T, 0);
+        s.apply(&Command::BeginFailover { epoch: 2, reason: String::new() }).unwrap();
+        c.tick(0, &s, true);
+        c.on_report(report(2, 2, &[5]), 1, &s, true);
+        let a = c.on_report(report(3, 2, &[9]), 2, &s, true);
+        assert!(matches!(a[..], [Action::Prepare { to: 3, .. }]));
+        let a = c.tick(202, &s, true);
+        assert!(matches!(&a[..], [Action::Propose(Command::BeginFailover { epoch: 3, .. })]), "{a:?}");
+    }
+
+    #[test]
+    fn a_primary_cut_off_from_the_majority_loses_its_contact() {
+        let s = boot(5);
+        let mut c = Coordinator::new(1, T, 0);
+        for n in 2..=5 {
+            c.heard(n, 10);
+        }
+        assert!(c.has_quorum_contact(&s, 100));
+        c.heard(2, 150);
+        assert!(!c.has_quorum_contact(&s, 150), "itself and node 2 are two of five");
+        c.heard(3, 160);
+        assert!(c.has_quorum_contact(&s, 160));
+    }
+
+    #[test]
+    fn the_fence_outlives_a_control_log_that_is_behind() {
+        let s = boot(3);
+        assert!(Fence(0).accepts(&s, 1, 1));
+        assert!(!Fence(2).accepts(&s, 1, 1), "reported for epoch 2: epoch 1 is refused");
+    }
+}

@@ -1,0 +1,266 @@
+//! Epoch recovery: where the old epoch ends (Rolis 4.1, figure 8)
+//! ===============================================================
+//! When a primary fails, the coordinator begins epoch E (every node then refuses batches
+//! of older epochs) and asks the nodes what they hold of the open epoch e: per stream,
+//! the highest timestamp up to which the node holds every batch ([`TailReport`]). From a
+//! quorum of reports it computes
+//!
+//! ```text
+//!   tail[s]        = max over the reports of what the node holds of stream s
+//!   recovery point = min over streams of tail[s]
+//! ```
+//!
+//! Why nothing released is lost: a commit at ts T was released only once a quorum (under
+//! `majority`; every node under `all`) held every stream up to T. That quorum meets the
+//! reporting quorum in at least one node, which reported only after it was fenced, so it
+//! reported everything it ever acknowledged: tail[s] >= T for every s, and the recovery
+//! point >= T. Why nothing above it may be kept: a commit above the recovery point may
+//! depend on one that no reporting node holds (the example of Rolis figure 8: 26 and 41 on
+//! P3 may depend on a 22 that P4 lost); it was never released, since its release needed
+//! the same streams.
+//!
+//! The new primary is the reporting node that lacks the least below the recovery point
+//! (most up to date; ties to the lowest id). It fetches what it lacks from the nodes that
+//! hold most ([`Fetch`]), and only once it holds every stream up to the recovery point does
+//! the coordinator open epoch E with it; every node then discards the old epoch's commits
+//! above the recovery point. New timestamps start above everything any report held, so
+//! they keep growing across epochs even on nodes that have not yet discarded.
+//!
+//! Pure: no I/O, no clock; the simulation (tests/sim.rs) and the unit tests drive it.
+
+use std::collections::BTreeMap;
+
+use crate::state::NodeId;
+
+/// What one node holds, reported after it was fenced. Positions are timestamps over the
+/// whole history the node holds (older epochs' surviving commits, then the open epoch's),
+/// so a node that lacks something of an older epoch reports a position below the open
+/// epoch's start, and is not mistaken for one that holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TailReport {
+    pub node: NodeId,
+    /// The epoch being failed over to; the node had begun it (was fenced) when it reported.
+    pub fenced_at: u64,
+    /// The epoch these positions are of (the open epoch the node knows).
+    pub epoch: u64,
+    /// Per stream: every batch up to this timestamp is held (fsynced before the report).
+    pub streams: Vec<u64>,
+    /// The highest timestamp the node holds at all (what new timestamps must exceed).
+    pub newest: u64,
+    /// Whether the node may become primary (a node being removed, or one whose disk
+    /// failed, may not).
+    pub eligible: bool,
+}
+
+impl TailReport {
+    /// Everything up to this is held on every stream (the node's own watermark).
+    pub fn held(&self, streams: usize) -> u64 {
+        (0..streams).map(|s| self.streams.get(s).copied().unwrap_or(0)).min().unwrap_or(0)
+    }
+}
+
+/// A stream's missing range and where to fetch it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fetch {
+    pub stream: usize,
+    pub from: NodeId,
+    /// Fetch the stream's batches above this ...
+    pub after: u64,
+    /// ... up to and including this (the recovery point; a batch that straddles it is cut).
+    pub upto: u64,
+}
+
+/// The outcome of a quorum of reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryPlan {
+    /// The epoch being opened.
+    pub epoch: u64,
+    /// The epoch whose tail is cut.
+    pub recovered_epoch: u64,
+    pub recovery_point: u64,
+    pub primary: NodeId,
+    pub fetch: Vec<Fetch>,
+    /// New timestamps start above this.
+    pub start: u64,
+    /// How many reporters held something above the recovery point (for the report;
+    /// `lost_commits` counts commits where the data plane knows them).
+    pub reporters_ahead: usize,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("{got} of {members} members reported; a quorum is {quorum}")]
+    NoQuorum { got: usize, members: usize, quorum: usize },
+    #[error("no reporting node may become primary")]
+    NoEligibleNode,
+}
+
+/// Computes the recovery plan from the reports of one failover round (see the module
+/// notes). `reports` count if fenced at `epoch` and taken with `recovered_epoch` as the
+/// open epoch (a node whose control log is behind may not yet have discarded what an
+/// earlier failover cut); others are ignored. `members` is the membership's size; new
+/// timestamps start at or above `start` (the open epoch's start).
+pub fn plan(
+    reports: &BTreeMap<NodeId, TailReport>,
+    members: usize,
+    epoch: u64,
+    recovered_epoch: u64,
+    start: u64,
+) -> Result<RecoveryPlan, PlanError> {
+    let valid: Vec<&TailReport> =
+        reports.values().filter(|r| r.fenced_at == epoch && r.epoch == recovered_epoch).collect();
+    let quorum = members / 2 + 1;
+    if valid.len() < quorum {
+        return Err(PlanError::NoQuorum { got: valid.len(), members, quorum });
+    }
+    let streams = valid.iter().map(|r| r.streams.len()).max().unwrap_or(0);
+    let pos = |r: &TailReport, s: usize| r.streams.get(s).copied().unwrap_or(0);
+    // Per stream, the most any reporter holds, and the first (lowest id) that holds it.
+    let tails: Vec<(u64, NodeId)> = (0..streams)
+        .map(|s| {
+            let mut best = (pos(valid[0], s), valid[0].node);
+            for r in &valid {
+                if pos(r, s) > best.0 {
+                    best = (pos(r, s), r.node);
+                }
+            }
+            best
+        })
+        .collect();
+    let recovery_point = tails.iter().map(|t| t.0).min().unwrap_or(0);
+    let lacks = |r: &TailReport| -> u64 { (0..streams).map(|s| recovery_point - pos(r, s).min(recovery_point)).sum() };
+    let primary =
+        valid.iter().filter(|r| r.eligible).min_by_key(|r| (lacks(r), r.node)).ok_or(PlanError::NoEligibleNode)?;
+    let fetch = (0..streams)
+        .filter(|&s| pos(primary, s) < recovery_point)
+        .map(|s| Fetch { stream: s, from: tails[s].1, after: pos(primary, s), upto: recovery_point })
+        .collect();
+    let newest = valid.iter().map(|r| r.newest).max().unwrap_or(start);
+    Ok(RecoveryPlan {
+        epoch,
+        recovered_epoch,
+        recovery_point,
+        primary: primary.node,
+        fetch,
+        start: newest.max(recovery_point).max(start),
+        reporters_ahead: valid.iter().filter(|r| (0..streams).any(|s| pos(r, s) > recovery_point)).count(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(node: NodeId, streams: &[u64]) -> TailReport {
+        TailReport {
+            node,
+            fenced_at: 2,
+            epoch: 1,
+            streams: streams.to_vec(),
+            newest: streams.iter().copied().max().unwrap_or(0),
+            eligible: true,
+        }
+    }
+
+    fn reports(rs: Vec<TailReport>) -> BTreeMap<NodeId, TailReport> {
+        rs.into_iter().map(|r| (r.node, r)).collect()
+    }
+
+    /// Rolis figure 8: five streams whose tails are 34, 27, 41, 21 and 23 once every
+    /// reporter is counted; the epoch's watermark is 21.
+    #[test]
+    fn rolis_figure_8() {
+        let rs = reports(vec![report(2, &[34, 27, 41, 21, 23]), report(3, &[30, 20, 26, 21, 23])]);
+        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+        assert_eq!(p.recovery_point, 21);
+        assert_eq!(p.primary, 2, "node 2 lacks nothing below 21");
+        assert!(p.fetch.is_empty());
+        assert_eq!(p.start, 41, "new timestamps start above everything held");
+        assert_eq!(p.reporters_ahead, 2);
+    }
+
+    #[test]
+    fn the_most_up_to_date_node_fetches_what_it_lacks_from_whoever_holds_most() {
+        // Node 2 is behind on stream 0, node 3 on stream 1; the point is min(50, 60) = 50.
+        let rs = reports(vec![report(2, &[40, 60]), report(3, &[50, 45]), report(4, &[10, 10])]);
+        let p = plan(&rs, 5, 2, 1, 0).unwrap();
+        assert_eq!(p.recovery_point, 50);
+        // Node 2 lacks 10 below the point, node 3 lacks 5: node 3 is chosen.
+        assert_eq!(p.primary, 3);
+        assert_eq!(p.fetch, vec![Fetch { stream: 1, from: 2, after: 45, upto: 50 }]);
+    }
+
+    #[test]
+    fn without_a_quorum_or_an_eligible_node_there_is_no_plan() {
+        let rs = reports(vec![report(2, &[40, 60]), report(3, &[50, 45])]);
+        assert_eq!(plan(&rs, 5, 2, 1, 0), Err(PlanError::NoQuorum { got: 2, members: 5, quorum: 3 }));
+        // Reports of another round do not count.
+        let mut stale = report(4, &[70, 70]);
+        stale.fenced_at = 1;
+        let mut rs2 = rs.clone();
+        rs2.insert(4, stale);
+        assert!(matches!(plan(&rs2, 5, 2, 1, 0), Err(PlanError::NoQuorum { got: 2, .. })));
+        let mut rs3 = rs;
+        for r in rs3.values_mut() {
+            r.eligible = false;
+        }
+        assert_eq!(plan(&rs3, 3, 2, 1, 0), Err(PlanError::NoEligibleNode));
+    }
+
+    #[test]
+    fn a_node_behind_on_an_older_epoch_reports_below_the_start_and_fetches() {
+        // The open epoch started at 100; node 1 lacks stream 1 from 80 on (of the epoch
+        // before), node 2 holds it. A report clamped at the start would hide that.
+        let rs = reports(vec![report(1, &[150, 80]), report(2, &[140, 160])]);
+        let p = plan(&rs, 3, 2, 1, 100).unwrap();
+        assert_eq!(p.recovery_point, 150);
+        assert_eq!(p.primary, 2, "node 2 lacks 10, node 1 lacks 70");
+        assert_eq!(p.fetch, vec![Fetch { stream: 0, from: 1, after: 140, upto: 150 }]);
+        // Nobody got past the start on stream 2: the point falls below it, and the whole
+        // open epoch is cut (the state lowers every older epoch's point to it too).
+        let rs = reports(vec![report(1, &[150, 130, 90]), report(2, &[140, 160, 95])]);
+        let p = plan(&rs, 3, 2, 1, 100).unwrap();
+        assert_eq!(p.recovery_point, 95);
+        assert!(p.start >= 160);
+    }
+
+    /// Exhaustively over small histories: every commit a quorum held on every stream is at
+    /// or below the recovery point, whichever quorum reports, and the chosen primary can
+    /// fetch everything below it from reporters.
+    #[test]
+    fn no_commit_a_quorum_held_is_above_the_point() {
+        let vals = [0u64, 3, 5, 8];
+        let mut cases = 0;
+        for a in vals {
+            for b in vals {
+                for c in vals {
+                    for d in vals {
+                        for e in vals {
+                            for f in vals {
+                                // Three nodes, two streams: node i holds (streams[i]).
+                                let held = [[a, b], [c, d], [e, f]];
+                                // The highest ts a quorum of two holds on every stream.
+                                let mut released = 0;
+                                for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+                                    let w = (0..2).map(|s| held[i][s].min(held[j][s])).min().unwrap();
+                                    released = released.max(w);
+                                }
+                                for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+                                    let rs =
+                                        reports(vec![report(i as u64 + 1, &held[i]), report(j as u64 + 1, &held[j])]);
+                                    let p = plan(&rs, 3, 2, 1, 0).unwrap();
+                                    assert!(p.recovery_point >= released, "{held:?} {i}{j}: {p:?}");
+                                    for fe in &p.fetch {
+                                        assert!(held[fe.from as usize - 1][fe.stream] >= fe.upto);
+                                    }
+                                    cases += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 4096 * 3);
+    }
+}

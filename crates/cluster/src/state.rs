@@ -1,0 +1,305 @@
+//! The control plane's replicated state
+//! ====================================
+//! What the Raft group agrees on: the members, the commit policy, the epochs (each with
+//! its primary and, once it has ended, its recovery point), and whether the newest epoch
+//! serves or is being failed over. Every node applies the same committed [`Command`]s in
+//! the same order, so every node computes the same [`ControlState`]; `apply` is pure and
+//! checks each command against the state it meets (a command proposed by a leader that
+//! has since been replaced can commit late: it is then refused, and says why).
+//!
+//! Invariants (asserted by `check`):
+//! - epochs open in increasing order, each no greater than `epoch` (the newest begun);
+//! - every epoch but the last open one has a recovery point; the open one has none;
+//! - each epoch's timestamps start at or above its predecessor's start and every recovery
+//!   point so far (timestamps keep growing across epochs);
+//! - in `Phase::Serving` the newest epoch begun is the open one.
+//!
+//! What survives of the history is a prefix of the timestamp order: a recovery point `p`
+//! keeps, of every older epoch, the commits at or below `p` and discards the rest. A later
+//! failover can set a point below an earlier one (a new primary that died before any
+//! quorum held what it had recovered): the older epochs' points then drop to it too, and
+//! what lies above goes, which only ever removes commits that were never released.
+
+use std::collections::BTreeMap;
+
+use ditto_engine::Ts;
+use serde::{Deserialize, Serialize};
+
+/// A node's id in the Raft group (raft-rs ids; 0 is not a valid id).
+pub type NodeId = u64;
+
+/// A member of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: NodeId,
+    /// Where clients and backups reach its server (host:port).
+    pub addr: String,
+}
+
+/// Whether the newest epoch serves writes or is being failed over to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// `epochs.last()` is the newest epoch begun; its primary accepts writes.
+    Serving,
+    /// Epoch `epoch` has begun (every older epoch is fenced) but has no primary yet: the
+    /// coordinator is gathering the open epoch's tails and preparing a new primary.
+    Failover,
+}
+
+/// An epoch that opened for writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub epoch: u64,
+    pub primary: NodeId,
+    /// Its commit timestamps are all above this.
+    pub start: u64,
+    /// Once a later epoch opened: the highest timestamp of this epoch that survives (the
+    /// lowest recovery point set since). Every node discards this epoch's commits above it.
+    pub recovered: Option<u64>,
+}
+
+/// A command the Raft group commits (serialised as JSON into the entry's data).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// The first entry: the members, epoch 1 with its primary, the policy.
+    Bootstrap { members: Vec<Member>, primary: NodeId, policy: String },
+    /// Begin epoch `epoch` (the newest begun + 1): from here on every node refuses
+    /// batches of older epochs, and the open epoch's tail is gathered.
+    BeginFailover { epoch: u64, reason: String },
+    /// Open epoch `epoch` with `primary`, which holds every stream up to `recovery_point`
+    /// (the open epoch `recovered_epoch`'s and any older one's); everything of older epochs
+    /// above it is discarded; new timestamps start above `start`. `lost` counts the
+    /// discarded commits the new primary held (never released under majority or all).
+    OpenEpoch { epoch: u64, primary: NodeId, recovered_epoch: u64, recovery_point: u64, start: u64, lost: u64 },
+    /// The cluster's default commit policy (a `CommitPolicy` name).
+    SetPolicy { policy: String },
+}
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a command serialises")
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Command, String> {
+        serde_json::from_slice(data).map_err(|e| format!("undecodable control command: {e}"))
+    }
+}
+
+/// The replicated state (see the module notes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlState {
+    pub members: BTreeMap<NodeId, Member>,
+    pub policy: String,
+    /// The newest epoch begun (0 before the bootstrap).
+    pub epoch: u64,
+    pub phase: Option<Phase>,
+    /// Epochs that opened, oldest first; the last is the open one.
+    pub epochs: Vec<EpochRecord>,
+}
+
+impl ControlState {
+    /// Applies one committed command; `Err` says why it was refused (the state is then
+    /// unchanged).
+    pub fn apply(&mut self, cmd: &Command) -> Result<(), String> {
+        match cmd {
+            Command::Bootstrap { members, primary, policy } => {
+                if self.epoch != 0 {
+                    return Err("already bootstrapped".into());
+                }
+                if !members.iter().any(|m| m.id == *primary) {
+                    return Err(format!("primary {primary} is not a member"));
+                }
+                self.members = members.iter().map(|m| (m.id, m.clone())).collect();
+                self.policy = policy.clone();
+                self.epoch = 1;
+                self.phase = Some(Phase::Serving);
+                self.epochs.push(EpochRecord { epoch: 1, primary: *primary, start: 0, recovered: None });
+            }
+            Command::BeginFailover { epoch, .. } => {
+                if *epoch != self.epoch + 1 || self.epochs.is_empty() {
+                    return Err(format!("failover to epoch {epoch}, but the newest epoch begun is {}", self.epoch));
+                }
+                self.epoch = *epoch;
+                self.phase = Some(Phase::Failover);
+            }
+            Command::OpenEpoch { epoch, primary, recovered_epoch, recovery_point, start, .. } => {
+                let open = self.epochs.last().map(|e| e.epoch);
+                if *epoch != self.epoch || self.phase != Some(Phase::Failover) {
+                    return Err(format!("epoch {epoch} cannot open: newest begun {} ({:?})", self.epoch, self.phase));
+                }
+                if open != Some(*recovered_epoch) {
+                    return Err(format!(
+                        "epoch {epoch} recovers epoch {recovered_epoch}, but {open:?} is the open one"
+                    ));
+                }
+                if !self.members.contains_key(primary) {
+                    return Err(format!("primary {primary} is not a member"));
+                }
+                let floor = self.epochs.iter().map(|e| e.start).max().unwrap_or(0);
+                if start < recovery_point || *start < floor {
+                    return Err(format!(
+                        "epoch {epoch} would start at {start}, below its recovery point {recovery_point} or an earlier start {floor}"
+                    ));
+                }
+                for e in &mut self.epochs {
+                    e.recovered = Some(e.recovered.map_or(*recovery_point, |r| r.min(*recovery_point)));
+                }
+                self.epochs.push(EpochRecord { epoch: *epoch, primary: *primary, start: *start, recovered: None });
+                self.phase = Some(Phase::Serving);
+            }
+            Command::SetPolicy { policy } => {
+                ditto_replication::CommitPolicy::parse(policy)?;
+                self.policy = policy.clone();
+            }
+        }
+        self.check();
+        Ok(())
+    }
+
+    /// The primary that accepts writes now, if any (none while a failover runs).
+    pub fn primary(&self) -> Option<NodeId> {
+        match self.phase {
+            Some(Phase::Serving) => self.epochs.last().map(|e| e.primary),
+            _ => None,
+        }
+    }
+
+    /// The epoch whose batches nodes hold as the live tail (the last that opened).
+    pub fn open_epoch(&self) -> Option<&EpochRecord> {
+        self.epochs.last()
+    }
+
+    /// Whether a node accepts a batch of `epoch` from `from` (the fence: once a newer
+    /// epoch has begun, nothing of an older one is accepted).
+    pub fn accepts(&self, epoch: u64, from: NodeId) -> bool {
+        self.phase == Some(Phase::Serving) && epoch == self.epoch && self.primary() == Some(from)
+    }
+
+    /// The highest timestamp of `epoch` that survives, once a later epoch has opened.
+    pub fn recovery_point(&self, epoch: u64) -> Option<Ts> {
+        self.epochs.iter().find(|e| e.epoch == epoch).and_then(|e| e.recovered).map(Ts)
+    }
+
+    /// The quorum of the membership.
+    pub fn quorum(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    fn check(&self) {
+        let mut prev: Option<&EpochRecord> = None;
+        for (i, e) in self.epochs.iter().enumerate() {
+            assert!(e.epoch <= self.epoch, "epoch {} opened above the newest begun {}", e.epoch, self.epoch);
+            let last = i + 1 == self.epochs.len();
+            assert_eq!(e.recovered.is_none(), last, "only the open epoch lacks a recovery point: {:?}", self.epochs);
+            if let Some(p) = prev {
+                assert!(e.epoch > p.epoch, "epochs out of order: {:?}", self.epochs);
+                assert!(e.start >= p.start, "epoch {} starts below its predecessor", e.epoch);
+            }
+            prev = Some(e);
+        }
+        if self.phase == Some(Phase::Serving) {
+            assert_eq!(
+                self.epochs.last().map(|e| e.epoch),
+                Some(self.epoch),
+                "serving an epoch that is not the newest"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boot() -> ControlState {
+        let mut s = ControlState::default();
+        let members = (1..=3).map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id) }).collect();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_failover_fences_the_old_epoch_then_opens_the_new_one() {
+        let mut s = boot();
+        assert!(s.accepts(1, 1));
+        assert!(!s.accepts(1, 2), "only the primary's batches");
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "test".into() }).unwrap();
+        assert!(!s.accepts(1, 1), "fenced");
+        assert_eq!(s.primary(), None);
+        let open =
+            Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 1, recovery_point: 40, start: 55, lost: 3 };
+        s.apply(&open).unwrap();
+        assert_eq!(s.primary(), Some(2));
+        assert!(s.accepts(2, 2) && !s.accepts(1, 1) && !s.accepts(2, 1));
+        assert_eq!(s.recovery_point(1), Some(Ts(40)));
+        assert_eq!(s.recovery_point(2), None);
+        // Applied twice (a late duplicate), it is refused and changes nothing.
+        let before = s.clone();
+        assert!(s.apply(&open).is_err());
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn stale_commands_are_refused_and_change_nothing() {
+        let mut s = boot();
+        let before = s.clone();
+        for bad in [
+            Command::BeginFailover { epoch: 3, reason: "skips an epoch".into() },
+            Command::OpenEpoch { epoch: 1, primary: 2, recovered_epoch: 1, recovery_point: 1, start: 1, lost: 0 },
+            Command::SetPolicy { policy: "most".into() },
+            Command::Bootstrap { members: vec![], primary: 1, policy: "local".into() },
+        ] {
+            assert!(s.apply(&bad).is_err(), "{bad:?}");
+            assert_eq!(s, before);
+        }
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
+        let before = s.clone();
+        for bad in [
+            Command::OpenEpoch { epoch: 2, primary: 9, recovered_epoch: 1, recovery_point: 5, start: 5, lost: 0 },
+            Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 0, recovery_point: 5, start: 5, lost: 0 },
+            Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 1, recovery_point: 9, start: 5, lost: 0 },
+        ] {
+            assert!(s.apply(&bad).is_err(), "{bad:?}");
+            assert_eq!(s, before);
+        }
+    }
+
+    #[test]
+    fn a_lower_recovery_point_later_cuts_the_older_epochs_too() {
+        let mut s = boot();
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
+        s.apply(&Command::OpenEpoch {
+            epoch: 2,
+            primary: 2,
+            recovered_epoch: 1,
+            recovery_point: 40,
+            start: 50,
+            lost: 0,
+        })
+        .unwrap();
+        s.apply(&Command::BeginFailover { epoch: 3, reason: "t".into() }).unwrap();
+        let bad =
+            Command::OpenEpoch { epoch: 3, primary: 3, recovered_epoch: 2, recovery_point: 35, start: 45, lost: 0 };
+        assert!(s.apply(&bad).is_err(), "starts below epoch 2's start");
+        s.apply(&Command::OpenEpoch {
+            epoch: 3,
+            primary: 3,
+            recovered_epoch: 2,
+            recovery_point: 35,
+            start: 60,
+            lost: 0,
+        })
+        .unwrap();
+        assert_eq!(s.recovery_point(1), Some(Ts(35)));
+        assert_eq!(s.recovery_point(2), Some(Ts(35)), "nothing of epoch 2 survives");
+    }
+
+    #[test]
+    fn commands_round_trip_and_garbage_is_an_error() {
+        let c =
+            Command::OpenEpoch { epoch: 7, primary: 3, recovered_epoch: 5, recovery_point: 99, start: 120, lost: 2 };
+        assert_eq!(Command::decode(&c.encode()).unwrap(), c);
+        assert!(Command::decode(b"{\"Nope\":1}").is_err());
+        assert!(Command::decode(&[0xff, 0x00]).is_err());
+    }
+}
