@@ -16,7 +16,7 @@
 //! of order). I/O parts: `primary`, `backup` (blocking TCP on threads of their own; the
 //! server's tokio runtime is not involved).
 //!
-//! Not here: failover and the control plane (crates/cluster, a later issue): a backup
+//! Not here: failover and the control plane (crates/cluster, not yet wired in): a backup
 //! follows one primary and its epoch, and stops (saying so) if that primary restarts into
 //! a new epoch or can no longer serve what the backup lacks; a restart then copies a fresh
 //! checkpoint.
