@@ -12,19 +12,25 @@
 //!  coordinator.rs  failure detection and the failover's steps, on the Raft leader
 //!  failover.rs     where the old epoch ends: the recovery point from a quorum of tail
 //!                  reports (Rolis figure 8), the new primary, what it must fetch
+//!  disk.rs         FileDisk: a node's Raft state and fence in one checksummed file
+//!  service.rs      ControlService: one node on threads, over TCP, on a FileDisk (I/O)
 //! ```
 //!
-//! Every part here is free of I/O, so the deterministic simulation (tests/sim.rs) drives
+//! Every part but disk.rs and service.rs is free of I/O, so the deterministic simulation (tests/sim.rs) drives
 //! whole clusters through partitions, lost and delayed messages, crashes and restarts,
 //! one seed reproducing a run. Above this crate: the server (which carries the messages
 //! over TCP and keeps the Raft state on disk) and the binary.
 
 pub mod coordinator;
+pub mod disk;
 pub mod failover;
 pub mod node;
+pub mod service;
 pub mod state;
 
 pub use coordinator::{Action, Coordinator, Fence, Timeouts};
+pub use disk::{DiskError, FileDisk};
 pub use failover::{plan, Fetch, PlanError, RecoveryPlan, TailReport};
 pub use node::{quiet_logger, raft_logger, Applied, ControlDisk, ControlNode, NodeError, Output, RaftDurable, Timing};
+pub use service::{ControlService, ServiceConfig, ServiceError, Status};
 pub use state::{Command, ControlState, EpochRecord, Member, NodeId, Phase};

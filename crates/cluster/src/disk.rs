@@ -1,0 +1,319 @@
+//! The control plane's Raft state and fence on disk
+//! ================================================
+//! One append-only file, `control.log` in the node's control directory, of records:
+//!
+//! ```text
+//!   len u32 LE | !len u32 LE | crc32c u32 LE (of kind and body) | kind u8 | body (len bytes)
+//!   kind 1: a Raft entry (protobuf); it replaces any entries at or after its index
+//!   kind 2: the hard state (protobuf: term, vote, commit)
+//!   kind 3: the voters (protobuf ConfState), written when the file is created
+//!   kind 4: the fence (u64 LE): batches of older epochs are refused (coordinator.rs)
+//! ```
+//!
+//! Every write is followed by `fdatasync` before the call returns (a Raft node may answer
+//! only once what it answers with is durable). Opening replays the records in order. A
+//! last record that is incomplete, or whose checksum fails and which runs to the end of the
+//! file, is a write torn by a crash: it is cut off. A bad record with more behind it is
+//! corruption: opening fails, naming the file and the offset. When the file has grown to
+//! four times what it holds, it is rewritten (a new file, fsynced, renamed over the old
+//! one, the directory fsynced).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState};
+
+use crate::node::{ControlDisk, RaftDurable};
+use crate::state::NodeId;
+
+const HEADER: usize = 13;
+const KIND_ENTRY: u8 = 1;
+const KIND_HARD_STATE: u8 = 2;
+const KIND_CONF_STATE: u8 = 3;
+const KIND_FENCE: u8 = 4;
+const FILE: &str = "control.log";
+const REWRITE_MIN: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: corrupt record at offset {offset}: {why}")]
+    Corrupt { path: PathBuf, offset: u64, why: String },
+}
+
+/// A node's Raft state and fence, kept in `dir` (see the module notes).
+pub struct FileDisk {
+    dir: PathBuf,
+    file: File,
+    durable: RaftDurable,
+    fence: u64,
+    /// Bytes in the file.
+    len: u64,
+}
+
+fn record(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut crc = crc32c::crc32c(&[kind]);
+    crc = crc32c::crc32c_append(crc, body);
+    let mut r = Vec::with_capacity(HEADER + body.len());
+    r.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    r.extend_from_slice(&(!(body.len() as u32)).to_le_bytes());
+    r.extend_from_slice(&crc.to_le_bytes());
+    r.push(kind);
+    r.extend_from_slice(body);
+    r
+}
+
+fn encode(m: &impl protobuf::Message) -> Vec<u8> {
+    m.write_to_bytes().expect("raft's messages encode")
+}
+
+impl FileDisk {
+    /// Opens the node's control state in `dir`, or creates it for a new member of a group
+    /// whose first voters are `voters`.
+    pub fn open(dir: &Path, voters: &[NodeId]) -> Result<FileDisk, DiskError> {
+        let io = |source| DiskError::Io { path: dir.join(FILE), source };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let path = dir.join(FILE);
+        if !path.exists() {
+            let mut d = FileDisk {
+                dir: dir.to_path_buf(),
+                file: File::create(dir.join("control.log.new")).map_err(io)?,
+                durable: RaftDurable::initial(voters),
+                fence: 0,
+                len: 0,
+            };
+            d.rewrite().map_err(io)?;
+            return Ok(d);
+        }
+        let mut bytes = Vec::new();
+        File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io)?;
+        let mut durable = RaftDurable::default();
+        let mut fence = 0;
+        let mut off = 0usize;
+        let corrupt =
+            |offset: usize, why: String| DiskError::Corrupt { path: path.clone(), offset: offset as u64, why };
+        while off < bytes.len() {
+            if bytes.len() - off < HEADER {
+                break; // a torn header
+            }
+            let word = |at: usize| u32::from_le_bytes(bytes[off + at..off + at + 4].try_into().unwrap());
+            let (len, check, crc) = (word(0), word(4), word(8));
+            if len != !check {
+                if bytes[off..].iter().all(|&b| b == 0) {
+                    break; // the file grew, its data never came
+                }
+                return Err(corrupt(off, format!("length {len} does not match its check")));
+            }
+            let len = len as usize;
+            let end = off + HEADER + len;
+            if end > bytes.len() {
+                break; // a torn body
+            }
+            let kind = bytes[off + 12];
+            let body = &bytes[off + HEADER..end];
+            if crc32c::crc32c_append(crc32c::crc32c(&[kind]), body) != crc {
+                if end == bytes.len() {
+                    break; // the last record, torn
+                }
+                return Err(corrupt(off, "checksum mismatch".into()));
+            }
+            let bad = |e: protobuf::ProtobufError| corrupt(off, format!("undecodable: {e}"));
+            match kind {
+                KIND_ENTRY => durable.append(&[Entry::parse_from_bytes(body).map_err(bad)?]),
+                KIND_HARD_STATE => durable.hard_state = HardState::parse_from_bytes(body).map_err(bad)?,
+                KIND_CONF_STATE => durable.conf_state = ConfState::parse_from_bytes(body).map_err(bad)?,
+                KIND_FENCE if len == 8 => fence = fence.max(u64::from_le_bytes(body.try_into().unwrap())),
+                k => return Err(corrupt(off, format!("unknown record kind {k} ({len} bytes)"))),
+            }
+            off = end;
+        }
+        let file = OpenOptions::new().write(true).open(&path).map_err(io)?;
+        if off < bytes.len() {
+            tracing::warn!(path = %path.display(), offset = off, dropped = bytes.len() - off, "cutting a torn record off the control log");
+            file.set_len(off as u64).and_then(|_| file.sync_data()).map_err(io)?;
+        }
+        let mut d = FileDisk { dir: dir.to_path_buf(), file, durable, fence, len: off as u64 };
+        use std::io::Seek;
+        d.file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+        Ok(d)
+    }
+
+    /// What the disk holds, to start a `ControlNode` from.
+    pub fn durable(&self) -> &RaftDurable {
+        &self.durable
+    }
+
+    /// The epoch this node has promised to fence at (0: none).
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Promises, durably, to refuse batches of epochs below `epoch`.
+    pub fn set_fence(&mut self, epoch: u64) -> std::io::Result<()> {
+        if epoch <= self.fence {
+            return Ok(());
+        }
+        self.write(&record(KIND_FENCE, &epoch.to_le_bytes()))?;
+        self.fence = epoch;
+        Ok(())
+    }
+
+    fn write(&mut self, rec: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(rec)?;
+        self.file.sync_data()?;
+        self.len += rec.len() as u64;
+        Ok(())
+    }
+
+    /// Rewrites the file with what it holds now, once it has grown to four times that.
+    fn maybe_rewrite(&mut self) -> std::io::Result<()> {
+        let live: u64 = self.durable.entries.iter().map(|e| (HEADER + e.compute_size() as usize) as u64).sum();
+        if self.len > REWRITE_MIN.max(4 * live) {
+            self.rewrite()?;
+        }
+        Ok(())
+    }
+
+    fn rewrite(&mut self) -> std::io::Result<()> {
+        let tmp = self.dir.join("control.log.new");
+        let mut out = Vec::new();
+        out.extend(record(KIND_CONF_STATE, &encode(&self.durable.conf_state)));
+        for e in &self.durable.entries {
+            out.extend(record(KIND_ENTRY, &encode(e)));
+        }
+        out.extend(record(KIND_HARD_STATE, &encode(&self.durable.hard_state)));
+        if self.fence > 0 {
+            out.extend(record(KIND_FENCE, &self.fence.to_le_bytes()));
+        }
+        let mut f = File::create(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(FILE))?;
+        File::open(&self.dir)?.sync_all()?;
+        self.file = OpenOptions::new().append(true).open(self.dir.join(FILE))?;
+        self.len = out.len() as u64;
+        Ok(())
+    }
+}
+
+impl ControlDisk for FileDisk {
+    fn append(&mut self, entries: &[Entry]) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        for e in entries {
+            buf.extend(record(KIND_ENTRY, &encode(e)));
+        }
+        self.write(&buf)?;
+        self.durable.append(entries);
+        self.maybe_rewrite()
+    }
+
+    fn set_hard_state(&mut self, hs: &HardState) -> std::io::Result<()> {
+        self.write(&record(KIND_HARD_STATE, &encode(hs)))?;
+        self.durable.hard_state = hs.clone();
+        self.maybe_rewrite()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
+        Entry { index, term, data: data.to_vec().into(), ..Default::default() }
+    }
+
+    fn hs(term: u64, vote: u64, commit: u64) -> HardState {
+        HardState { term, vote, commit, ..Default::default() }
+    }
+
+    fn filled(dir: &Path) -> RaftDurable {
+        let mut d = FileDisk::open(dir, &[1, 2, 3]).unwrap();
+        d.append(&[entry(1, 1, b"a"), entry(2, 1, b"b"), entry(3, 1, b"c")]).unwrap();
+        d.set_hard_state(&hs(1, 2, 2)).unwrap();
+        // A new leader's log replaces the uncommitted tail.
+        d.append(&[entry(3, 2, b"C"), entry(4, 2, b"D")]).unwrap();
+        d.set_hard_state(&hs(2, 3, 4)).unwrap();
+        d.set_fence(5).unwrap();
+        d.set_fence(3).unwrap();
+        d.durable().clone()
+    }
+
+    #[test]
+    fn what_was_written_is_what_opens() {
+        let t = tempfile::tempdir().unwrap();
+        let want = filled(t.path());
+        let d = FileDisk::open(t.path(), &[9]).unwrap();
+        assert_eq!(d.durable(), &want);
+        assert_eq!(
+            d.durable().entries.iter().map(|e| (e.index, e.term)).collect::<Vec<_>>(),
+            [(1, 1), (2, 1), (3, 2), (4, 2)]
+        );
+        assert_eq!(d.durable().conf_state.voters, [1, 2, 3], "the voters of its creation, not of this call");
+        assert_eq!(d.fence(), 5);
+    }
+
+    #[test]
+    fn a_torn_last_record_is_cut_and_corruption_before_the_end_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let want = filled(t.path());
+        let path = t.path().join(FILE);
+        let good = std::fs::read(&path).unwrap();
+        // A torn append: a few bytes of a record that never finished.
+        for extra in [1usize, 5, HEADER, HEADER + 3, 0] {
+            let mut b = good.clone();
+            match extra {
+                0 => b.extend([0u8; 4096]), // the file was extended, nothing written
+                n => b.extend(&record(KIND_ENTRY, &encode(&entry(5, 2, b"torn")))[..n]),
+            }
+            std::fs::write(&path, &b).unwrap();
+            let d = FileDisk::open(t.path(), &[]).unwrap();
+            assert_eq!(d.durable(), &want, "{extra} torn bytes");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), good.len() as u64, "cut off");
+        }
+        // Every byte flipped: the last record torn (opens with what is before it), or an
+        // error that names the offset; never a different state opened silently.
+        let last = {
+            let mut off = 0;
+            let mut last = 0;
+            while off < good.len() {
+                last = off;
+                off += HEADER + u32::from_le_bytes(good[off..off + 4].try_into().unwrap()) as usize;
+            }
+            last
+        };
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0x40;
+            std::fs::write(&path, &b).unwrap();
+            match FileDisk::open(t.path(), &[]) {
+                Err(DiskError::Corrupt { offset, .. }) => assert!(offset as usize <= i, "byte {i}: offset {offset}"),
+                Err(e) => panic!("byte {i}: {e}"),
+                Ok(d) => {
+                    assert!(i >= last, "byte {i} flipped before the last record at {last} opened");
+                    assert_ne!(d.fence(), 5, "byte {i}: the torn last record (the fence) is gone");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_grown_file_is_rewritten_to_what_it_holds() {
+        let t = tempfile::tempdir().unwrap();
+        let mut d = FileDisk::open(t.path(), &[1]).unwrap();
+        // Hard states only: the file grows, what it holds does not.
+        for i in 0..20_000u64 {
+            d.set_hard_state(&hs(i, 1, 0)).unwrap();
+            if i % 1000 == 0 {
+                d.append(&[entry(i / 1000 + 1, i, b"x")]).unwrap();
+            }
+        }
+        let len = std::fs::metadata(t.path().join(FILE)).unwrap().len();
+        assert!(len < REWRITE_MIN + 4096, "{len} bytes");
+        let want = d.durable().clone();
+        drop(d);
+        assert_eq!(FileDisk::open(t.path(), &[]).unwrap().durable(), &want);
+    }
+}

@@ -1,0 +1,365 @@
+//! Running a control node: a timer, TCP between the members, the file on disk
+//! ==========================================================================
+//! [`ControlService`] drives one [`ControlNode`] on threads of its own (the server's
+//! tokio runtime is not involved, as with replication's links):
+//!
+//! ```text
+//!  acceptor --conn--> reader (one per inbound connection) --+
+//!                                                           v
+//!  node thread: tick every `tick`, step what arrives, propose, poll (FileDisk, fsync)
+//!           |  publishes Status                             |
+//!           v                                               v
+//!  sender (one per peer: connects, reconnects, drops what it cannot send: Raft retries)
+//! ```
+//!
+//! Frames on the wire: `len u32 LE | crc32c u32 LE (of the rest) | from u64 LE | kind u8 |
+//! body`, kind 1 a Raft message (protobuf). A frame that does not check drops its
+//! connection, with a log line; the peer reconnects. A disk error stops the node (it must
+//! not answer as if the write had happened); `Status::failed` says why.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+
+use crate::disk::{DiskError, FileDisk};
+use crate::node::{raft_logger, ControlNode, NodeError, Timing};
+use crate::state::{Command, ControlState, NodeId};
+
+const KIND_RAFT: u8 = 1;
+const FRAME_HEADER: usize = 17;
+/// A frame larger than this is refused (the control plane's messages are small).
+const FRAME_MAX: usize = 64 << 20;
+/// Frames queued to one peer before new ones are dropped (a dead peer costs no memory).
+const PEER_QUEUE: usize = 4096;
+
+/// How a control node runs.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    pub id: NodeId,
+    /// Every member's control address, this node's included.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Where its Raft state lives (`control.log`).
+    pub dir: PathBuf,
+    /// One Raft tick.
+    pub tick: Duration,
+    pub timing: Timing,
+}
+
+/// What the node knows, published after every step.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    pub id: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub state: ControlState,
+    /// Why the node stopped (a disk error), if it did.
+    pub failed: Option<String>,
+}
+
+enum Input {
+    Raft(Box<Message>),
+    Propose(Command, Sender<Result<(), String>>),
+}
+
+struct Shared {
+    status: Mutex<Status>,
+    stop: AtomicBool,
+}
+
+/// One running control node (see the module notes).
+pub struct ControlService {
+    shared: Arc<Shared>,
+    inbox: Sender<Input>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error("control listener: {0}")]
+    Listener(std::io::Error),
+}
+
+fn frame(from: NodeId, kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut rest = Vec::with_capacity(9 + body.len());
+    rest.extend_from_slice(&from.to_le_bytes());
+    rest.push(kind);
+    rest.extend_from_slice(body);
+    let mut f = Vec::with_capacity(8 + rest.len());
+    f.extend_from_slice(&(rest.len() as u32).to_le_bytes());
+    f.extend_from_slice(&crc32c::crc32c(&rest).to_le_bytes());
+    f.extend_from_slice(&rest);
+    f
+}
+
+/// Reads one frame: `Ok(None)` at a clean end of stream.
+fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)>> {
+    let mut head = [0u8; 8];
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(head[4..].try_into().unwrap());
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    if !(FRAME_HEADER - 8..=FRAME_MAX).contains(&len) {
+        return Err(bad(format!("frame length {len} out of bounds")));
+    }
+    let mut rest = vec![0u8; len];
+    r.read_exact(&mut rest)?;
+    if crc32c::crc32c(&rest) != crc {
+        return Err(bad("frame checksum mismatch".into()));
+    }
+    let from = u64::from_le_bytes(rest[..8].try_into().unwrap());
+    Ok(Some((from, rest[8], rest[9..].to_vec())))
+}
+
+impl ControlService {
+    /// Starts node `cfg.id` from its directory, listening on `listener` (bound by the
+    /// caller, so that it can choose the port).
+    pub fn start(cfg: ServiceConfig, listener: TcpListener) -> Result<ControlService, ServiceError> {
+        let voters: Vec<NodeId> = cfg.peers.keys().copied().collect();
+        let disk = FileDisk::open(&cfg.dir, &voters)?;
+        let node = ControlNode::start(cfg.id, cfg.timing, disk.durable(), &raft_logger())?;
+        let shared = Arc::new(Shared {
+            status: Mutex::new(Status { id: cfg.id, ..Status::default() }),
+            stop: AtomicBool::new(false),
+        });
+        let (inbox, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        listener.set_nonblocking(true).map_err(ServiceError::Listener)?;
+        {
+            let (shared, inbox) = (Arc::clone(&shared), inbox.clone());
+            threads.push(spawn(format!("ditto-ctl-accept-{}", cfg.id), move || accept(listener, shared, inbox)));
+        }
+        let mut senders = BTreeMap::new();
+        for (&peer, &addr) in cfg.peers.iter().filter(|(&p, _)| p != cfg.id) {
+            let (tx, rx) = mpsc::sync_channel(PEER_QUEUE);
+            senders.insert(peer, tx);
+            let shared = Arc::clone(&shared);
+            threads.push(spawn(format!("ditto-ctl-send-{}-{peer}", cfg.id), move || send_to(addr, rx, shared)));
+        }
+        {
+            let shared = Arc::clone(&shared);
+            let id = cfg.id;
+            let tick = cfg.tick;
+            threads
+                .push(spawn(format!("ditto-ctl-node-{id}"), move || run_node(node, disk, rx, senders, shared, tick)));
+        }
+        Ok(ControlService { shared, inbox, threads })
+    }
+
+    pub fn status(&self) -> Status {
+        self.shared.status.lock().unwrap().clone()
+    }
+
+    /// Proposes a command through this node, which must be the leader; answers once the
+    /// proposal is in the leader's log (not yet committed: watch `status`).
+    pub fn propose(&self, cmd: Command) -> Result<(), String> {
+        let (tx, rx) = mpsc::channel();
+        self.inbox.send(Input::Propose(cmd, tx)).map_err(|_| "the control node has stopped".to_string())?;
+        rx.recv_timeout(Duration::from_secs(5)).map_err(|_| "the control node did not answer".to_string())?
+    }
+
+    /// Stops every thread and closes every socket (the disk keeps what was written).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ControlService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    std::thread::Builder::new().name(name).spawn(f).expect("spawning a control thread")
+}
+
+fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: Sender<Input>) {
+    // Each reader blocks on its socket; stopping shuts the sockets down to wake them.
+    let mut readers: Vec<(TcpStream, JoinHandle<()>)> = Vec::new();
+    while !shared.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let Ok(handle) = stream.try_clone() else { continue };
+                let (shared, inbox) = (Arc::clone(&shared), inbox.clone());
+                readers.push((handle, spawn("ditto-ctl-read".into(), move || read_from(stream, peer, shared, inbox))));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => {
+                tracing::warn!("control listener: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        readers.retain(|(_, r)| !r.is_finished());
+    }
+    for (s, r) in readers {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = r.join();
+    }
+}
+
+fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sender<Input>) {
+    let _ = stream.set_nonblocking(false);
+    let mut buf = std::io::BufReader::new(stream);
+    while !shared.stop.load(Ordering::SeqCst) {
+        match read_frame(&mut buf) {
+            Ok(Some((_, KIND_RAFT, body))) => match Message::parse_from_bytes(&body) {
+                Ok(m) => {
+                    if inbox.send(Input::Raft(Box::new(m))).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, "dropping a control connection: undecodable Raft message: {e}");
+                    return;
+                }
+            },
+            Ok(Some((from, kind, _))) => {
+                tracing::warn!(%peer, from, kind, "dropping a control connection: unknown frame kind");
+                return;
+            }
+            Ok(None) => return,
+            Err(e) => {
+                if !shared.stop.load(Ordering::SeqCst) {
+                    tracing::warn!(%peer, "dropping a control connection: {e}");
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn send_to(addr: SocketAddr, rx: Receiver<Vec<u8>>, shared: Arc<Shared>) {
+    let mut conn: Option<TcpStream> = None;
+    let mut retry_at = Instant::now();
+    while !shared.stop.load(Ordering::SeqCst) {
+        let f = match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(f) => f,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if conn.is_none() && Instant::now() >= retry_at {
+            match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+                    conn = Some(s);
+                }
+                Err(_) => retry_at = Instant::now() + Duration::from_millis(50),
+            }
+        }
+        // Without a connection the frame is dropped: Raft sends again.
+        if let Some(s) = conn.as_mut() {
+            if s.write_all(&f).is_err() {
+                conn = None;
+            }
+        }
+    }
+}
+
+fn run_node(
+    mut node: ControlNode,
+    mut disk: FileDisk,
+    rx: Receiver<Input>,
+    senders: BTreeMap<NodeId, SyncSender<Vec<u8>>>,
+    shared: Arc<Shared>,
+    tick: Duration,
+) {
+    let id = node.id();
+    let mut next_tick = Instant::now() + tick;
+    let publish = |node: &ControlNode, failed: Option<String>| {
+        let mut s = shared.status.lock().unwrap();
+        s.leader = node.leader();
+        s.term = node.term();
+        s.state = node.state().clone();
+        s.failed = failed;
+    };
+    while !shared.stop.load(Ordering::SeqCst) {
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(Input::Raft(m)) => {
+                if let Err(e) = node.step(*m) {
+                    tracing::debug!("control node {id}: {e}");
+                }
+            }
+            Ok(Input::Propose(cmd, reply)) => {
+                let _ = reply.send(node.propose(&cmd).map_err(|e| e.to_string()));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if Instant::now() >= next_tick {
+            node.tick();
+            next_tick += tick;
+            if next_tick < Instant::now() {
+                next_tick = Instant::now() + tick;
+            }
+        }
+        match node.poll(&mut disk) {
+            Ok(out) => {
+                for m in out.messages {
+                    if let Some(tx) = senders.get(&m.to) {
+                        let _ = tx.try_send(frame(id, KIND_RAFT, &m.write_to_bytes().expect("raft messages encode")));
+                    }
+                }
+                for a in out.applied {
+                    match &a.outcome {
+                        Ok(()) => tracing::info!(node = id, index = a.index, "control: applied {:?}", a.command),
+                        Err(why) => {
+                            tracing::info!(node = id, index = a.index, "control: refused {:?}: {why}", a.command)
+                        }
+                    }
+                }
+                publish(&node, None);
+            }
+            Err(e) => {
+                tracing::error!("control node {id} stops: {e}");
+                publish(&node, Some(e.to_string()));
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_damage_is_an_error() {
+        let f = frame(7, KIND_RAFT, b"hello");
+        assert_eq!(read_frame(&mut &f[..]).unwrap(), Some((7, KIND_RAFT, b"hello".to_vec())));
+        assert_eq!(read_frame(&mut &[][..]).unwrap(), None);
+        for i in 0..f.len() {
+            let mut g = f.clone();
+            g[i] ^= 1;
+            assert!(read_frame(&mut &g[..]).is_err(), "byte {i}");
+        }
+        let mut huge = f.clone();
+        huge[..4].copy_from_slice(&(FRAME_MAX as u32 + 1).to_le_bytes());
+        assert!(read_frame(&mut &huge[..]).is_err());
+    }
+}
