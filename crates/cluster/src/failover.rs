@@ -36,7 +36,7 @@ use crate::state::NodeId;
 /// whole history the node holds (older epochs' surviving commits, then the open epoch's),
 /// so a node that lacks something of an older epoch reports a position below the open
 /// epoch's start, and is not mistaken for one that holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TailReport {
     pub node: NodeId,
     /// The epoch being failed over to; the node had begun it (was fenced) when it reported.
@@ -60,7 +60,7 @@ impl TailReport {
 }
 
 /// A stream's missing range and where to fetch it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fetch {
     pub stream: usize,
     pub from: NodeId,
@@ -71,7 +71,7 @@ pub struct Fetch {
 }
 
 /// The outcome of a quorum of reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecoveryPlan {
     /// The epoch being opened.
     pub epoch: u64,

@@ -12,10 +12,18 @@
 //!  sender (one per peer: connects, reconnects, drops what it cannot send: Raft retries)
 //! ```
 //!
+//! The node thread also runs the node's [`Coordinator`] (it acts on the Raft leader) and
+//! talks to the node's [`DataPlane`] (log shipping and replay, which the server provides):
+//! what the data plane heard feeds the failure detector; a request for a tail report makes
+//! the fence durable (`FileDisk::set_fence`) before the data plane reports; a plan is
+//! handed to the chosen node's data plane to prepare; every committed command is handed
+//! to the data plane to act on.
+//!
 //! Frames on the wire: `len u32 LE | crc32c u32 LE (of the rest) | from u64 LE | kind u8 |
-//! body`, kind 1 a Raft message (protobuf). A frame that does not check drops its
-//! connection, with a log line; the peer reconnects. A disk error stops the node (it must
-//! not answer as if the write had happened); `Status::failed` says why.
+//! body`, kind 1 a Raft message (protobuf), kind 2 a coordinator's request or its answer
+//! ([`Ctl`], JSON). A frame that does not check drops its connection, with a log line;
+//! the peer reconnects. A disk error stops the node (it must not answer as if the write
+//! had happened); `Status::failed` says why.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -30,11 +38,59 @@ use std::time::{Duration, Instant};
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 
+use crate::coordinator::{Action, Coordinator, Timeouts};
 use crate::disk::{DiskError, FileDisk};
+use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
 use crate::state::{Command, ControlState, NodeId};
 
 const KIND_RAFT: u8 = 1;
+const KIND_CTL: u8 = 2;
+
+/// What one node holds, for a tail report (`TailReport` less what the service fills in).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// Per stream: every batch up to this timestamp is held, on disk.
+    pub streams: Vec<u64>,
+    /// The highest timestamp held at all.
+    pub newest: u64,
+    /// Whether this node may become primary.
+    pub eligible: bool,
+}
+
+/// What a node's data plane (its log shipping and replay) does for the control plane. It
+/// is called on the control node's thread, so each call returns quickly (`prepare` starts
+/// work that `prepared` later reports on).
+pub trait DataPlane: Send + 'static {
+    /// The nodes heard from since the last call (batches, heartbeats, acknowledgements):
+    /// the failure detector's input.
+    fn heard(&mut self) -> Vec<NodeId>;
+    /// Whether this node serves as the primary now.
+    fn serving(&self) -> bool;
+    /// The node's durable fence is `epoch` (called at start and whenever it rises, after
+    /// it is on disk): from now on refuse batches of older epochs.
+    fn fenced(&mut self, epoch: u64);
+    /// What the node holds, taken after the fence was applied (no batch of an older epoch
+    /// may be accepted once this is taken); `Err` if it cannot say (a full disk).
+    fn report(&mut self) -> Result<Holding, String>;
+    /// Start preparing to be primary under `plan`: fetch what `plan.fetch` lists.
+    fn prepare(&mut self, plan: &RecoveryPlan);
+    /// Once preparing has ended: `Ok(n)`: every stream is held up to the recovery point,
+    /// and `n` commits above it will be discarded; `Err`: it cannot be done.
+    fn prepared(&mut self) -> Option<Result<u64, String>>;
+    /// A committed command took effect (`live`: it committed while this node ran, rather
+    /// than being re-applied from the disk at a restart).
+    fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool);
+}
+
+/// A coordinator's request or the answer to one (frame kind 2).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum Ctl {
+    AskReport { epoch: u64 },
+    Report(TailReport),
+    Prepare(RecoveryPlan),
+    Prepared { epoch: u64, discarded: u64 },
+}
 const FRAME_HEADER: usize = 17;
 /// A frame larger than this is refused (the control plane's messages are small).
 const FRAME_MAX: usize = 64 << 20;
@@ -52,6 +108,8 @@ pub struct ServiceConfig {
     /// One Raft tick.
     pub tick: Duration,
     pub timing: Timing,
+    /// The failure detector's and the failover's timeouts, in milliseconds.
+    pub timeouts: Timeouts,
 }
 
 /// What the node knows, published after every step.
@@ -63,10 +121,13 @@ pub struct Status {
     pub state: ControlState,
     /// Why the node stopped (a disk error), if it did.
     pub failed: Option<String>,
+    /// The epoch this node is fenced at.
+    pub fence: u64,
 }
 
 enum Input {
     Raft(Box<Message>),
+    Ctl(NodeId, Ctl),
     Propose(Command, Sender<Result<(), String>>),
 }
 
@@ -130,7 +191,11 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)
 impl ControlService {
     /// Starts node `cfg.id` from its directory, listening on `listener` (bound by the
     /// caller, so that it can choose the port).
-    pub fn start(cfg: ServiceConfig, listener: TcpListener) -> Result<ControlService, ServiceError> {
+    pub fn start(
+        cfg: ServiceConfig,
+        listener: TcpListener,
+        data: Box<dyn DataPlane>,
+    ) -> Result<ControlService, ServiceError> {
         let voters: Vec<NodeId> = cfg.peers.keys().copied().collect();
         let disk = FileDisk::open(&cfg.dir, &voters)?;
         let node = ControlNode::start(cfg.id, cfg.timing, disk.durable(), &raft_logger())?;
@@ -155,9 +220,9 @@ impl ControlService {
         {
             let shared = Arc::clone(&shared);
             let id = cfg.id;
-            let tick = cfg.tick;
-            threads
-                .push(spawn(format!("ditto-ctl-node-{id}"), move || run_node(node, disk, rx, senders, shared, tick)));
+            let run =
+                Run { node, disk, data, senders, shared, tick: cfg.tick, timeouts: cfg.timeouts, preparing: None };
+            threads.push(spawn(format!("ditto-ctl-node-{id}"), move || run.run(rx)));
         }
         Ok(ControlService { shared, inbox, threads })
     }
@@ -237,6 +302,17 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Se
                     return;
                 }
             },
+            Ok(Some((from, KIND_CTL, body))) => match serde_json::from_slice::<Ctl>(&body) {
+                Ok(c) => {
+                    if inbox.send(Input::Ctl(from, c)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, from, "dropping a control connection: undecodable request: {e}");
+                    return;
+                }
+            },
             Ok(Some((from, kind, _))) => {
                 tracing::warn!(%peer, from, kind, "dropping a control connection: unknown frame kind");
                 return;
@@ -280,66 +356,190 @@ fn send_to(addr: SocketAddr, rx: Receiver<Vec<u8>>, shared: Arc<Shared>) {
     }
 }
 
-fn run_node(
-    mut node: ControlNode,
-    mut disk: FileDisk,
-    rx: Receiver<Input>,
+struct Run {
+    node: ControlNode,
+    disk: FileDisk,
+    data: Box<dyn DataPlane>,
     senders: BTreeMap<NodeId, SyncSender<Vec<u8>>>,
     shared: Arc<Shared>,
     tick: Duration,
-) {
-    let id = node.id();
-    let mut next_tick = Instant::now() + tick;
-    let publish = |node: &ControlNode, failed: Option<String>| {
-        let mut s = shared.status.lock().unwrap();
-        s.leader = node.leader();
-        s.term = node.term();
-        s.state = node.state().clone();
-        s.failed = failed;
-    };
-    while !shared.stop.load(Ordering::SeqCst) {
-        let wait = next_tick.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(wait) {
-            Ok(Input::Raft(m)) => {
-                if let Err(e) = node.step(*m) {
-                    tracing::debug!("control node {id}: {e}");
-                }
-            }
-            Ok(Input::Propose(cmd, reply)) => {
-                let _ = reply.send(node.propose(&cmd).map_err(|e| e.to_string()));
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+    timeouts: Timeouts,
+    /// A plan this node prepares for: its epoch, and the coordinator to answer.
+    preparing: Option<(u64, NodeId)>,
+}
+
+impl Run {
+    fn send(&self, to: NodeId, kind: u8, body: &[u8]) {
+        if let Some(tx) = self.senders.get(&to) {
+            let _ = tx.try_send(frame(self.node.id(), kind, body));
         }
-        if Instant::now() >= next_tick {
-            node.tick();
-            next_tick += tick;
-            if next_tick < Instant::now() {
-                next_tick = Instant::now() + tick;
-            }
+    }
+
+    /// A request or answer to `to`; to this node itself it is handled in place.
+    fn ctl(&mut self, to: NodeId, c: Ctl, coord: &mut Coordinator, now: u64) -> Result<(), String> {
+        if to == self.node.id() {
+            return self.on_ctl(to, c, coord, now);
         }
-        match node.poll(&mut disk) {
-            Ok(out) => {
-                for m in out.messages {
-                    if let Some(tx) = senders.get(&m.to) {
-                        let _ = tx.try_send(frame(id, KIND_RAFT, &m.write_to_bytes().expect("raft messages encode")));
+        self.send(to, KIND_CTL, &serde_json::to_vec(&c).expect("control requests serialise"));
+        Ok(())
+    }
+
+    fn act(&mut self, actions: Vec<Action>, coord: &mut Coordinator, now: u64) -> Result<(), String> {
+        for a in actions {
+            match a {
+                Action::Propose(cmd) => {
+                    tracing::info!(node = self.node.id(), "control: proposing {cmd:?}");
+                    if let Err(e) = self.node.propose(&cmd) {
+                        tracing::debug!("control: {e}");
                     }
                 }
-                for a in out.applied {
-                    match &a.outcome {
-                        Ok(()) => tracing::info!(node = id, index = a.index, "control: applied {:?}", a.command),
-                        Err(why) => {
-                            tracing::info!(node = id, index = a.index, "control: refused {:?}: {why}", a.command)
+                Action::AskReport { to, epoch } => self.ctl(to, Ctl::AskReport { epoch }, coord, now)?,
+                Action::Prepare { to, plan } => {
+                    tracing::info!(node = self.node.id(), "control: plan {plan:?}");
+                    self.ctl(to, Ctl::Prepare(plan), coord, now)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A coordinator's request or answer from `from`. `Err`: the disk failed.
+    fn on_ctl(&mut self, from: NodeId, c: Ctl, coord: &mut Coordinator, now: u64) -> Result<(), String> {
+        let leader = self.node.is_leader();
+        match c {
+            Ctl::AskReport { epoch } => {
+                if epoch > self.disk.fence() {
+                    self.disk.set_fence(epoch).map_err(|e| format!("writing the fence: {e}"))?;
+                    self.data.fenced(epoch);
+                }
+                let Some(open) = self.node.state().open_epoch().map(|e| e.epoch) else { return Ok(()) };
+                match self.data.report() {
+                    Ok(h) => {
+                        let r = TailReport {
+                            node: self.node.id(),
+                            fenced_at: epoch,
+                            epoch: open,
+                            streams: h.streams,
+                            newest: h.newest,
+                            eligible: h.eligible,
+                        };
+                        self.ctl(from, Ctl::Report(r), coord, now)?;
+                    }
+                    Err(why) => tracing::warn!(node = self.node.id(), "no tail report for epoch {epoch}: {why}"),
+                }
+            }
+            Ctl::Report(r) => {
+                let state = self.node.state().clone();
+                let a = coord.on_report(r, now, &state, leader);
+                self.act(a, coord, now)?;
+            }
+            Ctl::Prepare(plan) => {
+                if plan.epoch == self.disk.fence() {
+                    self.preparing = Some((plan.epoch, from));
+                    self.data.prepare(&plan);
+                }
+            }
+            Ctl::Prepared { epoch, discarded } => {
+                let state = self.node.state().clone();
+                let a = coord.on_prepared(from, epoch, discarded, now, &state, leader);
+                self.act(a, coord, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run(mut self, rx: Receiver<Input>) {
+        let id = self.node.id();
+        let started = Instant::now();
+        let replayed_upto = self.disk.durable().hard_state.commit;
+        let mut coord = Coordinator::new(id, self.timeouts, 0);
+        self.data.fenced(self.disk.fence());
+        let mut next_tick = Instant::now() + self.tick;
+        let mut failed: Option<String> = None;
+        while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let now = started.elapsed().as_millis() as u64;
+            let input = rx.recv_timeout(wait);
+            let r = match input {
+                Ok(Input::Raft(m)) => {
+                    if let Err(e) = self.node.step(*m) {
+                        tracing::debug!("control node {id}: {e}");
+                    }
+                    Ok(())
+                }
+                Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, &mut coord, now),
+                Ok(Input::Propose(cmd, reply)) => {
+                    let _ = reply.send(self.node.propose(&cmd).map_err(|e| e.to_string()));
+                    Ok(())
+                }
+                Err(RecvTimeoutError::Timeout) => Ok(()),
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            if let Err(e) = r {
+                failed = Some(e);
+                break;
+            }
+            for n in self.data.heard() {
+                coord.heard(n, now);
+            }
+            if let Some((epoch, to)) = self.preparing {
+                if let Some(done) = self.data.prepared() {
+                    self.preparing = None;
+                    match done {
+                        Ok(discarded) => {
+                            if let Err(e) = self.ctl(to, Ctl::Prepared { epoch, discarded }, &mut coord, now) {
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                        Err(why) => tracing::warn!(node = id, "cannot prepare epoch {epoch}: {why}"),
+                    }
+                }
+            }
+            if Instant::now() >= next_tick {
+                self.node.tick();
+                next_tick += self.tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + self.tick;
+                }
+                coord.set_serving(self.data.serving());
+                let state = self.node.state().clone();
+                let a = coord.tick(now, &state, self.node.is_leader());
+                if let Err(e) = self.act(a, &mut coord, now) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            match self.node.poll(&mut self.disk) {
+                Ok(out) => {
+                    for m in out.messages {
+                        let to = m.to;
+                        self.send(to, KIND_RAFT, &m.write_to_bytes().expect("raft messages encode"));
+                    }
+                    for a in out.applied {
+                        match &a.outcome {
+                            Ok(()) => {
+                                tracing::info!(node = id, index = a.index, "control: applied {:?}", a.command);
+                                let live = a.index > replayed_upto;
+                                self.data.applied(&a.command, self.node.state(), live);
+                            }
+                            Err(why) => {
+                                tracing::info!(node = id, index = a.index, "control: refused {:?}: {why}", a.command)
+                            }
                         }
                     }
                 }
-                publish(&node, None);
+                Err(e) => failed = Some(e.to_string()),
             }
-            Err(e) => {
-                tracing::error!("control node {id} stops: {e}");
-                publish(&node, Some(e.to_string()));
-                return;
-            }
+            let mut s = self.shared.status.lock().unwrap();
+            s.leader = self.node.leader();
+            s.term = self.node.term();
+            s.state = self.node.state().clone();
+            s.fence = self.disk.fence();
+        }
+        if let Some(why) = failed {
+            tracing::error!("control node {id} stops: {why}");
+            self.shared.status.lock().unwrap().failed = Some(why);
         }
     }
 }

@@ -1,13 +1,80 @@
-//! Three control nodes over real TCP on loopback, each on real files: they elect a leader,
-//! commit, lose the leader, elect another and commit again, and the stopped node comes
-//! back from its file and catches up. Every wait is bounded.
+//! Three control nodes over real TCP on loopback, each on real files, each with a model
+//! of a data plane (positions it holds, whether it serves): they elect a leader and commit;
+//! when the primary stops, the others fail over to a new epoch (fence, reports, plan,
+//! prepare, open) over the wire; the stopped node comes back from its file and catches up.
+//! Every wait is bounded.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ditto_cluster::{Command, ControlService, Member, NodeId, ServiceConfig, Status, Timing};
+use ditto_cluster::{
+    Command, ControlService, ControlState, DataPlane, Holding, Member, NodeId, RecoveryPlan, ServiceConfig, Status,
+    Timeouts, Timing,
+};
+
+/// What the model data planes share: which nodes run, which serves, what each holds.
+#[derive(Default)]
+struct World {
+    running: BTreeMap<NodeId, bool>,
+    serving: Option<NodeId>,
+    holds: BTreeMap<NodeId, Vec<u64>>,
+    fences: BTreeMap<NodeId, u64>,
+    opened: Vec<(u64, NodeId, Instant)>,
+}
+
+struct ModelPlane {
+    me: NodeId,
+    world: Arc<Mutex<World>>,
+    plan: Option<RecoveryPlan>,
+}
+
+impl DataPlane for ModelPlane {
+    fn heard(&mut self) -> Vec<NodeId> {
+        // The serving primary's batches reach every running node.
+        let w = self.world.lock().unwrap();
+        w.serving.filter(|p| *p != self.me && w.running.get(p) == Some(&true)).into_iter().collect()
+    }
+    fn serving(&self) -> bool {
+        self.world.lock().unwrap().serving == Some(self.me)
+    }
+    fn fenced(&mut self, epoch: u64) {
+        self.world.lock().unwrap().fences.insert(self.me, epoch);
+    }
+    fn report(&mut self) -> Result<Holding, String> {
+        let w = self.world.lock().unwrap();
+        let streams = w.holds.get(&self.me).cloned().unwrap_or_default();
+        Ok(Holding { newest: streams.iter().copied().max().unwrap_or(0), streams, eligible: true })
+    }
+    fn prepare(&mut self, plan: &RecoveryPlan) {
+        // The model fetches at once: every stream up to the point.
+        let mut w = self.world.lock().unwrap();
+        for f in &plan.fetch {
+            let from = w.holds[&f.from][f.stream];
+            assert!(from >= f.upto, "the plan fetches {f:?} from a node that holds {from}");
+            w.holds.get_mut(&self.me).unwrap()[f.stream] = f.upto;
+        }
+        self.plan = Some(plan.clone());
+    }
+    fn prepared(&mut self) -> Option<Result<u64, String>> {
+        self.plan.take().map(|_| Ok(0))
+    }
+    fn applied(&mut self, cmd: &Command, _state: &ControlState, live: bool) {
+        let mut w = self.world.lock().unwrap();
+        match cmd {
+            Command::Bootstrap { primary, .. } | Command::OpenEpoch { primary, .. } if live && *primary == self.me => {
+                w.serving = Some(self.me);
+                if let Command::OpenEpoch { epoch, .. } = cmd {
+                    w.opened.push((*epoch, self.me, Instant::now()));
+                }
+            }
+            Command::BeginFailover { .. } if w.serving == Some(self.me) => w.serving = None,
+            _ => {}
+        }
+    }
+}
 
 fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
@@ -18,6 +85,7 @@ fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 struct Cluster {
+    world: Arc<Mutex<World>>,
     dirs: tempfile::TempDir,
     peers: BTreeMap<NodeId, std::net::SocketAddr>,
     listeners: BTreeMap<NodeId, TcpListener>,
@@ -29,7 +97,14 @@ impl Cluster {
         let listeners: BTreeMap<NodeId, TcpListener> =
             (1..=n).map(|id| (id, TcpListener::bind("127.0.0.1:0").unwrap())).collect();
         let peers = listeners.iter().map(|(&id, l)| (id, l.local_addr().unwrap())).collect();
-        Cluster { dirs: tempfile::tempdir().unwrap(), peers, listeners, nodes: BTreeMap::new() }
+        let world = World { holds: (1..=n).map(|id| (id, vec![0, 0])).collect(), ..World::default() };
+        Cluster {
+            world: Arc::new(Mutex::new(world)),
+            dirs: tempfile::tempdir().unwrap(),
+            peers,
+            listeners,
+            nodes: BTreeMap::new(),
+        }
     }
 
     fn config(&self, id: NodeId, dir: &Path) -> ServiceConfig {
@@ -39,6 +114,7 @@ impl Cluster {
             dir: dir.join(format!("node{id}")),
             tick: Duration::from_millis(10),
             timing: Timing { election: 10, heartbeat: 2, fixed_election: None },
+            timeouts: Timeouts { failure: 150, resend: 20, prepare: 300 },
         }
     }
 
@@ -49,7 +125,24 @@ impl Cluster {
             None => TcpListener::bind(self.peers[&id]).unwrap(),
         };
         let cfg = self.config(id, self.dirs.path());
-        self.nodes.insert(id, ControlService::start(cfg, l).unwrap());
+        self.world.lock().unwrap().running.insert(id, true);
+        let plane = ModelPlane { me: id, world: Arc::clone(&self.world), plan: None };
+        self.nodes.insert(id, ControlService::start(cfg, l, Box::new(plane)).unwrap());
+    }
+
+    /// Stops node `id` (its files stay), as a crash would.
+    fn stop(&mut self, id: NodeId) {
+        self.world.lock().unwrap().running.insert(id, false);
+        self.nodes.remove(&id).unwrap().stop();
+    }
+
+    fn bootstrap(&self) -> NodeId {
+        let leader = self.leader().unwrap();
+        let members: Vec<Member> = self.peers.keys().map(|&id| Member { id, addr: format!("node{id}") }).collect();
+        self.nodes[&leader]
+            .propose(Command::Bootstrap { members, primary: leader, policy: "majority".into() })
+            .unwrap();
+        leader
     }
 
     fn statuses(&self) -> Vec<Status> {
@@ -71,9 +164,7 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
         c.start(id);
     }
     wait_for("a leader all three agree on", Duration::from_secs(10), || c.leader().is_some());
-    let first = c.leader().unwrap();
-    let members: Vec<Member> = (1..=3).map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id) }).collect();
-    c.nodes[&first].propose(Command::Bootstrap { members, primary: first, policy: "majority".into() }).unwrap();
+    let first = c.bootstrap();
     wait_for("every node to apply the bootstrap", Duration::from_secs(10), || {
         c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
     });
@@ -81,25 +172,46 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
     let follower = (1..=3).find(|&id| id != first).unwrap();
     let err = c.nodes[&follower].propose(Command::SetPolicy { policy: "all".into() }).unwrap_err();
     assert!(err.contains("not the control plane's leader"), "{err}");
+    // A healthy primary is not failed over.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(c.statuses().iter().all(|s| s.state.epoch == 1), "no failover while the primary is heard");
 
-    // The leader stops (its disk stays); the other two elect another and commit.
-    c.nodes.remove(&first).unwrap().stop();
-    wait_for("a new leader among the two left", Duration::from_secs(10), || c.leader().is_some_and(|l| l != first));
-    let second = c.leader().unwrap();
-    c.nodes[&second]
-        .propose(Command::BeginFailover { epoch: 2, reason: "the test stopped the leader".into() })
-        .unwrap();
-    wait_for("both to apply epoch 2", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 2));
-    let term = c.nodes[&second].status().term;
+    // What the two others hold: the recovery point is min over streams of the most held.
+    {
+        let mut w = c.world.lock().unwrap();
+        let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
+        w.holds.insert(others[0], vec![50, 70]);
+        w.holds.insert(others[1], vec![60, 40]);
+    }
+    // The primary (also the Raft leader) stops: the others elect a leader, fence, report,
+    // plan, prepare and open epoch 2, all over TCP.
+    let stopped = Instant::now();
+    c.stop(first);
+    wait_for("epoch 2 to open on both others", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
+    });
+    let (epoch, new_primary, at) = c.world.lock().unwrap().opened[0];
+    eprintln!(
+        "failover: {} ms from the stop to epoch {epoch} opening on node {new_primary}",
+        (at - stopped).as_millis()
+    );
+    let s = c.nodes[&new_primary].status();
+    assert_eq!(s.state.recovery_point(1), Some(ditto_engine::Ts(60)), "min(max(50, 60), max(70, 40))");
+    assert_ne!(new_primary, first);
+    assert_eq!(s.fence, 2, "the new primary reported, so it fenced");
+    assert!(c.world.lock().unwrap().holds[&new_primary].iter().all(|&p| p >= 60), "it fetched up to the point");
 
     // The stopped node restarts from its file and catches up without disturbing the
-    // leader (pre-vote: it cannot win an election the others would not hold).
+    // leader (pre-vote), and does not serve.
+    let leader = c.leader().unwrap();
+    let term = c.nodes[&leader].status().term;
     c.start(first);
     wait_for("the restarted node to catch up", Duration::from_secs(10), || {
         let s = c.nodes[&first].status();
-        s.state.epoch == 2 && s.leader == Some(second)
+        s.state.epoch == 2 && s.leader == Some(leader)
     });
-    assert_eq!(c.nodes[&second].status().term, term, "the restarted node did not force a new term");
+    assert_eq!(c.nodes[&leader].status().term, term, "the restarted node did not force a new term");
+    assert_eq!(c.world.lock().unwrap().serving, Some(new_primary));
     let states: Vec<_> = c.statuses().into_iter().map(|s| s.state).collect();
     assert!(states.windows(2).all(|w| w[0] == w[1]), "every node holds the same state: {states:?}");
     assert!(c.statuses().iter().all(|s| s.failed.is_none()));
@@ -130,8 +242,6 @@ fn garbage_on_the_control_port_drops_that_connection_and_nothing_else() {
             other => panic!("junk {junk:?}: {other:?}"),
         }
     }
-    let leader = c.leader().unwrap();
-    let members: Vec<Member> = (1..=3).map(|id| Member { id, addr: String::new() }).collect();
-    c.nodes[&leader].propose(Command::Bootstrap { members, primary: leader, policy: "local".into() }).unwrap();
+    c.bootstrap();
     wait_for("the group still commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
 }
