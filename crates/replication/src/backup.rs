@@ -358,10 +358,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             .map_err(io("starting the persister"))?;
     }
     {
-        let (persist, engine, state) = (Arc::clone(&persist), Arc::clone(&engine), Arc::clone(&state));
+        let (persist, engine, state, link) =
+            (Arc::clone(&persist), Arc::clone(&engine), Arc::clone(&state), Arc::clone(&link));
         std::thread::Builder::new()
             .name("ditto-repl-release".into())
-            .spawn(move || release_to_replay(&persist, &engine, &state))
+            .spawn(move || release_to_replay(&persist, &engine, &state, &link))
             .map_err(io("starting the releaser"))?;
     }
     let run = Receiver {
@@ -1088,7 +1089,12 @@ impl Persister {
 /// release), so this node's engine never holds a version a failover could cut
 /// (docs/cluster.md, "Replay waits for release"). A thread of its own, so that a batch's
 /// replay never waits for the persister's next fsync.
-fn release_to_replay(persist: &ToPersist, engine: &Engine, state: &BackupState) {
+fn release_to_replay(persist: &ToPersist, engine: &Engine, state: &BackupState, link: &AckLink) {
+    // Replay progress goes to the primary in every acknowledgement; one that follows the
+    // release it waited for would otherwise leave for the next frame (an idle primary's
+    // heartbeat, 200 ms), so this thread says it once replay has caught up.
+    let mut acked_replayed = 0u64;
+    let mut dispatched_to = 0u64;
     loop {
         let ready: Vec<Job> = {
             let mut h = persist.held.lock();
@@ -1105,12 +1111,19 @@ fn release_to_replay(persist: &ToPersist, engine: &Engine, state: &BackupState) 
                 if h.stop {
                     return;
                 }
+                let replayed = state.replayed.load(Ordering::Acquire);
+                if replayed > acked_replayed {
+                    acked_replayed = replayed;
+                    let _ = send_ack(link, state);
+                }
                 // The receiver wakes this thread when the release moves, the persister
-                // when it adds batches; the timeout is a safety net only.
-                persist.held_cv.wait_for(&mut h, Duration::from_millis(50));
+                // when it adds batches; while replay catches up it looks every 1 ms.
+                let catching_up = state.replayed.load(Ordering::Acquire) < dispatched_to;
+                persist.held_cv.wait_for(&mut h, Duration::from_millis(if catching_up { 1 } else { 10 }));
             }
         };
         for j in ready {
+            dispatched_to = dispatched_to.max(j.bound.0);
             if !engine.dispatch(j) {
                 return; // a replayer stopped, and said why
             }
@@ -1193,6 +1206,9 @@ impl Receiver {
     /// The primary's release moved: held batches may go to replay.
     fn release(&self, released: Ts) {
         if self.state.released.fetch_max(released.0, Ordering::AcqRel) < released.0 {
+            // Through the lock: the releaser checks the release under it, so it either sees
+            // the new value or is already waiting for this notification (no lost wake-up).
+            drop(self.persist.held.lock());
             self.persist.held_cv.notify_all();
         }
     }
