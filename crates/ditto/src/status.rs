@@ -76,14 +76,13 @@ pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>
                 get("ditto_lag_ts"),
             );
             println!(
-                "  batches received {}, skipped as held {}, transactions replayed {} ({} replay), replay CPU {} ms, queued for replay {} bytes, waiting for release {} bytes, reconnects {}",
+                "  batches received {}, skipped as held {}, transactions replayed {} ({} replay), replay CPU {} ms, held for replay {} bytes, reconnects {}",
                 get("ditto_batches_received"),
                 get("ditto_batches_skipped"),
                 get("ditto_txns_replayed"),
                 get("ditto_replay_mode"),
                 get("ditto_replay_cpu_ms"),
                 get("ditto_replay_queued_bytes"),
-                get("ditto_replay_held_bytes"),
                 get("ditto_reconnects"),
             );
             println!(

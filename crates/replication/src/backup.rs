@@ -3,8 +3,7 @@
 //! ```text
 //!  receiver thread:  frames from the primary ... burst read: queue it -> Ack{received}
 //!  persister thread: the queued bursts -> replica log (write, fsync) -> Ack{durable}
-//!                    -> held until the primary releases them
-//!  releaser thread:  released batches, in arrival order -> the replayers
+//!                    -> batches to the replayers
 //!  replayer[s] (one per primary stream, or one for all in `serial` mode):
 //!                   install every write (Database::replay_install) -> complete(seq)
 //!  or, in `dependency` mode (dependency.rs): a dispatcher puts transactions in commit-ts
@@ -169,8 +168,6 @@ pub struct BackupState {
     pub batches_skipped: AtomicU64,
     /// Bytes of received batches held for replay (`REPLAY_QUEUE_BYTES_MAX`).
     pub replay_queued_bytes: AtomicU64,
-    /// Bytes of persisted batches waiting for the primary's release before replay.
-    pub replay_held_bytes: AtomicU64,
     pub txns_replayed: AtomicU64,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
@@ -349,21 +346,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let run_storage = Arc::clone(&storage);
     let persist = Arc::new(ToPersist::default());
     let link: AckLink = Arc::new(Mutex::new(stream.try_clone().map_err(io("cloning the link"))?));
-    let persister = Persister { rlog, state: Arc::clone(&state), link: Arc::clone(&link), removed_to: base };
+    let persister = Persister {
+        rlog,
+        engine: Arc::clone(&engine),
+        state: Arc::clone(&state),
+        link: Arc::clone(&link),
+        removed_to: base,
+    };
     {
         let persist = Arc::clone(&persist);
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
             .spawn(move || persister.run(&persist))
             .map_err(io("starting the persister"))?;
-    }
-    {
-        let (persist, engine, state, link) =
-            (Arc::clone(&persist), Arc::clone(&engine), Arc::clone(&state), Arc::clone(&link));
-        std::thread::Builder::new()
-            .name("ditto-repl-release".into())
-            .spawn(move || release_to_replay(&persist, &engine, &state, &link))
-            .map_err(io("starting the releaser"))?;
     }
     let run = Receiver {
         opts: opts.clone(),
@@ -960,27 +955,11 @@ const ACK_EVERY: Duration = Duration::from_millis(1);
 /// At most this many bytes of received batches wait to be persisted (see the module notes).
 const PERSIST_BYTES_MAX: usize = 64 << 20;
 
-/// At most this many bytes of persisted batches wait for the primary's release before
-/// replay; past it the persister takes no more (receipt, then the primary's shipping to
-/// this node, slow down) until the release moves. The release waits for no replay, so
-/// this cannot deadlock: what is held is acknowledged already.
-const HELD_BYTES_MAX: usize = 256 << 20;
-
 /// Received bursts for the persister thread, in order.
 #[derive(Default)]
 struct ToPersist {
     q: Mutex<PersistQueue>,
     cv: Condvar,
-    /// Persisted batches waiting for the primary's release (`release_to_replay`).
-    held: Mutex<HeldQueue>,
-    held_cv: Condvar,
-}
-
-#[derive(Default)]
-struct HeldQueue {
-    jobs: std::collections::VecDeque<Job>,
-    bytes: usize,
-    stop: bool,
 }
 
 #[derive(Default)]
@@ -1013,10 +992,11 @@ impl ToPersist {
     }
 }
 
-/// Writes and fsyncs what the receiver queued, acknowledges it as durable, holds it for
-/// the releaser, and deletes the replica log files this node's checkpoints cover.
+/// Writes and fsyncs what the receiver queued, acknowledges it as durable, hands it to
+/// the replayers, and deletes the replica log files this node's checkpoints cover.
 struct Persister {
     rlog: ReplicaLog,
+    engine: Arc<Engine>,
     state: Arc<BackupState>,
     link: AckLink,
     /// Replica log files covered up to here are deleted.
@@ -1025,13 +1005,6 @@ struct Persister {
 
 impl Persister {
     fn run(mut self, persist: &ToPersist) {
-        self.persist(persist);
-        // Ended (failed, or the backup stopped): the releaser ends too.
-        persist.held.lock().stop = true;
-        persist.held_cv.notify_all();
-    }
-
-    fn persist(&mut self, persist: &ToPersist) {
         loop {
             let (jobs, received) = {
                 let mut q = persist.q.lock();
@@ -1068,67 +1041,13 @@ impl Persister {
             // Durable now, whatever replay does: said first (a link that is down takes the
             // ack with it; the next link's first ack says it).
             let _ = send_ack(&self.link, &self.state);
-            // To the releaser, which hands them to replay once the primary releases them.
-            let mut h = persist.held.lock();
-            while h.bytes >= HELD_BYTES_MAX && !h.stop {
-                persist.held_cv.wait_for(&mut h, Duration::from_millis(10));
+            for j in jobs {
+                if !self.engine.dispatch(j) {
+                    return; // a replayer stopped, and said why
+                }
             }
-            if h.stop {
-                return;
-            }
-            h.bytes += jobs.iter().map(|j| j.batch.len()).sum::<usize>();
-            h.jobs.extend(jobs);
-            self.state.replay_held_bytes.store(h.bytes as u64, Ordering::Relaxed);
-            persist.held_cv.notify_all();
+            self.engine.publish();
         }
-    }
-}
-
-/// The releaser thread: hands persisted batches to replay, in arrival order, once the
-/// primary's release covers them (Rolis 3.4: the watermark bounds replay as well as
-/// release), so this node's engine never holds a version a failover could cut
-/// (docs/cluster.md, "Replay waits for release"). A thread of its own, so that a batch's
-/// replay never waits for the persister's next fsync.
-fn release_to_replay(persist: &ToPersist, engine: &Engine, state: &BackupState, link: &AckLink) {
-    // Replay progress goes to the primary in every acknowledgement; one that follows the
-    // release it waited for would otherwise leave for the next frame (an idle primary's
-    // heartbeat, 200 ms), so this thread says it once replay has caught up.
-    let mut acked_replayed = 0u64;
-    let mut dispatched_to = 0u64;
-    loop {
-        let ready: Vec<Job> = {
-            let mut h = persist.held.lock();
-            loop {
-                let released = state.released.load(Ordering::Acquire);
-                if h.jobs.front().is_some_and(|j| j.bound.0 <= released) {
-                    let n = h.jobs.iter().take_while(|j| j.bound.0 <= released).count();
-                    let ready: Vec<Job> = h.jobs.drain(..n).collect();
-                    h.bytes -= ready.iter().map(|j| j.batch.len()).sum::<usize>();
-                    state.replay_held_bytes.store(h.bytes as u64, Ordering::Relaxed);
-                    persist.held_cv.notify_all();
-                    break ready;
-                }
-                if h.stop {
-                    return;
-                }
-                let replayed = state.replayed.load(Ordering::Acquire);
-                if replayed > acked_replayed {
-                    acked_replayed = replayed;
-                    let _ = send_ack(link, state);
-                }
-                // The receiver wakes this thread when the release moves, the persister
-                // when it adds batches; while replay catches up it looks every 1 ms.
-                let catching_up = state.replayed.load(Ordering::Acquire) < dispatched_to;
-                persist.held_cv.wait_for(&mut h, Duration::from_millis(if catching_up { 1 } else { 10 }));
-            }
-        };
-        for j in ready {
-            dispatched_to = dispatched_to.max(j.bound.0);
-            if !engine.dispatch(j) {
-                return; // a replayer stopped, and said why
-            }
-        }
-        engine.publish();
     }
 }
 
@@ -1203,16 +1122,6 @@ impl Receiver {
         }
     }
 
-    /// The primary's release moved: held batches may go to replay.
-    fn release(&self, released: Ts) {
-        if self.state.released.fetch_max(released.0, Ordering::AcqRel) < released.0 {
-            // Through the lock: the releaser checks the release under it, so it either sees
-            // the new value or is already waiting for this notification (no lost wake-up).
-            drop(self.persist.held.lock());
-            self.persist.held_cv.notify_all();
-        }
-    }
-
     fn fatal(&self, why: String) {
         tracing::error!("backup stopped: {why}");
         *self.state.failure.lock() = Some(why);
@@ -1279,9 +1188,11 @@ impl Receiver {
                             .map_or(0, |d| d.as_millis() as u64);
                         self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
                     }
-                    self.release(released);
+                    self.state.released.fetch_max(released.0, Ordering::AcqRel);
                 }
-                Frame::Heartbeat { released } => self.release(released),
+                Frame::Heartbeat { released } => {
+                    self.state.released.fetch_max(released.0, Ordering::AcqRel);
+                }
                 Frame::Table { id, name } => {
                     add_tables(&self.engine.db, &self.opts.data_dir, &[(id, name)], &*self.storage)
                         .map_err(|e| e.to_string())?;

@@ -86,7 +86,6 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_batches_received", ld(&state.batches_received).to_string());
             put("ditto_batches_skipped", ld(&state.batches_skipped).to_string());
             put("ditto_replay_queued_bytes", ld(&state.replay_queued_bytes).to_string());
-            put("ditto_replay_held_bytes", ld(&state.replay_held_bytes).to_string());
             put("ditto_txns_replayed", ld(&state.txns_replayed).to_string());
             put("ditto_bytes_received", ld(&state.bytes_received).to_string());
             put("ditto_reconnects", ld(&state.reconnects).to_string());
@@ -185,11 +184,6 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 "ditto_replication_replay_queued_bytes",
                 "Bytes of received batches held in memory for replay (bounded; past the bound receipt waits).",
                 vec![(String::new(), ld(&state.replay_queued_bytes))],
-            );
-            gauge(
-                "ditto_replication_replay_held_bytes",
-                "Bytes of persisted batches waiting for the primary's release before replay (bounded).",
-                vec![(String::new(), ld(&state.replay_held_bytes))],
             );
             gauge(
                 "ditto_replication_reconnects",
