@@ -176,14 +176,17 @@ impl Coordinator {
                 };
                 // A primary never heard of counts from when this node started, or from when
                 // it became primary, whichever is later.
+                // This node itself, named primary but not serving (it restarted, or it is
+                // still getting ready), counts as silent like any other primary: since it
+                // was named, or since this node started.
                 let silent = match self.last_heard(p) {
                     Some(u64::MAX) if self.serving => 0,
-                    Some(u64::MAX) => u64::MAX,
+                    Some(u64::MAX) => now.saturating_sub(self.started.max(since)),
                     t => now.saturating_sub(t.unwrap_or(0).max(self.started).max(since)),
                 };
                 if silent >= self.t.failure {
-                    let reason = if silent == u64::MAX {
-                        format!("primary {p} (this node) restarted and does not resume its epoch")
+                    let reason = if p == self.me {
+                        format!("primary {p} (this node) has not served for {silent} ms")
                     } else {
                         format!("primary {p} not heard from for {silent} ms")
                     };
@@ -255,19 +258,23 @@ impl Coordinator {
         out
     }
 
-    /// The chosen node holds every stream up to the recovery point; `discarded` counts
-    /// the old epoch's commits above it that the node held.
+    /// The chosen node holds every stream up to `point` (the recovery point of the plan it
+    /// answers: an answer to another round's plan does not count); `discarded` counts the
+    /// old epoch's commits above it that the node held.
+    #[allow(clippy::too_many_arguments)]
     pub fn on_prepared(
         &mut self,
         node: NodeId,
         epoch: u64,
+        point: u64,
         discarded: u64,
         now: u64,
         state: &ControlState,
         leader: bool,
     ) -> Vec<Action> {
         let Some(r) = self.round.as_mut() else { return Vec::new() };
-        let matches = r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch);
+        let matches =
+            r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch && p.recovery_point == point);
         if !leader || !matches || r.epoch != state.epoch || state.phase != Some(Phase::Failover) {
             return Vec::new();
         }
@@ -333,8 +340,9 @@ mod tests {
         let a = c.on_report(report(3, 2, &[15, 25]), 182, &s, true);
         let [Action::Prepare { to: 3, plan }] = &a[..] else { panic!("{a:?}") };
         assert_eq!(plan.recovery_point, 15);
-        assert!(c.on_prepared(2, 2, 0, 183, &s, true).is_empty(), "only the chosen node prepares");
-        let a = c.on_prepared(3, 2, 4, 184, &s, true);
+        assert!(c.on_prepared(2, 2, 15, 0, 183, &s, true).is_empty(), "only the chosen node prepares");
+        assert!(c.on_prepared(3, 2, 16, 0, 183, &s, true).is_empty(), "an answer to another plan does not count");
+        let a = c.on_prepared(3, 2, 15, 4, 184, &s, true);
         let [Action::Propose(open)] = &a[..] else { panic!("{a:?}") };
         assert_eq!(
             *open,
@@ -353,7 +361,8 @@ mod tests {
         c.set_serving(true);
         assert!(c.tick(500, &s, true).is_empty(), "it hears itself");
         c.set_serving(false);
-        let a = c.tick(505, &s, true);
+        assert!(c.tick(505, &s, true).is_empty(), "not serving yet counts as silence, from when it was named");
+        let a = c.tick(505 + T.failure, &s, true);
         assert!(matches!(&a[..], [Action::Propose(Command::BeginFailover { epoch: 2, .. })]), "{a:?}");
     }
 

@@ -18,6 +18,10 @@ use raft::{RawNode, StateRole};
 
 use crate::state::{Command, ControlState, NodeId};
 
+/// The most bytes of entries Raft puts in one message (the transport refuses frames much
+/// larger than this).
+pub const MSG_BYTES_MAX: u64 = 1 << 20;
+
 /// Raft timing, in ticks (the caller decides how long a tick is).
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -137,6 +141,7 @@ impl ControlNode {
             heartbeat_tick: timing.heartbeat,
             check_quorum: true,
             pre_vote: true,
+            max_size_per_msg: MSG_BYTES_MAX,
             ..raft::Config::default()
         };
         if let Some(t) = timing.fixed_election {
@@ -164,6 +169,15 @@ impl ControlNode {
 
     pub fn is_leader(&self) -> bool {
         self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Whether this node leads and its state is current: an entry of its own term has
+    /// committed (so everything earlier leaders committed is known) and everything
+    /// committed is applied. A new leader's coordinator waits for this, so that it never
+    /// acts on a state older than what the group has decided.
+    pub fn leads_current(&self) -> bool {
+        let r = &self.raw.raft;
+        self.is_leader() && r.commit_to_current_term() && r.raft_log.applied == r.raft_log.committed
     }
 
     pub fn term(&self) -> u64 {

@@ -68,16 +68,23 @@ pub trait DataPlane: Send + 'static {
     /// Whether this node serves as the primary now.
     fn serving(&self) -> bool;
     /// The node's durable fence is `epoch` (called at start and whenever it rises, after
-    /// it is on disk): from now on refuse batches of older epochs.
+    /// it is on disk). Before it returns: refuse batches of older epochs from now on, and
+    /// acknowledge none of those already queued; if this node serves as primary of an
+    /// older epoch, stop it creating or releasing commits. (Without the last, an old
+    /// primary that is asked for its report could release a commit after reporting,
+    /// through a backup not yet fenced, and the plan would miss it.)
     fn fenced(&mut self, epoch: u64);
-    /// What the node holds, taken after the fence was applied (no batch of an older epoch
-    /// may be accepted once this is taken); `Err` if it cannot say (a full disk).
+    /// What the node holds, taken after `fenced`: everything it ever acknowledged, at any
+    /// level (`received` included), made durable before this returns; `Err` if it cannot
+    /// (a full disk).
     fn report(&mut self) -> Result<Holding, String>;
-    /// Start preparing to be primary under `plan`: fetch what `plan.fetch` lists.
+    /// Start preparing to be primary under `plan`: fetch what `plan.fetch` lists. A new
+    /// plan replaces one in progress.
     fn prepare(&mut self, plan: &RecoveryPlan);
-    /// Once preparing has ended: `Ok(n)`: every stream is held up to the recovery point,
-    /// and `n` commits above it will be discarded; `Err`: it cannot be done.
-    fn prepared(&mut self) -> Option<Result<u64, String>>;
+    /// Once preparing for `plan` has ended: `Ok(n)`: every stream is held up to its
+    /// recovery point, and `n` commits above it will be discarded; `Err`: it cannot be
+    /// done. `None` while it is under way.
+    fn prepared(&mut self, plan: &RecoveryPlan) -> Option<Result<u64, String>>;
     /// A committed command took effect (`live`: it committed while this node ran, rather
     /// than being re-applied from the disk at a restart).
     fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool);
@@ -86,14 +93,24 @@ pub trait DataPlane: Send + 'static {
 /// A coordinator's request or the answer to one (frame kind 2).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Ctl {
-    AskReport { epoch: u64 },
+    AskReport {
+        epoch: u64,
+    },
     Report(TailReport),
     Prepare(RecoveryPlan),
-    Prepared { epoch: u64, discarded: u64 },
+    /// The plan of `epoch` with this recovery point is ready on the sender.
+    Prepared {
+        epoch: u64,
+        point: u64,
+        discarded: u64,
+    },
 }
 const FRAME_HEADER: usize = 17;
-/// A frame larger than this is refused (the control plane's messages are small).
-const FRAME_MAX: usize = 64 << 20;
+/// A frame larger than this is refused (the control plane's messages are small, and Raft
+/// sends at most `node::MSG_BYTES_MAX` of entries in one message).
+const FRAME_MAX: usize = 4 << 20;
+/// Inputs queued for the node thread before readers wait (backpressure on the peers).
+const INBOX: usize = 16 << 10;
 /// Frames queued to one peer before new ones are dropped (a dead peer costs no memory).
 const PEER_QUEUE: usize = 4096;
 
@@ -139,7 +156,7 @@ struct Shared {
 /// One running control node (see the module notes).
 pub struct ControlService {
     shared: Arc<Shared>,
-    inbox: Sender<Input>,
+    inbox: SyncSender<Input>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -203,7 +220,7 @@ impl ControlService {
             status: Mutex::new(Status { id: cfg.id, ..Status::default() }),
             stop: AtomicBool::new(false),
         });
-        let (inbox, rx) = mpsc::channel();
+        let (inbox, rx) = mpsc::sync_channel(INBOX);
         let mut threads = Vec::new();
         listener.set_nonblocking(true).map_err(ServiceError::Listener)?;
         {
@@ -262,7 +279,7 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
     std::thread::Builder::new().name(name).spawn(f).expect("spawning a control thread")
 }
 
-fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: Sender<Input>) {
+fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     // Each reader blocks on its socket; stopping shuts the sockets down to wake them.
     let mut readers: Vec<(TcpStream, JoinHandle<()>)> = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
@@ -286,7 +303,7 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: Sender<Input>) {
     }
 }
 
-fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sender<Input>) {
+fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
@@ -364,8 +381,8 @@ struct Run {
     shared: Arc<Shared>,
     tick: Duration,
     timeouts: Timeouts,
-    /// A plan this node prepares for: its epoch, and the coordinator to answer.
-    preparing: Option<(u64, NodeId)>,
+    /// A plan this node prepares for, and the coordinator to answer.
+    preparing: Option<(RecoveryPlan, NodeId)>,
 }
 
 impl Run {
@@ -405,7 +422,7 @@ impl Run {
 
     /// A coordinator's request or answer from `from`. `Err`: the disk failed.
     fn on_ctl(&mut self, from: NodeId, c: Ctl, coord: &mut Coordinator, now: u64) -> Result<(), String> {
-        let leader = self.node.is_leader();
+        let leader = self.node.leads_current();
         match c {
             Ctl::AskReport { epoch } => {
                 if epoch > self.disk.fence() {
@@ -434,14 +451,21 @@ impl Run {
                 self.act(a, coord, now)?;
             }
             Ctl::Prepare(plan) => {
-                if plan.epoch == self.disk.fence() {
-                    self.preparing = Some((plan.epoch, from));
+                // Only for the failover this node is fenced at and its state is in (a plan
+                // from a coordinator acting on an older state is ignored); the same plan
+                // again (a resend) changes nothing.
+                let state = self.node.state();
+                let current = plan.epoch == self.disk.fence()
+                    && state.epoch == plan.epoch
+                    && state.phase == Some(crate::state::Phase::Failover);
+                if current && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan) {
                     self.data.prepare(&plan);
+                    self.preparing = Some((plan, from));
                 }
             }
-            Ctl::Prepared { epoch, discarded } => {
+            Ctl::Prepared { epoch, point, discarded } => {
                 let state = self.node.state().clone();
-                let a = coord.on_prepared(from, epoch, discarded, now, &state, leader);
+                let a = coord.on_prepared(from, epoch, point, discarded, now, &state, leader);
                 self.act(a, coord, now)?;
             }
         }
@@ -482,18 +506,17 @@ impl Run {
             for n in self.data.heard() {
                 coord.heard(n, now);
             }
-            if let Some((epoch, to)) = self.preparing {
-                if let Some(done) = self.data.prepared() {
-                    self.preparing = None;
-                    match done {
-                        Ok(discarded) => {
-                            if let Err(e) = self.ctl(to, Ctl::Prepared { epoch, discarded }, &mut coord, now) {
-                                failed = Some(e);
-                                break;
-                            }
+            if let Some((plan, to)) = self.preparing.take() {
+                match self.data.prepared(&plan) {
+                    None => self.preparing = Some((plan, to)),
+                    Some(Ok(discarded)) => {
+                        let done = Ctl::Prepared { epoch: plan.epoch, point: plan.recovery_point, discarded };
+                        if let Err(e) = self.ctl(to, done, &mut coord, now) {
+                            failed = Some(e);
+                            break;
                         }
-                        Err(why) => tracing::warn!(node = id, "cannot prepare epoch {epoch}: {why}"),
                     }
+                    Some(Err(why)) => tracing::warn!(node = id, "cannot prepare epoch {}: {why}", plan.epoch),
                 }
             }
             if Instant::now() >= next_tick {
@@ -504,7 +527,7 @@ impl Run {
                 }
                 coord.set_serving(self.data.serving());
                 let state = self.node.state().clone();
-                let a = coord.tick(now, &state, self.node.is_leader());
+                let a = coord.tick(now, &state, self.node.leads_current());
                 if let Err(e) = self.act(a, &mut coord, now) {
                     failed = Some(e);
                     break;

@@ -144,7 +144,7 @@ enum Msg {
     AskReport { epoch: u64 },
     Report(TailReport),
     Prepare(RecoveryPlan),
-    Prepared { epoch: u64, discarded: u64 },
+    Prepared { epoch: u64, point: u64, discarded: u64 },
     Fetch { epoch: u64, stream: usize, after: u64, upto: u64 },
     FetchReply { epoch: u64, stream: usize, prev: u64, upto: u64, units: Option<Vec<Unit>> },
 }
@@ -478,7 +478,7 @@ impl Sim {
         if now.is_multiple_of(5) {
             let serving = self.nodes[i].primary.is_some();
             self.nodes[i].coord.set_serving(serving);
-            let leader = self.nodes[i].ctrl.as_ref().unwrap().is_leader();
+            let leader = self.nodes[i].ctrl.as_ref().unwrap().leads_current();
             let state = self.state_of(i).clone();
             let actions = self.nodes[i].coord.tick(now, &state, leader);
             self.act(i, actions);
@@ -802,7 +802,7 @@ impl Sim {
                 if std::env::var("SIM_TRACE").is_ok() {
                     self.note(format!("node {id} gets {r:?}"));
                 }
-                let leader = self.nodes[i].ctrl.as_ref().unwrap().is_leader();
+                let leader = self.nodes[i].ctrl.as_ref().unwrap().leads_current();
                 let state = self.state_of(i).clone();
                 let actions = self.nodes[i].coord.on_report(r, now, &state, leader);
                 self.act(i, actions);
@@ -829,7 +829,7 @@ impl Sim {
             }
             Msg::FetchReply { epoch, stream, prev, upto, units } => {
                 let Some(p) = self.nodes[i].preparing.as_ref() else { return };
-                if p.plan.epoch != epoch || !p.missing.contains(&stream) {
+                if p.plan.epoch != epoch || p.plan.recovery_point != upto || !p.missing.contains(&stream) {
                     return;
                 }
                 let Some(units) = units else { return };
@@ -840,10 +840,10 @@ impl Sim {
                 self.nodes[i].preparing.as_mut().unwrap().missing.remove(&stream);
                 self.try_prepared(i);
             }
-            Msg::Prepared { epoch, discarded } => {
-                let leader = self.nodes[i].ctrl.as_ref().unwrap().is_leader();
+            Msg::Prepared { epoch, point, discarded } => {
+                let leader = self.nodes[i].ctrl.as_ref().unwrap().leads_current();
                 let state = self.state_of(i).clone();
-                let actions = self.nodes[i].coord.on_prepared(from, epoch, discarded, now, &state, leader);
+                let actions = self.nodes[i].coord.on_prepared(from, epoch, point, discarded, now, &state, leader);
                 self.act(i, actions);
             }
         }
@@ -858,7 +858,7 @@ impl Sim {
         let (epoch, to, point) = (p.plan.epoch, p.coordinator, p.plan.recovery_point);
         self.nodes[i].data.sync();
         let discarded = self.nodes[i].data.txns_above(point);
-        self.send(id, to, Msg::Prepared { epoch, discarded });
+        self.send(id, to, Msg::Prepared { epoch, point, discarded });
     }
 
     fn dump(&self) {

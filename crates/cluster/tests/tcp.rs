@@ -41,7 +41,12 @@ impl DataPlane for ModelPlane {
         self.world.lock().unwrap().serving == Some(self.me)
     }
     fn fenced(&mut self, epoch: u64) {
-        self.world.lock().unwrap().fences.insert(self.me, epoch);
+        let mut w = self.world.lock().unwrap();
+        w.fences.insert(self.me, epoch);
+        // The contract: a primary of an older epoch stops.
+        if w.serving == Some(self.me) && epoch > 0 {
+            w.serving = None;
+        }
     }
     fn report(&mut self) -> Result<Holding, String> {
         let w = self.world.lock().unwrap();
@@ -58,7 +63,8 @@ impl DataPlane for ModelPlane {
         }
         self.plan = Some(plan.clone());
     }
-    fn prepared(&mut self) -> Option<Result<u64, String>> {
+    fn prepared(&mut self, plan: &RecoveryPlan) -> Option<Result<u64, String>> {
+        assert_eq!(self.plan.as_ref(), Some(plan), "asked about a plan it was not preparing");
         self.plan.take().map(|_| Ok(0))
     }
     fn applied(&mut self, cmd: &Command, _state: &ControlState, live: bool) {
