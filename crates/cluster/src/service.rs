@@ -85,8 +85,9 @@ pub trait DataPlane: Send + 'static {
     /// recovery point, and `n` commits above it will be discarded; `Err`: it cannot be
     /// done. `None` while it is under way.
     fn prepared(&mut self, plan: &RecoveryPlan) -> Option<Result<u64, String>>;
-    /// A committed command took effect (`live`: it committed while this node ran, rather
-    /// than being re-applied from the disk at a restart).
+    /// A committed command took effect. `live` is false for commands re-applied from this
+    /// node's own disk at a restart (up to the commit index it had persisted); true for the
+    /// rest, including commands that committed while it was down and that it learns now.
     fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool);
 }
 
