@@ -125,11 +125,9 @@ impl Cluster {
     }
 
     fn start(&mut self, id: NodeId) {
-        let l = match self.listeners.remove(&id) {
-            Some(l) => l,
-            // A restart binds the same port again (nothing else took it on loopback).
-            None => TcpListener::bind(self.peers[&id]).unwrap(),
-        };
+        // The test keeps a handle on each listening socket, so a restarted node listens on
+        // the same port without binding it again (nothing else can take it meanwhile).
+        let l = self.listeners[&id].try_clone().unwrap();
         let cfg = self.config(id, self.dirs.path());
         self.world.lock().unwrap().running.insert(id, true);
         let plane = ModelPlane { me: id, world: Arc::clone(&self.world), plan: None };
