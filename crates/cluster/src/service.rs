@@ -141,6 +141,11 @@ pub struct Status {
     pub failed: Option<String>,
     /// The epoch this node is fenced at.
     pub fence: u64,
+    /// While this node serves as primary: whether it has heard acknowledgements of its
+    /// epoch from a quorum within the failure timeout (`Coordinator::has_quorum_contact`).
+    /// A primary must take no writes without it (cut off from the majority, it could not
+    /// release them under `majority` or `all`, and under `local` this is what stops it).
+    pub quorum_contact: bool,
 }
 
 enum Input {
@@ -481,6 +486,7 @@ impl Run {
         self.data.fenced(self.disk.fence());
         let mut next_tick = Instant::now() + self.tick;
         let mut failed: Option<String> = None;
+        let mut was_serving = false;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
             let wait = next_tick.saturating_duration_since(Instant::now());
             let now = started.elapsed().as_millis() as u64;
@@ -504,6 +510,13 @@ impl Run {
                 failed = Some(e);
                 break;
             }
+            // Contact counts afresh from when this node starts serving: only its own
+            // epoch's acknowledgements count.
+            let serving = self.data.serving();
+            if serving && !was_serving {
+                coord.reset_contact();
+            }
+            was_serving = serving;
             for n in self.data.heard() {
                 coord.heard(n, now);
             }
@@ -560,6 +573,7 @@ impl Run {
             s.term = self.node.term();
             s.state = self.node.state().clone();
             s.fence = self.disk.fence();
+            s.quorum_contact = serving && coord.has_quorum_contact(self.node.state(), now);
         }
         if let Some(why) = failed {
             tracing::error!("control node {id} stops: {why}");

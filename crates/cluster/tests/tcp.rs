@@ -2,7 +2,7 @@
 //! of a data plane (positions it holds, whether it serves): they elect a leader and commit;
 //! when the primary stops, the others fail over to a new epoch (fence, reports, plan,
 //! prepare, open) over the wire; the stopped node comes back from its file and catches up.
-//! Every wait is bounded.
+//! A primary that loses its backups loses its quorum contact. Every wait is bounded.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -33,8 +33,12 @@ struct ModelPlane {
 
 impl DataPlane for ModelPlane {
     fn heard(&mut self) -> Vec<NodeId> {
-        // The serving primary's batches reach every running node.
+        // The serving primary's batches reach every running node, and their
+        // acknowledgements reach it.
         let w = self.world.lock().unwrap();
+        if w.serving == Some(self.me) {
+            return w.running.iter().filter(|(&n, &up)| up && n != self.me).map(|(&n, _)| n).collect();
+        }
         w.serving.filter(|p| *p != self.me && w.running.get(p) == Some(&true)).into_iter().collect()
     }
     fn serving(&self) -> bool {
@@ -176,9 +180,11 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
     let follower = (1..=3).find(|&id| id != first).unwrap();
     let err = c.nodes[&follower].propose(Command::SetPolicy { policy: "all".into() }).unwrap_err();
     assert!(err.contains("not the control plane's leader"), "{err}");
-    // A healthy primary is not failed over.
+    // A healthy primary is not failed over, and has the contact it needs to take writes.
     std::thread::sleep(Duration::from_millis(600));
     assert!(c.statuses().iter().all(|s| s.state.epoch == 1), "no failover while the primary is heard");
+    assert!(c.nodes[&first].status().quorum_contact);
+    assert!(c.statuses().iter().filter(|s| s.id != first).all(|s| !s.quorum_contact), "backups do not serve");
 
     // What the two others hold: the recovery point is min over streams of the most held.
     {
@@ -219,6 +225,29 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
     let states: Vec<_> = c.statuses().into_iter().map(|s| s.state).collect();
     assert!(states.windows(2).all(|w| w[0] == w[1]), "every node holds the same state: {states:?}");
     assert!(c.statuses().iter().all(|s| s.failed.is_none()));
+}
+
+/// A primary whose backups are all gone loses its quorum contact (it must stop taking
+/// writes) within the failure timeout, and nobody can fail it over without a quorum.
+#[test]
+fn a_primary_cut_off_from_the_majority_loses_its_contact() {
+    let mut c = Cluster::new(3);
+    for id in 1..=3 {
+        c.start(id);
+    }
+    wait_for("a leader", Duration::from_secs(10), || c.leader().is_some());
+    let p = c.bootstrap();
+    wait_for("the primary's contact", Duration::from_secs(10), || c.nodes[&p].status().quorum_contact);
+    for id in (1..=3).filter(|&id| id != p) {
+        c.stop(id);
+    }
+    let cut = Instant::now();
+    wait_for("the contact to go", Duration::from_secs(5), || !c.nodes[&p].status().quorum_contact);
+    assert!(cut.elapsed() < Duration::from_secs(2), "took {:?}", cut.elapsed());
+    std::thread::sleep(Duration::from_millis(500));
+    let s = c.nodes[&p].status();
+    assert_eq!(s.state.epoch, 1, "no failover without a quorum");
+    assert!(!s.quorum_contact);
 }
 
 #[test]
