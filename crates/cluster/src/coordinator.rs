@@ -1,7 +1,7 @@
 //! Failure detection and the failover's steps, without I/O
 //! ========================================================
 //! Every node keeps a [`Coordinator`]; only the one on the Raft leader acts. It is fed
-//! what the node hears (any message from a node counts as a heartbeat) and the replies of
+//! what the node hears on the data plane (batches, heartbeats, acknowledgements) and the replies of
 //! the failover's steps, and answers with [`Action`]s for the caller to carry out:
 //!
 //! ```text
@@ -78,6 +78,7 @@ pub struct Coordinator {
     /// The (epoch, primary) last seen serving, and since when: a primary is silent only
     /// for as long as it has been primary (a new one has not shipped anything yet).
     serving_since: Option<(u64, NodeId, u64)>,
+    /// When each other node was last heard from.
     heard: BTreeMap<NodeId, u64>,
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
@@ -92,13 +93,14 @@ impl Coordinator {
             started: now,
             serving: false,
             serving_since: None,
-            heard: BTreeMap::from([(me, now)]),
+            heard: BTreeMap::new(),
             round: None,
             proposed: None,
         }
     }
 
-    /// Something arrived from `node` (a heartbeat, a batch, an ack, a Raft message).
+    /// Something arrived from `node` (a batch, a heartbeat, an acknowledgement of the data
+    /// plane).
     pub fn heard(&mut self, node: NodeId, now: u64) {
         let e = self.heard.entry(node).or_insert(now);
         *e = (*e).max(now);
@@ -108,21 +110,12 @@ impl Coordinator {
     /// (a node that starts serving an epoch counts only its own epoch's acknowledgements:
     /// one applying an old epoch's opening while it catches up never gets any).
     pub fn reset_contact(&mut self) {
-        self.heard.retain(|&n, _| n == self.me);
+        self.heard.clear();
     }
 
     /// Whether this node serves as the primary (see the field's note).
     pub fn set_serving(&mut self, serving: bool) {
         self.serving = serving;
-    }
-
-    /// When `node` was last heard from (None: never, since this node started; `u64::MAX`
-    /// for this node itself, which hears itself as long as it runs).
-    pub fn last_heard(&self, node: NodeId) -> Option<u64> {
-        if node == self.me {
-            return Some(u64::MAX);
-        }
-        self.heard.get(&node).copied()
     }
 
     /// Whether a primary may accept writes: it has heard (acknowledgements of its epoch)
@@ -132,10 +125,11 @@ impl Coordinator {
     /// `majority` or `all`: the fenced majority refuses its batches; under `local` this
     /// is what stops it).
     pub fn has_quorum_contact(&self, state: &ControlState, now: u64) -> bool {
+        // This node hears itself as long as it runs.
         let recent = state
             .members
             .keys()
-            .filter(|&&n| self.last_heard(n).is_some_and(|t| t == u64::MAX || now.saturating_sub(t) < self.t.failure))
+            .filter(|&&n| n == self.me || self.heard.get(&n).is_some_and(|&t| now.saturating_sub(t) < self.t.failure))
             .count();
         recent >= state.quorum()
     }
@@ -174,16 +168,12 @@ impl Coordinator {
                         now
                     }
                 };
-                // A primary never heard of counts from when this node started, or from when
-                // it became primary, whichever is later.
-                // This node itself, named primary but not serving (it restarted, or it is
-                // still getting ready), counts as silent like any other primary: since it
-                // was named, or since this node started.
-                let silent = match self.last_heard(p) {
-                    Some(u64::MAX) if self.serving => 0,
-                    Some(u64::MAX) => now.saturating_sub(self.started.max(since)),
-                    t => now.saturating_sub(t.unwrap_or(0).max(self.started).max(since)),
-                };
+                // Silent since it was last heard from, or since it was named primary, or
+                // since this node started, whichever is latest. This node itself hears
+                // itself while it serves; named primary but not serving (it restarted, or
+                // it is still getting ready) it counts as never heard, like any other.
+                let heard = if p == self.me { self.serving.then_some(now) } else { self.heard.get(&p).copied() };
+                let silent = now.saturating_sub(heard.unwrap_or(0).max(self.started).max(since));
                 if silent >= self.t.failure {
                     let reason = if p == self.me {
                         format!("primary {p} (this node) has not served for {silent} ms")
@@ -280,11 +270,6 @@ impl Coordinator {
         }
         r.prepared = Some(discarded);
         self.tick(now, state, leader)
-    }
-
-    /// The plan of the round in progress, if one was made (for status reports).
-    pub fn plan(&self) -> Option<&RecoveryPlan> {
-        self.round.as_ref().and_then(|r| r.plan.as_ref()).map(|(p, _, _)| p)
     }
 }
 

@@ -4,22 +4,24 @@
 //!
 //! ```text
 //!   len u32 LE | !len u32 LE | crc32c u32 LE (of kind and body) | kind u8 | body (len bytes)
-//!   kind 1: a Raft entry (protobuf); it replaces any entries at or after its index
+//!   kind 1: Raft entries (u32 count, then u32 length and protobuf each), which replace
+//!           any entries at or after the first one's index; one append is one record, so
+//!           that one fsync covers one record (a crash that tears an append, its pages
+//!           written out of order, tears only the last record)
 //!   kind 2: the hard state (protobuf: term, vote, commit)
 //!   kind 3: the voters (protobuf ConfState), written when the file is created
 //!   kind 4: the fence (u64 LE): batches of older epochs are refused (coordinator.rs)
-//!   kind 5: the Raft entries of one append (u32 count, then u32 length and protobuf each),
-//!           as one record, so that one fsync covers one record: a crash that tears an
-//!           append (its pages written out of order) tears only the last record
 //! ```
 //!
 //! Every write is followed by `fdatasync` before the call returns (a Raft node may answer
 //! only once what it answers with is durable). Opening replays the records in order. A
 //! last record that is incomplete, or whose checksum fails and which runs to the end of the
-//! file, is a write torn by a crash: it is cut off. A bad record with more behind it is
-//! corruption: opening fails, naming the file and the offset. When the file has grown to
-//! four times what it holds, it is rewritten (a new file, fsynced, renamed over the old
-//! one, the directory fsynced).
+//! file, or zeros to the end, is a write torn by a crash: it is cut off. Anything else
+//! that does not check (a length and its complement that disagree, a bad checksum with
+//! records behind it) is corruption: opening fails, naming the file and the offset. When
+//! the file has grown to four times its size after the last rewrite (and at least 1 MiB),
+//! it is rewritten with what it holds (a new file, fsynced, renamed over the old one, the
+//! directory fsynced).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -32,11 +34,10 @@ use crate::node::{ControlDisk, RaftDurable};
 use crate::state::NodeId;
 
 const HEADER: usize = 13;
-const KIND_ENTRY: u8 = 1;
+const KIND_ENTRIES: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
 const KIND_CONF_STATE: u8 = 3;
 const KIND_FENCE: u8 = 4;
-const KIND_ENTRIES: u8 = 5;
 const FILE: &str = "control.log";
 const REWRITE_MIN: u64 = 1 << 20;
 
@@ -56,6 +57,8 @@ pub struct FileDisk {
     fence: u64,
     /// Bytes in the file.
     len: u64,
+    /// Bytes in the file when it was last written whole (or opened).
+    rewritten: u64,
 }
 
 fn record(kind: u8, body: &[u8]) -> Vec<u8> {
@@ -112,15 +115,9 @@ impl FileDisk {
         std::fs::create_dir_all(dir).map_err(io)?;
         let path = dir.join(FILE);
         if !path.exists() {
-            let mut d = FileDisk {
-                dir: dir.to_path_buf(),
-                file: File::create(dir.join("control.log.new")).map_err(io)?,
-                durable: RaftDurable::initial(voters),
-                fence: 0,
-                len: 0,
-            };
-            d.rewrite().map_err(io)?;
-            return Ok(d);
+            let durable = RaftDurable::initial(voters);
+            let (file, len) = write_whole(dir, &durable, 0).map_err(io)?;
+            return Ok(FileDisk { dir: dir.to_path_buf(), file, durable, fence: 0, len, rewritten: len });
         }
         let mut bytes = Vec::new();
         File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io)?;
@@ -156,7 +153,6 @@ impl FileDisk {
             }
             let bad = |e: protobuf::ProtobufError| corrupt(off, format!("undecodable: {e}"));
             match kind {
-                KIND_ENTRY => durable.append(&[Entry::parse_from_bytes(body).map_err(bad)?]),
                 KIND_HARD_STATE => durable.hard_state = HardState::parse_from_bytes(body).map_err(bad)?,
                 KIND_CONF_STATE => durable.conf_state = ConfState::parse_from_bytes(body).map_err(bad)?,
                 KIND_FENCE if len == 8 => fence = fence.max(u64::from_le_bytes(body.try_into().unwrap())),
@@ -170,7 +166,7 @@ impl FileDisk {
             tracing::warn!(path = %path.display(), offset = off, dropped = bytes.len() - off, "cutting a torn record off the control log");
             file.set_len(off as u64).and_then(|_| file.sync_data()).map_err(io)?;
         }
-        let mut d = FileDisk { dir: dir.to_path_buf(), file, durable, fence, len: off as u64 };
+        let mut d = FileDisk { dir: dir.to_path_buf(), file, durable, fence, len: off as u64, rewritten: off as u64 };
         use std::io::Seek;
         d.file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
         Ok(d)
@@ -203,35 +199,34 @@ impl FileDisk {
         Ok(())
     }
 
-    /// Rewrites the file with what it holds now, once it has grown to four times that.
+    /// Rewrites the file with what it holds now, once it has grown enough (module notes).
     fn maybe_rewrite(&mut self) -> std::io::Result<()> {
-        let live: u64 = self.durable.entries.iter().map(|e| (HEADER + e.compute_size() as usize) as u64).sum();
-        if self.len > REWRITE_MIN.max(4 * live) {
-            self.rewrite()?;
+        if self.len > REWRITE_MIN.max(4 * self.rewritten) {
+            (self.file, self.len) = write_whole(&self.dir, &self.durable, self.fence)?;
+            self.rewritten = self.len;
         }
         Ok(())
     }
+}
 
-    fn rewrite(&mut self) -> std::io::Result<()> {
-        let tmp = self.dir.join("control.log.new");
-        let mut out = Vec::new();
-        out.extend(record(KIND_CONF_STATE, &encode(&self.durable.conf_state)));
-        for e in &self.durable.entries {
-            out.extend(record(KIND_ENTRY, &encode(e)));
-        }
-        out.extend(record(KIND_HARD_STATE, &encode(&self.durable.hard_state)));
-        if self.fence > 0 {
-            out.extend(record(KIND_FENCE, &self.fence.to_le_bytes()));
-        }
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join(FILE))?;
-        File::open(&self.dir)?.sync_all()?;
-        self.file = OpenOptions::new().append(true).open(self.dir.join(FILE))?;
-        self.len = out.len() as u64;
-        Ok(())
+/// Writes `control.log` in `dir` whole: a new file, fsynced, renamed over the old one, the
+/// directory fsynced. Returns it open for appending, and its length.
+fn write_whole(dir: &Path, durable: &RaftDurable, fence: u64) -> std::io::Result<(File, u64)> {
+    let tmp = dir.join("control.log.new");
+    let mut out = record(KIND_CONF_STATE, &encode(&durable.conf_state));
+    if !durable.entries.is_empty() {
+        out.extend(record(KIND_ENTRIES, &encode_entries(&durable.entries)));
     }
+    out.extend(record(KIND_HARD_STATE, &encode(&durable.hard_state)));
+    if fence > 0 {
+        out.extend(record(KIND_FENCE, &fence.to_le_bytes()));
+    }
+    let mut f = File::create(&tmp)?;
+    f.write_all(&out)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(FILE))?;
+    File::open(dir)?.sync_all()?;
+    Ok((OpenOptions::new().append(true).open(dir.join(FILE))?, out.len() as u64))
 }
 
 impl ControlDisk for FileDisk {
@@ -297,7 +292,7 @@ mod tests {
             let mut b = good.clone();
             match extra {
                 0 => b.extend([0u8; 4096]), // the file was extended, nothing written
-                n => b.extend(&record(KIND_ENTRY, &encode(&entry(5, 2, b"torn")))[..n]),
+                n => b.extend(&record(KIND_ENTRIES, &encode_entries(&[entry(5, 2, b"torn")]))[..n]),
             }
             std::fs::write(&path, &b).unwrap();
             let d = FileDisk::open(t.path(), &[]).unwrap();

@@ -52,13 +52,6 @@ pub struct TailReport {
     pub eligible: bool,
 }
 
-impl TailReport {
-    /// Everything up to this is held on every stream (the node's own watermark).
-    pub fn held(&self, streams: usize) -> u64 {
-        (0..streams).map(|s| self.streams.get(s).copied().unwrap_or(0)).min().unwrap_or(0)
-    }
-}
-
 /// A stream's missing range and where to fetch it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fetch {
@@ -82,8 +75,8 @@ pub struct RecoveryPlan {
     pub fetch: Vec<Fetch>,
     /// New timestamps start above this.
     pub start: u64,
-    /// How many reporters held something above the recovery point (for the report;
-    /// `lost_commits` counts commits where the data plane knows them).
+    /// How many reporters held something above the recovery point (logged with the plan;
+    /// the commits discarded are counted by the chosen node, in `Prepared`).
     pub reporters_ahead: usize,
 }
 

@@ -285,3 +285,45 @@ pub fn raft_logger() -> slog::Logger {
 pub fn quiet_logger() -> slog::Logger {
     slog::Logger::root(slog::Discard, slog::o!())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disk whose writes all fail (a full disk, a failed fsync).
+    struct Failing;
+
+    impl ControlDisk for Failing {
+        fn append(&mut self, _: &[Entry]) -> std::io::Result<()> {
+            Err(std::io::Error::other("no space left on device"))
+        }
+        fn set_hard_state(&mut self, _: &HardState) -> std::io::Result<()> {
+            Err(std::io::Error::other("no space left on device"))
+        }
+    }
+
+    /// A node that cannot persist stops with the disk's error and hands out nothing to send
+    /// or apply; the same node with a working disk becomes leader and commits.
+    #[test]
+    fn a_write_that_fails_stops_the_node_and_nothing_leaves() {
+        let timing = Timing { election: 3, heartbeat: 1, fixed_election: Some(3) };
+        let run = |disk: &mut dyn ControlDisk| -> Result<(ControlNode, Vec<Output>), NodeError> {
+            let mut n = ControlNode::start(1, timing, &RaftDurable::initial(&[1]), &quiet_logger())?;
+            let mut outs = Vec::new();
+            for _ in 0..10 {
+                n.tick();
+                outs.push(n.poll(disk)?);
+            }
+            Ok((n, outs))
+        };
+        match run(&mut Failing) {
+            Err(NodeError::Disk(e)) => assert!(e.to_string().contains("no space"), "{e}"),
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("a node whose disk fails went on"),
+        }
+        let mut disk = RaftDurable::initial(&[1]);
+        let (n, _) = run(&mut disk).unwrap();
+        assert!(n.is_leader());
+        assert!(disk.hard_state.term >= 1 && !disk.entries.is_empty(), "what it answered with is on its disk");
+    }
+}

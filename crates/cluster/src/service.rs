@@ -243,8 +243,8 @@ impl ControlService {
         {
             let shared = Arc::clone(&shared);
             let id = cfg.id;
-            let run =
-                Run { node, disk, data, senders, shared, tick: cfg.tick, timeouts: cfg.timeouts, preparing: None };
+            let coord = Coordinator::new(id, cfg.timeouts, 0);
+            let run = Run { node, disk, data, senders, shared, tick: cfg.tick, coord, preparing: None };
             threads.push(spawn(format!("ditto-ctl-node-{id}"), move || run.run(rx)));
         }
         Ok(ControlService { shared, inbox, threads })
@@ -309,45 +309,39 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) 
     }
 }
 
+/// What a frame asks of the node thread.
+fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
+    match kind {
+        KIND_RAFT => Message::parse_from_bytes(body)
+            .map(|m| Input::Raft(Box::new(m)))
+            .map_err(|e| format!("undecodable Raft message: {e}")),
+        KIND_CTL => {
+            serde_json::from_slice(body).map(|c| Input::Ctl(from, c)).map_err(|e| format!("undecodable request: {e}"))
+        }
+        k => Err(format!("unknown frame kind {k}")),
+    }
+}
+
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
-        match read_frame(&mut buf) {
-            Ok(Some((_, KIND_RAFT, body))) => match Message::parse_from_bytes(&body) {
-                Ok(m) => {
-                    if inbox.send(Input::Raft(Box::new(m))).is_err() {
+        let why = match read_frame(&mut buf) {
+            Ok(Some((from, kind, body))) => match decode(from, kind, &body) {
+                Ok(input) => {
+                    if inbox.send(input).is_err() {
                         return;
                     }
+                    continue;
                 }
-                Err(e) => {
-                    tracing::warn!(%peer, "dropping a control connection: undecodable Raft message: {e}");
-                    return;
-                }
+                Err(why) => why,
             },
-            Ok(Some((from, KIND_CTL, body))) => match serde_json::from_slice::<Ctl>(&body) {
-                Ok(c) => {
-                    if inbox.send(Input::Ctl(from, c)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(%peer, from, "dropping a control connection: undecodable request: {e}");
-                    return;
-                }
-            },
-            Ok(Some((from, kind, _))) => {
-                tracing::warn!(%peer, from, kind, "dropping a control connection: unknown frame kind");
-                return;
-            }
             Ok(None) => return,
-            Err(e) => {
-                if !shared.stop.load(Ordering::SeqCst) {
-                    tracing::warn!(%peer, "dropping a control connection: {e}");
-                }
-                return;
-            }
-        }
+            Err(_) if shared.stop.load(Ordering::SeqCst) => return,
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(%peer, "dropping a control connection: {why}");
+        return;
     }
 }
 
@@ -386,7 +380,7 @@ struct Run {
     senders: BTreeMap<NodeId, SyncSender<Vec<u8>>>,
     shared: Arc<Shared>,
     tick: Duration,
-    timeouts: Timeouts,
+    coord: Coordinator,
     /// A plan this node prepares for, and the coordinator to answer.
     preparing: Option<(RecoveryPlan, NodeId)>,
 }
@@ -399,15 +393,15 @@ impl Run {
     }
 
     /// A request or answer to `to`; to this node itself it is handled in place.
-    fn ctl(&mut self, to: NodeId, c: Ctl, coord: &mut Coordinator, now: u64) -> Result<(), String> {
+    fn ctl(&mut self, to: NodeId, c: Ctl, now: u64) -> Result<(), String> {
         if to == self.node.id() {
-            return self.on_ctl(to, c, coord, now);
+            return self.on_ctl(to, c, now);
         }
         self.send(to, KIND_CTL, &serde_json::to_vec(&c).expect("control requests serialise"));
         Ok(())
     }
 
-    fn act(&mut self, actions: Vec<Action>, coord: &mut Coordinator, now: u64) -> Result<(), String> {
+    fn act(&mut self, actions: Vec<Action>, now: u64) -> Result<(), String> {
         for a in actions {
             match a {
                 Action::Propose(cmd) => {
@@ -416,10 +410,10 @@ impl Run {
                         tracing::debug!("control: {e}");
                     }
                 }
-                Action::AskReport { to, epoch } => self.ctl(to, Ctl::AskReport { epoch }, coord, now)?,
+                Action::AskReport { to, epoch } => self.ctl(to, Ctl::AskReport { epoch }, now)?,
                 Action::Prepare { to, plan } => {
                     tracing::info!(node = self.node.id(), "control: plan {plan:?}");
-                    self.ctl(to, Ctl::Prepare(plan), coord, now)?
+                    self.ctl(to, Ctl::Prepare(plan), now)?
                 }
             }
         }
@@ -427,7 +421,7 @@ impl Run {
     }
 
     /// A coordinator's request or answer from `from`. `Err`: the disk failed.
-    fn on_ctl(&mut self, from: NodeId, c: Ctl, coord: &mut Coordinator, now: u64) -> Result<(), String> {
+    fn on_ctl(&mut self, from: NodeId, c: Ctl, now: u64) -> Result<(), String> {
         let leader = self.node.leads_current();
         match c {
             Ctl::AskReport { epoch } => {
@@ -446,15 +440,14 @@ impl Run {
                             newest: h.newest,
                             eligible: h.eligible,
                         };
-                        self.ctl(from, Ctl::Report(r), coord, now)?;
+                        self.ctl(from, Ctl::Report(r), now)?;
                     }
                     Err(why) => tracing::warn!(node = self.node.id(), "no tail report for epoch {epoch}: {why}"),
                 }
             }
             Ctl::Report(r) => {
-                let state = self.node.state().clone();
-                let a = coord.on_report(r, now, &state, leader);
-                self.act(a, coord, now)?;
+                let a = self.coord.on_report(r, now, self.node.state(), leader);
+                self.act(a, now)?;
             }
             Ctl::Prepare(plan) => {
                 // Only for the failover this node is fenced at and its state is in (a plan
@@ -470,9 +463,8 @@ impl Run {
                 }
             }
             Ctl::Prepared { epoch, point, discarded } => {
-                let state = self.node.state().clone();
-                let a = coord.on_prepared(from, epoch, point, discarded, now, &state, leader);
-                self.act(a, coord, now)?;
+                let a = self.coord.on_prepared(from, epoch, point, discarded, now, self.node.state(), leader);
+                self.act(a, now)?;
             }
         }
         Ok(())
@@ -482,15 +474,15 @@ impl Run {
         let id = self.node.id();
         let started = Instant::now();
         let replayed_upto = self.disk.durable().hard_state.commit;
-        let mut coord = Coordinator::new(id, self.timeouts, 0);
         self.data.fenced(self.disk.fence());
         let mut next_tick = Instant::now() + self.tick;
         let mut failed: Option<String> = None;
         let mut was_serving = false;
+        // The state is published when it changed (at first, and when a command applied).
+        let mut state_changed = true;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let input = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
             let now = started.elapsed().as_millis() as u64;
-            let input = rx.recv_timeout(wait);
             let r = match input {
                 Ok(Input::Raft(m)) => {
                     if let Err(e) = self.node.step(*m) {
@@ -498,7 +490,7 @@ impl Run {
                     }
                     Ok(())
                 }
-                Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, &mut coord, now),
+                Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
                 Ok(Input::Propose(cmd, reply)) => {
                     let _ = reply.send(self.node.propose(&cmd).map_err(|e| e.to_string()));
                     Ok(())
@@ -514,18 +506,19 @@ impl Run {
             // epoch's acknowledgements count.
             let serving = self.data.serving();
             if serving && !was_serving {
-                coord.reset_contact();
+                self.coord.reset_contact();
             }
             was_serving = serving;
+            self.coord.set_serving(serving);
             for n in self.data.heard() {
-                coord.heard(n, now);
+                self.coord.heard(n, now);
             }
             if let Some((plan, to)) = self.preparing.take() {
                 match self.data.prepared(&plan) {
                     None => self.preparing = Some((plan, to)),
                     Some(Ok(discarded)) => {
                         let done = Ctl::Prepared { epoch: plan.epoch, point: plan.recovery_point, discarded };
-                        if let Err(e) = self.ctl(to, done, &mut coord, now) {
+                        if let Err(e) = self.ctl(to, done, now) {
                             failed = Some(e);
                             break;
                         }
@@ -539,10 +532,8 @@ impl Run {
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + self.tick;
                 }
-                coord.set_serving(self.data.serving());
-                let state = self.node.state().clone();
-                let a = coord.tick(now, &state, self.node.leads_current());
-                if let Err(e) = self.act(a, &mut coord, now) {
+                let a = self.coord.tick(now, self.node.state(), self.node.leads_current());
+                if let Err(e) = self.act(a, now) {
                     failed = Some(e);
                     break;
                 }
@@ -554,6 +545,7 @@ impl Run {
                         self.send(to, KIND_RAFT, &m.write_to_bytes().expect("raft messages encode"));
                     }
                     for a in out.applied {
+                        state_changed = true;
                         match &a.outcome {
                             Ok(()) => {
                                 tracing::info!(node = id, index = a.index, "control: applied {:?}", a.command);
@@ -571,9 +563,11 @@ impl Run {
             let mut s = self.shared.status.lock().unwrap();
             s.leader = self.node.leader();
             s.term = self.node.term();
-            s.state = self.node.state().clone();
+            if std::mem::take(&mut state_changed) {
+                s.state = self.node.state().clone();
+            }
             s.fence = self.disk.fence();
-            s.quorum_contact = serving && coord.has_quorum_contact(self.node.state(), now);
+            s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
         }
         if let Some(why) = failed {
             tracing::error!("control node {id} stops: {why}");

@@ -161,6 +161,21 @@ struct Primary {
     released_upto: u64,
 }
 
+impl Primary {
+    /// A node starting to serve `epoch`, its timestamps above `clock`.
+    fn new(epoch: u64, clock: u64) -> Primary {
+        Primary {
+            epoch,
+            clock,
+            last_heartbeat: 0,
+            acks: BTreeMap::new(),
+            cursor: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            released_upto: 0,
+        }
+    }
+}
+
 struct Preparing {
     plan: RecoveryPlan,
     coordinator: NodeId,
@@ -202,6 +217,8 @@ struct History {
 
 struct Sim {
     rng: SmallRng,
+    /// `SIM_TRACE` is set: the event log also gets leaders, reports, plans and releases.
+    trace: bool,
     now: u64,
     seq: u64,
     policy: CommitPolicy,
@@ -263,6 +280,7 @@ impl Sim {
         let raft_lag = [6, 30][rng.gen_range(0..2)];
         let mut sim = Sim {
             rng,
+            trace: std::env::var("SIM_TRACE").is_ok(),
             now: 0,
             seq: 0,
             policy,
@@ -461,7 +479,7 @@ impl Sim {
         }
         self.poll(i);
         let id = self.nodes[i].id;
-        if std::env::var("SIM_TRACE").is_ok() && now.is_multiple_of(100) {
+        if self.trace && now.is_multiple_of(100) {
             let c = self.nodes[i].ctrl.as_ref().unwrap();
             let (l, t, e) = (c.leader(), c.term(), c.state().epoch);
             self.note(format!("node {id}: leader {l:?} term {t} epoch {e}"));
@@ -559,15 +577,7 @@ impl Sim {
                     self.h.max_epoch = self.h.max_epoch.max(*epoch);
                     let start = (*start).max(self.nodes[i].data.newest());
                     self.nodes[i].coord.reset_contact();
-                    self.nodes[i].primary = Some(Primary {
-                        epoch: *epoch,
-                        clock: start,
-                        last_heartbeat: 0,
-                        acks: BTreeMap::new(),
-                        cursor: BTreeMap::new(),
-                        waiting: BTreeSet::new(),
-                        released_upto: 0,
-                    });
+                    self.nodes[i].primary = Some(Primary::new(*epoch, start));
                 }
                 if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan.epoch <= *epoch) {
                     self.nodes[i].preparing = None;
@@ -577,15 +587,7 @@ impl Sim {
                 if *primary == id && live {
                     self.note(format!("node {id} is the first primary"));
                     self.nodes[i].coord.reset_contact();
-                    self.nodes[i].primary = Some(Primary {
-                        epoch: 1,
-                        clock: 0,
-                        last_heartbeat: 0,
-                        acks: BTreeMap::new(),
-                        cursor: BTreeMap::new(),
-                        waiting: BTreeSet::new(),
-                        released_upto: 0,
-                    });
+                    self.nodes[i].primary = Some(Primary::new(1, 0));
                 }
             }
             Command::SetPolicy { .. } => {}
@@ -601,7 +603,7 @@ impl Sim {
                 }
                 Action::AskReport { to, epoch } => self.send(id, to, Msg::AskReport { epoch }),
                 Action::Prepare { to, plan } => {
-                    if std::env::var("SIM_TRACE").is_ok() {
+                    if self.trace {
                         self.note(format!("node {id} plans {plan:?}"));
                     }
                     self.send(id, to, Msg::Prepare(plan))
@@ -694,7 +696,7 @@ impl Sim {
             }
             p.released_upto = p.released_upto.max(rw);
             if !newly.is_empty() {
-                if std::env::var("SIM_TRACE").is_ok() {
+                if self.trace {
                     self.note(format!("node {id} releases {newly:?} (rw {rw}, {h:?})"));
                 }
                 self.h.last_release_at = now;
@@ -799,7 +801,7 @@ impl Sim {
                 self.send(id, from, Msg::Report(r));
             }
             Msg::Report(r) => {
-                if std::env::var("SIM_TRACE").is_ok() {
+                if self.trace {
                     self.note(format!("node {id} gets {r:?}"));
                 }
                 let leader = self.nodes[i].ctrl.as_ref().unwrap().leads_current();

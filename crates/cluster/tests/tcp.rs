@@ -117,6 +117,16 @@ impl Cluster {
         }
     }
 
+    /// `n` nodes started, with a leader they all agree on.
+    fn running(n: u64) -> Cluster {
+        let mut c = Cluster::new(n);
+        for id in 1..=n {
+            c.start(id);
+        }
+        wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+        c
+    }
+
     fn config(&self, id: NodeId, dir: &Path) -> ServiceConfig {
         ServiceConfig {
             id,
@@ -167,11 +177,7 @@ impl Cluster {
 
 #[test]
 fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
-    let mut c = Cluster::new(3);
-    for id in 1..=3 {
-        c.start(id);
-    }
-    wait_for("a leader all three agree on", Duration::from_secs(10), || c.leader().is_some());
+    let mut c = Cluster::running(3);
     let first = c.bootstrap();
     wait_for("every node to apply the bootstrap", Duration::from_secs(10), || {
         c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
@@ -231,11 +237,7 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
 /// writes) within the failure timeout, and nobody can fail it over without a quorum.
 #[test]
 fn a_primary_cut_off_from_the_majority_loses_its_contact() {
-    let mut c = Cluster::new(3);
-    for id in 1..=3 {
-        c.start(id);
-    }
-    wait_for("a leader", Duration::from_secs(10), || c.leader().is_some());
+    let mut c = Cluster::running(3);
     let p = c.bootstrap();
     wait_for("the primary's contact", Duration::from_secs(10), || c.nodes[&p].status().quorum_contact);
     for id in (1..=3).filter(|&id| id != p) {
@@ -252,11 +254,7 @@ fn a_primary_cut_off_from_the_majority_loses_its_contact() {
 
 #[test]
 fn garbage_on_the_control_port_drops_that_connection_and_nothing_else() {
-    let mut c = Cluster::new(3);
-    for id in 1..=3 {
-        c.start(id);
-    }
-    wait_for("a leader", Duration::from_secs(10), || c.leader().is_some());
+    let c = Cluster::running(3);
     let target = c.peers[&c.leader().unwrap()];
     // An HTTP request (a length out of bounds), 0xff bytes, and a frame whose checksum is
     // wrong.
