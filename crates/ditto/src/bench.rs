@@ -319,6 +319,7 @@ fn run_modes(
                         workers: c.workers,
                         log: LogOptions { direct_io: !c.buffered_log, ..log_options(dur, c.compress) },
                         progress: run.progress,
+                        ..Default::default()
                     },
                 )?;
                 let logger = d.logger().clone();
@@ -521,6 +522,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
                 workers: a.workers,
                 log: log_options(ditto_log::Durability::NoSync(Duration::from_millis(10)), a.compress),
                 progress,
+                ..Default::default()
             },
         )
     };
@@ -659,6 +661,7 @@ fn lz4(a: Lz4Args) -> Result<(), Box<dyn std::error::Error>> {
                 workers: 1,
                 log: log_options(ditto_log::Durability::NoSync(Duration::from_millis(10)), false),
                 progress: false,
+                ..Default::default()
             },
         )?;
         let t = tpcc::load(d.db(), &cfg, true)?;

@@ -172,6 +172,7 @@ pub fn run(
                 workers: spec.workers,
                 log: LogOptions { direct_io: spec.direct_io, ..log_options(spec.durability, spec.compress) },
                 progress: run.progress,
+                ..Default::default()
             },
         )?;
         // The backups are `ditto server`s, which serve the Redis keyspace: it exists before

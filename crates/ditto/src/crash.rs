@@ -64,7 +64,7 @@ pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dur = a.log.durability(a.interval_ms).ok_or("crash-child needs a log")?;
     let mut log = log_options(dur, true);
     log.segment_bytes_max = a.segment_bytes;
-    let d = ditto_log::open(&a.dir, OpenOptions { workers: a.workers, log, progress: false })?;
+    let d = ditto_log::open(&a.dir, OpenOptions { workers: a.workers, log, progress: false, ..Default::default() })?;
     let db = d.db().clone();
     let accounts = db.open_table("accounts")?;
     let events = db.open_table("events")?;

@@ -162,6 +162,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             workers: a.workers,
             log: log_options(a.log.durability(a.interval_ms).expect("checked above"), a.compress),
             progress: true,
+            ..Default::default()
         },
     )?;
     let recovered_in = killed_at.elapsed();
@@ -298,8 +299,10 @@ impl ReportLine {
 
 pub fn child(a: DemoChildArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dur = a.log.durability(a.interval_ms).ok_or("needs a log")?;
-    let d =
-        ditto_log::open(&a.dir, OpenOptions { workers: a.workers, log: log_options(dur, a.compress), progress: true })?;
+    let d = ditto_log::open(
+        &a.dir,
+        OpenOptions { workers: a.workers, log: log_options(dur, a.compress), progress: true, ..Default::default() },
+    )?;
     let cfg = if a.small { tpcc::TpccConfig::small(a.warehouses) } else { tpcc::TpccConfig::new(a.warehouses) };
     eprintln!("== load");
     let t = tpcc::load(d.db(), &cfg, true)?;

@@ -14,6 +14,7 @@ mod demo_server;
 mod demo_standby;
 mod logmode;
 mod memory;
+mod node;
 mod redisbench;
 mod replaybench;
 mod server;
@@ -47,7 +48,7 @@ enum Cmd {
     #[command(subcommand)]
     Bench(bench::BenchCmd),
     /// Serve the Redis protocol on a durable database.
-    Server(server::ServerArgs),
+    Server(Box<server::ServerArgs>),
     /// A node's replication state: role, positions, per-backup lag and freshness.
     Status(status::StatusArgs),
     /// Workload used by the crash tests (prints acknowledged commits on stdout).
@@ -67,7 +68,7 @@ fn main() {
     let out = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench::run(b),
-        Cmd::Server(a) => server::run(a),
+        Cmd::Server(a) => server::run(*a),
         Cmd::Status(a) => status::run(a).map_err(|e| e as Box<dyn std::error::Error>),
         Cmd::CrashChild(a) => crash::run(a),
         Cmd::DemoChild(a) => demo::child(a),

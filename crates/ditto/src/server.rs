@@ -75,6 +75,34 @@ pub struct ServerArgs {
     /// received batch: log-as-database) [default: parallel].
     #[arg(long)]
     replay: Option<String>,
+    /// Run as node N of a cluster that fails over by itself (docs/cluster.md): this process
+    /// runs the node's control plane and starts the server as primary or backup as the
+    /// cluster decides. Needs --members; --data-dir holds the node's control and data.
+    #[arg(long, value_name = "N", requires = "members")]
+    node_id: Option<u64>,
+    /// The cluster's members: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT, comma separated
+    /// (every node is given the same list).
+    #[arg(long, value_name = "LIST")]
+    members: Option<String>,
+    /// A cluster node: the primary is failed over once not heard from for this long
+    /// [default: 250].
+    #[arg(long)]
+    failure_timeout_ms: Option<u64>,
+    /// Set by a cluster node for its server: the epoch it serves.
+    #[arg(long, hide = true)]
+    run_epoch: Option<u64>,
+    /// Set by a cluster node for its primary: commit timestamps start above this.
+    #[arg(long, hide = true)]
+    ts_above: Option<u64>,
+    /// Set by a cluster node: recover at most up to this timestamp.
+    #[arg(long, hide = true)]
+    recover_upto: Option<u64>,
+    /// Set by a cluster node for its primary: the epoch that --recover-upto cut.
+    #[arg(long, hide = true)]
+    resume_epoch: Option<u64>,
+    /// Exit at once when standard input closes (a cluster node's server dies with it).
+    #[arg(long, hide = true)]
+    exit_with_stdin: bool,
     /// Pre-fault this many MiB of heap before serving (the benchmarks' cluster runs give
     /// their backups what the primary pre-faulted; see memory.rs).
     #[arg(long, hide = true)]
@@ -82,6 +110,17 @@ pub struct ServerArgs {
 }
 
 pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(id) = a.node_id {
+        return run_node(id, a);
+    }
+    if a.exit_with_stdin {
+        std::thread::spawn(|| {
+            let mut sink = [0u8; 64];
+            while matches!(std::io::Read::read(&mut std::io::stdin(), &mut sink), Ok(n) if n > 0) {}
+            // The node that started this server is gone: so is the server (a crash).
+            std::process::exit(137);
+        });
+    }
     let mut cfg = match &a.config {
         Some(p) => Config::load(p)?,
         None => Config::default(),
@@ -137,6 +176,17 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(r) = a.replay {
         cfg.replay = r;
     }
+    if let Some(epoch) = a.run_epoch {
+        cfg.cluster = Some(ditto_server::config::ClusterRun {
+            epoch,
+            ts_above: a.ts_above.unwrap_or(0),
+            upto: a.recover_upto,
+            resume_epoch: a.resume_epoch,
+        });
+    } else if a.recover_upto.is_some() {
+        // A backup's cut needs no epoch of its own.
+        cfg.cluster = Some(ditto_server::config::ClusterRun { upto: a.recover_upto, ..Default::default() });
+    }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
@@ -158,4 +208,40 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     })?;
     Ok(())
+}
+
+/// `ditto server --node-id N`: the node's supervisor (node.rs). The flags that shape the
+/// server pass through to every server it starts.
+fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let members = crate::node::parse_members(a.members.as_deref().unwrap_or_default())?;
+    let dir = a.data_dir.clone().ok_or("a cluster node needs --data-dir")?;
+    if a.replica_of.is_some() || a.repl_port.is_some() || a.port.is_some() {
+        return Err("a cluster node takes its ports from --members (not --port, --repl-port or --replica-of)".into());
+    }
+    let mut child_args = Vec::new();
+    let mut pass = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            child_args.extend([format!("--{k}"), v]);
+        }
+    };
+    pass("config", a.config.map(|p| p.display().to_string()));
+    pass("durability", a.durability);
+    pass("fsync-interval-ms", a.fsync_interval_ms.map(|v| v.to_string()));
+    pass("metrics", Some(a.metrics.unwrap_or_else(|| "off".into())));
+    pass("maxmemory", a.maxmemory);
+    pass("replay", a.replay);
+    let policy = a.commit_policy.unwrap_or_else(|| "majority-durable".into());
+    ditto_replication::CommitPolicy::parse(&policy)?;
+    let failure = a.failure_timeout_ms.unwrap_or(250);
+    let workers = a.workers.unwrap_or_else(|| Config::default().workers);
+    crate::node::run(crate::node::NodeConfig {
+        id,
+        members,
+        dir,
+        child_args,
+        workers,
+        policy,
+        timeouts: ditto_cluster::Timeouts { failure, resend: 50, prepare: 5000 },
+        tick: std::time::Duration::from_millis(10),
+    })
 }

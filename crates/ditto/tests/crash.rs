@@ -68,6 +68,7 @@ fn check(dir: &Path, acked: &HashMap<u32, u64>) -> u64 {
             workers: 2,
             log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
             progress: false,
+            ..Default::default()
         },
     )
     .expect("recovery after SIGKILL must succeed");

@@ -75,11 +75,23 @@ pub struct OpenOptions {
     pub log: LogOptions,
     /// Print recovery progress to stderr.
     pub progress: bool,
+    /// Write this epoch rather than the one after the newest found (a cluster's control
+    /// plane names it, docs/cluster.md); refused if it is not above every epoch found.
+    pub epoch: Option<Epoch>,
+    /// New commit timestamps start above this (a failover's `start`: above everything any
+    /// node held of the epoch it cut).
+    pub ts_above: Ts,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { workers: Options::default().workers, log: LogOptions::default(), progress: false }
+        OpenOptions {
+            workers: Options::default().workers,
+            log: LogOptions::default(),
+            progress: false,
+            epoch: None,
+            ts_above: Ts::ZERO,
+        }
     }
 }
 
@@ -148,7 +160,17 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
     let t = Instant::now();
     report.index_keys = db.recovery_finish(recovered_ts, recovery::recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = t.elapsed().as_secs_f64();
-    let epoch = Epoch(report.max_epoch.max(epoch_min.0.saturating_sub(1)) + 1);
+    let mut epoch = Epoch(report.max_epoch.max(epoch_min.0.saturating_sub(1)) + 1);
+    if let Some(e) = opts.epoch {
+        if e < epoch {
+            return Err(LogError::Corrupt {
+                file: dir.join("log"),
+                offset: 0,
+                what: format!("asked to write epoch {}, but this directory already holds epoch {}", e.0, epoch.0 - 1),
+            });
+        }
+        epoch = e;
+    }
     if opts.progress && !segments.is_empty() {
         eprintln!(
             "recovery: replayed {} txns ({:.0} MB/s of log), dropped {} unacknowledged above the cut",
@@ -188,6 +210,9 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
             std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
         }
     }
+    // The streams start at what was recovered (a backup that holds it resumes from there);
+    // the clock may start higher.
+    db.clock().advance_to(opts.ts_above);
     let logger = Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, recovered_ts)
         .map_err(|e| LogError::io(&dir.join("log"), e))?;
     db.attach_log(Arc::clone(&logger) as Arc<dyn ditto_engine::CommitLog>);

@@ -215,6 +215,18 @@ pub struct ReplicaOpen {
 /// Opens a backup's data directory: the newest checkpoint, then the replica log replayed
 /// up to its cut (see the module notes). Leaves a checkpoint at the cut and no replica log.
 pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> Result<ReplicaOpen, LogError> {
+    open_replica_upto(dir, workers, storage, None)
+}
+
+/// `open_replica`, with the cut at most `limit`: a failover's recovery point (everything
+/// above it is discarded, docs/cluster.md). What lies above is dropped with the replica
+/// log files, and counted in `report.log_txns_dropped_above_cut`.
+pub fn open_replica_upto(
+    dir: &Path,
+    workers: usize,
+    storage: &Arc<dyn Storage>,
+    limit: Option<Ts>,
+) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
     for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
@@ -248,33 +260,152 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
         }
         None => Ts::ZERO,
     };
+    let t = Instant::now();
+    let scan = scan(dir, ckpt_ts)?;
+    report.log_bytes = scan.log_bytes;
+    let mut cut = scan.cut();
+    if let Some(limit) = limit {
+        cut = cut.min(limit.max(ckpt_ts));
+    }
+    report.cut_ts = cut;
+    report.streams = scan.bounds.len();
+    report.segments = scan.files.len();
+    report.log_check_seconds = t.elapsed().as_secs_f64();
+    let kept: Vec<Kept> = scan
+        .kept
+        .into_iter()
+        .map(|(batch, i, offset)| Kept { batch, file: scan.files[i].1.as_path(), offset })
+        .collect();
+    let (replayed, dropped) = replay_kept(&db, kept.iter().collect(), ckpt_ts, cut, recovery_threads())?;
+    report.log_txns_replayed = replayed;
+    report.log_txns_dropped_above_cut = dropped;
+    report.log_seconds = t.elapsed().as_secs_f64();
+    let ti = Instant::now();
+    report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
+    report.index_seconds = ti.elapsed().as_secs_f64();
+    db.publish_read_view(cut).map_err(LogError::Engine)?;
+    // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
+    // them: it was never acknowledged; and what lies above a limit).
+    if !scan.files.is_empty() {
+        let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
+        report.checkpoint_write_seconds = info.seconds;
+        report.checkpoint_written_bytes = info.bytes;
+        for (_, p) in &scan.files {
+            storage.remove(p).map_err(|e| LogError::io(p, e))?;
+        }
+        crate::remove_checkpoints_except(dir, &info.dir)?;
+    }
+    report.total_seconds = t0.elapsed().as_secs_f64();
+    Ok(ReplicaOpen { db, cut, streams: scan.streams, report, lock })
+}
+
+/// What a backup's data directory holds, read without changing it (a failover's tail
+/// report, docs/cluster.md): per primary stream, every batch up to this timestamp is held
+/// (its highest bound, the highest trusted floor, the checkpoint); the newest timestamp
+/// held at all; and how many transactions lie above `above`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaHoldings {
+    pub streams: Vec<Ts>,
+    pub newest: Ts,
+    /// Transactions above the `above` timestamp asked for.
+    pub txns_above: u64,
+    /// What `open_replica` would cut at.
+    pub cut: Ts,
+}
+
+/// Reads what `dir` holds (see [`ReplicaHoldings`]); the files are fsynced first, so what
+/// a process that was stopped had written is durable before it is reported. `streams` is
+/// the primary's stream count, used when a checkpoint but no replica log file is found; a
+/// directory holding nothing reports no stream. The directory must not be in use by a
+/// running backup.
+pub fn replica_holdings(dir: &Path, streams: usize, above: Ts) -> Result<ReplicaHoldings, LogError> {
+    let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
+        Some((_, m)) => m.ts,
+        None => Ts::ZERO,
+    };
+    let scan = scan(dir, ckpt_ts)?;
+    for (_, p) in &scan.files {
+        let f = std::fs::File::open(p).map_err(|e| LogError::io(p, e))?;
+        f.sync_all().map_err(|e| LogError::io(p, e))?;
+    }
+    let cut = scan.cut();
+    let mut bounds = scan.bounds.clone();
+    if bounds.is_empty() && ckpt_ts > Ts::ZERO {
+        // A checkpoint and no replica log file (a running backup always has one, naming
+        // the primary's streams): every stream is held up to the checkpoint.
+        bounds = vec![Ts::ZERO; streams];
+    }
+    let held: Vec<Ts> = bounds.iter().map(|b| (*b).max(scan.floor).max(ckpt_ts)).collect();
+    let mut newest = held.iter().copied().max().unwrap_or(ckpt_ts);
+    let mut txns_above = 0;
+    let mut scratch = Vec::new();
+    for (batch, i, off) in &scan.kept {
+        newest = newest.max(batch.header.last_ts);
+        if batch.header.last_ts <= above {
+            continue;
+        }
+        let p = batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
+            file: scan.files[*i].1.clone(),
+            offset: *off,
+            what: e.to_string(),
+        })?;
+        txns_above += p.txns().filter(|t| t.ts > above && t.ts > ckpt_ts).count() as u64;
+    }
+    Ok(ReplicaHoldings { streams: held, newest, txns_above, cut })
+}
+
+/// The replica log files of a directory, checked entry by entry.
+struct Scan {
+    /// (seq, path), in sequence order.
+    files: Vec<(u64, PathBuf)>,
+    streams: Option<u32>,
+    /// Per stream: the highest bound.
+    bounds: Vec<Ts>,
+    /// The highest trusted floor.
+    floor: Ts,
+    ckpt_ts: Ts,
+    /// Batches with transactions above the checkpoint: (batch, file index, offset).
+    kept: Vec<(Batch, usize, u64)>,
+    log_bytes: u64,
+}
+
+impl Scan {
+    fn cut(&self) -> Ts {
+        let c = self.ckpt_ts;
+        self.bounds.iter().map(|b| (*b).max(c)).min().unwrap_or(c).max(self.floor).max(c)
+    }
+}
+
+fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     // Every file, in sequence order.
     let rdir = replica_dir(dir);
     let mut files: Vec<(u64, PathBuf)> = Vec::new();
-    for e in std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))? {
-        let path = e.map_err(|e| LogError::io(&rdir, e))?.path();
-        let seq = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("rlog-")?.strip_suffix(".seg")?.parse().ok());
-        match seq {
-            Some(seq) => files.push((seq, path)),
-            None => {
-                return Err(LogError::Corrupt {
-                    file: path,
-                    offset: 0,
-                    what: "unexpected file in the replica log".into(),
-                })
+    if rdir.exists() {
+        for e in std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))? {
+            let path = e.map_err(|e| LogError::io(&rdir, e))?.path();
+            let seq = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("rlog-")?.strip_suffix(".seg")?.parse().ok());
+            match seq {
+                Some(seq) => files.push((seq, path)),
+                None => {
+                    return Err(LogError::Corrupt {
+                        file: path,
+                        offset: 0,
+                        what: "unexpected file in the replica log".into(),
+                    })
+                }
             }
         }
     }
     files.sort();
-    let t = Instant::now();
     let mut streams: Option<u32> = None;
     // Per stream: highest bound; and the highest trusted floor.
     let mut bounds: Vec<Ts> = Vec::new();
     let mut floor = Ts::ZERO;
     let mut kept: Vec<(Batch, usize, u64)> = Vec::new();
+    let mut log_bytes = 0;
     let raws: Vec<Bytes> = files
         .iter()
         .map(|(_, p)| std::fs::read(p).map(Bytes::from).map_err(|e| LogError::io(p, e)))
@@ -333,7 +464,7 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
                     if flags & FLOOR_TRUSTED != 0 {
                         floor = floor.max(h.floor_ts);
                     }
-                    report.log_bytes += used as u64;
+                    log_bytes += used as u64;
                     if h.txn_count > 0 && h.last_ts > ckpt_ts {
                         kept.push((batch, i, off as u64));
                     }
@@ -349,34 +480,7 @@ pub fn open_replica(dir: &Path, workers: usize, storage: &Arc<dyn Storage>) -> R
             }
         }
     }
-    let cut = bounds.iter().map(|b| (*b).max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor).max(ckpt_ts);
-    report.cut_ts = cut;
-    report.streams = bounds.len();
-    report.segments = files.len();
-    report.log_check_seconds = t.elapsed().as_secs_f64();
-    let paths: Vec<&Path> = files.iter().map(|(_, p)| p.as_path()).collect();
-    let kept: Vec<Kept> = kept.into_iter().map(|(batch, i, offset)| Kept { batch, file: paths[i], offset }).collect();
-    let (replayed, dropped) = replay_kept(&db, kept.iter().collect(), ckpt_ts, cut, recovery_threads())?;
-    report.log_txns_replayed = replayed;
-    report.log_txns_dropped_above_cut = dropped;
-    report.log_seconds = t.elapsed().as_secs_f64();
-    let ti = Instant::now();
-    report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
-    report.index_seconds = ti.elapsed().as_secs_f64();
-    db.publish_read_view(cut).map_err(LogError::Engine)?;
-    // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
-    // them: it was never acknowledged).
-    if !files.is_empty() {
-        let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
-        report.checkpoint_write_seconds = info.seconds;
-        report.checkpoint_written_bytes = info.bytes;
-        for (_, p) in &files {
-            storage.remove(p).map_err(|e| LogError::io(p, e))?;
-        }
-        crate::remove_checkpoints_except(dir, &info.dir)?;
-    }
-    report.total_seconds = t0.elapsed().as_secs_f64();
-    Ok(ReplicaOpen { db, cut, streams, report, lock })
+    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, log_bytes })
 }
 
 /// The batches of the primary's log in `data` (its current epoch `epoch`) that hold

@@ -20,6 +20,7 @@ fn a_large_batch_leaves_no_large_buffers_behind() {
         workers: 1,
         log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
         progress: false,
+        ..Default::default()
     };
     let d = open(dir.path(), o).unwrap();
     let t = d.db().create_table("t").unwrap();

@@ -17,6 +17,7 @@ fn opts() -> OpenOptions {
         workers: 1,
         log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
         progress: false,
+        ..Default::default()
     }
 }
 

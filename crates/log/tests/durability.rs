@@ -16,6 +16,7 @@ fn opts(workers: usize, durability: Durability) -> OpenOptions {
         workers,
         log: LogOptions { durability, segment_bytes_max: 64 << 10, ..LogOptions::default() },
         progress: false,
+        ..Default::default()
     }
 }
 
@@ -1257,6 +1258,7 @@ fn incompressible_batches_pause_compression_and_everything_recovers() {
         workers: 1,
         log: LogOptions { durability: Durability::EveryBatch, compress: true, ..LogOptions::default() },
         progress: false,
+        ..Default::default()
     };
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
     let random: Vec<Vec<u8>> = (0..200).map(|_| (0..512).map(|_| rng.gen()).collect()).collect();

@@ -130,6 +130,9 @@ pub struct BackupOptions {
     pub checkpoint_every: Duration,
     /// Replica log files are closed past this size (only closed ones are deleted).
     pub replica_file_bytes: u64,
+    /// Recover at most up to this timestamp at the start (a failover's recovery point:
+    /// what lies above it is discarded, docs/cluster.md).
+    pub recover_upto: Option<Ts>,
 }
 
 impl BackupOptions {
@@ -147,6 +150,7 @@ impl BackupOptions {
             storage: None,
             checkpoint_every: Duration::from_secs(300),
             replica_file_bytes: 64 << 20,
+            recover_upto: None,
         }
     }
 }
@@ -175,6 +179,9 @@ pub struct BackupState {
     pub replay_cpu_ns: AtomicU64,
     /// When the newest batch arrived, and the ts it carried (for lag in milliseconds).
     pub last_batch_unix_ms: AtomicU64,
+    /// When the newest frame of any kind (heartbeats too) arrived, in Unix milliseconds:
+    /// a cluster's failure detector hears the primary by it.
+    pub last_frame_unix_ms: AtomicU64,
     /// The timestamp of this backup's newest own checkpoint (0: none yet this run), and
     /// how many it wrote.
     pub checkpoint_ts: AtomicU64,
@@ -189,6 +196,8 @@ pub struct Backup {
     pub db: Arc<Database>,
     pub state: Arc<BackupState>,
     pub primary: String,
+    link: AckLink,
+    persister: Mutex<Option<std::thread::JoinHandle<()>>>,
     _lock: std::fs::File,
 }
 
@@ -246,7 +255,14 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let followed = read_followed_epoch(&dir);
-    let mut opened = open_replica(&dir, opts.workers, &storage)?;
+    let mut opened = ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?;
+    if opened.report.log_txns_dropped_above_cut > 0 {
+        tracing::warn!(
+            "recovery left out {} transactions above the cut at ts {}",
+            opened.report.log_txns_dropped_above_cut,
+            opened.cut.0
+        );
+    }
     let have = match followed {
         Some(_) if opened.cut > Ts::ZERO => opened.cut,
         _ => Ts::ZERO,
@@ -353,13 +369,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         link: Arc::clone(&link),
         removed_to: base,
     };
-    {
+    let persister = {
         let persist = Arc::clone(&persist);
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
             .spawn(move || persister.run(&persist))
-            .map_err(io("starting the persister"))?;
-    }
+            .map_err(io("starting the persister"))?
+    };
     let run = Receiver {
         opts: opts.clone(),
         storage,
@@ -370,7 +386,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         state: Arc::clone(&state),
         seq: 0,
         persist,
-        link,
+        link: Arc::clone(&link),
     };
     std::thread::Builder::new()
         .name("ditto-repl-recv".into())
@@ -412,7 +428,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             })
             .map_err(io("starting the checkpointer"))?;
     }
-    Ok(Backup { db, state, primary: opts.primary, _lock: opened.lock })
+    Ok(Backup { db, state, primary: opts.primary, link, persister: Mutex::new(Some(persister)), _lock: opened.lock })
 }
 
 fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn Storage) -> Result<(), BackupError> {
@@ -1086,7 +1102,13 @@ impl Receiver {
             tracing::warn!("replication from {} interrupted: {why}; resuming", self.opts.primary);
             // Resume above what every stream holds (each stream's surplus is skipped).
             loop {
-                std::thread::sleep(Duration::from_millis(100));
+                // 100 ms between tries, in steps, so that a stop (`Backup::stop`) is seen soon.
+                for _ in 0..20 {
+                    if self.state.failure.lock().is_some() {
+                        return; // stopped meanwhile
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 let have = self.received.watermark();
                 let hello = Frame::Hello {
                     version: PROTOCOL_VERSION,
@@ -1141,7 +1163,16 @@ impl Receiver {
         // What the join brought (a checkpoint, or what this node held) counts at once: an
         // idle primary sends nothing more, and a commit waiting on this backup (under
         // `all`) would wait for the next write.
-        *self.link.lock() = stream.try_clone().map_err(|e| format!("cloning the link: {e}"))?;
+        {
+            // Checked under the link's lock: `Backup::stop` sets the failure before it takes
+            // the lock to shut the link down, so a link swapped in here is either shut down
+            // by it or never served.
+            let mut link = self.link.lock();
+            if let Some(why) = self.state.failure.lock().clone() {
+                return Err(why);
+            }
+            *link = stream.try_clone().map_err(|e| format!("cloning the link: {e}"))?;
+        }
         self.ack()?;
         loop {
             let frame = match read_frame(reader) {
@@ -1152,6 +1183,7 @@ impl Receiver {
                 }
                 Err(e) => return Err(format!("reading from the primary: {e}")),
             };
+            self.state.last_frame_unix_ms.store(unix_ms(), Ordering::Relaxed);
             match frame {
                 Frame::Batch { epoch, released, floor_trusted, batch } => {
                     if epoch < self.epoch {
@@ -1183,10 +1215,7 @@ impl Receiver {
                         self.seq += 1;
                         jobs.push(Job { seq: self.seq, stream: s, bound: h.bound_ts, floor, skip_to: held, batch });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
-                        let now_ms = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as u64);
-                        self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
+                        self.state.last_batch_unix_ms.store(unix_ms(), Ordering::Relaxed);
                     }
                     self.state.released.fetch_max(released.0, Ordering::AcqRel);
                 }
@@ -1395,6 +1424,38 @@ impl Backup {
     pub fn failure(&self) -> Option<String> {
         self.state.failure.lock().clone()
     }
+
+    /// Stops following the primary: the link goes down (nothing more is received or
+    /// acknowledged), and everything received is made durable before this returns (a
+    /// cluster's fence, docs/cluster.md: what the backup acknowledged, `received`
+    /// included, is then on its disk for the failover's report). Reads go on at the last
+    /// read view. `Err` if the persister did not finish within `timeout` or had failed.
+    pub fn stop(&self, why: &str, timeout: Duration) -> Result<(), String> {
+        {
+            let mut f = self.state.failure.lock();
+            if f.is_none() {
+                *f = Some(format!("stopped: {why}"));
+            }
+        }
+        let _ = self.link.lock().shutdown(std::net::Shutdown::Both);
+        let Some(h) = self.persister.lock().take() else { return Ok(()) };
+        let deadline = Instant::now() + timeout;
+        while !h.is_finished() {
+            if Instant::now() > deadline {
+                return Err(format!("what was received was not persisted within {} ms", timeout.as_millis()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        h.join().map_err(|_| "the persister panicked".to_string())?;
+        match self.state.failure.lock().clone() {
+            Some(f) if f.starts_with("persisting") => Err(f),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What [`replay_recorded`] did.

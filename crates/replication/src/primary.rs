@@ -39,11 +39,20 @@ pub struct PrimaryOptions {
     /// How often an idle link sends the release watermark (and how stale a backup's view of
     /// it can be when nothing else is sent).
     pub heartbeat: Duration,
+    /// A cluster's new primary: `(e, p)` when this epoch opened from epoch `e` cut at `p`
+    /// (docs/cluster.md). A backup of epoch `e` that holds exactly `p` then holds what this
+    /// primary started from, and resumes from the log rather than copying a checkpoint.
+    pub resume_from: Option<(Epoch, Ts)>,
 }
 
 impl Default for PrimaryOptions {
     fn default() -> Self {
-        PrimaryOptions { backups_expected: 0, queue_bytes_max: 256 << 20, heartbeat: Duration::from_millis(1) }
+        PrimaryOptions {
+            backups_expected: 0,
+            queue_bytes_max: 256 << 20,
+            heartbeat: Duration::from_millis(1),
+            resume_from: None,
+        }
     }
 }
 
@@ -63,6 +72,8 @@ pub struct BackupInfo {
     pub received_lag: Duration,
     pub durable_lag: Duration,
     pub replay_lag: Duration,
+    /// How long ago its last acknowledgement arrived (a cluster's failure detector).
+    pub heard_ago: Duration,
 }
 
 struct Link {
@@ -75,6 +86,8 @@ struct Link {
     durable: AtomicU64,
     replayed: AtomicU64,
     since: Instant,
+    /// Microseconds after `since` when the last acknowledgement arrived.
+    heard_us: AtomicU64,
 }
 
 struct Queue {
@@ -215,6 +228,10 @@ impl Primary {
                     received_lag: lag(received),
                     durable_lag: lag(durable),
                     replay_lag: lag(replayed),
+                    heard_ago: l
+                        .since
+                        .elapsed()
+                        .saturating_sub(Duration::from_micros(l.heard_us.load(Ordering::Acquire))),
                 }
             })
             .collect()
@@ -318,6 +335,7 @@ impl Primary {
                 durable: AtomicU64::new(0),
                 replayed: AtomicU64::new(0),
                 since: Instant::now(),
+                heard_us: AtomicU64::new(0),
             });
             links.push(Arc::clone(&link));
             link
@@ -350,7 +368,8 @@ impl Primary {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        let gap = if have_ts > Ts::ZERO && epoch == self.epoch {
+        let resumable = epoch == self.epoch || self.opts.resume_from == Some((epoch, have_ts));
+        let gap = if have_ts > Ts::ZERO && resumable {
             ditto_log::replica::batches_after(self.durable.dir(), self.epoch, have_ts).map_err(std::io::Error::other)?
         } else {
             None
@@ -453,6 +472,7 @@ impl Primary {
                         l2.received.fetch_max(received.0, Ordering::AcqRel);
                         l2.durable.fetch_max(durable.0, Ordering::AcqRel);
                         l2.replayed.fetch_max(replayed.0, Ordering::AcqRel);
+                        l2.heard_us.store(l2.since.elapsed().as_micros() as u64, Ordering::Release);
                         me.changed();
                     }
                     Ok(Some(Frame::Refuse { reason })) => break format!("the backup refused: {reason}"),

@@ -92,6 +92,26 @@ pub struct Config {
     /// allocator (`ditto_engine::alloc::Counting`). A `maxmemory` without it is refused.
     #[serde(skip)]
     pub used_memory: Option<fn() -> u64>,
+    /// Set by a cluster node's supervisor for the run it starts (docs/cluster.md), never by
+    /// a config file.
+    #[serde(skip)]
+    pub cluster: Option<ClusterRun>,
+}
+
+/// One run of a cluster node's server, as its control plane decided it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterRun {
+    /// The epoch this run serves: a primary writes it as its log epoch.
+    pub epoch: u64,
+    /// A primary: new commit timestamps start above this.
+    pub ts_above: u64,
+    /// Recover at most up to this timestamp (a failover's recovery point): what this node
+    /// holds above it is discarded. A primary started from a backup's directory turns it
+    /// into a checkpoint at this point first.
+    pub upto: Option<u64>,
+    /// A primary: the epoch that `upto` cut. Its backups holding exactly `upto` resume
+    /// from the log.
+    pub resume_epoch: Option<u64>,
 }
 
 /// The `maxmemory` setting: a size in Redis's units (a string such as `"512mb"`, or an
@@ -157,6 +177,7 @@ impl Default for Config {
             waitts_timeout_ms: 5000,
             maxmemory: MaxMemory::Text("auto".into()),
             used_memory: None,
+            cluster: None,
         }
     }
 }

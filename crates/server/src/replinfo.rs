@@ -50,7 +50,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                 put(
                     &format!("slave{i}"),
                     format!(
-                        "node={},addr={},state=online,received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={}",
+                        "node={},addr={},state=online,received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={}",
                         b.node,
                         b.addr,
                         b.received.0,
@@ -61,7 +61,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                         b.durable_lag.as_secs_f64() * 1e3,
                         b.replay_lag.as_secs_f64() * 1e3,
                         freshness_pct(b.replayed.0.min(primary.released().0), visible),
-                        b.queued_bytes
+                        b.queued_bytes,
+                        b.heard_ago.as_millis()
                     ),
                 );
             }
@@ -93,6 +94,9 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_replay_cpu_ms", (ld(&state.replay_cpu_ns) / 1_000_000).to_string());
             put("ditto_checkpoint_ts", ld(&state.checkpoint_ts).to_string());
             put("ditto_checkpoints", ld(&state.checkpoints).to_string());
+            let now_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            put("ditto_heard_ms_ago", now_ms.saturating_sub(ld(&state.last_frame_unix_ms)).to_string());
             if let Some(why) = state.failure.lock().clone() {
                 put("ditto_failure", why.replace(['\r', '\n'], " "));
             }

@@ -184,6 +184,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                     s => s,
                 }),
                 replica_file_bytes: 64 << 20,
+                recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),
@@ -197,7 +198,13 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 compress: cfg.compress_log,
                 ..Default::default()
             };
-            (Some(ditto_log::open(&dir, ditto_log::OpenOptions { workers: cfg.workers, log, progress: true })?), None)
+            let mut open = ditto_log::OpenOptions { workers: cfg.workers, log, progress: true, ..Default::default() };
+            if let Some(c) = &cfg.cluster {
+                promote_replica(&dir, cfg.workers, c)?;
+                open.epoch = Some(ditto_log::Epoch(c.epoch));
+                open.ts_above = Ts(c.ts_above);
+            }
+            (Some(ditto_log::open(&dir, open)?), None)
         }
     };
     let db = match (&durable, &backup) {
@@ -283,7 +290,9 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             .map_err(io(format!("binding the replication port {}:{port}", cfg.bind)))?;
         let l_addr = Some(l.local_addr().map_err(io("reading the replication address"))?);
         let repl_addr = l_addr.map(|a| a.to_string()).unwrap_or_default();
-        let opts = ditto_replication::PrimaryOptions { backups_expected: cfg.backups, ..Default::default() };
+        let resume_from = cfg.cluster.as_ref().and_then(|c| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?))));
+        let opts =
+            ditto_replication::PrimaryOptions { backups_expected: cfg.backups, resume_from, ..Default::default() };
         let r = Arc::clone(&release);
         let others = by_policy.clone();
         let on_change = Box::new(move |h: &ditto_replication::Holdings| {
@@ -394,11 +403,50 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     if let Some(p) = &primary {
         p.stop();
     }
+    // A backup makes what it received durable (a cluster's supervisor stops it so to fence
+    // it, docs/cluster.md).
+    if let Some(b) = &backup {
+        if let Err(e) = b.stop("the server is shutting down", Duration::from_secs(10)) {
+            tracing::error!("stopping replication: {e}");
+        }
+    }
     if let Some(d) = &durable {
         d.close();
     }
     drop(checkpointer);
     rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// A cluster node promoted from a backup: its replica log, cut at the failover's recovery
+/// point, becomes a checkpoint that the primary's recovery then starts from
+/// (docs/cluster.md). It must hold everything up to the point (the failover fetched what
+/// it lacked first); what it holds above is discarded.
+fn promote_replica(dir: &std::path::Path, workers: usize, c: &crate::config::ClusterRun) -> Result<(), ServerError> {
+    let rdir = ditto_log::replica::replica_dir(dir);
+    if !rdir.exists() {
+        return Ok(()); // a primary's own directory (the first epoch)
+    }
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    let limit = c.upto.map(Ts);
+    let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, limit)?;
+    if let Some(p) = limit {
+        if opened.cut < p {
+            return Err(ConfigError::Invalid(format!(
+                "promoted at recovery point {} but this node holds everything only up to {}",
+                p.0, opened.cut.0
+            ))
+            .into());
+        }
+    }
+    tracing::info!(
+        "promoted from a backup's data: checkpoint at ts {} ({} transactions above it discarded)",
+        opened.cut.0,
+        opened.report.log_txns_dropped_above_cut
+    );
+    drop(opened);
+    std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
+    let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
     Ok(())
 }
 

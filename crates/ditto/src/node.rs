@@ -1,0 +1,560 @@
+//! `ditto server --node-id N --members ...`: one node of a cluster that fails over by itself
+//! ======================================================================================
+//! A cluster node is two processes: this supervisor, which runs the node's control plane
+//! (crates/cluster: Raft, the failure detector, the failover's coordinator), and a child
+//! `ditto server` that is the node's data plane, started as the primary or as a backup of
+//! the epoch the control plane opened (docs/cluster.md, "The data plane").
+//!
+//! ```text
+//!  supervisor: ControlService <-> NodePlane (this file) --spawns, stops, probes--> child ditto server
+//!               (Raft over the control port)                  (clients, replication ports)
+//! ```
+//!
+//! Every change of role is a new child: the old one is stopped (SIGTERM: a backup first
+//! makes everything it received durable, `Backup::stop`), and the new one recovers from
+//! the node's directory, cut at the failover's recovery point, so the engine never holds
+//! a version above it. That is the fence, too: a stopped backup acknowledges nothing
+//! more. The cost is that a node serves no reads between the fence and its restart, and
+//! that a promotion rebuilds the engine from disk (measured in docs/cluster.md).
+//!
+//! Invariants:
+//! - A child runs only in an epoch at or above the node's fence, and as primary only of an
+//!   epoch that a command applied while this supervisor ran named it for (a restarted
+//!   primary never resumes its epoch: the coordinator fails it over).
+//! - A node reports only what its directory holds as a backup's (a replica log, read after
+//!   its child stopped and the files were fsynced); a directory holding a primary's own log
+//!   is not reported (the node is then not counted, and not chosen).
+//! - A node that holds a primary's own log and is to follow another primary starts from
+//!   nothing (a checkpoint copy): its log may hold commits above the recovery point.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Proc, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_cluster::{
+    Command, ControlService, ControlState, DataPlane, Holding, Member, NodeId, Phase, RecoveryPlan, ServiceConfig,
+    Timeouts, Timing,
+};
+
+/// Where one member is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberAddrs {
+    pub host: String,
+    pub client: u16,
+    pub repl: u16,
+    pub control: u16,
+}
+
+impl MemberAddrs {
+    pub fn client_addr(&self) -> String {
+        format!("{}:{}", self.host, self.client)
+    }
+    fn repl_addr(&self) -> String {
+        format!("{}:{}", self.host, self.repl)
+    }
+}
+
+/// Parses `ID=HOST:CLIENT/REPL/CONTROL[,...]` (the ports of clients, replication and the
+/// control plane).
+pub fn parse_members(s: &str) -> Result<BTreeMap<NodeId, MemberAddrs>, String> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || format!("member {part:?}: expected ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT");
+        let (id, rest) = part.split_once('=').ok_or_else(bad)?;
+        let id: NodeId = id.trim().parse().map_err(|_| bad())?;
+        let (host, ports) = rest.rsplit_once(':').ok_or_else(bad)?;
+        let ports: Vec<u16> = ports.split('/').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+        let [client, repl, control] = ports[..] else { return Err(bad()) };
+        if id == 0 || out.insert(id, MemberAddrs { host: host.to_string(), client, repl, control }).is_some() {
+            return Err(format!("member {part:?}: ids are distinct and above 0"));
+        }
+    }
+    if out.is_empty() {
+        return Err("--members names no member".into());
+    }
+    Ok(out)
+}
+
+/// What the node's child server runs as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Role {
+    Primary { epoch: u64, ts_above: u64, upto: Option<u64>, resume_epoch: Option<u64> },
+    Backup { epoch: u64, of: NodeId, upto: Option<u64> },
+}
+
+impl Role {
+    fn epoch(&self) -> u64 {
+        match self {
+            Role::Primary { epoch, .. } | Role::Backup { epoch, .. } => *epoch,
+        }
+    }
+
+    /// Whether a child started as `self` serves `want` (a backup's cut matters only when
+    /// it starts: once running it follows the epoch).
+    fn serves(&self, want: &Role) -> bool {
+        match (self, want) {
+            (Role::Backup { epoch, of, .. }, Role::Backup { epoch: e, of: o, .. }) => epoch == e && of == o,
+            _ => self == want,
+        }
+    }
+}
+
+struct Running {
+    role: Role,
+    proc: Child,
+    /// The child printed that it listens.
+    ready: Arc<AtomicBool>,
+    probe: Option<BufReader<TcpStream>>,
+}
+
+/// How a node runs (from `ditto server`'s flags).
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub members: BTreeMap<NodeId, MemberAddrs>,
+    /// The node's directory: `control/` (the Raft state), `data/` (the child's).
+    pub dir: PathBuf,
+    /// Flags every child gets (durability, replay mode, ...).
+    pub child_args: Vec<String>,
+    /// The servers' workers (every node of a cluster runs the same number: they are the
+    /// primary's log streams).
+    pub workers: usize,
+    pub policy: String,
+    pub timeouts: Timeouts,
+    pub tick: Duration,
+}
+
+/// The data plane of one node: its child server (see the module notes).
+struct NodePlane {
+    me: NodeId,
+    members: BTreeMap<NodeId, MemberAddrs>,
+    data: PathBuf,
+    child_args: Vec<String>,
+    /// The servers' workers: the primary's log streams.
+    workers: usize,
+    child: Option<Running>,
+    state: ControlState,
+    fence: u64,
+    /// The epoch this supervisor may serve as primary (named by a command applied live).
+    may_serve: Option<u64>,
+    prepared: Option<Result<u64, String>>,
+    /// A backup child that exited is started again no sooner than this.
+    restart_after: Instant,
+    last_probe: Instant,
+    heard: Vec<NodeId>,
+    serving: bool,
+}
+
+/// A peer heard from within this long counts as heard now.
+const HEARD_WITHIN_MS: u64 = 50;
+/// How often the child is asked what it heard.
+const PROBE_EVERY: Duration = Duration::from_millis(5);
+/// How long a child is given to stop before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn say(me: NodeId, what: impl std::fmt::Display) {
+    println!("node {me}: {what}");
+    let _ = std::io::stdout().flush();
+}
+
+impl NodePlane {
+    fn stop_child(&mut self, why: &str) {
+        let Some(mut c) = self.child.take() else { return };
+        let t = Instant::now();
+        // SIGTERM: a backup makes what it received durable, a primary flushes its log.
+        // SAFETY: kill(2) with a pid this process spawned and has not reaped.
+        unsafe {
+            libc::kill(c.proc.id() as libc::pid_t, libc::SIGTERM);
+        }
+        loop {
+            match c.proc.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if t.elapsed() < STOP_TIMEOUT => std::thread::sleep(Duration::from_millis(1)),
+                _ => {
+                    tracing::error!("node {}: the child did not stop within {STOP_TIMEOUT:?}; killing it", self.me);
+                    let _ = c.proc.kill();
+                    let _ = c.proc.wait();
+                    break;
+                }
+            }
+        }
+        self.serving = false;
+        say(self.me, format!("stopped {:?} in {:.1} ms ({why})", c.role, t.elapsed().as_secs_f64() * 1e3));
+    }
+
+    /// The role the control state gives this node now, if any.
+    fn desired(&self) -> Option<Role> {
+        if self.state.phase != Some(Phase::Serving) {
+            return None;
+        }
+        let open = self.state.epochs.last()?;
+        if open.epoch < self.fence {
+            return None;
+        }
+        let before = self.state.epochs.len().checked_sub(2).map(|i| &self.state.epochs[i]);
+        if open.primary == self.me {
+            // Only an epoch this supervisor was named for while it ran.
+            (self.may_serve == Some(open.epoch)).then(|| Role::Primary {
+                epoch: open.epoch,
+                ts_above: open.start,
+                upto: before.and_then(|b| b.recovered),
+                resume_epoch: before.map(|b| b.epoch),
+            })
+        } else {
+            let followed = followed_epoch(&self.data);
+            Some(Role::Backup {
+                epoch: open.epoch,
+                of: open.primary,
+                upto: followed.and_then(|e| self.state.recovery_point(e)).map(|t| t.0),
+            })
+        }
+    }
+
+    /// Brings the child in line with the control state.
+    fn reconcile(&mut self) {
+        if let Some(c) = &mut self.child {
+            if let Ok(Some(status)) = c.proc.try_wait() {
+                let was = c.role.clone();
+                self.child = None;
+                self.serving = false;
+                say(self.me, format!("{was:?} exited ({status})"));
+                if matches!(was, Role::Primary { .. }) {
+                    self.may_serve = None; // never resumed: the coordinator fails it over
+                }
+                self.restart_after = Instant::now() + Duration::from_millis(500);
+            }
+        }
+        let want = self.desired();
+        match (&self.child, &want) {
+            (Some(c), Some(w)) if c.role.serves(w) => return,
+            (None, None) => return,
+            _ => {}
+        }
+        if self.child.is_some() {
+            self.stop_child("its role changed");
+        }
+        let Some(role) = want else { return };
+        if Instant::now() < self.restart_after {
+            return;
+        }
+        if let Err(e) = self.start_child(role.clone()) {
+            tracing::error!("node {}: starting {role:?}: {e}", self.me);
+            self.restart_after = Instant::now() + Duration::from_millis(500);
+        }
+    }
+
+    fn start_child(&mut self, role: Role) -> Result<(), String> {
+        let me = &self.members[&self.me];
+        std::fs::create_dir_all(&self.data).map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+        let mut args: Vec<String> = vec!["server".into(), "--data-dir".into(), self.data.display().to_string()];
+        args.extend(["--bind".into(), me.host.clone(), "--port".into(), me.client.to_string()]);
+        args.extend(["--workers".into(), self.workers.to_string()]);
+        args.extend(self.child_args.iter().cloned());
+        args.extend(["--exit-with-stdin".into(), "--commit-policy".into(), self.state.policy.clone()]);
+        args.extend(["--backups".into(), (self.state.members.len().saturating_sub(1)).to_string()]);
+        match &role {
+            Role::Primary { epoch, ts_above, upto, resume_epoch } => {
+                args.extend(["--repl-port".into(), me.repl.to_string(), "--run-epoch".into(), epoch.to_string()]);
+                args.extend(["--ts-above".into(), ts_above.to_string()]);
+                if let Some(p) = upto {
+                    args.extend(["--recover-upto".into(), p.to_string()]);
+                }
+                if let Some(e) = resume_epoch {
+                    args.extend(["--resume-epoch".into(), e.to_string()]);
+                }
+            }
+            Role::Backup { of, upto, .. } => {
+                if holds_primary_log(&self.data) {
+                    // This node was a primary: its log may hold commits above the recovery
+                    // point. It starts over from the new primary's checkpoint.
+                    say(self.me, "rejoins as a backup: its own log is dropped, it copies the primary's checkpoint");
+                    std::fs::remove_dir_all(&self.data)
+                        .map_err(|e| format!("clearing {}: {e}", self.data.display()))?;
+                    std::fs::create_dir_all(&self.data)
+                        .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+                }
+                args.extend(["--replica-of".into(), self.members[of].repl_addr()]);
+                if let Some(p) = upto {
+                    args.extend(["--recover-upto".into(), p.to_string()]);
+                }
+            }
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
+        let mut proc = Proc::new(exe)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the server: {e}"))?;
+        let ready = Arc::new(AtomicBool::new(false));
+        let out = proc.stdout.take().expect("piped");
+        let (r, me_id) = (Arc::clone(&ready), self.me);
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if line.starts_with("ditto server listening on") {
+                    r.store(true, Ordering::Release);
+                }
+                say(me_id, format!("server: {line}"));
+            }
+        });
+        say(self.me, format!("started {role:?} (pid {})", proc.id()));
+        self.child = Some(Running { role, proc, ready, probe: None });
+        Ok(())
+    }
+
+    /// Asks the child what it heard (at most every `PROBE_EVERY`).
+    fn probe(&mut self) {
+        if self.last_probe.elapsed() < PROBE_EVERY {
+            return;
+        }
+        self.last_probe = Instant::now();
+        self.heard.clear();
+        let Some(c) = &mut self.child else {
+            self.serving = false;
+            return;
+        };
+        if !c.ready.load(Ordering::Acquire) {
+            return;
+        }
+        let info = match info_replication(&mut c.probe, &self.members[&self.me].client_addr()) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!("node {}: probing the server: {e}", self.me);
+                c.probe = None;
+                self.serving = false;
+                return;
+            }
+        };
+        let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map(str::trim);
+        match &c.role {
+            Role::Primary { epoch, .. } => {
+                self.serving = self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
+                    && field("ditto_epoch") == Some(epoch.to_string().as_str());
+                for l in info.lines().filter(|l| l.starts_with("slave")) {
+                    let kv = |k: &str| l.split([':', ',']).find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
+                    let (Some(node), Some(ago)) = (kv("node"), kv("heard_ms_ago").and_then(|v| v.parse::<u64>().ok()))
+                    else {
+                        continue;
+                    };
+                    if ago <= HEARD_WITHIN_MS {
+                        if let Some((&id, _)) = self.members.iter().find(|(_, m)| m.client_addr() == node) {
+                            self.heard.push(id);
+                        }
+                    }
+                }
+            }
+            Role::Backup { of, .. } => {
+                self.serving = false;
+                let up = field("master_link_status") == Some("up");
+                let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
+                if up && ago <= HEARD_WITHIN_MS {
+                    self.heard.push(*of);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for NodePlane {
+    fn drop(&mut self) {
+        self.stop_child("the node stops");
+    }
+}
+
+impl DataPlane for NodePlane {
+    fn heard(&mut self) -> Vec<NodeId> {
+        self.reconcile();
+        self.probe();
+        self.heard.clone()
+    }
+
+    fn serving(&self) -> bool {
+        self.serving
+    }
+
+    fn fenced(&mut self, epoch: u64) {
+        self.fence = self.fence.max(epoch);
+        if self.child.as_ref().is_some_and(|c| c.role.epoch() < epoch) {
+            self.stop_child(&format!("fenced at epoch {epoch}"));
+        }
+    }
+
+    fn report(&mut self) -> Result<Holding, String> {
+        if self.child.is_some() {
+            return Err("the server still runs (not fenced)".into());
+        }
+        if holds_primary_log(&self.data) {
+            return Err("this node holds a primary's own log, which is not reported (docs/cluster.md)".into());
+        }
+        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, ditto_engine::Ts::ZERO)
+            .map_err(|e| e.to_string())?;
+        // What this node holds of an epoch that a failover since cut is held only up to the
+        // cut: the rest is discarded when its server starts (`--recover-upto`).
+        let cap = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map_or(u64::MAX, |t| t.0);
+        Ok(Holding {
+            streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
+            newest: h.newest.0.min(cap),
+            eligible: true,
+        })
+    }
+
+    fn prepare(&mut self, plan: &RecoveryPlan) {
+        self.prepared = Some((|| {
+            if !plan.fetch.is_empty() {
+                return Err(format!("this node lacks {:?}; fetching from peers is not built yet", plan.fetch));
+            }
+            let h = ditto_log::replica::replica_holdings(&self.data, 1, ditto_engine::Ts(plan.recovery_point))
+                .map_err(|e| e.to_string())?;
+            if h.cut.0 < plan.recovery_point && h.streams.iter().any(|s| s.0 < plan.recovery_point) {
+                return Err(format!("holds every stream only up to {}", h.cut.0));
+            }
+            Ok(h.txns_above)
+        })());
+    }
+
+    fn prepared(&mut self, _plan: &RecoveryPlan) -> Option<Result<u64, String>> {
+        self.prepared.take()
+    }
+
+    fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool) {
+        self.state = state.clone();
+        match cmd {
+            Command::Bootstrap { primary, .. } | Command::OpenEpoch { primary, .. } => {
+                if live && *primary == self.me {
+                    self.may_serve = Some(state.epoch);
+                }
+                if live {
+                    say(self.me, format!("epoch {} opened: primary {primary} ({cmd:?})", state.epoch));
+                }
+            }
+            Command::BeginFailover { epoch, reason } if live => {
+                say(self.me, format!("failover to epoch {epoch} began: {reason}"));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The epoch a backup's directory followed (its `REPLICA_STATE`).
+fn followed_epoch(data: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(data.join("REPLICA_STATE")).ok()?;
+    s.trim().strip_prefix("epoch ")?.parse().ok()
+}
+
+/// Whether `data` holds a primary's own log segments.
+fn holds_primary_log(data: &Path) -> bool {
+    std::fs::read_dir(data.join("log")).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// `INFO replication` from the server at `addr`, over a kept connection.
+fn info_replication(conn: &mut Option<BufReader<TcpStream>>, addr: &str) -> std::io::Result<String> {
+    if conn.is_none() {
+        let a: SocketAddr = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to nothing")))?;
+        let s = TcpStream::connect_timeout(&a, Duration::from_millis(100))?;
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        s.set_nodelay(true)?;
+        *conn = Some(BufReader::new(s));
+    }
+    let r = conn.as_mut().expect("connected");
+    r.get_mut().write_all(b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n")?;
+    let mut head = String::new();
+    r.read_line(&mut head)?;
+    let len: usize = head
+        .trim_end()
+        .strip_prefix('$')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("unexpected reply {head:?}")))?;
+    let mut body = vec![0u8; len + 2];
+    r.read_exact(&mut body)?;
+    body.truncate(len);
+    String::from_utf8(body).map_err(std::io::Error::other)
+}
+
+/// Runs the node until SIGINT or SIGTERM.
+pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
+    let me = cfg.members.get(&cfg.id).ok_or_else(|| format!("--node-id {} is not among --members", cfg.id))?.clone();
+    let peers: BTreeMap<NodeId, SocketAddr> = cfg
+        .members
+        .iter()
+        .map(|(&id, m)| {
+            let a = format!("{}:{}", m.host, m.control);
+            a.to_socket_addrs()
+                .ok()
+                .and_then(|mut i| i.next())
+                .map(|s| (id, s))
+                .ok_or_else(|| format!("member {id}'s control address {a} does not resolve"))
+        })
+        .collect::<Result<_, _>>()?;
+    let listener = TcpListener::bind((me.host.as_str(), me.control))
+        .map_err(|e| format!("binding the control port {}:{}: {e}", me.host, me.control))?;
+    let plane = NodePlane {
+        me: cfg.id,
+        members: cfg.members.clone(),
+        data: cfg.dir.join("data"),
+        child_args: cfg.child_args,
+        workers: cfg.workers,
+        child: None,
+        state: ControlState::default(),
+        fence: 0,
+        may_serve: None,
+        prepared: None,
+        restart_after: Instant::now(),
+        last_probe: Instant::now(),
+        heard: Vec::new(),
+        serving: false,
+    };
+    let svc = ControlService::start(
+        ServiceConfig {
+            id: cfg.id,
+            peers,
+            dir: cfg.dir.join("control"),
+            tick: cfg.tick,
+            timing: Timing::default(),
+            timeouts: cfg.timeouts,
+        },
+        listener,
+        Box::new(plane),
+    )?;
+    say(cfg.id, format!("control plane on {}:{}", me.host, me.control));
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let s = Arc::clone(&stop);
+        // A thread per signal would need a handler crate; the runtime's signal support is
+        // here already.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            rt.block_on(async {
+                let kind = tokio::signal::unix::SignalKind::from_raw(sig);
+                if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+                    s.recv().await;
+                }
+            });
+            s.store(true, Ordering::SeqCst);
+        });
+    }
+    let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+        let st = svc.status();
+        if let Some(f) = &st.failed {
+            return Err(format!("the control plane stopped: {f}").into());
+        }
+        // The first leader names itself the first primary.
+        if st.state.epoch == 0 && st.leader == Some(cfg.id) && last_bootstrap.elapsed() > Duration::from_millis(200) {
+            last_bootstrap = Instant::now();
+            let members = cfg.members.iter().map(|(&id, m)| Member { id, addr: m.client_addr() }).collect::<Vec<_>>();
+            let _ = svc.propose(Command::Bootstrap { members, primary: cfg.id, policy: cfg.policy.clone() });
+        }
+    }
+    say(cfg.id, "stopping");
+    svc.stop();
+    Ok(())
+}

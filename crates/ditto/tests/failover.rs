@@ -1,0 +1,320 @@
+//! Automatic failover between real processes: three `ditto server --node-id` nodes on
+//! loopback, a client writing without pause, the primary's node killed with SIGKILL, and
+//! then: a new primary takes writes, every acknowledged write is on it and on the backups,
+//! and the killed node comes back as a backup. Cycles repeat (FAILOVER_CYCLES, default 4);
+//! the unavailability of each (SIGKILL to the first acknowledged write on the new
+//! primary) is printed with its percentiles and, with FAILOVER_JSON=path, written there.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Client;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    members: String,
+    /// Client port per node.
+    ports: BTreeMap<u64, u16>,
+    nodes: BTreeMap<u64, Child>,
+    policy: String,
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Cluster {
+    fn start(n: u64, policy: &str) -> Cluster {
+        let p = free_ports(3 * n as usize);
+        let members: Vec<String> = (0..n as usize)
+            .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
+            .collect();
+        let mut c = Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            members: members.join(","),
+            ports: (0..n as usize).map(|i| (i as u64 + 1, p[3 * i])).collect(),
+            nodes: BTreeMap::new(),
+            policy: policy.into(),
+        };
+        for id in 1..=n {
+            c.start_node(id);
+        }
+        c
+    }
+
+    fn log(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node{id}.log"))
+    }
+
+    fn start_node(&mut self, id: u64) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(id)).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--node-id", &id.to_string(), "--members", &self.members])
+            .args(["--data-dir", self.dir.path().join(format!("n{id}")).to_str().unwrap()])
+            .args(["--workers", "2", "--failure-timeout-ms", "250", "--commit-policy", &self.policy])
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.nodes.insert(id, child);
+    }
+
+    /// SIGKILL of a node's supervisor: its server dies with it (a crash of the machine).
+    fn kill(&mut self, id: u64) {
+        let mut c = self.nodes.remove(&id).unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// The node whose server says it is the primary and takes a write.
+    fn primary(&self) -> Option<u64> {
+        self.nodes.keys().copied().find(|id| {
+            let Ok(mut c) = Client::connect(self.ports[id]) else { return false };
+            c.set_read_timeout(Duration::from_secs(2));
+            matches!(c.cmd(&["SET", "probe", "1"]), Ok(r) if r[0] == "+OK")
+        })
+    }
+
+    fn info(&self, id: u64) -> Option<String> {
+        let mut c = Client::connect(self.ports[&id]).ok()?;
+        c.set_read_timeout(Duration::from_secs(2));
+        c.cmd(&["INFO", "replication"]).ok().map(|r| r.concat())
+    }
+
+    fn dump_logs(&self) {
+        for id in self.ports.keys() {
+            let s = std::fs::read_to_string(self.log(*id)).unwrap_or_default();
+            let tail: Vec<&str> = s.lines().rev().take(60).collect();
+            eprintln!("---- node {id} (last lines) ----");
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, mut c) in std::mem::take(&mut self.nodes) {
+            // SIGTERM first (its server is stopped), then make sure.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Writes `k<n> = n` one at a time, moving to whichever node takes writes when one fails;
+/// records each acknowledged n with when it was acknowledged and the port that did.
+struct Writer {
+    acked: Arc<Mutex<Vec<(u64, Instant, u16)>>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    fn start(ports: Vec<u16>) -> Writer {
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s) = (Arc::clone(&acked), Arc::clone(&stop));
+        let handle = std::thread::spawn(move || {
+            let mut n = 0u64;
+            let mut conn: Option<(Client, u16)> = None;
+            let mut next_port = 0usize;
+            while !s.load(Ordering::SeqCst) {
+                let (c, port) = match &mut conn {
+                    Some((c, port)) => (c, *port),
+                    None => {
+                        let port = ports[next_port % ports.len()];
+                        next_port += 1;
+                        match Client::connect(port) {
+                            Ok(mut c) => {
+                                c.set_read_timeout(Duration::from_secs(2));
+                                (&mut conn.insert((c, port)).0, port)
+                            }
+                            Err(_) => {
+                                std::thread::sleep(Duration::from_millis(2));
+                                continue;
+                            }
+                        }
+                    }
+                };
+                n += 1;
+                let (k, v) = (format!("k{n}"), n.to_string());
+                match c.cmd(&["SET", &k, &v]) {
+                    Ok(r) if r[0] == "+OK" => a.lock().unwrap().push((n, Instant::now(), port)),
+                    // A backup refuses (READONLY), a node going down fails: try the next.
+                    _ => {
+                        conn = None;
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            }
+        });
+        Writer { acked, stop, handle: Some(handle) }
+    }
+
+    fn acked(&self) -> Vec<(u64, Instant, u16)> {
+        self.acked.lock().unwrap().clone()
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            h.join().unwrap();
+        }
+    }
+}
+
+/// Every acknowledged key holds its value on the node at `port` (waiting, bounded, for a
+/// backup to catch up).
+fn check_has(port: u16, acked: &[(u64, Instant, u16)], within: Duration) -> Result<(), String> {
+    let end = Instant::now() + within;
+    loop {
+        let missing = (|| -> std::io::Result<Option<String>> {
+            let mut c = Client::connect(port)?;
+            c.set_read_timeout(Duration::from_secs(10));
+            for chunk in acked.chunks(500) {
+                let keys: Vec<String> = chunk.iter().map(|(n, _, _)| format!("k{n}")).collect();
+                let reqs: Vec<[&str; 2]> = keys.iter().map(|k| ["GET", k.as_str()]).collect();
+                let refs: Vec<&[&str]> = reqs.iter().map(|r| &r[..]).collect();
+                c.send(&refs)?;
+                for (n, _, _) in chunk {
+                    let got = c.reply()?.remove(0);
+                    if got != n.to_string() {
+                        return Ok(Some(format!("k{n} = {got:?}, acknowledged as {n}")));
+                    }
+                }
+            }
+            Ok(None)
+        })();
+        match missing {
+            Ok(None) => return Ok(()),
+            Ok(Some(why)) if Instant::now() > end => return Err(why),
+            Err(e) if Instant::now() > end => return Err(e.to_string()),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn run_cycles(policy: &str, cycles: usize) {
+    let mut c = Cluster::start(3, policy);
+    let end = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let Some(p) = c.primary() {
+            break p;
+        }
+        if Instant::now() > end {
+            c.dump_logs();
+            for id in c.ports.keys() {
+                eprintln!("node {id}: {:?}", c.info(*id));
+            }
+            panic!("no first primary within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    let mut unavailable_ms = Vec::new();
+    let mut primary = first;
+    for cycle in 0..cycles {
+        // Let writes flow on this primary, then kill its node.
+        let before = w.acked().len();
+        wait_for("writes on the primary", Duration::from_secs(30), || (w.acked().len() > before + 200).then_some(()));
+        let killed_at = Instant::now();
+        let killed_port = c.ports[&primary];
+        c.kill(primary);
+        // The first write another node acknowledged (one the killed node answered just
+        // before it died may be read after `killed_at`).
+        let first_after = wait_for("the first write after the kill", Duration::from_secs(20), || {
+            w.acked().iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
+        });
+        let acked = w.acked();
+        let ms = first_after.duration_since(killed_at).as_secs_f64() * 1e3;
+        unavailable_ms.push(ms);
+        let new = wait_for("the new primary", Duration::from_secs(20), || c.primary());
+        assert_ne!(new, primary, "cycle {cycle}: the killed node cannot be primary");
+        eprintln!("cycle {cycle}: node {primary} killed; node {new} took writes after {ms:.0} ms");
+        // Nothing acknowledged is lost, on the new primary.
+        if let Err(e) = check_has(c.ports[&new], &acked, Duration::from_secs(5)) {
+            c.dump_logs();
+            panic!("cycle {cycle}: an acknowledged write is missing on the new primary: {e}");
+        }
+        // The killed node comes back as a backup and catches up.
+        let t = Instant::now();
+        c.start_node(primary);
+        let back = primary;
+        wait_for("the old primary to rejoin as a backup", Duration::from_secs(30), || {
+            c.info(back).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+        });
+        if let Err(e) = check_has(c.ports[&back], &acked, Duration::from_secs(20)) {
+            c.dump_logs();
+            panic!("cycle {cycle}: the rejoined node lacks an acknowledged write: {e}");
+        }
+        eprintln!("cycle {cycle}: node {back} rejoined and caught up in {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
+        primary = new;
+    }
+    w.stop();
+    let acked = w.acked();
+    // Every node ends with every acknowledged write.
+    for (&id, &port) in &c.ports {
+        if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
+            c.dump_logs();
+            panic!("node {id} lacks an acknowledged write at the end: {e}");
+        }
+    }
+    let mut s = unavailable_ms.clone();
+    s.sort_by(f64::total_cmp);
+    eprintln!(
+        "{policy}: {} failovers, {} acknowledged writes, none lost; unavailability ms: p50 {:.0}, p99 {:.0}, max {:.0}",
+        s.len(),
+        acked.len(),
+        pct(&s, 0.5),
+        pct(&s, 0.99),
+        s[s.len() - 1]
+    );
+    if let Ok(path) = std::env::var("FAILOVER_JSON") {
+        let j = serde_json::json!({
+            "policy": policy, "failovers": s.len(), "acknowledged_writes": acked.len(), "lost": 0,
+            "unavailable_ms": unavailable_ms, "p50_ms": pct(&s, 0.5), "p99_ms": pct(&s, 0.99), "max_ms": s[s.len() - 1],
+        });
+        std::fs::write(Path::new(&path), j.to_string()).unwrap();
+    }
+}
+
+fn cycles() -> usize {
+    std::env::var("FAILOVER_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+}
+
+#[test]
+fn sigkill_of_the_primary_fails_over_loses_no_acknowledged_write_and_the_old_primary_rejoins() {
+    run_cycles("majority-durable", cycles());
+}
