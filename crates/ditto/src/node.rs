@@ -156,8 +156,11 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// How long a child is given to stop before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// One line of what the node does, with the wall-clock time in seconds (to the
+/// millisecond) so that nodes' lines can be put in one order.
 fn say(me: NodeId, what: impl std::fmt::Display) {
-    println!("node {me}: {what}");
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    println!("{}.{:03} node {me}: {what}", t.as_secs(), t.subsec_millis());
     let _ = std::io::stdout().flush();
 }
 

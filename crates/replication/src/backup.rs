@@ -273,14 +273,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         have_ts: have,
         node: opts.node.clone(),
     };
-    // The primary may not be up yet: try for a while.
+    // The primary may not be up yet (a cluster starts its new primary and its backups at
+    // once): try often, for a while, saying so once a second.
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut said = Instant::now() - Duration::from_secs(1);
     let (stream, mut reader) = loop {
         match connect(&opts.primary, &hello) {
             Ok(c) => break c,
             Err(e) if Instant::now() < deadline => {
-                tracing::warn!("connecting to the primary at {}: {e}; retrying", opts.primary);
-                std::thread::sleep(Duration::from_millis(200));
+                if said.elapsed() >= Duration::from_secs(1) {
+                    tracing::warn!("connecting to the primary at {}: {e}; retrying", opts.primary);
+                    said = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
             Err(e) => {
                 return Err(BackupError::Io {
