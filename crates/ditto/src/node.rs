@@ -281,6 +281,7 @@ impl NodePlane {
                         .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
                 }
                 args.extend(["--replica-of".into(), self.members[of].repl_addr()]);
+                args.extend(["--primary-addr".into(), self.members[of].client_addr()]);
                 if let Some(p) = upto {
                     args.extend(["--recover-upto".into(), p.to_string()]);
                 }

@@ -100,6 +100,9 @@ pub struct ServerArgs {
     /// Set by a cluster node for its primary: the epoch that --recover-upto cut.
     #[arg(long, hide = true)]
     resume_epoch: Option<u64>,
+    /// Set by a cluster node for a backup: where the primary takes clients' writes.
+    #[arg(long, hide = true)]
+    primary_addr: Option<String>,
     /// Exit at once when standard input closes (a cluster node's server dies with it).
     #[arg(long, hide = true)]
     exit_with_stdin: bool,
@@ -182,10 +185,15 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             ts_above: a.ts_above.unwrap_or(0),
             upto: a.recover_upto,
             resume_epoch: a.resume_epoch,
+            primary_addr: None,
         });
-    } else if a.recover_upto.is_some() {
-        // A backup's cut needs no epoch of its own.
-        cfg.cluster = Some(ditto_server::config::ClusterRun { upto: a.recover_upto, ..Default::default() });
+    } else if a.recover_upto.is_some() || a.primary_addr.is_some() {
+        // A cluster's backup: its cut, and where its primary takes writes.
+        cfg.cluster = Some(ditto_server::config::ClusterRun {
+            upto: a.recover_upto,
+            primary_addr: a.primary_addr,
+            ..Default::default()
+        });
     }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.tls_auth_clients |= a.tls_auth_clients;

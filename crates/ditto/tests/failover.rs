@@ -340,3 +340,49 @@ fn sigkill_of_the_primary_fails_over_loses_no_acknowledged_write_and_the_old_pri
 fn under_majority_received_a_crash_of_the_primary_loses_no_acknowledged_write() {
     run_cycles("majority-received", cycles());
 }
+
+/// An unchanged Redis client (redis-py's Sentinel support) finds the primary through the
+/// nodes' SENTINEL answers, and finds the new one after the primary's node is killed;
+/// nothing it was told was written is lost.
+#[test]
+fn redis_py_sentinel_follows_a_failover() {
+    use std::io::BufRead;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-durable");
+    let primary = wait_for("a first primary", Duration::from_secs(30), || c.primary());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redis_py_sentinel.py");
+    let ports: Vec<String> = c.ports.values().map(|p| p.to_string()).collect();
+    let n = 600u64;
+    let mut py = Command::new("python3")
+        .arg(&script)
+        .args([ports.join(","), n.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut lines = std::io::BufReader::new(py.stdout.take().unwrap()).lines();
+    let mut acked = Vec::new();
+    let mut killed = false;
+    let mut last = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(i) = line.strip_prefix("acked ") {
+            acked.push((i.parse::<u64>().unwrap(), Instant::now(), 0u16));
+        }
+        if acked.len() == 200 && !killed {
+            c.kill(primary);
+            killed = true;
+        }
+        last = line;
+    }
+    let status = py.wait().unwrap();
+    assert!(status.success(), "the client failed: {last}");
+    assert!(killed && acked.len() == n as usize, "{} of {n} writes acknowledged", acked.len());
+    // The client's keys are k0.., not k1..: shift for check_has, which reads k<n>.
+    let new = wait_for("the new primary", Duration::from_secs(20), || c.primary());
+    assert_ne!(new, primary);
+    assert!(last.ends_with(&format!(":{}", c.ports[&new])), "the client ended on the new primary: {last}");
+    let mut cl = Client::connect(c.ports[&new]).unwrap();
+    for (i, _, _) in &acked {
+        assert_eq!(cl.cmd(&["GET", &format!("k{i}")]).unwrap()[0], i.to_string(), "k{i}");
+    }
+}

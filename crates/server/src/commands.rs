@@ -105,6 +105,7 @@ pub static SPECS: &[Spec] = &[
     conn("UNWATCH", 1),
     conn("INFO", -1),
     conn("ROLE", 1),
+    conn("SENTINEL", -2),
     conn("WAIT", 3),
     conn("DBSIZE", 1),
     conn("SCAN", -2),
@@ -198,7 +199,7 @@ pub fn wrong_arity(spec: &Spec) -> Reply {
 
 /// Client text echoed in an error line: an error reply is one line, so line breaks become
 /// spaces, as Redis does.
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.replace(['\r', '\n'], " ")
 }
 

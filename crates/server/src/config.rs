@@ -112,6 +112,8 @@ pub struct ClusterRun {
     /// A primary: the epoch that `upto` cut. Its backups holding exactly `upto` resume
     /// from the log.
     pub resume_epoch: Option<u64>,
+    /// A backup: where the primary takes clients' writes (host:port).
+    pub primary_addr: Option<String>,
 }
 
 /// The `maxmemory` setting: a size in Redis's units (a string such as `"512mb"`, or an

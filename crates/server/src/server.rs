@@ -313,6 +313,10 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         sh.replication =
             crate::session::Replication::Backup { state: Arc::clone(&b.state), primary: b.primary.clone() };
     }
+    sh.primary_addr = match &backup {
+        None => Some(format!("{}:{port}", cfg.bind)),
+        Some(_) => cfg.cluster.as_ref().and_then(|c| c.primary_addr.clone()),
+    };
     let sh = Arc::new(sh);
     let metrics = Arc::new(Metrics::new(cfg.workers));
     if cfg.metrics != "off" {

@@ -94,6 +94,11 @@ pub struct Shared {
     pub read_only: bool,
     /// What this node is in replication (INFO replication, READONLY's address).
     pub replication: Replication,
+    /// Where clients write, host:port, when this node knows: its own address on a
+    /// primary; on a cluster's backup, the primary's (its supervisor tells it). Named in
+    /// READONLY refusals and answered to SENTINEL (unchanged Redis clients find the
+    /// primary with it).
+    pub primary_addr: Option<String>,
     /// What CONFIG GET shows: (name, value) in Redis's names where there is one. The
     /// server fills it from its configuration; the password is never shown.
     pub config_view: Vec<(String, String)>,
@@ -131,6 +136,7 @@ impl Shared {
             config_view: Vec::new(),
             max_output_bytes: usize::MAX,
             memory: MemoryLimit::none(),
+            primary_addr: None,
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -495,8 +501,11 @@ impl Session {
             return Err(Reply::err("NOAUTH Authentication required."));
         }
         if spec.write && sh.read_only {
-            return Err(Reply::err(match &sh.replication {
-                Replication::Backup { primary, .. } => {
+            return Err(Reply::err(match (&sh.replication, &sh.primary_addr) {
+                (Replication::Backup { primary, .. }, Some(addr)) => format!(
+                    "READONLY You can't write against a read only replica. The primary is at {addr} (replication address {primary})"
+                ),
+                (Replication::Backup { primary, .. }, None) => {
                     format!("READONLY You can't write against a read only replica. The primary's replication address is {primary}")
                 }
                 _ => "READONLY You can't write against a read only replica.".to_string(),
@@ -743,6 +752,7 @@ impl Session {
             }
             "INFO" => Reply::Bulk(info(a, sh).into()),
             "ROLE" => role(sh),
+            "SENTINEL" => sentinel(a, sh),
             // Redis's WAIT: how many backups have received this connection's writes (the
             // connection waits, bounded by the timeout; see `WaitReplicas`).
             "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
@@ -1176,6 +1186,48 @@ fn role(sh: &Shared) -> Reply {
                 Reply::Int(state.visible.load(std::sync::atomic::Ordering::Acquire) as i64),
             ])
         }
+    }
+}
+
+/// The one service name SENTINEL answers for.
+pub const SENTINEL_NAME: &str = "ditto";
+
+/// Enough of Redis Sentinel's commands for unchanged clients to find the primary (redis-py's
+/// `Sentinel(...).master_for("ditto")`, `SENTINEL get-master-addr-by-name ditto`): every
+/// node answers for the service `ditto` with the primary it knows (docs/cluster.md).
+fn sentinel(a: &[Bytes], sh: &Shared) -> Reply {
+    let sub = a[0].to_ascii_uppercase();
+    let named = |i: usize| a.get(i).is_some_and(|n| n.as_ref() == SENTINEL_NAME.as_bytes());
+    let addr = sh.primary_addr.as_deref().map(crate::replinfo::host_port);
+    let state = |(h, p): (&str, &str)| {
+        let kv = [
+            ("name", SENTINEL_NAME.to_string()),
+            ("ip", h.to_string()),
+            ("port", p.to_string()),
+            ("runid", String::new()),
+            ("flags", "master".to_string()),
+            ("num-slaves", "0".to_string()),
+            ("num-other-sentinels", "0".to_string()),
+            ("quorum", "1".to_string()),
+        ];
+        // Sentinel's own reply: a map in RESP3, a flat array in RESP2.
+        Reply::Map(kv.into_iter().map(|(k, v)| (Reply::bulk(k), Reply::bulk(v))).collect())
+    };
+    match sub.as_slice() {
+        b"GET-MASTER-ADDR-BY-NAME" if a.len() == 2 => match (named(1), addr) {
+            (true, Some((h, p))) => Reply::Array(vec![Reply::bulk(h.to_string()), Reply::bulk(p.to_string())]),
+            _ => Reply::NilArray,
+        },
+        b"MASTERS" if a.len() == 1 => Reply::Array(addr.map(state).into_iter().collect()),
+        b"MASTER" if a.len() == 2 => match (named(1), addr) {
+            (true, Some(hp)) => state(hp),
+            _ => Reply::err("ERR No such master with that name"),
+        },
+        b"SLAVES" | b"REPLICAS" | b"SENTINELS" if a.len() == 2 => Reply::Array(Vec::new()),
+        _ => Reply::err(format!(
+            "ERR unknown or malformed SENTINEL subcommand '{}' (this node answers get-master-addr-by-name, masters, master, replicas, sentinels)",
+            commands::one_line(&String::from_utf8_lossy(&a[0][..a[0].len().min(64)]))
+        )),
     }
 }
 
