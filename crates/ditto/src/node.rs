@@ -107,10 +107,23 @@ impl Role {
 struct Running {
     role: Role,
     proc: Child,
+    /// The server's standard input is in `Gate` (the server exits when it closes).
     /// The child printed that it listens.
     ready: Arc<AtomicBool>,
     probe: Option<BufReader<TcpStream>>,
 }
+
+/// The running server's standard input, shared with the supervisor's loop, which opens
+/// and closes a primary's write gate through it (a primary takes writes only while it
+/// has contact with a quorum, docs/cluster.md).
+#[derive(Default)]
+struct Gate {
+    stdin: Option<std::process::ChildStdin>,
+    primary: bool,
+    open: bool,
+}
+
+type SharedGate = Arc<parking_lot::Mutex<Gate>>;
 
 /// How a node runs (from `ditto server`'s flags).
 pub struct NodeConfig {
@@ -137,6 +150,7 @@ struct NodePlane {
     /// The servers' workers: the primary's log streams.
     workers: usize,
     child: Option<Running>,
+    gate: SharedGate,
     state: ControlState,
     fence: u64,
     /// The epoch this supervisor may serve as primary (named by a command applied live).
@@ -186,6 +200,8 @@ impl NodePlane {
             }
         }
         self.serving = false;
+        // Only now: a closed standard input makes the server exit at once.
+        *self.gate.lock() = Gate::default();
         say(self.me, format!("stopped {:?} in {:.1} ms ({why})", c.role, t.elapsed().as_secs_f64() * 1e3));
     }
 
@@ -223,6 +239,7 @@ impl NodePlane {
             if let Ok(Some(status)) = c.proc.try_wait() {
                 let was = c.role.clone();
                 self.child = None;
+                *self.gate.lock() = Gate::default();
                 self.serving = false;
                 say(self.me, format!("{was:?} exited ({status})"));
                 if matches!(was, Role::Primary { .. }) {
@@ -294,6 +311,11 @@ impl NodePlane {
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting the server: {e}"))?;
+        *self.gate.lock() = Gate {
+            stdin: proc.stdin.take(),
+            primary: matches!(role, Role::Primary { .. }),
+            open: false, // a new primary's server starts with its writes refused
+        };
         let ready = Arc::new(AtomicBool::new(false));
         let out = proc.stdout.take().expect("piped");
         let (r, me_id) = (Arc::clone(&ready), self.me);
@@ -340,7 +362,9 @@ impl NodePlane {
                 self.serving = self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
-                    let kv = |k: &str| l.split([':', ',']).find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
+                    // slaveN:node=HOST:PORT,addr=...,heard_ms_ago=N
+                    let fields = l.split_once(':').map_or("", |(_, f)| f);
+                    let kv = |k: &str| fields.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
                     let (Some(node), Some(ago)) = (kv("node"), kv("heard_ms_ago").and_then(|v| v.parse::<u64>().ok()))
                     else {
                         continue;
@@ -499,8 +523,10 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let listener = TcpListener::bind((me.host.as_str(), me.control))
         .map_err(|e| format!("binding the control port {}:{}: {e}", me.host, me.control))?;
+    let gate = SharedGate::default();
     let plane = NodePlane {
         me: cfg.id,
+        gate: Arc::clone(&gate),
         members: cfg.members.clone(),
         data: cfg.dir.join("data"),
         child_args: cfg.child_args,
@@ -546,10 +572,30 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
     while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
         let st = svc.status();
         if let Some(f) = &st.failed {
             return Err(format!("the control plane stopped: {f}").into());
+        }
+        // A primary takes writes only while a quorum acknowledges its epoch: cut off from
+        // the majority (which then fails it over), it refuses them.
+        {
+            let mut g = gate.lock();
+            if g.primary && g.open != st.quorum_contact {
+                let line = match st.quorum_contact {
+                    true => "writes on\n".to_string(),
+                    false => format!(
+                        "writes off this node is the primary of epoch {} but has not heard a quorum of its cluster for {} ms: it takes no writes (the others may have failed it over)\n",
+                        st.state.epoch, cfg.timeouts.failure
+                    ),
+                };
+                if let Some(stdin) = &mut g.stdin {
+                    if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
+                        g.open = st.quorum_contact;
+                        say(cfg.id, format!("writes {}", if g.open { "taken" } else { "refused: no quorum contact" }));
+                    }
+                }
+            }
         }
         // The first leader names itself the first primary.
         if st.state.epoch == 0 && st.leader == Some(cfg.id) && last_bootstrap.elapsed() > Duration::from_millis(200) {

@@ -116,10 +116,26 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(id) = a.node_id {
         return run_node(id, a);
     }
+    let gate = std::sync::Arc::new(ditto_server::session::WriteGate::default());
     if a.exit_with_stdin {
-        std::thread::spawn(|| {
-            let mut sink = [0u8; 64];
-            while matches!(std::io::Read::read(&mut std::io::stdin(), &mut sink), Ok(n) if n > 0) {}
+        // A cluster node's server: its supervisor opens and closes the write gate with
+        // lines on standard input ("writes on", "writes off WHY"); a new primary starts
+        // closed until the supervisor has heard a quorum of the cluster.
+        if a.run_epoch.is_some() {
+            gate.set(Some(
+                "this node is the cluster's new primary and has not heard a quorum of the cluster yet".into(),
+            ));
+        }
+        let g = std::sync::Arc::clone(&gate);
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::stdin().lock()) {
+                let Ok(line) = line else { break };
+                match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
+                    ("writes", "on") => g.set(None),
+                    ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
+                    _ => tracing::warn!("unknown line from the cluster node: {line:?}"),
+                }
+            }
             // The node that started this server is gone: so is the server (a crash).
             std::process::exit(137);
         });
@@ -196,6 +212,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         });
     }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
+    cfg.write_gate = Some(gate);
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
     if let Some(mib) = a.prefault_mib {

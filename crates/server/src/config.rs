@@ -96,6 +96,9 @@ pub struct Config {
     /// a config file.
     #[serde(skip)]
     pub cluster: Option<ClusterRun>,
+    /// Writes refused while it is closed (a cluster node's supervisor holds it).
+    #[serde(skip)]
+    pub write_gate: Option<std::sync::Arc<crate::session::WriteGate>>,
 }
 
 /// One run of a cluster node's server, as its control plane decided it.
@@ -180,6 +183,7 @@ impl Default for Config {
             maxmemory: MaxMemory::Text("auto".into()),
             used_memory: None,
             cluster: None,
+            write_gate: None,
         }
     }
 }

@@ -313,6 +313,9 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         sh.replication =
             crate::session::Replication::Backup { state: Arc::clone(&b.state), primary: b.primary.clone() };
     }
+    if let Some(g) = &cfg.write_gate {
+        sh.write_gate = Arc::clone(g);
+    }
     sh.primary_addr = match &backup {
         None => Some(format!("{}:{port}", cfg.bind)),
         Some(_) => cfg.cluster.as_ref().and_then(|c| c.primary_addr.clone()),

@@ -99,6 +99,9 @@ pub struct Shared {
     /// READONLY refusals and answered to SENTINEL (unchanged Redis clients find the
     /// primary with it).
     pub primary_addr: Option<String>,
+    /// Writes refused for now, and why (a cluster's primary without contact with a quorum
+    /// of its cluster, docs/cluster.md).
+    pub write_gate: Arc<WriteGate>,
     /// What CONFIG GET shows: (name, value) in Redis's names where there is one. The
     /// server fills it from its configuration; the password is never shown.
     pub config_view: Vec<(String, String)>,
@@ -137,6 +140,7 @@ impl Shared {
             max_output_bytes: usize::MAX,
             memory: MemoryLimit::none(),
             primary_addr: None,
+            write_gate: Arc::default(),
             next_client_id: AtomicU64::new(1),
         })
     }
@@ -422,7 +426,13 @@ impl Session {
         match args.len() {
             2 if args[0].eq_ignore_ascii_case(b"GET") => Some(RunKind::Get),
             // Over maxmemory each SET goes alone, to be refused by `dispatch`.
-            3 if args[0].eq_ignore_ascii_case(b"SET") && !sh.read_only && !sh.memory.over() => Some(RunKind::Set),
+            3 if args[0].eq_ignore_ascii_case(b"SET")
+                && !sh.read_only
+                && !sh.memory.over()
+                && sh.write_gate.refusal().is_none() =>
+            {
+                Some(RunKind::Set)
+            }
             _ => None,
         }
     }
@@ -510,6 +520,11 @@ impl Session {
                 }
                 _ => "READONLY You can't write against a read only replica.".to_string(),
             }));
+        }
+        if spec.write {
+            if let Some(why) = sh.write_gate.refusal() {
+                return Err(Reply::err(format!("READONLY {why}")));
+            }
         }
         if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && {
             // Deleted values may still wait for a collection: get them back before refusing.
@@ -1186,6 +1201,31 @@ fn role(sh: &Shared) -> Reply {
                 Reply::Int(state.visible.load(std::sync::atomic::Ordering::Acquire) as i64),
             ])
         }
+    }
+}
+
+/// Writes refused for now, with the reason; open by default. Checked before every write
+/// command (one atomic load while open).
+#[derive(Default, Debug)]
+pub struct WriteGate {
+    closed: std::sync::atomic::AtomicBool,
+    why: Mutex<String>,
+}
+
+impl WriteGate {
+    /// Refuse writes with `why` (`Some`), or take them again (`None`).
+    pub fn set(&self, why: Option<String>) {
+        let mut w = self.why.lock();
+        self.closed.store(why.is_some(), std::sync::atomic::Ordering::Release);
+        *w = why.unwrap_or_default();
+    }
+
+    pub fn refusal(&self) -> Option<String> {
+        if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let w = self.why.lock();
+        self.closed.load(std::sync::atomic::Ordering::Acquire).then(|| w.clone())
     }
 }
 
