@@ -20,7 +20,8 @@ use common::Client;
 
 struct Cluster {
     dir: tempfile::TempDir,
-    members: String,
+    /// Each node's --members (the same for all, unless links go through proxies).
+    members: BTreeMap<u64, String>,
     /// Client port per node.
     ports: BTreeMap<u64, u16>,
     nodes: BTreeMap<u64, Child>,
@@ -51,7 +52,7 @@ impl Cluster {
             .collect();
         let mut c = Cluster {
             dir: tempfile::tempdir().unwrap(),
-            members: members.join(","),
+            members: (1..=n).map(|id| (id, members.join(","))).collect(),
             ports: (0..n as usize).map(|i| (i as u64 + 1, p[3 * i])).collect(),
             nodes: BTreeMap::new(),
             policy: policy.into(),
@@ -69,7 +70,7 @@ impl Cluster {
     fn start_node(&mut self, id: u64) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(id)).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--node-id", &id.to_string(), "--members", &self.members])
+            .args(["server", "--node-id", &id.to_string(), "--members", &self.members[&id]])
             .args(["--data-dir", self.dir.path().join(format!("n{id}")).to_str().unwrap()])
             .args(["--workers", "2", "--failure-timeout-ms", "250", "--commit-policy", &self.policy])
             .stdout(Stdio::from(log.try_clone().unwrap()))
@@ -384,5 +385,154 @@ fn redis_py_sentinel_follows_a_failover() {
     let mut cl = Client::connect(c.ports[&new]).unwrap();
     for (i, _, _) in &acked {
         assert_eq!(cl.cmd(&["GET", &format!("k{i}")]).unwrap()[0], i.to_string(), "k{i}");
+    }
+}
+
+/// A TCP proxy the test controls: forwards to `target` until blocked, then drops every
+/// connection it carries and every new one (one direction of a partition).
+struct Proxy {
+    port: u16,
+    blocked: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(target: u16) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (blocked, conns, stop) =
+            (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let (b, cs, st) = (Arc::clone(&blocked), Arc::clone(&conns), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !st.load(Ordering::SeqCst) {
+                let Ok((inc, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                };
+                if b.load(Ordering::SeqCst) {
+                    continue; // dropped: the other side sees a reset or an end
+                }
+                let Ok(out) = std::net::TcpStream::connect(("127.0.0.1", target)) else { continue };
+                let _ = inc.set_nonblocking(false);
+                for (from, to) in [(&inc, &out), (&out, &inc)] {
+                    let (mut r, mut w) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut r, &mut w);
+                        let _ = w.shutdown(std::net::Shutdown::Both);
+                        let _ = r.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+                let mut g = cs.lock().unwrap();
+                g.push(inc);
+                g.push(out);
+            }
+        });
+        Proxy { port, blocked, conns, stop }
+    }
+
+    fn block(&self, on: bool) {
+        self.blocked.store(on, Ordering::SeqCst);
+        if on {
+            for s in self.conns.lock().unwrap().drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.block(true);
+    }
+}
+
+/// A primary cut off from the majority (every link to and from it through a proxy that
+/// now drops everything): the others fail it over; it refuses writes with a clear error
+/// once it has not heard a quorum for the failure timeout; nothing it acknowledged is
+/// lost; once the partition heals it comes back as a backup and catches up.
+#[test]
+fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 3u64;
+    let p = free_ports(3 * n as usize);
+    let (client, repl, control) =
+        (|i: u64| p[3 * (i - 1) as usize], |i: u64| p[3 * (i - 1) as usize + 1], |i: u64| p[3 * (i - 1) as usize + 2]);
+    // One proxy per direction and per port: node i reaches node j's replication and
+    // control ports through proxies[(i, j)].
+    let mut proxies: BTreeMap<(u64, u64), (Proxy, Proxy)> = BTreeMap::new();
+    for i in 1..=n {
+        for j in (1..=n).filter(|&j| j != i) {
+            proxies.insert((i, j), (Proxy::start(repl(j)), Proxy::start(control(j))));
+        }
+    }
+    let members = |i: u64| -> String {
+        (1..=n)
+            .map(|j| match j == i {
+                true => format!("{j}=127.0.0.1:{}/{}/{}", client(j), repl(j), control(j)),
+                false => format!("{j}=127.0.0.1:{}/{}/{}", client(j), proxies[&(i, j)].0.port, proxies[&(i, j)].1.port),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut c = Cluster {
+        dir: tempfile::tempdir().unwrap(),
+        members: (1..=n).map(|i| (i, members(i))).collect(),
+        ports: (1..=n).map(|i| (i, client(i))).collect(),
+        nodes: BTreeMap::new(),
+        policy: "majority-durable".into(),
+    };
+    for id in 1..=n {
+        c.start_node(id);
+    }
+    let old = wait_for("a first primary", Duration::from_secs(30), || c.primary());
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    wait_for("writes", Duration::from_secs(30), || (w.acked().len() > 200).then_some(()));
+    // The partition.
+    let cut_at = Instant::now();
+    for ((i, j), (r, ctl)) in &proxies {
+        if *i == old || *j == old {
+            r.block(true);
+            ctl.block(true);
+        }
+    }
+    // The majority fails over and takes writes.
+    let old_port = c.ports[&old];
+    wait_for("writes on the majority's side", Duration::from_secs(20), || {
+        w.acked().iter().find(|(_, t, p)| *t > cut_at && *p != old_port).map(|_| ())
+    });
+    eprintln!("the majority took writes {:.0} ms after the partition", cut_at.elapsed().as_secs_f64() * 1e3);
+    // The old primary refuses writes, saying why (and does not hang).
+    let refusal = wait_for("the old primary to refuse writes", Duration::from_secs(10), || {
+        let mut cl = Client::connect(old_port).ok()?;
+        cl.set_read_timeout(Duration::from_millis(500));
+        let r = cl.cmd(&["SET", "fenced", "x"]).ok()?;
+        r[0].starts_with("-READONLY").then(|| r[0].clone())
+    });
+    assert!(refusal.contains("quorum"), "{refusal}");
+    eprintln!(
+        "the old primary refuses writes {:.0} ms after the partition: {refusal}",
+        cut_at.elapsed().as_secs_f64() * 1e3
+    );
+    let new = wait_for("the new primary", Duration::from_secs(20), || c.primary().filter(|&p| p != old));
+    // Heal; the old primary comes back as a backup.
+    for (r, ctl) in proxies.values() {
+        r.block(false);
+        ctl.block(false);
+    }
+    wait_for("the old primary to rejoin as a backup", Duration::from_secs(30), || {
+        c.info(old).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+    });
+    w.stop();
+    let acked = w.acked();
+    assert!(acked.iter().any(|(_, t, p)| *t > cut_at && *p != old_port));
+    // Nothing acknowledged, on either side of the partition, is lost.
+    for id in [new, old] {
+        if let Err(e) = check_has(c.ports[&id], &acked, Duration::from_secs(20)) {
+            c.dump_logs();
+            panic!("node {id} lacks an acknowledged write: {e}");
+        }
     }
 }
