@@ -62,6 +62,10 @@ pub struct DemoArgs {
     /// Seconds of client load on a primary with a backup (0: skip the hot-standby part).
     #[arg(long, default_value_t = 3.0)]
     standby_seconds: f64,
+    /// Failovers of a three-node cluster (SIGKILL of the primary's node under load; 0:
+    /// skip the failover part).
+    #[arg(long, default_value_t = 3)]
+    failovers: usize,
 }
 
 #[derive(clap::Args)]
@@ -205,6 +209,13 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         None
     };
 
+    let failover = if a.failovers > 0 {
+        let dir = ScratchDir::new(a.dir.as_ref().map(|d| d.with_extension("failover")), "demo-failover")?;
+        Some(crate::demo_failover::run(&dir.path, a.workers, a.failovers).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+
     println!("\n================ ditto demo report ================");
     println!("TPC-C full mix, {} worker(s), {} warehouse(s), log {}", a.workers, warehouses, a.log.name(a.interval_ms));
     println!("  throughput          {:>10.0} txn/s over {:.1} s", report.throughput_tps, report.duration_s);
@@ -255,6 +266,10 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(s) = standby {
         println!("---------------------------------------------------");
         s.print();
+    }
+    if let Some(f) = failover {
+        println!("---------------------------------------------------");
+        f.print();
     }
     println!("===================================================");
     Ok(())

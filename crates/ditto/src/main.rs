@@ -10,6 +10,7 @@ mod bench;
 mod cluster;
 mod crash;
 mod demo;
+mod demo_failover;
 mod demo_server;
 mod demo_standby;
 mod logmode;

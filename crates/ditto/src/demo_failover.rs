@@ -1,0 +1,270 @@
+//! The fourth part of `ditto demo`: automatic failover. Three `ditto server --node-id`
+//! nodes (each a supervisor running the Raft control plane and its server), commit policy
+//! `majority-durable`; a client writes without pause and follows whichever node takes
+//! writes; the primary's node is killed with SIGKILL, the others elect a new primary, the
+//! client goes on there, and the killed node comes back as a backup. Repeated; then every
+//! acknowledged write is checked on every node.
+//!
+//! ```text
+//!  client --SET demo:w:<n>--> primary (node A) --log--> backups B, C
+//!  SIGKILL A: B and C fence, report, recover to the epoch's point, open epoch e+1
+//!  client --SET--> new primary (B or C); A restarts and rejoins as a backup
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::demo_server::{Client, Reply};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+pub struct FailoverDemo {
+    failovers: usize,
+    unavailable_ms: Vec<f64>,
+    rejoin_ms: Vec<f64>,
+    acked: usize,
+    /// Acknowledged writes per 100 ms around the first kill (from 1 s before).
+    timeline: Vec<usize>,
+}
+
+struct Nodes {
+    dir: std::path::PathBuf,
+    members: String,
+    ports: BTreeMap<u64, u16>,
+    procs: BTreeMap<u64, Child>,
+    workers: usize,
+}
+
+impl Nodes {
+    fn start(&mut self, id: u64) -> Result<(), Error> {
+        let log = std::fs::File::create(self.dir.join(format!("node{id}.log")))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["server", "--node-id", &id.to_string(), "--members", &self.members])
+            .args(["--data-dir", &self.dir.join(format!("n{id}")).display().to_string()])
+            .args(["--workers", &self.workers.to_string(), "--commit-policy", "majority-durable"])
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()?;
+        self.procs.insert(id, child);
+        Ok(())
+    }
+
+    /// The node that takes a write now.
+    fn primary(&self) -> Option<u64> {
+        self.procs.keys().copied().find(|id| {
+            let Ok(mut c) = Client::connect_to("127.0.0.1", self.ports[id]) else { return false };
+            matches!(c.call(&["SET", "demo:probe", "1"]), Ok(Reply::Simple(s)) if s == "OK")
+        })
+    }
+
+    fn role(&self, id: u64) -> Option<String> {
+        let mut c = Client::connect_to("127.0.0.1", self.ports[&id]).ok()?;
+        match c.call(&["INFO", "replication"]).ok()? {
+            Reply::Bulk(Some(b)) => String::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for (_, mut c) in std::mem::take(&mut self.procs) {
+            // SAFETY: kill(2) on a child this process spawned and has not reaped.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T, Error> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() > end {
+            return Err(format!("timed out after {limit:?} waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+type Acks = Arc<Mutex<Vec<(u64, Instant, u16)>>>;
+
+/// Every acknowledged write holds its value on the node at `port`, waiting (bounded) for a
+/// backup to catch up.
+fn check_has(port: u16, acked: &[(u64, Instant, u16)]) -> Result<(), Error> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = (|| -> Result<Option<String>, Error> {
+            let mut c = Client::connect_to("127.0.0.1", port)?;
+            for chunk in acked.chunks(200) {
+                let keys: Vec<String> = chunk.iter().map(|(n, _, _)| format!("demo:w:{n}")).collect();
+                let mut args = vec!["MGET"];
+                args.extend(keys.iter().map(String::as_str));
+                let Reply::Array(Some(vals)) = c.call(&args)? else { return Ok(Some("MGET: not an array".into())) };
+                for ((n, _, _), v) in chunk.iter().zip(vals) {
+                    if v != Reply::Bulk(Some(n.to_string().into_bytes())) {
+                        return Ok(Some(format!("demo:w:{n} is {v:?}, acknowledged as {n}")));
+                    }
+                }
+            }
+            Ok(None)
+        })();
+        match r {
+            Ok(None) => return Ok(()),
+            Ok(Some(why)) if Instant::now() > end => return Err(format!("LOST: {why}").into()),
+            Err(e) if Instant::now() > end => return Err(e),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Error> {
+    println!("\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times");
+    let ls: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
+    drop(ls);
+    let members =
+        (0..3).map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2])).collect::<Vec<_>>();
+    let mut nodes = Nodes {
+        dir: dir.to_path_buf(),
+        members: members.join(","),
+        ports: (0..3).map(|i| (i as u64 + 1, p[3 * i])).collect(),
+        procs: BTreeMap::new(),
+        workers,
+    };
+    for id in 1..=3 {
+        nodes.start(id)?;
+    }
+    let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
+    println!("node {first} is the first primary (nodes' logs: {})", dir.display());
+    // The client: one write at a time, to whichever node takes it.
+    let acks: Acks = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acks, stop) = (Arc::clone(&acks), Arc::clone(&stop));
+        let ports: Vec<u16> = nodes.ports.values().copied().collect();
+        std::thread::spawn(move || {
+            let (mut n, mut next, mut conn) = (0u64, 0usize, None::<(Client, u16)>);
+            while !stop.load(Ordering::SeqCst) {
+                if conn.is_none() {
+                    let port = ports[next % ports.len()];
+                    next += 1;
+                    match Client::connect_to("127.0.0.1", port) {
+                        Ok(c) => conn = Some((c, port)),
+                        Err(_) => {
+                            std::thread::sleep(Duration::from_millis(2));
+                            continue;
+                        }
+                    }
+                }
+                let (c, port) = conn.as_mut().expect("connected");
+                n += 1;
+                let (k, v) = (format!("demo:w:{n}"), n.to_string());
+                match c.call(&["SET", &k, &v]) {
+                    Ok(Reply::Simple(s)) if s == "OK" => acks.lock().expect("acks").push((n, Instant::now(), *port)),
+                    _ => {
+                        conn = None; // a backup (READONLY) or a node going down: the next one
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            }
+        })
+    };
+    let mut unavailable_ms = Vec::new();
+    let mut rejoin_ms = Vec::new();
+    let mut first_kill = None;
+    for cycle in 0..cycles {
+        let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
+        std::thread::sleep(Duration::from_millis(1000));
+        let killed_at = Instant::now();
+        first_kill.get_or_insert(killed_at);
+        let killed_port = nodes.ports[&primary];
+        let mut c = nodes.procs.remove(&primary).expect("running");
+        c.kill()?; // SIGKILL: the node's server dies with it
+        c.wait()?;
+        let first_after = wait_for("a write on the new primary", Duration::from_secs(20), || {
+            acks.lock().expect("acks").iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
+        })?;
+        let ms = first_after.duration_since(killed_at).as_secs_f64() * 1e3;
+        unavailable_ms.push(ms);
+        let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
+        let snapshot = acks.lock().expect("acks").clone();
+        check_has(nodes.ports[&new], &snapshot)?;
+        println!(
+            "failover {}: SIGKILL of node {primary}; node {new} took writes {ms:.0} ms later; all {} acknowledged writes on it",
+            cycle + 1,
+            snapshot.len()
+        );
+        let t = Instant::now();
+        nodes.start(primary)?;
+        wait_for("the killed node to rejoin", Duration::from_secs(30), || {
+            nodes.role(primary).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+        })?;
+        check_has(killed_port, &snapshot)?;
+        rejoin_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        println!("            node {primary} restarted and rejoined as a backup in {:.0} ms", rejoin_ms[cycle]);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    writer.join().map_err(|_| "the writer panicked")?;
+    let acked = acks.lock().expect("acks").clone();
+    for &port in nodes.ports.values() {
+        check_has(port, &acked)?;
+    }
+    let timeline = match first_kill {
+        Some(k) => {
+            let from = k - Duration::from_millis(1000);
+            let mut b = vec![0usize; 30];
+            for (_, t, _) in &acked {
+                if *t >= from {
+                    let i = (t.duration_since(from).as_millis() / 100) as usize;
+                    if i < b.len() {
+                        b[i] += 1;
+                    }
+                }
+            }
+            b
+        }
+        None => Vec::new(),
+    };
+    Ok(FailoverDemo { failovers: cycles, unavailable_ms, rejoin_ms, acked: acked.len(), timeline })
+}
+
+impl FailoverDemo {
+    pub fn print(&self) {
+        println!("Automatic failover (3 nodes, Raft control plane, majority-durable; SIGKILL of the primary's node)");
+        let mut u = self.unavailable_ms.clone();
+        u.sort_by(f64::total_cmp);
+        if u.is_empty() {
+            return;
+        }
+        println!(
+            "  unavailability      {} failovers: median {:.0} ms, max {:.0} ms (SIGKILL to the first write acknowledged by the new primary)",
+            self.failovers,
+            u[u.len() / 2],
+            u[u.len() - 1]
+        );
+        let r = &self.rejoin_ms;
+        println!(
+            "  rejoin              the killed node back as a backup and caught up: max {:.0} ms",
+            r.iter().copied().fold(0.0, f64::max)
+        );
+        let line: Vec<String> = self.timeline.iter().map(|n| n.to_string()).collect();
+        println!("  writes per 100 ms   from 1 s before the first kill: {}", line.join(" "));
+        println!("checks:   all {} acknowledged writes on every node after every failover and at the end  OK", self.acked);
+    }
+}
