@@ -184,6 +184,23 @@ impl ControlNode {
         self.raw.raft.term
     }
 
+    /// While this node leads: a peer that holds the whole log and was heard from lately,
+    /// to hand the leadership to (the lowest id).
+    pub fn up_to_date_peer(&self) -> Option<NodeId> {
+        let r = &self.raw.raft;
+        if !self.is_leader() {
+            return None;
+        }
+        let last = r.raft_log.last_index();
+        r.prs().iter().filter(|(&id, p)| id != r.id && p.matched == last && p.recent_active).map(|(&id, _)| id).min()
+    }
+
+    /// Asks Raft to hand the leadership to `to` (raft-rs's leader transfer: `to` is brought
+    /// up to date and told to campaign at once; proposals wait meanwhile).
+    pub fn transfer_leader(&mut self, to: NodeId) {
+        self.raw.transfer_leader(to);
+    }
+
     /// One tick of the Raft clock.
     pub fn tick(&mut self) {
         self.raw.tick();

@@ -478,6 +478,8 @@ impl Run {
         let mut next_tick = Instant::now() + self.tick;
         let mut failed: Option<String> = None;
         let mut was_serving = false;
+        // When the leader may next try to hand its leadership away (milliseconds).
+        let mut next_transfer = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
@@ -568,6 +570,16 @@ impl Run {
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
+            // The leader steps aside for a backup while it is also the serving primary: a
+            // crash of the primary's machine then needs no election before its failover
+            // can begin (docs/cluster.md, "Leader and primary apart").
+            if s.quorum_contact && now >= next_transfer && self.node.leads_current() {
+                if let Some(to) = self.node.up_to_date_peer() {
+                    tracing::info!(node = id, "control: the primary hands the Raft leadership to node {to}");
+                    self.node.transfer_leader(to);
+                    next_transfer = now + 1000;
+                }
+            }
         }
         if let Some(why) = failed {
             tracing::error!("control node {id} stops: {why}");

@@ -137,8 +137,9 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     let ls: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
     drop(ls);
-    let members =
-        (0..3).map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2])).collect::<Vec<_>>();
+    let members = (0..3)
+        .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
+        .collect::<Vec<_>>();
     let mut nodes = Nodes {
         dir: dir.to_path_buf(),
         members: members.join(","),
@@ -194,8 +195,9 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         first_kill.get_or_insert(killed_at);
         let killed_port = nodes.ports[&primary];
         let mut c = nodes.procs.remove(&primary).expect("running");
-        c.kill()?; // SIGKILL: the node's server dies with it
+        let killed = c.kill(); // SIGKILL: the node's server dies with it
         c.wait()?;
+        killed?;
         let first_after = wait_for("a write on the new primary", Duration::from_secs(20), || {
             acks.lock().expect("acks").iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
         })?;
@@ -265,6 +267,9 @@ impl FailoverDemo {
         );
         let line: Vec<String> = self.timeline.iter().map(|n| n.to_string()).collect();
         println!("  writes per 100 ms   from 1 s before the first kill: {}", line.join(" "));
-        println!("checks:   all {} acknowledged writes on every node after every failover and at the end  OK", self.acked);
+        println!(
+            "checks:   all {} acknowledged writes on every node after every failover and at the end  OK",
+            self.acked
+        );
     }
 }
