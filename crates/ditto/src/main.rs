@@ -8,6 +8,7 @@
 
 mod bench;
 mod cluster;
+mod cluster_cli;
 mod crash;
 mod demo;
 mod demo_failover;
@@ -52,6 +53,9 @@ enum Cmd {
     Server(Box<server::ServerArgs>),
     /// A node's replication state: role, positions, per-backup lag and freshness.
     Status(status::StatusArgs),
+    /// A cluster of `ditto server --node-id` nodes (docs/cluster.md).
+    #[command(subcommand)]
+    Cluster(cluster_cli::ClusterCmd),
     /// Workload used by the crash tests (prints acknowledged commits on stdout).
     #[command(hide = true)]
     CrashChild(crash::CrashArgs),
@@ -71,6 +75,7 @@ fn main() {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Server(a) => server::run(*a),
         Cmd::Status(a) => status::run(a).map_err(|e| e as Box<dyn std::error::Error>),
+        Cmd::Cluster(c) => cluster_cli::run(c).map_err(|e| e as Box<dyn std::error::Error>),
         Cmd::CrashChild(a) => crash::run(a),
         Cmd::DemoChild(a) => demo::child(a),
     };

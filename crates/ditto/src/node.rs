@@ -121,9 +121,29 @@ struct Gate {
     stdin: Option<std::process::ChildStdin>,
     primary: bool,
     open: bool,
+    /// The `INFO cluster` fields the server was last sent.
+    info: Vec<(String, String)>,
 }
 
 type SharedGate = Arc<parking_lot::Mutex<Gate>>;
+
+/// One failover as this node saw it (wall-clock milliseconds).
+#[derive(Clone, Debug, Default)]
+struct FailoverSeen {
+    epoch: u64,
+    reason: String,
+    began_ms: u64,
+    opened_ms: Option<u64>,
+    primary: Option<NodeId>,
+    recovery_point: Option<u64>,
+    lost: u64,
+}
+
+type History = Arc<parking_lot::Mutex<Vec<FailoverSeen>>>;
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 /// How a node runs (from `ditto server`'s flags).
 pub struct NodeConfig {
@@ -151,6 +171,7 @@ struct NodePlane {
     workers: usize,
     child: Option<Running>,
     gate: SharedGate,
+    history: History,
     state: ControlState,
     fence: u64,
     /// The epoch this supervisor may serve as primary (named by a command applied live).
@@ -315,6 +336,7 @@ impl NodePlane {
             stdin: proc.stdin.take(),
             primary: matches!(role, Role::Primary { .. }),
             open: false, // a new primary's server starts with its writes refused
+            info: Vec::new(),
         };
         let ready = Arc::new(AtomicBool::new(false));
         let out = proc.stdout.take().expect("piped");
@@ -459,9 +481,29 @@ impl DataPlane for NodePlane {
                 if live {
                     say(self.me, format!("epoch {} opened: primary {primary} ({cmd:?})", state.epoch));
                 }
+                if let Command::OpenEpoch { epoch, recovery_point, lost, .. } = cmd {
+                    let mut h = self.history.lock();
+                    if h.last().is_none_or(|f| f.epoch != *epoch) {
+                        h.push(FailoverSeen { epoch: *epoch, ..Default::default() });
+                    }
+                    let f = h.last_mut().expect("pushed");
+                    f.opened_ms = live.then(unix_ms);
+                    f.primary = Some(*primary);
+                    f.recovery_point = Some(*recovery_point);
+                    f.lost = *lost;
+                }
             }
-            Command::BeginFailover { epoch, reason } if live => {
-                say(self.me, format!("failover to epoch {epoch} began: {reason}"));
+            Command::BeginFailover { epoch, reason } => {
+                if live {
+                    say(self.me, format!("failover to epoch {epoch} began: {reason}"));
+                }
+                let began_ms = if live { unix_ms() } else { 0 };
+                self.history.lock().push(FailoverSeen {
+                    epoch: *epoch,
+                    reason: reason.clone(),
+                    began_ms,
+                    ..Default::default()
+                });
             }
             _ => {}
         }
@@ -506,6 +548,57 @@ fn info_replication(conn: &mut Option<BufReader<TcpStream>>, addr: &str) -> std:
     String::from_utf8(body).map_err(std::io::Error::other)
 }
 
+/// `INFO cluster`'s fields on this node's server: the control plane's view, and the
+/// failovers it saw (the last five), with how long each took from its start to the new
+/// epoch opening.
+fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[FailoverSeen]) -> Vec<(String, String)> {
+    let s = &st.state;
+    let mut f = vec![
+        ("cluster_node_id".to_string(), cfg.id.to_string()),
+        (
+            "cluster_members".into(),
+            cfg.members.iter().map(|(id, m)| format!("{id}@{}", m.client_addr())).collect::<Vec<_>>().join(","),
+        ),
+        ("cluster_raft_leader".into(), st.leader.map_or("none".into(), |l| l.to_string())),
+        ("cluster_raft_term".into(), st.term.to_string()),
+        ("cluster_epoch".into(), s.epoch.to_string()),
+        (
+            "cluster_phase".into(),
+            match s.phase {
+                Some(Phase::Serving) => "serving",
+                Some(Phase::Failover) => "failover",
+                None => "forming",
+            }
+            .into(),
+        ),
+        ("cluster_primary".into(), s.primary().map_or("none".into(), |p| p.to_string())),
+        (
+            "cluster_primary_addr".into(),
+            s.primary().and_then(|p| cfg.members.get(&p)).map_or("none".into(), |m| m.client_addr()),
+        ),
+        ("cluster_policy".into(), s.policy.clone()),
+        ("cluster_fence".into(), st.fence.to_string()),
+        ("cluster_failovers".into(), s.epochs.len().saturating_sub(1).to_string()),
+    ];
+    for h in history.iter().rev().take(5) {
+        f.push((
+            format!("cluster_failover_{}", h.epoch),
+            format!(
+                "reason={},primary={},recovery_point={},lost={},opened_after_ms={}",
+                h.reason.replace(',', ";"),
+                h.primary.map_or("-".into(), |p| p.to_string()),
+                h.recovery_point.map_or("-".into(), |p| p.to_string()),
+                h.lost,
+                match (h.began_ms, h.opened_ms) {
+                    (b, Some(o)) if b > 0 => o.saturating_sub(b).to_string(),
+                    _ => "-".into(),
+                }
+            ),
+        ));
+    }
+    f
+}
+
 /// Runs the node until SIGINT or SIGTERM.
 pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let me = cfg.members.get(&cfg.id).ok_or_else(|| format!("--node-id {} is not among --members", cfg.id))?.clone();
@@ -524,12 +617,14 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let listener = TcpListener::bind((me.host.as_str(), me.control))
         .map_err(|e| format!("binding the control port {}:{}: {e}", me.host, me.control))?;
     let gate = SharedGate::default();
+    let history = History::default();
     let plane = NodePlane {
         me: cfg.id,
         gate: Arc::clone(&gate),
+        history: Arc::clone(&history),
         members: cfg.members.clone(),
         data: cfg.dir.join("data"),
-        child_args: cfg.child_args,
+        child_args: cfg.child_args.clone(),
         workers: cfg.workers,
         child: None,
         state: ControlState::default(),
@@ -577,10 +672,20 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(f) = &st.failed {
             return Err(format!("the control plane stopped: {f}").into());
         }
+        // What INFO cluster shows, sent to the server when it changed.
+        let info = cluster_info(&cfg, &st, &history.lock());
         // A primary takes writes only while a quorum acknowledges its epoch: cut off from
         // the majority (which then fails it over), it refuses them.
         {
             let mut g = gate.lock();
+            if g.stdin.is_some() && g.info != info {
+                let line = format!("cluster {}\n", serde_json::to_string(&info).expect("strings serialise"));
+                if let Some(stdin) = &mut g.stdin {
+                    if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
+                        g.info = info;
+                    }
+                }
+            }
             if g.primary && g.open != st.quorum_contact {
                 let line = match st.quorum_contact {
                     true => "writes on\n".to_string(),

@@ -119,8 +119,9 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let gate = std::sync::Arc::new(ditto_server::session::WriteGate::default());
     if a.exit_with_stdin {
         // A cluster node's server: its supervisor opens and closes the write gate with
-        // lines on standard input ("writes on", "writes off WHY"); a new primary starts
-        // closed until the supervisor has heard a quorum of the cluster.
+        // lines on standard input ("writes on", "writes off WHY"; a new primary starts
+        // closed until the supervisor has heard a quorum of the cluster) and says what the
+        // cluster looks like ("cluster [[name, value], ...]", for INFO cluster).
         if a.run_epoch.is_some() {
             gate.set(Some(
                 "this node is the cluster's new primary and has not heard a quorum of the cluster yet".into(),
@@ -133,6 +134,10 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
+                    ("cluster", json) => match serde_json::from_str::<Vec<(String, String)>>(json) {
+                        Ok(fields) => g.set_cluster_info(fields),
+                        Err(e) => tracing::warn!("cluster info from the node: {e}"),
+                    },
                     _ => tracing::warn!("unknown line from the cluster node: {line:?}"),
                 }
             }

@@ -1205,14 +1205,25 @@ fn role(sh: &Shared) -> Reply {
 }
 
 /// Writes refused for now, with the reason; open by default. Checked before every write
-/// command (one atomic load while open).
+/// command (one atomic load while open). A cluster node's supervisor holds it, and also
+/// tells the server what the cluster looks like (`INFO cluster`).
 #[derive(Default, Debug)]
 pub struct WriteGate {
     closed: std::sync::atomic::AtomicBool,
     why: Mutex<String>,
+    cluster: Mutex<Vec<(String, String)>>,
 }
 
 impl WriteGate {
+    /// What `INFO cluster` shows (empty: not a cluster node).
+    pub fn set_cluster_info(&self, fields: Vec<(String, String)>) {
+        *self.cluster.lock() = fields;
+    }
+
+    pub fn cluster_info(&self) -> Vec<(String, String)> {
+        self.cluster.lock().clone()
+    }
+
     /// Refuse writes with `why` (`Some`), or take them again (`None`).
     pub fn set(&self, why: Option<String>) {
         let mut w = self.why.lock();
@@ -1434,6 +1445,16 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     }
     if want("replication") {
         out.push_str(&crate::replinfo::section(sh));
+    }
+    if want("cluster") {
+        // Redis's section name and its first field; the rest is the supervisor's view
+        // (docs/cluster.md): epoch, primary, Raft leader and term, the failovers.
+        let fields = sh.write_gate.cluster_info();
+        let _ = write!(out, "# Cluster\r\ncluster_enabled:{}\r\n", u8::from(!fields.is_empty()));
+        for (k, v) in fields {
+            let _ = write!(out, "{k}:{}\r\n", v.replace(['\r', '\n'], " "));
+        }
+        out.push_str("\r\n");
     }
     // Not part of the default sections, as in Redis: INFO commandstats (or all, everything).
     if wanted.iter().any(|w| matches!(w.as_str(), "commandstats" | "all" | "everything")) {
