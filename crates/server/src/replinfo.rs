@@ -196,6 +196,49 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
             );
         }
     }
+    // A cluster node: its supervisor's view (INFO cluster), as numbers.
+    let cluster: std::collections::BTreeMap<String, String> = sh.write_gate.cluster_info().into_iter().collect();
+    if cluster.is_empty() {
+        return;
+    }
+    let num = |k: &str| cluster.get(k).filter(|v| v.parse::<u64>().is_ok()).cloned();
+    for (name, key, help) in [
+        ("ditto_cluster_epoch", "cluster_epoch", "The newest epoch begun."),
+        ("ditto_cluster_raft_term", "cluster_raft_term", "The control plane's Raft term."),
+        ("ditto_cluster_failovers", "cluster_failovers", "Epochs opened after the first (failovers)."),
+    ] {
+        if let Some(v) = num(key) {
+            gauge(name, help, vec![(String::new(), v)]);
+        }
+    }
+    let primary = cluster.get("cluster_primary") == cluster.get("cluster_node_id");
+    gauge(
+        "ditto_cluster_is_primary",
+        "1 on the node the control plane names primary.",
+        vec![(String::new(), u8::from(primary).to_string())],
+    );
+    gauge(
+        "ditto_cluster_writes_refused",
+        "1 while this node's server refuses writes (a primary without quorum contact).",
+        vec![(String::new(), u8::from(sh.write_gate.refusal().is_some()).to_string())],
+    );
+    let (mut took, mut lost) = (Vec::new(), Vec::new());
+    for (k, v) in cluster.iter().filter(|(k, _)| k.starts_with("cluster_failover_")) {
+        let epoch = esc(k.trim_start_matches("cluster_failover_"));
+        let field = |f: &str| v.split(',').find_map(|p| p.strip_prefix(f)?.strip_prefix('=')?.parse::<u64>().ok());
+        if let Some(ms) = field("opened_after_ms") {
+            took.push((format!("{{epoch=\"{epoch}\"}}"), format!("{:.3}", ms as f64 / 1e3)));
+        }
+        if let Some(n) = field("lost") {
+            lost.push((format!("{{epoch=\"{epoch}\"}}"), n.to_string()));
+        }
+    }
+    gauge(
+        "ditto_cluster_failover_open_seconds",
+        "Per recent failover seen live: from its start to the new epoch opening.",
+        took,
+    );
+    gauge("ditto_cluster_failover_lost_commits", "Per recent failover: commits above its recovery point.", lost);
 }
 
 #[cfg(test)]

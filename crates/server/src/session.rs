@@ -2274,6 +2274,53 @@ mod tests {
         assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
 
+    /// A cluster's primary without quorum contact: its write gate refuses writes with the
+    /// reason (runs of SETs too), reads go on, and opening it takes writes again.
+    #[test]
+    fn a_closed_write_gate_refuses_writes_with_its_reason() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k v"), Reply::Ok);
+        sh.write_gate.set(Some("no quorum contact".into()));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k w"), Reply::err("READONLY no quorum contact"));
+        assert_eq!(s.run_kind(&[Bytes::from("SET"), Bytes::from("k"), Bytes::from("w")], &sh), None);
+        assert!(cmd(&mut s, &sh, &mut w, "INCR n").is_error());
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("v"));
+        sh.write_gate.set(None);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k w"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("w"));
+    }
+
+    /// SENTINEL answers for the service `ditto` with the primary the node knows, and for
+    /// nothing else; INFO cluster says whether the node is a cluster's.
+    #[test]
+    fn sentinel_names_the_primary_and_info_cluster_the_supervisors_view() {
+        let (mut sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"), Reply::NilArray);
+        sh.primary_addr = Some("10.0.0.7:7001".into());
+        assert_eq!(
+            cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"),
+            Reply::Array(vec![Reply::bulk("10.0.0.7"), Reply::bulk("7001")])
+        );
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name other"), Reply::NilArray);
+        let Reply::Array(masters) = cmd(&mut s, &sh, &mut w, "SENTINEL masters") else { panic!("an array") };
+        let Reply::Map(m) = &masters[0] else { panic!("a map per master") };
+        assert!(m.contains(&(Reply::bulk("flags"), Reply::bulk("master"))));
+        assert!(m.contains(&(Reply::bulk("port"), Reply::bulk("7001"))));
+        assert!(cmd(&mut s, &sh, &mut w, "SENTINEL master other").is_error());
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL replicas ditto"), Reply::Array(Vec::new()));
+        assert!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto").is_error());
+        let Reply::Bulk(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("bulk") };
+        assert!(std::str::from_utf8(&b).unwrap().contains("cluster_enabled:0"));
+        sh.write_gate.set_cluster_info(vec![("cluster_epoch".into(), "3".into())]);
+        let Reply::Bulk(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("bulk") };
+        let text = std::str::from_utf8(&b).unwrap();
+        assert!(text.contains("cluster_enabled:1\r\ncluster_epoch:3\r\n"), "{text}");
+    }
+
     #[test]
     fn glob_follows_redis() {
         for (p, s, m) in [
