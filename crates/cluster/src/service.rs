@@ -46,6 +46,8 @@ use crate::state::{Command, ControlState, NodeId};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
+/// Batches answering a `Ctl::Fetch`: epoch u64 | stream u32 | count u32 | (len u32 | batch)*.
+const KIND_FETCHED: u8 = 3;
 
 /// What one node holds, for a tail report (`TailReport` less what the service fills in).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +91,16 @@ pub trait DataPlane: Send + 'static {
     /// node's own disk at a restart (up to the commit index it had persisted); true for the
     /// rest, including commands that committed while it was down and that it learns now.
     fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool);
+    /// A failover's chosen node asks for this node's batches of `stream` above `after`
+    /// (this node is fenced: it acknowledges nothing more). `Err` if it cannot give them.
+    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<Vec<Vec<u8>>, String> {
+        let _ = (stream, after);
+        Err("this data plane does not serve fetches".into())
+    }
+    /// Batches fetched from a peer for `plan` (being prepared), for one stream.
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>) {
+        let _ = (plan, stream, batches);
+    }
 }
 
 /// A coordinator's request or the answer to one (frame kind 2).
@@ -104,6 +116,13 @@ pub enum Ctl {
         epoch: u64,
         point: u64,
         discarded: u64,
+    },
+    /// To a peer the plan of `epoch` fetches from: its batches of `stream` above `after`
+    /// (answered by a frame of kind 3).
+    Fetch {
+        epoch: u64,
+        stream: usize,
+        after: u64,
     },
 }
 const FRAME_HEADER: usize = 17;
@@ -151,6 +170,7 @@ pub struct Status {
 enum Input {
     Raft(Box<Message>),
     Ctl(NodeId, Ctl),
+    Fetched { epoch: u64, stream: usize, batches: Vec<Vec<u8>> },
     Propose(Command, Sender<Result<(), String>>),
 }
 
@@ -318,8 +338,38 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
         KIND_CTL => {
             serde_json::from_slice(body).map(|c| Input::Ctl(from, c)).map_err(|e| format!("undecodable request: {e}"))
         }
+        KIND_FETCHED => decode_fetched(body).ok_or_else(|| "undecodable fetched batches".to_string()),
         k => Err(format!("unknown frame kind {k}")),
     }
+}
+
+fn encode_fetched(epoch: u64, stream: usize, batches: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + batches.iter().map(|x| x.len() + 4).sum::<usize>());
+    b.extend_from_slice(&epoch.to_le_bytes());
+    b.extend_from_slice(&(stream as u32).to_le_bytes());
+    b.extend_from_slice(&(batches.len() as u32).to_le_bytes());
+    for x in batches {
+        b.extend_from_slice(&(x.len() as u32).to_le_bytes());
+        b.extend_from_slice(x);
+    }
+    b
+}
+
+fn decode_fetched(mut body: &[u8]) -> Option<Input> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (h, t) = (b.get(..n)?, b.get(n..)?);
+        *b = t;
+        Some(h)
+    }
+    let epoch = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
+    let stream = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
+    let n = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
+    let mut batches = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
+        batches.push(take(&mut body, len)?.to_vec());
+    }
+    body.is_empty().then_some(Input::Fetched { epoch, stream, batches })
 }
 
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
@@ -459,7 +509,33 @@ impl Run {
                     && state.phase == Some(crate::state::Phase::Failover);
                 if current && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan) {
                     self.data.prepare(&plan);
+                    for f in &plan.fetch {
+                        let req = Ctl::Fetch { epoch: plan.epoch, stream: f.stream, after: f.after };
+                        self.ctl(f.from, req, now)?;
+                    }
                     self.preparing = Some((plan, from));
+                }
+            }
+            Ctl::Fetch { epoch, stream, after } => {
+                // Only once fenced at that failover: then nothing more is acknowledged here.
+                if epoch <= self.disk.fence() && from != self.node.id() {
+                    match self.data.serve_fetch(stream, after) {
+                        Ok(batches) => {
+                            let body = encode_fetched(epoch, stream, &batches);
+                            if body.len() + FRAME_HEADER > FRAME_MAX {
+                                tracing::warn!(
+                                    node = self.node.id(),
+                                    "a fetch of {} bytes is over the frame limit",
+                                    body.len()
+                                );
+                            } else {
+                                self.send(from, KIND_FETCHED, &body);
+                            }
+                        }
+                        Err(why) => {
+                            tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}")
+                        }
+                    }
                 }
             }
             Ctl::Prepared { epoch, point, discarded } => {
@@ -493,6 +569,12 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
+                Ok(Input::Fetched { epoch, stream, batches }) => {
+                    if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch) {
+                        self.data.fetched(plan, stream, batches);
+                    }
+                    Ok(())
+                }
                 Ok(Input::Propose(cmd, reply)) => {
                     let _ = reply.send(self.node.propose(&cmd).map_err(|e| e.to_string()));
                     Ok(())

@@ -177,6 +177,8 @@ struct NodePlane {
     /// The epoch this supervisor may serve as primary (named by a command applied live).
     may_serve: Option<u64>,
     prepared: Option<Result<u64, String>>,
+    /// The streams the plan being prepared still fetches.
+    fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
     restart_after: Instant,
     last_probe: Instant,
@@ -366,6 +368,18 @@ impl NodePlane {
         Ok(())
     }
 
+    /// Whether this node holds every stream up to the plan's point; if so, how many
+    /// transactions it holds above it (they will be discarded).
+    fn check_prepared(&self, plan: &RecoveryPlan) -> Result<u64, String> {
+        let p = plan.recovery_point;
+        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, ditto_engine::Ts(p))
+            .map_err(|e| e.to_string())?;
+        if h.streams.iter().any(|s| s.0 < p) {
+            return Err(format!("holds only {:?} of the streams, below the point {p}", h.streams));
+        }
+        Ok(h.txns_above)
+    }
+
     /// Asks the child what it heard (at most every `PROBE_EVERY`).
     fn probe(&mut self) {
         if self.last_probe.elapsed() < PROBE_EVERY {
@@ -465,21 +479,43 @@ impl DataPlane for NodePlane {
     }
 
     fn prepare(&mut self, plan: &RecoveryPlan) {
-        self.prepared = Some((|| {
-            if !plan.fetch.is_empty() {
-                return Err(format!("this node lacks {:?}; fetching from peers is not built yet", plan.fetch));
-            }
-            let h = ditto_log::replica::replica_holdings(&self.data, 1, ditto_engine::Ts(plan.recovery_point))
-                .map_err(|e| e.to_string())?;
-            if h.cut.0 < plan.recovery_point && h.streams.iter().any(|s| s.0 < plan.recovery_point) {
-                return Err(format!("holds every stream only up to {}", h.cut.0));
-            }
-            Ok(h.txns_above)
-        })());
+        // What the plan fetches arrives through `fetched`; then the check.
+        self.fetching = plan.fetch.iter().map(|f| f.stream).collect();
+        self.prepared = None;
+        if self.fetching.is_empty() {
+            self.prepared = Some(self.check_prepared(plan));
+        }
     }
 
     fn prepared(&mut self, _plan: &RecoveryPlan) -> Option<Result<u64, String>> {
         self.prepared.take()
+    }
+
+    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<Vec<Vec<u8>>, String> {
+        if self.child.is_some() {
+            return Err("the server still runs (not fenced)".into());
+        }
+        let b = ditto_log::replica::replica_stream_batches(&self.data, stream, ditto_engine::Ts(after))
+            .map_err(|e| e.to_string())?;
+        say(self.me, format!("serves a fetch: {} batches of stream {stream} above ts {after}", b.len()));
+        Ok(b.into_iter().map(|x| x.to_vec()).collect())
+    }
+
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>) {
+        if !self.fetching.remove(&stream) {
+            return; // a resend, or a stream this plan does not fetch
+        }
+        let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+        let batches: Vec<bytes::Bytes> = batches.into_iter().map(bytes::Bytes::from).collect();
+        say(self.me, format!("fetched {} batches of stream {stream}", batches.len()));
+        if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
+            self.fetching.clear();
+            self.prepared = Some(Err(format!("adding fetched batches: {e}")));
+            return;
+        }
+        if self.fetching.is_empty() {
+            self.prepared = Some(self.check_prepared(plan));
+        }
     }
 
     fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool) {
@@ -642,6 +678,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         fence: 0,
         may_serve: None,
         prepared: None,
+        fetching: Default::default(),
         restart_after: Instant::now(),
         last_probe: Instant::now(),
         heard: Vec::new(),

@@ -366,6 +366,8 @@ struct Scan {
     ckpt_ts: Ts,
     /// Batches with transactions above the checkpoint: (batch, file index, offset).
     kept: Vec<(Batch, usize, u64)>,
+    /// Every entry: (stream, bound, the batch as the primary framed it).
+    entries: Vec<(usize, Ts, Bytes)>,
     log_bytes: u64,
 }
 
@@ -405,6 +407,7 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     let mut bounds: Vec<Ts> = Vec::new();
     let mut floor = Ts::ZERO;
     let mut kept: Vec<(Batch, usize, u64)> = Vec::new();
+    let mut entries = Vec::new();
     let mut log_bytes = 0;
     let raws: Vec<Bytes> = files
         .iter()
@@ -465,6 +468,7 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
                         floor = floor.max(h.floor_ts);
                     }
                     log_bytes += used as u64;
+                    entries.push((s, h.bound_ts, raw.slice(off + ENTRY_HEADER_LEN..off + used)));
                     if h.txn_count > 0 && h.last_ts > ckpt_ts {
                         kept.push((batch, i, off as u64));
                     }
@@ -480,7 +484,64 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
             }
         }
     }
-    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, log_bytes })
+    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, entries, log_bytes })
+}
+
+/// The batches of primary stream `stream` that `dir`'s replica log holds with a bound above
+/// `after`, in order, as the primary framed them: what a failover's chosen node fetches
+/// from a peer that holds more of the stream (docs/cluster.md). Read without changing the
+/// directory; its backup must not be running.
+pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
+    let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
+        Some((_, m)) => m.ts,
+        None => Ts::ZERO,
+    };
+    let scan = scan(dir, ckpt_ts)?;
+    Ok(scan.entries.into_iter().filter(|(s, bound, _)| *s == stream && *bound > after).map(|(_, _, b)| b).collect())
+}
+
+/// Adds batches fetched from a peer to `dir`'s replica log: checked, written to a new file
+/// after the existing ones (their floors not trusted: they were not shipped in framing
+/// order), fsynced. The next `open_replica_upto` replays them with the rest. `streams` is
+/// the primary's stream count, used when no replica log file names it.
+pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc<dyn Storage>) -> Result<(), LogError> {
+    let rdir = replica_dir(dir);
+    std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+    let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
+        Some((_, m)) => m.ts,
+        None => Ts::ZERO,
+    };
+    let scan = scan(dir, ckpt_ts)?;
+    let streams = scan.streams.unwrap_or(streams);
+    for b in batches {
+        let (batch, used) = decode_batch_checksums(b).map_err(|e| LogError::Corrupt {
+            file: rdir.clone(),
+            offset: 0,
+            what: format!("a fetched batch: {e}"),
+        })?;
+        if used != b.len() {
+            return Err(LogError::Corrupt {
+                file: rdir.clone(),
+                offset: 0,
+                what: "a fetched batch with trailing bytes".into(),
+            });
+        }
+        if batch.header.stream.0 >= streams {
+            return Err(LogError::Corrupt {
+                file: rdir.clone(),
+                offset: 0,
+                what: format!("a fetched batch of stream {}, of {streams}", batch.header.stream.0),
+            });
+        }
+    }
+    let seq = scan.files.last().map_or(1, |(seq, _)| seq + 1);
+    let mut log =
+        ReplicaLog::create(dir, Arc::clone(storage), streams, seq, u64::MAX).map_err(|e| LogError::io(&rdir, e))?;
+    for b in batches {
+        let (batch, _) = decode_batch_checksums(b).expect("checked above");
+        log.append(b, false, batch.header.bound_ts);
+    }
+    log.sync().map_err(|e| LogError::io(&rdir, e))
 }
 
 /// The batches of the primary's log in `data` (its current epoch `epoch`) that hold
