@@ -36,6 +36,10 @@ pub struct Timeouts {
     pub resend: u64,
     /// A chosen primary that has not prepared within this long is passed over.
     pub prepare: u64,
+    /// A newly named primary that has not served yet (its server recovers its data
+    /// first) is failed over only once its node is also silent in the control plane, or
+    /// after this long (at least `failure`).
+    pub start: u64,
 }
 
 /// What the coordinator asks its node to do.
@@ -78,8 +82,11 @@ pub struct Coordinator {
     /// The (epoch, primary) last seen serving, and since when: a primary is silent only
     /// for as long as it has been primary (a new one has not shipped anything yet).
     serving_since: Option<(u64, NodeId, u64)>,
-    /// When each other node was last heard from.
+    /// When each other node was last heard from (its data plane; this node itself while
+    /// it serves).
     heard: BTreeMap<NodeId, u64>,
+    /// When each node's control plane was last heard from (any Raft message).
+    alive: BTreeMap<NodeId, u64>,
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
     proposed: Option<(Command, u64)>,
@@ -94,6 +101,7 @@ impl Coordinator {
             serving: false,
             serving_since: None,
             heard: BTreeMap::new(),
+            alive: BTreeMap::new(),
             round: None,
             proposed: None,
         }
@@ -104,6 +112,23 @@ impl Coordinator {
     pub fn heard(&mut self, node: NodeId, now: u64) {
         let e = self.heard.entry(node).or_insert(now);
         *e = (*e).max(now);
+    }
+
+    /// A control-plane message arrived from `node`: its supervisor is up (a primary still
+    /// starting is given `Timeouts::start` while this goes on).
+    pub fn alive(&mut self, node: NodeId, now: u64) {
+        let e = self.alive.entry(node).or_insert(now);
+        *e = (*e).max(now);
+    }
+
+    pub fn failure_timeout(&self) -> u64 {
+        self.t.failure
+    }
+
+    /// Whether `node`'s data plane was heard within `ms` (the leader hands its leadership
+    /// only to a backup that hears the primary).
+    pub fn heard_within(&self, node: NodeId, now: u64, ms: u64) -> bool {
+        self.heard.get(&node).is_some_and(|&t| now.saturating_sub(t) <= ms)
     }
 
     /// Forgets what was heard from other nodes, so that contact counts only from here on
@@ -172,9 +197,17 @@ impl Coordinator {
                 // since this node started, whichever is latest. This node itself hears
                 // itself while it serves; named primary but not serving (it restarted, or
                 // it is still getting ready) it counts as never heard, like any other.
-                let heard = if p == self.me { self.serving.then_some(now) } else { self.heard.get(&p).copied() };
+                if p == self.me && self.serving {
+                    self.heard(p, now);
+                }
+                let heard = self.heard.get(&p).copied();
                 let silent = now.saturating_sub(heard.unwrap_or(0).max(self.started).max(since));
-                if silent >= self.t.failure {
+                // Not yet heard serving since it was named, its node up, within `start`:
+                // it is still recovering its data.
+                let starting = heard.is_none_or(|h| h < since)
+                    && now.saturating_sub(since) < self.t.start
+                    && (p == self.me || self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure));
+                if silent >= self.t.failure && !starting {
                     let reason = if p == self.me {
                         format!("primary {p} (this node) has not served for {silent} ms")
                     } else {
@@ -291,7 +324,7 @@ mod tests {
     use super::*;
     use crate::state::Member;
 
-    const T: Timeouts = Timeouts { failure: 100, resend: 20, prepare: 200 };
+    const T: Timeouts = Timeouts { failure: 100, resend: 20, prepare: 200, start: 100 };
 
     fn boot(n: u64) -> ControlState {
         let mut s = ControlState::default();

@@ -184,15 +184,22 @@ impl ControlNode {
         self.raw.raft.term
     }
 
-    /// While this node leads: a peer that holds the whole log and was heard from lately,
-    /// to hand the leadership to (the lowest id).
-    pub fn up_to_date_peer(&self) -> Option<NodeId> {
+    /// While this node leads: the peers that hold the whole log and were heard from
+    /// lately, to hand the leadership to (lowest id first).
+    pub fn up_to_date_peers(&self) -> Vec<NodeId> {
         let r = &self.raw.raft;
         if !self.is_leader() {
-            return None;
+            return Vec::new();
         }
         let last = r.raft_log.last_index();
-        r.prs().iter().filter(|(&id, p)| id != r.id && p.matched == last && p.recent_active).map(|(&id, _)| id).min()
+        let mut v: Vec<NodeId> = r
+            .prs()
+            .iter()
+            .filter(|(&id, p)| id != r.id && p.matched == last && p.recent_active)
+            .map(|(&id, _)| id)
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Asks Raft to hand the leadership to `to` (raft-rs's leader transfer: `to` is brought

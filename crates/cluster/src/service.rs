@@ -563,6 +563,7 @@ impl Run {
             let now = started.elapsed().as_millis() as u64;
             let r = match input {
                 Ok(Input::Raft(m)) => {
+                    self.coord.alive(m.from, now);
                     if let Err(e) = self.node.step(*m) {
                         tracing::debug!("control node {id}: {e}");
                     }
@@ -656,7 +657,11 @@ impl Run {
             // crash of the primary's machine then needs no election before its failover
             // can begin (docs/cluster.md, "Leader and primary apart").
             if s.quorum_contact && now >= next_transfer && self.node.leads_current() {
-                if let Some(to) = self.node.up_to_date_peer() {
+                // Only to a backup whose data plane it hears: the new leader must hear
+                // this primary, or it would fail it over.
+                let failure = self.coord.failure_timeout();
+                let heard = |n: NodeId| self.coord.heard_within(n, now, failure / 2);
+                if let Some(to) = self.node.up_to_date_peers().into_iter().find(|&n| heard(n)) {
                     tracing::info!(node = id, "control: the primary hands the Raft leadership to node {to}");
                     self.node.transfer_leader(to);
                     next_transfer = now + 1000;

@@ -34,7 +34,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const RAFT_TICK_MS: u64 = 10;
-const TIMEOUTS: Timeouts = Timeouts { failure: 150, resend: 20, prepare: 150 };
+const TIMEOUTS: Timeouts = Timeouts { failure: 150, resend: 20, prepare: 150, start: 150 };
 const FSYNC_EVERY_MS: u64 = 2;
 const HEARTBEAT_MS: u64 = 3;
 const SHIP_MAX: usize = 16;

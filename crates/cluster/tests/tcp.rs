@@ -134,7 +134,7 @@ impl Cluster {
             dir: dir.join(format!("node{id}")),
             tick: Duration::from_millis(10),
             timing: Timing { election: 10, heartbeat: 2, fixed_election: None },
-            timeouts: Timeouts { failure: 150, resend: 20, prepare: 300 },
+            timeouts: Timeouts { failure: 150, resend: 20, prepare: 300, start: 150 },
         }
     }
 

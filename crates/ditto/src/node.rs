@@ -177,6 +177,9 @@ struct NodePlane {
     /// The epoch this supervisor may serve as primary (named by a command applied live).
     may_serve: Option<u64>,
     prepared: Option<Result<u64, String>>,
+    /// The last server did not stop cleanly (killed, or its drain failed): this node's
+    /// holdings are not reported until a server of it has run again.
+    unclean: bool,
     /// The streams the plan being prepared still fetches.
     fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
@@ -190,8 +193,9 @@ struct NodePlane {
 const HEARD_WITHIN_MS: u64 = 50;
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
-/// How long a child is given to stop before it is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a child is given to stop before it is killed (more than a backup's own bound
+/// on draining what it received, 10 s).
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One line of what the node does, with the wall-clock time in seconds (to the
 /// millisecond) so that nodes' lines can be put in one order.
@@ -205,22 +209,31 @@ impl NodePlane {
     fn stop_child(&mut self, why: &str) {
         let Some(mut c) = self.child.take() else { return };
         let t = Instant::now();
-        // SIGTERM: a backup makes what it received durable, a primary flushes its log.
-        // SAFETY: kill(2) with a pid this process spawned and has not reaped.
-        unsafe {
-            libc::kill(c.proc.id() as libc::pid_t, libc::SIGTERM);
+        // "stop" on its standard input: a backup makes what it received durable, a
+        // primary flushes its log; a server still starting does so once it serves (a
+        // signal could land before its handler and kill it mid-drain).
+        {
+            let mut g = self.gate.lock();
+            if let Some(stdin) = &mut g.stdin {
+                let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());
+            }
         }
-        loop {
+        let clean = loop {
             match c.proc.try_wait() {
-                Ok(Some(_)) => break,
+                Ok(Some(status)) => break status.success(),
                 Ok(None) if t.elapsed() < STOP_TIMEOUT => std::thread::sleep(Duration::from_millis(1)),
                 _ => {
-                    tracing::error!("node {}: the child did not stop within {STOP_TIMEOUT:?}; killing it", self.me);
+                    tracing::error!("node {}: the server did not stop within {STOP_TIMEOUT:?}; killing it", self.me);
                     let _ = c.proc.kill();
                     let _ = c.proc.wait();
-                    break;
+                    break false;
                 }
             }
+        };
+        if !clean {
+            // What it acknowledged may not all be on disk: not reported until a server of
+            // this node has run again (`report`).
+            self.unclean = true;
         }
         self.serving = false;
         // Only now: a closed standard input makes the server exit at once.
@@ -324,12 +337,19 @@ impl NodePlane {
             Role::Backup { of, upto, .. } => {
                 if holds_primary_log(&self.data) {
                     // This node was a primary: its log may hold commits above the recovery
-                    // point. It starts over from the new primary's checkpoint.
-                    say(self.me, "rejoins as a backup: its own log is dropped, it copies the primary's checkpoint");
-                    std::fs::remove_dir_all(&self.data)
-                        .map_err(|e| format!("clearing {}: {e}", self.data.display()))?;
+                    // point. It starts over from the new primary's checkpoint; its old
+                    // directory is kept aside until it has joined (it may hold the only
+                    // other copy of a released commit while the new primary's backups
+                    // catch up), and the node does not report meanwhile.
+                    let old = self.old_primary_dir();
+                    if old.exists() {
+                        std::fs::remove_dir_all(&old).map_err(|e| format!("clearing {}: {e}", old.display()))?;
+                    }
+                    std::fs::rename(&self.data, &old)
+                        .map_err(|e| format!("moving {} aside: {e}", self.data.display()))?;
                     std::fs::create_dir_all(&self.data)
                         .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+                    say(self.me, "rejoins as a backup: its own log is set aside, it copies the primary's checkpoint");
                 }
                 args.extend(["--replica-of".into(), self.members[of].repl_addr()]);
                 args.extend(["--primary-addr".into(), self.members[of].client_addr()]);
@@ -368,6 +388,11 @@ impl NodePlane {
         Ok(())
     }
 
+    /// Where an old primary's directory waits while the node rejoins.
+    fn old_primary_dir(&self) -> PathBuf {
+        self.data.with_file_name("old-primary")
+    }
+
     /// Whether this node holds every stream up to the plan's point; if so, how many
     /// transactions it holds above it (they will be discarded).
     fn check_prepared(&self, plan: &RecoveryPlan) -> Result<u64, String> {
@@ -397,9 +422,10 @@ impl NodePlane {
         let info = match info_replication(&mut c.probe, &self.members[&self.me].client_addr()) {
             Ok(i) => i,
             Err(e) => {
+                // One failed probe says nothing about the server (it may be busy): what was
+                // last seen stands until the process exits (`reconcile`).
                 tracing::debug!("node {}: probing the server: {e}", self.me);
                 c.probe = None;
-                self.serving = false;
                 return;
             }
         };
@@ -426,6 +452,17 @@ impl NodePlane {
             Role::Backup { of, .. } => {
                 self.serving = false;
                 let up = field("master_link_status") == Some("up");
+                if up {
+                    // Joined: it holds the new primary's checkpoint, so an old primary's
+                    // log set aside at its rejoin can go.
+                    let old = self.data.with_file_name("old-primary");
+                    if old.exists() {
+                        match std::fs::remove_dir_all(&old) {
+                            Ok(()) => say(self.me, "joined the new primary: its old log is dropped"),
+                            Err(e) => tracing::warn!("node {}: removing {}: {e}", self.me, old.display()),
+                        }
+                    }
+                }
                 let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
                 if up && ago <= HEARD_WITHIN_MS {
                     self.heard.push(*of);
@@ -465,6 +502,12 @@ impl DataPlane for NodePlane {
         }
         if holds_primary_log(&self.data) {
             return Err("this node holds a primary's own log, which is not reported (docs/cluster.md)".into());
+        }
+        if self.old_primary_dir().exists() {
+            return Err("it is rejoining: its old primary's log is kept aside until it has joined".into());
+        }
+        if self.unclean {
+            return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, ditto_engine::Ts::ZERO)
             .map_err(|e| e.to_string())?;
@@ -529,6 +572,8 @@ impl DataPlane for NodePlane {
                     say(self.me, format!("epoch {} opened: primary {primary} ({cmd:?})", state.epoch));
                 }
                 if let Command::OpenEpoch { epoch, recovery_point, lost, .. } = cmd {
+                    // What an unclean stop may have left off the disk was of a cut epoch.
+                    self.unclean = false;
                     let mut h = self.history.lock();
                     if h.last().is_none_or(|f| f.epoch != *epoch) {
                         h.push(FailoverSeen { epoch: *epoch, ..Default::default() });
@@ -679,6 +724,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         may_serve: None,
         prepared: None,
         fetching: Default::default(),
+        unclean: false,
         restart_after: Instant::now(),
         last_probe: Instant::now(),
         heard: Vec::new(),

@@ -121,7 +121,9 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         // A cluster node's server: its supervisor opens and closes the write gate with
         // lines on standard input ("writes on", "writes off WHY"; a new primary starts
         // closed until the supervisor has heard a quorum of the cluster) and says what the
-        // cluster looks like ("cluster [[name, value], ...]", for INFO cluster).
+        // cluster looks like ("cluster [[name, value], ...]", for INFO cluster); "stop" is
+        // its fence (as SIGTERM, but one that a server still starting honours once it
+        // serves, so a backup drains what it acknowledged).
         if a.run_epoch.is_some() {
             gate.set(Some(
                 "this node is the cluster's new primary and has not heard a quorum of the cluster yet".into(),
@@ -132,6 +134,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             for line in std::io::BufRead::lines(std::io::stdin().lock()) {
                 let Ok(line) = line else { break };
                 match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
+                    ("stop", "") => g.request_stop(),
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
                     ("cluster", json) => match serde_json::from_str::<Vec<(String, String)>>(json) {
@@ -271,7 +274,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         child_args,
         workers,
         policy,
-        timeouts: ditto_cluster::Timeouts { failure, resend: 50, prepare: 5000 },
+        timeouts: ditto_cluster::Timeouts { failure, resend: 50, prepare: 5000, start: 20_000 },
         tick: std::time::Duration::from_millis(10),
     })
 }

@@ -265,9 +265,17 @@ fn run_cycles(policy: &str, cycles: usize) {
         c.kill(primary);
         // The first write another node acknowledged (one the killed node answered just
         // before it died may be read after `killed_at`).
-        let first_after = wait_for("the first write after the kill", Duration::from_secs(20), || {
-            w.acked().iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
-        });
+        let end = Instant::now() + Duration::from_secs(20);
+        let first_after = loop {
+            if let Some(a) = w.acked().iter().find(|(_, t, p)| *t > killed_at && *p != killed_port) {
+                break a.1;
+            }
+            if Instant::now() > end {
+                c.dump_logs();
+                panic!("cycle {cycle}: no write acknowledged within 20 s of the kill");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
         let acked = w.acked();
         let ms = first_after.duration_since(killed_at).as_secs_f64() * 1e3;
         unavailable_ms.push(ms);

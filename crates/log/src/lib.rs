@@ -210,11 +210,13 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
             std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
         }
     }
-    // The streams start at what was recovered (a backup that holds it resumes from there);
-    // the clock may start higher.
+    // New commits, and the streams' durable positions, start above `ts_above`: nothing
+    // lies between what was recovered and it (a failover discarded it), so the watermark
+    // covers it at once (a backup registering waits for the watermark to reach the clock).
     db.clock().advance_to(opts.ts_above);
-    let logger = Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, recovered_ts)
-        .map_err(|e| LogError::io(&dir.join("log"), e))?;
+    let logger =
+        Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, recovered_ts.max(opts.ts_above))
+            .map_err(|e| LogError::io(&dir.join("log"), e))?;
     db.attach_log(Arc::clone(&logger) as Arc<dyn ditto_engine::CommitLog>);
     // Record ids whose former life a checkpoint covers may be reused: recovery never meets
     // that life again (crates/engine/src/table.rs).

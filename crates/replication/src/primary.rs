@@ -39,10 +39,11 @@ pub struct PrimaryOptions {
     /// How often an idle link sends the release watermark (and how stale a backup's view of
     /// it can be when nothing else is sent).
     pub heartbeat: Duration,
-    /// A cluster's new primary: `(e, p)` when this epoch opened from epoch `e` cut at `p`
-    /// (docs/cluster.md). A backup of epoch `e` that holds exactly `p` then holds what this
+    /// A cluster's new primary: `(e, p, start)` when this epoch opened from epoch `e` cut
+    /// at `p`, its log starting above `start` (docs/cluster.md; nothing lies between `p`
+    /// and `start`). A backup of epoch `e` that holds exactly `p` then holds what this
     /// primary started from, and resumes from the log rather than copying a checkpoint.
-    pub resume_from: Option<(Epoch, Ts)>,
+    pub resume_from: Option<(Epoch, Ts, Ts)>,
 }
 
 impl Default for PrimaryOptions {
@@ -86,9 +87,12 @@ struct Link {
     durable: AtomicU64,
     replayed: AtomicU64,
     since: Instant,
-    /// Microseconds after `since` when the last acknowledgement arrived.
+    /// Microseconds after `since` when the last acknowledgement arrived (`NEVER_ACKED`
+    /// before the first).
     heard_us: AtomicU64,
 }
+
+const NEVER_ACKED: u64 = u64::MAX;
 
 struct Queue {
     frames: std::collections::VecDeque<Bytes>,
@@ -228,10 +232,10 @@ impl Primary {
                     received_lag: lag(received),
                     durable_lag: lag(durable),
                     replay_lag: lag(replayed),
-                    heard_ago: l
-                        .since
-                        .elapsed()
-                        .saturating_sub(Duration::from_micros(l.heard_us.load(Ordering::Acquire))),
+                    heard_ago: match l.heard_us.load(Ordering::Acquire) {
+                        NEVER_ACKED => Duration::MAX,
+                        us => l.since.elapsed().saturating_sub(Duration::from_micros(us)),
+                    },
                 }
             })
             .collect()
@@ -335,7 +339,7 @@ impl Primary {
                 durable: AtomicU64::new(0),
                 replayed: AtomicU64::new(0),
                 since: Instant::now(),
-                heard_us: AtomicU64::new(0),
+                heard_us: AtomicU64::new(NEVER_ACKED),
             });
             links.push(Arc::clone(&link));
             link
@@ -368,9 +372,16 @@ impl Primary {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        let resumable = epoch == self.epoch || self.opts.resume_from == Some((epoch, have_ts));
-        let gap = if have_ts > Ts::ZERO && resumable {
-            ditto_log::replica::batches_after(self.durable.dir(), self.epoch, have_ts).map_err(std::io::Error::other)?
+        // What the log is read from: above what the backup holds, or (a backup of the
+        // epoch this one was recovered from, holding exactly its cut) above this epoch's
+        // start, since nothing lies between the two.
+        let from = match self.opts.resume_from {
+            _ if epoch == self.epoch => Some(have_ts),
+            Some((e, p, start)) if (e, p) == (epoch, have_ts) => Some(start.max(have_ts)),
+            _ => None,
+        };
+        let gap = if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
+            ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from).map_err(std::io::Error::other)?
         } else {
             None
         };

@@ -290,7 +290,8 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             .map_err(io(format!("binding the replication port {}:{port}", cfg.bind)))?;
         let l_addr = Some(l.local_addr().map_err(io("reading the replication address"))?);
         let repl_addr = l_addr.map(|a| a.to_string()).unwrap_or_default();
-        let resume_from = cfg.cluster.as_ref().and_then(|c| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?))));
+        let resume_from =
+            cfg.cluster.as_ref().and_then(|c| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?), Ts(c.ts_above))));
         let opts =
             ditto_replication::PrimaryOptions { backups_expected: cfg.backups, resume_from, ..Default::default() };
         let r = Arc::clone(&release);
@@ -402,6 +403,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 a = accept_on(tls_listener.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, acceptor.clone()).await,
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
+                _ = sh.write_gate.stop_requested() => break,
             }
         }
         Ok::<(), ServerError>(())
@@ -415,6 +417,9 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     if let Some(b) = &backup {
         if let Err(e) = b.stop("the server is shutting down", Duration::from_secs(10)) {
             tracing::error!("stopping replication: {e}");
+            // What it acknowledged may not all be on disk: the exit status says so (a
+            // cluster node then does not report this node's holdings).
+            return Err(ServerError::Io { what: "stopping replication".into(), source: std::io::Error::other(e) });
         }
     }
     if let Some(d) = &durable {
@@ -436,6 +441,17 @@ fn promote_replica(dir: &std::path::Path, workers: usize, c: &crate::config::Clu
     }
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
     let limit = c.upto.map(Ts);
+    // Checked before anything is rewritten: the directory stays as it was if it falls short.
+    if let Some(p) = limit {
+        let h = ditto_log::replica::replica_holdings(dir, workers, Ts::ZERO)?;
+        if h.cut < p {
+            return Err(ConfigError::Invalid(format!(
+                "promoted at recovery point {} but this node holds everything only up to {} (per stream: {:?})",
+                p.0, h.cut.0, h.streams
+            ))
+            .into());
+        }
+    }
     let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, limit)?;
     if let Some(p) = limit {
         if opened.cut < p {

@@ -670,6 +670,13 @@ impl Session {
         if std::mem::take(&mut self.multi_failed) {
             return Outcome::now(Reply::err("EXECABORT Transaction discarded because of previous errors."));
         }
+        // The write gate closed after the writes were queued (a primary that lost contact
+        // with its cluster): the transaction is refused as a whole.
+        if let Some(why) = sh.write_gate.refusal() {
+            if queue.iter().any(|a| lookup(&a[0]).is_some_and(|spec| spec.write)) {
+                return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: READONLY {why}")));
+            }
+        }
         let db_before = self.db;
         let mut tries = 0;
         loop {
@@ -1212,9 +1219,22 @@ pub struct WriteGate {
     closed: std::sync::atomic::AtomicBool,
     why: Mutex<String>,
     cluster: Mutex<Vec<(String, String)>>,
+    /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
+    /// backup that has acknowledged anything drains it first (`Backup::stop`).
+    stop: tokio::sync::Notify,
 }
 
 impl WriteGate {
+    /// Asks the server to stop as on SIGTERM; a request made before it serves waits for it.
+    pub fn request_stop(&self) {
+        self.stop.notify_one();
+    }
+
+    /// Completes once a stop was requested.
+    pub async fn stop_requested(&self) {
+        self.stop.notified().await
+    }
+
     /// What `INFO cluster` shows (empty: not a cluster node).
     pub fn set_cluster_info(&self, fields: Vec<(String, String)>) {
         *self.cluster.lock() = fields;
@@ -2289,6 +2309,14 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("v"));
         sh.write_gate.set(None);
         assert_eq!(cmd(&mut s, &sh, &mut w, "SET k w"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("w"));
+        // Writes queued while open, the gate closed before EXEC: nothing is written.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        cmd(&mut s, &sh, &mut w, "SET k queued");
+        sh.write_gate.set(Some("no quorum contact".into()));
+        assert!(
+            matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT") && e.contains("no quorum contact"))
+        );
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("w"));
     }
 
