@@ -544,3 +544,227 @@ fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
         }
     }
 }
+
+/// A client that follows the cluster: it sends to the node it is connected to and, when
+/// that fails (a backup's READONLY, a node going down), finds the node that takes writes.
+struct Follower {
+    ports: Vec<u16>,
+    conn: Option<Client>,
+    next: usize,
+}
+
+impl Follower {
+    fn new(ports: Vec<u16>) -> Follower {
+        Follower { ports, conn: None, next: 0 }
+    }
+
+    /// One request to whichever node takes writes; `Err` if the reply was lost or refused
+    /// (the request may or may not have taken effect).
+    fn call(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
+        if self.conn.is_none() {
+            let port = self.ports[self.next % self.ports.len()];
+            self.next += 1;
+            let mut c = Client::connect(port).map_err(|e| e.to_string())?;
+            c.set_read_timeout(Duration::from_secs(2));
+            self.conn = Some(c);
+        }
+        let r = self.conn.as_mut().expect("connected").cmd(args).map_err(|e| e.to_string());
+        match r {
+            Ok(v) if !v[0].starts_with('-') => Ok(v),
+            Ok(v) => {
+                self.conn = None;
+                Err(v[0].clone())
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// `call` until it succeeds (bounded).
+    fn call_until_ok(&mut self, args: &[&str]) -> Vec<String> {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.call(args) {
+                Ok(v) => return v,
+                Err(e) => {
+                    assert!(Instant::now() < end, "{args:?} failed for 30 s: {e}");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+}
+
+const ACCOUNTS: usize = 10;
+const BALANCE: i64 = 100;
+
+/// Backups killed and restarted, primaries killed and restarted, under a bank workload
+/// (MULTI/EXEC transfers between accounts: the total never changes), append-only lists
+/// (each client appends 1, 2, 3, ... to its own key: nothing acknowledged may be lost,
+/// nothing may be reordered or doubled), and a reader on the backups (every read a state
+/// whose total is the bank's). The history is checked at the end on every node.
+#[test]
+fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_history() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rounds = std::env::var("FAILOVER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4usize);
+    let mut c = Cluster::start(3, "majority-durable");
+    wait_for("a first primary", Duration::from_secs(30), || c.primary());
+    let ports: Vec<u16> = c.ports.values().copied().collect();
+    let mut setup = Follower::new(ports.clone());
+    for a in 0..ACCOUNTS {
+        setup.call_until_ok(&["SET", &format!("acct:{a}"), &BALANCE.to_string()]);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    // Two bank clients.
+    for seed in 0..2u64 {
+        let (stop, ports) = (Arc::clone(&stop), ports.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut f = Follower::new(ports);
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut done = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let (from, to, amount) = (x as usize % ACCOUNTS, (x >> 8) as usize % ACCOUNTS, (x >> 16) % 7 + 1);
+                // A transfer is one MULTI/EXEC; any failure drops the connection, and a
+                // transaction is all or nothing whichever way it went.
+                let ok = (|| -> Result<(), String> {
+                    f.call(&["MULTI"])?;
+                    f.call(&["DECRBY", &format!("acct:{from}"), &amount.to_string()])?;
+                    f.call(&["INCRBY", &format!("acct:{to}"), &amount.to_string()])?;
+                    f.call(&["EXEC"])?;
+                    Ok(())
+                })();
+                match ok {
+                    Ok(()) => done += 1,
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+            done
+        }));
+    }
+    // Two append-only lists: the k-th append adds "k,"; after a failed append the client
+    // reads its key back (on the node that now takes writes) to learn whether it applied.
+    let lists: Vec<Arc<Mutex<u64>>> = (0..2).map(|_| Arc::new(Mutex::new(0))).collect();
+    let mut appenders = Vec::new();
+    for (i, acked) in lists.iter().enumerate() {
+        let (stop, ports, acked) = (Arc::clone(&stop), ports.clone(), Arc::clone(acked));
+        appenders.push(std::thread::spawn(move || {
+            let mut f = Follower::new(ports);
+            let key = format!("list:{i}");
+            let mut k = 1u64;
+            while !stop.load(Ordering::SeqCst) {
+                match f.call(&["APPEND", &key, &format!("{k},")]) {
+                    Ok(_) => {
+                        *acked.lock().unwrap() = k;
+                        k += 1;
+                    }
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        let now = f.call_until_ok(&["GET", &key]).remove(0);
+                        if now.ends_with(&format!(",{k},")) || now == format!("{k},") {
+                            k += 1; // it applied; its reply was lost
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    // A reader on the backups: every MGET of the accounts is a state of the bank.
+    let reads = {
+        let (stop, ports) = (Arc::clone(&stop), ports.clone());
+        std::thread::spawn(move || -> Result<u64, String> {
+            let keys: Vec<String> = (0..ACCOUNTS).map(|a| format!("acct:{a}")).collect();
+            let mut args = vec!["MGET"];
+            args.extend(keys.iter().map(String::as_str));
+            let mut reads = 0u64;
+            let mut i = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let Ok(mut cl) = Client::connect(ports[i % ports.len()]) else { continue };
+                cl.set_read_timeout(Duration::from_secs(2));
+                let Ok(role) = cl.cmd(&["ROLE"]) else { continue };
+                if role[0] != "slave" {
+                    continue;
+                }
+                for _ in 0..50 {
+                    let Ok(vals) = cl.cmd(&args) else { break };
+                    if vals.iter().all(|v| v != "(nil)") {
+                        let sum: i64 = vals.iter().map(|v| v.parse::<i64>().unwrap()).sum();
+                        if sum != BALANCE * ACCOUNTS as i64 {
+                            return Err(format!("a backup read a state summing to {sum}: {vals:?}"));
+                        }
+                        reads += 1;
+                    }
+                }
+            }
+            Ok(reads)
+        })
+    };
+    for round in 0..rounds {
+        std::thread::sleep(Duration::from_millis(400));
+        let primary = wait_for("a primary", Duration::from_secs(20), || c.primary());
+        // A backup dies and comes back.
+        let backup = *c.ports.keys().find(|&&id| id != primary).unwrap();
+        c.kill(backup);
+        std::thread::sleep(Duration::from_millis(400));
+        c.start_node(backup);
+        wait_for("the killed backup to rejoin", Duration::from_secs(30), || {
+            c.info(backup).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+        });
+        // Then the primary.
+        std::thread::sleep(Duration::from_millis(400));
+        let primary = wait_for("a primary", Duration::from_secs(20), || c.primary());
+        c.kill(primary);
+        let new = wait_for("a new primary", Duration::from_secs(20), || c.primary().filter(|&p| p != primary));
+        c.start_node(primary);
+        wait_for("the old primary to rejoin", Duration::from_secs(30), || {
+            c.info(primary).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+        });
+        eprintln!("round {round}: backup {backup} killed and back; primary {primary} killed, node {new} took over, {primary} back");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let transfers: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    for a in appenders {
+        a.join().unwrap();
+    }
+    let backup_reads = reads.join().unwrap().unwrap_or_else(|e| {
+        c.dump_logs();
+        panic!("{e}")
+    });
+    // The history, on every node (backups once caught up).
+    let primary = wait_for("a primary", Duration::from_secs(20), || c.primary());
+    let mut f = Follower::new(vec![c.ports[&primary]]);
+    f.call_until_ok(&["SET", "final", "1"]);
+    let last = f.call_until_ok(&["DITTO.LASTCOMMIT"]).remove(0).trim_start_matches(':').to_string();
+    for (&id, &port) in &c.ports {
+        let mut cl = Client::connect(port).unwrap();
+        cl.set_read_timeout(Duration::from_secs(10));
+        if id != primary {
+            let r = cl.cmd(&["DITTO.WAITTS", &last]).unwrap();
+            assert!(!r[0].starts_with('-'), "node {id} did not catch up: {r:?}");
+        }
+        let keys: Vec<String> = (0..ACCOUNTS).map(|a| format!("acct:{a}")).collect();
+        let mut args = vec!["MGET"];
+        args.extend(keys.iter().map(String::as_str));
+        let sum: i64 = cl.cmd(&args).unwrap().iter().map(|v| v.parse::<i64>().unwrap()).sum();
+        assert_eq!(sum, BALANCE * ACCOUNTS as i64, "node {id}: the bank's total changed");
+        for (i, acked) in lists.iter().enumerate() {
+            let acked = *acked.lock().unwrap();
+            let v = cl.cmd(&["GET", &format!("list:{i}")]).unwrap().remove(0);
+            let got: Vec<u64> = v.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+            let want: Vec<u64> = (1..=got.len() as u64).collect();
+            assert_eq!(got, want, "node {id}: list {i} lost, reordered or doubled an append");
+            assert!(got.len() as u64 >= acked, "node {id}: list {i} holds {} appends, {acked} acknowledged", got.len());
+        }
+    }
+    eprintln!(
+        "{rounds} rounds: {transfers} transfers, {} appends acknowledged, {backup_reads} consistent reads on backups",
+        lists.iter().map(|l| *l.lock().unwrap()).sum::<u64>()
+    );
+}
