@@ -397,7 +397,7 @@ impl NodePlane {
     /// transactions it holds above it (they will be discarded).
     fn check_prepared(&self, plan: &RecoveryPlan) -> Result<u64, String> {
         let p = plan.recovery_point;
-        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, ditto_engine::Ts(p))
+        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, Some(ditto_engine::Ts(p)))
             .map_err(|e| e.to_string())?;
         if h.streams.iter().any(|s| s.0 < p) {
             return Err(format!("holds only {:?} of the streams, below the point {p}", h.streams));
@@ -509,8 +509,7 @@ impl DataPlane for NodePlane {
         if self.unclean {
             return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
         }
-        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, ditto_engine::Ts::ZERO)
-            .map_err(|e| e.to_string())?;
+        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
         // What this node holds of an epoch that a failover since cut is held only up to the
         // cut: the rest is discarded when its server starts (`--recover-upto`).
         let cap = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map_or(u64::MAX, |t| t.0);

@@ -302,12 +302,13 @@ pub fn open_replica_upto(
 /// What a backup's data directory holds, read without changing it (a failover's tail
 /// report, docs/cluster.md): per primary stream, every batch up to this timestamp is held
 /// (its highest bound, the highest trusted floor, the checkpoint); the newest timestamp
-/// held at all; and how many transactions lie above `above`.
+/// held at all; and how many transactions lie above `above` (when given: counting
+/// decodes those batches).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaHoldings {
     pub streams: Vec<Ts>,
     pub newest: Ts,
-    /// Transactions above the `above` timestamp asked for.
+    /// Transactions above the `above` timestamp asked for (0 when none was).
     pub txns_above: u64,
     /// What `open_replica` would cut at.
     pub cut: Ts,
@@ -318,7 +319,7 @@ pub struct ReplicaHoldings {
 /// the primary's stream count, used when a checkpoint but no replica log file is found; a
 /// directory holding nothing reports no stream. The directory must not be in use by a
 /// running backup.
-pub fn replica_holdings(dir: &Path, streams: usize, above: Ts) -> Result<ReplicaHoldings, LogError> {
+pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result<ReplicaHoldings, LogError> {
     let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
         Some((_, m)) => m.ts,
         None => Ts::ZERO,
@@ -341,9 +342,8 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Ts) -> Result<Replica
     let mut scratch = Vec::new();
     for (batch, i, off) in &scan.kept {
         newest = newest.max(batch.header.last_ts);
-        if batch.header.last_ts <= above {
-            continue;
-        }
+        // Counting decodes the payload: only when asked, and only above the point.
+        let Some(above) = above.filter(|&a| batch.header.last_ts > a) else { continue };
         let p = batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
             file: scan.files[*i].1.clone(),
             offset: *off,

@@ -51,21 +51,21 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
         }
         log.sync().unwrap();
     }
-    let (ha, hb) = (replica_holdings(a.path(), 2, Ts::ZERO).unwrap(), replica_holdings(b.path(), 2, Ts::ZERO).unwrap());
+    let (ha, hb) = (replica_holdings(a.path(), 2, None).unwrap(), replica_holdings(b.path(), 2, None).unwrap());
     assert_eq!(hb.streams[0], cut_bound);
     assert!(ha.streams[0] > hb.streams[0] && ha.streams[1] == hb.streams[1], "{ha:?} {hb:?}");
 
     let fetched = replica_stream_batches(a.path(), 0, hb.streams[0]).unwrap();
     assert!(!fetched.is_empty() && fetched.iter().all(|x| stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound));
     append_fetched(b.path(), 2, &fetched, &storage).unwrap();
-    let hb2 = replica_holdings(b.path(), 2, Ts::ZERO).unwrap();
+    let hb2 = replica_holdings(b.path(), 2, None).unwrap();
     assert_eq!(hb2.streams, ha.streams, "after the fetch B holds every stream as far as A");
     // A batch from elsewhere that does not check is refused, and changes nothing.
     let mut bad = fetched[0].to_vec();
     let last = bad.len() - 1;
     bad[last] ^= 1;
     assert!(append_fetched(b.path(), 2, &[Bytes::from(bad)], &storage).is_err());
-    assert_eq!(replica_holdings(b.path(), 2, Ts::ZERO).unwrap().streams, ha.streams);
+    assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
 
     // Both recover the same rows.
     let (ra, rb) = (open_replica(a.path(), 2, &storage).unwrap(), open_replica(b.path(), 2, &storage).unwrap());

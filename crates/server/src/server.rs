@@ -443,7 +443,7 @@ fn promote_replica(dir: &std::path::Path, workers: usize, c: &crate::config::Clu
     let limit = c.upto.map(Ts);
     // Checked before anything is rewritten: the directory stays as it was if it falls short.
     if let Some(p) = limit {
-        let h = ditto_log::replica::replica_holdings(dir, workers, Ts::ZERO)?;
+        let h = ditto_log::replica::replica_holdings(dir, workers, None)?;
         if h.cut < p {
             return Err(ConfigError::Invalid(format!(
                 "promoted at recovery point {} but this node holds everything only up to {} (per stream: {:?})",
