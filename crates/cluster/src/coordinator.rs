@@ -82,6 +82,13 @@ pub struct Coordinator {
     /// The (epoch, primary) last seen serving, and since when: a primary is silent only
     /// for as long as it has been primary (a new one has not shipped anything yet).
     serving_since: Option<(u64, NodeId, u64)>,
+    /// Whether this coordinator saw the serving epoch open (it knew the state before it):
+    /// only then does it know how long ago that was, and give a start grace.
+    saw_open: bool,
+    /// The (epoch, phase) of the last tick.
+    last_seen: Option<(u64, Option<Phase>)>,
+    /// This node was named primary and its server is still starting (its data plane says).
+    starting: bool,
     /// When each other node was last heard from (its data plane; this node itself while
     /// it serves).
     heard: BTreeMap<NodeId, u64>,
@@ -100,6 +107,9 @@ impl Coordinator {
             started: now,
             serving: false,
             serving_since: None,
+            saw_open: false,
+            last_seen: None,
+            starting: false,
             heard: BTreeMap::new(),
             alive: BTreeMap::new(),
             round: None,
@@ -143,6 +153,12 @@ impl Coordinator {
         self.serving = serving;
     }
 
+    /// Whether this node, named primary, is still starting its server (a restarted
+    /// primary, which never serves its epoch again, is not).
+    pub fn set_starting(&mut self, starting: bool) {
+        self.starting = starting;
+    }
+
     /// Whether a primary may accept writes: it has heard (acknowledgements of its epoch)
     /// from a quorum of the members, itself included, within the failure timeout. A
     /// primary cut off from the majority stops taking writes by itself, before the
@@ -176,6 +192,18 @@ impl Coordinator {
     /// Advances the failover by time (call every few milliseconds).
     pub fn tick(&mut self, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
         let mut out = Vec::new();
+        // Every node keeps when the serving epoch opened (as it saw it), leader or not: a
+        // follower that becomes leader knows it too.
+        if let (Some(Phase::Serving), Some(p)) = (state.phase, state.primary()) {
+            if !matches!(self.serving_since, Some((e, q, _)) if e == state.epoch && q == p) {
+                self.serving_since = Some((state.epoch, p, now));
+                // Seen opening: the last tick knew an older epoch, or this one failing
+                // over (not a state found at a start or a catch-up).
+                self.saw_open = matches!(self.last_seen, Some((e, ph)) if e < state.epoch
+                    || (e == state.epoch && ph == Some(Phase::Failover)));
+            }
+        }
+        self.last_seen = Some((state.epoch, state.phase));
         if !leader {
             self.round = None;
             self.proposed = None;
@@ -188,10 +216,7 @@ impl Coordinator {
                 let p = state.primary().expect("serving has a primary");
                 let since = match self.serving_since {
                     Some((e, q, t)) if e == state.epoch && q == p => t,
-                    _ => {
-                        self.serving_since = Some((state.epoch, p, now));
-                        now
-                    }
+                    _ => now,
                 };
                 // Silent since it was last heard from, or since it was named primary, or
                 // since this node started, whichever is latest. This node itself hears
@@ -204,9 +229,13 @@ impl Coordinator {
                 let silent = now.saturating_sub(heard.unwrap_or(0).max(self.started).max(since));
                 // Not yet heard serving since it was named, its node up, within `start`:
                 // it is still recovering its data.
-                let starting = heard.is_none_or(|h| h < since)
+                let starting = self.saw_open
+                    && heard.is_none_or(|h| h < since)
                     && now.saturating_sub(since) < self.t.start
-                    && (p == self.me || self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure));
+                    && match p == self.me {
+                        true => self.starting,
+                        false => self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure),
+                    };
                 if silent >= self.t.failure && !starting {
                     let reason = if p == self.me {
                         format!("primary {p} (this node) has not served for {silent} ms")

@@ -69,6 +69,12 @@ pub trait DataPlane: Send + 'static {
     fn heard(&mut self) -> Vec<NodeId>;
     /// Whether this node serves as the primary now.
     fn serving(&self) -> bool;
+    /// Whether this node, named primary of the open epoch, is still starting to serve it
+    /// (recovering its data): the coordinator then waits up to `Timeouts::start`. A node
+    /// that will not serve (it restarted) says false.
+    fn starting(&self) -> bool {
+        false
+    }
     /// The node's durable fence is `epoch` (called at start and whenever it rises, after
     /// it is on disk). Before it returns: refuse batches of older epochs from now on, and
     /// acknowledge none of those already queued; if this node serves as primary of an
@@ -595,6 +601,7 @@ impl Run {
             }
             was_serving = serving;
             self.coord.set_serving(serving);
+            self.coord.set_starting(self.data.starting());
             for n in self.data.heard() {
                 self.coord.heard(n, now);
             }

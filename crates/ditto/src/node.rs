@@ -388,6 +388,16 @@ impl NodePlane {
         Ok(())
     }
 
+    /// The directory of this node's own primary log, if it holds one: its data (an old
+    /// primary not yet rejoined), or the old log it set aside while it rejoins.
+    fn primary_log_dir(&self) -> Option<PathBuf> {
+        let old = self.old_primary_dir();
+        if old.exists() {
+            return Some(old);
+        }
+        holds_primary_log(&self.data).then(|| self.data.clone())
+    }
+
     /// Where an old primary's directory waits while the node rejoins.
     fn old_primary_dir(&self) -> PathBuf {
         self.data.with_file_name("old-primary")
@@ -489,6 +499,12 @@ impl DataPlane for NodePlane {
         self.serving
     }
 
+    fn starting(&self) -> bool {
+        !self.serving
+            && self.state.open_epoch().is_some_and(|e| self.may_serve == Some(e.epoch))
+            && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { .. }))
+    }
+
     fn fenced(&mut self, epoch: u64) {
         self.fence = self.fence.max(epoch);
         if self.child.as_ref().is_some_and(|c| c.role.epoch() < epoch) {
@@ -500,14 +516,20 @@ impl DataPlane for NodePlane {
         if self.child.is_some() {
             return Err("the server still runs (not fenced)".into());
         }
-        if holds_primary_log(&self.data) {
-            return Err("this node holds a primary's own log, which is not reported (docs/cluster.md)".into());
-        }
-        if self.old_primary_dir().exists() {
-            return Err("it is rejoining: its old primary's log is kept aside until it has joined".into());
-        }
         if self.unclean {
             return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
+        }
+        // An old primary (its own log, or the log it set aside while it rejoins) reports
+        // what its log holds, capped at its epoch's cut, and may not be chosen: a backup
+        // is, and fetches what it lacks from this log.
+        if let Some(dir) = self.primary_log_dir() {
+            let (h, epoch) = ditto_log::recovery::primary_log_holdings(&dir).map_err(|e| e.to_string())?;
+            let cap = self.state.recovery_point(epoch.0).map_or(u64::MAX, |t| t.0);
+            return Ok(Holding {
+                streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
+                newest: h.newest.0.min(cap),
+                eligible: false,
+            });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
         // What this node holds of an epoch that a failover since cut is held only up to the
@@ -537,8 +559,11 @@ impl DataPlane for NodePlane {
         if self.child.is_some() {
             return Err("the server still runs (not fenced)".into());
         }
-        let b = ditto_log::replica::replica_stream_batches(&self.data, stream, ditto_engine::Ts(after))
-            .map_err(|e| e.to_string())?;
+        let b = match self.primary_log_dir() {
+            Some(dir) => ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after)),
+            None => ditto_log::replica::replica_stream_batches(&self.data, stream, ditto_engine::Ts(after)),
+        }
+        .map_err(|e| e.to_string())?;
         say(self.me, format!("serves a fetch: {} batches of stream {stream} above ts {after}", b.len()));
         Ok(b.into_iter().map(|x| x.to_vec()).collect())
     }

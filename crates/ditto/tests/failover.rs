@@ -768,3 +768,67 @@ fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_hist
         lists.iter().map(|l| *l.lock().unwrap()).sum::<u64>()
     );
 }
+
+/// One backup down, then the primary killed: the last backup alone is no quorum, so
+/// nothing fails over. The old primary restarts: it does not serve again (it never resumes
+/// its epoch), but it reports what its own log holds, which makes the quorum; the backup
+/// is chosen and fetches from the old primary's log whatever it lacks up to the recovery
+/// point. Nothing acknowledged is lost, and every node ends with the same history.
+#[test]
+fn a_restarted_old_primary_reports_from_its_log_so_the_failover_can_complete() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-durable");
+    let primary = wait_for("a first primary", Duration::from_secs(30), || c.primary());
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    wait_for("writes", Duration::from_secs(30), || (w.acked().len() > 200).then_some(()));
+    let down = *c.ports.keys().find(|&&id| id != primary).unwrap();
+    let last = *c.ports.keys().find(|&&id| id != primary && id != down).unwrap();
+    c.kill(down);
+    let before = w.acked().len();
+    wait_for("writes with one backup", Duration::from_secs(30), || (w.acked().len() > before + 200).then_some(()));
+    c.kill(primary);
+    let killed_at = Instant::now();
+    // No quorum: no failover, no write.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (primary_port, last_port) = (c.ports[&primary], c.ports[&last]);
+    assert!(
+        !w.acked().iter().any(|(_, t, p)| *t > killed_at && *p != primary_port),
+        "a write was acknowledged with one node of three"
+    );
+    // The old primary comes back: with its report the failover completes on `last`.
+    c.start_node(primary);
+    let end = Instant::now() + Duration::from_secs(30);
+    let first_after = loop {
+        if let Some(a) = w.acked().iter().find(|(_, t, p)| *t > killed_at && *p == last_port) {
+            break a.1;
+        }
+        if Instant::now() > end {
+            c.dump_logs();
+            panic!("no write on node {last} within 30 s of the old primary's restart");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    eprintln!("the old primary's report let node {last} take writes {:.0} ms after its restart", {
+        first_after.duration_since(killed_at).as_secs_f64() * 1e3 - 1500.0
+    });
+    let acked = w.acked();
+    if let Err(e) = check_has(last_port, &acked, Duration::from_secs(10)) {
+        c.dump_logs();
+        panic!("the new primary lacks an acknowledged write: {e}");
+    }
+    // Everyone back; the same history everywhere.
+    c.start_node(down);
+    for id in [primary, down] {
+        wait_for("a node to rejoin", Duration::from_secs(30), || {
+            c.info(id).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+        });
+    }
+    w.stop();
+    let acked = w.acked();
+    for (&id, &port) in &c.ports {
+        if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
+            c.dump_logs();
+            panic!("node {id} lacks an acknowledged write: {e}");
+        }
+    }
+}

@@ -554,3 +554,54 @@ pub(crate) fn replay_log(
     report.log_seconds = t0.elapsed().as_secs_f64();
     Ok(cut)
 }
+
+/// What a primary's own log in `data` holds, read without changing it (a failover's
+/// report from an old primary, docs/cluster.md): per stream, the highest durable bound (or
+/// the checkpoint, or the highest floor, whichever is higher) as recovery computes them;
+/// the newest timestamp written; the cut recovery would make; the log's epoch. The
+/// segments are fsynced first (the process that wrote them may not have).
+pub fn primary_log_holdings(data: &Path) -> Result<(crate::replica::ReplicaHoldings, Epoch), LogError> {
+    let (newest, _) = crate::checkpoint::find_newest(data)?;
+    let (ckpt_ts, epoch_min) = newest.map_or((Ts::ZERO, Epoch(0)), |(_, m)| (m.ts, m.log_epoch_min));
+    let segments = list_segments(data)?.segments;
+    for s in &segments {
+        let f = std::fs::File::open(&s.path).map_err(|e| LogError::io(&s.path, e))?;
+        f.sync_all().map_err(|e| LogError::io(&s.path, e))?;
+    }
+    let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
+    let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
+    let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();
+    for s in live.iter().filter(|s| s.epoch == epoch) {
+        by_stream.entry(s.stream).or_default().push(s);
+    }
+    let mut logs = Vec::new();
+    for files in by_stream.values() {
+        let scans = files.iter().map(|f| read_one(f, ckpt_ts)).collect();
+        logs.push((files[0].stream, check_stream(files, scans, ckpt_ts)?));
+    }
+    let n = logs.iter().map(|(_, l)| l.streams as usize).max().unwrap_or(0).max(logs.len());
+    let floor = logs.iter().map(|(_, l)| l.floor).max().unwrap_or(Ts::ZERO);
+    let mut streams = vec![ckpt_ts.max(floor); n];
+    let mut newest = ckpt_ts;
+    for (s, l) in &logs {
+        streams[*s as usize] = l.bound.max(ckpt_ts).max(floor);
+        newest = newest.max(l.bound).max(l.batches.iter().map(|k| k.batch.header.last_ts).max().unwrap_or(Ts::ZERO));
+    }
+    let cut = streams.iter().copied().min().unwrap_or(ckpt_ts);
+    Ok((crate::replica::ReplicaHoldings { streams, newest, txns_above: 0, cut }, epoch))
+}
+
+/// The batches of stream `stream` in the primary's own log in `data` with a bound above
+/// `after`, as written (a failover's fetch from an old primary).
+pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
+    let (_, epoch) = primary_log_holdings(data)?;
+    let all = crate::replica::batches_after(data, epoch, after)?.ok_or_else(|| LogError::Corrupt {
+        file: data.join("log"),
+        offset: 0,
+        what: format!("the log no longer holds stream {stream} above ts {}", after.0),
+    })?;
+    Ok(all
+        .into_iter()
+        .filter(|b| crate::format::decode_batch_header(b).is_ok_and(|h| h.stream.0 as usize == stream))
+        .collect())
+}

@@ -55,7 +55,13 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     assert_eq!(hb.streams[0], cut_bound);
     assert!(ha.streams[0] > hb.streams[0] && ha.streams[1] == hb.streams[1], "{ha:?} {hb:?}");
 
+    // An old primary's own log reports as a replica log holding all of it would, and
+    // serves the same batches.
+    let (hp, _) = ditto_log::recovery::primary_log_holdings(primary.path()).unwrap();
+    assert_eq!(hp.streams, ha.streams, "the primary's log holds what A received");
+    let from_primary = ditto_log::recovery::primary_stream_batches(primary.path(), 0, hb.streams[0]).unwrap();
     let fetched = replica_stream_batches(a.path(), 0, hb.streams[0]).unwrap();
+    assert_eq!(from_primary, fetched, "the same batches from the primary's log and from A's");
     assert!(!fetched.is_empty() && fetched.iter().all(|x| stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound));
     append_fetched(b.path(), 2, &fetched, &storage).unwrap();
     let hb2 = replica_holdings(b.path(), 2, None).unwrap();

@@ -197,7 +197,7 @@ pub struct Backup {
     pub state: Arc<BackupState>,
     pub primary: String,
     link: AckLink,
-    persister: Mutex<Option<std::thread::JoinHandle<()>>>,
+    persist: Arc<ToPersist>,
     _lock: std::fs::File,
 }
 
@@ -374,13 +374,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         link: Arc::clone(&link),
         removed_to: base,
     };
-    let persister = {
+    {
         let persist = Arc::clone(&persist);
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
             .spawn(move || persister.run(&persist))
-            .map_err(io("starting the persister"))?
-    };
+            .map_err(io("starting the persister"))?;
+    }
     let run = Receiver {
         opts: opts.clone(),
         storage,
@@ -390,7 +390,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         engine,
         state: Arc::clone(&state),
         seq: 0,
-        persist,
+        persist: Arc::clone(&persist),
         link: Arc::clone(&link),
     };
     std::thread::Builder::new()
@@ -433,7 +433,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             })
             .map_err(io("starting the checkpointer"))?;
     }
-    Ok(Backup { db, state, primary: opts.primary, link, persister: Mutex::new(Some(persister)), _lock: opened.lock })
+    Ok(Backup { db, state, primary: opts.primary, link, persist, _lock: opened.lock })
 }
 
 fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn Storage) -> Result<(), BackupError> {
@@ -981,6 +981,9 @@ const PERSIST_BYTES_MAX: usize = 64 << 20;
 struct ToPersist {
     q: Mutex<PersistQueue>,
     cv: Condvar,
+    /// How many pushes the persister has made durable (`PersistQueue::pushed` when it took
+    /// them): a stop waits for this, not for replay.
+    synced: AtomicU64,
 }
 
 #[derive(Default)]
@@ -993,6 +996,8 @@ struct PersistQueue {
     failed: bool,
     /// The receiver stopped for good (the backup failed): the persister ends too.
     stop: bool,
+    /// Pushes so far.
+    pushed: u64,
 }
 
 impl ToPersist {
@@ -1007,6 +1012,7 @@ impl ToPersist {
         }
         q.bytes += jobs.iter().map(|j| j.batch.len()).sum::<usize>();
         q.jobs.append(jobs);
+        q.pushed += 1;
         q.received = Some(received.clone());
         self.cv.notify_all();
         true
@@ -1026,8 +1032,9 @@ struct Persister {
 
 impl Persister {
     fn run(mut self, persist: &ToPersist) {
+        let mut replaying = true;
         loop {
-            let (jobs, received) = {
+            let (jobs, received, taken) = {
                 let mut q = persist.q.lock();
                 while q.received.is_none() && !q.stop {
                     persist.cv.wait(&mut q);
@@ -1037,7 +1044,7 @@ impl Persister {
                 }
                 q.bytes = 0;
                 persist.cv.notify_all();
-                (std::mem::take(&mut q.jobs), q.received.take().expect("checked"))
+                (std::mem::take(&mut q.jobs), q.received.take().expect("checked"), q.pushed)
             };
             for j in &jobs {
                 self.rlog.append(&j.batch, j.floor.is_some(), j.bound);
@@ -1053,6 +1060,7 @@ impl Persister {
                 return;
             }
             self.state.durable.fetch_max(received.watermark().0, Ordering::AcqRel);
+            persist.synced.store(taken, Ordering::Release);
             // This node's own checkpoint covers replica log files: they can go.
             let ckpt = Ts(self.state.checkpoint_ts.load(Ordering::Acquire));
             if ckpt > self.removed_to {
@@ -1062,12 +1070,15 @@ impl Persister {
             // Durable now, whatever replay does: said first (a link that is down takes the
             // ack with it; the next link's first ack says it).
             let _ = send_ack(&self.link, &self.state);
-            for j in jobs {
-                if !self.engine.dispatch(j) {
-                    return; // a replayer stopped, and said why
+            // Once replay has stopped (a replayer failed, or the backup is stopping), what
+            // is still queued is made durable all the same: it may have been acknowledged
+            // as received.
+            if replaying {
+                replaying = jobs.into_iter().all(|j| self.engine.dispatch(j));
+                if replaying {
+                    self.engine.publish();
                 }
             }
-            self.engine.publish();
         }
     }
 }
@@ -1443,18 +1454,24 @@ impl Backup {
             }
         }
         let _ = self.link.lock().shutdown(std::net::Shutdown::Both);
-        let Some(h) = self.persister.lock().take() else { return Ok(()) };
+        // Done once the receiver has stopped and the persister has made every push durable
+        // (replay may still be running, or waiting: it does not matter for what was
+        // acknowledged).
         let deadline = Instant::now() + timeout;
-        while !h.is_finished() {
+        loop {
+            {
+                let q = self.persist.q.lock();
+                if q.failed {
+                    return Err(self.failure().unwrap_or_else(|| "persisting what was received failed".into()));
+                }
+                if q.stop && self.persist.synced.load(Ordering::Acquire) >= q.pushed {
+                    return Ok(());
+                }
+            }
             if Instant::now() > deadline {
                 return Err(format!("what was received was not persisted within {} ms", timeout.as_millis()));
             }
             std::thread::sleep(Duration::from_millis(1));
-        }
-        h.join().map_err(|_| "the persister panicked".to_string())?;
-        match self.state.failure.lock().clone() {
-            Some(f) if f.starts_with("persisting") => Err(f),
-            _ => Ok(()),
         }
     }
 }
