@@ -1169,8 +1169,26 @@ impl Receiver {
         send_ack(&self.link, &self.state)
     }
 
+    /// Serves one link. Whichever way it ends, the batches it received in full are handed
+    /// to the persister first: `received` (what acks say) counts only what was handed
+    /// over, and a resume asks for what lies above it, so a batch held here and dropped
+    /// would be skipped for good.
     fn serve(&mut self, stream: &TcpStream, reader: &mut BufReader<TcpStream>) -> Result<(), String> {
         let mut jobs: Vec<Job> = Vec::new();
+        let r = self.serve_link(stream, reader, &mut jobs);
+        if !jobs.is_empty() && !self.persist.push(&mut jobs, &self.received) {
+            return Err("the persister stopped".into());
+        }
+        self.state.received.store(self.received.watermark().0, Ordering::Release);
+        r
+    }
+
+    fn serve_link(
+        &mut self,
+        stream: &TcpStream,
+        reader: &mut BufReader<TcpStream>,
+        jobs: &mut Vec<Job>,
+    ) -> Result<(), String> {
         let mut last_ack = Instant::now();
         // A live primary sends at least a heartbeat every `primary::IDLE_HEARTBEAT`: one
         // silent for much longer is gone or cut off (or a damaged length field has us
@@ -1245,13 +1263,14 @@ impl Receiver {
                 Frame::Refuse { reason } => return Err(format!("the primary refused: {reason}")),
                 other => return Err(format!("unexpected frame {other:?}")),
             }
-            self.state.received.store(self.received.watermark().0, Ordering::Release);
             // A burst is done when nothing more is buffered: hand it to the persister (which
             // makes it durable, says so, and has it replayed) and acknowledge receipt now.
             if reader.buffer().is_empty() || jobs.len() >= 1024 || last_ack.elapsed() >= ACK_EVERY {
-                if !jobs.is_empty() && !self.persist.push(&mut jobs, &self.received) {
+                if !jobs.is_empty() && !self.persist.push(jobs, &self.received) {
                     return Err("the persister stopped".into());
                 }
+                // What acks say is received: only what was handed to the persister.
+                self.state.received.store(self.received.watermark().0, Ordering::Release);
                 // A heartbeat may have moved the release: the read view follows.
                 self.engine.publish();
                 self.ack()?;
