@@ -199,8 +199,10 @@ impl Coordinator {
                 self.serving_since = Some((state.epoch, p, now));
                 // Seen opening: the last tick knew an older epoch, or this one failing
                 // over (not a state found at a start or a catch-up).
-                self.saw_open = matches!(self.last_seen, Some((e, ph)) if e < state.epoch
-                    || (e == state.epoch && ph == Some(Phase::Failover)));
+                // (Epoch 0 is the state before anything was applied, as at a restart before
+                // the node's log replays: not seen.)
+                self.saw_open = matches!(self.last_seen, Some((e, ph)) if e > 0 && (e < state.epoch
+                    || (e == state.epoch && ph == Some(Phase::Failover))));
             }
         }
         self.last_seen = Some((state.epoch, state.phase));

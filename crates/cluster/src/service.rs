@@ -46,7 +46,8 @@ use crate::state::{Command, ControlState, NodeId};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
-/// Batches answering a `Ctl::Fetch`: epoch u64 | stream u32 | count u32 | (len u32 | batch)*.
+/// Batches answering a `Ctl::Fetch`: epoch u64 | stream u32 | position u64 | count u32 |
+/// (len u32 | batch)*.
 const KIND_FETCHED: u8 = 3;
 
 /// What one node holds, for a tail report (`TailReport` less what the service fills in).
@@ -99,13 +100,16 @@ pub trait DataPlane: Send + 'static {
     fn applied(&mut self, cmd: &Command, state: &ControlState, live: bool);
     /// A failover's chosen node asks for this node's batches of `stream` above `after`
     /// (this node is fenced: it acknowledges nothing more). `Err` if it cannot give them.
-    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<Vec<Vec<u8>>, String> {
+    /// Also the position this node holds the stream up to (its batches may stop below it:
+    /// an idle stream is held by floors and checkpoints, not batches).
+    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
         let _ = (stream, after);
         Err("this data plane does not serve fetches".into())
     }
-    /// Batches fetched from a peer for `plan` (being prepared), for one stream.
-    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>) {
-        let _ = (plan, stream, batches);
+    /// Batches fetched from a peer for `plan` (being prepared), for one stream, with the
+    /// position the peer holds it up to.
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64) {
+        let _ = (plan, stream, batches, position);
     }
 }
 
@@ -176,7 +180,7 @@ pub struct Status {
 enum Input {
     Raft(Box<Message>),
     Ctl(NodeId, Ctl),
-    Fetched { epoch: u64, stream: usize, batches: Vec<Vec<u8>> },
+    Fetched { epoch: u64, stream: usize, position: u64, batches: Vec<Vec<u8>> },
     Propose(Command, Sender<Result<(), String>>),
 }
 
@@ -349,10 +353,11 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
     }
 }
 
-fn encode_fetched(epoch: u64, stream: usize, batches: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(16 + batches.iter().map(|x| x.len() + 4).sum::<usize>());
+fn encode_fetched(epoch: u64, stream: usize, position: u64, batches: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(24 + batches.iter().map(|x| x.len() + 4).sum::<usize>());
     b.extend_from_slice(&epoch.to_le_bytes());
     b.extend_from_slice(&(stream as u32).to_le_bytes());
+    b.extend_from_slice(&position.to_le_bytes());
     b.extend_from_slice(&(batches.len() as u32).to_le_bytes());
     for x in batches {
         b.extend_from_slice(&(x.len() as u32).to_le_bytes());
@@ -369,13 +374,14 @@ fn decode_fetched(mut body: &[u8]) -> Option<Input> {
     }
     let epoch = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let stream = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
+    let position = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let n = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
     let mut batches = Vec::with_capacity(n.min(1 << 16));
     for _ in 0..n {
         let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
         batches.push(take(&mut body, len)?.to_vec());
     }
-    body.is_empty().then_some(Input::Fetched { epoch, stream, batches })
+    body.is_empty().then_some(Input::Fetched { epoch, stream, position, batches })
 }
 
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
@@ -526,8 +532,8 @@ impl Run {
                 // Only once fenced at that failover: then nothing more is acknowledged here.
                 if epoch <= self.disk.fence() && from != self.node.id() {
                     match self.data.serve_fetch(stream, after) {
-                        Ok(batches) => {
-                            let body = encode_fetched(epoch, stream, &batches);
+                        Ok((batches, position)) => {
+                            let body = encode_fetched(epoch, stream, position, &batches);
                             if body.len() + FRAME_HEADER > FRAME_MAX {
                                 tracing::warn!(
                                     node = self.node.id(),
@@ -576,9 +582,9 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
-                Ok(Input::Fetched { epoch, stream, batches }) => {
+                Ok(Input::Fetched { epoch, stream, position, batches }) => {
                     if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch) {
-                        self.data.fetched(plan, stream, batches);
+                        self.data.fetched(plan, stream, batches, position);
                     }
                     Ok(())
                 }

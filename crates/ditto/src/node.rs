@@ -110,6 +110,11 @@ struct Running {
     /// The server's standard input is in `Gate` (the server exits when it closes).
     /// The child printed that it listens.
     ready: Arc<AtomicBool>,
+    /// A backup child printed that it joined its primary (it may acknowledge from then on;
+    /// its receiver starts a moment before the line, a window of microseconds).
+    joined: Arc<AtomicBool>,
+    /// The thread reading its standard output (done at its exit).
+    reader: Option<std::thread::JoinHandle<()>>,
     probe: Option<BufReader<TcpStream>>,
 }
 
@@ -230,9 +235,14 @@ impl NodePlane {
                 }
             }
         };
-        if !clean {
-            // What it acknowledged may not all be on disk: not reported until a server of
-            // this node has run again (`report`).
+        // Every line it printed is read once its output ends (it has exited).
+        if let Some(r) = c.reader.take() {
+            let _ = r.join();
+        }
+        if !clean && matches!(c.role, Role::Backup { .. }) && c.joined.load(Ordering::Acquire) {
+            // A backup that had joined may have acknowledged what is not on its disk: not
+            // reported until the next epoch opens (`report`). One still joining had
+            // acknowledged nothing; a primary's log holds all it acknowledged.
             self.unclean = true;
         }
         self.serving = false;
@@ -372,11 +382,15 @@ impl NodePlane {
             info: Vec::new(),
         };
         let ready = Arc::new(AtomicBool::new(false));
+        let joined = Arc::new(AtomicBool::new(false));
         let out = proc.stdout.take().expect("piped");
-        let (r, me_id) = (Arc::clone(&ready), self.me);
-        std::thread::spawn(move || {
+        let (r, j, me_id) = (Arc::clone(&ready), Arc::clone(&joined), self.me);
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };
+                if line.starts_with("ditto server joined its primary") {
+                    j.store(true, Ordering::Release);
+                }
                 if line.starts_with("ditto server listening on") {
                     r.store(true, Ordering::Release);
                 }
@@ -384,7 +398,7 @@ impl NodePlane {
             }
         });
         say(self.me, format!("started {role:?} (pid {})", proc.id()));
-        self.child = Some(Running { role, proc, ready, probe: None });
+        self.child = Some(Running { role, proc, ready, joined, reader: Some(reader), probe: None });
         Ok(())
     }
 
@@ -555,25 +569,51 @@ impl DataPlane for NodePlane {
         self.prepared.take()
     }
 
-    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<Vec<Vec<u8>>, String> {
+    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
         if self.child.is_some() {
             return Err("the server still runs (not fenced)".into());
         }
+        // Where this node holds the stream up to, as its report said.
+        let position = self.report()?.streams.get(stream).copied().unwrap_or(0);
         let b = match self.primary_log_dir() {
             Some(dir) => ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after)),
             None => ditto_log::replica::replica_stream_batches(&self.data, stream, ditto_engine::Ts(after)),
         }
         .map_err(|e| e.to_string())?;
-        say(self.me, format!("serves a fetch: {} batches of stream {stream} above ts {after}", b.len()));
-        Ok(b.into_iter().map(|x| x.to_vec()).collect())
+        say(
+            self.me,
+            format!("serves a fetch: {} batches of stream {stream} above ts {after}, held to {position}", b.len()),
+        );
+        Ok((b.into_iter().map(|x| x.to_vec()).collect(), position))
     }
 
-    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>) {
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64) {
         if !self.fetching.remove(&stream) {
             return; // a resend, or a stream this plan does not fetch
         }
         let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
-        let batches: Vec<bytes::Bytes> = batches.into_iter().map(bytes::Bytes::from).collect();
+        let mut batches: Vec<bytes::Bytes> = batches.into_iter().map(bytes::Bytes::from).collect();
+        // The peer holds the stream up to `position`, by floors or a checkpoint where its
+        // batches stop (an idle stream): an empty batch carries that bound here, up to the
+        // point.
+        let bound = position.min(plan.recovery_point);
+        let reached = batches
+            .iter()
+            .filter_map(|b| ditto_log::format::decode_batch_header(b).ok())
+            .map(|h| h.bound_ts.0)
+            .max()
+            .unwrap_or(0);
+        if bound > reached {
+            let mut out = Vec::new();
+            ditto_log::format::BatchBuilder::new().finish_into(
+                ditto_log::StreamId(stream as u32),
+                ditto_log::Epoch(plan.recovered_epoch),
+                ditto_engine::Ts(bound),
+                false,
+                &mut out,
+            );
+            batches.push(bytes::Bytes::from(out));
+        }
         say(self.me, format!("fetched {} batches of stream {stream}", batches.len()));
         if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
             self.fetching.clear();

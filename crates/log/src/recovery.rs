@@ -595,6 +595,18 @@ pub fn primary_log_holdings(data: &Path) -> Result<(crate::replica::ReplicaHoldi
 /// `after`, as written (a failover's fetch from an old primary).
 pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
     let (_, epoch) = primary_log_holdings(data)?;
+    if let Some((_, m)) = crate::checkpoint::find_newest(data)?.0 {
+        if m.ts > after {
+            return Err(LogError::Corrupt {
+                file: data.join("checkpoints"),
+                offset: 0,
+                what: format!(
+                    "a checkpoint at ts {} covers what lies above ts {}: no batches to give",
+                    m.ts.0, after.0
+                ),
+            });
+        }
+    }
     let all = crate::replica::batches_after(data, epoch, after)?.ok_or_else(|| LogError::Corrupt {
         file: data.join("log"),
         offset: 0,

@@ -369,6 +369,8 @@ struct Scan {
     /// Every entry: (stream, bound, the batch as the primary framed it).
     entries: Vec<(usize, Ts, Bytes)>,
     log_bytes: u64,
+    /// The newest file's torn tail: the file and the length that checks.
+    torn: Option<(PathBuf, u64)>,
 }
 
 impl Scan {
@@ -409,6 +411,7 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     let mut kept: Vec<(Batch, usize, u64)> = Vec::new();
     let mut entries = Vec::new();
     let mut log_bytes = 0;
+    let mut torn = None;
     let raws: Vec<Bytes> = files
         .iter()
         .map(|(_, p)| std::fs::read(p).map(Bytes::from).map_err(|e| LogError::io(p, e)))
@@ -478,13 +481,14 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
                 // is the same. Anything else is damage.
                 Err(e) if last => {
                     tracing::warn!("{}: torn tail at offset {off} ({e}); dropped", path.display());
+                    torn = Some((path.clone(), off as u64));
                     break;
                 }
                 Err(e) => return Err(corrupt(off as u64, e)),
             }
         }
     }
-    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, entries, log_bytes })
+    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, entries, log_bytes, torn })
 }
 
 /// The batches of primary stream `stream` that `dir`'s replica log holds with a bound above
@@ -496,6 +500,14 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
         Some((_, m)) => m.ts,
         None => Ts::ZERO,
     };
+    if ckpt_ts > after {
+        // The batches up to the checkpoint are gone with the files it covered.
+        return Err(LogError::Corrupt {
+            file: checkpoint::checkpoints_dir(dir),
+            offset: 0,
+            what: format!("a checkpoint at ts {} covers what lies above ts {}: no batches to give", ckpt_ts.0, after.0),
+        });
+    }
     let scan = scan(dir, ckpt_ts)?;
     Ok(scan.entries.into_iter().filter(|(s, bound, _)| *s == stream && *bound > after).map(|(_, _, b)| b).collect())
 }
@@ -533,6 +545,12 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
                 what: format!("a fetched batch of stream {}, of {streams}", batch.header.stream.0),
             });
         }
+    }
+    // A torn tail of the newest file is cut first: after the new file it would no longer
+    // be the newest's, and the directory would not open.
+    if let Some((path, len)) = &scan.torn {
+        let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| LogError::io(path, e))?;
+        f.set_len(*len).and_then(|_| f.sync_all()).map_err(|e| LogError::io(path, e))?;
     }
     let seq = scan.files.last().map_or(1, |(seq, _)| seq + 1);
     let mut log =

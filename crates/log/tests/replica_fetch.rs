@@ -63,6 +63,13 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     let fetched = replica_stream_batches(a.path(), 0, hb.streams[0]).unwrap();
     assert_eq!(from_primary, fetched, "the same batches from the primary's log and from A's");
     assert!(!fetched.is_empty() && fetched.iter().all(|x| stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound));
+    // B's last file ends torn (its server died mid-write): the fetch cuts it before it adds
+    // a file, or the directory would no longer open.
+    {
+        use std::io::Write;
+        let f = ditto_log::replica::replica_dir(b.path()).join("rlog-0000000001.seg");
+        std::fs::OpenOptions::new().append(true).open(f).unwrap().write_all(&[9u8; 20]).unwrap();
+    }
     append_fetched(b.path(), 2, &fetched, &storage).unwrap();
     let hb2 = replica_holdings(b.path(), 2, None).unwrap();
     assert_eq!(hb2.streams, ha.streams, "after the fetch B holds every stream as far as A");

@@ -190,6 +190,12 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 what: format!("joining the primary at {primary}"),
                 source: std::io::Error::other(e.to_string()),
             })?;
+            // From here it may acknowledge what it receives: a cluster node's supervisor
+            // reads this line (a server stopped uncleanly after it may have lost acks).
+            // Only there: other readers of a server's output expect its listening lines.
+            if cfg.cluster.is_some() {
+                println!("ditto server joined its primary at {primary}");
+            }
             (None, Some(b))
         }
         None => {
