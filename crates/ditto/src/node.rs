@@ -83,23 +83,23 @@ pub fn parse_members(s: &str) -> Result<BTreeMap<NodeId, MemberAddrs>, String> {
 /// What the node's child server runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Role {
-    Primary { epoch: u64, ts_above: u64, upto: Option<u64>, resume_epoch: Option<u64> },
-    Backup { epoch: u64, of: NodeId, upto: Option<u64> },
+    Primary {
+        epoch: u64,
+        ts_above: u64,
+        upto: Option<u64>,
+        resume_epoch: Option<u64>,
+    },
+    /// (Its cut at the start, `--recover-upto`, is read from its directory then.)
+    Backup {
+        epoch: u64,
+        of: NodeId,
+    },
 }
 
 impl Role {
     fn epoch(&self) -> u64 {
         match self {
             Role::Primary { epoch, .. } | Role::Backup { epoch, .. } => *epoch,
-        }
-    }
-
-    /// Whether a child started as `self` serves `want` (a backup's cut matters only when
-    /// it starts: once running it follows the epoch).
-    fn serves(&self, want: &Role) -> bool {
-        match (self, want) {
-            (Role::Backup { epoch, of, .. }, Role::Backup { epoch: e, of: o, .. }) => epoch == e && of == o,
-            _ => self == want,
         }
     }
 }
@@ -270,12 +270,7 @@ impl NodePlane {
                 resume_epoch: before.map(|b| b.epoch),
             })
         } else {
-            let followed = followed_epoch(&self.data);
-            Some(Role::Backup {
-                epoch: open.epoch,
-                of: open.primary,
-                upto: followed.and_then(|e| self.state.recovery_point(e)).map(|t| t.0),
-            })
+            Some(Role::Backup { epoch: open.epoch, of: open.primary })
         }
     }
 
@@ -294,22 +289,9 @@ impl NodePlane {
                 self.restart_after = Instant::now() + Duration::from_millis(500);
             }
         }
-        // The common case, checked without reading the directory: the running server is
-        // the open epoch's role.
-        if let (Some(c), Some(Phase::Serving), Some(open)) = (&self.child, self.state.phase, self.state.epochs.last()) {
-            let same = match &c.role {
-                Role::Primary { epoch, .. } => *epoch == open.epoch && open.primary == self.me,
-                Role::Backup { epoch, of, .. } => *epoch == open.epoch && *of == open.primary,
-            };
-            if same && open.epoch >= self.fence {
-                return;
-            }
-        }
         let want = self.desired();
-        match (&self.child, &want) {
-            (Some(c), Some(w)) if c.role.serves(w) => return,
-            (None, None) => return,
-            _ => {}
+        if self.child.as_ref().map(|c| &c.role) == want.as_ref() {
+            return;
         }
         if self.child.is_some() {
             self.stop_child("its role changed");
@@ -344,7 +326,9 @@ impl NodePlane {
                     args.extend(["--resume-epoch".into(), e.to_string()]);
                 }
             }
-            Role::Backup { of, upto, .. } => {
+            Role::Backup { of, .. } => {
+                // Its cut: what it holds of the epoch it followed, if a failover cut that.
+                let upto = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map(|t| t.0);
                 if holds_primary_log(&self.data) {
                     // This node was a primary: its log may hold commits above the recovery
                     // point. It starts over from the new primary's checkpoint; its old

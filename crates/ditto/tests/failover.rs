@@ -102,6 +102,24 @@ impl Cluster {
         c.cmd(&["INFO", "replication"]).ok().map(|r| r.concat())
     }
 
+    /// `wait_for`, printing every node's log and replication state before it fails.
+    fn wait_or_dump<T>(&self, what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            if Instant::now() > end {
+                self.dump_logs();
+                for id in self.ports.keys() {
+                    eprintln!("node {id}: {:?}", self.info(*id));
+                }
+                panic!("timed out after {limit:?} waiting for {what}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn dump_logs(&self) {
         for id in self.ports.keys() {
             let s = std::fs::read_to_string(self.log(*id)).unwrap_or_default();
@@ -235,20 +253,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 fn run_cycles(policy: &str, cycles: usize) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = Cluster::start(3, policy);
-    let end = Instant::now() + Duration::from_secs(30);
-    let first = loop {
-        if let Some(p) = c.primary() {
-            break p;
-        }
-        if Instant::now() > end {
-            c.dump_logs();
-            for id in c.ports.keys() {
-                eprintln!("node {id}: {:?}", c.info(*id));
-            }
-            panic!("no first primary within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
     let mut w = Writer::start(c.ports.values().copied().collect());
     let mut unavailable_ms = Vec::new();
     eprintln!("{policy}: node {first} is the first primary");
@@ -265,17 +270,10 @@ fn run_cycles(policy: &str, cycles: usize) {
         c.kill(primary);
         // The first write another node acknowledged (one the killed node answered just
         // before it died may be read after `killed_at`).
-        let end = Instant::now() + Duration::from_secs(20);
-        let first_after = loop {
-            if let Some(a) = w.acked().iter().find(|(_, t, p)| *t > killed_at && *p != killed_port) {
-                break a.1;
-            }
-            if Instant::now() > end {
-                c.dump_logs();
-                panic!("cycle {cycle}: no write acknowledged within 20 s of the kill");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let first_after =
+            c.wait_or_dump(&format!("cycle {cycle}: a write after the kill"), Duration::from_secs(20), || {
+                w.acked().iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
+            });
         let acked = w.acked();
         let ms = first_after.duration_since(killed_at).as_secs_f64() * 1e3;
         unavailable_ms.push(ms);
@@ -797,17 +795,9 @@ fn a_restarted_old_primary_reports_from_its_log_so_the_failover_can_complete() {
     );
     // The old primary comes back: with its report the failover completes on `last`.
     c.start_node(primary);
-    let end = Instant::now() + Duration::from_secs(30);
-    let first_after = loop {
-        if let Some(a) = w.acked().iter().find(|(_, t, p)| *t > killed_at && *p == last_port) {
-            break a.1;
-        }
-        if Instant::now() > end {
-            c.dump_logs();
-            panic!("no write on node {last} within 30 s of the old primary's restart");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let first_after = c.wait_or_dump(&format!("a write on node {last}"), Duration::from_secs(30), || {
+        w.acked().iter().find(|(_, t, p)| *t > killed_at && *p == last_port).map(|a| a.1)
+    });
     eprintln!("the old primary's report let node {last} take writes {:.0} ms after its restart", {
         first_after.duration_since(killed_at).as_secs_f64() * 1e3 - 1500.0
     });

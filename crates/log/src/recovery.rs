@@ -594,7 +594,8 @@ pub fn primary_log_holdings(data: &Path) -> Result<(crate::replica::ReplicaHoldi
 /// The batches of stream `stream` in the primary's own log in `data` with a bound above
 /// `after`, as written (a failover's fetch from an old primary).
 pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
-    let (_, epoch) = primary_log_holdings(data)?;
+    // The log's epoch, from the file names (the segments are read once, below).
+    let epoch = list_segments(data)?.segments.iter().map(|s| s.epoch).max().unwrap_or(Epoch(0));
     if let Some((_, m)) = crate::checkpoint::find_newest(data)?.0 {
         if m.ts > after {
             return Err(LogError::Corrupt {

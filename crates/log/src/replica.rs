@@ -227,6 +227,28 @@ pub fn open_replica_upto(
     storage: &Arc<dyn Storage>,
     limit: Option<Ts>,
 ) -> Result<ReplicaOpen, LogError> {
+    open_replica_inner(dir, workers, storage, limit, false)
+}
+
+/// `open_replica_upto(point)` for a node promoted at a failover's recovery point: it must
+/// hold everything up to `point`; if it does not, the directory is refused before anything
+/// in it is rewritten.
+pub fn open_replica_at(
+    dir: &Path,
+    workers: usize,
+    storage: &Arc<dyn Storage>,
+    point: Ts,
+) -> Result<ReplicaOpen, LogError> {
+    open_replica_inner(dir, workers, storage, Some(point), true)
+}
+
+fn open_replica_inner(
+    dir: &Path,
+    workers: usize,
+    storage: &Arc<dyn Storage>,
+    limit: Option<Ts>,
+    require_limit: bool,
+) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
     for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
@@ -265,6 +287,16 @@ pub fn open_replica_upto(
     report.log_bytes = scan.log_bytes;
     let mut cut = scan.cut();
     if let Some(limit) = limit {
+        if require_limit && cut < limit {
+            return Err(LogError::Corrupt {
+                file: replica_dir(dir),
+                offset: 0,
+                what: format!(
+                    "asked to hold everything up to ts {}, but this replica log holds every stream only up to {} (per stream: {:?})",
+                    limit.0, cut.0, scan.bounds
+                ),
+            });
+        }
         cut = cut.min(limit.max(ckpt_ts));
     }
     report.cut_ts = cut;

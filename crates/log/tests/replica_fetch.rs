@@ -80,6 +80,11 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     assert!(append_fetched(b.path(), 2, &[Bytes::from(bad)], &storage).is_err());
     assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
 
+    // A promotion at a point above what a directory holds is refused, and changes nothing.
+    let above = Ts(ha.cut.0 + 1000);
+    assert!(ditto_log::replica::open_replica_at(b.path(), 2, &storage, above).is_err());
+    assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
+
     // Both recover the same rows.
     let (ra, rb) = (open_replica(a.path(), 2, &storage).unwrap(), open_replica(b.path(), 2, &storage).unwrap());
     assert_eq!(ra.cut, rb.cut);

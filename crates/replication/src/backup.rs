@@ -1217,7 +1217,8 @@ impl Receiver {
                 }
                 Err(e) => return Err(format!("reading from the primary: {e}")),
             };
-            self.state.last_frame_unix_ms.store(unix_ms(), Ordering::Relaxed);
+            let now_ms = unix_ms();
+            self.state.last_frame_unix_ms.store(now_ms, Ordering::Relaxed);
             match frame {
                 Frame::Batch { epoch, released, floor_trusted, batch } => {
                     if epoch < self.epoch {
@@ -1249,7 +1250,7 @@ impl Receiver {
                         self.seq += 1;
                         jobs.push(Job { seq: self.seq, stream: s, bound: h.bound_ts, floor, skip_to: held, batch });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
-                        self.state.last_batch_unix_ms.store(unix_ms(), Ordering::Relaxed);
+                        self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
                     }
                     self.state.released.fetch_max(released.0, Ordering::AcqRel);
                 }

@@ -131,6 +131,8 @@ pub struct Primary {
     stopping: AtomicBool,
     pub batches_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
+    /// Backups that joined with a checkpoint copy (the others resumed from the log).
+    pub checkpoints_sent: AtomicU64,
 }
 
 impl Primary {
@@ -155,6 +157,7 @@ impl Primary {
             stopping: AtomicBool::new(false),
             batches_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
+            checkpoints_sent: AtomicU64::new(0),
         });
         logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
         let me = Arc::clone(&p);
@@ -464,6 +467,7 @@ impl Primary {
                     tables: tables(logger),
                     start: Start::Checkpoint { ts: info.ts },
                 };
+                self.checkpoints_sent.fetch_add(1, Ordering::Relaxed);
                 w.write_all(&welcome.encode())?;
                 let sent = send_files(&mut w, &keep, &files);
                 let _ = std::fs::remove_dir_all(&keep);

@@ -446,28 +446,11 @@ fn promote_replica(dir: &std::path::Path, workers: usize, c: &crate::config::Clu
         return Ok(()); // a primary's own directory (the first epoch)
     }
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
-    let limit = c.upto.map(Ts);
-    // Checked before anything is rewritten: the directory stays as it was if it falls short.
-    if let Some(p) = limit {
-        let h = ditto_log::replica::replica_holdings(dir, workers, None)?;
-        if h.cut < p {
-            return Err(ConfigError::Invalid(format!(
-                "promoted at recovery point {} but this node holds everything only up to {} (per stream: {:?})",
-                p.0, h.cut.0, h.streams
-            ))
-            .into());
-        }
-    }
-    let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, limit)?;
-    if let Some(p) = limit {
-        if opened.cut < p {
-            return Err(ConfigError::Invalid(format!(
-                "promoted at recovery point {} but this node holds everything only up to {}",
-                p.0, opened.cut.0
-            ))
-            .into());
-        }
-    }
+    // It must hold everything up to the point (refused before anything is rewritten).
+    let opened = match c.upto {
+        Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, Ts(p))?,
+        None => ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?,
+    };
     tracing::info!(
         "promoted from a backup's data: checkpoint at ts {} ({} transactions above it discarded)",
         opened.cut.0,
