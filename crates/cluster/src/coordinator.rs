@@ -135,6 +135,10 @@ impl Coordinator {
         self.t.failure
     }
 
+    pub fn resend_timeout(&self) -> u64 {
+        self.t.resend
+    }
+
     /// Whether `node`'s data plane was heard within `ms` (the leader hands its leadership
     /// only to a backup that hears the primary).
     pub fn heard_within(&self, node: NodeId, now: u64, ms: u64) -> bool {
@@ -359,7 +363,7 @@ mod tests {
 
     fn boot(n: u64) -> ControlState {
         let mut s = ControlState::default();
-        let members = (1..=n).map(|id| Member { id, addr: String::new() }).collect();
+        let members = (1..=n).map(|id| Member { id, addr: String::new(), repl: 0, control: 0 }).collect();
         s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
         s
     }

@@ -9,8 +9,11 @@
 //!           that one fsync covers one record (a crash that tears an append, its pages
 //!           written out of order, tears only the last record)
 //!   kind 2: the hard state (protobuf: term, vote, commit)
-//!   kind 3: the voters (protobuf ConfState), written when the file is created
+//!   kind 3: the voters (protobuf ConfState): read from files of earlier versions only
 //!   kind 4: the fence (u64 LE): batches of older epochs are refused (coordinator.rs)
+//!   kind 5: a snapshot the log starts from (protobuf Snapshot: the state, its index,
+//!           term and voters); entries at or below its index are dropped, and a
+//!           snapshot received from the leader drops the whole log before it
 //! ```
 //!
 //! Every write is followed by `fdatasync` before the call returns (a Raft node may answer
@@ -21,14 +24,14 @@
 //! records behind it) is corruption: opening fails, naming the file and the offset. When
 //! the file has grown to four times its size after the last rewrite (and at least 1 MiB),
 //! it is rewritten with what it holds (a new file, fsynced, renamed over the old one, the
-//! directory fsynced).
+//! directory fsynced); so it is at every snapshot (the log's compaction, node.rs).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfState, Entry, HardState};
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 
 use crate::node::{ControlDisk, RaftDurable};
 use crate::state::NodeId;
@@ -38,6 +41,7 @@ const KIND_ENTRIES: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
 const KIND_CONF_STATE: u8 = 3;
 const KIND_FENCE: u8 = 4;
+const KIND_SNAPSHOT: u8 = 5;
 const FILE: &str = "control.log";
 const REWRITE_MIN: u64 = 1 << 20;
 
@@ -108,8 +112,9 @@ fn decode_entries(mut b: &[u8]) -> Result<Vec<Entry>, String> {
 }
 
 impl FileDisk {
-    /// Opens the node's control state in `dir`, or creates it for a new member of a group
-    /// whose first voters are `voters`.
+    /// Opens the node's control state in `dir`, or creates it for a founding member of a
+    /// group whose first voters are `voters` (none: a node that joins a running group;
+    /// `RaftDurable::initial`).
     pub fn open(dir: &Path, voters: &[NodeId]) -> Result<FileDisk, DiskError> {
         let io = |source| DiskError::Io { path: dir.join(FILE), source };
         std::fs::create_dir_all(dir).map_err(io)?;
@@ -154,7 +159,16 @@ impl FileDisk {
             let bad = |e: protobuf::ProtobufError| corrupt(off, format!("undecodable: {e}"));
             match kind {
                 KIND_HARD_STATE => durable.hard_state = HardState::parse_from_bytes(body).map_err(bad)?,
-                KIND_CONF_STATE => durable.conf_state = ConfState::parse_from_bytes(body).map_err(bad)?,
+                KIND_CONF_STATE => {
+                    durable.snapshot.mut_metadata().set_conf_state(ConfState::parse_from_bytes(body).map_err(bad)?)
+                }
+                KIND_SNAPSHOT => {
+                    let snap = Snapshot::parse_from_bytes(body).map_err(bad)?;
+                    // A leader's snapshot is written with the whole log after it; this
+                    // node's own compaction keeps the entries above it.
+                    let received = durable.entries.last().is_none_or(|e| e.index < snap.get_metadata().index);
+                    durable.set_snapshot(&snap, received);
+                }
                 KIND_FENCE if len == 8 => fence = fence.max(u64::from_le_bytes(body.try_into().unwrap())),
                 KIND_ENTRIES => durable.append(&decode_entries(body).map_err(|why| corrupt(off, why))?),
                 k => return Err(corrupt(off, format!("unknown record kind {k} ({len} bytes)"))),
@@ -213,7 +227,7 @@ impl FileDisk {
 /// directory fsynced. Returns it open for appending, and its length.
 fn write_whole(dir: &Path, durable: &RaftDurable, fence: u64) -> std::io::Result<(File, u64)> {
     let tmp = dir.join("control.log.new");
-    let mut out = record(KIND_CONF_STATE, &encode(&durable.conf_state));
+    let mut out = record(KIND_SNAPSHOT, &encode(&durable.snapshot));
     if !durable.entries.is_empty() {
         out.extend(record(KIND_ENTRIES, &encode_entries(&durable.entries)));
     }
@@ -241,6 +255,17 @@ impl ControlDisk for FileDisk {
         self.durable.hard_state = hs.clone();
         self.maybe_rewrite()
     }
+
+    /// Rewrites the file whole (a snapshot is where the log is cut, so nothing older is
+    /// kept).
+    fn set_snapshot(&mut self, snap: &Snapshot, received: bool) -> std::io::Result<()> {
+        let mut d = self.durable.clone();
+        d.set_snapshot(snap, received);
+        (self.file, self.len) = write_whole(&self.dir, &d, self.fence)?;
+        self.rewritten = self.len;
+        self.durable = d;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -257,10 +282,11 @@ mod tests {
 
     fn filled(dir: &Path) -> RaftDurable {
         let mut d = FileDisk::open(dir, &[1, 2, 3]).unwrap();
-        d.append(&[entry(1, 1, b"a"), entry(2, 1, b"b"), entry(3, 1, b"c")]).unwrap();
-        d.set_hard_state(&hs(1, 2, 2)).unwrap();
+        // The log starts after the founding snapshot at index 1.
+        d.append(&[entry(2, 1, b"a"), entry(3, 1, b"b"), entry(4, 1, b"c")]).unwrap();
+        d.set_hard_state(&hs(1, 2, 3)).unwrap();
         // A new leader's log replaces the uncommitted tail.
-        d.append(&[entry(3, 2, b"C"), entry(4, 2, b"D")]).unwrap();
+        d.append(&[entry(4, 2, b"C"), entry(5, 2, b"D")]).unwrap();
         d.set_hard_state(&hs(2, 3, 4)).unwrap();
         d.set_fence(5).unwrap();
         d.set_fence(3).unwrap();
@@ -275,9 +301,9 @@ mod tests {
         assert_eq!(d.durable(), &want);
         assert_eq!(
             d.durable().entries.iter().map(|e| (e.index, e.term)).collect::<Vec<_>>(),
-            [(1, 1), (2, 1), (3, 2), (4, 2)]
+            [(2, 1), (3, 1), (4, 2), (5, 2)]
         );
-        assert_eq!(d.durable().conf_state.voters, [1, 2, 3], "the voters of its creation, not of this call");
+        assert_eq!(d.durable().conf_state().voters, [1, 2, 3], "the voters of its creation, not of this call");
         assert_eq!(d.fence(), 5);
     }
 
@@ -292,7 +318,7 @@ mod tests {
             let mut b = good.clone();
             match extra {
                 0 => b.extend([0u8; 4096]), // the file was extended, nothing written
-                n => b.extend(&record(KIND_ENTRIES, &encode_entries(&[entry(5, 2, b"torn")]))[..n]),
+                n => b.extend(&record(KIND_ENTRIES, &encode_entries(&[entry(6, 2, b"torn")]))[..n]),
             }
             std::fs::write(&path, &b).unwrap();
             let d = FileDisk::open(t.path(), &[]).unwrap();
@@ -335,7 +361,7 @@ mod tests {
         let before = std::fs::metadata(&path).unwrap().len() as usize;
         let mut d = FileDisk::open(t.path(), &[]).unwrap();
         let big = vec![7u8; 6000];
-        d.append(&[entry(5, 2, &big), entry(6, 2, &big), entry(7, 2, &big)]).unwrap();
+        d.append(&[entry(6, 2, &big), entry(7, 2, &big), entry(8, 2, &big)]).unwrap();
         drop(d);
         let mut b = std::fs::read(&path).unwrap();
         let hole = before + 6000;
@@ -354,7 +380,7 @@ mod tests {
         for i in 0..20_000u64 {
             d.set_hard_state(&hs(i, 1, 0)).unwrap();
             if i % 1000 == 0 {
-                d.append(&[entry(i / 1000 + 1, i, b"x")]).unwrap();
+                d.append(&[entry(i / 1000 + 2, i, b"x")]).unwrap();
             }
         }
         let len = std::fs::metadata(t.path().join(FILE)).unwrap().len();

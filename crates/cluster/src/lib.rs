@@ -32,5 +32,8 @@ pub use coordinator::{Action, Coordinator, Fence, Timeouts};
 pub use disk::{DiskError, FileDisk};
 pub use failover::{plan, Fetch, PlanError, RecoveryPlan, TailReport};
 pub use node::{quiet_logger, raft_logger, Applied, ControlDisk, ControlNode, NodeError, Output, RaftDurable, Timing};
-pub use service::{ControlService, Ctl, DataPlane, Holding, ServiceConfig, ServiceError, Status};
+pub use service::{
+    admin_request, AdminReply, AdminRequest, ControlService, Ctl, DataPlane, Holding, ServiceConfig, ServiceError,
+    Status,
+};
 pub use state::{Command, ControlState, EpochRecord, Member, NodeId, Phase};

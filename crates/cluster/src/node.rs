@@ -10,11 +10,23 @@
 //!
 //! raft-rs's Ready protocol, followed by `poll`: messages a leader sends may leave before
 //! its own entries are on disk; everything else (`persisted_messages`) only after the
-//! entries and the hard state are durable; committed entries are applied in order.
+//! entries and the hard state are durable; a snapshot from the leader is installed (state,
+//! storage, disk) before anything after it; committed entries are applied in order.
+//!
+//! Membership changes are Raft configuration changes (one voter added or removed per
+//! entry, raft-rs's simple changes; it refuses a second while one is pending); the entry's
+//! context carries the [`Command`] that changes [`ControlState::members`], so the voters
+//! and the members change at the same index on every node.
+//!
+//! Compaction: the log is cut to a snapshot (the [`ControlState`] as JSON, with the voters
+//! and the index and term it stands for) every `compact_every` applied entries and after
+//! every membership change. A node that needs entries the leader no longer has gets the
+//! snapshot instead; that is how a new member starts, since a founding member's log begins
+//! with a snapshot at index 1 that holds the founding voters (a new member starts empty, is
+//! not a voter, and so never campaigns before the leader has brought it in).
 
-use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message};
-use raft::storage::MemStorage;
-use raft::{RawNode, StateRole};
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message, Snapshot};
+use raft::{GetEntriesContext, RaftState, RawNode, SnapshotStatus, StateRole, Storage, StorageError};
 
 use crate::state::{Command, ControlState, NodeId};
 
@@ -42,19 +54,41 @@ impl Default for Timing {
     }
 }
 
+/// Entries applied between two compactions, unless a node is told otherwise.
+pub const COMPACT_EVERY: u64 = 1000;
+
 /// What must be durable of a node's Raft state before it answers (the hard state: term,
-/// vote, commit; the log; the voters).
+/// vote, commit; the snapshot the log starts from, with the voters it stands for; the log
+/// after it).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RaftDurable {
     pub hard_state: HardState,
-    pub conf_state: ConfState,
+    pub snapshot: Snapshot,
+    /// The entries after the snapshot's index, in order.
     pub entries: Vec<Entry>,
 }
 
 impl RaftDurable {
-    /// A new member of a group whose first voters are `voters`.
+    /// A founding member of a group whose first voters are `voters`: its log starts with
+    /// a snapshot at index 1, term 1, holding those voters and an empty state (every
+    /// founding member starts the same). With no voters: a node that joins a running
+    /// group, which starts empty and learns everything from the leader's snapshot.
     pub fn initial(voters: &[NodeId]) -> RaftDurable {
-        RaftDurable { conf_state: ConfState::from((voters.to_vec(), vec![])), ..RaftDurable::default() }
+        let mut d = RaftDurable::default();
+        if !voters.is_empty() {
+            let m = d.snapshot.mut_metadata();
+            m.index = 1;
+            m.term = 1;
+            m.set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+            d.hard_state.term = 1;
+            d.hard_state.commit = 1;
+        }
+        d
+    }
+
+    /// The voters the snapshot stands for.
+    pub fn conf_state(&self) -> &ConfState {
+        self.snapshot.get_metadata().get_conf_state()
     }
 
     /// Appends `ents`, replacing any entries at or after the first one's index (a new
@@ -62,7 +96,23 @@ impl RaftDurable {
     pub fn append(&mut self, ents: &[Entry]) {
         let Some(first) = ents.first() else { return };
         self.entries.retain(|e| e.index < first.index);
-        self.entries.extend_from_slice(ents);
+        self.entries.extend(ents.iter().filter(|e| e.index > self.snapshot.get_metadata().index).cloned());
+    }
+
+    /// The log now starts from `snap`: entries at or below its index go. `received`: a
+    /// leader's snapshot, which replaces the whole log (what lay above it is sent again)
+    /// and moves the commit index up to it; otherwise this node's own compaction, which
+    /// keeps the entries above.
+    pub fn set_snapshot(&mut self, snap: &Snapshot, received: bool) {
+        let index = snap.get_metadata().index;
+        if received {
+            self.entries.clear();
+            self.hard_state.commit = self.hard_state.commit.max(index);
+            self.hard_state.term = self.hard_state.term.max(snap.get_metadata().term);
+        } else {
+            self.entries.retain(|e| e.index > index);
+        }
+        self.snapshot = snap.clone();
     }
 }
 
@@ -71,6 +121,8 @@ impl RaftDurable {
 pub trait ControlDisk {
     fn append(&mut self, entries: &[Entry]) -> std::io::Result<()>;
     fn set_hard_state(&mut self, hs: &HardState) -> std::io::Result<()>;
+    /// See [`RaftDurable::set_snapshot`].
+    fn set_snapshot(&mut self, snap: &Snapshot, received: bool) -> std::io::Result<()>;
 }
 
 /// An in-memory [`ControlDisk`] (tests and the simulation: it survives a simulated
@@ -83,6 +135,84 @@ impl ControlDisk for RaftDurable {
     fn set_hard_state(&mut self, hs: &HardState) -> std::io::Result<()> {
         self.hard_state = hs.clone();
         Ok(())
+    }
+    fn set_snapshot(&mut self, snap: &Snapshot, received: bool) -> std::io::Result<()> {
+        RaftDurable::set_snapshot(self, snap, received);
+        Ok(())
+    }
+}
+
+/// raft-rs's view of a node's log ([`Storage`]): the same shape as [`RaftDurable`], kept
+/// in memory by the node and changed only after the disk has what it is changed to.
+/// (raft-rs's own `MemStorage` snapshots carry no data and compact without moving its
+/// first index, so a log that a new member joins from needs this one.)
+struct ControlStorage {
+    d: RaftDurable,
+    /// The voters now (the snapshot's, then every configuration change applied since).
+    conf: ConfState,
+}
+
+impl ControlStorage {
+    fn first_index(&self) -> u64 {
+        self.d.snapshot.get_metadata().index + 1
+    }
+
+    fn last_index(&self) -> u64 {
+        self.d.entries.last().map_or(self.d.snapshot.get_metadata().index, |e| e.index)
+    }
+}
+
+impl Storage for ControlStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.d.hard_state.clone(), self.conf.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max: impl Into<Option<u64>>,
+        _: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low < self.first_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last_index() + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let off = self.first_index();
+        let mut v = self.d.entries[(low - off) as usize..(high - off) as usize].to_vec();
+        raft::util::limit_size(&mut v, max.into());
+        Ok(v)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let m = self.d.snapshot.get_metadata();
+        if idx == m.index {
+            return Ok(m.term);
+        }
+        if idx < self.first_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if idx > self.last_index() {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        Ok(self.d.entries[(idx - self.first_index()) as usize].term)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(ControlStorage::first_index(self))
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(ControlStorage::last_index(self))
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.d.snapshot.get_metadata().index < request_index {
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(self.d.snapshot.clone())
     }
 }
 
@@ -101,6 +231,8 @@ pub struct Output {
     /// To send, each to `msg.to`.
     pub messages: Vec<Message>,
     pub applied: Vec<Applied>,
+    /// The state was replaced by a leader's snapshot (before `applied`).
+    pub restored: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,12 +243,34 @@ pub enum NodeError {
     Raft(#[from] raft::Error),
     #[error("persisting the control plane's raft state: {0}")]
     Disk(#[from] std::io::Error),
+    #[error("a control plane snapshot: {0}")]
+    Snapshot(String),
+    /// Refused for good (the change makes no sense in this state).
+    #[error("{0}")]
+    Refused(String),
+    /// Not now (another change is under way, the primary has not settled the last one, a
+    /// failover runs): the same request may succeed later.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// One node of the Raft group (see the module notes).
 pub struct ControlNode {
-    raw: RawNode<MemStorage>,
+    raw: RawNode<ControlStorage>,
     state: ControlState,
+    compact_every: u64,
+    /// A snapshot is due (a membership change applied, or `compact_every` entries).
+    snapshot_due: bool,
+    /// Per peer that a snapshot was sent to: ticks since (a snapshot lost on the way is
+    /// reported, so that raft-rs sends again).
+    snapshot_ticks: std::collections::BTreeMap<NodeId, usize>,
+}
+
+fn decode_state(snap: &Snapshot) -> Result<ControlState, NodeError> {
+    if snap.data.is_empty() {
+        return Ok(ControlState::default());
+    }
+    serde_json::from_slice(&snap.data).map_err(|e| NodeError::Snapshot(format!("undecodable state: {e}")))
 }
 
 impl ControlNode {
@@ -128,13 +282,8 @@ impl ControlNode {
         durable: &RaftDurable,
         logger: &slog::Logger,
     ) -> Result<ControlNode, NodeError> {
-        let store = MemStorage::new();
-        {
-            let mut w = store.wl();
-            w.set_conf_state(durable.conf_state.clone());
-            w.append(&durable.entries)?;
-            w.set_hardstate(durable.hard_state.clone());
-        }
+        let store = ControlStorage { d: durable.clone(), conf: durable.conf_state().clone() };
+        let state = decode_state(&durable.snapshot)?;
         let mut cfg = raft::Config {
             id,
             election_tick: timing.election,
@@ -151,7 +300,30 @@ impl ControlNode {
         }
         cfg.validate()?;
         let raw = RawNode::new(&cfg, store, logger)?;
-        Ok(ControlNode { raw, state: ControlState::default() })
+        Ok(ControlNode {
+            raw,
+            state,
+            compact_every: COMPACT_EVERY,
+            snapshot_due: false,
+            snapshot_ticks: Default::default(),
+        })
+    }
+
+    /// Compacts the log every `n` applied entries (at least 1).
+    pub fn set_compact_every(&mut self, n: u64) {
+        self.compact_every = n.max(1);
+    }
+
+    /// The index the log starts after (its snapshot's).
+    pub fn snapshot_index(&self) -> u64 {
+        self.raw.store().d.snapshot.get_metadata().index
+    }
+
+    /// The voters Raft counts now.
+    pub fn voters(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        v.sort_unstable();
+        v
     }
 
     pub fn id(&self) -> NodeId {
@@ -211,6 +383,29 @@ impl ControlNode {
     /// One tick of the Raft clock.
     pub fn tick(&mut self) {
         self.raw.tick();
+        // A snapshot the transport dropped leaves its peer waiting for it for good:
+        // reported as failed after two election timeouts, raft-rs probes and sends again.
+        let waiting: Vec<NodeId> = match self.is_leader() {
+            true => self
+                .raw
+                .raft
+                .prs()
+                .iter()
+                .filter(|(_, p)| p.state == raft::ProgressState::Snapshot)
+                .map(|(&id, _)| id)
+                .collect(),
+            false => Vec::new(),
+        };
+        self.snapshot_ticks.retain(|id, _| waiting.contains(id));
+        let limit = 2 * self.raw.raft.election_timeout();
+        for id in waiting {
+            let t = self.snapshot_ticks.entry(id).or_insert(0);
+            *t += 1;
+            if *t > limit {
+                self.snapshot_ticks.remove(&id);
+                self.raw.report_snapshot(id, SnapshotStatus::Failure);
+            }
+        }
     }
 
     /// A message from another node.
@@ -227,6 +422,48 @@ impl ControlNode {
         Ok(self.raw.propose(vec![], cmd.encode())?)
     }
 
+    /// Proposes a command through whichever node leads (a follower forwards it to the
+    /// leader it knows; with none known, or on the way, it is lost: the caller asks again).
+    pub fn propose_via_leader(&mut self, cmd: &Command) -> Result<(), NodeError> {
+        if self.leader().is_none() {
+            return Err(NodeError::NotLeader { leader: None });
+        }
+        Ok(self.raw.propose(vec![], cmd.encode())?)
+    }
+
+    /// Proposes a membership change (`AddMember` or `RemoveMember`) as a Raft
+    /// configuration change; only the leader may, one change at a time, and only when
+    /// the state would take it now. Returns the index it is proposed at (it has committed
+    /// once an `Applied` with that index and command comes out of `poll`).
+    pub fn propose_membership(&mut self, cmd: &Command) -> Result<u64, NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        let (ty, id) = match cmd {
+            Command::AddMember { member } => (ConfChangeType::AddNode, member.id),
+            Command::RemoveMember { id } => (ConfChangeType::RemoveNode, *id),
+            _ => return Err(NodeError::Refused(format!("{cmd:?} is not a membership change"))),
+        };
+        if self.raw.raft.has_pending_conf() {
+            return Err(NodeError::Busy("a membership change is still being applied; ask again".into()));
+        }
+        self.state.may_change_members().map_err(NodeError::Busy)?;
+        self.state.clone().apply(cmd).map_err(NodeError::Refused)?;
+        let mut cc = ConfChange::default();
+        cc.set_change_type(ty);
+        cc.node_id = id;
+        cc.context = cmd.encode().into();
+        let before = self.raw.raft.raft_log.last_index();
+        self.raw.propose_conf_change(vec![], cc)?;
+        let index = self.raw.raft.raft_log.last_index();
+        if index == before {
+            return Err(NodeError::Busy(
+                "the leader did not take the proposal (it is handing its leadership over?); ask again".into(),
+            ));
+        }
+        Ok(index)
+    }
+
     /// Runs raft-rs's Ready protocol once: persists through `disk`, applies what
     /// committed, and returns the messages to send.
     pub fn poll(&mut self, disk: &mut dyn ControlDisk) -> Result<Output, NodeError> {
@@ -237,39 +474,78 @@ impl ControlNode {
         let mut rd = self.raw.ready();
         out.messages.extend(rd.take_messages());
         if !rd.snapshot().is_empty() {
-            // Snapshots are not produced (the control log is not compacted yet).
-            unreachable!("control plane snapshots are not used");
+            // The leader's snapshot: this node's state and log start over from it.
+            let snap = rd.snapshot().clone();
+            let state = decode_state(&snap)?;
+            disk.set_snapshot(&snap, true)?;
+            let store = self.raw.mut_store();
+            store.d.set_snapshot(&snap, true);
+            store.conf = snap.get_metadata().get_conf_state().clone();
+            self.state = state;
+            out.restored = true;
         }
-        self.apply(rd.take_committed_entries(), &mut out);
+        self.apply(rd.take_committed_entries(), &mut out)?;
         if !rd.entries().is_empty() {
             disk.append(rd.entries())?;
-            self.raw.mut_store().wl().append(rd.entries())?;
+            self.raw.mut_store().d.append(rd.entries());
         }
         if let Some(hs) = rd.hs() {
             disk.set_hard_state(hs)?;
-            self.raw.mut_store().wl().set_hardstate(hs.clone());
+            self.raw.mut_store().d.hard_state = hs.clone();
         }
         out.messages.extend(rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
         if let Some(commit) = light.commit_index() {
-            let mut hs = self.raw.store().rl().hard_state().clone();
+            let mut hs = self.raw.store().d.hard_state.clone();
             hs.set_commit(commit);
             disk.set_hard_state(&hs)?;
-            self.raw.mut_store().wl().set_hardstate(hs);
+            self.raw.mut_store().d.hard_state = hs;
         }
         out.messages.extend(light.take_messages());
-        self.apply(light.take_committed_entries(), &mut out);
+        self.apply(light.take_committed_entries(), &mut out)?;
         self.raw.advance_apply();
+        let applied = self.raw.raft.raft_log.applied;
+        if self.snapshot_due || applied >= self.snapshot_index() + self.compact_every {
+            self.compact(applied, disk)?;
+        }
         Ok(out)
     }
 
-    fn apply(&mut self, entries: Vec<Entry>, out: &mut Output) {
+    /// Cuts the log to a snapshot of the state at `applied` (everything is persisted and
+    /// applied up to it: called at the end of `poll`).
+    fn compact(&mut self, applied: u64, disk: &mut dyn ControlDisk) -> Result<(), NodeError> {
+        self.snapshot_due = false;
+        if applied <= self.snapshot_index() {
+            return Ok(());
+        }
+        let mut snap = Snapshot {
+            data: serde_json::to_vec(&self.state).expect("the state serialises").into(),
+            ..Default::default()
+        };
+        let m = snap.mut_metadata();
+        m.index = applied;
+        m.term = self.raw.raft.raft_log.term(applied)?;
+        m.set_conf_state(self.raw.raft.prs().conf().to_conf_state());
+        disk.set_snapshot(&snap, false)?;
+        self.raw.mut_store().d.set_snapshot(&snap, false);
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>, out: &mut Output) -> Result<(), NodeError> {
         for e in entries {
-            if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
-                // A new leader's empty entry; membership changes are not proposed yet.
-                continue;
-            }
-            let command = match Command::decode(&e.data) {
+            let conf_change = match e.get_entry_type() {
+                EntryType::EntryConfChange => {
+                    let cc = <ConfChange as protobuf::Message>::parse_from_bytes(&e.data)
+                        .map_err(|err| NodeError::Snapshot(format!("undecodable configuration change: {err}")))?;
+                    Some(cc)
+                }
+                // raft-rs's joint changes are never proposed here.
+                EntryType::EntryConfChangeV2 => continue,
+                EntryType::EntryNormal if e.data.is_empty() => continue, // a new leader's empty entry
+                EntryType::EntryNormal => None,
+            };
+            let data = conf_change.as_ref().map_or(&e.data, |cc| &cc.context);
+            let command = match Command::decode(data) {
                 Ok(c) => c,
                 // Every node decodes the same bytes the same way, so every node skips it.
                 Err(err) => {
@@ -277,9 +553,25 @@ impl ControlNode {
                     continue;
                 }
             };
-            let outcome = self.state.apply(&command);
+            let outcome = match (&conf_change, &command) {
+                (None, Command::AddMember { .. } | Command::RemoveMember { .. }) => {
+                    Err("a membership change outside a configuration change".to_string())
+                }
+                (Some(_), c) if !matches!(c, Command::AddMember { .. } | Command::RemoveMember { .. }) => {
+                    Err("a configuration change that changes no membership".to_string())
+                }
+                _ => self.state.apply(&command),
+            };
+            // The voters change with the members, or neither does (every node decides the
+            // same, from the same entries in the same order).
+            if let (Ok(()), Some(cc)) = (&outcome, &conf_change) {
+                let cs = self.raw.apply_conf_change(cc)?;
+                self.raw.mut_store().conf = cs;
+                self.snapshot_due = true;
+            }
             out.applied.push(Applied { index: e.index, command, outcome });
         }
+        Ok(())
     }
 }
 
@@ -324,6 +616,9 @@ mod tests {
         fn set_hard_state(&mut self, _: &HardState) -> std::io::Result<()> {
             Err(std::io::Error::other("no space left on device"))
         }
+        fn set_snapshot(&mut self, _: &Snapshot, _: bool) -> std::io::Result<()> {
+            Err(std::io::Error::other("no space left on device"))
+        }
     }
 
     /// A node that cannot persist stops with the disk's error and hands out nothing to send
@@ -349,5 +644,130 @@ mod tests {
         let (n, _) = run(&mut disk).unwrap();
         assert!(n.is_leader());
         assert!(disk.hard_state.term >= 1 && !disk.entries.is_empty(), "what it answered with is on its disk");
+    }
+
+    /// A few nodes in memory, every message delivered at once (membership, snapshots and
+    /// restarts step by step; the simulation covers faults).
+    struct Group {
+        nodes: std::collections::BTreeMap<NodeId, (ControlNode, RaftDurable)>,
+    }
+
+    impl Group {
+        fn start(id: NodeId, d: RaftDurable) -> (ControlNode, RaftDurable) {
+            let timing = Timing { election: 5, heartbeat: 1, fixed_election: Some(5 + id as usize) };
+            let mut n = ControlNode::start(id, timing, &d, &quiet_logger()).unwrap();
+            n.set_compact_every(20);
+            (n, d)
+        }
+
+        /// Ticks and delivers until `done` holds (bounded).
+        fn run(&mut self, what: &str, done: impl Fn(&Group) -> bool) {
+            for _ in 0..2000 {
+                if done(self) {
+                    return;
+                }
+                let mut msgs = Vec::new();
+                for (n, d) in self.nodes.values_mut() {
+                    n.tick();
+                    msgs.extend(n.poll(d).unwrap().messages);
+                }
+                while !msgs.is_empty() {
+                    for m in std::mem::take(&mut msgs) {
+                        if let Some((n, _)) = self.nodes.get_mut(&m.to) {
+                            let _ = n.step(m);
+                        }
+                    }
+                    for (n, d) in self.nodes.values_mut() {
+                        msgs.extend(n.poll(d).unwrap().messages);
+                    }
+                }
+            }
+            panic!("{what}: not reached");
+        }
+
+        fn leader(&mut self) -> &mut ControlNode {
+            self.nodes.values_mut().map(|(n, _)| n).find(|n| n.leads_current()).expect("a leader")
+        }
+
+        fn settle(&mut self) {
+            let s = self.leader().state().clone();
+            let e = s.epochs.last().unwrap();
+            let cmd = Command::ConfigApplied { epoch: e.epoch, primary: e.primary, config: s.config };
+            self.leader().propose(&cmd).unwrap();
+            let want = Some((e.epoch, s.config));
+            self.run("settled", |g| g.nodes.values().all(|(n, _)| n.state().settled == want));
+        }
+    }
+
+    fn member(id: NodeId) -> crate::state::Member {
+        crate::state::Member { id, addr: format!("n{id}:1"), repl: 2, control: 3 }
+    }
+
+    /// A fourth node joins from the leader's snapshot (its log was compacted at the
+    /// change), becomes a voter, then a member is removed; each change waits for the last
+    /// to be settled; a restarted node rebuilds the same state from its snapshot and log.
+    #[test]
+    fn members_are_added_from_a_snapshot_and_removed_one_change_at_a_time() {
+        let mut g = Group { nodes: Default::default() };
+        for id in 1..=3 {
+            g.nodes.insert(id, Group::start(id, RaftDurable::initial(&[1, 2, 3])));
+        }
+        g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
+        let members = (1..=3).map(member).collect();
+        g.leader().propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        g.run("bootstrapped", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1));
+        let add4 = Command::AddMember { member: member(4) };
+        match g.leader().propose_membership(&add4) {
+            Err(NodeError::Busy(why)) => assert!(why.contains("not settled"), "{why}"),
+            other => panic!("a change before the primary settled: {other:?}"),
+        }
+        g.settle();
+        // The new node starts empty; it is not a voter, so it waits for the leader.
+        g.nodes.insert(4, Group::start(4, RaftDurable::initial(&[])));
+        let at = g.leader().propose_membership(&add4).unwrap();
+        assert!(
+            matches!(g.leader().propose_membership(&Command::RemoveMember { id: 2 }), Err(NodeError::Busy(_))),
+            "one change at a time"
+        );
+        g.run("node 4 joined", |g| {
+            g.nodes.values().all(|(n, _)| n.state().members.len() == 4 && n.voters() == [1, 2, 3, 4])
+        });
+        let (n4, d4) = &g.nodes[&4];
+        assert!(n4.snapshot_index() >= at, "node 4 started from a snapshot at or after the change");
+        assert!(d4.snapshot.get_metadata().index >= at, "and has it on its disk");
+        assert_eq!(n4.state(), g.nodes[&1].0.state());
+        assert!(matches!(
+            g.leader().propose_membership(&Command::RemoveMember { id: 2 }),
+            Err(NodeError::Busy(why)) if why.contains("not settled")
+        ));
+        g.settle();
+        let leader = g.leader().id();
+        let victim = if leader == 2 { 3 } else { 2 };
+        g.leader().propose_membership(&Command::RemoveMember { id: victim }).unwrap();
+        g.run("removed", |g| {
+            g.nodes.iter().filter(|(&id, _)| id != victim).all(|(_, (n, _))| {
+                n.state().members.len() == 3 && !n.voters().contains(&victim) && n.state().config == 2
+            })
+        });
+        // Many commands later the log is compacted; a restarted node rebuilds the same state.
+        for _ in 0..50 {
+            g.leader().propose(&Command::SetPolicy { policy: "majority-received".into() }).unwrap();
+            g.run("a command", |_| true);
+        }
+        g.run("applied everywhere", |g| {
+            let l = &g.nodes.values().find(|(n, _)| n.leads_current()).unwrap().0;
+            g.nodes.iter().filter(|(&id, _)| id != victim).all(|(_, (n, _))| n.state() == l.state())
+        });
+        let (_, d) = g.nodes.remove(&4).unwrap();
+        assert!(d.entries.len() < 40, "compacted: {} entries kept", d.entries.len());
+        let want = g.nodes[&1].0.state().clone();
+        g.nodes.insert(4, Group::start(4, d));
+        g.run("restarted node 4 caught up", |g| g.nodes[&4].0.state() == &want);
+        assert_eq!(g.nodes[&4].0.voters(), g.nodes[&1].0.voters());
+        // The primary is never removed.
+        assert!(matches!(
+            g.leader().propose_membership(&Command::RemoveMember { id: 1 }),
+            Err(NodeError::Refused(why)) if why.contains("primary")
+        ));
     }
 }

@@ -21,7 +21,12 @@
 //!
 //! Frames on the wire: `len u32 LE | crc32c u32 LE (of the rest) | from u64 LE | kind u8 |
 //! body`, kind 1 a Raft message (protobuf), kind 2 a coordinator's request or its answer
-//! ([`Ctl`], JSON). A frame that does not check drops its connection, with a log line;
+//! ([`Ctl`], JSON), kind 3 the batches a fetch asked for, kind 4 an operator's request
+//! ([`AdminRequest`], JSON; `ditto cluster add|remove`), answered on the same connection
+//! with an [`AdminReply`] once the change has been applied (or refused).
+//!
+//! The peers are the members the control state names (their control addresses), from
+//! the bootstrap on; before it, those the node was started with. A frame that does not check drops its connection, with a log line;
 //! the peer reconnects. A disk error stops the node (it must not answer as if the write
 //! had happened); `Status::failed` says why.
 
@@ -42,13 +47,53 @@ use crate::coordinator::{Action, Coordinator, Timeouts};
 use crate::disk::{DiskError, FileDisk};
 use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
-use crate::state::{Command, ControlState, NodeId};
+use crate::state::{Command, ControlState, Member, NodeId, Phase};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
 /// Batches answering a `Ctl::Fetch`: epoch u64 | stream u32 | position u64 | count u32 |
 /// (len u32 | batch)*.
 const KIND_FETCHED: u8 = 3;
+const KIND_ADMIN: u8 = 4;
+/// How long an operator's request waits for its change to be applied.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An operator's request to the control plane (frame kind 4).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum AdminRequest {
+    /// Add a member (it starts with `--join` and catches up from the leader's snapshot).
+    Add(Member),
+    /// Remove a member (not the primary).
+    Remove(NodeId),
+}
+
+/// The answer to an [`AdminRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum AdminReply {
+    /// Applied: the membership is now this.
+    Done { config: u64, members: Vec<Member> },
+    /// This node does not lead: ask the leader (its control address, if known).
+    NotLeader { leader: Option<NodeId>, addr: Option<String> },
+    /// Not now (a change under way, one the primary has not settled, a failover): the
+    /// same request may succeed in a moment.
+    Busy(String),
+    /// Refused for good, and why.
+    Refused(String),
+}
+
+/// Sends `req` to the control plane at `addr` and waits for the answer (`ditto cluster
+/// add|remove`).
+pub fn admin_request(addr: SocketAddr, req: &AdminRequest) -> std::io::Result<AdminReply> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(ADMIN_TIMEOUT + Duration::from_secs(5)))?;
+    s.write_all(&frame(0, KIND_ADMIN, &serde_json::to_vec(req).expect("requests serialise")))?;
+    match read_frame(&mut s)? {
+        Some((_, KIND_ADMIN, body)) => serde_json::from_slice(&body)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("undecodable answer: {e}"))),
+        Some((_, k, _)) => Err(std::io::Error::other(format!("an answer of frame kind {k}"))),
+        None => Err(std::io::Error::other("the node closed the connection without answering")),
+    }
+}
 
 /// What one node holds, for a tail report (`TailReport` less what the service fills in).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,6 +156,18 @@ pub trait DataPlane: Send + 'static {
     fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64) {
         let _ = (plan, stream, batches, position);
     }
+    /// While this node serves as primary: the membership configuration its commit quorum
+    /// has settled (it counts that many backups, and a quorum of them holds everything it
+    /// released). The node then records it (`Command::ConfigApplied`), which lets the next
+    /// membership change go ahead.
+    fn settled(&self) -> Option<u64> {
+        None
+    }
+    /// The state was replaced by the leader's snapshot (this node was far behind, or has
+    /// just joined): no command is applied for what it skipped.
+    fn restored(&mut self, state: &ControlState) {
+        let _ = state;
+    }
 }
 
 /// A coordinator's request or the answer to one (frame kind 2).
@@ -157,6 +214,12 @@ pub struct ServiceConfig {
     pub timing: Timing,
     /// The failure detector's and the failover's timeouts, in milliseconds.
     pub timeouts: Timeouts,
+    /// This node joins a running group (`ditto cluster add`): it starts with no voters
+    /// and learns the group from the leader's snapshot. Only read when `dir` is new.
+    pub join: bool,
+    /// Compact the control log every this many applied entries (default
+    /// `node::COMPACT_EVERY`).
+    pub compact_every: Option<u64>,
 }
 
 /// What the node knows, published after every step.
@@ -164,6 +227,8 @@ pub struct ServiceConfig {
 pub struct Status {
     pub id: NodeId,
     pub leader: Option<NodeId>,
+    /// The voters Raft counts (the members, once a change has been applied).
+    pub voters: Vec<NodeId>,
     pub term: u64,
     pub state: ControlState,
     /// Why the node stopped (a disk error), if it did.
@@ -182,6 +247,7 @@ enum Input {
     Ctl(NodeId, Ctl),
     Fetched { epoch: u64, stream: usize, position: u64, batches: Vec<Vec<u8>> },
     Propose(Command, Sender<Result<(), String>>),
+    Admin(AdminRequest, Sender<AdminReply>),
 }
 
 struct Shared {
@@ -249,9 +315,12 @@ impl ControlService {
         listener: TcpListener,
         data: Box<dyn DataPlane>,
     ) -> Result<ControlService, ServiceError> {
-        let voters: Vec<NodeId> = cfg.peers.keys().copied().collect();
+        let voters: Vec<NodeId> = if cfg.join { Vec::new() } else { cfg.peers.keys().copied().collect() };
         let disk = FileDisk::open(&cfg.dir, &voters)?;
-        let node = ControlNode::start(cfg.id, cfg.timing, disk.durable(), &raft_logger())?;
+        let mut node = ControlNode::start(cfg.id, cfg.timing, disk.durable(), &raft_logger())?;
+        if let Some(n) = cfg.compact_every {
+            node.set_compact_every(n);
+        }
         let shared = Arc::new(Shared {
             status: Mutex::new(Status { id: cfg.id, ..Status::default() }),
             stop: AtomicBool::new(false),
@@ -263,18 +332,24 @@ impl ControlService {
             let (shared, inbox) = (Arc::clone(&shared), inbox.clone());
             threads.push(spawn(format!("ditto-ctl-accept-{}", cfg.id), move || accept(listener, shared, inbox)));
         }
-        let mut senders = BTreeMap::new();
-        for (&peer, &addr) in cfg.peers.iter().filter(|(&p, _)| p != cfg.id) {
-            let (tx, rx) = mpsc::sync_channel(PEER_QUEUE);
-            senders.insert(peer, tx);
-            let shared = Arc::clone(&shared);
-            threads.push(spawn(format!("ditto-ctl-send-{}-{peer}", cfg.id), move || send_to(addr, rx, shared)));
-        }
         {
             let shared = Arc::clone(&shared);
             let id = cfg.id;
             let coord = Coordinator::new(id, cfg.timeouts, 0);
-            let run = Run { node, disk, data, senders, shared, tick: cfg.tick, coord, preparing: None };
+            let mut run = Run {
+                node,
+                disk,
+                data,
+                senders: BTreeMap::new(),
+                sender_threads: Vec::new(),
+                config_peers: cfg.peers.clone(),
+                shared,
+                tick: cfg.tick,
+                coord,
+                preparing: None,
+                admin: Vec::new(),
+            };
+            run.sync_peers();
             threads.push(spawn(format!("ditto-ctl-node-{id}"), move || run.run(rx)));
         }
         Ok(ControlService { shared, inbox, threads })
@@ -389,6 +464,24 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
         let why = match read_frame(&mut buf) {
+            Ok(Some((_, KIND_ADMIN, body))) => match serde_json::from_slice::<AdminRequest>(&body) {
+                Ok(req) => {
+                    tracing::info!(%peer, "control: an operator asks {req:?}");
+                    let (tx, rx) = mpsc::channel();
+                    if inbox.send(Input::Admin(req, tx)).is_err() {
+                        return;
+                    }
+                    let reply = rx.recv_timeout(ADMIN_TIMEOUT + Duration::from_secs(2)).unwrap_or_else(|_| {
+                        AdminReply::Busy("the control node did not answer in time; see `ditto cluster status`".into())
+                    });
+                    let f = frame(0, KIND_ADMIN, &serde_json::to_vec(&reply).expect("replies serialise"));
+                    if buf.get_mut().write_all(&f).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => format!("undecodable operator request: {e}"),
+            },
             Ok(Some((from, kind, body))) => match decode(from, kind, &body) {
                 Ok(input) => {
                     if inbox.send(input).is_err() {
@@ -440,6 +533,13 @@ struct Run {
     disk: FileDisk,
     data: Box<dyn DataPlane>,
     senders: BTreeMap<NodeId, SyncSender<Vec<u8>>>,
+    sender_threads: Vec<JoinHandle<()>>,
+    /// The control addresses the node was started with (the peers before the bootstrap,
+    /// and of members whose control port the state does not know).
+    config_peers: BTreeMap<NodeId, SocketAddr>,
+    /// Operators' membership changes proposed here: the index, the change, the answer,
+    /// and until when to wait.
+    admin: Vec<(u64, Command, Sender<AdminReply>, Instant)>,
     shared: Arc<Shared>,
     tick: Duration,
     coord: Coordinator,
@@ -448,6 +548,112 @@ struct Run {
 }
 
 impl Run {
+    /// Keeps one sender per peer: the members of the state once bootstrapped (a member
+    /// added gets one, a member removed loses its own), before it the configured peers.
+    fn sync_peers(&mut self) {
+        let me = self.node.id();
+        let st = self.node.state();
+        let want: BTreeMap<NodeId, SocketAddr> = if st.epoch == 0 {
+            self.config_peers.clone()
+        } else {
+            st.members
+                .values()
+                .filter_map(|m| {
+                    let resolved = (m.control != 0)
+                        .then(|| std::net::ToSocketAddrs::to_socket_addrs(&(m.host(), m.control)).ok()?.next())
+                        .flatten();
+                    Some((m.id, resolved.or_else(|| self.config_peers.get(&m.id).copied())?))
+                })
+                .collect()
+        };
+        self.senders.retain(|id, _| want.contains_key(id));
+        for (&peer, &addr) in want.iter().filter(|(&p, _)| p != me) {
+            if self.senders.contains_key(&peer) {
+                continue;
+            }
+            let (tx, rx) = mpsc::sync_channel(PEER_QUEUE);
+            self.senders.insert(peer, tx);
+            let shared = Arc::clone(&self.shared);
+            self.sender_threads.push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(addr, rx, shared)));
+        }
+        self.sender_threads.retain(|t| !t.is_finished());
+    }
+
+    /// The control address of `id`, as this node knows it.
+    fn control_addr(&self, id: NodeId) -> Option<String> {
+        match self.node.state().members.get(&id) {
+            Some(m) if m.control != 0 => Some(format!("{}:{}", m.host(), m.control)),
+            _ => self.config_peers.get(&id).map(|a| a.to_string()),
+        }
+    }
+
+    /// An operator's membership change: proposed here if this node leads; answered once
+    /// it is applied (`answer_admin`).
+    fn on_admin(&mut self, req: AdminRequest, reply: Sender<AdminReply>) {
+        if !self.node.leads_current() {
+            let leader = self.node.leader().filter(|&l| l != self.node.id());
+            let _ = reply.send(AdminReply::NotLeader { leader, addr: leader.and_then(|l| self.control_addr(l)) });
+            return;
+        }
+        let cmd = match req {
+            AdminRequest::Add(member) => Command::AddMember { member },
+            AdminRequest::Remove(id) => Command::RemoveMember { id },
+        };
+        if matches!(cmd, Command::RemoveMember { id } if id == self.node.id()) {
+            // The leader does not remove itself: it hands the leadership to a peer that
+            // holds the whole log, which the operator's tool then asks.
+            if let Some(&to) = self.node.up_to_date_peers().first() {
+                self.node.transfer_leader(to);
+            }
+            let _ = reply.send(AdminReply::Busy(format!(
+                "node {} leads the control plane and hands the leadership over first; ask again",
+                self.node.id()
+            )));
+            return;
+        }
+        match self.node.propose_membership(&cmd) {
+            Ok(index) => {
+                tracing::info!(node = self.node.id(), index, "control: proposing {cmd:?}");
+                self.admin.push((index, cmd, reply, Instant::now() + ADMIN_TIMEOUT));
+            }
+            Err(NodeError::Busy(why)) => {
+                let _ = reply.send(AdminReply::Busy(why));
+            }
+            Err(e) => {
+                let _ = reply.send(AdminReply::Refused(e.to_string()));
+            }
+        }
+    }
+
+    /// Answers the operators whose change was applied (or refused, or lost) at `index`,
+    /// and those who waited too long.
+    fn answer_admin(&mut self, applied: Option<(u64, &Command, &Result<(), String>)>) {
+        let now = Instant::now();
+        let state = self.node.state();
+        self.admin.retain(|(index, cmd, reply, deadline)| {
+            let answer = match applied {
+                Some((i, c, outcome)) if i == *index => Some(match (c == cmd, outcome) {
+                    (true, Ok(())) => {
+                        AdminReply::Done { config: state.config, members: state.members.values().cloned().collect() }
+                    }
+                    (true, Err(why)) => AdminReply::Refused(why.clone()),
+                    (false, _) => AdminReply::Busy("the proposal was lost to a change of leader; ask again".into()),
+                }),
+                _ if now >= *deadline => Some(AdminReply::Busy(format!(
+                    "not applied within {ADMIN_TIMEOUT:?} (it may still be): see `ditto cluster status`"
+                ))),
+                _ => None,
+            };
+            match answer {
+                Some(a) => {
+                    let _ = reply.send(a);
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+
     fn send(&self, to: NodeId, kind: u8, body: &[u8]) {
         if let Some(tx) = self.senders.get(&to) {
             let _ = tx.try_send(frame(self.node.id(), kind, body));
@@ -568,6 +774,8 @@ impl Run {
         let mut was_serving = false;
         // When the leader may next try to hand its leadership away (milliseconds).
         let mut next_transfer = 0u64;
+        // When a primary may next record its settled membership.
+        let mut next_settle = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
@@ -592,6 +800,10 @@ impl Run {
                     let _ = reply.send(self.node.propose(&cmd).map_err(|e| e.to_string()));
                     Ok(())
                 }
+                Ok(Input::Admin(req, reply)) => {
+                    self.on_admin(req, reply);
+                    Ok(())
+                }
                 Err(RecvTimeoutError::Timeout) => Ok(()),
                 Err(RecvTimeoutError::Disconnected) => return,
             };
@@ -610,6 +822,23 @@ impl Run {
             self.coord.set_starting(self.data.starting());
             for n in self.data.heard() {
                 self.coord.heard(n, now);
+            }
+            // A serving primary that has settled the current membership records it, so
+            // that the next change may go ahead.
+            if let (Some(c), Some(open)) = (self.data.settled(), self.node.state().open_epoch()) {
+                let st = self.node.state();
+                let cmd = Command::ConfigApplied { epoch: open.epoch, primary: id, config: c };
+                if st.phase == Some(Phase::Serving)
+                    && open.primary == id
+                    && c == st.config
+                    && st.settled != Some((open.epoch, c))
+                    && now >= next_settle
+                {
+                    next_settle = now + self.coord.resend_timeout();
+                    if let Err(e) = self.node.propose_via_leader(&cmd) {
+                        tracing::debug!("control: {e}");
+                    }
+                }
             }
             if let Some((plan, to)) = self.preparing.take() {
                 match self.data.prepared(&plan) {
@@ -638,12 +867,24 @@ impl Run {
             }
             match self.node.poll(&mut self.disk) {
                 Ok(out) => {
+                    if out.restored {
+                        tracing::info!(node = id, "control: the state was restored from the leader's snapshot");
+                        self.data.restored(self.node.state());
+                        self.sync_peers();
+                        state_changed = true;
+                    }
                     for m in out.messages {
                         let to = m.to;
                         self.send(to, KIND_RAFT, &m.write_to_bytes().expect("raft messages encode"));
                     }
+                    let mut members_changed = false;
                     for a in out.applied {
                         state_changed = true;
+                        members_changed |= matches!(
+                            a.command,
+                            Command::Bootstrap { .. } | Command::AddMember { .. } | Command::RemoveMember { .. }
+                        );
+                        self.answer_admin(Some((a.index, &a.command, &a.outcome)));
                         match &a.outcome {
                             Ok(()) => {
                                 tracing::info!(node = id, index = a.index, "control: applied {:?}", a.command);
@@ -655,11 +896,16 @@ impl Run {
                             }
                         }
                     }
+                    if members_changed {
+                        self.sync_peers();
+                    }
+                    self.answer_admin(None);
                 }
                 Err(e) => failed = Some(e.to_string()),
             }
             let mut s = self.shared.status.lock().unwrap();
             s.leader = self.node.leader();
+            s.voters = self.node.voters();
             s.term = self.node.term();
             if std::mem::take(&mut state_changed) {
                 s.state = self.node.state().clone();
@@ -684,6 +930,10 @@ impl Run {
         if let Some(why) = failed {
             tracing::error!("control node {id} stops: {why}");
             self.shared.status.lock().unwrap().failed = Some(why);
+        }
+        self.senders.clear();
+        for t in self.sender_threads.drain(..) {
+            let _ = t.join();
         }
     }
 }

@@ -32,8 +32,21 @@ pub type NodeId = u64;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     pub id: NodeId,
-    /// Where clients and backups reach its server (host:port).
+    /// Where clients reach its server (host:port).
     pub addr: String,
+    /// Its replication port (backups connect to it while it is primary), on `addr`'s host.
+    #[serde(default)]
+    pub repl: u16,
+    /// Its control plane's port, on `addr`'s host (0: unknown; peers use their flags).
+    #[serde(default)]
+    pub control: u16,
+}
+
+impl Member {
+    /// The host of `addr`.
+    pub fn host(&self) -> &str {
+        self.addr.rsplit_once(':').map_or(self.addr.as_str(), |(h, _)| h)
+    }
 }
 
 /// Whether the newest epoch serves writes or is being failed over to.
@@ -73,6 +86,16 @@ pub enum Command {
     OpenEpoch { epoch: u64, primary: NodeId, recovered_epoch: u64, recovery_point: u64, start: u64, lost: u64 },
     /// The cluster's default commit policy (a `CommitPolicy` name).
     SetPolicy { policy: String },
+    /// Add a member (carried by a Raft configuration change: the node becomes a voter in
+    /// the same entry). Only while the open epoch serves and its primary has settled the
+    /// current membership (`ConfigApplied`), one change at a time.
+    AddMember { member: Member },
+    /// Remove a member (a Raft configuration change, as `AddMember`); never the primary.
+    RemoveMember { id: NodeId },
+    /// The primary of `epoch` counts the members of configuration `config` in its commit
+    /// quorum, and everything it released is held by a quorum of them (so the next change
+    /// may go ahead: see the module notes).
+    ConfigApplied { epoch: u64, primary: NodeId, config: u64 },
 }
 
 impl Command {
@@ -95,6 +118,12 @@ pub struct ControlState {
     pub phase: Option<Phase>,
     /// Epochs that opened, oldest first; the last is the open one.
     pub epochs: Vec<EpochRecord>,
+    /// The membership's configuration: 0 at the bootstrap, one more at every change.
+    #[serde(default)]
+    pub config: u64,
+    /// The (epoch, configuration) whose primary last settled its membership.
+    #[serde(default)]
+    pub settled: Option<(u64, u64)>,
 }
 
 impl ControlState {
@@ -151,6 +180,43 @@ impl ControlState {
                 ditto_replication::CommitPolicy::parse(policy)?;
                 self.policy = policy.clone();
             }
+            Command::AddMember { member } => {
+                self.may_change_members()?;
+                if member.id == 0 || self.members.contains_key(&member.id) {
+                    return Err(format!("node {} is already a member (or 0, which is not an id)", member.id));
+                }
+                if let Some(m) = self.members.values().find(|m| m.addr == member.addr) {
+                    return Err(format!("member {} already serves clients at {}", m.id, m.addr));
+                }
+                self.members.insert(member.id, member.clone());
+                self.config += 1;
+            }
+            Command::RemoveMember { id } => {
+                self.may_change_members()?;
+                if !self.members.contains_key(id) {
+                    return Err(format!("node {id} is not a member"));
+                }
+                if self.primary() == Some(*id) {
+                    return Err(format!("node {id} is the primary: it is removed once another node has taken over"));
+                }
+                if self.members.len() == 1 {
+                    return Err("the last member cannot be removed".into());
+                }
+                self.members.remove(id);
+                self.config += 1;
+            }
+            Command::ConfigApplied { epoch, primary, config } => {
+                if self.phase != Some(Phase::Serving)
+                    || self.epochs.last().map(|e| (e.epoch, e.primary)) != Some((*epoch, *primary))
+                    || *config != self.config
+                {
+                    return Err(format!(
+                        "configuration {config} settled by node {primary} in epoch {epoch}, but the cluster is at configuration {} in epoch {} ({:?})",
+                        self.config, self.epoch, self.phase
+                    ));
+                }
+                self.settled = Some((*epoch, *config));
+            }
         }
         self.check();
         Ok(())
@@ -178,6 +244,25 @@ impl ControlState {
     /// The highest timestamp of `epoch` that survives, once a later epoch has opened.
     pub fn recovery_point(&self, epoch: u64) -> Option<Ts> {
         self.epochs.iter().find(|e| e.epoch == epoch).and_then(|e| e.recovered).map(Ts)
+    }
+
+    /// Why the membership may not change now, if it may not: a change waits for the open
+    /// epoch to serve and for its primary to have settled the current configuration. One
+    /// change at a time, each settled before the next, keeps every quorum that released a
+    /// commit overlapping every quorum a later failover gathers (docs/cluster.md,
+    /// "Membership changes").
+    pub fn may_change_members(&self) -> Result<(), String> {
+        if self.phase != Some(Phase::Serving) {
+            return Err(format!("epoch {} is failing over; change the membership once it serves", self.epoch));
+        }
+        let open = self.epochs.last().map_or(0, |e| e.epoch);
+        if self.settled != Some((open, self.config)) {
+            return Err(format!(
+                "the primary has not settled configuration {} yet (it counts the new membership once a quorum of it holds everything it released); ask again",
+                self.config
+            ));
+        }
+        Ok(())
     }
 
     /// The quorum of the membership.
@@ -213,7 +298,8 @@ mod tests {
 
     fn boot() -> ControlState {
         let mut s = ControlState::default();
-        let members = (1..=3).map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id) }).collect();
+        let members =
+            (1..=3).map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0 }).collect();
         s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
         s
     }

@@ -486,8 +486,9 @@ impl Sim {
         }
         // Bootstrap: the first leader names itself the first primary.
         {
-            let members: Vec<Member> =
-                (1..=self.nodes.len() as u64).map(|id| Member { id, addr: format!("node{id}") }).collect();
+            let members: Vec<Member> = (1..=self.nodes.len() as u64)
+                .map(|id| Member { id, addr: format!("node{id}"), repl: 0, control: 0 })
+                .collect();
             let ctrl = self.nodes[i].ctrl.as_mut().unwrap();
             if ctrl.is_leader() && ctrl.state().epoch == 0 && now.is_multiple_of(20) {
                 let _ = ctrl.propose(&Command::Bootstrap { members, primary: id, policy: self.policy.name() });
@@ -590,7 +591,10 @@ impl Sim {
                     self.nodes[i].primary = Some(Primary::new(1, 0));
                 }
             }
-            Command::SetPolicy { .. } => {}
+            Command::SetPolicy { .. }
+            | Command::AddMember { .. }
+            | Command::RemoveMember { .. }
+            | Command::ConfigApplied { .. } => {}
         }
     }
 

@@ -135,6 +135,8 @@ impl Cluster {
             tick: Duration::from_millis(10),
             timing: Timing { election: 10, heartbeat: 2, fixed_election: None },
             timeouts: Timeouts { failure: 150, resend: 20, prepare: 300, start: 150 },
+            join: false,
+            compact_every: None,
         }
     }
 
@@ -156,7 +158,8 @@ impl Cluster {
 
     fn bootstrap(&self) -> NodeId {
         let leader = self.leader().unwrap();
-        let members: Vec<Member> = self.peers.keys().map(|&id| Member { id, addr: format!("node{id}") }).collect();
+        let members: Vec<Member> =
+            self.peers.keys().map(|&id| Member { id, addr: format!("node{id}"), repl: 0, control: 0 }).collect();
         self.nodes[&leader]
             .propose(Command::Bootstrap { members, primary: leader, policy: "majority".into() })
             .unwrap();

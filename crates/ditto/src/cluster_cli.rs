@@ -2,6 +2,11 @@
 //! for `INFO cluster` (which names every member), then every member for `INFO cluster` and
 //! `INFO replication`, and prints a table: role, epoch, primary, the backups' links, the
 //! Raft leader and term, and the failovers the nodes saw (docs/cluster.md).
+//!
+//! `ditto cluster add|remove`: a membership change, sent to any member's control port
+//! (`ditto_cluster::admin_request`); a node that does not lead names the leader, which is
+//! asked instead; a change that cannot happen yet (another under way, a failover) is asked
+//! again until it can, for at most `--wait-s`.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +22,79 @@ type Answer = Result<BTreeMap<String, String>, String>;
 pub enum ClusterCmd {
     /// Every member's role, epoch, primary, link and the failovers seen.
     Status(StatusArgs),
+    /// Add a member: start it with `ditto server --node-id ID --join --members ...`
+    /// (before or after this); it becomes a voter and copies the primary's data.
+    Add(AddArgs),
+    /// Remove a member (not the primary); its node stops.
+    Remove(RemoveArgs),
+}
+
+#[derive(clap::Args)]
+pub struct AddArgs {
+    /// The new member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT.
+    member: String,
+    /// Any member's control address (HOST:CONTROL_PORT).
+    #[arg(long)]
+    via: String,
+    /// Keep asking this long while the change cannot happen yet.
+    #[arg(long, default_value_t = 30)]
+    wait_s: u64,
+}
+
+#[derive(clap::Args)]
+pub struct RemoveArgs {
+    /// The member's id.
+    id: u64,
+    /// Any member's control address (HOST:CONTROL_PORT).
+    #[arg(long)]
+    via: String,
+    /// Keep asking this long while the change cannot happen yet.
+    #[arg(long, default_value_t = 30)]
+    wait_s: u64,
+}
+
+/// Sends a membership change to the leader (found through `via`), asking again while it is
+/// busy, until `wait`.
+fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration) -> Result<(), Error> {
+    use ditto_cluster::AdminReply;
+    use std::net::ToSocketAddrs;
+    let deadline = std::time::Instant::now() + wait;
+    let mut at = via.to_string();
+    let mut last_busy = String::new();
+    loop {
+        let addr = at.to_socket_addrs()?.next().ok_or_else(|| format!("{at} resolves to nothing"))?;
+        let reply = ditto_cluster::admin_request(addr, &req).map_err(|e| format!("asking {at}: {e}"));
+        let retry = match reply {
+            Ok(AdminReply::Done { config, members }) => {
+                println!("done: configuration {config}, members:");
+                for m in members {
+                    println!("  {} client {} replication {} control {}", m.id, m.addr, m.repl, m.control);
+                }
+                return Ok(());
+            }
+            Ok(AdminReply::Refused(why)) => return Err(format!("refused: {why}").into()),
+            Ok(AdminReply::NotLeader { addr: Some(a), leader }) => {
+                println!("{at} does not lead the control plane; asking node {} at {a}", leader.unwrap_or(0));
+                at = a;
+                continue;
+            }
+            Ok(AdminReply::NotLeader { .. }) => "no leader is known right now".to_string(),
+            Ok(AdminReply::Busy(why)) => why,
+            // The node asked may be down: the one named first is asked again.
+            Err(e) => {
+                at = via.to_string();
+                e
+            }
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(format!("gave up after {wait:?}: {retry}").into());
+        }
+        if retry != last_busy {
+            println!("not yet: {retry}");
+            last_busy = retry;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 #[derive(clap::Args)]
@@ -43,7 +121,20 @@ fn info(addr: &str) -> Result<BTreeMap<String, String>, Error> {
 }
 
 pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
-    let ClusterCmd::Status(a) = cmd;
+    let a = match cmd {
+        ClusterCmd::Status(a) => a,
+        ClusterCmd::Add(a) => {
+            let parsed = crate::node::parse_members(&a.member)?;
+            let (Some((&id, m)), 1) = (parsed.iter().next(), parsed.len()) else {
+                return Err("name one member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT".into());
+            };
+            let member = ditto_cluster::Member { id, addr: m.client_addr(), repl: m.repl, control: m.control };
+            return change(&a.via, ditto_cluster::AdminRequest::Add(member), std::time::Duration::from_secs(a.wait_s));
+        }
+        ClusterCmd::Remove(a) => {
+            return change(&a.via, ditto_cluster::AdminRequest::Remove(a.id), std::time::Duration::from_secs(a.wait_s))
+        }
+    };
     let first = info(&a.node).map_err(|e| format!("asking {}: {e}", a.node))?;
     if first.get("cluster_enabled").map(String::as_str) != Some("1") {
         return Err(format!("{} is not a cluster node (INFO cluster: cluster_enabled is not 1)", a.node).into());

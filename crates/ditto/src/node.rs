@@ -59,6 +59,18 @@ impl MemberAddrs {
     }
 }
 
+/// Where member `id` is reached: as the control state names it (members added since the
+/// start are known only there), else as the node's flags do.
+fn addrs_of(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, id: NodeId) -> Option<MemberAddrs> {
+    match state.members.get(&id) {
+        Some(m) if m.repl != 0 && m.control != 0 => {
+            let (host, client) = m.addr.rsplit_once(':')?;
+            Some(MemberAddrs { host: host.to_string(), client: client.parse().ok()?, repl: m.repl, control: m.control })
+        }
+        _ => flags.get(&id).cloned(),
+    }
+}
+
 /// Parses `ID=HOST:CLIENT/REPL/CONTROL[,...]` (the ports of clients, replication and the
 /// control plane).
 pub fn parse_members(s: &str) -> Result<BTreeMap<NodeId, MemberAddrs>, String> {
@@ -128,6 +140,8 @@ struct Gate {
     open: bool,
     /// The `INFO cluster` fields the server was last sent.
     info: Vec<(String, String)>,
+    /// The membership configuration a primary server was last given its backups for.
+    config: u64,
 }
 
 type SharedGate = Arc<parking_lot::Mutex<Gate>>;
@@ -164,6 +178,9 @@ pub struct NodeConfig {
     pub policy: String,
     pub timeouts: Timeouts,
     pub tick: Duration,
+    /// The node joins a running cluster (`ditto cluster add`): it waits, with no voters,
+    /// for the leader to bring it in.
+    pub join: bool,
 }
 
 /// The data plane of one node: its child server (see the module notes).
@@ -192,6 +209,8 @@ struct NodePlane {
     last_probe: Instant,
     heard: Vec<NodeId>,
     serving: bool,
+    /// The membership configuration the primary server last said it has settled.
+    settled: Option<u64>,
 }
 
 /// A peer heard from within this long counts as heard now.
@@ -253,7 +272,7 @@ impl NodePlane {
 
     /// The role the control state gives this node now, if any.
     fn desired(&self) -> Option<Role> {
-        if self.state.phase != Some(Phase::Serving) {
+        if self.state.phase != Some(Phase::Serving) || !self.state.members.contains_key(&self.me) {
             return None;
         }
         let open = self.state.epochs.last()?;
@@ -307,7 +326,11 @@ impl NodePlane {
     }
 
     fn start_child(&mut self, role: Role) -> Result<(), String> {
-        let me = &self.members[&self.me];
+        let me = self.addrs(self.me).ok_or("this node's own addresses are unknown")?;
+        let of_addrs = match &role {
+            Role::Backup { of, .. } => Some(self.addrs(*of).ok_or(format!("node {of}'s addresses are unknown"))?),
+            Role::Primary { .. } => None,
+        };
         std::fs::create_dir_all(&self.data).map_err(|e| format!("creating {}: {e}", self.data.display()))?;
         let mut args: Vec<String> = vec!["server".into(), "--data-dir".into(), self.data.display().to_string()];
         args.extend(["--bind".into(), me.host.clone(), "--port".into(), me.client.to_string()]);
@@ -315,6 +338,7 @@ impl NodePlane {
         args.extend(self.child_args.iter().cloned());
         args.extend(["--exit-with-stdin".into(), "--commit-policy".into(), self.state.policy.clone()]);
         args.extend(["--backups".into(), (self.state.members.len().saturating_sub(1)).to_string()]);
+        args.extend(["--members-config".into(), self.state.config.to_string()]);
         match &role {
             Role::Primary { epoch, ts_above, upto, resume_epoch } => {
                 args.extend(["--repl-port".into(), me.repl.to_string(), "--run-epoch".into(), epoch.to_string()]);
@@ -326,7 +350,8 @@ impl NodePlane {
                     args.extend(["--resume-epoch".into(), e.to_string()]);
                 }
             }
-            Role::Backup { of, .. } => {
+            Role::Backup { .. } => {
+                let of = of_addrs.expect("a backup's primary");
                 // Its cut: what it holds of the epoch it followed, if a failover cut that.
                 let upto = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map(|t| t.0);
                 if holds_primary_log(&self.data) {
@@ -345,8 +370,8 @@ impl NodePlane {
                         .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
                     say(self.me, "rejoins as a backup: its own log is set aside, it copies the primary's checkpoint");
                 }
-                args.extend(["--replica-of".into(), self.members[of].repl_addr()]);
-                args.extend(["--primary-addr".into(), self.members[of].client_addr()]);
+                args.extend(["--replica-of".into(), of.repl_addr()]);
+                args.extend(["--primary-addr".into(), of.client_addr()]);
                 if let Some(p) = upto {
                     args.extend(["--recover-upto".into(), p.to_string()]);
                 }
@@ -364,6 +389,7 @@ impl NodePlane {
             primary: matches!(role, Role::Primary { .. }),
             open: false, // a new primary's server starts with its writes refused
             info: Vec::new(),
+            config: self.state.config,
         };
         let ready = Arc::new(AtomicBool::new(false));
         let joined = Arc::new(AtomicBool::new(false));
@@ -384,6 +410,10 @@ impl NodePlane {
         say(self.me, format!("started {role:?} (pid {})", proc.id()));
         self.child = Some(Running { role, proc, ready, joined, reader: Some(reader), probe: None });
         Ok(())
+    }
+
+    fn addrs(&self, id: NodeId) -> Option<MemberAddrs> {
+        addrs_of(&self.state, &self.members, id)
     }
 
     /// The directory of this node's own primary log, if it holds one: its data (an old
@@ -427,7 +457,8 @@ impl NodePlane {
         if !c.ready.load(Ordering::Acquire) {
             return;
         }
-        let info = match info_replication(&mut c.probe, &self.members[&self.me].client_addr()) {
+        let Some(me) = addrs_of(&self.state, &self.members, self.me) else { return };
+        let info = match info_replication(&mut c.probe, &me.client_addr()) {
             Ok(i) => i,
             Err(e) => {
                 // One failed probe says nothing about the server (it may be busy): what was
@@ -442,6 +473,7 @@ impl NodePlane {
             Role::Primary { epoch, .. } => {
                 self.serving = self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
+                self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
                     // slaveN:node=HOST:PORT,addr=...,heard_ms_ago=N
                     let fields = l.split_once(':').map_or("", |(_, f)| f);
@@ -451,7 +483,10 @@ impl NodePlane {
                         continue;
                     };
                     if ago <= HEARD_WITHIN_MS {
-                        if let Some((&id, _)) = self.members.iter().find(|(_, m)| m.client_addr() == node) {
+                        let known = self.state.members.keys().copied().chain(self.members.keys().copied());
+                        if let Some(id) = known.into_iter().find(|&id| {
+                            addrs_of(&self.state, &self.members, id).is_some_and(|m| m.client_addr() == node)
+                        }) {
                             self.heard.push(id);
                         }
                     }
@@ -495,6 +530,15 @@ impl DataPlane for NodePlane {
 
     fn serving(&self) -> bool {
         self.serving
+    }
+
+    fn settled(&self) -> Option<u64> {
+        self.settled.filter(|_| self.serving)
+    }
+
+    fn restored(&mut self, state: &ControlState) {
+        say(self.me, format!("took the control state from the leader's snapshot (epoch {})", state.epoch));
+        self.state = state.clone();
     }
 
     fn starting(&self) -> bool {
@@ -633,6 +677,12 @@ impl DataPlane for NodePlane {
                     f.lost = *lost;
                 }
             }
+            Command::AddMember { member } if live => {
+                say(self.me, format!("node {} joined the cluster (configuration {})", member.id, state.config))
+            }
+            Command::RemoveMember { id } if live => {
+                say(self.me, format!("node {id} left the cluster (configuration {})", state.config))
+            }
             Command::BeginFailover { epoch, reason } => {
                 if live {
                     say(self.me, format!("failover to epoch {epoch} began: {reason}"));
@@ -688,6 +738,15 @@ fn info_replication(conn: &mut Option<BufReader<TcpStream>>, addr: &str) -> std:
     String::from_utf8(body).map_err(std::io::Error::other)
 }
 
+/// The members and where they are reached: the control state's once bootstrapped, else
+/// the flags'.
+fn members_of(cfg: &NodeConfig, s: &ControlState) -> BTreeMap<NodeId, MemberAddrs> {
+    if s.members.is_empty() {
+        return cfg.members.clone();
+    }
+    s.members.keys().filter_map(|&id| Some((id, addrs_of(s, &cfg.members, id)?))).collect()
+}
+
 /// `INFO cluster`'s fields on this node's server: the control plane's view, and the
 /// failovers it saw (the last five), with how long each took from its start to the new
 /// epoch opening.
@@ -697,7 +756,7 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         ("cluster_node_id".to_string(), cfg.id.to_string()),
         (
             "cluster_members".into(),
-            cfg.members.iter().map(|(id, m)| format!("{id}@{}", m.client_addr())).collect::<Vec<_>>().join(","),
+            members_of(cfg, s).iter().map(|(id, m)| format!("{id}@{}", m.client_addr())).collect::<Vec<_>>().join(","),
         ),
         ("cluster_raft_leader".into(), st.leader.map_or("none".into(), |l| l.to_string())),
         ("cluster_raft_term".into(), st.term.to_string()),
@@ -714,10 +773,19 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         ("cluster_primary".into(), s.primary().map_or("none".into(), |p| p.to_string())),
         (
             "cluster_primary_addr".into(),
-            s.primary().and_then(|p| cfg.members.get(&p)).map_or("none".into(), |m| m.client_addr()),
+            s.primary().and_then(|p| addrs_of(s, &cfg.members, p)).map_or("none".into(), |m| m.client_addr()),
         ),
         ("cluster_policy".into(), s.policy.clone()),
         ("cluster_fence".into(), st.fence.to_string()),
+        ("cluster_config".into(), s.config.to_string()),
+        (
+            "cluster_config_settled".into(),
+            match s.may_change_members() {
+                Ok(()) => "yes".to_string(),
+                Err(_) => "no".to_string(),
+            },
+        ),
+        ("cluster_voters".into(), st.voters.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
         ("cluster_failovers".into(), s.epochs.len().saturating_sub(1).to_string()),
     ];
     for h in history.iter().rev().take(5) {
@@ -777,6 +845,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         last_probe: Instant::now(),
         heard: Vec::new(),
         serving: false,
+        settled: None,
     };
     let svc = ControlService::start(
         ServiceConfig {
@@ -786,6 +855,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             tick: cfg.tick,
             timing: Timing::default(),
             timeouts: cfg.timeouts,
+            join: cfg.join,
+            compact_every: None,
         },
         listener,
         Box::new(plane),
@@ -808,11 +879,25 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         });
     }
     let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
+    let mut member = false;
+    let mut said_waiting = false;
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(5));
         let st = svc.status();
         if let Some(f) = &st.failed {
             return Err(format!("the control plane stopped: {f}").into());
+        }
+        // A node that was a member and was removed stops (its server first); one that is
+        // not a member yet waits to be added.
+        let now_member = st.state.members.contains_key(&cfg.id);
+        if member && !now_member {
+            say(cfg.id, format!("was removed from the cluster (configuration {}): stopping", st.state.config));
+            break;
+        }
+        member = now_member;
+        if !member && st.state.epoch > 0 && !said_waiting {
+            said_waiting = true;
+            say(cfg.id, "is not a member of the cluster: it waits to be added (ditto cluster add)");
         }
         // What INFO cluster shows, sent to the server when it changed.
         let info = cluster_info(&cfg, &st, &history.lock());
@@ -825,6 +910,23 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
                 if let Some(stdin) = &mut g.stdin {
                     if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
                         g.info = info;
+                    }
+                }
+            }
+            // A primary's commit quorum counts the members as they come and go.
+            let config = st.state.config;
+            if g.primary && g.config != config && st.state.epoch > 0 {
+                let line = format!("backups {} {config}\n", st.state.members.len().saturating_sub(1));
+                if let Some(stdin) = &mut g.stdin {
+                    if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
+                        g.config = config;
+                        say(
+                            cfg.id,
+                            format!(
+                                "the primary counts {} backups (configuration {config})",
+                                st.state.members.len() - 1
+                            ),
+                        );
                     }
                 }
             }
@@ -847,7 +949,11 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         // The first leader names itself the first primary.
         if st.state.epoch == 0 && st.leader == Some(cfg.id) && last_bootstrap.elapsed() > Duration::from_millis(200) {
             last_bootstrap = Instant::now();
-            let members = cfg.members.iter().map(|(&id, m)| Member { id, addr: m.client_addr() }).collect::<Vec<_>>();
+            let members = cfg
+                .members
+                .iter()
+                .map(|(&id, m)| Member { id, addr: m.client_addr(), repl: m.repl, control: m.control })
+                .collect::<Vec<_>>();
             let _ = svc.propose(Command::Bootstrap { members, primary: cfg.id, policy: cfg.policy.clone() });
         }
     }

@@ -84,6 +84,11 @@ pub struct ServerArgs {
     /// (every node is given the same list).
     #[arg(long, value_name = "LIST")]
     members: Option<String>,
+    /// A cluster node that joins a running cluster: it starts with no say in the control
+    /// plane and waits to be added (`ditto cluster add`), then copies the primary's data.
+    /// --members names the cluster's members and this node. Only read on its first start.
+    #[arg(long, requires = "node_id")]
+    join: bool,
     /// A cluster node: the primary is failed over once not heard from for this long
     /// [default: 250].
     #[arg(long)]
@@ -103,6 +108,10 @@ pub struct ServerArgs {
     /// Set by a cluster node for a backup: where the primary takes clients' writes.
     #[arg(long, hide = true)]
     primary_addr: Option<String>,
+    /// Set by a cluster node for its primary: the membership configuration that --backups
+    /// counts.
+    #[arg(long, hide = true)]
+    members_config: Option<u64>,
     /// Exit at once when standard input closes (a cluster node's server dies with it).
     #[arg(long, hide = true)]
     exit_with_stdin: bool,
@@ -121,9 +130,10 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         // A cluster node's server: its supervisor opens and closes the write gate with
         // lines on standard input ("writes on", "writes off WHY"; a new primary starts
         // closed until the supervisor has heard a quorum of the cluster) and says what the
-        // cluster looks like ("cluster [[name, value], ...]", for INFO cluster); "stop" is
-        // its fence (as SIGTERM, but one that a server still starting honours once it
-        // serves, so a backup drains what it acknowledged).
+        // cluster looks like ("cluster [[name, value], ...]", for INFO cluster) and how
+        // many backups a primary's quorum counts ("backups N CONFIG", as members come and
+        // go); "stop" is its fence (as SIGTERM, but one that a server still starting
+        // honours once it serves, so a backup drains what it acknowledged).
         if a.run_epoch.is_some() {
             gate.set(Some(
                 "this node is the cluster's new primary and has not heard a quorum of the cluster yet".into(),
@@ -137,6 +147,13 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     ("stop", "") => g.request_stop(),
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
+                    ("backups", rest) => {
+                        let mut w = rest.split_whitespace().map(str::parse::<u64>);
+                        match (w.next(), w.next()) {
+                            (Some(Ok(n)), Some(Ok(config))) => g.set_backups(n as usize, config),
+                            _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
+                        }
+                    }
                     ("cluster", json) => match serde_json::from_str::<Vec<(String, String)>>(json) {
                         Ok(fields) => g.set_cluster_info(fields),
                         Err(e) => tracing::warn!("cluster info from the node: {e}"),
@@ -210,6 +227,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             upto: a.recover_upto,
             resume_epoch: a.resume_epoch,
             primary_addr: None,
+            members_config: a.members_config.unwrap_or(0),
         });
     } else if a.recover_upto.is_some() || a.primary_addr.is_some() {
         // A cluster's backup: its cut, and where its primary takes writes.
@@ -276,5 +294,6 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         policy,
         timeouts: ditto_cluster::Timeouts { failure, resend: 50, prepare: 5000, start: 20_000 },
         tick: std::time::Duration::from_millis(10),
+        join: a.join,
     })
 }

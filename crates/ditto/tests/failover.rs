@@ -822,3 +822,148 @@ fn a_restarted_old_primary_reports_from_its_log_so_the_failover_can_complete() {
         }
     }
 }
+
+impl Cluster {
+    /// The control address of member `id` (from the --members it was started with).
+    fn control_addr(&self, id: u64) -> String {
+        let spec = self.members.values().flat_map(|m| m.split(',')).find(|s| s.starts_with(&format!("{id}="))).unwrap();
+        let (host, ports) = spec.split_once('=').unwrap().1.rsplit_once(':').unwrap();
+        format!("{host}:{}", ports.rsplit('/').next().unwrap())
+    }
+
+    /// Ports for a new node `id`, named in every node's --members from now on; returns
+    /// its member spec.
+    fn plan_node(&mut self, id: u64) -> String {
+        let p = free_ports(3);
+        let spec = format!("{id}=127.0.0.1:{}/{}/{}", p[0], p[1], p[2]);
+        for m in self.members.values_mut() {
+            *m = format!("{m},{spec}");
+        }
+        let all = self.members.values().next().unwrap().clone();
+        self.members.insert(id, all);
+        self.ports.insert(id, p[0]);
+        spec
+    }
+
+    /// Starts node `id` to join the running cluster (`--join`).
+    fn start_joining(&mut self, id: u64) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(id)).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--node-id", &id.to_string(), "--join", "--members", &self.members[&id]])
+            .args(["--data-dir", self.dir.path().join(format!("n{id}")).to_str().unwrap()])
+            .args(["--workers", "2", "--failure-timeout-ms", "250", "--commit-policy", &self.policy])
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.nodes.insert(id, child);
+    }
+
+    fn info_section(&self, id: u64, section: &str) -> Option<String> {
+        let mut c = Client::connect(self.ports[&id]).ok()?;
+        c.set_read_timeout(Duration::from_secs(2));
+        c.cmd(&["INFO", section]).ok().map(|r| r.concat())
+    }
+}
+
+/// `ditto cluster ARGS...`: (success, stdout and stderr).
+fn cluster_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto")).arg("cluster").args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn field(info: &str, k: &str) -> Option<String> {
+    info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map(|v| v.trim().to_string())
+}
+
+/// Membership online, under a writer: a fourth node joins (`ditto cluster add`), copies the
+/// primary's data and becomes a voter; a backup is removed (`ditto cluster remove`) and its
+/// node stops; the primary's commit quorum follows each change; wrong requests are refused
+/// with the reason and change nothing; then the primary is killed, and the cluster as it is
+/// now (the new node among its three members) fails over with every acknowledged write.
+#[test]
+fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-durable");
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let spec4 = c.plan_node(4);
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Wrong requests: refused with the reason.
+    let (ok, out) = cluster_cli(&["remove", &first.to_string(), "--via", &c.control_addr(1), "--wait-s", "5"]);
+    assert!(!ok && out.contains("is the primary"), "removing the primary: {out}");
+    let (ok, out) = cluster_cli(&["add", &spec4.replace("4=", "2="), "--via", &c.control_addr(1), "--wait-s", "5"]);
+    assert!(!ok && out.contains("already a member"), "adding an existing id: {out}");
+
+    // Add node 4: started first (it waits with no voters), then added.
+    c.start_joining(4);
+    let t = Instant::now();
+    let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(2)]);
+    assert!(ok, "adding node 4: {out}");
+    assert!(out.contains("configuration 1"), "{out}");
+    let added_ms = t.elapsed().as_secs_f64() * 1e3;
+    c.wait_or_dump("node 4 a backup with its link up", Duration::from_secs(30), || {
+        let i = c.info(4)?;
+        (field(&i, "role")? == "slave" && field(&i, "master_link_status")? == "up").then_some(())
+    });
+    let joined_ms = t.elapsed().as_secs_f64() * 1e3;
+    check_has(c.ports[&4], &w.acked(), Duration::from_secs(30)).unwrap_or_else(|e| {
+        c.dump_logs();
+        panic!("node 4 after joining: {e}")
+    });
+    for id in 1..=4 {
+        let ci = c.wait_or_dump("every node counting four voters", Duration::from_secs(10), || {
+            let ci = c.info_section(id, "cluster")?;
+            (field(&ci, "cluster_voters")? == "1,2,3,4").then_some(ci)
+        });
+        assert_eq!(field(&ci, "cluster_config").as_deref(), Some("1"), "node {id}");
+    }
+    c.wait_or_dump("the primary counting three backups, settled", Duration::from_secs(10), || {
+        let i = c.info(first)?;
+        (field(&i, "ditto_backups_expected")? == "3" && field(&i, "ditto_members_settled")? == "1").then_some(())
+    });
+    let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(3), "--wait-s", "5"]);
+    assert!(!ok && out.contains("already a member"), "adding node 4 twice: {out}");
+
+    // Remove a backup: its node stops by itself.
+    let victim = (1..=3).find(|&id| id != first).unwrap();
+    let t = Instant::now();
+    let (ok, out) = cluster_cli(&["remove", &victim.to_string(), "--via", &c.control_addr(4)]);
+    assert!(ok, "removing node {victim}: {out}");
+    let mut gone = c.nodes.remove(&victim).unwrap();
+    let status = wait_for("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
+    assert!(status.success(), "the removed node exits cleanly: {status}");
+    let removed_ms = t.elapsed().as_secs_f64() * 1e3;
+    c.ports.remove(&victim);
+    c.wait_or_dump("the primary counting two backups, settled", Duration::from_secs(10), || {
+        let i = c.info(first)?;
+        (field(&i, "ditto_backups_expected")? == "2" && field(&i, "ditto_members_settled")? == "2").then_some(())
+    });
+    let removed_log = std::fs::read_to_string(c.log(victim)).unwrap();
+    assert!(removed_log.contains("was removed from the cluster"), "{removed_log}");
+
+    // The primary dies: the three members left fail over, losing nothing acknowledged.
+    let killed_at = Instant::now();
+    c.kill(first);
+    let new = c.wait_or_dump("a new primary among the members left", Duration::from_secs(20), || {
+        c.primary().filter(|&p| p != first)
+    });
+    let failover_ms = killed_at.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(300));
+    w.stop();
+    let acked = w.acked();
+    assert!(acked.len() > 100, "the writer got through: {}", acked.len());
+    let others: Vec<u64> = c.nodes.keys().copied().filter(|&id| id != new).collect();
+    for id in std::iter::once(new).chain(others) {
+        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
+            c.dump_logs();
+            panic!("node {id}: {e}")
+        });
+    }
+    eprintln!(
+        "membership: node 4 added in {added_ms:.0} ms (a backup with its link up after {joined_ms:.0} ms), node {victim} removed and stopped in {removed_ms:.0} ms; primary {first} killed, node {new} took writes after {failover_ms:.0} ms; {} acknowledged writes, none lost",
+        acked.len()
+    );
+}

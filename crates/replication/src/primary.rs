@@ -32,7 +32,11 @@ use crate::watermark::Prefix;
 #[derive(Clone, Debug)]
 pub struct PrimaryOptions {
     /// Backups the quorum counts (a missing one counts as holding nothing); more may connect.
+    /// A cluster changes it as members come and go (`Primary::set_backups_expected`).
     pub backups_expected: usize,
+    /// The cluster's membership configuration that `backups_expected` counts (reported
+    /// back as settled, `Primary::members_settled`).
+    pub members_config: u64,
     /// A backup further behind than this many bytes of queued frames is dropped (it resumes
     /// from the log on disk): the primary's memory stays bounded whatever a backup does.
     pub queue_bytes_max: usize,
@@ -50,6 +54,7 @@ impl Default for PrimaryOptions {
     fn default() -> Self {
         PrimaryOptions {
             backups_expected: 0,
+            members_config: 0,
             queue_bytes_max: 256 << 20,
             heartbeat: Duration::from_millis(1),
             resume_from: None,
@@ -127,6 +132,11 @@ pub struct Primary {
     /// what some backup has not replayed, and at most `LAG_SAMPLES_MAX` long.
     samples: Mutex<std::collections::VecDeque<(Ts, Instant)>>,
     released: AtomicU64,
+    /// The backups the quorum counts now (`PrimaryOptions::backups_expected` at first).
+    backups_expected: std::sync::atomic::AtomicUsize,
+    /// The membership being settled: (configuration, the release watermark when the count
+    /// changed, whether the new count's quorum has covered it since).
+    settle: Mutex<(u64, Ts, bool)>,
     on_change: OnChange,
     stopping: AtomicBool,
     pub batches_shipped: AtomicU64,
@@ -148,11 +158,13 @@ impl Primary {
         let p = Arc::new(Primary {
             durable: durable.clone(),
             epoch: logger.epoch(),
-            opts,
+            opts: opts.clone(),
             links: Mutex::new(Vec::new()),
             shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
             samples: Mutex::new(Default::default()),
             released: AtomicU64::new(0),
+            backups_expected: std::sync::atomic::AtomicUsize::new(opts.backups_expected),
+            settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
             on_change,
             stopping: AtomicBool::new(false),
             batches_shipped: AtomicU64::new(0),
@@ -194,7 +206,8 @@ impl Primary {
     pub fn holdings(&self) -> Holdings {
         let logger = self.durable.logger();
         let links = self.links.lock();
-        let slots = self.opts.backups_expected.max(links.iter().map(|l| l.slot + 1).max().unwrap_or(0));
+        let expected = self.backups_expected.load(Ordering::Acquire);
+        let slots = expected.max(links.iter().map(|l| l.slot + 1).max().unwrap_or(0));
         let mut backups = vec![None; slots];
         for l in links.iter() {
             backups[l.slot] = Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
@@ -273,6 +286,39 @@ impl Primary {
     fn changed(&self) {
         let released = (self.on_change)(&self.holdings());
         self.set_released(released);
+        let mut s = self.settle.lock();
+        if !s.2 && released >= s.1 {
+            s.2 = true;
+            tracing::info!(config = s.0, "the commit quorum counts the new membership");
+        }
+    }
+
+    /// A cluster's membership changed to configuration `config`, with `n` backups: the
+    /// quorum counts `n` from now on. It is settled (`members_settled`) once the new count's
+    /// quorum holds everything released so far: only then may the next change go ahead
+    /// (docs/cluster.md, "Membership changes").
+    pub fn set_backups_expected(&self, n: usize, config: u64) {
+        {
+            let mut s = self.settle.lock();
+            if s.0 == config && self.backups_expected.load(Ordering::Acquire) == n {
+                return;
+            }
+            self.backups_expected.store(n, Ordering::Release);
+            *s = (config, self.released(), false);
+        }
+        tracing::info!(config, backups = n, "the commit quorum counts a new membership");
+        self.changed();
+    }
+
+    /// The configuration whose count the quorum has settled, if the latest has settled.
+    pub fn members_settled(&self) -> Option<u64> {
+        let s = self.settle.lock();
+        s.2.then_some(s.0)
+    }
+
+    /// The backups the quorum counts.
+    pub fn backups_expected(&self) -> usize {
+        self.backups_expected.load(Ordering::Acquire)
     }
 
     /// Recomputes the release watermark (the server calls it when the local log moves).

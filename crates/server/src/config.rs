@@ -117,6 +117,8 @@ pub struct ClusterRun {
     pub resume_epoch: Option<u64>,
     /// A backup: where the primary takes clients' writes (host:port).
     pub primary_addr: Option<String>,
+    /// A primary: the membership configuration its `backups` count stands for.
+    pub members_config: u64,
 }
 
 /// The `maxmemory` setting: a size in Redis's units (a string such as `"512mb"`, or an

@@ -40,6 +40,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_durable_ts", h.primary_durable.0.to_string());
             put("ditto_shipped_ts", h.primary_shipped.0.to_string());
             put("ditto_released_ts", primary.released().0.to_string());
+            put("ditto_backups_expected", primary.backups_expected().to_string());
+            put("ditto_members_settled", primary.members_settled().map_or("none".into(), |c| c.to_string()));
             if let Some(why) = ditto_replication::blocked_by(*policy, &h) {
                 put("ditto_release_blocked", why);
             }

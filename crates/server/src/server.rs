@@ -298,8 +298,12 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         let repl_addr = l_addr.map(|a| a.to_string()).unwrap_or_default();
         let resume_from =
             cfg.cluster.as_ref().and_then(|c| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?), Ts(c.ts_above))));
-        let opts =
-            ditto_replication::PrimaryOptions { backups_expected: cfg.backups, resume_from, ..Default::default() };
+        let opts = ditto_replication::PrimaryOptions {
+            backups_expected: cfg.backups,
+            members_config: cfg.cluster.as_ref().map_or(0, |c| c.members_config),
+            resume_from,
+            ..Default::default()
+        };
         let r = Arc::clone(&release);
         let others = by_policy.clone();
         let on_change = Box::new(move |h: &ditto_replication::Holdings| {
@@ -311,6 +315,14 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             w
         });
         let p = ditto_replication::Primary::start(d, l, opts, on_change).map_err(io("starting replication"))?;
+        if let Some(g) = &cfg.write_gate {
+            let w = Arc::downgrade(&p);
+            g.on_backups(crate::session::BackupsHook(Box::new(move |n, config| {
+                if let Some(p) = w.upgrade() {
+                    p.set_backups_expected(n, config);
+                }
+            })));
+        }
         tracing::info!("accepting backups on {repl_addr} (commit policy {})", policy.name());
         listening.repl = l_addr;
         sh.replication = crate::session::Replication::Primary { primary: Arc::clone(&p), policy, repl_addr };

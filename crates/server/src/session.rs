@@ -1222,9 +1222,45 @@ pub struct WriteGate {
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
     stop: tokio::sync::Notify,
+    /// The backups a primary's commit quorum is to count, with the membership
+    /// configuration (the cluster's members changed), and what applies it.
+    backups: Mutex<Backups>,
+}
+
+/// The count of backups last set (with its configuration), and the hook that applies it.
+#[derive(Default, Debug)]
+struct Backups(Option<(usize, u64)>, Option<BackupsHook>);
+
+/// Applies a new count of backups to a primary (`Primary::set_backups_expected`).
+pub struct BackupsHook(pub Box<dyn Fn(usize, u64) + Send + Sync>);
+
+impl std::fmt::Debug for BackupsHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackupsHook")
+    }
 }
 
 impl WriteGate {
+    /// The cluster's membership is now configuration `config`, with `n` backups: a
+    /// primary's commit quorum counts them (at once if the server serves, else once it
+    /// does).
+    pub fn set_backups(&self, n: usize, config: u64) {
+        let mut b = self.backups.lock();
+        b.0 = Some((n, config));
+        if let Some(hook) = &b.1 {
+            (hook.0)(n, config);
+        }
+    }
+
+    /// Installed by a primary: applies the count now (if one was set) and at every change.
+    pub fn on_backups(&self, hook: BackupsHook) {
+        let mut b = self.backups.lock();
+        if let Some((n, c)) = b.0 {
+            (hook.0)(n, c);
+        }
+        b.1 = Some(hook);
+    }
+
     /// Asks the server to stop as on SIGTERM; a request made before it serves waits for it.
     pub fn request_stop(&self) {
         self.stop.notify_one();
