@@ -25,8 +25,9 @@
 //! ([`AdminRequest`], JSON; `ditto cluster add|remove`), answered on the same connection
 //! with an [`AdminReply`] once the change has been applied (or refused).
 //!
-//! The peers are the members the control state names (their control addresses), from
-//! the bootstrap on; before it, those the node was started with. A frame that does not check drops its connection, with a log line;
+//! The peers are the members the control state names, from the bootstrap on (before it,
+//! those the node was started with), each reached at the address the node was started
+//! with, or for a member added since, at the address it was added with. A frame that does not check drops its connection, with a log line;
 //! the peer reconnects. A disk error stops the node (it must not answer as if the write
 //! had happened); `Status::failed` says why.
 
@@ -556,13 +557,17 @@ impl Run {
         let want: BTreeMap<NodeId, SocketAddr> = if st.epoch == 0 {
             self.config_peers.clone()
         } else {
+            // The node's own configuration first (it may route through a proxy or a
+            // tunnel of its own); members added since are reached where they were added.
             st.members
                 .values()
                 .filter_map(|m| {
-                    let resolved = (m.control != 0)
-                        .then(|| std::net::ToSocketAddrs::to_socket_addrs(&(m.host(), m.control)).ok()?.next())
-                        .flatten();
-                    Some((m.id, resolved.or_else(|| self.config_peers.get(&m.id).copied())?))
+                    let added = || {
+                        (m.control != 0)
+                            .then(|| std::net::ToSocketAddrs::to_socket_addrs(&(m.host(), m.control)).ok()?.next())
+                            .flatten()
+                    };
+                    Some((m.id, self.config_peers.get(&m.id).copied().or_else(added)?))
                 })
                 .collect()
         };
@@ -581,10 +586,11 @@ impl Run {
 
     /// The control address of `id`, as this node knows it.
     fn control_addr(&self, id: NodeId) -> Option<String> {
-        match self.node.state().members.get(&id) {
-            Some(m) if m.control != 0 => Some(format!("{}:{}", m.host(), m.control)),
-            _ => self.config_peers.get(&id).map(|a| a.to_string()),
+        if let Some(a) = self.config_peers.get(&id) {
+            return Some(a.to_string());
         }
+        let m = self.node.state().members.get(&id).filter(|m| m.control != 0)?;
+        Some(format!("{}:{}", m.host(), m.control))
     }
 
     /// An operator's membership change: proposed here if this node leads; answered once

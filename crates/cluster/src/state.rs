@@ -124,6 +124,10 @@ pub struct ControlState {
     /// The (epoch, configuration) whose primary last settled its membership.
     #[serde(default)]
     pub settled: Option<(u64, u64)>,
+    /// Ids of members removed: never used again (a node added back joins under a new id,
+    /// with a new directory; its old Raft log may have counted in a quorum).
+    #[serde(default)]
+    pub retired: std::collections::BTreeSet<NodeId>,
 }
 
 impl ControlState {
@@ -185,6 +189,12 @@ impl ControlState {
                 if member.id == 0 || self.members.contains_key(&member.id) {
                     return Err(format!("node {} is already a member (or 0, which is not an id)", member.id));
                 }
+                if self.retired.contains(&member.id) {
+                    return Err(format!(
+                        "node {} was removed, and ids are never used again: add the node under a new id, with a new directory",
+                        member.id
+                    ));
+                }
                 if let Some(m) = self.members.values().find(|m| m.addr == member.addr) {
                     return Err(format!("member {} already serves clients at {}", m.id, m.addr));
                 }
@@ -203,6 +213,7 @@ impl ControlState {
                     return Err("the last member cannot be removed".into());
                 }
                 self.members.remove(id);
+                self.retired.insert(*id);
                 self.config += 1;
             }
             Command::ConfigApplied { epoch, primary, config } => {
@@ -378,6 +389,45 @@ mod tests {
         .unwrap();
         assert_eq!(s.recovery_point(1), Some(Ts(35)));
         assert_eq!(s.recovery_point(2), Some(Ts(35)), "nothing of epoch 2 survives");
+    }
+
+    /// Membership changes wait for the primary to settle the last one, never remove the
+    /// primary, and never use a removed id again.
+    #[test]
+    fn membership_changes_are_one_at_a_time_settled_and_never_reuse_an_id() {
+        let mut s = boot();
+        let m4 = Member { id: 4, addr: "127.0.0.1:7004".into(), repl: 1, control: 2 };
+        let before = s.clone();
+        assert!(s.apply(&Command::AddMember { member: m4.clone() }).unwrap_err().contains("not settled"));
+        assert_eq!(s, before);
+        let settle = |s: &mut ControlState| {
+            let c = Command::ConfigApplied { epoch: 1, primary: 1, config: s.config };
+            s.apply(&c).unwrap();
+        };
+        assert!(s.apply(&Command::ConfigApplied { epoch: 1, primary: 2, config: 0 }).is_err(), "not the primary");
+        settle(&mut s);
+        s.apply(&Command::AddMember { member: m4.clone() }).unwrap();
+        assert_eq!((s.members.len(), s.config, s.quorum()), (4, 1, 3));
+        assert!(s.apply(&Command::RemoveMember { id: 2 }).unwrap_err().contains("not settled"));
+        assert!(s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).is_err(), "an old configuration");
+        settle(&mut s);
+        for bad in [
+            Command::AddMember { member: m4.clone() },
+            Command::AddMember { member: Member { id: 5, ..m4.clone() } }, // the same address
+            Command::RemoveMember { id: 1 },                               // the primary
+            Command::RemoveMember { id: 9 },
+        ] {
+            let before = s.clone();
+            assert!(s.apply(&bad).is_err(), "{bad:?}");
+            assert_eq!(s, before);
+        }
+        s.apply(&Command::RemoveMember { id: 2 }).unwrap();
+        settle(&mut s);
+        let back = Command::AddMember { member: Member { id: 2, addr: "127.0.0.1:7002".into(), repl: 1, control: 2 } };
+        assert!(s.apply(&back).unwrap_err().contains("never used again"));
+        // A failover in progress holds changes back.
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
+        assert!(s.apply(&Command::RemoveMember { id: 3 }).unwrap_err().contains("failing over"));
     }
 
     #[test]

@@ -21,6 +21,14 @@
 //!   view (a prefix of the released history; not under `local`);
 //! - every backup ends holding a prefix of the last primary's log;
 //! - liveness: once the faults stop, a primary serves and releases again.
+//!
+//! Membership changes are among the faults: the leader adds a node that is not a member
+//! (a spare, which starts with no voters and joins from the leader's snapshot) or removes
+//! one that is not the primary (it stops for good; ids are never used again). The primary
+//! counts a new membership in its commit quorum some time after the change commits (as
+//! a server learns it from its supervisor), and records it as settled only once the new
+//! count's quorum covers what it released; the next change waits for that. The control
+//! log is compacted every few entries, so nodes that fall behind catch up from snapshots.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -159,12 +167,25 @@ struct Primary {
     /// Own commits of this epoch not yet released.
     waiting: BTreeSet<u64>,
     released_upto: u64,
+    /// The membership configuration its quorum counts, and the backups it counts.
+    config: u64,
+    counted: Vec<NodeId>,
+    /// Settling a new count: released up to here when it changed, and whether the new
+    /// count's quorum has covered it since.
+    settle_target: u64,
+    settled: bool,
+    next_settle_proposal: u64,
 }
 
 impl Primary {
     /// A node starting to serve `epoch`, its timestamps above `clock`.
-    fn new(epoch: u64, clock: u64) -> Primary {
+    fn new(epoch: u64, clock: u64, config: u64, counted: Vec<NodeId>) -> Primary {
         Primary {
+            config,
+            counted,
+            settle_target: 0,
+            settled: true,
+            next_settle_proposal: 0,
             epoch,
             clock,
             last_heartbeat: 0,
@@ -197,6 +218,8 @@ struct Node {
     preparing: Option<Preparing>,
     learned_release: u64,
     started_at: u64,
+    /// Removed from the cluster: stopped for good.
+    removed: bool,
 }
 
 #[derive(Default)]
@@ -213,6 +236,8 @@ struct History {
     discarded: BTreeSet<u64>,
     last_release_at: u64,
     max_epoch: u64,
+    /// Membership changes (nodes added, nodes removed).
+    changes: u64,
 }
 
 struct Sim {
@@ -227,6 +252,10 @@ struct Sim {
     /// The longest delay of a Raft message, ms.
     raft_lag: u64,
     nodes: Vec<Node>,
+    /// The first members (the others are spares, added by membership changes).
+    founding: usize,
+    /// Entries between compactions of the control log.
+    compact_every: u64,
     /// Partition group of each node (messages cross only within a group).
     group: Vec<u8>,
     /// Links cut both ways (partitions that are not transitive: a and b cannot talk while
@@ -254,15 +283,15 @@ impl Sim {
         };
         let streams = rng.gen_range(1..=3);
         let voters: Vec<NodeId> = (1..=n as u64).collect();
-        let nodes = voters
-            .iter()
-            .map(|&id| {
+        // Two spare nodes beyond the founding members.
+        let nodes: Vec<Node> = (1..=n as u64 + 2)
+            .map(|id| {
                 let election = rng.gen_range(10..20);
                 Node {
                     id,
                     up: true,
                     disk_full_until: 0,
-                    raft_disk: RaftDurable::initial(&voters),
+                    raft_disk: RaftDurable::initial(if id as usize <= n { &voters } else { &[] }),
                     fence: Fence::default(),
                     data: DataLog::new(streams),
                     ctrl: None,
@@ -273,10 +302,13 @@ impl Sim {
                     preparing: None,
                     learned_release: 0,
                     started_at: 0,
+                    removed: false,
                 }
             })
             .collect();
         let loss = [0.0, 0.01, 0.05][rng.gen_range(0..3)];
+        let compact_every = [5, 20, 1000][rng.gen_range(0..3)];
+        let all = nodes.len();
         let raft_lag = [6, 30][rng.gen_range(0..2)];
         let mut sim = Sim {
             rng,
@@ -288,14 +320,16 @@ impl Sim {
             loss,
             raft_lag,
             nodes,
-            group: vec![0; n],
+            founding: n,
+            compact_every,
+            group: vec![0; all],
             cut: BTreeSet::new(),
             queue: BTreeMap::new(),
             link_last: BTreeMap::new(),
             h: History::default(),
             log: Vec::new(),
         };
-        for i in 0..n {
+        for i in 0..all {
             sim.start_node(i);
         }
         sim
@@ -308,7 +342,9 @@ impl Sim {
     fn start_node(&mut self, i: usize) {
         let n = &mut self.nodes[i];
         let timing = Timing { election: n.election, heartbeat: 2, fixed_election: Some(n.election) };
-        n.ctrl = Some(ControlNode::start(n.id, timing, &n.raft_disk, &quiet_logger()).expect("control node starts"));
+        let mut ctrl = ControlNode::start(n.id, timing, &n.raft_disk, &quiet_logger()).expect("control node starts");
+        ctrl.set_compact_every(self.compact_every);
+        n.ctrl = Some(ctrl);
         n.replay_upto = n.raft_disk.hard_state.commit;
         n.coord = Coordinator::new(n.id, TIMEOUTS, self.now);
         n.up = true;
@@ -380,7 +416,8 @@ impl Sim {
     }
 
     fn fault(&mut self, n: usize) {
-        match self.rng.gen_range(0..10) {
+        match self.rng.gen_range(0..11) {
+            10 => self.change_members(),
             0..=3 if !self.crash_allowed() => {}
             0..=3 => {
                 // Crash someone, the primary more often than not; back after a while.
@@ -394,7 +431,7 @@ impl Sim {
             }
             4..=5 => {
                 for i in 0..n {
-                    if !self.nodes[i].up && self.rng.gen_bool(0.7) {
+                    if !self.nodes[i].up && !self.nodes[i].removed && self.rng.gen_bool(0.7) {
                         let id = self.nodes[i].id;
                         self.note(format!("node {id} restarts"));
                         self.start_node(i);
@@ -436,6 +473,37 @@ impl Sim {
     /// crashed node is back and has caught up (docs/replication.md, "Commit policies"):
     /// runs under those policies crash one node at a time and do not partition. Durable
     /// policies take any faults, all nodes down at once included.
+    /// The leader adds a spare or removes a member that is not the primary (keeping two
+    /// to five members); refused while a change is under way or not settled.
+    fn change_members(&mut self) {
+        let Some(li) =
+            (0..self.nodes.len()).find(|&i| self.nodes[i].up && self.nodes[i].ctrl.as_ref().unwrap().leads_current())
+        else {
+            return;
+        };
+        let state = self.state_of(li).clone();
+        let outside: Vec<NodeId> =
+            self.nodes.iter().map(|n| n.id).filter(|id| !state.members.contains_key(id)).collect();
+        let removable: Vec<NodeId> = state.members.keys().copied().filter(|&id| Some(id) != state.primary()).collect();
+        let add = !outside.is_empty() && (state.members.len() <= 2 || self.rng.gen_bool(0.5));
+        let cmd = if add {
+            let id = outside[self.rng.gen_range(0..outside.len())];
+            Command::AddMember { member: Member { id, addr: format!("node{id}"), repl: 0, control: 0 } }
+        } else if state.members.len() > 2 && !removable.is_empty() {
+            Command::RemoveMember { id: removable[self.rng.gen_range(0..removable.len())] }
+        } else {
+            return;
+        };
+        match self.nodes[li].ctrl.as_mut().unwrap().propose_membership(&cmd) {
+            Ok(at) => self.note(format!("proposes {cmd:?} at {at}")),
+            Err(e) => {
+                if self.trace {
+                    self.note(format!("membership change {cmd:?} refused: {e}"));
+                }
+            }
+        }
+    }
+
     fn crash_allowed(&self) -> bool {
         if self.policy.level == ditto_replication::Level::Durable {
             return true;
@@ -449,7 +517,7 @@ impl Sim {
         self.cut.clear();
         for i in 0..self.nodes.len() {
             self.nodes[i].disk_full_until = 0;
-            if !self.nodes[i].up {
+            if !self.nodes[i].up && !self.nodes[i].removed {
                 self.start_node(i);
             }
         }
@@ -478,6 +546,9 @@ impl Sim {
             self.nodes[i].ctrl.as_mut().unwrap().tick();
         }
         self.poll(i);
+        if !self.nodes[i].up {
+            return; // removed, and stopped
+        }
         let id = self.nodes[i].id;
         if self.trace && now.is_multiple_of(100) {
             let c = self.nodes[i].ctrl.as_ref().unwrap();
@@ -486,7 +557,7 @@ impl Sim {
         }
         // Bootstrap: the first leader names itself the first primary.
         {
-            let members: Vec<Member> = (1..=self.nodes.len() as u64)
+            let members: Vec<Member> = (1..=self.founding as u64)
                 .map(|id| Member { id, addr: format!("node{id}"), repl: 0, control: 0 })
                 .collect();
             let ctrl = self.nodes[i].ctrl.as_mut().unwrap();
@@ -518,6 +589,9 @@ impl Sim {
     }
 
     fn poll(&mut self, i: usize) {
+        if !self.nodes[i].up {
+            return;
+        }
         let n = &mut self.nodes[i];
         let out = n.ctrl.as_mut().unwrap().poll(&mut n.raft_disk).expect("the simulated disk does not fail");
         let id = n.id;
@@ -525,17 +599,30 @@ impl Sim {
             let to = m.to;
             self.send(id, to, Msg::Raft(Box::new(m)));
         }
+        if out.restored {
+            // The leader's snapshot skipped the commands in between: the data is cut at
+            // every recovery point the state holds (as a server started from it is).
+            let state = self.state_of(i).clone();
+            for w in state.epochs.windows(2) {
+                let gone = self.nodes[i].data.cut(w[1].epoch, w[0].recovered.expect("an older epoch has its point"));
+                self.h.discarded.extend(&gone);
+            }
+            self.note(format!("node {id} takes the leader's snapshot (epoch {})", state.epoch));
+        }
         for a in out.applied {
-            self.applied(i, a.index, &a.command, a.outcome.is_ok());
+            if self.applied(i, a.index, &a.command, a.outcome.is_ok()) {
+                break; // this node was removed, and has stopped
+            }
         }
     }
 
-    /// A committed control command took effect on node i.
-    fn applied(&mut self, i: usize, index: u64, cmd: &Command, ok: bool) {
+    /// A committed control command took effect on node i; true if it removed node i
+    /// (which then stopped).
+    fn applied(&mut self, i: usize, index: u64, cmd: &Command, ok: bool) -> bool {
         let id = self.nodes[i].id;
         let live = index > self.nodes[i].replay_upto;
         if !ok {
-            return;
+            return false;
         }
         match cmd {
             Command::BeginFailover { epoch, reason } => {
@@ -578,7 +665,9 @@ impl Sim {
                     self.h.max_epoch = self.h.max_epoch.max(*epoch);
                     let start = (*start).max(self.nodes[i].data.newest());
                     self.nodes[i].coord.reset_contact();
-                    self.nodes[i].primary = Some(Primary::new(*epoch, start));
+                    let st = self.state_of(i);
+                    let (config, counted) = (st.config, st.members.keys().copied().filter(|&m| m != id).collect());
+                    self.nodes[i].primary = Some(Primary::new(*epoch, start, config, counted));
                 }
                 if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan.epoch <= *epoch) {
                     self.nodes[i].preparing = None;
@@ -588,14 +677,37 @@ impl Sim {
                 if *primary == id && live {
                     self.note(format!("node {id} is the first primary"));
                     self.nodes[i].coord.reset_contact();
-                    self.nodes[i].primary = Some(Primary::new(1, 0));
+                    let counted = self.state_of(i).members.keys().copied().filter(|&m| m != id).collect();
+                    self.nodes[i].primary = Some(Primary::new(1, 0, 0, counted));
                 }
+            }
+            Command::RemoveMember { id: gone } if live && self.nodes[i].ctrl.as_ref().unwrap().is_leader() => {
+                // A removed node that is down never learns it (no one talks to it): what it
+                // holds above the cuts (under `local`, an old primary's unshipped commits)
+                // leaves with it, and is counted here.
+                let state = self.state_of(i).clone();
+                let mut d = self.nodes[idx(*gone)].data.clone();
+                for w in state.epochs.windows(2) {
+                    let lost = d.cut(w[1].epoch, w[0].recovered.expect("an older epoch has its point"));
+                    self.h.discarded.extend(&lost);
+                }
+                // The removed node stops (as a real one does), for good.
+                self.h.changes += 1;
+                self.note(format!("node {gone} removed: it stops for good"));
+                self.crash(idx(*gone), "removed");
+                self.nodes[idx(*gone)].removed = true;
+                return *gone == id;
+            }
+            Command::AddMember { member } if live && self.nodes[i].ctrl.as_ref().unwrap().is_leader() => {
+                self.h.changes += 1;
+                self.note(format!("node {} added", member.id));
             }
             Command::SetPolicy { .. }
             | Command::AddMember { .. }
             | Command::RemoveMember { .. }
             | Command::ConfigApplied { .. } => {}
         }
+        false
     }
 
     fn act(&mut self, i: usize, actions: Vec<Action>) {
@@ -678,9 +790,25 @@ impl Sim {
                 }
             }
         }
+        // A new membership reaches the primary's quorum some time after it commits (its
+        // supervisor tells its server); from then on it counts the new members.
+        if state.config != self.nodes[i].primary.as_ref().unwrap().config && self.rng.gen_bool(0.05) {
+            let p = self.nodes[i].primary.as_mut().unwrap();
+            p.config = state.config;
+            p.counted = state.members.keys().copied().filter(|&m| m != id).collect();
+            p.settle_target = p.released_upto;
+            p.settled = false;
+            let counted = p.counted.clone();
+            if self.trace {
+                self.note(format!("node {id} counts configuration {} ({counted:?})", state.config));
+            }
+        }
         // Release.
-        let members: Vec<NodeId> = state.members.keys().copied().filter(|&m| m != id).collect();
         let p = self.nodes[i].primary.as_ref().unwrap();
+        let members: Vec<NodeId> = p.counted.clone();
+        // Ships to every member it knows of (counted or not).
+        let ship_to: BTreeSet<NodeId> =
+            members.iter().copied().chain(state.members.keys().copied().filter(|&m| m != id)).collect();
         let d = &self.nodes[i].data;
         let min = |v: &[u64]| v.iter().copied().min().unwrap_or(0);
         let h = Holdings {
@@ -699,6 +827,19 @@ impl Sim {
                 p.waiting.remove(ts);
             }
             p.released_upto = p.released_upto.max(rw);
+            if !p.settled && rw >= p.settle_target {
+                p.settled = true;
+            }
+            // Settled: recorded, so that the next change may go ahead.
+            if p.settled
+                && p.config == state.config
+                && state.settled != Some((epoch, p.config))
+                && now >= p.next_settle_proposal
+            {
+                p.next_settle_proposal = now + 20;
+                let cmd = Command::ConfigApplied { epoch, primary: id, config: p.config };
+                let _ = self.nodes[i].ctrl.as_mut().unwrap().propose_via_leader(&cmd);
+            }
             if !newly.is_empty() {
                 if self.trace {
                     self.note(format!("node {id} releases {newly:?} (rw {rw}, {h:?})"));
@@ -718,7 +859,7 @@ impl Sim {
         }
         // Ship.
         let released = self.nodes[i].primary.as_ref().unwrap().released_upto;
-        for m in members {
+        for m in ship_to {
             let Some(cursor) = self.nodes[i].primary.as_ref().unwrap().cursor.get(&m).cloned() else { continue };
             let mut cursor = cursor;
             for (s, c) in cursor.iter_mut().enumerate() {
@@ -746,7 +887,11 @@ impl Sim {
         let id = self.nodes[i].id;
         match m {
             Msg::Raft(msg) => {
-                let _ = self.nodes[i].ctrl.as_mut().unwrap().step(*msg);
+                let t = msg.get_msg_type();
+                let r = self.nodes[i].ctrl.as_mut().unwrap().step(*msg);
+                if self.trace && id as usize > self.founding {
+                    self.note(format!("node {id} gets {t:?} from {from}: {r:?}"));
+                }
             }
             Msg::Ship { epoch, stream, prev, units, released } => {
                 let state = self.state_of(i);
@@ -918,7 +1063,10 @@ impl Sim {
                 );
             }
         }
-        for n in &self.nodes {
+        // Every member (a node removed while it was down never learned it, and keeps what
+        // it had).
+        let members = self.state_of(pi).members.clone();
+        for n in self.nodes.iter().filter(|n| members.contains_key(&n.id)) {
             for s in 0..self.streams {
                 let mine = &n.data.streams[s].units;
                 let theirs = &self.nodes[pi].data.streams[s].units;
@@ -961,7 +1109,7 @@ fn run_seed(seed: u64) -> History {
 #[test]
 fn many_seeds() {
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (mut failovers, mut released, mut reads, mut max_epoch) = (0, 0, 0, 0);
+    let (mut failovers, mut released, mut reads, mut max_epoch, mut changes) = (0, 0, 0, 0, 0);
     for seed in 0..seeds {
         let h = std::panic::catch_unwind(|| run_seed(seed))
             .unwrap_or_else(|_| panic!("seed {seed} failed: rerun with SIM_SEED={seed}"));
@@ -969,9 +1117,11 @@ fn many_seeds() {
         released += h.released.len();
         reads += h.reads.len();
         max_epoch = max_epoch.max(h.max_epoch);
+        changes += h.changes;
     }
-    eprintln!("{seeds} seeds: {failovers} failovers, {released} released commits, {reads} backup reads checked, newest epoch {max_epoch}");
+    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes, {released} released commits, {reads} backup reads checked, newest epoch {max_epoch}");
     assert!(failovers >= seeds, "the faults should force failovers");
+    assert!(changes >= seeds / 2, "the faults should change the membership: {changes}");
 }
 
 /// One run, its event log printed (`SIM_SEED=N` picks the seed; 1 by default).

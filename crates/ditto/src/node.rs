@@ -59,16 +59,16 @@ impl MemberAddrs {
     }
 }
 
-/// Where member `id` is reached: as the control state names it (members added since the
-/// start are known only there), else as the node's flags do.
+/// Where member `id` is reached: as the node's flags say (they may route through
+/// something of the node's own, a proxy or a tunnel), else as the control state names it
+/// (members added since the node started are known only there).
 fn addrs_of(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, id: NodeId) -> Option<MemberAddrs> {
-    match state.members.get(&id) {
-        Some(m) if m.repl != 0 && m.control != 0 => {
-            let (host, client) = m.addr.rsplit_once(':')?;
-            Some(MemberAddrs { host: host.to_string(), client: client.parse().ok()?, repl: m.repl, control: m.control })
-        }
-        _ => flags.get(&id).cloned(),
+    if let Some(a) = flags.get(&id) {
+        return Some(a.clone());
     }
+    let m = state.members.get(&id).filter(|m| m.repl != 0 && m.control != 0)?;
+    let (host, client) = m.addr.rsplit_once(':')?;
+    Some(MemberAddrs { host: host.to_string(), client: client.parse().ok()?, repl: m.repl, control: m.control })
 }
 
 /// Parses `ID=HOST:CLIENT/REPL/CONTROL[,...]` (the ports of clients, replication and the

@@ -943,6 +943,10 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     });
     let removed_log = std::fs::read_to_string(c.log(victim)).unwrap();
     assert!(removed_log.contains("was removed from the cluster"), "{removed_log}");
+    // A removed id is never used again.
+    let again = format!("{victim}=127.0.0.1:1/2/3");
+    let (ok, out) = cluster_cli(&["add", &again, "--via", &c.control_addr(4), "--wait-s", "5"]);
+    assert!(!ok && out.contains("never used again"), "adding node {victim} back: {out}");
 
     // The primary dies: the three members left fail over, losing nothing acknowledged.
     let killed_at = Instant::now();
