@@ -447,6 +447,16 @@ impl ControlNode {
         if self.raw.raft.has_pending_conf() {
             return Err(NodeError::Busy("a membership change is still being applied; ask again".into()));
         }
+        if id == self.id() && ty == ConfChangeType::RemoveNode {
+            // The leader does not remove itself: it hands the leadership to a peer that
+            // holds the whole log, which is asked next.
+            if let Some(&to) = self.up_to_date_peers().first() {
+                self.transfer_leader(to);
+            }
+            return Err(NodeError::Busy(format!(
+                "node {id} leads the control plane and hands the leadership over first; ask again"
+            )));
+        }
         self.state.may_change_members().map_err(NodeError::Busy)?;
         self.state.clone().apply(cmd).map_err(NodeError::Refused)?;
         let mut cc = ConfChange::default();
@@ -504,6 +514,13 @@ impl ControlNode {
         out.messages.extend(light.take_messages());
         self.apply(light.take_committed_entries(), &mut out)?;
         self.raw.advance_apply();
+        // A leader that a change removed (proposed by an earlier leader) steps down, once
+        // its Ready is done; the others elect a leader among themselves (raft-rs leaves
+        // this case to the application).
+        if self.is_leader() && !self.voters().contains(&self.id()) {
+            let term = self.raw.raft.term;
+            self.raw.raft.become_follower(term + 1, raft::INVALID_ID);
+        }
         let applied = self.raw.raft.raft_log.applied;
         if self.snapshot_due || applied >= self.snapshot_index() + self.compact_every {
             self.compact(applied, disk)?;

@@ -605,18 +605,6 @@ impl Run {
             AdminRequest::Add(member) => Command::AddMember { member },
             AdminRequest::Remove(id) => Command::RemoveMember { id },
         };
-        if matches!(cmd, Command::RemoveMember { id } if id == self.node.id()) {
-            // The leader does not remove itself: it hands the leadership to a peer that
-            // holds the whole log, which the operator's tool then asks.
-            if let Some(&to) = self.node.up_to_date_peers().first() {
-                self.node.transfer_leader(to);
-            }
-            let _ = reply.send(AdminReply::Busy(format!(
-                "node {} leads the control plane and hands the leadership over first; ask again",
-                self.node.id()
-            )));
-            return;
-        }
         match self.node.propose_membership(&cmd) {
             Ok(index) => {
                 tracing::info!(node = self.node.id(), index, "control: proposing {cmd:?}");

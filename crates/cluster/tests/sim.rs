@@ -112,6 +112,25 @@ impl DataLog {
         }
         gone
     }
+    /// Discards every unit above its epoch's recovery point, as the control state holds
+    /// them (a node that skipped the openings, through a snapshot, and may have missed a
+    /// later, lower point: every older epoch's point is the lowest set since).
+    fn cut_to(&mut self, epochs: &[ditto_cluster::EpochRecord]) -> Vec<u64> {
+        let point = |e: u64| epochs.iter().find(|r| r.epoch == e).and_then(|r| r.recovered);
+        let mut gone = Vec::new();
+        for st in &mut self.streams {
+            let Some(first) = st.units.iter().position(|u| point(u.epoch).is_some_and(|p| u.ts > p)) else { continue };
+            let p = point(st.units[first].epoch).expect("found above");
+            let (keep, drop): (Vec<Unit>, Vec<Unit>) =
+                st.units.iter().partition(|u| point(u.epoch).is_none_or(|p| u.ts <= p));
+            assert!(keep.iter().all(|u| u.ts <= p), "a unit kept above one discarded: {keep:?} {drop:?}");
+            gone.extend(drop.iter().filter(|u| u.txn).map(|u| u.ts));
+            st.units = keep;
+            st.bound = st.bound.min(p.max(st.units.last().map_or(0, |u| u.ts)));
+            st.synced = st.synced.min(st.bound);
+        }
+        gone
+    }
     fn range(&self, s: usize, after: u64, upto: u64, max: usize) -> Vec<Unit> {
         let units = &self.streams[s].units;
         let from = units.partition_point(|u| u.ts <= after);
@@ -256,6 +275,12 @@ struct Sim {
     founding: usize,
     /// Entries between compactions of the control log.
     compact_every: u64,
+    /// The chance per millisecond that a primary takes in a new membership (its server
+    /// learns it late, and the next change must wait for it to settle).
+    member_lag: f64,
+    /// How often the leader is asked for a membership change during the faults, ms (0:
+    /// only as one fault among the others).
+    change_every: u64,
     /// Partition group of each node (messages cross only within a group).
     group: Vec<u8>,
     /// Links cut both ways (partitions that are not transitive: a and b cannot talk while
@@ -308,6 +333,8 @@ impl Sim {
             .collect();
         let loss = [0.0, 0.01, 0.05][rng.gen_range(0..3)];
         let compact_every = [5, 20, 1000][rng.gen_range(0..3)];
+        let member_lag = [0.05, 0.003][rng.gen_range(0..2)];
+        let change_every = [0, 15][rng.gen_range(0..2)];
         let all = nodes.len();
         let raft_lag = [6, 30][rng.gen_range(0..2)];
         let mut sim = Sim {
@@ -322,6 +349,8 @@ impl Sim {
             nodes,
             founding: n,
             compact_every,
+            member_lag,
+            change_every,
             group: vec![0; all],
             cut: BTreeSet::new(),
             queue: BTreeMap::new(),
@@ -404,6 +433,9 @@ impl Sim {
             }
             if self.now == fault_ms {
                 self.heal();
+            }
+            if self.change_every > 0 && self.now < fault_ms && self.now.is_multiple_of(self.change_every) {
+                self.change_members();
             }
             self.deliver();
             for i in 0..n {
@@ -603,11 +635,18 @@ impl Sim {
             // The leader's snapshot skipped the commands in between: the data is cut at
             // every recovery point the state holds (as a server started from it is).
             let state = self.state_of(i).clone();
-            for w in state.epochs.windows(2) {
-                let gone = self.nodes[i].data.cut(w[1].epoch, w[0].recovered.expect("an older epoch has its point"));
-                self.h.discarded.extend(&gone);
-            }
             self.note(format!("node {id} takes the leader's snapshot (epoch {})", state.epoch));
+            if self.trace {
+                let d = &self.nodes[i].data;
+                let newest: Vec<(u64, u64)> =
+                    d.streams.iter().filter_map(|s| s.units.last().map(|u| (u.epoch, u.ts))).collect();
+                self.note(format!("node {id} holds up to {newest:?}; epochs {:?}", state.epochs));
+                if std::env::var("SIM_DUMP").is_ok() {
+                    self.dump();
+                }
+            }
+            let gone = self.nodes[i].data.cut_to(&state.epochs);
+            self.h.discarded.extend(&gone);
         }
         for a in out.applied {
             if self.applied(i, a.index, &a.command, a.outcome.is_ok()) {
@@ -686,11 +725,8 @@ impl Sim {
                 // holds above the cuts (under `local`, an old primary's unshipped commits)
                 // leaves with it, and is counted here.
                 let state = self.state_of(i).clone();
-                let mut d = self.nodes[idx(*gone)].data.clone();
-                for w in state.epochs.windows(2) {
-                    let lost = d.cut(w[1].epoch, w[0].recovered.expect("an older epoch has its point"));
-                    self.h.discarded.extend(&lost);
-                }
+                let lost = self.nodes[idx(*gone)].data.clone().cut_to(&state.epochs);
+                self.h.discarded.extend(&lost);
                 // The removed node stops (as a real one does), for good.
                 self.h.changes += 1;
                 self.note(format!("node {gone} removed: it stops for good"));
@@ -792,7 +828,7 @@ impl Sim {
         }
         // A new membership reaches the primary's quorum some time after it commits (its
         // supervisor tells its server); from then on it counts the new members.
-        if state.config != self.nodes[i].primary.as_ref().unwrap().config && self.rng.gen_bool(0.05) {
+        if state.config != self.nodes[i].primary.as_ref().unwrap().config && self.rng.gen_bool(self.member_lag) {
             let p = self.nodes[i].primary.as_mut().unwrap();
             p.config = state.config;
             p.counted = state.members.keys().copied().filter(|&m| m != id).collect();

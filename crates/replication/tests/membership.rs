@@ -1,0 +1,70 @@
+//! A cluster's membership change as the primary's commit quorum sees it (docs/cluster.md,
+//! "Membership changes"), with real files and TCP: the quorum counts the new number of
+//! backups at once, and reports the change settled only once that quorum holds everything
+//! released before it; a backup added to a quorum that needs it releases what waited.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{Ts, WorkerId};
+use ditto_log::OpenOptions;
+use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("majority-durable").unwrap();
+    // Three nodes: the primary and two backups, configuration 0.
+    let opts = PrimaryOptions { backups_expected: 2, members_config: 0, ..Default::default() };
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    assert_eq!(p.members_settled(), Some(0), "the membership it starts with is settled");
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..50u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+    }
+    wait_until("a release with one backup of two", Duration::from_secs(20), || p.released() >= last);
+
+    // Configuration 1: a third backup (four nodes: three must hold a commit). Only one
+    // backup is connected, so nothing more is released and the change is not settled.
+    p.set_backups_expected(3, 1);
+    assert_eq!(p.backups_expected(), 3);
+    assert_eq!(p.members_settled(), None, "two nodes of four hold what was released");
+    let before = p.released();
+    let pending = w.run(|x| x.put(t, b"later", b"v")).unwrap().1;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p.released(), before, "a commit waits for the new quorum");
+    assert_eq!(p.members_settled(), None);
+    // The second backup joins: three of four hold everything; the change settles and the
+    // commit is released.
+    let bk2 = backup::start(BackupOptions::new(&addr, &b2, 1, "b2")).unwrap();
+    let ts = pending.wait().unwrap();
+    wait_until("the new membership to settle", Duration::from_secs(20), || p.members_settled() == Some(1));
+    assert!(p.released() >= ts);
+
+    // Configuration 2: back to two backups; settled at once (fewer must hold a commit).
+    p.set_backups_expected(2, 2);
+    assert_eq!(p.members_settled(), Some(2));
+    bk1.stop("done", Duration::from_secs(10)).unwrap();
+    bk2.stop("done", Duration::from_secs(10)).unwrap();
+    drop(w);
+    p.stop();
+    a.close();
+}
