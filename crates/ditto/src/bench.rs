@@ -34,6 +34,9 @@ pub enum BenchCmd {
     Lz4(Lz4Args),
     /// redis-benchmark against `ditto server` and a real Redis (appendfsync everysec).
     Redis(crate::redisbench::RedisBenchArgs),
+    /// Writes per second around SIGKILLs of a three-node cluster's primary, clients
+    /// following the primary (Rolis figure 14); every acknowledged write checked.
+    Failover(crate::failoverbench::FailoverBenchArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -267,6 +270,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), Box<dyn std::error::Error>> {
         BenchCmd::Recovery(a) => recovery(a),
         BenchCmd::Lz4(a) => lz4(a),
         BenchCmd::Redis(a) => crate::redisbench::run(a),
+        BenchCmd::Failover(a) => crate::failoverbench::run(a),
     }
 }
 

@@ -32,21 +32,54 @@ pub struct FailoverDemo {
     timeline: Vec<usize>,
 }
 
-struct Nodes {
-    dir: std::path::PathBuf,
-    members: String,
-    ports: BTreeMap<u64, u16>,
-    procs: BTreeMap<u64, Child>,
-    workers: usize,
+/// A three-node cluster of `ditto server --node-id` processes on loopback (the demo's and
+/// `ditto bench failover`'s), stopped when dropped.
+pub(crate) struct Nodes {
+    pub dir: std::path::PathBuf,
+    pub members: String,
+    pub ports: BTreeMap<u64, u16>,
+    pub procs: BTreeMap<u64, Child>,
+    pub workers: usize,
+    pub policy: String,
+    pub failure_timeout_ms: u64,
 }
 
 impl Nodes {
-    fn start(&mut self, id: u64) -> Result<(), Error> {
-        let log = std::fs::File::create(self.dir.join(format!("node{id}.log")))?;
+    /// Three nodes on free ports, started, in `dir`.
+    pub(crate) fn start_three(
+        dir: &Path,
+        workers: usize,
+        policy: &str,
+        failure_timeout_ms: u64,
+    ) -> Result<Nodes, Error> {
+        let ls: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+        let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
+        drop(ls);
+        let members = (0..3)
+            .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
+            .collect::<Vec<_>>();
+        let mut nodes = Nodes {
+            dir: dir.to_path_buf(),
+            members: members.join(","),
+            ports: (0..3).map(|i| (i as u64 + 1, p[3 * i])).collect(),
+            procs: BTreeMap::new(),
+            workers,
+            policy: policy.to_string(),
+            failure_timeout_ms,
+        };
+        for id in 1..=3 {
+            nodes.start(id)?;
+        }
+        Ok(nodes)
+    }
+
+    pub(crate) fn start(&mut self, id: u64) -> Result<(), Error> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("node{id}.log")))?;
         let child = Command::new(std::env::current_exe()?)
             .args(["server", "--node-id", &id.to_string(), "--members", &self.members])
             .args(["--data-dir", &self.dir.join(format!("n{id}")).display().to_string()])
-            .args(["--workers", &self.workers.to_string(), "--commit-policy", "majority-durable"])
+            .args(["--workers", &self.workers.to_string(), "--commit-policy", &self.policy])
+            .args(["--failure-timeout-ms", &self.failure_timeout_ms.to_string(), "--metrics", "off"])
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()?;
@@ -54,12 +87,25 @@ impl Nodes {
         Ok(())
     }
 
+    /// SIGKILL of node `id`'s supervisor (its server dies with it: a crash of the machine).
+    pub(crate) fn kill(&mut self, id: u64) -> Result<(), Error> {
+        let mut c = self.procs.remove(&id).ok_or("not running")?;
+        let killed = c.kill();
+        c.wait()?;
+        Ok(killed?)
+    }
+
     /// The node that takes a write now.
-    fn primary(&self) -> Option<u64> {
+    pub(crate) fn primary(&self) -> Option<u64> {
         self.procs.keys().copied().find(|id| {
             let Ok(mut c) = Client::connect_to("127.0.0.1", self.ports[id]) else { return false };
             matches!(c.call(&["SET", "demo:probe", "1"]), Ok(Reply::Simple(s)) if s == "OK")
         })
+    }
+
+    /// Whether node `id` runs as a backup with its link to the primary up.
+    pub(crate) fn rejoined(&self, id: u64) -> bool {
+        self.role(id).is_some_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
     }
 
     fn role(&self, id: u64) -> Option<String> {
@@ -88,7 +134,7 @@ impl Drop for Nodes {
     }
 }
 
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T, Error> {
+pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T, Error> {
     let end = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
@@ -106,18 +152,24 @@ type Acks = Arc<Mutex<Vec<(u64, Instant, u16)>>>;
 /// Every acknowledged write holds its value on the node at `port`, waiting (bounded) for a
 /// backup to catch up.
 fn check_has(port: u16, acked: &[(u64, Instant, u16)]) -> Result<(), Error> {
+    let pairs: Vec<(String, String)> = acked.iter().map(|(n, _, _)| (format!("demo:w:{n}"), n.to_string())).collect();
+    check_keys(port, &pairs)
+}
+
+/// Every (key, value) acknowledged is on the node at `port`, waiting (bounded, 20 s) for
+/// a backup to catch up; `Err` names the first that is not ("LOST: ...").
+pub(crate) fn check_keys(port: u16, acked: &[(String, String)]) -> Result<(), Error> {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let r = (|| -> Result<Option<String>, Error> {
             let mut c = Client::connect_to("127.0.0.1", port)?;
             for chunk in acked.chunks(200) {
-                let keys: Vec<String> = chunk.iter().map(|(n, _, _)| format!("demo:w:{n}")).collect();
                 let mut args = vec!["MGET"];
-                args.extend(keys.iter().map(String::as_str));
+                args.extend(chunk.iter().map(|(k, _)| k.as_str()));
                 let Reply::Array(Some(vals)) = c.call(&args)? else { return Ok(Some("MGET: not an array".into())) };
-                for ((n, _, _), v) in chunk.iter().zip(vals) {
-                    if v != Reply::Bulk(Some(n.to_string().into_bytes())) {
-                        return Ok(Some(format!("demo:w:{n} is {v:?}, acknowledged as {n}")));
+                for ((k, want), v) in chunk.iter().zip(vals) {
+                    if v != Reply::Bulk(Some(want.clone().into_bytes())) {
+                        return Ok(Some(format!("{k} is {v:?}, acknowledged as {want}")));
                     }
                 }
             }
@@ -134,22 +186,7 @@ fn check_has(port: u16, acked: &[(u64, Instant, u16)]) -> Result<(), Error> {
 
 pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Error> {
     println!("\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times");
-    let ls: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
-    drop(ls);
-    let members = (0..3)
-        .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
-        .collect::<Vec<_>>();
-    let mut nodes = Nodes {
-        dir: dir.to_path_buf(),
-        members: members.join(","),
-        ports: (0..3).map(|i| (i as u64 + 1, p[3 * i])).collect(),
-        procs: BTreeMap::new(),
-        workers,
-    };
-    for id in 1..=3 {
-        nodes.start(id)?;
-    }
+    let mut nodes = Nodes::start_three(dir, workers, "majority-durable", 250)?;
     let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
     println!("node {first} is the first primary (nodes' logs: {})", dir.display());
     // The client: one write at a time, to whichever node takes it.
@@ -194,10 +231,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         let killed_at = Instant::now();
         first_kill.get_or_insert(killed_at);
         let killed_port = nodes.ports[&primary];
-        let mut c = nodes.procs.remove(&primary).expect("running");
-        let killed = c.kill(); // SIGKILL: the node's server dies with it
-        c.wait()?;
-        killed?;
+        nodes.kill(primary)?;
         let first_after = wait_for("a write on the new primary", Duration::from_secs(20), || {
             acks.lock().expect("acks").iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
         })?;
@@ -213,9 +247,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         );
         let t = Instant::now();
         nodes.start(primary)?;
-        wait_for("the killed node to rejoin", Duration::from_secs(30), || {
-            nodes.role(primary).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
-        })?;
+        wait_for("the killed node to rejoin", Duration::from_secs(30), || nodes.rejoined(primary).then_some(()))?;
         check_has(killed_port, &snapshot)?;
         rejoin_ms.push(t.elapsed().as_secs_f64() * 1e3);
         println!("            node {primary} restarted and rejoined as a backup in {:.0} ms", rejoin_ms[cycle]);

@@ -14,6 +14,7 @@ mod demo;
 mod demo_failover;
 mod demo_server;
 mod demo_standby;
+mod failoverbench;
 mod logmode;
 mod memory;
 mod node;

@@ -971,3 +971,35 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
         acked.len()
     );
 }
+
+/// `ditto bench failover`: its clients follow the primary by themselves (SENTINEL), the
+/// run reports each failover and the writes per second, draws them, and checks every
+/// acknowledged write on every node.
+#[test]
+fn the_failover_benchmark_follows_the_primary_and_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("f.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "failover", "--clients", "2", "--kills", "2", "--between-s", "0.7", "--json"])
+        .args(["--dir", dir.path().join("nodes").to_str().unwrap(), "--plot", svg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(j["lost_writes"], 0, "{j}");
+    let fo = j["failovers"].as_array().unwrap();
+    assert_eq!(fo.len(), 2, "{j}");
+    for f in fo {
+        assert_ne!(f["killed"], f["new_primary"], "{f}");
+        let u = f["unavailable_ms"].as_f64().unwrap();
+        assert!(u > 0.0 && u < 20_000.0, "{f}");
+        assert!(f["writes_per_s_after"].as_f64().unwrap() > 0.0, "writes resumed: {f}");
+    }
+    let rates = j["writes_per_s"].as_array().unwrap();
+    assert!(rates.iter().filter(|r| r.as_f64().unwrap() > 0.0).count() > rates.len() / 2, "{j}");
+    assert!(j["acknowledged_writes"].as_u64().unwrap() > 100, "{j}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.starts_with("<svg") && drawn.contains("<polyline"), "{}", &drawn[..drawn.len().min(300)]);
+}

@@ -1,0 +1,339 @@
+//! `ditto bench failover`: throughput over time around failovers (Rolis figure 14)
+//! ===========================================================================
+//! Three `ditto server --node-id` nodes on this machine (demo_failover.rs's `Nodes`);
+//! `--clients` client threads write without pause (`SET b:<client>:<n> <n>`), each one
+//! following the primary by itself: on an error or a `READONLY` it asks the nodes
+//! `SENTINEL get-master-addr-by-name ditto` and goes there. The primary's node is killed
+//! with SIGKILL `--kills` times, `--between-s` apart, and started again each time (it
+//! rejoins as a backup). Printed, and with `--json` one JSON object at the end:
+//! - writes per second in 50 ms buckets over the whole run (`--plot FILE.svg` draws them,
+//!   with the kills marked);
+//! - per failover: the unavailability (SIGKILL to the first write acknowledged by another
+//!   node), the time for the killed node to rejoin, and the throughput in the second before
+//!   the kill and in the second after the first write on the new primary (their ratio);
+//! - at the end every acknowledged write is read back on every node: a lost one fails the
+//!   run.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::demo_failover::{check_keys, wait_for, Nodes};
+use crate::demo_server::{Client, Reply};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const BUCKET_MS: u64 = 50;
+
+#[derive(clap::Args)]
+pub struct FailoverBenchArgs {
+    /// Client threads writing at once.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Failovers (SIGKILLs of the primary's node).
+    #[arg(long, default_value_t = 3)]
+    kills: usize,
+    /// Seconds of load before the first kill, between kills and after the last.
+    #[arg(long, default_value_t = 2.0)]
+    between_s: f64,
+    /// The cluster's commit policy.
+    #[arg(long, default_value = "majority-durable")]
+    policy: String,
+    /// Workers per server.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// The failure timeout of the cluster's nodes (ms).
+    #[arg(long, default_value_t = 250)]
+    failure_timeout_ms: u64,
+    /// Where the nodes keep their data and logs (default: a temporary directory).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+    /// Draw writes per second over time, the kills marked, to this SVG file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// Print one JSON object at the end.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One acknowledged write: client, sequence number, when, and the port that took it.
+type Ack = (usize, u64, Instant, u16);
+
+#[derive(serde::Serialize)]
+struct FailoverFigures {
+    killed: u64,
+    new_primary: u64,
+    at_s: f64,
+    unavailable_ms: f64,
+    rejoin_ms: f64,
+    writes_per_s_before: f64,
+    writes_per_s_after: f64,
+    after_over_before: f64,
+}
+
+#[derive(serde::Serialize)]
+struct Figures {
+    bench: &'static str,
+    clients: usize,
+    policy: String,
+    workers: usize,
+    failure_timeout_ms: u64,
+    bucket_ms: u64,
+    acknowledged_writes: usize,
+    lost_writes: usize,
+    failovers: Vec<FailoverFigures>,
+    /// Writes per second in each bucket from the start of the load.
+    writes_per_s: Vec<f64>,
+}
+
+/// Where the primary is, as any node says (`SENTINEL get-master-addr-by-name ditto`).
+fn discover(ports: &[u16]) -> Option<u16> {
+    for &p in ports {
+        let Ok(mut c) = Client::connect_to("127.0.0.1", p) else { continue };
+        if let Ok(Reply::Array(Some(a))) = c.call(&["SENTINEL", "get-master-addr-by-name", "ditto"]) {
+            if let Some(Reply::Bulk(Some(port))) = a.get(1) {
+                if let Some(port) = std::str::from_utf8(port).ok().and_then(|s| s.parse().ok()) {
+                    return Some(port);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn client_loop(id: usize, ports: Vec<u16>, acks: Arc<Mutex<Vec<Ack>>>, stop: Arc<AtomicBool>) {
+    let mut n = 0u64;
+    let mut conn: Option<(Client, u16)> = None;
+    let mut next = id;
+    while !stop.load(Ordering::SeqCst) {
+        if conn.is_none() {
+            // Ask where the primary is; with no answer, try the nodes in turn.
+            let port = discover(&ports).unwrap_or_else(|| {
+                next += 1;
+                ports[next % ports.len()]
+            });
+            match Client::connect_to("127.0.0.1", port) {
+                Ok(c) => conn = Some((c, port)),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+            }
+        }
+        let (c, port) = conn.as_mut().expect("connected");
+        n += 1;
+        let (k, v) = (format!("b:{id}:{n}"), n.to_string());
+        match c.call(&["SET", &k, &v]) {
+            Ok(Reply::Simple(s)) if s == "OK" => acks.lock().expect("acks").push((id, n, Instant::now(), *port)),
+            _ => {
+                conn = None; // READONLY from a backup, or a node going down
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+/// Writes per second in `BUCKET_MS` buckets from `from` to `to`.
+fn rates(acks: &[Ack], from: Instant, to: Instant) -> Vec<f64> {
+    let n = (to.saturating_duration_since(from).as_millis() as u64 / BUCKET_MS) as usize;
+    let mut b = vec![0usize; n];
+    for (_, _, t, _) in acks {
+        if *t >= from {
+            let i = (t.duration_since(from).as_millis() as u64 / BUCKET_MS) as usize;
+            if i < n {
+                b[i] += 1;
+            }
+        }
+    }
+    b.into_iter().map(|c| c as f64 * 1000.0 / BUCKET_MS as f64).collect()
+}
+
+fn rate_between(acks: &[Ack], from: Instant, to: Instant) -> f64 {
+    let c = acks.iter().filter(|(_, _, t, _)| *t >= from && *t < to).count();
+    c as f64 / to.saturating_duration_since(from).as_secs_f64().max(1e-9)
+}
+
+pub fn run(a: FailoverBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    run_inner(a).map_err(|e| e as Box<dyn std::error::Error>)
+}
+
+fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
+    ditto_replication::CommitPolicy::parse(&a.policy)?;
+    if a.clients == 0 {
+        return Err("--clients must be at least 1".into());
+    }
+    // (Declared before the nodes, so dropped after them: the processes stop first.)
+    let scratch = crate::logmode::ScratchDir::new(a.dir.clone(), "bench-failover")?;
+    let dir = scratch.path.clone();
+    let mut nodes = Nodes::start_three(&dir, a.workers, &a.policy, a.failure_timeout_ms)?;
+    let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
+    eprintln!(
+        "three nodes (policy {}, failure timeout {} ms); node {first} is the primary; {} clients; logs in {}",
+        a.policy,
+        a.failure_timeout_ms,
+        a.clients,
+        dir.display()
+    );
+    let acks: Arc<Mutex<Vec<Ack>>> = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ports: Vec<u16> = nodes.ports.values().copied().collect();
+    let clients: Vec<_> = (0..a.clients)
+        .map(|id| {
+            let (acks, stop, ports) = (Arc::clone(&acks), Arc::clone(&stop), ports.clone());
+            std::thread::spawn(move || client_loop(id, ports, acks, stop))
+        })
+        .collect();
+    let start = Instant::now();
+    let between = Duration::from_secs_f64(a.between_s);
+    let mut kills: Vec<(u64, u64, Instant, f64, f64, Instant)> = Vec::new();
+    for k in 0..a.kills {
+        std::thread::sleep(between);
+        let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
+        let port = nodes.ports[&primary];
+        let at = Instant::now();
+        nodes.kill(primary)?;
+        let first_after = wait_for("a write on another node", Duration::from_secs(20), || {
+            acks.lock().expect("acks").iter().find(|(_, _, t, p)| *t > at && *p != port).map(|a| a.2)
+        })?;
+        let unavailable = first_after.duration_since(at).as_secs_f64() * 1e3;
+        let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
+        let t = Instant::now();
+        nodes.start(primary)?;
+        wait_for("the killed node to rejoin", Duration::from_secs(60), || nodes.rejoined(primary).then_some(()))?;
+        let rejoin = t.elapsed().as_secs_f64() * 1e3;
+        eprintln!(
+            "failover {}: SIGKILL of node {primary} at {:.2} s; node {new} took writes {unavailable:.0} ms later; node {primary} rejoined in {rejoin:.0} ms",
+            k + 1,
+            at.duration_since(start).as_secs_f64()
+        );
+        kills.push((primary, new, at, unavailable, rejoin, first_after));
+    }
+    std::thread::sleep(between);
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.join().map_err(|_| "a client panicked")?;
+    }
+    let end = Instant::now();
+    let acked = acks.lock().expect("acks").clone();
+    // Every acknowledged write, on every node.
+    let pairs: Vec<(String, String)> = acked.iter().map(|(c, n, _, _)| (format!("b:{c}:{n}"), n.to_string())).collect();
+    let mut lost = 0;
+    for (id, &port) in &nodes.ports {
+        wait_for("every node to serve", Duration::from_secs(30), || {
+            Client::connect_to("127.0.0.1", port).ok().map(|_| ())
+        })?;
+        if let Err(e) = check_keys(port, &pairs) {
+            eprintln!("node {id}: {e}");
+            lost += 1;
+        }
+    }
+    let second = Duration::from_secs(1);
+    let failovers: Vec<FailoverFigures> = kills
+        .iter()
+        .map(|&(killed, new_primary, at, unavailable_ms, rejoin_ms, first_after)| {
+            let before = rate_between(&acked, at.checked_sub(second).unwrap_or(start).max(start), at);
+            let after = rate_between(&acked, first_after, (first_after + second).min(end));
+            FailoverFigures {
+                killed,
+                new_primary,
+                at_s: at.duration_since(start).as_secs_f64(),
+                unavailable_ms,
+                rejoin_ms,
+                writes_per_s_before: before,
+                writes_per_s_after: after,
+                after_over_before: if before > 0.0 { after / before } else { 0.0 },
+            }
+        })
+        .collect();
+    let fig = Figures {
+        bench: "failover",
+        clients: a.clients,
+        policy: a.policy.clone(),
+        workers: a.workers,
+        failure_timeout_ms: a.failure_timeout_ms,
+        bucket_ms: BUCKET_MS,
+        acknowledged_writes: acked.len(),
+        lost_writes: lost,
+        failovers,
+        writes_per_s: rates(&acked, start, end),
+    };
+    print(&fig);
+    if let Some(path) = &a.plot {
+        plot(&fig, path)?;
+        println!("plot: {}", path.display());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&fig)?);
+    }
+    if lost > 0 {
+        return Err(format!("{lost} node(s) lack acknowledged writes").into());
+    }
+    Ok(())
+}
+
+fn print(f: &Figures) {
+    println!(
+        "failover under load: 3 nodes, {} clients, policy {}, failure timeout {} ms",
+        f.clients, f.policy, f.failure_timeout_ms
+    );
+    println!(
+        "{:>3} {:>7} {:>7} {:>8} {:>14} {:>10} {:>14} {:>13} {:>7}",
+        "#", "killed", "new", "at s", "unavailable ms", "rejoin ms", "writes/s before", "writes/s after", "ratio"
+    );
+    for (i, x) in f.failovers.iter().enumerate() {
+        println!(
+            "{:>3} {:>7} {:>7} {:>8.2} {:>14.0} {:>10.0} {:>14.0} {:>13.0} {:>7.2}",
+            i + 1,
+            x.killed,
+            x.new_primary,
+            x.at_s,
+            x.unavailable_ms,
+            x.rejoin_ms,
+            x.writes_per_s_before,
+            x.writes_per_s_after,
+            x.after_over_before
+        );
+    }
+    println!(
+        "{} acknowledged writes, {} on every node ({})",
+        f.acknowledged_writes,
+        if f.lost_writes == 0 { "all" } else { "NOT all" },
+        if f.lost_writes == 0 { "none lost" } else { "LOST" }
+    );
+}
+
+/// Writes per second over time, a vertical line at each kill.
+fn plot(f: &Figures, path: &std::path::Path) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let secs = |i: usize| i as f64 * BUCKET_MS as f64 / 1000.0;
+    let x_max = secs(f.writes_per_s.len()).max(0.1);
+    let y_max = f.writes_per_s.iter().copied().fold(0.0, f64::max).max(1.0) * 1.15;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let caption = format!(
+        "ditto: writes/s around SIGKILLs of the primary (3 nodes, {} clients, {}, {} ms buckets)",
+        f.clients, f.policy, BUCKET_MS
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the load started")
+        .y_desc("acknowledged writes per second")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let series = f.writes_per_s.iter().enumerate().map(|(i, &r)| (secs(i), r));
+    chart.draw_series(LineSeries::new(series, &BLUE)).map_err(|e| e.to_string())?.label("writes/s");
+    for x in &f.failovers {
+        chart
+            .draw_series(LineSeries::new([(x.at_s, 0.0), (x.at_s, y_max)], RED.stroke_width(1)))
+            .map_err(|e| e.to_string())?;
+    }
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}
