@@ -447,6 +447,8 @@ impl ControlNode {
         if self.raw.raft.has_pending_conf() {
             return Err(NodeError::Busy("a membership change is still being applied; ask again".into()));
         }
+        self.state.may_change_members().map_err(NodeError::Busy)?;
+        self.state.clone().apply(cmd).map_err(NodeError::Refused)?;
         if id == self.id() && ty == ConfChangeType::RemoveNode {
             // The leader does not remove itself: it hands the leadership to a peer that
             // holds the whole log, which is asked next.
@@ -457,8 +459,6 @@ impl ControlNode {
                 "node {id} leads the control plane and hands the leadership over first; ask again"
             )));
         }
-        self.state.may_change_members().map_err(NodeError::Busy)?;
-        self.state.clone().apply(cmd).map_err(NodeError::Refused)?;
         let mut cc = ConfChange::default();
         cc.set_change_type(ty);
         cc.node_id = id;

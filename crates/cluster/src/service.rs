@@ -52,9 +52,11 @@ use crate::state::{Command, ControlState, Member, NodeId, Phase};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
-/// Batches answering a `Ctl::Fetch`: epoch u64 | stream u32 | position u64 | count u32 |
-/// (len u32 | batch)*.
+/// Batches answering a `Ctl::Fetch`, in pieces of at most `FETCH_PIECE` bytes: epoch u64 |
+/// stream u32 | position u64 | piece u32 | last u8 | count u32 | (len u32 | batch)*.
 const KIND_FETCHED: u8 = 3;
+/// A fetch answer larger than this goes in several frames (pieces), in order.
+const FETCH_PIECE: usize = 2 << 20;
 const KIND_ADMIN: u8 = 4;
 /// How long an operator's request waits for its change to be applied.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -154,8 +156,12 @@ pub trait DataPlane: Send + 'static {
     }
     /// Batches fetched from a peer for `plan` (being prepared), for one stream, with the
     /// position the peer holds it up to.
-    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64) {
-        let _ = (plan, stream, batches, position);
+    /// An answer larger than a frame comes in pieces, in order, each handed over as it
+    /// arrives; `last` marks the final one (only then is the stream held up to
+    /// `position`). A piece lost on the way ends the stream's fetch for this plan: the
+    /// round's prepare times out and the next round fetches again.
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {
+        let _ = (plan, stream, batches, position, last);
     }
     /// While this node serves as primary: the membership configuration its commit quorum
     /// has settled (it counts that many backups, and a quorum of them holds everything it
@@ -246,7 +252,7 @@ pub struct Status {
 enum Input {
     Raft(Box<Message>),
     Ctl(NodeId, Ctl),
-    Fetched { epoch: u64, stream: usize, position: u64, batches: Vec<Vec<u8>> },
+    Fetched { epoch: u64, stream: usize, position: u64, piece: u32, last: bool, batches: Vec<Vec<u8>> },
     Propose(Command, Sender<Result<(), String>>),
     Admin(AdminRequest, Sender<AdminReply>),
 }
@@ -348,6 +354,7 @@ impl ControlService {
                 tick: cfg.tick,
                 coord,
                 preparing: None,
+                fetch_next: BTreeMap::new(),
                 admin: Vec::new(),
             };
             run.sync_peers();
@@ -429,11 +436,13 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
     }
 }
 
-fn encode_fetched(epoch: u64, stream: usize, position: u64, batches: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(24 + batches.iter().map(|x| x.len() + 4).sum::<usize>());
+fn encode_fetched(epoch: u64, stream: usize, position: u64, piece: u32, last: bool, batches: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(29 + batches.iter().map(|x| x.len() + 4).sum::<usize>());
     b.extend_from_slice(&epoch.to_le_bytes());
     b.extend_from_slice(&(stream as u32).to_le_bytes());
     b.extend_from_slice(&position.to_le_bytes());
+    b.extend_from_slice(&piece.to_le_bytes());
+    b.push(last as u8);
     b.extend_from_slice(&(batches.len() as u32).to_le_bytes());
     for x in batches {
         b.extend_from_slice(&(x.len() as u32).to_le_bytes());
@@ -451,13 +460,39 @@ fn decode_fetched(mut body: &[u8]) -> Option<Input> {
     let epoch = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let stream = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
     let position = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
+    let piece = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?);
+    let last = match take(&mut body, 1)?[0] {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
     let n = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
     let mut batches = Vec::with_capacity(n.min(1 << 16));
     for _ in 0..n {
         let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
         batches.push(take(&mut body, len)?.to_vec());
     }
-    body.is_empty().then_some(Input::Fetched { epoch, stream, position, batches })
+    body.is_empty().then_some(Input::Fetched { epoch, stream, position, piece, last, batches })
+}
+
+/// The batches of a fetch answer split into pieces of at most `FETCH_PIECE` bytes (at
+/// least one batch each; one piece, empty, for no batches); `Err` if a batch alone does not
+/// fit in a frame.
+fn fetch_pieces(batches: &[Vec<u8>]) -> Result<Vec<std::ops::Range<usize>>, String> {
+    let mut pieces = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, b) in batches.iter().enumerate() {
+        if b.len() + 4 + 29 + FRAME_HEADER > FRAME_MAX {
+            return Err(format!("a batch of {} bytes does not fit in a frame", b.len()));
+        }
+        if i > start && bytes + b.len() + 4 > FETCH_PIECE {
+            pieces.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += b.len() + 4;
+    }
+    pieces.push(start..batches.len());
+    Ok(pieces)
 }
 
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
@@ -546,6 +581,9 @@ struct Run {
     coord: Coordinator,
     /// A plan this node prepares for, and the coordinator to answer.
     preparing: Option<(RecoveryPlan, NodeId)>,
+    /// Per stream the plan fetches: the next piece of the answer due (`u32::MAX`: a piece
+    /// was lost).
+    fetch_next: BTreeMap<usize, u32>,
 }
 
 impl Run {
@@ -648,6 +686,24 @@ impl Run {
         });
     }
 
+    /// As `send`, but waits for room in the peer's queue (bounded, 5 s) rather than drop
+    /// the frame: the pieces of a fetch answer, which must all arrive.
+    fn send_queued(&self, to: NodeId, kind: u8, body: &[u8]) {
+        let Some(tx) = self.senders.get(&to) else { return };
+        let mut f = frame(self.node.id(), kind, body);
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            match tx.try_send(f) {
+                Ok(()) => return,
+                Err(mpsc::TrySendError::Full(back)) if Instant::now() < end => {
+                    f = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
     fn send(&self, to: NodeId, kind: u8, body: &[u8]) {
         if let Some(tx) = self.senders.get(&to) {
             let _ = tx.try_send(frame(self.node.id(), kind, body));
@@ -720,6 +776,7 @@ impl Run {
                     && state.epoch == plan.epoch
                     && state.phase == Some(crate::state::Phase::Failover);
                 if current && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan) {
+                    self.fetch_next.clear();
                     self.data.prepare(&plan);
                     for f in &plan.fetch {
                         let req = Ctl::Fetch { epoch: plan.epoch, stream: f.stream, after: f.after };
@@ -732,18 +789,19 @@ impl Run {
                 // Only once fenced at that failover: then nothing more is acknowledged here.
                 if epoch <= self.disk.fence() && from != self.node.id() {
                     match self.data.serve_fetch(stream, after) {
-                        Ok((batches, position)) => {
-                            let body = encode_fetched(epoch, stream, position, &batches);
-                            if body.len() + FRAME_HEADER > FRAME_MAX {
-                                tracing::warn!(
-                                    node = self.node.id(),
-                                    "a fetch of {} bytes is over the frame limit",
-                                    body.len()
-                                );
-                            } else {
-                                self.send(from, KIND_FETCHED, &body);
+                        Ok((batches, position)) => match fetch_pieces(&batches) {
+                            Ok(pieces) => {
+                                let n = pieces.len();
+                                for (i, range) in pieces.into_iter().enumerate() {
+                                    let body =
+                                        encode_fetched(epoch, stream, position, i as u32, i + 1 == n, &batches[range]);
+                                    self.send_queued(from, KIND_FETCHED, &body);
+                                }
                             }
-                        }
+                            Err(why) => {
+                                tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}")
+                            }
+                        },
                         Err(why) => {
                             tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}")
                         }
@@ -784,9 +842,22 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
-                Ok(Input::Fetched { epoch, stream, position, batches }) => {
+                Ok(Input::Fetched { epoch, stream, position, piece, last, batches }) => {
                     if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch) {
-                        self.data.fetched(plan, stream, batches, position);
+                        // Pieces come in order on one connection; a gap (a piece dropped
+                        // by a full queue or a broken connection) ends this stream's fetch.
+                        let next = self.fetch_next.entry(stream).or_insert(0);
+                        if piece == *next {
+                            *next += 1;
+                            self.data.fetched(plan, stream, batches, position, last);
+                        } else if *next != u32::MAX {
+                            tracing::warn!(
+                                node = id,
+                                "piece {piece} of the fetch of stream {stream} came where {} was due: this round's fetch of it ends",
+                                *next
+                            );
+                            *next = u32::MAX;
+                        }
                     }
                     Ok(())
                 }
@@ -935,6 +1006,33 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetch_answer_goes_in_pieces_that_decode_back() {
+        let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
+        let pieces = fetch_pieces(&batches).unwrap();
+        assert!(pieces.len() >= 6, "{pieces:?}");
+        assert_eq!(pieces.first().unwrap().start, 0);
+        assert_eq!(pieces.last().unwrap().end, 40);
+        assert!(pieces.windows(2).all(|w| w[0].end == w[1].start), "contiguous: {pieces:?}");
+        for (i, r) in pieces.iter().enumerate() {
+            let body = encode_fetched(7, 1, 99, i as u32, i + 1 == pieces.len(), &batches[r.clone()]);
+            assert!(body.len() <= FETCH_PIECE + 29 + 4, "{}", body.len());
+            match decode_fetched(&body) {
+                Some(Input::Fetched { epoch: 7, stream: 1, position: 99, piece, last, batches: got }) => {
+                    assert_eq!((piece, last), (i as u32, i + 1 == pieces.len()));
+                    assert_eq!(got, batches[r.clone()].to_vec());
+                }
+                _ => panic!("piece {i} did not decode"),
+            }
+            let mut bad = body.clone();
+            bad[24] = 2; // `last` is 0 or 1
+            assert!(decode_fetched(&bad).is_none());
+            assert!(decode_fetched(&body[..body.len() - 1]).is_none(), "cut short");
+        }
+        assert_eq!(fetch_pieces(&[]).unwrap(), vec![0..0], "no batches: one empty piece");
+        assert!(fetch_pieces(&[vec![0; FRAME_MAX]]).is_err(), "a batch larger than a frame");
+    }
 
     #[test]
     fn frames_round_trip_and_damage_is_an_error() {

@@ -23,12 +23,20 @@ struct World {
     holds: BTreeMap<NodeId, Vec<u64>>,
     fences: BTreeMap<NodeId, u64>,
     opened: Vec<(u64, NodeId, Instant)>,
+    /// Fetch over the wire (`Ctl::Fetch`, answered in pieces): a peer answers with this
+    /// many batches of this many bytes, numbered; none: the model fetches at once.
+    fetch_batches: Option<(usize, usize)>,
+    /// Pieces of fetch answers received, and batches in them.
+    pieces: usize,
+    batches_fetched: usize,
 }
 
 struct ModelPlane {
     me: NodeId,
     world: Arc<Mutex<World>>,
     plan: Option<RecoveryPlan>,
+    /// Streams being fetched over the wire: (up to, batches received so far).
+    fetching: BTreeMap<usize, (u64, usize)>,
 }
 
 impl DataPlane for ModelPlane {
@@ -58,8 +66,13 @@ impl DataPlane for ModelPlane {
         Ok(Holding { newest: streams.iter().copied().max().unwrap_or(0), streams, eligible: true })
     }
     fn prepare(&mut self, plan: &RecoveryPlan) {
-        // The model fetches at once: every stream up to the point.
         let mut w = self.world.lock().unwrap();
+        if w.fetch_batches.is_some() {
+            self.fetching = plan.fetch.iter().map(|f| (f.stream, (f.upto, 0))).collect();
+            self.plan = Some(plan.clone());
+            return;
+        }
+        // The model fetches at once: every stream up to the point.
         for f in &plan.fetch {
             let from = w.holds[&f.from][f.stream];
             assert!(from >= f.upto, "the plan fetches {f:?} from a node that holds {from}");
@@ -69,7 +82,42 @@ impl DataPlane for ModelPlane {
     }
     fn prepared(&mut self, plan: &RecoveryPlan) -> Option<Result<u64, String>> {
         assert_eq!(self.plan.as_ref(), Some(plan), "asked about a plan it was not preparing");
+        if !self.fetching.is_empty() {
+            return None;
+        }
         self.plan.take().map(|_| Ok(0))
+    }
+    fn serve_fetch(&mut self, stream: usize, _after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+        let w = self.world.lock().unwrap();
+        let (n, size) = w.fetch_batches.ok_or("no fetches in this test")?;
+        let batches = (0..n)
+            .map(|i| {
+                let mut b = vec![(i % 251) as u8; size];
+                b[..4].copy_from_slice(&(i as u32).to_le_bytes());
+                b[4..8].copy_from_slice(&(stream as u32).to_le_bytes());
+                b
+            })
+            .collect();
+        Ok((batches, w.holds[&self.me][stream]))
+    }
+    fn fetched(&mut self, _plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, _position: u64, last: bool) {
+        let mut w = self.world.lock().unwrap();
+        let (n, size) = w.fetch_batches.expect("fetching over the wire");
+        let Some((upto, got)) = self.fetching.get_mut(&stream) else { return };
+        for b in &batches {
+            assert_eq!(b.len(), size);
+            assert_eq!(u32::from_le_bytes(b[..4].try_into().unwrap()) as usize, *got, "batches in order, none lost");
+            assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize, stream);
+            *got += 1;
+        }
+        w.pieces += 1;
+        w.batches_fetched += batches.len();
+        if last {
+            assert_eq!(*got, n, "the last piece ends the answer");
+            let upto = *upto;
+            w.holds.get_mut(&self.me).unwrap()[stream] = upto;
+            self.fetching.remove(&stream);
+        }
     }
     fn applied(&mut self, cmd: &Command, _state: &ControlState, live: bool) {
         let mut w = self.world.lock().unwrap();
@@ -146,7 +194,7 @@ impl Cluster {
         let l = self.listeners[&id].try_clone().unwrap();
         let cfg = self.config(id, self.dirs.path());
         self.world.lock().unwrap().running.insert(id, true);
-        let plane = ModelPlane { me: id, world: Arc::clone(&self.world), plan: None };
+        let plane = ModelPlane { me: id, world: Arc::clone(&self.world), plan: None, fetching: BTreeMap::new() };
         self.nodes.insert(id, ControlService::start(cfg, l, Box::new(plane)).unwrap());
     }
 
@@ -243,6 +291,34 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
     let states: Vec<_> = c.statuses().into_iter().map(|s| s.state).collect();
     assert!(states.windows(2).all(|w| w[0] == w[1]), "every node holds the same state: {states:?}");
     assert!(c.statuses().iter().all(|s| s.failed.is_none()));
+}
+
+/// A fetch answer far larger than a frame (12 MiB per stream, frames of at most 4 MiB)
+/// arrives in pieces, in order, and the failover completes with it.
+#[test]
+fn a_fetch_larger_than_a_frame_arrives_in_pieces() {
+    let mut c = Cluster::running(3);
+    let first = c.bootstrap();
+    wait_for("the bootstrap everywhere", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
+    });
+    {
+        let mut w = c.world.lock().unwrap();
+        let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
+        // Each of the two holds more of one stream: whichever is chosen fetches the other.
+        w.holds.insert(others[0], vec![50, 70]);
+        w.holds.insert(others[1], vec![60, 40]);
+        w.fetch_batches = Some((40, 300 << 10));
+    }
+    c.stop(first);
+    wait_for("epoch 2 to open", Duration::from_secs(20), || {
+        c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
+    });
+    let w = c.world.lock().unwrap();
+    assert!(w.pieces >= 6, "12 MiB in pieces of at most 2 MiB: {} pieces", w.pieces);
+    assert_eq!(w.batches_fetched % 40, 0, "whole answers only: {}", w.batches_fetched);
+    let (_, p, _) = w.opened[0];
+    assert!(w.holds[&p].iter().all(|&x| x >= 60), "the new primary holds every stream up to the point");
 }
 
 /// A primary whose backups are all gone loses its quorum contact (it must stop taking

@@ -615,15 +615,15 @@ impl DataPlane for NodePlane {
         Ok((b.into_iter().map(|x| x.to_vec()).collect(), position))
     }
 
-    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64) {
-        if !self.fetching.remove(&stream) {
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {
+        if !self.fetching.contains(&stream) {
             return; // a resend, or a stream this plan does not fetch
         }
         let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
         let mut batches: Vec<bytes::Bytes> = batches.into_iter().map(bytes::Bytes::from).collect();
         // The peer holds the stream up to `position`, by floors or a checkpoint where its
-        // batches stop (an idle stream): an empty batch carries that bound here, up to the
-        // point.
+        // batches stop (an idle stream): with the last piece, an empty batch carries that
+        // bound here, up to the point.
         let bound = position.min(plan.recovery_point);
         let reached = batches
             .iter()
@@ -631,7 +631,7 @@ impl DataPlane for NodePlane {
             .map(|h| h.bound_ts.0)
             .max()
             .unwrap_or(0);
-        if bound > reached {
+        if last && bound > reached {
             let mut out = Vec::new();
             ditto_log::format::BatchBuilder::new().finish_into(
                 ditto_log::StreamId(stream as u32),
@@ -642,12 +642,25 @@ impl DataPlane for NodePlane {
             );
             batches.push(bytes::Bytes::from(out));
         }
-        say(self.me, format!("fetched {} batches of stream {stream}", batches.len()));
-        if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
-            self.fetching.clear();
-            self.prepared = Some(Err(format!("adding fetched batches: {e}")));
+        say(
+            self.me,
+            format!(
+                "fetched {} batches of stream {stream}{}",
+                batches.len(),
+                if last { "" } else { " (more to come)" }
+            ),
+        );
+        if !batches.is_empty() {
+            if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
+                self.fetching.clear();
+                self.prepared = Some(Err(format!("adding fetched batches: {e}")));
+                return;
+            }
+        }
+        if !last {
             return;
         }
+        self.fetching.remove(&stream);
         if self.fetching.is_empty() {
             self.prepared = Some(self.check_prepared(plan));
         }
