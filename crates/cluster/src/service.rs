@@ -170,6 +170,11 @@ pub trait DataPlane: Send + 'static {
     fn settled(&self) -> Option<u64> {
         None
     }
+    /// Commands this node's data plane wants committed (asked every step; proposed through
+    /// the leader; a data plane asks again until its state shows the command applied).
+    fn proposals(&mut self) -> Vec<Command> {
+        Vec::new()
+    }
     /// The state was replaced by the leader's snapshot (this node was far behind, or has
     /// just joined): no command is applied for what it skipped.
     fn restored(&mut self, state: &ControlState) {
@@ -887,6 +892,12 @@ impl Run {
             self.coord.set_starting(self.data.starting());
             for n in self.data.heard() {
                 self.coord.heard(n, now);
+            }
+            for cmd in self.data.proposals() {
+                tracing::info!(node = id, "control: the data plane proposes {cmd:?}");
+                if let Err(e) = self.node.propose_via_leader(&cmd) {
+                    tracing::debug!("control: {e}");
+                }
             }
             // A serving primary that has settled the current membership records it, so
             // that the next change may go ahead.

@@ -69,6 +69,11 @@ pub struct EpochRecord {
     /// Once a later epoch opened: the highest timestamp of this epoch that survives (the
     /// lowest recovery point set since). Every node discards this epoch's commits above it.
     pub recovered: Option<u64>,
+    /// Once its primary has rejoined: how many of its commits above the recovery point
+    /// that primary's own log held and discarded (under `local`, commits it released and
+    /// never shipped; under `majority` and `all`, never released ones).
+    #[serde(default)]
+    pub discarded_by_primary: Option<u64>,
 }
 
 /// A command the Raft group commits (serialised as JSON into the entry's data).
@@ -96,6 +101,9 @@ pub enum Command {
     /// quorum, and everything it released is held by a quorum of them (so the next change
     /// may go ahead: see the module notes).
     ConfigApplied { epoch: u64, primary: NodeId, config: u64 },
+    /// The primary of `epoch`, rejoining after a later epoch opened, discarded `commits`
+    /// of its own log above the epoch's recovery point (`EpochRecord::discarded_by_primary`).
+    CountDiscarded { epoch: u64, node: NodeId, commits: u64 },
 }
 
 impl Command {
@@ -146,7 +154,13 @@ impl ControlState {
                 self.policy = policy.clone();
                 self.epoch = 1;
                 self.phase = Some(Phase::Serving);
-                self.epochs.push(EpochRecord { epoch: 1, primary: *primary, start: 0, recovered: None });
+                self.epochs.push(EpochRecord {
+                    epoch: 1,
+                    primary: *primary,
+                    start: 0,
+                    recovered: None,
+                    discarded_by_primary: None,
+                });
             }
             Command::BeginFailover { epoch, .. } => {
                 if *epoch != self.epoch + 1 || self.epochs.is_empty() {
@@ -177,7 +191,13 @@ impl ControlState {
                 for e in &mut self.epochs {
                     e.recovered = Some(e.recovered.map_or(*recovery_point, |r| r.min(*recovery_point)));
                 }
-                self.epochs.push(EpochRecord { epoch: *epoch, primary: *primary, start: *start, recovered: None });
+                self.epochs.push(EpochRecord {
+                    epoch: *epoch,
+                    primary: *primary,
+                    start: *start,
+                    recovered: None,
+                    discarded_by_primary: None,
+                });
                 self.phase = Some(Phase::Serving);
             }
             Command::SetPolicy { policy } => {
@@ -227,6 +247,18 @@ impl ControlState {
                     ));
                 }
                 self.settled = Some((*epoch, *config));
+            }
+            Command::CountDiscarded { epoch, node, commits } => {
+                let Some(e) = self.epochs.iter_mut().find(|e| e.epoch == *epoch) else {
+                    return Err(format!("no epoch {epoch} opened"));
+                };
+                if e.primary != *node || e.recovered.is_none() || e.discarded_by_primary.is_some() {
+                    return Err(format!(
+                        "node {node} counts what it discarded of epoch {epoch} (primary {}, recovered {:?}, counted {:?})",
+                        e.primary, e.recovered, e.discarded_by_primary
+                    ));
+                }
+                e.discarded_by_primary = Some(*commits);
             }
         }
         self.check();
@@ -428,6 +460,24 @@ mod tests {
         // A failover in progress holds changes back.
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
         assert!(s.apply(&Command::RemoveMember { id: 3 }).unwrap_err().contains("failing over"));
+    }
+
+    /// An old primary's count of what it discarded is recorded once, for its own epoch,
+    /// once that epoch was cut.
+    #[test]
+    fn an_old_primary_counts_what_it_discarded_once() {
+        let mut s = boot();
+        let count = |node, commits| Command::CountDiscarded { epoch: 1, node, commits };
+        assert!(s.apply(&count(1, 3)).is_err(), "epoch 1 is not cut yet");
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
+        s.apply(&Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 1, recovery_point: 9, start: 9, lost: 0 })
+            .unwrap();
+        assert!(s.apply(&count(2, 3)).is_err(), "only epoch 1's primary");
+        s.apply(&count(1, 3)).unwrap();
+        assert_eq!(s.epochs[0].discarded_by_primary, Some(3));
+        let before = s.clone();
+        assert!(s.apply(&count(1, 5)).is_err(), "once");
+        assert_eq!(s, before);
     }
 
     #[test]

@@ -741,7 +741,8 @@ impl Sim {
             Command::SetPolicy { .. }
             | Command::AddMember { .. }
             | Command::RemoveMember { .. }
-            | Command::ConfigApplied { .. } => {}
+            | Command::ConfigApplied { .. }
+            | Command::CountDiscarded { .. } => {}
         }
         false
     }

@@ -211,10 +211,15 @@ struct NodePlane {
     serving: bool,
     /// The membership configuration the primary server last said it has settled.
     settled: Option<u64>,
+    /// What this node, an old primary that rejoins, discarded of its epoch above the
+    /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
+    count_discarded: Option<(Command, Instant)>,
 }
 
 /// A peer heard from within this long counts as heard now.
 const HEARD_WITHIN_MS: u64 = 50;
+/// How often a command the data plane wants is proposed again, until it is applied.
+const PROPOSE_EVERY: Duration = Duration::from_millis(200);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// How long a child is given to stop before it is killed (more than a backup's own bound
@@ -364,6 +369,7 @@ impl NodePlane {
                     if old.exists() {
                         std::fs::remove_dir_all(&old).map_err(|e| format!("clearing {}: {e}", old.display()))?;
                     }
+                    self.count_what_it_discards();
                     std::fs::rename(&self.data, &old)
                         .map_err(|e| format!("moving {} aside: {e}", self.data.display()))?;
                     std::fs::create_dir_all(&self.data)
@@ -410,6 +416,31 @@ impl NodePlane {
         say(self.me, format!("started {role:?} (pid {})", proc.id()));
         self.child = Some(Running { role, proc, ready, joined, reader: Some(reader), probe: None });
         Ok(())
+    }
+
+    /// An old primary about to rejoin counts its own commits above its epoch's recovery
+    /// point (they are discarded with its log), and has the count recorded in the control
+    /// state (`Command::CountDiscarded`), where `INFO cluster` shows it with the failover.
+    fn count_what_it_discards(&mut self) {
+        let epoch = match ditto_log::recovery::primary_log_holdings(&self.data, None) {
+            Ok((_, e)) => e.0,
+            Err(e) => return tracing::warn!("node {}: reading its old log: {e}", self.me),
+        };
+        let Some(point) = self.state.recovery_point(epoch) else { return };
+        match ditto_log::recovery::primary_log_holdings(&self.data, Some(point)) {
+            Ok((h, _)) => {
+                say(
+                    self.me,
+                    format!(
+                        "discards {} commits of its epoch {epoch} above the recovery point {} (its own log)",
+                        h.txns_above, point.0
+                    ),
+                );
+                let cmd = Command::CountDiscarded { epoch, node: self.me, commits: h.txns_above };
+                self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
+            }
+            Err(e) => tracing::warn!("node {}: counting what its old log holds above {}: {e}", self.me, point.0),
+        }
     }
 
     fn addrs(&self, id: NodeId) -> Option<MemberAddrs> {
@@ -536,6 +567,22 @@ impl DataPlane for NodePlane {
         self.settled.filter(|_| self.serving)
     }
 
+    fn proposals(&mut self) -> Vec<Command> {
+        if let Some((Command::CountDiscarded { epoch, .. }, _)) = &self.count_discarded {
+            let done = self.state.epochs.iter().any(|e| e.epoch == *epoch && e.discarded_by_primary.is_some());
+            if done {
+                self.count_discarded = None;
+            }
+        }
+        match &mut self.count_discarded {
+            Some((cmd, at)) if at.elapsed() >= PROPOSE_EVERY => {
+                *at = Instant::now();
+                vec![cmd.clone()]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn restored(&mut self, state: &ControlState) {
         say(self.me, format!("took the control state from the leader's snapshot (epoch {})", state.epoch));
         self.state = state.clone();
@@ -565,7 +612,7 @@ impl DataPlane for NodePlane {
         // what its log holds, capped at its epoch's cut, and may not be chosen: a backup
         // is, and fetches what it lacks from this log.
         if let Some(dir) = self.primary_log_dir() {
-            let (h, epoch) = ditto_log::recovery::primary_log_holdings(&dir).map_err(|e| e.to_string())?;
+            let (h, epoch) = ditto_log::recovery::primary_log_holdings(&dir, None).map_err(|e| e.to_string())?;
             let cap = self.state.recovery_point(epoch.0).map_or(u64::MAX, |t| t.0);
             return Ok(Holding {
                 streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
@@ -805,11 +852,18 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         f.push((
             format!("cluster_failover_{}", h.epoch),
             format!(
-                "reason={},primary={},recovery_point={},lost={},opened_after_ms={}",
+                "reason={},primary={},recovery_point={},lost={},old_primary_discarded={},opened_after_ms={}",
                 h.reason.replace(',', ";"),
                 h.primary.map_or("-".into(), |p| p.to_string()),
                 h.recovery_point.map_or("-".into(), |p| p.to_string()),
                 h.lost,
+                // The epoch this failover ended, and what its primary discarded at its rejoin.
+                s.epochs
+                    .iter()
+                    .position(|e| e.epoch == h.epoch)
+                    .and_then(|i| i.checked_sub(1))
+                    .and_then(|i| s.epochs[i].discarded_by_primary)
+                    .map_or("-".into(), |n| n.to_string()),
                 match (h.began_ms, h.opened_ms) {
                     (b, Some(o)) if b > 0 => o.saturating_sub(b).to_string(),
                     _ => "-".into(),
@@ -859,6 +913,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         heard: Vec::new(),
         serving: false,
         settled: None,
+        count_discarded: None,
     };
     let svc = ControlService::start(
         ServiceConfig {

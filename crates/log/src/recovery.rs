@@ -558,9 +558,14 @@ pub(crate) fn replay_log(
 /// What a primary's own log in `data` holds, read without changing it (a failover's
 /// report from an old primary, docs/cluster.md): per stream, the highest durable bound (or
 /// the checkpoint, or the highest floor, whichever is higher) as recovery computes them;
-/// the newest timestamp written; the cut recovery would make; the log's epoch. The
-/// segments are fsynced first (the process that wrote them may not have).
-pub fn primary_log_holdings(data: &Path) -> Result<(crate::replica::ReplicaHoldings, Epoch), LogError> {
+/// the newest timestamp written; the cut recovery would make; the log's epoch; and, when
+/// `above` is given, how many transactions of its epoch lie above it (counting decodes
+/// those batches: an old primary's commits that a failover's recovery point discards).
+/// The segments are fsynced first (the process that wrote them may not have).
+pub fn primary_log_holdings(
+    data: &Path,
+    above: Option<Ts>,
+) -> Result<(crate::replica::ReplicaHoldings, Epoch), LogError> {
     let (newest, _) = crate::checkpoint::find_newest(data)?;
     let (ckpt_ts, epoch_min) = newest.map_or((Ts::ZERO, Epoch(0)), |(_, m)| (m.ts, m.log_epoch_min));
     let segments = list_segments(data)?.segments;
@@ -588,7 +593,20 @@ pub fn primary_log_holdings(data: &Path) -> Result<(crate::replica::ReplicaHoldi
         newest = newest.max(l.bound).max(l.batches.iter().map(|k| k.batch.header.last_ts).max().unwrap_or(Ts::ZERO));
     }
     let cut = streams.iter().copied().min().unwrap_or(ckpt_ts);
-    Ok((crate::replica::ReplicaHoldings { streams, newest, txns_above: 0, cut }, epoch))
+    let mut txns_above = 0;
+    let mut scratch = Vec::new();
+    for (_, l) in &logs {
+        for k in &l.batches {
+            let Some(above) = above.filter(|&a| k.batch.header.last_ts > a) else { continue };
+            let p = k.batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
+                file: k.file.to_path_buf(),
+                offset: k.offset,
+                what: e.to_string(),
+            })?;
+            txns_above += p.txns().filter(|t| t.ts > above && t.ts > ckpt_ts).count() as u64;
+        }
+    }
+    Ok((crate::replica::ReplicaHoldings { streams, newest, txns_above, cut }, epoch))
 }
 
 /// The batches of stream `stream` in the primary's own log in `data` with a bound above

@@ -57,8 +57,18 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
 
     // An old primary's own log reports as a replica log holding all of it would, and
     // serves the same batches.
-    let (hp, _) = ditto_log::recovery::primary_log_holdings(primary.path()).unwrap();
+    let (hp, _) = ditto_log::recovery::primary_log_holdings(primary.path(), None).unwrap();
     assert_eq!(hp.streams, ha.streams, "the primary's log holds what A received");
+    // It counts the transactions above a point as A's replica log does (what an old
+    // primary discards at its rejoin): some above the cut, none above the newest.
+    let above = |p| {
+        let (h, _) = ditto_log::recovery::primary_log_holdings(primary.path(), Some(p)).unwrap();
+        (h.txns_above, replica_holdings(a.path(), 2, Some(p)).unwrap().txns_above)
+    };
+    let (mine, theirs) = above(cut_bound);
+    assert_eq!(mine, theirs, "the same count from the primary's log and from A's");
+    assert!(mine > 0, "transactions lie above the cut");
+    assert_eq!(above(hp.newest), (0, 0));
     let from_primary = ditto_log::recovery::primary_stream_batches(primary.path(), 0, hb.streams[0]).unwrap();
     let fetched = replica_stream_batches(a.path(), 0, hb.streams[0]).unwrap();
     assert_eq!(from_primary, fetched, "the same batches from the primary's log and from A's");
