@@ -118,7 +118,7 @@ impl Coordinator {
     }
 
     /// Something arrived from `node` (a batch, a heartbeat, an acknowledgement of the data
-    /// plane).
+    /// plane), here or, for the primary, at a backup that told the leader (`Ctl::Heard`).
     pub fn heard(&mut self, node: NodeId, now: u64) {
         let e = self.heard.entry(node).or_insert(now);
         *e = (*e).max(now);

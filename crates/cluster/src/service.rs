@@ -203,7 +203,19 @@ pub enum Ctl {
         stream: usize,
         after: u64,
     },
+    /// To the leader, from `primary`, the primary of `epoch`, while it serves with quorum
+    /// contact (acknowledgements of its epoch from a quorum within the failure timeout),
+    /// every `HEARD_EVERY_MS`: the failure detector then does not count it silent because
+    /// the leader's own backup does not hear it (its server restarting, say). A primary
+    /// without quorum contact sends nothing, and is failed over as before.
+    Heard {
+        epoch: u64,
+        primary: NodeId,
+    },
 }
+
+/// How often a primary with quorum contact tells the leader so (ms).
+const HEARD_EVERY_MS: u64 = 25;
 const FRAME_HEADER: usize = 17;
 /// A frame larger than this is refused (the control plane's messages are small, and Raft
 /// sends at most `node::MSG_BYTES_MAX` of entries in one message).
@@ -813,6 +825,12 @@ impl Run {
                     }
                 }
             }
+            Ctl::Heard { epoch, primary } => {
+                let st = self.node.state();
+                if leader && st.epoch == epoch && st.primary() == Some(primary) && from == primary {
+                    self.coord.heard(primary, now);
+                }
+            }
             Ctl::Prepared { epoch, point, discarded } => {
                 let a = self.coord.on_prepared(from, epoch, point, discarded, now, self.node.state(), leader);
                 self.act(a, now)?;
@@ -833,6 +851,8 @@ impl Run {
         let mut next_transfer = 0u64;
         // When a primary may next record its settled membership.
         let mut next_settle = 0u64;
+        // When this node may next tell the leader that it hears the primary.
+        let mut next_heard_report = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
@@ -892,6 +912,15 @@ impl Run {
             self.coord.set_starting(self.data.starting());
             for n in self.data.heard() {
                 self.coord.heard(n, now);
+            }
+            // A primary with quorum contact tells the leader so (see `Ctl::Heard`).
+            let st = self.node.state();
+            if let (Some(l), true) = (self.node.leader(), serving && st.primary() == Some(id)) {
+                if l != id && now >= next_heard_report && self.coord.has_quorum_contact(st, now) {
+                    next_heard_report = now + HEARD_EVERY_MS;
+                    let msg = Ctl::Heard { epoch: st.epoch, primary: id };
+                    self.send(l, KIND_CTL, &serde_json::to_vec(&msg).expect("control requests serialise"));
+                }
             }
             for cmd in self.data.proposals() {
                 tracing::info!(node = id, "control: the data plane proposes {cmd:?}");

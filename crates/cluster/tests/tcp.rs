@@ -29,6 +29,8 @@ struct World {
     /// Pieces of fetch answers received, and batches in them.
     pieces: usize,
     batches_fetched: usize,
+    /// Nodes whose data plane hears nothing (a backup's server restarting).
+    deaf: std::collections::BTreeSet<NodeId>,
 }
 
 struct ModelPlane {
@@ -44,6 +46,9 @@ impl DataPlane for ModelPlane {
         // The serving primary's batches reach every running node, and their
         // acknowledgements reach it.
         let w = self.world.lock().unwrap();
+        if w.deaf.contains(&self.me) {
+            return Vec::new();
+        }
         if w.serving == Some(self.me) {
             return w.running.iter().filter(|(&n, &up)| up && n != self.me).map(|(&n, _)| n).collect();
         }
@@ -291,6 +296,25 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
     let states: Vec<_> = c.statuses().into_iter().map(|s| s.state).collect();
     assert!(states.windows(2).all(|w| w[0] == w[1]), "every node holds the same state: {states:?}");
     assert!(c.statuses().iter().all(|s| s.failed.is_none()));
+}
+
+/// The leader's own backup stops hearing the primary (its server restarting, say) while the
+/// primary keeps its quorum contact through the other backup, and tells the leader so: no
+/// failover. Once the primary loses its contact, the failover comes.
+#[test]
+fn a_primary_with_quorum_contact_is_not_failed_over_when_the_leader_does_not_hear_it() {
+    let c = Cluster::running(3);
+    let first = c.bootstrap();
+    wait_for("the leadership to leave the primary", Duration::from_secs(10), || c.leader().is_some_and(|l| l != first));
+    let leader = c.leader().unwrap();
+    c.world.lock().unwrap().deaf.insert(leader);
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(c.statuses().iter().all(|s| s.state.epoch == 1), "the primary has its contact: no failover");
+    assert!(c.nodes[&first].status().quorum_contact);
+    c.world.lock().unwrap().deaf.insert(first);
+    wait_for("a failover once the primary has lost its contact", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch >= 2)
+    });
 }
 
 /// A fetch answer far larger than a frame (12 MiB per stream, frames of at most 4 MiB)
