@@ -203,18 +203,19 @@ pub enum Ctl {
         stream: usize,
         after: u64,
     },
-    /// To the leader, from `primary`, the primary of `epoch`, while it serves with quorum
+    /// To every member, from `primary`, the primary of `epoch`, while it serves with quorum
     /// contact (acknowledgements of its epoch from a quorum within the failure timeout),
     /// every `HEARD_EVERY_MS`: the failure detector then does not count it silent because
-    /// the leader's own backup does not hear it (its server restarting, say). A primary
-    /// without quorum contact sends nothing, and is failed over as before.
+    /// the leader's own backup does not hear it (its server restarting, say), nor does a
+    /// node that has just become leader, since every node keeps it. A primary without
+    /// quorum contact sends nothing, and is failed over as before.
     Heard {
         epoch: u64,
         primary: NodeId,
     },
 }
 
-/// How often a primary with quorum contact tells the leader so (ms).
+/// How often a primary with quorum contact tells every member so (ms).
 const HEARD_EVERY_MS: u64 = 25;
 const FRAME_HEADER: usize = 17;
 /// A frame larger than this is refused (the control plane's messages are small, and Raft
@@ -827,7 +828,7 @@ impl Run {
             }
             Ctl::Heard { epoch, primary } => {
                 let st = self.node.state();
-                if leader && st.epoch == epoch && st.primary() == Some(primary) && from == primary {
+                if st.epoch == epoch && st.primary() == Some(primary) && from == primary {
                     self.coord.heard(primary, now);
                 }
             }
@@ -913,13 +914,16 @@ impl Run {
             for n in self.data.heard() {
                 self.coord.heard(n, now);
             }
-            // A primary with quorum contact tells the leader so (see `Ctl::Heard`).
+            // A primary with quorum contact tells every member so (see `Ctl::Heard`).
             let st = self.node.state();
-            if let (Some(l), true) = (self.node.leader(), serving && st.primary() == Some(id)) {
-                if l != id && now >= next_heard_report && self.coord.has_quorum_contact(st, now) {
-                    next_heard_report = now + HEARD_EVERY_MS;
-                    let msg = Ctl::Heard { epoch: st.epoch, primary: id };
-                    self.send(l, KIND_CTL, &serde_json::to_vec(&msg).expect("control requests serialise"));
+            if serving && st.primary() == Some(id) && now >= next_heard_report && self.coord.has_quorum_contact(st, now)
+            {
+                next_heard_report = now + HEARD_EVERY_MS;
+                let body =
+                    serde_json::to_vec(&Ctl::Heard { epoch: st.epoch, primary: id }).expect("requests serialise");
+                let peers: Vec<NodeId> = self.senders.keys().copied().collect();
+                for to in peers {
+                    self.send(to, KIND_CTL, &body);
                 }
             }
             for cmd in self.data.proposals() {

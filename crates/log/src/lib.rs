@@ -81,6 +81,22 @@ pub struct OpenOptions {
     /// New commit timestamps start above this (a failover's `start`: above everything any
     /// node held of the epoch it cut).
     pub ts_above: Ts,
+    /// An engine that already holds exactly the newest checkpoint in the directory, its
+    /// indexes built (a promoted backup's, `replica::open_replica_at`, which wrote that
+    /// checkpoint from it): used as it is instead of loading the checkpoint again. Refused
+    /// (an error, nothing changed) if the directory holds log segments or its newest
+    /// checkpoint is not at the engine's read view.
+    pub recovered: Option<Recovered>,
+}
+
+/// An engine already recovered to the newest checkpoint (`OpenOptions::recovered`).
+#[derive(Clone)]
+pub struct Recovered(pub Arc<Database>);
+
+impl std::fmt::Debug for Recovered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Recovered(at ts {})", self.0.clock().visible_ts().0)
+    }
 }
 
 impl Default for OpenOptions {
@@ -91,6 +107,7 @@ impl Default for OpenOptions {
             progress: false,
             epoch: None,
             ts_above: Ts::ZERO,
+            recovered: None,
         }
     }
 }
@@ -112,19 +129,22 @@ struct Inner {
 }
 
 /// Opens (creating if needed) and recovers the database in `dir`.
-pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
+pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     let t0 = Instant::now();
     for d in [dir.to_path_buf(), dir.join("log"), dir.join("checkpoints")] {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
     let lock = lock_dir(dir)?;
     let catalog = Catalog::load(dir)?;
+    let mut report = RecoveryReport::default();
+    let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
+    if let Some(Recovered(db)) = opts.recovered.take() {
+        return open_recovered(dir, opts, db, lock, catalog, newest, stale_ckpts, t0);
+    }
     let db = Database::new(Options { workers: opts.workers });
     for (id, name) in &catalog.tables {
         db.restore_table(*id, name);
     }
-    let mut report = RecoveryReport::default();
-    let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
     let (ckpt_ts, epoch_min) = match &newest {
         Some((cdir, m)) => {
             let t = Instant::now();
@@ -210,6 +230,64 @@ pub fn open(dir: &Path, opts: OpenOptions) -> Result<Durable, LogError> {
             std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
         }
     }
+    start_logging(dir, opts, db, lock, catalog, epoch, recovered_ts, durable_ckpt_ts, report, t0)
+}
+
+/// `open` with an engine that already holds the newest checkpoint (`OpenOptions::recovered`).
+#[allow(clippy::too_many_arguments)]
+fn open_recovered(
+    dir: &Path,
+    opts: OpenOptions,
+    db: Arc<Database>,
+    lock: std::fs::File,
+    catalog: Catalog,
+    newest: Option<(PathBuf, checkpoint::Manifest)>,
+    stale_ckpts: Vec<PathBuf>,
+    t0: Instant,
+) -> Result<Durable, LogError> {
+    let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
+    let Some((_, m)) = newest else {
+        return Err(refuse("given a recovered engine, but the directory holds no checkpoint".into()));
+    };
+    let view = db.clock().visible_ts();
+    if m.ts != view {
+        return Err(refuse(format!(
+            "given an engine recovered to ts {}, but the newest checkpoint is at ts {}",
+            view.0, m.ts.0
+        )));
+    }
+    if !recovery::list_segments(dir)?.segments.is_empty() {
+        return Err(refuse("given a recovered engine, but the directory holds log segments to replay".into()));
+    }
+    let epoch = Epoch(m.log_epoch_min.0.max(1));
+    let epoch = match opts.epoch {
+        Some(e) if e < epoch => {
+            return Err(refuse(format!("asked to write epoch {}, but the checkpoint names epoch {}", e.0, epoch.0)))
+        }
+        Some(e) => e,
+        None => epoch,
+    };
+    for d in &stale_ckpts {
+        std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
+    }
+    let report = RecoveryReport { checkpoint_ts: Some(m.ts), cut_ts: m.ts, ..Default::default() };
+    start_logging(dir, opts, db, lock, catalog, epoch, m.ts, m.ts, report, t0)
+}
+
+/// The end of `open`: the log starts writing `epoch` on top of what was recovered.
+#[allow(clippy::too_many_arguments)]
+fn start_logging(
+    dir: &Path,
+    opts: OpenOptions,
+    db: Arc<Database>,
+    lock: std::fs::File,
+    catalog: Catalog,
+    epoch: Epoch,
+    recovered_ts: Ts,
+    durable_ckpt_ts: Ts,
+    mut report: RecoveryReport,
+    t0: Instant,
+) -> Result<Durable, LogError> {
     // New commits, and the streams' durable positions, start above `ts_above`: nothing
     // lies between what was recovered and it (a failover discarded it), so the watermark
     // covers it at once (a backup registering waits for the watermark to reach the clock).

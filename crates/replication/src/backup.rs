@@ -128,6 +128,12 @@ pub struct BackupOptions {
     /// How often the backup writes its own checkpoint (at its read view) and deletes the
     /// replica log files it covers, so its disk use stays bounded.
     pub checkpoint_every: Duration,
+    /// Also checkpoint once it has received this many bytes since its last checkpoint
+    /// (and at least `checkpoint_log_growth_percent` of that checkpoint's size), as a
+    /// primary does: a cluster node promoted from this backup replays at most that much of
+    /// its replica log before it serves (docs/cluster.md). 0: time only.
+    pub checkpoint_log_min_bytes: u64,
+    pub checkpoint_log_growth_percent: u64,
     /// Replica log files are closed past this size (only closed ones are deleted).
     pub replica_file_bytes: u64,
     /// Recover at most up to this timestamp at the start (a failover's recovery point:
@@ -149,6 +155,8 @@ impl BackupOptions {
             on_keys: None,
             storage: None,
             checkpoint_every: Duration::from_secs(300),
+            checkpoint_log_min_bytes: 0,
+            checkpoint_log_growth_percent: 100,
             replica_file_bytes: 64 << 20,
             recover_upto: None,
         }
@@ -349,6 +357,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     };
     write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
     let db = Arc::clone(&opened.db);
+    // The size of the checkpoint this run started from (written by the open, or loaded).
+    let opened_checkpoint_bytes = opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes);
     let state = Arc::new(BackupState::default());
     *state.replay_mode.lock() = match opts.share_values_from {
         None => opts.replay.to_string(),
@@ -402,12 +412,23 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     {
         let (db, state, dir, storage, every) =
             (Arc::clone(&db), Arc::clone(&state), dir.clone(), Arc::clone(&run_storage), opts.checkpoint_every);
+        let (min_bytes, growth) = (opts.checkpoint_log_min_bytes, opts.checkpoint_log_growth_percent);
+        let poll = if min_bytes > 0 { every.min(Duration::from_millis(500)) } else { every };
+        // When the last checkpoint was taken (or this run began), the bytes received then,
+        // and that checkpoint's size.
+        let (mut last_at, mut last_bytes, mut last_size) =
+            (Instant::now(), state.bytes_received.load(Ordering::Acquire), opened_checkpoint_bytes);
         std::thread::Builder::new()
             .name("ditto-repl-ckpt".into())
             .spawn(move || loop {
-                std::thread::sleep(every);
+                std::thread::sleep(poll);
                 if state.failure.lock().is_some() {
                     return;
+                }
+                let received = state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes);
+                let grown = min_bytes > 0 && received >= min_bytes.max(last_size.saturating_mul(growth) / 100);
+                if !grown && last_at.elapsed() < every {
+                    continue;
                 }
                 let view = state.visible.load(Ordering::Acquire);
                 if view <= state.checkpoint_ts.load(Ordering::Acquire) {
@@ -420,8 +441,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     tracing::info!("backup checkpoint put off: a key's earlier life is still being replayed");
                     continue;
                 };
+                let bytes_then = state.bytes_received.load(Ordering::Acquire);
                 match ditto_log::replica::checkpoint_replica(&db, &dir, &*storage) {
                     Ok(info) => {
+                        (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
                         state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
                         state.checkpoints.fetch_add(1, Ordering::Relaxed);
                         tracing::info!("backup checkpoint at ts {} ({} rows)", info.ts.0, info.rows);

@@ -69,10 +69,26 @@ fn a_promoted_backup_starts_above_the_point_and_a_backup_cut_there_resumes_from_
     // in epoch 2 above `start`.
     let opened = ditto_log::replica::open_replica_upto(&b1, 1, &storage, Some(p)).unwrap();
     assert_eq!(opened.cut, p);
-    drop(opened);
+    let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
+    drop(lock);
     std::fs::remove_dir_all(ditto_log::replica::replica_dir(&b1)).unwrap();
-    let o = OpenOptions { workers: 1, epoch: Some(Epoch(epoch1.0 + 1)), ts_above: start, ..Default::default() };
-    let bp = ditto_log::open(&b1, o).unwrap();
+    // The engine replayed from the replica log becomes the primary's as it is (no second
+    // load of the checkpoint it wrote); one that does not match the checkpoint is refused.
+    let o = |recovered| OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch1.0 + 1)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(recovered)),
+        ..Default::default()
+    };
+    let other = ditto_engine::Database::new(ditto_engine::Options { workers: 1 });
+    match ditto_log::open(&b1, o(other)) {
+        Err(e) => assert!(e.to_string().contains("newest checkpoint is at ts"), "{e}"),
+        Ok(_) => panic!("an engine that does not hold the checkpoint was taken"),
+    }
+    let bp = ditto_log::open(&b1, o(Arc::clone(&db))).unwrap();
+    assert!(Arc::ptr_eq(bp.db(), &db), "the replayed engine is the primary's");
+    assert_eq!(bp.recovery().checkpoint_rows, 0, "nothing loaded again");
     assert_eq!(bp.logger().epoch(), Epoch(epoch1.0 + 1));
     assert!(bp.logger().watermark() >= start, "the watermark covers the empty stretch up to start");
     let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));

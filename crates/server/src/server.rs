@@ -183,6 +183,10 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                     0 => 300,
                     s => s,
                 }),
+                // ... and its log growth, as a primary's do: a promoted backup replays at
+                // most that much before it serves (docs/cluster.md).
+                checkpoint_log_min_bytes: cfg.checkpoint_log_min_bytes,
+                checkpoint_log_growth_percent: cfg.checkpoint_log_growth_percent,
                 replica_file_bytes: 64 << 20,
                 recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
             };
@@ -206,7 +210,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             };
             let mut open = ditto_log::OpenOptions { workers: cfg.workers, log, progress: true, ..Default::default() };
             if let Some(c) = &cfg.cluster {
-                promote_replica(&dir, cfg.workers, c)?;
+                open.recovered = promote_replica(&dir, cfg.workers, c)?;
                 open.epoch = Some(ditto_log::Epoch(c.epoch));
                 open.ts_above = Ts(c.ts_above);
             }
@@ -449,13 +453,18 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
 }
 
 /// A cluster node promoted from a backup: its replica log, cut at the failover's recovery
-/// point, becomes a checkpoint that the primary's recovery then starts from
-/// (docs/cluster.md). It must hold everything up to the point (the failover fetched what
-/// it lacked first); what it holds above is discarded.
-fn promote_replica(dir: &std::path::Path, workers: usize, c: &crate::config::ClusterRun) -> Result<(), ServerError> {
+/// point, becomes a checkpoint that the primary's log then starts from (docs/cluster.md),
+/// and the engine it was replayed into is handed to the log as it is (not loaded again
+/// from that checkpoint). It must hold everything up to the point (the failover fetched
+/// what it lacked first); what it holds above is discarded.
+fn promote_replica(
+    dir: &std::path::Path,
+    workers: usize,
+    c: &crate::config::ClusterRun,
+) -> Result<Option<ditto_log::Recovered>, ServerError> {
     let rdir = ditto_log::replica::replica_dir(dir);
     if !rdir.exists() {
-        return Ok(()); // a primary's own directory (the first epoch)
+        return Ok(None); // a primary's own directory (the first epoch)
     }
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
     // It must hold everything up to the point (refused before anything is rewritten).
@@ -463,15 +472,26 @@ fn promote_replica(dir: &std::path::Path, workers: usize, c: &crate::config::Clu
         Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, Ts(p))?,
         None => ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?,
     };
-    tracing::info!(
-        "promoted from a backup's data: checkpoint at ts {} ({} transactions above it discarded)",
-        opened.cut.0,
-        opened.report.log_txns_dropped_above_cut
+    let r = &opened.report;
+    // On standard output: a cluster node prints it with the failover's other phases.
+    println!(
+        "promotion: checkpoint at ts {} loaded in {:.2} s, {} transactions of the replica log replayed in {:.2} s ({} above the point discarded), {} keys indexed in {:.2} s, a checkpoint of {:.1} MB written in {:.2} s; {:.2} s in all",
+        r.checkpoint_ts.map_or(0, |t| t.0),
+        r.checkpoint_seconds,
+        r.log_txns_replayed,
+        r.log_seconds,
+        r.log_txns_dropped_above_cut,
+        r.index_keys,
+        r.index_seconds,
+        r.checkpoint_written_bytes as f64 / 1e6,
+        r.checkpoint_write_seconds,
+        r.total_seconds
     );
-    drop(opened);
+    let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
+    drop(lock);
     std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
     let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
-    Ok(())
+    Ok(Some(ditto_log::Recovered(db)))
 }
 
 impl Conn {
