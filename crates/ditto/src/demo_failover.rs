@@ -147,18 +147,74 @@ pub(crate) fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Op
     }
 }
 
-type Acks = Arc<Mutex<Vec<(u64, Instant, u16)>>>;
+/// One acknowledged write: client, sequence number, when, and the port that took it.
+pub(crate) type Ack = (usize, u64, Instant, u16);
+pub(crate) type Acks = Arc<Mutex<Vec<Ack>>>;
 
-/// Every acknowledged write holds its value on the node at `port`, waiting (bounded) for a
-/// backup to catch up.
-fn check_has(port: u16, acked: &[(u64, Instant, u16)]) -> Result<(), Error> {
-    let pairs: Vec<(String, String)> = acked.iter().map(|(n, _, _)| (format!("demo:w:{n}"), n.to_string())).collect();
+/// The key a writer's `n`th write sets (to `n`).
+pub(crate) fn key(prefix: &str, client: usize, n: u64) -> String {
+    format!("{prefix}{client}:{n}")
+}
+
+/// Where the primary is, as any node says (`SENTINEL get-master-addr-by-name ditto`).
+fn discover(ports: &[u16]) -> Option<u16> {
+    for &p in ports {
+        let Ok(mut c) = Client::connect_to("127.0.0.1", p) else { continue };
+        if let Ok(Reply::Array(Some(a))) = c.call(&["SENTINEL", "get-master-addr-by-name", "ditto"]) {
+            if let Some(Reply::Bulk(Some(port))) = a.get(1) {
+                if let Some(port) = std::str::from_utf8(port).ok().and_then(|s| s.parse().ok()) {
+                    return Some(port);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A client that writes without pause (`SET <prefix><client>:<n> <n>`, one at a time) and
+/// follows the primary by itself: on an error or a `READONLY` it asks the nodes where the
+/// primary is (`SENTINEL`) and goes there. Records every acknowledged write.
+pub(crate) fn writer(client: usize, prefix: &'static str, ports: Vec<u16>, acks: Acks, stop: Arc<AtomicBool>) {
+    let mut n = 0u64;
+    let mut conn: Option<(Client, u16)> = None;
+    let mut next = client;
+    while !stop.load(Ordering::SeqCst) {
+        if conn.is_none() {
+            // Ask where the primary is; with no answer, try the nodes in turn.
+            let port = discover(&ports).unwrap_or_else(|| {
+                next += 1;
+                ports[next % ports.len()]
+            });
+            match Client::connect_to("127.0.0.1", port) {
+                Ok(c) => conn = Some((c, port)),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+            }
+        }
+        let (c, port) = conn.as_mut().expect("connected");
+        n += 1;
+        match c.call(&["SET", &key(prefix, client, n), &n.to_string()]) {
+            Ok(Reply::Simple(s)) if s == "OK" => acks.lock().expect("acks").push((client, n, Instant::now(), *port)),
+            _ => {
+                conn = None; // READONLY from a backup, or a node going down
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+/// Every acknowledged write of `prefix` holds its value on the node at `port`, waiting
+/// (bounded) for a backup to catch up.
+pub(crate) fn check_acks(port: u16, prefix: &str, acked: &[Ack]) -> Result<(), Error> {
+    let pairs: Vec<(String, String)> = acked.iter().map(|(c, n, _, _)| (key(prefix, *c, *n), n.to_string())).collect();
     check_keys(port, &pairs)
 }
 
 /// Every (key, value) acknowledged is on the node at `port`, waiting (bounded, 20 s) for
 /// a backup to catch up; `Err` names the first that is not ("LOST: ...").
-pub(crate) fn check_keys(port: u16, acked: &[(String, String)]) -> Result<(), Error> {
+fn check_keys(port: u16, acked: &[(String, String)]) -> Result<(), Error> {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let r = (|| -> Result<Option<String>, Error> {
@@ -195,32 +251,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     let writer = {
         let (acks, stop) = (Arc::clone(&acks), Arc::clone(&stop));
         let ports: Vec<u16> = nodes.ports.values().copied().collect();
-        std::thread::spawn(move || {
-            let (mut n, mut next, mut conn) = (0u64, 0usize, None::<(Client, u16)>);
-            while !stop.load(Ordering::SeqCst) {
-                if conn.is_none() {
-                    let port = ports[next % ports.len()];
-                    next += 1;
-                    match Client::connect_to("127.0.0.1", port) {
-                        Ok(c) => conn = Some((c, port)),
-                        Err(_) => {
-                            std::thread::sleep(Duration::from_millis(2));
-                            continue;
-                        }
-                    }
-                }
-                let (c, port) = conn.as_mut().expect("connected");
-                n += 1;
-                let (k, v) = (format!("demo:w:{n}"), n.to_string());
-                match c.call(&["SET", &k, &v]) {
-                    Ok(Reply::Simple(s)) if s == "OK" => acks.lock().expect("acks").push((n, Instant::now(), *port)),
-                    _ => {
-                        conn = None; // a backup (READONLY) or a node going down: the next one
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                }
-            }
-        })
+        std::thread::spawn(move || writer(0, "demo:w:", ports, acks, stop))
     };
     let mut unavailable_ms = Vec::new();
     let mut rejoin_ms = Vec::new();
@@ -233,13 +264,13 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         let killed_port = nodes.ports[&primary];
         nodes.kill(primary)?;
         let first_after = wait_for("a write on the new primary", Duration::from_secs(20), || {
-            acks.lock().expect("acks").iter().find(|(_, t, p)| *t > killed_at && *p != killed_port).map(|a| a.1)
+            acks.lock().expect("acks").iter().find(|(_, _, t, p)| *t > killed_at && *p != killed_port).map(|a| a.2)
         })?;
         let ms = first_after.duration_since(killed_at).as_secs_f64() * 1e3;
         unavailable_ms.push(ms);
         let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
         let snapshot = acks.lock().expect("acks").clone();
-        check_has(nodes.ports[&new], &snapshot)?;
+        check_acks(nodes.ports[&new], "demo:w:", &snapshot)?;
         println!(
             "failover {}: SIGKILL of node {primary}; node {new} took writes {ms:.0} ms later; all {} acknowledged writes on it",
             cycle + 1,
@@ -248,7 +279,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         let t = Instant::now();
         nodes.start(primary)?;
         wait_for("the killed node to rejoin", Duration::from_secs(30), || nodes.rejoined(primary).then_some(()))?;
-        check_has(killed_port, &snapshot)?;
+        check_acks(killed_port, "demo:w:", &snapshot)?;
         rejoin_ms.push(t.elapsed().as_secs_f64() * 1e3);
         println!("            node {primary} restarted and rejoined as a backup in {:.0} ms", rejoin_ms[cycle]);
     }
@@ -257,13 +288,13 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     writer.join().map_err(|_| "the writer panicked")?;
     let acked = acks.lock().expect("acks").clone();
     for &port in nodes.ports.values() {
-        check_has(port, &acked)?;
+        check_acks(port, "demo:w:", &acked)?;
     }
     let timeline = match first_kill {
         Some(k) => {
             let from = k - Duration::from_millis(1000);
             let mut b = vec![0usize; 30];
-            for (_, t, _) in &acked {
+            for (_, _, t, _) in &acked {
                 if *t >= from {
                     let i = (t.duration_since(from).as_millis() / 100) as usize;
                     if i < b.len() {

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::demo_failover::{check_keys, wait_for, Nodes};
-use crate::demo_server::{Client, Reply};
+use crate::demo_failover::{check_acks, wait_for, writer, Ack, Nodes};
+use crate::demo_server::Client;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -56,9 +56,6 @@ pub struct FailoverBenchArgs {
     json: bool,
 }
 
-/// One acknowledged write: client, sequence number, when, and the port that took it.
-type Ack = (usize, u64, Instant, u16);
-
 #[derive(serde::Serialize)]
 struct FailoverFigures {
     killed: u64,
@@ -84,53 +81,6 @@ struct Figures {
     failovers: Vec<FailoverFigures>,
     /// Writes per second in each bucket from the start of the load.
     writes_per_s: Vec<f64>,
-}
-
-/// Where the primary is, as any node says (`SENTINEL get-master-addr-by-name ditto`).
-fn discover(ports: &[u16]) -> Option<u16> {
-    for &p in ports {
-        let Ok(mut c) = Client::connect_to("127.0.0.1", p) else { continue };
-        if let Ok(Reply::Array(Some(a))) = c.call(&["SENTINEL", "get-master-addr-by-name", "ditto"]) {
-            if let Some(Reply::Bulk(Some(port))) = a.get(1) {
-                if let Some(port) = std::str::from_utf8(port).ok().and_then(|s| s.parse().ok()) {
-                    return Some(port);
-                }
-            }
-        }
-    }
-    None
-}
-
-fn client_loop(id: usize, ports: Vec<u16>, acks: Arc<Mutex<Vec<Ack>>>, stop: Arc<AtomicBool>) {
-    let mut n = 0u64;
-    let mut conn: Option<(Client, u16)> = None;
-    let mut next = id;
-    while !stop.load(Ordering::SeqCst) {
-        if conn.is_none() {
-            // Ask where the primary is; with no answer, try the nodes in turn.
-            let port = discover(&ports).unwrap_or_else(|| {
-                next += 1;
-                ports[next % ports.len()]
-            });
-            match Client::connect_to("127.0.0.1", port) {
-                Ok(c) => conn = Some((c, port)),
-                Err(_) => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    continue;
-                }
-            }
-        }
-        let (c, port) = conn.as_mut().expect("connected");
-        n += 1;
-        let (k, v) = (format!("b:{id}:{n}"), n.to_string());
-        match c.call(&["SET", &k, &v]) {
-            Ok(Reply::Simple(s)) if s == "OK" => acks.lock().expect("acks").push((id, n, Instant::now(), *port)),
-            _ => {
-                conn = None; // READONLY from a backup, or a node going down
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-    }
 }
 
 /// Writes per second in `BUCKET_MS` buckets from `from` to `to`.
@@ -180,7 +130,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     let clients: Vec<_> = (0..a.clients)
         .map(|id| {
             let (acks, stop, ports) = (Arc::clone(&acks), Arc::clone(&stop), ports.clone());
-            std::thread::spawn(move || client_loop(id, ports, acks, stop))
+            std::thread::spawn(move || writer(id, "b:", ports, acks, stop))
         })
         .collect();
     let start = Instant::now();
@@ -216,13 +166,12 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     let end = Instant::now();
     let acked = acks.lock().expect("acks").clone();
     // Every acknowledged write, on every node.
-    let pairs: Vec<(String, String)> = acked.iter().map(|(c, n, _, _)| (format!("b:{c}:{n}"), n.to_string())).collect();
     let mut lost = 0;
     for (id, &port) in &nodes.ports {
         wait_for("every node to serve", Duration::from_secs(30), || {
             Client::connect_to("127.0.0.1", port).ok().map(|_| ())
         })?;
-        if let Err(e) = check_keys(port, &pairs) {
+        if let Err(e) = check_acks(port, "b:", &acked) {
             eprintln!("node {id}: {e}");
             lost += 1;
         }

@@ -455,30 +455,30 @@ impl Drop for Proxy {
     }
 }
 
-/// A primary cut off from the majority (every link to and from it through a proxy that
-/// now drops everything): the others fail it over; it refuses writes with a clear error
-/// once it has not heard a quorum for the failure timeout; nothing it acknowledged is
-/// lost; once the partition heals it comes back as a backup and catches up.
-#[test]
-fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// Per (i, j): the proxy node i reaches node j's replication port through, and its control
+/// port's, if that is proxied too.
+type Proxies = BTreeMap<(u64, u64), (Proxy, Option<Proxy>)>;
+
+/// Three nodes started, whose links go through proxies the test controls (`Proxies`).
+fn proxied_cluster(policy: &str, control: bool) -> (Cluster, Proxies) {
     let n = 3u64;
     let p = free_ports(3 * n as usize);
-    let (client, repl, control) =
+    let (client, repl, ctl) =
         (|i: u64| p[3 * (i - 1) as usize], |i: u64| p[3 * (i - 1) as usize + 1], |i: u64| p[3 * (i - 1) as usize + 2]);
-    // One proxy per direction and per port: node i reaches node j's replication and
-    // control ports through proxies[(i, j)].
-    let mut proxies: BTreeMap<(u64, u64), (Proxy, Proxy)> = BTreeMap::new();
+    let mut proxies = Proxies::new();
     for i in 1..=n {
         for j in (1..=n).filter(|&j| j != i) {
-            proxies.insert((i, j), (Proxy::start(repl(j)), Proxy::start(control(j))));
+            proxies.insert((i, j), (Proxy::start(repl(j)), control.then(|| Proxy::start(ctl(j)))));
         }
     }
     let members = |i: u64| -> String {
         (1..=n)
             .map(|j| match j == i {
-                true => format!("{j}=127.0.0.1:{}/{}/{}", client(j), repl(j), control(j)),
-                false => format!("{j}=127.0.0.1:{}/{}/{}", client(j), proxies[&(i, j)].0.port, proxies[&(i, j)].1.port),
+                true => format!("{j}=127.0.0.1:{}/{}/{}", client(j), repl(j), ctl(j)),
+                false => {
+                    let (r, c) = &proxies[&(i, j)];
+                    format!("{j}=127.0.0.1:{}/{}/{}", client(j), r.port, c.as_ref().map_or(ctl(j), |c| c.port))
+                }
             })
             .collect::<Vec<_>>()
             .join(",")
@@ -488,11 +488,22 @@ fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
         members: (1..=n).map(|i| (i, members(i))).collect(),
         ports: (1..=n).map(|i| (i, client(i))).collect(),
         nodes: BTreeMap::new(),
-        policy: "majority-durable".into(),
+        policy: policy.into(),
     };
     for id in 1..=n {
         c.start_node(id);
     }
+    (c, proxies)
+}
+
+/// A primary cut off from the majority (every link to and from it through a proxy that
+/// now drops everything): the others fail it over; it refuses writes with a clear error
+/// once it has not heard a quorum for the failure timeout; nothing it acknowledged is
+/// lost; once the partition heals it comes back as a backup and catches up.
+#[test]
+fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, proxies) = proxied_cluster("majority-durable", true);
     let old = wait_for("a first primary", Duration::from_secs(30), || c.primary());
     let mut w = Writer::start(c.ports.values().copied().collect());
     wait_for("writes", Duration::from_secs(30), || (w.acked().len() > 200).then_some(()));
@@ -501,7 +512,7 @@ fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
     for ((i, j), (r, ctl)) in &proxies {
         if *i == old || *j == old {
             r.block(true);
-            ctl.block(true);
+            ctl.as_ref().expect("control proxied").block(true);
         }
     }
     // The majority fails over and takes writes.
@@ -526,7 +537,7 @@ fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
     // Heal; the old primary comes back as a backup.
     for (r, ctl) in proxies.values() {
         r.block(false);
-        ctl.block(false);
+        ctl.as_ref().expect("control proxied").block(false);
     }
     wait_for("the old primary to rejoin as a backup", Duration::from_secs(30), || {
         c.info(old).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
@@ -1021,41 +1032,12 @@ fn count_missing(port: u16, acked: &[(u64, Instant, u16)]) -> usize {
 #[test]
 fn under_local_an_old_primary_counts_what_it_discarded_at_its_rejoin() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let n = 3u64;
-    let p = free_ports(3 * n as usize);
-    let (client, repl, control) =
-        (|i: u64| p[3 * (i - 1) as usize], |i: u64| p[3 * (i - 1) as usize + 1], |i: u64| p[3 * (i - 1) as usize + 2]);
-    // Node i reaches node j's replication port through proxies[(i, j)].
-    let mut proxies: BTreeMap<(u64, u64), Proxy> = BTreeMap::new();
-    for i in 1..=n {
-        for j in (1..=n).filter(|&j| j != i) {
-            proxies.insert((i, j), Proxy::start(repl(j)));
-        }
-    }
-    let members = |i: u64| -> String {
-        (1..=n)
-            .map(|j| match j == i {
-                true => format!("{j}=127.0.0.1:{}/{}/{}", client(j), repl(j), control(j)),
-                false => format!("{j}=127.0.0.1:{}/{}/{}", client(j), proxies[&(i, j)].port, control(j)),
-            })
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    let mut c = Cluster {
-        dir: tempfile::tempdir().unwrap(),
-        members: (1..=n).map(|i| (i, members(i))).collect(),
-        ports: (1..=n).map(|i| (i, client(i))).collect(),
-        nodes: BTreeMap::new(),
-        policy: "local".into(),
-    };
-    for id in 1..=n {
-        c.start_node(id);
-    }
+    let (mut c, proxies) = proxied_cluster("local", false);
     let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
     let mut w = Writer::start(c.ports.values().copied().collect());
     c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
     // The backups stop receiving the primary's log; it goes on acknowledging (local).
-    for ((_, j), px) in &proxies {
+    for ((_, j), (px, _)) in &proxies {
         if *j == first {
             px.block(true);
         }
@@ -1063,7 +1045,7 @@ fn under_local_an_old_primary_counts_what_it_discarded_at_its_rejoin() {
     std::thread::sleep(Duration::from_millis(150));
     let killed_at = Instant::now();
     c.kill(first);
-    for px in proxies.values() {
+    for (px, _) in proxies.values() {
         px.block(false);
     }
     let new = c.wait_or_dump("a new primary", Duration::from_secs(20), || c.primary().filter(|&p| p != first));
