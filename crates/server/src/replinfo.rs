@@ -208,6 +208,7 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         ("ditto_cluster_epoch", "cluster_epoch", "The newest epoch begun."),
         ("ditto_cluster_raft_term", "cluster_raft_term", "The control plane's Raft term."),
         ("ditto_cluster_failovers", "cluster_failovers", "Epochs opened after the first (failovers)."),
+        ("ditto_cluster_config", "cluster_config", "The membership configuration (one more at every change)."),
     ] {
         if let Some(v) = num(key) {
             gauge(name, help, vec![(String::new(), v)]);
@@ -224,7 +225,9 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         "1 while this node's server refuses writes (a primary without quorum contact).",
         vec![(String::new(), u8::from(sh.write_gate.refusal().is_some()).to_string())],
     );
-    let (mut took, mut lost) = (Vec::new(), Vec::new());
+    let voters = cluster.get("cluster_voters").map_or(0, |v| v.split(',').filter(|x| !x.is_empty()).count());
+    gauge("ditto_cluster_voters", "Voters of the control plane's Raft group.", vec![(String::new(), voters.to_string())]);
+    let (mut took, mut lost, mut discarded) = (Vec::new(), Vec::new(), Vec::new());
     for (k, v) in cluster.iter().filter(|(k, _)| k.starts_with("cluster_failover_")) {
         let epoch = esc(k.trim_start_matches("cluster_failover_"));
         let field = |f: &str| v.split(',').find_map(|p| p.strip_prefix(f)?.strip_prefix('=')?.parse::<u64>().ok());
@@ -234,6 +237,9 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         if let Some(n) = field("lost") {
             lost.push((format!("{{epoch=\"{epoch}\"}}"), n.to_string()));
         }
+        if let Some(n) = field("old_primary_discarded") {
+            discarded.push((format!("{{epoch=\"{epoch}\"}}"), n.to_string()));
+        }
     }
     gauge(
         "ditto_cluster_failover_open_seconds",
@@ -241,6 +247,11 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         took,
     );
     gauge("ditto_cluster_failover_lost_commits", "Per recent failover: commits above its recovery point.", lost);
+    gauge(
+        "ditto_cluster_failover_old_primary_discarded",
+        "Per recent failover: the old primary's own commits above the recovery point, counted at its rejoin.",
+        discarded,
+    );
 }
 
 #[cfg(test)]
