@@ -165,15 +165,50 @@ impl DataLog {
 #[derive(Clone, Debug)]
 enum Msg {
     Raft(Box<Message>),
-    Ship { epoch: u64, stream: usize, prev: u64, units: Vec<Unit>, released: u64 },
-    Ack { epoch: u64, recv: Vec<u64>, dur: Vec<u64> },
-    Nack { epoch: u64, stream: usize, have: u64 },
-    AskReport { epoch: u64 },
+    Ship {
+        epoch: u64,
+        stream: usize,
+        prev: u64,
+        units: Vec<Unit>,
+        released: u64,
+    },
+    Ack {
+        epoch: u64,
+        recv: Vec<u64>,
+        dur: Vec<u64>,
+    },
+    Nack {
+        epoch: u64,
+        stream: usize,
+        have: u64,
+    },
+    AskReport {
+        epoch: u64,
+    },
     Report(TailReport),
     Prepare(RecoveryPlan),
-    Prepared { epoch: u64, point: u64, discarded: u64 },
-    Fetch { epoch: u64, stream: usize, after: u64, upto: u64 },
-    FetchReply { epoch: u64, stream: usize, prev: u64, upto: u64, units: Option<Vec<Unit>> },
+    Prepared {
+        epoch: u64,
+        point: u64,
+        discarded: u64,
+    },
+    Fetch {
+        epoch: u64,
+        stream: usize,
+        after: u64,
+        upto: u64,
+    },
+    /// From a primary with quorum contact, to every node (the service's `Ctl::Heard`).
+    Heard {
+        epoch: u64,
+    },
+    FetchReply {
+        epoch: u64,
+        stream: usize,
+        prev: u64,
+        upto: u64,
+        units: Option<Vec<Unit>>,
+    },
 }
 
 struct Primary {
@@ -800,6 +835,12 @@ impl Sim {
         }
         // A primary cut off from the majority takes no writes.
         let contact = self.nodes[i].coord.has_quorum_contact(&state, now);
+        // With quorum contact it tells every node so, every 25 ms (`Ctl::Heard`).
+        if contact && now.is_multiple_of(25) {
+            for to in (1..=self.nodes.len() as u64).filter(|&n| n != id) {
+                self.send(id, to, Msg::Heard { epoch });
+            }
+        }
         let disk_ok = now >= self.nodes[i].disk_full_until;
         if contact && disk_ok {
             let commits = self.rng.gen_range(0..3);
@@ -943,6 +984,12 @@ impl Sim {
                     }
                     Err(have) if have < prev => self.send(id, from, Msg::Nack { epoch, stream, have }),
                     Err(_) => {}
+                }
+            }
+            Msg::Heard { epoch } => {
+                let state = self.state_of(i);
+                if state.epoch == epoch && state.primary() == Some(from) {
+                    self.nodes[i].coord.heard(from, now);
                 }
             }
             Msg::Ack { epoch, recv, dur } => {

@@ -39,6 +39,10 @@ pub struct AddArgs {
     /// Keep asking this long while the change cannot happen yet.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
+    /// Then wait this long for the new node to join the primary as a backup (its copy of
+    /// the primary's data done, its link up), printing its progress; 0: do not wait.
+    #[arg(long, default_value_t = 600)]
+    join_wait_s: u64,
 }
 
 #[derive(clap::Args)]
@@ -120,6 +124,42 @@ fn info(addr: &str) -> Result<BTreeMap<String, String>, Error> {
     Ok(all)
 }
 
+/// Waits for a node just added to run as a backup with its link to the primary up,
+/// printing what it does meanwhile (at most once a second).
+fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Error> {
+    let t = std::time::Instant::now();
+    let mut last_said = String::new();
+    loop {
+        let now = match info(addr) {
+            Ok(f) => {
+                let g = |k: &str| f.get(k).cloned().unwrap_or_default();
+                if g("role") == "slave" && g("master_link_status") == "up" {
+                    println!(
+                        "node {id} joined the primary at {}:{} as a backup after {:.1} s",
+                        g("master_host"),
+                        g("master_port"),
+                        t.elapsed().as_secs_f64()
+                    );
+                    return Ok(());
+                }
+                format!("its server runs as {} (link {})", g("role"), g("master_link_status"))
+            }
+            Err(_) => "its server is not answering yet (starting, or copying the primary's data)".to_string(),
+        };
+        if now != last_said {
+            println!("node {id}: {now}");
+            last_said = now;
+        }
+        if t.elapsed() >= wait {
+            return Err(format!(
+                "node {id} has not joined within {wait:?} (it is a member; see `ditto cluster status` and its log)"
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
     let a = match cmd {
         ClusterCmd::Status(a) => a,
@@ -129,7 +169,11 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
                 return Err("name one member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT".into());
             };
             let member = ditto_cluster::Member { id, addr: m.client_addr(), repl: m.repl, control: m.control };
-            return change(&a.via, ditto_cluster::AdminRequest::Add(member), std::time::Duration::from_secs(a.wait_s));
+            change(&a.via, ditto_cluster::AdminRequest::Add(member), std::time::Duration::from_secs(a.wait_s))?;
+            if a.join_wait_s > 0 {
+                wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
+            }
+            return Ok(());
         }
         ClusterCmd::Remove(a) => {
             return change(&a.via, ditto_cluster::AdminRequest::Remove(a.id), std::time::Duration::from_secs(a.wait_s))

@@ -914,6 +914,8 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(2)]);
     assert!(ok, "adding node 4: {out}");
     assert!(out.contains("configuration 1"), "{out}");
+    // The tool waits for the new node to join the primary, and says so.
+    assert!(out.contains("node 4 joined the primary at"), "{out}");
     let added_ms = t.elapsed().as_secs_f64() * 1e3;
     c.wait_or_dump("node 4 a backup with its link up", Duration::from_secs(30), || {
         let i = c.info(4)?;
@@ -978,7 +980,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
         });
     }
     eprintln!(
-        "membership: node 4 added in {added_ms:.0} ms (a backup with its link up after {joined_ms:.0} ms), node {victim} removed and stopped in {removed_ms:.0} ms; primary {first} killed, node {new} took writes after {failover_ms:.0} ms; {} acknowledged writes, none lost",
+        "membership: node 4 added and joined in {added_ms:.0} ms (a backup with its link up seen after {joined_ms:.0} ms), node {victim} removed and stopped in {removed_ms:.0} ms; primary {first} killed, node {new} took writes after {failover_ms:.0} ms; {} acknowledged writes, none lost",
         acked.len()
     );
 }

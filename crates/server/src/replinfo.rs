@@ -226,7 +226,11 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         vec![(String::new(), u8::from(sh.write_gate.refusal().is_some()).to_string())],
     );
     let voters = cluster.get("cluster_voters").map_or(0, |v| v.split(',').filter(|x| !x.is_empty()).count());
-    gauge("ditto_cluster_voters", "Voters of the control plane's Raft group.", vec![(String::new(), voters.to_string())]);
+    gauge(
+        "ditto_cluster_voters",
+        "Voters of the control plane's Raft group.",
+        vec![(String::new(), voters.to_string())],
+    );
     let (mut took, mut lost, mut discarded) = (Vec::new(), Vec::new(), Vec::new());
     for (k, v) in cluster.iter().filter(|(k, _)| k.starts_with("cluster_failover_")) {
         let epoch = esc(k.trim_start_matches("cluster_failover_"));
