@@ -494,7 +494,11 @@ impl ControlNode {
             self.state = state;
             out.restored = true;
         }
-        self.apply(rd.take_committed_entries(), &mut out)?;
+        // Committed entries are applied once this Ready is done with (`advance`): a
+        // configuration change that removes this node while it leads must not meet
+        // raft-rs's bookkeeping of what the leader itself persisted (it panics on a leader
+        // without its own progress).
+        let committed = rd.take_committed_entries();
         if !rd.entries().is_empty() {
             disk.append(rd.entries())?;
             self.raw.mut_store().d.append(rd.entries());
@@ -505,6 +509,7 @@ impl ControlNode {
         }
         out.messages.extend(rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
+        self.apply(committed, &mut out)?;
         if let Some(commit) = light.commit_index() {
             let mut hs = self.raw.store().d.hard_state.clone();
             hs.set_commit(commit);

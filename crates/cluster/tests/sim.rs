@@ -229,6 +229,8 @@ struct Primary {
     settle_target: u64,
     settled: bool,
     next_settle_proposal: u64,
+    /// A newer configuration seen in the state, and when this primary takes it in.
+    config_due: Option<(u64, u64)>,
 }
 
 impl Primary {
@@ -240,6 +242,7 @@ impl Primary {
             settle_target: 0,
             settled: true,
             next_settle_proposal: 0,
+            config_due: None,
             epoch,
             clock,
             last_heartbeat: 0,
@@ -310,9 +313,9 @@ struct Sim {
     founding: usize,
     /// Entries between compactions of the control log.
     compact_every: u64,
-    /// The chance per millisecond that a primary takes in a new membership (its server
+    /// At most this long (ms) before a primary takes in a new membership (its server
     /// learns it late, and the next change must wait for it to settle).
-    member_lag: f64,
+    member_lag: u64,
     /// How often the leader is asked for a membership change during the faults, ms (0:
     /// only as one fault among the others).
     change_every: u64,
@@ -368,7 +371,7 @@ impl Sim {
             .collect();
         let loss = [0.0, 0.01, 0.05][rng.gen_range(0..3)];
         let compact_every = [5, 20, 1000][rng.gen_range(0..3)];
-        let member_lag = [0.05, 0.003][rng.gen_range(0..2)];
+        let member_lag = [40, 600, 1500][rng.gen_range(0..3)];
         let change_every = [0, 15][rng.gen_range(0..2)];
         let all = nodes.len();
         let raft_lag = [6, 30][rng.gen_range(0..2)];
@@ -870,8 +873,18 @@ impl Sim {
         }
         // A new membership reaches the primary's quorum some time after it commits (its
         // supervisor tells its server); from then on it counts the new members.
-        if state.config != self.nodes[i].primary.as_ref().unwrap().config && self.rng.gen_bool(self.member_lag) {
+        let (cur, due) = {
+            let p = self.nodes[i].primary.as_ref().unwrap();
+            (p.config, p.config_due)
+        };
+        if state.config != cur && due.is_none_or(|(c, _)| c != state.config) {
+            let at = now + self.rng.gen_range(0..self.member_lag);
+            self.nodes[i].primary.as_mut().unwrap().config_due = Some((state.config, at));
+        }
+        let take = state.config != cur && due.is_some_and(|(c, at)| c == state.config && now >= at);
+        if take {
             let p = self.nodes[i].primary.as_mut().unwrap();
+            p.config_due = None;
             p.config = state.config;
             p.counted = state.members.keys().copied().filter(|&m| m != id).collect();
             p.settle_target = p.released_upto;
@@ -1192,7 +1205,7 @@ fn run_seed(seed: u64) -> History {
 
 #[test]
 fn many_seeds() {
-    let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
     let (mut failovers, mut released, mut reads, mut max_epoch, mut changes) = (0, 0, 0, 0, 0);
     for seed in 0..seeds {
         let h = std::panic::catch_unwind(|| run_seed(seed))
