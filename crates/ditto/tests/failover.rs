@@ -68,9 +68,14 @@ impl Cluster {
     }
 
     fn start_node(&mut self, id: u64) {
+        self.spawn(id, &[]);
+    }
+
+    fn spawn(&mut self, id: u64, extra: &[&str]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(id)).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_ditto"))
             .args(["server", "--node-id", &id.to_string(), "--members", &self.members[&id]])
+            .args(extra)
             .args(["--data-dir", self.dir.path().join(format!("n{id}")).to_str().unwrap()])
             .args(["--workers", "2", "--failure-timeout-ms", "250", "--commit-policy", &self.policy])
             .stdout(Stdio::from(log.try_clone().unwrap()))
@@ -858,16 +863,7 @@ impl Cluster {
 
     /// Starts node `id` to join the running cluster (`--join`).
     fn start_joining(&mut self, id: u64) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(id)).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--node-id", &id.to_string(), "--join", "--members", &self.members[&id]])
-            .args(["--data-dir", self.dir.path().join(format!("n{id}")).to_str().unwrap()])
-            .args(["--workers", "2", "--failure-timeout-ms", "250", "--commit-policy", &self.policy])
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        self.nodes.insert(id, child);
+        self.spawn(id, &["--join"]);
     }
 
     fn info_section(&self, id: u64, section: &str) -> Option<String> {
