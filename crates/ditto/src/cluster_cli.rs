@@ -231,6 +231,19 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             }
         }
     }
+    // The membership, as the first node that answered sees it.
+    if let Some(f) = nodes.iter().find_map(|(_, _, r)| r.as_ref().ok()) {
+        let g = |k: &str| f.get(k).cloned().unwrap_or_else(|| "-".into());
+        println!(
+            "membership: configuration {} ({}), Raft voters {}",
+            g("cluster_config"),
+            match g("cluster_config_settled").as_str() {
+                "yes" => "settled: a change may be made",
+                _ => "not settled yet: the next change waits",
+            },
+            g("cluster_voters")
+        );
+    }
     if !seen.is_empty() {
         println!("failovers (epoch: what a node saw):");
         let mut epochs: Vec<(u64, String)> = seen.into_iter().filter_map(|(e, v)| Some((e.parse().ok()?, v))).collect();

@@ -935,6 +935,11 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     });
     let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(3), "--wait-s", "5"]);
     assert!(!ok && out.contains("already a member"), "adding node 4 twice: {out}");
+    // `ditto cluster status` shows the four of them and the membership.
+    let (ok, out) = cluster_cli(&["status", "--node", &format!("127.0.0.1:{}", c.ports[&4])]);
+    assert!(ok, "{out}");
+    assert!(out.contains("membership: configuration 1") && out.contains("Raft voters 1,2,3,4"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.contains("127.0.0.1:")).count(), 4, "a row per member: {out}");
 
     // Remove a backup: its node stops by itself.
     let victim = (1..=3).find(|&id| id != first).unwrap();
