@@ -66,6 +66,9 @@ struct Round {
     /// The plan, when it was first sent, and when last.
     plan: Option<(RecoveryPlan, u64, u64)>,
     prepared: Option<u64>,
+    /// When this coordinator began the round, and when the chosen node had prepared.
+    started: u64,
+    prepared_at: Option<u64>,
 }
 
 /// See the module notes.
@@ -254,8 +257,15 @@ impl Coordinator {
             Some(Phase::Failover) => {
                 let epoch = state.epoch;
                 if self.round.as_ref().map(|r| r.epoch) != Some(epoch) {
-                    self.round =
-                        Some(Round { epoch, reports: BTreeMap::new(), asked_at: None, plan: None, prepared: None });
+                    self.round = Some(Round {
+                        epoch,
+                        reports: BTreeMap::new(),
+                        asked_at: None,
+                        plan: None,
+                        prepared: None,
+                        started: now,
+                        prepared_at: None,
+                    });
                 }
                 let r = self.round.as_mut().expect("set above");
                 match &mut r.plan {
@@ -273,6 +283,7 @@ impl Coordinator {
                             *last = now;
                         }
                         if let Some(discarded) = r.prepared {
+                            let prepared_at = r.prepared_at.unwrap_or(now);
                             let open = Command::OpenEpoch {
                                 epoch,
                                 primary: p.primary,
@@ -280,6 +291,7 @@ impl Coordinator {
                                 recovery_point: p.recovery_point,
                                 start: p.start,
                                 lost: discarded,
+                                phases_ms: [sent.saturating_sub(r.started), prepared_at.saturating_sub(sent)],
                             };
                             self.propose(open, now, &mut out);
                         } else if now.saturating_sub(sent) >= self.t.prepare {
@@ -337,6 +349,7 @@ impl Coordinator {
             return Vec::new();
         }
         r.prepared = Some(discarded);
+        r.prepared_at.get_or_insert(now);
         self.tick(now, state, leader)
     }
 }
@@ -399,7 +412,16 @@ mod tests {
         let [Action::Propose(open)] = &a[..] else { panic!("{a:?}") };
         assert_eq!(
             *open,
-            Command::OpenEpoch { epoch: 2, primary: 3, recovered_epoch: 1, recovery_point: 15, start: 99, lost: 4 }
+            Command::OpenEpoch {
+                epoch: 2,
+                primary: 3,
+                recovered_epoch: 1,
+                recovery_point: 15,
+                start: 99,
+                lost: 4,
+                // Reports from 160 (the round's start) to 182 (the plan), prepared at 184.
+                phases_ms: [22, 2],
+            }
         );
         s.apply(open).unwrap();
         assert_eq!(s.primary(), Some(3));

@@ -88,7 +88,18 @@ pub enum Command {
     /// (the open epoch `recovered_epoch`'s and any older one's); everything of older epochs
     /// above it is discarded; new timestamps start above `start`. `lost` counts the
     /// discarded commits the new primary held (never released under majority or all).
-    OpenEpoch { epoch: u64, primary: NodeId, recovered_epoch: u64, recovery_point: u64, start: u64, lost: u64 },
+    /// `phases_ms`: how long the coordinator took to gather a quorum's reports and plan,
+    /// and then for the chosen node to prepare (for `INFO cluster` and the metrics).
+    OpenEpoch {
+        epoch: u64,
+        primary: NodeId,
+        recovered_epoch: u64,
+        recovery_point: u64,
+        start: u64,
+        lost: u64,
+        #[serde(default)]
+        phases_ms: [u64; 2],
+    },
     /// The cluster's default commit policy (a `CommitPolicy` name).
     SetPolicy { policy: String },
     /// Add a member (carried by a Raft configuration change: the node becomes a voter in
@@ -355,8 +366,15 @@ mod tests {
         s.apply(&Command::BeginFailover { epoch: 2, reason: "test".into() }).unwrap();
         assert!(!s.accepts(1, 1), "fenced");
         assert_eq!(s.primary(), None);
-        let open =
-            Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 1, recovery_point: 40, start: 55, lost: 3 };
+        let open = Command::OpenEpoch {
+            epoch: 2,
+            primary: 2,
+            recovered_epoch: 1,
+            recovery_point: 40,
+            start: 55,
+            lost: 3,
+            phases_ms: [0, 0],
+        };
         s.apply(&open).unwrap();
         assert_eq!(s.primary(), Some(2));
         assert!(s.accepts(2, 2) && !s.accepts(1, 1) && !s.accepts(2, 1));
@@ -374,7 +392,15 @@ mod tests {
         let before = s.clone();
         for bad in [
             Command::BeginFailover { epoch: 3, reason: "skips an epoch".into() },
-            Command::OpenEpoch { epoch: 1, primary: 2, recovered_epoch: 1, recovery_point: 1, start: 1, lost: 0 },
+            Command::OpenEpoch {
+                epoch: 1,
+                primary: 2,
+                recovered_epoch: 1,
+                recovery_point: 1,
+                start: 1,
+                lost: 0,
+                phases_ms: [0, 0],
+            },
             Command::SetPolicy { policy: "most".into() },
             Command::Bootstrap { members: vec![], primary: 1, policy: "local".into() },
         ] {
@@ -384,9 +410,33 @@ mod tests {
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
         let before = s.clone();
         for bad in [
-            Command::OpenEpoch { epoch: 2, primary: 9, recovered_epoch: 1, recovery_point: 5, start: 5, lost: 0 },
-            Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 0, recovery_point: 5, start: 5, lost: 0 },
-            Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 1, recovery_point: 9, start: 5, lost: 0 },
+            Command::OpenEpoch {
+                epoch: 2,
+                primary: 9,
+                recovered_epoch: 1,
+                recovery_point: 5,
+                start: 5,
+                lost: 0,
+                phases_ms: [0, 0],
+            },
+            Command::OpenEpoch {
+                epoch: 2,
+                primary: 2,
+                recovered_epoch: 0,
+                recovery_point: 5,
+                start: 5,
+                lost: 0,
+                phases_ms: [0, 0],
+            },
+            Command::OpenEpoch {
+                epoch: 2,
+                primary: 2,
+                recovered_epoch: 1,
+                recovery_point: 9,
+                start: 5,
+                lost: 0,
+                phases_ms: [0, 0],
+            },
         ] {
             assert!(s.apply(&bad).is_err(), "{bad:?}");
             assert_eq!(s, before);
@@ -404,11 +454,19 @@ mod tests {
             recovery_point: 40,
             start: 50,
             lost: 0,
+            phases_ms: [0, 0],
         })
         .unwrap();
         s.apply(&Command::BeginFailover { epoch: 3, reason: "t".into() }).unwrap();
-        let bad =
-            Command::OpenEpoch { epoch: 3, primary: 3, recovered_epoch: 2, recovery_point: 35, start: 45, lost: 0 };
+        let bad = Command::OpenEpoch {
+            epoch: 3,
+            primary: 3,
+            recovered_epoch: 2,
+            recovery_point: 35,
+            start: 45,
+            lost: 0,
+            phases_ms: [0, 0],
+        };
         assert!(s.apply(&bad).is_err(), "starts below epoch 2's start");
         s.apply(&Command::OpenEpoch {
             epoch: 3,
@@ -417,6 +475,7 @@ mod tests {
             recovery_point: 35,
             start: 60,
             lost: 0,
+            phases_ms: [0, 0],
         })
         .unwrap();
         assert_eq!(s.recovery_point(1), Some(Ts(35)));
@@ -470,8 +529,16 @@ mod tests {
         let count = |node, commits| Command::CountDiscarded { epoch: 1, node, commits };
         assert!(s.apply(&count(1, 3)).is_err(), "epoch 1 is not cut yet");
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
-        s.apply(&Command::OpenEpoch { epoch: 2, primary: 2, recovered_epoch: 1, recovery_point: 9, start: 9, lost: 0 })
-            .unwrap();
+        s.apply(&Command::OpenEpoch {
+            epoch: 2,
+            primary: 2,
+            recovered_epoch: 1,
+            recovery_point: 9,
+            start: 9,
+            lost: 0,
+            phases_ms: [0, 0],
+        })
+        .unwrap();
         assert!(s.apply(&count(2, 3)).is_err(), "only epoch 1's primary");
         s.apply(&count(1, 3)).unwrap();
         assert_eq!(s.epochs[0].discarded_by_primary, Some(3));
@@ -482,10 +549,20 @@ mod tests {
 
     #[test]
     fn commands_round_trip_and_garbage_is_an_error() {
-        let c =
-            Command::OpenEpoch { epoch: 7, primary: 3, recovered_epoch: 5, recovery_point: 99, start: 120, lost: 2 };
+        let c = Command::OpenEpoch {
+            epoch: 7,
+            primary: 3,
+            recovered_epoch: 5,
+            recovery_point: 99,
+            start: 120,
+            lost: 2,
+            phases_ms: [0, 0],
+        };
         assert_eq!(Command::decode(&c.encode()).unwrap(), c);
         assert!(Command::decode(b"{\"Nope\":1}").is_err());
+        // A command written before a field was added decodes with its default.
+        let old = br#"{"OpenEpoch":{"epoch":2,"primary":1,"recovered_epoch":1,"recovery_point":5,"start":5,"lost":0}}"#;
+        assert!(matches!(Command::decode(old).unwrap(), Command::OpenEpoch { phases_ms: [0, 0], .. }));
         assert!(Command::decode(&[0xff, 0x00]).is_err());
     }
 }

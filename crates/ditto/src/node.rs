@@ -156,6 +156,8 @@ struct FailoverSeen {
     primary: Option<NodeId>,
     recovery_point: Option<u64>,
     lost: u64,
+    /// The coordinator's report and prepare phases (ms).
+    phases_ms: [u64; 2],
 }
 
 type History = Arc<parking_lot::Mutex<Vec<FailoverSeen>>>;
@@ -723,7 +725,7 @@ impl DataPlane for NodePlane {
                 if live {
                     say(self.me, format!("epoch {} opened: primary {primary} ({cmd:?})", state.epoch));
                 }
-                if let Command::OpenEpoch { epoch, recovery_point, lost, .. } = cmd {
+                if let Command::OpenEpoch { epoch, recovery_point, lost, phases_ms, .. } = cmd {
                     // What an unclean stop may have left off the disk was of a cut epoch.
                     self.unclean = false;
                     let mut h = self.history.lock();
@@ -735,6 +737,7 @@ impl DataPlane for NodePlane {
                     f.primary = Some(*primary);
                     f.recovery_point = Some(*recovery_point);
                     f.lost = *lost;
+                    f.phases_ms = *phases_ms;
                 }
             }
             Command::AddMember { member } if live => {
@@ -852,7 +855,7 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         f.push((
             format!("cluster_failover_{}", h.epoch),
             format!(
-                "reason={},primary={},recovery_point={},lost={},old_primary_discarded={},opened_after_ms={}",
+                "reason={},primary={},recovery_point={},lost={},old_primary_discarded={},reports_ms={},prepare_ms={},opened_after_ms={}",
                 h.reason.replace(',', ";"),
                 h.primary.map_or("-".into(), |p| p.to_string()),
                 h.recovery_point.map_or("-".into(), |p| p.to_string()),
@@ -864,6 +867,8 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
                     .and_then(|i| i.checked_sub(1))
                     .and_then(|i| s.epochs[i].discarded_by_primary)
                     .map_or("-".into(), |n| n.to_string()),
+                h.phases_ms[0],
+                h.phases_ms[1],
                 match (h.began_ms, h.opened_ms) {
                     (b, Some(o)) if b > 0 => o.saturating_sub(b).to_string(),
                     _ => "-".into(),

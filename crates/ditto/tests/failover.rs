@@ -1078,6 +1078,8 @@ fn under_local_an_old_primary_counts_what_it_discarded_at_its_rejoin() {
     );
     assert!(missing > 0, "the held links made the old primary acknowledge what it never shipped");
     assert!(counted >= missing, "the count covers every acknowledged write lost: {counted} < {missing}");
+    // The failover's phases are there too.
+    assert!(line.contains(",reports_ms=") && line.contains(",prepare_ms="), "{line}");
     let log = std::fs::read_to_string(c.log(first)).unwrap();
     assert!(log.contains(&format!("discards {counted} commits of its epoch")), "its log says so");
 }

@@ -231,7 +231,7 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         "Voters of the control plane's Raft group.",
         vec![(String::new(), voters.to_string())],
     );
-    let (mut took, mut lost, mut discarded) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut took, mut lost, mut discarded, mut phases) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (k, v) in cluster.iter().filter(|(k, _)| k.starts_with("cluster_failover_")) {
         let epoch = esc(k.trim_start_matches("cluster_failover_"));
         let field = |f: &str| v.split(',').find_map(|p| p.strip_prefix(f)?.strip_prefix('=')?.parse::<u64>().ok());
@@ -244,6 +244,11 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         if let Some(n) = field("old_primary_discarded") {
             discarded.push((format!("{{epoch=\"{epoch}\"}}"), n.to_string()));
         }
+        for (phase, key) in [("reports", "reports_ms"), ("prepare", "prepare_ms")] {
+            if let Some(ms) = field(key) {
+                phases.push((format!("{{epoch=\"{epoch}\",phase=\"{phase}\"}}"), format!("{:.3}", ms as f64 / 1e3)));
+            }
+        }
     }
     gauge(
         "ditto_cluster_failover_open_seconds",
@@ -251,6 +256,11 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         took,
     );
     gauge("ditto_cluster_failover_lost_commits", "Per recent failover: commits above its recovery point.", lost);
+    gauge(
+        "ditto_cluster_failover_phase_seconds",
+        "Per recent failover: gathering a quorum's reports and planning, then the chosen node preparing.",
+        phases,
+    );
     gauge(
         "ditto_cluster_failover_old_primary_discarded",
         "Per recent failover: the old primary's own commits above the recovery point, counted at its rejoin.",
