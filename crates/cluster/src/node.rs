@@ -464,7 +464,14 @@ impl ControlNode {
         cc.node_id = id;
         cc.context = cmd.encode().into();
         let before = self.raw.raft.raft_log.last_index();
-        self.raw.propose_conf_change(vec![], cc)?;
+        match self.raw.propose_conf_change(vec![], cc) {
+            Ok(()) => {}
+            // A leader handing its leadership over drops proposals: not now, not never.
+            Err(raft::Error::ProposalDropped) => {
+                return Err(NodeError::Busy("the leader is handing its leadership over; ask again".into()))
+            }
+            Err(e) => return Err(e.into()),
+        }
         let index = self.raw.raft.raft_log.last_index();
         if index == before {
             return Err(NodeError::Busy(
@@ -747,6 +754,18 @@ mod tests {
             other => panic!("a change before the primary settled: {other:?}"),
         }
         g.settle();
+        // A leader handing its leadership over drops proposals: "not now", not "never".
+        let to = {
+            let l = g.leader();
+            let to = if l.id() == 2 { 3 } else { 2 };
+            l.transfer_leader(to);
+            assert!(
+                matches!(l.propose_membership(&Command::AddMember { member: member(4) }), Err(NodeError::Busy(_))),
+                "refused as busy during a leader transfer"
+            );
+            to
+        };
+        g.run("the transfer done", |g| g.nodes[&to].0.leads_current());
         // The new node starts empty; it is not a voter, so it waits for the leader.
         g.nodes.insert(4, Group::start(4, RaftDurable::initial(&[])));
         let at = g.leader().propose_membership(&add4).unwrap();
