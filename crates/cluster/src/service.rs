@@ -57,6 +57,8 @@ const KIND_CTL: u8 = 2;
 const KIND_FETCHED: u8 = 3;
 /// A fetch answer larger than this goes in several frames (pieces), in order.
 const FETCH_PIECE: usize = 2 << 20;
+/// The bytes of a kind 3 body before its batches.
+const FETCHED_HEADER: usize = 29;
 const KIND_ADMIN: u8 = 4;
 /// How long an operator's request waits for its change to be applied.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -455,7 +457,7 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
 }
 
 fn encode_fetched(epoch: u64, stream: usize, position: u64, piece: u32, last: bool, batches: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(29 + batches.iter().map(|x| x.len() + 4).sum::<usize>());
+    let mut b = Vec::with_capacity(FETCHED_HEADER + batches.iter().map(|x| x.len() + 4).sum::<usize>());
     b.extend_from_slice(&epoch.to_le_bytes());
     b.extend_from_slice(&(stream as u32).to_le_bytes());
     b.extend_from_slice(&position.to_le_bytes());
@@ -500,7 +502,7 @@ fn fetch_pieces(batches: &[Vec<u8>]) -> Result<Vec<std::ops::Range<usize>>, Stri
     let mut pieces = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, b) in batches.iter().enumerate() {
-        if b.len() + 4 + 29 + FRAME_HEADER > FRAME_MAX {
+        if b.len() + 4 + FETCHED_HEADER + FRAME_HEADER > FRAME_MAX {
             return Err(format!("a batch of {} bytes does not fit in a frame", b.len()));
         }
         if i > start && bytes + b.len() + 4 > FETCH_PIECE {
@@ -852,7 +854,7 @@ impl Run {
         let mut next_transfer = 0u64;
         // When a primary may next record its settled membership.
         let mut next_settle = 0u64;
-        // When this node may next tell the leader that it hears the primary.
+        // When this node, serving as primary with quorum contact, may next tell the others.
         let mut next_heard_report = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;

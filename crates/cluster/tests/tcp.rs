@@ -368,10 +368,13 @@ fn a_primary_cut_off_from_the_majority_loses_its_contact() {
 fn garbage_on_the_control_port_drops_that_connection_and_nothing_else() {
     let c = Cluster::running(3);
     let target = c.peers[&c.leader().unwrap()];
-    // An HTTP request (a length out of bounds), 0xff bytes, and a frame whose checksum is
+    // An HTTP request (a length out of bounds), 0xff bytes, a frame whose checksum is
     // wrong.
     let bad_crc = [&[9u8, 0, 0, 0, 1, 2, 3, 4][..], &[1, 0, 0, 0, 0, 0, 0, 0, 1][..]].concat();
-    for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0xffu8; 64][..], &bad_crc[..]] {
+    // And an operator's request (frame kind 4) that checks but does not decode.
+    let rest = [&0u64.to_le_bytes()[..], &[4u8], b"{not json"].concat();
+    let bad_admin = [&(rest.len() as u32).to_le_bytes()[..], &crc32c::crc32c(&rest).to_le_bytes(), &rest].concat();
+    for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0xffu8; 64][..], &bad_crc[..], &bad_admin[..]] {
         let mut s = std::net::TcpStream::connect(target).unwrap();
         use std::io::{Read, Write};
         s.write_all(junk).unwrap();

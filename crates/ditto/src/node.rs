@@ -424,8 +424,9 @@ impl NodePlane {
     /// point (they are discarded with its log), and has the count recorded in the control
     /// state (`Command::CountDiscarded`), where `INFO cluster` shows it with the failover.
     fn count_what_it_discards(&mut self) {
-        let epoch = match ditto_log::recovery::primary_log_holdings(&self.data, None) {
-            Ok((_, e)) => e.0,
+        // The epoch from the file names; the log is read once, below.
+        let epoch = match ditto_log::recovery::primary_log_epoch(&self.data) {
+            Ok(e) => e.0,
             Err(e) => return tracing::warn!("node {}: reading its old log: {e}", self.me),
         };
         let Some(point) = self.state.recovery_point(epoch) else { return };

@@ -595,25 +595,44 @@ pub fn primary_log_holdings(
     let cut = streams.iter().copied().min().unwrap_or(ckpt_ts);
     let mut txns_above = 0;
     let mut scratch = Vec::new();
-    for (_, l) in &logs {
-        for k in &l.batches {
-            let Some(above) = above.filter(|&a| k.batch.header.last_ts > a) else { continue };
-            let p = k.batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
+    if let Some(above) = above {
+        for k in logs.iter().flat_map(|(_, l)| &l.batches) {
+            txns_above += count_txns_above(&k.batch, above, ckpt_ts, &mut scratch).map_err(|e| LogError::Corrupt {
                 file: k.file.to_path_buf(),
                 offset: k.offset,
                 what: e.to_string(),
             })?;
-            txns_above += p.txns().filter(|t| t.ts > above && t.ts > ckpt_ts).count() as u64;
         }
     }
     Ok((crate::replica::ReplicaHoldings { streams, newest, txns_above, cut }, epoch))
+}
+
+/// How many of `batch`'s transactions lie above `above` and above the checkpoint at
+/// `ckpt_ts` (what a cut at `above` discards). The payload is decoded, and checked, only
+/// when the batch reaches above `above`.
+pub(crate) fn count_txns_above(
+    batch: &crate::format::Batch,
+    above: Ts,
+    ckpt_ts: Ts,
+    scratch: &mut Vec<u8>,
+) -> Result<u64, crate::format::FormatError> {
+    if batch.header.last_ts <= above {
+        return Ok(0);
+    }
+    let p = batch.checked_payload_in(scratch)?;
+    Ok(p.txns().filter(|t| t.ts > above && t.ts > ckpt_ts).count() as u64)
+}
+
+/// The epoch of the primary's log in `data`, from its segments' names (0: none).
+pub fn primary_log_epoch(data: &Path) -> Result<Epoch, LogError> {
+    Ok(list_segments(data)?.segments.iter().map(|s| s.epoch).max().unwrap_or(Epoch(0)))
 }
 
 /// The batches of stream `stream` in the primary's own log in `data` with a bound above
 /// `after`, as written (a failover's fetch from an old primary).
 pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
     // The log's epoch, from the file names (the segments are read once, below).
-    let epoch = list_segments(data)?.segments.iter().map(|s| s.epoch).max().unwrap_or(Epoch(0));
+    let epoch = primary_log_epoch(data)?;
     if let Some((_, m)) = crate::checkpoint::find_newest(data)?.0 {
         if m.ts > after {
             return Err(LogError::Corrupt {

@@ -375,13 +375,9 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result
     for (batch, i, off) in &scan.kept {
         newest = newest.max(batch.header.last_ts);
         // Counting decodes the payload: only when asked, and only above the point.
-        let Some(above) = above.filter(|&a| batch.header.last_ts > a) else { continue };
-        let p = batch.checked_payload_in(&mut scratch).map_err(|e| LogError::Corrupt {
-            file: scan.files[*i].1.clone(),
-            offset: *off,
-            what: e.to_string(),
-        })?;
-        txns_above += p.txns().filter(|t| t.ts > above && t.ts > ckpt_ts).count() as u64;
+        let Some(above) = above else { continue };
+        txns_above += crate::recovery::count_txns_above(batch, above, ckpt_ts, &mut scratch)
+            .map_err(|e| LogError::Corrupt { file: scan.files[*i].1.clone(), offset: *off, what: e.to_string() })?;
     }
     Ok(ReplicaHoldings { streams: held, newest, txns_above, cut })
 }

@@ -412,7 +412,14 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     {
         let (db, state, dir, storage, every) =
             (Arc::clone(&db), Arc::clone(&state), dir.clone(), Arc::clone(&run_storage), opts.checkpoint_every);
-        let (min_bytes, growth) = (opts.checkpoint_log_min_bytes, opts.checkpoint_log_growth_percent);
+        // The primary's rule (`CheckpointPolicy::due`), by time and by the log received.
+        let min_bytes = opts.checkpoint_log_min_bytes;
+        let policy = ditto_log::CheckpointPolicy {
+            every: Some(every),
+            log_growth_percent: if min_bytes > 0 { opts.checkpoint_log_growth_percent } else { 0 },
+            log_min_bytes: min_bytes,
+            reuse_min_ids: 0,
+        };
         let poll = if min_bytes > 0 { every.min(Duration::from_millis(500)) } else { every };
         // When the last checkpoint was taken (or this run began), the bytes received then,
         // and that checkpoint's size.
@@ -425,9 +432,14 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 if state.failure.lock().is_some() {
                     return;
                 }
-                let received = state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes);
-                let grown = min_bytes > 0 && received >= min_bytes.max(last_size.saturating_mul(growth) / 100);
-                if !grown && last_at.elapsed() < every {
+                let due = policy.due(ditto_log::Due {
+                    elapsed: last_at.elapsed(),
+                    log_bytes: state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes),
+                    last_checkpoint_bytes: last_size,
+                    ids_released: 0,
+                    ids_used: 0,
+                });
+                if due.is_none() {
                     continue;
                 }
                 let view = state.visible.load(Ordering::Acquire);
