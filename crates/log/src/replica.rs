@@ -633,6 +633,23 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
     Ok(Some(out))
 }
 
+/// A backup promoted in place at a failover's recovery point (its engine replayed up to
+/// the point and nothing above, at read view there: `ditto_replication::Backup::promote`):
+/// the engine is written as a checkpoint at the point, the primary's log starts from it
+/// (`OpenOptions::recovered`), and the replica log goes, with what it held above the
+/// point. The checkpoint is durable before any replica file is removed; a crash between
+/// leaves a backup's directory whose newest checkpoint is at the point.
+pub fn seal_promoted(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
+    let info = checkpoint::write(db, data, recovery_threads(), 64 << 20, Epoch(0), storage)?;
+    crate::remove_checkpoints_except(data, &info.dir)?;
+    let rdir = replica_dir(data);
+    if rdir.exists() {
+        std::fs::remove_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+    }
+    crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
+    Ok(info)
+}
+
 /// A backup's own checkpoint: writes one of `db` at its read view (every transaction at or
 /// below it installed, as a snapshot sees it), then deletes the older checkpoints. Its
 /// replica log files that the new checkpoint covers may then go

@@ -139,6 +139,9 @@ pub struct BackupOptions {
     /// Recover at most up to this timestamp at the start (a failover's recovery point:
     /// what lies above it is discarded, docs/cluster.md).
     pub recover_upto: Option<Ts>,
+    /// Replay only what the primary has released (`Hold`): a cluster node's backup, so
+    /// that a failover can promote it in place (`Backup::promote`).
+    pub hold_replay_at_release: bool,
 }
 
 impl BackupOptions {
@@ -159,6 +162,7 @@ impl BackupOptions {
             checkpoint_log_growth_percent: 100,
             replica_file_bytes: 64 << 20,
             recover_upto: None,
+            hold_replay_at_release: false,
         }
     }
 }
@@ -206,6 +210,11 @@ pub struct Backup {
     pub primary: String,
     link: AckLink,
     persist: Arc<ToPersist>,
+    engine: Arc<Engine>,
+    /// Held by the checkpointer while it writes (a fence waits for it).
+    ckpt_busy: Arc<Mutex<()>>,
+    /// The persister thread has ended (a fence waits for it: it deletes replica log files).
+    persister_done: Arc<AtomicBool>,
     _lock: std::fs::File,
 }
 
@@ -371,8 +380,15 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     state.connected.store(true, Ordering::Release);
     let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, opts.replica_file_bytes.max(1 << 12))
         .map_err(io("creating the replica log"))?;
-    let engine =
-        Engine::start(Arc::clone(&db), Arc::clone(&state), streams as usize, base, opts.replay, opts.on_keys.clone());
+    let engine = Engine::start(
+        Arc::clone(&db),
+        Arc::clone(&state),
+        streams as usize,
+        base,
+        opts.replay,
+        opts.on_keys.clone(),
+        opts.hold_replay_at_release,
+    );
     engine.set_share_from(opts.share_values_from);
     let run_storage = Arc::clone(&storage);
     let persist = Arc::new(ToPersist::default());
@@ -384,11 +400,15 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         link: Arc::clone(&link),
         removed_to: base,
     };
+    let persister_done = Arc::new(AtomicBool::new(false));
     {
-        let persist = Arc::clone(&persist);
+        let (persist, done) = (Arc::clone(&persist), Arc::clone(&persister_done));
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
-            .spawn(move || persister.run(&persist))
+            .spawn(move || {
+                persister.run(&persist);
+                done.store(true, Ordering::Release);
+            })
             .map_err(io("starting the persister"))?;
     }
     let run = Receiver {
@@ -397,7 +417,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         epoch,
         streams,
         received: Prefix::new(streams as usize, base),
-        engine,
+        engine: Arc::clone(&engine),
         state: Arc::clone(&state),
         seq: 0,
         persist: Arc::clone(&persist),
@@ -407,11 +427,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         .name("ditto-repl-recv".into())
         .spawn(move || run.run(stream, reader))
         .map_err(io("starting the receiver"))?;
-    // Its own checkpoints, at its read view, off the receiving path; the receiver then
-    // deletes the replica log files they cover (`Receiver::serve`, after each sync).
+    // Its own checkpoints, at its read view, off the receiving path; the persister then
+    // deletes the replica log files they cover (after each sync).
+    let ckpt_busy = Arc::new(Mutex::new(()));
     {
         let (db, state, dir, storage, every) =
             (Arc::clone(&db), Arc::clone(&state), dir.clone(), Arc::clone(&run_storage), opts.checkpoint_every);
+        let busy = Arc::clone(&ckpt_busy);
         // The primary's rule (`CheckpointPolicy::due`), by time and by the log received.
         let min_bytes = opts.checkpoint_log_min_bytes;
         let policy = ditto_log::CheckpointPolicy {
@@ -454,6 +476,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     continue;
                 };
                 let bytes_then = state.bytes_received.load(Ordering::Acquire);
+                // A fence waits for this (`Backup::fence`); one that came first stops it.
+                let _busy = busy.lock();
+                if state.failure.lock().is_some() {
+                    return;
+                }
                 match ditto_log::replica::checkpoint_replica(&db, &dir, &*storage) {
                     Ok(info) => {
                         (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
@@ -468,7 +495,17 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             })
             .map_err(io("starting the checkpointer"))?;
     }
-    Ok(Backup { db, state, primary: opts.primary, link, persist, _lock: opened.lock })
+    Ok(Backup {
+        db,
+        state,
+        primary: opts.primary,
+        link,
+        persist,
+        engine,
+        ckpt_busy,
+        persister_done,
+        _lock: opened.lock,
+    })
 }
 
 fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn Storage) -> Result<(), BackupError> {
@@ -545,6 +582,9 @@ struct Job {
     floor: Option<Ts>,
     /// Transactions at or below this were held before (a resume overlaps).
     skip_to: Ts,
+    /// Transactions above this are not installed (a promotion's cut, `Hold`; else
+    /// `Ts(u64::MAX)`).
+    upto: Ts,
     batch: Bytes,
 }
 
@@ -621,6 +661,126 @@ impl ReplayBudget {
     }
 }
 
+/// Replay held at the primary's release (`BackupOptions::hold_replay_at_release`): a
+/// persisted batch goes to the replayers only once the primary's released watermark
+/// covers its bound, so this node's engine never holds a version the primary has not
+/// released. A failover's recovery point is at or above every released commit (under
+/// `majority` and `all`), so the engine then holds nothing above it, and a promotion
+/// keeps it as it is: it lets through what lies up to the point, cut there
+/// (`Hold::cut_at`), and drops the rest (docs/cluster.md, "In-place promotion").
+///
+/// What it costs: a batch becomes visible once its whole bound is released, not each
+/// transaction as it is (the read view is the minimum of the two anyway), and replay
+/// starts when the release arrives instead of overlapping with the round trip. What it
+/// holds in memory is what this node has persisted and the primary has not released, which
+/// the primary's own shipping bounds.
+#[derive(Default)]
+struct Hold {
+    q: Mutex<HoldQ>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct HoldQ {
+    /// Per stream, in shipping order (a stream's batches go in its order; streams are
+    /// independent, as replay treats them).
+    streams: Vec<std::collections::VecDeque<Job>>,
+    /// Batches with a bound at or below this go now.
+    limit: Ts,
+    /// The highest bound handed to replay (after a cut: at most the cut).
+    handed_to: Ts,
+    /// A promotion's cut: every batch goes, cut at it.
+    cut: Option<Ts>,
+    /// Replay stopped (failed): nothing more goes.
+    stopped: bool,
+}
+
+impl HoldQ {
+    /// What may go now, in each stream's order.
+    fn take_ready(&mut self) -> Vec<Job> {
+        let mut out = Vec::new();
+        let (cut, limit) = (self.cut, self.limit);
+        for q in &mut self.streams {
+            while let Some(j) = q.front() {
+                match cut {
+                    Some(cut) => {
+                        let mut j = q.pop_front().expect("a front");
+                        j.upto = cut;
+                        j.bound = j.bound.min(cut);
+                        // A floor vouches for every stream up to it; capped, for as much.
+                        j.floor = j.floor.map(|f| f.min(cut));
+                        out.push(j);
+                    }
+                    None if j.bound <= limit => out.push(q.pop_front().expect("a front")),
+                    None => break,
+                }
+            }
+        }
+        for j in &out {
+            self.handed_to = self.handed_to.max(j.bound);
+        }
+        out
+    }
+}
+
+impl Hold {
+    /// Holds `jobs` until the release covers them.
+    fn push(&self, jobs: Vec<Job>) {
+        let mut q = self.q.lock();
+        for j in jobs {
+            if q.streams.len() <= j.stream {
+                q.streams.resize_with(j.stream + 1, Default::default);
+            }
+            q.streams[j.stream].push_back(j);
+        }
+        self.cv.notify_all();
+    }
+
+    /// The primary released everything up to `ts`.
+    fn lift(&self, ts: Ts) {
+        let mut q = self.q.lock();
+        if ts > q.limit {
+            q.limit = ts;
+            self.cv.notify_all();
+        }
+    }
+
+    /// A promotion at `point`: everything held goes, cut there. Refused if replay was
+    /// handed anything above it (a release above the point: under `local`).
+    fn cut_at(&self, point: Ts) -> Result<(), String> {
+        let mut q = self.q.lock();
+        if q.handed_to > point {
+            return Err(format!(
+                "this backup replayed up to ts {}, above the point {} (the primary released it: a `local` policy)",
+                q.handed_to.0, point.0
+            ));
+        }
+        q.cut = Some(point);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// The next batches that may go (waits for them); `None` once replay stopped.
+    fn next(&self) -> Option<Vec<Job>> {
+        let mut q = self.q.lock();
+        loop {
+            if q.stopped {
+                return None;
+            }
+            let ready = q.take_ready();
+            if !ready.is_empty() {
+                return Some(ready);
+            }
+            self.cv.wait(&mut q);
+        }
+    }
+
+    fn stop(&self) {
+        self.q.lock().stopped = true;
+        self.cv.notify_all();
+    }
+}
+
 /// Why a batch's replay stopped short.
 #[derive(Debug)]
 enum Stop {
@@ -655,6 +815,11 @@ struct Engine {
     graph: std::sync::OnceLock<Arc<crate::dependency::Shared>>,
     /// What replay holds in memory (see `QueueBudget`).
     budget: Arc<ReplayBudget>,
+    /// Replay held at the primary's release (`Hold`), if asked.
+    hold: Option<Arc<Hold>>,
+    /// Why replay failed, if it did (kept apart from `BackupState::failure`, which a stop
+    /// sets first: a promotion must know whether replay reached its point).
+    replay_error: Mutex<Option<String>>,
 }
 
 impl Engine {
@@ -666,6 +831,7 @@ impl Engine {
         base: Ts,
         mode: ReplayMode,
         on_keys: Option<KeysHook>,
+        hold: bool,
     ) -> Arc<Engine> {
         let threads = match mode {
             ReplayMode::Serial | ReplayMode::Dependency { .. } => 1,
@@ -693,7 +859,26 @@ impl Engine {
             share_from: AtomicUsize::new(usize::MAX),
             graph: std::sync::OnceLock::new(),
             budget: Arc::clone(&budget),
+            hold: hold.then(|| {
+                Arc::new(Hold { q: Mutex::new(HoldQ { limit: base, ..Default::default() }), cv: Condvar::new() })
+            }),
+            replay_error: Mutex::new(None),
         });
+        if let Some(h) = &e.hold {
+            let (e2, h2) = (Arc::clone(&e), Arc::clone(h));
+            std::thread::Builder::new()
+                .name("ditto-repl-hold".into())
+                .spawn(move || {
+                    while let Some(jobs) = h2.next() {
+                        if !jobs.into_iter().all(|j| e2.dispatch(j)) {
+                            h2.stop();
+                            return;
+                        }
+                        e2.publish();
+                    }
+                })
+                .expect("starting the replay hold");
+        }
         match mode {
             ReplayMode::Dependency { barrier_every } => {
                 let rx = rxs.pop().expect("one queue");
@@ -729,6 +914,37 @@ impl Engine {
             self.budget.took(&mut b, len);
         }
         self.queue_for(job.stream).send(job).is_ok()
+    }
+
+    /// Persisted batches for replay: held until released (`Hold`), or handed over now.
+    /// False if replay stopped.
+    fn hand_over(&self, jobs: Vec<Job>) -> bool {
+        match &self.hold {
+            Some(h) => {
+                if h.q.lock().stopped {
+                    return false;
+                }
+                h.push(jobs);
+                true
+            }
+            None => jobs.into_iter().all(|j| self.dispatch(j)),
+        }
+    }
+
+    /// The primary released everything up to `ts`.
+    fn note_released(&self, ts: Ts) {
+        self.state.released.fetch_max(ts.0, Ordering::AcqRel);
+        if let Some(h) = &self.hold {
+            h.lift(ts);
+        }
+    }
+
+    /// Records why replay failed (the first reason), where a stop cannot hide it.
+    fn replay_failed(&self, why: &str) {
+        self.replay_error.lock().get_or_insert_with(|| why.to_string());
+        if let Some(h) = &self.hold {
+            h.stop();
+        }
     }
 
     fn queue_for(&self, stream: usize) -> &std::sync::mpsc::Sender<Job> {
@@ -830,8 +1046,12 @@ impl Engine {
         // A compressed batch's payload is in `scratch`, reused: its values are copied.
         let share_from = if batch.header.compressed { usize::MAX } else { self.share_from.load(Ordering::Relaxed) };
         let mut flat = payload.writes_above(job.skip_to);
-        let writes: Vec<_> = flat.by_ref().collect();
-        let n = flat.txns;
+        // Within a batch, transactions come in commit order: a cut takes a prefix.
+        let writes: Vec<_> = flat.by_ref().take_while(|w| w.0 <= job.upto).collect();
+        let n = match job.upto {
+            Ts(u64::MAX) => flat.txns,
+            _ => writes.iter().map(|w| w.0).collect::<std::collections::BTreeSet<_>>().len() as u64,
+        };
         // Each table's ids reserved once for the batch (`Database::replay_reserve_rids`).
         let mut limits: Vec<(ditto_engine::TableId, u64)> = Vec::new();
         for (_, w) in &writes {
@@ -900,6 +1120,7 @@ impl Engine {
                     self.state.visible.fetch_max(view, Ordering::AcqRel);
                 }
                 Err(e) => {
+                    self.replay_failed(&format!("the read view stays at ts {prev}: {e}"));
                     // Said once: later publications fail the same way.
                     let mut failure = self.state.failure.lock();
                     if failure.is_none() {
@@ -936,6 +1157,9 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
             if t.ts <= job.skip_to {
                 continue;
             }
+            if t.ts > job.upto {
+                break; // a promotion's cut (`Hold`): commit order within the batch
+            }
             let start = writes.len();
             writes.extend(t.writes().map(|w| WriteAt {
                 table: w.table,
@@ -964,6 +1188,7 @@ impl crate::dependency::Sink for Engine {
     }
 
     fn failed(&self, why: String) {
+        self.replay_failed(&why);
         let mut failure = self.state.failure.lock();
         if failure.is_none() {
             let msg = format!("replay failed: {why}");
@@ -1109,7 +1334,7 @@ impl Persister {
             // is still queued is made durable all the same: it may have been acknowledged
             // as received.
             if replaying {
-                replaying = jobs.into_iter().all(|j| self.engine.dispatch(j));
+                replaying = self.engine.hand_over(jobs);
                 if replaying {
                     self.engine.publish();
                 }
@@ -1283,14 +1508,22 @@ impl Receiver {
                         let floor = floor_trusted.then_some(h.floor_ts);
                         self.received.push(s, h.bound_ts, floor);
                         self.seq += 1;
-                        jobs.push(Job { seq: self.seq, stream: s, bound: h.bound_ts, floor, skip_to: held, batch });
+                        jobs.push(Job {
+                            seq: self.seq,
+                            stream: s,
+                            bound: h.bound_ts,
+                            floor,
+                            skip_to: held,
+                            upto: Ts(u64::MAX),
+                            batch,
+                        });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
                         self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
                     }
-                    self.state.released.fetch_max(released.0, Ordering::AcqRel);
+                    self.engine.note_released(released);
                 }
                 Frame::Heartbeat { released } => {
-                    self.state.released.fetch_max(released.0, Ordering::AcqRel);
+                    self.engine.note_released(released);
                 }
                 Frame::Table { id, name } => {
                     add_tables(&self.engine.db, &self.opts.data_dir, &[(id, name)], &*self.storage)
@@ -1376,6 +1609,7 @@ impl Engine {
             Err(why) => {
                 let msg = format!("replaying a batch of stream {} failed: {why}", job.stream);
                 tracing::error!("{msg}");
+                self.replay_failed(&msg);
                 let mut failure = self.state.failure.lock();
                 if failure.is_none() {
                     *failure = Some(msg);
@@ -1531,6 +1765,64 @@ impl Backup {
     }
 }
 
+impl Backup {
+    /// A cluster's fence that keeps the server serving reads: `stop`, then waits until
+    /// nothing of this backup writes its directory any more (the persister has ended, no
+    /// checkpoint is being written), so a failover may read it while reads go on.
+    pub fn fence(&self, why: &str, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        self.stop(why, timeout)?;
+        drop(self.ckpt_busy.lock());
+        while !self.persister_done.load(Ordering::Acquire) {
+            if Instant::now() > deadline {
+                return Err(format!("the persister did not end within {} ms", timeout.as_millis()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Promotes this backup in place at a failover's recovery point `point`: fenced, it
+    /// replays what it holds up to the point (cut there: `Hold`), and its engine, with
+    /// its indexes, is the new primary's (`ditto_log::OpenOptions::recovered`, once the
+    /// caller has sealed the directory: `ditto_log::replica::seal_promoted`). Returns the
+    /// engine, at read view `point`, and the directory's lock. Refused, changing nothing
+    /// on disk, if it does not hold every stream up to the point, if its replay is not
+    /// held at the release or was handed anything above the point, or if replay failed or
+    /// did not reach the point within `timeout`: the caller then recovers from the
+    /// directory instead.
+    pub fn promote(self, point: Ts, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
+        let deadline = Instant::now() + timeout;
+        self.fence("promoted", timeout)?;
+        let durable = self.state.durable.load(Ordering::Acquire);
+        if durable < point.0 {
+            return Err(format!("this backup holds every stream only up to ts {durable}, below the point {}", point.0));
+        }
+        let hold = self.engine.hold.as_ref().ok_or("its replay is not held at the primary's release")?;
+        hold.cut_at(point)?;
+        loop {
+            if let Some(e) = self.engine.replay_error.lock().clone() {
+                return Err(format!("replay failed: {e}"));
+            }
+            if self.state.replayed.load(Ordering::Acquire) >= point.0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "replay reached ts {} of the point {} within {} ms",
+                    self.state.replayed.load(Ordering::Acquire),
+                    point.0,
+                    timeout.as_millis()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.db.publish_read_view(point).map_err(|e| e.to_string())?;
+        self.state.visible.fetch_max(point.0, Ordering::AcqRel);
+        Ok((self.db, self._lock))
+    }
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -1562,7 +1854,7 @@ pub fn replay_recorded(
     let state = Arc::new(BackupState::default());
     // Snapshots may read at the replayed view; nothing waits for a primary's release.
     state.released.store(u64::MAX >> 8, Ordering::Release);
-    let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None);
+    let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None, false);
     engine.set_share_from(share_values_from);
     let t0 = Instant::now();
     let mut prefix = Prefix::new(streams, base);
@@ -1580,6 +1872,7 @@ pub fn replay_recorded(
             bound: h.bound_ts,
             floor: Some(h.floor_ts),
             skip_to: base,
+            upto: Ts(u64::MAX),
             batch: b.clone(),
         };
         if !engine.dispatch(job) {

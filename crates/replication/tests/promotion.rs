@@ -23,9 +23,17 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn start_primary(d: &ditto_log::Durable, resume_from: Option<(Epoch, Ts, Ts)>) -> (Arc<Primary>, String) {
+    start_primary_under(d, resume_from, "local")
+}
+
+fn start_primary_under(
+    d: &ditto_log::Durable,
+    resume_from: Option<(Epoch, Ts, Ts)>,
+    policy: &str,
+) -> (Arc<Primary>, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("local").unwrap();
+    let policy = CommitPolicy::parse(policy).unwrap();
     let opts = PrimaryOptions { backups_expected: 2, resume_from, ..Default::default() };
     let p =
         Primary::start(d, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
@@ -119,4 +127,110 @@ fn a_promoted_backup_starts_above_the_point_and_a_backup_cut_there_resumes_from_
         assert_eq!(r.get(t2, &i.to_be_bytes()).unwrap().as_deref(), Some(want), "row {i}");
     }
     bp_repl.stop();
+}
+
+/// Epoch 1 under `policy` with backups held at the release (a cluster's), 100 commits of
+/// key i -> "v{i}"; returns the primary's pieces, the held backup, and each commit's ts.
+fn held_backup_under(
+    policy: &str,
+    pa: &std::path::Path,
+    b1: &std::path::Path,
+) -> (ditto_log::Durable, Arc<Primary>, backup::Backup, Vec<Ts>) {
+    let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let (pa_repl, a_addr) = start_primary_under(&a, None, policy);
+    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, b1, 1, "b1") };
+    let bk1 = backup::start(opts).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    // Committed without waiting, so that batches hold many (a point within one cuts it).
+    let tickets: Vec<_> =
+        (0..100u32).map(|i| w.run(|x| x.put(t, &i.to_be_bytes(), format!("v{i}").as_bytes())).unwrap().1).collect();
+    let ts: Vec<Ts> = tickets.iter().map(|k| k.ts()).collect();
+    let last = tickets.into_iter().last().unwrap().wait().unwrap();
+    wait_until("the backup to hold epoch 1", Duration::from_secs(20), || {
+        bk1.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= last.0
+    });
+    (a, pa_repl, bk1, ts)
+}
+
+fn value_on(db: &ditto_engine::Database, i: u32) -> Option<Vec<u8>> {
+    let t = db.table_id("t").unwrap();
+    db.read().get(t, &i.to_be_bytes()).unwrap().map(|v| v.to_vec())
+}
+
+/// A held backup replays only what the primary released; promoted in place at a point
+/// within what it holds, it replays up to the point exactly (a batch straddling it is
+/// cut), and its engine, sealed into a checkpoint there, is the next epoch's primary's.
+#[test]
+fn a_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    // Under `all` with two backups expected and one there, nothing is released.
+    let (a, pa_repl, bk1, ts) = held_backup_under("all-durable", &pa, &b1);
+    std::thread::sleep(Duration::from_millis(100));
+    let replayed = bk1.state.replayed.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(replayed < ts[0].0, "nothing released, nothing replayed (replayed to {replayed})");
+    assert_eq!(value_on(&bk1.db, 0), None);
+    let epoch1 = a.logger().epoch();
+    pa_repl.stop();
+    a.close();
+    // The point: commit 59.
+    let p = ts[59];
+    let (db, lock) = bk1.promote(p, Duration::from_secs(20)).unwrap();
+    for i in 0..100u32 {
+        let want = (i <= 59).then(|| format!("v{i}").into_bytes());
+        assert_eq!(value_on(&db, i), want, "key {i} after a promotion at commit 59");
+    }
+    let storage = RealStorage;
+    let info = ditto_log::replica::seal_promoted(&db, &b1, &storage).unwrap();
+    assert_eq!(info.ts, p, "the checkpoint is at the point");
+    assert!(!ditto_log::replica::replica_dir(&b1).exists(), "the replica log is gone");
+    drop(lock);
+    let start = Ts(ts[99].0 + 7);
+    let o = OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch1.0 + 1)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(Arc::clone(&db))),
+        ..Default::default()
+    };
+    let bp = ditto_log::open(&b1, o).unwrap();
+    assert!(Arc::ptr_eq(bp.db(), &db), "the backup's engine is the primary's");
+    let t = bp.db().table_id("t").unwrap();
+    let mut w = bp.db().worker(WorkerId(0)).unwrap();
+    let newest = w.run(|x| x.put(t, &70u32.to_be_bytes(), b"new")).unwrap().1.wait().unwrap();
+    assert!(newest > start, "new commits are above start");
+    assert_eq!(value_on(bp.db(), 70).as_deref(), Some(&b"new"[..]));
+    assert_eq!(value_on(bp.db(), 71), None, "what lay above the point stays discarded");
+    drop(w);
+    bp.close();
+    drop((bp, db));
+    // Recovered from its directory (the checkpoint at the point and its own log), the
+    // same.
+    let again = ditto_log::open(&b1, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    assert_eq!(value_on(again.db(), 70).as_deref(), Some(&b"new"[..]));
+    assert_eq!(value_on(again.db(), 59).as_deref(), Some(&b"v59"[..]));
+    assert_eq!(value_on(again.db(), 71), None);
+}
+
+/// Under `local` the primary releases what no backup may hold: a backup that replayed
+/// above the point refuses to be promoted in place, and its directory is left as it was
+/// (the node then recovers from it, cut at the point).
+#[test]
+fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let (a, pa_repl, bk1, ts) = held_backup_under("local", &pa, &b1);
+    wait_until("the backup to replay everything", Duration::from_secs(20), || {
+        bk1.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts[99].0
+    });
+    pa_repl.stop();
+    a.close();
+    let e = bk1.promote(ts[59], Duration::from_secs(20)).err().expect("refused");
+    assert!(e.contains("above the point"), "{e}");
+    // The directory still holds everything; the restart path cuts it at the point.
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let opened = ditto_log::replica::open_replica_at(&b1, 1, &storage, ts[59]).unwrap();
+    assert_eq!(value_on(&opened.db, 59).as_deref(), Some(&b"v59"[..]));
+    assert_eq!(value_on(&opened.db, 60), None);
 }
