@@ -10,20 +10,29 @@
 //!               (Raft over the control port)                  (clients, replication ports)
 //! ```
 //!
-//! Every change of role is a new child: the old one is stopped (SIGTERM: a backup first
-//! makes everything it received durable, `Backup::stop`), and the new one recovers from
-//! the node's directory, cut at the failover's recovery point, so the engine never holds
-//! a version above it. That is the fence, too: a stopped backup acknowledges nothing
-//! more. The cost is that a node serves no reads between the fence and its restart, and
-//! that a promotion rebuilds the engine from disk (measured in docs/cluster.md).
+//! A backup's server is fenced in place: told `fence`, it stops following its primary,
+//! makes what it received durable and writes nothing more to the directory, and goes on
+//! serving reads at its last read view through the failover. Chosen as the new primary,
+//! it is promoted in place (`promote`: it replays what it holds up to the recovery point,
+//! keeps its engine and indexes, writes a checkpoint at the point and serves as the
+//! primary); its replay was held at the primary's release, so its engine holds nothing
+//! above the point (docs/cluster.md, "In-place promotion"). Every other change of role is
+//! a new child: the old one is stopped (`stop` on its standard input: a backup first makes
+//! everything it received durable, `Backup::stop`), and the new one recovers from the
+//! node's directory, cut at the failover's recovery point. So is a promotion that cannot
+//! be done in place (the node fetches into its directory, the backup replayed above the
+//! point under `local`, or `--promotion restart`).
 //!
 //! Invariants:
 //! - A child runs only in an epoch at or above the node's fence, and as primary only of an
 //!   epoch that a command applied while this supervisor ran named it for (a restarted
 //!   primary never resumes its epoch: the coordinator fails it over).
 //! - A node reports only what its directory holds as a backup's (a replica log, read after
-//!   its child stopped and the files were fsynced); a directory holding a primary's own log
-//!   is not reported (the node is then not counted, and not chosen).
+//!   its child stopped or was fenced in place, and the files were fsynced); a directory
+//!   holding a primary's own log is not reported (the node is then not counted, and not
+//!   chosen).
+//! - Nothing writes the directory while a child fenced in place runs: a fetch into it
+//!   stops the child first.
 //! - A node that holds a primary's own log and is to follow another primary starts from
 //!   nothing (a checkpoint copy): its log may hold commits above the recovery point.
 
@@ -128,6 +137,14 @@ struct Running {
     /// The thread reading its standard output (done at its exit).
     reader: Option<std::thread::JoinHandle<()>>,
     probe: Option<BufReader<TcpStream>>,
+    /// A backup fenced in place (it printed so): it follows no primary and writes nothing
+    /// to its directory, and serves reads at its last read view.
+    fenced: Arc<AtomicBool>,
+    /// It printed that its fence failed.
+    fence_failed: Arc<AtomicBool>,
+    /// Asked to become the primary in place; until it listens again, an exit means the
+    /// promotion failed (the node then starts a primary from its directory).
+    promoting: bool,
 }
 
 /// The running server's standard input, shared with the supervisor's loop, which opens
@@ -183,6 +200,9 @@ pub struct NodeConfig {
     /// The node joins a running cluster (`ditto cluster add`): it waits, with no voters,
     /// for the leader to bring it in.
     pub join: bool,
+    /// A backup is fenced and promoted in place (`--promotion in-place`), not stopped and
+    /// started again.
+    pub promote_in_place: bool,
 }
 
 /// The data plane of one node: its child server (see the module notes).
@@ -213,6 +233,8 @@ struct NodePlane {
     serving: bool,
     /// The membership configuration the primary server last said it has settled.
     settled: Option<u64>,
+    /// See `NodeConfig::promote_in_place`.
+    in_place: bool,
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
@@ -303,21 +325,42 @@ impl NodePlane {
     /// Brings the child in line with the control state.
     fn reconcile(&mut self) {
         if let Some(c) = &mut self.child {
+            if c.promoting && c.ready.load(Ordering::Acquire) {
+                c.promoting = false; // it serves as the primary
+            }
             if let Ok(Some(status)) = c.proc.try_wait() {
                 let was = c.role.clone();
+                let promoting = c.promoting;
                 self.child = None;
                 *self.gate.lock() = Gate::default();
                 self.serving = false;
                 say(self.me, format!("{was:?} exited ({status})"));
-                if matches!(was, Role::Primary { .. }) {
-                    self.may_serve = None; // never resumed: the coordinator fails it over
+                if promoting {
+                    // The promotion in place failed before the server served: the node
+                    // starts the primary from its directory instead (it checks the point).
+                    say(self.me, "its promotion in place failed: it starts the primary from its directory");
+                    self.restart_after = Instant::now();
+                } else {
+                    if matches!(was, Role::Primary { .. }) {
+                        self.may_serve = None; // never resumed: the coordinator fails it over
+                    }
+                    self.restart_after = Instant::now() + Duration::from_millis(500);
                 }
-                self.restart_after = Instant::now() + Duration::from_millis(500);
             }
         }
         let want = self.desired();
         if self.child.as_ref().map(|c| &c.role) == want.as_ref() {
             return;
+        }
+        // A backup fenced in place serves reads through the failover.
+        if want.is_none() && self.fence_in_place() {
+            return;
+        }
+        let fenced = self.child.as_ref().is_some_and(|c| c.fenced.load(Ordering::Acquire));
+        if let (true, Some(Role::Primary { epoch, ts_above, upto: Some(p), resume_epoch: Some(e) })) = (fenced, &want) {
+            if self.child.as_ref().is_some_and(|c| c.role.epoch() == *e) {
+                return self.promote_in_place(*epoch, *ts_above, *p, *e);
+            }
         }
         if self.child.is_some() {
             self.stop_child("its role changed");
@@ -401,13 +444,21 @@ impl NodePlane {
         };
         let ready = Arc::new(AtomicBool::new(false));
         let joined = Arc::new(AtomicBool::new(false));
+        let (fenced, fence_failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
         let out = proc.stdout.take().expect("piped");
         let (r, j, me_id) = (Arc::clone(&ready), Arc::clone(&joined), self.me);
+        let (f, ff) = (Arc::clone(&fenced), Arc::clone(&fence_failed));
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };
                 if line.starts_with("ditto server joined its primary") {
                     j.store(true, Ordering::Release);
+                }
+                if line == "ditto server fenced" {
+                    f.store(true, Ordering::Release);
+                }
+                if line.starts_with("ditto server fence failed") {
+                    ff.store(true, Ordering::Release);
                 }
                 if line.starts_with("ditto server listening on") {
                     r.store(true, Ordering::Release);
@@ -416,8 +467,90 @@ impl NodePlane {
             }
         });
         say(self.me, format!("started {role:?} (pid {})", proc.id()));
-        self.child = Some(Running { role, proc, ready, joined, reader: Some(reader), probe: None });
+        self.child = Some(Running {
+            role,
+            proc,
+            ready,
+            joined,
+            reader: Some(reader),
+            probe: None,
+            fenced,
+            fence_failed,
+            promoting: false,
+        });
         Ok(())
+    }
+
+    /// Has the fenced backup child become the primary of `epoch` in place: it replays up
+    /// to the point `upto` of epoch `resume_epoch` and keeps its engine (docs/cluster.md,
+    /// "In-place promotion"). Its write gate starts closed, as a new primary's does.
+    fn promote_in_place(&mut self, epoch: u64, ts_above: u64, upto: u64, resume_epoch: u64) {
+        let Some(me) = self.addrs(self.me) else { return };
+        let backups = self.state.members.len().saturating_sub(1);
+        let line =
+            format!("promote {epoch} {ts_above} {upto} {resume_epoch} {} {} {backups}\n", self.state.config, me.repl);
+        let sent = {
+            let mut g = self.gate.lock();
+            let ok = g.stdin.as_mut().is_some_and(|i| i.write_all(line.as_bytes()).and_then(|_| i.flush()).is_ok());
+            if ok {
+                g.primary = true;
+                g.open = false;
+                g.info = Vec::new();
+                g.config = self.state.config;
+            }
+            ok
+        };
+        let Some(c) = &mut self.child else { return };
+        if !sent {
+            return self.stop_child("it could not be asked to promote itself");
+        }
+        c.ready.store(false, Ordering::Release);
+        c.probe = None;
+        c.promoting = true;
+        c.role = Role::Primary { epoch, ts_above, upto: Some(upto), resume_epoch: Some(resume_epoch) };
+        say(self.me, format!("promotes its backup in place: primary of epoch {epoch} from the point {upto}"));
+    }
+
+    /// Fences a running backup child in place (it keeps serving reads, `Backup::fence`);
+    /// false if it could not be (then it is to be stopped).
+    fn fence_in_place(&mut self) -> bool {
+        let Some(c) = &self.child else { return false };
+        if !self.in_place
+            || !matches!(c.role, Role::Backup { .. })
+            || !c.ready.load(Ordering::Acquire)
+            || !c.joined.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        if c.fenced.load(Ordering::Acquire) {
+            return true;
+        }
+        let t = Instant::now();
+        {
+            let mut g = self.gate.lock();
+            let Some(stdin) = &mut g.stdin else { return false };
+            if stdin.write_all(b"fence\n").and_then(|_| stdin.flush()).is_err() {
+                return false;
+            }
+        }
+        let c = self.child.as_mut().expect("checked");
+        while t.elapsed() < STOP_TIMEOUT {
+            if c.fenced.load(Ordering::Acquire) {
+                say(
+                    self.me,
+                    format!(
+                        "fenced its backup in place in {:.1} ms (it serves reads)",
+                        t.elapsed().as_secs_f64() * 1e3
+                    ),
+                );
+                return true;
+            }
+            if c.fence_failed.load(Ordering::Acquire) || !matches!(c.proc.try_wait(), Ok(None)) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        false
     }
 
     /// An old primary about to rejoin counts its own commits above its epoch's recovery
@@ -475,6 +608,11 @@ impl NodePlane {
             return Err(format!("holds only {:?} of the streams, below the point {p}", h.streams));
         }
         Ok(h.txns_above)
+    }
+
+    /// No child writes this node's directory: none runs, or it is a backup fenced in place.
+    fn child_quiet(&self) -> bool {
+        self.child.as_ref().is_none_or(|c| c.fenced.load(Ordering::Acquire))
     }
 
     /// Asks the child what it heard (at most every `PROBE_EVERY`).
@@ -599,13 +737,13 @@ impl DataPlane for NodePlane {
 
     fn fenced(&mut self, epoch: u64) {
         self.fence = self.fence.max(epoch);
-        if self.child.as_ref().is_some_and(|c| c.role.epoch() < epoch) {
+        if self.child.as_ref().is_some_and(|c| c.role.epoch() < epoch) && !self.fence_in_place() {
             self.stop_child(&format!("fenced at epoch {epoch}"));
         }
     }
 
     fn report(&mut self) -> Result<Holding, String> {
-        if self.child.is_some() {
+        if !self.child_quiet() {
             return Err("the server still runs (not fenced)".into());
         }
         if self.unclean {
@@ -637,6 +775,11 @@ impl DataPlane for NodePlane {
     fn prepare(&mut self, plan: &RecoveryPlan) {
         // What the plan fetches arrives through `fetched`; then the check.
         self.fetching = plan.fetch.iter().map(|f| f.stream).collect();
+        if !self.fetching.is_empty() && self.child.is_some() {
+            // Fetched batches go into the directory: a backup fenced in place stops first
+            // (the node then starts its primary from the directory).
+            self.stop_child("it fetches into its directory");
+        }
         self.prepared = None;
         if self.fetching.is_empty() {
             self.prepared = Some(self.check_prepared(plan));
@@ -648,7 +791,7 @@ impl DataPlane for NodePlane {
     }
 
     fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
-        if self.child.is_some() {
+        if !self.child_quiet() {
             return Err("the server still runs (not fenced)".into());
         }
         // Where this node holds the stream up to, as its report said.
@@ -919,6 +1062,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         heard: Vec::new(),
         serving: false,
         settled: None,
+        in_place: cfg.promote_in_place,
         count_discarded: None,
     };
     let svc = ControlService::start(

@@ -93,6 +93,12 @@ pub struct ServerArgs {
     /// [default: 250].
     #[arg(long)]
     failure_timeout_ms: Option<u64>,
+    /// A cluster node: how a backup becomes the primary at a failover. `in-place` keeps
+    /// its server and engine (it replays up to the recovery point and serves); `restart`
+    /// starts a new server that recovers the engine from the directory (slower with data;
+    /// for comparison). In-place falls back to a restart where it cannot be done.
+    #[arg(long, value_parser = ["in-place", "restart"], default_value = "in-place")]
+    promotion: String,
     /// Set by a cluster node for its server: the epoch it serves.
     #[arg(long, hide = true)]
     run_epoch: Option<u64>,
@@ -145,6 +151,19 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 let Ok(line) = line else { break };
                 match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
                     ("stop", "") => g.request_stop(),
+                    // A backup's fence that keeps it serving reads, and its promotion in
+                    // place (docs/cluster.md, "In-place promotion").
+                    ("fence", "") => g.request_role(ditto_server::session::RoleRequest::Fence),
+                    ("promote", rest) => match parse_promote(rest) {
+                        Some(r) => {
+                            g.set(Some(
+                                "this node is the cluster's new primary and has not heard a quorum of the cluster yet"
+                                    .into(),
+                            ));
+                            g.request_role(r);
+                        }
+                        None => tracing::warn!("unreadable line from the cluster node: {line:?}"),
+                    },
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
                     ("backups", rest) => {
@@ -261,6 +280,25 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `promote EPOCH TS_ABOVE UPTO RESUME_EPOCH MEMBERS_CONFIG REPL_PORT BACKUPS` from a
+/// cluster node (node.rs).
+fn parse_promote(rest: &str) -> Option<ditto_server::session::RoleRequest> {
+    let v: Vec<u64> = rest.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
+    let [epoch, ts_above, upto, resume_epoch, members_config, repl_port, backups] = v[..] else { return None };
+    Some(ditto_server::session::RoleRequest::Promote {
+        run: ditto_server::config::ClusterRun {
+            epoch,
+            ts_above,
+            upto: Some(upto),
+            resume_epoch: Some(resume_epoch),
+            primary_addr: None,
+            members_config,
+        },
+        repl_port: u16::try_from(repl_port).ok()?,
+        backups: backups as usize,
+    })
+}
+
 /// `ditto server --node-id N`: the node's supervisor (node.rs). The flags that shape the
 /// server pass through to every server it starts.
 fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -295,5 +333,6 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         timeouts: ditto_cluster::Timeouts { failure, resend: 50, prepare: 5000, start: 20_000 },
         tick: std::time::Duration::from_millis(10),
         join: a.join,
+        promote_in_place: a.promotion == "in-place",
     })
 }

@@ -1082,4 +1082,7 @@ fn under_local_an_old_primary_counts_what_it_discarded_at_its_rejoin() {
     assert!(line.contains(",reports_ms=") && line.contains(",prepare_ms="), "{line}");
     let log = std::fs::read_to_string(c.log(first)).unwrap();
     assert!(log.contains(&format!("discards {counted} commits of its epoch")), "its log says so");
+    if std::env::var_os("FAILOVER_LOGS").is_some() {
+        eprintln!("---- node {new} ----\n{}", std::fs::read_to_string(c.log(new)).unwrap_or_default());
+    }
 }

@@ -149,7 +149,23 @@ async fn accept_on(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, Socke
 
 /// Opens the database in `cfg.data_dir`, recovers it, and serves until SIGINT or SIGTERM.
 /// `ready` is called with the bound addresses once clients can connect.
-pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerError> {
+pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
+    let (mut cfg, mut recovered) = (cfg, None);
+    // A cluster's backup promoted in place serves again, as the primary, from the engine
+    // it kept (`RoleRequest::Promote`).
+    while let Some((next, db)) = run_role(cfg, recovered.take(), &ready)? {
+        (cfg, recovered) = (next, Some(db));
+    }
+    Ok(())
+}
+
+/// Serves in one role until the server stops (`None`) or, a cluster's backup, is promoted
+/// in place (`Some`: the primary's configuration, and the engine it keeps).
+fn run_role(
+    cfg: Config,
+    recovered: Option<ditto_log::Recovered>,
+    ready: &dyn Fn(&Listening),
+) -> Result<Option<(Config, ditto_log::Recovered)>, ServerError> {
     cfg.validate()?;
     // Certificates are read before the database is opened, so a bad file fails fast.
     let acceptor = match cfg.tls()? {
@@ -162,7 +178,7 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     let replay_key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
     // A backup joins its primary (a checkpoint or the log above what it holds) before it
     // serves; a primary opens and recovers its own directory.
-    let (durable, backup) = match &cfg.replica_of {
+    let (durable, mut backup) = match &cfg.replica_of {
         Some(primary) => {
             let rkc = Arc::clone(&replay_key_counts);
             let (replay, share_values_from) =
@@ -189,6 +205,9 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 checkpoint_log_growth_percent: cfg.checkpoint_log_growth_percent,
                 replica_file_bytes: 64 << 20,
                 recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
+                // A cluster node's backup may be promoted in place: it replays only what
+                // the primary released (docs/cluster.md).
+                hold_replay_at_release: cfg.cluster.is_some(),
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),
@@ -210,7 +229,10 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
             };
             let mut open = ditto_log::OpenOptions { workers: cfg.workers, log, progress: true, ..Default::default() };
             if let Some(c) = &cfg.cluster {
-                open.recovered = promote_replica(&dir, cfg.workers, c)?;
+                open.recovered = match recovered {
+                    Some(r) => Some(r),
+                    None => promote_replica(&dir, cfg.workers, c)?,
+                };
                 open.epoch = Some(ditto_log::Epoch(c.epoch));
                 open.ts_above = Ts(c.ts_above);
             }
@@ -416,9 +438,10 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
         metrics,
     });
     ready(&listening);
-    rt.block_on(async {
+    let promote = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io("installing the SIGTERM handler"))?;
+        let mut promote = None;
         loop {
             tokio::select! {
                 a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None).await,
@@ -426,10 +449,36 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
                 _ = sh.write_gate.stop_requested() => break,
+                r = sh.write_gate.role_requested() => match (r, &backup) {
+                    (crate::session::RoleRequest::Fence, Some(b)) => {
+                        // Reads go on meanwhile on the runtime's workers; this waits at most
+                        // the drain's bound.
+                        match tokio::task::block_in_place(|| b.fence("fenced by the cluster", Duration::from_secs(10))) {
+                            Ok(()) => println!("ditto server fenced"),
+                            Err(e) => println!("ditto server fence failed: {e}"),
+                        }
+                    }
+                    (r @ crate::session::RoleRequest::Promote { .. }, Some(_)) => {
+                        promote = Some(r);
+                        break;
+                    }
+                    (r, None) => println!("ditto server {} refused: this server is not a backup", match r {
+                        crate::session::RoleRequest::Fence => "fence",
+                        _ => "promotion",
+                    }),
+                },
             }
         }
-        Ok::<(), ServerError>(())
+        Ok::<_, ServerError>(promote)
     })?;
+    if let Some(crate::session::RoleRequest::Promote { run, repl_port, backups }) = promote {
+        let b = backup.take().expect("a promotion is taken only by a backup");
+        drop(checkpointer);
+        // Clients' connections close (they find the primary again, here).
+        rt.shutdown_timeout(Duration::from_secs(1));
+        let next = promote_in_place(&cfg, b, run, repl_port, backups)?;
+        return Ok(Some(next));
+    }
     tracing::info!("shutting down: flushing the log");
     if let Some(p) = &primary {
         p.stop();
@@ -449,7 +498,46 @@ pub fn run(cfg: Config, ready: impl FnOnce(&Listening)) -> Result<(), ServerErro
     }
     drop(checkpointer);
     rt.shutdown_timeout(Duration::from_secs(1));
-    Ok(())
+    Ok(None)
+}
+
+/// A fenced cluster backup promoted in place (docs/cluster.md, "In-place promotion"): it
+/// replays what it holds up to the failover's point and keeps its engine, indexes and all
+/// (`Backup::promote`); its directory becomes a checkpoint at the point that the primary's
+/// log starts from (`seal_promoted`). Returns the primary's configuration and the engine.
+fn promote_in_place(
+    cfg: &Config,
+    b: ditto_replication::Backup,
+    run: crate::config::ClusterRun,
+    repl_port: u16,
+    backups: usize,
+) -> Result<(Config, ditto_log::Recovered), ServerError> {
+    let dir = cfg.data_dir.clone().expect("validated");
+    let point =
+        Ts(run.upto.ok_or_else(|| ConfigError::Invalid("a promotion in place needs the recovery point".into()))?);
+    let t0 = std::time::Instant::now();
+    let failed = |e: String| ServerError::Io { what: "promoting in place".into(), source: std::io::Error::other(e) };
+    let (db, lock) = b.promote(point, Duration::from_secs(60)).map_err(failed)?;
+    let replayed_s = t0.elapsed().as_secs_f64();
+    let storage = ditto_log::storage::RealStorage;
+    let info = ditto_log::replica::seal_promoted(&db, &dir, &storage)?;
+    let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
+    drop(lock);
+    // On standard output: a cluster node prints it with the failover's other phases.
+    println!(
+        "promotion (in place): replayed to the point {} in {:.3} s, a checkpoint of {:.1} MB written in {:.2} s; {:.2} s in all",
+        point.0,
+        replayed_s,
+        info.bytes as f64 / 1e6,
+        info.seconds,
+        t0.elapsed().as_secs_f64()
+    );
+    let mut next = cfg.clone();
+    next.replica_of = None;
+    next.repl_port = Some(repl_port);
+    next.backups = backups;
+    next.cluster = Some(crate::config::ClusterRun { primary_addr: None, ..run });
+    Ok((next, ditto_log::Recovered(db)))
 }
 
 /// A cluster node promoted from a backup: its replica log, cut at the failover's recovery

@@ -1225,6 +1225,23 @@ pub struct WriteGate {
     /// The backups a primary's commit quorum is to count, with the membership
     /// configuration (the cluster's members changed), and what applies it.
     backups: Mutex<Backups>,
+    /// Role changes asked for and not yet taken up (`RoleRequest`).
+    roles: Mutex<std::collections::VecDeque<RoleRequest>>,
+    role_asked: tokio::sync::Notify,
+}
+
+/// What a cluster node's supervisor asks its running server to do about its role
+/// (docs/cluster.md, "In-place promotion").
+#[derive(Clone, Debug, PartialEq)]
+pub enum RoleRequest {
+    /// A backup's fence that keeps it serving reads: it stops following its primary and
+    /// makes what it received durable (`Backup::fence`), then prints `ditto server fenced`
+    /// (or `ditto server fence failed: WHY`).
+    Fence,
+    /// A fenced backup becomes the primary of `run` in place (`Backup::promote`): its
+    /// engine is kept; clients' connections are closed and the server serves again as
+    /// the primary, taking backups on `repl_port` and counting `backups` of them.
+    Promote { run: crate::config::ClusterRun, repl_port: u16, backups: usize },
 }
 
 /// The count of backups last set (with its configuration), and the hook that applies it.
@@ -1269,6 +1286,24 @@ impl WriteGate {
     /// Completes once a stop was requested.
     pub async fn stop_requested(&self) {
         self.stop.notified().await
+    }
+
+    /// Asks the server for a role change (`RoleRequest`); one asked before it serves waits
+    /// for it.
+    pub fn request_role(&self, r: RoleRequest) {
+        self.roles.lock().push_back(r);
+        self.role_asked.notify_one();
+    }
+
+    /// The next role change asked for (waits for one).
+    pub async fn role_requested(&self) -> RoleRequest {
+        loop {
+            let asked = self.role_asked.notified();
+            if let Some(r) = self.roles.lock().pop_front() {
+                return r;
+            }
+            asked.await;
+        }
     }
 
     /// What `INFO cluster` shows (empty: not a cluster node).
