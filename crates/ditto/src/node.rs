@@ -142,9 +142,10 @@ struct Running {
     fenced: Arc<AtomicBool>,
     /// It printed that its fence failed.
     fence_failed: Arc<AtomicBool>,
-    /// Asked to become the primary in place; until it listens again, an exit means the
-    /// promotion failed (the node then starts a primary from its directory).
-    promoting: bool,
+    /// Asked to change its role in place (promoted, or to follow the next epoch's
+    /// primary); until it listens again, an exit means that failed (the node then starts
+    /// the role's server from its directory).
+    changing: bool,
 }
 
 /// The running server's standard input, shared with the supervisor's loop, which opens
@@ -325,20 +326,20 @@ impl NodePlane {
     /// Brings the child in line with the control state.
     fn reconcile(&mut self) {
         if let Some(c) = &mut self.child {
-            if c.promoting && c.ready.load(Ordering::Acquire) {
-                c.promoting = false; // it serves as the primary
+            if c.changing && c.ready.load(Ordering::Acquire) {
+                c.changing = false; // it serves in its new role
             }
             if let Ok(Some(status)) = c.proc.try_wait() {
                 let was = c.role.clone();
-                let promoting = c.promoting;
+                let changing = c.changing;
                 self.child = None;
                 *self.gate.lock() = Gate::default();
                 self.serving = false;
                 say(self.me, format!("{was:?} exited ({status})"));
-                if promoting {
-                    // The promotion in place failed before the server served: the node
-                    // starts the primary from its directory instead (it checks the point).
-                    say(self.me, "its promotion in place failed: it starts the primary from its directory");
+                if changing {
+                    // The change in place failed before the server served: the node starts
+                    // the role's server from its directory instead (it checks the point).
+                    say(self.me, "its change of role in place failed: it starts the server from its directory");
                     self.restart_after = Instant::now();
                 } else {
                     if matches!(was, Role::Primary { .. }) {
@@ -360,6 +361,16 @@ impl NodePlane {
         if let (true, Some(Role::Primary { epoch, ts_above, upto: Some(p), resume_epoch: Some(e) })) = (fenced, &want) {
             if self.child.as_ref().is_some_and(|c| c.role.epoch() == *e) {
                 return self.promote_in_place(*epoch, *ts_above, *p, *e);
+            }
+        }
+        if let (true, Some(Role::Backup { epoch, of })) = (fenced, &want) {
+            // The epoch its server followed, cut at the failover's point.
+            let n = self.state.epochs.len();
+            let cut = n.checked_sub(2).map(|i| &self.state.epochs[i]).and_then(|b| Some((b.epoch, b.recovered?)));
+            if let Some((e, p)) = cut.filter(|(e, _)| self.child.as_ref().is_some_and(|c| c.role.epoch() == *e)) {
+                debug_assert_eq!(self.state.epochs.last().map(|o| o.epoch), Some(*epoch));
+                let _ = e;
+                return self.follow_in_place(*epoch, *of, p);
             }
         }
         if self.child.is_some() {
@@ -423,6 +434,11 @@ impl NodePlane {
                 }
                 args.extend(["--replica-of".into(), of.repl_addr()]);
                 args.extend(["--primary-addr".into(), of.client_addr()]);
+                if self.in_place {
+                    // Its role may change in place only if its replay is held at the
+                    // primary's release (docs/cluster.md, "In-place promotion").
+                    args.push("--hold-replay".into());
+                }
                 if let Some(p) = upto {
                     args.extend(["--recover-upto".into(), p.to_string()]);
                 }
@@ -476,7 +492,7 @@ impl NodePlane {
             probe: None,
             fenced,
             fence_failed,
-            promoting: false,
+            changing: false,
         });
         Ok(())
     }
@@ -485,30 +501,45 @@ impl NodePlane {
     /// to the point `upto` of epoch `resume_epoch` and keeps its engine (docs/cluster.md,
     /// "In-place promotion"). Its write gate starts closed, as a new primary's does.
     fn promote_in_place(&mut self, epoch: u64, ts_above: u64, upto: u64, resume_epoch: u64) {
-        let Some(me) = self.addrs(self.me) else { return };
+        let Some(me) = self.addrs(self.me) else { return self.stop_child("this node's own addresses are unknown") };
         let backups = self.state.members.len().saturating_sub(1);
         let line =
-            format!("promote {epoch} {ts_above} {upto} {resume_epoch} {} {} {backups}\n", self.state.config, me.repl);
-        let sent = {
-            let mut g = self.gate.lock();
-            let ok = g.stdin.as_mut().is_some_and(|i| i.write_all(line.as_bytes()).and_then(|_| i.flush()).is_ok());
-            if ok {
-                g.primary = true;
-                g.open = false;
-                g.info = Vec::new();
-                g.config = self.state.config;
-            }
-            ok
-        };
-        let Some(c) = &mut self.child else { return };
-        if !sent {
-            return self.stop_child("it could not be asked to promote itself");
-        }
-        c.ready.store(false, Ordering::Release);
-        c.probe = None;
-        c.promoting = true;
-        c.role = Role::Primary { epoch, ts_above, upto: Some(upto), resume_epoch: Some(resume_epoch) };
+            format!("promote {epoch} {ts_above} {upto} {resume_epoch} {} {} {backups}", self.state.config, me.repl);
+        let role = Role::Primary { epoch, ts_above, upto: Some(upto), resume_epoch: Some(resume_epoch) };
+        self.change_in_place(&line, role);
         say(self.me, format!("promotes its backup in place: primary of epoch {epoch} from the point {upto}"));
+    }
+
+    /// Has the fenced backup child follow `of`, the primary of `epoch`, in place: it
+    /// replays what it holds up to the point `upto`, keeps its engine and joins `of` with
+    /// it (docs/cluster.md, "In-place promotion").
+    fn follow_in_place(&mut self, epoch: u64, of: NodeId, upto: u64) {
+        let Some(o) = self.addrs(of) else { return self.stop_child(&format!("node {of}'s addresses are unknown")) };
+        let line = format!("follow {} {} {upto}", o.repl_addr(), o.client_addr());
+        self.change_in_place(&line, Role::Backup { epoch, of });
+        say(self.me, format!("has its backup follow node {of} (epoch {epoch}) in place from the point {upto}"));
+    }
+
+    /// Asks the child, a backup fenced in place, for `line` (`promote ...` or `follow
+    /// ...`), after which it runs as `role`; stops it if it cannot be asked.
+    fn change_in_place(&mut self, line: &str, role: Role) {
+        let Some(c) = &mut self.child else { return };
+        // Before the line: the server says again that it listens (and a backup that it
+        // joined) once it has.
+        for f in [&c.ready, &c.joined, &c.fenced, &c.fence_failed] {
+            f.store(false, Ordering::Release);
+        }
+        c.probe = None;
+        c.changing = true;
+        let primary = matches!(role, Role::Primary { .. });
+        c.role = role;
+        let mut g = self.gate.lock();
+        let sent = g.stdin.as_mut().is_some_and(|i| writeln!(i, "{line}").and_then(|_| i.flush()).is_ok());
+        *g = Gate { stdin: g.stdin.take(), primary, open: false, info: Vec::new(), config: self.state.config };
+        drop(g);
+        if !sent {
+            self.stop_child("it could not be asked to change its role in place");
+        }
     }
 
     /// Fences a running backup child in place (it keeps serving reads, `Backup::fence`);

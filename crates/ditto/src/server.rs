@@ -121,6 +121,10 @@ pub struct ServerArgs {
     /// Exit at once when standard input closes (a cluster node's server dies with it).
     #[arg(long, hide = true)]
     exit_with_stdin: bool,
+    /// Set by a cluster node for a backup that may change its role in place: replay only
+    /// what the primary released.
+    #[arg(long, hide = true)]
+    hold_replay: bool,
     /// Pre-fault this many MiB of heap before serving (the benchmarks' cluster runs give
     /// their backups what the primary pre-faulted; see memory.rs).
     #[arg(long, hide = true)]
@@ -163,6 +167,17 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                             g.request_role(r);
                         }
                         None => tracing::warn!("unreadable line from the cluster node: {line:?}"),
+                    },
+                    // `follow REPL_ADDR CLIENT_ADDR POINT`
+                    ("follow", rest) => match rest.split_whitespace().collect::<Vec<_>>()[..] {
+                        [primary, primary_addr, upto] if upto.parse::<u64>().is_ok() => {
+                            g.request_role(ditto_server::session::RoleRequest::Follow {
+                                primary: primary.to_string(),
+                                primary_addr: primary_addr.to_string(),
+                                upto: upto.parse().expect("checked"),
+                            })
+                        }
+                        _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
                     },
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
@@ -247,12 +262,14 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             resume_epoch: a.resume_epoch,
             primary_addr: None,
             members_config: a.members_config.unwrap_or(0),
+            hold_replay_at_release: false,
         });
     } else if a.recover_upto.is_some() || a.primary_addr.is_some() {
         // A cluster's backup: its cut, and where its primary takes writes.
         cfg.cluster = Some(ditto_server::config::ClusterRun {
             upto: a.recover_upto,
             primary_addr: a.primary_addr,
+            hold_replay_at_release: a.hold_replay,
             ..Default::default()
         });
     }
@@ -293,6 +310,7 @@ fn parse_promote(rest: &str) -> Option<ditto_server::session::RoleRequest> {
             resume_epoch: Some(resume_epoch),
             primary_addr: None,
             members_config,
+            hold_replay_at_release: false,
         },
         repl_port: u16::try_from(repl_port).ok()?,
         backups: backups as usize,

@@ -331,6 +331,32 @@ fn open_replica_inner(
     Ok(ReplicaOpen { db, cut, streams: scan.streams, report, lock })
 }
 
+/// Opens a backup's data directory with an engine kept from before (a cluster backup that
+/// follows the next epoch's primary in place: `ditto_replication::Backup::cut_at`, then
+/// `seal_at_point`): the directory must hold a checkpoint at the engine's read view and no
+/// replica log, and nothing is loaded. Refused otherwise, changing nothing.
+pub fn open_replica_with(dir: &Path, db: Arc<Database>) -> Result<ReplicaOpen, LogError> {
+    let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
+    let lock = crate::lock_dir(dir)?;
+    if !crate::recovery::list_segments(dir)?.segments.is_empty() {
+        return Err(refuse("this data directory holds a primary's log segments".into()));
+    }
+    let view = db.clock().visible_ts();
+    let ckpt = checkpoint::find_newest(dir)?.0.map(|(_, m)| m.ts);
+    if ckpt != Some(view) {
+        return Err(refuse(format!(
+            "given an engine at ts {}, but the newest checkpoint is at {}",
+            view.0,
+            ckpt.map_or("none".to_string(), |t| format!("ts {}", t.0))
+        )));
+    }
+    let rdir = replica_dir(dir);
+    if rdir.exists() && std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?.next().is_some() {
+        return Err(refuse("given an engine, but the directory still holds a replica log".into()));
+    }
+    Ok(ReplicaOpen { db, cut: view, streams: None, report: RecoveryReport::default(), lock })
+}
+
 /// What a backup's data directory holds, read without changing it (a failover's tail
 /// report, docs/cluster.md): per primary stream, every batch up to this timestamp is held
 /// (its highest bound, the highest trusted floor, the checkpoint); the newest timestamp
@@ -639,16 +665,48 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
 /// (`OpenOptions::recovered`), and the replica log goes, with what it held above the
 /// point. The checkpoint is durable before any replica file is removed; a crash between
 /// leaves a backup's directory whose newest checkpoint is at the point.
-pub fn seal_promoted(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
+///
+/// The replica log and the older checkpoints are moved into `trash/` (a rename each) and
+/// deleted there by a thread of their own: deleting hundreds of MB takes a fifth of a
+/// second or more, which a failover need not wait for (nothing reads `trash/`; what a
+/// crash leaves there is deleted by the next seal).
+pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
     let info = checkpoint::write(db, data, recovery_threads(), 64 << 20, Epoch(0), storage)?;
-    crate::remove_checkpoints_except(data, &info.dir)?;
+    let trash = data.join(TRASH_DIR);
+    std::fs::create_dir_all(&trash).map_err(|e| LogError::io(&trash, e))?;
+    let root = checkpoint::checkpoints_dir(data);
+    let mut gone: Vec<PathBuf> = Vec::new();
+    for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
+        let p = e.map_err(|e| LogError::io(&root, e))?.path();
+        if p != info.dir {
+            gone.push(p);
+        }
+    }
     let rdir = replica_dir(data);
     if rdir.exists() {
-        std::fs::remove_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+        gone.push(rdir);
     }
-    crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    for (i, p) in gone.iter().enumerate() {
+        let to = trash.join(format!("{stamp}-{i}"));
+        std::fs::rename(p, &to).map_err(|e| LogError::io(p, e))?;
+    }
+    for d in [&root, data] {
+        crate::storage::sync_dir(d).map_err(|e| LogError::io(d, e))?;
+    }
+    let _ = std::thread::Builder::new().name("ditto-trash".into()).spawn(move || {
+        if let Ok(entries) = std::fs::read_dir(&trash) {
+            for e in entries.flatten() {
+                // Another seal's thread may delete the same entry: either is fine.
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    });
     Ok(info)
 }
+
+/// Where `seal_at_point` moves what it discards, to be deleted in the background.
+pub const TRASH_DIR: &str = "trash";
 
 /// A backup's own checkpoint: writes one of `db` at its read view (every transaction at or
 /// below it installed, as a snapshot sees it), then deletes the older checkpoints. Its

@@ -142,6 +142,10 @@ pub struct BackupOptions {
     /// Replay only what the primary has released (`Hold`): a cluster node's backup, so
     /// that a failover can promote it in place (`Backup::promote`).
     pub hold_replay_at_release: bool,
+    /// An engine kept from this node's previous backup run, cut at the directory's
+    /// checkpoint (`Backup::cut_at`, then `seal_at_point`): taken as it is instead of
+    /// loading the directory (`open_replica_with`); `recover_upto` does not apply.
+    pub engine: Option<Arc<Database>>,
 }
 
 impl BackupOptions {
@@ -163,6 +167,7 @@ impl BackupOptions {
             replica_file_bytes: 64 << 20,
             recover_upto: None,
             hold_replay_at_release: false,
+            engine: None,
         }
     }
 }
@@ -272,7 +277,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let followed = read_followed_epoch(&dir);
-    let mut opened = ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?;
+    let mut opened = match &opts.engine {
+        Some(db) => ditto_log::replica::open_replica_with(&dir, Arc::clone(db))?,
+        None => ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?,
+    };
     if opened.report.log_txns_dropped_above_cut > 0 {
         tracing::warn!(
             "recovery left out {} transactions above the cut at ts {}",
@@ -1785,15 +1793,22 @@ impl Backup {
     /// Promotes this backup in place at a failover's recovery point `point`: fenced, it
     /// replays what it holds up to the point (cut there: `Hold`), and its engine, with
     /// its indexes, is the new primary's (`ditto_log::OpenOptions::recovered`, once the
-    /// caller has sealed the directory: `ditto_log::replica::seal_promoted`). Returns the
+    /// caller has sealed the directory: `ditto_log::replica::seal_at_point`). Returns the
     /// engine, at read view `point`, and the directory's lock. Refused, changing nothing
     /// on disk, if it does not hold every stream up to the point, if its replay is not
     /// held at the release or was handed anything above the point, or if replay failed or
     /// did not reach the point within `timeout`: the caller then recovers from the
     /// directory instead.
     pub fn promote(self, point: Ts, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
+        self.cut_at(point, "promoted", timeout)
+    }
+
+    /// What `promote` does, for either use: a promotion, or following the next epoch's
+    /// primary in place (the engine, cut at `point`, sealed into a checkpoint there, is
+    /// taken by the next backup run: `BackupOptions::engine`).
+    pub fn cut_at(self, point: Ts, why: &str, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
         let deadline = Instant::now() + timeout;
-        self.fence("promoted", timeout)?;
+        self.fence(why, timeout)?;
         let durable = self.state.durable.load(Ordering::Acquire);
         if durable < point.0 {
             return Err(format!("this backup holds every stream only up to ts {durable}, below the point {}", point.0));

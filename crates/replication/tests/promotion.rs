@@ -130,12 +130,13 @@ fn a_promoted_backup_starts_above_the_point_and_a_backup_cut_there_resumes_from_
 }
 
 /// Epoch 1 under `policy` with backups held at the release (a cluster's), 100 commits of
-/// key i -> "v{i}"; returns the primary's pieces, the held backup, and each commit's ts.
+/// key i -> "v{i}"; returns the primary's pieces, the held backup, each commit's ts, and
+/// the primary's replication address.
 fn held_backup_under(
     policy: &str,
     pa: &std::path::Path,
     b1: &std::path::Path,
-) -> (ditto_log::Durable, Arc<Primary>, backup::Backup, Vec<Ts>) {
+) -> (ditto_log::Durable, Arc<Primary>, backup::Backup, Vec<Ts>, String) {
     let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
     let (pa_repl, a_addr) = start_primary_under(&a, None, policy);
@@ -150,7 +151,7 @@ fn held_backup_under(
     wait_until("the backup to hold epoch 1", Duration::from_secs(20), || {
         bk1.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= last.0
     });
-    (a, pa_repl, bk1, ts)
+    (a, pa_repl, bk1, ts, a_addr)
 }
 
 fn value_on(db: &ditto_engine::Database, i: u32) -> Option<Vec<u8>> {
@@ -166,7 +167,7 @@ fn a_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() 
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
     // Under `all` with two backups expected and one there, nothing is released.
-    let (a, pa_repl, bk1, ts) = held_backup_under("all-durable", &pa, &b1);
+    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
     std::thread::sleep(Duration::from_millis(100));
     let replayed = bk1.state.replayed.load(std::sync::atomic::Ordering::SeqCst);
     assert!(replayed < ts[0].0, "nothing released, nothing replayed (replayed to {replayed})");
@@ -182,7 +183,7 @@ fn a_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() 
         assert_eq!(value_on(&db, i), want, "key {i} after a promotion at commit 59");
     }
     let storage = RealStorage;
-    let info = ditto_log::replica::seal_promoted(&db, &b1, &storage).unwrap();
+    let info = ditto_log::replica::seal_at_point(&db, &b1, &storage).unwrap();
     assert_eq!(info.ts, p, "the checkpoint is at the point");
     assert!(!ditto_log::replica::replica_dir(&b1).exists(), "the replica log is gone");
     drop(lock);
@@ -220,7 +221,7 @@ fn a_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() 
 fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
-    let (a, pa_repl, bk1, ts) = held_backup_under("local", &pa, &b1);
+    let (a, pa_repl, bk1, ts, _) = held_backup_under("local", &pa, &b1);
     wait_until("the backup to replay everything", Duration::from_secs(20), || {
         bk1.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts[99].0
     });
@@ -233,4 +234,65 @@ fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
     let opened = ditto_log::replica::open_replica_at(&b1, 1, &storage, ts[59]).unwrap();
     assert_eq!(value_on(&opened.db, 59).as_deref(), Some(&b"v59"[..]));
     assert_eq!(value_on(&opened.db, 60), None);
+}
+
+/// A held backup that follows the next epoch's primary in place: cut at the point and
+/// sealed there, it joins the new primary with the engine it kept (nothing loaded, no
+/// checkpoint copied: it resumes from the new primary's log) and receives its commits.
+#[test]
+fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let (a, pa_repl, bk1, ts, a_addr) = held_backup_under("local", &pa, &b1);
+    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, &b2, 1, "b2") };
+    let bk2 = backup::start(opts).unwrap();
+    let p = ts[99];
+    wait_until("the second backup to hold epoch 1", Duration::from_secs(20), || {
+        bk2.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= p.0
+    });
+    let epoch1 = a.logger().epoch();
+    pa_repl.stop();
+    a.close();
+    let storage = RealStorage;
+    // B1 is promoted in place.
+    let (db1, lock1) = bk1.promote(p, Duration::from_secs(20)).unwrap();
+    ditto_log::replica::seal_at_point(&db1, &b1, &storage).unwrap();
+    drop(lock1);
+    let start = Ts(p.0 + 7);
+    let o = OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch1.0 + 1)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(db1)),
+        ..Default::default()
+    };
+    let bp = ditto_log::open(&b1, o).unwrap();
+    let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));
+    // B2 follows it in place.
+    let (db2, lock2) = bk2.cut_at(p, "follows", Duration::from_secs(20)).unwrap();
+    ditto_log::replica::seal_at_point(&db2, &b2, &storage).unwrap();
+    drop(lock2);
+    // An engine that is not at the directory's checkpoint is refused.
+    let other = ditto_engine::Database::new(ditto_engine::Options { workers: 1 });
+    match ditto_log::replica::open_replica_with(&b2, other) {
+        Err(e) => assert!(e.to_string().contains("newest checkpoint is at"), "{e}"),
+        Ok(_) => panic!("an engine not at the checkpoint was taken"),
+    }
+    let opts = BackupOptions {
+        engine: Some(Arc::clone(&db2)),
+        hold_replay_at_release: true,
+        ..BackupOptions::new(&bp_addr, &b2, 1, "b2")
+    };
+    let bk2 = backup::start(opts).unwrap();
+    assert!(Arc::ptr_eq(&bk2.db, &db2), "the kept engine serves");
+    assert_eq!(bp_repl.checkpoints_sent.load(std::sync::atomic::Ordering::SeqCst), 0, "resumed from the log");
+    let tb = bp.db().table_id("t").unwrap();
+    let mut w = bp.db().worker(WorkerId(0)).unwrap();
+    let newest = w.run(|x| x.put(tb, &5u32.to_be_bytes(), b"two")).unwrap().1.wait().unwrap();
+    wait_until("the backup to see epoch 2's commit", Duration::from_secs(20), || {
+        bk2.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= newest.0
+    });
+    assert_eq!(value_on(&bk2.db, 5).as_deref(), Some(&b"two"[..]));
+    assert_eq!(value_on(&bk2.db, 99).as_deref(), Some(&b"v99"[..]));
+    bp_repl.stop();
 }

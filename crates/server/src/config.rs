@@ -119,6 +119,9 @@ pub struct ClusterRun {
     pub primary_addr: Option<String>,
     /// A primary: the membership configuration its `backups` count stands for.
     pub members_config: u64,
+    /// A backup: replay only what the primary released, so that a failover can promote
+    /// it, or have it follow the next primary, in place (docs/cluster.md).
+    pub hold_replay_at_release: bool,
 }
 
 /// The `maxmemory` setting: a size in Redis's units (a string such as `"512mb"`, or an

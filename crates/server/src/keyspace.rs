@@ -80,6 +80,16 @@ impl KeyCounts {
         Ok((counts, at))
     }
 
+    /// Counts given as they are (see `values`).
+    pub fn from_values(n: [i64; DBS]) -> KeyCounts {
+        KeyCounts(n.map(std::sync::atomic::AtomicI64::new))
+    }
+
+    /// Every database's count now.
+    pub fn values(&self) -> [i64; DBS] {
+        std::array::from_fn(|i| self.0[i].load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Moves database `db`'s count by `d`.
     pub fn add(&self, db: u8, d: i64) {
         if let Some(c) = self.0.get(db as usize) {

@@ -150,23 +150,31 @@ async fn accept_on(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, Socke
 /// Opens the database in `cfg.data_dir`, recovers it, and serves until SIGINT or SIGTERM.
 /// `ready` is called with the bound addresses once clients can connect.
 pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
-    let (mut cfg, mut recovered) = (cfg, None);
-    // A cluster's backup promoted in place serves again, as the primary, from the engine
-    // it kept (`RoleRequest::Promote`).
-    while let Some((next, db)) = run_role(cfg, recovered.take(), &ready)? {
-        (cfg, recovered) = (next, Some(db));
+    let (mut cfg, mut kept) = (cfg, None);
+    // A cluster's backup that changes its role in place serves again, as the primary or as
+    // the next epoch's backup, from the engine it kept (`RoleRequest`).
+    while let Some(next) = run_role(cfg, kept.take(), &ready)? {
+        cfg = next.cfg.clone();
+        kept = Some(next);
     }
     Ok(())
 }
 
+/// What a server that changes its role in place hands to its next run.
+struct Kept {
+    cfg: Config,
+    /// The engine, at the failover's point.
+    db: ditto_log::Recovered,
+    /// The per-database key counts, at `db`'s read view (replay kept them).
+    counts: [i64; crate::keyspace::DBS],
+}
+
 /// Serves in one role until the server stops (`None`) or, a cluster's backup, is promoted
 /// in place (`Some`: the primary's configuration, and the engine it keeps).
-fn run_role(
-    cfg: Config,
-    recovered: Option<ditto_log::Recovered>,
-    ready: &dyn Fn(&Listening),
-) -> Result<Option<(Config, ditto_log::Recovered)>, ServerError> {
+fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Result<Option<Kept>, ServerError> {
     cfg.validate()?;
+    let counted = kept.as_ref().map(|k| (k.counts, k.db.0.clock().visible_ts()));
+    let recovered = kept.map(|k| k.db);
     // Certificates are read before the database is opened, so a bad file fails fast.
     let acceptor = match cfg.tls()? {
         Some(files) => Some(TlsAcceptor::from(tls::server_config(&files)?)),
@@ -207,7 +215,10 @@ fn run_role(
                 recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
                 // A cluster node's backup may be promoted in place: it replays only what
                 // the primary released (docs/cluster.md).
-                hold_replay_at_release: cfg.cluster.is_some(),
+                hold_replay_at_release: cfg.cluster.as_ref().is_some_and(|c| c.hold_replay_at_release),
+                // Kept from this server's previous run (it follows the next epoch's
+                // primary in place, `RoleRequest::Follow`).
+                engine: recovered.map(|r| r.0),
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),
@@ -275,7 +286,7 @@ fn run_role(
             .into());
         }
     }
-    let mut sh = Shared::new(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port)?;
+    let mut sh = Shared::with_counts(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port, counted)?;
     replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
     sh.read_only = backup.is_some();
     sh.config_view = cfg.view();
@@ -458,26 +469,39 @@ fn run_role(
                             Err(e) => println!("ditto server fence failed: {e}"),
                         }
                     }
-                    (r @ crate::session::RoleRequest::Promote { .. }, Some(_)) => {
+                    (r @ (crate::session::RoleRequest::Promote { .. } | crate::session::RoleRequest::Follow { .. }), Some(_)) => {
                         promote = Some(r);
                         break;
                     }
                     (r, None) => println!("ditto server {} refused: this server is not a backup", match r {
                         crate::session::RoleRequest::Fence => "fence",
-                        _ => "promotion",
+                        crate::session::RoleRequest::Promote { .. } => "promotion",
+                        crate::session::RoleRequest::Follow { .. } => "follow",
                     }),
                 },
             }
         }
         Ok::<_, ServerError>(promote)
     })?;
-    if let Some(crate::session::RoleRequest::Promote { run, repl_port, backups }) = promote {
-        let b = backup.take().expect("a promotion is taken only by a backup");
+    if let Some(r) = promote {
+        let b = backup.take().expect("taken only by a backup");
         drop(checkpointer);
-        // Clients' connections close (they find the primary again, here).
+        // Connections already open go on reading (at the point, once it is reached) while
+        // the engine is cut and sealed; they close after (clients find the primary again,
+        // or come back).
+        let next = match r {
+            crate::session::RoleRequest::Promote { run, repl_port, backups } => {
+                promote_in_place(&cfg, b, run, repl_port, backups)?
+            }
+            crate::session::RoleRequest::Follow { primary, primary_addr, upto } => {
+                follow_in_place(&cfg, b, primary, primary_addr, upto)?
+            }
+            crate::session::RoleRequest::Fence => unreachable!("a fence is done in the loop"),
+        };
         rt.shutdown_timeout(Duration::from_secs(1));
-        let next = promote_in_place(&cfg, b, run, repl_port, backups)?;
-        return Ok(Some(next));
+        // Replay moved them up to the point and stopped there (nothing above is installed).
+        let counts = sh.key_counts.values();
+        return Ok(Some(Kept { cfg: next.0, db: next.1, counts }));
     }
     tracing::info!("shutting down: flushing the log");
     if let Some(p) = &primary {
@@ -501,10 +525,61 @@ fn run_role(
     Ok(None)
 }
 
+/// A fenced cluster backup cut in place at a failover's point `point` (`Backup::cut_at`:
+/// it replays what it holds up to the point, and nothing above), its engine sealed into
+/// a checkpoint there (`seal_at_point`); `what` names the change in the line it prints
+/// (on standard output: a cluster node prints it with the failover's other phases).
+fn cut_and_seal(
+    cfg: &Config,
+    b: ditto_replication::Backup,
+    point: Ts,
+    what: &str,
+) -> Result<Arc<Database>, ServerError> {
+    let dir = cfg.data_dir.clone().expect("validated");
+    let t0 = std::time::Instant::now();
+    let failed = |e: String| ServerError::Io { what: format!("{what} in place"), source: std::io::Error::other(e) };
+    let (db, lock) = b.cut_at(point, what, Duration::from_secs(60)).map_err(failed)?;
+    let replayed_s = t0.elapsed().as_secs_f64();
+    let info = ditto_log::replica::seal_at_point(&db, &dir, &ditto_log::storage::RealStorage)?;
+    drop(lock);
+    println!(
+        "{what} (in place): replayed to the point {} in {:.3} s, a checkpoint of {:.1} MB written in {:.2} s; {:.2} s in all",
+        point.0,
+        replayed_s,
+        info.bytes as f64 / 1e6,
+        info.seconds,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(db)
+}
+
+/// A fenced cluster backup that follows the next epoch's primary in place
+/// (`cut_and_seal`), then joins it with the engine it kept (`BackupOptions::engine`):
+/// holding exactly the point, it resumes from the new primary's log. Returns the
+/// backup's configuration and the engine.
+fn follow_in_place(
+    cfg: &Config,
+    b: ditto_replication::Backup,
+    primary: String,
+    primary_addr: String,
+    upto: u64,
+) -> Result<(Config, ditto_log::Recovered), ServerError> {
+    let db = cut_and_seal(cfg, b, Ts(upto), "follow")?;
+    let mut next = cfg.clone();
+    next.replica_of = Some(primary);
+    next.cluster = Some(crate::config::ClusterRun {
+        upto: Some(upto),
+        primary_addr: Some(primary_addr),
+        hold_replay_at_release: true,
+        ..Default::default()
+    });
+    Ok((next, ditto_log::Recovered(db)))
+}
+
 /// A fenced cluster backup promoted in place (docs/cluster.md, "In-place promotion"): it
-/// replays what it holds up to the failover's point and keeps its engine, indexes and all
-/// (`Backup::promote`); its directory becomes a checkpoint at the point that the primary's
-/// log starts from (`seal_promoted`). Returns the primary's configuration and the engine.
+/// keeps its engine, indexes and all, cut at the failover's point (`cut_and_seal`); the
+/// primary's log starts from the checkpoint written there. Returns the primary's
+/// configuration and the engine.
 fn promote_in_place(
     cfg: &Config,
     b: ditto_replication::Backup,
@@ -512,26 +587,11 @@ fn promote_in_place(
     repl_port: u16,
     backups: usize,
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
-    let dir = cfg.data_dir.clone().expect("validated");
     let point =
         Ts(run.upto.ok_or_else(|| ConfigError::Invalid("a promotion in place needs the recovery point".into()))?);
-    let t0 = std::time::Instant::now();
-    let failed = |e: String| ServerError::Io { what: "promoting in place".into(), source: std::io::Error::other(e) };
-    let (db, lock) = b.promote(point, Duration::from_secs(60)).map_err(failed)?;
-    let replayed_s = t0.elapsed().as_secs_f64();
-    let storage = ditto_log::storage::RealStorage;
-    let info = ditto_log::replica::seal_promoted(&db, &dir, &storage)?;
+    let db = cut_and_seal(cfg, b, point, "promotion")?;
+    let dir = cfg.data_dir.clone().expect("validated");
     let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
-    drop(lock);
-    // On standard output: a cluster node prints it with the failover's other phases.
-    println!(
-        "promotion (in place): replayed to the point {} in {:.3} s, a checkpoint of {:.1} MB written in {:.2} s; {:.2} s in all",
-        point.0,
-        replayed_s,
-        info.bytes as f64 / 1e6,
-        info.seconds,
-        t0.elapsed().as_secs_f64()
-    );
     let mut next = cfg.clone();
     next.replica_of = None;
     next.repl_port = Some(repl_port);

@@ -121,8 +121,24 @@ impl Shared {
         password: Option<String>,
         tcp_port: u16,
     ) -> Result<Shared, Error> {
+        Shared::with_counts(db, log, password, tcp_port, None)
+    }
+
+    /// `new`, with the per-database key counts known already (`counted`: the counts and
+    /// the snapshot they hold at), as a server that changes its role in place knows them
+    /// from its previous run; `None` counts them (a walk of every key).
+    pub fn with_counts(
+        db: Arc<Database>,
+        log: Option<Arc<ditto_log::Logger>>,
+        password: Option<String>,
+        tcp_port: u16,
+        counted: Option<([i64; crate::keyspace::DBS], ditto_engine::Ts)>,
+    ) -> Result<Shared, Error> {
         let ks = Keyspace::open(&db)?;
-        let (key_counts, key_counts_at) = KeyCounts::count_at(&db, &ks)?;
+        let (key_counts, key_counts_at) = match counted {
+            Some((n, at)) => (KeyCounts::from_values(n), at),
+            None => KeyCounts::count_at(&db, &ks)?,
+        };
         Ok(Shared {
             key_counts: Arc::new(key_counts),
             key_counts_at,
@@ -1242,6 +1258,10 @@ pub enum RoleRequest {
     /// engine is kept; clients' connections are closed and the server serves again as
     /// the primary, taking backups on `repl_port` and counting `backups` of them.
     Promote { run: crate::config::ClusterRun, repl_port: u16, backups: usize },
+    /// A fenced backup follows the next epoch's primary (its replication address
+    /// `primary`, its clients' `primary_addr`) in place, cut at the failover's point
+    /// `upto`: its engine is kept, its clients' connections are closed.
+    Follow { primary: String, primary_addr: String, upto: u64 },
 }
 
 /// The count of backups last set (with its configuration), and the hook that applies it.
