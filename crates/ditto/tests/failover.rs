@@ -312,6 +312,18 @@ fn run_cycles(policy: &str, cycles: usize) {
             panic!("node {id} lacks an acknowledged write at the end: {e}");
         }
     }
+    // Every node's DBSIZE counts the keys it holds: a node that changed its role in place
+    // handed its counts over (`Shared::with_counts`), one that restarted counted them.
+    for (&id, &port) in &c.ports {
+        let counted = wait_for(&format!("node {id}'s DBSIZE to settle"), Duration::from_secs(20), || {
+            let mut cl = Client::connect(port).ok()?;
+            let size = |cl: &mut Client| cl.cmd(&["DBSIZE"]).ok()?.first()?.trim_start_matches(':').parse::<usize>().ok();
+            let before = size(&mut cl)?;
+            let keys = cl.cmd(&["KEYS", "*"]).ok()?.len();
+            (size(&mut cl)? == before).then_some((before, keys))
+        });
+        assert_eq!(counted.0, counted.1, "node {id}: DBSIZE {} but {} keys", counted.0, counted.1);
+    }
     if std::env::var_os("FAILOVER_LOGS").is_some() {
         for id in c.ports.keys() {
             eprintln!("---- node {id} ----\n{}", std::fs::read_to_string(c.log(*id)).unwrap_or_default());

@@ -173,7 +173,7 @@ struct Kept {
 /// in place (`Some`: the primary's configuration, and the engine it keeps).
 fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Result<Option<Kept>, ServerError> {
     cfg.validate()?;
-    let counted = kept.as_ref().map(|k| (k.counts, k.db.0.clock().visible_ts()));
+    let counted = kept.as_ref().map(|k| (Arc::clone(&k.db.0), k.counts, k.db.0.clock().visible_ts()));
     let recovered = kept.map(|k| k.db);
     // Certificates are read before the database is opened, so a bad file fails fast.
     let acceptor = match cfg.tls()? {
@@ -286,6 +286,9 @@ fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Resu
             .into());
         }
     }
+    // The counts kept hold for the engine kept (a backup whose new primary sent it a
+    // checkpoint copy instead has another: counted afresh).
+    let counted = counted.filter(|(kept, ..)| Arc::ptr_eq(kept, &db)).map(|(_, n, at)| (n, at));
     let mut sh = Shared::with_counts(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port, counted)?;
     replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
     sh.read_only = backup.is_some();
