@@ -317,7 +317,8 @@ fn run_cycles(policy: &str, cycles: usize) {
     for (&id, &port) in &c.ports {
         let counted = wait_for(&format!("node {id}'s DBSIZE to settle"), Duration::from_secs(20), || {
             let mut cl = Client::connect(port).ok()?;
-            let size = |cl: &mut Client| cl.cmd(&["DBSIZE"]).ok()?.first()?.trim_start_matches(':').parse::<usize>().ok();
+            let size =
+                |cl: &mut Client| cl.cmd(&["DBSIZE"]).ok()?.first()?.trim_start_matches(':').parse::<usize>().ok();
             let before = size(&mut cl)?;
             let keys = cl.cmd(&["KEYS", "*"]).ok()?.len();
             (size(&mut cl)? == before).then_some((before, keys))
