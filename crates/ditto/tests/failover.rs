@@ -26,6 +26,8 @@ struct Cluster {
     ports: BTreeMap<u64, u16>,
     nodes: BTreeMap<u64, Child>,
     policy: String,
+    /// Environment every node is started with (failpoints).
+    env: Vec<(String, String)>,
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
@@ -46,6 +48,11 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
 
 impl Cluster {
     fn start(n: u64, policy: &str) -> Cluster {
+        Cluster::start_with(n, policy, &[])
+    }
+
+    /// `start`, every node with `env` in its environment.
+    fn start_with(n: u64, policy: &str, env: &[(&str, &str)]) -> Cluster {
         let p = free_ports(3 * n as usize);
         let members: Vec<String> = (0..n as usize)
             .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
@@ -56,6 +63,7 @@ impl Cluster {
             ports: (0..n as usize).map(|i| (i as u64 + 1, p[3 * i])).collect(),
             nodes: BTreeMap::new(),
             policy: policy.into(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         for id in 1..=n {
             c.start_node(id);
@@ -78,6 +86,7 @@ impl Cluster {
             .args(extra)
             .args(["--data-dir", self.dir.path().join(format!("n{id}")).to_str().unwrap()])
             .args(["--workers", "2", "--failure-timeout-ms", "250", "--commit-policy", &self.policy])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
@@ -507,6 +516,7 @@ fn proxied_cluster(policy: &str, control: bool) -> (Cluster, Proxies) {
         ports: (1..=n).map(|i| (i, client(i))).collect(),
         nodes: BTreeMap::new(),
         policy: policy.into(),
+        env: Vec::new(),
     };
     for id in 1..=n {
         c.start_node(id);
@@ -1098,4 +1108,40 @@ fn under_local_an_old_primary_counts_what_it_discarded_at_its_rejoin() {
     if std::env::var_os("FAILOVER_LOGS").is_some() {
         eprintln!("---- node {new} ----\n{}", std::fs::read_to_string(c.log(new)).unwrap_or_default());
     }
+}
+
+/// A change of role in place that fails (a failpoint refuses it before it touches
+/// anything, as a backup that replayed above the point would): the node starts the role's
+/// server from its directory instead, the failover completes, and nothing acknowledged is
+/// lost.
+#[test]
+fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start_with(3, "majority-durable", &[("DITTO_FAILPOINTS", "role-change-in-place")]);
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
+    c.kill(first);
+    let new = c.wait_or_dump("a new primary", Duration::from_secs(30), || c.primary().filter(|&p| p != first));
+    let before = w.acked().len();
+    c.wait_or_dump("writes on the new primary", Duration::from_secs(30), || {
+        (w.acked().len() > before + 100).then_some(())
+    });
+    w.stop();
+    let acked = w.acked();
+    for (&id, &port) in c.ports.iter().filter(|(id, _)| **id != first) {
+        if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
+            c.dump_logs();
+            panic!("node {id} lacks an acknowledged write: {e}");
+        }
+    }
+    // Both survivors tried in place, failed, and restarted.
+    for id in c.ports.keys().copied().filter(|&id| id != first) {
+        let log = std::fs::read_to_string(c.log(id)).unwrap();
+        assert!(log.contains("its change of role in place failed"), "node {id} fell back to a restart:\n{log}");
+    }
+    eprintln!(
+        "fallback: node {new} took writes after in-place changes failed on both survivors; {} writes, none lost",
+        acked.len()
+    );
 }
