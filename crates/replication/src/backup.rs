@@ -1815,6 +1815,12 @@ impl Backup {
         }
         let hold = self.engine.hold.as_ref().ok_or("its replay is not held at the primary's release")?;
         hold.cut_at(point)?;
+        // Everything up to the point stays, whatever the old primary had released: the read
+        // view may go there. A write of the tail above the old release that waits for the
+        // read view (a key's new life, crates/engine/src/replay.rs) would otherwise wait
+        // for a release that never comes.
+        self.engine.note_released(point);
+        self.engine.publish();
         loop {
             if let Some(e) = self.engine.replay_error.lock().clone() {
                 return Err(format!("replay failed: {e}"));
