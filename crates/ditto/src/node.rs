@@ -15,13 +15,15 @@
 //! serving reads at its last read view through the failover. Chosen as the new primary,
 //! it is promoted in place (`promote`: it replays what it holds up to the recovery point,
 //! keeps its engine and indexes, writes a checkpoint at the point and serves as the
-//! primary); its replay was held at the primary's release, so its engine holds nothing
-//! above the point (docs/cluster.md, "In-place promotion"). Every other change of role is
-//! a new child: the old one is stopped (`stop` on its standard input: a backup first makes
+//! primary); otherwise it follows the new primary in place (`follow`: cut the same way,
+//! it joins with the engine it kept and resumes from the new primary's log). Its replay
+//! was held at the primary's release, so its engine holds nothing above the point
+//! (docs/cluster.md, "In-place promotion and following"). Every other change of role is a
+//! new child: the old one is stopped (`stop` on its standard input: a backup first makes
 //! everything it received durable, `Backup::stop`), and the new one recovers from the
-//! node's directory, cut at the failover's recovery point. So is a promotion that cannot
-//! be done in place (the node fetches into its directory, the backup replayed above the
-//! point under `local`, or `--promotion restart`).
+//! node's directory, cut at the failover's recovery point. So is a change that cannot be
+//! done in place (the node fetches into its directory, the backup replayed above the point
+//! under `local`, or `--promotion restart`).
 //!
 //! Invariants:
 //! - A child runs only in an epoch at or above the node's fence, and as primary only of an
@@ -201,8 +203,8 @@ pub struct NodeConfig {
     /// The node joins a running cluster (`ditto cluster add`): it waits, with no voters,
     /// for the leader to bring it in.
     pub join: bool,
-    /// A backup is fenced and promoted in place (`--promotion in-place`), not stopped and
-    /// started again.
+    /// A backup is fenced, promoted or made to follow the new primary in place
+    /// (`--promotion in-place`), not stopped and started again.
     pub promote_in_place: bool,
 }
 
@@ -367,9 +369,7 @@ impl NodePlane {
             // The epoch its server followed, cut at the failover's point.
             let n = self.state.epochs.len();
             let cut = n.checked_sub(2).map(|i| &self.state.epochs[i]).and_then(|b| Some((b.epoch, b.recovered?)));
-            if let Some((e, p)) = cut.filter(|(e, _)| self.child.as_ref().is_some_and(|c| c.role.epoch() == *e)) {
-                debug_assert_eq!(self.state.epochs.last().map(|o| o.epoch), Some(*epoch));
-                let _ = e;
+            if let Some((_, p)) = cut.filter(|(e, _)| self.child.as_ref().is_some_and(|c| c.role.epoch() == *e)) {
                 return self.follow_in_place(*epoch, *of, p);
             }
         }
@@ -436,7 +436,7 @@ impl NodePlane {
                 args.extend(["--primary-addr".into(), of.client_addr()]);
                 if self.in_place {
                     // Its role may change in place only if its replay is held at the
-                    // primary's release (docs/cluster.md, "In-place promotion").
+                    // primary's release (docs/cluster.md, "In-place promotion and following").
                     args.push("--hold-replay".into());
                 }
                 if let Some(p) = upto {
@@ -499,7 +499,7 @@ impl NodePlane {
 
     /// Has the fenced backup child become the primary of `epoch` in place: it replays up
     /// to the point `upto` of epoch `resume_epoch` and keeps its engine (docs/cluster.md,
-    /// "In-place promotion"). Its write gate starts closed, as a new primary's does.
+    /// "In-place promotion and following"). Its write gate starts closed, as a new primary's does.
     fn promote_in_place(&mut self, epoch: u64, ts_above: u64, upto: u64, resume_epoch: u64) {
         let Some(me) = self.addrs(self.me) else { return self.stop_child("this node's own addresses are unknown") };
         let backups = self.state.members.len().saturating_sub(1);
@@ -512,7 +512,7 @@ impl NodePlane {
 
     /// Has the fenced backup child follow `of`, the primary of `epoch`, in place: it
     /// replays what it holds up to the point `upto`, keeps its engine and joins `of` with
-    /// it (docs/cluster.md, "In-place promotion").
+    /// it (docs/cluster.md, "In-place promotion and following").
     fn follow_in_place(&mut self, epoch: u64, of: NodeId, upto: u64) {
         let Some(o) = self.addrs(of) else { return self.stop_child(&format!("node {of}'s addresses are unknown")) };
         let line = format!("follow {} {} {upto}", o.repl_addr(), o.client_addr());

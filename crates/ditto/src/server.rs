@@ -156,7 +156,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
                     ("stop", "") => g.request_stop(),
                     // A backup's fence that keeps it serving reads, and its promotion in
-                    // place (docs/cluster.md, "In-place promotion").
+                    // place (docs/cluster.md, "In-place promotion and following").
                     ("fence", "") => g.request_role(ditto_server::session::RoleRequest::Fence),
                     ("promote", rest) => match parse_promote(rest) {
                         Some(r) => {

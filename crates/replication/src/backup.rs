@@ -675,7 +675,7 @@ impl ReplayBudget {
 /// released. A failover's recovery point is at or above every released commit (under
 /// `majority` and `all`), so the engine then holds nothing above it, and a promotion
 /// keeps it as it is: it lets through what lies up to the point, cut there
-/// (`Hold::cut_at`), and drops the rest (docs/cluster.md, "In-place promotion").
+/// (`Hold::cut_at`), and drops the rest (docs/cluster.md, "In-place promotion and following").
 ///
 /// What it costs: a batch becomes visible once its whole bound is released, not each
 /// transaction as it is (the read view is the minimum of the two anyway), and replay

@@ -583,7 +583,7 @@ fn follow_in_place(
     Ok((next, ditto_log::Recovered(db)))
 }
 
-/// A fenced cluster backup promoted in place (docs/cluster.md, "In-place promotion"): it
+/// A fenced cluster backup promoted in place (docs/cluster.md, "In-place promotion and following"): it
 /// keeps its engine, indexes and all, cut at the failover's point (`cut_and_seal`); the
 /// primary's log starts from the checkpoint written there. Returns the primary's
 /// configuration and the engine.

@@ -1247,7 +1247,7 @@ pub struct WriteGate {
 }
 
 /// What a cluster node's supervisor asks its running server to do about its role
-/// (docs/cluster.md, "In-place promotion").
+/// (docs/cluster.md, "In-place promotion and following").
 #[derive(Clone, Debug, PartialEq)]
 pub enum RoleRequest {
     /// A backup's fence that keeps it serving reads: it stops following its primary and
