@@ -293,6 +293,17 @@ fn run_cycles(policy: &str, cycles: usize) {
         unavailable_ms.push(ms);
         let new = wait_for("the new primary", Duration::from_secs(20), || c.primary());
         assert_ne!(new, primary, "cycle {cycle}: the killed node cannot be primary");
+        // Its INFO cluster says how it took the role: in place.
+        c.wait_or_dump(
+            &format!("cycle {cycle}: node {new}'s role change in INFO cluster"),
+            Duration::from_secs(10),
+            || {
+                let ci = c.info_section(new, "cluster")?;
+                let epoch = field(&ci, "cluster_epoch")?;
+                let l = ci.lines().find(|l| l.starts_with(&format!("cluster_failover_{epoch}:")))?.to_string();
+                l.contains("role_change=promoted-in-place,role_change_ms=").then_some(())
+            },
+        );
         eprintln!("cycle {cycle}: node {primary} killed; node {new} took writes after {ms:.0} ms");
         // Nothing acknowledged is lost, on the new primary.
         if let Err(e) = check_has(c.ports[&new], &acked, Duration::from_secs(5)) {
@@ -1135,6 +1146,11 @@ fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() 
             panic!("node {id} lacks an acknowledged write: {e}");
         }
     }
+    // The new primary's INFO cluster says it was promoted by a restart.
+    c.wait_or_dump("the role change in INFO cluster", Duration::from_secs(10), || {
+        let ci = c.info_section(new, "cluster")?;
+        ci.contains("role_change=promoted-by-restart").then_some(())
+    });
     // Both survivors tried in place, failed, and restarted.
     for id in c.ports.keys().copied().filter(|&id| id != first) {
         let log = std::fs::read_to_string(c.log(id)).unwrap();
