@@ -541,13 +541,18 @@ fn cut_and_seal(
     let dir = cfg.data_dir.clone().expect("validated");
     let t0 = std::time::Instant::now();
     let failed = |e: String| ServerError::Io { what: format!("{what} in place"), source: std::io::Error::other(e) };
-    // A failpoint for the tests of the fallback: refused before anything is touched.
-    if std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == "role-change-in-place")) {
+    // Failpoints for the tests of the fallback and of a crash mid-change.
+    let failpoint = |name: &str| std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name));
+    if failpoint("role-change-in-place") {
         return Err(failed("refused by the failpoint role-change-in-place (DITTO_FAILPOINTS)".into()));
     }
     let (db, lock) = b.cut_at(point, what, Duration::from_secs(60)).map_err(failed)?;
     let replayed_s = t0.elapsed().as_secs_f64();
     let info = ditto_log::replica::seal_at_point(&db, &dir, &ditto_log::storage::RealStorage)?;
+    if failpoint("role-change-crash-after-seal") {
+        eprintln!("failpoint role-change-crash-after-seal: aborting");
+        std::process::abort();
+    }
     drop(lock);
     println!(
         "{what} (in place): replayed to the point {} in {:.3} s, a checkpoint of {:.1} MB written in {:.2} s; {:.2} s in all",
