@@ -1121,14 +1121,12 @@ fn under_local_an_old_primary_counts_what_it_discarded_at_its_rejoin() {
     }
 }
 
-/// A change of role in place that fails (a failpoint refuses it before it touches
-/// anything, as a backup that replayed above the point would): the node starts the role's
-/// server from its directory instead, the failover completes, and nothing acknowledged is
-/// lost.
-#[test]
-fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start_with(3, "majority-durable", &[("DITTO_FAILPOINTS", "role-change-in-place")]);
+/// A 3-node cluster under `majority-durable` with `failpoint` in every node's
+/// environment (`DITTO_FAILPOINTS`), its primary SIGKILLed under a writer: waits for the
+/// new primary to take writes and checks both survivors hold every acknowledged write.
+/// Returns the cluster, the killed node, the new primary and the writes acknowledged.
+fn failover_with_failpoint(failpoint: &str) -> (Cluster, u64, u64, Vec<(u64, Instant, u16)>) {
+    let mut c = Cluster::start_with(3, "majority-durable", &[("DITTO_FAILPOINTS", failpoint)]);
     let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
     let mut w = Writer::start(c.ports.values().copied().collect());
     c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
@@ -1146,6 +1144,17 @@ fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() 
             panic!("node {id} lacks an acknowledged write: {e}");
         }
     }
+    (c, first, new, acked)
+}
+
+/// A change of role in place that fails (a failpoint refuses it before it touches
+/// anything, as a backup that replayed above the point would): the node starts the role's
+/// server from its directory instead, the failover completes, and nothing acknowledged is
+/// lost.
+#[test]
+fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, first, new, acked) = failover_with_failpoint("role-change-in-place");
     // The new primary's INFO cluster says it was promoted by a restart.
     c.wait_or_dump("the role change in INFO cluster", Duration::from_secs(10), || {
         let ci = c.info_section(new, "cluster")?;
@@ -1169,24 +1178,7 @@ fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() 
 #[test]
 fn servers_that_crash_after_sealing_in_place_recover_from_the_sealed_directories() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start_with(3, "majority-durable", &[("DITTO_FAILPOINTS", "role-change-crash-after-seal")]);
-    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
-    let mut w = Writer::start(c.ports.values().copied().collect());
-    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
-    c.kill(first);
-    let new = c.wait_or_dump("a new primary", Duration::from_secs(30), || c.primary().filter(|&p| p != first));
-    let before = w.acked().len();
-    c.wait_or_dump("writes on the new primary", Duration::from_secs(30), || {
-        (w.acked().len() > before + 100).then_some(())
-    });
-    w.stop();
-    let acked = w.acked();
-    for (&id, &port) in c.ports.iter().filter(|(id, _)| **id != first) {
-        if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
-            c.dump_logs();
-            panic!("node {id} lacks an acknowledged write: {e}");
-        }
-    }
+    let (mut c, first, new, acked) = failover_with_failpoint("role-change-crash-after-seal");
     // The survivors that changed their role in place crashed after their seal and started
     // again from their directories (a survivor whose change took the restart path for a
     // reason of its own, a fetch say, did not: at least one must have, or nothing was
