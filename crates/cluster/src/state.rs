@@ -409,35 +409,18 @@ mod tests {
         }
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
         let before = s.clone();
-        for bad in [
-            Command::OpenEpoch {
-                epoch: 2,
-                primary: 9,
-                recovered_epoch: 1,
-                recovery_point: 5,
-                start: 5,
-                lost: 0,
-                phases_ms: [0, 0],
-            },
-            Command::OpenEpoch {
-                epoch: 2,
-                primary: 2,
-                recovered_epoch: 0,
-                recovery_point: 5,
-                start: 5,
-                lost: 0,
-                phases_ms: [0, 0],
-            },
-            Command::OpenEpoch {
-                epoch: 2,
-                primary: 2,
-                recovered_epoch: 1,
-                recovery_point: 9,
-                start: 5,
-                lost: 0,
-                phases_ms: [0, 0],
-            },
-        ] {
+        // (primary, recovered epoch, recovery point, start): an unknown primary, the wrong
+        // epoch recovered, a point above the start.
+        let open = |primary, recovered_epoch, recovery_point, start| Command::OpenEpoch {
+            epoch: 2,
+            primary,
+            recovered_epoch,
+            recovery_point,
+            start,
+            lost: 0,
+            phases_ms: [0, 0],
+        };
+        for bad in [open(9, 1, 5, 5), open(2, 0, 5, 5), open(2, 1, 9, 5)] {
             assert!(s.apply(&bad).is_err(), "{bad:?}");
             assert_eq!(s, before);
         }

@@ -233,6 +233,24 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     start_logging(dir, opts, db, lock, catalog, epoch, recovered_ts, durable_ckpt_ts, report, t0)
 }
 
+/// An engine given to open `dir` with must be at its newest checkpoint (`newest`, its
+/// timestamp): its read view is that checkpoint's (`open`'s `OpenOptions::recovered`, and
+/// a backup's `replica::open_replica_with`).
+pub(crate) fn check_engine_at_checkpoint(dir: &Path, db: &Database, newest: Option<Ts>) -> Result<(), LogError> {
+    let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
+    let Some(ts) = newest else {
+        return Err(refuse("given a recovered engine, but the directory holds no checkpoint".into()));
+    };
+    let view = db.clock().visible_ts();
+    if ts != view {
+        return Err(refuse(format!(
+            "given an engine recovered to ts {}, but the newest checkpoint is at ts {}",
+            view.0, ts.0
+        )));
+    }
+    Ok(())
+}
+
 /// `open` with an engine that already holds the newest checkpoint (`OpenOptions::recovered`).
 #[allow(clippy::too_many_arguments)]
 fn open_recovered(
@@ -246,16 +264,8 @@ fn open_recovered(
     t0: Instant,
 ) -> Result<Durable, LogError> {
     let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
-    let Some((_, m)) = newest else {
-        return Err(refuse("given a recovered engine, but the directory holds no checkpoint".into()));
-    };
-    let view = db.clock().visible_ts();
-    if m.ts != view {
-        return Err(refuse(format!(
-            "given an engine recovered to ts {}, but the newest checkpoint is at ts {}",
-            view.0, m.ts.0
-        )));
-    }
+    check_engine_at_checkpoint(dir, &db, newest.as_ref().map(|(_, m)| m.ts))?;
+    let m = newest.map(|(_, m)| m).expect("checked: there is a checkpoint");
     if !recovery::list_segments(dir)?.segments.is_empty() {
         return Err(refuse("given a recovered engine, but the directory holds log segments to replay".into()));
     }

@@ -341,15 +341,8 @@ pub fn open_replica_with(dir: &Path, db: Arc<Database>) -> Result<ReplicaOpen, L
     if !crate::recovery::list_segments(dir)?.segments.is_empty() {
         return Err(refuse("this data directory holds a primary's log segments".into()));
     }
+    crate::check_engine_at_checkpoint(dir, &db, checkpoint::find_newest(dir)?.0.map(|(_, m)| m.ts))?;
     let view = db.clock().visible_ts();
-    let ckpt = checkpoint::find_newest(dir)?.0.map(|(_, m)| m.ts);
-    if ckpt != Some(view) {
-        return Err(refuse(format!(
-            "given an engine at ts {}, but the newest checkpoint is at {}",
-            view.0,
-            ckpt.map_or("none".to_string(), |t| format!("ts {}", t.0))
-        )));
-    }
     let rdir = replica_dir(dir);
     if rdir.exists() && std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?.next().is_some() {
         return Err(refuse("given an engine, but the directory still holds a replica log".into()));
@@ -660,7 +653,7 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
 }
 
 /// A backup promoted in place at a failover's recovery point (its engine replayed up to
-/// the point and nothing above, at read view there: `ditto_replication::Backup::promote`):
+/// the point and nothing above, at read view there: `ditto_replication::Backup::cut_at`):
 /// the engine is written as a checkpoint at the point, the primary's log starts from it
 /// (`OpenOptions::recovered`), and the replica log goes, with what it held above the
 /// point. The checkpoint is durable before any replica file is removed; a crash between

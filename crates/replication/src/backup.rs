@@ -140,7 +140,7 @@ pub struct BackupOptions {
     /// what lies above it is discarded, docs/cluster.md).
     pub recover_upto: Option<Ts>,
     /// Replay only what the primary has released (`Hold`): a cluster node's backup, so
-    /// that a failover can promote it in place (`Backup::promote`).
+    /// that a failover can promote it in place (`Backup::cut_at`).
     pub hold_replay_at_release: bool,
     /// An engine kept from this node's previous backup run, cut at the directory's
     /// checkpoint (`Backup::cut_at`, then `seal_at_point`): taken as it is instead of
@@ -732,9 +732,12 @@ impl HoldQ {
 }
 
 impl Hold {
-    /// Holds `jobs` until the release covers them.
-    fn push(&self, jobs: Vec<Job>) {
+    /// Holds `jobs` until the release covers them; false (nothing held) once replay stopped.
+    fn push(&self, jobs: Vec<Job>) -> bool {
         let mut q = self.q.lock();
+        if q.stopped {
+            return false;
+        }
         for j in jobs {
             if q.streams.len() <= j.stream {
                 q.streams.resize_with(j.stream + 1, Default::default);
@@ -742,6 +745,7 @@ impl Hold {
             q.streams[j.stream].push_back(j);
         }
         self.cv.notify_all();
+        true
     }
 
     /// The primary released everything up to `ts`.
@@ -928,21 +932,16 @@ impl Engine {
     /// False if replay stopped.
     fn hand_over(&self, jobs: Vec<Job>) -> bool {
         match &self.hold {
-            Some(h) => {
-                if h.q.lock().stopped {
-                    return false;
-                }
-                h.push(jobs);
-                true
-            }
+            Some(h) => h.push(jobs),
             None => jobs.into_iter().all(|j| self.dispatch(j)),
         }
     }
 
     /// The primary released everything up to `ts`.
     fn note_released(&self, ts: Ts) {
-        self.state.released.fetch_max(ts.0, Ordering::AcqRel);
-        if let Some(h) = &self.hold {
+        // Every frame carries the release; the hold's lock is taken only when it rose.
+        let before = self.state.released.fetch_max(ts.0, Ordering::AcqRel);
+        if let (Some(h), true) = (&self.hold, ts.0 > before) {
             h.lift(ts);
         }
     }
@@ -1058,7 +1057,7 @@ impl Engine {
         let writes: Vec<_> = flat.by_ref().take_while(|w| w.0 <= job.upto).collect();
         let n = match job.upto {
             Ts(u64::MAX) => flat.txns,
-            _ => writes.iter().map(|w| w.0).collect::<std::collections::BTreeSet<_>>().len() as u64,
+            _ => txns_of(writes.iter().map(|w| w.0)),
         };
         // Each table's ids reserved once for the batch (`Database::replay_reserve_rids`).
         let mut limits: Vec<(ditto_engine::TableId, u64)> = Vec::new();
@@ -1090,14 +1089,7 @@ impl Engine {
             Err(Stop::PutOff(at)) => {
                 // The transactions below it are installed, and skipped when the batch is
                 // taken up again: counted now.
-                let mut done = 0u64;
-                let mut last = None;
-                for &(ts, _) in writes.iter().take_while(|w| w.0 < at) {
-                    if last != Some(ts) {
-                        done += 1;
-                        last = Some(ts);
-                    }
-                }
+                let done = txns_of(writes.iter().map(|w| w.0).take_while(|&ts| ts < at));
                 self.state.txns_replayed.fetch_add(done, Ordering::Relaxed);
                 Err(Stop::PutOff(at))
             }
@@ -1140,6 +1132,12 @@ impl Engine {
             }
         }
     }
+}
+
+/// How many transactions the writes of these timestamps (in commit order, a batch's) are.
+fn txns_of(ts: impl Iterator<Item = Ts>) -> u64 {
+    let mut last = None;
+    ts.filter(|&t| last.replace(t) != Some(t)).count() as u64
 }
 
 /// How many writes ahead of the one it installs a replayer prefetches a record, and its
@@ -1799,13 +1797,10 @@ impl Backup {
     /// held at the release or was handed anything above the point, or if replay failed or
     /// did not reach the point within `timeout`: the caller then recovers from the
     /// directory instead.
-    pub fn promote(self, point: Ts, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
-        self.cut_at(point, "promoted", timeout)
-    }
-
-    /// What `promote` does, for either use: a promotion, or following the next epoch's
-    /// primary in place (the engine, cut at `point`, sealed into a checkpoint there, is
-    /// taken by the next backup run: `BackupOptions::engine`).
+    ///
+    /// The same for a backup that follows the next epoch's primary in place: the engine,
+    /// cut at `point` and sealed into a checkpoint there, is taken by the next backup run
+    /// (`BackupOptions::engine`).
     pub fn cut_at(self, point: Ts, why: &str, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
         let deadline = Instant::now() + timeout;
         self.fence(why, timeout)?;

@@ -177,7 +177,7 @@ fn a_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() 
     a.close();
     // The point: commit 59.
     let p = ts[59];
-    let (db, lock) = bk1.promote(p, Duration::from_secs(20)).unwrap();
+    let (db, lock) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
     for i in 0..100u32 {
         let want = (i <= 59).then(|| format!("v{i}").into_bytes());
         assert_eq!(value_on(&db, i), want, "key {i} after a promotion at commit 59");
@@ -227,7 +227,7 @@ fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
     });
     pa_repl.stop();
     a.close();
-    let e = bk1.promote(ts[59], Duration::from_secs(20)).err().expect("refused");
+    let e = bk1.cut_at(ts[59], "promoted", Duration::from_secs(20)).err().expect("refused");
     assert!(e.contains("above the point"), "{e}");
     // The directory still holds everything; the restart path cuts it at the point.
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
@@ -255,7 +255,7 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     a.close();
     let storage = RealStorage;
     // B1 is promoted in place.
-    let (db1, lock1) = bk1.promote(p, Duration::from_secs(20)).unwrap();
+    let (db1, lock1) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
     ditto_log::replica::seal_at_point(&db1, &b1, &storage).unwrap();
     drop(lock1);
     let start = Ts(p.0 + 7);

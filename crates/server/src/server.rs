@@ -153,16 +153,14 @@ pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
     let (mut cfg, mut kept) = (cfg, None);
     // A cluster's backup that changes its role in place serves again, as the primary or as
     // the next epoch's backup, from the engine it kept (`RoleRequest`).
-    while let Some(next) = run_role(cfg, kept.take(), &ready)? {
-        cfg = next.cfg.clone();
-        kept = Some(next);
+    while let Some((next, k)) = run_role(cfg, kept.take(), &ready)? {
+        (cfg, kept) = (next, Some(k));
     }
     Ok(())
 }
 
 /// What a server that changes its role in place hands to its next run.
 struct Kept {
-    cfg: Config,
     /// The engine, at the failover's point.
     db: ditto_log::Recovered,
     /// The per-database key counts, at `db`'s read view (replay kept them).
@@ -171,7 +169,11 @@ struct Kept {
 
 /// Serves in one role until the server stops (`None`) or, a cluster's backup, is promoted
 /// in place (`Some`: the primary's configuration, and the engine it keeps).
-fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Result<Option<Kept>, ServerError> {
+fn run_role(
+    cfg: Config,
+    kept: Option<Kept>,
+    ready: &dyn Fn(&Listening),
+) -> Result<Option<(Config, Kept)>, ServerError> {
     cfg.validate()?;
     let counted = kept.as_ref().map(|k| (Arc::clone(&k.db.0), k.counts, k.db.0.clock().visible_ts()));
     let recovered = kept.map(|k| k.db);
@@ -452,10 +454,10 @@ fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Resu
         metrics,
     });
     ready(&listening);
-    let promote = rt.block_on(async {
+    let change = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io("installing the SIGTERM handler"))?;
-        let mut promote = None;
+        let mut change = None;
         loop {
             tokio::select! {
                 a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None).await,
@@ -473,7 +475,7 @@ fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Resu
                         }
                     }
                     (r @ (crate::session::RoleRequest::Promote { .. } | crate::session::RoleRequest::Follow { .. }), Some(_)) => {
-                        promote = Some(r);
+                        change = Some(r);
                         break;
                     }
                     (r, None) => println!("ditto server {} refused: this server is not a backup", match r {
@@ -484,9 +486,9 @@ fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Resu
                 },
             }
         }
-        Ok::<_, ServerError>(promote)
+        Ok::<_, ServerError>(change)
     })?;
-    if let Some(r) = promote {
+    if let Some(r) = change {
         let b = backup.take().expect("taken only by a backup");
         drop(checkpointer);
         // Connections already open go on reading (at the point, once it is reached) while
@@ -504,7 +506,7 @@ fn run_role(cfg: Config, kept: Option<Kept>, ready: &dyn Fn(&Listening)) -> Resu
         rt.shutdown_timeout(Duration::from_secs(1));
         // Replay moved them up to the point and stopped there (nothing above is installed).
         let counts = sh.key_counts.values();
-        return Ok(Some(Kept { cfg: next.0, db: next.1, counts }));
+        return Ok(Some((next.0, Kept { db: next.1, counts })));
     }
     tracing::info!("shutting down: flushing the log");
     if let Some(p) = &primary {

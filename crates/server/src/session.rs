@@ -1254,7 +1254,7 @@ pub enum RoleRequest {
     /// makes what it received durable (`Backup::fence`), then prints `ditto server fenced`
     /// (or `ditto server fence failed: WHY`).
     Fence,
-    /// A fenced backup becomes the primary of `run` in place (`Backup::promote`): its
+    /// A fenced backup becomes the primary of `run` in place (`Backup::cut_at`): its
     /// engine is kept; clients' connections are closed and the server serves again as
     /// the primary, taking backups on `repl_port` and counting `backups` of them.
     Promote { run: crate::config::ClusterRun, repl_port: u16, backups: usize },
