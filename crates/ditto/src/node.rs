@@ -1247,8 +1247,8 @@ mod tests {
         assert_eq!(role_change_of(l), Some(("promoted-in-place", 870)));
         let l = "promotion: checkpoint at ts 41446 loaded in 0.28 s, 5430 transactions; 2.29 s in all";
         assert_eq!(role_change_of(l), Some(("promoted-by-restart", 2290)));
-        let l = "follow (in place): replayed to the point 1 in 0.000 s, a checkpoint of 0.0 MB written in 0.00 s; 0.00 s in all";
-        assert_eq!(role_change_of(l), Some(("followed-in-place", 0)));
+        let l = "follow (in place): replayed to the point 1 in 0.000 s, its replica log sealed at the point in 0.7 ms; 0.001 s in all";
+        assert_eq!(role_change_of(l), Some(("followed-in-place", 1)));
         assert_eq!(role_change_of("ditto server listening on 127.0.0.1:7001"), None);
         assert_eq!(role_change_of("promotion (in place): no total"), None);
     }

@@ -24,6 +24,7 @@ pub mod format;
 pub mod options;
 pub mod recovery;
 pub mod replica;
+pub mod sealed;
 pub mod storage;
 pub mod writer;
 
@@ -87,6 +88,11 @@ pub struct OpenOptions {
     /// (an error, nothing changed) if the directory holds log segments or its newest
     /// checkpoint is not at the engine's read view.
     pub recovered: Option<Recovered>,
+    /// With `recovered` on a directory whose replica log is sealed at the engine's read view
+    /// (`sealed`): write a checkpoint in the background once the log runs, which takes the
+    /// sealed log away (default). Off, the sealed log stays until the next checkpoint
+    /// (recovery replays it): for tests of recovery from such a directory.
+    pub checkpoint_sealed: bool,
 }
 
 /// An engine already recovered to the newest checkpoint (`OpenOptions::recovered`).
@@ -108,6 +114,7 @@ impl Default for OpenOptions {
             epoch: None,
             ts_above: Ts::ZERO,
             recovered: None,
+            checkpoint_sealed: true,
         }
     }
 }
@@ -135,11 +142,14 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
     let lock = lock_dir(dir)?;
+    sealed::finish_seal(dir, &*opts.log.storage)?;
     let catalog = Catalog::load(dir)?;
     let mut report = RecoveryReport::default();
     let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
+    // A promoted backup's replica log sealed at the failover's point (`sealed`).
+    let sealed_log = sealed::base(dir)?.sealed;
     if let Some(Recovered(db)) = opts.recovered.take() {
-        return open_recovered(dir, opts, db, lock, catalog, newest, stale_ckpts, t0);
+        return open_recovered(dir, opts, db, lock, catalog, newest, sealed_log.is_some(), stale_ckpts, t0);
     }
     let db = Database::new(Options { workers: opts.workers });
     for (id, name) in &catalog.tables {
@@ -167,6 +177,11 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             (m.ts, m.log_epoch_min)
         }
         None => (Ts::ZERO, Epoch(0)),
+    };
+    // The sealed log up to its point, then the primary's log above it.
+    let ckpt_ts = match &sealed_log {
+        Some(s) => sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?,
+        None => ckpt_ts,
     };
     let recovery::LogDir { segments, unfinished } = recovery::list_segments(dir)?;
     let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress, &*opts.log.storage)?;
@@ -207,7 +222,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     // Nothing else runs yet, so it takes every core (and leaves more parts for the next load).
     // The newest durable checkpoint, which the next recovery starts from (or a newer one).
     let mut durable_ckpt_ts = ckpt_ts;
-    if !segments.is_empty() {
+    if !segments.is_empty() || sealed_log.is_some() {
         let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
         let info = checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage)?;
         report.checkpoint_write_seconds = info.seconds;
@@ -225,6 +240,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             remove_or_warn(&*opts.log.storage, &s.path, "after recovery; the next open tries again");
         }
         remove_checkpoints_except(dir, &info.dir)?;
+        sealed::remove_sealed(dir, &*opts.log.storage)?;
     } else {
         for d in &stale_ckpts {
             std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
@@ -251,7 +267,33 @@ pub(crate) fn check_engine_at_checkpoint(dir: &Path, db: &Database, newest: Opti
     Ok(())
 }
 
-/// `open` with an engine that already holds the newest checkpoint (`OpenOptions::recovered`).
+/// An engine given to open `dir` with must hold exactly what the directory holds: the point
+/// of its sealed replica log if it has one (`sealed`), else its newest checkpoint.
+pub(crate) fn check_engine_at_base(dir: &Path, db: &Database) -> Result<(), LogError> {
+    let base = sealed::base(dir)?;
+    match base.sealed {
+        Some(s) => {
+            let view = db.clock().visible_ts();
+            if view != s.point {
+                return Err(LogError::Corrupt {
+                    file: s.dir,
+                    offset: 0,
+                    what: format!(
+                        "given an engine recovered to ts {}, but the replica log is sealed at ts {}",
+                        view.0, s.point.0
+                    ),
+                });
+            }
+            Ok(())
+        }
+        None => check_engine_at_checkpoint(dir, db, base.ckpt.map(|(_, m)| m.ts)),
+    }
+}
+
+/// `open` with an engine that already holds what the directory holds
+/// (`OpenOptions::recovered`): its newest checkpoint, or its replica log sealed at a
+/// failover's point (`sealed`, then true). A sealed log is checkpointed away in the
+/// background once the log runs (`Durable::checkpoint`).
 #[allow(clippy::too_many_arguments)]
 fn open_recovered(
     dir: &Path,
@@ -260,16 +302,18 @@ fn open_recovered(
     lock: std::fs::File,
     catalog: Catalog,
     newest: Option<(PathBuf, checkpoint::Manifest)>,
+    sealed: bool,
     stale_ckpts: Vec<PathBuf>,
     t0: Instant,
 ) -> Result<Durable, LogError> {
     let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
-    check_engine_at_checkpoint(dir, &db, newest.as_ref().map(|(_, m)| m.ts))?;
-    let m = newest.map(|(_, m)| m).expect("checked: there is a checkpoint");
+    check_engine_at_base(dir, &db)?;
     if !recovery::list_segments(dir)?.segments.is_empty() {
         return Err(refuse("given a recovered engine, but the directory holds log segments to replay".into()));
     }
-    let epoch = Epoch(m.log_epoch_min.0.max(1));
+    let (ckpt_ts, epoch_min) = newest.as_ref().map_or((Ts::ZERO, Epoch(0)), |(_, m)| (m.ts, m.log_epoch_min));
+    let view = db.clock().visible_ts();
+    let epoch = Epoch(epoch_min.0.max(1));
     let epoch = match opts.epoch {
         Some(e) if e < epoch => {
             return Err(refuse(format!("asked to write epoch {}, but the checkpoint names epoch {}", e.0, epoch.0)))
@@ -280,8 +324,27 @@ fn open_recovered(
     for d in &stale_ckpts {
         std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
     }
-    let report = RecoveryReport { checkpoint_ts: Some(m.ts), cut_ts: m.ts, ..Default::default() };
-    start_logging(dir, opts, db, lock, catalog, epoch, m.ts, m.ts, report, t0)
+    let report = RecoveryReport { checkpoint_ts: newest.as_ref().map(|_| ckpt_ts), cut_ts: view, ..Default::default() };
+    let in_background = sealed && opts.checkpoint_sealed;
+    let durable = start_logging(dir, opts, db, lock, catalog, epoch, view, ckpt_ts, report, t0)?;
+    if in_background {
+        let weak = Arc::downgrade(&durable.inner);
+        let _ = std::thread::Builder::new().name("ditto-seal-ckpt".into()).spawn(move || {
+            let Some(inner) = weak.upgrade() else { return };
+            let t = Instant::now();
+            match (Durable { inner }).checkpoint() {
+                Ok(info) => tracing::info!(
+                    "the sealed replica log is checkpointed away: a checkpoint at ts {} ({:.1} MB) in {:.2} s",
+                    info.ts.0,
+                    info.bytes as f64 / 1e6,
+                    t.elapsed().as_secs_f64()
+                ),
+                // The sealed log stays, and recovery replays it; the checkpointer tries later.
+                Err(e) => tracing::warn!("checkpointing the sealed replica log away: {e}"),
+            }
+        });
+    }
+    Ok(durable)
 }
 
 /// The end of `open`: the log starts writing `epoch` on top of what was recovered.
@@ -490,6 +553,8 @@ impl Durable {
         }
         i.logger.return_segments(kept);
         remove_checkpoints_except(&i.dir, &info.dir)?;
+        // At the read view, so above a sealed log's point: that log can go.
+        sealed::remove_sealed(&i.dir, &*i.opts.storage)?;
         Ok(info)
     }
 

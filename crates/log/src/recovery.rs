@@ -566,8 +566,10 @@ pub fn primary_log_holdings(
     data: &Path,
     above: Option<Ts>,
 ) -> Result<(crate::replica::ReplicaHoldings, Epoch), LogError> {
-    let (newest, _) = crate::checkpoint::find_newest(data)?;
-    let (ckpt_ts, epoch_min) = newest.map_or((Ts::ZERO, Epoch(0)), |(_, m)| (m.ts, m.log_epoch_min));
+    // A promoted backup's sealed replica log holds every stream up to its point, as a
+    // checkpoint there would (`crate::sealed`).
+    let base = crate::sealed::base(data)?;
+    let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
     let segments = list_segments(data)?.segments;
     for s in &segments {
         let f = std::fs::File::open(&s.path).map_err(|e| LogError::io(&s.path, e))?;
@@ -633,17 +635,16 @@ pub fn primary_log_epoch(data: &Path) -> Result<Epoch, LogError> {
 pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
     // The log's epoch, from the file names (the segments are read once, below).
     let epoch = primary_log_epoch(data)?;
-    if let Some((_, m)) = crate::checkpoint::find_newest(data)?.0 {
-        if m.ts > after {
-            return Err(LogError::Corrupt {
-                file: data.join("checkpoints"),
-                offset: 0,
-                what: format!(
-                    "a checkpoint at ts {} covers what lies above ts {}: no batches to give",
-                    m.ts.0, after.0
-                ),
-            });
-        }
+    let base = crate::sealed::base(data)?.ts;
+    if base > after {
+        return Err(LogError::Corrupt {
+            file: data.join("checkpoints"),
+            offset: 0,
+            what: format!(
+                "a checkpoint or seal at ts {} covers what lies above ts {}: no batches to give",
+                base.0, after.0
+            ),
+        });
     }
     let all = crate::replica::batches_after(data, epoch, after)?.ok_or_else(|| LogError::Corrupt {
         file: data.join("log"),

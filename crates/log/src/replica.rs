@@ -207,6 +207,9 @@ pub struct ReplicaOpen {
     pub cut: Ts,
     /// The primary's stream count the replica log named (None: no replica log was found).
     pub streams: Option<u32>,
+    /// The point of the sealed replica log the directory still holds (`sealed`): a
+    /// checkpoint is due at once, and the sealed log goes with it (`checkpoint_replica`).
+    pub sealed: Option<Ts>,
     pub report: RecoveryReport,
     /// The directory lock (held while the backup runs).
     pub lock: std::fs::File,
@@ -254,6 +257,7 @@ fn open_replica_inner(
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
     let lock = crate::lock_dir(dir)?;
+    crate::sealed::finish_seal(dir, &**storage)?;
     if !crate::recovery::list_segments(dir)?.segments.is_empty() {
         return Err(LogError::Corrupt {
             file: dir.join("log"),
@@ -269,8 +273,8 @@ fn open_replica_inner(
         db.restore_table(*id, name);
     }
     let mut report = RecoveryReport::default();
-    let (newest, _) = checkpoint::find_newest(dir)?;
-    let ckpt_ts = match &newest {
+    let base = crate::sealed::base(dir)?;
+    let ckpt_ts = match &base.ckpt {
         Some((cdir, m)) => {
             let t = Instant::now();
             let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery_threads())?;
@@ -283,8 +287,26 @@ fn open_replica_inner(
         None => Ts::ZERO,
     };
     let t = Instant::now();
+    // A sealed log first (everything up to its point), then the live one above it.
+    let ckpt_ts = match &base.sealed {
+        Some(s) => {
+            if limit.is_some_and(|l| l < s.point) {
+                return Err(LogError::Corrupt {
+                    file: s.dir.clone(),
+                    offset: 0,
+                    what: format!(
+                        "asked to cut at ts {}, below the point ts {} this directory was sealed at",
+                        limit.unwrap_or_default().0,
+                        s.point.0
+                    ),
+                });
+            }
+            crate::sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?
+        }
+        None => ckpt_ts,
+    };
     let scan = scan(dir, ckpt_ts)?;
-    report.log_bytes = scan.log_bytes;
+    report.log_bytes += scan.log_bytes;
     let mut cut = scan.cut();
     if let Some(limit) = limit {
         if require_limit && cut < limit {
@@ -301,7 +323,7 @@ fn open_replica_inner(
     }
     report.cut_ts = cut;
     report.streams = scan.bounds.len();
-    report.segments = scan.files.len();
+    report.segments += scan.files.len();
     report.log_check_seconds = t.elapsed().as_secs_f64();
     let kept: Vec<Kept> = scan
         .kept
@@ -318,7 +340,7 @@ fn open_replica_inner(
     db.publish_read_view(cut).map_err(LogError::Engine)?;
     // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
     // them: it was never acknowledged; and what lies above a limit).
-    if !scan.files.is_empty() {
+    if !scan.files.is_empty() || base.sealed.is_some() {
         let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
@@ -326,28 +348,34 @@ fn open_replica_inner(
             storage.remove(p).map_err(|e| LogError::io(p, e))?;
         }
         crate::remove_checkpoints_except(dir, &info.dir)?;
+        crate::sealed::remove_sealed(dir, &**storage)?;
     }
     report.total_seconds = t0.elapsed().as_secs_f64();
-    Ok(ReplicaOpen { db, cut, streams: scan.streams, report, lock })
+    Ok(ReplicaOpen { db, cut, streams: scan.streams, sealed: None, report, lock })
 }
 
 /// Opens a backup's data directory with an engine kept from before (a cluster backup that
 /// follows the next epoch's primary in place: `ditto_replication::Backup::cut_at`, then
-/// `seal_at_point`): the directory must hold a checkpoint at the engine's read view and no
-/// replica log, and nothing is loaded. Refused otherwise, changing nothing.
+/// `sealed::seal_tail` or `seal_at_point`): the directory must hold what the engine holds
+/// (a replica log sealed at its read view, or a checkpoint there) and no live replica log,
+/// and nothing is loaded. Refused otherwise, changing nothing.
 pub fn open_replica_with(dir: &Path, db: Arc<Database>) -> Result<ReplicaOpen, LogError> {
     let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
     let lock = crate::lock_dir(dir)?;
     if !crate::recovery::list_segments(dir)?.segments.is_empty() {
         return Err(refuse("this data directory holds a primary's log segments".into()));
     }
-    crate::check_engine_at_checkpoint(dir, &db, checkpoint::find_newest(dir)?.0.map(|(_, m)| m.ts))?;
+    crate::check_engine_at_base(dir, &db)?;
     let view = db.clock().visible_ts();
     let rdir = replica_dir(dir);
-    if rdir.exists() && std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?.next().is_some() {
+    if !crate::sealed::replica_is_sealed(dir)
+        && rdir.exists()
+        && std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?.next().is_some()
+    {
         return Err(refuse("given an engine, but the directory still holds a replica log".into()));
     }
-    Ok(ReplicaOpen { db, cut: view, streams: None, report: RecoveryReport::default(), lock })
+    let sealed = crate::sealed::sealed(dir)?.map(|s| s.point);
+    Ok(ReplicaOpen { db, cut: view, streams: None, sealed, report: RecoveryReport::default(), lock })
 }
 
 /// What a backup's data directory holds, read without changing it (a failover's tail
@@ -371,10 +399,8 @@ pub struct ReplicaHoldings {
 /// directory holding nothing reports no stream. The directory must not be in use by a
 /// running backup.
 pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result<ReplicaHoldings, LogError> {
-    let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
-        Some((_, m)) => m.ts,
-        None => Ts::ZERO,
-    };
+    // A sealed log holds every stream up to its point, as a checkpoint there would.
+    let ckpt_ts = crate::sealed::base(dir)?.ts;
     let scan = scan(dir, ckpt_ts)?;
     for (_, p) in &scan.files {
         let f = std::fs::File::open(p).map_err(|e| LogError::io(p, e))?;
@@ -383,8 +409,8 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result
     let cut = scan.cut();
     let mut bounds = scan.bounds.clone();
     if bounds.is_empty() && ckpt_ts > Ts::ZERO {
-        // A checkpoint and no replica log file (a running backup always has one, naming
-        // the primary's streams): every stream is held up to the checkpoint.
+        // A checkpoint (or a sealed log) and no replica log file (a running backup always
+        // has one, naming the primary's streams): every stream is held up to it.
         bounds = vec![Ts::ZERO; streams];
     }
     let held: Vec<Ts> = bounds.iter().map(|b| (*b).max(scan.floor).max(ckpt_ts)).collect();
@@ -402,38 +428,52 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result
 }
 
 /// The replica log files of a directory, checked entry by entry.
-struct Scan {
+pub(crate) struct Scan {
     /// (seq, path), in sequence order.
-    files: Vec<(u64, PathBuf)>,
-    streams: Option<u32>,
+    pub files: Vec<(u64, PathBuf)>,
+    pub streams: Option<u32>,
     /// Per stream: the highest bound.
-    bounds: Vec<Ts>,
+    pub bounds: Vec<Ts>,
     /// The highest trusted floor.
-    floor: Ts,
-    ckpt_ts: Ts,
+    pub floor: Ts,
+    pub ckpt_ts: Ts,
     /// Batches with transactions above the checkpoint: (batch, file index, offset).
-    kept: Vec<(Batch, usize, u64)>,
+    pub kept: Vec<(Batch, usize, u64)>,
     /// Every entry: (stream, bound, the batch as the primary framed it).
-    entries: Vec<(usize, Ts, Bytes)>,
-    log_bytes: u64,
+    pub entries: Vec<(usize, Ts, Bytes)>,
+    pub log_bytes: u64,
     /// The newest file's torn tail: the file and the length that checks.
-    torn: Option<(PathBuf, u64)>,
+    pub torn: Option<(PathBuf, u64)>,
 }
 
 impl Scan {
-    fn cut(&self) -> Ts {
+    pub(crate) fn cut(&self) -> Ts {
         let c = self.ckpt_ts;
         self.bounds.iter().map(|b| (*b).max(c)).min().unwrap_or(c).max(self.floor).max(c)
     }
 }
 
+/// The live replica log of the data directory `dir` (none while its replica directory is
+/// a sealed log: `sealed::replica_is_sealed`), checked entry by entry; `ckpt_ts` is what the
+/// directory holds without it (`sealed::base`).
 fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
+    if crate::sealed::replica_is_sealed(dir) {
+        return scan_files(Vec::new(), ckpt_ts);
+    }
+    scan_dir(&replica_dir(dir), ckpt_ts)
+}
+
+/// The replica log files in `rdir` (a data directory's `replica/`, or its sealed log),
+/// checked entry by entry.
+pub(crate) fn scan_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     // Every file, in sequence order.
-    let rdir = replica_dir(dir);
     let mut files: Vec<(u64, PathBuf)> = Vec::new();
     if rdir.exists() {
-        for e in std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))? {
-            let path = e.map_err(|e| LogError::io(&rdir, e))?.path();
+        for e in std::fs::read_dir(rdir).map_err(|e| LogError::io(rdir, e))? {
+            let path = e.map_err(|e| LogError::io(rdir, e))?.path();
+            if path.file_name().is_some_and(|n| n == crate::sealed::CUT_FILE) {
+                continue;
+            }
             let seq = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -451,6 +491,10 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
         }
     }
     files.sort();
+    scan_files(files, ckpt_ts)
+}
+
+fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError> {
     let mut streams: Option<u32> = None;
     // Per stream: highest bound; and the highest trusted floor.
     let mut bounds: Vec<Ts> = Vec::new();
@@ -543,16 +587,17 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
 /// from a peer that holds more of the stream (docs/cluster.md). Read without changing the
 /// directory; its backup must not be running.
 pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
-    let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
-        Some((_, m)) => m.ts,
-        None => Ts::ZERO,
-    };
+    let ckpt_ts = crate::sealed::base(dir)?.ts;
     if ckpt_ts > after {
-        // The batches up to the checkpoint are gone with the files it covered.
+        // The batches up to the checkpoint are gone with the files it covered (a sealed
+        // log's are cut, and given only by the checkpoint that replaces it).
         return Err(LogError::Corrupt {
             file: checkpoint::checkpoints_dir(dir),
             offset: 0,
-            what: format!("a checkpoint at ts {} covers what lies above ts {}: no batches to give", ckpt_ts.0, after.0),
+            what: format!(
+                "a checkpoint or seal at ts {} covers what lies above ts {}: no batches to give",
+                ckpt_ts.0, after.0
+            ),
         });
     }
     let scan = scan(dir, ckpt_ts)?;
@@ -564,12 +609,10 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
 /// order), fsynced. The next `open_replica_upto` replays them with the rest. `streams` is
 /// the primary's stream count, used when no replica log file names it.
 pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc<dyn Storage>) -> Result<(), LogError> {
+    crate::sealed::finish_seal(dir, &**storage)?;
     let rdir = replica_dir(dir);
     std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
-    let ckpt_ts = match checkpoint::find_newest(dir)?.0 {
-        Some((_, m)) => m.ts,
-        None => Ts::ZERO,
-    };
+    let ckpt_ts = crate::sealed::base(dir)?.ts;
     let scan = scan(dir, ckpt_ts)?;
     let streams = scan.streams.unwrap_or(streams);
     for b in batches {
@@ -665,8 +708,6 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
 /// crash leaves there is deleted by the next seal).
 pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
     let info = checkpoint::write(db, data, recovery_threads(), 64 << 20, Epoch(0), storage)?;
-    let trash = data.join(TRASH_DIR);
-    std::fs::create_dir_all(&trash).map_err(|e| LogError::io(&trash, e))?;
     let root = checkpoint::checkpoints_dir(data);
     let mut gone: Vec<PathBuf> = Vec::new();
     for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
@@ -675,27 +716,37 @@ pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Resul
             gone.push(p);
         }
     }
-    let rdir = replica_dir(data);
-    if rdir.exists() {
-        gone.push(rdir);
+    for d in [replica_dir(data), data.join(crate::sealed::SEALED_DIR)] {
+        if d.exists() {
+            gone.push(d);
+        }
     }
+    to_trash(data, &gone)?;
+    crate::storage::sync_dir(&root).map_err(|e| LogError::io(&root, e))?;
+    Ok(info)
+}
+
+/// Moves `paths` (inside `data`) into `data/trash/` (a rename each, then the directories
+/// fsynced) and deletes them there on a thread of their own: nothing reads `trash/`, and
+/// what a crash leaves there is deleted by the next call.
+pub(crate) fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
+    let trash = data.join(TRASH_DIR);
+    std::fs::create_dir_all(&trash).map_err(|e| LogError::io(&trash, e))?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    for (i, p) in gone.iter().enumerate() {
+    for (i, p) in paths.iter().enumerate() {
         let to = trash.join(format!("{stamp}-{i}"));
         std::fs::rename(p, &to).map_err(|e| LogError::io(p, e))?;
     }
-    for d in [&root, data] {
-        crate::storage::sync_dir(d).map_err(|e| LogError::io(d, e))?;
-    }
+    crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
     let _ = std::thread::Builder::new().name("ditto-trash".into()).spawn(move || {
         if let Ok(entries) = std::fs::read_dir(&trash) {
             for e in entries.flatten() {
-                // Another seal's thread may delete the same entry: either is fine.
+                // Another call's thread may delete the same entry: either is fine.
                 let _ = std::fs::remove_dir_all(e.path());
             }
         }
     });
-    Ok(info)
+    Ok(())
 }
 
 /// Where `seal_at_point` moves what it discards, to be deleted in the background.
@@ -710,5 +761,7 @@ pub fn checkpoint_replica(db: &Database, data: &Path, storage: &dyn Storage) -> 
     let threads = recovery_threads().min(2);
     let info = checkpoint::write(db, data, threads, 64 << 20, Epoch(0), storage)?;
     crate::remove_checkpoints_except(data, &info.dir)?;
+    // At the read view, so at or above a sealed log's point: that log can go.
+    crate::sealed::remove_sealed(data, storage)?;
     Ok(info)
 }

@@ -142,9 +142,10 @@ pub struct BackupOptions {
     /// Replay only what the primary has released (`Hold`): a cluster node's backup, so
     /// that a failover can promote it in place (`Backup::cut_at`).
     pub hold_replay_at_release: bool,
-    /// An engine kept from this node's previous backup run, cut at the directory's
-    /// checkpoint (`Backup::cut_at`, then `seal_at_point`): taken as it is instead of
-    /// loading the directory (`open_replica_with`); `recover_upto` does not apply.
+    /// An engine kept from this node's previous backup run, cut where the directory was
+    /// sealed (`Backup::cut_at`, then `ditto_log::sealed::seal_tail` or `seal_at_point`):
+    /// taken as it is instead of loading the directory (`open_replica_with`);
+    /// `recover_upto` does not apply.
     pub engine: Option<Arc<Database>>,
 }
 
@@ -345,7 +346,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             let incoming = receive_checkpoint(&mut reader, &dir, opts.progress)?;
             // Replace whatever this node held with the primary's checkpoint.
             drop(opened);
-            for sub in ["checkpoints", "replica"] {
+            for sub in ["checkpoints", "replica", ditto_log::sealed::SEALED_DIR] {
                 let p = dir.join(sub);
                 if p.exists() {
                     std::fs::remove_dir_all(&p).map_err(io(format!("removing {}", p.display())))?;
@@ -376,6 +377,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let db = Arc::clone(&opened.db);
     // The size of the checkpoint this run started from (written by the open, or loaded).
     let opened_checkpoint_bytes = opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes);
+    // A replica log sealed at a failover's point (the engine kept through a change of role
+    // in place): the first checkpoint is due at once, and takes it away.
+    let mut seal_pending = opened.sealed.is_some();
     let state = Arc::new(BackupState::default());
     *state.replay_mode.lock() = match opts.share_values_from {
         None => opts.replay.to_string(),
@@ -458,7 +462,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         std::thread::Builder::new()
             .name("ditto-repl-ckpt".into())
             .spawn(move || loop {
-                std::thread::sleep(poll);
+                if !seal_pending {
+                    std::thread::sleep(poll);
+                }
                 if state.failure.lock().is_some() {
                     return;
                 }
@@ -469,11 +475,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     ids_released: 0,
                     ids_used: 0,
                 });
-                if due.is_none() {
+                if due.is_none() && !seal_pending {
                     continue;
                 }
                 let view = state.visible.load(Ordering::Acquire);
-                if view <= state.checkpoint_ts.load(Ordering::Acquire) {
+                if view <= state.checkpoint_ts.load(Ordering::Acquire) && !seal_pending {
                     continue; // nothing new since the last one
                 }
                 let Some(_gate) = db.replay_checkpoint_gate() else {
@@ -481,6 +487,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     // now would hold it under the wrong record id. It is over once the
                     // read view passes the later life's start; the next round will do.
                     tracing::info!("backup checkpoint put off: a key's earlier life is still being replayed");
+                    if seal_pending {
+                        std::thread::sleep(poll.min(Duration::from_millis(50)));
+                    }
                     continue;
                 };
                 let bytes_then = state.bytes_received.load(Ordering::Acquire);
@@ -489,6 +498,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 if state.failure.lock().is_some() {
                     return;
                 }
+                // Once, whatever comes of it: after a failure the sealed log stays (recovery
+                // replays it), and the policy's next checkpoint takes it away.
+                seal_pending = false;
                 match ditto_log::replica::checkpoint_replica(&db, &dir, &*storage) {
                     Ok(info) => {
                         (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
@@ -1791,7 +1803,7 @@ impl Backup {
     /// Promotes this backup in place at a failover's recovery point `point`: fenced, it
     /// replays what it holds up to the point (cut there: `Hold`), and its engine, with
     /// its indexes, is the new primary's (`ditto_log::OpenOptions::recovered`, once the
-    /// caller has sealed the directory: `ditto_log::replica::seal_at_point`). Returns the
+    /// caller has sealed the directory: `ditto_log::sealed::seal_tail`). Returns the
     /// engine, at read view `point`, and the directory's lock. Refused, changing nothing
     /// on disk, if it does not hold every stream up to the point, if its replay is not
     /// held at the release or was handed anything above the point, or if replay failed or
@@ -1799,7 +1811,7 @@ impl Backup {
     /// directory instead.
     ///
     /// The same for a backup that follows the next epoch's primary in place: the engine,
-    /// cut at `point` and sealed into a checkpoint there, is taken by the next backup run
+    /// cut at `point` and the directory sealed there, is taken by the next backup run
     /// (`BackupOptions::engine`).
     pub fn cut_at(self, point: Ts, why: &str, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
         let deadline = Instant::now() + timeout;

@@ -254,9 +254,10 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     pa_repl.stop();
     a.close();
     let storage = RealStorage;
-    // B1 is promoted in place.
+    // B1 is promoted in place: its replica log sealed at the point, checkpointed away in
+    // the background once it serves.
     let (db1, lock1) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
-    ditto_log::replica::seal_at_point(&db1, &b1, &storage).unwrap();
+    ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap();
     drop(lock1);
     let start = Ts(p.0 + 7);
     let o = OpenOptions {
@@ -268,15 +269,18 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     };
     let bp = ditto_log::open(&b1, o).unwrap();
     let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));
-    // B2 follows it in place.
+    // B2 follows it in place, sealed the same way.
     let (db2, lock2) = bk2.cut_at(p, "follows", Duration::from_secs(20)).unwrap();
-    ditto_log::replica::seal_at_point(&db2, &b2, &storage).unwrap();
+    ditto_log::sealed::seal_tail(&b2, p, &storage).unwrap();
+    // A second seal before the first is checkpointed away is refused, changing nothing.
+    let e = ditto_log::sealed::seal_tail(&b2, p, &storage).unwrap_err();
+    assert!(e.to_string().contains("already holds a replica log sealed"), "{e}");
     drop(lock2);
-    // An engine that is not at the directory's checkpoint is refused.
+    // An engine that does not hold the seal's point is refused.
     let other = ditto_engine::Database::new(ditto_engine::Options { workers: 1 });
     match ditto_log::replica::open_replica_with(&b2, other) {
-        Err(e) => assert!(e.to_string().contains("newest checkpoint is at"), "{e}"),
-        Ok(_) => panic!("an engine not at the checkpoint was taken"),
+        Err(e) => assert!(e.to_string().contains("but the replica log is sealed at ts"), "{e}"),
+        Ok(_) => panic!("an engine not at the seal's point was taken"),
     }
     let opts = BackupOptions {
         engine: Some(Arc::clone(&db2)),
@@ -294,5 +298,113 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     });
     assert_eq!(value_on(&bk2.db, 5).as_deref(), Some(&b"two"[..]));
     assert_eq!(value_on(&bk2.db, 99).as_deref(), Some(&b"v99"[..]));
+    // Both sealed logs are checkpointed away in the background.
+    wait_until("the sealed logs to be checkpointed away", Duration::from_secs(20), || {
+        [&b1, &b2].iter().all(|d| ditto_log::sealed::sealed(d).unwrap().is_none())
+    });
+    assert!(bk2.state.checkpoints.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     bp_repl.stop();
+}
+
+/// A promoted backup's directory after a seal in place (its replica log sealed at the point,
+/// no checkpoint there yet) and the new primary's first commits, as a crash leaves it:
+/// what the directory reports holding, and what recovery makes of it, are exactly the point
+/// plus the new commits.
+#[test]
+fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
+    let epoch1 = a.logger().epoch();
+    pa_repl.stop();
+    a.close();
+    let p = ts[59];
+    let (db, lock) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
+    let storage = RealStorage;
+    ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap();
+    drop(lock);
+    let s = ditto_log::sealed::sealed(&b1).unwrap().expect("sealed");
+    assert_eq!(s.point, p);
+    assert!(!ditto_log::replica::replica_dir(&b1).exists(), "the replica log was moved");
+    // Reported as held up to the point on every stream, with nothing above it.
+    let h = ditto_log::replica::replica_holdings(&b1, 1, Some(p)).unwrap();
+    assert!(h.streams.iter().all(|t| *t >= p), "{h:?}");
+    assert_eq!(h.txns_above, 0, "what lay above the point is not counted: it is discarded");
+    let e = ditto_log::replica::replica_stream_batches(&b1, 0, ts[10]).unwrap_err();
+    assert!(e.to_string().contains("covers what lies above"), "{e}");
+    let start = Ts(ts[99].0 + 7);
+    let o = OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch1.0 + 1)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(Arc::clone(&db))),
+        checkpoint_sealed: false,
+        ..Default::default()
+    };
+    let bp = ditto_log::open(&b1, o).unwrap();
+    let t = bp.db().table_id("t").unwrap();
+    let mut w = bp.db().worker(WorkerId(0)).unwrap();
+    let newest = w.run(|x| x.put(t, &70u32.to_be_bytes(), b"new")).unwrap().1.wait().unwrap();
+    drop(w);
+    bp.close();
+    drop((bp, db));
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_some(), "no checkpoint took the sealed log");
+    // An old primary's report reads its own log over the seal.
+    let (h, epoch) = ditto_log::recovery::primary_log_holdings(&b1, Some(p)).unwrap();
+    assert_eq!(epoch, Epoch(epoch1.0 + 1));
+    assert!(h.streams.iter().all(|t| *t >= p) && h.newest >= newest, "{h:?}");
+    assert_eq!(h.txns_above, 1, "the one commit of the new epoch");
+    // Recovery: the checkpoint (none here), the sealed log up to the point, the new log.
+    let again = ditto_log::open(&b1, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    for i in 0..100u32 {
+        let want = match i {
+            0..=59 => Some(format!("v{i}").into_bytes()),
+            70 => Some(b"new".to_vec()),
+            _ => None,
+        };
+        assert_eq!(value_on(again.db(), i), want, "key {i} after recovery");
+    }
+    assert!(again.db().clock().visible_ts() >= newest);
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "recovery's checkpoint took the sealed log");
+}
+
+/// A crash between the seal's two steps leaves the cut inside the replica directory: it
+/// is read as the sealed log, cut at the point. A damaged cut stops the open, naming the
+/// file, and changes nothing.
+#[test]
+fn a_seal_cut_short_by_a_crash_is_read_as_sealed_and_a_damaged_cut_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
+    pa_repl.stop();
+    a.close();
+    let p = ts[59];
+    drop(bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap());
+    let cut = ditto_log::replica::replica_dir(&b1).join(ditto_log::sealed::CUT_FILE);
+    let mut bytes = ditto_log::sealed::encode_cut(p);
+    bytes[14] ^= 1;
+    std::fs::write(&cut, bytes).unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    match ditto_log::replica::open_replica_upto(&b1, 1, &storage, None) {
+        Err(e) => assert!(e.to_string().contains("checksum") && e.to_string().contains("CUT"), "{e}"),
+        Ok(_) => panic!("a damaged cut was taken"),
+    }
+    assert!(cut.exists(), "nothing changed");
+    std::fs::write(&cut, ditto_log::sealed::encode_cut(p)).unwrap();
+    let h = ditto_log::replica::replica_holdings(&b1, 1, Some(p)).unwrap();
+    assert!(h.streams.iter().all(|t| *t >= p) && h.txns_above == 0, "{h:?}");
+    // A cut below the seal's point is refused.
+    match ditto_log::replica::open_replica_upto(&b1, 1, &storage, Some(ts[10])) {
+        Err(e) => assert!(e.to_string().contains("below the point"), "{e}"),
+        Ok(_) => panic!("cut below the seal"),
+    }
+    let opened = ditto_log::replica::open_replica_upto(&b1, 1, &storage, None).unwrap();
+    assert_eq!(opened.cut, p);
+    for i in 0..100u32 {
+        let want = (i <= 59).then(|| format!("v{i}").into_bytes());
+        assert_eq!(value_on(&opened.db, i), want, "key {i}");
+    }
+    drop(opened);
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "the open checkpointed the sealed log away");
+    assert!(!b1.join(ditto_log::sealed::SEALED_DIR).exists());
 }
