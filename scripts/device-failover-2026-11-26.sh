@@ -10,7 +10,7 @@ nproc; grep -m1 "model name" /proc/cpuinfo; df -h /tmp | tail -1
 echo "=== bench failover $(date +%T)"
 timeout 120 $DITTO bench failover --kills 20 --between-s 1.0 --clients 8 --workers 4 --dir /tmp/fb --json > $OUT/failover.json 2> $OUT/failover.err
 echo "rc=$?"; grep -v '^\s*$' $OUT/failover.err | grep -iv "^20..-" | tail -30
-for run in 1 2; do
+for run in 1 2 3; do
   for mode in in-place restart; do
     echo "=== with data, $mode, run $run $(date +%T)"
     PROMOTION=$mode WORKERS=4 timeout 150 scripts/failover-with-data.sh 1900000 2>&1 | tee -a $OUT/with-data.txt | grep -v "^\s*$" | tail -16

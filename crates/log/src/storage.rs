@@ -328,3 +328,71 @@ impl Write for LogFileWriter {
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
+
+/// Another storage whose writes and fsyncs fail, with `ErrorKind::Interrupted`, once
+/// `cancel` is set: a long write that must stop short (a backup's checkpoint that a
+/// failover's fence need not wait for). A checkpoint that fails so leaves nothing behind,
+/// as after a full disk (`checkpoint::write`).
+pub struct Cancellable {
+    pub inner: std::sync::Arc<dyn Storage>,
+    pub cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct CancellableFile {
+    inner: Box<dyn LogFile>,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn check_cancel(cancel: &std::sync::atomic::AtomicBool) -> io::Result<()> {
+    if cancel.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
+    }
+    Ok(())
+}
+
+impl Cancellable {
+    fn wrap(&self, inner: Box<dyn LogFile>) -> Box<dyn LogFile> {
+        Box::new(CancellableFile { inner, cancel: std::sync::Arc::clone(&self.cancel) })
+    }
+}
+
+impl Storage for Cancellable {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        check_cancel(&self.cancel)?;
+        Ok(self.wrap(self.inner.create_new(path)?))
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        check_cancel(&self.cancel)?;
+        Ok(self.wrap(self.inner.create_segment(path, direct)?))
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        self.inner.truncate_existing(path, len)
+    }
+}
+
+impl LogFile for CancellableFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        check_cancel(&self.cancel)?;
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        check_cancel(&self.cancel)?;
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        check_cancel(&self.cancel)?;
+        self.inner.sync()
+    }
+}

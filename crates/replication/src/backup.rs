@@ -217,8 +217,10 @@ pub struct Backup {
     link: AckLink,
     persist: Arc<ToPersist>,
     engine: Arc<Engine>,
-    /// Held by the checkpointer while it writes (a fence waits for it).
+    /// Held by the checkpointer while it writes (a fence stops it short, then waits for it).
     ckpt_busy: Arc<Mutex<()>>,
+    /// Set by a fence: a checkpoint being written stops short (`storage::Cancellable`).
+    ckpt_cancel: Arc<AtomicBool>,
     /// The persister thread has ended (a fence waits for it: it deletes replica log files).
     persister_done: Arc<AtomicBool>,
     _lock: std::fs::File,
@@ -442,9 +444,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // Its own checkpoints, at its read view, off the receiving path; the persister then
     // deletes the replica log files they cover (after each sync).
     let ckpt_busy = Arc::new(Mutex::new(()));
+    let ckpt_cancel = Arc::new(AtomicBool::new(false));
     {
-        let (db, state, dir, storage, every) =
-            (Arc::clone(&db), Arc::clone(&state), dir.clone(), Arc::clone(&run_storage), opts.checkpoint_every);
+        let (db, state, dir, every) = (Arc::clone(&db), Arc::clone(&state), dir.clone(), opts.checkpoint_every);
+        // A fence stops a checkpoint short rather than wait for it (a second or more at
+        // hundreds of MB, with a failover waiting on the fence).
+        let cancel = Arc::clone(&ckpt_cancel);
+        let storage = ditto_log::storage::Cancellable { inner: Arc::clone(&run_storage), cancel: Arc::clone(&cancel) };
         let busy = Arc::clone(&ckpt_busy);
         // The primary's rule (`CheckpointPolicy::due`), by time and by the log received.
         let min_bytes = opts.checkpoint_log_min_bytes;
@@ -501,12 +507,16 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 // Once, whatever comes of it: after a failure the sealed log stays (recovery
                 // replays it), and the policy's next checkpoint takes it away.
                 seal_pending = false;
-                match ditto_log::replica::checkpoint_replica(&db, &dir, &*storage) {
+                match ditto_log::replica::checkpoint_replica(&db, &dir, &storage) {
                     Ok(info) => {
                         (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
                         state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
                         state.checkpoints.fetch_add(1, Ordering::Relaxed);
                         tracing::info!("backup checkpoint at ts {} ({} rows)", info.ts.0, info.rows);
+                    }
+                    Err(_) if cancel.load(Ordering::Acquire) => {
+                        tracing::info!("backup checkpoint stopped short by a fence (nothing of it is left)");
+                        return;
                     }
                     // A full disk or failed fsync: the replica log still holds everything;
                     // the next round tries again.
@@ -523,6 +533,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         persist,
         engine,
         ckpt_busy,
+        ckpt_cancel,
         persister_done,
         _lock: opened.lock,
     })
@@ -1785,11 +1796,13 @@ impl Backup {
 
 impl Backup {
     /// A cluster's fence that keeps the server serving reads: `stop`, then waits until
-    /// nothing of this backup writes its directory any more (the persister has ended, no
-    /// checkpoint is being written), so a failover may read it while reads go on.
+    /// nothing of this backup writes its directory any more (the persister has ended; a
+    /// checkpoint being written is stopped short, and what it wrote removed), so a failover
+    /// may read it while reads go on.
     pub fn fence(&self, why: &str, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         self.stop(why, timeout)?;
+        self.ckpt_cancel.store(true, Ordering::Release);
         drop(self.ckpt_busy.lock());
         while !self.persister_done.load(Ordering::Acquire) {
             if Instant::now() > deadline {

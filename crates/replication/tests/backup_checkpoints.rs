@@ -92,3 +92,93 @@ fn a_backup_checkpoints_once_it_has_received_enough_log() {
     p.stop();
     a.close();
 }
+
+/// Real files; a checkpoint's are written slowly (every write of its parts takes 300 ms).
+struct SlowCheckpoints;
+
+struct SlowFile(Box<dyn ditto_log::storage::LogFile>, bool);
+
+impl ditto_log::storage::Storage for SlowCheckpoints {
+    fn create_new(&self, path: &std::path::Path) -> std::io::Result<Box<dyn ditto_log::storage::LogFile>> {
+        let slow = path.components().any(|c| c.as_os_str() == "checkpoints");
+        Ok(Box::new(SlowFile(ditto_log::storage::RealStorage.create_new(path)?, slow)))
+    }
+}
+
+impl ditto_log::storage::LogFile for SlowFile {
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        if self.1 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.0.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> std::io::Result<()> {
+        self.0.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.0.truncate(len)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.0.sync()
+    }
+}
+
+/// A failover's fence does not wait for a backup's checkpoint to be written: it stops it
+/// short, and nothing of it is left; the directory still holds everything received.
+#[test]
+fn a_fence_stops_a_checkpoint_being_written_short() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("local").unwrap();
+    let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let opts = BackupOptions {
+        checkpoint_every: Duration::from_millis(100),
+        storage: Some(Arc::new(SlowCheckpoints)),
+        ..BackupOptions::new(&addr, &b1, 1, "b1")
+    };
+    let bk = backup::start(opts).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    // About 8 MiB (eight or more slow writes of 1 MiB: over 2 s of checkpoint).
+    let value: Vec<u8> = (0..2000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut last = Ts::ZERO;
+    for i in 0..200u32 {
+        let (_, h) = w
+            .run(|x| {
+                for k in 0..20u32 {
+                    x.put(t, &(i * 20 + k).to_be_bytes(), &value)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        last = last.max(h.wait().unwrap());
+    }
+    wait_until("the backup to replay everything", Duration::from_secs(30), || {
+        bk.state.visible.load(Ordering::SeqCst) >= last.0
+    });
+    // A checkpoint at the read view that holds everything is being written.
+    let ckpts = b1.join("checkpoints");
+    let in_progress = || {
+        std::fs::read_dir(&ckpts).is_ok_and(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-") && !e.path().join("MANIFEST").exists())
+        })
+    };
+    wait_until("a checkpoint to be under way", Duration::from_secs(30), in_progress);
+    let before = bk.state.checkpoints.load(Ordering::SeqCst);
+    bk.fence("failover", Duration::from_secs(20)).unwrap();
+    assert_eq!(bk.state.checkpoints.load(Ordering::SeqCst), before, "the checkpoint under way did not complete");
+    assert!(!in_progress(), "nothing of the stopped checkpoint is left");
+    drop(w);
+    p.stop();
+    a.close();
+    drop(bk);
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    let opened = ditto_log::replica::open_replica(&b1, 1, &storage).unwrap();
+    assert!(opened.cut >= last, "the directory holds everything received");
+}
