@@ -401,11 +401,12 @@ pub struct ReplicaHoldings {
 pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result<ReplicaHoldings, LogError> {
     // A sealed log holds every stream up to its point, as a checkpoint there would.
     let ckpt_ts = crate::sealed::base(dir)?.ts;
-    let scan = scan(dir, ckpt_ts)?;
-    for (_, p) in &scan.files {
+    let files = if crate::sealed::replica_is_sealed(dir) { Vec::new() } else { list_files(&replica_dir(dir))? };
+    for (_, p) in &files {
         let f = std::fs::File::open(p).map_err(|e| LogError::io(p, e))?;
         f.sync_all().map_err(|e| LogError::io(p, e))?;
     }
+    let scan = scan_headers(files, ckpt_ts)?;
     let cut = scan.cut();
     let mut bounds = scan.bounds.clone();
     if bounds.is_empty() && ckpt_ts > Ts::ZERO {
@@ -424,7 +425,169 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result
         txns_above += crate::recovery::count_txns_above(batch, above, ckpt_ts, &mut scratch)
             .map_err(|e| LogError::Corrupt { file: scan.files[*i].1.clone(), offset: *off, what: e.to_string() })?;
     }
+    for k in &scan.kept_headers {
+        newest = newest.max(k.header.last_ts);
+        let Some(above) = above else { continue };
+        if k.header.last_ts <= above {
+            continue;
+        }
+        let (path, batch) = read_entry(&scan.files, k)?;
+        txns_above += crate::recovery::count_txns_above(&batch, above, ckpt_ts, &mut scratch)
+            .map_err(|e| LogError::Corrupt { file: path.to_path_buf(), offset: k.offset, what: e.to_string() })?;
+    }
     Ok(ReplicaHoldings { streams: held, newest, txns_above, cut })
+}
+
+/// An entry of an older file that a header scan kept (its payload not read).
+struct KeptHeader {
+    header: crate::format::BatchHeader,
+    file: usize,
+    /// Of the entry header.
+    offset: u64,
+    /// Of the batch (the entry header not counted).
+    len: usize,
+}
+
+/// What `scan_headers` found: a `Scan` of the newest file, with the older files' entries
+/// merged into its bounds and floor, and kept as headers.
+struct HeaderScan {
+    files: Vec<(u64, PathBuf)>,
+    bounds: Vec<Ts>,
+    floor: Ts,
+    ckpt_ts: Ts,
+    /// The newest file's batches above the checkpoint (file index is that of `files`).
+    kept: Vec<(Batch, usize, u64)>,
+    kept_headers: Vec<KeptHeader>,
+}
+
+impl HeaderScan {
+    fn cut(&self) -> Ts {
+        let c = self.ckpt_ts;
+        self.bounds.iter().map(|b| (*b).max(c)).min().unwrap_or(c).max(self.floor).max(c)
+    }
+}
+
+/// One entry read whole and checked (a kept header's).
+fn read_entry<'f>(files: &'f [(u64, PathBuf)], k: &KeptHeader) -> Result<(&'f Path, Batch), LogError> {
+    use std::os::unix::fs::FileExt;
+    let path = files[k.file].1.as_path();
+    let f = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
+    let mut buf = vec![0u8; k.len];
+    f.read_exact_at(&mut buf, k.offset + ENTRY_HEADER_LEN as u64).map_err(|e| LogError::io(path, e))?;
+    let (batch, _) = decode_batch_checksums(&Bytes::from(buf)).map_err(|e| LogError::Corrupt {
+        file: path.to_path_buf(),
+        offset: k.offset,
+        what: e.to_string(),
+    })?;
+    Ok((path, batch))
+}
+
+/// The replica log files read for a report (`replica_holdings`), entry header by entry
+/// header: every entry's own checksum and its batch header's are checked, the newest file
+/// is read and checked whole (a torn tail can be only there: the older files were synced
+/// before the next was begun), and the batch that carries the highest trusted floor is
+/// read whole too (its floor is covered by its payload checksum). The other payloads are
+/// not read; recovery checks every byte (`scan`). A report after a fast load reads a few
+/// MB instead of hundreds (docs/cluster.md).
+fn scan_headers(mut files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<HeaderScan, LogError> {
+    use std::os::unix::fs::FileExt;
+    let Some(newest) = files.pop() else {
+        return Ok(HeaderScan {
+            files,
+            bounds: Vec::new(),
+            floor: Ts::ZERO,
+            ckpt_ts,
+            kept: Vec::new(),
+            kept_headers: Vec::new(),
+        });
+    };
+    let tail = scan_files(vec![newest], ckpt_ts)?;
+    // The older files' streams and bounds (merged with the newest file's below).
+    let mut streams: Option<u32> = None;
+    let mut bounds: Vec<Ts> = Vec::new();
+    let older = files.len();
+    let mut kept_headers = Vec::new();
+    // The highest floor an older file's trusted entry names, and where (checked below).
+    let mut floor_at: Option<(Ts, KeptHeader)> = None;
+    for (i, (seq, path)) in files.iter().enumerate() {
+        let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
+        let f = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
+        let size = f.metadata().map_err(|e| LogError::io(path, e))?.len();
+        let mut head = [0u8; REPLICA_HEADER_LEN];
+        f.read_exact_at(&mut head, 0).map_err(|e| LogError::io(path, e))?;
+        let (n, hseq) = decode_header(&head).map_err(|e| corrupt(0, e))?;
+        if hseq != *seq {
+            return Err(corrupt(0, "header does not match the file name".into()));
+        }
+        match streams {
+            None => {
+                streams = Some(n);
+                bounds = vec![Ts::ZERO; n as usize];
+            }
+            Some(m) if m != n => return Err(corrupt(0, format!("names {n} primary streams, another file {m}"))),
+            Some(_) => {}
+        }
+        let mut off = REPLICA_HEADER_LEN as u64;
+        let mut h = [0u8; ENTRY_HEADER_LEN + crate::format::BATCH_HEADER_LEN];
+        while off < size {
+            if size - off < (ENTRY_HEADER_LEN + crate::format::BATCH_HEADER_FIXED_LEN) as u64 {
+                return Err(corrupt(off, "entry cut short (not the newest file)".into()));
+            }
+            let want = h.len().min((size - off) as usize);
+            f.read_exact_at(&mut h[..want], off).map_err(|e| LogError::io(path, e))?;
+            let len = u32::from_le_bytes(h[..4].try_into().expect("4")) as usize;
+            let flags = h[4];
+            let crc = u32::from_le_bytes(h[8..12].try_into().expect("4"));
+            if crc != crc32c::crc32c(&h[..8]) || h[5..8] != [0, 0, 0] || flags & !FLOOR_TRUSTED != 0 {
+                return Err(corrupt(off, "entry header checksum mismatch".into()));
+            }
+            let header = crate::format::decode_batch_header(&h[ENTRY_HEADER_LEN..want])
+                .map_err(|e| corrupt(off, e.to_string()))?;
+            if header.total_len() != len || off + (ENTRY_HEADER_LEN + len) as u64 > size {
+                return Err(corrupt(
+                    off,
+                    format!("entry of {len} bytes does not hold its batch (not the newest file)"),
+                ));
+            }
+            let s = header.stream.0 as usize;
+            if s >= bounds.len() {
+                return Err(corrupt(off, format!("batch of stream {s}, of {n} streams")));
+            }
+            bounds[s] = bounds[s].max(header.bound_ts);
+            let k = KeptHeader { header, file: i, offset: off, len };
+            if flags & FLOOR_TRUSTED != 0 && floor_at.as_ref().is_none_or(|(f, _)| header.floor_ts > *f) {
+                floor_at = Some((header.floor_ts, KeptHeader { ..k }));
+            }
+            if header.txn_count > 0 && header.last_ts > ckpt_ts {
+                kept_headers.push(k);
+            }
+            off += (ENTRY_HEADER_LEN + len) as u64;
+        }
+    }
+    match (streams, tail.streams) {
+        (Some(m), Some(n)) if m != n => {
+            return Err(LogError::Corrupt {
+                file: tail.files[0].1.clone(),
+                offset: 0,
+                what: format!("names {n} primary streams, an earlier file {m}"),
+            })
+        }
+        (None, _) => bounds = tail.bounds,
+        _ => {
+            for (b, t) in bounds.iter_mut().zip(&tail.bounds) {
+                *b = (*b).max(*t);
+            }
+        }
+    }
+    let mut floor = tail.floor;
+    if let Some((f, k)) = floor_at.filter(|(f, _)| *f > floor) {
+        // Trusted only once its payload checksum, which covers it, is checked.
+        read_entry(&files, &k)?;
+        floor = f;
+    }
+    files.extend(tail.files);
+    let kept = tail.kept.into_iter().map(|(b, _, off)| (b, older, off)).collect();
+    Ok(HeaderScan { files, bounds, floor, ckpt_ts, kept, kept_headers })
 }
 
 /// The replica log files of a directory, checked entry by entry.
@@ -466,7 +629,11 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
 /// The replica log files in `rdir` (a data directory's `replica/`, or its sealed log),
 /// checked entry by entry.
 pub(crate) fn scan_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
-    // Every file, in sequence order.
+    scan_files(list_files(rdir)?, ckpt_ts)
+}
+
+/// The replica log files in `rdir`, in sequence order.
+fn list_files(rdir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     let mut files: Vec<(u64, PathBuf)> = Vec::new();
     if rdir.exists() {
         for e in std::fs::read_dir(rdir).map_err(|e| LogError::io(rdir, e))? {
@@ -491,7 +658,7 @@ pub(crate) fn scan_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
         }
     }
     files.sort();
-    scan_files(files, ckpt_ts)
+    Ok(files)
 }
 
 fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError> {

@@ -408,3 +408,56 @@ fn a_seal_cut_short_by_a_crash_is_read_as_sealed_and_a_damaged_cut_is_refused() 
     assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "the open checkpointed the sealed log away");
     assert!(!b1.join(ditto_log::sealed::SEALED_DIR).exists());
 }
+
+/// A failover's report reads a replica log of many files by its entries' headers (the
+/// newest file whole): what it says is what recovery finds, and its count above a point
+/// is exact. A damaged entry header in an older file stops it, naming the file.
+#[test]
+fn a_report_read_by_headers_says_what_recovery_finds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 2, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let (pa_repl, a_addr) = start_primary_under(&a, None, "local");
+    // Files of 16 KiB: the log spans many.
+    let opts = BackupOptions { replica_file_bytes: 16 << 10, ..BackupOptions::new(&a_addr, &b1, 2, "b1") };
+    let bk = backup::start(opts).unwrap();
+    let mut ts = Vec::new();
+    for i in 0..400u32 {
+        let mut w = a.db().worker(WorkerId(i % 2)).unwrap();
+        ts.push(w.run(|x| x.put(t, &i.to_be_bytes(), &[i as u8; 300])).unwrap().1.wait().unwrap());
+    }
+    let last = *ts.iter().max().unwrap();
+    wait_until("the backup to hold everything", Duration::from_secs(20), || {
+        bk.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= last.0
+    });
+    bk.stop("report", Duration::from_secs(10)).unwrap();
+    drop(bk);
+    pa_repl.stop();
+    a.close();
+    let files = std::fs::read_dir(ditto_log::replica::replica_dir(&b1)).unwrap().count();
+    assert!(files >= 4, "the log spans {files} files");
+    let p = ts[250];
+    let h = ditto_log::replica::replica_holdings(&b1, 2, Some(p)).unwrap();
+    assert_eq!(h.newest, last);
+    assert_eq!(h.txns_above, ts.iter().filter(|x| **x > p).count() as u64, "{h:?}");
+    // A damaged entry header in the oldest file stops the report.
+    let mut names: Vec<_> =
+        std::fs::read_dir(ditto_log::replica::replica_dir(&b1)).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    let mut bytes = std::fs::read(&names[0]).unwrap();
+    let keep = bytes.clone();
+    bytes[ditto_log::replica::REPLICA_HEADER_LEN + 1] ^= 0x40;
+    std::fs::write(&names[0], &bytes).unwrap();
+    let e = ditto_log::replica::replica_holdings(&b1, 2, None).unwrap_err();
+    assert!(e.to_string().contains("rlog-0000000001.seg") && e.to_string().contains("checksum"), "{e}");
+    std::fs::write(&names[0], keep).unwrap();
+    // Recovery cuts where the report said, and holds every commit.
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let opened = ditto_log::replica::open_replica(&b1, 2, &storage).unwrap();
+    assert_eq!(opened.cut, h.cut, "the report's cut is recovery's");
+    assert!(opened.cut >= last);
+    for i in 0..400u32 {
+        assert_eq!(value_on(&opened.db, i), Some(vec![i as u8; 300]), "key {i}");
+    }
+}
