@@ -94,6 +94,12 @@ impl Client {
         })
     }
 
+    /// Sends `cmds` at once (a pipeline), then reads their replies.
+    pub(crate) fn pipeline(&mut self, cmds: &[&[&str]]) -> Result<Vec<Reply>, Error> {
+        self.send(cmds)?;
+        cmds.iter().map(|_| self.read()).collect()
+    }
+
     pub(crate) fn call(&mut self, args: &[&str]) -> Result<Reply, Error> {
         self.send(&[args])?;
         self.read()

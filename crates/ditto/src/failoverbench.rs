@@ -12,14 +12,16 @@
 //!   node), the time for the killed node to rejoin, and the throughput in the second before
 //!   the kill and in the second after the first write on the new primary (their ratio);
 //! - at the end every acknowledged write is read back on every node: a lost one fails the
-//!   run.
+//!   run;
+//! - with `--preload N`, N keys (`p:<n>`, `--preload-value-bytes` each) are written first,
+//!   pipelined, so that each failover happens with that much data on every node.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::demo_failover::{check_acks, wait_for, writer, Ack, Nodes};
-use crate::demo_server::Client;
+use crate::demo_server::{Client, Reply};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -51,6 +53,13 @@ pub struct FailoverBenchArgs {
     /// Draw writes per second over time, the kills marked, to this SVG file.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
+    /// Keys written (pipelined, 4 connections) before the clients start and the first kill:
+    /// the data each node holds through the failovers.
+    #[arg(long, default_value_t = 0)]
+    preload: u64,
+    /// The size of each preloaded value.
+    #[arg(long, default_value_t = 200)]
+    preload_value_bytes: usize,
     /// Print one JSON object at the end.
     #[arg(long)]
     json: bool,
@@ -76,6 +85,13 @@ struct Figures {
     workers: usize,
     failure_timeout_ms: u64,
     bucket_ms: u64,
+    preload_keys: u64,
+    preload_value_bytes: usize,
+    preload_seconds: f64,
+    /// Over the failovers (nearest rank).
+    unavailable_ms_p50: f64,
+    unavailable_ms_p99: f64,
+    unavailable_ms_max: f64,
     acknowledged_writes: usize,
     lost_writes: usize,
     failovers: Vec<FailoverFigures>,
@@ -96,6 +112,72 @@ fn rates(acks: &[Ack], from: Instant, to: Instant) -> Vec<f64> {
         }
     }
     b.into_iter().map(|c| c as f64 * 1000.0 / BUCKET_MS as f64).collect()
+}
+
+/// The nearest-rank `q` quantile of `sorted` (0 when empty).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Writes `keys` keys `p:<n>` of `value_bytes` each to the node on `port`, pipelined over 4
+/// connections; returns the seconds it took.
+fn preload(port: u16, keys: u64, value_bytes: usize) -> Result<f64, Error> {
+    const CONNS: u64 = 4;
+    const PIPELINE: u64 = 500;
+    let t = Instant::now();
+    let value = "v".repeat(value_bytes);
+    std::thread::scope(|s| {
+        let loaders: Vec<_> = (0..CONNS)
+            .map(|c| {
+                let value = value.as_str();
+                s.spawn(move || -> Result<(), Error> {
+                    let mut client = Client::connect_to("127.0.0.1", port)?;
+                    let mut next = c;
+                    while next < keys {
+                        let names: Vec<String> = (0..PIPELINE)
+                            .map(|j| next + j * CONNS)
+                            .take_while(|&k| k < keys)
+                            .map(|k| format!("p:{k}"))
+                            .collect();
+                        next += names.len() as u64 * CONNS;
+                        let cmds: Vec<[&str; 3]> = names.iter().map(|k| ["SET", k.as_str(), value]).collect();
+                        let refs: Vec<&[&str]> = cmds.iter().map(|c| &c[..]).collect();
+                        for r in client.pipeline(&refs)? {
+                            if let Reply::Error(e) = r {
+                                return Err(format!("preloading: {e}").into());
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        loaders.into_iter().try_for_each(|l| l.join().map_err(|_| Error::from("a preloader panicked"))?)
+    })?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Up to 1,000 of the preloaded keys, evenly spaced (the first and the last among them),
+/// read back from the node on `port`.
+fn check_preload(port: u16, keys: u64, value_bytes: usize) -> Result<(), Error> {
+    if keys == 0 {
+        return Ok(());
+    }
+    let mut c = Client::connect_to("127.0.0.1", port)?;
+    let step = keys.div_ceil(1000).max(1);
+    let mut sample: Vec<u64> = (0..keys).step_by(step as usize).collect();
+    sample.push(keys - 1);
+    for k in sample {
+        match c.call(&["GET", &format!("p:{k}")])? {
+            Reply::Bulk(Some(v)) if v.len() == value_bytes => {}
+            other => return Err(format!("preloaded key p:{k}: {other:?}").into()),
+        }
+    }
+    Ok(())
 }
 
 fn rate_between(acks: &[Ack], from: Instant, to: Instant) -> f64 {
@@ -124,6 +206,11 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         a.clients,
         dir.display()
     );
+    let mut preload_seconds = 0.0;
+    if a.preload > 0 {
+        preload_seconds = preload(nodes.ports[&first], a.preload, a.preload_value_bytes)?;
+        eprintln!("preloaded {} keys of {} B in {preload_seconds:.1} s", a.preload, a.preload_value_bytes);
+    }
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let ports: Vec<u16> = nodes.ports.values().copied().collect();
@@ -175,6 +262,10 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
             eprintln!("node {id}: {e}");
             lost += 1;
         }
+        if let Err(e) = check_preload(port, a.preload, a.preload_value_bytes) {
+            eprintln!("node {id}: {e}");
+            lost += 1;
+        }
     }
     let second = Duration::from_secs(1);
     let failovers: Vec<FailoverFigures> = kills
@@ -194,6 +285,8 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
             }
         })
         .collect();
+    let mut unavailable: Vec<f64> = failovers.iter().map(|f| f.unavailable_ms).collect();
+    unavailable.sort_by(f64::total_cmp);
     let fig = Figures {
         bench: "failover",
         clients: a.clients,
@@ -201,6 +294,12 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         workers: a.workers,
         failure_timeout_ms: a.failure_timeout_ms,
         bucket_ms: BUCKET_MS,
+        preload_keys: a.preload,
+        preload_value_bytes: a.preload_value_bytes,
+        preload_seconds,
+        unavailable_ms_p50: quantile(&unavailable, 0.5),
+        unavailable_ms_p99: quantile(&unavailable, 0.99),
+        unavailable_ms_max: unavailable.last().copied().unwrap_or(0.0),
         acknowledged_writes: acked.len(),
         lost_writes: lost,
         failovers,
@@ -222,8 +321,8 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
 
 fn print(f: &Figures) {
     println!(
-        "failover under load: 3 nodes, {} clients, policy {}, failure timeout {} ms",
-        f.clients, f.policy, f.failure_timeout_ms
+        "failover under load: 3 nodes, {} clients, policy {}, failure timeout {} ms, {} keys preloaded",
+        f.clients, f.policy, f.failure_timeout_ms, f.preload_keys
     );
     println!(
         "{:>3} {:>7} {:>7} {:>8} {:>14} {:>10} {:>14} {:>13} {:>7}",
@@ -243,6 +342,13 @@ fn print(f: &Figures) {
             x.after_over_before
         );
     }
+    println!(
+        "unavailable: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms over {} failovers",
+        f.unavailable_ms_p50,
+        f.unavailable_ms_p99,
+        f.unavailable_ms_max,
+        f.failovers.len()
+    );
     println!(
         "{} acknowledged writes, {} on every node ({})",
         f.acknowledged_writes,

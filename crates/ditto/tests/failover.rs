@@ -1030,6 +1030,7 @@ fn the_failover_benchmark_follows_the_primary_and_loses_nothing() {
     let svg = dir.path().join("f.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
         .args(["bench", "failover", "--clients", "2", "--kills", "2", "--between-s", "0.7", "--json"])
+        .args(["--preload", "5000", "--preload-value-bytes", "64"])
         .args(["--dir", dir.path().join("nodes").to_str().unwrap(), "--plot", svg.to_str().unwrap()])
         .output()
         .unwrap();
@@ -1045,6 +1046,13 @@ fn the_failover_benchmark_follows_the_primary_and_loses_nothing() {
         assert!(u > 0.0 && u < 20_000.0, "{f}");
         assert!(f["writes_per_s_after"].as_f64().unwrap() > 0.0, "writes resumed: {f}");
     }
+    // The preloaded keys were checked on every node (a lost one fails the run, above).
+    assert_eq!(j["preload_keys"], 5000, "{j}");
+    assert!(j["preload_seconds"].as_f64().unwrap() > 0.0, "{j}");
+    let worst = fo.iter().map(|f| f["unavailable_ms"].as_f64().unwrap()).fold(0.0, f64::max);
+    assert_eq!(j["unavailable_ms_max"].as_f64().unwrap(), worst, "{j}");
+    assert_eq!(j["unavailable_ms_p99"].as_f64().unwrap(), worst, "two failovers: p99 is the worse: {j}");
+    assert!(j["unavailable_ms_p50"].as_f64().unwrap() > 0.0, "{j}");
     let rates = j["writes_per_s"].as_array().unwrap();
     assert!(rates.iter().filter(|r| r.as_f64().unwrap() > 0.0).count() > rates.len() / 2, "{j}");
     assert!(j["acknowledged_writes"].as_u64().unwrap() > 100, "{j}");

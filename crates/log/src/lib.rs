@@ -131,6 +131,9 @@ struct Inner {
     dir: PathBuf,
     opts: LogOptions,
     checkpointing: Mutex<()>,
+    /// The last checkpoint `checkpoint` wrote, and the log's `bytes_written` when it began
+    /// (`link_recent_checkpoint`).
+    last_checkpoint: Mutex<Option<(CheckpointInfo, u64)>>,
     recovery: RecoveryReport,
     _lock: std::fs::File,
 }
@@ -380,6 +383,7 @@ fn start_logging(
             dir: dir.to_path_buf(),
             opts: opts.log,
             checkpointing: Mutex::new(()),
+            last_checkpoint: Mutex::new(None),
             recovery: report,
             _lock: lock,
         }),
@@ -528,6 +532,7 @@ impl Durable {
     pub fn checkpoint(&self) -> Result<CheckpointInfo, LogError> {
         let _one = self.inner.checkpointing.lock();
         let i = &self.inner;
+        let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
         let written = checkpoint::write(
             &i.db,
             &i.dir,
@@ -555,7 +560,32 @@ impl Durable {
         remove_checkpoints_except(&i.dir, &info.dir)?;
         // At the read view, so above a sealed log's point: that log can go.
         sealed::remove_sealed(&i.dir, &*i.opts.storage)?;
+        *i.last_checkpoint.lock() = Some((info.clone(), bytes_then));
         Ok(info)
+    }
+
+    /// The last checkpoint this database wrote, hard-linked into the new directory `to`
+    /// (so a later checkpoint may delete it meanwhile), if the log written since it began
+    /// is at most half its size: a backup that joins is then sent it and the log above it
+    /// rather than a checkpoint written for it (after a failover, the one the new primary
+    /// writes in the background). `None` if there is none, or too much log since. Waits
+    /// for a checkpoint being written. Returns the checkpoint and its files' names.
+    pub fn link_recent_checkpoint(&self, to: &Path) -> Result<Option<(CheckpointInfo, Vec<String>)>, LogError> {
+        let _one = self.inner.checkpointing.lock();
+        let Some((info, bytes_then)) = self.inner.last_checkpoint.lock().clone() else { return Ok(None) };
+        let since = self.inner.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire) - bytes_then;
+        if since > info.bytes / 2 || !info.dir.join("MANIFEST").exists() {
+            return Ok(None);
+        }
+        std::fs::create_dir_all(to).map_err(|e| LogError::io(to, e))?;
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(&info.dir).map_err(|e| LogError::io(&info.dir, e))? {
+            let p = e.map_err(|e| LogError::io(&info.dir, e))?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            std::fs::hard_link(&p, to.join(&name)).map_err(|e| LogError::io(&p, e))?;
+            files.push(name);
+        }
+        Ok(Some((info, files)))
     }
 
     /// Checkpoints on a background thread, whenever `policy` says one is due, until the

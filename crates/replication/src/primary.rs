@@ -454,57 +454,46 @@ impl Primary {
                     start: Start::Resume,
                 };
                 w.write_all(&welcome.encode())?;
-                for b in gap {
-                    let f =
-                        Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
-                    w.write_all(&f.encode())?;
-                }
-                // The gap's floors are not trusted (not in framing order), so an idle stream
-                // would hold the backup's watermark until it writes again; while writers
-                // wait on that watermark, it never would. Everything at or below the
-                // registration clock was durable before the gap was read, so it was all in
-                // the gap: an empty batch vouches for it (and is persisted like any, so
-                // the backup's own recovery sees it too).
-                if reg_clock > have_ts {
-                    let mut frame = Vec::new();
-                    ditto_log::format::BatchBuilder::new().finish_vouching_into(
-                        ditto_log::StreamId(0),
-                        self.epoch,
-                        reg_clock,
-                        reg_clock,
-                        false,
-                        &mut frame,
-                    );
-                    let f = Frame::Batch {
-                        epoch: self.epoch,
-                        released: self.released(),
-                        floor_trusted: true,
-                        batch: frame.into(),
-                    };
-                    w.write_all(&f.encode())?;
-                }
+                self.send_gap(&mut w, gap, have_ts, reg_clock)?;
             }
             None => {
-                let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
+                // Hard links keep the files while a later checkpoint replaces this one.
+                let keep = self.durable.dir().join(format!("ship-{}-{}", std::process::id(), link.slot));
+                let _ = std::fs::remove_dir_all(&keep);
+                // A recent checkpoint and the log above it (after a failover, the one the
+                // new primary writes in the background), or one written for this backup.
+                let recent = self.durable.link_recent_checkpoint(&keep).map_err(std::io::Error::other)?;
+                let above = match &recent {
+                    Some((info, _)) => ditto_log::replica::batches_after(self.durable.dir(), self.epoch, info.ts)
+                        .map_err(std::io::Error::other)?,
+                    None => None,
+                };
+                let (info, files, above) = match (recent, above) {
+                    (Some((info, files)), Some(above)) => (info, files, above),
+                    _ => {
+                        let _ = std::fs::remove_dir_all(&keep);
+                        let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
+                        std::fs::create_dir_all(&keep)?;
+                        let mut files = Vec::new();
+                        for e in std::fs::read_dir(&info.dir)? {
+                            let p = e?.path();
+                            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                            std::fs::hard_link(&p, keep.join(&name))?;
+                            files.push(name);
+                        }
+                        (info, files, Vec::new())
+                    }
+                };
                 tracing::info!(
-                    "backup {} at {}: sending a checkpoint at ts {} ({} rows, {:.1} MB)",
+                    "backup {} at {}: sending a checkpoint at ts {} ({} rows, {:.1} MB), then {} batches from disk",
                     link.node,
                     link.addr,
                     info.ts.0,
                     info.rows,
-                    info.bytes as f64 / 1e6
+                    info.bytes as f64 / 1e6,
+                    above.len()
                 );
-                // Hard links keep the files while a later checkpoint replaces this one.
-                let keep = self.durable.dir().join(format!("ship-{}-{}", std::process::id(), link.slot));
-                let _ = std::fs::remove_dir_all(&keep);
-                std::fs::create_dir_all(&keep)?;
-                let mut files = Vec::new();
-                for e in std::fs::read_dir(&info.dir)? {
-                    let p = e?.path();
-                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-                    std::fs::hard_link(&p, keep.join(&name))?;
-                    files.push(name);
-                }
+                let mut files = files;
                 // The manifest last: a backup treats the checkpoint as whole only with it.
                 files.sort_by_key(|n| (n == "MANIFEST", n.clone()));
                 let welcome = Frame::Welcome {
@@ -519,6 +508,9 @@ impl Primary {
                 let _ = std::fs::remove_dir_all(&keep);
                 sent?;
                 w.write_all(&Frame::CheckpointDone { ts: info.ts }.encode())?;
+                // The log above a reused checkpoint, as a resumed backup's gap is sent (for
+                // one written now, at or above the registration, there is none).
+                self.send_gap(&mut w, above, info.ts, reg_clock)?;
             }
         }
         w.flush()?;
@@ -581,6 +573,35 @@ impl Primary {
     }
 
     /// Stops accepting backups (links close with the process).
+    /// Sends batches read back from this primary's log to a backup that holds everything
+    /// up to `have_ts` (a resumed backup's gap, or the log above a checkpoint it was sent).
+    fn send_gap(&self, w: &mut impl Write, gap: Vec<Bytes>, have_ts: Ts, reg_clock: Ts) -> std::io::Result<()> {
+        for b in gap {
+            let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
+            w.write_all(&f.encode())?;
+        }
+        // The gap's floors are not trusted (not in framing order), so an idle stream would
+        // hold the backup's watermark until it writes again; while writers wait on that
+        // watermark, it never would. Everything at or below the registration clock was
+        // durable before the gap was read, so it was all in the gap: an empty batch vouches
+        // for it (and is persisted like any, so the backup's own recovery sees it too).
+        if reg_clock > have_ts {
+            let mut frame = Vec::new();
+            ditto_log::format::BatchBuilder::new().finish_vouching_into(
+                ditto_log::StreamId(0),
+                self.epoch,
+                reg_clock,
+                reg_clock,
+                false,
+                &mut frame,
+            );
+            let f =
+                Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: true, batch: frame.into() };
+            w.write_all(&f.encode())?;
+        }
+        Ok(())
+    }
+
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         for l in self.links.lock().iter() {

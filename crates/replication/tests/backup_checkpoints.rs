@@ -182,3 +182,57 @@ fn a_fence_stops_a_checkpoint_being_written_short() {
     let opened = ditto_log::replica::open_replica(&b1, 1, &storage).unwrap();
     assert!(opened.cut >= last, "the directory holds everything received");
 }
+
+/// A backup that joins is sent the primary's recent checkpoint and the log above it, not a
+/// checkpoint written for it, while little log has been written since (after a failover,
+/// the one the new primary writes in the background); after more log, a new one.
+#[test]
+fn a_joining_backup_is_sent_a_recent_checkpoint_and_the_log_above_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let value = vec![7u8; 1000];
+    let mut put = |range: std::ops::Range<u32>| {
+        let mut last = Ts::ZERO;
+        for i in range {
+            last = w.run(|x| x.put(t, &i.to_be_bytes(), &value)).unwrap().1.wait().unwrap();
+        }
+        last
+    };
+    put(0..300);
+    let ckpt = a.checkpoint().unwrap();
+    let last = put(300..320);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("local").unwrap();
+    let opts = PrimaryOptions { backups_expected: 2, ..Default::default() };
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let written = || a.logger().stats.checkpoints.load(Ordering::SeqCst);
+    let before = written();
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    wait_until("the first backup to hold everything", Duration::from_secs(30), || {
+        bk1.state.visible.load(Ordering::SeqCst) >= last.0
+    });
+    assert_eq!(p.checkpoints_sent.load(Ordering::SeqCst), 1);
+    assert_eq!(written(), before, "the checkpoint at ts {} was sent, none written for the backup", ckpt.ts.0);
+    let table = bk1.db.table_id("t").unwrap();
+    for i in 0..320u32 {
+        assert_eq!(bk1.db.read().get(table, &i.to_be_bytes()).unwrap().as_deref(), Some(&value[..]), "key {i}");
+    }
+    // More log since than half the checkpoint: the next backup gets one written for it.
+    let last = put(320..800);
+    let bk2 = backup::start(BackupOptions::new(&addr, &b2, 1, "b2")).unwrap();
+    wait_until("the second backup to hold everything", Duration::from_secs(30), || {
+        bk2.state.visible.load(Ordering::SeqCst) >= last.0
+    });
+    assert_eq!(p.checkpoints_sent.load(Ordering::SeqCst), 2);
+    assert_eq!(written(), before + 1, "a checkpoint written for the second backup");
+    let table = bk2.db.table_id("t").unwrap();
+    assert_eq!(bk2.db.read().get(table, &799u32.to_be_bytes()).unwrap().as_deref(), Some(&value[..]));
+    drop(w);
+    p.stop();
+    a.close();
+}
