@@ -1176,6 +1176,24 @@ pub fn decode_batch_in(buf: &Bytes, scratch: &mut Vec<u8>) -> Result<(Batch, usi
     Ok((batch, used))
 }
 
+/// `batch` cut at `upto`: a batch of the same stream and epoch holding only its
+/// transactions at or below `upto` (none, when all lie above), its bound and floor capped
+/// there, appended to `out` as it would be framed. What a failover's recovery point keeps
+/// of a batch that straddles it, for shipping (the new primary's gap to a backup that held
+/// less than the point). The payload is checked first.
+pub fn cut_batch(batch: &Batch, upto: Ts, out: &mut Vec<u8>) -> Result<BatchHeader, FormatError> {
+    let h = &batch.header;
+    let mut scratch = Vec::new();
+    let payload = batch.checked_payload_in(&mut scratch)?;
+    let mut b = BatchBuilder::new();
+    for txn in payload.txns().filter(|t| t.ts <= upto) {
+        let writes: Vec<_> = txn.writes().map(|w| (w.table, w.rid, w.key, w.value)).collect();
+        b.push_txn(txn.ts, writes.into_iter());
+    }
+    let bound = h.bound_ts.min(upto);
+    Ok(b.finish_vouching_into(h.stream, h.epoch, bound, h.floor_ts.min(bound), h.compressed, out))
+}
+
 /// The first step of `decode_batch`: header and payload checksums, no decompression and
 /// no look inside the payload. A batch that passes is intact as written (so no torn write
 /// explains a later `checked_payload_in` failure: that is corruption); its payload must

@@ -771,6 +771,42 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
     Ok(scan.entries.into_iter().filter(|(s, bound, _)| *s == stream && *bound > after).map(|(_, _, b)| b).collect())
 }
 
+/// What `data`'s replica log sealed at `point` holds above `after`, cut at the point: every
+/// stream's batches with a bound above `after`, in the order received, each re-framed with
+/// its transactions at or below the point only (`format::cut_batch`). What a new primary,
+/// promoted in place, sends a backup that held less than the point, before its own log.
+/// `None` if there is no sealed log at `point`, or if its newest checkpoint lies above
+/// `after` (the files it covered are gone).
+pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
+    let base = crate::sealed::base(data)?;
+    let Some(s) = base.sealed.filter(|s| s.point == point) else { return Ok(None) };
+    let ckpt_ts = base.ckpt.map_or(Ts::ZERO, |(_, m)| m.ts);
+    if ckpt_ts > after {
+        return Ok(None);
+    }
+    let scan = scan_dir(&s.dir, ckpt_ts)?;
+    let mut out = Vec::new();
+    for (_, bound, raw) in scan.entries.into_iter().filter(|(_, bound, _)| *bound > after) {
+        let (batch, _) = decode_batch_checksums(&raw).map_err(|e| LogError::Corrupt {
+            file: s.dir.clone(),
+            offset: 0,
+            what: e.to_string(),
+        })?;
+        let mut framed = Vec::with_capacity(raw.len());
+        if bound <= point && batch.header.last_ts <= point {
+            framed.extend_from_slice(&raw);
+        } else {
+            crate::format::cut_batch(&batch, point, &mut framed).map_err(|e| LogError::Corrupt {
+                file: s.dir.clone(),
+                offset: 0,
+                what: e.to_string(),
+            })?;
+        }
+        out.push(Bytes::from(framed));
+    }
+    Ok(Some(out))
+}
+
 /// Adds batches fetched from a peer to `dir`'s replica log: checked, written to a new file
 /// after the existing ones (their floors not trusted: they were not shipped in framing
 /// order), fsynced. The next `open_replica_upto` replays them with the rest. `streams` is

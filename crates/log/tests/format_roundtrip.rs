@@ -1461,3 +1461,26 @@ proptest! {
         }
     }
 }
+
+/// A batch cut at a timestamp holds exactly its transactions at or below it, written the
+/// same, its bound capped there; cut above its last it is the same transactions; cut below
+/// its first it holds none. Compressed or not.
+#[test]
+fn a_batch_cut_at_a_timestamp_keeps_exactly_what_lies_at_or_below_it() {
+    let txns = sample_txns(100, 12);
+    for compress in [false, true] {
+        let (raw, h) = encode_batch(&txns, 200, compress);
+        let (batch, _) = decode_batch_checksums(&Bytes::from(raw)).unwrap();
+        for upto in [99u64, 100, 112, 113, 133, 150, 200, 300] {
+            let mut out = Vec::new();
+            let ch = cut_batch(&batch, Ts(upto), &mut out).unwrap();
+            let (cut, used) = decode_batch_checksums(&Bytes::from(out.clone())).unwrap();
+            assert_eq!(used, out.len());
+            let want: Vec<T> = txns.iter().filter(|t| t.ts <= upto).cloned().collect();
+            assert_same_txns(&cut, &want);
+            assert_eq!(ch.bound_ts, Ts(upto.min(200)), "cut at {upto}");
+            assert_eq!((ch.stream, ch.epoch), (h.stream, h.epoch));
+            assert!(ch.floor_ts <= ch.bound_ts);
+        }
+    }
+}

@@ -1827,9 +1827,32 @@ impl Backup {
     /// cut at `point` and the directory sealed there, is taken by the next backup run
     /// (`BackupOptions::engine`).
     pub fn cut_at(self, point: Ts, why: &str, timeout: Duration) -> Result<(Arc<Database>, std::fs::File), String> {
+        self.cut(point, false, why, timeout).map(|(db, lock, _)| (db, lock))
+    }
+
+    /// `cut_at` for a backup that follows the next primary: cut at the point, or, if it
+    /// holds every stream only up to an earlier timestamp, there (the new primary sends it
+    /// the rest, cut at the point: `PrimaryOptions::resume_from`). Returns the cut too.
+    pub fn cut_at_most(
+        self,
+        point: Ts,
+        why: &str,
+        timeout: Duration,
+    ) -> Result<(Arc<Database>, std::fs::File, Ts), String> {
+        self.cut(point, true, why, timeout)
+    }
+
+    fn cut(
+        self,
+        point: Ts,
+        at_most: bool,
+        why: &str,
+        timeout: Duration,
+    ) -> Result<(Arc<Database>, std::fs::File, Ts), String> {
         let deadline = Instant::now() + timeout;
         self.fence(why, timeout)?;
         let durable = self.state.durable.load(Ordering::Acquire);
+        let point = if at_most { point.min(Ts(durable)) } else { point };
         if durable < point.0 {
             return Err(format!("this backup holds every stream only up to ts {durable}, below the point {}", point.0));
         }
@@ -1860,7 +1883,7 @@ impl Backup {
         }
         self.db.publish_read_view(point).map_err(|e| e.to_string())?;
         self.state.visible.fetch_max(point.0, Ordering::AcqRel);
-        Ok((self.db, self._lock))
+        Ok((self.db, self._lock, point))
     }
 }
 

@@ -429,10 +429,27 @@ impl Primary {
             Some((e, p, start)) if (e, p) == (epoch, have_ts) => Some(start.max(have_ts)),
             _ => None,
         };
+        let dir = self.durable.dir();
         let gap = if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
-            ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from).map_err(std::io::Error::other)?
+            ditto_log::replica::batches_after(dir, self.epoch, from).map_err(std::io::Error::other)?
         } else {
-            None
+            match self.opts.resume_from {
+                // A backup of the recovered epoch that held less than its point (the old
+                // primary's last batches had not all reached it): what this node's replica
+                // log, sealed at the point, holds above what it has, cut at the point, then
+                // this epoch's log (docs/cluster.md).
+                Some((e, p, start)) if e == epoch && have_ts < p && have_ts > Ts::ZERO => {
+                    let sealed =
+                        ditto_log::replica::sealed_batches_above(dir, have_ts, p).map_err(std::io::Error::other)?;
+                    let own = ditto_log::replica::batches_after(dir, self.epoch, start.max(p))
+                        .map_err(std::io::Error::other)?;
+                    sealed.zip(own).map(|(mut a, b)| {
+                        a.extend(b);
+                        a
+                    })
+                }
+                _ => None,
+            }
         };
         let mut w = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
         let tables = |logger: &ditto_log::Logger| {

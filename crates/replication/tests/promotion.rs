@@ -461,3 +461,98 @@ fn a_report_read_by_headers_says_what_recovery_finds() {
         assert_eq!(value_on(&opened.db, i), Some(vec![i as u8; 300]), "key {i}");
     }
 }
+
+/// A backup that held less than the point (the old primary's last batches reached the other
+/// backup only) still follows in place: cut where it holds every stream, it joins the new
+/// primary, which sends it the rest from its replica log sealed at the point, cut there,
+/// then its own log. No checkpoint is copied, and nothing above the point arrives.
+#[test]
+fn a_backup_behind_the_point_follows_in_place_and_is_sent_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    // Under `all` with both backups, what one of them lacks is never released: the other
+    // holds it unreplayed, and can be cut inside it.
+    let (pa_repl, a_addr) = start_primary_under(&a, None, "all-durable");
+    let held = |dir: &std::path::Path, name: &str| {
+        let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, dir, 1, name) };
+        backup::start(opts).unwrap()
+    };
+    let (bk1, bk2) = (held(&b1, "b1"), held(&b2, "b2"));
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut put = |range: std::ops::Range<u32>| -> Vec<Ts> {
+        let tickets: Vec<_> =
+            range.map(|i| w.run(|x| x.put(t, &i.to_be_bytes(), format!("v{i}").as_bytes())).unwrap().1).collect();
+        tickets.into_iter().map(|k| k.wait().unwrap()).collect()
+    };
+    let mut ts = put(0..50);
+    let durable = |b: &backup::Backup| b.state.durable.load(std::sync::atomic::Ordering::SeqCst);
+    wait_until("both backups to hold the first 50", Duration::from_secs(20), || {
+        durable(&bk1) >= ts[49].0 && durable(&bk2) >= ts[49].0
+    });
+    // The second backup's link goes down; the first receives 50 more.
+    bk2.stop("cut off", Duration::from_secs(10)).unwrap();
+    ts.extend(put(50..100));
+    wait_until("the first backup to hold all 100", Duration::from_secs(20), || durable(&bk1) >= ts[99].0);
+    let epoch1 = a.logger().epoch();
+    pa_repl.stop();
+    a.close();
+    // The point inside what only the first backup holds: commit 79 of 100.
+    let p = ts[79];
+    let storage = RealStorage;
+    let (db1, lock1) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap();
+    drop(lock1);
+    let start = Ts(p.0 + 7);
+    let o = OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch1.0 + 1)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(db1)),
+        // Kept, so that the sealed log is there when the backup joins (in a cluster it
+        // joins within milliseconds; after the checkpoint, it would be sent that).
+        checkpoint_sealed: false,
+        ..Default::default()
+    };
+    let bp = ditto_log::open(&b1, o).unwrap();
+    let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));
+    // The second backup: cut where it holds everything, below the point.
+    let (db2, lock2, cut) = bk2.cut_at_most(p, "follows", Duration::from_secs(20)).unwrap();
+    assert!(cut >= ts[49] && cut < p, "cut at {} (point {})", cut.0, p.0);
+    ditto_log::sealed::seal_tail(&b2, cut, &storage).unwrap();
+    drop(lock2);
+    let opts = BackupOptions {
+        engine: Some(Arc::clone(&db2)),
+        hold_replay_at_release: true,
+        ..BackupOptions::new(&bp_addr, &b2, 1, "b2")
+    };
+    let bk2 = backup::start(opts).unwrap();
+    wait_until("the backup to hold the point", Duration::from_secs(20), || {
+        bk2.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= p.0
+    });
+    assert_eq!(bp_repl.checkpoints_sent.load(std::sync::atomic::Ordering::SeqCst), 0, "no checkpoint copied");
+    for i in 0..100u32 {
+        let want = (i <= 79).then(|| format!("v{i}").into_bytes());
+        assert_eq!(value_on(&bk2.db, i), want, "key {i}: nothing above the point arrives");
+    }
+    let tb = bp.db().table_id("t").unwrap();
+    let mut w = bp.db().worker(WorkerId(0)).unwrap();
+    let newest = w.run(|x| x.put(tb, &500u32.to_be_bytes(), b"two")).unwrap().1.wait().unwrap();
+    wait_until("the backup to see epoch 2's commit", Duration::from_secs(20), || {
+        bk2.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= newest.0
+    });
+    assert_eq!(value_on(&bk2.db, 500).as_deref(), Some(&b"two"[..]));
+    bk2.stop("done", Duration::from_secs(10)).unwrap();
+    drop(bk2);
+    drop(db2);
+    bp_repl.stop();
+    // Its directory (sealed below the point, then the rest and epoch 2) recovers the same.
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let opened = ditto_log::replica::open_replica(&b2, 1, &storage).unwrap();
+    for i in 0..100u32 {
+        let want = (i <= 79).then(|| format!("v{i}").into_bytes());
+        assert_eq!(value_on(&opened.db, i), want, "key {i} recovered");
+    }
+    assert_eq!(value_on(&opened.db, 500).as_deref(), Some(&b"two"[..]));
+}

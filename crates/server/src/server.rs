@@ -540,6 +540,18 @@ fn cut_and_seal(
     point: Ts,
     what: &str,
 ) -> Result<Arc<Database>, ServerError> {
+    cut_and_seal_at(cfg, b, point, false, what).map(|(db, _)| db)
+}
+
+/// `cut_and_seal`, at the point or (`at_most`, a follower) where this backup holds every
+/// stream up to, if that is earlier (`Backup::cut_at_most`). Returns the engine and the cut.
+fn cut_and_seal_at(
+    cfg: &Config,
+    b: ditto_replication::Backup,
+    point: Ts,
+    at_most: bool,
+    what: &str,
+) -> Result<(Arc<Database>, Ts), ServerError> {
     let dir = cfg.data_dir.clone().expect("validated");
     let t0 = std::time::Instant::now();
     let failed = |e: String| ServerError::Io { what: format!("{what} in place"), source: std::io::Error::other(e) };
@@ -548,7 +560,12 @@ fn cut_and_seal(
     if failpoint("role-change-in-place") {
         return Err(failed("refused by the failpoint role-change-in-place (DITTO_FAILPOINTS)".into()));
     }
-    let (db, lock) = b.cut_at(point, what, Duration::from_secs(60)).map_err(failed)?;
+    let (db, lock, point) = if at_most {
+        b.cut_at_most(point, what, Duration::from_secs(60)).map_err(failed)?
+    } else {
+        let (db, lock) = b.cut_at(point, what, Duration::from_secs(60)).map_err(failed)?;
+        (db, lock, point)
+    };
     let replayed_s = t0.elapsed().as_secs_f64();
     let storage = ditto_log::storage::RealStorage;
     // The replica log sealed at the point (milliseconds; the checkpoint follows once the
@@ -581,7 +598,7 @@ fn cut_and_seal(
         replayed_s,
         t0.elapsed().as_secs_f64()
     );
-    Ok(db)
+    Ok((db, point))
 }
 
 /// A fenced cluster backup that follows the next epoch's primary in place
@@ -595,7 +612,12 @@ fn follow_in_place(
     primary_addr: String,
     upto: u64,
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
-    let db = cut_and_seal(cfg, b, Ts(upto), "follow")?;
+    // A follower that held less than the point is cut where it holds everything; the new
+    // primary sends it the rest, cut at the point (`PrimaryOptions::resume_from`).
+    let (db, cut) = cut_and_seal_at(cfg, b, Ts(upto), true, "follow")?;
+    if cut.0 < upto {
+        println!("follow: held every stream up to ts {} only; the new primary sends it the rest up to {upto}", cut.0);
+    }
     let mut next = cfg.clone();
     next.replica_of = Some(primary);
     next.cluster = Some(crate::config::ClusterRun {
