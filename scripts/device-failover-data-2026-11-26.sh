@@ -9,5 +9,5 @@ nproc; grep -m1 "model name" /proc/cpuinfo
 echo "=== bench failover, $N keys preloaded $(date +%T)"
 timeout 400 .devbin/ditto bench failover --preload $N --kills ${KILLS:-20} --between-s ${BETWEEN:-2.5} --clients 8 --workers 4 --dir /tmp/fd --json > $OUT/failover-data.json 2> $OUT/failover-data.err
 echo "rc=$?"; grep -v '^\s*$' $OUT/failover-data.err | grep -iv "^20..-" | tail -25; grep -v '^{' $OUT/failover-data.json | tail -4
-grep -h "phases_ms\|(in place)\|promotion:" /tmp/fd/node*.log | sort | cut -c1-260 > $OUT/nodes.txt
+grep -h "phases_ms\|(in place)\|promotion:\|held every stream\|role in place failed" /tmp/fd/node*.log | sort | cut -c1-260 > $OUT/nodes.txt
 echo "=== done $(date +%T)"
