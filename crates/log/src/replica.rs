@@ -467,6 +467,30 @@ impl HeaderScan {
     }
 }
 
+/// A file's header (`n` streams, sequence `hseq`, named `seq`) against the files before it:
+/// the first one's stream count is taken (and `bounds` sized by it), the others' must
+/// match.
+fn take_file_header(
+    n: u32,
+    hseq: u64,
+    seq: u64,
+    streams: &mut Option<u32>,
+    bounds: &mut Vec<Ts>,
+) -> Result<(), String> {
+    if hseq != seq {
+        return Err("header does not match the file name".into());
+    }
+    match *streams {
+        None => {
+            *streams = Some(n);
+            *bounds = vec![Ts::ZERO; n as usize];
+        }
+        Some(m) if m != n => return Err(format!("names {n} primary streams, an earlier file {m}")),
+        Some(_) => {}
+    }
+    Ok(())
+}
+
 /// One entry read whole and checked (a kept header's).
 fn read_entry<'f>(files: &'f [(u64, PathBuf)], k: &KeptHeader) -> Result<(&'f Path, Batch), LogError> {
     use std::os::unix::fs::FileExt;
@@ -516,17 +540,7 @@ fn scan_headers(mut files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<HeaderSca
         let mut head = [0u8; REPLICA_HEADER_LEN];
         f.read_exact_at(&mut head, 0).map_err(|e| LogError::io(path, e))?;
         let (n, hseq) = decode_header(&head).map_err(|e| corrupt(0, e))?;
-        if hseq != *seq {
-            return Err(corrupt(0, "header does not match the file name".into()));
-        }
-        match streams {
-            None => {
-                streams = Some(n);
-                bounds = vec![Ts::ZERO; n as usize];
-            }
-            Some(m) if m != n => return Err(corrupt(0, format!("names {n} primary streams, another file {m}"))),
-            Some(_) => {}
-        }
+        take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
         let mut off = REPLICA_HEADER_LEN as u64;
         let mut h = [0u8; ENTRY_HEADER_LEN + crate::format::BATCH_HEADER_LEN];
         while off < size {
@@ -683,17 +697,7 @@ fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError>
             Err(_) if last && raw.len() <= REPLICA_HEADER_LEN => break,
             Err(e) => return Err(corrupt(0, e)),
         };
-        if hseq != *seq {
-            return Err(corrupt(0, "header does not match the file name".into()));
-        }
-        match streams {
-            None => {
-                streams = Some(n);
-                bounds = vec![Ts::ZERO; n as usize];
-            }
-            Some(m) if m != n => return Err(corrupt(0, format!("names {n} primary streams, an earlier file {m}"))),
-            Some(_) => {}
-        }
+        take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
         let mut off = REPLICA_HEADER_LEN;
         while off < raw.len() {
             let rest = &raw[off..];

@@ -17,18 +17,25 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Replication of `a` under `local` on a free loopback port, `backups` expected; the
+/// primary and its address.
+fn primary_under_local(a: &ditto_log::Durable, backups: usize) -> (Arc<Primary>, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("local").unwrap();
+    let opts = PrimaryOptions { backups_expected: backups, ..Default::default() };
+    let p =
+        Primary::start(a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    (p, addr)
+}
+
 #[test]
 fn a_backup_checkpoints_once_it_has_received_enough_log() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("local").unwrap();
-    let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let (p, addr) = primary_under_local(&a, 1);
     // An hour between checkpoints by time; one per 2 MiB received.
     let opts = BackupOptions {
         checkpoint_every: Duration::from_secs(3600),
@@ -131,12 +138,7 @@ fn a_fence_stops_a_checkpoint_being_written_short() {
     let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("local").unwrap();
-    let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let (p, addr) = primary_under_local(&a, 1);
     let opts = BackupOptions {
         checkpoint_every: Duration::from_millis(100),
         storage: Some(Arc::new(SlowCheckpoints)),
@@ -204,12 +206,7 @@ fn a_joining_backup_is_sent_a_recent_checkpoint_and_the_log_above_it() {
     put(0..300);
     let ckpt = a.checkpoint().unwrap();
     let last = put(300..320);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("local").unwrap();
-    let opts = PrimaryOptions { backups_expected: 2, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let (p, addr) = primary_under_local(&a, 2);
     let written = || a.logger().stats.checkpoints.load(Ordering::SeqCst);
     let before = written();
     let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
