@@ -305,6 +305,11 @@ fn run_cycles(policy: &str, cycles: usize) {
             },
         );
         eprintln!("cycle {cycle}: node {primary} killed; node {new} took writes after {ms:.0} ms");
+        if ms > 1000.0 {
+            // An outlier: the nodes' own account of it, for whoever reads the output.
+            eprintln!("cycle {cycle}: over a second; the nodes' logs follow");
+            c.dump_logs();
+        }
         // Nothing acknowledged is lost, on the new primary.
         if let Err(e) = check_has(c.ports[&new], &acked, Duration::from_secs(5)) {
             c.dump_logs();
