@@ -561,7 +561,7 @@ fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
     }
     // The majority fails over and takes writes.
     let old_port = c.ports[&old];
-    wait_for("writes on the majority's side", Duration::from_secs(20), || {
+    c.wait_or_dump("writes on the majority's side", Duration::from_secs(20), || {
         w.acked().iter().find(|(_, t, p)| *t > cut_at && *p != old_port).map(|_| ())
     });
     eprintln!("the majority took writes {:.0} ms after the partition", cut_at.elapsed().as_secs_f64() * 1e3);
@@ -1180,6 +1180,31 @@ fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() 
     }
     eprintln!(
         "fallback: node {new} took writes after in-place changes failed on both survivors; {} writes, none lost",
+        acked.len()
+    );
+}
+
+/// A fence in place that fails (a failpoint stops the backup's link, then reports the
+/// fence failed): the supervisor stops that server instead, the failover goes on by the
+/// restart path, and nothing acknowledged is lost.
+#[test]
+fn a_failed_fence_in_place_falls_back_to_stopping_the_server_and_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, first, new, acked) = failover_with_failpoint("fence-in-place");
+    c.wait_or_dump("the role change in INFO cluster", Duration::from_secs(10), || {
+        let ci = c.info_section(new, "cluster")?;
+        ci.contains("role_change=promoted-by-restart").then_some(())
+    });
+    for id in c.ports.keys().copied().filter(|&id| id != first) {
+        let log = std::fs::read_to_string(c.log(id)).unwrap();
+        assert!(
+            log.contains("ditto server fence failed: refused by the failpoint"),
+            "node {id}'s fence failed:\n{log}"
+        );
+        assert!(!log.contains("fenced its backup in place"), "node {id} was not fenced in place:\n{log}");
+    }
+    eprintln!(
+        "fence failed: node {new} took writes after both survivors' fences failed; {} writes, none lost",
         acked.len()
     );
 }

@@ -469,7 +469,16 @@ fn run_role(
                     (crate::session::RoleRequest::Fence, Some(b)) => {
                         // Reads go on meanwhile on the runtime's workers; this waits at most
                         // the drain's bound.
-                        match tokio::task::block_in_place(|| b.fence("fenced by the cluster", Duration::from_secs(10))) {
+                        let fence = || {
+                            if failpoint("fence-in-place") {
+                                // As a fence that stopped the link, then failed (a persister
+                                // that did not end in time, say).
+                                let _ = b.stop("fenced by the cluster", Duration::from_secs(10));
+                                return Err("refused by the failpoint fence-in-place (DITTO_FAILPOINTS)".to_string());
+                            }
+                            b.fence("fenced by the cluster", Duration::from_secs(10))
+                        };
+                        match tokio::task::block_in_place(fence) {
                             Ok(()) => println!("ditto server fenced"),
                             Err(e) => println!("ditto server fence failed: {e}"),
                         }
@@ -530,6 +539,13 @@ fn run_role(
     Ok(None)
 }
 
+/// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
+/// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
+/// `role-change-crash-after-seal`.
+fn failpoint(name: &str) -> bool {
+    std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name))
+}
+
 /// A fenced cluster backup cut in place at a failover's point `point` (`Backup::cut_at`:
 /// it replays what it holds up to the point, and nothing above), its replica log sealed
 /// there (`ditto_log::sealed`); `what` names the change in the line it prints
@@ -555,8 +571,6 @@ fn cut_and_seal_at(
     let dir = cfg.data_dir.clone().expect("validated");
     let t0 = std::time::Instant::now();
     let failed = |e: String| ServerError::Io { what: format!("{what} in place"), source: std::io::Error::other(e) };
-    // Failpoints for the tests of the fallback and of a crash mid-change.
-    let failpoint = |name: &str| std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name));
     if failpoint("role-change-in-place") {
         return Err(failed("refused by the failpoint role-change-in-place (DITTO_FAILPOINTS)".into()));
     }
