@@ -782,6 +782,11 @@ impl Hold {
 
     /// A promotion at `point`: everything held goes, cut there. Refused if replay was
     /// handed anything above it (a release above the point: under `local`).
+    /// The highest bound handed to replay so far.
+    fn handed_to(&self) -> Ts {
+        self.q.lock().handed_to
+    }
+
     fn cut_at(&self, point: Ts) -> Result<(), String> {
         let mut q = self.q.lock();
         if q.handed_to > point {
@@ -1801,9 +1806,16 @@ impl Backup {
     /// may read it while reads go on.
     pub fn fence(&self, why: &str, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
+        let t = Instant::now();
         self.stop(why, timeout)?;
         self.ckpt_cancel.store(true, Ordering::Release);
         drop(self.ckpt_busy.lock());
+        if t.elapsed() > Duration::from_secs(1) {
+            tracing::warn!(
+                "fence: the link stopped and the checkpointer left after {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
         while !self.persister_done.load(Ordering::Acquire) {
             if Instant::now() > deadline {
                 return Err(format!("the persister did not end within {} ms", timeout.as_millis()));
@@ -1864,12 +1876,27 @@ impl Backup {
         // for a release that never comes.
         self.engine.note_released(point);
         self.engine.publish();
+        let waiting = Instant::now();
+        let mut said = waiting;
         loop {
             if let Some(e) = self.engine.replay_error.lock().clone() {
                 return Err(format!("replay failed: {e}"));
             }
             if self.state.replayed.load(Ordering::Acquire) >= point.0 {
                 break;
+            }
+            // A slow cut says where replay stands, every 2 s (the log of a stall).
+            if said.elapsed() >= Duration::from_secs(2) {
+                said = Instant::now();
+                tracing::warn!(
+                    "cut at ts {}: replay at ts {} after {:.1} s (visible {}, durable {}, handed {})",
+                    point.0,
+                    self.state.replayed.load(Ordering::Acquire),
+                    waiting.elapsed().as_secs_f64(),
+                    self.state.visible.load(Ordering::Acquire),
+                    self.state.durable.load(Ordering::Acquire),
+                    hold.handed_to().0
+                );
             }
             if Instant::now() > deadline {
                 return Err(format!(
