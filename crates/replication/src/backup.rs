@@ -1427,6 +1427,11 @@ impl Receiver {
                     node: self.opts.node.clone(),
                 };
                 let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
+                // A peer that accepts and never answers (a partition's dropped packets) must
+                // not hold this thread: a stop waits for it.
+                if s.set_read_timeout(Some(SILENCE_MAX)).is_err() {
+                    continue;
+                }
                 match read_frame(&mut r) {
                     Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume })) => {
                         if epoch != self.epoch || streams != self.streams {
