@@ -14,8 +14,8 @@
 //! makes what it received durable and writes nothing more to the directory, and goes on
 //! serving reads at its last read view through the failover. Chosen as the new primary,
 //! it is promoted in place (`promote`: it replays what it holds up to the recovery point,
-//! keeps its engine and indexes, writes a checkpoint at the point and serves as the
-//! primary); otherwise it follows the new primary in place (`follow`: cut the same way,
+//! keeps its engine and indexes, seals its replica log at the point and serves as the
+//! primary, its first checkpoint written in the background); otherwise it follows the new primary in place (`follow`: cut the same way,
 //! it joins with the engine it kept and resumes from the new primary's log). Its replay
 //! was held at the primary's release, so its engine holds nothing above the point
 //! (docs/cluster.md, "In-place promotion and following"). Every other change of role is a

@@ -129,6 +129,21 @@ impl CheckpointInfo {
     }
 }
 
+/// Hard-links every file of the checkpoint in `dir` into the new directory `to` (so the
+/// files stay while a later checkpoint deletes `dir`: a copy being sent to a backup);
+/// returns their names.
+pub fn link_files(dir: &Path, to: &Path) -> Result<Vec<String>, LogError> {
+    std::fs::create_dir_all(to).map_err(|e| LogError::io(to, e))?;
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| LogError::io(dir, e))? {
+        let p = e.map_err(|e| LogError::io(dir, e))?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        std::fs::hard_link(&p, to.join(&name)).map_err(|e| LogError::io(&p, e))?;
+        files.push(name);
+    }
+    Ok(files)
+}
+
 pub(crate) fn checkpoints_dir(data: &Path) -> PathBuf {
     data.join("checkpoints")
 }

@@ -1187,8 +1187,7 @@ pub fn cut_batch(batch: &Batch, upto: Ts, out: &mut Vec<u8>) -> Result<BatchHead
     let payload = batch.checked_payload_in(&mut scratch)?;
     let mut b = BatchBuilder::new();
     for txn in payload.txns().filter(|t| t.ts <= upto) {
-        let writes: Vec<_> = txn.writes().map(|w| (w.table, w.rid, w.key, w.value)).collect();
-        b.push_txn(txn.ts, writes.into_iter());
+        b.push_txn(txn.ts, txn.writes().map(|w| (w.table, w.rid, w.key, w.value)));
     }
     let bound = h.bound_ts.min(upto);
     Ok(b.finish_vouching_into(h.stream, h.epoch, bound, h.floor_ts.min(bound), h.compressed, out))

@@ -252,44 +252,28 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     start_logging(dir, opts, db, lock, catalog, epoch, recovered_ts, durable_ckpt_ts, report, t0)
 }
 
-/// An engine given to open `dir` with must be at its newest checkpoint (`newest`, its
-/// timestamp): its read view is that checkpoint's (`open`'s `OpenOptions::recovered`, and
-/// a backup's `replica::open_replica_with`).
-pub(crate) fn check_engine_at_checkpoint(dir: &Path, db: &Database, newest: Option<Ts>) -> Result<(), LogError> {
-    let refuse = |what: String| LogError::Corrupt { file: dir.to_path_buf(), offset: 0, what };
-    let Some(ts) = newest else {
-        return Err(refuse("given a recovered engine, but the directory holds no checkpoint".into()));
-    };
-    let view = db.clock().visible_ts();
-    if ts != view {
-        return Err(refuse(format!(
-            "given an engine recovered to ts {}, but the newest checkpoint is at ts {}",
-            view.0, ts.0
-        )));
-    }
-    Ok(())
-}
-
-/// An engine given to open `dir` with must hold exactly what the directory holds: the point
-/// of its sealed replica log if it has one (`sealed`), else its newest checkpoint.
+/// An engine given to open `dir` with (`open`'s `OpenOptions::recovered`, a backup's
+/// `replica::open_replica_with`) must hold exactly what the directory holds: its read view
+/// is the point of the directory's sealed replica log if it has one (`sealed`), else its
+/// newest checkpoint's.
 pub(crate) fn check_engine_at_base(dir: &Path, db: &Database) -> Result<(), LogError> {
+    let view = db.clock().visible_ts();
+    let refuse = |file: PathBuf, what: String| Err(LogError::Corrupt { file, offset: 0, what });
     let base = sealed::base(dir)?;
-    match base.sealed {
-        Some(s) => {
-            let view = db.clock().visible_ts();
-            if view != s.point {
-                return Err(LogError::Corrupt {
-                    file: s.dir,
-                    offset: 0,
-                    what: format!(
-                        "given an engine recovered to ts {}, but the replica log is sealed at ts {}",
-                        view.0, s.point.0
-                    ),
-                });
-            }
-            Ok(())
+    match (base.sealed, base.ckpt) {
+        (Some(s), _) if view != s.point => refuse(
+            s.dir,
+            format!("given an engine recovered to ts {}, but the replica log is sealed at ts {}", view.0, s.point.0),
+        ),
+        (Some(_), _) => Ok(()),
+        (None, None) => {
+            refuse(dir.to_path_buf(), "given a recovered engine, but the directory holds no checkpoint".into())
         }
-        None => check_engine_at_checkpoint(dir, db, base.ckpt.map(|(_, m)| m.ts)),
+        (None, Some((_, m))) if m.ts != view => refuse(
+            dir.to_path_buf(),
+            format!("given an engine recovered to ts {}, but the newest checkpoint is at ts {}", view.0, m.ts.0),
+        ),
+        (None, Some(_)) => Ok(()),
     }
 }
 
@@ -577,14 +561,7 @@ impl Durable {
         if since > info.bytes / 2 || !info.dir.join("MANIFEST").exists() {
             return Ok(None);
         }
-        std::fs::create_dir_all(to).map_err(|e| LogError::io(to, e))?;
-        let mut files = Vec::new();
-        for e in std::fs::read_dir(&info.dir).map_err(|e| LogError::io(&info.dir, e))? {
-            let p = e.map_err(|e| LogError::io(&info.dir, e))?.path();
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-            std::fs::hard_link(&p, to.join(&name)).map_err(|e| LogError::io(&p, e))?;
-            files.push(name);
-        }
+        let files = checkpoint::link_files(&info.dir, to)?;
         Ok(Some((info, files)))
     }
 

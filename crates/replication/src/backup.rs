@@ -780,13 +780,13 @@ impl Hold {
         }
     }
 
-    /// A promotion at `point`: everything held goes, cut there. Refused if replay was
-    /// handed anything above it (a release above the point: under `local`).
     /// The highest bound handed to replay so far.
     fn handed_to(&self) -> Ts {
         self.q.lock().handed_to
     }
 
+    /// A promotion at `point`: everything held goes, cut there. Refused if replay was
+    /// handed anything above it (a release above the point: under `local`).
     fn cut_at(&self, point: Ts) -> Result<(), String> {
         let mut q = self.q.lock();
         if q.handed_to > point {

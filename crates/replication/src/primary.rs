@@ -490,14 +490,8 @@ impl Primary {
                     _ => {
                         let _ = std::fs::remove_dir_all(&keep);
                         let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
-                        std::fs::create_dir_all(&keep)?;
-                        let mut files = Vec::new();
-                        for e in std::fs::read_dir(&info.dir)? {
-                            let p = e?.path();
-                            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-                            std::fs::hard_link(&p, keep.join(&name))?;
-                            files.push(name);
-                        }
+                        let files =
+                            ditto_log::checkpoint::link_files(&info.dir, &keep).map_err(std::io::Error::other)?;
                         (info, files, Vec::new())
                     }
                 };
@@ -589,7 +583,6 @@ impl Primary {
         result
     }
 
-    /// Stops accepting backups (links close with the process).
     /// Sends batches read back from this primary's log to a backup that holds everything
     /// up to `have_ts` (a resumed backup's gap, or the log above a checkpoint it was sent).
     fn send_gap(&self, w: &mut impl Write, gap: Vec<Bytes>, have_ts: Ts, reg_clock: Ts) -> std::io::Result<()> {
@@ -619,6 +612,7 @@ impl Primary {
         Ok(())
     }
 
+    /// Stops accepting backups (links close with the process).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         for l in self.links.lock().iter() {

@@ -550,18 +550,9 @@ fn failpoint(name: &str) -> bool {
 /// it replays what it holds up to the point, and nothing above), its replica log sealed
 /// there (`ditto_log::sealed`); `what` names the change in the line it prints
 /// (on standard output: a cluster node prints it with the failover's other phases).
+/// With `at_most` (a follower), it is cut where it holds every stream instead, if that is
+/// earlier (`Backup::cut_at_most`). Returns the engine and the cut.
 fn cut_and_seal(
-    cfg: &Config,
-    b: ditto_replication::Backup,
-    point: Ts,
-    what: &str,
-) -> Result<Arc<Database>, ServerError> {
-    cut_and_seal_at(cfg, b, point, false, what).map(|(db, _)| db)
-}
-
-/// `cut_and_seal`, at the point or (`at_most`, a follower) where this backup holds every
-/// stream up to, if that is earlier (`Backup::cut_at_most`). Returns the engine and the cut.
-fn cut_and_seal_at(
     cfg: &Config,
     b: ditto_replication::Backup,
     point: Ts,
@@ -628,7 +619,7 @@ fn follow_in_place(
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
     // A follower that held less than the point is cut where it holds everything; the new
     // primary sends it the rest, cut at the point (`PrimaryOptions::resume_from`).
-    let (db, cut) = cut_and_seal_at(cfg, b, Ts(upto), true, "follow")?;
+    let (db, cut) = cut_and_seal(cfg, b, Ts(upto), true, "follow")?;
     if cut.0 < upto {
         println!("follow: held every stream up to ts {} only; the new primary sends it the rest up to {upto}", cut.0);
     }
@@ -656,7 +647,7 @@ fn promote_in_place(
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
     let point =
         Ts(run.upto.ok_or_else(|| ConfigError::Invalid("a promotion in place needs the recovery point".into()))?);
-    let db = cut_and_seal(cfg, b, point, "promotion")?;
+    let (db, _) = cut_and_seal(cfg, b, point, false, "promotion")?;
     let dir = cfg.data_dir.clone().expect("validated");
     let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
     let mut next = cfg.clone();
