@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::failover::{plan, RecoveryPlan, TailReport};
+use crate::failover::{plan_preferring, RecoveryPlan, TailReport};
 use crate::state::{Command, ControlState, NodeId, Phase};
 
 /// Timings, in the caller's clock units (milliseconds in a server).
@@ -100,6 +100,8 @@ pub struct Coordinator {
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
     proposed: Option<(Command, u64)>,
+    /// The switchover waiting to begin (its epoch), and since when this leader saw it.
+    switchover_since: Option<(u64, u64)>,
 }
 
 impl Coordinator {
@@ -117,6 +119,7 @@ impl Coordinator {
             alive: BTreeMap::new(),
             round: None,
             proposed: None,
+            switchover_since: None,
         }
     }
 
@@ -153,6 +156,17 @@ impl Coordinator {
     /// one applying an old epoch's opening while it catches up never gets any).
     pub fn reset_contact(&mut self) {
         self.heard.clear();
+    }
+
+    /// A switchover's target when the operator names none: the lowest-id member other
+    /// than the primary whose control plane was heard within the failure timeout (this
+    /// node counts as heard).
+    pub fn successor(&self, state: &ControlState, now: u64) -> Option<NodeId> {
+        let primary = state.primary()?;
+        state.members.keys().copied().find(|&n| {
+            n != primary
+                && (n == self.me || self.alive.get(&n).is_some_and(|&t| now.saturating_sub(t) < self.t.failure))
+        })
     }
 
     /// Whether this node serves as the primary (see the field's note).
@@ -245,6 +259,26 @@ impl Coordinator {
                         true => self.starting,
                         false => self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure),
                     };
+                // A switchover its primary neither began nor gave up (its node went quiet
+                // mid-drain, say) is given up after `start`, so that writes and membership
+                // changes are not held off for good.
+                match &state.switchover {
+                    Some(sw) if sw.epoch == state.epoch => {
+                        let since = match self.switchover_since {
+                            Some((e, t)) if e == sw.epoch => t,
+                            _ => now,
+                        };
+                        self.switchover_since = Some((sw.epoch, since));
+                        if now.saturating_sub(since) >= self.t.start {
+                            let why = format!(
+                                "node {} did not hand over to node {} within {} ms",
+                                sw.from, sw.to, self.t.start
+                            );
+                            self.propose(Command::EndSwitchover { epoch: sw.epoch, why }, now, &mut out);
+                        }
+                    }
+                    _ => self.switchover_since = None,
+                }
                 if silent >= self.t.failure && !starting {
                     let reason = if p == self.me {
                         format!("primary {p} (this node) has not served for {silent} ms")
@@ -266,6 +300,10 @@ impl Coordinator {
                         started: now,
                         prepared_at: None,
                     });
+                }
+                if let Some(open) = state.open_epoch() {
+                    // A switchover's round waits for its target's report, but not forever.
+                    self.try_plan(now, state, open.epoch, open.start, &mut out);
                 }
                 let r = self.round.as_mut().expect("set above");
                 match &mut r.plan {
@@ -321,11 +359,22 @@ impl Coordinator {
             return out;
         }
         r.reports.insert(report.node, report);
-        if let Ok(p) = plan(&r.reports, state.members.len(), r.epoch, open_epoch, start) {
+        self.try_plan(now, state, open_epoch, start, &mut out);
+        out
+    }
+
+    /// Plans the round once a quorum has reported; in a switchover, once its target has
+    /// reported too, or `Timeouts::prepare` after the round began without it.
+    fn try_plan(&mut self, now: u64, state: &ControlState, open_epoch: u64, start: u64, out: &mut Vec<Action>) {
+        let Some(r) = self.round.as_mut().filter(|r| r.plan.is_none()) else { return };
+        let prefer = state.switchover.as_ref().filter(|s| s.epoch < r.epoch).map(|s| s.to);
+        if prefer.is_some_and(|to| !r.reports.contains_key(&to)) && now.saturating_sub(r.started) < self.t.prepare {
+            return;
+        }
+        if let Ok(p) = plan_preferring(&r.reports, state.members.len(), r.epoch, open_epoch, start, prefer) {
             r.plan = Some((p.clone(), now, now));
             out.push(Action::Prepare { to: p.primary, plan: p });
         }
-        out
     }
 
     /// The chosen node holds every stream up to `point` (the recovery point of the plan it
@@ -427,6 +476,44 @@ mod tests {
         assert_eq!(s.primary(), Some(3));
         c.heard(3, 185);
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
+    }
+
+    #[test]
+    fn a_switchovers_round_waits_for_its_target_then_prefers_it_and_a_stalled_one_is_given_up() {
+        let mut s = boot(3);
+        s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        c.alive(3, 0);
+        assert_eq!(c.successor(&s, 50), Some(2), "the lowest id other than the primary, heard (itself)");
+        s.apply(&Command::Switchover { epoch: 1, from: 1, to: 3 }).unwrap();
+        // Not begun within `start` (the primary went quiet mid-drain): given up.
+        c.heard(1, 60);
+        assert!(c.tick(60, &s, true).is_empty());
+        c.heard(1, 150);
+        let a = c.tick(160, &s, true);
+        let [Action::Propose(Command::EndSwitchover { epoch: 1, .. })] = &a[..] else { panic!("{a:?}") };
+        // The drained primary begins the failover; the round waits for node 3's report.
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "switchover".into() }).unwrap();
+        let _ = c.tick(200, &s, true);
+        assert!(c.on_report(report(2, 2, &[40, 40]), 201, &s, true).is_empty(), "a quorum, without the target");
+        let a = c.on_report(report(3, 2, &[40, 40]), 202, &s, true);
+        let [Action::Prepare { to: 3, plan }] = &a[..] else { panic!("{a:?}") };
+        assert!(plan.fetch.is_empty());
+        // A target that never reports holds the round up only for `prepare`.
+        let mut s2 = boot(3);
+        s2.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
+        s2.apply(&Command::Switchover { epoch: 1, from: 1, to: 3 }).unwrap();
+        s2.apply(&Command::BeginFailover { epoch: 2, reason: "switchover".into() }).unwrap();
+        let mut c2 = Coordinator::new(2, T, 0);
+        let _ = c2.tick(10, &s2, true);
+        let mut r1 = report(1, 2, &[40, 40]);
+        r1.eligible = false;
+        assert!(c2.on_report(r1, 11, &s2, true).is_empty());
+        assert!(c2.on_report(report(2, 2, &[40, 40]), 12, &s2, true).is_empty());
+        assert!(!c2.tick(100, &s2, true).iter().any(|a| matches!(a, Action::Prepare { .. })), "still waiting");
+        let a = c2.tick(10 + T.prepare, &s2, true);
+        assert!(a.iter().any(|a| matches!(a, Action::Prepare { to: 2, .. })), "{a:?}");
     }
 
     #[test]

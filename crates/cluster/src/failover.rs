@@ -100,6 +100,19 @@ pub fn plan(
     recovered_epoch: u64,
     start: u64,
 ) -> Result<RecoveryPlan, PlanError> {
+    plan_preferring(reports, members, epoch, recovered_epoch, start, None)
+}
+
+/// `plan`, choosing `prefer` (a switchover's target) among the eligible reporters that
+/// lack least below the point, where it is one of them.
+pub fn plan_preferring(
+    reports: &BTreeMap<NodeId, TailReport>,
+    members: usize,
+    epoch: u64,
+    recovered_epoch: u64,
+    start: u64,
+    prefer: Option<NodeId>,
+) -> Result<RecoveryPlan, PlanError> {
     let valid: Vec<&TailReport> =
         reports.values().filter(|r| r.fenced_at == epoch && r.epoch == recovered_epoch).collect();
     let quorum = members / 2 + 1;
@@ -122,8 +135,11 @@ pub fn plan(
         .collect();
     let recovery_point = tails.iter().map(|t| t.0).min().unwrap_or(0);
     let lacks = |r: &TailReport| -> u64 { (0..streams).map(|s| recovery_point - pos(r, s).min(recovery_point)).sum() };
-    let primary =
-        valid.iter().filter(|r| r.eligible).min_by_key(|r| (lacks(r), r.node)).ok_or(PlanError::NoEligibleNode)?;
+    let primary = valid
+        .iter()
+        .filter(|r| r.eligible)
+        .min_by_key(|r| (lacks(r), Some(r.node) != prefer, r.node))
+        .ok_or(PlanError::NoEligibleNode)?;
     let fetch = (0..streams)
         .filter(|&s| pos(primary, s) < recovery_point)
         .map(|s| Fetch { stream: s, from: tails[s].1, after: pos(primary, s), upto: recovery_point })
@@ -181,6 +197,27 @@ mod tests {
         // Node 2 lacks 10 below the point, node 3 lacks 5: node 3 is chosen.
         assert_eq!(p.primary, 3);
         assert_eq!(p.fetch, vec![Fetch { stream: 1, from: 2, after: 45, upto: 50 }]);
+    }
+
+    #[test]
+    fn a_switchover_prefers_its_target_among_those_that_lack_least_and_only_among_them() {
+        // The drained old primary (ineligible) and two backups that hold all of it.
+        let mut old = report(1, &[60, 60]);
+        old.eligible = false;
+        let rs = reports(vec![old, report(2, &[60, 60]), report(3, &[60, 61])]);
+        assert_eq!(plan(&rs, 3, 2, 1, 0).unwrap().primary, 2, "without a preference, the lowest id");
+        let p = plan_preferring(&rs, 3, 2, 1, 0, Some(3)).unwrap();
+        assert_eq!((p.primary, p.recovery_point), (3, 60));
+        assert!(p.fetch.is_empty());
+        // A target that lacks something is not preferred over one that lacks nothing: the
+        // preference never costs a fetch.
+        let rs = reports(vec![report(2, &[60, 60]), report(3, &[60, 50])]);
+        assert_eq!(plan_preferring(&rs, 3, 2, 1, 0, Some(3)).unwrap().primary, 2);
+        // Nor is an old primary ever chosen, named or not.
+        let mut old = report(1, &[60, 60]);
+        old.eligible = false;
+        let rs = reports(vec![old, report(2, &[60, 60])]);
+        assert_eq!(plan_preferring(&rs, 3, 2, 1, 0, Some(1)).unwrap().primary, 2);
     }
 
     #[test]

@@ -431,6 +431,19 @@ impl ControlNode {
         Ok(self.raw.propose(vec![], cmd.encode())?)
     }
 
+    /// Proposes an operator's command that is not a membership change (`Switchover`):
+    /// only the leader may, and only when the state would take it now. Returns the index
+    /// it is proposed at, as `propose_membership`.
+    pub fn propose_checked(&mut self, cmd: &Command) -> Result<u64, NodeError> {
+        if !self.is_leader() {
+            return Err(NodeError::NotLeader { leader: self.leader() });
+        }
+        self.state.clone().apply(cmd).map_err(NodeError::Refused)?;
+        let index = self.raw.raft.raft_log.last_index() + 1;
+        self.raw.propose(vec![], cmd.encode())?;
+        Ok(index)
+    }
+
     /// Proposes a membership change (`AddMember` or `RemoveMember`) as a Raft
     /// configuration change; only the leader may, one change at a time, and only when
     /// the state would take it now. Returns the index it is proposed at (it has committed

@@ -70,6 +70,9 @@ pub enum AdminRequest {
     Add(Member),
     /// Remove a member (not the primary).
     Remove(NodeId),
+    /// Hand the primary's role to `to` (or to a live backup of the leader's choice): the
+    /// answer comes once the switchover is recorded; the epoch changes after.
+    Switchover { to: Option<NodeId> },
 }
 
 /// The answer to an [`AdminRequest`].
@@ -653,7 +656,7 @@ impl Run {
 
     /// An operator's membership change: proposed here if this node leads; answered once
     /// it is applied (`answer_admin`).
-    fn on_admin(&mut self, req: AdminRequest, reply: Sender<AdminReply>) {
+    fn on_admin(&mut self, req: AdminRequest, reply: Sender<AdminReply>, now: u64) {
         if !self.node.leads_current() {
             let leader = self.node.leader().filter(|&l| l != self.node.id());
             let _ = reply.send(AdminReply::NotLeader { leader, addr: leader.and_then(|l| self.control_addr(l)) });
@@ -662,8 +665,26 @@ impl Run {
         let cmd = match req {
             AdminRequest::Add(member) => Command::AddMember { member },
             AdminRequest::Remove(id) => Command::RemoveMember { id },
+            AdminRequest::Switchover { to } => {
+                let st = self.node.state();
+                let Some(from) = st.primary() else {
+                    let why = format!("epoch {} is failing over; ask again once it serves", st.epoch);
+                    let _ = reply.send(AdminReply::Busy(why));
+                    return;
+                };
+                let Some(to) = to.or_else(|| self.coord.successor(st, now)) else {
+                    let why = "no member other than the primary is heard from: name one (--to)".to_string();
+                    let _ = reply.send(AdminReply::Refused(why));
+                    return;
+                };
+                Command::Switchover { epoch: st.epoch, from, to }
+            }
         };
-        match self.node.propose_membership(&cmd) {
+        let proposed = match &cmd {
+            Command::Switchover { .. } => self.node.propose_checked(&cmd),
+            _ => self.node.propose_membership(&cmd),
+        };
+        match proposed {
             Ok(index) => {
                 tracing::info!(node = self.node.id(), index, "control: proposing {cmd:?}");
                 self.admin.push((index, cmd, reply, Instant::now() + ADMIN_TIMEOUT));
@@ -894,7 +915,7 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Admin(req, reply)) => {
-                    self.on_admin(req, reply);
+                    self.on_admin(req, reply, now);
                     Ok(())
                 }
                 Err(RecvTimeoutError::Timeout) => Ok(()),

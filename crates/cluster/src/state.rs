@@ -19,6 +19,14 @@
 //! failover can set a point below an earlier one (a new primary that died before any
 //! quorum held what it had recovered): the older epochs' points then drop to it too, and
 //! what lies above goes, which only ever removes commits that were never released.
+//!
+//! A **switchover** (an operator hands the primary's role to a chosen node) is a failover
+//! the primary begins itself: `Switchover` records the request; the primary stops taking
+//! writes and waits until the target acknowledges, durably, everything its log holds; it
+//! then proposes `BeginFailover`, and the failover runs as any other, except that its plan
+//! prefers the target (which lacks nothing below the point, so it is promoted in place).
+//! Nothing is discarded, under any policy. A primary that cannot hand over in time
+//! proposes `EndSwitchover` and takes writes again.
 
 use std::collections::BTreeMap;
 
@@ -115,6 +123,14 @@ pub enum Command {
     /// The primary of `epoch`, rejoining after a later epoch opened, discarded `commits`
     /// of its own log above the epoch's recovery point (`EpochRecord::discarded_by_primary`).
     CountDiscarded { epoch: u64, node: NodeId, commits: u64 },
+    /// An operator's switchover (`ditto cluster switchover`): the primary `from` of the
+    /// serving epoch `epoch` stops taking writes, waits until `to` holds everything it
+    /// logged, and then begins the failover itself, which prefers `to` (see the module
+    /// notes). Only while the epoch serves and its primary has settled the membership.
+    Switchover { epoch: u64, from: NodeId, to: NodeId },
+    /// The switchover of `epoch` is given up (its primary could not hand over in time, and
+    /// takes writes again): `why`.
+    EndSwitchover { epoch: u64, why: String },
 }
 
 impl Command {
@@ -147,6 +163,20 @@ pub struct ControlState {
     /// with a new directory; its old Raft log may have counted in a quorum).
     #[serde(default)]
     pub retired: std::collections::BTreeSet<NodeId>,
+    /// A switchover asked for and not yet done: set by `Switchover`, kept through the
+    /// failover its primary begins (whose plan prefers `to`), cleared when an epoch opens
+    /// or by `EndSwitchover`.
+    #[serde(default)]
+    pub switchover: Option<SwitchoverRecord>,
+}
+
+/// A switchover under way (`Command::Switchover`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchoverRecord {
+    /// The serving epoch it was asked in.
+    pub epoch: u64,
+    pub from: NodeId,
+    pub to: NodeId,
 }
 
 impl ControlState {
@@ -210,6 +240,7 @@ impl ControlState {
                     discarded_by_primary: None,
                 });
                 self.phase = Some(Phase::Serving);
+                self.switchover = None;
             }
             Command::SetPolicy { policy } => {
                 ditto_replication::CommitPolicy::parse(policy)?;
@@ -238,7 +269,9 @@ impl ControlState {
                     return Err(format!("node {id} is not a member"));
                 }
                 if self.primary() == Some(*id) {
-                    return Err(format!("node {id} is the primary: it is removed once another node has taken over"));
+                    return Err(format!(
+                        "node {id} is the primary: hand its role to another node first (`ditto cluster switchover`), then remove it"
+                    ));
                 }
                 if self.members.len() == 1 {
                     return Err("the last member cannot be removed".into());
@@ -270,6 +303,31 @@ impl ControlState {
                     ));
                 }
                 e.discarded_by_primary = Some(*commits);
+            }
+            Command::Switchover { epoch, from, to } => {
+                if self.phase != Some(Phase::Serving) || *epoch != self.epoch {
+                    return Err(format!(
+                        "a switchover in epoch {epoch}, but the cluster is at epoch {} ({:?})",
+                        self.epoch, self.phase
+                    ));
+                }
+                if let Some(s) = &self.switchover {
+                    return Err(format!("a switchover from node {} to node {} is already under way", s.from, s.to));
+                }
+                if self.primary() != Some(*from) {
+                    return Err(format!("node {from} is not the primary (node {:?} is)", self.primary()));
+                }
+                if to == from || !self.members.contains_key(to) {
+                    return Err(format!("node {to} is not a member other than the primary"));
+                }
+                self.may_change_members()?;
+                self.switchover = Some(SwitchoverRecord { epoch: *epoch, from: *from, to: *to });
+            }
+            Command::EndSwitchover { epoch, .. } => {
+                if self.phase != Some(Phase::Serving) || self.switchover.as_ref().map(|s| s.epoch) != Some(*epoch) {
+                    return Err(format!("no switchover of epoch {epoch} is waiting to begin"));
+                }
+                self.switchover = None;
             }
         }
         self.check();
@@ -309,6 +367,9 @@ impl ControlState {
         if self.phase != Some(Phase::Serving) {
             return Err(format!("epoch {} is failing over; change the membership once it serves", self.epoch));
         }
+        if let Some(s) = &self.switchover {
+            return Err(format!("a switchover from node {} to node {} is under way", s.from, s.to));
+        }
         let open = self.epochs.last().map_or(0, |e| e.epoch);
         if self.settled != Some((open, self.config)) {
             return Err(format!(
@@ -335,6 +396,9 @@ impl ControlState {
                 assert!(e.start >= p.start, "epoch {} starts below its predecessor", e.epoch);
             }
             prev = Some(e);
+        }
+        if let Some(s) = &self.switchover {
+            assert!(s.epoch <= self.epoch, "a switchover asked in epoch {} above the newest begun", s.epoch);
         }
         if self.phase == Some(Phase::Serving) {
             assert_eq!(
@@ -547,5 +611,46 @@ mod tests {
         let old = br#"{"OpenEpoch":{"epoch":2,"primary":1,"recovered_epoch":1,"recovery_point":5,"start":5,"lost":0}}"#;
         assert!(matches!(Command::decode(old).unwrap(), Command::OpenEpoch { phases_ms: [0, 0], .. }));
         assert!(Command::decode(&[0xff, 0x00]).is_err());
+    }
+
+    #[test]
+    fn a_switchover_is_recorded_once_for_the_serving_primary_and_ends_with_the_next_epoch() {
+        let mut s = boot();
+        let sw = Command::Switchover { epoch: 1, from: 1, to: 3 };
+        assert!(s.clone().apply(&sw).unwrap_err().contains("not settled"), "the membership first");
+        s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
+        let before = s.clone();
+        for (bad, why) in [
+            (Command::Switchover { epoch: 1, from: 2, to: 3 }, "is not the primary"),
+            (Command::Switchover { epoch: 1, from: 1, to: 1 }, "not a member other than the primary"),
+            (Command::Switchover { epoch: 1, from: 1, to: 9 }, "not a member other than the primary"),
+            (Command::Switchover { epoch: 2, from: 1, to: 3 }, "the cluster is at epoch 1"),
+            (Command::EndSwitchover { epoch: 1, why: "t".into() }, "no switchover"),
+        ] {
+            let e = s.apply(&bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+            assert_eq!(s, before, "a refused command changes nothing");
+        }
+        s.apply(&sw).unwrap();
+        assert!(s.clone().apply(&sw).unwrap_err().contains("already under way"));
+        assert!(s.may_change_members().unwrap_err().contains("switchover"), "no membership change meanwhile");
+        let mut ended = s.clone();
+        ended.apply(&Command::EndSwitchover { epoch: 1, why: "t".into() }).unwrap();
+        assert_eq!(ended.switchover, None);
+        // The failover keeps it (its plan prefers the target); the opening clears it.
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "switchover".into() }).unwrap();
+        assert_eq!(s.switchover.as_ref().map(|w| w.to), Some(3));
+        assert!(s.clone().apply(&Command::EndSwitchover { epoch: 1, why: "t".into() }).is_err(), "begun");
+        s.apply(&Command::OpenEpoch {
+            epoch: 2,
+            primary: 3,
+            recovered_epoch: 1,
+            recovery_point: 10,
+            start: 10,
+            lost: 0,
+            phases_ms: [0, 0],
+        })
+        .unwrap();
+        assert_eq!((s.switchover.clone(), s.primary()), (None, Some(3)));
     }
 }

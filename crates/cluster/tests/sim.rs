@@ -231,7 +231,22 @@ struct Primary {
     next_settle_proposal: u64,
     /// A newer configuration seen in the state, and when this primary takes it in.
     config_due: Option<(u64, u64)>,
+    /// A switchover this primary drains for: the target, since when, whether its last
+    /// heartbeat round (every stream's bound past every commit) is done, and when it last
+    /// proposed the failover or the giving up.
+    draining: Option<Drain>,
 }
+
+#[derive(Clone, Copy, Debug)]
+struct Drain {
+    to: NodeId,
+    since: u64,
+    beat: bool,
+    proposed: u64,
+}
+
+/// A drain that has not ended within this long is given up (`EndSwitchover`).
+const DRAIN_MS: u64 = 200;
 
 impl Primary {
     /// A node starting to serve `epoch`, its timestamps above `clock`.
@@ -243,6 +258,7 @@ impl Primary {
             settled: true,
             next_settle_proposal: 0,
             config_due: None,
+            draining: None,
             epoch,
             clock,
             last_heartbeat: 0,
@@ -295,6 +311,12 @@ struct History {
     max_epoch: u64,
     /// Membership changes (nodes added, nodes removed).
     changes: u64,
+    /// Switchovers asked for, and those done: drained, the failover begun by the old
+    /// primary, and the target opening the next epoch (which must discard nothing).
+    switchovers_asked: u64,
+    switchovers_done: u64,
+    /// The drained switchover whose failover is under way: (its epoch, the target).
+    drained: Option<(u64, NodeId)>,
 }
 
 struct Sim {
@@ -555,6 +577,22 @@ impl Sim {
         let outside: Vec<NodeId> =
             self.nodes.iter().map(|n| n.id).filter(|id| !state.members.contains_key(id)).collect();
         let removable: Vec<NodeId> = state.members.keys().copied().filter(|&id| Some(id) != state.primary()).collect();
+        if let (Some(from), true) = (state.primary(), self.rng.gen_bool(0.3)) {
+            let others: Vec<NodeId> = state.members.keys().copied().filter(|&m| m != from).collect();
+            if !others.is_empty() {
+                let to = others[self.rng.gen_range(0..others.len())];
+                let cmd = Command::Switchover { epoch: state.epoch, from, to };
+                match self.nodes[li].ctrl.as_mut().unwrap().propose_checked(&cmd) {
+                    Ok(at) => {
+                        self.h.switchovers_asked += 1;
+                        self.note(format!("proposes {cmd:?} at {at}"));
+                    }
+                    Err(e) if self.trace => self.note(format!("switchover {cmd:?} refused: {e}")),
+                    Err(_) => {}
+                }
+                return;
+            }
+        }
         let add = !outside.is_empty() && (state.members.len() <= 2 || self.rng.gen_bool(0.5));
         let cmd = if add {
             let id = outside[self.rng.gen_range(0..outside.len())];
@@ -739,6 +777,14 @@ impl Sim {
                         *lost,
                         "the failover's count of discarded commits is what the new primary discarded"
                     );
+                    // A drained switchover's target holds everything the old primary ever
+                    // logged: opening on it discards nothing, under every policy.
+                    if let Some((e, to)) = self.h.drained.take() {
+                        if *epoch == e + 1 && *primary == to {
+                            assert_eq!(gone, Vec::<u64>::new(), "the switchover to node {to} discarded commits");
+                            self.h.switchovers_done += 1;
+                        }
+                    }
                     self.h.max_epoch = self.h.max_epoch.max(*epoch);
                     let start = (*start).max(self.nodes[i].data.newest());
                     self.nodes[i].coord.reset_contact();
@@ -776,11 +822,25 @@ impl Sim {
                 self.h.changes += 1;
                 self.note(format!("node {} added", member.id));
             }
+            Command::Switchover { epoch, from, to } if live && *from == id => {
+                if let Some(p) = self.nodes[i].primary.as_mut().filter(|p| p.epoch == *epoch) {
+                    p.draining = Some(Drain { to: *to, since: self.now, beat: false, proposed: 0 });
+                    self.note(format!("node {id} drains for the switchover to node {to}"));
+                }
+            }
+            Command::EndSwitchover { epoch, why } if live => {
+                if let Some(p) = self.nodes[i].primary.as_mut().filter(|p| p.epoch == *epoch) {
+                    p.draining = None;
+                    self.note(format!("node {id} takes writes again: {why}"));
+                }
+            }
             Command::SetPolicy { .. }
             | Command::AddMember { .. }
             | Command::RemoveMember { .. }
             | Command::ConfigApplied { .. }
-            | Command::CountDiscarded { .. } => {}
+            | Command::CountDiscarded { .. }
+            | Command::Switchover { .. }
+            | Command::EndSwitchover { .. } => {}
         }
         false
     }
@@ -845,7 +905,10 @@ impl Sim {
             }
         }
         let disk_ok = now >= self.nodes[i].disk_full_until;
-        if contact && disk_ok {
+        let drain = self.nodes[i].primary.as_ref().unwrap().draining;
+        if let Some(d) = drain {
+            self.drain_step(i, d, &state);
+        } else if contact && disk_ok {
             let commits = self.rng.gen_range(0..3);
             for _ in 0..commits {
                 let s = self.rng.gen_range(0..self.streams);
@@ -971,6 +1034,53 @@ impl Sim {
             }
             p.cursor.insert(m, cursor);
         }
+    }
+
+    /// A primary draining for a switchover (`Drain`): it makes no commits; one heartbeat
+    /// round brings every stream's bound past every commit (as the server's log owes a
+    /// heartbeat until its watermark covers every stream); once its log is synced and the
+    /// target has acknowledged all of it durably, it proposes the failover; after
+    /// `DRAIN_MS` it gives up.
+    fn drain_step(&mut self, i: usize, d: Drain, state: &ditto_cluster::ControlState) {
+        let (now, id) = (self.now, self.nodes[i].id);
+        let epoch = self.nodes[i].primary.as_ref().unwrap().epoch;
+        if !d.beat {
+            if now < self.nodes[i].disk_full_until {
+                return;
+            }
+            let n = &mut self.nodes[i];
+            let p = n.primary.as_mut().unwrap();
+            for s in 0..self.streams {
+                if n.data.pos(s) < p.clock {
+                    p.clock += 1;
+                    let u = Unit { epoch, ts: p.clock, txn: false };
+                    let prev = n.data.pos(s);
+                    n.data.append(s, prev, &[u], 0).unwrap();
+                }
+            }
+            p.draining.as_mut().unwrap().beat = true;
+            return;
+        }
+        if now < d.proposed + 20 || state.switchover.as_ref().is_none_or(|w| w.epoch != epoch) {
+            return;
+        }
+        let data = &self.nodes[i].data;
+        let p = self.nodes[i].primary.as_ref().unwrap();
+        let held = data.synced_positions() == data.positions()
+            && p.acks.get(&d.to).is_some_and(|(_, dur, _)| dur.iter().zip(data.positions()).all(|(a, b)| *a >= b));
+        let cmd = if held {
+            self.h.drained = Some((epoch, d.to));
+            Command::BeginFailover { epoch: epoch + 1, reason: format!("switchover from node {id} to node {}", d.to) }
+        } else if now >= d.since + DRAIN_MS {
+            Command::EndSwitchover { epoch, why: format!("node {} did not acknowledge all within {DRAIN_MS} ms", d.to) }
+        } else {
+            return;
+        };
+        self.nodes[i].primary.as_mut().unwrap().draining.as_mut().unwrap().proposed = now;
+        if self.trace {
+            self.note(format!("node {id} proposes {cmd:?}"));
+        }
+        let _ = self.nodes[i].ctrl.as_mut().unwrap().propose_via_leader(&cmd);
     }
 
     fn receive(&mut self, i: usize, from: NodeId, m: Msg) {
@@ -1207,6 +1317,7 @@ fn run_seed(seed: u64) -> History {
 fn many_seeds() {
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
     let (mut failovers, mut released, mut reads, mut max_epoch, mut changes) = (0, 0, 0, 0, 0);
+    let (mut switch_asked, mut switch_done) = (0, 0);
     for seed in 0..seeds {
         let h = std::panic::catch_unwind(|| run_seed(seed))
             .unwrap_or_else(|_| panic!("seed {seed} failed: rerun with SIM_SEED={seed}"));
@@ -1215,10 +1326,13 @@ fn many_seeds() {
         reads += h.reads.len();
         max_epoch = max_epoch.max(h.max_epoch);
         changes += h.changes;
+        switch_asked += h.switchovers_asked;
+        switch_done += h.switchovers_done;
     }
-    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes, {released} released commits, {reads} backup reads checked, newest epoch {max_epoch}");
+    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes, {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, newest epoch {max_epoch}");
     assert!(failovers >= seeds, "the faults should force failovers");
     assert!(changes >= seeds / 2, "the faults should change the membership: {changes}");
+    assert!(switch_done >= seeds / 10, "switchovers should complete among the faults: {switch_done} of {switch_asked}");
 }
 
 /// One run, its event log printed (`SIM_SEED=N` picks the seed; 1 by default).

@@ -25,8 +25,26 @@ pub enum ClusterCmd {
     /// Add a member: start it with `ditto server --node-id ID --join --members ...`
     /// (before or after this); it becomes a voter and copies the primary's data.
     Add(AddArgs),
-    /// Remove a member (not the primary); its node stops.
+    /// Remove a member (not the primary: hand its role over first); its node stops.
     Remove(RemoveArgs),
+    /// Hand the primary's role to another member without losing anything, under any
+    /// commit policy: the primary stops taking writes, waits until the new one holds all
+    /// it logged, and the failover that follows promotes that node in place.
+    Switchover(SwitchoverArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SwitchoverArgs {
+    /// The member to take over (default: a live backup the control plane's leader picks).
+    #[arg(long)]
+    to: Option<u64>,
+    /// Any member's control address (HOST:CONTROL_PORT).
+    #[arg(long)]
+    via: String,
+    /// Keep asking this long while it cannot happen yet, and wait as long for the new
+    /// primary to take writes.
+    #[arg(long, default_value_t = 30)]
+    wait_s: u64,
 }
 
 #[derive(clap::Args)]
@@ -59,7 +77,11 @@ pub struct RemoveArgs {
 
 /// Sends a membership change to the leader (found through `via`), asking again while it is
 /// busy, until `wait`.
-fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration) -> Result<(), Error> {
+fn change(
+    via: &str,
+    req: ditto_cluster::AdminRequest,
+    wait: std::time::Duration,
+) -> Result<Vec<ditto_cluster::Member>, Error> {
     use ditto_cluster::AdminReply;
     use std::net::ToSocketAddrs;
     let deadline = std::time::Instant::now() + wait;
@@ -70,11 +92,13 @@ fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration
         let reply = ditto_cluster::admin_request(addr, &req).map_err(|e| format!("asking {at}: {e}"));
         let retry = match reply {
             Ok(AdminReply::Done { config, members }) => {
-                println!("done: configuration {config}, members:");
-                for m in members {
-                    println!("  {} client {} replication {} control {}", m.id, m.addr, m.repl, m.control);
+                if !matches!(req, ditto_cluster::AdminRequest::Switchover { .. }) {
+                    println!("done: configuration {config}, members:");
+                    for m in &members {
+                        println!("  {} client {} replication {} control {}", m.id, m.addr, m.repl, m.control);
+                    }
                 }
-                return Ok(());
+                return Ok(members);
             }
             Ok(AdminReply::Refused(why)) => return Err(format!("refused: {why}").into()),
             Ok(AdminReply::NotLeader { addr: Some(a), leader }) => {
@@ -98,6 +122,58 @@ fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration
             last_busy = retry;
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// `ditto cluster switchover`: records the switchover through the leader, then watches the
+/// members' `INFO cluster` until a new epoch serves, and says which node took over, how
+/// long writes were refused (from the request to the new primary's first accepted state,
+/// as this client saw it) and what the failover discarded.
+fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
+    let wait = std::time::Duration::from_secs(a.wait_s);
+    let members = change(&a.via, ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
+    let t = std::time::Instant::now();
+    let seen = |f: &BTreeMap<String, String>, k: &str| f.get(k).cloned().unwrap_or_default();
+    let before = members.iter().find_map(|m| info(&m.addr).ok());
+    let epoch0: u64 = before.as_ref().and_then(|f| seen(f, "cluster_epoch").parse().ok()).unwrap_or(0);
+    let from = before.as_ref().map(|f| seen(f, "cluster_primary")).unwrap_or_default();
+    println!("switchover recorded in epoch {epoch0}: node {from} stops taking writes and hands over");
+    loop {
+        for m in &members {
+            let Ok(f) = info(&m.addr) else { continue };
+            let epoch: u64 = seen(&f, "cluster_epoch").parse().unwrap_or(0);
+            if epoch > epoch0 && seen(&f, "cluster_phase") == "serving" {
+                let primary = seen(&f, "cluster_primary");
+                println!(
+                    "epoch {epoch} serves: node {primary} ({}) is the primary, {:.0} ms after the request was recorded",
+                    seen(&f, "cluster_primary_addr"),
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                if let Some(line) = f.get(&format!("cluster_failover_{epoch}")) {
+                    println!("  {line}");
+                }
+                if a.to.is_some_and(|to| to.to_string() != primary) {
+                    return Err(format!(
+                        "node {primary} took over, not node {} (it lacked what another held, or did not report in time)",
+                        a.to.unwrap_or(0)
+                    )
+                    .into());
+                }
+                return Ok(());
+            }
+            let given_up =
+                epoch == epoch0 && seen(&f, "cluster_phase") == "serving" && seen(&f, "cluster_switchover") == "none";
+            if given_up && t.elapsed() > std::time::Duration::from_millis(500) {
+                return Err(format!(
+                    "the switchover was given up (node {from} took writes again); see `ditto cluster status` and its log"
+                )
+                .into());
+            }
+        }
+        if t.elapsed() >= wait {
+            return Err(format!("no new epoch served within {wait:?}; see `ditto cluster status`").into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
@@ -176,8 +252,10 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             return Ok(());
         }
         ClusterCmd::Remove(a) => {
-            return change(&a.via, ditto_cluster::AdminRequest::Remove(a.id), std::time::Duration::from_secs(a.wait_s))
+            change(&a.via, ditto_cluster::AdminRequest::Remove(a.id), std::time::Duration::from_secs(a.wait_s))?;
+            return Ok(());
         }
+        ClusterCmd::Switchover(a) => return switchover(a),
     };
     let first = info(&a.node).map_err(|e| format!("asking {}: {e}", a.node))?;
     if first.get("cluster_enabled").map(String::as_str) != Some("1") {

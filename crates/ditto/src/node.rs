@@ -258,7 +258,25 @@ struct NodePlane {
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
+    /// A switchover this node, the primary, hands its role over in (see `Switching`).
+    switching: Option<Switching>,
+    /// What its server said of the last drain it was asked for (`ditto server drained at
+    /// ts T` or `... drain failed: WHY`), set by the thread reading its output.
+    drained: Arc<parking_lot::Mutex<Option<Result<u64, String>>>>,
 }
+
+/// A switchover this node's primary server is draining for (`Command::Switchover`): once
+/// drained it proposes the failover (`BeginFailover`, every `PROPOSE_EVERY` until the
+/// state has it); if the drain fails, it takes writes again and proposes `EndSwitchover`.
+struct Switching {
+    epoch: u64,
+    to: NodeId,
+    proposed: Option<Instant>,
+}
+
+/// How long a primary's server may take to drain for a switchover (its writes are refused
+/// meanwhile).
+const DRAIN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A peer heard from within this long counts as heard now.
 const HEARD_WITHIN_MS: u64 = 50;
@@ -482,9 +500,18 @@ impl NodePlane {
         let (r, j, me_id) = (Arc::clone(&ready), Arc::clone(&joined), self.me);
         let (f, ff) = (Arc::clone(&fenced), Arc::clone(&fence_failed));
         let history = Arc::clone(&self.history);
+        let drained = Arc::clone(&self.drained);
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };
+                if let Some(rest) = line.strip_prefix("ditto server drained at ts ") {
+                    if let Some(Ok(ts)) = rest.split_whitespace().next().map(str::parse::<u64>) {
+                        *drained.lock() = Some(Ok(ts));
+                    }
+                }
+                if let Some(why) = line.strip_prefix("ditto server drain failed: ") {
+                    *drained.lock() = Some(Err(why.to_string()));
+                }
                 if let Some(change) = role_change_of(&line) {
                     // The failover that gave it the role: the last one this node saw.
                     if let Some(last) = history.lock().last_mut() {
@@ -670,6 +697,91 @@ impl NodePlane {
         self.child.as_ref().is_none_or(|c| c.fenced.load(Ordering::Acquire))
     }
 
+    fn count_discarded_proposals(&mut self) -> Vec<Command> {
+        if let Some((Command::CountDiscarded { epoch, .. }, _)) = &self.count_discarded {
+            let done = self.state.epochs.iter().any(|e| e.epoch == *epoch && e.discarded_by_primary.is_some());
+            if done {
+                self.count_discarded = None;
+            }
+        }
+        match &mut self.count_discarded {
+            Some((cmd, at)) if at.elapsed() >= PROPOSE_EVERY => {
+                *at = Instant::now();
+                vec![cmd.clone()]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Asks this node's primary server to drain for a switchover to `to` in `epoch`; if it
+    /// cannot be asked (it does not serve that epoch), the switchover is given up.
+    fn drain_for(&mut self, epoch: u64, to: NodeId) {
+        *self.drained.lock() = None;
+        self.switching = Some(Switching { epoch, to, proposed: None });
+        let serves = self.serving
+            && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { epoch: e, .. } if e == epoch));
+        let target = self.addrs(to).map(|m| m.client_addr());
+        let asked = match (serves, target) {
+            (true, Some(t)) => {
+                let mut g = self.gate.lock();
+                let line = format!("drain {t} {}\n", DRAIN_WITHIN.as_millis());
+                g.stdin.as_mut().is_some_and(|i| i.write_all(line.as_bytes()).and_then(|_| i.flush()).is_ok())
+            }
+            _ => false,
+        };
+        if asked {
+            say(self.me, format!("drains its server for the switchover to node {to}: writes refused from now on"));
+        } else {
+            *self.drained.lock() = Some(Err(format!("node {} does not serve epoch {epoch} as its primary", self.me)));
+        }
+    }
+
+    /// What a switchover this node hands over in wants proposed (see `Switching`).
+    fn switchover_proposals(&mut self) -> Vec<Command> {
+        let Some(sw) = &mut self.switching else { return Vec::new() };
+        let pending = self.state.switchover.as_ref().is_some_and(|s| s.epoch == sw.epoch);
+        if self.state.epoch > sw.epoch || !pending {
+            // Begun (the epoch moved on), or given up: a server still draining takes writes
+            // again (one that was fenced has stopped).
+            if self.state.epoch == sw.epoch {
+                let mut g = self.gate.lock();
+                if let Some(i) = &mut g.stdin {
+                    let _ = i.write_all(b"drain off\n").and_then(|_| i.flush());
+                }
+            }
+            self.switching = None;
+            return Vec::new();
+        }
+        if sw.proposed.is_some_and(|t| t.elapsed() < PROPOSE_EVERY) {
+            return Vec::new();
+        }
+        let drained = self.drained.lock().clone();
+        let cmd = match drained {
+            None => return Vec::new(),
+            Some(Ok(ts)) => Command::BeginFailover {
+                epoch: sw.epoch + 1,
+                reason: format!(
+                    "switchover from node {} to node {}: writes stopped, node {} holds everything to ts {ts}",
+                    self.me, sw.to, sw.to
+                ),
+            },
+            Some(Err(why)) => {
+                {
+                    let mut g = self.gate.lock();
+                    if let Some(i) = &mut g.stdin {
+                        let _ = i.write_all(b"drain off\n").and_then(|_| i.flush());
+                    }
+                }
+                Command::EndSwitchover { epoch: sw.epoch, why }
+            }
+        };
+        if sw.proposed.is_none() {
+            say(self.me, format!("proposes {cmd:?}"));
+        }
+        sw.proposed = Some(Instant::now());
+        vec![cmd]
+    }
+
     /// Asks the child what it heard (at most every `PROBE_EVERY`).
     fn probe(&mut self) {
         if self.last_probe.elapsed() < PROBE_EVERY {
@@ -764,19 +876,9 @@ impl DataPlane for NodePlane {
     }
 
     fn proposals(&mut self) -> Vec<Command> {
-        if let Some((Command::CountDiscarded { epoch, .. }, _)) = &self.count_discarded {
-            let done = self.state.epochs.iter().any(|e| e.epoch == *epoch && e.discarded_by_primary.is_some());
-            if done {
-                self.count_discarded = None;
-            }
-        }
-        match &mut self.count_discarded {
-            Some((cmd, at)) if at.elapsed() >= PROPOSE_EVERY => {
-                *at = Instant::now();
-                vec![cmd.clone()]
-            }
-            _ => Vec::new(),
-        }
+        let mut out = self.switchover_proposals();
+        out.extend(self.count_discarded_proposals());
+        out
     }
 
     fn restored(&mut self, state: &ControlState) {
@@ -945,6 +1047,15 @@ impl DataPlane for NodePlane {
             Command::RemoveMember { id } if live => {
                 say(self.me, format!("node {id} left the cluster (configuration {})", state.config))
             }
+            Command::Switchover { epoch, from, to } if live => {
+                say(self.me, format!("a switchover from node {from} to node {to} was asked in epoch {epoch}"));
+                if *from == self.me {
+                    self.drain_for(*epoch, *to);
+                }
+            }
+            Command::EndSwitchover { epoch, why } if live => {
+                say(self.me, format!("the switchover of epoch {epoch} was given up: {why}"))
+            }
             Command::BeginFailover { epoch, reason } => {
                 if live {
                     say(self.me, format!("failover to epoch {epoch} began: {reason}"));
@@ -1049,6 +1160,7 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         ),
         ("cluster_voters".into(), st.voters.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
         ("cluster_failovers".into(), s.epochs.len().saturating_sub(1).to_string()),
+        ("cluster_switchover".into(), s.switchover.as_ref().map_or("none".into(), |w| format!("{}->{}", w.from, w.to))),
     ];
     for h in history.iter().rev().take(5) {
         f.push((
@@ -1121,6 +1233,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         settled: None,
         in_place: cfg.promote_in_place,
         count_discarded: None,
+        switching: None,
+        drained: Default::default(),
     };
     let svc = ControlService::start(
         ServiceConfig {

@@ -179,6 +179,18 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                         }
                         _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
                     },
+                    // A switchover: `drain TARGET_CLIENT_ADDR WITHIN_MS`, and `drain off` when it
+                    // is given up (RoleRequest::Drain).
+                    ("drain", "off") => g.set_draining(None),
+                    ("drain", rest) => match rest.split_whitespace().collect::<Vec<_>>()[..] {
+                        [target, ms] if ms.parse::<u64>().is_ok() => {
+                            g.request_role(ditto_server::session::RoleRequest::Drain {
+                                target: target.to_string(),
+                                within: std::time::Duration::from_millis(ms.parse().expect("checked")),
+                            })
+                        }
+                        _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
+                    },
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
                     ("backups", rest) => {

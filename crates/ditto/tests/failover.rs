@@ -1250,3 +1250,103 @@ fn servers_that_crash_after_sealing_in_place_recover_from_the_sealed_directories
         acked.len()
     );
 }
+
+/// The gaps between consecutive acknowledged writes within `window` of `at`: the longest
+/// is how long writes were refused around it, as the writer saw it (ms).
+fn longest_gap_around(acked: &[(u64, Instant, u16)], at: Instant, window: Duration) -> f64 {
+    let near: Vec<Instant> = acked
+        .iter()
+        .map(|(_, t, _)| *t)
+        .filter(|t| t.saturating_duration_since(at) < window && at.saturating_duration_since(*t) < window)
+        .collect();
+    near.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3).fold(0.0, f64::max)
+}
+
+/// `ditto cluster switchover` under a writer, with `policy`: the primary hands its role to
+/// the node named, which takes writes; the failover discards nothing (under `local` too,
+/// where a crash may); the old primary rejoins as a backup and every node holds every
+/// acknowledged write. Wrong requests are refused with the reason. Returns the cluster,
+/// the old and the new primary, and the failover's line in `INFO cluster`.
+fn switchover_under_writer(policy: &str) -> (Cluster, u64, u64, String) {
+    let c = Cluster::start(3, policy);
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let to = (1..=3).filter(|&id| id != first).max().unwrap();
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
+    // Wrong requests: refused, changing nothing.
+    let via = c.control_addr(to);
+    let (ok, out) = cluster_cli(&["switchover", "--to", &first.to_string(), "--via", &via, "--wait-s", "5"]);
+    assert!(!ok && out.contains("not a member other than the primary"), "to the primary itself: {out}");
+    let (ok, out) = cluster_cli(&["switchover", "--to", "9", "--via", &via, "--wait-s", "5"]);
+    assert!(!ok && out.contains("not a member"), "to a stranger: {out}");
+
+    let asked = Instant::now();
+    let (ok, out) = cluster_cli(&["switchover", "--to", &to.to_string(), "--via", &via]);
+    if !ok {
+        c.dump_logs();
+    }
+    assert!(ok, "the switchover: {out}");
+    assert!(out.contains(&format!("node {to} (")), "names the new primary: {out}");
+    c.wait_or_dump("the named node to take writes", Duration::from_secs(20), || {
+        (c.primary() == Some(to)).then_some(())
+    });
+    c.wait_or_dump("writes on the new primary", Duration::from_secs(20), || {
+        let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&to]).count();
+        (n > 300).then_some(())
+    });
+    // The old primary comes back as a backup of the new one, by itself.
+    c.wait_or_dump("the old primary to rejoin", Duration::from_secs(60), || {
+        c.info(first).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+    });
+    w.stop();
+    let acked = w.acked();
+    for id in [to, first, (1..=3).find(|&i| i != to && i != first).unwrap()] {
+        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
+            c.dump_logs();
+            panic!("node {id} after the switchover: {e}")
+        });
+    }
+    let ci = c.info_section(to, "cluster").unwrap();
+    let epoch = field(&ci, "cluster_epoch").unwrap();
+    let line = c.wait_or_dump("the failover's line, with the old primary's count", Duration::from_secs(20), || {
+        let ci = c.info_section(to, "cluster")?;
+        let l = ci.lines().find(|l| l.starts_with(&format!("cluster_failover_{epoch}:")))?.to_string();
+        (!l.contains("old_primary_discarded=-")).then_some(l)
+    });
+    assert!(line.contains("reason=switchover from node"), "{line}");
+    assert!(line.contains(",lost=0,") && line.contains("old_primary_discarded=0,"), "nothing discarded: {line}");
+    assert_eq!(field(&ci, "cluster_switchover").as_deref(), Some("none"), "done: {ci}");
+    eprintln!(
+        "switchover under {policy}: node {first} -> node {to}; writes refused for at most {:.0} ms as the writer saw it; {} acknowledged writes, none lost; {line}",
+        longest_gap_around(&acked, asked, Duration::from_secs(5)),
+        acked.len()
+    );
+    (c, first, to, line)
+}
+
+/// A switchover under `majority-durable` promotes the target in place (the drain left it
+/// lacking nothing), and the old primary, no longer primary, can then be removed online.
+#[test]
+fn a_switchover_promotes_its_target_in_place_loses_nothing_and_lets_the_old_primary_be_removed() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut c, first, to, line) = switchover_under_writer("majority-durable");
+    assert!(line.contains("role_change=promoted-in-place"), "no fetch, no restart: {line}");
+    let (ok, out) = cluster_cli(&["remove", &first.to_string(), "--via", &c.control_addr(to)]);
+    assert!(ok, "removing the old primary: {out}");
+    let mut gone = c.nodes.remove(&first).unwrap();
+    let status = wait_for("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
+    assert!(status.success(), "it exits cleanly: {status}");
+    c.ports.remove(&first);
+    c.wait_or_dump("the primary counting one backup, settled", Duration::from_secs(10), || {
+        let i = c.info(to)?;
+        (field(&i, "ditto_backups_expected")? == "1" && field(&i, "ditto_members_settled")? == "1").then_some(())
+    });
+}
+
+/// Under `local` a crash of the primary may lose what it acknowledged and never shipped; a
+/// switchover loses nothing, since the primary waits until the target holds it all.
+#[test]
+fn under_local_a_switchover_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    switchover_under_writer("local");
+}

@@ -722,6 +722,22 @@ impl Logger {
         self.streams.iter().map(|s| Ts(s.durable.load(Ordering::Acquire))).collect()
     }
 
+    /// The watermark, if everything appended so far is durable and the watermark covers
+    /// every stream's durable bound (nothing buffered, nothing being flushed, no heartbeat
+    /// owed): a primary that takes no more commits then holds exactly what this says.
+    pub fn settled_watermark(&self) -> Option<Ts> {
+        let wm = self.watermark.load(Ordering::Acquire);
+        let mut top = 0;
+        for s in self.streams.iter() {
+            let durable = s.durable.load(Ordering::Acquire);
+            if s.appended.load(Ordering::Acquire) > durable {
+                return None;
+            }
+            top = top.max(durable);
+        }
+        (wm >= top).then_some(Ts(wm))
+    }
+
     /// The tables the catalog holds, in id order.
     pub fn catalog_tables(&self) -> Vec<(TableId, String)> {
         self.catalog.lock().tables.clone()

@@ -487,10 +487,34 @@ fn run_role(
                         change = Some(r);
                         break;
                     }
+                    (crate::session::RoleRequest::Drain { target, within }, None) => {
+                        match (&primary, &logger) {
+                            (Some(p), Some(l)) => {
+                                // Off the accept loop: clients are answered (writes refused)
+                                // while it waits.
+                                let (sh, p, l, db) = (Arc::clone(&sh), Arc::clone(p), Arc::clone(l), Arc::clone(&db));
+                                tokio::task::spawn_blocking(move || {
+                                    match drain_for_switchover(&sh, &p, &l, &db, &target, within) {
+                                        Ok((ts, took)) => println!(
+                                            "ditto server drained at ts {} in {:.1} ms",
+                                            ts.0,
+                                            took.as_secs_f64() * 1e3
+                                        ),
+                                        Err(e) => println!("ditto server drain failed: {e}"),
+                                    }
+                                });
+                            }
+                            _ => println!("ditto server drain failed: this server is not a primary with a log"),
+                        }
+                    }
+                    (crate::session::RoleRequest::Drain { .. }, Some(_)) => {
+                        println!("ditto server drain failed: this server is a backup")
+                    }
                     (r, None) => println!("ditto server {} refused: this server is not a backup", match r {
                         crate::session::RoleRequest::Fence => "fence",
                         crate::session::RoleRequest::Promote { .. } => "promotion",
                         crate::session::RoleRequest::Follow { .. } => "follow",
+                        crate::session::RoleRequest::Drain { .. } => unreachable!("matched above"),
                     }),
                 },
             }
@@ -510,7 +534,9 @@ fn run_role(
             crate::session::RoleRequest::Follow { primary, primary_addr, upto } => {
                 follow_in_place(&cfg, b, primary, primary_addr, upto)?
             }
-            crate::session::RoleRequest::Fence => unreachable!("a fence is done in the loop"),
+            crate::session::RoleRequest::Fence | crate::session::RoleRequest::Drain { .. } => {
+                unreachable!("done in the loop")
+            }
         };
         rt.shutdown_timeout(Duration::from_secs(1));
         // Replay moved them up to the point and stopped there (nothing above is installed).
@@ -970,6 +996,65 @@ impl Conn {
             },
             (None, _) => Ok(()),
         }
+    }
+}
+
+/// A switchover's drain on a primary (`RoleRequest::Drain`): refuses writes, then waits
+/// until no commit is under way, the log holds every commit durably (its settled
+/// watermark W), and the backup `target` has acknowledged W durably; W must then hold
+/// still for a moment (a write that passed the gate just before it closed commits within
+/// microseconds). Returns W and how long it took. On failure the gate opens again.
+///
+/// What it buys: the old primary's log then holds nothing the target lacks, so the
+/// failover that follows needs no fetch and promotes the target in place, and nothing the
+/// old primary logged is discarded, whatever the commit policy. A write that slipped past
+/// the gate later than that costs a fetch (a slower promotion), never a lost commit: the
+/// failover's reports cover it.
+fn drain_for_switchover(
+    sh: &crate::session::Shared,
+    p: &ditto_replication::Primary,
+    log: &ditto_log::Logger,
+    db: &ditto_engine::Database,
+    target: &str,
+    within: Duration,
+) -> Result<(Ts, Duration), String> {
+    const SETTLE: Duration = Duration::from_millis(2);
+    let t = std::time::Instant::now();
+    sh.write_gate.set_draining(Some(format!(
+        "this node is handing its primary role to {target} (a switchover): writes go to the new primary in a moment"
+    )));
+    let mut held: Option<(Ts, std::time::Instant)> = None;
+    loop {
+        let clock = db.clock().now();
+        let quiet = db.clock().visible_ts() >= clock;
+        let wm = if quiet { log.settled_watermark() } else { None };
+        let acked = p.backups().iter().find(|b| b.node == target).map(|b| b.durable);
+        match (wm, acked) {
+            (Some(w), Some(a)) if a >= w && db.clock().now() == clock => match held {
+                Some((h, since)) if h == clock => {
+                    if since.elapsed() >= SETTLE {
+                        return Ok((w, t.elapsed()));
+                    }
+                }
+                _ => held = Some((clock, std::time::Instant::now())),
+            },
+            _ => held = None,
+        }
+        if t.elapsed() >= within {
+            sh.write_gate.set_draining(None);
+            return Err(match (wm, acked) {
+                (_, None) => format!("{target} is not connected as a backup"),
+                (None, _) => format!("the log did not settle within {within:?} (commits still being made durable)"),
+                (Some(w), Some(a)) => {
+                    format!("{target} acknowledged ts {} durably, not the log's ts {} within {within:?}", a.0, w.0)
+                }
+            });
+        }
+        if let Some(f) = log.failure() {
+            sh.write_gate.set_draining(None);
+            return Err(format!("the log failed: {f}"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
     }
 }
 

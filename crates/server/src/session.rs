@@ -1233,7 +1233,9 @@ fn role(sh: &Shared) -> Reply {
 #[derive(Default, Debug)]
 pub struct WriteGate {
     closed: std::sync::atomic::AtomicBool,
-    why: Mutex<String>,
+    /// Why writes are refused: the supervisor's reason (no quorum contact, a new primary
+    /// not yet heard), and a switchover's drain. Either closes the gate.
+    why: Mutex<(Option<String>, Option<String>)>,
     cluster: Mutex<Vec<(String, String)>>,
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
@@ -1262,6 +1264,12 @@ pub enum RoleRequest {
     /// `primary`, its clients' `primary_addr`) in place, cut at the failover's point
     /// `upto`: its engine is kept, its clients' connections are closed.
     Follow { primary: String, primary_addr: String, upto: u64 },
+    /// A primary hands its role over (a switchover): it refuses writes from now on and
+    /// waits, at most `within`, until nothing is being committed, its log holds every
+    /// commit durably, and the backup whose node is `target` (its client address) has
+    /// acknowledged all of it durably; then prints `ditto server drained at ts T`, or
+    /// `ditto server drain failed: WHY` and takes writes again.
+    Drain { target: String, within: std::time::Duration },
 }
 
 /// The count of backups last set (with its configuration), and the hook that applies it.
@@ -1335,11 +1343,20 @@ impl WriteGate {
         self.cluster.lock().clone()
     }
 
-    /// Refuse writes with `why` (`Some`), or take them again (`None`).
+    /// Refuse writes with `why` (`Some`), or take them again (`None`) unless a drain
+    /// refuses them.
     pub fn set(&self, why: Option<String>) {
         let mut w = self.why.lock();
-        self.closed.store(why.is_some(), std::sync::atomic::Ordering::Release);
-        *w = why.unwrap_or_default();
+        w.0 = why;
+        self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// A switchover's drain refuses writes with `why` (`Some`), or no longer (`None`),
+    /// whatever the supervisor's own reason says.
+    pub fn set_draining(&self, why: Option<String>) {
+        let mut w = self.why.lock();
+        w.1 = why;
+        self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
     }
 
     pub fn refusal(&self) -> Option<String> {
@@ -1347,7 +1364,7 @@ impl WriteGate {
             return None;
         }
         let w = self.why.lock();
-        self.closed.load(std::sync::atomic::Ordering::Acquire).then(|| w.clone())
+        w.1.clone().or_else(|| w.0.clone())
     }
 }
 
