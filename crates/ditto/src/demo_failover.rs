@@ -95,6 +95,28 @@ impl Nodes {
         Ok(killed?)
     }
 
+    /// The control address of node `id` (from --members).
+    pub(crate) fn control_addr(&self, id: u64) -> Option<std::net::SocketAddr> {
+        let spec = self.members.split(',').find(|m| m.starts_with(&format!("{id}=")))?;
+        let (host, ports) = spec.split_once('=')?.1.rsplit_once(':')?;
+        format!("{host}:{}", ports.rsplit('/').next()?).parse().ok()
+    }
+
+    /// Asks the cluster (through node `via`'s control port, following the leader) to hand
+    /// the primary's role to another node (`ditto cluster switchover`).
+    pub(crate) fn switchover(&self, via: u64) -> Result<(), Error> {
+        let mut at = self.control_addr(via).ok_or("no control address")?;
+        for _ in 0..100 {
+            match ditto_cluster::admin_request(at, &ditto_cluster::AdminRequest::Switchover { to: None })? {
+                ditto_cluster::AdminReply::Done { .. } => return Ok(()),
+                ditto_cluster::AdminReply::NotLeader { addr: Some(a), .. } => at = a.parse()?,
+                ditto_cluster::AdminReply::Refused(why) => return Err(format!("switchover refused: {why}").into()),
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        Err("the switchover was not recorded after 100 tries".into())
+    }
+
     /// The node that takes a write now.
     pub(crate) fn primary(&self) -> Option<u64> {
         self.procs.keys().copied().find(|id| {

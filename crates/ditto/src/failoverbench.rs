@@ -14,7 +14,10 @@
 //! - at the end every acknowledged write is read back on every node: a lost one fails the
 //!   run;
 //! - with `--preload N`, N keys (`p:<n>`, `--preload-value-bytes` each) are written first,
-//!   pipelined, so that each failover happens with that much data on every node.
+//!   pipelined, so that each failover happens with that much data on every node;
+//! - with `--switchover`, the primary is not killed: the cluster is asked to hand its role
+//!   over (`ditto cluster switchover`), and the unavailability runs from the request to the
+//!   first write acknowledged by another node; the old primary rejoins by itself.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,6 +63,9 @@ pub struct FailoverBenchArgs {
     /// The size of each preloaded value.
     #[arg(long, default_value_t = 200)]
     preload_value_bytes: usize,
+    /// Planned switchovers instead of SIGKILLs (`--kills` of them).
+    #[arg(long)]
+    switchover: bool,
     /// Print one JSON object at the end.
     #[arg(long)]
     json: bool,
@@ -88,6 +94,8 @@ struct Figures {
     preload_keys: u64,
     preload_value_bytes: usize,
     preload_seconds: f64,
+    /// "sigkill" or "switchover".
+    kind: &'static str,
     /// Over the failovers (nearest rank).
     unavailable_ms_p50: f64,
     unavailable_ms_p99: f64,
@@ -228,19 +236,26 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
         let port = nodes.ports[&primary];
         let at = Instant::now();
-        nodes.kill(primary)?;
+        if a.switchover {
+            nodes.switchover(primary)?;
+        } else {
+            nodes.kill(primary)?;
+        }
         let first_after = wait_for("a write on another node", Duration::from_secs(20), || {
             acks.lock().expect("acks").iter().find(|(_, _, t, p)| *t > at && *p != port).map(|a| a.2)
         })?;
         let unavailable = first_after.duration_since(at).as_secs_f64() * 1e3;
         let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
         let t = Instant::now();
-        nodes.start(primary)?;
+        if !a.switchover {
+            nodes.start(primary)?;
+        }
         wait_for("the killed node to rejoin", Duration::from_secs(60), || nodes.rejoined(primary).then_some(()))?;
         let rejoin = t.elapsed().as_secs_f64() * 1e3;
         eprintln!(
-            "failover {}: SIGKILL of node {primary} at {:.2} s; node {new} took writes {unavailable:.0} ms later; node {primary} rejoined in {rejoin:.0} ms",
+            "failover {}: {} node {primary} at {:.2} s; node {new} took writes {unavailable:.0} ms later; node {primary} rejoined in {rejoin:.0} ms",
             k + 1,
+            if a.switchover { "switchover from" } else { "SIGKILL of" },
             at.duration_since(start).as_secs_f64()
         );
         kills.push((primary, new, at, unavailable, rejoin, first_after));
@@ -297,6 +312,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         preload_keys: a.preload,
         preload_value_bytes: a.preload_value_bytes,
         preload_seconds,
+        kind: if a.switchover { "switchover" } else { "sigkill" },
         unavailable_ms_p50: quantile(&unavailable, 0.5),
         unavailable_ms_p99: quantile(&unavailable, 0.99),
         unavailable_ms_max: unavailable.last().copied().unwrap_or(0.0),
@@ -321,12 +337,16 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
 
 fn print(f: &Figures) {
     println!(
-        "failover under load: 3 nodes, {} clients, policy {}, failure timeout {} ms, {} keys preloaded",
-        f.clients, f.policy, f.failure_timeout_ms, f.preload_keys
+        "{} under load: 3 nodes, {} clients, policy {}, failure timeout {} ms, {} keys preloaded",
+        if f.kind == "switchover" { "switchover" } else { "failover (SIGKILL)" },
+        f.clients,
+        f.policy,
+        f.failure_timeout_ms,
+        f.preload_keys
     );
     println!(
         "{:>3} {:>7} {:>7} {:>8} {:>14} {:>10} {:>14} {:>13} {:>7}",
-        "#", "killed", "new", "at s", "unavailable ms", "rejoin ms", "writes/s before", "writes/s after", "ratio"
+        "#", "old", "new", "at s", "unavailable ms", "rejoin ms", "writes/s before", "writes/s after", "ratio"
     );
     for (i, x) in f.failovers.iter().enumerate() {
         println!(
