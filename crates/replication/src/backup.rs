@@ -261,6 +261,17 @@ fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
     ditto_log::storage::sync_dir(dir)
 }
 
+/// Whether a first join that failed with `e` is worth another try: the primary not (yet)
+/// listening, the connection reset, aborted or closed before the welcome, or no welcome
+/// within the read timeout. Other errors (a damaged frame, say) are reported.
+fn retryable(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | WouldBlock | TimedOut
+    )
+}
+
 /// How long a backup waits for any frame from its primary before it drops the link.
 pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 
@@ -315,25 +326,33 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // once): try often, for a while, saying so once a second.
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut said = Instant::now() - Duration::from_secs(1);
-    let (stream, mut reader) = loop {
-        match connect(&opts.primary, &hello) {
+    let (stream, mut reader, welcome) = loop {
+        // A connection refused (the primary not up yet), reset or closed before its welcome
+        // (a primary stopping, a proxy's first connection), or a welcome that does not come
+        // within `SILENCE_MAX` (a peer that accepts and never answers): tried again until
+        // the deadline. The checkpoint that may follow is read without a timeout.
+        let attempt = connect(&opts.primary, &hello).and_then(|(s, mut r)| {
+            s.set_read_timeout(Some(SILENCE_MAX))?;
+            let w = read_frame(&mut r)?.ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome")
+            })?;
+            s.set_read_timeout(None)?;
+            Ok((s, r, Some(w)))
+        });
+        match attempt {
             Ok(c) => break c,
-            Err(e) if Instant::now() < deadline => {
+            Err(e) if Instant::now() < deadline && retryable(&e) => {
                 if said.elapsed() >= Duration::from_secs(1) {
-                    tracing::warn!("connecting to the primary at {}: {e}; retrying", opts.primary);
+                    tracing::warn!("joining the primary at {}: {e}; retrying", opts.primary);
                     said = Instant::now();
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(e) => {
-                return Err(BackupError::Io {
-                    what: format!("connecting to the primary at {}", opts.primary),
-                    source: e,
-                })
+                return Err(BackupError::Io { what: format!("joining the primary at {}", opts.primary), source: e })
             }
         }
     };
-    let welcome = read_frame(&mut reader).map_err(io("reading the primary's welcome"))?;
     let (epoch, streams, tables, start) = match welcome {
         Some(Frame::Welcome { epoch, streams, tables, start }) => (epoch, streams, tables, start),
         Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
