@@ -333,9 +333,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         // the deadline. The checkpoint that may follow is read without a timeout.
         let attempt = connect(&opts.primary, &hello).and_then(|(s, mut r)| {
             s.set_read_timeout(Some(SILENCE_MAX))?;
-            let w = read_frame(&mut r)?.ok_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome")
-            })?;
+            let w = read_frame(&mut r)?
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome"))?;
             s.set_read_timeout(None)?;
             Ok((s, r, Some(w)))
         });

@@ -153,3 +153,81 @@ fn a_link_cut_mid_frame_after_a_held_burst_leaves_no_hole() {
     assert!(missing.is_empty() && missing2.is_empty(), "a hole");
     p.stop();
 }
+
+/// A backup's first join through a front that resets its first connection (SO_LINGER 0)
+/// and closes its second before any answer: the join tries again, as it does for a refused
+/// connection, and then holds what the primary committed (it used to fail at once).
+#[test]
+fn a_first_join_retries_a_reset_or_closed_connection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a_addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("local").unwrap();
+    let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
+    let p =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..50u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), &[1u8; 10])).unwrap().1.wait().unwrap();
+    }
+    // The front: the first connection reset, the second closed after its Hello arrived,
+    // then a plain proxy.
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front_addr = front.local_addr().unwrap().to_string();
+    let pass = proxy(a_addr, Arc::new(AtomicU8::new(0)));
+    let seen = Arc::new(AtomicU8::new(0));
+    let s2 = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for c in front.incoming() {
+            let Ok(mut down) = c else { continue };
+            match s2.fetch_add(1, Ordering::SeqCst) {
+                0 => {
+                    // SO_LINGER with a zero timeout: the close sends a reset.
+                    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+                    // SAFETY: setsockopt on a socket this thread owns, with a valid linger.
+                    unsafe {
+                        use std::os::fd::AsRawFd;
+                        libc::setsockopt(
+                            down.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_LINGER,
+                            &l as *const libc::linger as *const libc::c_void,
+                            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                        );
+                    }
+                    drop(down);
+                }
+                1 => {
+                    let mut b = [0u8; 64];
+                    let _ = down.read(&mut b);
+                    drop(down);
+                }
+                _ => {
+                    let up = TcpStream::connect(&pass).unwrap();
+                    let (mut d2, mut u2) = (down.try_clone().unwrap(), up.try_clone().unwrap());
+                    std::thread::spawn(move || std::io::copy(&mut d2, &mut u2));
+                    std::thread::spawn(move || {
+                        let (mut up, mut down) = (up, down);
+                        std::io::copy(&mut up, &mut down)
+                    });
+                }
+            }
+        }
+    });
+    let bk =
+        backup::start(BackupOptions::new(&front_addr, &pb, 1, "b")).expect("the join goes through at the third try");
+    assert!(seen.load(Ordering::SeqCst) >= 3, "it tried again: {} connections", seen.load(Ordering::SeqCst));
+    assert!(wait_until("the backup holding every commit", Duration::from_secs(20), || bk
+        .state
+        .durable
+        .load(Ordering::SeqCst)
+        >= last.0));
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    p.stop();
+}
