@@ -44,6 +44,20 @@ pub use writer::{LogStats, Logger, ProgressListener, ShipTap};
 
 use crate::catalog::Catalog;
 
+/// Lowers the calling thread's CPU priority (nice 10; the threads it starts inherit it):
+/// for background checkpoints, which write the whole database while the node serves and
+/// must not take the cores from its commits and its replication (seen after failovers with
+/// 1.9M keys, three nodes on two cores: docs/cluster.md). Best effort: a failure is ignored
+/// (the thread then runs at the process's priority).
+pub fn background_priority() {
+    // SAFETY: setpriority on this thread's own id (Linux: each thread is a task with its
+    // own nice value); no memory is passed.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
+
 #[derive(thiserror::Error, Debug)]
 pub enum LogError {
     /// An operating-system error on a file (missing permissions, full disk, ...).
@@ -318,6 +332,7 @@ fn open_recovered(
     if in_background {
         let weak = Arc::downgrade(&durable.inner);
         let _ = std::thread::Builder::new().name("ditto-seal-ckpt".into()).spawn(move || {
+            background_priority();
             let Some(inner) = weak.upgrade() else { return };
             let t = Instant::now();
             match (Durable { inner }).checkpoint() {
@@ -571,6 +586,7 @@ impl Durable {
     pub fn spawn_checkpointer(&self, policy: CheckpointPolicy) -> std::thread::JoinHandle<()> {
         let weak = Arc::downgrade(&self.inner);
         std::thread::spawn(move || {
+            background_priority();
             let step = Duration::from_millis(50);
             let counters = |i: &Inner| {
                 (i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed), i.db.record_ids_released())

@@ -495,60 +495,63 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             (Instant::now(), state.bytes_received.load(Ordering::Acquire), opened_checkpoint_bytes);
         std::thread::Builder::new()
             .name("ditto-repl-ckpt".into())
-            .spawn(move || loop {
-                if !seal_pending {
-                    std::thread::sleep(poll);
-                }
-                if state.failure.lock().is_some() {
-                    return;
-                }
-                let due = policy.due(ditto_log::Due {
-                    elapsed: last_at.elapsed(),
-                    log_bytes: state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes),
-                    last_checkpoint_bytes: last_size,
-                    ids_released: 0,
-                    ids_used: 0,
-                });
-                if due.is_none() && !seal_pending {
-                    continue;
-                }
-                let view = state.visible.load(Ordering::Acquire);
-                if view <= state.checkpoint_ts.load(Ordering::Acquire) && !seal_pending {
-                    continue; // nothing new since the last one
-                }
-                let Some(_gate) = db.replay_checkpoint_gate() else {
-                    // A key's late old life is being replayed onto its later record: a cut
-                    // now would hold it under the wrong record id. It is over once the
-                    // read view passes the later life's start; the next round will do.
-                    tracing::info!("backup checkpoint put off: a key's earlier life is still being replayed");
-                    if seal_pending {
-                        std::thread::sleep(poll.min(Duration::from_millis(50)));
+            .spawn(move || {
+                ditto_log::background_priority();
+                loop {
+                    if !seal_pending {
+                        std::thread::sleep(poll);
                     }
-                    continue;
-                };
-                let bytes_then = state.bytes_received.load(Ordering::Acquire);
-                // A fence waits for this (`Backup::fence`); one that came first stops it.
-                let _busy = busy.lock();
-                if state.failure.lock().is_some() {
-                    return;
-                }
-                // Once, whatever comes of it: after a failure the sealed log stays (recovery
-                // replays it), and the policy's next checkpoint takes it away.
-                seal_pending = false;
-                match ditto_log::replica::checkpoint_replica(&db, &dir, &storage) {
-                    Ok(info) => {
-                        (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
-                        state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
-                        state.checkpoints.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("backup checkpoint at ts {} ({} rows)", info.ts.0, info.rows);
-                    }
-                    Err(_) if cancel.load(Ordering::Acquire) => {
-                        tracing::info!("backup checkpoint stopped short by a fence (nothing of it is left)");
+                    if state.failure.lock().is_some() {
                         return;
                     }
-                    // A full disk or failed fsync: the replica log still holds everything;
-                    // the next round tries again.
-                    Err(e) => tracing::warn!("backup checkpoint failed (the replica log keeps everything): {e}"),
+                    let due = policy.due(ditto_log::Due {
+                        elapsed: last_at.elapsed(),
+                        log_bytes: state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes),
+                        last_checkpoint_bytes: last_size,
+                        ids_released: 0,
+                        ids_used: 0,
+                    });
+                    if due.is_none() && !seal_pending {
+                        continue;
+                    }
+                    let view = state.visible.load(Ordering::Acquire);
+                    if view <= state.checkpoint_ts.load(Ordering::Acquire) && !seal_pending {
+                        continue; // nothing new since the last one
+                    }
+                    let Some(_gate) = db.replay_checkpoint_gate() else {
+                        // A key's late old life is being replayed onto its later record: a cut
+                        // now would hold it under the wrong record id. It is over once the
+                        // read view passes the later life's start; the next round will do.
+                        tracing::info!("backup checkpoint put off: a key's earlier life is still being replayed");
+                        if seal_pending {
+                            std::thread::sleep(poll.min(Duration::from_millis(50)));
+                        }
+                        continue;
+                    };
+                    let bytes_then = state.bytes_received.load(Ordering::Acquire);
+                    // A fence waits for this (`Backup::fence`); one that came first stops it.
+                    let _busy = busy.lock();
+                    if state.failure.lock().is_some() {
+                        return;
+                    }
+                    // Once, whatever comes of it: after a failure the sealed log stays (recovery
+                    // replays it), and the policy's next checkpoint takes it away.
+                    seal_pending = false;
+                    match ditto_log::replica::checkpoint_replica(&db, &dir, &storage) {
+                        Ok(info) => {
+                            (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
+                            state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
+                            state.checkpoints.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!("backup checkpoint at ts {} ({} rows)", info.ts.0, info.rows);
+                        }
+                        Err(_) if cancel.load(Ordering::Acquire) => {
+                            tracing::info!("backup checkpoint stopped short by a fence (nothing of it is left)");
+                            return;
+                        }
+                        // A full disk or failed fsync: the replica log still holds everything;
+                        // the next round tries again.
+                        Err(e) => tracing::warn!("backup checkpoint failed (the replica log keeps everything): {e}"),
+                    }
                 }
             })
             .map_err(io("starting the checkpointer"))?;
