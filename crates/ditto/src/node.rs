@@ -263,6 +263,9 @@ struct NodePlane {
     /// What its server said of the last drain it was asked for (`ditto server drained at
     /// ts T` or `... drain failed: WHY`), set by the thread reading its output.
     drained: Arc<parking_lot::Mutex<Option<Result<u64, String>>>>,
+    /// A client asked this node's server for a failover (`SENTINEL FAILOVER ditto`): a
+    /// switchover is proposed (once; a client whose request is lost asks again).
+    switch_asked: Arc<AtomicBool>,
 }
 
 /// A switchover this node's primary server is draining for (`Command::Switchover`): once
@@ -505,6 +508,7 @@ impl NodePlane {
         let (f, ff) = (Arc::clone(&fenced), Arc::clone(&fence_failed));
         let history = Arc::clone(&self.history);
         let drained = Arc::clone(&self.drained);
+        let switch_asked = Arc::clone(&self.switch_asked);
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };
@@ -515,6 +519,9 @@ impl NodePlane {
                 }
                 if let Some(why) = line.strip_prefix("ditto server drain failed: ") {
                     *drained.lock() = Some(Err(why.to_string()));
+                }
+                if line == "ditto server asks for a switchover" {
+                    switch_asked.store(true, Ordering::Release);
                 }
                 if let Some(change) = role_change_of(&line) {
                     // The failover that gave it the role: the last one this node saw.
@@ -740,6 +747,27 @@ impl NodePlane {
         }
     }
 
+    /// The switchover a client asked for (`SENTINEL FAILOVER ditto`), if the cluster
+    /// serves: to the lowest-id backup the primary heard within `HEARD_WITHIN_MS` when
+    /// asked on the primary's node, to this node when asked on a backup whose link to the
+    /// primary is up, else to the lowest-id member other than the primary (whose drain
+    /// fails, and is given up, if it is not connected).
+    fn asked_switchover(&self) -> Option<Command> {
+        let (from, epoch) = (self.state.primary()?, self.state.epoch);
+        let mut heard = self.heard.clone();
+        heard.sort_unstable();
+        let to = if from == self.me {
+            heard.into_iter().find(|&n| n != self.me)
+        } else if heard.contains(&from) {
+            Some(self.me)
+        } else {
+            None
+        }
+        .or_else(|| self.state.members.keys().copied().find(|&n| n != from))?;
+        say(self.me, format!("a client asked for a failover: proposes a switchover from node {from} to node {to}"));
+        Some(Command::Switchover { epoch, from, to })
+    }
+
     /// What a switchover this node hands over in wants proposed (see `Switching`).
     fn switchover_proposals(&mut self) -> Vec<Command> {
         let Some(sw) = &mut self.switching else { return Vec::new() };
@@ -881,6 +909,9 @@ impl DataPlane for NodePlane {
 
     fn proposals(&mut self) -> Vec<Command> {
         let mut out = self.switchover_proposals();
+        if self.switch_asked.swap(false, Ordering::AcqRel) {
+            out.extend(self.asked_switchover());
+        }
         out.extend(self.count_discarded_proposals());
         out
     }
@@ -1239,6 +1270,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         count_discarded: None,
         switching: None,
         drained: Default::default(),
+        switch_asked: Default::default(),
     };
     let svc = ControlService::start(
         ServiceConfig {

@@ -1350,9 +1350,31 @@ fn a_switchover_promotes_its_target_in_place_loses_nothing_and_lets_the_old_prim
 }
 
 /// Under `local` a crash of the primary may lose what it acknowledged and never shipped; a
-/// switchover loses nothing, since the primary waits until the target holds it all.
+/// switchover loses nothing, since the primary waits until the target holds it all. Then
+/// an unchanged Redis client asks for one (`redis-cli SENTINEL FAILOVER ditto` on a
+/// backup): that backup takes over.
 #[test]
-fn under_local_a_switchover_loses_nothing() {
+fn under_local_a_switchover_loses_nothing_and_redis_cli_can_ask_for_one() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    switchover_under_writer("local");
+    let (c, _, to, _) = switchover_under_writer("local");
+    let next = *c
+        .ports
+        .keys()
+        .find(|&&id| id != to && c.info(id).is_some_and(|i| i.contains("master_link_status:up")))
+        .unwrap();
+    let out = Command::new("redis-cli")
+        .args(["-p", &c.ports[&next].to_string(), "SENTINEL", "failover", "ditto"])
+        .output()
+        .expect("redis-cli (.ci/deps installs it)");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    c.wait_or_dump("the asking backup to take writes", Duration::from_secs(20), || {
+        (c.primary() == Some(next)).then_some(())
+    });
+    let ci = c.info_section(next, "cluster").unwrap();
+    let epoch = field(&ci, "cluster_epoch").unwrap();
+    let line = ci.lines().find(|l| l.starts_with(&format!("cluster_failover_{epoch}:"))).unwrap().to_string();
+    assert!(
+        line.contains(&format!("reason=switchover from node {to} to node {next}")) && line.contains(",lost=0,"),
+        "{line}"
+    );
 }

@@ -1366,6 +1366,26 @@ impl WriteGate {
         let w = self.why.lock();
         w.1.clone().or_else(|| w.0.clone())
     }
+
+    /// `SENTINEL FAILOVER ditto`: asks this node's supervisor (a line on standard output,
+    /// `ditto server asks for a switchover`) to propose a switchover; refused, with Redis
+    /// Sentinel's error codes, on a server that is not a cluster node or while a failover
+    /// or a switchover is under way.
+    pub fn ask_switchover(&self) -> Result<(), String> {
+        let info = self.cluster_info();
+        let field = |k: &str| info.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        if info.is_empty() {
+            return Err(
+                "ERR this server is not a cluster node (ditto server --node-id): there is nothing to fail over to"
+                    .into(),
+            );
+        }
+        if field("cluster_phase") != Some("serving") || field("cluster_switchover").is_some_and(|v| v != "none") {
+            return Err("INPROG Failover already in progress".into());
+        }
+        println!("ditto server asks for a switchover");
+        Ok(())
+    }
 }
 
 /// The one service name SENTINEL answers for.
@@ -1403,8 +1423,17 @@ fn sentinel(a: &[Bytes], sh: &Shared) -> Reply {
             _ => Reply::err("ERR No such master with that name"),
         },
         b"SLAVES" | b"REPLICAS" | b"SENTINELS" if a.len() == 2 => Reply::Array(Vec::new()),
+        // A switchover through the cluster's control plane (docs/cluster.md): +OK once it
+        // is asked for, as Sentinel answers once its failover starts.
+        b"FAILOVER" if a.len() == 2 => match named(1) {
+            true => match sh.write_gate.ask_switchover() {
+                Ok(()) => Reply::Ok,
+                Err(e) => Reply::err(e),
+            },
+            false => Reply::err("ERR No such master with that name"),
+        },
         _ => Reply::err(format!(
-            "ERR unknown or malformed SENTINEL subcommand '{}' (this node answers get-master-addr-by-name, masters, master, replicas, sentinels)",
+            "ERR unknown or malformed SENTINEL subcommand '{}' (this node answers get-master-addr-by-name, masters, master, replicas, sentinels, failover)",
             commands::one_line(&String::from_utf8_lossy(&a[0][..a[0].len().min(64)]))
         )),
     }
@@ -2448,13 +2477,26 @@ mod tests {
         assert!(m.contains(&(Reply::bulk("port"), Reply::bulk("7001"))));
         assert!(cmd(&mut s, &sh, &mut w, "SENTINEL master other").is_error());
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL replicas ditto"), Reply::Array(Vec::new()));
-        assert!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto").is_error());
+        assert!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto").is_error(), "not a cluster node");
+        assert!(cmd(&mut s, &sh, &mut w, "SENTINEL failover other").is_error());
         let Reply::Bulk(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("bulk") };
         assert!(std::str::from_utf8(&b).unwrap().contains("cluster_enabled:0"));
         sh.write_gate.set_cluster_info(vec![("cluster_epoch".into(), "3".into())]);
         let Reply::Bulk(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("bulk") };
         let text = std::str::from_utf8(&b).unwrap();
         assert!(text.contains("cluster_enabled:1\r\ncluster_epoch:3\r\n"), "{text}");
+        // A cluster node: asked while a switchover is under way, it says so; else +OK.
+        sh.write_gate.set_cluster_info(vec![
+            ("cluster_phase".into(), "serving".into()),
+            ("cluster_switchover".into(), "1->2".into()),
+        ]);
+        let r = cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto");
+        assert!(matches!(&r, Reply::Error(e) if e.starts_with("INPROG")), "{r:?}");
+        sh.write_gate.set_cluster_info(vec![
+            ("cluster_phase".into(), "serving".into()),
+            ("cluster_switchover".into(), "none".into()),
+        ]);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto"), Reply::Ok);
     }
 
     #[test]
