@@ -23,7 +23,8 @@
 //! A **switchover** (an operator hands the primary's role to a chosen node) is a failover
 //! the primary begins itself: `Switchover` records the request; the primary stops taking
 //! writes and waits until the target acknowledges, durably, everything its log holds; it
-//! then proposes `BeginFailover`, and the failover runs as any other, except that its plan
+//! then proposes `HandOver` (a `BeginFailover` that holds only while the switchover is
+//! under way), and the failover runs as any other, except that its plan
 //! prefers the target (which lacks nothing below the point, so it is promoted in place).
 //! Nothing is discarded, under any policy. A primary that cannot hand over in time
 //! proposes `EndSwitchover` and takes writes again.
@@ -131,6 +132,11 @@ pub enum Command {
     /// The switchover of `epoch` is given up (its primary could not hand over in time, and
     /// takes writes again): `why`.
     EndSwitchover { epoch: u64, why: String },
+    /// The drained primary of switchover `switchover` (its `SwitchoverRecord::id`) begins
+    /// the failover to epoch `epoch`, as `BeginFailover` does; refused unless that very
+    /// switchover is still under way (one given up meanwhile has its primary taking writes
+    /// again, and a later one has not drained yet: a late hand-over must not count).
+    HandOver { epoch: u64, switchover: u64, reason: String },
 }
 
 impl Command {
@@ -168,6 +174,9 @@ pub struct ControlState {
     /// or by `EndSwitchover`.
     #[serde(default)]
     pub switchover: Option<SwitchoverRecord>,
+    /// Switchovers recorded so far (each one's `id` is the count when it was).
+    #[serde(default)]
+    pub switchovers: u64,
 }
 
 /// A switchover under way (`Command::Switchover`).
@@ -177,6 +186,9 @@ pub struct SwitchoverRecord {
     pub epoch: u64,
     pub from: NodeId,
     pub to: NodeId,
+    /// Which switchover this is (`ControlState::switchovers` when it was recorded).
+    #[serde(default)]
+    pub id: u64,
 }
 
 impl ControlState {
@@ -202,6 +214,18 @@ impl ControlState {
                     recovered: None,
                     discarded_by_primary: None,
                 });
+            }
+            Command::HandOver { epoch, switchover, .. } => {
+                if self.phase != Some(Phase::Serving)
+                    || self.switchover.as_ref().map(|s| (s.epoch + 1, s.id)) != Some((*epoch, *switchover))
+                {
+                    return Err(format!(
+                        "a hand-over to epoch {epoch} for switchover {switchover}, but no such switchover is under way ({:?})",
+                        self.switchover
+                    ));
+                }
+                self.epoch = *epoch;
+                self.phase = Some(Phase::Failover);
             }
             Command::BeginFailover { epoch, .. } => {
                 if *epoch != self.epoch + 1 || self.epochs.is_empty() {
@@ -321,7 +345,8 @@ impl ControlState {
                     return Err(format!("node {to} is not a member other than the primary"));
                 }
                 self.may_change_members()?;
-                self.switchover = Some(SwitchoverRecord { epoch: *epoch, from: *from, to: *to });
+                self.switchovers += 1;
+                self.switchover = Some(SwitchoverRecord { epoch: *epoch, from: *from, to: *to, id: self.switchovers });
             }
             Command::EndSwitchover { epoch, .. } => {
                 if self.phase != Some(Phase::Serving) || self.switchover.as_ref().map(|s| s.epoch) != Some(*epoch) {
@@ -637,8 +662,19 @@ mod tests {
         let mut ended = s.clone();
         ended.apply(&Command::EndSwitchover { epoch: 1, why: "t".into() }).unwrap();
         assert_eq!(ended.switchover, None);
+        // A hand-over after the switchover was given up is refused (its primary takes
+        // writes again); one while it is under way begins the failover.
+        let hand = Command::HandOver { epoch: 2, switchover: 1, reason: "switchover".into() };
+        assert!(ended.clone().apply(&hand).unwrap_err().contains("no such switchover"));
+        assert!(s.clone().apply(&Command::HandOver { epoch: 3, switchover: 1, reason: "t".into() }).is_err());
+        // A late hand-over of a switchover given up does not count for the next one.
+        let mut again = ended.clone();
+        again.apply(&sw).unwrap();
+        assert_eq!(again.switchover.as_ref().map(|w| w.id), Some(2));
+        assert!(again.clone().apply(&hand).is_err(), "switchover 1's hand-over, under switchover 2");
         // The failover keeps it (its plan prefers the target); the opening clears it.
-        s.apply(&Command::BeginFailover { epoch: 2, reason: "switchover".into() }).unwrap();
+        s.apply(&hand).unwrap();
+        assert_eq!(s.phase, Some(Phase::Failover));
         assert_eq!(s.switchover.as_ref().map(|w| w.to), Some(3));
         assert!(s.clone().apply(&Command::EndSwitchover { epoch: 1, why: "t".into() }).is_err(), "begun");
         s.apply(&Command::OpenEpoch {

@@ -321,6 +321,9 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             },
             g("cluster_voters")
         );
+        if let Some((from, to)) = f.get("cluster_switchover").and_then(|v| v.split_once("->")) {
+            println!("switchover under way: node {from} drains and hands its role to node {to}");
+        }
     }
     if !seen.is_empty() {
         println!("failovers (epoch: what a node saw):");

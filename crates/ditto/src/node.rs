@@ -273,6 +273,8 @@ struct NodePlane {
 /// state has it); if the drain fails, it takes writes again and proposes `EndSwitchover`.
 struct Switching {
     epoch: u64,
+    /// The switchover's id (`SwitchoverRecord::id`): a hand-over names it.
+    id: u64,
     to: NodeId,
     proposed: Option<Instant>,
 }
@@ -726,9 +728,9 @@ impl NodePlane {
 
     /// Asks this node's primary server to drain for a switchover to `to` in `epoch`; if it
     /// cannot be asked (it does not serve that epoch), the switchover is given up.
-    fn drain_for(&mut self, epoch: u64, to: NodeId) {
+    fn drain_for(&mut self, epoch: u64, id: u64, to: NodeId) {
         *self.drained.lock() = None;
-        self.switching = Some(Switching { epoch, to, proposed: None });
+        self.switching = Some(Switching { epoch, id, to, proposed: None });
         let serves = self.serving
             && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { epoch: e, .. } if e == epoch));
         let target = self.addrs(to).map(|m| m.client_addr());
@@ -771,7 +773,7 @@ impl NodePlane {
     /// What a switchover this node hands over in wants proposed (see `Switching`).
     fn switchover_proposals(&mut self) -> Vec<Command> {
         let Some(sw) = &mut self.switching else { return Vec::new() };
-        let pending = self.state.switchover.as_ref().is_some_and(|s| s.epoch == sw.epoch);
+        let pending = self.state.switchover.as_ref().is_some_and(|s| (s.epoch, s.id) == (sw.epoch, sw.id));
         if self.state.epoch > sw.epoch || !pending {
             // Begun (the epoch moved on), or given up: a server still draining takes writes
             // again (one that was fenced has stopped).
@@ -790,8 +792,9 @@ impl NodePlane {
         let drained = self.drained.lock().clone();
         let cmd = match drained {
             None => return Vec::new(),
-            Some(Ok(ts)) => Command::BeginFailover {
+            Some(Ok(ts)) => Command::HandOver {
                 epoch: sw.epoch + 1,
+                switchover: sw.id,
                 reason: format!(
                     "switchover from node {} to node {}: writes stopped, node {} holds everything to ts {ts}",
                     self.me, sw.to, sw.to
@@ -1085,13 +1088,14 @@ impl DataPlane for NodePlane {
             Command::Switchover { epoch, from, to } if live => {
                 say(self.me, format!("a switchover from node {from} to node {to} was asked in epoch {epoch}"));
                 if *from == self.me {
-                    self.drain_for(*epoch, *to);
+                    let id = state.switchover.as_ref().map_or(0, |w| w.id);
+                    self.drain_for(*epoch, id, *to);
                 }
             }
             Command::EndSwitchover { epoch, why } if live => {
                 say(self.me, format!("the switchover of epoch {epoch} was given up: {why}"))
             }
-            Command::BeginFailover { epoch, reason } => {
+            Command::BeginFailover { epoch, reason } | Command::HandOver { epoch, reason, .. } => {
                 if live {
                     say(self.me, format!("failover to epoch {epoch} began: {reason}"));
                 }

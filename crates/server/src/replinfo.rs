@@ -222,8 +222,13 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
     );
     gauge(
         "ditto_cluster_writes_refused",
-        "1 while this node's server refuses writes (a primary without quorum contact).",
+        "1 while this node's server refuses writes (a primary without quorum contact, or draining for a switchover).",
         vec![(String::new(), u8::from(sh.write_gate.refusal().is_some()).to_string())],
+    );
+    gauge(
+        "ditto_cluster_switchover_pending",
+        "1 while a switchover is asked for and its failover has not begun (its primary drains).",
+        vec![(String::new(), u8::from(cluster.get("cluster_switchover").is_some_and(|v| v != "none")).to_string())],
     );
     let voters = cluster.get("cluster_voters").map_or(0, |v| v.split(',').filter(|x| !x.is_empty()).count());
     gauge(
