@@ -943,16 +943,7 @@ impl Sim {
             let p = self.nodes[i].primary.as_mut().unwrap();
             if now >= p.last_heartbeat + HEARTBEAT_MS {
                 p.last_heartbeat = now;
-                let n = &mut self.nodes[i];
-                let p = n.primary.as_mut().unwrap();
-                for s in 0..self.streams {
-                    if n.data.pos(s) < p.clock {
-                        p.clock += 1;
-                        let u = Unit { epoch, ts: p.clock, txn: false };
-                        let prev = n.data.pos(s);
-                        n.data.append(s, prev, &[u], 0).unwrap();
-                    }
-                }
+                self.heartbeat_round(i);
             }
         }
         // A new membership reaches the primary's quorum some time after it commits (its
@@ -1057,6 +1048,21 @@ impl Sim {
         }
     }
 
+    /// A heartbeat on every stream of primary i that is behind its clock: afterwards every
+    /// stream's bound is past every commit made so far.
+    fn heartbeat_round(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let p = n.primary.as_mut().unwrap();
+        for s in 0..self.streams {
+            if n.data.pos(s) < p.clock {
+                p.clock += 1;
+                let u = Unit { epoch: p.epoch, ts: p.clock, txn: false };
+                let prev = n.data.pos(s);
+                n.data.append(s, prev, &[u], 0).unwrap();
+            }
+        }
+    }
+
     /// A primary draining for a switchover (`Drain`): it makes no commits; one heartbeat
     /// round brings every stream's bound past every commit (as the server's log owes a
     /// heartbeat until its watermark covers every stream); once its log is synced and the
@@ -1069,17 +1075,8 @@ impl Sim {
             if now < self.nodes[i].disk_full_until {
                 return;
             }
-            let n = &mut self.nodes[i];
-            let p = n.primary.as_mut().unwrap();
-            for s in 0..self.streams {
-                if n.data.pos(s) < p.clock {
-                    p.clock += 1;
-                    let u = Unit { epoch, ts: p.clock, txn: false };
-                    let prev = n.data.pos(s);
-                    n.data.append(s, prev, &[u], 0).unwrap();
-                }
-            }
-            p.draining.as_mut().unwrap().beat = true;
+            self.heartbeat_round(i);
+            self.nodes[i].primary.as_mut().unwrap().draining.as_mut().unwrap().beat = true;
             return;
         }
         if now < d.proposed + 20 || state.switchover.as_ref().is_none_or(|w| w.epoch != epoch) {

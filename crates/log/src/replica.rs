@@ -273,25 +273,8 @@ fn open_replica_inner(
         };
         return open_old_primary(dir, workers, storage, point, own_log, lock, t0);
     }
-    let catalog = Catalog::load(dir)?;
-    let db = Database::new(Options { workers });
-    for (id, name) in &catalog.tables {
-        db.restore_table(*id, name);
-    }
-    let mut report = RecoveryReport::default();
-    let base = crate::sealed::base(dir)?;
-    let ckpt_ts = match &base.ckpt {
-        Some((cdir, m)) => {
-            let t = Instant::now();
-            let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery_threads())?;
-            report.checkpoint_ts = Some(m.ts);
-            report.checkpoint_rows = rows;
-            report.checkpoint_bytes = bytes;
-            report.checkpoint_seconds = t.elapsed().as_secs_f64();
-            m.ts
-        }
-        None => Ts::ZERO,
-    };
+    let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
+    let ckpt_ts = report.checkpoint_ts.unwrap_or(Ts::ZERO);
     let t = Instant::now();
     // A sealed log first (everything up to its point), then the live one above it.
     let ckpt_ts = match &base.sealed {
@@ -360,6 +343,31 @@ fn open_replica_inner(
     Ok(ReplicaOpen { db, cut, streams: scan.streams, sealed: None, report, lock })
 }
 
+/// A new engine with `dir`'s tables and its newest checkpoint loaded (the report says
+/// which, `checkpoint_ts`), and what the directory holds beneath what its node wrote since
+/// its last change of role (`sealed::base`).
+fn load_base_checkpoint(
+    dir: &Path,
+    workers: usize,
+) -> Result<(Arc<Database>, RecoveryReport, crate::sealed::Base), LogError> {
+    let catalog = Catalog::load(dir)?;
+    let db = Database::new(Options { workers });
+    for (id, name) in &catalog.tables {
+        db.restore_table(*id, name);
+    }
+    let mut report = RecoveryReport::default();
+    let base = crate::sealed::base(dir)?;
+    if let Some((cdir, m)) = &base.ckpt {
+        let t = Instant::now();
+        let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery_threads())?;
+        report.checkpoint_ts = Some(m.ts);
+        report.checkpoint_rows = rows;
+        report.checkpoint_bytes = bytes;
+        report.checkpoint_seconds = t.elapsed().as_secs_f64();
+    }
+    Ok((db, report, base))
+}
+
 /// An old primary's directory opened as a backup's, cut at `point` (a failover's recovery
 /// point for the epoch its log holds): the newest checkpoint, its sealed replica log if it
 /// was promoted in place, then its own log replayed up to the lower of its durable cut and
@@ -391,25 +399,9 @@ fn open_old_primary(
             what: "holds both a primary's log segments and a live replica log".into(),
         });
     }
-    let catalog = Catalog::load(dir)?;
-    let db = Database::new(Options { workers });
-    for (id, name) in &catalog.tables {
-        db.restore_table(*id, name);
-    }
-    let mut report = RecoveryReport::default();
-    let base = crate::sealed::base(dir)?;
-    let (ckpt_ts, epoch_min) = match &base.ckpt {
-        Some((cdir, m)) => {
-            let t = Instant::now();
-            let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery_threads())?;
-            report.checkpoint_ts = Some(m.ts);
-            report.checkpoint_rows = rows;
-            report.checkpoint_bytes = bytes;
-            report.checkpoint_seconds = t.elapsed().as_secs_f64();
-            (m.ts, m.log_epoch_min)
-        }
-        None => (Ts::ZERO, Epoch(0)),
-    };
+    let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
+    let ckpt_ts = report.checkpoint_ts.unwrap_or(Ts::ZERO);
+    let epoch_min = base.ckpt.as_ref().map_or(Epoch(0), |(_, m)| m.log_epoch_min);
     let ckpt_ts = match &base.sealed {
         Some(s) => crate::sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?,
         None => ckpt_ts,

@@ -89,20 +89,27 @@ fn proxy(upstream: String, mode: Arc<AtomicU8>) -> String {
     addr
 }
 
-#[test]
-fn a_link_cut_mid_frame_after_a_held_burst_leaves_no_hole() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+/// A primary (one worker, `local`, one backup expected) in `dir` with a table `t`, shipping
+/// on a free port: the database, the table, the shipper and its address.
+fn primary_at(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
+    let a = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a_addr = listener.local_addr().unwrap().to_string();
+    let addr = listener.local_addr().unwrap().to_string();
     let policy = CommitPolicy::parse("local").unwrap();
     let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
     let p =
         Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
     let p2 = Arc::clone(&p);
     a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    (a, t, p, addr)
+}
+
+#[test]
+fn a_link_cut_mid_frame_after_a_held_burst_leaves_no_hole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (a, t, p, a_addr) = primary_at(&pa);
     let mode = Arc::new(AtomicU8::new(0));
     let px = proxy(a_addr, Arc::clone(&mode));
     let bk = backup::start(BackupOptions::new(&px, &pb, 1, "b")).unwrap();
@@ -161,16 +168,7 @@ fn a_link_cut_mid_frame_after_a_held_burst_leaves_no_hole() {
 fn a_first_join_retries_a_reset_or_closed_connection() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a_addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("local").unwrap();
-    let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
-    let p =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let (a, t, p, a_addr) = primary_at(&pa);
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     let mut last = Ts::ZERO;
     for i in 0..50u32 {
