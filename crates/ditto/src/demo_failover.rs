@@ -30,6 +30,9 @@ pub struct FailoverDemo {
     acked: usize,
     /// Acknowledged writes per 100 ms around the first kill (from 1 s before).
     timeline: Vec<usize>,
+    /// The planned switchover after the kills: (from, to, writes refused ms, the old
+    /// primary back as a backup ms).
+    switchover: Option<(u64, u64, f64, f64)>,
 }
 
 /// A three-node cluster of `ditto server --node-id` processes on loopback (the demo's and
@@ -263,7 +266,9 @@ fn check_keys(port: u16, acked: &[(String, String)]) -> Result<(), Error> {
 }
 
 pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Error> {
-    println!("\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times");
+    println!(
+        "\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times, then a switchover"
+    );
     let mut nodes = Nodes::start_three(dir, workers, "majority-durable", 250)?;
     let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
     println!("node {first} is the first primary (nodes' logs: {})", dir.display());
@@ -305,6 +310,22 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         rejoin_ms.push(t.elapsed().as_secs_f64() * 1e3);
         println!("            node {primary} restarted and rejoined as a backup in {:.0} ms", rejoin_ms[cycle]);
     }
+    // Then a planned switchover (`ditto cluster switchover`), under the same writer.
+    let from = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
+    std::thread::sleep(Duration::from_millis(1000));
+    let (asked_at, from_port) = (Instant::now(), nodes.ports[&from]);
+    nodes.switchover(from)?;
+    let first_after = wait_for("a write on the new primary", Duration::from_secs(20), || {
+        acks.lock().expect("acks").iter().find(|(_, _, t, p)| *t > asked_at && *p != from_port).map(|a| a.2)
+    })?;
+    let refused_ms = first_after.duration_since(asked_at).as_secs_f64() * 1e3;
+    let to = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
+    let opened = Instant::now();
+    wait_for("the old primary to rejoin", Duration::from_secs(30), || nodes.rejoined(from).then_some(()))?;
+    let back_ms = opened.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "switchover: node {from} handed its role to node {to}; writes refused for {refused_ms:.0} ms; node {from} back as a backup {back_ms:.0} ms later"
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
@@ -328,7 +349,14 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         }
         None => Vec::new(),
     };
-    Ok(FailoverDemo { failovers: cycles, unavailable_ms, rejoin_ms, acked: acked.len(), timeline })
+    Ok(FailoverDemo {
+        failovers: cycles,
+        unavailable_ms,
+        rejoin_ms,
+        acked: acked.len(),
+        timeline,
+        switchover: Some((from, to, refused_ms, back_ms)),
+    })
 }
 
 impl FailoverDemo {
@@ -352,6 +380,11 @@ impl FailoverDemo {
         );
         let line: Vec<String> = self.timeline.iter().map(|n| n.to_string()).collect();
         println!("  writes per 100 ms   from 1 s before the first kill: {}", line.join(" "));
+        if let Some((from, to, refused, back)) = self.switchover {
+            println!(
+                "  switchover          node {from} to node {to} (planned: drained, nothing discarded): writes refused {refused:.0} ms, node {from} a backup again {back:.0} ms later"
+            );
+        }
         println!(
             "checks:   all {} acknowledged writes on every node after every failover and at the end  OK",
             self.acked
