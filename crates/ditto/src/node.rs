@@ -467,14 +467,38 @@ impl NodePlane {
                         .recovery_point(epoch.0)
                         .ok_or_else(|| format!("its log is of epoch {}, which no failover has cut yet", epoch.0))?;
                     self.count_what_it_discards();
-                    upto = Some(point.0);
-                    say(
-                        self.me,
-                        format!(
-                            "rejoins as a backup: its own log of epoch {} is cut at the recovery point {}",
-                            epoch.0, point.0
-                        ),
-                    );
+                    if ditto_log::replica::can_cut_at(&self.data, point).map_err(|e| e.to_string())? {
+                        upto = Some(point.0);
+                        say(
+                            self.me,
+                            format!(
+                                "rejoins as a backup: its own log of epoch {} is cut at the recovery point {}",
+                                epoch.0, point.0
+                            ),
+                        );
+                    } else {
+                        // Its checkpoint holds commits above the point: it starts over from
+                        // the new primary's checkpoint. The old directory is kept aside
+                        // until it has joined (it may hold the only other copy of a
+                        // released commit while the new primary's backups catch up), and
+                        // the node does not report meanwhile.
+                        let old = self.old_primary_dir();
+                        if old.exists() {
+                            std::fs::remove_dir_all(&old).map_err(|e| format!("clearing {}: {e}", old.display()))?;
+                        }
+                        std::fs::rename(&self.data, &old)
+                            .map_err(|e| format!("moving {} aside: {e}", self.data.display()))?;
+                        std::fs::create_dir_all(&self.data)
+                            .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+                        upto = None;
+                        say(
+                            self.me,
+                            format!(
+                                "rejoins as a backup: its checkpoint lies above the recovery point {}, so its log is set aside and it copies the primary's checkpoint",
+                                point.0
+                            ),
+                        );
+                    }
                 }
                 args.extend(["--replica-of".into(), of.repl_addr()]);
                 args.extend(["--primary-addr".into(), of.client_addr()]);

@@ -368,6 +368,14 @@ fn load_base_checkpoint(
     Ok((db, report, base))
 }
 
+/// Whether an old primary's directory can be cut at `point`: its newest checkpoint and
+/// its seal, if any, are at or below it. A primary's checkpoint holds what its engine had,
+/// commits above a later recovery point included, so one above the point cannot be cut
+/// back to it: that node copies the new primary's data instead.
+pub fn can_cut_at(dir: &Path, point: Ts) -> Result<bool, LogError> {
+    Ok(crate::sealed::base(dir)?.ts <= point)
+}
+
 /// An old primary's directory opened as a backup's, cut at `point` (a failover's recovery
 /// point for the epoch its log holds): the newest checkpoint, its sealed replica log if it
 /// was promoted in place, then its own log replayed up to the lower of its durable cut and
@@ -397,6 +405,16 @@ fn open_old_primary(
             file: rdir,
             offset: 0,
             what: "holds both a primary's log segments and a live replica log".into(),
+        });
+    }
+    if !can_cut_at(dir, point)? {
+        return Err(LogError::Corrupt {
+            file: dir.to_path_buf(),
+            offset: 0,
+            what: format!(
+                "holds a checkpoint or a seal above the recovery point ts {}: it cannot be cut there (its node copies the primary's data instead)",
+                point.0
+            ),
         });
     }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
