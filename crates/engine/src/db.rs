@@ -436,6 +436,24 @@ impl Database {
         Ok(indexed)
     }
 
+    /// Forgets every record id waiting for reuse, in every table: for a backup's engine
+    /// that becomes a primary's (promotion in place). Its list was made when its directory
+    /// was opened (`recovery_finish` gives back the ids of records absent then) and by
+    /// replayed deletes, but replay then installs the primary's records at the primary's
+    /// ids, some of them among those given back (an insert that was in flight when the
+    /// checkpoint the backup loaded was written): reusing them would give a second key to
+    /// a record that holds one (found by `ditto bench failover`: a key read another key's
+    /// value on a new primary promoted in place a second after it had joined). The ids are
+    /// left unused (the space is `RECORDS_PER_TABLE_MAX` per table) until the next recovery
+    /// counts them again; ids the new primary frees itself are reused as usual.
+    pub fn forget_reusable_rids(&self) {
+        for slot in self.tables.iter() {
+            if let Some(t) = slot.get() {
+                t.forget_free_rids();
+            }
+        }
+    }
+
     /// Record ids in use in the table, of `RECORDS_PER_TABLE_MAX`: those handed out, less
     /// those given back and not yet reused (table.rs). At the limit, with none to reuse, the
     /// table takes no new keys (`Error::OutOfRecordIds`).

@@ -123,6 +123,13 @@ impl Table {
         Some(RecordId(rid))
     }
 
+    /// Forgets every id waiting for reuse (`Database::forget_reusable_rids`).
+    pub fn forget_free_rids(&self) {
+        let mut free = self.free.lock();
+        free.clear();
+        self.free_len.store(0, Ordering::Release);
+    }
+
     /// Whether `take_free_rid(bound)` would give an id now.
     pub fn has_free_rid(&self, bound: Ts) -> bool {
         self.free_len.load(Ordering::Acquire) != 0 && self.free.lock().front().is_some_and(|&(_, d)| d <= bound)

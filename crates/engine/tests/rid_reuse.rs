@@ -134,3 +134,33 @@ fn reuse_under_concurrent_churn_never_mixes_keys() {
     assert!(used <= 300 + 2000, "{live} live keys hold {used} record ids after the churn");
     assert!(created > 10 * used, "only {created} keys made: too few to have reused ids");
 }
+
+/// A backup's engine (the hazard behind `Database::forget_reusable_rids`): the directory's
+/// open gives back the ids of records absent then (`recovery_finish`), and replay then
+/// installs the primary's records at the primary's ids, some of them among those. If that
+/// engine were promoted and reused such an id, a new key would take a record that holds
+/// another key's value. Forgetting the list at the promotion makes new keys take fresh ids.
+#[test]
+fn a_replayed_record_at_an_id_given_back_is_never_reused_after_a_promotion() {
+    use ditto_engine::{RecordId, Ts};
+    let db = Database::new(Options { workers: 1 });
+    let t = db.create_table("t").unwrap();
+    // The state the backup opened with: ids 0 and 2 hold keys, id 1 is absent (an insert
+    // in flight when the primary's checkpoint was written).
+    db.recovery_install(t, RecordId(0), Some(|| bytes::Bytes::from_static(b"a")), Ts(1), Some(&b"va"[..])).unwrap();
+    db.recovery_install(t, RecordId(2), Some(|| bytes::Bytes::from_static(b"c")), Ts(2), Some(&b"vc"[..])).unwrap();
+    db.recovery_finish(Ts(2), 1).unwrap();
+    db.publish_read_view(Ts(2)).unwrap();
+    // Replay then brings that insert: key b at id 1.
+    db.replay_install(t, RecordId(1), Some(b"b"), Ts(3), Some(b"vb")).unwrap();
+    db.publish_read_view(Ts(3)).unwrap();
+    assert!(db.record_ids_used(t).unwrap() < 3, "the hazard: id 1 is still listed for reuse");
+    // The promotion: nothing listed before is reused.
+    db.forget_reusable_rids();
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    w.run(|x| x.insert(t, b"d", b"vd")).unwrap();
+    let r = db.read();
+    for (k, v) in [(&b"a"[..], &b"va"[..]), (b"b", b"vb"), (b"c", b"vc"), (b"d", b"vd")] {
+        assert_eq!(r.get(t, k).unwrap().as_deref(), Some(v), "key {:?}", String::from_utf8_lossy(k));
+    }
+}

@@ -326,6 +326,9 @@ fn open_recovered(
         std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
     }
     let report = RecoveryReport { checkpoint_ts: newest.as_ref().map(|_| ckpt_ts), cut_ts: view, ..Default::default() };
+    // A backup's engine: the ids it would reuse were listed before replay filled some of
+    // them (`Database::forget_reusable_rids`).
+    db.forget_reusable_rids();
     let in_background = sealed && opts.checkpoint_sealed;
     let durable = start_logging(dir, opts, db, lock, catalog, epoch, view, ckpt_ts, report, t0)?;
     if in_background {
