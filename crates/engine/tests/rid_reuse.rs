@@ -158,7 +158,7 @@ fn a_replayed_record_at_an_id_given_back_is_never_reused_after_a_promotion() {
     // The promotion: nothing listed before is reused.
     db.forget_reusable_rids();
     let mut w = db.worker(WorkerId(0)).unwrap();
-    w.run(|x| x.insert(t, b"d", b"vd")).unwrap();
+    w.run(|x| x.insert(t, b"d", b"vd")).unwrap().1.wait().unwrap();
     let r = db.read();
     for (k, v) in [(&b"a"[..], &b"va"[..]), (b"b", b"vb"), (b"c", b"vc"), (b"d", b"vd")] {
         assert_eq!(r.get(t, k).unwrap().as_deref(), Some(v), "key {:?}", String::from_utf8_lossy(k));
