@@ -454,24 +454,51 @@ impl NodePlane {
             Role::Backup { .. } => {
                 let of = of_addrs.expect("a backup's primary");
                 // Its cut: what it holds of the epoch it followed, if a failover cut that.
-                let upto = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map(|t| t.0);
+                let mut upto = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map(|t| t.0);
                 if holds_primary_log(&self.data) {
                     // This node was a primary: its log may hold commits above the recovery
-                    // point. It starts over from the new primary's checkpoint; its old
-                    // directory is kept aside until it has joined (it may hold the only
-                    // other copy of a released commit while the new primary's backups
-                    // catch up), and the node does not report meanwhile. (Cutting its own
-                    // log at the point instead was tried and taken back: docs/cluster.md.)
-                    let old = self.old_primary_dir();
-                    if old.exists() {
-                        std::fs::remove_dir_all(&old).map_err(|e| format!("clearing {}: {e}", old.display()))?;
-                    }
+                    // point. They are counted first; its server then cuts the log at the
+                    // point and follows the new primary from there (a log whose durable cut
+                    // lies below the point is sent the rest), without copying its data
+                    // (`ditto_log::replica::open_replica_upto`).
+                    let epoch = ditto_log::recovery::primary_log_epoch(&self.data).map_err(|e| e.to_string())?;
+                    let point = self
+                        .state
+                        .recovery_point(epoch.0)
+                        .ok_or_else(|| format!("its log is of epoch {}, which no failover has cut yet", epoch.0))?;
                     self.count_what_it_discards();
-                    std::fs::rename(&self.data, &old)
-                        .map_err(|e| format!("moving {} aside: {e}", self.data.display()))?;
-                    std::fs::create_dir_all(&self.data)
-                        .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
-                    say(self.me, "rejoins as a backup: its own log is set aside, it copies the primary's checkpoint");
+                    if ditto_log::replica::can_cut_at(&self.data, point).map_err(|e| e.to_string())? {
+                        upto = Some(point.0);
+                        say(
+                            self.me,
+                            format!(
+                                "rejoins as a backup: its own log of epoch {} is cut at the recovery point {}",
+                                epoch.0, point.0
+                            ),
+                        );
+                    } else {
+                        // Its checkpoint holds commits above the point: it starts over from
+                        // the new primary's checkpoint. The old directory is kept aside
+                        // until it has joined (it may hold the only other copy of a
+                        // released commit while the new primary's backups catch up), and
+                        // the node does not report meanwhile.
+                        let old = self.old_primary_dir();
+                        if old.exists() {
+                            std::fs::remove_dir_all(&old).map_err(|e| format!("clearing {}: {e}", old.display()))?;
+                        }
+                        std::fs::rename(&self.data, &old)
+                            .map_err(|e| format!("moving {} aside: {e}", self.data.display()))?;
+                        std::fs::create_dir_all(&self.data)
+                            .map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+                        upto = None;
+                        say(
+                            self.me,
+                            format!(
+                                "rejoins as a backup: its checkpoint lies above the recovery point {}, so its log is set aside and it copies the primary's checkpoint",
+                                point.0
+                            ),
+                        );
+                    }
                 }
                 args.extend(["--replica-of".into(), of.repl_addr()]);
                 args.extend(["--primary-addr".into(), of.client_addr()]);

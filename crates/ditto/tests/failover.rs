@@ -1299,6 +1299,12 @@ fn switchover_under_writer(policy: &str) -> (Cluster, u64, u64, String) {
         c.info(first).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
     });
     w.stop();
+    // It kept its own data, cut at the point (exactly what it drained to), and resumed
+    // from there: no copy of the new primary's checkpoint.
+    let log = std::fs::read_to_string(c.log(first)).unwrap();
+    let rejoin = log.split("rejoins as a backup: its own log of epoch").nth(1).unwrap_or_else(|| panic!("{log}"));
+    assert!(rejoin.contains("backup: resuming from ts"), "resumed above its cut: {rejoin}");
+    assert!(!rejoin.contains("backup: checkpoint at ts"), "no checkpoint copied: {rejoin}");
     let acked = w.acked();
     for id in [to, first, (1..=3).find(|&i| i != to && i != first).unwrap()] {
         check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {

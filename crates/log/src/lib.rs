@@ -201,7 +201,8 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
         None => ckpt_ts,
     };
     let recovery::LogDir { segments, unfinished } = recovery::list_segments(dir)?;
-    let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, &mut report, opts.progress, &*opts.log.storage)?;
+    let cut =
+        recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, None, &mut report, opts.progress, &*opts.log.storage)?;
     // Only once the log checked out: a segment a crash left unfinished held no batch.
     for path in unfinished {
         tracing::warn!("{}: a segment left unfinished by a crash (no batch in it); removing", path.display());

@@ -444,12 +444,16 @@ pub(crate) fn recovery_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Steps 3-5 above: reads the log of epochs >= `epoch_min` and replays it after `ckpt_ts`.
+/// Steps 3-5 above: reads the log of epochs >= `epoch_min` and replays it after `ckpt_ts`,
+/// up to the cut it computes, or `limit` if that is lower (an old primary's log cut at a
+/// failover's recovery point: what lies above is dropped, counted in the report).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn replay_log(
     db: &Database,
     segments: &[SegmentFile],
     epoch_min: Epoch,
     ckpt_ts: Ts,
+    limit: Option<Ts>,
     report: &mut RecoveryReport,
     progress: bool,
     storage: &dyn Storage,
@@ -525,6 +529,7 @@ pub(crate) fn replay_log(
     }
     let floor = logs.iter().map(|l| l.floor).max().unwrap_or(Ts::ZERO);
     let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor);
+    let cut = limit.map_or(cut, |l| cut.min(l.max(ckpt_ts)));
     report.cut_ts = cut;
     report.log_bytes = logs.iter().map(|l| l.bytes).sum();
     report.torn_tails_truncated = logs.iter().filter_map(|l| l.torn.map(|(p, len)| (p.to_path_buf(), len))).collect();

@@ -258,14 +258,20 @@ fn open_replica_inner(
     }
     let lock = crate::lock_dir(dir)?;
     crate::sealed::finish_seal(dir, &**storage)?;
-    if !crate::recovery::list_segments(dir)?.segments.is_empty() {
-        return Err(LogError::Corrupt {
-            file: dir.join("log"),
-            offset: 0,
-            what: "this data directory holds a primary's log segments: a backup needs an empty \
-                   directory or one it wrote itself"
-                .into(),
-        });
+    // An old primary that rejoins as a backup: its own log, cut at the failover's recovery
+    // point (`limit`), becomes the backup's starting point (see `open_old_primary`).
+    let own_log = crate::recovery::list_segments(dir)?;
+    if !own_log.segments.is_empty() {
+        let Some(point) = limit.filter(|_| !require_limit) else {
+            return Err(LogError::Corrupt {
+                file: dir.join("log"),
+                offset: 0,
+                what: "this data directory holds a primary's log segments: a backup needs an empty \
+                       directory, one it wrote itself, or an old primary's cut at a failover's recovery point"
+                    .into(),
+            });
+        };
+        return open_old_primary(dir, workers, storage, point, own_log, lock, t0);
     }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
     let ckpt_ts = report.checkpoint_ts.unwrap_or(Ts::ZERO);
@@ -360,6 +366,99 @@ fn load_base_checkpoint(
         report.checkpoint_seconds = t.elapsed().as_secs_f64();
     }
     Ok((db, report, base))
+}
+
+/// Whether an old primary's directory can be cut at `point`: its newest checkpoint and
+/// its seal, if any, are at or below it. A primary's checkpoint holds what its engine had,
+/// commits above a later recovery point included, so one above the point cannot be cut
+/// back to it: that node copies the new primary's data instead.
+pub fn can_cut_at(dir: &Path, point: Ts) -> Result<bool, LogError> {
+    Ok(crate::sealed::base(dir)?.ts <= point)
+}
+
+/// An old primary's directory opened as a backup's, cut at `point` (a failover's recovery
+/// point for the epoch its log holds): the newest checkpoint, its sealed replica log if it
+/// was promoted in place, then its own log replayed up to the lower of its durable cut and
+/// the point; everything above is dropped (its own count of what it discards was taken
+/// before, `primary_log_holdings`). The result is written as a checkpoint at the cut, and
+/// only then are the log's segments (and the sealed log, and older checkpoints) removed, so
+/// a crash at any step leaves either the old directory, which the next open cuts the same
+/// way, or a backup's directory holding the cut.
+///
+/// This is the rejoin of an old primary without copying the new primary's data: every
+/// commit at or below the point is the same on both (the new primary holds exactly the
+/// old epoch's history up to it), and a log whose durable cut lies below the point (it
+/// shipped batches it had not yet made durable) is sent the rest by the new primary, as a
+/// backup behind the point is.
+fn open_old_primary(
+    dir: &Path,
+    workers: usize,
+    storage: &Arc<dyn Storage>,
+    point: Ts,
+    own_log: crate::recovery::LogDir,
+    lock: std::fs::File,
+    t0: Instant,
+) -> Result<ReplicaOpen, LogError> {
+    let rdir = replica_dir(dir);
+    if rdir.exists() && std::fs::read_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?.next().is_some() {
+        return Err(LogError::Corrupt {
+            file: rdir,
+            offset: 0,
+            what: "holds both a primary's log segments and a live replica log".into(),
+        });
+    }
+    if !can_cut_at(dir, point)? {
+        return Err(LogError::Corrupt {
+            file: dir.to_path_buf(),
+            offset: 0,
+            what: format!(
+                "holds a checkpoint or a seal above the recovery point ts {}: it cannot be cut there (its node copies the primary's data instead)",
+                point.0
+            ),
+        });
+    }
+    let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
+    let ckpt_ts = report.checkpoint_ts.unwrap_or(Ts::ZERO);
+    let epoch_min = base.ckpt.as_ref().map_or(Epoch(0), |(_, m)| m.log_epoch_min);
+    let ckpt_ts = match &base.sealed {
+        Some(s) => crate::sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?,
+        None => ckpt_ts,
+    };
+    let t = Instant::now();
+    let cut = crate::recovery::replay_log(
+        &db,
+        &own_log.segments,
+        epoch_min,
+        ckpt_ts,
+        Some(point),
+        &mut report,
+        false,
+        &**storage,
+    )?
+    .max(ckpt_ts)
+    .min(point.max(ckpt_ts));
+    report.log_seconds = t.elapsed().as_secs_f64();
+    let ti = Instant::now();
+    report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
+    report.index_seconds = ti.elapsed().as_secs_f64();
+    db.publish_read_view(cut).map_err(LogError::Engine)?;
+    let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
+    report.checkpoint_write_seconds = info.seconds;
+    report.checkpoint_written_bytes = info.bytes;
+    for s in &own_log.segments {
+        storage.remove(&s.path).map_err(|e| LogError::io(&s.path, e))?;
+    }
+    for p in &own_log.unfinished {
+        storage.remove(p).map_err(|e| LogError::io(p, e))?;
+    }
+    let logdir = dir.join("log");
+    storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
+    crate::remove_checkpoints_except(dir, &info.dir)?;
+    crate::sealed::remove_sealed(dir, &**storage)?;
+    std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+    report.cut_ts = cut;
+    report.total_seconds = t0.elapsed().as_secs_f64();
+    Ok(ReplicaOpen { db, cut, streams: None, sealed: None, report, lock })
 }
 
 /// Opens a backup's data directory with an engine kept from before (a cluster backup that

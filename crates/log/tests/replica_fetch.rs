@@ -102,3 +102,75 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     assert_eq!(ra.db.count(ta).unwrap(), 400);
     assert_eq!(rb.db.count(rb.db.table_id("t").unwrap()).unwrap(), 400);
 }
+
+/// An old primary rejoining as a backup (`open_replica_upto` with the failover's point on a
+/// directory holding its own log): the engine holds exactly the commits at or below the
+/// point, the directory becomes a backup's (a checkpoint at the cut, no log segments), and
+/// opening it again gives the same; with a point above what the log holds, the cut is the
+/// log's own; without a point the directory is refused, changing nothing.
+#[test]
+fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let make = || {
+        let dir = tempfile::tempdir().unwrap();
+        let o = OpenOptions {
+            workers: 2,
+            log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
+            ..Default::default()
+        };
+        let d = open(dir.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut ts_of = Vec::new();
+        for i in 0..300u64 {
+            let mut w = d.db().worker(WorkerId((i % 2) as u32)).unwrap();
+            let (_, c) = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes()).map(|_| ())).unwrap();
+            ts_of.push(c.ts());
+            c.wait().unwrap();
+        }
+        d.close();
+        (dir, ts_of)
+    };
+    let count = |db: &Arc<ditto_engine::Database>| {
+        let t = db.table_id("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        let mut tx = w.begin_snapshot();
+        (0..300u64).filter(|i| tx.get(t, &i.to_be_bytes()).unwrap().is_some()).count()
+    };
+    let segments = |p: &std::path::Path| std::fs::read_dir(p.join("log")).map_or(0, |r| r.count());
+
+    let (dir, ts_of) = make();
+    assert!(segments(dir.path()) > 0);
+    assert!(ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, None).is_err(), "no point: refused");
+    assert!(segments(dir.path()) > 0, "refused, nothing changed");
+    let point = ts_of[149];
+    // Its segments, kept to put back below (a crash between the checkpoint and their removal).
+    let saved = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir.path().join("log")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), saved.path().join(e.file_name())).unwrap();
+    }
+    let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, Some(point)).unwrap();
+    assert_eq!(o.cut, point);
+    assert_eq!(count(&o.db), 150, "exactly the commits at or below the point");
+    assert_eq!(segments(dir.path()), 0, "its log is gone, a checkpoint holds the cut");
+    drop(o);
+    let again = open_replica(dir.path(), 2, &storage).unwrap();
+    assert_eq!((again.cut, count(&again.db)), (point, 150), "a backup's directory now");
+    drop(again);
+    // A crash after the checkpoint at the cut, before the segments went: the next open
+    // (with the same point) cuts the same way.
+    for e in std::fs::read_dir(saved.path()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join("log").join(e.file_name())).unwrap();
+    }
+    let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, Some(point)).unwrap();
+    assert_eq!((o.cut, count(&o.db), segments(dir.path())), (point, 150, 0));
+    drop(o);
+
+    // A point above everything it holds: it keeps all of it.
+    let (dir, ts_of) = make();
+    let top = *ts_of.last().unwrap();
+    let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, Some(Ts(top.0 + 1000))).unwrap();
+    assert!(o.cut >= top && o.cut.0 <= top.0 + 1000, "{:?}", o.cut);
+    assert_eq!(count(&o.db), 300);
+}

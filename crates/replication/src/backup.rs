@@ -290,7 +290,17 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let storage: Arc<dyn Storage> = opts.storage.clone().unwrap_or_else(|| Arc::new(RealStorage));
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-    let followed = read_followed_epoch(&dir);
+    let mut followed = read_followed_epoch(&dir);
+    if followed.is_none() && opts.recover_upto.is_some() {
+        // An old primary that rejoins: its own log (of this epoch) is cut at the recovery
+        // point and kept (`open_replica_upto`), and it follows on from there. The epoch is
+        // saved first, so a crash during or after the cut still resumes from what it kept.
+        let own = ditto_log::recovery::primary_log_epoch(&dir)?;
+        if own.0 > 0 {
+            write_followed_epoch(&dir, own).map_err(io("saving the followed epoch"))?;
+            followed = Some(own);
+        }
+    }
     let mut opened = match &opts.engine {
         Some(db) => ditto_log::replica::open_replica_with(&dir, Arc::clone(db))?,
         None => ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?,
