@@ -166,6 +166,13 @@ struct Gate {
 
 type SharedGate = Arc<parking_lot::Mutex<Gate>>;
 
+/// Sends one line to the running server's standard input; false if there is none or the
+/// write failed.
+fn tell_server(gate: &SharedGate, line: &str) -> bool {
+    let mut g = gate.lock();
+    g.stdin.as_mut().is_some_and(|i| writeln!(i, "{line}").and_then(|_| i.flush()).is_ok())
+}
+
 /// One failover as this node saw it (wall-clock milliseconds).
 #[derive(Clone, Debug, Default)]
 struct FailoverSeen {
@@ -759,11 +766,7 @@ impl NodePlane {
             && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { epoch: e, .. } if e == epoch));
         let target = self.addrs(to).map(|m| m.client_addr());
         let asked = match (serves, target) {
-            (true, Some(t)) => {
-                let mut g = self.gate.lock();
-                let line = format!("drain {t} {}\n", DRAIN_WITHIN.as_millis());
-                g.stdin.as_mut().is_some_and(|i| i.write_all(line.as_bytes()).and_then(|_| i.flush()).is_ok())
-            }
+            (true, Some(t)) => tell_server(&self.gate, &format!("drain {t} {}", DRAIN_WITHIN.as_millis())),
             _ => false,
         };
         if asked {
@@ -802,10 +805,7 @@ impl NodePlane {
             // Begun (the epoch moved on), or given up: a server still draining takes writes
             // again (one that was fenced has stopped).
             if self.state.epoch == sw.epoch {
-                let mut g = self.gate.lock();
-                if let Some(i) = &mut g.stdin {
-                    let _ = i.write_all(b"drain off\n").and_then(|_| i.flush());
-                }
+                tell_server(&self.gate, "drain off");
             }
             self.switching = None;
             return Vec::new();
@@ -825,12 +825,7 @@ impl NodePlane {
                 ),
             },
             Some(Err(why)) => {
-                {
-                    let mut g = self.gate.lock();
-                    if let Some(i) = &mut g.stdin {
-                        let _ = i.write_all(b"drain off\n").and_then(|_| i.flush());
-                    }
-                }
+                tell_server(&self.gate, "drain off");
                 Command::EndSwitchover { epoch: sw.epoch, why }
             }
         };

@@ -12,16 +12,22 @@ use ditto_log::replica::{append_fetched, open_replica, replica_holdings, replica
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::{open, Durability, LogOptions, OpenOptions};
 
-#[test]
-fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_the_peer_holds() {
-    let primary = tempfile::tempdir().unwrap();
+/// A primary's directory (two workers, every batch fsynced) with a table `t`.
+fn primary_with_table(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::TableId) {
     let o = OpenOptions {
         workers: 2,
         log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
         ..Default::default()
     };
-    let d = open(primary.path(), o).unwrap();
+    let d = open(dir, o).unwrap();
     let t = d.db().create_table("t").unwrap();
+    (d, t)
+}
+
+#[test]
+fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_the_peer_holds() {
+    let primary = tempfile::tempdir().unwrap();
+    let (d, t) = primary_with_table(primary.path());
     for (worker, base) in [(0u32, 0u64), (1, 1000)] {
         let mut w = d.db().worker(WorkerId(worker)).unwrap();
         for i in base..base + 200 {
@@ -113,13 +119,7 @@ fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
     let make = || {
         let dir = tempfile::tempdir().unwrap();
-        let o = OpenOptions {
-            workers: 2,
-            log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
-            ..Default::default()
-        };
-        let d = open(dir.path(), o).unwrap();
-        let t = d.db().create_table("t").unwrap();
+        let (d, t) = primary_with_table(dir.path());
         let mut ts_of = Vec::new();
         for i in 0..300u64 {
             let mut w = d.db().worker(WorkerId((i % 2) as u32)).unwrap();
