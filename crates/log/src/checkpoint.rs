@@ -23,7 +23,7 @@
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ditto_engine::{Database, ReadTxn, RecordId, TableId, Ts};
@@ -42,6 +42,51 @@ pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
 const PART_HEADER_LEN: usize = 32;
 const PART_TRAILER_LEN: usize = 24;
 const RIDS_PER_TASK: u64 = 1 << 16;
+/// A paced checkpoint's writer checks its pace, and starts the write-back of what it
+/// wrote, every this many bytes (so it sleeps at most 8 ms at a time at 128 MB/s, and a
+/// cancelled one stops that soon).
+const PACE_STEP: u64 = 1 << 20;
+
+/// How fast a checkpoint taken while the node serves may write: its writer threads
+/// together write at most `bytes_per_s`, and each starts the write-back of its part every
+/// `PACE_STEP` (`LogFile::write_back`). Unpaced, three nodes writing a 466 MB checkpoint
+/// each (the seals and the rejoin after a failover) filled the disk's queue, so every
+/// commit's fsync waited behind it (docs/cluster.md, "Paced checkpoints"). What the pace
+/// costs is time: a checkpoint of B bytes takes at least B / `bytes_per_s`, unless
+/// someone waits for it (`hurry` above 0: a backup joining, which needs it, or another
+/// checkpoint asked for), and then it goes as fast as it can.
+#[derive(Debug)]
+pub(crate) struct Pace<'a> {
+    start: Instant,
+    bytes_per_s: f64,
+    written: AtomicU64,
+    hurry: Option<&'a AtomicUsize>,
+}
+
+impl<'a> Pace<'a> {
+    /// `None` for 0 (unpaced).
+    pub(crate) fn new(bytes_per_s: u64, hurry: Option<&'a AtomicUsize>) -> Option<Pace<'a>> {
+        (bytes_per_s > 0).then(|| Pace {
+            start: Instant::now(),
+            bytes_per_s: bytes_per_s as f64,
+            written: AtomicU64::new(0),
+            hurry,
+        })
+    }
+
+    /// Counts `n` more bytes written, and sleeps until the pace allows them.
+    fn wrote(&self, n: u64) {
+        let total = self.written.fetch_add(n, Ordering::Relaxed) + n;
+        if self.hurry.is_some_and(|h| h.load(Ordering::Relaxed) > 0) {
+            return;
+        }
+        let due = self.start + Duration::from_secs_f64(total as f64 / self.bytes_per_s);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartInfo {
@@ -167,6 +212,7 @@ pub(crate) fn write(
     part_bytes: u64,
     log_epoch_min: Epoch,
     storage: &dyn Storage,
+    pace: Option<Pace<'_>>,
 ) -> Result<CheckpointInfo, LogError> {
     let t0 = Instant::now();
     let snap = db.read();
@@ -197,7 +243,7 @@ pub(crate) fn write(
     }
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
     let root = checkpoints_dir(data);
-    let written = write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage)
+    let written = write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref())
         .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
     match written {
         Ok(manifest) => Ok(CheckpointInfo::of(&manifest, dir, t0)),
@@ -218,7 +264,9 @@ pub(crate) fn write(
     }
 }
 
-/// Writes the parts, then the manifest, of a new checkpoint of `snap` into `dir`.
+/// Writes the parts, then the manifest, of a new checkpoint of `snap` into `dir`, at
+/// `pace` if given.
+#[allow(clippy::too_many_arguments)]
 fn write_new(
     db: &Database,
     snap: &ReadTxn<'_>,
@@ -227,6 +275,7 @@ fn write_new(
     part_bytes: u64,
     log_epoch_min: Epoch,
     storage: &dyn Storage,
+    pace: Option<&Pace<'_>>,
 ) -> Result<Manifest, LogError> {
     let ts = snap.ts();
     let mut tasks = Vec::new();
@@ -252,7 +301,7 @@ fn write_new(
                         let i = next_part.fetch_add(1, Ordering::Relaxed);
                         let path = part_path(dir, i);
                         let f = storage.create_new(&path).map_err(|e| LogError::io(&path, e))?;
-                        Ok((i, path, PartWriter::new(f, i as u32, ts)))
+                        Ok((i, path, PartWriter::new(f, i as u32, ts, pace)))
                     };
                     let mut done = Vec::new();
                     let (mut i, mut path, mut w) = start()?;
@@ -297,18 +346,22 @@ fn write_new(
     Ok(manifest)
 }
 
-/// One part file being written, through the storage and a 1 MiB buffer.
-struct PartWriter {
+/// One part file being written, through the storage and a 1 MiB buffer, at the
+/// checkpoint's pace if it has one.
+struct PartWriter<'p, 'h> {
     out: BufWriter<LogFileWriter>,
     crc: u32,
     bytes: u64,
     rows: u64,
+    pace: Option<&'p Pace<'h>>,
+    /// Bytes put since the pace was last told.
+    unpaced: u64,
 }
 
-impl PartWriter {
-    fn new(file: Box<dyn LogFile>, part: u32, ts: Ts) -> Self {
+impl<'p, 'h> PartWriter<'p, 'h> {
+    fn new(file: Box<dyn LogFile>, part: u32, ts: Ts, pace: Option<&'p Pace<'h>>) -> Self {
         let out = BufWriter::with_capacity(1 << 20, LogFileWriter(file));
-        let mut w = PartWriter { out, crc: 0, bytes: 0, rows: 0 };
+        let mut w = PartWriter { out, crc: 0, bytes: 0, rows: 0, pace, unpaced: 0 };
         let mut h = [0u8; PART_HEADER_LEN];
         h[..8].copy_from_slice(PART_MAGIC);
         h[8..12].copy_from_slice(&CHECKPOINT_FORMAT_VERSION.to_le_bytes());
@@ -328,7 +381,17 @@ impl PartWriter {
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.crc = crc32c::crc32c_append(self.crc, b);
         self.bytes += b.len() as u64;
-        self.out.write_all(b)
+        self.out.write_all(b)?;
+        if let Some(pace) = self.pace {
+            self.unpaced += b.len() as u64;
+            if self.unpaced >= PACE_STEP {
+                // A hint: a file system without it leaves the write-back to the part's
+                // fsync, which reports any write error.
+                let _ = self.out.get_mut().0.write_back();
+                pace.wrote(std::mem::take(&mut self.unpaced));
+            }
+        }
+        Ok(())
     }
 
     fn row(&mut self, table: TableId, rid: RecordId, ts: Ts, key: &[u8], val: &[u8]) -> std::io::Result<()> {

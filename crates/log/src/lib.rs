@@ -30,6 +30,7 @@ pub mod writer;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -145,6 +146,9 @@ struct Inner {
     dir: PathBuf,
     opts: LogOptions,
     checkpointing: Mutex<()>,
+    /// Callers waiting for `checkpointing`: while there are any, the checkpoint being
+    /// written goes unpaced (checkpoint.rs, `Pace`).
+    checkpoint_waiters: AtomicUsize,
     /// The last checkpoint `checkpoint` wrote, and the log's `bytes_written` when it began
     /// (`link_recent_checkpoint`).
     last_checkpoint: Mutex<Option<(CheckpointInfo, u64)>>,
@@ -242,7 +246,8 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     let mut durable_ckpt_ts = ckpt_ts;
     if !segments.is_empty() || sealed_log.is_some() {
         let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
-        let info = checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage)?;
+        let info =
+            checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage, None)?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
         durable_ckpt_ts = info.ts;
@@ -386,6 +391,7 @@ fn start_logging(
             dir: dir.to_path_buf(),
             opts: opts.log,
             checkpointing: Mutex::new(()),
+            checkpoint_waiters: AtomicUsize::new(0),
             last_checkpoint: Mutex::new(None),
             recovery: report,
             _lock: lock,
@@ -529,11 +535,24 @@ impl Durable {
         &self.inner.recovery
     }
 
+    /// The turn to checkpoint (one at a time). A caller that has to wait counts as a
+    /// waiter meanwhile, so the checkpoint it waits for stops pacing itself (`Pace`).
+    fn checkpoint_turn(&self) -> parking_lot::MutexGuard<'_, ()> {
+        if let Some(g) = self.inner.checkpointing.try_lock() {
+            return g;
+        }
+        let waiters = &self.inner.checkpoint_waiters;
+        waiters.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let g = self.inner.checkpointing.lock();
+        waiters.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        g
+    }
+
     /// Writes an online checkpoint (workers keep running), then deletes the log segments and
     /// older checkpoints it covers. If it fails, nothing is deleted and the log goes on: the
     /// previous checkpoint and the segments still hold everything.
     pub fn checkpoint(&self) -> Result<CheckpointInfo, LogError> {
-        let _one = self.inner.checkpointing.lock();
+        let _one = self.checkpoint_turn();
         let i = &self.inner;
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
         let written = checkpoint::write(
@@ -543,6 +562,7 @@ impl Durable {
             i.opts.checkpoint_part_bytes,
             i.logger.epoch(),
             &*i.opts.storage,
+            checkpoint::Pace::new(i.opts.checkpoint_write_bytes_per_s, Some(&i.checkpoint_waiters)),
         );
         let stats = &i.logger.stats;
         let counter = if written.is_ok() { &stats.checkpoints } else { &stats.checkpoint_failures };
@@ -574,7 +594,7 @@ impl Durable {
     /// writes in the background). `None` if there is none, or too much log since. Waits
     /// for a checkpoint being written. Returns the checkpoint and its files' names.
     pub fn link_recent_checkpoint(&self, to: &Path) -> Result<Option<(CheckpointInfo, Vec<String>)>, LogError> {
-        let _one = self.inner.checkpointing.lock();
+        let _one = self.checkpoint_turn();
         let Some((info, bytes_then)) = self.inner.last_checkpoint.lock().clone() else { return Ok(None) };
         let since = self.inner.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire) - bytes_then;
         if since > info.bytes / 2 || !info.dir.join("MANIFEST").exists() {

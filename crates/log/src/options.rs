@@ -59,6 +59,14 @@ pub struct LogOptions {
     /// A checkpoint writer starts a new part file once its part is over this size, so
     /// recovery can load a checkpoint on more threads than wrote it.
     pub checkpoint_part_bytes: u64,
+    /// The most an online checkpoint (`Durable::checkpoint`: the periodic one, the one
+    /// that takes a sealed log away, SAVE) writes a second, its threads together; each
+    /// also starts the write-back of its part every 4 MiB. 0 (the default here): as fast
+    /// as the disk takes it. A server paces its checkpoints (`checkpoint_write_mb_per_s`,
+    /// docs/server.md) so that a commit's fsync never queues behind one (docs/cluster.md,
+    /// "Paced checkpoints"). Checkpoints written by recovery, before the node serves, are
+    /// never paced.
+    pub checkpoint_write_bytes_per_s: u64,
     /// Where files go; tests substitute a fault-injecting storage.
     pub storage: Arc<dyn Storage>,
 }
@@ -73,6 +81,7 @@ impl Default for LogOptions {
             stream_buffer_bytes_max: 64 << 20,
             checkpoint_threads: 2,
             checkpoint_part_bytes: 64 << 20,
+            checkpoint_write_bytes_per_s: 0,
             storage: Arc::new(RealStorage),
         }
     }

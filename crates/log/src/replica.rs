@@ -330,7 +330,7 @@ fn open_replica_inner(
     // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
     // them: it was never acknowledged; and what lies above a limit).
     if !scan.files.is_empty() || base.sealed.is_some() {
-        let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
+        let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
         for (_, p) in &scan.files {
@@ -442,7 +442,7 @@ fn open_old_primary(
     report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = ti.elapsed().as_secs_f64();
     db.publish_read_view(cut).map_err(LogError::Engine)?;
-    let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage)?;
+    let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
     report.checkpoint_write_seconds = info.seconds;
     report.checkpoint_written_bytes = info.bytes;
     for s in &own_log.segments {
@@ -1021,7 +1021,7 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
 /// second or more, which a failover need not wait for (nothing reads `trash/`; what a
 /// crash leaves there is deleted by the next seal).
 pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
-    let info = checkpoint::write(db, data, recovery_threads(), 64 << 20, Epoch(0), storage)?;
+    let info = checkpoint::write(db, data, recovery_threads(), 64 << 20, Epoch(0), storage, None)?;
     let root = checkpoint::checkpoints_dir(data);
     let mut gone: Vec<PathBuf> = Vec::new();
     for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
@@ -1070,10 +1070,24 @@ pub const TRASH_DIR: &str = "trash";
 /// below it installed, as a snapshot sees it), then deletes the older checkpoints. Its
 /// replica log files that the new checkpoint covers may then go
 /// (`ReplicaLog::remove_covered_by` with the returned timestamp); `open_replica` loads it
-/// and replays only what lies above it.
-pub fn checkpoint_replica(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
+/// and replays only what lies above it. It writes at most `write_bytes_per_s` (0: as fast
+/// as it goes; `LogOptions::checkpoint_write_bytes_per_s`).
+pub fn checkpoint_replica(
+    db: &Database,
+    data: &Path,
+    storage: &dyn Storage,
+    write_bytes_per_s: u64,
+) -> Result<CheckpointInfo, LogError> {
     let threads = recovery_threads().min(2);
-    let info = checkpoint::write(db, data, threads, 64 << 20, Epoch(0), storage)?;
+    let info = checkpoint::write(
+        db,
+        data,
+        threads,
+        64 << 20,
+        Epoch(0),
+        storage,
+        checkpoint::Pace::new(write_bytes_per_s, None),
+    )?;
     crate::remove_checkpoints_except(data, &info.dir)?;
     // At the read view, so at or above a sealed log's point: that log can go.
     crate::sealed::remove_sealed(data, storage)?;

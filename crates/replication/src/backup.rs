@@ -134,6 +134,9 @@ pub struct BackupOptions {
     /// its replica log before it serves (docs/cluster.md). 0: time only.
     pub checkpoint_log_min_bytes: u64,
     pub checkpoint_log_growth_percent: u64,
+    /// The most its checkpoints write a second (0: unpaced;
+    /// `ditto_log::LogOptions::checkpoint_write_bytes_per_s`).
+    pub checkpoint_write_bytes_per_s: u64,
     /// Replica log files are closed past this size (only closed ones are deleted).
     pub replica_file_bytes: u64,
     /// Recover at most up to this timestamp at the start (a failover's recovery point:
@@ -165,6 +168,7 @@ impl BackupOptions {
             checkpoint_every: Duration::from_secs(300),
             checkpoint_log_min_bytes: 0,
             checkpoint_log_growth_percent: 100,
+            checkpoint_write_bytes_per_s: 0,
             replica_file_bytes: 64 << 20,
             recover_upto: None,
             hold_replay_at_release: false,
@@ -475,6 +479,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let ckpt_cancel = Arc::new(AtomicBool::new(false));
     {
         let (db, state, dir, every) = (Arc::clone(&db), Arc::clone(&state), dir.clone(), opts.checkpoint_every);
+        let pace = opts.checkpoint_write_bytes_per_s;
         // A fence stops a checkpoint short rather than wait for it (a second or more at
         // hundreds of MB, with a failover waiting on the fence).
         let cancel = Arc::clone(&ckpt_cancel);
@@ -537,7 +542,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     // Once, whatever comes of it: after a failure the sealed log stays (recovery
                     // replays it), and the policy's next checkpoint takes it away.
                     seal_pending = false;
-                    match ditto_log::replica::checkpoint_replica(&db, &dir, &storage) {
+                    match ditto_log::replica::checkpoint_replica(&db, &dir, &storage, pace) {
                         Ok(info) => {
                             (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
                             state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);

@@ -43,6 +43,12 @@ pub struct Config {
     /// Checkpoint once this many deleted records' ids, and at least as many as are in use,
     /// wait for one to be reused (0: not by ids).
     pub checkpoint_reuse_min_ids: u64,
+    /// The most a checkpoint written while the server serves (periodic, after a
+    /// failover's seal, a backup's own, SAVE) writes a second, in MB (10^6 bytes); 0: as
+    /// fast as the disk takes it. Unpaced, a checkpoint of hundreds of MB fills the disk's
+    /// queue and every commit's fsync waits behind it (docs/cluster.md, "Paced
+    /// checkpoints"); paced, it takes at least its size / this.
+    pub checkpoint_write_mb_per_s: u64,
     /// Clients must AUTH with this password (user `default`).
     pub requirepass: Option<String>,
     pub max_clients: usize,
@@ -165,6 +171,7 @@ impl Default for Config {
             checkpoint_log_growth_percent: 100,
             checkpoint_log_min_bytes: 64 << 20,
             checkpoint_reuse_min_ids: 100_000,
+            checkpoint_write_mb_per_s: 128,
             requirepass: None,
             max_clients: 10_000,
             max_args: limits.max_args,

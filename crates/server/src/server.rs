@@ -213,6 +213,7 @@ fn run_role(
                 // most that much before it serves (docs/cluster.md).
                 checkpoint_log_min_bytes: cfg.checkpoint_log_min_bytes,
                 checkpoint_log_growth_percent: cfg.checkpoint_log_growth_percent,
+                checkpoint_write_bytes_per_s: cfg.checkpoint_write_mb_per_s * 1_000_000,
                 replica_file_bytes: 64 << 20,
                 recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
                 // A cluster node's backup may be promoted in place: it replays only what
@@ -238,6 +239,7 @@ fn run_role(
             let log = ditto_log::LogOptions {
                 durability: cfg.durability()?,
                 compress: cfg.compress_log,
+                checkpoint_write_bytes_per_s: cfg.checkpoint_write_mb_per_s * 1_000_000,
                 ..Default::default()
             };
             let mut open = ditto_log::OpenOptions { workers: cfg.workers, log, progress: true, ..Default::default() };

@@ -1,0 +1,187 @@
+//! Checkpoints written while a node serves (checkpoint.rs, `Pace`): a paced checkpoint
+//! writes no faster than its pace and is the same image as an unpaced one; a checkpoint
+//! whose storage is cancelled mid-write (a fence) stops short and leaves nothing behind.
+//! Real files.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_engine::WorkerId;
+use ditto_log::replica::{checkpoint_replica, open_replica};
+use ditto_log::storage::{Cancellable, LogFile, RealStorage, Storage};
+use ditto_log::{open, Durability, LogOptions, OpenOptions};
+
+const ROWS: u64 = 24_000;
+const VALUE: usize = 1000;
+
+/// A database of `ROWS` keys with values of `VALUE` bytes (about 24 MB), in `dir`, whose
+/// online checkpoints write at most `pace` bytes a second (0: unpaced).
+fn filled_paced(dir: &Path, pace: u64) -> ditto_log::Durable {
+    let o = OpenOptions {
+        workers: 2,
+        log: LogOptions {
+            durability: Durability::EveryBatch,
+            checkpoint_write_bytes_per_s: pace,
+            ..LogOptions::default()
+        },
+        ..Default::default()
+    };
+    let d = open(dir, o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    for chunk in (0..ROWS).collect::<Vec<_>>().chunks(500) {
+        let mut last = None;
+        for &i in chunk {
+            let v = vec![(i % 251) as u8; VALUE];
+            last = Some(w.run(|x| x.put(t, &i.to_be_bytes(), &v).map(|_| ())).unwrap().1);
+        }
+        last.unwrap().wait().unwrap();
+    }
+    d
+}
+
+fn filled(dir: &Path) -> ditto_log::Durable {
+    filled_paced(dir, 0)
+}
+
+/// Sorted (key, value) pairs of every table of the database a checkpoint directory holds.
+fn rows_of(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let opened = open_replica(dir, 2, &storage).unwrap();
+    let db = &opened.db;
+    let t = db.table_id("t").unwrap();
+    let snap = db.read();
+    let mut rows = Vec::new();
+    let limit = snap.rid_limit(t).unwrap();
+    snap.for_each_record(t, 0..limit, |_, k, _, v| rows.push((k.to_vec(), v.to_vec()))).unwrap();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn a_paced_checkpoint_writes_no_faster_than_its_pace_and_holds_the_same_rows() {
+    let src = tempfile::tempdir().unwrap();
+    let d = filled(src.path());
+    let (fast, paced) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&fast, &paced] {
+        std::fs::copy(src.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+    }
+    let unpaced = checkpoint_replica(d.db(), fast.path(), &RealStorage, 0).unwrap();
+    let rate = 40_000_000u64;
+    let t = Instant::now();
+    let info = checkpoint_replica(d.db(), paced.path(), &RealStorage, rate).unwrap();
+    let took = t.elapsed();
+    assert_eq!((info.rows, info.bytes), (unpaced.rows, unpaced.bytes));
+    assert!(info.bytes > 20_000_000, "enough to pace: {} bytes", info.bytes);
+    // Each writer thread tells the pace every 4 MiB, so up to 4 MiB a thread (2 threads)
+    // may go unpaced; the rest takes at least its size / the rate.
+    let paced_bytes = info.bytes - 2 * (4 << 20);
+    let least = Duration::from_secs_f64(paced_bytes as f64 / rate as f64);
+    assert!(took >= least, "{} bytes at {} B/s took {:?}, less than {:?}", info.bytes, rate, took, least);
+    let rows = rows_of(paced.path());
+    assert_eq!(rows.len() as u64, ROWS);
+    assert_eq!(rows, rows_of(fast.path()), "a paced checkpoint is the same image");
+    d.close();
+}
+
+/// Real files; sets `cancel` on the `after`-th write, as a fence would mid-checkpoint.
+struct CancelMidWrite {
+    writes: Arc<AtomicUsize>,
+    after: usize,
+    cancel: Arc<AtomicBool>,
+}
+
+struct CancelMidWriteFile {
+    inner: Box<dyn LogFile>,
+    writes: Arc<AtomicUsize>,
+    after: usize,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Storage for CancelMidWrite {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(CancelMidWriteFile {
+            inner: RealStorage.create_new(path)?,
+            writes: Arc::clone(&self.writes),
+            after: self.after,
+            cancel: Arc::clone(&self.cancel),
+        }))
+    }
+}
+
+impl LogFile for CancelMidWriteFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if self.writes.fetch_add(1, Ordering::SeqCst) + 1 == self.after {
+            self.cancel.store(true, Ordering::SeqCst);
+        }
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+#[test]
+fn a_checkpoint_cancelled_mid_write_stops_short_and_leaves_nothing() {
+    let src = tempfile::tempdir().unwrap();
+    let d = filled(src.path());
+    for pace in [0u64, 40_000_000] {
+        let out = tempfile::tempdir().unwrap();
+        std::fs::copy(src.path().join("CATALOG"), out.path().join("CATALOG")).unwrap();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let inner = CancelMidWrite { writes: Arc::new(AtomicUsize::new(0)), after: 3, cancel: Arc::clone(&cancel) };
+        let storage = Cancellable { inner: Arc::new(inner), cancel: Arc::clone(&cancel) };
+        // On a thread, so that a checkpoint that never stops fails the test instead of
+        // hanging it (a BufWriter retries an `Interrupted` error forever).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (db, dir) = (Arc::clone(d.db()), out.path().to_path_buf());
+        std::thread::spawn(move || {
+            let _ = tx.send(checkpoint_replica(&db, &dir, &storage, pace).map(|i| i.rows));
+        });
+        let r = rx.recv_timeout(Duration::from_secs(30)).expect("the cancelled checkpoint stopped within 30 s");
+        let e = r.expect_err("a cancelled checkpoint fails");
+        assert!(e.to_string().contains("cancelled"), "{e}");
+        assert!(cancel.load(Ordering::SeqCst), "cancelled mid-write");
+        let left: Vec<_> = std::fs::read_dir(out.path().join("checkpoints"))
+            .map(|r| r.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "pace {pace}: the cancelled checkpoint left {left:?}");
+    }
+    d.close();
+}
+
+#[test]
+fn a_paced_checkpoint_that_someone_waits_for_goes_unpaced() {
+    let src = tempfile::tempdir().unwrap();
+    // 1 MB/s: about 24 s for this database, paced all the way.
+    let rate = 1_000_000;
+    let d = Arc::new(filled_paced(src.path(), rate));
+    let t = Instant::now();
+    let writer = {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || d.checkpoint().unwrap())
+    };
+    // Under way and paced, then a joining backup's link (which waits for it).
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!writer.is_finished(), "paced at 1 MB/s, the checkpoint is still being written");
+    let to = tempfile::tempdir().unwrap();
+    let linked = d.link_recent_checkpoint(&to.path().join("ckpt")).unwrap();
+    let info = writer.join().unwrap();
+    let took = t.elapsed();
+    assert!(info.bytes > 20_000_000, "{} bytes", info.bytes);
+    let paced_all_the_way = Duration::from_secs_f64((info.bytes - 2 * (1 << 20)) as f64 / rate as f64);
+    assert!(took < paced_all_the_way / 2, "waited for, it went unpaced: {took:?} (paced: {paced_all_the_way:?})");
+    let (linked, files) = linked.expect("the checkpoint just written is recent");
+    assert_eq!(linked.ts, info.ts);
+    assert!(!files.is_empty());
+    Arc::try_unwrap(d).ok().unwrap().close();
+}
