@@ -12,7 +12,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     for b in ditto-base ditto; do
       n=$kind-$b-$r; extra=; [ $kind = switchover ] && extra=--switchover
       echo "=== $n $(date +%T)"
-      timeout 60 .devbin/$b bench failover --clients 8 --workers 4 --preload 1900000 --kills 3 --between-s 2 $extra --dir /tmp/fo-$n --json > /tmp/p/$n.json 2> /tmp/p/$n.err
+      timeout 45 .devbin/$b bench failover --clients 8 --workers 4 --preload 1900000 --kills 3 --between-s 2 $extra --dir /tmp/fo-$n --json > /tmp/p/$n.json 2> /tmp/p/$n.err
       echo "rc=$?"; grep "^failover [0-9]" /tmp/p/$n.err
       grep -o '"after_over_before":[0-9.]*' /tmp/p/$n.json | tr '\n' ' '; echo
       rm -rf /tmp/fo-$n
