@@ -125,6 +125,9 @@ fn change(
     }
 }
 
+/// How long `info` waits for a member's answer.
+const INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// `ditto cluster switchover`: records the switchover through the leader, then watches the
 /// members' `INFO cluster` until a new epoch serves, and says which node took over, how
 /// long writes were refused (from the request to the new primary's first accepted state,
@@ -187,9 +190,13 @@ pub struct StatusArgs {
     json: bool,
 }
 
+/// A member's `INFO cluster` and `INFO replication`, or an error if it does not answer
+/// within `INFO_TIMEOUT` (a server that hangs, stopped or swamped, must not stall a watch
+/// over every member: a switchover's outcome is read from the others).
 fn info(addr: &str) -> Result<BTreeMap<String, String>, Error> {
     let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("{addr}: expected HOST:PORT"))?;
     let mut c = Client::connect_to(host, port.parse()?)?;
+    c.set_read_timeout(INFO_TIMEOUT)?;
     let mut all = BTreeMap::new();
     for section in ["cluster", "replication"] {
         match c.call(&["INFO", section])? {

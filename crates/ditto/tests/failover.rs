@@ -1378,3 +1378,80 @@ fn under_local_a_switchover_loses_nothing_and_redis_cli_can_ask_for_one() {
         "{line}"
     );
 }
+
+/// SIGSTOP or SIGCONT to a process (a node's server, which then neither answers nor dies).
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a pid the test read from that server's INFO; no memory passed.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig} to {pid}");
+}
+
+/// A switchover whose target cannot take the primary's last writes (its server stopped
+/// with SIGSTOP while its node still answers the control plane) is given up: the primary
+/// drains for at most its drain timeout (5 s), takes writes again and ends the switchover;
+/// the epoch does not change, nothing is lost, and once the target runs again a switchover
+/// to it goes through.
+#[test]
+fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_writes_again() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(3, "majority-durable");
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let to = (1..=3).filter(|&id| id != first).max().unwrap();
+    let pid: i32 = c
+        .wait_or_dump("the target's server pid", Duration::from_secs(10), || {
+            field(&c.info_section(to, "server")?, "process_id")
+        })
+        .parse()
+        .unwrap();
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
+    let epoch0 = field(&c.info_section(first, "cluster").unwrap(), "cluster_epoch").unwrap();
+
+    signal(pid, libc::SIGSTOP);
+    let asked = Instant::now();
+    let (ok, out) =
+        cluster_cli(&["switchover", "--to", &to.to_string(), "--via", &c.control_addr(first), "--wait-s", "30"]);
+    let given_up = asked.elapsed();
+    signal(pid, libc::SIGCONT);
+    if ok || !out.contains("given up") {
+        c.dump_logs();
+    }
+    assert!(!ok && out.contains("given up"), "the switchover is given up: {out}");
+    assert!(given_up < Duration::from_secs(25), "given up within the drain's bound: {given_up:?}");
+    // The same primary, the same epoch, no switchover under way, and writes taken there.
+    let ci = c.info_section(first, "cluster").unwrap();
+    assert_eq!(field(&ci, "cluster_epoch"), Some(epoch0.clone()), "{ci}");
+    assert_eq!(field(&ci, "cluster_switchover").as_deref(), Some("none"), "{ci}");
+    let again = Instant::now();
+    c.wait_or_dump("writes on the same primary after the give-up", Duration::from_secs(20), || {
+        let n = w.acked().iter().filter(|(_, t, p)| *t > again && *p == c.ports[&first]).count();
+        (n > 200).then_some(())
+    });
+    // The primary refused writes while it drained: the writer saw a gap, bounded by the drain.
+    let gap = longest_gap_around(&w.acked(), asked, Duration::from_secs(10));
+    assert!(gap > 100.0, "writes were refused during the drain: longest gap {gap:.0} ms");
+
+    // The target runs again and catches up; a switchover to it now goes through.
+    let (ok, out) = cluster_cli(&["switchover", "--to", &to.to_string(), "--via", &c.control_addr(first)]);
+    if !ok {
+        c.dump_logs();
+    }
+    assert!(ok, "the second switchover: {out}");
+    c.wait_or_dump("the target to take writes", Duration::from_secs(20), || (c.primary() == Some(to)).then_some(()));
+    c.wait_or_dump("the old primary to rejoin", Duration::from_secs(60), || {
+        c.info(first).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+    });
+    w.stop();
+    let acked = w.acked();
+    for id in 1..=3 {
+        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
+            c.dump_logs();
+            panic!("node {id}: {e}")
+        });
+    }
+    eprintln!(
+        "switchover to a stopped server given up after {:.1} s (writes refused for at most {gap:.0} ms); \
+         the next one went through; {} acknowledged writes, none lost",
+        given_up.as_secs_f64(),
+        acked.len()
+    );
+}
