@@ -555,6 +555,11 @@ impl Durable {
         let _one = self.checkpoint_turn();
         let i = &self.inner;
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
+        // A sealed log's floor (the checkpoint it lies on), for keeping it once this
+        // checkpoint takes it away (`sealed::retire_sealed`).
+        let sealed_floor =
+            sealed::base(&i.dir)?.sealed.map(|_| checkpoint::find_newest(&i.dir).map(|f| f.0.map(|(_, m)| m.ts)));
+        let sealed_floor = sealed_floor.transpose()?.map(|t| t.unwrap_or(Ts::ZERO));
         let written = checkpoint::write(
             &i.db,
             &i.dir,
@@ -581,8 +586,9 @@ impl Durable {
         }
         i.logger.return_segments(kept);
         remove_checkpoints_except(&i.dir, &info.dir)?;
-        // At the read view, so above a sealed log's point: that log can go.
-        sealed::remove_sealed(&i.dir, &*i.opts.storage)?;
+        // At the read view, so above a sealed log's point: that log is no longer recovery's.
+        // It is kept until the next checkpoint, for a backup that rejoins below its point.
+        sealed::retire_sealed(&i.dir, sealed_floor, &*i.opts.storage)?;
         *i.last_checkpoint.lock() = Some((info.clone(), bytes_then));
         Ok(info)
     }

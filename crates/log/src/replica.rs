@@ -759,7 +759,7 @@ fn list_files(rdir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     if rdir.exists() {
         for e in std::fs::read_dir(rdir).map_err(|e| LogError::io(rdir, e))? {
             let path = e.map_err(|e| LogError::io(rdir, e))?.path();
-            if path.file_name().is_some_and(|n| n == crate::sealed::CUT_FILE) {
+            if path.file_name().is_some_and(|n| n == crate::sealed::CUT_FILE || n == crate::sealed::FLOOR_FILE) {
                 continue;
             }
             let seq = path
@@ -890,16 +890,23 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
 /// `after` (the files it covered are gone).
 pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
     let base = crate::sealed::base(data)?;
-    let Some(s) = base.sealed.filter(|s| s.point == point) else { return Ok(None) };
-    let ckpt_ts = base.ckpt.map_or(Ts::ZERO, |(_, m)| m.ts);
-    if ckpt_ts > after {
+    // The sealed log, on the checkpoint it lies on; or, once a checkpoint took it away,
+    // the copy kept for this (`sealed::retire_sealed`), with the floor it lay on.
+    let (dir, floor) = match base.sealed.filter(|s| s.point == point) {
+        Some(s) => (s.dir, base.ckpt.map_or(Ts::ZERO, |(_, m)| m.ts)),
+        None => match crate::sealed::served(data) {
+            Some((dir, p, floor)) if p == point => (dir, floor),
+            _ => return Ok(None),
+        },
+    };
+    if floor > after {
         return Ok(None);
     }
-    let scan = scan_dir(&s.dir, ckpt_ts)?;
+    let scan = scan_dir(&dir, floor)?;
     let mut out = Vec::new();
     for (_, bound, raw) in scan.entries.into_iter().filter(|(_, bound, _)| *bound > after) {
         let (batch, _) = decode_batch_checksums(&raw).map_err(|e| LogError::Corrupt {
-            file: s.dir.clone(),
+            file: dir.clone(),
             offset: 0,
             what: e.to_string(),
         })?;
@@ -908,7 +915,7 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
             framed.extend_from_slice(&raw);
         } else {
             crate::format::cut_batch(&batch, point, &mut framed).map_err(|e| LogError::Corrupt {
-                file: s.dir.clone(),
+                file: dir.clone(),
                 offset: 0,
                 what: e.to_string(),
             })?;

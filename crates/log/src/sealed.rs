@@ -40,6 +40,13 @@ pub const CUT_LEN: usize = 24;
 pub const CUT_FILE: &str = "CUT";
 /// Where a sealed replica log lies.
 pub const SEALED_DIR: &str = "sealed";
+/// A sealed log that its checkpoint took away, kept (until the next checkpoint) only to send
+/// a backup that rejoins below the point what it lacks (`retire_sealed`). Recovery never
+/// reads it.
+pub const SERVED_DIR: &str = "sealed-served";
+/// In `SERVED_DIR`: the timestamp its replica log holds every stream from (the checkpoint
+/// it lay on), as a cut (`encode_cut`).
+pub const FLOOR_FILE: &str = "FLOOR";
 
 /// A replica log sealed at `point`, in `dir`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,6 +202,48 @@ pub(crate) fn replay_sealed(
     report.log_txns_dropped_above_cut += dropped;
     report.segments += files.len();
     Ok(s.point)
+}
+
+/// Once a primary's checkpoint at or above its sealed log's point is durable: the sealed
+/// log, which lay on a checkpoint at `floor`, is kept as `SERVED_DIR` (any older one goes
+/// to the trash), so that an old primary which rejoins with its own log cut below the
+/// point can still be sent the rest from it (`replica::sealed_batches_above`) instead of a
+/// whole checkpoint; `floor` is `None` when there was no sealed log, and then a kept one
+/// goes to the trash (the primary's next checkpoint after the seal's). Recovery reads
+/// neither: a crash at any step leaves a directory it opens the same.
+pub(crate) fn retire_sealed(data: &Path, floor: Option<Ts>, storage: &dyn Storage) -> Result<(), LogError> {
+    finish_seal(data, storage)?;
+    let (sdir, served) = (data.join(SEALED_DIR), data.join(SERVED_DIR));
+    let floor = floor.filter(|_| sdir.exists());
+    if served.exists() {
+        crate::replica::to_trash(data, std::slice::from_ref(&served))?;
+    }
+    let Some(floor) = floor else { return Ok(()) };
+    let f = sdir.join(FLOOR_FILE);
+    let _ = std::fs::remove_file(&f);
+    let mut file = storage.create_new(&f).map_err(|e| LogError::io(&f, e))?;
+    file.write_all(&encode_cut(floor)).and_then(|_| file.sync()).map_err(|e| LogError::io(&f, e))?;
+    drop(file);
+    storage.rename(&sdir, &served).map_err(|e| LogError::io(&sdir, e))?;
+    storage.sync_dir(data).map_err(|e| LogError::io(data, e))
+}
+
+/// The kept sealed log (`retire_sealed`): its directory, point and floor. `None` if there
+/// is none, or if it is damaged (it is only ever a shortcut: the caller then sends a
+/// checkpoint).
+pub fn served(data: &Path) -> Option<(PathBuf, Ts, Ts)> {
+    let dir = data.join(SERVED_DIR);
+    let read = |name: &str| -> Option<Ts> {
+        match std::fs::read(dir.join(name)) {
+            Ok(b) => decode_cut(&b).map_err(|e| tracing::warn!("{}: {e}; not used", dir.join(name).display())).ok(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                tracing::warn!("{}: {e}; not used", dir.join(name).display());
+                None
+            }
+        }
+    };
+    Some((dir.clone(), read(CUT_FILE)?, read(FLOOR_FILE)?))
 }
 
 /// Moves `data`'s sealed log to the trash once a checkpoint at or above its point is

@@ -468,6 +468,19 @@ fn a_report_read_by_headers_says_what_recovery_finds() {
 /// then its own log. No checkpoint is copied, and nothing above the point arrives.
 #[test]
 fn a_backup_behind_the_point_follows_in_place_and_is_sent_the_rest() {
+    behind_the_point(false);
+}
+
+/// The same when the new primary's first checkpoint has already taken its sealed log away
+/// before the backup joins (an old primary's recovery takes seconds with data): the sealed
+/// log was kept for this (`sealed::retire_sealed`), so the rest still comes from it and no
+/// checkpoint is copied; the primary's next checkpoint lets it go.
+#[test]
+fn a_backup_behind_the_point_is_sent_the_rest_after_the_seals_checkpoint_too() {
+    behind_the_point(true);
+}
+
+fn behind_the_point(checkpoint_first: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
@@ -517,6 +530,13 @@ fn a_backup_behind_the_point_follows_in_place_and_is_sent_the_rest() {
     };
     let bp = ditto_log::open(&b1, o).unwrap();
     let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));
+    let (sealed_dir, served_dir) = (b1.join(ditto_log::sealed::SEALED_DIR), b1.join(ditto_log::sealed::SERVED_DIR));
+    if checkpoint_first {
+        let info = bp.checkpoint().unwrap();
+        assert!(info.ts >= p, "the seal's checkpoint is at or above the point");
+        assert!(!sealed_dir.exists() && served_dir.exists(), "the sealed log is kept for serving only");
+        assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "recovery no longer sees a sealed log");
+    }
     // The second backup: cut where it holds everything, below the point.
     let (db2, lock2, cut) = bk2.cut_at_most(p, "follows", Duration::from_secs(20)).unwrap();
     assert!(cut >= ts[49] && cut < p, "cut at {} (point {})", cut.0, p.0);
@@ -543,6 +563,11 @@ fn a_backup_behind_the_point_follows_in_place_and_is_sent_the_rest() {
         bk2.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= newest.0
     });
     assert_eq!(value_on(&bk2.db, 500).as_deref(), Some(&b"two"[..]));
+    if checkpoint_first {
+        // The primary's next checkpoint lets the kept log go.
+        bp.checkpoint().unwrap();
+        assert!(!served_dir.exists(), "the kept sealed log goes at the next checkpoint");
+    }
     bk2.stop("done", Duration::from_secs(10)).unwrap();
     drop(bk2);
     drop(db2);
