@@ -256,6 +256,9 @@ struct NodePlane {
     /// A backup child that exited is started again no sooner than this.
     restart_after: Instant,
     last_probe: Instant,
+    /// Probes of the server that failed in a row: the next waits `probe_wait` (the probe
+    /// runs on the control thread, and a server that hangs would otherwise hold it).
+    probe_failures: u32,
     heard: Vec<NodeId>,
     serving: bool,
     /// The membership configuration the primary server last said it has settled.
@@ -296,6 +299,18 @@ const HEARD_WITHIN_MS: u64 = 50;
 const PROPOSE_EVERY: Duration = Duration::from_millis(200);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
+/// The most a probe waits after failed ones (`probe_wait`).
+const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// How long after the last probe the next one runs, after `failures` failed in a row:
+/// `PROBE_EVERY`, doubled per failure, at most `PROBE_BACKOFF_MAX`. A probe runs on the
+/// control thread and waits up to its read timeout (100 ms) on a server that does not
+/// answer (stopped, or swamped); probed every 5 ms, such a server held the control thread
+/// nearly all the time, and Raft with it: on the node that led, a switchover request was
+/// not applied within 30 s (seen in CI, 2026-11-27).
+fn probe_wait(failures: u32) -> Duration {
+    PROBE_EVERY.saturating_mul(1u32 << failures.min(16)).min(PROBE_BACKOFF_MAX)
+}
 /// How long a child is given to stop before it is killed (more than a backup's own bound
 /// on draining what it received, 10 s).
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -838,7 +853,7 @@ impl NodePlane {
 
     /// Asks the child what it heard (at most every `PROBE_EVERY`).
     fn probe(&mut self) {
-        if self.last_probe.elapsed() < PROBE_EVERY {
+        if self.last_probe.elapsed() < probe_wait(self.probe_failures) {
             return;
         }
         self.last_probe = Instant::now();
@@ -858,9 +873,11 @@ impl NodePlane {
                 // last seen stands until the process exits (`reconcile`).
                 tracing::debug!("node {}: probing the server: {e}", self.me);
                 c.probe = None;
+                self.probe_failures = self.probe_failures.saturating_add(1);
                 return;
             }
         };
+        self.probe_failures = 0;
         let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map(str::trim);
         match &c.role {
             Role::Primary { epoch, .. } => {
@@ -1150,7 +1167,7 @@ fn info_replication(conn: &mut Option<BufReader<TcpStream>>, addr: &str) -> std:
             .next()
             .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to nothing")))?;
         let s = TcpStream::connect_timeout(&a, Duration::from_millis(100))?;
-        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        s.set_read_timeout(Some(Duration::from_millis(100)))?;
         s.set_nodelay(true)?;
         *conn = Some(BufReader::new(s));
     }
@@ -1286,6 +1303,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         unclean: false,
         restart_after: Instant::now(),
         last_probe: Instant::now(),
+        probe_failures: 0,
         heard: Vec::new(),
         serving: false,
         settled: None,
@@ -1412,7 +1430,16 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
 
 #[cfg(test)]
 mod tests {
-    use super::role_change_of;
+    use super::{probe_wait, role_change_of, PROBE_BACKOFF_MAX, PROBE_EVERY};
+
+    #[test]
+    fn probes_of_a_server_that_does_not_answer_back_off_to_a_second() {
+        assert_eq!(probe_wait(0), PROBE_EVERY);
+        assert_eq!(probe_wait(1), PROBE_EVERY * 2);
+        assert_eq!(probe_wait(3), PROBE_EVERY * 8);
+        assert_eq!(probe_wait(8), PROBE_BACKOFF_MAX);
+        assert_eq!(probe_wait(u32::MAX), PROBE_BACKOFF_MAX);
+    }
 
     #[test]
     fn a_server_line_about_its_new_role_is_read_and_others_are_not() {
