@@ -94,12 +94,12 @@ impl Client {
         })
     }
 
-    /// Sends `cmds` at once (a pipeline), then reads their replies.
     /// How long a reply may take before the call fails (30 s from `connect_to`).
     pub(crate) fn set_read_timeout(&mut self, d: Duration) -> std::io::Result<()> {
         self.w.set_read_timeout(Some(d))
     }
 
+    /// Sends `cmds` at once (a pipeline), then reads their replies.
     pub(crate) fn pipeline(&mut self, cmds: &[&[&str]]) -> Result<Vec<Reply>, Error> {
         self.send(cmds)?;
         cmds.iter().map(|_| self.read()).collect()

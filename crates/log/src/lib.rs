@@ -557,9 +557,8 @@ impl Durable {
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
         // A sealed log's floor (the checkpoint it lies on), for keeping it once this
         // checkpoint takes it away (`sealed::retire_sealed`).
-        let sealed_floor =
-            sealed::base(&i.dir)?.sealed.map(|_| checkpoint::find_newest(&i.dir).map(|f| f.0.map(|(_, m)| m.ts)));
-        let sealed_floor = sealed_floor.transpose()?.map(|t| t.unwrap_or(Ts::ZERO));
+        let base = sealed::base(&i.dir)?;
+        let sealed_floor = base.sealed.map(|_| base.ckpt.map_or(Ts::ZERO, |(_, m)| m.ts));
         let written = checkpoint::write(
             &i.db,
             &i.dir,

@@ -61,7 +61,7 @@ pub struct LogOptions {
     pub checkpoint_part_bytes: u64,
     /// The most an online checkpoint (`Durable::checkpoint`: the periodic one, the one
     /// that takes a sealed log away, SAVE) writes a second, its threads together; each
-    /// also starts the write-back of its part every 4 MiB. 0 (the default here): as fast
+    /// also starts the write-back of its part every MiB. 0 (the default here): as fast
     /// as the disk takes it. A server paces its checkpoints (`checkpoint_write_mb_per_s`,
     /// docs/server.md) so that a commit's fsync never queues behind one (docs/cluster.md,
     /// "Paced checkpoints"). Checkpoints written by recovery, before the node serves, are
