@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct FailoverDemo {
     failovers: usize,
+    /// Reads on a backup's connection across the failovers: (reads, connections lost).
+    backup_reads: (u64, u64),
     unavailable_ms: Vec<f64>,
     rejoin_ms: Vec<f64>,
     acked: usize,
@@ -230,6 +232,37 @@ pub(crate) fn writer(client: usize, prefix: &'static str, ports: Vec<u16>, acks:
     }
 }
 
+/// A read-only client of a backup: one connection to the node at `target` (which the
+/// demo moves to a backup before each kill), reading DBSIZE without pause. Counts its reads
+/// and the connections it lost (an error, or a close, on a node it did not leave): a
+/// backup keeps its clients' connections through a failover (docs/cluster.md).
+fn backup_reader(target: Arc<Mutex<u16>>, reads: Arc<AtomicU64>, lost: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
+    let mut conn: Option<(Client, u16)> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let want = *target.lock().expect("target");
+        if conn.as_ref().is_none_or(|c| c.1 != want) {
+            match Client::connect_to("127.0.0.1", want) {
+                Ok(c) => conn = Some((c, want)),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+            }
+        }
+        let (c, _) = conn.as_mut().expect("connected");
+        match c.call(&["DBSIZE"]) {
+            Ok(Reply::Int(_)) => {
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                lost.fetch_add(1, Ordering::Relaxed);
+                conn = None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Every acknowledged write of `prefix` holds its value on the node at `port`, waiting
 /// (bounded) for a backup to catch up.
 pub(crate) fn check_acks(port: u16, prefix: &str, acked: &[Ack]) -> Result<(), Error> {
@@ -280,11 +313,20 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         let ports: Vec<u16> = nodes.ports.values().copied().collect();
         std::thread::spawn(move || writer(0, "demo:w:", ports, acks, stop))
     };
+    // A read-only client on a backup, moved to one before each kill.
+    let (target, reads, lost) = (Arc::new(Mutex::new(0u16)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut reader = None;
     let mut unavailable_ms = Vec::new();
     let mut rejoin_ms = Vec::new();
     let mut first_kill = None;
     for cycle in 0..cycles {
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
+        let backup = nodes.ports.iter().find(|(id, _)| **id != primary).map(|(_, p)| *p).ok_or("no backup")?;
+        *target.lock().expect("target") = backup;
+        reader.get_or_insert_with(|| {
+            let (t, r, l, s) = (Arc::clone(&target), Arc::clone(&reads), Arc::clone(&lost), Arc::clone(&stop));
+            std::thread::spawn(move || backup_reader(t, r, l, s))
+        });
         std::thread::sleep(Duration::from_millis(1000));
         let killed_at = Instant::now();
         first_kill.get_or_insert(killed_at);
@@ -312,6 +354,9 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     }
     // Then a planned switchover (`ditto cluster switchover`), under the same writer.
     let from = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
+    if let Some(&p) = nodes.ports.iter().find(|(id, _)| **id != from).map(|(_, p)| p) {
+        *target.lock().expect("target") = p;
+    }
     std::thread::sleep(Duration::from_millis(1000));
     let (asked_at, from_port) = (Instant::now(), nodes.ports[&from]);
     nodes.switchover(from)?;
@@ -329,6 +374,17 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
+    if let Some(r) = reader {
+        r.join().map_err(|_| "the backup's reader panicked")?;
+    }
+    let backup_reads = (reads.load(Ordering::Relaxed), lost.load(Ordering::Relaxed));
+    if backup_reads.1 > 0 {
+        return Err(format!(
+            "a backup's client lost its connection {} times in {} reads across the failovers",
+            backup_reads.1, backup_reads.0
+        )
+        .into());
+    }
     let acked = acks.lock().expect("acks").clone();
     for &port in nodes.ports.values() {
         check_acks(port, "demo:w:", &acked)?;
@@ -351,6 +407,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     };
     Ok(FailoverDemo {
         failovers: cycles,
+        backup_reads,
         unavailable_ms,
         rejoin_ms,
         acked: acked.len(),
@@ -386,8 +443,13 @@ impl FailoverDemo {
             );
         }
         println!(
+            "  reads on a backup   {} DBSIZE reads by a client of a backup (moved to a backup before each change), {} connections lost to a failover or the switchover",
+            self.backup_reads.0, self.backup_reads.1
+        );
+        println!(
             "checks:   all {} acknowledged writes on every node after every failover and at the end  OK",
             self.acked
         );
+        println!("checks:   the backup's client kept its connection through every change of role  OK");
     }
 }

@@ -1464,3 +1464,144 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
         acked.len()
     );
 }
+
+/// What a `Reader` saw: each count read, with when, and the first error.
+type Seen = Arc<Mutex<(Vec<(Instant, u64)>, Option<String>)>>;
+
+/// One client connection to a backup, reading DBSIZE without pause (the writer only adds
+/// keys, so what a backup shows never shrinks). Records every answer, and the first error.
+struct Reader {
+    port: u16,
+    seen: Seen,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Client>>,
+}
+
+impl Reader {
+    fn start(port: u16) -> Reader {
+        let mut cl = Client::connect(port).unwrap();
+        cl.set_read_timeout(Duration::from_secs(5));
+        let seen: Seen = Arc::new(Mutex::new((Vec::new(), None)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (Arc::clone(&seen), Arc::clone(&stop));
+        let handle = std::thread::spawn(move || {
+            while !st.load(Ordering::SeqCst) {
+                let n = cl.cmd(&["DBSIZE"]).map_err(|e| e.to_string()).and_then(|r| {
+                    r[0].strip_prefix(':').and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| format!("{r:?}"))
+                });
+                match n {
+                    Ok(n) => s.lock().unwrap().0.push((Instant::now(), n)),
+                    Err(e) => {
+                        s.lock().unwrap().1 = Some(e);
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            cl
+        });
+        Reader { port, seen, stop, handle: Some(handle) }
+    }
+
+    /// The newest count read, and the first error.
+    fn last(&self) -> (Option<u64>, Option<String>) {
+        let s = self.seen.lock().unwrap();
+        (s.0.last().map(|x| x.1), s.1.clone())
+    }
+
+    /// Stops reading; returns the connection, every count read, and the first error.
+    fn stop(mut self) -> (Client, Vec<(Instant, u64)>, Option<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        let cl = self.handle.take().unwrap().join().unwrap();
+        let s = std::mem::take(&mut *self.seen.lock().unwrap());
+        (cl, s.0, s.1)
+    }
+}
+
+/// A backup's clients keep their connections through a failover and a switchover (Redis
+/// clients on a replica are not cut off when their server follows another primary or is
+/// promoted): one connection to each backup reads without pause while the primary is
+/// SIGKILLed and a new one takes over, then while the follower is made primary by a
+/// switchover. No read fails, none goes back, each connection sees writes made after each
+/// change, and the connection to a node that became primary takes writes on it.
+#[test]
+fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-durable");
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    let backups: Vec<u64> = (1..=3).filter(|&id| id != first).collect();
+    // Both backups hold some of it before their readers start.
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
+    let mut readers: BTreeMap<u64, Reader> = backups.iter().map(|&id| (id, Reader::start(c.ports[&id]))).collect();
+    c.wait_or_dump("reads on both backups", Duration::from_secs(10), || {
+        readers.values().all(|r| r.last().0.is_some_and(|n| n > 0)).then_some(())
+    });
+    let killed_at = Instant::now();
+    let killed_port = c.ports[&first];
+    c.kill(first);
+    let new = c.wait_or_dump("a write on a new primary", Duration::from_secs(20), || {
+        let &(_, _, p) = w.acked().iter().find(|(_, t, p)| *t > killed_at && *p != killed_port)?;
+        backups.iter().copied().find(|id| c.ports[id] == p)
+    });
+    let follower = backups.iter().copied().find(|&id| id != new).unwrap();
+    // Both connections read on, and see what the new primary acknowledged after the kill.
+    let wanted = w.acked().len() as u64 + 100;
+    c.wait_or_dump("both backups' connections to read writes made after the failover", Duration::from_secs(20), || {
+        for r in readers.values() {
+            if let (_, Some(e)) = r.last() {
+                c.dump_logs();
+                panic!("a read on node {} failed: {e}", r.port);
+            }
+        }
+        readers.values().all(|r| r.last().0.is_some_and(|n| n > wanted)).then_some(())
+    });
+    // The connection to the node that became primary takes writes; the follower's refuses
+    // them, naming the new primary.
+    let r = readers.remove(&new).unwrap();
+    let (mut promoted, counts, err) = r.stop();
+    assert_eq!(err, None, "node {new}'s connection");
+    assert!(counts.windows(2).all(|p| p[0].1 <= p[1].1), "node {new}'s reads never go back");
+    assert_eq!(promoted.one(&["SET", "on-the-kept-connection", "1"]), "+OK");
+    let mut fc = readers.remove(&follower).unwrap();
+    let (mut fconn, fcounts, ferr) = fc.stop();
+    assert_eq!(ferr, None, "node {follower}'s connection");
+    assert!(fcounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {follower}'s reads never go back");
+    let refused = fconn.one(&["SET", "x", "1"]);
+    assert!(refused.starts_with("-READONLY") && refused.contains(&c.ports[&new].to_string()), "{refused}");
+    eprintln!(
+        "failover: node {first} killed, node {new} primary; {} + {} reads on the backups' two connections, none failed",
+        counts.len(),
+        fcounts.len()
+    );
+
+    // A switchover makes the follower primary: its reader's connection is kept again.
+    fc = Reader::start(c.ports[&follower]);
+    drop(fconn);
+    let asked = Instant::now();
+    let (ok, out) =
+        cluster_cli(&["switchover", "--to", &follower.to_string(), "--via", &c.control_addr(new), "--wait-s", "20"]);
+    if !ok {
+        c.dump_logs();
+    }
+    assert!(ok, "the switchover: {out}");
+    c.wait_or_dump("writes on the switchover's target", Duration::from_secs(20), || {
+        let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&follower]).count();
+        (n > 100).then_some(())
+    });
+    let (mut sconn, scounts, serr) = fc.stop();
+    assert_eq!(serr, None, "node {follower}'s connection through the switchover");
+    assert!(scounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {follower}'s reads never go back");
+    assert_eq!(sconn.one(&["SET", "on-the-kept-connection-2", "1"]), "+OK");
+    w.stop();
+    // Nothing acknowledged is lost, on the node that is primary now.
+    if let Err(e) = check_has(c.ports[&follower], &w.acked(), Duration::from_secs(10)) {
+        c.dump_logs();
+        panic!("after the switchover: {e}");
+    }
+    eprintln!(
+        "switchover to node {follower}: {} reads on its kept connection, none failed; {} writes acknowledged in all",
+        scounts.len(),
+        w.acked().len()
+    );
+}

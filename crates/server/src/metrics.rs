@@ -224,13 +224,16 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
     out
 }
 
-pub async fn serve(listener: TcpListener, sh: Arc<Shared>, m: Arc<Metrics>) {
+/// Answers scrapes on `listener` from the server state `current` gives (the role that
+/// serves now, for a server that changes its role in place); none while it gives none.
+pub async fn serve(listener: TcpListener, current: impl Fn() -> Option<Arc<Shared>>, m: Arc<Metrics>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let (sh, m) = (Arc::clone(&sh), Arc::clone(&m));
+        let Some(sh) = current() else { continue };
+        let m = Arc::clone(&m);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &sh, &m)).await;
         });
@@ -283,7 +286,7 @@ mod tests {
             rt.block_on(async move {
                 let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let addr = l.local_addr().unwrap();
-                tokio::spawn(serve(l, sh, m));
+                tokio::spawn(serve(l, move || Some(Arc::clone(&sh)), m));
                 let mut c = TcpStream::connect(addr).await.unwrap();
                 c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
                 let mut body = String::new();

@@ -150,13 +150,87 @@ async fn accept_on(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, Socke
 /// Opens the database in `cfg.data_dir`, recovers it, and serves until SIGINT or SIGTERM.
 /// `ready` is called with the bound addresses once clients can connect.
 pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
-    let (mut cfg, mut kept) = (cfg, None);
+    let (mut cfg, mut kept, mut lasting) = (cfg, None, None);
     // A cluster's backup that changes its role in place serves again, as the primary or as
-    // the next epoch's backup, from the engine it kept (`RoleRequest`).
-    while let Some((next, k)) = run_role(cfg, kept.take(), &ready)? {
+    // the next epoch's backup, from the engine it kept (`RoleRequest`), on the same
+    // runtime, listeners and connections (`Lasting`).
+    while let Some((next, k)) = run_role(cfg, kept.take(), &mut lasting, &ready)? {
         (cfg, kept) = (next, Some(k));
     }
+    if let Some(l) = lasting {
+        l.rt.shutdown_timeout(Duration::from_secs(1));
+    }
     Ok(())
+}
+
+/// Which role's `Conn` serves a server's connections now. A server that changes its role
+/// in place keeps its runtime, listeners and clients' connections (`Lasting`); each
+/// connection moves to the new role's `Conn` before the next request it handles
+/// (docs/cluster.md, "Clients' connections through a change in place").
+#[derive(Default)]
+struct Hub {
+    conn: parking_lot::Mutex<Option<Arc<Conn>>>,
+    /// Raised at every `set`: a connection compares it with the one it last saw (one
+    /// atomic load per read from its socket).
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl Hub {
+    fn set(&self, c: Arc<Conn>) {
+        *self.conn.lock() = Some(c);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn current(&self) -> Option<Arc<Conn>> {
+        self.conn.lock().clone()
+    }
+}
+
+/// What outlives a role (`run_role`) when the next one serves the same engine: the
+/// runtime that runs the connections, the client listeners, the metrics, and the tasks of
+/// the role that serves now (stopped when the next one takes over).
+struct Lasting {
+    rt: tokio::runtime::Runtime,
+    plain: Option<(TcpListener, SocketAddr)>,
+    tls: Option<(TcpListener, SocketAddr)>,
+    hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
+    /// The engine the connections were served from.
+    db: Arc<Database>,
+    role_tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Lasting {
+    /// Binds the listeners (and the metrics endpoint, which then answers for whichever
+    /// role serves) on a new runtime.
+    fn start(cfg: &Config, db: &Arc<Database>) -> Result<Lasting, ServerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.workers)
+            .thread_name("ditto-server")
+            .enable_all()
+            .build()
+            .map_err(io("starting the runtime"))?;
+        let plain = match cfg.tls_only {
+            false => Some(rt.block_on(bind(&cfg.bind, cfg.port))?),
+            true => None,
+        };
+        let tls = match cfg.tls_port {
+            Some(port) => Some(rt.block_on(bind(&cfg.bind, port))?),
+            None => None,
+        };
+        let hub = Arc::new(Hub::default());
+        let metrics = Arc::new(Metrics::new(cfg.workers));
+        if cfg.metrics != "off" {
+            let m = rt
+                .block_on(TcpListener::bind(cfg.metrics.as_str()))
+                .map_err(io(format!("binding the metrics endpoint {}", cfg.metrics)))?;
+            tracing::info!("metrics on http://{}/metrics", m.local_addr().map_err(io("metrics address"))?);
+            let h = Arc::clone(&hub);
+            let current = move || h.current().map(|c| Arc::clone(&c.sh));
+            rt.spawn(metrics::serve(m, current, Arc::clone(&metrics)));
+        }
+        Ok(Lasting { rt, plain, tls, hub, metrics, db: Arc::clone(db), role_tasks: Vec::new() })
+    }
 }
 
 /// What a server that changes its role in place hands to its next run.
@@ -172,6 +246,7 @@ struct Kept {
 fn run_role(
     cfg: Config,
     kept: Option<Kept>,
+    lasting: &mut Option<Lasting>,
     ready: &dyn Fn(&Listening),
 ) -> Result<Option<(Config, Kept)>, ServerError> {
     cfg.validate()?;
@@ -260,20 +335,22 @@ fn run_role(
         (None, None) => unreachable!("a primary or a backup"),
     };
     let logger = durable.as_ref().map(|d| Arc::clone(d.logger()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.workers)
-        .thread_name("ditto-server")
-        .enable_all()
-        .build()
-        .map_err(io("starting the runtime"))?;
-    let plain = match cfg.tls_only {
-        false => Some(rt.block_on(bind(&cfg.bind, cfg.port))?),
-        true => None,
-    };
-    let tls_listener = match cfg.tls_port {
-        Some(port) => Some(rt.block_on(bind(&cfg.bind, port))?),
-        None => None,
-    };
+    // The connections of the previous role stay open when this one serves the same engine
+    // (a change in place that kept it); otherwise (a first role, or a backup whose new
+    // primary sent it a checkpoint copy) they close with that role's runtime. An engine
+    // worker a server thread holds belongs to one engine (`with_worker`): a thread of the
+    // old runtime would keep the old engine alive.
+    if lasting.as_ref().is_some_and(|l| !Arc::ptr_eq(&l.db, &db)) {
+        if let Some(old) = lasting.take() {
+            old.rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+    if lasting.is_none() {
+        *lasting = Some(Lasting::start(&cfg, &db)?);
+    }
+    let lasting = lasting.as_mut().expect("started above");
+    let rt = &lasting.rt;
+    let (plain, tls_listener) = (&lasting.plain, &lasting.tls);
     let mut listening =
         Listening { plain: plain.as_ref().map(|p| p.1), tls: tls_listener.as_ref().map(|p| p.1), repl: None };
     let port = listening.plain.or(listening.tls).map_or(0, |a| a.port());
@@ -383,19 +460,22 @@ fn run_role(
         None => Some(format!("{}:{port}", cfg.bind)),
         Some(_) => cfg.cluster.as_ref().and_then(|c| c.primary_addr.clone()),
     };
+    // Counters, uptime, client ids and (the engine being the same) SCAN cursors go on
+    // from the role before.
+    if let Some(prev) = lasting.hub.current() {
+        sh.carry_over(&prev.sh);
+    }
     let sh = Arc::new(sh);
-    let metrics = Arc::new(Metrics::new(cfg.workers));
-    if cfg.metrics != "off" {
-        let m = rt
-            .block_on(TcpListener::bind(cfg.metrics.as_str()))
-            .map_err(io(format!("binding the metrics endpoint {}", cfg.metrics)))?;
-        tracing::info!("metrics on http://{}/metrics", m.local_addr().map_err(io("metrics address"))?);
-        rt.spawn(metrics::serve(m, Arc::clone(&sh), Arc::clone(&metrics)));
+    let metrics = Arc::clone(&lasting.metrics);
+    // The previous role's tasks (its read view's ticker, its reclaimer) stop here: its
+    // connections move to this role's as they next read.
+    for t in lasting.role_tasks.drain(..) {
+        t.abort();
     }
     // Deleted data is freed as the workers commit (every 128 commits or installs); this
     // frees it on an idle server too, so memory in use (and maxmemory) sees deletes soon.
     let db2 = Arc::clone(&db);
-    rt.spawn(async move {
+    let reclaimer = rt.spawn(async move {
         let mut tick = tokio::time::interval(RECLAIM_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -435,15 +515,16 @@ fn run_role(
     if let Some(b) = &backup {
         let state = Arc::clone(&b.state);
         let r = Arc::clone(&release);
-        rt.spawn(async move {
+        lasting.role_tasks.push(rt.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 r.advance(Ts(state.visible.load(Ordering::Acquire)), None);
             }
-        });
+        }));
     }
+    lasting.role_tasks.push(reclaimer);
 
     let conn = Arc::new(Conn {
         sh: Arc::clone(&sh),
@@ -455,6 +536,8 @@ fn run_role(
         wait_timeout,
         metrics,
     });
+    let hub = Arc::clone(&lasting.hub);
+    hub.set(Arc::clone(&conn));
     ready(&listening);
     let change = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -462,8 +545,8 @@ fn run_role(
         let mut change = None;
         loop {
             tokio::select! {
-                a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None).await,
-                a = accept_on(tls_listener.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, acceptor.clone()).await,
+                a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None, &hub).await,
+                a = accept_on(tls_listener.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, acceptor.clone(), &hub).await,
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
                 _ = sh.write_gate.stop_requested() => break,
@@ -527,8 +610,8 @@ fn run_role(
         let b = backup.take().expect("taken only by a backup");
         drop(checkpointer);
         // Connections already open go on reading (at the point, once it is reached) while
-        // the engine is cut and sealed; they close after (clients find the primary again,
-        // or come back).
+        // the engine is cut and sealed, and while the next role starts; then they move to
+        // it (`Hub`), unless that role serves another engine.
         let next = match r {
             crate::session::RoleRequest::Promote { run, repl_port, backups } => {
                 promote_in_place(&cfg, b, run, repl_port, backups)?
@@ -540,7 +623,6 @@ fn run_role(
                 unreachable!("done in the loop")
             }
         };
-        rt.shutdown_timeout(Duration::from_secs(1));
         // Replay moved them up to the point and stopped there (nothing above is installed).
         let counts = sh.key_counts.values();
         return Ok(Some((next.0, Kept { db: next.1, counts })));
@@ -563,7 +645,6 @@ fn run_role(
         d.close();
     }
     drop(checkpointer);
-    rt.shutdown_timeout(Duration::from_secs(1));
     Ok(None)
 }
 
@@ -730,7 +811,12 @@ fn promote_replica(
 
 impl Conn {
     /// Takes one accepted connection: counts it against `max_clients` and starts its task.
-    async fn admit(self: Arc<Self>, accepted: std::io::Result<(TcpStream, SocketAddr)>, tls: Option<TlsAcceptor>) {
+    async fn admit(
+        self: Arc<Self>,
+        accepted: std::io::Result<(TcpStream, SocketAddr)>,
+        tls: Option<TlsAcceptor>,
+        hub: &Arc<Hub>,
+    ) {
         let sh = &self.sh;
         let stream = match accepted {
             Ok((s, _)) => s,
@@ -756,17 +842,18 @@ impl Conn {
             }
             return;
         }
-        tokio::spawn(async move { self.serve(stream, tls).await });
+        let hub = Arc::clone(hub);
+        tokio::spawn(async move { self.serve(stream, tls, hub).await });
     }
 
     /// Serves one client, over TLS when `tls` is set; `admit` has counted it in
     /// `connected_clients`.
-    async fn serve(&self, stream: TcpStream, tls: Option<TlsAcceptor>) {
+    async fn serve(self: Arc<Self>, stream: TcpStream, tls: Option<TlsAcceptor>, hub: Arc<Hub>) {
         let _ = stream.set_nodelay(true);
         let done = match tls {
-            None => self.serve_inner(stream).await,
+            None => Arc::clone(&self).serve_inner(stream, &hub).await,
             Some(acceptor) => match tokio::time::timeout(self.tls_handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => self.serve_inner(s).await,
+                Ok(Ok(s)) => Arc::clone(&self).serve_inner(s, &hub).await,
                 Ok(Err(e)) => {
                     self.sh.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
                     Err(e)
@@ -783,8 +870,20 @@ impl Conn {
         self.sh.stats.connected_clients.fetch_sub(1, Ordering::AcqRel);
     }
 
-    async fn serve_inner<S: AsyncRead + AsyncWrite + Unpin>(&self, mut stream: S) -> std::io::Result<()> {
-        let mut session = Session::new(&self.sh);
+    /// Serves one client's requests until it closes. The connection moves to the next
+    /// role's `Conn` (`Hub`) when its server changes its role in place, between two
+    /// requests: its session (database, name, authentication, MULTI and WATCH state) goes
+    /// on, as it does on a Redis replica that is promoted or follows another primary.
+    async fn serve_inner<S: AsyncRead + AsyncWrite + Unpin>(
+        self: Arc<Self>,
+        mut stream: S,
+        hub: &Hub,
+    ) -> std::io::Result<()> {
+        let mut conn = self;
+        // The hub's generation last seen (none yet: a role may have changed between the
+        // accept and now).
+        let mut seen = u64::MAX;
+        let mut session = Session::new(&conn.sh);
         let mut parser = RequestParser::default();
         let mut inbuf = BytesMut::with_capacity(16 * 1024);
         // Whether `inbuf` grew past 1 MiB for a large request: once that request is handled
@@ -808,24 +907,33 @@ impl Conn {
         // flush; reused.
         let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
         loop {
+            let generation = hub.generation.load(Ordering::Acquire);
+            if generation != seen {
+                seen = generation;
+                if let Some(next) = hub.current() {
+                    // Only a role that serves the same engine keeps the connections.
+                    debug_assert!(Arc::ptr_eq(&next.sh.db, &conn.sh.db));
+                    conn = next;
+                }
+            }
             // Handle every complete request buffered (up to the output bound).
             let mut close = false;
             let mut replies = 0usize;
-            while out.len() < self.sh.max_output_bytes {
-                match next_request(&mut pending, &mut parser, &mut inbuf, &self.limits) {
+            while out.len() < conn.sh.max_output_bytes {
+                match next_request(&mut pending, &mut parser, &mut inbuf, &conn.limits) {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
                         // A run of plain GETs, or of plain SETs, is answered together
                         // (`Session::handle_run`).
-                        let work = match session.run_kind(&args, &self.sh) {
+                        let work = match session.run_kind(&args, &conn.sh) {
                             None => Work::One(args),
                             Some(kind) => {
                                 let mut run = vec![args];
                                 while run.len() < RUN_MAX {
-                                    match next_request(&mut pending, &mut parser, &mut inbuf, &self.limits) {
+                                    match next_request(&mut pending, &mut parser, &mut inbuf, &conn.limits) {
                                         Ok(Some(a)) if a.is_empty() => continue,
-                                        Ok(Some(a)) if session.run_kind(&a, &self.sh) == Some(kind) => run.push(a),
+                                        Ok(Some(a)) if session.run_kind(&a, &conn.sh) == Some(kind) => run.push(a),
                                         other => {
                                             pending.push_front(other);
                                             break;
@@ -841,17 +949,17 @@ impl Conn {
                         let t = Instant::now();
                         match work {
                             Work::One(args) => {
-                                let o = with_worker(&self.sh.db, |w| {
+                                let o = with_worker(&conn.sh.db, |w| {
                                     shard = w.id().0 as usize;
-                                    session.handle(args, &self.sh, w)
+                                    session.handle(args, &conn.sh, w)
                                 });
                                 outcomes.push(o.unwrap_or_else(no_worker));
                             }
                             Work::Run(kind, mut run) => {
-                                let budget = self.sh.max_output_bytes - out.len();
-                                match with_worker(&self.sh.db, |w| {
+                                let budget = conn.sh.max_output_bytes - out.len();
+                                match with_worker(&conn.sh.db, |w| {
                                     shard = w.id().0 as usize;
-                                    session.handle_run(kind, &run, budget, &self.sh, w)
+                                    session.handle_run(kind, &run, budget, &conn.sh, w)
                                 }) {
                                     Ok(v) => {
                                         // What the output bound left for later, in order.
@@ -868,16 +976,16 @@ impl Conn {
                             started.push((t, o.cmd));
                             let before = out.len();
                             let reply = match o.replicas {
-                                Some(w) => Reply::Int(self.wait_replicas(w).await as i64),
+                                Some(w) => Reply::Int(conn.wait_replicas(w).await as i64),
                                 None => o.reply,
                             };
                             reply.encode(session.proto, &mut out);
                             let size = out.len() - before;
-                            if size > self.sh.max_output_bytes {
+                            if size > conn.sh.max_output_bytes {
                                 out.truncate(before);
                                 Reply::err(format!(
                                     "ERR reply of {size} bytes is over max_output_bytes ({})",
-                                    self.sh.max_output_bytes
+                                    conn.sh.max_output_bytes
                                 ))
                                 .encode(session.proto, &mut out);
                             }
@@ -894,7 +1002,7 @@ impl Conn {
                         }
                     }
                     Err(e) => {
-                        self.sh.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        conn.sh.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                         Reply::err(format!("ERR {e}")).encode(session.proto, &mut out);
                         close = true;
                         break;
@@ -905,7 +1013,7 @@ impl Conn {
                 let handled = Instant::now();
                 let mut waited = Ok(());
                 for (p, ts) in waits.drain(..) {
-                    waited = self.wait_durable(ts, p).await;
+                    waited = conn.wait_durable(ts, p).await;
                     if waited.is_err() {
                         break;
                     }
@@ -914,7 +1022,7 @@ impl Conn {
                     out.clear();
                     // On a backup the only wait that fails is a read view that did not get
                     // there in time: nothing was written, the connection goes on.
-                    let on_backup = self.wait_timeout.is_some();
+                    let on_backup = conn.wait_timeout.is_some();
                     for _ in 0..replies {
                         let msg = match on_backup {
                             true => format!("ERR {failed}"),
@@ -932,11 +1040,11 @@ impl Conn {
                 // the next request's start, or to the end of handling for the last one.
                 let now = Instant::now();
                 for (k, &(t, cmd)) in started.iter().enumerate() {
-                    self.metrics.record(shard, cmd, now - t);
+                    conn.metrics.record(shard, cmd, now - t);
                     if let Some(c) = cmd {
                         let next = started.get(k + 1).map_or(handled, |n| n.0);
                         let ns = next.saturating_duration_since(t).as_nanos() as u64;
-                        self.sh.stats.command(shard, c).nanos.fetch_add(ns, Ordering::Relaxed);
+                        conn.sh.stats.command(shard, c).nanos.fetch_add(ns, Ordering::Relaxed);
                     }
                 }
                 started.clear();
@@ -1087,14 +1195,85 @@ mod tests {
 
     /// Serves `conn` on a free loopback port through `admit`, as `run` does.
     async fn listen(conn: Arc<Conn>, tls: Option<TlsAcceptor>) -> SocketAddr {
+        listen_with(conn, tls, Arc::new(Hub::default())).await
+    }
+
+    /// `listen`, with `hub` (set to `conn`) naming the role that serves.
+    async fn listen_with(conn: Arc<Conn>, tls: Option<TlsAcceptor>, hub: Arc<Hub>) -> SocketAddr {
+        hub.set(Arc::clone(&conn));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             loop {
-                Arc::clone(&conn).admit(listener.accept().await, tls.clone()).await;
+                Arc::clone(&conn).admit(listener.accept().await, tls.clone(), &hub).await;
             }
         });
         addr
+    }
+
+    /// A connection moves to the role the hub names before its next request, with its
+    /// session: opened on a read-only role (a backup), it is refused a write, keeps its
+    /// SELECTed database and client id, and once the next role (the primary, same
+    /// engine) is set, its next write on the same connection is taken; the stats go on.
+    #[test]
+    fn a_connection_moves_to_the_next_role_with_its_session() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let base = test_conn(None, Duration::from_secs(10));
+        let db = Arc::clone(&base.sh.db);
+        let role = |read_only: bool, before: Option<&Shared>| {
+            let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+            s.max_output_bytes = 1 << 20;
+            s.read_only = read_only;
+            if let Some(b) = before {
+                s.carry_over(b);
+            }
+            Arc::new(Conn { sh: Arc::new(s), ..clone_conn(&base) })
+        };
+        let read_only = role(true, None);
+        let primary = role(false, Some(&read_only.sh));
+        let hub = Arc::new(Hub::default());
+        rt.block_on(async move {
+            let addr = listen_with(Arc::clone(&read_only), None, Arc::clone(&hub)).await;
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(ask(&mut a, b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n").await, "+OK\r\n");
+            let id = ask(&mut a, b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n").await;
+            let refused = ask(&mut a, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n").await;
+            assert!(refused.starts_with("-READONLY"), "{refused}");
+            assert_eq!(read_only.sh.stats.connected_clients.load(Ordering::Acquire), 1);
+
+            hub.set(Arc::clone(&primary));
+            assert_eq!(ask(&mut a, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n").await, "+OK\r\n");
+            assert_eq!(ask(&mut a, b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n").await, id, "the same client");
+            // Written in the database the connection had selected.
+            assert_eq!(ask(&mut a, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await, "$1\r\nv\r\n");
+            assert_eq!(ask(&mut a, b"*2\r\n$6\r\nSELECT\r\n$1\r\n0\r\n").await, "+OK\r\n");
+            assert_eq!(ask(&mut a, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await, "$-1\r\n");
+            // One client, counted once, in the counters both roles share.
+            assert_eq!(primary.sh.stats.connected_clients.load(Ordering::Acquire), 1);
+            assert!(Arc::ptr_eq(&primary.sh.stats, &read_only.sh.stats));
+        });
+    }
+
+    /// Sends one request on `a` and reads its reply (one read: the replies are short).
+    async fn ask(a: &mut TcpStream, req: &[u8]) -> String {
+        a.write_all(req).await.unwrap();
+        let mut buf = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await.unwrap().unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// A `Conn` like `c` (the fields other than `sh`).
+    fn clone_conn(c: &Conn) -> Conn {
+        Conn {
+            sh: Arc::clone(&c.sh),
+            limits: c.limits,
+            max_clients: c.max_clients,
+            tls_handshake_timeout: c.tls_handshake_timeout,
+            durable: c.durable.clone(),
+            by_policy: c.by_policy.clone(),
+            wait_timeout: c.wait_timeout,
+            metrics: Arc::clone(&c.metrics),
+        }
     }
 
     #[test]

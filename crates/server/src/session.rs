@@ -85,7 +85,8 @@ pub struct Shared {
     /// Where durability is read from; `None` for an in-memory database (tests).
     pub log: Option<Arc<ditto_log::Logger>>,
     pub password: Option<String>,
-    pub stats: Stats,
+    /// Shared with the role before, for a server that changes its role in place.
+    pub stats: Arc<Stats>,
     pub cursors: Mutex<Cursors>,
     pub started: Instant,
     pub tcp_port: u16,
@@ -124,6 +125,18 @@ impl Shared {
         Shared::with_counts(db, log, password, tcp_port, None)
     }
 
+    /// A server that changes its role in place serves on from `prev`'s connections: its
+    /// counters, uptime and client ids go on, and (the engine being the same) so do its
+    /// SCAN cursors.
+    pub fn carry_over(&mut self, prev: &Shared) {
+        self.stats = Arc::clone(&prev.stats);
+        self.started = prev.started;
+        self.next_client_id.store(prev.next_client_id.load(Ordering::Relaxed), Ordering::Relaxed);
+        if Arc::ptr_eq(&self.db, &prev.db) {
+            *self.cursors.get_mut() = std::mem::take(&mut *prev.cursors.lock());
+        }
+    }
+
     /// `new`, with the per-database key counts known already (`counted`: the counts and
     /// the snapshot they hold at), as a server that changes its role in place knows them
     /// from its previous run; `None` counts them (a walk of every key).
@@ -142,7 +155,7 @@ impl Shared {
         Ok(Shared {
             key_counts: Arc::new(key_counts),
             key_counts_at,
-            stats: Stats::new(db.workers()),
+            stats: Arc::new(Stats::new(db.workers())),
             db,
             ks,
             log,
