@@ -25,8 +25,9 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct FailoverDemo {
     failovers: usize,
-    /// Reads on a backup's connection across the failovers: (reads, connections lost).
-    backup_reads: (u64, u64),
+    /// Reads on a backup's connection across the failovers: (reads, connections lost, the
+    /// slowest read's ms).
+    backup_reads: (u64, u64, f64),
     unavailable_ms: Vec<f64>,
     rejoin_ms: Vec<f64>,
     acked: usize,
@@ -236,7 +237,14 @@ pub(crate) fn writer(client: usize, prefix: &'static str, ports: Vec<u16>, acks:
 /// demo moves to a backup before each kill), reading DBSIZE without pause. Counts its reads
 /// and the connections it lost (an error, or a close, on a node it did not leave): a
 /// backup keeps its clients' connections through a failover (docs/cluster.md).
-fn backup_reader(target: Arc<Mutex<u16>>, reads: Arc<AtomicU64>, lost: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
+/// `longest` is the slowest read's microseconds.
+pub(crate) fn backup_reader(
+    target: Arc<Mutex<u16>>,
+    reads: Arc<AtomicU64>,
+    lost: Arc<AtomicU64>,
+    longest: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) {
     let mut conn: Option<(Client, u16)> = None;
     while !stop.load(Ordering::SeqCst) {
         let want = *target.lock().expect("target");
@@ -250,9 +258,11 @@ fn backup_reader(target: Arc<Mutex<u16>>, reads: Arc<AtomicU64>, lost: Arc<Atomi
             }
         }
         let (c, _) = conn.as_mut().expect("connected");
+        let t = Instant::now();
         match c.call(&["DBSIZE"]) {
             Ok(Reply::Int(_)) => {
                 reads.fetch_add(1, Ordering::Relaxed);
+                longest.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
             }
             _ => {
                 lost.fetch_add(1, Ordering::Relaxed);
@@ -314,7 +324,12 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         std::thread::spawn(move || writer(0, "demo:w:", ports, acks, stop))
     };
     // A read-only client on a backup, moved to one before each kill.
-    let (target, reads, lost) = (Arc::new(Mutex::new(0u16)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (target, reads, lost, longest) = (
+        Arc::new(Mutex::new(0u16)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let mut reader = None;
     let mut unavailable_ms = Vec::new();
     let mut rejoin_ms = Vec::new();
@@ -324,8 +339,9 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         let backup = nodes.ports.iter().find(|(id, _)| **id != primary).map(|(_, p)| *p).ok_or("no backup")?;
         *target.lock().expect("target") = backup;
         reader.get_or_insert_with(|| {
-            let (t, r, l, s) = (Arc::clone(&target), Arc::clone(&reads), Arc::clone(&lost), Arc::clone(&stop));
-            std::thread::spawn(move || backup_reader(t, r, l, s))
+            let (t, r, l, m, s) =
+                (Arc::clone(&target), Arc::clone(&reads), Arc::clone(&lost), Arc::clone(&longest), Arc::clone(&stop));
+            std::thread::spawn(move || backup_reader(t, r, l, m, s))
         });
         std::thread::sleep(Duration::from_millis(1000));
         let killed_at = Instant::now();
@@ -377,7 +393,8 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     if let Some(r) = reader {
         r.join().map_err(|_| "the backup's reader panicked")?;
     }
-    let backup_reads = (reads.load(Ordering::Relaxed), lost.load(Ordering::Relaxed));
+    let backup_reads =
+        (reads.load(Ordering::Relaxed), lost.load(Ordering::Relaxed), longest.load(Ordering::Relaxed) as f64 / 1e3);
     if backup_reads.1 > 0 {
         return Err(format!(
             "a backup's client lost its connection {} times in {} reads across the failovers",
@@ -443,8 +460,8 @@ impl FailoverDemo {
             );
         }
         println!(
-            "  reads on a backup   {} DBSIZE reads by a client of a backup (moved to a backup before each change), {} connections lost to a failover or the switchover",
-            self.backup_reads.0, self.backup_reads.1
+            "  reads on a backup   {} DBSIZE reads by a client of a backup (moved to a backup before each change), {} connections lost to a failover or the switchover, slowest read {:.1} ms",
+            self.backup_reads.0, self.backup_reads.1, self.backup_reads.2
         );
         println!(
             "checks:   all {} acknowledged writes on every node after every failover and at the end  OK",

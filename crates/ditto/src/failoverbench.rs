@@ -19,7 +19,7 @@
 //!   over (`ditto cluster switchover`), and the unavailability runs from the request to the
 //!   first write acknowledged by another node; the old primary rejoins by itself.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,11 @@ pub struct FailoverBenchArgs {
     /// Planned switchovers instead of SIGKILLs (`--kills` of them).
     #[arg(long)]
     switchover: bool,
+    /// A read-only client on a backup as well (DBSIZE without pause on one connection,
+    /// moved to a backup before each failover): counts its reads and the connections a
+    /// failover closed.
+    #[arg(long)]
+    backup_reader: bool,
     /// Print one JSON object at the end.
     #[arg(long)]
     json: bool,
@@ -102,6 +107,11 @@ struct Figures {
     unavailable_ms_max: f64,
     acknowledged_writes: usize,
     lost_writes: usize,
+    /// With `--backup-reader`: its reads, the connections it lost to a failover, and its
+    /// slowest read.
+    backup_reads: Option<u64>,
+    backup_connections_lost: Option<u64>,
+    backup_read_ms_max: Option<f64>,
     failovers: Vec<FailoverFigures>,
     /// Writes per second in each bucket from the start of the load.
     writes_per_s: Vec<f64>,
@@ -228,10 +238,33 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
             std::thread::spawn(move || writer(id, "b:", ports, acks, stop))
         })
         .collect();
+    let (target, reads, conns_lost, longest) = (
+        Arc::new(Mutex::new(0u16)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut reader = None;
     let start = Instant::now();
     let between = Duration::from_secs_f64(a.between_s);
     let mut kills: Vec<(u64, u64, Instant, f64, f64, Instant)> = Vec::new();
     for k in 0..a.kills {
+        if a.backup_reader {
+            // On a backup of the primary that is to fail (moved there before the pause).
+            let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
+            let b = nodes.ports.iter().find(|(id, _)| **id != primary).map(|(_, p)| *p).ok_or("no backup")?;
+            *target.lock().expect("target") = b;
+            reader.get_or_insert_with(|| {
+                let (t, r, l, m, s) = (
+                    Arc::clone(&target),
+                    Arc::clone(&reads),
+                    Arc::clone(&conns_lost),
+                    Arc::clone(&longest),
+                    Arc::clone(&stop),
+                );
+                std::thread::spawn(move || crate::demo_failover::backup_reader(t, r, l, m, s))
+            });
+        }
         std::thread::sleep(between);
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
         let port = nodes.ports[&primary];
@@ -265,6 +298,17 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     for c in clients {
         c.join().map_err(|_| "a client panicked")?;
     }
+    if let Some(r) = reader {
+        r.join().map_err(|_| "the backup's reader panicked")?;
+    }
+    let (backup_reads, backup_connections_lost, backup_read_ms_max) = match a.backup_reader {
+        true => (
+            Some(reads.load(Ordering::Relaxed)),
+            Some(conns_lost.load(Ordering::Relaxed)),
+            Some(longest.load(Ordering::Relaxed) as f64 / 1e3),
+        ),
+        false => (None, None, None),
+    };
     let end = Instant::now();
     let acked = acks.lock().expect("acks").clone();
     // Every acknowledged write, on every node.
@@ -318,6 +362,9 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         unavailable_ms_max: unavailable.last().copied().unwrap_or(0.0),
         acknowledged_writes: acked.len(),
         lost_writes: lost,
+        backup_reads,
+        backup_connections_lost,
+        backup_read_ms_max,
         failovers,
         writes_per_s: rates(&acked, start, end),
     };
@@ -375,6 +422,9 @@ fn print(f: &Figures) {
         if f.lost_writes == 0 { "all" } else { "NOT all" },
         if f.lost_writes == 0 { "none lost" } else { "LOST" }
     );
+    if let (Some(r), Some(l), Some(m)) = (f.backup_reads, f.backup_connections_lost, f.backup_read_ms_max) {
+        println!("a backup's client: {r} reads, {l} connections lost to a failover, slowest read {m:.1} ms");
+    }
 }
 
 /// Writes per second over time, a vertical line at each kill.

@@ -173,12 +173,28 @@ struct Hub {
     /// Raised at every `set`: a connection compares it with the one it last saw (one
     /// atomic load per read from its socket).
     generation: std::sync::atomic::AtomicU64,
+    /// Wakes the replies waiting on the previous role's release (`Conn::wait_moving`).
+    changed: tokio::sync::Notify,
 }
 
 impl Hub {
     fn set(&self, c: Arc<Conn>) {
         *self.conn.lock() = Some(c);
         self.generation.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    /// Moves `conn` to the role that serves now if the hub changed since `seen`.
+    fn follow(&self, conn: &mut Arc<Conn>, seen: &mut u64) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if generation != *seen {
+            *seen = generation;
+            if let Some(next) = self.current() {
+                // Only a role that serves the same engine keeps the connections.
+                debug_assert!(Arc::ptr_eq(&next.sh.db, &conn.sh.db));
+                *conn = next;
+            }
+        }
     }
 
     fn current(&self) -> Option<Arc<Conn>> {
@@ -907,15 +923,7 @@ impl Conn {
         // flush; reused.
         let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
         loop {
-            let generation = hub.generation.load(Ordering::Acquire);
-            if generation != seen {
-                seen = generation;
-                if let Some(next) = hub.current() {
-                    // Only a role that serves the same engine keeps the connections.
-                    debug_assert!(Arc::ptr_eq(&next.sh.db, &conn.sh.db));
-                    conn = next;
-                }
-            }
+            hub.follow(&mut conn, &mut seen);
             // Handle every complete request buffered (up to the output bound).
             let mut close = false;
             let mut replies = 0usize;
@@ -1013,7 +1021,7 @@ impl Conn {
                 let handled = Instant::now();
                 let mut waited = Ok(());
                 for (p, ts) in waits.drain(..) {
-                    waited = conn.wait_durable(ts, p).await;
+                    waited = Conn::wait_moving(&mut conn, hub, &mut seen, ts, p).await;
                     if waited.is_err() {
                         break;
                     }
@@ -1083,6 +1091,30 @@ impl Conn {
                 return n;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// `wait_durable` on `conn`'s role, moving to the next role if the server changes
+    /// its role meanwhile and waiting there instead. A backup's read handled just before
+    /// a promotion in place may read at a timestamp its old role's read view never reaches
+    /// (the new primary's clock starts above the point): the new role releases it.
+    async fn wait_moving(
+        conn: &mut Arc<Conn>,
+        hub: &Hub,
+        seen: &mut u64,
+        ts: Ts,
+        policy: Option<ditto_replication::CommitPolicy>,
+    ) -> Result<(), Arc<str>> {
+        loop {
+            // Registered before the generation is read, so a change between is not missed.
+            let changed = hub.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            hub.follow(conn, seen);
+            tokio::select! {
+                r = conn.wait_durable(ts, policy) => return r,
+                _ = &mut changed => {}
+            }
         }
     }
 
@@ -1251,6 +1283,48 @@ mod tests {
             // One client, counted once, in the counters both roles share.
             assert_eq!(primary.sh.stats.connected_clients.load(Ordering::Acquire), 1);
             assert!(Arc::ptr_eq(&primary.sh.stats, &read_only.sh.stats));
+        });
+    }
+
+    /// A backup's read waiting for its read view when the role changes in place is
+    /// answered by the next role's release (`Conn::wait_moving`), not left to time out on
+    /// the old role's, which no longer moves.
+    #[test]
+    fn a_reply_waiting_on_the_old_roles_read_view_is_released_by_the_next_role() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let old_release = Arc::new(Release::default());
+        let base = test_conn(None, Duration::from_secs(10));
+        let db = Arc::clone(&base.sh.db);
+        // A committed key: the read's snapshot is above the old role's read view (0).
+        {
+            let mut w = db.worker(ditto_engine::WorkerId(0)).unwrap();
+            let ks = crate::keyspace::Keyspace::open(&db).unwrap();
+            let mut t = w.begin();
+            t.put(ks.keys, &crate::keyspace::Keyspace::key_row(0, b"k"), b"v").unwrap();
+            t.commit().unwrap();
+        }
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.read_only = true;
+        let backup = Arc::new(Conn {
+            sh: Arc::new(s),
+            durable: Some(Arc::clone(&old_release)),
+            wait_timeout: Some(Duration::from_secs(30)),
+            ..clone_conn(&base)
+        });
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.carry_over(&backup.sh);
+        let next = Arc::new(Conn { sh: Arc::new(s), ..clone_conn(&base) });
+        let hub = Arc::new(Hub::default());
+        rt.block_on(async move {
+            let addr = listen_with(backup, None, Arc::clone(&hub)).await;
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(b"*1\r\n$6\r\nDBSIZE\r\n").await.unwrap();
+            let mut buf = vec![0u8; 64];
+            let quiet = Duration::from_millis(300);
+            assert!(tokio::time::timeout(quiet, a.read(&mut buf)).await.is_err(), "answered above the read view");
+            hub.set(next);
+            let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.unwrap().unwrap();
+            assert_eq!(&buf[..n], b":1\r\n");
         });
     }
 
