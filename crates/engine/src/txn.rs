@@ -1168,13 +1168,13 @@ impl<'db> ReadTxn<'db> {
     }
 
     /// Walks records by record id (not through the index) and calls `f(rid, key, version
-    /// ts, value)` for each record present at the snapshot. Checkpoints use this to split a
-    /// table into rid ranges written in parallel.
+    /// ts, value)` for each record present at the snapshot, until `f` breaks. Checkpoints
+    /// use this to split a table into rid ranges written in parallel.
     pub fn for_each_record(
         &self,
         table: TableId,
         rids: std::ops::Range<u64>,
-        mut f: impl FnMut(RecordId, &[u8], Ts, &[u8]),
+        mut f: impl FnMut(RecordId, &[u8], Ts, &[u8]) -> std::ops::ControlFlow<()>,
     ) -> Result<()> {
         let t = self.db.table(table)?;
         let end = rids.end.min(t.rid_limit());
@@ -1186,7 +1186,9 @@ impl<'db> ReadTxn<'db> {
             let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
             if let Some(v) = rec.read_at(self.ts, &guard) {
                 if let (Some(val), Some(key)) = (v.value(), rec.key.get()) {
-                    f(RecordId(rid), key, v.ts(), val);
+                    if f(RecordId(rid), key, v.ts(), val).is_break() {
+                        break;
+                    }
                 }
             }
         }

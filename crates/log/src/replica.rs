@@ -1051,6 +1051,21 @@ pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Resul
 /// fsynced) and deletes them there on a thread of their own: nothing reads `trash/`, and
 /// what a crash leaves there is deleted by the next call.
 pub(crate) fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
+    move_to_trash(data, paths)?;
+    crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
+    delete_trash(data);
+    Ok(())
+}
+
+/// `to_trash` for what no crash can bring back into use (an incomplete checkpoint: no
+/// manifest): the renames are not made durable.
+pub(crate) fn to_trash_unsynced(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
+    move_to_trash(data, paths)?;
+    delete_trash(data);
+    Ok(())
+}
+
+fn move_to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
     let trash = data.join(TRASH_DIR);
     std::fs::create_dir_all(&trash).map_err(|e| LogError::io(&trash, e))?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
@@ -1058,7 +1073,12 @@ pub(crate) fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
         let to = trash.join(format!("{stamp}-{i}"));
         std::fs::rename(p, &to).map_err(|e| LogError::io(p, e))?;
     }
-    crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
+    Ok(())
+}
+
+/// Deletes what `data/trash/` holds, on a thread of its own.
+fn delete_trash(data: &Path) {
+    let trash = data.join(TRASH_DIR);
     let _ = std::thread::Builder::new().name("ditto-trash".into()).spawn(move || {
         if let Ok(entries) = std::fs::read_dir(&trash) {
             for e in entries.flatten() {
@@ -1067,7 +1087,6 @@ pub(crate) fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
             }
         }
     });
-    Ok(())
 }
 
 /// Where `seal_at_point` moves what it discards, to be deleted in the background.

@@ -56,7 +56,11 @@ fn rows_of(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
     let snap = db.read();
     let mut rows = Vec::new();
     let limit = snap.rid_limit(t).unwrap();
-    snap.for_each_record(t, 0..limit, |_, k, _, v| rows.push((k.to_vec(), v.to_vec()))).unwrap();
+    snap.for_each_record(t, 0..limit, |_, k, _, v| {
+        rows.push((k.to_vec(), v.to_vec()));
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
     rows.sort();
     rows
 }
@@ -155,6 +159,14 @@ fn a_checkpoint_cancelled_mid_write_stops_short_and_leaves_nothing() {
             .map(|r| r.map(|e| e.unwrap().path()).collect())
             .unwrap_or_default();
         assert!(left.is_empty(), "pace {pace}: the cancelled checkpoint left {left:?}");
+        // Its files went to the trash (a rename: the fence does not wait for the unlinks)
+        // and are deleted there in the background.
+        let trash = out.path().join(ditto_log::replica::TRASH_DIR);
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_dir(&trash).is_ok_and(|mut d| d.next().is_some()) {
+            assert!(Instant::now() < end, "pace {pace}: the trash was not emptied");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     d.close();
 }

@@ -1849,9 +1849,11 @@ impl Backup {
         let deadline = Instant::now() + timeout;
         let t = Instant::now();
         self.stop(why, timeout)?;
+        let stopped = t.elapsed();
         self.ckpt_cancel.store(true, Ordering::Release);
         drop(self.ckpt_busy.lock());
-        if t.elapsed() > Duration::from_secs(1) {
+        let left = t.elapsed();
+        if left > Duration::from_secs(1) {
             tracing::warn!(
                 "fence: the link stopped and the checkpointer left after {:.1} s",
                 t.elapsed().as_secs_f64()
@@ -1862,6 +1864,15 @@ impl Backup {
                 return Err(format!("the persister did not end within {} ms", timeout.as_millis()));
             }
             std::thread::sleep(Duration::from_millis(1));
+        }
+        // Where a slow fence's time went (a failover waits for it).
+        if t.elapsed() > Duration::from_millis(20) {
+            tracing::info!(
+                "fence: {:.1} ms (the link stopped after {:.1} ms, the checkpointer left after {:.1} ms)",
+                t.elapsed().as_secs_f64() * 1e3,
+                stopped.as_secs_f64() * 1e3,
+                left.as_secs_f64() * 1e3
+            );
         }
         Ok(())
     }
