@@ -747,10 +747,27 @@ fn scan(dir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     scan_dir(&replica_dir(dir), ckpt_ts)
 }
 
-/// The replica log files in `rdir` (a data directory's `replica/`, or its sealed log),
-/// checked entry by entry.
+/// The replica log files in `rdir` (a data directory's `replica/`), checked entry by
+/// entry.
 pub(crate) fn scan_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     scan_files(list_files(rdir)?, ckpt_ts)
+}
+
+/// A sealed log's files (`sealed/`, or the kept `sealed-served/`), checked entry by entry,
+/// with no torn tail allowed: a log is sealed by a running backup, fenced (everything it
+/// received durable) and opened earlier (a torn tail left by a crash cut then), so a
+/// checksum that fails anywhere in it, its newest file included, is damage. Read as a torn
+/// tail, it would be dropped silently, and the batches after it with it.
+pub(crate) fn scan_sealed_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
+    let scan = scan_files(list_files(rdir)?, ckpt_ts)?;
+    match &scan.torn {
+        Some((file, offset)) => Err(LogError::Corrupt {
+            file: file.clone(),
+            offset: *offset,
+            what: "a sealed log is damaged (a checksum fails; a sealed log has no torn tail)".into(),
+        }),
+        None => Ok(scan),
+    }
 }
 
 /// The replica log files in `rdir`, in sequence order.
@@ -902,7 +919,14 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
     if floor > after {
         return Ok(None);
     }
-    let scan = scan_dir(&dir, floor)?;
+    let scan = scan_sealed_dir(&dir, floor)?;
+    if scan.cut() < point {
+        return Err(LogError::Corrupt {
+            file: dir.clone(),
+            offset: 0,
+            what: format!("sealed at ts {}, but it holds every stream only up to ts {}", point.0, scan.cut().0),
+        });
+    }
     let mut out = Vec::new();
     for (_, bound, raw) in scan.entries.into_iter().filter(|(_, bound, _)| *bound > after) {
         let (batch, _) = decode_batch_checksums(&raw).map_err(|e| LogError::Corrupt {

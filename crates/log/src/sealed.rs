@@ -29,7 +29,7 @@ use ditto_engine::{Database, Ts};
 
 use crate::checkpoint::{self, Manifest};
 use crate::recovery::{recovery_threads, replay_kept, Kept};
-use crate::replica::{replica_dir, scan_dir};
+use crate::replica::{replica_dir, scan_sealed_dir};
 use crate::storage::Storage;
 use crate::{LogError, RecoveryReport};
 
@@ -180,7 +180,7 @@ pub(crate) fn replay_sealed(
     ckpt_ts: Ts,
     report: &mut RecoveryReport,
 ) -> Result<Ts, LogError> {
-    let scan = scan_dir(&s.dir, ckpt_ts)?;
+    let scan = scan_sealed_dir(&s.dir, ckpt_ts)?;
     if scan.cut() < s.point {
         return Err(LogError::Corrupt {
             file: s.dir.clone(),

@@ -439,8 +439,16 @@ impl Primary {
                 // log, sealed at the point, holds above what it has, cut at the point, then
                 // this epoch's log (docs/cluster.md).
                 Some((e, p, start)) if e == epoch && have_ts < p && have_ts > Ts::ZERO => {
-                    let sealed =
-                        ditto_log::replica::sealed_batches_above(dir, have_ts, p).map_err(std::io::Error::other)?;
+                    // A damaged sealed log is only a shortcut lost: the backup is sent a
+                    // checkpoint instead (never a gap that skips what the damage hides).
+                    let sealed = ditto_log::replica::sealed_batches_above(dir, have_ts, p).unwrap_or_else(|e| {
+                        tracing::warn!(
+                            "backup {} at {addr}: its gap cannot come from the sealed log ({e}); it is sent a checkpoint",
+                            link.node,
+                            addr = link.addr
+                        );
+                        None
+                    });
                     let own = ditto_log::replica::batches_after(dir, self.epoch, start.max(p))
                         .map_err(std::io::Error::other)?;
                     sealed.zip(own).map(|(mut a, b)| {

@@ -369,6 +369,35 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "recovery's checkpoint took the sealed log");
 }
 
+/// A sealed log has no torn tail (it was fenced durable, and opened before): a checksum
+/// that fails in its newest file is damage, and recovery refuses it, naming the file,
+/// rather than dropping the rest of the file as a crash's torn tail.
+#[test]
+fn a_sealed_log_damaged_in_its_newest_file_is_refused_not_read_as_a_torn_tail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
+    pa_repl.stop();
+    a.close();
+    let p = ts[59];
+    let (db, lock) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b1, p, &RealStorage).unwrap();
+    drop((lock, db));
+    let s = ditto_log::sealed::sealed(&b1).unwrap().expect("sealed");
+    let mut segs: Vec<_> = walk(&s.dir).into_iter().filter(|f| f.extension().is_some_and(|e| e == "seg")).collect();
+    segs.sort();
+    let newest = segs.last().expect("a segment").clone();
+    let before = std::fs::read(&newest).unwrap();
+    flip_a_byte(&newest, before.len() as u64 / 2);
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    match ditto_log::replica::open_replica_upto(&b1, 1, &storage, None) {
+        Err(e) => assert!(e.to_string().contains("sealed log is damaged"), "{e}"),
+        Ok(_) => panic!("a damaged sealed log was opened"),
+    }
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_some(), "nothing changed");
+    assert_eq!(std::fs::read(&newest).unwrap().len(), before.len(), "the file was not cut");
+}
+
 /// A crash between the seal's two steps leaves the cut inside the replica directory: it
 /// is read as the sealed log, cut at the point. A damaged cut stops the open, naming the
 /// file, and changes nothing.
@@ -469,7 +498,7 @@ fn a_report_read_by_headers_says_what_recovery_finds() {
 /// then its own log. No checkpoint is copied, and nothing above the point arrives.
 #[test]
 fn a_backup_behind_the_point_follows_in_place_and_is_sent_the_rest() {
-    behind_the_point(false);
+    behind_the_point(Served::NotYet);
 }
 
 /// The same when the new primary's first checkpoint has already taken its sealed log away
@@ -478,10 +507,33 @@ fn a_backup_behind_the_point_follows_in_place_and_is_sent_the_rest() {
 /// checkpoint is copied; the primary's next checkpoint lets it go.
 #[test]
 fn a_backup_behind_the_point_is_sent_the_rest_after_the_seals_checkpoint_too() {
-    behind_the_point(true);
+    behind_the_point(Served::Kept);
 }
 
-fn behind_the_point(checkpoint_first: bool) {
+/// A kept sealed log that is damaged is only a shortcut lost: the backup is sent a
+/// checkpoint instead, and ends with the same data. Its floor file damaged (`served`
+/// refuses it), or one of its batches (the read of the gap fails its checksum).
+#[test]
+fn a_damaged_kept_sealed_log_sends_a_checkpoint_instead() {
+    behind_the_point(Served::FloorDamaged);
+    behind_the_point(Served::BatchDamaged);
+}
+
+/// Where the new primary's sealed log is when the backup behind the point joins.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Served {
+    /// Still sealed (no checkpoint yet).
+    NotYet,
+    /// Kept after the seal's checkpoint (`sealed::retire_sealed`).
+    Kept,
+    /// Kept, and its FLOOR file damaged.
+    FloorDamaged,
+    /// Kept, and a byte of its replica log flipped.
+    BatchDamaged,
+}
+
+fn behind_the_point(served: Served) {
+    let checkpoint_first = served != Served::NotYet;
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
@@ -537,6 +589,19 @@ fn behind_the_point(checkpoint_first: bool) {
         assert!(info.ts >= p, "the seal's checkpoint is at or above the point");
         assert!(!sealed_dir.exists() && served_dir.exists(), "the sealed log is kept for serving only");
         assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "recovery no longer sees a sealed log");
+        match served {
+            Served::FloorDamaged => flip_a_byte(&served_dir.join(ditto_log::sealed::FLOOR_FILE), 10),
+            Served::BatchDamaged => {
+                // A byte in the middle of the first segment: inside a batch.
+                let mut files: Vec<_> =
+                    walk(&served_dir).into_iter().filter(|f| f.extension().is_some_and(|e| e == "seg")).collect();
+                files.sort();
+                let f = files.first().expect("a replica log file with batches in the kept sealed log");
+                let len = std::fs::metadata(f).unwrap().len();
+                flip_a_byte(f, len / 2);
+            }
+            _ => {}
+        }
     }
     // The second backup: cut where it holds everything, below the point.
     let (db2, lock2, cut) = bk2.cut_at_most(p, "follows", Duration::from_secs(20)).unwrap();
@@ -552,7 +617,11 @@ fn behind_the_point(checkpoint_first: bool) {
     wait_until("the backup to hold the point", Duration::from_secs(20), || {
         bk2.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= p.0
     });
-    assert_eq!(bp_repl.checkpoints_sent.load(std::sync::atomic::Ordering::SeqCst), 0, "no checkpoint copied");
+    let copies = match served {
+        Served::NotYet | Served::Kept => 0,
+        Served::FloorDamaged | Served::BatchDamaged => 1,
+    };
+    assert_eq!(bp_repl.checkpoints_sent.load(std::sync::atomic::Ordering::SeqCst), copies, "{served:?}");
     for i in 0..100u32 {
         let want = (i <= 79).then(|| format!("v{i}").into_bytes());
         assert_eq!(value_on(&bk2.db, i), want, "key {i}: nothing above the point arrives");
@@ -564,7 +633,7 @@ fn behind_the_point(checkpoint_first: bool) {
         bk2.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= newest.0
     });
     assert_eq!(value_on(&bk2.db, 500).as_deref(), Some(&b"two"[..]));
-    if checkpoint_first {
+    if copies == 0 && checkpoint_first {
         // The primary's next checkpoint lets the kept log go.
         bp.checkpoint().unwrap();
         assert!(!served_dir.exists(), "the kept sealed log goes at the next checkpoint");
@@ -581,4 +650,25 @@ fn behind_the_point(checkpoint_first: bool) {
         assert_eq!(value_on(&opened.db, i), want, "key {i} recovered");
     }
     assert_eq!(value_on(&opened.db, 500).as_deref(), Some(&b"two"[..]));
+}
+
+/// Flips the byte at `at` of file `f`.
+fn flip_a_byte(f: &std::path::Path, at: u64) {
+    let mut b = std::fs::read(f).unwrap();
+    b[at as usize] ^= 0x40;
+    std::fs::write(f, b).unwrap();
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }
