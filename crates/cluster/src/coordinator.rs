@@ -76,8 +76,12 @@ struct Round {
 pub struct Coordinator {
     me: NodeId,
     t: Timeouts,
-    /// When this coordinator started: a node never heard from counts as silent since.
+    /// When this coordinator started, or last resumed from a stall (`tick`): a node never
+    /// heard from counts as silent since.
     started: u64,
+    /// The `now` of the last `tick`, and how many stalls it has seen.
+    last_tick: Option<u64>,
+    stalls: u64,
     /// Whether this node serves as the primary now (a node the state names primary but
     /// that restarted does not: it never resumes an epoch it served before, so it is
     /// failed over like any silent primary).
@@ -110,6 +114,8 @@ impl Coordinator {
             me,
             t,
             started: now,
+            last_tick: None,
+            stalls: 0,
             serving: false,
             serving_since: None,
             saw_open: false,
@@ -135,6 +141,11 @@ impl Coordinator {
     pub fn alive(&mut self, node: NodeId, now: u64) {
         let e = self.alive.entry(node).or_insert(now);
         *e = (*e).max(now);
+    }
+
+    /// How many stalls of its own loop this coordinator has seen (`tick`).
+    pub fn stalls(&self) -> u64 {
+        self.stalls
     }
 
     pub fn failure_timeout(&self) -> u64 {
@@ -211,7 +222,19 @@ impl Coordinator {
     }
 
     /// Advances the failover by time (call every few milliseconds).
+    ///
+    /// Ticks more than half the failure timeout apart mean this node's own loop stalled
+    /// (its control thread held: an fsync of its Raft log behind a checkpoint on the same
+    /// disk took 300 ms on a 16-core machine). It heard nobody meanwhile, so the silence it
+    /// measured across the stall says nothing about the others: silence counts afresh from
+    /// the end of the stall. Without this, a leader resuming from a 307 ms stall failed
+    /// over a new primary that was serving, right after a switchover.
     pub fn tick(&mut self, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
+        if self.last_tick.is_some_and(|last| now.saturating_sub(last) > self.t.failure / 2) {
+            self.started = self.started.max(now);
+            self.stalls += 1;
+        }
+        self.last_tick = Some(now);
         let mut out = Vec::new();
         // Every node keeps when the serving epoch opened (as it saw it), leader or not: a
         // follower that becomes leader knows it too.
@@ -440,7 +463,8 @@ mod tests {
         let mut c = Coordinator::new(2, T, 0);
         c.heard(1, 0);
         assert!(c.tick(50, &s, true).is_empty(), "heard 50 ms ago");
-        assert!(c.tick(500, &s, false).is_empty(), "followers do nothing");
+        assert!(c.tick(90, &s, false).is_empty(), "followers do nothing");
+        assert!(c.tick(130, &s, false).is_empty(), "followers do nothing");
         let a = c.tick(150, &s, true);
         let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
         assert!(matches!(begin, Command::BeginFailover { epoch: 2, .. }));
@@ -476,6 +500,40 @@ mod tests {
         assert_eq!(s.primary(), Some(3));
         c.heard(3, 185);
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
+    }
+
+    /// A leader whose own loop stalled does not fail a primary over for the silence it
+    /// measured across the stall; silence counts again from its end.
+    #[test]
+    fn a_stall_of_the_coordinators_own_loop_is_not_the_primarys_silence() {
+        let s = boot(3);
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        for t in (10..=40).step_by(10) {
+            assert!(c.tick(t, &s, true).is_empty());
+        }
+        // Held 300 ms (3 failure timeouts): nothing heard meanwhile, nothing proposed.
+        assert!(c.tick(340, &s, true).is_empty(), "silence measured across its own stall");
+        assert_eq!(c.stalls(), 1);
+        // Ticking again, it hears nothing for a failure timeout: then the primary is silent.
+        let mut t = 340;
+        let mut proposed = None;
+        while proposed.is_none() && t < 1000 {
+            t += 10;
+            proposed = c.tick(t, &s, true).into_iter().find(|a| matches!(a, Action::Propose(_)));
+        }
+        assert_eq!(t, 340 + T.failure, "silent for a failure timeout after the stall");
+        assert!(matches!(proposed, Some(Action::Propose(Command::BeginFailover { epoch: 2, .. }))));
+        assert_eq!(c.stalls(), 1, "ticks 10 ms apart are no stall");
+        // Heard during that time instead, it is not failed over.
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        assert!(c.tick(10, &s, true).is_empty());
+        assert!(c.tick(400, &s, true).is_empty());
+        for t in (410..=700).step_by(10) {
+            c.heard(1, t);
+            assert!(c.tick(t, &s, true).is_empty(), "heard at {t}");
+        }
     }
 
     #[test]
@@ -524,6 +582,10 @@ mod tests {
         assert!(c.tick(500, &s, true).is_empty(), "it hears itself");
         c.set_serving(false);
         assert!(c.tick(505, &s, true).is_empty(), "not serving yet counts as silence, from when it was named");
+        // Ticked every 10 ms, as a node does (ticks further apart are a stall of its own).
+        for t in (515..505 + T.failure).step_by(10) {
+            assert!(c.tick(t, &s, true).is_empty(), "at {t}");
+        }
         let a = c.tick(505 + T.failure, &s, true);
         assert!(matches!(&a[..], [Action::Propose(Command::BeginFailover { epoch: 2, .. })]), "{a:?}");
     }

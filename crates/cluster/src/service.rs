@@ -879,9 +879,20 @@ impl Run {
         let mut next_heard_report = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
+        // When the coordinator last ticked (milliseconds), for the log line of a stall.
+        let mut last_tick_ms = 0u64;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
             let input = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
             let now = started.elapsed().as_millis() as u64;
+            let handled = Instant::now();
+            let what = match &input {
+                Ok(Input::Raft(_)) => "a Raft message",
+                Ok(Input::Ctl(..)) => "a control request",
+                Ok(Input::Fetched { .. }) => "fetched batches",
+                Ok(Input::Propose(..)) => "a proposal",
+                Ok(Input::Admin(..)) => "an operator's request",
+                Err(_) => "",
+            };
             let r = match input {
                 Ok(Input::Raft(m)) => {
                     self.coord.alive(m.from, now);
@@ -934,7 +945,11 @@ impl Run {
             was_serving = serving;
             self.coord.set_serving(serving);
             self.coord.set_starting(self.data.starting());
-            for n in self.data.heard() {
+            slow_step(id, what, handled);
+            let t = Instant::now();
+            let heard = self.data.heard();
+            slow_step(id, "the data plane (starting, stopping and probing its server)", t);
+            for n in heard {
                 self.coord.heard(n, now);
             }
             // A primary with quorum contact tells every member so (see `Ctl::Heard`).
@@ -949,7 +964,10 @@ impl Run {
                     self.send(to, KIND_CTL, &body);
                 }
             }
-            for cmd in self.data.proposals() {
+            let t = Instant::now();
+            let proposals = self.data.proposals();
+            slow_step(id, "the data plane's proposals", t);
+            for cmd in proposals {
                 tracing::info!(node = id, "control: the data plane proposes {cmd:?}");
                 if let Err(e) = self.node.propose_via_leader(&cmd) {
                     tracing::debug!("control: {e}");
@@ -991,13 +1009,28 @@ impl Run {
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + self.tick;
                 }
+                let stalls = self.coord.stalls();
                 let a = self.coord.tick(now, self.node.state(), self.node.leads_current());
+                if self.coord.stalls() > stalls {
+                    tracing::warn!(
+                        node = id,
+                        "control: this node's loop stalled ({} ms since its last tick): it counts others' silence afresh",
+                        now.saturating_sub(last_tick_ms)
+                    );
+                }
+                last_tick_ms = now;
                 if let Err(e) = self.act(a, now) {
                     failed = Some(e);
                     break;
                 }
             }
-            match self.node.poll(&mut self.disk) {
+            // The Raft state is made durable here, on this thread, and the commands that
+            // committed are applied (the data plane's `applied`).
+            let t = Instant::now();
+            let poll = self.node.poll(&mut self.disk);
+            slow_step(id, "persisting the Raft state", t);
+            let t = Instant::now();
+            match poll {
                 Ok(out) => {
                     if out.restored {
                         tracing::info!(node = id, "control: the state was restored from the leader's snapshot");
@@ -1035,6 +1068,7 @@ impl Run {
                 }
                 Err(e) => failed = Some(e.to_string()),
             }
+            slow_step(id, "applying committed commands", t);
             let mut s = self.shared.status.lock().unwrap();
             s.leader = self.node.leader();
             s.voters = self.node.voters();
@@ -1069,6 +1103,19 @@ impl Run {
         }
     }
 }
+
+/// A step of the control loop that held it for more than `SLOW_STEP`, logged with what it
+/// was: the loop is one thread (Raft, the coordinator and the data plane), and a step
+/// that waits (on the disk, on the node's server) holds all of it (docs/cluster.md).
+fn slow_step(node: NodeId, what: &str, since: Instant) {
+    let took = since.elapsed();
+    if took > SLOW_STEP && !what.is_empty() {
+        tracing::warn!(node, "control: {what} held the control loop {:.0} ms", took.as_secs_f64() * 1e3);
+    }
+}
+
+/// See `slow_step`.
+const SLOW_STEP: Duration = Duration::from_millis(50);
 
 #[cfg(test)]
 mod tests {
