@@ -16,7 +16,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
       RUST_LOG=info timeout 60 .devbin/$b bench failover --clients 8 --workers 4 --preload 1900000 --kills 3 --between-s 2 --backup-reader $extra --dir /tmp/fo-$n --json > /tmp/f/$n.json 2> /tmp/f/$n.err
       echo "rc=$?"; grep "^failover [0-9]" /tmp/f/$n.err
       grep -h "fenced its backup in place in" /tmp/fo-$n/node*.log | awk '{print $(NF-4)}' | tr '\n' ' '; echo
-      grep -h "fence: \|files removed in\|put aside in" /tmp/fo-$n/node*.log | sed 's/.*\(fence: \)/\1/; s/.*\(checkpoint at ts\)/\1/' | cut -c1-160
+      grep -h "fence: \|files removed in\|stalled\|not heard from" /tmp/fo-$n/node*.log | sed 's/.*\(fence: \)/\1/; s/.*\(checkpoint at ts\)/\1/; s/.*\(control: \)/\1/' | cut -c1-160
       mkdir -p /tmp/f/logs-$n; cp /tmp/fo-$n/node*.log /tmp/f/logs-$n/ 2>/dev/null; rm -rf /tmp/fo-$n
     done
   done
