@@ -1437,7 +1437,13 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
     });
     // The primary refused writes while it drained: the writer saw a gap, bounded by the drain.
     let gap = longest_gap_around(&w.acked(), asked, Duration::from_secs(10));
-    assert!(gap > 100.0, "writes were refused during the drain: longest gap {gap:.0} ms");
+    if gap <= 100.0 {
+        c.dump_logs();
+    }
+    assert!(
+        gap > 100.0,
+        "writes were refused during the drain: longest gap {gap:.0} ms; given up after {given_up:?}: {out}"
+    );
 
     // The target runs again and catches up; a switchover to it now goes through.
     let (ok, out) = cluster_cli(&["switchover", "--to", &to.to_string(), "--via", &c.control_addr(first)]);
