@@ -233,18 +233,45 @@ pub(crate) fn writer(client: usize, prefix: &'static str, ports: Vec<u16>, acks:
     }
 }
 
-/// A read-only client of a backup: one connection to the node at `target` (which the
-/// demo moves to a backup before each kill), reading DBSIZE without pause. Counts its reads
-/// and the connections it lost (an error, or a close, on a node it did not leave): a
-/// backup keeps its clients' connections through a failover (docs/cluster.md).
-/// `longest` is the slowest read's microseconds.
-pub(crate) fn backup_reader(
+/// A read-only client of a backup on a thread of its own: one connection to the node it
+/// is aimed at (the demo and `ditto bench failover` aim it at a backup before each
+/// failover), reading DBSIZE without pause. Counts its reads, the connections it lost (an
+/// error, or a close, on a node it did not leave: a backup keeps its clients' connections
+/// through a failover, docs/cluster.md) and its slowest read.
+pub(crate) struct BackupReader {
     target: Arc<Mutex<u16>>,
-    reads: Arc<AtomicU64>,
-    lost: Arc<AtomicU64>,
-    longest: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-) {
+    /// Reads, connections lost, the slowest read's microseconds.
+    counts: Arc<[AtomicU64; 3]>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BackupReader {
+    /// Not reading until first aimed (`aim`); stops with `stop`.
+    pub(crate) fn new() -> BackupReader {
+        BackupReader { target: Arc::new(Mutex::new(0)), counts: Arc::default(), thread: None }
+    }
+
+    /// Reads on the node at `port` from now on (a move, not a lost connection).
+    pub(crate) fn aim(&mut self, port: u16, stop: &Arc<AtomicBool>) {
+        *self.target.lock().expect("target") = port;
+        if self.thread.is_none() {
+            let (target, counts, stop) = (Arc::clone(&self.target), Arc::clone(&self.counts), Arc::clone(stop));
+            self.thread = Some(std::thread::spawn(move || read_backup(&target, &counts, &stop)));
+        }
+    }
+
+    /// Once `stop` is set: (reads, connections lost, the slowest read in ms).
+    pub(crate) fn finish(self) -> Result<(u64, u64, f64), Error> {
+        if let Some(t) = self.thread {
+            t.join().map_err(|_| "the backup's reader panicked")?;
+        }
+        let [r, l, m] = &*self.counts;
+        Ok((r.load(Ordering::Relaxed), l.load(Ordering::Relaxed), m.load(Ordering::Relaxed) as f64 / 1e3))
+    }
+}
+
+fn read_backup(target: &Mutex<u16>, counts: &[AtomicU64; 3], stop: &AtomicBool) {
+    let [reads, lost, longest] = counts;
     let mut conn: Option<(Client, u16)> = None;
     while !stop.load(Ordering::SeqCst) {
         let want = *target.lock().expect("target");
@@ -324,25 +351,14 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         std::thread::spawn(move || writer(0, "demo:w:", ports, acks, stop))
     };
     // A read-only client on a backup, moved to one before each kill.
-    let (target, reads, lost, longest) = (
-        Arc::new(Mutex::new(0u16)),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let mut reader = None;
+    let mut reader = BackupReader::new();
     let mut unavailable_ms = Vec::new();
     let mut rejoin_ms = Vec::new();
     let mut first_kill = None;
     for cycle in 0..cycles {
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
         let backup = nodes.ports.iter().find(|(id, _)| **id != primary).map(|(_, p)| *p).ok_or("no backup")?;
-        *target.lock().expect("target") = backup;
-        reader.get_or_insert_with(|| {
-            let (t, r, l, m, s) =
-                (Arc::clone(&target), Arc::clone(&reads), Arc::clone(&lost), Arc::clone(&longest), Arc::clone(&stop));
-            std::thread::spawn(move || backup_reader(t, r, l, m, s))
-        });
+        reader.aim(backup, &stop);
         std::thread::sleep(Duration::from_millis(1000));
         let killed_at = Instant::now();
         first_kill.get_or_insert(killed_at);
@@ -371,7 +387,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     // Then a planned switchover (`ditto cluster switchover`), under the same writer.
     let from = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
     if let Some(&p) = nodes.ports.iter().find(|(id, _)| **id != from).map(|(_, p)| p) {
-        *target.lock().expect("target") = p;
+        reader.aim(p, &stop);
     }
     std::thread::sleep(Duration::from_millis(1000));
     let (asked_at, from_port) = (Instant::now(), nodes.ports[&from]);
@@ -390,11 +406,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
-    if let Some(r) = reader {
-        r.join().map_err(|_| "the backup's reader panicked")?;
-    }
-    let backup_reads =
-        (reads.load(Ordering::Relaxed), lost.load(Ordering::Relaxed), longest.load(Ordering::Relaxed) as f64 / 1e3);
+    let backup_reads = reader.finish()?;
     if backup_reads.1 > 0 {
         return Err(format!(
             "a backup's client lost its connection {} times in {} reads across the failovers",

@@ -19,7 +19,7 @@
 //!   over (`ditto cluster switchover`), and the unavailability runs from the request to the
 //!   first write acknowledged by another node; the old primary rejoins by itself.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -238,13 +238,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
             std::thread::spawn(move || writer(id, "b:", ports, acks, stop))
         })
         .collect();
-    let (target, reads, conns_lost, longest) = (
-        Arc::new(Mutex::new(0u16)),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let mut reader = None;
+    let mut reader = crate::demo_failover::BackupReader::new();
     let start = Instant::now();
     let between = Duration::from_secs_f64(a.between_s);
     let mut kills: Vec<(u64, u64, Instant, f64, f64, Instant)> = Vec::new();
@@ -253,17 +247,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
             // On a backup of the primary that is to fail (moved there before the pause).
             let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
             let b = nodes.ports.iter().find(|(id, _)| **id != primary).map(|(_, p)| *p).ok_or("no backup")?;
-            *target.lock().expect("target") = b;
-            reader.get_or_insert_with(|| {
-                let (t, r, l, m, s) = (
-                    Arc::clone(&target),
-                    Arc::clone(&reads),
-                    Arc::clone(&conns_lost),
-                    Arc::clone(&longest),
-                    Arc::clone(&stop),
-                );
-                std::thread::spawn(move || crate::demo_failover::backup_reader(t, r, l, m, s))
-            });
+            reader.aim(b, &stop);
         }
         std::thread::sleep(between);
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
@@ -298,15 +282,9 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     for c in clients {
         c.join().map_err(|_| "a client panicked")?;
     }
-    if let Some(r) = reader {
-        r.join().map_err(|_| "the backup's reader panicked")?;
-    }
+    let (reads, conns_lost, slowest) = reader.finish()?;
     let (backup_reads, backup_connections_lost, backup_read_ms_max) = match a.backup_reader {
-        true => (
-            Some(reads.load(Ordering::Relaxed)),
-            Some(conns_lost.load(Ordering::Relaxed)),
-            Some(longest.load(Ordering::Relaxed) as f64 / 1e3),
-        ),
+        true => (Some(reads), Some(conns_lost), Some(slowest)),
         false => (None, None, None),
     };
     let end = Instant::now();

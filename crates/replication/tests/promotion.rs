@@ -375,12 +375,8 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
 #[test]
 fn a_sealed_log_damaged_in_its_newest_file_is_refused_not_read_as_a_torn_tail() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
-    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
-    pa_repl.stop();
-    a.close();
+    let (b1, ts, db, lock) = cut_at_commit_59(tmp.path());
     let p = ts[59];
-    let (db, lock) = bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap();
     ditto_log::sealed::seal_tail(&b1, p, &RealStorage).unwrap();
     drop((lock, db));
     let s = ditto_log::sealed::sealed(&b1).unwrap().expect("sealed");
@@ -404,12 +400,9 @@ fn a_sealed_log_damaged_in_its_newest_file_is_refused_not_read_as_a_torn_tail() 
 #[test]
 fn a_seal_cut_short_by_a_crash_is_read_as_sealed_and_a_damaged_cut_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
-    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
-    pa_repl.stop();
-    a.close();
+    let (b1, ts, db, lock) = cut_at_commit_59(tmp.path());
     let p = ts[59];
-    drop(bk1.cut_at(p, "promoted", Duration::from_secs(20)).unwrap());
+    drop((db, lock));
     let cut = ditto_log::replica::replica_dir(&b1).join(ditto_log::sealed::CUT_FILE);
     let mut bytes = ditto_log::sealed::encode_cut(p);
     bytes[14] ^= 1;
@@ -650,6 +643,20 @@ fn behind_the_point(served: Served) {
         assert_eq!(value_on(&opened.db, i), want, "key {i} recovered");
     }
     assert_eq!(value_on(&opened.db, 500).as_deref(), Some(&b"two"[..]));
+}
+
+/// A backup held at the release under `all-durable` (`held_backup_under`, in `tmp`), its
+/// primary stopped, cut at the 60th commit: its directory, the commits' timestamps, and
+/// the engine and directory lock `Backup::cut_at` returns.
+fn cut_at_commit_59(
+    tmp: &std::path::Path,
+) -> (std::path::PathBuf, Vec<Ts>, Arc<ditto_engine::Database>, std::fs::File) {
+    let (pa, b1) = (tmp.join("a"), tmp.join("b1"));
+    let (a, pa_repl, bk1, ts, _) = held_backup_under("all-durable", &pa, &b1);
+    pa_repl.stop();
+    a.close();
+    let (db, lock) = bk1.cut_at(ts[59], "promoted", Duration::from_secs(20)).unwrap();
+    (b1, ts, db, lock)
 }
 
 /// Flips the byte at `at` of file `f`.
