@@ -79,9 +79,10 @@ pub struct Coordinator {
     /// When this coordinator started, or last resumed from a stall (`tick`): a node never
     /// heard from counts as silent since.
     started: u64,
-    /// The `now` of the last `tick`, and how many stalls it has seen.
+    /// The `now` of the last `tick`; how many stalls it has seen, and the last one's length.
     last_tick: Option<u64>,
     stalls: u64,
+    last_stall: u64,
     /// Whether this node serves as the primary now (a node the state names primary but
     /// that restarted does not: it never resumes an epoch it served before, so it is
     /// failed over like any silent primary).
@@ -116,6 +117,7 @@ impl Coordinator {
             started: now,
             last_tick: None,
             stalls: 0,
+            last_stall: 0,
             serving: false,
             serving_since: None,
             saw_open: false,
@@ -143,9 +145,10 @@ impl Coordinator {
         *e = (*e).max(now);
     }
 
-    /// How many stalls of its own loop this coordinator has seen (`tick`).
-    pub fn stalls(&self) -> u64 {
-        self.stalls
+    /// How many stalls of its own loop this coordinator has seen (`tick`), and how long
+    /// the last one was.
+    pub fn stalls(&self) -> (u64, u64) {
+        (self.stalls, self.last_stall)
     }
 
     pub fn failure_timeout(&self) -> u64 {
@@ -230,9 +233,11 @@ impl Coordinator {
     /// the end of the stall. Without this, a leader resuming from a 307 ms stall failed
     /// over a new primary that was serving, right after a switchover.
     pub fn tick(&mut self, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
-        if self.last_tick.is_some_and(|last| now.saturating_sub(last) > self.t.failure / 2) {
+        let gap = self.last_tick.map_or(0, |last| now.saturating_sub(last));
+        if gap > self.t.failure / 2 {
             self.started = self.started.max(now);
             self.stalls += 1;
+            self.last_stall = gap;
         }
         self.last_tick = Some(now);
         let mut out = Vec::new();
@@ -514,7 +519,7 @@ mod tests {
         }
         // Held 300 ms (3 failure timeouts): nothing heard meanwhile, nothing proposed.
         assert!(c.tick(340, &s, true).is_empty(), "silence measured across its own stall");
-        assert_eq!(c.stalls(), 1);
+        assert_eq!(c.stalls(), (1, 300));
         // Ticking again, it hears nothing for a failure timeout: then the primary is silent.
         let mut t = 340;
         let mut proposed = None;
@@ -524,7 +529,7 @@ mod tests {
         }
         assert_eq!(t, 340 + T.failure, "silent for a failure timeout after the stall");
         assert!(matches!(proposed, Some(Action::Propose(Command::BeginFailover { epoch: 2, .. }))));
-        assert_eq!(c.stalls(), 1, "ticks 10 ms apart are no stall");
+        assert_eq!(c.stalls().0, 1, "ticks 10 ms apart are no stall");
         // Heard during that time instead, it is not failed over.
         let mut c = Coordinator::new(2, T, 0);
         c.heard(1, 0);

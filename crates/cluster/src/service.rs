@@ -879,8 +879,6 @@ impl Run {
         let mut next_heard_report = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
-        // When the coordinator last ticked (milliseconds), for the log line of a stall.
-        let mut last_tick_ms = 0u64;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
             let input = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
             let now = started.elapsed().as_millis() as u64;
@@ -1009,16 +1007,15 @@ impl Run {
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + self.tick;
                 }
-                let stalls = self.coord.stalls();
+                let (stalls, _) = self.coord.stalls();
                 let a = self.coord.tick(now, self.node.state(), self.node.leads_current());
-                if self.coord.stalls() > stalls {
+                let (n, ms) = self.coord.stalls();
+                if n > stalls {
                     tracing::warn!(
                         node = id,
-                        "control: this node's loop stalled ({} ms since its last tick): it counts others' silence afresh",
-                        now.saturating_sub(last_tick_ms)
+                        "control: this node's loop stalled ({ms} ms since its last tick): it counts others' silence afresh"
                     );
                 }
-                last_tick_ms = now;
                 if let Err(e) = self.act(a, now) {
                     failed = Some(e);
                     break;

@@ -753,21 +753,34 @@ pub(crate) fn scan_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
     scan_files(list_files(rdir)?, ckpt_ts)
 }
 
-/// A sealed log's files (`sealed/`, or the kept `sealed-served/`), checked entry by entry,
-/// with no torn tail allowed: a log is sealed by a running backup, fenced (everything it
-/// received durable) and opened earlier (a torn tail left by a crash cut then), so a
-/// checksum that fails anywhere in it, its newest file included, is damage. Read as a torn
-/// tail, it would be dropped silently, and the batches after it with it.
-pub(crate) fn scan_sealed_dir(rdir: &Path, ckpt_ts: Ts) -> Result<Scan, LogError> {
+/// A sealed log's files (`sealed/`, or the kept `sealed-served/`), on a checkpoint at
+/// `ckpt_ts`, sealed at `point`: checked entry by entry, with no torn tail allowed (a log
+/// is sealed by a running backup, fenced, everything it received durable, and opened
+/// earlier, a torn tail left by a crash cut then; so a checksum that fails anywhere in it,
+/// its newest file included, is damage: read as a torn tail, it would be dropped silently,
+/// and the batches after it with it), and holding every stream up to the point.
+pub(crate) fn scan_sealed_dir(rdir: &Path, ckpt_ts: Ts, point: Ts) -> Result<Scan, LogError> {
     let scan = scan_files(list_files(rdir)?, ckpt_ts)?;
-    match &scan.torn {
-        Some((file, offset)) => Err(LogError::Corrupt {
+    if let Some((file, offset)) = &scan.torn {
+        return Err(LogError::Corrupt {
             file: file.clone(),
             offset: *offset,
             what: "a sealed log is damaged (a checksum fails; a sealed log has no torn tail)".into(),
-        }),
-        None => Ok(scan),
+        });
     }
+    if scan.cut() < point {
+        return Err(LogError::Corrupt {
+            file: rdir.to_path_buf(),
+            offset: 0,
+            what: format!(
+                "sealed at ts {}, but it holds every stream only up to ts {} (per stream: {:?})",
+                point.0,
+                scan.cut().0,
+                scan.bounds
+            ),
+        });
+    }
+    Ok(scan)
 }
 
 /// The replica log files in `rdir`, in sequence order.
@@ -919,14 +932,7 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
     if floor > after {
         return Ok(None);
     }
-    let scan = scan_sealed_dir(&dir, floor)?;
-    if scan.cut() < point {
-        return Err(LogError::Corrupt {
-            file: dir.clone(),
-            offset: 0,
-            what: format!("sealed at ts {}, but it holds every stream only up to ts {}", point.0, scan.cut().0),
-        });
-    }
+    let scan = scan_sealed_dir(&dir, floor, point)?;
     let mut out = Vec::new();
     for (_, bound, raw) in scan.entries.into_iter().filter(|(_, bound, _)| *bound > after) {
         let (batch, _) = decode_batch_checksums(&raw).map_err(|e| LogError::Corrupt {

@@ -180,19 +180,7 @@ pub(crate) fn replay_sealed(
     ckpt_ts: Ts,
     report: &mut RecoveryReport,
 ) -> Result<Ts, LogError> {
-    let scan = scan_sealed_dir(&s.dir, ckpt_ts)?;
-    if scan.cut() < s.point {
-        return Err(LogError::Corrupt {
-            file: s.dir.clone(),
-            offset: 0,
-            what: format!(
-                "sealed at ts {}, but it holds every stream only up to ts {} (per stream: {:?})",
-                s.point.0,
-                scan.cut().0,
-                scan.bounds
-            ),
-        });
-    }
+    let scan = scan_sealed_dir(&s.dir, ckpt_ts, s.point)?;
     let (files, log_bytes) = (scan.files, scan.log_bytes);
     let kept: Vec<Kept> =
         scan.kept.into_iter().map(|(batch, i, offset)| Kept { batch, file: files[i].1.as_path(), offset }).collect();

@@ -197,3 +197,40 @@ fn a_paced_checkpoint_that_someone_waits_for_goes_unpaced() {
     assert!(!files.is_empty());
     Arc::try_unwrap(d).ok().unwrap().close();
 }
+
+/// Where the trash cannot be made (a full disk may refuse a new directory; here a file
+/// stands at its name), what would go there is deleted in place instead: the checkpoint
+/// an online checkpoint replaces, and the parts of one cancelled mid-write. Nothing is
+/// left in `checkpoints/` but the newest complete checkpoint.
+#[test]
+fn where_the_trash_cannot_be_made_checkpoints_are_deleted_in_place() {
+    let src = tempfile::tempdir().unwrap();
+    let d = filled(src.path());
+    let trash = src.path().join(ditto_log::replica::TRASH_DIR);
+    std::fs::write(&trash, b"not a directory").unwrap();
+    let first = d.checkpoint().unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| x.put(t, b"one more", b"v").map(|_| ())).unwrap().1.wait().unwrap();
+    drop(w);
+    let second = d.checkpoint().unwrap();
+    assert_ne!(first.dir, second.dir, "a second checkpoint, at a newer timestamp");
+    let left: Vec<_> = std::fs::read_dir(src.path().join("checkpoints")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(left, vec![second.dir.clone()], "the first checkpoint was deleted in place");
+    assert!(trash.is_file(), "the file at the trash's name is left as it was");
+
+    // A checkpoint cancelled mid-write, with the same obstacle.
+    let out = tempfile::tempdir().unwrap();
+    std::fs::copy(src.path().join("CATALOG"), out.path().join("CATALOG")).unwrap();
+    std::fs::write(out.path().join(ditto_log::replica::TRASH_DIR), b"not a directory").unwrap();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let inner = CancelMidWrite { writes: Arc::new(AtomicUsize::new(0)), after: 3, cancel: Arc::clone(&cancel) };
+    let storage = Cancellable { inner: Arc::new(inner), cancel: Arc::clone(&cancel) };
+    let e = checkpoint_replica(d.db(), out.path(), &storage, 0).expect_err("a cancelled checkpoint fails");
+    assert!(e.to_string().contains("cancelled"), "{e}");
+    let left: Vec<_> = std::fs::read_dir(out.path().join("checkpoints"))
+        .map(|r| r.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the cancelled checkpoint left {left:?}");
+    d.close();
+}

@@ -211,15 +211,13 @@ struct Lasting {
     tls: Option<(TcpListener, SocketAddr)>,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
-    /// The engine the connections were served from.
-    db: Arc<Database>,
     role_tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Lasting {
     /// Binds the listeners (and the metrics endpoint, which then answers for whichever
     /// role serves) on a new runtime.
-    fn start(cfg: &Config, db: &Arc<Database>) -> Result<Lasting, ServerError> {
+    fn start(cfg: &Config) -> Result<Lasting, ServerError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.workers)
             .thread_name("ditto-server")
@@ -245,7 +243,7 @@ impl Lasting {
             let current = move || h.current().map(|c| Arc::clone(&c.sh));
             rt.spawn(metrics::serve(m, current, Arc::clone(&metrics)));
         }
-        Ok(Lasting { rt, plain, tls, hub, metrics, db: Arc::clone(db), role_tasks: Vec::new() })
+        Ok(Lasting { rt, plain, tls, hub, metrics, role_tasks: Vec::new() })
     }
 }
 
@@ -356,13 +354,13 @@ fn run_role(
     // primary sent it a checkpoint copy) they close with that role's runtime. An engine
     // worker a server thread holds belongs to one engine (`with_worker`): a thread of the
     // old runtime would keep the old engine alive.
-    if lasting.as_ref().is_some_and(|l| !Arc::ptr_eq(&l.db, &db)) {
+    if lasting.as_ref().is_some_and(|l| l.hub.current().is_some_and(|c| !Arc::ptr_eq(&c.sh.db, &db))) {
         if let Some(old) = lasting.take() {
             old.rt.shutdown_timeout(Duration::from_secs(1));
         }
     }
     if lasting.is_none() {
-        *lasting = Some(Lasting::start(&cfg, &db)?);
+        *lasting = Some(Lasting::start(&cfg)?);
     }
     let lasting = lasting.as_mut().expect("started above");
     let rt = &lasting.rt;
@@ -1105,6 +1103,11 @@ impl Conn {
         ts: Ts,
         policy: Option<ditto_replication::CommitPolicy>,
     ) -> Result<(), Arc<str>> {
+        // Only a backup changes its role in place: a primary's replies (the commit path)
+        // wait on its own release alone, without registering with the hub.
+        if !conn.sh.read_only {
+            return conn.wait_durable(ts, policy).await;
+        }
         loop {
             // Registered before the generation is read, so a change between is not missed.
             let changed = hub.changed.notified();
