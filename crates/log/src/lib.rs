@@ -167,16 +167,16 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     let catalog = Catalog::load(dir)?;
     let mut report = RecoveryReport::default();
     let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
-    // A promoted backup's replica log sealed at the failover's point (`sealed`).
-    let sealed_log = sealed::base(dir)?.sealed;
+    // A promoted backup's replica logs sealed at failovers' points (`sealed`).
+    let base = sealed::base(dir)?;
     if let Some(Recovered(db)) = opts.recovered.take() {
-        return open_recovered(dir, opts, db, lock, catalog, newest, sealed_log.is_some(), stale_ckpts, t0);
+        return open_recovered(dir, opts, db, lock, catalog, newest, !base.chain.is_empty(), stale_ckpts, t0);
     }
     let db = Database::new(Options { workers: opts.workers });
     for (id, name) in &catalog.tables {
         db.restore_table(*id, name);
     }
-    let (ckpt_ts, epoch_min) = match &newest {
+    let epoch_min = match &newest {
         Some((cdir, m)) => {
             let t = Instant::now();
             if opts.progress {
@@ -195,15 +195,12 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
                     report.checkpoint_mb_per_s()
                 );
             }
-            (m.ts, m.log_epoch_min)
+            m.log_epoch_min
         }
-        None => (Ts::ZERO, Epoch(0)),
+        None => Epoch(0),
     };
-    // The sealed log up to its point, then the primary's log above it.
-    let ckpt_ts = match &sealed_log {
-        Some(s) => sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?,
-        None => ckpt_ts,
-    };
+    // The sealed logs up to the last one's point, then the primary's log above it.
+    let ckpt_ts = sealed::replay_chain(&db, &base, &mut report)?;
     let recovery::LogDir { segments, unfinished } = recovery::list_segments(dir)?;
     let cut =
         recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, None, &mut report, opts.progress, &*opts.log.storage)?;
@@ -244,7 +241,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     // Nothing else runs yet, so it takes every core (and leaves more parts for the next load).
     // The newest durable checkpoint, which the next recovery starts from (or a newer one).
     let mut durable_ckpt_ts = ckpt_ts;
-    if !segments.is_empty() || sealed_log.is_some() {
+    if !segments.is_empty() || !base.chain.is_empty() {
         let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
         let info =
             checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage, None)?;
@@ -263,7 +260,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             remove_or_warn(&*opts.log.storage, &s.path, "after recovery; the next open tries again");
         }
         remove_checkpoints_except(dir, &info.dir)?;
-        sealed::remove_sealed(dir, &*opts.log.storage)?;
+        sealed::remove_sealed(dir, info.ts, &*opts.log.storage)?;
     } else {
         for d in &stale_ckpts {
             std::fs::remove_dir_all(d).map_err(|e| LogError::io(d, e))?;
@@ -280,9 +277,9 @@ pub(crate) fn check_engine_at_base(dir: &Path, db: &Database) -> Result<(), LogE
     let view = db.clock().visible_ts();
     let refuse = |file: PathBuf, what: String| Err(LogError::Corrupt { file, offset: 0, what });
     let base = sealed::base(dir)?;
-    match (base.sealed, base.ckpt) {
+    match (base.chain.last(), base.ckpt) {
         (Some(s), _) if view != s.point => refuse(
-            s.dir,
+            s.dir.clone(),
             format!("given an engine recovered to ts {}, but the replica log is sealed at ts {}", view.0, s.point.0),
         ),
         (Some(_), _) => Ok(()),
@@ -571,10 +568,10 @@ impl Durable {
         let _one = self.checkpoint_turn();
         let i = &self.inner;
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
-        // A sealed log's floor (the checkpoint it lies on), for keeping it once this
-        // checkpoint takes it away (`sealed::retire_sealed`).
+        // The newest sealed log's floor (what it lies on), for keeping it once this
+        // checkpoint takes the chain away (`sealed::retire_sealed`).
         let base = sealed::base(&i.dir)?;
-        let sealed_floor = base.sealed.map(|_| base.ckpt.map_or(Ts::ZERO, |(_, m)| m.ts));
+        let sealed_floor = base.chain.len().checked_sub(1).map(|last| base.floor_of(last));
         let written = checkpoint::write(
             &i.db,
             &i.dir,

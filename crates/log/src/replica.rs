@@ -274,26 +274,21 @@ fn open_replica_inner(
         return open_old_primary(dir, workers, storage, point, own_log, lock, t0);
     }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
-    let ckpt_ts = report.checkpoint_ts.unwrap_or(Ts::ZERO);
     let t = Instant::now();
-    // A sealed log first (everything up to its point), then the live one above it.
-    let ckpt_ts = match &base.sealed {
-        Some(s) => {
-            if limit.is_some_and(|l| l < s.point) {
-                return Err(LogError::Corrupt {
-                    file: s.dir.clone(),
-                    offset: 0,
-                    what: format!(
-                        "asked to cut at ts {}, below the point ts {} this directory was sealed at",
-                        limit.unwrap_or_default().0,
-                        s.point.0
-                    ),
-                });
-            }
-            crate::sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?
-        }
-        None => ckpt_ts,
-    };
+    // The sealed logs first (everything up to the last one's point), then the live one
+    // above it.
+    if let Some(s) = base.chain.last().filter(|s| limit.is_some_and(|l| l < s.point)) {
+        return Err(LogError::Corrupt {
+            file: s.dir.clone(),
+            offset: 0,
+            what: format!(
+                "asked to cut at ts {}, below the point ts {} this directory was sealed at",
+                limit.unwrap_or_default().0,
+                s.point.0
+            ),
+        });
+    }
+    let ckpt_ts = crate::sealed::replay_chain(&db, &base, &mut report)?;
     let scan = scan(dir, ckpt_ts)?;
     report.log_bytes += scan.log_bytes;
     let mut cut = scan.cut();
@@ -329,7 +324,7 @@ fn open_replica_inner(
     db.publish_read_view(cut).map_err(LogError::Engine)?;
     // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
     // them: it was never acknowledged; and what lies above a limit).
-    if !scan.files.is_empty() || base.sealed.is_some() {
+    if !scan.files.is_empty() || !base.chain.is_empty() {
         let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
@@ -337,7 +332,7 @@ fn open_replica_inner(
             storage.remove(p).map_err(|e| LogError::io(p, e))?;
         }
         crate::remove_checkpoints_except(dir, &info.dir)?;
-        crate::sealed::remove_sealed(dir, &**storage)?;
+        crate::sealed::remove_sealed(dir, info.ts, &**storage)?;
     }
     report.total_seconds = t0.elapsed().as_secs_f64();
     Ok(ReplicaOpen { db, cut, streams: scan.streams, sealed: None, report, lock })
@@ -418,12 +413,8 @@ fn open_old_primary(
         });
     }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
-    let ckpt_ts = report.checkpoint_ts.unwrap_or(Ts::ZERO);
     let epoch_min = base.ckpt.as_ref().map_or(Epoch(0), |(_, m)| m.log_epoch_min);
-    let ckpt_ts = match &base.sealed {
-        Some(s) => crate::sealed::replay_sealed(&db, s, ckpt_ts, &mut report)?,
-        None => ckpt_ts,
-    };
+    let ckpt_ts = crate::sealed::replay_chain(&db, &base, &mut report)?;
     let t = Instant::now();
     let cut = crate::recovery::replay_log(
         &db,
@@ -454,7 +445,7 @@ fn open_old_primary(
     let logdir = dir.join("log");
     storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
     crate::remove_checkpoints_except(dir, &info.dir)?;
-    crate::sealed::remove_sealed(dir, &**storage)?;
+    crate::sealed::remove_sealed(dir, info.ts, &**storage)?;
     std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
     report.cut_ts = cut;
     report.total_seconds = t0.elapsed().as_secs_f64();
@@ -481,7 +472,7 @@ pub fn open_replica_with(dir: &Path, db: Arc<Database>) -> Result<ReplicaOpen, L
     {
         return Err(refuse("given an engine, but the directory still holds a replica log".into()));
     }
-    let sealed = crate::sealed::sealed(dir)?.map(|s| s.point);
+    let sealed = crate::sealed::sealed(dir)?.last().map(|s| s.point);
     Ok(ReplicaOpen { db, cut: view, streams: None, sealed, report: RecoveryReport::default(), lock })
 }
 
@@ -916,14 +907,16 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
 /// stream's batches with a bound above `after`, in the order received, each re-framed with
 /// its transactions at or below the point only (`format::cut_batch`). What a new primary,
 /// promoted in place, sends a backup that held less than the point, before its own log.
-/// `None` if there is no sealed log at `point`, or if its newest checkpoint lies above
-/// `after` (the files it covered are gone).
+/// `None` if there is no sealed log at `point`, or if what it lies on (a checkpoint, or the
+/// point of the sealed log before it) lies above `after`: what the backup lacks is not all
+/// in it.
 pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
     let base = crate::sealed::base(data)?;
-    // The sealed log, on the checkpoint it lies on; or, once a checkpoint took it away,
-    // the copy kept for this (`sealed::retire_sealed`), with the floor it lay on.
-    let (dir, floor) = match base.sealed.filter(|s| s.point == point) {
-        Some(s) => (s.dir, base.ckpt.map_or(Ts::ZERO, |(_, m)| m.ts)),
+    // The newest sealed log, on what it lies on; or, once a checkpoint took the chain
+    // away, the copy kept for this (`sealed::retire_sealed`), with the floor it lay on.
+    let newest = base.chain.len().checked_sub(1).filter(|&i| base.chain[i].point == point);
+    let (dir, floor) = match newest {
+        Some(i) => (base.chain[i].dir.clone(), base.floor_of(i)),
         None => match crate::sealed::served(data) {
             Some((dir, p, floor)) if p == point => (dir, floor),
             _ => return Ok(None),
@@ -1067,11 +1060,11 @@ pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Resul
             gone.push(p);
         }
     }
-    for d in [replica_dir(data), data.join(crate::sealed::SEALED_DIR)] {
-        if d.exists() {
-            gone.push(d);
-        }
+    if replica_dir(data).exists() {
+        gone.push(replica_dir(data));
     }
+    // The chain of sealed logs, newest first (`sealed::trash_links`).
+    gone.extend(crate::sealed::link_paths(data)?.into_iter().rev());
     to_trash(data, &gone)?;
     crate::storage::sync_dir(&root).map_err(|e| LogError::io(&root, e))?;
     Ok(info)
@@ -1145,7 +1138,7 @@ pub fn checkpoint_replica(
         checkpoint::Pace::new(write_bytes_per_s, None),
     )?;
     crate::remove_checkpoints_except(data, &info.dir)?;
-    // At the read view, so at or above a sealed log's point: that log can go.
-    crate::sealed::remove_sealed(data, storage)?;
+    // At the read view, so at or above the sealed logs' points: they can go.
+    crate::sealed::remove_sealed(data, info.ts, storage)?;
     Ok(info)
 }

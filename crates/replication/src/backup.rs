@@ -150,6 +150,10 @@ pub struct BackupOptions {
     /// taken as it is instead of loading the directory (`open_replica_with`);
     /// `recover_upto` does not apply.
     pub engine: Option<Arc<Database>>,
+    /// With `engine` and a directory sealed at a failover's point: write the first
+    /// checkpoint at once, which takes the sealed logs away (default). Off, they stay
+    /// until the policy's next checkpoint (tests of a second change in place before it).
+    pub checkpoint_sealed: bool,
 }
 
 impl BackupOptions {
@@ -173,6 +177,7 @@ impl BackupOptions {
             recover_upto: None,
             hold_replay_at_release: false,
             engine: None,
+            checkpoint_sealed: true,
         }
     }
 }
@@ -380,8 +385,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             let incoming = receive_checkpoint(&mut reader, &dir, opts.progress)?;
             // Replace whatever this node held with the primary's checkpoint.
             drop(opened);
-            for sub in ["checkpoints", "replica", ditto_log::sealed::SEALED_DIR] {
-                let p = dir.join(sub);
+            // The sealed logs newest first (a crash midway leaves the oldest: `sealed`).
+            let links = ditto_log::sealed::link_paths(&dir)?;
+            let subs = ["checkpoints", "replica"].map(|s| dir.join(s));
+            for p in subs.into_iter().chain(links.into_iter().rev()) {
                 if p.exists() {
                     std::fs::remove_dir_all(&p).map_err(io(format!("removing {}", p.display())))?;
                 }
@@ -413,7 +420,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let opened_checkpoint_bytes = opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes);
     // A replica log sealed at a failover's point (the engine kept through a change of role
     // in place): the first checkpoint is due at once, and takes it away.
-    let mut seal_pending = opened.sealed.is_some();
+    let mut seal_pending = opened.sealed.is_some() && opts.checkpoint_sealed;
     let state = Arc::new(BackupState::default());
     *state.replay_mode.lock() = match opts.share_values_from {
         None => opts.replay.to_string(),

@@ -272,9 +272,10 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     // B2 follows it in place, sealed the same way.
     let (db2, lock2) = bk2.cut_at(p, "follows", Duration::from_secs(20)).unwrap();
     ditto_log::sealed::seal_tail(&b2, p, &storage).unwrap();
-    // A second seal before the first is checkpointed away is refused, changing nothing.
-    let e = ditto_log::sealed::seal_tail(&b2, p, &storage).unwrap_err();
-    assert!(e.to_string().contains("already holds a replica log sealed"), "{e}");
+    // A seal below the point of the last one is refused, changing nothing.
+    let e = ditto_log::sealed::seal_tail(&b2, Ts(p.0 - 1), &storage).unwrap_err();
+    assert!(e.to_string().contains("below the point"), "{e}");
+    assert_eq!(ditto_log::sealed::sealed(&b2).unwrap().len(), 1);
     drop(lock2);
     // An engine that does not hold the seal's point is refused.
     let other = ditto_engine::Database::new(ditto_engine::Options { workers: 1 });
@@ -301,10 +302,207 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     // Both sealed logs are checkpointed away in the background, the backup's by its own
     // checkpoint (counted just after it moves the sealed log away, so both are waited for).
     wait_until("the sealed logs to be checkpointed away", Duration::from_secs(20), || {
-        [&b1, &b2].iter().all(|d| ditto_log::sealed::sealed(d).unwrap().is_none())
+        [&b1, &b2].iter().all(|d| ditto_log::sealed::sealed(d).unwrap().is_empty())
             && bk2.state.checkpoints.load(std::sync::atomic::Ordering::SeqCst) >= 1
     });
     bp_repl.stop();
+}
+
+/// Two changes of role in place before a checkpoint (failovers seconds apart: the
+/// checkpoint that takes a seal away is paced): the backup that follows the second primary
+/// in place, and is then promoted in place itself, seals its replica log again as the
+/// second link of a chain instead of writing its whole engine as a checkpoint before it
+/// serves. The directory says exactly what the engine holds (epoch 1 up to the first
+/// point, epoch 2 up to the second, nothing above), recovers to it before and after its
+/// checkpoint, and serves a backup that lacks the end of epoch 2 from the second link,
+/// before and after that checkpoint (which keeps only that link, lying on the first point).
+#[test]
+fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let storage = RealStorage;
+    // Epoch 1: A, with B1 held at the release under `local`, and B2.
+    let (a, pa_repl, bk1, ts, a_addr) = held_backup_under("local", &pa, &b1);
+    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, &b2, 1, "b2") };
+    let bk2 = backup::start(opts).unwrap();
+    let visible = |b: &backup::Backup| b.state.visible.load(std::sync::atomic::Ordering::SeqCst);
+    let p1 = ts[99];
+    wait_until("both backups to replay epoch 1", Duration::from_secs(20), || {
+        visible(&bk1) >= p1.0 && visible(&bk2) >= p1.0
+    });
+    let epoch1 = a.logger().epoch();
+    pa_repl.stop();
+    a.close();
+    // B1 promoted in place at P1, B2 follows it in place; neither checkpoints the seal away.
+    let (db1, lock1) = bk1.cut_at(p1, "promoted", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b1, p1, &storage).unwrap();
+    drop(lock1);
+    let o = |epoch: u64, start: Ts, db| OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(db)),
+        checkpoint_sealed: false,
+        ..Default::default()
+    };
+    let start2 = Ts(p1.0 + 7);
+    let bp1 = ditto_log::open(&b1, o(epoch1.0 + 1, start2, db1)).unwrap();
+    let (bp1_repl, bp1_addr) = start_primary(&bp1, Some((epoch1, p1, start2)));
+    let (db2, lock2) = bk2.cut_at(p1, "follows", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b2, p1, &storage).unwrap();
+    drop(lock2);
+    let opts = BackupOptions {
+        engine: Some(Arc::clone(&db2)),
+        hold_replay_at_release: true,
+        checkpoint_sealed: false,
+        ..BackupOptions::new(&bp1_addr, &b2, 1, "b2")
+    };
+    let bk2 = backup::start(opts).unwrap();
+    // Epoch 2: keys 100-149, and 0-9 written again.
+    let tb = bp1.db().table_id("t").unwrap();
+    let mut w = bp1.db().worker(WorkerId(0)).unwrap();
+    let tickets: Vec<_> = (100..150u32)
+        .chain(0..10)
+        .map(|i| w.run(|x| x.put(tb, &i.to_be_bytes(), format!("two{i}").as_bytes())).unwrap().1)
+        .collect();
+    let ts2: Vec<Ts> = tickets.iter().map(|k| k.ts()).collect();
+    let p2 = tickets.into_iter().last().unwrap().wait().unwrap();
+    wait_until("B2 to replay epoch 2", Duration::from_secs(20), || visible(&bk2) >= p2.0);
+    let epoch2 = bp1.logger().epoch();
+    drop(w);
+    bp1_repl.stop();
+    bp1.close();
+    drop(bp1);
+    // B2 promoted in place at P2: its replica log of epoch 2 becomes the chain's second link.
+    let (db2, lock2) = bk2.cut_at(p2, "promoted", Duration::from_secs(20)).unwrap();
+    assert!(ditto_log::sealed::can_seal(&b2).unwrap());
+    ditto_log::sealed::seal_tail(&b2, p2, &storage).unwrap();
+    drop(lock2);
+    let chain = ditto_log::sealed::sealed(&b2).unwrap();
+    assert_eq!(chain.iter().map(|s| s.point).collect::<Vec<_>>(), vec![p1, p2], "{chain:?}");
+    assert!(chain[1].dir.ends_with("sealed.2"), "{chain:?}");
+    let expect = |db: &ditto_engine::Database, what: &str| {
+        for i in 0..150u32 {
+            let want = match i {
+                0..10 | 100..150 => format!("two{i}"),
+                _ => format!("v{i}"),
+            };
+            assert_eq!(value_on(db, i), Some(want.into_bytes()), "{what}: key {i}");
+        }
+    };
+    // What a failover's report reads: every stream held up to P2, nothing above.
+    let h = ditto_log::replica::replica_holdings(&b2, 1, Some(p2)).unwrap();
+    assert!(h.streams.iter().all(|t| *t == p2) && h.newest == p2 && h.txns_above == 0, "{h:?}");
+    // The rest for a backup that lacks the end of epoch 2 comes from the second link, cut
+    // at P2; one that lacks part of epoch 1 too is not served from it.
+    let rest = ditto_log::replica::sealed_batches_above(&b2, ts2[29], p2).unwrap().expect("from the second link");
+    assert!(!rest.is_empty());
+    assert_eq!(ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap(), None);
+    // Recovered from the files alone (a crash before its first checkpoint): the same.
+    {
+        let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+        let h = ditto_log::replica::open_replica_upto(&b2, 1, &storage, Some(Ts(p1.0 + 1)));
+        assert!(h.err().expect("refused").to_string().contains("below the point"));
+        assert_eq!(ditto_log::sealed::sealed(&b2).unwrap().len(), 2, "the refusal changed nothing");
+    }
+    // The new primary of epoch 3, from the engine it kept.
+    let start3 = Ts(p2.0 + 5);
+    let bp2 = ditto_log::open(&b2, o(epoch2.0 + 1, start3, db2)).unwrap();
+    assert_eq!(bp2.recovery().checkpoint_rows, 0, "nothing loaded");
+    let tb = bp2.db().table_id("t").unwrap();
+    let mut w = bp2.db().worker(WorkerId(0)).unwrap();
+    let p3 = w.run(|x| x.put(tb, &500u32.to_be_bytes(), b"three")).unwrap().1.wait().unwrap();
+    drop(w);
+    expect(bp2.db(), "the new primary");
+    // A crash now leaves what this copy holds (epoch 3's commit is durable).
+    let crashed = tmp.path().join("b2-crashed");
+    copy_dir(&b2, &crashed);
+    std::fs::remove_file(crashed.join("LOCK")).ok();
+    // Its first checkpoint takes the chain away, keeping the second link (on P1) to serve.
+    let info = bp2.checkpoint().unwrap();
+    assert!(info.ts >= p3);
+    assert!(ditto_log::sealed::sealed(&b2).unwrap().is_empty(), "recovery no longer sees the chain");
+    let (_, point, floor) = ditto_log::sealed::served(&b2).expect("the newest link kept to serve");
+    assert_eq!((point, floor), (p2, p1));
+    let rest = ditto_log::replica::sealed_batches_above(&b2, ts2[29], p2).unwrap().expect("from the kept link");
+    assert!(!rest.is_empty());
+    assert_eq!(ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap(), None);
+    bp2.close();
+    drop(bp2);
+    for (dir, what) in
+        [(&b2, "recovered after its checkpoint"), (&crashed, "recovered from the chain and epoch 3's log")]
+    {
+        let again =
+            ditto_log::open(dir, OpenOptions { workers: 1, checkpoint_sealed: false, ..Default::default() }).unwrap();
+        expect(again.db(), what);
+        assert_eq!(value_on(again.db(), 500).as_deref(), Some(&b"three"[..]), "{what}");
+        // The open's checkpoint took any chain away.
+        assert!(ditto_log::sealed::link_paths(dir).unwrap().is_empty(), "{what}");
+    }
+}
+
+/// Copies the files under `from` to `to` (but its trash, which a thread may be emptying).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for f in walk(from).into_iter().filter(|f| !f.starts_with(from.join(ditto_log::replica::TRASH_DIR))) {
+        let dest = to.join(f.strip_prefix(from).unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&f, &dest).unwrap();
+    }
+}
+
+/// The chain's bounds and its damage: at most `MAX_SEALED` links (then the node writes a
+/// checkpoint at the point instead); a crash between the second seal's steps is read as
+/// the chain's newest link and finished by the next open; a missing link in the middle,
+/// or a link sealed below the one before it, is refused, naming it, with nothing changed.
+#[test]
+fn a_chain_of_seals_is_bounded_and_its_damage_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b1, ts, db, lock) = cut_at_commit_59(tmp.path());
+    let p = ts[59];
+    drop((db, lock));
+    let storage = RealStorage;
+    let cut = ditto_log::replica::replica_dir(&b1).join(ditto_log::sealed::CUT_FILE);
+    ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap();
+    // A crash between the second seal's steps: `replica/CUT` is the newest link.
+    std::fs::create_dir_all(cut.parent().unwrap()).unwrap();
+    std::fs::write(&cut, ditto_log::sealed::encode_cut(p)).unwrap();
+    let chain = ditto_log::sealed::sealed(&b1).unwrap();
+    assert_eq!(chain.len(), 2);
+    assert!(chain[1].dir.ends_with("replica"), "{chain:?}");
+    // Seals at the same point (changes of role with nothing between) fill the chain; the
+    // first of them finishes the one a crash cut short.
+    for n in 3..=ditto_log::sealed::MAX_SEALED {
+        ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap();
+        assert_eq!(ditto_log::sealed::sealed(&b1).unwrap().len(), n);
+        assert!(b1.join(format!("sealed.{n}")).exists() && b1.join("sealed.2").exists());
+    }
+    assert!(!ditto_log::sealed::can_seal(&b1).unwrap());
+    let e = ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap_err();
+    assert!(e.to_string().contains("at most"), "{e}");
+    // A link sealed below the one before it is refused.
+    let last = b1.join(format!("sealed.{}", ditto_log::sealed::MAX_SEALED));
+    std::fs::write(last.join(ditto_log::sealed::CUT_FILE), ditto_log::sealed::encode_cut(ts[10])).unwrap();
+    let e = ditto_log::sealed::sealed(&b1).unwrap_err();
+    assert!(e.to_string().contains("below the point") && e.to_string().contains("sealed.8"), "{e}");
+    std::fs::write(last.join(ditto_log::sealed::CUT_FILE), ditto_log::sealed::encode_cut(p)).unwrap();
+    // A missing link in the middle.
+    std::fs::rename(b1.join("sealed.3"), tmp.path().join("aside")).unwrap();
+    let storage_arc: Arc<dyn Storage> = Arc::new(RealStorage);
+    match ditto_log::replica::open_replica_upto(&b1, 1, &storage_arc, None) {
+        Err(e) => assert!(e.to_string().contains("sealed.3 is missing"), "{e}"),
+        Ok(_) => panic!("a chain with a gap was taken"),
+    }
+    std::fs::rename(tmp.path().join("aside"), b1.join("sealed.3")).unwrap();
+    // Whole again, it opens at the point, and the open's checkpoint takes every link away.
+    let opened = ditto_log::replica::open_replica_upto(&b1, 1, &storage_arc, None).unwrap();
+    assert_eq!(opened.cut, p);
+    for i in 0..100u32 {
+        let want = (i <= 59).then(|| format!("v{i}").into_bytes());
+        assert_eq!(value_on(&opened.db, i), want, "key {i}");
+    }
+    drop(opened);
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_empty());
+    assert!(ditto_log::sealed::link_paths(&b1).unwrap().is_empty());
 }
 
 /// A promoted backup's directory after a seal in place (its replica log sealed at the point,
@@ -324,7 +522,7 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     let storage = RealStorage;
     ditto_log::sealed::seal_tail(&b1, p, &storage).unwrap();
     drop(lock);
-    let s = ditto_log::sealed::sealed(&b1).unwrap().expect("sealed");
+    let s = ditto_log::sealed::sealed(&b1).unwrap().pop().expect("sealed");
     assert_eq!(s.point, p);
     assert!(!ditto_log::replica::replica_dir(&b1).exists(), "the replica log was moved");
     // Reported as held up to the point on every stream, with nothing above it.
@@ -349,7 +547,7 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     drop(w);
     bp.close();
     drop((bp, db));
-    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_some(), "no checkpoint took the sealed log");
+    assert!(!ditto_log::sealed::sealed(&b1).unwrap().is_empty(), "no checkpoint took the sealed log");
     // An old primary's report reads its own log over the seal.
     let (h, epoch) = ditto_log::recovery::primary_log_holdings(&b1, Some(p)).unwrap();
     assert_eq!(epoch, Epoch(epoch1.0 + 1));
@@ -366,7 +564,7 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
         assert_eq!(value_on(again.db(), i), want, "key {i} after recovery");
     }
     assert!(again.db().clock().visible_ts() >= newest);
-    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "recovery's checkpoint took the sealed log");
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_empty(), "recovery's checkpoint took the sealed log");
 }
 
 /// A sealed log has no torn tail (it was fenced durable, and opened before): a checksum
@@ -379,7 +577,7 @@ fn a_sealed_log_damaged_in_its_newest_file_is_refused_not_read_as_a_torn_tail() 
     let p = ts[59];
     ditto_log::sealed::seal_tail(&b1, p, &RealStorage).unwrap();
     drop((lock, db));
-    let s = ditto_log::sealed::sealed(&b1).unwrap().expect("sealed");
+    let s = ditto_log::sealed::sealed(&b1).unwrap().pop().expect("sealed");
     let mut segs: Vec<_> = walk(&s.dir).into_iter().filter(|f| f.extension().is_some_and(|e| e == "seg")).collect();
     segs.sort();
     let newest = segs.last().expect("a segment").clone();
@@ -390,7 +588,7 @@ fn a_sealed_log_damaged_in_its_newest_file_is_refused_not_read_as_a_torn_tail() 
         Err(e) => assert!(e.to_string().contains("sealed log is damaged"), "{e}"),
         Ok(_) => panic!("a damaged sealed log was opened"),
     }
-    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_some(), "nothing changed");
+    assert!(!ditto_log::sealed::sealed(&b1).unwrap().is_empty(), "nothing changed");
     assert_eq!(std::fs::read(&newest).unwrap().len(), before.len(), "the file was not cut");
 }
 
@@ -428,7 +626,7 @@ fn a_seal_cut_short_by_a_crash_is_read_as_sealed_and_a_damaged_cut_is_refused() 
         assert_eq!(value_on(&opened.db, i), want, "key {i}");
     }
     drop(opened);
-    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "the open checkpointed the sealed log away");
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_empty(), "the open checkpointed the sealed log away");
     assert!(!b1.join(ditto_log::sealed::SEALED_DIR).exists());
 }
 
@@ -581,7 +779,7 @@ fn behind_the_point(served: Served) {
         let info = bp.checkpoint().unwrap();
         assert!(info.ts >= p, "the seal's checkpoint is at or above the point");
         assert!(!sealed_dir.exists() && served_dir.exists(), "the sealed log is kept for serving only");
-        assert!(ditto_log::sealed::sealed(&b1).unwrap().is_none(), "recovery no longer sees a sealed log");
+        assert!(ditto_log::sealed::sealed(&b1).unwrap().is_empty(), "recovery no longer sees a sealed log");
         match served {
             Served::FloorDamaged => flip_a_byte(&served_dir.join(ditto_log::sealed::FLOOR_FILE), 10),
             Served::BatchDamaged => {

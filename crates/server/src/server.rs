@@ -311,6 +311,7 @@ fn run_role(
                 // Kept from this server's previous run (it follows the next epoch's
                 // primary in place, `RoleRequest::Follow`).
                 engine: recovered.map(|r| r.0),
+                checkpoint_sealed: true,
             };
             let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
                 what: format!("joining the primary at {primary}"),
@@ -697,23 +698,22 @@ fn cut_and_seal(
     let replayed_s = t0.elapsed().as_secs_f64();
     let storage = ditto_log::storage::RealStorage;
     // The replica log sealed at the point (milliseconds; the checkpoint follows once the
-    // node serves), unless an earlier seal is not yet checkpointed away: then the
-    // checkpoint at the point, before it serves (docs/cluster.md).
+    // node serves), as the newest of a chain if earlier seals are not yet checkpointed
+    // away; with the chain full, the checkpoint at the point, before it serves
+    // (docs/cluster.md).
     let t1 = std::time::Instant::now();
-    let sealed = match ditto_log::sealed::sealed(&dir)? {
-        None => {
-            ditto_log::sealed::seal_tail(&dir, point, &storage)?;
-            format!("its replica log sealed at the point in {:.1} ms", t1.elapsed().as_secs_f64() * 1e3)
-        }
-        Some(earlier) => {
-            let info = ditto_log::replica::seal_at_point(&db, &dir, &storage)?;
-            format!(
-                "a checkpoint of {:.1} MB written in {:.2} s (the seal at ts {} was not yet checkpointed)",
-                info.bytes as f64 / 1e6,
-                info.seconds,
-                earlier.point.0
-            )
-        }
+    let earlier = ditto_log::sealed::sealed(&dir)?.len();
+    let sealed = if earlier < ditto_log::sealed::MAX_SEALED {
+        ditto_log::sealed::seal_tail(&dir, point, &storage)?;
+        let chain = if earlier == 0 { String::new() } else { format!(" (after {earlier} not yet checkpointed)") };
+        format!("its replica log sealed at the point in {:.1} ms{chain}", t1.elapsed().as_secs_f64() * 1e3)
+    } else {
+        let info = ditto_log::replica::seal_at_point(&db, &dir, &storage)?;
+        format!(
+            "a checkpoint of {:.1} MB written in {:.2} s ({earlier} seals not yet checkpointed)",
+            info.bytes as f64 / 1e6,
+            info.seconds,
+        )
     };
     if failpoint("role-change-crash-after-seal") {
         eprintln!("failpoint role-change-crash-after-seal: aborting");
