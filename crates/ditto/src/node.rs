@@ -1156,7 +1156,10 @@ fn followed_epoch(data: &Path) -> Option<u64> {
 
 /// Whether `data` holds a primary's own log segments.
 fn holds_primary_log(data: &Path) -> bool {
-    std::fs::read_dir(data.join("log")).is_ok_and(|mut d| d.next().is_some())
+    // A log with a cut file in it is sealed (a crash between `seal_own_log`'s steps): a
+    // link of the chain, not a live log; the server's open finishes the seal.
+    let log = data.join("log");
+    !log.join(ditto_log::sealed::CUT_FILE).exists() && std::fs::read_dir(&log).is_ok_and(|mut d| d.next().is_some())
 }
 
 /// `INFO replication` from the server at `addr`, over a kept connection.

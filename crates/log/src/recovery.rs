@@ -143,7 +143,18 @@ pub(crate) struct LogDir {
 }
 
 pub(crate) fn list_segments(data: &Path) -> Result<LogDir, LogError> {
-    let dir = data.join("log");
+    if data.join("log").join(crate::sealed::CUT_FILE).exists() {
+        // Sealed as the newest link of the chain (a crash between `sealed::seal_own_log`'s
+        // steps): no live log; the next open finishes the rename.
+        return Ok(LogDir { segments: Vec::new(), unfinished: Vec::new() });
+    }
+    list_segments_in(&data.join("log"))
+}
+
+/// `list_segments` of the directory `dir` itself (a data directory's `log/`, or a sealed
+/// link that holds a primary's log: `sealed::seal_own_log`), its cut file left out.
+pub(crate) fn list_segments_in(dir: &Path) -> Result<LogDir, LogError> {
+    let dir = dir.to_path_buf();
     let rd = match std::fs::read_dir(&dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -155,6 +166,9 @@ pub(crate) fn list_segments(data: &Path) -> Result<LogDir, LogError> {
     let mut unfinished = Vec::new();
     for e in rd {
         let path = e.map_err(|e| LogError::io(&dir, e))?.path();
+        if path.file_name().is_some_and(|n| n == crate::sealed::CUT_FILE || n == crate::sealed::FLOOR_FILE) {
+            continue;
+        }
         let corrupt = |what: &str| LogError::Corrupt { file: path.clone(), offset: 0, what: what.into() };
         if let Some(seg) = path.to_str().and_then(|p| p.strip_suffix(UNFINISHED_SUFFIX)) {
             let name = parse_name(Path::new(seg)).ok_or_else(|| corrupt("unexpected file in the log directory"))?;

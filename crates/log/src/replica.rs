@@ -433,16 +433,29 @@ fn open_old_primary(
     report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = ti.elapsed().as_secs_f64();
     db.publish_read_view(cut).map_err(LogError::Engine)?;
+    for p in &own_log.unfinished {
+        storage.remove(p).map_err(|e| LogError::io(p, e))?;
+    }
+    let logdir = dir.join("log");
+    if crate::sealed::can_seal(dir)? {
+        // Its own log, cut at `cut`, becomes the chain's newest link: nothing is written but
+        // a cut file and two renames, and the backup's first checkpoint (due at once, in
+        // the background) takes the chain away. Before, the whole engine was written here,
+        // unpaced, before the node could join.
+        storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
+        crate::sealed::seal_own_log(dir, cut, &**storage)?;
+        std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+        report.cut_ts = cut;
+        report.total_seconds = t0.elapsed().as_secs_f64();
+        return Ok(ReplicaOpen { db, cut, streams: None, sealed: Some(cut), report, lock });
+    }
+    // A full chain: the engine is written as a checkpoint at the cut, and the rest goes.
     let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
     report.checkpoint_write_seconds = info.seconds;
     report.checkpoint_written_bytes = info.bytes;
     for s in &own_log.segments {
         storage.remove(&s.path).map_err(|e| LogError::io(&s.path, e))?;
     }
-    for p in &own_log.unfinished {
-        storage.remove(p).map_err(|e| LogError::io(p, e))?;
-    }
-    let logdir = dir.join("log");
     storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
     crate::remove_checkpoints_except(dir, &info.dir)?;
     crate::sealed::remove_sealed(dir, info.ts, &**storage)?;
@@ -500,11 +513,23 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result
     // A sealed log holds every stream up to its point, as a checkpoint there would.
     let ckpt_ts = crate::sealed::base(dir)?.ts;
     let files = if crate::sealed::replica_is_sealed(dir) { Vec::new() } else { list_files(&replica_dir(dir))? };
+    let t = Instant::now();
     for (_, p) in &files {
         let f = std::fs::File::open(p).map_err(|e| LogError::io(p, e))?;
         f.sync_all().map_err(|e| LogError::io(p, e))?;
     }
+    let synced = t.elapsed();
+    let nfiles = files.len();
     let scan = scan_headers(files, ckpt_ts)?;
+    // A failover waits for this (a report, or a prepare's check): where its time went.
+    if t.elapsed() > std::time::Duration::from_millis(20) {
+        tracing::info!(
+            "{}: holdings read in {:.1} ms ({nfiles} files fsynced in {:.1} ms)",
+            replica_dir(dir).display(),
+            t.elapsed().as_secs_f64() * 1e3,
+            synced.as_secs_f64() * 1e3
+        );
+    }
     let cut = scan.cut();
     let mut bounds = scan.bounds.clone();
     if bounds.is_empty() && ckpt_ts > Ts::ZERO {
@@ -914,7 +939,11 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
     let base = crate::sealed::base(data)?;
     // The newest sealed log, on what it lies on; or, once a checkpoint took the chain
     // away, the copy kept for this (`sealed::retire_sealed`), with the floor it lay on.
+    // (A link that holds an old primary's own log is not read for this: `None`.)
     let newest = base.chain.len().checked_sub(1).filter(|&i| base.chain[i].point == point);
+    if newest.is_some_and(|i| base.chain[i].primary_log) {
+        return Ok(None);
+    }
     let (dir, floor) = match newest {
         Some(i) => (base.chain[i].dir.clone(), base.floor_of(i)),
         None => match crate::sealed::served(data) {

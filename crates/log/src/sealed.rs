@@ -42,7 +42,7 @@ use crate::checkpoint::{self, Manifest};
 use crate::recovery::{recovery_threads, replay_kept, Kept};
 use crate::replica::{replica_dir, scan_sealed_dir};
 use crate::storage::Storage;
-use crate::{LogError, RecoveryReport};
+use crate::{Epoch, LogError, RecoveryReport};
 
 pub const CUT_MAGIC: [u8; 8] = *b"DITTOCUT";
 pub const CUT_FORMAT_VERSION: u32 = 1;
@@ -69,6 +69,25 @@ pub const FLOOR_FILE: &str = "FLOOR";
 pub struct Sealed {
     pub dir: PathBuf,
     pub point: Ts,
+    /// It holds an old primary's own log (`seal_own_log`), not a replica log.
+    pub primary_log: bool,
+}
+
+/// Whether the link `dir` holds a primary's log segments (`seal_own_log`) rather than a
+/// replica log's files.
+fn holds_primary_segments(dir: &Path) -> Result<bool, LogError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(LogError::io(dir, e)),
+    };
+    for e in rd {
+        let name = e.map_err(|e| LogError::io(dir, e))?.file_name();
+        if name.to_str().is_some_and(|n| n.starts_with("stream-")) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 pub fn encode_cut(point: Ts) -> [u8; CUT_LEN] {
@@ -162,7 +181,10 @@ pub fn sealed(data: &Path) -> Result<Vec<Sealed>, LogError> {
     let mut chain = Vec::new();
     for dir in link_dirs(data)?.0 {
         match read_cut(&dir)? {
-            Some(point) => chain.push(Sealed { dir, point }),
+            Some(point) => {
+                let primary_log = holds_primary_segments(&dir)?;
+                chain.push(Sealed { dir, point, primary_log })
+            }
             None => {
                 return Err(LogError::Corrupt {
                     file: dir,
@@ -172,9 +194,19 @@ pub fn sealed(data: &Path) -> Result<Vec<Sealed>, LogError> {
             }
         }
     }
-    let rdir = replica_dir(data);
-    if let Some(point) = read_cut(&rdir)? {
-        chain.push(Sealed { dir: rdir, point });
+    // A crash between a seal's steps: the replica log, or an old primary's own log.
+    let (rdir, ldir) = (replica_dir(data), data.join("log"));
+    match (read_cut(&rdir)?, read_cut(&ldir)?) {
+        (Some(_), Some(_)) => {
+            return Err(LogError::Corrupt {
+                file: ldir,
+                offset: 0,
+                what: "both the replica log and the primary's log are sealed (one is, at most)".into(),
+            })
+        }
+        (Some(point), None) => chain.push(Sealed { dir: rdir, point, primary_log: false }),
+        (None, Some(point)) => chain.push(Sealed { dir: ldir, point, primary_log: true }),
+        (None, None) => {}
     }
     for w in chain.windows(2) {
         if w[1].point < w[0].point {
@@ -204,15 +236,21 @@ pub(crate) fn replica_is_sealed(data: &Path) -> bool {
 /// the point instead: `can_seal`) or one sealed above `point`.
 pub fn seal_tail(data: &Path, point: Ts, storage: &dyn Storage) -> Result<(), LogError> {
     finish_seal(data, storage)?;
+    let rdir = replica_dir(data);
+    std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+    seal_dir(data, &rdir, point, storage)
+}
+
+/// Seals the log directory `ldir` of `data` (its replica log, or its own primary log) at
+/// `point`: its cut written in, then the directory renamed to the chain's next link.
+fn seal_dir(data: &Path, ldir: &Path, point: Ts, storage: &dyn Storage) -> Result<(), LogError> {
+    finish_seal(data, storage)?;
     let chain = sealed(data)?;
     if chain.len() >= MAX_SEALED {
         return Err(LogError::Corrupt {
             file: data.join(SEALED_DIR),
             offset: 0,
-            what: format!(
-                "already holds {} sealed replica logs, not yet checkpointed (at most {MAX_SEALED})",
-                chain.len()
-            ),
+            what: format!("already holds {} sealed logs, not yet checkpointed (at most {MAX_SEALED})", chain.len()),
         });
     }
     if let Some(last) = chain.last().filter(|s| s.point > point) {
@@ -222,17 +260,15 @@ pub fn seal_tail(data: &Path, point: Ts, storage: &dyn Storage) -> Result<(), Lo
             what: format!("asked to seal at ts {}, below the point ts {} of the last seal", point.0, last.point.0),
         });
     }
-    let rdir = replica_dir(data);
-    std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
-    // Written beside the replica log, then moved in: a crash leaves no partial CUT there.
+    // Written beside the log, then moved in: a crash leaves no partial CUT there.
     let tmp = data.join("CUT.tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = storage.create_new(&tmp).map_err(|e| LogError::io(&tmp, e))?;
     f.write_all(&encode_cut(point)).and_then(|_| f.sync()).map_err(|e| LogError::io(&tmp, e))?;
     drop(f);
-    let cut = rdir.join(CUT_FILE);
+    let cut = ldir.join(CUT_FILE);
     storage.rename(&tmp, &cut).map_err(|e| LogError::io(&cut, e))?;
-    storage.sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+    storage.sync_dir(ldir).map_err(|e| LogError::io(ldir, e))?;
     finish_seal(data, storage)
 }
 
@@ -243,17 +279,31 @@ pub fn can_seal(data: &Path) -> Result<bool, LogError> {
 }
 
 /// The seal's second step, if a crash left only the first done (a no-op otherwise): the
-/// replica directory becomes the chain's next link.
+/// replica directory (or the primary's log directory, `seal_own_log`) becomes the chain's
+/// next link.
 pub(crate) fn finish_seal(data: &Path, storage: &dyn Storage) -> Result<(), LogError> {
-    if !replica_is_sealed(data) {
+    let ldir = data.join("log");
+    let from = if replica_is_sealed(data) {
+        replica_dir(data)
+    } else if ldir.join(CUT_FILE).exists() {
+        ldir
+    } else {
         return Ok(());
-    }
+    };
     // A damaged cut, or a damaged chain, stops here, naming the file, with nothing moved.
     sealed(data)?;
     let next = data.join(link_name(link_dirs(data)?.1));
-    let rdir = replica_dir(data);
-    storage.rename(&rdir, &next).map_err(|e| LogError::io(&rdir, e))?;
+    storage.rename(&from, &next).map_err(|e| LogError::io(&from, e))?;
     storage.sync_dir(data).map_err(|e| LogError::io(data, e))
+}
+
+/// Seals an old primary's own log (`data/log/`, which it has replayed up to `point`, and
+/// which holds every stream up to it) as the chain's newest link, as `seal_tail` does a
+/// replica log: its rejoin as a backup then writes no checkpoint before it serves
+/// (`replica::open_replica_upto`; the backup's first checkpoint takes the chain away).
+/// Refused, changing nothing, with a full chain or a last seal above `point`.
+pub(crate) fn seal_own_log(data: &Path, point: Ts, storage: &dyn Storage) -> Result<(), LogError> {
+    seal_dir(data, &data.join("log"), point, storage)
 }
 
 /// What a directory holds before anything its node wrote since it last changed role: its
@@ -317,6 +367,9 @@ pub(crate) fn replay_sealed(
     ckpt_ts: Ts,
     report: &mut RecoveryReport,
 ) -> Result<Ts, LogError> {
+    if s.primary_log {
+        return replay_own_log(db, s, ckpt_ts, report);
+    }
     let scan = scan_sealed_dir(&s.dir, ckpt_ts, s.point)?;
     let (files, log_bytes) = (scan.files, scan.log_bytes);
     let kept: Vec<Kept> =
@@ -326,6 +379,41 @@ pub(crate) fn replay_sealed(
     report.log_txns_replayed += replayed;
     report.log_txns_dropped_above_cut += dropped;
     report.segments += files.len();
+    Ok(s.point)
+}
+
+/// `replay_sealed` of an old primary's own log sealed as a link (`seal_own_log`): its
+/// newest epoch's segments (older ones are leftovers a checkpoint already covered), which
+/// must hold every stream up to the point.
+fn replay_own_log(db: &Database, s: &Sealed, floor: Ts, report: &mut RecoveryReport) -> Result<Ts, LogError> {
+    let segments = crate::recovery::list_segments_in(&s.dir)?.segments;
+    let epoch = segments.iter().map(|f| f.epoch).max().unwrap_or(Epoch(0));
+    let (bytes, replayed, dropped, files) =
+        (report.log_bytes, report.log_txns_replayed, report.log_txns_dropped_above_cut, report.segments);
+    // It was replayed, and any torn tail cut, before it was sealed: a torn tail now is
+    // damage, and drops nothing it must hold, or the cut below refuses it.
+    let cut = crate::recovery::replay_log(
+        db,
+        &segments,
+        epoch,
+        floor,
+        Some(s.point),
+        report,
+        false,
+        &crate::storage::RealStorage,
+    )?;
+    if cut < s.point {
+        return Err(LogError::Corrupt {
+            file: s.dir.clone(),
+            offset: 0,
+            what: format!("sealed at ts {}, but it holds every stream only up to ts {}", s.point.0, cut.0),
+        });
+    }
+    report.log_bytes += bytes;
+    report.log_txns_replayed += replayed;
+    report.log_txns_dropped_above_cut += dropped;
+    report.segments += files;
+    report.max_epoch = report.max_epoch.max(epoch.0);
     Ok(s.point)
 }
 
@@ -370,6 +458,10 @@ pub fn served(data: &Path) -> Option<(PathBuf, Ts, Ts)> {
             }
         }
     };
+    // Batches are read from a replica log only; an old primary's own log is not served.
+    if holds_primary_segments(&dir).unwrap_or(true) {
+        return None;
+    }
     Some((dir.clone(), read(CUT_FILE)?, read(FLOOR_FILE)?))
 }
 

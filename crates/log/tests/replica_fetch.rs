@@ -111,9 +111,12 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
 
 /// An old primary rejoining as a backup (`open_replica_upto` with the failover's point on a
 /// directory holding its own log): the engine holds exactly the commits at or below the
-/// point, the directory becomes a backup's (a checkpoint at the cut, no log segments), and
-/// opening it again gives the same; with a point above what the log holds, the cut is the
-/// log's own; without a point the directory is refused, changing nothing.
+/// point, the directory becomes a backup's without a checkpoint written (its log, cut at
+/// the point, sealed as the chain's newest link: no log segments left), and opening it
+/// again gives the same, the chain then checkpointed away; a crash between the seal's two
+/// steps (the cut file written into `log/`) is read as sealed and finished by the next
+/// open; with a point above what the log holds, the cut is the log's own; without a point
+/// the directory is refused, changing nothing.
 #[test]
 fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
@@ -137,34 +140,41 @@ fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
         (0..300u64).filter(|i| tx.get(t, &i.to_be_bytes()).unwrap().is_some()).count()
     };
     let segments = |p: &std::path::Path| std::fs::read_dir(p.join("log")).map_or(0, |r| r.count());
+    let checkpoints = |p: &std::path::Path| std::fs::read_dir(p.join("checkpoints")).map_or(0, |r| r.count());
 
     let (dir, ts_of) = make();
     assert!(segments(dir.path()) > 0);
     assert!(ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, None).is_err(), "no point: refused");
     assert!(segments(dir.path()) > 0, "refused, nothing changed");
     let point = ts_of[149];
-    // Its segments, kept to put back below (a crash between the checkpoint and their removal).
-    let saved = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(dir.path().join("log")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), saved.path().join(e.file_name())).unwrap();
-    }
+    let ckpts_before = checkpoints(dir.path());
     let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, Some(point)).unwrap();
     assert_eq!(o.cut, point);
+    assert_eq!(o.sealed, Some(point), "the backup's first checkpoint is due at once");
     assert_eq!(count(&o.db), 150, "exactly the commits at or below the point");
-    assert_eq!(segments(dir.path()), 0, "its log is gone, a checkpoint holds the cut");
+    assert_eq!(segments(dir.path()), 0, "no live log is left");
+    assert_eq!(checkpoints(dir.path()), ckpts_before, "no checkpoint was written");
+    let chain = ditto_log::sealed::sealed(dir.path()).unwrap();
+    assert_eq!(chain.len(), 1);
+    assert!(chain[0].primary_log && chain[0].point == point, "{chain:?}");
+    // What a failover's report reads: every stream held up to the point, nothing above.
+    let h = replica_holdings(dir.path(), 2, Some(point)).unwrap();
+    assert!(h.streams.iter().all(|t| *t == point) && h.txns_above == 0, "{h:?}");
     drop(o);
     let again = open_replica(dir.path(), 2, &storage).unwrap();
     assert_eq!((again.cut, count(&again.db)), (point, 150), "a backup's directory now");
     drop(again);
-    // A crash after the checkpoint at the cut, before the segments went: the next open
-    // (with the same point) cuts the same way.
-    for e in std::fs::read_dir(saved.path()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.path().join("log").join(e.file_name())).unwrap();
-    }
+    assert!(ditto_log::sealed::sealed(dir.path()).unwrap().is_empty(), "the open checkpointed the chain away");
+
+    // A crash between the seal's two steps: its cut file in `log/`, the rename not done.
+    let (dir, ts_of) = make();
+    let point = ts_of[99];
+    std::fs::write(dir.path().join("log").join(ditto_log::sealed::CUT_FILE), ditto_log::sealed::encode_cut(point))
+        .unwrap();
+    let chain = ditto_log::sealed::sealed(dir.path()).unwrap();
+    assert!(chain.len() == 1 && chain[0].primary_log && chain[0].dir.ends_with("log"), "{chain:?}");
     let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, Some(point)).unwrap();
-    assert_eq!((o.cut, count(&o.db), segments(dir.path())), (point, 150, 0));
+    assert_eq!((o.cut, count(&o.db), segments(dir.path())), (point, 100, 0));
     drop(o);
 
     // A point above everything it holds: it keeps all of it.

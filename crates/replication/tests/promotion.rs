@@ -553,6 +553,32 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     assert_eq!(epoch, Epoch(epoch1.0 + 1));
     assert!(h.streams.iter().all(|t| *t >= p) && h.newest >= newest, "{h:?}");
     assert_eq!(h.txns_above, 1, "the one commit of the new epoch");
+    // Rejoining as a backup, as an old primary (copies of the directory): its own log, cut
+    // at the next failover's point, becomes the chain's second link, behind the first
+    // (its replica log, sealed at P); nothing is written but the seal.
+    for (point, key70) in [(newest, Some(b"new".to_vec())), (p, None)] {
+        let copy = tmp.path().join(format!("b1-rejoin-{}", point.0));
+        copy_dir(&b1, &copy);
+        let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+        let o = ditto_log::replica::open_replica_upto(&copy, 1, &storage, Some(point)).unwrap();
+        assert_eq!((o.cut, o.sealed), (point, Some(point)));
+        let chain = ditto_log::sealed::sealed(&copy).unwrap();
+        let kinds: Vec<_> = chain.iter().map(|s| (s.point, s.primary_log)).collect();
+        assert_eq!(kinds, vec![(p, false), (point, true)], "{chain:?}");
+        assert_eq!(o.report.checkpoint_written_bytes, 0, "no checkpoint written");
+        drop(o);
+        // And recovered from the chain (a crash before the backup's first checkpoint).
+        let r = ditto_log::replica::open_replica(&copy, 1, &storage).unwrap();
+        for i in 0..100u32 {
+            let want = match i {
+                0..=59 => Some(format!("v{i}").into_bytes()),
+                70 => key70.clone(),
+                _ => None,
+            };
+            assert_eq!(value_on(&r.db, i), want, "key {i} after the rejoin at {}", point.0);
+        }
+        assert_eq!(r.cut, point);
+    }
     // Recovery: the checkpoint (none here), the sealed log up to the point, the new log.
     let again = ditto_log::open(&b1, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     for i in 0..100u32 {
