@@ -372,13 +372,16 @@ pub fn can_cut_at(dir: &Path, point: Ts) -> Result<bool, LogError> {
 }
 
 /// An old primary's directory opened as a backup's, cut at `point` (a failover's recovery
-/// point for the epoch its log holds): the newest checkpoint, its sealed replica log if it
-/// was promoted in place, then its own log replayed up to the lower of its durable cut and
-/// the point; everything above is dropped (its own count of what it discards was taken
-/// before, `primary_log_holdings`). The result is written as a checkpoint at the cut, and
-/// only then are the log's segments (and the sealed log, and older checkpoints) removed, so
-/// a crash at any step leaves either the old directory, which the next open cuts the same
-/// way, or a backup's directory holding the cut.
+/// point for the epoch its log holds): the newest checkpoint, its sealed logs if it changed
+/// role in place, then its own log replayed up to the lower of its durable cut and the
+/// point; everything above is dropped (its own count of what it discards was taken before,
+/// `primary_log_holdings`). Its own log is then sealed at the cut as the chain's newest
+/// link (`sealed::seal_own_log`: a cut file and two renames), and the backup's first
+/// checkpoint, due at once, takes the chain away; a crash at any step leaves either the
+/// old directory, which the next open cuts the same way, or a backup's directory holding
+/// the cut. With the chain full, the result is written as a checkpoint at the cut instead,
+/// and only then are the log's segments (and the sealed logs, and older checkpoints)
+/// removed.
 ///
 /// This is the rejoin of an old primary without copying the new primary's data: every
 /// commit at or below the point is the same on both (the new primary holds exactly the
