@@ -170,7 +170,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     // A promoted backup's replica logs sealed at failovers' points (`sealed`).
     let base = sealed::base(dir)?;
     if let Some(Recovered(db)) = opts.recovered.take() {
-        return open_recovered(dir, opts, db, lock, catalog, newest, !base.chain.is_empty(), stale_ckpts, t0);
+        return open_recovered(dir, opts, db, lock, catalog, newest, base.chain.len(), stale_ckpts, t0);
     }
     let db = Database::new(Options { workers: opts.workers });
     for (id, name) in &catalog.tables {
@@ -298,9 +298,10 @@ pub(crate) fn check_engine_at_base(dir: &Path, db: &Database) -> Result<(), LogE
 }
 
 /// `open` with an engine that already holds what the directory holds
-/// (`OpenOptions::recovered`): its newest checkpoint, or its replica log sealed at a
-/// failover's point (`sealed`, then true). A sealed log is checkpointed away in the
-/// background once the log runs (`Durable::checkpoint`).
+/// (`OpenOptions::recovered`): its newest checkpoint, or its chain of sealed logs (`links`
+/// of them), the last at a failover's point. A chain of `sealed::CHECKPOINT_AT_LINKS` or
+/// more is checkpointed away in the background once the log runs (`Durable::checkpoint`);
+/// a shorter one when the checkpoint policy says (its bytes counted as log).
 #[allow(clippy::too_many_arguments)]
 fn open_recovered(
     dir: &Path,
@@ -309,7 +310,7 @@ fn open_recovered(
     lock: std::fs::File,
     catalog: Catalog,
     newest: Option<(PathBuf, checkpoint::Manifest)>,
-    sealed: bool,
+    links: usize,
     stale_ckpts: Vec<PathBuf>,
     t0: Instant,
 ) -> Result<Durable, LogError> {
@@ -335,7 +336,7 @@ fn open_recovered(
     // A backup's engine: the ids it would reuse were listed before replay filled some of
     // them (`Database::forget_reusable_rids`).
     db.forget_reusable_rids();
-    let in_background = sealed && opts.checkpoint_sealed;
+    let in_background = links >= sealed::CHECKPOINT_AT_LINKS && opts.checkpoint_sealed;
     let durable = start_logging(dir, opts, db, lock, catalog, epoch, view, ckpt_ts, report, t0)?;
     if in_background {
         let weak = Arc::downgrade(&durable.inner);
@@ -640,8 +641,15 @@ impl Durable {
             // on, the open: recovery wrote it then, or loaded it), the counters then, and its
             // size. Recovery leaves no log behind the checkpoint it opens on, so the log
             // written since the open is all there is.
-            let (mut since, mut at, mut last_bytes) =
-                (Instant::now(), counters(&first), first.recovery.open_checkpoint_bytes());
+            let last_bytes = match first.recovery.open_checkpoint_bytes() {
+                // An engine kept through a change of role in place: the checkpoint under it.
+                0 => sealed::base_checkpoint_bytes(&first.dir),
+                b => b,
+            };
+            let (mut since, mut at, mut last_bytes) = (Instant::now(), counters(&first), last_bytes);
+            // A chain of sealed logs the database was opened on (a backup promoted in place)
+            // is log a recovery would replay too, until a checkpoint takes it away.
+            let mut carried = sealed::chain_bytes(&first.dir);
             drop(first);
             // After a failure, when to try again.
             let mut retry_at: Option<Instant> = None;
@@ -657,7 +665,7 @@ impl Durable {
                 let now = counters(&inner);
                 let Some(why) = policy.due(Due {
                     elapsed: since.elapsed(),
-                    log_bytes: now.0.saturating_sub(at.0),
+                    log_bytes: now.0.saturating_sub(at.0) + carried,
                     last_checkpoint_bytes: last_bytes,
                     ids_released: now.1.saturating_sub(at.1),
                     ids_used: inner.db.record_ids_used_total(),
@@ -668,7 +676,7 @@ impl Durable {
                 let started = Instant::now();
                 match (Durable { inner: Arc::clone(&inner) }).checkpoint() {
                     Ok(info) => {
-                        (at, last_bytes, retry_at) = (now, info.bytes, None);
+                        (at, last_bytes, retry_at, carried) = (now, info.bytes, None, 0);
                         let by = match why {
                             Trigger::Time => &stats.checkpoints_by_time,
                             Trigger::LogGrowth => &stats.checkpoints_by_log_growth,

@@ -56,6 +56,13 @@ pub const SEALED_DIR: &str = "sealed";
 /// point instead. Each is only what its node received between two failovers, so the
 /// bound keeps recovery's work, not their size, in check.
 pub const MAX_SEALED: usize = 8;
+/// A node whose chain holds this many links writes a checkpoint at once when it next serves
+/// (in the background, paced), which takes the chain away. With fewer, its checkpoint
+/// policy decides, the chain's bytes counted as log written since the last checkpoint
+/// (`chain_bytes`): a checkpoint due at once after every change of role in place wrote
+/// each node's whole engine within seconds of a failover, on the disk the next failover's
+/// fsyncs wait on, and a chain replays no more log than the policy allows anyway.
+pub const CHECKPOINT_AT_LINKS: usize = MAX_SEALED / 2;
 /// A sealed log that its checkpoint took away, kept (until the next checkpoint) only to send
 /// a backup that rejoins below the point what it lacks (`retire_sealed`). Recovery never
 /// reads it.
@@ -484,6 +491,27 @@ pub(crate) fn remove_sealed(data: &Path, covered: Ts, storage: &dyn Storage) -> 
         }
         Some(_) => trash_links(data, chain.into_iter().map(|s| s.dir).collect()),
     }
+}
+
+/// The bytes `data`'s chain of sealed logs holds: log a recovery would replay beyond its
+/// checkpoint, which a checkpoint policy counts as written since it (`CHECKPOINT_AT_LINKS`).
+pub fn chain_bytes(data: &Path) -> u64 {
+    let Ok(chain) = sealed(data) else { return 0 };
+    chain
+        .iter()
+        .filter_map(|s| std::fs::read_dir(&s.dir).ok())
+        .flat_map(|rd| rd.flatten())
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// The size of `data`'s newest checkpoint (0 if none): what a checkpoint policy's log
+/// growth is measured against when the engine was not loaded from it (kept through a
+/// change of role in place).
+pub fn base_checkpoint_bytes(data: &Path) -> u64 {
+    let Ok((Some((dir, _)), _)) = checkpoint::find_newest(data) else { return 0 };
+    std::fs::read_dir(dir).map_or(0, |rd| rd.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
 }
 
 /// Every sealed log's directory in `data`, oldest first (for a node that replaces all it

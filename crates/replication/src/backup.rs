@@ -417,10 +417,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
     let db = Arc::clone(&opened.db);
     // The size of the checkpoint this run started from (written by the open, or loaded).
-    let opened_checkpoint_bytes = opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes);
+    let opened_checkpoint_bytes = match opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes) {
+        // An engine kept through a change of role in place: the checkpoint under it.
+        0 => ditto_log::sealed::base_checkpoint_bytes(&dir),
+        b => b,
+    };
     // A replica log sealed at a failover's point (the engine kept through a change of role
     // in place): the first checkpoint is due at once, and takes it away.
-    let mut seal_pending = opened.sealed.is_some() && opts.checkpoint_sealed;
+    // With a long chain of them, the first checkpoint is due at once (and takes it away);
+    // with a short one, the policy decides, counting the chain's bytes as received since
+    // the last checkpoint (`ditto_log::sealed::CHECKPOINT_AT_LINKS`).
+    let links = if opened.sealed.is_some() { ditto_log::sealed::sealed(&dir)?.len() } else { 0 };
+    let mut seal_pending = links >= ditto_log::sealed::CHECKPOINT_AT_LINKS && opts.checkpoint_sealed;
+    let chain_bytes = if links > 0 { ditto_log::sealed::chain_bytes(&dir) } else { 0 };
     let state = Arc::new(BackupState::default());
     *state.replay_mode.lock() = match opts.share_values_from {
         None => opts.replay.to_string(),
@@ -505,6 +514,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         // and that checkpoint's size.
         let (mut last_at, mut last_bytes, mut last_size) =
             (Instant::now(), state.bytes_received.load(Ordering::Acquire), opened_checkpoint_bytes);
+        // The chain of sealed logs counts as received since the last checkpoint.
+        let mut carried = chain_bytes;
         std::thread::Builder::new()
             .name("ditto-repl-ckpt".into())
             .spawn(move || {
@@ -518,7 +529,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     }
                     let due = policy.due(ditto_log::Due {
                         elapsed: last_at.elapsed(),
-                        log_bytes: state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes),
+                        log_bytes: state.bytes_received.load(Ordering::Acquire).saturating_sub(last_bytes) + carried,
                         last_checkpoint_bytes: last_size,
                         ids_released: 0,
                         ids_used: 0,
@@ -551,7 +562,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     seal_pending = false;
                     match ditto_log::replica::checkpoint_replica(&db, &dir, &storage, pace) {
                         Ok(info) => {
-                            (last_at, last_bytes, last_size) = (Instant::now(), bytes_then, info.bytes);
+                            (last_at, last_bytes, last_size, carried) = (Instant::now(), bytes_then, info.bytes, 0);
                             state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
                             state.checkpoints.fetch_add(1, Ordering::Relaxed);
                             tracing::info!("backup checkpoint at ts {} ({} rows)", info.ts.0, info.rows);

@@ -286,6 +286,8 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     let opts = BackupOptions {
         engine: Some(Arc::clone(&db2)),
         hold_replay_at_release: true,
+        checkpoint_log_min_bytes: 1,
+        checkpoint_log_growth_percent: 1,
         ..BackupOptions::new(&bp_addr, &b2, 1, "b2")
     };
     let bk2 = backup::start(opts).unwrap();
@@ -299,13 +301,66 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     });
     assert_eq!(value_on(&bk2.db, 5).as_deref(), Some(&b"two"[..]));
     assert_eq!(value_on(&bk2.db, 99).as_deref(), Some(&b"v99"[..]));
-    // Both sealed logs are checkpointed away in the background, the backup's by its own
-    // checkpoint (counted just after it moves the sealed log away, so both are waited for).
-    wait_until("the sealed logs to be checkpointed away", Duration::from_secs(20), || {
-        [&b1, &b2].iter().all(|d| ditto_log::sealed::sealed(d).unwrap().is_empty())
+    // A chain of one is not checkpointed at once (`sealed::CHECKPOINT_AT_LINKS`): the
+    // backup's policy takes it, its bytes counted as received (1% of the checkpoint under
+    // it makes this one's log-growth trigger due: the chain alone does), and the primary's
+    // next checkpoint.
+    wait_until("the backup's sealed log to be checkpointed away", Duration::from_secs(20), || {
+        ditto_log::sealed::sealed(&b2).unwrap().is_empty()
             && bk2.state.checkpoints.load(std::sync::atomic::Ordering::SeqCst) >= 1
     });
+    assert_eq!(ditto_log::sealed::sealed(&b1).unwrap().len(), 1, "no checkpoint was written at once");
+    bp.checkpoint().unwrap();
+    assert!(ditto_log::sealed::sealed(&b1).unwrap().is_empty());
     bp_repl.stop();
+}
+
+/// A chain of `CHECKPOINT_AT_LINKS` seals is checkpointed away in the background as soon
+/// as the node serves; a shorter one is not, and the checkpoint policy counts its bytes as
+/// log written since the last checkpoint (so its log-growth trigger takes it away).
+#[test]
+fn a_long_chain_is_checkpointed_away_at_once_and_a_short_one_when_the_policy_says() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = RealStorage;
+    let open = |dir: &std::path::Path, p: Ts, db| {
+        let o = OpenOptions {
+            workers: 1,
+            epoch: Some(Epoch(2)),
+            ts_above: Ts(p.0 + 1),
+            recovered: Some(ditto_log::Recovered(db)),
+            ..Default::default()
+        };
+        ditto_log::open(dir, o).unwrap()
+    };
+    // Four links (seals at the same point: changes of role with nothing between).
+    let (long, ts, db, lock) = cut_at_commit_59(&tmp.path().join("long"));
+    for _ in 0..ditto_log::sealed::CHECKPOINT_AT_LINKS {
+        ditto_log::sealed::seal_tail(&long, ts[59], &storage).unwrap();
+    }
+    drop(lock);
+    let d = open(&long, ts[59], db);
+    wait_until("the long chain to be checkpointed away", Duration::from_secs(20), || {
+        ditto_log::sealed::sealed(&long).unwrap().is_empty()
+    });
+    d.close();
+    // Three: it stays until the policy's checkpoint.
+    let (short, ts, db, lock) = cut_at_commit_59(&tmp.path().join("short"));
+    for _ in 1..ditto_log::sealed::CHECKPOINT_AT_LINKS {
+        ditto_log::sealed::seal_tail(&short, ts[59], &storage).unwrap();
+    }
+    drop(lock);
+    let d = open(&short, ts[59], db);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(ditto_log::sealed::sealed(&short).unwrap().len(), ditto_log::sealed::CHECKPOINT_AT_LINKS - 1);
+    assert!(ditto_log::sealed::chain_bytes(&short) > 0);
+    // Log growth of at least 1 byte and 1% of the checkpoint under the chain: the chain's
+    // bytes alone make it due.
+    let policy = ditto_log::CheckpointPolicy { every: None, log_growth_percent: 1, log_min_bytes: 1, reuse_min_ids: 0 };
+    let _t = d.spawn_checkpointer(policy);
+    wait_until("the policy to checkpoint the short chain away", Duration::from_secs(20), || {
+        ditto_log::sealed::sealed(&short).unwrap().is_empty()
+    });
+    d.close();
 }
 
 /// Two changes of role in place before a checkpoint (failovers seconds apart: the
