@@ -273,6 +273,10 @@ struct NodePlane {
     /// What its server said of the last drain it was asked for (`ditto server drained at
     /// ts T` or `... drain failed: WHY`), set by the thread reading its output.
     drained: Arc<parking_lot::Mutex<Option<Result<u64, String>>>>,
+    /// The epoch whose primary, this node's server, is drained for a switchover and not
+    /// told `drain off` since: it takes no write, so it may be fenced as it stands
+    /// (`fence_in_place`).
+    drained_in: Option<u64>,
     /// A client asked this node's server for a failover (`SENTINEL FAILOVER ditto`): a
     /// switchover is proposed (once; a client whose request is lost asks again).
     switch_asked: Arc<AtomicBool>,
@@ -325,6 +329,8 @@ fn say(me: NodeId, what: impl std::fmt::Display) {
 
 impl NodePlane {
     fn stop_child(&mut self, why: &str) {
+        // The next server starts undrained.
+        self.drained_in = None;
         let Some(mut c) = self.child.take() else { return };
         let t = Instant::now();
         // "stop" on its standard input: a backup makes what it received durable, a
@@ -397,6 +403,7 @@ impl NodePlane {
                 let was = c.role.clone();
                 let changing = c.changing;
                 self.child = None;
+                self.drained_in = None;
                 *self.gate.lock() = Gate::default();
                 self.serving = false;
                 say(self.me, format!("{was:?} exited ({status})"));
@@ -625,6 +632,11 @@ impl NodePlane {
     /// it (docs/cluster.md, "In-place promotion and following").
     fn follow_in_place(&mut self, epoch: u64, of: NodeId, upto: u64) {
         let Some(o) = self.addrs(of) else { return self.stop_child(&format!("node {of}'s addresses are unknown")) };
+        if self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { .. })) {
+            // A switchover's old primary (drained): what its log holds above the point, as
+            // a restarted old primary counts it (none, when drained at the point).
+            self.count_what_it_discards();
+        }
         let line = format!("follow {} {} {upto}", o.repl_addr(), o.client_addr());
         self.change_in_place(&line, Role::Backup { epoch, of });
         say(self.me, format!("has its backup follow node {of} (epoch {epoch}) in place from the point {upto}"));
@@ -656,6 +668,22 @@ impl NodePlane {
     /// false if it could not be (then it is to be stopped).
     fn fence_in_place(&mut self) -> bool {
         let Some(c) = &self.child else { return false };
+        if let Role::Primary { epoch, .. } = c.role {
+            // A switchover's old primary, drained: it takes no write, and all it committed
+            // is durable and held by the target, so it is fenced as it stands (it serves
+            // reads), and follows the new primary in place (`follow_in_place`; its server's
+            // `primary_follows_in_place`).
+            if c.fenced.load(Ordering::Acquire) {
+                return true;
+            }
+            if !(self.in_place && self.drained_in == Some(epoch) && c.ready.load(Ordering::Acquire)) {
+                return false;
+            }
+            c.fenced.store(true, Ordering::Release);
+            say(self.me, "its primary, drained for the switchover, is fenced as it stands (it serves reads)");
+            self.serving = false;
+            return true;
+        }
         if !self.in_place
             || !matches!(c.role, Role::Backup { .. })
             || !c.ready.load(Ordering::Acquire)
@@ -776,6 +804,7 @@ impl NodePlane {
     /// cannot be asked (it does not serve that epoch), the switchover is given up.
     fn drain_for(&mut self, epoch: u64, id: u64, to: NodeId) {
         *self.drained.lock() = None;
+        self.drained_in = None;
         self.switching = Some(Switching { epoch, id, to, proposed: None });
         let serves = self.serving
             && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { epoch: e, .. } if e == epoch));
@@ -821,6 +850,7 @@ impl NodePlane {
             // again (one that was fenced has stopped).
             if self.state.epoch == sw.epoch {
                 tell_server(&self.gate, "drain off");
+                self.drained_in = None;
             }
             self.switching = None;
             return Vec::new();
@@ -831,16 +861,20 @@ impl NodePlane {
         let drained = self.drained.lock().clone();
         let cmd = match drained {
             None => return Vec::new(),
-            Some(Ok(ts)) => Command::HandOver {
-                epoch: sw.epoch + 1,
-                switchover: sw.id,
-                reason: format!(
-                    "switchover from node {} to node {}: writes stopped, node {} holds everything to ts {ts}",
-                    self.me, sw.to, sw.to
-                ),
-            },
+            Some(Ok(ts)) => {
+                self.drained_in = Some(sw.epoch);
+                Command::HandOver {
+                    epoch: sw.epoch + 1,
+                    switchover: sw.id,
+                    reason: format!(
+                        "switchover from node {} to node {}: writes stopped, node {} holds everything to ts {ts}",
+                        self.me, sw.to, sw.to
+                    ),
+                }
+            }
             Some(Err(why)) => {
                 tell_server(&self.gate, "drain off");
+                self.drained_in = None;
                 Command::EndSwitchover { epoch: sw.epoch, why }
             }
         };
@@ -881,7 +915,9 @@ impl NodePlane {
         let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map(str::trim);
         match &c.role {
             Role::Primary { epoch, .. } => {
-                self.serving = self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
+                // (A drained old primary fenced as it stands serves no more.)
+                self.serving = !c.fenced.load(Ordering::Acquire)
+                    && self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
                 self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
@@ -1314,6 +1350,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         count_discarded: None,
         switching: None,
         drained: Default::default(),
+        drained_in: None,
         switch_asked: Default::default(),
     };
     let svc = ControlService::start(

@@ -1299,10 +1299,15 @@ fn switchover_under_writer(policy: &str) -> (Cluster, u64, u64, String) {
         c.info(first).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
     });
     w.stop();
-    // It kept its own data, cut at the point (exactly what it drained to), and resumed
-    // from there: no copy of the new primary's checkpoint.
+    // It kept its engine and its own data, sealed at the point (exactly what it drained
+    // to), and followed the new primary in place, resuming from there: no restart, no copy
+    // of the new primary's checkpoint.
     let log = std::fs::read_to_string(c.log(first)).unwrap();
-    let rejoin = log.split("rejoins as a backup: its own log of epoch").nth(1).unwrap_or_else(|| panic!("{log}"));
+    let rejoin = log
+        .split("follow (in place): the drained primary's log sealed at the point")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(!log.contains("rejoins as a backup: its own log"), "followed in place, not restarted: {log}");
     assert!(rejoin.contains("backup: resuming from ts"), "resumed above its cut: {rejoin}");
     assert!(!rejoin.contains("backup: checkpoint at ts"), "no checkpoint copied: {rejoin}");
     let acked = w.acked();
@@ -1582,9 +1587,11 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
         fcounts.len()
     );
 
-    // A switchover makes the follower primary: its reader's connection is kept again.
+    // A switchover makes the follower primary: its reader's connection is kept again; and
+    // the old primary, drained, follows it in place: its client's connection is kept too.
     fc = Reader::start(c.ports[&follower]);
     drop(fconn);
+    let oc = Reader::start(c.ports[&new]);
     let asked = Instant::now();
     let (ok, out) =
         cluster_cli(&["switchover", "--to", &follower.to_string(), "--via", &c.control_addr(new), "--wait-s", "20"]);
@@ -1600,6 +1607,18 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     assert_eq!(serr, None, "node {follower}'s connection through the switchover");
     assert!(scounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {follower}'s reads never go back");
     assert_eq!(sconn.one(&["SET", "on-the-kept-connection-2", "1"]), "+OK");
+    c.wait_or_dump("the old primary to follow the new one", Duration::from_secs(20), || {
+        c.info(new).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+    });
+    let wanted = w.acked().len() as u64 + 50;
+    c.wait_or_dump("the old primary's connection to read writes made after", Duration::from_secs(20), || {
+        (oc.last().1.is_some() || oc.last().0.is_some_and(|n| n >= wanted)).then_some(())
+    });
+    let (mut oconn, ocounts, oerr) = oc.stop();
+    assert_eq!(oerr, None, "node {new}'s connection through its change from primary to backup");
+    assert!(ocounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {new}'s reads never go back");
+    let refused = oconn.one(&["SET", "x", "1"]);
+    assert!(refused.starts_with("-READONLY") && refused.contains(&c.ports[&follower].to_string()), "{refused}");
     w.stop();
     // Nothing acknowledged is lost, on the node that is primary now.
     if let Err(e) = check_has(c.ports[&follower], &w.acked(), Duration::from_secs(10)) {

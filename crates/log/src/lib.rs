@@ -153,7 +153,9 @@ struct Inner {
     /// (`link_recent_checkpoint`).
     last_checkpoint: Mutex<Option<(CheckpointInfo, u64)>>,
     recovery: RecoveryReport,
-    _lock: std::fs::File,
+    /// The data directory's lock (`lock_dir`), held until the last handle goes, or until
+    /// `close_and_release` gives the directory up.
+    lock: Mutex<Option<std::fs::File>>,
 }
 
 /// Opens (creating if needed) and recovers the database in `dir`.
@@ -395,7 +397,7 @@ fn start_logging(
             checkpoint_waiters: AtomicUsize::new(0),
             last_checkpoint: Mutex::new(None),
             recovery: report,
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         }),
     })
 }
@@ -571,6 +573,13 @@ impl Durable {
     pub fn checkpoint(&self) -> Result<CheckpointInfo, LogError> {
         let _one = self.checkpoint_turn();
         let i = &self.inner;
+        if i.lock.lock().is_none() {
+            return Err(LogError::Corrupt {
+                file: i.dir.clone(),
+                offset: 0,
+                what: "the directory was given up (`close_and_release`): no checkpoint is written".into(),
+            });
+        }
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
         // The newest sealed log's floor (what it lies on), for keeping it once this
         // checkpoint takes the chain away (`sealed::retire_sealed`).
@@ -699,6 +708,16 @@ impl Durable {
     /// Flushes what was appended, stops the flushers. Commits after this fail.
     pub fn close(&self) {
         self.inner.logger.shutdown();
+    }
+
+    /// Closes the log, waits for a checkpoint under way to end, and gives up the data
+    /// directory's lock though other handles to this database remain: a switchover's old
+    /// primary that follows the new one in place seals the directory and opens it as a
+    /// backup's. No checkpoint is written after this (`checkpoint` refuses).
+    pub fn close_and_release(&self) {
+        self.close();
+        let _turn = self.checkpoint_turn();
+        drop(self.inner.lock.lock().take());
     }
 }
 

@@ -309,7 +309,7 @@ pub(crate) fn finish_seal(data: &Path, storage: &dyn Storage) -> Result<(), LogE
 /// replica log: its rejoin as a backup then writes no checkpoint before it serves
 /// (`replica::open_replica_upto`; the backup's first checkpoint takes the chain away).
 /// Refused, changing nothing, with a full chain or a last seal above `point`.
-pub(crate) fn seal_own_log(data: &Path, point: Ts, storage: &dyn Storage) -> Result<(), LogError> {
+pub fn seal_own_log(data: &Path, point: Ts, storage: &dyn Storage) -> Result<(), LogError> {
     seal_dir(data, &data.join("log"), point, storage)
 }
 
@@ -512,6 +512,18 @@ pub fn chain_bytes(data: &Path) -> u64 {
 pub fn base_checkpoint_bytes(data: &Path) -> u64 {
     let Ok((Some((dir, _)), _)) = checkpoint::find_newest(data) else { return 0 };
     std::fs::read_dir(dir).map_or(0, |rd| rd.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+}
+
+/// The epoch of the primary's log that `data`'s newest sealed link holds, if that link is
+/// an old primary's own log (`seal_own_log`): the epoch a backup that starts from it
+/// followed. `Epoch(0)` otherwise.
+pub fn own_log_epoch(data: &Path) -> Result<Epoch, LogError> {
+    match sealed(data)?.pop() {
+        Some(s) if s.primary_log => {
+            Ok(crate::recovery::list_segments_in(&s.dir)?.segments.iter().map(|f| f.epoch).max().unwrap_or(Epoch(0)))
+        }
+        _ => Ok(Epoch(0)),
+    }
 }
 
 /// Every sealed log's directory in `data`, oldest first (for a node that replaces all it

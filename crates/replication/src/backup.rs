@@ -304,7 +304,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         // An old primary that rejoins: its own log (of this epoch) is cut at the recovery
         // point and kept (`open_replica_upto`), and it follows on from there. The epoch is
         // saved first, so a crash during or after the cut still resumes from what it kept.
-        let own = ditto_log::recovery::primary_log_epoch(&dir)?;
+        // (A switchover's old primary that follows in place sealed its log already.)
+        let own = match ditto_log::recovery::primary_log_epoch(&dir)? {
+            Epoch(0) => ditto_log::sealed::own_log_epoch(&dir)?,
+            e => e,
+        };
         if own.0 > 0 {
             write_followed_epoch(&dir, own).map_err(io("saving the followed epoch"))?;
             followed = Some(own);

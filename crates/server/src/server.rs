@@ -277,7 +277,7 @@ fn run_role(
     let replay_key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
     // A backup joins its primary (a checkpoint or the log above what it holds) before it
     // serves; a primary opens and recovers its own directory.
-    let (durable, mut backup) = match &cfg.replica_of {
+    let (mut durable, mut backup) = match &cfg.replica_of {
         Some(primary) => {
             let rkc = Arc::clone(&replay_key_counts);
             let (replay, share_values_from) =
@@ -607,6 +607,13 @@ fn run_role(
                             _ => println!("ditto server drain failed: this server is not a primary with a log"),
                         }
                     }
+                    // A switchover's old primary, drained, follows the new primary in place
+                    // (`primary_follows_in_place` refuses, and the server exits, if it is not
+                    // drained: its supervisor then restarts it as a backup).
+                    (r @ crate::session::RoleRequest::Follow { .. }, None) if primary.is_some() => {
+                        change = Some(r);
+                        break;
+                    }
                     (crate::session::RoleRequest::Drain { .. }, Some(_)) => {
                         println!("ditto server drain failed: this server is a backup")
                     }
@@ -622,21 +629,21 @@ fn run_role(
         Ok::<_, ServerError>(change)
     })?;
     if let Some(r) = change {
-        let b = backup.take().expect("taken only by a backup");
         drop(checkpointer);
         // Connections already open go on reading (at the point, once it is reached) while
         // the engine is cut and sealed, and while the next role starts; then they move to
         // it (`Hub`), unless that role serves another engine.
-        let next = match r {
-            crate::session::RoleRequest::Promote { run, repl_port, backups } => {
+        let next = match (r, backup.take()) {
+            (crate::session::RoleRequest::Promote { run, repl_port, backups }, Some(b)) => {
                 promote_in_place(&cfg, b, run, repl_port, backups)?
             }
-            crate::session::RoleRequest::Follow { primary, primary_addr, upto } => {
-                follow_in_place(&cfg, b, primary, primary_addr, upto)?
+            (crate::session::RoleRequest::Follow { primary: to, primary_addr, upto }, Some(b)) => {
+                follow_in_place(&cfg, b, to, primary_addr, upto)?
             }
-            crate::session::RoleRequest::Fence | crate::session::RoleRequest::Drain { .. } => {
-                unreachable!("done in the loop")
+            (crate::session::RoleRequest::Follow { primary: to, primary_addr, upto }, None) => {
+                primary_follows_in_place(&cfg, &sh, primary.take(), durable.take(), &db, to, primary_addr, upto)?
             }
+            _ => unreachable!("a change in place is a backup's, or a drained primary's follow"),
         };
         // Replay moved them up to the point and stopped there (nothing above is installed).
         let counts = sh.key_counts.values();
@@ -755,6 +762,71 @@ fn follow_in_place(
         ..Default::default()
     });
     Ok((next, ditto_log::Recovered(db)))
+}
+
+/// A switchover's old primary, drained (writes refused; everything it committed durable,
+/// and held by the new primary, up to `upto`: the switchover's point), follows the new
+/// primary in place (docs/cluster.md, "A switchover's old primary follows in place"): its
+/// log stops, is sealed at the point as the chain's newest link (`sealed::seal_own_log`),
+/// and the engine it kept joins the new primary as a backup's, as a backup that follows in
+/// place does. Its clients' connections stay open (the engine is the same), their writes
+/// refused with the new primary's address from then on. Refused, before anything is
+/// written, if it is not drained, if its engine's read view is not the point, or if its
+/// log is not durable up to it: the server then exits, and its supervisor restarts it as a
+/// backup from its directory (the old primary's rejoin).
+#[allow(clippy::too_many_arguments)]
+fn primary_follows_in_place(
+    cfg: &Config,
+    sh: &Shared,
+    repl: Option<Arc<ditto_replication::Primary>>,
+    durable: Option<ditto_log::Durable>,
+    db: &Arc<Database>,
+    to: String,
+    primary_addr: String,
+    upto: u64,
+) -> Result<(Config, ditto_log::Recovered), ServerError> {
+    let t0 = std::time::Instant::now();
+    let failed = |e: String| ServerError::Io { what: "follow in place".into(), source: std::io::Error::other(e) };
+    let d = durable.ok_or_else(|| failed("this server has no log".into()))?;
+    if !sh.write_gate.draining() {
+        return Err(failed("this primary is not drained for a switchover".into()));
+    }
+    if failpoint("role-change-in-place") {
+        return Err(failed("refused by the failpoint role-change-in-place (DITTO_FAILPOINTS)".into()));
+    }
+    if let Some(p) = repl {
+        p.stop();
+    }
+    let view = db.clock().visible_ts();
+    // Other handles to the log (the stopped primary's threads, connections' release
+    // paths) may outlive this one: the directory is given up explicitly.
+    d.close_and_release();
+    let durable_ts = d.logger().watermark();
+    drop(d);
+    if view != Ts(upto) || durable_ts < Ts(upto) {
+        return Err(failed(format!(
+            "its engine reads at ts {} and its log is durable up to ts {}, not the point ts {upto}",
+            view.0, durable_ts.0
+        )));
+    }
+    let dir = cfg.data_dir.clone().expect("validated");
+    let t1 = std::time::Instant::now();
+    ditto_log::sealed::seal_own_log(&dir, Ts(upto), &ditto_log::storage::RealStorage)?;
+    println!(
+        "follow (in place): the drained primary's log sealed at the point {upto} in {:.1} ms; {:.3} s in all",
+        t1.elapsed().as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64()
+    );
+    let mut next = cfg.clone();
+    next.replica_of = Some(to);
+    next.repl_port = None;
+    next.cluster = Some(crate::config::ClusterRun {
+        upto: Some(upto),
+        primary_addr: Some(primary_addr),
+        hold_replay_at_release: true,
+        ..Default::default()
+    });
+    Ok((next, ditto_log::Recovered(Arc::clone(db))))
 }
 
 /// A fenced cluster backup promoted in place (docs/cluster.md, "In-place promotion and following"): it

@@ -1372,6 +1372,11 @@ impl WriteGate {
         self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
     }
 
+    /// Whether a switchover's drain refuses writes now (`set_draining`).
+    pub fn draining(&self) -> bool {
+        self.why.lock().1.is_some()
+    }
+
     pub fn refusal(&self) -> Option<String> {
         if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return None;
