@@ -1619,6 +1619,25 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     assert!(ocounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {new}'s reads never go back");
     let refused = oconn.one(&["SET", "x", "1"]);
     assert!(refused.starts_with("-READONLY") && refused.contains(&c.ports[&follower].to_string()), "{refused}");
+    // Switched back: the old primary, a backup by following in place with the engine it
+    // had as primary, is promoted in place again (its engine takes a new log), and the
+    // connection it kept takes writes once more.
+    let asked = Instant::now();
+    let (ok, out) =
+        cluster_cli(&["switchover", "--to", &new.to_string(), "--via", &c.control_addr(follower), "--wait-s", "20"]);
+    if !ok {
+        c.dump_logs();
+    }
+    assert!(ok, "the switchover back: {out}");
+    c.wait_or_dump("writes on the old primary again", Duration::from_secs(20), || {
+        let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&new]).count();
+        (n > 100).then_some(())
+    });
+    assert_eq!(oconn.one(&["SET", "on-the-kept-connection-3", "1"]), "+OK");
+    let log = std::fs::read_to_string(c.log(new)).unwrap();
+    let after =
+        log.split("follow (in place): the drained primary's log sealed").nth(1).unwrap_or_else(|| panic!("{log}"));
+    assert!(after.contains("promotion (in place)") && !after.contains("exited"), "promoted in place again: {after}");
     w.stop();
     // Nothing acknowledged is lost, on the node that is primary now.
     if let Err(e) = check_has(c.ports[&follower], &w.acked(), Duration::from_secs(10)) {

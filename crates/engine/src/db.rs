@@ -87,7 +87,12 @@ pub struct Database {
     pub(crate) clock: Arc<CommitClock>,
     pub(crate) tables: Box<[OnceLock<Table>]>,
     names: Mutex<HashMap<String, TableId>>,
-    pub(crate) log: OnceLock<Arc<dyn CommitLog>>,
+    /// The commit log, if one is attached (`attach_log`); `log_gen` counts attachments and
+    /// detachments, so that a worker's cached handle (`Worker::ticket_log`) follows a log
+    /// replaced while the engine lives on (a switchover's old primary that follows in
+    /// place, and is later promoted in place again).
+    pub(crate) log: parking_lot::RwLock<Option<Arc<dyn CommitLog>>>,
+    pub(crate) log_gen: std::sync::atomic::AtomicU64,
     workers_taken: Box<[AtomicBool]>,
     /// Per worker, its deleted records to unlink from the index once no snapshot can see
     /// them (`Database::unlink_deleted`). Shared, not the worker's own, so that `reclaim`
@@ -116,7 +121,8 @@ impl Database {
             clock: Arc::new(CommitClock::new(opts.workers)),
             tables: (0..TABLES_MAX).map(|_| OnceLock::new()).collect(),
             names: Mutex::new(HashMap::new()),
-            log: OnceLock::new(),
+            log: parking_lot::RwLock::new(None),
+            log_gen: std::sync::atomic::AtomicU64::new(0),
             workers_taken: (0..opts.workers).map(|_| AtomicBool::new(false)).collect(),
             deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
             parked: Default::default(),
@@ -211,12 +217,23 @@ impl Database {
     /// Attaches the commit log. Must happen before any worker commits. From then on record
     /// ids are reused only up to `allow_rid_reuse_up_to` (the log's durable checkpoints).
     pub fn attach_log(&self, log: Arc<dyn CommitLog>) {
-        assert!(self.log.set(log).is_ok(), "a commit log is already attached");
+        let mut slot = self.log.write();
+        assert!(slot.is_none(), "a commit log is already attached");
+        *slot = Some(log);
+        self.log_gen.fetch_add(1, Ordering::AcqRel);
         self.reuse_bound.store(0, Ordering::Release);
     }
 
+    /// Detaches the commit log (closed by its owner: the engine lives on without one, as a
+    /// backup's, until another is attached). Commits are not to be made meanwhile: a
+    /// backup's engine takes replayed versions only.
+    pub fn detach_log(&self) {
+        *self.log.write() = None;
+        self.log_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
     pub fn has_log(&self) -> bool {
-        self.log.get().is_some()
+        self.log.read().is_some()
     }
 
     /// Creates a table (durably, if a log is attached). Creating an existing name is an error.
@@ -229,7 +246,7 @@ impl Database {
         if names.len() >= TABLES_MAX {
             return Err(Error::TooManyTables(TABLES_MAX));
         }
-        if let Some(log) = self.log.get() {
+        if let Some(log) = self.log.read().as_ref() {
             log.table_created(id, name)?;
         }
         self.install_table(id, name, &mut names);
@@ -297,7 +314,8 @@ impl Database {
 
     /// Waits until `ts` is durable (immediately true without a log).
     pub fn wait_durable(&self, ts: Ts) -> Result<()> {
-        match self.log.get() {
+        let log = self.log.read().clone();
+        match log {
             Some(log) => log.wait_durable(ts),
             None => Ok(()),
         }
@@ -504,7 +522,8 @@ pub struct Worker {
     pub(crate) installs_since_collect: u32,
     /// This worker's handle on the log for its tickets (made at its first commit with a
     /// log attached; see [`TicketLog`]).
-    pub(crate) ticket_log: Option<Arc<TicketLog>>,
+    /// This worker's handle on the commit log, and the `Database::log_gen` it was made at.
+    pub(crate) ticket_log: Option<(u64, Option<Arc<TicketLog>>)>,
 }
 
 /// The log as a commit ticket holds it: one allocation per worker, so the reference count
@@ -599,4 +618,53 @@ pub(crate) fn check_value_len(len: usize) -> Result<()> {
         return Err(Error::TooLarge { what: "value", len, max: VALUE_LEN_MAX });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log that counts the transactions appended to it.
+    #[derive(Default)]
+    struct Counting(AtomicU64);
+
+    impl CommitLog for Counting {
+        fn check_writable(&self) -> Result<()> {
+            Ok(())
+        }
+        fn append(&self, _w: WorkerId, _ts: Ts, _writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn wait_durable(&self, _ts: Ts) -> Result<()> {
+            Ok(())
+        }
+        fn is_durable(&self, _ts: Ts) -> Result<bool> {
+            Ok(true)
+        }
+        fn table_created(&self, _id: TableId, _name: &str) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A log detached and another attached while the engine and its worker live on (a
+    /// switchover's old primary that follows in place and is later promoted in place): the
+    /// worker's next commit goes to the new log, none to the old one; attaching a second log
+    /// over one still attached is refused.
+    #[test]
+    fn a_worker_commits_to_the_log_attached_after_a_detach() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let (first, second) = (Arc::new(Counting::default()), Arc::new(Counting::default()));
+        db.attach_log(first.clone());
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"a", b"1")).unwrap();
+        assert_eq!(first.0.load(Ordering::SeqCst), 1);
+        db.detach_log();
+        assert!(!db.has_log());
+        db.attach_log(second.clone());
+        w.run(|x| x.put(t, b"b", b"2")).unwrap();
+        assert_eq!((first.0.load(Ordering::SeqCst), second.0.load(Ordering::SeqCst)), (1, 1));
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.attach_log(first.clone())));
+        assert!(again.is_err(), "a second log over an attached one");
+    }
 }

@@ -792,11 +792,17 @@ impl<'w> Transaction<'w> {
 
     /// This worker's log handle for a ticket (see `TicketLog`), made on first use.
     fn ticket_log(&mut self) -> Option<Arc<TicketLog>> {
-        if self.worker.ticket_log.is_none() {
-            let log = self.worker.db.log.get()?;
-            self.worker.ticket_log = Some(Arc::new(TicketLog(Arc::clone(log))));
+        // One atomic load per commit: the handle is made again only when a log was attached
+        // or detached since (`Database::log_gen`).
+        let gen = self.worker.db.log_gen.load(std::sync::atomic::Ordering::Acquire);
+        match &self.worker.ticket_log {
+            Some((g, log)) if *g == gen => log.clone(),
+            _ => {
+                let log = self.worker.db.log.read().as_ref().map(|l| Arc::new(TicketLog(Arc::clone(l))));
+                self.worker.ticket_log = Some((gen, log.clone()));
+                log
+            }
         }
-        self.worker.ticket_log.clone()
     }
 
     /// The database's commit clock, borrowed for the transaction's lifetime rather than

@@ -713,10 +713,14 @@ impl Durable {
     /// Closes the log, waits for a checkpoint under way to end, and gives up the data
     /// directory's lock though other handles to this database remain: a switchover's old
     /// primary that follows the new one in place seals the directory and opens it as a
-    /// backup's. No checkpoint is written after this (`checkpoint` refuses).
+    /// backup's. The engine's log is detached (`Database::detach_log`), so that another may
+    /// be attached if it is promoted in place later. No checkpoint is written after this
+    /// (`checkpoint` refuses).
     pub fn close_and_release(&self) {
         self.close();
         let _turn = self.checkpoint_turn();
+        // The engine lives on without this log (a backup's, until a log is attached again).
+        self.inner.db.detach_log();
         drop(self.inner.lock.lock().take());
     }
 }

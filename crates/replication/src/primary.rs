@@ -124,6 +124,10 @@ pub type OnChange = Box<dyn Fn(&Holdings) -> Ts + Send + Sync>;
 /// The shipping side of a primary (see the module notes).
 pub struct Primary {
     durable: Durable,
+    /// The backups' listener's address and its accept thread, which `stop` wakes and waits
+    /// for, so that the port is free once it returns (a switchover's old primary that
+    /// follows in place may be promoted in place later, in the same process).
+    accept: Mutex<Option<(std::net::SocketAddr, std::thread::JoinHandle<()>)>>,
     epoch: Epoch,
     opts: PrimaryOptions,
     links: Mutex<Vec<Arc<Link>>>,
@@ -155,8 +159,10 @@ impl Primary {
         on_change: OnChange,
     ) -> std::io::Result<Arc<Primary>> {
         let logger = durable.logger();
+        let local = listener.local_addr()?;
         let p = Arc::new(Primary {
             durable: durable.clone(),
+            accept: Mutex::new(None),
             epoch: logger.epoch(),
             backups_expected: std::sync::atomic::AtomicUsize::new(opts.backups_expected),
             settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
@@ -173,7 +179,7 @@ impl Primary {
         });
         logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
         let me = Arc::clone(&p);
-        std::thread::Builder::new().name("ditto-repl-accept".into()).spawn(move || {
+        let accept = std::thread::Builder::new().name("ditto-repl-accept".into()).spawn(move || {
             for conn in listener.incoming() {
                 if me.stopping.load(Ordering::Acquire) {
                     return;
@@ -195,6 +201,7 @@ impl Primary {
                 }
             }
         })?;
+        *p.accept.lock() = Some((local, accept));
         Ok(p)
     }
 
@@ -625,6 +632,21 @@ impl Primary {
         self.stopping.store(true, Ordering::Release);
         for l in self.links.lock().iter() {
             l.kill("the primary is shutting down".into());
+        }
+        // The accept thread sees `stopping` at its next connection: one is made, and the
+        // thread, which drops the listener as it returns, waited for (bounded: a thread
+        // that does not end in a second is left, its port with it).
+        let Some((mut addr, accept)) = self.accept.lock().take() else { return };
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let _ = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+        let end = std::time::Instant::now() + Duration::from_secs(1);
+        while !accept.is_finished() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if accept.is_finished() {
+            let _ = accept.join();
         }
     }
 }

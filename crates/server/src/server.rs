@@ -817,6 +817,9 @@ fn primary_follows_in_place(
         t1.elapsed().as_secs_f64() * 1e3,
         t0.elapsed().as_secs_f64()
     );
+    // The drain ends with the role (the write gate outlives it, with the connections): a
+    // backup refuses writes as such, and a later promotion in place opens the gate anew.
+    sh.write_gate.set_draining(None);
     let mut next = cfg.clone();
     next.replica_of = Some(to);
     next.repl_port = None;
