@@ -657,12 +657,12 @@ mod tests {
         let (first, second) = (Arc::new(Counting::default()), Arc::new(Counting::default()));
         db.attach_log(first.clone());
         let mut w = db.worker(WorkerId(0)).unwrap();
-        w.run(|x| x.put(t, b"a", b"1")).unwrap();
+        w.run(|x| x.put(t, b"a", b"1")).unwrap().1.wait().unwrap();
         assert_eq!(first.0.load(Ordering::SeqCst), 1);
         db.detach_log();
         assert!(!db.has_log());
         db.attach_log(second.clone());
-        w.run(|x| x.put(t, b"b", b"2")).unwrap();
+        w.run(|x| x.put(t, b"b", b"2")).unwrap().1.wait().unwrap();
         assert_eq!((first.0.load(Ordering::SeqCst), second.0.load(Ordering::SeqCst)), (1, 1));
         let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.attach_log(first.clone())));
         assert!(again.is_err(), "a second log over an attached one");
