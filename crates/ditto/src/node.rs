@@ -632,21 +632,11 @@ impl NodePlane {
     /// it (docs/cluster.md, "In-place promotion and following").
     fn follow_in_place(&mut self, epoch: u64, of: NodeId, upto: u64) {
         let Some(o) = self.addrs(of) else { return self.stop_child(&format!("node {of}'s addresses are unknown")) };
-        if let Some(Role::Primary { epoch: old, .. }) = self.child.as_ref().map(|c| c.role.clone()) {
+        if self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { .. })) {
             // A switchover's old primary (drained): what its log holds above the point, as
-            // a restarted old primary counts it; none when it drained at or below the point
-            // (nothing was committed after), known without reading its log.
-            match self.drained_at() {
-                Some(ts) if ts <= upto => {
-                    say(
-                        self.me,
-                        format!("discards 0 commits of its epoch {old} (drained at ts {ts}, the point {upto})"),
-                    );
-                    let cmd = Command::CountDiscarded { epoch: old, node: self.me, commits: 0 };
-                    self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
-                }
-                _ => self.count_what_it_discards(),
-            }
+            // a restarted old primary counts it (read from the log: a write that slipped
+            // past the drain is in it; its server then refuses to follow in place).
+            self.count_what_it_discards();
         }
         let line = format!("follow {} {} {upto}", o.repl_addr(), o.client_addr());
         self.change_in_place(&line, Role::Backup { epoch, of });
@@ -680,22 +670,15 @@ impl NodePlane {
     fn fence_in_place(&mut self) -> bool {
         let Some(c) = &self.child else { return false };
         if let Role::Primary { epoch, .. } = c.role {
-            // A switchover's old primary, drained: it takes no write, and all it committed
-            // is durable and held by the target, so it is fenced as it stands (it serves
-            // reads), and follows the new primary in place (`follow_in_place`; its server's
-            // `primary_follows_in_place`).
-            if c.fenced.load(Ordering::Acquire) {
-                return true;
-            }
+            // A switchover's old primary, drained: fenced in place too (its server stops
+            // shipping and closes its log, so it neither commits nor releases anything
+            // more, and its log says all it holds), it serves reads, and follows the new
+            // primary in place (`follow_in_place`; its server's `primary_follows_in_place`).
             if !(self.in_place && self.drained_in == Some(epoch) && c.ready.load(Ordering::Acquire)) {
                 return false;
             }
-            c.fenced.store(true, Ordering::Release);
-            say(self.me, "its primary, drained for the switchover, is fenced as it stands (it serves reads)");
             self.serving = false;
-            return true;
-        }
-        if !self.in_place
+        } else if !self.in_place
             || !matches!(c.role, Role::Backup { .. })
             || !c.ready.load(Ordering::Acquire)
             || !c.joined.load(Ordering::Acquire)
@@ -719,7 +702,7 @@ impl NodePlane {
                 say(
                     self.me,
                     format!(
-                        "fenced its backup in place in {:.1} ms (it serves reads)",
+                        "fenced its server in place in {:.1} ms (it serves reads)",
                         t.elapsed().as_secs_f64() * 1e3
                     ),
                 );
@@ -761,20 +744,6 @@ impl NodePlane {
 
     fn addrs(&self, id: NodeId) -> Option<MemberAddrs> {
         addrs_of(&self.state, &self.members, id)
-    }
-
-    /// The timestamp its primary server drained at for a switchover, while that drain holds
-    /// (`drained_in`: not told `drain off` since, the child not stopped).
-    fn drained_at(&self) -> Option<u64> {
-        let c = self.child.as_ref()?;
-        let Role::Primary { epoch, .. } = c.role else { return None };
-        if self.drained_in != Some(epoch) {
-            return None;
-        }
-        match *self.drained.lock() {
-            Some(Ok(ts)) => Some(ts),
-            _ => None,
-        }
     }
 
     /// The directory of this node's own primary log, if it holds one: its data (an old
@@ -1037,14 +1006,6 @@ impl DataPlane for NodePlane {
     fn report(&mut self) -> Result<Holding, String> {
         if !self.child_quiet() {
             return Err("the server still runs (not fenced)".into());
-        }
-        // A switchover's old primary, drained and fenced as it stands: its log holds every
-        // stream durably up to the drain's timestamp and no commit above it, so it reports
-        // that without reading the log (hundreds of MB with data, on this thread).
-        if let Some(ts) =
-            self.drained_at().filter(|_| self.child.as_ref().is_some_and(|c| c.fenced.load(Ordering::Acquire)))
-        {
-            return Ok(Holding { streams: vec![ts; self.workers], newest: ts, eligible: false });
         }
         if self.unclean {
             return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());

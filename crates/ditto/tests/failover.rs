@@ -1201,7 +1201,7 @@ fn a_failed_fence_in_place_falls_back_to_stopping_the_server_and_loses_nothing()
             log.contains("ditto server fence failed: refused by the failpoint"),
             "node {id}'s fence failed:\n{log}"
         );
-        assert!(!log.contains("fenced its backup in place"), "node {id} was not fenced in place:\n{log}");
+        assert!(!log.contains("fenced its server in place"), "node {id} was not fenced in place:\n{log}");
     }
     eprintln!(
         "fence failed: node {new} took writes after both survivors' fences failed; {} writes, none lost",

@@ -67,6 +67,37 @@ pub trait CommitLog: Send + Sync {
     fn is_durable(&self, ts: Ts) -> Result<bool>;
     /// Makes a new table durable before anyone can write to it.
     fn table_created(&self, id: TableId, name: &str) -> Result<()>;
+    /// Whether this stands for a log detached (`Database::detach_log`).
+    fn detached(&self) -> bool {
+        false
+    }
+}
+
+/// What an engine whose log was detached has instead (`Database::detach_log`): every
+/// commit is refused before it takes a timestamp, so none is made without a log.
+struct Detached;
+
+impl CommitLog for Detached {
+    fn check_writable(&self) -> Result<()> {
+        Err(Error::LogFailed("the commit log was detached (the node changes its role)".into()))
+    }
+    fn append(&self, _worker: WorkerId, _ts: Ts, _writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
+        unreachable!("check_writable refuses every commit")
+    }
+    // A read-only transaction's ticket waits on what it read: made durable by the log it
+    // was committed under, or by the replica log a backup replayed it from.
+    fn wait_durable(&self, _ts: Ts) -> Result<()> {
+        Ok(())
+    }
+    fn is_durable(&self, _ts: Ts) -> Result<bool> {
+        Ok(true)
+    }
+    fn table_created(&self, _id: TableId, _name: &str) -> Result<()> {
+        Err(Error::LogFailed("the commit log was detached".into()))
+    }
+    fn detached(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -218,7 +249,7 @@ impl Database {
     /// ids are reused only up to `allow_rid_reuse_up_to` (the log's durable checkpoints).
     pub fn attach_log(&self, log: Arc<dyn CommitLog>) {
         let mut slot = self.log.write();
-        assert!(slot.is_none(), "a commit log is already attached");
+        assert!(slot.as_ref().is_none_or(|l| l.detached()), "a commit log is already attached");
         *slot = Some(log);
         self.log_gen.fetch_add(1, Ordering::AcqRel);
         self.reuse_bound.store(0, Ordering::Release);
@@ -228,12 +259,12 @@ impl Database {
     /// backup's, until another is attached). Commits are not to be made meanwhile: a
     /// backup's engine takes replayed versions only.
     pub fn detach_log(&self) {
-        *self.log.write() = None;
+        *self.log.write() = Some(Arc::new(Detached));
         self.log_gen.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn has_log(&self) -> bool {
-        self.log.read().is_some()
+        self.log.read().as_ref().is_some_and(|l| !l.detached())
     }
 
     /// Creates a table (durably, if a log is attached). Creating an existing name is an error.
@@ -661,6 +692,7 @@ mod tests {
         assert_eq!(first.0.load(Ordering::SeqCst), 1);
         db.detach_log();
         assert!(!db.has_log());
+        assert!(w.run(|x| x.put(t, b"c", b"3")).is_err(), "no commit without a log");
         db.attach_log(second.clone());
         w.run(|x| x.put(t, b"b", b"2")).unwrap().1.wait().unwrap();
         assert_eq!((first.0.load(Ordering::SeqCst), second.0.load(Ordering::SeqCst)), (1, 1));

@@ -166,6 +166,9 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     }
     let lock = lock_dir(dir)?;
     sealed::finish_seal(dir, &*opts.log.storage)?;
+    // (A crash between an old primary's seal's steps left its `log/` sealed: the rename
+    // just finished took it away.)
+    std::fs::create_dir_all(dir.join("log")).map_err(|e| LogError::io(&dir.join("log"), e))?;
     let catalog = Catalog::load(dir)?;
     let mut report = RecoveryReport::default();
     let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
@@ -670,6 +673,10 @@ impl Durable {
                 }
                 if retry_at.is_some_and(|t| Instant::now() < t) {
                     continue;
+                }
+                if carried > 0 {
+                    // Another checkpoint (a long chain's, at once) may have taken it away.
+                    carried = sealed::chain_bytes(&inner.dir);
                 }
                 let now = counters(&inner);
                 let Some(why) = policy.due(Due {

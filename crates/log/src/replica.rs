@@ -376,8 +376,9 @@ pub fn can_cut_at(dir: &Path, point: Ts) -> Result<bool, LogError> {
 /// role in place, then its own log replayed up to the lower of its durable cut and the
 /// point; everything above is dropped (its own count of what it discards was taken before,
 /// `primary_log_holdings`). Its own log is then sealed at the cut as the chain's newest
-/// link (`sealed::seal_own_log`: a cut file and two renames), and the backup's first
-/// checkpoint, due at once, takes the chain away; a crash at any step leaves either the
+/// link (`sealed::seal_own_log`: a cut file and two renames), and the backup's next
+/// checkpoint (its policy's, the chain's bytes counted) takes the chain away; a crash at
+/// any step leaves either the
 /// old directory, which the next open cuts the same way, or a backup's directory holding
 /// the cut. With the chain full, the result is written as a checkpoint at the cut instead,
 /// and only then are the log's segments (and the sealed logs, and older checkpoints)
@@ -442,8 +443,8 @@ fn open_old_primary(
     let logdir = dir.join("log");
     if crate::sealed::can_seal(dir)? {
         // Its own log, cut at `cut`, becomes the chain's newest link: nothing is written but
-        // a cut file and two renames, and the backup's first checkpoint (due at once, in
-        // the background) takes the chain away. Before, the whole engine was written here,
+        // a cut file and two renames, and the backup's next checkpoint (in the background,
+        // when its policy says: `sealed::CHECKPOINT_AT_LINKS`) takes the chain away. Before, the whole engine was written here,
         // unpaced, before the node could join.
         storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
         crate::sealed::seal_own_log(dir, cut, &**storage)?;

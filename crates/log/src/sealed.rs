@@ -15,11 +15,12 @@
 //! cut at P, and what the node writes next (a primary's log, or a new replica log, both
 //! above P). Every open replays the sealed log up to P before anything else
 //! (`replay_sealed`), and every reader of what a directory holds counts it as held up to P
-//! (`base`). As soon as the node serves, it writes a checkpoint in the background; once
-//! that is durable, the sealed log goes (`remove_sealed`).
+//! (`base`). The node's next checkpoint takes the sealed log away (`remove_sealed`): at
+//! once when it serves if the chain below is long (`CHECKPOINT_AT_LINKS`), else when its
+//! checkpoint policy says, the chain's bytes counted as log since the last checkpoint.
 //!
 //! A node that must change role in place again before that checkpoint (failovers seconds
-//! apart: the checkpoint is paced, 3-4 s at 450 MB) seals again: its new replica log, which
+//! apart) seals again: its new replica log, which
 //! holds everything above the first point, becomes `dir/sealed.2` cut at the second point,
 //! and so on, a chain of at most `MAX_SEALED` links, each lying on the point of the one
 //! before (the first on the checkpoint). Recovery replays them in order (`replay_chain`),
@@ -439,7 +440,12 @@ pub(crate) fn retire_sealed(data: &Path, floor: Option<Ts>, storage: &dyn Storag
     if served.exists() {
         crate::replica::to_trash(data, std::slice::from_ref(&served))?;
     }
-    let (Some(floor), Some(newest)) = (floor, links.pop()) else { return Ok(()) };
+    let Some(floor) = floor else {
+        // No chain above the checkpoint: any link left (covered, a crash cut its removal
+        // short) goes too.
+        return trash_links(data, links);
+    };
+    let Some(newest) = links.pop() else { return Ok(()) };
     let f = newest.join(FLOOR_FILE);
     let _ = std::fs::remove_file(&f);
     let mut file = storage.create_new(&f).map_err(|e| LogError::io(&f, e))?;

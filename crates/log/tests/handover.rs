@@ -57,3 +57,30 @@ fn an_engine_whose_log_was_released_commits_into_the_next_log() {
         assert_eq!(r.get(t, &i.to_be_bytes()).unwrap().as_deref(), Some(want), "key {i}");
     }
 }
+
+/// A crash between `seal_own_log`'s two steps (its cut file written into `log/`, the rename
+/// not done): a primary's open finishes the seal, opens a fresh log beside the link, and
+/// recovers every commit.
+#[test]
+fn a_primary_open_finishes_a_seal_of_its_own_log_cut_short_by_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..20u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+    }
+    drop(w);
+    d.close();
+    drop(d);
+    let cut = dir.path().join("log").join(ditto_log::sealed::CUT_FILE);
+    std::fs::write(&cut, ditto_log::sealed::encode_cut(last)).unwrap();
+    let again = ditto_log::open(dir.path(), OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let r = again.db().read();
+    for i in 0..20u32 {
+        assert_eq!(r.get(t, &i.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]), "key {i}");
+    }
+    let mut w = again.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| x.put(t, b"after", b"1")).unwrap().1.wait().unwrap();
+}

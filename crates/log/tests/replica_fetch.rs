@@ -150,7 +150,7 @@ fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
     let ckpts_before = checkpoints(dir.path());
     let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &storage, Some(point)).unwrap();
     assert_eq!(o.cut, point);
-    assert_eq!(o.sealed, Some(point), "the backup's first checkpoint is due at once");
+    assert_eq!(o.sealed, Some(point), "opened on a sealed link");
     assert_eq!(count(&o.db), 150, "exactly the commits at or below the point");
     assert_eq!(segments(dir.path()), 0, "no live log is left");
     assert_eq!(checkpoints(dir.path()), ckpts_before, "no checkpoint was written");

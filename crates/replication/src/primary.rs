@@ -638,7 +638,10 @@ impl Primary {
         // that does not end in a second is left, its port with it).
         let Some((mut addr, accept)) = self.accept.lock().take() else { return };
         if addr.ip().is_unspecified() {
-            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            addr.set_ip(match addr {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
         }
         let _ = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200));
         let end = std::time::Instant::now() + Duration::from_secs(1);

@@ -553,6 +553,9 @@ fn run_role(
     });
     let hub = Arc::clone(&lasting.hub);
     hub.set(Arc::clone(&conn));
+    // A new role is not draining (the write gate outlives roles, with the connections: a
+    // switchover's old primary that followed in place kept its drain until now).
+    sh.write_gate.set_draining(None);
     ready(&listening);
     let change = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -606,6 +609,20 @@ fn run_role(
                             }
                             _ => println!("ditto server drain failed: this server is not a primary with a log"),
                         }
+                    }
+                    // A switchover's old primary, drained, is fenced in place: it ships and
+                    // releases nothing more, and its log is closed (what it holds is final,
+                    // for the failover's report); it serves reads until it follows.
+                    (crate::session::RoleRequest::Fence, None) if primary.is_some() && sh.write_gate.draining() => {
+                        tokio::task::block_in_place(|| {
+                            if let Some(p) = &primary {
+                                p.stop();
+                            }
+                            if let Some(d) = &durable {
+                                d.close();
+                            }
+                        });
+                        println!("ditto server fenced");
                     }
                     // A switchover's old primary, drained, follows the new primary in place
                     // (`primary_follows_in_place` refuses, and the server exits, if it is not
@@ -797,19 +814,23 @@ fn primary_follows_in_place(
     if let Some(p) = repl {
         p.stop();
     }
-    let view = db.clock().visible_ts();
     // Other handles to the log (the stopped primary's threads, connections' release
-    // paths) may outlive this one: the directory is given up explicitly.
+    // paths) may outlive this one: the directory is given up explicitly. The engine's log
+    // is detached: a commit would now be refused (`Database::detach_log`).
     d.close_and_release();
-    let durable_ts = d.logger().watermark();
     drop(d);
-    if view != Ts(upto) || durable_ts < Ts(upto) {
+    let (view, now) = (db.clock().visible_ts(), db.clock().now());
+    let dir = cfg.data_dir.clone().expect("validated");
+    // What the log holds on disk, not what its watermark says: a log that wrote no batch
+    // in its epoch vouches on disk only for where it began, which a sealed link must reach.
+    let (held, _) = ditto_log::recovery::primary_log_holdings(&dir, None)?;
+    let on_disk = held.streams.iter().copied().min().unwrap_or(Ts::ZERO);
+    if view != Ts(upto) || now != Ts(upto) || on_disk < Ts(upto) {
         return Err(failed(format!(
-            "its engine reads at ts {} and its log is durable up to ts {}, not the point ts {upto}",
-            view.0, durable_ts.0
+            "its engine reads at ts {} (clock at {}) and its log holds every stream on disk up to ts {}, not the point ts {upto}",
+            view.0, now.0, on_disk.0
         )));
     }
-    let dir = cfg.data_dir.clone().expect("validated");
     let t1 = std::time::Instant::now();
     ditto_log::sealed::seal_own_log(&dir, Ts(upto), &ditto_log::storage::RealStorage)?;
     println!(
@@ -817,9 +838,9 @@ fn primary_follows_in_place(
         t1.elapsed().as_secs_f64() * 1e3,
         t0.elapsed().as_secs_f64()
     );
-    // The drain ends with the role (the write gate outlives it, with the connections): a
-    // backup refuses writes as such, and a later promotion in place opens the gate anew.
-    sh.write_gate.set_draining(None);
+    // The drain's refusal stays until the next role's connections are in place (`run_role`
+    // clears it once the hub holds them): meanwhile the kept connections still belong to
+    // this role, whose engine has no log.
     let mut next = cfg.clone();
     next.replica_of = Some(to);
     next.repl_port = None;
