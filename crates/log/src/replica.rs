@@ -1106,7 +1106,7 @@ pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Resul
 /// Moves `paths` (inside `data`) into `data/trash/` (a rename each, then the directories
 /// fsynced) and deletes them there on a thread of their own: nothing reads `trash/`, and
 /// what a crash leaves there is deleted by the next call.
-pub(crate) fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
+pub fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
     move_to_trash(data, paths)?;
     crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
     delete_trash(data);

@@ -389,14 +389,15 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             let incoming = receive_checkpoint(&mut reader, &dir, opts.progress)?;
             // Replace whatever this node held with the primary's checkpoint.
             drop(opened);
-            // The sealed logs newest first (a crash midway leaves the oldest: `sealed`).
-            let links = ditto_log::sealed::link_paths(&dir)?;
-            let subs = ["checkpoints", "replica"].map(|s| dir.join(s));
-            for p in subs.into_iter().chain(links.into_iter().rev()) {
-                if p.exists() {
-                    std::fs::remove_dir_all(&p).map_err(io(format!("removing {}", p.display())))?;
-                }
-            }
+            // Moved aside (a rename each), from the newest of what it held to the oldest: the
+            // live replica log, the sealed logs newest first, then the checkpoints. A crash
+            // midway leaves an older state that opens as it is, never sealed or replica logs
+            // without the checkpoint they lie on (which an open would replay from ts 0).
+            let mut gone = vec![ditto_log::replica::replica_dir(&dir)];
+            gone.extend(ditto_log::sealed::link_paths(&dir)?.into_iter().rev());
+            gone.push(dir.join("checkpoints"));
+            gone.retain(|p| p.exists());
+            ditto_log::replica::to_trash(&dir, &gone)?;
             std::fs::create_dir_all(dir.join("checkpoints")).map_err(io("creating checkpoints"))?;
             let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", ts.0));
             std::fs::rename(&incoming, &ckpt).map_err(io("moving the received checkpoint in place"))?;
