@@ -30,9 +30,26 @@ struct Cluster {
     env: Vec<(String, String)>,
 }
 
+/// `n` ports free now, below Linux's ephemeral range (32768 and up): a node binds some of
+/// its ports only later (a backup's replication port, when it is promoted), and a port
+/// from the ephemeral range may meanwhile be taken by an outgoing connection's local end
+/// (seen in CI: "binding the replication port ...: Address already in use").
 fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+        ^ ((std::process::id() as u64) << 32);
+    let mut held: Vec<TcpListener> = Vec::new();
+    for _ in 0..10_000 {
+        if held.len() == n {
+            break;
+        }
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let port = 20_000 + ((seed >> 33) % 12_000) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    assert_eq!(held.len(), n, "{n} free ports below the ephemeral range");
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
