@@ -646,7 +646,12 @@ pub(crate) fn count_txns_above(
 
 /// The epoch of the primary's log in `data`, from its segments' names (0: none).
 pub fn primary_log_epoch(data: &Path) -> Result<Epoch, LogError> {
-    Ok(list_segments(data)?.segments.iter().map(|s| s.epoch).max().unwrap_or(Epoch(0)))
+    Ok(newest_epoch(&list_segments(data)?.segments))
+}
+
+/// The newest epoch among `segments` (`Epoch(0)` if none).
+pub(crate) fn newest_epoch(segments: &[SegmentFile]) -> Epoch {
+    segments.iter().map(|s| s.epoch).max().unwrap_or(Epoch(0))
 }
 
 /// The batches of stream `stream` in the primary's own log in `data` with a bound above

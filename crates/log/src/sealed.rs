@@ -395,7 +395,7 @@ pub(crate) fn replay_sealed(
 /// must hold every stream up to the point.
 fn replay_own_log(db: &Database, s: &Sealed, floor: Ts, report: &mut RecoveryReport) -> Result<Ts, LogError> {
     let segments = crate::recovery::list_segments_in(&s.dir)?.segments;
-    let epoch = segments.iter().map(|f| f.epoch).max().unwrap_or(Epoch(0));
+    let epoch = crate::recovery::newest_epoch(&segments);
     let (bytes, replayed, dropped, files) =
         (report.log_bytes, report.log_txns_replayed, report.log_txns_dropped_above_cut, report.segments);
     // It was replayed, and any torn tail cut, before it was sealed: a torn tail now is
@@ -526,7 +526,7 @@ pub fn base_checkpoint_bytes(data: &Path) -> u64 {
 pub fn own_log_epoch(data: &Path) -> Result<Epoch, LogError> {
     match sealed(data)?.pop() {
         Some(s) if s.primary_log => {
-            Ok(crate::recovery::list_segments_in(&s.dir)?.segments.iter().map(|f| f.epoch).max().unwrap_or(Epoch(0)))
+            Ok(crate::recovery::newest_epoch(&crate::recovery::list_segments_in(&s.dir)?.segments))
         }
         _ => Ok(Epoch(0)),
     }
