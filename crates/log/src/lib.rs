@@ -146,6 +146,9 @@ struct Inner {
     dir: PathBuf,
     opts: LogOptions,
     checkpointing: Mutex<()>,
+    /// Set by `fence`: a checkpoint under way stops short (`storage::Cancellable`), and no
+    /// other is begun.
+    fenced: Arc<std::sync::atomic::AtomicBool>,
     /// Callers waiting for `checkpointing`: while there are any, the checkpoint being
     /// written goes unpaced (checkpoint.rs, `Pace`).
     checkpoint_waiters: AtomicUsize,
@@ -397,6 +400,7 @@ fn start_logging(
             dir: dir.to_path_buf(),
             opts: opts.log,
             checkpointing: Mutex::new(()),
+            fenced: Arc::default(),
             checkpoint_waiters: AtomicUsize::new(0),
             last_checkpoint: Mutex::new(None),
             recovery: report,
@@ -583,6 +587,13 @@ impl Durable {
                 what: "the directory was given up (`close_and_release`): no checkpoint is written".into(),
             });
         }
+        if i.fenced.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(LogError::Corrupt {
+                file: i.dir.clone(),
+                offset: 0,
+                what: "the log is fenced (`Durable::fence`): no checkpoint is written".into(),
+            });
+        }
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
         // The newest sealed log's floor (what it lies on), for keeping it once this
         // checkpoint takes the chain away (`sealed::retire_sealed`).
@@ -594,7 +605,7 @@ impl Durable {
             i.opts.checkpoint_threads,
             i.opts.checkpoint_part_bytes,
             i.logger.epoch(),
-            &*i.opts.storage,
+            &storage::Cancellable { inner: Arc::clone(&i.opts.storage), cancel: Arc::clone(&i.fenced) },
             checkpoint::Pace::new(i.opts.checkpoint_write_bytes_per_s, Some(&i.checkpoint_waiters)),
         );
         let stats = &i.logger.stats;
@@ -702,6 +713,10 @@ impl Durable {
                     }
                     // The counters stay, so the same trigger is due again: after a pause, not
                     // at once, as a full disk rarely clears in 50 ms.
+                    Err(e) if inner.fenced.load(std::sync::atomic::Ordering::Acquire) => {
+                        tracing::info!("background checkpoint ({why:?}) stopped short by a fence: {e}");
+                        return;
+                    }
                     Err(e) => {
                         tracing::error!("background checkpoint ({why:?}) failed: {e}");
                         retry_at = Some(Instant::now() + CHECKPOINT_RETRY_AFTER);
@@ -715,6 +730,17 @@ impl Durable {
     /// Flushes what was appended, stops the flushers. Commits after this fail.
     pub fn close(&self) {
         self.inner.logger.shutdown();
+    }
+
+    /// Closes the log and stops a checkpoint under way short (it leaves nothing behind, as
+    /// after a full disk), waiting for it to end; no checkpoint is written after this. From
+    /// its return nothing of this database writes its directory: a switchover's old primary
+    /// is fenced so, and its node then reads what its log holds (a checkpoint that went on
+    /// would delete segments under that read).
+    pub fn fence(&self) {
+        self.inner.fenced.store(true, std::sync::atomic::Ordering::Release);
+        self.close();
+        drop(self.checkpoint_turn());
     }
 
     /// Closes the log, waits for a checkpoint under way to end, and gives up the data

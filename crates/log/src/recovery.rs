@@ -590,10 +590,7 @@ pub fn primary_log_holdings(
     let base = crate::sealed::base(data)?;
     let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
     let segments = list_segments(data)?.segments;
-    for s in &segments {
-        let f = std::fs::File::open(&s.path).map_err(|e| LogError::io(&s.path, e))?;
-        f.sync_all().map_err(|e| LogError::io(&s.path, e))?;
-    }
+    crate::replica::sync_data_and_dir(segments.iter().map(|s| s.path.as_path()), &data.join("log"))?;
     let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
     let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
     let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();

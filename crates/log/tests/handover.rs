@@ -84,3 +84,62 @@ fn a_primary_open_finishes_a_seal_of_its_own_log_cut_short_by_a_crash() {
     let mut w = again.db().worker(WorkerId(0)).unwrap();
     w.run(|x| x.put(t, b"after", b"1")).unwrap().1.wait().unwrap();
 }
+
+/// A switchover's old primary is fenced (`Durable::fence`) while its background checkpoint
+/// is being written: the checkpoint stops short, leaving nothing, and the fence returns
+/// only once it has, so nothing writes the directory after it (its node then reads the
+/// log; a checkpoint that went on deleted segments under that read). No checkpoint is
+/// begun after it, and every commit is still recovered from the log.
+#[test]
+fn a_fence_stops_a_checkpoint_under_way_and_leaves_the_log_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    // Paced at 1 MB/s: the 4 MB checkpoint would take about 4 s.
+    let log = ditto_log::LogOptions { checkpoint_write_bytes_per_s: 1_000_000, ..Default::default() };
+    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let value = [7u8; 200];
+    for chunk in 0..20u32 {
+        w.run(|x| {
+            for i in chunk * 1000..(chunk + 1) * 1000 {
+                x.put(t, &i.to_be_bytes(), &value)?;
+            }
+            Ok(())
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    }
+    drop(w);
+    let listing = |sub: &str| {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path().join(sub)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        v.sort();
+        v
+    };
+    let segments = listing("log");
+    let d2 = d.clone();
+    let writer = std::thread::spawn(move || d2.checkpoint());
+    // Until the checkpoint has begun writing its parts.
+    let t0 = std::time::Instant::now();
+    while listing("checkpoints").is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the checkpoint began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    d.fence();
+    assert!(writer.is_finished(), "the fence returns once the checkpoint has ended");
+    let e = writer.join().unwrap().expect_err("the checkpoint stopped short");
+    assert!(e.to_string().contains("fenced"), "{e}");
+    assert!(
+        !listing("checkpoints").iter().any(|c| dir.path().join("checkpoints").join(c).join("MANIFEST").exists()),
+        "no checkpoint completed"
+    );
+    assert_eq!(listing("log"), segments, "no segment deleted");
+    assert!(d.checkpoint().is_err(), "no checkpoint after a fence");
+    drop(d);
+    let again = ditto_log::open(dir.path(), OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let r = again.db().read();
+    for i in 0..20_000u32 {
+        assert_eq!(r.get(t, &i.to_be_bytes()).unwrap().as_deref(), Some(&value[..]), "key {i}");
+    }
+}

@@ -184,3 +184,73 @@ fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
     assert!(o.cut >= top && o.cut.0 <= top.0 + 1000, "{:?}", o.cut);
     assert_eq!(count(&o.db), 300);
 }
+
+/// A failover reads a fenced backup's holdings twice (its report, then its prepare's
+/// check): the second read of a directory in which no file changed uses the first's
+/// (`replica_holdings`), with the same holdings and the same count above a point, and any
+/// change is seen: a damaged entry header, though the file's modification time is set
+/// back, and batches appended since.
+#[test]
+fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
+    let primary = tempfile::tempdir().unwrap();
+    let (d, t) = primary_with_table(primary.path());
+    for (worker, base) in [(0u32, 0u64), (1, 1000)] {
+        let mut w = d.db().worker(WorkerId(worker)).unwrap();
+        for i in base..base + 200 {
+            w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes()).map(|_| ())).unwrap().1.wait().unwrap();
+        }
+    }
+    let epoch = d.logger().epoch();
+    d.close();
+    let batches = ditto_log::replica::batches_after(primary.path(), epoch, Ts::ZERO).unwrap().unwrap();
+    let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+    // Small files, so that the older ones are read header by header.
+    let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, 4096).unwrap();
+    let (first, rest) = batches.split_at(batches.len() * 3 / 4);
+    for x in first {
+        log.append(x, false, header(x).bound_ts);
+    }
+    log.sync().unwrap();
+    let mid = header(&first[first.len() / 2]).last_ts;
+    let h1 = replica_holdings(dir.path(), 2, Some(mid)).unwrap();
+    assert!(h1.txns_above > 0, "transactions lie above {mid:?}");
+    assert_eq!(replica_holdings(dir.path(), 2, Some(mid)).unwrap(), h1, "read again, nothing changed");
+    let none_above = replica_holdings(dir.path(), 2, Some(h1.newest)).unwrap();
+    assert_eq!((none_above.streams.clone(), none_above.txns_above), (h1.streams.clone(), 0));
+
+    // The first file's first entry header damaged, its modification time set back.
+    let oldest = ditto_log::replica::replica_dir(dir.path()).join("rlog-0000000001.seg");
+    let before = std::fs::read(&oldest).unwrap();
+    let mtime = std::fs::metadata(&oldest).unwrap().modified().unwrap();
+    let header_at = before.len().min(ditto_log::replica::REPLICA_HEADER_LEN + 2);
+    let mut damaged = before.clone();
+    damaged[header_at] ^= 0x40;
+    std::fs::write(&oldest, &damaged).unwrap();
+    std::fs::File::options().write(true).open(&oldest).unwrap().set_modified(mtime).unwrap();
+    let e = replica_holdings(dir.path(), 2, Some(mid)).expect_err("the damage is seen");
+    assert!(e.to_string().contains("checksum"), "{e}");
+    std::fs::write(&oldest, &before).unwrap();
+    assert_eq!(replica_holdings(dir.path(), 2, Some(mid)).unwrap(), h1, "repaired");
+
+    // Batches appended since are held.
+    for x in rest {
+        log.append(x, false, header(x).bound_ts);
+    }
+    log.sync().unwrap();
+    let h2 = replica_holdings(dir.path(), 2, Some(mid)).unwrap();
+    assert!(h2.cut > h1.cut && h2.txns_above > h1.txns_above, "{h1:?} {h2:?}");
+    let fresh = tempfile::tempdir().unwrap();
+    for f in ["CATALOG"] {
+        std::fs::copy(dir.path().join(f), fresh.path().join(f)).unwrap();
+    }
+    let rdir = ditto_log::replica::replica_dir(fresh.path());
+    std::fs::create_dir_all(&rdir).unwrap();
+    for e in std::fs::read_dir(ditto_log::replica::replica_dir(dir.path())).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), rdir.join(e.file_name())).unwrap();
+    }
+    assert_eq!(replica_holdings(fresh.path(), 2, Some(mid)).unwrap(), h2, "as a fresh read of a copy");
+}
