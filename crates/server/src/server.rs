@@ -264,6 +264,7 @@ fn run_role(
     ready: &dyn Fn(&Listening),
 ) -> Result<Option<(Config, Kept)>, ServerError> {
     cfg.validate()?;
+    let t_role = Instant::now();
     let counted = kept.as_ref().map(|k| (Arc::clone(&k.db.0), k.counts, k.db.0.clock().visible_ts()));
     let recovered = kept.map(|k| k.db);
     // Certificates are read before the database is opened, so a bad file fails fast.
@@ -344,6 +345,7 @@ fn run_role(
             (Some(ditto_log::open(&dir, open)?), None)
         }
     };
+    let t_opened = t_role.elapsed();
     let db = match (&durable, &backup) {
         (Some(d), _) => Arc::clone(d.db()),
         (None, Some(b)) => Arc::clone(&b.db),
@@ -386,6 +388,7 @@ fn run_role(
     // checkpoint copy instead has another: counted afresh).
     let counted = counted.filter(|(kept, ..)| Arc::ptr_eq(kept, &db)).map(|(_, n, at)| (n, at));
     let mut sh = Shared::with_counts(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port, counted)?;
+    let t_shared = t_role.elapsed();
     replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
     sh.read_only = backup.is_some();
     sh.config_view = cfg.view();
@@ -556,6 +559,16 @@ fn run_role(
     // A new role is not draining (the write gate outlives roles, with the connections: a
     // switchover's old primary that followed in place kept its drain until now).
     sh.write_gate.set_draining(None);
+    // A failover waits for a promoted node's role to start: where its time went.
+    if t_role.elapsed() > Duration::from_millis(20) {
+        tracing::info!(
+            "role started in {:.1} ms: {} in {:.1} ms, the keyspace in {:.1} ms",
+            t_role.elapsed().as_secs_f64() * 1e3,
+            if backup.is_some() { "joined the primary" } else { "the log opened" },
+            t_opened.as_secs_f64() * 1e3,
+            (t_shared - t_opened).as_secs_f64() * 1e3
+        );
+    }
     ready(&listening);
     let change = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -619,7 +632,7 @@ fn run_role(
                                 p.stop();
                             }
                             if let Some(d) = &durable {
-                                d.close();
+                                d.fence();
                             }
                         });
                         println!("ditto server fenced");
@@ -1261,9 +1274,10 @@ fn drain_for_switchover(
 ) -> Result<(Ts, Duration), String> {
     const SETTLE: Duration = Duration::from_millis(2);
     let t = std::time::Instant::now();
-    sh.write_gate.set_draining(Some(format!(
-        "this node is handing its primary role to {target} (a switchover): writes go to the new primary in a moment"
-    )));
+    sh.write_gate.drain_to(
+        target,
+        format!("this node is handing its primary role to {target} (a switchover): writes go to the new primary in a moment"),
+    );
     let mut held: Option<(Ts, std::time::Instant)> = None;
     loop {
         let clock = db.clock().now();

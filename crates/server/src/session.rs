@@ -1249,6 +1249,10 @@ pub struct WriteGate {
     /// Why writes are refused: the supervisor's reason (no quorum contact, a new primary
     /// not yet heard), and a switchover's drain. Either closes the gate.
     why: Mutex<(Option<String>, Option<String>)>,
+    /// The node a switchover's drain hands the primary role to (its clients' address):
+    /// SENTINEL names it from the drain on, so that clients that ask this node go there
+    /// and take writes as soon as it is promoted, rather than back here.
+    handing_to: Mutex<Option<String>>,
     cluster: Mutex<Vec<(String, String)>>,
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
@@ -1368,8 +1372,24 @@ impl WriteGate {
     /// whatever the supervisor's own reason says.
     pub fn set_draining(&self, why: Option<String>) {
         let mut w = self.why.lock();
+        if why.is_none() {
+            *self.handing_to.lock() = None;
+        }
         w.1 = why;
         self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// A switchover's drain to `target` (its clients' address) refuses writes with `why`;
+    /// SENTINEL names `target` as the primary until the drain ends (`set_draining(None)`,
+    /// which a new role does).
+    pub fn drain_to(&self, target: &str, why: String) {
+        *self.handing_to.lock() = Some(target.to_string());
+        self.set_draining(Some(why));
+    }
+
+    /// The node a switchover's drain hands the primary role to (`drain_to`).
+    pub fn handing_to(&self) -> Option<String> {
+        self.handing_to.lock().clone()
     }
 
     /// Whether a switchover's drain refuses writes now (`set_draining`).
@@ -1415,7 +1435,9 @@ pub const SENTINEL_NAME: &str = "ditto";
 fn sentinel(a: &[Bytes], sh: &Shared) -> Reply {
     let sub = a[0].to_ascii_uppercase();
     let named = |i: usize| a.get(i).is_some_and(|n| n.as_ref() == SENTINEL_NAME.as_bytes());
-    let addr = sh.primary_addr.as_deref().map(crate::replinfo::host_port);
+    // A drained primary names the node it hands its role to (`WriteGate::drain_to`).
+    let handing_to = sh.write_gate.handing_to();
+    let addr = handing_to.as_deref().or(sh.primary_addr.as_deref()).map(crate::replinfo::host_port);
     let state = |(h, p): (&str, &str)| {
         let kv = [
             ("name", SENTINEL_NAME.to_string()),
@@ -2489,6 +2511,18 @@ mod tests {
             Reply::Array(vec![Reply::bulk("10.0.0.7"), Reply::bulk("7001")])
         );
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name other"), Reply::NilArray);
+        // A switchover's drain names the node it hands the role to, until the drain ends.
+        sh.write_gate.drain_to("10.0.0.8:7002", "handing over".into());
+        assert_eq!(
+            cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"),
+            Reply::Array(vec![Reply::bulk("10.0.0.8"), Reply::bulk("7002")])
+        );
+        assert!(cmd(&mut s, &sh, &mut w, "SET k v").is_error(), "writes refused while drained");
+        sh.write_gate.set_draining(None);
+        assert_eq!(
+            cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"),
+            Reply::Array(vec![Reply::bulk("10.0.0.7"), Reply::bulk("7001")])
+        );
         let Reply::Array(masters) = cmd(&mut s, &sh, &mut w, "SENTINEL masters") else { panic!("an array") };
         let Reply::Map(m) = &masters[0] else { panic!("a map per master") };
         assert!(m.contains(&(Reply::bulk("flags"), Reply::bulk("master"))));
