@@ -590,6 +590,18 @@ pub fn primary_log_holdings(
     let base = crate::sealed::base(data)?;
     let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
     let segments = list_segments(data)?.segments;
+    // A failover asks an old primary for its report again until the round is planned: a
+    // log that did not change since the last read is not read again (`replica_holdings`
+    // does the same; 466 MB after a load of 1.9M keys took 380 ms on 2 cores).
+    let states = crate::replica::file_states(segments.iter().map(|s| s.path.as_path()))?;
+    let key = (data.to_path_buf(), base.ts, epoch_min, states);
+    if above.is_none() {
+        if let Some((k, held)) = LAST_PRIMARY_HELD.lock().as_ref() {
+            if *k == key {
+                return Ok(held.clone());
+            }
+        }
+    }
     crate::replica::sync_data_and_dir(segments.iter().map(|s| s.path.as_path()), &data.join("log"))?;
     let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
     let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
@@ -622,8 +634,18 @@ pub fn primary_log_holdings(
             })?;
         }
     }
-    Ok((crate::replica::ReplicaHoldings { streams, newest, txns_above, cut }, epoch))
+    let held = (crate::replica::ReplicaHoldings { streams, newest, txns_above, cut }, epoch);
+    if above.is_none() {
+        *LAST_PRIMARY_HELD.lock() = Some((key, held.clone()));
+    }
+    Ok(held)
 }
+
+/// What `primary_log_holdings` read last without counting, and the log's state then: the
+/// directory, what its log lies on, and its segments (`replica::file_states`).
+type PrimaryHeldKey = (PathBuf, Ts, Epoch, Vec<crate::replica::FileState>);
+static LAST_PRIMARY_HELD: parking_lot::Mutex<Option<(PrimaryHeldKey, (crate::replica::ReplicaHoldings, Epoch))>> =
+    parking_lot::Mutex::new(None);
 
 /// How many of `batch`'s transactions lie above `above` and above the checkpoint at
 /// `ckpt_ts` (what a cut at `above` discards). The payload is decoded, and checked, only

@@ -254,3 +254,44 @@ fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
     }
     assert_eq!(replica_holdings(fresh.path(), 2, Some(mid)).unwrap(), h2, "as a fresh read of a copy");
 }
+
+/// An old primary is asked for its report again until a failover's round is planned: a
+/// second read of its log, unchanged, gives the first's holdings without reading it
+/// again (`primary_log_holdings`), and a damaged segment, though its modification time is
+/// set back, is read again.
+#[test]
+fn an_old_primarys_report_is_read_again_only_when_its_log_changed() {
+    let primary = tempfile::tempdir().unwrap();
+    let (d, t) = primary_with_table(primary.path());
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    for i in 0..300u64 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes()).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    drop(w);
+    d.close();
+    drop(d);
+    let read = || ditto_log::recovery::primary_log_holdings(primary.path(), None);
+    let h1 = read().unwrap();
+    assert!(h1.0.newest > Ts::ZERO);
+    assert_eq!(read().unwrap(), h1, "read again, nothing changed");
+    let mut segments: Vec<_> = std::fs::read_dir(primary.path().join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| std::fs::metadata(p).unwrap().len() > 0)
+        .collect();
+    segments.sort();
+    let seg = segments.first().expect("a segment with batches").clone();
+    let before = std::fs::read(&seg).unwrap();
+    let mtime = std::fs::metadata(&seg).unwrap().modified().unwrap();
+    let mut damaged = before.clone();
+    let at = before.len() / 2;
+    damaged[at] ^= 0x40;
+    std::fs::write(&seg, &damaged).unwrap();
+    std::fs::File::options().write(true).open(&seg).unwrap().set_modified(mtime).unwrap();
+    match read() {
+        Ok(h) => assert_ne!(h, h1, "the damage is seen (as a torn tail)"),
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+    std::fs::write(&seg, &before).unwrap();
+    assert_eq!(read().unwrap(), h1, "repaired");
+}

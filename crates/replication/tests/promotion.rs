@@ -784,7 +784,8 @@ fn a_backup_behind_the_point_is_sent_the_rest_after_the_seals_checkpoint_too() {
 
 /// A kept sealed log that is damaged is only a shortcut lost: the backup is sent a
 /// checkpoint instead, and ends with the same data. Its floor file damaged (`served`
-/// refuses it), or one of its batches (the read of the gap fails its checksum).
+/// refuses it), or one of the batches of the gap (the read of the gap fails its
+/// checksum).
 #[test]
 fn a_damaged_kept_sealed_log_sends_a_checkpoint_instead() {
     behind_the_point(Served::FloorDamaged);
@@ -864,13 +865,15 @@ fn behind_the_point(served: Served) {
         match served {
             Served::FloorDamaged => flip_a_byte(&served_dir.join(ditto_log::sealed::FLOOR_FILE), 10),
             Served::BatchDamaged => {
-                // A byte in the middle of the first segment: inside a batch.
+                // A byte near the end of the newest file: inside the last batch, which is
+                // in the gap sent (only the gap's payloads are read: a damaged batch below
+                // it is not sent, and not read).
                 let mut files: Vec<_> =
                     walk(&served_dir).into_iter().filter(|f| f.extension().is_some_and(|e| e == "seg")).collect();
                 files.sort();
-                let f = files.first().expect("a replica log file with batches in the kept sealed log");
+                let f = files.last().expect("a replica log file with batches in the kept sealed log");
                 let len = std::fs::metadata(f).unwrap().len();
-                flip_a_byte(f, len / 2);
+                flip_a_byte(f, len - 6);
             }
             _ => {}
         }
