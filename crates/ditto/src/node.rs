@@ -268,6 +268,8 @@ struct NodePlane {
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
+    /// The thread reading this node's log for a report (`report`), until it is done.
+    report_warm: Option<std::sync::mpsc::Receiver<()>>,
     /// A switchover this node, the primary, hands its role over in (see `Switching`).
     switching: Option<Switching>,
     /// What its server said of the last drain it was asked for (`ditto server drained at
@@ -301,6 +303,9 @@ const DRAIN_WITHIN: Duration = Duration::from_secs(5);
 const HEARD_WITHIN_MS: u64 = 50;
 /// How often a command the data plane wants is proposed again, until it is applied.
 const PROPOSE_EVERY: Duration = Duration::from_millis(200);
+/// How long the control thread waits for a report's read of the log (`report`) before it
+/// answers nothing and lets the coordinator ask again.
+const REPORT_READ_WAIT: Duration = Duration::from_millis(20);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// The most a probe waits after failed ones (`probe_wait`).
@@ -742,6 +747,37 @@ impl NodePlane {
         }
     }
 
+    /// What this node holds, read now (`report` reads it on a thread first).
+    fn holding_now(&self) -> Result<Holding, String> {
+        if !self.child_quiet() {
+            return Err("the server still runs (not fenced)".into());
+        }
+        if self.unclean {
+            return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
+        }
+        // An old primary (its own log, or the log it set aside while it rejoins) reports
+        // what its log holds, capped at its epoch's cut, and may not be chosen: a backup
+        // is, and fetches what it lacks from this log.
+        if let Some(dir) = self.primary_log_dir() {
+            let (h, epoch) = ditto_log::recovery::primary_log_holdings(&dir, None).map_err(|e| e.to_string())?;
+            let cap = self.state.recovery_point(epoch.0).map_or(u64::MAX, |t| t.0);
+            return Ok(Holding {
+                streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
+                newest: h.newest.0.min(cap),
+                eligible: false,
+            });
+        }
+        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
+        // What this node holds of an epoch that a failover since cut is held only up to the
+        // cut: the rest is discarded when its server starts (`--recover-upto`).
+        let cap = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map_or(u64::MAX, |t| t.0);
+        Ok(Holding {
+            streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
+            newest: h.newest.0.min(cap),
+            eligible: true,
+        })
+    }
+
     fn addrs(&self, id: NodeId) -> Option<MemberAddrs> {
         addrs_of(&self.state, &self.members, id)
     }
@@ -1010,27 +1046,34 @@ impl DataPlane for NodePlane {
         if self.unclean {
             return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
         }
-        // An old primary (its own log, or the log it set aside while it rejoins) reports
-        // what its log holds, capped at its epoch's cut, and may not be chosen: a backup
-        // is, and fetches what it lacks from this log.
-        if let Some(dir) = self.primary_log_dir() {
-            let (h, epoch) = ditto_log::recovery::primary_log_holdings(&dir, None).map_err(|e| e.to_string())?;
-            let cap = self.state.recovery_point(epoch.0).map_or(u64::MAX, |t| t.0);
-            return Ok(Holding {
-                streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
-                newest: h.newest.0.min(cap),
-                eligible: false,
-            });
+        // The log is read on a thread of its own (the control thread would stop ticking
+        // meanwhile: reading an old primary's 466 MB log held it 111-384 ms, and a leader's
+        // stall holds the whole failover); what it read is cached (`replica_holdings`,
+        // `primary_log_holdings`), so the read below, here, finds it unless a file changed
+        // since. Until it is done, no report: the coordinator asks again.
+        let warm = match self.report_warm.take() {
+            Some(w) => w,
+            None => {
+                let (primary_dir, data, workers) = (self.primary_log_dir(), self.data.clone(), self.workers);
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name("ditto-report".into())
+                    .spawn(move || {
+                        let _ = match primary_dir {
+                            Some(dir) => ditto_log::recovery::primary_log_holdings(&dir, None).map(|_| ()),
+                            None => ditto_log::replica::replica_holdings(&data, workers, None).map(|_| ()),
+                        };
+                        let _ = tx.send(());
+                    })
+                    .map_err(|e| format!("starting the thread that reads its log: {e}"))?;
+                rx
+            }
+        };
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = warm.recv_timeout(REPORT_READ_WAIT) {
+            self.report_warm = Some(warm);
+            return Err("its log is being read for the report (asked again shortly)".into());
         }
-        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
-        // What this node holds of an epoch that a failover since cut is held only up to the
-        // cut: the rest is discarded when its server starts (`--recover-upto`).
-        let cap = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map_or(u64::MAX, |t| t.0);
-        Ok(Holding {
-            streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
-            newest: h.newest.0.min(cap),
-            eligible: true,
-        })
+        self.holding_now()
     }
 
     fn prepare(&mut self, plan: &RecoveryPlan) {
@@ -1056,7 +1099,7 @@ impl DataPlane for NodePlane {
             return Err("the server still runs (not fenced)".into());
         }
         // Where this node holds the stream up to, as its report said.
-        let position = self.report()?.streams.get(stream).copied().unwrap_or(0);
+        let position = self.holding_now()?.streams.get(stream).copied().unwrap_or(0);
         let b = match self.primary_log_dir() {
             Some(dir) => ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after)),
             None => ditto_log::replica::replica_stream_batches(&self.data, stream, ditto_engine::Ts(after)),
@@ -1342,6 +1385,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         settled: None,
         in_place: cfg.promote_in_place,
         count_discarded: None,
+        report_warm: None,
         switching: None,
         drained: Default::default(),
         drained_in: None,
