@@ -641,6 +641,73 @@ pub fn primary_log_holdings(
     Ok(held)
 }
 
+/// How far the primary's own log in `data` (its newest epoch) holds every stream on disk,
+/// read batch header by batch header (each carries its own checksum) rather than whole:
+/// per stream, the highest bound among the batches up to the first header that does not
+/// check (a torn tail, or the zeros laid ahead of the next batch), or the `prev_ts` its
+/// newest segment's header vouches for; with the highest floor of the streams' last
+/// batches, and the checkpoint or sealed log under it. The payload of each stream's last
+/// batch is read and checked (its floor is covered by it): if one fails, `Err`, and the
+/// caller reads the whole log (`primary_log_holdings`). A switchover's drained primary,
+/// fenced, checks so that its log reaches the point before it is sealed: reading its
+/// whole log after a load (466 MB) took 245 ms on 2 cores. Payloads before the last are
+/// not read: damage there is found when the sealed log is replayed.
+pub fn primary_log_reach(data: &Path) -> Result<Ts, LogError> {
+    use std::os::unix::fs::FileExt;
+    let base = crate::sealed::base(data)?;
+    let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
+    let segments = list_segments(data)?.segments;
+    let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
+    let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
+    let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();
+    for s in live.iter().filter(|s| s.epoch == epoch) {
+        by_stream.entry(s.stream).or_default().push(s);
+    }
+    let (mut n, mut floor) = (by_stream.len(), Ts::ZERO);
+    let mut bounds: BTreeMap<u32, Ts> = BTreeMap::new();
+    for (stream, files) in &mut by_stream {
+        files.sort_by_key(|f| f.seq);
+        let Some(newest) = files.last() else { continue };
+        let path = &newest.path;
+        let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
+        let f = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
+        let size = f.metadata().map_err(|e| LogError::io(path, e))?.len();
+        let mut head = [0u8; crate::format::SEGMENT_HEADER_LEN];
+        f.read_exact_at(&mut head, 0).map_err(|e| LogError::io(path, e))?;
+        let h = crate::format::SegmentHeader::decode(&head).map_err(|e| corrupt(0, format!("segment header: {e}")))?;
+        if h.stream.0 != newest.stream || h.epoch != newest.epoch || h.seq != newest.seq {
+            return Err(corrupt(0, "segment header does not match its file name".into()));
+        }
+        n = n.max(h.streams as usize);
+        let mut bound = h.prev_ts;
+        let mut last: Option<(u64, crate::format::BatchHeader)> = None;
+        let mut off = crate::format::SEGMENT_HEADER_LEN as u64;
+        let mut buf = [0u8; crate::format::BATCH_HEADER_LEN];
+        while size - off >= crate::format::BATCH_HEADER_FIXED_LEN as u64 {
+            let want = buf.len().min((size - off) as usize);
+            f.read_exact_at(&mut buf[..want], off).map_err(|e| LogError::io(path, e))?;
+            let Ok(b) = crate::format::decode_batch_header(&buf[..want]) else { break };
+            if b.stream.0 != *stream || b.epoch != epoch || off + b.total_len() as u64 > size {
+                break;
+            }
+            bound = bound.max(b.bound_ts);
+            last = Some((off, b));
+            off += b.total_len() as u64;
+        }
+        if let Some((at, b)) = last {
+            let mut whole = vec![0u8; b.total_len()];
+            f.read_exact_at(&mut whole, at).map_err(|e| LogError::io(path, e))?;
+            let (checked, _) = crate::format::decode_batch_checksums(&Bytes::from(whole))
+                .map_err(|e| corrupt(at, format!("the stream's last batch: {e}")))?;
+            floor = floor.max(checked.header.floor_ts);
+        }
+        bounds.insert(*stream, bound);
+    }
+    // (No stream at all vouches for nothing, as `primary_log_holdings` reads it.)
+    let reach = (0..n as u32).map(|s| bounds.get(&s).copied().unwrap_or(Ts::ZERO).max(floor).max(ckpt_ts)).min();
+    Ok(reach.unwrap_or(Ts::ZERO))
+}
+
 /// What `primary_log_holdings` read last without counting, and the log's state then: the
 /// directory, what its log lies on, and its segments (`replica::file_states`).
 type PrimaryHeldKey = (PathBuf, Ts, Epoch, Vec<crate::replica::FileState>);

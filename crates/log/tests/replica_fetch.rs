@@ -243,9 +243,7 @@ fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
     let h2 = replica_holdings(dir.path(), 2, Some(mid)).unwrap();
     assert!(h2.cut > h1.cut && h2.txns_above > h1.txns_above, "{h1:?} {h2:?}");
     let fresh = tempfile::tempdir().unwrap();
-    for f in ["CATALOG"] {
-        std::fs::copy(dir.path().join(f), fresh.path().join(f)).unwrap();
-    }
+    std::fs::copy(dir.path().join("CATALOG"), fresh.path().join("CATALOG")).unwrap();
     let rdir = ditto_log::replica::replica_dir(fresh.path());
     std::fs::create_dir_all(&rdir).unwrap();
     for e in std::fs::read_dir(ditto_log::replica::replica_dir(dir.path())).unwrap() {
@@ -294,4 +292,63 @@ fn an_old_primarys_report_is_read_again_only_when_its_log_changed() {
     }
     std::fs::write(&seg, &before).unwrap();
     assert_eq!(read().unwrap(), h1, "repaired");
+}
+
+/// A drained primary's follow in place checks that its log reaches the point on disk from
+/// its batch headers (`primary_log_reach`), not by reading it whole: the same reach as the
+/// whole read (`primary_log_holdings`), one stream idle and vouched for by the other's
+/// floors; a torn tail after the last batch changes nothing; a last batch whose payload
+/// fails its checksum is an error (the caller then reads the log whole).
+#[test]
+fn a_primary_logs_reach_is_read_from_its_batch_headers() {
+    let primary = tempfile::tempdir().unwrap();
+    let (d, t) = primary_with_table(primary.path());
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..200u64 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes()).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    drop(w);
+    d.close();
+    drop(d);
+    let whole = || {
+        let (h, _) = ditto_log::recovery::primary_log_holdings(primary.path(), None).unwrap();
+        h.streams.iter().copied().min().unwrap()
+    };
+    let reach = ditto_log::recovery::primary_log_reach(primary.path()).unwrap();
+    assert!(reach >= last, "reaches the last commit: {reach:?} < {last:?}");
+    assert_eq!(reach, whole(), "as the whole read says");
+    // Stream 0's newest segment, the one with the batches (worker 0 wrote them all).
+    let mut segs: Vec<_> = std::fs::read_dir(primary.path().join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stream-0000-"))
+        .collect();
+    segs.sort();
+    let seg = segs.last().unwrap().clone();
+    let bytes = std::fs::read(&seg).unwrap();
+    // Where the batches end (the writer lays zeros ahead of the next one).
+    let scan = ditto_log::format::read_segment_checking(&Bytes::from(bytes.clone()), |_| true).unwrap();
+    assert!(!scan.batches.is_empty());
+    let end = scan.valid_len() as usize;
+    {
+        // A batch header begun and not finished: a torn write after the last batch.
+        let mut torn = bytes.clone();
+        let (_, first) = &scan.batches[0];
+        let header = &bytes[ditto_log::format::SEGMENT_HEADER_LEN..][..first.header.header_len()];
+        torn.resize(torn.len().max(end + header.len()), 0);
+        torn[end..end + 40].copy_from_slice(&header[..40]);
+        std::fs::write(&seg, &torn).unwrap();
+        assert_eq!(ditto_log::recovery::primary_log_reach(primary.path()).unwrap(), reach, "a torn tail after it");
+    }
+    {
+        let mut damaged = bytes.clone();
+        damaged[end - 3] ^= 0x10;
+        std::fs::write(&seg, &damaged).unwrap();
+        let e =
+            ditto_log::recovery::primary_log_reach(primary.path()).expect_err("the last batch's payload is checked");
+        assert!(e.to_string().contains("last batch"), "{e}");
+    }
+    std::fs::write(&seg, &bytes).unwrap();
+    assert_eq!(ditto_log::recovery::primary_log_reach(primary.path()).unwrap(), reach);
 }

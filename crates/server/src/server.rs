@@ -836,8 +836,14 @@ fn primary_follows_in_place(
     let dir = cfg.data_dir.clone().expect("validated");
     // What the log holds on disk, not what its watermark says: a log that wrote no batch
     // in its epoch vouches on disk only for where it began, which a sealed link must reach.
-    let (held, _) = ditto_log::recovery::primary_log_holdings(&dir, None)?;
-    let on_disk = held.streams.iter().copied().min().unwrap_or(Ts::ZERO);
+    // Read from its batch headers; if that does not show it, the whole log is read.
+    let on_disk = match ditto_log::recovery::primary_log_reach(&dir) {
+        Ok(t) if t >= Ts(upto) => t,
+        _ => {
+            let (held, _) = ditto_log::recovery::primary_log_holdings(&dir, None)?;
+            held.streams.iter().copied().min().unwrap_or(Ts::ZERO)
+        }
+    };
     if view != Ts(upto) || now != Ts(upto) || on_disk < Ts(upto) {
         return Err(failed(format!(
             "its engine reads at ts {} (clock at {}) and its log holds every stream on disk up to ts {}, not the point ts {upto}",
