@@ -269,7 +269,7 @@ struct NodePlane {
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
     /// The thread reading this node's log for a report (`report`), until it is done.
-    report_warm: Option<std::sync::mpsc::Receiver<()>>,
+    report_warm: Option<(Instant, std::sync::mpsc::Receiver<()>)>,
     /// A switchover this node, the primary, hands its role over in (see `Switching`).
     switching: Option<Switching>,
     /// What its server said of the last drain it was asked for (`ditto server drained at
@@ -306,6 +306,10 @@ const PROPOSE_EVERY: Duration = Duration::from_millis(200);
 /// How long the control thread waits for a report's read of the log (`report`) before it
 /// answers nothing and lets the coordinator ask again.
 const REPORT_READ_WAIT: Duration = Duration::from_millis(20);
+/// A report's read begun longer ago than this is not waited for: another is begun (what
+/// it warmed may have changed since, and the read here would then be done on the control
+/// thread).
+const REPORT_READ_FRESH: Duration = Duration::from_secs(2);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// The most a probe waits after failed ones (`probe_wait`).
@@ -461,6 +465,9 @@ impl NodePlane {
     }
 
     fn start_child(&mut self, role: Role) -> Result<(), String> {
+        // Its server writes the directory: reads cached for reports no longer hold.
+        ditto_log::replica::forget_holdings();
+        self.report_warm = None;
         let me = self.addrs(self.me).ok_or("this node's own addresses are unknown")?;
         let of_addrs = match &role {
             Role::Backup { of, .. } => Some(self.addrs(*of).ok_or(format!("node {of}'s addresses are unknown"))?),
@@ -1051,7 +1058,8 @@ impl DataPlane for NodePlane {
         // stall holds the whole failover); what it read is cached (`replica_holdings`,
         // `primary_log_holdings`), so the read below, here, finds it unless a file changed
         // since. Until it is done, no report: the coordinator asks again.
-        let warm = match self.report_warm.take() {
+        // A read begun long ago (an earlier round's) warmed what may have changed since.
+        let warm = match self.report_warm.take().filter(|(at, _)| at.elapsed() < REPORT_READ_FRESH) {
             Some(w) => w,
             None => {
                 let (primary_dir, data, workers) = (self.primary_log_dir(), self.data.clone(), self.workers);
@@ -1066,10 +1074,10 @@ impl DataPlane for NodePlane {
                         let _ = tx.send(());
                     })
                     .map_err(|e| format!("starting the thread that reads its log: {e}"))?;
-                rx
+                (Instant::now(), rx)
             }
         };
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = warm.recv_timeout(REPORT_READ_WAIT) {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = warm.1.recv_timeout(REPORT_READ_WAIT) {
             self.report_warm = Some(warm);
             return Err("its log is being read for the report (asked again shortly)".into());
         }
@@ -1148,6 +1156,7 @@ impl DataPlane for NodePlane {
             ),
         );
         if !batches.is_empty() {
+            ditto_log::replica::forget_holdings();
             if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
                 self.fetching.clear();
                 self.prepared = Some(Err(format!("adding fetched batches: {e}")));

@@ -714,6 +714,10 @@ type PrimaryHeldKey = (PathBuf, Ts, Epoch, Vec<crate::replica::FileState>);
 static LAST_PRIMARY_HELD: parking_lot::Mutex<Option<(PrimaryHeldKey, (crate::replica::ReplicaHoldings, Epoch))>> =
     parking_lot::Mutex::new(None);
 
+pub(crate) fn forget_primary_holdings() {
+    *LAST_PRIMARY_HELD.lock() = None;
+}
+
 /// How many of `batch`'s transactions lie above `above` and above the checkpoint at
 /// `ckpt_ts` (what a cut at `above` discards). The payload is decoded, and checked, only
 /// when the batch reaches above `above`.

@@ -525,8 +525,11 @@ pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result
     // the second reads nothing again if no file changed since (on 16 cores with 1.9M keys
     // the second read took 150 ms, its fsyncs 65 ms of it behind a cancelled
     // checkpoint's write-back).
-    let cached =
-        LAST_HELD.lock().as_ref().filter(|h| h.dir == dir && h.ckpt_ts == ckpt_ts && h.states == states).cloned();
+    let cached = LAST_HELD
+        .lock()
+        .as_ref()
+        .filter(|h| h.dir == dir && h.ckpt_ts == ckpt_ts && h.streams_asked == streams && h.states == states)
+        .cloned();
     let held = match cached {
         Some(h) => h,
         None => {
@@ -569,6 +572,15 @@ pub(crate) fn sync_data_and_dir<'a>(files: impl Iterator<Item = &'a Path>, dir: 
 /// What `replica_holdings` read last, and the state of the files it read then.
 static LAST_HELD: parking_lot::Mutex<Option<Held>> = parking_lot::Mutex::new(None);
 
+/// Forgets what `replica_holdings` and `recovery::primary_log_holdings` read last: a
+/// process that lets a writer into a directory (a node starting its server, or adding
+/// fetched batches) calls it, so that a write in the same clock tick as the last read's
+/// look at the files, which a coarse file time would not show, is never missed.
+pub fn forget_holdings() {
+    *LAST_HELD.lock() = None;
+    crate::recovery::forget_primary_holdings();
+}
+
 /// A log file as `replica_holdings` found it: its path, inode, length,
 /// and modification and change times. A backup only appends to, truncates, creates or
 /// removes these files, and each of those changes one of them; any write changes the
@@ -592,6 +604,8 @@ pub(crate) fn file_states<'a>(files: impl Iterator<Item = &'a Path>) -> Result<V
 struct Held {
     dir: PathBuf,
     ckpt_ts: Ts,
+    /// The stream count asked with (used when a checkpoint but no file is found).
+    streams_asked: usize,
     states: Vec<FileState>,
     files: Vec<(u64, PathBuf)>,
     streams: Vec<Ts>,
@@ -640,7 +654,17 @@ fn read_held(
     for k in &kept_headers {
         newest = newest.max(k.header.last_ts);
     }
-    Ok(Held { dir: dir.to_path_buf(), ckpt_ts, states, files, streams: held, newest, cut, entries: kept_headers })
+    Ok(Held {
+        dir: dir.to_path_buf(),
+        ckpt_ts,
+        streams_asked: streams,
+        states,
+        files,
+        streams: held,
+        newest,
+        cut,
+        entries: kept_headers,
+    })
 }
 
 /// An entry of an older file that a header scan kept (its payload not read).

@@ -226,6 +226,9 @@ fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
     let before = std::fs::read(&oldest).unwrap();
     let mtime = std::fs::metadata(&oldest).unwrap().modified().unwrap();
     let header_at = before.len().min(ditto_log::replica::REPLICA_HEADER_LEN + 2);
+    // Past the clock tick of the read's look at the files (before Linux 6.13 file times
+    // move once a tick, 1-10 ms; `forget_holdings` covers a write within it in a node).
+    std::thread::sleep(std::time::Duration::from_millis(30));
     let mut damaged = before.clone();
     damaged[header_at] ^= 0x40;
     std::fs::write(&oldest, &damaged).unwrap();
@@ -281,6 +284,7 @@ fn an_old_primarys_report_is_read_again_only_when_its_log_changed() {
     let seg = segments.first().expect("a segment with batches").clone();
     let before = std::fs::read(&seg).unwrap();
     let mtime = std::fs::metadata(&seg).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30)); // (as above)
     let mut damaged = before.clone();
     let at = before.len() / 2;
     damaged[at] ^= 0x40;
