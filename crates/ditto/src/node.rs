@@ -268,6 +268,9 @@ struct NodePlane {
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
+    /// The epoch this node was named primary of and gave up (its promotion in place failed
+    /// once the epoch's log had begun), and when it last proposed failing it over.
+    gives_up: Option<(u64, Option<Instant>)>,
     /// The thread reading this node's log for a report (`report`), until it is done.
     report_warm: Option<(Instant, std::sync::mpsc::Receiver<()>)>,
     /// A switchover this node, the primary, hands its role over in (see `Switching`).
@@ -411,18 +414,45 @@ impl NodePlane {
             if let Ok(Some(status)) = c.proc.try_wait() {
                 let was = c.role.clone();
                 let changing = c.changing;
+                let ready = c.ready.load(Ordering::Acquire);
                 self.child = None;
                 self.drained_in = None;
                 *self.gate.lock() = Gate::default();
                 self.serving = false;
                 say(self.me, format!("{was:?} exited ({status})"));
-                if changing {
+                let began = match &was {
+                    Role::Primary { epoch, .. } => {
+                        ditto_log::recovery::primary_log_epoch(&self.data).is_ok_and(|e| e.0 >= *epoch)
+                    }
+                    Role::Backup { .. } => false,
+                };
+                let primary = matches!(was, Role::Primary { .. });
+                if primary && (began || !changing) && !ready {
+                    // Named primary, it failed before it served: a promotion in place once
+                    // the epoch's log had begun (that epoch is not started again here: its
+                    // log holds it, and whether the server took a write before it failed is
+                    // not known), or a primary started from its directory. This node
+                    // proposes the failover to the next epoch itself (`gives_up_proposals`),
+                    // at once, rather than leave the coordinator to wait out a new
+                    // primary's start (20 s).
+                    let how = if changing { "promotion in place" } else { "start" };
+                    say(
+                        self.me,
+                        format!(
+                            "its {how} as the primary of epoch {} failed before it served: it gives the epoch up",
+                            was.epoch()
+                        ),
+                    );
+                    self.may_serve = None;
+                    self.gives_up = Some((was.epoch(), None));
+                    self.restart_after = Instant::now() + Duration::from_millis(500);
+                } else if changing {
                     // The change in place failed before the server served: the node starts
                     // the role's server from its directory instead (it checks the point).
                     say(self.me, "its change of role in place failed: it starts the server from its directory");
                     self.restart_after = Instant::now();
                 } else {
-                    if matches!(was, Role::Primary { .. }) {
+                    if primary {
                         self.may_serve = None; // never resumed: the coordinator fails it over
                     }
                     self.restart_after = Instant::now() + Duration::from_millis(500);
@@ -821,6 +851,22 @@ impl NodePlane {
         self.child.as_ref().is_none_or(|c| c.fenced.load(Ordering::Acquire))
     }
 
+    /// The failover away from the epoch this node, named its primary, gave up (see
+    /// `gives_up`), proposed every `PROPOSE_EVERY` until an epoch after it begins.
+    fn gives_up_proposals(&mut self) -> Vec<Command> {
+        let Some((epoch, at)) = self.gives_up else { return Vec::new() };
+        if self.state.epoch != epoch || self.state.open_epoch().is_none_or(|e| e.epoch != epoch) {
+            self.gives_up = None; // begun (or not this epoch's to give up any longer)
+            return Vec::new();
+        }
+        if at.is_some_and(|t| t.elapsed() < PROPOSE_EVERY) {
+            return Vec::new();
+        }
+        self.gives_up = Some((epoch, Some(Instant::now())));
+        let reason = format!("primary {} gives epoch {epoch} up: its server failed before it served", self.me);
+        vec![Command::BeginFailover { epoch: epoch + 1, reason }]
+    }
+
     fn count_discarded_proposals(&mut self) -> Vec<Command> {
         if let Some((Command::CountDiscarded { epoch, .. }, _)) = &self.count_discarded {
             let done = self.state.epochs.iter().any(|e| e.epoch == *epoch && e.discarded_by_primary.is_some());
@@ -1021,6 +1067,7 @@ impl DataPlane for NodePlane {
 
     fn proposals(&mut self) -> Vec<Command> {
         let mut out = self.switchover_proposals();
+        out.extend(self.gives_up_proposals());
         if self.switch_asked.swap(false, Ordering::AcqRel) {
             out.extend(self.asked_switchover());
         }
@@ -1395,6 +1442,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         in_place: cfg.promote_in_place,
         count_discarded: None,
         report_warm: None,
+        gives_up: None,
         switching: None,
         drained: Default::default(),
         drained_in: None,

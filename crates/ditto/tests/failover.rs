@@ -1201,6 +1201,36 @@ fn a_failed_change_of_role_in_place_falls_back_to_a_restart_and_loses_nothing() 
     );
 }
 
+/// A promotion in place that fails once its new log has begun (a failpoint fails every
+/// node's promoted server right after it opened its log, its epoch's first segments
+/// written): that node gives the epoch up and proposes the failover to the next one at
+/// once; the follower, still trying to join it, stops at once when told to; a node not
+/// promoted in place (started from its directory) serves. Before, the node started its
+/// server again in the same epoch, which its log refused ("already holds epoch N"), and
+/// the coordinator waited out the new primary's start (20 s) before it failed it over.
+/// Nothing acknowledged is lost.
+#[test]
+fn a_promotion_that_fails_after_its_log_began_gives_the_epoch_up_at_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let t = Instant::now();
+    let (c, first, new, acked) = failover_with_failpoint("promotion-fails-after-log");
+    let took = t.elapsed();
+    let logs: String =
+        c.ports.keys().filter(|&&id| id != first).map(|&id| std::fs::read_to_string(c.log(id)).unwrap()).collect();
+    assert!(logs.contains("refused by the failpoint promotion-fails-after-log"), "a promotion failed:\n{logs}");
+    assert!(!logs.contains("already holds epoch"), "no restart in the same epoch:\n{logs}");
+    assert!(logs.contains("failed before it served: it gives the epoch up"), "the node gave its epoch up:\n{logs}");
+    // The whole run (a cluster's start, writes, the kill, the failovers, writes again; 3-4 s
+    // here) well within the 20 s that one waited-out start took before, or the 15 s that
+    // stopping a follower still joining the failed primary took (`BackupOptions::stop`).
+    assert!(took < Duration::from_secs(12), "took {took:?}");
+    eprintln!(
+        "promotions failed after their logs began: node {new} (after node {first}) serves; {:.1} s in all, {} writes, none lost",
+        took.as_secs_f64(),
+        acked.len()
+    );
+}
+
 /// A fence in place that fails (a failpoint stops the backup's link, then reports the
 /// fence failed): the supervisor stops that server instead, the failover goes on by the
 /// restart path, and nothing acknowledged is lost.
@@ -1459,7 +1489,10 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
         (n > 200).then_some(())
     });
     // The primary refused writes while it drained: the writer saw a gap, bounded by the drain.
-    let gap = longest_gap_around(&w.acked(), asked, Duration::from_secs(10));
+    // (Looked for from the ask to the give-up: the request may be recorded seconds after
+    // it was asked, when the Raft leadership had moved to the stopped target's node, whose
+    // control thread waits on its server: seen once in CI, the drain 10.6 s after the ask.)
+    let gap = longest_gap_around(&w.acked(), asked, given_up + Duration::from_secs(1));
     if gap <= 100.0 {
         c.dump_logs();
     }

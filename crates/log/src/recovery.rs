@@ -751,6 +751,11 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<V
     let epoch = primary_log_epoch(data)?;
     let base = crate::sealed::base(data)?.ts;
     if base > after {
+        // Below the point of the sealed log this log lies on, from that sealed log.
+        if let Some(mut below) = crate::replica::sealed_stream_batches(data, stream, after, base)? {
+            below.extend(primary_stream_batches(data, stream, base)?);
+            return Ok(below);
+        }
         return Err(LogError::Corrupt {
             file: data.join("checkpoints"),
             offset: 0,

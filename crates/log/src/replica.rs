@@ -1093,8 +1093,13 @@ fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError>
 pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
     let ckpt_ts = crate::sealed::base(dir)?.ts;
     if ckpt_ts > after {
-        // The batches up to the checkpoint are gone with the files it covered (a sealed
-        // log's are cut, and given only by the checkpoint that replaces it).
+        // Below a sealed log's point (this node changed its role in place since), from that
+        // sealed log, if it reaches down to `after`, then the log above its point.
+        if let Some(mut below) = sealed_stream_batches(dir, stream, after, ckpt_ts)? {
+            below.extend(replica_stream_batches(dir, stream, ckpt_ts)?);
+            return Ok(below);
+        }
+        // The batches up to the checkpoint are gone with the files it covered.
         return Err(LogError::Corrupt {
             file: checkpoint::checkpoints_dir(dir),
             offset: 0,
@@ -1106,6 +1111,25 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
     }
     let scan = scan(dir, ckpt_ts)?;
     Ok(scan.entries.into_iter().filter(|(s, bound, _)| *s == stream && *bound > after).map(|(_, _, b)| b).collect())
+}
+
+/// The batches of `stream` above `after` in `data`'s sealed log at `point` (the newest link,
+/// or the one kept for serving), cut at the point (`sealed_batches_above`); `None` if there
+/// is none at `point` or it does not reach down to `after`. A failover's fetch from a node
+/// that changed its role in place since the fetcher's position: its seal took those
+/// batches out of the log a fetch reads (seen in CI, 2026-11-27: a plan that needed such a
+/// fetch could never be prepared, and the cluster failed over every 5 s).
+pub(crate) fn sealed_stream_batches(
+    data: &Path,
+    stream: usize,
+    after: Ts,
+    point: Ts,
+) -> Result<Option<Vec<Bytes>>, LogError> {
+    Ok(sealed_batches_above(data, after, point)?.map(|all| {
+        all.into_iter()
+            .filter(|b| crate::format::decode_batch_header(b).is_ok_and(|h| h.stream.0 as usize == stream))
+            .collect()
+    }))
 }
 
 /// What `data`'s replica log sealed at `point` holds above `after`, cut at the point: every

@@ -154,6 +154,9 @@ pub struct BackupOptions {
     /// checkpoint at once, which takes the sealed logs away (default). Off, they stay
     /// until the policy's next checkpoint (tests of a second change in place before it).
     pub checkpoint_sealed: bool,
+    /// Set to stop: a backup still trying to join its primary gives up at once
+    /// (`BackupError::Stopped`); it has acknowledged nothing.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl BackupOptions {
@@ -178,6 +181,7 @@ impl BackupOptions {
             hold_replay_at_release: false,
             engine: None,
             checkpoint_sealed: true,
+            stop: None,
         }
     }
 }
@@ -245,6 +249,8 @@ pub enum BackupError {
     Refused(String),
     #[error("protocol: {0}")]
     Protocol(String),
+    #[error("stopped before it joined its primary")]
+    Stopped,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
@@ -353,6 +359,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         });
         match attempt {
             Ok(c) => break c,
+            Err(_) if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) => {
+                return Err(BackupError::Stopped)
+            }
             Err(e) if Instant::now() < deadline && retryable(&e) => {
                 if said.elapsed() >= Duration::from_secs(1) {
                     tracing::warn!("joining the primary at {}: {e}; retrying", opts.primary);

@@ -313,11 +313,22 @@ fn run_role(
                 // primary in place, `RoleRequest::Follow`).
                 engine: recovered.map(|r| r.0),
                 checkpoint_sealed: true,
+                // A cluster node's stop ends a join that has not happened yet.
+                stop: cfg.write_gate.as_ref().map(|g| g.stop_flag()),
             };
-            let b = ditto_replication::backup::start(opts).map_err(|e| ServerError::Io {
-                what: format!("joining the primary at {primary}"),
-                source: std::io::Error::other(e.to_string()),
-            })?;
+            let b = match ditto_replication::backup::start(opts) {
+                Ok(b) => b,
+                Err(ditto_replication::BackupError::Stopped) => {
+                    tracing::info!("stopped before it joined its primary at {primary}: nothing acknowledged");
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(ServerError::Io {
+                        what: format!("joining the primary at {primary}"),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                }
+            };
             // From here it may acknowledge what it receives: a cluster node's supervisor
             // reads this line (a server stopped uncleanly after it may have lost acks).
             // Only there: other readers of a server's output expect its listening lines.
@@ -334,6 +345,8 @@ fn run_role(
                 ..Default::default()
             };
             let mut open = ditto_log::OpenOptions { workers: cfg.workers, log, progress: true, ..Default::default() };
+            // Promoted in place: the engine was kept (not recovered from the directory).
+            let in_place = recovered.is_some();
             if let Some(c) = &cfg.cluster {
                 open.recovered = match recovered {
                     Some(r) => Some(r),
@@ -342,7 +355,19 @@ fn run_role(
                 open.epoch = Some(ditto_log::Epoch(c.epoch));
                 open.ts_above = Ts(c.ts_above);
             }
-            (Some(ditto_log::open(&dir, open)?), None)
+            let d = ditto_log::open(&dir, open)?;
+            if in_place && cfg.cluster.is_some() && failpoint("promotion-fails-after-log") {
+                // As a promotion in place whose server fails once its new log has begun
+                // (its segments written): the node restarts it in the same epoch.
+                d.close();
+                return Err(ServerError::Io {
+                    what: "starting the promoted primary".into(),
+                    source: std::io::Error::other(
+                        "refused by the failpoint promotion-fails-after-log (DITTO_FAILPOINTS)",
+                    ),
+                });
+            }
+            (Some(d), None)
         }
     };
     let t_opened = t_role.elapsed();
@@ -702,7 +727,7 @@ fn run_role(
 
 /// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
 /// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
-/// `role-change-crash-after-seal`.
+/// `role-change-crash-after-seal`, `promotion-fails-after-log`.
 fn failpoint(name: &str) -> bool {
     std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name))
 }

@@ -1257,6 +1257,7 @@ pub struct WriteGate {
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
     stop: tokio::sync::Notify,
+    stop_asked: Arc<std::sync::atomic::AtomicBool>,
     /// The backups a primary's commit quorum is to count, with the membership
     /// configuration (the cluster's members changed), and what applies it.
     backups: Mutex<Backups>,
@@ -1323,9 +1324,18 @@ impl WriteGate {
         b.1 = Some(hook);
     }
 
-    /// Asks the server to stop as on SIGTERM; a request made before it serves waits for it.
+    /// Asks the server to stop as on SIGTERM; a request made before it serves waits for it,
+    /// except a backup's that has not joined its primary yet (`stop_flag`).
     pub fn request_stop(&self) {
+        self.stop_asked.store(true, std::sync::atomic::Ordering::Release);
         self.stop.notify_one();
+    }
+
+    /// Set once a stop was requested: a backup still joining its primary (it acknowledged
+    /// nothing yet) gives up at once (`ditto_replication::BackupOptions::stop`), rather than
+    /// after retrying for a minute a primary that may never come up.
+    pub fn stop_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.stop_asked)
     }
 
     /// Completes once a stop was requested.
