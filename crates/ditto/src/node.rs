@@ -313,6 +313,9 @@ const REPORT_READ_WAIT: Duration = Duration::from_millis(20);
 /// it warmed may have changed since, and the read here would then be done on the control
 /// thread).
 const REPORT_READ_FRESH: Duration = Duration::from_secs(2);
+/// A primary whose start from its directory failed before it served proposes the failover
+/// to the next epoch this much later, plus `PROPOSE_EVERY` (`gives_up`).
+const GIVE_UP_AFTER_FAILED_START: Duration = Duration::from_millis(800);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// The most a probe waits after failed ones (`probe_wait`).
@@ -412,9 +415,14 @@ impl NodePlane {
                 c.changing = false; // it serves in its new role
             }
             if let Ok(Some(status)) = c.proc.try_wait() {
+                // Every line it printed is read once its output ends (it has exited): a
+                // server that served and died at once is seen to have served.
+                if let Some(r) = c.reader.take() {
+                    let _ = r.join();
+                }
                 let was = c.role.clone();
-                let changing = c.changing;
                 let ready = c.ready.load(Ordering::Acquire);
+                let changing = c.changing && !ready;
                 self.child = None;
                 self.drained_in = None;
                 *self.gate.lock() = Gate::default();
@@ -444,7 +452,11 @@ impl NodePlane {
                         ),
                     );
                     self.may_serve = None;
-                    self.gives_up = Some((was.epoch(), None));
+                    // A start from the directory that failed (which may fail on every node
+                    // alike: a port taken, say) proposes it after a second, not at once, so
+                    // that such failures do not churn through epochs.
+                    let first = (!changing).then(|| Instant::now() + GIVE_UP_AFTER_FAILED_START);
+                    self.gives_up = Some((was.epoch(), first));
                     self.restart_after = Instant::now() + Duration::from_millis(500);
                 } else if changing {
                     // The change in place failed before the server served: the node starts

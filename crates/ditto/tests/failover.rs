@@ -1220,6 +1220,11 @@ fn a_promotion_that_fails_after_its_log_began_gives_the_epoch_up_at_once() {
     assert!(logs.contains("refused by the failpoint promotion-fails-after-log"), "a promotion failed:\n{logs}");
     assert!(!logs.contains("already holds epoch"), "no restart in the same epoch:\n{logs}");
     assert!(logs.contains("failed before it served: it gives the epoch up"), "the node gave its epoch up:\n{logs}");
+    // The failover after it was the data plane's proposal, not the coordinator's timeout.
+    assert!(
+        logs.contains("gives epoch 2 up: its server failed before it served"),
+        "the node proposed the failover:\n{logs}"
+    );
     // The whole run (a cluster's start, writes, the kill, the failovers, writes again; 3-4 s
     // here) well within the 20 s that one waited-out start took before, or the 15 s that
     // stopping a follower still joining the failed primary took (`BackupOptions::stop`).

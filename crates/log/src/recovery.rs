@@ -657,6 +657,8 @@ pub fn primary_log_reach(data: &Path) -> Result<Ts, LogError> {
     let base = crate::sealed::base(data)?;
     let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
     let segments = list_segments(data)?.segments;
+    // What a stopped writer left unsynced is made durable first, as the whole read does.
+    crate::replica::sync_data_and_dir(segments.iter().map(|s| s.path.as_path()), &data.join("log"))?;
     let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
     let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
     let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();
@@ -679,6 +681,12 @@ pub fn primary_log_reach(data: &Path) -> Result<Ts, LogError> {
             return Err(corrupt(0, "segment header does not match its file name".into()));
         }
         n = n.max(h.streams as usize);
+        // The earlier segments vouch for `prev_ts` only if they are there (the whole read's
+        // check, `check_stream`): the one before the newest, at least.
+        let predecessor = files.len() >= 2 && files[files.len() - 2].seq + 1 == newest.seq;
+        if h.prev_ts > ckpt_ts && !predecessor {
+            return Err(corrupt(0, format!("the segment before it is missing (it vouches for ts {})", h.prev_ts.0)));
+        }
         let mut bound = h.prev_ts;
         let mut last: Option<(u64, crate::format::BatchHeader)> = None;
         let mut off = crate::format::SEGMENT_HEADER_LEN as u64;

@@ -356,3 +356,40 @@ fn a_primary_logs_reach_is_read_from_its_batch_headers() {
     std::fs::write(&seg, &bytes).unwrap();
     assert_eq!(ditto_log::recovery::primary_log_reach(primary.path()).unwrap(), reach);
 }
+
+/// `primary_log_reach` over a stream of several segments: the same reach as the whole
+/// read; with the segment before a stream's newest missing, the newest's header vouches
+/// for nothing (the whole read refuses such a log too), so the walk is an error and the
+/// caller falls back to the whole read.
+#[test]
+fn a_primary_logs_reach_needs_the_segment_before_the_newest() {
+    let primary = tempfile::tempdir().unwrap();
+    let o = OpenOptions {
+        workers: 2,
+        log: LogOptions { durability: Durability::EveryBatch, segment_bytes_max: 4096, ..LogOptions::default() },
+        ..Default::default()
+    };
+    let d = open(primary.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    for i in 0..300u64 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &[7u8; 64]).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    drop(w);
+    d.close();
+    drop(d);
+    let whole = || ditto_log::recovery::primary_log_holdings(primary.path(), None).map(|(h, _)| h.streams);
+    let reach = ditto_log::recovery::primary_log_reach(primary.path()).unwrap();
+    assert_eq!(Some(reach), whole().unwrap().into_iter().min(), "as the whole read says");
+    let mut segs: Vec<_> = std::fs::read_dir(primary.path().join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stream-0000-"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "several segments: {segs:?}");
+    std::fs::remove_file(&segs[segs.len() - 2]).unwrap();
+    let e = ditto_log::recovery::primary_log_reach(primary.path()).expect_err("the newest cannot vouch alone");
+    assert!(e.to_string().contains("missing"), "{e}");
+    assert!(whole().is_err(), "the whole read refuses it too");
+}

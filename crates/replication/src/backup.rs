@@ -291,7 +291,22 @@ fn retryable(e: &std::io::Error) -> bool {
 pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 
 fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
-    let s = TcpStream::connect(addr)?;
+    // Bounded, so that a stop asked meanwhile (`BackupOptions::stop`) is seen: a host that
+    // drops packets would otherwise hold a connect for minutes.
+    let mut last = None;
+    let mut connected = None;
+    for a in std::net::ToSocketAddrs::to_socket_addrs(addr)? {
+        match TcpStream::connect_timeout(&a, SILENCE_MAX) {
+            Ok(s) => {
+                connected = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let s = connected.ok_or_else(|| {
+        last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr}: no address")))
+    })?;
     s.set_nodelay(true)?;
     (&s).write_all(&hello.encode())?;
     let r = BufReader::with_capacity(4 << 20, s.try_clone()?);
