@@ -603,12 +603,7 @@ pub fn primary_log_holdings(
         }
     }
     crate::replica::sync_data_and_dir(segments.iter().map(|s| s.path.as_path()), &data.join("log"))?;
-    let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
-    let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
-    let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();
-    for s in live.iter().filter(|s| s.epoch == epoch) {
-        by_stream.entry(s.stream).or_default().push(s);
-    }
+    let (epoch, by_stream) = newest_epoch_by_stream(&segments, epoch_min);
     let mut logs = Vec::new();
     for files in by_stream.values() {
         let scans = files.iter().map(|f| read_one(f, ckpt_ts)).collect();
@@ -641,6 +636,18 @@ pub fn primary_log_holdings(
     Ok(held)
 }
 
+/// The segments of the newest epoch at or above `epoch_min` (the one a checkpoint's log
+/// lies on), by stream, each stream's in name order; and that epoch.
+fn newest_epoch_by_stream(segments: &[SegmentFile], epoch_min: Epoch) -> (Epoch, BTreeMap<u32, Vec<&SegmentFile>>) {
+    let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
+    let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
+    let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();
+    for s in live.into_iter().filter(|s| s.epoch == epoch) {
+        by_stream.entry(s.stream).or_default().push(s);
+    }
+    (epoch, by_stream)
+}
+
 /// How far the primary's own log in `data` (its newest epoch) holds every stream on disk,
 /// read batch header by batch header (each carries its own checksum) rather than whole:
 /// per stream, the highest bound among the batches up to the first header that does not
@@ -659,12 +666,7 @@ pub fn primary_log_reach(data: &Path) -> Result<Ts, LogError> {
     let segments = list_segments(data)?.segments;
     // What a stopped writer left unsynced is made durable first, as the whole read does.
     crate::replica::sync_data_and_dir(segments.iter().map(|s| s.path.as_path()), &data.join("log"))?;
-    let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
-    let epoch = live.iter().map(|s| s.epoch).max().unwrap_or(epoch_min);
-    let mut by_stream: BTreeMap<u32, Vec<&SegmentFile>> = BTreeMap::new();
-    for s in live.iter().filter(|s| s.epoch == epoch) {
-        by_stream.entry(s.stream).or_default().push(s);
-    }
+    let (epoch, mut by_stream) = newest_epoch_by_stream(&segments, epoch_min);
     let (mut n, mut floor) = (by_stream.len(), Ts::ZERO);
     let mut bounds: BTreeMap<u32, Ts> = BTreeMap::new();
     for (stream, files) in &mut by_stream {

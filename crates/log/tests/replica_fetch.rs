@@ -24,10 +24,10 @@ fn primary_with_table(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engin
     (d, t)
 }
 
-#[test]
-fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_the_peer_holds() {
-    let primary = tempfile::tempdir().unwrap();
-    let (d, t) = primary_with_table(primary.path());
+/// `primary_with_table`, its two workers having put keys 0..200 and 1000..1200 (the key,
+/// as the value), closed; and every batch its log holds.
+fn primary_with_400_commits(dir: &std::path::Path) -> (ditto_log::Durable, Vec<Bytes>) {
+    let (d, t) = primary_with_table(dir);
     for (worker, base) in [(0u32, 0u64), (1, 1000)] {
         let mut w = d.db().worker(WorkerId(worker)).unwrap();
         for i in base..base + 200 {
@@ -36,7 +36,14 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     }
     let epoch = d.logger().epoch();
     d.close();
-    let batches = ditto_log::replica::batches_after(primary.path(), epoch, Ts::ZERO).unwrap().unwrap();
+    let batches = ditto_log::replica::batches_after(dir, epoch, Ts::ZERO).unwrap().unwrap();
+    (d, batches)
+}
+
+#[test]
+fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_the_peer_holds() {
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
     let stream = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
     let s0: Vec<&Bytes> = batches.iter().filter(|b| stream(b).stream.0 == 0).collect();
     assert!(s0.len() > 10, "stream 0 has batches to cut: {}", s0.len());
@@ -193,16 +200,7 @@ fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
 #[test]
 fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
     let primary = tempfile::tempdir().unwrap();
-    let (d, t) = primary_with_table(primary.path());
-    for (worker, base) in [(0u32, 0u64), (1, 1000)] {
-        let mut w = d.db().worker(WorkerId(worker)).unwrap();
-        for i in base..base + 200 {
-            w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes()).map(|_| ())).unwrap().1.wait().unwrap();
-        }
-    }
-    let epoch = d.logger().epoch();
-    d.close();
-    let batches = ditto_log::replica::batches_after(primary.path(), epoch, Ts::ZERO).unwrap().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
     let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
     let dir = tempfile::tempdir().unwrap();
@@ -323,12 +321,7 @@ fn a_primary_logs_reach_is_read_from_its_batch_headers() {
     assert!(reach >= last, "reaches the last commit: {reach:?} < {last:?}");
     assert_eq!(reach, whole(), "as the whole read says");
     // Stream 0's newest segment, the one with the batches (worker 0 wrote them all).
-    let mut segs: Vec<_> = std::fs::read_dir(primary.path().join("log"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stream-0000-"))
-        .collect();
-    segs.sort();
+    let segs = stream_0_segments(primary.path());
     let seg = segs.last().unwrap().clone();
     let bytes = std::fs::read(&seg).unwrap();
     // Where the batches end (the writer lays zeros ahead of the next one).
@@ -357,6 +350,17 @@ fn a_primary_logs_reach_is_read_from_its_batch_headers() {
     assert_eq!(ditto_log::recovery::primary_log_reach(primary.path()).unwrap(), reach);
 }
 
+/// The segment files of stream 0 in the primary's directory `data`, in order.
+fn stream_0_segments(data: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut segs: Vec<_> = std::fs::read_dir(data.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stream-0000-"))
+        .collect();
+    segs.sort();
+    segs
+}
+
 /// `primary_log_reach` over a stream of several segments: the same reach as the whole
 /// read; with the segment before a stream's newest missing, the newest's header vouches
 /// for nothing (the whole read refuses such a log too), so the walk is an error and the
@@ -381,12 +385,7 @@ fn a_primary_logs_reach_needs_the_segment_before_the_newest() {
     let whole = || ditto_log::recovery::primary_log_holdings(primary.path(), None).map(|(h, _)| h.streams);
     let reach = ditto_log::recovery::primary_log_reach(primary.path()).unwrap();
     assert_eq!(Some(reach), whole().unwrap().into_iter().min(), "as the whole read says");
-    let mut segs: Vec<_> = std::fs::read_dir(primary.path().join("log"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stream-0000-"))
-        .collect();
-    segs.sort();
+    let segs = stream_0_segments(primary.path());
     assert!(segs.len() >= 3, "several segments: {segs:?}");
     std::fs::remove_file(&segs[segs.len() - 2]).unwrap();
     let e = ditto_log::recovery::primary_log_reach(primary.path()).expect_err("the newest cannot vouch alone");
