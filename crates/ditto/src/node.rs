@@ -796,14 +796,21 @@ impl NodePlane {
         }
     }
 
-    /// What this node holds, read now (`report` reads it on a thread first).
-    fn holding_now(&self) -> Result<Holding, String> {
+    /// Whether what this node's directory holds may be reported (or served to a fetch):
+    /// no server writes it, and the last one stopped cleanly.
+    fn reportable(&self) -> Result<(), String> {
         if !self.child_quiet() {
             return Err("the server still runs (not fenced)".into());
         }
         if self.unclean {
             return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
         }
+        Ok(())
+    }
+
+    /// What this node holds, read now (`report` reads it on a thread first), once
+    /// `reportable`.
+    fn holding_now(&self) -> Result<Holding, String> {
         // An old primary (its own log, or the log it set aside while it rejoins) reports
         // what its log holds, capped at its epoch's cut, and may not be chosen: a backup
         // is, and fetches what it lacks from this log.
@@ -1106,12 +1113,7 @@ impl DataPlane for NodePlane {
     }
 
     fn report(&mut self) -> Result<Holding, String> {
-        if !self.child_quiet() {
-            return Err("the server still runs (not fenced)".into());
-        }
-        if self.unclean {
-            return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
-        }
+        self.reportable()?;
         // The log is read on a thread of its own (the control thread would stop ticking
         // meanwhile: reading an old primary's 466 MB log held it 111-384 ms, and a leader's
         // stall holds the whole failover); what it read is cached (`replica_holdings`,
@@ -1162,9 +1164,7 @@ impl DataPlane for NodePlane {
     }
 
     fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
-        if !self.child_quiet() {
-            return Err("the server still runs (not fenced)".into());
-        }
+        self.reportable()?;
         // Where this node holds the stream up to, as its report said.
         let position = self.holding_now()?.streams.get(stream).copied().unwrap_or(0);
         let b = match self.primary_log_dir() {

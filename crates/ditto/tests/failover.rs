@@ -1436,6 +1436,22 @@ fn under_local_a_switchover_loses_nothing_and_redis_cli_can_ask_for_one() {
     );
 }
 
+/// A switchover to node `to`, asked through node `via`'s control plane (`what` names it
+/// in a failure), and then 100 writes acknowledged by `to`.
+fn switchover_and_wait(c: &Cluster, w: &Writer, to: u64, via: u64, what: &str) {
+    let asked = Instant::now();
+    let (ok, out) =
+        cluster_cli(&["switchover", "--to", &to.to_string(), "--via", &c.control_addr(via), "--wait-s", "20"]);
+    if !ok {
+        c.dump_logs();
+    }
+    assert!(ok, "{what}: {out}");
+    c.wait_or_dump(&format!("writes on node {to} after {what}"), Duration::from_secs(20), || {
+        let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&to]).count();
+        (n > 100).then_some(())
+    });
+}
+
 /// SIGSTOP or SIGCONT to a process (a node's server, which then neither answers nor dies).
 fn signal(pid: i32, sig: i32) {
     // SAFETY: kill(2) on a pid the test read from that server's INFO; no memory passed.
@@ -1647,17 +1663,7 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     fc = Reader::start(c.ports[&follower]);
     drop(fconn);
     let oc = Reader::start(c.ports[&new]);
-    let asked = Instant::now();
-    let (ok, out) =
-        cluster_cli(&["switchover", "--to", &follower.to_string(), "--via", &c.control_addr(new), "--wait-s", "20"]);
-    if !ok {
-        c.dump_logs();
-    }
-    assert!(ok, "the switchover: {out}");
-    c.wait_or_dump("writes on the switchover's target", Duration::from_secs(20), || {
-        let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&follower]).count();
-        (n > 100).then_some(())
-    });
+    switchover_and_wait(&c, &w, follower, new, "the switchover");
     let (mut sconn, scounts, serr) = fc.stop();
     assert_eq!(serr, None, "node {follower}'s connection through the switchover");
     assert!(scounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {follower}'s reads never go back");
@@ -1677,17 +1683,7 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     // Switched back: the old primary, a backup by following in place with the engine it
     // had as primary, is promoted in place again (its engine takes a new log), and the
     // connection it kept takes writes once more.
-    let asked = Instant::now();
-    let (ok, out) =
-        cluster_cli(&["switchover", "--to", &new.to_string(), "--via", &c.control_addr(follower), "--wait-s", "20"]);
-    if !ok {
-        c.dump_logs();
-    }
-    assert!(ok, "the switchover back: {out}");
-    c.wait_or_dump("writes on the old primary again", Duration::from_secs(20), || {
-        let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&new]).count();
-        (n > 100).then_some(())
-    });
+    switchover_and_wait(&c, &w, new, follower, "the switchover back");
     assert_eq!(oconn.one(&["SET", "on-the-kept-connection-3", "1"]), "+OK");
     let log = std::fs::read_to_string(c.log(new)).unwrap();
     let after =

@@ -666,11 +666,11 @@ pub fn primary_log_reach(data: &Path) -> Result<Ts, LogError> {
     let segments = list_segments(data)?.segments;
     // What a stopped writer left unsynced is made durable first, as the whole read does.
     crate::replica::sync_data_and_dir(segments.iter().map(|s| s.path.as_path()), &data.join("log"))?;
-    let (epoch, mut by_stream) = newest_epoch_by_stream(&segments, epoch_min);
+    // (Each stream's segments in sequence order: `list_segments` sorts them.)
+    let (epoch, by_stream) = newest_epoch_by_stream(&segments, epoch_min);
     let (mut n, mut floor) = (by_stream.len(), Ts::ZERO);
     let mut bounds: BTreeMap<u32, Ts> = BTreeMap::new();
-    for (stream, files) in &mut by_stream {
-        files.sort_by_key(|f| f.seq);
+    for (stream, files) in &by_stream {
         let Some(newest) = files.last() else { continue };
         let path = &newest.path;
         let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };

@@ -692,8 +692,7 @@ struct HeaderScan {
 
 impl HeaderScan {
     fn cut(&self) -> Ts {
-        let c = self.ckpt_ts;
-        self.bounds.iter().map(|b| (*b).max(c)).min().unwrap_or(c).max(self.floor).max(c)
+        cut_of(&self.bounds, self.floor, self.ckpt_ts)
     }
 }
 
@@ -721,19 +720,31 @@ fn take_file_header(
     Ok(())
 }
 
+/// Where a log lies on `ckpt_ts` with per-stream `bounds` and the highest trusted `floor`,
+/// recovery cuts: every stream is held up to it.
+fn cut_of(bounds: &[Ts], floor: Ts, ckpt_ts: Ts) -> Ts {
+    bounds.iter().map(|b| (*b).max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor).max(ckpt_ts)
+}
+
 /// One entry read whole and checked (a kept header's).
 fn read_entry<'f>(files: &'f [(u64, PathBuf)], k: &KeptHeader) -> Result<(&'f Path, Batch), LogError> {
+    read_entry_framed(files, k).map(|(path, _, batch)| (path, batch))
+}
+
+/// `read_entry`, with the batch as framed too.
+fn read_entry_framed<'f>(files: &'f [(u64, PathBuf)], k: &KeptHeader) -> Result<(&'f Path, Bytes, Batch), LogError> {
     use std::os::unix::fs::FileExt;
     let path = files[k.file].1.as_path();
     let f = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
     let mut buf = vec![0u8; k.len];
     f.read_exact_at(&mut buf, k.offset + ENTRY_HEADER_LEN as u64).map_err(|e| LogError::io(path, e))?;
-    let (batch, _) = decode_batch_checksums(&Bytes::from(buf)).map_err(|e| LogError::Corrupt {
+    let raw = Bytes::from(buf);
+    let (batch, _) = decode_batch_checksums(&raw).map_err(|e| LogError::Corrupt {
         file: path.to_path_buf(),
         offset: k.offset,
         what: e.to_string(),
     })?;
-    Ok((path, batch))
+    Ok((path, raw, batch))
 }
 
 /// The replica log files read for a report (`replica_holdings`), entry header by entry
@@ -862,7 +873,6 @@ fn scan_file_headers(
 /// sealed log for the few batches a backup lacked held that backup's join 160 ms, and with
 /// it the first write under `majority` when it was the only backup left.
 fn sealed_entries_above(rdir: &Path, ckpt_ts: Ts, point: Ts, after: Ts) -> Result<Vec<(Ts, Bytes, Batch)>, LogError> {
-    use std::os::unix::fs::FileExt;
     let files = list_files(rdir)?;
     let (mut streams, mut bounds, mut floor_at) = (None, Vec::new(), None);
     let mut above = Vec::new();
@@ -879,7 +889,7 @@ fn sealed_entries_above(rdir: &Path, ckpt_ts: Ts, point: Ts, after: Ts) -> Resul
         read_entry(&files, &k)?;
         floor = f;
     }
-    let cut = bounds.iter().map(|b| (*b).max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor).max(ckpt_ts);
+    let cut = cut_of(&bounds, floor, ckpt_ts);
     if cut < point {
         return Err(LogError::Corrupt {
             file: rdir.to_path_buf(),
@@ -890,21 +900,16 @@ fn sealed_entries_above(rdir: &Path, ckpt_ts: Ts, point: Ts, after: Ts) -> Resul
             ),
         });
     }
-    let mut out = Vec::with_capacity(above.len());
-    for k in &above {
-        let path = files[k.file].1.as_path();
-        let f = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
-        let mut buf = vec![0u8; k.len];
-        f.read_exact_at(&mut buf, k.offset + ENTRY_HEADER_LEN as u64).map_err(|e| LogError::io(path, e))?;
-        let raw = Bytes::from(buf);
-        let (batch, _) = decode_batch_checksums(&raw).map_err(|e| LogError::Corrupt {
-            file: path.to_path_buf(),
-            offset: k.offset,
-            what: format!("a sealed log is damaged: {e}"),
-        })?;
-        out.push((k.header.bound_ts, raw, batch));
-    }
-    Ok(out)
+    above
+        .iter()
+        .map(|k| match read_entry_framed(&files, k) {
+            Ok((_, raw, batch)) => Ok((k.header.bound_ts, raw, batch)),
+            Err(LogError::Corrupt { file, offset, what }) => {
+                Err(LogError::Corrupt { file, offset, what: format!("a sealed log is damaged: {what}") })
+            }
+            Err(e) => Err(e),
+        })
+        .collect()
 }
 
 /// The replica log files of a directory, checked entry by entry.
@@ -928,8 +933,7 @@ pub(crate) struct Scan {
 
 impl Scan {
     pub(crate) fn cut(&self) -> Ts {
-        let c = self.ckpt_ts;
-        self.bounds.iter().map(|b| (*b).max(c)).min().unwrap_or(c).max(self.floor).max(c)
+        cut_of(&self.bounds, self.floor, self.ckpt_ts)
     }
 }
 

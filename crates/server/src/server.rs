@@ -358,7 +358,7 @@ fn run_role(
             let d = ditto_log::open(&dir, open)?;
             if in_place && cfg.cluster.is_some() && failpoint("promotion-fails-after-log") {
                 // As a promotion in place whose server fails once its new log has begun
-                // (its segments written): the node restarts it in the same epoch.
+                // (its segments written): its node gives the epoch up.
                 d.close();
                 return Err(ServerError::Io {
                     what: "starting the promoted primary".into(),
