@@ -617,6 +617,15 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     assert_eq!(epoch, Epoch(epoch1.0 + 1));
     assert!(h.streams.iter().all(|t| *t >= p) && h.newest >= newest, "{h:?}");
     assert_eq!(h.txns_above, 1, "the one commit of the new epoch");
+    // A fetch from it below the seal's point: the sealed log's batches above, cut at the
+    // point, then its own log's (the new epoch's commit).
+    let fetched = ditto_log::recovery::primary_stream_batches(&b1, 0, ts[10]).unwrap();
+    let headers: Vec<_> =
+        fetched.iter().map(|b| ditto_log::format::decode_batch_checksums(b).unwrap().0.header).collect();
+    assert!(headers.iter().all(|h| h.stream.0 == 0 && h.bound_ts > ts[10]), "{headers:?}");
+    assert!(headers.iter().any(|h| h.txn_count > 0 && h.last_ts <= p), "the sealed log's part: {headers:?}");
+    assert!(headers.iter().any(|h| h.last_ts == newest), "its own log's part: {headers:?}");
+    assert!(headers.iter().all(|h| h.last_ts <= p || h.first_ts > p), "nothing of epoch 1 above the point");
     // Rejoining as a backup, as an old primary (copies of the directory): its own log, cut
     // at the next failover's point, becomes the chain's second link, behind the first
     // (its replica log, sealed at P); nothing is written but the seal.
