@@ -78,8 +78,17 @@ pub enum AdminRequest {
 /// The answer to an [`AdminRequest`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AdminReply {
-    /// Applied: the membership is now this.
-    Done { config: u64, members: Vec<Member> },
+    /// Applied: the membership is now this, in this epoch, whose primary is this (the
+    /// state right after the request applied: a switchover's client learns from it which
+    /// epoch and primary it changes, even if the switchover is over before it looks).
+    Done {
+        config: u64,
+        members: Vec<Member>,
+        #[serde(default)]
+        epoch: u64,
+        #[serde(default)]
+        primary: Option<NodeId>,
+    },
     /// This node does not lead: ask the leader (its control address, if known).
     NotLeader { leader: Option<NodeId>, addr: Option<String> },
     /// Not now (a change under way, one the primary has not settled, a failover): the
@@ -706,9 +715,12 @@ impl Run {
         self.admin.retain(|(index, cmd, reply, deadline)| {
             let answer = match applied {
                 Some((i, c, outcome)) if i == *index => Some(match (c == cmd, outcome) {
-                    (true, Ok(())) => {
-                        AdminReply::Done { config: state.config, members: state.members.values().cloned().collect() }
-                    }
+                    (true, Ok(())) => AdminReply::Done {
+                        config: state.config,
+                        members: state.members.values().cloned().collect(),
+                        epoch: state.epoch,
+                        primary: state.primary(),
+                    },
                     (true, Err(why)) => AdminReply::Refused(why.clone()),
                     (false, _) => AdminReply::Busy("the proposal was lost to a change of leader; ask again".into()),
                 }),

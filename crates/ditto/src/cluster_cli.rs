@@ -75,13 +75,16 @@ pub struct RemoveArgs {
     wait_s: u64,
 }
 
+/// What the control state was right after a request applied.
+struct Applied {
+    members: Vec<ditto_cluster::Member>,
+    epoch: u64,
+    primary: Option<u64>,
+}
+
 /// Sends a membership change to the leader (found through `via`), asking again while it is
 /// busy, until `wait`.
-fn change(
-    via: &str,
-    req: ditto_cluster::AdminRequest,
-    wait: std::time::Duration,
-) -> Result<Vec<ditto_cluster::Member>, Error> {
+fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration) -> Result<Applied, Error> {
     use ditto_cluster::AdminReply;
     use std::net::ToSocketAddrs;
     let deadline = std::time::Instant::now() + wait;
@@ -91,14 +94,14 @@ fn change(
         let addr = at.to_socket_addrs()?.next().ok_or_else(|| format!("{at} resolves to nothing"))?;
         let reply = ditto_cluster::admin_request(addr, &req).map_err(|e| format!("asking {at}: {e}"));
         let retry = match reply {
-            Ok(AdminReply::Done { config, members }) => {
+            Ok(AdminReply::Done { config, members, epoch, primary }) => {
                 if !matches!(req, ditto_cluster::AdminRequest::Switchover { .. }) {
                     println!("done: configuration {config}, members:");
                     for m in &members {
                         println!("  {} client {} replication {} control {}", m.id, m.addr, m.repl, m.control);
                     }
                 }
-                return Ok(members);
+                return Ok(Applied { members, epoch, primary });
             }
             Ok(AdminReply::Refused(why)) => return Err(format!("refused: {why}").into()),
             Ok(AdminReply::NotLeader { addr: Some(a), leader }) => {
@@ -134,16 +137,41 @@ const INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// as this client saw it) and what the failover discarded.
 fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
     let wait = std::time::Duration::from_secs(a.wait_s);
-    let members = change(&a.via, ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
+    let applied = change(&a.via, ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
     let t = std::time::Instant::now();
     let seen = |f: &BTreeMap<String, String>, k: &str| f.get(k).cloned().unwrap_or_default();
-    let before = members.iter().find_map(|m| info(&m.addr).ok());
-    let epoch0: u64 = before.as_ref().and_then(|f| seen(f, "cluster_epoch").parse().ok()).unwrap_or(0);
-    let from = before.as_ref().map(|f| seen(f, "cluster_primary")).unwrap_or_default();
+    // The epoch and primary the switchover was recorded in, as the leader answered: a
+    // member's INFO read now may already show the next epoch (a member that does not
+    // answer is waited for 2 s, and a switchover may be over in 30 ms).
+    let (epoch0, from) = (applied.epoch, applied.primary.map(|p| p.to_string()).unwrap_or_default());
+    let members = applied.members;
     println!("switchover recorded in epoch {epoch0}: node {from} stops taking writes and hands over");
+    // Each member is asked by a thread of its own, over and over: one that does not answer
+    // (its server stopped) is waited for `INFO_TIMEOUT` there and holds nobody else's
+    // answer. An answer comes with when it was asked (since `t`).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for m in &members {
+        let (tx, done, addr) = (tx.clone(), std::sync::Arc::clone(&done), m.addr.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let asked = t.elapsed();
+                let answer = info(&addr);
+                if answer.as_ref().is_ok_and(|f| tx.send((asked, f.clone())).is_err()) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+    }
+    drop(tx);
+    let _stop = StopOnDrop(done);
     loop {
-        for m in &members {
-            let Ok(f) = info(&m.addr) else { continue };
+        let answers: Vec<_> = match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok(first) => std::iter::once(first).chain(rx.try_iter()).collect(),
+            Err(_) => Vec::new(),
+        };
+        for (asked, f) in answers {
             let epoch: u64 = seen(&f, "cluster_epoch").parse().unwrap_or(0);
             if epoch > epoch0 && seen(&f, "cluster_phase") == "serving" {
                 let primary = seen(&f, "cluster_primary");
@@ -166,7 +194,9 @@ fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
             }
             let given_up =
                 epoch == epoch0 && seen(&f, "cluster_phase") == "serving" && seen(&f, "cluster_switchover") == "none";
-            if given_up && t.elapsed() > std::time::Duration::from_millis(500) {
+            // (Only from answers asked for 500 ms after the request: a member's INFO
+            // learns of the switchover a few ms after it is recorded.)
+            if given_up && asked > std::time::Duration::from_millis(500) {
                 return Err(format!(
                     "the switchover was given up (node {from} took writes again); see `ditto cluster status` and its log"
                 )
@@ -176,7 +206,15 @@ fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
         if t.elapsed() >= wait {
             return Err(format!("no new epoch served within {wait:?}; see `ditto cluster status`").into());
         }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Sets its flag when dropped (the threads asking members stop).
+struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -43,7 +43,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Proc, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,7 +138,12 @@ struct Running {
     joined: Arc<AtomicBool>,
     /// The thread reading its standard output (done at its exit).
     reader: Option<std::thread::JoinHandle<()>>,
-    probe: Option<BufReader<TcpStream>>,
+    /// Asks it `INFO replication` on a thread of its own.
+    prober: Prober,
+    /// When it was told `fence` (until it says it is fenced, or the fence failed).
+    fence_asked: Option<Instant>,
+    /// It did not answer `fence` within `STOP_TIMEOUT`: stopping it kills it at once.
+    unresponsive: bool,
     /// A backup fenced in place (it printed so): it follows no primary and writes nothing
     /// to its directory, and serves reads at its last read view.
     fenced: Arc<AtomicBool>,
@@ -148,6 +153,107 @@ struct Running {
     /// primary); until it listens again, an exit means that failed (the node then starts
     /// the role's server from its directory).
     changing: bool,
+}
+
+/// The server's newest answer to `INFO replication`, asked by a thread of its own every
+/// `PROBE_EVERY` (`probe_wait` while it fails): the control thread reads the answer and
+/// never waits on the server. (It used to ask itself, and waited up to 100 ms a probe on a
+/// server stopped or swamped: with probes backing off, still 100 ms a second, enough to
+/// apply an operator's request 10.6 s late on a node that led Raft; docs/cluster.md.)
+struct Prober {
+    latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>>,
+    /// Bumped when the server is asked to change its role in place: an answer to a
+    /// question asked before is not read as the new role's.
+    generation: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::Thread,
+}
+
+struct ProbeAnswer {
+    /// When the answer (or the failure) came.
+    at: Instant,
+    generation: u64,
+    info: Result<String, String>,
+}
+
+impl Prober {
+    /// Starts asking the server at `addr` once `ready` (it listens).
+    fn start(me: NodeId, addr: String, ready: Arc<AtomicBool>) -> Result<Prober, String> {
+        let latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>> = Default::default();
+        let generation = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, g, s) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name("ditto-probe".into())
+            .spawn(move || {
+                let (mut conn, mut failures, mut asked_in) = (None, 0u32, 0u64);
+                while !s.load(Ordering::Acquire) {
+                    if !ready.load(Ordering::Acquire) {
+                        std::thread::park_timeout(PROBE_EVERY);
+                        continue;
+                    }
+                    let generation = g.load(Ordering::Acquire);
+                    if generation != asked_in {
+                        conn = None; // the server changed its role: a fresh session
+                        asked_in = generation;
+                    }
+                    let info = info_replication(&mut conn, &addr).map_err(|e| {
+                        // One failed probe says nothing about the server (it may be busy).
+                        tracing::debug!("node {me}: probing the server: {e}");
+                        conn = None;
+                        e.to_string()
+                    });
+                    failures = if info.is_ok() { 0 } else { failures.saturating_add(1) };
+                    *l.lock() = Some(ProbeAnswer { at: Instant::now(), generation, info });
+                    std::thread::park_timeout(probe_wait(failures));
+                }
+            })
+            .map_err(|e| format!("starting the thread that probes the server: {e}"))?;
+        Ok(Prober { latest, generation, stop, thread: thread.thread().clone() })
+    }
+
+    /// The newest answer of the server's present role, and how old it is.
+    fn answer(&self) -> Option<(Duration, Result<String, String>)> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let l = self.latest.lock();
+        l.as_ref().filter(|a| a.generation == generation).map(|a| (a.at.elapsed(), a.info.clone()))
+    }
+
+    /// Answers from now on are the role's the server was just asked to change to.
+    fn new_role(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        *self.latest.lock() = None;
+    }
+}
+
+impl Drop for Prober {
+    /// The thread ends by itself (within a probe's 100 ms timeout); nobody waits for it.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+/// A server told to stop that has not exited yet (`NodePlane::stop_child`).
+struct Stopping {
+    child: Running,
+    /// Its standard input, taken from the gate (nothing else is sent to it); dropped once
+    /// it exited.
+    stdin: Option<std::process::ChildStdin>,
+    since: Instant,
+    /// It is killed if it has not exited by then.
+    kill_at: Instant,
+    why: String,
+}
+
+/// How a fence in place goes (`NodePlane::fence_in_place`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fencing {
+    Done,
+    /// Asked, not answered yet (within `STOP_TIMEOUT`).
+    Pending,
+    /// Not possible, failed, or not answered in time: the server is to be stopped.
+    Failed,
 }
 
 /// The running server's standard input, shared with the supervisor's loop, which opens
@@ -255,10 +361,9 @@ struct NodePlane {
     fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
     restart_after: Instant,
-    last_probe: Instant,
-    /// Probes of the server that failed in a row: the next waits `probe_wait` (the probe
-    /// runs on the control thread, and a server that hangs would otherwise hold it).
-    probe_failures: u32,
+    /// A server told to stop that has not exited yet: no other starts meanwhile, and the
+    /// directory is not reported.
+    stopping: Option<Stopping>,
     heard: Vec<NodeId>,
     serving: bool,
     /// The membership configuration the primary server last said it has settled.
@@ -322,17 +427,19 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// How long after the last probe the next one runs, after `failures` failed in a row:
-/// `PROBE_EVERY`, doubled per failure, at most `PROBE_BACKOFF_MAX`. A probe runs on the
-/// control thread and waits up to its read timeout (100 ms) on a server that does not
-/// answer (stopped, or swamped); probed every 5 ms, such a server held the control thread
-/// nearly all the time, and Raft with it: on the node that led, a switchover request was
-/// not applied within 30 s (seen in CI, 2026-11-27).
+/// `PROBE_EVERY`, doubled per failure, at most `PROBE_BACKOFF_MAX` (a server that does not
+/// answer, stopped or swamped, is not asked 200 times a second).
 fn probe_wait(failures: u32) -> Duration {
     PROBE_EVERY.saturating_mul(1u32 << failures.min(16)).min(PROBE_BACKOFF_MAX)
 }
 /// How long a child is given to stop before it is killed (more than a backup's own bound
 /// on draining what it received, 10 s).
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the control thread waits for a server it told to stop, or to fence itself,
+/// before it goes on (and looks again at its next turn): a server normally does either in
+/// a few milliseconds, and one that does not (stopped, its disk hung) must not hold Raft
+/// and the coordinator (docs/cluster.md, "The control thread does not wait on its server").
+const SERVER_WAIT: Duration = Duration::from_millis(20);
 
 /// One line of what the node does, with the wall-clock time in seconds (to the
 /// millisecond) so that nodes' lines can be put in one order.
@@ -343,46 +450,71 @@ fn say(me: NodeId, what: impl std::fmt::Display) {
 }
 
 impl NodePlane {
+    /// Tells the server to stop and waits for it at most `SERVER_WAIT`: `poll_stop` sees
+    /// its exit later (and kills it after `STOP_TIMEOUT`).
     fn stop_child(&mut self, why: &str) {
+        // (One server stops at a time: none starts while another stops.)
+        self.poll_stop(STOP_TIMEOUT + Duration::from_secs(1));
         // The next server starts undrained.
         self.drained_in = None;
-        let Some(mut c) = self.child.take() else { return };
-        let t = Instant::now();
+        self.serving = false;
+        let Some(c) = self.child.take() else { return };
         // "stop" on its standard input: a backup makes what it received durable, a
         // primary flushes its log; a server still starting does so once it serves (a
-        // signal could land before its handler and kill it mid-drain).
-        {
-            let mut g = self.gate.lock();
-            if let Some(stdin) = &mut g.stdin {
-                let _ = stdin.write_all(b"stop\n").and_then(|_| stdin.flush());
-            }
+        // signal could land before its handler and kill it mid-drain). Its standard input
+        // goes with it (a closed one makes the server exit at once); the gate is empty
+        // until the next server starts.
+        let mut stdin = std::mem::take(&mut *self.gate.lock()).stdin;
+        if let Some(i) = &mut stdin {
+            let _ = i.write_all(b"stop\n").and_then(|_| i.flush());
         }
+        // One that did not answer its fence will not answer this either: killed at once.
+        let now = Instant::now();
+        let kill_at = if c.unresponsive { now } else { now + STOP_TIMEOUT };
+        self.stopping = Some(Stopping { child: c, stdin, since: now, kill_at, why: why.to_string() });
+        self.poll_stop(SERVER_WAIT);
+    }
+
+    /// Whether no server is stopping any longer; waits up to `wait` for one that is (and
+    /// kills it once it has had `STOP_TIMEOUT`).
+    fn poll_stop(&mut self, wait: Duration) -> bool {
+        let Some(st) = &mut self.stopping else { return true };
+        let t = Instant::now();
         let clean = loop {
-            match c.proc.try_wait() {
+            match st.child.proc.try_wait() {
                 Ok(Some(status)) => break status.success(),
-                Ok(None) if t.elapsed() < STOP_TIMEOUT => std::thread::sleep(Duration::from_millis(1)),
+                Ok(None) if Instant::now() < st.kill_at => {
+                    if t.elapsed() >= wait {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 _ => {
-                    tracing::error!("node {}: the server did not stop within {STOP_TIMEOUT:?}; killing it", self.me);
-                    let _ = c.proc.kill();
-                    let _ = c.proc.wait();
+                    let waited = st.since.elapsed().as_secs_f64();
+                    tracing::error!("node {}: the server did not stop within {waited:.1} s; killing it", self.me);
+                    let _ = st.child.proc.kill();
+                    let _ = st.child.proc.wait();
                     break false;
                 }
             }
         };
+        let mut st = self.stopping.take().expect("checked");
+        drop(st.stdin.take());
         // Every line it printed is read once its output ends (it has exited).
-        if let Some(r) = c.reader.take() {
+        if let Some(r) = st.child.reader.take() {
             let _ = r.join();
         }
-        if !clean && matches!(c.role, Role::Backup { .. }) && c.joined.load(Ordering::Acquire) {
+        if !clean && matches!(st.child.role, Role::Backup { .. }) && st.child.joined.load(Ordering::Acquire) {
             // A backup that had joined may have acknowledged what is not on its disk: not
             // reported until the next epoch opens (`report`). One still joining had
             // acknowledged nothing; a primary's log holds all it acknowledged.
             self.unclean = true;
         }
-        self.serving = false;
-        // Only now: a closed standard input makes the server exit at once.
-        *self.gate.lock() = Gate::default();
-        say(self.me, format!("stopped {:?} in {:.1} ms ({why})", c.role, t.elapsed().as_secs_f64() * 1e3));
+        say(
+            self.me,
+            format!("stopped {:?} in {:.1} ms ({})", st.child.role, st.since.elapsed().as_secs_f64() * 1e3, st.why),
+        );
+        true
     }
 
     /// The role the control state gives this node now, if any.
@@ -410,6 +542,9 @@ impl NodePlane {
 
     /// Brings the child in line with the control state.
     fn reconcile(&mut self) {
+        if !self.poll_stop(Duration::ZERO) {
+            return; // the next server starts once the last one exited
+        }
         if let Some(c) = &mut self.child {
             if c.changing && c.ready.load(Ordering::Acquire) {
                 c.changing = false; // it serves in its new role
@@ -475,9 +610,12 @@ impl NodePlane {
         if self.child.as_ref().map(|c| &c.role) == want.as_ref() {
             return;
         }
-        // A backup fenced in place serves reads through the failover.
-        if want.is_none() && self.fence_in_place() {
-            return;
+        // A backup fenced in place serves reads through the failover (it is looked at
+        // again next turn while its fence is under way).
+        match self.fence_in_place(want.is_none()) {
+            Fencing::Pending => return,
+            Fencing::Done if want.is_none() => return,
+            _ => {}
         }
         let fenced = self.child.as_ref().is_some_and(|c| c.fenced.load(Ordering::Acquire));
         if let (true, Some(Role::Primary { epoch, ts_above, upto: Some(p), resume_epoch: Some(e) })) = (fenced, &want) {
@@ -653,6 +791,15 @@ impl NodePlane {
                 say(me_id, format!("server: {line}"));
             }
         });
+        let prober = match Prober::start(self.me, me.client_addr(), Arc::clone(&ready)) {
+            Ok(p) => p,
+            Err(e) => {
+                *self.gate.lock() = Gate::default();
+                let _ = proc.kill();
+                let _ = proc.wait();
+                return Err(e);
+            }
+        };
         say(self.me, format!("started {role:?} (pid {})", proc.id()));
         self.child = Some(Running {
             role,
@@ -660,7 +807,9 @@ impl NodePlane {
             ready,
             joined,
             reader: Some(reader),
-            probe: None,
+            prober,
+            fence_asked: None,
+            unresponsive: false,
             fenced,
             fence_failed,
             changing: false,
@@ -706,7 +855,8 @@ impl NodePlane {
         for f in [&c.ready, &c.joined, &c.fenced, &c.fence_failed] {
             f.store(false, Ordering::Release);
         }
-        c.probe = None;
+        c.prober.new_role();
+        c.fence_asked = None;
         c.changing = true;
         let primary = matches!(role, Role::Primary { .. });
         c.role = role;
@@ -719,17 +869,18 @@ impl NodePlane {
         }
     }
 
-    /// Fences a running backup child in place (it keeps serving reads, `Backup::fence`);
-    /// false if it could not be (then it is to be stopped).
-    fn fence_in_place(&mut self) -> bool {
-        let Some(c) = &self.child else { return false };
+    /// Fences a running backup child in place (it keeps serving reads, `Backup::fence`):
+    /// tells it `fence` if `ask` and it was not told yet, and says how that goes. The
+    /// control thread does not wait for the answer: `report` waits a little for it.
+    fn fence_in_place(&mut self, ask: bool) -> Fencing {
+        let Some(c) = &mut self.child else { return Fencing::Failed };
         if let Role::Primary { epoch, .. } = c.role {
             // A switchover's old primary, drained: fenced in place too (its server stops
             // shipping and closes its log, so it neither commits nor releases anything
             // more, and its log says all it holds), it serves reads, and follows the new
             // primary in place (`follow_in_place`; its server's `primary_follows_in_place`).
             if !(self.in_place && self.drained_in == Some(epoch) && c.ready.load(Ordering::Acquire)) {
-                return false;
+                return Fencing::Failed;
             }
             self.serving = false;
         } else if !self.in_place
@@ -737,37 +888,50 @@ impl NodePlane {
             || !c.ready.load(Ordering::Acquire)
             || !c.joined.load(Ordering::Acquire)
         {
-            return false;
+            return Fencing::Failed;
         }
         if c.fenced.load(Ordering::Acquire) {
-            return true;
+            if let Some(t) = c.fence_asked.take() {
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                say(self.me, format!("fenced its server in place in {ms:.1} ms (it serves reads)"));
+            }
+            return Fencing::Done;
         }
+        match c.fence_asked {
+            Some(t) => {
+                if c.fence_failed.load(Ordering::Acquire) || !matches!(c.proc.try_wait(), Ok(None)) {
+                    return Fencing::Failed;
+                }
+                if t.elapsed() >= STOP_TIMEOUT {
+                    if !c.unresponsive {
+                        tracing::error!(
+                            "node {}: the server did not answer its fence within {STOP_TIMEOUT:?}",
+                            self.me
+                        );
+                    }
+                    c.unresponsive = true;
+                    return Fencing::Failed;
+                }
+            }
+            None if !ask => return Fencing::Failed,
+            None => {
+                let mut g = self.gate.lock();
+                let Some(stdin) = &mut g.stdin else { return Fencing::Failed };
+                if stdin.write_all(b"fence\n").and_then(|_| stdin.flush()).is_err() {
+                    return Fencing::Failed;
+                }
+                c.fence_asked = Some(Instant::now());
+            }
+        }
+        Fencing::Pending
+    }
+
+    /// Waits up to `wait` for a fence in place under way to be answered.
+    fn wait_fence(&mut self, wait: Duration) {
         let t = Instant::now();
-        {
-            let mut g = self.gate.lock();
-            let Some(stdin) = &mut g.stdin else { return false };
-            if stdin.write_all(b"fence\n").and_then(|_| stdin.flush()).is_err() {
-                return false;
-            }
-        }
-        let c = self.child.as_mut().expect("checked");
-        while t.elapsed() < STOP_TIMEOUT {
-            if c.fenced.load(Ordering::Acquire) {
-                say(
-                    self.me,
-                    format!(
-                        "fenced its server in place in {:.1} ms (it serves reads)",
-                        t.elapsed().as_secs_f64() * 1e3
-                    ),
-                );
-                return true;
-            }
-            if c.fence_failed.load(Ordering::Acquire) || !matches!(c.proc.try_wait(), Ok(None)) {
-                return false;
-            }
+        while self.fence_in_place(false) == Fencing::Pending && t.elapsed() < wait {
             std::thread::sleep(Duration::from_micros(200));
         }
-        false
     }
 
     /// An old primary about to rejoin counts its own commits above its epoch's recovery
@@ -867,7 +1031,7 @@ impl NodePlane {
 
     /// No child writes this node's directory: none runs, or it is a backup fenced in place.
     fn child_quiet(&self) -> bool {
-        self.child.as_ref().is_none_or(|c| c.fenced.load(Ordering::Acquire))
+        self.stopping.is_none() && self.child.as_ref().is_none_or(|c| c.fenced.load(Ordering::Acquire))
     }
 
     /// The failover away from the epoch this node, named its primary, gave up (see
@@ -987,12 +1151,11 @@ impl NodePlane {
         vec![cmd]
     }
 
-    /// Asks the child what it heard (at most every `PROBE_EVERY`).
+    /// What the server's newest answer to its prober says it heard (nothing, if that
+    /// answer is older than `HEARD_WITHIN_MS` or a failure: one failed probe says nothing
+    /// about the server, which may be busy, so what was last seen of its role stands until
+    /// the process exits, `reconcile`).
     fn probe(&mut self) {
-        if self.last_probe.elapsed() < probe_wait(self.probe_failures) {
-            return;
-        }
-        self.last_probe = Instant::now();
         self.heard.clear();
         let Some(c) = &mut self.child else {
             self.serving = false;
@@ -1001,19 +1164,11 @@ impl NodePlane {
         if !c.ready.load(Ordering::Acquire) {
             return;
         }
-        let Some(me) = addrs_of(&self.state, &self.members, self.me) else { return };
-        let info = match info_replication(&mut c.probe, &me.client_addr()) {
-            Ok(i) => i,
-            Err(e) => {
-                // One failed probe says nothing about the server (it may be busy): what was
-                // last seen stands until the process exits (`reconcile`).
-                tracing::debug!("node {}: probing the server: {e}", self.me);
-                c.probe = None;
-                self.probe_failures = self.probe_failures.saturating_add(1);
-                return;
-            }
-        };
-        self.probe_failures = 0;
+        let Some((age, Ok(info))) = c.prober.answer() else { return };
+        let age = age.as_millis() as u64;
+        if age > HEARD_WITHIN_MS {
+            return;
+        }
         let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map(str::trim);
         match &c.role {
             Role::Primary { epoch, .. } => {
@@ -1030,7 +1185,7 @@ impl NodePlane {
                     else {
                         continue;
                     };
-                    if ago <= HEARD_WITHIN_MS {
+                    if ago.saturating_add(age) <= HEARD_WITHIN_MS {
                         let known = self.state.members.keys().copied().chain(self.members.keys().copied());
                         if let Some(id) = known.into_iter().find(|&id| {
                             addrs_of(&self.state, &self.members, id).is_some_and(|m| m.client_addr() == node)
@@ -1055,7 +1210,7 @@ impl NodePlane {
                     }
                 }
                 let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
-                if up && ago <= HEARD_WITHIN_MS {
+                if up && ago.saturating_add(age) <= HEARD_WITHIN_MS {
                     self.heard.push(*of);
                 }
             }
@@ -1066,6 +1221,7 @@ impl NodePlane {
 impl Drop for NodePlane {
     fn drop(&mut self) {
         self.stop_child("the node stops");
+        self.poll_stop(STOP_TIMEOUT + Duration::from_secs(1));
     }
 }
 
@@ -1107,12 +1263,16 @@ impl DataPlane for NodePlane {
 
     fn fenced(&mut self, epoch: u64) {
         self.fence = self.fence.max(epoch);
-        if self.child.as_ref().is_some_and(|c| c.role.epoch() < epoch) && !self.fence_in_place() {
+        if self.child.as_ref().is_some_and(|c| c.role.epoch() < epoch) && self.fence_in_place(true) == Fencing::Failed {
             self.stop_child(&format!("fenced at epoch {epoch}"));
         }
     }
 
     fn report(&mut self) -> Result<Holding, String> {
+        // A server stopping or fencing itself is waited for a little (it normally takes a
+        // few ms): until then, no report, and the coordinator asks again.
+        self.poll_stop(SERVER_WAIT);
+        self.wait_fence(SERVER_WAIT);
         self.reportable()?;
         // The log is read on a thread of its own (the control thread would stop ticking
         // meanwhile: reading an old primary's 466 MB log held it 111-384 ms, and a leader's
@@ -1164,6 +1324,7 @@ impl DataPlane for NodePlane {
     }
 
     fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+        self.poll_stop(SERVER_WAIT);
         self.reportable()?;
         // Where this node holds the stream up to, as its report said.
         let position = self.holding_now()?.streams.get(stream).copied().unwrap_or(0);
@@ -1215,6 +1376,11 @@ impl DataPlane for NodePlane {
             ),
         );
         if !batches.is_empty() {
+            // The server stopped for the fetch (`prepare`) is gone before anything is
+            // written to its directory: waited for here, on the control thread, if it
+            // is not (a fenced backup stops in milliseconds; one that does not is killed
+            // after `STOP_TIMEOUT`).
+            self.poll_stop(STOP_TIMEOUT + Duration::from_secs(1));
             ditto_log::replica::forget_holdings();
             if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
                 self.fetching.clear();
@@ -1446,8 +1612,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         fetching: Default::default(),
         unclean: false,
         restart_after: Instant::now(),
-        last_probe: Instant::now(),
-        probe_failures: 0,
+        stopping: None,
         heard: Vec::new(),
         serving: false,
         settled: None,
