@@ -383,7 +383,8 @@ impl Coordinator {
             return out;
         }
         let Some((open_epoch, start)) = open else { return out };
-        if report.epoch != open_epoch || r.plan.is_some() {
+        // Only members' reports count (a learner's never does: it counts in no quorum).
+        if report.epoch != open_epoch || r.plan.is_some() || !state.members.contains_key(&report.node) {
             return out;
         }
         r.reports.insert(report.node, report);

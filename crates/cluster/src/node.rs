@@ -319,6 +319,13 @@ impl ControlNode {
         self.raw.store().d.snapshot.get_metadata().index
     }
 
+    /// The learners Raft sends its log to now.
+    pub fn learners(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.raw.raft.prs().conf().learners().iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The voters Raft counts now.
     pub fn voters(&self) -> Vec<NodeId> {
         let mut v: Vec<NodeId> = self.raw.raft.prs().conf().voters().ids().iter().collect();
@@ -367,7 +374,10 @@ impl ControlNode {
         let mut v: Vec<NodeId> = r
             .prs()
             .iter()
-            .filter(|(&id, p)| id != r.id && p.matched == last && p.recent_active)
+            // (Learners have progress too, but cannot lead.)
+            .filter(|(&id, p)| {
+                id != r.id && p.matched == last && p.recent_active && r.prs().conf().voters().contains(id)
+            })
             .map(|(&id, _)| id)
             .collect();
         v.sort_unstable();
@@ -453,7 +463,9 @@ impl ControlNode {
             return Err(NodeError::NotLeader { leader: self.leader() });
         }
         let (ty, id) = match cmd {
+            // (raft-rs promotes a learner that `AddNode` names.)
             Command::AddMember { member } => (ConfChangeType::AddNode, member.id),
+            Command::AddLearner { member } => (ConfChangeType::AddLearnerNode, member.id),
             Command::RemoveMember { id } => (ConfChangeType::RemoveNode, *id),
             _ => return Err(NodeError::Refused(format!("{cmd:?} is not a membership change"))),
         };
@@ -595,13 +607,9 @@ impl ControlNode {
                     continue;
                 }
             };
-            let outcome = match (&conf_change, &command) {
-                (None, Command::AddMember { .. } | Command::RemoveMember { .. }) => {
-                    Err("a membership change outside a configuration change".to_string())
-                }
-                (Some(_), c) if !matches!(c, Command::AddMember { .. } | Command::RemoveMember { .. }) => {
-                    Err("a configuration change that changes no membership".to_string())
-                }
+            let outcome = match (&conf_change, command.changes_membership()) {
+                (None, true) => Err("a membership change outside a configuration change".to_string()),
+                (Some(_), false) => Err("a configuration change that changes no membership".to_string()),
                 _ => self.state.apply(&command),
             };
             // The voters change with the members, or neither does (every node decides the
@@ -827,5 +835,105 @@ mod tests {
             g.leader().propose_membership(&Command::RemoveMember { id: 1 }),
             Err(NodeError::Refused(why)) if why.contains("primary")
         ));
+    }
+
+    /// A node added as a learner takes the leader's snapshot and follows the log, but is
+    /// not a voter: in a group of two voters, with the other voter stopped, nothing
+    /// commits although the learner runs (as a third voter it would make a majority). It
+    /// never leads, and no leader hands it the leadership. Promoted (`AddMember` of the same
+    /// member) it becomes a voter; a restarted node holds the learners and voters it had; a
+    /// learner is removed as a member is, and its id retired.
+    #[test]
+    fn a_learner_follows_without_voting_and_is_promoted() {
+        let mut g = Group { nodes: Default::default() };
+        for id in 1..=2 {
+            g.nodes.insert(id, Group::start(id, RaftDurable::initial(&[1, 2])));
+        }
+        g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
+        let members = (1..=2).map(member).collect();
+        g.leader().propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        g.run("bootstrapped", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1));
+        g.settle();
+        g.nodes.insert(3, Group::start(3, RaftDurable::initial(&[])));
+        g.leader().propose_membership(&Command::AddLearner { member: member(3) }).unwrap();
+        g.run("node 3 a learner everywhere", |g| {
+            g.nodes
+                .values()
+                .all(|(n, _)| n.learners() == [3] && n.voters() == [1, 2] && n.state().learners.contains_key(&3))
+        });
+        assert!(!g.nodes[&3].0.state().members.contains_key(&3), "a learner is not a member");
+        assert!(g.leader().up_to_date_peers().iter().all(|&p| p != 3), "never handed the leadership");
+        // Adding it again is refused; so is promoting it as another member.
+        g.settle();
+        assert!(matches!(
+            g.leader().propose_membership(&Command::AddLearner { member: member(3) }),
+            Err(NodeError::Refused(why)) if why.contains("already a learner")
+        ));
+        let other = crate::state::Member { addr: "elsewhere:1".into(), ..member(3) };
+        assert!(matches!(
+            g.leader().propose_membership(&Command::AddMember { member: other }),
+            Err(NodeError::Refused(why)) if why.contains("a learner added as")
+        ));
+        // The other voter stopped: the leader and the learner commit nothing.
+        let leader = g.leader().id();
+        let stopped = if leader == 1 { 2 } else { 1 };
+        let parked = g.nodes.remove(&stopped).unwrap();
+        let _ = g.nodes.get_mut(&leader).unwrap().0.propose(&Command::SetPolicy { policy: "all".into() });
+        for _ in 0..50 {
+            let mut msgs = Vec::new();
+            for (n, d) in g.nodes.values_mut() {
+                n.tick();
+                msgs.extend(n.poll(d).unwrap().messages);
+            }
+            while !msgs.is_empty() {
+                for m in std::mem::take(&mut msgs) {
+                    if let Some((n, _)) = g.nodes.get_mut(&m.to) {
+                        let _ = n.step(m);
+                    }
+                }
+                for (n, d) in g.nodes.values_mut() {
+                    msgs.extend(n.poll(d).unwrap().messages);
+                }
+            }
+        }
+        for (_, (n, _)) in g.nodes.iter() {
+            assert_eq!(n.state().policy, "majority", "node {}: committed with one voter and a learner", n.id());
+            assert!(!(n.id() == 3 && n.leads_current()), "a learner never leads");
+        }
+        g.nodes.insert(stopped, parked);
+        g.run("the policy committed once the voter is back", |g| {
+            g.nodes.values().all(|(n, _)| n.state().policy == "all")
+        });
+        // Promoted: a voter and a member, a learner no more.
+        g.settle();
+        g.leader().propose_membership(&Command::AddMember { member: member(3) }).unwrap();
+        g.run("node 3 a voter everywhere", |g| {
+            g.nodes
+                .values()
+                .all(|(n, _)| n.voters() == [1, 2, 3] && n.learners().is_empty() && n.state().members.contains_key(&3))
+        });
+        assert!(g.nodes[&3].0.state().learners.is_empty());
+        assert_eq!(g.nodes[&3].0.state().config, 2);
+        // A restarted node has the same voters and learners (none now).
+        let (_, d) = g.nodes.remove(&3).unwrap();
+        g.nodes.insert(3, Group::start(3, d));
+        g.run("restarted node 3", |g| g.nodes[&3].0.voters() == [1, 2, 3]);
+        // A fourth node as a learner, restarted while one, then removed.
+        g.settle();
+        g.nodes.insert(4, Group::start(4, RaftDurable::initial(&[])));
+        g.leader().propose_membership(&Command::AddLearner { member: member(4) }).unwrap();
+        g.run("node 4 a learner", |g| g.nodes.values().all(|(n, _)| n.learners() == [4]));
+        let (_, d) = g.nodes.remove(&4).unwrap();
+        g.nodes.insert(4, Group::start(4, d));
+        g.run("restarted node 4 still a learner", |g| {
+            g.nodes[&4].0.learners() == [4] && g.nodes[&4].0.voters() == [1, 2, 3]
+        });
+        g.settle();
+        g.leader().propose_membership(&Command::RemoveMember { id: 4 }).unwrap();
+        g.run("node 4 removed", |g| {
+            g.nodes.iter().filter(|(&id, _)| id != 4).all(|(_, (n, _))| {
+                n.learners().is_empty() && n.state().retired.contains(&4) && n.state().learners.is_empty()
+            })
+        });
     }
 }

@@ -66,8 +66,12 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// An operator's request to the control plane (frame kind 4).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AdminRequest {
-    /// Add a member (it starts with `--join` and catches up from the leader's snapshot).
+    /// Add a member (it starts with `--join` and catches up from the leader's snapshot), or
+    /// promote the learner it names.
     Add(Member),
+    /// Add a learner (`Command::AddLearner`): `ditto cluster add` adds a node as one first,
+    /// and promotes it (`Add`) once its backup has joined.
+    AddLearner(Member),
     /// Remove a member (not the primary).
     Remove(NodeId),
     /// Hand the primary's role to `to` (or to a live backup of the leader's choice): the
@@ -268,6 +272,8 @@ pub struct Status {
     pub leader: Option<NodeId>,
     /// The voters Raft counts (the members, once a change has been applied).
     pub voters: Vec<NodeId>,
+    /// The learners Raft sends its log to.
+    pub learners: Vec<NodeId>,
     pub term: u64,
     pub state: ControlState,
     /// Why the node stopped (a disk error), if it did.
@@ -631,6 +637,7 @@ impl Run {
             // tunnel of its own); members added since are reached where they were added.
             st.members
                 .values()
+                .chain(st.learners.values())
                 .filter_map(|m| {
                     let added = || {
                         (m.control != 0)
@@ -659,7 +666,7 @@ impl Run {
         if let Some(a) = self.config_peers.get(&id) {
             return Some(a.to_string());
         }
-        let m = self.node.state().members.get(&id).filter(|m| m.control != 0)?;
+        let m = self.node.state().node(id).filter(|m| m.control != 0)?;
         Some(format!("{}:{}", m.host(), m.control))
     }
 
@@ -673,6 +680,7 @@ impl Run {
         }
         let cmd = match req {
             AdminRequest::Add(member) => Command::AddMember { member },
+            AdminRequest::AddLearner(member) => Command::AddLearner { member },
             AdminRequest::Remove(id) => Command::RemoveMember { id },
             AdminRequest::Switchover { to } => {
                 let st = self.node.state();
@@ -1054,10 +1062,8 @@ impl Run {
                     let mut members_changed = false;
                     for a in out.applied {
                         state_changed = true;
-                        members_changed |= matches!(
-                            a.command,
-                            Command::Bootstrap { .. } | Command::AddMember { .. } | Command::RemoveMember { .. }
-                        );
+                        members_changed |=
+                            matches!(a.command, Command::Bootstrap { .. }) || a.command.changes_membership();
                         self.answer_admin(Some((a.index, &a.command, &a.outcome)));
                         match &a.outcome {
                             Ok(()) => {
@@ -1081,6 +1087,7 @@ impl Run {
             let mut s = self.shared.status.lock().unwrap();
             s.leader = self.node.leader();
             s.voters = self.node.voters();
+            s.learners = self.node.learners();
             s.term = self.node.term();
             if std::mem::take(&mut state_changed) {
                 s.state = self.node.state().clone();

@@ -112,10 +112,18 @@ pub enum Command {
     /// The cluster's default commit policy (a `CommitPolicy` name).
     SetPolicy { policy: String },
     /// Add a member (carried by a Raft configuration change: the node becomes a voter in
-    /// the same entry). Only while the open epoch serves and its primary has settled the
-    /// current membership (`ConfigApplied`), one change at a time.
+    /// the same entry), or promote a learner to one (the same `member` it was added as).
+    /// Only while the open epoch serves and its primary has settled the current
+    /// membership (`ConfigApplied`), one change at a time.
     AddMember { member: Member },
-    /// Remove a member (a Raft configuration change, as `AddMember`); never the primary.
+    /// Add a learner (a Raft configuration change: a raft-rs learner in the same entry): it
+    /// follows the control log and runs a backup of the primary, but it votes in no
+    /// election, counts in no commit quorum and reports in no failover, so adding it moves
+    /// no quorum. Once its backup has caught up, `AddMember` promotes it. The same rules as
+    /// `AddMember` (one change at a time, each settled).
+    AddLearner { member: Member },
+    /// Remove a member or a learner (a Raft configuration change, as `AddMember`); never
+    /// the primary.
     RemoveMember { id: NodeId },
     /// The primary of `epoch` counts the members of configuration `config` in its commit
     /// quorum, and everything it released is held by a quorum of them (so the next change
@@ -147,12 +155,22 @@ impl Command {
     pub fn decode(data: &[u8]) -> Result<Command, String> {
         serde_json::from_slice(data).map_err(|e| format!("undecodable control command: {e}"))
     }
+
+    /// Whether it is carried by a Raft configuration change (it changes the voters or the
+    /// learners).
+    pub fn changes_membership(&self) -> bool {
+        matches!(self, Command::AddMember { .. } | Command::AddLearner { .. } | Command::RemoveMember { .. })
+    }
 }
 
 /// The replicated state (see the module notes).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ControlState {
+    /// The voters: they vote, count in the commit quorum and report in failovers.
     pub members: BTreeMap<NodeId, Member>,
+    /// Nodes that follow as learners (`Command::AddLearner`): never in `members`.
+    #[serde(default)]
+    pub learners: BTreeMap<NodeId, Member>,
     pub policy: String,
     /// The newest epoch begun (0 before the bootstrap).
     pub epoch: u64,
@@ -272,19 +290,32 @@ impl ControlState {
             }
             Command::AddMember { member } => {
                 self.may_change_members()?;
-                if member.id == 0 || self.members.contains_key(&member.id) {
-                    return Err(format!("node {} is already a member (or 0, which is not an id)", member.id));
-                }
-                if self.retired.contains(&member.id) {
-                    return Err(format!(
-                        "node {} was removed, and ids are never used again: add the node under a new id, with a new directory",
-                        member.id
-                    ));
-                }
-                if let Some(m) = self.members.values().find(|m| m.addr == member.addr) {
-                    return Err(format!("member {} already serves clients at {}", m.id, m.addr));
+                match self.learners.get(&member.id) {
+                    // A learner promoted: as it was added.
+                    Some(l) if l != member => {
+                        return Err(format!("node {} is a learner added as {l:?}, not {member:?}", member.id))
+                    }
+                    Some(_) => {
+                        self.learners.remove(&member.id);
+                    }
+                    None => self.may_add(member)?,
                 }
                 self.members.insert(member.id, member.clone());
+                self.config += 1;
+            }
+            Command::AddLearner { member } => {
+                self.may_change_members()?;
+                if self.learners.get(&member.id) == Some(member) {
+                    return Err(format!("node {} is already a learner", member.id));
+                }
+                self.may_add(member)?;
+                self.learners.insert(member.id, member.clone());
+                self.config += 1;
+            }
+            Command::RemoveMember { id } if self.learners.contains_key(id) => {
+                self.may_change_members()?;
+                self.learners.remove(id);
+                self.retired.insert(*id);
                 self.config += 1;
             }
             Command::RemoveMember { id } => {
@@ -405,6 +436,29 @@ impl ControlState {
         Ok(())
     }
 
+    /// Whether `member`, new, may join (as a member or a learner): a fresh id, never used
+    /// before, and an address nobody serves clients at.
+    fn may_add(&self, member: &Member) -> Result<(), String> {
+        if member.id == 0 || self.members.contains_key(&member.id) || self.learners.contains_key(&member.id) {
+            return Err(format!("node {} is already a member or a learner (or 0, which is not an id)", member.id));
+        }
+        if self.retired.contains(&member.id) {
+            return Err(format!(
+                "node {} was removed, and ids are never used again: add the node under a new id, with a new directory",
+                member.id
+            ));
+        }
+        if let Some(m) = self.members.values().chain(self.learners.values()).find(|m| m.addr == member.addr) {
+            return Err(format!("node {} already serves clients at {}", m.id, m.addr));
+        }
+        Ok(())
+    }
+
+    /// A member or a learner: how node `id` is reached.
+    pub fn node(&self, id: NodeId) -> Option<&Member> {
+        self.members.get(&id).or_else(|| self.learners.get(&id))
+    }
+
     /// The quorum of the membership.
     pub fn quorum(&self) -> usize {
         self.members.len() / 2 + 1
@@ -425,6 +479,12 @@ impl ControlState {
         if let Some(s) = &self.switchover {
             assert!(s.epoch <= self.epoch, "a switchover asked in epoch {} above the newest begun", s.epoch);
         }
+        assert!(
+            self.learners.keys().all(|id| !self.members.contains_key(id)),
+            "a node both a member and a learner: {:?} {:?}",
+            self.members.keys(),
+            self.learners.keys()
+        );
         if self.phase == Some(Phase::Serving) {
             assert_eq!(
                 self.epochs.last().map(|e| e.epoch),
@@ -552,6 +612,60 @@ mod tests {
         .unwrap();
         assert_eq!(s.recovery_point(1), Some(Ts(35)));
         assert_eq!(s.recovery_point(2), Some(Ts(35)), "nothing of epoch 2 survives");
+    }
+
+    /// A learner is added as any change is (settled first), is no member (no quorum, no
+    /// failover's choice, no switchover's target), is promoted only as it was added, and
+    /// is removed and its id retired as a member's is.
+    #[test]
+    fn a_learner_is_no_member_until_promoted() {
+        let mut s = boot();
+        s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
+        let m4 = Member { id: 4, addr: "127.0.0.1:7004".into(), repl: 1, control: 2 };
+        s.apply(&Command::AddLearner { member: m4.clone() }).unwrap();
+        assert_eq!((s.members.len(), s.learners.len(), s.config, s.quorum()), (3, 1, 1, 2));
+        assert_eq!(s.node(4), Some(&m4));
+        let settle = |s: &mut ControlState| {
+            let c = Command::ConfigApplied { epoch: 1, primary: 1, config: s.config };
+            s.apply(&c).unwrap();
+        };
+        assert!(s.apply(&Command::AddMember { member: m4.clone() }).unwrap_err().contains("not settled"));
+        settle(&mut s);
+        for bad in [
+            Command::AddLearner { member: m4.clone() },                      // already one
+            Command::AddLearner { member: Member { id: 2, ..m4.clone() } },  // a member's id
+            Command::AddLearner { member: Member { id: 5, ..m4.clone() } },  // the learner's address
+            Command::AddMember { member: Member { id: 5, ..m4.clone() } },   // the same
+            Command::AddMember { member: Member { repl: 9, ..m4.clone() } }, // not as it was added
+            Command::Switchover { epoch: 1, from: 1, to: 4 },                // not a member
+        ] {
+            let before = s.clone();
+            assert!(s.apply(&bad).is_err(), "{bad:?}");
+            assert_eq!(s, before);
+        }
+        let open = Command::OpenEpoch {
+            epoch: 2,
+            primary: 4,
+            recovered_epoch: 1,
+            recovery_point: 10,
+            start: 10,
+            lost: 0,
+            phases_ms: [0, 0],
+        };
+        let mut f = s.clone();
+        f.apply(&Command::BeginFailover { epoch: 2, reason: "test".into() }).unwrap();
+        assert!(f.apply(&open).unwrap_err().contains("not a member"), "a learner is never the new primary");
+        s.apply(&Command::AddMember { member: m4.clone() }).unwrap();
+        assert_eq!((s.members.len(), s.learners.len(), s.config, s.quorum()), (4, 0, 2, 3));
+        settle(&mut s);
+        // A second learner, removed: its id is retired.
+        let m5 = Member { id: 5, addr: "127.0.0.1:7005".into(), repl: 1, control: 2 };
+        s.apply(&Command::AddLearner { member: m5.clone() }).unwrap();
+        settle(&mut s);
+        s.apply(&Command::RemoveMember { id: 5 }).unwrap();
+        assert!(s.learners.is_empty() && s.retired.contains(&5) && s.members.len() == 4);
+        settle(&mut s);
+        assert!(s.apply(&Command::AddLearner { member: m5 }).unwrap_err().contains("never used again"));
     }
 
     /// Membership changes wait for the primary to settle the last one, never remove the

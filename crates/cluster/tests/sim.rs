@@ -312,8 +312,10 @@ struct History {
     discarded: BTreeSet<u64>,
     last_release_at: u64,
     max_epoch: u64,
-    /// Membership changes (nodes added, nodes removed).
+    /// Membership changes (nodes added, as members or learners, and nodes removed).
     changes: u64,
+    /// Of them, nodes added as learners.
+    learners: u64,
     /// Switchovers asked for, and those done: drained, the failover begun by the old
     /// primary, and the target opening the next epoch (which must discard nothing).
     switchovers_asked: u64,
@@ -588,7 +590,13 @@ impl Sim {
         let state = self.state_of(li).clone();
         let outside: Vec<NodeId> =
             self.nodes.iter().map(|n| n.id).filter(|id| !state.members.contains_key(id)).collect();
-        let removable: Vec<NodeId> = state.members.keys().copied().filter(|&id| Some(id) != state.primary()).collect();
+        let removable: Vec<NodeId> = state
+            .members
+            .keys()
+            .chain(state.learners.keys())
+            .copied()
+            .filter(|&id| Some(id) != state.primary())
+            .collect();
         if let (Some(from), true) = (state.primary(), self.rng.gen_bool(0.3)) {
             let others: Vec<NodeId> = state.members.keys().copied().filter(|&m| m != from).collect();
             if !others.is_empty() {
@@ -608,8 +616,15 @@ impl Sim {
         let add = !outside.is_empty() && (state.members.len() <= 2 || self.rng.gen_bool(0.5));
         let cmd = if add {
             let id = outside[self.rng.gen_range(0..outside.len())];
-            Command::AddMember { member: Member { id, addr: format!("node{id}"), repl: 0, control: 0 } }
-        } else if state.members.len() > 2 && !removable.is_empty() {
+            let member = Member { id, addr: format!("node{id}"), repl: 0, control: 0 };
+            // A spare joins as a learner first half the time (shipped to, counted in no
+            // quorum), and a learner is promoted.
+            if state.learners.contains_key(&id) || self.rng.gen_bool(0.5) {
+                Command::AddMember { member }
+            } else {
+                Command::AddLearner { member }
+            }
+        } else if (state.members.len() > 2 || !state.learners.is_empty()) && !removable.is_empty() {
             Command::RemoveMember { id: removable[self.rng.gen_range(0..removable.len())] }
         } else {
             return;
@@ -841,6 +856,11 @@ impl Sim {
                 self.h.changes += 1;
                 self.note(format!("node {} added", member.id));
             }
+            Command::AddLearner { member } if live && self.nodes[i].ctrl.as_ref().unwrap().is_leader() => {
+                self.h.changes += 1;
+                self.h.learners += 1;
+                self.note(format!("node {} added as a learner", member.id));
+            }
             Command::Switchover { epoch, from, to } if live && *from == id => {
                 let sid = self.state_of(i).switchover.as_ref().map_or(0, |w| w.id);
                 if let Some(p) = self.nodes[i].primary.as_mut().filter(|p| p.epoch == *epoch) {
@@ -857,6 +877,7 @@ impl Sim {
             }
             Command::SetPolicy { .. }
             | Command::AddMember { .. }
+            | Command::AddLearner { .. }
             | Command::RemoveMember { .. }
             | Command::ConfigApplied { .. }
             | Command::CountDiscarded { .. }
@@ -972,9 +993,13 @@ impl Sim {
         // Release.
         let p = self.nodes[i].primary.as_ref().unwrap();
         let members: Vec<NodeId> = p.counted.clone();
-        // Ships to every member it knows of (counted or not).
-        let ship_to: BTreeSet<NodeId> =
-            members.iter().copied().chain(state.members.keys().copied().filter(|&m| m != id)).collect();
+        // Ships to every member it knows of (counted or not), and to learners (never
+        // counted).
+        let ship_to: BTreeSet<NodeId> = members
+            .iter()
+            .copied()
+            .chain(state.members.keys().chain(state.learners.keys()).copied().filter(|&m| m != id))
+            .collect();
         let d = &self.nodes[i].data;
         let min = |v: &[u64]| v.iter().copied().min().unwrap_or(0);
         let h = Holdings {
@@ -1293,10 +1318,10 @@ impl Sim {
                 );
             }
         }
-        // Every member (a node removed while it was down never learned it, and keeps what
-        // it had).
-        let members = self.state_of(pi).members.clone();
-        for n in self.nodes.iter().filter(|n| members.contains_key(&n.id)) {
+        // Every member and learner (a node removed while it was down never learned it, and
+        // keeps what it had).
+        let st = self.state_of(pi).clone();
+        for n in self.nodes.iter().filter(|n| st.node(n.id).is_some()) {
             for s in 0..self.streams {
                 let mine = &n.data.streams[s].units;
                 let theirs = &self.nodes[pi].data.streams[s].units;
@@ -1340,7 +1365,7 @@ fn run_seed(seed: u64) -> History {
 fn many_seeds() {
     let seeds: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
     let (mut failovers, mut released, mut reads, mut max_epoch, mut changes) = (0, 0, 0, 0, 0);
-    let (mut switch_asked, mut switch_done) = (0, 0);
+    let (mut switch_asked, mut switch_done, mut learners) = (0, 0, 0);
     for seed in 0..seeds {
         let h = std::panic::catch_unwind(|| run_seed(seed))
             .unwrap_or_else(|_| panic!("seed {seed} failed: rerun with SIM_SEED={seed}"));
@@ -1349,12 +1374,14 @@ fn many_seeds() {
         reads += h.reads.len();
         max_epoch = max_epoch.max(h.max_epoch);
         changes += h.changes;
+        learners += h.learners;
         switch_asked += h.switchovers_asked;
         switch_done += h.switchovers_done;
     }
-    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes, {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, newest epoch {max_epoch}");
+    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes ({learners} learners added), {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, newest epoch {max_epoch}");
     assert!(failovers >= seeds, "the faults should force failovers");
     assert!(changes >= seeds / 2, "the faults should change the membership: {changes}");
+    assert!(learners >= seeds / 10, "learners should be added among the changes: {learners}");
     assert!(switch_done >= seeds / 10, "switchovers should complete among the faults: {switch_done} of {switch_asked}");
 }
 

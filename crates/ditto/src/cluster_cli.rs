@@ -23,7 +23,8 @@ pub enum ClusterCmd {
     /// Every member's role, epoch, primary, link and the failovers seen.
     Status(StatusArgs),
     /// Add a member: start it with `ditto server --node-id ID --join --members ...`
-    /// (before or after this); it becomes a voter and copies the primary's data.
+    /// (before or after this); it joins as a learner, copies the primary's data, and is
+    /// then promoted to a voter.
     Add(AddArgs),
     /// Remove a member (not the primary: hand its role over first); its node stops.
     Remove(RemoveArgs),
@@ -57,6 +58,10 @@ pub struct AddArgs {
     /// Keep asking this long while the change cannot happen yet.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
+    /// Leave the node a learner (it follows, and counts in no quorum); `ditto cluster add`
+    /// again promotes it.
+    #[arg(long)]
+    learner: bool,
     /// Then wait this long for the new node to join the primary as a backup (its copy of
     /// the primary's data done, its link up), printing its progress; 0: do not wait.
     #[arg(long, default_value_t = 600)]
@@ -143,8 +148,15 @@ fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
     // The epoch and primary the switchover was recorded in, as the leader answered: a
     // member's INFO read now may already show the next epoch (a member that does not
     // answer is waited for 2 s, and a switchover may be over in 30 ms).
-    let (epoch0, from) = (applied.epoch, applied.primary.map(|p| p.to_string()).unwrap_or_default());
+    let (mut epoch0, mut from) = (applied.epoch, applied.primary.map(|p| p.to_string()).unwrap_or_default());
     let members = applied.members;
+    if epoch0 == 0 {
+        // A leader of an earlier version, whose answer carries no epoch: read now.
+        if let Some(f) = members.iter().find_map(|m| info(&m.addr).ok()) {
+            epoch0 = seen(&f, "cluster_epoch").parse().unwrap_or(0);
+            from = seen(&f, "cluster_primary");
+        }
+    }
     println!("switchover recorded in epoch {epoch0}: node {from} stops taking writes and hands over");
     // Each member is asked by a thread of its own, over and over: one that does not answer
     // (its server stopped) is waited for `INFO_TIMEOUT` there and holds nobody else's
@@ -290,10 +302,23 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
                 return Err("name one member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT".into());
             };
             let member = ditto_cluster::Member { id, addr: m.client_addr(), repl: m.repl, control: m.control };
-            change(&a.via, ditto_cluster::AdminRequest::Add(member), std::time::Duration::from_secs(a.wait_s))?;
+            let wait = std::time::Duration::from_secs(a.wait_s);
+            // A learner first: it copies the primary's data while counting in no quorum
+            // (docs/cluster.md, "Learners"); then, once it has joined, a voter.
+            match change(&a.via, ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
+                Ok(_) => println!("node {id} added as a learner: it copies the primary's data and counts in no quorum"),
+                // An earlier `add` that stopped before the promotion: it goes on from there.
+                Err(e) if e.to_string().contains("is already a learner") => println!("node {id} is a learner already"),
+                Err(e) => return Err(e),
+            }
             if a.join_wait_s > 0 {
                 wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
             }
+            if a.learner {
+                return Ok(());
+            }
+            let applied = change(&a.via, ditto_cluster::AdminRequest::Add(member), wait)?;
+            println!("node {id} promoted: a voter, counted in the commit quorum ({} members)", applied.members.len());
             return Ok(());
         }
         ClusterCmd::Remove(a) => {
@@ -358,13 +383,17 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
     if let Some(f) = nodes.iter().find_map(|(_, _, r)| r.as_ref().ok()) {
         let g = |k: &str| f.get(k).cloned().unwrap_or_else(|| "-".into());
         println!(
-            "membership: configuration {} ({}), Raft voters {}",
+            "membership: configuration {} ({}), Raft voters {}, learners {}",
             g("cluster_config"),
             match g("cluster_config_settled").as_str() {
                 "yes" => "settled: a change may be made",
                 _ => "not settled yet: the next change waits",
             },
-            g("cluster_voters")
+            g("cluster_voters"),
+            match g("cluster_learners").as_str() {
+                "" => "none".to_string(),
+                l => l.to_string(),
+            }
         );
         if let Some((from, to)) = f.get("cluster_switchover").and_then(|v| v.split_once("->")) {
             println!("switchover under way: node {from} drains and hands its role to node {to}");

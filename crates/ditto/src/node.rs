@@ -77,7 +77,7 @@ fn addrs_of(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, id: Nod
     if let Some(a) = flags.get(&id) {
         return Some(a.clone());
     }
-    let m = state.members.get(&id).filter(|m| m.repl != 0 && m.control != 0)?;
+    let m = state.node(id).filter(|m| m.repl != 0 && m.control != 0)?;
     let (host, client) = m.addr.rsplit_once(':')?;
     Some(MemberAddrs { host: host.to_string(), client: client.parse().ok()?, repl: m.repl, control: m.control })
 }
@@ -116,6 +116,9 @@ enum Role {
     Backup {
         epoch: u64,
         of: NodeId,
+        /// The node is a learner (`--learner`: its primary counts it in no quorum); its
+        /// promotion is a change of role (a new server, which resumes from its directory).
+        learner: bool,
     },
 }
 
@@ -243,6 +246,7 @@ struct Stopping {
     since: Instant,
     /// It is killed if it has not exited by then.
     kill_at: Instant,
+    killed: bool,
     why: String,
 }
 
@@ -471,29 +475,33 @@ impl NodePlane {
         // One that did not answer its fence will not answer this either: killed at once.
         let now = Instant::now();
         let kill_at = if c.unresponsive { now } else { now + STOP_TIMEOUT };
-        self.stopping = Some(Stopping { child: c, stdin, since: now, kill_at, why: why.to_string() });
+        self.stopping = Some(Stopping { child: c, stdin, since: now, kill_at, killed: false, why: why.to_string() });
         self.poll_stop(SERVER_WAIT);
     }
 
     /// Whether no server is stopping any longer; waits up to `wait` for one that is (and
-    /// kills it once it has had `STOP_TIMEOUT`).
+    /// kills it once it has had `STOP_TIMEOUT`, and then waits for it as before: a process
+    /// in uninterruptible I/O dies only once that I/O ends).
     fn poll_stop(&mut self, wait: Duration) -> bool {
         let Some(st) = &mut self.stopping else { return true };
         let t = Instant::now();
         let clean = loop {
             match st.child.proc.try_wait() {
-                Ok(Some(status)) => break status.success(),
-                Ok(None) if Instant::now() < st.kill_at => {
+                Ok(Some(status)) => break status.success() && !st.killed,
+                Ok(None) => {
+                    if !st.killed && Instant::now() >= st.kill_at {
+                        let waited = st.since.elapsed().as_secs_f64();
+                        tracing::error!("node {}: the server did not stop within {waited:.1} s; killing it", self.me);
+                        let _ = st.child.proc.kill();
+                        st.killed = true;
+                    }
                     if t.elapsed() >= wait {
                         return false;
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                _ => {
-                    let waited = st.since.elapsed().as_secs_f64();
-                    tracing::error!("node {}: the server did not stop within {waited:.1} s; killing it", self.me);
-                    let _ = st.child.proc.kill();
-                    let _ = st.child.proc.wait();
+                Err(e) => {
+                    tracing::error!("node {}: waiting for the server: {e}", self.me);
                     break false;
                 }
             }
@@ -504,7 +512,14 @@ impl NodePlane {
         if let Some(r) = st.child.reader.take() {
             let _ = r.join();
         }
-        if !clean && matches!(st.child.role, Role::Backup { .. }) && st.child.joined.load(Ordering::Acquire) {
+        // (A server of an epoch that a failover has since closed lost, if anything, only
+        // what that epoch's recovery point already decided on without this node.)
+        let open = self.state.open_epoch().map_or(0, |e| e.epoch);
+        if !clean
+            && matches!(st.child.role, Role::Backup { .. })
+            && st.child.joined.load(Ordering::Acquire)
+            && st.child.role.epoch() >= open
+        {
             // A backup that had joined may have acknowledged what is not on its disk: not
             // reported until the next epoch opens (`report`). One still joining had
             // acknowledged nothing; a primary's log holds all it acknowledged.
@@ -519,7 +534,7 @@ impl NodePlane {
 
     /// The role the control state gives this node now, if any.
     fn desired(&self) -> Option<Role> {
-        if self.state.phase != Some(Phase::Serving) || !self.state.members.contains_key(&self.me) {
+        if self.state.phase != Some(Phase::Serving) || self.state.node(self.me).is_none() {
             return None;
         }
         let open = self.state.epochs.last()?;
@@ -536,7 +551,11 @@ impl NodePlane {
                 resume_epoch: before.map(|b| b.epoch),
             })
         } else {
-            Some(Role::Backup { epoch: open.epoch, of: open.primary })
+            Some(Role::Backup {
+                epoch: open.epoch,
+                of: open.primary,
+                learner: self.state.learners.contains_key(&self.me),
+            })
         }
     }
 
@@ -548,6 +567,9 @@ impl NodePlane {
         if let Some(c) = &mut self.child {
             if c.changing && c.ready.load(Ordering::Acquire) {
                 c.changing = false; // it serves in its new role
+                                    // An answer asked between the change's request and the server reading it
+                                    // was the old role's: not read as the new one's.
+                c.prober.new_role();
             }
             if let Ok(Some(status)) = c.proc.try_wait() {
                 // Every line it printed is read once its output ends (it has exited): a
@@ -606,6 +628,12 @@ impl NodePlane {
                 }
             }
         }
+        // A fence asked for (`fenced`) that failed, or was not answered in time, stops the
+        // server even before this node's state has the failover.
+        if self.child.as_ref().is_some_and(|c| c.fence_asked.is_some()) && self.fence_in_place(false) == Fencing::Failed
+        {
+            return self.stop_child("its fence in place failed");
+        }
         let want = self.desired();
         if self.child.as_ref().map(|c| &c.role) == want.as_ref() {
             return;
@@ -623,16 +651,19 @@ impl NodePlane {
                 return self.promote_in_place(*epoch, *ts_above, *p, *e);
             }
         }
-        if let (true, Some(Role::Backup { epoch, of })) = (fenced, &want) {
+        if let (true, Some(Role::Backup { epoch, of, learner })) = (fenced, &want) {
             // The epoch its server followed, cut at the failover's point.
             let n = self.state.epochs.len();
             let cut = n.checked_sub(2).map(|i| &self.state.epochs[i]).and_then(|b| Some((b.epoch, b.recovered?)));
             if let Some((_, p)) = cut.filter(|(e, _)| self.child.as_ref().is_some_and(|c| c.role.epoch() == *e)) {
-                return self.follow_in_place(*epoch, *of, p);
+                return self.follow_in_place(*epoch, *of, p, *learner);
             }
         }
         if self.child.is_some() {
             self.stop_child("its role changed");
+            if self.stopping.is_some() {
+                return; // the next server starts once this one exited
+            }
         }
         let Some(role) = want else { return };
         if Instant::now() < self.restart_after {
@@ -727,6 +758,9 @@ impl NodePlane {
                     // Its role may change in place only if its replay is held at the
                     // primary's release (docs/cluster.md, "In-place promotion and following").
                     args.push("--hold-replay".into());
+                }
+                if matches!(role, Role::Backup { learner: true, .. }) {
+                    args.push("--learner".into());
                 }
                 if let Some(p) = upto {
                     args.extend(["--recover-upto".into(), p.to_string()]);
@@ -833,7 +867,7 @@ impl NodePlane {
     /// Has the fenced backup child follow `of`, the primary of `epoch`, in place: it
     /// replays what it holds up to the point `upto`, keeps its engine and joins `of` with
     /// it (docs/cluster.md, "In-place promotion and following").
-    fn follow_in_place(&mut self, epoch: u64, of: NodeId, upto: u64) {
+    fn follow_in_place(&mut self, epoch: u64, of: NodeId, upto: u64, learner: bool) {
         let Some(o) = self.addrs(of) else { return self.stop_child(&format!("node {of}'s addresses are unknown")) };
         if self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { .. })) {
             // A switchover's old primary (drained): what its log holds above the point, as
@@ -842,7 +876,7 @@ impl NodePlane {
             self.count_what_it_discards();
         }
         let line = format!("follow {} {} {upto}", o.repl_addr(), o.client_addr());
-        self.change_in_place(&line, Role::Backup { epoch, of });
+        self.change_in_place(&line, Role::Backup { epoch, of, learner });
         say(self.me, format!("has its backup follow node {of} (epoch {epoch}) in place from the point {upto}"));
     }
 
@@ -1174,6 +1208,7 @@ impl NodePlane {
             Role::Primary { epoch, .. } => {
                 // (A drained old primary fenced as it stands serves no more.)
                 self.serving = !c.fenced.load(Ordering::Acquire)
+                    && c.fence_asked.is_none()
                     && self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
                 self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
@@ -1186,8 +1221,9 @@ impl NodePlane {
                         continue;
                     };
                     if ago.saturating_add(age) <= HEARD_WITHIN_MS {
-                        let known = self.state.members.keys().copied().chain(self.members.keys().copied());
-                        if let Some(id) = known.into_iter().find(|&id| {
+                        let known =
+                            self.state.members.keys().chain(self.state.learners.keys()).chain(self.members.keys());
+                        if let Some(&id) = known.into_iter().find(|&&id| {
                             addrs_of(&self.state, &self.members, id).is_some_and(|m| m.client_addr() == node)
                         }) {
                             self.heard.push(id);
@@ -1544,6 +1580,7 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
             },
         ),
         ("cluster_voters".into(), st.voters.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
+        ("cluster_learners".into(), st.learners.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
         ("cluster_failovers".into(), s.epochs.len().saturating_sub(1).to_string()),
         ("cluster_switchover".into(), s.switchover.as_ref().map_or("none".into(), |w| format!("{}->{}", w.from, w.to))),
     ];
@@ -1667,7 +1704,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         }
         // A node that was a member and was removed stops (its server first); one that is
         // not a member yet waits to be added.
-        let now_member = st.state.members.contains_key(&cfg.id);
+        let now_member = st.state.node(cfg.id).is_some();
         if member && !now_member {
             say(cfg.id, format!("was removed from the cluster (configuration {}): stopping", st.state.config));
             break;

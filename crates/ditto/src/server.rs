@@ -125,6 +125,10 @@ pub struct ServerArgs {
     /// what the primary released.
     #[arg(long, hide = true)]
     hold_replay: bool,
+    /// Set by a cluster node for the backup of a learner: its primary counts it in no
+    /// quorum.
+    #[arg(long, hide = true)]
+    learner: bool,
     /// Pre-fault this many MiB of heap before serving (the benchmarks' cluster runs give
     /// their backups what the primary pre-faulted; see memory.rs).
     #[arg(long, hide = true)]
@@ -275,6 +279,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             primary_addr: None,
             members_config: a.members_config.unwrap_or(0),
             hold_replay_at_release: false,
+            learner: false,
         });
     } else if a.recover_upto.is_some() || a.primary_addr.is_some() {
         // A cluster's backup: its cut, and where its primary takes writes.
@@ -282,6 +287,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             upto: a.recover_upto,
             primary_addr: a.primary_addr,
             hold_replay_at_release: a.hold_replay,
+            learner: a.learner,
             ..Default::default()
         });
     }
@@ -323,6 +329,7 @@ fn parse_promote(rest: &str) -> Option<ditto_server::session::RoleRequest> {
             primary_addr: None,
             members_config,
             hold_replay_at_release: false,
+            learner: false,
         },
         repl_port: u16::try_from(repl_port).ok()?,
         backups: backups as usize,

@@ -960,14 +960,43 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     let (ok, out) = cluster_cli(&["add", &spec4.replace("4=", "2="), "--via", &c.control_addr(1), "--wait-s", "5"]);
     assert!(!ok && out.contains("already a member"), "adding an existing id: {out}");
 
-    // Add node 4: started first (it waits with no voters), then added.
+    // Add node 4: started first (it waits with no voters), then added as a learner only:
+    // it copies the primary's data and follows, counted in no quorum.
     c.start_joining(4);
     let t = Instant::now();
-    let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(2)]);
-    assert!(ok, "adding node 4: {out}");
-    assert!(out.contains("configuration 1"), "{out}");
+    let (ok, out) = cluster_cli(&["add", &spec4, "--learner", "--via", &c.control_addr(2)]);
+    assert!(ok, "adding node 4 as a learner: {out}");
+    assert!(out.contains("configuration 1") && out.contains("added as a learner"), "{out}");
     // The tool waits for the new node to join the primary, and says so.
     assert!(out.contains("node 4 joined the primary at"), "{out}");
+    let learner_ms = t.elapsed().as_secs_f64() * 1e3;
+    for id in 1..=4 {
+        let ci = c.wait_or_dump("every node counting node 4 a learner", Duration::from_secs(10), || {
+            let ci = c.info_section(id, "cluster")?;
+            (field(&ci, "cluster_learners")? == "4").then_some(ci)
+        });
+        assert_eq!(field(&ci, "cluster_voters").as_deref(), Some("1,2,3"), "node {id}");
+    }
+    // The primary ships to it, and does not count it: two backups expected, and its link
+    // marked a learner's.
+    c.wait_or_dump("the primary showing the learner's link", Duration::from_secs(10), || {
+        let i = c.info(first)?;
+        (field(&i, "ditto_backups_expected")? == "2"
+            && i.lines().any(|l| {
+                l.starts_with("slave") && l.contains(&format!("127.0.0.1:{}", c.ports[&4])) && l.ends_with("learner=1")
+            }))
+        .then_some(())
+    });
+    check_has(c.ports[&4], &w.acked(), Duration::from_secs(30)).unwrap_or_else(|e| {
+        c.dump_logs();
+        panic!("node 4, a learner: {e}")
+    });
+    // `ditto cluster add` again promotes it.
+    let t = Instant::now();
+    let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(2)]);
+    assert!(ok, "promoting node 4: {out}");
+    assert!(out.contains("is a learner already") && out.contains("node 4 promoted"), "{out}");
+    assert!(out.contains("configuration 2"), "{out}");
     let added_ms = t.elapsed().as_secs_f64() * 1e3;
     c.wait_or_dump("node 4 a backup with its link up", Duration::from_secs(30), || {
         let i = c.info(4)?;
@@ -983,18 +1012,25 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
             let ci = c.info_section(id, "cluster")?;
             (field(&ci, "cluster_voters")? == "1,2,3,4").then_some(ci)
         });
-        assert_eq!(field(&ci, "cluster_config").as_deref(), Some("1"), "node {id}");
+        assert_eq!(field(&ci, "cluster_config").as_deref(), Some("2"), "node {id}");
+        assert_eq!(field(&ci, "cluster_learners").as_deref(), Some(""), "node {id}");
     }
     c.wait_or_dump("the primary counting three backups, settled", Duration::from_secs(10), || {
         let i = c.info(first)?;
-        (field(&i, "ditto_backups_expected")? == "3" && field(&i, "ditto_members_settled")? == "1").then_some(())
+        (field(&i, "ditto_backups_expected")? == "3" && field(&i, "ditto_members_settled")? == "2").then_some(())
+    });
+    // Node 4's server was started again as a counted backup (no longer a learner's link).
+    c.wait_or_dump("node 4's link counted", Duration::from_secs(20), || {
+        let i = c.info(first)?;
+        let l = i.lines().find(|l| l.starts_with("slave") && l.contains(&format!("127.0.0.1:{}", c.ports[&4])))?;
+        (!l.contains("learner=1")).then_some(())
     });
     let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(3), "--wait-s", "5"]);
     assert!(!ok && out.contains("already a member"), "adding node 4 twice: {out}");
     // `ditto cluster status` shows the four of them and the membership.
     let (ok, out) = cluster_cli(&["status", "--node", &format!("127.0.0.1:{}", c.ports[&4])]);
     assert!(ok, "{out}");
-    assert!(out.contains("membership: configuration 1") && out.contains("Raft voters 1,2,3,4"), "{out}");
+    assert!(out.contains("membership: configuration 2") && out.contains("Raft voters 1,2,3,4, learners none"), "{out}");
     assert_eq!(out.lines().filter(|l| l.contains("127.0.0.1:")).count(), 4, "a row per member: {out}");
 
     // Remove a backup: its node stops by itself.
@@ -1009,7 +1045,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     c.ports.remove(&victim);
     c.wait_or_dump("the primary counting two backups, settled", Duration::from_secs(10), || {
         let i = c.info(first)?;
-        (field(&i, "ditto_backups_expected")? == "2" && field(&i, "ditto_members_settled")? == "2").then_some(())
+        (field(&i, "ditto_backups_expected")? == "2" && field(&i, "ditto_members_settled")? == "3").then_some(())
     });
     let removed_log = std::fs::read_to_string(c.log(victim)).unwrap();
     assert!(removed_log.contains("was removed from the cluster"), "{removed_log}");
@@ -1037,7 +1073,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
         });
     }
     eprintln!(
-        "membership: node 4 added and joined in {added_ms:.0} ms (a backup with its link up seen after {joined_ms:.0} ms), node {victim} removed and stopped in {removed_ms:.0} ms; primary {first} killed, node {new} took writes after {failover_ms:.0} ms; {} acknowledged writes, none lost",
+        "membership: node 4 added as a learner and joined in {learner_ms:.0} ms, promoted in {added_ms:.0} ms (a backup with its link up again seen after {joined_ms:.0} ms), node {victim} removed and stopped in {removed_ms:.0} ms; primary {first} killed, node {new} took writes after {failover_ms:.0} ms; {} acknowledged writes, none lost",
         acked.len()
     );
 }
@@ -1588,6 +1624,8 @@ fn a_switchover_goes_through_while_the_server_of_the_raft_leaders_node_is_stoppe
         c.dump_logs();
     }
     assert!(ok, "the switchover: {out}");
+    // (Else the stalled node did not lead throughout, and this run tested less.)
+    assert_eq!(still, Some(leader.to_string()), "the stopped server's node still leads Raft");
     c.wait_or_dump("writes on the target", Duration::from_secs(20), || {
         let n = w.acked().iter().filter(|(_, t, p)| *t > asked && *p == c.ports[&to]).count();
         (n > 100).then_some(())

@@ -112,6 +112,9 @@ pub struct BackupOptions {
     pub workers: usize,
     /// This node's name, as the primary shows it.
     pub node: String,
+    /// A cluster's learner: the primary does not count its acknowledgements in its commit
+    /// quorum (`Frame::Hello::learner`).
+    pub learner: bool,
     pub replay: ReplayMode,
     /// Values of at least this many bytes are shared with their received batch, not
     /// copied (`parse_replay`'s `+shared`); `None`: every value is copied.
@@ -167,6 +170,7 @@ impl BackupOptions {
             data_dir: data_dir.to_path_buf(),
             workers,
             node: node.to_string(),
+            learner: false,
             replay: ReplayMode::Parallel,
             share_values_from: None,
             progress: false,
@@ -355,6 +359,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         epoch: followed.unwrap_or(Epoch(0)),
         have_ts: have,
         node: opts.node.clone(),
+        learner: opts.learner,
     };
     // The primary may not be up yet (a cluster starts its new primary and its backups at
     // once): try often, for a while, saying so once a second.
@@ -1508,6 +1513,7 @@ impl Receiver {
                     epoch: self.epoch,
                     have_ts: have,
                     node: self.opts.node.clone(),
+                    learner: self.opts.learner,
                 };
                 let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
                 // A peer that accepts and never answers (a partition's dropped packets) must

@@ -67,6 +67,8 @@ impl Default for PrimaryOptions {
 pub struct BackupInfo {
     pub node: String,
     pub addr: String,
+    /// A learner (its acknowledgements count in no quorum).
+    pub learner: bool,
     pub received: Ts,
     pub durable: Ts,
     pub replayed: Ts,
@@ -85,7 +87,10 @@ pub struct BackupInfo {
 struct Link {
     node: String,
     addr: String,
+    /// Its place in the commit quorum's holdings (`Primary::holdings`); a learner's slots
+    /// are numbered apart and never counted.
     slot: usize,
+    learner: bool,
     queue: Mutex<Queue>,
     cv: Condvar,
     received: AtomicU64,
@@ -214,9 +219,11 @@ impl Primary {
         let logger = self.durable.logger();
         let links = self.links.lock();
         let expected = self.backups_expected.load(Ordering::Acquire);
-        let slots = expected.max(links.iter().map(|l| l.slot + 1).max().unwrap_or(0));
+        // A learner counts in no quorum (docs/cluster.md, "Learners").
+        let counted = || links.iter().filter(|l| !l.learner);
+        let slots = expected.max(counted().map(|l| l.slot + 1).max().unwrap_or(0));
         let mut backups = vec![None; slots];
-        for l in links.iter() {
+        for l in counted() {
             backups[l.slot] = Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
         }
         Holdings { primary_durable: logger.watermark(), primary_shipped: self.shipped.lock().watermark(), backups }
@@ -247,6 +254,7 @@ impl Primary {
                 BackupInfo {
                     node: l.node.clone(),
                     addr: l.addr.clone(),
+                    learner: l.learner,
                     received,
                     durable,
                     replayed,
@@ -366,9 +374,9 @@ impl Primary {
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let addr = stream.peer_addr()?.to_string();
         let mut reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node) = match read_frame(&mut reader)? {
-            Some(Frame::Hello { version, epoch, have_ts, node }) if version == PROTOCOL_VERSION => {
-                (epoch, have_ts, node)
+        let (epoch, have_ts, node, learner) = match read_frame(&mut reader)? {
+            Some(Frame::Hello { version, epoch, have_ts, node, learner }) if version == PROTOCOL_VERSION => {
+                (epoch, have_ts, node, learner)
             }
             Some(Frame::Hello { version, .. }) => {
                 let reason = format!(
@@ -384,11 +392,13 @@ impl Primary {
         // Register first: from here on every framed batch is queued for this backup.
         let link = {
             let mut links = self.links.lock();
-            let slot = (0..).find(|s| !links.iter().any(|l| l.slot == *s)).expect("a free slot");
+            let slot =
+                (0..).find(|s| !links.iter().any(|l| l.learner == learner && l.slot == *s)).expect("a free slot");
             let link = Arc::new(Link {
                 node: node.clone(),
                 addr: addr.clone(),
                 slot,
+                learner,
                 queue: Mutex::new(Queue { frames: Default::default(), bytes: 0, dead: None }),
                 cv: Condvar::new(),
                 received: AtomicU64::new(0),
@@ -490,7 +500,12 @@ impl Primary {
             }
             None => {
                 // Hard links keep the files while a later checkpoint replaces this one.
-                let keep = self.durable.dir().join(format!("ship-{}-{}", std::process::id(), link.slot));
+                let keep = self.durable.dir().join(format!(
+                    "ship-{}-{}{}",
+                    std::process::id(),
+                    if link.learner { "l" } else { "" },
+                    link.slot
+                ));
                 let _ = std::fs::remove_dir_all(&keep);
                 // A recent checkpoint and the log above it (after a failover, the one the
                 // new primary writes in the background), or one written for this backup.

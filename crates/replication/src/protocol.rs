@@ -24,8 +24,10 @@ pub const FRAME_HEADER_LEN: usize = 8;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// Backup -> primary, first: who it follows and what it holds.
-    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String },
+    /// Backup -> primary, first: who it follows and what it holds; `learner`: a cluster's
+    /// learner, whose acknowledgements the primary never counts in its commit quorum
+    /// (a byte after `node`; absent, as a peer before it sends it, means a backup).
+    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool },
     /// Primary -> backup: the answer to `Hello`.
     Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start },
     /// Primary -> backup: a piece of a checkpoint file (`start` was `Checkpoint`).
@@ -120,13 +122,16 @@ impl Frame {
         let mut b = BytesMut::with_capacity(64);
         b.put_bytes(0, FRAME_HEADER_LEN);
         match self {
-            Frame::Hello { version, epoch, have_ts, node } => {
+            Frame::Hello { version, epoch, have_ts, node, learner } => {
                 b.put_u8(kind::HELLO);
                 b.put_slice(&MAGIC);
                 b.put_u32_le(*version);
                 b.put_u64_le(epoch.0);
                 b.put_u64_le(have_ts.0);
                 put_str(&mut b, node);
+                if *learner {
+                    b.put_u8(1);
+                }
             }
             Frame::Welcome { epoch, streams, tables, start } => {
                 b.put_u8(kind::WELCOME);
@@ -213,12 +218,16 @@ impl Frame {
         let f = match k {
             kind::HELLO => {
                 magic(&mut b)?;
-                Frame::Hello {
-                    version: get_u32(&mut b)?,
-                    epoch: Epoch(get_u64(&mut b)?),
-                    have_ts: Ts(get_u64(&mut b)?),
-                    node: get_str(&mut b)?,
-                }
+                let (version, epoch, have_ts, node) =
+                    (get_u32(&mut b)?, Epoch(get_u64(&mut b)?), Ts(get_u64(&mut b)?), get_str(&mut b)?);
+                let learner = match b.has_remaining() {
+                    false => false,
+                    true => match get_u8(&mut b)? {
+                        1 => true,
+                        _ => return Err(ProtocolError::Malformed("a learner flag other than 1")),
+                    },
+                };
+                Frame::Hello { version, epoch, have_ts, node, learner }
             }
             kind::WELCOME => {
                 magic(&mut b)?;
@@ -355,7 +364,8 @@ mod tests {
 
     #[test]
     fn every_frame_roundtrips_and_every_bit_flip_is_caught() {
-        roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(99), node: "b1".into() });
+        roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(99), node: "b1".into(), learner: false });
+        roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(99), node: "b4".into(), learner: true });
         roundtrip(Frame::Welcome {
             epoch: Epoch(4),
             streams: 2,

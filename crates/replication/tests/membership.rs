@@ -68,3 +68,44 @@ fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
     p.stop();
     a.close();
 }
+
+/// A learner (a cluster node being added, `Frame::Hello::learner`) counts in no commit
+/// quorum: with the one counted backup of three nodes gone, a learner that receives and
+/// acknowledges everything releases nothing; once the counted backup is back, the commit
+/// is released. The primary's `backups()` shows the learner as one.
+#[test]
+fn a_learners_acknowledgements_release_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, l) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("learner"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("majority-durable").unwrap();
+    // Two nodes counted: the primary and one backup (a majority is both).
+    let opts = PrimaryOptions { backups_expected: 1, members_config: 0, ..Default::default() };
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let learner = backup::start(BackupOptions { learner: true, ..BackupOptions::new(&addr, &l, 1, "l") }).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let pending = w.run(|x| x.put(t, b"k", b"v")).unwrap().1;
+    let ts = pending.ts();
+    wait_until("the learner to hold the commit durably", Duration::from_secs(20), || {
+        p.backups().iter().any(|b| b.learner && b.durable >= ts)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(p.released() < ts, "released {:?} with only a learner holding {ts:?}", p.released());
+    assert_eq!(p.backups().iter().filter(|b| b.learner).count(), 1);
+    // The counted backup joins: the commit is released.
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    assert_eq!(pending.wait().unwrap(), ts);
+    wait_until("the release watermark past the commit", Duration::from_secs(10), || p.released() >= ts);
+    assert_eq!(p.backups().iter().filter(|b| !b.learner).count(), 1);
+    bk1.stop("done", Duration::from_secs(10)).unwrap();
+    learner.stop("done", Duration::from_secs(10)).unwrap();
+    drop(w);
+    p.stop();
+    a.close();
+}

@@ -128,6 +128,8 @@ pub struct ClusterRun {
     /// A backup: replay only what the primary released, so that a failover can promote
     /// it, or have it follow the next primary, in place (docs/cluster.md).
     pub hold_replay_at_release: bool,
+    /// A backup that is a cluster's learner: its primary counts it in no quorum.
+    pub learner: bool,
 }
 
 /// The `maxmemory` setting: a size in Redis's units (a string such as `"512mb"`, or an

@@ -52,7 +52,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                 put(
                     &format!("slave{i}"),
                     format!(
-                        "node={},addr={},state=online,received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={}",
+                        "node={},addr={},state=online,received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={}{}",
                         b.node,
                         b.addr,
                         b.received.0,
@@ -64,7 +64,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                         b.replay_lag.as_secs_f64() * 1e3,
                         freshness_pct(b.replayed.0.min(primary.released().0), visible),
                         b.queued_bytes,
-                        b.heard_ago.as_millis()
+                        b.heard_ago.as_millis(),
+                        if b.learner { ",learner=1" } else { "" }
                     ),
                 );
             }

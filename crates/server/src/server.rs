@@ -288,6 +288,7 @@ fn run_role(
                 data_dir: dir.clone(),
                 workers: cfg.workers,
                 node: format!("{}:{}", cfg.bind, cfg.port),
+                learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
                 replay,
                 share_values_from,
                 progress: true,
@@ -814,6 +815,8 @@ fn follow_in_place(
         upto: Some(upto),
         primary_addr: Some(primary_addr),
         hold_replay_at_release: true,
+        // A learner follows the next primary as a learner.
+        learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
         ..Default::default()
     });
     Ok((next, ditto_log::Recovered(db)))
