@@ -63,7 +63,8 @@ pub struct AddArgs {
     #[arg(long)]
     learner: bool,
     /// Then wait this long for the new node to join the primary as a backup (its copy of
-    /// the primary's data done, its link up), printing its progress; 0: do not wait.
+    /// the primary's data done, its link up), printing its progress, before it is
+    /// promoted; 0: do not wait, and leave it a learner.
     #[arg(long, default_value_t = 600)]
     join_wait_s: u64,
 }
@@ -285,7 +286,7 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
         }
         if t.elapsed() >= wait {
             return Err(format!(
-                "node {id} has not joined within {wait:?} (it is a member; see `ditto cluster status` and its log)"
+                "node {id} has not joined within {wait:?} (it is a learner, not promoted; see `ditto cluster status` and its log)"
             )
             .into());
         }
@@ -311,12 +312,15 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
                 Err(e) if e.to_string().contains("is already a learner") => println!("node {id} is a learner already"),
                 Err(e) => return Err(e),
             }
-            if a.join_wait_s > 0 {
-                wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
-            }
-            if a.learner {
+            if a.join_wait_s == 0 || a.learner {
+                if a.join_wait_s > 0 {
+                    wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
+                }
+                // (Promoted only once joined: a voter without the data stalls writes.)
+                println!("node {id} stays a learner: `ditto cluster add` again promotes it once it has joined");
                 return Ok(());
             }
+            wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
             let applied = change(&a.via, ditto_cluster::AdminRequest::Add(member), wait)?;
             println!("node {id} promoted: a voter, counted in the commit quorum ({} members)", applied.members.len());
             return Ok(());

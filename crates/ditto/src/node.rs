@@ -518,8 +518,9 @@ impl NodePlane {
         // (A server of an epoch that a failover has since closed lost, if anything, only
         // what that epoch's recovery point already decided on without this node.)
         let open = self.state.open_epoch().map_or(0, |e| e.epoch);
+        // (A learner's acknowledgements never counted: what it lost endangers nothing.)
         if !clean
-            && matches!(st.child.role, Role::Backup { .. })
+            && matches!(st.child.role, Role::Backup { learner: false, .. })
             && st.child.joined.load(Ordering::Acquire)
             && st.child.role.epoch() >= open
         {
@@ -663,7 +664,15 @@ impl NodePlane {
             // The epoch its server followed, cut at the failover's point.
             let n = self.state.epochs.len();
             let cut = n.checked_sub(2).map(|i| &self.state.epochs[i]).and_then(|b| Some((b.epoch, b.recovered?)));
-            if let Some((_, p)) = cut.filter(|(e, _)| self.child.as_ref().is_some_and(|c| c.role.epoch() == *e)) {
+            // (Only as it runs: a learner promoted meanwhile, or a member turned learner,
+            // is a new server, since its server keeps its flag when it follows in place.)
+            let same_kind = |c: &Running| match c.role {
+                Role::Backup { learner: l, .. } => l == *learner,
+                Role::Primary { .. } => !*learner,
+            };
+            if let Some((_, p)) =
+                cut.filter(|(e, _)| self.child.as_ref().is_some_and(|c| c.role.epoch() == *e && same_kind(c)))
+            {
                 return self.follow_in_place(*epoch, *of, p, *learner);
             }
         }

@@ -1492,7 +1492,10 @@ fn sentinel(a: &[Bytes], sh: &Shared) -> Reply {
 /// How many backups hold every commit up to `ts` (received; none on a standalone node).
 pub fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
     match &sh.replication {
-        Replication::Primary { primary, .. } => primary.backups().iter().filter(|b| b.received >= ts).count(),
+        // (A cluster's learner is no replica a failover counts on.)
+        Replication::Primary { primary, .. } => {
+            primary.backups().iter().filter(|b| !b.learner && b.received >= ts).count()
+        }
         _ => 0,
     }
 }
