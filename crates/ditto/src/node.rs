@@ -647,6 +647,24 @@ impl NodePlane {
         if self.child.as_ref().map(|c| &c.role) == want.as_ref() {
             return;
         }
+        // A learner promoted: its backup, joined and following the same primary, is told
+        // to count from now on (it connects again, as a counted backup), keeping its
+        // engine, its directory and its clients' connections. Not yet joined, it is
+        // waited for.
+        if let (Some(c), Some(w @ Role::Backup { epoch, of, learner: false })) = (&mut self.child, &want) {
+            let same_link =
+                matches!(c.role, Role::Backup { epoch: e, of: o, learner: true } if e == *epoch && o == *of);
+            if same_link && !c.changing && c.fence_asked.is_none() && !c.fenced.load(Ordering::Acquire) {
+                if !(c.ready.load(Ordering::Acquire) && c.joined.load(Ordering::Acquire)) {
+                    return;
+                }
+                if tell_server(&self.gate, "count") {
+                    c.role = w.clone();
+                    say(self.me, "promoted: its backup counts in the primary's quorum from now on (in place)");
+                    return;
+                }
+            }
+        }
         // A backup fenced in place serves reads through the failover (it is looked at
         // again next turn while its fence is under way).
         match self.fence_in_place(want.is_none()) {

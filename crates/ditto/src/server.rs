@@ -162,6 +162,8 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     // A backup's fence that keeps it serving reads, and its promotion in
                     // place (docs/cluster.md, "In-place promotion and following").
                     ("fence", "") => g.request_role(ditto_server::session::RoleRequest::Fence),
+                    // A learner promoted: its backup is counted from now on.
+                    ("count", "") => g.request_role(ditto_server::session::RoleRequest::CountInQuorum),
                     ("promote", rest) => match parse_promote(rest) {
                         Some(r) => {
                             g.set(Some(

@@ -991,7 +991,8 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
         c.dump_logs();
         panic!("node 4, a learner: {e}")
     });
-    // `ditto cluster add` again promotes it.
+    // `ditto cluster add` again promotes it, in place: the same server process.
+    let pid4 = field(&c.info_section(4, "server").unwrap(), "process_id").unwrap();
     let t = Instant::now();
     let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(2)]);
     assert!(ok, "promoting node 4: {out}");
@@ -1019,12 +1020,14 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
         let i = c.info(first)?;
         (field(&i, "ditto_backups_expected")? == "3" && field(&i, "ditto_members_settled")? == "1").then_some(())
     });
-    // Node 4's server was started again as a counted backup (no longer a learner's link).
+    // Node 4's backup connected again as a counted one (no longer a learner's link), its
+    // server the same process.
     c.wait_or_dump("node 4's link counted", Duration::from_secs(20), || {
         let i = c.info(first)?;
         let l = i.lines().find(|l| l.starts_with("slave") && l.contains(&format!("127.0.0.1:{}", c.ports[&4])))?;
         (!l.contains("learner=1")).then_some(())
     });
+    assert_eq!(field(&c.info_section(4, "server").unwrap(), "process_id"), Some(pid4), "promoted in place");
     let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(3), "--wait-s", "5"]);
     assert!(!ok && out.contains("already a member"), "adding node 4 twice: {out}");
     // `ditto cluster status` shows the four of them and the membership.

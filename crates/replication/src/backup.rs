@@ -224,6 +224,8 @@ pub struct BackupState {
     pub failure: Mutex<Option<String>>,
     /// The replay mode, as `ReplayMode` prints it.
     pub replay_mode: Mutex<String>,
+    /// A cluster's learner (`BackupOptions::learner`) until `Backup::count_in_quorum`.
+    pub learner: AtomicBool,
 }
 
 /// A running backup: its database (read it through snapshots) and its figures.
@@ -465,6 +467,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let mut seal_pending = links >= ditto_log::sealed::CHECKPOINT_AT_LINKS && opts.checkpoint_sealed;
     let chain_bytes = if links > 0 { ditto_log::sealed::chain_bytes(&dir) } else { 0 };
     let state = Arc::new(BackupState::default());
+    state.learner.store(opts.learner, Ordering::Release);
     *state.replay_mode.lock() = match opts.share_values_from {
         None => opts.replay.to_string(),
         Some(0) => format!("{}+shared", opts.replay),
@@ -1513,7 +1516,7 @@ impl Receiver {
                     epoch: self.epoch,
                     have_ts: have,
                     node: self.opts.node.clone(),
-                    learner: self.opts.learner,
+                    learner: self.state.learner.load(Ordering::Acquire),
                 };
                 let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
                 // A peer that accepts and never answers (a partition's dropped packets) must
@@ -1853,6 +1856,21 @@ impl BackupState {
 }
 
 impl Backup {
+    /// Whether the primary counts this backup in no quorum (a cluster's learner).
+    pub fn is_learner(&self) -> bool {
+        self.state.learner.load(Ordering::Acquire)
+    }
+
+    /// A learner promoted in place: it says so to its primary by connecting again (the
+    /// link is dropped, and resumed at once above what it holds, as after any drop, with a
+    /// `Hello` that names no learner), so that the primary counts it from then on. Its
+    /// engine, directory and readers are untouched.
+    pub fn count_in_quorum(&self) {
+        if self.state.learner.swap(false, Ordering::AcqRel) {
+            let _ = self.link.lock().shutdown(std::net::Shutdown::Both);
+        }
+    }
+
     /// The failure that stopped this backup, if any (it then serves its last read view).
     pub fn failure(&self) -> Option<String> {
         self.state.failure.lock().clone()

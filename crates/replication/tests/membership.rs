@@ -70,9 +70,10 @@ fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
 }
 
 /// A learner (a cluster node being added, `Frame::Hello::learner`) counts in no commit
-/// quorum: with the one counted backup of three nodes gone, a learner that receives and
-/// acknowledges everything releases nothing; once the counted backup is back, the commit
-/// is released. The primary's `backups()` shows the learner as one.
+/// quorum: with the one counted backup expected absent, a learner that receives and
+/// acknowledges everything durably releases nothing (the primary's `backups()` shows it a
+/// learner); promoted in place (`Backup::count_in_quorum`), it connects again as a counted
+/// backup, and the commit is released.
 #[test]
 fn a_learners_acknowledgements_release_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -98,11 +99,21 @@ fn a_learners_acknowledgements_release_nothing() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(p.released() < ts, "released {:?} with only a learner holding {ts:?}", p.released());
     assert_eq!(p.backups().iter().filter(|b| b.learner).count(), 1);
-    // The counted backup joins: the commit is released.
-    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    // Promoted in place (`count_in_quorum`): it connects again as a counted backup, and
+    // the commit is released.
+    assert!(learner.is_learner());
+    learner.count_in_quorum();
+    assert!(!learner.is_learner());
     assert_eq!(pending.wait().unwrap(), ts);
     wait_until("the release watermark past the commit", Duration::from_secs(10), || p.released() >= ts);
-    assert_eq!(p.backups().iter().filter(|b| !b.learner).count(), 1);
+    wait_until("one counted link and no learner's", Duration::from_secs(10), || {
+        let b = p.backups();
+        b.len() == 1 && !b[0].learner
+    });
+    // A counted backup more (a third node, not expected) changes nothing of that.
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    let later = w.run(|x| x.put(t, b"k2", b"v")).unwrap().1.wait().unwrap();
+    assert!(later > ts);
     bk1.stop("done", Duration::from_secs(10)).unwrap();
     learner.stop("done", Duration::from_secs(10)).unwrap();
     drop(w);

@@ -673,11 +673,16 @@ fn run_role(
                     (crate::session::RoleRequest::Drain { .. }, Some(_)) => {
                         println!("ditto server drain failed: this server is a backup")
                     }
+                    (crate::session::RoleRequest::CountInQuorum, Some(b)) => {
+                        b.count_in_quorum();
+                        println!("ditto server counts in the quorum");
+                    }
                     (r, None) => println!("ditto server {} refused: this server is not a backup", match r {
                         crate::session::RoleRequest::Fence => "fence",
                         crate::session::RoleRequest::Promote { .. } => "promotion",
                         crate::session::RoleRequest::Follow { .. } => "follow",
                         crate::session::RoleRequest::Drain { .. } => unreachable!("matched above"),
+                        crate::session::RoleRequest::CountInQuorum => "count in the quorum",
                     }),
                 },
             }
@@ -805,6 +810,7 @@ fn follow_in_place(
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
     // A follower that held less than the point is cut where it holds everything; the new
     // primary sends it the rest, cut at the point (`PrimaryOptions::resume_from`).
+    let learner = b.is_learner();
     let (db, cut) = cut_and_seal(cfg, b, Ts(upto), true, "follow")?;
     if cut.0 < upto {
         println!("follow: held every stream up to ts {} only; the new primary sends it the rest up to {upto}", cut.0);
@@ -815,8 +821,8 @@ fn follow_in_place(
         upto: Some(upto),
         primary_addr: Some(primary_addr),
         hold_replay_at_release: true,
-        // A learner follows the next primary as a learner.
-        learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
+        // A learner follows the next primary as a learner (unless promoted meanwhile).
+        learner,
         ..Default::default()
     });
     Ok((next, ditto_log::Recovered(db)))

@@ -1288,6 +1288,9 @@ pub enum RoleRequest {
     /// acknowledged all of it durably; then prints `ditto server drained at ts T`, or
     /// `ditto server drain failed: WHY` and takes writes again.
     Drain { target: String, within: std::time::Duration },
+    /// A learner's backup is counted from now on (`Backup::count_in_quorum`): prints
+    /// `ditto server counts in the quorum`.
+    CountInQuorum,
 }
 
 /// The count of backups last set (with its configuration), and the hook that applies it.
