@@ -716,23 +716,28 @@ mod tests {
                 if done(self) {
                     return;
                 }
-                let mut msgs = Vec::new();
-                for (n, d) in self.nodes.values_mut() {
-                    n.tick();
-                    msgs.extend(n.poll(d).unwrap().messages);
-                }
-                while !msgs.is_empty() {
-                    for m in std::mem::take(&mut msgs) {
-                        if let Some((n, _)) = self.nodes.get_mut(&m.to) {
-                            let _ = n.step(m);
-                        }
-                    }
-                    for (n, d) in self.nodes.values_mut() {
-                        msgs.extend(n.poll(d).unwrap().messages);
-                    }
-                }
+                self.round();
             }
             panic!("{what}: not reached");
+        }
+
+        /// One tick of every node, and every message that follows delivered.
+        fn round(&mut self) {
+            let mut msgs = Vec::new();
+            for (n, d) in self.nodes.values_mut() {
+                n.tick();
+                msgs.extend(n.poll(d).unwrap().messages);
+            }
+            while !msgs.is_empty() {
+                for m in std::mem::take(&mut msgs) {
+                    if let Some((n, _)) = self.nodes.get_mut(&m.to) {
+                        let _ = n.step(m);
+                    }
+                }
+                for (n, d) in self.nodes.values_mut() {
+                    msgs.extend(n.poll(d).unwrap().messages);
+                }
+            }
         }
 
         fn leader(&mut self) -> &mut ControlNode {
@@ -880,21 +885,7 @@ mod tests {
         let parked = g.nodes.remove(&stopped).unwrap();
         let _ = g.nodes.get_mut(&leader).unwrap().0.propose(&Command::SetPolicy { policy: "all".into() });
         for _ in 0..50 {
-            let mut msgs = Vec::new();
-            for (n, d) in g.nodes.values_mut() {
-                n.tick();
-                msgs.extend(n.poll(d).unwrap().messages);
-            }
-            while !msgs.is_empty() {
-                for m in std::mem::take(&mut msgs) {
-                    if let Some((n, _)) = g.nodes.get_mut(&m.to) {
-                        let _ = n.step(m);
-                    }
-                }
-                for (n, d) in g.nodes.values_mut() {
-                    msgs.extend(n.poll(d).unwrap().messages);
-                }
-            }
+            g.round();
         }
         for (_, (n, _)) in g.nodes.iter() {
             assert_eq!(n.state().policy, "majority", "node {}: committed with one voter and a learner", n.id());

@@ -1551,6 +1551,25 @@ fn switchover_and_wait(c: &Cluster, w: &Writer, to: u64, via: u64, what: &str) {
     });
 }
 
+/// Waits until each of `followers` is a backup with its link up, stops the writer, and
+/// checks that every node of the three holds every write it acknowledged; returns them.
+fn follow_then_check_all(c: &Cluster, w: &mut Writer, followers: &[u64]) -> Vec<(u64, Instant, u16)> {
+    for &id in followers {
+        c.wait_or_dump(&format!("node {id} to follow the primary"), Duration::from_secs(60), || {
+            c.info(id).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+        });
+    }
+    w.stop();
+    let acked = w.acked();
+    for id in 1..=3 {
+        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
+            c.dump_logs();
+            panic!("node {id}: {e}")
+        });
+    }
+    acked
+}
+
 /// SIGSTOP or SIGCONT to a process (a node's server, which then neither answers nor dies).
 fn signal(pid: i32, sig: i32) {
     // SAFETY: kill(2) on a pid the test read from that server's INFO; no memory passed.
@@ -1627,17 +1646,7 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
     }
     assert!(ok, "the second switchover: {out}");
     c.wait_or_dump("the target to take writes", Duration::from_secs(20), || (c.primary() == Some(to)).then_some(()));
-    c.wait_or_dump("the old primary to rejoin", Duration::from_secs(60), || {
-        c.info(first).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
-    });
-    w.stop();
-    let acked = w.acked();
-    for id in 1..=3 {
-        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
-            c.dump_logs();
-            panic!("node {id}: {e}")
-        });
-    }
+    let acked = follow_then_check_all(&c, &mut w, &[first]);
     eprintln!(
         "switchover to a stopped server given up after {:.1} s (writes refused for at most {gap:.0} ms); \
          the next one went through; {} acknowledged writes, none lost",
@@ -1703,21 +1712,8 @@ fn a_switchover_goes_through_while_the_server_of_the_raft_leaders_node_is_stoppe
     }
     assert!(took < Duration::from_secs(5), "the switchover took {took:?}: {out}");
     assert!(gap < 5000.0, "writes refused for {gap:.0} ms across the switchover");
-    // The stopped node, running again, follows the new primary.
-    c.wait_or_dump("the stopped node to follow the new primary", Duration::from_secs(60), || {
-        c.info(leader).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
-    });
-    c.wait_or_dump("the old primary to follow the new primary", Duration::from_secs(60), || {
-        c.info(first).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
-    });
-    w.stop();
-    let acked = w.acked();
-    for id in 1..=3 {
-        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
-            c.dump_logs();
-            panic!("node {id}: {e}")
-        });
-    }
+    // The stopped node, running again, follows the new primary; so does the old primary.
+    let acked = follow_then_check_all(&c, &mut w, &[leader, first]);
     eprintln!(
         "switchover from node {first} to node {to} with the server of node {leader} (Raft leader: {still:?} after) \
          stopped: done in {:.2} s, writes refused for at most {gap:.0} ms; {} acknowledged writes, none lost",
