@@ -240,9 +240,9 @@ impl Drop for Prober {
 /// A server told to stop that has not exited yet (`NodePlane::stop_child`).
 struct Stopping {
     child: Running,
-    /// Its standard input, taken from the gate (nothing else is sent to it); dropped once
-    /// it exited.
-    stdin: Option<std::process::ChildStdin>,
+    /// Its standard input, taken from the gate (nothing else is sent to it; what waits in
+    /// it is flushed at each look); dropped once it exited.
+    stdin: Option<Pipe>,
     since: Instant,
     /// It is killed if it has not exited by then.
     kill_at: Instant,
@@ -265,7 +265,7 @@ enum Fencing {
 /// has contact with a quorum, docs/cluster.md).
 #[derive(Default)]
 struct Gate {
-    stdin: Option<std::process::ChildStdin>,
+    stdin: Option<Pipe>,
     primary: bool,
     open: bool,
     /// The `INFO cluster` fields the server was last sent.
@@ -276,11 +276,67 @@ struct Gate {
 
 type SharedGate = Arc<parking_lot::Mutex<Gate>>;
 
-/// Sends one line to the running server's standard input; false if there is none or the
-/// write failed.
+/// A server's standard input, written without blocking: what the pipe cannot take now
+/// waits here, in order, and goes at the next `flush` (the supervisor's loop flushes every
+/// 5 ms). A server that does not read (stopped, hung) fills the pipe's 64 KiB; a blocking
+/// write would then hold whoever wrote, the control thread included (docs/cluster.md, "The
+/// control thread does not wait on its server"). One that has left `PIPE_PENDING_MAX`
+/// bytes unread is taken as gone: `send` says false, as for a closed pipe.
+struct Pipe {
+    w: std::process::ChildStdin,
+    pending: Vec<u8>,
+}
+
+/// See `Pipe`.
+const PIPE_PENDING_MAX: usize = 1 << 20;
+
+impl Pipe {
+    fn new(w: std::process::ChildStdin) -> std::io::Result<Pipe> {
+        use std::os::fd::AsRawFd;
+        let fd = w.as_raw_fd();
+        // SAFETY: fcntl(2) on a descriptor this process owns (the pipe's write end, held
+        // by `w` for as long as the call runs); no memory is passed.
+        let ok = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+        };
+        if !ok {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Pipe { w, pending: Vec::new() })
+    }
+
+    /// Queues one line and sends what the pipe takes now; false if the pipe is closed or
+    /// broken, or the server has left too much unread.
+    fn send(&mut self, line: &str) -> bool {
+        self.pending.extend_from_slice(line.as_bytes());
+        if !line.ends_with('\n') {
+            self.pending.push(b'\n');
+        }
+        self.flush()
+    }
+
+    /// Sends what the pipe takes now of what waits; false as `send`.
+    fn flush(&mut self) -> bool {
+        while !self.pending.is_empty() {
+            match self.w.write(&self.pending) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        self.pending.len() <= PIPE_PENDING_MAX
+    }
+}
+
+/// Sends one line to the running server's standard input (`Pipe::send`); false if there is
+/// none or it is gone.
 fn tell_server(gate: &SharedGate, line: &str) -> bool {
-    let mut g = gate.lock();
-    g.stdin.as_mut().is_some_and(|i| writeln!(i, "{line}").and_then(|_| i.flush()).is_ok())
+    gate.lock().stdin.as_mut().is_some_and(|p| p.send(line))
 }
 
 /// One failover as this node saw it (wall-clock milliseconds).
@@ -472,8 +528,8 @@ impl NodePlane {
         // goes with it (a closed one makes the server exit at once); the gate is empty
         // until the next server starts.
         let mut stdin = std::mem::take(&mut *self.gate.lock()).stdin;
-        if let Some(i) = &mut stdin {
-            let _ = i.write_all(b"stop\n").and_then(|_| i.flush());
+        if let Some(p) = &mut stdin {
+            p.send("stop");
         }
         // One that did not answer its fence will not answer this either: killed at once.
         let now = Instant::now();
@@ -487,6 +543,9 @@ impl NodePlane {
     /// in uninterruptible I/O dies only once that I/O ends).
     fn poll_stop(&mut self, wait: Duration) -> bool {
         let Some(st) = &mut self.stopping else { return true };
+        if let Some(p) = &mut st.stdin {
+            p.flush();
+        }
         let t = Instant::now();
         let clean = loop {
             match st.child.proc.try_wait() {
@@ -813,7 +872,14 @@ impl NodePlane {
             .spawn()
             .map_err(|e| format!("starting the server: {e}"))?;
         *self.gate.lock() = Gate {
-            stdin: proc.stdin.take(),
+            stdin: match proc.stdin.take().map(Pipe::new).transpose() {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = proc.kill();
+                    let _ = proc.wait();
+                    return Err(format!("making the server's standard input non-blocking: {e}"));
+                }
+            },
             primary: matches!(role, Role::Primary { .. }),
             open: false, // a new primary's server starts with its writes refused
             info: Vec::new(),
@@ -935,7 +1001,7 @@ impl NodePlane {
         let primary = matches!(role, Role::Primary { .. });
         c.role = role;
         let mut g = self.gate.lock();
-        let sent = g.stdin.as_mut().is_some_and(|i| writeln!(i, "{line}").and_then(|_| i.flush()).is_ok());
+        let sent = g.stdin.as_mut().is_some_and(|p| p.send(line));
         *g = Gate { stdin: g.stdin.take(), primary, open: false, info: Vec::new(), config: self.state.config };
         drop(g);
         if !sent {
@@ -990,8 +1056,7 @@ impl NodePlane {
             None if !ask => return Fencing::Failed,
             None => {
                 let mut g = self.gate.lock();
-                let Some(stdin) = &mut g.stdin else { return Fencing::Failed };
-                if stdin.write_all(b"fence\n").and_then(|_| stdin.flush()).is_err() {
+                if !g.stdin.as_mut().is_some_and(|p| p.send("fence")) {
                     return Fencing::Failed;
                 }
                 c.fence_asked = Some(Instant::now());
@@ -1761,44 +1826,39 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         // the majority (which then fails it over), it refuses them.
         {
             let mut g = gate.lock();
+            // What waits for a server that was slow to read goes first.
+            if let Some(p) = &mut g.stdin {
+                p.flush();
+            }
             if g.stdin.is_some() && g.info != info {
-                let line = format!("cluster {}\n", serde_json::to_string(&info).expect("strings serialise"));
-                if let Some(stdin) = &mut g.stdin {
-                    if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
-                        g.info = info;
-                    }
+                let line = format!("cluster {}", serde_json::to_string(&info).expect("strings serialise"));
+                if g.stdin.as_mut().is_some_and(|p| p.send(&line)) {
+                    g.info = info;
                 }
             }
             // A primary's commit quorum counts the members as they come and go.
             let config = st.state.config;
             if g.primary && g.config != config && st.state.epoch > 0 {
-                let line = format!("backups {} {config}\n", st.state.members.len().saturating_sub(1));
-                if let Some(stdin) = &mut g.stdin {
-                    if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
-                        g.config = config;
-                        say(
-                            cfg.id,
-                            format!(
-                                "the primary counts {} backups (configuration {config})",
-                                st.state.members.len() - 1
-                            ),
-                        );
-                    }
+                let line = format!("backups {} {config}", st.state.members.len().saturating_sub(1));
+                if g.stdin.as_mut().is_some_and(|p| p.send(&line)) {
+                    g.config = config;
+                    say(
+                        cfg.id,
+                        format!("the primary counts {} backups (configuration {config})", st.state.members.len() - 1),
+                    );
                 }
             }
             if g.primary && g.open != st.quorum_contact {
                 let line = match st.quorum_contact {
-                    true => "writes on\n".to_string(),
+                    true => "writes on".to_string(),
                     false => format!(
-                        "writes off this node is the primary of epoch {} but has not heard a quorum of its cluster for {} ms: it takes no writes (the others may have failed it over)\n",
+                        "writes off this node is the primary of epoch {} but has not heard a quorum of its cluster for {} ms: it takes no writes (the others may have failed it over)",
                         st.state.epoch, cfg.timeouts.failure
                     ),
                 };
-                if let Some(stdin) = &mut g.stdin {
-                    if stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()).is_ok() {
-                        g.open = st.quorum_contact;
-                        say(cfg.id, format!("writes {}", if g.open { "taken" } else { "refused: no quorum contact" }));
-                    }
+                if g.stdin.as_mut().is_some_and(|p| p.send(&line)) {
+                    g.open = st.quorum_contact;
+                    say(cfg.id, format!("writes {}", if g.open { "taken" } else { "refused: no quorum contact" }));
                 }
             }
         }
@@ -1820,7 +1880,56 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{probe_wait, role_change_of, PROBE_BACKOFF_MAX, PROBE_EVERY};
+    use super::{probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY};
+
+    /// A server that does not read its standard input (here a process stopped with
+    /// SIGSTOP) never blocks the writer: lines wait, in order, until it reads again; one
+    /// that leaves too much unread is taken as gone; a closed pipe says so.
+    #[test]
+    fn a_server_that_does_not_read_its_input_never_blocks_the_writer() {
+        let mut child = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("cat");
+        let out = child.stdout.take().unwrap();
+        let mut p = Pipe::new(child.stdin.take().unwrap()).unwrap();
+        // SAFETY: kill(2) on the child this test started; no memory passed.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+        // Far more than the pipe holds (64 KiB), each send returning at once.
+        let line = "x".repeat(1000);
+        let t = std::time::Instant::now();
+        for i in 0..400 {
+            assert!(p.send(&format!("{i:04} {line}")), "line {i} queued");
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "sends did not block: {:?}", t.elapsed());
+        assert!(!p.pending.is_empty(), "the pipe is full: the rest waits");
+        // Read again: what waited goes, in order.
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGCONT) }, 0);
+        let reader = std::thread::spawn(move || {
+            let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+            (0..400).map(|_| lines.next().unwrap().unwrap()[..4].to_string()).collect::<Vec<_>>()
+        });
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !p.pending.is_empty() && std::time::Instant::now() < end {
+            assert!(p.flush());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let got = reader.join().unwrap();
+        assert_eq!(got, (0..400).map(|i| format!("{i:04}")).collect::<Vec<_>>());
+        // Stopped again, with more than `PIPE_PENDING_MAX` left unread: gone.
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+        let big = "y".repeat(64 << 10);
+        let sent = (0..(PIPE_PENDING_MAX / big.len() + 4)).map(|_| p.send(&big)).collect::<Vec<_>>();
+        assert!(sent[0] && !sent[sent.len() - 1], "taken as gone once too much waits");
+        // A closed pipe: the process is gone.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        p.pending.clear();
+        assert!(!p.send("after"), "a closed pipe");
+    }
 
     #[test]
     fn probes_of_a_server_that_does_not_answer_back_off_to_a_second() {
