@@ -309,6 +309,9 @@ impl Pipe {
     /// Queues one line and sends what the pipe takes now; false if the pipe is closed or
     /// broken, or the server has left too much unread.
     fn send(&mut self, line: &str) -> bool {
+        if !self.flush() {
+            return false; // (nothing more is queued for a server taken as gone)
+        }
         self.pending.extend_from_slice(line.as_bytes());
         if !line.ends_with('\n') {
             self.pending.push(b'\n');
@@ -1924,6 +1927,8 @@ mod tests {
         let big = "y".repeat(64 << 10);
         let sent = (0..(PIPE_PENDING_MAX / big.len() + 4)).map(|_| p.send(&big)).collect::<Vec<_>>();
         assert!(sent[0] && !sent[sent.len() - 1], "taken as gone once too much waits");
+        let held = p.pending.len();
+        assert!(!p.send(&big) && p.pending.len() == held, "nothing more queued once gone");
         // A closed pipe: the process is gone.
         child.kill().unwrap();
         child.wait().unwrap();
