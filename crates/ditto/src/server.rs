@@ -346,6 +346,10 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.replica_of.is_some() || a.repl_port.is_some() || a.port.is_some() {
         return Err("a cluster node takes its ports from --members (not --port, --repl-port or --replica-of)".into());
     }
+    // Its supervisor probes each server it starts over the plaintext client port.
+    if a.tls_only || a.config.as_deref().map(Config::load).transpose()?.is_some_and(|c| c.tls_only) {
+        return Err("a cluster node's server needs its plaintext client port (its supervisor probes it there): tls_only is not supported with --node-id".into());
+    }
     let mut child_args = Vec::new();
     let mut pass = |k: &str, v: Option<String>| {
         if let Some(v) = v {

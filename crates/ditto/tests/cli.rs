@@ -309,3 +309,26 @@ fn bench_redis_small_against_ditto_only() {
         assert!(s["vs_redis"].is_null() && s["vs_redis_always"].is_null(), "no Redis, no ratio: {s}");
     }
 }
+
+/// A cluster node's supervisor probes its server over the plaintext client port: asking
+/// for a TLS-only server, by flag or in the config file, is refused at the start with the
+/// reason, before anything is created.
+#[test]
+fn a_cluster_node_refuses_tls_only_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("ditto.toml");
+    std::fs::write(&conf, "tls_only = true\n").unwrap();
+    let data = dir.path().join("n1");
+    let members = "1=127.0.0.1:1/2/3";
+    for extra in [vec!["--tls-only"], vec!["--config", conf.to_str().unwrap()]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
+            .args(&extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} refused");
+        assert!(err.contains("tls_only is not supported with --node-id"), "{extra:?}: {err}");
+        assert!(!data.exists(), "{extra:?}: nothing created");
+    }
+}
