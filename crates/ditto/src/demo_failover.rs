@@ -36,6 +36,9 @@ pub struct FailoverDemo {
     /// The planned switchover after the kills: (from, to, writes refused ms, the old
     /// primary back as a backup ms).
     switchover: Option<(u64, u64, f64, f64)>,
+    /// A fourth node added online: (ms from the request to its backup joined as a
+    /// learner, ms from the promotion to its link counted by the primary).
+    added: Option<(f64, f64)>,
 }
 
 /// A three-node cluster of `ditto server --node-id` processes on loopback (the demo's and
@@ -80,12 +83,29 @@ impl Nodes {
     }
 
     pub(crate) fn start(&mut self, id: u64) -> Result<(), Error> {
+        self.spawn(id, &[])
+    }
+
+    /// A new node `id` on free ports, started to join (`--join`: it waits, with no voters,
+    /// to be added); returns its member spec.
+    pub(crate) fn start_joining(&mut self, id: u64) -> Result<ditto_cluster::Member, Error> {
+        let ls: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+        let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
+        drop(ls);
+        self.members = format!("{},{id}=127.0.0.1:{}/{}/{}", self.members, p[0], p[1], p[2]);
+        self.ports.insert(id, p[0]);
+        self.spawn(id, &["--join"])?;
+        Ok(ditto_cluster::Member { id, addr: format!("127.0.0.1:{}", p[0]), repl: p[1], control: p[2] })
+    }
+
+    fn spawn(&mut self, id: u64, extra: &[&str]) -> Result<(), Error> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("node{id}.log")))?;
         let child = Command::new(std::env::current_exe()?)
             .args(["server", "--node-id", &id.to_string(), "--members", &self.members])
             .args(["--data-dir", &self.dir.join(format!("n{id}")).display().to_string()])
             .args(["--workers", &self.workers.to_string(), "--commit-policy", &self.policy])
             .args(["--failure-timeout-ms", &self.failure_timeout_ms.to_string(), "--metrics", "off"])
+            .args(extra)
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()?;
@@ -111,16 +131,39 @@ impl Nodes {
     /// Asks the cluster (through node `via`'s control port, following the leader) to hand
     /// the primary's role to another node (`ditto cluster switchover`).
     pub(crate) fn switchover(&self, via: u64) -> Result<(), Error> {
+        self.admin(via, ditto_cluster::AdminRequest::Switchover { to: None })
+    }
+
+    /// An operator's request (as `ditto cluster` sends it), through node `via`'s control
+    /// port, following the leader and asking again while it is busy (bounded).
+    pub(crate) fn admin(&self, via: u64, req: ditto_cluster::AdminRequest) -> Result<(), Error> {
         let mut at = self.control_addr(via).ok_or("no control address")?;
-        for _ in 0..100 {
-            match ditto_cluster::admin_request(at, &ditto_cluster::AdminRequest::Switchover { to: None })? {
+        for _ in 0..200 {
+            match ditto_cluster::admin_request(at, &req)? {
                 ditto_cluster::AdminReply::Done { .. } => return Ok(()),
                 ditto_cluster::AdminReply::NotLeader { addr: Some(a), .. } => at = a.parse()?,
-                ditto_cluster::AdminReply::Refused(why) => return Err(format!("switchover refused: {why}").into()),
+                ditto_cluster::AdminReply::Refused(why) => return Err(format!("{req:?} refused: {why}").into()),
                 _ => std::thread::sleep(Duration::from_millis(50)),
             }
         }
-        Err("the switchover was not recorded after 100 tries".into())
+        Err(format!("{req:?} was not applied after 200 tries").into())
+    }
+
+    /// The primary's `INFO replication` line for node `id`'s backup, if it is connected.
+    fn link_of(&self, primary: u64, id: u64) -> Option<String> {
+        let info = self.role(primary)?;
+        let addr = format!("node=127.0.0.1:{},", self.ports[&id]);
+        info.lines().find(|l| l.starts_with("slave") && l.contains(&addr)).map(str::to_string)
+    }
+
+    /// Node `id`'s server's process id (`INFO server`).
+    fn server_pid(&self, id: u64) -> Option<String> {
+        let mut c = Client::connect_to("127.0.0.1", self.ports[&id]).ok()?;
+        let info = match c.call(&["INFO", "server"]).ok()? {
+            Reply::Bulk(Some(b)) => String::from_utf8(b).ok()?,
+            _ => return None,
+        };
+        info.lines().find_map(|l| l.strip_prefix("process_id:")).map(|v| v.trim().to_string())
     }
 
     /// The node that takes a write now.
@@ -337,7 +380,7 @@ fn check_keys(port: u16, acked: &[(String, String)]) -> Result<(), Error> {
 
 pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Error> {
     println!(
-        "\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times, then a switchover"
+        "\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times, then a switchover, then a fourth node added online"
     );
     let mut nodes = Nodes::start_three(dir, workers, "majority-durable", 250)?;
     let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
@@ -403,6 +446,31 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     println!(
         "switchover: node {from} handed its role to node {to}; writes refused for {refused_ms:.0} ms; node {from} back as a backup {back_ms:.0} ms later"
     );
+    // A fourth node joins online, under the same writer: a learner while it copies the
+    // primary's data (counted in no quorum), then promoted to a voter in place.
+    let t = Instant::now();
+    let member = nodes.start_joining(4)?;
+    nodes.admin(to, ditto_cluster::AdminRequest::AddLearner(member.clone()))?;
+    wait_for("node 4 to join as a learner", Duration::from_secs(60), || nodes.rejoined(4).then_some(()))?;
+    let learner_ms = t.elapsed().as_secs_f64() * 1e3;
+    let link = wait_for("node 4's link on the primary", Duration::from_secs(20), || nodes.link_of(to, 4))?;
+    if !link.contains("learner=1") {
+        return Err(format!("node 4 joined as a learner, but the primary counts it: {link}").into());
+    }
+    check_acks(nodes.ports[&4], "demo:w:", &acks.lock().expect("acks").clone())?;
+    let pid = nodes.server_pid(4).ok_or("node 4's process id")?;
+    let t = Instant::now();
+    nodes.admin(to, ditto_cluster::AdminRequest::Add(member))?;
+    wait_for("node 4's link counted", Duration::from_secs(20), || {
+        nodes.link_of(to, 4).filter(|l| !l.contains("learner=1"))
+    })?;
+    let promoted_ms = t.elapsed().as_secs_f64() * 1e3;
+    if nodes.server_pid(4).as_deref() != Some(pid.as_str()) {
+        return Err("node 4's server was restarted by its promotion, not promoted in place".into());
+    }
+    println!(
+        "added:      node 4 joined as a learner in {learner_ms:.0} ms (it copied the data, counted in no quorum), then was promoted to a voter in place in {promoted_ms:.0} ms"
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
@@ -442,6 +510,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         acked: acked.len(),
         timeline,
         switchover: Some((from, to, refused_ms, back_ms)),
+        added: Some((learner_ms, promoted_ms)),
     })
 }
 
@@ -471,12 +540,17 @@ impl FailoverDemo {
                 "  switchover          node {from} to node {to} (planned: drained, nothing discarded): writes refused {refused:.0} ms, node {from} a backup again {back:.0} ms later"
             );
         }
+        if let Some((learner, promoted)) = self.added {
+            println!(
+                "  membership          a fourth node added online: a learner (counted in no quorum) until it held the data, {learner:.0} ms; a voter in place {promoted:.0} ms after its promotion"
+            );
+        }
         println!(
             "  reads on a backup   {} DBSIZE reads by a client of a backup (moved to a backup before each change), {} connections lost to a failover or the switchover, slowest read {:.1} ms",
             self.backup_reads.0, self.backup_reads.1, self.backup_reads.2
         );
         println!(
-            "checks:   all {} acknowledged writes on every node after every failover and at the end  OK",
+            "checks:   all {} acknowledged writes on every node after every failover and at the end (the added node too)  OK",
             self.acked
         );
         println!("checks:   the backup's client kept its connection through every change of role  OK");
