@@ -309,8 +309,10 @@ impl Pipe {
     /// Queues one line and sends what the pipe takes now; false if the pipe is closed or
     /// broken, or the server has left too much unread.
     fn send(&mut self, line: &str) -> bool {
-        if !self.flush() {
-            return false; // (nothing more is queued for a server taken as gone)
+        // False means not queued: nothing more for a server taken as gone, nor a line that
+        // would take it past the bound.
+        if !self.flush() || self.pending.len() + line.len() + 1 > PIPE_PENDING_MAX {
+            return false;
         }
         self.pending.extend_from_slice(line.as_bytes());
         if !line.ends_with('\n') {
@@ -531,12 +533,11 @@ impl NodePlane {
         // goes with it (a closed one makes the server exit at once); the gate is empty
         // until the next server starts.
         let mut stdin = std::mem::take(&mut *self.gate.lock()).stdin;
-        if let Some(p) = &mut stdin {
-            p.send("stop");
-        }
-        // One that did not answer its fence will not answer this either: killed at once.
+        let told = stdin.as_mut().is_some_and(|p| p.send("stop"));
+        // One that did not answer its fence will not answer this either, nor one that
+        // cannot be told: killed at once.
         let now = Instant::now();
-        let kill_at = if c.unresponsive { now } else { now + STOP_TIMEOUT };
+        let kill_at = if c.unresponsive || (stdin.is_some() && !told) { now } else { now + STOP_TIMEOUT };
         self.stopping = Some(Stopping { child: c, stdin, since: now, kill_at, killed: false, why: why.to_string() });
         self.poll_stop(SERVER_WAIT);
     }
@@ -564,6 +565,9 @@ impl NodePlane {
                         return false;
                     }
                     std::thread::sleep(Duration::from_millis(1));
+                    if let Some(p) = &mut st.stdin {
+                        p.flush(); // ("stop" may still wait for room in the pipe)
+                    }
                 }
                 Err(e) => {
                     tracing::error!("node {}: waiting for the server: {e}", self.me);
@@ -1895,6 +1899,17 @@ mod tests {
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("cat");
+        // (Killed if the test fails midway: a stopped child would hold the test's output.)
+        struct Reap(u32);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                // SAFETY: kill(2) on the child this test started (before it is reaped).
+                unsafe {
+                    libc::kill(self.0 as i32, libc::SIGKILL);
+                }
+            }
+        }
+        let reap = Reap(child.id());
         let out = child.stdout.take().unwrap();
         let mut p = Pipe::new(child.stdin.take().unwrap()).unwrap();
         // SAFETY: kill(2) on the child this test started; no memory passed.
@@ -1919,18 +1934,29 @@ mod tests {
             assert!(p.flush());
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        assert!(p.pending.is_empty(), "everything delivered once it reads again");
         let got = reader.join().unwrap();
         assert_eq!(got, (0..400).map(|i| format!("{i:04}")).collect::<Vec<_>>());
-        // Stopped again, with more than `PIPE_PENDING_MAX` left unread: gone.
+        // Stopped again: lines are queued up to `PIPE_PENDING_MAX` left unread, and no
+        // further (false: not queued).
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
         let big = "y".repeat(64 << 10);
-        let sent = (0..(PIPE_PENDING_MAX / big.len() + 4)).map(|_| p.send(&big)).collect::<Vec<_>>();
-        assert!(sent[0] && !sent[sent.len() - 1], "taken as gone once too much waits");
+        let mut n = 0;
+        while p.send(&big) {
+            n += 1;
+            assert!(n < 100, "bounded");
+        }
+        let mut small = 0;
+        while p.send("z") {
+            small += 1;
+            assert!(small < 100_000, "bounded");
+        }
         let held = p.pending.len();
-        assert!(!p.send(&big) && p.pending.len() == held, "nothing more queued once gone");
+        assert!(held <= PIPE_PENDING_MAX && held + 2 > PIPE_PENDING_MAX, "queued up to the bound: {held}");
+        assert!(!p.send("z") && p.pending.len() == held, "nothing more queued once full");
         // A closed pipe: the process is gone.
-        child.kill().unwrap();
+        drop(reap);
         child.wait().unwrap();
         p.pending.clear();
         assert!(!p.send("after"), "a closed pipe");

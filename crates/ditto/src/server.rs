@@ -155,8 +155,17 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         let g = std::sync::Arc::clone(&gate);
         std::thread::spawn(move || {
-            for line in std::io::BufRead::lines(std::io::stdin().lock()) {
-                let Ok(line) = line else { break };
+            let mut input = std::io::stdin().lock();
+            let mut buf = String::new();
+            loop {
+                buf.clear();
+                // A last line without its newline is one the node was writing when it
+                // died (its writes are non-blocking, and may be partial): not acted on.
+                match std::io::BufRead::read_line(&mut input, &mut buf) {
+                    Ok(n) if n > 0 && buf.ends_with('\n') => {}
+                    _ => break,
+                }
+                let line = buf.trim_end_matches(['\n', '\r']).to_string();
                 match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
                     ("stop", "") => g.request_stop(),
                     // A backup's fence that keeps it serving reads, and its promotion in
@@ -346,9 +355,19 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.replica_of.is_some() || a.repl_port.is_some() || a.port.is_some() {
         return Err("a cluster node takes its ports from --members (not --port, --repl-port or --replica-of)".into());
     }
-    // Its supervisor probes each server it starts over the plaintext client port.
-    if a.tls_only || a.config.as_deref().map(Config::load).transpose()?.is_some_and(|c| c.tls_only) {
+    // Its supervisor probes each server it starts over the plaintext client port, without
+    // a password, and gives it its ports and role itself.
+    let file = a.config.as_deref().map(Config::load).transpose()?;
+    if a.tls_only || file.as_ref().is_some_and(|c| c.tls_only) {
         return Err("a cluster node's server needs its plaintext client port (its supervisor probes it there): tls_only is not supported with --node-id".into());
+    }
+    if let Some(c) = &file {
+        if c.requirepass.is_some() {
+            return Err("a cluster node's supervisor probes its server without a password: requirepass is not supported with --node-id".into());
+        }
+        if c.replica_of.is_some() || c.repl_port.is_some() {
+            return Err("a cluster node takes its ports and role from --members and its control plane: the config file may not set replica_of or repl_port".into());
+        }
     }
     let mut child_args = Vec::new();
     let mut pass = |k: &str, v: Option<String>| {

@@ -314,11 +314,12 @@ fn bench_redis_small_against_ditto_only() {
     }
 }
 
-/// A cluster node's supervisor probes its server over the plaintext client port: asking
-/// for a TLS-only server, by flag or in the config file, is refused at the start with the
-/// reason, before anything is created.
+/// A cluster node's supervisor probes its server over the plaintext client port, without
+/// a password, and gives it its role: a TLS-only server (by flag or in the config file), a
+/// password, or a role set in the config file are refused at the start with the reason,
+/// before anything is created.
 #[test]
-fn a_cluster_node_refuses_tls_only_with_a_clear_error() {
+fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("ditto.toml");
     std::fs::write(&conf, "tls_only = true\n").unwrap();
@@ -334,5 +335,20 @@ fn a_cluster_node_refuses_tls_only_with_a_clear_error() {
         assert!(!out.status.success(), "{extra:?} refused");
         assert!(err.contains("tls_only is not supported with --node-id"), "{extra:?}: {err}");
         assert!(!data.exists(), "{extra:?}: nothing created");
+    }
+    // Likewise a password (its supervisor probes without one) and a role of the file's.
+    for (conf_text, why) in [
+        ("requirepass = \"s3cret\"\n", "requirepass is not supported with --node-id"),
+        ("replica_of = \"127.0.0.1:9\"\n", "may not set replica_of or repl_port"),
+    ] {
+        std::fs::write(&conf, conf_text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
+            .args(["--config", conf.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{conf_text}: {err}");
+        assert!(!data.exists(), "{conf_text}: nothing created");
     }
 }

@@ -521,6 +521,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         seq: 0,
         persist: Arc::clone(&persist),
         link: Arc::clone(&link),
+        link_learner: opts.learner,
     };
     std::thread::Builder::new()
         .name("ditto-repl-recv".into())
@@ -1347,7 +1348,14 @@ struct Receiver {
     seq: u64,
     persist: Arc<ToPersist>,
     link: AckLink,
+    /// The link now was opened with a `Hello` that said learner (`BackupState::learner`
+    /// may have turned false since: that link is then dropped and opened again).
+    link_learner: bool,
 }
+
+/// Why a learner's link is dropped when it is promoted (`Backup::count_in_quorum`): it is
+/// opened again at once.
+const COUNTED_NOW: &str = "counted in the quorum from now on: connecting again";
 
 /// The link to the primary as both threads that acknowledge write to it (the receiver
 /// and the persister; one frame at a time, under the lock). The receiver swaps in each
@@ -1500,23 +1508,35 @@ impl Receiver {
                 tracing::error!("backup stopped: {fatal}");
                 return;
             }
-            tracing::warn!("replication from {} interrupted: {why}; resuming", self.opts.primary);
+            // (A promotion drops a learner's link on purpose: opened again at once.)
+            let promoted = self.link_learner && !self.state.learner.load(Ordering::Acquire);
+            let mut wait = !promoted;
+            if wait {
+                tracing::warn!("replication from {} interrupted: {why}; resuming", self.opts.primary);
+            } else {
+                tracing::info!("replication from {}: {COUNTED_NOW}", self.opts.primary);
+            }
             // Resume above what every stream holds (each stream's surplus is skipped).
             loop {
                 // 100 ms between tries, in steps, so that a stop (`Backup::stop`) is seen soon.
-                for _ in 0..20 {
+                for _ in 0..if wait { 20 } else { 1 } {
                     if self.state.failure.lock().is_some() {
                         return; // stopped meanwhile
                     }
-                    std::thread::sleep(Duration::from_millis(5));
+                    if wait {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                 }
+                wait = true;
                 let have = self.received.watermark();
+                let learner = self.state.learner.load(Ordering::Acquire);
+                self.link_learner = learner;
                 let hello = Frame::Hello {
                     version: PROTOCOL_VERSION,
                     epoch: self.epoch,
                     have_ts: have,
                     node: self.opts.node.clone(),
-                    learner: self.state.learner.load(Ordering::Acquire),
+                    learner,
                 };
                 let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
                 // A peer that accepts and never answers (a partition's dropped packets) must
@@ -1595,6 +1615,11 @@ impl Receiver {
             let mut link = self.link.lock();
             if let Some(why) = self.state.failure.lock().clone() {
                 return Err(why);
+            }
+            // Likewise `count_in_quorum`: it clears the flag before it takes the lock, so a
+            // link opened as a learner's is dropped by it or here, never served on.
+            if self.link_learner && !self.state.learner.load(Ordering::Acquire) {
+                return Err(COUNTED_NOW.into());
             }
             *link = stream.try_clone().map_err(|e| format!("cloning the link: {e}"))?;
         }
