@@ -720,8 +720,9 @@ impl NodePlane {
         if let (Some(c), Some(w @ Role::Backup { epoch, of, learner: false })) = (&mut self.child, &want) {
             let same_link =
                 matches!(c.role, Role::Backup { epoch: e, of: o, learner: true } if e == *epoch && o == *of);
-            if same_link && !c.changing && c.fence_asked.is_none() && !c.fenced.load(Ordering::Acquire) {
-                if !(c.ready.load(Ordering::Acquire) && c.joined.load(Ordering::Acquire)) {
+            if same_link && c.fence_asked.is_none() && !c.fenced.load(Ordering::Acquire) {
+                // (Still following in place, or joining: told once it has.)
+                if c.changing || !(c.ready.load(Ordering::Acquire) && c.joined.load(Ordering::Acquire)) {
                     return;
                 }
                 if tell_server(&self.gate, "count") {
