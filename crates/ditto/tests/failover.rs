@@ -1141,6 +1141,68 @@ fn a_learner_follows_through_a_failover_and_is_promoted_after() {
     eprintln!("a learner through a failover (primary {first} killed, node {new} took over), then promoted; {} acknowledged writes, none lost", acked.len());
 }
 
+/// What a learner is for: a node added as a learner that has not joined (here its process
+/// never starts) holds no write back. With one of the two backups' servers stopped, the
+/// primary and the other backup are still a majority of the three members, and writes
+/// go on; as a fourth voter (what `ditto cluster add` made of a new node before learners)
+/// it would have needed three of four. Removed after, its id retired.
+#[test]
+fn a_learner_that_has_not_joined_holds_no_write_back() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-durable");
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let spec5 = c.plan_node(5);
+    let (ok, out) = cluster_cli(&["add", &spec5, "--learner", "--join-wait-s", "0", "--via", &c.control_addr(first)]);
+    assert!(ok && out.contains("added as a learner"), "{out}");
+    let backup = (1..=3).find(|&id| id != first).unwrap();
+    let pid: i32 = c
+        .wait_or_dump("the backup's server pid", Duration::from_secs(10), || {
+            field(&c.info_section(backup, "server")?, "process_id")
+        })
+        .parse()
+        .unwrap();
+    let mut w = Writer::start((1..=3).map(|id| c.ports[&id]).collect());
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 100).then_some(()));
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = w.acked().iter().filter(|(_, t, _)| *t > stopped + Duration::from_millis(300)).count();
+    let wait_more = Instant::now() + Duration::from_secs(5);
+    while w.acked().iter().filter(|(_, t, _)| *t > stopped + Duration::from_millis(300)).count() < 50
+        && Instant::now() < wait_more
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let later = w.acked().iter().filter(|(_, t, _)| *t > stopped + Duration::from_millis(300)).count();
+    signal(pid, libc::SIGCONT);
+    if later < 50 {
+        c.dump_logs();
+    }
+    assert!(later >= 50, "writes went on with a backup stopped and a learner not joined: {during} then {later}");
+    let i = c.info(first).unwrap();
+    assert_eq!(field(&i, "ditto_backups_expected").as_deref(), Some("2"), "the learner is not expected: {i}");
+    // Removed: its id retired.
+    let (ok, out) = cluster_cli(&["remove", "5", "--via", &c.control_addr(first)]);
+    assert!(ok, "removing the learner: {out}");
+    let ci = c.wait_or_dump("no learner", Duration::from_secs(10), || {
+        let ci = c.info_section(first, "cluster")?;
+        (field(&ci, "cluster_learners")? == "").then_some(ci)
+    });
+    assert_eq!(field(&ci, "cluster_voters").as_deref(), Some("1,2,3"), "{ci}");
+    w.stop();
+    let acked = w.acked();
+    for id in 1..=3 {
+        check_has(c.ports[&id], &acked, Duration::from_secs(30)).unwrap_or_else(|e| {
+            c.dump_logs();
+            panic!("node {id}: {e}")
+        });
+    }
+    eprintln!(
+        "a learner not joined, a backup stopped: {later} writes acknowledged meanwhile; {} in all, none lost",
+        acked.len()
+    );
+}
+
 /// `ditto bench failover`: its clients follow the primary by themselves (SENTINEL), the
 /// run reports each failover and the writes per second, draws them, and checks every
 /// acknowledged write on every node.
