@@ -1186,7 +1186,7 @@ fn a_learner_that_has_not_joined_holds_no_write_back() {
     assert!(ok, "removing the learner: {out}");
     let ci = c.wait_or_dump("no learner", Duration::from_secs(10), || {
         let ci = c.info_section(first, "cluster")?;
-        (field(&ci, "cluster_learners")? == "").then_some(ci)
+        field(&ci, "cluster_learners")?.is_empty().then_some(ci)
     });
     assert_eq!(field(&ci, "cluster_voters").as_deref(), Some("1,2,3"), "{ci}");
     w.stop();
