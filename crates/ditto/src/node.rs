@@ -797,6 +797,11 @@ impl NodePlane {
         args.extend(["--exit-with-stdin".into(), "--commit-policy".into(), self.state.policy.clone()]);
         args.extend(["--backups".into(), (self.state.members.len().saturating_sub(1)).to_string()]);
         args.extend(["--members-config".into(), self.state.config.to_string()]);
+        // The name its backups give their primary: its client address as the control state
+        // has it, which is what a primary is told to count (`backups N CONFIG ADDRS`).
+        if let Some(m) = self.state.node(self.me) {
+            args.extend(["--replica-name".into(), m.addr.clone()]);
+        }
         match &role {
             Role::Primary { epoch, ts_above, upto, resume_epoch } => {
                 args.extend(["--repl-port".into(), me.repl.to_string(), "--run-epoch".into(), epoch.to_string()]);
@@ -891,7 +896,8 @@ impl NodePlane {
             primary: matches!(role, Role::Primary { .. }),
             open: false, // a new primary's server starts with its writes refused
             info: Vec::new(),
-            config: self.state.config,
+            // (None yet: a primary is sent the members it counts before it takes writes.)
+            config: u64::MAX,
         };
         let ready = Arc::new(AtomicBool::new(false));
         let joined = Arc::new(AtomicBool::new(false));
@@ -1010,7 +1016,8 @@ impl NodePlane {
         c.role = role;
         let mut g = self.gate.lock();
         let sent = g.stdin.as_mut().is_some_and(|p| p.send(line));
-        *g = Gate { stdin: g.stdin.take(), primary, open: false, info: Vec::new(), config: self.state.config };
+        // (A primary is sent the members it counts before it takes writes.)
+        *g = Gate { stdin: g.stdin.take(), primary, open: false, info: Vec::new(), config: u64::MAX };
         drop(g);
         if !sent {
             self.stop_child("it could not be asked to change its role in place");
@@ -1847,7 +1854,14 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             // A primary's commit quorum counts the members as they come and go.
             let config = st.state.config;
             if g.primary && g.config != config && st.state.epoch > 0 {
-                let line = format!("backups {} {config}", st.state.members.len().saturating_sub(1));
+                // With the others' client addresses: the primary counts their backups only
+                // (a node removed, or a learner, completes no quorum).
+                let others: Vec<&str> =
+                    st.state.members.values().filter(|m| m.id != cfg.id).map(|m| m.addr.as_str()).collect();
+                let line = match others.is_empty() {
+                    true => format!("backups 0 {config}"),
+                    false => format!("backups {} {config} {}", others.len(), others.join(",")),
+                };
                 if g.stdin.as_mut().is_some_and(|p| p.send(&line)) {
                     g.config = config;
                     say(

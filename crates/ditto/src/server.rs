@@ -114,6 +114,10 @@ pub struct ServerArgs {
     /// Set by a cluster node for a backup: where the primary takes clients' writes.
     #[arg(long, hide = true)]
     primary_addr: Option<String>,
+    /// Set by a cluster node: the name its backups give their primary (its client
+    /// address in the control state), by which a primary counts them.
+    #[arg(long, hide = true)]
+    replica_name: Option<String>,
     /// Set by a cluster node for its primary: the membership configuration that --backups
     /// counts.
     #[arg(long, hide = true)]
@@ -208,10 +212,13 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     },
                     ("writes", "on") => g.set(None),
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
+                    // `backups N CONFIG [CLIENT_ADDR,...]`: the others' addresses, whose
+                    // backups alone count.
                     ("backups", rest) => {
-                        let mut w = rest.split_whitespace().map(str::parse::<u64>);
-                        match (w.next(), w.next()) {
-                            (Some(Ok(n)), Some(Ok(config))) => g.set_backups(n as usize, config),
+                        let w: Vec<&str> = rest.split_whitespace().collect();
+                        let nodes = w.get(2).map(|a| a.split(',').map(str::to_string).collect::<Vec<_>>());
+                        match (w.first().map(|n| n.parse::<u64>()), w.get(1).map(|c| c.parse::<u64>())) {
+                            (Some(Ok(n)), Some(Ok(config))) if w.len() <= 3 => g.set_backups(n as usize, config, nodes),
                             _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
                         }
                     }
@@ -304,6 +311,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.write_gate = Some(gate);
+    cfg.replica_name = a.replica_name;
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
     if let Some(mib) = a.prefault_mib {

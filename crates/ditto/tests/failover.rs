@@ -1128,8 +1128,9 @@ fn a_learner_follows_through_a_failover_and_is_promoted_after() {
     c.wait_or_dump("node 4's link counted on the new primary", Duration::from_secs(30), || {
         learner_link(&c, new).filter(|l| !l.ends_with("learner=1"))
     });
-    let i = c.info(new).unwrap();
-    assert_eq!(field(&i, "ditto_backups_expected").as_deref(), Some("3"), "{i}");
+    c.wait_or_dump("the new primary counting three backups", Duration::from_secs(10), || {
+        (field(&c.info(new)?, "ditto_backups_expected")? == "3").then_some(())
+    });
     w.stop();
     let acked = w.acked();
     for id in [new, 4] {

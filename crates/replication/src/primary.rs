@@ -143,6 +143,8 @@ pub struct Primary {
     released: AtomicU64,
     /// The backups the quorum counts now (`PrimaryOptions::backups_expected` at first).
     backups_expected: std::sync::atomic::AtomicUsize,
+    /// The nodes whose links count (`set_counted_nodes`; `None`: all but learners').
+    counted_nodes: Mutex<Option<std::collections::BTreeSet<String>>>,
     /// The membership being settled: (configuration, the release watermark when the count
     /// changed, whether the new count's quorum has covered it since).
     settle: Mutex<(u64, Ts, bool)>,
@@ -170,6 +172,7 @@ impl Primary {
             accept: Mutex::new(None),
             epoch: logger.epoch(),
             backups_expected: std::sync::atomic::AtomicUsize::new(opts.backups_expected),
+            counted_nodes: Mutex::new(None),
             settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
             opts,
             links: Mutex::new(Vec::new()),
@@ -219,8 +222,10 @@ impl Primary {
         let logger = self.durable.logger();
         let links = self.links.lock();
         let expected = self.backups_expected.load(Ordering::Acquire);
-        // A learner counts in no quorum (docs/cluster.md, "Learners").
-        let counted = || links.iter().filter(|l| !l.learner);
+        // A learner counts in no quorum (docs/cluster.md, "Learners"); nor does a node that
+        // is not a member (`set_counted_nodes`).
+        let nodes = self.counted_nodes.lock();
+        let counted = || links.iter().filter(|l| !l.learner && nodes.as_ref().is_none_or(|n| n.contains(&l.node)));
         let slots = expected.max(counted().map(|l| l.slot + 1).max().unwrap_or(0));
         let mut backups = vec![None; slots];
         for l in counted() {
@@ -312,6 +317,16 @@ impl Primary {
     /// quorum counts `n` from now on. It is settled (`members_settled`) once the new count's
     /// quorum holds everything released so far: only then may the next change go ahead
     /// (docs/cluster.md, "Membership changes").
+    /// Counts only the links of backups whose node (`Hello::node`, their client address) is
+    /// in `nodes` (`None`: every link but a learner's). A cluster's primary is given its
+    /// members: a node removed that has not stopped yet, or one that never learned it was
+    /// removed, may still be connected and acknowledging, and must not complete a quorum
+    /// that a failover among the members would not meet.
+    pub fn set_counted_nodes(&self, nodes: Option<std::collections::BTreeSet<String>>) {
+        *self.counted_nodes.lock() = nodes;
+        self.changed();
+    }
+
     pub fn set_backups_expected(&self, n: usize, config: u64) {
         {
             let mut s = self.settle.lock();

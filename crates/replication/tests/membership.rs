@@ -120,3 +120,42 @@ fn a_learners_acknowledgements_release_nothing() {
     p.stop();
     a.close();
 }
+
+/// A cluster's primary counts the backups of its members only (`set_counted_nodes`): a
+/// node removed that has not stopped yet, still connected and acknowledging, releases
+/// nothing; a member's backup does.
+#[test]
+fn a_backup_of_a_node_that_is_no_member_releases_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, gone) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("gone"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("majority-durable").unwrap();
+    let opts = PrimaryOptions { backups_expected: 1, members_config: 0, ..Default::default() };
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    // The one member besides the primary is "b1"; "gone" was removed and still follows.
+    p.set_counted_nodes(Some(["b1".to_string()].into_iter().collect()));
+    let removed = backup::start(BackupOptions::new(&addr, &gone, 1, "gone")).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let pending = w.run(|x| x.put(t, b"k", b"v")).unwrap().1;
+    let ts = pending.ts();
+    wait_until("the removed node to hold the commit durably", Duration::from_secs(20), || {
+        p.backups().iter().any(|b| b.node == "gone" && b.durable >= ts)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(p.released() < ts, "released {:?} with only a removed node holding {ts:?}", p.released());
+    // The member's backup joins: released.
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    assert_eq!(pending.wait().unwrap(), ts);
+    wait_until("the release watermark past the commit", Duration::from_secs(10), || p.released() >= ts);
+    bk1.stop("done", Duration::from_secs(10)).unwrap();
+    removed.stop("done", Duration::from_secs(10)).unwrap();
+    drop(w);
+    p.stop();
+    a.close();
+}

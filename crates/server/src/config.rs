@@ -105,6 +105,12 @@ pub struct Config {
     /// Writes refused while it is closed (a cluster node's supervisor holds it).
     #[serde(skip)]
     pub write_gate: Option<std::sync::Arc<crate::session::WriteGate>>,
+    /// The name this server's backups give their primary (`Hello::node`; default
+    /// `bind:port`): a cluster node's client address as the control state has it, which
+    /// its primary counts by (`Primary::set_counted_nodes`). Kept through every change
+    /// of role.
+    #[serde(skip)]
+    pub replica_name: Option<String>,
 }
 
 /// One run of a cluster node's server, as its control plane decided it.
@@ -198,6 +204,7 @@ impl Default for Config {
             used_memory: None,
             cluster: None,
             write_gate: None,
+            replica_name: None,
         }
     }
 }

@@ -287,7 +287,7 @@ fn run_role(
                 primary: primary.clone(),
                 data_dir: dir.clone(),
                 workers: cfg.workers,
-                node: format!("{}:{}", cfg.bind, cfg.port),
+                node: cfg.replica_name.clone().unwrap_or_else(|| format!("{}:{}", cfg.bind, cfg.port)),
                 learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
                 replay,
                 share_values_from,
@@ -482,8 +482,11 @@ fn run_role(
         let p = ditto_replication::Primary::start(d, l, opts, on_change).map_err(io("starting replication"))?;
         if let Some(g) = &cfg.write_gate {
             let w = Arc::downgrade(&p);
-            g.on_backups(crate::session::BackupsHook(Box::new(move |n, config| {
+            g.on_backups(crate::session::BackupsHook(Box::new(move |n, config, nodes| {
                 if let Some(p) = w.upgrade() {
+                    if let Some(nodes) = nodes {
+                        p.set_counted_nodes(Some(nodes.iter().cloned().collect()));
+                    }
                     p.set_backups_expected(n, config);
                 }
             })));

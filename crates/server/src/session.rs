@@ -1295,10 +1295,12 @@ pub enum RoleRequest {
 
 /// The count of backups last set (with its configuration), and the hook that applies it.
 #[derive(Default, Debug)]
-struct Backups(Option<(usize, u64)>, Option<BackupsHook>);
+struct Backups(Option<(usize, u64, Option<Vec<String>>)>, Option<BackupsHook>);
 
-/// Applies a new count of backups to a primary (`Primary::set_backups_expected`).
-pub struct BackupsHook(pub Box<dyn Fn(usize, u64) + Send + Sync>);
+/// Applies a new count of backups to a primary (`Primary::set_backups_expected`), and the
+/// members' client addresses whose backups it counts (`Primary::set_counted_nodes`).
+#[allow(clippy::type_complexity)]
+pub struct BackupsHook(pub Box<dyn Fn(usize, u64, Option<&[String]>) + Send + Sync>);
 
 impl std::fmt::Debug for BackupsHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1310,19 +1312,20 @@ impl WriteGate {
     /// The cluster's membership is now configuration `config`, with `n` backups: a
     /// primary's commit quorum counts them (at once if the server serves, else once it
     /// does).
-    pub fn set_backups(&self, n: usize, config: u64) {
+    /// `nodes`: the members' client addresses (the others'), whose backups alone count.
+    pub fn set_backups(&self, n: usize, config: u64, nodes: Option<Vec<String>>) {
         let mut b = self.backups.lock();
-        b.0 = Some((n, config));
         if let Some(hook) = &b.1 {
-            (hook.0)(n, config);
+            (hook.0)(n, config, nodes.as_deref());
         }
+        b.0 = Some((n, config, nodes));
     }
 
     /// Installed by a primary: applies the count now (if one was set) and at every change.
     pub fn on_backups(&self, hook: BackupsHook) {
         let mut b = self.backups.lock();
-        if let Some((n, c)) = b.0 {
-            (hook.0)(n, c);
+        if let Some((n, c, nodes)) = &b.0 {
+            (hook.0)(*n, *c, nodes.as_deref());
         }
         b.1 = Some(hook);
     }
