@@ -922,6 +922,12 @@ impl Cluster {
         self.spawn(id, &["--join"]);
     }
 
+    /// The `INFO replication` line of primary `primary` for node `id`'s backup, if linked.
+    fn link_of(&self, primary: u64, id: u64) -> Option<String> {
+        let node = format!("node=127.0.0.1:{},", self.ports[&id]);
+        self.info(primary)?.lines().find(|l| l.starts_with("slave") && l.contains(&node)).map(str::to_string)
+    }
+
     fn info_section(&self, id: u64, section: &str) -> Option<String> {
         let mut c = Client::connect(self.ports[&id]).ok()?;
         c.set_read_timeout(Duration::from_secs(2));
@@ -981,11 +987,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     // marked a learner's.
     c.wait_or_dump("the primary showing the learner's link", Duration::from_secs(10), || {
         let i = c.info(first)?;
-        (field(&i, "ditto_backups_expected")? == "2"
-            && i.lines().any(|l| {
-                l.starts_with("slave") && l.contains(&format!("127.0.0.1:{}", c.ports[&4])) && l.ends_with("learner=1")
-            }))
-        .then_some(())
+        (field(&i, "ditto_backups_expected")? == "2" && c.link_of(first, 4)?.ends_with("learner=1")).then_some(())
     });
     check_has(c.ports[&4], &w.acked(), Duration::from_secs(30)).unwrap_or_else(|e| {
         c.dump_logs();
@@ -1023,9 +1025,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     // Node 4's backup connected again as a counted one (no longer a learner's link), its
     // server the same process.
     c.wait_or_dump("node 4's link counted", Duration::from_secs(20), || {
-        let i = c.info(first)?;
-        let l = i.lines().find(|l| l.starts_with("slave") && l.contains(&format!("127.0.0.1:{}", c.ports[&4])))?;
-        (!l.contains("learner=1")).then_some(())
+        (!c.link_of(first, 4)?.contains("learner=1")).then_some(())
     });
     assert_eq!(field(&c.info_section(4, "server").unwrap(), "process_id"), Some(pid4), "promoted in place");
     let (ok, out) = cluster_cli(&["add", &spec4, "--via", &c.control_addr(3), "--wait-s", "5"]);
@@ -1095,12 +1095,7 @@ fn a_learner_follows_through_a_failover_and_is_promoted_after() {
     let mut w = Writer::start((1..=3).map(|id| c.ports[&id]).collect());
     let (ok, out) = cluster_cli(&["add", &spec4, "--learner", "--via", &c.control_addr(first)]);
     assert!(ok && out.contains("stays a learner"), "adding node 4 as a learner: {out}");
-    let learner_link = |c: &Cluster, primary: u64| -> Option<String> {
-        let i = c.info(primary)?;
-        i.lines()
-            .find(|l| l.starts_with("slave") && l.contains(&format!("127.0.0.1:{}", c.ports[&4])))
-            .map(str::to_string)
-    };
+    let learner_link = |c: &Cluster, primary: u64| c.link_of(primary, 4);
     c.wait_or_dump("the learner's link on the first primary", Duration::from_secs(20), || {
         learner_link(&c, first).filter(|l| l.ends_with("learner=1"))
     });

@@ -18,21 +18,31 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+/// A primary in `dir` under `majority-durable`, counting `backups` backups in
+/// configuration 0, with a table "t": (its log, the table, the primary, its address).
+fn start_primary(
+    dir: &std::path::Path,
+    backups: usize,
+) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
+    let a = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let policy = CommitPolicy::parse("majority-durable").unwrap();
-    // Three nodes: the primary and two backups, configuration 0.
-    let opts = PrimaryOptions { backups_expected: 2, members_config: 0, ..Default::default() };
+    let opts = PrimaryOptions { backups_expected: backups, members_config: 0, ..Default::default() };
     let p: Arc<Primary> =
         Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
     let p2 = Arc::clone(&p);
     a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    (a, t, p, addr)
+}
+
+#[test]
+fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    // Three nodes: the primary and two backups, configuration 0.
+    let (a, t, p, addr) = start_primary(&pa, 2);
     assert_eq!(p.members_settled(), Some(0), "the membership it starts with is settled");
     let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
@@ -78,17 +88,8 @@ fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
 fn a_learners_acknowledgements_release_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1, l) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("learner"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("majority-durable").unwrap();
     // Two nodes counted: the primary and one backup (a majority is both).
-    let opts = PrimaryOptions { backups_expected: 1, members_config: 0, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let (a, t, p, addr) = start_primary(&pa, 1);
     let learner = backup::start(BackupOptions { learner: true, ..BackupOptions::new(&addr, &l, 1, "l") }).unwrap();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     let pending = w.run(|x| x.put(t, b"k", b"v")).unwrap().1;
@@ -128,16 +129,7 @@ fn a_learners_acknowledgements_release_nothing() {
 fn a_backup_of_a_node_that_is_no_member_releases_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1, gone) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("gone"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("majority-durable").unwrap();
-    let opts = PrimaryOptions { backups_expected: 1, members_config: 0, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let (a, t, p, addr) = start_primary(&pa, 1);
     // The one member besides the primary is "b1"; "gone" was removed and still follows.
     p.set_counted_nodes(Some(["b1".to_string()].into_iter().collect()));
     let removed = backup::start(BackupOptions::new(&addr, &gone, 1, "gone")).unwrap();
