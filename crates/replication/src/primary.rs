@@ -91,6 +91,10 @@ struct Link {
     /// are numbered apart and never counted.
     slot: usize,
     learner: bool,
+    /// Its backup counts in the quorum: not a learner's, and of a member
+    /// (`set_counted_nodes`). Set when it registers and when the members change, so that
+    /// `holdings`, on the commit path, takes no other lock than the links'.
+    counted: AtomicBool,
     queue: Mutex<Queue>,
     cv: Condvar,
     received: AtomicU64,
@@ -224,8 +228,7 @@ impl Primary {
         let expected = self.backups_expected.load(Ordering::Acquire);
         // A learner counts in no quorum (docs/cluster.md, "Learners"); nor does a node that
         // is not a member (`set_counted_nodes`).
-        let nodes = self.counted_nodes.lock();
-        let counted = || links.iter().filter(|l| !l.learner && nodes.as_ref().is_none_or(|n| n.contains(&l.node)));
+        let counted = || links.iter().filter(|l| l.counted.load(Ordering::Acquire));
         let slots = expected.max(counted().map(|l| l.slot + 1).max().unwrap_or(0));
         let mut backups = vec![None; slots];
         for l in counted() {
@@ -323,8 +326,21 @@ impl Primary {
     /// removed, may still be connected and acknowledging, and must not complete a quorum
     /// that a failover among the members would not meet.
     pub fn set_counted_nodes(&self, nodes: Option<std::collections::BTreeSet<String>>) {
-        *self.counted_nodes.lock() = nodes;
+        {
+            // (Under the links' lock, as a link registering reads the set.)
+            let links = self.links.lock();
+            let mut n = self.counted_nodes.lock();
+            *n = nodes;
+            for l in links.iter() {
+                l.counted.store(Self::counts(&n, &l.node, l.learner), Ordering::Release);
+            }
+        }
         self.changed();
+    }
+
+    /// Whether a backup of `node` counts in the quorum while the members are `nodes`.
+    fn counts(nodes: &Option<std::collections::BTreeSet<String>>, node: &str, learner: bool) -> bool {
+        !learner && nodes.as_ref().is_none_or(|n| n.contains(node))
     }
 
     pub fn set_backups_expected(&self, n: usize, config: u64) {
@@ -414,6 +430,7 @@ impl Primary {
                 addr: addr.clone(),
                 slot,
                 learner,
+                counted: AtomicBool::new(Self::counts(&self.counted_nodes.lock(), &node, learner)),
                 queue: Mutex::new(Queue { frames: Default::default(), bytes: 0, dead: None }),
                 cv: Condvar::new(),
                 received: AtomicU64::new(0),
