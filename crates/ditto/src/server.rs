@@ -369,6 +369,22 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.tls_only || file.as_ref().is_some_and(|c| c.tls_only) {
         return Err("a cluster node's server needs its plaintext client port (its supervisor probes it there): tls_only is not supported with --node-id".into());
     }
+    // Every server the node starts serves TLS on the same port, so that clients find it
+    // again after a change of role by a restart: a fixed port, not 0.
+    if a.tls_port.or(file.as_ref().and_then(|c| c.tls_port)) == Some(0) {
+        return Err("a cluster node's TLS port must be fixed (its servers are started again at changes of role, and clients must find them): tls_port 0 is not supported with --node-id".into());
+    }
+    // The TLS settings and files are checked here, once, with a clear error: a server that
+    // could not load them would fail at every start the node makes.
+    let mut tls = file.clone().unwrap_or_default();
+    tls.tls_port = a.tls_port.or(tls.tls_port);
+    tls.tls_cert_file = a.tls_cert_file.clone().or(tls.tls_cert_file);
+    tls.tls_key_file = a.tls_key_file.clone().or(tls.tls_key_file);
+    tls.tls_ca_cert_file = a.tls_ca_cert_file.clone().or(tls.tls_ca_cert_file);
+    tls.tls_auth_clients |= a.tls_auth_clients;
+    if let Some(files) = tls.tls()? {
+        ditto_server::tls::server_config(&files)?;
+    }
     if let Some(c) = &file {
         if c.requirepass.is_some() {
             return Err("a cluster node's supervisor probes its server without a password: requirepass is not supported with --node-id".into());
@@ -389,6 +405,13 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     pass("metrics", Some(a.metrics.unwrap_or_else(|| "off".into())));
     pass("maxmemory", a.maxmemory);
     pass("replay", a.replay);
+    pass("tls-port", a.tls_port.map(|p| p.to_string()));
+    pass("tls-cert-file", a.tls_cert_file.map(|p| p.display().to_string()));
+    pass("tls-key-file", a.tls_key_file.map(|p| p.display().to_string()));
+    pass("tls-ca-cert-file", a.tls_ca_cert_file.map(|p| p.display().to_string()));
+    if a.tls_auth_clients {
+        child_args.push("--tls-auth-clients".into());
+    }
     let policy = a.commit_policy.unwrap_or_else(|| "majority-durable".into());
     ditto_replication::CommitPolicy::parse(&policy)?;
     let failure = a.failure_timeout_ms.unwrap_or(250);

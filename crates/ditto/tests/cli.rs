@@ -317,7 +317,7 @@ fn bench_redis_small_against_ditto_only() {
 /// A cluster node's supervisor probes its server over the plaintext client port, without
 /// a password, and gives it its role: a TLS-only server (by flag or in the config file), a
 /// password, or a role set in the config file are refused at the start with the reason,
-/// before anything is created.
+/// before anything is created; so are TLS settings its servers could not start with.
 #[test]
 fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -350,5 +350,24 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(why), "{conf_text}: {err}");
         assert!(!data.exists(), "{conf_text}: nothing created");
+    }
+    // TLS is served beside the plaintext port, on a fixed port, with files that load: a
+    // port of 0, a missing key and a file that is no certificate are refused at the start.
+    let bad = dir.path().join("bad.pem");
+    std::fs::write(&bad, "not a certificate\n").unwrap();
+    let b = bad.to_str().unwrap();
+    for (flags, why) in [
+        (vec!["--tls-port", "0", "--tls-cert-file", b, "--tls-key-file", b], "tls_port 0 is not supported"),
+        (vec!["--tls-port", "7001", "--tls-cert-file", b], "tls_port needs tls_cert_file and tls_key_file"),
+        (vec!["--tls-port", "7001", "--tls-cert-file", b, "--tls-key-file", b], "bad.pem"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
+            .args(&flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{flags:?}: {err}");
+        assert!(!data.exists(), "{flags:?}: nothing created");
     }
 }

@@ -28,6 +28,8 @@ struct Cluster {
     policy: String,
     /// Environment every node is started with (failpoints).
     env: Vec<(String, String)>,
+    /// Flags a node is started with, each time (its TLS port).
+    args: BTreeMap<u64, Vec<String>>,
 }
 
 /// `n` ports free now, below Linux's ephemeral range (32768 and up): a node binds some of
@@ -70,7 +72,20 @@ impl Cluster {
 
     /// `start`, every node with `env` in its environment.
     fn start_with(n: u64, policy: &str, env: &[(&str, &str)]) -> Cluster {
-        let p = free_ports(3 * n as usize);
+        Cluster::start_with_args(n, policy, env, 0, |_, _| Vec::new())
+    }
+
+    /// `start_with`, node `id` also given `args(id, ports)`, where `ports` are `extra`
+    /// more ports free with the cluster's own.
+    fn start_with_args(
+        n: u64,
+        policy: &str,
+        env: &[(&str, &str)],
+        extra: usize,
+        args: impl Fn(u64, &[u16]) -> Vec<String>,
+    ) -> Cluster {
+        let p = free_ports((3 + extra) * n as usize);
+        let more = |id: u64| &p[3 * n as usize + extra * (id as usize - 1)..][..extra];
         let members: Vec<String> = (0..n as usize)
             .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
             .collect();
@@ -81,6 +96,7 @@ impl Cluster {
             nodes: BTreeMap::new(),
             policy: policy.into(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            args: (1..=n).map(|id| (id, args(id, more(id)))).collect(),
         };
         for id in 1..=n {
             c.start_node(id);
@@ -93,7 +109,8 @@ impl Cluster {
     }
 
     fn start_node(&mut self, id: u64) {
-        self.spawn(id, &[]);
+        let args = self.args.get(&id).cloned().unwrap_or_default();
+        self.spawn(id, &args.iter().map(String::as_str).collect::<Vec<_>>());
     }
 
     fn spawn(&mut self, id: u64, extra: &[&str]) {
@@ -550,11 +567,54 @@ fn proxied_cluster(policy: &str, control: bool) -> (Cluster, Proxies) {
         nodes: BTreeMap::new(),
         policy: policy.into(),
         env: Vec::new(),
+        args: BTreeMap::new(),
     };
     for id in 1..=n {
         c.start_node(id);
     }
     (c, proxies)
+}
+
+/// Each node's TLS flags pass to every server it starts: TLS clients write to the primary
+/// on its node's fixed TLS port, to the new primary after the first one's node is killed,
+/// and read on the old one's TLS port once it is back as a backup, which refuses writes
+/// there naming the primary.
+#[test]
+fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = ditto_server::tls::testing::make(pki_dir.path());
+    let (cert, key) = (pki.server_cert.display().to_string(), pki.server_key.display().to_string());
+    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 1, |_, p| {
+        ["--tls-port", &p[0].to_string(), "--tls-cert-file", &cert, "--tls-key-file", &key].map(String::from).to_vec()
+    });
+    let tls_port = |c: &Cluster, id: u64| c.args[&id][1].clone();
+    let ca = pki.ca.display().to_string();
+    let tls_cli = |port: &str, args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["--tls", "--cacert", &ca, "-h", "127.0.0.1", "-p", port])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    assert_eq!(tls_cli(&tls_port(&c, first), &["SET", "before", "1"]), "OK");
+    c.kill(first);
+    let new = c.wait_or_dump("a new primary", Duration::from_secs(20), || c.primary().filter(|&p| p != first));
+    let port = tls_port(&c, new);
+    c.wait_or_dump("a write over TLS on the new primary", Duration::from_secs(10), || {
+        (tls_cli(&port, &["SET", "after", "2"]) == "OK").then_some(())
+    });
+    assert_eq!(tls_cli(&port, &["GET", "before"]), "1", "the write before the failover");
+    c.start_node(first);
+    let old = tls_port(&c, first);
+    c.wait_or_dump("the old primary's reads over TLS", Duration::from_secs(30), || {
+        (tls_cli(&old, &["GET", "after"]) == "2").then_some(())
+    });
+    let refused = tls_cli(&old, &["SET", "on", "backup"]);
+    let primary_addr = format!("127.0.0.1:{}", c.ports[&new]);
+    assert!(refused.contains("READONLY") && refused.contains(&primary_addr), "{refused}");
 }
 
 /// A primary cut off from the majority (every link to and from it through a proxy that
