@@ -67,6 +67,11 @@ pub struct AddArgs {
     /// promoted; 0: do not wait, and leave it a learner.
     #[arg(long, default_value_t = 600)]
     join_wait_s: u64,
+    /// Promote it only once the primary holds its backup durable within this many ms of
+    /// its own newest commit (a voter far behind would hold writes back while it catches
+    /// up, whenever the quorum needs it).
+    #[arg(long, default_value_t = 100)]
+    max_lag_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -294,6 +299,69 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
     }
 }
 
+/// Node `id`'s link as its primary sees it (`slaveN` of `INFO replication`, by the name
+/// `node_addr` its backup gives), and the primary's client address; `None` while its
+/// server does not name a primary or the primary does not list the link.
+fn link_on_primary(node_addr: &str) -> Option<(String, BTreeMap<String, String>)> {
+    let primary = info(node_addr).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
+    let (host, port) = primary.rsplit_once(':')?;
+    let mut c = Client::connect_to(host, port.parse().ok()?).ok()?;
+    c.set_read_timeout(INFO_TIMEOUT).ok()?;
+    let Reply::Bulk(Some(b)) = c.call(&["INFO", "replication"]).ok()? else { return None };
+    let link = parse_info(&String::from_utf8(b).ok()?)
+        .1
+        .into_iter()
+        .find(|l| l.get("node").map(String::as_str) == Some(node_addr))?;
+    Some((primary, link))
+}
+
+/// Waits until the primary holds node `id`'s backup durable within `max_lag_ms` of its
+/// own newest commit: promoted before, a voter far behind would hold writes back while it
+/// caught up whenever the quorum needed it.
+fn wait_caught_up(id: u64, node_addr: &str, max_lag_ms: u64, wait: std::time::Duration) -> Result<(), Error> {
+    let t = std::time::Instant::now();
+    let mut last = String::from("its link is not listed by the primary yet");
+    loop {
+        if let Some((primary, link)) = link_on_primary(node_addr) {
+            match link.get("durable_lag_ms").and_then(|v| v.parse::<f64>().ok()) {
+                Some(lag) if lag <= max_lag_ms as f64 => {
+                    println!("node {id} caught up: the primary at {primary} holds it durable {lag:.1} ms behind");
+                    return Ok(());
+                }
+                Some(lag) => last = format!("{lag:.1} ms behind the primary at {primary}"),
+                None => last = format!("the primary at {primary} does not say its lag"),
+            }
+        }
+        if t.elapsed() >= wait {
+            return Err(format!(
+                "node {id} has not caught up within {wait:?} ({last}; it is a learner, not promoted: `ditto cluster add` again promotes it)"
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Waits until the primary counts node `id`'s backup in its quorum (its link no longer
+/// marked a learner's): the control plane's promotion reached the node's server.
+fn wait_counted(id: u64, node_addr: &str, wait: std::time::Duration) -> Result<(), Error> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some((primary, _)) = link_on_primary(node_addr).filter(|(_, l)| !l.contains_key("learner")) {
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            println!("node {id} counted: the primary at {primary} counts its backup in the quorum ({ms:.0} ms after)");
+            return Ok(());
+        }
+        if t.elapsed() >= wait {
+            return Err(format!(
+                "node {id} is a voter in the control plane, but the primary has not counted its backup within {wait:?} (see `ditto cluster status` and its log)"
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
     let a = match cmd {
         ClusterCmd::Status(a) => a,
@@ -320,9 +388,13 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
                 println!("node {id} stays a learner: `ditto cluster add` again promotes it once it has joined");
                 return Ok(());
             }
-            wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
+            let join_wait = std::time::Duration::from_secs(a.join_wait_s);
+            let t = std::time::Instant::now();
+            wait_joined(id, &m.client_addr(), join_wait)?;
+            wait_caught_up(id, &m.client_addr(), a.max_lag_ms, join_wait.saturating_sub(t.elapsed()))?;
             let applied = change(&a.via, ditto_cluster::AdminRequest::Add(member), wait)?;
-            println!("node {id} promoted: a voter, counted in the commit quorum ({} members)", applied.members.len());
+            println!("node {id} promoted: a voter ({} members)", applied.members.len());
+            wait_counted(id, &m.client_addr(), wait)?;
             return Ok(());
         }
         ClusterCmd::Remove(a) => {

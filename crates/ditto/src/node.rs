@@ -156,6 +156,9 @@ struct Running {
     /// primary); until it listens again, an exit means that failed (the node then starts
     /// the role's server from its directory).
     changing: bool,
+    /// When a promoted learner's server was last told `count` (the probe tells it again,
+    /// at most once per `COUNT_AGAIN`, while its `INFO` still says it is a learner).
+    count_told: Option<Instant>,
 }
 
 /// The server's newest answer to `INFO replication`, asked by a thread of its own every
@@ -477,6 +480,10 @@ const DRAIN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A peer heard from within this long counts as heard now.
 const HEARD_WITHIN_MS: u64 = 50;
+
+/// How often a promoted learner's server that still says it is a learner is told `count`
+/// again.
+const COUNT_AGAIN: Duration = Duration::from_secs(1);
 /// How often a command the data plane wants is proposed again, until it is applied.
 const PROPOSE_EVERY: Duration = Duration::from_millis(200);
 /// How long the control thread waits for a report's read of the log (`report`) before it
@@ -727,6 +734,7 @@ impl NodePlane {
                 }
                 if tell_server(&self.gate, "count") {
                     c.role = w.clone();
+                    c.count_told = Some(Instant::now());
                     say(self.me, "promoted: its backup counts in the primary's quorum from now on (in place)");
                     return;
                 }
@@ -965,6 +973,7 @@ impl NodePlane {
             fenced,
             fence_failed,
             changing: false,
+            count_told: None,
         });
         Ok(())
     }
@@ -1351,8 +1360,18 @@ impl NodePlane {
                     }
                 }
             }
-            Role::Backup { of, .. } => {
+            Role::Backup { of, learner, .. } => {
                 self.serving = false;
+                // A promoted learner's server that still says it is a learner did not take
+                // its `count` (it was changing its role, say): told again, until it has.
+                if !*learner
+                    && field("ditto_learner") == Some("1")
+                    && c.count_told.is_none_or(|t| t.elapsed() >= COUNT_AGAIN)
+                    && tell_server(&self.gate, "count")
+                {
+                    c.count_told = Some(Instant::now());
+                    say(self.me, "its server still counts as a learner: told to count in the quorum again");
+                }
                 let up = field("master_link_status") == Some("up");
                 if up {
                     // Joined: it holds the new primary's checkpoint, so an old primary's

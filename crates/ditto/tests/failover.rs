@@ -1014,7 +1014,9 @@ fn field(info: &str, k: &str) -> Option<String> {
 #[test]
 fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start(3, "majority-durable");
+    // Node 4's server ignores the first `count` it is told at its promotion: its node
+    // sees that in its `INFO` and tells it again.
+    let mut c = Cluster::start_with(3, "majority-durable", &[("DITTO_FAILPOINTS", "count-ignored-once")]);
     let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
     let spec4 = c.plan_node(4);
     let mut w = Writer::start(c.ports.values().copied().collect());
@@ -1053,6 +1055,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
         c.dump_logs();
         panic!("node 4, a learner: {e}")
     });
+    assert_eq!(field(&c.info(4).unwrap(), "ditto_learner").as_deref(), Some("1"), "its server says it is a learner");
     // `ditto cluster add` again promotes it, in place: the same server process.
     let pid4 = field(&c.info_section(4, "server").unwrap(), "process_id").unwrap();
     let t = Instant::now();
@@ -1060,6 +1063,12 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     assert!(ok, "promoting node 4: {out}");
     assert!(out.contains("is a learner already") && out.contains("node 4 promoted"), "{out}");
     assert!(out.contains("configuration 1"), "{out}");
+    // Promoted once caught up, and the tool says when the primary counts it: its server
+    // ignored the first `count` (the failpoint) and was told again.
+    assert!(out.contains("node 4 caught up") && out.contains("node 4 counted"), "{out}");
+    assert_eq!(field(&c.info(4).unwrap(), "ditto_learner").as_deref(), Some("0"), "its server counts");
+    let log4 = std::fs::read_to_string(c.log(4)).unwrap();
+    assert!(log4.contains("ignored count") && log4.contains("told to count in the quorum again"), "{log4}");
     let added_ms = t.elapsed().as_secs_f64() * 1e3;
     c.wait_or_dump("node 4 a backup with its link up", Duration::from_secs(30), || {
         let i = c.info(4)?;

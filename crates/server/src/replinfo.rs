@@ -81,6 +81,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("master_port", port.into());
             let up = state.link_up();
             put("master_link_status", if up { "up" } else { "down" }.into());
+            // A cluster's learner: its primary counts it in no quorum (docs/cluster.md).
+            put("ditto_learner", u8::from(state.learner.load(Ordering::Acquire)).to_string());
             put("ditto_received_ts", received.to_string());
             put("ditto_durable_ts", ld(&state.durable).to_string());
             put("ditto_replayed_ts", ld(&state.replayed).to_string());

@@ -23,7 +23,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -676,6 +676,11 @@ fn run_role(
                     (crate::session::RoleRequest::Drain { .. }, Some(_)) => {
                         println!("ditto server drain failed: this server is a backup")
                     }
+                    (crate::session::RoleRequest::CountInQuorum, Some(_))
+                        if failpoint("count-ignored-once") && !COUNT_IGNORED.swap(true, Ordering::AcqRel) =>
+                    {
+                        println!("ditto server ignored count (the failpoint count-ignored-once, DITTO_FAILPOINTS)")
+                    }
                     (crate::session::RoleRequest::CountInQuorum, Some(b)) => {
                         b.count_in_quorum();
                         println!("ditto server counts in the quorum");
@@ -733,6 +738,9 @@ fn run_role(
     drop(checkpointer);
     Ok(None)
 }
+
+/// The failpoint `count-ignored-once` has ignored a `count` (it ignores the first only).
+static COUNT_IGNORED: AtomicBool = AtomicBool::new(false);
 
 /// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
 /// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
