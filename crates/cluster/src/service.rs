@@ -172,6 +172,14 @@ pub trait DataPlane: Send + 'static {
         let _ = (stream, after);
         Err("this data plane does not serve fetches".into())
     }
+    /// `serve_fetch` in two parts: what is checked on the control thread (this call), and
+    /// the read of the batches, returned to be run on the service's fetch thread (a fetch
+    /// of hundreds of MB read on the control thread would stop its Raft ticks, its
+    /// heartbeats and the failover it serves meanwhile). By default all is done here.
+    fn fetch_job(&mut self, stream: usize, after: u64) -> Result<FetchJob, String> {
+        let answer = self.serve_fetch(stream, after)?;
+        Ok(Box::new(move || Ok(answer)))
+    }
     /// Batches fetched from a peer for `plan` (being prepared), for one stream, with the
     /// position the peer holds it up to.
     /// An answer larger than a frame comes in pieces, in order, each handed over as it
@@ -287,6 +295,77 @@ pub struct Status {
     pub quorum_contact: bool,
 }
 
+/// The read of a fetch's answer (`DataPlane::fetch_job`): the batches and the position.
+pub type FetchJob = Box<dyn FnOnce() -> Result<(Vec<Vec<u8>>, u64), String> + Send>;
+
+/// A fetch to answer, on the fetch thread: the job, where to send its pieces, and what
+/// they answer.
+struct FetchToServe {
+    job: FetchJob,
+    to: SyncSender<Vec<u8>>,
+    from: NodeId,
+    me: NodeId,
+    epoch: u64,
+    stream: usize,
+}
+
+/// Answers fetches one at a time, in the order asked (a resend's pieces never interleave
+/// with the first answer's), off the control thread: each is read, cut into pieces and
+/// queued to the peer's sender, waiting up to 5 s a piece for room. A fetch asked again
+/// by the same node for the same stream (the next round of a failover whose prepare timed
+/// out) replaces one still waiting: slow reads do not pile up. Stops with the service.
+fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
+    let mut waiting: std::collections::VecDeque<FetchToServe> = Default::default();
+    loop {
+        if waiting.is_empty() {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(f) => waiting.push_back(f),
+                Err(RecvTimeoutError::Timeout) if !shared.stop.load(Ordering::SeqCst) => continue,
+                Err(_) => return,
+            }
+        }
+        for f in rx.try_iter() {
+            waiting.retain(|w| (w.from, w.stream) != (f.from, f.stream));
+            waiting.push_back(f);
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(f) = waiting.pop_front() else { continue };
+        let answer = (f.job)().and_then(|(batches, position)| Ok((fetch_pieces(&batches)?, batches, position)));
+        let (pieces, batches, position) = match answer {
+            Ok(a) => a,
+            Err(why) => {
+                tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream);
+                continue;
+            }
+        };
+        let n = pieces.len();
+        for (i, range) in pieces.into_iter().enumerate() {
+            let body = encode_fetched(f.epoch, f.stream, position, i as u32, i + 1 == n, &batches[range]);
+            if !queue_frame(&f.to, frame(f.me, KIND_FETCHED, &body)) {
+                tracing::warn!(node = f.me, "a fetch's answer for stream {} could not be queued: dropped", f.stream);
+                break;
+            }
+        }
+    }
+}
+
+/// Queues a frame to a peer's sender, waiting up to 5 s for room; false if it could not.
+fn queue_frame(tx: &SyncSender<Vec<u8>>, mut f: Vec<u8>) -> bool {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tx.try_send(f) {
+            Ok(()) => return true,
+            Err(mpsc::TrySendError::Full(back)) if Instant::now() < end => {
+                f = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
 enum Input {
     Raft(Box<Message>),
     Ctl(NodeId, Ctl),
@@ -381,6 +460,9 @@ impl ControlService {
             let shared = Arc::clone(&shared);
             let id = cfg.id;
             let coord = Coordinator::new(id, cfg.timeouts, 0);
+            let (fetches, fetch_rx) = mpsc::channel();
+            let sh = Arc::clone(&shared);
+            threads.push(spawn(format!("ditto-ctl-fetch-{id}"), move || serve_fetches(fetch_rx, sh)));
             let mut run = Run {
                 node,
                 disk,
@@ -393,6 +475,7 @@ impl ControlService {
                 coord,
                 preparing: None,
                 fetch_next: BTreeMap::new(),
+                fetches,
                 admin: Vec::new(),
             };
             run.sync_peers();
@@ -622,6 +705,8 @@ struct Run {
     /// Per stream the plan fetches: the next piece of the answer due (`u32::MAX`: a piece
     /// was lost).
     fetch_next: BTreeMap<usize, u32>,
+    /// Fetches asked of this node, to the fetch thread (`serve_fetches`).
+    fetches: Sender<FetchToServe>,
 }
 
 impl Run {
@@ -749,22 +834,6 @@ impl Run {
 
     /// As `send`, but waits for room in the peer's queue (bounded, 5 s) rather than drop
     /// the frame: the pieces of a fetch answer, which must all arrive.
-    fn send_queued(&self, to: NodeId, kind: u8, body: &[u8]) {
-        let Some(tx) = self.senders.get(&to) else { return };
-        let mut f = frame(self.node.id(), kind, body);
-        let end = Instant::now() + Duration::from_secs(5);
-        loop {
-            match tx.try_send(f) {
-                Ok(()) => return,
-                Err(mpsc::TrySendError::Full(back)) if Instant::now() < end => {
-                    f = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(_) => return,
-            }
-        }
-    }
-
     fn send(&self, to: NodeId, kind: u8, body: &[u8]) {
         if let Some(tx) = self.senders.get(&to) {
             let _ = tx.try_send(frame(self.node.id(), kind, body));
@@ -849,20 +918,14 @@ impl Run {
             Ctl::Fetch { epoch, stream, after } => {
                 // Only once fenced at that failover: then nothing more is acknowledged here.
                 if epoch <= self.disk.fence() && from != self.node.id() {
-                    match self.data.serve_fetch(stream, after) {
-                        Ok((batches, position)) => match fetch_pieces(&batches) {
-                            Ok(pieces) => {
-                                let n = pieces.len();
-                                for (i, range) in pieces.into_iter().enumerate() {
-                                    let body =
-                                        encode_fetched(epoch, stream, position, i as u32, i + 1 == n, &batches[range]);
-                                    self.send_queued(from, KIND_FETCHED, &body);
-                                }
+                    let Some(to) = self.senders.get(&from).cloned() else { return Ok(()) };
+                    match self.data.fetch_job(stream, after) {
+                        Ok(job) => {
+                            let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream };
+                            if self.fetches.send(f).is_err() {
+                                tracing::warn!(node = self.node.id(), "the fetch thread has stopped");
                             }
-                            Err(why) => {
-                                tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}")
-                            }
-                        },
+                        }
                         Err(why) => {
                             tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}")
                         }

@@ -31,6 +31,12 @@ struct World {
     batches_fetched: usize,
     /// Nodes whose data plane hears nothing (a backup's server restarting).
     deaf: std::collections::BTreeSet<NodeId>,
+    /// How long a fetch's read takes (on the service's fetch thread), and the node whose
+    /// read is under way.
+    fetch_read: Duration,
+    reading: Option<NodeId>,
+    /// The failover's prepare timeout for nodes started from now on (ms; 0: 300).
+    prepare_ms: u64,
 }
 
 struct ModelPlane {
@@ -104,6 +110,20 @@ impl DataPlane for ModelPlane {
             })
             .collect();
         Ok((batches, w.holds[&self.me][stream]))
+    }
+    fn fetch_job(&mut self, stream: usize, after: u64) -> Result<ditto_cluster::service::FetchJob, String> {
+        let answer = self.serve_fetch(stream, after)?;
+        let (world, me) = (Arc::clone(&self.world), self.me);
+        Ok(Box::new(move || {
+            let delay = {
+                let mut w = world.lock().unwrap();
+                w.reading = Some(me);
+                w.fetch_read
+            };
+            std::thread::sleep(delay);
+            world.lock().unwrap().reading = None;
+            Ok(answer)
+        }))
     }
     fn fetched(&mut self, _plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, _position: u64, last: bool) {
         let mut w = self.world.lock().unwrap();
@@ -187,7 +207,12 @@ impl Cluster {
             dir: dir.join(format!("node{id}")),
             tick: Duration::from_millis(10),
             timing: Timing { election: 10, heartbeat: 2, fixed_election: None },
-            timeouts: Timeouts { failure: 150, resend: 20, prepare: 300, start: 150 },
+            timeouts: Timeouts {
+                failure: 150,
+                resend: 20,
+                prepare: Some(self.world.lock().unwrap().prepare_ms).filter(|&p| p > 0).unwrap_or(300),
+                start: 150,
+            },
             join: false,
             compact_every: None,
         }
@@ -341,6 +366,51 @@ fn a_fetch_larger_than_a_frame_arrives_in_pieces() {
     let w = c.world.lock().unwrap();
     assert!(w.pieces >= 6, "12 MiB in pieces of at most 2 MiB: {} pieces", w.pieces);
     assert_eq!(w.batches_fetched % 40, 0, "whole answers only: {}", w.batches_fetched);
+    let (_, p, _) = w.opened[0];
+    assert!(w.holds[&p].iter().all(|&x| x >= 60), "the new primary holds every stream up to the point");
+}
+
+/// A fetch's batches are read on the service's fetch thread, not its control thread:
+/// while a peer's read takes 3 s, its control node goes on answering (a proposal gets its
+/// answer at once, during the read), and the answer still arrives whole after.
+#[test]
+fn a_slow_fetch_read_does_not_hold_the_control_thread() {
+    let mut c = Cluster::new(3);
+    c.world.lock().unwrap().prepare_ms = 10_000;
+    for id in 1..=3 {
+        c.start(id);
+    }
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let first = c.bootstrap();
+    wait_for("the bootstrap everywhere", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
+    });
+    {
+        let mut w = c.world.lock().unwrap();
+        let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
+        w.holds.insert(others[0], vec![50, 70]);
+        w.holds.insert(others[1], vec![60, 40]);
+        w.fetch_batches = Some((4, 1 << 10));
+        w.fetch_read = Duration::from_secs(3);
+    }
+    c.stop(first);
+    let mut reader = None;
+    wait_for("a fetch being read", Duration::from_secs(20), || {
+        reader = c.world.lock().unwrap().reading;
+        reader.is_some()
+    });
+    let reader = reader.unwrap();
+    let t = Instant::now();
+    // Answered by its control thread (refused or taken: either is an answer).
+    let _ = c.nodes[&reader].propose(Command::SetPolicy { policy: "majority".into() });
+    let answered = t.elapsed();
+    assert_eq!(c.world.lock().unwrap().reading, Some(reader), "answered while the read was still under way");
+    assert!(answered < Duration::from_secs(1), "node {reader} answered after {answered:?}, during a 3 s read");
+    wait_for("epoch 2 to open", Duration::from_secs(20), || {
+        c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
+    });
+    let w = c.world.lock().unwrap();
+    assert_eq!(w.batches_fetched % 4, 0, "whole answers only: {}", w.batches_fetched);
     let (_, p, _) = w.opened[0];
     assert!(w.holds[&p].iter().all(|&x| x >= 60), "the new primary holds every stream up to the point");
 }

@@ -145,7 +145,7 @@ struct Running {
     prober: Prober,
     /// When it was told `fence` (until it says it is fenced, or the fence failed).
     fence_asked: Option<Instant>,
-    /// It did not answer `fence` within `STOP_TIMEOUT`: stopping it kills it at once.
+    /// It did not answer `fence` within the stop timeout: stopping it kills it at once.
     unresponsive: bool,
     /// A backup fenced in place (it printed so): it follows no primary and writes nothing
     /// to its directory, and serves reads at its last read view.
@@ -257,7 +257,7 @@ struct Stopping {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fencing {
     Done,
-    /// Asked, not answered yet (within `STOP_TIMEOUT`).
+    /// Asked, not answered yet (within the stop timeout).
     Pending,
     /// Not possible, failed, or not answered in time: the server is to be stopped.
     Failed,
@@ -404,6 +404,9 @@ pub struct NodeConfig {
     /// A backup is fenced, promoted or made to follow the new primary in place
     /// (`--promotion in-place`), not stopped and started again.
     pub promote_in_place: bool,
+    /// How long a server is given to stop, or to answer its fence, before it is killed
+    /// (`STOP_TIMEOUT` by default).
+    pub stop_timeout: Duration,
 }
 
 /// The data plane of one node: its child server (see the module notes).
@@ -438,6 +441,8 @@ struct NodePlane {
     settled: Option<u64>,
     /// See `NodeConfig::promote_in_place`.
     in_place: bool,
+    /// See `NodeConfig::stop_timeout`.
+    stop_timeout: Duration,
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
@@ -507,9 +512,10 @@ const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 fn probe_wait(failures: u32) -> Duration {
     PROBE_EVERY.saturating_mul(1u32 << failures.min(16)).min(PROBE_BACKOFF_MAX)
 }
-/// How long a child is given to stop before it is killed (more than a backup's own bound
-/// on draining what it received, 10 s).
-const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a child is given by default to stop, or to answer its fence, before it is
+/// killed (more than a backup's own bound on draining what it received, 10 s);
+/// `--server-stop-timeout-ms` sets it (`NodeConfig::stop_timeout`).
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the control thread waits for a server it told to stop, or to fence itself,
 /// before it goes on (and looks again at its next turn): a server normally does either in
 /// a few milliseconds, and one that does not (stopped, its disk hung) must not hold Raft
@@ -526,10 +532,10 @@ fn say(me: NodeId, what: impl std::fmt::Display) {
 
 impl NodePlane {
     /// Tells the server to stop and waits for it at most `SERVER_WAIT`: `poll_stop` sees
-    /// its exit later (and kills it after `STOP_TIMEOUT`).
+    /// its exit later (and kills it after the stop timeout).
     fn stop_child(&mut self, why: &str) {
         // (One server stops at a time: none starts while another stops.)
-        self.poll_stop(STOP_TIMEOUT + Duration::from_secs(1));
+        self.poll_stop(self.stop_timeout + Duration::from_secs(1));
         // The next server starts undrained.
         self.drained_in = None;
         self.serving = false;
@@ -544,13 +550,13 @@ impl NodePlane {
         // One that did not answer its fence will not answer this either, nor one that
         // cannot be told: killed at once.
         let now = Instant::now();
-        let kill_at = if c.unresponsive || (stdin.is_some() && !told) { now } else { now + STOP_TIMEOUT };
+        let kill_at = if c.unresponsive || (stdin.is_some() && !told) { now } else { now + self.stop_timeout };
         self.stopping = Some(Stopping { child: c, stdin, since: now, kill_at, killed: false, why: why.to_string() });
         self.poll_stop(SERVER_WAIT);
     }
 
     /// Whether no server is stopping any longer; waits up to `wait` for one that is (and
-    /// kills it once it has had `STOP_TIMEOUT`, and then waits for it as before: a process
+    /// kills it once it has had the stop timeout, and then waits for it as before: a process
     /// in uninterruptible I/O dies only once that I/O ends).
     fn poll_stop(&mut self, wait: Duration) -> bool {
         let Some(st) = &mut self.stopping else { return true };
@@ -1066,11 +1072,12 @@ impl NodePlane {
                 if c.fence_failed.load(Ordering::Acquire) || !matches!(c.proc.try_wait(), Ok(None)) {
                     return Fencing::Failed;
                 }
-                if t.elapsed() >= STOP_TIMEOUT {
+                if t.elapsed() >= self.stop_timeout {
                     if !c.unresponsive {
                         tracing::error!(
-                            "node {}: the server did not answer its fence within {STOP_TIMEOUT:?}",
-                            self.me
+                            "node {}: the server did not answer its fence within {:?}",
+                            self.me,
+                            self.stop_timeout
                         );
                     }
                     c.unresponsive = true;
@@ -1396,7 +1403,7 @@ impl NodePlane {
 impl Drop for NodePlane {
     fn drop(&mut self) {
         self.stop_child("the node stops");
-        self.poll_stop(STOP_TIMEOUT + Duration::from_secs(1));
+        self.poll_stop(self.stop_timeout + Duration::from_secs(1));
     }
 }
 
@@ -1498,21 +1505,26 @@ impl DataPlane for NodePlane {
         self.prepared.take()
     }
 
-    fn serve_fetch(&mut self, stream: usize, after: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+    fn fetch_job(&mut self, stream: usize, after: u64) -> Result<ditto_cluster::service::FetchJob, String> {
         self.poll_stop(SERVER_WAIT);
         self.reportable()?;
         // Where this node holds the stream up to, as its report said.
         let position = self.holding_now()?.streams.get(stream).copied().unwrap_or(0);
-        let b = match self.primary_log_dir() {
-            Some(dir) => ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after)),
-            None => ditto_log::replica::replica_stream_batches(&self.data, stream, ditto_engine::Ts(after)),
-        }
-        .map_err(|e| e.to_string())?;
-        say(
-            self.me,
-            format!("serves a fetch: {} batches of stream {stream} above ts {after}, held to {position}", b.len()),
-        );
-        Ok((b.into_iter().map(|x| x.to_vec()).collect(), position))
+        // The batches are read on the service's fetch thread: the directory is fenced (its
+        // server writes nothing more to it) until the failover ends.
+        let (me, primary_dir, data) = (self.me, self.primary_log_dir(), self.data.clone());
+        Ok(Box::new(move || {
+            let b = match primary_dir {
+                Some(dir) => ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after)),
+                None => ditto_log::replica::replica_stream_batches(&data, stream, ditto_engine::Ts(after)),
+            }
+            .map_err(|e| e.to_string())?;
+            say(
+                me,
+                format!("serves a fetch: {} batches of stream {stream} above ts {after}, held to {position}", b.len()),
+            );
+            Ok((b.into_iter().map(|x| x.to_vec()).collect(), position))
+        }))
     }
 
     fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {
@@ -1554,8 +1566,8 @@ impl DataPlane for NodePlane {
             // The server stopped for the fetch (`prepare`) is gone before anything is
             // written to its directory: waited for here, on the control thread, if it
             // is not (a fenced backup stops in milliseconds; one that does not is killed
-            // after `STOP_TIMEOUT`).
-            self.poll_stop(STOP_TIMEOUT + Duration::from_secs(1));
+            // after the stop timeout).
+            self.poll_stop(self.stop_timeout + Duration::from_secs(1));
             ditto_log::replica::forget_holdings();
             if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
                 self.fetching.clear();
@@ -1793,6 +1805,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         serving: false,
         settled: None,
         in_place: cfg.promote_in_place,
+        stop_timeout: cfg.stop_timeout,
         count_discarded: None,
         report_warm: None,
         count_after_follow: None,

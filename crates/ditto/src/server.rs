@@ -99,6 +99,12 @@ pub struct ServerArgs {
     /// for comparison). In-place falls back to a restart where it cannot be done.
     #[arg(long, value_parser = ["in-place", "restart"], default_value = "in-place")]
     promotion: String,
+    /// A cluster node: how long its server is given to stop, or to answer its fence at a
+    /// failover, before it is killed (a server that hangs, its disk stalled, say). Below a
+    /// backup's own 10 s bound on making what it received durable, a kill may cut that
+    /// short [default: 15000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    server_stop_timeout_ms: Option<u64>,
     /// Set by a cluster node for its server: the epoch it serves.
     #[arg(long, hide = true)]
     run_epoch: Option<u64>,
@@ -427,5 +433,6 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         tick: std::time::Duration::from_millis(10),
         join: a.join,
         promote_in_place: a.promotion == "in-place",
+        stop_timeout: a.server_stop_timeout_ms.map_or(crate::node::STOP_TIMEOUT, std::time::Duration::from_millis),
     })
 }

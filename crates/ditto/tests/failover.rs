@@ -1782,6 +1782,60 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
     );
 }
 
+/// A failover that needs a report from a node whose server hangs (SIGSTOP: it neither
+/// answers its fence nor dies), with the primary's node killed: a double failure for
+/// three nodes. The hung server's node gives it `--server-stop-timeout-ms` (here 1.5 s;
+/// 15 s by default) to answer its fence, then kills it rather than wait for good. Killed,
+/// it may have lost what it acknowledged as received, so its node does not report (no
+/// primary is chosen on a report that may lack a released commit) until the old primary's
+/// node returns and reports from its log; then the failover completes, the killed
+/// server's node starts a new one that follows, and nothing acknowledged is lost.
+#[test]
+fn a_server_that_does_not_answer_its_fence_is_killed_and_the_failover_completes_once_a_quorum_can_report() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, |_, _| {
+        vec!["--server-stop-timeout-ms".to_string(), "1500".to_string()]
+    });
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let hung = (1..=3).find(|&id| id != first).unwrap();
+    let pid: i32 = c
+        .wait_or_dump("the backup's server pid", Duration::from_secs(10), || {
+            field(&c.info_section(hung, "server")?, "process_id")
+        })
+        .parse()
+        .unwrap();
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    c.kill(first);
+    // The hung server is killed once its fence has gone unanswered for the stop timeout
+    // (a stopped process dies of SIGKILL), not waited for.
+    c.wait_or_dump("the hung server to be killed", Duration::from_secs(20), || {
+        // SAFETY: kill(2) with signal 0 only checks the pid.
+        (unsafe { libc::kill(pid, 0) } != 0).then_some(())
+    });
+    let killed_after = stopped.elapsed();
+    let log = std::fs::read_to_string(c.log(hung)).unwrap();
+    assert!(log.contains("did not answer its fence within 1.5s"), "{log}");
+    assert!(killed_after >= Duration::from_millis(1500), "killed after the stop timeout: {killed_after:?}");
+    // One node's report is not enough, and the killed server's node gives none.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.primary(), None, "no primary from a report that may lack an acknowledged commit");
+    let back = Instant::now();
+    c.start_node(first);
+    let new = c.wait_or_dump("a new primary", Duration::from_secs(30), || c.primary());
+    let took = back.elapsed();
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != new).collect();
+    let acked = follow_then_check_all(&c, &mut w, &followers);
+    eprintln!(
+        "a hung backup's server killed {:.2} s after it hung (the stop timeout from its fence); node {new} took writes {:.2} s after the old primary's node returned; {} acknowledged writes, none lost",
+        killed_after.as_secs_f64(),
+        took.as_secs_f64(),
+        acked.len()
+    );
+}
+
 /// A switchover goes through while the server of the node that leads Raft is stopped
 /// (SIGSTOP: it neither answers nor dies). That node's control thread never waits on its
 /// server: its probes run on a thread of their own, its fence is asked and looked at later,
