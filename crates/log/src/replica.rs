@@ -1140,9 +1140,10 @@ pub(crate) fn sealed_stream_batches(
 /// stream's batches with a bound above `after`, in the order received, each re-framed with
 /// its transactions at or below the point only (`format::cut_batch`). What a new primary,
 /// promoted in place, sends a backup that held less than the point, before its own log.
-/// `None` if there is no sealed log at `point`, or if what it lies on (a checkpoint, or the
-/// point of the sealed log before it) lies above `after`: what the backup lacks is not all
-/// in it.
+/// Below the newest link's floor, the links before it give the rest (`link_batches_above`).
+/// `None` if there is no sealed log at `point`, or if the chain does not reach down to
+/// `after` (a checkpoint lies above it, or only the newest link was kept when a checkpoint
+/// took the chain away): what the backup lacks is not all in it.
 pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
     let base = crate::sealed::base(data)?;
     // The newest sealed log, on what it lies on; or, once a checkpoint took the chain
@@ -1152,31 +1153,62 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
     if newest.is_some_and(|i| base.chain[i].primary_log) {
         return Ok(None);
     }
-    let (dir, floor) = match newest {
-        Some(i) => (base.chain[i].dir.clone(), base.floor_of(i)),
+    match newest {
+        Some(i) => link_batches_above(&base, i, after),
         None => match crate::sealed::served(data) {
-            Some((dir, p, floor)) if p == point => (dir, floor),
-            _ => return Ok(None),
+            Some((dir, p, floor)) if p == point && floor <= after => {
+                Ok(Some(link_entries_above(&dir, floor, p, after)?))
+            }
+            _ => Ok(None),
         },
-    };
-    if floor > after {
+    }
+}
+
+/// The batches above `after` of the chain's `i`th link and, where `after` lies below what
+/// that link lies on, of the links before it, oldest first, each cut at its own point:
+/// a fetch or a rejoining backup behind two changes in place made before a checkpoint
+/// took the chain away. `None` where the chain does not reach down to `after` (the
+/// checkpoint lies above it) or passes through an old primary's own log.
+fn link_batches_above(base: &crate::sealed::Base, i: usize, after: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
+    let link = &base.chain[i];
+    if link.primary_log {
         return Ok(None);
     }
+    let floor = base.floor_of(i);
     let mut out = Vec::new();
-    for (bound, raw, batch) in sealed_entries_above(&dir, floor, point, after)? {
+    if floor > after {
+        // What lies below this link is in the one before it, if the floor is that link's
+        // point (not the checkpoint's).
+        if i == 0 || base.chain[i - 1].point != floor {
+            return Ok(None);
+        }
+        match link_batches_above(base, i - 1, after)? {
+            Some(below) => out = below,
+            None => return Ok(None),
+        }
+    }
+    // (Batches of this link bounded at or below its floor hold nothing above it.)
+    out.extend(link_entries_above(&link.dir, floor, link.point, after.max(floor))?);
+    Ok(Some(out))
+}
+
+/// One sealed link's batches bounded above `after`, cut at its `point`.
+fn link_entries_above(dir: &Path, floor: Ts, point: Ts, after: Ts) -> Result<Vec<Bytes>, LogError> {
+    let mut out = Vec::new();
+    for (bound, raw, batch) in sealed_entries_above(dir, floor, point, after)? {
         let mut framed = Vec::with_capacity(raw.len());
         if bound <= point && batch.header.last_ts <= point {
             framed.extend_from_slice(&raw);
         } else {
             crate::format::cut_batch(&batch, point, &mut framed).map_err(|e| LogError::Corrupt {
-                file: dir.clone(),
+                file: dir.to_path_buf(),
                 offset: 0,
                 what: e.to_string(),
             })?;
         }
         out.push(Bytes::from(framed));
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// Adds batches fetched from a peer to `dir`'s replica log: checked, written to a new file

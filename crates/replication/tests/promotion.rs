@@ -137,11 +137,30 @@ fn held_backup_under(
     pa: &std::path::Path,
     b1: &std::path::Path,
 ) -> (ditto_log::Durable, Arc<Primary>, backup::Backup, Vec<Ts>, String) {
+    let (a, pa_repl, bk1, _, ts, a_addr) = held_backups_under(policy, pa, b1, None);
+    (a, pa_repl, bk1, ts, a_addr)
+}
+
+/// `held_backup_under`, with a second backup in `b2` (if given) that also joins before the
+/// writes, so that its replica log holds them (not a checkpoint above them).
+#[allow(clippy::type_complexity)]
+fn held_backups_under(
+    policy: &str,
+    pa: &std::path::Path,
+    b1: &std::path::Path,
+    b2: Option<&std::path::Path>,
+) -> (ditto_log::Durable, Arc<Primary>, backup::Backup, Option<backup::Backup>, Vec<Ts>, String) {
     let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
     let (pa_repl, a_addr) = start_primary_under(&a, None, policy);
     let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, b1, 1, "b1") };
     let bk1 = backup::start(opts).unwrap();
+    let bk2 = b2.map(|b2| {
+        let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, b2, 1, "b2") };
+        let bk = backup::start(opts).unwrap();
+        wait_until("the second backup to join", Duration::from_secs(20), || bk.state.link_up());
+        bk
+    });
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     // Committed without waiting, so that batches hold many (a point within one cuts it).
     let tickets: Vec<_> =
@@ -151,7 +170,7 @@ fn held_backup_under(
     wait_until("the backup to hold epoch 1", Duration::from_secs(20), || {
         bk1.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= last.0
     });
-    (a, pa_repl, bk1, ts, a_addr)
+    (a, pa_repl, bk1, bk2, ts, a_addr)
 }
 
 fn value_on(db: &ditto_engine::Database, i: u32) -> Option<Vec<u8>> {
@@ -376,10 +395,10 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
     let storage = RealStorage;
-    // Epoch 1: A, with B1 held at the release under `local`, and B2.
-    let (a, pa_repl, bk1, ts, a_addr) = held_backup_under("local", &pa, &b1);
-    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, &b2, 1, "b2") };
-    let bk2 = backup::start(opts).unwrap();
+    // Epoch 1: A, with B1 held at the release under `local`, and B2, both joined before
+    // epoch 1's writes (their replica logs hold them).
+    let (a, pa_repl, bk1, bk2, ts, _) = held_backups_under("local", &pa, &b1, Some(&b2));
+    let bk2 = bk2.unwrap();
     let visible = |b: &backup::Backup| b.state.visible.load(std::sync::atomic::Ordering::SeqCst);
     let p1 = ts[99];
     wait_until("both backups to replay epoch 1", Duration::from_secs(20), || {
@@ -449,10 +468,25 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let h = ditto_log::replica::replica_holdings(&b2, 1, Some(p2)).unwrap();
     assert!(h.streams.iter().all(|t| *t == p2) && h.newest == p2 && h.txns_above == 0, "{h:?}");
     // The rest for a backup that lacks the end of epoch 2 comes from the second link, cut
-    // at P2; one that lacks part of epoch 1 too is not served from it.
+    // at P2; for one that lacks part of epoch 1 too, from the first link (cut at P1) and
+    // then the second: every commit above what it holds, once, in order, none above P2.
+    // (Whole batches bounded above it: the receiver skips what it holds.)
     let rest = ditto_log::replica::sealed_batches_above(&b2, ts2[29], p2).unwrap().expect("from the second link");
-    assert!(!rest.is_empty());
-    assert_eq!(ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap(), None);
+    let commits_above = |batches: &[bytes::Bytes], after: Ts| -> Vec<Ts> {
+        let all: Vec<Ts> = batches
+            .iter()
+            .flat_map(|b| ditto_log::format::decode_batch(b).unwrap().0.records().into_iter().map(|r| r.ts))
+            .collect();
+        assert!(all.iter().all(|t| *t <= p2), "nothing above the point: {all:?}");
+        all.into_iter().filter(|t| *t > after).collect()
+    };
+    assert_eq!(commits_above(&rest, ts2[29]), ts2[30..].to_vec(), "the end of epoch 2");
+    let both = ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap().expect("from both links");
+    let want: Vec<Ts> = ts[51..].iter().chain(&ts2).copied().collect();
+    assert_eq!(commits_above(&both, ts[50]), want, "the end of epoch 1, then epoch 2");
+    // And a failover's fetch of the stream from this directory (the chain read link by link).
+    let fetched = ditto_log::replica::replica_stream_batches(&b2, 0, ts[50]).unwrap();
+    assert_eq!(commits_above(&fetched, ts[50]), want, "a fetch behind both links");
     // Recovered from the files alone (a crash before its first checkpoint): the same.
     {
         let storage: Arc<dyn Storage> = Arc::new(RealStorage);
