@@ -443,6 +443,9 @@ struct NodePlane {
     in_place: bool,
     /// See `NodeConfig::stop_timeout`.
     stop_timeout: Duration,
+    /// Whether the warming thread reads the replica log ahead (a running backup whose link
+    /// is up).
+    warm: Arc<AtomicBool>,
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
@@ -485,6 +488,10 @@ const DRAIN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A peer heard from within this long counts as heard now.
 const HEARD_WITHIN_MS: u64 = 50;
+
+/// How often a running backup's replica log is read ahead (`warm_holdings`), so that a
+/// failover's report reads only what was appended since.
+const WARM_EVERY: Duration = Duration::from_millis(500);
 
 /// How often a promoted learner's server that still says it is a learner is told `count`
 /// again.
@@ -1328,6 +1335,7 @@ impl NodePlane {
     fn probe(&mut self) {
         self.heard.clear();
         let Some(c) = &mut self.child else {
+            self.warm.store(false, Ordering::Release);
             self.serving = false;
             return;
         };
@@ -1342,6 +1350,7 @@ impl NodePlane {
         let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map(str::trim);
         match &c.role {
             Role::Primary { epoch, .. } => {
+                self.warm.store(false, Ordering::Release);
                 // (A drained old primary fenced as it stands serves no more.)
                 self.serving = !c.fenced.load(Ordering::Acquire)
                     && c.fence_asked.is_none()
@@ -1380,6 +1389,7 @@ impl NodePlane {
                     say(self.me, "its server still counts as a learner: told to count in the quorum again");
                 }
                 let up = field("master_link_status") == Some("up");
+                self.warm.store(up, Ordering::Release);
                 if up {
                     // Joined: it holds the new primary's checkpoint, so an old primary's
                     // log set aside at its rejoin can go.
@@ -1784,6 +1794,21 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| format!("binding the control port {}:{}: {e}", me.host, me.control))?;
     let gate = SharedGate::default();
     let history = History::default();
+    let warm = Arc::new(AtomicBool::new(false));
+    {
+        let (warm, data, me) = (Arc::clone(&warm), cfg.dir.join("data"), cfg.id);
+        std::thread::Builder::new()
+            .name("ditto-warm".into())
+            .spawn(move || loop {
+                std::thread::sleep(WARM_EVERY);
+                if warm.load(Ordering::Acquire) {
+                    if let Err(e) = ditto_log::replica::warm_holdings(&data) {
+                        tracing::debug!("node {me}: reading its replica log ahead: {e}");
+                    }
+                }
+            })
+            .map_err(|e| format!("starting the thread that reads its log ahead: {e}"))?;
+    }
     let plane = NodePlane {
         me: cfg.id,
         gate: Arc::clone(&gate),
@@ -1806,6 +1831,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         settled: None,
         in_place: cfg.promote_in_place,
         stop_timeout: cfg.stop_timeout,
+        warm: Arc::clone(&warm),
         count_discarded: None,
         report_warm: None,
         count_after_follow: None,

@@ -392,3 +392,91 @@ fn a_primary_logs_reach_needs_the_segment_before_the_newest() {
     assert!(e.to_string().contains("missing"), "{e}");
     assert!(whole().is_err(), "the whole read refuses it too");
 }
+
+/// A copy of `dir`'s catalog and replica log in a fresh directory: read there, nothing
+/// cached applies.
+fn fresh_copy(dir: &std::path::Path) -> tempfile::TempDir {
+    let fresh = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.join("CATALOG"), fresh.path().join("CATALOG")).unwrap();
+    let rdir = ditto_log::replica::replica_dir(fresh.path());
+    std::fs::create_dir_all(&rdir).unwrap();
+    for e in std::fs::read_dir(ditto_log::replica::replica_dir(dir)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), rdir.join(e.file_name())).unwrap();
+    }
+    fresh
+}
+
+/// The newest replica log file is read from where the last look at it stopped
+/// (`warm_holdings`, a report): what was appended since is held, an entry cut short (being
+/// written, or torn) is not, and a file cut and written again in place, or replaced, is
+/// read afresh; every read gives what a read of a fresh copy gives.
+#[test]
+fn the_newest_file_is_read_from_where_the_last_look_stopped() {
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+    // One file: everything is in the newest.
+    let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+    let (first, rest) = batches.split_at(batches.len() / 3);
+    for x in first {
+        log.append(x, false, header(x).bound_ts);
+    }
+    log.sync().unwrap();
+    let mid = header(&first[first.len() / 2]).last_ts;
+    ditto_log::replica::warm_holdings(dir.path()).unwrap();
+    let same_as_fresh = |what: &str| {
+        let h = replica_holdings(dir.path(), 2, Some(mid)).unwrap();
+        let fresh = fresh_copy(dir.path());
+        assert_eq!(h, replica_holdings(fresh.path(), 2, Some(mid)).unwrap(), "{what}");
+        h
+    };
+    let h1 = same_as_fresh("as warmed");
+    // Appended since: held.
+    let (second, third) = rest.split_at(rest.len() / 2);
+    for x in second {
+        log.append(x, false, header(x).bound_ts);
+    }
+    log.sync().unwrap();
+    let h2 = same_as_fresh("appended since the warm");
+    assert!(h2.cut > h1.cut && h2.txns_above > h1.txns_above, "{h1:?} {h2:?}");
+    // An entry cut short at the end (being written, or torn): not held, then held once whole.
+    let file = ditto_log::replica::replica_dir(dir.path()).join("rlog-0000000001.seg");
+    let whole = std::fs::read(&file).unwrap();
+    // A batch as a replica log file frames it.
+    let entry_of = |b: &Bytes| {
+        let scratch = tempfile::tempdir().unwrap();
+        let mut one = ReplicaLog::create(scratch.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+        one.append(b, false, header(b).bound_ts);
+        one.sync().unwrap();
+        let f = std::fs::read(ditto_log::replica::replica_dir(scratch.path()).join("rlog-0000000001.seg")).unwrap();
+        f[ditto_log::replica::REPLICA_HEADER_LEN..].to_vec()
+    };
+    let (entry, other) = (entry_of(&third[0]), entry_of(&third[1]));
+    let mut cut_short = whole.clone();
+    cut_short.extend_from_slice(&entry[..entry.len() / 2]);
+    std::fs::write(&file, &cut_short).unwrap();
+    assert_eq!(same_as_fresh("an entry cut short at the end"), h2);
+    let mut completed = whole.clone();
+    completed.extend_from_slice(&entry);
+    std::fs::write(&file, &completed).unwrap();
+    let h3 = same_as_fresh("the entry completed");
+    assert!(h3.cut >= h2.cut && h3.streams != h2.streams, "{h2:?} {h3:?}");
+    // Cut in place below what was read and written again past it with other entries: read
+    // afresh, not taken from the earlier look.
+    drop(log);
+    let keep = whole.len() - whole.len() / 4;
+    let mut rewritten = whole[..keep].to_vec();
+    while rewritten.len() < completed.len() + 64 {
+        rewritten.extend_from_slice(&other);
+    }
+    std::fs::write(&file, &rewritten).unwrap();
+    same_as_fresh("cut and written again in place");
+    // Replaced by another file at the same path (a log sealed away and a new one begun).
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, &whole[..whole.len() / 2]).unwrap();
+    same_as_fresh("replaced");
+}
