@@ -832,8 +832,8 @@ impl Run {
         });
     }
 
-    /// As `send`, but waits for room in the peer's queue (bounded, 5 s) rather than drop
-    /// the frame: the pieces of a fetch answer, which must all arrive.
+    /// A frame to a peer's queue; dropped if the queue is full (the pieces of a fetch's
+    /// answer, which must all arrive, are queued by `serve_fetches`, which waits for room).
     fn send(&self, to: NodeId, kind: u8, body: &[u8]) {
         if let Some(tx) = self.senders.get(&to) {
             let _ = tx.try_send(frame(self.node.id(), kind, body));

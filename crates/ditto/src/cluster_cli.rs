@@ -88,6 +88,7 @@ pub struct RemoveArgs {
 
 /// What the control state was right after a request applied.
 struct Applied {
+    config: u64,
     members: Vec<ditto_cluster::Member>,
     epoch: u64,
     primary: Option<u64>,
@@ -112,7 +113,7 @@ fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration
                         println!("  {} client {} replication {} control {}", m.id, m.addr, m.repl, m.control);
                     }
                 }
-                return Ok(Applied { members, epoch, primary });
+                return Ok(Applied { config, members, epoch, primary });
             }
             Ok(AdminReply::Refused(why)) => return Err(format!("refused: {why}").into()),
             Ok(AdminReply::NotLeader { addr: Some(a), leader }) => {
@@ -300,30 +301,43 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
 }
 
 /// Node `id`'s link as its primary sees it (`slaveN` of `INFO replication`, by the name
-/// `node_addr` its backup gives), and the primary's client address; `None` while its
-/// server does not name a primary or the primary does not list the link.
-fn link_on_primary(node_addr: &str) -> Option<(String, BTreeMap<String, String>)> {
+/// `node_addr` its backup gives), the primary's client address and its own fields; `None`
+/// while its server does not name a primary or the primary does not list the link.
+#[allow(clippy::type_complexity)]
+fn link_on_primary(node_addr: &str) -> Option<(String, BTreeMap<String, String>, BTreeMap<String, String>)> {
     let primary = info(node_addr).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
     let (host, port) = primary.rsplit_once(':')?;
     let mut c = Client::connect_to(host, port.parse().ok()?).ok()?;
     c.set_read_timeout(INFO_TIMEOUT).ok()?;
     let Reply::Bulk(Some(b)) = c.call(&["INFO", "replication"]).ok()? else { return None };
-    let link = parse_info(&String::from_utf8(b).ok()?)
-        .1
-        .into_iter()
-        .find(|l| l.get("node").map(String::as_str) == Some(node_addr))?;
-    Some((primary, link))
+    let (fields, links) = parse_info(&String::from_utf8(b).ok()?);
+    let link = links.into_iter().find(|l| l.get("node").map(String::as_str) == Some(node_addr))?;
+    Some((primary, link, fields))
 }
 
 /// Waits until the primary holds node `id`'s backup durable within `max_lag_ms` of its
-/// own newest commit: promoted before, a voter far behind would hold writes back while it
-/// caught up whenever the quorum needed it.
+/// own newest commit, and at least up to where the primary itself was durable when the
+/// wait began (the lag is measured from the batches the primary ships live: a backlog sent
+/// from its disk has no samples, and reads as no lag): promoted before, a voter far behind
+/// would hold writes back while it caught up whenever the quorum needed it.
 fn wait_caught_up(id: u64, node_addr: &str, max_lag_ms: u64, wait: std::time::Duration) -> Result<(), Error> {
     let t = std::time::Instant::now();
     let mut last = String::from("its link is not listed by the primary yet");
+    // (primary, its durable position when first asked)
+    let mut target: Option<(String, u64)> = None;
+    let ts = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<u64>().ok());
     loop {
-        if let Some((primary, link)) = link_on_primary(node_addr) {
+        if let Some((primary, link, fields)) = link_on_primary(node_addr) {
+            // (A new primary meanwhile: its own position is the mark.)
+            if target.as_ref().is_none_or(|(p, _)| *p != primary) {
+                target = ts(&fields, "ditto_durable_ts").map(|d| (primary.clone(), d));
+            }
+            let mark = target.as_ref().map_or(u64::MAX, |(_, d)| *d);
+            let held = ts(&link, "durable_ts").unwrap_or(0);
             match link.get("durable_lag_ms").and_then(|v| v.parse::<f64>().ok()) {
+                Some(_) if held < mark => {
+                    last = format!("durable to ts {held}, the primary at {primary} was at {mark}")
+                }
                 Some(lag) if lag <= max_lag_ms as f64 => {
                     println!("node {id} caught up: the primary at {primary} holds it durable {lag:.1} ms behind");
                     return Ok(());
@@ -342,12 +356,19 @@ fn wait_caught_up(id: u64, node_addr: &str, max_lag_ms: u64, wait: std::time::Du
     }
 }
 
-/// Waits until the primary counts node `id`'s backup in its quorum (its link no longer
-/// marked a learner's): the control plane's promotion reached the node's server.
-fn wait_counted(id: u64, node_addr: &str, wait: std::time::Duration) -> Result<(), Error> {
+/// Waits until the primary counts node `id`'s backup in its quorum: its link no longer
+/// marked a learner's (the promotion reached the node's server), and the primary settled on
+/// configuration `config` or a later one (its node told it the members whose backups it
+/// counts).
+fn wait_counted(id: u64, node_addr: &str, config: u64, wait: std::time::Duration) -> Result<(), Error> {
     let t = std::time::Instant::now();
+    let settled = |f: &BTreeMap<String, String>| {
+        f.get("ditto_members_settled").and_then(|c| c.parse::<u64>().ok()).is_some_and(|c| c >= config)
+    };
     loop {
-        if let Some((primary, _)) = link_on_primary(node_addr).filter(|(_, l)| !l.contains_key("learner")) {
+        if let Some((primary, _, _)) =
+            link_on_primary(node_addr).filter(|(_, l, f)| !l.contains_key("learner") && settled(f))
+        {
             let ms = t.elapsed().as_secs_f64() * 1e3;
             println!("node {id} counted: the primary at {primary} counts its backup in the quorum ({ms:.0} ms after)");
             return Ok(());
@@ -394,7 +415,7 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             wait_caught_up(id, &m.client_addr(), a.max_lag_ms, join_wait.saturating_sub(t.elapsed()))?;
             let applied = change(&a.via, ditto_cluster::AdminRequest::Add(member), wait)?;
             println!("node {id} promoted: a voter ({} members)", applied.members.len());
-            wait_counted(id, &m.client_addr(), wait)?;
+            wait_counted(id, &m.client_addr(), applied.config, wait)?;
             return Ok(());
         }
         ClusterCmd::Remove(a) => {

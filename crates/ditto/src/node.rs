@@ -1520,8 +1520,10 @@ impl DataPlane for NodePlane {
         self.reportable()?;
         // Where this node holds the stream up to, as its report said.
         let position = self.holding_now()?.streams.get(stream).copied().unwrap_or(0);
-        // The batches are read on the service's fetch thread: the directory is fenced (its
-        // server writes nothing more to it) until the failover ends.
+        // The batches are read on the service's fetch thread. The directory is fenced (its
+        // server writes nothing more to it); this node may still write it itself in a
+        // later round (a fetch of its own), and the read then fails or is of a round that
+        // is over, whose answer the fetcher drops.
         let (me, primary_dir, data) = (self.me, self.primary_log_dir(), self.data.clone());
         Ok(Box::new(move || {
             let b = match primary_dir {
@@ -1796,11 +1798,13 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let history = History::default();
     let warm = Arc::new(AtomicBool::new(false));
     {
-        let (warm, data, me) = (Arc::clone(&warm), cfg.dir.join("data"), cfg.id);
+        // (It ends with the node: the plane holds the flag's only strong reference.)
+        let (warm, data, me) = (Arc::downgrade(&warm), cfg.dir.join("data"), cfg.id);
         std::thread::Builder::new()
             .name("ditto-warm".into())
             .spawn(move || loop {
                 std::thread::sleep(WARM_EVERY);
+                let Some(warm) = warm.upgrade() else { return };
                 if warm.load(Ordering::Acquire) {
                     if let Err(e) = ditto_log::replica::warm_holdings(&data) {
                         tracing::debug!("node {me}: reading its replica log ahead: {e}");

@@ -103,7 +103,7 @@ pub struct ServerArgs {
     /// failover, before it is killed (a server that hangs, its disk stalled, say). Below a
     /// backup's own 10 s bound on making what it received durable, a kill may cut that
     /// short [default: 15000].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..=60_000))]
     server_stop_timeout_ms: Option<u64>,
     /// Set by a cluster node for its server: the epoch it serves.
     #[arg(long, hide = true)]
@@ -388,6 +388,11 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     tls.tls_key_file = a.tls_key_file.clone().or(tls.tls_key_file);
     tls.tls_ca_cert_file = a.tls_ca_cert_file.clone().or(tls.tls_ca_cert_file);
     tls.tls_auth_clients |= a.tls_auth_clients;
+    if let (Some(p), Some(me)) = (tls.tls_port, members.get(&id)) {
+        if [me.client, me.repl, me.control].contains(&p) {
+            return Err(format!("the TLS port {p} is one of this node's own ports in --members").into());
+        }
+    }
     if let Some(files) = tls.tls()? {
         ditto_server::tls::server_config(&files)?;
     }

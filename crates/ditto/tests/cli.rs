@@ -352,13 +352,15 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
         assert!(!data.exists(), "{conf_text}: nothing created");
     }
     // TLS is served beside the plaintext port, on a fixed port, with files that load: a
-    // port of 0, a missing key and a file that is no certificate are refused at the start.
+    // port of 0, a missing key, a port the node uses already and a file that is no
+    // certificate are refused at the start.
     let bad = dir.path().join("bad.pem");
     std::fs::write(&bad, "not a certificate\n").unwrap();
     let b = bad.to_str().unwrap();
     for (flags, why) in [
         (vec!["--tls-port", "0", "--tls-cert-file", b, "--tls-key-file", b], "tls_port 0 is not supported"),
         (vec!["--tls-port", "7001", "--tls-cert-file", b], "tls_port needs tls_cert_file and tls_key_file"),
+        (vec!["--tls-port", "2", "--tls-cert-file", b, "--tls-key-file", b], "one of this node's own ports"),
         (vec!["--tls-port", "7001", "--tls-cert-file", b, "--tls-key-file", b], "bad.pem"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ditto"))

@@ -629,7 +629,10 @@ fn read_held(
     sync_data_and_dir(files.iter().map(|(_, p)| p.as_path()), &replica_dir(dir))?;
     let synced = t.elapsed();
     let nfiles = files.len();
-    let scan = scan_headers(files, ckpt_ts)?;
+    let scan = {
+        let _one = LOOKING.lock();
+        scan_headers(files, ckpt_ts)?
+    };
     // A failover waits for this (a report, or a prepare's check): where its time went.
     if t.elapsed() > std::time::Duration::from_millis(20) {
         tracing::info!(
@@ -869,20 +872,30 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
         let v = Arc::try_unwrap(v).unwrap_or_else(|v| (*v).clone());
         (v.ino == ino && v.born == born && v.len <= size).then_some(v)
     });
+    // The last verified entry still reads the same, its entry header included (a file cut
+    // and written again would not). What lies before it is trusted as read: a backup only
+    // appends to its newest file, and whatever cuts one (a server's recovery, a fetch's
+    // append) is let in only after `forget_holdings`.
     let cached = cached.filter(|v| match v.entries.last() {
-        // The last verified entry still reads the same (a file cut and written again
-        // would not).
-        Some(k) => read_entry(&[(*seq, path.clone())], &KeptHeader { file: 0, ..k.clone() })
-            .is_ok_and(|(_, b)| b.header == k.header),
+        Some(k) => {
+            let mut eh = [0u8; ENTRY_HEADER_LEN];
+            let same_entry = f.read_exact_at(&mut eh, k.offset).is_ok()
+                && u32::from_le_bytes(eh[..4].try_into().expect("4")) as usize == k.len
+                && u32::from_le_bytes(eh[8..12].try_into().expect("4")) == crc32c::crc32c(&eh[..8]);
+            same_entry
+                && read_entry(&[(*seq, path.clone())], &KeptHeader { file: 0, ..k.clone() })
+                    .is_ok_and(|(_, b)| b.header == k.header)
+        }
         None => true,
     });
     let mut v = match cached {
         Some(v) => v,
         None => {
             let mut head = [0u8; REPLICA_HEADER_LEN];
-            if size < REPLICA_HEADER_LEN as u64 {
-                // A crash while its header was written: it holds nothing.
-                return Ok(Arc::new(Verified {
+            // A crash while its header was written: it holds nothing (as `scan_files`
+            // reads it: no more than a header's bytes, and not a whole one).
+            let nothing = || {
+                Ok(Arc::new(Verified {
                     ino,
                     born: born.unwrap_or(std::time::UNIX_EPOCH),
                     len: 0,
@@ -890,10 +903,17 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
                     bounds: Vec::new(),
                     floor: Ts::ZERO,
                     entries: Vec::new(),
-                }));
+                }))
+            };
+            if size < REPLICA_HEADER_LEN as u64 {
+                return nothing();
             }
             f.read_exact_at(&mut head, 0).map_err(|e| LogError::io(path, e))?;
-            let (n, hseq) = decode_header(&head).map_err(|e| corrupt(0, e))?;
+            let (n, hseq) = match decode_header(&head) {
+                Ok(h) => h,
+                Err(_) if size == REPLICA_HEADER_LEN as u64 => return nothing(),
+                Err(e) => return Err(corrupt(0, e)),
+            };
             let (mut streams, mut bounds) = (None, Vec::new());
             take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
             Verified {
@@ -965,7 +985,7 @@ struct Older {
     streams: u32,
     bounds: Vec<Ts>,
     floor_at: Option<(Ts, KeptHeader)>,
-    /// Every entry (file index 0).
+    /// Every entry with transactions (file index 0).
     entries: Vec<KeptHeader>,
 }
 
@@ -986,7 +1006,12 @@ fn scan_older(file: &(u64, PathBuf)) -> Result<Arc<Older>, LogError> {
         return Ok(o);
     }
     let (mut streams, mut bounds, mut floor_at, mut entries) = (None, Vec::new(), None, Vec::new());
-    scan_file_headers(0, *seq, path, &mut streams, &mut bounds, &mut floor_at, |k| entries.push(k))?;
+    // (Only entries with transactions are ever looked at again: the rest are not kept.)
+    scan_file_headers(0, *seq, path, &mut streams, &mut bounds, &mut floor_at, |k| {
+        if k.header.txn_count > 0 {
+            entries.push(k)
+        }
+    })?;
     let o = Arc::new(Older {
         state: state.unwrap_or((0, std::time::UNIX_EPOCH, (0, 0), 0)),
         streams: streams.unwrap_or(0),
@@ -1034,7 +1059,15 @@ pub fn warm_holdings(dir: &Path) -> Result<(), LogError> {
     if crate::sealed::replica_is_sealed(dir) {
         return Ok(());
     }
-    let mut files = list_files(&replica_dir(dir))?;
+    // One look at a time, a report's included (`read_held`): a report never finds the
+    // newest file's look taken out by a warm one under way, and reads it whole.
+    let _one = LOOKING.lock();
+    let rdir = replica_dir(dir);
+    let mut files = list_files(&rdir)?;
+    // What was read of files no longer there (a checkpoint removed them) goes.
+    if let Some(cache) = OLDER.lock().as_mut() {
+        cache.retain(|p, _| p.parent() != Some(rdir.as_path()) || files.iter().any(|(_, f)| f == p));
+    }
     if let Some(newest) = files.pop() {
         scan_newest(&newest, true)?;
     }
@@ -1043,6 +1076,9 @@ pub fn warm_holdings(dir: &Path) -> Result<(), LogError> {
     }
     Ok(())
 }
+
+/// Held by a look at a replica log (`warm_holdings`, `read_held`): one at a time.
+static LOOKING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// One replica log file read entry header by entry header (`scan_headers`): each entry's
 /// own checksum and its batch header are checked, and the entry must lie within the file
