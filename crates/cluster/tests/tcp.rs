@@ -342,23 +342,28 @@ fn a_primary_with_quorum_contact_is_not_failed_over_when_the_leader_does_not_hea
     });
 }
 
+/// Bootstraps the cluster and gives the two nodes other than the primary two streams each
+/// holds more of than the other (50, 70 and 60, 40): whichever a failover chooses fetches
+/// the other stream. The primary.
+fn bootstrap_with_split_holdings(c: &Cluster) -> NodeId {
+    let first = c.bootstrap();
+    wait_for("the bootstrap everywhere", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
+    });
+    let mut w = c.world.lock().unwrap();
+    let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
+    w.holds.insert(others[0], vec![50, 70]);
+    w.holds.insert(others[1], vec![60, 40]);
+    first
+}
+
 /// A fetch answer far larger than a frame (12 MiB per stream, frames of at most 4 MiB)
 /// arrives in pieces, in order, and the failover completes with it.
 #[test]
 fn a_fetch_larger_than_a_frame_arrives_in_pieces() {
     let mut c = Cluster::running(3);
-    let first = c.bootstrap();
-    wait_for("the bootstrap everywhere", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
-    });
-    {
-        let mut w = c.world.lock().unwrap();
-        let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
-        // Each of the two holds more of one stream: whichever is chosen fetches the other.
-        w.holds.insert(others[0], vec![50, 70]);
-        w.holds.insert(others[1], vec![60, 40]);
-        w.fetch_batches = Some((40, 300 << 10));
-    }
+    let first = bootstrap_with_split_holdings(&c);
+    c.world.lock().unwrap().fetch_batches = Some((40, 300 << 10));
     c.stop(first);
     wait_for("epoch 2 to open", Duration::from_secs(20), || {
         c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
@@ -381,15 +386,9 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
         c.start(id);
     }
     wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-    let first = c.bootstrap();
-    wait_for("the bootstrap everywhere", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.epoch == 1 && s.state.primary() == Some(first))
-    });
+    let first = bootstrap_with_split_holdings(&c);
     {
         let mut w = c.world.lock().unwrap();
-        let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
-        w.holds.insert(others[0], vec![50, 70]);
-        w.holds.insert(others[1], vec![60, 40]);
         w.fetch_batches = Some((4, 1 << 10));
         w.fetch_read = Duration::from_secs(3);
     }

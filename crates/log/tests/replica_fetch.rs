@@ -199,12 +199,8 @@ fn an_old_primarys_own_log_is_cut_at_the_point_and_kept_as_a_backups_start() {
 /// back, and batches appended since.
 #[test]
 fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
-    let primary = tempfile::tempdir().unwrap();
-    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let (batches, storage, dir) = empty_backup_of_400_commits();
     let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
-    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
     // Small files, so that the older ones are read header by header.
     let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, 4096).unwrap();
     let (first, rest) = batches.split_at(batches.len() * 3 / 4);
@@ -243,14 +239,7 @@ fn a_second_holdings_read_uses_the_first_until_a_file_changes() {
     log.sync().unwrap();
     let h2 = replica_holdings(dir.path(), 2, Some(mid)).unwrap();
     assert!(h2.cut > h1.cut && h2.txns_above > h1.txns_above, "{h1:?} {h2:?}");
-    let fresh = tempfile::tempdir().unwrap();
-    std::fs::copy(dir.path().join("CATALOG"), fresh.path().join("CATALOG")).unwrap();
-    let rdir = ditto_log::replica::replica_dir(fresh.path());
-    std::fs::create_dir_all(&rdir).unwrap();
-    for e in std::fs::read_dir(ditto_log::replica::replica_dir(dir.path())).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), rdir.join(e.file_name())).unwrap();
-    }
+    let fresh = fresh_copy(dir.path());
     assert_eq!(replica_holdings(fresh.path(), 2, Some(mid)).unwrap(), h2, "as a fresh read of a copy");
 }
 
@@ -393,6 +382,16 @@ fn a_primary_logs_reach_needs_the_segment_before_the_newest() {
     assert!(whole().is_err(), "the whole read refuses it too");
 }
 
+/// The 400 commits' batches (`primary_with_400_commits`), and a directory with the
+/// primary's catalog and no replica log yet, to write them into.
+fn empty_backup_of_400_commits() -> (Vec<Bytes>, Arc<dyn Storage>, tempfile::TempDir) {
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+    (batches, Arc::new(RealStorage), dir)
+}
+
 /// A copy of `dir`'s catalog and replica log in a fresh directory: read there, nothing
 /// cached applies.
 fn fresh_copy(dir: &std::path::Path) -> tempfile::TempDir {
@@ -413,12 +412,8 @@ fn fresh_copy(dir: &std::path::Path) -> tempfile::TempDir {
 /// read afresh; every read gives what a read of a fresh copy gives.
 #[test]
 fn the_newest_file_is_read_from_where_the_last_look_stopped() {
-    let primary = tempfile::tempdir().unwrap();
-    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let (batches, storage, dir) = empty_backup_of_400_commits();
     let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
-    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
     // One file: everything is in the newest.
     let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
     let (first, rest) = batches.split_at(batches.len() / 3);
