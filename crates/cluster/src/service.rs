@@ -298,11 +298,16 @@ pub struct Status {
 /// The read of a fetch's answer (`DataPlane::fetch_job`): the batches and the position.
 pub type FetchJob = Box<dyn FnOnce() -> Result<(Vec<Vec<u8>>, u64), String> + Send>;
 
+/// A frame to a peer's sender thread (`send_to`), and whom to tell once it is written (or
+/// dropped): a fetch's pieces are queued one at a time, each once the one before is gone,
+/// so that at most one (2 MiB) waits ahead of a heartbeat.
+type Outgoing = (Vec<u8>, Option<SyncSender<()>>);
+
 /// A fetch to answer, on the fetch thread: the job, where to send its pieces, and what
 /// they answer.
 struct FetchToServe {
     job: FetchJob,
-    to: SyncSender<Vec<u8>>,
+    to: SyncSender<Outgoing>,
     from: NodeId,
     me: NodeId,
     epoch: u64,
@@ -311,7 +316,9 @@ struct FetchToServe {
 
 /// Answers fetches one at a time, in the order asked (a resend's pieces never interleave
 /// with the first answer's), off the control thread: each is read, cut into pieces and
-/// queued to the peer's sender, waiting up to 5 s a piece for room. A fetch asked again
+/// queued to the peer's sender one piece at a time, the next once the one before has been
+/// written (up to 5 s a piece), so that Raft's and the coordinator's frames to that peer
+/// wait behind one piece at most. A fetch asked again
 /// by the same node for the same stream (the next round of a failover whose prepare timed
 /// out) replaces one still waiting: slow reads do not pile up. Stops with the service.
 fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
@@ -351,19 +358,23 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
     }
 }
 
-/// Queues a frame to a peer's sender, waiting up to 5 s for room; false if it could not.
-fn queue_frame(tx: &SyncSender<Vec<u8>>, mut f: Vec<u8>) -> bool {
+/// Queues a frame to a peer's sender and waits until it has been written (or dropped),
+/// up to 5 s in all; false if it could not be queued or written in that time.
+fn queue_frame(tx: &SyncSender<Outgoing>, f: Vec<u8>) -> bool {
     let end = Instant::now() + Duration::from_secs(5);
+    let (done_tx, done) = mpsc::sync_channel(1);
+    let mut out = (f, Some(done_tx));
     loop {
-        match tx.try_send(f) {
-            Ok(()) => return true,
+        match tx.try_send(out) {
+            Ok(()) => break,
             Err(mpsc::TrySendError::Full(back)) if Instant::now() < end => {
-                f = back;
+                out = back;
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(_) => return false,
         }
     }
+    done.recv_timeout(end.saturating_duration_since(Instant::now())).is_ok()
 }
 
 enum Input {
@@ -657,11 +668,11 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     }
 }
 
-fn send_to(addr: SocketAddr, rx: Receiver<Vec<u8>>, shared: Arc<Shared>) {
+fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
     let mut conn: Option<TcpStream> = None;
     let mut retry_at = Instant::now();
     while !shared.stop.load(Ordering::SeqCst) {
-        let f = match rx.recv_timeout(Duration::from_millis(50)) {
+        let (f, written) = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(f) => f,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return,
@@ -676,11 +687,15 @@ fn send_to(addr: SocketAddr, rx: Receiver<Vec<u8>>, shared: Arc<Shared>) {
                 Err(_) => retry_at = Instant::now() + Duration::from_millis(50),
             }
         }
-        // Without a connection the frame is dropped: Raft sends again.
+        // Without a connection the frame is dropped: Raft sends again (and a fetch's
+        // round asks again).
         if let Some(s) = conn.as_mut() {
             if s.write_all(&f).is_err() {
                 conn = None;
             }
+        }
+        if let Some(w) = written {
+            let _ = w.try_send(());
         }
     }
 }
@@ -689,7 +704,7 @@ struct Run {
     node: ControlNode,
     disk: FileDisk,
     data: Box<dyn DataPlane>,
-    senders: BTreeMap<NodeId, SyncSender<Vec<u8>>>,
+    senders: BTreeMap<NodeId, SyncSender<Outgoing>>,
     sender_threads: Vec<JoinHandle<()>>,
     /// The control addresses the node was started with (the peers before the bootstrap,
     /// and of members whose control port the state does not know).
@@ -836,7 +851,7 @@ impl Run {
     /// answer, which must all arrive, are queued by `serve_fetches`, which waits for room).
     fn send(&self, to: NodeId, kind: u8, body: &[u8]) {
         if let Some(tx) = self.senders.get(&to) {
-            let _ = tx.try_send(frame(self.node.id(), kind, body));
+            let _ = tx.try_send((frame(self.node.id(), kind, body), None));
         }
     }
 
@@ -1199,6 +1214,35 @@ const SLOW_STEP: Duration = Duration::from_millis(50);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fetch's pieces go to the peer's sender one at a time: the next is queued only once
+    /// the one before has been written, so at most one piece waits ahead of Raft's frames.
+    #[test]
+    fn a_fetch_answer_is_queued_a_piece_at_a_time() {
+        let shared = Arc::new(Shared { status: Mutex::new(Status::default()), stop: AtomicBool::new(false) });
+        let (jobs, jobs_rx) = mpsc::channel();
+        let sh = Arc::clone(&shared);
+        let t = std::thread::spawn(move || serve_fetches(jobs_rx, sh));
+        let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
+        let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
+        let n = fetch_pieces(&batches).unwrap().len();
+        assert!(n >= 6, "{n} pieces");
+        let job: FetchJob = Box::new(move || Ok((batches, 99)));
+        jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
+        for i in 0..n {
+            let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
+            assert!(f.len() > FETCH_PIECE / 2, "piece {i}: {} bytes", f.len());
+            // Nothing more is queued until this one is said written.
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(peer.try_recv().is_err(), "piece {} queued before piece {i} was written", i + 1);
+            written.expect("a fetch's piece asks to be told when written").send(()).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(peer.try_recv().is_err(), "{n} pieces, no more");
+        shared.stop.store(true, Ordering::SeqCst);
+        drop(jobs);
+        t.join().unwrap();
+    }
 
     #[test]
     fn a_fetch_answer_goes_in_pieces_that_decode_back() {
