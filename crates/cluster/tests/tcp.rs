@@ -357,6 +357,20 @@ fn bootstrap_with_split_holdings(c: &Cluster) -> NodeId {
     first
 }
 
+/// After `bootstrap_with_split_holdings` and the primary's stop: epoch 2 opens, the
+/// fetches took whole answers of `batches` batches only, and the new primary holds every
+/// stream up to the point. The world, for more checks.
+fn epoch_2_opens_on_whole_answers(c: &Cluster, batches: usize) -> std::sync::MutexGuard<'_, World> {
+    wait_for("epoch 2 to open", Duration::from_secs(20), || {
+        c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
+    });
+    let w = c.world.lock().unwrap();
+    assert_eq!(w.batches_fetched % batches, 0, "whole answers only: {}", w.batches_fetched);
+    let (_, p, _) = w.opened[0];
+    assert!(w.holds[&p].iter().all(|&x| x >= 60), "the new primary holds every stream up to the point");
+    w
+}
+
 /// A fetch answer far larger than a frame (12 MiB per stream, frames of at most 4 MiB)
 /// arrives in pieces, in order, and the failover completes with it.
 #[test]
@@ -365,14 +379,8 @@ fn a_fetch_larger_than_a_frame_arrives_in_pieces() {
     let first = bootstrap_with_split_holdings(&c);
     c.world.lock().unwrap().fetch_batches = Some((40, 300 << 10));
     c.stop(first);
-    wait_for("epoch 2 to open", Duration::from_secs(20), || {
-        c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
-    });
-    let w = c.world.lock().unwrap();
+    let w = epoch_2_opens_on_whole_answers(&c, 40);
     assert!(w.pieces >= 6, "12 MiB in pieces of at most 2 MiB: {} pieces", w.pieces);
-    assert_eq!(w.batches_fetched % 40, 0, "whole answers only: {}", w.batches_fetched);
-    let (_, p, _) = w.opened[0];
-    assert!(w.holds[&p].iter().all(|&x| x >= 60), "the new primary holds every stream up to the point");
 }
 
 /// A fetch's batches are read on the service's fetch thread, not its control thread:
@@ -405,13 +413,7 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
     let answered = t.elapsed();
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "answered while the read was still under way");
     assert!(answered < Duration::from_secs(1), "node {reader} answered after {answered:?}, during a 3 s read");
-    wait_for("epoch 2 to open", Duration::from_secs(20), || {
-        c.statuses().iter().all(|s| s.state.epoch == 2 && s.state.primary().is_some())
-    });
-    let w = c.world.lock().unwrap();
-    assert_eq!(w.batches_fetched % 4, 0, "whole answers only: {}", w.batches_fetched);
-    let (_, p, _) = w.opened[0];
-    assert!(w.holds[&p].iter().all(|&x| x >= 60), "the new primary holds every stream up to the point");
+    drop(epoch_2_opens_on_whole_answers(&c, 4));
 }
 
 /// A primary whose backups are all gone loses its quorum contact (it must stop taking

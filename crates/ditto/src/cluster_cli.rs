@@ -251,17 +251,30 @@ pub struct StatusArgs {
 /// within `INFO_TIMEOUT` (a server that hangs, stopped or swamped, must not stall a watch
 /// over every member: a switchover's outcome is read from the others).
 fn info(addr: &str) -> Result<BTreeMap<String, String>, Error> {
+    Ok(info_sections(addr, &["cluster", "replication"])?.0)
+}
+
+/// `INFO` of each of `sections` at `addr`: the fields, and a primary's links (`slaveN`).
+#[allow(clippy::type_complexity)]
+fn info_sections(
+    addr: &str,
+    sections: &[&str],
+) -> Result<(BTreeMap<String, String>, Vec<BTreeMap<String, String>>), Error> {
     let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("{addr}: expected HOST:PORT"))?;
     let mut c = Client::connect_to(host, port.parse()?)?;
     c.set_read_timeout(INFO_TIMEOUT)?;
-    let mut all = BTreeMap::new();
-    for section in ["cluster", "replication"] {
+    let (mut all, mut links) = (BTreeMap::new(), Vec::new());
+    for section in sections {
         match c.call(&["INFO", section])? {
-            Reply::Bulk(Some(b)) => all.extend(parse_info(&String::from_utf8(b)?).0),
+            Reply::Bulk(Some(b)) => {
+                let (f, l) = parse_info(&String::from_utf8(b)?);
+                all.extend(f);
+                links.extend(l);
+            }
             other => return Err(format!("INFO {section}: {other:?}").into()),
         }
     }
-    Ok(all)
+    Ok((all, links))
 }
 
 /// Waits for a node just added to run as a backup with its link to the primary up,
@@ -306,11 +319,7 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
 #[allow(clippy::type_complexity)]
 fn link_on_primary(node_addr: &str) -> Option<(String, BTreeMap<String, String>, BTreeMap<String, String>)> {
     let primary = info(node_addr).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
-    let (host, port) = primary.rsplit_once(':')?;
-    let mut c = Client::connect_to(host, port.parse().ok()?).ok()?;
-    c.set_read_timeout(INFO_TIMEOUT).ok()?;
-    let Reply::Bulk(Some(b)) = c.call(&["INFO", "replication"]).ok()? else { return None };
-    let (fields, links) = parse_info(&String::from_utf8(b).ok()?);
+    let (fields, links) = info_sections(&primary, &["replication"]).ok()?;
     let link = links.into_iter().find(|l| l.get("node").map(String::as_str) == Some(node_addr))?;
     Some((primary, link, fields))
 }

@@ -324,17 +324,19 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
     let conf = dir.path().join("ditto.toml");
     std::fs::write(&conf, "tls_only = true\n").unwrap();
     let data = dir.path().join("n1");
-    let members = "1=127.0.0.1:1/2/3";
-    for extra in [vec!["--tls-only"], vec!["--config", conf.to_str().unwrap()]] {
+    // The node with `extra` flags is refused, saying `why`, and creates nothing.
+    let refused = |extra: &[&str], why: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
-            .args(&extra)
+            .args(["server", "--node-id", "1", "--members", "1=127.0.0.1:1/2/3", "--data-dir", data.to_str().unwrap()])
+            .args(extra)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{extra:?} refused");
-        assert!(err.contains("tls_only is not supported with --node-id"), "{extra:?}: {err}");
+        assert!(!out.status.success() && err.contains(why), "{extra:?}: {err}");
         assert!(!data.exists(), "{extra:?}: nothing created");
+    };
+    for extra in [vec!["--tls-only"], vec!["--config", conf.to_str().unwrap()]] {
+        refused(&extra, "tls_only is not supported with --node-id");
     }
     // Likewise a password (its supervisor probes without one) and a role of the file's.
     for (conf_text, why) in [
@@ -342,14 +344,7 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
         ("replica_of = \"127.0.0.1:9\"\n", "may not set replica_of or repl_port"),
     ] {
         std::fs::write(&conf, conf_text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
-            .args(["--config", conf.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(why), "{conf_text}: {err}");
-        assert!(!data.exists(), "{conf_text}: nothing created");
+        refused(&["--config", conf.to_str().unwrap()], why);
     }
     // TLS is served beside the plaintext port, on a fixed port, with files that load: a
     // port of 0, a missing key, a port the node uses already and a file that is no
@@ -363,13 +358,6 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
         (vec!["--tls-port", "2", "--tls-cert-file", b, "--tls-key-file", b], "one of this node's own ports"),
         (vec!["--tls-port", "7001", "--tls-cert-file", b, "--tls-key-file", b], "bad.pem"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
-            .args(&flags)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(why), "{flags:?}: {err}");
-        assert!(!data.exists(), "{flags:?}: nothing created");
+        refused(&flags, why);
     }
 }

@@ -982,6 +982,15 @@ impl Cluster {
         self.spawn(id, &["--join"]);
     }
 
+    /// The process id of node `id`'s server (`INFO server`), waited for up to 10 s.
+    fn server_pid(&self, id: u64) -> i32 {
+        self.wait_or_dump(&format!("node {id}'s server pid"), Duration::from_secs(10), || {
+            field(&self.info_section(id, "server")?, "process_id")
+        })
+        .parse()
+        .unwrap()
+    }
+
     /// The `INFO replication` line of primary `primary` for node `id`'s backup, if linked.
     fn link_of(&self, primary: u64, id: u64) -> Option<String> {
         let node = format!("node=127.0.0.1:{},", self.ports[&id]);
@@ -1220,12 +1229,7 @@ fn a_learner_that_has_not_joined_holds_no_write_back() {
     let (ok, out) = cluster_cli(&["add", &spec5, "--learner", "--join-wait-s", "0", "--via", &c.control_addr(first)]);
     assert!(ok && out.contains("added as a learner"), "{out}");
     let backup = (1..=3).find(|&id| id != first).unwrap();
-    let pid: i32 = c
-        .wait_or_dump("the backup's server pid", Duration::from_secs(10), || {
-            field(&c.info_section(backup, "server")?, "process_id")
-        })
-        .parse()
-        .unwrap();
+    let pid = c.server_pid(backup);
     let mut w = Writer::start((1..=3).map(|id| c.ports[&id]).collect());
     c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 100).then_some(()));
     signal(pid, libc::SIGSTOP);
@@ -1723,12 +1727,7 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
         .parse()
         .unwrap();
     let to = (1..=3).filter(|&id| id != first && id != leader).max().unwrap();
-    let pid: i32 = c
-        .wait_or_dump("the target's server pid", Duration::from_secs(10), || {
-            field(&c.info_section(to, "server")?, "process_id")
-        })
-        .parse()
-        .unwrap();
+    let pid = c.server_pid(to);
     let mut w = Writer::start(c.ports.values().copied().collect());
     c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
     let epoch0 = field(&c.info_section(first, "cluster").unwrap(), "cluster_epoch").unwrap();
@@ -1798,12 +1797,7 @@ fn a_server_that_does_not_answer_its_fence_is_killed_and_the_failover_completes_
     });
     let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
     let hung = (1..=3).find(|&id| id != first).unwrap();
-    let pid: i32 = c
-        .wait_or_dump("the backup's server pid", Duration::from_secs(10), || {
-            field(&c.info_section(hung, "server")?, "process_id")
-        })
-        .parse()
-        .unwrap();
+    let pid = c.server_pid(hung);
     let mut w = Writer::start(c.ports.values().copied().collect());
     c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
     signal(pid, libc::SIGSTOP);
@@ -1854,12 +1848,7 @@ fn a_switchover_goes_through_while_the_server_of_the_raft_leaders_node_is_stoppe
         (l != first).then_some(l)
     });
     let to = (1..=3).find(|&id| id != first && id != leader).unwrap();
-    let pid: i32 = c
-        .wait_or_dump("the leader's server pid", Duration::from_secs(10), || {
-            field(&c.info_section(leader, "server")?, "process_id")
-        })
-        .parse()
-        .unwrap();
+    let pid = c.server_pid(leader);
     // The writer does not try the stopped node (it would wait out its 2 s read timeout
     // there, and the gap measured would be the client's).
     let mut w = Writer::start(c.ports.iter().filter(|(&id, _)| id != leader).map(|(_, &p)| p).collect());

@@ -789,10 +789,7 @@ fn scan_headers(mut files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<HeaderSca
         );
     }
     if let Some(dir) = newest.1.parent() {
-        // What was read of files no longer there (a checkpoint removed them) goes.
-        if let Some(cache) = OLDER.lock().as_mut() {
-            cache.retain(|p, _| p.parent() != Some(dir) || files.iter().any(|(_, f)| f == p));
-        }
+        forget_older_than(dir, &files);
     }
     match (streams, tail.streams) {
         (Some(m), Some(n)) if m != n => {
@@ -993,6 +990,14 @@ struct Older {
 static OLDER: parking_lot::Mutex<Option<std::collections::HashMap<PathBuf, Arc<Older>>>> =
     parking_lot::Mutex::new(None);
 
+/// Drops what `scan_older` kept of `rdir`'s files that are no longer among `files` (a
+/// checkpoint removed them).
+fn forget_older_than(rdir: &Path, files: &[(u64, PathBuf)]) {
+    if let Some(cache) = OLDER.lock().as_mut() {
+        cache.retain(|p, _| p.parent() != Some(rdir) || files.iter().any(|(_, f)| f == p));
+    }
+}
+
 /// An older file read header by header (`scan_file_headers`), or what an earlier read of
 /// the same file found.
 fn scan_older(file: &(u64, PathBuf)) -> Result<Arc<Older>, LogError> {
@@ -1064,10 +1069,7 @@ pub fn warm_holdings(dir: &Path) -> Result<(), LogError> {
     let _one = LOOKING.lock();
     let rdir = replica_dir(dir);
     let mut files = list_files(&rdir)?;
-    // What was read of files no longer there (a checkpoint removed them) goes.
-    if let Some(cache) = OLDER.lock().as_mut() {
-        cache.retain(|p, _| p.parent() != Some(rdir.as_path()) || files.iter().any(|(_, f)| f == p));
-    }
+    forget_older_than(&rdir, &files);
     if let Some(newest) = files.pop() {
         scan_newest(&newest, true)?;
     }
