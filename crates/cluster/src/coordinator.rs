@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::failover::{plan_preferring, RecoveryPlan, TailReport};
+use crate::failover::{plan_preferring, PlanError, RecoveryPlan, TailReport};
 use crate::state::{Command, ControlState, NodeId, Phase};
 
 /// Timings, in the caller's clock units (milliseconds in a server).
@@ -69,6 +69,8 @@ struct Round {
     /// When this coordinator began the round, and when the chosen node had prepared.
     started: u64,
     prepared_at: Option<u64>,
+    /// Why the reports so far make no plan (`plan_preferring`'s error), while there is none.
+    unplanned: Option<PlanError>,
 }
 
 /// See the module notes.
@@ -327,6 +329,7 @@ impl Coordinator {
                         prepared: None,
                         started: now,
                         prepared_at: None,
+                        unplanned: None,
                     });
                 }
                 if let Some(open) = state.open_epoch() {
@@ -374,6 +377,13 @@ impl Coordinator {
         out
     }
 
+    /// Why the failover round this coordinator leads has no plan yet, once some reports
+    /// came in (a quorum has not reported; or none that may become primary can fetch
+    /// what it lacks, `PlanError::NoSource`): for the logs and the simulation.
+    pub fn unplanned(&self) -> Option<(u64, &PlanError)> {
+        self.round.as_ref().filter(|r| r.plan.is_none()).and_then(|r| r.unplanned.as_ref().map(|e| (r.epoch, e)))
+    }
+
     /// A node's tail report for the round at `report.fenced_at`.
     pub fn on_report(&mut self, report: TailReport, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
         let mut out = Vec::new();
@@ -400,9 +410,13 @@ impl Coordinator {
         if prefer.is_some_and(|to| !r.reports.contains_key(&to)) && now.saturating_sub(r.started) < self.t.prepare {
             return;
         }
-        if let Ok(p) = plan_preferring(&r.reports, state.members.len(), r.epoch, open_epoch, start, prefer) {
-            r.plan = Some((p.clone(), now, now));
-            out.push(Action::Prepare { to: p.primary, plan: p });
+        match plan_preferring(&r.reports, state.members.len(), r.epoch, open_epoch, start, prefer) {
+            Ok(p) => {
+                r.unplanned = None;
+                r.plan = Some((p.clone(), now, now));
+                out.push(Action::Prepare { to: p.primary, plan: p });
+            }
+            Err(e) => r.unplanned = Some(e),
         }
     }
 
@@ -460,7 +474,7 @@ mod tests {
     }
 
     fn report(node: NodeId, fenced_at: u64, streams: &[u64]) -> TailReport {
-        TailReport { node, fenced_at, epoch: 1, streams: streams.to_vec(), newest: 99, eligible: true }
+        TailReport { node, fenced_at, epoch: 1, streams: streams.to_vec(), newest: 99, eligible: true, serves_above: 0 }
     }
 
     #[test]

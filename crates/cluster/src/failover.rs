@@ -50,6 +50,12 @@ pub struct TailReport {
     /// Whether the node may become primary (a node being removed, or one whose disk
     /// failed, may not).
     pub eligible: bool,
+    /// A fetch from this node is answered only from above this timestamp: below it, a
+    /// checkpoint took its log's batches away (`ditto_log::replica::fetch_floor`). At or
+    /// below every stream's position (a checkpoint holds what every stream held). 0 from
+    /// a node of a version that did not say: it is then asked as before.
+    #[serde(default)]
+    pub serves_above: u64,
 }
 
 /// A stream's missing range and where to fetch it.
@@ -86,6 +92,11 @@ pub enum PlanError {
     NoQuorum { got: usize, members: usize, quorum: usize },
     #[error("no reporting node may become primary")]
     NoEligibleNode,
+    /// Every eligible reporter lacks something that no reporter still holds as batches
+    /// (each holder's checkpoint lies above where the fetch would start): the round waits
+    /// for more reports.
+    #[error("no eligible reporting node can fetch what it lacks: the holders' checkpoints lie above it")]
+    NoSource,
 }
 
 /// Computes the recovery plan from the reports of one failover round (see the module
@@ -134,15 +145,36 @@ pub fn plan_preferring(
         })
         .collect();
     let recovery_point = tails.iter().map(|t| t.0).min().unwrap_or(0);
+    // Where a node that holds stream `s` only up to `after` fetches the rest: the first
+    // reporter that holds the most of it, if it can still answer from `after`, else the
+    // first that holds the stream to the point and can.
+    let source = |s: usize, after: u64| -> Option<NodeId> {
+        let serves = |r: &TailReport| pos(r, s) >= recovery_point && r.serves_above <= after;
+        let best = valid.iter().find(|r| r.node == tails[s].1).filter(|r| serves(r));
+        best.or_else(|| valid.iter().find(|r| serves(r))).map(|r| r.node)
+    };
     let lacks = |r: &TailReport| -> u64 { (0..streams).map(|s| recovery_point - pos(r, s).min(recovery_point)).sum() };
-    let primary = valid
-        .iter()
-        .filter(|r| r.eligible)
+    let can_fetch =
+        |r: &TailReport| (0..streams).all(|s| pos(r, s) >= recovery_point || source(s, pos(r, s)).is_some());
+    // Among the eligible reporters that can fetch all they lack, the one that lacks least.
+    // The reporter holding the most on its least-held stream can always fetch (what it
+    // lacks starts at or above that, where every holder's checkpoint lies below), so only
+    // eligibility can leave none: an old primary that alone holds the tail as batches.
+    let eligible: Vec<&&TailReport> = valid.iter().filter(|r| r.eligible).collect();
+    if eligible.is_empty() {
+        return Err(PlanError::NoEligibleNode);
+    }
+    let primary = eligible
+        .into_iter()
+        .filter(|r| can_fetch(r))
         .min_by_key(|r| (lacks(r), Some(r.node) != prefer, r.node))
-        .ok_or(PlanError::NoEligibleNode)?;
+        .ok_or(PlanError::NoSource)?;
     let fetch = (0..streams)
         .filter(|&s| pos(primary, s) < recovery_point)
-        .map(|s| Fetch { stream: s, from: tails[s].1, after: pos(primary, s), upto: recovery_point })
+        .map(|s| {
+            let after = pos(primary, s);
+            Fetch { stream: s, from: source(s, after).expect("checked by can_fetch"), after, upto: recovery_point }
+        })
         .collect();
     let newest = valid.iter().map(|r| r.newest).max().unwrap_or(start);
     Ok(RecoveryPlan {
@@ -168,6 +200,7 @@ mod tests {
             streams: streams.to_vec(),
             newest: streams.iter().copied().max().unwrap_or(0),
             eligible: true,
+            serves_above: 0,
         }
     }
 
@@ -275,15 +308,26 @@ mod tests {
                                     let w = (0..2).map(|s| held[i][s].min(held[j][s])).min().unwrap();
                                     released = released.max(w);
                                 }
-                                for (i, j) in [(0, 1), (0, 2), (1, 2)] {
-                                    let rs =
-                                        reports(vec![report(i as u64 + 1, &held[i]), report(j as u64 + 1, &held[j])]);
-                                    let p = plan(&rs, 3, 2, 1, 0).unwrap();
-                                    assert!(p.recovery_point >= released, "{held:?} {i}{j}: {p:?}");
-                                    for fe in &p.fetch {
-                                        assert!(held[fe.from as usize - 1][fe.stream] >= fe.upto);
+                                // Each node's checkpoint at 0 or at the least it holds on a
+                                // stream (the most it can be): a fetch never starts below it.
+                                for ckpts in 0..8u32 {
+                                    let serves =
+                                        |n: usize| if ckpts & (1 << n) != 0 { held[n][0].min(held[n][1]) } else { 0 };
+                                    for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+                                        let r = |n: usize| TailReport {
+                                            serves_above: serves(n),
+                                            ..report(n as u64 + 1, &held[n])
+                                        };
+                                        let rs = reports(vec![r(i), r(j)]);
+                                        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+                                        assert!(p.recovery_point >= released, "{held:?} {i}{j}: {p:?}");
+                                        for fe in &p.fetch {
+                                            let from = fe.from as usize - 1;
+                                            assert!(held[from][fe.stream] >= fe.upto);
+                                            assert!(serves(from) <= fe.after, "{held:?} {ckpts} {i}{j}: {p:?}");
+                                        }
+                                        cases += 1;
                                     }
-                                    cases += 1;
                                 }
                             }
                         }
@@ -291,6 +335,48 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 4096 * 3);
+        assert_eq!(cases, 4096 * 3 * 8);
+    }
+
+    /// A holder whose checkpoint lies above where a node's fetch would start cannot answer
+    /// it (its log no longer holds those batches): that node is not chosen, though it lacks
+    /// least, if another can fetch all it lacks.
+    #[test]
+    fn a_node_whose_fetch_no_holder_can_answer_is_not_chosen() {
+        let r = |node, streams: &[u64], serves_above| TailReport { serves_above, ..report(node, streams) };
+        // Node 2 lacks 20 (stream 2, above 80), node 3 lacks 24 (streams 0 and 1, above 88).
+        // Only node 3 holds stream 2 to the point, and its checkpoint is at 88.
+        let rs = reports(vec![r(2, &[100, 100, 80], 80), r(3, &[88, 88, 100], 88)]);
+        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+        assert_eq!(p.recovery_point, 100);
+        assert_eq!(p.primary, 3, "node 2 could not fetch stream 2 above 80");
+        assert_eq!(
+            p.fetch,
+            vec![
+                Fetch { stream: 0, from: 2, after: 88, upto: 100 },
+                Fetch { stream: 1, from: 2, after: 88, upto: 100 }
+            ]
+        );
+        // Checkpoints below the fetch: the node that lacks least, as before.
+        let rs = reports(vec![r(2, &[100, 100, 80], 0), r(3, &[88, 88, 100], 0)]);
+        assert_eq!(plan(&rs, 3, 2, 1, 0).unwrap().primary, 2);
+    }
+
+    #[test]
+    fn a_fetch_goes_to_a_holder_that_can_answer_it() {
+        let r = |node, streams: &[u64], serves_above, eligible| TailReport {
+            serves_above,
+            eligible,
+            ..report(node, streams)
+        };
+        // Nodes 3 and 4 are old primaries (never chosen) holding everything; node 3, the
+        // first to hold the most, checkpointed at 90, above node 2's 50 on stream 1.
+        let rs = reports(vec![r(2, &[100, 50], 50, true), r(3, &[100, 100], 90, false), r(4, &[100, 100], 40, false)]);
+        let p = plan(&rs, 5, 2, 1, 0).unwrap();
+        assert_eq!((p.primary, p.recovery_point), (2, 100));
+        assert_eq!(p.fetch, vec![Fetch { stream: 1, from: 4, after: 50, upto: 100 }]);
+        // Without node 4 nobody can answer it: no plan yet (more reports may bring one).
+        let rs = reports(vec![r(2, &[100, 50], 50, true), r(3, &[100, 100], 90, false)]);
+        assert_eq!(plan(&rs, 3, 2, 1, 0), Err(PlanError::NoSource));
     }
 }

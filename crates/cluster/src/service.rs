@@ -125,6 +125,8 @@ pub struct Holding {
     pub newest: u64,
     /// Whether this node may become primary.
     pub eligible: bool,
+    /// A fetch from this node is answered only above this (`TailReport::serves_above`).
+    pub serves_above: u64,
 }
 
 /// What a node's data plane (its log shipping and replay) does for the control plane. It
@@ -487,6 +489,7 @@ impl ControlService {
                 preparing: None,
                 fetch_next: BTreeMap::new(),
                 fetches,
+                no_source_logged: 0,
                 admin: Vec::new(),
             };
             run.sync_peers();
@@ -722,6 +725,8 @@ struct Run {
     fetch_next: BTreeMap<usize, u32>,
     /// Fetches asked of this node, to the fetch thread (`serve_fetches`).
     fetches: Sender<FetchToServe>,
+    /// The failover round whose want of a source was last logged.
+    no_source_logged: u64,
 }
 
 impl Run {
@@ -902,6 +907,7 @@ impl Run {
                             streams: h.streams,
                             newest: h.newest,
                             eligible: h.eligible,
+                            serves_above: h.serves_above,
                         };
                         self.ctl(from, Ctl::Report(r), now)?;
                     }
@@ -1117,6 +1123,12 @@ impl Run {
                 if let Err(e) = self.act(a, now) {
                     failed = Some(e);
                     break;
+                }
+                if let Some((epoch, e @ crate::failover::PlanError::NoSource)) = self.coord.unplanned() {
+                    if self.no_source_logged != epoch {
+                        self.no_source_logged = epoch;
+                        tracing::warn!(node = id, "failover to epoch {epoch} waits for more reports: {e}");
+                    }
                 }
             }
             // The Raft state is made durable here, on this thread, and the commands that

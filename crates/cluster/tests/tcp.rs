@@ -74,7 +74,7 @@ impl DataPlane for ModelPlane {
     fn report(&mut self) -> Result<Holding, String> {
         let w = self.world.lock().unwrap();
         let streams = w.holds.get(&self.me).cloned().unwrap_or_default();
-        Ok(Holding { newest: streams.iter().copied().max().unwrap_or(0), streams, eligible: true })
+        Ok(Holding { newest: streams.iter().copied().max().unwrap_or(0), streams, eligible: true, serves_above: 0 })
     }
     fn prepare(&mut self, plan: &RecoveryPlan) {
         let mut w = self.world.lock().unwrap();

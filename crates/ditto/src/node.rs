@@ -1162,6 +1162,7 @@ impl NodePlane {
                 streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
                 newest: h.newest.0.min(cap),
                 eligible: false,
+                serves_above: fetch_floor(&dir)?,
             });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
@@ -1172,6 +1173,7 @@ impl NodePlane {
             streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
             newest: h.newest.0.min(cap),
             eligible: true,
+            serves_above: fetch_floor(&self.data)?,
         })
     }
 
@@ -1652,6 +1654,11 @@ impl DataPlane for NodePlane {
             _ => {}
         }
     }
+}
+
+/// Where a fetch from `data` can start (`TailReport::serves_above`).
+fn fetch_floor(data: &Path) -> Result<u64, String> {
+    ditto_log::replica::fetch_floor(data).map(|t| t.0).map_err(|e| format!("reading where its log starts: {e}"))
 }
 
 /// The epoch a backup's directory followed (its `REPLICA_STATE`).

@@ -1419,6 +1419,30 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
     }
 }
 
+/// The lowest `after` from which a fetch of `data` (`replica_stream_batches`, or
+/// `recovery::primary_stream_batches` on an old primary's directory) is answered: the
+/// point of its checkpoint or newest seal, or lower where the chain of sealed links (or
+/// the copy kept for serving) reaches down, as those reads walk it. A failover's plan
+/// fetches from a node only above this (`ditto_cluster::TailReport::serves_above`).
+pub fn fetch_floor(data: &Path) -> Result<Ts, LogError> {
+    let base = crate::sealed::base(data)?;
+    let point = base.ts;
+    let Some(mut i) = base.chain.len().checked_sub(1).filter(|&i| base.chain[i].point == point) else {
+        return Ok(match crate::sealed::served(data) {
+            Some((_, p, floor)) if p == point => floor.min(point),
+            _ => point,
+        });
+    };
+    if base.chain[i].primary_log {
+        return Ok(point);
+    }
+    // Down the chain while each link lies on the one before it (`link_batches_above`).
+    while i > 0 && base.chain[i - 1].point == base.floor_of(i) && !base.chain[i - 1].primary_log {
+        i -= 1;
+    }
+    Ok(base.floor_of(i))
+}
+
 /// The batches above `after` of the chain's `i`th link and, where `after` lies below what
 /// that link lies on, of the links before it, oldest first, each cut at its own point:
 /// a fetch or a rejoining backup behind two changes in place made before a checkpoint

@@ -173,6 +173,18 @@ fn held_backups_under(
     (a, pa_repl, bk1, bk2, ts, a_addr)
 }
 
+/// `fetch_floor(dir)` says exactly where a failover's fetch from `dir` can start: a fetch
+/// of stream 0 from there is answered, one from just below it is refused. Returns it.
+fn fetch_floor_is_exact(dir: &std::path::Path) -> Ts {
+    let floor = ditto_log::replica::fetch_floor(dir).unwrap();
+    assert!(ditto_log::replica::replica_stream_batches(dir, 0, floor).is_ok(), "a fetch from {floor:?}");
+    if floor > Ts::ZERO {
+        let below = ditto_log::replica::replica_stream_batches(dir, 0, Ts(floor.0 - 1));
+        assert!(below.is_err(), "a fetch from below {floor:?} answered");
+    }
+    floor
+}
+
 fn value_on(db: &ditto_engine::Database, i: u32) -> Option<Vec<u8>> {
     let t = db.table_id("t").unwrap();
     db.read().get(t, &i.to_be_bytes()).unwrap().map(|v| v.to_vec())
@@ -484,7 +496,9 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let both = ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap().expect("from both links");
     let want: Vec<Ts> = ts[51..].iter().chain(&ts2).copied().collect();
     assert_eq!(commits_above(&both, ts[50]), want, "the end of epoch 1, then epoch 2");
-    // And a failover's fetch of the stream from this directory (the chain read link by link).
+    // And a failover's fetch of the stream from this directory (the chain read link by link),
+    // which can start below both links (its report says so: `fetch_floor`).
+    assert!(fetch_floor_is_exact(&b2) <= ts[50], "the chain reaches below both links");
     let fetched = ditto_log::replica::replica_stream_batches(&b2, 0, ts[50]).unwrap();
     assert_eq!(commits_above(&fetched, ts[50]), want, "a fetch behind both links");
     // Recovered from the files alone (a crash before its first checkpoint): the same.
@@ -516,7 +530,11 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let rest = ditto_log::replica::sealed_batches_above(&b2, ts2[29], p2).unwrap().expect("from the kept link");
     assert!(!rest.is_empty());
     assert_eq!(ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap(), None);
+    // A failover's fetch from it (its own log, then) starts at that checkpoint.
+    assert_eq!(ditto_log::replica::fetch_floor(&b2).unwrap(), info.ts);
     bp2.close();
+    let from_log = |after: Ts| ditto_log::recovery::primary_stream_batches(&b2, 0, after);
+    assert!(from_log(info.ts).is_ok() && from_log(Ts(info.ts.0 - 1)).is_err(), "exactly there");
     drop(bp2);
     for (dir, what) in
         [(&b2, "recovered after its checkpoint"), (&crashed, "recovered from the chain and epoch 3's log")]
@@ -620,6 +638,7 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     assert_eq!(h.txns_above, 0, "what lay above the point is not counted: it is discarded");
     // A failover's fetch below the point is given the sealed log's batches, cut at it (it
     // was refused before, and a plan that needed it could never be prepared).
+    assert!(fetch_floor_is_exact(&b1) <= ts[10]);
     let fetched = ditto_log::replica::replica_stream_batches(&b1, 0, ts[10]).unwrap();
     assert!(!fetched.is_empty());
     for b in &fetched {
