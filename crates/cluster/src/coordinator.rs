@@ -474,7 +474,16 @@ mod tests {
     }
 
     fn report(node: NodeId, fenced_at: u64, streams: &[u64]) -> TailReport {
-        TailReport { node, fenced_at, epoch: 1, streams: streams.to_vec(), newest: 99, eligible: true, serves_above: 0 }
+        TailReport {
+            node,
+            fenced_at,
+            epoch: 1,
+            streams: streams.to_vec(),
+            newest: 99,
+            eligible: true,
+            serves_above: 0,
+            last_resort: false,
+        }
     }
 
     #[test]

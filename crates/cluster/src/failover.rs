@@ -51,11 +51,20 @@ pub struct TailReport {
     /// failed, may not).
     pub eligible: bool,
     /// A fetch from this node is answered only from above this timestamp: below it, a
-    /// checkpoint took its log's batches away (`ditto_log::replica::fetch_floor`). At or
-    /// below every stream's position (a checkpoint holds what every stream held). 0 from
-    /// a node of a version that did not say: it is then asked as before.
+    /// checkpoint took its log's batches away (`ditto_log::replica::fetch_floor`). Usually
+    /// at or below every stream's position (a checkpoint holds what every stream held);
+    /// it may lie above positions capped at an earlier failover's point (its checkpoint
+    /// held commits that failover cut), which the plan's choice of a node that can fetch
+    /// all it lacks does not rely on. 0 from a node of a version that did not say: it is
+    /// then asked as before.
     #[serde(default)]
     pub serves_above: u64,
+    /// Not eligible, but may be chosen as a last resort, when no eligible reporter can
+    /// fetch all it lacks and this one lacks nothing below the point: an old primary whose
+    /// own log holds everything up to it and can be cut there (its server then starts from
+    /// that log, cut at the point, as a backup's replica log would be).
+    #[serde(default)]
+    pub last_resort: bool,
 }
 
 /// A stream's missing range and where to fetch it.
@@ -160,15 +169,15 @@ pub fn plan_preferring(
     // The reporter holding the most on its least-held stream can always fetch (what it
     // lacks starts at or above that, where every holder's checkpoint lies below), so only
     // eligibility can leave none: an old primary that alone holds the tail as batches.
+    // Then such an old primary itself, if it lacks nothing (`TailReport::last_resort`).
     let eligible: Vec<&&TailReport> = valid.iter().filter(|r| r.eligible).collect();
-    if eligible.is_empty() {
-        return Err(PlanError::NoEligibleNode);
-    }
-    let primary = eligible
-        .into_iter()
-        .filter(|r| can_fetch(r))
-        .min_by_key(|r| (lacks(r), Some(r.node) != prefer, r.node))
-        .ok_or(PlanError::NoSource)?;
+    let chosen = eligible.iter().filter(|r| can_fetch(r)).min_by_key(|r| (lacks(r), Some(r.node) != prefer, r.node));
+    let last_resort = || valid.iter().filter(|r| r.last_resort && lacks(r) == 0).min_by_key(|r| r.node).copied();
+    let primary = match chosen.map(|r| **r).or_else(last_resort) {
+        Some(r) => r,
+        None if eligible.is_empty() => return Err(PlanError::NoEligibleNode),
+        None => return Err(PlanError::NoSource),
+    };
     let fetch = (0..streams)
         .filter(|&s| pos(primary, s) < recovery_point)
         .map(|s| {
@@ -201,6 +210,7 @@ mod tests {
             newest: streams.iter().copied().max().unwrap_or(0),
             eligible: true,
             serves_above: 0,
+            last_resort: false,
         }
     }
 
@@ -378,5 +388,17 @@ mod tests {
         // Without node 4 nobody can answer it: no plan yet (more reports may bring one).
         let rs = reports(vec![r(2, &[100, 50], 50, true), r(3, &[100, 100], 90, false)]);
         assert_eq!(plan(&rs, 3, 2, 1, 0), Err(PlanError::NoSource));
+        // Unless the old primary, which lacks nothing, may be chosen as a last resort.
+        let old = TailReport { last_resort: true, ..r(3, &[100, 100], 90, false) };
+        let rs = reports(vec![r(2, &[100, 50], 50, true), old.clone()]);
+        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+        assert_eq!((p.primary, p.recovery_point, p.fetch.len()), (3, 100, 0));
+        // Never while an eligible node can fetch what it lacks (node 4 answers it) ...
+        let rs = reports(vec![r(2, &[100, 50], 50, true), old.clone(), r(4, &[100, 100], 40, false)]);
+        assert_eq!(plan(&rs, 5, 2, 1, 0).unwrap().primary, 2);
+        // ... nor if it lacks something itself.
+        let behind = TailReport { last_resort: true, ..r(3, &[100, 99], 90, false) };
+        let rs = reports(vec![r(2, &[100, 50], 50, true), behind, r(4, &[99, 100], 95, false)]);
+        assert_eq!(plan(&rs, 5, 2, 1, 0), Err(PlanError::NoSource));
     }
 }

@@ -127,6 +127,8 @@ pub struct Holding {
     pub eligible: bool,
     /// A fetch from this node is answered only above this (`TailReport::serves_above`).
     pub serves_above: u64,
+    /// Not eligible, but may be chosen if it lacks nothing (`TailReport::last_resort`).
+    pub last_resort: bool,
 }
 
 /// What a node's data plane (its log shipping and replay) does for the control plane. It
@@ -382,7 +384,16 @@ fn queue_frame(tx: &SyncSender<Outgoing>, f: Vec<u8>) -> bool {
 enum Input {
     Raft(Box<Message>),
     Ctl(NodeId, Ctl),
-    Fetched { epoch: u64, stream: usize, position: u64, piece: u32, last: bool, batches: Vec<Vec<u8>> },
+    /// A piece of a fetch's answer, from node `from`.
+    Fetched {
+        from: NodeId,
+        epoch: u64,
+        stream: usize,
+        position: u64,
+        piece: u32,
+        last: bool,
+        batches: Vec<Vec<u8>>,
+    },
     Propose(Command, Sender<Result<(), String>>),
     Admin(AdminRequest, Sender<AdminReply>),
 }
@@ -566,7 +577,7 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
         KIND_CTL => {
             serde_json::from_slice(body).map(|c| Input::Ctl(from, c)).map_err(|e| format!("undecodable request: {e}"))
         }
-        KIND_FETCHED => decode_fetched(body).ok_or_else(|| "undecodable fetched batches".to_string()),
+        KIND_FETCHED => decode_fetched(from, body).ok_or_else(|| "undecodable fetched batches".to_string()),
         k => Err(format!("unknown frame kind {k}")),
     }
 }
@@ -586,7 +597,7 @@ fn encode_fetched(epoch: u64, stream: usize, position: u64, piece: u32, last: bo
     b
 }
 
-fn decode_fetched(mut body: &[u8]) -> Option<Input> {
+fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
     fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         let (h, t) = (b.get(..n)?, b.get(n..)?);
         *b = t;
@@ -607,7 +618,7 @@ fn decode_fetched(mut body: &[u8]) -> Option<Input> {
         let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
         batches.push(take(&mut body, len)?.to_vec());
     }
-    body.is_empty().then_some(Input::Fetched { epoch, stream, position, piece, last, batches })
+    body.is_empty().then_some(Input::Fetched { from, epoch, stream, position, piece, last, batches })
 }
 
 /// The batches of a fetch answer split into pieces of at most `FETCH_PIECE` bytes (at
@@ -908,6 +919,7 @@ impl Run {
                             newest: h.newest,
                             eligible: h.eligible,
                             serves_above: h.serves_above,
+                            last_resort: h.last_resort,
                         };
                         self.ctl(from, Ctl::Report(r), now)?;
                     }
@@ -1004,8 +1016,12 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
-                Ok(Input::Fetched { epoch, stream, position, piece, last, batches }) => {
-                    if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch) {
+                Ok(Input::Fetched { from, epoch, stream, position, piece, last, batches }) => {
+                    // Only the answer of the node this plan asks (a late answer to another
+                    // plan of the same epoch, from another node, would start the stream's
+                    // pieces over and end this plan's fetch of it).
+                    let asked = |p: &RecoveryPlan| p.fetch.iter().any(|f| f.stream == stream && f.from == from);
+                    if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch && asked(p)) {
                         // Pieces come in order on one connection; a gap (a piece dropped
                         // by a full queue or a broken connection) ends this stream's fetch.
                         let next = self.fetch_next.entry(stream).or_insert(0);
@@ -1267,8 +1283,8 @@ mod tests {
         for (i, r) in pieces.iter().enumerate() {
             let body = encode_fetched(7, 1, 99, i as u32, i + 1 == pieces.len(), &batches[r.clone()]);
             assert!(body.len() <= FETCH_PIECE + 29 + 4, "{}", body.len());
-            match decode_fetched(&body) {
-                Some(Input::Fetched { epoch: 7, stream: 1, position: 99, piece, last, batches: got }) => {
+            match decode_fetched(3, &body) {
+                Some(Input::Fetched { from: 3, epoch: 7, stream: 1, position: 99, piece, last, batches: got }) => {
                     assert_eq!((piece, last), (i as u32, i + 1 == pieces.len()));
                     assert_eq!(got, batches[r.clone()].to_vec());
                 }
@@ -1276,8 +1292,8 @@ mod tests {
             }
             let mut bad = body.clone();
             bad[24] = 2; // `last` is 0 or 1
-            assert!(decode_fetched(&bad).is_none());
-            assert!(decode_fetched(&body[..body.len() - 1]).is_none(), "cut short");
+            assert!(decode_fetched(3, &bad).is_none());
+            assert!(decode_fetched(3, &body[..body.len() - 1]).is_none(), "cut short");
         }
         assert_eq!(fetch_pieces(&[]).unwrap(), vec![0..0], "no batches: one empty piece");
         assert!(fetch_pieces(&[vec![0; FRAME_MAX]]).is_err(), "a batch larger than a frame");

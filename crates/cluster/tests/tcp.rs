@@ -74,7 +74,13 @@ impl DataPlane for ModelPlane {
     fn report(&mut self) -> Result<Holding, String> {
         let w = self.world.lock().unwrap();
         let streams = w.holds.get(&self.me).cloned().unwrap_or_default();
-        Ok(Holding { newest: streams.iter().copied().max().unwrap_or(0), streams, eligible: true, serves_above: 0 })
+        Ok(Holding {
+            newest: streams.iter().copied().max().unwrap_or(0),
+            streams,
+            eligible: true,
+            serves_above: 0,
+            last_resort: false,
+        })
     }
     fn prepare(&mut self, plan: &RecoveryPlan) {
         let mut w = self.world.lock().unwrap();
@@ -414,6 +420,58 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "answered while the read was still under way");
     assert!(answered < Duration::from_secs(1), "node {reader} answered after {answered:?}, during a 3 s read");
     drop(epoch_2_opens_on_whole_answers(&c, 4));
+}
+
+/// A piece of a fetch's answer from a node the plan did not ask (a late answer to another
+/// plan of the same epoch) is not taken: the answer of the node asked still arrives whole
+/// and the failover completes. Taken, it would have started the stream's pieces, the real
+/// answer's first piece would then have come out of order, and this round's fetch of the
+/// stream would have ended (a round lost).
+#[test]
+fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
+    let mut c = Cluster::new(3);
+    c.world.lock().unwrap().prepare_ms = 10_000;
+    for id in 1..=3 {
+        c.start(id);
+    }
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let first = bootstrap_with_split_holdings(&c);
+    {
+        let mut w = c.world.lock().unwrap();
+        w.fetch_batches = Some((4, 1 << 10));
+        w.fetch_read = Duration::from_secs(2);
+    }
+    c.stop(first);
+    let mut reader = None;
+    wait_for("a fetch being read", Duration::from_secs(20), || {
+        reader = c.world.lock().unwrap().reading;
+        reader.is_some()
+    });
+    let reader = reader.unwrap();
+    let fetcher = (1..=3).find(|&id| id != first && id != reader).unwrap();
+    // The first piece of an answer for the stream being fetched, as `first` (not asked)
+    // would send it: epoch 2, stream 0, held to 60, piece 0 of more, one batch numbered 0.
+    let mut batch = vec![0u8; 1 << 10];
+    batch[4..8].copy_from_slice(&0u32.to_le_bytes());
+    let mut body = Vec::new();
+    body.extend_from_slice(&2u64.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&60u64.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.push(0);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&(batch.len() as u32).to_le_bytes());
+    body.extend_from_slice(&batch);
+    let rest = [&first.to_le_bytes()[..], &[3u8], &body].concat();
+    let f = [&(rest.len() as u32).to_le_bytes()[..], &crc32c::crc32c(&rest).to_le_bytes(), &rest].concat();
+    {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(c.peers[&fetcher]).unwrap();
+        s.write_all(&f).unwrap();
+    }
+    assert_eq!(c.world.lock().unwrap().reading, Some(reader), "sent while the asked node's read was under way");
+    let w = epoch_2_opens_on_whole_answers(&c, 4);
+    assert_eq!(w.batches_fetched, 4, "the asked node's answer only");
 }
 
 /// A primary whose backups are all gone loses its quorum contact (it must stop taking

@@ -762,7 +762,10 @@ impl NodePlane {
         }
         let fenced = self.child.as_ref().is_some_and(|c| c.fenced.load(Ordering::Acquire));
         if let (true, Some(Role::Primary { epoch, ts_above, upto: Some(p), resume_epoch: Some(e) })) = (fenced, &want) {
-            if self.child.as_ref().is_some_and(|c| c.role.epoch() == *e) {
+            // (A backup only: an old primary chosen as a last resort starts a new server
+            // from its log, cut at the point.)
+            let backup = |c: &Running| matches!(c.role, Role::Backup { .. }) && c.role.epoch() == *e;
+            if self.child.as_ref().is_some_and(backup) {
                 return self.promote_in_place(*epoch, *ts_above, *p, *e);
             }
         }
@@ -1158,11 +1161,20 @@ impl NodePlane {
         if let Some(dir) = self.primary_log_dir() {
             let (h, epoch) = ditto_log::recovery::primary_log_holdings(&dir, None).map_err(|e| e.to_string())?;
             let cap = self.state.recovery_point(epoch.0).map_or(u64::MAX, |t| t.0);
+            let streams: Vec<u64> = h.streams.iter().map(|t| t.0.min(cap)).collect();
+            // Chosen only if no backup can fetch what it lacks and this log lacks nothing:
+            // its server then starts from it, cut at the point (which lies at or above
+            // what it holds on every stream, where it can be cut: checked). Not while
+            // the log is set aside (its directory is being refilled).
+            let least = ditto_engine::Ts(streams.iter().copied().min().unwrap_or(0));
+            let last_resort = dir == self.data
+                && ditto_log::replica::can_cut_at(&dir, least).map_err(|e| format!("reading its log: {e}"))?;
             return Ok(Holding {
-                streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
                 newest: h.newest.0.min(cap),
+                streams,
                 eligible: false,
                 serves_above: fetch_floor(&dir)?,
+                last_resort,
             });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
@@ -1174,6 +1186,7 @@ impl NodePlane {
             newest: h.newest.0.min(cap),
             eligible: true,
             serves_above: fetch_floor(&self.data)?,
+            last_resort: false,
         })
     }
 
@@ -1200,12 +1213,21 @@ impl NodePlane {
     /// transactions it holds above it (they will be discarded).
     fn check_prepared(&self, plan: &RecoveryPlan) -> Result<u64, String> {
         let p = plan.recovery_point;
-        let h = ditto_log::replica::replica_holdings(&self.data, self.workers, Some(ditto_engine::Ts(p)))
-            .map_err(|e| e.to_string())?;
-        if h.streams.iter().any(|s| s.0 < p) {
-            return Err(format!("holds only {:?} of the streams, below the point {p}", h.streams));
+        let (streams, above) = if holds_primary_log(&self.data) {
+            // An old primary chosen as a last resort (`TailReport::last_resort`): its own
+            // log, which its server cuts at the point when it starts.
+            let (h, _) = ditto_log::recovery::primary_log_holdings(&self.data, Some(ditto_engine::Ts(p)))
+                .map_err(|e| e.to_string())?;
+            (h.streams, h.txns_above)
+        } else {
+            let h = ditto_log::replica::replica_holdings(&self.data, self.workers, Some(ditto_engine::Ts(p)))
+                .map_err(|e| e.to_string())?;
+            (h.streams, h.txns_above)
+        };
+        if streams.iter().any(|s| s.0 < p) {
+            return Err(format!("holds only {streams:?} of the streams, below the point {p}"));
         }
-        Ok(h.txns_above)
+        Ok(above)
     }
 
     /// No child writes this node's directory: none runs, or it is a backup fenced in place.

@@ -952,10 +952,33 @@ fn promote_replica(
     c: &crate::config::ClusterRun,
 ) -> Result<Option<ditto_log::Recovered>, ServerError> {
     let rdir = ditto_log::replica::replica_dir(dir);
-    if !rdir.exists() {
-        return Ok(None); // a primary's own directory (the first epoch)
-    }
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    if !rdir.exists() {
+        // A primary's own directory: of this epoch (the first, or a restart), opened as it
+        // is; of an earlier one, an old primary chosen as a failover's last resort (no
+        // backup could fetch what it lacked), its log cut at the point first, as an old
+        // primary that rejoins cuts it (`open_replica_upto`), and it must reach the point.
+        let earlier = ditto_log::recovery::primary_log_epoch(dir).is_ok_and(|e| e.0 < c.epoch);
+        let (Some(p), true) = (c.upto, earlier) else { return Ok(None) };
+        let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, Some(Ts(p)))?;
+        if opened.cut < Ts(p) {
+            return Err(ServerError::Io {
+                what: "starting from its own log".into(),
+                source: std::io::Error::other(format!(
+                    "it holds every stream only up to ts {}, below the recovery point {p}",
+                    opened.cut.0
+                )),
+            });
+        }
+        println!(
+            "promotion: its own log cut at the point {p} ({} transactions above it discarded) in {:.2} s",
+            opened.report.log_txns_dropped_above_cut, opened.report.total_seconds
+        );
+        let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
+        drop(lock);
+        let _ = std::fs::remove_dir(&rdir);
+        return Ok(Some(ditto_log::Recovered(db)));
+    }
     // It must hold everything up to the point (refused before anything is rewritten).
     let opened = match c.upto {
         Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, Ts(p))?,
