@@ -828,6 +828,11 @@ impl NodePlane {
         }
         match &role {
             Role::Primary { epoch, ts_above, upto, resume_epoch } => {
+                if ditto_log::recovery::primary_log_epoch(&self.data).is_ok_and(|e| e.0 < *epoch) {
+                    // An old primary chosen as a last resort: its server cuts its own log at
+                    // the point; what it holds above is counted first, as at a rejoin.
+                    self.count_what_it_discards();
+                }
                 args.extend(["--repl-port".into(), me.repl.to_string(), "--run-epoch".into(), epoch.to_string()]);
                 args.extend(["--ts-above".into(), ts_above.to_string()]);
                 if let Some(p) = upto {

@@ -992,6 +992,7 @@ fn an_old_primary_is_chosen_as_a_last_resort_when_no_backup_can_fetch_what_it_la
     });
     let log = std::fs::read_to_string(c.log(primary)).unwrap();
     assert!(log.contains("promotion: its own log cut at the point"), "started from its own log, cut");
+    assert!(log.contains("above the recovery point") && log.contains("(its own log)"), "counted what it discards");
     let acked = w.acked();
     if let Err(e) = check_has(primary_port, &acked, Duration::from_secs(10)) {
         c.dump_logs();
