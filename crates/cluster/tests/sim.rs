@@ -318,6 +318,10 @@ struct Node {
     started_at: u64,
     /// Removed from the cluster: stopped for good.
     removed: bool,
+    /// The epoch it last served as primary, until it follows a later primary: its
+    /// directory holds that primary's own log meanwhile (a real node then reports as an
+    /// old primary: never eligible, a last resort).
+    own_log: Option<u64>,
 }
 
 #[derive(Default)]
@@ -428,6 +432,7 @@ impl Sim {
                     learned_release: 0,
                     started_at: 0,
                     removed: false,
+                    own_log: None,
                 }
             })
             .collect();
@@ -854,6 +859,7 @@ impl Sim {
                     let st = self.state_of(i);
                     let (config, counted) = (st.config, st.members.keys().copied().filter(|&m| m != id).collect());
                     self.nodes[i].primary = Some(Primary::new(*epoch, start, config, counted));
+                    self.nodes[i].own_log = Some(*epoch);
                 }
                 if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan.epoch <= *epoch) {
                     self.nodes[i].preparing = None;
@@ -865,6 +871,7 @@ impl Sim {
                     self.nodes[i].coord.reset_contact();
                     let counted = self.state_of(i).members.keys().copied().filter(|&m| m != id).collect();
                     self.nodes[i].primary = Some(Primary::new(1, 0, 0, counted));
+                    self.nodes[i].own_log = Some(1);
                 }
             }
             Command::RemoveMember { id: gone } if live && self.nodes[i].ctrl.as_ref().unwrap().is_leader() => {
@@ -942,20 +949,32 @@ impl Sim {
             return;
         }
         let (recv, dur) = (self.nodes[i].data.positions(), self.nodes[i].data.synced_positions());
+        // Following a later primary: its own log was cut and is a backup's now.
+        if self.nodes[i].own_log.is_some_and(|e| e < epoch) {
+            self.nodes[i].own_log = None;
+        }
         self.send(id, p, Msg::Ack { epoch, recv, dur });
     }
 
-    /// A backup's checkpoint, at its learned release (what it replays). A fenced node's
-    /// checkpointer is stopped (a real backup's fence stops it), so what a report said a
-    /// node serves from holds for the round. A primary's checkpoints are not modelled yet
-    /// (docs/cluster.md, "Where a fetch can start").
+    /// A checkpoint. A backup's at its learned release (what it replays). A primary's at
+    /// what its own log holds durably (its engine holds its commits, released or not), but
+    /// the log stays above what a counted backup it has heard from has made durable
+    /// (`Primary::log_needed_above`; the bound on what is kept is not modelled). A fenced
+    /// node's checkpointer is stopped (a real backup's fence stops it), so what a report
+    /// said a node serves from holds for the round.
     fn checkpoint(&mut self, i: usize) {
         let state = self.state_of(i);
         if self.nodes[i].fence.0 > state.epoch || state.phase == Some(Phase::Failover) {
             return;
         }
         let view = match &self.nodes[i].primary {
-            Some(_) => return,
+            Some(p) => p
+                .counted
+                .iter()
+                .filter_map(|b| p.acks.get(b))
+                .map(|(_, dur, _)| dur.iter().copied().min().unwrap_or(0))
+                .min()
+                .unwrap_or(u64::MAX),
             None => self.nodes[i].learned_release,
         };
         self.nodes[i].data.checkpoint(view);
@@ -1245,13 +1264,14 @@ impl Sim {
                     epoch: open.epoch,
                     streams: self.nodes[i].data.positions(),
                     newest: self.nodes[i].data.newest(),
-                    // The open epoch's primary holds its own log, which a real node
-                    // serves fetches from but is never chosen with (`holding_now`).
-                    eligible: open.primary != id,
+                    // A node holding a primary's own log (it served an epoch and has
+                    // not followed a later primary since) serves fetches from it but is
+                    // never chosen (`holding_now`) ...
+                    eligible: self.nodes[i].own_log.is_none(),
                     serves_above: self.nodes[i].data.ckpt,
-                    // It may be chosen if no other can fetch what it lacks and it lacks
-                    // nothing (its log, cut at the point, then starts the next epoch).
-                    last_resort: open.primary == id,
+                    // ... but as a last resort, when no other can fetch what it lacks and
+                    // it lacks nothing (its log, cut at the point, starts the next epoch).
+                    last_resort: self.nodes[i].own_log.is_some(),
                 };
                 self.send(id, from, Msg::Report(r));
             }

@@ -449,6 +449,9 @@ struct NodePlane {
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
+    /// An old primary that prepared as a failover's last resort: its log's epoch, the
+    /// point, and the commits its log holds above it (recorded when its server starts).
+    prepared_own_log: Option<(u64, u64, u64)>,
     /// The epoch this node was named primary of and gave up (its promotion in place failed
     /// once the epoch's log had begun), and when it last proposed failing it over.
     gives_up: Option<(u64, Option<Instant>)>,
@@ -828,10 +831,21 @@ impl NodePlane {
         }
         match &role {
             Role::Primary { epoch, ts_above, upto, resume_epoch } => {
-                if ditto_log::recovery::primary_log_epoch(&self.data).is_ok_and(|e| e.0 < *epoch) {
+                let own = ditto_log::recovery::primary_log_epoch(&self.data).map_or(0, |e| e.0);
+                if own > 0 && own < *epoch {
                     // An old primary chosen as a last resort: its server cuts its own log at
-                    // the point; what it holds above is counted first, as at a rejoin.
-                    self.count_what_it_discards();
+                    // the point; what it holds above is recorded, as at a rejoin (counted
+                    // when it prepared, or read now).
+                    match self.prepared_own_log.take() {
+                        Some((e, point, commits))
+                            if e == own && self.state.recovery_point(e).map(|t| t.0) == Some(point) =>
+                        {
+                            say(self.me, format!("discards {commits} commits of its epoch {e} above the recovery point {point} (its own log)"));
+                            let cmd = Command::CountDiscarded { epoch: e, node: self.me, commits };
+                            self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
+                        }
+                        _ => self.count_what_it_discards(),
+                    }
                 }
                 args.extend(["--repl-port".into(), me.repl.to_string(), "--run-epoch".into(), epoch.to_string()]);
                 args.extend(["--ts-above".into(), ts_above.to_string()]);
@@ -1174,13 +1188,10 @@ impl NodePlane {
             let least = ditto_engine::Ts(streams.iter().copied().min().unwrap_or(0));
             let last_resort = dir == self.data
                 && ditto_log::replica::can_cut_at(&dir, least).map_err(|e| format!("reading its log: {e}"))?;
-            return Ok(Holding {
-                newest: h.newest.0.min(cap),
-                streams,
-                eligible: false,
-                serves_above: fetch_floor(&dir)?,
-                last_resort,
-            });
+            let serves_above = ditto_log::recovery::primary_fetch_floor(&dir, self.epoch_start(epoch.0))
+                .map_err(|e| format!("reading where its log starts: {e}"))?
+                .0;
+            return Ok(Holding { newest: h.newest.0.min(cap), streams, eligible: false, serves_above, last_resort });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
         // What this node holds of an epoch that a failover since cut is held only up to the
@@ -1193,6 +1204,13 @@ impl NodePlane {
             serves_above: fetch_floor(&self.data)?,
             last_resort: false,
         })
+    }
+
+    /// Where epoch `epoch` began (its commits lie above it, everything of older epochs at
+    /// or below it), as the control state has it; `Ts(u64::MAX)` if it does not.
+    fn epoch_start(&self, epoch: u64) -> ditto_engine::Ts {
+        let start = self.state.epochs.iter().find(|r| r.epoch == epoch).map(|r| r.start);
+        ditto_engine::Ts(start.unwrap_or(u64::MAX))
     }
 
     fn addrs(&self, id: NodeId) -> Option<MemberAddrs> {
@@ -1216,13 +1234,15 @@ impl NodePlane {
 
     /// Whether this node holds every stream up to the plan's point; if so, how many
     /// transactions it holds above it (they will be discarded).
-    fn check_prepared(&self, plan: &RecoveryPlan) -> Result<u64, String> {
+    fn check_prepared(&mut self, plan: &RecoveryPlan) -> Result<u64, String> {
         let p = plan.recovery_point;
         let (streams, above) = if holds_primary_log(&self.data) {
             // An old primary chosen as a last resort (`TailReport::last_resort`): its own
-            // log, which its server cuts at the point when it starts.
-            let (h, _) = ditto_log::recovery::primary_log_holdings(&self.data, Some(ditto_engine::Ts(p)))
+            // log, which its server cuts at the point when it starts (the count is kept
+            // for then).
+            let (h, epoch) = ditto_log::recovery::primary_log_holdings(&self.data, Some(ditto_engine::Ts(p)))
                 .map_err(|e| e.to_string())?;
+            self.prepared_own_log = Some((epoch.0, p, h.txns_above));
             (h.streams, h.txns_above)
         } else {
             let h = ditto_log::replica::replica_holdings(&self.data, self.workers, Some(ditto_engine::Ts(p)))
@@ -1554,9 +1574,18 @@ impl DataPlane for NodePlane {
         // later round (a fetch of its own), and the read then fails or is of a round that
         // is over, whose answer the fetcher drops.
         let (me, primary_dir, data) = (self.me, self.primary_log_dir(), self.data.clone());
+        let own_start = match &primary_dir {
+            Some(dir) => ditto_log::recovery::primary_log_epoch(dir).map_or(u64::MAX, |e| self.epoch_start(e.0).0),
+            None => u64::MAX,
+        };
         Ok(Box::new(move || {
             let b = match primary_dir {
-                Some(dir) => ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after)),
+                Some(dir) => ditto_log::recovery::primary_stream_batches(
+                    &dir,
+                    stream,
+                    ditto_engine::Ts(after),
+                    ditto_engine::Ts(own_start),
+                ),
                 None => ditto_log::replica::replica_stream_batches(&data, stream, ditto_engine::Ts(after)),
             }
             .map_err(|e| e.to_string())?;
@@ -1871,6 +1900,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         stop_timeout: cfg.stop_timeout,
         warm: Arc::clone(&warm),
         count_discarded: None,
+        prepared_own_log: None,
         report_warm: None,
         count_after_follow: None,
         gives_up: None,

@@ -956,60 +956,76 @@ fn a_restarted_old_primary_reports_from_its_log_so_the_failover_can_complete() {
 }
 
 /// One backup down, writes on, the primary checkpointing every second; then the other
-/// backup and the primary killed. The primary and the first backup come back: the backup
-/// lacks what the primary's checkpoint took out of its log, and the other holder stays
-/// down, so no backup can fetch what it lacks (before, the failover waited for the third
-/// node for good). The old primary, which lacks nothing, is chosen as a last resort: its
-/// server starts from its own log cut at the point, the backup follows it, and nothing
-/// acknowledged is lost.
+/// backup and the primary killed. The primary and the first backup come back; the other
+/// holder of what the backup lacks stays down.
+/// - The primary's checkpoints kept the log the backup had not made durable
+///   (`log_keep_for_backups_mb`, docs/cluster.md, "The log kept for backups"): the backup
+///   is chosen and fetches the rest from the old primary's log, below its checkpoint.
+/// - With none kept (`log_keep_for_backups_mb = 0`), no backup can fetch what it lacks
+///   (before, the failover then waited for the third node for good): the old primary,
+///   which lacks nothing, is chosen as a last resort; its server starts from its own log
+///   cut at the point, and the backup follows it.
+///
+/// Either way nothing acknowledged is lost.
 #[test]
-fn an_old_primary_is_chosen_as_a_last_resort_when_no_backup_can_fetch_what_it_lacks() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let conf_dir = tempfile::tempdir().unwrap();
-    let conf = conf_dir.path().join("ditto.toml");
-    std::fs::write(&conf, "checkpoint_interval_s = 1\ncheckpoint_write_mb_per_s = 0\n").unwrap();
-    let conf_arg = conf.display().to_string();
-    let mut c =
-        Cluster::start_with_args(3, "majority-durable", &[], 0, |_, _| vec!["--config".into(), conf_arg.clone()]);
-    let primary = wait_for("a first primary", Duration::from_secs(30), || c.primary());
-    let mut w = Writer::start(c.ports.values().copied().collect());
-    wait_for("writes", Duration::from_secs(30), || (w.acked().len() > 100).then_some(()));
-    let down = *c.ports.keys().find(|&&id| id != primary).unwrap();
-    let last = *c.ports.keys().find(|&&id| id != primary && id != down).unwrap();
-    c.kill(down);
-    let before = w.acked().len();
-    wait_for("writes with one backup", Duration::from_secs(30), || (w.acked().len() > before + 200).then_some(()));
-    // At least one checkpoint of the primary's with what `down` lacks.
-    std::thread::sleep(Duration::from_millis(2500));
-    c.kill(last);
-    c.kill(primary);
-    let killed_at = Instant::now();
-    c.start_node(primary);
-    c.start_node(down);
-    let primary_port = c.ports[&primary];
-    c.wait_or_dump(&format!("a write on node {primary}, the old primary"), Duration::from_secs(30), || {
-        w.acked().iter().find(|(_, t, p)| *t > killed_at && *p == primary_port).map(|a| a.1)
-    });
-    let log = std::fs::read_to_string(c.log(primary)).unwrap();
-    assert!(log.contains("promotion: its own log cut at the point"), "started from its own log, cut");
-    assert!(log.contains("above the recovery point") && log.contains("(its own log)"), "counted what it discards");
-    let acked = w.acked();
-    if let Err(e) = check_has(primary_port, &acked, Duration::from_secs(10)) {
-        c.dump_logs();
-        panic!("the old primary, primary again, lacks an acknowledged write: {e}");
-    }
-    c.start_node(last);
-    for id in [down, last] {
-        c.wait_or_dump("a backup to follow", Duration::from_secs(30), || {
-            c.info(id).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_last_resort() {
+    for keep_mb in [1024, 0] {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let conf_dir = tempfile::tempdir().unwrap();
+        let conf = conf_dir.path().join("ditto.toml");
+        // Segments of 16 KiB, so that checkpoints delete some.
+        let toml = format!(
+            "checkpoint_interval_s = 1\ncheckpoint_write_mb_per_s = 0\nlog_keep_for_backups_mb = {keep_mb}\nlog_segment_bytes = 16384\n"
+        );
+        std::fs::write(&conf, toml).unwrap();
+        let conf_arg = conf.display().to_string();
+        let mut c =
+            Cluster::start_with_args(3, "majority-durable", &[], 0, |_, _| vec!["--config".into(), conf_arg.clone()]);
+        let primary = wait_for("a first primary", Duration::from_secs(30), || c.primary());
+        let mut w = Writer::start(c.ports.values().copied().collect());
+        wait_for("writes", Duration::from_secs(30), || (w.acked().len() > 100).then_some(()));
+        let down = *c.ports.keys().find(|&&id| id != primary).unwrap();
+        let last = *c.ports.keys().find(|&&id| id != primary && id != down).unwrap();
+        c.kill(down);
+        let before = w.acked().len();
+        wait_for("writes with one backup", Duration::from_secs(30), || (w.acked().len() > before + 200).then_some(()));
+        // At least one checkpoint of the primary's with what `down` lacks.
+        std::thread::sleep(Duration::from_millis(2500));
+        c.kill(last);
+        c.kill(primary);
+        let killed_at = Instant::now();
+        c.start_node(primary);
+        c.start_node(down);
+        let chosen = if keep_mb > 0 { down } else { primary };
+        let port = c.ports[&chosen];
+        c.wait_or_dump(&format!("a write on node {chosen} (keep {keep_mb} MB)"), Duration::from_secs(30), || {
+            w.acked().iter().find(|(_, t, p)| *t > killed_at && *p == port).map(|a| a.1)
         });
-    }
-    w.stop();
-    let acked = w.acked();
-    for (&id, &port) in &c.ports {
-        if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
+        let log = std::fs::read_to_string(c.log(primary)).unwrap();
+        if keep_mb > 0 {
+            assert!(log.contains("serves a fetch"), "the backup fetched from the old primary's log");
+        } else {
+            assert!(log.contains("promotion: its own log of epoch 1 cut at the point"), "started from its own log");
+            assert!(log.contains("above the recovery point") && log.contains("(its own log)"), "counted its discards");
+        }
+        let acked = w.acked();
+        if let Err(e) = check_has(port, &acked, Duration::from_secs(10)) {
             c.dump_logs();
-            panic!("node {id} lacks an acknowledged write: {e}");
+            panic!("the new primary lacks an acknowledged write (keep {keep_mb} MB): {e}");
+        }
+        c.start_node(last);
+        for id in c.ports.keys().copied().filter(|&id| id != chosen).collect::<Vec<_>>() {
+            c.wait_or_dump("a backup to follow", Duration::from_secs(30), || {
+                c.info(id).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+            });
+        }
+        w.stop();
+        let acked = w.acked();
+        for (&id, &port) in &c.ports {
+            if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
+                c.dump_logs();
+                panic!("node {id} lacks an acknowledged write (keep {keep_mb} MB): {e}");
+            }
         }
     }
 }

@@ -159,7 +159,14 @@ struct Inner {
     /// The data directory's lock (`lock_dir`), held until the last handle goes, or until
     /// `close_and_release` gives the directory up.
     lock: Mutex<Option<std::fs::File>>,
+    /// What a checkpoint keeps of the log for backups (`keep_log_for`).
+    keeper: Mutex<Option<LogKeeper>>,
 }
+
+/// Says, when a checkpoint is done, the lowest timestamp the backups may still need the
+/// log above: log segments holding anything above it are kept, though the checkpoint
+/// covers them (`Durable::keep_log_for`).
+pub type LogKeeper = Box<dyn Fn() -> Ts + Send + Sync>;
 
 /// Opens (creating if needed) and recovers the database in `dir`.
 pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
@@ -405,6 +412,7 @@ fn start_logging(
             last_checkpoint: Mutex::new(None),
             recovery: report,
             lock: Mutex::new(Some(lock)),
+            keeper: Mutex::new(None),
         }),
     })
 }
@@ -616,9 +624,25 @@ impl Durable {
         // The checkpoint is complete: a segment that cannot be deleted now costs only disk
         // space, so it is logged, counted and left for the next checkpoint to delete
         // (recovery reads a covered segment and skips it).
+        let covered = i.logger.take_segments_covered_by(info.ts);
+        // What backups have not made durable stays (a backup that returns, or a failover's
+        // fetch from this log, reads it), up to `keep_for_backups_max_bytes`.
+        let mut needed = i.keeper.lock().as_ref().map_or(Ts(u64::MAX), |f| f());
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let wanted: u64 = covered.iter().filter(|(_, s)| s.last_ts > needed).map(|(_, s)| size(&s.path)).sum();
+        if wanted > i.opts.keep_for_backups_max_bytes {
+            tracing::warn!(
+                "{}: {wanted} bytes of log kept for a backup that has not made them durable, over {}: deleted (that backup is sent a checkpoint when it returns)",
+                i.dir.display(),
+                i.opts.keep_for_backups_max_bytes
+            );
+            needed = Ts(u64::MAX);
+        }
         let mut kept = Vec::new();
-        for (w, seg) in i.logger.take_segments_covered_by(info.ts) {
-            if !remove_or_warn(&*i.opts.storage, &seg.path, "after a checkpoint; the next one tries again") {
+        for (w, seg) in covered {
+            if seg.last_ts > needed {
+                kept.push((w, seg));
+            } else if !remove_or_warn(&*i.opts.storage, &seg.path, "after a checkpoint; the next one tries again") {
                 stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 kept.push((w, seg));
             }
@@ -630,6 +654,16 @@ impl Durable {
         sealed::retire_sealed(&i.dir, sealed_floor, &*i.opts.storage)?;
         *i.last_checkpoint.lock() = Some((info.clone(), bytes_then));
         Ok(info)
+    }
+
+    /// Has every later checkpoint keep the log segments that hold anything above what
+    /// `keeper` says (the lowest position the primary's backups have made durable), though
+    /// the checkpoint covers them, up to `LogOptions::keep_for_backups_max_bytes`: a backup
+    /// that returns resumes from the log instead of being sent a checkpoint, and a
+    /// failover's fetch from this log can start below the checkpoint
+    /// (`recovery::primary_stream_batches`, `replica::fetch_floor`). `None`: none kept.
+    pub fn keep_log_for(&self, keeper: Option<LogKeeper>) {
+        *self.inner.keeper.lock() = keeper;
     }
 
     /// The last checkpoint this database wrote, hard-linked into the new directory `to`

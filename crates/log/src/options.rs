@@ -67,6 +67,10 @@ pub struct LogOptions {
     /// "Paced checkpoints"). Checkpoints written by recovery, before the node serves, are
     /// never paced.
     pub checkpoint_write_bytes_per_s: u64,
+    /// The most log a checkpoint keeps, past what it covers, for backups that have not
+    /// made it durable (`Durable::keep_log_for`). Past this, it is deleted as if no backup
+    /// needed it (such a backup is sent a checkpoint when it returns).
+    pub keep_for_backups_max_bytes: u64,
     /// Where files go; tests substitute a fault-injecting storage.
     pub storage: Arc<dyn Storage>,
 }
@@ -82,6 +86,7 @@ impl Default for LogOptions {
             checkpoint_threads: 2,
             checkpoint_part_bytes: 64 << 20,
             checkpoint_write_bytes_per_s: 0,
+            keep_for_backups_max_bytes: 1 << 30,
             storage: Arc::new(RealStorage),
         }
     }

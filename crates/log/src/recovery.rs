@@ -754,16 +754,55 @@ pub(crate) fn newest_epoch(segments: &[SegmentFile]) -> Epoch {
     segments.iter().map(|s| s.epoch).max().unwrap_or(Epoch(0))
 }
 
+/// The lowest `after` from which `primary_stream_batches` answers for `data`, whose own
+/// log's epoch began above `epoch_start` (its `EpochRecord::start`: everything of older
+/// epochs lies at or below it): `replica::fetch_floor`, or lower where the log, kept past
+/// its checkpoint for backups (`Durable::keep_log_for`), reaches down: the highest
+/// `prev_ts` of a stream's first segment or of one after a gap, and at least
+/// `epoch_start`. A segment whose header cannot be read leaves the log out.
+pub fn primary_fetch_floor(data: &Path, epoch_start: Ts) -> Result<Ts, LogError> {
+    let base = crate::replica::fetch_floor(data)?;
+    let segs = list_segments(data)?.segments;
+    let epoch = newest_epoch(&segs);
+    let mut floor = epoch_start;
+    let mut prev: Option<(u32, u64)> = None;
+    for s in segs.iter().filter(|s| s.epoch == epoch) {
+        if prev.is_none_or(|(stream, seq)| stream != s.stream || s.seq != seq + 1) {
+            let mut b = [0u8; crate::format::SEGMENT_HEADER_LEN];
+            let read = std::fs::File::open(&s.path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+            match read.ok().and_then(|_| crate::format::SegmentHeader::decode(&b).ok()) {
+                Some(h) => floor = floor.max(h.prev_ts),
+                None => return Ok(base),
+            }
+        }
+        prev = Some((s.stream, s.seq));
+    }
+    Ok(base.min(floor))
+}
+
 /// The batches of stream `stream` in the primary's own log in `data` with a bound above
-/// `after`, as written (a failover's fetch from an old primary).
-pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
+/// `after`, as written (a failover's fetch from an old primary). Its log's epoch began
+/// above `epoch_start` (`primary_fetch_floor`); `Ts(u64::MAX)` if not known.
+pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start: Ts) -> Result<Vec<Bytes>, LogError> {
     // The log's epoch, from the file names (the segments are read once, below).
     let epoch = primary_log_epoch(data)?;
     let base = crate::sealed::base(data)?.ts;
+    let of_stream = |all: Vec<Bytes>| -> Vec<Bytes> {
+        all.into_iter()
+            .filter(|b| crate::format::decode_batch_header(b).is_ok_and(|h| h.stream.0 as usize == stream))
+            .collect()
+    };
+    if base > after && after >= epoch_start {
+        // Below the checkpoint, from the log kept for backups, if it reaches down to
+        // `after` (nothing of older epochs lies above `epoch_start`).
+        if let Some(all) = crate::replica::batches_after(data, epoch, after)? {
+            return Ok(of_stream(all));
+        }
+    }
     if base > after {
         // Below the point of the sealed log this log lies on, from that sealed log.
         if let Some(mut below) = crate::replica::sealed_stream_batches(data, stream, after, base)? {
-            below.extend(primary_stream_batches(data, stream, base)?);
+            below.extend(primary_stream_batches(data, stream, base, epoch_start)?);
             return Ok(below);
         }
         return Err(LogError::Corrupt {
@@ -780,8 +819,5 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts) -> Result<V
         offset: 0,
         what: format!("the log no longer holds stream {stream} above ts {}", after.0),
     })?;
-    Ok(all
-        .into_iter()
-        .filter(|b| crate::format::decode_batch_header(b).is_ok_and(|h| h.stream.0 as usize == stream))
-        .collect())
+    Ok(of_stream(all))
 }

@@ -245,6 +245,34 @@ pub fn open_replica_at(
     open_replica_inner(dir, workers, storage, Some(point), true)
 }
 
+/// An old primary's directory cut at a failover's recovery point `point`, to serve the
+/// next epoch from (a failover's last resort, `ditto_cluster::TailReport::last_resort`):
+/// as `open_replica_upto` cuts it for a rejoin, but refused, before anything in the
+/// directory is rewritten, unless its own log reaches the point on every stream. (A
+/// `replica/` left empty by an earlier try cut short is no matter.)
+pub fn open_own_log_at(
+    dir: &Path,
+    workers: usize,
+    storage: &Arc<dyn Storage>,
+    point: Ts,
+) -> Result<ReplicaOpen, LogError> {
+    let t0 = Instant::now();
+    let lock = crate::lock_dir(dir)?;
+    crate::sealed::finish_seal(dir, &**storage)?;
+    let own_log = crate::recovery::list_segments(dir)?;
+    if own_log.segments.is_empty() {
+        return Err(LogError::Corrupt {
+            file: dir.join("log"),
+            offset: 0,
+            what: "no log segments of its own to cut".into(),
+        });
+    }
+    for d in [replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
+        std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
+    }
+    open_old_primary(dir, workers, storage, point, true, own_log, lock, t0)
+}
+
 fn open_replica_inner(
     dir: &Path,
     workers: usize,
@@ -271,7 +299,7 @@ fn open_replica_inner(
                     .into(),
             });
         };
-        return open_old_primary(dir, workers, storage, point, own_log, lock, t0);
+        return open_old_primary(dir, workers, storage, point, false, own_log, lock, t0);
     }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
     let t = Instant::now();
@@ -389,11 +417,13 @@ pub fn can_cut_at(dir: &Path, point: Ts) -> Result<bool, LogError> {
 /// old epoch's history up to it), and a log whose durable cut lies below the point (it
 /// shipped batches it had not yet made durable) is sent the rest by the new primary, as a
 /// backup behind the point is.
+#[allow(clippy::too_many_arguments)]
 fn open_old_primary(
     dir: &Path,
     workers: usize,
     storage: &Arc<dyn Storage>,
     point: Ts,
+    require_point: bool,
     own_log: crate::recovery::LogDir,
     lock: std::fs::File,
     t0: Instant,
@@ -433,6 +463,14 @@ fn open_old_primary(
     .max(ckpt_ts)
     .min(point.max(ckpt_ts));
     report.log_seconds = t.elapsed().as_secs_f64();
+    if require_point && cut < point {
+        // Refused before anything in the directory is rewritten.
+        return Err(LogError::Corrupt {
+            file: dir.join("log"),
+            offset: 0,
+            what: format!("its own log holds every stream only up to ts {}, below the point ts {}", cut.0, point.0),
+        });
+    }
     let ti = Instant::now();
     report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = ti.elapsed().as_secs_f64();

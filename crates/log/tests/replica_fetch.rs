@@ -82,7 +82,7 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     assert_eq!(mine, theirs, "the same count from the primary's log and from A's");
     assert!(mine > 0, "transactions lie above the cut");
     assert_eq!(above(hp.newest), (0, 0));
-    let from_primary = ditto_log::recovery::primary_stream_batches(primary.path(), 0, hb.streams[0]).unwrap();
+    let from_primary = ditto_log::recovery::primary_stream_batches(primary.path(), 0, hb.streams[0], Ts::ZERO).unwrap();
     let fetched = replica_stream_batches(a.path(), 0, hb.streams[0]).unwrap();
     assert_eq!(from_primary, fetched, "the same batches from the primary's log and from A's");
     assert!(!fetched.is_empty() && fetched.iter().all(|x| stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound));
@@ -479,4 +479,56 @@ fn the_newest_file_is_read_from_where_the_last_look_stopped() {
     std::fs::remove_file(&file).unwrap();
     std::fs::write(&file, [0u8; ditto_log::replica::REPLICA_HEADER_LEN]).unwrap();
     replica_holdings(dir.path(), 2, Some(mid)).expect("a header cut short holds nothing");
+}
+
+/// A primary's checkpoint keeps the log segments that hold anything above what its keeper
+/// says (`Durable::keep_log_for`): a fetch from its log can then start below the
+/// checkpoint, exactly where `primary_fetch_floor` says, and the directory still recovers
+/// every row. Without a keeper, the covered segments go and the floor is near the
+/// checkpoint (where each stream's open segment begins, or the checkpoint).
+#[test]
+fn a_checkpoint_keeps_the_log_a_backup_needs_and_a_fetch_starts_below_it() {
+    for keep in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = OpenOptions {
+            workers: 2,
+            log: LogOptions {
+                durability: Durability::EveryBatch,
+                segment_bytes_max: 16 << 10,
+                ..LogOptions::default()
+            },
+            ..Default::default()
+        };
+        let d = open(dir.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut ts = Vec::new();
+        for i in 0..400u64 {
+            let mut w = d.db().worker(WorkerId((i % 2) as u32)).unwrap();
+            ts.push(w.run(|x| x.put(t, &i.to_be_bytes(), &[7u8; 200]).map(|_| ())).unwrap().1.wait().unwrap());
+        }
+        let needed = ts[300];
+        if keep {
+            d.keep_log_for(Some(Box::new(move || needed)));
+        }
+        let ckpt = d.checkpoint().unwrap();
+        assert!(ckpt.ts >= ts[399]);
+        let floor = ditto_log::recovery::primary_fetch_floor(dir.path(), Ts::ZERO).unwrap();
+        let fetch = |after: Ts| ditto_log::recovery::primary_stream_batches(dir.path(), 0, after, Ts::ZERO);
+        if keep {
+            assert!(floor <= needed, "the log kept reaches down to {floor:?}, above {needed:?}");
+            assert!(floor > Ts::ZERO, "what lies below what was needed went");
+            let got = fetch(floor).unwrap();
+            let bound = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header.bound_ts;
+            assert!(got.iter().map(bound).max().unwrap() >= ts[398], "up to the newest");
+        } else {
+            // Only each stream's newest segment (still open) is left, which may begin a
+            // little below the checkpoint.
+            assert!(floor > needed && floor <= ckpt.ts, "{floor:?}");
+        }
+        assert!(fetch(floor).is_ok() && fetch(Ts(floor.0 - 1)).is_err(), "exactly from {floor:?} (keep {keep})");
+        d.close();
+        drop(d);
+        let again = open(dir.path(), OpenOptions { workers: 2, ..Default::default() }).unwrap();
+        assert_eq!(again.db().count(again.db().table_id("t").unwrap()).unwrap(), 400, "keep {keep}");
+    }
 }

@@ -158,6 +158,9 @@ pub struct Primary {
     pub backups_dropped: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
     pub checkpoints_sent: AtomicU64,
+    /// Counted backups whose link closed: how far each had made the log durable
+    /// (`log_needed_above`). Forgotten once its node no longer counts.
+    gone: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Primary {
@@ -188,8 +191,13 @@ impl Primary {
             batches_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
             checkpoints_sent: AtomicU64::new(0),
+            gone: Mutex::new(Default::default()),
         });
         logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
+        // The log its backups have not made durable outlives checkpoints (bounded): one
+        // that returns resumes from the log, and a failover can fetch from it.
+        let weak = Arc::downgrade(&p);
+        durable.keep_log_for(Some(Box::new(move || weak.upgrade().map_or(Ts(u64::MAX), |p| p.log_needed_above()))));
         let me = Arc::clone(&p);
         let accept = std::thread::Builder::new().name("ditto-repl-accept".into()).spawn(move || {
             for conn in listener.incoming() {
@@ -338,6 +346,23 @@ impl Primary {
         self.changed();
     }
 
+    /// The lowest position a counted backup has made durable, connected or last seen
+    /// (`Durable::keep_log_for`): the log above it is kept through checkpoints. A counted
+    /// backup not heard from since this primary started is not waited for (it is sent a
+    /// checkpoint, or is being sent one).
+    pub fn log_needed_above(&self) -> Ts {
+        let links = self.links.lock();
+        let counted = self.counted_nodes.lock();
+        let mut gone = self.gone.lock();
+        gone.retain(|node, _| Self::counts(&counted, node, false));
+        let connected = links
+            .iter()
+            .filter(|l| l.counted.load(Ordering::Acquire) && l.heard_us.load(Ordering::Acquire) != NEVER_ACKED);
+        let low = connected.clone().map(|l| l.durable.load(Ordering::Acquire)).min().unwrap_or(u64::MAX);
+        let away = gone.iter().filter(|(node, _)| !connected.clone().any(|l| &l.node == *node)).map(|(_, &d)| d);
+        Ts(away.min().unwrap_or(u64::MAX).min(low))
+    }
+
     /// Whether a backup of `node` counts in the quorum while the members are `nodes`.
     fn counts(nodes: &Option<std::collections::BTreeSet<String>>, node: &str, learner: bool) -> bool {
         !learner && nodes.as_ref().is_none_or(|n| n.contains(node))
@@ -445,6 +470,9 @@ impl Primary {
         let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger);
         link.kill("link closed".into());
         self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
+        if link.counted.load(Ordering::Acquire) && link.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
+            self.gone.lock().insert(link.node.clone(), link.durable.load(Ordering::Acquire));
+        }
         self.changed();
         let _ = stream.shutdown(std::net::Shutdown::Both);
         out

@@ -233,3 +233,56 @@ fn a_joining_backup_is_sent_a_recent_checkpoint_and_the_log_above_it() {
     p.stop();
     a.close();
 }
+
+/// A backup that was down while its primary checkpointed resumes from the log when it
+/// returns: the primary's checkpoint keeps the log segments the backup had not made
+/// durable (`Primary::log_needed_above`, `Durable::keep_log_for`). With the bound on that
+/// log at 0 (`keep_for_backups_max_bytes`), the segments go and it is sent a checkpoint,
+/// as every returning backup was before.
+#[test]
+fn a_backup_that_returns_after_a_checkpoint_resumes_from_the_log_kept_for_it() {
+    for (bound, copies) in [(1u64 << 30, 0u64), (0, 1)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+        let log = ditto_log::LogOptions {
+            segment_bytes_max: 64 << 10,
+            keep_for_backups_max_bytes: bound,
+            ..Default::default()
+        };
+        let a = ditto_log::open(&pa, OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        let mut w = a.db().worker(WorkerId(0)).unwrap();
+        let value = vec![7u8; 1000];
+        let mut put = |range: std::ops::Range<u32>| {
+            let mut last = Ts::ZERO;
+            for i in range {
+                last = w.run(|x| x.put(t, &i.to_be_bytes(), &value)).unwrap().1.wait().unwrap();
+            }
+            last
+        };
+        let last = put(0..100);
+        let (p, addr) = primary_under_local(&a, 1);
+        let bk = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+        wait_until("the backup to hold everything", Duration::from_secs(30), || {
+            bk.state.durable.load(Ordering::SeqCst) >= last.0
+        });
+        let sent = p.checkpoints_sent.load(Ordering::SeqCst);
+        bk.stop("down for a while", Duration::from_secs(10)).unwrap();
+        drop(bk);
+        // About 1 MB of log in segments of 64 KiB, then a checkpoint that covers it all.
+        let last = put(100..1100);
+        let ckpt = a.checkpoint().unwrap();
+        assert!(ckpt.ts >= last);
+        let bk = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+        wait_until("the backup to hold everything again", Duration::from_secs(30), || {
+            bk.state.visible.load(Ordering::SeqCst) >= last.0
+        });
+        assert_eq!(p.checkpoints_sent.load(Ordering::SeqCst) - sent, copies, "bound {bound}");
+        let table = bk.db.table_id("t").unwrap();
+        assert_eq!(bk.db.read().get(table, &1099u32.to_be_bytes()).unwrap().as_deref(), Some(&value[..]));
+        drop(bk);
+        drop(w);
+        p.stop();
+        a.close();
+    }
+}

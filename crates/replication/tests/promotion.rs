@@ -530,11 +530,16 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let rest = ditto_log::replica::sealed_batches_above(&b2, ts2[29], p2).unwrap().expect("from the kept link");
     assert!(!rest.is_empty());
     assert_eq!(ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap(), None);
-    // A failover's fetch from it (its own log, then) starts at that checkpoint.
+    // A failover's fetch from it (its own log, then) starts at that checkpoint, or below
+    // where its own log reaches: to where epoch 3 began (its one segment is still open,
+    // so the checkpoint deleted none of it).
     assert_eq!(ditto_log::replica::fetch_floor(&b2).unwrap(), info.ts);
+    let floor = ditto_log::recovery::primary_fetch_floor(&b2, start3).unwrap();
+    assert_eq!(floor, start3);
     bp2.close();
-    let from_log = |after: Ts| ditto_log::recovery::primary_stream_batches(&b2, 0, after);
-    assert!(from_log(info.ts).is_ok() && from_log(Ts(info.ts.0 - 1)).is_err(), "exactly there");
+    let from_log = |after: Ts| ditto_log::recovery::primary_stream_batches(&b2, 0, after, start3);
+    assert!(from_log(floor).is_ok() && from_log(Ts(floor.0 - 1)).is_err(), "exactly there");
+    assert!(from_log(floor).unwrap().iter().any(|b| ditto_log::format::decode_batch_header(b).unwrap().last_ts == p3));
     drop(bp2);
     for (dir, what) in
         [(&b2, "recovered after its checkpoint"), (&crashed, "recovered from the chain and epoch 3's log")]
@@ -672,7 +677,7 @@ fn a_directory_sealed_in_place_recovers_to_the_point_and_what_followed() {
     assert_eq!(h.txns_above, 1, "the one commit of the new epoch");
     // A fetch from it below the seal's point: the sealed log's batches above, cut at the
     // point, then its own log's (the new epoch's commit).
-    let fetched = ditto_log::recovery::primary_stream_batches(&b1, 0, ts[10]).unwrap();
+    let fetched = ditto_log::recovery::primary_stream_batches(&b1, 0, ts[10], start).unwrap();
     let headers: Vec<_> =
         fetched.iter().map(|b| ditto_log::format::decode_batch_checksums(b).unwrap().0.header).collect();
     assert!(headers.iter().all(|h| h.stream.0 == 0 && h.bound_ts > ts[10]), "{headers:?}");

@@ -49,6 +49,13 @@ pub struct Config {
     /// queue and every commit's fsync waits behind it (docs/cluster.md, "Paced
     /// checkpoints"); paced, it takes at least its size / this.
     pub checkpoint_write_mb_per_s: u64,
+    /// A primary's checkpoints keep the log its backups have not made durable, up to this
+    /// many MB (10^6 bytes), so that one that returns resumes from the log and a failover
+    /// can fetch from it (docs/cluster.md, "The log kept for backups"); 0: none kept.
+    pub log_keep_for_backups_mb: u64,
+    /// A log segment file is closed at this size and a new one begun; a checkpoint deletes
+    /// only closed segments it covers (at least 4096).
+    pub log_segment_bytes: u64,
     /// Clients must AUTH with this password (user `default`).
     pub requirepass: Option<String>,
     pub max_clients: usize,
@@ -180,6 +187,8 @@ impl Default for Config {
             checkpoint_log_min_bytes: 64 << 20,
             checkpoint_reuse_min_ids: 100_000,
             checkpoint_write_mb_per_s: 128,
+            log_keep_for_backups_mb: 1024,
+            log_segment_bytes: 64 << 20,
             requirepass: None,
             max_clients: 10_000,
             max_args: limits.max_args,
@@ -282,6 +291,9 @@ impl Config {
         }
         if self.max_output_bytes < 1024 {
             return bad("max_output_bytes must be >= 1024");
+        }
+        if self.log_segment_bytes < 4096 {
+            return bad("log_segment_bytes must be >= 4096");
         }
         if self.fsync_interval_ms == 0 && self.durability != "every-batch" {
             return bad("fsync_interval_ms must be >= 1");

@@ -343,6 +343,8 @@ fn run_role(
                 durability: cfg.durability()?,
                 compress: cfg.compress_log,
                 checkpoint_write_bytes_per_s: cfg.checkpoint_write_mb_per_s * 1_000_000,
+                keep_for_backups_max_bytes: cfg.log_keep_for_backups_mb.saturating_mul(1_000_000),
+                segment_bytes_max: cfg.log_segment_bytes,
                 ..Default::default()
             };
             let mut open = ditto_log::OpenOptions { workers: cfg.workers, log, progress: true, ..Default::default() };
@@ -953,31 +955,25 @@ fn promote_replica(
 ) -> Result<Option<ditto_log::Recovered>, ServerError> {
     let rdir = ditto_log::replica::replica_dir(dir);
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
-    if !rdir.exists() {
-        // A primary's own directory: of this epoch (the first, or a restart), opened as it
-        // is; of an earlier one, an old primary chosen as a failover's last resort (no
-        // backup could fetch what it lacked), its log cut at the point first, as an old
-        // primary that rejoins cuts it (`open_replica_upto`), and it must reach the point.
-        let earlier = ditto_log::recovery::primary_log_epoch(dir).is_ok_and(|e| e.0 < c.epoch);
-        let (Some(p), true) = (c.upto, earlier) else { return Ok(None) };
-        let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, Some(Ts(p)))?;
-        if opened.cut < Ts(p) {
-            return Err(ServerError::Io {
-                what: "starting from its own log".into(),
-                source: std::io::Error::other(format!(
-                    "it holds every stream only up to ts {}, below the recovery point {p}",
-                    opened.cut.0
-                )),
-            });
-        }
+    // A primary's own log of an earlier epoch: an old primary chosen as a failover's last
+    // resort (no backup could fetch what it lacked). Its log is cut at the point first,
+    // as an old primary that rejoins cuts it, and refused, before anything is rewritten,
+    // unless it reaches the point. (Decided on its segments: a `replica/` left empty by a
+    // try cut short does not make it a backup's directory.)
+    let own = ditto_log::recovery::primary_log_epoch(dir).map_err(ServerError::from)?;
+    if let (Some(p), true) = (c.upto, own.0 > 0 && own.0 < c.epoch) {
+        let opened = ditto_log::replica::open_own_log_at(dir, workers, &storage, Ts(p))?;
         println!(
-            "promotion: its own log cut at the point {p} ({} transactions above it discarded) in {:.2} s",
-            opened.report.log_txns_dropped_above_cut, opened.report.total_seconds
+            "promotion: its own log of epoch {} cut at the point {p} in {:.2} s",
+            own.0, opened.report.total_seconds
         );
         let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
         drop(lock);
         let _ = std::fs::remove_dir(&rdir);
         return Ok(Some(ditto_log::Recovered(db)));
+    }
+    if !rdir.exists() {
+        return Ok(None); // a primary's own directory (the first epoch, or a restart)
     }
     // It must hold everything up to the point (refused before anything is rewritten).
     let opened = match c.upto {
