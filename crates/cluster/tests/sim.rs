@@ -235,6 +235,8 @@ enum Msg {
 
 struct Primary {
     epoch: u64,
+    /// Its epoch's commits lie above this (the opening's start).
+    start: u64,
     clock: u64,
     last_heartbeat: u64,
     /// Per backup: acked (received, durable) positions and when acked; what was shipped.
@@ -285,6 +287,7 @@ impl Primary {
             config_due: None,
             draining: None,
             epoch,
+            start: clock,
             clock,
             last_heartbeat: 0,
             acks: BTreeMap::new(),
@@ -959,9 +962,11 @@ impl Sim {
     /// A checkpoint. A backup's at its learned release (what it replays). A primary's at
     /// what its own log holds durably (its engine holds its commits, released or not), but
     /// the log stays above what a counted backup it has heard from has made durable
-    /// (`Primary::log_needed_above`; the bound on what is kept is not modelled). A fenced
-    /// node's checkpointer is stopped (a real backup's fence stops it), so what a report
-    /// said a node serves from holds for the round.
+    /// (`Primary::log_needed_above`; the bound on what is kept is not modelled), and a
+    /// fetch from that log starts no lower than its epoch's start
+    /// (`recovery::primary_fetch_floor`). A fenced node's checkpointer is stopped (a real
+    /// backup's fence stops it), so what a report said a node serves from holds for the
+    /// round.
     fn checkpoint(&mut self, i: usize) {
         let state = self.state_of(i);
         if self.nodes[i].fence.0 > state.epoch || state.phase == Some(Phase::Failover) {
@@ -974,7 +979,7 @@ impl Sim {
                 .filter_map(|b| p.acks.get(b))
                 .map(|(_, dur, _)| dur.iter().copied().min().unwrap_or(0))
                 .min()
-                .unwrap_or(u64::MAX),
+                .map_or(u64::MAX, |needed| needed.max(p.start)),
             None => self.nodes[i].learned_release,
         };
         self.nodes[i].data.checkpoint(view);

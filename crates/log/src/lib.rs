@@ -30,7 +30,7 @@ pub mod writer;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -161,12 +161,17 @@ struct Inner {
     lock: Mutex<Option<std::fs::File>>,
     /// What a checkpoint keeps of the log for backups (`keep_log_for`).
     keeper: Mutex<Option<LogKeeper>>,
+    /// The newest log a checkpoint deleted though a backup still needed it (past the
+    /// bound): no later checkpoint keeps anything for a position below it (that backup is
+    /// sent a checkpoint anyway).
+    dropped_for_backups: AtomicU64,
 }
 
 /// Says, when a checkpoint is done, the lowest timestamp the backups may still need the
-/// log above: log segments holding anything above it are kept, though the checkpoint
-/// covers them (`Durable::keep_log_for`).
-pub type LogKeeper = Box<dyn Fn() -> Ts + Send + Sync>;
+/// log above, among those at or above its argument (below it, the log already went past
+/// the bound: such a backup is sent a checkpoint): log segments holding anything above it
+/// are kept, though the checkpoint covers them (`Durable::keep_log_for`).
+pub type LogKeeper = Box<dyn Fn(Ts) -> Ts + Send + Sync>;
 
 /// Opens (creating if needed) and recovers the database in `dir`.
 pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
@@ -413,6 +418,7 @@ fn start_logging(
             recovery: report,
             lock: Mutex::new(Some(lock)),
             keeper: Mutex::new(None),
+            dropped_for_backups: AtomicU64::new(0),
         }),
     })
 }
@@ -627,8 +633,11 @@ impl Durable {
         let covered = i.logger.take_segments_covered_by(info.ts);
         // What backups have not made durable stays (a backup that returns, or a failover's
         // fetch from this log, reads it), up to `keep_for_backups_max_bytes`.
-        let mut needed = i.keeper.lock().as_ref().map_or(Ts(u64::MAX), |f| f());
-        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let dropped = &i.dropped_for_backups;
+        let gone_below = Ts(dropped.load(std::sync::atomic::Ordering::Acquire));
+        let mut needed = i.keeper.lock().as_ref().map_or(Ts(u64::MAX), |f| f(gone_below)).max(gone_below);
+        // (A size that cannot be read counts as the bound: nothing is kept past it blindly.)
+        let size = |p: &Path| std::fs::metadata(p).map_or(i.opts.keep_for_backups_max_bytes, |m| m.len());
         let wanted: u64 = covered.iter().filter(|(_, s)| s.last_ts > needed).map(|(_, s)| size(&s.path)).sum();
         if wanted > i.opts.keep_for_backups_max_bytes {
             tracing::warn!(
@@ -636,6 +645,8 @@ impl Durable {
                 i.dir.display(),
                 i.opts.keep_for_backups_max_bytes
             );
+            let newest = covered.iter().map(|(_, s)| s.last_ts.0).max().unwrap_or(0);
+            dropped.fetch_max(newest, std::sync::atomic::Ordering::AcqRel);
             needed = Ts(u64::MAX);
         }
         let mut kept = Vec::new();
@@ -661,7 +672,10 @@ impl Durable {
     /// the checkpoint covers them, up to `LogOptions::keep_for_backups_max_bytes`: a backup
     /// that returns resumes from the log instead of being sent a checkpoint, and a
     /// failover's fetch from this log can start below the checkpoint
-    /// (`recovery::primary_stream_batches`, `replica::fetch_floor`). `None`: none kept.
+    /// (`recovery::primary_stream_batches`, `recovery::primary_fetch_floor`). Once the
+    /// bound made a checkpoint delete what a backup needed, nothing is kept again for a
+    /// position below what it deleted (the keeper is asked for the lowest position at or
+    /// above that). `None`: none kept.
     pub fn keep_log_for(&self, keeper: Option<LogKeeper>) {
         *self.inner.keeper.lock() = keeper;
     }

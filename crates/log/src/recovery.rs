@@ -766,16 +766,26 @@ pub fn primary_fetch_floor(data: &Path, epoch_start: Ts) -> Result<Ts, LogError>
     let epoch = newest_epoch(&segs);
     let mut floor = epoch_start;
     let mut prev: Option<(u32, u64)> = None;
+    let (mut streams, mut seen) = (0u32, std::collections::BTreeSet::new());
     for s in segs.iter().filter(|s| s.epoch == epoch) {
         if prev.is_none_or(|(stream, seq)| stream != s.stream || s.seq != seq + 1) {
             let mut b = [0u8; crate::format::SEGMENT_HEADER_LEN];
             let read = std::fs::File::open(&s.path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
             match read.ok().and_then(|_| crate::format::SegmentHeader::decode(&b).ok()) {
-                Some(h) => floor = floor.max(h.prev_ts),
+                Some(h) => {
+                    floor = floor.max(h.prev_ts);
+                    streams = streams.max(h.streams);
+                }
                 None => return Ok(base),
             }
         }
+        seen.insert(s.stream);
         prev = Some((s.stream, s.seq));
+    }
+    // Every stream of the epoch must have its segments here (a stream with none would be
+    // answered with nothing); a log that does not say how many it has is not used.
+    if streams == 0 || (0..streams).any(|s| !seen.contains(&s)) {
+        return Ok(base);
     }
     Ok(base.min(floor))
 }

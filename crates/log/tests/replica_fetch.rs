@@ -508,7 +508,7 @@ fn a_checkpoint_keeps_the_log_a_backup_needs_and_a_fetch_starts_below_it() {
         }
         let needed = ts[300];
         if keep {
-            d.keep_log_for(Some(Box::new(move || needed)));
+            d.keep_log_for(Some(Box::new(move |_| needed)));
         }
         let ckpt = d.checkpoint().unwrap();
         assert!(ckpt.ts >= ts[399]);
@@ -531,4 +531,57 @@ fn a_checkpoint_keeps_the_log_a_backup_needs_and_a_fetch_starts_below_it() {
         let again = open(dir.path(), OpenOptions { workers: 2, ..Default::default() }).unwrap();
         assert_eq!(again.db().count(again.db().table_id("t").unwrap()).unwrap(), 400, "keep {keep}");
     }
+}
+
+/// Past `keep_for_backups_max_bytes`, a checkpoint deletes what a backup needed, and no
+/// later checkpoint keeps log for a position below what it deleted (that backup is sent a
+/// checkpoint anyway): the keeper is asked for positions at or above it only.
+#[test]
+fn past_the_bound_the_log_goes_and_is_not_kept_again_for_that_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = LogOptions {
+        durability: Durability::EveryBatch,
+        segment_bytes_max: 16 << 10,
+        keep_for_backups_max_bytes: 40_000,
+        ..LogOptions::default()
+    };
+    let d = open(dir.path(), OpenOptions { workers: 2, log, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let put = |range: std::ops::Range<u64>| -> Vec<Ts> {
+        range
+            .map(|i| {
+                let mut w = d.db().worker(WorkerId((i % 2) as u32)).unwrap();
+                w.run(|x| x.put(t, &i.to_be_bytes(), &[7u8; 200]).map(|_| ())).unwrap().1.wait().unwrap()
+            })
+            .collect()
+    };
+    let ts = put(0..400);
+    // A backup that holds only the first ten commits (as a primary's keeper says it: only
+    // if at or above what the log already lost).
+    let needed = ts[10];
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = Arc::clone(&asked);
+    d.keep_log_for(Some(Box::new(move |gone_below| {
+        a.lock().unwrap().push(gone_below);
+        if needed >= gone_below {
+            needed
+        } else {
+            Ts(u64::MAX)
+        }
+    })));
+    let closed = || {
+        std::fs::read_dir(dir.path().join("log"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
+            .count()
+    };
+    d.checkpoint().unwrap();
+    assert_eq!(closed(), 2, "past the bound: only each stream's open segment is left");
+    put(400..500);
+    d.checkpoint().unwrap();
+    assert_eq!(closed(), 2, "nothing kept again for that backup");
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked[0], Ts::ZERO);
+    assert!(asked[1] > needed, "the second checkpoint asked above what the first deleted: {asked:?}");
 }

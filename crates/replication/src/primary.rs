@@ -197,7 +197,9 @@ impl Primary {
         // The log its backups have not made durable outlives checkpoints (bounded): one
         // that returns resumes from the log, and a failover can fetch from it.
         let weak = Arc::downgrade(&p);
-        durable.keep_log_for(Some(Box::new(move || weak.upgrade().map_or(Ts(u64::MAX), |p| p.log_needed_above()))));
+        durable.keep_log_for(Some(Box::new(move |gone_below| {
+            weak.upgrade().map_or(Ts(u64::MAX), |p| p.log_needed_above(gone_below))
+        })));
         let me = Arc::clone(&p);
         let accept = std::thread::Builder::new().name("ditto-repl-accept".into()).spawn(move || {
             for conn in listener.incoming() {
@@ -346,19 +348,25 @@ impl Primary {
         self.changed();
     }
 
-    /// The lowest position a counted backup has made durable, connected or last seen
-    /// (`Durable::keep_log_for`): the log above it is kept through checkpoints. A counted
-    /// backup not heard from since this primary started is not waited for (it is sent a
-    /// checkpoint, or is being sent one).
-    pub fn log_needed_above(&self) -> Ts {
+    /// The lowest position a counted backup has made durable, connected or last seen, at
+    /// or above `gone_below` (the log below that went past the bound already: those
+    /// backups are forgotten) (`Durable::keep_log_for`): the log above it is kept through
+    /// checkpoints. A counted backup not heard from since this primary started is not
+    /// waited for (it is sent a checkpoint, or is being sent one).
+    pub fn log_needed_above(&self, gone_below: Ts) -> Ts {
         let links = self.links.lock();
         let counted = self.counted_nodes.lock();
         let mut gone = self.gone.lock();
-        gone.retain(|node, _| Self::counts(&counted, node, false));
+        gone.retain(|node, d| Self::counts(&counted, node, false) && *d >= gone_below.0);
         let connected = links
             .iter()
             .filter(|l| l.counted.load(Ordering::Acquire) && l.heard_us.load(Ordering::Acquire) != NEVER_ACKED);
-        let low = connected.clone().map(|l| l.durable.load(Ordering::Acquire)).min().unwrap_or(u64::MAX);
+        let low = connected
+            .clone()
+            .map(|l| l.durable.load(Ordering::Acquire))
+            .filter(|&d| d >= gone_below.0)
+            .min()
+            .unwrap_or(u64::MAX);
         let away = gone.iter().filter(|(node, _)| !connected.clone().any(|l| &l.node == *node)).map(|(_, &d)| d);
         Ts(away.min().unwrap_or(u64::MAX).min(low))
     }

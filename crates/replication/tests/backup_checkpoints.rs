@@ -263,8 +263,9 @@ fn a_backup_that_returns_after_a_checkpoint_resumes_from_the_log_kept_for_it() {
         let last = put(0..100);
         let (p, addr) = primary_under_local(&a, 1);
         let bk = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
-        wait_until("the backup to hold everything", Duration::from_secs(30), || {
-            bk.state.durable.load(Ordering::SeqCst) >= last.0
+        // (As the primary knows it: from the backup's acknowledgements.)
+        wait_until("the primary to know the backup holds everything", Duration::from_secs(30), || {
+            p.backups().iter().any(|b| b.durable >= last)
         });
         let sent = p.checkpoints_sent.load(Ordering::SeqCst);
         bk.stop("down for a while", Duration::from_secs(10)).unwrap();

@@ -960,13 +960,10 @@ fn promote_replica(
     // as an old primary that rejoins cuts it, and refused, before anything is rewritten,
     // unless it reaches the point. (Decided on its segments: a `replica/` left empty by a
     // try cut short does not make it a backup's directory.)
-    let own = ditto_log::recovery::primary_log_epoch(dir).map_err(ServerError::from)?;
-    if let (Some(p), true) = (c.upto, own.0 > 0 && own.0 < c.epoch) {
+    let own = ditto_log::recovery::primary_log_epoch(dir).map_or(0, |e| e.0);
+    if let (Some(p), true) = (c.upto, own > 0 && own < c.epoch) {
         let opened = ditto_log::replica::open_own_log_at(dir, workers, &storage, Ts(p))?;
-        println!(
-            "promotion: its own log of epoch {} cut at the point {p} in {:.2} s",
-            own.0, opened.report.total_seconds
-        );
+        println!("promotion: its own log of epoch {own} cut at the point {p} in {:.2} s", opened.report.total_seconds);
         let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
         drop(lock);
         let _ = std::fs::remove_dir(&rdir);
