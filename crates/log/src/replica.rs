@@ -1605,6 +1605,20 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
             if missing_before && scan.header.prev_ts > after {
                 return Ok(None);
             }
+            // Only a stream's last segment may end short (its tail being written, or torn by
+            // a crash); an earlier one that does leaves a hole, which is not sent as if whole.
+            let last_of_stream = i + 1 == segs.len() || segs[i + 1].stream != stream;
+            match &scan.end {
+                crate::format::SegmentEnd::Clean => {}
+                crate::format::SegmentEnd::Zeros { .. } | crate::format::SegmentEnd::Torn { .. } if last_of_stream => {}
+                end => {
+                    return Err(LogError::Corrupt {
+                        file: f.path.clone(),
+                        offset: 0,
+                        what: format!("a segment before the stream's last ends short ({end:?}): the log has a hole"),
+                    })
+                }
+            }
             for (off, b) in &scan.batches {
                 if b.header.bound_ts > after {
                     let off = *off as usize;

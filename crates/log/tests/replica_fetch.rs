@@ -585,3 +585,41 @@ fn past_the_bound_the_log_goes_and_is_not_kept_again_for_that_backup() {
     assert_eq!(asked[0], Ts::ZERO);
     assert!(asked[1] > needed, "the second checkpoint asked above what the first deleted: {asked:?}");
 }
+
+/// A primary's log with a damaged segment before a stream's last is refused to a backup
+/// that resumes (`batches_after`), not sent with a hole where the damage is.
+#[test]
+fn a_hole_in_a_primarys_log_is_not_shipped_as_if_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = OpenOptions {
+        workers: 1,
+        log: LogOptions { durability: Durability::EveryBatch, segment_bytes_max: 16 << 10, ..LogOptions::default() },
+        ..Default::default()
+    };
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    for i in 0..300u64 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &[7u8; 200]).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    drop(w);
+    let epoch = d.logger().epoch();
+    d.close();
+    assert!(ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().is_some());
+    let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "{segs:?}");
+    // A byte in the middle of the first segment (a batch's payload).
+    let f = &segs[0];
+    let mut b = std::fs::read(f).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0xff;
+    std::fs::write(f, &b).unwrap();
+    let got = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO);
+    assert!(got.is_err(), "a hole shipped: {:?}", got.map(|b| b.map(|b| b.len())));
+}

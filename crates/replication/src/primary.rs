@@ -516,7 +516,12 @@ impl Primary {
         };
         let dir = self.durable.dir();
         let gap = if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
-            ditto_log::replica::batches_after(dir, self.epoch, from).map_err(std::io::Error::other)?
+            // A log that cannot be read whole (a damaged segment: a hole) is not sent: the
+            // backup is sent a checkpoint instead.
+            ditto_log::replica::batches_after(dir, self.epoch, from).unwrap_or_else(|e| {
+                tracing::warn!("the log above ts {} cannot be read whole ({e}): a checkpoint is sent", from.0);
+                None
+            })
         } else {
             match self.opts.resume_from {
                 // A backup of the recovered epoch that held less than its point (the old
@@ -534,8 +539,10 @@ impl Primary {
                         );
                         None
                     });
-                    let own = ditto_log::replica::batches_after(dir, self.epoch, start.max(p))
-                        .map_err(std::io::Error::other)?;
+                    let own = ditto_log::replica::batches_after(dir, self.epoch, start.max(p)).unwrap_or_else(|e| {
+                        tracing::warn!("this epoch's log cannot be read whole ({e}): a checkpoint is sent");
+                        None
+                    });
                     sealed.zip(own).map(|(mut a, b)| {
                         a.extend(b);
                         a
