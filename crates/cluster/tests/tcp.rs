@@ -389,11 +389,10 @@ fn a_fetch_larger_than_a_frame_arrives_in_pieces() {
     assert!(w.pieces >= 6, "12 MiB in pieces of at most 2 MiB: {} pieces", w.pieces);
 }
 
-/// A fetch's batches are read on the service's fetch thread, not its control thread:
-/// while a peer's read takes 3 s, its control node goes on answering (a proposal gets its
-/// answer at once, during the read), and the answer still arrives whole after.
-#[test]
-fn a_slow_fetch_read_does_not_hold_the_control_thread() {
+/// `bootstrap_with_split_holdings` on three nodes whose failover's prepare may take 10 s,
+/// each fetch answered with 4 batches after a read of `read`; the primary stopped. Returns
+/// the cluster, the stopped primary and the node whose read is under way.
+fn primary_stopped_during_a_slow_fetch(read: Duration) -> (Cluster, NodeId, NodeId) {
     let mut c = Cluster::new(3);
     c.world.lock().unwrap().prepare_ms = 10_000;
     for id in 1..=3 {
@@ -404,7 +403,7 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
     {
         let mut w = c.world.lock().unwrap();
         w.fetch_batches = Some((4, 1 << 10));
-        w.fetch_read = Duration::from_secs(3);
+        w.fetch_read = read;
     }
     c.stop(first);
     let mut reader = None;
@@ -412,7 +411,15 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
         reader = c.world.lock().unwrap().reading;
         reader.is_some()
     });
-    let reader = reader.unwrap();
+    (c, first, reader.unwrap())
+}
+
+/// A fetch's batches are read on the service's fetch thread, not its control thread:
+/// while a peer's read takes 3 s, its control node goes on answering (a proposal gets its
+/// answer at once, during the read), and the answer still arrives whole after.
+#[test]
+fn a_slow_fetch_read_does_not_hold_the_control_thread() {
+    let (c, _, reader) = primary_stopped_during_a_slow_fetch(Duration::from_secs(3));
     let t = Instant::now();
     // Answered by its control thread (refused or taken: either is an answer).
     let _ = c.nodes[&reader].propose(Command::SetPolicy { policy: "majority".into() });
@@ -429,25 +436,7 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
 /// stream would have ended (a round lost).
 #[test]
 fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
-    let mut c = Cluster::new(3);
-    c.world.lock().unwrap().prepare_ms = 10_000;
-    for id in 1..=3 {
-        c.start(id);
-    }
-    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-    let first = bootstrap_with_split_holdings(&c);
-    {
-        let mut w = c.world.lock().unwrap();
-        w.fetch_batches = Some((4, 1 << 10));
-        w.fetch_read = Duration::from_secs(2);
-    }
-    c.stop(first);
-    let mut reader = None;
-    wait_for("a fetch being read", Duration::from_secs(20), || {
-        reader = c.world.lock().unwrap().reading;
-        reader.is_some()
-    });
-    let reader = reader.unwrap();
+    let (c, first, reader) = primary_stopped_during_a_slow_fetch(Duration::from_secs(2));
     let fetcher = (1..=3).find(|&id| id != first && id != reader).unwrap();
     // The first piece of an answer for the stream being fetched, as `first` (not asked)
     // would send it: epoch 2, stream 0, held to 60, piece 0 of more, one batch numbered 0.

@@ -940,8 +940,14 @@ fn a_restarted_old_primary_reports_from_its_log_so_the_failover_can_complete() {
     }
     // Everyone back; the same history everywhere.
     c.start_node(down);
-    for id in [primary, down] {
-        wait_for("a node to rejoin", Duration::from_secs(30), || {
+    every_other_node_follows_and_all_hold_what_was_acked(&c, last, &mut w);
+}
+
+/// Every node but `primary` follows it; then, `w` stopped, every node holds every write
+/// it acknowledged.
+fn every_other_node_follows_and_all_hold_what_was_acked(c: &Cluster, primary: u64, w: &mut Writer) {
+    for id in c.ports.keys().copied().filter(|&id| id != primary) {
+        c.wait_or_dump(&format!("node {id} to follow node {primary}"), Duration::from_secs(30), || {
             c.info(id).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
         });
     }
@@ -1014,19 +1020,7 @@ fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_l
             panic!("the new primary lacks an acknowledged write (keep {keep_mb} MB): {e}");
         }
         c.start_node(last);
-        for id in c.ports.keys().copied().filter(|&id| id != chosen).collect::<Vec<_>>() {
-            c.wait_or_dump("a backup to follow", Duration::from_secs(30), || {
-                c.info(id).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
-            });
-        }
-        w.stop();
-        let acked = w.acked();
-        for (&id, &port) in &c.ports {
-            if let Err(e) = check_has(port, &acked, Duration::from_secs(20)) {
-                c.dump_logs();
-                panic!("node {id} lacks an acknowledged write (keep {keep_mb} MB): {e}");
-            }
-        }
+        every_other_node_follows_and_all_hold_what_was_acked(&c, chosen, &mut w);
     }
 }
 
