@@ -253,10 +253,12 @@ fn a_backup_that_returns_after_a_checkpoint_resumes_from_the_log_kept_for_it() {
         let t = a.db().create_table("t").unwrap();
         let mut w = a.db().worker(WorkerId(0)).unwrap();
         let value = vec![7u8; 1000];
+        // Ten keys a transaction (each commit waits for its fsync).
         let mut put = |range: std::ops::Range<u32>| {
             let mut last = Ts::ZERO;
-            for i in range {
-                last = w.run(|x| x.put(t, &i.to_be_bytes(), &value)).unwrap().1.wait().unwrap();
+            for k in range.step_by(10) {
+                let ten = w.run(|x| (k..k + 10).try_for_each(|i| x.put(t, &i.to_be_bytes(), &value).map(|_| ())));
+                last = ten.unwrap().1.wait().unwrap();
             }
             last
         };
