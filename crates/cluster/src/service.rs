@@ -297,6 +297,10 @@ pub struct Status {
     /// A primary must take no writes without it (cut off from the majority, it could not
     /// release them under `majority` or `all`, and under `local` this is what stops it).
     pub quorum_contact: bool,
+    /// While this node leads a failover round that has no plan yet: the epoch and why
+    /// (`Coordinator::unplanned`: too few reports, or none that may become primary can
+    /// fetch what it lacks).
+    pub failover_waiting: Option<(u64, String)>,
 }
 
 /// The read of a fetch's answer (`DataPlane::fetch_job`): the batches and the position.
@@ -1200,6 +1204,7 @@ impl Run {
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
+            s.failover_waiting = self.coord.unplanned().map(|(e, why)| (e, why.to_string()));
             // The leader steps aside for a backup while it is also the serving primary: a
             // crash of the primary's machine then needs no election before its failover
             // can begin (docs/cluster.md, "Leader and primary apart").

@@ -37,6 +37,8 @@ struct World {
     reading: Option<NodeId>,
     /// The failover's prepare timeout for nodes started from now on (ms; 0: 300).
     prepare_ms: u64,
+    /// Where a fetch from each node can start (`Holding::serves_above`; 0 if not set).
+    serves_above: BTreeMap<NodeId, u64>,
 }
 
 struct ModelPlane {
@@ -78,7 +80,7 @@ impl DataPlane for ModelPlane {
             newest: streams.iter().copied().max().unwrap_or(0),
             streams,
             eligible: true,
-            serves_above: 0,
+            serves_above: w.serves_above.get(&self.me).copied().unwrap_or(0),
             last_resort: false,
         })
     }
@@ -461,6 +463,37 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "sent while the asked node's read was under way");
     let w = epoch_2_opens_on_whole_answers(&c, 4);
     assert_eq!(w.batches_fetched, 4, "the asked node's answer only");
+}
+
+/// A failover round in which no node that may become primary can fetch what it lacks
+/// (each needs the other's stream from below where the other can serve it) makes no plan,
+/// asks no fetch, and says why in the leading node's status (`INFO cluster`'s
+/// `cluster_waiting_failover`).
+#[test]
+fn a_failover_that_no_node_can_prepare_waits_and_says_why() {
+    let mut c = Cluster::running(3);
+    let first = bootstrap_with_split_holdings(&c);
+    {
+        // The two others hold (50, 70) and (60, 40): the point is 60; each lacks a stream
+        // the other holds, from below where the other's checkpoint lets it serve.
+        let mut w = c.world.lock().unwrap();
+        w.fetch_batches = Some((4, 1 << 10));
+        for id in (1..=3).filter(|&id| id != first) {
+            w.serves_above.insert(id, 55);
+        }
+    }
+    c.stop(first);
+    let mut why = None;
+    wait_for("the leader to say the failover waits", Duration::from_secs(20), || {
+        why = c.statuses().into_iter().find_map(|s| s.failover_waiting);
+        why.is_some()
+    });
+    let (epoch, why) = why.unwrap();
+    assert_eq!(epoch, 2);
+    assert!(why.contains("can fetch what it lacks"), "{why}");
+    std::thread::sleep(Duration::from_millis(500));
+    let w = c.world.lock().unwrap();
+    assert_eq!((w.pieces, w.opened.len()), (0, 0), "no fetch asked, no epoch opened");
 }
 
 /// A primary whose backups are all gone loses its quorum contact (it must stop taking

@@ -505,6 +505,12 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             println!("switchover under way: node {from} drains and hands its role to node {to}");
         }
     }
+    // A failover round with no plan yet, as the node leading it says.
+    for (id, _, r) in &nodes {
+        if let Some(why) = r.as_ref().ok().and_then(|f| f.get("cluster_waiting_failover")).filter(|w| *w != "none") {
+            println!("failover waiting (node {id} leads it): {why}");
+        }
+    }
     if !seen.is_empty() {
         println!("failovers (epoch: what a node saw):");
         let mut epochs: Vec<(u64, String)> = seen.into_iter().filter_map(|(e, v)| Some((e.parse().ok()?, v))).collect();

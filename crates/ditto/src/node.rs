@@ -1809,6 +1809,13 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         ("cluster_learners".into(), st.learners.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
         ("cluster_failovers".into(), s.epochs.len().saturating_sub(1).to_string()),
         ("cluster_switchover".into(), s.switchover.as_ref().map_or("none".into(), |w| format!("{}->{}", w.from, w.to))),
+        // On the node that leads a failover round with no plan yet: why it waits.
+        (
+            "cluster_waiting_failover".into(),
+            st.failover_waiting
+                .as_ref()
+                .map_or("none".into(), |(e, why)| format!("epoch {e}: {why}").replace(',', ";")),
+        ),
     ];
     for h in history.iter().rev().take(5) {
         f.push((
