@@ -840,9 +840,7 @@ impl NodePlane {
                         Some((e, point, commits))
                             if e == own && self.state.recovery_point(e).map(|t| t.0) == Some(point) =>
                         {
-                            say(self.me, format!("discards {commits} commits of its epoch {e} above the recovery point {point} (its own log)"));
-                            let cmd = Command::CountDiscarded { epoch: e, node: self.me, commits };
-                            self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
+                            self.record_discarded(e, point, commits)
                         }
                         _ => self.count_what_it_discards(),
                     }
@@ -1144,19 +1142,20 @@ impl NodePlane {
         };
         let Some(point) = self.state.recovery_point(epoch) else { return };
         match ditto_log::recovery::primary_log_holdings(&self.data, Some(point)) {
-            Ok((h, _)) => {
-                say(
-                    self.me,
-                    format!(
-                        "discards {} commits of its epoch {epoch} above the recovery point {} (its own log)",
-                        h.txns_above, point.0
-                    ),
-                );
-                let cmd = Command::CountDiscarded { epoch, node: self.me, commits: h.txns_above };
-                self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
-            }
+            Ok((h, _)) => self.record_discarded(epoch, point.0, h.txns_above),
             Err(e) => tracing::warn!("node {}: counting what its old log holds above {}: {e}", self.me, point.0),
         }
+    }
+
+    /// Has the state record what this node's own log of `epoch` held above the recovery
+    /// point `point` (proposed until it does).
+    fn record_discarded(&mut self, epoch: u64, point: u64, commits: u64) {
+        say(
+            self.me,
+            format!("discards {commits} commits of its epoch {epoch} above the recovery point {point} (its own log)"),
+        );
+        let cmd = Command::CountDiscarded { epoch, node: self.me, commits };
+        self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
     }
 
     /// Whether what this node's directory holds may be reported (or served to a fetch):
@@ -1188,7 +1187,7 @@ impl NodePlane {
             let least = ditto_engine::Ts(streams.iter().copied().min().unwrap_or(0));
             let last_resort = dir == self.data
                 && ditto_log::replica::can_cut_at(&dir, least).map_err(|e| format!("reading its log: {e}"))?;
-            let serves_above = ditto_log::recovery::primary_fetch_floor(&dir, self.epoch_start(epoch.0))
+            let serves_above = ditto_log::recovery::primary_fetch_floor(&dir, self.own_log_start(&dir))
                 .map_err(|e| format!("reading where its log starts: {e}"))?
                 .0;
             return Ok(Holding { newest: h.newest.0.min(cap), streams, eligible: false, serves_above, last_resort });
@@ -1206,9 +1205,11 @@ impl NodePlane {
         })
     }
 
-    /// Where epoch `epoch` began (its commits lie above it, everything of older epochs at
-    /// or below it), as the control state has it; `Ts(u64::MAX)` if it does not.
-    fn epoch_start(&self, epoch: u64) -> ditto_engine::Ts {
+    /// Where the epoch of the primary's own log in `dir` began (its commits lie above it,
+    /// everything of older epochs at or below it), as the control state has it;
+    /// `Ts(u64::MAX)` if it does not.
+    fn own_log_start(&self, dir: &Path) -> ditto_engine::Ts {
+        let epoch = ditto_log::recovery::primary_log_epoch(dir).map_or(0, |e| e.0);
         let start = self.state.epochs.iter().find(|r| r.epoch == epoch).map(|r| r.start);
         ditto_engine::Ts(start.unwrap_or(u64::MAX))
     }
@@ -1574,18 +1575,12 @@ impl DataPlane for NodePlane {
         // later round (a fetch of its own), and the read then fails or is of a round that
         // is over, whose answer the fetcher drops.
         let (me, primary_dir, data) = (self.me, self.primary_log_dir(), self.data.clone());
-        let own_start = match &primary_dir {
-            Some(dir) => ditto_log::recovery::primary_log_epoch(dir).map_or(u64::MAX, |e| self.epoch_start(e.0).0),
-            None => u64::MAX,
-        };
+        let own_start = primary_dir.as_deref().map_or(ditto_engine::Ts(u64::MAX), |dir| self.own_log_start(dir));
         Ok(Box::new(move || {
             let b = match primary_dir {
-                Some(dir) => ditto_log::recovery::primary_stream_batches(
-                    &dir,
-                    stream,
-                    ditto_engine::Ts(after),
-                    ditto_engine::Ts(own_start),
-                ),
+                Some(dir) => {
+                    ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after), own_start)
+                }
                 None => ditto_log::replica::replica_stream_batches(&data, stream, ditto_engine::Ts(after)),
             }
             .map_err(|e| e.to_string())?;

@@ -257,9 +257,7 @@ pub fn open_own_log_at(
     point: Ts,
 ) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
-    let lock = crate::lock_dir(dir)?;
-    crate::sealed::finish_seal(dir, &**storage)?;
-    let own_log = crate::recovery::list_segments(dir)?;
+    let (lock, own_log) = lock_and_list_own_log(dir, storage)?;
     if own_log.segments.is_empty() {
         return Err(LogError::Corrupt {
             file: dir.join("log"),
@@ -273,6 +271,17 @@ pub fn open_own_log_at(
     open_old_primary(dir, workers, storage, point, true, own_log, lock, t0)
 }
 
+/// Takes `dir`'s lock, finishes a seal a crash cut short, and lists the primary's own log
+/// segments the directory holds (none for a backup's).
+fn lock_and_list_own_log(
+    dir: &Path,
+    storage: &Arc<dyn Storage>,
+) -> Result<(std::fs::File, crate::recovery::LogDir), LogError> {
+    let lock = crate::lock_dir(dir)?;
+    crate::sealed::finish_seal(dir, &**storage)?;
+    Ok((lock, crate::recovery::list_segments(dir)?))
+}
+
 fn open_replica_inner(
     dir: &Path,
     workers: usize,
@@ -284,11 +293,9 @@ fn open_replica_inner(
     for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
-    let lock = crate::lock_dir(dir)?;
-    crate::sealed::finish_seal(dir, &**storage)?;
     // An old primary that rejoins as a backup: its own log, cut at the failover's recovery
     // point (`limit`), becomes the backup's starting point (see `open_old_primary`).
-    let own_log = crate::recovery::list_segments(dir)?;
+    let (lock, own_log) = lock_and_list_own_log(dir, storage)?;
     if !own_log.segments.is_empty() {
         let Some(point) = limit.filter(|_| !require_limit) else {
             return Err(LogError::Corrupt {

@@ -623,3 +623,40 @@ fn a_hole_in_a_primarys_log_is_not_shipped_as_if_whole() {
     let got = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO);
     assert!(got.is_err(), "a hole shipped: {:?}", got.map(|b| b.map(|b| b.len())));
 }
+
+/// An old primary chosen as a failover's last resort starts from its own log cut at the
+/// point (`open_own_log_at`): refused, with the directory left as it was, when the log
+/// does not reach the point; at a point it reaches, cut exactly there.
+#[test]
+fn an_old_primarys_own_log_is_cut_for_a_last_resort_only_if_it_reaches_the_point() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(primary_with_400_commits(dir.path()));
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let files = || -> Vec<(std::path::PathBuf, u64)> {
+        let mut all = Vec::new();
+        let mut todo = vec![dir.path().to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    todo.push(e.path());
+                } else if e.file_name() != "LOCK" {
+                    all.push((e.path(), m.len()));
+                }
+            }
+        }
+        all.sort();
+        all
+    };
+    let (h, _) = ditto_log::recovery::primary_log_holdings(dir.path(), None).unwrap();
+    let reach = *h.streams.iter().min().unwrap();
+    let before = files();
+    let refused = ditto_log::replica::open_own_log_at(dir.path(), 2, &storage, Ts(reach.0 + 1000));
+    let why = refused.err().expect("refused").to_string();
+    assert!(why.contains("below the point"), "{why}");
+    assert_eq!(files(), before, "the refusal changed nothing");
+    let o = ditto_log::replica::open_own_log_at(dir.path(), 2, &storage, reach).unwrap();
+    assert_eq!(o.cut, reach);
+    let t = o.db.table_id("t").unwrap();
+    assert!(o.db.count(t).unwrap() <= 400 && o.db.count(t).unwrap() > 0);
+}
