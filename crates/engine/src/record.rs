@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use crossbeam_epoch::Guard;
 
+use crate::clock::Horizons;
 use crate::ids::Ts;
 
 pub(crate) const LOCK_BIT: u64 = 1 << 63;
@@ -354,8 +355,8 @@ impl Record {
     }
 
     /// Installs `version` at `ts` as the new head (caller holds the lock) and trims versions
-    /// no snapshot at or above `horizon` can reach. Releases the lock with the new TID.
-    pub fn install_and_unlock(&self, ts: Ts, version: OwnedVersion, horizon: Ts, guard: &Guard) {
+    /// no live snapshot can reach (`trim`). Releases the lock with the new TID.
+    pub fn install_and_unlock(&self, ts: Ts, version: OwnedVersion, horizon: Horizons, guard: &Guard) {
         let cur = self.tid.load(Ordering::Relaxed);
         assert!(cur & LOCK_BIT != 0, "install without the record lock");
         assert!(ts.0 > cur & TS_MASK, "version timestamps must grow: {} after {}", ts.0, cur & TS_MASK);
@@ -401,7 +402,7 @@ impl Record {
     /// or will be taken.
     pub unsafe fn trim_locked(&self, horizon: Ts, guard: &Guard) {
         debug_assert!(self.tid.load(Ordering::Relaxed) & LOCK_BIT != 0, "trim without the lock");
-        trim(self.head.load(Ordering::Relaxed), horizon, guard)
+        trim(self.head.load(Ordering::Relaxed), Horizons::at(horizon), guard)
     }
 
     /// Overwrites the record's only version in place if the value fits its allocation.
@@ -437,20 +438,64 @@ impl Record {
     }
 }
 
-/// Cuts the chain below the newest version with `ts <= horizon`: no snapshot at or above the
-/// horizon can need anything older. The cut versions go to the epoch GC.
+/// Frees what no live snapshot can reach, given that each is at `h.low` or at or above
+/// `h.high` (clock.rs, "Two horizons"): the chain keeps every version above `h.high`, the
+/// newest at or below it (W), and the newest at or below `h.low` (V); the versions between
+/// W and V are unlinked as one piece (W's link now goes to V), and everything below V is
+/// cut. With one horizon (`low == high`) W is V and only the cut happens.
+///
+/// So a snapshot held for long keeps one version per record (V) under the recent ones,
+/// not every version written since it began, and the walk here stays short.
+///
+/// Readers walking the chain meanwhile are safe: an unlinked piece keeps its own links
+/// (its last one still leads to V) until the epoch GC frees it, and no live snapshot stops
+/// inside it.
 ///
 /// SAFETY: the caller holds the record lock and `head` is the record's live head.
-pub(crate) unsafe fn trim(head: *mut Version, horizon: Ts, guard: &Guard) {
-    let mut cur = head;
-    while !cur.is_null() {
-        if (*cur).ts <= horizon {
-            let rest = (*cur).older.swap(std::ptr::null_mut(), Ordering::AcqRel);
-            free_chain(rest, guard);
+pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard) {
+    debug_assert!(h.low <= h.high);
+    let mut w = head;
+    while !w.is_null() && (*w).ts > h.high {
+        w = (*w).older.load(Ordering::Acquire);
+    }
+    if w.is_null() {
+        return;
+    }
+    let mut v = w;
+    if (*w).ts > h.low {
+        let first = (*w).older.load(Ordering::Acquire);
+        v = first;
+        while !v.is_null() && (*v).ts > h.low {
+            v = (*v).older.load(Ordering::Acquire);
+        }
+        if first != v {
+            // Release: a reader that follows the new link sees V whole (it always was).
+            (*w).older.store(v, Ordering::Release);
+            free_piece(first, v, guard);
+        }
+        if v.is_null() {
             return;
         }
-        cur = (*cur).older.load(Ordering::Acquire);
     }
+    let rest = (*v).older.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    free_chain(rest, guard);
+}
+
+/// Hands the versions from `first` down to (not including) `end` to the epoch GC: a piece
+/// of a chain unlinked by `trim`, whose last link leads to `end`, which stays (and may be
+/// freed on its own later: the deferred walk only compares it, never reads it).
+///
+/// SAFETY: as for `free_chain`, for the piece.
+unsafe fn free_piece(first: *mut Version, end: *mut Version, guard: &Guard) {
+    let (p, end) = (first as usize, end as usize);
+    guard.defer_unchecked(move || {
+        let mut cur = p as *mut Version;
+        while !cur.is_null() && cur as usize != end {
+            let next = (*cur).older.load(Ordering::Acquire);
+            Version::free(cur);
+            cur = next;
+        }
+    });
 }
 
 /// Hands a detached chain to the epoch GC, as one deferred walk: the versions are old and
@@ -518,13 +563,13 @@ mod tests {
         for (ts, val) in [(1u64, &b"one"[..]), (2, b"two"), (3, b"three")] {
             assert!(rec.lock());
             // Horizon 1: versions below the one at ts 1 may go, ts 1 itself must stay.
-            rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(val)), Ts(1), &guard);
+            rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(val)), Horizons::at(Ts(1)), &guard);
         }
         assert_eq!(rec.read_at(Ts(1), &guard).and_then(VersionRef::value), Some(&b"one"[..]));
         assert_eq!(rec.read_at(Ts(2), &guard).and_then(VersionRef::value), Some(&b"two"[..]));
         assert_eq!(rec.read_latest(&guard).1.and_then(VersionRef::value), Some(&b"three"[..]));
         assert!(rec.lock());
-        rec.install_and_unlock(Ts(4), OwnedVersion::new(None), Ts(3), &guard);
+        rec.install_and_unlock(Ts(4), OwnedVersion::new(None), Horizons::at(Ts(3)), &guard);
         // ts 3 is the newest at or below the horizon: it stays, everything older is cut.
         assert_eq!(rec.read_at(Ts(3), &guard).and_then(VersionRef::value), Some(&b"three"[..]));
         assert!(rec.read_at(Ts(2), &guard).is_none(), "trimmed below the horizon");
@@ -532,5 +577,52 @@ mod tests {
         // SAFETY: nothing else can reach this record.
         unsafe { rec.free_versions_now() };
         assert!(rec.head.load(Ordering::Relaxed).is_null());
+    }
+
+    fn chain_len(rec: &Record) -> usize {
+        let mut n = 0;
+        let mut p = rec.head.load(Ordering::Acquire);
+        while !p.is_null() {
+            n += 1;
+            // SAFETY: the test's versions are freed only through its guard's epoch.
+            p = unsafe { (*p).older.load(Ordering::Acquire) };
+        }
+        n
+    }
+
+    #[test]
+    fn under_a_held_snapshot_the_versions_between_the_horizons_go() {
+        let rec = Record::default();
+        let guard = crossbeam_epoch::pin();
+        let val = |ts: u64| ts.to_le_bytes();
+        // A snapshot held at ts 5; every other reader at or above the version before the new
+        // one (high = ts - 1).
+        for ts in 1..=1000u64 {
+            assert!(rec.lock());
+            let h = Horizons { low: Ts(5.min(ts - 1)), high: Ts(ts - 1) };
+            rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&val(ts))), h, &guard);
+            assert!(chain_len(&rec) <= 3, "{} versions at ts {ts}", chain_len(&rec));
+        }
+        let at = |t: u64| rec.read_at(Ts(t), &guard).and_then(VersionRef::value).map(|v| v.to_vec());
+        assert_eq!(at(5), Some(val(5).to_vec()), "the held snapshot reads its version");
+        assert_eq!(at(999), Some(val(999).to_vec()));
+        assert_eq!(at(1000), Some(val(1000).to_vec()));
+        assert_eq!(at(4), None, "below the low horizon: cut");
+        // One horizon (as before): every version above it stays.
+        let one = Record::default();
+        for ts in 1..=100u64 {
+            assert!(one.lock());
+            one.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&val(ts))), Horizons::at(Ts(5.min(ts - 1))), &guard);
+        }
+        assert_eq!(chain_len(&one), 96);
+        // The horizon moves past everything: one version is left.
+        assert!(rec.lock());
+        rec.install_and_unlock(Ts(1001), OwnedVersion::new(None), Horizons::at(Ts(1000)), &guard);
+        assert_eq!(chain_len(&rec), 2);
+        // SAFETY: nothing else can reach these records.
+        unsafe {
+            rec.free_versions_now();
+            one.free_versions_now();
+        }
     }
 }

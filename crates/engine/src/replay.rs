@@ -532,7 +532,7 @@ impl Database {
         let had_value = rec.head_locked(guard).is_some_and(|v| v.value().is_some());
         if ts.0 > cur {
             // The GC horizon is at most the read view, which is below `ts`.
-            let horizon = self.clock.horizon();
+            let horizon = self.clock.horizons();
             if value.is_none() {
                 // Under the record's lock, as a committer adds its deletes.
                 self.deleted[rid.0 as usize % self.deleted.len()].lock().push((table, rid, ts));

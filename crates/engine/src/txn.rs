@@ -886,7 +886,7 @@ impl<'w> Transaction<'w> {
             log.0.append(self.worker.id, ts, &mut it);
         }
         // 5. Install and unlock.
-        let horizon = clock.horizon();
+        let horizon = clock.horizons();
         self.worker.installs_since_collect += self.s.writes.len() as u32;
         // Deletes go on this worker's list for unlinking, its lock taken at the first one
         // (whoever holds it waits for no record lock: `Database::unlink_deleted`).

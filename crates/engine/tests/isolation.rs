@@ -469,3 +469,94 @@ fn batched_reads_are_validated_at_commit() {
     r.put(t, b"summary", b"ok").unwrap();
     r.commit().unwrap();
 }
+
+/// Snapshots held across many transfers (one from before the first, one taken midway, as a
+/// checkpoint holds one) keep reading exactly what they first read, while the versions
+/// between them and the recent ones are trimmed (clock.rs, "Two horizons"); short
+/// snapshots taken meanwhile always see the whole total.
+#[test]
+fn snapshots_held_across_many_transfers_keep_reading_their_own_state() {
+    const ACCOUNTS: u64 = 20;
+    const START: i64 = 1000;
+    let workers = 3;
+    let (db, t) = db(workers);
+    db.worker(WorkerId(0))
+        .unwrap()
+        .run(|x| (0..ACCOUNTS).try_for_each(|a| x.insert(t, &a.to_be_bytes(), &START.to_le_bytes())))
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    let rows = |r: &ditto_engine::ReadTxn<'_>| -> Vec<i64> {
+        r.scan(t, Unbounded, Unbounded, Direction::Forward, 0).unwrap().iter().map(|(_, v)| num(v)).collect()
+    };
+    let first = db.read();
+    assert_eq!(rows(&first), vec![START; ACCOUNTS as usize]);
+    let stop = AtomicBool::new(false);
+    let commits = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for i in 0..workers {
+            let (db, stop, commits) = (&db, &stop, &commits);
+            s.spawn(move || {
+                let mut w = db.worker(WorkerId(i as u32)).unwrap();
+                let mut seed = 0x9e37_79b9u64 + i as u64;
+                let mut rnd = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                for _ in 0..400_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (a, b, amt) = (rnd() % ACCOUNTS, rnd() % ACCOUNTS, (rnd() % 50) as i64);
+                    if a == b {
+                        continue;
+                    }
+                    let mut x = w.begin();
+                    let va = num(&x.get(t, &a.to_be_bytes()).unwrap().unwrap());
+                    let vb = num(&x.get(t, &b.to_be_bytes()).unwrap().unwrap());
+                    x.update(t, &a.to_be_bytes(), &(va - amt).to_le_bytes()).unwrap();
+                    x.update(t, &b.to_be_bytes(), &(vb + amt).to_le_bytes()).unwrap();
+                    match x.commit() {
+                        Ok(_) => {
+                            commits.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(Error::Conflict(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+        }
+        let (db, stop, commits, first) = (&db, &stop, &commits, &first);
+        s.spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let wait_for = |n: u64| {
+                while commits.load(Ordering::Relaxed) < n {
+                    assert!(Instant::now() < deadline, "too few transfers committed");
+                    std::thread::yield_now();
+                }
+            };
+            wait_for(20_000);
+            let middle = db.read();
+            let seen = rows(&middle);
+            assert_eq!(seen.iter().sum::<i64>(), START * ACCOUNTS as i64);
+            assert_ne!(seen, vec![START; ACCOUNTS as usize], "transfers before the middle snapshot");
+            let mut checks = 0u64;
+            while commits.load(Ordering::Relaxed) < 60_000 {
+                assert!(Instant::now() < deadline, "too few transfers committed");
+                let r = db.read();
+                let now = rows(&r);
+                assert_eq!(now.iter().sum::<i64>(), START * ACCOUNTS as i64, "snapshot at {}", r.ts());
+                assert_eq!(rows(&middle), seen, "the middle snapshot moved");
+                assert_eq!(rows(first), vec![START; ACCOUNTS as usize], "the first snapshot moved");
+                checks += 1;
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert!(checks > 10, "{checks} checks");
+        });
+    });
+    assert_eq!(rows(&first), vec![START; ACCOUNTS as usize]);
+    assert_eq!(rows(&db.read()).iter().sum::<i64>(), START * ACCOUNTS as i64);
+}
