@@ -40,8 +40,8 @@
 //! A reader registers with a *pending* mark carrying the published `high` (its snapshot
 //! will be at or above it, since `visible_ts` only grows); a refresh that sees a pending
 //! slot caps both horizons at its value, as it cannot tell where the snapshot will land.
-//! `low` is published before `high` and an installer reads `high` before `low`, so the pair
-//! it uses is never older in `low` than in `high` (see `horizons`).
+//! Each horizon is published with a `fetch_max` of its own; any mix of published values
+//! is a valid pair (see `horizons`).
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
@@ -60,8 +60,8 @@ pub struct CommitClock {
     commit_slots: Box<[Slot]>,
     reader_slots: Box<[Slot]>,
     horizon: AtomicU64,
-    /// The high horizon (see the module notes): at least `horizon`, once both are read in
-    /// `horizons`' order.
+    /// The high horizon (see the module notes; `horizons` never hands out one below
+    /// `horizon`).
     horizon_high: AtomicU64,
     /// The largest `visible_ts` handed out: a committer may publish a slot value read just
     /// before another worker moved the clock, which would let a fresh computation dip below
@@ -134,18 +134,24 @@ impl CommitClock {
     /// Registers a snapshot. Returns (slot index, snapshot ts). The order of steps is what
     /// keeps the GC from trimming under a new reader; see `refresh_horizon`.
     pub(crate) fn register_reader(&self) -> (usize, Ts) {
+        let (i, h) = self.claim_reader_slot();
+        let ts = self.visible_ts();
+        debug_assert!(ts.0 >= h, "a snapshot below the high horizon read before it");
+        self.reader_slots[i].0.store(ts.0, SeqCst);
+        (i, ts)
+    }
+
+    /// Takes a free reader slot and marks it pending at the high horizon `h` (returned):
+    /// from here on it caps both horizons the GC can publish at h, so versions visible at
+    /// any ts >= h stay until the slot moves; the snapshot the caller then takes is >= h
+    /// (h came from an earlier `visible_ts`, which only grows).
+    fn claim_reader_slot(&self) -> (usize, u64) {
         let mut spins = 0u64;
         loop {
             for (i, s) in self.reader_slots.iter().enumerate() {
                 let h = self.horizon_high.load(SeqCst);
                 if s.0.compare_exchange(IDLE, PENDING | h, SeqCst, SeqCst).is_ok() {
-                    // The slot now caps both horizons the GC can publish from here on at h,
-                    // so versions visible at any ts >= h stay until we move the slot; our
-                    // snapshot is >= h (h came from an earlier `visible_ts`, which only grows).
-                    let ts = self.visible_ts();
-                    debug_assert!(ts.0 >= h, "a snapshot below the high horizon read before it");
-                    s.0.store(ts.0, SeqCst);
-                    return (i, ts);
+                    return (i, h);
                 }
             }
             spins += 1;
@@ -175,9 +181,12 @@ impl CommitClock {
     }
 
     /// Both horizons, for a trim (`record::trim`): every live snapshot is at `low` or at or
-    /// above `high`. `high` is read first: `refresh_horizon` publishes `low` first, so the
-    /// `low` read here is at least the one computed with this `high` (a later one only
-    /// means that no snapshot is left at the earlier low). `high` is never below `low`.
+    /// above `high`. The two may come from different refreshes (each is a `fetch_max` of
+    /// its own), and any mix is valid: each refresh's pair was valid when computed and
+    /// stays so (later snapshots are at or above its `high`), and with the larger `low`
+    /// and the larger `high` of two valid pairs, a snapshot between them would have to sit
+    /// at the `low` of the pair that gave the `high`, which is at or below the larger
+    /// `low`. `high` is never below `low`.
     pub(crate) fn horizons(&self) -> Horizons {
         let high = self.horizon_high.load(SeqCst);
         let low = self.horizon.load(SeqCst);
@@ -259,5 +268,35 @@ mod tests {
         c.release_reader(young);
         c.refresh_horizon();
         assert_eq!(c.horizons(), Horizons::at(Ts(25)));
+    }
+
+    /// A refresh between a reader's look at the clock and its slot's update (the window
+    /// the pending mark is for): the refresh must not publish a high horizon above the
+    /// snapshot the reader is about to take. With the slot marked at h without the pending
+    /// bit, it counted as a snapshot at h, and the high horizon went past the reader's.
+    #[test]
+    fn a_refresh_during_a_readers_registration_never_passes_its_snapshot() {
+        let c = CommitClock::new(1);
+        let commit = |n: usize| {
+            for _ in 0..n {
+                c.begin_commit(0);
+                c.end_commit(0);
+            }
+        };
+        commit(20);
+        c.refresh_horizon();
+        assert_eq!(c.horizons(), Horizons::at(Ts(20)));
+        // A reader registers, step by step, with a refresh in the middle.
+        let (i, h) = c.claim_reader_slot();
+        assert_eq!(h, 20);
+        commit(5);
+        let ts = c.visible_ts();
+        commit(5);
+        c.refresh_horizon();
+        c.reader_slots[i].0.store(ts.0, SeqCst);
+        let hz = c.horizons();
+        assert!(ts == hz.low || ts >= hz.high, "snapshot {ts:?} between the horizons {hz:?}");
+        assert_eq!(hz, Horizons::at(Ts(20)));
+        c.release_reader(i);
     }
 }

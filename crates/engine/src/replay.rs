@@ -509,6 +509,10 @@ impl Database {
         if !rec.lock() {
             return None;
         }
+        // The read at ts - 1 is unregistered: right only because replayed writes lie above
+        // the read view, and so above every horizon (a trim keeps every version above the
+        // high one and the newest at or below it).
+        debug_assert!(ts > self.clock.horizons().high, "a replayed write at or below the GC's high horizon");
         if after_value && rec.read_at(Ts(ts.0 - 1), &guard).is_none_or(|v| v.value().is_none()) {
             rec.unlock_unchanged();
             return None;
@@ -700,8 +704,8 @@ fn next_above(rec: &Record, ts: Ts, _guard: &Guard) -> Option<Option<Ts>> {
     }
     let mut above = None;
     // SAFETY: versions are freed through the epoch, so those reached under `_guard` stay
-    // valid; a trim that unlinks part of the chain meanwhile only ends the walk earlier
-    // (and trims only versions at or below the read view, which is below `ts`).
+    // valid; a trim meanwhile unlinks or cuts only versions at or below the read view, which
+    // is below `ts` (a walk inside an unlinked piece goes on down to the version it leads to).
     unsafe {
         while !p.is_null() && (*p).ts > ts {
             above = Some((*p).ts);
