@@ -797,16 +797,13 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
     // The log's epoch, from the file names (the segments are read once, below).
     let epoch = primary_log_epoch(data)?;
     let base = crate::sealed::base(data)?.ts;
-    let of_stream = |all: Vec<Bytes>| -> Vec<Bytes> {
-        all.into_iter()
-            .filter(|b| crate::format::decode_batch_header(b).is_ok_and(|h| h.stream.0 as usize == stream))
-            .collect()
-    };
+    // Only the stream's own segments are read.
+    let of_stream = |all: crate::replica::Gap| all.of_stream(stream).collect();
     if base > after && after >= epoch_start {
         // Below the checkpoint, from the log kept for backups, if it reaches down to
         // `after` (nothing of older epochs lies above `epoch_start`).
         if let Some(all) = crate::replica::batches_after(data, epoch, after)? {
-            return Ok(of_stream(all));
+            return of_stream(all);
         }
     }
     if base > after {
@@ -829,5 +826,5 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
         offset: 0,
         what: format!("the log no longer holds stream {stream} above ts {}", after.0),
     })?;
-    Ok(of_stream(all))
+    of_stream(all)
 }

@@ -1590,10 +1590,17 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
 /// needs): the backup must then be sent a checkpoint. The files are read as they are; a
 /// batch still being written at the end of a stream's last segment is left out (the caller
 /// waits until what was framed before it asked is durable, and ships later batches live).
-pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
+///
+/// Every segment is read and checked here, one at a time, and let go: what is returned
+/// names the segments and the length of each that was found whole, and `Gap::for_each`
+/// reads them again one at a time. So a backup that returns after a long absence (its gap
+/// up to the log kept for backups, 1 GiB by default) costs the primary one segment of
+/// memory at a time, not the whole gap; before 2026-11-28 the gap was read whole into
+/// memory here.
+pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>, LogError> {
     let segs: Vec<_> =
         crate::recovery::list_segments(data)?.segments.into_iter().filter(|s| s.epoch == epoch).collect();
-    let mut out = Vec::new();
+    let mut gap = Gap::default();
     let mut i = 0;
     while i < segs.len() {
         let stream = segs[i].stream;
@@ -1626,18 +1633,121 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Vec<
                     })
                 }
             }
-            for (off, b) in &scan.batches {
-                if b.header.bound_ts > after {
-                    let off = *off as usize;
-                    out.push(raw.slice(off..off + b.header.total_len()));
-                }
+            let batches = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).count();
+            if batches > 0 {
+                gap.batches += batches;
+                gap.parts.push(GapPart::Segment {
+                    path: f.path.clone(),
+                    stream: stream as usize,
+                    len: scan.valid_len(),
+                    after,
+                    batches,
+                });
             }
             first = false;
             prev_seq = f.seq;
             i += 1;
         }
     }
-    Ok(Some(out))
+    Ok(Some(gap))
+}
+
+/// Batches for a backup (`batches_after`), read when they are sent: segments named with
+/// the length of each found whole then, and batches already in memory (a sealed log's).
+#[derive(Debug, Default)]
+pub struct Gap {
+    parts: Vec<GapPart>,
+    batches: usize,
+}
+
+#[derive(Debug)]
+enum GapPart {
+    Segment { path: PathBuf, stream: usize, len: u64, after: Ts, batches: usize },
+    Held(Vec<Bytes>),
+}
+
+impl Gap {
+    /// How many batches it holds.
+    pub fn len(&self) -> usize {
+        self.batches
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batches == 0
+    }
+
+    /// `batches` first, then this gap's.
+    pub fn after_held(mut self, batches: Vec<Bytes>) -> Gap {
+        self.batches += batches.len();
+        self.parts.insert(0, GapPart::Held(batches));
+        self
+    }
+
+    /// Only the segments of primary stream `stream`.
+    pub fn of_stream(self, stream: usize) -> Gap {
+        let parts: Vec<GapPart> = self
+            .parts
+            .into_iter()
+            .filter(|p| matches!(p, GapPart::Segment { stream: s, .. } if *s == stream))
+            .collect();
+        let batches = parts.iter().map(|p| if let GapPart::Segment { batches, .. } = p { *batches } else { 0 }).sum();
+        Gap { parts, batches }
+    }
+
+    /// Hands each batch to `f`, in order, reading one segment at a time. A segment that no
+    /// longer reads as it did when the gap was taken (deleted, cut short, damaged since) is
+    /// an error after the batches before it: never a gap sent with a hole.
+    pub fn for_each(self, mut f: impl FnMut(Bytes) -> std::io::Result<()>) -> std::io::Result<()> {
+        for part in self.parts {
+            match part {
+                GapPart::Held(batches) => batches.into_iter().try_for_each(&mut f)?,
+                GapPart::Segment { path, len, after, batches, .. } => {
+                    let raw = read_prefix(&path, len)?;
+                    let changed = |what: String| {
+                        std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))
+                    };
+                    let scan = crate::format::read_segment(&raw).map_err(|e| changed(format!("{e}")))?;
+                    if !matches!(scan.end, crate::format::SegmentEnd::Clean) {
+                        return Err(changed(format!("damaged ({:?})", scan.end)));
+                    }
+                    let above: Vec<_> = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).collect();
+                    if above.len() != batches {
+                        return Err(changed(format!(
+                            "{} batches above ts {} where {batches} were",
+                            above.len(),
+                            after.0
+                        )));
+                    }
+                    for (off, b) in above {
+                        let off = *off as usize;
+                        f(raw.slice(off..off + b.header.total_len()))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every batch, in memory at once (for a fetch answer, sent in pieces of its own).
+    pub fn collect(self) -> Result<Vec<Bytes>, LogError> {
+        let mut out = Vec::with_capacity(self.batches);
+        self.for_each(|b| {
+            out.push(b);
+            Ok(())
+        })
+        .map_err(|e| LogError::Corrupt { file: PathBuf::new(), offset: 0, what: e.to_string() })?;
+        Ok(out)
+    }
+}
+
+/// The first `len` bytes of the file at `path`.
+fn read_prefix(path: &Path, len: u64) -> std::io::Result<Bytes> {
+    use std::io::Read;
+    let mut buf = vec![0u8; len as usize];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    Ok(Bytes::from(buf))
 }
 
 /// A backup promoted in place at a failover's recovery point (its engine replayed up to

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ditto_engine::{TableId, Ts};
 use ditto_log::format::BatchHeader;
+use ditto_log::replica::Gap;
 use ditto_log::{Durable, Epoch};
 use parking_lot::{Condvar, Mutex};
 
@@ -543,10 +544,7 @@ impl Primary {
                         tracing::warn!("this epoch's log cannot be read whole ({e}): a checkpoint is sent");
                         None
                     });
-                    sealed.zip(own).map(|(mut a, b)| {
-                        a.extend(b);
-                        a
-                    })
+                    sealed.zip(own).map(|(a, b)| b.after_held(a))
                 }
                 _ => None,
             }
@@ -597,7 +595,7 @@ impl Primary {
                         let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
                         let files =
                             ditto_log::checkpoint::link_files(&info.dir, &keep).map_err(std::io::Error::other)?;
-                        (info, files, Vec::new())
+                        (info, files, Gap::default())
                     }
                 };
                 tracing::info!(
@@ -690,11 +688,12 @@ impl Primary {
 
     /// Sends batches read back from this primary's log to a backup that holds everything
     /// up to `have_ts` (a resumed backup's gap, or the log above a checkpoint it was sent).
-    fn send_gap(&self, w: &mut impl Write, gap: Vec<Bytes>, have_ts: Ts, reg_clock: Ts) -> std::io::Result<()> {
-        for b in gap {
+    /// The gap is read from disk a segment at a time as it is sent (`Gap::for_each`).
+    fn send_gap(&self, w: &mut impl Write, gap: Gap, have_ts: Ts, reg_clock: Ts) -> std::io::Result<()> {
+        gap.for_each(|b| {
             let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
-            w.write_all(&f.encode())?;
-        }
+            w.write_all(&f.encode())
+        })?;
         // The gap's floors are not trusted (not in framing order), so an idle stream would
         // hold the backup's watermark until it writes again; while writers wait on that
         // watermark, it never would. Everything at or below the registration clock was
