@@ -14,7 +14,7 @@ ss=[socket.socket() for _ in range(3)]
 print(*[s.getsockname()[1] for s in ss])')
 cleanup() { kill -9 $pp $bp 2>/dev/null; wait 2>/dev/null; rm -rf $D; }
 trap cleanup EXIT
-$B server --port $P --data-dir $D/p --repl-port $R --commit-policy local --metrics off > $D/p.log 2>&1 & pp=$!
+RUST_LOG=info $B server --port $P --data-dir $D/p --repl-port $R --commit-policy local --metrics off > $D/p.log 2>&1 & pp=$!
 sleep 1
 kill -0 $pp || { echo "the primary did not start:"; cat $D/p.log; exit 1; }
 $B server --port $Q --data-dir $D/b --replica-of 127.0.0.1:$R --metrics off > $D/b.log 2>&1 & bp=$!
@@ -36,4 +36,6 @@ t1=$(date +%s.%N)
 sleep 0.5
 printf '%s: %s keys on the backup of %s; primary RSS before %d MiB, peak while the backup resumed %d MiB (+%d MiB); caught up in %.1f s\n' \
   "$(basename $B)" "$got" "$want" $((before / 1024)) $(($(rss VmHWM) / 1024)) $((($(rss VmHWM) - before) / 1024)) $(echo "$t1 - $t0" | bc)
-grep -h "resuming above\|sending a checkpoint" $D/p.log | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200 | tail -2
+grep -h "resuming above\|sending a checkpoint" $D/p.log | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200 | tail -1
+[ "$got" = "$want" ] || { echo "FAILED: the backup holds $got keys of $want"; exit 1; }
+grep -q "resuming above" $D/p.log || { echo "FAILED: the backup did not resume from the log"; exit 1; }

@@ -797,13 +797,12 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
     // The log's epoch, from the file names (the segments are read once, below).
     let epoch = primary_log_epoch(data)?;
     let base = crate::sealed::base(data)?.ts;
-    // Only the stream's own segments are read.
-    let of_stream = |all: crate::replica::Gap| all.of_stream(stream).collect();
+
     if base > after && after >= epoch_start {
         // Below the checkpoint, from the log kept for backups, if it reaches down to
         // `after` (nothing of older epochs lies above `epoch_start`).
-        if let Some(all) = crate::replica::batches_after(data, epoch, after)? {
-            return of_stream(all);
+        if let Some(gap) = crate::replica::stream_batches_after(data, epoch, after, stream)? {
+            return gap.collect();
         }
     }
     if base > after {
@@ -821,10 +820,10 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
             ),
         });
     }
-    let all = crate::replica::batches_after(data, epoch, after)?.ok_or_else(|| LogError::Corrupt {
+    let gap = crate::replica::stream_batches_after(data, epoch, after, stream)?.ok_or_else(|| LogError::Corrupt {
         file: data.join("log"),
         offset: 0,
         what: format!("the log no longer holds stream {stream} above ts {}", after.0),
     })?;
-    of_stream(all)
+    gap.collect()
 }

@@ -1591,15 +1591,29 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
 /// batch still being written at the end of a stream's last segment is left out (the caller
 /// waits until what was framed before it asked is durable, and ships later batches live).
 ///
-/// Every segment is read and checked here, one at a time, and let go: what is returned
-/// names the segments and the length of each that was found whole, and `Gap::for_each`
+/// Every segment is read and checked here, one at a time, and let go, but kept open: what
+/// is returned holds each segment's file with the length found whole, and `Gap::for_each`
 /// reads them again one at a time. So a backup that returns after a long absence (its gap
 /// up to the log kept for backups, 1 GiB by default) costs the primary one segment of
-/// memory at a time, not the whole gap; before 2026-11-28 the gap was read whole into
-/// memory here.
+/// memory at a time, not the whole gap (before 2026-11-28 the gap was read whole into
+/// memory here); and a checkpoint that deletes a segment while the gap is being sent
+/// (nothing keeps the log for a backup before its first ack) takes only its name: the
+/// open file is read all the same.
 pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>, LogError> {
-    let segs: Vec<_> =
-        crate::recovery::list_segments(data)?.segments.into_iter().filter(|s| s.epoch == epoch).collect();
+    gap_in(data, epoch, after, None)
+}
+
+/// `batches_after` for primary stream `stream` alone (a failover's fetch).
+pub fn stream_batches_after(data: &Path, epoch: Epoch, after: Ts, stream: usize) -> Result<Option<Gap>, LogError> {
+    gap_in(data, epoch, after, Some(stream))
+}
+
+fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<Option<Gap>, LogError> {
+    let segs: Vec<_> = crate::recovery::list_segments(data)?
+        .segments
+        .into_iter()
+        .filter(|s| s.epoch == epoch && only.is_none_or(|o| s.stream as usize == o))
+        .collect();
     let mut gap = Gap::default();
     let mut i = 0;
     while i < segs.len() {
@@ -1608,12 +1622,23 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>
         let mut prev_seq = 0;
         while i < segs.len() && segs[i].stream == stream {
             let f = &segs[i];
-            let raw = Bytes::from(std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?);
+            let file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
+            let raw = read_prefix(&file, &f.path, None).map_err(|e| LogError::io(&f.path, e))?;
             let scan = crate::format::read_segment(&raw).map_err(|e| LogError::Corrupt {
                 file: f.path.clone(),
                 offset: 0,
                 what: format!("segment header: {e}"),
             })?;
+            if scan.header.stream.0 != stream || scan.header.seq != f.seq {
+                return Err(LogError::Corrupt {
+                    file: f.path.clone(),
+                    offset: 0,
+                    what: format!(
+                        "the header says stream {} segment {}, the name stream {stream} segment {}",
+                        scan.header.stream.0, scan.header.seq, f.seq
+                    ),
+                });
+            }
             // A missing earlier segment held something the backup lacks: no gap can be sent.
             let missing_before = first || f.seq != prev_seq + 1;
             if missing_before && scan.header.prev_ts > after {
@@ -1636,13 +1661,7 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>
             let batches = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).count();
             if batches > 0 {
                 gap.batches += batches;
-                gap.parts.push(GapPart::Segment {
-                    path: f.path.clone(),
-                    stream: stream as usize,
-                    len: scan.valid_len(),
-                    after,
-                    batches,
-                });
+                gap.parts.push(GapPart::Segment { file, path: f.path.clone(), len: scan.valid_len(), after, batches });
             }
             first = false;
             prev_seq = f.seq;
@@ -1652,7 +1671,7 @@ pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>
     Ok(Some(gap))
 }
 
-/// Batches for a backup (`batches_after`), read when they are sent: segments named with
+/// Batches for a backup (`batches_after`), read when they are sent: open segments with
 /// the length of each found whole then, and batches already in memory (a sealed log's).
 #[derive(Debug, Default)]
 pub struct Gap {
@@ -1662,7 +1681,7 @@ pub struct Gap {
 
 #[derive(Debug)]
 enum GapPart {
-    Segment { path: PathBuf, stream: usize, len: u64, after: Ts, batches: usize },
+    Segment { file: std::fs::File, path: PathBuf, len: u64, after: Ts, batches: usize },
     Held(Vec<Bytes>),
 }
 
@@ -1683,29 +1702,18 @@ impl Gap {
         self
     }
 
-    /// Only the segments of primary stream `stream`.
-    pub fn of_stream(self, stream: usize) -> Gap {
-        let parts: Vec<GapPart> = self
-            .parts
-            .into_iter()
-            .filter(|p| matches!(p, GapPart::Segment { stream: s, .. } if *s == stream))
-            .collect();
-        let batches = parts.iter().map(|p| if let GapPart::Segment { batches, .. } = p { *batches } else { 0 }).sum();
-        Gap { parts, batches }
-    }
-
     /// Hands each batch to `f`, in order, reading one segment at a time. A segment that no
-    /// longer reads as it did when the gap was taken (deleted, cut short, damaged since) is
-    /// an error after the batches before it: never a gap sent with a hole.
+    /// longer reads as it did when the gap was taken (cut short or damaged since) is an
+    /// error after the batches before it: never a gap sent with a hole.
     pub fn for_each(self, mut f: impl FnMut(Bytes) -> std::io::Result<()>) -> std::io::Result<()> {
         for part in self.parts {
             match part {
                 GapPart::Held(batches) => batches.into_iter().try_for_each(&mut f)?,
-                GapPart::Segment { path, len, after, batches, .. } => {
-                    let raw = read_prefix(&path, len)?;
+                GapPart::Segment { file, path, len, after, batches } => {
                     let changed = |what: String| {
                         std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))
                     };
+                    let raw = read_prefix(&file, &path, Some(len)).map_err(|e| changed(format!("{e}")))?;
                     let scan = crate::format::read_segment(&raw).map_err(|e| changed(format!("{e}")))?;
                     if !matches!(scan.end, crate::format::SegmentEnd::Clean) {
                         return Err(changed(format!("damaged ({:?})", scan.end)));
@@ -1740,13 +1748,15 @@ impl Gap {
     }
 }
 
-/// The first `len` bytes of the file at `path`.
-fn read_prefix(path: &Path, len: u64) -> std::io::Result<Bytes> {
-    use std::io::Read;
+/// The first `len` bytes of `file` (all of it with `None`), read from its start.
+fn read_prefix(file: &std::fs::File, path: &Path, len: Option<u64>) -> std::io::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let len = match len {
+        Some(l) => l,
+        None => file.metadata()?.len(),
+    };
     let mut buf = vec![0u8; len as usize];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    file.read_exact_at(&mut buf, 0).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     Ok(Bytes::from(buf))
 }
 

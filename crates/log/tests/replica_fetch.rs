@@ -525,7 +525,12 @@ fn a_checkpoint_keeps_the_log_a_backup_needs_and_a_fetch_starts_below_it() {
             // little below the checkpoint.
             assert!(floor > needed && floor <= ckpt.ts, "{floor:?}");
         }
-        assert!(fetch(floor).is_ok() && fetch(Ts(floor.0 - 1)).is_err(), "exactly from {floor:?} (keep {keep})");
+        // Every stream is served from the floor; below it, the stream whose log begins
+        // there is not (a stream is served from its own segments alone, so another one
+        // may reach lower).
+        let fetch_s = |s: usize, after: Ts| ditto_log::recovery::primary_stream_batches(dir.path(), s, after, Ts::ZERO);
+        assert!((0..2).all(|s| fetch_s(s, floor).is_ok()), "every stream from {floor:?} (keep {keep})");
+        assert!((0..2).any(|s| fetch_s(s, Ts(floor.0 - 1)).is_err()), "exactly from {floor:?} (keep {keep})");
         d.close();
         drop(d);
         let again = open(dir.path(), OpenOptions { workers: 2, ..Default::default() }).unwrap();
@@ -663,9 +668,9 @@ fn an_old_primarys_own_log_is_cut_for_a_last_resort_only_if_it_reaches_the_point
 
 /// A backup's gap is checked whole when it is taken and read again a segment at a time
 /// when it is sent (`Gap::for_each`): the same batches, in the same order, as reading
-/// every segment at once; nothing appended since (shipped live instead); and a segment
-/// deleted or damaged since is an error after the batches before it, never a gap with a
-/// hole.
+/// every segment at once; nothing appended since (shipped live instead); a checkpoint that
+/// deletes its segments meanwhile takes nothing from it (the files are held open); and a
+/// segment damaged since is an error after the batches before it, never a gap with a hole.
 #[test]
 fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -676,52 +681,66 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
     };
     let d = open(dir.path(), o).unwrap();
     let t = d.db().create_table("t").unwrap();
-    let write = |from: u64, to: u64| {
-        for worker in 0..2u32 {
-            let mut w = d.db().worker(WorkerId(worker)).unwrap();
-            for i in from..to {
-                let k = (i * 2 + worker as u64).to_be_bytes();
-                w.run(|x| x.put(t, &k, &[9u8; 300]).map(|_| ())).unwrap().1.wait().unwrap();
-            }
+    let mut ws = [d.db().worker(WorkerId(0)).unwrap(), d.db().worker(WorkerId(1)).unwrap()];
+    let mut write = |from: u64, to: u64| {
+        for i in from..to {
+            let w = &mut ws[(i % 2) as usize];
+            w.run(|x| x.put(t, &i.to_be_bytes(), &[9u8; 300]).map(|_| ())).unwrap().1.wait().unwrap();
         }
     };
-    write(0, 300);
+    write(0, 600);
     let epoch = d.logger().epoch();
     let after = Ts(d.db().clock().now().0 / 2);
-    // What the gap must hold: every segment read at once, the batches above `after`.
-    let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-        .collect();
-    segs.sort();
+    let segments = || -> Vec<std::path::PathBuf> {
+        let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+            .collect();
+        segs.sort();
+        segs
+    };
+    let segs = segments();
     assert!(segs.len() >= 6, "{} segments", segs.len());
-    let whole = |segs: &[std::path::PathBuf]| -> Vec<Bytes> {
-        let mut out = Vec::new();
-        for p in segs {
-            let raw = Bytes::from(std::fs::read(p).unwrap());
-            let scan = ditto_log::format::read_segment(&raw).unwrap();
-            for (off, b) in scan.batches {
-                if b.header.bound_ts > after {
-                    out.push(raw.slice(off as usize..off as usize + b.header.total_len()));
-                }
+    // What the gap must hold: every segment read at once, the batches above `after`.
+    let mut expected = Vec::new();
+    let mut streams = std::collections::BTreeSet::new();
+    for p in &segs {
+        let raw = Bytes::from(std::fs::read(p).unwrap());
+        let scan = ditto_log::format::read_segment(&raw).unwrap();
+        for (off, b) in scan.batches {
+            if b.header.bound_ts > after {
+                streams.insert(b.header.stream.0);
+                expected.push(raw.slice(off as usize..off as usize + b.header.total_len()));
             }
         }
-        out
-    };
-    let expected = whole(&segs);
+    }
+    assert_eq!(streams.len(), 2, "both streams have batches in the gap");
     let gap = ditto_log::replica::batches_after(dir.path(), epoch, after).unwrap().unwrap();
     assert_eq!(gap.len(), expected.len());
-    // More commits after the gap was taken: in its segments' tails, and not in the gap.
-    write(300, 400);
+    // More commits after the gap was taken (in its segments' tails), then a checkpoint that
+    // deletes every closed segment: neither changes what the gap sends.
+    write(600, 800);
+    let ckpt = d.checkpoint().unwrap();
+    assert!(segs.iter().any(|p| !p.exists()), "the checkpoint deleted some of the gap's segments");
     let got = gap.collect().unwrap();
     assert_eq!(got, expected, "the gap read again equals the log read whole when it was taken");
-    // A segment of the gap deleted since: an error, after the batches before it.
-    let gap = ditto_log::replica::batches_after(dir.path(), epoch, after).unwrap().unwrap();
+    // A segment of a gap damaged since (a byte in the middle of the second stream's
+    // first segment): an error naming it, after the batches before it.
+    write(800, 1400);
+    let gap = ditto_log::replica::batches_after(dir.path(), epoch, ckpt.ts).unwrap().unwrap();
     let n = gap.len();
-    let victim = segs[segs.len() / 2].clone();
-    std::fs::remove_file(&victim).unwrap();
+    let now = segments();
+    let victim = now.iter().find(|p| p.file_name().unwrap().to_str().unwrap().contains("stream-0001")).unwrap().clone();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&victim).unwrap();
+        let len = f.metadata().unwrap().len();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, len / 2).unwrap();
+        f.write_all_at(&[b[0] ^ 0xff], len / 2).unwrap();
+    }
     let mut seen = 0;
     let err = gap
         .for_each(|_| {
@@ -730,6 +749,7 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
         })
         .unwrap_err();
     assert!(err.to_string().contains(&victim.display().to_string()), "{err}");
-    assert!(seen > 0 && seen < n, "{seen} of {n} batches before the missing segment");
+    assert!(seen > 0 && seen < n, "{seen} of {n} batches before the damaged segment");
+    drop(ws);
     drop(d);
 }
