@@ -93,6 +93,10 @@ pub struct Common {
     /// backups to the other half.
     #[arg(long)]
     pub pin: bool,
+    /// Cluster runs: a server config file (docs/server.md) each backup starts with, e.g.
+    /// to set its checkpoint policy (by default backups checkpoint as a server does).
+    #[arg(long)]
+    pub backup_config: Option<std::path::PathBuf>,
     /// Replay-only runs: record each logged mode's log, then replay it into a fresh
     /// database as fast as the backups' replay goes, once per mode given (serial,
     /// parallel, dependency, dependency:N; see replaybench.rs), and check it holds the
@@ -398,6 +402,7 @@ fn run_modes(
                 replay,
                 backup_cpus: backup_cpus.clone(),
                 prefault_mib: c.prefault.mib(c.workers, c.seconds),
+                config: c.backup_config.as_deref(),
                 workers: c.workers,
                 durability: dur,
                 compress: c.compress,

@@ -49,6 +49,8 @@ pub struct ClusterSpec<'a> {
     /// MiB of heap each backup pre-faults (what this process pre-faults for its run, so
     /// that replay and execution pay the same for fresh memory).
     pub prefault_mib: u64,
+    /// A server config file each backup starts with (`--config`).
+    pub config: Option<&'a Path>,
     pub workers: usize,
     pub durability: Durability,
     pub compress: bool,
@@ -113,6 +115,7 @@ fn start_backup(
     replay: &str,
     cpus: Option<&[usize]>,
     prefault_mib: u64,
+    config: Option<&Path>,
 ) -> Result<BackupProc, Error> {
     let exe = std::env::current_exe()?;
     let mut cmd = match cpus {
@@ -127,6 +130,7 @@ fn start_backup(
         .args(["server", "--port", "0", "--metrics", "off", "--data-dir", dir.to_str().ok_or("dir is not UTF-8")?])
         .args(["--workers", &workers.to_string(), "--replica-of", primary, "--replay", replay])
         .args(["--prefault-mib", &prefault_mib.to_string()])
+        .args(config.iter().flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log"))?))
         .spawn()
@@ -192,7 +196,15 @@ pub fn run(
         let mut backups = Vec::new();
         for i in 0..spec.backups {
             let dir = scratch.path.join(format!("backup-{i}"));
-            backups.push(start_backup(&dir, &addr, spec.workers, spec.replay, theirs.as_deref(), spec.prefault_mib)?);
+            backups.push(start_backup(
+                &dir,
+                &addr,
+                spec.workers,
+                spec.replay,
+                theirs.as_deref(),
+                spec.prefault_mib,
+                spec.config,
+            )?);
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while primary.backups().len() < spec.backups {
@@ -271,6 +283,9 @@ pub fn run(
             m.insert("commit_policy".into(), spec.policy.name().into());
             m.insert("backup_replay".into(), spec.replay.into());
             m.insert("pinned".into(), spec.backup_cpus.is_some().into());
+            if let Some(c) = spec.config {
+                m.insert("backup_config".into(), std::fs::read_to_string(c).unwrap_or_default().into());
+            }
             m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
             m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
             m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_s_per_txn.max(1e-12)).into());
