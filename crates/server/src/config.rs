@@ -49,6 +49,11 @@ pub struct Config {
     /// queue and every commit's fsync waits behind it (docs/cluster.md, "Paced
     /// checkpoints"); paced, it takes at least its size / this.
     pub checkpoint_write_mb_per_s: u64,
+    /// The same for a backup's own checkpoints (written while it follows a primary), lower
+    /// by default: they compete on the backup's disk with the fsyncs of its replica log,
+    /// which every commit under a `durable` policy waits for, and nothing waits for them
+    /// (docs/replication.md, "A held snapshot no longer slows replay"). 0: unpaced.
+    pub backup_checkpoint_write_mb_per_s: u64,
     /// A primary's checkpoints keep the log its backups have not made durable, up to this
     /// many MB (10^6 bytes), so that one that returns resumes from the log and a failover
     /// can fetch from it (docs/cluster.md, "The log kept for backups"); 0: none kept.
@@ -187,6 +192,7 @@ impl Default for Config {
             checkpoint_log_min_bytes: 64 << 20,
             checkpoint_reuse_min_ids: 100_000,
             checkpoint_write_mb_per_s: 128,
+            backup_checkpoint_write_mb_per_s: 32,
             log_keep_for_backups_mb: 1024,
             log_segment_bytes: 64 << 20,
             requirepass: None,
@@ -427,6 +433,13 @@ mod tests {
         let p = c.checkpoint_policy();
         assert_eq!(p, CheckpointPolicy { every: None, log_growth_percent: 50, log_min_bytes: 1024, reuse_min_ids: 0 });
         assert!(p.any());
+        // A backup's own checkpoints have a pace of their own, lower by default.
+        assert_eq!(
+            (Config::default().checkpoint_write_mb_per_s, Config::default().backup_checkpoint_write_mb_per_s),
+            (128, 32)
+        );
+        let c: Config = toml::from_str("backup_checkpoint_write_mb_per_s = 8").unwrap();
+        assert_eq!((c.checkpoint_write_mb_per_s, c.backup_checkpoint_write_mb_per_s), (128, 8));
     }
 
     #[test]

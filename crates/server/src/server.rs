@@ -304,7 +304,7 @@ fn run_role(
                 // most that much before it serves (docs/cluster.md).
                 checkpoint_log_min_bytes: cfg.checkpoint_log_min_bytes,
                 checkpoint_log_growth_percent: cfg.checkpoint_log_growth_percent,
-                checkpoint_write_bytes_per_s: cfg.checkpoint_write_mb_per_s * 1_000_000,
+                checkpoint_write_bytes_per_s: cfg.backup_checkpoint_write_mb_per_s * 1_000_000,
                 replica_file_bytes: 64 << 20,
                 recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
                 // A cluster node's backup may be promoted in place: it replays only what
