@@ -195,6 +195,7 @@ impl Primary {
             gone: Mutex::new(Default::default()),
         });
         logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
+        remove_stale_ship_dirs(durable.dir());
         // The log its backups have not made durable outlives checkpoints (bounded): one
         // that returns resumes from the log, and a failover can fetch from it.
         let weak = Arc::downgrade(&p);
@@ -766,6 +767,26 @@ fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Resu
         }
     }
     Ok(())
+}
+
+/// Removes what a process that ended mid-send left in `dir`: the `ship-PID-SLOT`
+/// directories of checkpoint files linked for a joining backup (each link removes its own
+/// when it is done, but not if its process was killed meanwhile, and the next process has
+/// another pid, so they stayed for good, each pinning a whole checkpoint's files). Those
+/// of this process are its own links' (a role changed in place): left alone.
+fn remove_stale_ship_dirs(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let me = std::process::id().to_string();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("ship-")) else { continue };
+        if rest.split('-').next().is_some_and(|pid| pid != me) && e.path().is_dir() {
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => tracing::info!("removed {}, left by a process that ended mid-send", e.path().display()),
+                Err(err) => tracing::warn!("could not remove {}: {err}", e.path().display()),
+            }
+        }
+    }
 }
 
 /// An idle link sends a heartbeat at least this often.

@@ -289,3 +289,23 @@ fn a_backup_that_returns_after_a_checkpoint_resumes_from_the_log_kept_for_it() {
         a.close();
     }
 }
+
+/// A primary that starts removes the checkpoint links a killed process left for a joining
+/// backup (`ship-PID-SLOT`, another pid than its own), and leaves its own process's.
+#[test]
+fn a_primary_removes_the_ship_directories_a_killed_process_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pa = tmp.path().join("a");
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let other = pa.join(format!("ship-{}-0", std::process::id().wrapping_add(1)));
+    let other_learner = pa.join(format!("ship-{}-l3", std::process::id().wrapping_add(7)));
+    let own = pa.join(format!("ship-{}-1", std::process::id()));
+    for d in [&other, &other_learner, &own] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("part-0"), b"linked checkpoint bytes").unwrap();
+    }
+    let (p, _) = primary_under_local(&a, 0);
+    assert!(!other.exists() && !other_learner.exists(), "a killed process's links removed");
+    assert!(own.join("part-0").exists(), "this process's own left alone");
+    p.stop();
+}
