@@ -18,6 +18,51 @@ fn num(v: &[u8]) -> i64 {
     i64::from_le_bytes(v.try_into().unwrap())
 }
 
+/// Worker `i`'s random transfers between `accounts` accounts (amounts below `max_amount`),
+/// at most `iterations`, until `stop`; each commit counted in `commits`.
+#[allow(clippy::too_many_arguments)]
+fn transfers(
+    db: &Arc<Database>,
+    t: TableId,
+    i: u32,
+    seed: u64,
+    accounts: u64,
+    max_amount: u64,
+    iterations: usize,
+    stop: &AtomicBool,
+    commits: &AtomicU64,
+) {
+    let mut w = db.worker(WorkerId(i)).unwrap();
+    let mut seed = seed + i as u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..iterations {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let (a, b, amt) = (rnd() % accounts, rnd() % accounts, (rnd() % max_amount) as i64);
+        if a == b {
+            continue;
+        }
+        let mut x = w.begin();
+        let va = num(&x.get(t, &a.to_be_bytes()).unwrap().unwrap());
+        let vb = num(&x.get(t, &b.to_be_bytes()).unwrap().unwrap());
+        x.update(t, &a.to_be_bytes(), &(va - amt).to_le_bytes()).unwrap();
+        x.update(t, &b.to_be_bytes(), &(vb + amt).to_le_bytes()).unwrap();
+        match x.commit() {
+            Ok(_) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(Error::Conflict(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[test]
 fn lost_update_is_prevented() {
     let (db, t) = db(2);
@@ -235,37 +280,7 @@ fn bank_transfers_keep_the_total_under_all_workers() {
     std::thread::scope(|s| {
         for i in 0..workers {
             let (db, stop, commits) = (&db, &stop, &commits);
-            s.spawn(move || {
-                let mut w = db.worker(WorkerId(i as u32)).unwrap();
-                let mut seed = 0x1234_5678u64 + i as u64;
-                let mut rnd = move || {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed
-                };
-                for _ in 0..200_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let (a, b, amt) = (rnd() % ACCOUNTS, rnd() % ACCOUNTS, (rnd() % 100) as i64);
-                    if a == b {
-                        continue;
-                    }
-                    let mut x = w.begin();
-                    let va = num(&x.get(t, &a.to_be_bytes()).unwrap().unwrap());
-                    let vb = num(&x.get(t, &b.to_be_bytes()).unwrap().unwrap());
-                    x.update(t, &a.to_be_bytes(), &(va - amt).to_le_bytes()).unwrap();
-                    x.update(t, &b.to_be_bytes(), &(vb + amt).to_le_bytes()).unwrap();
-                    match x.commit() {
-                        Ok(_) => {
-                            commits.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(Error::Conflict(_)) => {}
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-            });
+            s.spawn(move || transfers(db, t, i as u32, 0x1234_5678u64, ACCOUNTS, 100, 200_000, stop, commits));
         }
         let (db, stop) = (&db, &stop);
         s.spawn(move || {
@@ -497,37 +512,7 @@ fn snapshots_held_across_many_transfers_keep_reading_their_own_state() {
     std::thread::scope(|s| {
         for i in 0..workers {
             let (db, stop, commits) = (&db, &stop, &commits);
-            s.spawn(move || {
-                let mut w = db.worker(WorkerId(i as u32)).unwrap();
-                let mut seed = 0x9e37_79b9u64 + i as u64;
-                let mut rnd = move || {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed
-                };
-                for _ in 0..400_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let (a, b, amt) = (rnd() % ACCOUNTS, rnd() % ACCOUNTS, (rnd() % 50) as i64);
-                    if a == b {
-                        continue;
-                    }
-                    let mut x = w.begin();
-                    let va = num(&x.get(t, &a.to_be_bytes()).unwrap().unwrap());
-                    let vb = num(&x.get(t, &b.to_be_bytes()).unwrap().unwrap());
-                    x.update(t, &a.to_be_bytes(), &(va - amt).to_le_bytes()).unwrap();
-                    x.update(t, &b.to_be_bytes(), &(vb + amt).to_le_bytes()).unwrap();
-                    match x.commit() {
-                        Ok(_) => {
-                            commits.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(Error::Conflict(_)) => {}
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-            });
+            s.spawn(move || transfers(db, t, i as u32, 0x9e37_79b9u64, ACCOUNTS, 50, 400_000, stop, commits));
         }
         let (db, stop, commits, first) = (&db, &stop, &commits, &first);
         s.spawn(move || {

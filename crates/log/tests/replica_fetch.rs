@@ -24,6 +24,18 @@ fn primary_with_table(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engin
     (d, t)
 }
 
+/// The segment files of the primary's log in `dir`, sorted by name (stream, epoch, seq).
+fn segment_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut segs: Vec<_> = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segs.sort();
+    segs
+}
+
 /// `primary_with_table`, its two workers having put keys 0..200 and 1000..1200 (the key,
 /// as the value), closed; and every batch its log holds.
 fn primary_with_400_commits(dir: &std::path::Path) -> (ditto_log::Durable, Vec<Bytes>) {
@@ -574,13 +586,7 @@ fn past_the_bound_the_log_goes_and_is_not_kept_again_for_that_backup() {
             Ts(u64::MAX)
         }
     })));
-    let closed = || {
-        std::fs::read_dir(dir.path().join("log"))
-            .unwrap()
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "seg"))
-            .count()
-    };
+    let closed = || segment_files(dir.path()).len();
     d.checkpoint().unwrap();
     assert_eq!(closed(), 2, "past the bound: only each stream's open segment is left");
     put(400..500);
@@ -611,13 +617,7 @@ fn a_hole_in_a_primarys_log_is_not_shipped_as_if_whole() {
     let epoch = d.logger().epoch();
     d.close();
     assert!(ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().is_some());
-    let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-        .collect();
-    segs.sort();
+    let segs = segment_files(dir.path());
     assert!(segs.len() >= 3, "{segs:?}");
     // A byte in the middle of the first segment (a batch's payload).
     let f = &segs[0];
@@ -691,17 +691,7 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
     write(0, 600);
     let epoch = d.logger().epoch();
     let after = Ts(d.db().clock().now().0 / 2);
-    let segments = || -> Vec<std::path::PathBuf> {
-        let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-            .collect();
-        segs.sort();
-        segs
-    };
-    let segs = segments();
+    let segs = segment_files(dir.path());
     assert!(segs.len() >= 6, "{} segments", segs.len());
     // What the gap must hold: every segment read at once, the batches above `after`.
     let mut expected = Vec::new();
@@ -731,7 +721,7 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
     write(800, 1400);
     let gap = ditto_log::replica::batches_after(dir.path(), epoch, ckpt.ts).unwrap().unwrap();
     let n = gap.len();
-    let now = segments();
+    let now = segment_files(dir.path());
     let victim = now.iter().find(|p| p.file_name().unwrap().to_str().unwrap().contains("stream-0001")).unwrap().clone();
     {
         use std::os::unix::fs::FileExt;
