@@ -3,7 +3,9 @@
 # (docs/replication.md, "A held snapshot no longer slows replay"): cluster TPC-C with one
 # backup at 2 and 4 workers, the backup's checkpoints written at 128 MB/s (the default),
 # 32, 8, or off (--backup-config .devbin/{pace32,pace8,nockpt}.toml), alternated.
-# JSON lines to $OUT/ckpt-pace.jsonl.
+# JSON lines to $OUT/ckpt-pace.jsonl. Run before `backup_checkpoint_write_mb_per_s`
+# existed (485b66d), when a backup's pace was `checkpoint_write_mb_per_s`, the key the
+# .devbin/pace*.toml files set; to rerun it now, set `backup_checkpoint_write_mb_per_s`.
 set -u
 for w in 2 4; do
   for c in default pace32 pace8 nockpt; do

@@ -290,6 +290,19 @@ fn run_modes(
         return run_modes_in_children(name, c);
     }
     let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
+    if let Some(path) = &c.backup_config {
+        // Read here, so that a file the backups would refuse says why (their logs go with
+        // the scratch directory); the settings a backup of a benchmark cannot take too.
+        let cfg =
+            ditto_server::config::Config::load(path).map_err(|e| format!("--backup-config {}: {e}", path.display()))?;
+        if cfg.requirepass.is_some() || cfg.tls_only {
+            return Err(format!(
+                "--backup-config {}: requirepass and tls_only are not for a benchmark's backups",
+                path.display()
+            )
+            .into());
+        }
+    }
     // With --pin: every run of this process, standalone ones included, on the primary's
     // CPUs (before any log thread starts, so they inherit it), the backups on the others.
     let mut backup_cpus = None;

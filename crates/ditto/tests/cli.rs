@@ -99,6 +99,23 @@ fn bench_ycsb_small() {
         assert!(err.contains("more than half the memory available"), "{bench}: {err}");
         assert!(!err.contains("== "), "{bench}: refused before any run started: {err}");
     }
+    // A backups' config they would refuse is refused here, saying why, before any run.
+    let dir = tempfile::tempdir().unwrap();
+    for (text, says) in [
+        ("nonsense_key = 1\n", "unknown field `nonsense_key`"),
+        ("requirepass = \"x\"\n", "requirepass and tls_only are not for a benchmark's backups"),
+    ] {
+        let f = dir.path().join("backup.toml");
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["bench", "ycsb", "--keys", "1000", "--backups", "1", "--backup-config", f.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--backup-config") && err.contains(says), "{text}: {err}");
+        assert!(!err.contains("== "), "refused before any run started: {err}");
+    }
 }
 
 #[test]

@@ -981,7 +981,7 @@ fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_l
         let conf = conf_dir.path().join("ditto.toml");
         // Segments of 16 KiB, so that checkpoints delete some.
         let toml = format!(
-            "checkpoint_interval_s = 1\ncheckpoint_write_mb_per_s = 0\nlog_keep_for_backups_mb = {keep_mb}\nlog_segment_bytes = 16384\n"
+            "checkpoint_interval_s = 1\ncheckpoint_write_mb_per_s = 0\nbackup_checkpoint_write_mb_per_s = 0\nlog_keep_for_backups_mb = {keep_mb}\nlog_segment_bytes = 16384\n"
         );
         std::fs::write(&conf, toml).unwrap();
         let conf_arg = conf.display().to_string();

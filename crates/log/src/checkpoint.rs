@@ -43,13 +43,16 @@ const PART_HEADER_LEN: usize = 32;
 const PART_TRAILER_LEN: usize = 24;
 const RIDS_PER_TASK: u64 = 1 << 16;
 /// A paced checkpoint's writer checks its pace, and starts the write-back of what it
-/// wrote, every this many bytes (so it sleeps at most 8 ms at a time at 128 MB/s, and a
-/// cancelled one stops that soon).
-const PACE_STEP: u64 = 1 << 20;
+/// wrote, every `Pace::step` bytes: about 8 ms of its pace (so a writer sleeps about that
+/// long at a time, and a cancelled one stops that soon: a fence waits for it), between
+/// these bounds. A fixed 1 MiB step made a writer at a backup's 32 MB/s sleep 32 ms at a
+/// time, and one at 8 MB/s 128 ms.
+const PACE_STEP_MAX: u64 = 1 << 20;
+const PACE_STEP_MIN: u64 = 64 << 10;
 
 /// How fast a checkpoint taken while the node serves may write: its writer threads
 /// together write at most `bytes_per_s`, and each starts the write-back of its part every
-/// `PACE_STEP` (`LogFile::write_back`). Unpaced, three nodes writing a 466 MB checkpoint
+/// `step` bytes (`LogFile::write_back`). Unpaced, three nodes writing a 466 MB checkpoint
 /// each (the seals and the rejoin after a failover) filled the disk's queue, so every
 /// commit's fsync waited behind it (docs/cluster.md, "Paced checkpoints"). What the pace
 /// costs is time: a checkpoint of B bytes takes at least B / `bytes_per_s`, unless
@@ -61,6 +64,8 @@ pub(crate) struct Pace<'a> {
     bytes_per_s: f64,
     written: AtomicU64,
     hurry: Option<&'a AtomicUsize>,
+    /// Bytes between looks at the pace (see `PACE_STEP_MAX`).
+    step: u64,
 }
 
 impl<'a> Pace<'a> {
@@ -71,6 +76,7 @@ impl<'a> Pace<'a> {
             bytes_per_s: bytes_per_s as f64,
             written: AtomicU64::new(0),
             hurry,
+            step: (bytes_per_s / 128).clamp(PACE_STEP_MIN, PACE_STEP_MAX),
         })
     }
 
@@ -405,7 +411,7 @@ impl<'p, 'h> PartWriter<'p, 'h> {
         self.out.write_all(b)?;
         if let Some(pace) = self.pace {
             self.unpaced += b.len() as u64;
-            if self.unpaced >= PACE_STEP {
+            if self.unpaced >= pace.step {
                 // A hint: a file system without it leaves the write-back to the part's
                 // fsync, which reports any write error.
                 let _ = self.out.get_mut().0.write_back();

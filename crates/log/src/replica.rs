@@ -1661,6 +1661,8 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
             let batches = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).count();
             if batches > 0 {
                 gap.batches += batches;
+                // Past the bound, the rest are opened again by name when sent.
+                let file = (gap.parts.len() < GAP_OPEN_MAX).then_some(file);
                 gap.parts.push(GapPart::Segment { file, path: f.path.clone(), len: scan.valid_len(), after, batches });
             }
             first = false;
@@ -1670,6 +1672,11 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
     }
     Ok(Some(gap))
 }
+
+/// A gap keeps at most this many segments open (a default-sized one holds up to 16 GiB so,
+/// past any kept log; with small segments, more): the others are opened again by name
+/// when sent, and a checkpoint that deletes one meanwhile ends the send there.
+const GAP_OPEN_MAX: usize = 256;
 
 /// Batches for a backup (`batches_after`), read when they are sent: open segments with
 /// the length of each found whole then, and batches already in memory (a sealed log's).
@@ -1681,7 +1688,7 @@ pub struct Gap {
 
 #[derive(Debug)]
 enum GapPart {
-    Segment { file: std::fs::File, path: PathBuf, len: u64, after: Ts, batches: usize },
+    Segment { file: Option<std::fs::File>, path: PathBuf, len: u64, after: Ts, batches: usize },
     Held(Vec<Bytes>),
 }
 
@@ -1712,6 +1719,10 @@ impl Gap {
                 GapPart::Segment { file, path, len, after, batches } => {
                     let changed = |what: String| {
                         std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))
+                    };
+                    let file = match file {
+                        Some(f) => f,
+                        None => std::fs::File::open(&path).map_err(|e| changed(format!("{e}")))?,
                     };
                     let raw = read_prefix(&file, &path, Some(len)).map_err(|e| changed(format!("{e}")))?;
                     let scan = crate::format::read_segment(&raw).map_err(|e| changed(format!("{e}")))?;
