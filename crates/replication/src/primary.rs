@@ -105,7 +105,14 @@ struct Link {
     /// Microseconds after `since` when the last acknowledgement arrived (`NEVER_ACKED`
     /// before the first).
     heard_us: AtomicU64,
+    /// Where the log this link is sent starts (what the backup said it holds, or the
+    /// checkpoint it is sent), set before the log is read (`NOTHING_ASKED` before): until
+    /// its first ack, the log above it is kept for it (`log_needed_above`), so that a
+    /// checkpoint while a long gap is sent deletes none of it.
+    asked_from: AtomicU64,
 }
+
+const NOTHING_ASKED: u64 = u64::MAX;
 
 const NEVER_ACKED: u64 = u64::MAX;
 
@@ -354,7 +361,8 @@ impl Primary {
     /// or above `gone_below` (the log below that went past the bound already: those
     /// backups are forgotten) (`Durable::keep_log_for`): the log above it is kept through
     /// checkpoints. A counted backup not heard from since this primary started is not
-    /// waited for (it is sent a checkpoint, or is being sent one).
+    /// waited for (it is sent a checkpoint, or is being sent one), but for the log above
+    /// where it asked while that is sent (`Link::asked_from`).
     pub fn log_needed_above(&self, gone_below: Ts) -> Ts {
         let links = self.links.lock();
         let counted = self.counted_nodes.lock();
@@ -370,7 +378,13 @@ impl Primary {
             .min()
             .unwrap_or(u64::MAX);
         let away = gone.iter().filter(|(node, _)| !connected.clone().any(|l| &l.node == *node)).map(|(_, &d)| d);
-        Ts(away.min().unwrap_or(u64::MAX).min(low))
+        // Links not yet heard from, being sent the log above where they asked.
+        let pending = links
+            .iter()
+            .filter(|l| l.counted.load(Ordering::Acquire) && l.heard_us.load(Ordering::Acquire) == NEVER_ACKED)
+            .map(|l| l.asked_from.load(Ordering::Acquire))
+            .filter(|&d| d != NOTHING_ASKED && d >= gone_below.0);
+        Ts(away.min().unwrap_or(u64::MAX).min(low).min(pending.min().unwrap_or(u64::MAX)))
     }
 
     /// Whether a backup of `node` counts in the quorum while the members are `nodes`.
@@ -473,6 +487,7 @@ impl Primary {
                 replayed: AtomicU64::new(0),
                 since: Instant::now(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
+                asked_from: AtomicU64::new(NOTHING_ASKED),
             });
             links.push(Arc::clone(&link));
             link
@@ -517,6 +532,9 @@ impl Primary {
             _ => None,
         };
         let dir = self.durable.dir();
+        if have_ts > Ts::ZERO {
+            link.asked_from.store(from.unwrap_or(have_ts).0, Ordering::Release);
+        }
         let gap = if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
             // A log that cannot be read whole (a damaged segment: a hole) is not sent: the
             // backup is sent a checkpoint instead.
@@ -584,6 +602,10 @@ impl Primary {
                 // A recent checkpoint and the log above it (after a failover, the one the
                 // new primary writes in the background), or one written for this backup.
                 let recent = self.durable.link_recent_checkpoint(&keep).map_err(std::io::Error::other)?;
+                // Kept for it: the log above the checkpoint it is sent (none for one written
+                // now, above which it is sent the log live).
+                let asked = recent.as_ref().map_or(NOTHING_ASKED, |(info, _)| info.ts.0);
+                link.asked_from.store(asked, Ordering::Release);
                 let above = match &recent {
                     Some((info, _)) => ditto_log::replica::batches_after(self.durable.dir(), self.epoch, info.ts)
                         .map_err(std::io::Error::other)?,
@@ -593,6 +615,7 @@ impl Primary {
                     (Some((info, files)), Some(above)) => (info, files, above),
                     _ => {
                         let _ = std::fs::remove_dir_all(&keep);
+                        link.asked_from.store(NOTHING_ASKED, Ordering::Release);
                         let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
                         let files =
                             ditto_log::checkpoint::link_files(&info.dir, &keep).map_err(std::io::Error::other)?;

@@ -309,3 +309,65 @@ fn a_primary_removes_the_ship_directories_a_killed_process_left() {
     assert!(own.join("part-0").exists(), "this process's own left alone");
     p.stop();
 }
+
+/// A backup being sent the log above where it asked, not yet heard from (a new primary's
+/// first look at it after a failover, or a node it never counted before), has that log
+/// kept for it through checkpoints (`Primary::log_needed_above`, `Link::asked_from`); once
+/// it is gone, no more. Here a peer that says it holds ts 1 and then reads nothing holds
+/// its gap's send (megabytes) open.
+#[test]
+fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let pa = tmp.path().join("a");
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    // About 16 MB that does not compress, more than the loopback socket buffers hold.
+    // Ten keys a transaction, waited for at the end only.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut pending = Vec::new();
+    for i in 0..400u64 {
+        let vals: Vec<Vec<u8>> = (0..10)
+            .map(|_| {
+                (0..4000)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect()
+            })
+            .collect();
+        let (_, ticket) = w
+            .run(|tx| {
+                vals.iter()
+                    .enumerate()
+                    .try_for_each(|(k, v)| tx.put(t, &(i * 10 + k as u64).to_be_bytes(), v).map(|_| ()))
+            })
+            .unwrap();
+        pending.push(ticket);
+    }
+    for tk in pending {
+        tk.wait().unwrap();
+    }
+    let (p, addr) = primary_under_local(&a, 1);
+    assert_eq!(p.log_needed_above(Ts::ZERO), Ts(u64::MAX), "no backup: nothing kept");
+    let mut peer = std::net::TcpStream::connect(&addr).unwrap();
+    let hello = ditto_replication::protocol::Frame::Hello {
+        version: ditto_replication::protocol::PROTOCOL_VERSION,
+        epoch: a.logger().epoch(),
+        have_ts: Ts(1),
+        node: "reads-nothing".into(),
+        learner: false,
+    };
+    peer.write_all(&hello.encode()).unwrap();
+    wait_until("the gap's send to begin", Duration::from_secs(10), || p.log_needed_above(Ts::ZERO) == Ts(1));
+    // Held there while the send waits on the peer, which reads nothing.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(p.log_needed_above(Ts::ZERO), Ts(1));
+    drop(peer);
+    wait_until("the link to go", Duration::from_secs(10), || p.log_needed_above(Ts::ZERO) == Ts(u64::MAX));
+    p.stop();
+}
