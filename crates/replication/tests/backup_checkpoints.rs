@@ -320,7 +320,9 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
     use std::io::Write;
     let tmp = tempfile::tempdir().unwrap();
     let pa = tmp.path().join("a");
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    // Segments of 1 MiB, so that a checkpoint has closed ones to delete.
+    let log = ditto_log::LogOptions { segment_bytes_max: 1 << 20, ..Default::default() };
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     // About 16 MB that does not compress, more than the loopback socket buffers hold.
@@ -364,10 +366,17 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
     };
     peer.write_all(&hello.encode()).unwrap();
     wait_until("the gap's send to begin", Duration::from_secs(10), || p.log_needed_above(Ts::ZERO) == Ts(1));
-    // Held there while the send waits on the peer, which reads nothing.
+    // Held there while the send waits on the peer, which reads nothing: a checkpoint now
+    // keeps every segment above ts 1 (one that deleted them would leave no gap to send).
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(p.log_needed_above(Ts::ZERO), Ts(1));
+    a.checkpoint().unwrap();
+    let epoch = a.logger().epoch();
+    assert!(ditto_log::replica::batches_after(&pa, epoch, Ts(1)).unwrap().is_some(), "the log above ts 1 kept");
     drop(peer);
     wait_until("the link to go", Duration::from_secs(10), || p.log_needed_above(Ts::ZERO) == Ts(u64::MAX));
+    // Gone: the next checkpoint keeps nothing for it.
+    a.checkpoint().unwrap();
+    assert!(ditto_log::replica::batches_after(&pa, epoch, Ts(1)).unwrap().is_none(), "the log above ts 1 went");
     p.stop();
 }
