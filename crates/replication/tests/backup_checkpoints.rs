@@ -17,6 +17,20 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Bytes that do not compress: `n` at a time from a xorshift generator seeded with `x`.
+fn noise_from(mut x: u64) -> impl FnMut(usize) -> Vec<u8> {
+    move |n| {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+}
+
 /// Replication of `a` under `local` on a free loopback port, `backups` expected; the
 /// primary and its address.
 fn primary_under_local(a: &ditto_log::Durable, backups: usize) -> (Arc<Primary>, String) {
@@ -46,17 +60,7 @@ fn a_backup_checkpoints_once_it_has_received_enough_log() {
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     // About 8 MiB of writes that do not compress, 20 keys a transaction, waited for at the
     // end only.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut noise = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
+    let mut noise = noise_from(0x9e37_79b9_7f4a_7c15);
     let mut pending = Vec::new();
     for i in 0..200u32 {
         let (_, h) = w
@@ -327,21 +331,10 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     // About 16 MB that does not compress, more than the loopback socket buffers hold.
     // Ten keys a transaction, waited for at the end only.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut noise = noise_from(0x2545_f491_4f6c_dd1d);
     let mut pending = Vec::new();
     for i in 0..400u64 {
-        let vals: Vec<Vec<u8>> = (0..10)
-            .map(|_| {
-                (0..4000)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x as u8
-                    })
-                    .collect()
-            })
-            .collect();
+        let vals: Vec<Vec<u8>> = (0..10).map(|_| noise(4000)).collect();
         let (_, ticket) = w
             .run(|tx| {
                 vals.iter()
