@@ -1623,7 +1623,7 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         while i < segs.len() && segs[i].stream == stream {
             let f = &segs[i];
             let file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
-            let raw = read_prefix(&file, &f.path, None).map_err(|e| LogError::io(&f.path, e))?;
+            let raw = read_prefix(&file, None).map_err(|e| LogError::io(&f.path, e))?;
             let scan = crate::format::read_segment(&raw).map_err(|e| LogError::Corrupt {
                 file: f.path.clone(),
                 offset: 0,
@@ -1724,7 +1724,7 @@ impl Gap {
                         Some(f) => f,
                         None => std::fs::File::open(&path).map_err(|e| changed(format!("{e}")))?,
                     };
-                    let raw = read_prefix(&file, &path, Some(len)).map_err(|e| changed(format!("{e}")))?;
+                    let raw = read_prefix(&file, Some(len)).map_err(|e| changed(format!("{e}")))?;
                     let scan = crate::format::read_segment(&raw).map_err(|e| changed(format!("{e}")))?;
                     if !matches!(scan.end, crate::format::SegmentEnd::Clean) {
                         return Err(changed(format!("damaged ({:?})", scan.end)));
@@ -1759,15 +1759,16 @@ impl Gap {
     }
 }
 
-/// The first `len` bytes of `file` (all of it with `None`), read from its start.
-fn read_prefix(file: &std::fs::File, path: &Path, len: Option<u64>) -> std::io::Result<Bytes> {
+/// The first `len` bytes of `file` (all of it with `None`), read from its start (the
+/// callers name the file in their errors).
+fn read_prefix(file: &std::fs::File, len: Option<u64>) -> std::io::Result<Bytes> {
     use std::os::unix::fs::FileExt;
     let len = match len {
         Some(l) => l,
         None => file.metadata()?.len(),
     };
     let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, 0).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    file.read_exact_at(&mut buf, 0)?;
     Ok(Bytes::from(buf))
 }
 

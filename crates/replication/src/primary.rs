@@ -368,23 +368,25 @@ impl Primary {
         let counted = self.counted_nodes.lock();
         let mut gone = self.gone.lock();
         gone.retain(|node, d| Self::counts(&counted, node, false) && *d >= gone_below.0);
-        let connected = links
-            .iter()
-            .filter(|l| l.counted.load(Ordering::Acquire) && l.heard_us.load(Ordering::Acquire) != NEVER_ACKED);
-        let low = connected
-            .clone()
-            .map(|l| l.durable.load(Ordering::Acquire))
-            .filter(|&d| d >= gone_below.0)
-            .min()
-            .unwrap_or(u64::MAX);
-        let away = gone.iter().filter(|(node, _)| !connected.clone().any(|l| &l.node == *node)).map(|(_, &d)| d);
-        // Links not yet heard from, being sent the log above where they asked.
-        let pending = links
-            .iter()
-            .filter(|l| l.counted.load(Ordering::Acquire) && l.heard_us.load(Ordering::Acquire) == NEVER_ACKED)
-            .map(|l| l.asked_from.load(Ordering::Acquire))
-            .filter(|&d| d != NOTHING_ASKED && d >= gone_below.0);
-        Ts(away.min().unwrap_or(u64::MAX).min(low).min(pending.min().unwrap_or(u64::MAX)))
+        // Each counted link: what it made durable, or (not heard from yet) where the log it
+        // is being sent starts (`NOTHING_ASKED`, the maximum, when none).
+        let (mut low, mut heard) = (u64::MAX, std::collections::BTreeSet::new());
+        for l in links.iter().filter(|l| l.counted.load(Ordering::Acquire)) {
+            let d = if l.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
+                heard.insert(l.node.as_str());
+                l.durable.load(Ordering::Acquire)
+            } else {
+                l.asked_from.load(Ordering::Acquire)
+            };
+            if d >= gone_below.0 {
+                low = low.min(d);
+            }
+        }
+        // And those away, unless a link of theirs has been heard from since.
+        for (_, &d) in gone.iter().filter(|(node, _)| !heard.contains(node.as_str())) {
+            low = low.min(d);
+        }
+        Ts(low)
     }
 
     /// Whether a backup of `node` counts in the quorum while the members are `nodes`.
