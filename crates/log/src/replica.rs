@@ -514,6 +514,14 @@ fn open_old_primary(
     Ok(ReplicaOpen { db, cut, streams: None, sealed: None, report, lock })
 }
 
+/// Takes a backup's data directory's lock (creating the directory if need be) without
+/// opening what it holds: a backup that joins again with a fresh copy of its primary's
+/// checkpoint replaces it all once the copy is whole.
+pub fn lock_replica_dir(dir: &Path) -> Result<std::fs::File, LogError> {
+    std::fs::create_dir_all(dir).map_err(|e| LogError::io(dir, e))?;
+    crate::lock_dir(dir)
+}
+
 /// Opens a backup's data directory with an engine kept from before (a cluster backup that
 /// follows the next epoch's primary in place: `ditto_replication::Backup::cut_at`, then
 /// `sealed::seal_tail` or `seal_at_point`): the directory must hold what the engine holds

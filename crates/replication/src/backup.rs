@@ -160,6 +160,47 @@ pub struct BackupOptions {
     /// Set to stop: a backup still trying to join its primary gives up at once
     /// (`BackupError::Stopped`); it has acknowledged nothing.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Join with a fresh copy of the primary's checkpoint, whatever the directory holds
+    /// (it is not loaded; it is replaced once the copy is whole): a running backup whose
+    /// primary can no longer resume it (`Backup::needs_fresh_copy`) joins again so.
+    pub fresh_copy: bool,
+    /// Where the join's connection is put while it is made, so that another thread can
+    /// cut it short (`JoinCancel`): a checkpoint copy is read without a timeout.
+    pub cancel: Option<JoinCancel>,
+}
+
+/// Cuts a join short from another thread (`BackupOptions::cancel`): sets the stop flag
+/// and shuts the join's connection down, so a checkpoint copy being read ends at once
+/// with an error (`BackupError::Stopped` before it connects).
+#[derive(Clone, Default)]
+pub struct JoinCancel {
+    stop: Arc<AtomicBool>,
+    conn: Arc<Mutex<Option<TcpStream>>>,
+}
+
+impl JoinCancel {
+    pub fn cancel(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(s) = self.conn.lock().as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Keeps (a clone of) the join's connection; false, and the connection shut down, if
+    /// the join was cancelled already.
+    fn hold(&self, s: &TcpStream) -> bool {
+        let mut c = self.conn.lock();
+        *c = s.try_clone().ok();
+        if self.cancelled() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            return false;
+        }
+        true
+    }
 }
 
 impl BackupOptions {
@@ -186,6 +227,8 @@ impl BackupOptions {
             engine: None,
             checkpoint_sealed: true,
             stop: None,
+            fresh_copy: false,
+            cancel: None,
         }
     }
 }
@@ -226,6 +269,10 @@ pub struct BackupState {
     pub replay_mode: Mutex<String>,
     /// A cluster's learner (`BackupOptions::learner`) until `Backup::count_in_quorum`.
     pub learner: AtomicBool,
+    /// Stopped because the primary can no longer resume it from its log (it restarted
+    /// into a new epoch, or its log no longer holds what this backup lacks): only a fresh
+    /// copy of its checkpoint brings it back (`Backup::needs_fresh_copy`).
+    pub needs_copy: AtomicBool,
 }
 
 /// A running backup: its database (read it through snapshots) and its figures.
@@ -341,24 +388,33 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             followed = Some(own);
         }
     }
-    let mut opened = match &opts.engine {
-        Some(db) => ditto_log::replica::open_replica_with(&dir, Arc::clone(db))?,
-        None => ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?,
+    // A fresh copy loads nothing: it takes the directory's lock, and what the directory
+    // holds is replaced once the copy is whole (below), as for a backup that held nothing
+    // the primary could resume.
+    let (opened, fresh_lock) = match &opts.engine {
+        _ if opts.fresh_copy => (None, Some(ditto_log::replica::lock_replica_dir(&dir)?)),
+        Some(db) => (Some(ditto_log::replica::open_replica_with(&dir, Arc::clone(db))?), None),
+        None => (Some(ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?), None),
     };
-    if opened.report.log_txns_dropped_above_cut > 0 {
+    if let Some(o) = opened.as_ref().filter(|o| o.report.log_txns_dropped_above_cut > 0) {
         tracing::warn!(
             "recovery left out {} transactions above the cut at ts {}",
-            opened.report.log_txns_dropped_above_cut,
-            opened.cut.0
+            o.report.log_txns_dropped_above_cut,
+            o.cut.0
         );
     }
-    let have = match followed {
-        Some(_) if opened.cut > Ts::ZERO => opened.cut,
+    let have = match (followed, &opened) {
+        (Some(_), Some(o)) if o.cut > Ts::ZERO => o.cut,
         _ => Ts::ZERO,
+    };
+    let cancelled = || {
+        opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Acquire))
+            || opts.cancel.as_ref().is_some_and(JoinCancel::cancelled)
     };
     let hello = Frame::Hello {
         version: PROTOCOL_VERSION,
-        epoch: followed.unwrap_or(Epoch(0)),
+        // Holding nothing the primary can resume: it sends its checkpoint.
+        epoch: if opts.fresh_copy { Epoch(0) } else { followed.unwrap_or(Epoch(0)) },
         have_ts: have,
         node: opts.node.clone(),
         learner: opts.learner,
@@ -381,9 +437,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         });
         match attempt {
             Ok(c) => break c,
-            Err(_) if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) => {
-                return Err(BackupError::Stopped)
-            }
+            Err(_) if cancelled() => return Err(BackupError::Stopped),
             Err(e) if Instant::now() < deadline && retryable(&e) => {
                 if said.elapsed() >= Duration::from_secs(1) {
                     tracing::warn!("joining the primary at {}: {e}; retrying", opts.primary);
@@ -396,13 +450,21 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             }
         }
     };
+    if opts.cancel.as_ref().is_some_and(|c| !c.hold(&stream)) {
+        return Err(BackupError::Stopped);
+    }
     let (epoch, streams, tables, start) = match welcome {
         Some(Frame::Welcome { epoch, streams, tables, start }) => (epoch, streams, tables, start),
         Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
         other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
     };
-    let base = match start {
+    let (base, opened) = match start {
         Start::Resume => {
+            let Some(opened) = opened else {
+                return Err(BackupError::Protocol(
+                    "asked for a fresh copy of its checkpoint, the primary offered to resume instead".into(),
+                ));
+            };
             if opened.streams.is_some_and(|n| n != streams) {
                 return Err(BackupError::Protocol(format!(
                     "the primary has {streams} streams, this backup's log {}",
@@ -413,13 +475,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             if opts.progress {
                 eprintln!("backup: resuming from ts {} (epoch {})", have.0, epoch.0);
             }
-            have
+            (have, opened)
         }
         Start::Checkpoint { ts } => {
             let t0 = Instant::now();
-            let incoming = receive_checkpoint(&mut reader, &dir, opts.progress)?;
+            let incoming = receive_checkpoint(&mut reader, &dir, opts.progress).map_err(|e| {
+                if cancelled() {
+                    BackupError::Stopped
+                } else {
+                    e
+                }
+            })?;
             // Replace whatever this node held with the primary's checkpoint.
-            drop(opened);
+            drop((opened, fresh_lock));
             // Moved aside (a rename each), from the newest of what it held to the oldest: the
             // live replica log, the sealed logs newest first, then the checkpoints. A crash
             // midway leaves an older state that opens as it is, never sealed or replica logs
@@ -438,7 +506,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 cat.add(ditto_engine::TableId(*id), name);
             }
             cat.save(&dir, &*storage).map_err(io("saving the catalog"))?;
-            opened = open_replica(&dir, opts.workers, &storage)?;
+            let opened = open_replica(&dir, opts.workers, &storage)?;
             if opts.progress {
                 eprintln!(
                     "backup: checkpoint at ts {} loaded: {} rows in {:.2} s",
@@ -447,7 +515,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     t0.elapsed().as_secs_f64()
                 );
             }
-            ts
+            (ts, opened)
         }
     };
     write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
@@ -1547,7 +1615,10 @@ impl Receiver {
                 match read_frame(&mut r) {
                     Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume })) => {
                         if epoch != self.epoch || streams != self.streams {
-                            self.fatal(format!("the primary moved to epoch {} ({streams} streams) while this backup followed epoch {}: restart it to copy a fresh checkpoint", epoch.0, self.epoch.0));
+                            self.needs_copy(format!(
+                                "the primary moved to epoch {} ({streams} streams) while this backup followed epoch {}",
+                                epoch.0, self.epoch.0
+                            ));
                             return;
                         }
                         if let Err(e) = add_tables(&self.engine.db, &self.opts.data_dir, &tables, &*self.storage) {
@@ -1561,7 +1632,7 @@ impl Receiver {
                         break;
                     }
                     Ok(Some(Frame::Welcome { .. })) => {
-                        self.fatal("the primary's log no longer holds what this backup lacks: restart it to copy a fresh checkpoint".into());
+                        self.needs_copy("the primary can no longer resume it from its log (it restarted into a new epoch, or its log no longer holds what this backup lacks)".into());
                         return;
                     }
                     Ok(Some(Frame::Refuse { reason })) => tracing::warn!("the primary refused: {reason}"),
@@ -1574,6 +1645,13 @@ impl Receiver {
     fn fatal(&self, why: String) {
         tracing::error!("backup stopped: {why}");
         *self.state.failure.lock() = Some(why);
+    }
+
+    /// Stopped for good, but a fresh copy of the primary's checkpoint brings it back
+    /// (`Backup::needs_fresh_copy`).
+    fn needs_copy(&self, why: String) {
+        self.fatal(format!("{why}: it needs a fresh copy of the primary's checkpoint"));
+        self.state.needs_copy.store(true, Ordering::Release);
     }
 
     fn ack(&self) -> Result<(), String> {
@@ -1899,6 +1977,13 @@ impl Backup {
     /// The failure that stopped this backup, if any (it then serves its last read view).
     pub fn failure(&self) -> Option<String> {
         self.state.failure.lock().clone()
+    }
+
+    /// Stopped because its primary can no longer resume it from the log (it restarted
+    /// into a new epoch, or its log no longer holds what this backup lacks): joining
+    /// again with `BackupOptions::fresh_copy` brings it back.
+    pub fn needs_fresh_copy(&self) -> bool {
+        self.state.needs_copy.load(Ordering::Acquire)
     }
 
     /// Stops following the primary: the link goes down (nothing more is received or

@@ -29,7 +29,7 @@ pub mod protocol;
 pub mod watermark;
 
 pub use backup::{
-    parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, ReplayMode, ReplayRun,
+    parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, JoinCancel, ReplayMode, ReplayRun,
 };
 pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};

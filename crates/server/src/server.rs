@@ -154,8 +154,9 @@ pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
     // A cluster's backup that changes its role in place serves again, as the primary or as
     // the next epoch's backup, from the engine it kept (`RoleRequest`), on the same
     // runtime, listeners and connections (`Lasting`).
-    while let Some((next, k)) = run_role(cfg, kept.take(), &mut lasting, &ready)? {
-        (cfg, kept) = (next, Some(k));
+    let mut joined = None;
+    while let Some(next) = run_role(cfg, kept.take(), joined.take(), &mut lasting, &ready)? {
+        (cfg, kept, joined) = (next.cfg, next.kept, next.joined);
     }
     if let Some(l) = lasting {
         l.rt.shutdown_timeout(Duration::from_secs(1));
@@ -255,14 +256,118 @@ struct Kept {
     counts: [i64; crate::keyspace::DBS],
 }
 
-/// Serves in one role until the server stops (`None`) or, a cluster's backup, is promoted
-/// in place (`Some`: the primary's configuration, and the engine it keeps).
+/// A backup that joined its primary again with a fresh copy of its checkpoint while the
+/// role before served (`rejoin`), and the key counts its replay keeps.
+struct Joined {
+    backup: ditto_replication::Backup,
+    key_counts: Arc<crate::keyspace::ReplayKeyCounts>,
+}
+
+/// The role a server serves next, and what it takes over from the one before.
+struct NextRole {
+    cfg: Config,
+    /// The engine, kept through a change in place.
+    kept: Option<Kept>,
+    /// A backup joined already (`rejoin`).
+    joined: Option<Joined>,
+}
+
+/// A standalone backup joining its primary again with a fresh copy of its checkpoint,
+/// on a thread of its own, while the role before serves its last read view.
+struct Rejoin {
+    done: tokio::sync::oneshot::Receiver<Result<Joined, String>>,
+    cancel: ditto_replication::JoinCancel,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// How often a standalone backup looks whether its primary can no longer resume it, and
+/// how long it waits before it tries a failed fresh join again.
+const REJOIN_CHECK_EVERY: Duration = Duration::from_millis(100);
+const REJOIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+const REJOIN_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The options of this server's backup of `primary`; replay keeps `rkc`'s key counts.
+fn backup_options(
+    cfg: &Config,
+    primary: &str,
+    dir: &std::path::Path,
+    rkc: &Arc<crate::keyspace::ReplayKeyCounts>,
+    engine: Option<Arc<Database>>,
+) -> Result<ditto_replication::BackupOptions, ServerError> {
+    let rkc = Arc::clone(rkc);
+    let (replay, share_values_from) = ditto_replication::parse_replay(&cfg.replay).map_err(ConfigError::Invalid)?;
+    Ok(ditto_replication::BackupOptions {
+        primary: primary.to_string(),
+        data_dir: dir.to_path_buf(),
+        workers: cfg.workers,
+        node: cfg.replica_name.clone().unwrap_or_else(|| format!("{}:{}", cfg.bind, cfg.port)),
+        learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
+        replay,
+        share_values_from,
+        progress: true,
+        on_keys: Some(Arc::new(move |table, key: &[u8], ts, delta| rkc.record(table, key, ts, delta))),
+        storage: None,
+        // Its own checkpoints follow the server's checkpoint interval (a primary's
+        // is one trigger of several; a backup's replica log is deleted after them).
+        checkpoint_every: Duration::from_secs(match cfg.checkpoint_interval_s {
+            0 => 300,
+            s => s,
+        }),
+        // ... and its log growth, as a primary's do: a promoted backup replays at
+        // most that much before it serves (docs/cluster.md).
+        checkpoint_log_min_bytes: cfg.checkpoint_log_min_bytes,
+        checkpoint_log_growth_percent: cfg.checkpoint_log_growth_percent,
+        checkpoint_write_bytes_per_s: cfg.backup_checkpoint_write_mb_per_s * 1_000_000,
+        replica_file_bytes: 64 << 20,
+        recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
+        // A cluster node's backup may be promoted in place: it replays only what
+        // the primary released (docs/cluster.md).
+        hold_replay_at_release: cfg.cluster.as_ref().is_some_and(|c| c.hold_replay_at_release),
+        // Kept from this server's previous run (it follows the next epoch's
+        // primary in place, `RoleRequest::Follow`).
+        engine,
+        checkpoint_sealed: true,
+        // A cluster node's stop ends a join that has not happened yet.
+        stop: cfg.write_gate.as_ref().map(|g| g.stop_flag()),
+        fresh_copy: false,
+        cancel: None,
+    })
+}
+
+/// Starts a standalone backup's fresh join (`Rejoin`): its old run is fenced (nothing of
+/// it writes the directory any more) and let go (the directory's lock with it) by the
+/// caller first; its engine stays with the connections, which read it meanwhile.
+fn rejoin(cfg: &Config, primary: &str, dir: &std::path::Path) -> Result<Rejoin, ServerError> {
+    let key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
+    let mut opts = backup_options(cfg, primary, dir, &key_counts, None)?;
+    let cancel = ditto_replication::JoinCancel::default();
+    opts.fresh_copy = true;
+    opts.cancel = Some(cancel.clone());
+    let (tx, done) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("ditto-rejoin".into())
+        .spawn(move || {
+            let r = ditto_replication::backup::start(opts).map(|backup| Joined { backup, key_counts });
+            if let Err(Ok(j)) = tx.send(r.map_err(|e| e.to_string())) {
+                // Nobody waits any more (the server stops): what it received is made
+                // durable, as at any backup's stop.
+                let _ = j.backup.stop("the server is shutting down", Duration::from_secs(10));
+            }
+        })
+        .map_err(io("starting the rejoin"))?;
+    Ok(Rejoin { done, cancel, thread })
+}
+
+/// Serves in one role until the server stops (`None`) or changes its role
+/// (`Some`): a cluster's backup promoted in place or following the next primary (the
+/// engine kept), or a standalone backup that joined its primary again with a fresh copy.
 fn run_role(
     cfg: Config,
     kept: Option<Kept>,
+    joined: Option<Joined>,
     lasting: &mut Option<Lasting>,
     ready: &dyn Fn(&Listening),
-) -> Result<Option<(Config, Kept)>, ServerError> {
+) -> Result<Option<NextRole>, ServerError> {
     cfg.validate()?;
     let t_role = Instant::now();
     let counted = kept.as_ref().map(|k| (Arc::clone(&k.db.0), k.counts, k.db.0.clock().visible_ts()));
@@ -275,49 +380,17 @@ fn run_role(
     let dir = cfg.data_dir.clone().expect("validated");
     let policy = cfg.policy()?;
     // On a backup, replay moves DBSIZE's counts (attached once the server has counted).
-    let replay_key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
+    let replay_key_counts = joined.as_ref().map_or_else(Default::default, |j: &Joined| Arc::clone(&j.key_counts));
     // A backup joins its primary (a checkpoint or the log above what it holds) before it
-    // serves; a primary opens and recovers its own directory.
+    // serves (or joined already, `rejoin`); a primary opens and recovers its own directory.
     let (mut durable, mut backup) = match &cfg.replica_of {
         Some(primary) => {
-            let rkc = Arc::clone(&replay_key_counts);
-            let (replay, share_values_from) =
-                ditto_replication::parse_replay(&cfg.replay).map_err(ConfigError::Invalid)?;
-            let opts = ditto_replication::BackupOptions {
-                primary: primary.clone(),
-                data_dir: dir.clone(),
-                workers: cfg.workers,
-                node: cfg.replica_name.clone().unwrap_or_else(|| format!("{}:{}", cfg.bind, cfg.port)),
-                learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
-                replay,
-                share_values_from,
-                progress: true,
-                on_keys: Some(Arc::new(move |table, key: &[u8], ts, delta| rkc.record(table, key, ts, delta))),
-                storage: None,
-                // Its own checkpoints follow the server's checkpoint interval (a primary's
-                // is one trigger of several; a backup's replica log is deleted after them).
-                checkpoint_every: Duration::from_secs(match cfg.checkpoint_interval_s {
-                    0 => 300,
-                    s => s,
-                }),
-                // ... and its log growth, as a primary's do: a promoted backup replays at
-                // most that much before it serves (docs/cluster.md).
-                checkpoint_log_min_bytes: cfg.checkpoint_log_min_bytes,
-                checkpoint_log_growth_percent: cfg.checkpoint_log_growth_percent,
-                checkpoint_write_bytes_per_s: cfg.backup_checkpoint_write_mb_per_s * 1_000_000,
-                replica_file_bytes: 64 << 20,
-                recover_upto: cfg.cluster.as_ref().and_then(|c| c.upto).map(Ts),
-                // A cluster node's backup may be promoted in place: it replays only what
-                // the primary released (docs/cluster.md).
-                hold_replay_at_release: cfg.cluster.as_ref().is_some_and(|c| c.hold_replay_at_release),
-                // Kept from this server's previous run (it follows the next epoch's
-                // primary in place, `RoleRequest::Follow`).
-                engine: recovered.map(|r| r.0),
-                checkpoint_sealed: true,
-                // A cluster node's stop ends a join that has not happened yet.
-                stop: cfg.write_gate.as_ref().map(|g| g.stop_flag()),
+            let opts = backup_options(&cfg, primary, &dir, &replay_key_counts, recovered.map(|r| r.0))?;
+            let started = match joined {
+                Some(j) => Ok(j.backup),
+                None => ditto_replication::backup::start(opts),
             };
-            let b = match ditto_replication::backup::start(opts) {
+            let b = match started {
                 Ok(b) => b,
                 Err(ditto_replication::BackupError::Stopped) => {
                     tracing::info!("stopped before it joined its primary at {primary}: nothing acknowledged");
@@ -601,12 +674,88 @@ fn run_role(
         );
     }
     ready(&listening);
+    // A standalone backup whose primary can no longer resume it from the log joins again
+    // with a fresh copy of its checkpoint, on a thread (`rejoin`), while this role serves
+    // its last read view (docs/replication.md, "A backup its primary can no longer resume").
+    // A cluster's backups change roles as their supervisor says.
+    let standalone_backup = backup.is_some() && cfg.cluster.is_none();
+    let mut rejoining: Option<Rejoin> = None;
+    let mut rejoin_retry: Option<Instant> = None;
+    let mut rejoin_failures = 0u32;
+    let mut rejoined: Option<Joined> = None;
+    // The next role binds its listeners again (it serves another engine): on the ports
+    // bound now, whatever the configuration asked (0 asks for any).
+    let mut rejoin_cfg = cfg.clone();
+    if let Some(a) = listening.plain {
+        rejoin_cfg.port = a.port();
+    }
+    if let Some(a) = listening.tls {
+        rejoin_cfg.tls_port = Some(a.port());
+    }
     let change = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io("installing the SIGTERM handler"))?;
         let mut change = None;
+        let mut check = tokio::time::interval(REJOIN_CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = check.tick(), if standalone_backup && rejoining.is_none() => {
+                    let needs = backup.as_ref().is_some_and(|b| b.needs_fresh_copy());
+                    if !(needs || rejoin_retry.is_some_and(|t| Instant::now() >= t)) {
+                        continue;
+                    }
+                    if let Some(b) = backup.take() {
+                        tracing::warn!(
+                            "{}; joining it again with a fresh copy, reads served at the last read view meanwhile",
+                            b.failure().unwrap_or_default()
+                        );
+                        // Nothing of the old run may write the directory any more: the
+                        // copy replaces what it holds.
+                        let fenced = tokio::task::block_in_place(|| {
+                            b.fence("joining again with a fresh copy", Duration::from_secs(10))
+                        });
+                        if let Err(e) = fenced {
+                            tracing::error!("the backup could not be stopped to join again ({e}): it stays stopped");
+                            backup = Some(b);
+                            rejoin_retry = None;
+                            continue;
+                        }
+                    }
+                    let primary = cfg.replica_of.as_deref().expect("a backup");
+                    rejoin_retry = None;
+                    match rejoin(&rejoin_cfg, primary, &dir) {
+                        Ok(r) => rejoining = Some(r),
+                        Err(e) => {
+                            tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
+                            rejoin_retry = Some(Instant::now() + REJOIN_RETRY_AFTER);
+                        }
+                    }
+                }
+                r = async { (&mut rejoining.as_mut().expect("guarded").done).await }, if rejoining.is_some() => {
+                    if let Some(Rejoin { thread, .. }) = rejoining.take() {
+                        // It has answered: it ends at once.
+                        let _ = tokio::task::block_in_place(|| thread.join());
+                    }
+                    match r {
+                        Ok(Ok(j)) => {
+                            rejoined = Some(j);
+                            break;
+                        }
+                        r => {
+                            let why = r.map_or_else(|_| "the join's thread ended".to_string(), |r| r.err().unwrap_or_default());
+                            // 1 s, then twice as long after each failure, up to 30 s.
+                            let wait = REJOIN_RETRY_AFTER.saturating_mul(1 << rejoin_failures.min(5)).min(REJOIN_RETRY_MAX);
+                            rejoin_failures += 1;
+                            tracing::warn!(
+                                "joining the primary at {} again with a fresh copy failed: {why}; trying again in {} s",
+                                cfg.replica_of.as_deref().unwrap_or_default(),
+                                wait.as_secs()
+                            );
+                            rejoin_retry = Some(Instant::now() + wait);
+                        }
+                    }
+                }
                 a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None, &hub).await,
                 a = accept_on(tls_listener.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, acceptor.clone(), &hub).await,
                 _ = tokio::signal::ctrl_c() => break,
@@ -718,7 +867,21 @@ fn run_role(
         };
         // Replay moved them up to the point and stopped there (nothing above is installed).
         let counts = sh.key_counts.values();
-        return Ok(Some((next.0, Kept { db: next.1, counts })));
+        return Ok(Some(NextRole { cfg: next.0, kept: Some(Kept { db: next.1, counts }), joined: None }));
+    }
+    if let Some(j) = rejoined {
+        // The next role serves the fresh copy's engine: this role's connections close as
+        // it starts (another engine), and its listeners are bound again on the same ports.
+        return Ok(Some(NextRole { cfg: rejoin_cfg, kept: None, joined: Some(j) }));
+    }
+    // A fresh join still under way is cut short; one that joined meanwhile is stopped as
+    // any backup is below (what it received made durable).
+    if let Some(r) = rejoining.take() {
+        r.cancel.cancel();
+        let _ = r.thread.join();
+        if let Ok(Ok(j)) = r.done.blocking_recv() {
+            backup = Some(j.backup);
+        }
     }
     tracing::info!("shutting down: flushing the log");
     if let Some(p) = &primary {

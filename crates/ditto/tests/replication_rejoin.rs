@@ -1,0 +1,118 @@
+//! A standalone backup whose primary can no longer resume it from the log (here: the
+//! primary was SIGKILLed and restarted, which opens a new epoch) joins it again with a
+//! fresh copy of its checkpoint, in the same process and on the same port, serving its
+//! last read view meanwhile; before, it stopped for good until someone restarted it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{Client, Node};
+
+const FIRST: usize = 2000;
+const AFTER: usize = 500;
+
+fn field(c: &mut Client, section: &str, name: &str) -> Option<String> {
+    let info = c.cmd(&["INFO", section]).unwrap().join("\n");
+    info.lines().find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
+}
+
+/// Writes `keys` under majority-durable (each acknowledged once the backup holds it on
+/// its disk) and returns the last commit's timestamp.
+fn write_keys(port: u16, keys: std::ops::Range<usize>) -> String {
+    let mut c = Client::connect(port).unwrap();
+    c.set_read_timeout(Duration::from_secs(60));
+    let names: Vec<String> = keys.clone().map(|i| format!("k{i}")).collect();
+    for chunk in names.chunks(100) {
+        let mut args = vec!["MSET"];
+        for k in chunk {
+            args.extend([k.as_str(), k.as_str()]);
+        }
+        assert_eq!(c.one(&args), "+OK");
+    }
+    c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string()
+}
+
+#[test]
+fn a_backup_whose_primary_restarted_joins_again_with_a_fresh_copy_in_the_same_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pdir, bdir, blog) = (tmp.path().join("primary"), tmp.path().join("backup"), tmp.path().join("backup.log"));
+    let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&blog));
+    let mut b = Client::connect(backup.port).unwrap();
+    let pid = field(&mut b, "server", "process_id").expect("process_id");
+    let ts = write_keys(primary.port, 0..FIRST);
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{FIRST}"));
+
+    // Reads on the backup throughout: every answer holds at least what the backup held
+    // (its last read view while it copies, then the copy); a connection the swap closes
+    // is opened again.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, reconnects) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (stop, reads, reconnects, port) =
+            (Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&reconnects), backup.port);
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let mut c = Client::connect(port).unwrap();
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                match c.cmd(&["DBSIZE"]).and_then(|n| Ok((n, c.cmd(&["GET", "k7"])?))) {
+                    Ok((n, v)) => {
+                        let n: usize = n[0].trim_start_matches(':').parse().unwrap_or_else(|_| panic!("DBSIZE: {n:?}"));
+                        assert!(n >= FIRST, "the backup's read view went back: {n} keys");
+                        assert_eq!(v, ["k7"], "GET k7");
+                        reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        reconnects.fetch_add(1, Ordering::Relaxed);
+                        let t = Instant::now() + Duration::from_secs(10);
+                        c = loop {
+                            match Client::connect(port) {
+                                Ok(c) => break c,
+                                Err(e) if Instant::now() > t => panic!("the backup's port stayed closed: {e}"),
+                                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                            }
+                        };
+                    }
+                }
+            }
+        })
+    };
+
+    // The primary dies and comes back on the same replication port: a new epoch, so it
+    // cannot resume the backup from its log.
+    primary.kill();
+    let down = reads.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(reads.load(Ordering::Relaxed) > down, "the backup served no reads while its primary was down");
+    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
+    // Acknowledged only once the backup holds them durably: it must have joined again.
+    let ts = write_keys(primary.port, FIRST..FIRST + AFTER);
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + AFTER), "every acknowledged key, once");
+    for i in [0, FIRST - 1, FIRST, FIRST + AFTER - 1] {
+        assert_eq!(b.one(&["GET", &format!("k{i}")]), format!("k{i}"));
+    }
+    assert_eq!(field(&mut b, "replication", "master_link_status").as_deref(), Some("up"));
+    assert_eq!(field(&mut b, "server", "process_id"), Some(pid), "joined again in the same process");
+    let served = reads.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(reads.load(Ordering::Relaxed) > served, "reads stopped after the rejoin");
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("the reader's checks");
+    let log = std::fs::read_to_string(&blog).unwrap();
+    assert!(log.contains("joining it again with a fresh copy"), "{log}");
+    eprintln!(
+        "reads on the backup: {}, connections opened again: {}",
+        reads.load(Ordering::Relaxed),
+        reconnects.load(Ordering::Relaxed)
+    );
+}
