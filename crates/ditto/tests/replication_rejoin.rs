@@ -1,7 +1,9 @@
-//! A standalone backup whose primary can no longer resume it from the log (here: the
-//! primary was SIGKILLed and restarted, which opens a new epoch) joins it again with a
-//! fresh copy of its checkpoint, in the same process and on the same port, serving its
-//! last read view meanwhile; before, it stopped for good until someone restarted it.
+//! A standalone backup whose primary can no longer resume it as it stands (the primary
+//! restarted, which opens a new epoch) joins it again by itself, in the same process and
+//! on the same port, serving its last read view meanwhile; before, it stopped for good
+//! until someone restarted it. After a SIGKILL it is cut at the primary's restart point
+//! and resumed from the log, or, if it holds less than that point, sent a copy; after a
+//! clean stop it holds the point exactly and is resumed from the log, never copied.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,7 +37,7 @@ fn write_keys(port: u16, keys: std::ops::Range<usize>) -> String {
 }
 
 #[test]
-fn a_backup_whose_primary_restarted_joins_again_with_a_fresh_copy_in_the_same_process() {
+fn a_backup_whose_primary_was_killed_and_restarted_joins_again_in_the_same_process() {
     let tmp = tempfile::tempdir().unwrap();
     let (pdir, bdir, blog) = (tmp.path().join("primary"), tmp.path().join("backup"), tmp.path().join("backup.log"));
     let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
@@ -109,10 +111,44 @@ fn a_backup_whose_primary_restarted_joins_again_with_a_fresh_copy_in_the_same_pr
     stop.store(true, Ordering::Relaxed);
     reader.join().expect("the reader's checks");
     let log = std::fs::read_to_string(&blog).unwrap();
-    assert!(log.contains("joining it again with a fresh copy"), "{log}");
+    assert!(log.contains("joining it again, reads served at the last read view"), "{log}");
     eprintln!(
         "reads on the backup: {}, connections opened again: {}",
         reads.load(Ordering::Relaxed),
         reconnects.load(Ordering::Relaxed)
     );
+}
+
+#[test]
+fn a_backup_whose_primary_restarted_cleanly_is_resumed_from_the_log_without_a_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pdir, bdir, blog) = (tmp.path().join("primary"), tmp.path().join("backup"), tmp.path().join("backup.log"));
+    let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&blog));
+    let ts = write_keys(primary.port, 0..FIRST);
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    // A clean stop (SIGTERM) once idle: the backup holds everything the primary's log
+    // does, up to the point its restart begins the next epoch at.
+    let status = std::process::Command::new("kill").args(["-TERM", &primary.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while primary.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the primary did not stop within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
+    let ts = write_keys(primary.port, FIRST..FIRST + AFTER);
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + AFTER));
+    let log = std::fs::read_to_string(&blog).unwrap();
+    assert!(log.contains("must be cut at ts"), "{log}");
+    assert!(log.contains("backup: resuming from ts"), "resumed from the log: {log}");
+    assert_eq!(log.matches("backup: checkpoint at ts").count(), 1, "only the first join copies a checkpoint: {log}");
 }

@@ -575,6 +575,18 @@ impl Durable {
         &self.inner.recovery
     }
 
+    /// The epoch this directory's log held and the point recovery cut it at, when the
+    /// open began a new epoch above it: the new epoch's log begins right above the point
+    /// (nothing lies between), so a backup of the old epoch that holds exactly the point
+    /// can be resumed from this log (`ditto_replication::PrimaryOptions::resume_from`).
+    /// `None` for a new directory, one whose log held nothing, or an engine kept.
+    pub fn opened_from(&self) -> Option<(Epoch, Ts)> {
+        let r = self.recovery();
+        let old = Epoch(r.max_epoch);
+        let point = Ts(r.cut_ts.0.max(r.checkpoint_ts.map_or(0, |t| t.0)));
+        (old.0 > 0 && old < self.logger().epoch() && point > Ts::ZERO).then_some((old, point))
+    }
+
     /// The turn to checkpoint (one at a time). A caller that has to wait counts as a
     /// waiter meanwhile, so the checkpoint it waits for stops pacing itself (`Pace`).
     fn checkpoint_turn(&self) -> parking_lot::MutexGuard<'_, ()> {

@@ -162,7 +162,8 @@ pub struct BackupOptions {
     pub stop: Option<Arc<AtomicBool>>,
     /// Join with a fresh copy of the primary's checkpoint, whatever the directory holds
     /// (it is not loaded; it is replaced once the copy is whole): a running backup whose
-    /// primary can no longer resume it (`Backup::needs_fresh_copy`) joins again so.
+    /// primary can no longer resume it (`Backup::join_again`, `JoinAgain::Copy`) joins
+    /// again so.
     pub fresh_copy: bool,
     /// Where the join's connection is put while it is made, so that another thread can
     /// cut it short (`JoinCancel`): a checkpoint copy is read without a timeout.
@@ -269,10 +270,25 @@ pub struct BackupState {
     pub replay_mode: Mutex<String>,
     /// A cluster's learner (`BackupOptions::learner`) until `Backup::count_in_quorum`.
     pub learner: AtomicBool,
-    /// Stopped because the primary can no longer resume it from its log (it restarted
-    /// into a new epoch, or its log no longer holds what this backup lacks): only a fresh
-    /// copy of its checkpoint brings it back (`Backup::needs_fresh_copy`).
-    pub needs_copy: AtomicBool,
+    /// Stopped because the primary can no longer resume it as it stands; how it may join
+    /// again (`Backup::join_again`).
+    pub join_again: Mutex<Option<JoinAgain>>,
+}
+
+/// How a running backup that its primary can no longer resume as it stands joins again
+/// (`Backup::join_again`; a standalone backup server does so by itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinAgain {
+    /// With a fresh copy of the primary's checkpoint (`BackupOptions::fresh_copy`): the
+    /// primary's log no longer holds what it lacks, or it restarted and began its new
+    /// epoch above a point this backup does not hold.
+    Copy,
+    /// Cut at this point of the epoch it follows (everything above dropped), then resumed
+    /// from the log (`BackupOptions::recover_upto`): the primary restarted into a new
+    /// epoch that begins there, and this backup holds at least that much (more, when the
+    /// old primary died before making what it shipped durable). If the cut cannot be made
+    /// (its own checkpoint lies above the point), the primary sends a copy instead.
+    CutAt(Ts),
 }
 
 /// A running backup: its database (read it through snapshots) and its figures.
@@ -423,33 +439,56 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // once): try often, for a while, saying so once a second.
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut said = Instant::now() - Duration::from_secs(1);
-    let (stream, mut reader, welcome) = loop {
-        // A connection refused (the primary not up yet), reset or closed before its welcome
-        // (a primary stopping, a proxy's first connection), or a welcome that does not come
-        // within `SILENCE_MAX` (a peer that accepts and never answers): tried again until
-        // the deadline. The checkpoint that may follow is read without a timeout.
-        let attempt = connect(&opts.primary, &hello).and_then(|(s, mut r)| {
-            s.set_read_timeout(Some(SILENCE_MAX))?;
-            let w = read_frame(&mut r)?
-                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome"))?;
-            s.set_read_timeout(None)?;
-            Ok((s, r, Some(w)))
-        });
-        match attempt {
-            Ok(c) => break c,
-            Err(_) if cancelled() => return Err(BackupError::Stopped),
-            Err(e) if Instant::now() < deadline && retryable(&e) => {
-                if said.elapsed() >= Duration::from_secs(1) {
-                    tracing::warn!("joining the primary at {}: {e}; retrying", opts.primary);
-                    said = Instant::now();
+    type Joined = (TcpStream, BufReader<TcpStream>, Option<Frame>);
+    let mut join = |hello: &Frame| -> Result<Joined, BackupError> {
+        loop {
+            // A connection refused (the primary not up yet), reset or closed before its welcome
+            // (a primary stopping, a proxy's first connection), or a welcome that does not come
+            // within `SILENCE_MAX` (a peer that accepts and never answers): tried again until
+            // the deadline. The checkpoint that may follow is read without a timeout.
+            let attempt = connect(&opts.primary, hello).and_then(|(s, mut r)| {
+                s.set_read_timeout(Some(SILENCE_MAX))?;
+                let w = read_frame(&mut r)?.ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome")
+                })?;
+                s.set_read_timeout(None)?;
+                Ok((s, r, Some(w)))
+            });
+            match attempt {
+                Ok(c) => return Ok(c),
+                Err(_) if cancelled() => return Err(BackupError::Stopped),
+                Err(e) if Instant::now() < deadline && retryable(&e) => {
+                    if said.elapsed() >= Duration::from_secs(1) {
+                        tracing::warn!("joining the primary at {}: {e}; retrying", opts.primary);
+                        said = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
                 }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => {
-                return Err(BackupError::Io { what: format!("joining the primary at {}", opts.primary), source: e })
+                Err(e) => {
+                    return Err(BackupError::Io { what: format!("joining the primary at {}", opts.primary), source: e })
+                }
             }
         }
     };
+    let (mut stream, mut reader, mut welcome) = join(&hello)?;
+    if let (Some(Frame::Welcome { start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
+        // The primary's epoch began below what this backup holds; opened already (its log
+        // above its own cut folded into a checkpoint), it cannot cut lower: it asks for
+        // the primary's checkpoint instead.
+        tracing::info!(
+            "the primary's epoch began at ts {}, below what this backup holds (ts {}): it copies the primary's checkpoint",
+            point.0,
+            o.cut.0
+        );
+        let fresh = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            epoch: Epoch(0),
+            have_ts: Ts::ZERO,
+            node: opts.node.clone(),
+            learner: opts.learner,
+        };
+        (stream, reader, welcome) = join(&fresh)?;
+    }
     if opts.cancel.as_ref().is_some_and(|c| !c.hold(&stream)) {
         return Err(BackupError::Stopped);
     }
@@ -459,6 +498,12 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
     };
     let (base, opened) = match start {
+        Start::CutAt { point } => {
+            return Err(BackupError::Protocol(format!(
+                "told to cut at ts {} after asking for the primary's checkpoint",
+                point.0
+            )))
+        }
         Start::Resume => {
             let Some(opened) = opened else {
                 return Err(BackupError::Protocol(
@@ -1614,11 +1659,24 @@ impl Receiver {
                 }
                 match read_frame(&mut r) {
                     Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume })) => {
-                        if epoch != self.epoch || streams != self.streams {
-                            self.needs_copy(format!(
-                                "the primary moved to epoch {} ({streams} streams) while this backup followed epoch {}",
-                                epoch.0, self.epoch.0
-                            ));
+                        if streams != self.streams {
+                            self.must_join_again(
+                                format!("the primary has {streams} streams now, {} before", self.streams),
+                                JoinAgain::Copy,
+                            );
+                            return;
+                        }
+                        if epoch != self.epoch {
+                            // Its new epoch begins where this backup holds every stream (the
+                            // primary checked); but a stream may hold more, which the old
+                            // primary lost: cut there first, whatever replay installed.
+                            self.must_join_again(
+                                format!(
+                                    "the primary restarted into epoch {} from epoch {}, at ts {}",
+                                    epoch.0, self.epoch.0, have.0
+                                ),
+                                JoinAgain::CutAt(have),
+                            );
                             return;
                         }
                         if let Err(e) = add_tables(&self.engine.db, &self.opts.data_dir, &tables, &*self.storage) {
@@ -1631,8 +1689,18 @@ impl Receiver {
                         tracing::info!("replication resumed above ts {}", have.0);
                         break;
                     }
+                    Ok(Some(Frame::Welcome { epoch, start: Start::CutAt { point }, .. })) => {
+                        self.must_join_again(
+                            format!(
+                                "the primary restarted into epoch {} from epoch {} at ts {}, below what this backup holds (ts {})",
+                                epoch.0, self.epoch.0, point.0, have.0
+                            ),
+                            JoinAgain::CutAt(point),
+                        );
+                        return;
+                    }
                     Ok(Some(Frame::Welcome { .. })) => {
-                        self.needs_copy("the primary can no longer resume it from its log (it restarted into a new epoch, or its log no longer holds what this backup lacks)".into());
+                        self.must_join_again("the primary can no longer resume it from its log (it restarted into a new epoch, or its log no longer holds what this backup lacks)".into(), JoinAgain::Copy);
                         return;
                     }
                     Ok(Some(Frame::Refuse { reason })) => tracing::warn!("the primary refused: {reason}"),
@@ -1647,11 +1715,14 @@ impl Receiver {
         *self.state.failure.lock() = Some(why);
     }
 
-    /// Stopped for good, but a fresh copy of the primary's checkpoint brings it back
-    /// (`Backup::needs_fresh_copy`).
-    fn needs_copy(&self, why: String) {
-        self.fatal(format!("{why}: it needs a fresh copy of the primary's checkpoint"));
-        self.state.needs_copy.store(true, Ordering::Release);
+    /// Stopped for good, but joining again as `how` says brings it back
+    /// (`Backup::join_again`).
+    fn must_join_again(&self, why: String, how: JoinAgain) {
+        self.fatal(match how {
+            JoinAgain::Copy => format!("{why}: it needs a fresh copy of the primary's checkpoint"),
+            JoinAgain::CutAt(p) => format!("{why}: it must be cut at ts {} and join again", p.0),
+        });
+        *self.state.join_again.lock() = Some(how);
     }
 
     fn ack(&self) -> Result<(), String> {
@@ -1979,11 +2050,11 @@ impl Backup {
         self.state.failure.lock().clone()
     }
 
-    /// Stopped because its primary can no longer resume it from the log (it restarted
-    /// into a new epoch, or its log no longer holds what this backup lacks): joining
-    /// again with `BackupOptions::fresh_copy` brings it back.
-    pub fn needs_fresh_copy(&self) -> bool {
-        self.state.needs_copy.load(Ordering::Acquire)
+    /// Stopped because its primary can no longer resume it as it stands (it restarted
+    /// into a new epoch, or its log no longer holds what this backup lacks): how joining
+    /// again brings it back (`JoinAgain`).
+    pub fn join_again(&self) -> Option<JoinAgain> {
+        *self.state.join_again.lock()
     }
 
     /// Stops following the primary: the link goes down (nothing more is received or

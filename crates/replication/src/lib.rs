@@ -29,7 +29,8 @@ pub mod protocol;
 pub mod watermark;
 
 pub use backup::{
-    parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, JoinCancel, ReplayMode, ReplayRun,
+    parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, JoinAgain, JoinCancel, ReplayMode,
+    ReplayRun,
 };
 pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};

@@ -534,6 +534,27 @@ impl Primary {
             _ => None,
         };
         let dir = self.durable.dir();
+        // A backup of the epoch this one opened from that holds more than its cut (what the
+        // old primary had not made durable when it died): it is told to cut there and ask
+        // again (`Start::CutAt`), and is then resumed from the log, not sent a copy.
+        if let Some((_, point, _)) = self.opts.resume_from.filter(|&(e, p, _)| e == epoch && have_ts > p) {
+            tracing::info!(
+                "backup {} at {}: holds up to ts {} of epoch {}, above this epoch's start at ts {}: told to cut there",
+                link.node,
+                link.addr,
+                have_ts.0,
+                epoch.0,
+                point.0
+            );
+            let tables = logger.catalog_tables().into_iter().map(|(id, n)| (id.0, n)).collect();
+            let welcome = Frame::Welcome {
+                epoch: self.epoch,
+                streams: logger.streams() as u32,
+                tables,
+                start: Start::CutAt { point },
+            };
+            return (&*stream).write_all(&welcome.encode());
+        }
         if have_ts > Ts::ZERO {
             link.asked_from.store(from.unwrap_or(have_ts).0, Ordering::Release);
         }

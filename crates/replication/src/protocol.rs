@@ -56,6 +56,11 @@ pub enum Start {
     Resume,
     /// A checkpoint at `ts` follows (`File`s, `CheckpointDone`), then batches.
     Checkpoint { ts: Ts },
+    /// Nothing follows (the primary closes the link): this primary's epoch opened from
+    /// the epoch the backup follows, cut at `point`, and the backup holds more than that
+    /// (what the old primary lost). Cut at `point` (everything above dropped), it is
+    /// resumed from the log; one that cannot cut so asks for a checkpoint instead.
+    CutAt { point: Ts },
 }
 
 #[derive(thiserror::Error, Debug, PartialEq, Eq)]
@@ -145,6 +150,10 @@ impl Frame {
                 }
                 match start {
                     Start::Resume => b.put_u8(0),
+                    Start::CutAt { point } => {
+                        b.put_u8(2);
+                        b.put_u64_le(point.0);
+                    }
                     Start::Checkpoint { ts } => {
                         b.put_u8(1);
                         b.put_u64_le(ts.0);
@@ -244,6 +253,7 @@ impl Frame {
                 let start = match get_u8(&mut b)? {
                     0 => Start::Resume,
                     1 => Start::Checkpoint { ts: Ts(get_u64(&mut b)?) },
+                    2 => Start::CutAt { point: Ts(get_u64(&mut b)?) },
                     _ => return Err(ProtocolError::Malformed("unknown start")),
                 };
                 Frame::Welcome { epoch, streams, tables, start }
@@ -373,6 +383,12 @@ mod tests {
             start: Start::Checkpoint { ts: Ts(7) },
         });
         roundtrip(Frame::Welcome { epoch: Epoch(4), streams: 2, tables: vec![], start: Start::Resume });
+        roundtrip(Frame::Welcome {
+            epoch: Epoch(5),
+            streams: 3,
+            tables: vec![],
+            start: Start::CutAt { point: Ts(99) },
+        });
         roundtrip(Frame::File {
             name: "part-0000.dat".into(),
             offset: 10,

@@ -1,7 +1,9 @@
-//! A running backup whose primary can no longer resume it says so
-//! (`Backup::needs_fresh_copy`), and a join with `BackupOptions::fresh_copy` brings it
-//! back (real files and TCP); such a join cut short mid-copy (`JoinCancel`) leaves the
-//! directory as it was. The server's use of both, between real processes, is tested in
+//! A running backup whose primary can no longer resume it says how it may join again
+//! (`Backup::join_again`): with a fresh copy (`BackupOptions::fresh_copy`), which brings
+//! it back, and which, cut short mid-copy (`JoinCancel`), leaves the directory as it
+//! was; or, when the primary restarted into a new epoch below what the backup holds, cut
+//! at the primary's point and resumed from the log (`JoinAgain::CutAt`), the commits the
+//! primary lost gone from the backup too (real files and TCP). The server's use of both, between real processes, is tested in
 //! crates/ditto/tests/replication_rejoin.rs.
 
 use std::io::Write;
@@ -11,7 +13,9 @@ use std::time::{Duration, Instant};
 use ditto_engine::{Ts, WorkerId};
 use ditto_log::{Epoch, OpenOptions};
 use ditto_replication::protocol::{read_frame, Frame, Start};
-use ditto_replication::{backup, BackupError, BackupOptions, CommitPolicy, JoinCancel, Primary, PrimaryOptions};
+use ditto_replication::{
+    backup, BackupError, BackupOptions, CommitPolicy, JoinAgain, JoinCancel, Primary, PrimaryOptions,
+};
 
 fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
@@ -53,7 +57,7 @@ fn a_backup_its_restarted_primary_cannot_resume_needs_a_fresh_copy_and_one_bring
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
     });
-    assert!(!bk.needs_fresh_copy());
+    assert_eq!(bk.join_again(), None);
     // The primary stops and opens its directory again: a new epoch, whose log starts
     // above everything the backup holds, so it cannot be resumed from the log.
     p.stop();
@@ -61,7 +65,9 @@ fn a_backup_its_restarted_primary_cannot_resume_needs_a_fresh_copy_and_one_bring
     drop((p, a));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let p = ship(&a, std::net::TcpListener::bind(addr).unwrap());
-    wait_until("the backup to say it needs a fresh copy", Duration::from_secs(30), || bk.needs_fresh_copy());
+    // (Started without `resume_from`, the primary cannot resume it at all: a copy.)
+    wait_until("the backup to say it needs a fresh copy", Duration::from_secs(30), || bk.join_again().is_some());
+    assert_eq!(bk.join_again(), Some(JoinAgain::Copy));
     assert!(bk.failure().unwrap().contains("needs a fresh copy"), "{:?}", bk.failure());
     let after = commit(&a, t, 100..150);
     bk.fence("joining again", Duration::from_secs(10)).unwrap();
@@ -76,7 +82,7 @@ fn a_backup_its_restarted_primary_cannot_resume_needs_a_fresh_copy_and_one_bring
     for k in 0..200u32 {
         assert_eq!(s.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
     }
-    assert!(!bk.needs_fresh_copy() && bk.failure().is_none());
+    assert!(bk.join_again().is_none() && bk.failure().is_none());
     drop(p);
 }
 
@@ -110,11 +116,8 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
         let _ = std::io::Read::read(&mut s, &mut buf);
     });
     let cancel = JoinCancel::default();
-    let opts = BackupOptions {
-        fresh_copy: true,
-        cancel: Some(cancel.clone()),
-        ..BackupOptions::new(&addr, &dir, 1, "b")
-    };
+    let opts =
+        BackupOptions { fresh_copy: true, cancel: Some(cancel.clone()), ..BackupOptions::new(&addr, &dir, 1, "b") };
     let (done_tx, done) = std::sync::mpsc::channel();
     let join = std::thread::spawn(move || done_tx.send(backup::start(opts).map(|_| ())).unwrap());
     let hello = hello_rx.recv_timeout(Duration::from_secs(30)).unwrap();
@@ -135,5 +138,97 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
     fake.join().unwrap();
     for d in &kept {
         assert_eq!(std::fs::read(d.join("held")).unwrap(), b"held", "{} changed", d.display());
+    }
+}
+
+/// Copies directory `from` to `to`, files as they are on disk now.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_backup_holding_more_than_its_restarted_primary_is_cut_at_its_point_and_resumed_from_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("a-after"));
+    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut o = OpenOptions { workers: 1, ..Default::default() };
+    o.log.storage = Arc::new(ditto_log::storage::StallingStorage { stalled: Arc::clone(&stalled) });
+    let a = ditto_log::open(&pa, o).unwrap();
+    // Dropped before `a` (a failed check included): its stalled writes then end at once.
+    let _unstall = Unstall(Arc::clone(&stalled));
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let p = ship(&a, listener);
+    let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+    let first = commit(&a, t, 0..100);
+    wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
+        bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
+    });
+    // Commits made while the primary's disk stalls are shipped and received, but never
+    // durable on the primary: its restart will not have them.
+    stalled.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let lost: Vec<Ts> =
+        (100..150u32).map(|k| w.run(|x| x.put(t, &k.to_be_bytes(), &k.to_le_bytes())).unwrap().1.ts()).collect();
+    let last_lost = *lost.last().unwrap();
+    wait_until("the backup to receive the commits the primary will lose", Duration::from_secs(30), || {
+        bk.state.received.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
+    });
+    // The primary dies: what a restart finds is its directory as the disk holds it now.
+    copy_dir(&pa, &pc);
+    p.stop();
+    let c = ditto_log::open(&pc, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let (old, point) = c.opened_from().expect("a new epoch above the one the log held");
+    assert!(point >= first && point < lost[0], "recovered up to {point:?}: first {first:?}, lost from {:?}", lost[0]);
+    let opts = PrimaryOptions { backups_expected: 1, resume_from: Some((old, point, point)), ..Default::default() };
+    let policy = CommitPolicy::parse("local").unwrap();
+    let p2 = Primary::start(
+        &c,
+        std::net::TcpListener::bind(addr).unwrap(),
+        opts,
+        Box::new(move |h| ditto_replication::release_watermark(policy, h)),
+    )
+    .unwrap();
+    wait_until("the backup to be told to cut", Duration::from_secs(30), || bk.join_again().is_some());
+    assert_eq!(bk.join_again(), Some(JoinAgain::CutAt(point)), "{:?}", bk.failure());
+    bk.fence("joining again", Duration::from_secs(10)).unwrap();
+    drop(bk);
+    let bk = backup::start(BackupOptions {
+        recover_upto: Some(point),
+        ..BackupOptions::new(&addr.to_string(), &pb, 1, "b")
+    })
+    .unwrap();
+    let more = commit(&c, t, 200..250);
+    wait_until("the cut backup to replay the new epoch", Duration::from_secs(30), || {
+        bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= more.0
+    });
+    assert_eq!(p2.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "resumed from the log, not copied");
+    let r = bk.db.read();
+    for k in (0..100u32).chain(200..250) {
+        assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
+    }
+    for k in 100..150u32 {
+        assert_eq!(r.get(t, &k.to_be_bytes()).unwrap(), None, "key {k}, which the primary lost, is on the backup");
+    }
+    drop(r);
+    drop((p2, bk));
+}
+
+/// Lets a stalled disk go on when dropped.
+struct Unstall(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Unstall {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

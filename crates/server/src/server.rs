@@ -334,14 +334,24 @@ fn backup_options(
     })
 }
 
-/// Starts a standalone backup's fresh join (`Rejoin`): its old run is fenced (nothing of
-/// it writes the directory any more) and let go (the directory's lock with it) by the
-/// caller first; its engine stays with the connections, which read it meanwhile.
-fn rejoin(cfg: &Config, primary: &str, dir: &std::path::Path) -> Result<Rejoin, ServerError> {
+/// Starts a standalone backup's join again (`Rejoin`), as `how` says: with a fresh copy
+/// of the primary's checkpoint, or its directory cut at a point and resumed from the log.
+/// Its old run is fenced (nothing of it writes the directory any more) and let go (the
+/// directory's lock with it) by the caller first; its engine stays with the
+/// connections, which read it meanwhile.
+fn rejoin(
+    cfg: &Config,
+    primary: &str,
+    dir: &std::path::Path,
+    how: ditto_replication::JoinAgain,
+) -> Result<Rejoin, ServerError> {
     let key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
     let mut opts = backup_options(cfg, primary, dir, &key_counts, None)?;
     let cancel = ditto_replication::JoinCancel::default();
-    opts.fresh_copy = true;
+    match how {
+        ditto_replication::JoinAgain::Copy => opts.fresh_copy = true,
+        ditto_replication::JoinAgain::CutAt(point) => opts.recover_upto = Some(point),
+    }
     opts.cancel = Some(cancel.clone());
     let (tx, done) = tokio::sync::oneshot::channel();
     let thread = std::thread::Builder::new()
@@ -536,8 +546,13 @@ fn run_role(
             .map_err(io(format!("binding the replication port {}:{port}", cfg.bind)))?;
         let l_addr = Some(l.local_addr().map_err(io("reading the replication address"))?);
         let repl_addr = l_addr.map(|a| a.to_string()).unwrap_or_default();
-        let resume_from =
-            cfg.cluster.as_ref().and_then(|c| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?), Ts(c.ts_above))));
+        // A cluster's new primary names the epoch it opened from and where; a standalone
+        // one that recovered its log into a new epoch, its own (`Durable::opened_from`):
+        // its backups are then cut there and resumed from the log, not sent a copy.
+        let resume_from = match &cfg.cluster {
+            Some(c) => (|| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?), Ts(c.ts_above))))(),
+            None => d.opened_from().map(|(e, point)| (e, point, point)),
+        };
         let opts = ditto_replication::PrimaryOptions {
             backups_expected: cfg.backups,
             members_config: cfg.cluster.as_ref().map_or(0, |c| c.members_config),
@@ -678,7 +693,8 @@ fn run_role(
     // with a fresh copy of its checkpoint, on a thread (`rejoin`), while this role serves
     // its last read view (docs/replication.md, "A backup its primary can no longer resume").
     // A cluster's backups change roles as their supervisor says.
-    let standalone_backup = backup.is_some() && cfg.cluster.is_none();
+    let mut standalone_backup = backup.is_some() && cfg.cluster.is_none();
+    let mut rejoin_how: Option<ditto_replication::JoinAgain> = None;
     let mut rejoining: Option<Rejoin> = None;
     let mut rejoin_retry: Option<Instant> = None;
     let mut rejoin_failures = 0u32;
@@ -701,30 +717,33 @@ fn run_role(
         loop {
             tokio::select! {
                 _ = check.tick(), if standalone_backup && rejoining.is_none() => {
-                    let needs = backup.as_ref().is_some_and(|b| b.needs_fresh_copy());
-                    if !(needs || rejoin_retry.is_some_and(|t| Instant::now() >= t)) {
+                    if rejoin_how.is_none() {
+                        rejoin_how = backup.as_ref().and_then(|b| b.join_again());
+                    }
+                    let Some(how) = rejoin_how else { continue };
+                    if rejoin_retry.is_some_and(|t| Instant::now() < t) {
                         continue;
                     }
+                    rejoin_retry = None;
                     if let Some(b) = backup.take() {
                         tracing::warn!(
-                            "{}; joining it again with a fresh copy, reads served at the last read view meanwhile",
+                            "{}; joining it again, reads served at the last read view meanwhile",
                             b.failure().unwrap_or_default()
                         );
                         // Nothing of the old run may write the directory any more: the
-                        // copy replaces what it holds.
+                        // join cuts or replaces what it holds.
                         let fenced = tokio::task::block_in_place(|| {
-                            b.fence("joining again with a fresh copy", Duration::from_secs(10))
+                            b.fence("joining again", Duration::from_secs(10))
                         });
                         if let Err(e) = fenced {
                             tracing::error!("the backup could not be stopped to join again ({e}): it stays stopped");
                             backup = Some(b);
-                            rejoin_retry = None;
+                            standalone_backup = false;
                             continue;
                         }
                     }
                     let primary = cfg.replica_of.as_deref().expect("a backup");
-                    rejoin_retry = None;
-                    match rejoin(&rejoin_cfg, primary, &dir) {
+                    match rejoin(&rejoin_cfg, primary, &dir, how) {
                         Ok(r) => rejoining = Some(r),
                         Err(e) => {
                             tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
@@ -747,6 +766,9 @@ fn run_role(
                             // 1 s, then twice as long after each failure, up to 30 s.
                             let wait = REJOIN_RETRY_AFTER.saturating_mul(1 << rejoin_failures.min(5)).min(REJOIN_RETRY_MAX);
                             rejoin_failures += 1;
+                            // A cut that failed (its own checkpoint lies above the point,
+                            // say) is not tried again: a copy is.
+                            rejoin_how = Some(ditto_replication::JoinAgain::Copy);
                             tracing::warn!(
                                 "joining the primary at {} again with a fresh copy failed: {why}; trying again in {} s",
                                 cfg.replica_of.as_deref().unwrap_or_default(),
