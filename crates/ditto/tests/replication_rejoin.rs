@@ -15,6 +15,23 @@ use common::{Client, Node};
 const FIRST: usize = 2000;
 const AFTER: usize = 500;
 
+/// Sends SIGTERM to `child` and waits (at most 30 s) for it to exit, with `code` if given.
+fn stop_with_sigterm(child: &mut std::process::Child, code: Option<i32>) {
+    let status = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if let Some(code) = code {
+        assert_eq!(exit.code(), Some(code), "{exit:?}");
+    }
+}
+
 fn field(c: &mut Client, section: &str, name: &str) -> Option<String> {
     let info = c.cmd(&["INFO", section]).unwrap().join("\n");
     info.lines().find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
@@ -112,6 +129,10 @@ fn a_backup_whose_primary_was_killed_and_restarted_joins_again_in_the_same_proce
     reader.join().expect("the reader's checks");
     let log = std::fs::read_to_string(&blog).unwrap();
     assert!(log.contains("joining it again, reads served at the last read view"), "{log}");
+    // SIGTERM still stops it cleanly after the swap (the signal is watched once for the
+    // process, not per role).
+    let mut backup = backup;
+    stop_with_sigterm(&mut backup.child, Some(0));
     eprintln!(
         "reads on the backup: {}, connections opened again: {}",
         reads.load(Ordering::Relaxed),
@@ -134,13 +155,7 @@ fn a_backup_whose_primary_restarted_cleanly_is_resumed_from_the_log_without_a_co
     assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
     // A clean stop (SIGTERM) once idle: the backup holds everything the primary's log
     // does, up to the point its restart begins the next epoch at.
-    let status = std::process::Command::new("kill").args(["-TERM", &primary.child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while primary.child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the primary did not stop within 30 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    stop_with_sigterm(&mut primary.child, Some(0));
     let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
     let ts = write_keys(primary.port, FIRST..FIRST + AFTER);
     let mut b = Client::connect(backup.port).unwrap();
@@ -151,4 +166,24 @@ fn a_backup_whose_primary_restarted_cleanly_is_resumed_from_the_log_without_a_co
     assert!(log.contains("must be cut at ts"), "{log}");
     assert!(log.contains("backup: resuming from ts"), "resumed from the log: {log}");
     assert_eq!(log.matches("backup: checkpoint at ts").count(), 1, "only the first join copies a checkpoint: {log}");
+}
+
+#[test]
+fn a_backup_still_joining_its_primary_stops_at_once_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A replication address nothing listens on: the backup tries to join for a minute.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", tmp.path().to_str().unwrap()])
+        .args(["--replica-of", &dead])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "it should still be trying to join");
+    let t = Instant::now();
+    // Before it serves, a stop ends it at once, as SIGTERM's default action does.
+    stop_with_sigterm(&mut child, Some(128 + 15));
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }

@@ -359,6 +359,9 @@ fn retryable(e: &std::io::Error) -> bool {
 /// How long a backup waits for any frame from its primary before it drops the link.
 pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 
+/// A backup's checkpointer looks this often whether the backup has stopped.
+const CHECKPOINTER_STEP: Duration = Duration::from_millis(100);
+
 fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
     // Bounded, so that a stop asked meanwhile (`BackupOptions::stop`) is seen: a host that
     // drops packets would otherwise hold a connect for minutes.
@@ -673,7 +676,12 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 ditto_log::background_priority();
                 loop {
                     if !seal_pending {
-                        std::thread::sleep(poll);
+                        // In steps, so that a backup stopped (and let go) ends this thread,
+                        // which holds its database, soon rather than a `poll` later.
+                        let end = Instant::now() + poll;
+                        while Instant::now() < end && state.failure.lock().is_none() {
+                            std::thread::sleep(CHECKPOINTER_STEP.min(end.saturating_duration_since(Instant::now())));
+                        }
                     }
                     if state.failure.lock().is_some() {
                         return;
@@ -1050,7 +1058,9 @@ struct Engine {
     db: Arc<Database>,
     state: Arc<BackupState>,
     replayed: Mutex<Ordered>,
-    queues: Vec<std::sync::mpsc::Sender<Job>>,
+    /// Emptied when the backup ends for good (`Engine::shut_down`): the replayers, which
+    /// hold the engine, then end.
+    queues: Mutex<Vec<std::sync::mpsc::Sender<Job>>>,
     mode: ReplayMode,
     on_keys: Option<KeysHook>,
     /// Values at least this long are shared with their batch (`BackupOptions`); 0 set
@@ -1098,7 +1108,7 @@ impl Engine {
             db,
             state,
             replayed: Mutex::new(Ordered::new(Prefix::new(streams, base), 1)),
-            queues,
+            queues: Mutex::new(queues),
             mode,
             on_keys,
             share_from: AtomicUsize::new(usize::MAX),
@@ -1158,7 +1168,24 @@ impl Engine {
             }
             self.budget.took(&mut b, len);
         }
-        self.queue_for(job.stream).send(job).is_ok()
+        let i = match self.mode {
+            ReplayMode::Serial | ReplayMode::Dependency { .. } => 0,
+            ReplayMode::Parallel => job.stream,
+        };
+        self.queues.lock().get(i).is_some_and(|q| q.send(job).is_ok())
+    }
+
+    /// Ends replay for good (the backup is let go, `Backup::release`): the queues close,
+    /// so the replayers (or the dependency mode's dispatcher) end, the executors and the
+    /// hold stop; each held the engine, and with it the database.
+    fn shut_down(&self) {
+        if let Some(h) = &self.hold {
+            h.stop();
+        }
+        self.queues.lock().clear();
+        if let Some(g) = self.graph.get() {
+            g.stop();
+        }
     }
 
     /// Persisted batches for replay: held until released (`Hold`), or handed over now.
@@ -1184,13 +1211,6 @@ impl Engine {
         self.replay_error.lock().get_or_insert_with(|| why.to_string());
         if let Some(h) = &self.hold {
             h.stop();
-        }
-    }
-
-    fn queue_for(&self, stream: usize) -> &std::sync::mpsc::Sender<Job> {
-        match self.mode {
-            ReplayMode::Serial | ReplayMode::Dependency { .. } => &self.queues[0],
-            ReplayMode::Parallel => &self.queues[stream],
         }
     }
 
@@ -1690,6 +1710,19 @@ impl Receiver {
                         break;
                     }
                     Ok(Some(Frame::Welcome { epoch, start: Start::CutAt { point }, .. })) => {
+                        // Commits the old primary released (acknowledged to their clients)
+                        // that this backup holds whole, above the point: a cut would
+                        // destroy the last copy of acknowledged writes (a quorum of
+                        // backups alone may release one, `majority` with two or more).
+                        // They are kept, and the backup stays stopped, saying so.
+                        let acked = Ts(self.state.released.load(Ordering::Acquire)).min(have);
+                        if acked > point {
+                            self.fatal(format!(
+                                "the primary restarted into epoch {} from epoch {} at ts {}, without commits up to ts {} that it had acknowledged and this backup holds: it stays stopped, keeping them in its directory, rather than join again, which would discard them (a cluster, `ditto server --node-id`, fails over to such a backup instead)",
+                                epoch.0, self.epoch.0, point.0, acked.0
+                            ));
+                            return;
+                        }
                         self.must_join_again(
                             format!(
                                 "the primary restarted into epoch {} from epoch {} at ts {}, below what this backup holds (ts {})",
@@ -2043,6 +2076,16 @@ impl Backup {
         if self.state.learner.swap(false, Ordering::AcqRel) {
             let _ = self.link.lock().shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// Lets go of a backup that has stopped for good (after `fence`, which leaves nothing
+    /// writing its directory): its replay threads end (`Engine::shut_down`) and its
+    /// directory's lock goes, so that another run may take the directory; its database
+    /// stays with whoever else holds it (the connections reading its last view), and is
+    /// freed with them. Without it, the replayers, which hold the engine, kept the
+    /// database alive for good.
+    pub fn release(self) {
+        self.engine.shut_down();
     }
 
     /// The failure that stopped this backup, if any (it then serves its last read view).

@@ -326,6 +326,16 @@ pub(crate) fn start<M: Send + 'static>(
     shared
 }
 
+impl Shared {
+    /// Ends the executors (each at its next look, within 50 ms) and the dispatcher's
+    /// waits for room: replay is over for good.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.ready_cv.notify_all();
+        self.room_cv.notify_all();
+    }
+}
+
 /// The rows' hash map hasher: one multiply per word (FxHash's), where std's SipHash costs
 /// several times more and the keys are ids, not attacker-chosen strings.
 #[derive(Default, Clone, Copy)]

@@ -27,8 +27,18 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 
 /// Replication of `d` under `local` on `listener`.
 fn ship(d: &ditto_log::Durable, listener: std::net::TcpListener) -> Arc<Primary> {
-    let policy = CommitPolicy::parse("local").unwrap();
-    let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
+    ship_under(d, listener, "local", None)
+}
+
+/// Replication of `d` under `policy` on `listener`, one backup expected.
+fn ship_under(
+    d: &ditto_log::Durable,
+    listener: std::net::TcpListener,
+    policy: &str,
+    resume_from: Option<(Epoch, Ts, Ts)>,
+) -> Arc<Primary> {
+    let policy = CommitPolicy::parse(policy).unwrap();
+    let opts = PrimaryOptions { backups_expected: 1, resume_from, ..Default::default() };
     Primary::start(d, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap()
 }
 
@@ -45,6 +55,16 @@ fn commit(d: &ditto_log::Durable, t: ditto_engine::TableId, keys: std::ops::Rang
 
 #[test]
 fn a_backup_its_restarted_primary_cannot_resume_needs_a_fresh_copy_and_one_brings_it_back() {
+    copy_brings_it_back(ditto_replication::ReplayMode::Parallel);
+}
+
+#[test]
+fn the_same_with_serial_and_dependency_replay_whose_threads_end_too() {
+    copy_brings_it_back(ditto_replication::ReplayMode::Serial);
+    copy_brings_it_back(ditto_replication::ReplayMode::parse("dependency").unwrap());
+}
+
+fn copy_brings_it_back(replay: ditto_replication::ReplayMode) {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
@@ -52,7 +72,7 @@ fn a_backup_its_restarted_primary_cannot_resume_needs_a_fresh_copy_and_one_bring
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let p = ship(&a, listener);
-    let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+    let bk = backup::start(BackupOptions { replay, ..BackupOptions::new(&addr.to_string(), &pb, 1, "b") }).unwrap();
     let first = commit(&a, t, 0..100);
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
@@ -71,9 +91,15 @@ fn a_backup_its_restarted_primary_cannot_resume_needs_a_fresh_copy_and_one_bring
     assert!(bk.failure().unwrap().contains("needs a fresh copy"), "{:?}", bk.failure());
     let after = commit(&a, t, 100..150);
     bk.fence("joining again", Duration::from_secs(10)).unwrap();
-    drop(bk);
-    let bk = backup::start(BackupOptions { fresh_copy: true, ..BackupOptions::new(&addr.to_string(), &pb, 1, "b") })
-        .unwrap();
+    // Let go, its replay threads and checkpointer end, and with them their hold on its
+    // database (before `release`, the replayers kept it for good: one more database in
+    // memory at every rejoin).
+    let old_db = Arc::downgrade(&bk.db);
+    bk.release();
+    wait_until("the old database to be freed", Duration::from_secs(5), || old_db.upgrade().is_none());
+    let bk =
+        backup::start(BackupOptions { fresh_copy: true, replay, ..BackupOptions::new(&addr.to_string(), &pb, 1, "b") })
+            .unwrap();
     let last = commit(&a, t, 150..200).max(after);
     wait_until("the fresh copy to replay everything", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= last.0
@@ -157,6 +183,20 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 
 #[test]
 fn a_backup_holding_more_than_its_restarted_primary_is_cut_at_its_point_and_resumed_from_the_log() {
+    primary_restarts_without_commits_the_backup_holds("local");
+}
+
+#[test]
+fn a_backup_holding_acknowledged_commits_its_restarted_primary_lost_keeps_them_and_stays_stopped() {
+    primary_restarts_without_commits_the_backup_holds("majority-received");
+}
+
+/// A primary under `policy` ships 50 commits its stalled disk never makes durable, then
+/// restarts from its directory as the disk holds it. Under `local` none of them was
+/// acknowledged: the backup is cut at the restart point and resumed from the log. Under
+/// `majority-received` all were (the backup had them): it keeps them and stays stopped.
+fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
+    let acked = policy != "local";
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("a-after"));
     let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -168,7 +208,7 @@ fn a_backup_holding_more_than_its_restarted_primary_is_cut_at_its_point_and_resu
     let t = a.db().create_table("t").unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let p = ship(&a, listener);
+    let p = ship_under(&a, listener, policy, None);
     let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
     let first = commit(&a, t, 0..100);
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
@@ -184,25 +224,33 @@ fn a_backup_holding_more_than_its_restarted_primary_is_cut_at_its_point_and_resu
     wait_until("the backup to receive the commits the primary will lose", Duration::from_secs(30), || {
         bk.state.received.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
     });
+    if acked {
+        wait_until("the backup to learn they were released", Duration::from_secs(30), || {
+            bk.state.released.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
+        });
+    }
     // The primary dies: what a restart finds is its directory as the disk holds it now.
     copy_dir(&pa, &pc);
     p.stop();
     let c = ditto_log::open(&pc, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let (old, point) = c.opened_from().expect("a new epoch above the one the log held");
     assert!(point >= first && point < lost[0], "recovered up to {point:?}: first {first:?}, lost from {:?}", lost[0]);
-    let opts = PrimaryOptions { backups_expected: 1, resume_from: Some((old, point, point)), ..Default::default() };
-    let policy = CommitPolicy::parse("local").unwrap();
-    let p2 = Primary::start(
-        &c,
-        std::net::TcpListener::bind(addr).unwrap(),
-        opts,
-        Box::new(move |h| ditto_replication::release_watermark(policy, h)),
-    )
-    .unwrap();
+    let p2 = ship_under(&c, std::net::TcpListener::bind(addr).unwrap(), policy, Some((old, point, point)));
+    if acked {
+        wait_until("the backup to stop", Duration::from_secs(30), || bk.failure().is_some());
+        let why = bk.failure().unwrap();
+        assert!(why.contains("it had acknowledged") && why.contains("stays stopped"), "{why}");
+        assert_eq!(bk.join_again(), None, "a backup holding acknowledged commits must not join again by itself");
+        let r = bk.db.read();
+        for k in 0..150u32 {
+            assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
+        }
+        return;
+    }
     wait_until("the backup to be told to cut", Duration::from_secs(30), || bk.join_again().is_some());
     assert_eq!(bk.join_again(), Some(JoinAgain::CutAt(point)), "{:?}", bk.failure());
     bk.fence("joining again", Duration::from_secs(10)).unwrap();
-    drop(bk);
+    bk.release();
     let bk = backup::start(BackupOptions {
         recover_upto: Some(point),
         ..BackupOptions::new(&addr.to_string(), &pb, 1, "b")

@@ -155,13 +155,89 @@ pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
     // the next epoch's backup, from the engine it kept (`RoleRequest`), on the same
     // runtime, listeners and connections (`Lasting`).
     let mut joined = None;
-    while let Some(next) = run_role(cfg, kept.take(), joined.take(), &mut lasting, &ready)? {
+    let signals = StopSignals::watch()?;
+    while let Some(next) = run_role(cfg, kept.take(), joined.take(), &mut lasting, &signals, &ready)? {
         (cfg, kept, joined) = (next.cfg, next.kept, next.joined);
     }
     if let Some(l) = lasting {
         l.rt.shutdown_timeout(Duration::from_secs(1));
     }
     Ok(())
+}
+
+/// SIGTERM and SIGINT, watched once for the process (`run`), not once per role: one that
+/// comes while roles change over (a backup's rejoin, a change in place) is not lost. (Per
+/// role, it was: tokio had taken over the signal's default action, and one that came with
+/// no role listening did nothing, the server running on.) A role's loop stops on it
+/// (`asked`); before the first role serves (while a log is recovered, or a backup first
+/// joins its primary) it ends the process at once, as the default action did: nothing has
+/// been acknowledged yet.
+struct StopSignals {
+    asked: AtomicBool,
+    notify: tokio::sync::Notify,
+    /// A role has served (set once its loop starts).
+    served: AtomicBool,
+}
+
+impl StopSignals {
+    fn watch() -> Result<Arc<StopSignals>, ServerError> {
+        static WATCHING: std::sync::OnceLock<Arc<StopSignals>> = std::sync::OnceLock::new();
+        if let Some(s) = WATCHING.get() {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(StopSignals {
+            asked: AtomicBool::new(false),
+            notify: tokio::sync::Notify::new(),
+            served: AtomicBool::new(false),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(io("starting the signal watcher"))?;
+        // Installed before this returns, so that none is missed from here on.
+        let (mut term, mut int) = {
+            let _in = rt.enter();
+            use tokio::signal::unix::{signal, SignalKind};
+            (
+                signal(SignalKind::terminate()).map_err(io("installing the SIGTERM handler"))?,
+                signal(SignalKind::interrupt()).map_err(io("installing the SIGINT handler"))?,
+            )
+        };
+        let watcher = Arc::clone(&s);
+        std::thread::Builder::new()
+            .name("ditto-signals".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    loop {
+                        let code = tokio::select! {
+                            _ = term.recv() => 128 + 15,
+                            _ = int.recv() => 128 + 2,
+                        };
+                        if !watcher.served.load(Ordering::Acquire) {
+                            std::process::exit(code);
+                        }
+                        watcher.asked.store(true, Ordering::Release);
+                        watcher.notify.notify_waiters();
+                    }
+                })
+            })
+            .map_err(io("starting the signal watcher"))?;
+        let _ = WATCHING.set(Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// Returns once a stop was asked for (at once if it was already).
+    async fn asked(&self) {
+        loop {
+            let woken = self.notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.asked.load(Ordering::Acquire) {
+                return;
+            }
+            woken.await;
+        }
+    }
 }
 
 /// Which role's `Conn` serves a server's connections now. A server that changes its role
@@ -376,6 +452,7 @@ fn run_role(
     kept: Option<Kept>,
     joined: Option<Joined>,
     lasting: &mut Option<Lasting>,
+    signals: &StopSignals,
     ready: &dyn Fn(&Listening),
 ) -> Result<Option<NextRole>, ServerError> {
     cfg.validate()?;
@@ -702,15 +779,16 @@ fn run_role(
     // The next role binds its listeners again (it serves another engine): on the ports
     // bound now, whatever the configuration asked (0 asks for any).
     let mut rejoin_cfg = cfg.clone();
+    // (Its name, as the primary knows it, stays what it was.)
+    rejoin_cfg.replica_name = Some(cfg.replica_name.clone().unwrap_or_else(|| format!("{}:{}", cfg.bind, cfg.port)));
     if let Some(a) = listening.plain {
         rejoin_cfg.port = a.port();
     }
     if let Some(a) = listening.tls {
         rejoin_cfg.tls_port = Some(a.port());
     }
+    signals.served.store(true, Ordering::Release);
     let change = rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(io("installing the SIGTERM handler"))?;
         let mut change = None;
         let mut check = tokio::time::interval(REJOIN_CHECK_EVERY);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -731,16 +809,23 @@ fn run_role(
                             b.failure().unwrap_or_default()
                         );
                         // Nothing of the old run may write the directory any more: the
-                        // join cuts or replaces what it holds.
-                        let fenced = tokio::task::block_in_place(|| {
-                            b.fence("joining again", Duration::from_secs(10))
-                        });
+                        // join cuts or replaces what it holds. (Off this loop's thread:
+                        // clients are accepted meanwhile.)
+                        let (b, fenced) = tokio::task::spawn_blocking(move || {
+                            let r = b.fence("joining again", Duration::from_secs(10));
+                            (b, r)
+                        })
+                        .await
+                        .expect("the fence's thread");
                         if let Err(e) = fenced {
                             tracing::error!("the backup could not be stopped to join again ({e}): it stays stopped");
                             backup = Some(b);
                             standalone_backup = false;
                             continue;
                         }
+                        // Its replay threads end, and the directory's lock goes; the
+                        // database stays with the connections reading it.
+                        b.release();
                     }
                     let primary = cfg.replica_of.as_deref().expect("a backup");
                     match rejoin(&rejoin_cfg, primary, &dir, how) {
@@ -780,8 +865,7 @@ fn run_role(
                 }
                 a = accept_on(plain.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, None, &hub).await,
                 a = accept_on(tls_listener.as_ref().map(|p| &p.0)) => Arc::clone(&conn).admit(a, acceptor.clone(), &hub).await,
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
+                _ = signals.asked() => break,
                 _ = sh.write_gate.stop_requested() => break,
                 r = sh.write_gate.role_requested() => match (r, &backup) {
                     (crate::session::RoleRequest::Fence, Some(b)) => {
