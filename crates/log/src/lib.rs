@@ -75,6 +75,10 @@ pub enum LogError {
     UnsupportedVersion { file: PathBuf, version: u32, oldest: u32, newest: u32 },
     #[error("data directory {0} is in use by another process")]
     InUse(PathBuf),
+    /// A directory that holds another role's data than the open asked for (a backup's
+    /// live replica log, opened as a primary's): refused, changing nothing.
+    #[error("data directory {dir}: {what}")]
+    WrongRole { dir: PathBuf, what: String },
     #[error(transparent)]
     Engine(ditto_engine::Error),
 }
@@ -192,6 +196,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     if let Some(Recovered(db)) = opts.recovered.take() {
         return open_recovered(dir, opts, db, lock, catalog, newest, base.chain.len(), stale_ckpts, t0);
     }
+    refuse_a_backups_directory(dir)?;
     let db = Database::new(Options { workers: opts.workers });
     for (id, name) in &catalog.tables {
         db.restore_table(*id, name);
@@ -290,6 +295,34 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
         }
     }
     start_logging(dir, opts, db, lock, catalog, epoch, recovered_ts, durable_ckpt_ts, report, t0)
+}
+
+/// Refuses, changing nothing, a backup's data directory whose replica log is live (not
+/// sealed at a failover's point, which the chain below replays): a primary's open reads
+/// its checkpoint and its own log only, so what the backup received since its last
+/// checkpoint would be left out without a word. (Found so: a standalone backup restarted
+/// without `--replica-of` came up without its newest writes.) A cluster promotes a
+/// backup's directory itself first (`replica::open_replica_at`, then the replica log
+/// goes).
+fn refuse_a_backups_directory(dir: &Path) -> Result<(), LogError> {
+    let rdir = replica::replica_dir(dir);
+    if sealed::replica_is_sealed(dir) || !rdir.exists() {
+        return Ok(());
+    }
+    let holds = std::fs::read_dir(&rdir)
+        .map_err(|e| LogError::io(&rdir, e))?
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("rlog-"));
+    if holds {
+        return Err(LogError::WrongRole {
+            dir: dir.to_path_buf(),
+            what: "this is a backup's data directory (its replica log holds what it received since its last \
+                   checkpoint, which a primary's open would leave out): start it as a backup (--replica-of), \
+                   or as a cluster node, whose failovers promote a backup's directory whole"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// An engine given to open `dir` with (`open`'s `OpenOptions::recovered`, a backup's

@@ -280,3 +280,57 @@ impl Drop for Unstall {
         self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+#[test]
+fn a_backups_directory_opened_as_a_primarys_is_refused_and_left_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let p = ship(&a, listener);
+    let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+    let last = commit(&a, t, 0..50);
+    wait_until("the backup to make everything durable", Duration::from_secs(30), || {
+        bk.state.durable.load(std::sync::atomic::Ordering::Acquire) >= last.0
+    });
+    bk.fence("stopped", Duration::from_secs(10)).unwrap();
+    bk.release();
+    drop(p);
+    let listing = |d: &std::path::Path| {
+        let mut v: Vec<(String, u64)> = walk(d).into_iter().map(|(p, n)| (p.display().to_string(), n)).collect();
+        v.sort();
+        v
+    };
+    let before = listing(&pb);
+    assert!(before.iter().any(|(p, _)| p.contains("rlog-")), "the backup's replica log: {before:?}");
+    // Opened as a primary's, its newest writes (in the replica log, above its checkpoint)
+    // would be left out: refused.
+    match ditto_log::open(&pb, OpenOptions { workers: 1, ..Default::default() }) {
+        Err(ditto_log::LogError::WrongRole { what, .. }) => assert!(what.contains("backup's data directory"), "{what}"),
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a backup's directory opened as a primary's"),
+    }
+    assert_eq!(listing(&pb), before, "the refusal changed the directory");
+    // As a backup's it opens, everything there.
+    let r = ditto_log::replica::open_replica(&pb, 1, &(Arc::new(ditto_log::storage::RealStorage) as _)).unwrap();
+    let t = r.db.table_id("t").unwrap();
+    for k in 0..50u32 {
+        assert!(r.db.read().get(t, &k.to_be_bytes()).unwrap().is_some(), "key {k}");
+    }
+}
+
+/// Every file under `d` (but the lock) with its length.
+fn walk(d: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else if e.file_name() != "LOCK" {
+            out.push((e.path(), e.metadata().unwrap().len()));
+        }
+    }
+    out
+}
