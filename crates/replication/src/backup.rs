@@ -320,6 +320,10 @@ pub enum BackupError {
     Protocol(String),
     #[error("stopped before it joined its primary")]
     Stopped,
+    /// It holds commits its primary lost when it restarted (see `backup::start`): it does
+    /// not join, keeping them.
+    #[error("{0}")]
+    HoldsWhatThePrimaryLost(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
@@ -328,6 +332,13 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
 }
 
 const STATE_FILE: &str = "REPLICA_STATE";
+
+fn hello_epoch(hello: &Frame) -> Epoch {
+    match hello {
+        Frame::Hello { epoch, .. } => *epoch,
+        _ => Epoch(0),
+    }
+}
 
 fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
     let s = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
@@ -473,24 +484,22 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             }
         }
     };
-    let (mut stream, mut reader, mut welcome) = join(&hello)?;
-    if let (Some(Frame::Welcome { start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
-        // The primary's epoch began below what this backup holds; opened already (its log
-        // above its own cut folded into a checkpoint), it cannot cut lower: it asks for
-        // the primary's checkpoint instead.
-        tracing::info!(
-            "the primary's epoch began at ts {}, below what this backup holds (ts {}): it copies the primary's checkpoint",
+    let (stream, mut reader, welcome) = join(&hello)?;
+    if let (Some(Frame::Welcome { epoch: now, start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
+        // The primary restarted from below what this backup holds: it lost commits this
+        // backup has. Opened already (its log above its own cut folded into a checkpoint),
+        // it cannot cut lower; and unlike a running backup (`Receiver`), it does not know
+        // how far the primary had acknowledged, so it cannot tell whether they were
+        // acknowledged writes (under a `received` policy, or released by a quorum of
+        // backups alone). It keeps them and does not join: a person decides.
+        return Err(BackupError::HoldsWhatThePrimaryLost(format!(
+            "this backup holds commits of epoch {} up to ts {}, above ts {}, where its primary restarted into epoch {}: the primary lost them, and they may have been acknowledged (under a `received` policy, or by a quorum of backups alone), so it does not join, which would discard them; its directory {} keeps them. To discard them and copy the primary's data instead, empty that directory and start the backup again",
+            hello_epoch(&hello).0,
+            o.cut.0,
             point.0,
-            o.cut.0
-        );
-        let fresh = Frame::Hello {
-            version: PROTOCOL_VERSION,
-            epoch: Epoch(0),
-            have_ts: Ts::ZERO,
-            node: opts.node.clone(),
-            learner: opts.learner,
-        };
-        (stream, reader, welcome) = join(&fresh)?;
+            now.0,
+            dir.display()
+        )));
     }
     if opts.cancel.as_ref().is_some_and(|c| !c.hold(&stream)) {
         return Err(BackupError::Stopped);
@@ -503,7 +512,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let (base, opened) = match start {
         Start::CutAt { point } => {
             return Err(BackupError::Protocol(format!(
-                "told to cut at ts {} after asking for the primary's checkpoint",
+                "told to cut at ts {} holding nothing the primary could resume",
                 point.0
             )))
         }

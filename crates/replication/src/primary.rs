@@ -537,7 +537,12 @@ impl Primary {
         // A backup of the epoch this one opened from that holds more than its cut (what the
         // old primary had not made durable when it died): it is told to cut there and ask
         // again (`Start::CutAt`), and is then resumed from the log, not sent a copy.
-        if let Some((_, point, _)) = self.opts.resume_from.filter(|&(e, p, _)| e == epoch && have_ts > p) {
+        // (Only if this epoch's log still reaches down to the point: one a checkpoint has
+        // cut is no use, and the backup is sent a checkpoint below instead.)
+        let cut_helps = |p: Ts| matches!(ditto_log::replica::batches_after(dir, self.epoch, p), Ok(Some(_)));
+        if let Some((_, point, _)) =
+            self.opts.resume_from.filter(|&(e, p, _)| e == epoch && have_ts > p && cut_helps(p))
+        {
             tracing::info!(
                 "backup {} at {}: holds up to ts {} of epoch {}, above this epoch's start at ts {}: told to cut there",
                 link.node,

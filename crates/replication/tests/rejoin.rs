@@ -44,7 +44,12 @@ fn ship_under(
 
 /// Commits keys `keys` to table `t`, one transaction each; the last commit's ts.
 fn commit(d: &ditto_log::Durable, t: ditto_engine::TableId, keys: std::ops::Range<u32>) -> Ts {
-    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    commit_on(d, t, 0, keys)
+}
+
+/// `commit` on worker `worker` (its log stream).
+fn commit_on(d: &ditto_log::Durable, t: ditto_engine::TableId, worker: u32, keys: std::ops::Range<u32>) -> Ts {
+    let mut w = d.db().worker(WorkerId(worker)).unwrap();
     let mut last = Ts::ZERO;
     for k in keys {
         let (_, h) = w.run(|x| x.put(t, &k.to_be_bytes(), &k.to_le_bytes())).unwrap();
@@ -191,8 +196,11 @@ fn a_backup_holding_acknowledged_commits_its_restarted_primary_lost_keeps_them_a
     primary_restarts_without_commits_the_backup_holds("majority-received");
 }
 
-/// A primary under `policy` ships 50 commits its stalled disk never makes durable, then
-/// restarts from its directory as the disk holds it. Under `local` none of them was
+/// A primary under `policy` with two log streams ships 50 commits, all on one stream,
+/// that its stalled disk never makes durable, then restarts from its directory as the
+/// disk holds it. The backup then holds that stream above its watermark: without the cut,
+/// it would take the new epoch's transactions of that stream at or below what it holds
+/// for ones it has, and skip them. Under `local` none of them was
 /// acknowledged: the backup is cut at the restart point and resumed from the log. Under
 /// `majority-received` all were (the backup had them): it keeps them and stays stopped.
 fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
@@ -200,7 +208,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("a-after"));
     let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut o = OpenOptions { workers: 1, ..Default::default() };
+    let mut o = OpenOptions { workers: 2, ..Default::default() };
     o.log.storage = Arc::new(ditto_log::storage::StallingStorage { stalled: Arc::clone(&stalled) });
     let a = ditto_log::open(&pa, o).unwrap();
     // Dropped before `a` (a failed check included): its stalled writes then end at once.
@@ -232,7 +240,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
     // The primary dies: what a restart finds is its directory as the disk holds it now.
     copy_dir(&pa, &pc);
     p.stop();
-    let c = ditto_log::open(&pc, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let c = ditto_log::open(&pc, OpenOptions { workers: 2, ..Default::default() }).unwrap();
     let (old, point) = c.opened_from().expect("a new epoch above the one the log held");
     assert!(point >= first && point < lost[0], "recovered up to {point:?}: first {first:?}, lost from {:?}", lost[0]);
     let p2 = ship_under(&c, std::net::TcpListener::bind(addr).unwrap(), policy, Some((old, point, point)));
@@ -245,6 +253,26 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
         for k in 0..150u32 {
             assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
         }
+        drop(r);
+        // Restarted (what a person does with a stopped backup; a crash does the same), it
+        // does not know how far the primary acknowledged: it keeps them, and does not join.
+        bk.fence("restarting", Duration::from_secs(10)).unwrap();
+        bk.release();
+        match backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")) {
+            Err(BackupError::HoldsWhatThePrimaryLost(why)) => assert!(why.contains("does not join"), "{why}"),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("a restarted backup joined, discarding commits its primary lost"),
+        }
+        assert_eq!(p2.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "no copy was sent");
+        let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+        let kept = ditto_log::replica::open_replica(&pb, 1, &storage).unwrap();
+        let r = kept.db.read();
+        for k in 0..150u32 {
+            assert!(
+                r.get(t, &k.to_be_bytes()).unwrap().is_some(),
+                "key {k} gone from the restarted backup's directory"
+            );
+        }
         return;
     }
     wait_until("the backup to be told to cut", Duration::from_secs(30), || bk.join_again().is_some());
@@ -256,13 +284,16 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
         ..BackupOptions::new(&addr.to_string(), &pb, 1, "b")
     })
     .unwrap();
-    let more = commit(&c, t, 200..250);
+    // The new epoch's commits on both streams, those of the stream the backup held more
+    // of first (their timestamps lie where the lost ones did).
+    let more = commit_on(&c, t, 0, 200..250).max(commit_on(&c, t, 1, 250..300));
+    assert!(more > lost[0], "the new epoch's timestamps reach where the lost commits were");
     wait_until("the cut backup to replay the new epoch", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= more.0
     });
     assert_eq!(p2.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "resumed from the log, not copied");
     let r = bk.db.read();
-    for k in (0..100u32).chain(200..250) {
+    for k in (0..100u32).chain(200..300) {
         assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
     }
     for k in 100..150u32 {

@@ -173,7 +173,7 @@ pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
 /// joins its primary) it ends the process at once, as the default action did: nothing has
 /// been acknowledged yet.
 struct StopSignals {
-    asked: AtomicBool,
+    asked: Arc<AtomicBool>,
     notify: tokio::sync::Notify,
     /// A role has served (set once its loop starts).
     served: AtomicBool,
@@ -186,7 +186,7 @@ impl StopSignals {
             return Ok(Arc::clone(s));
         }
         let s = Arc::new(StopSignals {
-            asked: AtomicBool::new(false),
+            asked: Arc::new(AtomicBool::new(false)),
             notify: tokio::sync::Notify::new(),
             served: AtomicBool::new(false),
         });
@@ -209,12 +209,18 @@ impl StopSignals {
             .spawn(move || {
                 rt.block_on(async move {
                     loop {
-                        let code = tokio::select! {
-                            _ = term.recv() => 128 + 15,
-                            _ = int.recv() => 128 + 2,
+                        let sig = tokio::select! {
+                            _ = term.recv() => libc::SIGTERM,
+                            _ = int.recv() => libc::SIGINT,
                         };
                         if !watcher.served.load(Ordering::Acquire) {
-                            std::process::exit(code);
+                            // The signal's own default action: the process ends by it.
+                            // SAFETY: signal(2) and raise(3) with a valid signal number.
+                            unsafe {
+                                libc::signal(sig, libc::SIG_DFL);
+                                libc::raise(sig);
+                            }
+                            std::process::exit(128 + sig);
                         }
                         watcher.asked.store(true, Ordering::Release);
                         watcher.notify.notify_waiters();
@@ -351,7 +357,7 @@ struct NextRole {
 /// A standalone backup joining its primary again with a fresh copy of its checkpoint,
 /// on a thread of its own, while the role before serves its last read view.
 struct Rejoin {
-    done: tokio::sync::oneshot::Receiver<Result<Joined, String>>,
+    done: tokio::sync::oneshot::Receiver<Result<Joined, ditto_replication::BackupError>>,
     cancel: ditto_replication::JoinCancel,
     thread: std::thread::JoinHandle<()>,
 }
@@ -369,6 +375,7 @@ fn backup_options(
     dir: &std::path::Path,
     rkc: &Arc<crate::keyspace::ReplayKeyCounts>,
     engine: Option<Arc<Database>>,
+    signals: &StopSignals,
 ) -> Result<ditto_replication::BackupOptions, ServerError> {
     let rkc = Arc::clone(rkc);
     let (replay, share_values_from) = ditto_replication::parse_replay(&cfg.replay).map_err(ConfigError::Invalid)?;
@@ -403,8 +410,8 @@ fn backup_options(
         // primary in place, `RoleRequest::Follow`).
         engine,
         checkpoint_sealed: true,
-        // A cluster node's stop ends a join that has not happened yet.
-        stop: cfg.write_gate.as_ref().map(|g| g.stop_flag()),
+        // A cluster node's stop, or a stop signal, ends a join that has not happened yet.
+        stop: Some(cfg.write_gate.as_ref().map_or_else(|| Arc::clone(&signals.asked), |g| g.stop_flag())),
         fresh_copy: false,
         cancel: None,
     })
@@ -420,9 +427,10 @@ fn rejoin(
     primary: &str,
     dir: &std::path::Path,
     how: ditto_replication::JoinAgain,
+    signals: &StopSignals,
 ) -> Result<Rejoin, ServerError> {
     let key_counts = Arc::new(crate::keyspace::ReplayKeyCounts::default());
-    let mut opts = backup_options(cfg, primary, dir, &key_counts, None)?;
+    let mut opts = backup_options(cfg, primary, dir, &key_counts, None, signals)?;
     let cancel = ditto_replication::JoinCancel::default();
     match how {
         ditto_replication::JoinAgain::Copy => opts.fresh_copy = true,
@@ -434,7 +442,7 @@ fn rejoin(
         .name("ditto-rejoin".into())
         .spawn(move || {
             let r = ditto_replication::backup::start(opts).map(|backup| Joined { backup, key_counts });
-            if let Err(Ok(j)) = tx.send(r.map_err(|e| e.to_string())) {
+            if let Err(Ok(j)) = tx.send(r) {
                 // Nobody waits any more (the server stops): what it received is made
                 // durable, as at any backup's stop.
                 let _ = j.backup.stop("the server is shutting down", Duration::from_secs(10));
@@ -472,7 +480,7 @@ fn run_role(
     // serves (or joined already, `rejoin`); a primary opens and recovers its own directory.
     let (mut durable, mut backup) = match &cfg.replica_of {
         Some(primary) => {
-            let opts = backup_options(&cfg, primary, &dir, &replay_key_counts, recovered.map(|r| r.0))?;
+            let opts = backup_options(&cfg, primary, &dir, &replay_key_counts, recovered.map(|r| r.0), signals)?;
             let started = match joined {
                 Some(j) => Ok(j.backup),
                 None => ditto_replication::backup::start(opts),
@@ -534,6 +542,10 @@ fn run_role(
         }
     };
     let t_opened = t_role.elapsed();
+    // Opened or joined: a backup may have acknowledged what it received from here on, so
+    // a stop signal is acted on as a stop (a backup's makes it durable), not by ending
+    // the process at once (`StopSignals`).
+    signals.served.store(true, Ordering::Release);
     let db = match (&durable, &backup) {
         (Some(d), _) => Arc::clone(d.db()),
         (None, Some(b)) => Arc::clone(&b.db),
@@ -773,6 +785,7 @@ fn run_role(
     let mut standalone_backup = backup.is_some() && cfg.cluster.is_none();
     let mut rejoin_how: Option<ditto_replication::JoinAgain> = None;
     let mut rejoining: Option<Rejoin> = None;
+    let mut fencing: Option<tokio::task::JoinHandle<(ditto_replication::Backup, Result<(), String>)>> = None;
     let mut rejoin_retry: Option<Instant> = None;
     let mut rejoin_failures = 0u32;
     let mut rejoined: Option<Joined> = None;
@@ -787,14 +800,13 @@ fn run_role(
     if let Some(a) = listening.tls {
         rejoin_cfg.tls_port = Some(a.port());
     }
-    signals.served.store(true, Ordering::Release);
     let change = rt.block_on(async {
         let mut change = None;
         let mut check = tokio::time::interval(REJOIN_CHECK_EVERY);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = check.tick(), if standalone_backup && rejoining.is_none() => {
+                _ = check.tick(), if standalone_backup && rejoining.is_none() && fencing.is_none() => {
                     if rejoin_how.is_none() {
                         rejoin_how = backup.as_ref().and_then(|b| b.join_again());
                     }
@@ -809,26 +821,37 @@ fn run_role(
                             b.failure().unwrap_or_default()
                         );
                         // Nothing of the old run may write the directory any more: the
-                        // join cuts or replaces what it holds. (Off this loop's thread:
-                        // clients are accepted meanwhile.)
-                        let (b, fenced) = tokio::task::spawn_blocking(move || {
+                        // join cuts or replaces what it holds. (A task of its own: this
+                        // loop goes on accepting clients and hearing signals meanwhile.)
+                        fencing = Some(tokio::task::spawn_blocking(move || {
                             let r = b.fence("joining again", Duration::from_secs(10));
                             (b, r)
-                        })
-                        .await
-                        .expect("the fence's thread");
-                        if let Err(e) = fenced {
-                            tracing::error!("the backup could not be stopped to join again ({e}): it stays stopped");
-                            backup = Some(b);
-                            standalone_backup = false;
-                            continue;
-                        }
-                        // Its replay threads end, and the directory's lock goes; the
-                        // database stays with the connections reading it.
-                        b.release();
+                        }));
+                        continue;
                     }
                     let primary = cfg.replica_of.as_deref().expect("a backup");
-                    match rejoin(&rejoin_cfg, primary, &dir, how) {
+                    match rejoin(&rejoin_cfg, primary, &dir, how, signals) {
+                        Ok(r) => rejoining = Some(r),
+                        Err(e) => {
+                            tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
+                            rejoin_retry = Some(Instant::now() + REJOIN_RETRY_AFTER);
+                        }
+                    }
+                }
+                f = async { fencing.as_mut().expect("guarded").await }, if fencing.is_some() => {
+                    fencing = None;
+                    let (b, fenced) = f.expect("the fence's thread");
+                    if let Err(e) = fenced {
+                        tracing::error!("the backup could not be stopped to join again ({e}): it stays stopped");
+                        backup = Some(b);
+                        standalone_backup = false;
+                        continue;
+                    }
+                    // Its replay threads end, and the directory's lock goes; the database
+                    // stays with the connections reading it.
+                    b.release();
+                    let (primary, how) = (cfg.replica_of.as_deref().expect("a backup"), rejoin_how.expect("decided"));
+                    match rejoin(&rejoin_cfg, primary, &dir, how, signals) {
                         Ok(r) => rejoining = Some(r),
                         Err(e) => {
                             tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
@@ -847,17 +870,28 @@ fn run_role(
                             break;
                         }
                         r => {
-                            let why = r.map_or_else(|_| "the join's thread ended".to_string(), |r| r.err().unwrap_or_default());
                             // 1 s, then twice as long after each failure, up to 30 s.
                             let wait = REJOIN_RETRY_AFTER.saturating_mul(1 << rejoin_failures.min(5)).min(REJOIN_RETRY_MAX);
                             rejoin_failures += 1;
-                            // A cut that failed (its own checkpoint lies above the point,
-                            // say) is not tried again: a copy is.
-                            rejoin_how = Some(ditto_replication::JoinAgain::Copy);
+                            let how = rejoin_how.unwrap_or(ditto_replication::JoinAgain::Copy);
+                            // A cut that cannot be made (its own checkpoint lies above the
+                            // point, so the primary says it holds more) is not tried again:
+                            // a copy is, which discards nothing acknowledged (the running
+                            // backup checked, `JoinAgain::CutAt`). Any other failure (the
+                            // primary not there) tries the same again.
+                            let cut_failed = matches!(
+                                r,
+                                Ok(Err(ditto_replication::BackupError::HoldsWhatThePrimaryLost(_) | ditto_replication::BackupError::Log(_)))
+                            );
+                            if cut_failed {
+                                rejoin_how = Some(ditto_replication::JoinAgain::Copy);
+                            }
+                            let why = r.map_or_else(|_| "the join's thread ended".to_string(), |r| r.err().map(|e| e.to_string()).unwrap_or_default());
                             tracing::warn!(
-                                "joining the primary at {} again with a fresh copy failed: {why}; trying again in {} s",
+                                "joining the primary at {} again ({how:?}) failed: {why}; trying again in {} s{}",
                                 cfg.replica_of.as_deref().unwrap_or_default(),
-                                wait.as_secs()
+                                wait.as_secs(),
+                                if cut_failed { ", with a copy" } else { "" }
                             );
                             rejoin_retry = Some(Instant::now() + wait);
                         }
