@@ -8,9 +8,11 @@
 # every key. With OLD=1 (a build before 2026-11-28, whose backup stops for good when
 # its primary restarts), the backup process is restarted by hand as soon as its link
 # reads down, which copies the primary's checkpoint: what a person had to do before.
+# RESTARTS=K restarts the primary K times in a row (one JSON line each; the backup's
+# resident size after each shows whether a rejoin lets the old database go).
 # Usage: rejoin-after-restart.sh BINARY [N]
 set -u
-B=$1; N=${2:-1000000}; SIG=${SIG:-TERM}; OLD=${OLD:-0}
+B=$1; N=${2:-1000000}; SIG=${SIG:-TERM}; OLD=${OLD:-0}; RESTARTS=${RESTARTS:-1}
 D=$(mktemp -d)
 read -r P R Q < <(python3 -c 'import socket
 ss=[socket.socket() for _ in range(3)]
@@ -27,11 +29,12 @@ bp0=$bp
 for i in $(seq 1 100); do redis-cli -p $P info replication | grep -q connected_slaves:1 && break; sleep 0.1; done
 redis-benchmark -p $P -t set -d 100 -n $N -r $N -P 16 -c 50 -q > /dev/null
 keys=$(redis-cli -p $P dbsize)
+for round in $(seq 1 $RESTARTS); do
 kill -$SIG $pp; wait $pp 2>/dev/null
 t0=$(date +%s.%N)
 primary; up $P || { echo "the primary did not restart"; cat $D/p.log; exit 1; }
 t_primary=$(date +%s.%N)
-redis-cli -p $P set after-restart 1 > /dev/null &
+redis-cli -p $P set after-restart-$round 1 > /dev/null &
 setter=$!
 if [ "$OLD" = 1 ]; then
   for i in $(seq 1 600); do redis-cli -p $Q info replication 2>/dev/null | grep -q "master_link_status:down" && break; sleep 0.05; done
@@ -53,9 +56,10 @@ how=$(grep -o -E "backup: resuming from ts [0-9]+|backup: checkpoint at ts [0-9]
 python3 - "$t0" "$t_primary" "$t1" <<EOF
 import sys, json
 t0, tp, t1 = map(float, sys.argv[1:])
-print(json.dumps({"keys": $keys, "signal": "$SIG", "old_build": $OLD == 1,
+print(json.dumps({"restart": $round, "keys": $keys, "signal": "$SIG", "old_build": $OLD == 1,
   "primary_up_s": round(tp - t0, 3), "backup_holds_new_write_after_primary_up_s": round(t1 - tp, 3),
   "backup_keys": $bkeys, "backup_rss_mib": round($rss / 1024), "backup_peak_rss_mib": round($hwm / 1024),
   "backup_pid_same": $bp0 == $bp, "how": "$how"}))
 EOF
-[ "$bkeys" = "$((keys + 1))" ] || { echo "the backup holds $bkeys keys, the primary $((keys + 1))"; exit 1; }
+[ "$bkeys" = "$((keys + round))" ] || { echo "the backup holds $bkeys keys, the primary $((keys + round))"; exit 1; }
+done
