@@ -60,6 +60,12 @@ pub struct ServerArgs {
     /// serves reads at a consistent, fresh read view and refuses writes.
     #[arg(long, value_name = "HOST:PORT")]
     replica_of: Option<String>,
+    /// Serve a backup's data directory as a standalone primary: everything it holds (its
+    /// checkpoint and its replica log), in an epoch above the one it followed. For a
+    /// backup whose primary is gone, or that kept commits its restarted primary lost.
+    /// Nothing fences the old primary: stop it first.
+    #[arg(long)]
+    promote: bool,
     /// On a primary: accept backups on this port (0: any free one; the bound one is printed).
     #[arg(long)]
     repl_port: Option<u16>,
@@ -282,6 +288,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.replica_of.is_some() {
         cfg.replica_of = a.replica_of;
     }
+    cfg.promote = a.promote;
     if a.repl_port.is_some() {
         cfg.repl_port = a.repl_port;
     }

@@ -188,3 +188,46 @@ fn a_backup_still_joining_its_primary_stops_at_once_on_sigterm() {
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&exit), Some(15), "{exit:?}");
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }
+
+#[test]
+fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
+    let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
+    let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let mut backup = Node::start(&bdir, &["--replica-of", primary.repl.as_ref().unwrap()]);
+    // Acknowledged once durable on the backup: in its replica log (above its checkpoint).
+    let ts = write_keys(primary.port, 0..FIRST);
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    let mut p = Client::connect(primary.port).unwrap();
+    let epoch: u64 = field(&mut p, "replication", "ditto_epoch").and_then(|e| e.parse().ok()).expect("the epoch");
+    drop((p, primary));
+    let exit = stop_with_sigterm(&mut backup.child);
+    assert!(exit.success(), "{exit:?}");
+    // Started without --replica-of: refused, saying how, and nothing changed.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", bdir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("backup's data directory") && err.contains("--promote"), "{err}");
+    // Promoted: every acknowledged key, and it takes writes.
+    let promoted = Node::start(&bdir, &["--promote", "--repl-port", "0"]);
+    let mut c = Client::connect(promoted.port).unwrap();
+    assert_eq!(c.one(&["DBSIZE"]), format!(":{FIRST}"));
+    assert_eq!(c.one(&["GET", &format!("k{}", FIRST - 1)]), format!("k{}", FIRST - 1));
+    assert_eq!(c.one(&["SET", "after", "promotion"]), "+OK");
+    assert_eq!(field(&mut c, "replication", "role").as_deref(), Some("master"));
+    let now: u64 = field(&mut c, "replication", "ditto_epoch").and_then(|e| e.parse().ok()).expect("the epoch");
+    assert!(now > epoch, "the promoted primary writes epoch {now}, above the {epoch} it followed");
+    // Started again, as a primary's directory now (with or without the flag).
+    drop(c);
+    let mut promoted = promoted;
+    let exit = stop_with_sigterm(&mut promoted.child);
+    assert!(exit.success(), "{exit:?}");
+    let again = Node::start(&bdir, &[]);
+    let mut c = Client::connect(again.port).unwrap();
+    assert_eq!(c.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
+}

@@ -318,7 +318,7 @@ fn refuse_a_backups_directory(dir: &Path) -> Result<(), LogError> {
             dir: dir.to_path_buf(),
             what: "this is a backup's data directory (its replica log holds what it received since its last \
                    checkpoint, which a primary's open would leave out): start it as a backup (--replica-of), \
-                   or as a cluster node, whose failovers promote a backup's directory whole"
+                   or promote it whole (ditto server --promote)"
                 .into(),
         });
     }

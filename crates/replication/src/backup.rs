@@ -340,6 +340,11 @@ fn hello_epoch(hello: &Frame) -> Epoch {
     }
 }
 
+/// The primary's epoch a backup's directory `dir` last followed (`None`: none recorded).
+pub fn followed_epoch(dir: &Path) -> Option<Epoch> {
+    read_followed_epoch(dir)
+}
+
 fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
     let s = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
     s.trim().strip_prefix("epoch ")?.parse().ok().map(Epoch)
@@ -493,7 +498,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         // acknowledged writes (under a `received` policy, or released by a quorum of
         // backups alone). It keeps them and does not join: a person decides.
         return Err(BackupError::HoldsWhatThePrimaryLost(format!(
-            "this backup holds commits of epoch {} up to ts {}, above ts {}, where its primary restarted into epoch {}: the primary lost them, and they may have been acknowledged (under a `received` policy, or by a quorum of backups alone), so it does not join, which would discard them; its directory {} keeps them. To discard them and copy the primary's data instead, empty that directory and start the backup again",
+            "this backup holds commits of epoch {} up to ts {}, above ts {}, where its primary restarted into epoch {}: the primary lost them, and they may have been acknowledged (under a `received` policy, or by a quorum of backups alone), so it does not join, which would discard them; its directory {} keeps them. To keep them, stop the primary and serve this directory as the primary (`ditto server --promote`); to discard them and copy the primary's data instead, empty the directory and start the backup again",
             hello_epoch(&hello).0,
             o.cut.0,
             point.0,
@@ -1727,7 +1732,7 @@ impl Receiver {
                         let acked = Ts(self.state.released.load(Ordering::Acquire)).min(have);
                         if acked > point {
                             self.fatal(format!(
-                                "the primary restarted into epoch {} from epoch {} at ts {}, without commits up to ts {} that it had acknowledged and this backup holds: it stays stopped, keeping them in its directory, rather than join again, which would discard them (a cluster, `ditto server --node-id`, fails over to such a backup instead)",
+                                "the primary restarted into epoch {} from epoch {} at ts {}, without commits up to ts {} that it had acknowledged and this backup holds: it stays stopped, keeping them in its directory, rather than join again, which would discard them: to keep them, stop the primary and serve this backup's directory as the primary (`ditto server --promote`); to discard them, restart the backup on an empty directory (a cluster, `ditto server --node-id`, fails over to such a backup by itself)",
                                 epoch.0, self.epoch.0, point.0, acked.0
                             ));
                             return;

@@ -123,6 +123,11 @@ pub struct Config {
     /// of role.
     #[serde(skip)]
     pub replica_name: Option<String>,
+    /// Open a backup's data directory as a primary's (`--promote`): its checkpoint and
+    /// its replica log up to its cut, in an epoch above the one it followed. Without it,
+    /// such a directory is refused as a primary's (`ditto_log::LogError::WrongRole`).
+    #[serde(skip)]
+    pub promote: bool,
 }
 
 /// One run of a cluster node's server, as its control plane decided it.
@@ -220,6 +225,7 @@ impl Default for Config {
             cluster: None,
             write_gate: None,
             replica_name: None,
+            promote: false,
         }
     }
 }
@@ -280,6 +286,11 @@ impl Config {
         self.durability()?;
         self.policy()?;
         ditto_replication::parse_replay(&self.replay).map_err(ConfigError::Invalid)?;
+        if self.promote && (self.replica_of.is_some() || self.cluster.is_some()) {
+            return Err(ConfigError::Invalid(
+                "--promote opens a backup's directory as a standalone primary's: not with --replica-of, nor on a cluster node (whose failovers promote)".into(),
+            ));
+        }
         if self.replica_of.is_some() && self.repl_port.is_some() {
             return Err(ConfigError::Invalid(
                 "a backup (replica_of) does not accept backups itself (repl_port)".into(),

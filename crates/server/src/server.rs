@@ -417,6 +417,39 @@ fn backup_options(
     })
 }
 
+/// `--promote`: a standalone backup's directory opened as a primary's. Its checkpoint and
+/// its replica log up to its cut become the engine (as a cluster's promotion does,
+/// `promote_replica`), the replica log and the followed epoch go, and the primary writes
+/// the epoch after the one it followed, so that a backup of the old primary is never
+/// resumed from this one's log as if it were the same history. A directory that is no
+/// backup's is opened as it is. The open writes a checkpoint at the cut before anything
+/// is removed, so a crash at any step leaves a directory that opens whole.
+fn promote_standalone(
+    dir: &std::path::Path,
+    workers: usize,
+) -> Result<(Option<ditto_log::Recovered>, Option<ditto_log::Epoch>), ServerError> {
+    let rdir = ditto_log::replica::replica_dir(dir);
+    let followed = ditto_replication::backup::followed_epoch(dir);
+    if !rdir.exists() && followed.is_none() {
+        return Ok((None, None));
+    }
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?;
+    println!(
+        "promotion: a backup's directory (it followed epoch {}) opened as a primary's, everything up to ts {}: {} transactions of its replica log replayed",
+        followed.map_or(0, |e| e.0),
+        opened.cut.0,
+        opened.report.log_txns_replayed
+    );
+    let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
+    drop(lock);
+    if rdir.exists() {
+        std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
+    }
+    let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
+    Ok((Some(ditto_log::Recovered(db)), followed.map(|e| ditto_log::Epoch(e.0 + 1))))
+}
+
 /// Starts a standalone backup's join again (`Rejoin`), as `how` says: with a fresh copy
 /// of the primary's checkpoint, or its directory cut at a point and resumed from the log.
 /// Its old run is fenced (nothing of it writes the directory any more) and let go (the
@@ -525,6 +558,8 @@ fn run_role(
                 };
                 open.epoch = Some(ditto_log::Epoch(c.epoch));
                 open.ts_above = Ts(c.ts_above);
+            } else if cfg.promote {
+                (open.recovered, open.epoch) = promote_standalone(&dir, cfg.workers)?;
             }
             let d = ditto_log::open(&dir, open)?;
             if in_place && cfg.cluster.is_some() && failpoint("promotion-fails-after-log") {
