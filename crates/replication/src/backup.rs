@@ -270,6 +270,9 @@ pub struct BackupState {
     pub replay_mode: Mutex<String>,
     /// A cluster's learner (`BackupOptions::learner`) until `Backup::count_in_quorum`.
     pub learner: AtomicBool,
+    /// The highest commit the primary said it had acknowledged under any policy
+    /// (`Frame::Heartbeat::acknowledged`; `released` counts too).
+    pub acknowledged: AtomicU64,
     /// Stopped because the primary can no longer resume it as it stands; how it may join
     /// again (`Backup::join_again`).
     pub join_again: Mutex<Option<JoinAgain>>,
@@ -1729,7 +1732,12 @@ impl Receiver {
                         // destroy the last copy of acknowledged writes (a quorum of
                         // backups alone may release one, `majority` with two or more).
                         // They are kept, and the backup stays stopped, saying so.
-                        let acked = Ts(self.state.released.load(Ordering::Acquire)).min(have);
+                        let acked = Ts(self
+                            .state
+                            .released
+                            .load(Ordering::Acquire)
+                            .max(self.state.acknowledged.load(Ordering::Acquire)))
+                        .min(have);
                         if acked > point {
                             self.fatal(format!(
                                 "the primary restarted into epoch {} from epoch {} at ts {}, without commits up to ts {} that it had acknowledged and this backup holds: it stays stopped, keeping them in its directory, rather than join again, which would discard them: to keep them, stop the primary and serve this backup's directory as the primary (`ditto server --promote`); to discard them, restart the backup on an empty directory (a cluster, `ditto server --node-id`, fails over to such a backup by itself)",
@@ -1874,8 +1882,9 @@ impl Receiver {
                     }
                     self.engine.note_released(released);
                 }
-                Frame::Heartbeat { released } => {
+                Frame::Heartbeat { released, acknowledged } => {
                     self.engine.note_released(released);
+                    self.state.acknowledged.fetch_max(acknowledged.0, Ordering::AcqRel);
                 }
                 Frame::Table { id, name } => {
                     add_tables(&self.engine.db, &self.opts.data_dir, &[(id, name)], &*self.storage)

@@ -49,6 +49,10 @@ pub struct PrimaryOptions {
     /// and `start`). A backup of epoch `e` that holds exactly `p` then holds what this
     /// primary started from, and resumes from the log rather than copying a checkpoint.
     pub resume_from: Option<(Epoch, Ts, Ts)>,
+    /// The highest release of any commit policy its server offers (kept by the server,
+    /// which releases each policy's commits; `None`: the release watermark is all there
+    /// is), shipped in heartbeats (`Frame::Heartbeat::acknowledged`).
+    pub acknowledged: Option<Arc<AtomicU64>>,
 }
 
 impl Default for PrimaryOptions {
@@ -59,6 +63,7 @@ impl Default for PrimaryOptions {
             queue_bytes_max: 256 << 20,
             heartbeat: Duration::from_millis(1),
             resume_from: None,
+            acknowledged: None,
         }
     }
 }
@@ -263,6 +268,11 @@ impl Primary {
 
     pub fn released(&self) -> Ts {
         Ts(self.released.load(Ordering::Acquire))
+    }
+
+    /// The highest release of any commit policy (`PrimaryOptions::acknowledged`).
+    fn acknowledged(&self) -> Ts {
+        self.opts.acknowledged.as_ref().map_or(Ts::ZERO, |a| Ts(a.load(Ordering::Acquire)))
     }
 
     pub fn backups(&self) -> Vec<BackupInfo> {
@@ -704,7 +714,7 @@ impl Primary {
         })?;
         self.changed();
         // Send the queue until the link dies.
-        let mut last_released = Ts::ZERO;
+        let (mut last_released, mut last_acknowledged) = (Ts::ZERO, Ts::ZERO);
         let mut last_sent = Instant::now();
         let result = loop {
             let frames: Vec<Bytes> = {
@@ -722,11 +732,15 @@ impl Primary {
                 w.write_all(f)?;
             }
             let released = self.released();
+            let acknowledged = self.acknowledged().max(released);
             // A heartbeat when the release moved, and at least every IDLE_HEARTBEAT, so a
             // backup can tell an idle primary from a gone one (backup::SILENCE_MAX).
-            if released > last_released || (frames.is_empty() && last_sent.elapsed() >= IDLE_HEARTBEAT) {
-                w.write_all(&Frame::Heartbeat { released }.encode())?;
-                last_released = released;
+            if released > last_released
+                || acknowledged > last_acknowledged
+                || (frames.is_empty() && last_sent.elapsed() >= IDLE_HEARTBEAT)
+            {
+                w.write_all(&Frame::Heartbeat { released, acknowledged }.encode())?;
+                (last_released, last_acknowledged) = (released, acknowledged);
             } else if frames.is_empty() {
                 continue;
             }

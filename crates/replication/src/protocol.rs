@@ -17,7 +17,9 @@ use ditto_engine::Ts;
 use ditto_log::Epoch;
 
 pub const MAGIC: [u8; 8] = *b"DITTOREP";
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2 (2026-11-28): `Start::CutAt`, and `Heartbeat::acknowledged`. A primary refuses a
+/// backup of another version, saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The largest frame accepted: a batch of the largest transaction (128 MiB) and change.
 pub const FRAME_BYTES_MAX: usize = 160 << 20;
 pub const FRAME_HEADER_LEN: usize = 8;
@@ -40,8 +42,12 @@ pub enum Frame {
     /// primary's release watermark when it was sent; `floor_trusted` says whether it was
     /// shipped in framing order (live) or read back from disk (a gap).
     Batch { epoch: Epoch, released: Ts, floor_trusted: bool, batch: Bytes },
-    /// Primary -> backup, when there is nothing to send: the release watermark.
-    Heartbeat { released: Ts },
+    /// Primary -> backup, when there is nothing to send: the release watermark; and the
+    /// highest release of any commit policy (a connection may choose a weaker one than the
+    /// server's), at or above it: no commit above it has been acknowledged to a client. A
+    /// backup reads at `released`, and will not cut away what it holds at or below
+    /// `acknowledged` (`JoinAgain::CutAt`).
+    Heartbeat { released: Ts, acknowledged: Ts },
     /// Backup -> primary: its watermarks (every commit at or below each is received, made
     /// durable, replayed on the backup).
     Ack { received: Ts, durable: Ts, replayed: Ts },
@@ -179,9 +185,10 @@ impl Frame {
             Frame::Batch { epoch, released, floor_trusted, batch } => {
                 put_batch_body(&mut b, *epoch, *released, *floor_trusted, batch);
             }
-            Frame::Heartbeat { released } => {
+            Frame::Heartbeat { released, acknowledged } => {
                 b.put_u8(kind::HEARTBEAT);
                 b.put_u64_le(released.0);
+                b.put_u64_le(acknowledged.0);
             }
             Frame::Ack { received, durable, replayed } => {
                 b.put_u8(kind::ACK);
@@ -276,7 +283,7 @@ impl Frame {
                 };
                 Frame::Batch { epoch, released, floor_trusted, batch: std::mem::take(&mut b) }
             }
-            kind::HEARTBEAT => Frame::Heartbeat { released: Ts(get_u64(&mut b)?) },
+            kind::HEARTBEAT => Frame::Heartbeat { released: Ts(get_u64(&mut b)?), acknowledged: Ts(get_u64(&mut b)?) },
             kind::ACK => Frame::Ack {
                 received: Ts(get_u64(&mut b)?),
                 durable: Ts(get_u64(&mut b)?),
@@ -414,7 +421,7 @@ mod tests {
             }
             .encode()
         );
-        roundtrip(Frame::Heartbeat { released: Ts(8) });
+        roundtrip(Frame::Heartbeat { released: Ts(8), acknowledged: Ts(11) });
         roundtrip(Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) });
         roundtrip(Frame::Refuse { reason: "no".into() });
     }

@@ -27,7 +27,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 
 /// Replication of `d` under `local` on `listener`.
 fn ship(d: &ditto_log::Durable, listener: std::net::TcpListener) -> Arc<Primary> {
-    ship_under(d, listener, "local", None)
+    ship_under(d, listener, "local", None, None)
 }
 
 /// Replication of `d` under `policy` on `listener`, one backup expected.
@@ -36,9 +36,10 @@ fn ship_under(
     listener: std::net::TcpListener,
     policy: &str,
     resume_from: Option<(Epoch, Ts, Ts)>,
+    acknowledged: Option<Arc<std::sync::atomic::AtomicU64>>,
 ) -> Arc<Primary> {
     let policy = CommitPolicy::parse(policy).unwrap();
-    let opts = PrimaryOptions { backups_expected: 1, resume_from, ..Default::default() };
+    let opts = PrimaryOptions { backups_expected: 1, resume_from, acknowledged, ..Default::default() };
     Primary::start(d, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap()
 }
 
@@ -188,12 +189,20 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 
 #[test]
 fn a_backup_holding_more_than_its_restarted_primary_is_cut_at_its_point_and_resumed_from_the_log() {
-    primary_restarts_without_commits_the_backup_holds("local");
+    primary_restarts_without_commits_the_backup_holds("local", false);
 }
 
 #[test]
 fn a_backup_holding_acknowledged_commits_its_restarted_primary_lost_keeps_them_and_stays_stopped() {
-    primary_restarts_without_commits_the_backup_holds("majority-received");
+    primary_restarts_without_commits_the_backup_holds("majority-received", false);
+}
+
+/// The same under `local`, but with the lost commits acknowledged under another policy
+/// than the server's (a connection's `DITTO.POLICY majority-received`): the release
+/// watermark does not cover them, the acknowledged one (`Frame::Heartbeat`) does.
+#[test]
+fn commits_acknowledged_under_a_connections_own_policy_are_kept_too() {
+    primary_restarts_without_commits_the_backup_holds("local", true);
 }
 
 /// A primary under `policy` with two log streams ships 50 commits, all on one stream,
@@ -203,8 +212,9 @@ fn a_backup_holding_acknowledged_commits_its_restarted_primary_lost_keeps_them_a
 /// for ones it has, and skip them. Under `local` none of them was
 /// acknowledged: the backup is cut at the restart point and resumed from the log. Under
 /// `majority-received` all were (the backup had them): it keeps them and stays stopped.
-fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
-    let acked = policy != "local";
+fn primary_restarts_without_commits_the_backup_holds(policy: &str, acked_by_a_connection: bool) {
+    let acked = policy != "local" || acked_by_a_connection;
+    let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("a-after"));
     let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -216,7 +226,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
     let t = a.db().create_table("t").unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let p = ship_under(&a, listener, policy, None);
+    let p = ship_under(&a, listener, policy, None, Some(Arc::clone(&acknowledged)));
     let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
     let first = commit(&a, t, 0..100);
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
@@ -232,7 +242,14 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
     wait_until("the backup to receive the commits the primary will lose", Duration::from_secs(30), || {
         bk.state.received.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
     });
-    if acked {
+    if acked_by_a_connection {
+        // (As the server's releases do for each commit they acknowledge.)
+        acknowledged.fetch_max(last_lost.0, std::sync::atomic::Ordering::AcqRel);
+        wait_until("the backup to learn they were acknowledged", Duration::from_secs(30), || {
+            bk.state.acknowledged.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
+        });
+        assert!(bk.state.released.load(std::sync::atomic::Ordering::Acquire) < lost[0].0, "released under `local`");
+    } else if acked {
         wait_until("the backup to learn they were released", Duration::from_secs(30), || {
             bk.state.released.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
         });
@@ -243,14 +260,16 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str) {
     let c = ditto_log::open(&pc, OpenOptions { workers: 2, ..Default::default() }).unwrap();
     let (old, point) = c.opened_from().expect("a new epoch above the one the log held");
     assert!(point >= first && point < lost[0], "recovered up to {point:?}: first {first:?}, lost from {:?}", lost[0]);
-    let p2 = ship_under(&c, std::net::TcpListener::bind(addr).unwrap(), policy, Some((old, point, point)));
+    let p2 = ship_under(&c, std::net::TcpListener::bind(addr).unwrap(), policy, Some((old, point, point)), None);
     if acked {
         wait_until("the backup to stop", Duration::from_secs(30), || bk.failure().is_some());
         let why = bk.failure().unwrap();
         assert!(why.contains("it had acknowledged") && why.contains("stays stopped"), "{why}");
         assert_eq!(bk.join_again(), None, "a backup holding acknowledged commits must not join again by itself");
+        // Read where the release covers them (under `local` it does not: held, not
+        // visible; the directory below holds them either way).
         let r = bk.db.read();
-        for k in 0..150u32 {
+        for k in 0..if acked_by_a_connection { 100 } else { 150u32 } {
             assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
         }
         drop(r);

@@ -38,6 +38,9 @@ pub struct Release {
     /// The watermark, readable without the lock (the fast path of `wait`).
     watermark: AtomicU64,
     state: Mutex<State>,
+    /// Raised to every commit `wait` releases (`counting_into`): the highest commit
+    /// acknowledged to a client, shared by the releases of every policy.
+    acknowledged: Option<Arc<AtomicU64>>,
 }
 
 struct State {
@@ -70,11 +73,27 @@ impl Eq for Waiter {}
 
 impl Default for Release {
     fn default() -> Self {
-        Release { watermark: AtomicU64::new(0), state: Mutex::new(State { failed: None, waiting: BinaryHeap::new() }) }
+        Release {
+            watermark: AtomicU64::new(0),
+            state: Mutex::new(State { failed: None, waiting: BinaryHeap::new() }),
+            acknowledged: None,
+        }
     }
 }
 
 impl Release {
+    /// A release that raises `acknowledged` to every commit it releases.
+    pub fn counting_into(acknowledged: Arc<AtomicU64>) -> Release {
+        Release { acknowledged: Some(acknowledged), ..Release::default() }
+    }
+
+    /// `ts` is released to its client.
+    fn acknowledge(&self, ts: Ts) {
+        if let Some(a) = &self.acknowledged {
+            a.fetch_max(ts.0, Ordering::AcqRel);
+        }
+    }
+
     /// Every commit up to `w` is durable; `failed`, when set, is the log's failure (the
     /// first one reported is kept). Called from the log's flusher threads; never blocks
     /// beyond the short lock, and moves of the watermark may arrive out of order.
@@ -105,6 +124,7 @@ impl Release {
     /// failed first. `Ts(0)` (nothing to wait for) returns at once.
     pub async fn wait(&self, ts: Ts) -> Outcome {
         if self.watermark() >= ts {
+            self.acknowledge(ts);
             return Ok(());
         }
         let rx = {
@@ -112,6 +132,7 @@ impl Release {
             // Re-read under the lock: `advance` moves the watermark and drains under it, so
             // an entry pushed now is either covered by a later `advance` or failed by one.
             if self.watermark() >= ts {
+                self.acknowledge(ts);
                 return Ok(());
             }
             if let Some(f) = &st.failed {
@@ -121,7 +142,11 @@ impl Release {
             st.waiting.push(Waiter { ts, tx });
             rx
         };
-        rx.await.unwrap_or_else(|_| Err("the server is shutting down".into()))
+        let r = rx.await.unwrap_or_else(|_| Err("the server is shutting down".into()));
+        if r.is_ok() {
+            self.acknowledge(ts);
+        }
+        r
     }
 
     /// Connections waiting now (tests read it).
@@ -143,6 +168,26 @@ mod tests {
             Poll::Ready(v) => Some(v),
             Poll::Pending => None,
         }
+    }
+
+    #[test]
+    fn the_highest_commit_released_to_a_client_is_counted_for_every_policy_sharing_it() {
+        let acked = Arc::new(AtomicU64::new(0));
+        let (a, b) = (Release::counting_into(Arc::clone(&acked)), Release::counting_into(Arc::clone(&acked)));
+        a.advance(Ts(4), None);
+        assert_eq!(poll_once(pin!(a.wait(Ts(3)))), Some(Ok(())), "covered already");
+        assert_eq!(acked.load(Ordering::Acquire), 3, "what a client was told, not the watermark");
+        let mut w = pin!(b.wait(Ts(7)));
+        assert_eq!(poll_once(w.as_mut()), None);
+        assert_eq!(acked.load(Ordering::Acquire), 3, "not acknowledged while it waits");
+        b.advance(Ts(9), None);
+        assert_eq!(poll_once(w.as_mut()), Some(Ok(())));
+        assert_eq!(acked.load(Ordering::Acquire), 7, "the other policy's release counts too");
+        let mut failed = pin!(a.wait(Ts(20)));
+        assert_eq!(poll_once(failed.as_mut()), None);
+        a.advance(Ts(4), Some(&Arc::from("disk")));
+        assert!(poll_once(failed.as_mut()).is_some_and(|r| r.is_err()));
+        assert_eq!(acked.load(Ordering::Acquire), 7, "a failed commit is acknowledged to nobody");
     }
 
     #[test]

@@ -651,7 +651,9 @@ fn run_role(
     // Durability progress reaches connections from the log's flusher threads (no thread of
     // ours in between: one wake-up fewer per commit), waking only those it covers. With
     // backups, what releases a commit is the commit policy's quorum (ditto_replication).
-    let release = Arc::new(Release::default());
+    // Every policy's release raises `acknowledged` to each commit it acknowledges.
+    let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let release = Arc::new(Release::counting_into(Arc::clone(&acknowledged)));
     let mut primary = None;
     // Every policy a connection may choose on a primary (the server's own is `release`).
     let by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)> = match cfg.repl_port {
@@ -660,7 +662,7 @@ fn run_role(
                 .into_iter()
                 .map(|n| ditto_replication::CommitPolicy::parse(n).expect("a known policy"))
                 .filter(|p| *p != policy)
-                .map(|p| (p, Arc::new(Release::default())))
+                .map(|p| (p, Arc::new(Release::counting_into(Arc::clone(&acknowledged)))))
                 .collect()
         }
         _ => Vec::new(),
@@ -681,6 +683,9 @@ fn run_role(
             backups_expected: cfg.backups,
             members_config: cfg.cluster.as_ref().map_or(0, |c| c.members_config),
             resume_from,
+            // The highest commit acknowledged to a client under any policy (a backup will
+            // not cut away what it holds below it).
+            acknowledged: Some(Arc::clone(&acknowledged)),
             ..Default::default()
         };
         let r = Arc::clone(&release);
