@@ -651,9 +651,14 @@ fn run_role(
     // Durability progress reaches connections from the log's flusher threads (no thread of
     // ours in between: one wake-up fewer per commit), waking only those it covers. With
     // backups, what releases a commit is the commit policy's quorum (ditto_replication).
-    // Every policy's release raises `acknowledged` to each commit it acknowledges.
+    // On a primary with backups, every policy's release raises `acknowledged` to each
+    // commit it acknowledges (shipped to its backups); elsewhere nobody reads it.
     let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let release = Arc::new(Release::counting_into(Arc::clone(&acknowledged)));
+    let counting = || match (&durable, cfg.repl_port) {
+        (Some(_), Some(_)) => Release::counting_into(Arc::clone(&acknowledged)),
+        _ => Release::default(),
+    };
+    let release = Arc::new(counting());
     let mut primary = None;
     // Every policy a connection may choose on a primary (the server's own is `release`).
     let by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)> = match cfg.repl_port {
@@ -662,7 +667,7 @@ fn run_role(
                 .into_iter()
                 .map(|n| ditto_replication::CommitPolicy::parse(n).expect("a known policy"))
                 .filter(|p| *p != policy)
-                .map(|p| (p, Arc::new(Release::counting_into(Arc::clone(&acknowledged)))))
+                .map(|p| (p, Arc::new(counting())))
                 .collect()
         }
         _ => Vec::new(),
