@@ -30,6 +30,29 @@ fn stop_with_sigterm(child: &mut std::process::Child) -> std::process::ExitStatu
     exit
 }
 
+const POLICY: [&str; 4] = ["--commit-policy", "majority-durable", "--backups", "1"];
+
+/// A primary (majority-durable, one backup) and its backup, the backup's log in a file.
+struct Pair {
+    pdir: std::path::PathBuf,
+    blog: std::path::PathBuf,
+    primary: Node,
+    /// The primary's replication port, for its restart.
+    repl_port: String,
+    backup: Node,
+}
+
+impl Pair {
+    fn start(dir: &std::path::Path) -> Pair {
+        let (pdir, blog) = (dir.join("primary"), dir.join("backup.log"));
+        let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &POLICY].concat());
+        let repl = primary.repl.clone().unwrap();
+        let repl_port = repl.rsplit(':').next().unwrap().to_string();
+        let backup = Node::start_logged(&dir.join("backup"), &["--replica-of", &repl], Some(&blog));
+        Pair { pdir, blog, primary, repl_port, backup }
+    }
+}
+
 fn field(c: &mut Client, section: &str, name: &str) -> Option<String> {
     let info = c.cmd(&["INFO", section]).unwrap().join("\n");
     info.lines().find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
@@ -54,12 +77,7 @@ fn write_keys(port: u16, keys: std::ops::Range<usize>) -> String {
 #[test]
 fn a_backup_whose_primary_was_killed_and_restarted_joins_again_in_the_same_process() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pdir, bdir, blog) = (tmp.path().join("primary"), tmp.path().join("backup"), tmp.path().join("backup.log"));
-    let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
-    let repl = primary.repl.clone().unwrap();
-    let repl_port = repl.rsplit(':').next().unwrap().to_string();
-    let backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&blog));
+    let Pair { pdir, blog, mut primary, repl_port, backup } = Pair::start(tmp.path());
     let mut b = Client::connect(backup.port).unwrap();
     let pid = field(&mut b, "server", "process_id").expect("process_id");
     let ts = write_keys(primary.port, 0..FIRST);
@@ -108,7 +126,7 @@ fn a_backup_whose_primary_was_killed_and_restarted_joins_again_in_the_same_proce
     let down = reads.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(300));
     assert!(reads.load(Ordering::Relaxed) > down, "the backup served no reads while its primary was down");
-    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
+    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &POLICY].concat());
     // Acknowledged only once the backup holds them durably: it must have joined again.
     let ts = write_keys(primary.port, FIRST..FIRST + AFTER);
     let mut b = Client::connect(backup.port).unwrap();
@@ -142,12 +160,7 @@ fn a_backup_whose_primary_was_killed_and_restarted_joins_again_in_the_same_proce
 #[test]
 fn a_backup_whose_primary_restarted_cleanly_is_resumed_from_the_log_without_a_copy() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pdir, bdir, blog) = (tmp.path().join("primary"), tmp.path().join("backup"), tmp.path().join("backup.log"));
-    let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
-    let repl = primary.repl.clone().unwrap();
-    let repl_port = repl.rsplit(':').next().unwrap().to_string();
-    let backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&blog));
+    let Pair { pdir, blog, mut primary, repl_port, backup } = Pair::start(tmp.path());
     let ts = write_keys(primary.port, 0..FIRST);
     let mut b = Client::connect(backup.port).unwrap();
     b.set_read_timeout(Duration::from_secs(30));
@@ -156,7 +169,7 @@ fn a_backup_whose_primary_restarted_cleanly_is_resumed_from_the_log_without_a_co
     // does, up to the point its restart begins the next epoch at.
     let exit = stop_with_sigterm(&mut primary.child);
     assert!(exit.success(), "a clean stop: {exit:?}");
-    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
+    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &POLICY].concat());
     let ts = write_keys(primary.port, FIRST..FIRST + AFTER);
     let mut b = Client::connect(backup.port).unwrap();
     b.set_read_timeout(Duration::from_secs(30));
@@ -193,8 +206,7 @@ fn a_backup_still_joining_its_primary_stops_at_once_on_sigterm() {
 fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_everything() {
     let tmp = tempfile::tempdir().unwrap();
     let (pdir, bdir) = (tmp.path().join("primary"), tmp.path().join("backup"));
-    let policy = ["--commit-policy", "majority-durable", "--backups", "1"];
-    let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &POLICY].concat());
     let mut backup = Node::start(&bdir, &["--replica-of", primary.repl.as_ref().unwrap()]);
     // Acknowledged once durable on the backup: in its replica log (above its checkpoint).
     let ts = write_keys(primary.port, 0..FIRST);

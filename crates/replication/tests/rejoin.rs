@@ -43,6 +43,22 @@ fn ship_under(
     Primary::start(d, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap()
 }
 
+/// A primary on `pa` (one stream, table `t`, shipping under `local` on a free port) and
+/// its backup on `pb` replaying in `replay` mode.
+fn primary_and_backup(
+    pa: &std::path::Path,
+    pb: &std::path::Path,
+    replay: ditto_replication::ReplayMode,
+) -> (ditto_log::Durable, ditto_engine::TableId, std::net::SocketAddr, Arc<Primary>, ditto_replication::Backup) {
+    let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let p = ship(&a, listener);
+    let bk = backup::start(BackupOptions { replay, ..BackupOptions::new(&addr.to_string(), pb, 1, "b") }).unwrap();
+    (a, t, addr, p, bk)
+}
+
 /// Commits keys `keys` to table `t`, one transaction each; the last commit's ts.
 fn commit(d: &ditto_log::Durable, t: ditto_engine::TableId, keys: std::ops::Range<u32>) -> Ts {
     commit_on(d, t, 0, keys)
@@ -73,12 +89,7 @@ fn the_same_with_serial_and_dependency_replay_whose_threads_end_too() {
 fn copy_brings_it_back(replay: ditto_replication::ReplayMode) {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let p = ship(&a, listener);
-    let bk = backup::start(BackupOptions { replay, ..BackupOptions::new(&addr.to_string(), &pb, 1, "b") }).unwrap();
+    let (a, t, addr, p, bk) = primary_and_backup(&pa, &pb, replay);
     let first = commit(&a, t, 0..100);
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
@@ -335,12 +346,7 @@ impl Drop for Unstall {
 fn a_backups_directory_opened_as_a_primarys_is_refused_and_left_as_it_was() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
-    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let p = ship(&a, listener);
-    let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+    let (a, t, _, p, bk) = primary_and_backup(&pa, &pb, ditto_replication::ReplayMode::Parallel);
     let last = commit(&a, t, 0..50);
     wait_until("the backup to make everything durable", Duration::from_secs(30), || {
         bk.state.durable.load(std::sync::atomic::Ordering::Acquire) >= last.0
