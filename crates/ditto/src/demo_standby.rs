@@ -8,6 +8,10 @@
 //!  clients --INCR, MULTI/EXEC transfers--> primary --log batches--> backup <--MGET-- reader
 //!                                           INFO replication <-- sampler (replay lag, freshness)
 //!  then: WAITTS the primary's last commit on the backup; every acknowledged INCR there
+//!  then: the primary stopped (SIGTERM) and started again on the same replication port;
+//!        the backup joins it again by itself, in the same process (docs/replication.md,
+//!        "A backup its primary can no longer resume"); a write on the restarted primary,
+//!        acknowledged once durable on both, then held by the backup
 //! ```
 
 use std::path::Path;
@@ -33,6 +37,8 @@ pub struct StandbyDemo {
     caught_up_ms: f64,
     counters_checked: usize,
     dbsize: i64,
+    /// From the restarted primary serving until the backup held a write made on it.
+    rejoin_ms: f64,
 }
 
 /// What the reader on the backup saw: reads, all consistent.
@@ -152,6 +158,7 @@ pub fn run(dir: &Path, workers: usize, clients: usize, seconds: f64) -> Result<S
     if dbsize != pdbsize {
         return Err(format!("DBSIZE is {dbsize} on the backup, {pdbsize} on the primary").into());
     }
+    let rejoin_ms = restart_primary(dir, &w, primary, &repl, backup.port, dbsize)?;
     let mut lat: Vec<u32> = logs.iter().flat_map(|l| l.latencies_us.iter().copied()).collect();
     lat.sort_unstable();
     let pct = |v: &[u32], p: f64| v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied();
@@ -171,7 +178,86 @@ pub fn run(dir: &Path, workers: usize, clients: usize, seconds: f64) -> Result<S
         caught_up_ms,
         counters_checked: logs.len(),
         dbsize,
+        rejoin_ms,
     })
+}
+
+/// The backup's process id (`INFO server`).
+fn process_id(port: u16) -> Result<String, Error> {
+    let mut c = Client::connect_to("127.0.0.1", port)?;
+    let Reply::Bulk(Some(b)) = c.call(&["INFO", "server"])? else { return Err("INFO: not a bulk reply".into()) };
+    let info = String::from_utf8(b)?;
+    let pid = info.lines().find_map(|l| l.strip_prefix("process_id:")).ok_or("no process_id in INFO server")?;
+    Ok(pid.trim().to_string())
+}
+
+/// Stops the primary (SIGTERM), starts it again on its directory and replication port
+/// `repl`, and waits until the backup on `backup_port` holds a write made on it (under
+/// `majority-durable` it is acknowledged only once the backup has it durably: the backup
+/// must have joined again by itself). Checks the backup is the same process and holds
+/// the `keys` keys and the new one. Returns the milliseconds from the restarted primary
+/// serving until the backup held the write.
+fn restart_primary(
+    dir: &Path,
+    workers: &str,
+    mut primary: crate::demo_server::ServerProcess,
+    repl: &str,
+    backup_port: u16,
+    keys: i64,
+) -> Result<f64, Error> {
+    let pid = process_id(backup_port)?;
+    let repl_port = repl.rsplit(':').next().ok_or("no replication port")?;
+    // SAFETY: kill(2) on a child this process spawned and has not reaped.
+    unsafe {
+        libc::kill(primary.child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while primary.child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            return Err("the primary did not stop within 30 s of SIGTERM".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(primary);
+    let args =
+        ["--workers", workers, "--repl-port", repl_port, "--commit-policy", "majority-durable", "--backups", "1"];
+    let primary = start_ditto_server(None, &dir.join("primary"), &args, Stdio::null())?;
+    let t = Instant::now();
+    let mut c = Client::connect_to("127.0.0.1", primary.port)?;
+    if c.call(&["SET", "demo:after-restart", "1"])? != Reply::Simple("OK".into()) {
+        return Err("SET on the restarted primary failed".into());
+    }
+    let ts = c.int(&["DITTO.LASTCOMMIT"])?.to_string();
+    // The backup's connections close when it swaps its old engine for the new one (the
+    // write above may be acknowledged a moment before): one that is closed is opened again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut b = loop {
+        let attempt =
+            Client::connect_to("127.0.0.1", backup_port).and_then(|mut b| Ok((b.call(&["DITTO.WAITTS", &ts])?, b)));
+        match attempt {
+            Ok((Reply::Simple(ok), b)) if ok == "OK" => break b,
+            Ok((other, _)) => {
+                return Err(format!("the backup did not reach the restarted primary's commit ts {ts}: {other:?}").into())
+            }
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("the backup after the primary's restart: {e}").into())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if process_id(backup_port)? != pid {
+        return Err("the backup is another process after the primary's restart".into());
+    }
+    let (bkeys, pkeys) = (b.int(&["DBSIZE"])?, c.int(&["DBSIZE"])?);
+    if bkeys != keys + 1 || pkeys != keys + 1 {
+        return Err(format!(
+            "after the restart DBSIZE is {bkeys} on the backup, {pkeys} on the primary, not {}",
+            keys + 1
+        )
+        .into());
+    }
+    Ok(ms)
 }
 
 impl StandbyDemo {
@@ -199,6 +285,11 @@ impl StandbyDemo {
         println!(
             "          every acknowledged INCR on the backup ({} counters), DBSIZE {} on both  OK",
             self.counters_checked, self.dbsize
+        );
+        println!(
+            "  primary restart     the primary stopped (SIGTERM) and started again: the backup joined it again by itself, same process, and held a write made on it {:.0} ms after it served; DBSIZE {} on both  OK",
+            self.rejoin_ms,
+            self.dbsize + 1
         );
     }
 }

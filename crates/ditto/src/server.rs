@@ -333,16 +333,22 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let durability = cfg.durability()?.name();
     ditto_server::run(cfg, |l| {
-        // Tests and scripts wait for these lines; the plaintext one comes first.
+        // Tests and scripts wait for these lines; the plaintext one comes first. Printed
+        // again at each change of role (a backup joining its primary again, say), when
+        // whoever started the server may have stopped reading: a closed standard output
+        // must not end the server (`println!` panics on it), so errors are ignored.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
         if let Some(a) = l.plain {
-            println!("ditto server listening on {a} ({durability})");
+            let _ = writeln!(out, "ditto server listening on {a} ({durability})");
         }
         if let Some(a) = l.tls {
-            println!("ditto server listening for TLS on {a} ({durability})");
+            let _ = writeln!(out, "ditto server listening for TLS on {a} ({durability})");
         }
         if let Some(a) = l.repl {
-            println!("ditto server accepting backups on {a}");
+            let _ = writeln!(out, "ditto server accepting backups on {a}");
         }
+        let _ = out.flush();
     })?;
     Ok(())
 }

@@ -190,6 +190,10 @@ fn demo_small_crashes_recovers_and_verifies() {
     // The hot-standby part: a primary and a backup process, reads on the backup checked.
     assert!(out.contains("each a consistent state  OK"), "{out}");
     assert!(out.contains("every acknowledged INCR on the backup (8 counters), DBSIZE 19 on both  OK"), "{out}");
+    assert!(
+        out.contains("the backup joined it again by itself, same process,") && out.contains("DBSIZE 20 on both  OK"),
+        "{out}"
+    );
     // The cluster part: failovers, a switchover, a fourth node added (a learner, then a
     // voter in place), every acknowledged write on every node.
     assert!(out.contains("a fourth node added online: a learner (counted in no quorum)"), "{out}");
