@@ -168,6 +168,12 @@ pub struct BackupOptions {
     /// Where the join's connection is put while it is made, so that another thread can
     /// cut it short (`JoinCancel`): a checkpoint copy is read without a timeout.
     pub cancel: Option<JoinCancel>,
+    /// Told at its start that it holds more than its restarted primary's point, it keeps
+    /// what it holds and does not join (`BackupError::HoldsWhatThePrimaryLost`: those
+    /// commits may have been acknowledged), rather than copy the primary's checkpoint
+    /// over it. On by default; a cluster's backups turn it off: a failover's point lies
+    /// above every commit ever acknowledged, so what a backup holds above it was not.
+    pub keep_what_the_primary_lost: bool,
 }
 
 /// Cuts a join short from another thread (`BackupOptions::cancel`): sets the stop flag
@@ -230,6 +236,7 @@ impl BackupOptions {
             stop: None,
             fresh_copy: false,
             cancel: None,
+            keep_what_the_primary_lost: true,
         }
     }
 }
@@ -492,7 +499,20 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             }
         }
     };
-    let (stream, mut reader, welcome) = join(&hello)?;
+    let (mut stream, mut reader, mut welcome) = join(&hello)?;
+    if let (Some(Frame::Welcome { start: Start::CutAt { .. }, .. }), false) =
+        (&welcome, opts.keep_what_the_primary_lost)
+    {
+        // (A cluster's backup: what it holds above the point was never acknowledged.)
+        let fresh = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            epoch: Epoch(0),
+            have_ts: Ts::ZERO,
+            node: opts.node.clone(),
+            learner: opts.learner,
+        };
+        (stream, reader, welcome) = join(&fresh)?;
+    }
     if let (Some(Frame::Welcome { epoch: now, start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
         // The primary restarted from below what this backup holds: it lost commits this
         // backup has. Opened already (its log above its own cut folded into a checkpoint),

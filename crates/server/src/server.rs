@@ -414,6 +414,8 @@ fn backup_options(
         stop: Some(cfg.write_gate.as_ref().map_or_else(|| Arc::clone(&signals.asked), |g| g.stop_flag())),
         fresh_copy: false,
         cancel: None,
+        // A cluster's failover points lie above every acknowledged commit.
+        keep_what_the_primary_lost: cfg.cluster.is_none(),
     })
 }
 
