@@ -343,19 +343,8 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
 
 const STATE_FILE: &str = "REPLICA_STATE";
 
-fn hello_epoch(hello: &Frame) -> Epoch {
-    match hello {
-        Frame::Hello { epoch, .. } => *epoch,
-        _ => Epoch(0),
-    }
-}
-
 /// The primary's epoch a backup's directory `dir` last followed (`None`: none recorded).
-pub fn followed_epoch(dir: &Path) -> Option<Epoch> {
-    read_followed_epoch(dir)
-}
-
-fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
+pub fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
     let s = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
     s.trim().strip_prefix("epoch ")?.parse().ok().map(Epoch)
 }
@@ -522,7 +511,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         // backups alone). It keeps them and does not join: a person decides.
         return Err(BackupError::HoldsWhatThePrimaryLost(format!(
             "this backup holds commits of epoch {} up to ts {}, above ts {}, where its primary restarted into epoch {}: the primary lost them, and they may have been acknowledged (under a `received` policy, or by a quorum of backups alone), so it does not join, which would discard them; its directory {} keeps them. To keep them, stop the primary and serve this directory as the primary (`ditto server --promote`); to discard them and copy the primary's data instead, empty the directory and start the backup again",
-            hello_epoch(&hello).0,
+            followed.unwrap_or(Epoch(0)).0,
             o.cut.0,
             point.0,
             now.0,

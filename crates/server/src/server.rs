@@ -430,26 +430,16 @@ fn promote_standalone(
     dir: &std::path::Path,
     workers: usize,
 ) -> Result<(Option<ditto_log::Recovered>, Option<ditto_log::Epoch>), ServerError> {
-    let rdir = ditto_log::replica::replica_dir(dir);
-    let followed = ditto_replication::backup::followed_epoch(dir);
-    if !rdir.exists() && followed.is_none() {
+    let followed = ditto_replication::backup::read_followed_epoch(dir);
+    if !ditto_log::replica::replica_dir(dir).exists() && followed.is_none() {
         return Ok((None, None));
     }
-    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
-    let opened = ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?;
     println!(
-        "promotion: a backup's directory (it followed epoch {}) opened as a primary's, everything up to ts {}: {} transactions of its replica log replayed",
-        followed.map_or(0, |e| e.0),
-        opened.cut.0,
-        opened.report.log_txns_replayed
+        "promotion: a backup's directory (it followed epoch {}) opened as a primary's",
+        followed.map_or(0, |e| e.0)
     );
-    let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
-    drop(lock);
-    if rdir.exists() {
-        std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
-    }
-    let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
-    Ok((Some(ditto_log::Recovered(db)), followed.map(|e| ditto_log::Epoch(e.0 + 1))))
+    let db = promote_replica_dir(dir, workers, None)?;
+    Ok((Some(db), followed.map(|e| ditto_log::Epoch(e.0 + 1))))
 }
 
 /// Starts a standalone backup's join again (`Rejoin`), as `how` says: with a fresh copy
@@ -847,6 +837,17 @@ fn run_role(
     if let Some(a) = listening.tls {
         rejoin_cfg.tls_port = Some(a.port());
     }
+    // A join again started (`rejoin`), or, if it could not be, when to try again.
+    let start_rejoin = |how| {
+        let primary = cfg.replica_of.as_deref().unwrap_or_default();
+        match rejoin(&rejoin_cfg, primary, &dir, how, signals) {
+            Ok(r) => (Some(r), None),
+            Err(e) => {
+                tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
+                (None, Some(Instant::now() + REJOIN_RETRY_AFTER))
+            }
+        }
+    };
     let change = rt.block_on(async {
         let mut change = None;
         let mut check = tokio::time::interval(REJOIN_CHECK_EVERY);
@@ -876,14 +877,7 @@ fn run_role(
                         }));
                         continue;
                     }
-                    let primary = cfg.replica_of.as_deref().expect("a backup");
-                    match rejoin(&rejoin_cfg, primary, &dir, how, signals) {
-                        Ok(r) => rejoining = Some(r),
-                        Err(e) => {
-                            tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
-                            rejoin_retry = Some(Instant::now() + REJOIN_RETRY_AFTER);
-                        }
-                    }
+                    (rejoining, rejoin_retry) = start_rejoin(how);
                 }
                 f = async { fencing.as_mut().expect("guarded").await }, if fencing.is_some() => {
                     fencing = None;
@@ -897,14 +891,7 @@ fn run_role(
                     // Its replay threads end, and the directory's lock goes; the database
                     // stays with the connections reading it.
                     b.release();
-                    let (primary, how) = (cfg.replica_of.as_deref().expect("a backup"), rejoin_how.expect("decided"));
-                    match rejoin(&rejoin_cfg, primary, &dir, how, signals) {
-                        Ok(r) => rejoining = Some(r),
-                        Err(e) => {
-                            tracing::error!("joining the primary at {primary} again: {e}; trying again shortly");
-                            rejoin_retry = Some(Instant::now() + REJOIN_RETRY_AFTER);
-                        }
-                    }
+                    (rejoining, rejoin_retry) = start_rejoin(rejoin_how.expect("decided"));
                 }
                 r = async { (&mut rejoining.as_mut().expect("guarded").done).await }, if rejoining.is_some() => {
                     if let Some(Rejoin { thread, .. }) = rejoining.take() {
@@ -1322,9 +1309,23 @@ fn promote_replica(
     if !rdir.exists() {
         return Ok(None); // a primary's own directory (the first epoch, or a restart)
     }
-    // It must hold everything up to the point (refused before anything is rewritten).
-    let opened = match c.upto {
-        Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, Ts(p))?,
+    promote_replica_dir(dir, workers, c.upto.map(Ts)).map(Some)
+}
+
+/// A backup's directory opened whole as a primary's (a cluster's promotion, `--promote`):
+/// its checkpoint and its replica log up to its cut (refused, before anything is
+/// rewritten, if it does not hold everything up to `upto` when given), then the replica
+/// log and the followed epoch go. The open writes a checkpoint at the cut first, so a
+/// crash at any step leaves a directory that opens whole.
+fn promote_replica_dir(
+    dir: &std::path::Path,
+    workers: usize,
+    upto: Option<Ts>,
+) -> Result<ditto_log::Recovered, ServerError> {
+    let rdir = ditto_log::replica::replica_dir(dir);
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    let opened = match upto {
+        Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, p)?,
         None => ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?,
     };
     let r = &opened.report;
@@ -1346,7 +1347,7 @@ fn promote_replica(
     drop(lock);
     std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
     let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
-    Ok(Some(ditto_log::Recovered(db)))
+    Ok(ditto_log::Recovered(db))
 }
 
 impl Conn {
