@@ -194,6 +194,7 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     let mut c = Client::connect(primary.port).unwrap();
     let info = c.cmd(&["INFO", "replication"]).unwrap().join("\n");
     assert!(info.contains("ditto_release_blocked:backup slot 0 is not connected"), "{info}");
+    assert!(info.contains("ditto_backups_release:1"), "the server's policy counts backups: {info}");
     // A write waits (its reply is not sent) while the backup is missing...
     let mut w = Client::connect(primary.port).unwrap();
     w.set_read_timeout(Duration::from_millis(700));
@@ -285,4 +286,24 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert!(t0.elapsed() >= Duration::from_millis(200), "WAIT returned before its timeout");
     assert_eq!(w.one(&["WAIT", "1", "-1"]), "-ERR timeout is negative");
     assert_eq!(b.one(&["WAIT", "0", "0"]), "-ERR WAIT cannot be used with replica instances");
+}
+
+/// A `local` primary releases on no backup's acknowledgement, until a connection chooses
+/// a policy that counts backups: its backups are then told so with every batch, and keep
+/// what they hold above a restarted primary's point (crates/replication/tests/rejoin.rs).
+#[test]
+fn a_connections_policy_that_counts_backups_is_made_known_before_its_first_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let primary = Node::start(&tmp.path().join("p"), &["--repl-port", "0", "--commit-policy", "local"]);
+    let mut c = Client::connect(primary.port).unwrap();
+    assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("0"));
+    assert_eq!(c.one(&["DITTO.POLICY", "local"]), "+OK");
+    assert_eq!(c.one(&["SET", "a", "1"]), "+OK");
+    assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("0"), "`local` counts no backup");
+    let mut m = Client::connect(primary.port).unwrap();
+    assert_eq!(m.one(&["DITTO.POLICY", "majority-received"]), "+OK");
+    assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("1"));
+    // Set for good: what was shipped while it held may have been released so.
+    assert_eq!(m.one(&["DITTO.POLICY", "default"]), "+OK");
+    assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("1"));
 }

@@ -280,6 +280,10 @@ pub struct BackupState {
     /// The highest commit the primary said it had acknowledged under any policy
     /// (`Frame::Heartbeat::acknowledged`; `released` counts too).
     pub acknowledged: AtomicU64,
+    /// The last transaction of any batch received `counted` (`Frame::Batch`): the primary
+    /// may have released it on this backup's own acknowledgement, before saying so in
+    /// `acknowledged`.
+    pub counted: AtomicU64,
     /// Stopped because the primary can no longer resume it as it stands; how it may join
     /// again (`Backup::join_again`).
     pub join_again: Mutex<Option<JoinAgain>>,
@@ -1740,16 +1744,19 @@ impl Receiver {
                         // that this backup holds whole, above the point: a cut would
                         // destroy the last copy of acknowledged writes (a quorum of
                         // backups alone may release one, `majority` with two or more).
-                        // They are kept, and the backup stays stopped, saying so.
-                        let acked = Ts(self
-                            .state
-                            .released
-                            .load(Ordering::Acquire)
-                            .max(self.state.acknowledged.load(Ordering::Acquire)))
+                        // They are kept, and the backup stays stopped, saying so. Those it
+                        // was told of, and those it received `counted`: the primary may
+                        // have released them on this backup's acknowledgement and died
+                        // before it said so.
+                        let acked = Ts([&self.state.released, &self.state.acknowledged, &self.state.counted]
+                            .iter()
+                            .map(|a| a.load(Ordering::Acquire))
+                            .max()
+                            .unwrap_or(0))
                         .min(have);
                         if acked > point {
                             self.fatal(format!(
-                                "the primary restarted into epoch {} from epoch {} at ts {}, without commits up to ts {} that it had acknowledged and this backup holds: it stays stopped, keeping them in its directory, rather than join again, which would discard them: to keep them, stop the primary and serve this backup's directory as the primary (`ditto server --promote`); to discard them, restart the backup on an empty directory (a cluster, `ditto server --node-id`, fails over to such a backup by itself)",
+                                "the primary restarted into epoch {} from epoch {} at ts {}, without commits up to ts {} that it may have acknowledged and this backup holds: it stays stopped, keeping them in its directory, rather than join again, which would discard them: to keep them, stop the primary and serve this backup's directory as the primary (`ditto server --promote`); to discard them, restart the backup on an empty directory (a cluster, `ditto server --node-id`, fails over to such a backup by itself)",
                                 epoch.0, self.epoch.0, point.0, acked.0
                             ));
                             return;
@@ -1849,7 +1856,7 @@ impl Receiver {
             let now_ms = unix_ms();
             self.state.last_frame_unix_ms.store(now_ms, Ordering::Relaxed);
             match frame {
-                Frame::Batch { epoch, released, floor_trusted, batch } => {
+                Frame::Batch { epoch, released, floor_trusted, counted, batch } => {
                     if epoch < self.epoch {
                         return Err(format!("refused a batch of epoch {} (following {})", epoch.0, self.epoch.0));
                     }
@@ -1876,6 +1883,10 @@ impl Receiver {
                     } else {
                         let floor = floor_trusted.then_some(h.floor_ts);
                         self.received.push(s, h.bound_ts, floor);
+                        if counted {
+                            // Before it is acknowledged, so before it can be released.
+                            self.state.counted.fetch_max(h.last_ts.0, Ordering::AcqRel);
+                        }
                         self.seq += 1;
                         jobs.push(Job {
                             seq: self.seq,

@@ -53,6 +53,10 @@ pub struct PrimaryOptions {
     /// which releases each policy's commits; `None`: the release watermark is all there
     /// is), shipped in heartbeats (`Frame::Heartbeat::acknowledged`).
     pub acknowledged: Option<Arc<AtomicU64>>,
+    /// The server's own commit policy counts backups (anything but `local`): every batch
+    /// is shipped `counted` (`Frame::Batch`). A connection that chooses such a policy later
+    /// says so first (`Primary::backups_may_release`).
+    pub counted: bool,
 }
 
 impl Default for PrimaryOptions {
@@ -64,6 +68,7 @@ impl Default for PrimaryOptions {
             heartbeat: Duration::from_millis(1),
             resume_from: None,
             acknowledged: None,
+            counted: false,
         }
     }
 }
@@ -167,6 +172,9 @@ pub struct Primary {
     settle: Mutex<(u64, Ts, bool)>,
     on_change: OnChange,
     stopping: AtomicBool,
+    /// Some commit may be released on backups' acknowledgements (see
+    /// `backups_may_release`); only ever set.
+    counted: AtomicBool,
     pub batches_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
@@ -194,6 +202,7 @@ impl Primary {
             backups_expected: std::sync::atomic::AtomicUsize::new(opts.backups_expected),
             counted_nodes: Mutex::new(None),
             settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
+            counted: AtomicBool::new(opts.counted),
             opts,
             links: Mutex::new(Vec::new()),
             shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
@@ -268,6 +277,25 @@ impl Primary {
 
     pub fn released(&self) -> Ts {
         Ts(self.released.load(Ordering::Acquire))
+    }
+
+    /// From now on, commits may be released to their clients on backups'
+    /// acknowledgements (a connection chose a policy other than `local`): every batch is
+    /// shipped `counted`, so a backup knows its own acknowledgement of it may be what
+    /// released it, before the primary says so (`Frame::Heartbeat::acknowledged`, a
+    /// moment later). Call it before such a commit is made: a batch framed after the
+    /// commit's append is shipped after this (the stream buffer's lock orders them).
+    pub fn backups_may_release(&self) {
+        self.counted.store(true, Ordering::Release);
+    }
+
+    /// `backups_may_release` was called, or the server's policy counts backups.
+    pub fn backups_release(&self) -> bool {
+        self.counted.load(Ordering::Acquire)
+    }
+
+    fn flags(&self, floor_trusted: bool) -> crate::protocol::BatchFlags {
+        crate::protocol::BatchFlags { floor_trusted, counted: self.counted.load(Ordering::Acquire) }
     }
 
     /// The highest release of any commit policy (`PrimaryOptions::acknowledged`).
@@ -757,8 +785,8 @@ impl Primary {
     /// The gap is read from disk a segment at a time as it is sent (`Gap::for_each`).
     fn send_gap(&self, w: &mut impl Write, gap: Gap, have_ts: Ts, reg_clock: Ts) -> std::io::Result<()> {
         gap.for_each(|b| {
-            let f = Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: false, batch: b };
-            w.write_all(&f.encode())
+            let flags = self.flags(false);
+            w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), flags, &b))
         })?;
         // The gap's floors are not trusted (not in framing order), so an idle stream would
         // hold the backup's watermark until it writes again; while writers wait on that
@@ -775,9 +803,7 @@ impl Primary {
                 false,
                 &mut frame,
             );
-            let f =
-                Frame::Batch { epoch: self.epoch, released: self.released(), floor_trusted: true, batch: frame.into() };
-            w.write_all(&f.encode())?;
+            w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), self.flags(true), &frame))?;
         }
         Ok(())
     }
@@ -883,7 +909,7 @@ impl ditto_log::ShipTap for Tap {
             let links = p.links.lock();
             if !links.is_empty() {
                 p.sample(&links, header.bound_ts);
-                let f = crate::protocol::encode_batch(p.epoch, p.released(), true, frame);
+                let f = crate::protocol::encode_batch(p.epoch, p.released(), p.flags(true), frame);
                 p.push_to(&links, &f);
                 p.batches_shipped.fetch_add(1, Ordering::Relaxed);
             }

@@ -17,9 +17,9 @@ use ditto_engine::Ts;
 use ditto_log::Epoch;
 
 pub const MAGIC: [u8; 8] = *b"DITTOREP";
-/// 2 (2026-11-28): `Start::CutAt`, and `Heartbeat::acknowledged`. A primary refuses a
-/// backup of another version, saying which it speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 2 (2026-11-28): `Start::CutAt`, and `Heartbeat::acknowledged`. 3 (2026-11-28):
+/// `Batch::counted`. A primary refuses a backup of another version, saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The largest frame accepted: a batch of the largest transaction (128 MiB) and change.
 pub const FRAME_BYTES_MAX: usize = 160 << 20;
 pub const FRAME_HEADER_LEN: usize = 8;
@@ -40,8 +40,11 @@ pub enum Frame {
     Table { id: u32, name: String },
     /// Primary -> backup: one log batch as the primary framed it. `released` is the
     /// primary's release watermark when it was sent; `floor_trusted` says whether it was
-    /// shipped in framing order (live) or read back from disk (a gap).
-    Batch { epoch: Epoch, released: Ts, floor_trusted: bool, batch: Bytes },
+    /// shipped in framing order (live) or read back from disk (a gap); `counted`, that a
+    /// commit of it may be acknowledged to its client on backups' acknowledgements (a
+    /// policy other than `local` was in use on the primary when it was sent), so the
+    /// backup's own acknowledgement of it may be what released it.
+    Batch { epoch: Epoch, released: Ts, floor_trusted: bool, counted: bool, batch: Bytes },
     /// Primary -> backup, when there is nothing to send: the release watermark; and the
     /// highest release of any commit policy (a connection may choose a weaker one than the
     /// server's), at or above it: no commit above it has been acknowledged to a client. A
@@ -182,8 +185,14 @@ impl Frame {
                 b.put_u32_le(*id);
                 put_str(&mut b, name);
             }
-            Frame::Batch { epoch, released, floor_trusted, batch } => {
-                put_batch_body(&mut b, *epoch, *released, *floor_trusted, batch);
+            Frame::Batch { epoch, released, floor_trusted, counted, batch } => {
+                put_batch_body(
+                    &mut b,
+                    *epoch,
+                    *released,
+                    BatchFlags { floor_trusted: *floor_trusted, counted: *counted },
+                    batch,
+                );
             }
             Frame::Heartbeat { released, acknowledged } => {
                 b.put_u8(kind::HEARTBEAT);
@@ -276,12 +285,12 @@ impl Frame {
             kind::BATCH => {
                 let epoch = Epoch(get_u64(&mut b)?);
                 let released = Ts(get_u64(&mut b)?);
-                let floor_trusted = match get_u8(&mut b)? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(ProtocolError::Malformed("batch flag")),
-                };
-                Frame::Batch { epoch, released, floor_trusted, batch: std::mem::take(&mut b) }
+                let flags = get_u8(&mut b)?;
+                if flags & !(FLOOR_TRUSTED | COUNTED) != 0 {
+                    return Err(ProtocolError::Malformed("batch flag"));
+                }
+                let (floor_trusted, counted) = (flags & FLOOR_TRUSTED != 0, flags & COUNTED != 0);
+                Frame::Batch { epoch, released, floor_trusted, counted, batch: std::mem::take(&mut b) }
             }
             kind::HEARTBEAT => Frame::Heartbeat { released: Ts(get_u64(&mut b)?), acknowledged: Ts(get_u64(&mut b)?) },
             kind::ACK => Frame::Ack {
@@ -301,19 +310,30 @@ impl Frame {
 
 /// A `Batch` frame straight from the batch's bytes: `Frame::Batch { .. }.encode()` without
 /// first copying the batch into a `Bytes` (the primary's tap, once per batch).
-pub fn encode_batch(epoch: Epoch, released: Ts, floor_trusted: bool, batch: &[u8]) -> Bytes {
+pub fn encode_batch(epoch: Epoch, released: Ts, flags: BatchFlags, batch: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(FRAME_HEADER_LEN + 18 + batch.len());
     b.put_bytes(0, FRAME_HEADER_LEN);
-    put_batch_body(&mut b, epoch, released, floor_trusted, batch);
+    put_batch_body(&mut b, epoch, released, flags, batch);
     seal(b)
 }
 
-fn put_batch_body(b: &mut BytesMut, epoch: Epoch, released: Ts, floor_trusted: bool, batch: &[u8]) {
+/// `Frame::Batch`'s two flags (one byte on the wire: bit 0 `floor_trusted`, bit 1
+/// `counted`; any other bit set is a malformed frame).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchFlags {
+    pub floor_trusted: bool,
+    pub counted: bool,
+}
+
+const FLOOR_TRUSTED: u8 = 1;
+const COUNTED: u8 = 2;
+
+fn put_batch_body(b: &mut BytesMut, epoch: Epoch, released: Ts, flags: BatchFlags, batch: &[u8]) {
     b.reserve(batch.len() + 18);
     b.put_u8(kind::BATCH);
     b.put_u64_le(epoch.0);
     b.put_u64_le(released.0);
-    b.put_u8(u8::from(floor_trusted));
+    b.put_u8(if flags.floor_trusted { FLOOR_TRUSTED } else { 0 } | if flags.counted { COUNTED } else { 0 });
     b.put_slice(batch);
 }
 
@@ -404,26 +424,31 @@ mod tests {
         });
         roundtrip(Frame::CheckpointDone { ts: Ts(7) });
         roundtrip(Frame::Table { id: 2, name: "t".into() });
-        roundtrip(Frame::Batch {
-            epoch: Epoch(4),
-            released: Ts(5),
-            floor_trusted: true,
-            batch: Bytes::from_static(b"DBAT...."),
-        });
-        // The tap's direct encoding is the same frame.
-        assert_eq!(
-            encode_batch(Epoch(4), Ts(5), true, b"DBAT...."),
-            Frame::Batch {
-                epoch: Epoch(4),
-                released: Ts(5),
-                floor_trusted: true,
-                batch: Bytes::from_static(b"DBAT....")
-            }
-            .encode()
-        );
+        for (floor_trusted, counted) in [(false, false), (true, false), (false, true), (true, true)] {
+            let batch = Bytes::from_static(b"DBAT....");
+            let f = Frame::Batch { epoch: Epoch(4), released: Ts(5), floor_trusted, counted, batch };
+            roundtrip(f.clone());
+            // The tap's direct encoding is the same frame.
+            let flags = BatchFlags { floor_trusted, counted };
+            assert_eq!(encode_batch(Epoch(4), Ts(5), flags, b"DBAT...."), f.encode());
+        }
         roundtrip(Frame::Heartbeat { released: Ts(8), acknowledged: Ts(11) });
         roundtrip(Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) });
         roundtrip(Frame::Refuse { reason: "no".into() });
+    }
+
+    #[test]
+    fn a_batch_flag_this_version_does_not_know_is_refused() {
+        let mut b = BytesMut::new();
+        b.put_bytes(0, FRAME_HEADER_LEN);
+        b.put_u8(kind::BATCH);
+        b.put_u64_le(4);
+        b.put_u64_le(5);
+        b.put_u8(COUNTED | 4);
+        b.put_slice(b"DBAT....");
+        let f = seal(b);
+        let h: [u8; 8] = f[..8].try_into().unwrap();
+        assert!(matches!(Frame::decode(&h, f.slice(8..)), Err(ProtocolError::Malformed("batch flag"))));
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_shipped_ts", h.primary_shipped.0.to_string());
             put("ditto_released_ts", primary.released().0.to_string());
             put("ditto_backups_expected", primary.backups_expected().to_string());
+            // Commits may be released on backups' acknowledgements (the server's policy or
+            // a connection's counts backups): a backup then keeps what it holds above a
+            // restarted primary's point rather than cut it (docs/replication.md).
+            put("ditto_backups_release", u8::from(primary.backups_release()).to_string());
             put("ditto_members_settled", primary.members_settled().map_or("none".into(), |c| c.to_string()));
             if let Some(why) = ditto_replication::blocked_by(*policy, &h) {
                 put("ditto_release_blocked", why);

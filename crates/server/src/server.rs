@@ -683,6 +683,7 @@ fn run_role(
             // The highest commit acknowledged to a client under any policy (a backup will
             // not cut away what it holds below it).
             acknowledged: Some(Arc::clone(&acknowledged)),
+            counted: policy != ditto_replication::CommitPolicy::LOCAL,
             ..Default::default()
         };
         let r = Arc::clone(&release);

@@ -374,6 +374,13 @@ impl Session {
                 p.name()
             )),
             Ok(p) => {
+                // Before any commit under it (backups must know their acknowledgement may
+                // release what they receive from now on).
+                if let (Replication::Primary { primary, .. }, false) =
+                    (&sh.replication, p == ditto_replication::CommitPolicy::LOCAL)
+                {
+                    primary.backups_may_release();
+                }
                 self.policy = Some(p);
                 Reply::Ok
             }
