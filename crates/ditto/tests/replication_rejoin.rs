@@ -243,3 +243,63 @@ fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_
     let mut c = Client::connect(again.port).unwrap();
     assert_eq!(c.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
 }
+
+/// Under `majority-received` a commit is acknowledged once the backup holds it, before
+/// the primary's own fsync: a primary that crashed may come back without commits only its
+/// backup holds. So a restarted primary under such a policy takes no writes (a clear
+/// READONLY error) until its backup has said it holds nothing above the
+/// restart point; then it does (docs/replication.md, "A primary restarted under a policy
+/// that counts backups").
+#[test]
+fn a_primary_restarted_under_a_received_policy_takes_writes_once_its_backup_holds_nothing_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = ["--commit-policy", "majority-received", "--backups", "1"];
+    let pdir = tmp.path().join("primary");
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let bdir = tmp.path().join("backup");
+    let mut backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&tmp.path().join("backup.log")));
+    let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
+    // Durable on the primary too, so that its restart point covers what the backup holds.
+    let mut c = Client::connect(primary.port).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while field(&mut c, "replication", "ditto_durable_ts").and_then(|v| v.parse::<u64>().ok()) < Some(ts) {
+        assert!(Instant::now() < deadline, "the primary did not make ts {ts} durable");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(stop_with_sigterm(&mut backup.child).success());
+    primary.kill();
+    let plog = tmp.path().join("primary-2.log");
+    let primary = Node::start_logged(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat(), Some(&plog));
+    let mut c = Client::connect(primary.port).unwrap();
+    let refused = c.one(&["SET", "after", "1"]);
+    assert!(
+        refused.starts_with("-READONLY this primary restarted") && refused.contains("1 more of its 1 backup(s)"),
+        "{refused}"
+    );
+    assert!(field(&mut c, "replication", "ditto_writes_refused").is_some_and(|w| w.contains("takes no writes")));
+    let log = std::fs::read_to_string(&plog).unwrap();
+    assert!(log.contains("takes no writes until 1 more"), "{log}");
+    let backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&tmp.path().join("backup-2.log")));
+    c.set_read_timeout(Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.one(&["SET", "after", "1"]);
+        if r == "+OK" {
+            break;
+        }
+        assert!(r.starts_with("-READONLY this primary restarted"), "{r}");
+        assert!(Instant::now() < deadline, "still refused 30 s after the backup came back: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(field(&mut c, "replication", "ditto_writes_refused").is_none());
+    let log = std::fs::read_to_string(&plog).unwrap();
+    assert!(log.contains("taking writes: 1 backup(s) hold nothing above ts"), "{log}");
+    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["GET", "after"]), "1");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
+}

@@ -32,5 +32,5 @@ pub use backup::{
     parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, JoinAgain, JoinCancel, ReplayMode,
     ReplayRun,
 };
-pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
-pub use primary::{BackupInfo, Primary, PrimaryOptions};
+pub use policy::{backups_to_hear_at_restart, blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
+pub use primary::{restart_settled, BackupInfo, Primary, PrimaryOptions};

@@ -120,6 +120,8 @@ struct Link {
     /// its first ack, the log above it is kept for it (`log_needed_above`), so that a
     /// checkpoint while a long gap is sent deletes none of it.
     asked_from: AtomicU64,
+    /// What its `Hello` said: the epoch it followed and what it held.
+    hello: (Epoch, Ts),
 }
 
 const NOTHING_ASKED: u64 = u64::MAX;
@@ -175,6 +177,8 @@ pub struct Primary {
     /// Some commit may be released on backups' acknowledgements (see
     /// `backups_may_release`); only ever set.
     counted: AtomicBool,
+    /// Each backup's last `Hello`: the epoch it followed and what it held (`heard`).
+    heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
     pub batches_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
@@ -203,6 +207,7 @@ impl Primary {
             counted_nodes: Mutex::new(None),
             settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
             counted: AtomicBool::new(opts.counted),
+            heard: Mutex::new(Default::default()),
             opts,
             links: Mutex::new(Vec::new()),
             shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
@@ -287,6 +292,19 @@ impl Primary {
     /// commit's append is shipped after this (the stream buffer's lock orders them).
     pub fn backups_may_release(&self) {
         self.counted.store(true, Ordering::Release);
+    }
+
+    /// For a primary restarted from epoch `old` at `point`: how many backups connected now
+    /// (learners aside) said they hold nothing above the point (a `Hello` in an earlier
+    /// epoch, in `old` at or below the point, or in this one), and each backup whose last
+    /// `Hello` said it holds more (it keeps that, and stays away), by node. What
+    /// `restart_settled` decides on.
+    pub fn heard_since_restart(&self, old: Epoch, point: Ts) -> (usize, Vec<(String, Epoch, Ts)>) {
+        let clear = |(e, have): (Epoch, Ts)| e < old || (e == old && have <= point) || e == self.epoch;
+        let now = self.links.lock().iter().filter(|l| !l.learner && clear(l.hello)).count();
+        let more =
+            self.heard.lock().iter().filter(|(_, h)| !clear(**h)).map(|(n, (e, t))| (n.clone(), *e, *t)).collect();
+        (now, more)
     }
 
     /// `backups_may_release` was called, or the server's policy counts backups.
@@ -508,6 +526,7 @@ impl Primary {
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
         stream.set_read_timeout(None)?;
+        self.heard.lock().insert(node.clone(), (epoch, have_ts));
         let logger = Arc::clone(self.durable.logger());
         // Register first: from here on every framed batch is queued for this backup.
         let link = {
@@ -528,6 +547,7 @@ impl Primary {
                 since: Instant::now(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
+                hello: (epoch, have_ts),
             });
             links.push(Arc::clone(&link));
             link
@@ -895,6 +915,41 @@ fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now:
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
 }
 
+/// Whether a primary that restarted from epoch `old` at `point` (`Durable::opened_from`)
+/// may take writes under `policy` with `backups` counted, given what it heard since
+/// (`Primary::heard_since_restart`: `clear` backups hold nothing above the point, and
+/// `holding_more` do): `Ok` once `backups_to_hear_at_restart` are clear, so that no
+/// commit acknowledged before the restart on backups alone is missing here, and none
+/// holds more; else why not yet. A backup holding more than the point keeps it (it may
+/// have been acknowledged, under the server's policy or a connection's, and it is not
+/// on this primary): the reason then names it and what a person can do. Pure, for tests.
+pub fn restart_settled(
+    policy: crate::CommitPolicy,
+    backups: usize,
+    old: Epoch,
+    point: Ts,
+    clear: usize,
+    holding_more: &[(String, Epoch, Ts)],
+) -> Result<(), String> {
+    let need = crate::policy::backups_to_hear_at_restart(policy, backups);
+    if let Some((node, e, have)) = holding_more.first() {
+        return Err(format!(
+            "this primary restarted at ts {} of epoch {}, and backup {node} holds commits up to ts {} of epoch {}, which may have been acknowledged (under {}) and are not here: it keeps them and does not follow, and this primary takes no writes, which would fork the history. To keep them, stop this primary and serve the backup's directory as the primary (`ditto server --promote`), then make this one its backup on an empty directory; to discard them, empty the backup's directory and start it again",
+            point.0, old.0, have.0, e.0, policy.name()
+        ));
+    }
+    if clear >= need {
+        return Ok(());
+    }
+    Err(format!(
+        "this primary restarted at ts {} of epoch {} and takes no writes until {} more of its {backups} backup(s) say they hold nothing above it (under {}, a commit acknowledged before the restart may be on backups alone)",
+        point.0,
+        old.0,
+        need - clear,
+        policy.name()
+    ))
+}
+
 struct Tap(std::sync::Weak<Primary>);
 
 impl ditto_log::ShipTap for Tap {
@@ -926,6 +981,25 @@ impl ditto_log::ShipTap for Tap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restarted_primary_takes_writes_once_enough_backups_hold_nothing_above_its_point_and_none_more() {
+        let p = |s| crate::CommitPolicy::parse(s).unwrap();
+        let (old, point) = (Epoch(3), Ts(100));
+        // majority-received with two backups: both must be heard (either alone may have
+        // released a commit with the primary's memory).
+        let why = restart_settled(p("majority-received"), 2, old, point, 1, &[]).unwrap_err();
+        assert!(why.contains("until 1 more of its 2 backup(s)"), "{why}");
+        assert_eq!(restart_settled(p("majority-received"), 2, old, point, 2, &[]), Ok(()));
+        // majority-durable with two: one (any two of three nodes meet it); with one
+        // backup, none (the primary's own fsync was needed).
+        assert_eq!(restart_settled(p("majority-durable"), 2, old, point, 1, &[]), Ok(()));
+        assert_eq!(restart_settled(p("majority-durable"), 1, old, point, 0, &[]), Ok(()));
+        // One holding more: no writes, however many others are clear, and it is named.
+        let more = [("b2".to_string(), old, Ts(130))];
+        let why = restart_settled(p("majority-durable"), 2, old, point, 1, &more).unwrap_err();
+        assert!(why.contains("backup b2 holds commits up to ts 130 of epoch 3") && why.contains("--promote"), "{why}");
+    }
 
     #[test]
     fn lag_is_the_wait_of_the_oldest_sample_not_yet_held() {

@@ -340,6 +340,12 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
         let why = bk.failure().unwrap();
         assert!(why.contains("it may have acknowledged") && why.contains("stays stopped"), "{why}");
         assert_eq!(bk.join_again(), None, "a backup holding acknowledged commits must not join again by itself");
+        // The restarted primary heard it hold more: a server takes no writes then.
+        let (clear, more) = p2.heard_since_restart(old, point);
+        assert_eq!((clear, more.len()), (0, 1), "{more:?}");
+        let why = ditto_replication::restart_settled(CommitPolicy::parse(policy).unwrap(), 1, old, point, clear, &more)
+            .unwrap_err();
+        assert!(why.contains("backup b holds commits up to ts") && why.contains("takes no writes"), "{why}");
         // Read where the release covers them (under `local` it does not: held, not
         // visible; the directory below holds them either way).
         let r = bk.db.read();
@@ -385,6 +391,11 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= more.0
     });
     assert_eq!(p2.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "resumed from the log, not copied");
+    // Cut, it holds nothing above the point: the restarted primary may take writes.
+    let (clear, more) = p2.heard_since_restart(old, point);
+    assert_eq!((clear, more.len()), (1, 0), "{more:?}");
+    let policy = CommitPolicy::parse("majority-received").unwrap();
+    assert_eq!(ditto_replication::restart_settled(policy, 1, old, point, clear, &more), Ok(()));
     let r = bk.db.read();
     for k in (0..100u32).chain(200..300) {
         assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");

@@ -45,6 +45,11 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             // a connection's counts backups): a backup then keeps what it holds above a
             // restarted primary's point rather than cut it (docs/replication.md).
             put("ditto_backups_release", u8::from(primary.backups_release()).to_string());
+            // Writes refused, and why (a restarted primary waiting for its backups, one
+            // losing its cluster's quorum, a switchover's drain).
+            if let Some(why) = sh.write_gate.refusal() {
+                put("ditto_writes_refused", why);
+            }
             put("ditto_members_settled", primary.members_settled().map_or("none".into(), |c| c.to_string()));
             if let Some(why) = ditto_replication::blocked_by(*policy, &h) {
                 put("ditto_release_blocked", why);

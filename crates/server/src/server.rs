@@ -652,6 +652,9 @@ fn run_role(
     };
     let release = Arc::new(counting());
     let mut primary = None;
+    // A restarted primary's wait for its backups (see below): the primary, and the epoch
+    // and point it restarted from.
+    let mut restart_wait = None;
     // Every policy a connection may choose on a primary (the server's own is `release`).
     let by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)> = match cfg.repl_port {
         Some(_) if durable.is_some() => {
@@ -709,6 +712,18 @@ fn run_role(
             })));
         }
         tracing::info!("accepting backups on {repl_addr} (commit policy {})", policy.name());
+        // A standalone primary that restarted under a policy that releases on backups'
+        // acknowledgements takes writes only once enough of its backups say they hold
+        // nothing above its restart point (`restart_settled`; docs/replication.md, "A
+        // primary restarted under a policy that counts backups").
+        if let (None, Some((old, point))) = (&cfg.cluster, d.opened_from()) {
+            if ditto_replication::backups_to_hear_at_restart(policy, cfg.backups) > 0 {
+                let (clear, more) = p.heard_since_restart(old, point);
+                let why = ditto_replication::restart_settled(policy, cfg.backups, old, point, clear, &more);
+                sh.write_gate.set(why.err());
+                restart_wait = Some((Arc::downgrade(&p), old, point));
+            }
+        }
         listening.repl = l_addr;
         sh.replication = crate::session::Replication::Primary { primary: Arc::clone(&p), policy, repl_addr };
         primary = Some(p);
@@ -789,6 +804,32 @@ fn run_role(
         }));
     }
     lasting.role_tasks.push(reclaimer);
+    if let Some((p, old, point)) = restart_wait {
+        let (gate, backups) = (Arc::clone(&sh.write_gate), cfg.backups);
+        lasting.role_tasks.push(rt.spawn(async move {
+            let mut said = None;
+            loop {
+                let Some(p) = p.upgrade() else { return };
+                let (clear, more) = p.heard_since_restart(old, point);
+                drop(p);
+                match ditto_replication::restart_settled(policy, backups, old, point, clear, &more) {
+                    Ok(()) => {
+                        tracing::warn!("taking writes: {clear} backup(s) hold nothing above ts {} of epoch {}, where this primary restarted", point.0, old.0);
+                        gate.set(None);
+                        return;
+                    }
+                    Err(why) => {
+                        if said.as_ref() != Some(&why) {
+                            tracing::warn!("{why}");
+                            gate.set(Some(why.clone()));
+                            said = Some(why);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }));
+    }
 
     let conn = Arc::new(Conn {
         sh: Arc::clone(&sh),
