@@ -536,8 +536,7 @@ const SERVER_WAIT: Duration = Duration::from_millis(20);
 /// millisecond) so that nodes' lines can be put in one order.
 fn say(me: NodeId, what: impl std::fmt::Display) {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    println!("{}.{:03} node {me}: {what}", t.as_secs(), t.subsec_millis());
-    let _ = std::io::stdout().flush();
+    ditto_server::say!("{}.{:03} node {me}: {what}", t.as_secs(), t.subsec_millis());
 }
 
 impl NodePlane {

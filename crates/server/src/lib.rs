@@ -13,6 +13,19 @@
 //! - `config.rs`: the TOML configuration.
 //! - `memory.rs`: the memory in use (the engine's counting allocator) and `maxmemory`.
 
+/// `println!` that ignores a failed write: a server's lines (its roles' changes, its
+/// supervisor's answers) go to a standard output whoever started it may have stopped
+/// reading, and `println!` panics on a closed one, which ended the server.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
 pub mod commands;
 pub mod config;
 pub mod keyspace;

@@ -434,7 +434,7 @@ fn promote_standalone(
     if !ditto_log::replica::replica_dir(dir).exists() && followed.is_none() {
         return Ok((None, None));
     }
-    println!(
+    crate::say!(
         "promotion: a backup's directory (it followed epoch {}) opened as a primary's",
         followed.map_or(0, |e| e.0)
     );
@@ -527,7 +527,7 @@ fn run_role(
             // reads this line (a server stopped uncleanly after it may have lost acks).
             // Only there: other readers of a server's output expect its listening lines.
             if cfg.cluster.is_some() {
-                println!("ditto server joined its primary at {primary}");
+                crate::say!("ditto server joined its primary at {primary}");
             }
             (None, Some(b))
         }
@@ -991,8 +991,8 @@ fn run_role(
                             b.fence("fenced by the cluster", Duration::from_secs(10))
                         };
                         match tokio::task::block_in_place(fence) {
-                            Ok(()) => println!("ditto server fenced"),
-                            Err(e) => println!("ditto server fence failed: {e}"),
+                            Ok(()) => crate::say!("ditto server fenced"),
+                            Err(e) => crate::say!("ditto server fence failed: {e}"),
                         }
                     }
                     (r @ (crate::session::RoleRequest::Promote { .. } | crate::session::RoleRequest::Follow { .. }), Some(_)) => {
@@ -1007,16 +1007,16 @@ fn run_role(
                                 let (sh, p, l, db) = (Arc::clone(&sh), Arc::clone(p), Arc::clone(l), Arc::clone(&db));
                                 tokio::task::spawn_blocking(move || {
                                     match drain_for_switchover(&sh, &p, &l, &db, &target, within) {
-                                        Ok((ts, took)) => println!(
+                                        Ok((ts, took)) => crate::say!(
                                             "ditto server drained at ts {} in {:.1} ms",
                                             ts.0,
                                             took.as_secs_f64() * 1e3
                                         ),
-                                        Err(e) => println!("ditto server drain failed: {e}"),
+                                        Err(e) => crate::say!("ditto server drain failed: {e}"),
                                     }
                                 });
                             }
-                            _ => println!("ditto server drain failed: this server is not a primary with a log"),
+                            _ => crate::say!("ditto server drain failed: this server is not a primary with a log"),
                         }
                     }
                     // A switchover's old primary, drained, is fenced in place: it ships and
@@ -1031,7 +1031,7 @@ fn run_role(
                                 d.fence();
                             }
                         });
-                        println!("ditto server fenced");
+                        crate::say!("ditto server fenced");
                     }
                     // A switchover's old primary, drained, follows the new primary in place
                     // (`primary_follows_in_place` refuses, and the server exits, if it is not
@@ -1041,18 +1041,18 @@ fn run_role(
                         break;
                     }
                     (crate::session::RoleRequest::Drain { .. }, Some(_)) => {
-                        println!("ditto server drain failed: this server is a backup")
+                        crate::say!("ditto server drain failed: this server is a backup")
                     }
                     (crate::session::RoleRequest::CountInQuorum, Some(_))
                         if failpoint("count-ignored-once") && !COUNT_IGNORED.swap(true, Ordering::AcqRel) =>
                     {
-                        println!("ditto server ignored count (the failpoint count-ignored-once, DITTO_FAILPOINTS)")
+                        crate::say!("ditto server ignored count (the failpoint count-ignored-once, DITTO_FAILPOINTS)")
                     }
                     (crate::session::RoleRequest::CountInQuorum, Some(b)) => {
                         b.count_in_quorum();
-                        println!("ditto server counts in the quorum");
+                        crate::say!("ditto server counts in the quorum");
                     }
-                    (r, None) => println!("ditto server {} refused: this server is not a backup", match r {
+                    (r, None) => crate::say!("ditto server {} refused: this server is not a backup", match r {
                         crate::session::RoleRequest::Fence => "fence",
                         crate::session::RoleRequest::Promote { .. } => "promotion",
                         crate::session::RoleRequest::Follow { .. } => "follow",
@@ -1180,7 +1180,7 @@ fn cut_and_seal(
         std::process::abort();
     }
     drop(lock);
-    println!(
+    crate::say!(
         "{what} (in place): replayed to the point {} in {:.3} s, {sealed}; {:.3} s in all",
         point.0,
         replayed_s,
@@ -1205,7 +1205,10 @@ fn follow_in_place(
     let learner = b.is_learner();
     let (db, cut) = cut_and_seal(cfg, b, Ts(upto), true, "follow")?;
     if cut.0 < upto {
-        println!("follow: held every stream up to ts {} only; the new primary sends it the rest up to {upto}", cut.0);
+        crate::say!(
+            "follow: held every stream up to ts {} only; the new primary sends it the rest up to {upto}",
+            cut.0
+        );
     }
     let mut next = cfg.clone();
     next.replica_of = Some(primary);
@@ -1278,7 +1281,7 @@ fn primary_follows_in_place(
     }
     let t1 = std::time::Instant::now();
     ditto_log::sealed::seal_own_log(&dir, Ts(upto), &ditto_log::storage::RealStorage)?;
-    println!(
+    crate::say!(
         "follow (in place): the drained primary's log sealed at the point {upto} in {:.1} ms; {:.3} s in all",
         t1.elapsed().as_secs_f64() * 1e3,
         t0.elapsed().as_secs_f64()
@@ -1342,7 +1345,10 @@ fn promote_replica(
     let own = ditto_log::recovery::primary_log_epoch(dir).map_or(0, |e| e.0);
     if let (Some(p), true) = (c.upto, own > 0 && own < c.epoch) {
         let opened = ditto_log::replica::open_own_log_at(dir, workers, &storage, Ts(p))?;
-        println!("promotion: its own log of epoch {own} cut at the point {p} in {:.2} s", opened.report.total_seconds);
+        crate::say!(
+            "promotion: its own log of epoch {own} cut at the point {p} in {:.2} s",
+            opened.report.total_seconds
+        );
         let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
         drop(lock);
         let _ = std::fs::remove_dir(&rdir);
@@ -1372,7 +1378,7 @@ fn promote_replica_dir(
     };
     let r = &opened.report;
     // On standard output: a cluster node prints it with the failover's other phases.
-    println!(
+    crate::say!(
         "promotion: checkpoint at ts {} loaded in {:.2} s, {} transactions of the replica log replayed in {:.2} s ({} above the point discarded), {} keys indexed in {:.2} s, a checkpoint of {:.1} MB written in {:.2} s; {:.2} s in all",
         r.checkpoint_ts.map_or(0, |t| t.0),
         r.checkpoint_seconds,

@@ -1444,7 +1444,7 @@ impl WriteGate {
         if field("cluster_phase") != Some("serving") || field("cluster_switchover").is_some_and(|v| v != "none") {
             return Err("INPROG Failover already in progress".into());
         }
-        println!("ditto server asks for a switchover");
+        crate::say!("ditto server asks for a switchover");
         Ok(())
     }
 }
