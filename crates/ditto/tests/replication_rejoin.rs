@@ -303,3 +303,39 @@ fn a_primary_restarted_under_a_received_policy_takes_writes_once_its_backup_hold
     assert_eq!(b.one(&["GET", "after"]), "1");
     assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
 }
+
+/// A backup that joined its restarted primary again but cannot serve (the failpoint
+/// `serve-fails-after-rejoin`, as a port taken meanwhile would) makes what it received
+/// durable, says why and exits with a failure; started again, it holds everything.
+#[test]
+fn a_backup_that_cannot_serve_after_joining_again_stops_cleanly_and_comes_back_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pdir = tmp.path().join("primary");
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &POLICY].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let (bdir, blog) = (tmp.path().join("backup"), tmp.path().join("backup.log"));
+    let env = [("DITTO_FAILPOINTS", "serve-fails-after-rejoin")];
+    let mut backup = Node::start_with_env(&bdir, &["--replica-of", &repl], Some(&blog), &env);
+    write_keys(primary.port, 0..FIRST);
+    primary.kill();
+    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &POLICY].concat());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(s) = backup.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the backup did not exit after its failed rejoin");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!exit.success(), "{exit:?}");
+    let log = std::fs::read_to_string(&blog).unwrap();
+    assert!(log.contains("serve-fails-after-rejoin"), "{log}");
+    assert!(!log.contains("stopping the backup:"), "what it received was made durable: {log}");
+    let backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&tmp.path().join("backup-2.log")));
+    let ts = write_keys(primary.port, FIRST..FIRST + AFTER);
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + AFTER));
+}

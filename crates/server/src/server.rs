@@ -501,6 +501,7 @@ fn run_role(
     let policy = cfg.policy()?;
     // On a backup, replay moves DBSIZE's counts (attached once the server has counted).
     let replay_key_counts = joined.as_ref().map_or_else(Default::default, |j: &Joined| Arc::clone(&j.key_counts));
+    let joined_before = joined.is_some();
     // A backup joins its primary (a checkpoint or the log above what it holds) before it
     // serves (or joined already, `rejoin`); a primary opens and recovers its own directory.
     let (mut durable, mut backup) = match &cfg.replica_of {
@@ -573,6 +574,22 @@ fn run_role(
     // a stop signal is acted on as a stop (a backup's makes it durable), not by ending
     // the process at once (`StopSignals`).
     signals.served.store(true, Ordering::Release);
+    // A failure from here until the role serves ends the process: a backup first makes
+    // what it received durable, as at any stop (it may have acknowledged it as received).
+    let stop_backup = |e: ServerError| {
+        if let Some(b) = &backup {
+            if let Err(why) = b.stop(&format!("this server cannot serve: {e}"), Duration::from_secs(10)) {
+                tracing::error!("stopping the backup: {why}");
+            }
+        }
+        e
+    };
+    if joined_before && failpoint("serve-fails-after-rejoin") {
+        return Err(stop_backup(ServerError::Io {
+            what: "serving after joining again".into(),
+            source: std::io::Error::other("refused by the failpoint serve-fails-after-rejoin (DITTO_FAILPOINTS)"),
+        }));
+    }
     let db = match (&durable, &backup) {
         (Some(d), _) => Arc::clone(d.db()),
         (None, Some(b)) => Arc::clone(&b.db),
@@ -590,7 +607,7 @@ fn run_role(
         }
     }
     if lasting.is_none() {
-        *lasting = Some(Lasting::start(&cfg)?);
+        *lasting = Some(Lasting::start(&cfg).map_err(&stop_backup)?);
     }
     let lasting = lasting.as_mut().expect("started above");
     let rt = &lasting.rt;
@@ -604,23 +621,24 @@ fn run_role(
         let missing =
             [crate::keyspace::KEYS_TABLE, crate::keyspace::FIELDS_TABLE].into_iter().find(|t| db.table_id(t).is_none());
         if let Some(t) = missing {
-            return Err(ConfigError::Invalid(format!(
+            return Err(stop_backup(ConfigError::Invalid(format!(
                 "the primary at {} holds no table {t}: a backup serves Redis clients only for a primary that has the Redis keyspace (a ditto server, or a benchmark that creates it)",
                 b.primary
             ))
-            .into());
+            .into()));
         }
     }
     // The counts kept hold for the engine kept (a backup whose new primary sent it a
     // checkpoint copy instead has another: counted afresh).
     let counted = counted.filter(|(kept, ..)| Arc::ptr_eq(kept, &db)).map(|(_, n, at)| (n, at));
-    let mut sh = Shared::with_counts(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port, counted)?;
+    let mut sh = Shared::with_counts(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port, counted)
+        .map_err(|e| stop_backup(e.into()))?;
     let t_shared = t_role.elapsed();
     replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
     sh.read_only = backup.is_some();
     sh.config_view = cfg.view();
     sh.max_output_bytes = cfg.max_output_bytes;
-    sh.memory.max = cfg.maxmemory.bytes()?;
+    sh.memory.max = cfg.maxmemory.bytes().map_err(|e| stop_backup(e.into()))?;
     if let Some(used) = cfg.used_memory {
         sh.memory.used = used;
     }

@@ -21,6 +21,11 @@ impl Node {
 
     /// As `start`, with the server's log (stderr) going to `log` if given.
     pub fn start_logged(dir: &Path, extra: &[&str], log: Option<&Path>) -> Node {
+        Node::start_with_env(dir, extra, log, &[])
+    }
+
+    /// `start_logged` with environment variables set for the server (`DITTO_FAILPOINTS`).
+    pub fn start_with_env(dir: &Path, extra: &[&str], log: Option<&Path>, env: &[(&str, &str)]) -> Node {
         let stderr = match log {
             Some(p) => Stdio::from(std::fs::File::create(p).expect("create the server's log file")),
             None => Stdio::inherit(),
@@ -28,6 +33,7 @@ impl Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
             .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
