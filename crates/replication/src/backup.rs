@@ -1747,12 +1747,19 @@ impl Receiver {
                         // They are kept, and the backup stays stopped, saying so. Those it
                         // was told of, and those it received `counted`: the primary may
                         // have released them on this backup's acknowledgement and died
-                        // before it said so.
-                        let acked = Ts([&self.state.released, &self.state.acknowledged, &self.state.counted]
-                            .iter()
-                            .map(|a| a.load(Ordering::Acquire))
-                            .max()
-                            .unwrap_or(0))
+                        // before it said so. (Not a cluster's backup: a failover's point
+                        // lies above every commit acknowledged, so what it received above
+                        // the point was not, `counted` or not.)
+                        let counted = match self.opts.keep_what_the_primary_lost {
+                            true => self.state.counted.load(Ordering::Acquire),
+                            false => 0,
+                        };
+                        let acked = Ts(self
+                            .state
+                            .released
+                            .load(Ordering::Acquire)
+                            .max(self.state.acknowledged.load(Ordering::Acquire))
+                            .max(counted))
                         .min(have);
                         if acked > point {
                             self.fatal(format!(

@@ -244,6 +244,13 @@ fn commits_released_on_this_backups_acknowledgement_are_kept_before_it_hears_so(
     primary_restarts_without_commits_the_backup_holds("majority-received", Acked::Unheard);
 }
 
+/// A cluster's backup takes no account of `counted`: a failover's point lies above every
+/// commit acknowledged, and it is cut there.
+#[test]
+fn a_clusters_backup_is_cut_whatever_it_received_counted() {
+    primary_restarts_without_commits_the_backup_holds("majority-received", Acked::UnheardInACluster);
+}
+
 /// How the commits the primary will lose were acknowledged to their clients, and what
 /// the backup was told of it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -256,6 +263,9 @@ enum Acked {
     ByAConnection,
     /// By the server's policy, on this backup's acknowledgement; the backup was not told.
     Unheard,
+    /// As `Unheard`, but the backup is a cluster's (what it received above a failover's
+    /// point was never acknowledged there): it is cut, as under `No`.
+    UnheardInACluster,
 }
 
 /// A primary under `policy` with two log streams ships 50 commits, all on one stream,
@@ -266,7 +276,10 @@ enum Acked {
 /// acknowledged: the backup is cut at the restart point and resumed from the log. Under
 /// `majority-received` all were (the backup had them): it keeps them and stays stopped.
 fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
-    let acked = how != Acked::No;
+    // A cluster's backup cuts what it received above a failover's point, which lies
+    // above every commit acknowledged (`keep_what_the_primary_lost` off).
+    let cluster = how == Acked::UnheardInACluster;
+    let acked = how != Acked::No && !cluster;
     let acked_by_a_connection = how == Acked::ByAConnection;
     let tell_upto = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
     let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -282,12 +295,16 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let p = ship_telling(&a, listener, policy, None, Some(Arc::clone(&acknowledged)), Arc::clone(&tell_upto));
-    let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+    let bk = backup::start(BackupOptions {
+        keep_what_the_primary_lost: !cluster,
+        ..BackupOptions::new(&addr.to_string(), &pb, 1, "b")
+    })
+    .unwrap();
     let first = commit(&a, t, 0..100);
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
     });
-    if how == Acked::Unheard {
+    if matches!(how, Acked::Unheard | Acked::UnheardInACluster) {
         wait_until("the backup to hear the first commits released", Duration::from_secs(30), || {
             bk.state.acknowledged.load(std::sync::atomic::Ordering::Acquire) >= first.0
         });
@@ -314,7 +331,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
         wait_until("the backup to learn they were released", Duration::from_secs(30), || {
             bk.state.released.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
         });
-    } else if how == Acked::Unheard {
+    } else if matches!(how, Acked::Unheard | Acked::UnheardInACluster) {
         // Released (the primary's own watermark covers them: the backup acknowledged
         // them), and the backup told nothing of it.
         wait_until("the primary to release them", Duration::from_secs(30), || {
