@@ -289,21 +289,42 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
 }
 
 /// A `local` primary releases on no backup's acknowledgement, until a connection chooses
-/// a policy that counts backups: its backups are then told so with every batch, and keep
-/// what they hold above a restarted primary's point (crates/replication/tests/rejoin.rs).
+/// a policy under which backups alone may release: its batches are then marked so
+/// (`counted`) from the first commit under it, and its backups keep what they hold above
+/// a restarted primary's point (crates/replication/tests/rejoin.rs).
 #[test]
 fn a_connections_policy_that_counts_backups_is_made_known_before_its_first_commit() {
     let tmp = tempfile::tempdir().unwrap();
-    let primary = Node::start(&tmp.path().join("p"), &["--repl-port", "0", "--commit-policy", "local"]);
+    let primary =
+        Node::start(&tmp.path().join("p"), &["--repl-port", "0", "--commit-policy", "local", "--backups", "1"]);
+    let backup = Node::start(&tmp.path().join("b"), &["--replica-of", primary.repl.as_ref().unwrap()]);
     let mut c = Client::connect(primary.port).unwrap();
+    c.set_read_timeout(Duration::from_secs(30));
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
     assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("0"));
     assert_eq!(c.one(&["DITTO.POLICY", "local"]), "+OK");
     assert_eq!(c.one(&["SET", "a", "1"]), "+OK");
+    let local_ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    assert_eq!(b.one(&["DITTO.WAITTS", &local_ts]), "+OK");
     assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("0"), "`local` counts no backup");
+    assert_eq!(info_field(&mut b, "ditto_counted_ts").as_deref(), Some("0"), "a `local` commit is not marked");
     let mut m = Client::connect(primary.port).unwrap();
+    m.set_read_timeout(Duration::from_secs(30));
     assert_eq!(m.one(&["DITTO.POLICY", "majority-received"]), "+OK");
     assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("1"));
-    // Set for good: what was shipped while it held may have been released so.
+    assert_eq!(m.one(&["SET", "m", "1"]), "+OK");
+    let ts: u64 = m.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').parse().unwrap();
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts.to_string()]), "+OK");
+    let counted: u64 = info_field(&mut b, "ditto_counted_ts").unwrap().parse().unwrap();
+    assert!(
+        counted >= ts,
+        "the first commit under majority-received (ts {ts}) reached the backup unmarked ({counted})"
+    );
+    // Set for good: what was shipped while it held may have been released so; and on
+    // disk, for the primary's next restart to wait by.
     assert_eq!(m.one(&["DITTO.POLICY", "default"]), "+OK");
     assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("1"));
+    let record = std::fs::read_to_string(tmp.path().join("p").join("quorum")).unwrap();
+    assert!(record.contains("policies local,majority-received"), "{record}");
 }

@@ -252,15 +252,36 @@ fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_
 /// that counts backups").
 #[test]
 fn a_primary_restarted_under_a_received_policy_takes_writes_once_its_backup_holds_nothing_more() {
+    restarted_primary_waits_for_its_backup("majority-received", None);
+}
+
+/// The same with a `local` server whose connection chose `majority-received`: the
+/// primary's record of the policies in use (the file `quorum`) makes its restart wait
+/// too (found by review: the wait went by the server's policy alone).
+#[test]
+fn a_connections_policy_makes_a_restarted_local_primary_wait_too() {
+    restarted_primary_waits_for_its_backup("local", Some("majority-received"));
+}
+
+fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy: Option<&str>) {
     let tmp = tempfile::tempdir().unwrap();
-    let policy = ["--commit-policy", "majority-received", "--backups", "1"];
+    let policy = ["--commit-policy", server_policy, "--backups", "1"];
     let pdir = tmp.path().join("primary");
     let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
     let repl = primary.repl.clone().unwrap();
     let repl_port = repl.rsplit(':').next().unwrap().to_string();
     let bdir = tmp.path().join("backup");
     let mut backup = Node::start_logged(&bdir, &["--replica-of", &repl], Some(&tmp.path().join("backup.log")));
-    let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
+    let mut ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
+    let mut keys = FIRST;
+    if let Some(p) = connection_policy {
+        let mut m = Client::connect(primary.port).unwrap();
+        m.set_read_timeout(Duration::from_secs(30));
+        assert_eq!(m.one(&["DITTO.POLICY", p]), "+OK");
+        assert_eq!(m.one(&["SET", "under-its-own-policy", "1"]), "+OK");
+        ts = m.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').parse().unwrap();
+        keys += 1;
+    }
     // Durable on the primary too, so that its restart point covers what the backup holds.
     let mut c = Client::connect(primary.port).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -301,7 +322,7 @@ fn a_primary_restarted_under_a_received_policy_takes_writes_once_its_backup_hold
     b.set_read_timeout(Duration::from_secs(30));
     assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
     assert_eq!(b.one(&["GET", "after"]), "1");
-    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", keys + 1));
 }
 
 /// A backup that joined its restarted primary again but cannot serve (the failpoint

@@ -26,6 +26,7 @@ pub mod dependency;
 pub mod policy;
 pub mod primary;
 pub mod protocol;
+pub mod restart;
 pub mod watermark;
 
 pub use backup::{
@@ -33,4 +34,5 @@ pub use backup::{
     ReplayRun,
 };
 pub use policy::{backups_to_hear_at_restart, blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
-pub use primary::{restart_settled, BackupInfo, Primary, PrimaryOptions};
+pub use primary::{BackupInfo, Primary, PrimaryOptions};
+pub use restart::{restart_settled, QuorumRecord};

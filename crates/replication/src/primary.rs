@@ -53,10 +53,20 @@ pub struct PrimaryOptions {
     /// which releases each policy's commits; `None`: the release watermark is all there
     /// is), shipped in heartbeats (`Frame::Heartbeat::acknowledged`).
     pub acknowledged: Option<Arc<AtomicU64>>,
-    /// The server's own commit policy counts backups (anything but `local`): every batch
-    /// is shipped `counted` (`Frame::Batch`). A connection that chooses such a policy later
-    /// says so first (`Primary::backups_may_release`).
-    pub counted: bool,
+    /// The server's own commit policy (`None`: nothing is released on backups'
+    /// acknowledgements but what `backups_may_release` adds). With the quorum's slots, it
+    /// says whether backups alone may release a commit: every batch is then shipped
+    /// `counted` (`Frame::Batch`).
+    pub policy: Option<crate::CommitPolicy>,
+    /// A standalone server's primary: its data directory, where the quorum's record is
+    /// kept (`crate::restart`), and the record to start from (the last run's, merged with
+    /// this one's, while a restart waits). `None` (a cluster's, a test's): kept in memory.
+    pub quorum_record: Option<(std::path::PathBuf, crate::restart::QuorumRecord)>,
+    /// This primary restarted and waits for its backups (`crate::restart`): until
+    /// `settle_restart`, a backup of an older epoch than `resume_from`'s that holds
+    /// anything is refused rather than sent a copy (it may hold what an earlier restart
+    /// lost).
+    pub restart_wait: bool,
 }
 
 impl Default for PrimaryOptions {
@@ -68,7 +78,9 @@ impl Default for PrimaryOptions {
             heartbeat: Duration::from_millis(1),
             resume_from: None,
             acknowledged: None,
-            counted: false,
+            policy: None,
+            quorum_record: None,
+            restart_wait: false,
         }
     }
 }
@@ -174,11 +186,16 @@ pub struct Primary {
     settle: Mutex<(u64, Ts, bool)>,
     on_change: OnChange,
     stopping: AtomicBool,
-    /// Some commit may be released on backups' acknowledgements (see
-    /// `backups_may_release`); only ever set.
+    /// Backups alone may release a commit now (`QuorumRecord::backups_release` of this
+    /// run's record): batches are shipped `counted`.
     counted: AtomicBool,
-    /// Each backup's last `Hello`: the epoch it followed and what it held (`heard`).
-    heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
+    /// The record on disk (where `quorum_record` names a directory) and this run's own.
+    quorum: Mutex<Quorum>,
+    /// Waiting for backups after a restart (`PrimaryOptions::restart_wait`).
+    restart_waiting: AtomicBool,
+    /// Each backup's last `Hello`, by its name and address without the port: the epoch
+    /// it followed and what it held (`heard_since_restart`).
+    heard: Mutex<std::collections::BTreeMap<(String, String), (Epoch, Ts)>>,
     pub batches_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
@@ -206,7 +223,9 @@ impl Primary {
             backups_expected: std::sync::atomic::AtomicUsize::new(opts.backups_expected),
             counted_nodes: Mutex::new(None),
             settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
-            counted: AtomicBool::new(opts.counted),
+            counted: AtomicBool::new(false),
+            quorum: Mutex::new(Quorum::start(&opts)),
+            restart_waiting: AtomicBool::new(opts.restart_wait),
             heard: Mutex::new(Default::default()),
             opts,
             links: Mutex::new(Vec::new()),
@@ -220,6 +239,14 @@ impl Primary {
             checkpoints_sent: AtomicU64::new(0),
             gone: Mutex::new(Default::default()),
         });
+        {
+            // The record on disk first: it must cover every commit this run may release.
+            let q = p.quorum.lock();
+            if let Some(d) = &q.dir {
+                q.record.write(d)?;
+            }
+            p.counted.store(q.mine.backups_release(), Ordering::Release);
+        }
         logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
         remove_stale_ship_dirs(durable.dir());
         // The log its backups have not made durable outlives checkpoints (bounded): one
@@ -290,8 +317,34 @@ impl Primary {
     /// released it, before the primary says so (`Frame::Heartbeat::acknowledged`, a
     /// moment later). Call it before such a commit is made: a batch framed after the
     /// commit's append is shipped after this (the stream buffer's lock orders them).
-    pub fn backups_may_release(&self) {
-        self.counted.store(true, Ordering::Release);
+    pub fn backups_may_release(&self, policy: crate::CommitPolicy) -> std::io::Result<()> {
+        let now = self.quorum.lock().change(|r| {
+            r.add_policy(policy);
+        })?;
+        self.counted.store(now, Ordering::Release);
+        Ok(())
+    }
+
+    /// The quorum may count `slots` backups from now on (recorded first: see
+    /// `crate::restart`).
+    fn grow_slots(&self, slots: usize) -> std::io::Result<()> {
+        let now = self.quorum.lock().change(|r| r.slots = r.slots.max(slots))?;
+        self.counted.store(now, Ordering::Release);
+        Ok(())
+    }
+
+    /// A restart's wait is over (`crate::restart::restart_settled` said so): the record
+    /// on disk is this run's alone from now on, and backups of older epochs are served
+    /// again (sent a copy).
+    pub fn settle_restart(&self) -> std::io::Result<()> {
+        let mut q = self.quorum.lock();
+        let mine = q.mine.clone();
+        if let Some(d) = &q.dir {
+            mine.write(d)?;
+        }
+        q.record = mine;
+        self.restart_waiting.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// For a primary restarted from epoch `old` at `point`: how many backups connected now
@@ -300,14 +353,29 @@ impl Primary {
     /// `Hello` said it holds more (it keeps that, and stays away), by node. What
     /// `restart_settled` decides on.
     pub fn heard_since_restart(&self, old: Epoch, point: Ts) -> (usize, Vec<(String, Epoch, Ts)>) {
-        let clear = |(e, have): (Epoch, Ts)| e < old || (e == old && have <= point) || e == self.epoch;
-        let now = self.links.lock().iter().filter(|l| !l.learner && clear(l.hello)).count();
-        let more =
-            self.heard.lock().iter().filter(|(_, h)| !clear(**h)).map(|(n, (e, t))| (n.clone(), *e, *t)).collect();
-        (now, more)
+        // A backup of an older epoch that holds anything may hold what an earlier restart
+        // lost (one that never settled): not clear.
+        let clear =
+            |(e, have): (Epoch, Ts)| e == self.epoch || (e == old && have <= point) || (e < old && have == Ts::ZERO);
+        let now: std::collections::BTreeSet<(String, String)> = self
+            .links
+            .lock()
+            .iter()
+            .filter(|l| !l.learner && clear(l.hello))
+            .map(|l| (l.node.clone(), host_of(&l.addr)))
+            .collect();
+        let more = self
+            .heard
+            .lock()
+            .iter()
+            .filter(|(_, h)| !clear(**h))
+            .map(|((n, host), (e, t))| (format!("{n} (from {host})"), *e, *t))
+            .collect();
+        (now.len(), more)
     }
 
-    /// `backups_may_release` was called, or the server's policy counts backups.
+    /// Backups alone may release a commit now (the policies in use and the quorum's
+    /// slots): batches are shipped `counted`.
     pub fn backups_release(&self) -> bool {
         self.counted.load(Ordering::Acquire)
     }
@@ -459,6 +527,9 @@ impl Primary {
             self.backups_expected.store(n, Ordering::Release);
             *s = (config, self.released(), false);
         }
+        if let Err(e) = self.grow_slots(n) {
+            tracing::error!("recording the quorum's {n} backups: {e}");
+        }
         tracing::info!(config, backups = n, "the commit quorum counts a new membership");
         self.changed();
     }
@@ -526,19 +597,41 @@ impl Primary {
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
         stream.set_read_timeout(None)?;
-        self.heard.lock().insert(node.clone(), (epoch, have_ts));
+        self.heard.lock().insert((node.clone(), host_of(&addr)), (epoch, have_ts));
+        // Waiting after a restart: a backup of an older epoch than the one restarted from
+        // may hold what an earlier restart lost; a copy would discard it. Refused, it
+        // keeps it (and the wait names it).
+        if let (true, Some((old, ..))) = (self.restart_waiting.load(Ordering::Acquire), self.opts.resume_from) {
+            if epoch < old && have_ts > Ts::ZERO {
+                let reason = format!(
+                    "this primary restarted from epoch {} and this backup follows epoch {}, holding up to ts {}: it may hold commits an earlier restart lost, so it is sent no copy while the primary waits for its backups",
+                    old.0, epoch.0, have_ts.0
+                );
+                let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                return Err(std::io::Error::other(reason));
+            }
+        }
         let logger = Arc::clone(self.durable.logger());
         // Register first: from here on every framed batch is queued for this backup.
         let link = {
             let mut links = self.links.lock();
             let slot =
                 (0..).find(|s| !links.iter().any(|l| l.learner == learner && l.slot == *s)).expect("a free slot");
+            let counts = Self::counts(&self.counted_nodes.lock(), &node, learner);
+            if counts {
+                // Recorded before it counts (`crate::restart`).
+                if let Err(e) = self.grow_slots(slot + 1) {
+                    let reason = format!("the primary could not record its quorum: {e}");
+                    let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                    return Err(std::io::Error::other(reason));
+                }
+            }
             let link = Arc::new(Link {
                 node: node.clone(),
                 addr: addr.clone(),
                 slot,
                 learner,
-                counted: AtomicBool::new(Self::counts(&self.counted_nodes.lock(), &node, learner)),
+                counted: AtomicBool::new(counts),
                 queue: Mutex::new(Queue { frames: Default::default(), bytes: 0, dead: None }),
                 cv: Condvar::new(),
                 received: AtomicU64::new(0),
@@ -915,39 +1008,45 @@ fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now:
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
 }
 
-/// Whether a primary that restarted from epoch `old` at `point` (`Durable::opened_from`)
-/// may take writes under `policy` with `backups` counted, given what it heard since
-/// (`Primary::heard_since_restart`: `clear` backups hold nothing above the point, and
-/// `holding_more` do): `Ok` once `backups_to_hear_at_restart` are clear, so that no
-/// commit acknowledged before the restart on backups alone is missing here, and none
-/// holds more; else why not yet. A backup holding more than the point keeps it (it may
-/// have been acknowledged, under the server's policy or a connection's, and it is not
-/// on this primary): the reason then names it and what a person can do. Pure, for tests.
-pub fn restart_settled(
-    policy: crate::CommitPolicy,
-    backups: usize,
-    old: Epoch,
-    point: Ts,
-    clear: usize,
-    holding_more: &[(String, Epoch, Ts)],
-) -> Result<(), String> {
-    let need = crate::policy::backups_to_hear_at_restart(policy, backups);
-    if let Some((node, e, have)) = holding_more.first() {
-        return Err(format!(
-            "this primary restarted at ts {} of epoch {}, and backup {node} holds commits up to ts {} of epoch {}, which may have been acknowledged (under {}) and are not here: it keeps them and does not follow, and this primary takes no writes, which would fork the history. To keep them, stop this primary and serve the backup's directory as the primary (`ditto server --promote`), then make this one its backup on an empty directory; to discard them, empty the backup's directory and start it again",
-            point.0, old.0, have.0, e.0, policy.name()
-        ));
+/// A peer address without its port.
+fn host_of(addr: &str) -> String {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string()
+}
+
+/// The quorum's record (`crate::restart`): what the file holds, and this run's own.
+struct Quorum {
+    dir: Option<std::path::PathBuf>,
+    /// On disk (where `dir` is): this run's, merged with the last run's while a restart
+    /// waits.
+    record: crate::restart::QuorumRecord,
+    /// This run's: the server's policy and those connections chose, the most slots.
+    mine: crate::restart::QuorumRecord,
+}
+
+impl Quorum {
+    fn start(opts: &PrimaryOptions) -> Quorum {
+        let mine =
+            crate::restart::QuorumRecord { slots: opts.backups_expected, policies: opts.policy.into_iter().collect() };
+        match &opts.quorum_record {
+            Some((d, r)) => Quorum { dir: Some(d.clone()), record: r.merged(&mine), mine },
+            None => Quorum { dir: None, record: mine.clone(), mine },
+        }
     }
-    if clear >= need {
-        return Ok(());
+
+    /// Applies `f` to this run's record and to the one on disk, writing the latter first
+    /// if it changed; whether backups alone may release a commit now.
+    fn change(&mut self, f: impl Fn(&mut crate::restart::QuorumRecord)) -> std::io::Result<bool> {
+        let mut record = self.record.clone();
+        f(&mut record);
+        if record != self.record {
+            if let Some(d) = &self.dir {
+                record.write(d)?;
+            }
+            self.record = record;
+        }
+        f(&mut self.mine);
+        Ok(self.mine.backups_release())
     }
-    Err(format!(
-        "this primary restarted at ts {} of epoch {} and takes no writes until {} more of its {backups} backup(s) say they hold nothing above it (under {}, a commit acknowledged before the restart may be on backups alone)",
-        point.0,
-        old.0,
-        need - clear,
-        policy.name()
-    ))
 }
 
 struct Tap(std::sync::Weak<Primary>);
@@ -981,25 +1080,6 @@ impl ditto_log::ShipTap for Tap {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_restarted_primary_takes_writes_once_enough_backups_hold_nothing_above_its_point_and_none_more() {
-        let p = |s| crate::CommitPolicy::parse(s).unwrap();
-        let (old, point) = (Epoch(3), Ts(100));
-        // majority-received with two backups: both must be heard (either alone may have
-        // released a commit with the primary's memory).
-        let why = restart_settled(p("majority-received"), 2, old, point, 1, &[]).unwrap_err();
-        assert!(why.contains("until 1 more of its 2 backup(s)"), "{why}");
-        assert_eq!(restart_settled(p("majority-received"), 2, old, point, 2, &[]), Ok(()));
-        // majority-durable with two: one (any two of three nodes meet it); with one
-        // backup, none (the primary's own fsync was needed).
-        assert_eq!(restart_settled(p("majority-durable"), 2, old, point, 1, &[]), Ok(()));
-        assert_eq!(restart_settled(p("majority-durable"), 1, old, point, 0, &[]), Ok(()));
-        // One holding more: no writes, however many others are clear, and it is named.
-        let more = [("b2".to_string(), old, Ts(130))];
-        let why = restart_settled(p("majority-durable"), 2, old, point, 1, &more).unwrap_err();
-        assert!(why.contains("backup b2 holds commits up to ts 130 of epoch 3") && why.contains("--promote"), "{why}");
-    }
 
     #[test]
     fn lag_is_the_wait_of_the_oldest_sample_not_yet_held() {

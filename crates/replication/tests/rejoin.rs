@@ -53,8 +53,8 @@ fn ship_telling(
     tell_upto: Arc<std::sync::atomic::AtomicU64>,
 ) -> Arc<Primary> {
     let policy = CommitPolicy::parse(policy).unwrap();
-    let counted = policy != CommitPolicy::LOCAL;
-    let opts = PrimaryOptions { backups_expected: 1, resume_from, acknowledged, counted, ..Default::default() };
+    let opts =
+        PrimaryOptions { backups_expected: 1, resume_from, acknowledged, policy: Some(policy), ..Default::default() };
     let on_change = Box::new(move |h: &ditto_replication::Holdings| {
         let w = ditto_replication::release_watermark(policy, h);
         w.min(Ts(tell_upto.load(std::sync::atomic::Ordering::Acquire)))
@@ -244,6 +244,15 @@ fn commits_released_on_this_backups_acknowledgement_are_kept_before_it_hears_so(
     primary_restarts_without_commits_the_backup_holds("majority-received", Acked::Unheard);
 }
 
+/// Under `majority-durable` with one backup the primary's own fsync is needed for every
+/// release: nothing above its disk's point was acknowledged, the batches are not marked
+/// `counted`, and the backup is cut there (found by review: every batch was marked under
+/// any policy but `local`, and such a backup stayed stopped after every crash under load).
+#[test]
+fn under_majority_durable_with_one_backup_what_the_primary_lost_is_cut() {
+    primary_restarts_without_commits_the_backup_holds("majority-durable", Acked::No);
+}
+
 /// A cluster's backup takes no account of `counted`: a failover's point lies above every
 /// commit acknowledged, and it is cut there.
 #[test]
@@ -360,9 +369,12 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
         // The restarted primary heard it hold more: a server takes no writes then.
         let (clear, more) = p2.heard_since_restart(old, point);
         assert_eq!((clear, more.len()), (0, 1), "{more:?}");
-        let why = ditto_replication::restart_settled(CommitPolicy::parse(policy).unwrap(), 1, old, point, clear, &more)
-            .unwrap_err();
-        assert!(why.contains("backup b holds commits up to ts") && why.contains("takes no writes"), "{why}");
+        let need = ditto_replication::QuorumRecord::new(1, CommitPolicy::parse(policy).unwrap()).need();
+        let why = ditto_replication::restart_settled(need.max(1), 1, old, point, clear, &more).unwrap_err();
+        assert!(
+            why.contains("backup b (from 127.0.0.1) holds commits up to ts") && why.contains("takes no writes"),
+            "{why}"
+        );
         // Read where the release covers them (under `local` it does not: held, not
         // visible; the directory below holds them either way).
         let r = bk.db.read();
@@ -389,6 +401,43 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
                 "key {k} gone from the restarted backup's directory"
             );
         }
+        drop(r);
+        drop(kept);
+        if how == Acked::Unheard {
+            // The primary restarts again before the backup came back (the first restart's
+            // wait never settled): the backup now follows an older epoch than the one the
+            // primary restarted from, and a copy would discard what it holds. A primary
+            // waiting for its backups refuses it instead, and counts it as holding more.
+            let pd = tmp.path().join("a-again");
+            copy_dir(&pc, &pd);
+            p2.stop();
+            drop(p2);
+            let d = ditto_log::open(&pd, OpenOptions { workers: 2, ..Default::default() }).unwrap();
+            let (old2, point2) = d.opened_from().expect("a third epoch");
+            assert_eq!(old2, Epoch(old.0 + 1));
+            let opts = PrimaryOptions {
+                backups_expected: 1,
+                resume_from: Some((old2, point2, point2)),
+                policy: Some(CommitPolicy::parse(policy).unwrap()),
+                restart_wait: true,
+                ..Default::default()
+            };
+            let listener = std::net::TcpListener::bind(addr).unwrap();
+            let p3 = Primary::start(&d, listener, opts, Box::new(|_| Ts::ZERO)).unwrap();
+            match backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")) {
+                Err(BackupError::Refused(why)) => assert!(why.contains("it is sent no copy"), "{why}"),
+                Err(e) => panic!("refused for another reason: {e}"),
+                Ok(_) => panic!("a backup of an older epoch joined a primary still waiting for its backups"),
+            }
+            let (clear, more) = p3.heard_since_restart(old2, point2);
+            assert_eq!((clear, more.len()), (0, 1), "{more:?}");
+            let why = ditto_replication::restart_settled(1, 1, old2, point2, clear, &more).unwrap_err();
+            assert!(why.contains(&format!("follows epoch {}, older", old.0)), "{why}");
+            assert_eq!(p3.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "no copy was sent");
+            let kept = ditto_log::replica::open_replica(&pb, 1, &storage).unwrap();
+            let r = kept.db.read();
+            assert!((0..150u32).all(|k| r.get(t, &k.to_be_bytes()).unwrap().is_some()), "the backup kept its keys");
+        }
         return;
     }
     wait_until("the backup to be told to cut", Duration::from_secs(30), || bk.join_again().is_some());
@@ -411,8 +460,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
     // Cut, it holds nothing above the point: the restarted primary may take writes.
     let (clear, more) = p2.heard_since_restart(old, point);
     assert_eq!((clear, more.len()), (1, 0), "{more:?}");
-    let policy = CommitPolicy::parse("majority-received").unwrap();
-    assert_eq!(ditto_replication::restart_settled(policy, 1, old, point, clear, &more), Ok(()));
+    assert_eq!(ditto_replication::restart_settled(1, 1, old, point, clear, &more), Ok(()));
     let r = bk.db.read();
     for k in (0..100u32).chain(200..300) {
         assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");

@@ -96,6 +96,11 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_durable_ts", ld(&state.durable).to_string());
             put("ditto_replayed_ts", ld(&state.replayed).to_string());
             put("ditto_released_ts", ld(&state.released).to_string());
+            // The primary said it acknowledged up to here, and what this backup received
+            // while backups alone could release (its own acknowledgement may have): it
+            // keeps both if its restarted primary lacks them (docs/replication.md).
+            put("ditto_acknowledged_ts", ld(&state.acknowledged).to_string());
+            put("ditto_counted_ts", ld(&state.counted).to_string());
             put("ditto_visible_ts", visible.to_string());
             put("ditto_lag_ts", received.saturating_sub(visible).to_string());
             put("ditto_batches_received", ld(&state.batches_received).to_string());

@@ -673,6 +673,7 @@ fn run_role(
     // A restarted primary's wait for its backups (see below): the primary, and the epoch
     // and point it restarted from.
     let mut restart_wait = None;
+    let mut restart_refusal = None;
     // Every policy a connection may choose on a primary (the server's own is `release`).
     let by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)> = match cfg.repl_port {
         Some(_) if durable.is_some() => {
@@ -697,6 +698,23 @@ fn run_role(
             Some(c) => (|| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?), Ts(c.ts_above))))(),
             None => d.opened_from().map(|(e, point)| (e, point, point)),
         };
+        // A standalone primary keeps its quorum's record on disk; one that restarted
+        // waits for its backups by the last run's record (docs/replication.md, "A primary
+        // restarted under a policy that counts backups"; `ditto_replication::restart`).
+        let mine = ditto_replication::QuorumRecord::new(cfg.backups, policy);
+        let (quorum_record, wait_need) = match (&cfg.cluster, d.opened_from()) {
+            (Some(_), _) => (None, 0),
+            (None, restarted) => {
+                let last = ditto_replication::QuorumRecord::read(&dir)
+                    .map_err(io("reading the quorum's record"))?
+                    .unwrap_or_else(|| mine.clone());
+                let need = last.merged(&mine).need();
+                match restarted {
+                    Some(_) if need > 0 => (Some((dir.clone(), last)), need),
+                    _ => (Some((dir.clone(), mine.clone())), 0),
+                }
+            }
+        };
         let opts = ditto_replication::PrimaryOptions {
             backups_expected: cfg.backups,
             members_config: cfg.cluster.as_ref().map_or(0, |c| c.members_config),
@@ -704,7 +722,9 @@ fn run_role(
             // The highest commit acknowledged to a client under any policy (a backup will
             // not cut away what it holds below it).
             acknowledged: Some(Arc::clone(&acknowledged)),
-            counted: policy != ditto_replication::CommitPolicy::LOCAL,
+            policy: Some(policy),
+            quorum_record,
+            restart_wait: wait_need > 0,
             ..Default::default()
         };
         let r = Arc::clone(&release);
@@ -734,13 +754,11 @@ fn run_role(
         // acknowledgements takes writes only once enough of its backups say they hold
         // nothing above its restart point (`restart_settled`; docs/replication.md, "A
         // primary restarted under a policy that counts backups").
-        if let (None, Some((old, point))) = (&cfg.cluster, d.opened_from()) {
-            if ditto_replication::backups_to_hear_at_restart(policy, cfg.backups) > 0 {
-                let (clear, more) = p.heard_since_restart(old, point);
-                let why = ditto_replication::restart_settled(policy, cfg.backups, old, point, clear, &more);
-                sh.write_gate.set(why.err());
-                restart_wait = Some((Arc::downgrade(&p), old, point));
-            }
+        if let (true, Some((old, point))) = (wait_need > 0, d.opened_from()) {
+            let (clear, more) = p.heard_since_restart(old, point);
+            restart_refusal =
+                ditto_replication::restart_settled(wait_need, cfg.backups, old, point, clear, &more).err();
+            restart_wait = Some((Arc::downgrade(&p), old, point, wait_need));
         }
         listening.repl = l_addr;
         sh.replication = crate::session::Replication::Primary { primary: Arc::clone(&p), policy, repl_addr };
@@ -752,6 +770,10 @@ fn run_role(
     }
     if let Some(g) = &cfg.write_gate {
         sh.write_gate = Arc::clone(g);
+    }
+    // Closed before the first connection is served (the gate the connections see).
+    if restart_refusal.is_some() {
+        sh.write_gate.set(restart_refusal);
     }
     sh.primary_addr = match &backup {
         None => Some(format!("{}:{port}", cfg.bind)),
@@ -822,16 +844,29 @@ fn run_role(
         }));
     }
     lasting.role_tasks.push(reclaimer);
-    if let Some((p, old, point)) = restart_wait {
+    if let Some((p, old, point, need)) = restart_wait {
         let (gate, backups) = (Arc::clone(&sh.write_gate), cfg.backups);
         lasting.role_tasks.push(rt.spawn(async move {
             let mut said = None;
             loop {
-                let Some(p) = p.upgrade() else { return };
-                let (clear, more) = p.heard_since_restart(old, point);
-                drop(p);
-                match ditto_replication::restart_settled(policy, backups, old, point, clear, &more) {
+                let Some(primary) = p.upgrade() else { return };
+                let (clear, more) = primary.heard_since_restart(old, point);
+                drop(primary);
+                match ditto_replication::restart_settled(need, backups, old, point, clear, &more) {
                     Ok(()) => {
+                        // The record is this run's alone once the wait is over; a failed
+                        // write keeps the wait (and says why).
+                        let settled = p.upgrade().map(|p| p.settle_restart());
+                        if let Some(Err(e)) = settled {
+                            let why = format!("this primary cannot record that its restart settled: {e}");
+                            if said.as_ref() != Some(&why) {
+                                tracing::error!("{why}");
+                                gate.set(Some(why.clone()));
+                                said = Some(why);
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
                         tracing::warn!("taking writes: {clear} backup(s) hold nothing above ts {} of epoch {}, where this primary restarted", point.0, old.0);
                         gate.set(None);
                         return;

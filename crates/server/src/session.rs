@@ -379,7 +379,9 @@ impl Session {
                 if let (Replication::Primary { primary, .. }, false) =
                     (&sh.replication, p == ditto_replication::CommitPolicy::LOCAL)
                 {
-                    primary.backups_may_release();
+                    if let Err(e) = primary.backups_may_release(p) {
+                        return Reply::err(format!("ERR commit policy {}: recording it failed: {e}", p.name()));
+                    }
                 }
                 self.policy = Some(p);
                 Reply::Ok
