@@ -10,9 +10,13 @@
 # reads down, which copies the primary's checkpoint: what a person had to do before.
 # RESTARTS=K restarts the primary K times in a row (one JSON line each; the backup's
 # resident size after each shows whether a rejoin lets the old database go).
+# POLICY=majority-received: a restarted primary under it refuses writes until its backup
+# says it holds nothing above its restart point (docs/replication.md, "A primary
+# restarted under a policy that counts backups"); the first write is tried again until
+# acknowledged, and first_write_ok_after_primary_up_s says when it was.
 # Usage: rejoin-after-restart.sh BINARY [N]
 set -u
-B=$1; N=${2:-1000000}; SIG=${SIG:-TERM}; OLD=${OLD:-0}; RESTARTS=${RESTARTS:-1}
+B=$1; N=${2:-1000000}; SIG=${SIG:-TERM}; OLD=${OLD:-0}; RESTARTS=${RESTARTS:-1}; POLICY=${POLICY:-majority-durable}
 D=$(mktemp -d)
 read -r P R Q < <(python3 -c 'import socket
 ss=[socket.socket() for _ in range(3)]
@@ -20,7 +24,7 @@ ss=[socket.socket() for _ in range(3)]
 print(*[s.getsockname()[1] for s in ss])')
 cleanup() { kill -9 $pp $bp 2>/dev/null; wait 2>/dev/null; rm -rf $D; }
 trap cleanup EXIT
-primary() { $B server --port $P --data-dir $D/p --repl-port $R --commit-policy majority-durable --backups 1 --metrics off >> $D/p.log 2>&1 & pp=$!; }
+primary() { $B server --port $P --data-dir $D/p --repl-port $R --commit-policy $POLICY --backups 1 --metrics off >> $D/p.log 2>&1 & pp=$!; }
 backup() { $B server --port $Q --data-dir $D/b --replica-of 127.0.0.1:$R --metrics off >> $D/b.log 2>&1 & bp=$!; }
 up() { for i in $(seq 1 600); do redis-cli -p $1 ping 2>/dev/null | grep -q PONG && return 0; sleep 0.1; done; return 1; }
 primary; up $P || { echo "the primary did not start"; cat $D/p.log; exit 1; }
@@ -34,7 +38,7 @@ kill -$SIG $pp; wait $pp 2>/dev/null
 t0=$(date +%s.%N)
 primary; up $P || { echo "the primary did not restart"; cat $D/p.log; exit 1; }
 t_primary=$(date +%s.%N)
-redis-cli -p $P set after-restart-$round 1 > /dev/null &
+( for i in $(seq 1 1200); do [ "$(redis-cli -p $P set after-restart-$round 1 2>/dev/null)" = "OK" ] && break; sleep 0.05; done; date +%s.%N > $D/write-ok ) &
 setter=$!
 if [ "$OLD" = 1 ]; then
   for i in $(seq 1 600); do redis-cli -p $Q info replication 2>/dev/null | grep -q "master_link_status:down" && break; sleep 0.05; done
@@ -53,11 +57,12 @@ bkeys=$(redis-cli -p $Q dbsize)
 rss=$(grep VmRSS /proc/$bp/status | awk '{print $2}')
 hwm=$(grep VmHWM /proc/$bp/status | awk '{print $2}')
 how=$(grep -o -E "backup: resuming from ts [0-9]+|backup: checkpoint at ts [0-9]+ loaded: [0-9]+ rows in [0-9.]+ s" $D/b.log | tail -1)
-python3 - "$t0" "$t_primary" "$t1" <<EOF
+python3 - "$t0" "$t_primary" "$t1" "$(cat $D/write-ok)" <<EOF
 import sys, json
-t0, tp, t1 = map(float, sys.argv[1:])
+t0, tp, t1, tw = map(float, sys.argv[1:])
 print(json.dumps({"restart": $round, "keys": $keys, "signal": "$SIG", "old_build": $OLD == 1,
-  "primary_up_s": round(tp - t0, 3), "backup_holds_new_write_after_primary_up_s": round(t1 - tp, 3),
+  "policy": "$POLICY", "primary_up_s": round(tp - t0, 3), "first_write_ok_after_primary_up_s": round(tw - tp, 3),
+  "backup_holds_new_write_after_primary_up_s": round(t1 - tp, 3),
   "backup_keys": $bkeys, "backup_rss_mib": round($rss / 1024), "backup_peak_rss_mib": round($hwm / 1024),
   "backup_pid_same": $bp0 == $bp, "how": "$how"}))
 EOF

@@ -33,6 +33,6 @@ pub use backup::{
     parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, JoinAgain, JoinCancel, ReplayMode,
     ReplayRun,
 };
-pub use policy::{backups_to_hear_at_restart, blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
+pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};
 pub use restart::{restart_settled, QuorumRecord};

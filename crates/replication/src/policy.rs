@@ -155,30 +155,6 @@ pub fn blocked_by(policy: CommitPolicy, h: &Holdings) -> Option<String> {
     }
 }
 
-/// How many of its `backups` a primary restarted at `point` (its disk's, after a crash)
-/// must hear hold nothing above the point before it takes writes, so that no commit
-/// acknowledged under `policy` before the restart lies above the point unseen.
-///
-/// A commit above the point was not durable on the primary, so the nodes that counted it
-/// were backups: at least `t` of them, where `t` is the quorum less the primary under
-/// `received` (its memory counted, and is gone) and the whole quorum under `durable` (its
-/// disk would have held it). Every set of `t` backups meets any `backups - t + 1` of
-/// them; with `t > backups` (the primary's fsync was always needed) no such commit
-/// exists. Pure, for tests.
-pub fn backups_to_hear_at_restart(policy: CommitPolicy, backups: usize) -> usize {
-    let nodes = backups + 1;
-    let quorum = match policy.scope {
-        Scope::Local => return 0,
-        Scope::All => nodes,
-        Scope::Majority => nodes / 2 + 1,
-    };
-    let t = match policy.level {
-        Level::Received => quorum - 1,
-        Level::Durable => quorum,
-    };
-    (backups + 1).saturating_sub(t).min(backups)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,53 +218,5 @@ mod tests {
         let p = |s| CommitPolicy::parse(s).unwrap();
         assert_eq!(p("majority-received").max(p("all-received")), p("all-received"));
         assert_eq!(p("majority-received").max(p("local")), p("majority-durable"));
-    }
-
-    /// Every commit a quorum could acknowledge without the primary's disk meets the
-    /// backups a restarted primary waits for: checked by brute force over which backups
-    /// held it, for 0-5 backups, against the formula.
-    #[test]
-    fn a_restarted_primary_waits_for_enough_backups_to_meet_every_quorum_without_its_disk() {
-        for name in ["local", "majority-durable", "majority-received", "all-durable", "all-received"] {
-            let policy = CommitPolicy::parse(name).unwrap();
-            for backups in 0..=5usize {
-                let need = backups_to_hear_at_restart(policy, backups);
-                assert!(need <= backups, "{name} with {backups}: {need}");
-                if backups == 0 {
-                    // Nobody to ask (a `received` policy then releases on the primary's
-                    // memory alone, and a crash loses that whatever happens next).
-                    continue;
-                }
-                // A commit above the point: the primary's disk lacks it; under `received`
-                // its shipped (memory) position counted it. Which backup sets released it?
-                let releasing = |held: u32| {
-                    let h = Holdings {
-                        primary_durable: Ts(0),
-                        primary_shipped: Ts(1),
-                        backups: (0..backups)
-                            .map(|i| Some(if held >> i & 1 == 1 { (Ts(1), Ts(1)) } else { (Ts(0), Ts(0)) }))
-                            .collect(),
-                    };
-                    release_watermark(policy, &h) >= Ts(1)
-                };
-                // Fewest holders among the sets that release it (none: it never is).
-                let fewest = (0..1u32 << backups).filter(|&m| releasing(m)).map(|m| m.count_ones() as usize).min();
-                // Hearing `need` backups that lack it must be impossible when it was
-                // released: every releasing set has more than `backups - need` members.
-                match fewest {
-                    None => assert_eq!(need, 0, "{name} with {backups}: nothing to find, yet {need} awaited"),
-                    Some(f) => {
-                        assert!(
-                            f + need > backups,
-                            "{name} with {backups}: a release held by {f} escapes {need} heard"
-                        );
-                        assert!(
-                            f + need - 1 == backups,
-                            "{name} with {backups}: {need} heard is more than needed ({f} hold it)"
-                        );
-                    }
-                }
-            }
-        }
     }
 }

@@ -132,8 +132,6 @@ struct Link {
     /// its first ack, the log above it is kept for it (`log_needed_above`), so that a
     /// checkpoint while a long gap is sent deletes none of it.
     asked_from: AtomicU64,
-    /// What its `Hello` said: the epoch it followed and what it held.
-    hello: (Epoch, Ts),
 }
 
 const NOTHING_ASKED: u64 = u64::MAX;
@@ -195,7 +193,7 @@ pub struct Primary {
     restart_waiting: AtomicBool,
     /// Each backup's last `Hello`, by its name and address without the port: the epoch
     /// it followed and what it held (`heard_since_restart`).
-    heard: Mutex<std::collections::BTreeMap<(String, String), (Epoch, Ts)>>,
+    heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
     pub batches_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
@@ -318,17 +316,27 @@ impl Primary {
     /// moment later). Call it before such a commit is made: a batch framed after the
     /// commit's append is shipped after this (the stream buffer's lock orders them).
     pub fn backups_may_release(&self, policy: crate::CommitPolicy) -> std::io::Result<()> {
-        let now = self.quorum.lock().change(|r| {
+        self.change_quorum(|r| {
             r.add_policy(policy);
-        })?;
-        self.counted.store(now, Ordering::Release);
-        Ok(())
+        })
     }
 
-    /// The quorum may count `slots` backups from now on (recorded first: see
-    /// `crate::restart`).
-    fn grow_slots(&self, slots: usize) -> std::io::Result<()> {
-        let now = self.quorum.lock().change(|r| r.slots = r.slots.max(slots))?;
+    /// The quorum may count `slots` backups from now on, `node` among them (recorded
+    /// first: see `crate::restart`).
+    fn grow_quorum(&self, node: Option<&str>, slots: usize) -> std::io::Result<()> {
+        self.change_quorum(|r| {
+            r.slots = r.slots.max(slots);
+            if let Some(n) = node {
+                r.add_backup(n);
+            }
+        })
+    }
+
+    /// Changes the quorum's record (written first, where it is kept) and whether batches
+    /// are marked `counted`, under its lock: two changes at once leave the later mark.
+    fn change_quorum(&self, f: impl Fn(&mut crate::restart::QuorumRecord)) -> std::io::Result<()> {
+        let mut q = self.quorum.lock();
+        let now = q.change(f)?;
         self.counted.store(now, Ordering::Release);
         Ok(())
     }
@@ -347,31 +355,23 @@ impl Primary {
         Ok(())
     }
 
-    /// For a primary restarted from epoch `old` at `point`: how many backups connected now
-    /// (learners aside) said they hold nothing above the point (a `Hello` in an earlier
-    /// epoch, in `old` at or below the point, or in this one), and each backup whose last
-    /// `Hello` said it holds more (it keeps that, and stays away), by node. What
-    /// `restart_settled` decides on.
-    pub fn heard_since_restart(&self, old: Epoch, point: Ts) -> (usize, Vec<(String, Epoch, Ts)>) {
+    /// For a primary restarted from epoch `old` at `point`: the backups (by name) whose
+    /// last `Hello` since it started said they hold nothing above the point (in `old` at
+    /// or below it, in this epoch, or nothing at all), and each that holds more, or may (it
+    /// keeps that, and stays away). What `restart_settled` decides on.
+    pub fn heard_since_restart(
+        &self,
+        old: Epoch,
+        point: Ts,
+    ) -> (std::collections::BTreeSet<String>, Vec<(String, Epoch, Ts)>) {
         // A backup of an older epoch that holds anything may hold what an earlier restart
         // lost (one that never settled): not clear.
         let clear =
             |(e, have): (Epoch, Ts)| e == self.epoch || (e == old && have <= point) || (e < old && have == Ts::ZERO);
-        let now: std::collections::BTreeSet<(String, String)> = self
-            .links
-            .lock()
-            .iter()
-            .filter(|l| !l.learner && clear(l.hello))
-            .map(|l| (l.node.clone(), host_of(&l.addr)))
-            .collect();
-        let more = self
-            .heard
-            .lock()
-            .iter()
-            .filter(|(_, h)| !clear(**h))
-            .map(|((n, host), (e, t))| (format!("{n} (from {host})"), *e, *t))
-            .collect();
-        (now.len(), more)
+        let heard = self.heard.lock();
+        let now = heard.iter().filter(|(_, h)| clear(**h)).map(|(n, _)| n.clone()).collect();
+        let more = heard.iter().filter(|(_, h)| !clear(**h)).map(|(n, (e, t))| (n.clone(), *e, *t)).collect();
+        (now, more)
     }
 
     /// Backups alone may release a commit now (the policies in use and the quorum's
@@ -527,7 +527,7 @@ impl Primary {
             self.backups_expected.store(n, Ordering::Release);
             *s = (config, self.released(), false);
         }
-        if let Err(e) = self.grow_slots(n) {
+        if let Err(e) = self.grow_quorum(None, n) {
             tracing::error!("recording the quorum's {n} backups: {e}");
         }
         tracing::info!(config, backups = n, "the commit quorum counts a new membership");
@@ -597,7 +597,7 @@ impl Primary {
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
         stream.set_read_timeout(None)?;
-        self.heard.lock().insert((node.clone(), host_of(&addr)), (epoch, have_ts));
+        self.heard.lock().insert(node.clone(), (epoch, have_ts));
         // Waiting after a restart: a backup of an older epoch than the one restarted from
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
         // keeps it (and the wait names it).
@@ -612,15 +612,25 @@ impl Primary {
             }
         }
         let logger = Arc::clone(self.durable.logger());
+        // A backup that counts is recorded before it does (`crate::restart`), off the
+        // links' lock (the commit path takes it): its name, and a bound on its slot.
+        let counts = Self::counts(&self.counted_nodes.lock(), &node, learner);
+        if counts {
+            let bound = self.links.lock().iter().filter(|l| !l.learner).count() + 1;
+            if let Err(e) = self.grow_quorum(Some(&node), bound) {
+                let reason = format!("the primary could not record its quorum: {e}");
+                let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                return Err(std::io::Error::other(reason));
+            }
+        }
         // Register first: from here on every framed batch is queued for this backup.
         let link = {
             let mut links = self.links.lock();
             let slot =
                 (0..).find(|s| !links.iter().any(|l| l.learner == learner && l.slot == *s)).expect("a free slot");
-            let counts = Self::counts(&self.counted_nodes.lock(), &node, learner);
-            if counts {
-                // Recorded before it counts (`crate::restart`).
-                if let Err(e) = self.grow_slots(slot + 1) {
+            // (Recorded above; a slot beyond that bound, taken meanwhile, here.)
+            if counts && self.quorum.lock().mine.slots < slot + 1 {
+                if let Err(e) = self.grow_quorum(Some(&node), slot + 1) {
                     let reason = format!("the primary could not record its quorum: {e}");
                     let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
                     return Err(std::io::Error::other(reason));
@@ -640,7 +650,6 @@ impl Primary {
                 since: Instant::now(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
-                hello: (epoch, have_ts),
             });
             links.push(Arc::clone(&link));
             link
@@ -1008,11 +1017,6 @@ fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now:
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
 }
 
-/// A peer address without its port.
-fn host_of(addr: &str) -> String {
-    addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string()
-}
-
 /// The quorum's record (`crate::restart`): what the file holds, and this run's own.
 struct Quorum {
     dir: Option<std::path::PathBuf>,
@@ -1025,8 +1029,12 @@ struct Quorum {
 
 impl Quorum {
     fn start(opts: &PrimaryOptions) -> Quorum {
-        let mine =
-            crate::restart::QuorumRecord { slots: opts.backups_expected, policies: opts.policy.into_iter().collect() };
+        let mine = crate::restart::QuorumRecord {
+            expected: opts.backups_expected,
+            slots: opts.backups_expected,
+            policies: opts.policy.into_iter().collect(),
+            backups: Vec::new(),
+        };
         match &opts.quorum_record {
             Some((d, r)) => Quorum { dir: Some(d.clone()), record: r.merged(&mine), mine },
             None => Quorum { dir: None, record: mine.clone(), mine },

@@ -21,44 +21,79 @@ use std::path::Path;
 use ditto_engine::Ts;
 use ditto_log::Epoch;
 
-use crate::policy::backups_to_hear_at_restart;
 use crate::CommitPolicy;
 
 /// The file in a primary's data directory.
 pub const QUORUM_FILE: &str = "quorum";
 
-/// See the module notes: the most backup slots the quorum counted and every policy in
-/// use since the last settled restart.
+/// See the module notes: what the quorum could count since the last settled restart.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QuorumRecord {
+    /// The backups the server's quorum counts at least (`--backups`).
+    pub expected: usize,
+    /// The most backup slots it counted at once.
     pub slots: usize,
-    /// In the order first used; no repeats.
+    /// Every commit policy in use, in the order first used; no repeats.
     pub policies: Vec<CommitPolicy>,
+    /// Every backup (by name) whose acknowledgements counted; sorted, no repeats.
+    pub backups: Vec<String>,
+}
+
+/// How many backups alone release a commit under `p` with `slots` counted (the quorum
+/// less the primary under `received`, the whole quorum under `durable`), if backups alone
+/// can: `None` where the primary's own fsync is always needed.
+fn backups_alone(p: CommitPolicy, slots: usize) -> Option<usize> {
+    let nodes = slots + 1;
+    let quorum = match p.scope {
+        crate::Scope::Local => return None,
+        crate::Scope::All => nodes,
+        crate::Scope::Majority => nodes / 2 + 1,
+    };
+    let t = match p.level {
+        crate::Level::Received => quorum - 1,
+        crate::Level::Durable => quorum,
+    };
+    (t >= 1 && t <= slots).then_some(t)
 }
 
 impl QuorumRecord {
-    pub fn new(slots: usize, policy: CommitPolicy) -> QuorumRecord {
-        QuorumRecord { slots, policies: vec![policy] }
+    pub fn new(expected: usize, policy: CommitPolicy) -> QuorumRecord {
+        QuorumRecord { expected, slots: expected, policies: vec![policy], backups: Vec::new() }
     }
 
-    /// Backups a restart must hear hold nothing above its point: the most any policy in
-    /// use needs with the slots counted.
+    /// The fewest backups that alone could have released a commit: over every policy in
+    /// use and every slot count the quorum had (from `expected`, at least one, to `slots`).
+    fn fewest_releasing(&self) -> Option<usize> {
+        let low = self.expected.max(1);
+        (low..=self.slots.max(low)).flat_map(|s| self.policies.iter().filter_map(move |p| backups_alone(*p, s))).min()
+    }
+
+    /// Backups of `backups` a restart must hear hold nothing above its point: every set
+    /// of `t` of them (the fewest that alone could release) meets any `len - t + 1`; with
+    /// fewer than `t` backups ever counted, or none able to release alone, none.
     pub fn need(&self) -> usize {
-        self.policies.iter().map(|p| backups_to_hear_at_restart(*p, self.slots)).max().unwrap_or(0)
+        match self.fewest_releasing() {
+            Some(t) if self.backups.len() >= t => self.backups.len() - t + 1,
+            _ => 0,
+        }
     }
 
-    /// Backups alone may release a commit (so a backup must keep what it received above
-    /// a restarted primary's point: `Frame::Batch::counted`).
+    /// Backups alone may release a commit with the slots counted now (so a backup must
+    /// keep what it received above a restarted primary's point: `Frame::Batch::counted`).
     pub fn backups_release(&self) -> bool {
-        self.need() > 0
+        self.policies.iter().any(|p| backups_alone(*p, self.slots).is_some())
     }
 
-    /// Both records' slots and policies.
+    /// Both records' counts, policies and backups.
     pub fn merged(&self, o: &QuorumRecord) -> QuorumRecord {
         let mut r = self.clone();
+        r.expected = r.expected.min(o.expected);
         r.slots = r.slots.max(o.slots);
         for p in &o.policies {
             r.add_policy(*p);
+        }
+        for b in &o.backups {
+            r.add_backup(b);
         }
         r
     }
@@ -72,25 +107,51 @@ impl QuorumRecord {
         new
     }
 
+    /// Adds the backup `name`; whether it was new.
+    pub fn add_backup(&mut self, name: &str) -> bool {
+        match self.backups.binary_search_by(|b| b.as_str().cmp(name)) {
+            Ok(_) => false,
+            Err(at) => {
+                self.backups.insert(at, name.to_string());
+                true
+            }
+        }
+    }
+
     fn encode(&self) -> String {
         let names: Vec<String> = self.policies.iter().map(|p| p.name()).collect();
-        format!("ditto quorum 1\nslots {}\npolicies {}\n", self.slots, names.join(","))
+        let mut out =
+            format!("ditto quorum 2\nexpected {}\nslots {}\npolicies {}\n", self.expected, self.slots, names.join(","));
+        for b in &self.backups {
+            out.push_str(&format!("backup {b}\n"));
+        }
+        out.push_str("end\n");
+        out
     }
 
     fn decode(text: &str) -> Result<QuorumRecord, String> {
-        let mut lines = text.lines();
-        if lines.next() != Some("ditto quorum 1") {
-            return Err("not a quorum record of version 1".into());
+        // Whole or refused: a record cut short must not read as a smaller one.
+        let body = text.strip_suffix("end\n").ok_or("no end line")?;
+        let mut lines = body.lines();
+        if lines.next() != Some("ditto quorum 2") {
+            return Err("not a quorum record of version 2".into());
         }
-        let slots =
-            lines.next().and_then(|l| l.strip_prefix("slots ")).and_then(|n| n.parse().ok()).ok_or("no slots line")?;
+        let mut num = |key: &str| -> Result<usize, String> {
+            lines
+                .next()
+                .and_then(|l| l.strip_prefix(key))
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("no {key}line"))
+        };
+        let (expected, slots) = (num("expected ")?, num("slots ")?);
         let list = lines.next().and_then(|l| l.strip_prefix("policies ")).ok_or("no policies line")?;
-        let mut r = QuorumRecord { slots, policies: Vec::new() };
+        let mut r = QuorumRecord { expected, slots, policies: Vec::new(), backups: Vec::new() };
         for name in list.split(',').filter(|n| !n.is_empty()) {
             r.add_policy(CommitPolicy::parse(name)?);
         }
-        if lines.next().is_some() {
-            return Err("trailing lines".into());
+        for l in lines {
+            let b = l.strip_prefix("backup ").ok_or_else(|| format!("an unknown line {l:?}"))?;
+            r.add_backup(b);
         }
         Ok(r)
     }
@@ -100,9 +161,15 @@ impl QuorumRecord {
     pub fn read(dir: &Path) -> std::io::Result<Option<QuorumRecord>> {
         let path = dir.join(QUORUM_FILE);
         match std::fs::read_to_string(&path) {
-            Ok(t) => QuorumRecord::decode(&t)
-                .map(Some)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
+            Ok(t) => QuorumRecord::decode(&t).map(Some).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: {e} (a person who knows no backup holds commits this primary lacks may remove it)",
+                        path.display()
+                    ),
+                )
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
@@ -123,18 +190,17 @@ impl QuorumRecord {
 }
 
 /// Whether a primary that restarted from epoch `old` at `point` (`Durable::opened_from`)
-/// may take writes, needing `need` backups (`QuorumRecord::need`) of its `backups`, given
-/// what it heard since (`Primary::heard_since_restart`: `clear` distinct backups hold
-/// nothing above the point, `holding_more` do, or may): `Ok` once `need` are clear and
-/// none holds more; else why not yet. A backup holding more keeps it (it may have been
-/// acknowledged, and it is not on this primary): the reason names it and what a person
-/// can do. Pure, for tests.
+/// may take writes, by `record` (the last run's, `QuorumRecord::need`), given what it
+/// heard since (`Primary::heard_since_restart`: the backups whose last `Hello` said they
+/// hold nothing above the point, and those that hold more, or may): `Ok` once `need` of
+/// the recorded backups are clear and none holds more; else why not yet. A backup
+/// holding more keeps it (it may have been acknowledged, and it is not on this primary):
+/// the reason names it and what a person can do. Pure, for tests.
 pub fn restart_settled(
-    need: usize,
-    backups: usize,
+    record: &QuorumRecord,
     old: Epoch,
     point: Ts,
-    clear: usize,
+    clear: &std::collections::BTreeSet<String>,
     holding_more: &[(String, Epoch, Ts)],
 ) -> Result<(), String> {
     if let Some((node, e, have)) = holding_more.first() {
@@ -148,14 +214,18 @@ pub fn restart_settled(
             point.0, old.0
         ));
     }
-    if clear >= need {
+    let need = record.need();
+    let heard = record.backups.iter().filter(|b| clear.contains(*b)).count();
+    if heard >= need {
         return Ok(());
     }
+    let waiting: Vec<&str> = record.backups.iter().filter(|b| !clear.contains(*b)).map(|b| b.as_str()).collect();
     Err(format!(
-        "this primary restarted at ts {} of epoch {} and takes no writes until {} more of its {backups} backup(s) say they hold nothing above it (a commit acknowledged before the restart may be on backups alone)",
+        "this primary restarted at ts {} of epoch {} and takes no writes until {} more of the backups its quorum counted ({}) say they hold nothing above it (a commit acknowledged before the restart may be on backups alone; if one is gone for good, a person who knows it held nothing more may remove the file `quorum` from this primary's directory and restart it)",
         point.0,
         old.0,
-        need - clear,
+        need - heard,
+        waiting.join(", ")
     ))
 }
 
@@ -167,55 +237,92 @@ mod tests {
         CommitPolicy::parse(s).unwrap()
     }
 
+    fn rec(expected: usize, slots: usize, policies: &[&str], backups: &[&str]) -> QuorumRecord {
+        let mut r = QuorumRecord { expected, slots, ..Default::default() };
+        for x in policies {
+            r.add_policy(p(x));
+        }
+        for b in backups {
+            r.add_backup(b);
+        }
+        r
+    }
+
     #[test]
-    fn a_record_round_trips_and_a_damaged_one_is_an_error() {
+    fn a_record_round_trips_and_one_cut_short_or_damaged_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(QuorumRecord::read(dir.path()).unwrap(), None);
-        let mut r = QuorumRecord::new(2, p("majority-durable"));
-        assert!(r.add_policy(p("majority-received")));
-        assert!(!r.add_policy(p("majority-received")));
+        let r = rec(1, 12, &["majority-durable", "majority-received"], &["b2", "b1"]);
+        assert_eq!(r.backups, ["b1", "b2"]);
         r.write(dir.path()).unwrap();
         assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(r.clone()));
         let good = std::fs::read(dir.path().join(QUORUM_FILE)).unwrap();
         for cut in 0..good.len() {
             std::fs::write(dir.path().join(QUORUM_FILE), &good[..cut]).unwrap();
-            match QuorumRecord::read(dir.path()) {
-                Err(e) => assert!(e.to_string().contains(QUORUM_FILE), "{e}"),
-                Ok(got) => assert!(got.is_some_and(|g| g != r) || cut >= good.len() - 1, "cut at {cut}"),
-            }
+            let e = QuorumRecord::read(dir.path()).expect_err(&format!("cut at {cut} was read"));
+            assert!(e.to_string().contains(QUORUM_FILE), "{e}");
         }
-        std::fs::write(dir.path().join(QUORUM_FILE), "ditto quorum 1\nslots 1\npolicies sometimes\n").unwrap();
+        std::fs::write(dir.path().join(QUORUM_FILE), "ditto quorum 2\nexpected 1\nslots 1\npolicies sometimes\nend\n")
+            .unwrap();
         assert!(QuorumRecord::read(dir.path()).is_err());
     }
 
+    /// Every commit backups alone could release meets the backups a restart waits for:
+    /// by brute force over which recorded backups held it and the quorum's size then.
     #[test]
-    fn what_a_restart_waits_for_is_the_most_any_policy_in_use_needs() {
-        // majority-durable with one backup: the primary's fsync was always needed.
-        assert_eq!(QuorumRecord::new(1, p("majority-durable")).need(), 0);
-        assert!(!QuorumRecord::new(1, p("majority-durable")).backups_release());
-        // ... but a second backup in the quorum, or a connection's majority-received:
-        assert_eq!(QuorumRecord::new(2, p("majority-durable")).need(), 1);
-        let mut r = QuorumRecord::new(1, p("local"));
-        assert_eq!(r.need(), 0);
-        r.add_policy(p("majority-received"));
-        assert_eq!(r.need(), 1);
-        assert_eq!(QuorumRecord::new(2, p("majority-received")).need(), 2);
-        let m = QuorumRecord::new(1, p("majority-durable")).merged(&QuorumRecord::new(2, p("local")));
-        assert_eq!((m.slots, m.need()), (2, 1));
+    fn a_restart_waits_for_enough_recorded_backups_to_meet_every_quorum_without_the_primarys_disk() {
+        let names = ["b0", "b1", "b2", "b3", "b4"];
+        for policy in ["local", "majority-durable", "majority-received", "all-durable", "all-received"] {
+            for expected in 0..=3usize {
+                for slots in expected..=4 {
+                    for n in 0..=slots.clamp(1, 5) {
+                        let r = rec(expected, slots, &[policy], &names[..n]);
+                        let need = r.need();
+                        assert!(need <= n);
+                        // Any release by backups alone, at any slot count the quorum had:
+                        // held by at least t of the n recorded backups.
+                        for s in expected.max(1)..=slots.max(expected.max(1)) {
+                            let Some(t) = backups_alone(p(policy), s) else { continue };
+                            if t > n {
+                                continue;
+                            }
+                            // Hearing `need` clear backups leaves n - need, too few to hold it.
+                            assert!(
+                                n - need < t,
+                                "{policy} expected {expected} slots {slots} n {n}: {need} heard, {t} hold"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // The formula's cases, by name.
+        assert_eq!(rec(1, 1, &["majority-durable"], &["b"]).need(), 0, "the primary's fsync was needed");
+        assert_eq!(rec(1, 2, &["majority-durable"], &["a", "b"]).need(), 1);
+        assert_eq!(rec(1, 1, &["local", "majority-received"], &["b"]).need(), 1);
+        assert_eq!(rec(2, 2, &["majority-received"], &["a", "b"]).need(), 2);
+        assert_eq!(rec(1, 1, &["majority-received"], &[]).need(), 0, "no backup ever counted");
+        assert!(!rec(1, 1, &["majority-durable"], &[]).backups_release());
+        assert!(rec(1, 2, &["majority-durable"], &[]).backups_release());
+        assert!(!rec(1, 1, &["all-durable"], &[]).backups_release());
     }
 
     #[test]
-    fn a_restarted_primary_takes_writes_once_enough_backups_are_clear_and_none_holds_more() {
+    fn a_restarted_primary_takes_writes_once_enough_recorded_backups_are_clear_and_none_holds_more() {
         let (old, point) = (Epoch(3), Ts(100));
-        let why = restart_settled(2, 2, old, point, 1, &[]).unwrap_err();
-        assert!(why.contains("until 1 more of its 2 backup(s)"), "{why}");
-        assert_eq!(restart_settled(2, 2, old, point, 2, &[]), Ok(()));
-        assert_eq!(restart_settled(0, 1, old, point, 0, &[]), Ok(()));
+        let r = rec(2, 2, &["majority-received"], &["b1", "b2"]);
+        let clear = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<std::collections::BTreeSet<_>>();
+        let why = restart_settled(&r, old, point, &clear(&["b1", "fresh"]), &[]).unwrap_err();
+        assert!(
+            why.contains("until 1 more of the backups its quorum counted (b2)"),
+            "a fresh backup counts for nothing: {why}"
+        );
+        assert_eq!(restart_settled(&r, old, point, &clear(&["b1", "b2"]), &[]), Ok(()));
         let more = [("b2".to_string(), old, Ts(130))];
-        let why = restart_settled(1, 2, old, point, 2, &more).unwrap_err();
+        let why = restart_settled(&r, old, point, &clear(&["b1"]), &more).unwrap_err();
         assert!(why.contains("backup b2 holds commits up to ts 130 of epoch 3") && why.contains("--promote"), "{why}");
         let older = [("b3".to_string(), Epoch(2), Ts(90))];
-        let why = restart_settled(1, 2, old, point, 2, &older).unwrap_err();
+        let why = restart_settled(&r, old, point, &clear(&["b1", "b2"]), &older).unwrap_err();
         assert!(why.contains("backup b3 follows epoch 2, older"), "{why}");
     }
 }

@@ -368,13 +368,9 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
         assert_eq!(bk.join_again(), None, "a backup holding acknowledged commits must not join again by itself");
         // The restarted primary heard it hold more: a server takes no writes then.
         let (clear, more) = p2.heard_since_restart(old, point);
-        assert_eq!((clear, more.len()), (0, 1), "{more:?}");
-        let need = ditto_replication::QuorumRecord::new(1, CommitPolicy::parse(policy).unwrap()).need();
-        let why = ditto_replication::restart_settled(need.max(1), 1, old, point, clear, &more).unwrap_err();
-        assert!(
-            why.contains("backup b (from 127.0.0.1) holds commits up to ts") && why.contains("takes no writes"),
-            "{why}"
-        );
+        assert_eq!((clear.len(), more.len()), (0, 1), "{more:?}");
+        let why = ditto_replication::restart_settled(&quorum_of(policy), old, point, &clear, &more).unwrap_err();
+        assert!(why.contains("backup b holds commits up to ts") && why.contains("takes no writes"), "{why}");
         // Read where the release covers them (under `local` it does not: held, not
         // visible; the directory below holds them either way).
         let r = bk.db.read();
@@ -430,8 +426,8 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
                 Ok(_) => panic!("a backup of an older epoch joined a primary still waiting for its backups"),
             }
             let (clear, more) = p3.heard_since_restart(old2, point2);
-            assert_eq!((clear, more.len()), (0, 1), "{more:?}");
-            let why = ditto_replication::restart_settled(1, 1, old2, point2, clear, &more).unwrap_err();
+            assert_eq!((clear.len(), more.len()), (0, 1), "{more:?}");
+            let why = ditto_replication::restart_settled(&quorum_of(policy), old2, point2, &clear, &more).unwrap_err();
             assert!(why.contains(&format!("follows epoch {}, older", old.0)), "{why}");
             assert_eq!(p3.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "no copy was sent");
             let kept = ditto_log::replica::open_replica(&pb, 1, &storage).unwrap();
@@ -459,8 +455,8 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
     assert_eq!(p2.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "resumed from the log, not copied");
     // Cut, it holds nothing above the point: the restarted primary may take writes.
     let (clear, more) = p2.heard_since_restart(old, point);
-    assert_eq!((clear, more.len()), (1, 0), "{more:?}");
-    assert_eq!(ditto_replication::restart_settled(1, 1, old, point, clear, &more), Ok(()));
+    assert_eq!((clear.iter().map(|b| b.as_str()).collect::<Vec<_>>(), more.len()), (vec!["b"], 0), "{more:?}");
+    assert_eq!(ditto_replication::restart_settled(&quorum_of("majority-received"), old, point, &clear, &more), Ok(()));
     let r = bk.db.read();
     for k in (0..100u32).chain(200..300) {
         assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&k.to_le_bytes()[..]), "key {k}");
@@ -470,6 +466,13 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
     }
     drop(r);
     drop((p2, bk));
+}
+
+/// The quorum's record of a primary under `policy` whose one backup, `b`, counted.
+fn quorum_of(policy: &str) -> ditto_replication::QuorumRecord {
+    let mut r = ditto_replication::QuorumRecord::new(1, CommitPolicy::parse(policy).unwrap());
+    r.add_backup("b");
+    r
 }
 
 /// Lets a stalled disk go on when dropped.

@@ -702,16 +702,16 @@ fn run_role(
         // waits for its backups by the last run's record (docs/replication.md, "A primary
         // restarted under a policy that counts backups"; `ditto_replication::restart`).
         let mine = ditto_replication::QuorumRecord::new(cfg.backups, policy);
-        let (quorum_record, wait_need) = match (&cfg.cluster, d.opened_from()) {
-            (Some(_), _) => (None, 0),
+        let (quorum_record, waits_by) = match (&cfg.cluster, d.opened_from()) {
+            (Some(_), _) => (None, None),
             (None, restarted) => {
                 let last = ditto_replication::QuorumRecord::read(&dir)
                     .map_err(io("reading the quorum's record"))?
                     .unwrap_or_else(|| mine.clone());
-                let need = last.merged(&mine).need();
+                let waits_by = last.merged(&mine);
                 match restarted {
-                    Some(_) if need > 0 => (Some((dir.clone(), last)), need),
-                    _ => (Some((dir.clone(), mine.clone())), 0),
+                    Some(_) if waits_by.need() > 0 => (Some((dir.clone(), last)), Some(waits_by)),
+                    _ => (Some((dir.clone(), mine.clone())), None),
                 }
             }
         };
@@ -724,7 +724,7 @@ fn run_role(
             acknowledged: Some(Arc::clone(&acknowledged)),
             policy: Some(policy),
             quorum_record,
-            restart_wait: wait_need > 0,
+            restart_wait: waits_by.is_some(),
             ..Default::default()
         };
         let r = Arc::clone(&release);
@@ -754,11 +754,10 @@ fn run_role(
         // acknowledgements takes writes only once enough of its backups say they hold
         // nothing above its restart point (`restart_settled`; docs/replication.md, "A
         // primary restarted under a policy that counts backups").
-        if let (true, Some((old, point))) = (wait_need > 0, d.opened_from()) {
+        if let (Some(record), Some((old, point))) = (waits_by, d.opened_from()) {
             let (clear, more) = p.heard_since_restart(old, point);
-            restart_refusal =
-                ditto_replication::restart_settled(wait_need, cfg.backups, old, point, clear, &more).err();
-            restart_wait = Some((Arc::downgrade(&p), old, point, wait_need));
+            restart_refusal = ditto_replication::restart_settled(&record, old, point, &clear, &more).err();
+            restart_wait = Some((Arc::downgrade(&p), old, point, record));
         }
         listening.repl = l_addr;
         sh.replication = crate::session::Replication::Primary { primary: Arc::clone(&p), policy, repl_addr };
@@ -844,15 +843,15 @@ fn run_role(
         }));
     }
     lasting.role_tasks.push(reclaimer);
-    if let Some((p, old, point, need)) = restart_wait {
-        let (gate, backups) = (Arc::clone(&sh.write_gate), cfg.backups);
+    if let Some((p, old, point, record)) = restart_wait {
+        let gate = Arc::clone(&sh.write_gate);
         lasting.role_tasks.push(rt.spawn(async move {
             let mut said = None;
             loop {
                 let Some(primary) = p.upgrade() else { return };
                 let (clear, more) = primary.heard_since_restart(old, point);
                 drop(primary);
-                match ditto_replication::restart_settled(need, backups, old, point, clear, &more) {
+                match ditto_replication::restart_settled(&record, old, point, &clear, &more) {
                     Ok(()) => {
                         // The record is this run's alone once the wait is over; a failed
                         // write keeps the wait (and says why).
@@ -867,7 +866,13 @@ fn run_role(
                             tokio::time::sleep(Duration::from_millis(100)).await;
                             continue;
                         }
-                        tracing::warn!("taking writes: {clear} backup(s) hold nothing above ts {} of epoch {}, where this primary restarted", point.0, old.0);
+                        let heard: Vec<&str> = clear.iter().map(|b| b.as_str()).collect();
+                        tracing::warn!(
+                            "taking writes: backups {} hold nothing above ts {} of epoch {}, where this primary restarted",
+                            heard.join(", "),
+                            point.0,
+                            old.0
+                        );
                         gate.set(None);
                         return;
                     }
