@@ -591,8 +591,7 @@ impl Primary {
                 let reason = format!(
                     "replication protocol version {version} is not supported (this primary speaks {PROTOCOL_VERSION})"
                 );
-                let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                return Err(std::io::Error::other(reason));
+                return Err(refuse(&stream, reason));
             }
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
@@ -607,8 +606,7 @@ impl Primary {
                     "this primary restarted from epoch {} and this backup follows epoch {}, holding up to ts {}: it may hold commits an earlier restart lost, so it is sent no copy while the primary waits for its backups",
                     old.0, epoch.0, have_ts.0
                 );
-                let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                return Err(std::io::Error::other(reason));
+                return Err(refuse(&stream, reason));
             }
         }
         let logger = Arc::clone(self.durable.logger());
@@ -619,8 +617,7 @@ impl Primary {
             let bound = self.links.lock().iter().filter(|l| !l.learner).count() + 1;
             if let Err(e) = self.grow_quorum(Some(&node), bound) {
                 let reason = format!("the primary could not record its quorum: {e}");
-                let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                return Err(std::io::Error::other(reason));
+                return Err(refuse(&stream, reason));
             }
         }
         // Register first: from here on every framed batch is queued for this backup.
@@ -632,8 +629,7 @@ impl Primary {
             if counts && self.quorum.lock().mine.slots < slot + 1 {
                 if let Err(e) = self.grow_quorum(Some(&node), slot + 1) {
                     let reason = format!("the primary could not record its quorum: {e}");
-                    let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                    return Err(std::io::Error::other(reason));
+                    return Err(refuse(&stream, reason));
                 }
             }
             let link = Arc::new(Link {
@@ -1015,6 +1011,13 @@ const LAG_SAMPLES_MAX: usize = 100_000;
 fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now: Instant) -> Duration {
     let i = samples.partition_point(|(ts, _)| *ts <= held);
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
+}
+
+/// Tells a backup why it is refused (best effort: it may have gone) and returns the
+/// error that ends its connection.
+fn refuse(stream: &TcpStream, reason: String) -> std::io::Error {
+    let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+    std::io::Error::other(reason)
 }
 
 /// The quorum's record (`crate::restart`): what the file holds, and this run's own.
