@@ -383,7 +383,7 @@ fn backup_options(
         primary: primary.to_string(),
         data_dir: dir.to_path_buf(),
         workers: cfg.workers,
-        node: cfg.replica_name.clone().unwrap_or_else(|| format!("{}:{}", cfg.bind, cfg.port)),
+        node: replica_name(cfg),
         learner: cfg.cluster.as_ref().is_some_and(|c| c.learner),
         replay,
         share_values_from,
@@ -930,7 +930,7 @@ fn run_role(
     // bound now, whatever the configuration asked (0 asks for any).
     let mut rejoin_cfg = cfg.clone();
     // (Its name, as the primary knows it, stays what it was.)
-    rejoin_cfg.replica_name = Some(cfg.replica_name.clone().unwrap_or_else(|| format!("{}:{}", cfg.bind, cfg.port)));
+    rejoin_cfg.replica_name = Some(replica_name(&cfg));
     if let Some(a) = listening.plain {
         rejoin_cfg.port = a.port();
     }
@@ -1184,6 +1184,31 @@ static COUNT_IGNORED: AtomicBool = AtomicBool::new(false);
 /// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
 /// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
 /// `role-change-crash-after-seal`, `promotion-fails-after-log`.
+/// A backup's name as its primary knows it: `--replica-name`, or the address and port it
+/// serves on, the host's name standing for an address that means every interface
+/// (backups on other hosts, each bound to 0.0.0.0:6380, say, are told apart: a restarted
+/// primary counts its backups by name, `ditto_replication::restart`).
+fn replica_name(cfg: &Config) -> String {
+    if let Some(n) = &cfg.replica_name {
+        return n.clone();
+    }
+    let any = matches!(cfg.bind.as_str(), "0.0.0.0" | "::" | "[::]");
+    let host = match any {
+        true => host_name().unwrap_or_else(|| cfg.bind.clone()),
+        false => cfg.bind.clone(),
+    };
+    format!("{host}:{}", cfg.port)
+}
+
+/// This host's name (`gethostname`), if it has one.
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer we pass.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0)?;
+    (rc == 0 && end > 0).then(|| String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
 fn failpoint(name: &str) -> bool {
     std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name))
 }
@@ -1841,6 +1866,20 @@ fn drain_for_switchover(
 mod tests {
     use super::*;
     use ditto_engine::Options;
+
+    /// Backups on other hosts bound to every interface on the same port get other names
+    /// (a restarted primary counts its backups by name).
+    #[test]
+    fn a_backups_default_name_tells_hosts_apart_where_it_binds_every_interface() {
+        let mut cfg = Config { port: 6380, ..Config::default() };
+        cfg.bind = "127.0.0.1".into();
+        assert_eq!(replica_name(&cfg), "127.0.0.1:6380");
+        cfg.bind = "0.0.0.0".into();
+        let host = host_name().expect("this host has a name");
+        assert_eq!(replica_name(&cfg), format!("{host}:6380"));
+        cfg.replica_name = Some("b1".into());
+        assert_eq!(replica_name(&cfg), "b1");
+    }
 
     /// A connection's replies leave only once the watermark covers its commits; if the log
     /// fails instead, every reply of the waiting pipeline becomes an error and the
