@@ -1813,6 +1813,12 @@ fn a_switchover_whose_target_cannot_catch_up_is_given_up_and_the_primary_takes_w
     assert!(!ok && out.contains("given up"), "the switchover is given up: {out}");
     assert!(given_up < Duration::from_secs(25), "given up within the drain's bound: {given_up:?}");
     // The same primary, the same epoch, no switchover under way, and writes taken there.
+    // (The primary learns of the give-up when it applies the leader's entry, a moment
+    // after the tool heard of it from the leader: it failed twice when read at once.)
+    c.wait_or_dump("the primary to see the switchover given up", Duration::from_secs(10), || {
+        let ci = c.info_section(first, "cluster")?;
+        (field(&ci, "cluster_switchover").as_deref() == Some("none")).then_some(())
+    });
     let ci = c.info_section(first, "cluster").unwrap();
     assert_eq!(field(&ci, "cluster_epoch"), Some(epoch0.clone()), "{ci}");
     assert_eq!(field(&ci, "cluster_switchover").as_deref(), Some("none"), "{ci}");

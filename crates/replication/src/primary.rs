@@ -612,8 +612,7 @@ impl Primary {
         let logger = Arc::clone(self.durable.logger());
         // A backup that counts is recorded before it does (`crate::restart`), off the
         // links' lock (the commit path takes it): its name, and a bound on its slot.
-        let counts = Self::counts(&self.counted_nodes.lock(), &node, learner);
-        if counts {
+        if Self::counts(&self.counted_nodes.lock(), &node, learner) {
             let bound = self.links.lock().iter().filter(|l| !l.learner).count() + 1;
             if let Err(e) = self.grow_quorum(Some(&node), bound) {
                 let reason = format!("the primary could not record its quorum: {e}");
@@ -625,8 +624,15 @@ impl Primary {
             let mut links = self.links.lock();
             let slot =
                 (0..).find(|s| !links.iter().any(|l| l.learner == learner && l.slot == *s)).expect("a free slot");
-            // (Recorded above; a slot beyond that bound, taken meanwhile, here.)
-            if counts && self.quorum.lock().mine.slots < slot + 1 {
+            // Read again under the links' lock, which `set_counted_nodes` holds as it
+            // changes the set and every link's flag. (Recorded above; a node that counts
+            // only now, or a slot beyond that bound, taken meanwhile, here.)
+            let counts = Self::counts(&self.counted_nodes.lock(), &node, learner);
+            let recorded = {
+                let q = self.quorum.lock();
+                q.mine.slots > slot && q.mine.backups.contains(&node)
+            };
+            if counts && !recorded {
                 if let Err(e) = self.grow_quorum(Some(&node), slot + 1) {
                     let reason = format!("the primary could not record its quorum: {e}");
                     return Err(refuse(&stream, reason));
