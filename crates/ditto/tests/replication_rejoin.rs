@@ -374,3 +374,60 @@ fn a_backup_that_cannot_serve_after_joining_again_stops_cleanly_and_comes_back_w
     assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
     assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + AFTER));
 }
+
+/// Stopped cleanly, a primary has on its disk everything it shipped: it restarts without
+/// waiting for its backups (its record forgets them). Killed, and started without
+/// replication, it refuses to start, saying why; with `--repl-port` it waits for them.
+#[test]
+fn a_cleanly_stopped_primary_waits_for_no_backup_and_a_killed_one_is_not_started_without_replication() {
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = ["--commit-policy", "majority-received", "--backups", "1"];
+    let pdir = tmp.path().join("primary");
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let named = ["--replica-of", &repl, "--replica-name", "b1"];
+    let mut backup = Node::start(&tmp.path().join("backup"), &named);
+    write_keys(primary.port, 0..100);
+    let record = || std::fs::read_to_string(pdir.join("quorum")).unwrap();
+    assert!(record().contains("backup b1"), "{}", record());
+    assert!(stop_with_sigterm(&mut backup.child).success());
+    assert!(stop_with_sigterm(&mut primary.child).success());
+    assert!(!record().contains("backup b1"), "a clean stop forgets the backups: {}", record());
+    let mut primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
+    let mut c = Client::connect(primary.port).unwrap();
+    assert_eq!(field(&mut c, "replication", "ditto_writes_refused"), None, "waited after a clean stop");
+    // Counted again, then killed: started without replication, it is refused.
+    let backup = Node::start(&tmp.path().join("backup"), &named);
+    write_keys(primary.port, 100..200);
+    assert!(record().contains("backup b1"), "{}", record());
+    drop(backup);
+    primary.kill();
+    let errs = tmp.path().join("unreplicated.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", pdir.to_str().unwrap()])
+        .args(policy)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&errs).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a killed primary started without replication was still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&errs).unwrap();
+    assert!(!status.success(), "started: {err}");
+    assert!(err.contains("did not stop cleanly") && err.contains("b1") && err.contains("--repl-port"), "{err}");
+    let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());
+    let mut c = Client::connect(primary.port).unwrap();
+    let refused = c.one(&["SET", "k", "v"]);
+    assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
+}

@@ -341,6 +341,24 @@ impl Primary {
         Ok(())
     }
 
+    /// After its log closed cleanly: if everything this primary shipped is durable here
+    /// (and no restart's wait is still open), no backup can hold a commit it lacks, so the
+    /// record forgets its backups and the next restart waits for none. Whether it did.
+    pub fn forget_backups_after_clean_stop(&self) -> std::io::Result<bool> {
+        let h = self.holdings();
+        let clean = h.primary_durable >= h.primary_shipped && self.durable.logger().failure().is_none();
+        if !clean || self.restart_waiting.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut q = self.quorum.lock();
+        let Some(d) = q.dir.clone() else { return Ok(false) };
+        let mut r = q.mine.clone();
+        r.backups.clear();
+        r.write(&d)?;
+        q.record = r;
+        Ok(true)
+    }
+
     /// A restart's wait is over (`crate::restart::restart_settled` said so): the record
     /// on disk is this run's alone from now on, and backups of older epochs are served
     /// again (sent a copy).

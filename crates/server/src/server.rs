@@ -555,6 +555,25 @@ fn run_role(
                 (open.recovered, open.epoch) = promote_standalone(&dir, cfg.workers)?;
             }
             let d = ditto_log::open(&dir, open)?;
+            // A standalone primary that did not stop cleanly, started without replication,
+            // would take writes without asking the backups that may hold commits it lost.
+            if let (None, None, Some((old, point))) = (&cfg.repl_port, &cfg.cluster, d.opened_from()) {
+                let record = ditto_replication::QuorumRecord::read(&dir).map_err(|e| {
+                    d.close();
+                    ServerError::Io { what: "reading the quorum's record".into(), source: e }
+                })?;
+                if let Some(r) = record.filter(|r| r.need() > 0) {
+                    d.close();
+                    return Err(ConfigError::Invalid(format!(
+                        "this directory's primary did not stop cleanly (it restarts at ts {} of epoch {}), and its backups {} may hold commits they acknowledged that it lacks: start it with --repl-port, so that it waits for them to say what they hold; or, if none of them holds anything it lacks, remove the file {}",
+                        point.0,
+                        old.0,
+                        r.backups.join(", "),
+                        dir.join(ditto_replication::restart::QUORUM_FILE).display()
+                    ))
+                    .into());
+                }
+            }
             if in_place && cfg.cluster.is_some() && failpoint("promotion-fails-after-log") {
                 // As a promotion in place whose server fails once its new log has begun
                 // (its segments written): its node gives the epoch up.
@@ -1173,6 +1192,14 @@ fn run_role(
     }
     if let Some(d) = &durable {
         d.close();
+    }
+    // Stopped cleanly, everything shipped durable here: the next start waits for no backup.
+    if let Some(p) = &primary {
+        match p.forget_backups_after_clean_stop() {
+            Ok(true) => tracing::info!("stopped cleanly: the next start waits for no backup"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("recording the clean stop in the quorum's record: {e}"),
+        }
     }
     drop(checkpointer);
     Ok(None)
