@@ -336,19 +336,16 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         // Tests and scripts wait for these lines; the plaintext one comes first. Printed
         // again at each change of role (a backup joining its primary again, say), when
         // whoever started the server may have stopped reading: a closed standard output
-        // must not end the server (`println!` panics on it), so errors are ignored.
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
+        // must not end the server (`println!` panics on it): `say!` ignores errors.
         if let Some(a) = l.plain {
-            let _ = writeln!(out, "ditto server listening on {a} ({durability})");
+            ditto_server::say!("ditto server listening on {a} ({durability})");
         }
         if let Some(a) = l.tls {
-            let _ = writeln!(out, "ditto server listening for TLS on {a} ({durability})");
+            ditto_server::say!("ditto server listening for TLS on {a} ({durability})");
         }
         if let Some(a) = l.repl {
-            let _ = writeln!(out, "ditto server accepting backups on {a}");
+            ditto_server::say!("ditto server accepting backups on {a}");
         }
-        let _ = out.flush();
     })?;
     Ok(())
 }

@@ -94,7 +94,7 @@ impl Catalog {
 /// Writes `dir/name` so that after a crash it is either the old file or the new one. Every
 /// step goes through `storage`; a failure before the rename leaves the old file as it was
 /// (and a `.tmp` the next attempt replaces).
-pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8], storage: &dyn Storage) -> std::io::Result<()> {
+pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8], storage: &dyn Storage) -> std::io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     match std::fs::remove_file(&tmp) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),

@@ -69,6 +69,16 @@ impl CommitPolicy {
         Ok(CommitPolicy { scope, level })
     }
 
+    /// How many of `nodes` (the primary and the backups counted) hold a commit before it
+    /// is released: one under `local` (the primary), a majority, or all.
+    pub fn quorum(&self, nodes: usize) -> usize {
+        match self.scope {
+            Scope::Local => 1,
+            Scope::Majority => nodes / 2 + 1,
+            Scope::All => nodes,
+        }
+    }
+
     pub fn name(&self) -> String {
         match (self.scope, self.level) {
             (Scope::Local, _) => "local".into(),
@@ -127,11 +137,7 @@ pub fn release_watermark(policy: CommitPolicy, h: &Holdings) -> Ts {
         (Some((r, _)), Level::Received) => *r,
         (Some((_, d)), Level::Durable) => *d,
     }));
-    let nodes = held.len();
-    let need = match policy.scope {
-        Scope::All => nodes,
-        _ => nodes / 2 + 1,
-    };
+    let need = policy.quorum(held.len());
     // The need-th largest: at least `need` nodes hold everything up to it.
     held.sort_unstable_by(|a, b| b.cmp(a));
     held[need - 1]
@@ -148,8 +154,8 @@ pub fn blocked_by(policy: CommitPolicy, h: &Holdings) -> Option<String> {
         Scope::All => {
             missing.first().map(|i| format!("backup slot {i} is not connected ({} counts every backup)", policy.name()))
         }
-        Scope::Majority if connected < nodes / 2 + 1 => {
-            Some(format!("{connected} of {nodes} nodes connected; {} needs {}", policy.name(), nodes / 2 + 1))
+        Scope::Majority if connected < policy.quorum(nodes) => {
+            Some(format!("{connected} of {nodes} nodes connected; {} needs {}", policy.name(), policy.quorum(nodes)))
         }
         Scope::Majority => None,
     }

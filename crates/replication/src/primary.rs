@@ -191,8 +191,8 @@ pub struct Primary {
     quorum: Mutex<Quorum>,
     /// Waiting for backups after a restart (`PrimaryOptions::restart_wait`).
     restart_waiting: AtomicBool,
-    /// Each backup's last `Hello`, by its name and address without the port: the epoch
-    /// it followed and what it held (`heard_since_restart`).
+    /// Each backup's last `Hello`, by its name: the epoch it followed and what it held
+    /// (`heard_since_restart`).
     heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
     pub batches_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
@@ -347,15 +347,13 @@ impl Primary {
     pub fn forget_backups_after_clean_stop(&self) -> std::io::Result<bool> {
         let h = self.holdings();
         let clean = h.primary_durable >= h.primary_shipped && self.durable.logger().failure().is_none();
-        if !clean || self.restart_waiting.load(Ordering::Acquire) {
+        let mut q = self.quorum.lock();
+        if !clean || self.restart_waiting.load(Ordering::Acquire) || q.dir.is_none() {
             return Ok(false);
         }
-        let mut q = self.quorum.lock();
-        let Some(d) = q.dir.clone() else { return Ok(false) };
         let mut r = q.mine.clone();
         r.backups.clear();
-        r.write(&d)?;
-        q.record = r;
+        q.replace(r)?;
         Ok(true)
     }
 
@@ -365,10 +363,7 @@ impl Primary {
     pub fn settle_restart(&self) -> std::io::Result<()> {
         let mut q = self.quorum.lock();
         let mine = q.mine.clone();
-        if let Some(d) = &q.dir {
-            mine.write(d)?;
-        }
-        q.record = mine;
+        q.replace(mine)?;
         self.restart_waiting.store(false, Ordering::Release);
         Ok(())
     }
@@ -630,12 +625,12 @@ impl Primary {
         let logger = Arc::clone(self.durable.logger());
         // A backup that counts is recorded before it does (`crate::restart`), off the
         // links' lock (the commit path takes it): its name, and a bound on its slot.
+        let record = |slots: usize| {
+            self.grow_quorum(Some(&node), slots)
+                .map_err(|e| refuse(&stream, format!("the primary could not record its quorum: {e}")))
+        };
         if Self::counts(&self.counted_nodes.lock(), &node, learner) {
-            let bound = self.links.lock().iter().filter(|l| !l.learner).count() + 1;
-            if let Err(e) = self.grow_quorum(Some(&node), bound) {
-                let reason = format!("the primary could not record its quorum: {e}");
-                return Err(refuse(&stream, reason));
-            }
+            record(self.links.lock().iter().filter(|l| !l.learner).count() + 1)?;
         }
         // Register first: from here on every framed batch is queued for this backup.
         let link = {
@@ -651,10 +646,7 @@ impl Primary {
                 q.mine.slots > slot && q.mine.backups.contains(&node)
             };
             if counts && !recorded {
-                if let Err(e) = self.grow_quorum(Some(&node), slot + 1) {
-                    let reason = format!("the primary could not record its quorum: {e}");
-                    return Err(refuse(&stream, reason));
-                }
+                record(slot + 1)?;
             }
             let link = Arc::new(Link {
                 node: node.clone(),
@@ -1074,13 +1066,19 @@ impl Quorum {
         let mut record = self.record.clone();
         f(&mut record);
         if record != self.record {
-            if let Some(d) = &self.dir {
-                record.write(d)?;
-            }
-            self.record = record;
+            self.replace(record)?;
         }
         f(&mut self.mine);
         Ok(self.mine.backups_release())
+    }
+
+    /// The record on disk becomes `r`, written first where it is kept.
+    fn replace(&mut self, r: crate::restart::QuorumRecord) -> std::io::Result<()> {
+        if let Some(d) = &self.dir {
+            r.write(d)?;
+        }
+        self.record = r;
+        Ok(())
     }
 }
 

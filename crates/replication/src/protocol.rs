@@ -41,9 +41,10 @@ pub enum Frame {
     /// Primary -> backup: one log batch as the primary framed it. `released` is the
     /// primary's release watermark when it was sent; `floor_trusted` says whether it was
     /// shipped in framing order (live) or read back from disk (a gap); `counted`, that a
-    /// commit of it may be acknowledged to its client on backups' acknowledgements (a
-    /// policy other than `local` was in use on the primary when it was sent), so the
-    /// backup's own acknowledgement of it may be what released it.
+    /// commit of it may be acknowledged to its client on backups' acknowledgements alone
+    /// (a policy in use on the primary when it was sent lets backups release without its
+    /// fsync, `QuorumRecord::backups_release`), so the backup's own acknowledgement of it
+    /// may be what released it.
     Batch { epoch: Epoch, released: Ts, floor_trusted: bool, counted: bool, batch: Bytes },
     /// Primary -> backup, when there is nothing to send: the release watermark; and the
     /// highest release of any commit policy (a connection may choose a weaker one than the

@@ -15,7 +15,6 @@
 //! for `need()` distinct backups; a backup of an older epoch than the one restarted from
 //! counts as holding more (it may hold what an unsettled earlier restart lost).
 
-use std::io::Write;
 use std::path::Path;
 
 use ditto_engine::Ts;
@@ -43,12 +42,10 @@ pub struct QuorumRecord {
 /// less the primary under `received`, the whole quorum under `durable`), if backups alone
 /// can: `None` where the primary's own fsync is always needed.
 fn backups_alone(p: CommitPolicy, slots: usize) -> Option<usize> {
-    let nodes = slots + 1;
-    let quorum = match p.scope {
-        crate::Scope::Local => return None,
-        crate::Scope::All => nodes,
-        crate::Scope::Majority => nodes / 2 + 1,
-    };
+    if p.scope == crate::Scope::Local {
+        return None;
+    }
+    let quorum = p.quorum(slots + 1);
     let t = match p.level {
         crate::Level::Received => quorum - 1,
         crate::Level::Durable => quorum,
@@ -178,14 +175,8 @@ impl QuorumRecord {
     /// Replaces the record in `dir`, durably (a temporary file fsynced, renamed, the
     /// directory fsynced) before it returns.
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
-        let tmp = dir.join(format!("{QUORUM_FILE}.tmp"));
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(self.encode().as_bytes())?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, dir.join(QUORUM_FILE))?;
-        ditto_log::storage::sync_dir(dir)
+        let real = ditto_log::storage::RealStorage;
+        ditto_log::catalog::write_atomically(dir, QUORUM_FILE, self.encode().as_bytes(), &real)
     }
 }
 

@@ -41,9 +41,9 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_shipped_ts", h.primary_shipped.0.to_string());
             put("ditto_released_ts", primary.released().0.to_string());
             put("ditto_backups_expected", primary.backups_expected().to_string());
-            // Commits may be released on backups' acknowledgements (the server's policy or
-            // a connection's counts backups): a backup then keeps what it holds above a
-            // restarted primary's point rather than cut it (docs/replication.md).
+            // Backups alone may release a commit (a policy in use, the server's or a
+            // connection's, with the quorum's backups): a backup then keeps what it holds
+            // above a restarted primary's point rather than cut it (docs/replication.md).
             put("ditto_backups_release", u8::from(primary.backups_release()).to_string());
             // Writes refused, and why (a restarted primary waiting for its backups, one
             // losing its cluster's quorum, a switchover's drain).

@@ -713,15 +713,16 @@ fn run_role(
         // A cluster's new primary names the epoch it opened from and where; a standalone
         // one that recovered its log into a new epoch, its own (`Durable::opened_from`):
         // its backups are then cut there and resumed from the log, not sent a copy.
+        let reopened = d.opened_from();
         let resume_from = match &cfg.cluster {
             Some(c) => (|| Some((ditto_log::Epoch(c.resume_epoch?), Ts(c.upto?), Ts(c.ts_above))))(),
-            None => d.opened_from().map(|(e, point)| (e, point, point)),
+            None => reopened.map(|(e, point)| (e, point, point)),
         };
         // A standalone primary keeps its quorum's record on disk; one that restarted
         // waits for its backups by the last run's record (docs/replication.md, "A primary
         // restarted under a policy that counts backups"; `ditto_replication::restart`).
         let mine = ditto_replication::QuorumRecord::new(cfg.backups, policy);
-        let (quorum_record, waits_by) = match (&cfg.cluster, d.opened_from()) {
+        let (quorum_record, waits_by) = match (&cfg.cluster, reopened) {
             (Some(_), _) => (None, None),
             (None, restarted) => {
                 let last = ditto_replication::QuorumRecord::read(&dir)
@@ -773,7 +774,7 @@ fn run_role(
         // acknowledgements takes writes only once enough of its backups say they hold
         // nothing above its restart point (`restart_settled`; docs/replication.md, "A
         // primary restarted under a policy that counts backups").
-        if let (Some(record), Some((old, point))) = (waits_by, d.opened_from()) {
+        if let (Some(record), Some((old, point))) = (waits_by, reopened) {
             let (clear, more) = p.heard_since_restart(old, point);
             restart_refusal = ditto_replication::restart_settled(&record, old, point, &clear, &more).err();
             restart_wait = Some((Arc::downgrade(&p), old, point, record));
@@ -869,22 +870,20 @@ fn run_role(
             loop {
                 let Some(primary) = p.upgrade() else { return };
                 let (clear, more) = primary.heard_since_restart(old, point);
+                // Settled: the record is this run's alone from now on; a failed write keeps
+                // the wait (and says why), tried again less often.
+                let (outcome, again) = match ditto_replication::restart_settled(&record, old, point, &clear, &more) {
+                    Ok(()) => (
+                        primary
+                            .settle_restart()
+                            .map_err(|e| format!("this primary cannot record that its restart settled: {e}")),
+                        Duration::from_millis(100),
+                    ),
+                    Err(why) => (Err(why), Duration::from_millis(10)),
+                };
                 drop(primary);
-                match ditto_replication::restart_settled(&record, old, point, &clear, &more) {
+                match outcome {
                     Ok(()) => {
-                        // The record is this run's alone once the wait is over; a failed
-                        // write keeps the wait (and says why).
-                        let settled = p.upgrade().map(|p| p.settle_restart());
-                        if let Some(Err(e)) = settled {
-                            let why = format!("this primary cannot record that its restart settled: {e}");
-                            if said.as_ref() != Some(&why) {
-                                tracing::error!("{why}");
-                                gate.set(Some(why.clone()));
-                                said = Some(why);
-                            }
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
                         let heard: Vec<&str> = clear.iter().map(|b| b.as_str()).collect();
                         tracing::warn!(
                             "taking writes: backups {} hold nothing above ts {} of epoch {}, where this primary restarted",
@@ -895,15 +894,14 @@ fn run_role(
                         gate.set(None);
                         return;
                     }
-                    Err(why) => {
-                        if said.as_ref() != Some(&why) {
-                            tracing::warn!("{why}");
-                            gate.set(Some(why.clone()));
-                            said = Some(why);
-                        }
+                    Err(why) if said.as_ref() != Some(&why) => {
+                        tracing::warn!("{why}");
+                        gate.set(Some(why.clone()));
+                        said = Some(why);
                     }
+                    Err(_) => {}
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(again).await;
             }
         }));
     }
