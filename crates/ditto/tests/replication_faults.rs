@@ -328,3 +328,56 @@ fn a_connections_policy_that_counts_backups_is_made_known_before_its_first_commi
     let record = std::fs::read_to_string(tmp.path().join("p").join("quorum")).unwrap();
     assert!(record.contains("policies local,majority-received"), "{record}");
 }
+
+/// The quorum's record that cannot be written (its temporary file's name taken by a
+/// directory: every write fails): a connection's policy that needs it is refused, the
+/// connection keeps its own, and a backup that would count is refused, saying why; once
+/// it can be written, both go through.
+#[test]
+fn a_quorum_record_that_cannot_be_written_refuses_the_policy_and_the_backup_that_need_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pdir = tmp.path().join("p");
+    let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "local", "--backups", "1"]);
+    let blocker = pdir.join("quorum.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), b"x").unwrap();
+    let mut c = Client::connect(primary.port).unwrap();
+    let refused = c.one(&["DITTO.POLICY", "majority-received"]);
+    assert!(refused.starts_with("-ERR commit policy majority-received: recording it failed"), "{refused}");
+    assert_eq!(c.one(&["DITTO.POLICY"]), "local", "the connection keeps its policy");
+    assert_eq!(info_field(&mut c, "ditto_backups_release").as_deref(), Some("0"));
+    // A backup that would count is refused at its join, and ends saying why.
+    let (bdir, blog) = (tmp.path().join("b"), tmp.path().join("backup.log"));
+    let backup_args = ["--replica-of", primary.repl.as_ref().unwrap(), "--replica-name", "b1"];
+    let mut refused_backup = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", bdir.to_str().unwrap()])
+        .args(backup_args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&blog).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = refused_backup.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = refused_backup.kill();
+            panic!("a refused backup still ran after 30 s: {}", std::fs::read_to_string(&blog).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(&blog).unwrap();
+    assert!(!status.success() && log.contains("could not record its quorum"), "{status:?}: {log}");
+    assert_eq!(info_field(&mut c, "connected_slaves").as_deref(), Some("0"));
+    std::fs::remove_dir_all(&blocker).unwrap();
+    assert_eq!(c.one(&["DITTO.POLICY", "majority-received"]), "+OK");
+    let _backup = Node::start(&bdir, &backup_args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while info_field(&mut c, "connected_slaves").as_deref() != Some("1") {
+        assert!(Instant::now() < deadline, "the backup did not join once the record could be written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let record = std::fs::read_to_string(pdir.join("quorum")).unwrap();
+    assert!(record.contains("policies local,majority-received") && record.contains("backup b1"), "{record}");
+}
