@@ -165,14 +165,44 @@ impl Segment {
 }
 struct Stream {
     buf: Mutex<BatchBuilder>,
-    /// Signalled when a worker appends (flusher waits) and when the flusher takes the buffer
-    /// (workers under backpressure wait).
+    /// What the stream's flushes carry from one batch to the next; held while a batch is
+    /// framed, shipped and queued, by the flusher or by a server thread flushing before it
+    /// sleeps (`flush_deferred`), so batches go out one at a time, in order.
+    flush: Mutex<FlushState>,
+    /// The largest bound framed so far (`FlushState::written_bound`, readable without
+    /// the flush lock, for the flusher's wait under the buffer's lock).
+    written: AtomicU64,
+    /// The largest floor framed so far, durable or not (`owes_heartbeat`).
+    framed_floor: AtomicU64,
+    /// Batches framed and not yet on disk, for the disk thread.
+    ahead: WriteAhead,
+    /// Signalled when a worker appends (the flusher waits).
     cv: Condvar,
+    /// Signalled when a flush takes the buffer (a worker under backpressure waits). Apart
+    /// from `cv`, so a flush made off the flusher thread does not wake the flusher.
+    space: Condvar,
     durable: AtomicU64,
     /// The ts of the last transaction appended (stored before its committer leaves its
     /// commit slot). Every appended transaction is durable once `durable` reaches it.
     appended: AtomicU64,
     closed: Mutex<Vec<ClosedSegment>>,
+}
+
+/// See `Stream::flush`.
+struct FlushState {
+    /// The buffer swapped in for the stream's appends while a batch is framed from the other.
+    spare: BatchBuilder,
+    frame: Vec<u8>,
+    written_bound: Ts,
+    compress_skip: u32,
+}
+
+/// What one turn of a stream's flush did.
+enum Flushed {
+    Batch,
+    Nothing,
+    /// The log failed, or closed: the flusher stops.
+    Closed,
 }
 
 /// Counters for reports and metrics.
@@ -222,6 +252,8 @@ pub trait ShipTap: Send + Sync {
 }
 
 pub struct Logger {
+    /// This logger, for the threads that defer its flushes (`flush_before_sleeping`).
+    me: std::sync::Weak<Logger>,
     dir: PathBuf,
     epoch: Epoch,
     opts: LogOptions,
@@ -255,13 +287,24 @@ impl Logger {
         let streams = (0..n)
             .map(|_| Stream {
                 buf: Mutex::new(BatchBuilder::new()),
+                flush: Mutex::new(FlushState {
+                    spare: BatchBuilder::new(),
+                    frame: Vec::new(),
+                    written_bound: durable_from,
+                    compress_skip: 0,
+                }),
+                written: AtomicU64::new(durable_from.0),
+                framed_floor: AtomicU64::new(durable_from.0),
+                ahead: WriteAhead::default(),
                 cv: Condvar::new(),
+                space: Condvar::new(),
                 durable: AtomicU64::new(durable_from.0),
                 appended: AtomicU64::new(durable_from.0),
                 closed: Mutex::new(Vec::new()),
             })
             .collect();
-        let logger = Arc::new(Logger {
+        let logger = Arc::new_cyclic(|me| Logger {
+            me: me.clone(),
             dir: dir.to_path_buf(),
             epoch,
             opts,
@@ -349,19 +392,20 @@ impl Logger {
         }
         for s in self.streams.iter() {
             s.cv.notify_all();
+            s.space.notify_all();
         }
     }
 
     /// Stream `w`'s flusher thread, with its disk thread beside it (see `WriteAhead`).
     fn flusher(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf)) {
-        let ahead = WriteAhead::default();
+        let ahead = &self.streams[w].ahead;
         let seg = Mutex::new(Segment::new(first));
         std::thread::scope(|sc| {
             let disk = std::thread::Builder::new()
                 .name(format!("ditto-disk-{w}"))
-                .spawn_scoped(sc, || self.disk_thread(w, &seg, &ahead))
+                .spawn_scoped(sc, || self.disk_thread(w, &seg, ahead))
                 .expect("starting a log disk thread");
-            self.flush_loop(w, &seg, &ahead);
+            self.flush_loop(w, &seg, ahead);
             ahead.state.lock().stop = true;
             ahead.cv.notify_all();
             let _ = disk.join();
@@ -403,9 +447,12 @@ impl Logger {
             if let Err(e) = done {
                 return self.fail(e);
             }
-            // The flusher asks again whether it owes a heartbeat.
-            let _g = stream.buf.lock();
-            stream.cv.notify_all();
+            // The flusher asks again whether it owes a heartbeat, if it may (it also asks
+            // at its idle timeout).
+            if self.owes(w, Ts(stream.written.load(Ordering::Acquire))) {
+                let _g = stream.buf.lock();
+                stream.cv.notify_all();
+            }
         }
     }
 
@@ -508,30 +555,25 @@ impl Logger {
 
     fn flush_loop(&self, w: usize, seg: &Mutex<Segment>, ahead: &WriteAhead) {
         let stream = &self.streams[w];
-        let mut spare = BatchBuilder::new();
-        let mut frame = Vec::new();
-        let mut written_bound = Ts(stream.durable.load(Ordering::Acquire));
-        let mut compress_skip = 0u32;
         // When the last batch was started: with an interval, the next starts no sooner than
         // one interval later.
         let mut last_start: Option<Instant> = None;
-        let (fsync, interval) = match self.opts.durability {
-            Durability::EveryBatch => (true, None),
-            Durability::Interval(d) => (true, Some(d)),
-            Durability::NoSync(d) => (false, Some(d)),
+        let interval = match self.opts.durability {
+            Durability::EveryBatch => None,
+            Durability::Interval(d) | Durability::NoSync(d) => Some(d),
         };
         loop {
             let stopping = self.shutdown.load(Ordering::Acquire);
             if self.failed.get().is_some() {
                 return;
             }
-            // Wait for work: a commit (appends wake us), or, idle, the timeout; but not if
-            // we owe a heartbeat (checked first, so right after each of our batches).
-            // A batch queued for the disk thread and not yet synced will ask again once it is.
-            let owes = |written: Ts| written.0 <= stream.durable.load(Ordering::Acquire) && self.owes_heartbeat(w);
+            // Wait for work: a commit (appends wake us, unless their thread flushes before
+            // it sleeps), or, idle, the timeout; but not if we owe a heartbeat (checked
+            // first, so right after each of our batches). A batch queued for the disk
+            // thread and not yet synced will ask again once it is.
             if !stopping {
                 let mut buf = stream.buf.lock();
-                if buf.is_empty() && !owes(written_bound) {
+                if buf.is_empty() && !self.owes(w, Ts(stream.written.load(Ordering::Acquire))) {
                     stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
                 }
             }
@@ -543,74 +585,109 @@ impl Logger {
                     std::thread::sleep(wait);
                 }
             }
-            let bound = self.clock.stream_bound(w);
-            {
-                let mut buf = stream.buf.lock();
-                std::mem::swap(&mut *buf, &mut spare);
-                stream.cv.notify_all();
-            }
-            // The batch's last transaction is a bound too: the stream's worker commits one
-            // transaction at a time, in timestamp order, so every transaction of this stream
-            // up to it is in this batch or an earlier one. It matters when an append wakes us
-            // before its committer has left its commit slot: the clock's bound still stops
-            // below that commit, which would then wait for the next batch.
-            let bound = bound.max(spare.last_ts().unwrap_or(Ts::ZERO));
-            // An idle stream writes a heartbeat it owes, or its last bound at close.
-            let idle = spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !owes(written_bound));
-            if idle {
-                if stopping {
-                    if !self.drain_ahead(ahead) {
-                        return;
-                    }
-                    // A clean close leaves no zeros past the last batch. Everything is
-                    // durable already: if this fails, recovery reads the zeros as the end.
-                    let seg = &mut *seg.lock();
-                    if let Err(e) = seg.file.truncate(seg.end).and_then(|()| seg.file.sync()) {
-                        tracing::warn!("trimming {} at close: {e}", seg.path.display());
-                    }
-                    return;
-                }
-                continue;
-            }
-            last_start = Some(Instant::now());
-            frame.clear();
-            let floor = self.floor_for(w, bound);
-            // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
-            let has_txns = !spare.is_empty();
-            let try_compress = self.opts.compress && has_txns && compress_skip == 0;
-            let header =
-                spare.finish_vouching_into(StreamId(w as u32), self.epoch, bound, floor, try_compress, &mut frame);
-            if try_compress {
-                if u64::from(header.stored_len) * 8 > u64::from(header.raw_len) * 7 {
-                    compress_skip = COMPRESS_SKIP_BATCHES;
-                }
-            } else if self.opts.compress && has_txns {
-                compress_skip -= 1;
-                self.stats.compress_skipped.fetch_add(1, Ordering::Relaxed);
-            }
-            debug_assert_eq!(header.bound_ts, bound);
-            let txns = spare.txn_count() as u64;
-            spare.clear_keeping(BUFFER_KEEP_MAX);
-            self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.stats.txns.fetch_add(txns, Ordering::Relaxed);
-            if !has_txns {
-                self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
-            }
-            written_bound = written_bound.max(bound);
-            // With a shipping tap, the batch is shipped now and written by the disk thread
-            // (see `WriteAhead`); without one, this thread writes and fsyncs it.
-            if let Some(tap) = self.tap.get() {
-                tap.batch(&header, &frame);
-                if !self.queue_ahead(ahead, &mut frame, bound, floor) {
-                    return;
-                }
-            } else if let Err(e) = self.write_batches(w, &mut seg.lock(), &frame, bound, floor, fsync) {
-                return self.fail(e);
-            }
-            if frame.capacity() > BUFFER_KEEP_MAX {
-                frame = Vec::new();
+            match self.flush_once(w, &mut stream.flush.lock(), Some(seg), ahead, stopping) {
+                Flushed::Batch => last_start = Some(Instant::now()),
+                Flushed::Nothing => {}
+                Flushed::Closed => return,
             }
         }
+    }
+
+    /// Whether stream `w`, having framed everything up to `written`, owes a heartbeat.
+    fn owes(&self, w: usize, written: Ts) -> bool {
+        written.0 <= self.streams[w].durable.load(Ordering::Acquire) && self.owes_heartbeat(w)
+    }
+
+    /// One turn of stream `w`'s flush: takes the buffer, frames it as one batch (or a
+    /// heartbeat owed), and ships and queues it for the disk thread (with a tap), or writes
+    /// and syncs it here (`seg`, without one). With `stopping`, an idle stream drains and
+    /// closes its segment. The caller holds the stream's flush lock (`st`).
+    fn flush_once(
+        &self,
+        w: usize,
+        st: &mut FlushState,
+        seg: Option<&Mutex<Segment>>,
+        ahead: &WriteAhead,
+        stopping: bool,
+    ) -> Flushed {
+        let stream = &self.streams[w];
+        let fsync = !matches!(self.opts.durability, Durability::NoSync(_));
+        let bound = self.clock.stream_bound(w);
+        {
+            let mut buf = stream.buf.lock();
+            std::mem::swap(&mut *buf, &mut st.spare);
+            stream.space.notify_all();
+        }
+        // The batch's last transaction is a bound too: the stream's worker commits one
+        // transaction at a time, in timestamp order, so every transaction of this stream
+        // up to it is in this batch or an earlier one. It matters when an append wakes us
+        // before its committer has left its commit slot: the clock's bound still stops
+        // below that commit, which would then wait for the next batch.
+        let bound = bound.max(st.spare.last_ts().unwrap_or(Ts::ZERO));
+        // An idle stream writes a heartbeat it owes, or its last bound at close.
+        let written_bound = st.written_bound;
+        let idle =
+            st.spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !self.owes(w, written_bound));
+        if idle {
+            if stopping {
+                let Some(seg) = seg else { return Flushed::Nothing };
+                if !self.drain_ahead(ahead) {
+                    return Flushed::Closed;
+                }
+                // A clean close leaves no zeros past the last batch. Everything is
+                // durable already: if this fails, recovery reads the zeros as the end.
+                let seg = &mut *seg.lock();
+                if let Err(e) = seg.file.truncate(seg.end).and_then(|()| seg.file.sync()) {
+                    tracing::warn!("trimming {} at close: {e}", seg.path.display());
+                }
+                return Flushed::Closed;
+            }
+            return Flushed::Nothing;
+        }
+        st.frame.clear();
+        let floor = self.floor_for(w, bound);
+        stream.framed_floor.fetch_max(floor.0, Ordering::AcqRel);
+        // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
+        let has_txns = !st.spare.is_empty();
+        let try_compress = self.opts.compress && has_txns && st.compress_skip == 0;
+        let header =
+            st.spare.finish_vouching_into(StreamId(w as u32), self.epoch, bound, floor, try_compress, &mut st.frame);
+        if try_compress {
+            if u64::from(header.stored_len) * 8 > u64::from(header.raw_len) * 7 {
+                st.compress_skip = COMPRESS_SKIP_BATCHES;
+            }
+        } else if self.opts.compress && has_txns {
+            st.compress_skip -= 1;
+            self.stats.compress_skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        debug_assert_eq!(header.bound_ts, bound);
+        let txns = st.spare.txn_count() as u64;
+        st.spare.clear_keeping(BUFFER_KEEP_MAX);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.txns.fetch_add(txns, Ordering::Relaxed);
+        if !has_txns {
+            self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+        }
+        st.written_bound = written_bound.max(bound);
+        stream.written.store(st.written_bound.0, Ordering::Release);
+        // With a shipping tap, the batch is shipped now and written by the disk thread
+        // (see `WriteAhead`); without one, this thread writes and fsyncs it.
+        if let Some(tap) = self.tap.get() {
+            tap.batch(&header, &st.frame);
+            if !self.queue_ahead(ahead, &mut st.frame, bound, floor) {
+                return Flushed::Closed;
+            }
+        } else {
+            let seg = seg.expect("a stream is flushed off its flusher thread only with a tap");
+            if let Err(e) = self.write_batches(w, &mut seg.lock(), &st.frame, bound, floor, fsync) {
+                self.fail(e);
+                return Flushed::Closed;
+            }
+        }
+        if st.frame.capacity() > BUFFER_KEEP_MAX {
+            st.frame = Vec::new();
+        }
+        Flushed::Batch
     }
 
     /// The floor for a batch of stream `w` with bound `bound` (see the module notes).
@@ -639,10 +716,17 @@ impl Logger {
     /// idle timeout comes round). One that does not owe, after its batch, is held back by a
     /// stream that has not made its own batch durable yet, and that stream asks in turn when
     /// it has; the last to finish finds every stream vouchable. So no one is woken for it,
-    /// and an idle stream that others vouch for never writes.
+    /// and an idle stream that others vouch for never writes. Nor does one whose last batch
+    /// already carries that floor and is not durable yet: framing it again would add
+    /// nothing, and, since the disk thread publishes a floor only once it is synced, a
+    /// stream would otherwise frame the same heartbeat again and again meanwhile.
     fn owes_heartbeat(&self, w: usize) -> bool {
         let (wm, top) = self.durable_state();
-        wm < top && self.floor_for(w, self.clock.stream_bound(w)).0 > wm
+        if wm >= top {
+            return false;
+        }
+        let floor = self.floor_for(w, self.clock.stream_bound(w)).0;
+        floor > wm && floor > self.streams[w].framed_floor.load(Ordering::Acquire)
     }
 
     /// The watermark the durable bounds and floors make now (what `advance_watermark`
@@ -753,10 +837,101 @@ impl Logger {
         self.shutdown.store(true, Ordering::Release);
         for s in self.streams.iter() {
             s.cv.notify_all();
+            s.space.notify_all();
         }
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }
+    }
+}
+
+/// A stream's appends past this many bytes wake its flusher even on a thread that defers
+/// (a large batch goes out at once, and the buffer's bound is never reached by deferring).
+const DEFER_BYTES_MAX: usize = 256 << 10;
+
+/// A stream of a log that a thread appended to without waking its flusher.
+type DeferredStream = (std::sync::Weak<Logger>, usize);
+
+thread_local! {
+    /// Whether this thread defers its flushes, and the streams it appended to since it
+    /// last flushed (see `flush_before_sleeping`).
+    static DEFERRED: std::cell::RefCell<(bool, Vec<DeferredStream>)> =
+        const { std::cell::RefCell::new((false, Vec::new())) };
+}
+
+/// Called by a thread about to sleep that runs many connections' commits (a server's
+/// runtime thread, before it parks): flushes, on this thread, every stream it appended to
+/// since it last slept, and from now on its appends to a shipping log do not wake the
+/// stream's flusher. Like Redis writing its AOF buffer and replica buffers in
+/// `beforeSleep`: every commit of a round of the event loop goes out in one batch, framed
+/// and shipped here, with no hand-off to the flusher thread on the commit's path (the
+/// disk thread still writes and syncs it). Where the flusher is framing a batch at that
+/// moment, it is woken instead. A thread that defers and then never sleeps is covered by
+/// the flusher's own check every `HEARTBEAT_EVERY`, and by `DEFER_BYTES_MAX`.
+pub fn flush_before_sleeping() {
+    let pending = DEFERRED.with(|d| {
+        let mut d = d.borrow_mut();
+        d.0 = true;
+        std::mem::take(&mut d.1)
+    });
+    if pending.is_empty() {
+        return;
+    }
+    for (log, w) in &pending {
+        if let Some(log) = log.upgrade() {
+            log.flush_now(*w);
+        }
+    }
+    // The list's allocation is kept for the next round.
+    let mut pending = pending;
+    pending.clear();
+    DEFERRED.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.1.is_empty() {
+            d.1 = pending;
+        }
+    });
+}
+
+impl Logger {
+    /// Whether this append to stream `w` is left for its thread to flush before it sleeps
+    /// (recorded if so): only on a thread that defers, with every-batch durability (an
+    /// interval's pacing stays the flusher's) and a tap (the flush then ships and queues
+    /// for the disk thread; it never writes or syncs on the caller's thread).
+    fn defer_flush(&self, w: usize) -> bool {
+        if self.opts.durability != Durability::EveryBatch || self.tap.get().is_none() {
+            return false;
+        }
+        DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            if !d.0 {
+                return false;
+            }
+            if !d.1.iter().any(|(l, v)| *v == w && std::ptr::eq(l.as_ptr(), self)) {
+                d.1.push((self.me.clone(), w));
+            }
+            true
+        })
+    }
+
+    /// Flushes stream `w` on this thread (see `flush_before_sleeping`), or wakes its flusher
+    /// where that cannot be done here.
+    fn flush_now(&self, w: usize) {
+        let stream = &self.streams[w];
+        let closing = self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some();
+        let ahead_full = stream.ahead.state.lock().frames.len() >= AHEAD_BYTES_MAX;
+        if !closing && !ahead_full {
+            if let Some(mut st) = stream.flush.try_lock() {
+                // Checked again under the lock: once the flusher has made its last flush
+                // (under the lock, after the shutdown was set), nothing more may be queued.
+                if !self.shutdown.load(Ordering::Acquire) {
+                    self.flush_once(w, &mut st, None, &stream.ahead, false);
+                }
+                return;
+            }
+        }
+        let _g = stream.buf.lock();
+        stream.cv.notify_one();
     }
 }
 
@@ -773,11 +948,13 @@ impl CommitLog for Logger {
         let stream = &self.streams[worker.0 as usize];
         let mut buf = stream.buf.lock();
         while buf.payload_len() > self.opts.stream_buffer_bytes_max && self.failed.get().is_none() {
-            stream.cv.wait_for(&mut buf, Duration::from_millis(10));
+            stream.space.wait_for(&mut buf, Duration::from_millis(10));
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
         stream.appended.store(ts.0, Ordering::Release);
-        stream.cv.notify_one();
+        if buf.payload_len() > DEFER_BYTES_MAX || !self.defer_flush(worker.0 as usize) {
+            stream.cv.notify_one();
+        }
         // Idle streams are not woken: this stream's batch vouches for them (module notes).
     }
 
@@ -785,6 +962,8 @@ impl CommitLog for Logger {
         if self.watermark() >= ts {
             return Ok(());
         }
+        // This thread is about to sleep: what it deferred goes out first.
+        flush_before_sleeping();
         let mut g = self.wait_lock.lock();
         loop {
             if self.watermark() >= ts {

@@ -1830,6 +1830,118 @@ impl ditto_log::ShipTap for HighestShipped {
     fn table_created(&self, _: TableId, _: &str) {}
 }
 
+/// A tap that remembers the highest bound it was shown, and how many batches with
+/// transactions were shipped on one thread.
+struct ShippedOn {
+    highest: Arc<AtomicU64>,
+    thread: std::thread::ThreadId,
+    on_thread: Arc<AtomicU64>,
+}
+
+impl ditto_log::ShipTap for ShippedOn {
+    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8]) {
+        self.highest.fetch_max(h.bound_ts.0, Ordering::SeqCst);
+        if h.txn_count > 0 && std::thread::current().id() == self.thread {
+            self.on_thread.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn table_created(&self, _: TableId, _: &str) {}
+}
+
+/// A thread that defers its flushes (a server's runtime thread) ships its commits itself
+/// when it is about to sleep (`flush_before_sleeping`), with no hand-off to the flusher;
+/// one that defers and then does not sleep is still shipped and made durable by the
+/// flusher's own check; a thread that never asked to defer never ships on its own thread.
+/// Nothing is lost either way.
+#[test]
+fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_covers_one_that_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let highest = Arc::new(AtomicU64::new(0));
+    let on_thread = Arc::new(AtomicU64::new(0));
+    let n = 50u64;
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cond() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(cond(), "{what}");
+    };
+    {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let tap = ShippedOn {
+            highest: Arc::clone(&highest),
+            thread: std::thread::current().id(),
+            on_thread: Arc::clone(&on_thread),
+        };
+        d.logger().set_ship_tap(Arc::new(tap)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        // Not deferring yet: the flusher ships every batch.
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        for i in 0..5u64 {
+            let ts = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.ts();
+            wait_for("a commit is shipped", &|| highest.load(Ordering::SeqCst) >= ts.0);
+        }
+        assert_eq!(on_thread.load(Ordering::SeqCst), 0, "a thread that does not defer ships nothing itself");
+        // Deferring: each round's commit is shipped by this thread's flush before sleeping
+        // (or, where the flusher's check came first, by the flusher).
+        ditto_log::flush_before_sleeping();
+        for i in 5..5 + n {
+            let ts = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.ts();
+            ditto_log::flush_before_sleeping();
+            wait_for("a deferred commit is shipped", &|| highest.load(Ordering::SeqCst) >= ts.0);
+        }
+        let mine = on_thread.load(Ordering::SeqCst);
+        assert!(mine >= 1, "of {n} rounds, none was shipped by the thread that deferred it");
+        // A commit deferred by a thread that then does not sleep: the flusher's check ships
+        // it and the disk thread makes it durable.
+        let last = w.run(|x| x.put(t, &(5 + n).to_be_bytes(), b"v")).unwrap().1.ts();
+        wait_for("a deferred commit of a thread that never sleeps becomes durable", &|| d.logger().watermark() >= last);
+        assert_eq!(on_thread.load(Ordering::SeqCst), mine, "nothing more was shipped on this thread");
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    for i in 0..=5 + n {
+        assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "commit {i} lost");
+    }
+}
+
+/// Two busy streams with a shipping tap (batches written by the disk threads, a moment
+/// after they are framed): a stream owes a heartbeat when the other's durable batch leaves
+/// the watermark behind, but frames it once. It used to frame the same heartbeat again
+/// and again until the disk thread had synced the first (hundreds of thousands a second
+/// in a server, each shipped to every backup, which skipped them).
+#[test]
+fn a_stream_frames_a_heartbeat_once_while_its_last_floor_is_on_the_way_to_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    d.logger().set_ship_tap(Arc::new(HighestShipped(Arc::new(AtomicU64::new(0))))).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let n = 2000u64;
+    std::thread::scope(|sc| {
+        for s in 0..2u32 {
+            let d = &d;
+            sc.spawn(move || {
+                let mut w = d.db().worker(WorkerId(s)).unwrap();
+                for i in 0..n {
+                    let key = (u64::from(s) << 32 | i).to_be_bytes();
+                    let tk = w.run(|x| x.put(t, &key, b"v")).unwrap().1;
+                    if i % 50 == 49 || i == n - 1 {
+                        tk.wait().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let stats = &d.logger().stats;
+    let (batches, heartbeats) = (stats.batches.load(Ordering::Relaxed), stats.heartbeats.load(Ordering::Relaxed));
+    let data = batches - heartbeats;
+    assert!(
+        heartbeats <= data + 10,
+        "{heartbeats} heartbeats for {data} batches of transactions: at most one is owed per batch made durable"
+    );
+}
+
 /// With a shipping tap, a local disk that stalls holds up no shipping: commits made while
 /// every write hangs are still shipped (framed and handed to the tap) at once, and none
 /// is durable, nor acknowledged, until the disk answers; then all are, and survive.

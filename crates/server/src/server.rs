@@ -304,6 +304,9 @@ impl Lasting {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.workers)
             .thread_name("ditto-server")
+            // A runtime thread ships its round's commits itself before it sleeps, in one
+            // batch (crates/log/src/writer.rs, `flush_before_sleeping`).
+            .on_thread_park(ditto_log::flush_before_sleeping)
             .enable_all()
             .build()
             .map_err(io("starting the runtime"))?;
