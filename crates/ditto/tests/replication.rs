@@ -197,6 +197,15 @@ fn prefixes_and_restart(replay: &str) {
     assert!(t0.elapsed() < Duration::from_secs(20));
     let info = b.cmd(&["INFO", "replication"]).unwrap().join("\n");
     assert!(info.contains("role:slave") && info.contains("master_link_status:up"), "{info}");
+    // The checks above held with batches sent to the backup by the threads that shipped
+    // them (the primary's link thread only takes what its socket did not).
+    let pinfo = p.cmd(&["INFO", "replication"]).unwrap().join("\n");
+    let direct: u64 = pinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("ditto_frames_sent_directly:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ditto_frames_sent_directly: {pinfo}"));
+    assert!(direct > 0, "no frame was sent by the thread that shipped it: {pinfo}");
 }
 
 /// Keys deleted and written again at once, from two connections (two log streams), under

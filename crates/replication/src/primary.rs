@@ -142,6 +142,12 @@ struct Queue {
     frames: std::collections::VecDeque<Bytes>,
     bytes: usize,
     dead: Option<String>,
+    /// The link's thread is writing frames it took from `frames`.
+    writing: bool,
+    /// The connection, once the link is live (its welcome and gap sent): a thread that
+    /// ships a frame while nothing is queued or being written sends it here itself, without
+    /// waking the link's thread (`push_to`).
+    direct: Option<TcpStream>,
 }
 
 impl Link {
@@ -152,6 +158,7 @@ impl Link {
         }
         q.frames.clear();
         q.bytes = 0;
+        q.direct = None;
         self.cv.notify_all();
     }
 }
@@ -195,6 +202,10 @@ pub struct Primary {
     /// (`heard_since_restart`).
     heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
     pub batches_shipped: AtomicU64,
+    /// Frames sent to a backup by the thread that shipped them, not its link's thread.
+    pub frames_sent_directly: AtomicU64,
+    /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
+    pub heartbeats_not_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
     pub checkpoints_sent: AtomicU64,
@@ -233,6 +244,8 @@ impl Primary {
             on_change,
             stopping: AtomicBool::new(false),
             batches_shipped: AtomicU64::new(0),
+            frames_sent_directly: AtomicU64::new(0),
+            heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
             checkpoints_sent: AtomicU64::new(0),
             gone: Mutex::new(Default::default()),
@@ -567,12 +580,28 @@ impl Primary {
         self.push_to(&self.links.lock(), frame);
     }
 
-    /// Queues `frame` for each of `links` (the caller holds the links' lock).
+    /// Sends `frame` to each of `links`, or queues it for the link's thread (the caller
+    /// holds the links' lock). A live link with nothing queued or being written is sent the
+    /// frame here, as far as its socket takes it without waiting; the rest is queued (a
+    /// frame sent here and the link thread's writes never interleave: both happen only
+    /// under the queue's lock, or with `writing` set).
     fn push_to(&self, links: &[Arc<Link>], frame: &Bytes) {
         for l in links {
             let mut q = l.queue.lock();
             if q.dead.is_some() {
                 continue;
+            }
+            let mut frame = frame.clone();
+            if let (true, false, Some(s)) = (q.frames.is_empty(), q.writing, &q.direct) {
+                match send_without_waiting(s, &frame) {
+                    Ok(n) if n == frame.len() => {
+                        self.frames_sent_directly.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(n) => frame = frame.slice(n..),
+                    // The link's thread meets the same error, and ends the link.
+                    Err(_) => {}
+                }
             }
             if q.bytes + frame.len() > self.opts.queue_bytes_max {
                 drop(q);
@@ -585,7 +614,7 @@ impl Primary {
                 continue;
             }
             q.bytes += frame.len();
-            q.frames.push_back(frame.clone());
+            q.frames.push_back(frame);
             l.cv.notify_one();
         }
     }
@@ -654,7 +683,13 @@ impl Primary {
                 slot,
                 learner,
                 counted: AtomicBool::new(counts),
-                queue: Mutex::new(Queue { frames: Default::default(), bytes: 0, dead: None }),
+                queue: Mutex::new(Queue {
+                    frames: Default::default(),
+                    bytes: 0,
+                    dead: None,
+                    writing: false,
+                    direct: None,
+                }),
                 cv: Condvar::new(),
                 received: AtomicU64::new(0),
                 durable: AtomicU64::new(0),
@@ -875,12 +910,20 @@ impl Primary {
             l2.kill(why);
         })?;
         self.changed();
+        // Live: a frame shipped while nothing waits here is sent by the thread shipping it.
+        {
+            let mut q = link.queue.lock();
+            if q.dead.is_none() {
+                q.direct = Some(stream.try_clone()?);
+            }
+        }
         // Send the queue until the link dies.
         let (mut last_released, mut last_acknowledged) = (Ts::ZERO, Ts::ZERO);
         let mut last_sent = Instant::now();
         let result = loop {
             let frames: Vec<Bytes> = {
                 let mut q = link.queue.lock();
+                q.writing = false;
                 if q.frames.is_empty() && q.dead.is_none() {
                     link.cv.wait_for(&mut q, self.opts.heartbeat);
                 }
@@ -888,6 +931,8 @@ impl Primary {
                     break Err(std::io::Error::other(why.clone()));
                 }
                 q.bytes = 0;
+                // Until the next turn, what this thread writes goes out alone.
+                q.writing = true;
                 q.frames.drain(..).collect()
             };
             for f in &frames {
@@ -1031,6 +1076,25 @@ fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now:
 
 /// Tells a backup why it is refused (best effort: it may have gone) and returns the
 /// error that ends its connection.
+/// Sends as much of `buf` as `stream`'s socket takes at once, without waiting (and without
+/// SIGPIPE on a closed connection): how much it took (0 when its buffer is full).
+fn send_without_waiting(stream: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is valid for `buf.len()` bytes for the call, and the descriptor is
+    // open while `stream` is borrowed.
+    let n = unsafe {
+        libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
+    if n >= 0 {
+        return Ok(n as usize);
+    }
+    match std::io::Error::last_os_error() {
+        e if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+        e if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+        e => Err(e),
+    }
+}
+
 fn refuse(stream: &TcpStream, reason: String) -> std::io::Error {
     let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
     std::io::Error::other(reason)
@@ -1089,7 +1153,16 @@ impl ditto_log::ShipTap for Tap {
         let Some(p) = self.0.upgrade() else { return };
         {
             let mut s = p.shipped.lock();
-            s.push(header.stream.0 as usize, header.bound_ts, Some(header.floor_ts));
+            let stream = header.stream.0 as usize;
+            // A heartbeat that moves nothing shipped so far (its bound not above its
+            // stream's, its floor not above the watermark: it was framed for this disk's
+            // watermark) is not sent: every backup would skip it, having received all
+            // that was shipped before it (`Receiver::serve_link`, the same test).
+            if header.txn_count == 0 && header.bound_ts <= s.stream_bound(stream) && header.floor_ts <= s.watermark() {
+                p.heartbeats_not_shipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            s.push(stream, header.bound_ts, Some(header.floor_ts));
         }
         {
             // One look at the links per batch: sample, frame once, queue for each.

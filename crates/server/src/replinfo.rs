@@ -79,6 +79,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                 );
             }
             put("ditto_batches_shipped", primary.batches_shipped.load(Ordering::Relaxed).to_string());
+            put("ditto_frames_sent_directly", primary.frames_sent_directly.load(Ordering::Relaxed).to_string());
+            put("ditto_heartbeats_not_shipped", primary.heartbeats_not_shipped.load(Ordering::Relaxed).to_string());
             put("ditto_backups_dropped", primary.backups_dropped.load(Ordering::Relaxed).to_string());
         }
         Replication::Backup { state, primary } => {
