@@ -48,6 +48,17 @@
 //! batches are `d` apart, but a commit to a stream that wrote nothing for `d` goes out at
 //! once (it used to wait for the next tick of a fixed timer).
 //!
+//! Flushing before sleeping
+//! ------------------------
+//! With a shipping tap and every-batch durability, a thread that runs many connections'
+//! commits (a server's runtime thread) need not wake the flusher at all: its appends are
+//! deferred, and it frames, ships and queues every stream it appended to when it is about
+//! to park (`flush_before_sleeping`; Redis's `beforeSleep`). A turn of the flush
+//! (`flush_once`) runs under the stream's flush lock, on the flusher or on such a thread,
+//! so batches still leave one at a time, in order; the disk thread still writes them. A
+//! thread that deferred and does not sleep wakes the flusher again after `DEFER_TIME_MAX`,
+//! and the flusher looks at its buffer every `HEARTBEAT_EVERY` anyway.
+//!
 //! Invariants: durable[w] and the floor only grow; floor <= bound in every batch; the
 //! watermark is at most max(min over w of durable[w], the largest durable floor), the cut
 //! recovery recomputes from the disk; a commit is acknowledged only if its ts <= watermark;
@@ -70,7 +81,8 @@ use crate::storage::LogFile;
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
 /// interval, every interval): a safety net, since a flusher asks right after each of its
-/// batches (see `owes_heartbeat`).
+/// batches (see `owes_heartbeat`). It also takes then what a thread that deferred its
+/// flush left in the buffer (`flush_before_sleeping`).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 
 /// After a batch that LZ4 did not shrink by at least 1/8, this many batches are stored
@@ -242,7 +254,9 @@ pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
 
 /// Sees every batch as it is framed, before it is written (the replication layer ships it
 /// from here, so shipping overlaps the local write and fsync), and every table created.
-/// Calls come on the flusher threads (for `batch`) and must not block: a tap that cannot
+/// Calls come on the stream's flusher, or (for `batch`) on a thread flushing what it
+/// deferred (`flush_before_sleeping`: a server's runtime thread about to park), and must
+/// not block: a tap that cannot
 /// keep up drops its receiver, it never holds the flusher. A batch is told before its
 /// stream's durable bound moves, so a batch whose floor vouches for another stream's batch
 /// is always told after that batch (the order backups rely on, crates/log/src/replica.rs).
@@ -849,14 +863,28 @@ impl Logger {
 /// (a large batch goes out at once, and the buffer's bound is never reached by deferring).
 const DEFER_BYTES_MAX: usize = 256 << 10;
 
+/// A thread that deferred a flush this long ago and has not slept since wakes the flusher
+/// with its next appends, as a thread that does not defer does: a runtime thread kept busy
+/// for long holds no commit back by more than this (or than the flusher's own check,
+/// `HEARTBEAT_EVERY`, for one that stops appending).
+const DEFER_TIME_MAX: Duration = Duration::from_micros(200);
+
 /// A stream of a log that a thread appended to without waking its flusher.
 type DeferredStream = (std::sync::Weak<Logger>, usize);
 
+/// This thread's deferred flushes (see `flush_before_sleeping`).
+struct Deferred {
+    /// This thread defers its appends' flushes.
+    on: bool,
+    /// When the first of `streams` was deferred.
+    since: Option<Instant>,
+    /// The streams it appended to since it last flushed them.
+    streams: Vec<DeferredStream>,
+}
+
 thread_local! {
-    /// Whether this thread defers its flushes, and the streams it appended to since it
-    /// last flushed (see `flush_before_sleeping`).
-    static DEFERRED: std::cell::RefCell<(bool, Vec<DeferredStream>)> =
-        const { std::cell::RefCell::new((false, Vec::new())) };
+    static DEFERRED: std::cell::RefCell<Deferred> =
+        const { std::cell::RefCell::new(Deferred { on: false, since: None, streams: Vec::new() }) };
 }
 
 /// Called by a thread about to sleep that runs many connections' commits (a server's
@@ -866,13 +894,21 @@ thread_local! {
 /// `beforeSleep`: every commit of a round of the event loop goes out in one batch, framed
 /// and shipped here, with no hand-off to the flusher thread on the commit's path (the
 /// disk thread still writes and syncs it). Where the flusher is framing a batch at that
-/// moment, it is woken instead. A thread that defers and then never sleeps is covered by
-/// the flusher's own check every `HEARTBEAT_EVERY`, and by `DEFER_BYTES_MAX`.
+/// moment, or its disk queue is full, it is woken instead. A thread that defers and then
+/// does not sleep is covered by `DEFER_TIME_MAX` and `DEFER_BYTES_MAX` (its later appends
+/// wake the flusher) and by the flusher's own check every `HEARTBEAT_EVERY`.
 pub fn flush_before_sleeping() {
+    DEFERRED.with(|d| d.borrow_mut().on = true);
+    flush_deferred();
+}
+
+/// Flushes what this thread deferred (see `flush_before_sleeping`), without making it a
+/// thread that defers.
+pub fn flush_deferred() {
     let pending = DEFERRED.with(|d| {
         let mut d = d.borrow_mut();
-        d.0 = true;
-        std::mem::take(&mut d.1)
+        d.since = None;
+        std::mem::take(&mut d.streams)
     });
     if pending.is_empty() {
         return;
@@ -887,8 +923,8 @@ pub fn flush_before_sleeping() {
     pending.clear();
     DEFERRED.with(|d| {
         let mut d = d.borrow_mut();
-        if d.1.is_empty() {
-            d.1 = pending;
+        if d.streams.is_empty() {
+            d.streams = pending;
         }
     });
 }
@@ -897,36 +933,47 @@ impl Logger {
     /// Whether this append to stream `w` is left for its thread to flush before it sleeps
     /// (recorded if so): only on a thread that defers, with every-batch durability (an
     /// interval's pacing stays the flusher's) and a tap (the flush then ships and queues
-    /// for the disk thread; it never writes or syncs on the caller's thread).
+    /// for the disk thread; it never writes or syncs on the caller's thread), and not past
+    /// `DEFER_TIME_MAX` since its first deferral.
     fn defer_flush(&self, w: usize) -> bool {
         if self.opts.durability != Durability::EveryBatch || self.tap.get().is_none() {
             return false;
         }
         DEFERRED.with(|d| {
             let mut d = d.borrow_mut();
-            if !d.0 {
+            if !d.on {
                 return false;
             }
-            if !d.1.iter().any(|(l, v)| *v == w && std::ptr::eq(l.as_ptr(), self)) {
-                d.1.push((self.me.clone(), w));
+            let now = Instant::now();
+            match d.since {
+                Some(t) if now.duration_since(t) > DEFER_TIME_MAX => return false,
+                Some(_) => {}
+                None => d.since = Some(now),
+            }
+            if !d.streams.iter().any(|(l, v)| *v == w && std::ptr::eq(l.as_ptr(), self)) {
+                d.streams.push((self.me.clone(), w));
             }
             true
         })
     }
 
     /// Flushes stream `w` on this thread (see `flush_before_sleeping`), or wakes its flusher
-    /// where that cannot be done here.
+    /// where that cannot be done here: the flusher is framing a batch, the log is closing
+    /// or failed, or the disk thread's queue is full (a runtime thread never waits for the
+    /// disk).
     fn flush_now(&self, w: usize) {
         let stream = &self.streams[w];
-        let closing = self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some();
-        let ahead_full = stream.ahead.state.lock().frames.len() >= AHEAD_BYTES_MAX;
-        if !closing && !ahead_full {
-            if let Some(mut st) = stream.flush.try_lock() {
-                // Checked again under the lock: once the flusher has made its last flush
-                // (under the lock, after the shutdown was set), nothing more may be queued.
-                if !self.shutdown.load(Ordering::Acquire) {
-                    self.flush_once(w, &mut st, None, &stream.ahead, false);
-                }
+        if let Some(mut st) = stream.flush.try_lock() {
+            // Under the lock: once the flusher has made its last flush (under the lock,
+            // after the shutdown was set) or stopped on a failure, nothing more is framed;
+            // and only the lock's holder adds to the disk queue.
+            let closing = self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some();
+            let ahead_full = stream.ahead.state.lock().frames.len() >= AHEAD_BYTES_MAX;
+            if closing {
+                return;
+            }
+            if !ahead_full {
+                self.flush_once(w, &mut st, None, &stream.ahead, false);
                 return;
             }
         }
@@ -963,7 +1010,7 @@ impl CommitLog for Logger {
             return Ok(());
         }
         // This thread is about to sleep: what it deferred goes out first.
-        flush_before_sleeping();
+        flush_deferred();
         let mut g = self.wait_lock.lock();
         loop {
             if self.watermark() >= ts {
