@@ -67,6 +67,10 @@ pub struct PrimaryOptions {
     /// anything is refused rather than sent a copy (it may hold what an earlier restart
     /// lost).
     pub restart_wait: bool,
+    /// The runtime that reads backups' acknowledgements (a server's, whose connections
+    /// wait for the releases they bring: they are woken on the thread that read the ack);
+    /// `None`: a thread per backup.
+    pub acks_on: Option<tokio::runtime::Handle>,
 }
 
 impl Default for PrimaryOptions {
@@ -81,6 +85,7 @@ impl Default for PrimaryOptions {
             policy: None,
             quorum_record: None,
             restart_wait: false,
+            acks_on: None,
         }
     }
 }
@@ -887,28 +892,8 @@ impl Primary {
             }
         }
         w.flush()?;
-        // Acks come on their own thread.
-        let me = Arc::clone(self);
-        let l2 = Arc::clone(link);
-        let acks = std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
-            let mut reader = reader;
-            let why = loop {
-                match read_frame(&mut reader) {
-                    Ok(Some(Frame::Ack { received, durable, replayed })) => {
-                        l2.received.fetch_max(received.0, Ordering::AcqRel);
-                        l2.durable.fetch_max(durable.0, Ordering::AcqRel);
-                        l2.replayed.fetch_max(replayed.0, Ordering::AcqRel);
-                        l2.heard_us.store(l2.since.elapsed().as_micros() as u64, Ordering::Release);
-                        me.changed();
-                    }
-                    Ok(Some(Frame::Refuse { reason })) => break format!("the backup refused: {reason}"),
-                    Ok(Some(f)) => break format!("unexpected frame from the backup: {f:?}"),
-                    Ok(None) => break "the backup closed the connection".into(),
-                    Err(e) => break format!("reading acks: {e}"),
-                }
-            };
-            l2.kill(why);
-        })?;
+        // Acks are read on the server's runtime, or on a thread of their own.
+        let acks = self.read_acks(link, reader)?;
         self.changed();
         // Live: a frame shipped while nothing waits here is sent by the thread shipping it.
         {
@@ -955,8 +940,60 @@ impl Primary {
             w.flush()?;
         };
         let _ = stream.shutdown(std::net::Shutdown::Both);
-        let _ = acks.join();
+        acks.join();
         result
+    }
+
+    /// Reads `link`'s acknowledgements (from `reader`, the connection after its `Hello`)
+    /// until the backup goes, then ends the link. On `PrimaryOptions::acks_on`'s runtime,
+    /// an ack that releases commits wakes their connections on the thread that read it,
+    /// with no hand-off; otherwise on a thread of their own.
+    fn read_acks(self: &Arc<Self>, link: &Arc<Link>, reader: BufReader<TcpStream>) -> std::io::Result<AckReader> {
+        let (me, l2) = (Arc::clone(self), Arc::clone(link));
+        if let Some(rt) = &self.opts.acks_on {
+            let (buffered, sock) = (reader.buffer().to_vec(), reader.into_inner());
+            let (done, ended) = std::sync::mpsc::channel::<()>();
+            rt.spawn(async move {
+                // Dropped with the task, however it ends (the link's thread waits for it).
+                let _done = done;
+                let mut ending = KillOnDrop(Some(Arc::clone(&l2)));
+                let why = read_acks_async(sock, buffered, |f| me.take_ack(&l2, f)).await;
+                ending.0.take().expect("set above").kill(why);
+            });
+            return Ok(AckReader::Task(ended));
+        }
+        let thread = std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
+            let mut reader = reader;
+            let why = loop {
+                match read_frame(&mut reader) {
+                    Ok(Some(f)) => match me.take_ack(&l2, f) {
+                        Some(why) => break why,
+                        None => continue,
+                    },
+                    Ok(None) => break "the backup closed the connection".into(),
+                    Err(e) => break format!("reading acks: {e}"),
+                }
+            };
+            l2.kill(why);
+        })?;
+        Ok(AckReader::Thread(thread))
+    }
+
+    /// A frame from `link`'s backup: an ack is recorded (and may release commits); any
+    /// other ends the link, for the reason returned.
+    fn take_ack(&self, link: &Link, f: Frame) -> Option<String> {
+        match f {
+            Frame::Ack { received, durable, replayed } => {
+                link.received.fetch_max(received.0, Ordering::AcqRel);
+                link.durable.fetch_max(durable.0, Ordering::AcqRel);
+                link.replayed.fetch_max(replayed.0, Ordering::AcqRel);
+                link.heard_us.store(link.since.elapsed().as_micros() as u64, Ordering::Release);
+                self.changed();
+                None
+            }
+            Frame::Refuse { reason } => Some(format!("the backup refused: {reason}")),
+            f => Some(format!("unexpected frame from the backup: {f:?}")),
+        }
     }
 
     /// Sends batches read back from this primary's log to a backup that holds everything
@@ -1074,8 +1111,95 @@ fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now:
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
 }
 
-/// Tells a backup why it is refused (best effort: it may have gone) and returns the
-/// error that ends its connection.
+/// What reads a link's acks (`Primary::read_acks`).
+enum AckReader {
+    Thread(std::thread::JoinHandle<()>),
+    /// Disconnected once the task has ended (or was dropped with its runtime).
+    Task(std::sync::mpsc::Receiver<()>),
+}
+
+impl AckReader {
+    /// Waits until the reader has ended (it ends once the connection is shut down).
+    fn join(self) {
+        match self {
+            AckReader::Thread(t) => {
+                let _ = t.join();
+            }
+            // Bounded: a runtime too busy to run the task's end holds no link thread.
+            AckReader::Task(ended) => {
+                let _ = ended.recv_timeout(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// Ends the link if the task reading its acks is dropped before it ends it (its runtime
+/// shut down).
+struct KillOnDrop(Option<Arc<Link>>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(l) = self.0.take() {
+            l.kill("the runtime reading its acks stopped".into());
+        }
+    }
+}
+
+/// Reads frames from `sock` (after `buffered`, the bytes already read from it) on a tokio
+/// runtime, handing each to `take` until it returns why to stop, or the connection ends:
+/// the reason. The socket stays in blocking mode for the link's thread, which writes to
+/// it: reads here never wait (`MSG_DONTWAIT`), and the runtime says when to read.
+async fn read_acks_async(sock: TcpStream, buffered: Vec<u8>, mut take: impl FnMut(Frame) -> Option<String>) -> String {
+    // SAFETY: the `TcpStream` owns its descriptor, open and the same until the `AsyncFd`
+    // (which owns the stream) is dropped.
+    let fd = match unsafe { tokio::io::unix::AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE) } {
+        Ok(fd) => fd,
+        Err(e) => return format!("reading acks: {e}"),
+    };
+    let mut buf = bytes::BytesMut::from(&buffered[..]);
+    let mut chunk = [0u8; 4096];
+    loop {
+        loop {
+            match crate::protocol::take_frame(&mut buf) {
+                Ok(Some(f)) => {
+                    if let Some(why) = take(f) {
+                        return why;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return format!("reading acks: {e}"),
+            }
+        }
+        let mut ready = match fd.readable().await {
+            Ok(r) => r,
+            Err(e) => return format!("reading acks: {e}"),
+        };
+        match ready.try_io(|s| recv_without_waiting(s.get_ref(), &mut chunk)) {
+            Ok(Ok(0)) if buf.is_empty() => return "the backup closed the connection".into(),
+            Ok(Ok(0)) => return format!("reading acks: the connection closed inside a frame ({} bytes)", buf.len()),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => return format!("reading acks: {e}"),
+            // Not readable after all: the runtime waits for the next readiness.
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// Reads what `stream`'s socket holds into `buf` without waiting: `WouldBlock` when it
+/// holds nothing.
+fn recv_without_waiting(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the call, and the
+    // descriptor is open while `stream` is borrowed.
+    let n = unsafe { libc::recv(stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n >= 0 {
+        Ok(n as usize)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Sends as much of `buf` as `stream`'s socket takes at once, without waiting (and without
 /// SIGPIPE on a closed connection): how much it took (0 when its buffer is full).
 fn send_without_waiting(stream: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
@@ -1095,6 +1219,8 @@ fn send_without_waiting(stream: &TcpStream, buf: &[u8]) -> std::io::Result<usize
     }
 }
 
+/// Tells a backup why it is refused (best effort: it may have gone) and returns the
+/// error that ends its connection.
 fn refuse(stream: &TcpStream, reason: String) -> std::io::Error {
     let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
     std::io::Error::other(reason)
@@ -1186,6 +1312,82 @@ impl ditto_log::ShipTap for Tap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Acks read on a runtime from a blocking socket: frames written a few bytes at a time
+    /// come out whole and in order, the socket stays blocking for the link's writes, and
+    /// the end is told apart: a close between frames, a close inside one, a damaged frame,
+    /// and a frame the reader refuses.
+    #[test]
+    fn acks_read_on_a_runtime_come_whole_and_in_order_and_every_end_says_why() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let ack = |n: u64| Frame::Ack { received: Ts(n), durable: Ts(n), replayed: Ts(n) };
+        // Runs the reader over what `write` sends, and returns the frames it was handed
+        // and why it ended.
+        let run = |write: &dyn Fn(&mut TcpStream), stop_at: Option<u64>| -> (Vec<Frame>, String) {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (sock, _) = l.accept().unwrap();
+            let got = Arc::new(Mutex::new(Vec::new()));
+            let g2 = Arc::clone(&got);
+            let check = sock.try_clone().unwrap();
+            // Two bytes were read before the reader started (a `BufReader`'s leftovers).
+            let first = ack(1).encode();
+            let reader = rt.spawn(read_acks_async(sock, first[..2].to_vec(), move |f| {
+                let stop = matches!((&f, stop_at), (Frame::Ack { received, .. }, Some(s)) if received.0 == s);
+                g2.lock().push(f);
+                stop.then(|| "told to stop".to_string())
+            }));
+            peer.write_all(&first[2..]).unwrap();
+            write(&mut peer);
+            let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), reader).await });
+            let why = why.expect("the reader ended within 10 s").unwrap();
+            // The socket is still blocking (the link's thread writes to it).
+            use std::os::fd::AsRawFd;
+            // SAFETY: F_GETFL on a descriptor `check` keeps open.
+            let flags = unsafe { libc::fcntl(check.as_raw_fd(), libc::F_GETFL) };
+            assert!(flags >= 0 && flags & libc::O_NONBLOCK == 0, "flags {flags:#x}");
+            let frames = got.lock().clone();
+            (frames, why)
+        };
+        let in_pieces = |peer: &mut TcpStream, frames: &[Frame]| {
+            let bytes: Vec<u8> = frames.iter().flat_map(|f| f.encode().to_vec()).collect();
+            for piece in bytes.chunks(3) {
+                peer.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        };
+        let (got, why) = run(
+            &|p| {
+                in_pieces(p, &[ack(2), ack(3)]);
+                p.shutdown(std::net::Shutdown::Write).unwrap();
+            },
+            None,
+        );
+        assert_eq!(got, vec![ack(1), ack(2), ack(3)]);
+        assert_eq!(why, "the backup closed the connection");
+        let (got, why) = run(
+            &|p| {
+                p.write_all(&ack(2).encode()[..5]).unwrap();
+                p.shutdown(std::net::Shutdown::Write).unwrap();
+            },
+            None,
+        );
+        assert_eq!(got, vec![ack(1)]);
+        assert!(why.contains("closed inside a frame"), "{why}");
+        let (got, why) = run(
+            &|p| {
+                let mut bad = ack(2).encode().to_vec();
+                bad[12] ^= 1;
+                p.write_all(&bad).unwrap();
+            },
+            None,
+        );
+        assert_eq!(got, vec![ack(1)]);
+        assert!(why.starts_with("reading acks:"), "{why}");
+        let (got, why) = run(&|p| in_pieces(p, &[ack(2), ack(3)]), Some(2));
+        assert_eq!(got, vec![ack(1), ack(2)]);
+        assert_eq!(why, "told to stop");
+    }
 
     #[test]
     fn lag_is_the_wait_of_the_oldest_sample_not_yet_held() {

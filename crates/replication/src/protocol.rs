@@ -354,6 +354,23 @@ fn truncated(at_least: usize, of: usize) -> std::io::Error {
     )
 }
 
+/// Takes the first whole frame off the front of `buf`, the bytes a non-blocking reader
+/// has gathered (no I/O); `Ok(None)` while no whole frame is there yet (room for the rest
+/// of one is reserved). The checks are `read_frame`'s.
+pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, ProtocolError> {
+    if buf.len() < FRAME_HEADER_LEN {
+        return Ok(None);
+    }
+    let h: [u8; FRAME_HEADER_LEN] = buf[..FRAME_HEADER_LEN].try_into().expect("length checked");
+    let whole = FRAME_HEADER_LEN + Frame::body_len(&h)?;
+    if buf.len() < whole {
+        buf.reserve(whole - buf.len());
+        return Ok(None);
+    }
+    let body = buf.split_to(whole).split_off(FRAME_HEADER_LEN).freeze();
+    Frame::decode(&h, body).map(Some)
+}
+
 /// Reads one frame from a blocking reader. `Ok(None)` at a clean end of stream (between
 /// frames); a stream that ends inside a frame is an `UnexpectedEof` error naming it.
 pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> {
@@ -381,6 +398,37 @@ pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Frames gathered a byte at a time, or all at once, come out whole and in order; a
+    /// damaged one is an error, not a frame.
+    #[test]
+    fn take_frame_gives_whole_frames_in_order_and_refuses_damage() {
+        let frames = vec![
+            Frame::Ack { received: Ts(5), durable: Ts(4), replayed: Ts(3) },
+            Frame::Refuse { reason: "no".into() },
+            Frame::Ack { received: Ts(9), durable: Ts(9), replayed: Ts(7) },
+        ];
+        let bytes: Vec<u8> = frames.iter().flat_map(|f| f.encode().to_vec()).collect();
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for b in &bytes {
+            buf.extend_from_slice(&[*b]);
+            while let Some(f) = take_frame(&mut buf).unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, frames);
+        assert!(buf.is_empty());
+        let mut all = BytesMut::from(&bytes[..]);
+        let mut got = Vec::new();
+        while let Some(f) = take_frame(&mut all).unwrap() {
+            got.push(f);
+        }
+        assert_eq!(got, frames);
+        let mut damaged = bytes.clone();
+        damaged[FRAME_HEADER_LEN + 2] ^= 1;
+        assert!(take_frame(&mut BytesMut::from(&damaged[..])).is_err());
+    }
 
     fn roundtrip(f: Frame) {
         let b = f.encode();

@@ -1,8 +1,9 @@
 //! Releasing replies once their commits are durable
 //! ===============================================
 //! A connection that has answered a pipeline waits until the log's watermark covers the
-//! newest commit among its replies (`wait`); the log's flusher threads report each new
-//! watermark, or the log's failure, through `advance`.
+//! newest commit among its replies (`wait`); the log's disk threads report each new
+//! watermark, or the log's failure, through `advance` (with backups, whatever moves the
+//! release: a backup's ack read on a runtime thread, a batch shipped by one).
 //!
 //! ```text
 //!  connection: wait(ts) --watermark >= ts--> Ok at once (no lock)
@@ -95,7 +96,8 @@ impl Release {
     }
 
     /// Every commit up to `w` is durable; `failed`, when set, is the log's failure (the
-    /// first one reported is kept). Called from the log's flusher threads; never blocks
+    /// first one reported is kept). Called from the log's threads and, with backups, from
+    /// runtime threads (acks, batches shipped before parking); never blocks
     /// beyond the short lock, and moves of the watermark may arrive out of order.
     pub fn advance(&self, w: Ts, failed: Option<&Arc<str>>) {
         let mut st = self.state.lock();

@@ -11,6 +11,9 @@
 //!                                                 -> write
 //!  log flusher threads: after each fsync, the progress listener -> Release (release.rs)
 //!                       -> the waiting connections its new watermark covers
+//!  before a runtime thread parks: its streams' batches framed and shipped
+//!                       (ditto_log::flush_before_sleeping); backups' acks read on the
+//!                       runtime -> Release -> the connections they release
 //! ```
 //!
 //! Each runtime thread owns an engine worker, taken the first time that thread runs a
@@ -748,6 +751,9 @@ fn run_role(
             policy: Some(policy),
             quorum_record,
             restart_wait: waits_by.is_some(),
+            // Acks are read on the connections' runtime: the replies they release are
+            // woken on the thread that read them.
+            acks_on: Some(rt.handle().clone()),
             ..Default::default()
         };
         let r = Arc::clone(&release);
