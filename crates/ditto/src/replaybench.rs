@@ -32,7 +32,7 @@ pub struct Recorder {
 }
 
 impl ditto_log::ShipTap for Recorder {
-    fn batch(&self, _header: &BatchHeader, frame: &[u8]) {
+    fn batch(&self, _header: &BatchHeader, frame: &[u8], _at_once: bool) {
         self.frames.lock().push(Bytes::copy_from_slice(frame));
     }
 

@@ -256,12 +256,15 @@ pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
 /// from here, so shipping overlaps the local write and fsync), and every table created.
 /// Calls come on the stream's flusher, or (for `batch`) on a thread flushing what it
 /// deferred (`flush_before_sleeping`: a server's runtime thread about to park), and must
-/// not block: a tap that cannot
-/// keep up drops its receiver, it never holds the flusher. A batch is told before its
+/// not block: a tap that cannot keep up drops its receiver, it never holds the flusher. A batch is told before its
 /// stream's durable bound moves, so a batch whose floor vouches for another stream's batch
 /// is always told after that batch (the order backups rely on, crates/log/src/replica.rs).
 pub trait ShipTap: Send + Sync {
-    fn batch(&self, header: &crate::format::BatchHeader, frame: &[u8]);
+    /// `at_once`: the batch was flushed by a thread about to sleep (`flush_before_sleeping`),
+    /// whose connections wait for it: it is best sent now, on this thread. Otherwise (the
+    /// flusher's batches, back to back under load) a sender that gathers several batches
+    /// into one write costs less.
+    fn batch(&self, header: &crate::format::BatchHeader, frame: &[u8], at_once: bool);
     fn table_created(&self, id: TableId, name: &str);
 }
 
@@ -687,7 +690,8 @@ impl Logger {
         // With a shipping tap, the batch is shipped now and written by the disk thread
         // (see `WriteAhead`); without one, this thread writes and fsyncs it.
         if let Some(tap) = self.tap.get() {
-            tap.batch(&header, &st.frame);
+            // Only a flush off the flusher (`flush_now`) has no segment to write to.
+            tap.batch(&header, &st.frame, seg.is_none());
             if !self.queue_ahead(ahead, &mut st.frame, bound, floor) {
                 return Flushed::Closed;
             }

@@ -445,7 +445,7 @@ impl LogFile for FaultyFile {
 struct NoShip;
 
 impl ditto_log::ShipTap for NoShip {
-    fn batch(&self, _: &ditto_log::format::BatchHeader, _: &[u8]) {}
+    fn batch(&self, _: &ditto_log::format::BatchHeader, _: &[u8], _: bool) {}
     fn table_created(&self, _: TableId, _: &str) {}
 }
 
@@ -1824,7 +1824,7 @@ fn reused_record_ids_recover_with_their_new_keys() {
 struct HighestShipped(Arc<AtomicU64>);
 
 impl ditto_log::ShipTap for HighestShipped {
-    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8]) {
+    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8], _: bool) {
         self.0.fetch_max(h.bound_ts.0, Ordering::SeqCst);
     }
     fn table_created(&self, _: TableId, _: &str) {}
@@ -1836,12 +1836,19 @@ struct ShippedOn {
     highest: Arc<AtomicU64>,
     thread: std::thread::ThreadId,
     on_thread: Arc<AtomicU64>,
+    /// Batches told `at_once` where they were not flushed by that thread, or the reverse
+    /// (counted: a panic on the flusher would hang the test).
+    at_once_wrong: Arc<AtomicU64>,
 }
 
 impl ditto_log::ShipTap for ShippedOn {
-    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8]) {
+    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8], at_once: bool) {
         self.highest.fetch_max(h.bound_ts.0, Ordering::SeqCst);
-        if h.txn_count > 0 && std::thread::current().id() == self.thread {
+        let here = std::thread::current().id() == self.thread;
+        if at_once != here {
+            self.at_once_wrong.fetch_add(1, Ordering::SeqCst);
+        }
+        if h.txn_count > 0 && here {
             self.on_thread.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -1858,6 +1865,7 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
     let dir = tempfile::tempdir().unwrap();
     let highest = Arc::new(AtomicU64::new(0));
     let on_thread = Arc::new(AtomicU64::new(0));
+    let at_once_wrong = Arc::new(AtomicU64::new(0));
     let n = 50u64;
     let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -1872,6 +1880,7 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
             highest: Arc::clone(&highest),
             thread: std::thread::current().id(),
             on_thread: Arc::clone(&on_thread),
+            at_once_wrong: Arc::clone(&at_once_wrong),
         };
         d.logger().set_ship_tap(Arc::new(tap)).unwrap();
         let t = d.db().create_table("t").unwrap();
@@ -1897,6 +1906,11 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
         let last = w.run(|x| x.put(t, &(5 + n).to_be_bytes(), b"v")).unwrap().1.ts();
         wait_for("a deferred commit of a thread that never sleeps becomes durable", &|| d.logger().watermark() >= last);
         assert_eq!(on_thread.load(Ordering::SeqCst), mine, "nothing more was shipped on this thread");
+        assert_eq!(
+            at_once_wrong.load(Ordering::SeqCst),
+            0,
+            "only batches flushed before sleeping are told to go at once"
+        );
     }
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     let t = d.db().table_id("t").unwrap();

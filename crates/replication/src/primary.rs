@@ -582,22 +582,23 @@ impl Primary {
     }
 
     fn push_all(&self, frame: &Bytes) {
-        self.push_to(&self.links.lock(), frame);
+        self.push_to(&self.links.lock(), frame, false);
     }
 
     /// Sends `frame` to each of `links`, or queues it for the link's thread (the caller
-    /// holds the links' lock). A live link with nothing queued or being written is sent the
+    /// holds the links' lock). With `at_once` (a batch flushed by a runtime thread about to
+    /// park, `ShipTap::batch`), a live link with nothing queued or being written is sent the
     /// frame here, as far as its socket takes it without waiting; the rest is queued (a
     /// frame sent here and the link thread's writes never interleave: both happen only
     /// under the queue's lock, or with `writing` set).
-    fn push_to(&self, links: &[Arc<Link>], frame: &Bytes) {
+    fn push_to(&self, links: &[Arc<Link>], frame: &Bytes, at_once: bool) {
         for l in links {
             let mut q = l.queue.lock();
             if q.dead.is_some() {
                 continue;
             }
             let mut frame = frame.clone();
-            if let (true, false, Some(s)) = (q.frames.is_empty(), q.writing, &q.direct) {
+            if let (true, true, false, Some(s)) = (at_once, q.frames.is_empty(), q.writing, &q.direct) {
                 match send_without_waiting(s, &frame) {
                     Ok(n) if n == frame.len() => {
                         self.frames_sent_directly.fetch_add(1, Ordering::Relaxed);
@@ -1275,7 +1276,7 @@ impl Quorum {
 struct Tap(std::sync::Weak<Primary>);
 
 impl ditto_log::ShipTap for Tap {
-    fn batch(&self, header: &BatchHeader, frame: &[u8]) {
+    fn batch(&self, header: &BatchHeader, frame: &[u8], at_once: bool) {
         let Some(p) = self.0.upgrade() else { return };
         {
             let mut s = p.shipped.lock();
@@ -1296,7 +1297,7 @@ impl ditto_log::ShipTap for Tap {
             if !links.is_empty() {
                 p.sample(&links, header.bound_ts);
                 let f = crate::protocol::encode_batch(p.epoch, p.released(), p.flags(true), frame);
-                p.push_to(&links, &f);
+                p.push_to(&links, &f, at_once);
                 p.batches_shipped.fetch_add(1, Ordering::Relaxed);
             }
         }
