@@ -260,8 +260,8 @@ pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
 /// stream's durable bound moves, so a batch whose floor vouches for another stream's batch
 /// is always told after that batch (the order backups rely on, crates/log/src/replica.rs).
 pub trait ShipTap: Send + Sync {
-    /// `at_once`: the batch was flushed by a thread about to sleep (`flush_before_sleeping`),
-    /// whose connections wait for it: it is best sent now, on this thread. Otherwise (the
+    /// `at_once`: the batch was flushed off the flusher, by a thread whose commits wait for
+    /// it (about to park, `flush_before_sleeping`, or to wait for durability): it is best sent now, on this thread. Otherwise (the
     /// flusher's batches, back to back under load) a sender that gathers several batches
     /// into one write costs less.
     fn batch(&self, header: &crate::format::BatchHeader, frame: &[u8], at_once: bool);

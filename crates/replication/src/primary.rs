@@ -668,8 +668,8 @@ impl Primary {
             record(self.links.lock().iter().filter(|l| !l.learner).count() + 1)?;
         }
         // Register first: from here on every framed batch is queued for this backup.
-        let link = {
-            let mut links = self.links.lock();
+        let link = loop {
+            let links = self.links.lock();
             let slot =
                 (0..).find(|s| !links.iter().any(|l| l.learner == learner && l.slot == *s)).expect("a free slot");
             // Read again under the links' lock, which `set_counted_nodes` holds as it
@@ -681,8 +681,12 @@ impl Primary {
                 q.mine.slots > slot && q.mine.backups.contains(&node)
             };
             if counts && !recorded {
+                // Off the lock, and then looked at again.
+                drop(links);
                 record(slot + 1)?;
+                continue;
             }
+            let mut links = links;
             let link = Arc::new(Link {
                 node: node.clone(),
                 addr: addr.clone(),
@@ -705,7 +709,7 @@ impl Primary {
                 asked_from: AtomicU64::new(NOTHING_ASKED),
             });
             links.push(Arc::clone(&link));
-            link
+            break link;
         };
         let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger);
         link.kill("link closed".into());
@@ -954,11 +958,13 @@ impl Primary {
         if let Some(rt) = &self.opts.acks_on {
             let (buffered, sock) = (reader.buffer().to_vec(), reader.into_inner());
             let (done, ended) = std::sync::mpsc::channel::<()>();
+            // Made before the task: one dropped unpolled (its runtime shut down) still ends
+            // the link, which would otherwise go on with no one reading its acks.
+            let mut ending = KillOnDrop(Some(Arc::clone(&l2)));
             rt.spawn(async move {
                 // Dropped with the task, however it ends (the link's thread waits for it).
                 let _done = done;
-                let mut ending = KillOnDrop(Some(Arc::clone(&l2)));
-                let why = read_acks_async(sock, buffered, |f| me.take_ack(&l2, f)).await;
+                let why = read_acks_async(sock, buffered, |f| me.take_ack(&l2, f), || me.changed()).await;
                 ending.0.take().expect("set above").kill(why);
             });
             return Ok(AckReader::Task(ended));
@@ -967,21 +973,28 @@ impl Primary {
             let mut reader = reader;
             let why = loop {
                 match read_frame(&mut reader) {
-                    Ok(Some(f)) => match me.take_ack(&l2, f) {
-                        Some(why) => break why,
-                        None => continue,
-                    },
+                    Ok(Some(f)) => {
+                        if let Some(why) = me.take_ack(&l2, f) {
+                            break why;
+                        }
+                        // Once per read's worth of acks.
+                        if reader.buffer().is_empty() {
+                            me.changed();
+                        }
+                    }
                     Ok(None) => break "the backup closed the connection".into(),
                     Err(e) => break format!("reading acks: {e}"),
                 }
             };
+            // A link thread blocked writing to a backup that reads no more is let go.
+            let _ = reader.get_ref().shutdown(std::net::Shutdown::Both);
             l2.kill(why);
         })?;
         Ok(AckReader::Thread(thread))
     }
 
-    /// A frame from `link`'s backup: an ack is recorded (and may release commits); any
-    /// other ends the link, for the reason returned.
+    /// A frame from `link`'s backup: an ack is recorded (the caller then calls `changed`,
+    /// once for all it read at once); any other ends the link, for the reason returned.
     fn take_ack(&self, link: &Link, f: Frame) -> Option<String> {
         match f {
             Frame::Ack { received, durable, replayed } => {
@@ -989,7 +1002,6 @@ impl Primary {
                 link.durable.fetch_max(durable.0, Ordering::AcqRel);
                 link.replayed.fetch_max(replayed.0, Ordering::AcqRel);
                 link.heard_us.store(link.since.elapsed().as_micros() as u64, Ordering::Release);
-                self.changed();
                 None
             }
             Frame::Refuse { reason } => Some(format!("the backup refused: {reason}")),
@@ -1150,7 +1162,12 @@ impl Drop for KillOnDrop {
 /// runtime, handing each to `take` until it returns why to stop, or the connection ends:
 /// the reason. The socket stays in blocking mode for the link's thread, which writes to
 /// it: reads here never wait (`MSG_DONTWAIT`), and the runtime says when to read.
-async fn read_acks_async(sock: TcpStream, buffered: Vec<u8>, mut take: impl FnMut(Frame) -> Option<String>) -> String {
+async fn read_acks_async(
+    sock: TcpStream,
+    buffered: Vec<u8>,
+    mut take: impl FnMut(Frame) -> Option<String>,
+    mut after_read: impl FnMut(),
+) -> String {
     // SAFETY: the `TcpStream` owns its descriptor, open and the same until the `AsyncFd`
     // (which owns the stream) is dropped.
     let fd = match unsafe { tokio::io::unix::AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE) } {
@@ -1159,32 +1176,42 @@ async fn read_acks_async(sock: TcpStream, buffered: Vec<u8>, mut take: impl FnMu
     };
     let mut buf = bytes::BytesMut::from(&buffered[..]);
     let mut chunk = [0u8; 4096];
-    loop {
-        loop {
+    let why = loop {
+        // Every whole frame read so far, then `after_read` once for them all.
+        let mut took = false;
+        let ended = loop {
             match crate::protocol::take_frame(&mut buf) {
-                Ok(Some(f)) => {
-                    if let Some(why) = take(f) {
-                        return why;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => return format!("reading acks: {e}"),
+                Ok(Some(f)) => match take(f) {
+                    Some(why) => break Some(why),
+                    None => took = true,
+                },
+                Ok(None) => break None,
+                Err(e) => break Some(format!("reading acks: {e}")),
             }
+        };
+        if took {
+            after_read();
+        }
+        if let Some(why) = ended {
+            break why;
         }
         let mut ready = match fd.readable().await {
             Ok(r) => r,
-            Err(e) => return format!("reading acks: {e}"),
+            Err(e) => break format!("reading acks: {e}"),
         };
         match ready.try_io(|s| recv_without_waiting(s.get_ref(), &mut chunk)) {
-            Ok(Ok(0)) if buf.is_empty() => return "the backup closed the connection".into(),
-            Ok(Ok(0)) => return format!("reading acks: the connection closed inside a frame ({} bytes)", buf.len()),
+            Ok(Ok(0)) if buf.is_empty() => break "the backup closed the connection".into(),
+            Ok(Ok(0)) => break format!("reading acks: the connection closed inside a frame ({} bytes)", buf.len()),
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Ok(Err(e)) => return format!("reading acks: {e}"),
+            Ok(Err(e)) => break format!("reading acks: {e}"),
             // Not readable after all: the runtime waits for the next readiness.
             Err(_would_block) => {}
         }
-    }
+    };
+    // A link thread blocked writing to a backup that reads no more is let go.
+    let _ = fd.get_ref().shutdown(std::net::Shutdown::Both);
+    why
 }
 
 /// Reads what `stream`'s socket holds into `buf` without waiting: `WouldBlock` when it
@@ -1333,27 +1360,46 @@ mod tests {
             let check = sock.try_clone().unwrap();
             // Two bytes were read before the reader started (a `BufReader`'s leftovers).
             let first = ack(1).encode();
-            let reader = rt.spawn(read_acks_async(sock, first[..2].to_vec(), move |f| {
-                let stop = matches!((&f, stop_at), (Frame::Ack { received, .. }, Some(s)) if received.0 == s);
-                g2.lock().push(f);
-                stop.then(|| "told to stop".to_string())
-            }));
+            let reads = Arc::new(AtomicU64::new(0));
+            let r2 = Arc::clone(&reads);
+            let reader = rt.spawn(read_acks_async(
+                sock,
+                first[..2].to_vec(),
+                move |f| {
+                    let stop = matches!((&f, stop_at), (Frame::Ack { received, .. }, Some(s)) if received.0 == s);
+                    g2.lock().push(f);
+                    stop.then(|| "told to stop".to_string())
+                },
+                move || {
+                    r2.fetch_add(1, Ordering::SeqCst);
+                },
+            ));
             peer.write_all(&first[2..]).unwrap();
             write(&mut peer);
             let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), reader).await });
             let why = why.expect("the reader ended within 10 s").unwrap();
+            // It shut the connection down as it ended (a link thread writing to it is let go).
+            peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            assert_eq!(std::io::Read::read(&mut peer, &mut [0u8; 1]).unwrap(), 0, "the peer sees the end");
             // The socket is still blocking (the link's thread writes to it).
             use std::os::fd::AsRawFd;
             // SAFETY: F_GETFL on a descriptor `check` keeps open.
             let flags = unsafe { libc::fcntl(check.as_raw_fd(), libc::F_GETFL) };
             assert!(flags >= 0 && flags & libc::O_NONBLOCK == 0, "flags {flags:#x}");
             let frames = got.lock().clone();
+            // Told after the frames of a read were taken: at least once (ack 1), at most
+            // once per ack.
+            let reads = reads.load(Ordering::SeqCst);
+            assert!(reads >= 1 && reads <= frames.len() as u64, "{reads} for {} frames", frames.len());
             (frames, why)
         };
         let in_pieces = |peer: &mut TcpStream, frames: &[Frame]| {
             let bytes: Vec<u8> = frames.iter().flat_map(|f| f.encode().to_vec()).collect();
+            // The reader shuts the connection down once it stops: the rest is not sent.
             for piece in bytes.chunks(3) {
-                peer.write_all(piece).unwrap();
+                if peer.write_all(piece).is_err() {
+                    break;
+                }
                 std::thread::sleep(Duration::from_micros(200));
             }
         };
