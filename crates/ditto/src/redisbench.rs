@@ -381,7 +381,27 @@ fn bench(
     }
 }
 
+/// The Redis programs this run starts, each found on `PATH` before any server starts: a
+/// missing one is named with its package at once, rather than found as a wait that times
+/// out (a missing redis-cli looked like a backup that never connected).
+fn require_tools(a: &RedisBenchArgs) -> Result<(), String> {
+    let mut tools = vec![("redis-benchmark", "redis-tools"), ("redis-cli", "redis-tools")];
+    if !a.no_redis {
+        tools.push(("redis-server", "redis-server"));
+    }
+    for (tool, package) in tools {
+        if let Err(e) = Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status() {
+            return Err(format!(
+                "ditto bench redis needs {tool}, which could not be run ({e}): install {package} \
+                 (Debian: apt-get install {package}; .ci/deps installs every tool the tests use)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    require_tools(&a)?;
     let scratch = ScratchDir::new(None, "redisbench")?;
     let mut rows = Vec::new();
     let mut servers: Vec<String> = a.durability.iter().map(|d| format!("ditto/{d}")).collect();

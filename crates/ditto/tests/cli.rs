@@ -2,6 +2,7 @@
 //! rots; the JSON they print is parsed and its figures checked for sense.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 fn ditto(args: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ditto")).args(args).output().expect("run ditto");
@@ -333,6 +334,24 @@ fn bench_redis_small_against_ditto_only() {
         assert!(lo > 0.0 && lo <= mid && mid <= hi, "{s}");
         assert!(s["vs_redis"].is_null() && s["vs_redis_always"].is_null(), "no Redis, no ratio: {s}");
     }
+}
+
+/// Without the Redis programs on `PATH`, the run stops at once and names what to install,
+/// before it starts any server.
+#[test]
+fn bench_redis_names_a_missing_redis_tool_at_once() {
+    let empty = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "redis", "--requests", "100", "--no-redis", "--rounds", "1"])
+        .env("PATH", empty.path())
+        .output()
+        .expect("run ditto");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("needs redis-benchmark") && err.contains("redis-tools"), "{err}");
+    // Named before any server was started, not after a wait timed out.
+    assert!(!err.contains("within 60 s") && t0.elapsed() < Duration::from_secs(30), "{err}");
 }
 
 /// A cluster node's supervisor probes its server over the plaintext client port, without
