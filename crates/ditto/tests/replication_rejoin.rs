@@ -339,6 +339,99 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
     assert_eq!(b.one(&["DBSIZE"]), format!(":{}", keys + 1));
 }
 
+/// Two backups counted under `majority-received` (either one alone could release a
+/// commit), both gone when the primary is SIGKILLed and restarted: it waits for both. A
+/// person declares b2 lost (`DITTO.FORGETBACKUP`): refused while the record cannot be
+/// written, refused for a name the quorum never counted, and then the wait goes on for
+/// b1 alone, also across another SIGKILL and restart (the record on disk says b2 is
+/// lost). b1 declared lost too: writes are taken, the command is refused once nothing
+/// waits, and b1 started again holds the new writes.
+#[test]
+fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_others_alone() {
+    fn args(v: &[String; 4]) -> Vec<&str> {
+        v.iter().map(|s| s.as_str()).collect()
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = ["--commit-policy", "majority-received", "--backups", "2"];
+    let pdir = tmp.path().join("primary");
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let named =
+        |n: &'static str| ["--replica-of".to_string(), repl.clone(), "--replica-name".to_string(), n.to_string()];
+    let (b1_args, b2_args) = (named("b1"), named("b2"));
+    let b1_dir = tmp.path().join("b1");
+    let mut b1 = Node::start(&b1_dir, &args(&b1_args));
+    let mut b2 = Node::start(&tmp.path().join("b2"), &args(&b2_args));
+    let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
+    let mut c = Client::connect(primary.port).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while field(&mut c, "replication", "ditto_durable_ts").and_then(|v| v.parse::<u64>().ok()) < Some(ts) {
+        assert!(Instant::now() < deadline, "the primary did not make ts {ts} durable");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(stop_with_sigterm(&mut b1.child).success());
+    assert!(stop_with_sigterm(&mut b2.child).success());
+    primary.kill();
+    let restart = |log: &str| {
+        let p = Node::start_logged(
+            &pdir,
+            &[&["--repl-port", &repl_port][..], &policy].concat(),
+            Some(&tmp.path().join(log)),
+        );
+        let mut c = Client::connect(p.port).unwrap();
+        c.set_read_timeout(Duration::from_secs(30));
+        (p, c)
+    };
+    let (mut primary, mut c) = restart("primary-2.log");
+    let refused = c.one(&["SET", "after", "1"]);
+    assert!(refused.contains("until 2 more of the backups its quorum counted (b1, b2)"), "{refused}");
+    // The record cannot be written: refused, and nothing changes.
+    let blocker = pdir.join("quorum.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), b"x").unwrap();
+    let e = c.one(&["DITTO.FORGETBACKUP", "b2"]);
+    assert!(e.starts_with("-ERR this primary could not record that backup b2 is lost"), "{e}");
+    let refused = c.one(&["SET", "after", "1"]);
+    assert!(refused.contains("until 2 more of the backups its quorum counted (b1, b2)"), "{refused}");
+    std::fs::remove_dir_all(&blocker).unwrap();
+    let e = c.one(&["DITTO.FORGETBACKUP", "nosuch"]);
+    assert!(e.starts_with("-ERR nosuch is not a backup this primary's quorum counted (b1, b2)"), "{e}");
+    let ok = c.one(&["DITTO.FORGETBACKUP", "b2"]);
+    assert!(ok.starts_with("+OK backup b2 recorded as lost") && ok.ends_with("waits for 1 of b1"), "{ok}");
+    // Either backup alone could have released a commit: b1 may hold one, so it is waited for.
+    std::thread::sleep(Duration::from_millis(100));
+    let refused = c.one(&["SET", "after", "1"]);
+    assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
+    // Kept on disk: a primary killed and started again waits for b1 alone.
+    primary.kill();
+    let (_primary, mut c) = restart("primary-3.log");
+    let refused = c.one(&["SET", "after", "1"]);
+    assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
+    let ok = c.one(&["DITTO.FORGETBACKUP", "b1"]);
+    assert!(ok.ends_with("waits for no other backup"), "{ok}");
+    // Writes are no longer refused (a SET still waits for a backup's acknowledgement,
+    // which the policy needs).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Some(why) = field(&mut c, "replication", "ditto_writes_refused") {
+        assert!(Instant::now() < deadline, "still refused 30 s after every recorded backup was declared lost: {why}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = std::fs::read_to_string(tmp.path().join("primary-3.log")).unwrap();
+    assert!(log.contains("taking writes"), "{log}");
+    let e = c.one(&["DITTO.FORGETBACKUP", "b1"]);
+    assert!(e.starts_with("-ERR this primary is not waiting for its backups after a restart"), "{e}");
+    // b1 was not gone after all: started again, it follows and holds the new writes.
+    let b1 = Node::start(&b1_dir, &args(&b1_args));
+    assert_eq!(c.one(&["SET", "after", "1"]), "+OK");
+    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut b = Client::connect(b1.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["GET", "after"]), "1");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
+}
+
 /// A backup that joined its restarted primary again but cannot serve (the failpoint
 /// `serve-fails-after-rejoin`, as a port taken meanwhile would) makes what it received
 /// durable, says why and exits with a failure; started again, it holds everything.

@@ -382,8 +382,34 @@ impl Primary {
         let mut q = self.quorum.lock();
         let mine = q.mine.clone();
         q.replace(mine)?;
+        q.waits = None;
         self.restart_waiting.store(false, Ordering::Release);
         Ok(())
+    }
+
+    /// What a restart waits by (`crate::restart::restart_settled`), while it waits.
+    pub fn restart_record(&self) -> Option<crate::restart::QuorumRecord> {
+        self.quorum.lock().waits.clone()
+    }
+
+    /// A person says the recorded backup `name` is gone for good (`DITTO.FORGETBACKUP`):
+    /// recorded as lost, on disk first, and the restart's wait goes on for the others
+    /// (`crate::restart`, module notes). The record the wait goes by now; an error, with
+    /// nothing changed, if no restart waits, the quorum never counted `name`, or the
+    /// record cannot be written.
+    pub fn declare_lost(&self, name: &str) -> Result<crate::restart::QuorumRecord, String> {
+        let mut q = self.quorum.lock();
+        let Some(mut waits) = q.waits.clone() else {
+            return Err("this primary is not waiting for its backups after a restart".into());
+        };
+        if !waits.add_lost(name)? {
+            return Ok(waits);
+        }
+        let mut record = q.record.clone();
+        record.add_lost(name)?;
+        q.replace(record).map_err(|e| format!("this primary could not record that backup {name} is lost: {e}"))?;
+        q.waits = Some(waits.clone());
+        Ok(waits)
     }
 
     /// For a primary restarted from epoch `old` at `point`: the backups (by name) whose
@@ -1262,6 +1288,9 @@ struct Quorum {
     record: crate::restart::QuorumRecord,
     /// This run's: the server's policy and those connections chose, the most slots.
     mine: crate::restart::QuorumRecord,
+    /// What a restart waits by while it waits (the last run's record merged with this
+    /// run's at the start, with the backups a person declared lost since).
+    waits: Option<crate::restart::QuorumRecord>,
 }
 
 impl Quorum {
@@ -1271,11 +1300,14 @@ impl Quorum {
             slots: opts.backups_expected,
             policies: opts.policy.into_iter().collect(),
             backups: Vec::new(),
+            lost: Vec::new(),
         };
-        match &opts.quorum_record {
-            Some((d, r)) => Quorum { dir: Some(d.clone()), record: r.merged(&mine), mine },
-            None => Quorum { dir: None, record: mine.clone(), mine },
-        }
+        let (dir, record) = match &opts.quorum_record {
+            Some((d, r)) => (Some(d.clone()), r.merged(&mine)),
+            None => (None, mine.clone()),
+        };
+        let waits = opts.restart_wait.then(|| record.clone());
+        Quorum { dir, record, mine, waits }
     }
 
     /// Applies `f` to this run's record and to the one on disk, writing the latter first

@@ -14,6 +14,14 @@
 //! settled restart (policies and slots only grow until the next settles); a restart waits
 //! for `need()` distinct backups; a backup of an older epoch than the one restarted from
 //! counts as holding more (it may hold what an unsettled earlier restart lost).
+//!
+//! A backup gone for good (its disk lost, its machine retired) would keep a waiting
+//! primary read-only for ever. A person says so on the primary (`DITTO.FORGETBACKUP name`,
+//! `Primary::declare_lost`): the name is recorded as lost (on disk first), what it alone
+//! held is given up, and the wait goes on for the others. Losing it does not lower what is
+//! needed of the rest: a commit held by `t` backups, some of them lost, is still on the
+//! others that held it, so the restart waits for enough of the remaining ones to meet every
+//! such set (`need`).
 
 use std::path::Path;
 
@@ -36,6 +44,9 @@ pub struct QuorumRecord {
     pub policies: Vec<CommitPolicy>,
     /// Every backup (by name) whose acknowledgements counted; sorted, no repeats.
     pub backups: Vec<String>,
+    /// Those of `backups` a person declared gone for good while a restart waited
+    /// (`DITTO.FORGETBACKUP`): what they alone held is given up; sorted, no repeats.
+    pub lost: Vec<String>,
 }
 
 /// How many backups alone release a commit under `p` with `slots` counted (the quorum
@@ -55,7 +66,7 @@ fn backups_alone(p: CommitPolicy, slots: usize) -> Option<usize> {
 
 impl QuorumRecord {
     pub fn new(expected: usize, policy: CommitPolicy) -> QuorumRecord {
-        QuorumRecord { expected, slots: expected, policies: vec![policy], backups: Vec::new() }
+        QuorumRecord { expected, slots: expected, policies: vec![policy], backups: Vec::new(), lost: Vec::new() }
     }
 
     /// The fewest backups that alone could have released a commit: over every policy in
@@ -65,14 +76,23 @@ impl QuorumRecord {
         (low..=self.slots.max(low)).flat_map(|s| self.policies.iter().filter_map(move |p| backups_alone(*p, s))).min()
     }
 
-    /// Backups of `backups` a restart must hear hold nothing above its point: every set
-    /// of `t` of them (the fewest that alone could release) meets any `len - t + 1`; with
+    /// Backups of `backups` (not lost) a restart must hear hold nothing above its point.
+    /// A commit backups alone released is on at least `t` of the `n` recorded (the fewest
+    /// that alone could release), so on at least `t - f` of the `n - f` not lost (`f`
+    /// lost), or, where `t <= f`, perhaps on lost ones alone (given up) or on one that is
+    /// not: every such set meets any `(n - f) - max(t - f, 1) + 1` of the remaining. With
     /// fewer than `t` backups ever counted, or none able to release alone, none.
     pub fn need(&self) -> usize {
+        let (n, f) = (self.backups.len(), self.lost.len());
         match self.fewest_releasing() {
-            Some(t) if self.backups.len() >= t => self.backups.len() - t + 1,
+            Some(t) if n >= t => (n - f + 1).saturating_sub(t.saturating_sub(f).max(1)),
             _ => 0,
         }
+    }
+
+    /// The recorded backups not lost: those a restart waits to hear from.
+    pub fn remaining(&self) -> impl Iterator<Item = &str> {
+        self.backups.iter().filter(|b| !self.lost.contains(b)).map(|b| b.as_str())
     }
 
     /// Backups alone may release a commit with the slots counted now (so a backup must
@@ -91,6 +111,9 @@ impl QuorumRecord {
         }
         for b in &o.backups {
             r.add_backup(b);
+        }
+        for b in &o.lost {
+            let _ = r.add_lost(b);
         }
         r
     }
@@ -115,12 +138,30 @@ impl QuorumRecord {
         }
     }
 
+    /// Records the recorded backup `name` as lost (see the module notes); whether it was
+    /// new. An error, changing nothing, if the quorum never counted it.
+    pub fn add_lost(&mut self, name: &str) -> Result<bool, String> {
+        if self.backups.binary_search_by(|b| b.as_str().cmp(name)).is_err() {
+            return Err(format!("{name} is not a backup this primary's quorum counted ({})", self.backups.join(", ")));
+        }
+        Ok(match self.lost.binary_search_by(|b| b.as_str().cmp(name)) {
+            Ok(_) => false,
+            Err(at) => {
+                self.lost.insert(at, name.to_string());
+                true
+            }
+        })
+    }
+
     fn encode(&self) -> String {
         let names: Vec<String> = self.policies.iter().map(|p| p.name()).collect();
         let mut out =
-            format!("ditto quorum 2\nexpected {}\nslots {}\npolicies {}\n", self.expected, self.slots, names.join(","));
+            format!("ditto quorum 3\nexpected {}\nslots {}\npolicies {}\n", self.expected, self.slots, names.join(","));
         for b in &self.backups {
             out.push_str(&format!("backup {b}\n"));
+        }
+        for b in &self.lost {
+            out.push_str(&format!("lost {b}\n"));
         }
         out.push_str("end\n");
         out
@@ -130,8 +171,9 @@ impl QuorumRecord {
         // Whole or refused: a record cut short must not read as a smaller one.
         let body = text.strip_suffix("end\n").ok_or("no end line")?;
         let mut lines = body.lines();
-        if lines.next() != Some("ditto quorum 2") {
-            return Err("not a quorum record of version 2".into());
+        // Version 3 added `lost` lines; a version 2 record has none.
+        if !matches!(lines.next(), Some("ditto quorum 2" | "ditto quorum 3")) {
+            return Err("not a quorum record of version 2 or 3".into());
         }
         let mut num = |key: &str| -> Result<usize, String> {
             lines
@@ -142,13 +184,18 @@ impl QuorumRecord {
         };
         let (expected, slots) = (num("expected ")?, num("slots ")?);
         let list = lines.next().and_then(|l| l.strip_prefix("policies ")).ok_or("no policies line")?;
-        let mut r = QuorumRecord { expected, slots, policies: Vec::new(), backups: Vec::new() };
+        let mut r = QuorumRecord { expected, slots, ..Default::default() };
         for name in list.split(',').filter(|n| !n.is_empty()) {
             r.add_policy(CommitPolicy::parse(name)?);
         }
         for l in lines {
-            let b = l.strip_prefix("backup ").ok_or_else(|| format!("an unknown line {l:?}"))?;
-            r.add_backup(b);
+            if let Some(b) = l.strip_prefix("backup ") {
+                r.add_backup(b);
+            } else if let Some(b) = l.strip_prefix("lost ") {
+                r.add_lost(b)?;
+            } else {
+                return Err(format!("an unknown line {l:?}"));
+            }
         }
         Ok(r)
     }
@@ -206,13 +253,13 @@ pub fn restart_settled(
         ));
     }
     let need = record.need();
-    let heard = record.backups.iter().filter(|b| clear.contains(*b)).count();
+    let heard = record.remaining().filter(|b| clear.contains(*b)).count();
     if heard >= need {
         return Ok(());
     }
-    let waiting: Vec<&str> = record.backups.iter().filter(|b| !clear.contains(*b)).map(|b| b.as_str()).collect();
+    let waiting: Vec<&str> = record.remaining().filter(|b| !clear.contains(*b)).collect();
     Err(format!(
-        "this primary restarted at ts {} of epoch {} and takes no writes until {} more of the backups its quorum counted ({}) say they hold nothing above it (a commit acknowledged before the restart may be on backups alone; if one is gone for good, a person who knows it held nothing more may remove the file `quorum` from this primary's directory and restart it)",
+        "this primary restarted at ts {} of epoch {} and takes no writes until {} more of the backups its quorum counted ({}) say they hold nothing above it (a commit acknowledged before the restart may be on backups alone; if one is gone for good, `DITTO.FORGETBACKUP name` on this primary gives up what it alone held and waits for the others)",
         point.0,
         old.0,
         need - heard,
@@ -256,6 +303,88 @@ mod tests {
         std::fs::write(dir.path().join(QUORUM_FILE), "ditto quorum 2\nexpected 1\nslots 1\npolicies sometimes\nend\n")
             .unwrap();
         assert!(QuorumRecord::read(dir.path()).is_err());
+        // A backup declared lost is kept, and only one the quorum counted can be.
+        let mut lost = r.clone();
+        assert_eq!(lost.add_lost("b2"), Ok(true));
+        assert_eq!(lost.add_lost("b2"), Ok(false));
+        let e = lost.add_lost("b9").unwrap_err();
+        assert!(e.contains("b9 is not a backup this primary's quorum counted (b1, b2)"), "{e}");
+        assert_eq!(lost.lost, ["b2"]);
+        lost.write(dir.path()).unwrap();
+        assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(lost.clone()));
+        assert_eq!(r.merged(&lost).lost, ["b2"], "a merge keeps what was declared lost");
+        std::fs::write(
+            dir.path().join(QUORUM_FILE),
+            "ditto quorum 3\nexpected 1\nslots 1\npolicies local\nlost b1\nend\n",
+        )
+        .unwrap();
+        let e = QuorumRecord::read(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("b1 is not a backup"), "a lost backup the record never counted: {e}");
+        // A record written before `lost` lines (version 2) still reads.
+        let v2 = "ditto quorum 2\nexpected 1\nslots 2\npolicies majority-received\nbackup b1\nend\n";
+        std::fs::write(dir.path().join(QUORUM_FILE), v2).unwrap();
+        assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(rec(1, 2, &["majority-received"], &["b1"])));
+    }
+
+    /// With some recorded backups declared lost, every commit backups alone could release
+    /// and that any backup not lost holds still meets the backups a restart waits for, and
+    /// the wait asks no more than that: by brute force over which backups held the commit.
+    #[test]
+    fn a_restart_that_lost_backups_still_meets_every_commit_the_others_hold_and_asks_no_more() {
+        let names = ["b0", "b1", "b2", "b3", "b4"];
+        for policy in ["majority-durable", "majority-received", "all-durable", "all-received"] {
+            for expected in 1..=3usize {
+                for slots in expected..=4 {
+                    for n in 1..=slots.min(5) {
+                        // Lost: a bit set over the n recorded backups.
+                        for lost_bits in 0u32..(1 << n) {
+                            let mut r = rec(expected, slots, &[policy], &names[..n]);
+                            for (i, name) in names[..n].iter().enumerate() {
+                                if lost_bits & (1 << i) != 0 {
+                                    r.add_lost(name).unwrap();
+                                }
+                            }
+                            let remaining: Vec<usize> = (0..n).filter(|i| lost_bits & (1 << i) == 0).collect();
+                            let need = r.need();
+                            assert!(need <= remaining.len(), "{policy} {n} {lost_bits:b}: need {need}");
+                            // The holders of some commit: any set of at least t backups, at
+                            // a slot count the quorum had, not all lost.
+                            let mut worst_needed = 0;
+                            for sl in expected..=slots {
+                                let Some(t) = backups_alone(p(policy), sl) else { continue };
+                                for holders in 0u32..(1 << n) {
+                                    if (holders.count_ones() as usize) < t || holders & !lost_bits == 0 {
+                                        continue;
+                                    }
+                                    let held_by_remaining =
+                                        remaining.iter().filter(|i| holders & (1 << **i) != 0).count();
+                                    // The unheard remaining (all but `need`) cannot hold all of it.
+                                    assert!(
+                                        remaining.len() - need < held_by_remaining,
+                                        "{policy} e{expected} s{slots} n{n} lost {lost_bits:b} holders {holders:b}: need {need}"
+                                    );
+                                    worst_needed = worst_needed.max(remaining.len() + 1 - held_by_remaining);
+                                }
+                            }
+                            assert_eq!(need, worst_needed, "{policy} e{expected} s{slots} n{n} lost {lost_bits:b}");
+                        }
+                    }
+                }
+            }
+        }
+        // By name: one backup, lost: nothing to wait for; two of three with t = 2: the
+        // two remaining, not one.
+        let mut one = rec(1, 1, &["majority-received"], &["b1"]);
+        one.add_lost("b1").unwrap();
+        assert_eq!(one.need(), 0);
+        let mut three = rec(3, 3, &["majority-durable"], &["a", "b", "c"]);
+        assert_eq!(three.need(), 1);
+        three.add_lost("c").unwrap();
+        assert_eq!(three.need(), 1, "a commit on all three (t = 3) is on a and b still");
+        let mut all = rec(2, 2, &["majority-received"], &["a", "b"]);
+        assert_eq!(all.need(), 2);
+        all.add_lost("b").unwrap();
+        assert_eq!(all.need(), 1);
     }
 
     /// Every commit backups alone could release meets the backups a restart waits for:
@@ -315,5 +444,18 @@ mod tests {
         let older = [("b3".to_string(), Epoch(2), Ts(90))];
         let why = restart_settled(&r, old, point, &clear(&["b1", "b2"]), &older).unwrap_err();
         assert!(why.contains("backup b3 follows epoch 2, older"), "{why}");
+        // b2 declared lost: b1 alone is waited for, and a lost backup heard clear counts
+        // for nothing.
+        let mut lost = r.clone();
+        lost.add_lost("b2").unwrap();
+        let why = restart_settled(&lost, old, point, &clear(&["b2"]), &[]).unwrap_err();
+        assert!(
+            why.contains("until 1 more of the backups its quorum counted (b1)") && why.contains("DITTO.FORGETBACKUP"),
+            "{why}"
+        );
+        assert_eq!(restart_settled(&lost, old, point, &clear(&["b1"]), &[]), Ok(()));
+        // A lost backup that comes back holding more still stops the writes.
+        let back = [("b2".to_string(), old, Ts(130))];
+        assert!(restart_settled(&lost, old, point, &clear(&["b1"]), &back).is_err());
     }
 }

@@ -113,6 +113,7 @@ pub static SPECS: &[Spec] = &[
     conn("DITTO.LASTCOMMIT", 1),
     conn("DITTO.WAITTS", -2),
     conn("DITTO.POLICY", -1),
+    conn("DITTO.FORGETBACKUP", 2),
 ];
 
 /// The spec of a command name, any case.

@@ -878,6 +878,8 @@ fn run_role(
             let mut said = None;
             loop {
                 let Some(primary) = p.upgrade() else { return };
+                // The record changes when a person declares a backup lost.
+                let record = primary.restart_record().unwrap_or_else(|| record.clone());
                 let (clear, more) = primary.heard_since_restart(old, point);
                 // Settled: the record is this run's alone from now on; a failed write keeps
                 // the wait (and says why), tried again less often.

@@ -836,6 +836,7 @@ impl Session {
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
             "DITTO.WAITTS" => return wait_ts(a, sh),
             "DITTO.POLICY" => self.set_policy(a, sh),
+            "DITTO.FORGETBACKUP" => forget_backup(a, sh),
             other => unreachable!("{other} is not a connection command"),
         };
         Outcome::now(reply)
@@ -1512,6 +1513,30 @@ pub fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
             primary.backups().iter().filter(|b| !b.learner && b.received >= ts).count()
         }
         _ => 0,
+    }
+}
+
+/// `DITTO.FORGETBACKUP name`: a person says a backup the quorum counted is gone for good,
+/// so that a primary whose restart waits for it (docs/replication.md, "A primary restarted
+/// under a policy that counts backups") gives up what it alone held and waits for the
+/// others (`Primary::declare_lost`). An error, changing nothing, anywhere else.
+fn forget_backup(a: &[Bytes], sh: &Shared) -> Reply {
+    let Replication::Primary { primary, .. } = &sh.replication else {
+        return Reply::err("ERR DITTO.FORGETBACKUP is for a primary whose restart waits for its backups");
+    };
+    let name = String::from_utf8_lossy(&a[0]);
+    match primary.declare_lost(&name) {
+        Err(e) => Reply::err(format!("ERR {e}")),
+        Ok(r) => {
+            let rest: Vec<&str> = r.remaining().collect();
+            let wait = match r.need() {
+                0 => "waits for no other backup".to_string(),
+                n => format!("waits for {n} of {}", rest.join(", ")),
+            };
+            Reply::SimpleOwned(format!(
+                "OK backup {name} recorded as lost: commits it alone held are given up; the restart {wait}"
+            ))
+        }
     }
 }
 
