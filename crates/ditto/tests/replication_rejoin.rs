@@ -342,10 +342,11 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
 /// Two backups counted under `majority-received` (either one alone could release a
 /// commit), both gone when the primary is SIGKILLed and restarted: it waits for both. A
 /// person declares b2 lost (`DITTO.FORGETBACKUP`): refused while the record cannot be
-/// written, refused for a name the quorum never counted, and then the wait goes on for
-/// b1 alone, also across another SIGKILL and restart (the record on disk says b2 is
-/// lost). b1 declared lost too: writes are taken, the command is refused once nothing
-/// waits, and b1 started again holds the new writes.
+/// written, refused for a name the quorum never counted, and then written to the record
+/// on disk, and the wait goes on for b1 (which alone may hold a commit). b1 comes back
+/// holding nothing more: writes are taken, b1 holds them, and the command is refused once
+/// nothing waits. (That b1 is still waited for does not tell the right count from
+/// removing b2's name here; the unit test in restart.rs does, by brute force.)
 #[test]
 fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_others_alone() {
     fn args(v: &[String; 4]) -> Vec<&str> {
@@ -373,17 +374,10 @@ fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_ot
     assert!(stop_with_sigterm(&mut b1.child).success());
     assert!(stop_with_sigterm(&mut b2.child).success());
     primary.kill();
-    let restart = |log: &str| {
-        let p = Node::start_logged(
-            &pdir,
-            &[&["--repl-port", &repl_port][..], &policy].concat(),
-            Some(&tmp.path().join(log)),
-        );
-        let mut c = Client::connect(p.port).unwrap();
-        c.set_read_timeout(Duration::from_secs(30));
-        (p, c)
-    };
-    let (mut primary, mut c) = restart("primary-2.log");
+    let plog = tmp.path().join("primary-2.log");
+    let primary = Node::start_logged(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat(), Some(&plog));
+    let mut c = Client::connect(primary.port).unwrap();
+    c.set_read_timeout(Duration::from_secs(30));
     let refused = c.one(&["SET", "after", "1"]);
     assert!(refused.contains("until 2 more of the backups its quorum counted (b1, b2)"), "{refused}");
     // The record cannot be written: refused, and nothing changes.
@@ -399,31 +393,30 @@ fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_ot
     assert!(e.starts_with("-ERR nosuch is not a backup this primary's quorum counted (b1, b2)"), "{e}");
     let ok = c.one(&["DITTO.FORGETBACKUP", "b2"]);
     assert!(ok.starts_with("+OK backup b2 recorded as lost") && ok.ends_with("waits for 1 of b1"), "{ok}");
-    // Either backup alone could have released a commit: b1 may hold one, so it is waited for.
+    // On disk before the reply (a restart now would wait for b1 alone).
+    let record = std::fs::read_to_string(pdir.join("quorum")).unwrap();
+    assert!(record.starts_with("ditto quorum 3\n") && record.contains("\nlost b2\n"), "{record}");
+    // Either backup alone could have released a commit: b1 may hold one, so it is still
+    // waited for.
     std::thread::sleep(Duration::from_millis(100));
     let refused = c.one(&["SET", "after", "1"]);
     assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
-    // Kept on disk: a primary killed and started again waits for b1 alone.
-    primary.kill();
-    let (_primary, mut c) = restart("primary-3.log");
-    let refused = c.one(&["SET", "after", "1"]);
-    assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
-    let ok = c.one(&["DITTO.FORGETBACKUP", "b1"]);
-    assert!(ok.ends_with("waits for no other backup"), "{ok}");
-    // Writes are no longer refused (a SET still waits for a backup's acknowledgement,
-    // which the policy needs).
+    // b1 comes back holding nothing above the restart point: the wait settles on it alone.
+    let b1 = Node::start(&b1_dir, &args(&b1_args));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while let Some(why) = field(&mut c, "replication", "ditto_writes_refused") {
-        assert!(Instant::now() < deadline, "still refused 30 s after every recorded backup was declared lost: {why}");
+    loop {
+        let r = c.one(&["SET", "after", "1"]);
+        if r == "+OK" {
+            break;
+        }
+        assert!(r.starts_with("-READONLY this primary restarted"), "{r}");
+        assert!(Instant::now() < deadline, "still refused 30 s after b1 came back with b2 lost: {r}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let log = std::fs::read_to_string(tmp.path().join("primary-3.log")).unwrap();
-    assert!(log.contains("taking writes"), "{log}");
+    let log = std::fs::read_to_string(&plog).unwrap();
+    assert!(log.contains("taking writes: backups b1 hold nothing above"), "{log}");
     let e = c.one(&["DITTO.FORGETBACKUP", "b1"]);
     assert!(e.starts_with("-ERR this primary is not waiting for its backups after a restart"), "{e}");
-    // b1 was not gone after all: started again, it follows and holds the new writes.
-    let b1 = Node::start(&b1_dir, &args(&b1_args));
-    assert_eq!(c.one(&["SET", "after", "1"]), "+OK");
     let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
     let mut b = Client::connect(b1.port).unwrap();
     b.set_read_timeout(Duration::from_secs(30));

@@ -155,8 +155,15 @@ impl QuorumRecord {
 
     fn encode(&self) -> String {
         let names: Vec<String> = self.policies.iter().map(|p| p.name()).collect();
-        let mut out =
-            format!("ditto quorum 3\nexpected {}\nslots {}\npolicies {}\n", self.expected, self.slots, names.join(","));
+        // Version 2 while nothing is lost, so that the build before `lost` lines still
+        // reads the record (a rollback).
+        let version = if self.lost.is_empty() { 2 } else { 3 };
+        let mut out = format!(
+            "ditto quorum {version}\nexpected {}\nslots {}\npolicies {}\n",
+            self.expected,
+            self.slots,
+            names.join(",")
+        );
         for b in &self.backups {
             out.push_str(&format!("backup {b}\n"));
         }
@@ -295,6 +302,7 @@ mod tests {
         r.write(dir.path()).unwrap();
         assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(r.clone()));
         let good = std::fs::read(dir.path().join(QUORUM_FILE)).unwrap();
+        assert!(good.starts_with(b"ditto quorum 2\n"), "nothing lost: the version the build before reads");
         for cut in 0..good.len() {
             std::fs::write(dir.path().join(QUORUM_FILE), &good[..cut]).unwrap();
             let e = QuorumRecord::read(dir.path()).expect_err(&format!("cut at {cut} was read"));
@@ -312,6 +320,8 @@ mod tests {
         assert_eq!(lost.lost, ["b2"]);
         lost.write(dir.path()).unwrap();
         assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(lost.clone()));
+        let text = std::fs::read_to_string(dir.path().join(QUORUM_FILE)).unwrap();
+        assert!(text.starts_with("ditto quorum 3\n") && text.contains("\nlost b2\n"), "{text}");
         assert_eq!(r.merged(&lost).lost, ["b2"], "a merge keeps what was declared lost");
         std::fs::write(
             dir.path().join(QUORUM_FILE),
@@ -381,6 +391,14 @@ mod tests {
         assert_eq!(three.need(), 1);
         three.add_lost("c").unwrap();
         assert_eq!(three.need(), 1, "a commit on all three (t = 3) is on a and b still");
+        // docs/replication.md's example: three backups, two release (t = 2), c lost: a
+        // commit may be on a and c, or on b and c, so both a and b (removing c's name
+        // would ask for one).
+        let mut two_release = rec(3, 3, &["majority-received"], &["a", "b", "c"]);
+        assert_eq!(two_release.need(), 2);
+        two_release.add_lost("c").unwrap();
+        assert_eq!(two_release.need(), 2);
+        assert_eq!(rec(3, 3, &["majority-received"], &["a", "b"]).need(), 1, "what removing the name would ask");
         let mut all = rec(2, 2, &["majority-received"], &["a", "b"]);
         assert_eq!(all.need(), 2);
         all.add_lost("b").unwrap();

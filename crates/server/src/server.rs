@@ -571,10 +571,10 @@ fn run_role(
                 if let Some(r) = record.filter(|r| r.need() > 0) {
                     d.close();
                     return Err(ConfigError::Invalid(format!(
-                        "this directory's primary did not stop cleanly (it restarts at ts {} of epoch {}), and its backups {} may hold commits they acknowledged that it lacks: start it with --repl-port, so that it waits for them to say what they hold; or, if none of them holds anything it lacks, remove the file {}",
+                        "this directory's primary did not stop cleanly (it restarts at ts {} of epoch {}), and its backups {} may hold commits they acknowledged that it lacks: start it with --repl-port, so that it waits for them to say what they hold (one gone for good is declared lost there with DITTO.FORGETBACKUP); or, if none of them holds anything it lacks, remove the file {}",
                         point.0,
                         old.0,
-                        r.backups.join(", "),
+                        r.remaining().collect::<Vec<_>>().join(", "),
                         dir.join(ditto_replication::restart::QUORUM_FILE).display()
                     ))
                     .into());
