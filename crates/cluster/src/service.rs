@@ -53,12 +53,18 @@ use crate::state::{Command, ControlState, Member, NodeId, Phase};
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
 /// Batches answering a `Ctl::Fetch`, in pieces of at most `FETCH_PIECE` bytes: epoch u64 |
-/// stream u32 | position u64 | piece u32 | last u8 | count u32 | (len u32 | batch)*.
+/// stream u32 | position u64 | piece u32 | flags u8 | count u32 | (len u32 | batch)*.
+/// Flags: bit 0, the answer's last piece; bit 1, the piece's one entry is a part of a batch
+/// larger than a piece, continued by the first entry of the next piece (`fetch_pieces`,
+/// `FetchAssembly`). A batch of the largest transaction is far larger than a frame.
 const KIND_FETCHED: u8 = 3;
 /// A fetch answer larger than this goes in several frames (pieces), in order.
 const FETCH_PIECE: usize = 2 << 20;
 /// The bytes of a kind 3 body before its batches.
 const FETCHED_HEADER: usize = 29;
+/// The largest batch a fetch puts back together from parts: the largest the replication
+/// protocol ships (a batch of the largest transaction, and change).
+const FETCHED_BATCH_MAX: usize = ditto_replication::protocol::FRAME_BYTES_MAX;
 const KIND_ADMIN: u8 = 4;
 /// How long an operator's request waits for its change to be applied.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -347,17 +353,21 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
             return;
         }
         let Some(f) = waiting.pop_front() else { continue };
-        let answer = (f.job)().and_then(|(batches, position)| Ok((fetch_pieces(&batches)?, batches, position)));
-        let (pieces, batches, position) = match answer {
+        let (batches, position) = match (f.job)() {
             Ok(a) => a,
             Err(why) => {
                 tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream);
                 continue;
             }
         };
+        let pieces = fetch_pieces(&batches);
         let n = pieces.len();
-        for (i, range) in pieces.into_iter().enumerate() {
-            let body = encode_fetched(f.epoch, f.stream, position, i as u32, i + 1 == n, &batches[range]);
+        for (i, p) in pieces.into_iter().enumerate() {
+            let (entries, more): (Vec<&[u8]>, bool) = match p {
+                Piece::Whole(r) => (batches[r].iter().map(|b| b.as_slice()).collect(), false),
+                Piece::Part { batch, bytes, more } => (vec![&batches[batch][bytes]], more),
+            };
+            let body = encode_fetched(f.epoch, f.stream, position, i as u32, i + 1 == n, more, &entries);
             if !queue_frame(&f.to, frame(f.me, KIND_FETCHED, &body)) {
                 tracing::warn!(node = f.me, "a fetch's answer for stream {} could not be queued: dropped", f.stream);
                 break;
@@ -396,6 +406,8 @@ enum Input {
         position: u64,
         piece: u32,
         last: bool,
+        /// The piece's one entry is a part of a batch, continued in the next piece.
+        more: bool,
         batches: Vec<Vec<u8>>,
     },
     Propose(Command, Sender<Result<(), String>>),
@@ -502,7 +514,7 @@ impl ControlService {
                 tick: cfg.tick,
                 coord,
                 preparing: None,
-                fetch_next: BTreeMap::new(),
+                fetch_in: BTreeMap::new(),
                 fetches,
                 no_source_logged: 0,
                 admin: Vec::new(),
@@ -586,13 +598,22 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
     }
 }
 
-fn encode_fetched(epoch: u64, stream: usize, position: u64, piece: u32, last: bool, batches: &[Vec<u8>]) -> Vec<u8> {
+fn encode_fetched(
+    epoch: u64,
+    stream: usize,
+    position: u64,
+    piece: u32,
+    last: bool,
+    more: bool,
+    batches: &[&[u8]],
+) -> Vec<u8> {
+    debug_assert!(!more || (batches.len() == 1 && !last), "a part is a piece's one entry, never the last");
     let mut b = Vec::with_capacity(FETCHED_HEADER + batches.iter().map(|x| x.len() + 4).sum::<usize>());
     b.extend_from_slice(&epoch.to_le_bytes());
     b.extend_from_slice(&(stream as u32).to_le_bytes());
     b.extend_from_slice(&position.to_le_bytes());
     b.extend_from_slice(&piece.to_le_bytes());
-    b.push(last as u8);
+    b.push(last as u8 | (more as u8) << 1);
     b.extend_from_slice(&(batches.len() as u32).to_le_bytes());
     for x in batches {
         b.extend_from_slice(&(x.len() as u32).to_le_bytes());
@@ -611,38 +632,113 @@ fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
     let stream = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
     let position = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let piece = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?);
-    let last = match take(&mut body, 1)?[0] {
-        0 => false,
-        1 => true,
+    let (last, more) = match take(&mut body, 1)?[0] {
+        0 => (false, false),
+        1 => (true, false),
+        2 => (false, true),
         _ => return None,
     };
     let n = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
+    if more && n != 1 {
+        return None;
+    }
     let mut batches = Vec::with_capacity(n.min(1 << 16));
     for _ in 0..n {
         let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
         batches.push(take(&mut body, len)?.to_vec());
     }
-    body.is_empty().then_some(Input::Fetched { from, epoch, stream, position, piece, last, batches })
+    body.is_empty().then_some(Input::Fetched { from, epoch, stream, position, piece, last, more, batches })
 }
 
-/// The batches of a fetch answer split into pieces of at most `FETCH_PIECE` bytes (at
-/// least one batch each; one piece, empty, for no batches); `Err` if a batch alone does not
-/// fit in a frame.
-fn fetch_pieces(batches: &[Vec<u8>]) -> Result<Vec<std::ops::Range<usize>>, String> {
+/// A piece of a fetch answer (`fetch_pieces`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Piece {
+    /// These batches, whole.
+    Whole(std::ops::Range<usize>),
+    /// These bytes of one batch larger than a piece; `more`: the next piece continues it.
+    Part { batch: usize, bytes: std::ops::Range<usize>, more: bool },
+}
+
+/// The batches of a fetch answer split into pieces of at most `FETCH_PIECE` bytes: whole
+/// batches together, and each batch larger than a piece alone, in parts (one piece, empty,
+/// for no batches).
+fn fetch_pieces(batches: &[Vec<u8>]) -> Vec<Piece> {
     let mut pieces = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, b) in batches.iter().enumerate() {
-        if b.len() + 4 + FETCHED_HEADER + FRAME_HEADER > FRAME_MAX {
-            return Err(format!("a batch of {} bytes does not fit in a frame", b.len()));
+        if b.len() + 4 > FETCH_PIECE {
+            if i > start {
+                pieces.push(Piece::Whole(start..i));
+            }
+            let mut at = 0;
+            while at < b.len() {
+                let end = (at + FETCH_PIECE).min(b.len());
+                pieces.push(Piece::Part { batch: i, bytes: at..end, more: end < b.len() });
+                at = end;
+            }
+            (start, bytes) = (i + 1, 0);
+            continue;
         }
         if i > start && bytes + b.len() + 4 > FETCH_PIECE {
-            pieces.push(start..i);
+            pieces.push(Piece::Whole(start..i));
             (start, bytes) = (i, 0);
         }
         bytes += b.len() + 4;
     }
-    pieces.push(start..batches.len());
-    Ok(pieces)
+    if start < batches.len() || pieces.is_empty() {
+        pieces.push(Piece::Whole(start..batches.len()));
+    }
+    pieces
+}
+
+/// One stream's fetch answer, its pieces put back together in order. Pure, for tests.
+#[derive(Debug, Default)]
+struct FetchAssembly {
+    /// The next piece due (`u32::MAX`: one was missed, and the fetch ended).
+    next: u32,
+    /// The parts so far of a batch larger than a piece.
+    partial: Vec<u8>,
+}
+
+impl FetchAssembly {
+    /// Takes piece `piece` (`more`: its one entry is a part, continued by the next): the
+    /// whole batches it brings, none while a batch's parts come, or why this stream's fetch
+    /// ends (a piece out of order, a batch too large, a last part missing). After an
+    /// end, every later piece brings nothing.
+    fn take(&mut self, piece: u32, more: bool, mut batches: Vec<Vec<u8>>) -> Result<Option<Vec<Vec<u8>>>, String> {
+        if self.next == u32::MAX {
+            return Ok(None);
+        }
+        let due = self.next;
+        let end = |s: &mut FetchAssembly, why: String| {
+            s.next = u32::MAX;
+            s.partial = Vec::new();
+            Err(why)
+        };
+        if piece != due {
+            return end(self, format!("piece {piece} came where {due} was due"));
+        }
+        self.next += 1;
+        if more {
+            let Ok([part]) = <[Vec<u8>; 1]>::try_from(batches) else {
+                return end(self, "a part not alone in its piece".to_string());
+            };
+            if self.partial.len() + part.len() > FETCHED_BATCH_MAX {
+                return end(self, format!("a batch over {FETCHED_BATCH_MAX} bytes"));
+            }
+            self.partial.extend_from_slice(&part);
+            return Ok(None);
+        }
+        if !self.partial.is_empty() {
+            let Some(first) = batches.first_mut() else {
+                return end(self, "a batch's last part is missing".to_string());
+            };
+            let mut whole = std::mem::take(&mut self.partial);
+            whole.extend_from_slice(first);
+            *first = whole;
+        }
+        Ok(Some(batches))
+    }
 }
 
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
@@ -735,9 +831,8 @@ struct Run {
     coord: Coordinator,
     /// A plan this node prepares for, and the coordinator to answer.
     preparing: Option<(RecoveryPlan, NodeId)>,
-    /// Per stream the plan fetches: the next piece of the answer due (`u32::MAX`: a piece
-    /// was lost).
-    fetch_next: BTreeMap<usize, u32>,
+    /// Per stream the plan fetches: the answer's pieces put back together.
+    fetch_in: BTreeMap<usize, FetchAssembly>,
     /// Fetches asked of this node, to the fetch thread (`serve_fetches`).
     fetches: Sender<FetchToServe>,
     /// The failover round whose want of a source was last logged.
@@ -943,7 +1038,7 @@ impl Run {
                     && state.epoch == plan.epoch
                     && state.phase == Some(crate::state::Phase::Failover);
                 if current && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan) {
-                    self.fetch_next.clear();
+                    self.fetch_in.clear();
                     self.data.prepare(&plan);
                     for f in &plan.fetch {
                         let req = Ctl::Fetch { epoch: plan.epoch, stream: f.stream, after: f.after };
@@ -1020,7 +1115,7 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
-                Ok(Input::Fetched { from, epoch, stream, position, piece, last, batches }) => {
+                Ok(Input::Fetched { from, epoch, stream, position, piece, last, more, batches }) => {
                     // Only the answer of the node this plan asks (a late answer to another
                     // plan of the same epoch, from another node, would start the stream's
                     // pieces over and end this plan's fetch of it).
@@ -1028,17 +1123,13 @@ impl Run {
                     if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch && asked(p)) {
                         // Pieces come in order on one connection; a gap (a piece dropped
                         // by a full queue or a broken connection) ends this stream's fetch.
-                        let next = self.fetch_next.entry(stream).or_insert(0);
-                        if piece == *next {
-                            *next += 1;
-                            self.data.fetched(plan, stream, batches, position, last);
-                        } else if *next != u32::MAX {
-                            tracing::warn!(
+                        match self.fetch_in.entry(stream).or_default().take(piece, more, batches) {
+                            Ok(Some(batches)) => self.data.fetched(plan, stream, batches, position, last),
+                            Ok(None) => {}
+                            Err(why) => tracing::warn!(
                                 node = id,
-                                "piece {piece} of the fetch of stream {stream} came where {} was due: this round's fetch of it ends",
-                                *next
-                            );
-                            *next = u32::MAX;
+                                "the fetch of stream {stream}: {why}: this round's fetch of it ends"
+                            ),
                         }
                     }
                     Ok(())
@@ -1258,7 +1349,7 @@ mod tests {
         let t = std::thread::spawn(move || serve_fetches(jobs_rx, sh));
         let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
         let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
-        let n = fetch_pieces(&batches).unwrap().len();
+        let n = fetch_pieces(&batches).len();
         assert!(n >= 6, "{n} pieces");
         let job: FetchJob = Box::new(move || Ok((batches, 99)));
         jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
@@ -1277,31 +1368,110 @@ mod tests {
         t.join().unwrap();
     }
 
-    #[test]
-    fn a_fetch_answer_goes_in_pieces_that_decode_back() {
-        let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
-        let pieces = fetch_pieces(&batches).unwrap();
-        assert!(pieces.len() >= 6, "{pieces:?}");
-        assert_eq!(pieces.first().unwrap().start, 0);
-        assert_eq!(pieces.last().unwrap().end, 40);
-        assert!(pieces.windows(2).all(|w| w[0].end == w[1].start), "contiguous: {pieces:?}");
-        for (i, r) in pieces.iter().enumerate() {
-            let body = encode_fetched(7, 1, 99, i as u32, i + 1 == pieces.len(), &batches[r.clone()]);
-            assert!(body.len() <= FETCH_PIECE + 29 + 4, "{}", body.len());
+    /// Every piece of `batches`' answer encoded, decoded and put back together: the
+    /// batches, and the largest frame body sent.
+    fn round_trip(batches: &[Vec<u8>]) -> (Vec<Vec<u8>>, usize) {
+        let pieces = fetch_pieces(batches);
+        let (mut asm, mut got, mut largest) = (FetchAssembly::default(), Vec::new(), 0);
+        for (i, p) in pieces.iter().enumerate() {
+            let last = i + 1 == pieces.len();
+            let (entries, more): (Vec<&[u8]>, bool) = match p.clone() {
+                Piece::Whole(r) => (batches[r].iter().map(|b| b.as_slice()).collect(), false),
+                Piece::Part { batch, bytes, more } => (vec![&batches[batch][bytes]], more),
+            };
+            let body = encode_fetched(7, 1, 99, i as u32, last, more, &entries);
+            largest = largest.max(body.len());
+            let mut bad = body.clone();
+            bad[24] = 3; // the last piece and a part: never both
+            assert!(decode_fetched(3, &bad).is_none());
+            bad[24] = 4;
+            assert!(decode_fetched(3, &bad).is_none(), "an unknown flag");
+            assert!(decode_fetched(3, &body[..body.len() - 1]).is_none(), "cut short");
             match decode_fetched(3, &body) {
-                Some(Input::Fetched { from: 3, epoch: 7, stream: 1, position: 99, piece, last, batches: got }) => {
-                    assert_eq!((piece, last), (i as u32, i + 1 == pieces.len()));
-                    assert_eq!(got, batches[r.clone()].to_vec());
+                Some(Input::Fetched {
+                    from: 3,
+                    epoch: 7,
+                    stream: 1,
+                    position: 99,
+                    piece,
+                    last: l,
+                    more: m,
+                    batches: b,
+                }) => {
+                    assert_eq!((piece, l, m), (i as u32, last, more));
+                    got.extend(asm.take(piece, m, b).unwrap().unwrap_or_default());
                 }
                 _ => panic!("piece {i} did not decode"),
             }
-            let mut bad = body.clone();
-            bad[24] = 2; // `last` is 0 or 1
-            assert!(decode_fetched(3, &bad).is_none());
-            assert!(decode_fetched(3, &body[..body.len() - 1]).is_none(), "cut short");
         }
-        assert_eq!(fetch_pieces(&[]).unwrap(), vec![0..0], "no batches: one empty piece");
-        assert!(fetch_pieces(&[vec![0; FRAME_MAX]]).is_err(), "a batch larger than a frame");
+        (got, largest)
+    }
+
+    #[test]
+    fn a_fetch_answer_goes_in_pieces_that_decode_back() {
+        let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
+        let pieces = fetch_pieces(&batches);
+        assert!(pieces.len() >= 6, "{pieces:?}");
+        let ranges: Vec<std::ops::Range<usize>> = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Whole(r) => r.clone(),
+                Piece::Part { .. } => panic!("no batch here is larger than a piece: {p:?}"),
+            })
+            .collect();
+        assert_eq!((ranges.first().unwrap().start, ranges.last().unwrap().end), (0, 40));
+        assert!(ranges.windows(2).all(|w| w[0].end == w[1].start), "contiguous: {ranges:?}");
+        let (got, largest) = round_trip(&batches);
+        assert_eq!(got, batches);
+        assert!(largest <= FETCH_PIECE + FETCHED_HEADER + 4, "{largest}");
+        assert_eq!(fetch_pieces(&[]), vec![Piece::Whole(0..0)], "no batches: one empty piece");
+        assert_eq!(round_trip(&[]).0, Vec::<Vec<u8>>::new());
+    }
+
+    /// A batch larger than a piece (before: refused, so a failover that had to fetch it
+    /// never completed) goes alone, in parts, and is put back together whole, in its
+    /// place among the others; every frame stays within a piece.
+    #[test]
+    fn a_batch_larger_than_a_frame_goes_in_parts_and_is_put_back_together() {
+        let numbered = |i: usize, len: usize| {
+            let mut b: Vec<u8> = (0..len).map(|j| (j % 253) as u8 ^ i as u8).collect();
+            b[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            b
+        };
+        let sizes = [100 << 10, (9 << 20) + 3, 5, 2 * FETCH_PIECE, FETCH_PIECE - 4, FETCH_PIECE - 3, 300 << 10];
+        let batches: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| numbered(i, n)).collect();
+        let pieces = fetch_pieces(&batches);
+        let parts = pieces.iter().filter(|p| matches!(p, Piece::Part { .. })).count();
+        assert_eq!(parts, 5 + 2 + 1, "9 MiB + 3 in five parts, 4 MiB in two, FETCH_PIECE - 3 in one: {pieces:?}");
+        let (got, largest) = round_trip(&batches);
+        assert_eq!(got.len(), batches.len());
+        assert!(got == batches, "every batch whole and in order");
+        assert!(largest <= FETCH_PIECE + FETCHED_HEADER + 4 && largest + FRAME_HEADER <= FRAME_MAX, "{largest}");
+        // A large batch as the answer's last: its last part is the last piece.
+        let (got, _) = round_trip(&batches[..2]);
+        assert!(got == batches[..2]);
+    }
+
+    /// Pieces out of order, a part not alone, a last part missing, a batch put back
+    /// together beyond the largest: the stream's fetch ends, and later pieces bring nothing.
+    #[test]
+    fn a_fetch_assembly_ends_on_a_gap_or_a_malformed_batch() {
+        let mut a = FetchAssembly::default();
+        assert_eq!(a.take(0, false, vec![vec![1]]), Ok(Some(vec![vec![1]])));
+        assert!(a.take(2, false, vec![vec![2]]).unwrap_err().contains("piece 2 came where 1 was due"));
+        assert_eq!(a.take(1, false, vec![vec![2]]), Ok(None), "ended");
+        let mut a = FetchAssembly::default();
+        assert_eq!(a.take(0, true, vec![vec![1; 10]]), Ok(None));
+        assert!(a.take(1, false, vec![]).unwrap_err().contains("last part is missing"));
+        let mut a = FetchAssembly::default();
+        assert!(a.take(0, true, vec![vec![1], vec![2]]).unwrap_err().contains("not alone"));
+        let mut a = FetchAssembly { next: 0, partial: vec![0; FETCHED_BATCH_MAX - 2] };
+        assert!(a.take(0, true, vec![vec![1; 3]]).unwrap_err().contains("a batch over"));
+        assert!(a.partial.is_empty(), "what was put together is let go");
+        let mut a = FetchAssembly::default();
+        assert_eq!(a.take(0, true, vec![vec![1, 2]]), Ok(None));
+        assert_eq!(a.take(1, true, vec![vec![3]]), Ok(None));
+        assert_eq!(a.take(2, false, vec![vec![4], vec![5]]), Ok(Some(vec![vec![1, 2, 3, 4], vec![5]])));
     }
 
     #[test]

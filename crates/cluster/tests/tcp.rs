@@ -391,6 +391,19 @@ fn a_fetch_larger_than_a_frame_arrives_in_pieces() {
     assert!(w.pieces >= 6, "12 MiB in pieces of at most 2 MiB: {} pieces", w.pieces);
 }
 
+/// Batches each larger than a frame (a transaction of 9 MiB: before, a fetch that had to
+/// send one was never answered, so the failover never completed) go in parts, are put
+/// back together whole and in order, and the failover completes with them.
+#[test]
+fn a_fetch_of_batches_larger_than_a_frame_arrives_in_parts_and_the_failover_completes() {
+    let mut c = Cluster::running(3);
+    let first = bootstrap_with_split_holdings(&c);
+    c.world.lock().unwrap().fetch_batches = Some((3, (9 << 20) + 3));
+    c.stop(first);
+    let w = epoch_2_opens_on_whole_answers(&c, 3);
+    assert!(w.batches_fetched >= 3, "{} batches", w.batches_fetched);
+}
+
 /// `bootstrap_with_split_holdings` on three nodes whose failover's prepare may take 10 s,
 /// each fetch answered with 4 batches after a read of `read`; the primary stopped. Returns
 /// the cluster, the stopped primary and the node whose read is under way.
