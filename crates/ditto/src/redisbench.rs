@@ -64,7 +64,9 @@ pub struct RedisBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "everysec,always")]
     redis_fsync: Vec<String>,
     /// Also run this other ditto executable (an older build, say) with the same
-    /// durabilities, interleaved with this one, as servers named `other/<durability>`.
+    /// durabilities and replicated policies, interleaved with this one, as servers named
+    /// `other/<durability>` and `other+backup/<policy>` (its primary and backup both that
+    /// build).
     #[arg(long)]
     other_ditto: Option<PathBuf>,
     /// ditto commit policies to run with one backup (a second `ditto server --replica-of`
@@ -172,7 +174,7 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
         base.iter().find(|b| b.0 == s.test && b.1 == s.pipeline).map(|b| s.rps_median / b.2)
     };
     for s in &mut out {
-        let with_backup = s.server.starts_with("ditto+backup/");
+        let with_backup = s.server.starts_with("ditto+backup/") || s.server.starts_with("other+backup/");
         s.vs_redis = ratio(if with_backup { &everysec_replica } else { &everysec }, s);
         s.vs_redis_always = ratio(&always, s);
     }
@@ -250,15 +252,20 @@ fn start_ditto(
 
 /// A ditto primary under commit policy `policy` with one backup, each in its own process
 /// on its own data directory; returns once the backup is connected.
-fn start_ditto_pair(dir: &Path, policy: &str, a: &RedisBenchArgs) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+fn start_ditto_pair(
+    exe: Option<&Path>,
+    dir: &Path,
+    policy: &str,
+    a: &RedisBenchArgs,
+) -> Result<ServerProcess, Box<dyn std::error::Error>> {
     ditto_replication::CommitPolicy::parse(policy).map_err(|e| format!("--replicated: {e}"))?;
     let (pdir, bdir) = (dir.join("primary"), dir.join("backup"));
     std::fs::create_dir_all(&pdir)?;
     let workers = a.workers.to_string();
     let args = ["--workers", &workers, "--repl-port", "0", "--commit-policy", policy, "--backups", "1"];
-    let mut p = start_ditto_server(None, &pdir, &args, Stdio::inherit()).map_err(|e| e.to_string())?;
+    let mut p = start_ditto_server(exe, &pdir, &args, Stdio::inherit()).map_err(|e| e.to_string())?;
     let repl = p.repl.clone().ok_or("the primary printed no replication address")?;
-    let b = start_ditto_server(None, &bdir, &["--workers", &workers, "--replica-of", &repl], Stdio::inherit())
+    let b = start_ditto_server(exe, &bdir, &["--workers", &workers, "--replica-of", &repl], Stdio::inherit())
         .map_err(|e| e.to_string())?;
     p.backup = Some(Box::new(b));
     wait_info(p.port, "connected_slaves:1")?;
@@ -410,6 +417,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let replicated: Vec<&String> = a.replicated.iter().filter(|p| p.as_str() != "none").collect();
     servers.extend(replicated.iter().map(|p| format!("ditto+backup/{p}")));
+    if a.other_ditto.is_some() {
+        servers.extend(replicated.iter().map(|p| format!("other+backup/{p}")));
+    }
     if !a.no_redis {
         servers.extend(a.redis_fsync.iter().map(|f| format!("redis/{f}")));
         if !replicated.is_empty() {
@@ -424,7 +434,8 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         running.push(match kind {
             "ditto" => start_ditto(None, &dir, what, &a)?,
             "other" => start_ditto(a.other_ditto.as_deref(), &dir, what, &a)?,
-            "ditto+backup" => start_ditto_pair(&dir, what, &a)?,
+            "ditto+backup" => start_ditto_pair(None, &dir, what, &a)?,
+            "other+backup" => start_ditto_pair(a.other_ditto.as_deref(), &dir, what, &a)?,
             "redis+replica" => start_redis_pair(&dir, what)?,
             _ => start_redis(&dir, what, None)?,
         });

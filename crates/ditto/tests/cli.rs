@@ -336,6 +336,57 @@ fn bench_redis_small_against_ditto_only() {
     }
 }
 
+/// `--other-ditto` runs that executable too, interleaved, standalone and as a primary with
+/// a backup, both of its processes that build (here a script that notes its arguments and
+/// runs this binary).
+#[test]
+fn bench_redis_runs_another_build_standalone_and_with_its_own_backup() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (script, calls) = (dir.path().join("other-ditto"), dir.path().join("calls"));
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$@\" >> {}\nexec {} \"$@\"\n", calls.display(), env!("CARGO_BIN_EXE_ditto")),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (out, _) = ditto(&[
+        "bench",
+        "redis",
+        "--requests",
+        "1000",
+        "--clients",
+        "5",
+        "--no-redis",
+        "--rounds",
+        "1",
+        "--pipeline",
+        "1",
+        "--durability",
+        "every-batch",
+        "--other-ditto",
+        script.to_str().unwrap(),
+        "--json",
+    ]);
+    let j = last_json(&out);
+    let servers: Vec<&str> = j["summary"].as_array().unwrap().iter().map(|s| s["server"].as_str().unwrap()).collect();
+    for want in
+        ["ditto/every-batch", "other/every-batch", "ditto+backup/majority-received", "other+backup/majority-received"]
+    {
+        assert!(servers.contains(&want), "{want} in {servers:?}");
+    }
+    for r in j["rows"].as_array().unwrap() {
+        let with_backup = r["server"].as_str().unwrap().contains("+backup/");
+        assert_eq!(r["backup_cpu_us_per_req"].as_f64().is_some(), with_backup, "{r}");
+    }
+    // The other build ran three servers: standalone, and a primary and its backup.
+    let calls = std::fs::read_to_string(&calls).unwrap();
+    let servers: Vec<&str> = calls.lines().filter(|l| l.starts_with("server ")).collect();
+    assert_eq!(servers.len(), 3, "{calls}");
+    assert_eq!(servers.iter().filter(|l| l.contains("--repl-port")).count(), 1, "{calls}");
+    assert_eq!(servers.iter().filter(|l| l.contains("--replica-of")).count(), 1, "{calls}");
+}
+
 /// Without the Redis programs on `PATH`, the run stops at once and names what to install,
 /// before it starts any server.
 #[test]
