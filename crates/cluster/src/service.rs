@@ -733,6 +733,9 @@ impl FetchAssembly {
             let Some(first) = batches.first_mut() else {
                 return end(self, "a batch's last part is missing".to_string());
             };
+            if self.partial.len() + first.len() > FETCHED_BATCH_MAX {
+                return end(self, format!("a batch over {FETCHED_BATCH_MAX} bytes"));
+            }
             let mut whole = std::mem::take(&mut self.partial);
             whole.extend_from_slice(first);
             *first = whole;
@@ -1204,7 +1207,12 @@ impl Run {
                 }
             }
             if let Some((plan, to)) = self.preparing.take() {
-                match self.data.prepared(&plan) {
+                let outcome = self.data.prepared(&plan);
+                if outcome.is_some() {
+                    // Ended: what its fetches put together, or half did, goes.
+                    self.fetch_in.clear();
+                }
+                match outcome {
                     None => self.preparing = Some((plan, to)),
                     Some(Ok(discarded)) => {
                         let done = Ctl::Prepared { epoch: plan.epoch, point: plan.recovery_point, discarded };
@@ -1447,9 +1455,13 @@ mod tests {
         assert_eq!(got.len(), batches.len());
         assert!(got == batches, "every batch whole and in order");
         assert!(largest <= FETCH_PIECE + FETCHED_HEADER + 4 && largest + FRAME_HEADER <= FRAME_MAX, "{largest}");
-        // A large batch as the answer's last: its last part is the last piece.
+        // A large batch as the answer's last: its last part is the last piece; alone.
         let (got, _) = round_trip(&batches[..2]);
         assert!(got == batches[..2]);
+        let (got, _) = round_trip(&batches[1..2]);
+        assert!(got == batches[1..2]);
+        let (got, _) = round_trip(&batches[3..]);
+        assert!(got == batches[3..], "a large batch first");
     }
 
     /// Pieces out of order, a part not alone, a last part missing, a batch put back
@@ -1468,6 +1480,9 @@ mod tests {
         let mut a = FetchAssembly { next: 0, partial: vec![0; FETCHED_BATCH_MAX - 2] };
         assert!(a.take(0, true, vec![vec![1; 3]]).unwrap_err().contains("a batch over"));
         assert!(a.partial.is_empty(), "what was put together is let go");
+        let mut a = FetchAssembly { next: 0, partial: vec![0; FETCHED_BATCH_MAX - 2] };
+        assert!(a.take(0, false, vec![vec![1; 3]]).unwrap_err().contains("a batch over"), "the last part too");
+        assert!(a.partial.is_empty());
         let mut a = FetchAssembly::default();
         assert_eq!(a.take(0, true, vec![vec![1, 2]]), Ok(None));
         assert_eq!(a.take(1, true, vec![vec![3]]), Ok(None));

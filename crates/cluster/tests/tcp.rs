@@ -41,6 +41,11 @@ struct World {
     serves_above: BTreeMap<NodeId, u64>,
 }
 
+/// Byte `j` of fetched batch `i` (after its 8-byte header).
+fn fill(i: usize, j: usize) -> u8 {
+    ((j / 7 + i) % 251) as u8
+}
+
 struct ModelPlane {
     me: NodeId,
     world: Arc<Mutex<World>>,
@@ -111,7 +116,8 @@ impl DataPlane for ModelPlane {
         let (n, size) = w.fetch_batches.ok_or("no fetches in this test")?;
         let batches = (0..n)
             .map(|i| {
-                let mut b = vec![(i % 251) as u8; size];
+                // Bytes that differ along the batch: parts put back out of order show.
+                let mut b: Vec<u8> = (0..size).map(|j| fill(i, j)).collect();
                 b[..4].copy_from_slice(&(i as u32).to_le_bytes());
                 b[4..8].copy_from_slice(&(stream as u32).to_le_bytes());
                 b
@@ -139,6 +145,8 @@ impl DataPlane for ModelPlane {
         let Some((upto, got)) = self.fetching.get_mut(&stream) else { return };
         for b in &batches {
             assert_eq!(b.len(), size);
+            let i = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
+            assert!(b[8..].iter().enumerate().all(|(j, &x)| x == fill(i, j + 8)), "batch {i}'s bytes in order");
             assert_eq!(u32::from_le_bytes(b[..4].try_into().unwrap()) as usize, *got, "batches in order, none lost");
             assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize, stream);
             *got += 1;
