@@ -250,6 +250,21 @@ fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_
 /// READONLY error) until its backup has said it holds nothing above the
 /// restart point; then it does (docs/replication.md, "A primary restarted under a policy
 /// that counts backups").
+/// `SET after 1` on a restarted primary, again while it answers that its restart waits,
+/// until it is taken (at most 30 s after `since`).
+fn set_once_the_restart_settles(c: &mut Client, since: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.one(&["SET", "after", "1"]);
+        if r == "+OK" {
+            return;
+        }
+        assert!(r.starts_with("-READONLY this primary restarted"), "{r}");
+        assert!(Instant::now() < deadline, "still refused 30 s after {since}: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_primary_restarted_under_a_received_policy_takes_writes_once_its_backup_holds_nothing_more() {
     restarted_primary_waits_for_its_backup("majority-received", None);
@@ -318,16 +333,7 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
     drop(fresh);
     let backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup-2.log")));
     c.set_read_timeout(Duration::from_secs(30));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = c.one(&["SET", "after", "1"]);
-        if r == "+OK" {
-            break;
-        }
-        assert!(r.starts_with("-READONLY this primary restarted"), "{r}");
-        assert!(Instant::now() < deadline, "still refused 30 s after the backup came back: {r}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    set_once_the_restart_settles(&mut c, "the backup came back");
     assert!(field(&mut c, "replication", "ditto_writes_refused").is_none());
     let log = std::fs::read_to_string(&plog).unwrap();
     assert!(log.contains("taking writes: backups b1"), "{log}");
@@ -403,16 +409,7 @@ fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_ot
     assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
     // b1 comes back holding nothing above the restart point: the wait settles on it alone.
     let b1 = Node::start(&b1_dir, &args(&b1_args));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = c.one(&["SET", "after", "1"]);
-        if r == "+OK" {
-            break;
-        }
-        assert!(r.starts_with("-READONLY this primary restarted"), "{r}");
-        assert!(Instant::now() < deadline, "still refused 30 s after b1 came back with b2 lost: {r}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    set_once_the_restart_settles(&mut c, "b1 came back with b2 lost");
     let log = std::fs::read_to_string(&plog).unwrap();
     assert!(log.contains("taking writes: backups b1 hold nothing above"), "{log}");
     let e = c.one(&["DITTO.FORGETBACKUP", "b1"]);
