@@ -1173,7 +1173,18 @@ impl Sim {
             self.nodes[i].primary.as_mut().unwrap().draining.as_mut().unwrap().beat = true;
             return;
         }
-        if now < d.proposed + 20 || state.switchover.as_ref().is_none_or(|w| w.epoch != epoch) {
+        // Given up in the state the node holds (an `EndSwitchover` applied, or taken with a
+        // leader's snapshot, which applies no command: a live-only handler would leave the
+        // primary drained for good, as seeds 39324 and 67988 did), while the epoch has not
+        // moved on: it takes writes again, as a node's `switchover_proposals` tells its
+        // server ("drain off").
+        let pending = state.switchover.as_ref().is_some_and(|w| (w.epoch, w.id) == (epoch, d.id));
+        if !pending && state.epoch == epoch {
+            self.nodes[i].primary.as_mut().unwrap().draining = None;
+            self.note(format!("node {id} takes writes again: the switchover is no longer under way"));
+            return;
+        }
+        if now < d.proposed + 20 || !pending {
             return;
         }
         let data = &self.nodes[i].data;
