@@ -719,26 +719,24 @@ impl FetchAssembly {
             return end(self, format!("piece {piece} came where {due} was due"));
         }
         self.next += 1;
+        let joins = more || !self.partial.is_empty();
+        if more && batches.len() != 1 {
+            return end(self, "a part not alone in its piece".to_string());
+        }
+        if joins && batches.is_empty() {
+            return end(self, "a batch's last part is missing".to_string());
+        }
+        if joins && self.partial.len() + batches[0].len() > FETCHED_BATCH_MAX {
+            return end(self, format!("a batch over {FETCHED_BATCH_MAX} bytes"));
+        }
         if more {
-            let Ok([part]) = <[Vec<u8>; 1]>::try_from(batches) else {
-                return end(self, "a part not alone in its piece".to_string());
-            };
-            if self.partial.len() + part.len() > FETCHED_BATCH_MAX {
-                return end(self, format!("a batch over {FETCHED_BATCH_MAX} bytes"));
-            }
-            self.partial.extend_from_slice(&part);
+            self.partial.extend_from_slice(&batches[0]);
             return Ok(None);
         }
-        if !self.partial.is_empty() {
-            let Some(first) = batches.first_mut() else {
-                return end(self, "a batch's last part is missing".to_string());
-            };
-            if self.partial.len() + first.len() > FETCHED_BATCH_MAX {
-                return end(self, format!("a batch over {FETCHED_BATCH_MAX} bytes"));
-            }
+        if joins {
             let mut whole = std::mem::take(&mut self.partial);
-            whole.extend_from_slice(first);
-            *first = whole;
+            whole.extend_from_slice(&batches[0]);
+            batches[0] = whole;
         }
         Ok(Some(batches))
     }

@@ -174,7 +174,7 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
         base.iter().find(|b| b.0 == s.test && b.1 == s.pipeline).map(|b| s.rps_median / b.2)
     };
     for s in &mut out {
-        let with_backup = s.server.starts_with("ditto+backup/") || s.server.starts_with("other+backup/");
+        let with_backup = s.server.contains("+backup/");
         s.vs_redis = ratio(if with_backup { &everysec_replica } else { &everysec }, s);
         s.vs_redis_always = ratio(&always, s);
     }

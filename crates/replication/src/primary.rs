@@ -201,8 +201,6 @@ pub struct Primary {
     counted: AtomicBool,
     /// The record on disk (where `quorum_record` names a directory) and this run's own.
     quorum: Mutex<Quorum>,
-    /// Waiting for backups after a restart (`PrimaryOptions::restart_wait`).
-    restart_waiting: AtomicBool,
     /// Each backup's last `Hello`, by its name: the epoch it followed and what it held
     /// (`heard_since_restart`).
     heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
@@ -239,7 +237,6 @@ impl Primary {
             settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
             counted: AtomicBool::new(false),
             quorum: Mutex::new(Quorum::start(&opts)),
-            restart_waiting: AtomicBool::new(opts.restart_wait),
             heard: Mutex::new(Default::default()),
             opts,
             links: Mutex::new(Vec::new()),
@@ -366,7 +363,7 @@ impl Primary {
         let h = self.holdings();
         let clean = h.primary_durable >= h.primary_shipped && self.durable.logger().failure().is_none();
         let mut q = self.quorum.lock();
-        if !clean || self.restart_waiting.load(Ordering::Acquire) || q.dir.is_none() {
+        if !clean || q.waits.is_some() || q.dir.is_none() {
             return Ok(false);
         }
         let mut r = q.mine.clone();
@@ -383,7 +380,6 @@ impl Primary {
         let mine = q.mine.clone();
         q.replace(mine)?;
         q.waits = None;
-        self.restart_waiting.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -674,7 +670,8 @@ impl Primary {
         // Waiting after a restart: a backup of an older epoch than the one restarted from
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
         // keeps it (and the wait names it).
-        if let (true, Some((old, ..))) = (self.restart_waiting.load(Ordering::Acquire), self.opts.resume_from) {
+        let waiting = self.quorum.lock().waits.is_some();
+        if let (true, Some((old, ..))) = (waiting, self.opts.resume_from) {
             if epoch < old && have_ts > Ts::ZERO {
                 let reason = format!(
                     "this primary restarted from epoch {} and this backup follows epoch {}, holding up to ts {}: it may hold commits an earlier restart lost, so it is sent no copy while the primary waits for its backups",
@@ -1289,7 +1286,8 @@ struct Quorum {
     /// This run's: the server's policy and those connections chose, the most slots.
     mine: crate::restart::QuorumRecord,
     /// What a restart waits by while it waits (the last run's record merged with this
-    /// run's at the start, with the backups a person declared lost since).
+    /// run's at the start, with the backups a person declared lost since); `None` once
+    /// settled, or if this start waits for none (`PrimaryOptions::restart_wait`).
     waits: Option<crate::restart::QuorumRecord>,
 }
 

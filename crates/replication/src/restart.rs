@@ -129,13 +129,7 @@ impl QuorumRecord {
 
     /// Adds the backup `name`; whether it was new.
     pub fn add_backup(&mut self, name: &str) -> bool {
-        match self.backups.binary_search_by(|b| b.as_str().cmp(name)) {
-            Ok(_) => false,
-            Err(at) => {
-                self.backups.insert(at, name.to_string());
-                true
-            }
-        }
+        insert_sorted(&mut self.backups, name)
     }
 
     /// Records the recorded backup `name` as lost (see the module notes); whether it was
@@ -144,13 +138,7 @@ impl QuorumRecord {
         if self.backups.binary_search_by(|b| b.as_str().cmp(name)).is_err() {
             return Err(format!("{name} is not a backup this primary's quorum counted ({})", self.backups.join(", ")));
         }
-        Ok(match self.lost.binary_search_by(|b| b.as_str().cmp(name)) {
-            Ok(_) => false,
-            Err(at) => {
-                self.lost.insert(at, name.to_string());
-                true
-            }
-        })
+        Ok(insert_sorted(&mut self.lost, name))
     }
 
     fn encode(&self) -> String {
@@ -231,6 +219,17 @@ impl QuorumRecord {
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
         let real = ditto_log::storage::RealStorage;
         ditto_log::catalog::write_atomically(dir, QUORUM_FILE, self.encode().as_bytes(), &real)
+    }
+}
+
+/// Inserts `name` into the sorted `names` unless it is there; whether it was new.
+fn insert_sorted(names: &mut Vec<String>, name: &str) -> bool {
+    match names.binary_search_by(|b| b.as_str().cmp(name)) {
+        Ok(_) => false,
+        Err(at) => {
+            names.insert(at, name.to_string());
+            true
+        }
     }
 }
 

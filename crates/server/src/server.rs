@@ -728,16 +728,16 @@ fn run_role(
         // waits for its backups by the last run's record (docs/replication.md, "A primary
         // restarted under a policy that counts backups"; `ditto_replication::restart`).
         let mine = ditto_replication::QuorumRecord::new(cfg.backups, policy);
-        let (quorum_record, waits_by) = match (&cfg.cluster, reopened) {
-            (Some(_), _) => (None, None),
+        // (The primary waits by the last run's record merged with its own: `restart_record`.)
+        let (quorum_record, restart_waits) = match (&cfg.cluster, reopened) {
+            (Some(_), _) => (None, false),
             (None, restarted) => {
                 let last = ditto_replication::QuorumRecord::read(&dir)
                     .map_err(io("reading the quorum's record"))?
                     .unwrap_or_else(|| mine.clone());
-                let waits_by = last.merged(&mine);
                 match restarted {
-                    Some(_) if waits_by.need() > 0 => (Some((dir.clone(), last)), Some(waits_by)),
-                    _ => (Some((dir.clone(), mine.clone())), None),
+                    Some(_) if last.merged(&mine).need() > 0 => (Some((dir.clone(), last)), true),
+                    _ => (Some((dir.clone(), mine.clone())), false),
                 }
             }
         };
@@ -750,7 +750,7 @@ fn run_role(
             acknowledged: Some(Arc::clone(&acknowledged)),
             policy: Some(policy),
             quorum_record,
-            restart_wait: waits_by.is_some(),
+            restart_wait: restart_waits,
             // Acks are read on the connections' runtime: the replies they release are
             // woken on the thread that read them.
             acks_on: Some(rt.handle().clone()),
@@ -783,10 +783,10 @@ fn run_role(
         // acknowledgements takes writes only once enough of its backups say they hold
         // nothing above its restart point (`restart_settled`; docs/replication.md, "A
         // primary restarted under a policy that counts backups").
-        if let (Some(record), Some((old, point))) = (waits_by, reopened) {
+        if let (Some(record), Some((old, point))) = (p.restart_record(), reopened) {
             let (clear, more) = p.heard_since_restart(old, point);
             restart_refusal = ditto_replication::restart_settled(&record, old, point, &clear, &more).err();
-            restart_wait = Some((Arc::downgrade(&p), old, point, record));
+            restart_wait = Some((Arc::downgrade(&p), old, point));
         }
         listening.repl = l_addr;
         sh.replication = crate::session::Replication::Primary { primary: Arc::clone(&p), policy, repl_addr };
@@ -872,14 +872,14 @@ fn run_role(
         }));
     }
     lasting.role_tasks.push(reclaimer);
-    if let Some((p, old, point, record)) = restart_wait {
+    if let Some((p, old, point)) = restart_wait {
         let gate = Arc::clone(&sh.write_gate);
         lasting.role_tasks.push(rt.spawn(async move {
             let mut said = None;
             loop {
                 let Some(primary) = p.upgrade() else { return };
-                // The record changes when a person declares a backup lost.
-                let record = primary.restart_record().unwrap_or_else(|| record.clone());
+                // Read each turn: it changes when a person declares a backup lost.
+                let Some(record) = primary.restart_record() else { return };
                 let (clear, more) = primary.heard_since_restart(old, point);
                 // Settled: the record is this run's alone from now on; a failed write keeps
                 // the wait (and says why), tried again less often.
