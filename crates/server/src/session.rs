@@ -1769,6 +1769,18 @@ mod tests {
         assert_eq!(s.policy(), Some(ditto_replication::CommitPolicy::LOCAL));
     }
 
+    /// `DITTO.FORGETBACKUP` on a node that is not a primary is refused, saying what it is
+    /// for; a wrong arity too.
+    #[test]
+    fn forgetting_a_backup_is_refused_where_no_restart_waits() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        let e = cmd(&mut s, &sh, &mut w, "DITTO.FORGETBACKUP b1");
+        assert!(matches!(&e, Reply::Error(m) if m.contains("for a primary whose restart waits")), "{e:?}");
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "DITTO.FORGETBACKUP"), Reply::Error(_)));
+    }
+
     #[test]
     fn auth_gates_commands_and_wrong_passwords_are_refused() {
         let (sh, mut w) = setup();
