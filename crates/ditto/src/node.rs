@@ -852,6 +852,15 @@ impl NodePlane {
                 if let Some(e) = resume_epoch {
                     args.extend(["--resume-epoch".into(), e.to_string()]);
                 }
+                // A backup's directory that followed an older epoch than the recovered one
+                // (this node missed that epoch's failover): its batches above that epoch's
+                // point, which the failover discarded, are not replayed.
+                let followed = (own == 0).then(|| followed_epoch(&self.data)).flatten();
+                if let (Some(f), Some(r)) = (followed, resume_epoch) {
+                    if let Some(p) = self.state.recovery_point(f).filter(|_| f < *r) {
+                        args.extend(["--followed-epoch-cut".into(), format!("{f}:{}", p.0)]);
+                    }
+                }
             }
             Role::Backup { .. } => {
                 let of = of_addrs.expect("a backup's primary");
@@ -1193,12 +1202,22 @@ impl NodePlane {
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
         // What this node holds of an epoch that a failover since cut is held only up to the
-        // cut: the rest is discarded when its server starts (`--recover-upto`).
-        let cap = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e)).map_or(u64::MAX, |t| t.0);
+        // cut: the rest is discarded when its server starts (`--recover-upto`), or when it
+        // is promoted (`--followed-epoch-cut`).
+        let cut = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e));
+        let cap = cut.map_or(u64::MAX, |t| t.0);
+        // A checkpoint above that cut (its server opened its whole log before this node
+        // learned of the failover: a restart) holds commits the failover discarded, and
+        // cannot be cut back to it: such a node may not be chosen; as a backup it copies the
+        // primary's data (docs/cluster.md, "A node that missed an epoch").
+        let eligible = match cut {
+            Some(p) => ditto_log::replica::can_cut_at(&self.data, p).map_err(|e| format!("reading its log: {e}"))?,
+            None => true,
+        };
         Ok(Holding {
             streams: h.streams.iter().map(|t| t.0.min(cap)).collect(),
             newest: h.newest.0.min(cap),
-            eligible: true,
+            eligible,
             serves_above: fetch_floor(&self.data)?,
             last_resort: false,
         })

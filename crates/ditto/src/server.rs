@@ -123,6 +123,11 @@ pub struct ServerArgs {
     /// Set by a cluster node for its primary: the epoch that --recover-upto cut.
     #[arg(long, hide = true)]
     resume_epoch: Option<u64>,
+    /// Set by a cluster node for its primary promoted from a backup's directory that
+    /// followed an older epoch than --resume-epoch: EPOCH:TS, that epoch and the point a
+    /// failover cut it at (its batches above are not replayed).
+    #[arg(long, hide = true, value_parser = parse_epoch_cut)]
+    followed_epoch_cut: Option<(u64, u64)>,
     /// Set by a cluster node for a backup: where the primary takes clients' writes.
     #[arg(long, hide = true)]
     primary_addr: Option<String>,
@@ -307,6 +312,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             ts_above: a.ts_above.unwrap_or(0),
             upto: a.recover_upto,
             resume_epoch: a.resume_epoch,
+            followed_cut: a.followed_epoch_cut,
             primary_addr: None,
             members_config: a.members_config.unwrap_or(0),
             hold_replay_at_release: false,
@@ -350,6 +356,13 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `EPOCH:TS` (`--followed-epoch-cut`).
+fn parse_epoch_cut(s: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("{s:?}: expected EPOCH:TS");
+    let (e, t) = s.split_once(':').ok_or_else(bad)?;
+    Ok((e.parse().map_err(|_| bad())?, t.parse().map_err(|_| bad())?))
+}
+
 /// `promote EPOCH TS_ABOVE UPTO RESUME_EPOCH MEMBERS_CONFIG REPL_PORT BACKUPS` from a
 /// cluster node (node.rs).
 fn parse_promote(rest: &str) -> Option<ditto_server::session::RoleRequest> {
@@ -361,6 +374,8 @@ fn parse_promote(rest: &str) -> Option<ditto_server::session::RoleRequest> {
             ts_above,
             upto: Some(upto),
             resume_epoch: Some(resume_epoch),
+            // (A backup promoted in place followed the recovered epoch itself.)
+            followed_cut: None,
             primary_addr: None,
             members_config,
             hold_replay_at_release: false,

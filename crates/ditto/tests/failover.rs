@@ -538,7 +538,11 @@ type Proxies = BTreeMap<(u64, u64), (Proxy, Option<Proxy>)>;
 
 /// Three nodes started, whose links go through proxies the test controls (`Proxies`).
 fn proxied_cluster(policy: &str, control: bool) -> (Cluster, Proxies) {
-    let n = 3u64;
+    proxied_cluster_with(3, policy, control, &[])
+}
+
+/// `proxied_cluster` of `n` nodes, each started with `args` too.
+fn proxied_cluster_with(n: u64, policy: &str, control: bool, args: &[&str]) -> (Cluster, Proxies) {
     let p = free_ports(3 * n as usize);
     let (client, repl, ctl) =
         (|i: u64| p[3 * (i - 1) as usize], |i: u64| p[3 * (i - 1) as usize + 1], |i: u64| p[3 * (i - 1) as usize + 2]);
@@ -567,7 +571,7 @@ fn proxied_cluster(policy: &str, control: bool) -> (Cluster, Proxies) {
         nodes: BTreeMap::new(),
         policy: policy.into(),
         env: Vec::new(),
-        args: BTreeMap::new(),
+        args: (1..=n).map(|i| (i, args.iter().map(|a| a.to_string()).collect())).collect(),
     };
     for id in 1..=n {
         c.start_node(id);
@@ -1021,6 +1025,127 @@ fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_l
         }
         c.start_node(last);
         every_other_node_follows_and_all_hold_what_was_acked(&c, chosen, &mut w);
+    }
+}
+
+/// A backup down through a whole epoch comes back while the next failover waits for
+/// reports, and is chosen (docs/cluster.md, "A node that missed an epoch"). Five nodes,
+/// their replication links through proxies:
+/// 1. Epoch 1, primary A. Its links to B, C and D are cut; writes sent to A then reach
+///    only E, which logs them; they are never acknowledged (a majority of five needs two
+///    backups). E's node and A's are killed at once.
+/// 2. B, C and D fail over to epoch 2 without them: its recovery point lies below those
+///    writes, which are discarded. Epoch 2 takes acknowledged writes.
+/// 3. C's and D's servers hang (SIGSTOP; their nodes kill them once they do not answer
+///    their fence, so those nodes do not report) and B's server is killed: the failover
+///    to epoch 3 has one report, B's (an old primary). E's node and A's come back: E is
+///    the only eligible reporter and is chosen; it fetches epoch 2 from B's log.
+///
+/// E's log still holds epoch 1's discarded writes above that epoch's point: they must not
+/// come back on the new primary, nor on the nodes that follow it.
+#[test]
+fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_epoch_discarded() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut c, proxies) = proxied_cluster_with(5, "majority-durable", false, &["--server-stop-timeout-ms", "1000"]);
+    let a = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let others: Vec<u64> = (1..=5).filter(|&i| i != a).collect();
+    let (e, bcd) = (others[3], others[..3].to_vec());
+    let get = |port: u16, k: &str| -> Option<String> {
+        let mut cl = Client::connect(port).ok()?;
+        cl.set_read_timeout(Duration::from_secs(2));
+        cl.cmd(&["GET", k]).ok().map(|mut r| r.remove(0))
+    };
+    let mut cl = Client::connect(c.ports[&a]).unwrap();
+    for i in 0..20 {
+        assert_eq!(cl.one(&["SET", &format!("e1k{i}"), &i.to_string()]), "+OK");
+    }
+    c.wait_or_dump("node E to replay epoch 1's writes", Duration::from_secs(20), || {
+        (get(c.ports[&e], "e1k19").as_deref() == Some("19")).then_some(())
+    });
+    // 1. Only E hears A from here. The writes go at once, before A counts its backups
+    // lost (the failure timeout, 250 ms) and refuses writes.
+    for ((i, j), (r, _)) in &proxies {
+        if (*i == a && bcd.contains(j)) || (*j == a && bcd.contains(i)) {
+            r.block(true);
+        }
+    }
+    let keys: Vec<[String; 3]> = (0..20).map(|i| ["SET".into(), format!("lost{i}"), format!("v{i}")]).collect();
+    let reqs: Vec<Vec<&str>> = keys.iter().map(|k| k.iter().map(String::as_str).collect()).collect();
+    let refs: Vec<&[&str]> = reqs.iter().map(Vec::as_slice).collect();
+    cl.send(&refs).unwrap();
+    // Killed before A refuses writes for want of a quorum and a failover begins (E, which
+    // holds the most, would then be chosen and the writes kept).
+    std::thread::sleep(Duration::from_millis(150));
+    c.kill(e);
+    c.kill(a);
+    drop(cl);
+    for (r, _) in proxies.values() {
+        r.block(false);
+    }
+    // E's log holds them: a copy of its directory, promoted on its own, serves them.
+    let copy = tempfile::tempdir().unwrap();
+    let e_data = c.dir.path().join(format!("n{e}")).join("data");
+    let cp = Command::new("cp").arg("-a").arg(&e_data).arg(copy.path()).status().unwrap();
+    assert!(cp.success());
+    {
+        let alone = common::Node::start(&copy.path().join("data"), &["--promote", "--repl-port", "0"]);
+        let held = get(alone.port, "lost19");
+        assert_eq!(held.as_deref(), Some("v19"), "node E logged the writes only it received");
+    }
+    // 2. Epoch 2 without them.
+    let b = c.wait_or_dump("a primary of epoch 2", Duration::from_secs(30), || c.primary());
+    assert!(bcd.contains(&b));
+    if get(c.ports[&b], "lost19").as_deref() != Some("(nil)") {
+        c.dump_logs();
+        panic!("lost19 on node {b} of epoch 2: the failover to epoch 2 should have discarded it");
+    }
+    let mut cl = Client::connect(c.ports[&b]).unwrap();
+    for i in 0..20 {
+        assert_eq!(cl.one(&["SET", &format!("e2k{i}"), &i.to_string()]), "+OK");
+    }
+    drop(cl);
+    // 3. C's and D's servers hang, B's dies.
+    let hung: Vec<i32> = bcd.iter().filter(|&&n| n != b).map(|&n| c.server_pid(n)).collect();
+    let b_server = c.server_pid(b);
+    for &pid in &hung {
+        signal(pid, libc::SIGSTOP);
+    }
+    signal(b_server, libc::SIGKILL);
+    c.wait_or_dump("the hung servers to be killed", Duration::from_secs(20), || {
+        // SAFETY: kill(2) with signal 0 only checks the pid.
+        hung.iter().all(|&pid| unsafe { libc::kill(pid, 0) } != 0).then_some(())
+    });
+    assert_eq!(c.primary(), None, "no primary from one report");
+    c.start_node(e);
+    c.start_node(a);
+    let new = c.wait_or_dump("a primary of epoch 3", Duration::from_secs(30), || c.primary());
+    let log = std::fs::read_to_string(c.log(e)).unwrap();
+    // Restarted, E's node may start a backup of epoch 1 from the control state it kept,
+    // before it learns of epoch 2; that server folds its whole log, the discarded writes
+    // with it, into a checkpoint. E may then not be chosen: B is, as a last resort.
+    let stale_start = log.matches("started Backup { epoch: 1,").count() > 1;
+    eprintln!("node E started a server of epoch 1 when it came back: {stale_start}; node {new} was chosen");
+    if std::env::var_os("FAILOVER_LOGS").is_some() {
+        c.dump_logs();
+    }
+    if stale_start {
+        assert_eq!(new, b, "the old primary, as a last resort: E's checkpoint holds what epoch 1's failover discarded");
+    } else {
+        assert_eq!(new, e, "the only eligible reporter is chosen");
+        assert!(log.contains("fetched"), "node E fetched epoch 2 from the old primary's log");
+    }
+    // What epoch 1's failover discarded stays discarded, on every node; what epoch 2
+    // acknowledged is everywhere.
+    for id in 1..=5u64 {
+        c.wait_or_dump(&format!("node {id} to hold epoch 2's writes"), Duration::from_secs(30), || {
+            (get(c.ports[&id], "e2k19").as_deref() == Some("19")).then_some(())
+        });
+        for i in 0..20 {
+            let lost = get(c.ports[&id], &format!("lost{i}"));
+            assert_eq!(lost.as_deref(), Some("(nil)"), "node {id}: lost{i}, discarded in epoch 1's failover, is back");
+            assert_eq!(get(c.ports[&id], &format!("e1k{i}")).as_deref(), Some(i.to_string().as_str()), "node {id}");
+            assert_eq!(get(c.ports[&id], &format!("e2k{i}")).as_deref(), Some(i.to_string().as_str()), "node {id}");
+        }
     }
 }
 

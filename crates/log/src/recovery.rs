@@ -234,6 +234,9 @@ pub(crate) struct Kept<'s> {
     pub batch: Batch,
     pub file: &'s Path,
     pub offset: u64,
+    /// Its transactions above this are not replayed, whatever the cut: a batch of an
+    /// epoch that a failover cut below it (`replica::EpochCut`). `Ts(u64::MAX)` if none.
+    pub upto: Ts,
 }
 
 /// What one stream's segments hold, checked as a stream.
@@ -356,7 +359,7 @@ fn check_stream<'s>(
             out.bound = out.bound.max(h.bound_ts);
             out.floor = out.floor.max(h.floor_ts);
             if replays(&b, ckpt_ts) {
-                out.batches.push(Kept { batch: b, file: &f.path, offset });
+                out.batches.push(Kept { batch: b, file: &f.path, offset, upto: Ts(u64::MAX) });
             }
         }
     }
@@ -387,8 +390,9 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) ->
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Replays every transaction with `ckpt_ts` < ts <= `cut` of `batches` on `threads` threads;
-/// returns (transactions replayed, transactions dropped above the cut).
+/// Replays every transaction with `ckpt_ts` < ts <= `cut` (and <= its batch's `upto`) of
+/// `batches` on `threads` threads; returns (transactions replayed, transactions dropped
+/// above the cut).
 pub(crate) fn replay_kept(
     db: &Database,
     mut batches: Vec<&Kept>,
@@ -420,6 +424,7 @@ pub(crate) fn replay_kept(
                             offset: k.offset,
                             what: e.to_string(),
                         })?;
+                        let cut = cut.min(k.upto);
                         if k.batch.header.first_ts > cut {
                             n_dropped += u64::from(k.batch.header.txn_count);
                             continue;

@@ -230,19 +230,38 @@ pub fn open_replica_upto(
     storage: &Arc<dyn Storage>,
     limit: Option<Ts>,
 ) -> Result<ReplicaOpen, LogError> {
-    open_replica_inner(dir, workers, storage, limit, false)
+    open_replica_inner(dir, workers, storage, limit, false, None)
+}
+
+/// Where a failover cut an older epoch than the one a promotion recovers: batches of
+/// epochs up to `epoch` hold commits that count only up to `point`.
+///
+/// A backup's replica log is cut at its followed epoch's point when its server starts
+/// or follows in place. A node down through the failover away from that epoch and back
+/// during the next one starts no server, so its log may still hold that epoch's batches
+/// above the point: commits that failover discarded, which the other nodes cut. If such a
+/// node is chosen, what it fetched of the next epoch follows them in its log; its
+/// promotion replays neither them nor anything of theirs (docs/cluster.md, "A node that
+/// missed an epoch").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochCut {
+    pub epoch: Epoch,
+    pub point: Ts,
 }
 
 /// `open_replica_upto(point)` for a node promoted at a failover's recovery point: it must
 /// hold everything up to `point`; if it does not, the directory is refused before anything
-/// in it is rewritten.
+/// in it is rewritten. With `older`, batches of the epochs it names are cut at its point
+/// too; a directory whose checkpoint or seal lies above that point (it holds commits that
+/// failover discarded, and cannot be cut back) is refused.
 pub fn open_replica_at(
     dir: &Path,
     workers: usize,
     storage: &Arc<dyn Storage>,
     point: Ts,
+    older: Option<EpochCut>,
 ) -> Result<ReplicaOpen, LogError> {
-    open_replica_inner(dir, workers, storage, Some(point), true)
+    open_replica_inner(dir, workers, storage, Some(point), true, older)
 }
 
 /// An old primary's directory cut at a failover's recovery point `point`, to serve the
@@ -288,6 +307,7 @@ fn open_replica_inner(
     storage: &Arc<dyn Storage>,
     limit: Option<Ts>,
     require_limit: bool,
+    older: Option<EpochCut>,
 ) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
     for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
@@ -307,6 +327,20 @@ fn open_replica_inner(
             });
         };
         return open_old_primary(dir, workers, storage, point, false, own_log, lock, t0);
+    }
+    // (A checkpoint at the point itself is this promotion's own, written before a crash
+    // cut it short: the node chose this directory knowing what it held, `holding_now`.)
+    let above = |b: crate::sealed::Base| b.ts > older.map_or(Ts(u64::MAX), |o| o.point) && Some(b.ts) != limit;
+    if let Some(o) = older.filter(|_| crate::sealed::base(dir).is_ok_and(above)) {
+        // Refused before anything is loaded or rewritten.
+        return Err(LogError::Corrupt {
+            file: dir.to_path_buf(),
+            offset: 0,
+            what: format!(
+                "holds a checkpoint or a seal above ts {}, the point epoch {} was cut at: it holds commits that failover discarded and cannot be cut back there (its node copies the primary's data instead)",
+                o.point.0, o.epoch.0
+            ),
+        });
     }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
     let t = Instant::now();
@@ -347,7 +381,14 @@ fn open_replica_inner(
     let kept: Vec<Kept> = scan
         .kept
         .into_iter()
-        .map(|(batch, i, offset)| Kept { batch, file: scan.files[i].1.as_path(), offset })
+        .map(|(batch, i, offset)| {
+            // (What this node fetched of the recovered epoch is cut at `cut`.)
+            let upto = match older {
+                Some(o) if batch.header.epoch <= o.epoch => o.point,
+                _ => Ts(u64::MAX),
+            };
+            Kept { batch, file: scan.files[i].1.as_path(), offset, upto }
+        })
         .collect();
     let (replayed, dropped) = replay_kept(&db, kept.iter().collect(), ckpt_ts, cut, recovery_threads())?;
     report.log_txns_replayed = replayed;

@@ -380,8 +380,11 @@ pub(crate) fn replay_sealed(
     }
     let scan = scan_sealed_dir(&s.dir, ckpt_ts, s.point)?;
     let (files, log_bytes) = (scan.files, scan.log_bytes);
-    let kept: Vec<Kept> =
-        scan.kept.into_iter().map(|(batch, i, offset)| Kept { batch, file: files[i].1.as_path(), offset }).collect();
+    let kept: Vec<Kept> = scan
+        .kept
+        .into_iter()
+        .map(|(batch, i, offset)| Kept { batch, file: files[i].1.as_path(), offset, upto: Ts(u64::MAX) })
+        .collect();
     let (replayed, dropped) = replay_kept(db, kept.iter().collect(), ckpt_ts, s.point, recovery_threads())?;
     report.log_bytes += log_bytes;
     report.log_txns_replayed += replayed;

@@ -117,7 +117,7 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
 
     // A promotion at a point above what a directory holds is refused, and changes nothing.
     let above = Ts(ha.cut.0 + 1000);
-    assert!(ditto_log::replica::open_replica_at(b.path(), 2, &storage, above).is_err());
+    assert!(ditto_log::replica::open_replica_at(b.path(), 2, &storage, above, None).is_err());
     assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
 
     // Both recover the same rows.
@@ -742,4 +742,84 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
     assert!(seen > 0 && seen < n, "{seen} of {n} batches before the damaged segment");
     drop(ws);
     drop(d);
+}
+
+/// A node that missed the failover away from epoch 1 and was chosen in the next one
+/// (docs/cluster.md, "A node that missed an epoch"): its replica log holds epoch 1's
+/// batches above that epoch's point (commits the failover discarded), then what it fetched
+/// of epoch 2, whose timestamps overlap them. Promoted with epoch 1's cut (`EpochCut`), it
+/// replays none of the discarded commits, and none of them shadows a newer write of epoch
+/// 2; without the cut it would. A directory whose checkpoint lies above epoch 1's point
+/// cannot be cut back there: its promotion is refused, and changes nothing.
+#[test]
+fn a_promotion_cuts_an_older_epochs_batches_at_that_epochs_point() {
+    use ditto_engine::RecordId;
+    use ditto_log::format::BatchBuilder;
+    use ditto_log::replica::{open_replica_at, open_replica_upto, EpochCut};
+    use ditto_log::{Epoch, StreamId};
+    let catalog = tempfile::tempdir().unwrap();
+    let (d, t) = primary_with_table(catalog.path());
+    d.close();
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let batch = |stream: u32, epoch: u64, txns: &[(u64, u64, &str)], bound: u64| -> Bytes {
+        let mut b = BatchBuilder::new();
+        for (ts, rid, v) in txns {
+            let key = format!("r{rid}");
+            b.push_txn(Ts(*ts), [(t, RecordId(*rid), Some(key.as_bytes()), Some(v.as_bytes()))].into_iter());
+        }
+        let mut out = Vec::new();
+        b.finish_into(StreamId(stream), Epoch(epoch), Ts(bound), false, &mut out);
+        Bytes::from(out)
+    };
+    // Epoch 1: records 1..=10 written at ts 1..=10; its failover cut it at 5.
+    let epoch1: Vec<(u64, u64, &str)> = (1..=10).map(|i| (i, i, "epoch 1")).collect();
+    let received = [batch(0, 1, &epoch1, 10), batch(1, 1, &[], 10)];
+    // Epoch 2, fetched up to its point 9: record 8 again at ts 7, record 20 at ts 9.
+    let fetched = [batch(0, 2, &[(7, 8, "epoch 2"), (9, 20, "epoch 2")], 9), batch(1, 2, &[], 9)];
+    let make = || {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(catalog.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+        for b in &received {
+            log.append(b, true, decode_batch_checksums(b).unwrap().0.header.bound_ts);
+        }
+        log.sync().unwrap();
+        append_fetched(dir.path(), 2, &fetched, &storage).unwrap();
+        dir
+    };
+    let cut = EpochCut { epoch: Epoch(1), point: Ts(5) };
+    let rows = |db: &ditto_engine::Database| -> Vec<(u64, String)> {
+        let r = db.read();
+        (1..=20)
+            .filter_map(|i| {
+                let v = r.get(t, format!("r{i}").as_bytes()).unwrap()?;
+                Some((i, String::from_utf8(v.to_vec()).unwrap()))
+            })
+            .collect()
+    };
+    let mut want: Vec<(u64, String)> = (1..=5).map(|i| (i, "epoch 1".to_string())).collect();
+    want.extend([(8, "epoch 2".to_string()), (20, "epoch 2".to_string())]);
+
+    let dir = make();
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), Some(cut)).unwrap();
+    assert_eq!(o.cut, Ts(9));
+    assert_eq!(rows(&o.db), want, "epoch 1 up to its point, then epoch 2");
+    assert_eq!(o.report.log_txns_dropped_above_cut, 5, "records 6..=10 of epoch 1");
+
+    // Without the cut: records 6, 7 and 9 come back, and 8 is epoch 1's (ts 8 > 7).
+    let dir = make();
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), None).unwrap();
+    let got = rows(&o.db);
+    assert!(got.contains(&(8, "epoch 1".to_string())) && got.contains(&(6, "epoch 1".to_string())), "{got:?}");
+
+    // Its whole log folded into a checkpoint (its server started before its node learned
+    // of the failover): refused at the promotion, the directory as it was.
+    let dir = make();
+    drop(open_replica_upto(dir.path(), 2, &storage, None).unwrap());
+    let before = replica_holdings(dir.path(), 2, None).unwrap();
+    let e = open_replica_at(dir.path(), 2, &storage, Ts(9), Some(cut)).err().expect("refused");
+    assert!(e.to_string().contains("the point epoch 1 was cut at"), "{e}");
+    let after = replica_holdings(dir.path(), 2, None).unwrap();
+    assert_eq!((before.streams, before.newest), (after.streams, after.newest));
+    assert!(!ditto_log::replica::can_cut_at(dir.path(), Ts(5)).unwrap(), "what its node reports (ineligible)");
 }

@@ -144,6 +144,11 @@ pub struct ClusterRun {
     /// A primary: the epoch that `upto` cut. Its backups holding exactly `upto` resume
     /// from the log.
     pub resume_epoch: Option<u64>,
+    /// A primary promoted from a backup's directory that followed an epoch older than
+    /// `resume_epoch`: that epoch and the point a failover cut it at. Its batches above
+    /// the point, which that failover discarded, are not replayed
+    /// (`ditto_log::replica::EpochCut`).
+    pub followed_cut: Option<(u64, u64)>,
     /// A backup: where the primary takes clients' writes (host:port).
     pub primary_addr: Option<String>,
     /// A primary: the membership configuration its `backups` count stands for.
