@@ -264,6 +264,21 @@ pub struct ControlNode {
     /// Per peer that a snapshot was sent to: ticks since (a snapshot lost on the way is
     /// reported, so that raft-rs sends again).
     snapshot_ticks: std::collections::BTreeMap<NodeId, usize>,
+    /// Whether this node has applied what the group had committed when it asked after it
+    /// started (`caught_up`); the ReadIndex asked for it and ticks since; the index the
+    /// leader answered.
+    caught_up: bool,
+    read_asked: Option<(u64, usize)>,
+    read_index: Option<u64>,
+}
+
+/// Ticks a ReadIndex asked for `caught_up` is waited for before it is asked again (the
+/// leader may have changed, or dropped it).
+const READ_INDEX_RETRY_TICKS: usize = 20;
+
+/// The context of this node's `n`th ReadIndex for `caught_up`.
+fn read_context(n: u64) -> Vec<u8> {
+    [b"caught-up:".as_slice(), &n.to_be_bytes()].concat()
 }
 
 fn decode_state(snap: &Snapshot) -> Result<ControlState, NodeError> {
@@ -306,7 +321,18 @@ impl ControlNode {
             compact_every: COMPACT_EVERY,
             snapshot_due: false,
             snapshot_ticks: Default::default(),
+            caught_up: false,
+            read_asked: None,
+            read_index: None,
         })
+    }
+
+    /// Whether this node's state is known to be up to date as of some moment after it
+    /// started: it has applied everything the group had committed then (a Raft ReadIndex,
+    /// asked once a leader is known). Until then the state it kept on its disk may be
+    /// stale: an epoch it names as open may have been failed over while it was down.
+    pub fn caught_up(&self) -> bool {
+        self.caught_up
     }
 
     /// Compacts the log every `n` applied entries (at least 1).
@@ -393,6 +419,16 @@ impl ControlNode {
     /// One tick of the Raft clock.
     pub fn tick(&mut self) {
         self.raw.tick();
+        if !self.caught_up && self.raw.raft.leader_id != raft::INVALID_ID {
+            match &mut self.read_asked {
+                Some((_, ticks)) if *ticks < READ_INDEX_RETRY_TICKS => *ticks += 1,
+                asked => {
+                    let n = asked.map_or(1, |(n, _)| n + 1);
+                    *asked = Some((n, 0));
+                    self.raw.read_index(read_context(n));
+                }
+            }
+        }
         // A snapshot the transport dropped leaves its peer waiting for it for good:
         // reported as failed after two election timeouts, raft-rs probes and sends again.
         let waiting: Vec<NodeId> = match self.is_leader() {
@@ -515,6 +551,12 @@ impl ControlNode {
         }
         let mut rd = self.raw.ready();
         out.messages.extend(rd.take_messages());
+        if let Some((n, _)) = self.read_asked.filter(|_| !self.caught_up) {
+            let ctx = read_context(n);
+            if let Some(rs) = rd.read_states().iter().find(|rs| rs.request_ctx == ctx) {
+                self.read_index = Some(rs.index);
+            }
+        }
         if !rd.snapshot().is_empty() {
             // The leader's snapshot: this node's state and log start over from it.
             let snap = rd.snapshot().clone();
@@ -559,6 +601,11 @@ impl ControlNode {
             self.raw.raft.become_follower(term + 1, raft::INVALID_ID);
         }
         let applied = self.raw.raft.raft_log.applied;
+        if self.read_index.is_some_and(|i| applied >= i) {
+            self.caught_up = true;
+            self.read_index = None;
+            self.read_asked = None;
+        }
         if self.snapshot_due || applied >= self.snapshot_index() + self.compact_every {
             self.compact(applied, disk)?;
         }
@@ -840,6 +887,44 @@ mod tests {
             g.leader().propose_membership(&Command::RemoveMember { id: 1 }),
             Err(NodeError::Refused(why)) if why.contains("primary")
         ));
+    }
+
+    /// A restarted node is caught up (`caught_up`) only once it has applied what the group
+    /// committed while it was down: the state it kept is stale until then. Alone (no
+    /// quorum to answer its ReadIndex) it never is.
+    #[test]
+    fn a_restarted_node_is_caught_up_only_once_it_applied_what_committed_while_it_was_down() {
+        let mut g = Group { nodes: Default::default() };
+        for id in 1..=3 {
+            g.nodes.insert(id, Group::start(id, RaftDurable::initial(&[1, 2, 3])));
+        }
+        g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
+        let members = (1..=3).map(member).collect();
+        g.leader().propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        g.run("bootstrapped and caught up", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1 && n.caught_up()));
+        // Node 3 goes down; epoch 2 begins without it.
+        let (_, d3) = g.nodes.remove(&3).unwrap();
+        g.run("a leader of two", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
+        let reason = "primary 1 not heard from".to_string();
+        g.leader().propose(&Command::BeginFailover { epoch: 2, reason }).unwrap();
+        g.run("epoch 2 began", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 2));
+        let want = g.nodes[&1].0.state().clone();
+        // Restarted, it starts from what it kept (its log is applied again as it polls),
+        // not caught up.
+        let (mut n3, mut d3) = Group::start(3, d3);
+        n3.poll(&mut d3).unwrap();
+        assert!(n3.state().epoch < 2 && !n3.caught_up());
+        g.nodes.insert(3, (n3, d3));
+        g.run("node 3 caught up", |g| g.nodes[&3].0.caught_up());
+        assert_eq!(g.nodes[&3].0.state(), &want, "caught up means the state that committed while it was down");
+        // Alone, a restarted node never is.
+        let (_, d1) = g.nodes.remove(&1).unwrap();
+        let mut alone = Group { nodes: Default::default() };
+        alone.nodes.insert(1, Group::start(1, d1));
+        for _ in 0..500 {
+            alone.round();
+        }
+        assert!(!alone.nodes[&1].0.caught_up(), "no quorum answered it");
     }
 
     /// A node added as a learner takes the leader's snapshot and follows the log, but is

@@ -216,6 +216,11 @@ pub trait DataPlane: Send + 'static {
     fn restored(&mut self, state: &ControlState) {
         let _ = state;
     }
+    /// This node's state is up to date as of a moment after it started
+    /// (`ControlNode::caught_up`: it applied what the group had committed then). Called
+    /// once, after the commands that took it there were `applied`. Before it, the state
+    /// may name an epoch that a failover closed while this node was down.
+    fn caught_up(&mut self) {}
 }
 
 /// A coordinator's request or the answer to one (frame kind 2).
@@ -517,6 +522,7 @@ impl ControlService {
                 fetch_in: BTreeMap::new(),
                 fetches,
                 no_source_logged: 0,
+                told_caught_up: false,
                 admin: Vec::new(),
             };
             run.sync_peers();
@@ -838,6 +844,8 @@ struct Run {
     fetches: Sender<FetchToServe>,
     /// The failover round whose want of a source was last logged.
     no_source_logged: u64,
+    /// The data plane was told this node's state is up to date (`DataPlane::caught_up`).
+    told_caught_up: bool,
 }
 
 impl Run {
@@ -1287,6 +1295,11 @@ impl Run {
                         self.sync_peers();
                     }
                     self.answer_admin(None);
+                    if !self.told_caught_up && self.node.caught_up() {
+                        self.told_caught_up = true;
+                        tracing::info!(node = id, "control: its state is up to date (read index applied)");
+                        self.data.caught_up();
+                    }
                 }
                 Err(e) => failed = Some(e.to_string()),
             }

@@ -424,6 +424,10 @@ struct NodePlane {
     fence: u64,
     /// The epoch this supervisor may serve as primary (named by a command applied live).
     may_serve: Option<u64>,
+    /// Its control state is known up to date (`DataPlane::caught_up`): until then it
+    /// starts no server, since the state it kept may name an epoch a failover closed
+    /// while it was down (docs/cluster.md, "A node that missed an epoch").
+    caught_up: bool,
     prepared: Option<Result<u64, String>>,
     /// The last server did not stop cleanly (killed, or its drain failed): this node's
     /// holdings are not reported until a server of it has run again.
@@ -626,7 +630,7 @@ impl NodePlane {
 
     /// The role the control state gives this node now, if any.
     fn desired(&self) -> Option<Role> {
-        if self.state.phase != Some(Phase::Serving) || self.state.node(self.me).is_none() {
+        if !self.caught_up || self.state.phase != Some(Phase::Serving) || self.state.node(self.me).is_none() {
             return None;
         }
         let open = self.state.epochs.last()?;
@@ -858,6 +862,13 @@ impl NodePlane {
                 let followed = (own == 0).then(|| followed_epoch(&self.data)).flatten();
                 if let (Some(f), Some(r)) = (followed, resume_epoch) {
                     if let Some(p) = self.state.recovery_point(f).filter(|_| f < *r) {
+                        say(
+                            self.me,
+                            format!(
+                                "its directory followed epoch {f}: its promotion cuts that epoch's batches at the point {}",
+                                p.0
+                            ),
+                        );
                         args.extend(["--followed-epoch-cut".into(), format!("{f}:{}", p.0)]);
                     }
                 }
@@ -1515,6 +1526,11 @@ impl DataPlane for NodePlane {
         self.state = state.clone();
     }
 
+    fn caught_up(&mut self) {
+        say(self.me, format!("its control state is up to date (epoch {})", self.state.epoch));
+        self.caught_up = true;
+    }
+
     fn starting(&self) -> bool {
         !self.serving
             && self.state.open_epoch().is_some_and(|e| self.may_serve == Some(e.epoch))
@@ -1908,6 +1924,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         state: ControlState::default(),
         fence: 0,
         may_serve: None,
+        caught_up: false,
         prepared: None,
         fetching: Default::default(),
         unclean: false,

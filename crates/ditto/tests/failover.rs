@@ -1042,7 +1042,9 @@ fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_l
 ///    the only eligible reporter and is chosen; it fetches epoch 2 from B's log.
 ///
 /// E's log still holds epoch 1's discarded writes above that epoch's point: they must not
-/// come back on the new primary, nor on the nodes that follow it.
+/// come back on the new primary, nor on the nodes that follow it. (Without the cut its
+/// promotion makes, `--followed-epoch-cut`, 3 runs of 4 failed: `lost18` came back,
+/// holding epoch 2's value of another key.)
 #[test]
 fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_epoch_discarded() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -1120,20 +1122,16 @@ fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_e
     c.start_node(a);
     let new = c.wait_or_dump("a primary of epoch 3", Duration::from_secs(30), || c.primary());
     let log = std::fs::read_to_string(c.log(e)).unwrap();
-    // Restarted, E's node may start a backup of epoch 1 from the control state it kept,
-    // before it learns of epoch 2; that server folds its whole log, the discarded writes
-    // with it, into a checkpoint. E may then not be chosen: B is, as a last resort.
-    let stale_start = log.matches("started Backup { epoch: 1,").count() > 1;
-    eprintln!("node E started a server of epoch 1 when it came back: {stale_start}; node {new} was chosen");
     if std::env::var_os("FAILOVER_LOGS").is_some() {
         c.dump_logs();
     }
-    if stale_start {
-        assert_eq!(new, b, "the old primary, as a last resort: E's checkpoint holds what epoch 1's failover discarded");
-    } else {
-        assert_eq!(new, e, "the only eligible reporter is chosen");
-        assert!(log.contains("fetched"), "node E fetched epoch 2 from the old primary's log");
-    }
+    // Restarted, E's node starts no server before its control state is up to date (it
+    // would be a backup of epoch 1, whose open folds the discarded writes into a
+    // checkpoint): it reports during the failover, is chosen, and fetches epoch 2.
+    assert_eq!(log.matches("started Backup { epoch: 1,").count(), 1, "no server of epoch 1 after the restart");
+    assert_eq!(new, e, "the only eligible reporter is chosen");
+    assert!(log.contains("fetched"), "node E fetched epoch 2 from the old primary's log");
+    assert!(log.contains("its directory followed epoch 1: its promotion cuts that epoch's batches at the point"));
     // What epoch 1's failover discarded stays discarded, on every node; what epoch 2
     // acknowledged is everywhere.
     for id in 1..=5u64 {
