@@ -300,3 +300,50 @@ fn churn(replay: &str) {
     let info = b.cmd(&["INFO", "replication"]).unwrap().join("\n");
     assert!(info.contains("master_link_status:up"), "{info}");
 }
+
+/// A cluster's backup (replay held at the primary's release) restarted from a log that
+/// holds commits its primary has not released: it answers data reads with LOADING until
+/// the primary releases that far, then serves them (docs/cluster.md, "A backup's server
+/// that starts from its directory"). Under `all-durable` with two backups expected and
+/// only one running, nothing is released.
+#[test]
+fn a_held_backup_restarted_above_the_release_reads_nothing_until_the_primary_releases_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pdir, b1, b2) = (tmp.path().join("primary"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "all-durable", "--backups", "2"]);
+    let repl = primary.repl.clone().unwrap();
+    let paddr = format!("127.0.0.1:{}", primary.port);
+    let backup_args = ["--replica-of", repl.as_str(), "--primary-addr", paddr.as_str(), "--hold-replay"];
+    let mut backup = Node::start(&b1, &backup_args);
+    // Sent without waiting: never acknowledged while the second backup is missing.
+    let mut c = Client::connect(primary.port).unwrap();
+    c.send(&[&["SET", "k", "v"]]).unwrap();
+    let field = |port: u16, k: &str| -> Option<u64> {
+        let info = Client::connect(port).ok()?.cmd(&["INFO", "replication"]).ok()?.concat();
+        info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')?.trim().parse().ok())
+    };
+    let end = Instant::now() + Duration::from_secs(20);
+    while field(backup.port, "ditto_durable_ts").unwrap_or(0) <= field(backup.port, "ditto_released_ts").unwrap_or(0) {
+        assert!(Instant::now() < end, "the backup never held the unreleased write");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    backup.kill();
+    let backup = Node::start(&b1, &backup_args);
+    let mut r = Client::connect(backup.port).unwrap();
+    let got = r.one(&["GET", "k"]);
+    assert!(got.starts_with("-LOADING"), "{got}");
+    assert!(r.one(&["DBSIZE"]).starts_with("-LOADING"));
+    assert_eq!(r.one(&["PING"]), "+PONG");
+    // The second backup lets the primary release: the write is acknowledged, and read.
+    let _second = Node::start(&b2, &backup_args);
+    assert_eq!(c.reply().unwrap()[0], "+OK");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = r.one(&["GET", "k"]);
+        if got == "v" {
+            break;
+        }
+        assert!(got.starts_with("-LOADING") && Instant::now() < end, "{got}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -287,6 +287,23 @@ pub struct BackupState {
     /// Stopped because the primary can no longer resume it as it stands; how it may join
     /// again (`Backup::join_again`).
     pub join_again: Mutex<Option<JoinAgain>>,
+    /// With replay held at the primary's release: the read view this run started at, when
+    /// it may hold what is not yet released (its log replayed up to its own cut, or the
+    /// primary's checkpoint copied; not a cut at a failover's point, which is final). Its
+    /// data is not read until the primary has released that far (`reads_held`): a
+    /// failover that goes ahead without this node's report may discard what lies above
+    /// the release. 0: reads are never held.
+    pub reads_from: AtomicU64,
+}
+
+impl BackupState {
+    /// Whether reads of this backup's data wait: its read view lies above what the
+    /// primary has released (`reads_from`).
+    pub fn reads_held(&self) -> Option<(u64, u64)> {
+        let from = self.reads_from.load(Ordering::Acquire);
+        let released = self.released.load(Ordering::Acquire);
+        (released < from).then_some((from, released))
+    }
 }
 
 /// How a running backup that its primary can no longer resume as it stands joins again
@@ -621,6 +638,12 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     };
     for a in [&state.received, &state.durable, &state.replayed, &state.visible] {
         a.store(base.0, Ordering::Release);
+    }
+    // What it holds at or below a failover's point is final (its cut there, or its engine
+    // kept through a change of role in place, cut at the point): read at once.
+    let final_base = opts.engine.is_some() || opts.recover_upto.is_some_and(|p| base <= p);
+    if opts.hold_replay_at_release && !final_base {
+        state.reads_from.store(base.0, Ordering::Release);
     }
     state.connected.store(true, Ordering::Release);
     let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, opts.replica_file_bytes.max(1 << 12))

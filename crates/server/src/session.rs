@@ -564,6 +564,18 @@ impl Session {
                 return Err(Reply::err(format!("READONLY {why}")));
             }
         }
+        let reads_data = match spec.kind {
+            Kind::Data => !spec.write,
+            Kind::Conn => matches!(spec.name, "DBSIZE" | "SCAN" | "KEYS"),
+        };
+        if let (true, Replication::Backup { state, .. }) = (reads_data, &sh.replication) {
+            if let Some((from, released)) = state.reads_held() {
+                // (Redis answers LOADING while a replica loads its data; clients retry.)
+                return Err(Reply::err(format!(
+                    "LOADING this backup started from its log up to ts {from}, which its primary has released only up to ts {released}; retry shortly"
+                )));
+            }
+        }
         if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && {
             // Deleted values may still wait for a collection: get them back before refusing.
             sh.db.reclaim();
@@ -2534,6 +2546,28 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
         assert!(cmd(&mut s, &sh, &mut w, "DEL k").is_error());
         assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+    }
+
+    /// A backup that holds replay at release and started from more than its primary had
+    /// released: data reads answer LOADING until the release reaches its start; other
+    /// commands go on.
+    #[test]
+    fn a_backups_data_is_not_read_until_its_start_is_released() {
+        let (mut sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k v"), Reply::Ok);
+        let state = Arc::new(ditto_replication::BackupState::default());
+        state.reads_from.store(10, Ordering::Release);
+        state.released.store(9, Ordering::Release);
+        sh.read_only = true;
+        sh.replication = Replication::Backup { state: Arc::clone(&state), primary: "p:1".into() };
+        for read in ["GET k", "DBSIZE", "EXISTS k", "SCAN 0", "KEYS *"] {
+            assert!(matches!(cmd(&mut s, &sh, &mut w, read), Reply::Error(e) if e.starts_with("LOADING")), "{read}");
+        }
+        assert!(!cmd(&mut s, &sh, &mut w, "PING").is_error());
+        state.released.store(10, Ordering::Release);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("v"));
     }
 
     /// A cluster's primary without quorum contact: its write gate refuses writes with the
