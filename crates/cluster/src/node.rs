@@ -270,15 +270,20 @@ pub struct ControlNode {
     caught_up: bool,
     read_asked: Option<(u64, usize)>,
     read_index: Option<u64>,
+    /// Makes this run's ReadIndex contexts its own: raft-rs ignores a request whose
+    /// context is already pending (another node's, or this node's before a restart).
+    read_nonce: u64,
 }
 
 /// Ticks a ReadIndex asked for `caught_up` is waited for before it is asked again (the
-/// leader may have changed, or dropped it).
-const READ_INDEX_RETRY_TICKS: usize = 20;
+/// leader may have changed, or dropped it: raft-rs 0.7's leader drops one until it has
+/// committed an entry of its term, as after every election).
+const READ_INDEX_RETRY_TICKS: usize = 5;
 
-/// The context of this node's `n`th ReadIndex for `caught_up`.
-fn read_context(n: u64) -> Vec<u8> {
-    [b"caught-up:".as_slice(), &n.to_be_bytes()].concat()
+/// The context of node `id`'s `n`th ReadIndex for `caught_up` in the run started at
+/// `nonce`.
+fn read_context(id: NodeId, nonce: u64, n: u64) -> Vec<u8> {
+    [b"caught-up:".as_slice(), &id.to_be_bytes(), &nonce.to_be_bytes(), &n.to_be_bytes()].concat()
 }
 
 fn decode_state(snap: &Snapshot) -> Result<ControlState, NodeError> {
@@ -324,6 +329,9 @@ impl ControlNode {
             caught_up: false,
             read_asked: None,
             read_index: None,
+            read_nonce: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
         })
     }
 
@@ -425,7 +433,7 @@ impl ControlNode {
                 asked => {
                     let n = asked.map_or(1, |(n, _)| n + 1);
                     *asked = Some((n, 0));
-                    self.raw.read_index(read_context(n));
+                    self.raw.read_index(read_context(self.id(), self.read_nonce, n));
                 }
             }
         }
@@ -552,7 +560,7 @@ impl ControlNode {
         let mut rd = self.raw.ready();
         out.messages.extend(rd.take_messages());
         if let Some((n, _)) = self.read_asked.filter(|_| !self.caught_up) {
-            let ctx = read_context(n);
+            let ctx = read_context(self.id(), self.read_nonce, n);
             if let Some(rs) = rd.read_states().iter().find(|rs| rs.request_ctx == ctx) {
                 self.read_index = Some(rs.index);
             }

@@ -857,19 +857,23 @@ impl NodePlane {
                     args.extend(["--resume-epoch".into(), e.to_string()]);
                 }
                 // A backup's directory that followed an older epoch than the recovered one
-                // (this node missed that epoch's failover): its batches above that epoch's
-                // point, which the failover discarded, are not replayed.
+                // (this node missed that epoch's failover): its batches of that epoch and
+                // the next ones above their points, which failovers discarded, are not
+                // replayed.
                 let followed = (own == 0).then(|| followed_epoch(&self.data)).flatten();
                 if let (Some(f), Some(r)) = (followed, resume_epoch) {
-                    if let Some(p) = self.state.recovery_point(f).filter(|_| f < *r) {
+                    let cuts: Vec<(u64, u64)> =
+                        (f..*r).filter_map(|e| self.state.recovery_point(e).map(|p| (e, p.0))).collect();
+                    if !cuts.is_empty() {
+                        let list: Vec<String> = cuts.iter().map(|(e, p)| format!("{e}:{p}")).collect();
                         say(
                             self.me,
                             format!(
-                                "its directory followed epoch {f}: its promotion cuts that epoch's batches at the point {}",
-                                p.0
+                                "its directory followed epoch {f}: its promotion cuts the batches of each epoch before {r} at that epoch's point ({})",
+                                list.join(", ")
                             ),
                         );
-                        args.extend(["--followed-epoch-cut".into(), format!("{f}:{}", p.0)]);
+                        args.extend(["--epoch-cuts".into(), list.join(",")]);
                     }
                 }
             }
@@ -1214,7 +1218,7 @@ impl NodePlane {
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
         // What this node holds of an epoch that a failover since cut is held only up to the
         // cut: the rest is discarded when its server starts (`--recover-upto`), or when it
-        // is promoted (`--followed-epoch-cut`).
+        // is promoted (`--epoch-cuts`).
         let cut = followed_epoch(&self.data).and_then(|e| self.state.recovery_point(e));
         let cap = cut.map_or(u64::MAX, |t| t.0);
         // A checkpoint above that cut (its server opened its whole log before this node

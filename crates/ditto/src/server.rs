@@ -124,10 +124,11 @@ pub struct ServerArgs {
     #[arg(long, hide = true)]
     resume_epoch: Option<u64>,
     /// Set by a cluster node for its primary promoted from a backup's directory that
-    /// followed an older epoch than --resume-epoch: EPOCH:TS, that epoch and the point a
-    /// failover cut it at (its batches above are not replayed).
-    #[arg(long, hide = true, value_parser = parse_epoch_cut)]
-    followed_epoch_cut: Option<(u64, u64)>,
+    /// followed an older epoch than --resume-epoch: EPOCH:TS for that epoch and each after
+    /// it before --resume-epoch, the points failovers cut them at (their batches above are
+    /// not replayed).
+    #[arg(long, hide = true, value_parser = parse_epoch_cut, value_delimiter = ',')]
+    epoch_cuts: Vec<(u64, u64)>,
     /// Set by a cluster node for a backup: where the primary takes clients' writes.
     #[arg(long, hide = true)]
     primary_addr: Option<String>,
@@ -312,7 +313,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             ts_above: a.ts_above.unwrap_or(0),
             upto: a.recover_upto,
             resume_epoch: a.resume_epoch,
-            followed_cut: a.followed_epoch_cut,
+            epoch_cuts: a.epoch_cuts,
             primary_addr: None,
             members_config: a.members_config.unwrap_or(0),
             hold_replay_at_release: false,
@@ -356,7 +357,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `EPOCH:TS` (`--followed-epoch-cut`).
+/// `EPOCH:TS` (`--epoch-cuts`).
 fn parse_epoch_cut(s: &str) -> Result<(u64, u64), String> {
     let bad = || format!("{s:?}: expected EPOCH:TS");
     let (e, t) = s.split_once(':').ok_or_else(bad)?;
@@ -375,7 +376,7 @@ fn parse_promote(rest: &str) -> Option<ditto_server::session::RoleRequest> {
             upto: Some(upto),
             resume_epoch: Some(resume_epoch),
             // (A backup promoted in place followed the recovered epoch itself.)
-            followed_cut: None,
+            epoch_cuts: Vec::new(),
             primary_addr: None,
             members_config,
             hold_replay_at_release: false,

@@ -1043,7 +1043,7 @@ fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_l
 ///
 /// E's log still holds epoch 1's discarded writes above that epoch's point: they must not
 /// come back on the new primary, nor on the nodes that follow it. (Without the cut its
-/// promotion makes, `--followed-epoch-cut`, 3 runs of 4 failed: `lost18` came back,
+/// promotion makes, `--epoch-cuts`, 3 runs of 4 failed: `lost18` came back,
 /// holding epoch 2's value of another key.)
 #[test]
 fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_epoch_discarded() {
@@ -1131,7 +1131,7 @@ fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_e
     assert_eq!(log.matches("started Backup { epoch: 1,").count(), 1, "no server of epoch 1 after the restart");
     assert_eq!(new, e, "the only eligible reporter is chosen");
     assert!(log.contains("fetched"), "node E fetched epoch 2 from the old primary's log");
-    assert!(log.contains("its directory followed epoch 1: its promotion cuts that epoch's batches at the point"));
+    assert!(log.contains("its directory followed epoch 1: its promotion cuts the batches of each epoch before 2"));
     // What epoch 1's failover discarded stays discarded, on every node; what epoch 2
     // acknowledged is everywhere.
     for id in 1..=5u64 {

@@ -301,8 +301,8 @@ fn churn(replay: &str) {
     assert!(info.contains("master_link_status:up"), "{info}");
 }
 
-/// A cluster's backup (replay held at the primary's release) restarted from a log that
-/// holds commits its primary has not released: it answers data reads with LOADING until
+/// A cluster's backup (`--primary-addr`: with or without its replay held at the release)
+/// restarted from a log that holds commits its primary has not released: it answers data reads with LOADING until
 /// the primary releases that far, then serves them (docs/cluster.md, "A backup's server
 /// that starts from its directory"). Under `all-durable` with two backups expected and
 /// only one running, nothing is released.
@@ -313,7 +313,7 @@ fn a_held_backup_restarted_above_the_release_reads_nothing_until_the_primary_rel
     let primary = Node::start(&pdir, &["--repl-port", "0", "--commit-policy", "all-durable", "--backups", "2"]);
     let repl = primary.repl.clone().unwrap();
     let paddr = format!("127.0.0.1:{}", primary.port);
-    let backup_args = ["--replica-of", repl.as_str(), "--primary-addr", paddr.as_str(), "--hold-replay"];
+    let backup_args = ["--replica-of", repl.as_str(), "--primary-addr", paddr.as_str()];
     let mut backup = Node::start(&b1, &backup_args);
     // Sent without waiting: never acknowledged while the second backup is missing.
     let mut c = Client::connect(primary.port).unwrap();

@@ -230,7 +230,7 @@ pub fn open_replica_upto(
     storage: &Arc<dyn Storage>,
     limit: Option<Ts>,
 ) -> Result<ReplicaOpen, LogError> {
-    open_replica_inner(dir, workers, storage, limit, false, None)
+    open_replica_inner(dir, workers, storage, limit, false, &[])
 }
 
 /// Where a failover cut an older epoch than the one a promotion recovers: batches of
@@ -251,15 +251,16 @@ pub struct EpochCut {
 
 /// `open_replica_upto(point)` for a node promoted at a failover's recovery point: it must
 /// hold everything up to `point`; if it does not, the directory is refused before anything
-/// in it is rewritten. With `older`, batches of the epochs it names are cut at its point
-/// too; a directory whose checkpoint or seal lies above that point (it holds commits that
-/// failover discarded, and cannot be cut back) is refused.
+/// in it is rewritten. With `older` (the cuts of the epochs between the one its directory
+/// followed and the recovered one), a batch of epoch x is cut at the lowest point of the
+/// cuts of epochs x and later too; a directory whose checkpoint or seal lies above the
+/// lowest (it holds commits a failover discarded, and cannot be cut back) is refused.
 pub fn open_replica_at(
     dir: &Path,
     workers: usize,
     storage: &Arc<dyn Storage>,
     point: Ts,
-    older: Option<EpochCut>,
+    older: &[EpochCut],
 ) -> Result<ReplicaOpen, LogError> {
     open_replica_inner(dir, workers, storage, Some(point), true, older)
 }
@@ -307,7 +308,7 @@ fn open_replica_inner(
     storage: &Arc<dyn Storage>,
     limit: Option<Ts>,
     require_limit: bool,
-    older: Option<EpochCut>,
+    older: &[EpochCut],
 ) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
     for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
@@ -330,8 +331,9 @@ fn open_replica_inner(
     }
     // (A checkpoint at the point itself is this promotion's own, written before a crash
     // cut it short: the node chose this directory knowing what it held, `holding_now`.)
-    let above = |b: crate::sealed::Base| b.ts > older.map_or(Ts(u64::MAX), |o| o.point) && Some(b.ts) != limit;
-    if let Some(o) = older.filter(|_| crate::sealed::base(dir).is_ok_and(above)) {
+    let lowest = older.iter().min_by_key(|c| c.point).copied();
+    let above = |b: crate::sealed::Base| b.ts > lowest.map_or(Ts(u64::MAX), |o| o.point) && Some(b.ts) != limit;
+    if let Some(o) = lowest.filter(|_| crate::sealed::base(dir).is_ok_and(above)) {
         // Refused before anything is loaded or rewritten.
         return Err(LogError::Corrupt {
             file: dir.to_path_buf(),
@@ -383,10 +385,8 @@ fn open_replica_inner(
         .into_iter()
         .map(|(batch, i, offset)| {
             // (What this node fetched of the recovered epoch is cut at `cut`.)
-            let upto = match older {
-                Some(o) if batch.header.epoch <= o.epoch => o.point,
-                _ => Ts(u64::MAX),
-            };
+            let upto = older.iter().filter(|c| c.epoch >= batch.header.epoch).map(|c| c.point).min();
+            let upto = upto.unwrap_or(Ts(u64::MAX));
             Kept { batch, file: scan.files[i].1.as_path(), offset, upto }
         })
         .collect();

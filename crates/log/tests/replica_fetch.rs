@@ -117,7 +117,7 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
 
     // A promotion at a point above what a directory holds is refused, and changes nothing.
     let above = Ts(ha.cut.0 + 1000);
-    assert!(ditto_log::replica::open_replica_at(b.path(), 2, &storage, above, None).is_err());
+    assert!(ditto_log::replica::open_replica_at(b.path(), 2, &storage, above, &[]).is_err());
     assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
 
     // Both recover the same rows.
@@ -801,23 +801,41 @@ fn a_promotion_cuts_an_older_epochs_batches_at_that_epochs_point() {
     want.extend([(8, "epoch 2".to_string()), (20, "epoch 2".to_string())]);
 
     let dir = make();
-    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), Some(cut)).unwrap();
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap();
     assert_eq!(o.cut, Ts(9));
     assert_eq!(rows(&o.db), want, "epoch 1 up to its point, then epoch 2");
     assert_eq!(o.report.log_txns_dropped_above_cut, 5, "records 6..=10 of epoch 1");
 
     // Without the cut: records 6, 7 and 9 come back, and 8 is epoch 1's (ts 8 > 7).
     let dir = make();
-    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), None).unwrap();
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[]).unwrap();
     let got = rows(&o.db);
     assert!(got.contains(&(8, "epoch 1".to_string())) && got.contains(&(6, "epoch 1".to_string())), "{got:?}");
+
+    // Two epochs missed: epoch 2's batches above its point 9 (record 30 at ts 11, fetched
+    // in a round that did not open) lie before epoch 3's (record 31 at ts 12); promoted at
+    // epoch 3's point 12 with both older cuts, neither epoch's discarded commits come back.
+    let dir = make();
+    let later = [
+        batch(0, 2, &[(11, 30, "epoch 2, discarded")], 11),
+        batch(0, 3, &[(12, 31, "epoch 3")], 12),
+        batch(1, 3, &[], 12),
+    ];
+    append_fetched(dir.path(), 2, &later, &storage).unwrap();
+    let cuts = [cut, EpochCut { epoch: Epoch(2), point: Ts(9) }];
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(12), &cuts).unwrap();
+    let rows_to = |db: &ditto_engine::Database, n: u64| -> Vec<u64> {
+        let r = db.read();
+        (1..=n).filter(|i| r.get(t, format!("r{i}").as_bytes()).unwrap().is_some()).collect()
+    };
+    assert_eq!(rows_to(&o.db, 40), vec![1, 2, 3, 4, 5, 8, 20, 31]);
 
     // Its whole log folded into a checkpoint (its server started before its node learned
     // of the failover): refused at the promotion, the directory as it was.
     let dir = make();
     drop(open_replica_upto(dir.path(), 2, &storage, None).unwrap());
     let before = replica_holdings(dir.path(), 2, None).unwrap();
-    let e = open_replica_at(dir.path(), 2, &storage, Ts(9), Some(cut)).err().expect("refused");
+    let e = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).err().expect("refused");
     assert!(e.to_string().contains("the point epoch 1 was cut at"), "{e}");
     let after = replica_holdings(dir.path(), 2, None).unwrap();
     assert_eq!((before.streams, before.newest), (after.streams, after.newest));

@@ -287,8 +287,8 @@ pub struct BackupState {
     /// Stopped because the primary can no longer resume it as it stands; how it may join
     /// again (`Backup::join_again`).
     pub join_again: Mutex<Option<JoinAgain>>,
-    /// With replay held at the primary's release: the read view this run started at, when
-    /// it may hold what is not yet released (its log replayed up to its own cut, or the
+    /// A cluster's backup (`keep_what_the_primary_lost` false): the read view this run
+    /// started at, when it may hold what is not yet released (its log replayed up to its own cut, or the
     /// primary's checkpoint copied; not a cut at a failover's point, which is final). Its
     /// data is not read until the primary has released that far (`reads_held`): a
     /// failover that goes ahead without this node's report may discard what lies above
@@ -642,7 +642,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // What it holds at or below a failover's point is final (its cut there, or its engine
     // kept through a change of role in place, cut at the point): read at once.
     let final_base = opts.engine.is_some() || opts.recover_upto.is_some_and(|p| base <= p);
-    if opts.hold_replay_at_release && !final_base {
+    // (A cluster's backup, whether or not its replay holds at the release: its read view
+    // is the released watermark once it runs, but its start's is its own.)
+    if !opts.keep_what_the_primary_lost && !final_base {
         state.reads_from.store(base.0, Ordering::Release);
     }
     state.connected.store(true, Ordering::Release);

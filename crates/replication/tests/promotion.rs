@@ -262,7 +262,7 @@ fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
     assert!(e.contains("above the point"), "{e}");
     // The directory still holds everything; the restart path cuts it at the point.
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
-    let opened = ditto_log::replica::open_replica_at(&b1, 1, &storage, ts[59], None).unwrap();
+    let opened = ditto_log::replica::open_replica_at(&b1, 1, &storage, ts[59], &[]).unwrap();
     assert_eq!(value_on(&opened.db, 59).as_deref(), Some(&b"v59"[..]));
     assert_eq!(value_on(&opened.db, 60), None);
 }

@@ -444,7 +444,7 @@ fn promote_standalone(
         "promotion: a backup's directory (it followed epoch {}) opened as a primary's",
         followed.map_or(0, |e| e.0)
     );
-    let db = promote_replica_dir(dir, workers, None, None)?;
+    let db = promote_replica_dir(dir, workers, None, &[])?;
     Ok((Some(db), followed.map(|e| ditto_log::Epoch(e.0 + 1))))
 }
 
@@ -1476,8 +1476,12 @@ fn promote_replica(
     if !rdir.exists() {
         return Ok(None); // a primary's own directory (the first epoch, or a restart)
     }
-    let older = c.followed_cut.map(|(e, p)| ditto_log::replica::EpochCut { epoch: ditto_log::Epoch(e), point: Ts(p) });
-    promote_replica_dir(dir, workers, c.upto.map(Ts), older).map(Some)
+    let older: Vec<_> = c
+        .epoch_cuts
+        .iter()
+        .map(|&(e, p)| ditto_log::replica::EpochCut { epoch: ditto_log::Epoch(e), point: Ts(p) })
+        .collect();
+    promote_replica_dir(dir, workers, c.upto.map(Ts), &older).map(Some)
 }
 
 /// A backup's directory opened whole as a primary's (a cluster's promotion, `--promote`):
@@ -1489,7 +1493,7 @@ fn promote_replica_dir(
     dir: &std::path::Path,
     workers: usize,
     upto: Option<Ts>,
-    older: Option<ditto_log::replica::EpochCut>,
+    older: &[ditto_log::replica::EpochCut],
 ) -> Result<ditto_log::Recovered, ServerError> {
     let rdir = ditto_log::replica::replica_dir(dir);
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);

@@ -2548,8 +2548,7 @@ mod tests {
         assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
 
-    /// A backup that holds replay at release and started from more than its primary had
-    /// released: data reads answer LOADING until the release reaches its start; other
+    /// A cluster's backup that started from more than its primary had released: data reads answer LOADING until the release reaches its start; other
     /// commands go on.
     #[test]
     fn a_backups_data_is_not_read_until_its_start_is_released() {
