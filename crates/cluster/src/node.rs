@@ -765,6 +765,19 @@ mod tests {
             (n, d)
         }
 
+        /// Three voters, a leader, and epoch 1 open everywhere (primary 1).
+        fn bootstrapped() -> Group {
+            let mut g = Group { nodes: Default::default() };
+            for id in 1..=3 {
+                g.nodes.insert(id, Group::start(id, RaftDurable::initial(&[1, 2, 3])));
+            }
+            g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
+            let members = (1..=3).map(member).collect();
+            g.leader().propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+            g.run("bootstrapped", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1));
+            g
+        }
+
         /// Ticks and delivers until `done` holds (bounded).
         fn run(&mut self, what: &str, done: impl Fn(&Group) -> bool) {
             for _ in 0..2000 {
@@ -821,14 +834,7 @@ mod tests {
     /// to be settled; a restarted node rebuilds the same state from its snapshot and log.
     #[test]
     fn members_are_added_from_a_snapshot_and_removed_one_change_at_a_time() {
-        let mut g = Group { nodes: Default::default() };
-        for id in 1..=3 {
-            g.nodes.insert(id, Group::start(id, RaftDurable::initial(&[1, 2, 3])));
-        }
-        g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
-        let members = (1..=3).map(member).collect();
-        g.leader().propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
-        g.run("bootstrapped", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1));
+        let mut g = Group::bootstrapped();
         let add4 = Command::AddMember { member: member(4) };
         match g.leader().propose_membership(&add4) {
             Err(NodeError::Busy(why)) => assert!(why.contains("not settled"), "{why}"),
@@ -902,14 +908,8 @@ mod tests {
     /// quorum to answer its ReadIndex) it never is.
     #[test]
     fn a_restarted_node_is_caught_up_only_once_it_applied_what_committed_while_it_was_down() {
-        let mut g = Group { nodes: Default::default() };
-        for id in 1..=3 {
-            g.nodes.insert(id, Group::start(id, RaftDurable::initial(&[1, 2, 3])));
-        }
-        g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
-        let members = (1..=3).map(member).collect();
-        g.leader().propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
-        g.run("bootstrapped and caught up", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1 && n.caught_up()));
+        let mut g = Group::bootstrapped();
+        g.run("caught up", |g| g.nodes.values().all(|(n, _)| n.caught_up()));
         // Node 3 goes down; epoch 2 begins without it.
         let (_, d3) = g.nodes.remove(&3).unwrap();
         g.run("a leader of two", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
