@@ -410,7 +410,12 @@ impl Coordinator {
         if prefer.is_some_and(|to| !r.reports.contains_key(&to)) && now.saturating_sub(r.started) < self.t.prepare {
             return;
         }
-        match plan_preferring(&r.reports, state.members.len(), r.epoch, open_epoch, start, prefer) {
+        // The epoch before the open one was cut at its recovery point: nothing survives
+        // between it and the open epoch's start.
+        let n = state.epochs.len();
+        let floor = n.checked_sub(2).and_then(|i| state.epochs[i].recovered).unwrap_or(0).min(start);
+        let recovered = crate::failover::Recovered { epoch: open_epoch, start, floor };
+        match plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer) {
             Ok(p) => {
                 r.unplanned = None;
                 r.plan = Some((p.clone(), now, now));

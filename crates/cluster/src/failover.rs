@@ -108,19 +108,28 @@ pub enum PlanError {
     NoSource,
 }
 
+/// The open epoch being recovered, as the state has it: its commits lie above `start`;
+/// every older epoch's surviving commits lie at or below `floor` (the recovery point the
+/// epoch before it was cut at; 0 for the first). Nothing survives in (floor, start].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recovered {
+    pub epoch: u64,
+    pub start: u64,
+    pub floor: u64,
+}
+
 /// Computes the recovery plan from the reports of one failover round (see the module
-/// notes). `reports` count if fenced at `epoch` and taken with `recovered_epoch` as the
+/// notes). `reports` count if fenced at `epoch` and taken with `recovered.epoch` as the
 /// open epoch (a node whose control log is behind may not yet have discarded what an
 /// earlier failover cut); others are ignored. `members` is the membership's size; new
-/// timestamps start at or above `start` (the open epoch's start).
+/// timestamps start at or above the open epoch's start.
 pub fn plan(
     reports: &BTreeMap<NodeId, TailReport>,
     members: usize,
     epoch: u64,
-    recovered_epoch: u64,
-    start: u64,
+    recovered: Recovered,
 ) -> Result<RecoveryPlan, PlanError> {
-    plan_preferring(reports, members, epoch, recovered_epoch, start, None)
+    plan_preferring(reports, members, epoch, recovered, None)
 }
 
 /// `plan`, choosing `prefer` (a switchover's target) among the eligible reporters that
@@ -129,10 +138,10 @@ pub fn plan_preferring(
     reports: &BTreeMap<NodeId, TailReport>,
     members: usize,
     epoch: u64,
-    recovered_epoch: u64,
-    start: u64,
+    recovered: Recovered,
     prefer: Option<NodeId>,
 ) -> Result<RecoveryPlan, PlanError> {
+    let Recovered { epoch: recovered_epoch, start, floor } = recovered;
     let valid: Vec<&TailReport> =
         reports.values().filter(|r| r.fenced_at == epoch && r.epoch == recovered_epoch).collect();
     let quorum = members / 2 + 1;
@@ -154,6 +163,14 @@ pub fn plan_preferring(
         })
         .collect();
     let recovery_point = tails.iter().map(|t| t.0).min().unwrap_or(0);
+    // Where a fetch for a node holding a stream up to `pos` starts: from a position in
+    // (floor, start), where nothing survives, at the start (at most the point), so that a
+    // holder whose log starts there (an old primary's own log, a checkpoint at the start)
+    // can answer it. The fetcher's log then holds the stream on from the start.
+    let from = |pos: u64| match pos >= floor && pos < start {
+        true => start.min(recovery_point).max(pos),
+        false => pos,
+    };
     // Where a node that holds stream `s` only up to `after` fetches the rest: the first
     // reporter that holds the most of it, if it can still answer from `after`, else the
     // first that holds the stream to the point and can.
@@ -164,7 +181,7 @@ pub fn plan_preferring(
     };
     let lacks = |r: &TailReport| -> u64 { (0..streams).map(|s| recovery_point - pos(r, s).min(recovery_point)).sum() };
     let can_fetch =
-        |r: &TailReport| (0..streams).all(|s| pos(r, s) >= recovery_point || source(s, pos(r, s)).is_some());
+        |r: &TailReport| (0..streams).all(|s| pos(r, s) >= recovery_point || source(s, from(pos(r, s))).is_some());
     // Among the eligible reporters that can fetch all they lack, the one that lacks least.
     // The reporter holding the most on its least-held stream can always fetch (what it
     // lacks starts at or above that, where every holder's checkpoint lies below), so only
@@ -181,7 +198,7 @@ pub fn plan_preferring(
     let fetch = (0..streams)
         .filter(|&s| pos(primary, s) < recovery_point)
         .map(|s| {
-            let after = pos(primary, s);
+            let after = from(pos(primary, s));
             Fetch { stream: s, from: source(s, after).expect("checked by can_fetch"), after, upto: recovery_point }
         })
         .collect();
@@ -214,6 +231,12 @@ mod tests {
         }
     }
 
+    /// Epoch `epoch` recovered, started at `start`, the epoch before it cut there too (no
+    /// gap between the two).
+    fn at(epoch: u64, start: u64) -> Recovered {
+        Recovered { epoch, start, floor: start }
+    }
+
     fn reports(rs: Vec<TailReport>) -> BTreeMap<NodeId, TailReport> {
         rs.into_iter().map(|r| (r.node, r)).collect()
     }
@@ -223,7 +246,7 @@ mod tests {
     #[test]
     fn rolis_figure_8() {
         let rs = reports(vec![report(2, &[34, 27, 41, 21, 23]), report(3, &[30, 20, 26, 21, 23])]);
-        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+        let p = plan(&rs, 3, 2, at(1, 0)).unwrap();
         assert_eq!(p.recovery_point, 21);
         assert_eq!(p.primary, 2, "node 2 lacks nothing below 21");
         assert!(p.fetch.is_empty());
@@ -235,7 +258,7 @@ mod tests {
     fn the_most_up_to_date_node_fetches_what_it_lacks_from_whoever_holds_most() {
         // Node 2 is behind on stream 0, node 3 on stream 1; the point is min(50, 60) = 50.
         let rs = reports(vec![report(2, &[40, 60]), report(3, &[50, 45]), report(4, &[10, 10])]);
-        let p = plan(&rs, 5, 2, 1, 0).unwrap();
+        let p = plan(&rs, 5, 2, at(1, 0)).unwrap();
         assert_eq!(p.recovery_point, 50);
         // Node 2 lacks 10 below the point, node 3 lacks 5: node 3 is chosen.
         assert_eq!(p.primary, 3);
@@ -248,36 +271,36 @@ mod tests {
         let mut old = report(1, &[60, 60]);
         old.eligible = false;
         let rs = reports(vec![old, report(2, &[60, 60]), report(3, &[60, 61])]);
-        assert_eq!(plan(&rs, 3, 2, 1, 0).unwrap().primary, 2, "without a preference, the lowest id");
-        let p = plan_preferring(&rs, 3, 2, 1, 0, Some(3)).unwrap();
+        assert_eq!(plan(&rs, 3, 2, at(1, 0)).unwrap().primary, 2, "without a preference, the lowest id");
+        let p = plan_preferring(&rs, 3, 2, at(1, 0), Some(3)).unwrap();
         assert_eq!((p.primary, p.recovery_point), (3, 60));
         assert!(p.fetch.is_empty());
         // A target that lacks something is not preferred over one that lacks nothing: the
         // preference never costs a fetch.
         let rs = reports(vec![report(2, &[60, 60]), report(3, &[60, 50])]);
-        assert_eq!(plan_preferring(&rs, 3, 2, 1, 0, Some(3)).unwrap().primary, 2);
+        assert_eq!(plan_preferring(&rs, 3, 2, at(1, 0), Some(3)).unwrap().primary, 2);
         // Nor is an old primary ever chosen, named or not.
         let mut old = report(1, &[60, 60]);
         old.eligible = false;
         let rs = reports(vec![old, report(2, &[60, 60])]);
-        assert_eq!(plan_preferring(&rs, 3, 2, 1, 0, Some(1)).unwrap().primary, 2);
+        assert_eq!(plan_preferring(&rs, 3, 2, at(1, 0), Some(1)).unwrap().primary, 2);
     }
 
     #[test]
     fn without_a_quorum_or_an_eligible_node_there_is_no_plan() {
         let rs = reports(vec![report(2, &[40, 60]), report(3, &[50, 45])]);
-        assert_eq!(plan(&rs, 5, 2, 1, 0), Err(PlanError::NoQuorum { got: 2, members: 5, quorum: 3 }));
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)), Err(PlanError::NoQuorum { got: 2, members: 5, quorum: 3 }));
         // Reports of another round do not count.
         let mut stale = report(4, &[70, 70]);
         stale.fenced_at = 1;
         let mut rs2 = rs.clone();
         rs2.insert(4, stale);
-        assert!(matches!(plan(&rs2, 5, 2, 1, 0), Err(PlanError::NoQuorum { got: 2, .. })));
+        assert!(matches!(plan(&rs2, 5, 2, at(1, 0)), Err(PlanError::NoQuorum { got: 2, .. })));
         let mut rs3 = rs;
         for r in rs3.values_mut() {
             r.eligible = false;
         }
-        assert_eq!(plan(&rs3, 3, 2, 1, 0), Err(PlanError::NoEligibleNode));
+        assert_eq!(plan(&rs3, 3, 2, at(1, 0)), Err(PlanError::NoEligibleNode));
     }
 
     #[test]
@@ -285,16 +308,55 @@ mod tests {
         // The open epoch started at 100; node 1 lacks stream 1 from 80 on (of the epoch
         // before), node 2 holds it. A report clamped at the start would hide that.
         let rs = reports(vec![report(1, &[150, 80]), report(2, &[140, 160])]);
-        let p = plan(&rs, 3, 2, 1, 100).unwrap();
+        let p = plan(&rs, 3, 2, at(1, 100)).unwrap();
         assert_eq!(p.recovery_point, 150);
         assert_eq!(p.primary, 2, "node 2 lacks 10, node 1 lacks 70");
         assert_eq!(p.fetch, vec![Fetch { stream: 0, from: 1, after: 140, upto: 150 }]);
         // Nobody got past the start on stream 2: the point falls below it, and the whole
         // open epoch is cut (the state lowers every older epoch's point to it too).
         let rs = reports(vec![report(1, &[150, 130, 90]), report(2, &[140, 160, 95])]);
-        let p = plan(&rs, 3, 2, 1, 100).unwrap();
+        let p = plan(&rs, 3, 2, at(1, 100)).unwrap();
         assert_eq!(p.recovery_point, 95);
         assert!(p.start >= 160);
+    }
+
+    /// Simulation seed 4696: the eligible node holds both streams exactly to the epoch
+    /// before's point (595); the recovered epoch started at 604, and the only holder of
+    /// stream 1 to the new point is its old primary, whose log starts at that start. Nothing
+    /// survives in (595, 604], so the fetch starts at 604, where that log answers it. A
+    /// node behind the floor still fetches from where it is (its lack is real).
+    #[test]
+    fn a_fetch_from_between_the_older_point_and_the_start_starts_at_the_start() {
+        let r = |node, streams: &[u64], serves_above, eligible| TailReport {
+            serves_above,
+            eligible,
+            fenced_at: 3,
+            epoch: 2,
+            ..report(node, streams)
+        };
+        let old = TailReport { last_resort: true, ..r(2, &[659, 660], 604, false) };
+        let rs = reports(vec![r(3, &[662, 330], 330, true), old, r(1, &[595, 595], 541, true)]);
+        let gap = Recovered { epoch: 2, start: 604, floor: 595 };
+        let p = plan(&rs, 3, 3, gap).unwrap();
+        assert_eq!((p.primary, p.recovery_point), (1, 660));
+        assert_eq!(
+            p.fetch,
+            vec![
+                Fetch { stream: 0, from: 3, after: 604, upto: 660 },
+                Fetch { stream: 1, from: 2, after: 604, upto: 660 }
+            ]
+        );
+        // Without the gap (the epoch before was cut at the start), no plan.
+        assert_eq!(plan(&rs, 3, 3, Recovered { floor: 604, ..gap }), Err(PlanError::NoSource));
+        // A node behind the floor lacks what the epoch before kept: not lifted.
+        let rs =
+            reports(vec![r(3, &[662, 330], 330, true), r(2, &[659, 660], 604, false), r(1, &[595, 590], 541, true)]);
+        assert_eq!(plan(&rs, 3, 3, gap), Err(PlanError::NoSource));
+        // Nor past the point: a start above it lifts only to the point.
+        let rs = reports(vec![r(1, &[595, 600], 0, true), r(2, &[610, 600], 0, true)]);
+        let p = plan(&rs, 3, 3, Recovered { epoch: 2, start: 604, floor: 595 }).unwrap();
+        assert_eq!(p.recovery_point, 600);
+        assert!(p.fetch.iter().all(|f| f.after <= f.upto), "{p:?}");
     }
 
     /// Exhaustively over small histories: every commit a quorum held on every stream is at
@@ -329,7 +391,7 @@ mod tests {
                                             ..report(n as u64 + 1, &held[n])
                                         };
                                         let rs = reports(vec![r(i), r(j)]);
-                                        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+                                        let p = plan(&rs, 3, 2, at(1, 0)).unwrap();
                                         assert!(p.recovery_point >= released, "{held:?} {i}{j}: {p:?}");
                                         for fe in &p.fetch {
                                             let from = fe.from as usize - 1;
@@ -357,7 +419,7 @@ mod tests {
         // Node 2 lacks 20 (stream 2, above 80), node 3 lacks 24 (streams 0 and 1, above 88).
         // Only node 3 holds stream 2 to the point, and its checkpoint is at 88.
         let rs = reports(vec![r(2, &[100, 100, 80], 80), r(3, &[88, 88, 100], 88)]);
-        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+        let p = plan(&rs, 3, 2, at(1, 0)).unwrap();
         assert_eq!(p.recovery_point, 100);
         assert_eq!(p.primary, 3, "node 2 could not fetch stream 2 above 80");
         assert_eq!(
@@ -369,7 +431,7 @@ mod tests {
         );
         // Checkpoints below the fetch: the node that lacks least, as before.
         let rs = reports(vec![r(2, &[100, 100, 80], 0), r(3, &[88, 88, 100], 0)]);
-        assert_eq!(plan(&rs, 3, 2, 1, 0).unwrap().primary, 2);
+        assert_eq!(plan(&rs, 3, 2, at(1, 0)).unwrap().primary, 2);
     }
 
     #[test]
@@ -382,23 +444,23 @@ mod tests {
         // Nodes 3 and 4 are old primaries (never chosen) holding everything; node 3, the
         // first to hold the most, checkpointed at 90, above node 2's 50 on stream 1.
         let rs = reports(vec![r(2, &[100, 50], 50, true), r(3, &[100, 100], 90, false), r(4, &[100, 100], 40, false)]);
-        let p = plan(&rs, 5, 2, 1, 0).unwrap();
+        let p = plan(&rs, 5, 2, at(1, 0)).unwrap();
         assert_eq!((p.primary, p.recovery_point), (2, 100));
         assert_eq!(p.fetch, vec![Fetch { stream: 1, from: 4, after: 50, upto: 100 }]);
         // Without node 4 nobody can answer it: no plan yet (more reports may bring one).
         let rs = reports(vec![r(2, &[100, 50], 50, true), r(3, &[100, 100], 90, false)]);
-        assert_eq!(plan(&rs, 3, 2, 1, 0), Err(PlanError::NoSource));
+        assert_eq!(plan(&rs, 3, 2, at(1, 0)), Err(PlanError::NoSource));
         // Unless the old primary, which lacks nothing, may be chosen as a last resort.
         let old = TailReport { last_resort: true, ..r(3, &[100, 100], 90, false) };
         let rs = reports(vec![r(2, &[100, 50], 50, true), old.clone()]);
-        let p = plan(&rs, 3, 2, 1, 0).unwrap();
+        let p = plan(&rs, 3, 2, at(1, 0)).unwrap();
         assert_eq!((p.primary, p.recovery_point, p.fetch.len()), (3, 100, 0));
         // Never while an eligible node can fetch what it lacks (node 4 answers it) ...
         let rs = reports(vec![r(2, &[100, 50], 50, true), old.clone(), r(4, &[100, 100], 40, false)]);
-        assert_eq!(plan(&rs, 5, 2, 1, 0).unwrap().primary, 2);
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)).unwrap().primary, 2);
         // ... nor if it lacks something itself.
         let behind = TailReport { last_resort: true, ..r(3, &[100, 99], 90, false) };
         let rs = reports(vec![r(2, &[100, 50], 50, true), behind, r(4, &[99, 100], 95, false)]);
-        assert_eq!(plan(&rs, 5, 2, 1, 0), Err(PlanError::NoSource));
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)), Err(PlanError::NoSource));
     }
 }

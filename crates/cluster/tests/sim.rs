@@ -160,6 +160,18 @@ impl DataLog {
     }
     /// Appends `units`, which follow `prev`, and completes the stream up to `upto` (at
     /// least the last unit).
+    /// A fetch's answer: `append`, from `prev` at or above where the stream is held. A
+    /// fetch from the open epoch's start, where the plan saw nothing survive between the
+    /// older epoch's point and it (`failover::Recovered`), takes that gap as held. (Were a
+    /// released commit in it, the new primary's check at the opening would fail.)
+    fn append_fetched(&mut self, s: usize, prev: u64, units: &[Unit], upto: u64) -> Result<(), u64> {
+        let st = &mut self.streams[s];
+        if st.bound > prev {
+            return Err(st.bound);
+        }
+        st.bound = prev;
+        self.append(s, prev, units, upto)
+    }
     fn append(&mut self, s: usize, prev: u64, units: &[Unit], upto: u64) -> Result<(), u64> {
         let st = &mut self.streams[s];
         if st.bound != prev {
@@ -1338,7 +1350,8 @@ impl Sim {
                     return;
                 }
                 let Some(units) = units else { return };
-                if now < self.nodes[i].disk_full_until || self.nodes[i].data.append(stream, prev, &units, upto).is_err()
+                if now < self.nodes[i].disk_full_until
+                    || self.nodes[i].data.append_fetched(stream, prev, &units, upto).is_err()
                 {
                     return;
                 }
