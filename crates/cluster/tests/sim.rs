@@ -158,20 +158,27 @@ impl DataLog {
         let from = units.partition_point(|u| u.ts <= after);
         units[from..].iter().take_while(|u| u.ts <= upto).take(max).copied().collect()
     }
-    /// Appends `units`, which follow `prev`, and completes the stream up to `upto` (at
-    /// least the last unit).
     /// A fetch's answer: `append`, from `prev` at or above where the stream is held. A
     /// fetch from the open epoch's start, where the plan saw nothing survive between the
-    /// older epoch's point and it (`failover::Recovered`), takes that gap as held. (Were a
-    /// released commit in it, the new primary's check at the opening would fail.)
-    fn append_fetched(&mut self, s: usize, prev: u64, units: &[Unit], upto: u64) -> Result<(), u64> {
+    /// older epoch's point and it (`failover::Recovered`: `gap` is that floor and start),
+    /// takes that gap as held; a skip outside it is a planner bug, and fails the run.
+    /// (Were a released commit in it, the new primary's check at the opening would fail.)
+    fn append_fetched(&mut self, s: usize, prev: u64, units: &[Unit], upto: u64, gap: (u64, u64)) -> Result<(), u64> {
         let st = &mut self.streams[s];
         if st.bound > prev {
             return Err(st.bound);
         }
+        let (floor, start) = gap;
+        assert!(
+            st.bound == prev || (st.bound >= floor && prev <= start.min(upto)),
+            "a fetch of stream {s} skips ({}, {prev}], not within the gap ({floor}, {start}] (point {upto})",
+            st.bound
+        );
         st.bound = prev;
         self.append(s, prev, units, upto)
     }
+    /// Appends `units`, which follow `prev`, and completes the stream up to `upto` (at
+    /// least the last unit).
     fn append(&mut self, s: usize, prev: u64, units: &[Unit], upto: u64) -> Result<(), u64> {
         let st = &mut self.streams[s];
         if st.bound != prev {
@@ -1350,8 +1357,16 @@ impl Sim {
                     return;
                 }
                 let Some(units) = units else { return };
+                // The recovered epoch's start and the point the epoch before it was cut
+                // at, as this node's state has them (its report named the same open
+                // epoch, and only an opening changes them).
+                let epochs = &self.state_of(i).epochs;
+                let at = epochs.iter().position(|e| e.epoch == p.plan.recovered_epoch);
+                let start = at.map_or(0, |k| epochs[k].start);
+                let floor = at.and_then(|k| k.checked_sub(1)).and_then(|k| epochs[k].recovered).unwrap_or(0);
+                let gap = (floor.min(start), start);
                 if now < self.nodes[i].disk_full_until
-                    || self.nodes[i].data.append_fetched(stream, prev, &units, upto).is_err()
+                    || self.nodes[i].data.append_fetched(stream, prev, &units, upto, gap).is_err()
                 {
                     return;
                 }
