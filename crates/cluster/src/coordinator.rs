@@ -334,7 +334,7 @@ impl Coordinator {
                 }
                 if let Some(open) = state.open_epoch() {
                     // A switchover's round waits for its target's report, but not forever.
-                    self.try_plan(now, state, open.epoch, open.start, &mut out);
+                    self.try_plan(now, state, open.epoch, &mut out);
                 }
                 let r = self.round.as_mut().expect("set above");
                 match &mut r.plan {
@@ -388,33 +388,30 @@ impl Coordinator {
     pub fn on_report(&mut self, report: TailReport, now: u64, state: &ControlState, leader: bool) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(r) = self.round.as_mut() else { return out };
-        let open = state.open_epoch().map(|e| (e.epoch, e.start));
+        let open = state.open_epoch().map(|e| e.epoch);
         if !leader || state.phase != Some(Phase::Failover) || r.epoch != state.epoch || report.fenced_at != r.epoch {
             return out;
         }
-        let Some((open_epoch, start)) = open else { return out };
+        let Some(open_epoch) = open else { return out };
         // Only members' reports count (a learner's never does: it counts in no quorum).
         if report.epoch != open_epoch || r.plan.is_some() || !state.members.contains_key(&report.node) {
             return out;
         }
         r.reports.insert(report.node, report);
-        self.try_plan(now, state, open_epoch, start, &mut out);
+        self.try_plan(now, state, open_epoch, &mut out);
         out
     }
 
     /// Plans the round once a quorum has reported; in a switchover, once its target has
     /// reported too, or `Timeouts::prepare` after the round began without it.
-    fn try_plan(&mut self, now: u64, state: &ControlState, open_epoch: u64, start: u64, out: &mut Vec<Action>) {
+    fn try_plan(&mut self, now: u64, state: &ControlState, open_epoch: u64, out: &mut Vec<Action>) {
         let Some(r) = self.round.as_mut().filter(|r| r.plan.is_none()) else { return };
         let prefer = state.switchover.as_ref().filter(|s| s.epoch < r.epoch).map(|s| s.to);
         if prefer.is_some_and(|to| !r.reports.contains_key(&to)) && now.saturating_sub(r.started) < self.t.prepare {
             return;
         }
-        // The epoch before the open one was cut at its recovery point: nothing survives
-        // between it and the open epoch's start.
-        let n = state.epochs.len();
-        let floor = n.checked_sub(2).and_then(|i| state.epochs[i].recovered).unwrap_or(0).min(start);
-        let recovered = crate::failover::Recovered { epoch: open_epoch, start, floor };
+        // (The open epoch is the state's last record: always there.)
+        let Some(recovered) = state.recovering(open_epoch) else { return };
         match plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer) {
             Ok(p) => {
                 r.unplanned = None;

@@ -415,6 +415,15 @@ impl ControlState {
         self.epochs.iter().find(|e| e.epoch == epoch).and_then(|e| e.recovered).map(Ts)
     }
 
+    /// Epoch `epoch`, as a failover that recovers it sees it: its start, and the point
+    /// the epoch before it was cut at (nothing survives between the two).
+    pub fn recovering(&self, epoch: u64) -> Option<crate::failover::Recovered> {
+        let at = self.epochs.iter().position(|e| e.epoch == epoch)?;
+        let start = self.epochs[at].start;
+        let floor = at.checked_sub(1).and_then(|k| self.epochs[k].recovered).unwrap_or(0).min(start);
+        Some(crate::failover::Recovered { epoch, start, floor })
+    }
+
     /// Why the membership may not change now, if it may not: a change waits for the open
     /// epoch to serve and for its primary to have settled the current configuration. One
     /// change at a time, each settled before the next, keeps every quorum that released a

@@ -1360,11 +1360,7 @@ impl Sim {
                 // The recovered epoch's start and the point the epoch before it was cut
                 // at, as this node's state has them (its report named the same open
                 // epoch, and only an opening changes them).
-                let epochs = &self.state_of(i).epochs;
-                let at = epochs.iter().position(|e| e.epoch == p.plan.recovered_epoch);
-                let start = at.map_or(0, |k| epochs[k].start);
-                let floor = at.and_then(|k| k.checked_sub(1)).and_then(|k| epochs[k].recovered).unwrap_or(0);
-                let gap = (floor.min(start), start);
+                let gap = self.state_of(i).recovering(p.plan.recovered_epoch).map_or((0, 0), |r| (r.floor, r.start));
                 if now < self.nodes[i].disk_full_until
                     || self.nodes[i].data.append_fetched(stream, prev, &units, upto, gap).is_err()
                 {

@@ -862,10 +862,9 @@ impl NodePlane {
                 // replayed.
                 let followed = (own == 0).then(|| followed_epoch(&self.data)).flatten();
                 if let (Some(f), Some(r)) = (followed, resume_epoch) {
-                    let cuts: Vec<(u64, u64)> =
-                        (f..*r).filter_map(|e| self.state.recovery_point(e).map(|p| (e, p.0))).collect();
-                    if !cuts.is_empty() {
-                        let list: Vec<String> = cuts.iter().map(|(e, p)| format!("{e}:{p}")).collect();
+                    let list: Vec<String> =
+                        (f..*r).filter_map(|e| self.state.recovery_point(e).map(|p| format!("{e}:{}", p.0))).collect();
+                    if !list.is_empty() {
                         say(
                             self.me,
                             format!(

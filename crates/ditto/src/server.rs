@@ -128,7 +128,7 @@ pub struct ServerArgs {
     /// it before --resume-epoch, the points failovers cut them at (their batches above are
     /// not replayed).
     #[arg(long, hide = true, value_parser = parse_epoch_cut, value_delimiter = ',')]
-    epoch_cuts: Vec<(u64, u64)>,
+    epoch_cuts: Vec<ditto_log::replica::EpochCut>,
     /// Set by a cluster node for a backup: where the primary takes clients' writes.
     #[arg(long, hide = true)]
     primary_addr: Option<String>,
@@ -358,10 +358,11 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `EPOCH:TS` (`--epoch-cuts`).
-fn parse_epoch_cut(s: &str) -> Result<(u64, u64), String> {
+fn parse_epoch_cut(s: &str) -> Result<ditto_log::replica::EpochCut, String> {
     let bad = || format!("{s:?}: expected EPOCH:TS");
     let (e, t) = s.split_once(':').ok_or_else(bad)?;
-    Ok((e.parse().map_err(|_| bad())?, t.parse().map_err(|_| bad())?))
+    let (epoch, point) = (e.parse().map_err(|_| bad())?, t.parse().map_err(|_| bad())?);
+    Ok(ditto_log::replica::EpochCut { epoch: ditto_log::Epoch(epoch), point: ditto_engine::Ts(point) })
 }
 
 /// `promote EPOCH TS_ABOVE UPTO RESUME_EPOCH MEMBERS_CONFIG REPL_PORT BACKUPS` from a

@@ -145,10 +145,10 @@ pub struct ClusterRun {
     /// from the log.
     pub resume_epoch: Option<u64>,
     /// A primary promoted from a backup's directory that followed an epoch older than
-    /// `resume_epoch`: (epoch, point) for that epoch and each after it up to
-    /// `resume_epoch`, exclusive, the points failovers cut them at. Their batches above,
-    /// which those failovers discarded, are not replayed (`ditto_log::replica::EpochCut`).
-    pub epoch_cuts: Vec<(u64, u64)>,
+    /// `resume_epoch`: that epoch and each after it up to `resume_epoch`, exclusive, with
+    /// the points failovers cut them at. Their batches above, which those failovers
+    /// discarded, are not replayed.
+    pub epoch_cuts: Vec<ditto_log::replica::EpochCut>,
     /// A backup: where the primary takes clients' writes (host:port).
     pub primary_addr: Option<String>,
     /// A primary: the membership configuration its `backups` count stands for.

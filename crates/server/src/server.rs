@@ -1476,12 +1476,7 @@ fn promote_replica(
     if !rdir.exists() {
         return Ok(None); // a primary's own directory (the first epoch, or a restart)
     }
-    let older: Vec<_> = c
-        .epoch_cuts
-        .iter()
-        .map(|&(e, p)| ditto_log::replica::EpochCut { epoch: ditto_log::Epoch(e), point: Ts(p) })
-        .collect();
-    promote_replica_dir(dir, workers, c.upto.map(Ts), &older).map(Some)
+    promote_replica_dir(dir, workers, c.upto.map(Ts), &c.epoch_cuts).map(Some)
 }
 
 /// A backup's directory opened whole as a primary's (a cluster's promotion, `--promote`):

@@ -65,6 +65,11 @@ pub enum Replication {
     },
 }
 
+/// The connection commands that read the keyspace (`read_keys`).
+fn walks_keys(spec: &Spec) -> bool {
+    matches!(spec.name, "DBSIZE" | "SCAN" | "KEYS")
+}
+
 /// Starts a transaction for a command: on a read-only node (a backup) a snapshot
 /// transaction at the read view, which replay never disturbs; else a read-write one.
 pub(crate) fn begin<'w>(sh: &Shared, worker: &'w mut Worker) -> Transaction<'w> {
@@ -566,7 +571,7 @@ impl Session {
         }
         let reads_data = match spec.kind {
             Kind::Data => !spec.write,
-            Kind::Conn => matches!(spec.name, "DBSIZE" | "SCAN" | "KEYS"),
+            Kind::Conn => walks_keys(spec),
         };
         if let (true, Replication::Backup { state, .. }) = (reads_data, &sh.replication) {
             if let Some((from, released)) = state.reads_held() {
@@ -754,7 +759,7 @@ impl Session {
                             Err(e @ Error::TooLarge { .. }) => replies.push(engine_error(&e)),
                             Err(e) => return Err(e),
                         }
-                    } else if matches!(spec.name, "DBSIZE" | "SCAN" | "KEYS") {
+                    } else if walks_keys(spec) {
                         // Inside the transaction: they see its earlier writes, and a key
                         // another client adds or removes in the range they walked
                         // meanwhile makes the commit fail and the EXEC run again.
@@ -2548,8 +2553,8 @@ mod tests {
         assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
 
-    /// A cluster's backup that started from more than its primary had released: data reads answer LOADING until the release reaches its start; other
-    /// commands go on.
+    /// A cluster's backup that started from more than its primary had released: data
+    /// reads answer LOADING until the release reaches its start; other commands go on.
     #[test]
     fn a_backups_data_is_not_read_until_its_start_is_released() {
         let (mut sh, mut w) = setup();
