@@ -485,6 +485,7 @@ mod tests {
             eligible: true,
             serves_above: 0,
             last_resort: false,
+            own_epoch: 0,
         }
     }
 

@@ -65,6 +65,13 @@ pub struct TailReport {
     /// that log, cut at the point, as a backup's replica log would be).
     #[serde(default)]
     pub last_resort: bool,
+    /// The epoch of the primary's own log this node holds (0: none, or a node of a
+    /// version that did not say). A last resort whose own log is of the epoch recovered
+    /// may also be chosen when it lacks something, if it can fetch it: what it lacks is
+    /// what it shipped but had not made durable when it stopped, and the fetched batches
+    /// are added to its own log (`ditto_log::recovery::append_own_fetched`).
+    #[serde(default)]
+    pub own_epoch: u64,
 }
 
 /// A stream's missing range and where to fetch it.
@@ -186,10 +193,18 @@ pub fn plan_preferring(
     // The reporter holding the most on its least-held stream can always fetch (what it
     // lacks starts at or above that, where every holder's checkpoint lies below), so only
     // eligibility can leave none: an old primary that alone holds the tail as batches.
-    // Then such an old primary itself, if it lacks nothing (`TailReport::last_resort`).
+    // Then such an old primary itself (`TailReport::last_resort`): one that lacks nothing,
+    // else one whose own log is of the recovered epoch and that can fetch what it lacks
+    // (`TailReport::own_epoch`), the one that lacks least.
     let eligible: Vec<&&TailReport> = valid.iter().filter(|r| r.eligible).collect();
     let chosen = eligible.iter().filter(|r| can_fetch(r)).min_by_key(|r| (lacks(r), Some(r.node) != prefer, r.node));
-    let last_resort = || valid.iter().filter(|r| r.last_resort && lacks(r) == 0).min_by_key(|r| r.node).copied();
+    let last_resort = || {
+        valid
+            .iter()
+            .filter(|r| r.last_resort && (lacks(r) == 0 || (r.own_epoch == recovered_epoch && can_fetch(r))))
+            .min_by_key(|r| (lacks(r), r.node))
+            .copied()
+    };
     let primary = match chosen.map(|r| **r).or_else(last_resort) {
         Some(r) => r,
         None if eligible.is_empty() => return Err(PlanError::NoEligibleNode),
@@ -228,6 +243,7 @@ mod tests {
             eligible: true,
             serves_above: 0,
             last_resort: false,
+            own_epoch: 0,
         }
     }
 
@@ -458,9 +474,26 @@ mod tests {
         // Never while an eligible node can fetch what it lacks (node 4 answers it) ...
         let rs = reports(vec![r(2, &[100, 50], 50, true), old.clone(), r(4, &[100, 100], 40, false)]);
         assert_eq!(plan(&rs, 5, 2, at(1, 0)).unwrap().primary, 2);
-        // ... nor if it lacks something itself.
+        // ... nor if it lacks something itself, unless its own log is of the recovered
+        // epoch (the batches it lacks are ones it shipped): it then fetches them.
         let behind = TailReport { last_resort: true, ..r(3, &[100, 99], 90, false) };
-        let rs = reports(vec![r(2, &[100, 50], 50, true), behind, r(4, &[99, 100], 95, false)]);
+        let rs = reports(vec![r(2, &[100, 50], 50, true), behind.clone(), r(4, &[99, 100], 95, false)]);
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)), Err(PlanError::NoSource));
+        let older = TailReport { own_epoch: 0, ..behind.clone() };
+        let rs = reports(vec![r(2, &[100, 50], 50, true), older, r(4, &[99, 100], 95, false)]);
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)), Err(PlanError::NoSource), "a log of an older epoch takes no batches");
+        let own = TailReport { own_epoch: 1, ..behind.clone() };
+        let rs = reports(vec![r(2, &[100, 50], 50, true), own.clone(), r(4, &[99, 100], 95, false)]);
+        let p = plan(&rs, 5, 2, at(1, 0)).unwrap();
+        assert_eq!((p.primary, p.recovery_point), (3, 100));
+        assert_eq!(p.fetch, vec![Fetch { stream: 1, from: 4, after: 99, upto: 100 }]);
+        // One that lacks nothing is still preferred to one that must fetch.
+        let whole = TailReport { node: 5, own_epoch: 1, ..old.clone() };
+        let rs = reports(vec![r(2, &[100, 50], 50, true), own.clone(), r(4, &[99, 100], 95, false), whole]);
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)).unwrap().primary, 5);
+        // And it must be able to fetch: without node 4, nobody holds stream 1 to 100 as
+        // batches above 99.
+        let rs = reports(vec![r(2, &[100, 50], 50, true), own, r(6, &[100, 100], 100, false)]);
         assert_eq!(plan(&rs, 5, 2, at(1, 0)), Err(PlanError::NoSource));
     }
 }

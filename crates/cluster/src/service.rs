@@ -135,6 +135,8 @@ pub struct Holding {
     pub serves_above: u64,
     /// Not eligible, but may be chosen if it lacks nothing (`TailReport::last_resort`).
     pub last_resort: bool,
+    /// The epoch of the primary's own log it holds; 0 if none (`TailReport::own_epoch`).
+    pub own_epoch: u64,
 }
 
 /// What a node's data plane (its log shipping and replay) does for the control plane. It
@@ -1028,6 +1030,7 @@ impl Run {
                             eligible: h.eligible,
                             serves_above: h.serves_above,
                             last_resort: h.last_resort,
+                            own_epoch: h.own_epoch,
                         };
                         self.ctl(from, Ctl::Report(r), now)?;
                     }

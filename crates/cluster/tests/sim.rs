@@ -1305,8 +1305,11 @@ impl Sim {
                     eligible: self.nodes[i].own_log.is_none(),
                     serves_above: self.nodes[i].data.ckpt,
                     // ... but as a last resort, when no other can fetch what it lacks and
-                    // it lacks nothing (its log, cut at the point, starts the next epoch).
+                    // it lacks nothing (its log, cut at the point, starts the next epoch),
+                    // or, its log being of the recovered epoch, it can fetch what it lacks
+                    // (taken back into that log: `append_own_fetched`).
                     last_resort: self.nodes[i].own_log.is_some(),
+                    own_epoch: self.nodes[i].own_log.unwrap_or(0),
                 };
                 self.send(id, from, Msg::Report(r));
             }

@@ -87,6 +87,7 @@ impl DataPlane for ModelPlane {
             eligible: true,
             serves_above: w.serves_above.get(&self.me).copied().unwrap_or(0),
             last_resort: false,
+            own_epoch: 0,
         })
     }
     fn prepare(&mut self, plan: &RecoveryPlan) {

@@ -1212,7 +1212,14 @@ impl NodePlane {
             let serves_above = ditto_log::recovery::primary_fetch_floor(&dir, self.own_log_start(&dir))
                 .map_err(|e| format!("reading where its log starts: {e}"))?
                 .0;
-            return Ok(Holding { newest: h.newest.0.min(cap), streams, eligible: false, serves_above, last_resort });
+            return Ok(Holding {
+                newest: h.newest.0.min(cap),
+                streams,
+                eligible: false,
+                serves_above,
+                last_resort,
+                own_epoch: epoch.0,
+            });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
         // What this node holds of an epoch that a failover since cut is held only up to the
@@ -1234,6 +1241,7 @@ impl NodePlane {
             eligible,
             serves_above: fetch_floor(&self.data)?,
             last_resort: false,
+            own_epoch: 0,
         })
     }
 
@@ -1671,7 +1679,22 @@ impl DataPlane for NodePlane {
             // after the stop timeout).
             self.poll_stop(self.stop_timeout + Duration::from_secs(1));
             ditto_log::replica::forget_holdings();
-            if let Err(e) = ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage) {
+            let added = if holds_primary_log(&self.data) {
+                // A last resort that lacks what it shipped but had not made durable: the
+                // batches go back into its own log, which its server then starts from.
+                ditto_log::recovery::append_own_fetched(&self.data, stream, &batches, &*storage).map(|d| {
+                    say(
+                        self.me,
+                        format!(
+                            "its own log takes back {} batches of stream {stream} ({} held already, {} of older epochs dropped)",
+                            d.written, d.held, d.older
+                        ),
+                    )
+                })
+            } else {
+                ditto_log::replica::append_fetched(&self.data, self.workers as u32, &batches, &storage)
+            };
+            if let Err(e) = added {
                 self.fetching.clear();
                 self.prepared = Some(Err(format!("adding fetched batches: {e}")));
                 return;

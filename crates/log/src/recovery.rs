@@ -832,3 +832,134 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
     })?;
     gap.collect()
 }
+
+/// What `append_own_fetched` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnFetched {
+    /// Batches written, as a new segment of the stream.
+    pub written: usize,
+    /// Batches the log already held (bounded at or below its stream's bound).
+    pub held: usize,
+    /// Batches of older epochs: each lies above the point its epoch was cut at (a fetch
+    /// asks from at or above this log's epoch start), so it was discarded, and is dropped.
+    pub older: usize,
+}
+
+/// Adds fetched batches of stream `stream` to the primary's own log in `data`, as that
+/// stream's next segment: a failover's last resort (an old primary, not eligible) that
+/// lacks part of what it shipped, because it crashed before that part was durable, takes
+/// it back from a backup that received it (docs/cluster.md, "A last resort fetches what it
+/// lacks"). The batches are the ones this log's writer made (a backup keeps them as
+/// shipped), so the log then reads as if the writer had made them durable itself:
+/// recovery, the holdings, a later fetch from it and the cut at the point all see them.
+///
+/// Everything is checked before anything is written: each batch whole and of this stream,
+/// none of a newer epoch, and timestamps increasing on from what the stream holds.
+/// Then the stream's last segment is cut to its last whole batch (a torn tail or the
+/// zeros laid ahead, which a segment that is not the stream's last may not end with), and
+/// the new segment is written under a temporary name, synced and renamed, as the writer
+/// makes one; a crash at any step leaves a log that opens, holding the batches or not.
+pub fn append_own_fetched(
+    data: &Path,
+    stream: usize,
+    batches: &[Bytes],
+    storage: &dyn Storage,
+) -> Result<OwnFetched, LogError> {
+    let base = crate::sealed::base(data)?;
+    let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
+    let segments = list_segments(data)?.segments;
+    let (epoch, by_stream) = newest_epoch_by_stream(&segments, epoch_min);
+    let logdir = data.join("log");
+    let corrupt = |file: &Path, what: String| LogError::Corrupt { file: file.to_path_buf(), offset: 0, what };
+    let files = by_stream
+        .get(&(stream as u32))
+        .ok_or_else(|| corrupt(&logdir, format!("no segment of stream {stream} in epoch {} to add to", epoch.0)))?;
+    let last = *files.last().expect("a stream listed has a segment");
+    let scans: Vec<_> = files.iter().map(|f| read_one(f, ckpt_ts)).collect();
+    // Where the last segment's whole batches end, and the highest timestamp before the new
+    // segment (the last one's `prev_ts` where it holds no batch).
+    let (last_end, last_prev) = match scans.last() {
+        Some(Ok((scan, len))) => (
+            match &scan.end {
+                SegmentEnd::Zeros { offset } | SegmentEnd::Torn { offset, .. } => *offset,
+                SegmentEnd::Clean | SegmentEnd::Corrupt { .. } => *len,
+            },
+            scan.header.prev_ts,
+        ),
+        _ => (0, Ts::ZERO),
+    };
+    let log = check_stream(files, scans, ckpt_ts)?;
+    let mut last_ts = log.batches.iter().map(|k| k.batch.header.last_ts).max().unwrap_or(Ts::ZERO).max(last_prev);
+    let mut bound = log.bound.max(ckpt_ts).max(log.floor);
+    let mut out = OwnFetched::default();
+    let mut keep = Vec::new();
+    for b in batches {
+        let (batch, used) =
+            crate::format::decode_batch_checksums(b).map_err(|e| corrupt(&logdir, format!("a fetched batch: {e}")))?;
+        let h = &batch.header;
+        if used != b.len() {
+            return Err(corrupt(&logdir, "a fetched batch with trailing bytes".into()));
+        }
+        if h.stream.0 as usize != stream {
+            return Err(corrupt(&logdir, format!("a fetched batch of stream {}, not {stream}", h.stream.0)));
+        }
+        if h.epoch > epoch {
+            return Err(corrupt(
+                &logdir,
+                format!("a fetched batch of epoch {}, after this log's epoch {}", h.epoch.0, epoch.0),
+            ));
+        }
+        if h.epoch < epoch {
+            out.older += 1;
+            continue;
+        }
+        if h.bound_ts <= bound {
+            out.held += 1;
+            continue;
+        }
+        if h.txn_count > 0 {
+            if h.first_ts <= last_ts {
+                return Err(corrupt(
+                    &logdir,
+                    format!(
+                        "a fetched batch of stream {stream} starts at ts {}, not above ts {} held",
+                        h.first_ts.0, last_ts.0
+                    ),
+                ));
+            }
+            last_ts = h.last_ts;
+        }
+        bound = h.bound_ts;
+        keep.push(b);
+    }
+    if keep.is_empty() {
+        return Ok(out);
+    }
+    if last_end > 0 {
+        storage.truncate_existing(&last.path, last_end).map_err(|e| LogError::io(&last.path, e))?;
+    }
+    let seq = last.seq + 1;
+    let path = crate::writer::Logger::segment_path(data, stream, epoch, seq);
+    let mut unfinished = path.clone().into_os_string();
+    unfinished.push(UNFINISHED_SUFFIX);
+    let unfinished = PathBuf::from(unfinished);
+    let header = crate::format::SegmentHeader {
+        stream: crate::format::StreamId(stream as u32),
+        epoch,
+        seq,
+        streams: log.streams,
+        prev_ts: last_ts.max(log.bound),
+    };
+    let mut f = storage.create_segment(&unfinished, false).map_err(|e| LogError::io(&unfinished, e))?;
+    f.write_all(&header.encode()).map_err(|e| LogError::io(&unfinished, e))?;
+    for b in &keep {
+        f.write_all(b).map_err(|e| LogError::io(&unfinished, e))?;
+    }
+    f.sync().map_err(|e| LogError::io(&unfinished, e))?;
+    drop(f);
+    storage.rename(&unfinished, &path).map_err(|e| LogError::io(&path, e))?;
+    storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
+    forget_primary_holdings();
+    out.written = keep.len();
+    Ok(out)
+}

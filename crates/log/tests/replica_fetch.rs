@@ -841,3 +841,106 @@ fn a_promotion_cuts_an_older_epochs_batches_at_that_epochs_point() {
     assert_eq!((before.streams, before.newest), (after.streams, after.newest));
     assert!(!ditto_log::replica::can_cut_at(dir.path(), Ts(5)).unwrap(), "what its node reports (ineligible)");
 }
+
+/// Copies a data directory (its lock file left out).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.metadata().unwrap().is_dir() {
+            copy_dir(&src, &dst);
+        } else if e.file_name() != "LOCK" {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// A failover's last resort that lacks part of what it shipped (it crashed before that
+/// part was durable; a backup received it) takes it back into its own log
+/// (`recovery::append_own_fetched`), as the stream's next segment: it then holds, serves
+/// and recovers what the primary's whole log does. A torn tail is cut first; a damaged
+/// batch or one of another stream is refused and changes nothing; adding the same
+/// batches again adds nothing.
+#[test]
+fn a_last_resort_takes_back_into_its_own_log_what_it_shipped_but_lost() {
+    let whole = tempfile::tempdir().unwrap();
+    let (closed, batches) = primary_with_400_commits(whole.path());
+    drop(closed);
+    let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    // A backup that received every batch.
+    let backup = tempfile::tempdir().unwrap();
+    std::fs::copy(whole.path().join("CATALOG"), backup.path().join("CATALOG")).unwrap();
+    let mut log = ReplicaLog::create(backup.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+    for x in &batches {
+        log.append(x, false, header(x).bound_ts);
+    }
+    log.sync().unwrap();
+    drop(log);
+
+    // The old primary: the same directory, as a crash leaves it when stream 1's tail was
+    // not yet durable: its segment cut in the middle of a batch two thirds in, and stream
+    // 0's cut at its first batch whose floor (every stream durable up to it) lies above
+    // what stream 1 then holds (worker 1 wrote after worker 0: none does).
+    let old = tempfile::tempdir().unwrap();
+    copy_dir(whole.path(), old.path());
+    let segs = segment_files(old.path());
+    let scan = |p: &std::path::Path| ditto_log::format::read_segment(&Bytes::from(std::fs::read(p).unwrap())).unwrap();
+    let (seg0, seg1) = (&segs[0], &segs[1]);
+    let b1 = scan(seg1).batches;
+    let (at, _) = &b1[b1.len() * 2 / 3];
+    let kept1 = b1.iter().filter(|(o, _)| o < at).map(|(_, b)| b.header.bound_ts).max().unwrap();
+    std::fs::OpenOptions::new().write(true).open(seg1).unwrap().set_len(at + 7).unwrap();
+    let cut0 = scan(seg0).batches.iter().find(|(_, b)| b.header.floor_ts > kept1).map(|(o, _)| *o);
+    if let Some(o) = cut0 {
+        std::fs::OpenOptions::new().write(true).open(seg0).unwrap().set_len(o).unwrap();
+    }
+    let held = |dir: &std::path::Path| ditto_log::recovery::primary_log_holdings(dir, None).unwrap().0;
+    let (hw, ho) = (held(whole.path()), held(old.path()));
+    assert!(ho.streams[1] < hw.streams[1], "{ho:?} {hw:?}");
+    let fetched = replica_stream_batches(backup.path(), 1, ho.streams[1]).unwrap();
+    assert!(!fetched.is_empty());
+
+    let files = || {
+        let mut v: Vec<(std::path::PathBuf, u64)> =
+            segment_files(old.path()).into_iter().map(|p| (p.clone(), std::fs::metadata(&p).unwrap().len())).collect();
+        v.sort();
+        v
+    };
+    let before = files();
+    // A damaged batch, and a batch of the other stream, are refused; nothing changes.
+    let mut bad = fetched[0].to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let err = ditto_log::recovery::append_own_fetched(old.path(), 1, &[Bytes::from(bad)], &*storage).unwrap_err();
+    assert!(err.to_string().contains("a fetched batch"), "{err}");
+    let other = batches.iter().find(|b| header(b).stream.0 == 0).unwrap().clone();
+    let err = ditto_log::recovery::append_own_fetched(old.path(), 1, &[other], &*storage).unwrap_err();
+    assert!(err.to_string().contains("of stream 0, not 1"), "{err}");
+    assert_eq!(files(), before, "the refusals changed nothing");
+
+    let done = ditto_log::recovery::append_own_fetched(old.path(), 1, &fetched, &*storage).unwrap();
+    assert_eq!((done.written, done.held, done.older), (fetched.len(), 0, 0));
+    assert_eq!(files().len(), before.len() + 1, "one segment added");
+    let ho = held(old.path());
+    assert_eq!(ho.streams, hw.streams, "it holds every stream as far as the whole log");
+    assert_eq!(ho.newest, hw.newest);
+    // Again: nothing more is written.
+    let again = ditto_log::recovery::append_own_fetched(old.path(), 1, &fetched, &*storage).unwrap();
+    assert_eq!((again.written, again.held), (0, fetched.len()));
+    // It serves what the whole log serves, and counts the same transactions above a point.
+    let from = |dir: &std::path::Path| ditto_log::recovery::primary_stream_batches(dir, 1, Ts::ZERO, Ts::ZERO).unwrap();
+    assert_eq!(from(old.path()), from(whole.path()));
+    let mid = Ts((hw.streams[1].0 + kept1.0) / 2);
+    let above = |dir: &std::path::Path| ditto_log::recovery::primary_log_holdings(dir, Some(mid)).unwrap().0.txns_above;
+    assert_eq!(above(old.path()), above(whole.path()));
+
+    // Cut at the point as a last resort: the rows of the whole log cut there.
+    let point = *hw.streams.iter().min().unwrap();
+    let o = ditto_log::replica::open_own_log_at(old.path(), 2, &storage, point).unwrap();
+    let w = ditto_log::replica::open_own_log_at(whole.path(), 2, &storage, point).unwrap();
+    assert_eq!((o.cut, w.cut), (point, point));
+    let (to, tw) = (o.db.table_id("t").unwrap(), w.db.table_id("t").unwrap());
+    assert_eq!(o.db.count(to).unwrap(), w.db.count(tw).unwrap());
+    assert_eq!(o.db.count(to).unwrap(), 400, "stream 1's lost tail is back");
+}
