@@ -854,20 +854,31 @@ pub struct OwnFetched {
 /// recovery, the holdings, a later fetch from it and the cut at the point all see them.
 ///
 /// Everything is checked before anything is written: each batch whole and of this stream,
-/// none of a newer epoch, and timestamps increasing on from what the stream holds.
-/// Then the stream's last segment is cut to its last whole batch (a torn tail or the
-/// zeros laid ahead, which a segment that is not the stream's last may not end with), and
-/// the new segment is written under a temporary name, synced and renamed, as the writer
-/// makes one; a crash at any step leaves a log that opens, holding the batches or not.
+/// none of a newer epoch, and timestamps increasing on from what the stream holds. The
+/// directory's lock is held throughout. Then the stream's last segment is cut to its last
+/// whole batch (a torn tail or the zeros laid ahead, which a segment that is not the
+/// stream's last may not end with), unfinished segments (a header at most) are removed,
+/// and the new segment is made as the writer makes one: its header under a temporary
+/// name, synced and renamed, then the batches, synced. A crash at any step leaves a log
+/// that opens, holding some of the batches or none (a torn tail, cut at the next open or
+/// call).
+///
+/// A fetched batch's floor (every stream durable up to it, when its writer made it)
+/// vouches for the other streams: true of what survived on this disk under a durability
+/// that fsyncs before it publishes a floor (`EveryBatch`, `Interval`). Not under
+/// `NoSync` (for benchmarks and tests), after a power loss: what a floor vouches for may be
+/// lost there, as is whatever that log acknowledged.
 pub fn append_own_fetched(
     data: &Path,
     stream: usize,
     batches: &[Bytes],
     storage: &dyn Storage,
 ) -> Result<OwnFetched, LogError> {
+    // No server may write the log meanwhile (one that did not stop holds the lock).
+    let _lock = crate::lock_dir(data)?;
     let base = crate::sealed::base(data)?;
     let (ckpt_ts, epoch_min) = (base.ts, base.ckpt.map_or(Epoch(0), |(_, m)| m.log_epoch_min));
-    let segments = list_segments(data)?.segments;
+    let LogDir { segments, unfinished } = list_segments(data)?;
     let (epoch, by_stream) = newest_epoch_by_stream(&segments, epoch_min);
     let logdir = data.join("log");
     let corrupt = |file: &Path, what: String| LogError::Corrupt { file: file.to_path_buf(), offset: 0, what };
@@ -890,6 +901,8 @@ pub fn append_own_fetched(
     };
     let log = check_stream(files, scans, ckpt_ts)?;
     let mut last_ts = log.batches.iter().map(|k| k.batch.header.last_ts).max().unwrap_or(Ts::ZERO).max(last_prev);
+    // The highest timestamp in the segments before the new one (`SegmentHeader::prev_ts`).
+    let prev_ts = last_ts.max(log.bound);
     let mut bound = log.bound.max(ckpt_ts).max(log.floor);
     let mut out = OwnFetched::default();
     let mut keep = Vec::new();
@@ -938,27 +951,36 @@ pub fn append_own_fetched(
     if last_end > 0 {
         storage.truncate_existing(&last.path, last_end).map_err(|e| LogError::io(&last.path, e))?;
     }
+    // Segments the writer (or an earlier call) began and never named hold at most a
+    // header: they go, as an open removes them, or the new one could not be created.
+    for p in &unfinished {
+        storage.remove(p).map_err(|e| LogError::io(p, e))?;
+    }
     let seq = last.seq + 1;
     let path = crate::writer::Logger::segment_path(data, stream, epoch, seq);
-    let mut unfinished = path.clone().into_os_string();
-    unfinished.push(UNFINISHED_SUFFIX);
-    let unfinished = PathBuf::from(unfinished);
+    let mut temp = path.clone().into_os_string();
+    temp.push(UNFINISHED_SUFFIX);
+    let temp = PathBuf::from(temp);
     let header = crate::format::SegmentHeader {
         stream: crate::format::StreamId(stream as u32),
         epoch,
         seq,
         streams: log.streams,
-        prev_ts: last_ts.max(log.bound),
+        prev_ts,
     };
-    let mut f = storage.create_segment(&unfinished, false).map_err(|e| LogError::io(&unfinished, e))?;
-    f.write_all(&header.encode()).map_err(|e| LogError::io(&unfinished, e))?;
-    for b in &keep {
-        f.write_all(b).map_err(|e| LogError::io(&unfinished, e))?;
-    }
-    f.sync().map_err(|e| LogError::io(&unfinished, e))?;
-    drop(f);
-    storage.rename(&unfinished, &path).map_err(|e| LogError::io(&path, e))?;
+    // As the writer makes a segment: its header under a temporary name, synced, renamed;
+    // then the batches (a crash among them leaves a torn tail of the stream's last
+    // segment, which recovery and this function cut).
+    let mut f = storage.create_segment(&temp, false).map_err(|e| LogError::io(&temp, e))?;
+    f.write_all(&header.encode()).map_err(|e| LogError::io(&temp, e))?;
+    f.sync().map_err(|e| LogError::io(&temp, e))?;
+    storage.rename(&temp, &path).map_err(|e| LogError::io(&path, e))?;
     storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
+    for b in &keep {
+        f.write_all(b).map_err(|e| LogError::io(&path, e))?;
+    }
+    f.sync().map_err(|e| LogError::io(&path, e))?;
+    drop(f);
     forget_primary_holdings();
     out.written = keep.len();
     Ok(out)

@@ -919,9 +919,34 @@ fn a_last_resort_takes_back_into_its_own_log_what_it_shipped_but_lost() {
     assert!(err.to_string().contains("of stream 0, not 1"), "{err}");
     assert_eq!(files(), before, "the refusals changed nothing");
 
+    // While a server holds the directory's lock, nothing is written.
+    {
+        let _held = ditto_log::replica::lock_replica_dir(old.path()).unwrap();
+        let err = ditto_log::recovery::append_own_fetched(old.path(), 1, &fetched, &*storage).unwrap_err();
+        assert!(matches!(err, ditto_log::LogError::InUse(_)), "{err}");
+    }
+    assert_eq!(files(), before);
+    // A segment the writer began and never named (its header at most, under the name the
+    // new one takes) does not stand in the way: it goes.
+    let last1 = before.iter().map(|(p, _)| p).rfind(|p| p.to_string_lossy().contains("stream-0001")).unwrap();
+    let name = last1.file_name().unwrap().to_string_lossy().to_string();
+    let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
+    let begun = last1.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
+    std::fs::write(&begun, &std::fs::read(last1).unwrap()[..ditto_log::format::SEGMENT_HEADER_LEN]).unwrap();
+    // A copy, to cut short below.
+    let again_dir = tempfile::tempdir().unwrap();
+    copy_dir(old.path(), again_dir.path());
+
     let done = ditto_log::recovery::append_own_fetched(old.path(), 1, &fetched, &*storage).unwrap();
     assert_eq!((done.written, done.held, done.older), (fetched.len(), 0, 0));
     assert_eq!(files().len(), before.len() + 1, "one segment added");
+    assert!(!begun.exists(), "the unfinished segment went");
+    let added = files().into_iter().map(|(p, _)| p).find(|p| !before.iter().any(|(q, _)| q == p)).unwrap();
+    assert_eq!(
+        added.file_name().unwrap().to_string_lossy(),
+        format!("{}{:010}.seg", &name[..name.len() - 14], seq + 1)
+    );
+    assert_eq!(scan(&added).header.prev_ts, kept1, "the highest timestamp of the segments before it");
     let ho = held(old.path());
     assert_eq!(ho.streams, hw.streams, "it holds every stream as far as the whole log");
     assert_eq!(ho.newest, hw.newest);
@@ -934,6 +959,19 @@ fn a_last_resort_takes_back_into_its_own_log_what_it_shipped_but_lost() {
     let mid = Ts((hw.streams[1].0 + kept1.0) / 2);
     let above = |dir: &std::path::Path| ditto_log::recovery::primary_log_holdings(dir, Some(mid)).unwrap().0.txns_above;
     assert_eq!(above(old.path()), above(whole.path()));
+
+    // Cut short among the batches (a crash after the rename): the new segment ends torn;
+    // the log still reads, holding part, and a second try adds the rest.
+    ditto_log::recovery::append_own_fetched(again_dir.path(), 1, &fetched, &*storage).unwrap();
+    let torn = again_dir.path().join("log").join(added.file_name().unwrap());
+    let len = std::fs::metadata(&torn).unwrap().len();
+    let header_len = ditto_log::format::SEGMENT_HEADER_LEN as u64;
+    std::fs::OpenOptions::new().write(true).open(&torn).unwrap().set_len(header_len + (len - header_len) / 2).unwrap();
+    let part = held(again_dir.path());
+    assert!(part.streams[1] >= kept1 && part.streams[1] < hw.streams[1], "{part:?}");
+    let rest = ditto_log::recovery::append_own_fetched(again_dir.path(), 1, &fetched, &*storage).unwrap();
+    assert!(rest.written > 0 && rest.held > 0 && rest.written + rest.held == fetched.len(), "{rest:?}");
+    assert_eq!(held(again_dir.path()).streams, hw.streams);
 
     // Cut at the point as a last resort: the rows of the whole log cut there.
     let point = *hw.streams.iter().min().unwrap();
