@@ -820,6 +820,7 @@ impl NodePlane {
             Role::Primary { .. } => None,
         };
         std::fs::create_dir_all(&self.data).map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+        self.finish_promotion()?;
         let mut args: Vec<String> = vec!["server".into(), "--data-dir".into(), self.data.display().to_string()];
         args.extend(["--bind".into(), me.host.clone(), "--port".into(), me.client.to_string()]);
         args.extend(["--workers".into(), self.workers.to_string()]);
@@ -1180,6 +1181,29 @@ impl NodePlane {
         self.count_discarded = Some((cmd, Instant::now() - PROPOSE_EVERY));
     }
 
+    /// A promotion of this node's directory that a crash cut short once its checkpoint at
+    /// the point was written is finished first (`backup::finish_cut_short_promotion`):
+    /// otherwise the directory would read as holding, above the point its followed epoch
+    /// was cut at, what that failover discarded, and the node would report itself not
+    /// eligible although it holds exactly the recovered history. Called only while no
+    /// server writes the directory (before a report's read, before a server starts).
+    fn finish_promotion(&self) -> Result<(), String> {
+        match ditto_replication::backup::finish_cut_short_promotion(&self.data) {
+            Ok(Some(p)) => {
+                say(
+                    self.me,
+                    format!(
+                        "a promotion of its directory, cut short after its checkpoint at the point {}, is finished: it holds the recovered history up to there",
+                        p.0
+                    ),
+                );
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(format!("finishing a promotion cut short: {e}")),
+        }
+    }
+
     /// Whether what this node's directory holds may be reported (or served to a fetch):
     /// no server writes it, and the last one stopped cleanly.
     fn reportable(&self) -> Result<(), String> {
@@ -1195,6 +1219,7 @@ impl NodePlane {
     /// What this node holds, read now (`report` reads it on a thread first), once
     /// `reportable`.
     fn holding_now(&self) -> Result<Holding, String> {
+        self.finish_promotion()?;
         // An old primary (its own log, or the log it set aside while it rejoins) reports
         // what its log holds, capped at its epoch's cut, and may not be chosen: a backup
         // is, and fetches what it lacks from this log.

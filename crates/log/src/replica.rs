@@ -439,6 +439,12 @@ fn load_base_checkpoint(
     Ok((db, report, base))
 }
 
+/// Where what `dir` holds beneath its live log begins: its newest checkpoint's or seal's
+/// timestamp (0 if none).
+pub fn base_ts(dir: &Path) -> Result<Ts, LogError> {
+    Ok(crate::sealed::base(dir)?.ts)
+}
+
 /// Whether an old primary's directory can be cut at `point`: its newest checkpoint and
 /// its seal, if any, are at or below it. A primary's checkpoint holds what its engine had,
 /// commits above a later recovery point included, so one above the point cannot be cut

@@ -381,6 +381,82 @@ fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
     ditto_log::storage::sync_dir(dir)
 }
 
+const PROMOTION_FILE: &str = "PROMOTION";
+
+/// Records, durably, that a cluster's promotion of the backup's directory `dir`, which
+/// followed epoch `followed`, is about to cut it at a failover's point `point` (and write
+/// a checkpoint there; `promote_replica_dir` in the server). Only a promotion that also
+/// cuts older epochs needs it (the directory missed a failover): should it be cut short
+/// after its checkpoint, the directory then holds a checkpoint above the point its
+/// followed epoch was cut at, which a node reports as not eligible, although it holds
+/// exactly the recovered history; `finish_cut_short_promotion` tells the two apart.
+pub fn mark_promotion(dir: &Path, followed: Epoch, point: Ts) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{PROMOTION_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "followed {} point {}", followed.0, point.0)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(PROMOTION_FILE))?;
+    ditto_log::storage::sync_dir(dir)
+}
+
+/// Removes `mark_promotion`'s record (the promotion done, or its record read).
+pub fn clear_promotion_mark(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(PROMOTION_FILE)) {
+        Ok(()) => ditto_log::storage::sync_dir(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn read_promotion_mark(dir: &Path) -> Option<(Epoch, Ts)> {
+    let s = std::fs::read_to_string(dir.join(PROMOTION_FILE)).ok()?;
+    let mut w = s.split_whitespace();
+    match (w.next(), w.next(), w.next(), w.next()) {
+        (Some("followed"), Some(e), Some("point"), Some(p)) => Some((Epoch(e.parse().ok()?), Ts(p.parse().ok()?))),
+        _ => None,
+    }
+}
+
+/// Finishes a promotion of `dir` that a crash cut short once its checkpoint at the point
+/// was written (`mark_promotion`'s record names the epoch the directory followed, which
+/// it still names, and the point, where its checkpoint now lies): as the promotion would
+/// have, the replica log (all of it at or below the point is in that checkpoint, and what
+/// lies above was discarded) and the followed epoch go. The directory is then a primary's
+/// holding the recovered history up to the point, as after a promotion whose server
+/// stopped before it wrote. A record that does not match (the promotion stopped before its
+/// checkpoint, and the directory is as it was; or it was done) is removed. Call it only
+/// while no server runs on `dir`. Returns the point if it finished one.
+pub fn finish_cut_short_promotion(dir: &Path) -> Result<Option<Ts>, BackupError> {
+    let Some((followed, point)) = read_promotion_mark(dir) else {
+        if dir.join(PROMOTION_FILE).exists() {
+            clear_promotion_mark(dir).map_err(io("removing an unreadable promotion record"))?;
+        }
+        return Ok(None);
+    };
+    let base = ditto_log::replica::base_ts(dir).map_err(|e| BackupError::Io {
+        what: format!("reading {}'s checkpoint", dir.display()),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    if read_followed_epoch(dir) != Some(followed) || base != point {
+        clear_promotion_mark(dir).map_err(io("removing a promotion record"))?;
+        return Ok(None);
+    }
+    let rdir = ditto_log::replica::replica_dir(dir);
+    if rdir.exists() {
+        std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
+    }
+    match std::fs::remove_file(dir.join(STATE_FILE)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("removing the followed epoch")(e)),
+    }
+    ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?;
+    clear_promotion_mark(dir).map_err(io("removing the promotion record"))?;
+    Ok(Some(point))
+}
+
 /// Whether a first join that failed with `e` is worth another try: the primary not (yet)
 /// listening, the connection reset, aborted or closed before the welcome, or no welcome
 /// within the read timeout. Other errors (a damaged frame, say) are reported.

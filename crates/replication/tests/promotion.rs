@@ -1037,3 +1037,99 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A promotion of a directory that missed a failover (it followed epoch 1, cut at 5 by
+/// the failover it missed; it is promoted at epoch 2's point 9) cut short by a crash once
+/// its checkpoint at 9 is written, before the replica log and the followed epoch go: the
+/// directory then reads as a backup of epoch 1 holding a checkpoint above that epoch's
+/// point, which cannot be cut back there (its node would report itself not eligible).
+/// The promotion's record tells it apart, and `finish_cut_short_promotion` finishes it:
+/// a primary's directory holding the recovered history, opened as such. A record that
+/// does not match (the crash came before the checkpoint) is removed, changing nothing
+/// else.
+#[test]
+fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
+    use bytes::Bytes;
+    use ditto_engine::RecordId;
+    use ditto_log::format::{decode_batch_checksums, BatchBuilder};
+    use ditto_log::replica::{append_fetched, open_replica_at, open_replica_upto, replica_dir, EpochCut, ReplicaLog};
+    use ditto_log::StreamId;
+    let catalog = tempfile::tempdir().unwrap();
+    let d = ditto_log::open(catalog.path(), OpenOptions { workers: 2, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    d.close();
+    drop(d);
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let batch = |stream: u32, epoch: u64, txns: &[(u64, u64, &str)], bound: u64| -> Bytes {
+        let mut b = BatchBuilder::new();
+        for (ts, rid, v) in txns {
+            let key = format!("r{rid}");
+            b.push_txn(Ts(*ts), [(t, RecordId(*rid), Some(key.as_bytes()), Some(v.as_bytes()))].into_iter());
+        }
+        let mut out = Vec::new();
+        b.finish_into(StreamId(stream), Epoch(epoch), Ts(bound), false, &mut out);
+        Bytes::from(out)
+    };
+    // Epoch 1: records 1..=10 at ts 1..=10, cut at 5 by the failover this node missed;
+    // epoch 2, fetched up to its point 9: record 8 again at ts 7, record 20 at ts 9.
+    let epoch1: Vec<(u64, u64, &str)> = (1..=10).map(|i| (i, i, "epoch 1")).collect();
+    let received = [batch(0, 1, &epoch1, 10), batch(1, 1, &[], 10)];
+    let fetched = [batch(0, 2, &[(7, 8, "epoch 2"), (9, 20, "epoch 2")], 9), batch(1, 2, &[], 9)];
+    let make = || {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(catalog.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+        for b in &received {
+            log.append(b, true, decode_batch_checksums(b).unwrap().0.header.bound_ts);
+        }
+        log.sync().unwrap();
+        drop(log);
+        append_fetched(dir.path(), 2, &fetched, &storage).unwrap();
+        std::fs::write(dir.path().join("REPLICA_STATE"), "epoch 1\n").unwrap();
+        dir
+    };
+    let rows = |db: &ditto_engine::Database| -> Vec<(u64, String)> {
+        let r = db.read();
+        (1..=20)
+            .filter_map(|i| {
+                let v = r.get(t, format!("r{i}").as_bytes()).unwrap()?;
+                Some((i, String::from_utf8(v.to_vec()).unwrap()))
+            })
+            .collect()
+    };
+    let mut want: Vec<(u64, String)> = (1..=5).map(|i| (i, "epoch 1".to_string())).collect();
+    want.extend([(8, "epoch 2".to_string()), (20, "epoch 2".to_string())]);
+    let cut = EpochCut { epoch: Epoch(1), point: Ts(5) };
+
+    // The promotion's steps up to its checkpoint, then the crash.
+    let dir = make();
+    backup::mark_promotion(dir.path(), Epoch(1), Ts(9)).unwrap();
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap();
+    assert_eq!(rows(&o.db), want);
+    drop(o);
+    assert!(
+        !ditto_log::replica::can_cut_at(dir.path(), Ts(5)).unwrap(),
+        "cut short, it reads as holding above epoch 1's point (what made its node not eligible)"
+    );
+    assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), Some(Ts(9)));
+    assert_eq!(backup::read_followed_epoch(dir.path()), None, "a primary's directory now");
+    assert!(!replica_dir(dir.path()).exists() && !dir.path().join("PROMOTION").exists());
+    let h = ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap();
+    assert_eq!(h.streams, vec![Ts(9), Ts(9)], "it holds the recovered history up to the point");
+    assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), None, "done once");
+    let o = open_replica_upto(dir.path(), 2, &storage, None).unwrap();
+    assert_eq!((o.cut, rows(&o.db)), (Ts(9), want.clone()), "it opens to the recovered history");
+    drop(o);
+
+    // Cut short before its checkpoint: the record does not match the directory, and is
+    // removed; the backup's directory is left as it was, and its promotion can run again.
+    let dir = make();
+    backup::mark_promotion(dir.path(), Epoch(1), Ts(9)).unwrap();
+    let before = ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap();
+    assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), None);
+    assert!(!dir.path().join("PROMOTION").exists());
+    assert_eq!(backup::read_followed_epoch(dir.path()), Some(Epoch(1)));
+    assert_eq!(ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap(), before);
+    let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap();
+    assert_eq!(rows(&o.db), want);
+}

@@ -1492,6 +1492,13 @@ fn promote_replica_dir(
 ) -> Result<ditto_log::Recovered, ServerError> {
     let rdir = ditto_log::replica::replica_dir(dir);
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    // A directory that missed a failover: a crash after the checkpoint at the point below
+    // would leave it looking as if it held what that failover discarded; the record lets
+    // its node tell (`backup::finish_cut_short_promotion`).
+    let followed = ditto_replication::backup::read_followed_epoch(dir);
+    if let (Some(p), Some(f), false) = (upto, followed, older.is_empty()) {
+        ditto_replication::backup::mark_promotion(dir, f, p).map_err(io("recording the promotion"))?;
+    }
     let opened = match upto {
         Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, p, older)?,
         None => ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?,
@@ -1515,6 +1522,7 @@ fn promote_replica_dir(
     drop(lock);
     std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
     let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
+    ditto_replication::backup::clear_promotion_mark(dir).map_err(io("removing the promotion's record"))?;
     Ok(ditto_log::Recovered(db))
 }
 
