@@ -344,6 +344,15 @@ struct Node {
     /// directory holds that primary's own log meanwhile (a real node then reports as an
     /// old primary: never eligible, a last resort).
     own_log: Option<u64>,
+    /// As a backup, its engine's read view: where its server's start published it (its
+    /// open's cut), or where it was cut to follow a new primary (`Backup::cut_at_most`),
+    /// then the release it learns. Reads are held while the release it learned lies
+    /// below `reads_from` (`BackupState::reads_held`).
+    view: u64,
+    reads_from: u64,
+    /// Its server runs (since its restart, it took a batch from its primary); a real
+    /// server opens the directory then, and publishes its read view at its cut.
+    started: bool,
 }
 
 #[derive(Default)]
@@ -455,6 +464,9 @@ impl Sim {
                     started_at: 0,
                     removed: false,
                     own_log: None,
+                    view: 0,
+                    reads_from: 0,
+                    started: true,
                 }
             })
             .collect();
@@ -517,6 +529,7 @@ impl Sim {
         n.primary = None;
         n.preparing = None;
         n.learned_release = 0;
+        (n.view, n.reads_from, n.started) = (0, 0, false);
         n.data.crash();
         let id = n.id;
         self.note(format!("node {id} crashes ({why})"));
@@ -806,6 +819,13 @@ impl Sim {
             }
             let gone = self.nodes[i].data.cut_to(&state.epochs);
             self.h.discarded.extend(&gone);
+            let n = &mut self.nodes[i];
+            if n.started && n.primary.is_none() {
+                // A running backup that learns of a newer epoch this way follows it too.
+                let cut = n.data.synced_positions().into_iter().min().unwrap_or(0);
+                n.view = n.view.max(cut);
+                n.reads_from = n.reads_from.max(cut);
+            }
         }
         for a in out.applied {
             if self.applied(i, a.index, &a.command, a.outcome.is_ok()) {
@@ -845,6 +865,15 @@ impl Sim {
             Command::OpenEpoch { epoch, primary, recovery_point, start, lost, .. } => {
                 let gone = self.nodes[i].data.cut(*epoch, *recovery_point);
                 self.h.discarded.extend(&gone);
+                if *primary != id && live && self.nodes[i].started {
+                    // A running backup follows the new primary: cut where it holds every
+                    // stream, at most the point (`cut_at_most`), its read view published
+                    // there.
+                    let n = &mut self.nodes[i];
+                    let cut = n.data.synced_positions().into_iter().min().unwrap_or(0).min(*recovery_point);
+                    n.view = n.view.max(cut);
+                    n.reads_from = n.reads_from.max(cut);
+                }
                 if let Some(p) = &self.nodes[i].primary {
                     if p.epoch < *epoch {
                         self.nodes[i].primary = None;
@@ -970,6 +999,20 @@ impl Sim {
         if p == id || !self.nodes[i].fence.accepts(state, epoch, p) {
             return;
         }
+        if !self.nodes[i].started && !self.nodes[i].ctrl.as_ref().unwrap().caught_up() {
+            return; // a restarted node starts no server before its state is up to date
+        }
+        if !self.nodes[i].started {
+            // Its server starts (after a restart) and joins the primary: it opens its
+            // directory, replays it up to its cut (in the epoch it followed, or at a
+            // failover's point) and publishes its read view there; its reads are held until
+            // the primary releases that far (either may hold what a failover discards).
+            let n = &mut self.nodes[i];
+            let cut = n.data.synced_positions().into_iter().min().unwrap_or(0);
+            n.view = cut;
+            n.reads_from = cut;
+            n.started = true;
+        }
         let (recv, dur) = (self.nodes[i].data.positions(), self.nodes[i].data.synced_positions());
         // Following a later primary: its own log was cut and is a backup's now.
         if self.nodes[i].own_log.is_some_and(|e| e < epoch) {
@@ -1008,9 +1051,13 @@ impl Sim {
         if self.policy.scope == Scope::Local {
             return;
         }
-        let d = &self.nodes[i].data;
+        let n = &self.nodes[i];
+        if !n.started || n.learned_release < n.reads_from {
+            return; // no server, or its reads are held
+        }
+        let d = &n.data;
         let own = (0..self.streams).map(|s| d.pos(s)).min().unwrap_or(0);
-        let view = self.nodes[i].learned_release.min(own);
+        let view = n.view.max(n.learned_release).min(own);
         if view > 0 {
             let seen = digest(d.streams.iter().flat_map(|s| &s.units).filter(|u| u.txn && u.ts <= view).map(|u| u.ts));
             self.h.reads.push((self.nodes[i].id, view, seen));
@@ -1247,6 +1294,9 @@ impl Sim {
                     return;
                 }
                 self.nodes[i].coord.heard(from, now);
+                if !self.nodes[i].started {
+                    return; // no server yet to take it
+                }
                 match self.nodes[i].data.append(stream, prev, &units, 0) {
                     Ok(()) => {
                         self.nodes[i].learned_release = self.nodes[i].learned_release.max(released);
@@ -1415,6 +1465,13 @@ impl Sim {
         }
         if primaries.len() != 1 {
             self.dump();
+            for n in self.nodes.iter().filter(|n| n.up) {
+                let c = n.ctrl.as_ref().unwrap();
+                eprintln!(
+                    "node {}: started {} caught up {} release {} reads from {} view {} state epoch {} phase {:?} primary {:?} fence {:?}",
+                    n.id, n.started, c.caught_up(), n.learned_release, n.reads_from, n.view, c.state().epoch, c.state().phase, c.state().primary(), n.fence.0
+                );
+            }
             // Why a failover round has no plan, as each leading coordinator says.
             let why: Vec<String> = (0..self.nodes.len())
                 .filter_map(|i| self.nodes[i].coord.unplanned().map(|(e, w)| format!("node {}: epoch {e}: {w}", i + 1)))

@@ -2194,10 +2194,19 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     assert!(fcounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {follower}'s reads never go back");
     let refused = fconn.one(&["SET", "x", "1"]);
     assert!(refused.starts_with("-READONLY") && refused.contains(&c.ports[&new].to_string()), "{refused}");
+    // Its reads waited for the new primary to release the point it was cut at (docs/cluster.md).
+    let fi = c.info(follower).unwrap_or_default();
+    let field = |k: &str| {
+        fi.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')).map_or("?".into(), |v| v.trim().to_string())
+    };
     eprintln!(
-        "failover: node {first} killed, node {new} primary; {} + {} reads on the backups' two connections, none failed",
+        "failover: node {first} killed, node {new} primary; {} + {} reads on the backups' two connections, none failed; \
+         on the follower since it followed, {} reads waited for the release (longest {} ms), {} answered LOADING",
         counts.len(),
-        fcounts.len()
+        fcounts.len(),
+        field("ditto_reads_waited"),
+        field("ditto_reads_waited_ms_max"),
+        field("ditto_reads_refused_loading")
     );
 
     // A switchover makes the follower primary: its reader's connection is kept again; and

@@ -333,6 +333,13 @@ fn a_held_backup_restarted_above_the_release_reads_nothing_until_the_primary_rel
     let got = r.one(&["GET", "k"]);
     assert!(got.starts_with("-LOADING"), "{got}");
     assert!(r.one(&["DBSIZE"]).starts_with("-LOADING"));
+    // A pipelined run of GETs too (answered together otherwise, `Session::handle_run`,
+    // which read past the gate before).
+    r.send(&[&["GET", "k"], &["GET", "k"], &["GET", "k"]]).unwrap();
+    for _ in 0..3 {
+        let got = r.reply().unwrap().remove(0);
+        assert!(got.starts_with("-LOADING"), "{got}");
+    }
     assert_eq!(r.one(&["PING"]), "+PONG");
     // The second backup lets the primary release: the write is acknowledged, and read.
     let _second = Node::start(&b2, &backup_args);

@@ -445,6 +445,12 @@ pub fn base_ts(dir: &Path) -> Result<Ts, LogError> {
     Ok(crate::sealed::base(dir)?.ts)
 }
 
+/// The timestamp of `dir`'s newest checkpoint, if it has one (a seal above it is not
+/// counted: `base_ts` counts both).
+pub fn newest_checkpoint_ts(dir: &Path) -> Result<Option<Ts>, LogError> {
+    Ok(crate::sealed::base(dir)?.ckpt.map(|(_, m)| m.ts))
+}
+
 /// Whether an old primary's directory can be cut at `point`: its newest checkpoint and
 /// its seal, if any, are at or below it. A primary's checkpoint holds what its engine had,
 /// commits above a later recovery point included, so one above the point cannot be cut

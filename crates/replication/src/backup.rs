@@ -288,12 +288,20 @@ pub struct BackupState {
     /// again (`Backup::join_again`).
     pub join_again: Mutex<Option<JoinAgain>>,
     /// A cluster's backup (`keep_what_the_primary_lost` false): the read view this run
-    /// started at, when it may hold what is not yet released (its log replayed up to its own cut, or the
-    /// primary's checkpoint copied; not a cut at a failover's point, which is final). Its
-    /// data is not read until the primary has released that far (`reads_held`): a
-    /// failover that goes ahead without this node's report may discard what lies above
-    /// the release. 0: reads are never held.
+    /// started at (its log replayed up to its own cut, the primary's checkpoint copied, a
+    /// cut at a failover's point, or an engine kept through a change of role in place), or
+    /// the point it was cut at to follow the next primary. Its data is not read until the
+    /// primary has released that far (`reads_held`): a failover that goes ahead without
+    /// this node's report may discard what lies above the release, and so may a later
+    /// failover that sets a lower point than the one it was cut at. 0: reads are never
+    /// held.
     pub reads_from: AtomicU64,
+    /// Data reads that waited for the release (`reads_held`) before they were answered,
+    /// the longest wait (microseconds), and reads answered LOADING after it (the server's
+    /// counts: INFO replication).
+    pub reads_waited: AtomicU64,
+    pub reads_waited_us_max: AtomicU64,
+    pub reads_refused: AtomicU64,
 }
 
 impl BackupState {
@@ -384,24 +392,27 @@ fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
 const PROMOTION_FILE: &str = "PROMOTION";
 
 /// Records, durably, that a cluster's promotion of the backup's directory `dir`, which
-/// followed epoch `followed`, is about to cut it at a failover's point `point` (and write
-/// a checkpoint there; `promote_replica_dir` in the server). Only a promotion that also
+/// followed epoch `followed`, is about to cut it at a failover's point `point` and write
+/// a checkpoint there (`promote_replica_dir` in the server). Only a promotion that also
 /// cuts older epochs needs it (the directory missed a failover): should it be cut short
 /// after its checkpoint, the directory then holds a checkpoint above the point its
 /// followed epoch was cut at, which a node reports as not eligible, although it holds
-/// exactly the recovered history; `finish_cut_short_promotion` tells the two apart.
+/// exactly the recovered history; `finish_cut_short_promotion` tells the two apart. The
+/// record also names where the directory's base lay before (a base already at the point
+/// is no checkpoint of this promotion's).
 pub fn mark_promotion(dir: &Path, followed: Epoch, point: Ts) -> std::io::Result<()> {
+    let before = ditto_log::replica::base_ts(dir).map_err(|e| std::io::Error::other(e.to_string()))?;
     let tmp = dir.join(format!("{PROMOTION_FILE}.tmp"));
     {
         let mut f = std::fs::File::create(&tmp)?;
-        writeln!(f, "followed {} point {}", followed.0, point.0)?;
+        writeln!(f, "followed {} point {} base {}", followed.0, point.0, before.0)?;
         f.sync_all()?;
     }
     std::fs::rename(&tmp, dir.join(PROMOTION_FILE))?;
     ditto_log::storage::sync_dir(dir)
 }
 
-/// Removes `mark_promotion`'s record (the promotion done, or its record read).
+/// Removes `mark_promotion`'s record (the promotion done, abandoned, or its record read).
 pub fn clear_promotion_mark(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(dir.join(PROMOTION_FILE)) {
         Ok(()) => ditto_log::storage::sync_dir(dir),
@@ -410,50 +421,64 @@ pub fn clear_promotion_mark(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-fn read_promotion_mark(dir: &Path) -> Option<(Epoch, Ts)> {
+/// The record's followed epoch, point and base before.
+fn read_promotion_mark(dir: &Path) -> Option<(Epoch, Ts, Ts)> {
     let s = std::fs::read_to_string(dir.join(PROMOTION_FILE)).ok()?;
-    let mut w = s.split_whitespace();
-    match (w.next(), w.next(), w.next(), w.next()) {
-        (Some("followed"), Some(e), Some("point"), Some(p)) => Some((Epoch(e.parse().ok()?), Ts(p.parse().ok()?))),
+    let w: Vec<&str> = s.split_whitespace().collect();
+    match w[..] {
+        ["followed", e, "point", p, "base", b] => {
+            Some((Epoch(e.parse().ok()?), Ts(p.parse().ok()?), Ts(b.parse().ok()?)))
+        }
         _ => None,
     }
 }
 
 /// Finishes a promotion of `dir` that a crash cut short once its checkpoint at the point
-/// was written (`mark_promotion`'s record names the epoch the directory followed, which
-/// it still names, and the point, where its checkpoint now lies): as the promotion would
-/// have, the replica log (all of it at or below the point is in that checkpoint, and what
-/// lies above was discarded) and the followed epoch go. The directory is then a primary's
-/// holding the recovered history up to the point, as after a promotion whose server
-/// stopped before it wrote. A record that does not match (the promotion stopped before its
-/// checkpoint, and the directory is as it was; or it was done) is removed. Call it only
-/// while no server runs on `dir`. Returns the point if it finished one.
+/// was written: `mark_promotion`'s record names the epoch the directory followed, which it
+/// still names, and a point above where its base lay before, where its newest checkpoint
+/// now lies (a seal there is not the promotion's). As the promotion would have, the
+/// replica log (all of it at or below the point is in that checkpoint, and what lies above
+/// was discarded) and then the followed epoch go, each removal durable before the next,
+/// and the record last. The directory is then a primary's holding the recovered history up
+/// to the point, as after a promotion whose server stopped before it wrote. A record that
+/// does not match (the promotion stopped before its checkpoint, and the directory is as it
+/// was; or it was done) is removed. Call it only while no server runs on `dir`. Returns
+/// the point if it finished one.
 pub fn finish_cut_short_promotion(dir: &Path) -> Result<Option<Ts>, BackupError> {
-    let Some((followed, point)) = read_promotion_mark(dir) else {
-        if dir.join(PROMOTION_FILE).exists() {
-            clear_promotion_mark(dir).map_err(io("removing an unreadable promotion record"))?;
-        }
+    let record = dir.join(PROMOTION_FILE);
+    if !record.exists() {
+        return Ok(None);
+    }
+    let clear = |why: &str| clear_promotion_mark(dir).map_err(io(format!("removing a promotion record ({why})")));
+    let Some((followed, point, before)) = read_promotion_mark(dir) else {
+        clear("unreadable")?;
         return Ok(None);
     };
-    let base = ditto_log::replica::base_ts(dir).map_err(|e| BackupError::Io {
-        what: format!("reading {}'s checkpoint", dir.display()),
+    if read_followed_epoch(dir) != Some(followed) || before >= point {
+        clear("it does not match")?;
+        return Ok(None);
+    }
+    let read = |what: &str, e: ditto_log::LogError| BackupError::Io {
+        what: format!("reading {}'s {what}, to finish the promotion its record names", dir.display()),
         source: std::io::Error::other(e.to_string()),
-    })?;
-    if read_followed_epoch(dir) != Some(followed) || base != point {
-        clear_promotion_mark(dir).map_err(io("removing a promotion record"))?;
+    };
+    let base = ditto_log::replica::base_ts(dir).map_err(|e| read("base", e))?;
+    let ckpt = ditto_log::replica::newest_checkpoint_ts(dir).map_err(|e| read("checkpoint", e))?;
+    if base != point || ckpt != Some(point) {
+        clear("it does not match")?;
         return Ok(None);
     }
     let rdir = ditto_log::replica::replica_dir(dir);
     if rdir.exists() {
         std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
+        ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?;
     }
     match std::fs::remove_file(dir.join(STATE_FILE)) {
-        Ok(()) => {}
+        Ok(()) => ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("removing the followed epoch")(e)),
     }
-    ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?;
-    clear_promotion_mark(dir).map_err(io("removing the promotion record"))?;
+    clear("the promotion finished")?;
     Ok(Some(point))
 }
 
@@ -527,6 +552,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         Some(db) => (Some(ditto_log::replica::open_replica_with(&dir, Arc::clone(db))?), None),
         None => (Some(ditto_log::replica::open_replica_upto(&dir, opts.workers, &storage, opts.recover_upto)?), None),
     };
+    // With the directory opened (and locked): a promotion a record still names is
+    // abandoned (a cluster node finished or removed it before; a standalone backup never
+    // finishes one), and its record must not be taken for this run's later.
+    clear_promotion_mark(&dir).map_err(io("removing an abandoned promotion's record"))?;
     if let Some(o) = opened.as_ref().filter(|o| o.report.log_txns_dropped_above_cut > 0) {
         tracing::warn!(
             "recovery left out {} transactions above the cut at ts {}",
@@ -715,12 +744,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     for a in [&state.received, &state.durable, &state.replayed, &state.visible] {
         a.store(base.0, Ordering::Release);
     }
-    // What it holds at or below a failover's point is final (its cut there, or its engine
-    // kept through a change of role in place, cut at the point): read at once.
-    let final_base = opts.engine.is_some() || opts.recover_upto.is_some_and(|p| base <= p);
-    // (A cluster's backup, whether or not its replay holds at the release: its read view
-    // is the released watermark once it runs, but its start's is its own.)
-    if !opts.keep_what_the_primary_lost && !final_base {
+    // A cluster's backup, whether or not its replay holds at the release: its read view is
+    // the released watermark once it runs, but its start's is its own. That holds of a cut
+    // at a failover's point too (its cut there, or its engine kept through a change of
+    // role in place): a later failover may set a lower point, if the new primary dies
+    // before a quorum holds what it recovered, and discard what lies above it (taken as
+    // final before: found by the simulation, docs/cluster.md).
+    if !opts.keep_what_the_primary_lost {
         state.reads_from.store(base.0, Ordering::Release);
     }
     state.connected.store(true, Ordering::Release);
@@ -2367,10 +2397,14 @@ impl Backup {
         }
         let hold = self.engine.hold.as_ref().ok_or("its replay is not held at the primary's release")?;
         hold.cut_at(point)?;
-        // Everything up to the point stays, whatever the old primary had released: the read
-        // view may go there. A write of the tail above the old release that waits for the
-        // read view (a key's new life, crates/engine/src/replay.rs) would otherwise wait
-        // for a release that never comes.
+        // The engine's read view goes to the point, whatever the old primary had released:
+        // a write of the tail above the old release that waits for the read view (a key's
+        // new life, crates/engine/src/replay.rs) would otherwise wait for a release that
+        // never comes. What lies above that release is not yet released in the next epoch
+        // either (a later failover may discard it), so reads are held until a primary has
+        // released the point (`reads_held`; the next run, which takes this engine, holds
+        // them the same way).
+        self.state.reads_from.fetch_max(point.0, Ordering::AcqRel);
         self.engine.note_released(point);
         self.engine.publish();
         let waiting = Instant::now();

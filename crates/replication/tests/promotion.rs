@@ -300,8 +300,11 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     };
     let bp = ditto_log::open(&b1, o).unwrap();
     let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));
-    // B2 follows it in place, sealed the same way.
+    // B2 follows it in place, sealed the same way; from the cut on, its old run reads only
+    // once the point is released.
+    let old_run = Arc::clone(&bk2.state);
     let (db2, lock2) = bk2.cut_at(p, "follows", Duration::from_secs(20)).unwrap();
+    assert_eq!(old_run.reads_from.load(std::sync::atomic::Ordering::SeqCst), p.0);
     ditto_log::sealed::seal_tail(&b2, p, &storage).unwrap();
     // A seal below the point of the last one is refused, changing nothing.
     let e = ditto_log::sealed::seal_tail(&b2, Ts(p.0 - 1), &storage).unwrap_err();
@@ -319,10 +322,15 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
         hold_replay_at_release: true,
         checkpoint_log_min_bytes: 1,
         checkpoint_log_growth_percent: 1,
+        keep_what_the_primary_lost: false,
         ..BackupOptions::new(&bp_addr, &b2, 1, "b2")
     };
     let bk2 = backup::start(opts).unwrap();
     assert!(Arc::ptr_eq(&bk2.db, &db2), "the kept engine serves");
+    // Its data, cut at the point, is read only once the new primary has released the
+    // point: a later failover could set a lower one (before, the kept engine was read at
+    // once).
+    assert_eq!(bk2.state.reads_from.load(std::sync::atomic::Ordering::SeqCst), p.0);
     assert_eq!(bp_repl.checkpoints_sent.load(std::sync::atomic::Ordering::SeqCst), 0, "resumed from the log");
     let tb = bp.db().table_id("t").unwrap();
     let mut w = bp.db().worker(WorkerId(0)).unwrap();
@@ -332,6 +340,7 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     });
     assert_eq!(value_on(&bk2.db, 5).as_deref(), Some(&b"two"[..]));
     assert_eq!(value_on(&bk2.db, 99).as_deref(), Some(&b"v99"[..]));
+    wait_until("the point released", Duration::from_secs(20), || bk2.state.reads_held().is_none());
     // A chain of one is not checkpointed at once (`sealed::CHECKPOINT_AT_LINKS`): the
     // backup's policy takes it, its bytes counted as received (1% of the checkpoint under
     // it makes this one's log-growth trigger due: the chain alone does), and the primary's
@@ -1132,4 +1141,14 @@ fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
     assert_eq!(ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap(), before);
     let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap();
     assert_eq!(rows(&o.db), want);
+    drop(o);
+
+    // A record made when the base already lay at the point names no checkpoint of its
+    // promotion's: not finished, removed.
+    let dir = make();
+    drop(open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap());
+    backup::mark_promotion(dir.path(), Epoch(1), Ts(9)).unwrap();
+    assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), None);
+    assert!(!dir.path().join("PROMOTION").exists());
+    assert_eq!(backup::read_followed_epoch(dir.path()), Some(Epoch(1)));
 }

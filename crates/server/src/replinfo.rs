@@ -105,6 +105,13 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_counted_ts", ld(&state.counted).to_string());
             put("ditto_visible_ts", visible.to_string());
             put("ditto_lag_ts", received.saturating_sub(visible).to_string());
+            // Reads held until the primary releases where this run started or was cut
+            // (docs/cluster.md): from where, how many waited, the longest wait, and how
+            // many were answered LOADING after it.
+            put("ditto_reads_held_from_ts", ld(&state.reads_from).to_string());
+            put("ditto_reads_waited", ld(&state.reads_waited).to_string());
+            put("ditto_reads_waited_ms_max", format!("{:.1}", ld(&state.reads_waited_us_max) as f64 / 1e3));
+            put("ditto_reads_refused_loading", ld(&state.reads_refused).to_string());
             put("ditto_batches_received", ld(&state.batches_received).to_string());
             put("ditto_batches_skipped", ld(&state.batches_skipped).to_string());
             put("ditto_replay_queued_bytes", ld(&state.replay_queued_bytes).to_string());

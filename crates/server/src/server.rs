@@ -249,6 +249,10 @@ impl StopSignals {
     }
 }
 
+/// How long a data read on a backup whose reads are held waits for its primary's release
+/// before it is answered LOADING (`Conn::wait_reads_released`).
+const READS_HELD_WAIT: Duration = Duration::from_millis(500);
+
 /// Which role's `Conn` serves a server's connections now. A server that changes its role
 /// in place keeps its runtime, listeners and clients' connections (`Lasting`); each
 /// connection moves to the new role's `Conn` before the next request it handles
@@ -1521,7 +1525,14 @@ fn promote_replica_dir(
     let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
     drop(lock);
     std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
-    let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
+    // Each removal durable before the next (a power loss must not leave the followed epoch
+    // gone with the replica log still there), the record last.
+    ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?;
+    match std::fs::remove_file(dir.join("REPLICA_STATE")) {
+        Ok(()) => ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("removing the followed epoch")(e)),
+    }
     ditto_replication::backup::clear_promotion_mark(dir).map_err(io("removing the promotion's record"))?;
     Ok(ditto_log::Recovered(db))
 }
@@ -1633,6 +1644,12 @@ impl Conn {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
+                        if session.read_held(&args, &conn.sh) && !conn.wait_reads_released(hub, seen).await {
+                            // The role changed meanwhile: the next one handles it (below,
+                            // once the replies before it are out).
+                            pending.push_front(Ok(Some(args)));
+                            break;
+                        }
                         // A run of plain GETs, or of plain SETs, is answered together
                         // (`Session::handle_run`).
                         let work = match session.run_kind(&args, &conn.sh) {
@@ -1774,12 +1791,39 @@ impl Conn {
                 inbuf = BytesMut::with_capacity(16 * 1024);
                 inbuf_large = false;
             }
+            if !pending.is_empty() {
+                continue; // a request set aside for the next role
+            }
             inbuf.reserve(16 * 1024);
             if stream.read_buf(&mut inbuf).await? == 0 {
                 return Ok(());
             }
             inbuf_large |= inbuf.capacity() > 1 << 20;
         }
+    }
+
+    /// A data read on a backup whose reads are held (`BackupState::reads_held`: its run
+    /// started, or it was cut to follow a new primary, above what its primary has
+    /// released) waits for the release, polled every millisecond, up to
+    /// `READS_HELD_WAIT`: as a rule the new primary's first frames bring it within
+    /// milliseconds. False if the role changed meanwhile (the hub's generation is no
+    /// longer `seen`: the next role handles the read); true otherwise (still held after the
+    /// wait, the read answers LOADING).
+    async fn wait_reads_released(&self, hub: &Hub, seen: u64) -> bool {
+        let crate::session::Replication::Backup { state, .. } = &self.sh.replication else { return true };
+        let t0 = Instant::now();
+        let until = t0 + READS_HELD_WAIT;
+        let mut moved = false;
+        while state.reads_held().is_some() && Instant::now() < until {
+            if hub.generation.load(Ordering::Acquire) != seen {
+                moved = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        state.reads_waited.fetch_add(1, Ordering::Relaxed);
+        state.reads_waited_us_max.fetch_max(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        !moved
     }
 
     /// Redis's WAIT: polls (every millisecond) until `w.n` backups have received every commit

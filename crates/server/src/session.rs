@@ -70,6 +70,20 @@ fn walks_keys(spec: &Spec) -> bool {
     matches!(spec.name, "DBSIZE" | "SCAN" | "KEYS")
 }
 
+/// Whether this node is a backup whose reads are held (`BackupState::reads_held`).
+fn reads_held(sh: &Shared) -> bool {
+    matches!(&sh.replication, Replication::Backup { state, .. } if state.reads_held().is_some())
+}
+
+/// Whether a command reads the data (what a backup whose reads are held refuses: data
+/// commands that do not write, and the connection commands that walk the keyspace).
+fn reads_data(spec: &Spec) -> bool {
+    match spec.kind {
+        Kind::Data => !spec.write,
+        Kind::Conn => walks_keys(spec),
+    }
+}
+
 /// Starts a transaction for a command: on a read-only node (a backup) a snapshot
 /// transaction at the read view, which replay never disturbs; else a read-write one.
 pub(crate) fn begin<'w>(sh: &Shared, worker: &'w mut Worker) -> Transaction<'w> {
@@ -467,7 +481,8 @@ impl Session {
             return None;
         }
         match args.len() {
-            2 if args[0].eq_ignore_ascii_case(b"GET") => Some(RunKind::Get),
+            // A backup whose reads are held refuses each GET alone (`dispatch`).
+            2 if args[0].eq_ignore_ascii_case(b"GET") && !reads_held(sh) => Some(RunKind::Get),
             // Over maxmemory each SET goes alone, to be refused by `dispatch`.
             3 if args[0].eq_ignore_ascii_case(b"SET")
                 && !sh.read_only
@@ -478,6 +493,12 @@ impl Session {
             }
             _ => None,
         }
+    }
+
+    /// Whether `args` reads the data of a backup whose reads are held now
+    /// (`BackupState::reads_held`): its connection waits a while for the release first.
+    pub fn read_held(&self, args: &[Bytes], sh: &Shared) -> bool {
+        reads_held(sh) && commands::lookup_index(&args[0]).is_some_and(|i| reads_data(&SPECS[i]))
     }
 
     /// Answers a pipeline's run of requests of one `run_kind` in one transaction, with the
@@ -569,15 +590,12 @@ impl Session {
                 return Err(Reply::err(format!("READONLY {why}")));
             }
         }
-        let reads_data = match spec.kind {
-            Kind::Data => !spec.write,
-            Kind::Conn => walks_keys(spec),
-        };
-        if let (true, Replication::Backup { state, .. }) = (reads_data, &sh.replication) {
+        if let (true, Replication::Backup { state, .. }) = (reads_data(spec), &sh.replication) {
             if let Some((from, released)) = state.reads_held() {
+                state.reads_refused.fetch_add(1, Ordering::Relaxed);
                 // (Redis answers LOADING while a replica loads its data; clients retry.)
                 return Err(Reply::err(format!(
-                    "LOADING this backup started from its log up to ts {from}, which its primary has released only up to ts {released}; retry shortly"
+                    "LOADING this backup's data is at ts {from} (where it started or was cut to follow a new primary), which its primary has released only up to ts {released}; retry shortly"
                 )));
             }
         }
