@@ -74,11 +74,15 @@ struct DataLog {
     /// fetch from it must start at or above this (what a real node's `fetch_floor` says).
     /// At most what it holds durably on every stream; it survives crashes.
     ckpt: u64,
+    /// A cut left it holding less than its checkpoint (`cut_checkpoint`): a real node's
+    /// directory cannot be cut back there (`can_cut_at`), so it is not eligible until it
+    /// follows the new primary (copying its data). Survives crashes.
+    above_cut: bool,
 }
 
 impl DataLog {
     fn new(k: usize) -> DataLog {
-        DataLog { streams: vec![Stream::default(); k], ckpt: 0 }
+        DataLog { streams: vec![Stream::default(); k], ckpt: 0, above_cut: false }
     }
     /// A checkpoint at `view` (released, as the node knows), or lower where a stream is not
     /// durable that far.
@@ -92,6 +96,7 @@ impl DataLog {
     /// what it holds (a real one rejoins from a copy of the new primary's checkpoint).
     fn cut_checkpoint(&mut self) {
         let held = self.streams.iter().map(|s| s.bound).min().unwrap_or(0);
+        self.above_cut |= self.ckpt > held;
         self.ckpt = self.ckpt.min(held);
     }
     fn pos(&self, s: usize) -> u64 {
@@ -1012,7 +1017,12 @@ impl Sim {
             n.view = cut;
             n.reads_from = cut;
             n.started = true;
+            // Its open writes a checkpoint at its cut (`open_replica_upto`).
+            n.data.checkpoint(cut);
         }
+        // Following this primary, it holds what the primary sends it (a real one whose
+        // directory could not be cut copies the primary's checkpoint first).
+        self.nodes[i].data.above_cut = false;
         let (recv, dur) = (self.nodes[i].data.positions(), self.nodes[i].data.synced_positions());
         // Following a later primary: its own log was cut and is a backup's now.
         if self.nodes[i].own_log.is_some_and(|e| e < epoch) {
@@ -1352,7 +1362,7 @@ impl Sim {
                     // A node holding a primary's own log (it served an epoch and has
                     // not followed a later primary since) serves fetches from it but is
                     // never chosen (`holding_now`) ...
-                    eligible: self.nodes[i].own_log.is_none(),
+                    eligible: self.nodes[i].own_log.is_none() && !self.nodes[i].data.above_cut,
                     serves_above: self.nodes[i].data.ckpt,
                     // ... but as a last resort, when no other can fetch what it lacks and
                     // it lacks nothing (its log, cut at the point, starts the next epoch),

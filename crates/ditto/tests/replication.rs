@@ -341,6 +341,11 @@ fn a_held_backup_restarted_above_the_release_reads_nothing_until_the_primary_rel
         assert!(got.starts_with("-LOADING"), "{got}");
     }
     assert_eq!(r.one(&["PING"]), "+PONG");
+    // Only the first read waited (500 ms) for the release; with nothing released since,
+    // the others were answered at once.
+    let info = r.cmd(&["INFO", "replication"]).unwrap().concat();
+    let count = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':')?.trim().parse::<u64>().ok());
+    assert_eq!((count("ditto_reads_waited"), count("ditto_reads_refused_loading")), (Some(1), Some(5)), "{info}");
     // The second backup lets the primary release: the write is acknowledged, and read.
     let _second = Node::start(&b2, &backup_args);
     assert_eq!(c.reply().unwrap()[0], "+OK");

@@ -302,6 +302,10 @@ pub struct BackupState {
     pub reads_waited: AtomicU64,
     pub reads_waited_us_max: AtomicU64,
     pub reads_refused: AtomicU64,
+    /// Bumped when this run's reads become held after being open (`Backup::cut`): a read
+    /// that ran across the bump may have taken its snapshot at the view published since,
+    /// and is run again (its server compares this before and after).
+    pub gate_gen: AtomicU64,
 }
 
 impl BackupState {
@@ -2389,6 +2393,13 @@ impl Backup {
         timeout: Duration,
     ) -> Result<(Arc<Database>, std::fs::File, Ts), String> {
         let deadline = Instant::now() + timeout;
+        // From here on this run's connections read nothing: the view goes to the point
+        // below, above what any primary has released (a later failover may set a lower
+        // point), and this run will see no release again; its connections wait, and move
+        // to the next role, whose run holds its reads until its primary has released the
+        // point. (`note_released` below moves `released`, which the gate cannot use here.)
+        self.state.reads_from.store(u64::MAX, Ordering::Release);
+        self.state.gate_gen.fetch_add(1, Ordering::AcqRel);
         self.fence(why, timeout)?;
         let durable = self.state.durable.load(Ordering::Acquire);
         let point = if at_most { point.min(Ts(durable)) } else { point };
@@ -2400,11 +2411,7 @@ impl Backup {
         // The engine's read view goes to the point, whatever the old primary had released:
         // a write of the tail above the old release that waits for the read view (a key's
         // new life, crates/engine/src/replay.rs) would otherwise wait for a release that
-        // never comes. What lies above that release is not yet released in the next epoch
-        // either (a later failover may discard it), so reads are held until a primary has
-        // released the point (`reads_held`; the next run, which takes this engine, holds
-        // them the same way).
-        self.state.reads_from.fetch_max(point.0, Ordering::AcqRel);
+        // never comes. (Reads were held above.)
         self.engine.note_released(point);
         self.engine.publish();
         let waiting = Instant::now();

@@ -300,11 +300,14 @@ fn a_held_backup_follows_the_next_primary_in_place_with_the_engine_it_kept() {
     };
     let bp = ditto_log::open(&b1, o).unwrap();
     let (bp_repl, bp_addr) = start_primary(&bp, Some((epoch1, p, start)));
-    // B2 follows it in place, sealed the same way; from the cut on, its old run reads only
-    // once the point is released.
+    // B2 follows it in place, sealed the same way; from the cut on, its old run reads
+    // nothing (its connections move to the next run, which holds its reads in turn), and
+    // its gate's generation moved (a read that ran across the cut is run again).
     let old_run = Arc::clone(&bk2.state);
+    let gen = old_run.gate_gen.load(std::sync::atomic::Ordering::SeqCst);
     let (db2, lock2) = bk2.cut_at(p, "follows", Duration::from_secs(20)).unwrap();
-    assert_eq!(old_run.reads_from.load(std::sync::atomic::Ordering::SeqCst), p.0);
+    assert!(old_run.reads_held().is_some(), "the old run's reads are held after its cut");
+    assert_eq!(old_run.gate_gen.load(std::sync::atomic::Ordering::SeqCst), gen + 1);
     ditto_log::sealed::seal_tail(&b2, p, &storage).unwrap();
     // A seal below the point of the last one is refused, changing nothing.
     let e = ditto_log::sealed::seal_tail(&b2, Ts(p.0 - 1), &storage).unwrap_err();

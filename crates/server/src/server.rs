@@ -253,6 +253,15 @@ impl StopSignals {
 /// before it is answered LOADING (`Conn::wait_reads_released`).
 const READS_HELD_WAIT: Duration = Duration::from_millis(500);
 
+/// How a wait for held reads ended.
+enum Waited {
+    Released,
+    /// The connection's role changed: the next role handles the read.
+    Moved,
+    /// Still held after `READS_HELD_WAIT`: the read answers LOADING.
+    GaveUp,
+}
+
 /// Which role's `Conn` serves a server's connections now. A server that changes its role
 /// in place keeps its runtime, listeners and clients' connections (`Lasting`); each
 /// connection moves to the new role's `Conn` before the next request it handles
@@ -1634,6 +1643,8 @@ impl Conn {
         // policy it was given, and none leaves before all are released. Drained at each
         // flush; reused.
         let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
+        // What the last wait for held reads that gave up saw (`Conn::gate_marker`).
+        let mut gave_up: Option<(u64, u64)> = None;
         loop {
             hub.follow(&mut conn, &mut seen);
             // Handle every complete request buffered (up to the output bound).
@@ -1644,12 +1655,27 @@ impl Conn {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
-                        if session.read_held(&args, &conn.sh) && !conn.wait_reads_released(hub, seen).await {
-                            // The role changed meanwhile: the next one handles it (below,
-                            // once the replies before it are out).
-                            pending.push_front(Ok(Some(args)));
-                            break;
+                        if session.read_held(&args, &conn.sh) && gave_up != Some(conn.gate_marker(hub)) {
+                            if !out.is_empty() {
+                                // The replies before it go out first: it may wait.
+                                pending.push_front(Ok(Some(args)));
+                                break;
+                            }
+                            match conn.wait_reads_released(hub, seen).await {
+                                // The role changed meanwhile: the next one handles it.
+                                Waited::Moved => {
+                                    pending.push_front(Ok(Some(args)));
+                                    break;
+                                }
+                                Waited::Released => {}
+                                // Answered LOADING; the held reads after it are too, at
+                                // once, until the release or the role moves.
+                                Waited::GaveUp => gave_up = Some(conn.gate_marker(hub)),
+                            }
                         }
+                        // Where reads could become held while it runs (a cut to follow a
+                        // new primary), it is handled again if they did (below).
+                        let gate = session.read_gate(&args, &conn.sh).map(|g| (g, args.clone()));
                         // A run of plain GETs, or of plain SETs, is answered together
                         // (`Session::handle_run`).
                         let work = match session.run_kind(&args, &conn.sh) {
@@ -1679,7 +1705,19 @@ impl Conn {
                                     shard = w.id().0 as usize;
                                     session.handle(args, &conn.sh, w)
                                 });
-                                outcomes.push(o.unwrap_or_else(no_worker));
+                                let mut o = o.unwrap_or_else(no_worker);
+                                if let Some((_, args)) = gate.filter(|(g, _)| conn.gate_gen() != *g) {
+                                    if !args[0].eq_ignore_ascii_case(b"EXEC") {
+                                        pending.push_front(Ok(Some(args)));
+                                        break;
+                                    }
+                                    // A transaction is not run twice (its queue is gone):
+                                    // it read nothing that may be shown.
+                                    o.reply = Reply::err(
+                                        "LOADING this backup changed its role while the transaction ran; run it again",
+                                    );
+                                }
+                                outcomes.push(o);
                             }
                             Work::Run(kind, mut run) => {
                                 let budget = conn.sh.max_output_bytes - out.len();
@@ -1687,6 +1725,14 @@ impl Conn {
                                     shard = w.id().0 as usize;
                                     session.handle_run(kind, &run, budget, &conn.sh, w)
                                 }) {
+                                    Ok(_) if gate.as_ref().is_some_and(|(g, _)| conn.gate_gen() != *g) => {
+                                        // Reads became held while the run of GETs read: it is
+                                        // handled again, each GET alone.
+                                        for r in run.drain(..).rev() {
+                                            pending.push_front(Ok(Some(r)));
+                                        }
+                                        break;
+                                    }
                                     Ok(v) => {
                                         // What the output bound left for later, in order.
                                         for r in run.drain(v.len()..).rev() {
@@ -1809,21 +1855,44 @@ impl Conn {
     /// milliseconds. False if the role changed meanwhile (the hub's generation is no
     /// longer `seen`: the next role handles the read); true otherwise (still held after the
     /// wait, the read answers LOADING).
-    async fn wait_reads_released(&self, hub: &Hub, seen: u64) -> bool {
-        let crate::session::Replication::Backup { state, .. } = &self.sh.replication else { return true };
+    async fn wait_reads_released(&self, hub: &Hub, seen: u64) -> Waited {
+        let crate::session::Replication::Backup { state, .. } = &self.sh.replication else { return Waited::Released };
         let t0 = Instant::now();
         let until = t0 + READS_HELD_WAIT;
-        let mut moved = false;
-        while state.reads_held().is_some() && Instant::now() < until {
+        let waited = loop {
+            if state.reads_held().is_none() {
+                break Waited::Released;
+            }
             if hub.generation.load(Ordering::Acquire) != seen {
-                moved = true;
-                break;
+                break Waited::Moved;
+            }
+            if Instant::now() >= until {
+                break Waited::GaveUp;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        };
         state.reads_waited.fetch_add(1, Ordering::Relaxed);
         state.reads_waited_us_max.fetch_max(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
-        !moved
+        waited
+    }
+
+    /// The backup's gate generation (`BackupState::gate_gen`; 0 on a primary).
+    fn gate_gen(&self) -> u64 {
+        match &self.sh.replication {
+            crate::session::Replication::Backup { state, .. } => state.gate_gen.load(Ordering::Acquire),
+            _ => 0,
+        }
+    }
+
+    /// What a wait for held reads that gave up saw: the release and the role. Until one of
+    /// them moves, held reads are answered LOADING without waiting again (a pipeline of
+    /// them would otherwise wait 500 ms each).
+    fn gate_marker(&self, hub: &Hub) -> (u64, u64) {
+        let released = match &self.sh.replication {
+            crate::session::Replication::Backup { state, .. } => state.released.load(Ordering::Acquire),
+            _ => 0,
+        };
+        (released, hub.generation.load(Ordering::Acquire))
     }
 
     /// Redis's WAIT: polls (every millisecond) until `w.n` backups have received every commit

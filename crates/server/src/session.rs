@@ -498,7 +498,40 @@ impl Session {
     /// Whether `args` reads the data of a backup whose reads are held now
     /// (`BackupState::reads_held`): its connection waits a while for the release first.
     pub fn read_held(&self, args: &[Bytes], sh: &Shared) -> bool {
-        reads_held(sh) && commands::lookup_index(&args[0]).is_some_and(|i| reads_data(&SPECS[i]))
+        // (Inside MULTI a queued read is refused at once; EXEC waits.)
+        reads_held(sh)
+            && self.authed
+            && commands::lookup_index(&args[0])
+                .is_some_and(|i| (self.multi.is_none() || SPECS[i].name == "EXEC") && self.reads_data(&SPECS[i]))
+    }
+
+    /// On a cluster backup, for a request that reads the data: the backup's gate
+    /// generation now (`BackupState::gate_gen`). Its server compares it again once the
+    /// request is handled; if reads became held meanwhile, the request may have read at a
+    /// view published since, and is handled again.
+    pub fn read_gate(&self, args: &[Bytes], sh: &Shared) -> Option<u64> {
+        match &sh.replication {
+            Replication::Backup { state, .. } if self.reads_data_of(args) => {
+                Some(state.gate_gen.load(Ordering::Acquire))
+            }
+            _ => None,
+        }
+    }
+
+    fn reads_data_of(&self, args: &[Bytes]) -> bool {
+        commands::lookup_index(&args[0]).is_some_and(|i| self.reads_data(&SPECS[i]))
+    }
+
+    /// `reads_data`, and EXEC where what it runs reads the data: a queued read (queued
+    /// before reads were held, or before this connection moved to a held role), or a
+    /// watched key (whose check reads a version).
+    fn reads_data(&self, spec: &Spec) -> bool {
+        reads_data(spec)
+            || (spec.name == "EXEC"
+                && (!self.watched.is_empty()
+                    || self.multi.as_ref().is_some_and(|q| {
+                        q.iter().any(|r| commands::lookup_index(&r[0]).is_some_and(|i| reads_data(&SPECS[i])))
+                    })))
     }
 
     /// Answers a pipeline's run of requests of one `run_kind` in one transaction, with the
@@ -590,13 +623,16 @@ impl Session {
                 return Err(Reply::err(format!("READONLY {why}")));
             }
         }
-        if let (true, Replication::Backup { state, .. }) = (reads_data(spec), &sh.replication) {
+        if let (true, Replication::Backup { state, .. }) = (self.reads_data(spec), &sh.replication) {
             if let Some((from, released)) = state.reads_held() {
                 state.reads_refused.fetch_add(1, Ordering::Relaxed);
                 // (Redis answers LOADING while a replica loads its data; clients retry.)
-                return Err(Reply::err(format!(
-                    "LOADING this backup's data is at ts {from} (where it started or was cut to follow a new primary), which its primary has released only up to ts {released}; retry shortly"
-                )));
+                return Err(Reply::err(match from {
+                    u64::MAX => "LOADING this backup is changing its role; retry shortly".to_string(),
+                    _ => format!(
+                        "LOADING this backup's data is at ts {from} (where it started or was cut to follow a new primary), which its primary has released only up to ts {released}; retry shortly"
+                    ),
+                }));
             }
         }
         if sh.memory.max != 0 && self.may_grow(spec) && sh.memory.over() && {
@@ -2590,6 +2626,28 @@ mod tests {
         assert!(!cmd(&mut s, &sh, &mut w, "PING").is_error());
         state.released.store(10, Ordering::Release);
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("v"));
+        // A read queued while reads were open, or a watched key, makes EXEC a read: held
+        // again (a cut to follow a new primary), it is refused, and so is a pipelined run
+        // of GETs (not formed: each GET goes alone).
+        let args = |line: &str| line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect::<Vec<_>>();
+        assert!(!s.read_held(&args("GET k"), &sh) && s.run_kind(&args("GET k"), &sh) == Some(RunKind::Get));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Simple("QUEUED"));
+        state.reads_from.store(u64::MAX, Ordering::Release);
+        assert!(s.read_held(&args("EXEC"), &sh), "EXEC waits for the release");
+        let r = cmd(&mut s, &sh, &mut w, "EXEC");
+        assert!(matches!(&r, Reply::Error(e) if e.contains("LOADING")), "{r:?}");
+        state.reads_from.store(0, Ordering::Release);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "WATCH k"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        state.reads_from.store(u64::MAX, Ordering::Release);
+        let r = cmd(&mut s, &sh, &mut w, "EXEC");
+        assert!(matches!(&r, Reply::Error(e) if e.contains("LOADING")), "{r:?}");
+        assert_eq!(s.run_kind(&args("GET k"), &sh), None);
+        assert!(s.read_held(&args("GET k"), &sh) && !s.read_held(&args("PING"), &sh));
+        // Its gate's generation, which its server compares before and after a read.
+        assert_eq!(s.read_gate(&args("GET k"), &sh), Some(0));
+        assert_eq!(s.read_gate(&args("PING"), &sh), None);
     }
 
     /// A cluster's primary without quorum contact: its write gate refuses writes with the
