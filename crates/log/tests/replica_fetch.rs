@@ -12,6 +12,9 @@ use ditto_log::replica::{append_fetched, open_replica, replica_holdings, replica
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::{open, Durability, LogOptions, OpenOptions};
 
+#[path = "common/missed_epoch.rs"]
+mod missed_epoch;
+
 /// A primary's directory (two workers, every batch fsynced) with a table `t`.
 fn primary_with_table(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::TableId) {
     let o = OpenOptions {
@@ -753,52 +756,18 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
 /// cannot be cut back there: its promotion is refused, and changes nothing.
 #[test]
 fn a_promotion_cuts_an_older_epochs_batches_at_that_epochs_point() {
-    use ditto_engine::RecordId;
-    use ditto_log::format::BatchBuilder;
     use ditto_log::replica::{open_replica_at, open_replica_upto, EpochCut};
-    use ditto_log::{Epoch, StreamId};
+    use ditto_log::Epoch;
+    use missed_epoch::{batch, missed_epoch_dir, recovered};
     let catalog = tempfile::tempdir().unwrap();
     let (d, t) = primary_with_table(catalog.path());
     d.close();
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
-    let batch = |stream: u32, epoch: u64, txns: &[(u64, u64, &str)], bound: u64| -> Bytes {
-        let mut b = BatchBuilder::new();
-        for (ts, rid, v) in txns {
-            let key = format!("r{rid}");
-            b.push_txn(Ts(*ts), [(t, RecordId(*rid), Some(key.as_bytes()), Some(v.as_bytes()))].into_iter());
-        }
-        let mut out = Vec::new();
-        b.finish_into(StreamId(stream), Epoch(epoch), Ts(bound), false, &mut out);
-        Bytes::from(out)
-    };
-    // Epoch 1: records 1..=10 written at ts 1..=10; its failover cut it at 5.
-    let epoch1: Vec<(u64, u64, &str)> = (1..=10).map(|i| (i, i, "epoch 1")).collect();
-    let received = [batch(0, 1, &epoch1, 10), batch(1, 1, &[], 10)];
-    // Epoch 2, fetched up to its point 9: record 8 again at ts 7, record 20 at ts 9.
-    let fetched = [batch(0, 2, &[(7, 8, "epoch 2"), (9, 20, "epoch 2")], 9), batch(1, 2, &[], 9)];
-    let make = || {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(catalog.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
-        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
-        for b in &received {
-            log.append(b, true, decode_batch_checksums(b).unwrap().0.header.bound_ts);
-        }
-        log.sync().unwrap();
-        append_fetched(dir.path(), 2, &fetched, &storage).unwrap();
-        dir
-    };
+    let make = || missed_epoch_dir(catalog.path(), t, &storage);
+    let batch = |stream, epoch, txns: &[(u64, u64, &str)], bound| batch(t, stream, epoch, txns, bound);
     let cut = EpochCut { epoch: Epoch(1), point: Ts(5) };
-    let rows = |db: &ditto_engine::Database| -> Vec<(u64, String)> {
-        let r = db.read();
-        (1..=20)
-            .filter_map(|i| {
-                let v = r.get(t, format!("r{i}").as_bytes()).unwrap()?;
-                Some((i, String::from_utf8(v.to_vec()).unwrap()))
-            })
-            .collect()
-    };
-    let mut want: Vec<(u64, String)> = (1..=5).map(|i| (i, "epoch 1".to_string())).collect();
-    want.extend([(8, "epoch 2".to_string()), (20, "epoch 2".to_string())]);
+    let rows = |db: &ditto_engine::Database| missed_epoch::rows(db, t);
+    let want = recovered();
 
     let dir = make();
     let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap();

@@ -14,6 +14,9 @@ use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::{Epoch, OpenOptions};
 use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
 
+#[path = "../../log/tests/common/missed_epoch.rs"]
+mod missed_epoch;
+
 fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
     while !f() {
@@ -1061,56 +1064,21 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// else.
 #[test]
 fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
-    use bytes::Bytes;
-    use ditto_engine::RecordId;
-    use ditto_log::format::{decode_batch_checksums, BatchBuilder};
-    use ditto_log::replica::{append_fetched, open_replica_at, open_replica_upto, replica_dir, EpochCut, ReplicaLog};
-    use ditto_log::StreamId;
+    use ditto_log::replica::{open_replica_at, open_replica_upto, replica_dir, EpochCut};
     let catalog = tempfile::tempdir().unwrap();
     let d = ditto_log::open(catalog.path(), OpenOptions { workers: 2, ..Default::default() }).unwrap();
     let t = d.db().create_table("t").unwrap();
     d.close();
     drop(d);
     let storage: Arc<dyn Storage> = Arc::new(RealStorage);
-    let batch = |stream: u32, epoch: u64, txns: &[(u64, u64, &str)], bound: u64| -> Bytes {
-        let mut b = BatchBuilder::new();
-        for (ts, rid, v) in txns {
-            let key = format!("r{rid}");
-            b.push_txn(Ts(*ts), [(t, RecordId(*rid), Some(key.as_bytes()), Some(v.as_bytes()))].into_iter());
-        }
-        let mut out = Vec::new();
-        b.finish_into(StreamId(stream), Epoch(epoch), Ts(bound), false, &mut out);
-        Bytes::from(out)
-    };
-    // Epoch 1: records 1..=10 at ts 1..=10, cut at 5 by the failover this node missed;
-    // epoch 2, fetched up to its point 9: record 8 again at ts 7, record 20 at ts 9.
-    let epoch1: Vec<(u64, u64, &str)> = (1..=10).map(|i| (i, i, "epoch 1")).collect();
-    let received = [batch(0, 1, &epoch1, 10), batch(1, 1, &[], 10)];
-    let fetched = [batch(0, 2, &[(7, 8, "epoch 2"), (9, 20, "epoch 2")], 9), batch(1, 2, &[], 9)];
+    // It followed epoch 1 (its `REPLICA_STATE`).
     let make = || {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(catalog.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
-        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
-        for b in &received {
-            log.append(b, true, decode_batch_checksums(b).unwrap().0.header.bound_ts);
-        }
-        log.sync().unwrap();
-        drop(log);
-        append_fetched(dir.path(), 2, &fetched, &storage).unwrap();
+        let dir = missed_epoch::missed_epoch_dir(catalog.path(), t, &storage);
         std::fs::write(dir.path().join("REPLICA_STATE"), "epoch 1\n").unwrap();
         dir
     };
-    let rows = |db: &ditto_engine::Database| -> Vec<(u64, String)> {
-        let r = db.read();
-        (1..=20)
-            .filter_map(|i| {
-                let v = r.get(t, format!("r{i}").as_bytes()).unwrap()?;
-                Some((i, String::from_utf8(v.to_vec()).unwrap()))
-            })
-            .collect()
-    };
-    let mut want: Vec<(u64, String)> = (1..=5).map(|i| (i, "epoch 1".to_string())).collect();
-    want.extend([(8, "epoch 2".to_string()), (20, "epoch 2".to_string())]);
+    let rows = |db: &ditto_engine::Database| missed_epoch::rows(db, t);
+    let want = missed_epoch::recovered();
     let cut = EpochCut { epoch: Epoch(1), point: Ts(5) };
 
     // The promotion's steps up to its checkpoint, then the crash.
