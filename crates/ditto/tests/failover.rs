@@ -1047,6 +1047,21 @@ fn a_backup_fetches_from_the_log_kept_for_it_or_the_old_primary_is_chosen_as_a_l
 /// holding epoch 2's value of another key.)
 #[test]
 fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_epoch_discarded() {
+    missed_epoch_promotion(false);
+}
+
+/// The same, E's promotion cut short by a crash once its checkpoint at the point is
+/// written (the failpoint `promotion-crash-after-checkpoint` aborts its server there,
+/// before the replica log and the followed epoch go): E's node finishes the promotion
+/// from its record before it reports again (docs/cluster.md, "A promotion from such a
+/// directory cut short by a crash"), the epoch it was named for is given up, and the
+/// next failover completes; nothing discarded comes back, nothing acknowledged is lost.
+#[test]
+fn a_promotion_of_a_node_that_missed_an_epoch_cut_short_by_a_crash_is_finished_by_its_node() {
+    missed_epoch_promotion(true);
+}
+
+fn missed_epoch_promotion(crash_after_checkpoint: bool) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut c, proxies) = proxied_cluster_with(5, "majority-durable", false, &["--server-stop-timeout-ms", "1000"]);
     let a = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
@@ -1118,7 +1133,11 @@ fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_e
         hung.iter().all(|&pid| unsafe { libc::kill(pid, 0) } != 0).then_some(())
     });
     assert_eq!(c.primary(), None, "no primary from one report");
+    if crash_after_checkpoint {
+        c.env.push(("DITTO_FAILPOINTS".into(), "promotion-crash-after-checkpoint".into()));
+    }
     c.start_node(e);
+    c.env.clear();
     c.start_node(a);
     let new = c.wait_or_dump("a primary of epoch 3", Duration::from_secs(30), || c.primary());
     let log = std::fs::read_to_string(c.log(e)).unwrap();
@@ -1129,9 +1148,20 @@ fn a_backup_that_missed_an_epoch_and_is_promoted_does_not_bring_back_what_that_e
     // would be a backup of epoch 1, whose open folds the discarded writes into a
     // checkpoint): it reports during the failover, is chosen, and fetches epoch 2.
     assert_eq!(log.matches("started Backup { epoch: 1,").count(), 1, "no server of epoch 1 after the restart");
-    assert_eq!(new, e, "the only eligible reporter is chosen");
     assert!(log.contains("fetched"), "node E fetched epoch 2 from the old primary's log");
     assert!(log.contains("its directory followed epoch 1: its promotion cuts the batches of each epoch before 2"));
+    if crash_after_checkpoint {
+        // Its promotion crashed after the checkpoint; its node finished it, and reported
+        // itself eligible again (before, not eligible: its checkpoint lies above epoch 1's
+        // point, and its directory still named epoch 1).
+        assert!(log.contains("failpoint promotion-crash-after-checkpoint: aborting"), "{log}");
+        assert!(log.contains("a promotion of its directory, cut short after its checkpoint at the point"), "{log}");
+        eprintln!(
+            "node {e}'s promotion crashed after its checkpoint, and its node finished it; node {new} took writes"
+        );
+    } else {
+        assert_eq!(new, e, "the only eligible reporter is chosen");
+    }
     // What epoch 1's failover discarded stays discarded, on every node; what epoch 2
     // acknowledged is everywhere.
     for id in 1..=5u64 {

@@ -1509,13 +1509,18 @@ fn promote_replica_dir(
     // would leave it looking as if it held what that failover discarded; the record lets
     // its node tell (`backup::finish_cut_short_promotion`).
     let followed = ditto_replication::backup::read_followed_epoch(dir);
-    if let (Some(p), Some(f), false) = (upto, followed, older.is_empty()) {
+    let marked = matches!((upto, followed, older.is_empty()), (Some(_), Some(_), false));
+    if let (Some(p), Some(f), true) = (upto, followed, marked) {
         ditto_replication::backup::mark_promotion(dir, f, p).map_err(io("recording the promotion"))?;
     }
     let opened = match upto {
         Some(p) => ditto_log::replica::open_replica_at(dir, workers, &storage, p, older)?,
         None => ditto_log::replica::open_replica_upto(dir, workers, &storage, None)?,
     };
+    if marked && failpoint("promotion-crash-after-checkpoint") {
+        eprintln!("failpoint promotion-crash-after-checkpoint: aborting");
+        std::process::abort();
+    }
     let r = &opened.report;
     // On standard output: a cluster node prints it with the failover's other phases.
     crate::say!(
