@@ -286,6 +286,18 @@ fn read_context(id: NodeId, nonce: u64, n: u64) -> Vec<u8> {
     [read_context_prefix(id, nonce).as_slice(), &n.to_be_bytes()].concat()
 }
 
+/// A number of this run's own: the standard library's per-process random hash keys
+/// (drawn from the operating system), mixed with the clock (before, the clock alone, or 0
+/// where it could not be read, which a restart would then repeat).
+fn run_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(clock);
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 /// What every context of node `id`'s run started at `nonce` begins with.
 fn read_context_prefix(id: NodeId, nonce: u64) -> Vec<u8> {
     [b"caught-up:".as_slice(), &id.to_be_bytes(), &nonce.to_be_bytes()].concat()
@@ -334,9 +346,7 @@ impl ControlNode {
             caught_up: false,
             read_asked: None,
             read_index: None,
-            read_nonce: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64),
+            read_nonce: run_nonce(),
         })
     }
 
