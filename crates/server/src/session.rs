@@ -510,8 +510,11 @@ impl Session {
     /// request is handled; if reads became held meanwhile, the request may have read at a
     /// view published since, and is handled again.
     pub fn read_gate(&self, args: &[Bytes], sh: &Shared) -> Option<u64> {
+        // Inside MULTI a command is queued, not run (and must not be queued twice): only
+        // EXEC reads, and it is not run again (its server answers LOADING instead).
+        let queued = self.multi.is_some() && !args[0].eq_ignore_ascii_case(b"EXEC");
         match &sh.replication {
-            Replication::Backup { state, .. } if self.reads_data_of(args) => {
+            Replication::Backup { state, .. } if !queued && self.reads_data_of(args) => {
                 Some(state.gate_gen.load(Ordering::Acquire))
             }
             _ => None,
@@ -2634,6 +2637,10 @@ mod tests {
         assert!(!s.read_held(&args("GET k"), &sh) && s.run_kind(&args("GET k"), &sh) == Some(RunKind::Get));
         assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Simple("QUEUED"));
+        // Queued, a read is not run again should reads become held meanwhile (it would be
+        // queued twice); EXEC is the one that reads.
+        assert_eq!(s.read_gate(&args("GET k"), &sh), None);
+        assert_eq!(s.read_gate(&args("EXEC"), &sh), Some(0));
         state.reads_from.store(u64::MAX, Ordering::Release);
         assert!(s.read_held(&args("EXEC"), &sh), "EXEC waits for the release");
         let r = cmd(&mut s, &sh, &mut w, "EXEC");
