@@ -957,10 +957,6 @@ pub fn append_own_fetched(
         storage.remove(p).map_err(|e| LogError::io(p, e))?;
     }
     let seq = last.seq + 1;
-    let path = crate::writer::Logger::segment_path(data, stream, epoch, seq);
-    let mut temp = path.clone().into_os_string();
-    temp.push(UNFINISHED_SUFFIX);
-    let temp = PathBuf::from(temp);
     let header = crate::format::SegmentHeader {
         stream: crate::format::StreamId(stream as u32),
         epoch,
@@ -968,14 +964,11 @@ pub fn append_own_fetched(
         streams: log.streams,
         prev_ts,
     };
-    // As the writer makes a segment: its header under a temporary name, synced, renamed;
-    // then the batches (a crash among them leaves a torn tail of the stream's last
-    // segment, which recovery and this function cut).
-    let mut f = storage.create_segment(&temp, false).map_err(|e| LogError::io(&temp, e))?;
-    f.write_all(&header.encode()).map_err(|e| LogError::io(&temp, e))?;
-    f.sync().map_err(|e| LogError::io(&temp, e))?;
-    storage.rename(&temp, &path).map_err(|e| LogError::io(&path, e))?;
-    storage.sync_dir(&logdir).map_err(|e| LogError::io(&logdir, e))?;
+    // As the writer makes a segment (its header durable under its name first); then the
+    // batches (a crash among them leaves a torn tail of the stream's last segment, which
+    // recovery and this function cut).
+    let (mut f, path) =
+        crate::writer::create_segment(storage, data, &header, false).map_err(|e| LogError::io(&logdir, e))?;
     for b in &keep {
         f.write_all(b).map_err(|e| LogError::io(&path, e))?;
     }

@@ -77,7 +77,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::catalog::Catalog;
 use crate::format::{BatchBuilder, Epoch, SegmentHeader, StreamId, SEGMENT_HEADER_LEN};
 use crate::options::{Durability, LogOptions};
-use crate::storage::LogFile;
+use crate::storage::{LogFile, Storage};
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
 /// interval, every interval): a safety net, since a flusher asks right after each of its
@@ -290,6 +290,31 @@ pub struct Logger {
     pub stats: LogStats,
 }
 
+/// Creates the segment `header` names in `dir`'s log, open for appending after its
+/// header. A file with a segment's name always holds its whole header, durably: the header
+/// is written and synced under the name plus `.new` (`UNFINISHED_SUFFIX`), which is then
+/// renamed. A crash in between leaves a `.new` file, which recovery removes; without it, a
+/// crash between creating the file and syncing its header left a segment with no header,
+/// which recovery must refuse as damage. (The writer's, and a last resort's fetched
+/// batches: `recovery::append_own_fetched`.)
+pub(crate) fn create_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    header: &SegmentHeader,
+    direct: bool,
+) -> std::io::Result<(Box<dyn LogFile>, PathBuf)> {
+    let path = Logger::segment_path(dir, header.stream.0 as usize, header.epoch, header.seq);
+    let mut unfinished = path.clone().into_os_string();
+    unfinished.push(UNFINISHED_SUFFIX);
+    let unfinished = PathBuf::from(unfinished);
+    let mut f = storage.create_segment(&unfinished, direct)?;
+    f.write_all(&header.encode())?;
+    f.sync()?;
+    storage.rename(&unfinished, &path)?;
+    storage.sync_dir(&dir.join("log"))?;
+    Ok((f, path))
+}
+
 impl Logger {
     /// Starts one flusher per stream, each with a fresh segment of `epoch`.
     pub(crate) fn start(
@@ -372,26 +397,18 @@ impl Logger {
         dir.join("log").join(format!("stream-{stream:04}-e{:010}-s{seq:010}.seg", epoch.0))
     }
 
-    /// Creates segment `seq` of stream `w`; `prev_ts` is the highest timestamp in the
-    /// stream's earlier segments of this epoch (see `SegmentHeader::prev_ts`).
-    ///
-    /// A file with a segment's name always holds its whole header, durably: the header is
-    /// written and synced under the name plus `.new` (`UNFINISHED_SUFFIX`), which is then
-    /// renamed. A crash in between leaves a `.new` file, which recovery removes; without
-    /// it, a crash between creating the file and syncing its header left a segment with
-    /// no header, which recovery must refuse as damage.
+    /// Creates segment `seq` of stream `w` (`create_segment`); `prev_ts` is the highest
+    /// timestamp in the stream's earlier segments of this epoch (see
+    /// `SegmentHeader::prev_ts`).
     fn open_segment(&self, w: usize, seq: u64, prev_ts: Ts) -> std::io::Result<(Box<dyn LogFile>, u64, PathBuf)> {
-        let path = Self::segment_path(&self.dir, w, self.epoch, seq);
-        let mut unfinished = path.clone().into_os_string();
-        unfinished.push(UNFINISHED_SUFFIX);
-        let unfinished = PathBuf::from(unfinished);
-        let mut f = self.opts.storage.create_segment(&unfinished, self.opts.direct_io)?;
-        let streams = self.streams.len() as u32;
-        let header = SegmentHeader { stream: StreamId(w as u32), epoch: self.epoch, seq, streams, prev_ts };
-        f.write_all(&header.encode())?;
-        f.sync()?;
-        self.opts.storage.rename(&unfinished, &path)?;
-        self.opts.storage.sync_dir(&self.dir.join("log"))?;
+        let header = SegmentHeader {
+            stream: StreamId(w as u32),
+            epoch: self.epoch,
+            seq,
+            streams: self.streams.len() as u32,
+            prev_ts,
+        };
+        let (f, path) = create_segment(&*self.opts.storage, &self.dir, &header, self.opts.direct_io)?;
         Ok((f, seq, path))
     }
 

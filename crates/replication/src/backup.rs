@@ -472,6 +472,16 @@ pub fn finish_cut_short_promotion(dir: &Path) -> Result<Option<Ts>, BackupError>
         clear("it does not match")?;
         return Ok(None);
     }
+    end_promotion(dir)?;
+    Ok(Some(point))
+}
+
+/// The last steps of a promotion of the backup's directory `dir`, once its checkpoint at
+/// the point is written: the replica log (all of it at or below the point is in that
+/// checkpoint), then the followed epoch, each removal durable before the next (a power
+/// loss must not leave the followed epoch gone with the replica log still there), then
+/// `mark_promotion`'s record. Each step may be cut short and done again.
+pub fn end_promotion(dir: &Path) -> Result<(), BackupError> {
     let rdir = ditto_log::replica::replica_dir(dir);
     if rdir.exists() {
         std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
@@ -482,8 +492,7 @@ pub fn finish_cut_short_promotion(dir: &Path) -> Result<Option<Ts>, BackupError>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("removing the followed epoch")(e)),
     }
-    clear("the promotion finished")?;
-    Ok(Some(point))
+    clear_promotion_mark(dir).map_err(io("removing the promotion's record"))
 }
 
 /// Whether a first join that failed with `e` is worth another try: the primary not (yet)

@@ -1503,7 +1503,6 @@ fn promote_replica_dir(
     upto: Option<Ts>,
     older: &[ditto_log::replica::EpochCut],
 ) -> Result<ditto_log::Recovered, ServerError> {
-    let rdir = ditto_log::replica::replica_dir(dir);
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
     // A directory that missed a failover: a crash after the checkpoint at the point below
     // would leave it looking as if it held what that failover discarded; the record lets
@@ -1538,16 +1537,8 @@ fn promote_replica_dir(
     );
     let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
     drop(lock);
-    std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
-    // Each removal durable before the next (a power loss must not leave the followed epoch
-    // gone with the replica log still there), the record last.
-    ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?;
-    match std::fs::remove_file(dir.join("REPLICA_STATE")) {
-        Ok(()) => ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("removing the followed epoch")(e)),
-    }
-    ditto_replication::backup::clear_promotion_mark(dir).map_err(io("removing the promotion's record"))?;
+    ditto_replication::backup::end_promotion(dir)
+        .map_err(|e| io("ending the promotion")(std::io::Error::other(e.to_string())))?;
     Ok(ditto_log::Recovered(db))
 }
 
@@ -1861,7 +1852,7 @@ impl Conn {
     /// longer `seen`: the next role handles the read); true otherwise (still held after the
     /// wait, the read answers LOADING).
     async fn wait_reads_released(&self, hub: &Hub, seen: u64) -> Waited {
-        let crate::session::Replication::Backup { state, .. } = &self.sh.replication else { return Waited::Released };
+        let Some(state) = self.backup() else { return Waited::Released };
         let t0 = Instant::now();
         let until = t0 + READS_HELD_WAIT;
         let waited = loop {
@@ -1881,22 +1872,24 @@ impl Conn {
         waited
     }
 
+    /// This role's backup state, if it is a backup.
+    fn backup(&self) -> Option<&ditto_replication::BackupState> {
+        match &self.sh.replication {
+            crate::session::Replication::Backup { state, .. } => Some(state),
+            _ => None,
+        }
+    }
+
     /// The backup's gate generation (`BackupState::gate_gen`; 0 on a primary).
     fn gate_gen(&self) -> u64 {
-        match &self.sh.replication {
-            crate::session::Replication::Backup { state, .. } => state.gate_gen.load(Ordering::Acquire),
-            _ => 0,
-        }
+        self.backup().map_or(0, |s| s.gate_gen.load(Ordering::Acquire))
     }
 
     /// What a wait for held reads that gave up saw: the release and the role. Until one of
     /// them moves, held reads are answered LOADING without waiting again (a pipeline of
     /// them would otherwise wait 500 ms each).
     fn gate_marker(&self, hub: &Hub) -> (u64, u64) {
-        let released = match &self.sh.replication {
-            crate::session::Replication::Backup { state, .. } => state.released.load(Ordering::Acquire),
-            _ => 0,
-        };
+        let released = self.backup().map_or(0, |s| s.released.load(Ordering::Acquire));
         (released, hub.generation.load(Ordering::Acquire))
     }
 
