@@ -716,6 +716,29 @@ impl Follower {
         }
     }
 
+    /// `key`'s value on the node that takes writes: read in a transaction with a write (an
+    /// empty APPEND), which no backup answers. A plain GET may be answered by a backup,
+    /// whose reads lag what the primary released (bounded).
+    fn read_on_primary(&mut self, key: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = (|| {
+                self.call(&["MULTI"])?;
+                self.call(&["APPEND", key, ""])?;
+                self.call(&["GET", key])?;
+                self.call(&["EXEC"])
+            })();
+            match r {
+                // EXEC's replies: APPEND's length, then GET's value.
+                Ok(v) if v.len() == 2 && v[0].starts_with(':') => return v[1].clone(),
+                other => {
+                    assert!(Instant::now() < end, "reading {key} on the primary failed for 30 s: {other:?}");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+
     /// `call` until it succeeds (bounded).
     fn call_until_ok(&mut self, args: &[&str]) -> Vec<String> {
         let end = Instant::now() + Duration::from_secs(30);
@@ -732,6 +755,7 @@ impl Follower {
 }
 
 const ACCOUNTS: usize = 10;
+const LISTS: usize = 2;
 const BALANCE: i64 = 100;
 
 /// Backups killed and restarted, primaries killed and restarted, under a bank workload
@@ -739,6 +763,13 @@ const BALANCE: i64 = 100;
 /// (each client appends 1, 2, 3, ... to its own key: nothing acknowledged may be lost,
 /// nothing may be reordered or doubled), and a reader on the backups (every read a state
 /// whose total is the bank's). The history is checked at the end on every node.
+///
+/// Each append is tagged with its attempt (`k.a,`: the a-th try of the k-th append), so an
+/// append that a failover discarded and the client made again differs from the one that
+/// stayed. The reader reads the lists with the accounts, in one MGET, and every list it
+/// reads, on any backup at any time, across every cut a failover makes, must be a prefix of
+/// every other it read and of the final history: a backup that showed a discarded append,
+/// or anything not released, fails it.
 #[test]
 fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_history() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -783,38 +814,46 @@ fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_hist
     }
     // Two append-only lists: the k-th append adds "k,"; after a failed append the client
     // reads its key back (on the node that now takes writes) to learn whether it applied.
-    let lists: Vec<Arc<Mutex<u64>>> = (0..2).map(|_| Arc::new(Mutex::new(0))).collect();
+    let lists: Vec<Arc<Mutex<u64>>> = (0..LISTS).map(|_| Arc::new(Mutex::new(0))).collect();
     let mut appenders = Vec::new();
     for (i, acked) in lists.iter().enumerate() {
         let (stop, ports, acked) = (Arc::clone(&stop), ports.clone(), Arc::clone(acked));
         appenders.push(std::thread::spawn(move || {
             let mut f = Follower::new(ports);
             let key = format!("list:{i}");
-            let mut k = 1u64;
+            let (mut k, mut attempt) = (1u64, 1u64);
             while !stop.load(Ordering::SeqCst) {
-                match f.call(&["APPEND", &key, &format!("{k},")]) {
+                let token = format!("{k}.{attempt},");
+                match f.call(&["APPEND", &key, &token]) {
                     Ok(_) => {
                         *acked.lock().unwrap() = k;
-                        k += 1;
+                        (k, attempt) = (k + 1, 1);
                     }
                     Err(_) => {
+                        // Did some attempt at the k-th append apply (its reply lost)?
                         std::thread::sleep(Duration::from_millis(2));
-                        let now = f.call_until_ok(&["GET", &key]).remove(0);
-                        if now.ends_with(&format!(",{k},")) || now == format!("{k},") {
-                            k += 1; // it applied; its reply was lost
+                        let now = f.read_on_primary(&key);
+                        let last = now.trim_end_matches(',').rsplit(',').next().unwrap_or("");
+                        if last.split('.').next() == Some(k.to_string().as_str()) {
+                            (k, attempt) = (k + 1, 1);
+                        } else {
+                            attempt += 1;
                         }
                     }
                 }
             }
         }));
     }
-    // A reader on the backups: every MGET of the accounts is a state of the bank.
+    // A reader on the backups: every MGET of the accounts is a state of the bank, and the
+    // lists it reads with them are prefixes of one another (it keeps the longest of each).
     let reads = {
         let (stop, ports) = (Arc::clone(&stop), ports.clone());
-        std::thread::spawn(move || -> Result<u64, String> {
-            let keys: Vec<String> = (0..ACCOUNTS).map(|a| format!("acct:{a}")).collect();
+        std::thread::spawn(move || -> Result<(u64, Vec<String>), String> {
+            let keys: Vec<String> =
+                (0..ACCOUNTS).map(|a| format!("acct:{a}")).chain((0..LISTS).map(|i| format!("list:{i}"))).collect();
             let mut args = vec!["MGET"];
             args.extend(keys.iter().map(String::as_str));
+            let mut longest = vec![String::new(); LISTS];
             let mut reads = 0u64;
             let mut i = 0usize;
             while !stop.load(Ordering::SeqCst) {
@@ -827,16 +866,29 @@ fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_hist
                 }
                 for _ in 0..50 {
                     let Ok(vals) = cl.cmd(&args) else { break };
-                    if vals.iter().all(|v| v != "(nil)") {
-                        let sum: i64 = vals.iter().map(|v| v.parse::<i64>().unwrap()).sum();
+                    let (accounts, lists) = vals.split_at(ACCOUNTS);
+                    if accounts.iter().all(|v| v != "(nil)") {
+                        let sum: i64 = accounts.iter().map(|v| v.parse::<i64>().unwrap()).sum();
                         if sum != BALANCE * ACCOUNTS as i64 {
                             return Err(format!("a backup read a state summing to {sum}: {vals:?}"));
                         }
                         reads += 1;
                     }
+                    for (l, v) in lists.iter().enumerate().filter(|(_, v)| *v != "(nil)") {
+                        if v.starts_with(longest[l].as_str()) {
+                            longest[l].clone_from(v);
+                        } else if !longest[l].starts_with(v.as_str()) {
+                            return Err(format!(
+                                "the backup on port {} read list:{l} as {v:?}, which is no prefix of {:?} read \
+                                 before, nor the other way round",
+                                ports[i % ports.len()],
+                                longest[l]
+                            ));
+                        }
+                    }
                 }
             }
-            Ok(reads)
+            Ok((reads, longest))
         })
     };
     for round in 0..rounds {
@@ -867,7 +919,7 @@ fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_hist
     for a in appenders {
         a.join().unwrap();
     }
-    let backup_reads = reads.join().unwrap().unwrap_or_else(|e| {
+    let (backup_reads, read_lists) = reads.join().unwrap().unwrap_or_else(|e| {
         c.dump_logs();
         panic!("{e}")
     });
@@ -891,15 +943,30 @@ fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_hist
         for (i, acked) in lists.iter().enumerate() {
             let acked = *acked.lock().unwrap();
             let v = cl.cmd(&["GET", &format!("list:{i}")]).unwrap().remove(0);
-            let got: Vec<u64> = v.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
-            let want: Vec<u64> = (1..=got.len() as u64).collect();
-            assert_eq!(got, want, "node {id}: list {i} lost, reordered or doubled an append");
+            let got: Vec<u64> =
+                v.split(',').filter(|s| !s.is_empty()).map(|s| s.split('.').next().unwrap().parse().unwrap()).collect();
+            if let Some(at) = got.iter().zip(1u64..).position(|(&g, k)| g != k) {
+                let tokens: Vec<&str> = v.split(',').collect();
+                panic!(
+                    "node {id}: list {i} lost, reordered or doubled an append: its {}th holds {:?}",
+                    at + 1,
+                    &tokens[at.saturating_sub(3)..(at + 4).min(tokens.len())]
+                );
+            }
             assert!(got.len() as u64 >= acked, "node {id}: list {i} holds {} appends, {acked} acknowledged", got.len());
+            assert!(
+                v.starts_with(&read_lists[i]),
+                "node {id}: list {i} is {v:?}; a backup read {:?} before, which is no prefix of it (a discarded \
+                 append, or one never released, was read)",
+                read_lists[i]
+            );
         }
     }
     eprintln!(
-        "{rounds} rounds: {transfers} transfers, {} appends acknowledged, {backup_reads} consistent reads on backups",
-        lists.iter().map(|l| *l.lock().unwrap()).sum::<u64>()
+        "{rounds} rounds: {transfers} transfers, {} appends acknowledged, {backup_reads} consistent reads on backups; \
+         the lists read there reached {:?} appends, each a prefix of the final history",
+        lists.iter().map(|l| *l.lock().unwrap()).sum::<u64>(),
+        read_lists.iter().map(|l| l.matches(',').count()).collect::<Vec<_>>()
     );
 }
 
