@@ -359,3 +359,52 @@ fn a_held_backup_restarted_above_the_release_reads_nothing_until_the_primary_rel
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Two backup processes given one name (`--replica-name`): the primary's quorum record
+/// knows backups by name, so the second is refused while the first is linked, and its
+/// server exits saying why and what to do; the first keeps its link and its writes.
+#[test]
+fn a_second_backup_sharing_a_name_is_refused_and_exits_saying_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let primary = Node::start(
+        &tmp.path().join("primary"),
+        &["--repl-port", "0", "--commit-policy", "majority-received", "--backups", "2"],
+    );
+    let repl = primary.repl.clone().unwrap();
+    let args = ["--replica-of", repl.as_str(), "--replica-name", "twin"];
+    let first = Node::start(&tmp.path().join("b1"), &args);
+    let mut c = Client::connect(primary.port).unwrap();
+    assert_eq!(c.one(&["SET", "k", "1"]), "+OK");
+    let log = tmp.path().join("b2.log");
+    let b2 = tmp.path().join("b2");
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", b2.to_str().unwrap()])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = second.kill();
+            panic!("the second backup named twin still runs after 30 s: {}", std::fs::read_to_string(&log).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("this backup's name is taken") && said.contains("--replica-name"), "{said}");
+    // The first is still the primary's one backup, and takes writes on.
+    let info = c.cmd(&["INFO", "replication"]).unwrap().concat();
+    assert!(info.contains("connected_slaves:1"), "{info}");
+    assert_eq!(c.one(&["SET", "k", "2"]), "+OK");
+    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut r = Client::connect(first.port).unwrap();
+    r.set_read_timeout(Duration::from_secs(10));
+    assert!(!r.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
+    assert_eq!(r.one(&["GET", "k"]), "2");
+}

@@ -506,6 +506,11 @@ fn retryable(e: &std::io::Error) -> bool {
     )
 }
 
+/// How long a backup that starts tries again while its primary refuses it because a live
+/// link has its name (`primary::NAME_TAKEN`): its own older connection is closed within
+/// this, another backup's is not.
+const NAME_TAKEN_WAIT: Duration = Duration::from_secs(3);
+
 /// How long a backup waits for any frame from its primary before it drops the link.
 pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 
@@ -594,7 +599,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     };
     // The primary may not be up yet (a cluster starts its new primary and its backups at
     // once): try often, for a while, saying so once a second.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(60));
     let mut said = Instant::now() - Duration::from_secs(1);
     type Joined = (TcpStream, BufReader<TcpStream>, Option<Frame>);
     let mut join = |hello: &Frame| -> Result<Joined, BackupError> {
@@ -612,6 +617,18 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 Ok((s, r, Some(w)))
             });
             match attempt {
+                // A live link has this backup's name: its own older connection, closing or
+                // being closed, or another backup's (`Primary::name_taken`). Tried again
+                // for `NAME_TAKEN_WAIT`, then refused for good.
+                Ok((_, _, Some(Frame::Refuse { reason })))
+                    if reason.starts_with(crate::primary::NAME_TAKEN) && started.elapsed() < NAME_TAKEN_WAIT =>
+                {
+                    if said.elapsed() >= Duration::from_secs(1) {
+                        tracing::warn!("joining the primary at {}: it refused: {reason}; retrying", opts.primary);
+                        said = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 Ok(c) => return Ok(c),
                 Err(_) if cancelled() => return Err(BackupError::Stopped),
                 Err(e) if Instant::now() < deadline && retryable(&e) => {
@@ -1824,6 +1841,7 @@ impl Receiver {
                 tracing::info!("replication from {}: {COUNTED_NOW}", self.opts.primary);
             }
             // Resume above what every stream holds (each stream's surplus is skipped).
+            let mut refused_said = None;
             loop {
                 // 100 ms between tries, in steps, so that a stop (`Backup::stop`) is seen soon.
                 for _ in 0..if wait { 20 } else { 1 } {
@@ -1925,7 +1943,13 @@ impl Receiver {
                         self.must_join_again("the primary can no longer resume it from its log (it restarted into a new epoch, or its log no longer holds what this backup lacks)".into(), JoinAgain::Copy);
                         return;
                     }
-                    Ok(Some(Frame::Refuse { reason })) => tracing::warn!("the primary refused: {reason}"),
+                    // Said at most once a second (a refusal may last: `primary::NAME_TAKEN`).
+                    Ok(Some(Frame::Refuse { reason })) => {
+                        if refused_said.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                            tracing::warn!("the primary refused: {reason}");
+                            refused_said = Some(Instant::now());
+                        }
+                    }
                     other => tracing::warn!("unexpected answer from the primary: {other:?}"),
                 }
             }

@@ -207,6 +207,8 @@ pub struct Primary {
     pub batches_shipped: AtomicU64,
     /// Frames sent to a backup by the thread that shipped them, not its link's thread.
     pub frames_sent_directly: AtomicU64,
+    /// When a refusal for a taken name was last logged (`NAME_TAKEN`).
+    name_taken_said: Mutex<Option<Instant>>,
     /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
     pub heartbeats_not_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
@@ -247,6 +249,7 @@ impl Primary {
             stopping: AtomicBool::new(false),
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
+            name_taken_said: Mutex::new(None),
             heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
             checkpoints_sent: AtomicU64::new(0),
@@ -280,7 +283,17 @@ impl Primary {
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                             if let Err(e) = me.serve(s) {
-                                tracing::warn!("replication link to {addr} closed: {e}");
+                                // A backup refused for its name tries again and again: said
+                                // at most once a second.
+                                let name_taken = e.to_string().starts_with(NAME_TAKEN);
+                                if !name_taken
+                                    || me.name_taken_said.lock().is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+                                {
+                                    if name_taken {
+                                        *me.name_taken_said.lock() = Some(Instant::now());
+                                    }
+                                    tracing::warn!("replication link to {addr} closed: {e}");
+                                }
                             }
                         });
                     }
@@ -666,6 +679,9 @@ impl Primary {
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
         stream.set_read_timeout(None)?;
+        if let Some(reason) = self.name_taken(&node, &addr) {
+            return Err(refuse(&stream, reason));
+        }
         self.heard.lock().insert(node.clone(), (epoch, have_ts));
         // Waiting after a restart: a backup of an older epoch than the one restarted from
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
@@ -743,6 +759,58 @@ impl Primary {
         self.changed();
         let _ = stream.shutdown(std::net::Shutdown::Both);
         out
+    }
+
+    /// Why a backup named `node` (connecting from `addr`) is refused because a live link
+    /// has its name; `None` if none has. Two backups sharing a name count as one in the
+    /// quorum's record (`crate::restart`): a primary restarted would take either's word for
+    /// what the other acknowledged. So a name linked and heard from within
+    /// `NAME_HELD_SILENCE` (or never yet: a copy under way) is refused. A link silent for
+    /// longer is taken for this backup's own connection, dead without the primary having
+    /// seen it (a half-open connection): it is closed, and the backup, refused this once,
+    /// connects again. A link closing already (a backup that drops its link and connects at
+    /// once: a learner promoted, a process restarted) is waited for, up to `NAME_FREED_WAIT`.
+    fn name_taken(&self, node: &str, addr: &str) -> Option<String> {
+        let end = Instant::now() + NAME_FREED_WAIT;
+        let old = loop {
+            let live = self.links.lock().iter().find(|l| l.node == node && l.queue.lock().dead.is_none()).cloned();
+            match live {
+                Some(l) if Instant::now() < end => drop(l),
+                other => break other?,
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let heard = old.heard_us.load(Ordering::Acquire);
+        let silent = match heard {
+            NEVER_ACKED => None,
+            us => Some(old.since.elapsed().saturating_sub(Duration::from_micros(us))),
+        };
+        match silent {
+            Some(silent) if silent >= NAME_HELD_SILENCE => {
+                let ms = silent.as_millis();
+                old.kill(format!(
+                    "backup {node} connected again (from {addr}); its link from {}, silent for {ms} ms, is closed",
+                    old.addr
+                ));
+                tracing::warn!(
+                    "backup {node} connected again from {addr}: its older link from {}, silent for {ms} ms, is closed",
+                    old.addr
+                );
+                Some(format!(
+                    "{NAME_TAKEN}: its older link from {}, silent for {ms} ms, is being closed; connect again",
+                    old.addr
+                ))
+            }
+            _ => {
+                let heard = silent.map_or("not yet acknowledged anything".to_string(), |d| {
+                    format!("was heard from {} ms ago", d.as_millis())
+                });
+                Some(format!(
+                    "{NAME_TAKEN}: backup {node} is linked from {} and {heard}. Two backups sharing a name would count as one in this primary's quorum: give each its own --replica-name",
+                    old.addr
+                ))
+            }
+        }
     }
 
     fn serve_link(
@@ -1131,6 +1199,15 @@ fn remove_stale_ship_dirs(dir: &std::path::Path) {
         }
     }
 }
+
+/// What a `Refuse` begins with when a live link has the backup's name
+/// (`Primary::name_taken`); a backup tries again for a while (`backup::NAME_TAKEN_WAIT`).
+pub const NAME_TAKEN: &str = "this backup's name is taken";
+/// A link heard from within this long is a live backup's (an idle link is heard at every
+/// heartbeat, `IDLE_HEARTBEAT`).
+const NAME_HELD_SILENCE: Duration = Duration::from_secs(1);
+/// How long a backup's Hello waits for a link of its name that is closing already.
+const NAME_FREED_WAIT: Duration = Duration::from_millis(50);
 
 /// An idle link sends a heartbeat at least this often.
 pub const IDLE_HEARTBEAT: Duration = Duration::from_millis(200);

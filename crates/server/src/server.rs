@@ -1230,13 +1230,11 @@ fn run_role(
 /// The failpoint `count-ignored-once` has ignored a `count` (it ignores the first only).
 static COUNT_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
-/// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
-/// `role-change-crash-after-seal`, `promotion-fails-after-log`.
 /// A backup's name as its primary knows it: `--replica-name`, or the address and port it
 /// serves on, the host's name standing for an address that means every interface
 /// (backups on other hosts, each bound to 0.0.0.0:6380, say, are told apart: a restarted
-/// primary counts its backups by name, `ditto_replication::restart`).
+/// primary counts its backups by name, `ditto_replication::restart`, and refuses a second
+/// live link of a name, `ditto_replication::primary::NAME_TAKEN`).
 fn replica_name(cfg: &Config) -> String {
     if let Some(n) = &cfg.replica_name {
         return n.clone();
@@ -1246,7 +1244,16 @@ fn replica_name(cfg: &Config) -> String {
         true => host_name().unwrap_or_else(|| cfg.bind.clone()),
         false => cfg.bind.clone(),
     };
-    format!("{host}:{}", cfg.port)
+    match (cfg.port, &cfg.data_dir) {
+        // Any port (`--port 0`): every such backup on the host would be `host:0` (and the
+        // port it gets is known only once bound, and differs at its next start). Its data
+        // directory tells it apart, and stays the same across its restarts.
+        (0, Some(dir)) => {
+            let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+            format!("{host}:0:{}", dir.display())
+        }
+        (port, _) => format!("{host}:{port}"),
+    }
 }
 
 /// This host's name (`gethostname`), if it has one.
@@ -1258,6 +1265,9 @@ fn host_name() -> Option<String> {
     (rc == 0 && end > 0).then(|| String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
+/// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
+/// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
+/// `role-change-crash-after-seal`, `promotion-fails-after-log`.
 fn failpoint(name: &str) -> bool {
     std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name))
 }
@@ -2035,6 +2045,18 @@ mod tests {
         assert_eq!(replica_name(&cfg), format!("{host}:6380"));
         cfg.replica_name = Some("b1".into());
         assert_eq!(replica_name(&cfg), "b1");
+    }
+
+    /// Backups on one host that each take any port (`--port 0`) are told apart by their
+    /// data directories; the same directory gives the same name at its next start.
+    #[test]
+    fn backups_on_any_port_are_named_by_their_data_directories() {
+        let mut cfg = Config { port: 0, data_dir: Some("/srv/b1".into()), ..Config::default() };
+        cfg.bind = "127.0.0.1".into();
+        assert_eq!(replica_name(&cfg), "127.0.0.1:0:/srv/b1");
+        let other = Config { data_dir: Some("/srv/b2".into()), ..cfg.clone() };
+        assert_ne!(replica_name(&cfg), replica_name(&other));
+        assert_eq!(replica_name(&cfg), replica_name(&cfg.clone()));
     }
 
     /// A connection's replies leave only once the watermark covers its commits; if the log

@@ -1,0 +1,128 @@
+//! Two backups sharing a name (docs/replication.md, "Backups sharing a name"), with real
+//! files and TCP: the quorum's record knows backups by name, so a second live link of a
+//! name is refused, saying why; a link of that name silent for longer than a live one
+//! ever is (a half-open connection of the same backup) is closed, and the backup that
+//! connects again is taken.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_engine::{Ts, WorkerId};
+use ditto_log::{Epoch, OpenOptions};
+use ditto_replication::protocol::{read_frame, Frame, PROTOCOL_VERSION};
+use ditto_replication::{backup, BackupError, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A primary in `dir` under `majority-received` counting two backups, with a table "t".
+fn start_primary(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
+    let a = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("majority-received").unwrap();
+    let opts = PrimaryOptions { backups_expected: 2, ..Default::default() };
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    (a, t, p, addr)
+}
+
+fn links_named(p: &Primary, name: &str) -> usize {
+    p.backups().iter().filter(|b| b.node == name).count()
+}
+
+#[test]
+fn a_second_live_backup_of_a_name_is_refused_and_the_first_keeps_its_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, t, p, addr) = start_primary(&tmp.path().join("p"));
+    let first = backup::start(BackupOptions::new(&addr, &tmp.path().join("b1"), 1, "b")).unwrap();
+    wait_until("the first backup's link", Duration::from_secs(20), || links_named(&p, "b") == 1);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.ts();
+    wait_until("the first backup to acknowledge", Duration::from_secs(20), || {
+        p.backups().iter().any(|b| b.node == "b" && b.received >= ts)
+    });
+    // A second backup, its own directory, the same name: refused, for as long as it tries
+    // (`NAME_TAKEN_WAIT`), saying whose link has the name and what to do.
+    let started = Instant::now();
+    let second = backup::start(BackupOptions::new(&addr, &tmp.path().join("b2"), 1, "b"));
+    let took = started.elapsed();
+    match second {
+        Err(BackupError::Refused(why)) => {
+            assert!(why.starts_with("this backup's name is taken"), "{why}");
+            assert!(why.contains("was heard from") && why.contains("--replica-name"), "{why}");
+        }
+        other => panic!("a second backup named b was not refused: {:?}", other.map(|_| ())),
+    }
+    assert!(took >= Duration::from_secs(2), "it should have tried again for a while: {took:?}");
+    // The first keeps its one link, and goes on acknowledging.
+    assert_eq!(links_named(&p, "b"), 1);
+    let ts = w.run(|x| x.put(t, b"k2", b"v")).unwrap().1.ts();
+    wait_until("the first backup to acknowledge after", Duration::from_secs(20), || {
+        p.backups().iter().any(|b| b.node == "b" && b.received >= ts)
+    });
+    assert!(first.state.connected.load(std::sync::atomic::Ordering::Acquire));
+    // Once the first has stopped, its name is free: a backup of that name joins.
+    first.stop("done", Duration::from_secs(10)).unwrap();
+    wait_until("the first link to go", Duration::from_secs(20), || links_named(&p, "b") == 0);
+    let again = backup::start(BackupOptions::new(&addr, &tmp.path().join("b3"), 1, "b")).unwrap();
+    wait_until("the new backup's link", Duration::from_secs(20), || links_named(&p, "b") == 1);
+    again.stop("done", Duration::from_secs(10)).unwrap();
+    p.stop();
+    a.close();
+}
+
+#[test]
+fn a_silent_link_of_the_name_is_closed_and_the_backup_connecting_again_is_taken() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, _t, p, addr) = start_primary(&tmp.path().join("p"));
+    // A connection that says it is backup "b", acknowledges once, and then says nothing
+    // more: as the primary sees a half-open connection whose backup has gone.
+    let mut ghost = std::net::TcpStream::connect(&addr).unwrap();
+    let hello = Frame::Hello {
+        version: PROTOCOL_VERSION,
+        epoch: Epoch(0),
+        have_ts: Ts::ZERO,
+        node: "b".into(),
+        learner: false,
+    };
+    ghost.write_all(&hello.encode()).unwrap();
+    wait_until("the ghost's link", Duration::from_secs(20), || links_named(&p, "b") == 1);
+    ghost.write_all(&Frame::Ack { received: Ts::ZERO, durable: Ts::ZERO, replayed: Ts::ZERO }.encode()).unwrap();
+    wait_until("the ghost's acknowledgement", Duration::from_secs(20), || {
+        p.backups().iter().any(|b| b.node == "b" && b.heard_ago < Duration::from_secs(60))
+    });
+    // Within a second of it, a backup of that name is refused (the link is live as far as
+    // anyone can tell); after, the silent link is closed and the backup joins.
+    let early = std::net::TcpStream::connect(&addr).unwrap();
+    (&early).write_all(&hello.encode()).unwrap();
+    match read_frame(&mut &early).unwrap() {
+        Some(Frame::Refuse { reason }) => assert!(reason.contains("was heard from"), "{reason}"),
+        other => panic!("expected a refusal while the ghost's link is live, got {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    let started = Instant::now();
+    let b = backup::start(BackupOptions::new(&addr, &tmp.path().join("b"), 1, "b")).unwrap();
+    wait_until("the backup's link, and only it", Duration::from_secs(20), || {
+        let named: Vec<_> = p.backups().into_iter().filter(|b| b.node == "b").collect();
+        named.len() == 1 && named[0].heard_ago < Duration::from_millis(500)
+    });
+    eprintln!("the backup joined {:?} after it started, the silent link closed", started.elapsed());
+    // The ghost's connection was closed by the primary.
+    ghost.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = Vec::new();
+    let end = std::io::Read::read_to_end(&mut ghost, &mut sink);
+    assert!(end.is_ok() || end.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{end:?}");
+    b.stop("done", Duration::from_secs(10)).unwrap();
+    p.stop();
+    a.close();
+}
