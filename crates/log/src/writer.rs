@@ -57,7 +57,9 @@
 //! (`flush_once`) runs under the stream's flush lock, on the flusher or on such a thread,
 //! so batches still leave one at a time, in order; the disk thread still writes them. A
 //! thread that deferred and does not sleep wakes the flusher again after `DEFER_TIME_MAX`,
-//! and the flusher looks at its buffer every `HEARTBEAT_EVERY` anyway.
+//! and the flusher looks at its buffer every `HEARTBEAT_EVERY` anyway, but while the whole
+//! log is quiet (nothing appended for `DOZE_AFTER`, nothing owed or on its way to disk): it
+//! then dozes, up to `DOZE_MAX`, and the next append to its stream wakes it (`Logger::doze`).
 //!
 //! Invariants: durable[w] and the floor only grow; floor <= bound in every batch; the
 //! watermark is at most max(min over w of durable[w], the largest durable floor), the cut
@@ -84,6 +86,13 @@ use crate::storage::{LogFile, Storage};
 /// batches (see `owes_heartbeat`). It also takes then what a thread that deferred its
 /// flush left in the buffer (`flush_before_sleeping`).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
+
+/// A flusher whose stream has seen no append for this long dozes while the whole log is
+/// quiet (`Logger::doze`): an idle server's flushers no longer wake a thousand times a
+/// second each.
+const DOZE_AFTER: Duration = Duration::from_millis(50);
+/// The longest a dozing flusher sleeps (a safety net; an append wakes it).
+const DOZE_MAX: Duration = Duration::from_secs(1);
 
 /// After a batch that LZ4 did not shrink by at least 1/8, this many batches are stored
 /// without trying (incompressible values, such as YCSB's random bytes, would otherwise pay
@@ -198,6 +207,9 @@ struct Stream {
     /// commit slot). Every appended transaction is durable once `durable` reaches it.
     appended: AtomicU64,
     closed: Mutex<Vec<ClosedSegment>>,
+    /// Its flusher dozes (`Logger::doze`): set under `buf`'s lock by the flusher, and
+    /// cleared under it by the flusher or by an append that wakes it (`append`).
+    dozing: AtomicBool,
 }
 
 /// See `Stream::flush`.
@@ -243,6 +255,8 @@ pub struct LogStats {
     pub checkpoints_by_id_reuse: AtomicU64,
     /// Covered segments a checkpoint failed to delete (they are tried again by the next).
     pub segment_delete_failures: AtomicU64,
+    /// Times a flusher dozed, the whole log quiet (`Logger::doze`).
+    pub flusher_dozes: AtomicU64,
 }
 
 /// Told, on a flusher thread, each time the watermark moves (with the new watermark), and
@@ -343,6 +357,7 @@ impl Logger {
                 durable: AtomicU64::new(durable_from.0),
                 appended: AtomicU64::new(durable_from.0),
                 closed: Mutex::new(Vec::new()),
+                dozing: AtomicBool::new(false),
             })
             .collect();
         let logger = Arc::new_cyclic(|me| Logger {
@@ -596,6 +611,8 @@ impl Logger {
             Durability::EveryBatch => None,
             Durability::Interval(d) | Durability::NoSync(d) => Some(d),
         };
+        // The last append this flusher saw, and since when it has seen no other.
+        let (mut seen, mut still_since) = (stream.appended.load(Ordering::Acquire), Instant::now());
         loop {
             let stopping = self.shutdown.load(Ordering::Acquire);
             if self.failed.get().is_some() {
@@ -608,7 +625,13 @@ impl Logger {
             if !stopping {
                 let mut buf = stream.buf.lock();
                 if buf.is_empty() && !self.owes(w, Ts(stream.written.load(Ordering::Acquire))) {
-                    stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
+                    let now = stream.appended.load(Ordering::Acquire);
+                    if now != seen {
+                        (seen, still_since) = (now, Instant::now());
+                    }
+                    if still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf) {
+                        stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
+                    }
                 }
             }
             // With an interval, at most one batch per interval: a commit to a stream that
@@ -625,6 +648,42 @@ impl Logger {
                 Flushed::Closed => return,
             }
         }
+    }
+
+    /// Dozes stream `w`'s flusher (the caller holds its buffer's lock, `buf`, empty) if the
+    /// whole log is quiet: nothing appended or framed that is not durable, and the
+    /// watermark at the top of every stream, so no stream owes a heartbeat. It then sleeps
+    /// up to `DOZE_MAX` instead of looking every `HEARTBEAT_EVERY`. False if not quiet.
+    ///
+    /// What wakes it: an append to its stream (`append`: one that is left for its thread
+    /// to flush clears `dozing`, and the flusher then looks again after `HEARTBEAT_EVERY`,
+    /// as it would have without dozing, rather than take the batch from that thread; one
+    /// that is not wakes it to flush at once), its disk thread finding that it owes a
+    /// heartbeat, a flush that needs it (`flush_now`), the close or a failure. Other
+    /// streams' appends need not wake it: their batches vouch for this idle stream, and a
+    /// heartbeat is owed by a stream that has just made a batch durable (module notes),
+    /// whose own disk thread wakes it; while any is owed, no flusher dozes.
+    fn doze(&self, w: usize, buf: &mut parking_lot::MutexGuard<'_, BatchBuilder>) -> bool {
+        let stream = &self.streams[w];
+        let quiet = self.streams.iter().all(|s| {
+            let d = s.durable.load(Ordering::Acquire);
+            d >= s.appended.load(Ordering::Acquire) && d >= s.written.load(Ordering::Acquire)
+        }) && {
+            let (wm, top) = self.durable_state();
+            wm >= top
+        };
+        if !quiet {
+            return false;
+        }
+        self.stats.flusher_dozes.fetch_add(1, Ordering::Relaxed);
+        stream.dozing.store(true, Ordering::Relaxed);
+        stream.cv.wait_for(buf, DOZE_MAX);
+        if !stream.dozing.swap(false, Ordering::Relaxed) && !self.shutdown.load(Ordering::Acquire) {
+            // Woken by an append its thread flushes before it sleeps: looked at again
+            // after the usual wait (an append that needs it, or the close, still wakes it).
+            stream.cv.wait_for(buf, HEARTBEAT_EVERY);
+        }
+        true
     }
 
     /// Whether stream `w`, having framed everything up to `written`, owes a heartbeat.
@@ -1021,6 +1080,10 @@ impl CommitLog for Logger {
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
         stream.appended.store(ts.0, Ordering::Release);
         if buf.payload_len() > DEFER_BYTES_MAX || !self.defer_flush(worker.0 as usize) {
+            stream.cv.notify_one();
+        } else if stream.dozing.swap(false, Ordering::Relaxed) {
+            // Its flusher dozes (`doze`): woken to look again within `HEARTBEAT_EVERY`, in
+            // case this thread does not sleep soon.
             stream.cv.notify_one();
         }
         // Idle streams are not woken: this stream's batch vouches for them (module notes).

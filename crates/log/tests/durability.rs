@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ditto_engine::{Error, TableId, WorkerId};
+use ditto_engine::{Error, TableId, Ts, WorkerId};
 use ditto_log::storage::{LogFile, RealStorage, StallingStorage, Storage};
 use ditto_log::{open, Durability, LogError, LogOptions, OpenOptions};
 
@@ -1917,6 +1917,61 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
     let r = d.db().read();
     for i in 0..=5 + n {
         assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "commit {i} lost");
+    }
+}
+
+/// An idle log's flushers doze (`Logger::doze`: no look every millisecond once the whole
+/// log is quiet, up to a second), and commits after still become durable soon, well within
+/// that second: one deferred by a thread that then does not sleep (the append wakes the
+/// dozing flusher, which looks again after its usual wait), and one from a thread that does
+/// not defer. Two streams, a shipping tap (deferral needs one); nothing lost.
+#[test]
+fn an_idle_logs_flushers_doze_and_commits_after_still_become_durable_soon() {
+    let dir = tempfile::tempdir().unwrap();
+    let soon = Duration::from_millis(500);
+    let durable_within = |d: &ditto_log::Durable, ts: Ts| {
+        let t = std::time::Instant::now();
+        while d.logger().watermark() < ts && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t.elapsed()
+    };
+    {
+        let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+        d.logger().set_ship_tap(Arc::new(HighestShipped(Arc::new(AtomicU64::new(0))))).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut w0 = d.db().worker(WorkerId(0)).unwrap();
+        let ts = w0.run(|x| x.put(t, b"a", b"v")).unwrap().1.ts();
+        assert!(durable_within(&d, ts) < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(300));
+        let dozed = d.logger().stats.flusher_dozes.load(Ordering::SeqCst);
+        assert!(dozed >= 2, "both flushers of an idle log should doze: {dozed}");
+        // A commit this thread defers (it asked to, as a server's runtime thread does),
+        // and then it does not sleep.
+        ditto_log::flush_before_sleeping();
+        let mut w1 = d.db().worker(WorkerId(1)).unwrap();
+        let ts = w1.run(|x| x.put(t, b"b", b"v")).unwrap().1.ts();
+        let took = durable_within(&d, ts);
+        assert!(took < soon, "a deferred commit after a doze became durable after {took:?}");
+        // Idle again, then a commit from a thread that does not defer.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(d.logger().stats.flusher_dozes.load(Ordering::SeqCst) > dozed, "they doze again");
+        drop((w0, w1));
+        let (d2, t2) = (Arc::new(d), t);
+        let d3 = Arc::clone(&d2);
+        let ts = std::thread::spawn(move || {
+            let mut w = d3.db().worker(WorkerId(0)).unwrap();
+            w.run(|x| x.put(t2, b"c", b"v")).unwrap().1.ts()
+        })
+        .join()
+        .unwrap();
+        let took = durable_within(&d2, ts);
+        assert!(took < soon, "a commit after a doze became durable after {took:?}");
+    }
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let (t, r) = (d.db().table_id("t").unwrap(), d.db().read());
+    for k in [&b"a"[..], b"b", b"c"] {
+        assert!(r.get(t, k).unwrap().is_some(), "{k:?} lost");
     }
 }
 

@@ -14,7 +14,7 @@
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -129,6 +129,8 @@ struct Link {
     durable: AtomicU64,
     replayed: AtomicU64,
     since: Instant,
+    /// Its thread dozes (`Primary::serve_link`); set and cleared under `queue`'s lock.
+    dozing: AtomicBool,
     /// Microseconds after `since` when the last acknowledgement arrived (`NEVER_ACKED`
     /// before the first).
     heard_us: AtomicU64,
@@ -209,6 +211,8 @@ pub struct Primary {
     pub frames_sent_directly: AtomicU64,
     /// When a refusal for a taken name was last logged (`NAME_TAKEN`).
     name_taken_said: Mutex<Option<Instant>>,
+    /// Links dozing (`serve_link`): a release that moves wakes them.
+    dozing_links: AtomicUsize,
     /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
     pub heartbeats_not_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
@@ -250,6 +254,7 @@ impl Primary {
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
             name_taken_said: Mutex::new(None),
+            dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
             checkpoints_sent: AtomicU64::new(0),
@@ -330,7 +335,21 @@ impl Primary {
 
     /// The release watermark (of the default policy), which backups learn.
     fn set_released(&self, ts: Ts) {
-        self.released.fetch_max(ts.0, Ordering::AcqRel);
+        // Sequentially consistent, against a link about to doze (`serve_link`).
+        let before = self.released.fetch_max(ts.0, Ordering::SeqCst);
+        if ts.0 > before && self.dozing_links.load(Ordering::SeqCst) > 0 {
+            // A dozing link is sent the release here, as a frame shipped before its thread
+            // parks is (`push_to`, at once: on the socket if it takes it, else queued and
+            // the link's thread woken), so that backups read it as soon as they would from
+            // a link awake. (Its thread sends it again when it next looks: harmless.)
+            let links = self.links.lock();
+            let dozing: Vec<Arc<Link>> = links.iter().filter(|l| l.dozing.load(Ordering::SeqCst)).cloned().collect();
+            if !dozing.is_empty() {
+                let released = Ts(self.released.load(Ordering::SeqCst));
+                let f = Frame::Heartbeat { released, acknowledged: self.acknowledged().max(released) }.encode();
+                self.push_to(&dozing, &f, true);
+            }
+        }
     }
 
     pub fn released(&self) -> Ts {
@@ -744,6 +763,7 @@ impl Primary {
                 durable: AtomicU64::new(0),
                 replayed: AtomicU64::new(0),
                 since: Instant::now(),
+                dozing: AtomicBool::new(false),
                 heard_us: AtomicU64::new(NEVER_ACKED),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
             });
@@ -1001,12 +1021,33 @@ impl Primary {
         // Send the queue until the link dies.
         let (mut last_released, mut last_acknowledged) = (Ts::ZERO, Ts::ZERO);
         let mut last_sent = Instant::now();
+        // Since when nothing was queued and nothing moved (a link dozes after `LINK_DOZE_AFTER`).
+        let mut still_since = Instant::now();
         let result = loop {
             let frames: Vec<Bytes> = {
                 let mut q = link.queue.lock();
                 q.writing = false;
                 if q.frames.is_empty() && q.dead.is_none() {
-                    link.cv.wait_for(&mut q, self.opts.heartbeat);
+                    let due = IDLE_HEARTBEAT.saturating_sub(last_sent.elapsed());
+                    if still_since.elapsed() < LINK_DOZE_AFTER || due.is_zero() {
+                        link.cv.wait_for(&mut q, self.opts.heartbeat);
+                    } else {
+                        // Dozing: until frames are queued (`push_to` wakes it), the release
+                        // moves (`set_released` does), or the idle heartbeat is due; not a
+                        // poll every `heartbeat` (a thousand wake-ups a second, idle). The
+                        // count goes up before the release is looked at again, and the
+                        // release is stored before the count is read, both sequentially
+                        // consistent: a move this misses wakes it, under this lock.
+                        self.dozing_links.fetch_add(1, Ordering::SeqCst);
+                        link.dozing.store(true, Ordering::SeqCst);
+                        if self.released() == last_released
+                            && self.acknowledged().max(self.released()) == last_acknowledged
+                        {
+                            link.cv.wait_for(&mut q, due);
+                        }
+                        link.dozing.store(false, Ordering::SeqCst);
+                        self.dozing_links.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
                 if let Some(why) = &q.dead {
                     break Err(std::io::Error::other(why.clone()));
@@ -1023,6 +1064,9 @@ impl Primary {
             let acknowledged = self.acknowledged().max(released);
             // A heartbeat when the release moved, and at least every IDLE_HEARTBEAT, so a
             // backup can tell an idle primary from a gone one (backup::SILENCE_MAX).
+            if !frames.is_empty() || released > last_released || acknowledged > last_acknowledged {
+                still_since = Instant::now();
+            }
             if released > last_released
                 || acknowledged > last_acknowledged
                 || (frames.is_empty() && last_sent.elapsed() >= IDLE_HEARTBEAT)
@@ -1208,6 +1252,10 @@ pub const NAME_TAKEN: &str = "this backup's name is taken";
 const NAME_HELD_SILENCE: Duration = Duration::from_secs(1);
 /// How long a backup's Hello waits for a link of its name that is closing already.
 const NAME_FREED_WAIT: Duration = Duration::from_millis(50);
+
+/// A link with nothing queued and no move of the release for this long dozes until the
+/// next idle heartbeat, or until woken (`Primary::serve_link`).
+const LINK_DOZE_AFTER: Duration = Duration::from_millis(50);
 
 /// An idle link sends a heartbeat at least this often.
 pub const IDLE_HEARTBEAT: Duration = Duration::from_millis(200);

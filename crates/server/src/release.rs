@@ -42,6 +42,8 @@ pub struct Release {
     /// Raised to every commit `wait` releases (`counting_into`): the highest commit
     /// acknowledged to a client, shared by the releases of every policy.
     acknowledged: Option<Arc<AtomicU64>>,
+    /// Told of each waiter that has to queue, once something watches (`new_waiters`).
+    new_waiter: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 struct State {
@@ -78,6 +80,7 @@ impl Default for Release {
             watermark: AtomicU64::new(0),
             state: Mutex::new(State { failed: None, waiting: BinaryHeap::new() }),
             acknowledged: None,
+            new_waiter: std::sync::OnceLock::new(),
         }
     }
 }
@@ -142,6 +145,9 @@ impl Release {
             }
             let (tx, rx) = oneshot::channel();
             st.waiting.push(Waiter { ts, tx });
+            if let Some(n) = self.new_waiter.get() {
+                n.notify_one();
+            }
             rx
         };
         let r = rx.await.unwrap_or_else(|_| Err("the server is shutting down".into()));
@@ -154,6 +160,13 @@ impl Release {
     /// Connections waiting now (tests read it).
     pub fn waiting(&self) -> usize {
         self.state.lock().waiting.len()
+    }
+
+    /// Notified whenever a waiter queues from now on (a permit is kept if nobody is
+    /// waiting on it then): whoever moves this release by polling (a backup's read view)
+    /// need only poll while someone waits.
+    pub fn new_waiters(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(self.new_waiter.get_or_init(Default::default))
     }
 }
 
@@ -294,5 +307,22 @@ mod tests {
             }
         });
         assert_eq!(r.waiting(), 0);
+    }
+
+    /// A waiter that queues tells whoever watches (`new_waiters`), and one answered on the
+    /// fast path does not; the permit is kept when the watcher is not waiting yet.
+    #[test]
+    fn a_queued_waiter_is_told_to_the_watcher() {
+        let r = Release::default();
+        let told = r.new_waiters();
+        r.advance(Ts(5), None);
+        assert_eq!(poll_once(pin!(r.wait(Ts(5)))), Some(Ok(())));
+        assert_eq!(poll_once(pin!(told.notified())), None, "an answered wait queues nothing");
+        let mut w = pin!(r.wait(Ts(9)));
+        assert_eq!(poll_once(w.as_mut()), None);
+        assert_eq!(r.waiting(), 1);
+        assert_eq!(poll_once(pin!(told.notified())), Some(()), "the queued waiter was told");
+        r.advance(Ts(9), None);
+        assert_eq!(poll_once(w.as_mut()), Some(Ok(())));
     }
 }

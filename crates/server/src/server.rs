@@ -870,17 +870,20 @@ fn run_role(
         }
     }
     // A backup's replies wait for its read view (DITTO.WAITTS, bounded); it moves as replay
-    // and the primary's releases do.
+    // and the primary's releases do. Polled every millisecond while someone waits; idle,
+    // the task sleeps until a waiter queues (it polled a thousand times a second before).
     let wait_timeout = backup.as_ref().map(|_| Duration::from_millis(cfg.waitts_timeout_ms));
     if let Some(b) = &backup {
         let state = Arc::clone(&b.state);
         let r = Arc::clone(&release);
+        let queued = r.new_waiters();
         lasting.role_tasks.push(rt.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
                 r.advance(Ts(state.visible.load(Ordering::Acquire)), None);
+                match r.waiting() {
+                    0 => queued.notified().await,
+                    _ => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
             }
         }));
     }
