@@ -508,8 +508,9 @@ fn retryable(e: &std::io::Error) -> bool {
 
 /// How long a backup that starts tries again while its primary refuses it because a live
 /// link has its name (`primary::NAME_TAKEN`): its own older connection is closed within
-/// this, another backup's is not.
-const NAME_TAKEN_WAIT: Duration = Duration::from_secs(3);
+/// this (one it closed, at once; a half-open one silent for 4 s, once it is), another
+/// backup's is not.
+const NAME_TAKEN_WAIT: Duration = Duration::from_secs(6);
 
 /// How long a backup waits for any frame from its primary before it drops the link.
 pub const SILENCE_MAX: Duration = Duration::from_secs(5);
@@ -599,8 +600,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     };
     // The primary may not be up yet (a cluster starts its new primary and its backups at
     // once): try often, for a while, saying so once a second.
-    let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut said = Instant::now() - Duration::from_secs(1);
+    let mut first_refused: Option<Instant> = None;
     type Joined = (TcpStream, BufReader<TcpStream>, Option<Frame>);
     let mut join = |hello: &Frame| -> Result<Joined, BackupError> {
         loop {
@@ -619,9 +621,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             match attempt {
                 // A live link has this backup's name: its own older connection, closing or
                 // being closed, or another backup's (`Primary::name_taken`). Tried again
-                // for `NAME_TAKEN_WAIT`, then refused for good.
+                // for `NAME_TAKEN_WAIT` from the first such refusal, then refused for good.
                 Ok((_, _, Some(Frame::Refuse { reason })))
-                    if reason.starts_with(crate::primary::NAME_TAKEN) && started.elapsed() < NAME_TAKEN_WAIT =>
+                    if reason.starts_with(crate::primary::NAME_TAKEN)
+                        && first_refused.get_or_insert_with(Instant::now).elapsed() < NAME_TAKEN_WAIT =>
                 {
                     if said.elapsed() >= Duration::from_secs(1) {
                         tracing::warn!("joining the primary at {}: it refused: {reason}; retrying", opts.primary);

@@ -131,6 +131,10 @@ struct Link {
     since: Instant,
     /// Its thread dozes (`Primary::serve_link`); set and cleared under `queue`'s lock.
     dozing: AtomicBool,
+    /// The connection (a clone): `kill` shuts it down, so that a thread writing to it or
+    /// reading its acknowledgements ends at once, and `name_taken` looks whether the backup
+    /// closed it.
+    sock: Option<TcpStream>,
     /// Microseconds after `since` when the last acknowledgement arrived (`NEVER_ACKED`
     /// before the first).
     heard_us: AtomicU64,
@@ -167,6 +171,12 @@ impl Link {
         q.bytes = 0;
         q.direct = None;
         self.cv.notify_all();
+        drop(q);
+        // A thread blocked writing to a backup that reads nothing (or is gone, its
+        // connection half-open) would otherwise hold the link until TCP gives up.
+        if let Some(s) = &self.sock {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -698,7 +708,7 @@ impl Primary {
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
         stream.set_read_timeout(None)?;
-        if let Some(reason) = self.name_taken(&node, &addr) {
+        if let Some(reason) = self.name_taken(&node, &addr, have_ts) {
             return Err(refuse(&stream, reason));
         }
         self.heard.lock().insert(node.clone(), (epoch, have_ts));
@@ -744,6 +754,12 @@ impl Primary {
                 record(slot + 1)?;
                 continue;
             }
+            // Two Hellos of one name at once both passed `name_taken`: the later is refused.
+            if let Some(l) = links.iter().find(|l| l.node == node && l.queue.lock().dead.is_none()) {
+                let reason = format!("{NAME_TAKEN}: backup {node} linked from {} meanwhile", l.addr);
+                drop(links);
+                return Err(refuse(&stream, reason));
+            }
             let mut links = links;
             let link = Arc::new(Link {
                 node: node.clone(),
@@ -764,6 +780,7 @@ impl Primary {
                 replayed: AtomicU64::new(0),
                 since: Instant::now(),
                 dozing: AtomicBool::new(false),
+                sock: stream.try_clone().ok(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
             });
@@ -790,7 +807,7 @@ impl Primary {
     /// seen it (a half-open connection): it is closed, and the backup, refused this once,
     /// connects again. A link closing already (a backup that drops its link and connects at
     /// once: a learner promoted, a process restarted) is waited for, up to `NAME_FREED_WAIT`.
-    fn name_taken(&self, node: &str, addr: &str) -> Option<String> {
+    fn name_taken(&self, node: &str, addr: &str, have_ts: Ts) -> Option<String> {
         let end = Instant::now() + NAME_FREED_WAIT;
         let old = loop {
             let live = self.links.lock().iter().find(|l| l.node == node && l.queue.lock().dead.is_none()).cloned();
@@ -800,13 +817,25 @@ impl Primary {
             }
             std::thread::sleep(Duration::from_millis(1));
         };
+        // The backup closed that connection (it gave up waiting for its welcome, say, while
+        // the primary wrote a checkpoint): nothing reads it before the welcome, so the link
+        // does not know yet. Closed here, and this Hello is let through.
+        if old.sock.as_ref().is_some_and(peer_closed) {
+            old.kill(format!("backup {node} connected again (from {addr}) and had closed this connection"));
+            return None;
+        }
         let heard = old.heard_us.load(Ordering::Acquire);
         let silent = match heard {
             NEVER_ACKED => None,
             us => Some(old.since.elapsed().saturating_sub(Duration::from_micros(us))),
         };
+        // A link silent for longer than a live backup ever is (its own silence bound is
+        // `backup::SILENCE_MAX`) is taken for this backup's own, half-open: closed, if this
+        // Hello holds at least what that link acknowledged as durable (a copy starting
+        // afresh, `have_ts` 0, is more likely another backup of that name).
+        let same_backup = have_ts.0 >= old.durable.load(Ordering::Acquire);
         match silent {
-            Some(silent) if silent >= NAME_HELD_SILENCE => {
+            Some(silent) if silent >= NAME_HELD_SILENCE && same_backup => {
                 let ms = silent.as_millis();
                 old.kill(format!(
                     "backup {node} connected again (from {addr}); its link from {}, silent for {ms} ms, is closed",
@@ -826,8 +855,9 @@ impl Primary {
                     format!("was heard from {} ms ago", d.as_millis())
                 });
                 Some(format!(
-                    "{NAME_TAKEN}: backup {node} is linked from {} and {heard}. Two backups sharing a name would count as one in this primary's quorum: give each its own --replica-name",
-                    old.addr
+                    "{NAME_TAKEN}: backup {node} is linked from {} and {heard}. If that is this backup's own older connection, the primary closes it once it has been silent for {} s; if it is another backup, give each its own --replica-name (two backups sharing a name would count as one in this primary's quorum)",
+                    old.addr,
+                    NAME_HELD_SILENCE.as_secs()
                 ))
             }
         }
@@ -1247,9 +1277,11 @@ fn remove_stale_ship_dirs(dir: &std::path::Path) {
 /// What a `Refuse` begins with when a live link has the backup's name
 /// (`Primary::name_taken`); a backup tries again for a while (`backup::NAME_TAKEN_WAIT`).
 pub const NAME_TAKEN: &str = "this backup's name is taken";
-/// A link heard from within this long is a live backup's (an idle link is heard at every
-/// heartbeat, `IDLE_HEARTBEAT`).
-const NAME_HELD_SILENCE: Duration = Duration::from_secs(1);
+/// A link heard from within this long is a live backup's: an idle link is heard at every
+/// heartbeat (`IDLE_HEARTBEAT`), a busy backup whose replay or disk stalls may be silent
+/// for longer, and a backup gives up on a silent primary after `backup::SILENCE_MAX` (5 s),
+/// so its own half-open link is older than this when it connects again.
+const NAME_HELD_SILENCE: Duration = Duration::from_secs(4);
 /// How long a backup's Hello waits for a link of its name that is closing already.
 const NAME_FREED_WAIT: Duration = Duration::from_millis(50);
 
@@ -1378,6 +1410,24 @@ fn recv_without_waiting(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<u
 
 /// Sends as much of `buf` as `stream`'s socket takes at once, without waiting (and without
 /// SIGPIPE on a closed connection): how much it took (0 when its buffer is full).
+/// Whether the peer closed `stream` (an orderly close or a reset), looked at without
+/// waiting or taking anything: data it sent and nobody read yet says no.
+fn peer_closed(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: `b` is valid for 1 byte for the call, and the descriptor is open while
+    // `stream` is borrowed.
+    let n = unsafe { libc::recv(stream.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            std::io::Error::last_os_error().kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        ),
+    }
+}
+
 fn send_without_waiting(stream: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
     // SAFETY: `buf` is valid for `buf.len()` bytes for the call, and the descriptor is
@@ -1495,6 +1545,28 @@ impl ditto_log::ShipTap for Tap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `peer_closed` says no for a live connection, unread data or not, and yes once the
+    /// peer has closed it (with nothing left unread).
+    #[test]
+    fn a_connection_the_peer_closed_is_told_apart_from_a_live_one() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut mine, _) = l.accept().unwrap();
+        assert!(!peer_closed(&mine), "a live, quiet connection");
+        peer.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!peer_closed(&mine), "a live connection with data unread");
+        let mut b = [0u8; 1];
+        mine.read_exact(&mut b).unwrap();
+        drop(peer);
+        let end = Instant::now() + Duration::from_secs(5);
+        while !peer_closed(&mine) {
+            assert!(Instant::now() < end, "the peer's close was never seen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 
     /// Acks read on a runtime from a blocking socket: frames written a few bytes at a time
     /// come out whole and in order, the socket stays blocking for the link's writes, and

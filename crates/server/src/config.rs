@@ -296,6 +296,14 @@ impl Config {
                 "--promote opens a backup's directory as a standalone primary's: not with --replica-of, nor on a cluster node (whose failovers promote)".into(),
             ));
         }
+        if let Some(n) = &self.replica_name {
+            // The quorum's record keeps one name a line, and INFO lists backups with commas.
+            if n.trim().is_empty() || n.chars().any(|c| c.is_control() || c == ',') {
+                return Err(ConfigError::Invalid(format!(
+                    "--replica-name {n:?}: a backup's name must not be empty, nor hold a comma or a control character"
+                )));
+            }
+        }
         if self.replica_of.is_some() && self.repl_port.is_some() {
             return Err(ConfigError::Invalid(
                 "a backup (replica_of) does not accept backups itself (repl_port)".into(),

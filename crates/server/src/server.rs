@@ -1252,8 +1252,15 @@ fn replica_name(cfg: &Config) -> String {
         // port it gets is known only once bound, and differs at its next start). Its data
         // directory tells it apart, and stays the same across its restarts.
         (0, Some(dir)) => {
-            let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
-            format!("{host}:0:{}", dir.display())
+            // Resolved (links, `..`, a trailing `/`), so that the same directory named
+            // another way at the next start gives the same name; kept to what the quorum's
+            // record and INFO can hold (no comma, no control character).
+            let dir = std::fs::canonicalize(dir)
+                .or_else(|_| std::path::absolute(dir).map(|d| d.components().collect::<std::path::PathBuf>()))
+                .unwrap_or_else(|_| dir.clone());
+            let dir: String =
+                dir.display().to_string().chars().map(|c| if c.is_control() || c == ',' { '_' } else { c }).collect();
+            format!("{host}:0:{dir}")
         }
         (port, _) => format!("{host}:{port}"),
     }
@@ -2060,6 +2067,20 @@ mod tests {
         let other = Config { data_dir: Some("/srv/b2".into()), ..cfg.clone() };
         assert_ne!(replica_name(&cfg), replica_name(&other));
         assert_eq!(replica_name(&cfg), replica_name(&cfg.clone()));
+        // The same directory named another way gives the same name; what the quorum's
+        // record cannot hold is replaced.
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("b1");
+        std::fs::create_dir(&d).unwrap();
+        let named = |p: std::path::PathBuf| replica_name(&Config { data_dir: Some(p), ..cfg.clone() });
+        assert_eq!(named(d.clone()), named(tmp.path().join("b1/")));
+        assert_eq!(named(d.clone()), named(tmp.path().join("b1/../b1")));
+        assert!(!named("/srv/a,b\nc".into()).contains([',', '\n']));
+        // An explicit name that the record could not hold is refused.
+        for bad in ["", " ", "a,b", "a\nb"] {
+            let c = Config { replica_name: Some(bad.into()), ..Config::default() };
+            assert!(c.validate().is_err(), "{bad:?} was taken");
+        }
     }
 
     /// A connection's replies leave only once the watermark covers its commits; if the log
