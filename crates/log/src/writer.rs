@@ -440,6 +440,8 @@ impl Logger {
             self.wait_cv.notify_all();
         }
         for s in self.streams.iter() {
+            // Under the buffer's lock: a flusher about to doze looks at the failure under it.
+            let _g = s.buf.lock();
             s.cv.notify_all();
             s.space.notify_all();
         }
@@ -672,7 +674,8 @@ impl Logger {
             let (wm, top) = self.durable_state();
             wm >= top
         };
-        if !quiet {
+        // (The close and a failure notify under this lock: seen here, or they wake the wait.)
+        if !quiet || self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some() {
             return false;
         }
         self.stats.flusher_dozes.fetch_add(1, Ordering::Relaxed);
@@ -930,6 +933,8 @@ impl Logger {
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::Release);
         for s in self.streams.iter() {
+            // Under the buffer's lock: a flusher about to doze looks at the flag under it.
+            let _g = s.buf.lock();
             s.cv.notify_all();
             s.space.notify_all();
         }

@@ -131,6 +131,9 @@ struct Link {
     since: Instant,
     /// Its thread dozes (`Primary::serve_link`); set and cleared under `queue`'s lock.
     dozing: AtomicBool,
+    /// Microseconds after `since` when a frame was last sent on its socket by another
+    /// thread (`push_to`, at once): its thread does not doze while that goes on.
+    sent_directly_us: AtomicU64,
     /// The connection (a clone): `kill` shuts it down, so that a thread writing to it or
     /// reading its acknowledgements ends at once, and `name_taken` looks whether the backup
     /// closed it.
@@ -666,6 +669,7 @@ impl Primary {
                 match send_without_waiting(s, &frame) {
                     Ok(n) if n == frame.len() => {
                         self.frames_sent_directly.fetch_add(1, Ordering::Relaxed);
+                        l.sent_directly_us.store(l.since.elapsed().as_micros() as u64, Ordering::Relaxed);
                         continue;
                     }
                     Ok(n) => frame = frame.slice(n..),
@@ -780,6 +784,7 @@ impl Primary {
                 replayed: AtomicU64::new(0),
                 since: Instant::now(),
                 dozing: AtomicBool::new(false),
+                sent_directly_us: AtomicU64::new(0),
                 sock: stream.try_clone().ok(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
@@ -1059,7 +1064,14 @@ impl Primary {
                 q.writing = false;
                 if q.frames.is_empty() && q.dead.is_none() {
                     let due = IDLE_HEARTBEAT.saturating_sub(last_sent.elapsed());
-                    if still_since.elapsed() < LINK_DOZE_AFTER || due.is_zero() {
+                    // Frames sent on the socket by other threads (`push_to`, at once) keep
+                    // it awake too: dozing under steady traffic would have each move of
+                    // the release sent on its own (`set_released`).
+                    let sent_directly = link
+                        .since
+                        .elapsed()
+                        .saturating_sub(Duration::from_micros(link.sent_directly_us.load(Ordering::Relaxed)));
+                    if still_since.elapsed() < LINK_DOZE_AFTER || sent_directly < LINK_DOZE_AFTER || due.is_zero() {
                         link.cv.wait_for(&mut q, self.opts.heartbeat);
                     } else {
                         // Dozing: until frames are queued (`push_to` wakes it), the release
@@ -1070,9 +1082,8 @@ impl Primary {
                         // consistent: a move this misses wakes it, under this lock.
                         self.dozing_links.fetch_add(1, Ordering::SeqCst);
                         link.dozing.store(true, Ordering::SeqCst);
-                        if self.released() == last_released
-                            && self.acknowledged().max(self.released()) == last_acknowledged
-                        {
+                        let released = Ts(self.released.load(Ordering::SeqCst));
+                        if released == last_released && self.acknowledged().max(released) == last_acknowledged {
                             link.cv.wait_for(&mut q, due);
                         }
                         link.dozing.store(false, Ordering::SeqCst);

@@ -50,7 +50,11 @@ pub enum Frame {
     /// highest release of any commit policy (a connection may choose a weaker one than the
     /// server's), at or above it: no commit above it has been acknowledged to a client. A
     /// backup reads at `released`, and will not cut away what it holds at or below
-    /// `acknowledged` (`JoinAgain::CutAt`).
+    /// `acknowledged` (`JoinAgain::CutAt`). Sent when either moves, within a millisecond
+    /// while the link is busy; an idle link (`Primary::serve_link` dozing) sends a move of
+    /// `released` at once, but one of `acknowledged` alone at its next idle heartbeat
+    /// (within 200 ms: a commit acknowledged under `local` is on the primary's disk, and
+    /// one released on backups' acknowledgements was shipped `counted`).
     Heartbeat { released: Ts, acknowledged: Ts },
     /// Backup -> primary: its watermarks (every commit at or below each is received, made
     /// durable, replayed on the backup).

@@ -162,6 +162,14 @@ impl Release {
         self.state.lock().waiting.len()
     }
 
+    /// Connections waiting now that still want an answer: those that gave up (a
+    /// `DITTO.WAITTS` that timed out, a connection closed) are dropped first.
+    pub fn waiting_still(&self) -> usize {
+        let mut st = self.state.lock();
+        st.waiting.retain(|w| !w.tx.is_closed());
+        st.waiting.len()
+    }
+
     /// Notified whenever a waiter queues from now on (a permit is kept if nobody is
     /// waiting on it then): whoever moves this release by polling (a backup's read view)
     /// need only poll while someone waits.
@@ -307,6 +315,23 @@ mod tests {
             }
         });
         assert_eq!(r.waiting(), 0);
+    }
+
+    /// A waiter that gave up (its future dropped: a timeout, a closed connection) is not
+    /// counted by `waiting_still`, and is dropped from the queue by it.
+    #[test]
+    fn a_waiter_that_gave_up_is_not_counted_as_still_waiting() {
+        let r = Release::default();
+        let mut kept = pin!(r.wait(Ts(7)));
+        assert_eq!(poll_once(kept.as_mut()), None);
+        {
+            let mut gone = Box::pin(r.wait(Ts(9)));
+            assert_eq!(poll_once(gone.as_mut()), None);
+        }
+        assert_eq!((r.waiting(), r.waiting_still(), r.waiting()), (2, 1, 1));
+        r.advance(Ts(7), None);
+        assert_eq!(poll_once(kept.as_mut()), Some(Ok(())));
+        assert_eq!(r.waiting_still(), 0);
     }
 
     /// A waiter that queues tells whoever watches (`new_waiters`), and one answered on the

@@ -880,7 +880,9 @@ fn run_role(
         lasting.role_tasks.push(rt.spawn(async move {
             loop {
                 r.advance(Ts(state.visible.load(Ordering::Acquire)), None);
-                match r.waiting() {
+                // (Those that gave up are not counted: one whose ts never comes would keep
+                // the task polling for good.)
+                match r.waiting_still() {
                     0 => queued.notified().await,
                     _ => tokio::time::sleep(Duration::from_millis(1)).await,
                 }
