@@ -39,6 +39,11 @@ fn start_primary(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::Ta
     (a, t, p, addr)
 }
 
+/// The Hello of a backup named "b" that holds nothing.
+fn hello_from_b() -> Frame {
+    Frame::Hello { version: PROTOCOL_VERSION, epoch: Epoch(0), have_ts: Ts::ZERO, node: "b".into(), learner: false }
+}
+
 fn links_named(p: &Primary, name: &str) -> usize {
     p.backups().iter().filter(|b| b.node == name).count()
 }
@@ -91,13 +96,7 @@ fn a_silent_link_of_the_name_is_closed_and_the_backup_connecting_again_is_taken(
     // A connection that says it is backup "b", acknowledges once, and then says nothing
     // more: as the primary sees a half-open connection whose backup has gone.
     let mut ghost = std::net::TcpStream::connect(&addr).unwrap();
-    let hello = Frame::Hello {
-        version: PROTOCOL_VERSION,
-        epoch: Epoch(0),
-        have_ts: Ts::ZERO,
-        node: "b".into(),
-        learner: false,
-    };
+    let hello = hello_from_b();
     ghost.write_all(&hello.encode()).unwrap();
     wait_until("the ghost's link", Duration::from_secs(20), || links_named(&p, "b") == 1);
     ghost.write_all(&Frame::Ack { received: Ts::ZERO, durable: Ts::ZERO, replayed: Ts::ZERO }.encode()).unwrap();
@@ -138,13 +137,7 @@ fn a_silent_link_of_the_name_is_closed_and_the_backup_connecting_again_is_taken(
 fn hellos_of_one_name_at_once_register_one_link() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, _t, p, addr) = start_primary(&tmp.path().join("p"));
-    let hello = Frame::Hello {
-        version: PROTOCOL_VERSION,
-        epoch: Epoch(0),
-        have_ts: Ts::ZERO,
-        node: "b".into(),
-        learner: false,
-    };
+    let hello = hello_from_b();
     let go = Arc::new(std::sync::Barrier::new(8));
     let conns: Vec<_> = (0..8)
         .map(|_| {
