@@ -1928,21 +1928,28 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
 #[test]
 fn an_idle_logs_flushers_doze_and_commits_after_still_become_durable_soon() {
     let dir = tempfile::tempdir().unwrap();
+    // How soon a commit is framed and shipped (the flusher's part, which a doze would
+    // delay by up to a second); becoming durable then depends on the disk, whose stalls
+    // on a busy machine can be longer, so it is only waited for (bounded).
     let soon = Duration::from_millis(500);
-    let durable_within = |d: &ditto_log::Durable, ts: Ts| {
+    let shipped = Arc::new(AtomicU64::new(0));
+    let within = |what: &dyn Fn() -> bool| {
         let t = std::time::Instant::now();
-        while d.logger().watermark() < ts && t.elapsed() < Duration::from_secs(5) {
+        while !what() && t.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert!(what(), "not within 10 s");
         t.elapsed()
     };
+    let shipped_within = |ts: Ts| within(&|| shipped.load(Ordering::SeqCst) >= ts.0);
+    let durable_within = |d: &ditto_log::Durable, ts: Ts| within(&|| d.logger().watermark() >= ts);
     {
         let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
-        d.logger().set_ship_tap(Arc::new(HighestShipped(Arc::new(AtomicU64::new(0))))).unwrap();
+        d.logger().set_ship_tap(Arc::new(HighestShipped(Arc::clone(&shipped)))).unwrap();
         let t = d.db().create_table("t").unwrap();
         let mut w0 = d.db().worker(WorkerId(0)).unwrap();
         let ts = w0.run(|x| x.put(t, b"a", b"v")).unwrap().1.ts();
-        assert!(durable_within(&d, ts) < Duration::from_secs(5));
+        durable_within(&d, ts);
         std::thread::sleep(Duration::from_millis(300));
         let dozed = d.logger().stats.flusher_dozes.load(Ordering::SeqCst);
         assert!(dozed >= 2, "both flushers of an idle log should doze: {dozed}");
@@ -1951,8 +1958,9 @@ fn an_idle_logs_flushers_doze_and_commits_after_still_become_durable_soon() {
         ditto_log::flush_before_sleeping();
         let mut w1 = d.db().worker(WorkerId(1)).unwrap();
         let ts = w1.run(|x| x.put(t, b"b", b"v")).unwrap().1.ts();
-        let took = durable_within(&d, ts);
-        assert!(took < soon, "a deferred commit after a doze became durable after {took:?}");
+        let took = shipped_within(ts);
+        assert!(took < soon, "a deferred commit after a doze was shipped after {took:?}");
+        durable_within(&d, ts);
         // Idle again, then a commit from a thread that does not defer.
         std::thread::sleep(Duration::from_millis(300));
         assert!(d.logger().stats.flusher_dozes.load(Ordering::SeqCst) > dozed, "they doze again");
@@ -1965,8 +1973,9 @@ fn an_idle_logs_flushers_doze_and_commits_after_still_become_durable_soon() {
         })
         .join()
         .unwrap();
-        let took = durable_within(&d2, ts);
-        assert!(took < soon, "a commit after a doze became durable after {took:?}");
+        let took = shipped_within(ts);
+        assert!(took < soon, "a commit after a doze was shipped after {took:?}");
+        durable_within(&d2, ts);
     }
     let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
     let (t, r) = (d.db().table_id("t").unwrap(), d.db().read());
