@@ -509,14 +509,16 @@ fn a_failover_that_no_node_can_prepare_waits_and_says_why() {
         }
     }
     c.stop(first);
+    // The reason the failover waits changes as the round goes: "1 of 3 members reported"
+    // while reports are gathered (seen first under load, 3 of 20 runs with two busy loops
+    // beside it), then that no node can fetch what it lacks.
     let mut why = None;
-    wait_for("the leader to say the failover waits", Duration::from_secs(20), || {
+    wait_for("the leader to say no node can fetch what it lacks", Duration::from_secs(20), || {
         why = c.statuses().into_iter().find_map(|s| s.failover_waiting);
-        why.is_some()
+        why.as_ref().is_some_and(|(_, w)| w.contains("can fetch what it lacks"))
     });
-    let (epoch, why) = why.unwrap();
+    let (epoch, _) = why.unwrap();
     assert_eq!(epoch, 2);
-    assert!(why.contains("can fetch what it lacks"), "{why}");
     std::thread::sleep(Duration::from_millis(500));
     let w = c.world.lock().unwrap();
     assert_eq!((w.pieces, w.opened.len()), (0, 0), "no fetch asked, no epoch opened");
