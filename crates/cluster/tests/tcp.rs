@@ -26,7 +26,9 @@ struct World {
     /// Fetch over the wire (`Ctl::Fetch`, answered in pieces): a peer answers with this
     /// many batches of this many bytes, numbered; none: the model fetches at once.
     fetch_batches: Option<(usize, usize)>,
-    /// Pieces of fetch answers received, and batches in them.
+    /// Pieces of fetch answers received, and the batches of the answers that ended (a plan
+    /// that replaces another, its leader changed under load, say, starts its fetch over:
+    /// the batches of the answer it cut short are not counted).
     pieces: usize,
     batches_fetched: usize,
     /// Nodes whose data plane hears nothing (a backup's server restarting).
@@ -153,9 +155,9 @@ impl DataPlane for ModelPlane {
             *got += 1;
         }
         w.pieces += 1;
-        w.batches_fetched += batches.len();
         if last {
             assert_eq!(*got, n, "the last piece ends the answer");
+            w.batches_fetched += *got;
             let upto = *upto;
             w.holds.get_mut(&self.me).unwrap()[stream] = upto;
             self.fetching.remove(&stream);
