@@ -375,27 +375,7 @@ fn a_second_backup_sharing_a_name_is_refused_and_exits_saying_why() {
     let first = Node::start(&tmp.path().join("b1"), &args);
     let mut c = Client::connect(primary.port).unwrap();
     assert_eq!(c.one(&["SET", "k", "1"]), "+OK");
-    let log = tmp.path().join("b2.log");
-    let b2 = tmp.path().join("b2");
-    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", b2.to_str().unwrap()])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > end {
-            let _ = second.kill();
-            panic!("the second backup named twin still runs after 30 s: {}", std::fs::read_to_string(&log).unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let said = std::fs::read_to_string(&log).unwrap();
+    let (status, said) = Node::run_to_exit(&tmp.path().join("b2"), &args, &tmp.path().join("b2.log"));
     assert!(!status.success(), "{said}");
     assert!(said.contains("this backup's name is taken") && said.contains("--replica-name"), "{said}");
     // The first is still the primary's one backup, and takes writes on.

@@ -349,25 +349,7 @@ fn a_quorum_record_that_cannot_be_written_refuses_the_policy_and_the_backup_that
     // A backup that would count is refused at its join, and ends saying why.
     let (bdir, blog) = (tmp.path().join("b"), tmp.path().join("backup.log"));
     let backup_args = ["--replica-of", primary.repl.as_ref().unwrap(), "--replica-name", "b1"];
-    let mut refused_backup = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", bdir.to_str().unwrap()])
-        .args(backup_args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&blog).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = refused_backup.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = refused_backup.kill();
-            panic!("a refused backup still ran after 30 s: {}", std::fs::read_to_string(&blog).unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let log = std::fs::read_to_string(&blog).unwrap();
+    let (status, log) = Node::run_to_exit(&bdir, &backup_args, &blog);
     assert!(!status.success() && log.contains("could not record its quorum"), "{status:?}: {log}");
     assert_eq!(info_field(&mut c, "connected_slaves").as_deref(), Some("0"));
     std::fs::remove_dir_all(&blocker).unwrap();

@@ -487,26 +487,7 @@ fn a_cleanly_stopped_primary_waits_for_no_backup_and_a_killed_one_is_not_started
     drop(backup);
     primary.kill();
     let errs = tmp.path().join("unreplicated.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", pdir.to_str().unwrap()])
-        .args(policy)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&errs).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a killed primary started without replication was still running after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let err = std::fs::read_to_string(&errs).unwrap();
+    let (status, err) = Node::run_to_exit(&pdir, &policy, &errs);
     assert!(!status.success(), "started: {err}");
     assert!(err.contains("did not stop cleanly") && err.contains("b1") && err.contains("--repl-port"), "{err}");
     let primary = Node::start(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat());

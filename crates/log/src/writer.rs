@@ -1086,9 +1086,11 @@ impl CommitLog for Logger {
         stream.appended.store(ts.0, Ordering::Release);
         if buf.payload_len() > DEFER_BYTES_MAX || !self.defer_flush(worker.0 as usize) {
             stream.cv.notify_one();
-        } else if stream.dozing.swap(false, Ordering::Relaxed) {
+        } else if stream.dozing.load(Ordering::Relaxed) {
             // Its flusher dozes (`doze`): woken to look again within `HEARTBEAT_EVERY`, in
-            // case this thread does not sleep soon.
+            // case this thread does not sleep soon. (Read, then cleared, under the buffer's
+            // lock, as the flusher sets it: no read-modify-write on every deferred append.)
+            stream.dozing.store(false, Ordering::Relaxed);
             stream.cv.notify_one();
         }
         // Idle streams are not woken: this stream's batch vouches for them (module notes).

@@ -759,7 +759,7 @@ impl Primary {
                 continue;
             }
             // Two Hellos of one name at once both passed `name_taken`: the later is refused.
-            if let Some(l) = links.iter().find(|l| l.node == node && l.queue.lock().dead.is_none()) {
+            if let Some(l) = live_link_named(&links, &node) {
                 let reason = format!("{NAME_TAKEN}: backup {node} linked from {} meanwhile", l.addr);
                 drop(links);
                 return Err(refuse(&stream, reason));
@@ -815,7 +815,7 @@ impl Primary {
     fn name_taken(&self, node: &str, addr: &str, have_ts: Ts) -> Option<String> {
         let end = Instant::now() + NAME_FREED_WAIT;
         let old = loop {
-            let live = self.links.lock().iter().find(|l| l.node == node && l.queue.lock().dead.is_none()).cloned();
+            let live = live_link_named(&self.links.lock(), node).cloned();
             match live {
                 Some(l) if Instant::now() < end => drop(l),
                 other => break other?,
@@ -1285,6 +1285,11 @@ fn remove_stale_ship_dirs(dir: &std::path::Path) {
     }
 }
 
+/// The link of backup `node` not closed yet, if any (`Primary::name_taken`).
+fn live_link_named<'a>(links: &'a [Arc<Link>], node: &str) -> Option<&'a Arc<Link>> {
+    links.iter().find(|l| l.node == node && l.queue.lock().dead.is_none())
+}
+
 /// What a `Refuse` begins with when a live link has the backup's name
 /// (`Primary::name_taken`); a backup tries again for a while (`backup::NAME_TAKEN_WAIT`).
 pub const NAME_TAKEN: &str = "this backup's name is taken";
@@ -1421,6 +1426,23 @@ fn recv_without_waiting(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<u
 
 /// Sends as much of `buf` as `stream`'s socket takes at once, without waiting (and without
 /// SIGPIPE on a closed connection): how much it took (0 when its buffer is full).
+fn send_without_waiting(stream: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is valid for `buf.len()` bytes for the call, and the descriptor is
+    // open while `stream` is borrowed.
+    let n = unsafe {
+        libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
+    if n >= 0 {
+        return Ok(n as usize);
+    }
+    match std::io::Error::last_os_error() {
+        e if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+        e if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+        e => Err(e),
+    }
+}
+
 /// Whether the peer closed `stream` (an orderly close or a reset), looked at without
 /// waiting or taking anything: data it sent and nobody read yet says no.
 fn peer_closed(stream: &TcpStream) -> bool {
@@ -1436,23 +1458,6 @@ fn peer_closed(stream: &TcpStream) -> bool {
             std::io::Error::last_os_error().kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
         ),
-    }
-}
-
-fn send_without_waiting(stream: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `buf` is valid for `buf.len()` bytes for the call, and the descriptor is
-    // open while `stream` is borrowed.
-    let n = unsafe {
-        libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-    };
-    if n >= 0 {
-        return Ok(n as usize);
-    }
-    match std::io::Error::last_os_error() {
-        e if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
-        e if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
-        e => Err(e),
     }
 }
 

@@ -4,28 +4,21 @@
 //! link's next idle heartbeat (up to 200 ms later).
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::WorkerId;
-use ditto_log::{Durability, LogOptions, OpenOptions};
-use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
+use ditto_log::{Durability, LogOptions};
+use ditto_replication::{backup, BackupOptions, PrimaryOptions};
+
+mod common;
 
 #[test]
 fn a_release_made_while_the_link_dozes_reaches_the_backup_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     // Every-batch durability: a thread defers its flushes only under it.
     let log = LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() };
-    let a = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("majority-received").unwrap();
     let opts = PrimaryOptions { backups_expected: 1, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let (a, t, p, addr) = common::start_primary(&tmp.path().join("p"), log, "majority-received", opts);
     let b = backup::start(BackupOptions::new(&addr, &tmp.path().join("b"), 1, "b")).unwrap();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     // This thread ships its commits itself, at once, as a server's runtime thread does

@@ -4,19 +4,13 @@
 //! released before it; a backup added to a quorum that needs it releases what waited.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ditto_engine::{Ts, WorkerId};
-use ditto_log::OpenOptions;
-use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
+use ditto_replication::{backup, BackupOptions, Primary, PrimaryOptions};
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+mod common;
+use common::wait_until;
 
 /// A primary in `dir` under `majority-durable`, counting `backups` backups in
 /// configuration 0, with a table "t": (its log, the table, the primary, its address).
@@ -24,17 +18,8 @@ fn start_primary(
     dir: &std::path::Path,
     backups: usize,
 ) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
-    let a = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("majority-durable").unwrap();
     let opts = PrimaryOptions { backups_expected: backups, members_config: 0, ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
-    (a, t, p, addr)
+    common::start_primary(dir, Default::default(), "majority-durable", opts)
 }
 
 #[test]

@@ -14,16 +14,10 @@ use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::{Epoch, OpenOptions};
 use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
 
+mod common;
 #[path = "../../log/tests/common/missed_epoch.rs"]
 mod missed_epoch;
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use common::wait_until;
 
 fn start_primary(d: &ditto_log::Durable, resume_from: Option<(Epoch, Ts, Ts)>) -> (Arc<Primary>, String) {
     start_primary_under(d, resume_from, "local")

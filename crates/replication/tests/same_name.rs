@@ -9,34 +9,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::{Ts, WorkerId};
-use ditto_log::{Epoch, OpenOptions};
+use ditto_log::Epoch;
 use ditto_replication::protocol::{read_frame, Frame, PROTOCOL_VERSION};
 use ditto_replication::{backup, BackupError, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+mod common;
+use common::wait_until;
 
 /// A primary in `dir` under `majority-received` counting two backups, with a table "t",
 /// keeping its quorum's record on disk as a standalone server does.
 fn start_primary(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
-    let a = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let policy = CommitPolicy::parse("majority-received").unwrap();
-    let record = ditto_replication::QuorumRecord::new(2, policy);
+    let record = ditto_replication::QuorumRecord::new(2, CommitPolicy::parse("majority-received").unwrap());
     let opts =
         PrimaryOptions { backups_expected: 2, quorum_record: Some((dir.to_path_buf(), record)), ..Default::default() };
-    let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
-    (a, t, p, addr)
+    common::start_primary(dir, Default::default(), "majority-received", opts)
 }
 
 /// The Hello of a backup named "b" that holds nothing.

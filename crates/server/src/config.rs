@@ -245,6 +245,12 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// Whether a backup's name may hold `c`: the quorum's record keeps one name a line, and
+/// INFO lists backups with commas.
+pub(crate) fn replica_name_char(c: char) -> bool {
+    !c.is_control() && c != ','
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
@@ -297,8 +303,7 @@ impl Config {
             ));
         }
         if let Some(n) = &self.replica_name {
-            // The quorum's record keeps one name a line, and INFO lists backups with commas.
-            if n.trim().is_empty() || n.chars().any(|c| c.is_control() || c == ',') {
+            if n.trim().is_empty() || !n.chars().all(replica_name_char) {
                 return Err(ConfigError::Invalid(format!(
                     "--replica-name {n:?}: a backup's name must not be empty, nor hold a comma or a control character"
                 )));

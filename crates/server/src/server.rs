@@ -1260,8 +1260,12 @@ fn replica_name(cfg: &Config) -> String {
             let dir = std::fs::canonicalize(dir)
                 .or_else(|_| std::path::absolute(dir).map(|d| d.components().collect::<std::path::PathBuf>()))
                 .unwrap_or_else(|_| dir.clone());
-            let dir: String =
-                dir.display().to_string().chars().map(|c| if c.is_control() || c == ',' { '_' } else { c }).collect();
+            let dir: String = dir
+                .display()
+                .to_string()
+                .chars()
+                .map(|c| if crate::config::replica_name_char(c) { c } else { '_' })
+                .collect();
             format!("{host}:0:{dir}")
         }
         (port, _) => format!("{host}:{port}"),
@@ -1559,8 +1563,7 @@ fn promote_replica_dir(
     );
     let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
     drop(lock);
-    ditto_replication::backup::end_promotion(dir)
-        .map_err(|e| io("ending the promotion")(std::io::Error::other(e.to_string())))?;
+    ditto_replication::backup::end_promotion(dir).map_err(|e| io("ending the promotion")(std::io::Error::other(e)))?;
     Ok(ditto_log::Recovered(db))
 }
 

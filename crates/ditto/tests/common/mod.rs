@@ -59,6 +59,35 @@ impl Node {
         Node { child, port: port.unwrap(), repl }
     }
 
+    /// Runs `ditto server` on `dir` with `extra`, its stderr to `log`, expecting it to
+    /// stop by itself (a start that is refused) within 30 s: its exit status and its log.
+    pub fn run_to_exit(dir: &Path, extra: &[&str], log: &Path) -> (std::process::ExitStatus, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("create the server's log file"))
+            .spawn()
+            .expect("spawn ditto server");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the server on {} still ran after 30 s: {}",
+                    dir.display(),
+                    std::fs::read_to_string(log).unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status, std::fs::read_to_string(log).unwrap())
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

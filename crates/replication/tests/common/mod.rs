@@ -1,0 +1,39 @@
+//! What the replication crate's tests share: a bounded wait, and a primary started on a
+//! fresh log with a table "t".
+#![allow(dead_code)] // each test file uses its own part
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ditto_log::{LogOptions, OpenOptions};
+use ditto_replication::{CommitPolicy, Primary, PrimaryOptions};
+
+/// Waits until `f` holds, for at most `limit` (then fails, naming `what`).
+pub fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A primary on a fresh one-stream log in `dir` (with `log`'s options), with a table "t",
+/// releasing under `policy` with `opts`, its watermark recomputed as the log moves: (its
+/// log, the table, the primary, the address backups connect to).
+pub fn start_primary(
+    dir: &std::path::Path,
+    log: LogOptions,
+    policy: &str,
+    opts: PrimaryOptions,
+) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
+    let a = ditto_log::open(dir, OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse(policy).unwrap();
+    let p: Arc<Primary> =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    (a, t, p, addr)
+}
