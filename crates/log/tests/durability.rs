@@ -1984,6 +1984,33 @@ fn an_idle_logs_flushers_doze_and_commits_after_still_become_durable_soon() {
     }
 }
 
+/// Closing a log whose flushers doze (up to a second each) does not wait out the doze: the
+/// close wakes them, they write what they owe and stop; nothing is lost.
+#[test]
+fn a_log_whose_flushers_doze_closes_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"a", b"v")).unwrap().1.ts();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while d.logger().watermark() < ts {
+        assert!(std::time::Instant::now() < end, "never durable");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(w);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(d.logger().stats.flusher_dozes.load(Ordering::SeqCst) >= 2, "both flushers doze");
+    let started = std::time::Instant::now();
+    d.close();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(500), "the close took {took:?}, as if it waited out a doze");
+    drop(d);
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    assert!(d.db().read().get(t, b"a").unwrap().is_some(), "the commit before the close");
+}
+
 /// Two busy streams with a shipping tap (batches written by the disk threads, a moment
 /// after they are framed): a stream owes a heartbeat when the other's durable batch leaves
 /// the watermark behind, but frames it once. It used to frame the same heartbeat again
