@@ -470,7 +470,7 @@ mod tests {
 
     fn boot(n: u64) -> ControlState {
         let mut s = ControlState::default();
-        let members = (1..=n).map(|id| Member { id, addr: String::new(), repl: 0, control: 0 }).collect();
+        let members = (1..=n).map(|id| Member { id, addr: String::new(), repl: 0, control: 0, tls: 0 }).collect();
         s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
         s
     }

@@ -848,7 +848,7 @@ mod tests {
     }
 
     fn member(id: NodeId) -> crate::state::Member {
-        crate::state::Member { id, addr: format!("n{id}:1"), repl: 2, control: 3 }
+        crate::state::Member { id, addr: format!("n{id}:1"), repl: 2, control: 3, tls: 0 }
     }
 
     /// A fourth node joins from the leader's snapshot (its log was compacted at the

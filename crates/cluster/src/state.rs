@@ -49,6 +49,14 @@ pub struct Member {
     /// Its control plane's port, on `addr`'s host (0: unknown; peers use their flags).
     #[serde(default)]
     pub control: u16,
+    /// Its server's TLS client port, on `addr`'s host (0: none named). Left out of the
+    /// serialised command when 0, so a member without one reads as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tls: u16,
+}
+
+fn is_zero(p: &u16) -> bool {
+    *p == 0
 }
 
 impl Member {
@@ -511,8 +519,9 @@ mod tests {
 
     fn boot() -> ControlState {
         let mut s = ControlState::default();
-        let members =
-            (1..=3).map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0 }).collect();
+        let members = (1..=3)
+            .map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0, tls: 0 })
+            .collect();
         s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
         s
     }
@@ -631,7 +640,7 @@ mod tests {
     fn a_learner_is_no_member_until_promoted() {
         let mut s = boot();
         s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
-        let m4 = Member { id: 4, addr: "127.0.0.1:7004".into(), repl: 1, control: 2 };
+        let m4 = Member { id: 4, addr: "127.0.0.1:7004".into(), repl: 1, control: 2, tls: 0 };
         s.apply(&Command::AddLearner { member: m4.clone() }).unwrap();
         assert_eq!((s.members.len(), s.learners.len(), s.config, s.quorum()), (3, 1, 0, 2), "no new configuration");
         assert_eq!(s.node(4), Some(&m4));
@@ -669,7 +678,7 @@ mod tests {
         assert!(s.apply(&Command::AddLearner { member: m4.clone() }).unwrap_err().contains("not settled"));
         settle(&mut s);
         // A second learner, removed: its id is retired.
-        let m5 = Member { id: 5, addr: "127.0.0.1:7005".into(), repl: 1, control: 2 };
+        let m5 = Member { id: 5, addr: "127.0.0.1:7005".into(), repl: 1, control: 2, tls: 0 };
         s.apply(&Command::AddLearner { member: m5.clone() }).unwrap();
         s.apply(&Command::RemoveMember { id: 5 }).unwrap();
         assert!(s.learners.is_empty() && s.retired.contains(&5) && s.members.len() == 4 && s.config == 1);
@@ -681,7 +690,7 @@ mod tests {
     #[test]
     fn membership_changes_are_one_at_a_time_settled_and_never_reuse_an_id() {
         let mut s = boot();
-        let m4 = Member { id: 4, addr: "127.0.0.1:7004".into(), repl: 1, control: 2 };
+        let m4 = Member { id: 4, addr: "127.0.0.1:7004".into(), repl: 1, control: 2, tls: 0 };
         let before = s.clone();
         assert!(s.apply(&Command::AddMember { member: m4.clone() }).unwrap_err().contains("not settled"));
         assert_eq!(s, before);
@@ -708,11 +717,26 @@ mod tests {
         }
         s.apply(&Command::RemoveMember { id: 2 }).unwrap();
         settle(&mut s);
-        let back = Command::AddMember { member: Member { id: 2, addr: "127.0.0.1:7002".into(), repl: 1, control: 2 } };
+        let back =
+            Command::AddMember { member: Member { id: 2, addr: "127.0.0.1:7002".into(), repl: 1, control: 2, tls: 0 } };
         assert!(s.apply(&back).unwrap_err().contains("never used again"));
         // A failover in progress holds changes back.
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
         assert!(s.apply(&Command::RemoveMember { id: 3 }).unwrap_err().contains("failing over"));
+    }
+
+    /// A member's TLS port is left out of the entry when none is named, so entries read
+    /// and written as before it existed; one that names it keeps it.
+    #[test]
+    fn a_members_tls_port_is_written_only_when_named() {
+        let old = r#"{"id":2,"addr":"127.0.0.1:7002","repl":1,"control":2}"#;
+        let m: Member = serde_json::from_str(old).unwrap();
+        assert_eq!(m.tls, 0);
+        assert_eq!(serde_json::to_string(&m).unwrap(), old);
+        let named = Member { tls: 7302, ..m };
+        let text = serde_json::to_string(&named).unwrap();
+        assert!(text.contains(r#""tls":7302"#), "{text}");
+        assert_eq!(serde_json::from_str::<Member>(&text).unwrap(), named);
     }
 
     /// An old primary's count of what it discarded is recorded once, for its own epoch,

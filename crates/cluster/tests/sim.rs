@@ -688,7 +688,7 @@ impl Sim {
         let add = !outside.is_empty() && (state.members.len() <= 2 || self.rng.gen_bool(0.5));
         let cmd = if add {
             let id = outside[self.rng.gen_range(0..outside.len())];
-            let member = Member { id, addr: format!("node{id}"), repl: 0, control: 0 };
+            let member = Member { id, addr: format!("node{id}"), repl: 0, control: 0, tls: 0 };
             // A spare joins as a learner first half the time (shipped to, counted in no
             // quorum), and a learner is promoted.
             if state.learners.contains_key(&id) || self.rng.gen_bool(0.5) {
@@ -769,7 +769,7 @@ impl Sim {
         // Bootstrap: the first leader names itself the first primary.
         {
             let members: Vec<Member> = (1..=self.founding as u64)
-                .map(|id| Member { id, addr: format!("node{id}"), repl: 0, control: 0 })
+                .map(|id| Member { id, addr: format!("node{id}"), repl: 0, control: 0, tls: 0 })
                 .collect();
             let ctrl = self.nodes[i].ctrl.as_mut().unwrap();
             if ctrl.is_leader() && ctrl.state().epoch == 0 && now.is_multiple_of(20) {

@@ -261,8 +261,11 @@ impl Cluster {
 
     fn bootstrap(&self) -> NodeId {
         let leader = self.leader().unwrap();
-        let members: Vec<Member> =
-            self.peers.keys().map(|&id| Member { id, addr: format!("node{id}"), repl: 0, control: 0 }).collect();
+        let members: Vec<Member> = self
+            .peers
+            .keys()
+            .map(|&id| Member { id, addr: format!("node{id}"), repl: 0, control: 0, tls: 0 })
+            .collect();
         self.nodes[&leader]
             .propose(Command::Bootstrap { members, primary: leader, policy: "majority".into() })
             .unwrap();

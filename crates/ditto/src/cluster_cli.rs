@@ -50,7 +50,7 @@ pub struct SwitchoverArgs {
 
 #[derive(clap::Args)]
 pub struct AddArgs {
-    /// The new member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT.
+    /// The new member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT[/TLS_PORT].
     member: String,
     /// Any member's control address (HOST:CONTROL_PORT).
     #[arg(long)]
@@ -110,7 +110,8 @@ fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration
                 if !matches!(req, ditto_cluster::AdminRequest::Switchover { .. }) {
                     println!("done: configuration {config}, members:");
                     for m in &members {
-                        println!("  {} client {} replication {} control {}", m.id, m.addr, m.repl, m.control);
+                        let tls = if m.tls != 0 { format!(" tls {}", m.tls) } else { String::new() };
+                        println!("  {} client {} replication {} control {}{tls}", m.id, m.addr, m.repl, m.control);
                     }
                 }
                 return Ok(Applied { config, members, epoch, primary });
@@ -398,9 +399,9 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
         ClusterCmd::Add(a) => {
             let parsed = crate::node::parse_members(&a.member)?;
             let (Some((&id, m)), 1) = (parsed.iter().next(), parsed.len()) else {
-                return Err("name one member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT".into());
+                return Err("name one member: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT[/TLS_PORT]".into());
             };
-            let member = ditto_cluster::Member { id, addr: m.client_addr(), repl: m.repl, control: m.control };
+            let member = m.member(id);
             let wait = std::time::Duration::from_secs(a.wait_s);
             // A learner first: it copies the primary's data while counting in no quorum
             // (docs/cluster.md, "Learners"); then, once it has joined, a voter.

@@ -95,7 +95,7 @@ impl Nodes {
         self.members = format!("{},{id}=127.0.0.1:{}/{}/{}", self.members, p[0], p[1], p[2]);
         self.ports.insert(id, p[0]);
         self.spawn(id, &["--join"])?;
-        Ok(ditto_cluster::Member { id, addr: format!("127.0.0.1:{}", p[0]), repl: p[1], control: p[2] })
+        Ok(ditto_cluster::Member { id, addr: format!("127.0.0.1:{}", p[0]), repl: p[1], control: p[2], tls: 0 })
     }
 
     fn spawn(&mut self, id: u64, extra: &[&str]) -> Result<(), Error> {

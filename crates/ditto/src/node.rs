@@ -59,11 +59,21 @@ pub struct MemberAddrs {
     pub client: u16,
     pub repl: u16,
     pub control: u16,
+    /// Its server's TLS client port, where `--members` names one (0: none named).
+    pub tls: u16,
 }
 
 impl MemberAddrs {
     pub fn client_addr(&self) -> String {
         format!("{}:{}", self.host, self.client)
+    }
+    /// Where TLS clients reach its server, if `--members` names its TLS port.
+    pub fn tls_addr(&self) -> Option<String> {
+        (self.tls != 0).then(|| format!("{}:{}", self.host, self.tls))
+    }
+    /// The member the control state records.
+    pub fn member(&self, id: NodeId) -> Member {
+        Member { id, addr: self.client_addr(), repl: self.repl, control: self.control, tls: self.tls }
     }
     fn repl_addr(&self) -> String {
         format!("{}:{}", self.host, self.repl)
@@ -79,21 +89,32 @@ fn addrs_of(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, id: Nod
     }
     let m = state.node(id).filter(|m| m.repl != 0 && m.control != 0)?;
     let (host, client) = m.addr.rsplit_once(':')?;
-    Some(MemberAddrs { host: host.to_string(), client: client.parse().ok()?, repl: m.repl, control: m.control })
+    Some(MemberAddrs {
+        host: host.to_string(),
+        client: client.parse().ok()?,
+        repl: m.repl,
+        control: m.control,
+        tls: m.tls,
+    })
 }
 
-/// Parses `ID=HOST:CLIENT/REPL/CONTROL[,...]` (the ports of clients, replication and the
-/// control plane).
+/// Parses `ID=HOST:CLIENT/REPL/CONTROL[/TLS][,...]` (the ports of clients, replication,
+/// the control plane and, optionally, TLS clients).
 pub fn parse_members(s: &str) -> Result<BTreeMap<NodeId, MemberAddrs>, String> {
     let mut out = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || format!("member {part:?}: expected ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT");
+        let bad = || format!("member {part:?}: expected ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT[/TLS_PORT]");
         let (id, rest) = part.split_once('=').ok_or_else(bad)?;
         let id: NodeId = id.trim().parse().map_err(|_| bad())?;
         let (host, ports) = rest.rsplit_once(':').ok_or_else(bad)?;
         let ports: Vec<u16> = ports.split('/').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
-        let [client, repl, control] = ports[..] else { return Err(bad()) };
-        if id == 0 || out.insert(id, MemberAddrs { host: host.to_string(), client, repl, control }).is_some() {
+        let (client, repl, control, tls) = match ports[..] {
+            [c, r, ctl] => (c, r, ctl, 0),
+            [c, r, ctl, t] if t != 0 => (c, r, ctl, t),
+            _ => return Err(bad()),
+        };
+        let m = MemberAddrs { host: host.to_string(), client, repl, control, tls };
+        if id == 0 || out.insert(id, m).is_some() {
             return Err(format!("member {part:?}: ids are distinct and above 0"));
         }
     }
@@ -928,6 +949,9 @@ impl NodePlane {
                 }
                 args.extend(["--replica-of".into(), of.repl_addr()]);
                 args.extend(["--primary-addr".into(), of.client_addr()]);
+                if let Some(t) = of.tls_addr() {
+                    args.extend(["--primary-tls-addr".into(), t]);
+                }
                 if self.in_place {
                     // Its role may change in place only if its replay is held at the
                     // primary's release (docs/cluster.md, "In-place promotion and following").
@@ -1060,7 +1084,8 @@ impl NodePlane {
             // 1.9M keys on the VM.) If the follow fails, the restart counts from the log.
             self.count_after_follow = Some(*served);
         }
-        let line = format!("follow {} {} {upto}", o.repl_addr(), o.client_addr());
+        let tls = o.tls_addr().map(|t| format!(" {t}")).unwrap_or_default();
+        let line = format!("follow {} {} {upto}{tls}", o.repl_addr(), o.client_addr());
         self.change_in_place(&line, Role::Backup { epoch, of, learner });
         say(self.me, format!("has its backup follow node {of} (epoch {epoch}) in place from the point {upto}"));
     }
@@ -1366,9 +1391,12 @@ impl NodePlane {
         self.switching = Some(Switching { epoch, id, to, proposed: None });
         let serves = self.serving
             && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { epoch: e, .. } if e == epoch));
-        let target = self.addrs(to).map(|m| m.client_addr());
+        let target = self.addrs(to);
         let asked = match (serves, target) {
-            (true, Some(t)) => tell_server(&self.gate, &format!("drain {t} {}", DRAIN_WITHIN.as_millis())),
+            (true, Some(t)) => {
+                let tls = t.tls_addr().map(|a| format!(" {a}")).unwrap_or_default();
+                tell_server(&self.gate, &format!("drain {} {}{tls}", t.client_addr(), DRAIN_WITHIN.as_millis()))
+            }
             _ => false,
         };
         if asked {
@@ -2101,11 +2129,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         // The first leader names itself the first primary.
         if st.state.epoch == 0 && st.leader == Some(cfg.id) && last_bootstrap.elapsed() > Duration::from_millis(200) {
             last_bootstrap = Instant::now();
-            let members = cfg
-                .members
-                .iter()
-                .map(|(&id, m)| Member { id, addr: m.client_addr(), repl: m.repl, control: m.control })
-                .collect::<Vec<_>>();
+            let members = cfg.members.iter().map(|(&id, m)| m.member(id)).collect::<Vec<_>>();
             let _ = svc.propose(Command::Bootstrap { members, primary: cfg.id, policy: cfg.policy.clone() });
         }
     }
@@ -2116,7 +2140,26 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY};
+    use super::{parse_members, probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY};
+
+    /// A member names three ports, or four with its TLS port; the TLS port reaches the
+    /// control state's member and the address TLS clients are told; anything else is
+    /// refused, naming the form.
+    #[test]
+    fn members_name_their_tls_port_optionally() {
+        let m = parse_members("1=10.0.0.1:7001/7101/7201,2=h2:7002/7102/7202/7302").unwrap();
+        assert_eq!(m[&1].tls_addr(), None);
+        assert_eq!(m[&2].tls_addr().as_deref(), Some("h2:7302"));
+        assert_eq!(m[&2].client_addr(), "h2:7002", "a member is named by its plaintext address");
+        let member = m[&2].member(2);
+        assert_eq!((member.addr.as_str(), member.repl, member.control, member.tls), ("h2:7002", 7102, 7202, 7302));
+        assert_eq!(m[&1].member(1).tls, 0);
+        for bad in ["1=h:1/2", "1=h:1/2/3/4/5", "1=h:1/2/3/0", "1=h:1/2/3/x", "1=h:1/2/3/"] {
+            let e = parse_members(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("[/TLS_PORT]"), "{bad}: {e}");
+        }
+        assert!(parse_members("0=h:1/2/3/4").unwrap_err().contains("above 0"));
+    }
 
     /// A server that does not read its standard input (here a process stopped with
     /// SIGSTOP) never blocks the writer: lines wait, in order, until it reads again; one

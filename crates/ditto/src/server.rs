@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use ditto_server::config::ClientAddr;
 use ditto_server::Config;
 
 #[derive(clap::Args, Debug)]
@@ -86,7 +87,7 @@ pub struct ServerArgs {
     /// cluster decides. Needs --members; --data-dir holds the node's control and data.
     #[arg(long, value_name = "N", requires = "members")]
     node_id: Option<u64>,
-    /// The cluster's members: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT, comma separated
+    /// The cluster's members: ID=HOST:CLIENT_PORT/REPL_PORT/CONTROL_PORT[/TLS_PORT], comma separated
     /// (every node is given the same list).
     #[arg(long, value_name = "LIST")]
     members: Option<String>,
@@ -132,6 +133,10 @@ pub struct ServerArgs {
     /// Set by a cluster node for a backup: where the primary takes clients' writes.
     #[arg(long, hide = true)]
     primary_addr: Option<String>,
+    /// With `--primary-addr`: where the primary takes TLS clients' writes, where its
+    /// member names a TLS port.
+    #[arg(long, hide = true)]
+    primary_tls_addr: Option<String>,
     /// Set by a cluster node: the name its backups give their primary (its client
     /// address in the control state), by which a primary counts them.
     #[arg(long, hide = true)]
@@ -205,24 +210,26 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                         }
                         None => tracing::warn!("unreadable line from the cluster node: {line:?}"),
                     },
-                    // `follow REPL_ADDR CLIENT_ADDR POINT`
+                    // `follow REPL_ADDR CLIENT_ADDR POINT [TLS_CLIENT_ADDR]`
                     ("follow", rest) => match rest.split_whitespace().collect::<Vec<_>>()[..] {
-                        [primary, primary_addr, upto] if upto.parse::<u64>().is_ok() => {
+                        [primary, primary_addr, upto, ref tls @ ..]
+                            if upto.parse::<u64>().is_ok() && tls.len() <= 1 =>
+                        {
                             g.request_role(ditto_server::session::RoleRequest::Follow {
                                 primary: primary.to_string(),
-                                primary_addr: primary_addr.to_string(),
+                                primary_addr: ClientAddr::new(primary_addr, tls.first().map(|t| t.to_string())),
                                 upto: upto.parse().expect("checked"),
                             })
                         }
                         _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
                     },
-                    // A switchover: `drain TARGET_CLIENT_ADDR WITHIN_MS`, and `drain off` when it
-                    // is given up (RoleRequest::Drain).
+                    // A switchover: `drain TARGET_CLIENT_ADDR WITHIN_MS [TARGET_TLS_ADDR]`, and
+                    // `drain off` when it is given up (RoleRequest::Drain).
                     ("drain", "off") => g.set_draining(None),
                     ("drain", rest) => match rest.split_whitespace().collect::<Vec<_>>()[..] {
-                        [target, ms] if ms.parse::<u64>().is_ok() => {
+                        [target, ms, ref tls @ ..] if ms.parse::<u64>().is_ok() && tls.len() <= 1 => {
                             g.request_role(ditto_server::session::RoleRequest::Drain {
-                                target: target.to_string(),
+                                target: ClientAddr::new(target, tls.first().map(|t| t.to_string())),
                                 within: std::time::Duration::from_millis(ms.parse().expect("checked")),
                             })
                         }
@@ -323,7 +330,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         // A cluster's backup: its cut, and where its primary takes writes.
         cfg.cluster = Some(ditto_server::config::ClusterRun {
             upto: a.recover_upto,
-            primary_addr: a.primary_addr,
+            primary_addr: a.primary_addr.map(|p| ClientAddr::new(p, a.primary_tls_addr)),
             hold_replay_at_release: a.hold_replay,
             learner: a.learner,
             ..Default::default()
@@ -411,6 +418,19 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     // could not load them would fail at every start the node makes.
     let mut tls = file.clone().unwrap_or_default();
     tls.tls_port = a.tls_port.or(tls.tls_port);
+    // The TLS port its member names (`/TLS_PORT` in --members) is the one its servers
+    // serve on, and the one other nodes name to TLS clients (SENTINEL, READONLY).
+    let named_tls = members.get(&id).map(|m| m.tls).filter(|&t| t != 0);
+    match (named_tls, tls.tls_port) {
+        (Some(n), Some(p)) if n != p => {
+            return Err(format!("--members names TLS port {n} for node {id}, but its TLS port is set to {p}").into())
+        }
+        (Some(n), None) => tls.tls_port = Some(n),
+        (None, Some(p)) => tracing::warn!(
+            "this node serves TLS on port {p}, but its member in --members names no TLS port (ID=HOST:CLIENT/REPL/CONTROL/TLS): nodes tell TLS clients the plaintext address of the primary"
+        ),
+        _ => {}
+    }
     tls.tls_cert_file = a.tls_cert_file.clone().or(tls.tls_cert_file);
     tls.tls_key_file = a.tls_key_file.clone().or(tls.tls_key_file);
     tls.tls_ca_cert_file = a.tls_ca_cert_file.clone().or(tls.tls_ca_cert_file);
@@ -443,7 +463,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     pass("metrics", Some(a.metrics.unwrap_or_else(|| "off".into())));
     pass("maxmemory", a.maxmemory);
     pass("replay", a.replay);
-    pass("tls-port", a.tls_port.map(|p| p.to_string()));
+    pass("tls-port", tls.tls_port.map(|p| p.to_string()));
     pass("tls-cert-file", a.tls_cert_file.map(|p| p.display().to_string()));
     pass("tls-key-file", a.tls_key_file.map(|p| p.display().to_string()));
     pass("tls-ca-cert-file", a.tls_ca_cert_file.map(|p| p.display().to_string()));

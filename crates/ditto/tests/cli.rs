@@ -416,9 +416,9 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
     std::fs::write(&conf, "tls_only = true\n").unwrap();
     let data = dir.path().join("n1");
     // The node with `extra` flags is refused, saying `why`, and creates nothing.
-    let refused = |extra: &[&str], why: &str| {
+    let refused_as = |members: &str, extra: &[&str], why: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--node-id", "1", "--members", "1=127.0.0.1:1/2/3", "--data-dir", data.to_str().unwrap()])
+            .args(["server", "--node-id", "1", "--members", members, "--data-dir", data.to_str().unwrap()])
             .args(extra)
             .output()
             .unwrap();
@@ -426,6 +426,7 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
         assert!(!out.status.success() && err.contains(why), "{extra:?}: {err}");
         assert!(!data.exists(), "{extra:?}: nothing created");
     };
+    let refused = |extra: &[&str], why: &str| refused_as("1=127.0.0.1:1/2/3", extra, why);
     for extra in [vec!["--tls-only"], vec!["--config", conf.to_str().unwrap()]] {
         refused(&extra, "tls_only is not supported with --node-id");
     }
@@ -451,4 +452,15 @@ fn a_cluster_node_refuses_tls_only_a_password_or_a_role_in_its_config_with_a_cle
     ] {
         refused(&flags, why);
     }
+    // A TLS port the node's member names (`/TLS_PORT`) is its TLS port: another set by a
+    // flag is refused, and it needs its files and a port of its own like any.
+    let with_tls = "1=127.0.0.1:1/2/3/7301";
+    refused_as(
+        with_tls,
+        &["--tls-port", "7001", "--tls-cert-file", b, "--tls-key-file", b],
+        "names TLS port 7301 for node 1, but its TLS port is set to 7001",
+    );
+    refused_as(with_tls, &[], "tls_port needs tls_cert_file and tls_key_file");
+    refused_as(with_tls, &["--tls-cert-file", b, "--tls-key-file", b], "bad.pem");
+    refused_as("1=127.0.0.1:1/2/3/3", &["--tls-cert-file", b, "--tls-key-file", b], "one of this node's own ports");
 }

@@ -84,12 +84,27 @@ impl Cluster {
         extra: usize,
         args: impl Fn(u64, &[u16]) -> Vec<String>,
     ) -> Cluster {
+        let mut c = Cluster::configured(n, policy, env, extra, args);
+        for id in 1..=n {
+            c.start_node(id);
+        }
+        c
+    }
+
+    /// `start_with_args`, with no node started yet.
+    fn configured(
+        n: u64,
+        policy: &str,
+        env: &[(&str, &str)],
+        extra: usize,
+        args: impl Fn(u64, &[u16]) -> Vec<String>,
+    ) -> Cluster {
         let p = free_ports((3 + extra) * n as usize);
         let more = |id: u64| &p[3 * n as usize + extra * (id as usize - 1)..][..extra];
         let members: Vec<String> = (0..n as usize)
             .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
             .collect();
-        let mut c = Cluster {
+        Cluster {
             dir: tempfile::tempdir().unwrap(),
             members: (1..=n).map(|id| (id, members.join(","))).collect(),
             ports: (0..n as usize).map(|i| (i as u64 + 1, p[3 * i])).collect(),
@@ -97,11 +112,7 @@ impl Cluster {
             policy: policy.into(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             args: (1..=n).map(|id| (id, args(id, more(id)))).collect(),
-        };
-        for id in 1..=n {
-            c.start_node(id);
         }
-        c
     }
 
     fn log(&self, id: u64) -> PathBuf {
@@ -582,26 +593,44 @@ fn proxied_cluster_with(n: u64, policy: &str, control: bool, args: &[&str]) -> (
 /// Each node's TLS flags pass to every server it starts: TLS clients write to the primary
 /// on its node's fixed TLS port, to the new primary after the first one's node is killed,
 /// and read on the old one's TLS port once it is back as a backup, which refuses writes
-/// there naming the primary.
+/// there naming the primary. The members name their TLS ports (`/TLS_PORT`; node 1 also
+/// by its flag, nodes 2 and 3 by their member alone), so every node tells a TLS client the
+/// primary's TLS address (SENTINEL, READONLY) and a plaintext client its plaintext one.
 #[test]
 fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = ditto_server::tls::testing::make(pki_dir.path());
     let (cert, key) = (pki.server_cert.display().to_string(), pki.server_key.display().to_string());
-    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 1, |_, p| {
-        ["--tls-port", &p[0].to_string(), "--tls-cert-file", &cert, "--tls-key-file", &key].map(String::from).to_vec()
+    let mut c = Cluster::configured(3, "majority-durable", &[], 1, |id, p| {
+        let flag = if id == 1 { vec!["--tls-port".to_string(), p[0].to_string()] } else { Vec::new() };
+        let files = ["--tls-cert-file", &cert, "--tls-key-file", &key].map(String::from);
+        [vec![p[0].to_string()], flag, files.to_vec()].concat()
     });
-    let tls_port = |c: &Cluster, id: u64| c.args[&id][1].clone();
+    // (Each node's first argument is its TLS port, taken out of its flags: the members
+    // name it.)
+    let tls_ports: BTreeMap<u64, String> = c.args.iter_mut().map(|(id, a)| (*id, a.remove(0))).collect();
+    let named = c.members[&1].split(',').map(|m| format!("{m}/{}", tls_ports[&m[..1].parse::<u64>().unwrap()]));
+    let named = named.collect::<Vec<_>>().join(",");
+    for m in c.members.values_mut() {
+        *m = named.clone();
+    }
+    for id in 1..=3 {
+        c.start_node(id);
+    }
+    let tls_port = |_: &Cluster, id: u64| tls_ports[&id].clone();
     let ca = pki.ca.display().to_string();
-    let tls_cli = |port: &str, args: &[&str]| {
+    let cli = |tls: bool, port: &str, args: &[&str]| {
+        let over_tls = if tls { vec!["--tls", "--cacert", &ca] } else { Vec::new() };
         let out = Command::new("redis-cli")
-            .args(["--tls", "--cacert", &ca, "-h", "127.0.0.1", "-p", port])
+            .args(over_tls)
+            .args(["-h", "127.0.0.1", "-p", port])
             .args(args)
             .output()
             .expect("run redis-cli");
         String::from_utf8_lossy(&out.stdout).trim().to_string() + &String::from_utf8_lossy(&out.stderr)
     };
+    let tls_cli = |port: &str, args: &[&str]| cli(true, port, args);
     let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
     assert_eq!(tls_cli(&tls_port(&c, first), &["SET", "before", "1"]), "OK");
     c.kill(first);
@@ -616,9 +645,19 @@ fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
     c.wait_or_dump("the old primary's reads over TLS", Duration::from_secs(30), || {
         (tls_cli(&old, &["GET", "after"]) == "2").then_some(())
     });
+    // Over TLS a backup names the primary's TLS address; over plaintext, its plaintext one.
     let refused = tls_cli(&old, &["SET", "on", "backup"]);
+    let primary_tls = format!("127.0.0.1:{}", tls_port(&c, new));
+    assert!(refused.contains("READONLY") && refused.contains(&format!("is at {primary_tls} ")), "{refused}");
+    let refused = cli(false, &c.ports[&first].to_string(), &["SET", "on", "backup"]);
     let primary_addr = format!("127.0.0.1:{}", c.ports[&new]);
-    assert!(refused.contains("READONLY") && refused.contains(&primary_addr), "{refused}");
+    assert!(refused.contains("READONLY") && refused.contains(&format!("is at {primary_addr} ")), "{refused}");
+    for id in 1..=3 {
+        let over_tls = tls_cli(&tls_port(&c, id), &["SENTINEL", "get-master-addr-by-name", "ditto"]);
+        assert_eq!(over_tls, format!("127.0.0.1\n{}", tls_port(&c, new)), "node {id} over TLS");
+        let plain = cli(false, &c.ports[&id].to_string(), &["SENTINEL", "get-master-addr-by-name", "ditto"]);
+        assert_eq!(plain, format!("127.0.0.1\n{}", c.ports[&new]), "node {id} over plaintext");
+    }
 }
 
 /// A primary cut off from the majority (every link to and from it through a proxy that

@@ -522,7 +522,7 @@ fn run_tool(name: &str, args: &[&str]) -> (bool, String) {
 }
 
 /// redis-cli, redis-py and redis-benchmark over TLS, beside the plaintext port, which sees
-/// the same data; plaintext on the TLS port and a client that does not trust the server's
+/// the same data (and SENTINEL names each client its own kind of address); plaintext on the TLS port and a client that does not trust the server's
 /// CA are refused, and the server keeps serving.
 #[test]
 fn tls_clients_are_served_beside_plaintext() {
@@ -539,6 +539,11 @@ fn tls_clients_are_served_beside_plaintext() {
     assert_eq!(tls_cli(&["SET", "secret", "over tls"]), (true, "OK\n".into()));
     assert_eq!(srv.cli(&["GET", "secret"]), "over tls");
     assert_eq!(tls_cli(&["INCRBY", "n", "5"]), (true, "5\n".into()));
+    // SENTINEL names the primary's address of the client's own kind.
+    let (_, over_tls) = tls_cli(&["SENTINEL", "get-master-addr-by-name", "ditto"]);
+    assert_eq!(over_tls, format!("127.0.0.1\n{tls_port}\n"));
+    let plain = srv.cli(&["SENTINEL", "get-master-addr-by-name", "ditto"]);
+    assert_eq!(plain, format!("127.0.0.1\n{}", srv.port));
 
     // Plaintext to the TLS port gets no reply.
     let (_, text) = run_tool("redis-cli", &["-h", "127.0.0.1", "-p", &tls_port, "PING"]);

@@ -149,8 +149,8 @@ pub struct ClusterRun {
     /// the points failovers cut them at. Their batches above, which those failovers
     /// discarded, are not replayed.
     pub epoch_cuts: Vec<ditto_log::replica::EpochCut>,
-    /// A backup: where the primary takes clients' writes (host:port).
-    pub primary_addr: Option<String>,
+    /// A backup: where the primary takes clients' writes.
+    pub primary_addr: Option<ClientAddr>,
     /// A primary: the membership configuration its `backups` count stands for.
     pub members_config: u64,
     /// A backup: replay only what the primary released, so that a failover can promote
@@ -402,6 +402,37 @@ impl Config {
             ca_cert_file: self.tls_ca_cert_file.clone(),
             auth_clients: self.tls_auth_clients,
         }))
+    }
+}
+
+/// Where clients reach a server: its plaintext address (host:port) and, where known, its
+/// TLS one. A client is told the address of its own kind (`for_client`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientAddr {
+    pub plain: String,
+    pub tls: Option<String>,
+}
+
+/// The plaintext address: what names the node (a backup's node is its client address).
+impl std::fmt::Display for ClientAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.plain)
+    }
+}
+
+impl ClientAddr {
+    pub fn new(plain: impl Into<String>, tls: Option<String>) -> ClientAddr {
+        ClientAddr { plain: plain.into(), tls }
+    }
+
+    /// The address to tell a client connected over TLS (`tls`) or plaintext: a TLS client
+    /// is told the TLS address where it is known, else the plaintext one (which a client
+    /// that speaks only TLS must then map itself).
+    pub fn for_client(&self, tls: bool) -> &str {
+        match (&self.tls, tls) {
+            (Some(t), true) => t,
+            _ => &self.plain,
+        }
     }
 }
 

@@ -817,7 +817,10 @@ fn run_role(
         sh.write_gate.set(restart_refusal);
     }
     sh.primary_addr = match &backup {
-        None => Some(format!("{}:{port}", cfg.bind)),
+        None => Some(crate::config::ClientAddr::new(
+            format!("{}:{port}", cfg.bind),
+            listening.tls.filter(|_| listening.plain.is_some()).map(|a| format!("{}:{}", cfg.bind, a.port())),
+        )),
         Some(_) => cfg.cluster.as_ref().and_then(|c| c.primary_addr.clone()),
     };
     // Counters, uptime, client ids and (the engine being the same) SCAN cursors go on
@@ -1355,7 +1358,7 @@ fn follow_in_place(
     cfg: &Config,
     b: ditto_replication::Backup,
     primary: String,
-    primary_addr: String,
+    primary_addr: crate::config::ClientAddr,
     upto: u64,
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
     // A follower that held less than the point is cut where it holds everything; the new
@@ -1399,7 +1402,7 @@ fn primary_follows_in_place(
     durable: Option<ditto_log::Durable>,
     db: &Arc<Database>,
     to: String,
-    primary_addr: String,
+    primary_addr: crate::config::ClientAddr,
     upto: u64,
 ) -> Result<(Config, ditto_log::Recovered), ServerError> {
     let t0 = std::time::Instant::now();
@@ -1609,9 +1612,9 @@ impl Conn {
     async fn serve(self: Arc<Self>, stream: TcpStream, tls: Option<TlsAcceptor>, hub: Arc<Hub>) {
         let _ = stream.set_nodelay(true);
         let done = match tls {
-            None => Arc::clone(&self).serve_inner(stream, &hub).await,
+            None => Arc::clone(&self).serve_inner(stream, false, &hub).await,
             Some(acceptor) => match tokio::time::timeout(self.tls_handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => Arc::clone(&self).serve_inner(s, &hub).await,
+                Ok(Ok(s)) => Arc::clone(&self).serve_inner(s, true, &hub).await,
                 Ok(Err(e)) => {
                     self.sh.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
                     Err(e)
@@ -1635,6 +1638,7 @@ impl Conn {
     async fn serve_inner<S: AsyncRead + AsyncWrite + Unpin>(
         self: Arc<Self>,
         mut stream: S,
+        tls: bool,
         hub: &Hub,
     ) -> std::io::Result<()> {
         let mut conn = self;
@@ -1642,6 +1646,7 @@ impl Conn {
         // accept and now).
         let mut seen = u64::MAX;
         let mut session = Session::new(&conn.sh);
+        session.tls = tls;
         let mut parser = RequestParser::default();
         let mut inbuf = BytesMut::with_capacity(16 * 1024);
         // Whether `inbuf` grew past 1 MiB for a large request: once that request is handled
@@ -1999,7 +2004,7 @@ fn drain_for_switchover(
     p: &ditto_replication::Primary,
     log: &ditto_log::Logger,
     db: &ditto_engine::Database,
-    target: &str,
+    target: &crate::config::ClientAddr,
     within: Duration,
 ) -> Result<(Ts, Duration), String> {
     const SETTLE: Duration = Duration::from_millis(2);
@@ -2013,7 +2018,7 @@ fn drain_for_switchover(
         let clock = db.clock().now();
         let quiet = db.clock().visible_ts() >= clock;
         let wm = if quiet { log.settled_watermark() } else { None };
-        let acked = p.backups().iter().find(|b| b.node == target).map(|b| b.durable);
+        let acked = p.backups().iter().find(|b| b.node == target.plain).map(|b| b.durable);
         match (wm, acked) {
             (Some(w), Some(a)) if a >= w && db.clock().now() == clock => match held {
                 Some((h, since)) if h == clock => {

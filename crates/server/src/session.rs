@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
 use crate::commands::{self, lookup, parse_int, run_data, unknown_command, wrong_arity, Kind, Spec, SPECS};
+pub use crate::config::ClientAddr;
 use crate::keyspace::{prefix_end, type_name_of, KeyCounts, Keyspace};
 use crate::memory::{self, MemoryLimit, OOM};
 use crate::resp::{Proto, Reply};
@@ -114,11 +115,11 @@ pub struct Shared {
     pub read_only: bool,
     /// What this node is in replication (INFO replication, READONLY's address).
     pub replication: Replication,
-    /// Where clients write, host:port, when this node knows: its own address on a
-    /// primary; on a cluster's backup, the primary's (its supervisor tells it). Named in
-    /// READONLY refusals and answered to SENTINEL (unchanged Redis clients find the
-    /// primary with it).
-    pub primary_addr: Option<String>,
+    /// Where clients write, when this node knows: its own addresses on a primary; on a
+    /// cluster's backup, the primary's (its supervisor tells it). Named in READONLY
+    /// refusals and answered to SENTINEL (unchanged Redis clients find the primary with
+    /// it): to a TLS client, the TLS address where it is known.
+    pub primary_addr: Option<ClientAddr>,
     /// Writes refused for now, and why (a cluster's primary without contact with a quorum
     /// of its cluster, docs/cluster.md).
     pub write_gate: Arc<WriteGate>,
@@ -359,6 +360,8 @@ pub struct Session {
     last_commit: Ts,
     /// This connection's commit policy (DITTO.POLICY); `None`: the server's.
     policy: Option<ditto_replication::CommitPolicy>,
+    /// The client is connected over TLS: it is told the primary's TLS address.
+    pub tls: bool,
 }
 
 impl Session {
@@ -427,6 +430,7 @@ impl Session {
             watched_bytes: 0,
             last_commit: Ts(0),
             policy: None,
+            tls: false,
         }
     }
 
@@ -613,7 +617,8 @@ impl Session {
         if spec.write && sh.read_only {
             return Err(Reply::err(match (&sh.replication, &sh.primary_addr) {
                 (Replication::Backup { primary, .. }, Some(addr)) => format!(
-                    "READONLY You can't write against a read only replica. The primary is at {addr} (replication address {primary})"
+                    "READONLY You can't write against a read only replica. The primary is at {} (replication address {primary})",
+                    addr.for_client(self.tls)
                 ),
                 (Replication::Backup { primary, .. }, None) => {
                     format!("READONLY You can't write against a read only replica. The primary's replication address is {primary}")
@@ -864,7 +869,7 @@ impl Session {
             "ECHO" => Reply::Bulk(a[0].clone()),
             "QUIT" => return Outcome { close: true, ..Outcome::now(Reply::Ok) },
             "RESET" => {
-                *self = Session::with_id(self.id, sh);
+                *self = Session { tls: self.tls, ..Session::with_id(self.id, sh) };
                 Reply::Simple("RESET")
             }
             "AUTH" => self.auth(a, sh),
@@ -886,7 +891,7 @@ impl Session {
             }
             "INFO" => Reply::Bulk(info(a, sh).into()),
             "ROLE" => role(sh),
-            "SENTINEL" => sentinel(a, sh),
+            "SENTINEL" => sentinel(a, sh, self.tls),
             // Redis's WAIT: how many backups have received this connection's writes (the
             // connection waits, bounded by the timeout; see `WaitReplicas`).
             "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
@@ -1336,7 +1341,7 @@ pub struct WriteGate {
     /// The node a switchover's drain hands the primary role to (its clients' address):
     /// SENTINEL names it from the drain on, so that clients that ask this node go there
     /// and take writes as soon as it is promoted, rather than back here.
-    handing_to: Mutex<Option<String>>,
+    handing_to: Mutex<Option<ClientAddr>>,
     cluster: Mutex<Vec<(String, String)>>,
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
@@ -1365,13 +1370,13 @@ pub enum RoleRequest {
     /// A fenced backup follows the next epoch's primary (its replication address
     /// `primary`, its clients' `primary_addr`) in place, cut at the failover's point
     /// `upto`: its engine is kept, its clients' connections are closed.
-    Follow { primary: String, primary_addr: String, upto: u64 },
+    Follow { primary: String, primary_addr: ClientAddr, upto: u64 },
     /// A primary hands its role over (a switchover): it refuses writes from now on and
     /// waits, at most `within`, until nothing is being committed, its log holds every
     /// commit durably, and the backup whose node is `target` (its client address) has
     /// acknowledged all of it durably; then prints `ditto server drained at ts T`, or
     /// `ditto server drain failed: WHY` and takes writes again.
-    Drain { target: String, within: std::time::Duration },
+    Drain { target: ClientAddr, within: std::time::Duration },
     /// A learner's backup is counted from now on (`Backup::count_in_quorum`): prints
     /// `ditto server counts in the quorum`.
     CountInQuorum,
@@ -1482,13 +1487,13 @@ impl WriteGate {
     /// A switchover's drain to `target` (its clients' address) refuses writes with `why`;
     /// SENTINEL names `target` as the primary until the drain ends (`set_draining(None)`,
     /// which a new role does).
-    pub fn drain_to(&self, target: &str, why: String) {
-        *self.handing_to.lock() = Some(target.to_string());
+    pub fn drain_to(&self, target: &ClientAddr, why: String) {
+        *self.handing_to.lock() = Some(target.clone());
         self.set_draining(Some(why));
     }
 
     /// The node a switchover's drain hands the primary role to (`drain_to`).
-    pub fn handing_to(&self) -> Option<String> {
+    pub fn handing_to(&self) -> Option<ClientAddr> {
         self.handing_to.lock().clone()
     }
 
@@ -1532,12 +1537,12 @@ pub const SENTINEL_NAME: &str = "ditto";
 /// Enough of Redis Sentinel's commands for unchanged clients to find the primary (redis-py's
 /// `Sentinel(...).master_for("ditto")`, `SENTINEL get-master-addr-by-name ditto`): every
 /// node answers for the service `ditto` with the primary it knows (docs/cluster.md).
-fn sentinel(a: &[Bytes], sh: &Shared) -> Reply {
+fn sentinel(a: &[Bytes], sh: &Shared, tls: bool) -> Reply {
     let sub = a[0].to_ascii_uppercase();
     let named = |i: usize| a.get(i).is_some_and(|n| n.as_ref() == SENTINEL_NAME.as_bytes());
     // A drained primary names the node it hands its role to (`WriteGate::drain_to`).
     let handing_to = sh.write_gate.handing_to();
-    let addr = handing_to.as_deref().or(sh.primary_addr.as_deref()).map(crate::replinfo::host_port);
+    let addr = handing_to.as_ref().or(sh.primary_addr.as_ref()).map(|a| crate::replinfo::host_port(a.for_client(tls)));
     let state = |(h, p): (&str, &str)| {
         let kv = [
             ("name", SENTINEL_NAME.to_string()),
@@ -2701,24 +2706,30 @@ mod tests {
         let mut s = Session::new(&sh);
         cmd(&mut s, &sh, &mut w, "AUTH sesame");
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"), Reply::NilArray);
-        sh.primary_addr = Some("10.0.0.7:7001".into());
-        assert_eq!(
-            cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"),
-            Reply::Array(vec![Reply::bulk("10.0.0.7"), Reply::bulk("7001")])
-        );
+        sh.primary_addr = Some(ClientAddr::new("10.0.0.7:7001", Some("10.0.0.7:7301".into())));
+        // A client over TLS is told the TLS address (the same session, as if so connected).
+        let mut t = Session::new(&sh);
+        t.tls = true;
+        cmd(&mut t, &sh, &mut w, "AUTH sesame");
+        let addr =
+            |s: &mut Session, sh: &Shared, w: &mut Worker| cmd(s, sh, w, "SENTINEL get-master-addr-by-name ditto");
+        let at = |h: &str, p: &str| Reply::Array(vec![Reply::bulk(h.to_string()), Reply::bulk(p.to_string())]);
+        assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.7", "7001"));
+        assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.7", "7301"));
+        cmd(&mut t, &sh, &mut w, "RESET");
+        cmd(&mut t, &sh, &mut w, "AUTH sesame");
+        assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.7", "7301"), "RESET keeps what the connection is");
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name other"), Reply::NilArray);
         // A switchover's drain names the node it hands the role to, until the drain ends.
-        sh.write_gate.drain_to("10.0.0.8:7002", "handing over".into());
-        assert_eq!(
-            cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"),
-            Reply::Array(vec![Reply::bulk("10.0.0.8"), Reply::bulk("7002")])
-        );
+        sh.write_gate.drain_to(&ClientAddr::new("10.0.0.8:7002", Some("10.0.0.8:7302".into())), "handing over".into());
+        assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.8", "7002"));
+        assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.8", "7302"));
         assert!(cmd(&mut s, &sh, &mut w, "SET k v").is_error(), "writes refused while drained");
         sh.write_gate.set_draining(None);
-        assert_eq!(
-            cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name ditto"),
-            Reply::Array(vec![Reply::bulk("10.0.0.7"), Reply::bulk("7001")])
-        );
+        assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.7", "7001"));
+        // A primary whose TLS address is not known: a TLS client is told the plaintext one.
+        sh.primary_addr = Some(ClientAddr::new("10.0.0.7:7001", None));
+        assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.7", "7001"));
         let Reply::Array(masters) = cmd(&mut s, &sh, &mut w, "SENTINEL masters") else { panic!("an array") };
         let Reply::Map(m) = &masters[0] else { panic!("a map per master") };
         assert!(m.contains(&(Reply::bulk("flags"), Reply::bulk("master"))));
