@@ -388,3 +388,34 @@ fn a_second_backup_sharing_a_name_is_refused_and_exits_saying_why() {
     assert!(!r.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
     assert_eq!(r.one(&["GET", "k"]), "2");
 }
+
+/// Under a `received` commit policy a reply waits for the backup's memory and no fsync on
+/// the primary, so not for the primary's fsync interval either: with `--durability
+/// interval` and an interval of 4 s, writes in a row are each acknowledged well within it
+/// (their batches are shipped as commits come; the primary's disk keeps the interval).
+/// Before 2026-11-29 each batch waited for the interval to be framed, and so did each
+/// reply after the first. The backup holds every write.
+#[test]
+fn a_received_policy_waits_for_no_fsync_interval_on_the_primary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--repl-port", "0", "--commit-policy", "majority-received", "--backups", "1"];
+    let interval = ["--durability", "interval", "--fsync-interval-ms", "4000"];
+    let primary = Node::start(&tmp.path().join("primary"), &[&args[..], &interval[..]].concat());
+    let repl = primary.repl.clone().unwrap();
+    let backup = Node::start(&tmp.path().join("b1"), &["--replica-of", repl.as_str()]);
+    let mut c = Client::connect(primary.port).unwrap();
+    assert_eq!(c.one(&["SET", "first", "0"]), "+OK");
+    c.set_read_timeout(Duration::from_millis(1500));
+    for i in 0..5 {
+        let t = std::time::Instant::now();
+        let r = c.cmd(&["SET", &format!("k{i}"), "v"]);
+        assert!(matches!(&r, Ok(v) if v[0] == "+OK"), "write {i}: {r:?} after {:?}", t.elapsed());
+    }
+    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut r = Client::connect(backup.port).unwrap();
+    r.set_read_timeout(Duration::from_secs(10));
+    assert!(!r.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
+    for i in 0..5 {
+        assert_eq!(r.one(&["GET", &format!("k{i}")]), "v", "k{i} on the backup");
+    }
+}

@@ -46,11 +46,17 @@
 //!
 //! With `Durability::Interval(d)` a stream starts at most one batch per `d`: under load its
 //! batches are `d` apart, but a commit to a stream that wrote nothing for `d` goes out at
-//! once (it used to wait for the next tick of a fixed timer).
+//! once (it used to wait for the next tick of a fixed timer). With a shipping tap (a
+//! primary with backups) whose commit policy waits for no fsync here
+//! (`Logger::ship_at_commit_pace`), the batches are framed and shipped as commits come, and
+//! the disk thread keeps the pace instead: at most one write and fsync per `d`, of
+//! everything framed meanwhile. Such a release then waits for no interval either (before
+//! 2026-11-29 each waited up to `d` for its batch to be framed).
 //!
 //! Flushing before sleeping
 //! ------------------------
-//! With a shipping tap and every-batch durability, a thread that runs many connections'
+//! With a shipping tap and every-batch durability (or batches framed as commits come), a
+//! thread that runs many connections'
 //! commits (a server's runtime thread) need not wake the flusher at all: its appends are
 //! deferred, and it frames, ships and queues every stream it appended to when it is about
 //! to park (`flush_before_sleeping`; Redis's `beforeSleep`). A turn of the flush
@@ -81,8 +87,8 @@ use crate::format::{BatchBuilder, Epoch, SegmentHeader, StreamId, SEGMENT_HEADER
 use crate::options::{Durability, LogOptions};
 use crate::storage::{LogFile, Storage};
 
-/// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode; with an
-/// interval, every interval): a safety net, since a flusher asks right after each of its
+/// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode, or
+/// batches framed as commits come; with an interval otherwise, every interval): a safety net, since a flusher asks right after each of its
 /// batches (see `owes_heartbeat`). It also takes then what a thread that deferred its
 /// flush left in the buffer (`flush_before_sleeping`).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
@@ -298,6 +304,9 @@ pub struct Logger {
     wait_cv: Condvar,
     listener: OnceLock<ProgressListener>,
     tap: OnceLock<Arc<dyn ShipTap>>,
+    /// With a tap and an interval: batches are framed and shipped as commits come, and the
+    /// disk thread keeps the interval (`ship_at_commit_pace`).
+    eager: AtomicBool,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     catalog: Mutex<Catalog>,
@@ -374,6 +383,7 @@ impl Logger {
             wait_cv: Condvar::new(),
             listener: OnceLock::new(),
             tap: OnceLock::new(),
+            eager: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             catalog: Mutex::new(catalog),
@@ -465,9 +475,22 @@ impl Logger {
 
     /// Writes, fsyncs and publishes what stream `w`'s flusher queued (see `WriteAhead`),
     /// then closes a full segment.
+    ///
+    /// With an interval and batches framed as commits come (`Logger::ship_at_commit_pace`),
+    /// it writes (and syncs) at most once per interval: what is framed meanwhile, shipped
+    /// already, waits and goes in one write, unless the log closes or `AHEAD_BYTES_MAX` is
+    /// queued. A `received` commit policy then waits for no fsync and no interval, where
+    /// pacing the flusher would hold every batch, and so every release, up to an interval
+    /// before it is shipped.
     fn disk_thread(&self, w: usize, seg: &Mutex<Segment>, ahead: &WriteAhead) {
         let stream = &self.streams[w];
         let fsync = !matches!(self.opts.durability, Durability::NoSync(_));
+        let interval = match self.opts.durability {
+            Durability::EveryBatch => None,
+            Durability::Interval(d) | Durability::NoSync(d) => Some(d),
+        };
+        // When the last write began.
+        let mut last_start: Option<Instant> = None;
         let mut frames = Vec::new();
         loop {
             let (bound, floor) = {
@@ -475,12 +498,22 @@ impl Logger {
                 while st.frames.is_empty() && !st.stop {
                     ahead.cv.wait(&mut st);
                 }
+                if let (Some(d), Some(t), true) = (interval, last_start, self.eager()) {
+                    let next = t + d;
+                    while !st.stop && st.frames.len() < AHEAD_BYTES_MAX && self.failed.get().is_none() {
+                        match next.checked_duration_since(Instant::now()) {
+                            Some(wait) if !wait.is_zero() => ahead.cv.wait_for(&mut st, wait),
+                            _ => break,
+                        };
+                    }
+                }
                 if st.frames.is_empty() || self.failed.get().is_some() {
                     st.frames.clear();
                     return;
                 }
                 std::mem::swap(&mut st.frames, &mut frames);
                 st.busy = true;
+                last_start = Some(Instant::now());
                 // A flusher held back by `AHEAD_BYTES_MAX` goes on.
                 ahead.cv.notify_all();
                 (st.bound, st.floor)
@@ -632,14 +665,17 @@ impl Logger {
                         (seen, still_since) = (now, Instant::now());
                     }
                     if still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf) {
-                        stream.cv.wait_for(&mut buf, interval.unwrap_or(HEARTBEAT_EVERY));
+                        let look = interval.filter(|_| !self.eager()).unwrap_or(HEARTBEAT_EVERY);
+                        stream.cv.wait_for(&mut buf, look);
                     }
                 }
             }
             // With an interval, at most one batch per interval: a commit to a stream that
             // wrote nothing for an interval goes out at once, under load batches are an
-            // interval apart (and every commit of the interval shares one fsync).
-            if let (Some(d), false) = (interval, stopping) {
+            // interval apart (and every commit of the interval shares one fsync). With a
+            // tap the disk thread keeps that pace instead, and batches are framed and
+            // shipped as commits come (`disk_thread`).
+            if let (Some(d), false, false) = (interval, stopping, self.eager()) {
                 if let Some(wait) = last_start.and_then(|t| (t + d).checked_duration_since(Instant::now())) {
                     std::thread::sleep(wait);
                 }
@@ -893,6 +929,21 @@ impl Logger {
         self.tap.set(tap).map_err(|_| "a shipping tap is already installed")
     }
 
+    /// From now on, with a tap and an interval, batches are framed and shipped as commits
+    /// come and the disk thread keeps the interval (one write and fsync per interval at
+    /// most), as they are with every-batch durability: for a commit policy that waits for
+    /// backups' memory and no fsync here, which would otherwise wait up to an interval for
+    /// its batch to be framed. Without it an interval paces the framing (fewer, larger
+    /// batches to ship: cheaper where a release waits for this disk anyway). For good.
+    pub fn ship_at_commit_pace(&self) {
+        self.eager.store(true, Ordering::Release);
+    }
+
+    /// Whether batches are framed as commits come rather than an interval apart.
+    fn eager(&self) -> bool {
+        self.tap.get().is_some() && self.eager.load(Ordering::Acquire)
+    }
+
     /// The number of streams (one per worker).
     pub fn streams(&self) -> usize {
         self.streams.len()
@@ -1016,12 +1067,13 @@ pub fn flush_deferred() {
 
 impl Logger {
     /// Whether this append to stream `w` is left for its thread to flush before it sleeps
-    /// (recorded if so): only on a thread that defers, with every-batch durability (an
-    /// interval's pacing stays the flusher's) and a tap (the flush then ships and queues
-    /// for the disk thread; it never writes or syncs on the caller's thread), and not past
+    /// (recorded if so): only on a thread that defers, with every-batch durability or
+    /// batches framed as commits come (an interval's pacing is otherwise the flusher's) and
+    /// a tap (the flush then ships and queues for the disk thread, which keeps an
+    /// interval's pace; it never writes or syncs on the caller's thread), and not past
     /// `DEFER_TIME_MAX` since its first deferral.
     fn defer_flush(&self, w: usize) -> bool {
-        if self.opts.durability != Durability::EveryBatch || self.tap.get().is_none() {
+        if self.tap.get().is_none() || (self.opts.durability != Durability::EveryBatch && !self.eager()) {
             return false;
         }
         DEFERRED.with(|d| {

@@ -2099,3 +2099,68 @@ fn a_stalled_disk_holds_up_no_shipping_and_releases_nothing_until_it_answers() {
         assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "acknowledged commit {i} lost");
     }
 }
+
+/// The highest bound a tap was shown.
+struct Highest(Arc<AtomicU64>);
+
+impl ditto_log::ShipTap for Highest {
+    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8], _: bool) {
+        self.0.fetch_max(h.bound_ts.0, Ordering::SeqCst);
+    }
+    fn table_created(&self, _: TableId, _: &str) {}
+}
+
+/// With an interval, a shipping tap (a primary with backups) and batches framed as commits
+/// come (`ship_at_commit_pace`, for a `received` commit policy), the disk thread keeps the
+/// interval: commits made right after a write are shipped at once, and made durable
+/// together by one write and fsync an interval later (before 2026-11-29 each waited up to
+/// an interval to be framed, so a `received` commit policy, which waits for no fsync,
+/// waited for the interval). Nothing is lost.
+#[test]
+fn with_an_interval_and_a_tap_commits_ship_at_once_and_the_disk_keeps_the_interval() {
+    const INTERVAL: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let n = 10u64;
+    {
+        let d = open(dir.path(), opts(1, Durability::Interval(INTERVAL))).unwrap();
+        let shipped = Arc::new(AtomicU64::new(0));
+        d.logger().set_ship_tap(Arc::new(Highest(Arc::clone(&shipped)))).unwrap();
+        d.logger().ship_at_commit_pace();
+        let t = d.db().create_table("t").unwrap();
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        let wait_for = |what: &str, within: Duration, cond: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + within;
+            while !cond() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(cond(), "{what} within {within:?}");
+        };
+        // A first commit: written at once (nothing was written for an interval).
+        let first = w.run(|x| x.put(t, b"first", b"v")).unwrap().1.ts();
+        wait_for("the first commit durable", Duration::from_secs(10), &|| d.logger().watermark() >= first);
+        let written = std::time::Instant::now();
+        let fsyncs0 = d.logger().stats.fsyncs.load(Ordering::Relaxed);
+        // Then more, each shipped at once, and none durable within the interval.
+        let mut last = first;
+        for i in 0..n {
+            last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.ts();
+            wait_for("a commit shipped", INTERVAL / 2, &|| shipped.load(Ordering::SeqCst) >= last.0);
+        }
+        let shipped_in = written.elapsed();
+        assert!(shipped_in < INTERVAL / 2, "shipping {n} commits took {shipped_in:?}: too slow a machine to tell");
+        assert!(d.logger().watermark() < last, "durable within {shipped_in:?} of the last write");
+        wait_for("the commits durable", Duration::from_secs(20), &|| d.logger().watermark() >= last);
+        let durable_in = written.elapsed();
+        // (The last write began before `written`, less its fsync's time; a second is slack
+        // for that.)
+        assert!(durable_in + Duration::from_secs(1) >= INTERVAL, "durable after {durable_in:?}, within the interval");
+        let fsyncs = d.logger().stats.fsyncs.load(Ordering::Relaxed) - fsyncs0;
+        assert!(fsyncs <= 2, "{fsyncs} fsyncs for {n} commits shipped within an interval");
+    }
+    let d = open(dir.path(), opts(1, Durability::Interval(INTERVAL))).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    for i in 0..n {
+        assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "commit {i} lost");
+    }
+}

@@ -282,6 +282,9 @@ impl Primary {
             p.counted.store(q.mine.backups_release(), Ordering::Release);
         }
         logger.set_ship_tap(Arc::new(Tap(Arc::downgrade(&p)))).map_err(std::io::Error::other)?;
+        if let Some(policy) = p.opts.policy {
+            p.ship_pace_for(policy);
+        }
         remove_stale_ship_dirs(durable.dir());
         // The log its backups have not made durable outlives checkpoints (bounded): one
         // that returns resumes from the log, and a failover can fetch from it.
@@ -378,7 +381,19 @@ impl Primary {
     pub fn backups_may_release(&self, policy: crate::CommitPolicy) -> std::io::Result<()> {
         self.change_quorum(|r| {
             r.add_policy(policy);
-        })
+        })?;
+        self.ship_pace_for(policy);
+        Ok(())
+    }
+
+    /// A policy that releases on backups' memory, with no fsync here, is in use: the log
+    /// frames and ships batches as commits come even with an interval, whose pace its disk
+    /// thread then keeps (`Logger::ship_at_commit_pace`); under any other policy a release
+    /// waits for this disk, so batches an interval apart are shipped (fewer, larger).
+    fn ship_pace_for(&self, policy: crate::CommitPolicy) {
+        if policy.level == crate::Level::Received && policy.scope != crate::Scope::Local {
+            self.durable.logger().ship_at_commit_pace();
+        }
     }
 
     /// The quorum may count `slots` backups from now on, `node` among them (recorded
