@@ -502,6 +502,9 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
                 l => l.to_string(),
             }
         );
+        if let Some(tls) = f.get("cluster_primary_tls_addr").filter(|a| *a != "none") {
+            println!("the primary takes TLS clients at {tls}");
+        }
         if let Some((from, to)) = f.get("cluster_switchover").and_then(|v| v.split_once("->")) {
             println!("switchover under way: node {from} drains and hands its role to node {to}");
         }

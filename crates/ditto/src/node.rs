@@ -1903,6 +1903,11 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
             "cluster_primary_addr".into(),
             s.primary().and_then(|p| addrs_of(s, &cfg.members, p)).map_or("none".into(), |m| m.client_addr()),
         ),
+        // Where TLS clients write, where the primary's member names its TLS port.
+        (
+            "cluster_primary_tls_addr".into(),
+            s.primary().and_then(|p| addrs_of(s, &cfg.members, p)?.tls_addr()).unwrap_or_else(|| "none".into()),
+        ),
         ("cluster_policy".into(), s.policy.clone()),
         ("cluster_fence".into(), st.fence.to_string()),
         ("cluster_config".into(), s.config.to_string()),

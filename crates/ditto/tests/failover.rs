@@ -657,6 +657,8 @@ fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
         assert_eq!(over_tls, format!("127.0.0.1\n{}", tls_port(&c, new)), "node {id} over TLS");
         let plain = cli(false, &c.ports[&id].to_string(), &["SENTINEL", "get-master-addr-by-name", "ditto"]);
         assert_eq!(plain, format!("127.0.0.1\n{}", c.ports[&new]), "node {id} over plaintext");
+        let info = cli(false, &c.ports[&id].to_string(), &["INFO", "cluster"]);
+        assert!(info.contains(&format!("cluster_primary_tls_addr:{primary_tls}")), "node {id}: {info}");
     }
 }
 
