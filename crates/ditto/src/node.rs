@@ -85,7 +85,13 @@ impl MemberAddrs {
 /// (members added since the node started are known only there).
 fn addrs_of(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, id: NodeId) -> Option<MemberAddrs> {
     if let Some(a) = flags.get(&id) {
-        return Some(a.clone());
+        // A TLS port the flags do not name may be in the control state (a member added
+        // again with one): every node then tells TLS clients the same address.
+        let tls = match a.tls {
+            0 => state.node(id).map_or(0, |m| m.tls),
+            t => t,
+        };
+        return Some(MemberAddrs { tls, ..a.clone() });
     }
     let m = state.node(id).filter(|m| m.repl != 0 && m.control != 0)?;
     let (host, client) = m.addr.rsplit_once(':')?;
@@ -2164,6 +2170,21 @@ mod tests {
             assert!(e.contains(bad) && e.contains("[/TLS_PORT]"), "{bad}: {e}");
         }
         assert!(parse_members("0=h:1/2/3/4").unwrap_err().contains("above 0"));
+        // A member the flags name without a TLS port takes the control state's.
+        let mut st = super::ControlState::default();
+        let boot = |tls| super::Command::Bootstrap {
+            members: vec![super::Member { id: 1, addr: "h:1".into(), repl: 2, control: 3, tls }],
+            primary: 1,
+            policy: "majority-durable".into(),
+        };
+        st.apply(&boot(9)).unwrap();
+        let flags = parse_members("1=h:1/2/3").unwrap();
+        assert_eq!(super::addrs_of(&st, &flags, 1).unwrap().tls_addr().as_deref(), Some("h:9"));
+        let named = parse_members("1=h:1/2/3/8").unwrap();
+        assert_eq!(super::addrs_of(&st, &named, 1).unwrap().tls_addr().as_deref(), Some("h:8"), "the flags first");
+        let mut plain = super::ControlState::default();
+        plain.apply(&boot(0)).unwrap();
+        assert_eq!(super::addrs_of(&plain, &flags, 1).unwrap().tls_addr(), None);
     }
 
     /// A server that does not read its standard input (here a process stopped with

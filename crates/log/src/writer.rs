@@ -50,8 +50,11 @@
 //! primary with backups) whose commit policy waits for no fsync here
 //! (`Logger::ship_at_commit_pace`), the batches are framed and shipped as commits come, and
 //! the disk thread keeps the pace instead: at most one write and fsync per `d`, of
-//! everything framed meanwhile. Such a release then waits for no interval either (before
-//! 2026-11-29 each waited up to `d` for its batch to be framed).
+//! everything framed meanwhile (and at once at the close). Such a release then waits for
+//! no interval to be framed (before 2026-11-29 each waited up to `d`), but with more than
+//! one stream it may still wait up to about `d`: a batch vouches for another stream only
+//! once that stream's appends are durable here (the floor, above), so while one stream's
+//! last batch waits for its write, a commit on another that needs it waits too.
 //!
 //! Flushing before sleeping
 //! ------------------------
@@ -455,6 +458,16 @@ impl Logger {
             s.cv.notify_all();
             s.space.notify_all();
         }
+        self.wake_disk_threads();
+    }
+
+    /// Wakes every disk thread that keeps an interval's pace (`disk_thread`), under its
+    /// queue's lock: the close and a failure end that wait at once.
+    fn wake_disk_threads(&self) {
+        for s in self.streams.iter() {
+            let _g = s.ahead.state.lock();
+            s.ahead.cv.notify_all();
+        }
     }
 
     /// Stream `w`'s flusher thread, with its disk thread beside it (see `WriteAhead`).
@@ -500,7 +513,11 @@ impl Logger {
                 }
                 if let (Some(d), Some(t), true) = (interval, last_start, self.eager()) {
                     let next = t + d;
-                    while !st.stop && st.frames.len() < AHEAD_BYTES_MAX && self.failed.get().is_none() {
+                    while !st.stop
+                        && !self.shutdown.load(Ordering::Acquire)
+                        && st.frames.len() < AHEAD_BYTES_MAX
+                        && self.failed.get().is_none()
+                    {
                         match next.checked_duration_since(Instant::now()) {
                             Some(wait) if !wait.is_zero() => ahead.cv.wait_for(&mut st, wait),
                             _ => break,
@@ -989,6 +1006,7 @@ impl Logger {
             s.cv.notify_all();
             s.space.notify_all();
         }
+        self.wake_disk_threads();
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }

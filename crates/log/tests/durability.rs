@@ -2156,6 +2156,15 @@ fn with_an_interval_and_a_tap_commits_ship_at_once_and_the_disk_keeps_the_interv
         assert!(durable_in + Duration::from_secs(1) >= INTERVAL, "durable after {durable_in:?}, within the interval");
         let fsyncs = d.logger().stats.fsyncs.load(Ordering::Relaxed) - fsyncs0;
         assert!(fsyncs <= 2, "{fsyncs} fsyncs for {n} commits shipped within an interval");
+        // A commit right after a write, then the close: written at once, not an interval
+        // later (found by review: the close waited for the disk thread's pace).
+        let ts = w.run(|x| x.put(t, b"at the close", b"v")).unwrap().1.ts();
+        wait_for("the commit shipped", INTERVAL / 2, &|| shipped.load(Ordering::SeqCst) >= ts.0);
+        let closing = std::time::Instant::now();
+        drop(w);
+        d.close();
+        let took = closing.elapsed();
+        assert!(took < INTERVAL / 2, "the close took {took:?}");
     }
     let d = open(dir.path(), opts(1, Durability::Interval(INTERVAL))).unwrap();
     let t = d.db().table_id("t").unwrap();
@@ -2163,4 +2172,5 @@ fn with_an_interval_and_a_tap_commits_ship_at_once_and_the_disk_keeps_the_interv
     for i in 0..n {
         assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "commit {i} lost");
     }
+    assert!(r.get(t, b"at the close").unwrap().is_some(), "the commit before the close lost");
 }
