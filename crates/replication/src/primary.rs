@@ -478,13 +478,21 @@ impl Primary {
         point: Ts,
     ) -> (std::collections::BTreeSet<String>, Vec<(String, Epoch, Ts)>) {
         // A backup of an older epoch that holds anything may hold what an earlier restart
-        // lost (one that never settled): not clear.
+        // lost (one that never settled), unless it holds nothing above where that
+        // restart cut its epoch.
+        let restarts = self.restart_chain();
         let clear =
-            |(e, have): (Epoch, Ts)| e == self.epoch || (e == old && have <= point) || (e < old && have == Ts::ZERO);
+            |(e, have): (Epoch, Ts)| crate::restart::clear_after_restarts(self.epoch, old, point, &restarts, e, have);
         let heard = self.heard.lock();
         let now = heard.iter().filter(|(_, h)| clear(**h)).map(|(n, _)| n.clone()).collect();
         let more = heard.iter().filter(|(_, h)| !clear(**h)).map(|(n, (e, t))| (n.clone(), *e, *t)).collect();
         (now, more)
+    }
+
+    /// The restarts since the last settled one (`QuorumRecord::restarts`), while a
+    /// restart waits.
+    fn restart_chain(&self) -> Vec<(Epoch, Ts)> {
+        self.quorum.lock().waits.as_ref().map(|w| w.restarts.clone()).unwrap_or_default()
     }
 
     /// Backups alone may release a commit now (the policies in use and the quorum's
@@ -733,10 +741,12 @@ impl Primary {
         self.heard.lock().insert(node.clone(), (epoch, have_ts));
         // Waiting after a restart: a backup of an older epoch than the one restarted from
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
-        // keeps it (and the wait names it).
+        // keeps it (and the wait names it). One that holds nothing above where a restart
+        // of the chain cut its epoch holds nothing this primary lacks: sent a copy.
         let waiting = self.quorum.lock().waits.is_some();
-        if let (true, Some((old, ..))) = (waiting, self.opts.resume_from) {
-            if epoch < old && have_ts > Ts::ZERO {
+        if let (true, Some((old, point, _))) = (waiting, self.opts.resume_from) {
+            let restarts = self.restart_chain();
+            if epoch < old && !crate::restart::clear_after_restarts(self.epoch, old, point, &restarts, epoch, have_ts) {
                 let reason = format!(
                     "this primary restarted from epoch {} and this backup follows epoch {}, holding up to ts {}: it may hold commits an earlier restart lost, so it is sent no copy while the primary waits for its backups",
                     old.0, epoch.0, have_ts.0
@@ -1503,13 +1513,18 @@ impl Quorum {
             expected: opts.backups_expected,
             slots: opts.backups_expected,
             policies: opts.policy.into_iter().collect(),
-            backups: Vec::new(),
-            lost: Vec::new(),
+            ..Default::default()
         };
-        let (dir, record) = match &opts.quorum_record {
+        let (dir, mut record) = match &opts.quorum_record {
             Some((d, r)) => (Some(d.clone()), r.merged(&mine)),
             None => (None, mine.clone()),
         };
+        // A restart that waits takes no writes until it settles: the epoch it cut, and
+        // where, join the chain of such restarts (`QuorumRecord::restarts`), written with
+        // the record before anything is served.
+        if let (true, Some((old, point, _))) = (opts.restart_wait, opts.resume_from) {
+            record.add_restart(old, point);
+        }
         let waits = opts.restart_wait.then(|| record.clone());
         Quorum { dir, record, mine, waits }
     }

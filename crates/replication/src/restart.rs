@@ -47,6 +47,12 @@ pub struct QuorumRecord {
     /// Those of `backups` a person declared gone for good while a restart waited
     /// (`DITTO.FORGETBACKUP`): what they alone held is given up; sorted, no repeats.
     pub lost: Vec<String>,
+    /// The restarts since the last settled one, each the epoch it cut and its point (the
+    /// primary recovered every commit of that epoch up to it): a restart that waits takes
+    /// no writes until it settles, so the epochs they opened hold no commits, and a backup
+    /// of one of the cut epochs that holds nothing above its point holds nothing this
+    /// primary lacks (`clear_after_restarts`). Sorted by epoch, one each.
+    pub restarts: Vec<(Epoch, Ts)>,
 }
 
 /// How many backups alone release a commit under `p` with `slots` counted (the quorum
@@ -66,7 +72,7 @@ fn backups_alone(p: CommitPolicy, slots: usize) -> Option<usize> {
 
 impl QuorumRecord {
     pub fn new(expected: usize, policy: CommitPolicy) -> QuorumRecord {
-        QuorumRecord { expected, slots: expected, policies: vec![policy], backups: Vec::new(), lost: Vec::new() }
+        QuorumRecord { expected, slots: expected, policies: vec![policy], ..Default::default() }
     }
 
     /// The fewest backups that alone could have released a commit: over every policy in
@@ -115,7 +121,19 @@ impl QuorumRecord {
         for b in &o.lost {
             let _ = r.add_lost(b);
         }
+        for (e, p) in &o.restarts {
+            r.add_restart(*e, *p);
+        }
         r
+    }
+
+    /// Records a restart that cut epoch `e` at `point` (see `restarts`); the lower point
+    /// if one was recorded for `e` (it cannot differ: an epoch is cut once).
+    pub fn add_restart(&mut self, e: Epoch, point: Ts) {
+        match self.restarts.binary_search_by(|(x, _)| x.cmp(&e)) {
+            Ok(i) => self.restarts[i].1 = self.restarts[i].1.min(point),
+            Err(i) => self.restarts.insert(i, (e, point)),
+        }
     }
 
     /// Adds `p`; whether it was new.
@@ -144,8 +162,12 @@ impl QuorumRecord {
     fn encode(&self) -> String {
         let names: Vec<String> = self.policies.iter().map(|p| p.name()).collect();
         // Version 2 while nothing is lost, so that the build before `lost` lines still
-        // reads the record (a rollback).
-        let version = if self.lost.is_empty() { 2 } else { 3 };
+        // reads the record (a rollback); 4 only with `restart` lines.
+        let version = match (self.lost.is_empty(), self.restarts.is_empty()) {
+            (_, false) => 4,
+            (false, true) => 3,
+            (true, true) => 2,
+        };
         let mut out = format!(
             "ditto quorum {version}\nexpected {}\nslots {}\npolicies {}\n",
             self.expected,
@@ -158,6 +180,9 @@ impl QuorumRecord {
         for b in &self.lost {
             out.push_str(&format!("lost {b}\n"));
         }
+        for (e, p) in &self.restarts {
+            out.push_str(&format!("restart {} {}\n", e.0, p.0));
+        }
         out.push_str("end\n");
         out
     }
@@ -166,9 +191,9 @@ impl QuorumRecord {
         // Whole or refused: a record cut short must not read as a smaller one.
         let body = text.strip_suffix("end\n").ok_or("no end line")?;
         let mut lines = body.lines();
-        // Version 3 added `lost` lines; a version 2 record has none.
-        if !matches!(lines.next(), Some("ditto quorum 2" | "ditto quorum 3")) {
-            return Err("not a quorum record of version 2 or 3".into());
+        // Version 3 added `lost` lines, 4 `restart` lines; a version 2 record has neither.
+        if !matches!(lines.next(), Some("ditto quorum 2" | "ditto quorum 3" | "ditto quorum 4")) {
+            return Err("not a quorum record of version 2, 3 or 4".into());
         }
         let mut num = |key: &str| -> Result<usize, String> {
             lines
@@ -188,6 +213,10 @@ impl QuorumRecord {
                 r.add_backup(b);
             } else if let Some(b) = l.strip_prefix("lost ") {
                 r.add_lost(b)?;
+            } else if let Some(rest) = l.strip_prefix("restart ") {
+                let bad = || format!("a bad restart line {l:?}");
+                let (e, p) = rest.split_once(' ').ok_or_else(bad)?;
+                r.add_restart(Epoch(e.parse().map_err(|_| bad())?), Ts(p.parse().map_err(|_| bad())?));
             } else {
                 return Err(format!("an unknown line {l:?}"));
             }
@@ -231,6 +260,18 @@ fn insert_sorted(names: &mut Vec<String>, name: &str) -> bool {
             true
         }
     }
+}
+
+/// Whether a backup that said it follows epoch `e` holding up to `have` holds nothing a
+/// primary of epoch `now`, restarted from epoch `old` at `point`, lacks: it follows this
+/// epoch; or `old` up to the point; or an older epoch cut by one of the restarts since the
+/// last settled one (`QuorumRecord::restarts`) up to that restart's point (those
+/// restarts took no writes, so the epochs between hold no commits); or an older epoch,
+/// holding nothing. Anything else may hold what a restart lost.
+pub fn clear_after_restarts(now: Epoch, old: Epoch, point: Ts, restarts: &[(Epoch, Ts)], e: Epoch, have: Ts) -> bool {
+    e == now
+        || (e == old && have <= point)
+        || (e < old && (have == Ts::ZERO || restarts.iter().any(|(re, rp)| *re == e && have <= *rp)))
 }
 
 /// Whether a primary that restarted from epoch `old` at `point` (`Durable::opened_from`)
@@ -333,6 +374,40 @@ mod tests {
         let v2 = "ditto quorum 2\nexpected 1\nslots 2\npolicies majority-received\nbackup b1\nend\n";
         std::fs::write(dir.path().join(QUORUM_FILE), v2).unwrap();
         assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(rec(1, 2, &["majority-received"], &["b1"])));
+        // The chain of unsettled restarts (version 4): kept, merged, one point an epoch.
+        let mut chain = lost.clone();
+        chain.add_restart(Epoch(3), Ts(70));
+        chain.add_restart(Epoch(2), Ts(50));
+        chain.add_restart(Epoch(3), Ts(90));
+        assert_eq!(chain.restarts, [(Epoch(2), Ts(50)), (Epoch(3), Ts(70))]);
+        chain.write(dir.path()).unwrap();
+        assert_eq!(QuorumRecord::read(dir.path()).unwrap(), Some(chain.clone()));
+        let text = std::fs::read_to_string(dir.path().join(QUORUM_FILE)).unwrap();
+        assert!(text.starts_with("ditto quorum 4\n") && text.contains("\nrestart 2 50\nrestart 3 70\nend\n"), "{text}");
+        assert_eq!(r.merged(&chain).restarts, chain.restarts, "a merge keeps the chain");
+        for bad in ["restart 2", "restart x 5", "restart 2 y"] {
+            let t = format!("ditto quorum 4\nexpected 1\nslots 1\npolicies local\n{bad}\nend\n");
+            std::fs::write(dir.path().join(QUORUM_FILE), t).unwrap();
+            assert!(QuorumRecord::read(dir.path()).is_err(), "{bad}");
+        }
+    }
+
+    /// What a backup that follows epoch `e` holding up to `have` holds, for a primary of
+    /// epoch 5 restarted from epoch 4 at ts 400, after restarts that cut epoch 3 at 300
+    /// and epoch 2 at 200 without settling (they took no writes): clear where it holds
+    /// nothing above where its epoch was cut; anything else may hold what a restart lost.
+    #[test]
+    fn a_backup_of_an_epoch_an_unsettled_restart_cut_is_clear_up_to_that_restarts_point() {
+        let chain = [(Epoch(2), Ts(200)), (Epoch(3), Ts(300)), (Epoch(4), Ts(400))];
+        let clear = |e: u64, have: u64| clear_after_restarts(Epoch(5), Epoch(4), Ts(400), &chain, Epoch(e), Ts(have));
+        assert!(clear(5, 999), "this epoch");
+        assert!(clear(4, 400) && !clear(4, 401), "the epoch restarted from");
+        assert!(clear(3, 300) && clear(3, 1) && !clear(3, 301), "an epoch the chain cut");
+        assert!(clear(2, 200) && !clear(2, 201));
+        assert!(clear(1, 0) && !clear(1, 1), "older than the chain: only an empty backup");
+        // Without the chain (the build before), an older epoch is clear only empty.
+        let bare = |e: u64, have: u64| clear_after_restarts(Epoch(5), Epoch(4), Ts(400), &[], Epoch(e), Ts(have));
+        assert!(!bare(3, 300) && bare(3, 0) && bare(4, 400));
     }
 
     /// With some recorded backups declared lost, every commit backups alone could release
