@@ -209,6 +209,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             }
             let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery::recovery_threads())?;
             report.checkpoint_ts = Some(m.ts);
+            report.checkpoint_epoch_min = m.log_epoch_min.0;
             report.checkpoint_rows = rows;
             report.checkpoint_bytes = bytes;
             report.checkpoint_seconds = t.elapsed().as_secs_f64();
@@ -612,12 +613,23 @@ impl Durable {
     /// open began a new epoch above it: the new epoch's log begins right above the point
     /// (nothing lies between), so a backup of the old epoch that holds exactly the point
     /// can be resumed from this log (`ditto_replication::PrimaryOptions::resume_from`).
-    /// `None` for a new directory, one whose log held nothing, or an engine kept.
+    /// The point is 0 where the old epoch's log held nothing durable (a primary killed
+    /// before its first batch reached its disk, which its backups may hold). `None` for a
+    /// new directory or an engine kept.
+    ///
+    /// A recovery writes a checkpoint naming the new epoch, removes the old segments, and
+    /// only then makes the new epoch's: a crash between leaves the checkpoint alone, and
+    /// the next open begins that epoch again. The epoch before it was cut at the
+    /// checkpoint's ts, and that is what this says then (found by review, 2026-11-29:
+    /// it said `None`, and a restarted primary then waited for no backup).
     pub fn opened_from(&self) -> Option<(Epoch, Ts)> {
         let r = self.recovery();
-        let old = Epoch(r.max_epoch);
+        let old = match r.max_epoch {
+            0 => Epoch(r.checkpoint_epoch_min.saturating_sub(1)),
+            m => Epoch(m),
+        };
         let point = Ts(r.cut_ts.0.max(r.checkpoint_ts.map_or(0, |t| t.0)));
-        (old.0 > 0 && old < self.logger().epoch() && point > Ts::ZERO).then_some((old, point))
+        (old.0 > 0 && old < self.logger().epoch()).then_some((old, point))
     }
 
     /// The turn to checkpoint (one at a time). A caller that has to wait counts as a

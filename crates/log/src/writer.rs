@@ -169,6 +169,14 @@ struct AheadState {
     stop: bool,
 }
 
+/// A disk thread that keeps an interval's pace (`disk_thread`) writes at once once its
+/// stream has framed nothing for this long: the stream is quiet, and another stream's
+/// commits may wait for its durability (a batch's floor vouches for a stream only once
+/// what it appended is durable), so a connection whose commits move between runtime
+/// threads, or a thread that parks with all its connections waiting, is not held for
+/// the whole interval.
+const PACE_QUIET: Duration = Duration::from_millis(1);
+
 /// Framed batches waiting for the disk thread at most (per stream): a disk that stalls
 /// holds the flusher back once this much is queued, so memory stays bounded.
 const AHEAD_BYTES_MAX: usize = 32 << 20;
@@ -513,13 +521,24 @@ impl Logger {
                 }
                 if let (Some(d), Some(t), true) = (interval, last_start, self.eager()) {
                     let next = t + d;
+                    // Waits while batches keep coming: a stream that has framed nothing
+                    // for `PACE_QUIET` is written at once, since its durability may be
+                    // what another stream's release waits for (the floor).
+                    let mut seen = st.frames.len();
                     while !st.stop
                         && !self.shutdown.load(Ordering::Acquire)
                         && st.frames.len() < AHEAD_BYTES_MAX
                         && self.failed.get().is_none()
                     {
                         match next.checked_duration_since(Instant::now()) {
-                            Some(wait) if !wait.is_zero() => ahead.cv.wait_for(&mut st, wait),
+                            Some(wait) if !wait.is_zero() => {
+                                if ahead.cv.wait_for(&mut st, wait.min(PACE_QUIET)).timed_out()
+                                    && st.frames.len() == seen
+                                {
+                                    break;
+                                }
+                                seen = st.frames.len();
+                            }
                             _ => break,
                         };
                     }

@@ -2111,13 +2111,14 @@ impl ditto_log::ShipTap for Highest {
 }
 
 /// With an interval, a shipping tap (a primary with backups) and batches framed as commits
-/// come (`ship_at_commit_pace`, for a `received` commit policy), the disk thread keeps the
-/// interval: commits made right after a write are shipped at once, and made durable
-/// together by one write and fsync an interval later (before 2026-11-29 each waited up to
-/// an interval to be framed, so a `received` commit policy, which waits for no fsync,
-/// waited for the interval). Nothing is lost.
+/// come (`ship_at_commit_pace`, for a `received` commit policy): commits made right after
+/// a write are shipped at once (before 2026-11-29 each waited up to an interval to be
+/// framed, so a `received` commit policy, which waits for no fsync, waited for the
+/// interval), and the disk thread, which keeps the interval while batches keep coming,
+/// writes a stream that has gone quiet at once, as it does at the close (a stream's
+/// durability may be what another's release waits for). Nothing is lost.
 #[test]
-fn with_an_interval_and_a_tap_commits_ship_at_once_and_the_disk_keeps_the_interval() {
+fn with_an_interval_and_a_tap_commits_ship_at_once_and_a_quiet_stream_is_written_at_once() {
     const INTERVAL: Duration = Duration::from_secs(3);
     let dir = tempfile::tempdir().unwrap();
     let n = 10u64;
@@ -2138,33 +2139,22 @@ fn with_an_interval_and_a_tap_commits_ship_at_once_and_the_disk_keeps_the_interv
         // A first commit: written at once (nothing was written for an interval).
         let first = w.run(|x| x.put(t, b"first", b"v")).unwrap().1.ts();
         wait_for("the first commit durable", Duration::from_secs(10), &|| d.logger().watermark() >= first);
-        let written = std::time::Instant::now();
-        let fsyncs0 = d.logger().stats.fsyncs.load(Ordering::Relaxed);
-        // Then more, each shipped at once, and none durable within the interval.
-        let mut last = first;
+        // Then more, each shipped at once and, the stream then quiet, durable long before
+        // the interval ends.
         for i in 0..n {
-            last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.ts();
-            wait_for("a commit shipped", INTERVAL / 2, &|| shipped.load(Ordering::SeqCst) >= last.0);
+            let ts = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.ts();
+            wait_for("a commit shipped", INTERVAL / 4, &|| shipped.load(Ordering::SeqCst) >= ts.0);
+            wait_for("a quiet stream's commit durable", INTERVAL / 4, &|| d.logger().watermark() >= ts);
         }
-        let shipped_in = written.elapsed();
-        assert!(shipped_in < INTERVAL / 2, "shipping {n} commits took {shipped_in:?}: too slow a machine to tell");
-        assert!(d.logger().watermark() < last, "durable within {shipped_in:?} of the last write");
-        wait_for("the commits durable", Duration::from_secs(20), &|| d.logger().watermark() >= last);
-        let durable_in = written.elapsed();
-        // (The last write began before `written`, less its fsync's time; a second is slack
-        // for that.)
-        assert!(durable_in + Duration::from_secs(1) >= INTERVAL, "durable after {durable_in:?}, within the interval");
-        let fsyncs = d.logger().stats.fsyncs.load(Ordering::Relaxed) - fsyncs0;
-        assert!(fsyncs <= 2, "{fsyncs} fsyncs for {n} commits shipped within an interval");
-        // A commit right after a write, then the close: written at once, not an interval
-        // later (found by review: the close waited for the disk thread's pace).
+        // A commit, then the close at once: written at once, not an interval later (found
+        // by review: the close waited for the disk thread's pace).
         let ts = w.run(|x| x.put(t, b"at the close", b"v")).unwrap().1.ts();
-        wait_for("the commit shipped", INTERVAL / 2, &|| shipped.load(Ordering::SeqCst) >= ts.0);
+        wait_for("the commit shipped", INTERVAL / 4, &|| shipped.load(Ordering::SeqCst) >= ts.0);
         let closing = std::time::Instant::now();
         drop(w);
         d.close();
         let took = closing.elapsed();
-        assert!(took < INTERVAL / 2, "the close took {took:?}");
+        assert!(took < INTERVAL / 4, "the close took {took:?}");
     }
     let d = open(dir.path(), opts(1, Durability::Interval(INTERVAL))).unwrap();
     let t = d.db().table_id("t").unwrap();
@@ -2173,4 +2163,45 @@ fn with_an_interval_and_a_tap_commits_ship_at_once_and_the_disk_keeps_the_interv
         assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "commit {i} lost");
     }
     assert!(r.get(t, b"at the close").unwrap().is_some(), "the commit before the close lost");
+}
+
+/// `Durable::opened_from` says which epoch an open began a new one above, and where it was
+/// cut: after a log that held commits, at their point; after one that held none durable,
+/// at 0 (a primary killed before its first batch reached its disk, which its backups may
+/// hold); and after a crash between a recovery's checkpoint (which names the new epoch)
+/// and the new epoch's first segments, the epoch before the one the checkpoint names, at
+/// its ts (found by review, 2026-11-29: it said `None`, and a restarted primary then
+/// waited for no backup). A new directory began nothing.
+#[test]
+fn an_open_says_which_epoch_it_began_a_new_one_above_even_after_a_crash_in_its_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(d.opened_from(), None, "a new directory");
+    d.close();
+    drop(d);
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(d.opened_from(), Some((ditto_log::Epoch(1), Ts::ZERO)), "a log that held nothing durable");
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.ts();
+    drop(w);
+    d.close();
+    drop(d);
+    // The recovery writes a checkpoint naming epoch 3 and begins it.
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let (old, point) = d.opened_from().expect("a new epoch above the log");
+    assert_eq!(old, ditto_log::Epoch(2));
+    assert!(point >= ts, "cut at {point:?}, below the commit at {ts:?}");
+    d.close();
+    drop(d);
+    // As a crash right after that checkpoint would leave it: no segment at all.
+    for e in std::fs::read_dir(dir.path().join("log")).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(d.opened_from(), Some((ditto_log::Epoch(2), point)), "the epoch before the checkpoint's");
+    assert!(d.db().read().get(d.db().table_id("t").unwrap(), b"k").unwrap().is_some());
 }

@@ -743,9 +743,10 @@ impl Primary {
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
         // keeps it (and the wait names it). One that holds nothing above where a restart
         // of the chain cut its epoch holds nothing this primary lacks: sent a copy.
-        let waiting = self.quorum.lock().waits.is_some();
-        if let (true, Some((old, point, _))) = (waiting, self.opts.resume_from) {
-            let restarts = self.restart_chain();
+        // (The wait and its chain read at once: a restart that settles in between would
+        // leave an empty chain, and a clear backup refused.)
+        let chain = self.quorum.lock().waits.as_ref().map(|w| w.restarts.clone());
+        if let (Some(restarts), Some((old, point, _))) = (chain, self.opts.resume_from) {
             if epoch < old && !crate::restart::clear_after_restarts(self.epoch, old, point, &restarts, epoch, have_ts) {
                 let reason = format!(
                     "this primary restarted from epoch {} and this backup follows epoch {}, holding up to ts {}: it may hold commits an earlier restart lost, so it is sent no copy while the primary waits for its backups",

@@ -192,9 +192,12 @@ impl QuorumRecord {
         let body = text.strip_suffix("end\n").ok_or("no end line")?;
         let mut lines = body.lines();
         // Version 3 added `lost` lines, 4 `restart` lines; a version 2 record has neither.
-        if !matches!(lines.next(), Some("ditto quorum 2" | "ditto quorum 3" | "ditto quorum 4")) {
-            return Err("not a quorum record of version 2, 3 or 4".into());
-        }
+        let version = match lines.next() {
+            Some("ditto quorum 2") => 2,
+            Some("ditto quorum 3") => 3,
+            Some("ditto quorum 4") => 4,
+            _ => return Err("not a quorum record of version 2, 3 or 4".into()),
+        };
         let mut num = |key: &str| -> Result<usize, String> {
             lines
                 .next()
@@ -211,9 +214,9 @@ impl QuorumRecord {
         for l in lines {
             if let Some(b) = l.strip_prefix("backup ") {
                 r.add_backup(b);
-            } else if let Some(b) = l.strip_prefix("lost ") {
+            } else if let (Some(b), 3..) = (l.strip_prefix("lost "), version) {
                 r.add_lost(b)?;
-            } else if let Some(rest) = l.strip_prefix("restart ") {
+            } else if let (Some(rest), 4) = (l.strip_prefix("restart "), version) {
                 let bad = || format!("a bad restart line {l:?}");
                 let (e, p) = rest.split_once(' ').ok_or_else(bad)?;
                 r.add_restart(Epoch(e.parse().map_err(|_| bad())?), Ts(p.parse().map_err(|_| bad())?));
@@ -389,6 +392,12 @@ mod tests {
             let t = format!("ditto quorum 4\nexpected 1\nslots 1\npolicies local\n{bad}\nend\n");
             std::fs::write(dir.path().join(QUORUM_FILE), t).unwrap();
             assert!(QuorumRecord::read(dir.path()).is_err(), "{bad}");
+        }
+        // Each kind of line only in the version that has it.
+        for (v, line) in [(3, "restart 2 50"), (2, "lost b1")] {
+            let t = format!("ditto quorum {v}\nexpected 1\nslots 1\npolicies local\nbackup b1\n{line}\nend\n");
+            std::fs::write(dir.path().join(QUORUM_FILE), t).unwrap();
+            assert!(QuorumRecord::read(dir.path()).is_err(), "version {v} with {line}");
         }
     }
 
