@@ -252,6 +252,16 @@ fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_
 /// that counts backups").
 /// `SET after 1` on a restarted primary, again while it answers that its restart waits,
 /// until it is taken (at most 30 s after `since`).
+/// Waits (at most 30 s) until the primary on `port` holds ts `ts` durably.
+fn wait_durable(port: u16, ts: u64) {
+    let mut c = Client::connect(port).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while field(&mut c, "replication", "ditto_durable_ts").and_then(|v| v.parse::<u64>().ok()) < Some(ts) {
+        assert!(Instant::now() < deadline, "the primary did not make ts {ts} durable");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn set_once_the_restart_settles(c: &mut Client, since: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -299,12 +309,7 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
         keys += 1;
     }
     // Durable on the primary too, so that its restart point covers what the backup holds.
-    let mut c = Client::connect(primary.port).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while field(&mut c, "replication", "ditto_durable_ts").and_then(|v| v.parse::<u64>().ok()) < Some(ts) {
-        assert!(Instant::now() < deadline, "the primary did not make ts {ts} durable");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_durable(primary.port, ts);
     assert!(stop_with_sigterm(&mut backup.child).success());
     primary.kill();
     let plog = tmp.path().join("primary-2.log");
@@ -365,12 +370,7 @@ fn a_primary_restarted_twice_while_its_backup_was_away_takes_writes_once_it_come
     let mut backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup.log")));
     let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
     // Durable on the primary too, so that its restart point covers what the backup holds.
-    let mut c = Client::connect(primary.port).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while field(&mut c, "replication", "ditto_durable_ts").and_then(|v| v.parse::<u64>().ok()) < Some(ts) {
-        assert!(Instant::now() < deadline, "the primary did not make ts {ts} durable");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_durable(primary.port, ts);
     assert!(stop_with_sigterm(&mut backup.child).success());
     let args = [&["--repl-port", &repl_port][..], &policy].concat();
     for restart in 1..=2 {
