@@ -397,6 +397,52 @@ fn a_primary_restarted_twice_while_its_backup_was_away_takes_writes_once_it_come
     assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
 }
 
+/// A primary whose restart crashed between its recovery's checkpoint (which names the new
+/// epoch) and the new epoch's first segments, as a crash would leave it (no segment left):
+/// started again, it still waits for the backup its quorum counted, and takes writes once
+/// the backup comes back holding nothing it lacks. Before 2026-11-29 it said it had begun
+/// no new epoch, wrote its own record and took writes at once, waiting for no backup.
+#[test]
+fn a_primary_whose_restart_crashed_in_its_recovery_still_waits_for_its_backup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = ["--commit-policy", "majority-received", "--backups", "1"];
+    let pdir = tmp.path().join("primary");
+    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let bdir = tmp.path().join("backup");
+    let named = ["--replica-of", &repl, "--replica-name", "b1"];
+    let mut backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup.log")));
+    let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
+    wait_durable(primary.port, ts);
+    assert!(stop_with_sigterm(&mut backup.child).success());
+    let args = [&["--repl-port", &repl_port][..], &policy].concat();
+    primary.kill();
+    // The restart's recovery writes its checkpoint and begins the new epoch; killed, and
+    // its new epoch's segments removed, the directory is as a crash right after that
+    // checkpoint leaves it.
+    primary = Node::start_logged(&pdir, &args, Some(&tmp.path().join("primary-1.log")));
+    primary.kill();
+    for e in std::fs::read_dir(pdir.join("log")).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_file() {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    let primary = Node::start_logged(&pdir, &args, Some(&tmp.path().join("primary-2.log")));
+    let mut c = Client::connect(primary.port).unwrap();
+    let refused = c.one(&["SET", "after", "1"]);
+    assert!(refused.starts_with("-READONLY this primary restarted"), "{refused}");
+    let backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup-2.log")));
+    c.set_read_timeout(Duration::from_secs(30));
+    set_once_the_restart_settles(&mut c, "the backup came back");
+    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut b = Client::connect(backup.port).unwrap();
+    b.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
+}
+
 /// Two backups counted under `majority-received` (either one alone could release a
 /// commit), both gone when the primary is SIGKILLed and restarted: it waits for both. A
 /// person declares b2 lost (`DITTO.FORGETBACKUP`): refused while the record cannot be
