@@ -627,7 +627,7 @@ impl Session {
             }));
         }
         if spec.write {
-            if let Some(why) = sh.write_gate.refusal() {
+            if let Some(why) = sh.write_gate.refusal_for(self.tls) {
                 return Err(Reply::err(format!("READONLY {why}")));
             }
         }
@@ -1508,6 +1508,17 @@ impl WriteGate {
         }
         let w = self.why.lock();
         w.1.clone().or_else(|| w.0.clone())
+    }
+
+    /// `refusal` as a client over TLS (`tls`) or plaintext is told it: a switchover's
+    /// drain names the node it hands the role to by the address of the client's kind.
+    pub fn refusal_for(&self, tls: bool) -> Option<String> {
+        let why = self.refusal()?;
+        let target = if tls && self.draining() { self.handing_to() } else { None };
+        Some(match target {
+            Some(ClientAddr { plain, tls: Some(t) }) => why.replace(&plain, &t),
+            _ => why,
+        })
     }
 
     /// `SENTINEL FAILOVER ditto`: asks this node's supervisor (a line on standard output,
@@ -2725,6 +2736,15 @@ mod tests {
         assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.8", "7002"));
         assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.8", "7302"));
         assert!(cmd(&mut s, &sh, &mut w, "SET k v").is_error(), "writes refused while drained");
+        // The drain's refusal names the target by the address of the client's kind.
+        let target = ClientAddr::new("10.0.0.8:7002", Some("10.0.0.8:7302".into()));
+        sh.write_gate.drain_to(&target, format!("handing the role to {target}"));
+        let refused = |s: &mut Session, w: &mut Worker| match cmd(s, &sh, w, "SET k v") {
+            Reply::Error(e) => e.to_string(),
+            r => panic!("not refused: {r:?}"),
+        };
+        assert!(refused(&mut s, &mut w).ends_with("handing the role to 10.0.0.8:7002"));
+        assert!(refused(&mut t, &mut w).ends_with("handing the role to 10.0.0.8:7302"));
         sh.write_gate.set_draining(None);
         assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.7", "7001"));
         // A primary whose TLS address is not known: a TLS client is told the plaintext one.
