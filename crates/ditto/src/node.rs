@@ -71,6 +71,11 @@ impl MemberAddrs {
     pub fn tls_addr(&self) -> Option<String> {
         (self.tls != 0).then(|| format!("{}:{}", self.host, self.tls))
     }
+    /// ` HOST:TLS_PORT`, the optional last word of the `follow` and `drain` lines to its
+    /// server; empty where no TLS port is named.
+    fn tls_word(&self) -> String {
+        self.tls_addr().map(|t| format!(" {t}")).unwrap_or_default()
+    }
     /// The member the control state records.
     pub fn member(&self, id: NodeId) -> Member {
         Member { id, addr: self.client_addr(), repl: self.repl, control: self.control, tls: self.tls }
@@ -1090,8 +1095,7 @@ impl NodePlane {
             // 1.9M keys on the VM.) If the follow fails, the restart counts from the log.
             self.count_after_follow = Some(*served);
         }
-        let tls = o.tls_addr().map(|t| format!(" {t}")).unwrap_or_default();
-        let line = format!("follow {} {} {upto}{tls}", o.repl_addr(), o.client_addr());
+        let line = format!("follow {} {} {upto}{}", o.repl_addr(), o.client_addr(), o.tls_word());
         self.change_in_place(&line, Role::Backup { epoch, of, learner });
         say(self.me, format!("has its backup follow node {of} (epoch {epoch}) in place from the point {upto}"));
     }
@@ -1399,10 +1403,10 @@ impl NodePlane {
             && self.child.as_ref().is_some_and(|c| matches!(c.role, Role::Primary { epoch: e, .. } if e == epoch));
         let target = self.addrs(to);
         let asked = match (serves, target) {
-            (true, Some(t)) => {
-                let tls = t.tls_addr().map(|a| format!(" {a}")).unwrap_or_default();
-                tell_server(&self.gate, &format!("drain {} {}{tls}", t.client_addr(), DRAIN_WITHIN.as_millis()))
-            }
+            (true, Some(t)) => tell_server(
+                &self.gate,
+                &format!("drain {} {}{}", t.client_addr(), DRAIN_WITHIN.as_millis(), t.tls_word()),
+            ),
             _ => false,
         };
         if asked {

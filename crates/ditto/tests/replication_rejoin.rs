@@ -275,6 +275,70 @@ fn set_once_the_restart_settles(c: &mut Client, since: &str) {
     }
 }
 
+/// A primary under `policy` (one backup) whose backup b1 held `FIRST` keys (and what
+/// `more` wrote, given the primary's port: its last commit's ts), durable on both, and was
+/// then stopped cleanly.
+struct B1Stopped {
+    tmp: tempfile::TempDir,
+    primary: Node,
+    pdir: std::path::PathBuf,
+    bdir: std::path::PathBuf,
+    /// The primary's replication address, and b1's flags.
+    repl: String,
+    b1: Vec<String>,
+    /// The primary's flags for a restart on the same replication port.
+    restart: Vec<String>,
+    /// The keys written.
+    keys: usize,
+}
+
+fn b1_stopped(policy: &str, more: impl FnOnce(u16) -> Option<u64>) -> B1Stopped {
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = ["--commit-policy", policy, "--backups", "1"];
+    let pdir = tmp.path().join("primary");
+    let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let repl = primary.repl.clone().unwrap();
+    let repl_port = repl.rsplit(':').next().unwrap().to_string();
+    let bdir = tmp.path().join("backup");
+    let b1: Vec<String> = ["--replica-of", &repl, "--replica-name", "b1"].map(String::from).to_vec();
+    let mut backup = Node::start_logged(
+        &bdir,
+        &b1.iter().map(String::as_str).collect::<Vec<_>>(),
+        Some(&tmp.path().join("backup.log")),
+    );
+    let mut ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
+    let mut keys = FIRST;
+    if let Some(t) = more(primary.port) {
+        (ts, keys) = (t, keys + 1);
+    }
+    // Durable on the primary too, so that its restart point covers what the backup holds.
+    wait_durable(primary.port, ts);
+    assert!(stop_with_sigterm(&mut backup.child).success());
+    let restart = [&["--repl-port", repl_port.as_str()][..], &policy].concat().into_iter().map(String::from).collect();
+    B1Stopped { tmp, primary, pdir, bdir, repl, b1, restart, keys }
+}
+
+impl B1Stopped {
+    fn restart_args(&self) -> Vec<&str> {
+        self.restart.iter().map(String::as_str).collect()
+    }
+
+    /// b1 starts again (its output in `log`); once the waiting primary takes a write
+    /// through `c`, b1 holds it, every key before and it: b1's node and a client of it.
+    fn b1_comes_back(&self, c: &mut Client, log: &str) -> (Node, Client) {
+        let args: Vec<&str> = self.b1.iter().map(String::as_str).collect();
+        let backup = Node::start_logged(&self.bdir, &args, Some(&self.tmp.path().join(log)));
+        c.set_read_timeout(Duration::from_secs(30));
+        set_once_the_restart_settles(c, "the backup came back");
+        let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+        let mut b = Client::connect(backup.port).unwrap();
+        b.set_read_timeout(Duration::from_secs(30));
+        assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
+        assert_eq!(b.one(&["DBSIZE"]), format!(":{}", self.keys + 1));
+        (backup, b)
+    }
+}
+
 #[test]
 fn a_primary_restarted_under_a_received_policy_takes_writes_once_its_backup_holds_nothing_more() {
     restarted_primary_waits_for_its_backup("majority-received", None);
@@ -289,31 +353,17 @@ fn a_connections_policy_makes_a_restarted_local_primary_wait_too() {
 }
 
 fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy: Option<&str>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let policy = ["--commit-policy", server_policy, "--backups", "1"];
-    let pdir = tmp.path().join("primary");
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
-    let repl = primary.repl.clone().unwrap();
-    let repl_port = repl.rsplit(':').next().unwrap().to_string();
-    let bdir = tmp.path().join("backup");
-    let named = ["--replica-of", &repl, "--replica-name", "b1"];
-    let mut backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup.log")));
-    let mut ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
-    let mut keys = FIRST;
-    if let Some(p) = connection_policy {
-        let mut m = Client::connect(primary.port).unwrap();
+    let mut away = b1_stopped(server_policy, |port| {
+        let p = connection_policy?;
+        let mut m = Client::connect(port).unwrap();
         m.set_read_timeout(Duration::from_secs(30));
         assert_eq!(m.one(&["DITTO.POLICY", p]), "+OK");
         assert_eq!(m.one(&["SET", "under-its-own-policy", "1"]), "+OK");
-        ts = m.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').parse().unwrap();
-        keys += 1;
-    }
-    // Durable on the primary too, so that its restart point covers what the backup holds.
-    wait_durable(primary.port, ts);
-    assert!(stop_with_sigterm(&mut backup.child).success());
-    primary.kill();
-    let plog = tmp.path().join("primary-2.log");
-    let primary = Node::start_logged(&pdir, &[&["--repl-port", &repl_port][..], &policy].concat(), Some(&plog));
+        Some(m.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').parse().unwrap())
+    });
+    away.primary.kill();
+    let plog = away.tmp.path().join("primary-2.log");
+    let primary = Node::start_logged(&away.pdir, &away.restart_args(), Some(&plog));
     let mut c = Client::connect(primary.port).unwrap();
     let refused = c.one(&["SET", "after", "1"]);
     assert!(
@@ -326,7 +376,7 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
     assert!(log.contains("takes no writes until 1 more"), "{log}");
     // A backup that never counted (a fresh one, started to get writes going) joins, but
     // says nothing of what b1 holds: writes stay refused (found by review).
-    let fresh = Node::start(&tmp.path().join("fresh"), &["--replica-of", &repl, "--replica-name", "fresh"]);
+    let fresh = Node::start(&away.tmp.path().join("fresh"), &["--replica-of", &away.repl, "--replica-name", "fresh"]);
     let mut f = Client::connect(fresh.port).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while field(&mut f, "replication", "master_link_status").as_deref() != Some("up") {
@@ -336,18 +386,11 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
     let refused = c.one(&["SET", "after", "1"]);
     assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
     drop(fresh);
-    let backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup-2.log")));
-    c.set_read_timeout(Duration::from_secs(30));
-    set_once_the_restart_settles(&mut c, "the backup came back");
+    let (_backup, mut b) = away.b1_comes_back(&mut c, "backup-2.log");
     assert!(field(&mut c, "replication", "ditto_writes_refused").is_none());
     let log = std::fs::read_to_string(&plog).unwrap();
     assert!(log.contains("taking writes: backups b1"), "{log}");
-    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
-    let mut b = Client::connect(backup.port).unwrap();
-    b.set_read_timeout(Duration::from_secs(30));
-    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
     assert_eq!(b.one(&["GET", "after"]), "1");
-    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", keys + 1));
 }
 
 /// Two restarts in a row while the one backup is away (under `majority-received`): the
@@ -359,42 +402,23 @@ fn restarted_primary_waits_for_its_backup(server_policy: &str, connection_policy
 /// have held what the first restart lost) and only a person ended the wait.
 #[test]
 fn a_primary_restarted_twice_while_its_backup_was_away_takes_writes_once_it_comes_back() {
-    let tmp = tempfile::tempdir().unwrap();
-    let policy = ["--commit-policy", "majority-received", "--backups", "1"];
-    let pdir = tmp.path().join("primary");
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
-    let repl = primary.repl.clone().unwrap();
-    let repl_port = repl.rsplit(':').next().unwrap().to_string();
-    let bdir = tmp.path().join("backup");
-    let named = ["--replica-of", &repl, "--replica-name", "b1"];
-    let mut backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup.log")));
-    let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
-    // Durable on the primary too, so that its restart point covers what the backup holds.
-    wait_durable(primary.port, ts);
-    assert!(stop_with_sigterm(&mut backup.child).success());
-    let args = [&["--repl-port", &repl_port][..], &policy].concat();
+    let mut away = b1_stopped("majority-received", |_| None);
     for restart in 1..=2 {
-        primary.kill();
-        primary = Node::start_logged(&pdir, &args, Some(&tmp.path().join(format!("primary-{restart}.log"))));
-        let mut c = Client::connect(primary.port).unwrap();
+        away.primary.kill();
+        let log = away.tmp.path().join(format!("primary-{restart}.log"));
+        away.primary = Node::start_logged(&away.pdir, &away.restart_args(), Some(&log));
+        let mut c = Client::connect(away.primary.port).unwrap();
         let refused = c.one(&["SET", "after", "1"]);
         assert!(refused.starts_with("-READONLY this primary restarted"), "restart {restart}: {refused}");
-        let record = std::fs::read_to_string(pdir.join("quorum")).unwrap();
+        let record = std::fs::read_to_string(away.pdir.join("quorum")).unwrap();
         let chain = record.lines().filter(|l| l.starts_with("restart ")).count();
         assert_eq!(chain, restart, "restart {restart}: the record keeps the chain: {record}");
     }
-    let backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup-2.log")));
-    let mut c = Client::connect(primary.port).unwrap();
-    c.set_read_timeout(Duration::from_secs(30));
-    set_once_the_restart_settles(&mut c, "the backup came back");
-    let record = std::fs::read_to_string(pdir.join("quorum")).unwrap();
+    let mut c = Client::connect(away.primary.port).unwrap();
+    let (_backup, mut b) = away.b1_comes_back(&mut c, "backup-2.log");
+    let record = std::fs::read_to_string(away.pdir.join("quorum")).unwrap();
     assert!(!record.contains("restart "), "a settled restart ends the chain: {record}");
-    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
-    let mut b = Client::connect(backup.port).unwrap();
-    b.set_read_timeout(Duration::from_secs(30));
-    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
     assert_eq!(b.one(&["GET", "after"]), "1");
-    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
 }
 
 /// A primary whose restart crashed between its recovery's checkpoint (which names the new
@@ -404,43 +428,24 @@ fn a_primary_restarted_twice_while_its_backup_was_away_takes_writes_once_it_come
 /// no new epoch, wrote its own record and took writes at once, waiting for no backup.
 #[test]
 fn a_primary_whose_restart_crashed_in_its_recovery_still_waits_for_its_backup() {
-    let tmp = tempfile::tempdir().unwrap();
-    let policy = ["--commit-policy", "majority-received", "--backups", "1"];
-    let pdir = tmp.path().join("primary");
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
-    let repl = primary.repl.clone().unwrap();
-    let repl_port = repl.rsplit(':').next().unwrap().to_string();
-    let bdir = tmp.path().join("backup");
-    let named = ["--replica-of", &repl, "--replica-name", "b1"];
-    let mut backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup.log")));
-    let ts: u64 = write_keys(primary.port, 0..FIRST).parse().unwrap();
-    wait_durable(primary.port, ts);
-    assert!(stop_with_sigterm(&mut backup.child).success());
-    let args = [&["--repl-port", &repl_port][..], &policy].concat();
-    primary.kill();
+    let mut away = b1_stopped("majority-received", |_| None);
+    away.primary.kill();
     // The restart's recovery writes its checkpoint and begins the new epoch; killed, and
     // its new epoch's segments removed, the directory is as a crash right after that
     // checkpoint leaves it.
-    primary = Node::start_logged(&pdir, &args, Some(&tmp.path().join("primary-1.log")));
-    primary.kill();
-    for e in std::fs::read_dir(pdir.join("log")).unwrap() {
+    away.primary = Node::start_logged(&away.pdir, &away.restart_args(), Some(&away.tmp.path().join("primary-1.log")));
+    away.primary.kill();
+    for e in std::fs::read_dir(away.pdir.join("log")).unwrap() {
         let path = e.unwrap().path();
         if path.is_file() {
             std::fs::remove_file(&path).unwrap();
         }
     }
-    let primary = Node::start_logged(&pdir, &args, Some(&tmp.path().join("primary-2.log")));
+    let primary = Node::start_logged(&away.pdir, &away.restart_args(), Some(&away.tmp.path().join("primary-2.log")));
     let mut c = Client::connect(primary.port).unwrap();
     let refused = c.one(&["SET", "after", "1"]);
     assert!(refused.starts_with("-READONLY this primary restarted"), "{refused}");
-    let backup = Node::start_logged(&bdir, &named, Some(&tmp.path().join("backup-2.log")));
-    c.set_read_timeout(Duration::from_secs(30));
-    set_once_the_restart_settles(&mut c, "the backup came back");
-    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
-    let mut b = Client::connect(backup.port).unwrap();
-    b.set_read_timeout(Duration::from_secs(30));
-    assert_eq!(b.one(&["DITTO.WAITTS", &ts]), "+OK");
-    assert_eq!(b.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
+    away.b1_comes_back(&mut c, "backup-2.log");
 }
 
 /// Two backups counted under `majority-received` (either one alone could release a

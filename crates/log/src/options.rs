@@ -27,6 +27,14 @@ pub enum Durability {
 }
 
 impl Durability {
+    /// The interval that paces writes (`Interval`, `NoSync`); `None` for `EveryBatch`.
+    pub fn interval(&self) -> Option<Duration> {
+        match self {
+            Durability::EveryBatch => None,
+            Durability::Interval(d) | Durability::NoSync(d) => Some(*d),
+        }
+    }
+
     pub fn name(&self) -> String {
         match self {
             Durability::EveryBatch => "fsync-every-batch".into(),

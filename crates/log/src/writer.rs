@@ -52,15 +52,16 @@
 //! the disk thread keeps the pace instead: at most one write and fsync per `d`, of
 //! everything framed meanwhile (and at once at the close). Such a release then waits for
 //! no interval to be framed (before 2026-11-29 each waited up to `d`), but with more than
-//! one stream it may still wait up to about `d`: a batch vouches for another stream only
-//! once that stream's appends are durable here (the floor, above), so while one stream's
-//! last batch waits for its write, a commit on another that needs it waits too.
+//! one stream it may still wait for another stream's write: a batch vouches for another
+//! stream only once that stream's appends are durable here (the floor, above). So the
+//! disk thread keeps the pace only while its stream keeps framing batches, and writes a
+//! stream that has been quiet for `PACE_QUIET` (1 ms) at once.
 //!
 //! Flushing before sleeping
 //! ------------------------
 //! With a shipping tap and every-batch durability (or batches framed as commits come), a
-//! thread that runs many connections'
-//! commits (a server's runtime thread) need not wake the flusher at all: its appends are
+//! thread that runs many connections' commits (a server's runtime thread) need not wake
+//! the flusher at all: its appends are
 //! deferred, and it frames, ships and queues every stream it appended to when it is about
 //! to park (`flush_before_sleeping`; Redis's `beforeSleep`). A turn of the flush
 //! (`flush_once`) runs under the stream's flush lock, on the flusher or on such a thread,
@@ -91,9 +92,10 @@ use crate::options::{Durability, LogOptions};
 use crate::storage::{LogFile, Storage};
 
 /// How often an idle flusher checks whether it owes a heartbeat (EveryBatch mode, or
-/// batches framed as commits come; with an interval otherwise, every interval): a safety net, since a flusher asks right after each of its
-/// batches (see `owes_heartbeat`). It also takes then what a thread that deferred its
-/// flush left in the buffer (`flush_before_sleeping`).
+/// batches framed as commits come; with an interval otherwise, every interval): a safety
+/// net, since a flusher asks right after each of its batches (see `owes_heartbeat`). It
+/// also takes then what a thread that deferred its flush left in the buffer
+/// (`flush_before_sleeping`).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(1);
 
 /// A flusher whose stream has seen no append for this long dozes while the whole log is
@@ -506,10 +508,7 @@ impl Logger {
     fn disk_thread(&self, w: usize, seg: &Mutex<Segment>, ahead: &WriteAhead) {
         let stream = &self.streams[w];
         let fsync = !matches!(self.opts.durability, Durability::NoSync(_));
-        let interval = match self.opts.durability {
-            Durability::EveryBatch => None,
-            Durability::Interval(d) | Durability::NoSync(d) => Some(d),
-        };
+        let interval = self.opts.durability.interval();
         // When the last write began.
         let mut last_start: Option<Instant> = None;
         let mut frames = Vec::new();
@@ -678,10 +677,7 @@ impl Logger {
         // When the last batch was started: with an interval, the next starts no sooner than
         // one interval later.
         let mut last_start: Option<Instant> = None;
-        let interval = match self.opts.durability {
-            Durability::EveryBatch => None,
-            Durability::Interval(d) | Durability::NoSync(d) => Some(d),
-        };
+        let interval = self.opts.durability.interval();
         // The last append this flusher saw, and since when it has seen no other.
         let (mut seen, mut still_since) = (stream.appended.load(Ordering::Acquire), Instant::now());
         loop {

@@ -2100,16 +2100,6 @@ fn a_stalled_disk_holds_up_no_shipping_and_releases_nothing_until_it_answers() {
     }
 }
 
-/// The highest bound a tap was shown.
-struct Highest(Arc<AtomicU64>);
-
-impl ditto_log::ShipTap for Highest {
-    fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8], _: bool) {
-        self.0.fetch_max(h.bound_ts.0, Ordering::SeqCst);
-    }
-    fn table_created(&self, _: TableId, _: &str) {}
-}
-
 /// With an interval, a shipping tap (a primary with backups) and batches framed as commits
 /// come (`ship_at_commit_pace`, for a `received` commit policy): commits made right after
 /// a write are shipped at once (before 2026-11-29 each waited up to an interval to be
@@ -2125,7 +2115,7 @@ fn with_an_interval_and_a_tap_commits_ship_at_once_and_a_quiet_stream_is_written
     {
         let d = open(dir.path(), opts(1, Durability::Interval(INTERVAL))).unwrap();
         let shipped = Arc::new(AtomicU64::new(0));
-        d.logger().set_ship_tap(Arc::new(Highest(Arc::clone(&shipped)))).unwrap();
+        d.logger().set_ship_tap(Arc::new(HighestShipped(Arc::clone(&shipped)))).unwrap();
         d.logger().ship_at_commit_pace();
         let t = d.db().create_table("t").unwrap();
         let mut w = d.db().worker(WorkerId(0)).unwrap();

@@ -480,7 +480,7 @@ impl Primary {
         // A backup of an older epoch that holds anything may hold what an earlier restart
         // lost (one that never settled), unless it holds nothing above where that
         // restart cut its epoch.
-        let restarts = self.restart_chain();
+        let restarts = self.restart_chain().unwrap_or_default();
         let clear =
             |(e, have): (Epoch, Ts)| crate::restart::clear_after_restarts(self.epoch, old, point, &restarts, e, have);
         let heard = self.heard.lock();
@@ -489,10 +489,12 @@ impl Primary {
         (now, more)
     }
 
-    /// The restarts since the last settled one (`QuorumRecord::restarts`), while a
-    /// restart waits.
-    fn restart_chain(&self) -> Vec<(Epoch, Ts)> {
-        self.quorum.lock().waits.as_ref().map(|w| w.restarts.clone()).unwrap_or_default()
+    /// The restarts since the last settled one (`QuorumRecord::restarts`) while a restart
+    /// waits; `None` once it settled, or if this start waits for none. (One read: a
+    /// restart that settles between reading the wait and its chain would leave an empty
+    /// chain, and a clear backup refused.)
+    fn restart_chain(&self) -> Option<Vec<(Epoch, Ts)>> {
+        self.quorum.lock().waits.as_ref().map(|w| w.restarts.clone())
     }
 
     /// Backups alone may release a commit now (the policies in use and the quorum's
@@ -743,10 +745,7 @@ impl Primary {
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
         // keeps it (and the wait names it). One that holds nothing above where a restart
         // of the chain cut its epoch holds nothing this primary lacks: sent a copy.
-        // (The wait and its chain read at once: a restart that settles in between would
-        // leave an empty chain, and a clear backup refused.)
-        let chain = self.quorum.lock().waits.as_ref().map(|w| w.restarts.clone());
-        if let (Some(restarts), Some((old, point, _))) = (chain, self.opts.resume_from) {
+        if let (Some(restarts), Some((old, point, _))) = (self.restart_chain(), self.opts.resume_from) {
             if epoch < old && !crate::restart::clear_after_restarts(self.epoch, old, point, &restarts, epoch, have_ts) {
                 let reason = format!(
                     "this primary restarted from epoch {} and this backup follows epoch {}, holding up to ts {}: it may hold commits an earlier restart lost, so it is sent no copy while the primary waits for its backups",
