@@ -2195,3 +2195,30 @@ fn an_open_says_which_epoch_it_began_a_new_one_above_even_after_a_crash_in_its_r
     assert_eq!(d.opened_from(), Some((ditto_log::Epoch(2), point)), "the epoch before the checkpoint's");
     assert!(d.db().read().get(d.db().table_id("t").unwrap(), b"k").unwrap().is_some());
 }
+
+/// With an interval and batches shipped as commits come, a failed fsync on the paced disk
+/// thread fails the log: the commit is not acknowledged (its wait answers the error, soon,
+/// not an interval later), nothing after it is taken, and the watermark stays below it.
+#[test]
+fn with_an_interval_at_commit_pace_a_failed_fsync_fails_the_log_and_acknowledges_nothing() {
+    const INTERVAL: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, fail_sync, _) = faulty();
+    let mut o = opts(1, Durability::Interval(INTERVAL));
+    o.log.storage = storage;
+    let d = open(dir.path(), o).unwrap();
+    d.logger().set_ship_tap(Arc::new(NoShip)).unwrap();
+    d.logger().ship_at_commit_pace();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| x.put(t, b"before", b"v")).unwrap().1.wait().unwrap();
+    fail_sync.store(true, Ordering::SeqCst);
+    let asked = std::time::Instant::now();
+    let ticket = w.run(|x| x.put(t, b"lost", b"v")).unwrap().1;
+    let ts = ticket.ts();
+    assert!(ticket.wait().is_err(), "a commit whose fsync failed was acknowledged");
+    assert!(asked.elapsed() < INTERVAL / 2, "the failure took {:?}", asked.elapsed());
+    assert!(d.logger().failure().is_some());
+    assert!(d.logger().watermark() < ts);
+    assert!(w.run(|x| x.put(t, b"after", b"v")).is_err(), "a failed log takes no commit");
+}
