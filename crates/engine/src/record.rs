@@ -54,6 +54,13 @@ pub(crate) struct Version {
 }
 
 const TOMBSTONE: u32 = u32::MAX;
+
+impl Version {
+    /// Whether this version is a delete (no value).
+    pub(crate) fn is_tombstone(&self) -> bool {
+        self.len == TOMBSTONE
+    }
+}
 /// `cap` of a version whose value is not inline but a `Bytes` stored after the header: a
 /// slice of a buffer shared with others (a backup's received batch: Query Fresh's
 /// log-as-database, crates/engine/src/replay.rs). The `Bytes` keeps the buffer alive until

@@ -566,9 +566,12 @@ impl Database {
             let parked = self.parked.writes.lock();
             for ((table, rid), w) in parked.iter() {
                 if let Some((wts, _)) = w.iter().find(|w| w.0 <= ts) {
-                    let name = self.table(*table).map(|t| t.name.clone()).unwrap_or_default();
+                    let (name, state) = match self.table(*table) {
+                        Ok(t) => (t.name.clone(), describe_record(t.record(*rid))),
+                        Err(_) => (String::new(), String::new()),
+                    };
                     return Err(Error::Corrupt(format!(
-                        "replayed update of table {name} record {} at ts {}, which had no value to update (its insert was never received)",
+                        "replayed update of table {name} record {} at ts {}, which had no value to update (its insert was never received); the record: {state}",
                         rid.0, wts.0
                     )));
                 }
@@ -693,6 +696,32 @@ impl Database {
         }
         Ok(())
     }
+}
+
+/// What a replay error says of a record: its key, whether it is unlinked, and its newest
+/// versions (timestamp, and `-` for a tombstone), so that a failure seen once can be read.
+fn describe_record(rec: &Record) -> String {
+    let guard = crossbeam_epoch::pin();
+    let tid = rec.tid.load(Ordering::Acquire);
+    let key = rec.key.get().map_or("none".to_string(), |k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
+    let mut versions = Vec::new();
+    let mut p: *mut Version = rec.head.load(Ordering::Acquire);
+    // SAFETY: as in `next_above`: versions reached under the pin stay valid.
+    unsafe {
+        while !p.is_null() && versions.len() < 8 {
+            let v = &*p;
+            versions.push(format!("{}{}", v.ts.0, if v.is_tombstone() { "-" } else { "" }));
+            p = v.older.load(Ordering::Acquire);
+        }
+    }
+    drop(guard);
+    format!(
+        "key {key:?}, tid ts {}{}{}, versions newest first [{}]",
+        tid & TS_MASK,
+        if tid & UNLINKED_BIT != 0 { ", unlinked" } else { "" },
+        if tid & LOCK_BIT != 0 { ", locked" } else { "" },
+        versions.join(" ")
+    )
 }
 
 /// The oldest version of `rec` above `ts`, if any (`Some(None)`: none); `None` if `rec`

@@ -88,6 +88,20 @@ fn a_record_id_given_a_new_key_waits_for_its_old_tombstone() {
     assert_eq!(r.get(t, b"second").unwrap().as_deref(), Some(&b"b"[..]));
 }
 
+/// An update parked after a delete, whose new life never comes: the error names the
+/// record's key and versions, newest first, a tombstone marked `-`.
+#[test]
+fn an_update_never_given_its_value_is_reported_with_the_records_state() {
+    let (db, t) = db();
+    db.replay_install(t, RecordId(3), Some(b"j"), Ts(1), Some(b"v")).unwrap();
+    db.replay_install(t, RecordId(3), None, Ts(2), None).unwrap();
+    assert_eq!(db.replay_install(t, RecordId(3), None, Ts(4), Some(b"y")).unwrap().delta, 0, "parked");
+    db.publish_read_view(Ts(3)).unwrap();
+    let err = db.publish_read_view(Ts(4)).unwrap_err().to_string();
+    assert!(err.contains("record 3 at ts 4"), "{err}");
+    assert!(err.ends_with("the record: key \"j\", tid ts 2, versions newest first [2- 1]"), "{err}");
+}
+
 #[test]
 fn a_new_life_over_a_live_value_is_refused_as_corruption() {
     let (db, t) = db();
@@ -100,6 +114,8 @@ fn a_new_life_over_a_live_value_is_refused_as_corruption() {
     db.publish_read_view(Ts(6)).unwrap();
     let err = db.publish_read_view(Ts(7)).unwrap_err();
     assert!(err.to_string().contains("its insert was never received"), "{err}");
+    // It says what the record held (here nothing: no key, no version).
+    assert!(err.to_string().ends_with("the record: key \"none\", tid ts 0, versions newest first []"), "{err}");
     assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v"[..]), "the view stayed at 6");
 }
 
