@@ -1864,14 +1864,30 @@ pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Resul
     Ok(info)
 }
 
-/// Moves `paths` (inside `data`) into `data/trash/` (a rename each, then the directories
-/// fsynced) and deletes them there on a thread of their own: nothing reads `trash/`, and
-/// what a crash leaves there is deleted by the next call.
+/// Moves `paths` (inside `data`) into `data/trash/`, in their order, and deletes them
+/// there on a thread of their own: nothing reads `trash/`, and what a crash leaves there
+/// is deleted by the next call. Each rename is made durable (its directory fsynced) before
+/// the next, so a crash leaves a prefix of them done, whatever the file system orders.
 pub fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
-    move_to_trash(data, paths)?;
-    crate::storage::sync_dir(data).map_err(|e| LogError::io(data, e))?;
+    move_to_trash_with(data, paths, &mut |moved: &Path| {
+        let dir = moved.parent().unwrap_or(data);
+        crate::storage::sync_dir(dir).map_err(|e| LogError::io(dir, e))
+    })?;
     delete_trash(data);
     Ok(())
+}
+
+/// What a backup sent a whole checkpoint by its primary moves aside (`to_trash`) before it
+/// puts that checkpoint in place, in this order: the live replica log, the sealed links
+/// newest first, then the checkpoints. A crash after any prefix of these renames leaves an
+/// older state that opens as it is, never a replica log or sealed links without the
+/// checkpoint they lie on (which an open would replay from ts 0).
+pub fn replaced_by_a_checkpoint_copy(data: &Path) -> Result<Vec<PathBuf>, LogError> {
+    let mut gone = vec![replica_dir(data)];
+    gone.extend(crate::sealed::link_paths(data)?.into_iter().rev());
+    gone.push(checkpoint::checkpoints_dir(data));
+    gone.retain(|p| p.exists());
+    Ok(gone)
 }
 
 /// `to_trash` for what no crash can bring back into use (an incomplete checkpoint: no
@@ -1883,12 +1899,22 @@ pub(crate) fn to_trash_unsynced(data: &Path, paths: &[PathBuf]) -> Result<(), Lo
 }
 
 fn move_to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
+    move_to_trash_with(data, paths, &mut |_: &Path| Ok(()))
+}
+
+/// Renames each of `paths` into `data/trash/`, calling `after(path)` once it is moved.
+fn move_to_trash_with(
+    data: &Path,
+    paths: &[PathBuf],
+    after: &mut dyn FnMut(&Path) -> Result<(), LogError>,
+) -> Result<(), LogError> {
     let trash = data.join(TRASH_DIR);
     std::fs::create_dir_all(&trash).map_err(|e| LogError::io(&trash, e))?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     for (i, p) in paths.iter().enumerate() {
         let to = trash.join(format!("{stamp}-{i}"));
         std::fs::rename(p, &to).map_err(|e| LogError::io(p, e))?;
+        after(p)?;
     }
     Ok(())
 }

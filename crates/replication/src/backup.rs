@@ -721,14 +721,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             })?;
             // Replace whatever this node held with the primary's checkpoint.
             drop((opened, fresh_lock));
-            // Moved aside (a rename each), from the newest of what it held to the oldest: the
-            // live replica log, the sealed logs newest first, then the checkpoints. A crash
-            // midway leaves an older state that opens as it is, never sealed or replica logs
-            // without the checkpoint they lie on (which an open would replay from ts 0).
-            let mut gone = vec![ditto_log::replica::replica_dir(&dir)];
-            gone.extend(ditto_log::sealed::link_paths(&dir)?.into_iter().rev());
-            gone.push(dir.join("checkpoints"));
-            gone.retain(|p| p.exists());
+            // Moved aside (a rename each, durable before the next), from the newest of what
+            // it held to the oldest: a crash midway leaves an older state that opens as it is.
+            let gone = ditto_log::replica::replaced_by_a_checkpoint_copy(&dir)?;
             ditto_log::replica::to_trash(&dir, &gone)?;
             std::fs::create_dir_all(dir.join("checkpoints")).map_err(io("creating checkpoints"))?;
             let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", ts.0));

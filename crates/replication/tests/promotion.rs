@@ -476,6 +476,13 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let chain = ditto_log::sealed::sealed(&b2).unwrap();
     assert_eq!(chain.iter().map(|s| s.point).collect::<Vec<_>>(), vec![p1, p2], "{chain:?}");
     assert!(chain[1].dir.ends_with("sealed.2"), "{chain:?}");
+    // A checkpoint copy cut short by a crash (links named `sealed` and `sealed.2`).
+    let history: Vec<(u32, String)> = (0..100u32)
+        .map(|i| (i, format!("v{i}")))
+        .chain((100..150).chain(0..10).map(|i| (i, format!("two{i}"))))
+        .collect();
+    let prefixes = checkpoint_copy_cut_short_opens_as_an_older_state(&b2, &history);
+    assert_eq!(prefixes, [160, 100, 0, 0], "epoch 2 to P2, epoch 1 to P1, the checkpoint at 0, nothing");
     let expect = |db: &ditto_engine::Database, what: &str| {
         for i in 0..150u32 {
             let want = match i {
@@ -560,6 +567,122 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
         // The open's checkpoint took any chain away.
         assert!(ditto_log::sealed::link_paths(dir).unwrap().is_empty(), "{what}");
     }
+}
+
+/// A checkpoint copy cut short by a crash (docs/cluster.md, "A checkpoint copy's removal
+/// order"), where it matters most: a sealed link lying on a checkpoint that holds data
+/// (a backup that followed a new primary in place and checkpointed the seal away, then was
+/// promoted in place itself). Each prefix of the renames leaves a directory that opens as
+/// an older state; the checkpoints moved first would leave the link alone, which an open
+/// replays from ts 0 as if it held everything (epoch 1's keys 10-99 gone: checked).
+#[test]
+fn a_checkpoint_copy_cut_short_by_a_crash_leaves_an_older_state_that_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let storage = RealStorage;
+    let (a, pa_repl, bk1, bk2, ts, _) = held_backups_under("local", &pa, &b1, Some(&b2));
+    let bk2 = bk2.unwrap();
+    let visible = |b: &backup::Backup| b.state.visible.load(std::sync::atomic::Ordering::SeqCst);
+    let p1 = ts[99];
+    wait_until("both backups to replay epoch 1", Duration::from_secs(20), || {
+        visible(&bk1) >= p1.0 && visible(&bk2) >= p1.0
+    });
+    let epoch1 = a.logger().epoch();
+    pa_repl.stop();
+    a.close();
+    // B1 promoted in place at P1; B2 follows it in place and checkpoints the seal away.
+    let (db1, lock1) = bk1.cut_at(p1, "promoted", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b1, p1, &storage).unwrap();
+    drop(lock1);
+    let start2 = Ts(p1.0 + 7);
+    let o = OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch1.0 + 1)),
+        ts_above: start2,
+        recovered: Some(ditto_log::Recovered(db1)),
+        ..Default::default()
+    };
+    let bp1 = ditto_log::open(&b1, o).unwrap();
+    let (bp1_repl, bp1_addr) = start_primary(&bp1, Some((epoch1, p1, start2)));
+    let (db2, lock2) = bk2.cut_at(p1, "follows", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b2, p1, &storage).unwrap();
+    drop(lock2);
+    // Its first checkpoint (due within 100 ms) takes the seal away; then it is stopped and
+    // started again, checkpointing no more within the test.
+    let opts = BackupOptions {
+        engine: Some(Arc::clone(&db2)),
+        hold_replay_at_release: true,
+        checkpoint_every: Duration::from_millis(100),
+        ..BackupOptions::new(&bp1_addr, &b2, 1, "b2")
+    };
+    let bk2 = backup::start(opts).unwrap();
+    wait_until("B2's checkpoint at P1 to take the seal away", Duration::from_secs(20), || {
+        ditto_log::sealed::sealed(&b2).unwrap().is_empty()
+    });
+    bk2.stop("restarted", Duration::from_secs(10)).unwrap();
+    drop(bk2);
+    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&bp1_addr, &b2, 1, "b2") };
+    let bk2 = backup::start(opts).unwrap();
+    let tb = bp1.db().table_id("t").unwrap();
+    let mut w = bp1.db().worker(WorkerId(0)).unwrap();
+    let tickets: Vec<_> = (100..150u32)
+        .chain(0..10)
+        .map(|i| w.run(|x| x.put(tb, &i.to_be_bytes(), format!("two{i}").as_bytes())).unwrap().1)
+        .collect();
+    let p2 = tickets.into_iter().last().unwrap().wait().unwrap();
+    wait_until("B2 to replay epoch 2", Duration::from_secs(20), || visible(&bk2) >= p2.0);
+    drop(w);
+    bp1_repl.stop();
+    bp1.close();
+    // B2 promoted in place at P2: its replica log of epoch 2 is sealed on the checkpoint at P1.
+    let (_db, lock2) = bk2.cut_at(p2, "promoted", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(&b2, p2, &storage).unwrap();
+    drop(lock2);
+    let history: Vec<(u32, String)> = (0..100u32)
+        .map(|i| (i, format!("v{i}")))
+        .chain((100..150).chain(0..10).map(|i| (i, format!("two{i}"))))
+        .collect();
+    let prefixes = checkpoint_copy_cut_short_opens_as_an_older_state(&b2, &history);
+    assert_eq!(prefixes, [160, 100, 0], "epoch 2 to P2, the checkpoint at P1, nothing");
+}
+
+/// A backup that its primary sends a whole checkpoint moves what it held aside, a rename
+/// each (`replaced_by_a_checkpoint_copy`, `to_trash`). After a crash after any number of
+/// those renames, the directory `dir` opens as an older state: the state after a prefix
+/// of `history` (the puts of keys 0..150 in commit order), shorter the more renames were
+/// done, and nothing after the last. Returns the prefix's length after each number of
+/// renames.
+fn checkpoint_copy_cut_short_opens_as_an_older_state(dir: &std::path::Path, history: &[(u32, String)]) -> Vec<usize> {
+    let gone = ditto_log::replica::replaced_by_a_checkpoint_copy(dir).unwrap();
+    let names: Vec<_> = gone.iter().map(|p| p.strip_prefix(dir).unwrap().to_path_buf()).collect();
+    assert!(names.last().is_some_and(|n| n.ends_with("checkpoints")), "the checkpoints go last: {names:?}");
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut prefixes = Vec::new();
+    for k in 0..=names.len() {
+        let d = tmp.path().join(format!("cut-after-{k}"));
+        copy_dir(dir, &d);
+        std::fs::remove_file(d.join("LOCK")).ok();
+        let moved: Vec<_> = names[..k].iter().map(|n| d.join(n)).collect();
+        ditto_log::replica::to_trash(&d, &moved).unwrap();
+        let what = format!("after {k} of the renames {names:?}");
+        let opened =
+            ditto_log::replica::open_replica(&d, 1, &storage).unwrap_or_else(|e| panic!("{what}: refused: {e}"));
+        let held: Vec<Option<Vec<u8>>> = (0..150u32).map(|i| value_on(&opened.db, i)).collect();
+        let n = (0..=history.len()).rev().find(|&n| {
+            let mut state: Vec<Option<Vec<u8>>> = vec![None; 150];
+            for (key, v) in &history[..n] {
+                state[*key as usize] = Some(v.clone().into_bytes());
+            }
+            state == held
+        });
+        let n = n.unwrap_or_else(|| panic!("{what}: not a state the history went through: {held:?}"));
+        assert!(prefixes.last().is_none_or(|&before| n <= before), "{what}: newer than with fewer renames");
+        prefixes.push(n);
+    }
+    assert_eq!(prefixes[0], history.len(), "nothing moved: all of it");
+    assert_eq!(*prefixes.last().unwrap(), 0, "everything moved: nothing");
+    prefixes
 }
 
 /// Copies the files under `from` to `to` (but its trash, which a thread may be emptying).
