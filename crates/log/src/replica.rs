@@ -1306,8 +1306,6 @@ pub(crate) struct Scan {
     pub ckpt_ts: Ts,
     /// Batches with transactions above the checkpoint: (batch, file index, offset).
     pub kept: Vec<(Batch, usize, u64)>,
-    /// Every entry: (stream, bound, the batch as the primary framed it).
-    pub entries: Vec<(usize, Ts, Bytes)>,
     pub log_bytes: u64,
     /// The newest file's torn tail: the file and the length that checks.
     pub torn: Option<(PathBuf, u64)>,
@@ -1395,22 +1393,56 @@ fn list_files(rdir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
 }
 
 fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError> {
+    let mut kept: Vec<(Batch, usize, u64)> = Vec::new();
+    let read = read_files(&files, |e| {
+        let h = &e.batch.header;
+        if h.txn_count > 0 && h.last_ts > ckpt_ts {
+            kept.push((e.batch, e.file, e.offset as u64));
+        }
+    })?;
+    let FilesRead { streams, bounds, floor, log_bytes, torn } = read;
+    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, log_bytes, torn })
+}
+
+/// One entry of a replica log file, as `read_files` hands it over.
+struct FileEntry<'a> {
+    /// The file's index in the list read, and its whole bytes.
+    file: usize,
+    raw: &'a Bytes,
+    /// Where the entry starts in `raw`, and its length (entry header included).
+    offset: usize,
+    used: usize,
+    stream: usize,
+    batch: Batch,
+}
+
+/// What `read_files` found besides the entries.
+struct FilesRead {
+    streams: Option<u32>,
+    /// Per stream: the highest bound.
+    bounds: Vec<Ts>,
+    /// The highest trusted floor.
+    floor: Ts,
+    log_bytes: u64,
+    /// The newest file's torn tail: the file and the length that checks.
+    torn: Option<(PathBuf, u64)>,
+}
+
+/// Reads replica log `files` (in sequence order) one at a time, checking each file's
+/// header and each entry, and hands every entry to `on_entry`: a file's bytes are let go
+/// once it is read, unless `on_entry` keeps a slice of them. The tail of the newest file
+/// may be torn (never acknowledged) and ends the read; damage anywhere else is an error.
+fn read_files(files: &[(u64, PathBuf)], mut on_entry: impl FnMut(FileEntry<'_>)) -> Result<FilesRead, LogError> {
     let mut streams: Option<u32> = None;
-    // Per stream: highest bound; and the highest trusted floor.
     let mut bounds: Vec<Ts> = Vec::new();
     let mut floor = Ts::ZERO;
-    let mut kept: Vec<(Batch, usize, u64)> = Vec::new();
-    let mut entries = Vec::new();
     let mut log_bytes = 0;
     let mut torn = None;
-    let raws: Vec<Bytes> = files
-        .iter()
-        .map(|(_, p)| std::fs::read(p).map(Bytes::from).map_err(|e| LogError::io(p, e)))
-        .collect::<Result<_, _>>()?;
-    for (i, ((seq, path), raw)) in files.iter().zip(&raws).enumerate() {
+    for (i, (seq, path)) in files.iter().enumerate() {
+        let raw = std::fs::read(path).map(Bytes::from).map_err(|e| LogError::io(path, e))?;
         let last = i + 1 == files.len();
         let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
-        let (n, hseq) = match decode_header(raw) {
+        let (n, hseq) = match decode_header(&raw) {
             Ok(h) => h,
             // A crash while the header of the newest file was written: it holds nothing.
             Err(_) if last && raw.len() <= REPLICA_HEADER_LEN => break,
@@ -1419,7 +1451,7 @@ fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError>
         take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
         let mut off = REPLICA_HEADER_LEN;
         while off < raw.len() {
-            match decode_entry(raw, off) {
+            match decode_entry(&raw, off) {
                 Ok((batch, flags, used)) => {
                     let h = &batch.header;
                     let s = h.stream.0 as usize;
@@ -1431,10 +1463,7 @@ fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError>
                         floor = floor.max(h.floor_ts);
                     }
                     log_bytes += used as u64;
-                    entries.push((s, h.bound_ts, raw.slice(off + ENTRY_HEADER_LEN..off + used)));
-                    if h.txn_count > 0 && h.last_ts > ckpt_ts {
-                        kept.push((batch, i, off as u64));
-                    }
+                    on_entry(FileEntry { file: i, raw: &raw, offset: off, used, stream: s, batch });
                     off += used;
                 }
                 // The tail of the newest file may be torn (never acknowledged); all zeros
@@ -1448,7 +1477,7 @@ fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError>
             }
         }
     }
-    Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, entries, log_bytes, torn })
+    Ok(FilesRead { streams, bounds, floor, log_bytes, torn })
 }
 
 /// The batches of primary stream `stream` that `dir`'s replica log holds with a bound above
@@ -1474,8 +1503,16 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
             ),
         });
     }
-    let scan = scan(dir, ckpt_ts)?;
-    Ok(scan.entries.into_iter().filter(|(s, bound, _)| *s == stream && *bound > after).map(|(_, _, b)| b).collect())
+    // File by file, the batches asked for copied out: at most one file (64 MiB by default)
+    // and the answer in memory, not the whole log of every stream.
+    let files = if crate::sealed::replica_is_sealed(dir) { Vec::new() } else { list_files(&replica_dir(dir))? };
+    let mut out = Vec::new();
+    read_files(&files, |e| {
+        if e.stream == stream && e.batch.header.bound_ts > after {
+            out.push(Bytes::copy_from_slice(&e.raw[e.offset + ENTRY_HEADER_LEN..e.offset + e.used]));
+        }
+    })?;
+    Ok(out)
 }
 
 /// The batches of `stream` above `after` in `data`'s sealed log at `point` (the newest link,

@@ -101,6 +101,40 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     let fetched = replica_stream_batches(a.path(), 0, hb.streams[0]).unwrap();
     assert_eq!(from_primary, fetched, "the same batches from the primary's log and from A's");
     assert!(!fetched.is_empty() && fetched.iter().all(|x| stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound));
+    // The same from a log of many small files (read one at a time) whose newest ends torn,
+    // for every `after`: each stream's batches bounded above it, in order, as framed.
+    let many = tempfile::tempdir().unwrap();
+    {
+        let mut log = ReplicaLog::create(many.path(), Arc::clone(&storage), 2, 1, 1024).unwrap();
+        for x in &batches {
+            log.append(x, false, stream(x).bound_ts);
+            log.sync().unwrap();
+        }
+    }
+    let files = |dir: &std::path::Path| std::fs::read_dir(ditto_log::replica::replica_dir(dir)).unwrap().count();
+    assert!(files(many.path()) > 3, "many files: {}", files(many.path()));
+    let newest = std::fs::read_dir(ditto_log::replica::replica_dir(many.path()))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    {
+        use std::io::Write;
+        std::fs::OpenOptions::new().append(true).open(newest).unwrap().write_all(&[7u8; 30]).unwrap();
+    }
+    for s in 0..2usize {
+        for after in [Ts::ZERO, cut_bound, ha.streams[s], Ts(ha.streams[s].0 + 1)] {
+            let want: Vec<Bytes> = batches
+                .iter()
+                .filter(|x| stream(x).stream.0 as usize == s && stream(x).bound_ts > after)
+                .cloned()
+                .collect();
+            assert_eq!(replica_stream_batches(many.path(), s, after).unwrap(), want, "stream {s} above {after:?}");
+            if s == 0 && after == hb.streams[0] {
+                assert_eq!(want, fetched);
+            }
+        }
+    }
     // B's last file ends torn (its server died mid-write): the fetch cuts it before it adds
     // a file, or the directory would no longer open.
     {
