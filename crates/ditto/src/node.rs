@@ -490,7 +490,8 @@ struct NodePlane {
     prepared_own_log: Option<(u64, u64, u64)>,
     /// The check of the directory against the plan's point, read on a thread of its own
     /// (`start_check`) until it answers.
-    prepare_check: Option<std::sync::mpsc::Receiver<Result<Checked, String>>>,
+    /// (With the point it checks against.)
+    prepare_check: Option<(u64, std::sync::mpsc::Receiver<Result<Checked, String>>)>,
     /// The epoch this node was named primary of and gave up (its promotion in place failed
     /// once the epoch's log had begun), and when it last proposed failing it over.
     gives_up: Option<(u64, Option<Instant>)>,
@@ -1375,7 +1376,7 @@ impl NodePlane {
             .name("ditto-prepare".into())
             .spawn(move || drop(tx.send(check_holdings(&data, workers, point))));
         match spawned {
-            Ok(_) => self.prepare_check = Some(rx),
+            Ok(_) => self.prepare_check = Some((point, rx)),
             Err(e) => self.prepared = Some(Err(format!("starting the thread that reads its log: {e}"))),
         }
     }
@@ -1688,9 +1689,15 @@ impl DataPlane for NodePlane {
             self.stop_child("it fetches into its directory");
         }
         self.prepared = None;
-        self.prepare_check = None; // an earlier plan's check answers no one
-        if self.fetching.is_empty() {
-            self.start_check(plan);
+        // A check still reading for an earlier plan with the same point and nothing
+        // fetched since answers this one too (a failover asks again until it is planned:
+        // each check of an old primary's own log reads all of it); any other answers no one.
+        let same = self.prepare_check.as_ref().is_some_and(|(p, _)| *p == plan.recovery_point);
+        if !(same && self.fetching.is_empty()) {
+            self.prepare_check = None;
+            if self.fetching.is_empty() {
+                self.start_check(plan);
+            }
         }
     }
 
@@ -1698,7 +1705,7 @@ impl DataPlane for NodePlane {
         if let Some(r) = self.prepared.take() {
             return Some(r);
         }
-        let answer = match self.prepare_check.as_ref()?.try_recv() {
+        let answer = match self.prepare_check.as_ref()?.1.try_recv() {
             Ok(a) => a,
             Err(std::sync::mpsc::TryRecvError::Empty) => return None,
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {

@@ -567,7 +567,7 @@ impl Database {
             for ((table, rid), w) in parked.iter() {
                 if let Some((wts, _)) = w.iter().find(|w| w.0 <= ts) {
                     let (name, state) = match self.table(*table) {
-                        Ok(t) => (t.name.clone(), describe_record(t.record(*rid))),
+                        Ok(t) => (t.name.clone(), t.record_if_allocated(*rid).map(describe_record).unwrap_or_default()),
                         Err(_) => (String::new(), String::new()),
                     };
                     return Err(Error::Corrupt(format!(

@@ -1903,11 +1903,12 @@ pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Resul
 
 /// Moves `paths` (inside `data`) into `data/trash/`, in their order, and deletes them
 /// there on a thread of their own: nothing reads `trash/`, and what a crash leaves there
-/// is deleted by the next call. Each rename is made durable (its directory fsynced) before
-/// the next, so a crash leaves a prefix of them done, whatever the file system orders.
+/// is deleted by the next call. Each rename is made durable (the directory it left
+/// fsynced) before the next, so a crash leaves a prefix of them done, whatever the file
+/// system orders. (`trash/` is not fsynced: a move a crash loses there is garbage anyway.)
 pub fn to_trash(data: &Path, paths: &[PathBuf]) -> Result<(), LogError> {
     move_to_trash_with(data, paths, &mut |moved: &Path| {
-        let dir = moved.parent().unwrap_or(data);
+        let dir = moved.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(data);
         crate::storage::sync_dir(dir).map_err(|e| LogError::io(dir, e))
     })?;
     delete_trash(data);

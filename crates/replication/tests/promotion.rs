@@ -573,8 +573,8 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
 /// order"), where it matters most: a sealed link lying on a checkpoint that holds data
 /// (a backup that followed a new primary in place and checkpointed the seal away, then was
 /// promoted in place itself). Each prefix of the renames leaves a directory that opens as
-/// an older state; the checkpoints moved first would leave the link alone, which an open
-/// replays from ts 0 as if it held everything (epoch 1's keys 10-99 gone: checked).
+/// an older state; the checkpoints moved first would leave the link alone, which the open
+/// refuses ("recovered state is inconsistent": checked).
 #[test]
 fn a_checkpoint_copy_cut_short_by_a_crash_leaves_an_older_state_that_opens() {
     let tmp = tempfile::tempdir().unwrap();
