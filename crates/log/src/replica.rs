@@ -1246,7 +1246,8 @@ fn scan_file_headers(
 }
 
 /// A sealed log's batches (`sealed/`, or the kept `sealed-served/`) with a bound above
-/// `after`, in the order received, as framed: what a new primary sends a backup behind its
+/// `after` (of `stream` only, if named: a failover's fetch of one stream reads no other's
+/// payloads), in the order received, as framed: what a new primary sends a backup behind its
 /// point (`sealed_batches_above`). The log lies on `ckpt_ts` and is sealed at `point`.
 /// Every entry's header is checked, with none cut short (a sealed log has no torn tail,
 /// as `scan_sealed_dir` says), and the log must hold every stream up to the point; the
@@ -1254,13 +1255,19 @@ fn scan_file_headers(
 /// carries the highest trusted floor). After a load of 1.9M keys, reading the whole 466 MB
 /// sealed log for the few batches a backup lacked held that backup's join 160 ms, and with
 /// it the first write under `majority` when it was the only backup left.
-fn sealed_entries_above(rdir: &Path, ckpt_ts: Ts, point: Ts, after: Ts) -> Result<Vec<(Ts, Bytes, Batch)>, LogError> {
+fn sealed_entries_above(
+    rdir: &Path,
+    ckpt_ts: Ts,
+    point: Ts,
+    after: Ts,
+    stream: Option<usize>,
+) -> Result<Vec<(Ts, Bytes, Batch)>, LogError> {
     let files = list_files(rdir)?;
     let (mut streams, mut bounds, mut floor_at) = (None, Vec::new(), None);
     let mut above = Vec::new();
     for (i, (seq, path)) in files.iter().enumerate() {
         scan_file_headers(i, *seq, path, &mut streams, &mut bounds, &mut floor_at, |k| {
-            if k.header.bound_ts > after {
+            if k.header.bound_ts > after && stream.is_none_or(|s| k.header.stream.0 as usize == s) {
                 above.push(k);
             }
         })?;
@@ -1527,11 +1534,8 @@ pub(crate) fn sealed_stream_batches(
     after: Ts,
     point: Ts,
 ) -> Result<Option<Vec<Bytes>>, LogError> {
-    Ok(sealed_batches_above(data, after, point)?.map(|all| {
-        all.into_iter()
-            .filter(|b| crate::format::decode_batch_header(b).is_ok_and(|h| h.stream.0 as usize == stream))
-            .collect()
-    }))
+    // Only that stream's entries are read (the others' headers are, for the checks).
+    sealed_batches_of(data, after, point, Some(stream))
 }
 
 /// What `data`'s replica log sealed at `point` holds above `after`, cut at the point: every
@@ -1543,6 +1547,11 @@ pub(crate) fn sealed_stream_batches(
 /// `after` (a checkpoint lies above it, or only the newest link was kept when a checkpoint
 /// took the chain away): what the backup lacks is not all in it.
 pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
+    sealed_batches_of(data, after, point, None)
+}
+
+/// `sealed_batches_above`, of one stream only where `stream` names it.
+fn sealed_batches_of(data: &Path, after: Ts, point: Ts, stream: Option<usize>) -> Result<Option<Vec<Bytes>>, LogError> {
     let base = crate::sealed::base(data)?;
     // The newest sealed log, on what it lies on; or, once a checkpoint took the chain
     // away, the copy kept for this (`sealed::retire_sealed`), with the floor it lay on.
@@ -1552,10 +1561,10 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
         return Ok(None);
     }
     match newest {
-        Some(i) => link_batches_above(&base, i, after),
+        Some(i) => link_batches_above(&base, i, after, stream),
         None => match crate::sealed::served(data) {
             Some((dir, p, floor)) if p == point && floor <= after => {
-                Ok(Some(link_entries_above(&dir, floor, p, after)?))
+                Ok(Some(link_entries_above(&dir, floor, p, after, stream)?))
             }
             _ => Ok(None),
         },
@@ -1591,7 +1600,12 @@ pub fn fetch_floor(data: &Path) -> Result<Ts, LogError> {
 /// a fetch or a rejoining backup behind two changes in place made before a checkpoint
 /// took the chain away. `None` where the chain does not reach down to `after` (the
 /// checkpoint lies above it) or passes through an old primary's own log.
-fn link_batches_above(base: &crate::sealed::Base, i: usize, after: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
+fn link_batches_above(
+    base: &crate::sealed::Base,
+    i: usize,
+    after: Ts,
+    stream: Option<usize>,
+) -> Result<Option<Vec<Bytes>>, LogError> {
     let link = &base.chain[i];
     if link.primary_log {
         return Ok(None);
@@ -1604,20 +1618,27 @@ fn link_batches_above(base: &crate::sealed::Base, i: usize, after: Ts) -> Result
         if i == 0 || base.chain[i - 1].point != floor {
             return Ok(None);
         }
-        match link_batches_above(base, i - 1, after)? {
+        match link_batches_above(base, i - 1, after, stream)? {
             Some(below) => out = below,
             None => return Ok(None),
         }
     }
     // (Batches of this link bounded at or below its floor hold nothing above it.)
-    out.extend(link_entries_above(&link.dir, floor, link.point, after.max(floor))?);
+    out.extend(link_entries_above(&link.dir, floor, link.point, after.max(floor), stream)?);
     Ok(Some(out))
 }
 
-/// One sealed link's batches bounded above `after`, cut at its `point`.
-fn link_entries_above(dir: &Path, floor: Ts, point: Ts, after: Ts) -> Result<Vec<Bytes>, LogError> {
+/// One sealed link's batches bounded above `after` (of `stream` only, if named), cut at
+/// its `point`.
+fn link_entries_above(
+    dir: &Path,
+    floor: Ts,
+    point: Ts,
+    after: Ts,
+    stream: Option<usize>,
+) -> Result<Vec<Bytes>, LogError> {
     let mut out = Vec::new();
-    for (bound, raw, batch) in sealed_entries_above(dir, floor, point, after)? {
+    for (bound, raw, batch) in sealed_entries_above(dir, floor, point, after, stream)? {
         let mut framed = Vec::with_capacity(raw.len());
         if bound <= point && batch.header.last_ts <= point {
             framed.extend_from_slice(&raw);

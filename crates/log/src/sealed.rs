@@ -187,20 +187,34 @@ fn read_cut(dir: &Path) -> Result<Option<Ts>, LogError> {
 /// between the seal's steps) is the newest. Empty if it holds none.
 pub fn sealed(data: &Path) -> Result<Vec<Sealed>, LogError> {
     let mut chain = Vec::new();
-    for dir in link_dirs(data)?.0 {
-        match read_cut(&dir)? {
-            Some(point) => {
-                let primary_log = holds_primary_segments(&dir)?;
-                chain.push(Sealed { dir, point, primary_log })
-            }
-            None => {
-                return Err(LogError::Corrupt {
-                    file: dir,
-                    offset: 0,
-                    what: "a sealed replica log without its cut".into(),
-                })
+    // A reader beside the directory's backup (a report's read ahead) may list a link that
+    // a checkpoint then moves away (`retire_sealed`): listed again, a few times.
+    let mut tries = 0;
+    'listing: loop {
+        chain.clear();
+        for dir in link_dirs(data)?.0 {
+            let read = read_cut(&dir).and_then(|cut| match cut {
+                Some(point) => holds_primary_segments(&dir).map(|p| Some((point, p))),
+                None => Ok(None),
+            });
+            match read {
+                Ok(Some((point, primary_log))) => chain.push(Sealed { dir, point, primary_log }),
+                // Moved away since it was listed.
+                _ if !dir.exists() && tries < 3 => {
+                    tries += 1;
+                    continue 'listing;
+                }
+                Err(e) => return Err(e),
+                Ok(None) => {
+                    return Err(LogError::Corrupt {
+                        file: dir,
+                        offset: 0,
+                        what: "a sealed replica log without its cut".into(),
+                    })
+                }
             }
         }
+        break;
     }
     // A crash between a seal's steps: the replica log, or an old primary's own log.
     let (rdir, ldir) = (replica_dir(data), data.join("log"));

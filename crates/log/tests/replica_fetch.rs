@@ -104,6 +104,7 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     // The same from a log of many small files (read one at a time) whose newest ends torn,
     // for every `after`: each stream's batches bounded above it, in order, as framed.
     let many = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), many.path().join("CATALOG")).unwrap();
     {
         let mut log = ReplicaLog::create(many.path(), Arc::clone(&storage), 2, 1, 1024).unwrap();
         for x in &batches {
@@ -113,6 +114,7 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     }
     let files = |dir: &std::path::Path| std::fs::read_dir(ditto_log::replica::replica_dir(dir)).unwrap().count();
     assert!(files(many.path()) > 3, "many files: {}", files(many.path()));
+    let sealed = fresh_copy(many.path());
     let newest = std::fs::read_dir(ditto_log::replica::replica_dir(many.path()))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -133,6 +135,27 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
             if s == 0 && after == hb.streams[0] {
                 assert_eq!(want, fetched);
             }
+        }
+    }
+    // Sealed just below what it holds (a change of role in place): a fetch from below
+    // the point reads the sealed link, only the stream asked for, each batch cut at the
+    // point: that stream's transactions above `after` and at or below the point, in order.
+    let point = Ts(ha.cut.0 - 3);
+    ditto_log::sealed::seal_tail(sealed.path(), point, &*storage).unwrap();
+    let txns = |bs: &[Bytes], s: usize, after: Ts| -> Vec<Ts> {
+        bs.iter()
+            .filter(|b| stream(b).stream.0 as usize == s)
+            .flat_map(|b| ditto_log::format::decode_batch(b).unwrap().0.records().into_iter().map(|r| r.ts))
+            .filter(|t| *t > after && *t <= point)
+            .collect()
+    };
+    for s in 0..2usize {
+        for after in [Ts::ZERO, Ts(point.0 / 2)] {
+            let got = replica_stream_batches(sealed.path(), s, after).unwrap();
+            assert!(got.iter().all(|b| stream(b).stream.0 as usize == s), "only stream {s}");
+            let want = txns(&batches, s, after);
+            assert!(!want.is_empty(), "stream {s} has transactions above {after:?}");
+            assert_eq!(txns(&got, s, Ts::ZERO), want, "stream {s} above {after:?}, cut at the point");
         }
     }
     // B's last file ends torn (its server died mid-write): the fetch cuts it before it adds
