@@ -1126,26 +1126,45 @@ struct HoldQ {
     cut: Option<Ts>,
     /// Replay stopped (failed): nothing more goes.
     stopped: bool,
+    /// Batches go in the shipping order across streams, the first that may not go holding
+    /// back those after it: the dependency mode's merge reads a batch's floor as vouching
+    /// for every stream's transactions up to it that came *earlier in that order*, and
+    /// drops what comes after at or below it as a resend's overlap. Handed over stream by
+    /// stream, one stream's floors passed the other's batches still to come, and a held
+    /// backup in that mode lost them without a word (found 2026-11-29:
+    /// `a_held_backup_replays_every_commit_of_two_streams_in_every_mode` lacked half of one
+    /// stream's keys). The other modes number the batches and put them in order themselves.
+    in_order: bool,
 }
 
 impl HoldQ {
-    /// What may go now, in each stream's order.
+    /// What may go now: in each stream's order, or, with `in_order`, in the shipping order.
     fn take_ready(&mut self) -> Vec<Job> {
         let mut out = Vec::new();
         let (cut, limit) = (self.cut, self.limit);
-        for q in &mut self.streams {
-            while let Some(j) = q.front() {
-                match cut {
-                    Some(cut) => {
-                        let mut j = q.pop_front().expect("a front");
-                        j.upto = cut;
-                        j.bound = j.bound.min(cut);
-                        // A floor vouches for every stream up to it; capped, for as much.
-                        j.floor = j.floor.map(|f| f.min(cut));
-                        out.push(j);
-                    }
-                    None if j.bound <= limit => out.push(q.pop_front().expect("a front")),
-                    None => break,
+        // A promotion's cut: the batch goes, cut there.
+        let capped = |mut j: Job| {
+            if let Some(cut) = cut {
+                j.upto = cut;
+                j.bound = j.bound.min(cut);
+                // A floor vouches for every stream up to it; capped, for as much.
+                j.floor = j.floor.map(|f| f.min(cut));
+            }
+            j
+        };
+        let ready = |j: &Job| cut.is_some() || j.bound <= limit;
+        if self.in_order {
+            loop {
+                let first = self.streams.iter_mut().filter(|q| !q.is_empty()).min_by_key(|q| q[0].seq);
+                match first {
+                    Some(q) if ready(&q[0]) => out.push(capped(q.pop_front().expect("a front"))),
+                    _ => break,
+                }
+            }
+        } else {
+            for q in &mut self.streams {
+                while q.front().is_some_and(ready) {
+                    out.push(capped(q.pop_front().expect("a front")));
                 }
             }
         }
@@ -1304,7 +1323,11 @@ impl Engine {
             graph: std::sync::OnceLock::new(),
             budget: Arc::clone(&budget),
             hold: hold.then(|| {
-                Arc::new(Hold { q: Mutex::new(HoldQ { limit: base, ..Default::default() }), cv: Condvar::new() })
+                let in_order = matches!(mode, ReplayMode::Dependency { .. });
+                Arc::new(Hold {
+                    q: Mutex::new(HoldQ { limit: base, in_order, ..Default::default() }),
+                    cv: Condvar::new(),
+                })
             }),
             replay_error: Mutex::new(None),
         });

@@ -1240,3 +1240,51 @@ fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
     assert!(!dir.path().join("PROMOTION").exists());
     assert_eq!(backup::read_followed_epoch(dir.path()), Some(Epoch(1)));
 }
+
+/// A cluster's backup holds its replay at the release (`hold_replay_at_release`) and hands
+/// the batches on when the release covers them; in the dependency mode they go through the
+/// graph's merge, which takes a batch's floor as vouching for every stream's transactions
+/// up to it that came earlier in the shipping order. Two streams whose commits alternate,
+/// so that one stream's batches carry floors over the other's: every commit is replayed,
+/// in every replay mode.
+#[test]
+fn a_held_backup_replays_every_commit_of_two_streams_in_every_mode() {
+    for mode in ["serial", "parallel", "dependency", "dependency:0"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+        let a = ditto_log::open(&pa, OpenOptions { workers: 2, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        let (pa_repl, a_addr) = start_primary_under(&a, None, "local");
+        let (replay, _) = ditto_replication::backup::parse_replay(mode).unwrap();
+        let opts = BackupOptions { hold_replay_at_release: true, replay, ..BackupOptions::new(&a_addr, &b1, 2, "b1") };
+        let bk = backup::start(opts).unwrap();
+        wait_until("the backup to join", Duration::from_secs(20), || bk.state.link_up());
+        let (mut w0, mut w1) = (a.db().worker(WorkerId(0)).unwrap(), a.db().worker(WorkerId(1)).unwrap());
+        let mut last = Ts::ZERO;
+        for i in 0..400u32 {
+            let w = if i % 2 == 0 { &mut w1 } else { &mut w0 };
+            let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), format!("v{i}").as_bytes())).unwrap();
+            // Now and then a wait, so that batches are both small and many.
+            if i % 7 == 0 {
+                last = last.max(ticket.wait().unwrap());
+            } else {
+                last = last.max(ticket.ts());
+            }
+        }
+        drop((w0, w1));
+        let visible = |b: &backup::Backup| b.state.visible.load(std::sync::atomic::Ordering::SeqCst);
+        let end = Instant::now() + Duration::from_secs(20);
+        while visible(&bk) < last.0 {
+            if let Some(f) = bk.failure() {
+                panic!("{mode}: the backup failed: {f}");
+            }
+            assert!(Instant::now() < end, "{mode}: the backup's view stayed at {} below {}", visible(&bk), last.0);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pa_repl.stop();
+        a.close();
+        let (db, _lock) = bk.cut_at(last, "checked", Duration::from_secs(20)).unwrap();
+        let missing: Vec<u32> = (0..400u32).filter(|&i| value_on(&db, i).is_none()).collect();
+        assert!(missing.is_empty(), "{mode}: the backup lacks keys {missing:?}");
+    }
+}
