@@ -111,27 +111,51 @@ pub const KUAFU_BARRIER_EVERY: u32 = 1024;
 pub struct Merge {
     pending: Vec<VecDeque<Txn>>,
     prefix: Prefix,
+    /// Per stream: the newest transaction pushed (a resend's overlap lies at or below it).
+    seen: Vec<Ts>,
 }
 
 impl Merge {
     pub fn new(streams: usize, base: Ts) -> Merge {
-        Merge { pending: (0..streams.max(1)).map(|_| VecDeque::new()).collect(), prefix: Prefix::new(streams, base) }
+        Merge {
+            pending: (0..streams.max(1)).map(|_| VecDeque::new()).collect(),
+            prefix: Prefix::new(streams, base),
+            seen: vec![base; streams.max(1)],
+        }
     }
 
     /// The next batch in shipping order: its stream, bound, trusted floor and transactions
     /// (in timestamp order, as a stream's batch holds them).
-    /// Transactions at or below the watermark already passed (every one of them arrived
-    /// before) are the overlap of a resumed connection: they are not taken twice.
-    pub fn push(&mut self, stream: usize, bound: Ts, floor: Option<Ts>, txns: impl IntoIterator<Item = Txn>) {
+    /// Transactions of the stream at or below the newest one pushed are the overlap of a
+    /// resumed connection: not taken twice. A newer one at or below the watermark was
+    /// vouched for (a bound or a floor) before it came: the batches are not in the shipping
+    /// order, and taking it would skip it or replay it out of order, so the merge refuses
+    /// it (before 2026-11-29 it was dropped as an overlap, without a word).
+    pub fn push(
+        &mut self,
+        stream: usize,
+        bound: Ts,
+        floor: Option<Ts>,
+        txns: impl IntoIterator<Item = Txn>,
+    ) -> Result<(), String> {
         let w = self.prefix.watermark();
         let q = &mut self.pending[stream];
         for t in txns {
-            // A stream's transactions come in ts order; one already queued is an overlap too.
-            if t.ts > w && q.back().is_none_or(|b| b.ts < t.ts) {
-                q.push_back(t);
+            if t.ts <= self.seen[stream] {
+                continue;
             }
+            if t.ts <= w {
+                return Err(format!(
+                    "stream {stream}'s transaction at ts {} came after the watermark had passed it (at {}): \
+                     batches out of the shipping order",
+                    t.ts.0, w.0
+                ));
+            }
+            self.seen[stream] = t.ts;
+            q.push_back(t);
         }
         self.prefix.push(stream, bound, floor);
+        Ok(())
     }
 
     /// Every transaction at or below this has been pushed.
@@ -435,7 +459,10 @@ fn dispatch<M>(
                 break;
             }
         };
-        merge.push(work.stream, work.bound, work.floor, work.txns);
+        if let Err(why) = merge.push(work.stream, work.bound, work.floor, work.txns) {
+            sink.failed(why);
+            break;
+        }
         while let Some(txn) = merge.pop() {
             let barrier = barrier_every > 0 && since_barrier >= barrier_every;
             if barrier || sh.in_flight.load(Ordering::SeqCst) > MAX_IN_FLIGHT - 1 {
@@ -614,20 +641,38 @@ mod tests {
     #[test]
     fn merge_releases_in_ts_order_only_what_the_watermark_covers() {
         let mut m = Merge::new(2, Ts(0));
-        m.push(0, Ts(3), None, [txn(1, &[1]), txn(3, &[1])]);
+        m.push(0, Ts(3), None, [txn(1, &[1]), txn(3, &[1])]).unwrap();
         assert!(m.pop().is_none(), "stream 1 has said nothing: ts 1 could still be preceded");
-        m.push(1, Ts(4), None, [txn(2, &[2]), txn(4, &[2])]);
+        m.push(1, Ts(4), None, [txn(2, &[2]), txn(4, &[2])]).unwrap();
         let order: Vec<u64> = std::iter::from_fn(|| m.pop()).map(|t| t.ts.0).collect();
         assert_eq!(order, [1, 2, 3], "ts 4 waits: stream 0 is only known complete to 3");
-        m.push(0, Ts(9), Some(Ts(8)), []);
+        m.push(0, Ts(9), Some(Ts(8)), []).unwrap();
         assert_eq!(m.pop().map(|t| t.ts.0), Some(4));
         assert_eq!(m.watermark(), Ts(8));
         // A resumed connection sends again what was held: not taken twice.
-        m.push(1, Ts(10), None, [txn(4, &[2]), txn(10, &[2])]);
+        m.push(1, Ts(10), None, [txn(4, &[2]), txn(10, &[2])]).unwrap();
         assert_eq!(m.pop().map(|t| t.ts.0), None, "10 waits for stream 0; 4 was taken already");
-        m.push(0, Ts(12), None, [txn(11, &[1])]);
+        m.push(0, Ts(12), None, [txn(11, &[1])]).unwrap();
         let order: Vec<u64> = std::iter::from_fn(|| m.pop()).map(|t| t.ts.0).collect();
         assert_eq!(order, [10], "11 waits: stream 1 is known complete only to 10");
+    }
+
+    /// A batch that comes after a floor vouched for it (out of the shipping order, as a
+    /// held backup's hand-over once made it) is refused, naming the transaction, not
+    /// dropped as an overlap; a resend of what was pushed still is one.
+    #[test]
+    fn a_transaction_the_watermark_passed_before_it_came_is_refused() {
+        let mut m = Merge::new(2, Ts(0));
+        // Stream 0's batch carries a floor of 5: stream 1's transactions up to 5 came before.
+        m.push(0, Ts(6), Some(Ts(5)), [txn(6, &[1])]).unwrap();
+        let e = m.push(1, Ts(5), None, [txn(4, &[2]), txn(5, &[2])]).unwrap_err();
+        assert!(e.contains("stream 1's transaction at ts 4") && e.contains("out of the shipping order"), "{e}");
+        let mut m = Merge::new(2, Ts(0));
+        m.push(1, Ts(5), None, [txn(4, &[2]), txn(5, &[2])]).unwrap();
+        m.push(0, Ts(6), Some(Ts(5)), [txn(6, &[1])]).unwrap();
+        m.push(1, Ts(7), None, [txn(5, &[2]), txn(7, &[2])]).unwrap();
+        let order: Vec<u64> = std::iter::from_fn(|| m.pop()).map(|t| t.ts.0).collect();
+        assert_eq!(order, [4, 5, 6], "5 once; 7 waits for stream 0");
     }
 
     #[test]
