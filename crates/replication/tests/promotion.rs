@@ -403,21 +403,28 @@ fn a_long_chain_is_checkpointed_away_at_once_and_a_short_one_when_the_policy_say
     d.close();
 }
 
-/// Two changes of role in place before a checkpoint (failovers seconds apart: the
-/// checkpoint that takes a seal away is paced): the backup that follows the second primary
-/// in place, and is then promoted in place itself, seals its replica log again as the
-/// second link of a chain instead of writing its whole engine as a checkpoint before it
-/// serves. The directory says exactly what the engine holds (epoch 1 up to the first
-/// point, epoch 2 up to the second, nothing above), recovers to it before and after its
-/// checkpoint, and serves a backup that lacks the end of epoch 2 from the second link,
-/// before and after that checkpoint (which keeps only that link, lying on the first point).
-#[test]
-fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+/// Epoch 1 on A (keys 0-99 `v{i}`), with held backups B1 and B2 in `tmp` joined before
+/// its writes; B1 promoted in place at P1 (epoch 1's last commit), and B2 following it in
+/// place, run by `follow` (given the engine it kept cut at P1, B1's replication address and
+/// its directory); epoch 2 on B1 (keys 100-149, and 0-9 written again, `two{i}`), replayed
+/// by B2; B1's primary closed.
+struct TwoEpochs {
+    b2: std::path::PathBuf,
+    bk2: backup::Backup,
+    p1: Ts,
+    p2: Ts,
+    /// Epoch 1's and epoch 2's commits.
+    ts: Vec<Ts>,
+    ts2: Vec<Ts>,
+    epoch2: Epoch,
+}
+
+fn two_epochs(
+    tmp: &std::path::Path,
+    follow: impl FnOnce(Arc<ditto_engine::Database>, &str, &std::path::Path) -> backup::Backup,
+) -> TwoEpochs {
+    let (pa, b1, b2) = (tmp.join("a"), tmp.join("b1"), tmp.join("b2"));
     let storage = RealStorage;
-    // Epoch 1: A, with B1 held at the release under `local`, and B2, both joined before
-    // epoch 1's writes (their replica logs hold them).
     let (a, pa_repl, bk1, bk2, ts, _) = held_backups_under("local", &pa, &b1, Some(&b2));
     let bk2 = bk2.unwrap();
     let visible = |b: &backup::Backup| b.state.visible.load(std::sync::atomic::Ordering::SeqCst);
@@ -428,32 +435,17 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let epoch1 = a.logger().epoch();
     pa_repl.stop();
     a.close();
-    // B1 promoted in place at P1, B2 follows it in place; neither checkpoints the seal away.
+    // B1 promoted in place at P1 (not checkpointing its seal away), B2 follows it in place.
     let (db1, lock1) = bk1.cut_at(p1, "promoted", Duration::from_secs(20)).unwrap();
     ditto_log::sealed::seal_tail(&b1, p1, &storage).unwrap();
     drop(lock1);
-    let o = |epoch: u64, start: Ts, db| OpenOptions {
-        workers: 1,
-        epoch: Some(Epoch(epoch)),
-        ts_above: start,
-        recovered: Some(ditto_log::Recovered(db)),
-        checkpoint_sealed: false,
-        ..Default::default()
-    };
     let start2 = Ts(p1.0 + 7);
-    let bp1 = ditto_log::open(&b1, o(epoch1.0 + 1, start2, db1)).unwrap();
+    let bp1 = ditto_log::open(&b1, opened_at(epoch1.0 + 1, start2, db1)).unwrap();
     let (bp1_repl, bp1_addr) = start_primary(&bp1, Some((epoch1, p1, start2)));
     let (db2, lock2) = bk2.cut_at(p1, "follows", Duration::from_secs(20)).unwrap();
     ditto_log::sealed::seal_tail(&b2, p1, &storage).unwrap();
     drop(lock2);
-    let opts = BackupOptions {
-        engine: Some(Arc::clone(&db2)),
-        hold_replay_at_release: true,
-        checkpoint_sealed: false,
-        ..BackupOptions::new(&bp1_addr, &b2, 1, "b2")
-    };
-    let bk2 = backup::start(opts).unwrap();
-    // Epoch 2: keys 100-149, and 0-9 written again.
+    let bk2 = follow(db2, &bp1_addr, &b2);
     let tb = bp1.db().table_id("t").unwrap();
     let mut w = bp1.db().worker(WorkerId(0)).unwrap();
     let tickets: Vec<_> = (100..150u32)
@@ -467,7 +459,46 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     drop(w);
     bp1_repl.stop();
     bp1.close();
-    drop(bp1);
+    TwoEpochs { b2, bk2, p1, p2, ts, ts2, epoch2 }
+}
+
+/// A primary's log opened from an engine kept through a promotion in place, for `epoch`
+/// with timestamps above `start`, its seal left for the policy's checkpoint.
+fn opened_at(epoch: u64, start: Ts, db: Arc<ditto_engine::Database>) -> OpenOptions {
+    OpenOptions {
+        workers: 1,
+        epoch: Some(Epoch(epoch)),
+        ts_above: start,
+        recovered: Some(ditto_log::Recovered(db)),
+        checkpoint_sealed: false,
+        ..Default::default()
+    }
+}
+
+/// Two changes of role in place before a checkpoint (failovers seconds apart: the
+/// checkpoint that takes a seal away is paced): the backup that follows the second primary
+/// in place, and is then promoted in place itself, seals its replica log again as the
+/// second link of a chain instead of writing its whole engine as a checkpoint before it
+/// serves. The directory says exactly what the engine holds (epoch 1 up to the first
+/// point, epoch 2 up to the second, nothing above), recovers to it before and after its
+/// checkpoint, and serves a backup that lacks the end of epoch 2 from the second link,
+/// before and after that checkpoint (which keeps only that link, lying on the first point).
+#[test]
+fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = RealStorage;
+    // B2 follows B1 in place without checkpointing the seal away.
+    let two = two_epochs(tmp.path(), |db2, addr, b2| {
+        let opts = BackupOptions {
+            engine: Some(db2),
+            hold_replay_at_release: true,
+            checkpoint_sealed: false,
+            ..BackupOptions::new(addr, b2, 1, "b2")
+        };
+        backup::start(opts).unwrap()
+    });
+    let TwoEpochs { b2, bk2, p1, p2, ts, ts2, epoch2 } = two;
+    let o = opened_at;
     // B2 promoted in place at P2: its replica log of epoch 2 becomes the chain's second link.
     let (db2, lock2) = bk2.cut_at(p2, "promoted", Duration::from_secs(20)).unwrap();
     assert!(ditto_log::sealed::can_seal(&b2).unwrap());
@@ -578,71 +609,34 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
 #[test]
 fn a_checkpoint_copy_cut_short_by_a_crash_leaves_an_older_state_that_opens() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
     let storage = RealStorage;
-    let (a, pa_repl, bk1, bk2, ts, _) = held_backups_under("local", &pa, &b1, Some(&b2));
-    let bk2 = bk2.unwrap();
-    let visible = |b: &backup::Backup| b.state.visible.load(std::sync::atomic::Ordering::SeqCst);
-    let p1 = ts[99];
-    wait_until("both backups to replay epoch 1", Duration::from_secs(20), || {
-        visible(&bk1) >= p1.0 && visible(&bk2) >= p1.0
+    // B2 follows B1 in place; its first checkpoint (due within 100 ms) takes the seal away;
+    // then it is stopped and started again, checkpointing no more within the test.
+    let two = two_epochs(tmp.path(), |db2, addr, b2| {
+        let opts = BackupOptions {
+            engine: Some(db2),
+            hold_replay_at_release: true,
+            checkpoint_every: Duration::from_millis(100),
+            ..BackupOptions::new(addr, b2, 1, "b2")
+        };
+        let bk2 = backup::start(opts).unwrap();
+        wait_until("B2's checkpoint at P1 to take the seal away", Duration::from_secs(20), || {
+            ditto_log::sealed::sealed(b2).unwrap().is_empty()
+        });
+        bk2.stop("restarted", Duration::from_secs(10)).unwrap();
+        drop(bk2);
+        backup::start(BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(addr, b2, 1, "b2") }).unwrap()
     });
-    let epoch1 = a.logger().epoch();
-    pa_repl.stop();
-    a.close();
-    // B1 promoted in place at P1; B2 follows it in place and checkpoints the seal away.
-    let (db1, lock1) = bk1.cut_at(p1, "promoted", Duration::from_secs(20)).unwrap();
-    ditto_log::sealed::seal_tail(&b1, p1, &storage).unwrap();
-    drop(lock1);
-    let start2 = Ts(p1.0 + 7);
-    let o = OpenOptions {
-        workers: 1,
-        epoch: Some(Epoch(epoch1.0 + 1)),
-        ts_above: start2,
-        recovered: Some(ditto_log::Recovered(db1)),
-        ..Default::default()
-    };
-    let bp1 = ditto_log::open(&b1, o).unwrap();
-    let (bp1_repl, bp1_addr) = start_primary(&bp1, Some((epoch1, p1, start2)));
-    let (db2, lock2) = bk2.cut_at(p1, "follows", Duration::from_secs(20)).unwrap();
-    ditto_log::sealed::seal_tail(&b2, p1, &storage).unwrap();
-    drop(lock2);
-    // Its first checkpoint (due within 100 ms) takes the seal away; then it is stopped and
-    // started again, checkpointing no more within the test.
-    let opts = BackupOptions {
-        engine: Some(Arc::clone(&db2)),
-        hold_replay_at_release: true,
-        checkpoint_every: Duration::from_millis(100),
-        ..BackupOptions::new(&bp1_addr, &b2, 1, "b2")
-    };
-    let bk2 = backup::start(opts).unwrap();
-    wait_until("B2's checkpoint at P1 to take the seal away", Duration::from_secs(20), || {
-        ditto_log::sealed::sealed(&b2).unwrap().is_empty()
-    });
-    bk2.stop("restarted", Duration::from_secs(10)).unwrap();
-    drop(bk2);
-    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&bp1_addr, &b2, 1, "b2") };
-    let bk2 = backup::start(opts).unwrap();
-    let tb = bp1.db().table_id("t").unwrap();
-    let mut w = bp1.db().worker(WorkerId(0)).unwrap();
-    let tickets: Vec<_> = (100..150u32)
-        .chain(0..10)
-        .map(|i| w.run(|x| x.put(tb, &i.to_be_bytes(), format!("two{i}").as_bytes())).unwrap().1)
-        .collect();
-    let p2 = tickets.into_iter().last().unwrap().wait().unwrap();
-    wait_until("B2 to replay epoch 2", Duration::from_secs(20), || visible(&bk2) >= p2.0);
-    drop(w);
-    bp1_repl.stop();
-    bp1.close();
+    let (b2, p2) = (two.b2.as_path(), two.p2);
     // B2 promoted in place at P2: its replica log of epoch 2 is sealed on the checkpoint at P1.
-    let (_db, lock2) = bk2.cut_at(p2, "promoted", Duration::from_secs(20)).unwrap();
-    ditto_log::sealed::seal_tail(&b2, p2, &storage).unwrap();
+    let (_db, lock2) = two.bk2.cut_at(p2, "promoted", Duration::from_secs(20)).unwrap();
+    ditto_log::sealed::seal_tail(b2, p2, &storage).unwrap();
     drop(lock2);
     let history: Vec<(u32, String)> = (0..100u32)
         .map(|i| (i, format!("v{i}")))
         .chain((100..150).chain(0..10).map(|i| (i, format!("two{i}"))))
         .collect();
-    let prefixes = checkpoint_copy_cut_short_opens_as_an_older_state(&b2, &history);
+    let prefixes = checkpoint_copy_cut_short_opens_as_an_older_state(b2, &history);
     assert_eq!(prefixes, [160, 100, 0], "epoch 2 to P2, the checkpoint at P1, nothing");
 }
 
