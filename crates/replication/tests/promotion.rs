@@ -405,8 +405,8 @@ fn a_long_chain_is_checkpointed_away_at_once_and_a_short_one_when_the_policy_say
 
 /// Epoch 1 on A (keys 0-99 `v{i}`), with held backups B1 and B2 in `tmp` joined before
 /// its writes; B1 promoted in place at P1 (epoch 1's last commit), and B2 following it in
-/// place, run by `follow` (given the engine it kept cut at P1, B1's replication address and
-/// its directory); epoch 2 on B1 (keys 100-149, and 0-9 written again, `two{i}`), replayed
+/// place, run by `follow` (given its options: to follow B1 with the engine it kept, cut at
+/// P1, its replay held at the release); epoch 2 on B1 (keys 100-149, and 0-9 written again, `two{i}`), replayed
 /// by B2; B1's primary closed.
 struct TwoEpochs {
     b2: std::path::PathBuf,
@@ -419,10 +419,7 @@ struct TwoEpochs {
     epoch2: Epoch,
 }
 
-fn two_epochs(
-    tmp: &std::path::Path,
-    follow: impl FnOnce(Arc<ditto_engine::Database>, &str, &std::path::Path) -> backup::Backup,
-) -> TwoEpochs {
+fn two_epochs(tmp: &std::path::Path, follow: impl FnOnce(BackupOptions) -> backup::Backup) -> TwoEpochs {
     let (pa, b1, b2) = (tmp.join("a"), tmp.join("b1"), tmp.join("b2"));
     let storage = RealStorage;
     let (a, pa_repl, bk1, bk2, ts, _) = held_backups_under("local", &pa, &b1, Some(&b2));
@@ -445,7 +442,11 @@ fn two_epochs(
     let (db2, lock2) = bk2.cut_at(p1, "follows", Duration::from_secs(20)).unwrap();
     ditto_log::sealed::seal_tail(&b2, p1, &storage).unwrap();
     drop(lock2);
-    let bk2 = follow(db2, &bp1_addr, &b2);
+    let bk2 = follow(BackupOptions {
+        engine: Some(db2),
+        hold_replay_at_release: true,
+        ..BackupOptions::new(&bp1_addr, &b2, 1, "b2")
+    });
     let tb = bp1.db().table_id("t").unwrap();
     let mut w = bp1.db().worker(WorkerId(0)).unwrap();
     let tickets: Vec<_> = (100..150u32)
@@ -488,15 +489,7 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let tmp = tempfile::tempdir().unwrap();
     let storage = RealStorage;
     // B2 follows B1 in place without checkpointing the seal away.
-    let two = two_epochs(tmp.path(), |db2, addr, b2| {
-        let opts = BackupOptions {
-            engine: Some(db2),
-            hold_replay_at_release: true,
-            checkpoint_sealed: false,
-            ..BackupOptions::new(addr, b2, 1, "b2")
-        };
-        backup::start(opts).unwrap()
-    });
+    let two = two_epochs(tmp.path(), |opts| backup::start(BackupOptions { checkpoint_sealed: false, ..opts }).unwrap());
     let TwoEpochs { b2, bk2, p1, p2, ts, ts2, epoch2 } = two;
     let o = opened_at;
     // B2 promoted in place at P2: its replica log of epoch 2 becomes the chain's second link.
@@ -612,20 +605,16 @@ fn a_checkpoint_copy_cut_short_by_a_crash_leaves_an_older_state_that_opens() {
     let storage = RealStorage;
     // B2 follows B1 in place; its first checkpoint (due within 100 ms) takes the seal away;
     // then it is stopped and started again, checkpointing no more within the test.
-    let two = two_epochs(tmp.path(), |db2, addr, b2| {
-        let opts = BackupOptions {
-            engine: Some(db2),
-            hold_replay_at_release: true,
-            checkpoint_every: Duration::from_millis(100),
-            ..BackupOptions::new(addr, b2, 1, "b2")
-        };
-        let bk2 = backup::start(opts).unwrap();
+    let two = two_epochs(tmp.path(), |opts| {
+        let (addr, b2) = (opts.primary.clone(), opts.data_dir.clone());
+        let bk2 = backup::start(BackupOptions { checkpoint_every: Duration::from_millis(100), ..opts }).unwrap();
         wait_until("B2's checkpoint at P1 to take the seal away", Duration::from_secs(20), || {
-            ditto_log::sealed::sealed(b2).unwrap().is_empty()
+            ditto_log::sealed::sealed(&b2).unwrap().is_empty()
         });
         bk2.stop("restarted", Duration::from_secs(10)).unwrap();
         drop(bk2);
-        backup::start(BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(addr, b2, 1, "b2") }).unwrap()
+        backup::start(BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&addr, &b2, 1, "b2") })
+            .unwrap()
     });
     let (b2, p2) = (two.b2.as_path(), two.p2);
     // B2 promoted in place at P2: its replica log of epoch 2 is sealed on the checkpoint at P1.
