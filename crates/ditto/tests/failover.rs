@@ -813,9 +813,23 @@ const BALANCE: i64 = 100;
 /// or anything not released, fails it.
 #[test]
 fn backups_and_primaries_killed_under_a_bank_and_append_only_lists_keep_the_history() {
+    bank_and_lists_history(None, 4);
+}
+
+/// The same with the backups replaying in KuaFu's dependency mode (`--replay dependency`),
+/// two rounds: a cluster's backups hold their replay at the release, and that mode's merge
+/// needs the batches in the shipping order (docs/replication.md, "A held backup in the
+/// dependency mode lost commits").
+#[test]
+fn the_same_history_with_the_backups_in_the_dependency_replay_mode() {
+    bank_and_lists_history(Some("dependency"), 2);
+}
+
+fn bank_and_lists_history(replay: Option<&str>, default_rounds: usize) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let rounds = std::env::var("FAILOVER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4usize);
-    let mut c = Cluster::start(3, "majority-durable");
+    let rounds = std::env::var("FAILOVER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_rounds);
+    let args: Vec<String> = replay.map(|r| vec!["--replay".to_string(), r.to_string()]).unwrap_or_default();
+    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, |_, _| args.clone());
     wait_for("a first primary", Duration::from_secs(30), || c.primary());
     let ports: Vec<u16> = c.ports.values().copied().collect();
     let mut setup = Follower::new(ports.clone());
