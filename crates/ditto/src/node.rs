@@ -488,9 +488,8 @@ struct NodePlane {
     /// An old primary that prepared as a failover's last resort: its log's epoch, the
     /// point, and the commits its log holds above it (recorded when its server starts).
     prepared_own_log: Option<(u64, u64, u64)>,
-    /// The check of the directory against the plan's point, read on a thread of its own
-    /// (`start_check`) until it answers.
-    /// (With the point it checks against.)
+    /// The check of the directory against a plan's point (that point, and where its
+    /// answer comes), read on a thread of its own (`start_check`) until it answers.
     prepare_check: Option<(u64, std::sync::mpsc::Receiver<Result<Checked, String>>)>,
     /// The epoch this node was named primary of and gave up (its promotion in place failed
     /// once the epoch's log had begun), and when it last proposed failing it over.
@@ -573,11 +572,11 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const SERVER_WAIT: Duration = Duration::from_millis(20);
 
 /// What `check_holdings` found: the commits the directory holds above the point (they
-/// will be discarded), and for an old primary's own log its epoch, the point and that
-/// count (`NodePlane::prepared_own_log`, recorded when its server starts).
+/// will be discarded), and, for an old primary's own log, that log's epoch
+/// (`NodePlane::prepared_own_log`, recorded when its server starts).
 struct Checked {
     above: u64,
-    own_log: Option<(u64, u64, u64)>,
+    own_log_epoch: Option<u64>,
 }
 
 /// Whether the directory `data` holds every stream up to the point `p` (a failover's
@@ -588,11 +587,11 @@ fn check_holdings(data: &std::path::Path, workers: usize, p: u64) -> Result<Chec
         // which its server cuts at the point when it starts.
         let (h, epoch) =
             ditto_log::recovery::primary_log_holdings(data, Some(ditto_engine::Ts(p))).map_err(|e| e.to_string())?;
-        (h.streams, Checked { above: h.txns_above, own_log: Some((epoch.0, p, h.txns_above)) })
+        (h.streams, Checked { above: h.txns_above, own_log_epoch: Some(epoch.0) })
     } else {
         let h = ditto_log::replica::replica_holdings(data, workers, Some(ditto_engine::Ts(p)))
             .map_err(|e| e.to_string())?;
-        (h.streams, Checked { above: h.txns_above, own_log: None })
+        (h.streams, Checked { above: h.txns_above, own_log_epoch: None })
     };
     if streams.iter().any(|s| s.0 < p) {
         return Err(format!("holds only {streams:?} of the streams, below the point {p}"));
@@ -1705,7 +1704,9 @@ impl DataPlane for NodePlane {
         if let Some(r) = self.prepared.take() {
             return Some(r);
         }
-        let answer = match self.prepare_check.as_ref()?.1.try_recv() {
+        let (point, rx) = self.prepare_check.as_ref()?;
+        let point = *point;
+        let answer = match rx.try_recv() {
             Ok(a) => a,
             Err(std::sync::mpsc::TryRecvError::Empty) => return None,
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -1714,8 +1715,8 @@ impl DataPlane for NodePlane {
         };
         self.prepare_check = None;
         Some(answer.map(|c| {
-            if c.own_log.is_some() {
-                self.prepared_own_log = c.own_log;
+            if let Some(epoch) = c.own_log_epoch {
+                self.prepared_own_log = Some((epoch, point, c.above));
             }
             c.above
         }))

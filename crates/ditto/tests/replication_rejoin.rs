@@ -237,14 +237,6 @@ fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_
     assert_eq!(c.one(&["DBSIZE"]), format!(":{}", FIRST + 1));
 }
 
-/// Under `majority-received` a commit is acknowledged once the backup holds it, before
-/// the primary's own fsync: a primary that crashed may come back without commits only its
-/// backup holds. So a restarted primary under such a policy takes no writes (a clear
-/// READONLY error) until its backup has said it holds nothing above the
-/// restart point; then it does (docs/replication.md, "A primary restarted under a policy
-/// that counts backups").
-/// `SET after 1` on a restarted primary, again while it answers that its restart waits,
-/// until it is taken (at most 30 s after `since`).
 /// Waits (at most 30 s) until the primary on `port` holds ts `ts` durably.
 fn wait_durable(port: u16, ts: u64) {
     let mut c = Client::connect(port).unwrap();
@@ -255,6 +247,14 @@ fn wait_durable(port: u16, ts: u64) {
     }
 }
 
+/// Under `majority-received` a commit is acknowledged once the backup holds it, before
+/// the primary's own fsync: a primary that crashed may come back without commits only its
+/// backup holds. So a restarted primary under such a policy takes no writes (a clear
+/// READONLY error) until its backup has said it holds nothing above the
+/// restart point; then it does (docs/replication.md, "A primary restarted under a policy
+/// that counts backups").
+/// `SET after 1` on a restarted primary, again while it answers that its restart waits,
+/// until it is taken (at most 30 s after `since`).
 fn set_once_the_restart_settles(c: &mut Client, since: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

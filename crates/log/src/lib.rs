@@ -209,7 +209,6 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             }
             let (rows, bytes) = checkpoint::load(&db, cdir, m, recovery::recovery_threads())?;
             report.checkpoint_ts = Some(m.ts);
-            report.checkpoint_epoch_min = m.log_epoch_min.0;
             report.checkpoint_rows = rows;
             report.checkpoint_bytes = bytes;
             report.checkpoint_seconds = t.elapsed().as_secs_f64();
@@ -243,7 +242,8 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     let t = Instant::now();
     report.index_keys = db.recovery_finish(recovered_ts, recovery::recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = t.elapsed().as_secs_f64();
-    let mut epoch = Epoch(report.max_epoch.max(epoch_min.0.saturating_sub(1)) + 1);
+    report.previous_epoch = report.max_epoch.max(epoch_min.0.saturating_sub(1));
+    let mut epoch = Epoch(report.previous_epoch + 1);
     if let Some(e) = opts.epoch {
         if e < epoch {
             return Err(LogError::Corrupt {
@@ -624,10 +624,7 @@ impl Durable {
     /// it said `None`, and a restarted primary then waited for no backup).
     pub fn opened_from(&self) -> Option<(Epoch, Ts)> {
         let r = self.recovery();
-        let old = match r.max_epoch {
-            0 => Epoch(r.checkpoint_epoch_min.saturating_sub(1)),
-            m => Epoch(m),
-        };
+        let old = Epoch(r.previous_epoch);
         let point = Ts(r.cut_ts.0.max(r.checkpoint_ts.map_or(0, |t| t.0)));
         (old.0 > 0 && old < self.logger().epoch()).then_some((old, point))
     }

@@ -85,8 +85,9 @@ pub struct RecoveryReport {
     pub total_seconds: f64,
     /// Highest epoch seen in the log (new writes use a higher one).
     pub max_epoch: u64,
-    /// The epoch the loaded checkpoint names for the log after it (0 without one).
-    pub checkpoint_epoch_min: u64,
+    /// The epoch before the one this open begins: the log's highest, or the one before
+    /// the epoch the loaded checkpoint names for the log after it (0: none).
+    pub previous_epoch: u64,
 }
 
 impl RecoveryReport {

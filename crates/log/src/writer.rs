@@ -468,16 +468,6 @@ impl Logger {
             s.cv.notify_all();
             s.space.notify_all();
         }
-        self.wake_disk_threads();
-    }
-
-    /// Wakes every disk thread that keeps an interval's pace (`disk_thread`), under its
-    /// queue's lock: the close and a failure end that wait at once.
-    fn wake_disk_threads(&self) {
-        for s in self.streams.iter() {
-            let _g = s.ahead.state.lock();
-            s.ahead.cv.notify_all();
-        }
     }
 
     /// Stream `w`'s flusher thread, with its disk thread beside it (see `WriteAhead`).
@@ -1021,7 +1011,6 @@ impl Logger {
             s.cv.notify_all();
             s.space.notify_all();
         }
-        self.wake_disk_threads();
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }

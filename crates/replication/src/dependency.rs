@@ -17,9 +17,10 @@
 //!
 //! Invariants:
 //! - Batches reach the merge in the shipping order: a floor vouches only for what came
-//!   earlier in it, and what comes later at or below the watermark is taken for a resend's
-//!   overlap and dropped. The receiver and the persister keep that order; a held backup's
-//!   hold keeps it too in this mode (`HoldQ::in_order` in backup.rs).
+//!   earlier in it, and a transaction that comes later at or below the watermark (not a
+//!   resend's overlap) is refused, stopping replay (`Merge::push`). The receiver and the
+//!   persister keep that order; a held backup's hold keeps it too in this mode
+//!   (`HoldQ::in_order` in backup.rs).
 //! - Nodes enter the graph in commit-timestamp order (`Merge` releases a transaction only
 //!   once the received watermark covers it, so no smaller one can still come), so every
 //!   edge goes from a smaller to a larger timestamp: the graph is acyclic, and each

@@ -2009,10 +2009,11 @@ fn drain_for_switchover(
 ) -> Result<(Ts, Duration), String> {
     const SETTLE: Duration = Duration::from_millis(2);
     let t = std::time::Instant::now();
-    sh.write_gate.drain_to(
-        target,
-        format!("this node is handing its primary role to {target} (a switchover): writes go to the new primary in a moment"),
-    );
+    sh.write_gate.drain_to(target, |to| {
+        format!(
+            "this node is handing its primary role to {to} (a switchover): writes go to the new primary in a moment"
+        )
+    });
     let mut held: Option<(Ts, std::time::Instant)> = None;
     loop {
         let clock = db.clock().now();

@@ -1340,8 +1340,9 @@ pub struct WriteGate {
     why: Mutex<(Option<String>, Option<String>)>,
     /// The node a switchover's drain hands the primary role to (its clients' address):
     /// SENTINEL names it from the drain on, so that clients that ask this node go there
-    /// and take writes as soon as it is promoted, rather than back here.
-    handing_to: Mutex<Option<ClientAddr>>,
+    /// and take writes as soon as it is promoted, rather than back here. With it, the
+    /// drain's refusal as a client over TLS is told it (naming the target's TLS address).
+    handing_to: Mutex<Option<(ClientAddr, String)>>,
     cluster: Mutex<Vec<(String, String)>>,
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
@@ -1484,17 +1485,18 @@ impl WriteGate {
         self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
     }
 
-    /// A switchover's drain to `target` (its clients' address) refuses writes with `why`;
+    /// A switchover's drain to `target` (its clients' address) refuses writes with
+    /// `why(the target's address)`, of the client's kind (`ClientAddr::for_client`);
     /// SENTINEL names `target` as the primary until the drain ends (`set_draining(None)`,
     /// which a new role does).
-    pub fn drain_to(&self, target: &ClientAddr, why: String) {
-        *self.handing_to.lock() = Some(target.clone());
-        self.set_draining(Some(why));
+    pub fn drain_to(&self, target: &ClientAddr, why: impl Fn(&str) -> String) {
+        *self.handing_to.lock() = Some((target.clone(), why(target.for_client(true))));
+        self.set_draining(Some(why(target.for_client(false))));
     }
 
     /// The node a switchover's drain hands the primary role to (`drain_to`).
     pub fn handing_to(&self) -> Option<ClientAddr> {
-        self.handing_to.lock().clone()
+        self.handing_to.lock().as_ref().map(|(t, _)| t.clone())
     }
 
     /// Whether a switchover's drain refuses writes now (`set_draining`).
@@ -1514,11 +1516,12 @@ impl WriteGate {
     /// drain names the node it hands the role to by the address of the client's kind.
     pub fn refusal_for(&self, tls: bool) -> Option<String> {
         let why = self.refusal()?;
-        let target = if tls && self.draining() { self.handing_to() } else { None };
-        Some(match target {
-            Some(ClientAddr { plain, tls: Some(t) }) => why.replace(&plain, &t),
-            _ => why,
-        })
+        if tls && self.draining() {
+            if let Some((_, over_tls)) = self.handing_to.lock().as_ref() {
+                return Some(over_tls.clone());
+            }
+        }
+        Some(why)
     }
 
     /// `SENTINEL FAILOVER ditto`: asks this node's supervisor (a line on standard output,
@@ -2732,13 +2735,14 @@ mod tests {
         assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.7", "7301"), "RESET keeps what the connection is");
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL get-master-addr-by-name other"), Reply::NilArray);
         // A switchover's drain names the node it hands the role to, until the drain ends.
-        sh.write_gate.drain_to(&ClientAddr::new("10.0.0.8:7002", Some("10.0.0.8:7302".into())), "handing over".into());
+        sh.write_gate
+            .drain_to(&ClientAddr::new("10.0.0.8:7002", Some("10.0.0.8:7302".into())), |_| "handing over".into());
         assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.8", "7002"));
         assert_eq!(addr(&mut t, &sh, &mut w), at("10.0.0.8", "7302"));
         assert!(cmd(&mut s, &sh, &mut w, "SET k v").is_error(), "writes refused while drained");
         // The drain's refusal names the target by the address of the client's kind.
         let target = ClientAddr::new("10.0.0.8:7002", Some("10.0.0.8:7302".into()));
-        sh.write_gate.drain_to(&target, format!("handing the role to {target}"));
+        sh.write_gate.drain_to(&target, |a| format!("handing the role to {a}"));
         let refused = |s: &mut Session, w: &mut Worker| match cmd(s, &sh, w, "SET k v") {
             Reply::Error(e) => e.to_string(),
             r => panic!("not refused: {r:?}"),
