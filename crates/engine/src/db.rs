@@ -253,6 +253,28 @@ impl Database {
         *slot = Some(log);
         self.log_gen.fetch_add(1, Ordering::AcqRel);
         self.reuse_bound.store(0, Ordering::Release);
+        drop(slot);
+        self.unlink_backup_own_records();
+    }
+
+    /// A backup's own records (a record id's late old life, replay.rs) leave the index as
+    /// its engine starts to commit (a promotion in place): their ids are no primary's, so a
+    /// write must not find its key on one. Each life there ended before the replayed
+    /// history the promotion serves from; one whose tombstone a snapshot still running may
+    /// not see yet leaves with the deletes' usual cleanup, and a write to its key is
+    /// retried as a conflict meanwhile (`Transaction::write`).
+    fn unlink_backup_own_records(&self) {
+        let horizon = self.clock.refresh_horizon();
+        let guard = crossbeam_epoch::pin();
+        for t in self.tables.iter().filter_map(|t| t.get()) {
+            for rid in t.backup_own_rids() {
+                let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
+                let tid = rec.tid.load(Ordering::Acquire) & !crate::record::LOCK_BIT;
+                if tid & crate::record::UNLINKED_BIT == 0 && tid & crate::record::TS_MASK <= horizon.0 {
+                    crate::txn::unlink_if(t, RecordId(rid), tid, &guard);
+                }
+            }
+        }
     }
 
     /// Detaches the commit log (closed by its owner: the engine lives on without one, as a

@@ -50,6 +50,20 @@
 //!   meanwhile (`replay_checkpoint_gate`), since the cut would hold the old life's rows
 //!   under the later record's id.
 //!
+//! - A record id's late old life: the same with the lives of a record id. The primary
+//!   gave a record id another key once a checkpoint covered its old life; a lagging stream
+//!   brings the old life after the new key's life was installed on the record, every
+//!   version of which lies above the late write. Two keys cannot share a chain, so the
+//!   late life goes to a record of the backup's own (`BACKUP_OWN_RIDS`, one chunk past
+//!   every id a primary hands out: never logged, checkpointed or reused), bound to its key
+//!   in the index (or below its key's later life, where another record holds that), and
+//!   the record's writes below the new life's start follow it there until the read view
+//!   passes that start (a `Redirect`, as above: a checkpoint waits meanwhile). Its +1 and
+//!   -1 move no key count. An engine that starts to commit (a promotion in place) unlinks
+//!   such records (`Database::attach_log`), and a write that still finds its key on one
+//!   is retried as a conflict. Not handled: a second earlier life of the same id arriving
+//!   while the first is redirected (a clear replay error).
+//!
 //! - A replayed delete that becomes a record's head is queued for cleanup as a worker's
 //!   delete is: `Database::reclaim` unlinks the record (out of the index, its id given
 //!   back) once every snapshot sees the tombstone. A later write that gives the id a key,
@@ -115,6 +129,9 @@ pub struct ReplayGate<'a>(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, (
 struct Redirect {
     to: RecordId,
     key: Bytes,
+    /// The write that made it (the late life's first to come): a write to `from` with
+    /// another key above it starts `from`'s next life; one below it is of an earlier life.
+    since: Ts,
     /// Where the writes sent on end: the next version above the late life on `to` when
     /// the redirect was made (lowered if `from` gets another key first).
     before: Ts,
@@ -302,8 +319,8 @@ impl Database {
         // cleanup unlinked its old life's tombstone), bind it again: that starts its life anew.
         let mut tries = 0;
         let mut delta = loop {
-            if let Some((to, before)) = self.replay_bind_key(t, rid, rec, key, ts, on_wait)? {
-                self.add_redirect(table, rid, to, key, before);
+            if let Some((to, before)) = self.replay_bind_key(t, table, rid, rec, key, ts, on_wait)? {
+                self.add_redirect(table, rid, to, key, ts, before);
                 return self.install_redirected(t, table, to, true, ts, value);
             }
             if let Some(d) = self.install_if(table, rid, rec, ts, value, false) {
@@ -438,11 +455,11 @@ impl Database {
 
     /// Writes to `from` below `before` (keyless, or giving it `key` again) go to `to`
     /// from now on (see the module notes).
-    fn add_redirect(&self, table: TableId, from: RecordId, to: RecordId, key: &[u8], before: Ts) {
+    fn add_redirect(&self, table: TableId, from: RecordId, to: RecordId, key: &[u8], since: Ts, before: Ts) {
         // Not while a checkpoint cut is being written (`replay_checkpoint_gate`).
         let _gate = self.redirects.gate.write();
         let mut m = self.redirects.map.lock();
-        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), before });
+        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), since, before });
         self.redirects.count.store(m.len(), Ordering::SeqCst);
     }
 
@@ -456,9 +473,12 @@ impl Database {
         let r = m.get_mut(&(table, rid))?;
         match key {
             // Another key on the record: its next life (the primary reused its id), which
-            // is the record's own; the redirect ends there.
+            // is the record's own; the redirect ends there. (Below the late life, an
+            // earlier life of the id, late as well: see `late_life_of_id`.)
             Some(k) if k != r.key.as_ref() => {
-                r.before = r.before.min(ts);
+                if ts > r.since {
+                    r.before = r.before.min(ts);
+                }
                 None
             }
             _ => (ts < r.before).then_some(r.to),
@@ -584,9 +604,11 @@ impl Database {
 
     /// Makes `key` -> `rid` hold in the index, ending an old life first where the primary
     /// ended one (see the module notes).
+    #[allow(clippy::too_many_arguments)]
     fn replay_bind_key(
         &self,
         t: &Table,
+        table: TableId,
         rid: RecordId,
         rec: &Record,
         key: &[u8],
@@ -600,7 +622,15 @@ impl Database {
             }
             // The same key on a live record: the life goes on.
             Some(k) if k.as_ref() == key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => {}
-            Some(_) => {
+            Some(k) => {
+                // Another key, on a live record whose every version lies above this write:
+                // the record's life came first, and this write is of an earlier life of the
+                // id, on a stream that was behind (see the module notes).
+                if k.as_ref() != key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
+                    if let Some(start) = self.later_life_start(t, rid, rec, ts)? {
+                        return self.late_life_of_id(t, table, rid, key, ts, start, on_wait).map(Some);
+                    }
+                }
                 self.end_old_life(t, rid, ts, on_wait)?;
                 let guard = crossbeam_epoch::pin();
                 // SAFETY: `end_old_life` unlinked the record, and every snapshot sees its
@@ -609,6 +639,81 @@ impl Database {
                 unsafe { rec.reuse(Bytes::copy_from_slice(key), &guard) };
             }
         }
+        self.bind_key(t, rid, key, ts, on_wait)
+    }
+
+    /// Where the life that holds record `rid` now starts (its oldest version), if it
+    /// lies above `ts`; `None` if the record has a version at or below `ts`, or none and
+    /// its key is not bound to it (its life went to a later record of its key). Waits for
+    /// a record bound by a replayer that has not installed yet.
+    fn later_life_start(&self, t: &Table, rid: RecordId, rec: &Record, ts: Ts) -> Result<Option<Ts>> {
+        let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
+        loop {
+            let guard = crossbeam_epoch::pin();
+            if let Some(oldest) = oldest_version(rec, &guard) {
+                return Ok((oldest > ts).then_some(oldest));
+            }
+            if rec.key.get().is_none_or(|k| t.index.get(k, &guard) != Some(rid.0)) {
+                return Ok(None);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Corrupt(format!(
+                    "table {}: record {} has a key but never got a value",
+                    t.name, rid.0
+                )));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A record id's late old life: the primary reused `rid` (once a checkpoint covered
+    /// this life's end) for the life that holds it here now, from `start`, and this
+    /// write of the earlier life, with `key`, comes after it. Two keys cannot share a
+    /// chain, so the earlier life goes to a record of the backup's own
+    /// (`BACKUP_OWN_RIDS`), bound to its key in the index, or below its key's later life
+    /// where another record holds that already (as for a key's late old life). Returns
+    /// where the writes to `rid` below `start` (and below that later life) go.
+    #[allow(clippy::too_many_arguments)]
+    fn late_life_of_id(
+        &self,
+        t: &Table,
+        table: TableId,
+        rid: RecordId,
+        key: &[u8],
+        ts: Ts,
+        start: Ts,
+        on_wait: &mut dyn FnMut(Ts) -> bool,
+    ) -> Result<(RecordId, Ts)> {
+        if self.redirects.count.load(Ordering::SeqCst) > 0 && self.redirects.map.lock().contains_key(&(table, rid)) {
+            return Err(Error::Corrupt(format!(
+                "table {}: record {} at ts {}: a second earlier life of the record id came while the first was replayed elsewhere (not handled)",
+                t.name, rid.0, ts.0
+            )));
+        }
+        let own = t.backup_own_rid().ok_or_else(|| {
+            Error::Corrupt(format!(
+                "table {}: no record of the backup's own left for a record id's late old life",
+                t.name
+            ))
+        })?;
+        let _ = t.record(own).key.get_or_init(|| Bytes::copy_from_slice(key));
+        Ok(match self.bind_key(t, own, key, ts, on_wait)? {
+            None => (own, start),
+            Some((later, next)) => (later, next.min(start)),
+        })
+    }
+
+    /// Binds `key` to `rid` in the index (whose record has the key), ending a life of the
+    /// key on another record first where the primary ended it; or, where the key's later
+    /// life holds it already, that record and the next version there above `ts`.
+    fn bind_key(
+        &self,
+        t: &Table,
+        rid: RecordId,
+        key: &[u8],
+        ts: Ts,
+        on_wait: &mut dyn FnMut(Ts) -> bool,
+    ) -> Result<Option<(RecordId, Ts)>> {
         let guard = crossbeam_epoch::pin();
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         loop {
@@ -742,6 +847,20 @@ fn next_above(rec: &Record, ts: Ts, _guard: &Guard) -> Option<Option<Ts>> {
         }
     }
     Some(above)
+}
+
+/// The timestamp of `rec`'s oldest version, if it has any.
+fn oldest_version(rec: &Record, _guard: &Guard) -> Option<Ts> {
+    let mut p: *mut Version = rec.head.load(Ordering::Acquire);
+    let mut oldest = None;
+    // SAFETY: as in `next_above`.
+    unsafe {
+        while !p.is_null() {
+            oldest = Some((*p).ts);
+            p = (*p).older.load(Ordering::Acquire);
+        }
+    }
+    oldest
 }
 
 /// Links a version at `ts` below the head, at its place by timestamp; nothing if a version

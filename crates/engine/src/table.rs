@@ -38,12 +38,19 @@ const CHUNK_LEN: usize = 1 << CHUNK_BITS;
 const CHUNKS_MAX: usize = 1 << 15;
 /// Largest number of records a table can ever allocate.
 pub const RECORDS_PER_TABLE_MAX: u64 = (CHUNK_LEN * CHUNKS_MAX) as u64;
+/// Record ids a backup gives records of its own, one chunk past every id a primary hands
+/// out (so never in a log, a checkpoint or a primary's free list): where replay puts a
+/// record id's late old life (replay.rs, "A record id's late old life").
+pub(crate) const BACKUP_OWN_RIDS: std::ops::Range<u64> =
+    RECORDS_PER_TABLE_MAX..RECORDS_PER_TABLE_MAX + CHUNK_LEN as u64;
 
 pub(crate) struct Table {
     pub name: String,
     pub index: Index,
     chunks: Box<[AtomicPtr<Record>]>,
     next_rid: AtomicU64,
+    /// The next of `BACKUP_OWN_RIDS` to give (`backup_own_rid`); never given back.
+    backup_next: AtomicU64,
     /// Ids of unlinked records, back from the epoch GC (no transaction can hold them any
     /// more), each with the timestamp of the tombstone that ended the record's life; in
     /// roughly that order. One is reused once a durable checkpoint covers its tombstone
@@ -68,12 +75,14 @@ fn unlinked_slot(key: &[u8]) -> usize {
 
 impl Table {
     pub fn new(name: String) -> Table {
-        let chunks = (0..CHUNKS_MAX).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect();
+        // One chunk more than a primary's ids fill, for `BACKUP_OWN_RIDS`.
+        let chunks = (0..=CHUNKS_MAX).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect();
         Table {
             name,
             index: Index::new(),
             chunks,
             next_rid: AtomicU64::new(0),
+            backup_next: AtomicU64::new(BACKUP_OWN_RIDS.start),
             free: Mutex::new(VecDeque::new()),
             free_len: AtomicUsize::new(0),
             unlinked: (0..UNLINKED_SLOTS).map(|_| AtomicU64::new(0)).collect(),
@@ -102,7 +111,8 @@ impl Table {
             return;
         }
         let mut free = self.free.lock();
-        free.extend(ids.map(|(rid, deleted)| (rid.0, deleted)));
+        // A backup's own records are never reused: their ids are no primary's.
+        free.extend(ids.filter(|(rid, _)| rid.0 < RECORDS_PER_TABLE_MAX).map(|(rid, deleted)| (rid.0, deleted)));
         self.free_len.store(free.len(), Ordering::Release);
     }
 
@@ -151,6 +161,17 @@ impl Table {
         RecordId(rid)
     }
 
+    /// A record of the backup's own (`BACKUP_OWN_RIDS`), fresh; `None` once all are given.
+    pub(crate) fn backup_own_rid(&self) -> Option<RecordId> {
+        let rid = self.backup_next.fetch_add(1, Ordering::AcqRel);
+        BACKUP_OWN_RIDS.contains(&rid).then_some(RecordId(rid))
+    }
+
+    /// The backup's own records given so far.
+    pub(crate) fn backup_own_rids(&self) -> std::ops::Range<u64> {
+        BACKUP_OWN_RIDS.start..self.backup_next.load(Ordering::Acquire).min(BACKUP_OWN_RIDS.end)
+    }
+
     /// Makes sure rids below `limit` are never handed out again (recovery).
     pub fn reserve_rids(&self, limit: u64) {
         // Replay calls this for every write: read first, so the shared counter's cache line
@@ -184,7 +205,7 @@ impl Table {
     /// The record at `rid` if its chunk exists.
     pub fn record_if_allocated(&self, rid: RecordId) -> Option<&Record> {
         let c = (rid.0 >> CHUNK_BITS) as usize;
-        if c >= CHUNKS_MAX || self.chunks[c].load(Ordering::Acquire).is_null() {
+        if c >= self.chunks.len() || self.chunks[c].load(Ordering::Acquire).is_null() {
             return None;
         }
         Some(self.record(rid))

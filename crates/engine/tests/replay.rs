@@ -348,3 +348,132 @@ fn three_lives_of_a_key_replayed_newest_first_and_the_old_records_next_life() {
     assert_eq!(keys, 2, "k and j, as on the primary");
     assert_eq!(db.count(t).unwrap(), 2);
 }
+
+/// A record id's lives replayed the other way round: the primary ended key a's life on
+/// record 0 (insert 3, update 4, delete 5), cleaned it up and, once a checkpoint covered
+/// it, gave record 0 to key b (insert 7, update 8). A lagging stream brings a's life after
+/// b's start: two keys cannot share a chain, so a's life goes to a record of the backup's
+/// own, and every view reads what the primary had. a's update, which came before its
+/// insert (parked on record 0), follows it there; b's life on record 0 is untouched.
+#[test]
+fn a_record_ids_late_old_life_goes_to_a_record_of_the_backups_own_and_every_view_reads_the_primarys_history() {
+    let (db, t) = db();
+    let r = RecordId(0);
+    let mut keys = 0;
+    keys += db.replay_install(t, r, Some(b"b"), Ts(7), Some(b"b1")).unwrap().delta;
+    keys += db.replay_install(t, r, None, Ts(4), Some(b"a2")).unwrap().delta;
+    assert!(!db.replay_redirecting(), "nothing to redirect yet: the update waits for its insert");
+    keys += db.replay_install(t, r, Some(b"a"), Ts(3), Some(b"a1")).unwrap().delta;
+    assert!(db.replay_redirecting(), "a's life is replayed elsewhere: no checkpoint meanwhile");
+    keys += db.replay_install(t, r, None, Ts(8), Some(b"b2")).unwrap().delta;
+    keys += db.replay_install(t, r, None, Ts(5), None).unwrap().delta;
+    assert_eq!(keys, 1, "one key with a value in the end, as on the primary");
+    let want = |view: u64| -> (Option<&str>, Option<&str>) {
+        match view {
+            3 => (Some("a1"), None),
+            4 => (Some("a2"), None),
+            7 => (None, Some("b1")),
+            8.. => (None, Some("b2")),
+            _ => (None, None),
+        }
+    };
+    for view in 1..=9 {
+        db.publish_read_view(Ts(view)).unwrap();
+        let snap = db.read();
+        let (a, b) = want(view);
+        assert_eq!(snap.get(t, b"a").unwrap().as_deref(), a.map(str::as_bytes), "a at view {view}");
+        assert_eq!(snap.get(t, b"b").unwrap().as_deref(), b.map(str::as_bytes), "b at view {view}");
+        assert_eq!(db.count(t).unwrap(), u64::from(a.is_some()) + u64::from(b.is_some()), "count at view {view}");
+        assert_eq!(db.replay_redirecting(), view < 6, "at view {view}");
+    }
+    // b's life goes on on record 0; a comes back on a record of the primary's.
+    db.replay_install(t, r, None, Ts(10), None).unwrap();
+    db.publish_read_view(Ts(11)).unwrap();
+    db.replay_install(t, RecordId(1), Some(b"a"), Ts(12), Some(b"a3")).unwrap();
+    db.publish_read_view(Ts(12)).unwrap();
+    let snap = db.read();
+    assert_eq!(snap.get(t, b"a").unwrap().as_deref(), Some(&b"a3"[..]));
+    assert_eq!(snap.get(t, b"b").unwrap(), None);
+    assert_eq!(db.record_ids_allocated(t).unwrap(), 2, "the backup's own record is no id a primary hands out");
+}
+
+/// The same, where the late life's key already lives again on another record (the primary
+/// gave a record 1 at 6): the late life goes below that life, as a key's late old life does.
+#[test]
+fn a_record_ids_late_old_life_whose_key_lives_again_goes_below_that_life() {
+    let (db, t) = db();
+    let mut keys = 0;
+    keys += db.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b1")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(1), Some(b"a"), Ts(6), Some(b"a-new")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a1")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap().delta;
+    assert_eq!(keys, 2);
+    for (view, a, b) in [
+        (2, None, None),
+        (3, Some("a1"), None),
+        (5, None, None),
+        (6, Some("a-new"), None),
+        (7, Some("a-new"), Some("b1")),
+    ] {
+        db.publish_read_view(Ts(view)).unwrap();
+        let snap = db.read();
+        assert_eq!(snap.get(t, b"a").unwrap().as_deref(), a.map(str::as_bytes), "a at view {view}");
+        assert_eq!(snap.get(t, b"b").unwrap().as_deref(), b.map(str::as_bytes), "b at view {view}");
+    }
+    assert_eq!(db.count(t).unwrap(), 2);
+}
+
+/// A log that takes every commit (an engine promoted in place starts committing).
+struct TakesAll;
+
+impl ditto_engine::CommitLog for TakesAll {
+    fn check_writable(&self) -> ditto_engine::Result<()> {
+        Ok(())
+    }
+    fn append(
+        &self,
+        _: ditto_engine::WorkerId,
+        _: Ts,
+        _: &mut dyn ExactSizeIterator<Item = ditto_engine::LoggedWrite<'_>>,
+    ) {
+    }
+    fn wait_durable(&self, _: Ts) -> ditto_engine::Result<()> {
+        Ok(())
+    }
+    fn is_durable(&self, _: Ts) -> ditto_engine::Result<bool> {
+        Ok(true)
+    }
+    fn table_created(&self, _: TableId, _: &str) -> ditto_engine::Result<()> {
+        Ok(())
+    }
+}
+
+/// An engine promoted after a record id's late old life: the backup's own record leaves
+/// the index as the engine starts to commit, so a write of the key takes a record of the
+/// primary's (a backup's own id cannot be logged), and the old life still reads where a
+/// snapshot taken before the promotion looks.
+#[test]
+fn a_promoted_engine_writes_no_key_onto_a_record_of_the_backups_own() {
+    let (db, t) = db();
+    db.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b1")).unwrap();
+    db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a1")).unwrap();
+    db.publish_read_view(Ts(4)).unwrap();
+    let old = db.read();
+    db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap();
+    db.publish_read_view(Ts(7)).unwrap();
+    drop(old);
+    db.attach_log(Arc::new(TakesAll));
+    let mut w = db.worker(ditto_engine::WorkerId(0)).unwrap();
+    w.run(|tx| tx.put(t, b"a", b"a-primary")).unwrap().1.wait().unwrap();
+    let snap = db.read();
+    assert_eq!(snap.get(t, b"a").unwrap().as_deref(), Some(&b"a-primary"[..]));
+    assert_eq!(snap.get(t, b"b").unwrap().as_deref(), Some(&b"b1"[..]));
+    let mut rids = Vec::new();
+    snap.for_each_record(t, 0..u64::MAX, |rid, key, _, _| {
+        rids.push((rid.0, key.to_vec()));
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
+    rids.sort();
+    assert_eq!(rids, vec![(0, b"b".to_vec()), (1, b"a".to_vec())], "a took the primary's next id");
+}

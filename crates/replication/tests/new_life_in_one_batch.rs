@@ -173,6 +173,57 @@ fn a_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
     assert_eq!(db.read().get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]));
 }
 
+/// A record id's lives the other way round across streams: the primary gave record 0 to
+/// key b (stream 1, ts 6) after key a's life there (stream 0: insert 3, delete 4) was
+/// over, and stream 0's replayer is behind 100,000 writes, so b's life is installed on
+/// record 0 first. a's life then goes to a record of the backup's own
+/// (crates/engine/src/replay.rs; the reads at every view are checked in
+/// crates/engine/tests/replay.rs). Before 2026-11-29 replay stopped here: "record 0 still
+/// holds a value when the primary gave its key or id a new life at ts 3".
+#[test]
+fn a_record_ids_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
+    let filler: Vec<W> = (0..100_000u64).map(|i| (TableId(1), RecordId(i), None, Some(&b"f"[..]))).collect();
+    let db = Database::new(Options { workers: 2 });
+    db.create_table("t").unwrap();
+    db.create_table("filler").unwrap();
+    let load: Vec<Bytes> = {
+        let keys: Vec<Vec<u8>> = (0..100_000u64).map(|i| i.to_be_bytes().to_vec()).collect();
+        let writes: Vec<Wr<'_>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (TableId(1), RecordId(i as u64), Some(&k[..]), Some(&b"0"[..])))
+            .collect();
+        let mut b = BatchBuilder::new();
+        b.push_txn(Ts(1), writes.into_iter());
+        let mut out = Vec::new();
+        b.finish_into(StreamId(0), Epoch(1), Ts(1), false, &mut out);
+        vec![Bytes::from(out), batch_of(1, 1, &[])]
+    };
+    replay_recorded(Arc::clone(&db), 2, Ts::ZERO, ReplayMode::Parallel, None, &load).unwrap();
+    let run = vec![
+        batch_of(
+            0,
+            7,
+            &[
+                (2, filler),
+                (3, vec![(T, RecordId(0), Some(b"a"), Some(b"a1"))]),
+                (4, vec![(T, RecordId(0), None, None)]),
+            ],
+        ),
+        batch_of(
+            1,
+            7,
+            &[(6, vec![(T, RecordId(0), Some(b"b"), Some(b"b1"))]), (7, vec![(T, RecordId(0), None, Some(b"b2"))])],
+        ),
+    ];
+    let got = replay_recorded(Arc::clone(&db), 2, Ts(1), ReplayMode::Parallel, None, &run);
+    assert!(got.is_ok(), "{got:?}");
+    let r = db.read();
+    assert_eq!(r.get(T, b"b").unwrap().as_deref(), Some(&b"b2"[..]));
+    assert_eq!(r.get(T, b"a").unwrap(), None);
+    assert_eq!(db.count(T).unwrap(), 1);
+}
+
 /// Two streams, each with a new life waiting for the other: the serial replayer, waiting
 /// in stream 0's batch, replays stream 1's, which waits for stream 0's waiting write; that
 /// batch is put off (what it installed stays), stream 0's goes on, and the rest of stream
