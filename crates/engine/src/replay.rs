@@ -62,7 +62,8 @@
 //!   -1 move no key count. An engine that starts to commit (a promotion in place) unlinks
 //!   such records (`Database::attach_log`), and a write that still finds its key on one
 //!   is retried as a conflict. Not handled: a second earlier life of the same id arriving
-//!   while the first is redirected (a clear replay error).
+//!   while the first is redirected (a clear replay error; docs/replication.md lists the
+//!   other open cases).
 //!
 //! - A replayed delete that becomes a record's head is queued for cleanup as a worker's
 //!   delete is: `Database::reclaim` unlinks the record (out of the index, its id given
@@ -129,9 +130,6 @@ pub struct ReplayGate<'a>(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, (
 struct Redirect {
     to: RecordId,
     key: Bytes,
-    /// The write that made it (the late life's first to come): a write to `from` with
-    /// another key above it starts `from`'s next life; one below it is of an earlier life.
-    since: Ts,
     /// Where the writes sent on end: the next version above the late life on `to` when
     /// the redirect was made (lowered if `from` gets another key first).
     before: Ts,
@@ -320,7 +318,7 @@ impl Database {
         let mut tries = 0;
         let mut delta = loop {
             if let Some((to, before)) = self.replay_bind_key(t, table, rid, rec, key, ts, on_wait)? {
-                self.add_redirect(table, rid, to, key, ts, before);
+                self.add_redirect(t, table, rid, to, key, ts, before)?;
                 return self.install_redirected(t, table, to, true, ts, value);
             }
             if let Some(d) = self.install_if(table, rid, rec, ts, value, false) {
@@ -455,12 +453,34 @@ impl Database {
 
     /// Writes to `from` below `before` (keyless, or giving it `key` again) go to `to`
     /// from now on (see the module notes).
-    fn add_redirect(&self, table: TableId, from: RecordId, to: RecordId, key: &[u8], since: Ts, before: Ts) {
+    ///
+    /// Refused where `from` is redirected already for another key (a second earlier life of
+    /// a record id, come while the first is replayed elsewhere: not handled), checked
+    /// under the map's lock so that two replayers cannot both pass.
+    #[allow(clippy::too_many_arguments)]
+    fn add_redirect(
+        &self,
+        t: &Table,
+        table: TableId,
+        from: RecordId,
+        to: RecordId,
+        key: &[u8],
+        ts: Ts,
+        before: Ts,
+    ) -> Result<()> {
         // Not while a checkpoint cut is being written (`replay_checkpoint_gate`).
         let _gate = self.redirects.gate.write();
         let mut m = self.redirects.map.lock();
-        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), since, before });
+        self.prune_redirects(&mut m);
+        if m.get(&(table, from)).is_some_and(|r| r.key.as_ref() != key) {
+            return Err(Error::Corrupt(format!(
+                "table {}: record {} at ts {}: a second earlier life of the record id came while another was replayed elsewhere (not handled)",
+                t.name, from.0, ts.0
+            )));
+        }
+        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), before });
         self.redirects.count.store(m.len(), Ordering::SeqCst);
+        Ok(())
     }
 
     /// Where a write to `rid` at `ts` goes instead, if it belongs to a late old life.
@@ -473,12 +493,9 @@ impl Database {
         let r = m.get_mut(&(table, rid))?;
         match key {
             // Another key on the record: its next life (the primary reused its id), which
-            // is the record's own; the redirect ends there. (Below the late life, an
-            // earlier life of the id, late as well: see `late_life_of_id`.)
+            // is the record's own; the redirect ends there.
             Some(k) if k != r.key.as_ref() => {
-                if ts > r.since {
-                    r.before = r.before.min(ts);
-                }
+                r.before = r.before.min(ts);
                 None
             }
             _ => (ts < r.before).then_some(r.to),
@@ -500,6 +517,12 @@ impl Database {
     pub fn replay_checkpoint_gate(&self) -> Option<ReplayGate<'_>> {
         let gate = self.redirects.gate.read();
         (!self.replay_redirecting()).then_some(ReplayGate(gate))
+    }
+
+    /// Records of the backup's own taken so far (a record id's late old life: see the
+    /// module notes), over all tables.
+    pub fn replay_own_records(&self) -> u64 {
+        self.tables.iter().filter_map(|t| t.get()).map(|t| t.backup_own_rids().count() as u64).sum()
     }
 
     /// Whether a key's late old life is being replayed onto a later record (see
@@ -642,16 +665,25 @@ impl Database {
         self.bind_key(t, rid, key, ts, on_wait)
     }
 
-    /// Where the life that holds record `rid` now starts (its oldest version), if it
-    /// lies above `ts`; `None` if the record has a version at or below `ts`, or none and
-    /// its key is not bound to it (its life went to a later record of its key). Waits for
-    /// a record bound by a replayer that has not installed yet.
+    /// Where the life that holds record `rid` now starts, if it started above `ts` and
+    /// nothing on the record has a value at `ts` (a write at `ts` with another key is then
+    /// of an earlier life of the id): the record's next version above `ts`. `None` if
+    /// nothing lies above `ts` (the write starts the record's next life), if the record
+    /// has a value at `ts` (two lives at once: `end_old_life` refuses it), or if it has no
+    /// version and its key is not bound to it (that life went to a later record of its
+    /// key). Versions of the key's own earlier lives, put below it from other records, may
+    /// lie below `ts`. Waits for a record bound by a replayer that has not installed yet.
     fn later_life_start(&self, t: &Table, rid: RecordId, rec: &Record, ts: Ts) -> Result<Option<Ts>> {
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         loop {
             let guard = crossbeam_epoch::pin();
-            if let Some(oldest) = oldest_version(rec, &guard) {
-                return Ok((oldest > ts).then_some(oldest));
+            match next_above(rec, ts, &guard) {
+                Some(Some(next)) => {
+                    let free_at_ts = rec.read_at(ts, &guard).is_none_or(|v| v.value().is_none());
+                    return Ok(free_at_ts.then_some(next));
+                }
+                Some(None) => return Ok(None),
+                None => {}
             }
             if rec.key.get().is_none_or(|k| t.index.get(k, &guard) != Some(rid.0)) {
                 return Ok(None);
@@ -684,11 +716,26 @@ impl Database {
         start: Ts,
         on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<(RecordId, Ts)> {
+        // (A redirect of `rid` for another key already: `add_redirect` refuses it; here
+        // first, before a record is taken for nothing.)
         if self.redirects.count.load(Ordering::SeqCst) > 0 && self.redirects.map.lock().contains_key(&(table, rid)) {
             return Err(Error::Corrupt(format!(
-                "table {}: record {} at ts {}: a second earlier life of the record id came while the first was replayed elsewhere (not handled)",
+                "table {}: record {} at ts {}: a second earlier life of the record id came while another was replayed elsewhere (not handled)",
                 t.name, rid.0, ts.0
             )));
+        }
+        // The key living again on another record already: below that life, with no record
+        // of the backup's own taken (`bind_key` finds the same, racing a binder).
+        {
+            let guard = crossbeam_epoch::pin();
+            if let Some(later) = t.index.get(key, &guard).map(RecordId) {
+                let lrec = t.record(later);
+                if lrec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
+                    if let Some(Some(next)) = next_above(lrec, ts, &guard) {
+                        return Ok((later, next.min(start)));
+                    }
+                }
+            }
         }
         let own = t.backup_own_rid().ok_or_else(|| {
             Error::Corrupt(format!(
@@ -847,20 +894,6 @@ fn next_above(rec: &Record, ts: Ts, _guard: &Guard) -> Option<Option<Ts>> {
         }
     }
     Some(above)
-}
-
-/// The timestamp of `rec`'s oldest version, if it has any.
-fn oldest_version(rec: &Record, _guard: &Guard) -> Option<Ts> {
-    let mut p: *mut Version = rec.head.load(Ordering::Acquire);
-    let mut oldest = None;
-    // SAFETY: as in `next_above`.
-    unsafe {
-        while !p.is_null() {
-            oldest = Some((*p).ts);
-            p = (*p).older.load(Ordering::Acquire);
-        }
-    }
-    oldest
 }
 
 /// Links a version at `ts` below the head, at its place by timestamp; nothing if a version

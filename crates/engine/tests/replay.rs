@@ -477,3 +477,59 @@ fn a_promoted_engine_writes_no_key_onto_a_record_of_the_backups_own() {
     rids.sort();
     assert_eq!(rids, vec![(0, b"b".to_vec()), (1, b"a".to_vec())], "a took the primary's next id");
 }
+
+/// A record id's late old life on a record that also holds, below its key's life, that
+/// key's own earlier life put there from another record: the late life is told by there
+/// being nothing with a value at its timestamp, not by every version lying above it.
+#[test]
+fn a_record_ids_late_old_life_below_a_key_redirected_onto_the_same_record() {
+    let (db, t) = db();
+    let mut keys = 0;
+    keys += db.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b7")).unwrap().delta;
+    // b's earlier life, on record 5 (insert 1, delete 2), goes below b's life on record 0.
+    keys += db.replay_install(t, RecordId(5), Some(b"b"), Ts(1), Some(b"b1")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(5), None, Ts(2), None).unwrap().delta;
+    db.publish_read_view(Ts(2)).unwrap();
+    // a's life on record 0 (insert 3, update 4, delete 5), before record 0 went to b.
+    keys += db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a3")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(4), Some(b"a4")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap().delta;
+    assert_eq!(keys, 1);
+    assert_eq!(db.replay_own_records(), 1);
+    for (view, a, b) in
+        [(2, None, None), (3, Some("a3"), None), (4, Some("a4"), None), (5, None, None), (7, None, Some("b7"))]
+    {
+        db.publish_read_view(Ts(view)).unwrap();
+        let snap = db.read();
+        assert_eq!(snap.get(t, b"a").unwrap().as_deref(), a.map(str::as_bytes), "a at view {view}");
+        assert_eq!(snap.get(t, b"b").unwrap().as_deref(), b.map(str::as_bytes), "b at view {view}");
+    }
+    assert_eq!(db.count(t).unwrap(), 1);
+}
+
+/// A key's late old life redirected from record 0 to the key's later record, then an
+/// earlier life of record 0 itself (another key) that comes after: record 0's redirect
+/// gives way to it (the earlier life is installed on record 0), as before the record-id
+/// case was handled.
+#[test]
+fn an_earlier_life_of_a_redirected_record_is_installed_on_it() {
+    let (db, t) = db();
+    let mut keys = 0;
+    keys += db.replay_install(t, RecordId(1), Some(b"b"), Ts(9), Some(b"b9")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b7")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(8), None).unwrap().delta;
+    db.publish_read_view(Ts(2)).unwrap();
+    keys += db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a3")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap().delta;
+    assert_eq!(keys, 1, "b in the end; a's +1 and -1 counted on its own record");
+    assert_eq!(db.replay_own_records(), 0);
+    for (view, a, b) in
+        [(3, Some("a3"), None), (5, None, None), (7, None, Some("b7")), (8, None, None), (9, None, Some("b9"))]
+    {
+        db.publish_read_view(Ts(view)).unwrap();
+        let snap = db.read();
+        assert_eq!(snap.get(t, b"a").unwrap().as_deref(), a.map(str::as_bytes), "a at view {view}");
+        assert_eq!(snap.get(t, b"b").unwrap().as_deref(), b.map(str::as_bytes), "b at view {view}");
+    }
+    assert_eq!(db.count(t).unwrap(), 1);
+}

@@ -222,6 +222,7 @@ fn a_record_ids_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
     assert_eq!(r.get(T, b"b").unwrap().as_deref(), Some(&b"b2"[..]));
     assert_eq!(r.get(T, b"a").unwrap(), None);
     assert_eq!(db.count(T).unwrap(), 1);
+    assert_eq!(db.replay_own_records(), 1, "a's life went to a record of the backup's own");
 }
 
 /// Two streams, each with a new life waiting for the other: the serial replayer, waiting
