@@ -122,6 +122,20 @@ pub(crate) struct Redirects {
     map: Mutex<HashMap<(TableId, RecordId), Redirect>>,
     /// Held (read) by a checkpoint cut, taken (write) to add a redirect.
     gate: parking_lot::RwLock<()>,
+    /// Records whose new life waits in `bind_key` for its key's previous record to end,
+    /// with the new life's timestamp: the record has its new key and no version, and its
+    /// key is not bound to it yet, so a late write of the record's earlier life that comes
+    /// meanwhile would otherwise take it for the record's next life (`later_life_start`).
+    binding: Mutex<HashMap<(TableId, RecordId), Ts>>,
+}
+
+/// Takes a record's entry out of `Redirects::binding` when its bind ends, however it ends.
+struct Binding<'a>(&'a Mutex<HashMap<(TableId, RecordId), Ts>>, (TableId, RecordId));
+
+impl Drop for Binding<'_> {
+    fn drop(&mut self) {
+        self.0.lock().remove(&self.1);
+    }
 }
 
 /// See [`Database::replay_checkpoint_gate`].
@@ -650,7 +664,7 @@ impl Database {
                 // the record's life came first, and this write is of an earlier life of the
                 // id, on a stream that was behind (see the module notes).
                 if k.as_ref() != key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
-                    if let Some(start) = self.later_life_start(t, rid, rec, ts)? {
+                    if let Some(start) = self.later_life_start(t, table, rid, rec, ts)? {
                         return self.late_life_of_id(t, table, rid, key, ts, start, on_wait).map(Some);
                     }
                 }
@@ -662,7 +676,7 @@ impl Database {
                 unsafe { rec.reuse(Bytes::copy_from_slice(key), &guard) };
             }
         }
-        self.bind_key(t, rid, key, ts, on_wait)
+        self.bind_key(t, table, rid, key, ts, on_wait)
     }
 
     /// Where the life that holds record `rid` now starts, if it started above `ts` and
@@ -672,8 +686,10 @@ impl Database {
     /// has a value at `ts` (two lives at once: `end_old_life` refuses it), or if it has no
     /// version and its key is not bound to it (that life went to a later record of its
     /// key). Versions of the key's own earlier lives, put below it from other records, may
-    /// lie below `ts`. Waits for a record bound by a replayer that has not installed yet.
-    fn later_life_start(&self, t: &Table, rid: RecordId, rec: &Record, ts: Ts) -> Result<Option<Ts>> {
+    /// lie below `ts`. A record with no version whose new life waits to be bound
+    /// (`Redirects::binding`) starts at that life's timestamp. Waits for a record bound by
+    /// a replayer that has not installed yet.
+    fn later_life_start(&self, t: &Table, table: TableId, rid: RecordId, rec: &Record, ts: Ts) -> Result<Option<Ts>> {
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         loop {
             let guard = crossbeam_epoch::pin();
@@ -685,6 +701,12 @@ impl Database {
                 Some(None) => return Ok(None),
                 None => {}
             }
+            // No version: a new life waiting to be bound here (`Redirects::binding`)...
+            if let Some(&start) = self.redirects.binding.lock().get(&(table, rid)) {
+                return Ok((start > ts).then_some(start));
+            }
+            // ... or bound and not installed yet (looked at again), or gone to a later
+            // record of its key.
             if rec.key.get().is_none_or(|k| t.index.get(k, &guard) != Some(rid.0)) {
                 return Ok(None);
             }
@@ -744,7 +766,7 @@ impl Database {
             ))
         })?;
         let _ = t.record(own).key.get_or_init(|| Bytes::copy_from_slice(key));
-        Ok(match self.bind_key(t, own, key, ts, on_wait)? {
+        Ok(match self.bind_key(t, table, own, key, ts, on_wait)? {
             None => (own, start),
             Some((later, next)) => (later, next.min(start)),
         })
@@ -756,6 +778,7 @@ impl Database {
     fn bind_key(
         &self,
         t: &Table,
+        table: TableId,
         rid: RecordId,
         key: &[u8],
         ts: Ts,
@@ -763,6 +786,7 @@ impl Database {
     ) -> Result<Option<(RecordId, Ts)>> {
         let guard = crossbeam_epoch::pin();
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
+        let mut binding: Option<Binding<'_>> = None;
         loop {
             let (other, inserted) = t.index.get_or_insert_with(key, || rid.0, &guard);
             if inserted || other == rid.0 {
@@ -792,6 +816,12 @@ impl Database {
             }
             // The key lived in another record, which the primary unlinked before it gave
             // the key this one.
+            // Told to a late write of this record's earlier life, while the wait lasts and
+            // until the key is bound here.
+            if binding.is_none() {
+                self.redirects.binding.lock().insert((table, rid), ts);
+                binding = Some(Binding(&self.redirects.binding, (table, rid)));
+            }
             self.end_old_life(t, RecordId(other), ts, on_wait)?;
             if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(

@@ -533,3 +533,41 @@ fn an_earlier_life_of_a_redirected_record_is_installed_on_it() {
     }
     assert_eq!(db.count(t).unwrap(), 1);
 }
+
+/// A record id's late old life that comes while the record's new life waits to be bound
+/// (its key's previous record, 5, has not ended for every snapshot yet): the record has
+/// its new key and no version then. The late life must not take the record for itself:
+/// before 2026-11-29 it did, and the waiting life's value was then installed on a record
+/// whose key was the old one (a read of a returned b's value; found by a review).
+#[test]
+fn a_record_ids_late_old_life_while_its_new_life_waits_to_be_bound() {
+    let (db, t) = db();
+    let mut keys = 0;
+    keys += db.replay_install(t, RecordId(5), Some(b"b"), Ts(1), Some(b"b1")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(5), None, Ts(2), None).unwrap().delta;
+    db.publish_read_view(Ts(2)).unwrap();
+    let db2 = Arc::clone(&db);
+    let new_life = std::thread::spawn(move || db2.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b7")));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!new_life.is_finished(), "b's new life waits for every snapshot to see its old one end");
+    keys += db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a3")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap().delta;
+    // The views while b's new life still waits (each snapshot holds it back).
+    db.publish_read_view(Ts(3)).unwrap();
+    let at3 = db.read();
+    db.publish_read_view(Ts(5)).unwrap();
+    let at5 = db.read();
+    assert_eq!(at3.get(t, b"a").unwrap().as_deref(), Some(&b"a3"[..]));
+    assert_eq!(at5.get(t, b"a").unwrap(), None);
+    assert_eq!(at3.get(t, b"b").unwrap(), None);
+    drop((at3, at5));
+    db.publish_read_view(Ts(6)).unwrap();
+    keys += new_life.join().unwrap().unwrap().delta;
+    assert_eq!(keys, 1);
+    assert_eq!(db.replay_own_records(), 1, "a's life went to a record of the backup's own");
+    db.publish_read_view(Ts(7)).unwrap();
+    let snap = db.read();
+    assert_eq!(snap.get(t, b"a").unwrap(), None, "a's key does not read b's value");
+    assert_eq!(snap.get(t, b"b").unwrap().as_deref(), Some(&b"b7"[..]));
+    assert_eq!(db.count(t).unwrap(), 1);
+}
