@@ -419,3 +419,56 @@ fn a_received_policy_waits_for_no_fsync_interval_on_the_primary() {
         assert_eq!(r.one(&["GET", &format!("k{i}")]), "v", "k{i} on the backup");
     }
 }
+
+/// A primary with `requirepass` asks it of its backups too (their `masterauth`): a backup
+/// process without it, or with another, exits saying why and received nothing; one with it
+/// joins, and its own clients AUTH as the primary's do.
+#[test]
+fn a_primary_with_requirepass_serves_only_backups_that_give_it_as_masterauth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = |name: &str, text: &str| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let primary_conf = conf("primary.toml", "requirepass = \"s3cret-pw\"\n");
+    let primary = Node::start(&tmp.path().join("primary"), &["--repl-port", "0", "--config", &primary_conf]);
+    let repl = primary.repl.clone().unwrap();
+    let mut c = Client::connect(primary.port).unwrap();
+    assert_eq!(c.one(&["AUTH", "s3cret-pw"]), "+OK");
+    assert_eq!(c.one(&["SET", "k", "1"]), "+OK");
+    for (name, text, says) in [
+        ("none", "requirepass = \"s3cret-pw\"\n", "requires a password of its backups"),
+        ("wrong", "requirepass = \"s3cret-pw\"\nmasterauth = \"s3cret-px\"\n", "is not this primary's requirepass"),
+    ] {
+        let backup_conf = conf(&format!("{name}.toml"), text);
+        let args = ["--replica-of", repl.as_str(), "--config", backup_conf.as_str()];
+        let (status, said) = Node::run_to_exit(&tmp.path().join(name), &args, &tmp.path().join(format!("{name}.log")));
+        assert!(!status.success(), "{name}: {said}");
+        assert!(said.contains(says), "{name}: {said}");
+        // No file but its lock (its server made its empty directories).
+        let mut files = Vec::new();
+        let mut dirs = vec![tmp.path().join(name)];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                match e.path().is_dir() {
+                    true => dirs.push(e.path()),
+                    false => files.push(e.file_name()),
+                }
+            }
+        }
+        assert_eq!(files, ["LOCK"], "{name} received nothing");
+    }
+    let info = c.cmd(&["INFO", "replication"]).unwrap().concat();
+    assert!(info.contains("connected_slaves:0"), "{info}");
+    let backup_conf = conf("right.toml", "requirepass = \"s3cret-pw\"\nmasterauth = \"s3cret-pw\"\n");
+    let backup = Node::start(&tmp.path().join("right"), &["--replica-of", repl.as_str(), "--config", &backup_conf]);
+    assert_eq!(c.one(&["SET", "k", "2"]), "+OK");
+    let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut r = Client::connect(backup.port).unwrap();
+    r.set_read_timeout(Duration::from_secs(10));
+    assert!(r.one(&["GET", "k"]).starts_with("-NOAUTH"), "the backup's clients need the password too");
+    assert_eq!(r.one(&["AUTH", "s3cret-pw"]), "+OK");
+    assert!(!r.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
+    assert_eq!(r.one(&["GET", "k"]), "2");
+}

@@ -174,6 +174,9 @@ pub struct BackupOptions {
     /// over it. On by default; a cluster's backups turn it off: a failover's point lies
     /// above every commit ever acknowledged, so what a backup holds above it was not.
     pub keep_what_the_primary_lost: bool,
+    /// The password its primary asks of backups (a server's `masterauth`: the primary's
+    /// `requirepass`), sent in every `Hello`.
+    pub auth: Option<String>,
 }
 
 /// Cuts a join short from another thread (`BackupOptions::cancel`): sets the stop flag
@@ -237,6 +240,7 @@ impl BackupOptions {
             fresh_copy: false,
             cancel: None,
             keep_what_the_primary_lost: true,
+            auth: None,
         }
     }
 }
@@ -597,6 +601,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         have_ts: have,
         node: opts.node.clone(),
         learner: opts.learner,
+        auth: opts.auth.clone(),
     };
     // The primary may not be up yet (a cluster starts its new primary and its backups at
     // once): try often, for a while, saying so once a second.
@@ -658,6 +663,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             have_ts: Ts::ZERO,
             node: opts.node.clone(),
             learner: opts.learner,
+            auth: opts.auth.clone(),
         };
         (stream, reader, welcome) = join(&fresh)?;
     }
@@ -1883,6 +1889,7 @@ impl Receiver {
                     have_ts: have,
                     node: self.opts.node.clone(),
                     learner,
+                    auth: self.opts.auth.clone(),
                 };
                 let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
                 // A peer that accepts and never answers (a partition's dropped packets) must

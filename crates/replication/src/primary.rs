@@ -71,6 +71,10 @@ pub struct PrimaryOptions {
     /// wait for the releases they bring: they are woken on the thread that read the ack);
     /// `None`: a thread per backup.
     pub acks_on: Option<tokio::runtime::Handle>,
+    /// The password a backup must give in its `Hello` (a server's `requirepass`: its
+    /// clients need it, and a backup receives everything they could read); `None`: any
+    /// backup that reaches the port is served.
+    pub password: Option<String>,
 }
 
 impl Default for PrimaryOptions {
@@ -86,6 +90,7 @@ impl Default for PrimaryOptions {
             quorum_record: None,
             restart_wait: false,
             acks_on: None,
+            password: None,
         }
     }
 }
@@ -724,9 +729,9 @@ impl Primary {
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let addr = stream.peer_addr()?.to_string();
         let mut reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node, learner) = match read_frame(&mut reader)? {
-            Some(Frame::Hello { version, epoch, have_ts, node, learner }) if version == PROTOCOL_VERSION => {
-                (epoch, have_ts, node, learner)
+        let (epoch, have_ts, node, learner, auth) = match read_frame(&mut reader)? {
+            Some(Frame::Hello { version, epoch, have_ts, node, learner, auth }) if version == PROTOCOL_VERSION => {
+                (epoch, have_ts, node, learner, auth)
             }
             Some(Frame::Hello { version, .. }) => {
                 let reason = format!(
@@ -737,6 +742,22 @@ impl Primary {
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
         stream.set_read_timeout(None)?;
+        if let Some(password) = &self.opts.password {
+            let reason = match auth {
+                None => Some(
+                    "this primary requires a password of its backups: give the backup masterauth (its requirepass)",
+                ),
+                // Constant-time in the password's bytes, as a client's AUTH is.
+                Some(a) if !bool::from(subtle::ConstantTimeEq::ct_eq(a.as_bytes(), password.as_bytes())) => {
+                    Some("the backup's masterauth is not this primary's requirepass")
+                }
+                Some(_) => None,
+            };
+            if let Some(reason) = reason {
+                tracing::warn!("refused backup {node} from {addr}: {reason}");
+                return Err(refuse(&stream, reason.to_string()));
+            }
+        }
         if let Some(reason) = self.name_taken(&node, &addr, have_ts) {
             return Err(refuse(&stream, reason));
         }

@@ -28,8 +28,10 @@ pub const FRAME_HEADER_LEN: usize = 8;
 pub enum Frame {
     /// Backup -> primary, first: who it follows and what it holds; `learner`: a cluster's
     /// learner, whose acknowledgements the primary never counts in its commit quorum
-    /// (a byte after `node`; absent, as a peer before it sends it, means a backup).
-    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool },
+    /// (a byte after `node`; absent, as a peer before it sends it, means a backup);
+    /// `auth`: the password a primary with one asks of its backups (its `requirepass`,
+    /// the backup's `masterauth`), a string after that byte, absent when none is given.
+    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<String> },
     /// Primary -> backup: the answer to `Hello`.
     Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start },
     /// Primary -> backup: a piece of a checkpoint file (`start` was `Checkpoint`).
@@ -141,15 +143,18 @@ impl Frame {
         let mut b = BytesMut::with_capacity(64);
         b.put_bytes(0, FRAME_HEADER_LEN);
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner } => {
+            Frame::Hello { version, epoch, have_ts, node, learner, auth } => {
                 b.put_u8(kind::HELLO);
                 b.put_slice(&MAGIC);
                 b.put_u32_le(*version);
                 b.put_u64_le(epoch.0);
                 b.put_u64_le(have_ts.0);
                 put_str(&mut b, node);
-                if *learner {
-                    b.put_u8(1);
+                if *learner || auth.is_some() {
+                    b.put_u8(u8::from(*learner));
+                }
+                if let Some(a) = auth {
+                    put_str(&mut b, a);
                 }
             }
             Frame::Welcome { epoch, streams, tables, start } => {
@@ -254,10 +259,13 @@ impl Frame {
                     false => false,
                     true => match get_u8(&mut b)? {
                         1 => true,
+                        // (0 only where a password follows.)
+                        0 if b.has_remaining() => false,
                         _ => return Err(ProtocolError::Malformed("a learner flag other than 1")),
                     },
                 };
-                Frame::Hello { version, epoch, have_ts, node, learner }
+                let auth = if b.has_remaining() { Some(get_str(&mut b)?) } else { None };
+                Frame::Hello { version, epoch, have_ts, node, learner, auth }
             }
             kind::WELCOME => {
                 magic(&mut b)?;
@@ -454,8 +462,26 @@ mod tests {
 
     #[test]
     fn every_frame_roundtrips_and_every_bit_flip_is_caught() {
-        roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(99), node: "b1".into(), learner: false });
-        roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(99), node: "b4".into(), learner: true });
+        roundtrip(Frame::Hello {
+            version: 1,
+            epoch: Epoch(3),
+            have_ts: Ts(99),
+            node: "b1".into(),
+            learner: false,
+            auth: None,
+        });
+        roundtrip(Frame::Hello {
+            version: 1,
+            epoch: Epoch(3),
+            have_ts: Ts(99),
+            node: "b4".into(),
+            learner: true,
+            auth: None,
+        });
+        for learner in [false, true] {
+            let auth = Some("sesame".into());
+            roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(9), node: "b".into(), learner, auth });
+        }
         roundtrip(Frame::Welcome {
             epoch: Epoch(4),
             streams: 2,

@@ -27,7 +27,14 @@ fn start_primary(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::Ta
 
 /// The Hello of a backup named "b" that holds nothing.
 fn hello_from_b() -> Frame {
-    Frame::Hello { version: PROTOCOL_VERSION, epoch: Epoch(0), have_ts: Ts::ZERO, node: "b".into(), learner: false }
+    Frame::Hello {
+        version: PROTOCOL_VERSION,
+        epoch: Epoch(0),
+        have_ts: Ts::ZERO,
+        node: "b".into(),
+        learner: false,
+        auth: None,
+    }
 }
 
 fn links_named(p: &Primary, name: &str) -> usize {

@@ -61,8 +61,12 @@ pub struct Config {
     /// A log segment file is closed at this size and a new one begun; a checkpoint deletes
     /// only closed segments it covers (at least 4096).
     pub log_segment_bytes: u64,
-    /// Clients must AUTH with this password (user `default`).
+    /// Clients must AUTH with this password (user `default`). A primary asks it of its
+    /// backups too (their `masterauth`): a backup receives everything a client could read.
     pub requirepass: Option<String>,
+    /// On a backup (`replica_of`): the password its primary asks of backups, the primary's
+    /// `requirepass` (Redis's name). Never shown by CONFIG GET.
+    pub masterauth: Option<String>,
     pub max_clients: usize,
     pub max_args: usize,
     pub max_request_bytes: usize,
@@ -206,6 +210,7 @@ impl Default for Config {
             log_keep_for_backups_mb: 1024,
             log_segment_bytes: 64 << 20,
             requirepass: None,
+            masterauth: None,
             max_clients: 10_000,
             max_args: limits.max_args,
             max_request_bytes: limits.max_request_bytes,
@@ -336,6 +341,9 @@ impl Config {
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass is empty: remove it for no password");
         }
+        if self.masterauth.as_deref() == Some("") {
+            return bad("masterauth is empty: remove it for no password");
+        }
         if self.maxmemory.bytes()? != 0 && self.used_memory.is_none() {
             return bad("maxmemory needs the memory in use measured (the ditto binary's counting allocator); \
                         set maxmemory = 0 for no limit");
@@ -443,10 +451,13 @@ mod tests {
     /// What CONFIG GET can show: the settings clients probe, and never the password.
     #[test]
     fn the_config_view_never_shows_the_password() {
-        let c: Config = toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nrequirepass = \"sesame-9\"").unwrap();
+        let c: Config =
+            toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nrequirepass = \"sesame-9\"\nmasterauth = \"open-10\"")
+                .unwrap();
         let view = c.view();
         assert!(view.iter().any(|(k, v)| k == "port" && v == "7000"), "{view:?}");
         assert!(view.iter().all(|(k, v)| k != "requirepass" && !v.contains("sesame-9")), "{view:?}");
+        assert!(view.iter().all(|(k, v)| k != "masterauth" && !v.contains("open-10")), "{view:?}");
     }
 
     #[test]

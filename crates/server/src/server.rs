@@ -435,6 +435,7 @@ fn backup_options(
         cancel: None,
         // A cluster's failover points lie above every acknowledged commit.
         keep_what_the_primary_lost: cfg.cluster.is_none(),
+        auth: cfg.masterauth.clone(),
     })
 }
 
@@ -767,6 +768,8 @@ fn run_role(
             // Acks are read on the connections' runtime: the replies they release are
             // woken on the thread that read them.
             acks_on: Some(rt.handle().clone()),
+            // A backup receives everything a client could read: it gives the password too.
+            password: cfg.requirepass.clone(),
             ..Default::default()
         };
         let r = Arc::clone(&release);

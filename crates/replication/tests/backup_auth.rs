@@ -1,0 +1,63 @@
+//! A primary with a password (a server's `requirepass`) serves only backups that give it
+//! (`masterauth`): a backup receives everything a client could read. Real files and TCP.
+
+use std::time::Duration;
+
+use ditto_engine::WorkerId;
+use ditto_replication::{backup, BackupError, BackupOptions, PrimaryOptions};
+
+mod common;
+use common::wait_until;
+
+#[test]
+fn a_primary_with_a_password_serves_only_a_backup_that_gives_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = PrimaryOptions { password: Some("sesame-9".into()), ..Default::default() };
+    let (a, t, p, addr) = common::start_primary(&tmp.path().join("p"), Default::default(), "local", opts);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"secret", b"v")).unwrap().1.wait().unwrap();
+    for (dir, auth, says) in [
+        ("none", None, "requires a password of its backups"),
+        ("wrong", Some("sesame-8"), "is not this primary's requirepass"),
+        ("longer", Some("sesame-99"), "is not this primary's requirepass"),
+    ] {
+        let opts =
+            BackupOptions { auth: auth.map(String::from), ..BackupOptions::new(&addr, &tmp.path().join(dir), 1, dir) };
+        match backup::start(opts) {
+            Err(BackupError::Refused(why)) => assert!(why.contains(says), "{dir}: {why}"),
+            other => panic!("a backup with {auth:?} was not refused: {:?}", other.map(|_| ())),
+        }
+        assert!(p.backups().iter().all(|b| b.node != dir), "{dir} has no link");
+        // It received nothing: its directory holds its lock and no other file.
+        assert_eq!(walk(&tmp.path().join(dir)), ["LOCK"], "{dir}");
+    }
+    let opts = BackupOptions {
+        auth: Some("sesame-9".into()),
+        ..BackupOptions::new(&addr, &tmp.path().join("right"), 1, "right")
+    };
+    let bk = backup::start(opts).unwrap();
+    wait_until("the backup with the password to replay the commit", Duration::from_secs(30), || {
+        bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= ts.0
+    });
+    assert_eq!(bk.db.read().get(t, b"secret").unwrap().as_deref(), Some(&b"v"[..]));
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    p.stop();
+    a.close();
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out
+}
