@@ -144,6 +144,10 @@ pub struct ReplayGate<'a>(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, (
 struct Redirect {
     to: RecordId,
     key: Bytes,
+    /// Where the writes sent on begin: the oldest write of the late life seen with its key
+    /// (the one that made the redirect, lowered by an older one). A write to `from` below
+    /// it is of an earlier life of `from`, which stays on `from`.
+    since: Ts,
     /// Where the writes sent on end: the next version above the late life on `to` when
     /// the redirect was made (lowered if `from` gets another key first).
     before: Ts,
@@ -445,17 +449,18 @@ impl Database {
         Ok(KeyDelta { delta: 0, key: None })
     }
 
-    /// Moves the writes parked on records redirected to `to`, below the redirect's bound,
-    /// over to `to` (where `wake_parked` installs what it can); later ones stay.
+    /// Moves the writes parked on records redirected to `to`, from the redirect's start to
+    /// below its bound, over to `to` (where `wake_parked` installs what it can); others
+    /// stay (an earlier or a later life of the record).
     fn drain_redirected(&self, table: TableId, to: RecordId) {
-        let from: Vec<(RecordId, Ts)> = {
+        let from: Vec<(RecordId, Ts, Ts)> = {
             let m = self.redirects.map.lock();
-            m.iter().filter(|(k, r)| k.0 == table && r.to == to).map(|(k, r)| (k.1, r.before)).collect()
+            m.iter().filter(|(k, r)| k.0 == table && r.to == to).map(|(k, r)| (k.1, r.since, r.before)).collect()
         };
         let mut parked = self.parked.writes.lock();
-        for (f, before) in from {
+        for (f, since, before) in from {
             let Some(w) = parked.remove(&(table, f)) else { continue };
-            let (moved, stay): (Vec<_>, Vec<_>) = w.into_iter().partition(|p| p.0 < before);
+            let (moved, stay): (Vec<_>, Vec<_>) = w.into_iter().partition(|p| since <= p.0 && p.0 < before);
             if !stay.is_empty() {
                 parked.insert((table, f), stay);
             }
@@ -492,7 +497,7 @@ impl Database {
                 t.name, from.0, ts.0
             )));
         }
-        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), before });
+        m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), since: ts, before });
         self.redirects.count.store(m.len(), Ordering::SeqCst);
         Ok(())
     }
@@ -507,12 +512,20 @@ impl Database {
         let r = m.get_mut(&(table, rid))?;
         match key {
             // Another key on the record: its next life (the primary reused its id), which
-            // is the record's own; the redirect ends there.
+            // is the record's own, and the redirect ends there; or, below the late life,
+            // an earlier life of the record, which stays on it.
             Some(k) if k != r.key.as_ref() => {
-                r.before = r.before.min(ts);
+                if ts > r.since {
+                    r.before = r.before.min(ts);
+                }
                 None
             }
-            _ => (ts < r.before).then_some(r.to),
+            Some(_) if ts < r.before => {
+                r.since = r.since.min(ts);
+                Some(r.to)
+            }
+            Some(_) => None,
+            None => (r.since <= ts && ts < r.before).then_some(r.to),
         }
     }
 
@@ -531,6 +544,12 @@ impl Database {
     pub fn replay_checkpoint_gate(&self) -> Option<ReplayGate<'_>> {
         let gate = self.redirects.gate.read();
         (!self.replay_redirecting()).then_some(ReplayGate(gate))
+    }
+
+    /// New lives waiting in `bind_key` for their key's previous record to end (a test
+    /// waits for one to have registered).
+    pub fn replay_binds_waiting(&self) -> usize {
+        self.redirects.binding.lock().len()
     }
 
     /// Records of the backup's own taken so far (a record id's late old life: see the

@@ -548,8 +548,12 @@ fn a_record_ids_late_old_life_while_its_new_life_waits_to_be_bound() {
     db.publish_read_view(Ts(2)).unwrap();
     let db2 = Arc::clone(&db);
     let new_life = std::thread::spawn(move || db2.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b7")));
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(!new_life.is_finished(), "b's new life waits for every snapshot to see its old one end");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while db.replay_binds_waiting() == 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(db.replay_binds_waiting(), 1, "b's new life waits for every snapshot to see its old one end");
+    assert!(!new_life.is_finished());
     keys += db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a3")).unwrap().delta;
     keys += db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap().delta;
     // The views while b's new life still waits (each snapshot holds it back).
@@ -569,5 +573,32 @@ fn a_record_ids_late_old_life_while_its_new_life_waits_to_be_bound() {
     let snap = db.read();
     assert_eq!(snap.get(t, b"a").unwrap(), None, "a's key does not read b's value");
     assert_eq!(snap.get(t, b"b").unwrap().as_deref(), Some(&b"b7"[..]));
+    assert_eq!(db.count(t).unwrap(), 1);
+}
+
+/// A key's late life on record 0 redirected to the key's later record, then an earlier
+/// life of record 0 itself (another key) that comes after: that life is installed on
+/// record 0, and the redirected life's later writes still follow the redirect (before,
+/// the earlier life's key ended the redirect at its own timestamp, and the redirected
+/// life's delete then waited on record 0 for ever: found by a review).
+#[test]
+fn an_earlier_life_of_a_redirected_record_leaves_the_redirect_for_the_later_one() {
+    let (db, t) = db();
+    let mut keys = 0;
+    keys += db.replay_install(t, RecordId(9), Some(b"b"), Ts(12), Some(b"b12")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), Some(b"b"), Ts(7), Some(b"b7")).unwrap().delta;
+    db.publish_read_view(Ts(2)).unwrap();
+    keys += db.replay_install(t, RecordId(0), Some(b"a"), Ts(3), Some(b"a3")).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap().delta;
+    keys += db.replay_install(t, RecordId(0), None, Ts(8), None).unwrap().delta;
+    assert_eq!(keys, 1);
+    for (view, a, b) in
+        [(3, Some("a3"), None), (5, None, None), (7, None, Some("b7")), (8, None, None), (12, None, Some("b12"))]
+    {
+        db.publish_read_view(Ts(view)).unwrap();
+        let snap = db.read();
+        assert_eq!(snap.get(t, b"a").unwrap().as_deref(), a.map(str::as_bytes), "a at view {view}");
+        assert_eq!(snap.get(t, b"b").unwrap().as_deref(), b.map(str::as_bytes), "b at view {view}");
+    }
     assert_eq!(db.count(t).unwrap(), 1);
 }

@@ -26,7 +26,7 @@ use ditto_log::{Durable, Epoch};
 use parking_lot::{Condvar, Mutex};
 
 use crate::policy::Holdings;
-use crate::protocol::{read_frame, Frame, Start, PROTOCOL_VERSION};
+use crate::protocol::{read_frame, read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
 use crate::watermark::Prefix;
 
 /// How the primary ships.
@@ -227,8 +227,9 @@ pub struct Primary {
     pub batches_shipped: AtomicU64,
     /// Frames sent to a backup by the thread that shipped them, not its link's thread.
     pub frames_sent_directly: AtomicU64,
-    /// When a refusal for a taken name was last logged (`NAME_TAKEN`).
-    name_taken_said: Mutex<Option<Instant>>,
+    /// When a refusal a backup tries again after (`NAME_TAKEN`, `AUTH_REFUSED`) was last
+    /// logged.
+    retried_refusal_said: Mutex<Option<Instant>>,
     /// Links dozing (`serve_link`): a release that moves wakes them.
     dozing_links: AtomicUsize,
     /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
@@ -271,7 +272,7 @@ impl Primary {
             stopping: AtomicBool::new(false),
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
-            name_taken_said: Mutex::new(None),
+            retried_refusal_said: Mutex::new(None),
             dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
@@ -309,14 +310,19 @@ impl Primary {
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                             if let Err(e) = me.serve(s) {
-                                // A backup refused for its name tries again and again: said
-                                // at most once a second.
-                                let name_taken = e.to_string().starts_with(NAME_TAKEN);
-                                if !name_taken
-                                    || me.name_taken_said.lock().is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+                                // A backup refused for its name or its password tries again
+                                // and again (so may anyone who reaches the port): said at
+                                // most once a second.
+                                let why = e.to_string();
+                                let retried = why.starts_with(NAME_TAKEN) || why.starts_with(AUTH_REFUSED);
+                                if !retried
+                                    || me
+                                        .retried_refusal_said
+                                        .lock()
+                                        .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
                                 {
-                                    if name_taken {
-                                        *me.name_taken_said.lock() = Some(Instant::now());
+                                    if retried {
+                                        *me.retried_refusal_said.lock() = Some(Instant::now());
                                     }
                                     tracing::warn!("replication link to {addr} closed: {e}");
                                 }
@@ -729,7 +735,7 @@ impl Primary {
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let addr = stream.peer_addr()?.to_string();
         let mut reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node, learner, auth) = match read_frame(&mut reader)? {
+        let (epoch, have_ts, node, learner, auth) = match read_frame_at_most(&mut reader, HELLO_BYTES_MAX)? {
             Some(Frame::Hello { version, epoch, have_ts, node, learner, auth }) if version == PROTOCOL_VERSION => {
                 (epoch, have_ts, node, learner, auth)
             }
@@ -754,8 +760,8 @@ impl Primary {
                 Some(_) => None,
             };
             if let Some(reason) = reason {
-                tracing::warn!("refused backup {node} from {addr}: {reason}");
-                return Err(refuse(&stream, reason.to_string()));
+                // (Logged by the caller, at most once a second.)
+                return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
             }
         }
         if let Some(reason) = self.name_taken(&node, &addr, have_ts) {
@@ -1339,6 +1345,11 @@ fn live_link_named<'a>(links: &'a [Arc<Link>], node: &str) -> Option<&'a Arc<Lin
 /// What a `Refuse` begins with when a live link has the backup's name
 /// (`Primary::name_taken`); a backup tries again for a while (`backup::NAME_TAKEN_WAIT`).
 pub const NAME_TAKEN: &str = "this backup's name is taken";
+/// How a refusal for a missing or wrong password begins.
+pub const AUTH_REFUSED: &str = "authentication failed";
+/// The largest `Hello` a primary reads (a name and a password): a peer that has not said
+/// who it is makes the primary allocate no more than this.
+const HELLO_BYTES_MAX: usize = 64 << 10;
 /// A link heard from within this long is a live backup's: an idle link is heard at every
 /// heartbeat (`IDLE_HEARTBEAT`), a busy backup whose replay or disk stalls may be silent
 /// for longer, and a backup gives up on a silent primary after `backup::SILENCE_MAX` (5 s),

@@ -386,6 +386,13 @@ pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, ProtocolError> {
 /// Reads one frame from a blocking reader. `Ok(None)` at a clean end of stream (between
 /// frames); a stream that ends inside a frame is an `UnexpectedEof` error naming it.
 pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> {
+    read_frame_at_most(r, FRAME_BYTES_MAX)
+}
+
+/// `read_frame`, refusing a frame whose body is longer than `max` before it allocates it
+/// (a primary reading a peer's first frame: a header alone must not make it allocate
+/// `FRAME_BYTES_MAX`).
+pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Result<Option<Frame>> {
     let mut h = [0u8; FRAME_HEADER_LEN];
     // The end of the stream between frames is a close; anywhere else, a truncated frame.
     let mut got = 0;
@@ -399,6 +406,12 @@ pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> 
         }
     }
     let len = Frame::body_len(&h).map_err(std::io::Error::other)?;
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes where at most {max} are taken"),
+        ));
+    }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => truncated(FRAME_HEADER_LEN, FRAME_HEADER_LEN + len),
@@ -410,6 +423,28 @@ pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frame longer than the reader takes is refused from its header alone, before its
+    /// body is read (or allocated): given the header and nothing more, the error is the
+    /// length's, not a truncated body's.
+    #[test]
+    fn a_frame_longer_than_taken_is_refused_from_its_header() {
+        let big =
+            Frame::File { name: "f".into(), offset: 0, data: Bytes::from(vec![7u8; 100 << 10]), last: true }.encode();
+        let e = read_frame_at_most(&mut &big[..FRAME_HEADER_LEN], 64 << 10).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("at most 65536"), "{e}");
+        assert!(read_frame(&mut &big[..]).unwrap().is_some(), "taken whole where the limit allows");
+        let hello = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            epoch: Epoch(1),
+            have_ts: Ts(2),
+            node: "b".into(),
+            learner: false,
+            auth: Some("pw".into()),
+        };
+        assert_eq!(read_frame_at_most(&mut &hello.encode()[..], 64 << 10).unwrap(), Some(hello));
+    }
 
     /// Frames gathered a byte at a time, or all at once, come out whole and in order; a
     /// damaged one is an error, not a frame.
