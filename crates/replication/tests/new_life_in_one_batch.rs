@@ -137,6 +137,28 @@ fn a_new_life_waiting_on_another_streams_later_batch_is_replayed_in_every_mode()
 /// checked in crates/engine/tests/replay.rs).
 #[test]
 fn a_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
+    let (db, filler) = behind_a_filler();
+    let run = vec![
+        batch_of(
+            0,
+            6,
+            &[
+                (2, filler),
+                (3, vec![(T, RecordId(0), Some(b"k"), Some(b"old"))]),
+                (4, vec![(T, RecordId(0), None, None)]),
+            ],
+        ),
+        batch_of(1, 6, &[(6, vec![(T, RecordId(1), Some(b"k"), Some(b"new"))])]),
+    ];
+    let got = replay_recorded(Arc::clone(&db), 2, Ts(1), ReplayMode::Parallel, None, &run);
+    assert!(got.is_ok(), "{got:?}");
+    assert_eq!(db.read().get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]));
+}
+
+/// A database of two tables whose "filler" table holds 100,000 records, replayed, and an
+/// update of each of them: a batch of stream 0 that starts with it keeps that stream's
+/// replayer behind the other's.
+fn behind_a_filler() -> (Arc<Database>, Vec<W>) {
     let filler: Vec<W> = (0..100_000u64).map(|i| (TableId(1), RecordId(i), None, Some(&b"f"[..]))).collect();
     let db = Database::new(Options { workers: 2 });
     db.create_table("t").unwrap();
@@ -156,21 +178,7 @@ fn a_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
         vec![Bytes::from(out), batch_of(1, 1, &[])]
     };
     replay_recorded(Arc::clone(&db), 2, Ts::ZERO, ReplayMode::Parallel, None, &load).unwrap();
-    let run = vec![
-        batch_of(
-            0,
-            6,
-            &[
-                (2, filler),
-                (3, vec![(T, RecordId(0), Some(b"k"), Some(b"old"))]),
-                (4, vec![(T, RecordId(0), None, None)]),
-            ],
-        ),
-        batch_of(1, 6, &[(6, vec![(T, RecordId(1), Some(b"k"), Some(b"new"))])]),
-    ];
-    let got = replay_recorded(Arc::clone(&db), 2, Ts(1), ReplayMode::Parallel, None, &run);
-    assert!(got.is_ok(), "{got:?}");
-    assert_eq!(db.read().get(T, b"k").unwrap().as_deref(), Some(&b"new"[..]));
+    (db, filler)
 }
 
 /// A record id's lives the other way round across streams: the primary gave record 0 to
@@ -182,24 +190,7 @@ fn a_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
 /// holds a value when the primary gave its key or id a new life at ts 3".
 #[test]
 fn a_record_ids_new_life_replayed_before_its_old_life_on_a_lagging_stream() {
-    let filler: Vec<W> = (0..100_000u64).map(|i| (TableId(1), RecordId(i), None, Some(&b"f"[..]))).collect();
-    let db = Database::new(Options { workers: 2 });
-    db.create_table("t").unwrap();
-    db.create_table("filler").unwrap();
-    let load: Vec<Bytes> = {
-        let keys: Vec<Vec<u8>> = (0..100_000u64).map(|i| i.to_be_bytes().to_vec()).collect();
-        let writes: Vec<Wr<'_>> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (TableId(1), RecordId(i as u64), Some(&k[..]), Some(&b"0"[..])))
-            .collect();
-        let mut b = BatchBuilder::new();
-        b.push_txn(Ts(1), writes.into_iter());
-        let mut out = Vec::new();
-        b.finish_into(StreamId(0), Epoch(1), Ts(1), false, &mut out);
-        vec![Bytes::from(out), batch_of(1, 1, &[])]
-    };
-    replay_recorded(Arc::clone(&db), 2, Ts::ZERO, ReplayMode::Parallel, None, &load).unwrap();
+    let (db, filler) = behind_a_filler();
     let run = vec![
         batch_of(
             0,
