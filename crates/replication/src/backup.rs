@@ -277,6 +277,10 @@ pub struct BackupState {
     pub checkpoint_ts: AtomicU64,
     pub checkpoints: AtomicU64,
     pub failure: Mutex<Option<String>>,
+    /// Why the primary last refused this backup's reconnection (a password it no longer
+    /// takes, a name taken), while the link is down; cleared when the link resumes. The
+    /// backup goes on trying and serving its reads meanwhile.
+    pub refused: Mutex<Option<String>>,
     /// The replay mode, as `ReplayMode` prints it.
     pub replay_mode: Mutex<String>,
     /// A cluster's learner (`BackupOptions::learner`) until `Backup::count_in_quorum`.
@@ -1897,7 +1901,12 @@ impl Receiver {
                 if s.set_read_timeout(Some(SILENCE_MAX)).is_err() {
                     continue;
                 }
-                match read_frame(&mut r) {
+                let answer = read_frame(&mut r);
+                if let Ok(Some(Frame::Welcome { .. })) = &answer {
+                    // Taken (whatever follows): no refusal stands.
+                    *self.state.refused.lock() = None;
+                }
+                match answer {
                     Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume })) => {
                         if streams != self.streams {
                             self.must_join_again(
@@ -1973,6 +1982,7 @@ impl Receiver {
                     }
                     // Said at most once a second (a refusal may last: `primary::NAME_TAKEN`).
                     Ok(Some(Frame::Refuse { reason })) => {
+                        *self.state.refused.lock() = Some(reason.clone());
                         if refused_said.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
                             tracing::warn!("the primary refused: {reason}");
                             refused_said = Some(Instant::now());

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use ditto_engine::WorkerId;
-use ditto_replication::{backup, BackupError, BackupOptions, PrimaryOptions};
+use std::sync::Arc;
+
+use ditto_replication::{backup, BackupError, BackupOptions, Primary, PrimaryOptions};
 
 mod common;
 use common::wait_until;
@@ -60,4 +62,47 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// A backup whose primary, started again on the same address, no longer takes its password
+/// goes on trying, and says why in its state (INFO's `ditto_master_link_refused`); once a
+/// primary takes it again, the reason is cleared (that primary, of a new epoch, then has
+/// the backup join again).
+#[test]
+fn a_backup_refused_on_a_reconnect_says_why_until_it_is_taken_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("p");
+    let opts = PrimaryOptions { password: Some("first".into()), ..Default::default() };
+    let (a, t, p, addr) = common::start_primary(&dir, Default::default(), "local", opts);
+    let opts = BackupOptions { auth: Some("first".into()), ..BackupOptions::new(&addr, &tmp.path().join("b"), 1, "b") };
+    let bk = backup::start(opts).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"1")).unwrap().1.wait().unwrap();
+    wait_until("the backup to replay", Duration::from_secs(30), || {
+        bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= ts.0
+    });
+    let connected = || bk.state.connected.load(std::sync::atomic::Ordering::Acquire);
+    // The primary's directory opened again, served with another password, then the first.
+    let serve_again = |p: Arc<Primary>, a: ditto_log::Durable, password: &str| {
+        p.stop();
+        a.close_and_release();
+        drop((p, a));
+        let a = ditto_log::open(&dir, ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let opts = PrimaryOptions { password: Some(password.into()), ..Default::default() };
+        let listener = std::net::TcpListener::bind(&addr).unwrap();
+        let release = Box::new(|h: &ditto_replication::Holdings| h.primary_durable);
+        let p = Primary::start(&a, listener, opts, release).unwrap();
+        (p, a)
+    };
+    drop(w);
+    let (p, a) = serve_again(p, a, "second");
+    wait_until("the refusal to show", Duration::from_secs(30), || bk.state.refused.lock().is_some());
+    let why = bk.state.refused.lock().clone().unwrap();
+    assert!(why.contains("authentication failed") && why.contains("is not this primary's requirepass"), "{why}");
+    assert!(!connected());
+    let (p, a) = serve_again(p, a, "first");
+    wait_until("the refusal to be cleared", Duration::from_secs(30), || bk.state.refused.lock().is_none());
+    let _ = bk.stop("done", Duration::from_secs(10));
+    p.stop();
+    a.close();
 }

@@ -128,6 +128,9 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             if let Some(why) = state.failure.lock().clone() {
                 put("ditto_failure", why.replace(['\r', '\n'], " "));
             }
+            if let Some(why) = state.refused.lock().clone() {
+                put("ditto_master_link_refused", why.replace(['\r', '\n'], " "));
+            }
         }
     }
     f
