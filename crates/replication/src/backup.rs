@@ -176,7 +176,7 @@ pub struct BackupOptions {
     pub keep_what_the_primary_lost: bool,
     /// The password its primary asks of backups (a server's `masterauth`: the primary's
     /// `requirepass`), sent in every `Hello`.
-    pub auth: Option<String>,
+    pub auth: Option<crate::protocol::Secret>,
 }
 
 /// Cuts a join short from another thread (`BackupOptions::cancel`): sets the stop flag

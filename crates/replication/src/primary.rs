@@ -74,7 +74,7 @@ pub struct PrimaryOptions {
     /// The password a backup must give in its `Hello` (a server's `requirepass`: its
     /// clients need it, and a backup receives everything they could read); `None`: any
     /// backup that reaches the port is served.
-    pub password: Option<String>,
+    pub password: Option<crate::protocol::Secret>,
 }
 
 impl Default for PrimaryOptions {
@@ -754,7 +754,7 @@ impl Primary {
                     "this primary requires a password of its backups: give the backup masterauth (its requirepass)",
                 ),
                 // Constant-time in the password's bytes, as a client's AUTH is.
-                Some(a) if !bool::from(subtle::ConstantTimeEq::ct_eq(a.as_bytes(), password.as_bytes())) => {
+                Some(a) if !bool::from(subtle::ConstantTimeEq::ct_eq(a.0.as_bytes(), password.0.as_bytes())) => {
                     Some("the backup's masterauth is not this primary's requirepass")
                 }
                 Some(_) => None,

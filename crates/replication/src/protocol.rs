@@ -24,6 +24,23 @@ pub const PROTOCOL_VERSION: u32 = 3;
 pub const FRAME_BYTES_MAX: usize = 160 << 20;
 pub const FRAME_HEADER_LEN: usize = 8;
 
+/// A password, as a `Hello` carries it and a primary keeps it: sent and compared as is,
+/// never printed (its `Debug` hides it, so a frame or options printed for a log do too).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Secret {
+        Secret(s.to_string())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
     /// Backup -> primary, first: who it follows and what it holds; `learner`: a cluster's
@@ -31,7 +48,7 @@ pub enum Frame {
     /// (a byte after `node`; absent, as a peer before it sends it, means a backup);
     /// `auth`: the password a primary with one asks of its backups (its `requirepass`,
     /// the backup's `masterauth`), a string after that byte, absent when none is given.
-    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<String> },
+    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<Secret> },
     /// Primary -> backup: the answer to `Hello`.
     Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start },
     /// Primary -> backup: a piece of a checkpoint file (`start` was `Checkpoint`).
@@ -154,7 +171,7 @@ impl Frame {
                     b.put_u8(u8::from(*learner));
                 }
                 if let Some(a) = auth {
-                    put_str(&mut b, a);
+                    put_str(&mut b, &a.0);
                 }
             }
             Frame::Welcome { epoch, streams, tables, start } => {
@@ -264,7 +281,7 @@ impl Frame {
                         _ => return Err(ProtocolError::Malformed("a learner flag other than 1")),
                     },
                 };
-                let auth = if b.has_remaining() { Some(get_str(&mut b)?) } else { None };
+                let auth = if b.has_remaining() { Some(Secret(get_str(&mut b)?)) } else { None };
                 Frame::Hello { version, epoch, have_ts, node, learner, auth }
             }
             kind::WELCOME => {
@@ -443,7 +460,10 @@ mod tests {
             learner: false,
             auth: Some("pw".into()),
         };
-        assert_eq!(read_frame_at_most(&mut &hello.encode()[..], 64 << 10).unwrap(), Some(hello));
+        assert_eq!(read_frame_at_most(&mut &hello.encode()[..], 64 << 10).unwrap(), Some(hello.clone()));
+        // A frame printed for a log does not show the password.
+        let printed = format!("{hello:?}");
+        assert!(printed.contains("Secret(..)") && !printed.contains("pw\""), "{printed}");
     }
 
     /// Frames gathered a byte at a time, or all at once, come out whole and in order; a

@@ -23,8 +23,10 @@ fn a_primary_with_a_password_serves_only_a_backup_that_gives_it() {
         ("wrong", Some("sesame-8"), "is not this primary's requirepass"),
         ("longer", Some("sesame-99"), "is not this primary's requirepass"),
     ] {
-        let opts =
-            BackupOptions { auth: auth.map(String::from), ..BackupOptions::new(&addr, &tmp.path().join(dir), 1, dir) };
+        let opts = BackupOptions {
+            auth: auth.map(ditto_replication::protocol::Secret::from),
+            ..BackupOptions::new(&addr, &tmp.path().join(dir), 1, dir)
+        };
         match backup::start(opts) {
             Err(BackupError::Refused(why)) => assert!(why.contains(says), "{dir}: {why}"),
             other => panic!("a backup with {auth:?} was not refused: {:?}", other.map(|_| ())),

@@ -435,7 +435,7 @@ fn backup_options(
         cancel: None,
         // A cluster's failover points lie above every acknowledged commit.
         keep_what_the_primary_lost: cfg.cluster.is_none(),
-        auth: cfg.masterauth.clone(),
+        auth: cfg.masterauth.as_deref().map(Into::into),
     })
 }
 
@@ -526,6 +526,11 @@ fn run_role(
     // serves (or joined already, `rejoin`); a primary opens and recovers its own directory.
     let (mut durable, mut backup) = match &cfg.replica_of {
         Some(primary) => {
+            if cfg.masterauth.is_some() && cfg.requirepass.is_none() {
+                tracing::warn!(
+                    "masterauth is set but requirepass is not: this backup's clients read without a password what its primary asks one for"
+                );
+            }
             let opts = backup_options(&cfg, primary, &dir, &replay_key_counts, recovered.map(|r| r.0), signals)?;
             let started = match joined {
                 Some(j) => Ok(j.backup),
@@ -769,7 +774,7 @@ fn run_role(
             // woken on the thread that read them.
             acks_on: Some(rt.handle().clone()),
             // A backup receives everything a client could read: it gives the password too.
-            password: cfg.requirepass.clone(),
+            password: cfg.requirepass.as_deref().map(Into::into),
             ..Default::default()
         };
         let r = Arc::clone(&release);
