@@ -93,6 +93,9 @@ pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>
             if let Some(why) = f.get("ditto_failure") {
                 println!("  STOPPED: {why}");
             }
+            if let Some(why) = f.get("ditto_master_link_refused") {
+                println!("  REFUSED by the primary (still trying): {why}");
+            }
         }
         _ if f.contains_key("ditto_repl_addr") => {
             println!(
