@@ -492,10 +492,7 @@ impl Database {
         let mut m = self.redirects.map.lock();
         self.prune_redirects(&mut m);
         if m.get(&(table, from)).is_some_and(|r| r.key.as_ref() != key) {
-            return Err(Error::Corrupt(format!(
-                "table {}: record {} at ts {}: a second earlier life of the record id came while another was replayed elsewhere (not handled)",
-                t.name, from.0, ts.0
-            )));
+            return Err(second_late_life(t, from, ts));
         }
         m.insert((table, from), Redirect { to, key: Bytes::copy_from_slice(key), since: ts, before });
         self.redirects.count.store(m.len(), Ordering::SeqCst);
@@ -760,10 +757,7 @@ impl Database {
         // (A redirect of `rid` for another key already: `add_redirect` refuses it; here
         // first, before a record is taken for nothing.)
         if self.redirects.count.load(Ordering::SeqCst) > 0 && self.redirects.map.lock().contains_key(&(table, rid)) {
-            return Err(Error::Corrupt(format!(
-                "table {}: record {} at ts {}: a second earlier life of the record id came while another was replayed elsewhere (not handled)",
-                t.name, rid.0, ts.0
-            )));
+            return Err(second_late_life(t, rid, ts));
         }
         // The key living again on another record already: below that life, with no record
         // of the backup's own taken (`bind_key` finds the same, racing a binder).
@@ -897,6 +891,15 @@ impl Database {
         }
         Ok(())
     }
+}
+
+/// The replay error for a second earlier life of record `rid` (another key, at `ts`) while
+/// one is redirected (`add_redirect`): not handled.
+fn second_late_life(t: &Table, rid: RecordId, ts: Ts) -> Error {
+    Error::Corrupt(format!(
+        "table {}: record {} at ts {}: a second earlier life of the record id came while another was replayed elsewhere (not handled)",
+        t.name, rid.0, ts.0
+    ))
 }
 
 /// What a replay error says of a record: its key, whether it is unlinked, and its newest

@@ -471,6 +471,13 @@ mod tests {
         c.validate().unwrap();
         assert_eq!((c.port, c.requirepass.as_deref(), c.bind.as_str()), (7000, Some("pw"), "127.0.0.1"));
         assert!(Config::default().validate().is_err(), "no data_dir");
+        // An empty password is refused, not taken for none.
+        for key in ["requirepass", "masterauth"] {
+            let mut c: Config = toml::from_str(&format!("port = 7000\ndata_dir = \"/tmp/x\"\n{key} = \"\"")).unwrap();
+            c.used_memory = Some(crate::memory::allocated_bytes);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("{key} is empty")), "{e}");
+        }
     }
 
     #[test]
