@@ -1370,13 +1370,9 @@ impl NodePlane {
     /// and the control thread would stop ticking Raft meanwhile.
     fn start_check(&mut self, plan: &RecoveryPlan) {
         let (data, workers, point) = (self.data.clone(), self.workers, plan.recovery_point);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("ditto-prepare".into())
-            .spawn(move || drop(tx.send(check_holdings(&data, workers, point))));
-        match spawned {
-            Ok(_) => self.prepare_check = Some((point, rx)),
-            Err(e) => self.prepared = Some(Err(format!("starting the thread that reads its log: {e}"))),
+        match reads_its_log_off_thread("ditto-prepare", move || check_holdings(&data, workers, point)) {
+            Ok(rx) => self.prepare_check = Some((point, rx)),
+            Err(e) => self.prepared = Some(Err(e)),
         }
     }
 
@@ -1658,17 +1654,12 @@ impl DataPlane for NodePlane {
             Some(w) => w,
             None => {
                 let (primary_dir, data, workers) = (self.primary_log_dir(), self.data.clone(), self.workers);
-                let (tx, rx) = std::sync::mpsc::channel();
-                std::thread::Builder::new()
-                    .name("ditto-report".into())
-                    .spawn(move || {
-                        let _ = match primary_dir {
-                            Some(dir) => ditto_log::recovery::primary_log_holdings(&dir, None).map(|_| ()),
-                            None => ditto_log::replica::replica_holdings(&data, workers, None).map(|_| ()),
-                        };
-                        let _ = tx.send(());
-                    })
-                    .map_err(|e| format!("starting the thread that reads its log: {e}"))?;
+                let rx = reads_its_log_off_thread("ditto-report", move || {
+                    let _ = match primary_dir {
+                        Some(dir) => ditto_log::recovery::primary_log_holdings(&dir, None).map(|_| ()),
+                        None => ditto_log::replica::replica_holdings(&data, workers, None).map(|_| ()),
+                    };
+                })?;
                 (Instant::now(), rx)
             }
         };
@@ -2203,6 +2194,20 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     say(cfg.id, "stopping");
     svc.stop();
     Ok(())
+}
+
+/// Runs `read` (a read of this node's log) on a thread of its own named `name`, off the
+/// control thread; its answer comes on the receiver.
+fn reads_its_log_off_thread<T: Send + 'static>(
+    name: &str,
+    read: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::sync::mpsc::Receiver<T>, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || drop(tx.send(read())))
+        .map_err(|e| format!("starting the thread that reads its log: {e}"))?;
+    Ok(rx)
 }
 
 #[cfg(test)]

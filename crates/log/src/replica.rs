@@ -625,7 +625,7 @@ pub struct ReplicaHoldings {
 pub fn replica_holdings(dir: &Path, streams: usize, above: Option<Ts>) -> Result<ReplicaHoldings, LogError> {
     // A sealed log holds every stream up to its point, as a checkpoint there would.
     let ckpt_ts = crate::sealed::base(dir)?.ts;
-    let files = if crate::sealed::replica_is_sealed(dir) { Vec::new() } else { list_files(&replica_dir(dir))? };
+    let files = live_files(dir)?;
     let states = file_states(files.iter().map(|(_, p)| p.as_path()))?;
     // A failover's report and then its prepare's check read the same fenced directory:
     // the second reads nothing again if no file changed since (on 16 cores with 1.9M keys
@@ -1370,6 +1370,15 @@ pub(crate) fn scan_sealed_dir(rdir: &Path, ckpt_ts: Ts, point: Ts) -> Result<Sca
     Ok(scan)
 }
 
+/// The files of `dir`'s live replica log, in order: none while its replica directory is a
+/// sealed log (`sealed::replica_is_sealed`).
+fn live_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
+    if crate::sealed::replica_is_sealed(dir) {
+        return Ok(Vec::new());
+    }
+    list_files(&replica_dir(dir))
+}
+
 /// The replica log files in `rdir`, in sequence order.
 fn list_files(rdir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     let mut files: Vec<(u64, PathBuf)> = Vec::new();
@@ -1512,7 +1521,7 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
     }
     // File by file, the batches asked for copied out: at most one file (64 MiB by default)
     // and the answer in memory, not the whole log of every stream.
-    let files = if crate::sealed::replica_is_sealed(dir) { Vec::new() } else { list_files(&replica_dir(dir))? };
+    let files = live_files(dir)?;
     let mut out = Vec::new();
     read_files(&files, |e| {
         if e.stream == stream && e.batch.header.bound_ts > after {
