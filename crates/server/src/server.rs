@@ -820,9 +820,11 @@ fn run_role(
     if let Some(g) = &cfg.write_gate {
         sh.write_gate = Arc::clone(g);
     }
-    // Closed before the first connection is served (the gate the connections see).
-    if restart_refusal.is_some() {
-        sh.write_gate.set(restart_refusal);
+    // Closed, and said in the log, before the first connection is served (the gate the
+    // connections see); the wait below says it again only when the reason changes.
+    if let Some(why) = &restart_refusal {
+        tracing::warn!("{why}");
+        sh.write_gate.set(Some(why.clone()));
     }
     sh.primary_addr = match &backup {
         None => Some(crate::config::ClientAddr::new(
@@ -904,7 +906,7 @@ fn run_role(
     if let Some((p, old, point)) = restart_wait {
         let gate = Arc::clone(&sh.write_gate);
         lasting.role_tasks.push(rt.spawn(async move {
-            let mut said = None;
+            let mut said = restart_refusal;
             loop {
                 let Some(primary) = p.upgrade() else { return };
                 // Read each turn: it changes when a person declares a backup lost.
