@@ -23,7 +23,9 @@
 //! body`, kind 1 a Raft message (protobuf), kind 2 a coordinator's request or its answer
 //! ([`Ctl`], JSON), kind 3 the batches a fetch asked for, kind 4 an operator's request
 //! ([`AdminRequest`], JSON; `ditto cluster add|remove`), answered on the same connection
-//! with an [`AdminReply`] once the change has been applied (or refused).
+//! with an [`AdminReply`] once the change has been applied (or refused), kind 5 the hello
+//! that opens every connection both ways: the cluster secret, and the answer (taken, or
+//! why not; docs/cluster.md, "The cluster secret").
 //!
 //! The peers are the members the control state names, from the bootstrap on (before it,
 //! those the node was started with), each reached at the address the node was started
@@ -49,6 +51,7 @@ use crate::disk::{DiskError, FileDisk};
 use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
 use crate::state::{Command, ControlState, Member, NodeId, Phase};
+pub use ditto_replication::protocol::Secret;
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
@@ -66,6 +69,19 @@ const FETCHED_HEADER: usize = 29;
 /// protocol ships (a batch of the largest transaction, and change).
 const FETCHED_BATCH_MAX: usize = ditto_replication::protocol::FRAME_BYTES_MAX;
 const KIND_ADMIN: u8 = 4;
+/// The first frame of every connection, both ways (docs/cluster.md, "The cluster
+/// secret"): from the side that connects, the cluster secret (empty without one); from
+/// the side that accepts, the answer: empty when the connection is taken, else why it is
+/// refused, after which the connection closes. Nothing else is read before it.
+const KIND_HELLO: u8 = 5;
+/// The largest hello body (a secret is at most `SECRET_BYTES_MAX`; a refusal, a line):
+/// all that is read of a peer that has not shown the secret.
+const HELLO_MAX: usize = 4096;
+/// How long the side that connects waits for the answer to its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// A cluster secret's bounds, in bytes (`load_secret`).
+pub const SECRET_BYTES_MIN: usize = 16;
+pub const SECRET_BYTES_MAX: usize = 1024;
 /// How long an operator's request waits for its change to be applied.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -108,10 +124,11 @@ pub enum AdminReply {
     Refused(String),
 }
 
-/// Sends `req` to the control plane at `addr` and waits for the answer (`ditto cluster
-/// add|remove`).
-pub fn admin_request(addr: SocketAddr, req: &AdminRequest) -> std::io::Result<AdminReply> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+/// Sends `req` to the control plane at `addr`, showing it `secret` (the cluster's, if it
+/// has one), and waits for the answer (`ditto cluster add|remove|switchover`). A node that
+/// refuses the secret is an error of kind `PermissionDenied` that says why.
+pub fn admin_request(addr: SocketAddr, req: &AdminRequest, secret: Option<&Secret>) -> std::io::Result<AdminReply> {
+    let mut s = connect(addr, 0, secret, Duration::from_secs(2))?;
     s.set_read_timeout(Some(ADMIN_TIMEOUT + Duration::from_secs(5)))?;
     s.write_all(&frame(0, KIND_ADMIN, &serde_json::to_vec(req).expect("requests serialise")))?;
     match read_frame(&mut s)? {
@@ -288,6 +305,10 @@ pub struct ServiceConfig {
     /// Compact the control log every this many applied entries (default
     /// `node::COMPACT_EVERY`).
     pub compact_every: Option<u64>,
+    /// The cluster secret (`load_secret`): a connection to the control port is taken only
+    /// once it shows it, and this node shows it to its peers. `None`: none is asked or
+    /// shown (a node with one refuses a node without, and the other way round).
+    pub secret: Option<Secret>,
 }
 
 /// What the node knows, published after every step.
@@ -314,6 +335,10 @@ pub struct Status {
     /// (`Coordinator::unplanned`: too few reports, or none that may become primary can
     /// fetch what it lacks).
     pub failover_waiting: Option<(u64, String)>,
+    /// Connections to the control port refused at their hello (the cluster secret), and
+    /// the last one's peer and reason.
+    pub refused: u64,
+    pub refused_last: Option<String>,
 }
 
 /// The read of a fetch's answer (`DataPlane::fetch_job`): the batches and the position.
@@ -424,6 +449,40 @@ enum Input {
 struct Shared {
     status: Mutex<Status>,
     stop: AtomicBool,
+    id: NodeId,
+    secret: Option<Secret>,
+    /// Connections refused at their hello: how many, the last (peer: reason), and when a
+    /// refusal was last logged with the count since (at most one line a second).
+    refusals: Mutex<Refusals>,
+}
+
+#[derive(Default)]
+struct Refusals {
+    count: u64,
+    last: Option<String>,
+    logged_at: Option<Instant>,
+    since_logged: u64,
+}
+
+impl Shared {
+    /// A connection from `peer` refused, and why: counted, and logged at most once a
+    /// second (a node with the wrong secret reconnects every second, a scanner faster).
+    fn refused(&self, peer: SocketAddr, why: &str) {
+        let mut r = self.refusals.lock().unwrap();
+        r.count += 1;
+        r.since_logged += 1;
+        r.last = Some(format!("{peer}: {why}"));
+        if r.logged_at.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        let more = match r.since_logged - 1 {
+            0 => String::new(),
+            n => format!(" ({n} more refused since the last such line)"),
+        };
+        tracing::warn!(%peer, "refused a control connection: {why}{more}");
+        r.logged_at = Some(Instant::now());
+        r.since_logged = 0;
+    }
 }
 
 /// One running control node (see the module notes).
@@ -478,6 +537,82 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)
     Ok(Some((from, rest[8], rest[9..].to_vec())))
 }
 
+/// Reads one frame of at most `max` bytes after its length: a peer that has not shown
+/// the secret is read no further than its hello.
+fn read_frame_at_most(r: &mut impl Read, max: usize) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)>> {
+    let mut head = [0u8; 8];
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+    if len > max + FRAME_HEADER - 8 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a first frame of {len} bytes: a hello is at most {max}"),
+        ));
+    }
+    read_frame(&mut (&head[..]).chain(r))
+}
+
+/// Why a node with secret `mine` refuses a connection whose hello carried `given`; `None`
+/// when it takes it. Pure, for tests.
+fn hello_refusal(mine: Option<&Secret>, given: &[u8]) -> Option<&'static str> {
+    match (mine, given.is_empty()) {
+        (None, true) => None,
+        (None, false) => Some(
+            "the peer gave a cluster secret and this node has none: give every node and `ditto cluster` the same --cluster-secret-file, or none",
+        ),
+        (Some(_), true) => Some("this cluster asks for its secret and none was given (--cluster-secret-file)"),
+        (Some(s), false) if s.matches(given) => None,
+        (Some(_), false) => Some("a wrong cluster secret (--cluster-secret-file)"),
+    }
+}
+
+/// Connects to the control port at `addr` as node `from` (0: an operator) and says the
+/// hello: the connection, once the node took it. A refusal is an error of kind
+/// `PermissionDenied` that says why.
+fn connect(addr: SocketAddr, from: NodeId, secret: Option<&Secret>, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    s.set_write_timeout(Some(HELLO_TIMEOUT))?;
+    s.write_all(&frame(from, KIND_HELLO, secret.map_or(&[][..], |x| x.0.as_bytes())))?;
+    match read_frame_at_most(&mut s, HELLO_MAX)? {
+        Some((_, KIND_HELLO, why)) if why.is_empty() => Ok(s),
+        Some((_, KIND_HELLO, why)) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("the control port at {addr} refused this connection: {}", String::from_utf8_lossy(&why)),
+        )),
+        Some((_, k, _)) => Err(std::io::Error::other(format!("an answer of frame kind {k} to a hello"))),
+        None => Err(std::io::Error::other(format!("the control port at {addr} closed the connection at its hello"))),
+    }
+}
+
+/// Reads a cluster secret from `path` (`--cluster-secret-file`): its text less the
+/// whitespace around it, of `SECRET_BYTES_MIN` to `SECRET_BYTES_MAX` bytes, from a file
+/// its owner alone may read (as MongoDB's keyFile and ssh's keys).
+pub fn load_secret(path: &std::path::Path) -> Result<Secret, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let at = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!("the cluster secret file {at} may be read by others (mode {mode:03o}): `chmod 600 {at}`"));
+    }
+    let text = std::fs::read(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
+    let text = String::from_utf8(text).map_err(|_| format!("the cluster secret file {at} is not UTF-8 text"))?;
+    let secret = text.trim();
+    if !(SECRET_BYTES_MIN..=SECRET_BYTES_MAX).contains(&secret.len()) {
+        return Err(format!(
+            "the cluster secret in {at} is {} bytes: it must be {SECRET_BYTES_MIN} to {SECRET_BYTES_MAX} (`openssl rand -base64 32 > {at}`)",
+            secret.len()
+        ));
+    }
+    Ok(Secret(secret.to_string()))
+}
+
 impl ControlService {
     /// Starts node `cfg.id` from its directory, listening on `listener` (bound by the
     /// caller, so that it can choose the port).
@@ -495,6 +630,9 @@ impl ControlService {
         let shared = Arc::new(Shared {
             status: Mutex::new(Status { id: cfg.id, ..Status::default() }),
             stop: AtomicBool::new(false),
+            id: cfg.id,
+            secret: cfg.secret.clone(),
+            refusals: Mutex::default(),
         });
         let (inbox, rx) = mpsc::sync_channel(INBOX);
         let mut threads = Vec::new();
@@ -534,7 +672,10 @@ impl ControlService {
     }
 
     pub fn status(&self) -> Status {
-        self.shared.status.lock().unwrap().clone()
+        let mut st = self.shared.status.lock().unwrap().clone();
+        let r = self.shared.refusals.lock().unwrap();
+        (st.refused, st.refused_last) = (r.count, r.last.clone());
+        st
     }
 
     /// Proposes a command through this node, which must be the leader; answers once the
@@ -750,8 +891,36 @@ impl FetchAssembly {
     }
 }
 
-fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
+/// A connection's hello, answered: whether it was taken (a refusal is answered with why,
+/// counted and logged).
+fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> bool {
+    // A peer that says nothing is dropped in time; one that was taken may be idle long.
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT * 5));
+    let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
+    let why = match read_frame_at_most(stream, HELLO_MAX) {
+        Ok(Some((_, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
+            None => {
+                let _ = stream.set_read_timeout(None);
+                let _ = stream.set_write_timeout(None);
+                return stream.write_all(&frame(shared.id, KIND_HELLO, &[])).is_ok();
+            }
+            Some(why) => why.to_string(),
+        },
+        Ok(Some((_, kind, _))) => format!("a frame of kind {kind} before its hello (a node of an older ditto?)"),
+        Ok(None) => return false,
+        Err(_) if shared.stop.load(Ordering::SeqCst) => return false,
+        Err(e) => format!("its hello: {e}"),
+    };
+    shared.refused(peer, &why);
+    let _ = stream.write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
+    false
+}
+
+fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
+    if !take_hello(&mut stream, peer, &shared) {
+        return;
+    }
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
         let why = match read_frame(&mut buf) {
@@ -794,6 +963,9 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
 fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
     let mut conn: Option<TcpStream> = None;
     let mut retry_at = Instant::now();
+    // The peer's last refusal, and when it was logged (again only when it changes, or
+    // after a minute).
+    let mut refused: Option<(String, Instant)> = None;
     while !shared.stop.load(Ordering::SeqCst) {
         let (f, written) = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(f) => f,
@@ -801,11 +973,22 @@ fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
             Err(RecvTimeoutError::Disconnected) => return,
         };
         if conn.is_none() && Instant::now() >= retry_at {
-            match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            match connect(addr, shared.id, shared.secret.as_ref(), Duration::from_millis(200)) {
                 Ok(s) => {
-                    let _ = s.set_nodelay(true);
+                    let _ = s.set_read_timeout(None);
                     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
                     conn = Some(s);
+                    refused = None;
+                }
+                // Refused for its secret: said, and tried again each second (the peer's
+                // or this node's file may be mended, and the node restarted).
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    let why = e.to_string();
+                    if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
+                        tracing::warn!("control: {why}");
+                        refused = Some((why, Instant::now()));
+                    }
+                    retry_at = Instant::now() + Duration::from_secs(1);
                 }
                 Err(_) => retry_at = Instant::now() + Duration::from_millis(50),
             }
@@ -1365,7 +1548,13 @@ mod tests {
     /// the one before has been written, so at most one piece waits ahead of Raft's frames.
     #[test]
     fn a_fetch_answer_is_queued_a_piece_at_a_time() {
-        let shared = Arc::new(Shared { status: Mutex::new(Status::default()), stop: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            status: Mutex::new(Status::default()),
+            stop: AtomicBool::new(false),
+            id: 1,
+            secret: None,
+            refusals: Mutex::default(),
+        });
         let (jobs, jobs_rx) = mpsc::channel();
         let sh = Arc::clone(&shared);
         let t = std::thread::spawn(move || serve_fetches(jobs_rx, sh));
@@ -1516,5 +1705,56 @@ mod tests {
         let mut huge = f.clone();
         huge[..4].copy_from_slice(&(FRAME_MAX as u32 + 1).to_le_bytes());
         assert!(read_frame(&mut &huge[..]).is_err());
+    }
+
+    #[test]
+    fn a_hello_is_taken_only_with_the_nodes_own_secret_or_none_on_both_sides() {
+        let s = Secret("0123456789abcdef-x".into());
+        assert_eq!(hello_refusal(None, b""), None);
+        assert_eq!(hello_refusal(Some(&s), s.0.as_bytes()), None);
+        assert!(hello_refusal(None, b"0123456789abcdef-x").unwrap().contains("this node has none"));
+        assert!(hello_refusal(Some(&s), b"").unwrap().contains("none was given"));
+        for wrong in [&b"0123456789abcdef-y"[..], b"0123456789abcdef-", b"0123456789abcdef-xx", b"x"] {
+            assert!(hello_refusal(Some(&s), wrong).unwrap().contains("wrong cluster secret"), "{wrong:?}");
+        }
+    }
+
+    #[test]
+    fn a_first_frame_is_read_only_up_to_a_hellos_size() {
+        let f = frame(3, KIND_HELLO, &[7; HELLO_MAX]);
+        assert_eq!(read_frame_at_most(&mut &f[..], HELLO_MAX).unwrap(), Some((3, KIND_HELLO, vec![7; HELLO_MAX])));
+        let f = frame(3, KIND_HELLO, &[7; HELLO_MAX + 1]);
+        let e = read_frame_at_most(&mut &f[..], HELLO_MAX).unwrap_err();
+        assert!(e.to_string().contains("a hello is at most"), "{e}");
+        // Refused on its header alone: nothing after it is read.
+        let e = read_frame_at_most(&mut &f[..8], HELLO_MAX).unwrap_err();
+        assert!(e.to_string().contains("a hello is at most"), "{e}");
+        assert_eq!(read_frame_at_most(&mut &[][..], HELLO_MAX).unwrap(), None);
+    }
+
+    #[test]
+    fn a_secret_file_is_its_trimmed_text_within_bounds_readable_by_its_owner_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &[u8], mode: u32| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let good = file("good", b"  a-secret-of-20-bytes\n", 0o600);
+        assert_eq!(load_secret(&good).unwrap(), Secret("a-secret-of-20-bytes".into()));
+        assert_eq!(load_secret(&file("ro", b"a-secret-of-20-bytes", 0o400)).unwrap().0, "a-secret-of-20-bytes");
+        for mode in [0o640, 0o604, 0o644, 0o660] {
+            let e = load_secret(&file("open", b"a-secret-of-20-bytes", mode)).unwrap_err();
+            assert!(e.contains("may be read by others") && e.contains("chmod 600"), "{mode:o}: {e}");
+        }
+        let short = load_secret(&file("short", b"fifteen-bytes!!\n", 0o600)).unwrap_err();
+        assert!(short.contains("is 15 bytes") && short.contains("16 to 1024"), "{short}");
+        assert!(load_secret(&file("empty", b" \n\n", 0o600)).unwrap_err().contains("is 0 bytes"));
+        assert!(load_secret(&file("long", &[b'a'; SECRET_BYTES_MAX + 1], 0o600)).unwrap_err().contains("1025 bytes"));
+        assert_eq!(load_secret(&file("max", &[b'a'; SECRET_BYTES_MAX], 0o600)).unwrap().0.len(), SECRET_BYTES_MAX);
+        assert!(load_secret(&file("binary", &[0xff; 20], 0o600)).unwrap_err().contains("not UTF-8"));
+        assert!(load_secret(&dir.path().join("missing")).unwrap_err().contains("the cluster secret file"));
     }
 }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ditto_cluster::{
-    Command, ControlService, ControlState, DataPlane, Holding, Member, NodeId, RecoveryPlan, ServiceConfig, Status,
-    Timeouts, Timing,
+    admin_request, AdminReply, AdminRequest, Command, ControlService, ControlState, DataPlane, Holding, Member, NodeId,
+    RecoveryPlan, Secret, ServiceConfig, Status, Timeouts, Timing,
 };
 
 /// What the model data planes share: which nodes run, which serves, what each holds.
@@ -192,6 +192,8 @@ struct Cluster {
     peers: BTreeMap<NodeId, std::net::SocketAddr>,
     listeners: BTreeMap<NodeId, TcpListener>,
     nodes: BTreeMap<NodeId, ControlService>,
+    /// Each node's cluster secret (none where not named).
+    secrets: BTreeMap<NodeId, Option<Secret>>,
 }
 
 impl Cluster {
@@ -206,12 +208,23 @@ impl Cluster {
             peers,
             listeners,
             nodes: BTreeMap::new(),
+            secrets: BTreeMap::new(),
         }
     }
 
     /// `n` nodes started, with a leader they all agree on.
     fn running(n: u64) -> Cluster {
         Cluster::running_with_prepare(n, 0)
+    }
+
+    /// `n` nodes, node `id` with secret `secret(id)`, started (no leader waited for).
+    fn started_with_secrets(n: u64, secret: impl Fn(NodeId) -> Option<Secret>) -> Cluster {
+        let mut c = Cluster::new(n);
+        c.secrets = (1..=n).map(|id| (id, secret(id))).collect();
+        for id in 1..=n {
+            c.start(id);
+        }
+        c
     }
 
     /// `running`, with a failover's prepare given `prepare_ms` (0: the default 300 ms).
@@ -240,6 +253,7 @@ impl Cluster {
             },
             join: false,
             compact_every: None,
+            secret: self.secrets.get(&id).cloned().flatten(),
         }
     }
 
@@ -548,30 +562,200 @@ fn a_primary_cut_off_from_the_majority_loses_its_contact() {
     assert!(!s.quorum_contact);
 }
 
+/// A frame as the control plane frames it: `len | crc32c | from | kind | body`.
+fn raw_frame(from: NodeId, kind: u8, body: &[u8]) -> Vec<u8> {
+    let rest = [&from.to_le_bytes()[..], &[kind], body].concat();
+    [&(rest.len() as u32).to_le_bytes()[..], &crc32c::crc32c(&rest).to_le_bytes(), &rest].concat()
+}
+
+const KIND_RAFT: u8 = 1;
+const KIND_HELLO: u8 = 5;
+
+/// Reads what the node sends on `s` until it closes the connection (EOF or reset), within
+/// 5 s: a read that times out means it kept the connection open.
+fn read_to_close(s: &mut std::net::TcpStream, what: &str) -> Vec<u8> {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("{what}: the node kept the connection open: {e}"),
+        }
+    }
+}
+
+/// A connection to `addr` that says the hello with `secret`; the node's answer (empty:
+/// taken).
+fn hello(addr: std::net::SocketAddr, secret: &[u8]) -> (std::net::TcpStream, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(&raw_frame(9, KIND_HELLO, secret)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut head = [0u8; 8];
+    s.read_exact(&mut head).unwrap();
+    let mut rest = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+    s.read_exact(&mut rest).unwrap();
+    assert_eq!(rest[8], KIND_HELLO, "the answer to a hello is a hello");
+    (s, String::from_utf8(rest[9..].to_vec()).unwrap())
+}
+
 #[test]
 fn garbage_on_the_control_port_drops_that_connection_and_nothing_else() {
+    use std::io::Write;
     let c = Cluster::running(3);
     let target = c.peers[&c.leader().unwrap()];
     // An HTTP request (a length out of bounds), 0xff bytes, a frame whose checksum is
     // wrong.
     let bad_crc = [&[9u8, 0, 0, 0, 1, 2, 3, 4][..], &[1, 0, 0, 0, 0, 0, 0, 0, 1][..]].concat();
     // And an operator's request (frame kind 4) that checks but does not decode.
-    let rest = [&0u64.to_le_bytes()[..], &[4u8], b"{not json"].concat();
-    let bad_admin = [&(rest.len() as u32).to_le_bytes()[..], &crc32c::crc32c(&rest).to_le_bytes(), &rest].concat();
+    let bad_admin = raw_frame(0, 4, b"{not json");
     for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0xffu8; 64][..], &bad_crc[..], &bad_admin[..]] {
+        // First on a connection: the node answers that its hello was wanted, and closes.
         let mut s = std::net::TcpStream::connect(target).unwrap();
-        use std::io::{Read, Write};
         s.write_all(junk).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut b = [0u8; 1];
-        // The node closes the connection (EOF or reset) without answering; a read that
-        // times out would mean it kept the connection open.
-        match s.read(&mut b) {
-            Ok(0) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-            other => panic!("junk {junk:?}: {other:?}"),
-        }
+        let answer = read_to_close(&mut s, "junk first");
+        assert_eq!(answer.get(16), Some(&KIND_HELLO), "junk {junk:?} is answered with a refusal: {answer:?}");
+        // After a hello it took: the node closes the connection without answering.
+        let (mut s, taken) = hello(target, b"");
+        assert_eq!(taken, "");
+        s.write_all(junk).unwrap();
+        assert_eq!(read_to_close(&mut s, "junk after the hello"), Vec::<u8>::new(), "junk {junk:?}");
     }
     c.bootstrap();
     wait_for("the group still commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
+}
+
+fn secret(s: &str) -> Option<Secret> {
+    Some(Secret(s.to_string()))
+}
+
+/// A Raft heartbeat that claims to come from node `from`'s leadership at `term`: a node
+/// that takes it moves to that term.
+fn forged_heartbeat(to: NodeId, from: NodeId, term: u64) -> Vec<u8> {
+    use protobuf::Message as _;
+    let mut m = raft::eraftpb::Message::default();
+    m.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
+    (m.to, m.from, m.term) = (to, from, term);
+    raw_frame(from, KIND_RAFT, &m.write_to_bytes().unwrap())
+}
+
+/// With a cluster secret, a control port reads nothing but a hello from a connection
+/// until it shows the secret: a forged Raft message sent with no hello, an empty secret
+/// or a wrong one moves nothing; the same message after the right secret does (so the
+/// check above it could fail). Each refusal is answered with why, and counted.
+#[test]
+fn a_control_port_with_a_secret_takes_frames_only_after_it() {
+    use std::io::Write;
+    let c = Cluster::started_with_secrets(3, |_| secret("the-cluster-secret-1"));
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let leader = c.leader().unwrap();
+    let f = (1..=3).find(|&id| id != leader).unwrap();
+    let other = (1..=3).find(|&id| id != leader && id != f).unwrap();
+    let term = c.nodes[&f].status().term;
+    let forged = forged_heartbeat(f, other, term + 100);
+    let target = c.peers[&f];
+    // No hello at all.
+    let mut s = std::net::TcpStream::connect(target).unwrap();
+    s.write_all(&forged).unwrap();
+    let answer = read_to_close(&mut s, "no hello");
+    assert!(String::from_utf8_lossy(&answer).contains("before its hello"), "{answer:?}");
+    for (given, why) in [
+        (&b""[..], "none was given"),
+        (b"the-cluster-secret-2", "a wrong cluster secret"),
+        (b"the-cluster-secret-", "a wrong cluster secret"),
+    ] {
+        let (mut s, answer) = hello(target, given);
+        assert!(answer.contains(why), "{given:?}: {answer}");
+        // Whatever follows is not read: the connection is closed.
+        let _ = s.write_all(&forged);
+        read_to_close(&mut s, "refused");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let st = c.nodes[&f].status();
+    assert!(st.term < term + 100, "a refused connection moved the term: {} -> {}", term, st.term);
+    assert_eq!(st.refused, 4, "{:?}", st.refused_last);
+    assert!(st.refused_last.as_deref().is_some_and(|l| l.contains("a wrong cluster secret")), "{:?}", st.refused_last);
+    // The right secret: the same message is taken.
+    let (mut s, answer) = hello(target, b"the-cluster-secret-1");
+    assert_eq!(answer, "", "taken");
+    s.write_all(&forged).unwrap();
+    wait_for("the forged heartbeat to move the term", Duration::from_secs(5), || {
+        c.nodes[&f].status().term >= term + 100
+    });
+    assert_eq!(c.nodes[&f].status().refused, 4);
+}
+
+/// An operator's request without the secret, or with another, is refused with why (an
+/// error of kind `PermissionDenied`) and changes nothing; with it, it is applied.
+#[test]
+fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
+    let c = Cluster::started_with_secrets(3, |_| secret("the-cluster-secret-1"));
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let primary = c.bootstrap();
+    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 1)
+    });
+    let leader = c.leader().unwrap();
+    // (What a primary's data plane says once its backups hold the membership's quorum.)
+    c.nodes[&leader].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
+    wait_for("the membership settled", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
+    });
+    let gone = (1..=3).find(|&id| id != primary).unwrap();
+    let req = AdminRequest::Remove(gone);
+    for (given, why) in [(None, "none was given"), (secret("not-the-cluster-secret"), "a wrong cluster secret")] {
+        let e = admin_request(c.peers[&leader], &req, given.as_ref()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.statuses().iter().all(|s| s.state.members.len() == 3), "nothing changed");
+    // With it, the request is answered: asked again (bounded) while the leadership moves
+    // off the primary's node, or is elsewhere.
+    let mut at = leader;
+    for _ in 0..100 {
+        match admin_request(c.peers[&at], &req, secret("the-cluster-secret-1").as_ref()).unwrap() {
+            AdminReply::Done { members, .. } => {
+                assert!(members.iter().all(|m| m.id != gone), "{members:?}");
+                return;
+            }
+            AdminReply::NotLeader { leader: Some(l), .. } => at = l,
+            AdminReply::Busy(_) | AdminReply::NotLeader { .. } => std::thread::sleep(Duration::from_millis(100)),
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("the removal was not applied after 100 tries");
+}
+
+/// Nodes given different secrets, or one none, do not form one group: each side refuses
+/// the other's connections and says why. Given the same secret, the odd node joins.
+#[test]
+fn nodes_whose_secrets_differ_do_not_hear_each_other() {
+    for odd in [secret("another-cluster-secret"), None] {
+        let mut c =
+            Cluster::started_with_secrets(3, |id| if id == 3 { odd.clone() } else { secret("the-cluster-secret-1") });
+        wait_for("a leader on nodes 1 and 2", Duration::from_secs(10), || {
+            let (a, b) = (c.nodes[&1].status(), c.nodes[&2].status());
+            a.leader.is_some() && a.leader == b.leader
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let st3 = c.nodes[&3].status();
+        assert_eq!(st3.leader, None, "node 3 heard the leader");
+        let why3 = if odd.is_some() { "a wrong cluster secret" } else { "this node has none" };
+        assert!(st3.refused > 0 && st3.refused_last.as_deref().is_some_and(|l| l.contains(why3)), "{st3:?}");
+        let why12 = if odd.is_some() { "a wrong cluster secret" } else { "none was given" };
+        for id in [1, 2] {
+            let st = c.nodes[&id].status();
+            assert!(st.refused > 0 && st.refused_last.as_deref().is_some_and(|l| l.contains(why12)), "{st:?}");
+        }
+        // Node 3 started again with the cluster's secret: one group.
+        c.stop(3);
+        c.secrets.insert(3, secret("the-cluster-secret-1"));
+        c.start(3);
+        wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    }
 }

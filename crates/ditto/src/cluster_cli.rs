@@ -42,6 +42,8 @@ pub struct SwitchoverArgs {
     /// Any member's control address (HOST:CONTROL_PORT).
     #[arg(long)]
     via: String,
+    #[command(flatten)]
+    secret: SecretArg,
     /// Keep asking this long while it cannot happen yet, and wait as long for the new
     /// primary to take writes.
     #[arg(long, default_value_t = 30)]
@@ -55,6 +57,8 @@ pub struct AddArgs {
     /// Any member's control address (HOST:CONTROL_PORT).
     #[arg(long)]
     via: String,
+    #[command(flatten)]
+    secret: SecretArg,
     /// Keep asking this long while the change cannot happen yet.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
@@ -81,9 +85,26 @@ pub struct RemoveArgs {
     /// Any member's control address (HOST:CONTROL_PORT).
     #[arg(long)]
     via: String,
+    #[command(flatten)]
+    secret: SecretArg,
     /// Keep asking this long while the change cannot happen yet.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
+}
+
+/// The cluster secret a membership change shows the control port.
+#[derive(clap::Args)]
+pub struct SecretArg {
+    /// The file of the cluster's secret, where its nodes were given one
+    /// (--cluster-secret-file on each node).
+    #[arg(long, value_name = "FILE")]
+    cluster_secret_file: Option<std::path::PathBuf>,
+}
+
+impl SecretArg {
+    fn load(&self) -> Result<Option<ditto_cluster::Secret>, Error> {
+        Ok(self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?)
+    }
 }
 
 /// What the control state was right after a request applied.
@@ -96,7 +117,12 @@ struct Applied {
 
 /// Sends a membership change to the leader (found through `via`), asking again while it is
 /// busy, until `wait`.
-fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration) -> Result<Applied, Error> {
+fn change(
+    via: &str,
+    secret: Option<&ditto_cluster::Secret>,
+    req: ditto_cluster::AdminRequest,
+    wait: std::time::Duration,
+) -> Result<Applied, Error> {
     use ditto_cluster::AdminReply;
     use std::net::ToSocketAddrs;
     let deadline = std::time::Instant::now() + wait;
@@ -104,7 +130,11 @@ fn change(via: &str, req: ditto_cluster::AdminRequest, wait: std::time::Duration
     let mut last_busy = String::new();
     loop {
         let addr = at.to_socket_addrs()?.next().ok_or_else(|| format!("{at} resolves to nothing"))?;
-        let reply = ditto_cluster::admin_request(addr, &req).map_err(|e| format!("asking {at}: {e}"));
+        let reply = match ditto_cluster::admin_request(addr, &req, secret) {
+            // Refused for the secret: asking again would not change that.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(e.to_string().into()),
+            r => r.map_err(|e| format!("asking {at}: {e}")),
+        };
         let retry = match reply {
             Ok(AdminReply::Done { config, members, epoch, primary }) => {
                 if !matches!(req, ditto_cluster::AdminRequest::Switchover { .. }) {
@@ -150,7 +180,8 @@ const INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// as this client saw it) and what the failover discarded.
 fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
     let wait = std::time::Duration::from_secs(a.wait_s);
-    let applied = change(&a.via, ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
+    let secret = a.secret.load()?;
+    let applied = change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
     let t = std::time::Instant::now();
     let seen = |f: &BTreeMap<String, String>, k: &str| f.get(k).cloned().unwrap_or_default();
     // The epoch and primary the switchover was recorded in, as the leader answered: a
@@ -403,9 +434,10 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             };
             let member = m.member(id);
             let wait = std::time::Duration::from_secs(a.wait_s);
+            let secret = a.secret.load()?;
             // A learner first: it copies the primary's data while counting in no quorum
             // (docs/cluster.md, "Learners"); then, once it has joined, a voter.
-            match change(&a.via, ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
+            match change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
                 Ok(_) => println!("node {id} added as a learner: it copies the primary's data and counts in no quorum"),
                 // An earlier `add` that stopped before the promotion: it goes on from there.
                 Err(e) if e.to_string().contains("is already a learner") => println!("node {id} is a learner already"),
@@ -423,13 +455,15 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             let t = std::time::Instant::now();
             wait_joined(id, &m.client_addr(), join_wait)?;
             wait_caught_up(id, &m.client_addr(), a.max_lag_ms, join_wait.saturating_sub(t.elapsed()))?;
-            let applied = change(&a.via, ditto_cluster::AdminRequest::Add(member), wait)?;
+            let applied = change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::Add(member), wait)?;
             println!("node {id} promoted: a voter ({} members)", applied.members.len());
             wait_counted(id, &m.client_addr(), applied.config, wait)?;
             return Ok(());
         }
         ClusterCmd::Remove(a) => {
-            change(&a.via, ditto_cluster::AdminRequest::Remove(a.id), std::time::Duration::from_secs(a.wait_s))?;
+            let secret = a.secret.load()?;
+            let wait = std::time::Duration::from_secs(a.wait_s);
+            change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::Remove(a.id), wait)?;
             return Ok(());
         }
         ClusterCmd::Switchover(a) => return switchover(a),

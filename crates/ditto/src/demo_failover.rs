@@ -39,6 +39,8 @@ pub struct FailoverDemo {
     /// A fourth node added online: (ms from the request to its backup joined as a
     /// learner, ms from the promotion to its link counted by the primary).
     added: Option<(f64, f64)>,
+    /// A request without the cluster secret, refused: why.
+    secret_refusal: Option<String>,
 }
 
 /// A three-node cluster of `ditto server --node-id` processes on loopback (the demo's and
@@ -51,6 +53,24 @@ pub(crate) struct Nodes {
     pub workers: usize,
     pub policy: String,
     pub failure_timeout_ms: u64,
+    /// The cluster secret every node is given (`--cluster-secret-file`), and its file:
+    /// the nodes' control and replication ports take no one without it.
+    pub secret: ditto_cluster::Secret,
+    pub secret_file: std::path::PathBuf,
+}
+
+/// A new cluster secret in `dir/cluster.secret`, readable by its owner alone: 32 random
+/// bytes, hex (from the thread's generator, seeded from the operating system).
+fn new_secret(dir: &Path) -> Result<(ditto_cluster::Secret, std::path::PathBuf), Error> {
+    use rand::Rng;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let bytes: [u8; 32] = rand::thread_rng().gen();
+    let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join("cluster.secret");
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    writeln!(f, "{text}")?;
+    Ok((ditto_cluster::load_secret(&path)?, path))
 }
 
 impl Nodes {
@@ -67,7 +87,10 @@ impl Nodes {
         let members = (0..3)
             .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
             .collect::<Vec<_>>();
+        let (secret, secret_file) = new_secret(dir)?;
         let mut nodes = Nodes {
+            secret,
+            secret_file,
             dir: dir.to_path_buf(),
             members: members.join(","),
             ports: (0..3).map(|i| (i as u64 + 1, p[3 * i])).collect(),
@@ -105,6 +128,7 @@ impl Nodes {
             .args(["--data-dir", &self.dir.join(format!("n{id}")).display().to_string()])
             .args(["--workers", &self.workers.to_string(), "--commit-policy", &self.policy])
             .args(["--failure-timeout-ms", &self.failure_timeout_ms.to_string(), "--metrics", "off"])
+            .args(["--cluster-secret-file", &self.secret_file.display().to_string()])
             .args(extra)
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
@@ -139,7 +163,7 @@ impl Nodes {
     pub(crate) fn admin(&self, via: u64, req: ditto_cluster::AdminRequest) -> Result<(), Error> {
         let mut at = self.control_addr(via).ok_or("no control address")?;
         for _ in 0..200 {
-            match ditto_cluster::admin_request(at, &req)? {
+            match ditto_cluster::admin_request(at, &req, Some(&self.secret))? {
                 ditto_cluster::AdminReply::Done { .. } => return Ok(()),
                 ditto_cluster::AdminReply::NotLeader { addr: Some(a), .. } => at = a.parse()?,
                 ditto_cluster::AdminReply::Refused(why) => return Err(format!("{req:?} refused: {why}").into()),
@@ -471,6 +495,17 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     println!(
         "added:      node 4 joined as a learner in {learner_ms:.0} ms (it copied the data, counted in no quorum), then was promoted to a voter in place in {promoted_ms:.0} ms"
     );
+    // The nodes share a cluster secret: a request without it (as anyone who reaches a
+    // control port could send) is refused, and the membership stays as it is.
+    let at = nodes.control_addr(to).ok_or("no control address")?;
+    let secret_refusal = match ditto_cluster::admin_request(at, &ditto_cluster::AdminRequest::Remove(4), None) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => e.to_string(),
+        other => return Err(format!("a request without the cluster secret was not refused: {other:?}").into()),
+    };
+    if nodes.link_of(to, 4).is_none() {
+        return Err("node 4 lost its link after a request without the secret".into());
+    }
+    println!("secret:     a request to remove node 4 without the cluster secret: {secret_refusal}");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
@@ -511,12 +546,13 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         timeline,
         switchover: Some((from, to, refused_ms, back_ms)),
         added: Some((learner_ms, promoted_ms)),
+        secret_refusal: Some(secret_refusal),
     })
 }
 
 impl FailoverDemo {
     pub fn print(&self) {
-        println!("Automatic failover (3 nodes, Raft control plane, majority-durable; SIGKILL of the primary's node)");
+        println!("Automatic failover (3 nodes sharing a cluster secret, Raft control plane, majority-durable; SIGKILL of the primary's node)");
         let mut u = self.unavailable_ms.clone();
         u.sort_by(f64::total_cmp);
         if u.is_empty() {
@@ -544,6 +580,9 @@ impl FailoverDemo {
             println!(
                 "  membership          a fourth node added online: a learner (counted in no quorum) until it held the data, {learner:.0} ms; a voter in place {promoted:.0} ms after its promotion"
             );
+        }
+        if let Some(why) = &self.secret_refusal {
+            println!("  cluster secret      the nodes' control and replication ports take no one without it; an operator's request without it: {why}");
         }
         println!(
             "  reads on a backup   {} DBSIZE reads by a client of a backup (moved to a backup before each change), {} connections lost to a failover or the switchover, slowest read {:.1} ms",

@@ -63,6 +63,12 @@ pub struct MemberAddrs {
     pub tls: u16,
 }
 
+/// Whether `host` (of `--members`) is this machine's loopback: `localhost` or a loopback
+/// address. A name that resolves to one is not known to be, and counts as not.
+pub fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 impl MemberAddrs {
     pub fn client_addr(&self) -> String {
         format!("{}:{}", self.host, self.client)
@@ -439,6 +445,9 @@ pub struct NodeConfig {
     /// How long a server is given to stop, or to answer its fence, before it is killed
     /// (`STOP_TIMEOUT` by default).
     pub stop_timeout: Duration,
+    /// The cluster secret its control port asks of peers and operators, and shows them
+    /// (`ditto_cluster::load_secret`; its servers read the same file for their links).
+    pub secret: Option<ditto_cluster::Secret>,
 }
 
 /// The data plane of one node: its child server (see the module notes).
@@ -1973,6 +1982,9 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         ("cluster_voters".into(), st.voters.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
         ("cluster_learners".into(), st.learners.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")),
         ("cluster_failovers".into(), s.epochs.len().saturating_sub(1).to_string()),
+        // Connections to its control port refused at their hello (the cluster secret).
+        ("cluster_control_refused".into(), st.refused.to_string()),
+        ("cluster_control_refused_last".into(), st.refused_last.as_deref().unwrap_or("none").replace(',', ";")),
         ("cluster_switchover".into(), s.switchover.as_ref().map_or("none".into(), |w| format!("{}->{}", w.from, w.to))),
         // On the node that leads a failover round with no plan yet: why it waits.
         (
@@ -2093,6 +2105,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             timeouts: cfg.timeouts,
             join: cfg.join,
             compact_every: None,
+            secret: cfg.secret.clone(),
         },
         listener,
         Box::new(plane),

@@ -96,6 +96,22 @@ pub struct ServerArgs {
     /// --members names the cluster's members and this node. Only read on its first start.
     #[arg(long, requires = "node_id")]
     join: bool,
+    /// A cluster node: a file holding the cluster's secret (16 to 1024 bytes of text, the
+    /// file readable by its owner alone; `openssl rand -base64 32`). Its control port then
+    /// takes connections only from nodes and `ditto cluster` commands that show it, and
+    /// its servers' replication ports only backups that show it (docs/cluster.md, "The
+    /// cluster secret"). Every node is given the same.
+    #[arg(long, value_name = "FILE", requires = "node_id")]
+    cluster_secret_file: Option<PathBuf>,
+    /// A cluster node whose members name hosts other than loopback, run without a
+    /// cluster secret: any process that reaches its ports may change the membership, hand
+    /// the primary's role away or copy all its data.
+    #[arg(long, requires = "node_id", conflicts_with = "cluster_secret_file")]
+    cluster_insecure: bool,
+    /// Set by a cluster node for its server: the file of the cluster secret, which its
+    /// backups give their primary and its primary asks of its backups.
+    #[arg(long, hide = true)]
+    link_secret_file: Option<PathBuf>,
     /// A cluster node: the primary is failed over once not heard from for this long
     /// [default: 250].
     #[arg(long)]
@@ -336,6 +352,9 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         });
     }
+    if let Some(f) = &a.link_secret_file {
+        cfg.link_secret = Some(ditto_cluster::load_secret(f)?.0);
+    }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.write_gate = Some(gate);
     cfg.replica_name = a.replica_name;
@@ -470,6 +489,21 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.tls_auth_clients {
         child_args.push("--tls-auth-clients".into());
     }
+    // Read and checked here, once, with a clear error; each server the node starts
+    // reads the same file for its replication links.
+    let secret = a.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?;
+    if let Some(f) = &a.cluster_secret_file {
+        child_args.extend(["--link-secret-file".to_string(), f.display().to_string()]);
+    }
+    if secret.is_none() && !a.cluster_insecure {
+        if let Some(m) = members.values().find(|m| !crate::node::is_loopback(&m.host)) {
+            return Err(format!(
+                "--members names host {} and no --cluster-secret-file is given: any process that reaches a node's control port could change the membership or hand the primary's role away, and one that reaches its replication port could copy all its data. Give every node and `ditto cluster` the same --cluster-secret-file, or run without one with --cluster-insecure",
+                m.host
+            )
+            .into());
+        }
+    }
     let policy = a.commit_policy.unwrap_or_else(|| "majority-durable".into());
     ditto_replication::CommitPolicy::parse(&policy)?;
     let failure = a.failure_timeout_ms.unwrap_or(250);
@@ -486,5 +520,6 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         join: a.join,
         promote_in_place: a.promotion == "in-place",
         stop_timeout: a.server_stop_timeout_ms.map_or(crate::node::STOP_TIMEOUT, std::time::Duration::from_millis),
+        secret,
     })
 }

@@ -2409,3 +2409,100 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
         w.acked().len()
     );
 }
+
+/// A cluster secret file (`--cluster-secret-file`) in `dir`, readable by its owner alone.
+fn secret_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p.display().to_string()
+}
+
+/// A cluster whose nodes share a secret: its replication links and its control plane run
+/// on it (a primary, its backups linked, a failover's nodes talking); an operator's
+/// request without it or with another is refused at once with why, and counted in the
+/// node's `INFO cluster`; a backup that does not show it gets nothing from a primary's
+/// replication port; with it, the request is applied.
+#[test]
+fn a_cluster_with_a_secret_takes_no_request_or_backup_without_it() {
+    let keys = tempfile::tempdir().unwrap();
+    let right = secret_file(keys.path(), "right", "the-secret-of-this-cluster\n");
+    let wrong = secret_file(keys.path(), "wrong", "the-secret-of-another-cluster\n");
+    let r = right.clone();
+    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, move |_, _| {
+        vec!["--cluster-secret-file".into(), r.clone()]
+    });
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let backups: Vec<u64> = (1..=3).filter(|&id| id != first).collect();
+    for &b in &backups {
+        c.wait_or_dump("every backup linked to the primary", Duration::from_secs(30), || c.link_of(first, b));
+    }
+    // Wrong requests: refused at once (not asked again for --wait-s), saying why.
+    let via = c.control_addr(backups[0]);
+    let victim = backups[1].to_string();
+    for (file, says) in [(None, "none was given"), (Some(&wrong), "a wrong cluster secret")] {
+        let mut args = vec!["remove", victim.as_str(), "--via", via.as_str(), "--wait-s", "20"];
+        args.extend(file.iter().flat_map(|f| ["--cluster-secret-file", f.as_str()]));
+        let t = Instant::now();
+        let (ok, out) = cluster_cli(&args);
+        assert!(!ok && out.contains(says) && out.contains("refused this connection"), "{file:?}: {out}");
+        assert!(t.elapsed() < Duration::from_secs(10), "refused at once, not asked again: {:?}", t.elapsed());
+    }
+    let refused = c.wait_or_dump("node's INFO cluster to count the refusals", Duration::from_secs(10), || {
+        let ci = c.info_section(backups[0], "cluster")?;
+        (field(&ci, "cluster_control_refused")?.parse::<u64>().ok()? >= 2).then_some(ci)
+    });
+    assert!(field(&refused, "cluster_control_refused_last").unwrap().contains("a wrong cluster secret"), "{refused}");
+    // A backup that does not show the secret (a standalone server told to follow the
+    // primary's replication port) is refused and receives nothing.
+    let spec = c.members[&first].split(',').find(|s| s.starts_with(&format!("{first}="))).unwrap().to_string();
+    let (host, ports) = spec.split_once('=').unwrap().1.rsplit_once(':').unwrap();
+    let repl = format!("{host}:{}", ports.split('/').nth(1).unwrap());
+    let (status, said) = common::Node::run_to_exit(
+        &c.dir.path().join("intruder"),
+        &["--replica-of", &repl],
+        &c.dir.path().join("intruder.log"),
+    );
+    assert!(!status.success() && said.contains("requires a password of its backups"), "{said}");
+    assert!(c.link_of(first, backups[0]).is_some(), "the cluster's own backups stay linked");
+    // With the secret: applied, and the removed node stops.
+    let (ok, out) = cluster_cli(&["remove", &victim, "--via", &via, "--cluster-secret-file", &right]);
+    assert!(ok && out.contains("done: configuration"), "{out}");
+    let mut gone = c.nodes.remove(&backups[1]).unwrap();
+    wait_for("the removed node to stop", Duration::from_secs(30), || gone.try_wait().unwrap());
+}
+
+/// A node refuses to start with a secret file others may read, one too short, or, where
+/// its members name hosts other than loopback, with no secret at all (unless told
+/// `--cluster-insecure`): each with a clear error, before it listens anywhere.
+#[test]
+fn a_node_refuses_a_weak_secret_and_no_secret_off_loopback() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open = secret_file(dir.path(), "open", "a-long-enough-cluster-secret");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let short = secret_file(dir.path(), "short", "too-short");
+    let node = |members: &str, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--node-id", "1", "--members", members])
+            .args(["--data-dir", dir.path().join("n1").to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let lo = "1=127.0.0.1:1/2/3";
+    let (ok, out) = node(lo, &["--cluster-secret-file", &open]);
+    assert!(!ok && out.contains("may be read by others") && out.contains("chmod 600"), "{out}");
+    let (ok, out) = node(lo, &["--cluster-secret-file", &short]);
+    assert!(!ok && out.contains("is 9 bytes"), "{out}");
+    let (ok, out) = node("1=10.11.12.13:1/2/3", &[]);
+    assert!(!ok && out.contains("names host 10.11.12.13 and no --cluster-secret-file"), "{out}");
+    assert!(out.contains("--cluster-insecure"), "{out}");
+    let (ok, out) = node("1=10.11.12.13:1/2/3", &["--cluster-insecure", "--cluster-secret-file", &short]);
+    assert!(!ok && out.contains("cannot be used with"), "{out}");
+}

@@ -751,11 +751,10 @@ impl Primary {
         if let Some(password) = &self.opts.password {
             let reason = match auth {
                 None => Some(
-                    "this primary requires a password of its backups: give the backup masterauth (its requirepass)",
+                    "this primary requires a password of its backups: give the backup masterauth (its requirepass), or in a cluster the same --cluster-secret-file",
                 ),
-                // Constant-time in the password's bytes, as a client's AUTH is.
-                Some(a) if !bool::from(subtle::ConstantTimeEq::ct_eq(a.0.as_bytes(), password.0.as_bytes())) => {
-                    Some("the backup's masterauth is not this primary's requirepass")
+                Some(a) if !password.matches(a.0.as_bytes()) => {
+                    Some("the backup's masterauth is not this primary's requirepass (in a cluster: their cluster secrets differ)")
                 }
                 Some(_) => None,
             };

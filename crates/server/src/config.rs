@@ -132,6 +132,11 @@ pub struct Config {
     /// such a directory is refused as a primary's (`ditto_log::LogError::WrongRole`).
     #[serde(skip)]
     pub promote: bool,
+    /// Set by a cluster node for its server (never by the file): the cluster secret,
+    /// which its backups give their primary and its primary asks of its backups, in place
+    /// of `masterauth` and `requirepass` (docs/cluster.md, "The cluster secret").
+    #[serde(skip)]
+    pub link_secret: Option<String>,
 }
 
 /// One run of a cluster node's server, as its control plane decided it.
@@ -236,6 +241,7 @@ impl Default for Config {
             write_gate: None,
             replica_name: None,
             promote: false,
+            link_secret: None,
         }
     }
 }

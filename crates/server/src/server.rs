@@ -435,7 +435,7 @@ fn backup_options(
         cancel: None,
         // A cluster's failover points lie above every acknowledged commit.
         keep_what_the_primary_lost: cfg.cluster.is_none(),
-        auth: cfg.masterauth.as_deref().map(Into::into),
+        auth: cfg.link_secret.as_deref().or(cfg.masterauth.as_deref()).map(Into::into),
     })
 }
 
@@ -774,7 +774,7 @@ fn run_role(
             // woken on the thread that read them.
             acks_on: Some(rt.handle().clone()),
             // A backup receives everything a client could read: it gives the password too.
-            password: cfg.requirepass.as_deref().map(Into::into),
+            password: cfg.link_secret.as_deref().or(cfg.requirepass.as_deref()).map(Into::into),
             ..Default::default()
         };
         let r = Arc::clone(&release);
