@@ -79,6 +79,13 @@ const KIND_HELLO: u8 = 5;
 const HELLO_MAX: usize = 4096;
 /// How long the side that connects waits for the answer to its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the side that accepts waits for a whole hello: a peer that trickles its bytes
+/// is cut off then, as one that says nothing.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
+/// Connections that have not said their hello yet, at most: more are closed at once (a
+/// flood of silent connections costs a thread each for `HELLO_WAIT`, not a thread each
+/// for ever). Taken connections are not counted: they are the members' and operators'.
+const AWAITING_HELLO_MAX: usize = 64;
 /// A cluster secret's bounds, in bytes (`load_secret`).
 pub const SECRET_BYTES_MIN: usize = 16;
 pub const SECRET_BYTES_MAX: usize = 1024;
@@ -126,7 +133,7 @@ pub enum AdminReply {
 
 /// Sends `req` to the control plane at `addr`, showing it `secret` (the cluster's, if it
 /// has one), and waits for the answer (`ditto cluster add|remove|switchover`). A node that
-/// refuses the secret is an error of kind `PermissionDenied` that says why.
+/// refuses the secret is an error of kind `PermissionDenied` that says why (`is_refused`).
 pub fn admin_request(addr: SocketAddr, req: &AdminRequest, secret: Option<&Secret>) -> std::io::Result<AdminReply> {
     let mut s = connect(addr, 0, secret, Duration::from_secs(2))?;
     s.set_read_timeout(Some(ADMIN_TIMEOUT + Duration::from_secs(5)))?;
@@ -454,6 +461,8 @@ struct Shared {
     /// Connections refused at their hello: how many, the last (peer: reason), and when a
     /// refusal was last logged with the count since (at most one line a second).
     refusals: Mutex<Refusals>,
+    /// Connections accepted whose hello has not been read yet.
+    awaiting_hello: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -570,23 +579,76 @@ fn hello_refusal(mine: Option<&Secret>, given: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// Reads from a socket until a deadline: each read waits at most what is left, so that a
+/// peer sending a byte now and then is cut off at the deadline too.
+struct Until<'a> {
+    s: &'a TcpStream,
+    until: Instant,
+}
+
+impl Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&*self.s).read(buf)
+    }
+}
+
+/// Whether `e` is a read that waited out its time (a socket's read timeout says
+/// `WouldBlock` on Linux).
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)
+}
+
+/// A control port's refusal of a connection at its hello, and why (`is_refused`).
+#[derive(Debug)]
+struct HelloRefused(String);
+
+impl std::fmt::Display for HelloRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HelloRefused {}
+
+/// Whether `e` (from `admin_request`) is a node's refusal of the connection at its hello
+/// (the cluster secret): asking again would not change it.
+pub fn is_refused(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<HelloRefused>())
+}
+
 /// Connects to the control port at `addr` as node `from` (0: an operator) and says the
 /// hello: the connection, once the node took it. A refusal is an error of kind
-/// `PermissionDenied` that says why.
+/// `PermissionDenied` that says why (`is_refused`).
 fn connect(addr: SocketAddr, from: NodeId, secret: Option<&Secret>, timeout: Duration) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(HELLO_TIMEOUT))?;
     s.set_write_timeout(Some(HELLO_TIMEOUT))?;
     s.write_all(&frame(from, KIND_HELLO, secret.map_or(&[][..], |x| x.0.as_bytes())))?;
-    match read_frame_at_most(&mut s, HELLO_MAX)? {
-        Some((_, KIND_HELLO, why)) if why.is_empty() => Ok(s),
-        Some((_, KIND_HELLO, why)) => Err(std::io::Error::new(
+    let answer = read_frame_at_most(&mut Until { s: &s, until: Instant::now() + HELLO_TIMEOUT }, HELLO_MAX);
+    s.set_read_timeout(None)?;
+    match answer {
+        Ok(Some((_, KIND_HELLO, why))) if why.is_empty() => Ok(s),
+        Ok(Some((_, KIND_HELLO, why))) => Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!("the control port at {addr} refused this connection: {}", String::from_utf8_lossy(&why)),
+            HelloRefused(format!(
+                "the control port at {addr} refused this connection: {}",
+                String::from_utf8_lossy(&why)
+            )),
         )),
-        Some((_, k, _)) => Err(std::io::Error::other(format!("an answer of frame kind {k} to a hello"))),
-        None => Err(std::io::Error::other(format!("the control port at {addr} closed the connection at its hello"))),
+        Ok(Some((_, k, _))) => Err(std::io::Error::other(format!("an answer of frame kind {k} to a hello"))),
+        Ok(None) => {
+            Err(std::io::Error::other(format!("the control port at {addr} closed the connection at its hello")))
+        }
+        Err(e) if timed_out(&e) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the control port at {addr} did not answer this connection's hello within {HELLO_TIMEOUT:?}"),
+        )),
+        Err(e) => Err(e),
     }
 }
 
@@ -633,6 +695,7 @@ impl ControlService {
             id: cfg.id,
             secret: cfg.secret.clone(),
             refusals: Mutex::default(),
+            awaiting_hello: Default::default(),
         });
         let (inbox, rx) = mpsc::sync_channel(INBOX);
         let mut threads = Vec::new();
@@ -715,9 +778,24 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) 
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, peer)) => {
+                if shared.awaiting_hello.load(Ordering::SeqCst) >= AWAITING_HELLO_MAX {
+                    shared.refused(peer, &format!("{AWAITING_HELLO_MAX} connections await their hello already"));
+                    continue;
+                }
                 let Ok(handle) = stream.try_clone() else { continue };
-                let (shared, inbox) = (Arc::clone(&shared), inbox.clone());
-                readers.push((handle, spawn("ditto-ctl-read".into(), move || read_from(stream, peer, shared, inbox))));
+                let (sh, inbox) = (Arc::clone(&shared), inbox.clone());
+                shared.awaiting_hello.fetch_add(1, Ordering::SeqCst);
+                let reader = std::thread::Builder::new()
+                    .name("ditto-ctl-read".into())
+                    .spawn(move || read_from(stream, peer, sh, inbox));
+                match reader {
+                    Ok(r) => readers.push((handle, r)),
+                    // (The connection closes: its peer tries again.)
+                    Err(e) => {
+                        shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
+                        tracing::warn!(%peer, "control listener: no thread for a connection: {e}");
+                    }
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => {
@@ -894,10 +972,11 @@ impl FetchAssembly {
 /// A connection's hello, answered: whether it was taken (a refusal is answered with why,
 /// counted and logged).
 fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> bool {
-    // A peer that says nothing is dropped in time; one that was taken may be idle long.
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT * 5));
+    // A peer that does not say its whole hello in time is dropped; one that was taken
+    // may be idle for long.
     let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
-    let why = match read_frame_at_most(stream, HELLO_MAX) {
+    let hello = read_frame_at_most(&mut Until { s: stream, until: Instant::now() + HELLO_WAIT }, HELLO_MAX);
+    let why = match hello {
         Ok(Some((_, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
             None => {
                 let _ = stream.set_read_timeout(None);
@@ -909,6 +988,7 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> bool
         Ok(Some((_, kind, _))) => format!("a frame of kind {kind} before its hello (a node of an older ditto?)"),
         Ok(None) => return false,
         Err(_) if shared.stop.load(Ordering::SeqCst) => return false,
+        Err(e) if timed_out(&e) => format!("no whole hello within {HELLO_WAIT:?}"),
         Err(e) => format!("its hello: {e}"),
     };
     shared.refused(peer, &why);
@@ -918,7 +998,9 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> bool
 
 fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
-    if !take_hello(&mut stream, peer, &shared) {
+    let taken = take_hello(&mut stream, peer, &shared);
+    shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
+    if !taken {
         return;
     }
     let mut buf = std::io::BufReader::new(stream);
@@ -982,7 +1064,7 @@ fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
                 }
                 // Refused for its secret: said, and tried again each second (the peer's
                 // or this node's file may be mended, and the node restarted).
-                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Err(e) if is_refused(&e) => {
                     let why = e.to_string();
                     if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
                         tracing::warn!("control: {why}");
@@ -1554,6 +1636,7 @@ mod tests {
             id: 1,
             secret: None,
             refusals: Mutex::default(),
+            awaiting_hello: Default::default(),
         });
         let (jobs, jobs_rx) = mpsc::channel();
         let sh = Arc::clone(&shared);

@@ -498,11 +498,12 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     body.extend_from_slice(&1u32.to_le_bytes());
     body.extend_from_slice(&(batch.len() as u32).to_le_bytes());
     body.extend_from_slice(&batch);
-    let rest = [&first.to_le_bytes()[..], &[3u8], &body].concat();
-    let f = [&(rest.len() as u32).to_le_bytes()[..], &crc32c::crc32c(&rest).to_le_bytes(), &rest].concat();
+    let f = raw_frame(first, 3, &body);
     {
         use std::io::Write;
-        let mut s = std::net::TcpStream::connect(c.peers[&fetcher]).unwrap();
+        // (After a hello the node takes: a frame before it would be refused unread.)
+        let (mut s, taken) = hello(c.peers[&fetcher], b"");
+        assert_eq!(taken, "");
         s.write_all(&f).unwrap();
     }
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "sent while the asked node's read was under way");
@@ -758,4 +759,53 @@ fn nodes_whose_secrets_differ_do_not_hear_each_other() {
         c.start(3);
         wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
     }
+}
+
+/// A peer that does not say its whole hello in time is cut off, whether silent or sending
+/// a byte now and then; and connections awaiting their hello are bounded: more are closed
+/// at once, counted, while the members' own connections go on (the group commits).
+#[test]
+fn connections_that_do_not_say_their_hello_are_cut_off_and_bounded() {
+    use std::io::Write;
+    let c = Cluster::started_with_secrets(3, |_| secret("the-cluster-secret-1"));
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let target_id = c.leader().unwrap();
+    let target = c.peers[&target_id];
+    // A trickle: one byte of a hello's header every 400 ms (a whole hello would take 10 s).
+    let hello = raw_frame(9, KIND_HELLO, b"the-cluster-secret-1");
+    let t = Instant::now();
+    let trickler = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(target).unwrap();
+        for b in &hello {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        read_to_close(&mut s, "the trickle")
+    });
+    // 64 silent connections fill what awaits a hello; the next is closed unanswered.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut silent: Vec<std::net::TcpStream> = (0..64).map(|_| std::net::TcpStream::connect(target).unwrap()).collect();
+    wait_for("the node to count the silent connections", Duration::from_secs(5), || {
+        let mut s = std::net::TcpStream::connect(target).unwrap();
+        read_to_close(&mut s, "one too many").is_empty()
+            && c.nodes[&target_id].status().refused_last.is_some_and(|l| l.contains("await their hello already"))
+    });
+    let answer = trickler.join().unwrap();
+    let took = t.elapsed();
+    assert!(String::from_utf8_lossy(&answer).contains("no whole hello within 5s"), "{answer:?}");
+    assert!(took < Duration::from_secs(8), "the trickle was cut off at {took:?}");
+    // The silent ones are cut off too (answered with why, then closed), and a hello is taken again.
+    for s in silent.iter_mut().take(3) {
+        assert!(String::from_utf8_lossy(&read_to_close(s, "silent")).contains("no whole hello"));
+    }
+    drop(silent);
+    wait_for("a hello taken again", Duration::from_secs(10), || hello_taken(target));
+    c.bootstrap();
+    wait_for("the group still commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
+}
+
+fn hello_taken(addr: std::net::SocketAddr) -> bool {
+    hello(addr, b"the-cluster-secret-1").1.is_empty()
 }

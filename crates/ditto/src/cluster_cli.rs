@@ -132,7 +132,7 @@ fn change(
         let addr = at.to_socket_addrs()?.next().ok_or_else(|| format!("{at} resolves to nothing"))?;
         let reply = match ditto_cluster::admin_request(addr, &req, secret) {
             // Refused for the secret: asking again would not change that.
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(e.to_string().into()),
+            Err(e) if ditto_cluster::is_refused(&e) => return Err(e.to_string().into()),
             r => r.map_err(|e| format!("asking {at}: {e}")),
         };
         let retry = match reply {

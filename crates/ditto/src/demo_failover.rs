@@ -499,7 +499,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     // control port could send) is refused, and the membership stays as it is.
     let at = nodes.control_addr(to).ok_or("no control address")?;
     let secret_refusal = match ditto_cluster::admin_request(at, &ditto_cluster::AdminRequest::Remove(4), None) {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => e.to_string(),
+        Err(e) if ditto_cluster::is_refused(&e) => e.to_string(),
         other => return Err(format!("a request without the cluster secret was not refused: {other:?}").into()),
     };
     if nodes.link_of(to, 4).is_none() {

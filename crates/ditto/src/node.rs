@@ -65,6 +65,11 @@ pub struct MemberAddrs {
 
 /// Whether `host` (of `--members`) is this machine's loopback: `localhost` or a loopback
 /// address. A name that resolves to one is not known to be, and counts as not.
+/// The environment variable through which a node gives its server the cluster secret
+/// (its replication links': `Config::link_secret`). Not a flag: a process's arguments are
+/// visible to every user of the machine, its environment to its own user only.
+pub const LINK_SECRET_ENV: &str = "DITTO_LINK_SECRET";
+
 pub fn is_loopback(host: &str) -> bool {
     host == "localhost" || host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
@@ -453,6 +458,8 @@ pub struct NodeConfig {
 /// The data plane of one node: its child server (see the module notes).
 struct NodePlane {
     me: NodeId,
+    /// The cluster secret, given to each server it starts (`LINK_SECRET_ENV`).
+    secret: Option<ditto_cluster::Secret>,
     members: BTreeMap<NodeId, MemberAddrs>,
     data: PathBuf,
     child_args: Vec<String>,
@@ -1017,7 +1024,13 @@ impl NodePlane {
             }
         }
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
-        let mut proc = Proc::new(exe)
+        let mut proc = Proc::new(exe);
+        match &self.secret {
+            Some(secret) => proc.env(LINK_SECRET_ENV, &secret.0),
+            // (Not one this node's own environment happened to hold.)
+            None => proc.env_remove(LINK_SECRET_ENV),
+        };
+        let mut proc = proc
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -2062,6 +2075,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     }
     let plane = NodePlane {
         me: cfg.id,
+        secret: cfg.secret.clone(),
         gate: Arc::clone(&gate),
         history: Arc::clone(&history),
         members: cfg.members.clone(),

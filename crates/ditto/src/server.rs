@@ -104,14 +104,12 @@ pub struct ServerArgs {
     #[arg(long, value_name = "FILE", requires = "node_id")]
     cluster_secret_file: Option<PathBuf>,
     /// A cluster node whose members name hosts other than loopback, run without a
-    /// cluster secret: any process that reaches its ports may change the membership, hand
-    /// the primary's role away or copy all its data.
+    /// cluster secret: any process that reaches its control or replication port may
+    /// change the membership, hand the primary's role away or take a copy of the data
+    /// as a backup. (Its client port takes no password either way.)
     #[arg(long, requires = "node_id", conflicts_with = "cluster_secret_file")]
     cluster_insecure: bool,
-    /// Set by a cluster node for its server: the file of the cluster secret, which its
-    /// backups give their primary and its primary asks of its backups.
-    #[arg(long, hide = true)]
-    link_secret_file: Option<PathBuf>,
+
     /// A cluster node: the primary is failed over once not heard from for this long
     /// [default: 250].
     #[arg(long)]
@@ -352,8 +350,11 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         });
     }
-    if let Some(f) = &a.link_secret_file {
-        cfg.link_secret = Some(ditto_cluster::load_secret(f)?.0);
+    // A cluster node's server: the cluster secret, from the node that started it (in its
+    // environment, which only its user can read, as the node holds it: not re-read from
+    // a file that may have changed since).
+    if a.exit_with_stdin {
+        cfg.link_secret = std::env::var(crate::node::LINK_SECRET_ENV).ok();
     }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.write_gate = Some(gate);
@@ -489,16 +490,13 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.tls_auth_clients {
         child_args.push("--tls-auth-clients".into());
     }
-    // Read and checked here, once, with a clear error; each server the node starts
-    // reads the same file for its replication links.
+    // Read and checked here, once, with a clear error; each server the node starts is
+    // given it for its replication links (`node::LINK_SECRET_ENV`).
     let secret = a.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?;
-    if let Some(f) = &a.cluster_secret_file {
-        child_args.extend(["--link-secret-file".to_string(), f.display().to_string()]);
-    }
     if secret.is_none() && !a.cluster_insecure {
         if let Some(m) = members.values().find(|m| !crate::node::is_loopback(&m.host)) {
             return Err(format!(
-                "--members names host {} and no --cluster-secret-file is given: any process that reaches a node's control port could change the membership or hand the primary's role away, and one that reaches its replication port could copy all its data. Give every node and `ditto cluster` the same --cluster-secret-file, or run without one with --cluster-insecure",
+                "--members names host {} and no --cluster-secret-file is given: any process that reaches a node's control port could change the membership or hand the primary's role away, and one that reaches its replication port could take a copy of the data as a backup. Give every node and `ditto cluster` the same --cluster-secret-file, or run without one with --cluster-insecure",
                 m.host
             )
             .into());

@@ -2505,4 +2505,14 @@ fn a_node_refuses_a_weak_secret_and_no_secret_off_loopback() {
     assert!(out.contains("--cluster-insecure"), "{out}");
     let (ok, out) = node("1=10.11.12.13:1/2/3", &["--cluster-insecure", "--cluster-secret-file", &short]);
     assert!(!ok && out.contains("cannot be used with"), "{out}");
+    // Told to run without one, it goes past the check (and, this machine not being
+    // 10.11.12.13, fails to bind its control port).
+    let (ok, out) = node("1=10.11.12.13:1/2/3", &["--cluster-insecure"]);
+    assert!(!ok && !out.contains("no --cluster-secret-file") && out.contains("binding the control port"), "{out}");
+    // On loopback alone, no secret is needed: it goes past the check (and fails to bind a
+    // port this test holds).
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = held.local_addr().unwrap().port();
+    let (ok, out) = node(&format!("1=127.0.0.1:{p}/{p}/{p}"), &[]);
+    assert!(!ok && !out.contains("no --cluster-secret-file") && out.contains("binding the control port"), "{out}");
 }
