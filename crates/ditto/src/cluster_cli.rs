@@ -44,6 +44,8 @@ pub struct SwitchoverArgs {
     via: String,
     #[command(flatten)]
     secret: SecretArg,
+    #[command(flatten)]
+    auth: PasswordArg,
     /// Keep asking this long while it cannot happen yet, and wait as long for the new
     /// primary to take writes.
     #[arg(long, default_value_t = 30)]
@@ -59,6 +61,8 @@ pub struct AddArgs {
     via: String,
     #[command(flatten)]
     secret: SecretArg,
+    #[command(flatten)]
+    auth: PasswordArg,
     /// Keep asking this long while the change cannot happen yet.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
@@ -87,9 +91,29 @@ pub struct RemoveArgs {
     via: String,
     #[command(flatten)]
     secret: SecretArg,
+    #[command(flatten)]
+    auth: PasswordArg,
     /// Keep asking this long while the change cannot happen yet.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
+}
+
+/// The password of the nodes' client ports (their `requirepass`), for the `INFO` this
+/// command reads; default: the environment's `REDISCLI_AUTH`, as redis-cli's.
+#[derive(clap::Args)]
+pub struct PasswordArg {
+    #[arg(long)]
+    password: Option<String>,
+}
+
+/// The password every `INFO` of this command gives (`PasswordArg`), set once in `run`.
+static PASSWORD: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+impl PasswordArg {
+    fn set(&self) {
+        let p = self.password.clone().or_else(|| std::env::var("REDISCLI_AUTH").ok());
+        let _ = PASSWORD.set(p);
+    }
 }
 
 /// The cluster secret a membership change shows the control port.
@@ -274,6 +298,8 @@ pub struct StatusArgs {
     /// A member's client address (the others are found through it).
     #[arg(long, default_value = "127.0.0.1:6379")]
     node: String,
+    #[command(flatten)]
+    auth: PasswordArg,
     /// Print one JSON object instead.
     #[arg(long)]
     json: bool,
@@ -295,6 +321,7 @@ fn info_sections(
     let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("{addr}: expected HOST:PORT"))?;
     let mut c = Client::connect_to(host, port.parse()?)?;
     c.set_read_timeout(INFO_TIMEOUT)?;
+    c.auth(PASSWORD.get().and_then(|p| p.as_deref()))?;
     let (mut all, mut links) = (BTreeMap::new(), Vec::new());
     for section in sections {
         match c.call(&["INFO", section])? {
@@ -425,6 +452,12 @@ fn wait_counted(id: u64, node_addr: &str, config: u64, wait: std::time::Duration
 }
 
 pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
+    match &cmd {
+        ClusterCmd::Status(StatusArgs { auth, .. })
+        | ClusterCmd::Add(AddArgs { auth, .. })
+        | ClusterCmd::Remove(RemoveArgs { auth, .. })
+        | ClusterCmd::Switchover(SwitchoverArgs { auth, .. }) => auth.set(),
+    }
     let a = match cmd {
         ClusterCmd::Status(a) => a,
         ClusterCmd::Add(a) => {

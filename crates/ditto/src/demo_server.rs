@@ -95,6 +95,15 @@ impl Client {
     }
 
     /// How long a reply may take before the call fails (30 s from `connect_to`).
+    /// `AUTH password`, where one is given: an error that says why if refused.
+    pub(crate) fn auth(&mut self, password: Option<&str>) -> Result<(), Error> {
+        let Some(p) = password else { return Ok(()) };
+        match self.call(&["AUTH", p])? {
+            Reply::Simple(_) => Ok(()),
+            other => Err(format!("AUTH: {other:?}").into()),
+        }
+    }
+
     pub(crate) fn set_read_timeout(&mut self, d: Duration) -> std::io::Result<()> {
         self.w.set_read_timeout(Some(d))
     }

@@ -227,7 +227,7 @@ struct ProbeAnswer {
 
 impl Prober {
     /// Starts asking the server at `addr` once `ready` (it listens).
-    fn start(me: NodeId, addr: String, ready: Arc<AtomicBool>) -> Result<Prober, String> {
+    fn start(me: NodeId, addr: String, password: Option<String>, ready: Arc<AtomicBool>) -> Result<Prober, String> {
         let latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>> = Default::default();
         let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -246,7 +246,7 @@ impl Prober {
                         conn = None; // the server changed its role: a fresh session
                         asked_in = generation;
                     }
-                    let info = info_replication(&mut conn, &addr).map_err(|e| {
+                    let info = info_replication(&mut conn, &addr, password.as_deref()).map_err(|e| {
                         // One failed probe says nothing about the server (it may be busy).
                         tracing::debug!("node {me}: probing the server: {e}");
                         conn = None;
@@ -453,6 +453,8 @@ pub struct NodeConfig {
     /// The cluster secret its control port asks of peers and operators, and shows them
     /// (`ditto_cluster::load_secret`; its servers read the same file for their links).
     pub secret: Option<ditto_cluster::Secret>,
+    /// Its servers' `requirepass` (from the config file they share): its probe AUTHs.
+    pub password: Option<String>,
 }
 
 /// The data plane of one node: its child server (see the module notes).
@@ -460,6 +462,8 @@ struct NodePlane {
     me: NodeId,
     /// The cluster secret, given to each server it starts (`LINK_SECRET_ENV`).
     secret: Option<ditto_cluster::Secret>,
+    /// The servers' `requirepass`, which the probe gives.
+    password: Option<String>,
     members: BTreeMap<NodeId, MemberAddrs>,
     data: PathBuf,
     child_args: Vec<String>,
@@ -1095,7 +1099,7 @@ impl NodePlane {
                 say(me_id, format!("server: {line}"));
             }
         });
-        let prober = match Prober::start(self.me, me.client_addr(), Arc::clone(&ready)) {
+        let prober = match Prober::start(self.me, me.client_addr(), self.password.clone(), Arc::clone(&ready)) {
             Ok(p) => p,
             Err(e) => {
                 *self.gate.lock() = Gate::default();
@@ -1913,8 +1917,13 @@ fn holds_primary_log(data: &Path) -> bool {
     !log.join(ditto_log::sealed::CUT_FILE).exists() && std::fs::read_dir(&log).is_ok_and(|mut d| d.next().is_some())
 }
 
-/// `INFO replication` from the server at `addr`, over a kept connection.
-fn info_replication(conn: &mut Option<BufReader<TcpStream>>, addr: &str) -> std::io::Result<String> {
+/// `INFO replication` from the server at `addr`, over a kept connection (a new one says
+/// `AUTH password` first, where the servers have one).
+fn info_replication(
+    conn: &mut Option<BufReader<TcpStream>>,
+    addr: &str,
+    password: Option<&str>,
+) -> std::io::Result<String> {
     if conn.is_none() {
         let a: SocketAddr = addr
             .to_socket_addrs()?
@@ -1923,7 +1932,20 @@ fn info_replication(conn: &mut Option<BufReader<TcpStream>>, addr: &str) -> std:
         let s = TcpStream::connect_timeout(&a, Duration::from_millis(100))?;
         s.set_read_timeout(Some(Duration::from_millis(100)))?;
         s.set_nodelay(true)?;
-        *conn = Some(BufReader::new(s));
+        let mut r = BufReader::new(s);
+        if let Some(p) = password {
+            let cmd = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{p}\r\n", p.len());
+            r.get_mut().write_all(cmd.as_bytes())?;
+            let mut answer = String::new();
+            r.read_line(&mut answer)?;
+            if answer.trim_end() != "+OK" {
+                return Err(std::io::Error::other(format!(
+                    "its server refused the node's AUTH: {}",
+                    answer.trim_end()
+                )));
+            }
+        }
+        *conn = Some(r);
     }
     let r = conn.as_mut().expect("connected");
     r.get_mut().write_all(b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n")?;
@@ -2076,6 +2098,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let plane = NodePlane {
         me: cfg.id,
         secret: cfg.secret.clone(),
+        password: cfg.password.clone(),
         gate: Arc::clone(&gate),
         history: Arc::clone(&history),
         members: cfg.members.clone(),

@@ -106,7 +106,7 @@ pub struct ServerArgs {
     /// A cluster node whose members name hosts other than loopback, run without a
     /// cluster secret: any process that reaches its control or replication port may
     /// change the membership, hand the primary's role away or take a copy of the data
-    /// as a backup. (Its client port takes no password either way.)
+    /// as a backup. (Its client port takes the config file's requirepass either way.)
     #[arg(long, requires = "node_id", conflicts_with = "cluster_secret_file")]
     cluster_insecure: bool,
 
@@ -353,8 +353,10 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     // A cluster node's server: the cluster secret, from the node that started it (in its
     // environment, which only its user can read, as the node holds it: not re-read from
     // a file that may have changed since).
+    // Without one, a cluster with `requirepass` asks it on its links (its servers share
+    // one config file), as a standalone primary asks its backups for theirs.
     if a.exit_with_stdin {
-        cfg.link_secret = std::env::var(crate::node::LINK_SECRET_ENV).ok();
+        cfg.link_secret = std::env::var(crate::node::LINK_SECRET_ENV).ok().or_else(|| cfg.requirepass.clone());
     }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.write_gate = Some(gate);
@@ -464,9 +466,6 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         ditto_server::tls::server_config(&files)?;
     }
     if let Some(c) = &file {
-        if c.requirepass.is_some() {
-            return Err("a cluster node's supervisor probes its server without a password: requirepass is not supported with --node-id".into());
-        }
         if c.replica_of.is_some() || c.repl_port.is_some() {
             return Err("a cluster node takes its ports and role from --members and its control plane: the config file may not set replica_of or repl_port".into());
         }
@@ -519,5 +518,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         promote_in_place: a.promotion == "in-place",
         stop_timeout: a.server_stop_timeout_ms.map_or(crate::node::STOP_TIMEOUT, std::time::Duration::from_millis),
         secret,
+        // Its servers read the same file: their clients must AUTH, and so does its probe.
+        password: file.as_ref().and_then(|c| c.requirepass.clone()),
     })
 }

@@ -40,12 +40,7 @@ pub(crate) fn parse_info(text: &str) -> (BTreeMap<String, String>, Vec<BTreeMap<
 
 pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut c = Client::connect_to(&a.host, a.port).map_err(|e| format!("connecting to {}:{}: {e}", a.host, a.port))?;
-    if let Some(p) = &a.password {
-        match c.call(&["AUTH", p])? {
-            Reply::Simple(_) => {}
-            other => return Err(format!("AUTH: {other:?}").into()),
-        }
-    }
+    c.auth(a.password.as_deref())?;
     let text = match c.call(&["INFO", "replication"])? {
         Reply::Bulk(Some(b)) => String::from_utf8(b)?,
         other => return Err(format!("INFO replication: {other:?}").into()),

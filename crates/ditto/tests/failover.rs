@@ -2516,3 +2516,59 @@ fn a_node_refuses_a_weak_secret_and_no_secret_off_loopback() {
     let (ok, out) = node(&format!("1=127.0.0.1:{p}/{p}/{p}"), &[]);
     assert!(!ok && !out.contains("no --cluster-secret-file") && out.contains("binding the control port"), "{out}");
 }
+
+/// A cluster whose servers share a config file with `requirepass` (and a secret): its
+/// clients must AUTH, the nodes' own probes do, so a SIGKILL of the primary fails over
+/// with every acknowledged write, and the killed node rejoins as a backup; `ditto cluster
+/// status` reads the nodes with `--password`, and is refused without. Before 2026-11-29 a
+/// node refused `requirepass`, and whoever reached a client port read and wrote.
+#[test]
+fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
+    const PW: &str = "pw-of-the-clients";
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path(), "secret", "the-secret-of-this-cluster\n");
+    let conf = keys.path().join("ditto.toml");
+    std::fs::write(&conf, format!("requirepass = \"{PW}\"\n")).unwrap();
+    let conf = conf.display().to_string();
+    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, move |_, _| {
+        vec!["--cluster-secret-file".into(), secret.clone(), "--config".into(), conf.clone()]
+    });
+    let authed = |port: u16| -> Option<Client> {
+        let mut k = Client::connect(port).ok()?;
+        k.set_read_timeout(Duration::from_secs(5));
+        (k.cmd(&["AUTH", PW]).ok()?.first()? == "+OK").then_some(k)
+    };
+    let takes_writes = |ports: &BTreeMap<u64, u16>, not: Option<u64>| {
+        ports.iter().filter(|(id, _)| Some(**id) != not).find_map(|(&id, &port)| {
+            let mut k = authed(port)?;
+            (k.cmd(&["SET", "probe", "1"]).ok()?.first()? == "+OK").then_some(id)
+        })
+    };
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || takes_writes(&c.ports, None));
+    let mut plain = Client::connect(c.ports[&first]).unwrap();
+    assert!(plain.one(&["SET", "k", "1"]).starts_with("-NOAUTH"), "a client without AUTH writes nothing");
+    let mut k = authed(c.ports[&first]).unwrap();
+    for i in 0..50 {
+        assert_eq!(k.one(&["SET", &format!("k{i}"), &i.to_string()]), "+OK");
+    }
+    let node = format!("127.0.0.1:{}", c.ports[&first]);
+    let (ok, out) = cluster_cli(&["status", "--node", &node]);
+    assert!(!ok && out.contains("NOAUTH"), "{out}");
+    let (ok, out) = cluster_cli(&["status", "--node", &node, "--password", PW]);
+    let row = |l: &str| l.split_whitespace().next() == Some(&first.to_string()) && l.contains(" primary ");
+    assert!(ok && out.lines().any(row) && out.contains("membership: configuration"), "{out}");
+    // SIGKILL of the primary: the others' probes AUTH, so they see their servers, and one
+    // of them takes writes with every acknowledged one.
+    c.kill(first);
+    let next = c.wait_or_dump("a new primary", Duration::from_secs(30), || takes_writes(&c.ports, Some(first)));
+    let mut k = authed(c.ports[&next]).unwrap();
+    for i in 0..50 {
+        assert_eq!(k.one(&["GET", &format!("k{i}")]), i.to_string(), "k{i} on the new primary");
+    }
+    c.start_node(first);
+    c.wait_or_dump("the old primary back as a backup", Duration::from_secs(30), || {
+        let mut b = authed(c.ports[&first])?;
+        let info = b.cmd(&["INFO", "replication"]).ok()?.concat();
+        (info.contains("role:slave") && info.contains("master_link_status:up")).then_some(())
+    });
+}
