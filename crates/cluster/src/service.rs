@@ -213,8 +213,8 @@ pub trait DataPlane: Send + 'static {
     /// of hundreds of MB read on the control thread would stop its Raft ticks, its
     /// heartbeats and the failover it serves meanwhile). By default all is done here.
     fn fetch_job(&mut self, stream: usize, after: u64) -> Result<FetchJob, String> {
-        let answer = self.serve_fetch(stream, after)?;
-        Ok(Box::new(move || Ok(answer)))
+        let (batches, position) = self.serve_fetch(stream, after)?;
+        Ok(FetchJob::ready(batches, position))
     }
     /// Batches fetched from a peer for `plan` (being prepared), for one stream, with the
     /// position the peer holds it up to.
@@ -348,8 +348,32 @@ pub struct Status {
     pub refused_last: Option<String>,
 }
 
-/// The read of a fetch's answer (`DataPlane::fetch_job`): the batches and the position.
-pub type FetchJob = Box<dyn FnOnce() -> Result<(Vec<Vec<u8>>, u64), String> + Send>;
+/// The read of a fetch's answer (`DataPlane::fetch_job`): where the node holds the stream
+/// up to (each piece says it), and the read, which hands the batches to its sink in
+/// order as it reads them (the sink returns false when the answer can go no further, and
+/// the read may stop). The answer is sent in pieces as they fill: it is never held whole.
+pub struct FetchJob {
+    pub position: u64,
+    #[allow(clippy::type_complexity)]
+    pub read: Box<dyn FnOnce(&mut dyn FnMut(Vec<u8>) -> bool) -> Result<(), String> + Send>,
+}
+
+impl FetchJob {
+    /// A job whose answer is already read.
+    pub fn ready(batches: Vec<Vec<u8>>, position: u64) -> FetchJob {
+        FetchJob {
+            position,
+            read: Box::new(move |sink| {
+                for b in batches {
+                    if !sink(b) {
+                        break;
+                    }
+                }
+                Ok(())
+            }),
+        }
+    }
+}
 
 /// A frame to a peer's sender thread (`send_to`), and whom to tell once it is written (or
 /// dropped): a fetch's pieces are queued one at a time, each once the one before is gone,
@@ -392,26 +416,108 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
             return;
         }
         let Some(f) = waiting.pop_front() else { continue };
-        let (batches, position) = match (f.job)() {
-            Ok(a) => a,
-            Err(why) => {
-                tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream);
-                continue;
+        let FetchJob { position, read } = f.job;
+        let mut out = Answer { to: &f.to, me: f.me, epoch: f.epoch, stream: f.stream, position, next: 0, held: None };
+        let mut pieces = Piecer::default();
+        let mut going = true;
+        let read = read(&mut |b| {
+            for p in pieces.push(b) {
+                going = going && out.send(p);
             }
-        };
-        let pieces = fetch_pieces(&batches);
-        let n = pieces.len();
-        for (i, p) in pieces.into_iter().enumerate() {
-            let (entries, more): (Vec<&[u8]>, bool) = match p {
-                Piece::Whole(r) => (batches[r].iter().map(|b| b.as_slice()).collect(), false),
-                Piece::Part { batch, bytes, more } => (vec![&batches[batch][bytes]], more),
-            };
-            let body = encode_fetched(f.epoch, f.stream, position, i as u32, i + 1 == n, more, &entries);
-            if !queue_frame(&f.to, frame(f.me, KIND_FETCHED, &body)) {
-                tracing::warn!(node = f.me, "a fetch's answer for stream {} could not be queued: dropped", f.stream);
-                break;
+            going
+        });
+        match read {
+            // (Pieces sent before the error, with no last one, end the fetcher's stream
+            // for this round: its prepare times out and the next round asks again.)
+            Err(why) => tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream),
+            Ok(()) if going => {
+                if let Some(p) = pieces.finish() {
+                    going = out.send(p);
+                }
+                if going {
+                    out.finish();
+                }
             }
+            Ok(()) => {}
         }
+    }
+}
+
+/// A fetch answer's pieces as they are sent: numbered, each held back until the next one
+/// comes, so that the last is known to be the last when it goes.
+struct Answer<'a> {
+    to: &'a SyncSender<Outgoing>,
+    me: NodeId,
+    epoch: u64,
+    stream: usize,
+    position: u64,
+    next: u32,
+    held: Option<(Vec<Vec<u8>>, bool)>,
+}
+
+impl Answer<'_> {
+    /// Piece `p` (its entries, and whether its one entry is continued): the one before
+    /// it goes; false if it could not be queued (the answer is dropped).
+    fn send(&mut self, p: (Vec<Vec<u8>>, bool)) -> bool {
+        match self.held.replace(p) {
+            Some(before) => self.queue(before, false),
+            None => true,
+        }
+    }
+
+    /// The piece held goes as the last (an empty one if the answer has no batches).
+    fn finish(mut self) -> bool {
+        let last = self.held.take().unwrap_or_default();
+        self.queue(last, true)
+    }
+
+    fn queue(&mut self, (entries, more): (Vec<Vec<u8>>, bool), last: bool) -> bool {
+        let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+        let body = encode_fetched(self.epoch, self.stream, self.position, self.next, last, more, &refs);
+        self.next += 1;
+        let queued = queue_frame(self.to, frame(self.me, KIND_FETCHED, &body));
+        if !queued {
+            tracing::warn!(node = self.me, "a fetch's answer for stream {} could not be queued: dropped", self.stream);
+        }
+        queued
+    }
+}
+
+/// A fetch answer cut into pieces of at most `FETCH_PIECE` bytes as its batches come:
+/// whole batches together, and each batch larger than a piece alone, in parts (each a
+/// piece whose flag says whether the next continues it).
+#[derive(Default)]
+struct Piecer {
+    whole: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Piecer {
+    /// Takes the next batch: the pieces it completes, in order.
+    fn push(&mut self, b: Vec<u8>) -> Vec<(Vec<Vec<u8>>, bool)> {
+        let mut done = Vec::new();
+        let large = b.len() + 4 > FETCH_PIECE;
+        if !self.whole.is_empty() && (large || self.bytes + b.len() + 4 > FETCH_PIECE) {
+            done.push((std::mem::take(&mut self.whole), false));
+            self.bytes = 0;
+        }
+        if large {
+            let mut at = 0;
+            while at < b.len() {
+                let end = (at + FETCH_PIECE).min(b.len());
+                done.push((vec![b[at..end].to_vec()], end < b.len()));
+                at = end;
+            }
+        } else {
+            self.bytes += b.len() + 4;
+            self.whole.push(b);
+        }
+        done
+    }
+
+    /// The piece of the whole batches left, if any.
+    fn finish(self) -> Option<(Vec<Vec<u8>>, bool)> {
+        (!self.whole.is_empty()).then_some((self.whole, false))
     }
 }
 
@@ -878,6 +984,7 @@ fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
 }
 
 /// A piece of a fetch answer (`fetch_pieces`).
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Piece {
     /// These batches, whole.
@@ -888,7 +995,9 @@ enum Piece {
 
 /// The batches of a fetch answer split into pieces of at most `FETCH_PIECE` bytes: whole
 /// batches together, and each batch larger than a piece alone, in parts (one piece, empty,
-/// for no batches).
+/// for no batches). The whole answer at once, as ranges of `batches`: the tests' statement
+/// of what `Piecer` and `Answer` give one batch at a time.
+#[cfg(test)]
 fn fetch_pieces(batches: &[Vec<u8>]) -> Vec<Piece> {
     let mut pieces = Vec::new();
     let (mut start, mut bytes) = (0, 0);
@@ -1645,7 +1754,7 @@ mod tests {
         let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
         let n = fetch_pieces(&batches).len();
         assert!(n >= 6, "{n} pieces");
-        let job: FetchJob = Box::new(move || Ok((batches, 99)));
+        let job = FetchJob::ready(batches, 99);
         jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
         for i in 0..n {
             let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
@@ -1657,6 +1766,77 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(30));
         assert!(peer.try_recv().is_err(), "{n} pieces, no more");
+        shared.stop.store(true, Ordering::SeqCst);
+        drop(jobs);
+        t.join().unwrap();
+    }
+
+    /// The pieces `serve_fetches` sends for a job that hands over `batches` one at a time
+    /// (`Piecer`, `Answer`) are the whole answer's pieces (`fetch_pieces`), numbered, the
+    /// last one marked, for answers of no batches, of small ones, of ones at a piece's
+    /// bound and of ones larger than a piece, in random mixes.
+    #[test]
+    fn pieces_sent_as_the_batches_are_read_are_the_whole_answers_pieces() {
+        use rand::{Rng, SeedableRng};
+        let shared = Arc::new(Shared {
+            status: Mutex::new(Status::default()),
+            stop: AtomicBool::new(false),
+            id: 1,
+            secret: None,
+            refusals: Mutex::default(),
+            awaiting_hello: Default::default(),
+        });
+        let (jobs, jobs_rx) = mpsc::channel();
+        let sh = Arc::clone(&shared);
+        let t = std::thread::spawn(move || serve_fetches(jobs_rx, sh));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+        for case in 0..24 {
+            let n = if case == 0 { 0 } else { rng.gen_range(1..12) };
+            let batches: Vec<Vec<u8>> = (0..n)
+                .map(|i| {
+                    let len = match rng.gen_range(0..4) {
+                        0 => rng.gen_range(1..(200 << 10)),
+                        1 => FETCH_PIECE - 4 + rng.gen_range(0..3) - 1,
+                        2 => rng.gen_range(FETCH_PIECE..FETCH_PIECE * 3),
+                        _ => rng.gen_range((900 << 10)..(1100 << 10)),
+                    };
+                    vec![(i as u8).wrapping_mul(31).wrapping_add(case); len]
+                })
+                .collect();
+            let want: Vec<(Vec<Vec<u8>>, bool)> = fetch_pieces(&batches)
+                .into_iter()
+                .map(|p| match p {
+                    Piece::Whole(r) => (batches[r].to_vec(), false),
+                    Piece::Part { batch, bytes, more } => (vec![batches[batch][bytes].to_vec()], more),
+                })
+                .collect();
+            let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
+            jobs.send(FetchToServe { job: FetchJob::ready(batches, 99), to, from: 2, me: 1, epoch: 7, stream: 1 })
+                .unwrap();
+            for (i, (entries, more)) in want.iter().enumerate() {
+                let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
+                written.unwrap().send(()).unwrap();
+                let (_, kind, body) = read_frame(&mut &f[..]).unwrap().unwrap();
+                assert_eq!(kind, KIND_FETCHED);
+                match decode_fetched(1, &body) {
+                    Some(Input::Fetched {
+                        epoch: 7,
+                        stream: 1,
+                        position: 99,
+                        piece,
+                        last,
+                        more: m,
+                        batches: b,
+                        ..
+                    }) => {
+                        assert_eq!((piece, last, m), (i as u32, i + 1 == want.len(), *more), "case {case} piece {i}");
+                        assert!(b == *entries, "case {case} piece {i}: other entries");
+                    }
+                    _ => panic!("case {case} piece {i} did not decode"),
+                }
+            }
+            assert!(peer.recv_timeout(Duration::from_millis(50)).is_err(), "case {case}: no more pieces");
+        }
         shared.stop.store(true, Ordering::SeqCst);
         drop(jobs);
         t.join().unwrap();

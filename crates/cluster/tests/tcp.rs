@@ -129,18 +129,26 @@ impl DataPlane for ModelPlane {
         Ok((batches, w.holds[&self.me][stream]))
     }
     fn fetch_job(&mut self, stream: usize, after: u64) -> Result<ditto_cluster::service::FetchJob, String> {
-        let answer = self.serve_fetch(stream, after)?;
+        let (batches, position) = self.serve_fetch(stream, after)?;
         let (world, me) = (Arc::clone(&self.world), self.me);
-        Ok(Box::new(move || {
-            let delay = {
-                let mut w = world.lock().unwrap();
-                w.reading = Some(me);
-                w.fetch_read
-            };
-            std::thread::sleep(delay);
-            world.lock().unwrap().reading = None;
-            Ok(answer)
-        }))
+        Ok(ditto_cluster::service::FetchJob {
+            position,
+            read: Box::new(move |sink| {
+                let delay = {
+                    let mut w = world.lock().unwrap();
+                    w.reading = Some(me);
+                    w.fetch_read
+                };
+                std::thread::sleep(delay);
+                world.lock().unwrap().reading = None;
+                for b in batches {
+                    if !sink(b) {
+                        break;
+                    }
+                }
+                Ok(())
+            }),
+        })
     }
     fn fetched(&mut self, _plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, _position: u64, last: bool) {
         let mut w = self.world.lock().unwrap();

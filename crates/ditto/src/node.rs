@@ -1750,22 +1750,35 @@ impl DataPlane for NodePlane {
         // is over, whose answer the fetcher drops.
         let (me, primary_dir, data) = (self.me, self.primary_log_dir(), self.data.clone());
         let own_start = primary_dir.as_deref().map_or(ditto_engine::Ts(u64::MAX), |dir| self.own_log_start(dir));
-        Ok(Box::new(move || {
-            let b = match primary_dir {
-                Some(dir) => {
-                    ditto_log::recovery::primary_stream_batches(&dir, stream, ditto_engine::Ts(after), own_start)
+        Ok(ditto_cluster::service::FetchJob {
+            position,
+            read: Box::new(move |sink| {
+                // Each batch handed on as it is read: the answer goes in pieces as they fill,
+                // never whole in memory. (Without a copy where a batch is the sole owner of
+                // its buffer, as a replica log's is: it copies out only what is asked.)
+                let (mut n, mut bytes) = (0usize, 0usize);
+                let mut each = |b: bytes::Bytes| {
+                    (n, bytes) = (n + 1, bytes + b.len());
+                    sink(Vec::from(b))
+                };
+                let after = ditto_engine::Ts(after);
+                match primary_dir {
+                    Some(dir) => {
+                        ditto_log::recovery::primary_stream_batches_each(&dir, stream, after, own_start, &mut each)
+                    }
+                    None => ditto_log::replica::replica_stream_batches_each(&data, stream, after, &mut each),
                 }
-                None => ditto_log::replica::replica_stream_batches(&data, stream, ditto_engine::Ts(after)),
-            }
-            .map_err(|e| e.to_string())?;
-            say(
-                me,
-                format!("serves a fetch: {} batches of stream {stream} above ts {after}, held to {position}", b.len()),
-            );
-            // (Without a copy where a batch is the sole owner of its buffer, as a replica
-            // log's answer is: `replica_stream_batches` copies out only what is asked.)
-            Ok((b.into_iter().map(Vec::from).collect(), position))
-        }))
+                .map_err(|e| e.to_string())?;
+                say(
+                    me,
+                    format!(
+                        "serves a fetch: {n} batches ({bytes} bytes) of stream {stream} above ts {}, held to {position}",
+                        after.0
+                    ),
+                );
+                Ok(())
+            }),
+        })
     }
 
     fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {

@@ -802,22 +802,43 @@ pub fn primary_fetch_floor(data: &Path, epoch_start: Ts) -> Result<Ts, LogError>
 /// `after`, as written (a failover's fetch from an old primary). Its log's epoch began
 /// above `epoch_start` (`primary_fetch_floor`); `Ts(u64::MAX)` if not known.
 pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start: Ts) -> Result<Vec<Bytes>, LogError> {
+    let mut out = Vec::new();
+    primary_stream_batches_each(data, stream, after, epoch_start, &mut |b| {
+        out.push(b);
+        true
+    })?;
+    Ok(out)
+}
+
+/// `primary_stream_batches`, each batch handed to `sink` in order as it is read (a
+/// segment at a time), so that the answer is never held whole; `sink` returning false
+/// asks for no more.
+pub fn primary_stream_batches_each(
+    data: &Path,
+    stream: usize,
+    after: Ts,
+    epoch_start: Ts,
+    sink: &mut dyn FnMut(Bytes) -> bool,
+) -> Result<(), LogError> {
     // The log's epoch, from the file names (the segments are read once, below).
     let epoch = primary_log_epoch(data)?;
     let base = crate::sealed::base(data)?.ts;
-
     if base > after && after >= epoch_start {
         // Below the checkpoint, from the log kept for backups, if it reaches down to
         // `after` (nothing of older epochs lies above `epoch_start`).
         if let Some(gap) = crate::replica::stream_batches_after(data, epoch, after, stream)? {
-            return gap.collect();
+            return gap.each(sink).map(|_| ());
         }
     }
     if base > after {
         // Below the point of the sealed log this log lies on, from that sealed log.
-        if let Some(mut below) = crate::replica::sealed_stream_batches(data, stream, after, base)? {
-            below.extend(primary_stream_batches(data, stream, base, epoch_start)?);
-            return Ok(below);
+        if let Some(below) = crate::replica::sealed_stream_batches(data, stream, after, base)? {
+            for b in below {
+                if !sink(b) {
+                    return Ok(());
+                }
+            }
+            return primary_stream_batches_each(data, stream, base, epoch_start, sink);
         }
         return Err(LogError::Corrupt {
             file: data.join("checkpoints"),
@@ -833,7 +854,7 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
         offset: 0,
         what: format!("the log no longer holds stream {stream} above ts {}", after.0),
     })?;
-    gap.collect()
+    gap.each(sink).map(|_| ())
 }
 
 /// What `append_own_fetched` did.

@@ -1501,13 +1501,34 @@ fn read_files(files: &[(u64, PathBuf)], mut on_entry: impl FnMut(FileEntry<'_>))
 /// from a peer that holds more of the stream (docs/cluster.md). Read without changing the
 /// directory; its backup must not be running.
 pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Vec<Bytes>, LogError> {
+    let mut out = Vec::new();
+    replica_stream_batches_each(dir, stream, after, &mut |b| {
+        out.push(b);
+        true
+    })?;
+    Ok(out)
+}
+
+/// `replica_stream_batches`, each batch handed to `sink` in order as it is read, so that
+/// the answer is never held whole (a failover's fetch sends it in pieces as they fill);
+/// `sink` returning false asks for no more.
+pub fn replica_stream_batches_each(
+    dir: &Path,
+    stream: usize,
+    after: Ts,
+    sink: &mut dyn FnMut(Bytes) -> bool,
+) -> Result<(), LogError> {
     let ckpt_ts = crate::sealed::base(dir)?.ts;
     if ckpt_ts > after {
         // Below a sealed log's point (this node changed its role in place since), from that
         // sealed log, if it reaches down to `after`, then the log above its point.
-        if let Some(mut below) = sealed_stream_batches(dir, stream, after, ckpt_ts)? {
-            below.extend(replica_stream_batches(dir, stream, ckpt_ts)?);
-            return Ok(below);
+        if let Some(below) = sealed_stream_batches(dir, stream, after, ckpt_ts)? {
+            for b in below {
+                if !sink(b) {
+                    return Ok(());
+                }
+            }
+            return replica_stream_batches_each(dir, stream, ckpt_ts, sink);
         }
         // The batches up to the checkpoint are gone with the files it covered.
         return Err(LogError::Corrupt {
@@ -1519,16 +1540,16 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
             ),
         });
     }
-    // File by file, the batches asked for copied out: at most one file (64 MiB by default)
-    // and the answer in memory, not the whole log of every stream.
+    // File by file, the batches asked for copied out and handed on: at most one file (64
+    // MiB by default) in memory, not the whole log of every stream nor the answer.
     let files = live_files(dir)?;
-    let mut out = Vec::new();
+    let mut more = true;
     read_files(&files, |e| {
-        if e.stream == stream && e.batch.header.bound_ts > after {
-            out.push(Bytes::copy_from_slice(&e.raw[e.offset + ENTRY_HEADER_LEN..e.offset + e.used]));
+        if more && e.stream == stream && e.batch.header.bound_ts > after {
+            more = sink(Bytes::copy_from_slice(&e.raw[e.offset + ENTRY_HEADER_LEN..e.offset + e.used]));
         }
     })?;
-    Ok(out)
+    Ok(())
 }
 
 /// The batches of `stream` above `after` in `data`'s sealed log at `point` (the newest link,
@@ -1875,15 +1896,26 @@ impl Gap {
         Ok(())
     }
 
-    /// Every batch, in memory at once (for a fetch answer, sent in pieces of its own).
+    /// Every batch, in memory at once.
     pub fn collect(self) -> Result<Vec<Bytes>, LogError> {
         let mut out = Vec::with_capacity(self.batches);
-        self.for_each(|b| {
+        self.each(&mut |b| {
             out.push(b);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Hands each batch to `sink`, in order, a segment at a time (`for_each`), until it
+    /// returns false; whether it took them all.
+    pub fn each(self, sink: &mut dyn FnMut(Bytes) -> bool) -> Result<bool, LogError> {
+        let mut more = true;
+        self.for_each(|b| {
+            more = more && sink(b);
             Ok(())
         })
         .map_err(|e| LogError::Corrupt { file: PathBuf::new(), offset: 0, what: e.to_string() })?;
-        Ok(out)
+        Ok(more)
     }
 }
 

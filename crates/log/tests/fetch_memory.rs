@@ -7,6 +7,12 @@
 //! It prints one line, `FETCH_MEMORY {json}`. 2026-11-29, 2-core VM: the peak grew 158.8 MB
 //! above the RSS before the fetch when the log was read whole, 79.6 MB read a file at a
 //! time (docs/cluster.md, "Where a fetch can start").
+//!
+//! And the heap's peak (a counting allocator: a peak of RSS does not show what is built in
+//! pages the allocator kept from before) of a large answer, the whole of one stream,
+//! collected whole and handed on as read: `FETCH_MEMORY_HEAP {json}`. 2026-11-29,
+//! afternoon, 2-core VM: 179.5 MB whole, 82.0 MB handed on, for a 98.4 MB answer from a
+//! 196.8 MB log (81.7 MB for the small tail: one 64 MiB file read whole is the floor).
 use bytes::Bytes;
 use ditto_engine::{Ts, WorkerId};
 use ditto_log::format::decode_batch_checksums;
@@ -14,6 +20,41 @@ use ditto_log::replica::{replica_stream_batches, ReplicaLog};
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::OpenOptions;
 use std::sync::Arc;
+
+/// The heap in use and its peak, counted at every allocation: what a fetch asks of the
+/// allocator, whatever pages the allocator keeps resident from before (a peak of RSS
+/// does not show an answer built in pages freed earlier).
+struct Counting;
+static LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let p = unsafe { std::alloc::System.alloc(l) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        LIVE.fetch_sub(l.size(), std::sync::atomic::Ordering::Relaxed);
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// The heap's peak above what was in use, while `f` runs (MB).
+fn heap_peak_growth_mb<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = LIVE.load(Relaxed);
+    PEAK.store(before, Relaxed);
+    let out = f();
+    (out, PEAK.load(Relaxed).saturating_sub(before) as f64 / 1e6)
+}
 
 fn hwm_kb() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -24,9 +65,9 @@ fn rss_kb() -> u64 {
     s.lines().find(|l| l.starts_with("VmRSS")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-#[test]
-#[ignore = "a measurement: run alone with --ignored --nocapture"]
-fn peak_memory_of_a_small_fetch_from_a_large_replica_log() {
+/// A replica log of about 200 MB (2 streams, 16 KiB values) in files of 64 MiB, and the
+/// bounds of stream 0's batches.
+fn large_replica_log() -> (tempfile::TempDir, usize, Vec<Ts>) {
     let primary = tempfile::tempdir().unwrap();
     let d = ditto_log::open(primary.path(), OpenOptions { workers: 2, ..Default::default() }).unwrap();
     let t = d.db().create_table("t").unwrap();
@@ -67,8 +108,14 @@ fn peak_memory_of_a_small_fetch_from_a_large_replica_log() {
         .filter(|h| h.stream.0 == 0)
         .map(|h| h.bound_ts)
         .collect();
+    (dir, total, s0)
+}
+
+#[test]
+#[ignore = "a measurement: run alone with --ignored --nocapture"]
+fn peak_memory_of_a_small_fetch_from_a_large_replica_log() {
+    let (dir, total, s0) = large_replica_log();
     let after = s0[s0.len() - 5];
-    drop(batches);
     std::fs::write("/proc/self/clear_refs", "5").unwrap();
     let (rss0, hwm0) = (rss_kb(), hwm_kb());
     let got = replica_stream_batches(dir.path(), 0, after).unwrap();
@@ -85,5 +132,38 @@ fn peak_memory_of_a_small_fetch_from_a_large_replica_log() {
         hwm0 as f64 / 1e3,
         hwm1 as f64 / 1e3,
         hwm1.saturating_sub(rss0) as f64 / 1e3
+    );
+}
+
+/// The same log's whole stream 0 (about half the log) fetched two ways in one run: handed
+/// on batch by batch as read (`replica_stream_batches_each`, as a failover's fetch now
+/// sends it, a piece at a time; the sink keeps nothing), and collected whole
+/// (`replica_stream_batches`, as the fetch held it before 2026-11-29, afternoon); the
+/// heap's peak above what was in use before each (a counting allocator), and the small
+/// tail's for comparison. One line, `FETCH_MEMORY_HEAP {json}`.
+#[test]
+#[ignore = "a measurement: run alone with --ignored --nocapture"]
+fn heap_peak_of_fetches_streamed_and_whole() {
+    let (dir, total, s0) = large_replica_log();
+    let (whole_bytes, whole_mb) = heap_peak_growth_mb(|| {
+        replica_stream_batches(dir.path(), 0, Ts::ZERO).unwrap().iter().map(|b| b.len()).sum::<usize>()
+    });
+    let (streamed_bytes, streamed_mb) = heap_peak_growth_mb(|| {
+        let mut bytes = 0;
+        ditto_log::replica::replica_stream_batches_each(dir.path(), 0, Ts::ZERO, &mut |b| {
+            bytes += b.len();
+            true
+        })
+        .unwrap();
+        bytes
+    });
+    assert_eq!(streamed_bytes, whole_bytes, "the same answer");
+    let after = s0[s0.len() - 5];
+    let (tail, tail_mb) = heap_peak_growth_mb(|| replica_stream_batches(dir.path(), 0, after).unwrap().len());
+    assert!(tail > 0);
+    println!(
+        "FETCH_MEMORY_HEAP {{\"log_mb\": {:.1}, \"answer_mb\": {:.1}, \"heap_peak_growth_whole_mb\": {whole_mb:.1}, \"heap_peak_growth_streamed_mb\": {streamed_mb:.1}, \"heap_peak_growth_small_tail_mb\": {tail_mb:.1}}}",
+        total as f64 / 1e6,
+        whole_bytes as f64 / 1e6
     );
 }
