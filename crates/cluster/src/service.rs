@@ -315,7 +315,7 @@ pub struct ServiceConfig {
     /// The cluster secret (`load_secret`): a connection to the control port is taken only
     /// once it shows it, and this node shows it to its peers. `None`: none is asked or
     /// shown (a node with one refuses a node without, and the other way round).
-    pub secret: Option<Secret>,
+    pub secret: Option<ClusterSecret>,
 }
 
 /// What the node knows, published after every step.
@@ -563,7 +563,7 @@ struct Shared {
     status: Mutex<Status>,
     stop: AtomicBool,
     id: NodeId,
-    secret: Option<Secret>,
+    secret: Option<ClusterSecret>,
     /// Connections refused at their hello: how many, the last (peer: reason), and when a
     /// refusal was last logged with the count since (at most one line a second).
     refusals: Mutex<Refusals>,
@@ -671,16 +671,33 @@ fn read_frame_at_most(r: &mut impl Read, max: usize) -> std::io::Result<Option<(
     read_frame(&mut (&head[..]).chain(r))
 }
 
+/// A cluster's secret as a node holds it (`load_secret`): the one it shows its peers, and
+/// the others it also takes while the secret is rotated (docs/cluster.md, "Rotating the
+/// secret").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSecret {
+    pub shown: Secret,
+    pub also: Vec<Secret>,
+}
+
+impl ClusterSecret {
+    /// Whether `given` is one this node takes (each compared in constant time, all of them
+    /// every time).
+    pub fn accepts(&self, given: &[u8]) -> bool {
+        self.also.iter().fold(self.shown.matches(given), |ok, s| s.matches(given) | ok)
+    }
+}
+
 /// Why a node with secret `mine` refuses a connection whose hello carried `given`; `None`
 /// when it takes it. Pure, for tests.
-fn hello_refusal(mine: Option<&Secret>, given: &[u8]) -> Option<&'static str> {
+fn hello_refusal(mine: Option<&ClusterSecret>, given: &[u8]) -> Option<&'static str> {
     match (mine, given.is_empty()) {
         (None, true) => None,
         (None, false) => Some(
             "the peer gave a cluster secret and this node has none: give every node and `ditto cluster` the same --cluster-secret-file, or none",
         ),
         (Some(_), true) => Some("this cluster asks for its secret and none was given (--cluster-secret-file)"),
-        (Some(s), false) if s.matches(given) => None,
+        (Some(s), false) if s.accepts(given) => None,
         (Some(_), false) => Some("a wrong cluster secret (--cluster-secret-file)"),
     }
 }
@@ -758,10 +775,16 @@ fn connect(addr: SocketAddr, from: NodeId, secret: Option<&Secret>, timeout: Dur
     }
 }
 
-/// Reads a cluster secret from `path` (`--cluster-secret-file`): its text less the
-/// whitespace around it, of `SECRET_BYTES_MIN` to `SECRET_BYTES_MAX` bytes, from a file
-/// its owner alone may read (as MongoDB's keyFile and ssh's keys).
-pub fn load_secret(path: &std::path::Path) -> Result<Secret, String> {
+/// At most this many secrets in one file: the one shown and those also taken while the
+/// secret is rotated.
+pub const SECRETS_PER_FILE_MAX: usize = 4;
+
+/// Reads a cluster secret from `path` (`--cluster-secret-file`): one secret per line (the
+/// whitespace around each let go, blank lines skipped), each of `SECRET_BYTES_MIN` to
+/// `SECRET_BYTES_MAX` bytes, at most `SECRETS_PER_FILE_MAX`; the first is the one shown,
+/// every one is taken (a rotation, docs/cluster.md). The file must be readable by its owner
+/// alone (as MongoDB's keyFile and ssh's keys).
+pub fn load_secret(path: &std::path::Path) -> Result<ClusterSecret, String> {
     use std::os::unix::fs::PermissionsExt;
     let at = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
@@ -771,14 +794,28 @@ pub fn load_secret(path: &std::path::Path) -> Result<Secret, String> {
     }
     let text = std::fs::read(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
     let text = String::from_utf8(text).map_err(|_| format!("the cluster secret file {at} is not UTF-8 text"))?;
-    let secret = text.trim();
-    if !(SECRET_BYTES_MIN..=SECRET_BYTES_MAX).contains(&secret.len()) {
+    let mut secrets = Vec::new();
+    for (i, line) in text.lines().map(str::trim).enumerate().filter(|(_, l)| !l.is_empty()) {
+        if !(SECRET_BYTES_MIN..=SECRET_BYTES_MAX).contains(&line.len()) {
+            return Err(format!(
+                "the cluster secret on line {} of {at} is {} bytes: it must be {SECRET_BYTES_MIN} to {SECRET_BYTES_MAX} (`openssl rand -base64 32 > {at}`)",
+                i + 1,
+                line.len()
+            ));
+        }
+        secrets.push(Secret(line.to_string()));
+    }
+    if secrets.is_empty() {
+        return Err(format!("the cluster secret file {at} holds no secret (`openssl rand -base64 32 > {at}`)"));
+    }
+    if secrets.len() > SECRETS_PER_FILE_MAX {
         return Err(format!(
-            "the cluster secret in {at} is {} bytes: it must be {SECRET_BYTES_MIN} to {SECRET_BYTES_MAX} (`openssl rand -base64 32 > {at}`)",
-            secret.len()
+            "the cluster secret file {at} holds {} secrets: at most {SECRETS_PER_FILE_MAX} (the one shown first, then those also taken while it is rotated)",
+            secrets.len()
         ));
     }
-    Ok(Secret(secret.to_string()))
+    let shown = secrets.remove(0);
+    Ok(ClusterSecret { shown, also: secrets })
 }
 
 impl ControlService {
@@ -1164,7 +1201,7 @@ fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
             Err(RecvTimeoutError::Disconnected) => return,
         };
         if conn.is_none() && Instant::now() >= retry_at {
-            match connect(addr, shared.id, shared.secret.as_ref(), Duration::from_millis(200)) {
+            match connect(addr, shared.id, shared.secret.as_ref().map(|s| &s.shown), Duration::from_millis(200)) {
                 Ok(s) => {
                     let _ = s.set_read_timeout(None);
                     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
@@ -1972,14 +2009,23 @@ mod tests {
 
     #[test]
     fn a_hello_is_taken_only_with_the_nodes_own_secret_or_none_on_both_sides() {
-        let s = Secret("0123456789abcdef-x".into());
+        let s = ClusterSecret { shown: Secret("0123456789abcdef-x".into()), also: Vec::new() };
         assert_eq!(hello_refusal(None, b""), None);
-        assert_eq!(hello_refusal(Some(&s), s.0.as_bytes()), None);
+        assert_eq!(hello_refusal(Some(&s), s.shown.0.as_bytes()), None);
         assert!(hello_refusal(None, b"0123456789abcdef-x").unwrap().contains("this node has none"));
         assert!(hello_refusal(Some(&s), b"").unwrap().contains("none was given"));
         for wrong in [&b"0123456789abcdef-y"[..], b"0123456789abcdef-", b"0123456789abcdef-xx", b"x"] {
             assert!(hello_refusal(Some(&s), wrong).unwrap().contains("wrong cluster secret"), "{wrong:?}");
         }
+        // While it is rotated: the one shown and each also taken, nothing else.
+        let r = ClusterSecret {
+            shown: Secret("the-next-secret-0".into()),
+            also: vec![Secret("the-old-secret-00".into()), Secret("an-older-secret-0".into())],
+        };
+        for given in ["the-next-secret-0", "the-old-secret-00", "an-older-secret-0"] {
+            assert_eq!(hello_refusal(Some(&r), given.as_bytes()), None, "{given}");
+        }
+        assert!(hello_refusal(Some(&r), b"the-old-secret-01").unwrap().contains("wrong cluster secret"));
     }
 
     #[test]
@@ -2006,17 +2052,29 @@ mod tests {
             p
         };
         let good = file("good", b"  a-secret-of-20-bytes\n", 0o600);
-        assert_eq!(load_secret(&good).unwrap(), Secret("a-secret-of-20-bytes".into()));
-        assert_eq!(load_secret(&file("ro", b"a-secret-of-20-bytes", 0o400)).unwrap().0, "a-secret-of-20-bytes");
+        let one = |s: &str| ClusterSecret { shown: Secret(s.into()), also: Vec::new() };
+        assert_eq!(load_secret(&good).unwrap(), one("a-secret-of-20-bytes"));
+        assert_eq!(load_secret(&file("ro", b"a-secret-of-20-bytes", 0o400)).unwrap(), one("a-secret-of-20-bytes"));
+        // A rotation: the first line shown, the others taken; blank lines skipped.
+        let two = load_secret(&file("two", b"\n the-next-secret-0 \n\nthe-old-secret-00\n", 0o600)).unwrap();
+        assert_eq!(two.shown.0, "the-next-secret-0");
+        assert_eq!(two.also, vec![Secret("the-old-secret-00".into())]);
+        let five = "a-secret-of-20-bytes\n".repeat(SECRETS_PER_FILE_MAX + 1);
+        assert!(load_secret(&file("five", five.as_bytes(), 0o600)).unwrap_err().contains("at most 4"));
+        let bad_second = load_secret(&file("bad2", b"a-secret-of-20-bytes\nshort\n", 0o600)).unwrap_err();
+        assert!(bad_second.contains("on line 2") && bad_second.contains("is 5 bytes"), "{bad_second}");
         for mode in [0o640, 0o604, 0o644, 0o660] {
             let e = load_secret(&file("open", b"a-secret-of-20-bytes", mode)).unwrap_err();
             assert!(e.contains("may be read by others") && e.contains("chmod 600"), "{mode:o}: {e}");
         }
         let short = load_secret(&file("short", b"fifteen-bytes!!\n", 0o600)).unwrap_err();
         assert!(short.contains("is 15 bytes") && short.contains("16 to 1024"), "{short}");
-        assert!(load_secret(&file("empty", b" \n\n", 0o600)).unwrap_err().contains("is 0 bytes"));
+        assert!(load_secret(&file("empty", b" \n\n", 0o600)).unwrap_err().contains("holds no secret"));
         assert!(load_secret(&file("long", &[b'a'; SECRET_BYTES_MAX + 1], 0o600)).unwrap_err().contains("1025 bytes"));
-        assert_eq!(load_secret(&file("max", &[b'a'; SECRET_BYTES_MAX], 0o600)).unwrap().0.len(), SECRET_BYTES_MAX);
+        assert_eq!(
+            load_secret(&file("max", &[b'a'; SECRET_BYTES_MAX], 0o600)).unwrap().shown.0.len(),
+            SECRET_BYTES_MAX
+        );
         assert!(load_secret(&file("binary", &[0xff; 20], 0o600)).unwrap_err().contains("not UTF-8"));
         assert!(load_secret(&dir.path().join("missing")).unwrap_err().contains("the cluster secret file"));
     }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ditto_cluster::{
-    admin_request, AdminReply, AdminRequest, Command, ControlService, ControlState, DataPlane, Holding, Member, NodeId,
-    RecoveryPlan, Secret, ServiceConfig, Status, Timeouts, Timing,
+    admin_request, AdminReply, AdminRequest, ClusterSecret, Command, ControlService, ControlState, DataPlane, Holding,
+    Member, NodeId, RecoveryPlan, Secret, ServiceConfig, Status, Timeouts, Timing,
 };
 
 /// What the model data planes share: which nodes run, which serves, what each holds.
@@ -201,7 +201,7 @@ struct Cluster {
     listeners: BTreeMap<NodeId, TcpListener>,
     nodes: BTreeMap<NodeId, ControlService>,
     /// Each node's cluster secret (none where not named).
-    secrets: BTreeMap<NodeId, Option<Secret>>,
+    secrets: BTreeMap<NodeId, Option<ClusterSecret>>,
 }
 
 impl Cluster {
@@ -226,7 +226,7 @@ impl Cluster {
     }
 
     /// `n` nodes, node `id` with secret `secret(id)`, started (no leader waited for).
-    fn started_with_secrets(n: u64, secret: impl Fn(NodeId) -> Option<Secret>) -> Cluster {
+    fn started_with_secrets(n: u64, secret: impl Fn(NodeId) -> Option<ClusterSecret>) -> Cluster {
         let mut c = Cluster::new(n);
         c.secrets = (1..=n).map(|id| (id, secret(id))).collect();
         for id in 1..=n {
@@ -638,8 +638,8 @@ fn garbage_on_the_control_port_drops_that_connection_and_nothing_else() {
     wait_for("the group still commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
 }
 
-fn secret(s: &str) -> Option<Secret> {
-    Some(Secret(s.to_string()))
+fn secret(s: &str) -> Option<ClusterSecret> {
+    Some(ClusterSecret { shown: Secret(s.to_string()), also: Vec::new() })
 }
 
 /// A Raft heartbeat that claims to come from node `from`'s leadership at `term`: a node
@@ -717,7 +717,7 @@ fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
     let gone = (1..=3).find(|&id| id != primary).unwrap();
     let req = AdminRequest::Remove(gone);
     for (given, why) in [(None, "none was given"), (secret("not-the-cluster-secret"), "a wrong cluster secret")] {
-        let e = admin_request(c.peers[&leader], &req, given.as_ref()).unwrap_err();
+        let e = admin_request(c.peers[&leader], &req, given.as_ref().map(|g| &g.shown)).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
         assert!(e.to_string().contains(why), "{e}");
     }
@@ -727,7 +727,7 @@ fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
     // off the primary's node, or is elsewhere.
     let mut at = leader;
     for _ in 0..100 {
-        match admin_request(c.peers[&at], &req, secret("the-cluster-secret-1").as_ref()).unwrap() {
+        match admin_request(c.peers[&at], &req, secret("the-cluster-secret-1").as_ref().map(|g| &g.shown)).unwrap() {
             AdminReply::Done { members, .. } => {
                 assert!(members.iter().all(|m| m.id != gone), "{members:?}");
                 return;
@@ -816,4 +816,32 @@ fn connections_that_do_not_say_their_hello_are_cut_off_and_bounded() {
 
 fn hello_taken(addr: std::net::SocketAddr) -> bool {
     hello(addr, b"the-cluster-secret-1").1.is_empty()
+}
+
+/// The secret rotated without stopping the group: every node restarted, one at a time,
+/// first with the new secret added (still showing the old), then showing the new (still
+/// taking the old), then with the new alone; a leader every running node agrees on after
+/// each restart, and none refused meanwhile by a node it must reach. After it, a node with
+/// the old secret alone is refused.
+#[test]
+fn the_secret_is_rotated_one_node_at_a_time() {
+    let (old, new) = ("the-old-cluster-secret", "the-new-cluster-secret");
+    let with = |shown: &str, also: &[&str]| {
+        Some(ClusterSecret { shown: Secret(shown.into()), also: also.iter().map(|s| Secret(s.to_string())).collect() })
+    };
+    let mut c = Cluster::started_with_secrets(3, |_| with(old, &[]));
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    for step in [with(old, &[new]), with(new, &[old]), with(new, &[])] {
+        for id in 1..=3 {
+            c.stop(id);
+            c.secrets.insert(id, step.clone());
+            c.start(id);
+            wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+        }
+    }
+    c.bootstrap();
+    wait_for("the group commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
+    let target = c.peers[&1];
+    assert!(hello(target, old.as_bytes()).1.contains("a wrong cluster secret"), "the old secret is no longer taken");
+    assert_eq!(hello(target, new.as_bytes()).1, "");
 }

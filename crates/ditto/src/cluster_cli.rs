@@ -126,8 +126,10 @@ pub struct SecretArg {
 }
 
 impl SecretArg {
+    /// The secret it shows: the file's first (a node being rotated takes it, or the one
+    /// after).
     fn load(&self) -> Result<Option<ditto_cluster::Secret>, Error> {
-        Ok(self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?)
+        Ok(self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?.map(|s| s.shown))
     }
 }
 

@@ -452,7 +452,7 @@ pub struct NodeConfig {
     pub stop_timeout: Duration,
     /// The cluster secret its control port asks of peers and operators, and shows them
     /// (`ditto_cluster::load_secret`; its servers read the same file for their links).
-    pub secret: Option<ditto_cluster::Secret>,
+    pub secret: Option<ditto_cluster::ClusterSecret>,
     /// Its servers' `requirepass` (from the config file they share): its probe AUTHs.
     pub password: Option<String>,
 }
@@ -461,7 +461,7 @@ pub struct NodeConfig {
 struct NodePlane {
     me: NodeId,
     /// The cluster secret, given to each server it starts (`LINK_SECRET_ENV`).
-    secret: Option<ditto_cluster::Secret>,
+    secret: Option<ditto_cluster::ClusterSecret>,
     /// The servers' `requirepass`, which the probe gives.
     password: Option<String>,
     members: BTreeMap<NodeId, MemberAddrs>,
@@ -1030,7 +1030,11 @@ impl NodePlane {
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
         let mut proc = Proc::new(exe);
         match &self.secret {
-            Some(secret) => proc.env(LINK_SECRET_ENV, &secret.0),
+            // One per line, the one shown first (a secret holds no line break).
+            Some(secret) => proc.env(
+                LINK_SECRET_ENV,
+                std::iter::once(&secret.shown).chain(&secret.also).map(|s| s.0.as_str()).collect::<Vec<_>>().join("\n"),
+            ),
             // (Not one this node's own environment happened to hold.)
             None => proc.env_remove(LINK_SECRET_ENV),
         };

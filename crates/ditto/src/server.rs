@@ -356,7 +356,13 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Without one, a cluster with `requirepass` asks it on its links (its servers share
     // one config file), as a standalone primary asks its backups for theirs.
     if a.exit_with_stdin {
-        cfg.link_secret = std::env::var(crate::node::LINK_SECRET_ENV).ok().or_else(|| cfg.requirepass.clone());
+        // One per line: the one shown first, then those also taken (a rotation).
+        let mut given = std::env::var(crate::node::LINK_SECRET_ENV)
+            .ok()
+            .into_iter()
+            .flat_map(|v| v.lines().map(str::to_string).collect::<Vec<_>>());
+        cfg.link_secret = given.next().or_else(|| cfg.requirepass.clone());
+        cfg.link_secret_also = given.collect();
     }
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.write_gate = Some(gate);

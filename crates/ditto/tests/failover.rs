@@ -2572,3 +2572,43 @@ fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
         (info.contains("role:slave") && info.contains("master_link_status:up")).then_some(())
     });
 }
+
+/// The cluster secret rotated between real processes without stopping the cluster: each
+/// node restarted in turn (a SIGKILL, the primary's a failover) with the new secret added
+/// (showing the old), then again showing the new (taking the old), then with the new
+/// alone; after each restart a primary takes writes and every other node's backup is
+/// linked to it (its replication link shows the secret the primary takes), and every
+/// write so far is on it. Then the old secret alone is refused.
+#[test]
+fn the_cluster_secret_is_rotated_one_node_at_a_time() {
+    let keys = tempfile::tempdir().unwrap();
+    let (old, new) = ("the-old-secret-of-this-cluster", "the-new-secret-of-this-cluster");
+    let files: BTreeMap<u64, String> =
+        (1..=3).map(|id| (id, secret_file(keys.path(), &format!("n{id}"), old))).collect();
+    let f = files.clone();
+    let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, move |id, _| {
+        vec!["--cluster-secret-file".into(), f[&id].clone()]
+    });
+    let mut written = 0;
+    for step in [format!("{old}\n{new}\n"), format!("{new}\n{old}\n"), format!("{new}\n")] {
+        for id in 1..=3 {
+            c.kill(id);
+            std::fs::write(&files[&id], &step).unwrap();
+            c.start_node(id);
+            let p = c.wait_or_dump("a primary", Duration::from_secs(30), || c.primary());
+            for b in (1..=3).filter(|&b| b != p) {
+                c.wait_or_dump("every backup linked", Duration::from_secs(30), || c.link_of(p, b));
+            }
+            let mut k = Client::connect(c.ports[&p]).unwrap();
+            assert_eq!(k.one(&["SET", &format!("w{written}"), "1"]), "+OK");
+            written += 1;
+            for i in 0..written {
+                assert_eq!(k.one(&["GET", &format!("w{i}")]), "1", "w{i} on node {p}");
+            }
+        }
+    }
+    let old_file = secret_file(keys.path(), "old", old);
+    let via = c.control_addr(1);
+    let (ok, out) = cluster_cli(&["remove", "2", "--via", &via, "--cluster-secret-file", &old_file]);
+    assert!(!ok && out.contains("a wrong cluster secret"), "{out}");
+}

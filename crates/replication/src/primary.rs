@@ -75,6 +75,9 @@ pub struct PrimaryOptions {
     /// clients need it, and a backup receives everything they could read); `None`: any
     /// backup that reaches the port is served.
     pub password: Option<crate::protocol::Secret>,
+    /// Other passwords a backup may give, while a cluster's secret is rotated (the backup
+    /// shows one of them, or `password`).
+    pub also_accepted: Vec<crate::protocol::Secret>,
 }
 
 impl Default for PrimaryOptions {
@@ -91,6 +94,7 @@ impl Default for PrimaryOptions {
             restart_wait: false,
             acks_on: None,
             password: None,
+            also_accepted: Vec::new(),
         }
     }
 }
@@ -753,7 +757,12 @@ impl Primary {
                 None => Some(
                     "this primary requires a password of its backups: give the backup masterauth (its requirepass), or in a cluster the same --cluster-secret-file",
                 ),
-                Some(a) if !password.matches(a.0.as_bytes()) => {
+                // (Each compared, all of them every time.)
+                Some(a)
+                    if !self.opts.also_accepted.iter().fold(password.matches(a.0.as_bytes()), |ok, s| {
+                        s.matches(a.0.as_bytes()) | ok
+                    }) =>
+                {
                     Some("the backup's masterauth is not this primary's requirepass (in a cluster: their cluster secrets differ)")
                 }
                 Some(_) => None,

@@ -137,6 +137,10 @@ pub struct Config {
     /// of `masterauth` and `requirepass` (docs/cluster.md, "The cluster secret").
     #[serde(skip)]
     pub link_secret: Option<String>,
+    /// With `link_secret`: others its primary also takes of backups while the cluster's
+    /// secret is rotated.
+    #[serde(skip)]
+    pub link_secret_also: Vec<String>,
 }
 
 /// One run of a cluster node's server, as its control plane decided it.
@@ -242,6 +246,7 @@ impl Default for Config {
             replica_name: None,
             promote: false,
             link_secret: None,
+            link_secret_also: Vec::new(),
         }
     }
 }

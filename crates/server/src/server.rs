@@ -775,6 +775,7 @@ fn run_role(
             acks_on: Some(rt.handle().clone()),
             // A backup receives everything a client could read: it gives the password too.
             password: cfg.link_secret.as_deref().or(cfg.requirepass.as_deref()).map(Into::into),
+            also_accepted: cfg.link_secret_also.iter().map(|s| s.as_str().into()).collect(),
             ..Default::default()
         };
         let r = Arc::clone(&release);
