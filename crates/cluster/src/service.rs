@@ -1772,21 +1772,41 @@ const SLOW_STEP: Duration = Duration::from_millis(50);
 mod tests {
     use super::*;
 
+    /// `serve_fetches` on a thread of its own, as a node runs it.
+    struct FetchThread {
+        shared: Arc<Shared>,
+        jobs: mpsc::Sender<FetchToServe>,
+        thread: JoinHandle<()>,
+    }
+
+    impl FetchThread {
+        fn start() -> FetchThread {
+            let shared = Arc::new(Shared {
+                status: Mutex::new(Status::default()),
+                stop: AtomicBool::new(false),
+                id: 1,
+                secret: None,
+                refusals: Mutex::default(),
+                awaiting_hello: Default::default(),
+            });
+            let (jobs, rx) = mpsc::channel();
+            let sh = Arc::clone(&shared);
+            FetchThread { shared, jobs, thread: std::thread::spawn(move || serve_fetches(rx, sh)) }
+        }
+
+        fn stop(self) {
+            self.shared.stop.store(true, Ordering::SeqCst);
+            drop(self.jobs);
+            self.thread.join().unwrap();
+        }
+    }
+
     /// A fetch's pieces go to the peer's sender one at a time: the next is queued only once
     /// the one before has been written, so at most one piece waits ahead of Raft's frames.
     #[test]
     fn a_fetch_answer_is_queued_a_piece_at_a_time() {
-        let shared = Arc::new(Shared {
-            status: Mutex::new(Status::default()),
-            stop: AtomicBool::new(false),
-            id: 1,
-            secret: None,
-            refusals: Mutex::default(),
-            awaiting_hello: Default::default(),
-        });
-        let (jobs, jobs_rx) = mpsc::channel();
-        let sh = Arc::clone(&shared);
-        let t = std::thread::spawn(move || serve_fetches(jobs_rx, sh));
+        let fetches = FetchThread::start();
+        let jobs = &fetches.jobs;
         let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
         let batches: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 300 << 10]).collect();
         let n = fetch_pieces(&batches).len();
@@ -1803,9 +1823,7 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(30));
         assert!(peer.try_recv().is_err(), "{n} pieces, no more");
-        shared.stop.store(true, Ordering::SeqCst);
-        drop(jobs);
-        t.join().unwrap();
+        fetches.stop();
     }
 
     /// The pieces `serve_fetches` sends for a job that hands over `batches` one at a time
@@ -1815,17 +1833,8 @@ mod tests {
     #[test]
     fn pieces_sent_as_the_batches_are_read_are_the_whole_answers_pieces() {
         use rand::{Rng, SeedableRng};
-        let shared = Arc::new(Shared {
-            status: Mutex::new(Status::default()),
-            stop: AtomicBool::new(false),
-            id: 1,
-            secret: None,
-            refusals: Mutex::default(),
-            awaiting_hello: Default::default(),
-        });
-        let (jobs, jobs_rx) = mpsc::channel();
-        let sh = Arc::clone(&shared);
-        let t = std::thread::spawn(move || serve_fetches(jobs_rx, sh));
+        let fetches = FetchThread::start();
+        let jobs = &fetches.jobs;
         let mut rng = rand::rngs::StdRng::seed_from_u64(26);
         for case in 0..24 {
             let n = if case == 0 { 0 } else { rng.gen_range(1..12) };
@@ -1874,9 +1883,7 @@ mod tests {
             }
             assert!(peer.recv_timeout(Duration::from_millis(50)).is_err(), "case {case}: no more pieces");
         }
-        shared.stop.store(true, Ordering::SeqCst);
-        drop(jobs);
-        t.join().unwrap();
+        fetches.stop();
     }
 
     /// Every piece of `batches`' answer encoded, decoded and put back together: the
