@@ -631,6 +631,24 @@ fn frame(from: NodeId, kind: u8, body: &[u8]) -> Vec<u8> {
 
 /// Reads one frame: `Ok(None)` at a clean end of stream.
 fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)>> {
+    read_frame_within(r, FRAME_MAX, |len| format!("frame length {len} out of bounds"))
+}
+
+/// Reads one frame of at most `max` bytes after its length: a peer that has not shown
+/// the secret is read no further than its hello.
+fn read_frame_at_most(r: &mut impl Read, max: usize) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)>> {
+    read_frame_within(r, max + FRAME_HEADER - 8, |len| {
+        format!("a first frame of {len} bytes: a hello is at most {max}")
+    })
+}
+
+/// Reads one frame whose length (after the length and checksum) is at most `most`,
+/// refused on its header alone otherwise, saying `too_long(len)`.
+fn read_frame_within(
+    r: &mut impl Read,
+    most: usize,
+    too_long: impl Fn(usize) -> String,
+) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)>> {
     let mut head = [0u8; 8];
     match r.read_exact(&mut head) {
         Ok(()) => {}
@@ -640,7 +658,10 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)
     let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
     let crc = u32::from_le_bytes(head[4..].try_into().unwrap());
     let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-    if !(FRAME_HEADER - 8..=FRAME_MAX).contains(&len) {
+    if len > most {
+        return Err(bad(too_long(len)));
+    }
+    if len < FRAME_HEADER - 8 {
         return Err(bad(format!("frame length {len} out of bounds")));
     }
     let mut rest = vec![0u8; len];
@@ -650,25 +671,6 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)
     }
     let from = u64::from_le_bytes(rest[..8].try_into().unwrap());
     Ok(Some((from, rest[8], rest[9..].to_vec())))
-}
-
-/// Reads one frame of at most `max` bytes after its length: a peer that has not shown
-/// the secret is read no further than its hello.
-fn read_frame_at_most(r: &mut impl Read, max: usize) -> std::io::Result<Option<(NodeId, u8, Vec<u8>)>> {
-    let mut head = [0u8; 8];
-    match r.read_exact(&mut head) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-    if len > max + FRAME_HEADER - 8 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a first frame of {len} bytes: a hello is at most {max}"),
-        ));
-    }
-    read_frame(&mut (&head[..]).chain(r))
 }
 
 /// A cluster's secret as a node holds it (`load_secret`): the one it shows its peers, and
