@@ -959,9 +959,11 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) 
 /// What a frame asks of the node thread.
 fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
     match kind {
-        KIND_RAFT => Message::parse_from_bytes(body)
-            .map(|m| Input::Raft(Box::new(m)))
-            .map_err(|e| format!("undecodable Raft message: {e}")),
+        KIND_RAFT => match Message::parse_from_bytes(body) {
+            Ok(m) if m.from == from => Ok(Input::Raft(Box::new(m))),
+            Ok(m) => Err(format!("a Raft message from node {} in a frame from node {from}", m.from)),
+            Err(e) => Err(format!("undecodable Raft message: {e}")),
+        },
         KIND_CTL => {
             serde_json::from_slice(body).map(|c| Input::Ctl(from, c)).map_err(|e| format!("undecodable request: {e}"))
         }
@@ -1119,38 +1121,38 @@ impl FetchAssembly {
 
 /// A connection's hello, answered: whether it was taken (a refusal is answered with why,
 /// counted and logged).
-fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> bool {
+fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<NodeId> {
     // A peer that does not say its whole hello in time is dropped; one that was taken
     // may be idle for long.
     let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
     let hello = read_frame_at_most(&mut Until { s: stream, until: Instant::now() + HELLO_WAIT }, HELLO_MAX);
     let why = match hello {
-        Ok(Some((_, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
+        Ok(Some((from, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
             None => {
                 let _ = stream.set_read_timeout(None);
                 let _ = stream.set_write_timeout(None);
-                return stream.write_all(&frame(shared.id, KIND_HELLO, &[])).is_ok();
+                return stream.write_all(&frame(shared.id, KIND_HELLO, &[])).is_ok().then_some(from);
             }
             Some(why) => why.to_string(),
         },
         Ok(Some((_, kind, _))) => format!("a frame of kind {kind} before its hello (a node of an older ditto?)"),
-        Ok(None) => return false,
-        Err(_) if shared.stop.load(Ordering::SeqCst) => return false,
+        Ok(None) => return None,
+        Err(_) if shared.stop.load(Ordering::SeqCst) => return None,
         Err(e) if timed_out(&e) => format!("no whole hello within {HELLO_WAIT:?}"),
         Err(e) => format!("its hello: {e}"),
     };
     shared.refused(peer, &why);
     let _ = stream.write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
-    false
+    None
 }
 
 fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
     let taken = take_hello(&mut stream, peer, &shared);
     shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
-    if !taken {
-        return;
-    }
+    // The node the hello named (0: an operator): every frame after it on this connection
+    // is that node's, so that one peer cannot speak for another.
+    let Some(hello_from) = taken else { return };
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
         let why = match read_frame(&mut buf) {
@@ -1172,6 +1174,11 @@ fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox
                 }
                 Err(e) => format!("undecodable operator request: {e}"),
             },
+            Ok(Some((from, kind, _))) if from != hello_from || from == 0 => {
+                format!(
+                    "a frame of kind {kind} from node {from} on a connection whose hello came from node {hello_from}"
+                )
+            }
             Ok(Some((from, kind, body))) => match decode(from, kind, &body) {
                 Ok(input) => {
                     if inbox.send(input).is_err() {

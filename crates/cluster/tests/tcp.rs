@@ -509,8 +509,9 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     let f = raw_frame(first, 3, &body);
     {
         use std::io::Write;
-        // (After a hello the node takes: a frame before it would be refused unread.)
-        let (mut s, taken) = hello(c.peers[&fetcher], b"");
+        // (After a hello the node takes, as the node the frame says it is from: a frame
+        // before it, or from another node, would be refused unread.)
+        let (mut s, taken) = hello_as(c.peers[&fetcher], first, b"");
         assert_eq!(taken, "");
         s.write_all(&f).unwrap();
     }
@@ -597,12 +598,17 @@ fn read_to_close(s: &mut std::net::TcpStream, what: &str) -> Vec<u8> {
     }
 }
 
-/// A connection to `addr` that says the hello with `secret`; the node's answer (empty:
-/// taken).
+/// A connection to `addr` that says the hello with `secret` as node 9 (no member); the
+/// node's answer (empty: taken).
 fn hello(addr: std::net::SocketAddr, secret: &[u8]) -> (std::net::TcpStream, String) {
+    hello_as(addr, 9, secret)
+}
+
+/// `hello`, as node `from`.
+fn hello_as(addr: std::net::SocketAddr, from: NodeId, secret: &[u8]) -> (std::net::TcpStream, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(&raw_frame(9, KIND_HELLO, secret)).unwrap();
+    s.write_all(&raw_frame(from, KIND_HELLO, secret)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut head = [0u8; 8];
     s.read_exact(&mut head).unwrap();
@@ -683,13 +689,19 @@ fn a_control_port_with_a_secret_takes_frames_only_after_it() {
         let _ = s.write_all(&forged);
         read_to_close(&mut s, "refused");
     }
+    // The right secret, but the hello of another node (9): the frame from `other` is not
+    // taken, and the connection is closed.
+    let (mut s, answer) = hello(target, b"the-cluster-secret-1");
+    assert_eq!(answer, "", "taken");
+    s.write_all(&forged).unwrap();
+    assert_eq!(read_to_close(&mut s, "another node's frame"), Vec::<u8>::new());
     std::thread::sleep(Duration::from_millis(300));
     let st = c.nodes[&f].status();
     assert!(st.term < term + 100, "a refused connection moved the term: {} -> {}", term, st.term);
     assert_eq!(st.refused, 4, "{:?}", st.refused_last);
     assert!(st.refused_last.as_deref().is_some_and(|l| l.contains("a wrong cluster secret")), "{:?}", st.refused_last);
-    // The right secret: the same message is taken.
-    let (mut s, answer) = hello(target, b"the-cluster-secret-1");
+    // The right secret, as the node the frame is from: the same message is taken.
+    let (mut s, answer) = hello_as(target, other, b"the-cluster-secret-1");
     assert_eq!(answer, "", "taken");
     s.write_all(&forged).unwrap();
     wait_for("the forged heartbeat to move the term", Duration::from_secs(5), || {

@@ -578,6 +578,15 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             println!("switchover under way: node {from} drains and hands its role to node {to}");
         }
     }
+    // Connections a node's control port refused at their hello (a secret that differs, a
+    // stray process): how many, and the last.
+    for (id, _, r) in &nodes {
+        let Some(f) = r.as_ref().ok() else { continue };
+        if let Some(n) = f.get("cluster_control_refused").filter(|n| *n != "0") {
+            let last = f.get("cluster_control_refused_last").map_or("-", String::as_str);
+            println!("node {id}'s control port refused {n} connections; the last: {last}");
+        }
+    }
     // A failover round with no plan yet, as the node leading it says.
     for (id, _, r) in &nodes {
         if let Some(why) = r.as_ref().ok().and_then(|f| f.get("cluster_waiting_failover")).filter(|w| *w != "none") {

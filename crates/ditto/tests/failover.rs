@@ -2454,6 +2454,9 @@ fn a_cluster_with_a_secret_takes_no_request_or_backup_without_it() {
         (field(&ci, "cluster_control_refused")?.parse::<u64>().ok()? >= 2).then_some(ci)
     });
     assert!(field(&refused, "cluster_control_refused_last").unwrap().contains("a wrong cluster secret"), "{refused}");
+    let (ok, out) = cluster_cli(&["status", "--node", &format!("127.0.0.1:{}", c.ports[&backups[0]])]);
+    let said = format!("node {}'s control port refused", backups[0]);
+    assert!(ok && out.lines().any(|l| l.starts_with(&said) && l.contains("a wrong cluster secret")), "{out}");
     // A backup that does not show the secret (a standalone server told to follow the
     // primary's replication port) is refused and receives nothing.
     let spec = c.members[&first].split(',').find(|s| s.starts_with(&format!("{first}="))).unwrap().to_string();
