@@ -34,6 +34,6 @@ pub use failover::{plan, Fetch, PlanError, RecoveryPlan, TailReport};
 pub use node::{quiet_logger, raft_logger, Applied, ControlDisk, ControlNode, NodeError, Output, RaftDurable, Timing};
 pub use service::{
     admin_request, is_refused, load_secret, AdminReply, AdminRequest, ClusterSecret, ControlService, Ctl, DataPlane,
-    Holding, Secret, ServiceConfig, ServiceError, Status, SECRETS_PER_FILE_MAX, SECRET_BYTES_MAX, SECRET_BYTES_MIN,
+    Holding, Secret, ServiceConfig, ServiceError, Status, SECRETS_ALSO_MAX, SECRET_BYTES_MAX, SECRET_BYTES_MIN,
 };
 pub use state::{Command, ControlState, EpochRecord, Member, NodeId, Phase};

@@ -421,9 +421,7 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
         let mut pieces = Piecer::default();
         let mut going = true;
         let read = read(&mut |b| {
-            for p in pieces.push(b) {
-                going = going && out.send(p);
-            }
+            going = going && pieces.push(b, &mut |p| out.send(p));
             going
         });
         match read {
@@ -493,26 +491,31 @@ struct Piecer {
 }
 
 impl Piecer {
-    /// Takes the next batch: the pieces it completes, in order.
-    fn push(&mut self, b: Vec<u8>) -> Vec<(Vec<Vec<u8>>, bool)> {
-        let mut done = Vec::new();
+    /// Takes the next batch, handing each piece it completes to `emit` in order (a part of
+    /// a large batch is copied out only once the one before it has gone); false as soon as
+    /// `emit` is.
+    fn push(&mut self, b: Vec<u8>, emit: &mut dyn FnMut((Vec<Vec<u8>>, bool)) -> bool) -> bool {
         let large = b.len() + 4 > FETCH_PIECE;
         if !self.whole.is_empty() && (large || self.bytes + b.len() + 4 > FETCH_PIECE) {
-            done.push((std::mem::take(&mut self.whole), false));
             self.bytes = 0;
-        }
-        if large {
-            let mut at = 0;
-            while at < b.len() {
-                let end = (at + FETCH_PIECE).min(b.len());
-                done.push((vec![b[at..end].to_vec()], end < b.len()));
-                at = end;
+            if !emit((std::mem::take(&mut self.whole), false)) {
+                return false;
             }
-        } else {
+        }
+        if !large {
             self.bytes += b.len() + 4;
             self.whole.push(b);
+            return true;
         }
-        done
+        let mut at = 0;
+        while at < b.len() {
+            let end = (at + FETCH_PIECE).min(b.len());
+            if !emit((vec![b[at..end].to_vec()], end < b.len())) {
+                return false;
+            }
+            at = end;
+        }
+        true
     }
 
     /// The piece of the whole batches left, if any.
@@ -777,16 +780,16 @@ fn connect(addr: SocketAddr, from: NodeId, secret: Option<&Secret>, timeout: Dur
     }
 }
 
-/// At most this many secrets in one file: the one shown and those also taken while the
-/// secret is rotated.
-pub const SECRETS_PER_FILE_MAX: usize = 4;
+/// At most this many secrets a node takes besides the one it shows, while the secret is
+/// rotated (`--cluster-secret-also-file`, docs/cluster.md, "Rotating the secret").
+pub const SECRETS_ALSO_MAX: usize = 3;
 
-/// Reads a cluster secret from `path` (`--cluster-secret-file`): one secret per line (the
-/// whitespace around each let go, blank lines skipped), each of `SECRET_BYTES_MIN` to
-/// `SECRET_BYTES_MAX` bytes, at most `SECRETS_PER_FILE_MAX`; the first is the one shown,
-/// every one is taken (a rotation, docs/cluster.md). The file must be readable by its owner
-/// alone (as MongoDB's keyFile and ssh's keys).
-pub fn load_secret(path: &std::path::Path) -> Result<ClusterSecret, String> {
+/// Reads a cluster secret from `path` (`--cluster-secret-file`): its text with every
+/// whitespace character taken out (as MongoDB reads a keyFile, so that base64 wrapped over
+/// lines by `openssl rand -base64` is one secret), of `SECRET_BYTES_MIN` to
+/// `SECRET_BYTES_MAX` bytes, from a file its owner alone may read (as MongoDB's keyFile
+/// and ssh's keys).
+pub fn load_secret(path: &std::path::Path) -> Result<Secret, String> {
     use std::os::unix::fs::PermissionsExt;
     let at = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
@@ -796,28 +799,29 @@ pub fn load_secret(path: &std::path::Path) -> Result<ClusterSecret, String> {
     }
     let text = std::fs::read(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
     let text = String::from_utf8(text).map_err(|_| format!("the cluster secret file {at} is not UTF-8 text"))?;
-    let mut secrets = Vec::new();
-    for (i, line) in text.lines().map(str::trim).enumerate().filter(|(_, l)| !l.is_empty()) {
-        if !(SECRET_BYTES_MIN..=SECRET_BYTES_MAX).contains(&line.len()) {
-            return Err(format!(
-                "the cluster secret on line {} of {at} is {} bytes: it must be {SECRET_BYTES_MIN} to {SECRET_BYTES_MAX} (`openssl rand -base64 32 > {at}`)",
-                i + 1,
-                line.len()
-            ));
-        }
-        secrets.push(Secret(line.to_string()));
-    }
-    if secrets.is_empty() {
-        return Err(format!("the cluster secret file {at} holds no secret (`openssl rand -base64 32 > {at}`)"));
-    }
-    if secrets.len() > SECRETS_PER_FILE_MAX {
+    let secret: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    if !(SECRET_BYTES_MIN..=SECRET_BYTES_MAX).contains(&secret.len()) {
         return Err(format!(
-            "the cluster secret file {at} holds {} secrets: at most {SECRETS_PER_FILE_MAX} (the one shown first, then those also taken while it is rotated)",
-            secrets.len()
+            "the cluster secret in {at} is {} bytes (whitespace aside): it must be {SECRET_BYTES_MIN} to {SECRET_BYTES_MAX} (`openssl rand -base64 32 > {at}`)",
+            secret.len()
         ));
     }
-    let shown = secrets.remove(0);
-    Ok(ClusterSecret { shown, also: secrets })
+    Ok(Secret(secret))
+}
+
+impl ClusterSecret {
+    /// The secret a node shows, from `shown`, and those it also takes, from `also` (each
+    /// read by `load_secret`; at most `SECRETS_ALSO_MAX`).
+    pub fn load(shown: &std::path::Path, also: &[std::path::PathBuf]) -> Result<ClusterSecret, String> {
+        if also.len() > SECRETS_ALSO_MAX {
+            return Err(format!(
+                "{} files of secrets also taken: at most {SECRETS_ALSO_MAX} (--cluster-secret-also-file)",
+                also.len()
+            ));
+        }
+        let also = also.iter().map(|p| load_secret(p)).collect::<Result<_, _>>()?;
+        Ok(ClusterSecret { shown: load_secret(shown)?, also })
+    }
 }
 
 impl ControlService {
@@ -959,11 +963,11 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) 
 /// What a frame asks of the node thread.
 fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
     match kind {
-        KIND_RAFT => match Message::parse_from_bytes(body) {
-            Ok(m) if m.from == from => Ok(Input::Raft(Box::new(m))),
-            Ok(m) => Err(format!("a Raft message from node {} in a frame from node {from}", m.from)),
-            Err(e) => Err(format!("undecodable Raft message: {e}")),
-        },
+        // (A Raft message's own `from` is not checked against the frame's: raft-rs sets it
+        // to the transferee in a leadership transfer a follower passes on.)
+        KIND_RAFT => Message::parse_from_bytes(body)
+            .map(|m| Input::Raft(Box::new(m)))
+            .map_err(|e| format!("undecodable Raft message: {e}")),
         KIND_CTL => {
             serde_json::from_slice(body).map(|c| Input::Ctl(from, c)).map_err(|e| format!("undecodable request: {e}"))
         }
@@ -1156,6 +1160,11 @@ fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
         let why = match read_frame(&mut buf) {
+            Ok(Some((from, kind, _))) if from != hello_from || (from == 0 && kind != KIND_ADMIN) => {
+                format!(
+                    "a frame of kind {kind} from node {from} on a connection whose hello came from node {hello_from}"
+                )
+            }
             Ok(Some((_, KIND_ADMIN, body))) => match serde_json::from_slice::<AdminRequest>(&body) {
                 Ok(req) => {
                     tracing::info!(%peer, "control: an operator asks {req:?}");
@@ -1174,11 +1183,6 @@ fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox
                 }
                 Err(e) => format!("undecodable operator request: {e}"),
             },
-            Ok(Some((from, kind, _))) if from != hello_from || from == 0 => {
-                format!(
-                    "a frame of kind {kind} from node {from} on a connection whose hello came from node {hello_from}"
-                )
-            }
             Ok(Some((from, kind, body))) => match decode(from, kind, &body) {
                 Ok(input) => {
                     if inbox.send(input).is_err() {
@@ -1895,6 +1899,32 @@ mod tests {
         fetches.stop();
     }
 
+    /// A fetch whose pieces cannot be sent (the peer's queue is gone) stops its read: the
+    /// sink says so, and the read hands over no more than the pieces under way.
+    #[test]
+    fn a_fetch_whose_answer_cannot_be_sent_stops_reading() {
+        let fetches = FetchThread::start();
+        let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
+        drop(peer);
+        let (done_tx, done) = mpsc::channel();
+        let job = FetchJob {
+            position: 99,
+            read: Box::new(move |sink| {
+                let mut handed = 0;
+                while handed < 1000 && sink(vec![7; 300 << 10]) {
+                    handed += 1;
+                }
+                done_tx.send(handed).unwrap();
+                Ok(())
+            }),
+        };
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
+        let handed = done.recv_timeout(Duration::from_secs(10)).expect("the read ended");
+        // Two pieces of 6 batches: the first held back, the second's completion sends it.
+        assert!(handed < 20, "the read went on for {handed} batches after its answer could not go");
+        fetches.stop();
+    }
+
     /// Every piece of `batches`' answer encoded, decoded and put back together: the
     /// batches, and the largest frame body sent.
     fn round_trip(batches: &[Vec<u8>]) -> (Vec<Vec<u8>>, usize) {
@@ -2058,7 +2088,7 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_file_is_its_trimmed_text_within_bounds_readable_by_its_owner_alone() {
+    fn a_secret_file_is_its_text_less_whitespace_within_bounds_readable_by_its_owner_alone() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let file = |name: &str, text: &[u8], mode: u32| {
@@ -2068,29 +2098,34 @@ mod tests {
             p
         };
         let good = file("good", b"  a-secret-of-20-bytes\n", 0o600);
-        let one = |s: &str| ClusterSecret { shown: Secret(s.into()), also: Vec::new() };
-        assert_eq!(load_secret(&good).unwrap(), one("a-secret-of-20-bytes"));
-        assert_eq!(load_secret(&file("ro", b"a-secret-of-20-bytes", 0o400)).unwrap(), one("a-secret-of-20-bytes"));
-        // A rotation: the first line shown, the others taken; blank lines skipped.
-        let two = load_secret(&file("two", b"\n the-next-secret-0 \n\nthe-old-secret-00\n", 0o600)).unwrap();
-        assert_eq!(two.shown.0, "the-next-secret-0");
-        assert_eq!(two.also, vec![Secret("the-old-secret-00".into())]);
-        let five = "a-secret-of-20-bytes\n".repeat(SECRETS_PER_FILE_MAX + 1);
-        assert!(load_secret(&file("five", five.as_bytes(), 0o600)).unwrap_err().contains("at most 4"));
-        let bad_second = load_secret(&file("bad2", b"a-secret-of-20-bytes\nshort\n", 0o600)).unwrap_err();
-        assert!(bad_second.contains("on line 2") && bad_second.contains("is 5 bytes"), "{bad_second}");
+        assert_eq!(load_secret(&good).unwrap(), Secret("a-secret-of-20-bytes".into()));
+        assert_eq!(load_secret(&file("ro", b"a-secret-of-20-bytes", 0o400)).unwrap().0, "a-secret-of-20-bytes");
+        // Base64 wrapped over lines (as `openssl rand -base64` writes more than 48 bytes),
+        // CRLF endings too: one secret, the whitespace taken out.
+        let wrapped = load_secret(&file("wrapped", b"abcdefghij\r\nklmnopqrst\r\nuv==\r\n", 0o600)).unwrap();
+        assert_eq!(wrapped.0, "abcdefghijklmnopqrstuv==");
+        let big = "A".repeat(64) + "\n";
+        assert_eq!(load_secret(&file("big", big.repeat(16).as_bytes(), 0o600)).unwrap().0.len(), 1024);
+        // A rotation's secrets come from files of their own.
+        let old = file("old", b"the-old-secret-00\n", 0o600);
+        let r = ClusterSecret::load(&good, std::slice::from_ref(&old)).unwrap();
+        assert_eq!(
+            (r.shown.0.as_str(), r.also.clone()),
+            ("a-secret-of-20-bytes", vec![Secret("the-old-secret-00".into())])
+        );
+        let four = vec![old.clone(); SECRETS_ALSO_MAX + 1];
+        assert!(ClusterSecret::load(&good, &four).unwrap_err().contains("at most 3"));
+        let bad_also = file("bad-also", b"short\n", 0o600);
+        assert!(ClusterSecret::load(&good, &[bad_also]).unwrap_err().contains("is 5 bytes"));
         for mode in [0o640, 0o604, 0o644, 0o660] {
             let e = load_secret(&file("open", b"a-secret-of-20-bytes", mode)).unwrap_err();
             assert!(e.contains("may be read by others") && e.contains("chmod 600"), "{mode:o}: {e}");
         }
         let short = load_secret(&file("short", b"fifteen-bytes!!\n", 0o600)).unwrap_err();
         assert!(short.contains("is 15 bytes") && short.contains("16 to 1024"), "{short}");
-        assert!(load_secret(&file("empty", b" \n\n", 0o600)).unwrap_err().contains("holds no secret"));
+        assert!(load_secret(&file("empty", b" \n\n", 0o600)).unwrap_err().contains("is 0 bytes"));
         assert!(load_secret(&file("long", &[b'a'; SECRET_BYTES_MAX + 1], 0o600)).unwrap_err().contains("1025 bytes"));
-        assert_eq!(
-            load_secret(&file("max", &[b'a'; SECRET_BYTES_MAX], 0o600)).unwrap().shown.0.len(),
-            SECRET_BYTES_MAX
-        );
+        assert_eq!(load_secret(&file("max", &[b'a'; SECRET_BYTES_MAX], 0o600)).unwrap().0.len(), SECRET_BYTES_MAX);
         assert!(load_secret(&file("binary", &[0xff; 20], 0o600)).unwrap_err().contains("not UTF-8"));
         assert!(load_secret(&dir.path().join("missing")).unwrap_err().contains("the cluster secret file"));
     }

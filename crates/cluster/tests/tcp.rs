@@ -853,6 +853,9 @@ fn the_secret_is_rotated_one_node_at_a_time() {
     }
     c.bootstrap();
     wait_for("the group commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
+    // (Counts from the last starts: no node refused another's connection.)
+    let refused: Vec<_> = c.statuses().iter().map(|s| (s.refused, s.refused_last.clone())).collect();
+    assert!(refused.iter().all(|(n, _)| *n == 0), "{refused:?}");
     let target = c.peers[&1];
     assert!(hello(target, old.as_bytes()).1.contains("a wrong cluster secret"), "the old secret is no longer taken");
     assert_eq!(hello(target, new.as_bytes()).1, "");

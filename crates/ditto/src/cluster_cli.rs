@@ -99,7 +99,7 @@ pub struct RemoveArgs {
 }
 
 /// The password of the nodes' client ports (their `requirepass`), for the `INFO` this
-/// command reads; default: the environment's `REDISCLI_AUTH`, as redis-cli's.
+/// command reads.
 #[derive(clap::Args)]
 pub struct PasswordArg {
     #[arg(long)]
@@ -111,8 +111,7 @@ static PASSWORD: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new(
 
 impl PasswordArg {
     fn set(&self) {
-        let p = self.password.clone().or_else(|| std::env::var("REDISCLI_AUTH").ok());
-        let _ = PASSWORD.set(p);
+        let _ = PASSWORD.set(self.password.clone());
     }
 }
 
@@ -126,10 +125,8 @@ pub struct SecretArg {
 }
 
 impl SecretArg {
-    /// The secret it shows: the file's first (a node being rotated takes it, or the one
-    /// after).
     fn load(&self) -> Result<Option<ditto_cluster::Secret>, Error> {
-        Ok(self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?.map(|s| s.shown))
+        Ok(self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?)
     }
 }
 
@@ -233,8 +230,10 @@ fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
         std::thread::spawn(move || {
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let asked = t.elapsed();
-                let answer = info(&addr);
-                if answer.as_ref().is_ok_and(|f| tx.send((asked, f.clone())).is_err()) {
+                // Answers, and a refusal for want of a password (which ends the watch).
+                let answer = info(&addr).map_err(|e| e.to_string());
+                let send = answer.is_ok() || answer.as_ref().is_err_and(|e| e.contains(NEEDS_PASSWORD));
+                if send && tx.send((asked, answer)).is_err() {
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -249,6 +248,7 @@ fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
             Err(_) => Vec::new(),
         };
         for (asked, f) in answers {
+            let f = f?;
             let epoch: u64 = seen(&f, "cluster_epoch").parse().unwrap_or(0);
             if epoch > epoch0 && seen(&f, "cluster_phase") == "serving" {
                 let primary = seen(&f, "cluster_primary");
@@ -332,11 +332,15 @@ fn info_sections(
                 all.extend(f);
                 links.extend(l);
             }
+            Reply::Error(e) if e.starts_with("NOAUTH") => return Err(format!("{addr}: {NEEDS_PASSWORD}").into()),
             other => return Err(format!("INFO {section}: {other:?}").into()),
         }
     }
     Ok((all, links))
 }
+
+/// What an `INFO` refused for want of a password says: asking again would not change it.
+const NEEDS_PASSWORD: &str = "the node asks for a password (its requirepass): give --password";
 
 /// Waits for a node just added to run as a backup with its link to the primary up,
 /// printing what it does meanwhile (at most once a second).
@@ -358,6 +362,7 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
                 }
                 format!("its server runs as {} (link {})", g("role"), g("master_link_status"))
             }
+            Err(e) if e.to_string().contains(NEEDS_PASSWORD) => return Err(e),
             Err(_) => "its server is not answering yet (starting, or copying the primary's data)".to_string(),
         };
         if now != last_said {

@@ -70,7 +70,7 @@ fn new_secret(dir: &Path) -> Result<(ditto_cluster::Secret, std::path::PathBuf),
     let path = dir.join("cluster.secret");
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
     writeln!(f, "{text}")?;
-    Ok((ditto_cluster::load_secret(&path)?.shown, path))
+    Ok((ditto_cluster::load_secret(&path)?, path))
 }
 
 impl Nodes {

@@ -94,7 +94,6 @@ impl Client {
         })
     }
 
-    /// How long a reply may take before the call fails (30 s from `connect_to`).
     /// `AUTH password`, where one is given: an error that says why if refused.
     pub(crate) fn auth(&mut self, password: Option<&str>) -> Result<(), Error> {
         let Some(p) = password else { return Ok(()) };
@@ -104,6 +103,7 @@ impl Client {
         }
     }
 
+    /// How long a reply may take before the call fails (30 s from `connect_to`).
     pub(crate) fn set_read_timeout(&mut self, d: Duration) -> std::io::Result<()> {
         self.w.set_read_timeout(Some(d))
     }

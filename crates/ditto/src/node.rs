@@ -247,8 +247,12 @@ impl Prober {
                         asked_in = generation;
                     }
                     let info = info_replication(&mut conn, &addr, password.as_deref()).map_err(|e| {
-                        // One failed probe says nothing about the server (it may be busy).
-                        tracing::debug!("node {me}: probing the server: {e}");
+                        // One failed probe says nothing about the server (it may be busy);
+                        // a refused password does, and is said (once per run of failures).
+                        match e.to_string() {
+                            why if why.starts_with(AUTH_REFUSED) && failures == 0 => tracing::warn!("node {me}: {why}"),
+                            why => tracing::debug!("node {me}: probing the server: {why}"),
+                        }
                         conn = None;
                         e.to_string()
                     });
@@ -455,6 +459,9 @@ pub struct NodeConfig {
     pub secret: Option<ditto_cluster::ClusterSecret>,
     /// Its servers' `requirepass` (from the config file they share): its probe AUTHs.
     pub password: Option<String>,
+    /// That config file (`--config`), read again before each server starts: the server
+    /// reads it then too, and its password may have changed.
+    pub config_file: Option<PathBuf>,
 }
 
 /// The data plane of one node: its child server (see the module notes).
@@ -462,8 +469,9 @@ struct NodePlane {
     me: NodeId,
     /// The cluster secret, given to each server it starts (`LINK_SECRET_ENV`).
     secret: Option<ditto_cluster::ClusterSecret>,
-    /// The servers' `requirepass`, which the probe gives.
+    /// The servers' `requirepass`, which the probe gives, and the file it comes from.
     password: Option<String>,
+    config_file: Option<PathBuf>,
     members: BTreeMap<NodeId, MemberAddrs>,
     data: PathBuf,
     child_args: Vec<String>,
@@ -1103,6 +1111,15 @@ impl NodePlane {
                 say(me_id, format!("server: {line}"));
             }
         });
+        // The password the server about to start reads from the same file.
+        if let Some(path) = &self.config_file {
+            match ditto_server::config::Config::load(path) {
+                Ok(c) => self.password = c.requirepass,
+                Err(e) => {
+                    say(self.me, format!("reading {} again: {e}; its probe keeps the password it had", path.display()))
+                }
+            }
+        }
         let prober = match Prober::start(self.me, me.client_addr(), self.password.clone(), Arc::clone(&ready)) {
             Ok(p) => p,
             Err(e) => {
@@ -1760,10 +1777,11 @@ impl DataPlane for NodePlane {
                 // Each batch handed on as it is read: the answer goes in pieces as they fill,
                 // never whole in memory. (Without a copy where a batch is the sole owner of
                 // its buffer, as a replica log's is: it copies out only what is asked.)
-                let (mut n, mut bytes) = (0usize, 0usize);
+                let (mut n, mut bytes, mut cut) = (0usize, 0usize, false);
                 let mut each = |b: bytes::Bytes| {
                     (n, bytes) = (n + 1, bytes + b.len());
-                    sink(Vec::from(b))
+                    cut = !sink(Vec::from(b));
+                    !cut
                 };
                 let after = ditto_engine::Ts(after);
                 match primary_dir {
@@ -1773,10 +1791,11 @@ impl DataPlane for NodePlane {
                     None => ditto_log::replica::replica_stream_batches_each(&data, stream, after, &mut each),
                 }
                 .map_err(|e| e.to_string())?;
+                let what = if cut { "cut short a fetch (its answer could not be sent)" } else { "serves a fetch" };
                 say(
                     me,
                     format!(
-                        "serves a fetch: {n} batches ({bytes} bytes) of stream {stream} above ts {}, held to {position}",
+                        "{what}: {n} batches ({bytes} bytes) of stream {stream} above ts {}, held to {position}",
                         after.0
                     ),
                 );
@@ -1934,6 +1953,10 @@ fn holds_primary_log(data: &Path) -> bool {
     !log.join(ditto_log::sealed::CUT_FILE).exists() && std::fs::read_dir(&log).is_ok_and(|mut d| d.next().is_some())
 }
 
+/// How a probe refused for its password begins.
+const AUTH_REFUSED: &str =
+    "its server refused the node's AUTH (the config file's requirepass as the node read it when it started this server)";
+
 /// `INFO replication` from the server at `addr`, over a kept connection (a new one says
 /// `AUTH password` first, where the servers have one).
 fn info_replication(
@@ -1956,10 +1979,7 @@ fn info_replication(
             let mut answer = String::new();
             r.read_line(&mut answer)?;
             if answer.trim_end() != "+OK" {
-                return Err(std::io::Error::other(format!(
-                    "its server refused the node's AUTH: {}",
-                    answer.trim_end()
-                )));
+                return Err(std::io::Error::other(format!("{AUTH_REFUSED}: {}", answer.trim_end())));
             }
         }
         *conn = Some(r);
@@ -2116,6 +2136,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         me: cfg.id,
         secret: cfg.secret.clone(),
         password: cfg.password.clone(),
+        config_file: cfg.config_file.clone(),
         gate: Arc::clone(&gate),
         history: Arc::clone(&history),
         members: cfg.members.clone(),

@@ -103,6 +103,10 @@ pub struct ServerArgs {
     /// cluster secret"). Every node is given the same.
     #[arg(long, value_name = "FILE", requires = "node_id")]
     cluster_secret_file: Option<PathBuf>,
+    /// A cluster node: a file of another secret it takes (but does not show) while the
+    /// cluster's secret is rotated; at most 3 (docs/cluster.md, "Rotating the secret").
+    #[arg(long, value_name = "FILE", requires = "cluster_secret_file")]
+    cluster_secret_also_file: Vec<PathBuf>,
     /// A cluster node whose members name hosts other than loopback, run without a
     /// cluster secret: any process that reaches its control or replication port may
     /// change the membership, hand the primary's role away or take a copy of the data
@@ -482,6 +486,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             child_args.extend([format!("--{k}"), v]);
         }
     };
+    let config_path = a.config.clone();
     pass("config", a.config.map(|p| p.display().to_string()));
     pass("durability", a.durability);
     pass("fsync-interval-ms", a.fsync_interval_ms.map(|v| v.to_string()));
@@ -497,7 +502,11 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     // Read and checked here, once, with a clear error; each server the node starts is
     // given it for its replication links (`node::LINK_SECRET_ENV`).
-    let secret = a.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?;
+    let secret = a
+        .cluster_secret_file
+        .as_deref()
+        .map(|f| ditto_cluster::ClusterSecret::load(f, &a.cluster_secret_also_file))
+        .transpose()?;
     if secret.is_none() && !a.cluster_insecure {
         if let Some(m) = members.values().find(|m| !crate::node::is_loopback(&m.host)) {
             return Err(format!(
@@ -526,5 +535,6 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         secret,
         // Its servers read the same file: their clients must AUTH, and so does its probe.
         password: file.as_ref().and_then(|c| c.requirepass.clone()),
+        config_file: config_path,
     })
 }

@@ -2556,7 +2556,7 @@ fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
     }
     let node = format!("127.0.0.1:{}", c.ports[&first]);
     let (ok, out) = cluster_cli(&["status", "--node", &node]);
-    assert!(!ok && out.contains("NOAUTH"), "{out}");
+    assert!(!ok && out.contains("the node asks for a password (its requirepass): give --password"), "{out}");
     let (ok, out) = cluster_cli(&["status", "--node", &node, "--password", PW]);
     let row = |l: &str| l.split_whitespace().next() == Some(&first.to_string()) && l.contains(" primary ");
     assert!(ok && out.lines().any(row) && out.contains("membership: configuration"), "{out}");
@@ -2577,8 +2577,8 @@ fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
 }
 
 /// The cluster secret rotated between real processes without stopping the cluster: each
-/// node restarted in turn (a SIGKILL, the primary's a failover) with the new secret added
-/// (showing the old), then again showing the new (taking the old), then with the new
+/// node restarted in turn (a SIGKILL, the primary's a failover) with the new secret also
+/// taken (showing the old), then again showing the new (taking the old), then with the new
 /// alone; after each restart a primary takes writes and every other node's backup is
 /// linked to it (its replication link shows the secret the primary takes), and every
 /// write so far is on it. Then the old secret alone is refused.
@@ -2586,17 +2586,24 @@ fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
 fn the_cluster_secret_is_rotated_one_node_at_a_time() {
     let keys = tempfile::tempdir().unwrap();
     let (old, new) = ("the-old-secret-of-this-cluster", "the-new-secret-of-this-cluster");
-    let files: BTreeMap<u64, String> =
-        (1..=3).map(|id| (id, secret_file(keys.path(), &format!("n{id}"), old))).collect();
+    // Per node: the file of the secret it shows, and of one it also takes.
+    let files: BTreeMap<u64, (String, String)> = (1..=3)
+        .map(|id| {
+            let shown = secret_file(keys.path(), &format!("n{id}"), old);
+            (id, (shown, secret_file(keys.path(), &format!("n{id}-also"), old)))
+        })
+        .collect();
     let f = files.clone();
     let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, move |id, _| {
-        vec!["--cluster-secret-file".into(), f[&id].clone()]
+        let (shown, also) = f[&id].clone();
+        vec!["--cluster-secret-file".into(), shown, "--cluster-secret-also-file".into(), also]
     });
     let mut written = 0;
-    for step in [format!("{old}\n{new}\n"), format!("{new}\n{old}\n"), format!("{new}\n")] {
+    for (shown, also) in [(old, new), (new, old), (new, new)] {
         for id in 1..=3 {
             c.kill(id);
-            std::fs::write(&files[&id], &step).unwrap();
+            std::fs::write(&files[&id].0, shown).unwrap();
+            std::fs::write(&files[&id].1, also).unwrap();
             c.start_node(id);
             let p = c.wait_or_dump("a primary", Duration::from_secs(30), || c.primary());
             for b in (1..=3).filter(|&b| b != p) {

@@ -1415,6 +1415,7 @@ fn scan_files(files: Vec<(u64, PathBuf)>, ckpt_ts: Ts) -> Result<Scan, LogError>
         if h.txn_count > 0 && h.last_ts > ckpt_ts {
             kept.push((e.batch, e.file, e.offset as u64));
         }
+        true
     })?;
     let FilesRead { streams, bounds, floor, log_bytes, torn } = read;
     Ok(Scan { files, streams, bounds, floor, ckpt_ts, kept, log_bytes, torn })
@@ -1448,7 +1449,10 @@ struct FilesRead {
 /// header and each entry, and hands every entry to `on_entry`: a file's bytes are let go
 /// once it is read, unless `on_entry` keeps a slice of them. The tail of the newest file
 /// may be torn (never acknowledged) and ends the read; damage anywhere else is an error.
-fn read_files(files: &[(u64, PathBuf)], mut on_entry: impl FnMut(FileEntry<'_>)) -> Result<FilesRead, LogError> {
+fn read_files(
+    files: &[(u64, PathBuf)],
+    mut on_entry: impl FnMut(FileEntry<'_>) -> bool,
+) -> Result<FilesRead, LogError> {
     let mut streams: Option<u32> = None;
     let mut bounds: Vec<Ts> = Vec::new();
     let mut floor = Ts::ZERO;
@@ -1479,7 +1483,10 @@ fn read_files(files: &[(u64, PathBuf)], mut on_entry: impl FnMut(FileEntry<'_>))
                         floor = floor.max(h.floor_ts);
                     }
                     log_bytes += used as u64;
-                    on_entry(FileEntry { file: i, raw: &raw, offset: off, used, stream: s, batch });
+                    if !on_entry(FileEntry { file: i, raw: &raw, offset: off, used, stream: s, batch }) {
+                        // Asked for no more: what was read so far.
+                        return Ok(FilesRead { streams, bounds, floor, log_bytes, torn });
+                    }
                     off += used;
                 }
                 // The tail of the newest file may be torn (never acknowledged); all zeros
@@ -1543,11 +1550,10 @@ pub fn replica_stream_batches_each(
     // File by file, the batches asked for copied out and handed on: at most one file (64
     // MiB by default) in memory, not the whole log of every stream nor the answer.
     let files = live_files(dir)?;
-    let mut more = true;
     read_files(&files, |e| {
-        if more && e.stream == stream && e.batch.header.bound_ts > after {
-            more = sink(Bytes::copy_from_slice(&e.raw[e.offset + ENTRY_HEADER_LEN..e.offset + e.used]));
-        }
+        e.stream != stream
+            || e.batch.header.bound_ts <= after
+            || sink(Bytes::copy_from_slice(&e.raw[e.offset + ENTRY_HEADER_LEN..e.offset + e.used]))
     })?;
     Ok(())
 }
@@ -1907,15 +1913,21 @@ impl Gap {
     }
 
     /// Hands each batch to `sink`, in order, a segment at a time (`for_each`), until it
-    /// returns false; whether it took them all.
+    /// returns false, and reads no further then; whether it took them all.
     pub fn each(self, sink: &mut dyn FnMut(Bytes) -> bool) -> Result<bool, LogError> {
-        let mut more = true;
-        self.for_each(|b| {
-            more = more && sink(b);
-            Ok(())
-        })
-        .map_err(|e| LogError::Corrupt { file: PathBuf::new(), offset: 0, what: e.to_string() })?;
-        Ok(more)
+        #[derive(Debug)]
+        struct Stopped;
+        impl std::fmt::Display for Stopped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("asked for no more")
+            }
+        }
+        impl std::error::Error for Stopped {}
+        match self.for_each(|b| if sink(b) { Ok(()) } else { Err(std::io::Error::other(Stopped)) }) {
+            Ok(()) => Ok(true),
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<Stopped>()) => Ok(false),
+            Err(e) => Err(LogError::Corrupt { file: PathBuf::new(), offset: 0, what: e.to_string() }),
+        }
     }
 }
 
