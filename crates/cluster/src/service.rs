@@ -1925,6 +1925,39 @@ mod tests {
         fetches.stop();
     }
 
+    /// A read that fails after some pieces went sends no last piece: the fetcher's round
+    /// ends as for a lost piece, and does not take a partial answer for a whole one.
+    #[test]
+    fn a_read_that_fails_midway_sends_no_last_piece() {
+        let fetches = FetchThread::start();
+        let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
+        let job = FetchJob {
+            position: 99,
+            read: Box::new(|sink| {
+                for _ in 0..20 {
+                    sink(vec![7; 300 << 10]);
+                }
+                Err("a segment damaged since the report".into())
+            }),
+        };
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
+        let mut pieces = 0;
+        while let Ok((f, written)) = peer.recv_timeout(Duration::from_millis(500)) {
+            written.unwrap().send(()).unwrap();
+            let (_, _, body) = read_frame(&mut &f[..]).unwrap().unwrap();
+            match decode_fetched(1, &body) {
+                Some(Input::Fetched { piece, last, .. }) => {
+                    assert_eq!(piece, pieces);
+                    assert!(!last, "piece {piece} of a failed read is marked the last");
+                }
+                _ => panic!("piece {pieces} did not decode"),
+            }
+            pieces += 1;
+        }
+        assert!(pieces >= 2, "the pieces filled before the failure went: {pieces}");
+        fetches.stop();
+    }
+
     /// Every piece of `batches`' answer encoded, decoded and put back together: the
     /// batches, and the largest frame body sent.
     fn round_trip(batches: &[Vec<u8>]) -> (Vec<Vec<u8>>, usize) {

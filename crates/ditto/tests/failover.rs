@@ -2527,6 +2527,17 @@ fn a_node_refuses_a_weak_secret_and_no_secret_off_loopback() {
 /// node refused `requirepass`, and whoever reached a client port read and wrote.
 #[test]
 fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
+    requirepass_cluster(true);
+}
+
+/// The same without a cluster secret: the servers ask `requirepass` of each other on
+/// their replication links, so the backups link and the failover finds them.
+#[test]
+fn a_cluster_with_requirepass_and_no_secret_links_its_backups_with_the_password() {
+    requirepass_cluster(false);
+}
+
+fn requirepass_cluster(with_secret: bool) {
     const PW: &str = "pw-of-the-clients";
     let keys = tempfile::tempdir().unwrap();
     let secret = secret_file(keys.path(), "secret", "the-secret-of-this-cluster\n");
@@ -2534,7 +2545,11 @@ fn a_cluster_with_requirepass_fails_over_and_its_clients_and_tools_auth() {
     std::fs::write(&conf, format!("requirepass = \"{PW}\"\n")).unwrap();
     let conf = conf.display().to_string();
     let mut c = Cluster::start_with_args(3, "majority-durable", &[], 0, move |_, _| {
-        vec!["--cluster-secret-file".into(), secret.clone(), "--config".into(), conf.clone()]
+        let mut args = vec!["--config".to_string(), conf.clone()];
+        if with_secret {
+            args.extend(["--cluster-secret-file".to_string(), secret.clone()]);
+        }
+        args
     });
     let authed = |port: u16| -> Option<Client> {
         let mut k = Client::connect(port).ok()?;
