@@ -52,6 +52,7 @@ use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
 use crate::state::{Command, ControlState, Member, NodeId, Phase};
 pub use ditto_replication::protocol::Secret;
+use ditto_replication::tls::{host_of, opens_with_tls, LinkTls};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
@@ -131,11 +132,20 @@ pub enum AdminReply {
     Refused(String),
 }
 
-/// Sends `req` to the control plane at `addr`, showing it `secret` (the cluster's, if it
-/// has one), and waits for the answer (`ditto cluster add|remove|switchover`). A node that
-/// refuses the secret is an error of kind `PermissionDenied` that says why (`is_refused`).
-pub fn admin_request(addr: SocketAddr, req: &AdminRequest, secret: Option<&Secret>) -> std::io::Result<AdminReply> {
-    let mut s = connect(addr, 0, secret, Duration::from_secs(2))?;
+/// Sends `req` to the control plane at `to` (host:port), showing it `secret` (the
+/// cluster's, if it has one) over `tls` (where the cluster has `tls_cluster`), and waits
+/// for the answer (`ditto cluster add|remove|switchover`). A node that refuses the secret
+/// or the TLS is an error of kind `PermissionDenied` that says why (`is_refused`).
+pub fn admin_request(
+    to: &str,
+    req: &AdminRequest,
+    secret: Option<&Secret>,
+    tls: Option<&LinkTls>,
+) -> std::io::Result<AdminReply> {
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(to)?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{to} resolves to nothing")))?;
+    let mut s = connect(addr, host_of(to), 0, secret, tls, Duration::from_secs(2))?;
     s.set_read_timeout(Some(ADMIN_TIMEOUT + Duration::from_secs(5)))?;
     s.write_all(&frame(0, KIND_ADMIN, &serde_json::to_vec(req).expect("requests serialise")))?;
     match read_frame(&mut s)? {
@@ -316,6 +326,12 @@ pub struct ServiceConfig {
     /// once it shows it, and this node shows it to its peers. `None`: none is asked or
     /// shown (a node with one refuses a node without, and the other way round).
     pub secret: Option<ClusterSecret>,
+    /// TLS on the control port (`tls_cluster`): connections both ways, and operators',
+    /// are TLS with certificates of the cluster's CA. `None`: plaintext.
+    pub tls: Option<Arc<LinkTls>>,
+    /// The host names peers' certificates are checked against (their `--members` hosts);
+    /// a peer not named here is checked against its address's IP.
+    pub hosts: BTreeMap<NodeId, String>,
 }
 
 /// What the node knows, published after every step.
@@ -567,6 +583,7 @@ struct Shared {
     stop: AtomicBool,
     id: NodeId,
     secret: Option<ClusterSecret>,
+    tls: Option<Arc<LinkTls>>,
     /// Connections refused at their hello: how many, the last (peer: reason), and when a
     /// refusal was last logged with the count since (at most one line a second).
     refusals: Mutex<Refusals>,
@@ -750,10 +767,29 @@ pub fn is_refused(e: &std::io::Error) -> bool {
 }
 
 /// Connects to the control port at `addr` as node `from` (0: an operator) and says the
-/// hello: the connection, once the node took it. A refusal is an error of kind
-/// `PermissionDenied` that says why (`is_refused`).
-fn connect(addr: SocketAddr, from: NodeId, secret: Option<&Secret>, timeout: Duration) -> std::io::Result<TcpStream> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+/// hello, over TLS where `tls` is given (the node's certificate checked against `name`):
+/// the connection, once the node took it. A refusal, of the hello or of the TLS
+/// handshake, is an error of kind `PermissionDenied` that says why (`is_refused`).
+fn connect(
+    addr: SocketAddr,
+    name: &str,
+    from: NodeId,
+    secret: Option<&Secret>,
+    tls: Option<&LinkTls>,
+    timeout: Duration,
+) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    let mut s = match tls {
+        Some(t) => t.connect_named(s, &addr.to_string(), name).map_err(|e| match e.kind() {
+            // A certificate refused either way, or a plaintext port: asking again would
+            // not change it.
+            std::io::ErrorKind::InvalidData => {
+                std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused(e.to_string()))
+            }
+            _ => e,
+        })?,
+        None => s,
+    };
     s.set_nodelay(true)?;
     s.set_write_timeout(Some(HELLO_TIMEOUT))?;
     s.write_all(&frame(from, KIND_HELLO, secret.map_or(&[][..], |x| x.0.as_bytes())))?;
@@ -769,6 +805,13 @@ fn connect(addr: SocketAddr, from: NodeId, secret: Option<&Secret>, timeout: Dur
             )),
         )),
         Ok(Some((_, k, _))) => Err(std::io::Error::other(format!("an answer of frame kind {k} to a hello"))),
+        // (A TLS port closes a plaintext hello with a plaintext refusal, which is read above.)
+        Ok(None) if tls.is_some() => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            HelloRefused(format!(
+                "the control port at {addr} closed the connection at its hello: it may have refused this side's certificate (its log says), or be plaintext (tls_cluster on every node, or on none)"
+            )),
+        )),
         Ok(None) => {
             Err(std::io::Error::other(format!("the control port at {addr} closed the connection at its hello")))
         }
@@ -843,6 +886,7 @@ impl ControlService {
             stop: AtomicBool::new(false),
             id: cfg.id,
             secret: cfg.secret.clone(),
+            tls: cfg.tls.clone(),
             refusals: Mutex::default(),
             awaiting_hello: Default::default(),
         });
@@ -867,6 +911,7 @@ impl ControlService {
                 senders: BTreeMap::new(),
                 sender_threads: Vec::new(),
                 config_peers: cfg.peers.clone(),
+                hosts: cfg.hosts.clone(),
                 shared,
                 tick: cfg.tick,
                 coord,
@@ -1150,13 +1195,49 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Opti
     None
 }
 
-fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
+/// The connection a hello is read from: `stream` itself on a plaintext port, the TLS
+/// tunnel's end on a TLS one (`tls_cluster`). A connection that opens otherwise than the
+/// port speaks is refused, counted and said (a plaintext one in plaintext, with a hello
+/// frame saying why).
+fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<TcpStream> {
+    let opens = match opens_with_tls(&stream, HELLO_WAIT) {
+        Ok(o) => o,
+        Err(_) => return None,
+    };
+    let _ = stream.set_read_timeout(None);
+    match (&shared.tls, opens) {
+        (None, false) => Some(stream),
+        (None, true) => {
+            shared.refused(peer, "it opened with TLS, and this control port is plaintext: set tls_cluster on every node (and give `ditto cluster` the TLS files), or on none");
+            None
+        }
+        (Some(_), false) => {
+            let why = "this control port takes only TLS (tls_cluster): set it on every node, and give `ditto cluster` --tls-cert-file, --tls-key-file and --tls-ca-cert-file";
+            shared.refused(peer, why);
+            // Its hello read first: a socket closed with bytes unread resets the
+            // connection, and the peer may lose the answer.
+            let _ = read_frame_at_most(&mut Until { s: &stream, until: Instant::now() + HELLO_WAIT }, HELLO_MAX);
+            let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
+            let _ = (&stream).write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
+            None
+        }
+        (Some(t), true) => match t.accept(stream) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                shared.refused(peer, &e.to_string());
+                None
+            }
+        },
+    }
+}
+
+fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
-    let taken = take_hello(&mut stream, peer, &shared);
+    let taken = tls_for(stream, peer, &shared).and_then(|mut s| Some((take_hello(&mut s, peer, &shared)?, s)));
     shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
     // The node the hello named (0: an operator): every frame after it on this connection
     // is that node's, so that one peer cannot speak for another.
-    let Some(hello_from) = taken else { return };
+    let Some((hello_from, stream)) = taken else { return };
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
         let why = match read_frame(&mut buf) {
@@ -1201,7 +1282,7 @@ fn read_from(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox
     }
 }
 
-fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
+fn send_to(addr: SocketAddr, name: String, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
     let mut conn: Option<TcpStream> = None;
     let mut retry_at = Instant::now();
     // The peer's last refusal, and when it was logged (again only when it changes, or
@@ -1214,15 +1295,16 @@ fn send_to(addr: SocketAddr, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
             Err(RecvTimeoutError::Disconnected) => return,
         };
         if conn.is_none() && Instant::now() >= retry_at {
-            match connect(addr, shared.id, shared.secret.as_ref().map(|s| &s.shown), Duration::from_millis(200)) {
+            let secret = shared.secret.as_ref().map(|s| &s.shown);
+            match connect(addr, &name, shared.id, secret, shared.tls.as_deref(), Duration::from_millis(200)) {
                 Ok(s) => {
                     let _ = s.set_read_timeout(None);
                     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
                     conn = Some(s);
                     refused = None;
                 }
-                // Refused for its secret: said, and tried again each second (the peer's
-                // or this node's file may be mended, and the node restarted).
+                // Refused for its secret or its TLS: said, and tried again each second (the
+                // peer's or this node's file may be mended, and the node restarted).
                 Err(e) if is_refused(&e) => {
                     let why = e.to_string();
                     if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
@@ -1256,6 +1338,8 @@ struct Run {
     /// The control addresses the node was started with (the peers before the bootstrap,
     /// and of members whose control port the state does not know).
     config_peers: BTreeMap<NodeId, SocketAddr>,
+    /// `ServiceConfig::hosts`.
+    hosts: BTreeMap<NodeId, String>,
     /// Operators' membership changes proposed here: the index, the change, the answer,
     /// and until when to wait.
     admin: Vec<(u64, Command, Sender<AdminReply>, Instant)>,
@@ -1306,7 +1390,12 @@ impl Run {
             let (tx, rx) = mpsc::sync_channel(PEER_QUEUE);
             self.senders.insert(peer, tx);
             let shared = Arc::clone(&self.shared);
-            self.sender_threads.push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(addr, rx, shared)));
+            // The name its certificate must carry: its host in --members, else as added.
+            let name = (self.hosts.get(&peer).cloned())
+                .or_else(|| st.node(peer).map(|m| m.host().to_string()))
+                .unwrap_or_else(|| addr.ip().to_string());
+            self.sender_threads
+                .push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(addr, name, rx, shared)));
         }
         self.sender_threads.retain(|t| !t.is_finished());
     }
@@ -1799,6 +1888,7 @@ mod tests {
                 stop: AtomicBool::new(false),
                 id: 1,
                 secret: None,
+                tls: None,
                 refusals: Mutex::default(),
                 awaiting_hello: Default::default(),
             });

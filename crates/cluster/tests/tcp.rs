@@ -10,6 +10,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ditto_replication::tls::{testing, LinkTls, TlsFiles};
+
 use ditto_cluster::{
     admin_request, AdminReply, AdminRequest, ClusterSecret, Command, ControlService, ControlState, DataPlane, Holding,
     Member, NodeId, RecoveryPlan, Secret, ServiceConfig, Status, Timeouts, Timing,
@@ -202,6 +204,8 @@ struct Cluster {
     nodes: BTreeMap<NodeId, ControlService>,
     /// Each node's cluster secret (none where not named).
     secrets: BTreeMap<NodeId, Option<ClusterSecret>>,
+    /// Each node's TLS (plaintext where not named).
+    tls: BTreeMap<NodeId, Arc<LinkTls>>,
 }
 
 impl Cluster {
@@ -217,6 +221,7 @@ impl Cluster {
             listeners,
             nodes: BTreeMap::new(),
             secrets: BTreeMap::new(),
+            tls: BTreeMap::new(),
         }
     }
 
@@ -262,6 +267,8 @@ impl Cluster {
             join: false,
             compact_every: None,
             secret: self.secrets.get(&id).cloned().flatten(),
+            tls: self.tls.get(&id).cloned(),
+            hosts: BTreeMap::new(),
         }
     }
 
@@ -729,7 +736,7 @@ fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
     let gone = (1..=3).find(|&id| id != primary).unwrap();
     let req = AdminRequest::Remove(gone);
     for (given, why) in [(None, "none was given"), (secret("not-the-cluster-secret"), "a wrong cluster secret")] {
-        let e = admin_request(c.peers[&leader], &req, given.as_ref().map(|g| &g.shown)).unwrap_err();
+        let e = admin_request(&c.peers[&leader].to_string(), &req, given.as_ref().map(|g| &g.shown), None).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
         assert!(e.to_string().contains(why), "{e}");
     }
@@ -739,7 +746,14 @@ fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
     // off the primary's node, or is elsewhere.
     let mut at = leader;
     for _ in 0..100 {
-        match admin_request(c.peers[&at], &req, secret("the-cluster-secret-1").as_ref().map(|g| &g.shown)).unwrap() {
+        match admin_request(
+            &c.peers[&at].to_string(),
+            &req,
+            secret("the-cluster-secret-1").as_ref().map(|g| &g.shown),
+            None,
+        )
+        .unwrap()
+        {
             AdminReply::Done { members, .. } => {
                 assert!(members.iter().all(|m| m.id != gone), "{members:?}");
                 return;
@@ -859,4 +873,72 @@ fn the_secret_is_rotated_one_node_at_a_time() {
     let target = c.peers[&1];
     assert!(hello(target, old.as_bytes()).1.contains("a wrong cluster secret"), "the old secret is no longer taken");
     assert_eq!(hello(target, new.as_bytes()).1, "");
+}
+
+/// TLS on the control port (`tls_cluster`): with the cluster CA's certificates on every
+/// node the group forms; a node in plaintext, or with another CA's certificate, is refused
+/// by each side, which counts and says why, and hears no leader; operators are refused the
+/// same way, at once (`PermissionDenied`), and answered with a certificate of the CA.
+#[test]
+fn a_control_port_with_tls_takes_only_nodes_and_operators_whose_certificates_the_cluster_ca_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = |pki: &testing::Pki, ca: &Path| {
+        let files = TlsFiles {
+            cert_file: pki.server_cert.clone(),
+            key_file: pki.server_key.clone(),
+            ca_cert_file: Some(ca.to_path_buf()),
+            auth_clients: true,
+        };
+        LinkTls::new(&files, Duration::from_secs(5)).unwrap()
+    };
+    std::fs::create_dir_all(dir.path().join("ca")).unwrap();
+    std::fs::create_dir_all(dir.path().join("stranger")).unwrap();
+    let pki = testing::make(&dir.path().join("ca"));
+    let stranger = testing::make(&dir.path().join("stranger"));
+    let ours = link(&pki, &pki.ca);
+    let theirs = link(&stranger, &stranger.ca);
+    for (odd, says3, says12) in [
+        (None, "it opened with TLS, and this control port is plaintext", "this control port takes only TLS"),
+        (Some(Arc::clone(&theirs)), "handshake failed", "handshake failed"),
+    ] {
+        let mut c = Cluster::new(3);
+        c.tls = [(1, Arc::clone(&ours)), (2, Arc::clone(&ours))].into_iter().collect();
+        if let Some(t) = &odd {
+            c.tls.insert(3, Arc::clone(t));
+        }
+        for id in 1..=3 {
+            c.start(id);
+        }
+        wait_for("a leader on nodes 1 and 2", Duration::from_secs(10), || {
+            let (a, b) = (c.nodes[&1].status(), c.nodes[&2].status());
+            a.leader.is_some() && a.leader == b.leader
+        });
+        wait_for("each side refusing the other", Duration::from_secs(10), || {
+            let says = |id: NodeId, what: &str| {
+                let st = c.nodes[&id].status();
+                st.refused > 0 && st.refused_last.as_deref().is_some_and(|l| l.contains(what))
+            };
+            says(3, says3) && says(1, says12) && says(2, says12)
+        });
+        assert_eq!(c.nodes[&3].status().leader, None, "node 3 heard the leader");
+        // Operators: in plaintext, and with the stranger's certificate, refused at once.
+        let leader = c.nodes[&1].status().leader.unwrap();
+        let at = c.peers[&leader].to_string();
+        let req = AdminRequest::Remove(3);
+        let e = admin_request(&at, &req, None, None).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("takes only TLS"), "{e}");
+        let e = admin_request(&at, &req, None, Some(&theirs)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("invalid peer certificate"), "{e}");
+        // Node 3 started again with the CA's certificate: one group, and an operator with
+        // one is answered.
+        c.stop(3);
+        c.tls.insert(3, Arc::clone(&ours));
+        c.start(3);
+        wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+        let at = c.peers[&c.leader().unwrap()].to_string();
+        // (Answered, whatever it says of a node that is not a member.)
+        admin_request(&at, &AdminRequest::Remove(9), None, Some(&ours)).unwrap();
+    }
 }

@@ -115,18 +115,46 @@ impl PasswordArg {
     }
 }
 
-/// The cluster secret a membership change shows the control port.
+/// What a membership change shows the control port: the cluster secret, and TLS.
 #[derive(clap::Args)]
 pub struct SecretArg {
     /// The file of the cluster's secret, where its nodes were given one
     /// (--cluster-secret-file on each node).
     #[arg(long, value_name = "FILE")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// Where the nodes have tls_cluster: a PEM certificate their CA signed (shown to them).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_ca_cert_file"])]
+    tls_cert_file: Option<std::path::PathBuf>,
+    /// The certificate's private key.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<std::path::PathBuf>,
+    /// The CA the nodes' certificates must chain to.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_ca_cert_file: Option<std::path::PathBuf>,
+}
+
+/// How `ditto cluster` reaches a control port.
+struct Dial {
+    secret: Option<ditto_cluster::Secret>,
+    tls: Option<std::sync::Arc<ditto_replication::tls::LinkTls>>,
 }
 
 impl SecretArg {
-    fn load(&self) -> Result<Option<ditto_cluster::Secret>, Error> {
-        Ok(self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?)
+    fn load(&self) -> Result<Dial, Error> {
+        let secret = self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?;
+        let tls = match (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_cert_file) {
+            (Some(cert), Some(key), Some(ca)) => Some(ditto_replication::tls::LinkTls::new(
+                &ditto_replication::tls::TlsFiles {
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                    ca_cert_file: Some(ca.clone()),
+                    auth_clients: true,
+                },
+                std::time::Duration::from_secs(5),
+            )?),
+            _ => None,
+        };
+        Ok(Dial { secret, tls })
     }
 }
 
@@ -142,19 +170,17 @@ struct Applied {
 /// busy, until `wait`.
 fn change(
     via: &str,
-    secret: Option<&ditto_cluster::Secret>,
+    dial: &Dial,
     req: ditto_cluster::AdminRequest,
     wait: std::time::Duration,
 ) -> Result<Applied, Error> {
     use ditto_cluster::AdminReply;
-    use std::net::ToSocketAddrs;
     let deadline = std::time::Instant::now() + wait;
     let mut at = via.to_string();
     let mut last_busy = String::new();
     loop {
-        let addr = at.to_socket_addrs()?.next().ok_or_else(|| format!("{at} resolves to nothing"))?;
-        let reply = match ditto_cluster::admin_request(addr, &req, secret) {
-            // Refused for the secret: asking again would not change that.
+        let reply = match ditto_cluster::admin_request(&at, &req, dial.secret.as_ref(), dial.tls.as_deref()) {
+            // Refused for the secret or the TLS: asking again would not change that.
             Err(e) if ditto_cluster::is_refused(&e) => return Err(e.to_string().into()),
             r => r.map_err(|e| format!("asking {at}: {e}")),
         };
@@ -204,7 +230,7 @@ const INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 fn switchover(a: SwitchoverArgs) -> Result<(), Error> {
     let wait = std::time::Duration::from_secs(a.wait_s);
     let secret = a.secret.load()?;
-    let applied = change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
+    let applied = change(&a.via, &secret, ditto_cluster::AdminRequest::Switchover { to: a.to }, wait)?;
     let t = std::time::Instant::now();
     let seen = |f: &BTreeMap<String, String>, k: &str| f.get(k).cloned().unwrap_or_default();
     // The epoch and primary the switchover was recorded in, as the leader answered: a
@@ -477,7 +503,7 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             let secret = a.secret.load()?;
             // A learner first: it copies the primary's data while counting in no quorum
             // (docs/cluster.md, "Learners"); then, once it has joined, a voter.
-            match change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
+            match change(&a.via, &secret, ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
                 Ok(_) => println!("node {id} added as a learner: it copies the primary's data and counts in no quorum"),
                 // An earlier `add` that stopped before the promotion: it goes on from there.
                 Err(e) if e.to_string().contains("is already a learner") => println!("node {id} is a learner already"),
@@ -495,7 +521,7 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             let t = std::time::Instant::now();
             wait_joined(id, &m.client_addr(), join_wait)?;
             wait_caught_up(id, &m.client_addr(), a.max_lag_ms, join_wait.saturating_sub(t.elapsed()))?;
-            let applied = change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::Add(member), wait)?;
+            let applied = change(&a.via, &secret, ditto_cluster::AdminRequest::Add(member), wait)?;
             println!("node {id} promoted: a voter ({} members)", applied.members.len());
             wait_counted(id, &m.client_addr(), applied.config, wait)?;
             return Ok(());
@@ -503,7 +529,7 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
         ClusterCmd::Remove(a) => {
             let secret = a.secret.load()?;
             let wait = std::time::Duration::from_secs(a.wait_s);
-            change(&a.via, secret.as_ref(), ditto_cluster::AdminRequest::Remove(a.id), wait)?;
+            change(&a.via, &secret, ditto_cluster::AdminRequest::Remove(a.id), wait)?;
             return Ok(());
         }
         ClusterCmd::Switchover(a) => return switchover(a),

@@ -163,7 +163,7 @@ impl Nodes {
     pub(crate) fn admin(&self, via: u64, req: ditto_cluster::AdminRequest) -> Result<(), Error> {
         let mut at = self.control_addr(via).ok_or("no control address")?;
         for _ in 0..200 {
-            match ditto_cluster::admin_request(at, &req, Some(&self.secret))? {
+            match ditto_cluster::admin_request(&at.to_string(), &req, Some(&self.secret), None)? {
                 ditto_cluster::AdminReply::Done { .. } => return Ok(()),
                 ditto_cluster::AdminReply::NotLeader { addr: Some(a), .. } => at = a.parse()?,
                 ditto_cluster::AdminReply::Refused(why) => return Err(format!("{req:?} refused: {why}").into()),
@@ -498,10 +498,11 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     // The nodes share a cluster secret: a request without it (as anyone who reaches a
     // control port could send) is refused, and the membership stays as it is.
     let at = nodes.control_addr(to).ok_or("no control address")?;
-    let secret_refusal = match ditto_cluster::admin_request(at, &ditto_cluster::AdminRequest::Remove(4), None) {
-        Err(e) if ditto_cluster::is_refused(&e) => e.to_string(),
-        other => return Err(format!("a request without the cluster secret was not refused: {other:?}").into()),
-    };
+    let secret_refusal =
+        match ditto_cluster::admin_request(&at.to_string(), &ditto_cluster::AdminRequest::Remove(4), None, None) {
+            Err(e) if ditto_cluster::is_refused(&e) => e.to_string(),
+            other => return Err(format!("a request without the cluster secret was not refused: {other:?}").into()),
+        };
     if nodes.link_of(to, 4).is_none() {
         return Err("node 4 lost its link after a request without the secret".into());
     }

@@ -457,6 +457,9 @@ pub struct NodeConfig {
     /// The cluster secret its control port asks of peers and operators, and shows them
     /// (`ditto_cluster::load_secret`; its servers read the same file for their links).
     pub secret: Option<ditto_cluster::ClusterSecret>,
+    /// TLS on its control port (`tls_cluster`; its servers read their own TLS settings
+    /// for their links).
+    pub control_tls: Option<Arc<ditto_replication::tls::LinkTls>>,
     /// Its servers' `requirepass` (from the config file they share): its probe AUTHs.
     pub password: Option<String>,
     /// That config file (`--config`), read again before each server starts: the server
@@ -2181,6 +2184,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             join: cfg.join,
             compact_every: None,
             secret: cfg.secret.clone(),
+            tls: cfg.control_tls.clone(),
+            hosts: cfg.members.iter().map(|(&id, m)| (id, m.host.clone())).collect(),
         },
         listener,
         Box::new(plane),

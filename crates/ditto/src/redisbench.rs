@@ -74,6 +74,15 @@ pub struct RedisBenchArgs {
     /// (`replicaof`, appendfsync everysec, no WAIT).
     #[arg(long, value_delimiter = ',', default_value = "majority-received")]
     replicated: Vec<String>,
+    /// Also run each replicated policy with TLS between the primary and its backup
+    /// (`--tls-replication`), with this certificate (which must name 127.0.0.1), its key
+    /// and their CA: the servers `ditto+backup+tls/POLICY`.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_ca_cert_file"])]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_ca_cert_file: Option<PathBuf>,
     /// Skip the Redis baselines.
     #[arg(long)]
     no_redis: bool,
@@ -169,13 +178,18 @@ fn summarize(rows: &[Row]) -> Vec<Summary> {
         out.iter().filter(|s| s.server == server).map(|s| (s.test.clone(), s.pipeline, s.rps_median)).collect()
     };
     let (everysec, always) = (base("redis/everysec"), base("redis/always"));
-    let everysec_replica = base(REDIS_REPLICA);
+    let (everysec_replica, everysec_replica_tls) = (base(REDIS_REPLICA), base(REDIS_REPLICA_TLS));
     let ratio = |base: &[(String, u32, f64)], s: &Summary| {
         base.iter().find(|b| b.0 == s.test && b.1 == s.pipeline).map(|b| s.rps_median / b.2)
     };
     for s in &mut out {
-        let with_backup = s.server.contains("+backup/");
-        s.vs_redis = ratio(if with_backup { &everysec_replica } else { &everysec }, s);
+        // Each to its like: one replica, and TLS between the two where ditto has it.
+        let base = match (s.server.contains("+backup/"), s.server.contains("+backup+tls/")) {
+            (_, true) => &everysec_replica_tls,
+            (true, false) => &everysec_replica,
+            _ => &everysec,
+        };
+        s.vs_redis = ratio(base, s);
         s.vs_redis_always = ratio(&always, s);
     }
     out
@@ -216,6 +230,12 @@ fn cpu_time(pid: u32) -> Result<Duration, String> {
 
 /// The Redis baseline with a replica.
 const REDIS_REPLICA: &str = "redis+replica/everysec";
+/// The same with TLS between them, the baseline of `ditto+backup+tls`.
+const REDIS_REPLICA_TLS: &str = "redis+replica+tls/everysec";
+
+fn tls_files(a: &RedisBenchArgs) -> Option<(&Path, &Path, &Path)> {
+    Some((a.tls_cert_file.as_deref()?, a.tls_key_file.as_deref()?, a.tls_ca_cert_file.as_deref()?))
+}
 
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -257,15 +277,29 @@ fn start_ditto_pair(
     dir: &Path,
     policy: &str,
     a: &RedisBenchArgs,
+    tls: bool,
 ) -> Result<ServerProcess, Box<dyn std::error::Error>> {
     ditto_replication::CommitPolicy::parse(policy).map_err(|e| format!("--replicated: {e}"))?;
     let (pdir, bdir) = (dir.join("primary"), dir.join("backup"));
     std::fs::create_dir_all(&pdir)?;
     let workers = a.workers.to_string();
+    let mut tls_args: Vec<String> = Vec::new();
+    if tls {
+        let (Some(c), Some(k), Some(ca)) = (&a.tls_cert_file, &a.tls_key_file, &a.tls_ca_cert_file) else {
+            return Err("TLS between nodes needs --tls-cert-file, --tls-key-file and --tls-ca-cert-file".into());
+        };
+        tls_args.push("--tls-replication".into());
+        for (flag, f) in [("--tls-cert-file", c), ("--tls-key-file", k), ("--tls-ca-cert-file", ca)] {
+            tls_args.extend([flag.to_string(), f.display().to_string()]);
+        }
+    }
+    let tls_args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
     let args = ["--workers", &workers, "--repl-port", "0", "--commit-policy", policy, "--backups", "1"];
-    let mut p = start_ditto_server(exe, &pdir, &args, Stdio::inherit()).map_err(|e| e.to_string())?;
+    let mut p = start_ditto_server(exe, &pdir, &[&args[..], &tls_args].concat(), Stdio::inherit())
+        .map_err(|e| e.to_string())?;
     let repl = p.repl.clone().ok_or("the primary printed no replication address")?;
-    let b = start_ditto_server(exe, &bdir, &["--workers", &workers, "--replica-of", &repl], Stdio::inherit())
+    let bargs = ["--workers", &workers, "--replica-of", &repl];
+    let b = start_ditto_server(exe, &bdir, &[&bargs[..], &tls_args].concat(), Stdio::inherit())
         .map_err(|e| e.to_string())?;
     p.backup = Some(Box::new(b));
     wait_info(p.port, "connected_slaves:1")?;
@@ -285,7 +319,15 @@ fn wait_info(port: u16, want: &str) -> Result<(), String> {
     Err(format!("no {want:?} in INFO replication on port {port} within 60 s"))
 }
 
-fn start_redis(dir: &Path, fsync: &str, replica_of: Option<u16>) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+/// A Redis server: a replica of `replica_of` if given, and with `tls` (certificate, key,
+/// CA) a TLS port too, which the primary's replica dials with TLS (`tls-replication`);
+/// clients use the plaintext port.
+fn start_redis(
+    dir: &Path,
+    fsync: &str,
+    replica_of: Option<u16>,
+    tls: Option<(&Path, &Path, &Path)>,
+) -> Result<(ServerProcess, Option<u16>), Box<dyn std::error::Error>> {
     if !["everysec", "always"].contains(&fsync) {
         return Err(format!("--redis-fsync: unknown policy {fsync:?} (everysec, always)").into());
     }
@@ -302,6 +344,16 @@ fn start_redis(dir: &Path, fsync: &str, replica_of: Option<u16>) -> Result<Serve
     if let Some(primary) = replica_of {
         cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
     }
+    let tls_port = match tls {
+        Some((cert, key, ca)) => {
+            let t = free_port()?;
+            cmd.args(["--tls-port", &t.to_string(), "--tls-replication", "yes"]);
+            cmd.args(["--tls-cert-file", cert.to_str().ok_or("cert")?, "--tls-key-file", key.to_str().ok_or("key")?]);
+            cmd.args(["--tls-ca-cert-file", ca.to_str().ok_or("ca")?]);
+            Some(t)
+        }
+        None => None,
+    };
     let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -309,17 +361,21 @@ fn start_redis(dir: &Path, fsync: &str, replica_of: Option<u16>) -> Result<Serve
         .map_err(|e| format!("starting redis-server (apt-get install redis-server): {e}"))?;
     let p = ServerProcess { child, port, repl: None, backup: None };
     wait_ping(port)?;
-    Ok(p)
+    Ok((p, tls_port))
 }
 
-/// A Redis primary and its replica (each appendfsync `fsync`); returns once the replica's
-/// link is up.
-fn start_redis_pair(dir: &Path, fsync: &str) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+/// A Redis primary and its replica (each appendfsync `fsync`), with TLS between them where
+/// `tls` is given; returns once the replica's link is up.
+fn start_redis_pair(
+    dir: &Path,
+    fsync: &str,
+    tls: Option<(&Path, &Path, &Path)>,
+) -> Result<ServerProcess, Box<dyn std::error::Error>> {
     let (pdir, rdir) = (dir.join("primary"), dir.join("replica"));
     std::fs::create_dir_all(&pdir)?;
     std::fs::create_dir_all(&rdir)?;
-    let mut p = start_redis(&pdir, fsync, None)?;
-    let r = start_redis(&rdir, fsync, Some(p.port))?;
+    let (mut p, tls_port) = start_redis(&pdir, fsync, None, tls)?;
+    let (r, _) = start_redis(&rdir, fsync, Some(tls_port.unwrap_or(p.port)), tls)?;
     let rport = r.port;
     p.backup = Some(Box::new(r));
     wait_info(rport, "master_link_status:up")?;
@@ -417,6 +473,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let replicated: Vec<&String> = a.replicated.iter().filter(|p| p.as_str() != "none").collect();
     servers.extend(replicated.iter().map(|p| format!("ditto+backup/{p}")));
+    if a.tls_cert_file.is_some() {
+        servers.extend(replicated.iter().map(|p| format!("ditto+backup+tls/{p}")));
+    }
     if a.other_ditto.is_some() {
         servers.extend(replicated.iter().map(|p| format!("other+backup/{p}")));
     }
@@ -424,6 +483,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         servers.extend(a.redis_fsync.iter().map(|f| format!("redis/{f}")));
         if !replicated.is_empty() {
             servers.push(REDIS_REPLICA.to_string());
+            if a.tls_cert_file.is_some() {
+                servers.push(REDIS_REPLICA_TLS.to_string());
+            }
         }
     }
     let mut running = Vec::new();
@@ -434,10 +496,12 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         running.push(match kind {
             "ditto" => start_ditto(None, &dir, what, &a)?,
             "other" => start_ditto(a.other_ditto.as_deref(), &dir, what, &a)?,
-            "ditto+backup" => start_ditto_pair(None, &dir, what, &a)?,
-            "other+backup" => start_ditto_pair(a.other_ditto.as_deref(), &dir, what, &a)?,
-            "redis+replica" => start_redis_pair(&dir, what)?,
-            _ => start_redis(&dir, what, None)?,
+            "ditto+backup" => start_ditto_pair(None, &dir, what, &a, false)?,
+            "ditto+backup+tls" => start_ditto_pair(None, &dir, what, &a, true)?,
+            "other+backup" => start_ditto_pair(a.other_ditto.as_deref(), &dir, what, &a, false)?,
+            "redis+replica" => start_redis_pair(&dir, what, None)?,
+            "redis+replica+tls" => start_redis_pair(&dir, what, tls_files(&a))?,
+            _ => start_redis(&dir, what, None, None)?.0,
         });
     }
     for round in 1..=a.rounds.max(1) {
@@ -497,7 +561,9 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
          before its fsync; with always, after it. ditto+backup/POLICY: a primary and one backup process\n\
          (majority-received: the reply waits until the backup has the write in memory, no fsync on the\n\
          commit path); its /everysec ratio is to Redis everysec with one replica and no WAIT (the reply\n\
-         waits for nothing). The servers and redis-benchmark share this machine's cores.",
+         waits for nothing); ditto+backup+tls/POLICY: the same with TLS between them (--tls-replication),\n\
+         to Redis with TLS to its replica (tls-replication yes).\n\
+         The servers and redis-benchmark share this machine's cores.",
         a.fsync_interval_ms.unwrap_or(ditto_server::config::Config::default().fsync_interval_ms)
     );
     if a.json {

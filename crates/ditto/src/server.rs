@@ -51,6 +51,15 @@ pub struct ServerArgs {
     /// Serve TLS only (no plaintext port).
     #[arg(long)]
     tls_only: bool,
+    /// TLS on replication links (a backup dials its primary with TLS; a primary takes only
+    /// TLS backups): both show --tls-cert-file and check the other's against
+    /// --tls-ca-cert-file.
+    #[arg(long)]
+    tls_replication: bool,
+    /// TLS on a cluster node's control port, between nodes and from `ditto cluster`, with
+    /// the same files.
+    #[arg(long)]
+    tls_cluster: bool,
     /// Refuse writes that may grow the data with -OOM while the memory in use is over this:
     /// a size such as 4gb or 512mb, 0 for no limit, or auto (3/4 of the machine's or the
     /// cgroup's memory) [default: auto].
@@ -373,6 +382,8 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.replica_name = a.replica_name;
     cfg.tls_auth_clients |= a.tls_auth_clients;
     cfg.tls_only |= a.tls_only;
+    cfg.tls_replication |= a.tls_replication;
+    cfg.tls_cluster |= a.tls_cluster;
     if let Some(mib) = a.prefault_mib {
         let p = crate::memory::prefault(mib, cfg.workers.max(1));
         eprintln!("pre-faulted {} MiB of heap in {:.1} s", p.mib, p.took.as_secs_f64());
@@ -475,6 +486,12 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(files) = tls.tls()? {
         ditto_server::tls::server_config(&files)?;
     }
+    tls.tls_replication |= a.tls_replication;
+    tls.tls_cluster |= a.tls_cluster;
+    let handshake = std::time::Duration::from_secs(tls.tls_handshake_timeout_s);
+    let node_tls = tls.node_tls()?.map(|f| ditto_replication::tls::LinkTls::new(&f, handshake)).transpose()?;
+    // (Its servers check the same files for their replication links.)
+    let control_tls = node_tls.filter(|_| tls.tls_cluster);
     if let Some(c) = &file {
         if c.replica_of.is_some() || c.repl_port.is_some() {
             return Err("a cluster node takes its ports and role from --members and its control plane: the config file may not set replica_of or repl_port".into());
@@ -499,6 +516,9 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     pass("tls-ca-cert-file", a.tls_ca_cert_file.map(|p| p.display().to_string()));
     if a.tls_auth_clients {
         child_args.push("--tls-auth-clients".into());
+    }
+    if a.tls_replication {
+        child_args.push("--tls-replication".into());
     }
     // Read and checked here, once, with a clear error; each server the node starts is
     // given it for its replication links (`node::LINK_SECRET_ENV`).
@@ -533,6 +553,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         promote_in_place: a.promotion == "in-place",
         stop_timeout: a.server_stop_timeout_ms.map_or(crate::node::STOP_TIMEOUT, std::time::Duration::from_millis),
         secret,
+        control_tls,
         // Its servers read the same file: their clients must AUTH, and so does its probe.
         password: file.as_ref().and_then(|c| c.requirepass.clone()),
         config_file: config_path,

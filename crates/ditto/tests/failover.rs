@@ -596,15 +596,29 @@ fn proxied_cluster_with(n: u64, policy: &str, control: bool, args: &[&str]) -> (
 /// there naming the primary. The members name their TLS ports (`/TLS_PORT`; node 1 also
 /// by its flag, nodes 2 and 3 by their member alone), so every node tells a TLS client the
 /// primary's TLS address (SENTINEL, READONLY) and a plaintext client its plaintext one.
+/// The links between nodes are TLS too (`--tls-replication`, `--tls-cluster`): the
+/// failover, its fetch and the rejoin go over them, and `ditto cluster` is answered only
+/// with the CA's certificate.
 #[test]
 fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = ditto_server::tls::testing::make(pki_dir.path());
     let (cert, key) = (pki.server_cert.display().to_string(), pki.server_key.display().to_string());
+    let ca = pki.ca.display().to_string();
     let mut c = Cluster::configured(3, "majority-durable", &[], 1, |id, p| {
         let flag = if id == 1 { vec!["--tls-port".to_string(), p[0].to_string()] } else { Vec::new() };
-        let files = ["--tls-cert-file", &cert, "--tls-key-file", &key].map(String::from);
+        let files = [
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-replication",
+            "--tls-cluster",
+        ]
+        .map(String::from);
         [vec![p[0].to_string()], flag, files.to_vec()].concat()
     });
     // (Each node's first argument is its TLS port, taken out of its flags: the members
@@ -619,7 +633,6 @@ fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
         c.start_node(id);
     }
     let tls_port = |_: &Cluster, id: u64| tls_ports[&id].clone();
-    let ca = pki.ca.display().to_string();
     let cli = |tls: bool, port: &str, args: &[&str]| {
         let over_tls = if tls { vec!["--tls", "--cacert", &ca] } else { Vec::new() };
         let out = Command::new("redis-cli")
@@ -660,6 +673,28 @@ fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
         let info = cli(false, &c.ports[&id].to_string(), &["INFO", "cluster"]);
         assert!(info.contains(&format!("cluster_primary_tls_addr:{primary_tls}")), "node {id}: {info}");
     }
+    for id in 1..=3 {
+        let said = cli(false, &c.ports[&id].to_string(), &["CONFIG", "GET", "tls-replication"]);
+        assert_eq!(said, "tls-replication\nyes", "node {id}'s server");
+    }
+    // `ditto cluster` on TLS control ports: refused in plaintext, answered with TLS.
+    let via = c.control_addr(first);
+    let ask = ["switchover", "--to", &first.to_string(), "--via", &via, "--wait-s", "20"];
+    let (ok, out) = cluster_cli(&ask);
+    if ok || !out.contains("takes only TLS") {
+        c.dump_logs();
+    }
+    assert!(!ok && out.contains("takes only TLS"), "in plaintext: {out}");
+    let files = ["--tls-cert-file", &cert, "--tls-key-file", &key, "--tls-ca-cert-file", &ca];
+    let (ok, out) = cluster_cli(&[&ask[..], &files[..]].concat());
+    if !ok {
+        c.dump_logs();
+    }
+    assert!(ok, "with TLS: {out}");
+    c.wait_or_dump("the old primary primary again", Duration::from_secs(20), || {
+        (c.primary() == Some(first)).then_some(())
+    });
+    assert_eq!(tls_cli(&tls_port(&c, first), &["GET", "after"]), "2", "every write on it");
 }
 
 /// A primary cut off from the majority (every link to and from it through a proxy that
@@ -1309,7 +1344,8 @@ impl Cluster {
     fn control_addr(&self, id: u64) -> String {
         let spec = self.members.values().flat_map(|m| m.split(',')).find(|s| s.starts_with(&format!("{id}="))).unwrap();
         let (host, ports) = spec.split_once('=').unwrap().1.rsplit_once(':').unwrap();
-        format!("{host}:{}", ports.rsplit('/').next().unwrap())
+        // CLIENT/REPL/CONTROL, and /TLS where named.
+        format!("{host}:{}", ports.split('/').nth(2).unwrap())
     }
 
     /// Ports for a new node `id`, named in every node's --members from now on; returns

@@ -472,3 +472,193 @@ fn a_primary_with_requirepass_serves_only_backups_that_give_it_as_masterauth() {
     assert!(!r.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
     assert_eq!(r.one(&["GET", "k"]), "2");
 }
+
+/// A relay on loopback to `upstream` that keeps every byte it passes from the upstream to
+/// whoever connected: what a listener on the path between two nodes would read.
+fn tapped_relay(upstream: String) -> (String, Arc<parking_lot::Mutex<Vec<u8>>>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let kept = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for down in l.incoming() {
+            let Ok(down) = down else { return };
+            let Ok(up) = std::net::TcpStream::connect(&upstream) else { continue };
+            let (mut up_r, mut down_w) = (up.try_clone().unwrap(), down.try_clone().unwrap());
+            let kept = Arc::clone(&kept);
+            std::thread::spawn(move || {
+                let mut b = [0u8; 64 << 10];
+                while let Ok(n @ 1..) = up_r.read(&mut b) {
+                    kept.lock().extend_from_slice(&b[..n]);
+                    if down_w.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = down_w.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut down_r, mut up_w) = (down, up);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut down_r, &mut up_w);
+                let _ = up_w.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (addr, seen)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn replication_over_tls_hides_the_data_and_refuses_backups_without_tls_or_the_cas_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("pki")).unwrap();
+    std::fs::create_dir_all(tmp.path().join("stranger")).unwrap();
+    let pki = ditto_server::tls::testing::make(&tmp.path().join("pki"));
+    let stranger = ditto_server::tls::testing::make(&tmp.path().join("stranger"));
+    let conf = |name: &str, on: bool, cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| {
+        let p = tmp.path().join(format!("{name}.toml"));
+        // (Files without a use are refused: plaintext names none.)
+        let text = match on {
+            true => format!(
+                "tls_replication = true\ntls_cert_file = {:?}\ntls_key_file = {:?}\ntls_ca_cert_file = {:?}\n",
+                cert.display().to_string(),
+                key.display().to_string(),
+                ca.display().to_string()
+            ),
+            false => "tls_replication = false\n".to_string(),
+        };
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let ours = |name: &str, on: bool| conf(name, on, &pki.server_cert, &pki.server_key, &pki.ca);
+    // Plaintext first: the value crosses the wire as it is, so the check that TLS hides it
+    // can fail.
+    for tls in [false, true] {
+        let name = if tls { "tls" } else { "plain" };
+        let c = ours(name, tls);
+        let primary = Node::start(&tmp.path().join(format!("{name}-primary")), &["--repl-port", "0", "--config", &c]);
+        let (relay, seen) = tapped_relay(primary.repl.clone().unwrap());
+        let value = format!("the-value-crossing-the-link-{name}");
+        let mut p = Client::connect(primary.port).unwrap();
+        assert_eq!(p.one(&["SET", "before", &value]), "+OK");
+        let backup = Node::start(&tmp.path().join(format!("{name}-backup")), &["--replica-of", &relay, "--config", &c]);
+        assert_eq!(p.one(&["SET", "after", &value]), "+OK");
+        let ts = p.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+        let mut r = Client::connect(backup.port).unwrap();
+        r.set_read_timeout(Duration::from_secs(15));
+        assert!(!r.one(&["DITTO.WAITTS", &ts]).starts_with('-'), "{name}: the backup caught up");
+        assert_eq!(r.one(&["GET", "before"]), value, "{name}: from the checkpoint copy");
+        assert_eq!(r.one(&["GET", "after"]), value, "{name}: from the live log");
+        let wire = seen.lock().clone();
+        assert!(wire.len() > 200, "{name}: the relay carried the link ({} bytes)", wire.len());
+        assert_eq!(contains(&wire, value.as_bytes()), !tls, "{name}: the value on the wire");
+    }
+
+    // A TLS primary, and backups it or they refuse.
+    let c = ours("primary", true);
+    let log = tmp.path().join("primary.log");
+    let primary = Node::start_logged(&tmp.path().join("primary"), &["--repl-port", "0", "--config", &c], Some(&log));
+    let repl = primary.repl.clone().unwrap();
+    let mut p = Client::connect(primary.port).unwrap();
+    assert_eq!(p.one(&["SET", "k", "1"]), "+OK");
+    let refused = |name: &str, conf: &str, says: &[&str]| {
+        let (status, said) = Node::run_to_exit(
+            &tmp.path().join(name),
+            &["--replica-of", &repl, "--config", conf],
+            &tmp.path().join(format!("{name}.log")),
+        );
+        assert!(!status.success(), "{name}: {said}");
+        eprintln!("SAID {name}: {said}");
+        for s in says {
+            assert!(said.contains(s), "{name} should say {s:?}: {said}");
+        }
+    };
+    // In plaintext: refused in plaintext, saying why.
+    refused("plaintext", &ours("plaintext", false), &["takes only TLS backups", "set tls_replication on the backup"]);
+    // Trusting another CA: it refuses the primary's certificate.
+    let c = conf("trusts-another", true, &stranger.server_cert, &stranger.server_key, &stranger.ca);
+    refused("trusts-another", &c, &["handshake failed", "invalid peer certificate"]);
+    // Trusting the primary's CA but showing a certificate another CA signed: the primary
+    // refuses it (the backup, whose side of the handshake may end first, retries), and it
+    // never receives anything.
+    let c = conf("shows-another", true, &stranger.server_cert, &stranger.server_key, &pki.ca);
+    let shows = Spawned::new(&tmp.path().join("shows-another"), &["--replica-of", &repl, "--config", &c]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let said = std::fs::read_to_string(&log).unwrap();
+        if said.contains("handshake failed") && said.contains("invalid peer certificate") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the primary should say it refused the certificate: {said}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(files_under(&tmp.path().join("shows-another")), ["LOCK"], "it received nothing");
+    let info = p.cmd(&["INFO", "replication"]).unwrap().concat();
+    assert!(info.contains("connected_slaves:0"), "{info}");
+    drop(shows);
+
+    // A TLS backup of a plaintext primary: the primary says why it closed the link.
+    let plain_log = tmp.path().join("plain-primary.log");
+    let c = ours("plain-primary", false);
+    let plain =
+        Node::start_logged(&tmp.path().join("plain-primary"), &["--repl-port", "0", "--config", &c], Some(&plain_log));
+    let tls_backup = Spawned::new(
+        &tmp.path().join("tls-of-plain"),
+        &["--replica-of", plain.repl.as_deref().unwrap(), "--config", &ours("tls-b", true)],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let said = std::fs::read_to_string(&plain_log).unwrap();
+        if said.contains("a backup opened with TLS") && said.contains("set tls_replication on both nodes or on neither")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the plaintext primary should say why: {said}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("PRIMARY LOG: {}", std::fs::read_to_string(&log).unwrap());
+    eprintln!("PLAIN LOG: {}", std::fs::read_to_string(&plain_log).unwrap());
+    drop(tls_backup);
+    assert_eq!(files_under(&tmp.path().join("tls-of-plain")), ["LOCK"], "it received nothing");
+}
+
+/// A `ditto server` that may never serve (a backup that cannot join), killed when dropped.
+struct Spawned(std::process::Child);
+
+impl Spawned {
+    fn new(dir: &std::path::Path, extra: &[&str]) -> Spawned {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+            .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ditto server");
+        Spawned(child)
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The names of the files under `dir`, at any depth.
+fn files_under(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.path().is_dir() {
+                true => dirs.push(e.path()),
+                false => files.push(e.file_name()),
+            }
+        }
+    }
+    files
+}

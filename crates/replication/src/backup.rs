@@ -177,6 +177,8 @@ pub struct BackupOptions {
     /// The password its primary asks of backups (a server's `masterauth`: the primary's
     /// `requirepass`), sent in every `Hello`.
     pub auth: Option<crate::protocol::Secret>,
+    /// TLS to the primary (`tls_replication`): `None`, plaintext.
+    pub tls: Option<Arc<crate::tls::LinkTls>>,
 }
 
 /// Cuts a join short from another thread (`BackupOptions::cancel`): sets the stop flag
@@ -241,6 +243,7 @@ impl BackupOptions {
             cancel: None,
             keep_what_the_primary_lost: true,
             auth: None,
+            tls: None,
         }
     }
 }
@@ -526,7 +529,11 @@ pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 /// A backup's checkpointer looks this often whether the backup has stopped.
 const CHECKPOINTER_STEP: Duration = Duration::from_millis(100);
 
-fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
+fn connect(
+    addr: &str,
+    tls: Option<&crate::tls::LinkTls>,
+    hello: &Frame,
+) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
     // Bounded, so that a stop asked meanwhile (`BackupOptions::stop`) is seen: a host that
     // drops packets would otherwise hold a connect for minutes.
     let mut last = None;
@@ -543,6 +550,10 @@ fn connect(addr: &str, hello: &Frame) -> std::io::Result<(TcpStream, BufReader<T
     let s = connected.ok_or_else(|| {
         last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr}: no address")))
     })?;
+    let s = match tls {
+        Some(t) => t.connect(s, addr)?,
+        None => s,
+    };
     s.set_nodelay(true)?;
     (&s).write_all(&hello.encode())?;
     let r = BufReader::with_capacity(4 << 20, s.try_clone()?);
@@ -619,7 +630,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // (a primary stopping, a proxy's first connection), or a welcome that does not come
             // within `SILENCE_MAX` (a peer that accepts and never answers): tried again until
             // the deadline. The checkpoint that may follow is read without a timeout.
-            let attempt = connect(&opts.primary, hello).and_then(|(s, mut r)| {
+            let attempt = connect(&opts.primary, opts.tls.as_deref(), hello).and_then(|(s, mut r)| {
                 s.set_read_timeout(Some(SILENCE_MAX))?;
                 let w = read_frame(&mut r)?.ok_or_else(|| {
                     std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome")
@@ -1873,6 +1884,7 @@ impl Receiver {
             }
             // Resume above what every stream holds (each stream's surplus is skipped).
             let mut refused_said = None;
+            let mut tls_said = None;
             loop {
                 // 100 ms between tries, in steps, so that a stop (`Backup::stop`) is seen soon.
                 for _ in 0..if wait { 20 } else { 1 } {
@@ -1895,7 +1907,19 @@ impl Receiver {
                     learner,
                     auth: self.opts.auth.clone(),
                 };
-                let Ok((s, mut r)) = connect(&self.opts.primary, &hello) else { continue };
+                let (s, mut r) = match connect(&self.opts.primary, self.opts.tls.as_deref(), &hello) {
+                    Ok(c) => c,
+                    // A primary down is the common case, and said once above; a handshake
+                    // refused (certificates changed on one side) is said, at most every 10 s.
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        if tls_said.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(10)) {
+                            tracing::warn!("replication from {}: {e}; trying again", self.opts.primary);
+                            tls_said = Some(Instant::now());
+                        }
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
                 // A peer that accepts and never answers (a partition's dropped packets) must
                 // not hold this thread: a stop waits for it.
                 if s.set_read_timeout(Some(SILENCE_MAX)).is_err() {

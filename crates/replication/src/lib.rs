@@ -27,6 +27,7 @@ pub mod policy;
 pub mod primary;
 pub mod protocol;
 pub mod restart;
+pub mod tls;
 pub mod watermark;
 
 pub use backup::{

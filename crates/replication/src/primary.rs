@@ -78,6 +78,9 @@ pub struct PrimaryOptions {
     /// Other passwords a backup may give, while a cluster's secret is rotated (the backup
     /// shows one of them, or `password`).
     pub also_accepted: Vec<crate::protocol::Secret>,
+    /// TLS on the replication port (`tls_replication`): every backup must open with a TLS
+    /// handshake and show a certificate the CA signed. `None`: plaintext.
+    pub tls: Option<Arc<crate::tls::LinkTls>>,
 }
 
 impl Default for PrimaryOptions {
@@ -95,6 +98,7 @@ impl Default for PrimaryOptions {
             acks_on: None,
             password: None,
             also_accepted: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -313,12 +317,37 @@ impl Primary {
                         let me = Arc::clone(&me);
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                            if let Err(e) = me.serve(s) {
+                            let served = match &me.opts.tls {
+                                Some(t) => match crate::tls::opens_with_tls(&s, Duration::from_secs(10)) {
+                                    Ok(true) => t.accept(s).and_then(|s| me.serve(s, &addr)),
+                                    Ok(false) => {
+                                        // Its hello read first: a socket closed with bytes
+                                        // unread resets the connection, and the backup
+                                        // may lose the answer.
+                                        let _ = read_frame_at_most(&mut &s, HELLO_BYTES_MAX);
+                                        Err(refuse(&s, format!("{TLS_ONLY}: set tls_replication on the backup, with a certificate of this primary's CA")))
+                                    }
+                                    Err(e) => Err(e),
+                                },
+                                None => match crate::tls::opens_with_tls(&s, Duration::from_secs(10)) {
+                                    // (It cannot be answered: it waits for a TLS answer.)
+                                    Ok(true) => Err(std::io::Error::other(format!(
+                                        "{TLS_ONLY_THERE}: this primary's replication port is plaintext; set tls_replication on both nodes or on neither"
+                                    ))),
+                                    Ok(false) => me.serve(s, &addr),
+                                    Err(e) => Err(e),
+                                },
+                            };
+                            if let Err(e) = served {
                                 // A backup refused for its name or its password tries again
                                 // and again (so may anyone who reaches the port): said at
                                 // most once a second.
                                 let why = e.to_string();
-                                let retried = why.starts_with(NAME_TAKEN) || why.starts_with(AUTH_REFUSED);
+                                let retried = why.starts_with(NAME_TAKEN)
+                                    || why.starts_with(AUTH_REFUSED)
+                                    || why.starts_with(TLS_ONLY)
+                                    || why.starts_with(TLS_ONLY_THERE)
+                                    || why.starts_with("TLS from");
                                 if !retried
                                     || me
                                         .retried_refusal_said
@@ -733,11 +762,12 @@ impl Primary {
         }
     }
 
-    /// One backup's connection, start to end.
-    fn serve(self: &Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
+    /// One backup's connection, start to end: `addr` is where it came from (with TLS,
+    /// `stream` is the tunnel's loopback end).
+    fn serve(self: &Arc<Self>, stream: TcpStream, addr: &str) -> std::io::Result<()> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let addr = stream.peer_addr()?.to_string();
+        let addr = addr.to_string();
         let mut reader = BufReader::new(stream.try_clone()?);
         let (epoch, have_ts, node, learner, auth) = match read_frame_at_most(&mut reader, HELLO_BYTES_MAX)? {
             Some(Frame::Hello { version, epoch, have_ts, node, learner, auth }) if version == PROTOCOL_VERSION => {
@@ -1528,6 +1558,11 @@ fn peer_closed(stream: &TcpStream) -> bool {
 
 /// Tells a backup why it is refused (best effort: it may have gone) and returns the
 /// error that ends its connection.
+/// How a TLS primary refuses a backup that opened in plaintext, and how a plaintext one
+/// says it closed a backup that opened with TLS.
+pub const TLS_ONLY: &str = "this primary takes only TLS backups (tls_replication)";
+const TLS_ONLY_THERE: &str = "a backup opened with TLS";
+
 fn refuse(stream: &TcpStream, reason: String) -> std::io::Error {
     let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
     std::io::Error::other(reason)

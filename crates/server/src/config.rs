@@ -87,8 +87,16 @@ pub struct Config {
     pub tls_ca_cert_file: Option<PathBuf>,
     /// Mutual TLS: clients must present a certificate signed by `tls_ca_cert_file`.
     pub tls_auth_clients: bool,
-    /// Seconds a TLS client has to finish its handshake.
+    /// Seconds a TLS client has to finish its handshake (and a node, on a link between nodes).
     pub tls_handshake_timeout_s: u64,
+    /// TLS on replication links (Redis's `tls-replication`): a backup dials its primary
+    /// with TLS and a primary takes only TLS backups, each showing `tls_cert_file` and
+    /// checking the other's against `tls_ca_cert_file`; a backup also checks that the
+    /// certificate names the host it dialed (docs/replication.md, "TLS between nodes").
+    pub tls_replication: bool,
+    /// TLS on a cluster node's control port (Redis's `tls-cluster`), between nodes and
+    /// from `ditto cluster`, with the same files (docs/cluster.md).
+    pub tls_cluster: bool,
     /// Run as a backup (hot standby) of the primary whose replication port is at host:port:
     /// read-only, replaying its log (docs/replication.md).
     pub replica_of: Option<String>,
@@ -233,6 +241,8 @@ impl Default for Config {
             tls_ca_cert_file: None,
             tls_auth_clients: false,
             tls_handshake_timeout_s: 10,
+            tls_replication: false,
+            tls_cluster: false,
             replica_of: None,
             repl_port: None,
             commit_policy: "local".into(),
@@ -312,6 +322,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.durability()?;
         self.policy()?;
+        self.tls()?;
+        self.node_tls()?;
         ditto_replication::parse_replay(&self.replay).map_err(ConfigError::Invalid)?;
         if self.promote && (self.replica_of.is_some() || self.cluster.is_some()) {
             return Err(ConfigError::Invalid(
@@ -386,6 +398,9 @@ impl Config {
             ("maxmemory", self.maxmemory.bytes().unwrap_or(0).to_string()),
             ("maxmemory-policy", "noeviction".into()),
         ];
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+        v.push(("tls-replication", yes_no(self.tls_replication)));
+        v.push(("tls-cluster", yes_no(self.tls_cluster)));
         if let Some(p) = self.tls_port {
             v.push(("tls-port", p.to_string()));
             v.push(("tls-auth-clients", if self.tls_auth_clients { "yes" } else { "no" }.into()));
@@ -397,14 +412,15 @@ impl Config {
     pub fn tls(&self) -> Result<Option<TlsFiles>, ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
         let Some(_) = self.tls_port else {
-            let stray = self.tls_only
-                || self.tls_auth_clients
-                || self.tls_cert_file.is_some()
-                || self.tls_key_file.is_some()
-                || self.tls_ca_cert_file.is_some();
+            let files = self.tls_cert_file.is_some() || self.tls_key_file.is_some() || self.tls_ca_cert_file.is_some();
+            let stray = self.tls_only || self.tls_auth_clients || (files && !self.tls_replication && !self.tls_cluster);
             // TLS settings without a TLS port would leave a server that looks secured
             // serving plaintext only.
-            return if stray { bad("tls_* settings need tls_port") } else { Ok(None) };
+            return if stray {
+                bad("tls_* settings need tls_port (or, for the files alone, tls_replication or tls_cluster)")
+            } else {
+                Ok(None)
+            };
         };
         let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
             return bad("tls_port needs tls_cert_file and tls_key_file");
@@ -420,6 +436,31 @@ impl Config {
             key_file: key.clone(),
             ca_cert_file: self.tls_ca_cert_file.clone(),
             auth_clients: self.tls_auth_clients,
+        }))
+    }
+}
+
+impl Config {
+    /// The files of TLS between nodes when `tls_replication` or `tls_cluster` is set: the
+    /// certificate, its key and the CA are all needed, since each side checks the other.
+    pub fn node_tls(&self) -> Result<Option<TlsFiles>, ConfigError> {
+        if !self.tls_replication && !self.tls_cluster {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key), Some(ca)) = (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_cert_file)
+        else {
+            return Err(ConfigError::Invalid(
+                "tls_replication and tls_cluster need tls_cert_file, tls_key_file and tls_ca_cert_file: each node shows its certificate and checks the other's against the CA".into(),
+            ));
+        };
+        if self.tls_handshake_timeout_s == 0 {
+            return Err(ConfigError::Invalid("tls_handshake_timeout_s must be >= 1".into()));
+        }
+        Ok(Some(TlsFiles {
+            cert_file: cert.clone(),
+            key_file: key.clone(),
+            ca_cert_file: Some(ca.clone()),
+            auth_clients: true,
         }))
     }
 }
@@ -544,5 +585,17 @@ mod tests {
         assert!(check("tls_port = 0\ntls_cert_file = \"a\"").is_err(), "no key");
         check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"").unwrap();
         assert!(check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_auth_clients = true").is_err());
+        // Between nodes: the three files, and no TLS port needed.
+        let files = "tls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_ca_cert_file = \"c\"\n";
+        for on in ["tls_replication = true\n", "tls_cluster = true\n"] {
+            check(&format!("{on}{files}")).unwrap();
+            let e = check(&format!("{on}tls_cert_file = \"a\"\ntls_key_file = \"b\"\n")).unwrap_err().to_string();
+            assert!(e.contains("tls_ca_cert_file"), "{e}");
+            assert!(check(&format!("{on}tls_ca_cert_file = \"c\"\n")).is_err(), "no certificate");
+            // (The client port's own settings still need their port.)
+            assert!(check(&format!("{on}{files}tls_only = true\n")).is_err());
+        }
+        let e = check(files).unwrap_err().to_string();
+        assert!(e.contains("need tls_port"), "files with no use: {e}");
     }
 }

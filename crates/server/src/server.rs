@@ -436,7 +436,19 @@ fn backup_options(
         // A cluster's failover points lie above every acknowledged commit.
         keep_what_the_primary_lost: cfg.cluster.is_none(),
         auth: cfg.link_secret.as_deref().or(cfg.masterauth.as_deref()).map(Into::into),
+        tls: link_tls(cfg)?,
     })
+}
+
+/// TLS on the replication links (`tls_replication`), its files read now: each start of a
+/// role reads them again, so renewed certificates are taken at the next change of role.
+fn link_tls(cfg: &Config) -> Result<Option<Arc<ditto_replication::tls::LinkTls>>, ServerError> {
+    if !cfg.tls_replication {
+        return Ok(None);
+    }
+    let files = cfg.node_tls()?.expect("tls_replication is set");
+    let handshake = Duration::from_secs(cfg.tls_handshake_timeout_s);
+    Ok(Some(ditto_replication::tls::LinkTls::new(&files, handshake)?))
 }
 
 /// `--promote`: a standalone backup's directory opened as a primary's. Its checkpoint and
@@ -543,10 +555,11 @@ fn run_role(
                     return Ok(None);
                 }
                 Err(e) => {
-                    return Err(ServerError::Io {
-                        what: format!("joining the primary at {primary}"),
-                        source: std::io::Error::other(e.to_string()),
-                    })
+                    // (A failed connection says where already.)
+                    let what = format!("joining the primary at {primary}");
+                    let why = e.to_string();
+                    let why = why.strip_prefix(&format!("{what}: ")).unwrap_or(&why).to_string();
+                    return Err(ServerError::Io { what, source: std::io::Error::other(why) });
                 }
             };
             // From here it may acknowledge what it receives: a cluster node's supervisor
@@ -776,6 +789,7 @@ fn run_role(
             // A backup receives everything a client could read: it gives the password too.
             password: cfg.link_secret.as_deref().or(cfg.requirepass.as_deref()).map(Into::into),
             also_accepted: cfg.link_secret_also.iter().map(|s| s.as_str().into()).collect(),
+            tls: link_tls(&cfg)?,
             ..Default::default()
         };
         let r = Arc::clone(&release);
