@@ -780,13 +780,14 @@ fn connect(
 ) -> std::io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, timeout)?;
     let mut s = match tls {
-        Some(t) => t.connect_named(s, &addr.to_string(), name).map_err(|e| match e.kind() {
-            // A certificate refused either way, or a plaintext port: asking again would
-            // not change it.
-            std::io::ErrorKind::InvalidData => {
+        // A certificate refused either way, a plaintext port, a name no certificate can
+        // carry: asking again would not change it (a handshake that times out may).
+        Some(t) => t.connect_named(s, &addr.to_string(), name).map_err(|e| {
+            if ditto_replication::tls::is_handshake_failure(&e) || e.kind() == std::io::ErrorKind::InvalidInput {
                 std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused(e.to_string()))
+            } else {
+                e
             }
-            _ => e,
         })?,
         None => s,
     };
@@ -831,14 +832,26 @@ pub const SECRETS_ALSO_MAX: usize = 3;
 /// whitespace character taken out (as MongoDB reads a keyFile, so that base64 wrapped over
 /// lines by `openssl rand -base64` is one secret), of `SECRET_BYTES_MIN` to
 /// `SECRET_BYTES_MAX` bytes, from a file its owner alone may read (as MongoDB's keyFile
-/// and ssh's keys).
+/// and ssh's keys), owned by this process's user or by root (as ssh asks of its keys: the
+/// owner of a file may change it).
 pub fn load_secret(path: &std::path::Path) -> Result<Secret, String> {
-    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    load_secret_as(path, unsafe { libc::geteuid() })
+}
+
+fn load_secret_as(path: &std::path::Path, user: u32) -> Result<Secret, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let at = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(format!("the cluster secret file {at} may be read by others (mode {mode:03o}): `chmod 600 {at}`"));
+    }
+    if meta.uid() != user && meta.uid() != 0 {
+        return Err(format!(
+            "the cluster secret file {at} is owned by user {}, not by this process's user ({user}) nor root: whoever owns it may change it (`chown {user} {at}`)",
+            meta.uid()
+        ));
     }
     let text = std::fs::read(path).map_err(|e| format!("the cluster secret file {at}: {e}"))?;
     let text = String::from_utf8(text).map_err(|_| format!("the cluster secret file {at} is not UTF-8 text"))?;
@@ -1170,11 +1183,11 @@ impl FetchAssembly {
 
 /// A connection's hello, answered: whether it was taken (a refusal is answered with why,
 /// counted and logged).
-fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<NodeId> {
+fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared, until: Instant) -> Option<NodeId> {
     // A peer that does not say its whole hello in time is dropped; one that was taken
     // may be idle for long.
     let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
-    let hello = read_frame_at_most(&mut Until { s: stream, until: Instant::now() + HELLO_WAIT }, HELLO_MAX);
+    let hello = read_frame_at_most(&mut Until { s: stream, until }, HELLO_MAX);
     let why = match hello {
         Ok(Some((from, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
             None => {
@@ -1199,8 +1212,9 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Opti
 /// tunnel's end on a TLS one (`tls_cluster`). A connection that opens otherwise than the
 /// port speaks is refused, counted and said (a plaintext one in plaintext, with a hello
 /// frame saying why).
-fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<TcpStream> {
-    let opens = match opens_with_tls(&stream, HELLO_WAIT) {
+fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared, until: Instant) -> Option<TcpStream> {
+    let within = until.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let opens = match opens_with_tls(&stream, within) {
         Ok(o) => o,
         Err(_) => return None,
     };
@@ -1216,12 +1230,12 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<TcpSt
             shared.refused(peer, why);
             // Its hello read first: a socket closed with bytes unread resets the
             // connection, and the peer may lose the answer.
-            let _ = read_frame_at_most(&mut Until { s: &stream, until: Instant::now() + HELLO_WAIT }, HELLO_MAX);
+            let _ = read_frame_at_most(&mut Until { s: &stream, until }, HELLO_MAX);
             let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
             let _ = (&stream).write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
             None
         }
-        (Some(t), true) => match t.accept(stream) {
+        (Some(t), true) => match t.accept_within(stream, until.saturating_duration_since(Instant::now())) {
             Ok(s) => Some(s),
             Err(e) => {
                 shared.refused(peer, &e.to_string());
@@ -1233,7 +1247,10 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<TcpSt
 
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
-    let taken = tls_for(stream, peer, &shared).and_then(|mut s| Some((take_hello(&mut s, peer, &shared)?, s)));
+    // One deadline for the peek, the TLS handshake if any, and the hello.
+    let until = Instant::now() + if shared.tls.is_some() { 2 * HELLO_WAIT } else { HELLO_WAIT };
+    let taken =
+        tls_for(stream, peer, &shared, until).and_then(|mut s| Some((take_hello(&mut s, peer, &shared, until)?, s)));
     shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
     // The node the hello named (0: an operator): every frame after it on this connection
     // is that node's, so that one peer cannot speak for another.
@@ -1391,9 +1408,9 @@ impl Run {
             self.senders.insert(peer, tx);
             let shared = Arc::clone(&self.shared);
             // The name its certificate must carry: its host in --members, else as added.
-            let name = (self.hosts.get(&peer).cloned())
-                .or_else(|| st.node(peer).map(|m| m.host().to_string()))
-                .unwrap_or_else(|| addr.ip().to_string());
+            let name = (self.hosts.get(&peer).map(String::as_str))
+                .or_else(|| st.node(peer).map(|m| m.host()))
+                .map_or_else(|| addr.ip().to_string(), |h| h.trim_start_matches('[').trim_end_matches(']').to_string());
             self.sender_threads
                 .push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(addr, name, rx, shared)));
         }
@@ -1403,7 +1420,9 @@ impl Run {
     /// The control address of `id`, as this node knows it.
     fn control_addr(&self, id: NodeId) -> Option<String> {
         if let Some(a) = self.config_peers.get(&id) {
-            return Some(a.to_string());
+            // By its host as configured (what its certificate names), not the address
+            // it resolved to.
+            return Some(self.hosts.get(&id).map_or_else(|| a.to_string(), |h| format!("{h}:{}", a.port())));
         }
         let m = self.node.state().node(id).filter(|m| m.control != 0)?;
         Some(format!("{}:{}", m.host(), m.control))
@@ -2251,5 +2270,20 @@ mod tests {
         assert_eq!(load_secret(&file("max", &[b'a'; SECRET_BYTES_MAX], 0o600)).unwrap().0.len(), SECRET_BYTES_MAX);
         assert!(load_secret(&file("binary", &[0xff; 20], 0o600)).unwrap_err().contains("not UTF-8"));
         assert!(load_secret(&dir.path().join("missing")).unwrap_err().contains("the cluster secret file"));
+        // Its owner: this process's user or root, not another user.
+        let owner = |p: &std::path::Path| std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p).unwrap());
+        let mine = owner(&good);
+        match load_secret_as(&good, mine + 1) {
+            Ok(_) => assert_eq!(mine, 0, "a file of another user than root's is refused"),
+            Err(e) => assert!(e.contains(&format!("is owned by user {mine}, not by this process's user")), "{e}"),
+        }
+        if mine == 0 {
+            // (Root can give a file away: the case the check is for.)
+            let given = file("given", b"a-secret-of-20-bytes", 0o600);
+            std::os::unix::fs::chown(&given, Some(4242), None).unwrap();
+            let e = load_secret_as(&given, 0).unwrap_err();
+            assert!(e.contains("is owned by user 4242, not by this process's user (0) nor root"), "{e}");
+        }
+        assert_eq!(load_secret_as(&good, mine).unwrap().0, "a-secret-of-20-bytes");
     }
 }

@@ -206,6 +206,8 @@ struct Cluster {
     secrets: BTreeMap<NodeId, Option<ClusterSecret>>,
     /// Each node's TLS (plaintext where not named).
     tls: BTreeMap<NodeId, Arc<LinkTls>>,
+    /// The host names each node checks its peers' certificates against (`ServiceConfig::hosts`).
+    hosts: BTreeMap<NodeId, BTreeMap<NodeId, String>>,
 }
 
 impl Cluster {
@@ -222,6 +224,7 @@ impl Cluster {
             nodes: BTreeMap::new(),
             secrets: BTreeMap::new(),
             tls: BTreeMap::new(),
+            hosts: BTreeMap::new(),
         }
     }
 
@@ -268,7 +271,7 @@ impl Cluster {
             compact_every: None,
             secret: self.secrets.get(&id).cloned().flatten(),
             tls: self.tls.get(&id).cloned(),
-            hosts: BTreeMap::new(),
+            hosts: self.hosts.get(&id).cloned().unwrap_or_default(),
         }
     }
 
@@ -940,5 +943,31 @@ fn a_control_port_with_tls_takes_only_nodes_and_operators_whose_certificates_the
         let at = c.peers[&c.leader().unwrap()].to_string();
         // (Answered, whatever it says of a node that is not a member.)
         admin_request(&at, &AdminRequest::Remove(9), None, Some(&ours)).unwrap();
+    }
+    // Peers' certificates are checked against their hosts as configured: the CA's
+    // certificates name 127.0.0.1 and localhost. Named so, the group forms; node 1 told
+    // its peers are db-N.example refuses their certificates, and the peer it dials counts
+    // its connections' failed handshakes.
+    for (host, forms) in [("localhost", true), ("db-N.example", false)] {
+        let mut c = Cluster::new(3);
+        c.tls = (1..=3).map(|id| (id, Arc::clone(&ours))).collect();
+        c.hosts.insert(1, [(2, host.to_string()), (3, host.to_string())].into_iter().collect());
+        for id in 1..=3 {
+            c.start(id);
+        }
+        if forms {
+            wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(c.statuses().iter().all(|s| s.refused == 0), "{:?}", c.statuses());
+        } else {
+            // (Node 1 dials whom it sends to: the leader at least, once it hears one.)
+            wait_for("a peer of node 1 counting its refused handshakes", Duration::from_secs(10), || {
+                [2, 3].iter().any(|id| {
+                    let st = c.nodes[id].status();
+                    st.refused > 0 && st.refused_last.as_deref().is_some_and(|l| l.contains("handshake failed"))
+                })
+            });
+            assert_eq!(c.nodes[&1].status().refused, 0, "node 1 dials: its peers' certificates are refused there");
+        }
     }
 }

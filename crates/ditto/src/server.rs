@@ -483,11 +483,20 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("the TLS port {p} is one of this node's own ports in --members").into());
         }
     }
+    tls.tls_replication |= a.tls_replication;
+    tls.tls_cluster |= a.tls_cluster;
     if let Some(files) = tls.tls()? {
         ditto_server::tls::server_config(&files)?;
     }
-    tls.tls_replication |= a.tls_replication;
-    tls.tls_cluster |= a.tls_cluster;
+    // Both links or neither: a failover's fetch carries log batches over the control
+    // port, and the replication links carry the rest.
+    if tls.tls_replication != tls.tls_cluster {
+        return Err(format!(
+            "a cluster node needs tls_replication and tls_cluster both, or neither (it has {}): a failover's fetch carries the log over the control port, and the replication links the rest",
+            if tls.tls_replication { "tls_replication alone" } else { "tls_cluster alone" }
+        )
+        .into());
+    }
     let handshake = std::time::Duration::from_secs(tls.tls_handshake_timeout_s);
     let node_tls = tls.node_tls()?.map(|f| ditto_replication::tls::LinkTls::new(&f, handshake)).transpose()?;
     // (Its servers check the same files for their replication links.)
@@ -519,6 +528,9 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if a.tls_replication {
         child_args.push("--tls-replication".into());
+    }
+    if a.tls_cluster {
+        child_args.push("--tls-cluster".into());
     }
     // Read and checked here, once, with a clear error; each server the node starts is
     // given it for its replication links (`node::LINK_SECRET_ENV`).

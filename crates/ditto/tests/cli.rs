@@ -459,4 +459,12 @@ fn a_cluster_node_refuses_tls_only_or_a_role_in_its_config_with_a_clear_error() 
     refused_as(with_tls, &[], "tls_port needs tls_cert_file and tls_key_file");
     refused_as(with_tls, &["--tls-cert-file", b, "--tls-key-file", b], "bad.pem");
     refused_as("1=127.0.0.1:1/2/3/3", &["--tls-cert-file", b, "--tls-key-file", b], "one of this node's own ports");
+    // TLS between nodes: both links or neither, the CA too, and files that load (no TLS
+    // port needed).
+    let files = ["--tls-cert-file", b, "--tls-key-file", b, "--tls-ca-cert-file", b];
+    for (one, alone) in [("--tls-replication", "tls_replication alone"), ("--tls-cluster", "tls_cluster alone")] {
+        refused(&[&[one][..], &files[..]].concat(), alone);
+    }
+    refused(&["--tls-replication", "--tls-cluster", "--tls-cert-file", b, "--tls-key-file", b], "tls_ca_cert_file");
+    refused(&[&["--tls-replication", "--tls-cluster"][..], &files[..]].concat(), "bad.pem");
 }

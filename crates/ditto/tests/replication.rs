@@ -571,7 +571,6 @@ fn replication_over_tls_hides_the_data_and_refuses_backups_without_tls_or_the_ca
             &tmp.path().join(format!("{name}.log")),
         );
         assert!(!status.success(), "{name}: {said}");
-        eprintln!("SAID {name}: {said}");
         for s in says {
             assert!(said.contains(s), "{name} should say {s:?}: {said}");
         }
@@ -619,8 +618,6 @@ fn replication_over_tls_hides_the_data_and_refuses_backups_without_tls_or_the_ca
         assert!(Instant::now() < deadline, "the plaintext primary should say why: {said}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("PRIMARY LOG: {}", std::fs::read_to_string(&log).unwrap());
-    eprintln!("PLAIN LOG: {}", std::fs::read_to_string(&plain_log).unwrap());
     drop(tls_backup);
     assert_eq!(files_under(&tmp.path().join("tls-of-plain")), ["LOCK"], "it received nothing");
 }

@@ -1910,8 +1910,9 @@ impl Receiver {
                 let (s, mut r) = match connect(&self.opts.primary, self.opts.tls.as_deref(), &hello) {
                     Ok(c) => c,
                     // A primary down is the common case, and said once above; a handshake
-                    // refused (certificates changed on one side) is said, at most every 10 s.
-                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    // that failed (certificates changed on one side, a primary restarted
+                    // in plaintext) is said, at most every 10 s.
+                    Err(e) if crate::tls::is_handshake_failure(&e) => {
                         if tls_said.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(10)) {
                             tracing::warn!("replication from {}: {e}; trying again", self.opts.primary);
                             tls_said = Some(Instant::now());

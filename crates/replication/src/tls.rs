@@ -156,6 +156,25 @@ impl std::fmt::Debug for LinkTls {
     }
 }
 
+/// A TLS handshake that failed (not one that timed out): a certificate refused either way,
+/// or a peer that closed it (a plaintext port). Asking again changes nothing until a
+/// side's settings do.
+#[derive(Debug)]
+pub struct HandshakeFailed(String);
+
+impl std::fmt::Display for HandshakeFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HandshakeFailed {}
+
+/// Whether `e` is a [`HandshakeFailed`].
+pub fn is_handshake_failure(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<HandshakeFailed>())
+}
+
 /// After one direction of a tunnel ends, how long the other may still run (a peer's
 /// last frames, its close): a silent peer does not hold a tunnel's task for ever.
 const LINGER: Duration = Duration::from_secs(5);
@@ -173,6 +192,28 @@ fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
         .build()?;
     // Two threads racing here build two; one is kept and the other dropped unused.
     Ok(RT.get_or_init(|| rt))
+}
+
+/// See `set_user_timeout`: far above any link's own silence limit (5 s).
+const USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn set_user_timeout(sock: &TcpStream, d: Duration) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let ms = libc::c_uint::try_from(d.as_millis()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: a valid socket descriptor, an option of the size the kernel expects.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A connected pair of loopback sockets, both without Nagle's delay: the caller's end and
@@ -268,19 +309,35 @@ impl LinkTls {
 
     /// As `connect`, the certificate checked against `name` rather than `addr`'s host.
     pub fn connect_named(&self, sock: TcpStream, addr: &str, name: &str) -> std::io::Result<TcpStream> {
-        let name = server_name(name).map_err(std::io::Error::other)?;
+        let name = server_name(name).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let connector = self.connector.clone();
-        self.tunnel(sock, format!("TLS to {addr}"), move |s| async move { connector.connect(name, s).await })
+        self.tunnel(
+            sock,
+            format!("TLS to {addr}"),
+            self.handshake,
+            move |s| async move { connector.connect(name, s).await },
+        )
     }
 
     /// TLS for `sock`, a connection a peer made; returns the plaintext end.
     pub fn accept(&self, sock: TcpStream) -> std::io::Result<TcpStream> {
-        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "a peer".into());
-        let acceptor = self.acceptor.clone();
-        self.tunnel(sock, format!("TLS from {peer}"), move |s| async move { acceptor.accept(s).await })
+        self.accept_within(sock, self.handshake)
     }
 
-    fn tunnel<F, Fut, S>(&self, sock: TcpStream, what: String, handshake: F) -> std::io::Result<TcpStream>
+    /// As `accept`, the handshake given at most `limit` (a port's own deadline).
+    pub fn accept_within(&self, sock: TcpStream, limit: Duration) -> std::io::Result<TcpStream> {
+        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "a peer".into());
+        let acceptor = self.acceptor.clone();
+        self.tunnel(sock, format!("TLS from {peer}"), limit, move |s| async move { acceptor.accept(s).await })
+    }
+
+    fn tunnel<F, Fut, S>(
+        &self,
+        sock: TcpStream,
+        what: String,
+        limit: Duration,
+        handshake: F,
+    ) -> std::io::Result<TcpStream>
     where
         F: FnOnce(tokio::net::TcpStream) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = std::io::Result<S>> + Send,
@@ -288,23 +345,27 @@ impl LinkTls {
     {
         let (outer, inner) = local_pair()?;
         sock.set_nodelay(true)?;
+        // A peer gone silent with data unacknowledged: the kernel gives the connection up
+        // within this, so a tunnel blocked writing to it ends (without it, after its
+        // retransmissions, some 15 minutes), whatever the link's code did meanwhile.
+        set_user_timeout(&sock, USER_TIMEOUT)?;
         sock.set_nonblocking(true)?;
         inner.set_nonblocking(true)?;
-        let limit = self.handshake;
         let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<()>>(1);
         let said = what.clone();
         runtime()?.spawn(async move {
             let open = async {
                 let sock = tokio::net::TcpStream::from_std(sock)?;
                 let tls = match tokio::time::timeout(limit, handshake(sock)).await {
-                    // (rustls's refusals come as InvalidData, which a backup does not retry.)
+                    // (rustls's refusals come as InvalidData, which a backup does not retry; a
+                    // peer that closes the handshake, as a plaintext port does, as an end
+                    // of file or a reset.)
                     Ok(r) => r.map_err(|e| {
-                        std::io::Error::new(
-                            e.kind(),
-                            format!(
-                                "{said}: handshake failed: {e} (both sides need TLS on, with certificates of one CA)"
-                            ),
-                        )
+                        let hint = match e.kind() {
+                            std::io::ErrorKind::InvalidData => "both sides need TLS on, with certificates of one CA",
+                            _ => "the peer closed it: is its port plaintext, or did it refuse this side's certificate (its log says)?",
+                        };
+                        std::io::Error::new(e.kind(), HandshakeFailed(format!("{said}: handshake failed: {e} ({hint})")))
                     })?,
                     Err(_) => {
                         return Err(std::io::Error::new(
@@ -347,7 +408,7 @@ where
     let up = async move {
         let mut ir = tokio::io::BufReader::with_capacity(64 << 10, ir);
         let _ = tokio::io::copy_buf(&mut ir, &mut tw).await;
-        let _ = tw.shutdown().await;
+        let _ = tokio::time::timeout(LINGER, tw.shutdown()).await;
     };
     let down = async move {
         let mut tr = tokio::io::BufReader::with_capacity(64 << 10, tr);
@@ -464,7 +525,7 @@ mod tests {
             have_ts: ditto_engine::Ts(123),
             node: node.into(),
             learner: false,
-            auth: auth.map(|a| Secret::from(a)),
+            auth: auth.map(Secret::from),
         };
         for f in [hello("127.0.0.1:7001", None), hello("b", Some("a-password")), hello(&"n".repeat(900), None)] {
             assert!(!looks_like_tls(&f.encode()), "{f:?}");
@@ -472,6 +533,33 @@ mod tests {
         assert!(!looks_like_tls(b"*1\r\n$4\r\nPING\r\n"), "RESP");
         assert!(!looks_like_tls(&[0x16]), "one byte that could begin either, then nothing");
         assert!(!looks_like_tls(&[]), "nothing");
+    }
+
+    #[test]
+    fn a_certificate_without_the_dialed_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = testing::make(dir.path());
+        let files = TlsFiles {
+            cert_file: pki.server_cert.clone(),
+            key_file: pki.server_key.clone(),
+            ca_cert_file: Some(pki.ca.clone()),
+            auth_clients: true,
+        };
+        let link = LinkTls::new(&files, Duration::from_secs(5)).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let acceptor = {
+            let link = Arc::clone(&link);
+            std::thread::spawn(move || link.accept(l.accept().unwrap().0).map(|_| ()))
+        };
+        // The certificate names 127.0.0.1 and localhost, not db-2.example.
+        let e = link.connect_named(TcpStream::connect(&addr).unwrap(), &addr, "db-2.example").unwrap_err();
+        assert!(is_handshake_failure(&e) && e.to_string().contains("not valid for name \"db-2.example\""), "{e}");
+        let e = acceptor.join().unwrap().unwrap_err();
+        assert!(is_handshake_failure(&e), "the other side fails too: {e}");
+        // A name no certificate can carry.
+        let e = link.connect_named(pair().0, &addr, "[::1]").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
     }
 
     #[test]
