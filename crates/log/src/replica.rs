@@ -1503,6 +1503,105 @@ fn read_files(
     Ok(FilesRead { streams, bounds, floor, log_bytes, torn })
 }
 
+/// `read_files`, one entry at a time: a file is never held whole, only the entry being
+/// handed over (at most one batch, and a read buffer of 1 MiB). The same checks, the same
+/// torn tail; `on_entry`'s `raw` is the entry alone (its `offset` 0). What a failover's
+/// fetch reads (a fetch of a few batches held one 64 MiB file before, 2026-12-01).
+fn read_files_each(
+    files: &[(u64, PathBuf)],
+    mut on_entry: impl FnMut(FileEntry<'_>) -> bool,
+) -> Result<FilesRead, LogError> {
+    use std::io::Read;
+    let mut streams: Option<u32> = None;
+    let mut bounds: Vec<Ts> = Vec::new();
+    let mut floor = Ts::ZERO;
+    let mut log_bytes = 0;
+    let mut torn = None;
+    // Fills `buf` from `r` as far as the file goes: how many bytes it read.
+    let fill = |r: &mut dyn Read, buf: &mut [u8], path: &Path| -> Result<usize, LogError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match r.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(LogError::io(path, e)),
+            }
+        }
+        Ok(got)
+    };
+    for (i, (seq, path)) in files.iter().enumerate() {
+        let last = i + 1 == files.len();
+        let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
+        let file = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
+        let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+        let mut head = [0u8; REPLICA_HEADER_LEN];
+        let got = fill(&mut r, &mut head, path)?;
+        let (n, hseq) = match decode_header(&head[..got]) {
+            Ok(h) => h,
+            // A crash while the header of the newest file was written: it holds nothing.
+            Err(_) if last && got <= REPLICA_HEADER_LEN && fill(&mut r, &mut [0u8; 1], path)? == 0 => break,
+            Err(e) => return Err(corrupt(0, e)),
+        };
+        take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
+        let mut off = REPLICA_HEADER_LEN;
+        loop {
+            let mut eh = [0u8; ENTRY_HEADER_LEN];
+            let got = fill(&mut r, &mut eh, path)?;
+            if got == 0 {
+                break;
+            }
+            // The entry whole (its header says how long), then checked as `read_files`
+            // checks it, on its own bytes.
+            let len =
+                if got == ENTRY_HEADER_LEN { u32::from_le_bytes(eh[..4].try_into().expect("4")) as usize } else { 0 };
+            let mut entry = Vec::new();
+            let mut short = got < ENTRY_HEADER_LEN;
+            // (A length read from a damaged header is checked against its checksum before
+            // anything that large is allocated.)
+            if !short && crc32c::crc32c(&eh[..8]) == u32::from_le_bytes(eh[8..12].try_into().expect("4")) {
+                entry.reserve_exact(ENTRY_HEADER_LEN + len);
+                entry.extend_from_slice(&eh);
+                entry.resize(ENTRY_HEADER_LEN + len, 0);
+                short = fill(&mut r, &mut entry[ENTRY_HEADER_LEN..], path)? < len;
+            } else {
+                entry.extend_from_slice(&eh[..got]);
+            }
+            let entry = Bytes::from(entry);
+            let decoded = if short && entry.len() >= ENTRY_HEADER_LEN && len > 0 {
+                Err(format!("entry of {len} bytes cut short"))
+            } else {
+                decode_entry(&entry, 0)
+            };
+            match decoded {
+                Ok((batch, flags, used)) => {
+                    let h = &batch.header;
+                    let s = h.stream.0 as usize;
+                    if s >= bounds.len() {
+                        return Err(corrupt(off as u64, format!("batch of stream {s}, of {n} streams")));
+                    }
+                    bounds[s] = bounds[s].max(h.bound_ts);
+                    if flags & FLOOR_TRUSTED != 0 {
+                        floor = floor.max(h.floor_ts);
+                    }
+                    log_bytes += used as u64;
+                    if !on_entry(FileEntry { file: i, raw: &entry, offset: 0, used, stream: s, batch }) {
+                        return Ok(FilesRead { streams, bounds, floor, log_bytes, torn });
+                    }
+                    off += used;
+                }
+                Err(e) if last => {
+                    tracing::warn!("{}: torn tail at offset {off} ({e}); dropped", path.display());
+                    torn = Some((path.clone(), off as u64));
+                    break;
+                }
+                Err(e) => return Err(corrupt(off as u64, e)),
+            }
+        }
+    }
+    Ok(FilesRead { streams, bounds, floor, log_bytes, torn })
+}
+
 /// The batches of primary stream `stream` that `dir`'s replica log holds with a bound above
 /// `after`, in order, as the primary framed them: what a failover's chosen node fetches
 /// from a peer that holds more of the stream (docs/cluster.md). Read without changing the
@@ -1547,13 +1646,13 @@ pub fn replica_stream_batches_each(
             ),
         });
     }
-    // File by file, the batches asked for copied out and handed on: at most one file (64
-    // MiB by default) in memory, not the whole log of every stream nor the answer.
+    // Entry by entry, the batches asked for handed on: at most one batch in memory, not
+    // a file, nor the whole log of every stream, nor the answer.
     let files = live_files(dir)?;
-    read_files(&files, |e| {
+    read_files_each(&files, |e| {
         e.stream != stream
             || e.batch.header.bound_ts <= after
-            || sink(Bytes::copy_from_slice(&e.raw[e.offset + ENTRY_HEADER_LEN..e.offset + e.used]))
+            || sink(e.raw.slice(e.offset + ENTRY_HEADER_LEN..e.offset + e.used))
     })?;
     Ok(())
 }
@@ -2073,4 +2172,109 @@ pub fn checkpoint_replica(
     // At the read view, so at or above the sealed logs' points: they can go.
     crate::sealed::remove_sealed(data, info.ts, storage)?;
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{open, Durability, LogOptions, OpenOptions};
+    use ditto_engine::WorkerId;
+
+    /// What a reader of replica log files saw: each entry (file, stream, its bytes) and the
+    /// totals, or the error it stopped on.
+    type Seen = Result<(Vec<(usize, usize, Vec<u8>)>, Option<u32>, Vec<Ts>, Ts, u64, Option<(PathBuf, u64)>), String>;
+
+    fn whole(files: &[(u64, PathBuf)]) -> Seen {
+        let mut out = Vec::new();
+        let r = read_files(files, |e| {
+            out.push((e.file, e.stream, e.raw[e.offset..e.offset + e.used].to_vec()));
+            true
+        });
+        r.map(|f| (out, f.streams, f.bounds, f.floor, f.log_bytes, f.torn)).map_err(|e| e.to_string())
+    }
+
+    fn each(files: &[(u64, PathBuf)]) -> Seen {
+        let mut out = Vec::new();
+        let r = read_files_each(files, |e| {
+            out.push((e.file, e.stream, e.raw[e.offset..e.offset + e.used].to_vec()));
+            true
+        });
+        r.map(|f| (out, f.streams, f.bounds, f.floor, f.log_bytes, f.torn)).map_err(|e| e.to_string())
+    }
+
+    /// A replica log of 400 commits over two streams, in files of about 2 KiB.
+    fn small_files_log() -> (tempfile::TempDir, tempfile::TempDir) {
+        let primary = tempfile::tempdir().unwrap();
+        let o = OpenOptions {
+            workers: 2,
+            log: LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() },
+            ..Default::default()
+        };
+        let d = open(primary.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        for (worker, base) in [(0u32, 0u64), (1, 1000)] {
+            let mut w = d.db().worker(WorkerId(worker)).unwrap();
+            for i in base..base + 200 {
+                w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes()).map(|_| ())).unwrap().1.wait().unwrap();
+            }
+        }
+        let epoch = d.logger().epoch();
+        d.close();
+        let batches = batches_after(primary.path(), epoch, Ts::ZERO).unwrap().unwrap().collect().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+        let storage: Arc<dyn Storage> = Arc::new(crate::storage::RealStorage);
+        let mut log = ReplicaLog::create(dir.path(), storage, 2, 1, 2048).unwrap();
+        for x in &batches {
+            let h = crate::format::decode_batch_checksums(x).unwrap().0.header;
+            log.append(x, h.stream.0 == 0, h.bound_ts);
+            // (A file is closed at a sync once full.)
+            log.sync().unwrap();
+        }
+        (primary, dir)
+    }
+
+    /// Read an entry at a time, a replica log gives exactly what it gives read a file at a
+    /// time: the same entries, totals and torn tail, whole; cut short at every length of
+    /// its newest file; and with any one byte changed, of the newest file or an older one
+    /// (the same entries up to the damage, or the same error, where and why).
+    #[test]
+    fn read_an_entry_at_a_time_the_log_reads_as_a_file_at_a_time_whatever_its_damage() {
+        let (_primary, dir) = small_files_log();
+        let files = live_files(dir.path()).unwrap();
+        assert!(files.len() >= 4, "several files: {}", files.len());
+        let read = whole(&files);
+        let (entries, ..) = read.as_ref().unwrap();
+        assert!(entries.len() > 20 && entries.iter().any(|e| e.1 == 0) && entries.iter().any(|e| e.1 == 1));
+        assert_eq!(each(&files), read);
+
+        let (newest, older) = (&files[files.len() - 1].1, &files[1].1);
+        for path in [newest, older] {
+            let good = std::fs::read(path).unwrap();
+            let mut outcomes = std::collections::BTreeSet::new();
+            for at in 0..good.len() {
+                let mut bad = good.clone();
+                bad[at] ^= 0x5a;
+                std::fs::write(path, &bad).unwrap();
+                let read = whole(&files);
+                assert_eq!(each(&files), read, "{} with byte {at} changed", path.display());
+                outcomes.insert(read.map(|r| r.5.is_some()).map_err(|_| ()));
+            }
+            if path == newest {
+                for len in 0..good.len() {
+                    std::fs::write(path, &good[..len]).unwrap();
+                    let read = whole(&files);
+                    assert_eq!(each(&files), read, "{} cut at {len}", path.display());
+                    outcomes.insert(read.map(|r| r.5.is_some()).map_err(|_| ()));
+                }
+            }
+            std::fs::write(path, &good).unwrap();
+            // (Both kinds of outcome came up: the comparison covered each.)
+            let kinds = if path == newest { vec![Ok(true), Err(())] } else { vec![Err(())] };
+            for k in kinds {
+                assert!(outcomes.contains(&k), "{}: {k:?} in {outcomes:?}", path.display());
+            }
+        }
+        assert_eq!(each(&files), whole(&files));
+    }
 }
