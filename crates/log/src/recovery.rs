@@ -832,13 +832,12 @@ pub fn primary_stream_batches_each(
     }
     if base > after {
         // Below the point of the sealed log this log lies on, from that sealed log.
-        if let Some(below) = crate::replica::sealed_stream_batches(data, stream, after, base)? {
-            for b in below {
-                if !sink(b) {
-                    return Ok(());
-                }
+        match crate::replica::sealed_stream_batches(data, stream, after, base, sink)? {
+            Some(crate::replica::Reached::Stopped) => return Ok(()),
+            Some(crate::replica::Reached::End) => {
+                return primary_stream_batches_each(data, stream, base, epoch_start, sink)
             }
-            return primary_stream_batches_each(data, stream, base, epoch_start, sink);
+            None => {}
         }
         return Err(LogError::Corrupt {
             file: data.join("checkpoints"),

@@ -1255,13 +1255,16 @@ fn scan_file_headers(
 /// carries the highest trusted floor). After a load of 1.9M keys, reading the whole 466 MB
 /// sealed log for the few batches a backup lacked held that backup's join 160 ms, and with
 /// it the first write under `majority` when it was the only backup left.
+/// Each is handed to `each` as it is read, after every check of the headers (returning
+/// false asks for no more; the read's result then says it stopped: false).
 fn sealed_entries_above(
     rdir: &Path,
     ckpt_ts: Ts,
     point: Ts,
     after: Ts,
     stream: Option<usize>,
-) -> Result<Vec<(Ts, Bytes, Batch)>, LogError> {
+    each: &mut dyn FnMut(Ts, Bytes, Batch) -> Result<bool, LogError>,
+) -> Result<bool, LogError> {
     let files = list_files(rdir)?;
     let (mut streams, mut bounds, mut floor_at) = (None, Vec::new(), None);
     let mut above = Vec::new();
@@ -1289,16 +1292,19 @@ fn sealed_entries_above(
             ),
         });
     }
-    above
-        .iter()
-        .map(|k| match read_entry_framed(&files, k) {
-            Ok((_, raw, batch)) => Ok((k.header.bound_ts, raw, batch)),
+    for k in &above {
+        let (_, raw, batch) = match read_entry_framed(&files, k) {
+            Ok(e) => e,
             Err(LogError::Corrupt { file, offset, what }) => {
-                Err(LogError::Corrupt { file, offset, what: format!("a sealed log is damaged: {what}") })
+                return Err(LogError::Corrupt { file, offset, what: format!("a sealed log is damaged: {what}") })
             }
-            Err(e) => Err(e),
-        })
-        .collect()
+            Err(e) => return Err(e),
+        };
+        if !each(k.header.bound_ts, raw, batch)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The replica log files of a directory, checked entry by entry.
@@ -1628,13 +1634,10 @@ pub fn replica_stream_batches_each(
     if ckpt_ts > after {
         // Below a sealed log's point (this node changed its role in place since), from that
         // sealed log, if it reaches down to `after`, then the log above its point.
-        if let Some(below) = sealed_stream_batches(dir, stream, after, ckpt_ts)? {
-            for b in below {
-                if !sink(b) {
-                    return Ok(());
-                }
-            }
-            return replica_stream_batches_each(dir, stream, ckpt_ts, sink);
+        match sealed_stream_batches(dir, stream, after, ckpt_ts, sink)? {
+            Some(Reached::Stopped) => return Ok(()),
+            Some(Reached::End) => return replica_stream_batches_each(dir, stream, ckpt_ts, sink),
+            None => {}
         }
         // The batches up to the checkpoint are gone with the files it covered.
         return Err(LogError::Corrupt {
@@ -1663,14 +1666,35 @@ pub fn replica_stream_batches_each(
 /// that changed its role in place since the fetcher's position: its seal took those
 /// batches out of the log a fetch reads (seen in CI, 2026-11-27: a plan that needed such a
 /// fetch could never be prepared, and the cluster failed over every 5 s).
+/// Each batch is handed to `sink` as it is read (false: no more), never the answer whole;
+/// `None`, before any is, where the log does not reach down to `after`.
 pub(crate) fn sealed_stream_batches(
     data: &Path,
     stream: usize,
     after: Ts,
     point: Ts,
-) -> Result<Option<Vec<Bytes>>, LogError> {
+    sink: &mut dyn FnMut(Bytes) -> bool,
+) -> Result<Option<Reached>, LogError> {
     // Only that stream's entries are read (the others' headers are, for the checks).
-    sealed_batches_of(data, after, point, Some(stream))
+    sealed_batches_of(data, after, point, Some(stream), sink)
+}
+
+/// How a read that reached down to where it was asked ended: at the end of what it read,
+/// or stopped by its sink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reached {
+    End,
+    Stopped,
+}
+
+impl Reached {
+    fn of(went_on: bool) -> Reached {
+        if went_on {
+            Reached::End
+        } else {
+            Reached::Stopped
+        }
+    }
 }
 
 /// What `data`'s replica log sealed at `point` holds above `after`, cut at the point: every
@@ -1682,11 +1706,23 @@ pub(crate) fn sealed_stream_batches(
 /// `after` (a checkpoint lies above it, or only the newest link was kept when a checkpoint
 /// took the chain away): what the backup lacks is not all in it.
 pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<Vec<Bytes>>, LogError> {
-    sealed_batches_of(data, after, point, None)
+    let mut out = Vec::new();
+    let reached = sealed_batches_of(data, after, point, None, &mut |b| {
+        out.push(b);
+        true
+    })?;
+    Ok(reached.map(|_| out))
 }
 
-/// `sealed_batches_above`, of one stream only where `stream` names it.
-fn sealed_batches_of(data: &Path, after: Ts, point: Ts, stream: Option<usize>) -> Result<Option<Vec<Bytes>>, LogError> {
+/// `sealed_batches_above`, of one stream only where `stream` names it, each batch handed
+/// to `sink` as it is read.
+fn sealed_batches_of(
+    data: &Path,
+    after: Ts,
+    point: Ts,
+    stream: Option<usize>,
+    sink: &mut dyn FnMut(Bytes) -> bool,
+) -> Result<Option<Reached>, LogError> {
     let base = crate::sealed::base(data)?;
     // The newest sealed log, on what it lies on; or, once a checkpoint took the chain
     // away, the copy kept for this (`sealed::retire_sealed`), with the floor it lay on.
@@ -1696,14 +1732,28 @@ fn sealed_batches_of(data: &Path, after: Ts, point: Ts, stream: Option<usize>) -
         return Ok(None);
     }
     match newest {
-        Some(i) => link_batches_above(&base, i, after, stream),
+        Some(i) if link_reaches(&base, i, after) => link_batches_above(&base, i, after, stream, sink).map(Some),
+        Some(_) => Ok(None),
         None => match crate::sealed::served(data) {
             Some((dir, p, floor)) if p == point && floor <= after => {
-                Ok(Some(link_entries_above(&dir, floor, p, after, stream)?))
+                Ok(Some(Reached::of(link_entries_above(&dir, floor, p, after, stream, sink)?)))
             }
             _ => Ok(None),
         },
     }
+}
+
+/// Whether link `i` of the chain, with the links before it, holds everything above
+/// `after`: below its floor the link before it does, if its point is that floor (not a
+/// checkpoint's), and so on down. A link holding an old primary's own log is not read.
+/// Decided before anything is read, so that a read that cannot reach sends nothing.
+fn link_reaches(base: &crate::sealed::Base, i: usize, after: Ts) -> bool {
+    let link = &base.chain[i];
+    if link.primary_log {
+        return false;
+    }
+    let floor = base.floor_of(i);
+    floor <= after || (i > 0 && base.chain[i - 1].point == floor && link_reaches(base, i - 1, after))
 }
 
 /// The lowest `after` from which a fetch of `data` (`replica_stream_batches`, or
@@ -1735,58 +1785,49 @@ pub fn fetch_floor(data: &Path) -> Result<Ts, LogError> {
 /// a fetch or a rejoining backup behind two changes in place made before a checkpoint
 /// took the chain away. `None` where the chain does not reach down to `after` (the
 /// checkpoint lies above it) or passes through an old primary's own log.
+/// Link `i`'s batches above `after` with those of the links before it below its floor,
+/// oldest first, each handed to `sink` (where `link_reaches`).
 fn link_batches_above(
     base: &crate::sealed::Base,
     i: usize,
     after: Ts,
     stream: Option<usize>,
-) -> Result<Option<Vec<Bytes>>, LogError> {
+    sink: &mut dyn FnMut(Bytes) -> bool,
+) -> Result<Reached, LogError> {
     let link = &base.chain[i];
-    if link.primary_log {
-        return Ok(None);
-    }
     let floor = base.floor_of(i);
-    let mut out = Vec::new();
-    if floor > after {
-        // What lies below this link is in the one before it, if the floor is that link's
-        // point (not the checkpoint's).
-        if i == 0 || base.chain[i - 1].point != floor {
-            return Ok(None);
-        }
-        match link_batches_above(base, i - 1, after, stream)? {
-            Some(below) => out = below,
-            None => return Ok(None),
-        }
+    // What lies below this link is in the one before it.
+    if floor > after && link_batches_above(base, i - 1, after, stream, sink)? == Reached::Stopped {
+        return Ok(Reached::Stopped);
     }
     // (Batches of this link bounded at or below its floor hold nothing above it.)
-    out.extend(link_entries_above(&link.dir, floor, link.point, after.max(floor), stream)?);
-    Ok(Some(out))
+    Ok(Reached::of(link_entries_above(&link.dir, floor, link.point, after.max(floor), stream, sink)?))
 }
 
 /// One sealed link's batches bounded above `after` (of `stream` only, if named), cut at
 /// its `point`.
+/// Each handed to `sink` as it is read: false once it asked for no more.
 fn link_entries_above(
     dir: &Path,
     floor: Ts,
     point: Ts,
     after: Ts,
     stream: Option<usize>,
-) -> Result<Vec<Bytes>, LogError> {
-    let mut out = Vec::new();
-    for (bound, raw, batch) in sealed_entries_above(dir, floor, point, after, stream)? {
-        let mut framed = Vec::with_capacity(raw.len());
+    sink: &mut dyn FnMut(Bytes) -> bool,
+) -> Result<bool, LogError> {
+    sealed_entries_above(dir, floor, point, after, stream, &mut |bound, raw, batch| {
         if bound <= point && batch.header.last_ts <= point {
-            framed.extend_from_slice(&raw);
-        } else {
-            crate::format::cut_batch(&batch, point, &mut framed).map_err(|e| LogError::Corrupt {
-                file: dir.to_path_buf(),
-                offset: 0,
-                what: e.to_string(),
-            })?;
+            // (As read: its own buffer.)
+            return Ok(sink(raw));
         }
-        out.push(Bytes::from(framed));
-    }
-    Ok(out)
+        let mut framed = Vec::with_capacity(raw.len());
+        crate::format::cut_batch(&batch, point, &mut framed).map_err(|e| LogError::Corrupt {
+            file: dir.to_path_buf(),
+            offset: 0,
+            what: e.to_string(),
+        })?;
+        Ok(sink(Bytes::from(framed)))
+    })
 }
 
 /// Adds batches fetched from a peer to `dir`'s replica log: checked, written to a new file

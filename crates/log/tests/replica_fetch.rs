@@ -156,6 +156,17 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
             let want = txns(&batches, s, after);
             assert!(!want.is_empty(), "stream {s} has transactions above {after:?}");
             assert_eq!(txns(&got, s, Ts::ZERO), want, "stream {s} above {after:?}, cut at the point");
+            // Handed on as read: a sink that asks for no more after `k` batches gets the
+            // first `k`, and the read stops there, in the sealed link as after it.
+            for k in [1, got.len() / 2, got.len()] {
+                let mut taken = Vec::new();
+                ditto_log::replica::replica_stream_batches_each(sealed.path(), s, after, &mut |b| {
+                    taken.push(b);
+                    taken.len() < k
+                })
+                .unwrap();
+                assert_eq!(taken, got[..k.max(1).min(got.len())], "stream {s} above {after:?}, {k} taken");
+            }
         }
     }
     // B's last file ends torn (its server died mid-write): the fetch cuts it before it adds
