@@ -41,6 +41,8 @@ pub struct FailoverDemo {
     added: Option<(f64, f64)>,
     /// A request without the cluster secret, refused: why.
     secret_refusal: Option<String>,
+    /// A request in plaintext to the nodes' TLS control ports, refused: why.
+    tls_refusal: Option<String>,
 }
 
 /// A three-node cluster of `ditto server --node-id` processes on loopback (the demo's and
@@ -57,6 +59,43 @@ pub(crate) struct Nodes {
     /// the nodes' control and replication ports take no one without it.
     pub secret: ditto_cluster::Secret,
     pub secret_file: std::path::PathBuf,
+    /// TLS between the nodes (`--tls-replication --tls-cluster`) with certificates of a CA
+    /// made for the run, and what an operator shows their control ports; `None`: plaintext.
+    pub tls: Option<NodesTls>,
+}
+
+/// The demo's TLS between nodes: the files every node is given, and the operator's side.
+pub(crate) struct NodesTls {
+    pub pki: ditto_replication::tls::pki::Pki,
+    pub link: std::sync::Arc<ditto_replication::tls::LinkTls>,
+}
+
+impl NodesTls {
+    /// A CA made in `dir/pki`, and a certificate for 127.0.0.1 that every node shows.
+    fn new(dir: &Path) -> Result<NodesTls, Error> {
+        let at = dir.join("pki");
+        std::fs::create_dir_all(&at)?;
+        let pki = ditto_replication::tls::pki::make(&at);
+        let files = ditto_replication::tls::TlsFiles {
+            cert_file: pki.server_cert.clone(),
+            key_file: pki.server_key.clone(),
+            ca_cert_file: Some(pki.ca.clone()),
+            auth_clients: true,
+        };
+        let link = ditto_replication::tls::LinkTls::new(&files, Duration::from_secs(5))?;
+        Ok(NodesTls { pki, link })
+    }
+
+    fn args(&self) -> Vec<String> {
+        let f = |p: &std::path::PathBuf| p.display().to_string();
+        let (p, mut v) = (&self.pki, vec!["--tls-replication".to_string(), "--tls-cluster".to_string()]);
+        for (flag, file) in
+            [("--tls-cert-file", &p.server_cert), ("--tls-key-file", &p.server_key), ("--tls-ca-cert-file", &p.ca)]
+        {
+            v.extend([flag.to_string(), f(file)]);
+        }
+        v
+    }
 }
 
 /// A new cluster secret in `dir/cluster.secret`, readable by its owner alone: 32 random
@@ -74,12 +113,13 @@ fn new_secret(dir: &Path) -> Result<(ditto_cluster::Secret, std::path::PathBuf),
 }
 
 impl Nodes {
-    /// Three nodes on free ports, started, in `dir`.
+    /// Three nodes on free ports, started, in `dir`; with TLS between them if `tls`.
     pub(crate) fn start_three(
         dir: &Path,
         workers: usize,
         policy: &str,
         failure_timeout_ms: u64,
+        tls: bool,
     ) -> Result<Nodes, Error> {
         let ls: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
         let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
@@ -91,6 +131,7 @@ impl Nodes {
         let mut nodes = Nodes {
             secret,
             secret_file,
+            tls: if tls { Some(NodesTls::new(dir)?) } else { None },
             dir: dir.to_path_buf(),
             members: members.join(","),
             ports: (0..3).map(|i| (i as u64 + 1, p[3 * i])).collect(),
@@ -129,12 +170,18 @@ impl Nodes {
             .args(["--workers", &self.workers.to_string(), "--commit-policy", &self.policy])
             .args(["--failure-timeout-ms", &self.failure_timeout_ms.to_string(), "--metrics", "off"])
             .args(["--cluster-secret-file", &self.secret_file.display().to_string()])
+            .args(self.tls.as_ref().map(NodesTls::args).unwrap_or_default())
             .args(extra)
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()?;
         self.procs.insert(id, child);
         Ok(())
+    }
+
+    /// What an operator shows the control ports: the nodes' TLS, if they have it.
+    pub(crate) fn operator_tls(&self) -> Option<&ditto_replication::tls::LinkTls> {
+        self.tls.as_ref().map(|t| &*t.link)
     }
 
     /// SIGKILL of node `id`'s supervisor (its server dies with it: a crash of the machine).
@@ -163,7 +210,7 @@ impl Nodes {
     pub(crate) fn admin(&self, via: u64, req: ditto_cluster::AdminRequest) -> Result<(), Error> {
         let mut at = self.control_addr(via).ok_or("no control address")?;
         for _ in 0..200 {
-            match ditto_cluster::admin_request(&at.to_string(), &req, Some(&self.secret), None)? {
+            match ditto_cluster::admin_request(&at.to_string(), &req, Some(&self.secret), self.operator_tls())? {
                 ditto_cluster::AdminReply::Done { .. } => return Ok(()),
                 ditto_cluster::AdminReply::NotLeader { addr: Some(a), .. } => at = a.parse()?,
                 ditto_cluster::AdminReply::Refused(why) => return Err(format!("{req:?} refused: {why}").into()),
@@ -406,7 +453,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     println!(
         "\n== automatic failover: three nodes, SIGKILL of the primary under load, {cycles} times, then a switchover, then a fourth node added online"
     );
-    let mut nodes = Nodes::start_three(dir, workers, "majority-durable", 250)?;
+    let mut nodes = Nodes::start_three(dir, workers, "majority-durable", 250, true)?;
     let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
     println!("node {first} is the first primary (nodes' logs: {})", dir.display());
     // The client: one write at a time, to whichever node takes it.
@@ -495,18 +542,24 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     println!(
         "added:      node 4 joined as a learner in {learner_ms:.0} ms (it copied the data, counted in no quorum), then was promoted to a voter in place in {promoted_ms:.0} ms"
     );
-    // The nodes share a cluster secret: a request without it (as anyone who reaches a
-    // control port could send) is refused, and the membership stays as it is.
-    let at = nodes.control_addr(to).ok_or("no control address")?;
+    // The nodes share a cluster secret and speak TLS to each other: a request without the
+    // secret (over TLS, with a certificate of the CA), and one with it in plaintext (as
+    // anyone who reaches a control port could send), are refused, and the membership stays
+    // as it is.
+    let at = nodes.control_addr(to).ok_or("no control address")?.to_string();
+    let remove = ditto_cluster::AdminRequest::Remove(4);
+    let refused = |what: &str, r: std::io::Result<ditto_cluster::AdminReply>| match r {
+        Err(e) if ditto_cluster::is_refused(&e) => Ok(e.to_string()),
+        other => Err(format!("a request {what} was not refused: {other:?}")),
+    };
     let secret_refusal =
-        match ditto_cluster::admin_request(&at.to_string(), &ditto_cluster::AdminRequest::Remove(4), None, None) {
-            Err(e) if ditto_cluster::is_refused(&e) => e.to_string(),
-            other => return Err(format!("a request without the cluster secret was not refused: {other:?}").into()),
-        };
+        refused("without the cluster secret", ditto_cluster::admin_request(&at, &remove, None, nodes.operator_tls()))?;
+    let tls_refusal = refused("in plaintext", ditto_cluster::admin_request(&at, &remove, Some(&nodes.secret), None))?;
     if nodes.link_of(to, 4).is_none() {
-        return Err("node 4 lost its link after a request without the secret".into());
+        return Err("node 4 lost its link after the refused requests".into());
     }
     println!("secret:     a request to remove node 4 without the cluster secret: {secret_refusal}");
+    println!("tls:        the same request with the secret, in plaintext: {tls_refusal}");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
@@ -548,12 +601,13 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         switchover: Some((from, to, refused_ms, back_ms)),
         added: Some((learner_ms, promoted_ms)),
         secret_refusal: Some(secret_refusal),
+        tls_refusal: Some(tls_refusal),
     })
 }
 
 impl FailoverDemo {
     pub fn print(&self) {
-        println!("Automatic failover (3 nodes sharing a cluster secret, Raft control plane, majority-durable; SIGKILL of the primary's node)");
+        println!("Automatic failover (3 nodes sharing a cluster secret, TLS between them, Raft control plane, majority-durable; SIGKILL of the primary's node)");
         let mut u = self.unavailable_ms.clone();
         u.sort_by(f64::total_cmp);
         if u.is_empty() {
@@ -581,6 +635,9 @@ impl FailoverDemo {
             println!(
                 "  membership          a fourth node added online: a learner (counted in no quorum) until it held the data, {learner:.0} ms; a voter in place {promoted:.0} ms after its promotion"
             );
+        }
+        if let Some(why) = &self.tls_refusal {
+            println!("  TLS between nodes   replication and control links encrypted, each node showing a certificate of the run's CA and checking the other's; a request in plaintext: {why}");
         }
         if let Some(why) = &self.secret_refusal {
             println!("  cluster secret      the nodes' control and replication ports take no one without it; an operator's request without it: {why}");

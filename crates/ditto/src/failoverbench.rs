@@ -215,7 +215,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     // (Declared before the nodes, so dropped after them: the processes stop first.)
     let scratch = crate::logmode::ScratchDir::new(a.dir.clone(), "bench-failover")?;
     let dir = scratch.path.clone();
-    let mut nodes = Nodes::start_three(&dir, a.workers, &a.policy, a.failure_timeout_ms)?;
+    let mut nodes = Nodes::start_three(&dir, a.workers, &a.policy, a.failure_timeout_ms, false)?;
     let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
     eprintln!(
         "three nodes (policy {}, failure timeout {} ms); node {first} is the primary; {} clients; logs in {}",

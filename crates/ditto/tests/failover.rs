@@ -603,7 +603,7 @@ fn proxied_cluster_with(n: u64, policy: &str, control: bool, args: &[&str]) -> (
 fn tls_clients_are_served_on_each_nodes_port_through_a_failover() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let pki_dir = tempfile::tempdir().unwrap();
-    let pki = ditto_server::tls::testing::make(pki_dir.path());
+    let pki = ditto_server::tls::pki::make(pki_dir.path());
     let (cert, key) = (pki.server_cert.display().to_string(), pki.server_key.display().to_string());
     let ca = pki.ca.display().to_string();
     let mut c = Cluster::configured(3, "majority-durable", &[], 1, |id, p| {

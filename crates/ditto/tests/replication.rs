@@ -516,8 +516,8 @@ fn replication_over_tls_hides_the_data_and_refuses_backups_without_tls_or_the_ca
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(tmp.path().join("pki")).unwrap();
     std::fs::create_dir_all(tmp.path().join("stranger")).unwrap();
-    let pki = ditto_server::tls::testing::make(&tmp.path().join("pki"));
-    let stranger = ditto_server::tls::testing::make(&tmp.path().join("stranger"));
+    let pki = ditto_server::tls::pki::make(&tmp.path().join("pki"));
+    let stranger = ditto_server::tls::pki::make(&tmp.path().join("stranger"));
     let conf = |name: &str, on: bool, cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| {
         let p = tmp.path().join(format!("{name}.toml"));
         // (Files without a use are refused: plaintext names none.)

@@ -506,9 +506,9 @@ fn client_and_output_limits_hold() {
 
 /// Writes a CA, a server and a client certificate under `dir`; returns the config lines
 /// for a TLS listener on a free port.
-fn tls_config(dir: &Path, extra: &str) -> (ditto_server::tls::testing::Pki, String) {
+fn tls_config(dir: &Path, extra: &str) -> (ditto_server::tls::pki::Pki, String) {
     std::fs::create_dir_all(dir).unwrap();
-    let pki = ditto_server::tls::testing::make(dir);
+    let pki = ditto_server::tls::pki::make(dir);
     let cfg = format!(
         "tls_port = 0\ntls_cert_file = {:?}\ntls_key_file = {:?}\ntls_ca_cert_file = {:?}\n{extra}",
         pki.server_cert, pki.server_key, pki.ca

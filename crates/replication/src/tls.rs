@@ -422,10 +422,11 @@ where
     }
 }
 
-#[cfg(any(test, feature = "test-pki"))]
-pub mod testing {
-    //! Certificates made at test time: a CA, a server certificate for 127.0.0.1 and
-    //! localhost, and a client certificate, all signed by the CA.
+#[cfg(any(test, feature = "pki"))]
+pub mod pki {
+    //! Certificates made at run time (the tests', `ditto demo`'s nodes'): a CA, a server
+    //! certificate for 127.0.0.1 and localhost, and a client certificate, all signed by
+    //! the CA. Not for production: each call makes a new CA, with its key on disk beside.
     use std::path::{Path, PathBuf};
 
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
@@ -487,7 +488,7 @@ mod tests {
     #[test]
     fn a_client_hello_opens_with_tls_and_frames_do_not() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = testing::make(dir.path());
+        let pki = pki::make(dir.path());
         let files = TlsFiles {
             cert_file: pki.server_cert.clone(),
             key_file: pki.server_key.clone(),
@@ -538,7 +539,7 @@ mod tests {
     #[test]
     fn a_certificate_without_the_dialed_name_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = testing::make(dir.path());
+        let pki = pki::make(dir.path());
         let files = TlsFiles {
             cert_file: pki.server_cert.clone(),
             key_file: pki.server_key.clone(),

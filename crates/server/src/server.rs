@@ -2398,7 +2398,7 @@ mod tests {
     fn tls_clients_are_served_and_bad_handshakes_are_refused() {
         use tokio_rustls::TlsConnector;
         let dir = tempfile::tempdir().unwrap();
-        let pki = tls::testing::make(dir.path());
+        let pki = tls::pki::make(dir.path());
         let files = tls::TlsFiles {
             cert_file: pki.server_cert.clone(),
             key_file: pki.server_key.clone(),
@@ -2444,7 +2444,7 @@ mod tests {
 
             // A client that trusts another CA refuses the server's certificate.
             let other = tempfile::tempdir().unwrap();
-            let stranger = TlsConnector::from(tls::client_config(&tls::testing::make(other.path()).ca, None).unwrap());
+            let stranger = TlsConnector::from(tls::client_config(&tls::pki::make(other.path()).ca, None).unwrap());
             let tcp = TcpStream::connect(addr).await.unwrap();
             assert!(tokio::time::timeout(limit, stranger.connect(name.clone(), tcp)).await.unwrap().is_err());
 

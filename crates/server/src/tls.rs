@@ -3,8 +3,8 @@
 
 pub use ditto_replication::tls::{client_config, server_config, server_name, TlsError, TlsFiles};
 
-#[cfg(any(test, feature = "test-pki"))]
-pub use ditto_replication::tls::testing;
+#[cfg(any(test, feature = "pki"))]
+pub use ditto_replication::tls::pki;
 
 #[cfg(test)]
 mod tests {
@@ -13,7 +13,7 @@ mod tests {
     #[test]
     fn bad_files_are_named_in_the_error() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = testing::make(dir.path());
+        let pki = pki::make(dir.path());
         let ok = TlsFiles {
             cert_file: pki.server_cert.clone(),
             key_file: pki.server_key.clone(),
