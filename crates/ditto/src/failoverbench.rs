@@ -71,6 +71,10 @@ pub struct FailoverBenchArgs {
     /// failover closed.
     #[arg(long)]
     backup_reader: bool,
+    /// TLS between the nodes (`--tls-replication --tls-cluster`, certificates of a CA made
+    /// for the run), to compare with the same run without.
+    #[arg(long)]
+    tls: bool,
     /// Print one JSON object at the end.
     #[arg(long)]
     json: bool,
@@ -95,6 +99,7 @@ struct Figures {
     policy: String,
     workers: usize,
     failure_timeout_ms: u64,
+    tls_between_nodes: bool,
     bucket_ms: u64,
     preload_keys: u64,
     preload_value_bytes: usize,
@@ -215,7 +220,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     // (Declared before the nodes, so dropped after them: the processes stop first.)
     let scratch = crate::logmode::ScratchDir::new(a.dir.clone(), "bench-failover")?;
     let dir = scratch.path.clone();
-    let mut nodes = Nodes::start_three(&dir, a.workers, &a.policy, a.failure_timeout_ms, false)?;
+    let mut nodes = Nodes::start_three(&dir, a.workers, &a.policy, a.failure_timeout_ms, a.tls)?;
     let first = wait_for("a first primary", Duration::from_secs(30), || nodes.primary())?;
     eprintln!(
         "three nodes (policy {}, failure timeout {} ms); node {first} is the primary; {} clients; logs in {}",
@@ -330,6 +335,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         policy: a.policy.clone(),
         workers: a.workers,
         failure_timeout_ms: a.failure_timeout_ms,
+        tls_between_nodes: a.tls,
         bucket_ms: BUCKET_MS,
         preload_keys: a.preload,
         preload_value_bytes: a.preload_value_bytes,
@@ -362,8 +368,9 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
 
 fn print(f: &Figures) {
     println!(
-        "{} under load: 3 nodes, {} clients, policy {}, failure timeout {} ms, {} keys preloaded",
+        "{} under load: 3 nodes{}, {} clients, policy {}, failure timeout {} ms, {} keys preloaded",
         if f.kind == "switchover" { "switchover" } else { "failover (SIGKILL)" },
+        if f.tls_between_nodes { " (TLS between them)" } else { "" },
         f.clients,
         f.policy,
         f.failure_timeout_ms,
