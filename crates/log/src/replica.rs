@@ -1440,6 +1440,7 @@ struct FileEntry<'a> {
 }
 
 /// What `read_files` found besides the entries.
+#[derive(Default)]
 struct FilesRead {
     streams: Option<u32>,
     /// Per stream: the highest bound.
@@ -1459,11 +1460,7 @@ fn read_files(
     files: &[(u64, PathBuf)],
     mut on_entry: impl FnMut(FileEntry<'_>) -> bool,
 ) -> Result<FilesRead, LogError> {
-    let mut streams: Option<u32> = None;
-    let mut bounds: Vec<Ts> = Vec::new();
-    let mut floor = Ts::ZERO;
-    let mut log_bytes = 0;
-    let mut torn = None;
+    let mut read = FilesRead::default();
     for (i, (seq, path)) in files.iter().enumerate() {
         let raw = std::fs::read(path).map(Bytes::from).map_err(|e| LogError::io(path, e))?;
         let last = i + 1 == files.len();
@@ -1474,39 +1471,52 @@ fn read_files(
             Err(_) if last && raw.len() <= REPLICA_HEADER_LEN => break,
             Err(e) => return Err(corrupt(0, e)),
         };
-        take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
+        take_file_header(n, hseq, *seq, &mut read.streams, &mut read.bounds).map_err(|e| corrupt(0, e))?;
         let mut off = REPLICA_HEADER_LEN;
         while off < raw.len() {
             match decode_entry(&raw, off) {
                 Ok((batch, flags, used)) => {
-                    let h = &batch.header;
-                    let s = h.stream.0 as usize;
-                    if s >= bounds.len() {
-                        return Err(corrupt(off as u64, format!("batch of stream {s}, of {n} streams")));
-                    }
-                    bounds[s] = bounds[s].max(h.bound_ts);
-                    if flags & FLOOR_TRUSTED != 0 {
-                        floor = floor.max(h.floor_ts);
-                    }
-                    log_bytes += used as u64;
-                    if !on_entry(FileEntry { file: i, raw: &raw, offset: off, used, stream: s, batch }) {
+                    let stream = read.take(n, &batch, flags, used).map_err(|e| corrupt(off as u64, e))?;
+                    if !on_entry(FileEntry { file: i, raw: &raw, offset: off, used, stream, batch }) {
                         // Asked for no more: what was read so far.
-                        return Ok(FilesRead { streams, bounds, floor, log_bytes, torn });
+                        return Ok(read);
                     }
                     off += used;
                 }
                 // The tail of the newest file may be torn (never acknowledged); all zeros
                 // is the same. Anything else is damage.
                 Err(e) if last => {
-                    tracing::warn!("{}: torn tail at offset {off} ({e}); dropped", path.display());
-                    torn = Some((path.clone(), off as u64));
+                    read.torn_at(path, off, &e);
                     break;
                 }
                 Err(e) => return Err(corrupt(off as u64, e)),
             }
         }
     }
-    Ok(FilesRead { streams, bounds, floor, log_bytes, torn })
+    Ok(read)
+}
+
+impl FilesRead {
+    /// An entry's batch of a file of `n` streams, `used` bytes, counted: its stream.
+    fn take(&mut self, n: u32, batch: &Batch, flags: u8, used: usize) -> Result<usize, String> {
+        let h = &batch.header;
+        let s = h.stream.0 as usize;
+        if s >= self.bounds.len() {
+            return Err(format!("batch of stream {s}, of {n} streams"));
+        }
+        self.bounds[s] = self.bounds[s].max(h.bound_ts);
+        if flags & FLOOR_TRUSTED != 0 {
+            self.floor = self.floor.max(h.floor_ts);
+        }
+        self.log_bytes += used as u64;
+        Ok(s)
+    }
+
+    /// The newest file's tail from `off` does not check (`why`): torn, dropped.
+    fn torn_at(&mut self, path: &Path, off: usize, why: &str) {
+        tracing::warn!("{}: torn tail at offset {off} ({why}); dropped", path.display());
+        self.torn = Some((path.to_path_buf(), off as u64));
+    }
 }
 
 /// `read_files`, one entry at a time: a file is never held whole, only the entry being
@@ -1518,11 +1528,7 @@ fn read_files_each(
     mut on_entry: impl FnMut(FileEntry<'_>) -> bool,
 ) -> Result<FilesRead, LogError> {
     use std::io::Read;
-    let mut streams: Option<u32> = None;
-    let mut bounds: Vec<Ts> = Vec::new();
-    let mut floor = Ts::ZERO;
-    let mut log_bytes = 0;
-    let mut torn = None;
+    let mut read = FilesRead::default();
     // Fills `buf` from `r` as far as the file goes: how many bytes it read.
     let fill = |r: &mut dyn Read, buf: &mut [u8], path: &Path| -> Result<usize, LogError> {
         let mut got = 0;
@@ -1546,10 +1552,10 @@ fn read_files_each(
         let (n, hseq) = match decode_header(&head[..got]) {
             Ok(h) => h,
             // A crash while the header of the newest file was written: it holds nothing.
-            Err(_) if last && got <= REPLICA_HEADER_LEN && fill(&mut r, &mut [0u8; 1], path)? == 0 => break,
+            Err(_) if last && fill(&mut r, &mut [0u8; 1], path)? == 0 => break,
             Err(e) => return Err(corrupt(0, e)),
         };
-        take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
+        take_file_header(n, hseq, *seq, &mut read.streams, &mut read.bounds).map_err(|e| corrupt(0, e))?;
         let mut off = REPLICA_HEADER_LEN;
         loop {
             let mut eh = [0u8; ENTRY_HEADER_LEN];
@@ -1581,31 +1587,21 @@ fn read_files_each(
             };
             match decoded {
                 Ok((batch, flags, used)) => {
-                    let h = &batch.header;
-                    let s = h.stream.0 as usize;
-                    if s >= bounds.len() {
-                        return Err(corrupt(off as u64, format!("batch of stream {s}, of {n} streams")));
-                    }
-                    bounds[s] = bounds[s].max(h.bound_ts);
-                    if flags & FLOOR_TRUSTED != 0 {
-                        floor = floor.max(h.floor_ts);
-                    }
-                    log_bytes += used as u64;
-                    if !on_entry(FileEntry { file: i, raw: &entry, offset: 0, used, stream: s, batch }) {
-                        return Ok(FilesRead { streams, bounds, floor, log_bytes, torn });
+                    let stream = read.take(n, &batch, flags, used).map_err(|e| corrupt(off as u64, e))?;
+                    if !on_entry(FileEntry { file: i, raw: &entry, offset: 0, used, stream, batch }) {
+                        return Ok(read);
                     }
                     off += used;
                 }
                 Err(e) if last => {
-                    tracing::warn!("{}: torn tail at offset {off} ({e}); dropped", path.display());
-                    torn = Some((path.clone(), off as u64));
+                    read.torn_at(path, off, &e);
                     break;
                 }
                 Err(e) => return Err(corrupt(off as u64, e)),
             }
         }
     }
-    Ok(FilesRead { streams, bounds, floor, log_bytes, torn })
+    Ok(read)
 }
 
 /// The batches of primary stream `stream` that `dir`'s replica log holds with a bound above

@@ -478,6 +478,19 @@ mod tests {
         (a, l.accept().unwrap().0)
     }
 
+    /// A node's TLS with certificates of a CA made in `dir` (its certificate names
+    /// 127.0.0.1 and localhost).
+    fn node_link(dir: &Path) -> Arc<LinkTls> {
+        let pki = pki::make(dir);
+        let files = TlsFiles {
+            cert_file: pki.server_cert.clone(),
+            key_file: pki.server_key.clone(),
+            ca_cert_file: Some(pki.ca.clone()),
+            auth_clients: true,
+        };
+        LinkTls::new(&files, Duration::from_secs(5)).unwrap()
+    }
+
     /// What a dialing node's first bytes look like to `opens_with_tls`.
     fn looks_like_tls(first: &[u8]) -> bool {
         let (mut a, b) = pair();
@@ -488,14 +501,7 @@ mod tests {
     #[test]
     fn a_client_hello_opens_with_tls_and_frames_do_not() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = pki::make(dir.path());
-        let files = TlsFiles {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_cert_file: Some(pki.ca.clone()),
-            auth_clients: true,
-        };
-        let link = LinkTls::new(&files, Duration::from_secs(5)).unwrap();
+        let link = node_link(dir.path());
         // A real ClientHello, as our dialing side sends it: peeked, then the handshake
         // goes on with nothing consumed, and the tunnel carries bytes both ways.
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -539,14 +545,7 @@ mod tests {
     #[test]
     fn a_certificate_without_the_dialed_name_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = pki::make(dir.path());
-        let files = TlsFiles {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_cert_file: Some(pki.ca.clone()),
-            auth_clients: true,
-        };
-        let link = LinkTls::new(&files, Duration::from_secs(5)).unwrap();
+        let link = node_link(dir.path());
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let acceptor = {
