@@ -52,7 +52,7 @@ use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
 use crate::state::{Command, ControlState, Member, NodeId, Phase};
 pub use ditto_replication::protocol::Secret;
-use ditto_replication::tls::{host_of, opens_with_tls, LinkTls};
+use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
@@ -1410,7 +1410,7 @@ impl Run {
             // The name its certificate must carry: its host in --members, else as added.
             let name = (self.hosts.get(&peer).map(String::as_str))
                 .or_else(|| st.node(peer).map(|m| m.host()))
-                .map_or_else(|| addr.ip().to_string(), |h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+                .map_or_else(|| addr.ip().to_string(), |h| cert_name(h).to_string());
             self.sender_threads
                 .push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(addr, name, rx, shared)));
         }

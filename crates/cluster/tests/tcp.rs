@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ditto_replication::tls::{pki, LinkTls, TlsFiles};
+use ditto_replication::tls::{pki, LinkTls};
 
 use ditto_cluster::{
     admin_request, AdminReply, AdminRequest, ClusterSecret, Command, ControlService, ControlState, DataPlane, Holding,
@@ -908,13 +908,7 @@ fn the_secret_is_rotated_one_node_at_a_time() {
 fn a_control_port_with_tls_takes_only_nodes_and_operators_whose_certificates_the_cluster_ca_signed() {
     let dir = tempfile::tempdir().unwrap();
     let link = |pki: &pki::Pki, ca: &Path| {
-        let files = TlsFiles {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_cert_file: Some(ca.to_path_buf()),
-            auth_clients: true,
-        };
-        LinkTls::new(&files, Duration::from_secs(5)).unwrap()
+        LinkTls::from_paths(&pki.server_cert, &pki.server_key, ca, Duration::from_secs(5)).unwrap()
     };
     std::fs::create_dir_all(dir.path().join("ca")).unwrap();
     std::fs::create_dir_all(dir.path().join("stranger")).unwrap();

@@ -143,15 +143,9 @@ impl SecretArg {
     fn load(&self) -> Result<Dial, Error> {
         let secret = self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?;
         let tls = match (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_cert_file) {
-            (Some(cert), Some(key), Some(ca)) => Some(ditto_replication::tls::LinkTls::new(
-                &ditto_replication::tls::TlsFiles {
-                    cert_file: cert.clone(),
-                    key_file: key.clone(),
-                    ca_cert_file: Some(ca.clone()),
-                    auth_clients: true,
-                },
-                std::time::Duration::from_secs(5),
-            )?),
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(ditto_replication::tls::LinkTls::from_paths(cert, key, ca, std::time::Duration::from_secs(5))?)
+            }
             _ => None,
         };
         Ok(Dial { secret, tls })

@@ -76,13 +76,12 @@ impl NodesTls {
         let at = dir.join("pki");
         std::fs::create_dir_all(&at)?;
         let pki = ditto_replication::tls::pki::make(&at);
-        let files = ditto_replication::tls::TlsFiles {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_cert_file: Some(pki.ca.clone()),
-            auth_clients: true,
-        };
-        let link = ditto_replication::tls::LinkTls::new(&files, Duration::from_secs(5))?;
+        let link = ditto_replication::tls::LinkTls::from_paths(
+            &pki.server_cert,
+            &pki.server_key,
+            &pki.ca,
+            Duration::from_secs(5),
+        )?;
         Ok(NodesTls { pki, link })
     }
 

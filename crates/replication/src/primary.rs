@@ -317,26 +317,22 @@ impl Primary {
                         let me = Arc::clone(&me);
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                            let served = match &me.opts.tls {
-                                Some(t) => match crate::tls::opens_with_tls(&s, Duration::from_secs(10)) {
-                                    Ok(true) => t.accept(s).and_then(|s| me.serve(s, &addr)),
-                                    Ok(false) => {
-                                        // Its hello read first: a socket closed with bytes
-                                        // unread resets the connection, and the backup
-                                        // may lose the answer.
-                                        let _ = read_frame_at_most(&mut &s, HELLO_BYTES_MAX);
-                                        Err(refuse(&s, format!("{TLS_ONLY}: set tls_replication on the backup, with a certificate of this primary's CA")))
-                                    }
-                                    Err(e) => Err(e),
-                                },
-                                None => match crate::tls::opens_with_tls(&s, Duration::from_secs(10)) {
-                                    // (It cannot be answered: it waits for a TLS answer.)
-                                    Ok(true) => Err(std::io::Error::other(format!(
-                                        "{TLS_ONLY_THERE}: this primary's replication port is plaintext; set tls_replication on both nodes or on neither"
-                                    ))),
-                                    Ok(false) => me.serve(s, &addr),
-                                    Err(e) => Err(e),
-                                },
+                            let opens = crate::tls::opens_with_tls(&s, Duration::from_secs(10));
+                            let served = match (&me.opts.tls, opens) {
+                                (_, Err(e)) => Err(e),
+                                (None, Ok(false)) => me.serve(s, &addr),
+                                (Some(t), Ok(true)) => t.accept(s).and_then(|s| me.serve(s, &addr)),
+                                (Some(_), Ok(false)) => {
+                                    // Its hello read first: a socket closed with bytes
+                                    // unread resets the connection, and the backup may
+                                    // lose the answer.
+                                    let _ = read_frame_at_most(&mut &s, HELLO_BYTES_MAX);
+                                    Err(refuse(&s, format!("{TLS_ONLY}: set tls_replication on the backup, with a certificate of this primary's CA")))
+                                }
+                                // (It cannot be answered: it waits for a TLS answer.)
+                                (None, Ok(true)) => Err(std::io::Error::other(format!(
+                                    "{TLS_ONLY_THERE}: this primary's replication port is plaintext; set tls_replication on both nodes or on neither"
+                                ))),
                             };
                             if let Err(e) = served {
                                 // A backup refused for its name or its password tries again

@@ -278,7 +278,11 @@ pub fn opens_with_tls(sock: &TcpStream, within: Duration) -> std::io::Result<boo
 
 /// The host part of `host:port` (`[v6]:port` too), as a certificate must name it.
 pub fn host_of(addr: &str) -> &str {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    cert_name(addr.rsplit_once(':').map_or(addr, |(h, _)| h))
+}
+
+/// A host as a certificate names it: an IPv6 address without its brackets.
+pub fn cert_name(host: &str) -> &str {
     host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }
 
@@ -297,6 +301,17 @@ impl LinkTls {
             acceptor: tokio_rustls::TlsAcceptor::from(server),
             handshake,
         }))
+    }
+
+    /// From a node's certificate, its key and the CA (what `new` reads of its files).
+    pub fn from_paths(cert: &Path, key: &Path, ca: &Path, handshake: Duration) -> Result<Arc<Self>, TlsError> {
+        let files = TlsFiles {
+            cert_file: cert.to_path_buf(),
+            key_file: key.to_path_buf(),
+            ca_cert_file: Some(ca.to_path_buf()),
+            auth_clients: true,
+        };
+        LinkTls::new(&files, handshake)
     }
 
     /// TLS to the node at `addr` (host:port) over `sock`, a connection to it; returns the
@@ -482,13 +497,7 @@ mod tests {
     /// 127.0.0.1 and localhost).
     fn node_link(dir: &Path) -> Arc<LinkTls> {
         let pki = pki::make(dir);
-        let files = TlsFiles {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_cert_file: Some(pki.ca.clone()),
-            auth_clients: true,
-        };
-        LinkTls::new(&files, Duration::from_secs(5)).unwrap()
+        LinkTls::from_paths(&pki.server_cert, &pki.server_key, &pki.ca, Duration::from_secs(5)).unwrap()
     }
 
     /// What a dialing node's first bytes look like to `opens_with_tls`.
@@ -562,11 +571,46 @@ mod tests {
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
     }
 
+    /// A peer that takes the connection and never answers fails the handshake in its time
+    /// (a timeout, which may be tried again, not a refusal); and once a tunnel is up, one
+    /// side closing its plaintext end is seen by the other as the link's end.
+    #[test]
+    fn a_silent_peer_times_the_handshake_out_and_a_close_crosses_the_tunnel() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = pki::make(dir.path());
+        let quick =
+            LinkTls::from_paths(&pki.server_cert, &pki.server_key, &pki.ca, Duration::from_millis(300)).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::time::Instant::now();
+        let e = quick.connect(TcpStream::connect(&addr).unwrap(), &addr).unwrap_err();
+        let _silent = l.accept().unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(!is_handshake_failure(&e), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+
+        let link = LinkTls::from_paths(&pki.server_cert, &pki.server_key, &pki.ca, Duration::from_secs(5)).unwrap();
+        let acceptor = {
+            let link = Arc::clone(&link);
+            std::thread::spawn(move || link.accept(l.accept().unwrap().0).unwrap())
+        };
+        let mut near = link.connect(TcpStream::connect(&addr).unwrap(), &addr).unwrap();
+        let mut far = acceptor.join().unwrap();
+        near.write_all(b"last words").unwrap();
+        drop(near);
+        far.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        far.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"last words", "what was sent before the close, then the end");
+    }
+
     #[test]
     fn host_of_takes_the_host_of_an_address() {
         assert_eq!(host_of("127.0.0.1:7001"), "127.0.0.1");
         assert_eq!(host_of("db-1.example:7001"), "db-1.example");
         assert_eq!(host_of("[::1]:7001"), "::1");
         assert_eq!(host_of("no-port"), "no-port");
+        assert_eq!(cert_name("[::1]"), "::1");
+        assert_eq!(cert_name("db-1.example"), "db-1.example");
     }
 }

@@ -438,9 +438,7 @@ impl Config {
             auth_clients: self.tls_auth_clients,
         }))
     }
-}
 
-impl Config {
     /// The files of TLS between nodes when `tls_replication` or `tls_cluster` is set: the
     /// certificate, its key and the CA are all needed, since each side checks the other.
     pub fn node_tls(&self) -> Result<Option<TlsFiles>, ConfigError> {
