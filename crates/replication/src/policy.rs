@@ -128,7 +128,10 @@ pub fn release_watermark(policy: CommitPolicy, h: &Holdings) -> Ts {
         // received, which is what the quorum decides on.
         Level::Received => h.primary_shipped.max(h.primary_durable),
     };
-    if policy.scope == Scope::Local {
+    // With no backup counted, the primary is the whole quorum, and a `received` policy
+    // is held to `local`: a reply never promises less than this node's disk (the memory
+    // of one node survives no crash of it).
+    if policy.scope == Scope::Local || h.backups.is_empty() {
         return h.primary_durable;
     }
     let mut held: Vec<Ts> = vec![mine];
@@ -203,6 +206,11 @@ mod tests {
         assert_eq!(release_watermark(p("majority-received"), &z), Ts(8));
         // No backup configured: everything is the primary's.
         assert_eq!(release_watermark(p("all-durable"), &h(10, &[])), Ts(10));
+        // ... a `received` policy too, held to this node's disk, not its memory (it framed
+        // up to 110 here): the primary alone is no quorum of memories.
+        for name in ["all-received", "majority-received"] {
+            assert_eq!(release_watermark(p(name), &h(10, &[])), Ts(10), "{name}");
+        }
     }
 
     #[test]

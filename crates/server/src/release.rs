@@ -120,6 +120,12 @@ impl Release {
         }
     }
 
+    /// Fails every waiter still queued, and every later wait not yet covered, with
+    /// `why`; the watermark stays where it is (nothing more is released as durable).
+    pub fn fail(&self, why: &Arc<str>) {
+        self.advance(Ts::ZERO, Some(why));
+    }
+
     /// Every commit up to this is durable.
     pub fn watermark(&self) -> Ts {
         Ts(self.watermark.load(Ordering::Acquire))
@@ -178,6 +184,35 @@ impl Release {
     }
 }
 
+/// What the log's progress listener does with a new local watermark `w` or the log's
+/// failure (`Logger::set_progress_listener`), for `releases` (the server's policy's and
+/// each other policy's).
+///
+/// - Standalone (`recompute` is `None`): every release is the local log's; each moves to
+///   `w`, and a failure fails whatever waits above it.
+/// - A primary (`recompute` is `Primary::recompute`): each release moves by its own
+///   policy, from the backups' acknowledgements and the local log. On a failure each is
+///   moved so first, and then every waiter it does not cover fails: the local watermark
+///   never releases by itself a commit whose policy counts backups (before, a failed log
+///   moved every release to `w`, and a `majority` or `all` reply that no backup held went
+///   out as +OK).
+pub fn on_log_progress(recompute: Option<&dyn Fn()>, releases: &[Arc<Release>], w: Ts, failed: Option<&Arc<str>>) {
+    match (recompute, failed) {
+        (Some(recompute), None) => recompute(),
+        (Some(recompute), Some(why)) => {
+            recompute();
+            for r in releases {
+                r.fail(why);
+            }
+        }
+        (None, _) => {
+            for r in releases {
+                r.advance(w, failed);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +246,42 @@ mod tests {
         a.advance(Ts(4), Some(&Arc::from("disk")));
         assert!(poll_once(failed.as_mut()).is_some_and(|r| r.is_err()));
         assert_eq!(acked.load(Ordering::Acquire), 7, "a failed commit is acknowledged to nobody");
+    }
+
+    /// A primary's log fails at a local watermark above what its policies' quorums hold:
+    /// the replies that only the local disk held fail (outcome unknown); none goes out as
+    /// OK. Standalone, the local watermark is the release: what it covers goes out.
+    #[test]
+    fn a_failed_log_releases_on_a_primary_only_what_each_policy_holds() {
+        let why: Arc<str> = "fsync failed: EIO".into();
+        // A primary: `majority` is held up to 4 by its quorum (what recompute moves it to),
+        // `local` up to 10; the log fails with its own watermark at 10.
+        let (majority, local) = (Arc::new(Release::default()), Arc::new(Release::default()));
+        let mut held = pin!(majority.wait(Ts(4)));
+        let mut only_here = pin!(majority.wait(Ts(8)));
+        let mut local_wait = pin!(local.wait(Ts(8)));
+        for w in [held.as_mut(), only_here.as_mut(), local_wait.as_mut()] {
+            assert_eq!(poll_once(w), None);
+        }
+        let recompute = || {
+            majority.advance(Ts(4), None);
+            local.advance(Ts(10), None);
+        };
+        on_log_progress(Some(&recompute), &[Arc::clone(&majority), Arc::clone(&local)], Ts(10), Some(&why));
+        assert_eq!(poll_once(held.as_mut()), Some(Ok(())), "held by the quorum");
+        assert_eq!(poll_once(local_wait.as_mut()), Some(Ok(())), "local: durable here");
+        assert_eq!(poll_once(only_here.as_mut()), Some(Err(Arc::clone(&why))), "no backup held it");
+        assert_eq!(majority.watermark(), Ts(4), "the local watermark moved no policy's release");
+        assert!(poll_once(pin!(majority.wait(Ts(6)))).is_some_and(|r| r.is_err()), "later waits fail too");
+
+        // Standalone: the local log is the release.
+        let r = Arc::new(Release::default());
+        let (mut durable, mut not) = (pin!(r.wait(Ts(8))), pin!(r.wait(Ts(12))));
+        assert_eq!(poll_once(durable.as_mut()), None);
+        assert_eq!(poll_once(not.as_mut()), None);
+        on_log_progress(None, &[Arc::clone(&r)], Ts(10), Some(&why));
+        assert_eq!(poll_once(durable.as_mut()), Some(Ok(())));
+        assert_eq!(poll_once(not.as_mut()), Some(Err(why)));
     }
 
     #[test]

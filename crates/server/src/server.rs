@@ -874,19 +874,13 @@ fn run_role(
     let ckpt_policy = cfg.checkpoint_policy();
     let checkpointer = durable.as_ref().and_then(|d| ckpt_policy.any().then(|| d.spawn_checkpointer(ckpt_policy)));
     if let Some(logger) = &logger {
-        let listener = Arc::clone(&release);
-        let others = by_policy.clone();
+        let releases: Vec<Arc<Release>> =
+            std::iter::once(Arc::clone(&release)).chain(by_policy.iter().map(|(_, r)| Arc::clone(r))).collect();
         let p = primary.clone();
         logger
-            .set_progress_listener(Box::new(move |w, failed| match (&p, failed) {
-                (Some(p), None) => p.recompute(),
-                _ => {
-                    listener.advance(w, failed);
-                    // A failed log fails every policy's waiters.
-                    for (_, r) in &others {
-                        r.advance(w, failed);
-                    }
-                }
+            .set_progress_listener(Box::new(move |w, failed| {
+                let recompute = p.as_ref().map(|p| move || p.recompute());
+                crate::release::on_log_progress(recompute.as_ref().map(|f| f as &dyn Fn()), &releases, w, failed)
             }))
             .map_err(|e| ServerError::Io {
                 what: "installing the durability listener".into(),
@@ -968,8 +962,8 @@ fn run_role(
         limits: cfg.limits(),
         max_clients: cfg.max_clients,
         tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
-        durable: Some(release),
-        by_policy,
+        durable: Some(Arc::clone(&release)),
+        by_policy: by_policy.clone(),
         wait_timeout,
         metrics,
     });
@@ -1163,6 +1157,7 @@ fn run_role(
                                 d.fence();
                             }
                         });
+                        give_up_waits(primary.as_deref(), &release, &by_policy, "this primary was fenced for a switchover");
                         crate::say!("ditto server fenced");
                     }
                     // A switchover's old primary, drained, follows the new primary in place
@@ -1209,7 +1204,10 @@ fn run_role(
                 follow_in_place(&cfg, b, to, primary_addr, upto)?
             }
             (crate::session::RoleRequest::Follow { primary: to, primary_addr, upto }, None) => {
-                primary_follows_in_place(&cfg, &sh, primary.take(), durable.take(), &db, to, primary_addr, upto)?
+                let p = primary.take();
+                let next = primary_follows_in_place(&cfg, &sh, p.clone(), durable.take(), &db, to, primary_addr, upto);
+                give_up_waits(p.as_deref(), &release, &by_policy, "this primary follows another now");
+                next?
             }
             _ => unreachable!("a change in place is a backup's, or a drained primary's follow"),
         };
@@ -1258,6 +1256,26 @@ fn run_role(
     }
     drop(checkpointer);
     Ok(None)
+}
+
+/// A primary that stops being one in place (fenced for a switchover, or following the
+/// new primary) releases nothing more: what its policies hold is released first, and every
+/// reply still waiting then fails with `why` (its commit may or may not survive: the
+/// outcome is unknown), rather than wait for good.
+fn give_up_waits(
+    primary: Option<&ditto_replication::Primary>,
+    release: &Release,
+    by_policy: &[(ditto_replication::CommitPolicy, Arc<Release>)],
+    why: &str,
+) {
+    if let Some(p) = primary {
+        p.recompute();
+    }
+    let why: Arc<str> = why.into();
+    release.fail(&why);
+    for (_, r) in by_policy {
+        r.fail(&why);
+    }
 }
 
 /// The failpoint `count-ignored-once` has ignored a `count` (it ignores the first only).
