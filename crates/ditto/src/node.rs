@@ -1787,13 +1787,23 @@ impl DataPlane for NodePlane {
                     !cut
                 };
                 let after = ditto_engine::Ts(after);
-                match primary_dir {
+                let reach = match primary_dir {
                     Some(dir) => {
                         ditto_log::recovery::primary_stream_batches_each(&dir, stream, after, own_start, &mut each)
+                            .map(|()| None)
                     }
-                    None => ditto_log::replica::replica_stream_batches_each(&data, stream, after, &mut each),
+                    None => ditto_log::replica::replica_stream_batches_each(&data, stream, after, &mut each).map(Some),
                 }
                 .map_err(|e| e.to_string())?;
+                // An answer that ends below what this node reported would let the fetcher
+                // fill the rest as held (its last piece's bound is the position): refused,
+                // so the round fails rather than lose what lies between.
+                if let Some(reach) = reach.filter(|r| !cut && r.0 < position) {
+                    return Err(format!(
+                        "its replica log reaches ts {} of stream {stream}, below the ts {position} it reported (damaged since?)",
+                        reach.0
+                    ));
+                }
                 let what = if cut { "cut short a fetch (its answer could not be sent)" } else { "serves a fetch" };
                 say(
                     me,

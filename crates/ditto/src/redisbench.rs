@@ -74,6 +74,13 @@ pub struct RedisBenchArgs {
     /// (`replicaof`, appendfsync everysec, no WAIT).
     #[arg(long, value_delimiter = ',', default_value = "majority-received")]
     replicated: Vec<String>,
+    /// Durabilities each replicated policy runs with, on both the primary and its backup
+    /// (comma-separated): `every-batch` as `ditto+backup/POLICY`, any other as
+    /// `ditto+backup/POLICY@DURABILITY` (`interval`: both nodes fsync at most once per
+    /// interval, as Redis everysec fsyncs once a second; the reply still waits for the
+    /// backup to hold the write).
+    #[arg(long, value_delimiter = ',', default_value = "every-batch,interval")]
+    pair_durability: Vec<String>,
     /// Also run each replicated policy with TLS between the primary and its backup
     /// (`--tls-replication`), with this certificate (which must name 127.0.0.1), its key
     /// and their CA: the servers `ditto+backup+tls/POLICY`.
@@ -279,7 +286,13 @@ fn start_ditto_pair(
     a: &RedisBenchArgs,
     tls: bool,
 ) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+    let (policy, durability) = policy.split_once('@').unwrap_or((policy, "every-batch"));
     ditto_replication::CommitPolicy::parse(policy).map_err(|e| format!("--replicated: {e}"))?;
+    let ms = a.fsync_interval_ms.map(|ms| ms.to_string());
+    let mut durability_args = vec!["--durability", durability];
+    if let Some(ms) = &ms {
+        durability_args.extend(["--fsync-interval-ms", ms]);
+    }
     let (pdir, bdir) = (dir.join("primary"), dir.join("backup"));
     std::fs::create_dir_all(&pdir)?;
     let workers = a.workers.to_string();
@@ -295,11 +308,11 @@ fn start_ditto_pair(
     }
     let tls_args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
     let args = ["--workers", &workers, "--repl-port", "0", "--commit-policy", policy, "--backups", "1"];
-    let mut p = start_ditto_server(exe, &pdir, &[&args[..], &tls_args].concat(), Stdio::inherit())
+    let mut p = start_ditto_server(exe, &pdir, &[&args[..], &durability_args, &tls_args].concat(), Stdio::inherit())
         .map_err(|e| e.to_string())?;
     let repl = p.repl.clone().ok_or("the primary printed no replication address")?;
     let bargs = ["--workers", &workers, "--replica-of", &repl];
-    let b = start_ditto_server(exe, &bdir, &[&bargs[..], &tls_args].concat(), Stdio::inherit())
+    let b = start_ditto_server(exe, &bdir, &[&bargs[..], &durability_args, &tls_args].concat(), Stdio::inherit())
         .map_err(|e| e.to_string())?;
     p.backup = Some(Box::new(b));
     wait_info(p.port, "connected_slaves:1")?;
@@ -471,7 +484,18 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.other_ditto.is_some() {
         servers.extend(a.durability.iter().map(|d| format!("other/{d}")));
     }
-    let replicated: Vec<&String> = a.replicated.iter().filter(|p| p.as_str() != "none").collect();
+    // Each policy at each pair durability: `POLICY` (every-batch) or `POLICY@DURABILITY`.
+    let replicated: Vec<String> = a
+        .replicated
+        .iter()
+        .filter(|p| p.as_str() != "none")
+        .flat_map(|p| {
+            a.pair_durability.iter().map(move |d| match d.as_str() {
+                "every-batch" => p.clone(),
+                d => format!("{p}@{d}"),
+            })
+        })
+        .collect();
     servers.extend(replicated.iter().map(|p| format!("ditto+backup/{p}")));
     if a.tls_cert_file.is_some() {
         servers.extend(replicated.iter().map(|p| format!("ditto+backup+tls/{p}")));

@@ -1620,18 +1620,25 @@ pub fn replica_stream_batches(dir: &Path, stream: usize, after: Ts) -> Result<Ve
 /// `replica_stream_batches`, each batch handed to `sink` in order as it is read, so that
 /// the answer is never held whole (a failover's fetch sends it in pieces as they fill);
 /// `sink` returning false asks for no more.
+///
+/// Returns where the read showed the stream held up to (as `replica_holdings` counts it:
+/// its highest bound, the highest trusted floor, the checkpoint), `Ts::ZERO` if `sink`
+/// stopped it. A caller that reported a position checks the read still reaches it: the
+/// newest file's damaged tail reads as a torn one (the read ends there quietly), and an
+/// answer that ended there, taken as whole, would let the fetcher believe it holds the
+/// rest.
 pub fn replica_stream_batches_each(
     dir: &Path,
     stream: usize,
     after: Ts,
     sink: &mut dyn FnMut(Bytes) -> bool,
-) -> Result<(), LogError> {
+) -> Result<Ts, LogError> {
     let ckpt_ts = crate::sealed::base(dir)?.ts;
     if ckpt_ts > after {
         // Below a sealed log's point (this node changed its role in place since), from that
         // sealed log, if it reaches down to `after`, then the log above its point.
         match sealed_stream_batches(dir, stream, after, ckpt_ts, sink)? {
-            Some(Reached::Stopped) => return Ok(()),
+            Some(Reached::Stopped) => return Ok(Ts::ZERO),
             Some(Reached::End) => return replica_stream_batches_each(dir, stream, ckpt_ts, sink),
             None => {}
         }
@@ -1648,12 +1655,19 @@ pub fn replica_stream_batches_each(
     // Entry by entry, the batches asked for handed on: at most one batch in memory, not
     // a file, nor the whole log of every stream, nor the answer.
     let files = live_files(dir)?;
-    read_files_each(&files, |e| {
-        e.stream != stream
+    let mut stopped = false;
+    let read = read_files_each(&files, |e| {
+        let go = e.stream != stream
             || e.batch.header.bound_ts <= after
-            || sink(e.raw.slice(e.offset + ENTRY_HEADER_LEN..e.offset + e.used))
+            || sink(e.raw.slice(e.offset + ENTRY_HEADER_LEN..e.offset + e.used));
+        stopped |= !go;
+        go
     })?;
-    Ok(())
+    if stopped {
+        return Ok(Ts::ZERO);
+    }
+    let bound = read.bounds.get(stream).copied().unwrap_or(Ts::ZERO);
+    Ok(bound.max(read.floor).max(ckpt_ts))
 }
 
 /// The batches of `stream` above `after` in `data`'s sealed log at `point` (the newest link,

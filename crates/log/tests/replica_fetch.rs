@@ -1019,3 +1019,52 @@ fn a_last_resort_takes_back_into_its_own_log_what_it_shipped_but_lost() {
     assert_eq!(o.db.count(to).unwrap(), w.db.count(tw).unwrap());
     assert_eq!(o.db.count(to).unwrap(), 400, "stream 1's lost tail is back");
 }
+
+/// A byte of the newest replica log file damaged after a report: the read of the stream
+/// ends quietly there (a torn tail, as far as it can tell), and what it returns as the
+/// stream's reach falls below the reported position, which the answering node checks
+/// (crates/ditto/src/node.rs, `fetch_job`) rather than send an answer that ends early as if
+/// it were whole. Undamaged, the read reaches exactly the reported position.
+#[test]
+fn a_read_that_ends_in_damage_reaches_less_than_the_holdings_said() {
+    let (batches, storage, dir) = empty_backup_of_400_commits();
+    {
+        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+        for x in &batches {
+            log.append(x, false, decode_batch_checksums(x).unwrap().0.header.bound_ts);
+        }
+        log.sync().unwrap();
+    }
+    let reported = replica_holdings(dir.path(), 2, None).unwrap();
+    let read_all = |d: &std::path::Path, s: usize| {
+        let mut n = 0;
+        let reach = ditto_log::replica::replica_stream_batches_each(d, s, Ts::ZERO, &mut |_| {
+            n += 1;
+            true
+        })
+        .unwrap();
+        (reach, n)
+    };
+    for s in 0..2 {
+        assert_eq!(read_all(dir.path(), s).0, reported.streams[s], "stream {s} undamaged");
+    }
+    // A sink that asks for no more: no reach is claimed.
+    let stopped = ditto_log::replica::replica_stream_batches_each(dir.path(), 0, Ts::ZERO, &mut |_| false).unwrap();
+    assert_eq!(stopped, Ts::ZERO);
+
+    let files: Vec<_> =
+        std::fs::read_dir(ditto_log::replica::replica_dir(dir.path())).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut raw = std::fs::read(&files[0]).unwrap();
+    let at = raw.len() / 2;
+    raw[at] ^= 0x5a;
+    std::fs::write(&files[0], &raw).unwrap();
+    let damaged = fresh_copy(dir.path());
+    let mut before = 0;
+    for s in 0..2 {
+        let (reach, n) = read_all(damaged.path(), s);
+        before += n;
+        assert!(reach < reported.streams[s], "stream {s}: reach {reach:?} against {:?}", reported.streams[s]);
+    }
+    assert!(before > 0, "the batches before the damage are read, and the read ends quietly");
+}

@@ -179,6 +179,14 @@ pub struct BackupOptions {
     pub auth: Option<crate::protocol::Secret>,
     /// TLS to the primary (`tls_replication`): `None`, plaintext.
     pub tls: Option<Arc<crate::tls::LinkTls>>,
+    /// Paces the fsyncs of the replica log as a primary's `interval` durability paces its
+    /// log's (a server's `--durability interval|nosync`): at most one per interval, and
+    /// everything received meanwhile shares it. `None` (`every-batch`): one per burst, as
+    /// soon as the last is done. The replica log is fsynced under every setting, and
+    /// receipt is acknowledged as it comes under every setting: only the `durable`
+    /// acknowledgements (and replay, which follows them) wait. A stop (a cluster's fence)
+    /// or a full queue does not wait.
+    pub persist_interval: Option<Duration>,
 }
 
 /// Cuts a join short from another thread (`BackupOptions::cancel`): sets the stop flag
@@ -244,6 +252,7 @@ impl BackupOptions {
             keep_what_the_primary_lost: true,
             auth: None,
             tls: None,
+            persist_interval: None,
         }
     }
 }
@@ -824,6 +833,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         state: Arc::clone(&state),
         link: Arc::clone(&link),
         removed_to: base,
+        interval: opts.persist_interval,
     };
     let persister_done = Arc::new(AtomicBool::new(false));
     {
@@ -1740,6 +1750,9 @@ const PERSIST_BYTES_MAX: usize = 64 << 20;
 struct ToPersist {
     q: Mutex<PersistQueue>,
     cv: Condvar,
+    /// Wakes a persister waiting out its interval (`Persister::interval`): a stop, or a
+    /// queue grown full. (Not `cv`, which every burst notifies.)
+    pace: Condvar,
     /// How many pushes the persister has made durable (`PersistQueue::pushed` when it took
     /// them): a stop waits for this, not for replay.
     synced: AtomicU64,
@@ -1774,6 +1787,9 @@ impl ToPersist {
         q.pushed += 1;
         q.received = Some(received.clone());
         self.cv.notify_all();
+        if q.bytes >= PERSIST_BYTES_MAX {
+            self.pace.notify_all();
+        }
         true
     }
 }
@@ -1787,11 +1803,15 @@ struct Persister {
     link: AckLink,
     /// Replica log files covered up to here are deleted.
     removed_to: Ts,
+    /// At most one fsync per this (`BackupOptions::persist_interval`).
+    interval: Option<Duration>,
 }
 
 impl Persister {
     fn run(mut self, persist: &ToPersist) {
         let mut replaying = true;
+        // When the last write and fsync began.
+        let mut last: Option<Instant> = None;
         loop {
             let (jobs, received, taken) = {
                 let mut q = persist.q.lock();
@@ -1801,6 +1821,12 @@ impl Persister {
                 if q.received.is_none() {
                     return;
                 }
+                if let Some(until) = self.interval.zip(last).map(|(d, t)| t + d) {
+                    while !q.stop && !q.failed && q.bytes < PERSIST_BYTES_MAX && Instant::now() < until {
+                        persist.pace.wait_until(&mut q, until);
+                    }
+                }
+                last = Some(Instant::now());
                 q.bytes = 0;
                 persist.cv.notify_all();
                 (std::mem::take(&mut q.jobs), q.received.take().expect("checked"), q.pushed)
@@ -1857,6 +1883,7 @@ impl Receiver {
         self.follow(stream, reader);
         // Stopped for good (the backup failed): the persister ends too.
         self.persist.q.lock().stop = true;
+        self.persist.pace.notify_all();
         self.persist.cv.notify_all();
     }
 

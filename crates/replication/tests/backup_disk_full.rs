@@ -343,3 +343,119 @@ fn a_backup_whose_disk_stalls_still_acknowledges_receipt_and_nothing_more() {
     assert!(b.failure().is_none());
     p.stop();
 }
+
+/// Real files whose fsyncs are counted.
+struct CountingDisk {
+    syncs: Arc<AtomicU64>,
+}
+
+struct CountingFile {
+    inner: Box<dyn LogFile>,
+    syncs: Arc<AtomicU64>,
+}
+
+impl Storage for CountingDisk {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(CountingFile { inner: RealStorage.create_new(path)?, syncs: Arc::clone(&self.syncs) }))
+    }
+}
+
+impl LogFile for CountingFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        self.inner.sync()
+    }
+}
+
+/// A backup given an interval (`BackupOptions::persist_interval`, a server's
+/// `--durability interval`) fsyncs its replica log at most once per interval while the
+/// primary commits without pause, and everything is still made durable and released; an
+/// every-batch backup beside it, fed the same commits, fsyncs far more often.
+#[test]
+fn a_paced_backup_fsyncs_at_most_once_per_interval_and_releases_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let interval = Duration::from_millis(100);
+    let (paced_syncs, eager_syncs) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let disk = |syncs: &Arc<AtomicU64>| -> Option<Arc<dyn Storage>> {
+        Some(Arc::new(CountingDisk { syncs: Arc::clone(syncs) }))
+    };
+    let paced = backup::start(BackupOptions {
+        persist_interval: Some(interval),
+        ..backup_opts(&addr, &tmp.path().join("paced"), "paced", disk(&paced_syncs))
+    })
+    .unwrap();
+    let _eager = backup::start(backup_opts(&addr, &tmp.path().join("eager"), "eager", disk(&eager_syncs))).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    // Counted from the first commit: the joins' own syncs are not the pacing's.
+    let (p0, e0) = (paced_syncs.load(Ordering::SeqCst), eager_syncs.load(Ordering::SeqCst));
+    let t0 = Instant::now();
+    let mut last = Ts::ZERO;
+    let mut i = 0u32;
+    while t0.elapsed() < Duration::from_millis(1000) {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap();
+        last = ticket.wait().unwrap();
+        i += 1;
+    }
+    wait_until("every commit durable on the paced backup", Duration::from_secs(20), || {
+        paced.state.durable.load(Ordering::SeqCst) >= last.0
+    });
+    let elapsed = t0.elapsed();
+    wait_until("every commit released", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= last.0);
+    let (paced_n, eager_n) = (paced_syncs.load(Ordering::SeqCst) - p0, eager_syncs.load(Ordering::SeqCst) - e0);
+    // At most one per interval over the time it took, plus the first (which waits for no
+    // interval) and a file rolled over.
+    let most = elapsed.as_millis() as u64 / interval.as_millis() as u64 + 3;
+    assert!(paced_n <= most, "{paced_n} fsyncs in {elapsed:?} at one per {interval:?}");
+    assert!(paced_n >= 1 && eager_n > paced_n, "paced {paced_n}, every batch {eager_n}, {i} commits");
+    wait_until("the paced backup's read view", Duration::from_secs(20), || {
+        paced.state.visible.load(Ordering::SeqCst) >= last.0
+    });
+    let r = paced.db.read();
+    let tb = paced.db.table_id("t").unwrap();
+    for k in 0..i {
+        assert_eq!(r.get(tb, &k.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]), "row {k}");
+    }
+    p.stop();
+}
+
+/// A stop (a cluster's fence) does not wait out a paced backup's interval: what was
+/// received and not yet fsynced is made durable at once, and the stop returns well within
+/// its limit although the interval is 60 s.
+#[test]
+fn a_stop_makes_a_paced_backup_durable_without_waiting_for_its_interval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released: _, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let b = backup::start(BackupOptions {
+        persist_interval: Some(Duration::from_secs(60)),
+        ..backup_opts(&addr, &tmp.path().join("b"), "b", None)
+    })
+    .unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let (_, ticket) = w.run(|x| x.put(t, b"first", b"1")).unwrap();
+    let first = ticket.wait().unwrap();
+    wait_until("the first commit durable (no interval before the first fsync)", Duration::from_secs(20), || {
+        b.state.durable.load(Ordering::SeqCst) >= first.0
+    });
+    let mut last = first;
+    for i in 0..50u32 {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap();
+        last = ticket.wait().unwrap();
+    }
+    wait_until("the rest received", Duration::from_secs(20), || b.state.received.load(Ordering::SeqCst) >= last.0);
+    assert!(b.state.durable.load(Ordering::SeqCst) < last.0, "made durable within the 60 s interval");
+    let t0 = Instant::now();
+    b.stop("the test fences it", Duration::from_secs(10)).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "the stop took {:?}", t0.elapsed());
+    assert!(b.state.durable.load(Ordering::SeqCst) >= last.0, "what it received is durable after the stop");
+    p.stop();
+}

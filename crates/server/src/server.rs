@@ -437,6 +437,8 @@ fn backup_options(
         keep_what_the_primary_lost: cfg.cluster.is_none(),
         auth: cfg.link_secret.as_deref().or(cfg.masterauth.as_deref()).map(Into::into),
         tls: link_tls(cfg)?,
+        // Its fsyncs paced as the server's durability paces a primary's.
+        persist_interval: cfg.durability()?.interval(),
     })
 }
 
