@@ -1218,6 +1218,10 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared, until: Instant)
         Ok(o) => o,
         Err(_) => return None,
     };
+    // The service stopping shut the socket: it read as nothing, not as plaintext.
+    if shared.stop.load(Ordering::SeqCst) {
+        return None;
+    }
     let _ = stream.set_read_timeout(None);
     match (&shared.tls, opens) {
         (None, false) => Some(stream),
@@ -1247,6 +1251,9 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared, until: Instant)
 
 fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
     let _ = stream.set_nonblocking(false);
+    // Its reads wait with no timeout once the hello is taken: a peer gone without a FIN
+    // (power, network) is found by the kernel's probes, and this thread ends.
+    let _ = ditto_replication::tls::keep_alive(&stream);
     // One deadline for the peek, the TLS handshake if any, and the hello.
     let until = Instant::now() + if shared.tls.is_some() { 2 * HELLO_WAIT } else { HELLO_WAIT };
     let taken =

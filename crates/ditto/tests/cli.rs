@@ -314,8 +314,8 @@ fn bench_redis_small_against_ditto_only() {
     let j = last_json(&out);
     let rows = j["rows"].as_array().unwrap();
     // SET and GET, pipelined and not, for each of the two default durabilities and the
-    // default primary with a backup, twice.
-    assert_eq!(rows.len(), 24, "{out}");
+    // default primary with a backup at each of the two default pair durabilities, twice.
+    assert_eq!(rows.len(), 32, "{out}");
     assert!(rows.iter().all(|r| r["rps"].as_f64().unwrap() > 0.0), "{out}");
     // The server's CPU per request is read from /proc: present and not negative (2,000
     // requests can take less than one clock tick of CPU).
@@ -326,7 +326,7 @@ fn bench_redis_small_against_ditto_only() {
         assert_eq!(r["backup_cpu_us_per_req"].as_f64().is_some(), with_backup, "{r}");
     }
     let summary = j["summary"].as_array().unwrap();
-    assert_eq!(summary.len(), 12, "{out}");
+    assert_eq!(summary.len(), 16, "{out}");
     for s in summary {
         assert_eq!(s["rounds"], 2, "{s}");
         let (lo, mid, hi) =
@@ -370,21 +370,29 @@ fn bench_redis_runs_another_build_standalone_and_with_its_own_backup() {
     ]);
     let j = last_json(&out);
     let servers: Vec<&str> = j["summary"].as_array().unwrap().iter().map(|s| s["server"].as_str().unwrap()).collect();
-    for want in
-        ["ditto/every-batch", "other/every-batch", "ditto+backup/majority-received", "other+backup/majority-received"]
-    {
+    for want in [
+        "ditto/every-batch",
+        "other/every-batch",
+        "ditto+backup/majority-received",
+        "other+backup/majority-received",
+        "ditto+backup/majority-received@interval",
+        "other+backup/majority-received@interval",
+    ] {
         assert!(servers.contains(&want), "{want} in {servers:?}");
     }
     for r in j["rows"].as_array().unwrap() {
         let with_backup = r["server"].as_str().unwrap().contains("+backup/");
         assert_eq!(r["backup_cpu_us_per_req"].as_f64().is_some(), with_backup, "{r}");
     }
-    // The other build ran three servers: standalone, and a primary and its backup.
+    // The other build ran five servers: standalone, and a primary and its backup at each
+    // pair durability (every-batch, interval: both nodes of a pair given it).
     let calls = std::fs::read_to_string(&calls).unwrap();
     let servers: Vec<&str> = calls.lines().filter(|l| l.starts_with("server ")).collect();
-    assert_eq!(servers.len(), 3, "{calls}");
-    assert_eq!(servers.iter().filter(|l| l.contains("--repl-port")).count(), 1, "{calls}");
-    assert_eq!(servers.iter().filter(|l| l.contains("--replica-of")).count(), 1, "{calls}");
+    assert_eq!(servers.len(), 5, "{calls}");
+    assert_eq!(servers.iter().filter(|l| l.contains("--repl-port")).count(), 2, "{calls}");
+    assert_eq!(servers.iter().filter(|l| l.contains("--replica-of")).count(), 2, "{calls}");
+    let paced = |role: &str| servers.iter().filter(|l| l.contains(role) && l.contains("--durability interval")).count();
+    assert_eq!((paced("--repl-port"), paced("--replica-of")), (1, 1), "{calls}");
 }
 
 /// Without the Redis programs on `PATH`, the run stops at once and names what to install,

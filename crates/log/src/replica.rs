@@ -1848,9 +1848,16 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
     crate::sealed::finish_seal(dir, &**storage)?;
     let rdir = replica_dir(dir);
     std::fs::create_dir_all(&rdir).map_err(|e| LogError::io(&rdir, e))?;
-    let ckpt_ts = crate::sealed::base(dir)?.ts;
-    let scan = scan(dir, ckpt_ts)?;
-    let streams = scan.streams.unwrap_or(streams);
+    // Only the newest file is read, an entry at a time: its torn tail is cut below, and
+    // the older files were checked when the log opened. A fetch adds its answer piece by
+    // piece, and reading the whole log for each piece (before 2026-12-02) held every batch
+    // above the checkpoint in memory, once per piece, on a failover's path.
+    let files = live_files(dir)?;
+    let newest = match files.last() {
+        Some(f) => read_files_each(std::slice::from_ref(f), |_| true)?,
+        None => FilesRead::default(),
+    };
+    let streams = newest.streams.unwrap_or(streams);
     for b in batches {
         let (batch, used) = decode_batch_checksums(b).map_err(|e| LogError::Corrupt {
             file: rdir.clone(),
@@ -1874,11 +1881,11 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
     }
     // A torn tail of the newest file is cut first: after the new file it would no longer
     // be the newest's, and the directory would not open.
-    if let Some((path, len)) = &scan.torn {
+    if let Some((path, len)) = &newest.torn {
         let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| LogError::io(path, e))?;
         f.set_len(*len).and_then(|_| f.sync_all()).map_err(|e| LogError::io(path, e))?;
     }
-    let seq = scan.files.last().map_or(1, |(seq, _)| seq + 1);
+    let seq = files.last().map_or(1, |(seq, _)| seq + 1);
     let mut log =
         ReplicaLog::create(dir, Arc::clone(storage), streams, seq, u64::MAX).map_err(|e| LogError::io(&rdir, e))?;
     for b in batches {

@@ -559,6 +559,8 @@ fn connect(
     let s = connected.ok_or_else(|| {
         last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr}: no address")))
     })?;
+    // (On the real socket: with TLS, the tunnel's ends with it.)
+    crate::tls::keep_alive(&s)?;
     let s = match tls {
         Some(t) => t.connect(s, addr)?,
         None => s,

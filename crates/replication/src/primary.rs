@@ -317,6 +317,9 @@ impl Primary {
                         let me = Arc::clone(&me);
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                            // A backup gone without a FIN is found by the kernel's probes
+                            // where no write of this side's is waiting to fail.
+                            let _ = crate::tls::keep_alive(&s);
                             let opens = crate::tls::opens_with_tls(&s, Duration::from_secs(10));
                             let served = match (&me.opts.tls, opens) {
                                 (_, Err(e)) => Err(e),

@@ -198,22 +198,26 @@ fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
 const USER_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn set_user_timeout(sock: &TcpStream, d: Duration) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let ms = libc::c_uint::try_from(d.as_millis()).unwrap_or(libc::c_uint::MAX);
-    // SAFETY: a valid socket descriptor, an option of the size the kernel expects.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            (&ms as *const libc::c_uint).cast(),
-            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    socket2::SockRef::from(sock).set_tcp_user_timeout(Some(d))
+}
+
+/// A connection between nodes that goes quiet is probed by the kernel after this long,
+/// then every `KEEPALIVE_INTERVAL`, and given up after `KEEPALIVE_PROBES` unanswered (or,
+/// with TLS, by the user timeout, which takes over from them).
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns TCP keepalive on for a connection between nodes (or from `ditto cluster`), so a
+/// peer that lost its power or its network without a FIN ends a read that waits on it
+/// with no timeout of its own (an accepted control connection's frames, a checkpoint
+/// streamed to a joining backup) within about a minute, not never.
+pub fn keep_alive(sock: &TcpStream) -> std::io::Result<()> {
+    let k = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(sock).set_tcp_keepalive(&k)
 }
 
 /// A connected pair of loopback sockets, both without Nagle's delay: the caller's end and
@@ -397,7 +401,7 @@ impl LinkTls {
                 }
                 Ok((tls, inner)) => {
                     if tx.send(Ok(())).is_ok() {
-                        pump(tls, inner).await;
+                        pump(tls, inner, &said).await;
                     }
                 }
             }
@@ -413,7 +417,11 @@ impl LinkTls {
 /// Copies both ways between a TLS session and the tunnel's end of the loopback pair until
 /// one way ends, then gives the other [`LINGER`] to end too. Each way's end is passed on
 /// (a TLS close_notify one way, a FIN the other), so the link's code sees its peer close.
-async fn pump<S>(tls: S, inner: tokio::net::TcpStream)
+///
+/// An error reading the session (a TLS alert from the peer: under TLS 1.3 a server's
+/// refusal of the client's certificate arrives after the client's handshake has ended)
+/// is logged, once, naming the link (`what`): the link's code sees only an end of file.
+async fn pump<S>(tls: S, inner: tokio::net::TcpStream, what: &str)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
@@ -426,8 +434,26 @@ where
         let _ = tokio::time::timeout(LINGER, tw.shutdown()).await;
     };
     let down = async move {
+        use tokio::io::AsyncBufReadExt;
         let mut tr = tokio::io::BufReader::with_capacity(64 << 10, tr);
-        let _ = tokio::io::copy_buf(&mut tr, &mut iw).await;
+        // By hand rather than `copy_buf`, to tell the session's errors (said) from the
+        // tunnel end's (the link's code closed it: nothing to say).
+        loop {
+            let n = match tr.fill_buf().await {
+                Ok([]) => break,
+                Ok(buf) => {
+                    if iw.write_all(buf).await.is_err() {
+                        break;
+                    }
+                    buf.len()
+                }
+                Err(e) => {
+                    tracing::warn!("{what}: the TLS session ended: {e}");
+                    break;
+                }
+            };
+            tr.consume(n);
+        }
         let _ = iw.shutdown().await;
     };
     tokio::pin!(up, down);
@@ -602,6 +628,19 @@ mod tests {
         let mut got = Vec::new();
         far.read_to_end(&mut got).unwrap();
         assert_eq!(got, b"last words", "what was sent before the close, then the end");
+    }
+
+    #[test]
+    fn a_connection_between_nodes_is_probed_when_quiet() {
+        let (a, _b) = pair();
+        keep_alive(&a).unwrap();
+        let s = socket2::SockRef::from(&a);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        set_user_timeout(&a, USER_TIMEOUT).unwrap();
+        assert_eq!(s.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
     }
 
     #[test]

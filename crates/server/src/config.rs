@@ -12,6 +12,11 @@ use serde::Deserialize;
 use crate::resp::Limits;
 use crate::tls::TlsFiles;
 
+/// The longest TLS handshake a setting may allow (an hour): a larger one would wait on a
+/// silent peer for good, in effect, and overflow the time arithmetic of the waits built on
+/// it.
+const TLS_HANDSHAKE_TIMEOUT_S_MAX: u64 = 3600;
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -428,8 +433,8 @@ impl Config {
         if self.tls_auth_clients && self.tls_ca_cert_file.is_none() {
             return bad("tls_auth_clients needs tls_ca_cert_file");
         }
-        if self.tls_handshake_timeout_s == 0 {
-            return bad("tls_handshake_timeout_s must be >= 1");
+        if !(1..=TLS_HANDSHAKE_TIMEOUT_S_MAX).contains(&self.tls_handshake_timeout_s) {
+            return bad(&format!("tls_handshake_timeout_s must be 1 to {TLS_HANDSHAKE_TIMEOUT_S_MAX}"));
         }
         Ok(Some(TlsFiles {
             cert_file: cert.clone(),
@@ -451,8 +456,10 @@ impl Config {
                 "tls_replication and tls_cluster need tls_cert_file, tls_key_file and tls_ca_cert_file: each node shows its certificate and checks the other's against the CA".into(),
             ));
         };
-        if self.tls_handshake_timeout_s == 0 {
-            return Err(ConfigError::Invalid("tls_handshake_timeout_s must be >= 1".into()));
+        if !(1..=TLS_HANDSHAKE_TIMEOUT_S_MAX).contains(&self.tls_handshake_timeout_s) {
+            return Err(ConfigError::Invalid(format!(
+                "tls_handshake_timeout_s must be 1 to {TLS_HANDSHAKE_TIMEOUT_S_MAX}"
+            )));
         }
         Ok(Some(TlsFiles {
             cert_file: cert.clone(),
@@ -582,6 +589,13 @@ mod tests {
         assert!(check("tls_port = 0").is_err(), "no certificate");
         assert!(check("tls_port = 0\ntls_cert_file = \"a\"").is_err(), "no key");
         check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"").unwrap();
+        // A handshake limit of 0, or past an hour (the largest would overflow the waits built on it).
+        for t in [0, 3601, i64::MAX as u64] {
+            let e = check(&format!(
+                "tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_handshake_timeout_s = {t}"
+            ));
+            assert!(e.is_err_and(|e| e.to_string().contains("1 to 3600")), "{t}");
+        }
         assert!(check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_auth_clients = true").is_err());
         // Between nodes: the three files, and no TLS port needed.
         let files = "tls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_ca_cert_file = \"c\"\n";
