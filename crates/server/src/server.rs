@@ -1716,8 +1716,15 @@ impl Conn {
         let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
         // What the last wait for held reads that gave up saw (`Conn::gate_marker`).
         let mut gave_up: Option<(u64, u64)> = None;
+        // The hub's generation whose role the session last told of its commit policy
+        // (`Session::role_changed`): both places that follow the hub move `seen`.
+        let mut told = seen;
         loop {
             hub.follow(&mut conn, &mut seen);
+            if told != seen {
+                told = seen;
+                session.role_changed(&conn.sh);
+            }
             // Handle every complete request buffered (up to the output bound).
             let mut close = false;
             let mut replies = 0usize;

@@ -411,6 +411,22 @@ impl Session {
         }
     }
 
+    /// The connection moved to another role (`Hub::follow`, a change in place): a
+    /// commit policy it chose is made known to the new primary before its next write, as
+    /// `DITTO.POLICY` did to the old one (the quorum's record, batches shipped `counted`,
+    /// and shipping at commit pace under `received`). Without it the policy still decided
+    /// each reply's release, but a `received` one waited for the interval's pace and the
+    /// backups learnt of their say only from the primary's heartbeats. On a backup
+    /// nothing is written: the next primary it moves to is told.
+    pub fn role_changed(&mut self, sh: &Shared) {
+        let Some(p) = self.policy.filter(|p| *p != ditto_replication::CommitPolicy::LOCAL) else { return };
+        if let Replication::Primary { primary, .. } = &sh.replication {
+            if let Err(e) = primary.backups_may_release(p) {
+                tracing::error!("recording commit policy {} with the new primary failed: {e}", p.name());
+            }
+        }
+    }
+
     pub fn new(sh: &Shared) -> Session {
         Session::with_id(sh.next_client_id.fetch_add(1, Ordering::Relaxed), sh)
     }
