@@ -1799,6 +1799,11 @@ impl DataPlane for NodePlane {
                 // fill the rest as held (its last piece's bound is the position): refused,
                 // so the round fails rather than lose what lies between.
                 if let Some(reach) = reach.filter(|r| !cut && r.0 < position) {
+                    // The next report reads the log afresh (not from where its last look
+                    // stopped, which is how the damage got past it): it then says what
+                    // this node holds, and the next plan fetches from another, or sets a
+                    // lower point, instead of asking this node again each round.
+                    ditto_log::replica::forget_holdings();
                     return Err(format!(
                         "its replica log reaches ts {} of stream {stream}, below the ts {position} it reported (damaged since?)",
                         reach.0
