@@ -2106,6 +2106,35 @@ mod tests {
     use super::*;
     use ditto_engine::Options;
 
+    /// A primary that stops being one in place gives up its waiting replies: each policy's
+    /// release keeps what it covers, and every reply above it, and every later wait, fails
+    /// with the reason, where before they waited for good (nothing moved those releases
+    /// again).
+    #[test]
+    fn a_primary_changing_its_role_in_place_fails_the_replies_still_waiting() {
+        use std::task::{Context, Poll, Waker};
+        fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+            match f.poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(v) => Some(v),
+                Poll::Pending => None,
+            }
+        }
+        let policy = ditto_replication::CommitPolicy::parse("majority-durable").unwrap();
+        let (release, majority) = (Release::default(), Arc::new(Release::default()));
+        release.advance(Ts(5), None);
+        let mut covered = std::pin::pin!(release.wait(Ts(5)));
+        let mut above = std::pin::pin!(release.wait(Ts(9)));
+        let mut other = std::pin::pin!(majority.wait(Ts(3)));
+        assert_eq!(poll_once(above.as_mut()), None);
+        assert_eq!(poll_once(other.as_mut()), None);
+        give_up_waits(None, &release, &[(policy, Arc::clone(&majority))], "this primary follows another now");
+        assert_eq!(poll_once(covered.as_mut()), Some(Ok(())));
+        for w in [above.as_mut(), other.as_mut()] {
+            assert!(poll_once(w).is_some_and(|r| r.is_err_and(|e| e.contains("follows another"))));
+        }
+        assert!(poll_once(std::pin::pin!(majority.wait(Ts(1)))).is_some_and(|r| r.is_err()), "later waits too");
+    }
+
     /// Backups on other hosts bound to every interface on the same port get other names
     /// (a restarted primary counts its backups by name).
     #[test]
