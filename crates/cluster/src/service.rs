@@ -749,16 +749,9 @@ fn timed_out(e: &std::io::Error) -> bool {
 }
 
 /// A control port's refusal of a connection at its hello, and why (`is_refused`).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 struct HelloRefused(String);
-
-impl std::fmt::Display for HelloRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for HelloRefused {}
 
 /// Whether `e` (from `admin_request`) is a node's refusal of the connection at its hello
 /// (the cluster secret): asking again would not change it.

@@ -270,11 +270,17 @@ fn start_ditto(
     a: &RedisBenchArgs,
 ) -> Result<ServerProcess, Box<dyn std::error::Error>> {
     let (workers, ms) = (a.workers.to_string(), a.fsync_interval_ms.map(|ms| ms.to_string()));
-    let mut args = vec!["--durability", durability, "--workers", &workers];
-    if let Some(ms) = &ms {
+    let args = [durability_args(durability, ms.as_deref()), vec!["--workers", &workers]].concat();
+    Ok(start_ditto_server(exe, dir, &args, Stdio::inherit()).map_err(|e| e.to_string())?)
+}
+
+/// A ditto server's flags for `durability`, with the run's fsync interval if one was given.
+fn durability_args<'a>(durability: &'a str, interval_ms: Option<&'a str>) -> Vec<&'a str> {
+    let mut args = vec!["--durability", durability];
+    if let Some(ms) = interval_ms {
         args.extend(["--fsync-interval-ms", ms]);
     }
-    Ok(start_ditto_server(exe, dir, &args, Stdio::inherit()).map_err(|e| e.to_string())?)
+    args
 }
 
 /// A ditto primary under commit policy `policy` with one backup, each in its own process
@@ -289,10 +295,7 @@ fn start_ditto_pair(
     let (policy, durability) = policy.split_once('@').unwrap_or((policy, "every-batch"));
     ditto_replication::CommitPolicy::parse(policy).map_err(|e| format!("--replicated: {e}"))?;
     let ms = a.fsync_interval_ms.map(|ms| ms.to_string());
-    let mut durability_args = vec!["--durability", durability];
-    if let Some(ms) = &ms {
-        durability_args.extend(["--fsync-interval-ms", ms]);
-    }
+    let durability_args = durability_args(durability, ms.as_deref());
     let (pdir, bdir) = (dir.join("primary"), dir.join("backup"));
     std::fs::create_dir_all(&pdir)?;
     let workers = a.workers.to_string();

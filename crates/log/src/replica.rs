@@ -755,7 +755,7 @@ fn read_held(
         // has one, naming the primary's streams): every stream is held up to it.
         bounds = vec![Ts::ZERO; streams];
     }
-    let held: Vec<Ts> = bounds.iter().map(|b| (*b).max(scan.floor).max(ckpt_ts)).collect();
+    let held: Vec<Ts> = bounds.iter().map(|b| held_up_to(*b, scan.floor, ckpt_ts)).collect();
     let mut newest = held.iter().copied().max().unwrap_or(ckpt_ts);
     let HeaderScan { files, kept_headers, .. } = scan;
     for k in &kept_headers {
@@ -824,6 +824,13 @@ fn take_file_header(
         Some(_) => {}
     }
     Ok(())
+}
+
+/// Where a stream with highest bound `bound` is held up to, in a log with the highest
+/// trusted `floor` on a checkpoint at `ckpt_ts`: what a report says (`replica_holdings`)
+/// and what a fetch's read must reach (`replica_stream_batches_each`).
+fn held_up_to(bound: Ts, floor: Ts, ckpt_ts: Ts) -> Ts {
+    bound.max(floor).max(ckpt_ts)
 }
 
 /// Where a log lies on `ckpt_ts` with per-stream `bounds` and the highest trusted `floor`,
@@ -1666,8 +1673,7 @@ pub fn replica_stream_batches_each(
     if stopped {
         return Ok(Ts::ZERO);
     }
-    let bound = read.bounds.get(stream).copied().unwrap_or(Ts::ZERO);
-    Ok(bound.max(read.floor).max(ckpt_ts))
+    Ok(held_up_to(read.bounds.get(stream).copied().unwrap_or(Ts::ZERO), read.floor, ckpt_ts))
 }
 
 /// The batches of `stream` above `after` in `data`'s sealed log at `point` (the newest link,

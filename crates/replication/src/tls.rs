@@ -159,16 +159,9 @@ impl std::fmt::Debug for LinkTls {
 /// A TLS handshake that failed (not one that timed out): a certificate refused either way,
 /// or a peer that closed it (a plaintext port). Asking again changes nothing until a
 /// side's settings do.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct HandshakeFailed(String);
-
-impl std::fmt::Display for HandshakeFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for HandshakeFailed {}
 
 /// Whether `e` is a [`HandshakeFailed`].
 pub fn is_handshake_failure(e: &std::io::Error) -> bool {
