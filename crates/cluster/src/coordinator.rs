@@ -14,6 +14,9 @@
 //!                                                 point, start)
 //!  no Prepared within `prepare_timeout`        -> Propose(BeginFailover E+1): a new round,
 //!                                                 fenced anew
+//!  Unprepared by it (a fetch refused, a write  -> the same, once `resend` has passed since
+//!  or check failed)                               the plan went out (doubled for each round
+//!                                                 in a row that ended so, up to `prepare`)
 //! ```
 //!
 //! A node that is asked for its report first makes the fence durable (it refuses batches
@@ -66,6 +69,8 @@ struct Round {
     /// The plan, when it was first sent, and when last.
     plan: Option<(RecoveryPlan, u64, u64)>,
     prepared: Option<u64>,
+    /// Why the chosen node said it cannot prepare the plan (`on_unprepared`).
+    unprepared: Option<String>,
     /// When this coordinator began the round, and when the chosen node had prepared.
     started: u64,
     prepared_at: Option<u64>,
@@ -109,6 +114,11 @@ pub struct Coordinator {
     proposed: Option<(Command, u64)>,
     /// The switchover waiting to begin (its epoch), and since when this leader saw it.
     switchover_since: Option<(u64, u64)>,
+    /// Failover rounds this coordinator saw end in a row without an epoch opening: a round
+    /// whose chosen node cannot prepare ends sooner than the prepare timeout, but each such
+    /// round in a row waits twice as long (a fault that outlasts the rounds does not churn
+    /// through epochs).
+    failed_rounds: u32,
 }
 
 impl Coordinator {
@@ -130,6 +140,7 @@ impl Coordinator {
             round: None,
             proposed: None,
             switchover_since: None,
+            failed_rounds: 0,
         }
     }
 
@@ -266,6 +277,7 @@ impl Coordinator {
             None => {}
             Some(Phase::Serving) => {
                 self.round = None;
+                self.failed_rounds = 0;
                 let p = state.primary().expect("serving has a primary");
                 let since = match self.serving_since {
                     Some((e, q, t)) if e == state.epoch && q == p => t,
@@ -321,12 +333,16 @@ impl Coordinator {
             Some(Phase::Failover) => {
                 let epoch = state.epoch;
                 if self.round.as_ref().map(|r| r.epoch) != Some(epoch) {
+                    if self.round.is_some() {
+                        self.failed_rounds = self.failed_rounds.saturating_add(1);
+                    }
                     self.round = Some(Round {
                         epoch,
                         reports: BTreeMap::new(),
                         asked_at: None,
                         plan: None,
                         prepared: None,
+                        unprepared: None,
                         started: now,
                         prepared_at: None,
                         unplanned: None,
@@ -336,6 +352,7 @@ impl Coordinator {
                     // A switchover's round waits for its target's report, but not forever.
                     self.try_plan(now, state, open.epoch, &mut out);
                 }
+                let retry_after = self.retry_after();
                 let r = self.round.as_mut().expect("set above");
                 match &mut r.plan {
                     None => {
@@ -363,6 +380,11 @@ impl Coordinator {
                                 phases_ms: [sent.saturating_sub(r.started), prepared_at.saturating_sub(sent)],
                             };
                             self.propose(open, now, &mut out);
+                        } else if let Some(why) =
+                            r.unprepared.as_ref().filter(|_| now.saturating_sub(sent) >= retry_after)
+                        {
+                            let reason = format!("node {} could not prepare: {why}", p.primary);
+                            self.propose(Command::BeginFailover { epoch: epoch + 1, reason }, now, &mut out);
                         } else if now.saturating_sub(sent) >= self.t.prepare {
                             let reason = format!("node {} did not prepare within {} ms", p.primary, self.t.prepare);
                             self.propose(Command::BeginFailover { epoch: epoch + 1, reason }, now, &mut out);
@@ -375,6 +397,13 @@ impl Coordinator {
             }
         }
         out
+    }
+
+    /// How long after its plan went out a round whose chosen node cannot prepare ends:
+    /// `resend`, doubled for each round before it in a row that ended without an epoch
+    /// opening, and never longer than the prepare timeout.
+    fn retry_after(&self) -> u64 {
+        self.t.resend.saturating_mul(1u64 << self.failed_rounds.min(20)).min(self.t.prepare)
     }
 
     /// Why the failover round this coordinator leads has no plan yet, once some reports
@@ -444,6 +473,33 @@ impl Coordinator {
         }
         r.prepared = Some(discarded);
         r.prepared_at.get_or_insert(now);
+        self.tick(now, state, leader)
+    }
+
+    /// The chosen node cannot prepare the plan with recovery point `point` (a node it
+    /// fetches from refused, what it fetched could not be written, its check failed): the
+    /// round ends without waiting for the prepare timeout (`retry_after`), and the next one
+    /// gathers fresh reports. An answer to another round's plan, or after `Prepared`,
+    /// changes nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_unprepared(
+        &mut self,
+        node: NodeId,
+        epoch: u64,
+        point: u64,
+        why: String,
+        now: u64,
+        state: &ControlState,
+        leader: bool,
+    ) -> Vec<Action> {
+        let Some(r) = self.round.as_mut() else { return Vec::new() };
+        let matches =
+            r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch && p.recovery_point == point);
+        if !leader || !matches || r.prepared.is_some() || r.epoch != state.epoch || state.phase != Some(Phase::Failover)
+        {
+            return Vec::new();
+        }
+        r.unprepared = Some(why);
         self.tick(now, state, leader)
     }
 }
@@ -633,6 +689,67 @@ mod tests {
         assert!(matches!(a[..], [Action::Prepare { to: 3, .. }]));
         let a = c.tick(202, &s, true);
         assert!(matches!(&a[..], [Action::Propose(Command::BeginFailover { epoch: 3, .. })]), "{a:?}");
+    }
+
+    /// A chosen node that says it cannot prepare ends its round after `resend`, not the
+    /// prepare timeout, and says why; each such round in a row waits twice as long; an
+    /// answer to another plan, or one after `Prepared`, changes nothing.
+    #[test]
+    fn a_chosen_node_that_cannot_prepare_ends_the_round_early_and_rounds_in_a_row_back_off() {
+        let mut s = boot(3);
+        let mut c = Coordinator::new(2, T, 0);
+        // Round `epoch` planned at `at`: the plan (to node 3).
+        fn plan_round(c: &mut Coordinator, s: &ControlState, epoch: u64, at: u64) -> RecoveryPlan {
+            c.tick(at, s, true);
+            c.on_report(report(2, epoch, &[5]), at, s, true);
+            let a = c.on_report(report(3, epoch, &[9]), at, s, true);
+            let [Action::Prepare { to: 3, plan }] = &a[..] else { panic!("{a:?}") };
+            plan.clone()
+        }
+        let ends = |a: &[Action], epoch: u64| {
+            a.iter().find_map(|a| match a {
+                Action::Propose(Command::BeginFailover { epoch: e, reason }) if *e == epoch => Some(reason.clone()),
+                _ => None,
+            })
+        };
+        s.apply(&Command::BeginFailover { epoch: 2, reason: String::new() }).unwrap();
+        let p = plan_round(&mut c, &s, 2, 100);
+        let point = p.recovery_point;
+        assert!(c.on_unprepared(3, 2, point + 1, "x".into(), 101, &s, true).is_empty(), "another plan's answer");
+        assert!(c.on_unprepared(2, 2, point, "x".into(), 101, &s, true).is_empty(), "not the chosen node");
+        let a = c.on_unprepared(3, 2, point, "its fetch of stream 0 was refused".into(), 105, &s, true);
+        assert!(ends(&a, 3).is_none(), "not before `resend`: {a:?}");
+        let a = c.tick(120, &s, true);
+        let why = ends(&a, 3).expect("ended at `resend`, long before the prepare timeout");
+        assert!(why.contains("node 3 could not prepare: its fetch of stream 0 was refused"), "{why}");
+        // The next round in a row waits twice as long, the one after four times.
+        s.apply(&Command::BeginFailover { epoch: 3, reason: why }).unwrap();
+        let p = plan_round(&mut c, &s, 3, 200);
+        c.on_unprepared(3, 3, p.recovery_point, "again".into(), 201, &s, true);
+        assert!(ends(&c.tick(239, &s, true), 4).is_none());
+        assert!(ends(&c.tick(240, &s, true), 4).is_some());
+        s.apply(&Command::BeginFailover { epoch: 4, reason: String::new() }).unwrap();
+        let p = plan_round(&mut c, &s, 4, 300);
+        c.on_unprepared(3, 4, p.recovery_point, "again".into(), 301, &s, true);
+        assert!(ends(&c.tick(379, &s, true), 5).is_none());
+        assert!(ends(&c.tick(380, &s, true), 5).is_some());
+        // Capped at the prepare timeout; after an epoch opens, the first failure is quick again.
+        assert_eq!(c.retry_after(), 80);
+        c.failed_rounds = 10;
+        assert_eq!(c.retry_after(), T.prepare);
+        // Prepared first: a later "cannot" is an old answer and changes nothing.
+        s.apply(&Command::BeginFailover { epoch: 5, reason: String::new() }).unwrap();
+        let p = plan_round(&mut c, &s, 5, 400);
+        let a = c.on_prepared(3, 5, p.recovery_point, 0, 401, &s, true);
+        assert!(a.iter().any(|a| matches!(a, Action::Propose(Command::OpenEpoch { epoch: 5, .. }))), "{a:?}");
+        assert!(c.on_unprepared(3, 5, p.recovery_point, "late".into(), 402, &s, true).is_empty());
+        let open = a.iter().find_map(|a| match a {
+            Action::Propose(cmd @ Command::OpenEpoch { .. }) => Some(cmd.clone()),
+            _ => None,
+        });
+        s.apply(&open.unwrap()).unwrap();
+        c.tick(500, &s, true);
+        assert_eq!(c.retry_after(), T.resend, "an epoch opened: the count starts over");
     }
 
     #[test]

@@ -57,7 +57,9 @@ use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls};
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
 /// Batches answering a `Ctl::Fetch`, in pieces of at most `FETCH_PIECE` bytes: epoch u64 |
-/// stream u32 | position u64 | piece u32 | flags u8 | count u32 | (len u32 | batch)*.
+/// stream u32 | after u64 | position u64 | piece u32 | flags u8 | count u32 | (len u32 |
+/// batch)*. `after` is the fetch's, so that an answer to another plan of the same epoch
+/// (which asked the same node for the same stream from elsewhere) is told apart.
 /// Flags: bit 0, the answer's last piece; bit 1, the piece's one entry is a part of a batch
 /// larger than a piece, continued by the first entry of the next piece (`fetch_pieces`,
 /// `FetchAssembly`). A batch of the largest transaction is far larger than a frame.
@@ -65,7 +67,7 @@ const KIND_FETCHED: u8 = 3;
 /// A fetch answer larger than this goes in several frames (pieces), in order.
 const FETCH_PIECE: usize = 2 << 20;
 /// The bytes of a kind 3 body before its batches.
-const FETCHED_HEADER: usize = 29;
+const FETCHED_HEADER: usize = 37;
 /// The largest batch a fetch puts back together from parts: the largest the replication
 /// protocol ships (a batch of the largest transaction, and change).
 const FETCHED_BATCH_MAX: usize = ditto_replication::protocol::FRAME_BYTES_MAX;
@@ -290,6 +292,23 @@ pub enum Ctl {
         epoch: u64,
         primary: NodeId,
     },
+    /// To the node whose fetch of `stream` above `after` for the plan of `epoch` this node
+    /// cannot answer (its log no longer holds what it reported, a read failed), after any
+    /// pieces it sent: the fetcher's prepare fails at once instead of at its timeout.
+    FetchRefused {
+        epoch: u64,
+        stream: usize,
+        after: u64,
+        why: String,
+    },
+    /// To its coordinator: the plan of `epoch` with this recovery point cannot be prepared
+    /// here (a fetch refused, fetched batches that could not be written, the check of what
+    /// it holds failed). The round ends without waiting for the prepare timeout.
+    Unprepared {
+        epoch: u64,
+        point: u64,
+        why: String,
+    },
 }
 
 /// How often a primary with quorum contact tells every member so (ms).
@@ -405,6 +424,7 @@ struct FetchToServe {
     me: NodeId,
     epoch: u64,
     stream: usize,
+    after: u64,
 }
 
 /// Answers fetches one at a time, in the order asked (a resend's pieces never interleave
@@ -433,7 +453,16 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
         }
         let Some(f) = waiting.pop_front() else { continue };
         let FetchJob { position, read } = f.job;
-        let mut out = Answer { to: &f.to, me: f.me, epoch: f.epoch, stream: f.stream, position, next: 0, held: None };
+        let mut out = Answer {
+            to: &f.to,
+            me: f.me,
+            epoch: f.epoch,
+            stream: f.stream,
+            after: f.after,
+            position,
+            next: 0,
+            held: None,
+        };
         let mut pieces = Piecer::default();
         let mut going = true;
         let read = read(&mut |b| {
@@ -441,9 +470,14 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
             going
         });
         match read {
-            // (Pieces sent before the error, with no last one, end the fetcher's stream
-            // for this round: its prepare times out and the next round asks again.)
-            Err(why) => tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream),
+            // Pieces sent before the error go with no last one; the refusal after them (on
+            // the same connection, so after them) ends the fetcher's prepare at once.
+            Err(why) => {
+                tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream);
+                let refused = Ctl::FetchRefused { epoch: f.epoch, stream: f.stream, after: f.after, why };
+                let body = serde_json::to_vec(&refused).expect("control requests serialise");
+                queue_frame(&f.to, frame(f.me, KIND_CTL, &body));
+            }
             Ok(()) if going => {
                 if let Some(p) = pieces.finish() {
                     going = out.send(p);
@@ -464,6 +498,7 @@ struct Answer<'a> {
     me: NodeId,
     epoch: u64,
     stream: usize,
+    after: u64,
     position: u64,
     next: u32,
     held: Option<(Vec<Vec<u8>>, bool)>,
@@ -487,7 +522,7 @@ impl Answer<'_> {
 
     fn queue(&mut self, (entries, more): (Vec<Vec<u8>>, bool), last: bool) -> bool {
         let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-        let body = encode_fetched(self.epoch, self.stream, self.position, self.next, last, more, &refs);
+        let body = encode_fetched(self.epoch, self.stream, self.after, self.position, self.next, last, more, &refs);
         self.next += 1;
         let queued = queue_frame(self.to, frame(self.me, KIND_FETCHED, &body));
         if !queued {
@@ -567,6 +602,8 @@ enum Input {
         from: NodeId,
         epoch: u64,
         stream: usize,
+        /// The fetch's `after` (`KIND_FETCHED`).
+        after: u64,
         position: u64,
         piece: u32,
         last: bool,
@@ -922,6 +959,7 @@ impl ControlService {
                 tick: cfg.tick,
                 coord,
                 preparing: None,
+                gave_up: None,
                 fetch_in: BTreeMap::new(),
                 fetches,
                 no_source_logged: 0,
@@ -1027,9 +1065,11 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn encode_fetched(
     epoch: u64,
     stream: usize,
+    after: u64,
     position: u64,
     piece: u32,
     last: bool,
@@ -1040,6 +1080,7 @@ fn encode_fetched(
     let mut b = Vec::with_capacity(FETCHED_HEADER + batches.iter().map(|x| x.len() + 4).sum::<usize>());
     b.extend_from_slice(&epoch.to_le_bytes());
     b.extend_from_slice(&(stream as u32).to_le_bytes());
+    b.extend_from_slice(&after.to_le_bytes());
     b.extend_from_slice(&position.to_le_bytes());
     b.extend_from_slice(&piece.to_le_bytes());
     b.push(last as u8 | (more as u8) << 1);
@@ -1059,6 +1100,7 @@ fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
     }
     let epoch = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let stream = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
+    let after = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let position = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let piece = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?);
     let (last, more) = match take(&mut body, 1)?[0] {
@@ -1076,7 +1118,13 @@ fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
         let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
         batches.push(take(&mut body, len)?.to_vec());
     }
-    body.is_empty().then_some(Input::Fetched { from, epoch, stream, position, piece, last, more, batches })
+    body.is_empty().then_some(Input::Fetched { from, epoch, stream, after, position, piece, last, more, batches })
+}
+
+/// Whether `plan` fetches `stream` from `from` above `after` (an answer or a refusal is
+/// for it).
+fn asks(plan: &RecoveryPlan, from: NodeId, stream: usize, after: u64) -> bool {
+    plan.fetch.iter().any(|f| f.stream == stream && f.from == from && f.after == after)
 }
 
 /// A piece of a fetch answer (`fetch_pieces`).
@@ -1365,6 +1413,9 @@ struct Run {
     coord: Coordinator,
     /// A plan this node prepares for, and the coordinator to answer.
     preparing: Option<(RecoveryPlan, NodeId)>,
+    /// The last plan this node gave up preparing (`unprepared`): sent again by its
+    /// coordinator before it heard, it is not started over.
+    gave_up: Option<RecoveryPlan>,
     /// Per stream the plan fetches: the answer's pieces put back together.
     fetch_in: BTreeMap<usize, FetchAssembly>,
     /// Fetches asked of this node, to the fetch thread (`serve_fetches`).
@@ -1513,6 +1564,18 @@ impl Run {
         }
     }
 
+    /// The plan being prepared cannot be: what its fetches put together goes, and its
+    /// coordinator is told why (`Ctl::Unprepared`), so the round ends without waiting
+    /// for the prepare timeout.
+    fn unprepared(&mut self, why: String, now: u64) -> Result<(), String> {
+        let Some((plan, to)) = self.preparing.take() else { return Ok(()) };
+        tracing::warn!(node = self.node.id(), "cannot prepare epoch {}: {why}", plan.epoch);
+        self.fetch_in.clear();
+        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why };
+        self.gave_up = Some(plan);
+        self.ctl(to, no, now)
+    }
+
     /// A request or answer to `to`; to this node itself it is handled in place.
     fn ctl(&mut self, to: NodeId, c: Ctl, now: u64) -> Result<(), String> {
         if to == self.node.id() {
@@ -1581,7 +1644,10 @@ impl Run {
                 let current = plan.epoch == self.disk.fence()
                     && state.epoch == plan.epoch
                     && state.phase == Some(crate::state::Phase::Failover);
-                if current && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan) {
+                if current
+                    && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan)
+                    && self.gave_up.as_ref() != Some(&plan)
+                {
                     self.fetch_in.clear();
                     self.data.prepare(&plan);
                     for f in &plan.fetch {
@@ -1597,13 +1663,14 @@ impl Run {
                     let Some(to) = self.senders.get(&from).cloned() else { return Ok(()) };
                     match self.data.fetch_job(stream, after) {
                         Ok(job) => {
-                            let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream };
+                            let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream, after };
                             if self.fetches.send(f).is_err() {
                                 tracing::warn!(node = self.node.id(), "the fetch thread has stopped");
                             }
                         }
                         Err(why) => {
-                            tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}")
+                            tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}");
+                            self.ctl(from, Ctl::FetchRefused { epoch, stream, after, why }, now)?;
                         }
                     }
                 }
@@ -1616,6 +1683,18 @@ impl Run {
             }
             Ctl::Prepared { epoch, point, discarded } => {
                 let a = self.coord.on_prepared(from, epoch, point, discarded, now, self.node.state(), leader);
+                self.act(a, now)?;
+            }
+            Ctl::FetchRefused { epoch, stream, after, why } => {
+                // Only a refusal of the fetch the plan being prepared asked of that node.
+                if self.preparing.as_ref().is_some_and(|(p, _)| p.epoch == epoch && asks(p, from, stream, after)) {
+                    let why = format!("node {from} cannot serve its fetch of stream {stream} above ts {after}: {why}");
+                    self.unprepared(why, now)?;
+                }
+            }
+            Ctl::Unprepared { epoch, point, why } => {
+                tracing::warn!(node = self.node.id(), "node {from} cannot prepare epoch {epoch}: {why}");
+                let a = self.coord.on_unprepared(from, epoch, point, why, now, self.node.state(), leader);
                 self.act(a, now)?;
             }
         }
@@ -1659,24 +1738,26 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
-                Ok(Input::Fetched { from, epoch, stream, position, piece, last, more, batches }) => {
-                    // Only the answer of the node this plan asks (a late answer to another
-                    // plan of the same epoch, from another node, would start the stream's
-                    // pieces over and end this plan's fetch of it).
-                    let asked = |p: &RecoveryPlan| p.fetch.iter().any(|f| f.stream == stream && f.from == from);
-                    if let Some((plan, _)) = self.preparing.as_ref().filter(|(p, _)| p.epoch == epoch && asked(p)) {
+                Ok(Input::Fetched { from, epoch, stream, after, position, piece, last, more, batches }) => {
+                    // Only the answer to the fetch this plan asks (a late answer to another
+                    // plan of the same epoch, from another node or from another point,
+                    // would start the stream's pieces over, or fill it from the wrong place).
+                    let asked = |p: &RecoveryPlan| p.epoch == epoch && asks(p, from, stream, after);
+                    match self.preparing.as_ref().filter(|(p, _)| asked(p)) {
                         // Pieces come in order on one connection; a gap (a piece dropped
-                        // by a full queue or a broken connection) ends this stream's fetch.
-                        match self.fetch_in.entry(stream).or_default().take(piece, more, batches) {
-                            Ok(Some(batches)) => self.data.fetched(plan, stream, batches, position, last),
-                            Ok(None) => {}
-                            Err(why) => tracing::warn!(
-                                node = id,
-                                "the fetch of stream {stream}: {why}: this round's fetch of it ends"
-                            ),
-                        }
+                        // by a full queue or a broken connection) ends this round's prepare.
+                        Some((plan, _)) => match self.fetch_in.entry(stream).or_default().take(piece, more, batches) {
+                            Ok(Some(batches)) => {
+                                self.data.fetched(plan, stream, batches, position, last);
+                                Ok(())
+                            }
+                            Ok(None) => Ok(()),
+                            Err(why) => {
+                                self.unprepared(format!("its fetch of stream {stream} from node {from}: {why}"), now)
+                            }
+                        },
+                        None => Ok(()),
                     }
-                    Ok(())
                 }
                 Ok(Input::Propose(cmd, reply)) => {
                     let _ = reply.send(self.node.propose(&cmd).map_err(|e| e.to_string()));
@@ -1762,7 +1843,13 @@ impl Run {
                             break;
                         }
                     }
-                    Some(Err(why)) => tracing::warn!(node = id, "cannot prepare epoch {}: {why}", plan.epoch),
+                    Some(Err(why)) => {
+                        self.preparing = Some((plan, to));
+                        if let Err(e) = self.unprepared(why, now) {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
                 }
             }
             if Instant::now() >= next_tick {
@@ -1934,7 +2021,7 @@ mod tests {
         let n = fetch_pieces(&batches).len();
         assert!(n >= 6, "{n} pieces");
         let job = FetchJob::ready(batches, 99);
-        jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
+        jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, after: 5 }).unwrap();
         for i in 0..n {
             let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
             assert!(f.len() > FETCH_PIECE / 2, "piece {i}: {} bytes", f.len());
@@ -1979,8 +2066,16 @@ mod tests {
                 })
                 .collect();
             let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
-            jobs.send(FetchToServe { job: FetchJob::ready(batches, 99), to, from: 2, me: 1, epoch: 7, stream: 1 })
-                .unwrap();
+            jobs.send(FetchToServe {
+                job: FetchJob::ready(batches, 99),
+                to,
+                from: 2,
+                me: 1,
+                epoch: 7,
+                stream: 1,
+                after: 5,
+            })
+            .unwrap();
             for (i, (entries, more)) in want.iter().enumerate() {
                 let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
                 written.unwrap().send(()).unwrap();
@@ -1990,6 +2085,7 @@ mod tests {
                     Some(Input::Fetched {
                         epoch: 7,
                         stream: 1,
+                        after: 5,
                         position: 99,
                         piece,
                         last,
@@ -2027,15 +2123,15 @@ mod tests {
                 Ok(())
             }),
         };
-        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, after: 5 }).unwrap();
         let handed = done.recv_timeout(Duration::from_secs(10)).expect("the read ended");
         // Two pieces of 6 batches: the first held back, the second's completion sends it.
         assert!(handed < 20, "the read went on for {handed} batches after its answer could not go");
         fetches.stop();
     }
 
-    /// A read that fails after some pieces went sends no last piece: the fetcher's round
-    /// ends as for a lost piece, and does not take a partial answer for a whole one.
+    /// A read that fails after some pieces went sends no last piece (the fetcher does not
+    /// take a partial answer for a whole one) and then says it refuses, and why.
     #[test]
     fn a_read_that_fails_midway_sends_no_last_piece() {
         let fetches = FetchThread::start();
@@ -2049,11 +2145,16 @@ mod tests {
                 Err("a segment damaged since the report".into())
             }),
         };
-        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1 }).unwrap();
-        let mut pieces = 0;
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, after: 5 }).unwrap();
+        let (mut pieces, mut refused) = (0, None);
         while let Ok((f, written)) = peer.recv_timeout(Duration::from_millis(500)) {
             written.unwrap().send(()).unwrap();
-            let (_, _, body) = read_frame(&mut &f[..]).unwrap().unwrap();
+            let (_, kind, body) = read_frame(&mut &f[..]).unwrap().unwrap();
+            assert!(refused.is_none(), "a frame after the refusal");
+            if kind == KIND_CTL {
+                refused = Some(serde_json::from_slice::<Ctl>(&body).unwrap());
+                continue;
+            }
             match decode_fetched(1, &body) {
                 Some(Input::Fetched { piece, last, .. }) => {
                     assert_eq!(piece, pieces);
@@ -2064,6 +2165,13 @@ mod tests {
             pieces += 1;
         }
         assert!(pieces >= 2, "the pieces filled before the failure went: {pieces}");
+        // Then the refusal, saying why, so that the fetcher's prepare ends at once.
+        match refused {
+            Some(Ctl::FetchRefused { epoch: 7, stream: 1, after: 5, why }) => {
+                assert!(why.contains("a segment damaged since the report"), "{why}")
+            }
+            other => panic!("no refusal after the pieces: {other:?}"),
+        }
         fetches.stop();
     }
 
@@ -2078,12 +2186,12 @@ mod tests {
                 Piece::Whole(r) => (batches[r].iter().map(|b| b.as_slice()).collect(), false),
                 Piece::Part { batch, bytes, more } => (vec![&batches[batch][bytes]], more),
             };
-            let body = encode_fetched(7, 1, 99, i as u32, last, more, &entries);
+            let body = encode_fetched(7, 1, 5, 99, i as u32, last, more, &entries);
             largest = largest.max(body.len());
             let mut bad = body.clone();
-            bad[24] = 3; // the last piece and a part: never both
+            bad[32] = 3; // the last piece and a part: never both
             assert!(decode_fetched(3, &bad).is_none());
-            bad[24] = 4;
+            bad[32] = 4;
             assert!(decode_fetched(3, &bad).is_none(), "an unknown flag");
             assert!(decode_fetched(3, &body[..body.len() - 1]).is_none(), "cut short");
             match decode_fetched(3, &body) {
@@ -2091,6 +2199,7 @@ mod tests {
                     from: 3,
                     epoch: 7,
                     stream: 1,
+                    after: 5,
                     position: 99,
                     piece,
                     last: l,

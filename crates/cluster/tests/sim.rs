@@ -239,6 +239,13 @@ enum Msg {
         point: u64,
         discarded: u64,
     },
+    /// The service's `Ctl::Unprepared`: the chosen node gave its prepare up (a fetch
+    /// refused, fetched units it could not write).
+    Unprepared {
+        epoch: u64,
+        point: u64,
+        why: String,
+    },
     Fetch {
         epoch: u64,
         stream: usize,
@@ -342,6 +349,8 @@ struct Node {
     election: usize,
     primary: Option<Primary>,
     preparing: Option<Preparing>,
+    /// The plan it last gave up (the service's `gave_up`): a resend is not started over.
+    gave_up: Option<RecoveryPlan>,
     learned_release: u64,
     started_at: u64,
     /// Removed from the cluster: stopped for good.
@@ -389,6 +398,8 @@ struct History {
     /// must never ask one: checked at the end).
     fetches: u64,
     fetches_refused: u64,
+    /// Prepares given up (`Msg::Unprepared`).
+    unprepared: u64,
 }
 
 struct Sim {
@@ -466,6 +477,7 @@ impl Sim {
                     election,
                     primary: None,
                     preparing: None,
+                    gave_up: None,
                     learned_release: 0,
                     started_at: 0,
                     removed: false,
@@ -1388,8 +1400,10 @@ impl Sim {
                 self.act(i, actions);
             }
             Msg::Prepare(plan) => {
-                if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan == plan) {
-                    return; // already on it
+                if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan == plan)
+                    || self.nodes[i].gave_up.as_ref() == Some(&plan)
+                {
+                    return; // already on it, or given up
                 }
                 if self.nodes[i].fence.0 != plan.epoch {
                     return;
@@ -1421,17 +1435,26 @@ impl Sim {
             }
             Msg::FetchReply { epoch, stream, prev, upto, units } => {
                 let Some(p) = self.nodes[i].preparing.as_ref() else { return };
-                if p.plan.epoch != epoch || p.plan.recovery_point != upto || !p.missing.contains(&stream) {
+                // (Only the answer to the fetch the plan asks: the service tells it by the
+                // node, the stream and `after`.)
+                let asked = p.plan.fetch.iter().any(|f| f.stream == stream && f.from == from && f.after == prev);
+                if p.plan.epoch != epoch || p.plan.recovery_point != upto || !p.missing.contains(&stream) || !asked {
                     return;
                 }
-                let Some(units) = units else { return };
+                let Some(units) = units else {
+                    self.unprepared(i, format!("node {from} cannot serve its fetch of stream {stream}"));
+                    return;
+                };
                 // The recovered epoch's start and the point the epoch before it was cut
                 // at, as this node's state has them (its report named the same open
                 // epoch, and only an opening changes them).
                 let gap = self.state_of(i).recovering(p.plan.recovered_epoch).map_or((0, 0), |r| (r.floor, r.start));
-                if now < self.nodes[i].disk_full_until
-                    || self.nodes[i].data.append_fetched(stream, prev, &units, upto, gap).is_err()
-                {
+                if now < self.nodes[i].disk_full_until {
+                    self.unprepared(i, "its disk is full".into());
+                    return;
+                }
+                if let Err(e) = self.nodes[i].data.append_fetched(stream, prev, &units, upto, gap) {
+                    self.unprepared(i, format!("adding fetched units: {e:?}"));
                     return;
                 }
                 self.nodes[i].preparing.as_mut().unwrap().missing.remove(&stream);
@@ -1443,7 +1466,27 @@ impl Sim {
                 let actions = self.nodes[i].coord.on_prepared(from, epoch, point, discarded, now, &state, leader);
                 self.act(i, actions);
             }
+            Msg::Unprepared { epoch, point, why } => {
+                if self.trace {
+                    self.note(format!("node {id} hears node {from} cannot prepare epoch {epoch}: {why}"));
+                }
+                let leader = self.nodes[i].ctrl.as_ref().unwrap().leads_current();
+                let state = self.state_of(i).clone();
+                let actions = self.nodes[i].coord.on_unprepared(from, epoch, point, why, now, &state, leader);
+                self.act(i, actions);
+            }
         }
+    }
+
+    /// Node `i` gives its prepare up and tells its coordinator why (the service's
+    /// `unprepared`).
+    fn unprepared(&mut self, i: usize, why: String) {
+        let id = self.nodes[i].id;
+        let Some(p) = self.nodes[i].preparing.take() else { return };
+        self.h.unprepared += 1;
+        let (epoch, point, to) = (p.plan.epoch, p.plan.recovery_point, p.coordinator);
+        self.nodes[i].gave_up = Some(p.plan);
+        self.send(id, to, Msg::Unprepared { epoch, point, why });
     }
 
     fn try_prepared(&mut self, i: usize) {
@@ -1575,7 +1618,7 @@ fn many_seeds() {
     let from: u64 = std::env::var("SIM_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let keep_going = std::env::var("SIM_KEEP_GOING").is_ok();
     let (mut failovers, mut released, mut reads, mut max_epoch, mut changes) = (0, 0, 0, 0, 0);
-    let (mut switch_asked, mut switch_done, mut learners, mut fetches) = (0, 0, 0, 0);
+    let (mut switch_asked, mut switch_done, mut learners, mut fetches, mut unprepared) = (0, 0, 0, 0, 0);
     let mut failed = Vec::new();
     for seed in from..from + seeds {
         let h = match std::panic::catch_unwind(|| run_seed(seed)) {
@@ -1595,8 +1638,9 @@ fn many_seeds() {
         switch_asked += h.switchovers_asked;
         switch_done += h.switchovers_done;
         fetches += h.fetches;
+        unprepared += h.unprepared;
     }
-    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes ({learners} learners added), {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, {fetches} fetches (none below a checkpoint), newest epoch {max_epoch}");
+    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes ({learners} learners added), {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, {fetches} fetches (none below a checkpoint), {unprepared} prepares given up, newest epoch {max_epoch}");
     assert!(failed.is_empty(), "{} of {seeds} seeds failed (rerun each with SIM_SEED=N): {failed:?}", failed.len());
     assert!(failovers >= seeds, "the faults should force failovers");
     assert!(changes >= seeds / 2, "the faults should change the membership: {changes}");

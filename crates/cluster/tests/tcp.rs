@@ -43,6 +43,11 @@ struct World {
     prepare_ms: u64,
     /// Where a fetch from each node can start (`Holding::serves_above`; 0 if not set).
     serves_above: BTreeMap<NodeId, u64>,
+    /// Reads of fetches that fail (after handing on half their batches) before they
+    /// succeed again: a log damaged since its node's report.
+    failing_reads: usize,
+    /// Every failover's epoch and reason, as the nodes applied them.
+    failovers: Vec<(u64, String)>,
 }
 
 /// Byte `j` of fetched batch `i` (after its 8-byte header).
@@ -142,7 +147,20 @@ impl DataPlane for ModelPlane {
                     w.fetch_read
                 };
                 std::thread::sleep(delay);
-                world.lock().unwrap().reading = None;
+                let fail = {
+                    let mut w = world.lock().unwrap();
+                    w.reading = None;
+                    let fail = w.failing_reads > 0;
+                    w.failing_reads = w.failing_reads.saturating_sub(1);
+                    fail
+                };
+                if fail {
+                    let half = batches.len() / 2;
+                    for b in batches.into_iter().take(half) {
+                        sink(b);
+                    }
+                    return Err("its log no longer holds what it reported (a test's damage)".into());
+                }
                 for b in batches {
                     if !sink(b) {
                         break;
@@ -182,7 +200,14 @@ impl DataPlane for ModelPlane {
                     w.opened.push((*epoch, self.me, Instant::now()));
                 }
             }
-            Command::BeginFailover { .. } if w.serving == Some(self.me) => w.serving = None,
+            Command::BeginFailover { epoch, reason } => {
+                if !w.failovers.iter().any(|(e, _)| e == epoch) {
+                    w.failovers.push((*epoch, reason.clone()));
+                }
+                if w.serving == Some(self.me) {
+                    w.serving = None;
+                }
+            }
             _ => {}
         }
     }
@@ -532,6 +557,7 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     let mut body = Vec::new();
     body.extend_from_slice(&2u64.to_le_bytes());
     body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes()); // after
     body.extend_from_slice(&60u64.to_le_bytes());
     body.extend_from_slice(&0u32.to_le_bytes());
     body.push(0);
@@ -550,6 +576,31 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "sent while the asked node's read was under way");
     let w = epoch_2_opens_on_whole_answers(&c, 4);
     assert_eq!(w.batches_fetched, 4, "the asked node's answer only");
+}
+
+/// A node whose read of a fetch fails (its log damaged since it reported) says so after
+/// the pieces it sent, and the fetcher gives its prepare up at once: the round ends and
+/// the next one opens the epoch, long before the prepare timeout (10 s here), and the
+/// failover's reason says why. Before, the fetcher waited the timeout out.
+#[test]
+fn a_refused_fetch_ends_its_round_without_waiting_for_the_prepare_timeout() {
+    let mut c = Cluster::running_with_prepare(3, 10_000);
+    let first = bootstrap_with_split_holdings(&c);
+    {
+        let mut w = c.world.lock().unwrap();
+        w.fetch_batches = Some((4, 1 << 10));
+        w.failing_reads = 1;
+    }
+    let stopped = Instant::now();
+    c.stop(first);
+    wait_for("an epoch to open", Duration::from_secs(8), || !c.world.lock().unwrap().opened.is_empty());
+    let w = c.world.lock().unwrap();
+    let (epoch, _, at) = w.opened[0];
+    assert!(epoch >= 3, "the round whose fetch was refused opened epoch {epoch}");
+    assert!(at.duration_since(stopped) < Duration::from_secs(5), "opened {:?} after the stop", at - stopped);
+    let (_, why) = w.failovers.iter().find(|(e, _)| *e == 3).expect("a round after the refused one");
+    assert!(why.contains("could not prepare") && why.contains("a test's damage"), "{why}");
+    assert_eq!((w.failing_reads, w.batches_fetched), (0, 4), "one whole answer, in the next round");
 }
 
 /// A failover round in which no node that may become primary can fetch what it lacks
