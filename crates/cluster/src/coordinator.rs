@@ -268,6 +268,11 @@ impl Coordinator {
             }
         }
         self.last_seen = Some((state.epoch, state.phase));
+        // (Every node, leader or not: one that leads a later failover starts its count
+        // from the last epoch that opened.)
+        if state.phase == Some(Phase::Serving) {
+            self.failed_rounds = 0;
+        }
         if !leader {
             self.round = None;
             self.proposed = None;
@@ -277,7 +282,6 @@ impl Coordinator {
             None => {}
             Some(Phase::Serving) => {
                 self.round = None;
-                self.failed_rounds = 0;
                 let p = state.primary().expect("serving has a primary");
                 let since = match self.serving_since {
                     Some((e, q, t)) if e == state.epoch && q == p => t,

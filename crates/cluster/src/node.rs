@@ -289,7 +289,7 @@ fn read_context(id: NodeId, nonce: u64, n: u64) -> Vec<u8> {
 /// A number of this run's own: the standard library's per-process random hash keys
 /// (drawn from the operating system), mixed with the clock (before, the clock alone, or 0
 /// where it could not be read, which a restart would then repeat).
-fn run_nonce() -> u64 {
+pub(crate) fn run_nonce() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

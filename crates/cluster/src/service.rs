@@ -57,9 +57,11 @@ use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls};
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
 /// Batches answering a `Ctl::Fetch`, in pieces of at most `FETCH_PIECE` bytes: epoch u64 |
-/// stream u32 | after u64 | position u64 | piece u32 | flags u8 | count u32 | (len u32 |
-/// batch)*. `after` is the fetch's, so that an answer to another plan of the same epoch
-/// (which asked the same node for the same stream from elsewhere) is told apart.
+/// stream u32 | req u64 | position u64 | piece u32 | flags u8 | count u32 | (len u32 |
+/// batch)*. `req` is the fetch's (`Ctl::Fetch`): the fetcher takes only the answers to the
+/// prepare it is on, not a late one to an earlier plan of the same epoch (which may have
+/// asked the same node for the same stream from another point, and whose pieces would
+/// start this one's stream over, or fill it from the wrong place).
 /// Flags: bit 0, the answer's last piece; bit 1, the piece's one entry is a part of a batch
 /// larger than a piece, continued by the first entry of the next piece (`fetch_pieces`,
 /// `FetchAssembly`). A batch of the largest transaction is far larger than a frame.
@@ -276,11 +278,13 @@ pub enum Ctl {
         discarded: u64,
     },
     /// To a peer the plan of `epoch` fetches from: its batches of `stream` above `after`
-    /// (answered by a frame of kind 3).
+    /// (answered by frames of kind 3 that carry `req`, which names the fetcher's prepare).
     Fetch {
         epoch: u64,
         stream: usize,
         after: u64,
+        #[serde(default)]
+        req: u64,
     },
     /// To every member, from `primary`, the primary of `epoch`, while it serves with quorum
     /// contact (acknowledgements of its epoch from a quorum within the failure timeout),
@@ -292,13 +296,13 @@ pub enum Ctl {
         epoch: u64,
         primary: NodeId,
     },
-    /// To the node whose fetch of `stream` above `after` for the plan of `epoch` this node
-    /// cannot answer (its log no longer holds what it reported, a read failed), after any
-    /// pieces it sent: the fetcher's prepare fails at once instead of at its timeout.
+    /// To the node whose fetch `req` of `stream` for the plan of `epoch` this node cannot
+    /// answer (its log no longer holds what it reported, a read failed), after any pieces
+    /// it sent: the fetcher's prepare fails at once instead of at its timeout.
     FetchRefused {
         epoch: u64,
         stream: usize,
-        after: u64,
+        req: u64,
         why: String,
     },
     /// To its coordinator: the plan of `epoch` with this recovery point cannot be prepared
@@ -424,7 +428,7 @@ struct FetchToServe {
     me: NodeId,
     epoch: u64,
     stream: usize,
-    after: u64,
+    req: u64,
 }
 
 /// Answers fetches one at a time, in the order asked (a resend's pieces never interleave
@@ -453,16 +457,8 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
         }
         let Some(f) = waiting.pop_front() else { continue };
         let FetchJob { position, read } = f.job;
-        let mut out = Answer {
-            to: &f.to,
-            me: f.me,
-            epoch: f.epoch,
-            stream: f.stream,
-            after: f.after,
-            position,
-            next: 0,
-            held: None,
-        };
+        let mut out =
+            Answer { to: &f.to, me: f.me, epoch: f.epoch, stream: f.stream, req: f.req, position, next: 0, held: None };
         let mut pieces = Piecer::default();
         let mut going = true;
         let read = read(&mut |b| {
@@ -474,7 +470,7 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
             // the same connection, so after them) ends the fetcher's prepare at once.
             Err(why) => {
                 tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream);
-                let refused = Ctl::FetchRefused { epoch: f.epoch, stream: f.stream, after: f.after, why };
+                let refused = Ctl::FetchRefused { epoch: f.epoch, stream: f.stream, req: f.req, why };
                 let body = serde_json::to_vec(&refused).expect("control requests serialise");
                 queue_frame(&f.to, frame(f.me, KIND_CTL, &body));
             }
@@ -498,7 +494,7 @@ struct Answer<'a> {
     me: NodeId,
     epoch: u64,
     stream: usize,
-    after: u64,
+    req: u64,
     position: u64,
     next: u32,
     held: Option<(Vec<Vec<u8>>, bool)>,
@@ -522,7 +518,7 @@ impl Answer<'_> {
 
     fn queue(&mut self, (entries, more): (Vec<Vec<u8>>, bool), last: bool) -> bool {
         let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-        let body = encode_fetched(self.epoch, self.stream, self.after, self.position, self.next, last, more, &refs);
+        let body = encode_fetched(self.epoch, self.stream, self.req, self.position, self.next, last, more, &refs);
         self.next += 1;
         let queued = queue_frame(self.to, frame(self.me, KIND_FETCHED, &body));
         if !queued {
@@ -602,8 +598,8 @@ enum Input {
         from: NodeId,
         epoch: u64,
         stream: usize,
-        /// The fetch's `after` (`KIND_FETCHED`).
-        after: u64,
+        /// The fetch's `req` (`KIND_FETCHED`).
+        req: u64,
         position: u64,
         piece: u32,
         last: bool,
@@ -960,6 +956,7 @@ impl ControlService {
                 coord,
                 preparing: None,
                 gave_up: None,
+                fetch_req: crate::node::run_nonce(),
                 fetch_in: BTreeMap::new(),
                 fetches,
                 no_source_logged: 0,
@@ -1069,7 +1066,7 @@ fn decode(from: NodeId, kind: u8, body: &[u8]) -> Result<Input, String> {
 fn encode_fetched(
     epoch: u64,
     stream: usize,
-    after: u64,
+    req: u64,
     position: u64,
     piece: u32,
     last: bool,
@@ -1080,7 +1077,7 @@ fn encode_fetched(
     let mut b = Vec::with_capacity(FETCHED_HEADER + batches.iter().map(|x| x.len() + 4).sum::<usize>());
     b.extend_from_slice(&epoch.to_le_bytes());
     b.extend_from_slice(&(stream as u32).to_le_bytes());
-    b.extend_from_slice(&after.to_le_bytes());
+    b.extend_from_slice(&req.to_le_bytes());
     b.extend_from_slice(&position.to_le_bytes());
     b.extend_from_slice(&piece.to_le_bytes());
     b.push(last as u8 | (more as u8) << 1);
@@ -1100,7 +1097,7 @@ fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
     }
     let epoch = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let stream = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
-    let after = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
+    let req = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let position = u64::from_le_bytes(take(&mut body, 8)?.try_into().ok()?);
     let piece = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?);
     let (last, more) = match take(&mut body, 1)?[0] {
@@ -1118,13 +1115,12 @@ fn decode_fetched(from: NodeId, mut body: &[u8]) -> Option<Input> {
         let len = u32::from_le_bytes(take(&mut body, 4)?.try_into().ok()?) as usize;
         batches.push(take(&mut body, len)?.to_vec());
     }
-    body.is_empty().then_some(Input::Fetched { from, epoch, stream, after, position, piece, last, more, batches })
+    body.is_empty().then_some(Input::Fetched { from, epoch, stream, req, position, piece, last, more, batches })
 }
 
-/// Whether `plan` fetches `stream` from `from` above `after` (an answer or a refusal is
-/// for it).
-fn asks(plan: &RecoveryPlan, from: NodeId, stream: usize, after: u64) -> bool {
-    plan.fetch.iter().any(|f| f.stream == stream && f.from == from && f.after == after)
+/// Whether `plan` fetches `stream` from `from`.
+fn asks(plan: &RecoveryPlan, from: NodeId, stream: usize) -> bool {
+    plan.fetch.iter().any(|f| f.stream == stream && f.from == from)
 }
 
 /// A piece of a fetch answer (`fetch_pieces`).
@@ -1280,13 +1276,15 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared, until: Instant)
             let _ = (&stream).write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
             None
         }
-        (Some(t), true) => match t.accept_within(stream, until.saturating_duration_since(Instant::now())) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                shared.refused(peer, &e.to_string());
-                None
+        (Some(t), true) => {
+            match t.accept_within(stream, until.saturating_duration_since(Instant::now()).min(t.handshake())) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    shared.refused(peer, &e.to_string());
+                    None
+                }
             }
-        },
+        }
     }
 }
 
@@ -1295,8 +1293,9 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     // Its reads wait with no timeout once the hello is taken: a peer gone without a FIN
     // (power, network) is found by the kernel's probes, and this thread ends.
     let _ = ditto_replication::tls::keep_alive(&stream);
-    // One deadline for the peek, the TLS handshake if any, and the hello.
-    let until = Instant::now() + if shared.tls.is_some() { 2 * HELLO_WAIT } else { HELLO_WAIT };
+    // One deadline for the peek, the TLS handshake if any (given the node's
+    // `tls_handshake_timeout_s`, as its servers' ports give theirs), and the hello.
+    let until = Instant::now() + HELLO_WAIT + shared.tls.as_ref().map_or(Duration::ZERO, |t| t.handshake());
     let taken =
         tls_for(stream, peer, &shared, until).and_then(|mut s| Some((take_hello(&mut s, peer, &shared, until)?, s)));
     shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
@@ -1413,9 +1412,13 @@ struct Run {
     coord: Coordinator,
     /// A plan this node prepares for, and the coordinator to answer.
     preparing: Option<(RecoveryPlan, NodeId)>,
-    /// The last plan this node gave up preparing (`unprepared`): sent again by its
-    /// coordinator before it heard, it is not started over.
-    gave_up: Option<RecoveryPlan>,
+    /// The last plan this node gave up preparing (`unprepared`), and why: sent again,
+    /// it is answered so again, not started over.
+    gave_up: Option<(RecoveryPlan, String)>,
+    /// Names this node's prepare under way in its fetches and their answers
+    /// (`KIND_FETCHED`): one more for each prepare, from a number of this run's own (a
+    /// restarted node's first cannot match an answer queued for its last run).
+    fetch_req: u64,
     /// Per stream the plan fetches: the answer's pieces put back together.
     fetch_in: BTreeMap<usize, FetchAssembly>,
     /// Fetches asked of this node, to the fetch thread (`serve_fetches`).
@@ -1571,8 +1574,8 @@ impl Run {
         let Some((plan, to)) = self.preparing.take() else { return Ok(()) };
         tracing::warn!(node = self.node.id(), "cannot prepare epoch {}: {why}", plan.epoch);
         self.fetch_in.clear();
-        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why };
-        self.gave_up = Some(plan);
+        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why: why.clone() };
+        self.gave_up = Some((plan, why));
         self.ctl(to, no, now)
     }
 
@@ -1644,33 +1647,46 @@ impl Run {
                 let current = plan.epoch == self.disk.fence()
                     && state.epoch == plan.epoch
                     && state.phase == Some(crate::state::Phase::Failover);
-                if current
-                    && self.preparing.as_ref().map(|(p, _)| p) != Some(&plan)
-                    && self.gave_up.as_ref() != Some(&plan)
-                {
-                    self.fetch_in.clear();
-                    self.data.prepare(&plan);
-                    for f in &plan.fetch {
-                        let req = Ctl::Fetch { epoch: plan.epoch, stream: f.stream, after: f.after };
-                        self.ctl(f.from, req, now)?;
+                if !current {
+                    return Ok(());
+                }
+                match (&mut self.preparing, &self.gave_up) {
+                    // Sent again: the answer goes to whoever asks now (a new leader's
+                    // coordinator may plan the same).
+                    (Some((p, to)), _) if *p == plan => *to = from,
+                    // Given up: said again (the first may have been lost, or gone to a
+                    // coordinator that no longer leads).
+                    (_, Some((p, why))) if *p == plan => {
+                        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why: why.clone() };
+                        self.ctl(from, no, now)?;
                     }
-                    self.preparing = Some((plan, from));
+                    _ => {
+                        self.fetch_in.clear();
+                        self.fetch_req = self.fetch_req.wrapping_add(1);
+                        self.data.prepare(&plan);
+                        for f in &plan.fetch {
+                            let req =
+                                Ctl::Fetch { epoch: plan.epoch, stream: f.stream, after: f.after, req: self.fetch_req };
+                            self.ctl(f.from, req, now)?;
+                        }
+                        self.preparing = Some((plan, from));
+                    }
                 }
             }
-            Ctl::Fetch { epoch, stream, after } => {
+            Ctl::Fetch { epoch, stream, after, req } => {
                 // Only once fenced at that failover: then nothing more is acknowledged here.
                 if epoch <= self.disk.fence() && from != self.node.id() {
                     let Some(to) = self.senders.get(&from).cloned() else { return Ok(()) };
                     match self.data.fetch_job(stream, after) {
                         Ok(job) => {
-                            let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream, after };
+                            let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream, req };
                             if self.fetches.send(f).is_err() {
                                 tracing::warn!(node = self.node.id(), "the fetch thread has stopped");
                             }
                         }
                         Err(why) => {
                             tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}");
-                            self.ctl(from, Ctl::FetchRefused { epoch, stream, after, why }, now)?;
+                            self.ctl(from, Ctl::FetchRefused { epoch, stream, req, why }, now)?;
                         }
                     }
                 }
@@ -1685,10 +1701,11 @@ impl Run {
                 let a = self.coord.on_prepared(from, epoch, point, discarded, now, self.node.state(), leader);
                 self.act(a, now)?;
             }
-            Ctl::FetchRefused { epoch, stream, after, why } => {
-                // Only a refusal of the fetch the plan being prepared asked of that node.
-                if self.preparing.as_ref().is_some_and(|(p, _)| p.epoch == epoch && asks(p, from, stream, after)) {
-                    let why = format!("node {from} cannot serve its fetch of stream {stream} above ts {after}: {why}");
+            Ctl::FetchRefused { epoch, stream, req, why } => {
+                // Only a refusal of a fetch the prepare under way asked of that node.
+                let asked = |p: &RecoveryPlan| p.epoch == epoch && req == self.fetch_req && asks(p, from, stream);
+                if self.preparing.as_ref().is_some_and(|(p, _)| asked(p)) {
+                    let why = format!("node {from} cannot serve its fetch of stream {stream}: {why}");
                     self.unprepared(why, now)?;
                 }
             }
@@ -1738,11 +1755,12 @@ impl Run {
                     Ok(())
                 }
                 Ok(Input::Ctl(from, c)) => self.on_ctl(from, c, now),
-                Ok(Input::Fetched { from, epoch, stream, after, position, piece, last, more, batches }) => {
-                    // Only the answer to the fetch this plan asks (a late answer to another
-                    // plan of the same epoch, from another node or from another point,
-                    // would start the stream's pieces over, or fill it from the wrong place).
-                    let asked = |p: &RecoveryPlan| p.epoch == epoch && asks(p, from, stream, after);
+                Ok(Input::Fetched { from, epoch, stream, req, position, piece, last, more, batches }) => {
+                    // Only the answer to a fetch the prepare under way asked (a late answer
+                    // to another plan of the same epoch, from another node or from another
+                    // point, would start the stream's pieces over, or fill it from the
+                    // wrong place).
+                    let asked = |p: &RecoveryPlan| p.epoch == epoch && req == self.fetch_req && asks(p, from, stream);
                     match self.preparing.as_ref().filter(|(p, _)| asked(p)) {
                         // Pieces come in order on one connection; a gap (a piece dropped
                         // by a full queue or a broken connection) ends this round's prepare.
@@ -2021,7 +2039,7 @@ mod tests {
         let n = fetch_pieces(&batches).len();
         assert!(n >= 6, "{n} pieces");
         let job = FetchJob::ready(batches, 99);
-        jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, after: 5 }).unwrap();
+        jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
         for i in 0..n {
             let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
             assert!(f.len() > FETCH_PIECE / 2, "piece {i}: {} bytes", f.len());
@@ -2073,7 +2091,7 @@ mod tests {
                 me: 1,
                 epoch: 7,
                 stream: 1,
-                after: 5,
+                req: 5,
             })
             .unwrap();
             for (i, (entries, more)) in want.iter().enumerate() {
@@ -2085,7 +2103,7 @@ mod tests {
                     Some(Input::Fetched {
                         epoch: 7,
                         stream: 1,
-                        after: 5,
+                        req: 5,
                         position: 99,
                         piece,
                         last,
@@ -2123,7 +2141,7 @@ mod tests {
                 Ok(())
             }),
         };
-        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, after: 5 }).unwrap();
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
         let handed = done.recv_timeout(Duration::from_secs(10)).expect("the read ended");
         // Two pieces of 6 batches: the first held back, the second's completion sends it.
         assert!(handed < 20, "the read went on for {handed} batches after its answer could not go");
@@ -2145,7 +2163,7 @@ mod tests {
                 Err("a segment damaged since the report".into())
             }),
         };
-        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, after: 5 }).unwrap();
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
         let (mut pieces, mut refused) = (0, None);
         while let Ok((f, written)) = peer.recv_timeout(Duration::from_millis(500)) {
             written.unwrap().send(()).unwrap();
@@ -2167,7 +2185,7 @@ mod tests {
         assert!(pieces >= 2, "the pieces filled before the failure went: {pieces}");
         // Then the refusal, saying why, so that the fetcher's prepare ends at once.
         match refused {
-            Some(Ctl::FetchRefused { epoch: 7, stream: 1, after: 5, why }) => {
+            Some(Ctl::FetchRefused { epoch: 7, stream: 1, req: 5, why }) => {
                 assert!(why.contains("a segment damaged since the report"), "{why}")
             }
             other => panic!("no refusal after the pieces: {other:?}"),
@@ -2199,7 +2217,7 @@ mod tests {
                     from: 3,
                     epoch: 7,
                     stream: 1,
-                    after: 5,
+                    req: 5,
                     position: 99,
                     piece,
                     last: l,

@@ -349,8 +349,9 @@ struct Node {
     election: usize,
     primary: Option<Primary>,
     preparing: Option<Preparing>,
-    /// The plan it last gave up (the service's `gave_up`): a resend is not started over.
-    gave_up: Option<RecoveryPlan>,
+    /// The plan it last gave up, and why (the service's `gave_up`): a resend is answered
+    /// so again, not started over.
+    gave_up: Option<(RecoveryPlan, String)>,
     learned_release: u64,
     started_at: u64,
     /// Removed from the cluster: stopped for good.
@@ -546,6 +547,7 @@ impl Sim {
         n.ctrl = None;
         n.primary = None;
         n.preparing = None;
+        n.gave_up = None;
         n.learned_release = 0;
         (n.view, n.reads_from, n.started) = (0, 0, false);
         n.data.crash();
@@ -1400,10 +1402,14 @@ impl Sim {
                 self.act(i, actions);
             }
             Msg::Prepare(plan) => {
-                if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan == plan)
-                    || self.nodes[i].gave_up.as_ref() == Some(&plan)
-                {
-                    return; // already on it, or given up
+                if let Some(p) = self.nodes[i].preparing.as_mut().filter(|p| p.plan == plan) {
+                    p.coordinator = from; // already on it: it answers whoever asks now
+                    return;
+                }
+                if let Some((_, why)) = self.nodes[i].gave_up.as_ref().filter(|(p, _)| *p == plan) {
+                    let m = Msg::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why: why.clone() };
+                    self.send(id, from, m);
+                    return;
                 }
                 if self.nodes[i].fence.0 != plan.epoch {
                     return;
@@ -1485,7 +1491,7 @@ impl Sim {
         let Some(p) = self.nodes[i].preparing.take() else { return };
         self.h.unprepared += 1;
         let (epoch, point, to) = (p.plan.epoch, p.plan.recovery_point, p.coordinator);
-        self.nodes[i].gave_up = Some(p.plan);
+        self.nodes[i].gave_up = Some((p.plan, why.clone()));
         self.send(id, to, Msg::Unprepared { epoch, point, why });
     }
 

@@ -541,11 +541,11 @@ fn a_slow_fetch_read_does_not_hold_the_control_thread() {
     drop(epoch_2_opens_on_whole_answers(&c, 4));
 }
 
-/// A piece of a fetch's answer from a node the plan did not ask (a late answer to another
-/// plan of the same epoch) is not taken: the answer of the node asked still arrives whole
-/// and the failover completes. Taken, it would have started the stream's pieces, the real
-/// answer's first piece would then have come out of order, and this round's fetch of the
-/// stream would have ended (a round lost).
+/// A piece of a fetch's answer from a node the plan did not ask, or from the node asked but
+/// to another fetch (late answers to another plan of the same epoch), is not taken: the
+/// answer asked for still arrives whole and the failover completes. Taken, it would have
+/// started the stream's pieces, the real answer's first piece would then have come out of
+/// order, and this round's prepare would have ended (a round lost).
 #[test]
 fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     let (c, first, reader) = primary_stopped_during_a_slow_fetch(Duration::from_secs(2));
@@ -557,21 +557,24 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     let mut body = Vec::new();
     body.extend_from_slice(&2u64.to_le_bytes());
     body.extend_from_slice(&0u32.to_le_bytes());
-    body.extend_from_slice(&0u64.to_le_bytes()); // after
+    body.extend_from_slice(&0u64.to_le_bytes()); // req
     body.extend_from_slice(&60u64.to_le_bytes());
     body.extend_from_slice(&0u32.to_le_bytes());
     body.push(0);
     body.extend_from_slice(&1u32.to_le_bytes());
     body.extend_from_slice(&(batch.len() as u32).to_le_bytes());
     body.extend_from_slice(&batch);
-    let f = raw_frame(first, 3, &body);
-    {
+    // The same from the node asked, but naming another fetch (`req`): a late answer to
+    // an earlier plan's fetch of the same stream.
+    let mut stale = body.clone();
+    stale[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+    for (from, body) in [(first, &body), (reader, &stale)] {
         use std::io::Write;
         // (After a hello the node takes, as the node the frame says it is from: a frame
         // before it, or from another node, would be refused unread.)
-        let (mut s, taken) = hello_as(c.peers[&fetcher], first, b"");
+        let (mut s, taken) = hello_as(c.peers[&fetcher], from, b"");
         assert_eq!(taken, "");
-        s.write_all(&f).unwrap();
+        s.write_all(&raw_frame(from, 3, body)).unwrap();
     }
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "sent while the asked node's read was under way");
     let w = epoch_2_opens_on_whole_answers(&c, 4);
@@ -588,7 +591,8 @@ fn a_refused_fetch_ends_its_round_without_waiting_for_the_prepare_timeout() {
     let first = bootstrap_with_split_holdings(&c);
     {
         let mut w = c.world.lock().unwrap();
-        w.fetch_batches = Some((4, 1 << 10));
+        // (1 MiB batches: pieces of the failing answer reach the fetcher before its refusal.)
+        w.fetch_batches = Some((12, 1 << 20));
         w.failing_reads = 1;
     }
     let stopped = Instant::now();
@@ -600,7 +604,8 @@ fn a_refused_fetch_ends_its_round_without_waiting_for_the_prepare_timeout() {
     assert!(at.duration_since(stopped) < Duration::from_secs(5), "opened {:?} after the stop", at - stopped);
     let (_, why) = w.failovers.iter().find(|(e, _)| *e == 3).expect("a round after the refused one");
     assert!(why.contains("could not prepare") && why.contains("a test's damage"), "{why}");
-    assert_eq!((w.failing_reads, w.batches_fetched), (0, 4), "one whole answer, in the next round");
+    assert_eq!((w.failing_reads, w.batches_fetched), (0, 12), "one whole answer, in the next round");
+    assert!(w.pieces > 12, "pieces of the refused answer came before its refusal: {} pieces", w.pieces);
 }
 
 /// A failover round in which no node that may become primary can fetch what it lacks
@@ -949,6 +954,38 @@ fn the_secret_is_rotated_one_node_at_a_time() {
     let target = c.peers[&1];
     assert!(hello(target, old.as_bytes()).1.contains("a wrong cluster secret"), "the old secret is no longer taken");
     assert_eq!(hello(target, new.as_bytes()).1, "");
+}
+
+/// The control port gives a TLS handshake the node's `tls_handshake_timeout_s` (1 s here),
+/// as its servers' ports do: a peer that opens with TLS and stalls in the handshake is cut
+/// off then, not after the port's own deadline (10 s before), and counted as refused.
+#[test]
+fn a_stalled_tls_handshake_on_the_control_port_is_cut_off_at_the_configured_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki::make(dir.path());
+    let mut c = Cluster::new(1);
+    let tls = LinkTls::from_paths(&pki.server_cert, &pki.server_key, &pki.ca, Duration::from_secs(1)).unwrap();
+    c.tls.insert(1, tls);
+    c.start(1);
+    let mut s = std::net::TcpStream::connect(c.peers[&1]).unwrap();
+    // A handshake record's header and the start of a ClientHello, the rest never sent.
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]).unwrap();
+    let t = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the handshake's second");
+    assert!(took < Duration::from_secs(4), "closed after {took:?}: the configured 1 s was not the limit");
+    wait_for("the stalled handshake counted as refused", Duration::from_secs(5), || {
+        let st = c.nodes[&1].status();
+        st.refused > 0 && st.refused_last.as_deref().is_some_and(|l| l.contains("no handshake within"))
+    });
 }
 
 /// TLS on the control port (`tls_cluster`): with the cluster CA's certificates on every

@@ -319,6 +319,11 @@ impl LinkTls {
         self.connect_named(sock, addr, host_of(addr))
     }
 
+    /// How long a handshake is given (`tls_handshake_timeout_s`).
+    pub fn handshake(&self) -> Duration {
+        self.handshake
+    }
+
     /// As `connect`, the certificate checked against `name` rather than `addr`'s host.
     pub fn connect_named(&self, sock: TcpStream, addr: &str, name: &str) -> std::io::Result<TcpStream> {
         let name = server_name(name).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
