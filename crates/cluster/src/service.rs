@@ -955,7 +955,7 @@ impl ControlService {
                 tick: cfg.tick,
                 coord,
                 preparing: None,
-                gave_up: None,
+                answered: None,
                 fetch_req: crate::node::run_nonce(),
                 fetch_in: BTreeMap::new(),
                 fetches,
@@ -1412,9 +1412,11 @@ struct Run {
     coord: Coordinator,
     /// A plan this node prepares for, and the coordinator to answer.
     preparing: Option<(RecoveryPlan, NodeId)>,
-    /// The last plan this node gave up preparing (`unprepared`), and why: sent again,
-    /// it is answered so again, not started over.
-    gave_up: Option<(RecoveryPlan, String)>,
+    /// The last plan this node answered (`Prepared`, or `Unprepared` with why) while no
+    /// other prepare has started since: sent again, it is answered the same again (the
+    /// answer may have been lost, or gone to a coordinator that no longer leads), not
+    /// prepared over.
+    answered: Option<(RecoveryPlan, Ctl)>,
     /// Names this node's prepare under way in its fetches and their answers
     /// (`KIND_FETCHED`): one more for each prepare, from a number of this run's own (a
     /// restarted node's first cannot match an answer queued for its last run).
@@ -1574,8 +1576,8 @@ impl Run {
         let Some((plan, to)) = self.preparing.take() else { return Ok(()) };
         tracing::warn!(node = self.node.id(), "cannot prepare epoch {}: {why}", plan.epoch);
         self.fetch_in.clear();
-        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why: why.clone() };
-        self.gave_up = Some((plan, why));
+        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why };
+        self.answered = Some((plan, no.clone()));
         self.ctl(to, no, now)
     }
 
@@ -1650,17 +1652,16 @@ impl Run {
                 if !current {
                     return Ok(());
                 }
-                match (&mut self.preparing, &self.gave_up) {
+                match (&mut self.preparing, &self.answered) {
                     // Sent again: the answer goes to whoever asks now (a new leader's
                     // coordinator may plan the same).
                     (Some((p, to)), _) if *p == plan => *to = from,
-                    // Given up: said again (the first may have been lost, or gone to a
-                    // coordinator that no longer leads).
-                    (_, Some((p, why))) if *p == plan => {
-                        let no = Ctl::Unprepared { epoch: plan.epoch, point: plan.recovery_point, why: why.clone() };
-                        self.ctl(from, no, now)?;
+                    (None, Some((p, answer))) if *p == plan => {
+                        let answer = answer.clone();
+                        self.ctl(from, answer, now)?;
                     }
                     _ => {
+                        self.answered = None;
                         self.fetch_in.clear();
                         self.fetch_req = self.fetch_req.wrapping_add(1);
                         self.data.prepare(&plan);
@@ -1856,6 +1857,7 @@ impl Run {
                     None => self.preparing = Some((plan, to)),
                     Some(Ok(discarded)) => {
                         let done = Ctl::Prepared { epoch: plan.epoch, point: plan.recovery_point, discarded };
+                        self.answered = Some((plan, done.clone()));
                         if let Err(e) = self.ctl(to, done, now) {
                             failed = Some(e);
                             break;

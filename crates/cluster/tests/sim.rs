@@ -349,8 +349,8 @@ struct Node {
     election: usize,
     primary: Option<Primary>,
     preparing: Option<Preparing>,
-    /// The plan it last gave up, and why (the service's `gave_up`): a resend is answered
-    /// so again, not started over.
+    /// The plan it last gave up, and why (the service's `answered`, for an `Unprepared`): a
+    /// resend is answered so again, not started over.
     gave_up: Option<(RecoveryPlan, String)>,
     learned_release: u64,
     started_at: u64,
@@ -1403,7 +1403,10 @@ impl Sim {
             }
             Msg::Prepare(plan) => {
                 if let Some(p) = self.nodes[i].preparing.as_mut().filter(|p| p.plan == plan) {
-                    p.coordinator = from; // already on it: it answers whoever asks now
+                    // Already on it: it answers whoever asks now, again if it is done (the
+                    // service's `answered`).
+                    p.coordinator = from;
+                    self.try_prepared(i);
                     return;
                 }
                 if let Some((_, why)) = self.nodes[i].gave_up.as_ref().filter(|(p, _)| *p == plan) {
