@@ -195,6 +195,16 @@ fn prefixes_and_restart(replay: &str) {
     let far = b.one(&["DITTO.WAITTS", "999999999999"]);
     assert!(far.contains("timed out"), "{far}");
     assert!(t0.elapsed() < Duration::from_secs(20));
+    // Pipelined with it, only that wait fails: the read before it and the SELECT after it
+    // are answered as they ran (before, every reply of the batch said "timed out" while
+    // the SELECT had moved the connection to db 5).
+    b.send(&[&["GET", "log:0"], &["DITTO.WAITTS", "999999999999"], &["SELECT", "5"], &["ECHO", "hi"]]).unwrap();
+    assert_eq!(b.reply().unwrap(), ["1"]);
+    assert!(b.reply().unwrap()[0].contains("timed out"));
+    assert_eq!(b.reply().unwrap(), ["+OK"]);
+    assert_eq!(b.reply().unwrap(), ["hi"]);
+    assert_eq!(b.one(&["DBSIZE"]), ":0", "on db 5, as its SELECT's +OK said");
+    assert_eq!(b.one(&["SELECT", "0"]), "+OK");
     let info = b.cmd(&["INFO", "replication"]).unwrap().join("\n");
     assert!(info.contains("role:slave") && info.contains("master_link_status:up"), "{info}");
     // The checks above held with batches sent to the backup by the threads that shipped

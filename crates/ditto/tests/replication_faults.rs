@@ -286,6 +286,31 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert!(t0.elapsed() >= Duration::from_millis(200), "WAIT returned before its timeout");
     assert_eq!(w.one(&["WAIT", "1", "-1"]), "-ERR timeout is negative");
     assert_eq!(b.one(&["WAIT", "0", "0"]), "-ERR WAIT cannot be used with replica instances");
+    // A count below 0 is answered at once (Redis); in a transaction WAIT does not block and
+    // answers how many hold the writes so far (before, 0 whatever they held).
+    assert_eq!(w.one(&["WAIT", "-1", "0"]), ":1");
+    assert_eq!(w.one(&["MULTI"]), "+OK");
+    assert_eq!(w.one(&["WAIT", "1", "0"]), "+QUEUED");
+    assert_eq!(w.cmd(&["EXEC"]).unwrap(), [":1"]);
+    // A WAIT that can never be met: the reply pipelined before it goes out first, and a
+    // client that leaves while it waits frees its connection (before, its task and its
+    // client slot were held for good).
+    let clients = |c: &mut Client| {
+        let info = c.cmd(&["INFO", "clients"]).unwrap().concat();
+        let n = info.split("connected_clients:").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+        n.trim().parse::<u64>().unwrap()
+    };
+    let before = clients(&mut c);
+    let mut blocked = Client::connect(primary.port).unwrap();
+    blocked.send(&[&["SET", "blocked", "1"], &["WAIT", "5", "0"]]).unwrap();
+    assert_eq!(blocked.line().unwrap(), "+OK", "the SET's reply before the WAIT blocks");
+    assert_eq!(clients(&mut c), before + 1);
+    drop(blocked);
+    let t = Instant::now();
+    while clients(&mut c) > before {
+        assert!(t.elapsed() < Duration::from_secs(10), "the blocked WAIT's connection is still counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A `local` primary releases on no backup's acknowledgement, until a connection chooses

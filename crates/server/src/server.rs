@@ -1714,6 +1714,7 @@ impl Conn {
         // policy it was given, and none leaves before all are released. Drained at each
         // flush; reused.
         let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
+        let mut marks: Vec<(usize, Ts)> = Vec::new();
         // What the last wait for held reads that gave up saw (`Conn::gate_marker`).
         let mut gave_up: Option<(u64, u64)> = None;
         // The hub's generation whose role the session last told of its commit policy
@@ -1728,11 +1729,18 @@ impl Conn {
             // Handle every complete request buffered (up to the output bound).
             let mut close = false;
             let mut replies = 0usize;
+            // Where each reply ends in `out`, and the timestamp it waits for: on a backup a
+            // wait that times out fails only the replies it covers.
+            marks.clear();
             while out.len() < conn.sh.max_output_bytes {
                 match next_request(&mut pending, &mut parser, &mut inbuf, &conn.limits) {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
+                        if session.may_block(&args) && !out.is_empty() {
+                            pending.push_front(Ok(Some(args)));
+                            break;
+                        }
                         if session.read_held(&args, &conn.sh) && gave_up != Some(conn.gate_marker(hub)) {
                             if !out.is_empty() {
                                 // The replies before it go out first: it may wait.
@@ -1826,7 +1834,11 @@ impl Conn {
                             started.push((t, o.cmd));
                             let before = out.len();
                             let reply = match o.replicas {
-                                Some(w) => Reply::Int(conn.wait_replicas(w).await as i64),
+                                Some(w) => match conn.wait_replicas(w, &mut stream, &mut inbuf, hub, seen).await {
+                                    Some(n) => Reply::Int(n as i64),
+                                    // The client left while it waited: nothing to answer.
+                                    None => return Ok(()),
+                                },
                                 None => o.reply,
                             };
                             reply.encode(session.proto, &mut out);
@@ -1840,6 +1852,7 @@ impl Conn {
                                 .encode(session.proto, &mut out);
                             }
                             replies += 1;
+                            marks.push((out.len(), o.wait));
                             let p = o.policy.or(session.policy());
                             match waits.iter_mut().find(|w| w.0 == p) {
                                 Some(w) => w.1 = w.1.max(o.wait),
@@ -1869,18 +1882,30 @@ impl Conn {
                     }
                 }
                 if let Err(failed) = waited {
-                    out.clear();
                     // On a backup the only wait that fails is a read view that did not get
-                    // there in time: nothing was written, the connection goes on.
-                    let on_backup = conn.wait_timeout.is_some();
-                    for _ in 0..replies {
-                        let msg = match on_backup {
-                            true => format!("ERR {failed}"),
-                            false => format!("ERR log failure, writes stopped (outcome unknown): {failed}"),
-                        };
-                        Reply::err(msg).encode(session.proto, &mut out);
+                    // there in time: nothing was written, the connection goes on, and only
+                    // the replies that read above where the view got fail; the others (a
+                    // SELECT, a MULTI, an AUTH, reads below it) went through and say so.
+                    // On a primary every reply fails and the connection closes.
+                    let reached = match conn.wait_timeout.is_some() {
+                        true => Some(conn.durable.as_ref().map_or(Ts(0), |r| r.watermark())),
+                        false => None,
+                    };
+                    let all = std::mem::take(&mut out);
+                    let mut start = 0;
+                    for &(end, ts) in &marks {
+                        match reached {
+                            Some(r) if ts <= r => out.extend_from_slice(&all[start..end]),
+                            Some(_) => Reply::err(format!("ERR {failed}")).encode(session.proto, &mut out),
+                            None => Reply::err(format!("ERR log failure, writes stopped (outcome unknown): {failed}"))
+                                .encode(session.proto, &mut out),
+                        }
+                        start = end;
                     }
-                    close |= !on_backup;
+                    // (A protocol error's reply, which ends the batch, waits for nothing.)
+                    out.extend_from_slice(&all[start..]);
+                    debug_assert_eq!(marks.len(), replies);
+                    close |= reached.is_none();
                 }
                 stream.write_all(&out).await?;
                 // TLS buffers records until flushed; plain TCP's flush does nothing.
@@ -1976,15 +2001,36 @@ impl Conn {
     }
 
     /// Redis's WAIT: polls (every millisecond) until `w.n` backups have received every commit
-    /// up to `w.ts`, or the timeout passes; how many have.
-    async fn wait_replicas(&self, w: crate::session::WaitReplicas) -> usize {
+    /// up to `w.ts`, or the timeout passes, or the server changes its role in place (the
+    /// hub's generation moves from `seen`); how many have. Meanwhile it reads what the
+    /// client sends into `inbuf` (up to `WAIT_READ_AHEAD`, handled after the WAIT), so that
+    /// a client that closes its connection ends the wait: `None` (a `WAIT n 0` that can
+    /// never be met held its task and its client slot for good).
+    async fn wait_replicas<S: AsyncRead + Unpin>(
+        &self,
+        w: crate::session::WaitReplicas,
+        stream: &mut S,
+        inbuf: &mut BytesMut,
+        hub: &Hub,
+        seen: u64,
+    ) -> Option<usize> {
         let deadline = (!w.timeout.is_zero()).then(|| Instant::now() + w.timeout);
         loop {
             let n = crate::session::replicas_holding(&self.sh, w.ts);
-            if n >= w.n || deadline.is_some_and(|d| Instant::now() >= d) {
-                return n;
+            if n >= w.n
+                || deadline.is_some_and(|d| Instant::now() >= d)
+                || hub.generation.load(Ordering::Acquire) != seen
+            {
+                return Some(n);
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                // (`read_buf` is cancel safe: if the sleep ends first, nothing was read.)
+                r = stream.read_buf(inbuf), if inbuf.len() < WAIT_READ_AHEAD => match r {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                },
+            }
         }
     }
 
@@ -2039,6 +2085,10 @@ impl Conn {
         }
     }
 }
+
+/// How much a connection blocked in WAIT reads ahead of it (requests it then handles in
+/// turn), watching for the client closing its connection.
+const WAIT_READ_AHEAD: usize = 1 << 20;
 
 /// A switchover's drain on a primary (`RoleRequest::Drain`): refuses writes, then waits
 /// until no commit is under way, the log holds every commit durably (its settled

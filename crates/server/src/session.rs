@@ -360,6 +360,9 @@ pub struct Session {
     last_commit: Ts,
     /// This connection's commit policy (DITTO.POLICY); `None`: the server's.
     policy: Option<ditto_replication::CommitPolicy>,
+    /// The policy could not be recorded with the primary the connection moved to
+    /// (`role_changed`): it is tried again before each write, which is refused until it is.
+    policy_unrecorded: bool,
     /// The client is connected over TLS: it is told the primary's TLS address.
     pub tls: bool,
 }
@@ -387,6 +390,7 @@ impl Session {
         let text = String::from_utf8_lossy(arg);
         if text.eq_ignore_ascii_case("default") {
             self.policy = None;
+            self.policy_unrecorded = false;
             return Reply::Ok;
         }
         match ditto_replication::CommitPolicy::parse(&text) {
@@ -406,6 +410,7 @@ impl Session {
                     }
                 }
                 self.policy = Some(p);
+                self.policy_unrecorded = false;
                 Reply::Ok
             }
         }
@@ -419,12 +424,25 @@ impl Session {
     /// backups learnt of their say only from the primary's heartbeats. On a backup
     /// nothing is written: the next primary it moves to is told.
     pub fn role_changed(&mut self, sh: &Shared) {
-        let Some(p) = self.policy.filter(|p| *p != ditto_replication::CommitPolicy::LOCAL) else { return };
+        if let Err(e) = self.record_policy(sh) {
+            tracing::error!("{e}: this connection's writes are refused until it is recorded");
+        }
+    }
+
+    /// Records the connection's commit policy with its primary (`role_changed`); on a
+    /// failure the policy is marked unrecorded, and every write is refused, trying again
+    /// first, until it is recorded (or the connection sets another policy): a commit under
+    /// it needs the record before it is made.
+    fn record_policy(&mut self, sh: &Shared) -> Result<(), String> {
+        self.policy_unrecorded = false;
+        let Some(p) = self.policy.filter(|p| *p != ditto_replication::CommitPolicy::LOCAL) else { return Ok(()) };
         if let Replication::Primary { primary, .. } = &sh.replication {
             if let Err(e) = primary.backups_may_release(p) {
-                tracing::error!("recording commit policy {} with the new primary failed: {e}", p.name());
+                self.policy_unrecorded = true;
+                return Err(format!("recording commit policy {} with this primary failed: {e}", p.name()));
             }
         }
+        Ok(())
     }
 
     pub fn new(sh: &Shared) -> Session {
@@ -446,6 +464,7 @@ impl Session {
             watched_bytes: 0,
             last_commit: Ts(0),
             policy: None,
+            policy_unrecorded: false,
             tls: false,
         }
     }
@@ -496,6 +515,12 @@ impl Session {
     /// neighbours of the same kind in a pipeline: a plain `GET key` or `SET key value`, in a
     /// session that is authenticated and not queueing a MULTI (so the request would run as a
     /// data command of its own), a SET only where writes are allowed.
+    /// Whether `args` is a WAIT that may block (not queued in a transaction): the replies
+    /// before it go out first, as Redis sends them before it blocks the client.
+    pub fn may_block(&self, args: &[Bytes]) -> bool {
+        self.multi.is_none() && args[0].eq_ignore_ascii_case(b"WAIT")
+    }
+
     pub fn run_kind(&self, args: &[Bytes], sh: &Shared) -> Option<RunKind> {
         if !self.authed || self.multi.is_some() {
             return None;
@@ -506,6 +531,7 @@ impl Session {
             // Over maxmemory each SET goes alone, to be refused by `dispatch`.
             3 if args[0].eq_ignore_ascii_case(b"SET")
                 && !sh.read_only
+                && !self.policy_unrecorded
                 && !sh.memory.over()
                 && sh.write_gate.refusal().is_none() =>
             {
@@ -631,20 +657,18 @@ impl Session {
             return Err(Reply::err("NOAUTH Authentication required."));
         }
         if spec.write && sh.read_only {
-            return Err(Reply::err(match (&sh.replication, &sh.primary_addr) {
-                (Replication::Backup { primary, .. }, Some(addr)) => format!(
-                    "READONLY You can't write against a read only replica. The primary is at {} (replication address {primary})",
-                    addr.for_client(self.tls)
-                ),
-                (Replication::Backup { primary, .. }, None) => {
-                    format!("READONLY You can't write against a read only replica. The primary's replication address is {primary}")
-                }
-                _ => "READONLY You can't write against a read only replica.".to_string(),
-            }));
+            return Err(Reply::err(read_only_refusal(sh, self.tls)));
         }
         if spec.write {
             if let Some(why) = sh.write_gate.refusal_for(self.tls) {
                 return Err(Reply::err(format!("READONLY {why}")));
+            }
+            if self.policy_unrecorded {
+                if let Err(e) = self.record_policy(sh) {
+                    return Err(Reply::err(format!(
+                        "ERR {e}; this connection's writes are refused until it is (DITTO.POLICY sets it again)"
+                    )));
+                }
             }
         }
         if let (true, Replication::Backup { state, .. }) = (self.reads_data(spec), &sh.replication) {
@@ -805,9 +829,19 @@ impl Session {
         }
         // The write gate closed after the writes were queued (a primary that lost contact
         // with its cluster): the transaction is refused as a whole.
-        if let Some(why) = sh.write_gate.refusal() {
-            if queue.iter().any(|a| lookup(&a[0]).is_some_and(|spec| spec.write)) {
-                return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: READONLY {why}")));
+        let writes = queue.iter().any(|a| lookup(&a[0]).is_some_and(|spec| spec.write));
+        if let Some(why) = sh.write_gate.refusal_for(self.tls).filter(|_| writes) {
+            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: READONLY {why}")));
+        }
+        // The server became a backup after the writes were queued (it follows another
+        // primary in place): refused as a whole, naming the primary, as a write is.
+        if sh.read_only && writes {
+            let why = read_only_refusal(sh, self.tls);
+            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: {why}")));
+        }
+        if self.policy_unrecorded && writes {
+            if let Err(e) = self.record_policy(sh) {
+                return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: {e}")));
             }
         }
         let db_before = self.db;
@@ -827,16 +861,14 @@ impl Session {
                 for args in &queue {
                     let spec = lookup(&args[0]).expect("queued requests were looked up");
                     if spec.kind == Kind::Data {
-                        match run_data(spec, args, &sh.ks, self.db, sh.max_output_bytes, &mut txn) {
-                            Ok(r) => {
-                                wrote |= spec.write && !r.is_error();
-                                replies.push(r);
-                            }
-                            // A command over a limit fails alone, as a Redis command error
-                            // inside EXEC does; the engine refused it before writing.
-                            Err(e @ Error::TooLarge { .. }) => replies.push(engine_error(&e)),
-                            Err(e) => return Err(e),
-                        }
+                        // A command over a limit (a key or a value too large) aborts the
+                        // whole transaction, below: it may have written part of its effect
+                        // before the engine refused the rest (`MSET a 1 <key too large> 2`
+                        // wrote `a`; an `HSET` a field but not its hash), and Redis refuses
+                        // such an argument when it is queued, so nothing runs.
+                        let r = run_data(spec, args, &sh.ks, self.db, sh.max_output_bytes, &mut txn)?;
+                        wrote |= spec.write && !r.is_error();
+                        replies.push(r);
                     } else if walks_keys(spec) {
                         // Inside the transaction: they see its earlier writes, and a key
                         // another client adds or removes in the range they walked
@@ -846,7 +878,12 @@ impl Session {
                     } else {
                         let out = self.conn_command(spec, args, sh);
                         wait = wait.max(out.wait);
-                        replies.push(out.reply);
+                        replies.push(match out.replicas {
+                            // WAIT in a transaction does not block: how many backups hold
+                            // this connection's writes so far, as Redis answers.
+                            Some(w) => Reply::Int(replicas_holding(sh, w.ts) as i64),
+                            None => out.reply,
+                        });
                     }
                 }
                 Ok(Some(replies))
@@ -864,6 +901,10 @@ impl Session {
                 Err(e) if e.is_retryable() && tries < RETRIES_MAX => {
                     sh.stats.txn_conflicts.fetch_add(1, Ordering::Relaxed);
                     tries += 1;
+                }
+                Err(e @ Error::TooLarge { .. }) => {
+                    self.db = db_before;
+                    return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {e}")));
                 }
                 Err(e) => {
                     self.db = db_before;
@@ -912,9 +953,10 @@ impl Session {
             // connection waits, bounded by the timeout; see `WaitReplicas`).
             "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
                 (Some(_), Some(_)) if sh.read_only => Reply::err("ERR WAIT cannot be used with replica instances"),
-                (Some(n), Some(t)) if n >= 0 && t >= 0 => {
+                // (A count below 0 is answered at once, as Redis does.)
+                (Some(n), Some(t)) if t >= 0 => {
                     let w = WaitReplicas {
-                        n: n as usize,
+                        n: n.max(0) as usize,
                         ts: self.last_commit,
                         timeout: std::time::Duration::from_millis(t as u64),
                     };
@@ -1615,6 +1657,21 @@ fn sentinel(a: &[Bytes], sh: &Shared, tls: bool) -> Reply {
 }
 
 /// How many backups hold every commit up to `ts` (received; none on a standalone node).
+/// A write's refusal on a backup (Redis's READONLY), naming the primary (its TLS address
+/// to a client over TLS, where it has one).
+fn read_only_refusal(sh: &Shared, tls: bool) -> String {
+    match (&sh.replication, &sh.primary_addr) {
+        (Replication::Backup { primary, .. }, Some(addr)) => format!(
+            "READONLY You can't write against a read only replica. The primary is at {} (replication address {primary})",
+            addr.for_client(tls)
+        ),
+        (Replication::Backup { primary, .. }, None) => {
+            format!("READONLY You can't write against a read only replica. The primary's replication address is {primary}")
+        }
+        _ => "READONLY You can't write against a read only replica.".to_string(),
+    }
+}
+
 pub fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
     match &sh.replication {
         // (A cluster's learner is no replica a failover counts on.)
@@ -2189,6 +2246,38 @@ mod tests {
             Reply::err("ERR unknown subcommand 'NOSUCH'. Try CLIENT HELP.")
         );
         assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+    }
+
+    /// A command over a limit inside EXEC aborts the whole transaction: nothing it or the
+    /// commands before it wrote is committed (before, the writes it made before the
+    /// engine refused the rest were committed with the others: `a` below, and an orphan
+    /// hash field).
+    #[test]
+    fn a_command_over_a_limit_inside_exec_discards_the_whole_transaction() {
+        let (sh, mut w) = setup();
+        let mut a = Session::new(&sh);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        let big_key = "k".repeat(ditto_engine::KEY_LEN_MAX);
+        for (queued, big) in [
+            ("SET before 1", format!("MSET a 1 {big_key}x 2")),
+            ("SET before 1", format!("HSET h f1 v1 {big_key}x v2")),
+        ] {
+            assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+            assert_eq!(cmd(&mut a, &sh, &mut w, queued), Reply::Simple("QUEUED"));
+            assert_eq!(cmd(&mut a, &sh, &mut w, &big), Reply::Simple("QUEUED"));
+            match cmd(&mut a, &sh, &mut w, "EXEC") {
+                Reply::Error(e) => assert!(e.starts_with("EXECABORT") && e.contains("over the limit"), "{e}"),
+                other => panic!("{big:.20}: {other:?}"),
+            }
+            for read in ["GET before", "GET a", "HGET h f1", "EXISTS h"] {
+                let r = cmd(&mut a, &sh, &mut w, read);
+                assert!(matches!(r, Reply::Nil | Reply::Int(0)), "{read} after the aborted EXEC: {r:?}");
+            }
+            assert_eq!(cmd(&mut a, &sh, &mut w, "DBSIZE"), Reply::Int(0));
+        }
+        // Outside MULTI the same command writes nothing either.
+        assert!(cmd(&mut a, &sh, &mut w, &format!("MSET a 1 {big_key}x 2")).is_error());
+        assert_eq!(cmd(&mut a, &sh, &mut w, "GET a"), Reply::Nil);
     }
 
     /// DBSIZE's kept counts (`KeyCounts`) equal a walk of each database after every command
