@@ -1768,7 +1768,9 @@ struct PersistQueue {
     /// What the receiver held once the last of `jobs` had arrived: durable once they are.
     received: Option<Prefix>,
     failed: bool,
-    /// The receiver stopped for good (the backup failed): the persister ends too.
+    /// The receiver stopped for good (the backup failed), or the backup is stopped
+    /// (`Backup::stop`): nothing more is queued, and the persister ends once it has made
+    /// what is queued durable.
     stop: bool,
     /// Pushes so far.
     pushed: u64,
@@ -1778,10 +1780,10 @@ impl ToPersist {
     /// Queues a burst; waits while too much is queued. False if the persister failed.
     fn push(&self, jobs: &mut Vec<Job>, received: &Prefix) -> bool {
         let mut q = self.q.lock();
-        while q.bytes >= PERSIST_BYTES_MAX && !q.failed {
+        while q.bytes >= PERSIST_BYTES_MAX && !q.failed && !q.stop {
             self.cv.wait_for(&mut q, Duration::from_millis(10));
         }
-        if q.failed {
+        if q.failed || q.stop {
             return false;
         }
         q.bytes += jobs.iter().map(|j| j.batch.len()).sum::<usize>();
@@ -1823,7 +1825,9 @@ impl Persister {
                 if q.received.is_none() {
                     return;
                 }
-                if let Some(until) = self.interval.zip(last).map(|(d, t)| t + d) {
+                // (An interval past what an `Instant` holds waits a day at a time.)
+                let until = |(d, t): (Duration, Instant)| t.checked_add(d).unwrap_or(t + Duration::from_secs(86_400));
+                if let Some(until) = self.interval.zip(last).map(until) {
                     while !q.stop && !q.failed && q.bytes < PERSIST_BYTES_MAX && Instant::now() < until {
                         persist.pace.wait_until(&mut q, until);
                     }
@@ -2423,9 +2427,17 @@ impl Backup {
             }
         }
         let _ = self.link.lock().shutdown(std::net::Shutdown::Both);
-        // Done once the receiver has stopped and the persister has made every push durable
-        // (replay may still be running, or waiting: it does not matter for what was
-        // acknowledged).
+        // Nothing more is queued from here (a receiver that pushes now is refused, and ends:
+        // the failure above is set), so the persister ends once what is queued is durable;
+        // a receiver that is connecting meanwhile (5 s a try to a primary gone silent) is
+        // not waited for.
+        {
+            self.persist.q.lock().stop = true;
+            self.persist.pace.notify_all();
+            self.persist.cv.notify_all();
+        }
+        // Done once the persister has made every push durable (replay may still be
+        // running, or waiting: it does not matter for what was acknowledged).
         let deadline = Instant::now() + timeout;
         loop {
             {

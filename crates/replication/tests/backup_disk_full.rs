@@ -459,3 +459,49 @@ fn a_stop_makes_a_paced_backup_durable_without_waiting_for_its_interval() {
     assert!(b.state.durable.load(Ordering::SeqCst) >= last.0, "what it received is durable after the stop");
     p.stop();
 }
+
+/// A stop (a cluster's fence) does not wait for a receiver that is reconnecting: here its
+/// primary is gone and a listener on its port takes the connection and never answers, so
+/// the receiver waits up to 5 s for a welcome (a host gone silent holds a connect as
+/// long). The stop returns at once with everything received durable (before, it waited
+/// for the receiver to give up; a fence's timeout could pass first and fail a failover).
+#[test]
+fn a_stop_does_not_wait_for_a_receiver_that_is_reconnecting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released: _, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let b = backup::start(backup_opts(&addr, &tmp.path().join("b"), "b", None)).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..20u32 {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap();
+        last = ticket.wait().unwrap();
+    }
+    wait_until("the commits durable on the backup", Duration::from_secs(20), || {
+        b.state.durable.load(Ordering::SeqCst) >= last.0
+    });
+    p.stop();
+    drop(d);
+    // The primary's port, taken by a listener that holds every connection and says nothing.
+    let mut silent = None;
+    let t0 = Instant::now();
+    while silent.is_none() {
+        silent = std::net::TcpListener::bind(&addr).ok();
+        assert!(t0.elapsed() < Duration::from_secs(10), "the primary's port stayed taken");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let silent = silent.unwrap();
+    let (held_tx, held) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in silent.incoming() {
+            if held_tx.send(s).is_err() {
+                return;
+            }
+        }
+    });
+    let conn = held.recv_timeout(Duration::from_secs(20)).expect("the backup connects again");
+    let t0 = Instant::now();
+    b.fence("the test fences it", Duration::from_secs(10)).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "the fence took {:?}", t0.elapsed());
+    assert!(b.state.durable.load(Ordering::SeqCst) >= last.0);
+    drop(conn);
+}

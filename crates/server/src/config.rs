@@ -16,6 +16,8 @@ use crate::tls::TlsFiles;
 /// silent peer for good, in effect, and overflow the time arithmetic of the waits built on
 /// it.
 const TLS_HANDSHAKE_TIMEOUT_S_MAX: u64 = 3600;
+/// The longest `fsync_interval_ms`.
+const FSYNC_INTERVAL_MS_MAX: u64 = 60_000;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -366,6 +368,11 @@ impl Config {
         if self.fsync_interval_ms == 0 && self.durability != "every-batch" {
             return bad("fsync_interval_ms must be >= 1");
         }
+        // A commit under `interval`, a backup's `durable` acknowledgement and its replay
+        // (what reads on it see) each wait up to one interval.
+        if self.fsync_interval_ms > FSYNC_INTERVAL_MS_MAX {
+            return bad(&format!("fsync_interval_ms must be at most {FSYNC_INTERVAL_MS_MAX} (a minute)"));
+        }
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass is empty: remove it for no password");
         }
@@ -597,6 +604,13 @@ mod tests {
             assert!(e.is_err_and(|e| e.to_string().contains("1 to 3600")), "{t}");
         }
         assert!(check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_auth_clients = true").is_err());
+        // An fsync interval past a minute (commits, a backup's durable acks and its replay
+        // wait up to one; the largest overflowed the backup's pacing).
+        check("durability = \"interval\"\nfsync_interval_ms = 60000").unwrap();
+        for ms in [60_001, u64::MAX / 2] {
+            let e = check(&format!("durability = \"interval\"\nfsync_interval_ms = {ms}"));
+            assert!(e.is_err_and(|e| e.to_string().contains("at most 60000")), "{ms}");
+        }
         // Between nodes: the three files, and no TLS port needed.
         let files = "tls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_ca_cert_file = \"c\"\n";
         for on in ["tls_replication = true\n", "tls_cluster = true\n"] {
