@@ -49,8 +49,20 @@ impl Entry {
 /// set did to `redis.keys` (`Transaction::write_set`: rows that got or lost a value).
 /// Moved after the commit and before its reply, so a client sees its own writes counted;
 /// another client's commit may show in the count a moment before its data is readable.
+/// On a backup replay moves them (`ReplayKeyCounts`), and each move waits in `pending`
+/// until the read view reaches its timestamp (`settle`): DBSIZE and INFO keyspace there
+/// count a prefix of the released history, never part of a transaction (before, every
+/// replayed write counted at once, ahead of what reads saw).
 #[derive(Debug)]
-pub struct KeyCounts([std::sync::atomic::AtomicI64; DBS]);
+pub struct KeyCounts {
+    n: [std::sync::atomic::AtomicI64; DBS],
+    /// Replay's moves (timestamp, database, move) the read view has not reached yet.
+    pending: std::sync::Mutex<Vec<(Ts, u8, i64)>>,
+    has_pending: std::sync::atomic::AtomicBool,
+}
+
+/// Moves waiting for the read view that make `KeyCounts::add_at` settle them at once.
+const PENDING_SETTLE_AT: usize = 4096;
 
 /// Databases a key row can name (`SELECT 0..15`; the row's first byte).
 pub const DBS: usize = 16;
@@ -64,7 +76,7 @@ impl KeyCounts {
 
     /// As `count`, with the timestamp of the snapshot counted.
     pub fn count_at(db: &Database, ks: &Keyspace) -> Result<(KeyCounts, Ts)> {
-        let counts = KeyCounts(Default::default());
+        let counts = KeyCounts::from_values([0; DBS]);
         let mut n = [0i64; DBS];
         let snap = db.read();
         let at = snap.ts();
@@ -74,7 +86,7 @@ impl KeyCounts {
             }
             true
         })?;
-        for (c, v) in counts.0.iter().zip(n) {
+        for (c, v) in counts.n.iter().zip(n) {
             c.store(v, std::sync::atomic::Ordering::Relaxed);
         }
         Ok((counts, at))
@@ -82,19 +94,55 @@ impl KeyCounts {
 
     /// Counts given as they are (see `values`).
     pub fn from_values(n: [i64; DBS]) -> KeyCounts {
-        KeyCounts(n.map(std::sync::atomic::AtomicI64::new))
+        KeyCounts {
+            n: n.map(std::sync::atomic::AtomicI64::new),
+            pending: Default::default(),
+            has_pending: Default::default(),
+        }
     }
 
-    /// Every database's count now.
-    pub fn values(&self) -> [i64; DBS] {
-        std::array::from_fn(|i| self.0[i].load(std::sync::atomic::Ordering::Relaxed))
+    /// Every database's count now (with the moves the read view `view` covers).
+    pub fn values(&self, view: Ts) -> [i64; DBS] {
+        self.settle(view);
+        std::array::from_fn(|i| self.n[i].load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Moves database `db`'s count by `d`.
     pub fn add(&self, db: u8, d: i64) {
-        if let Some(c) = self.0.get(db as usize) {
+        if let Some(c) = self.n.get(db as usize) {
             c.fetch_add(d, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// A replayed write at `ts` moves database `db`'s count by `d` once the read view
+    /// reaches `ts`; `view` is where it is now (waiting moves are settled to there when
+    /// many wait).
+    pub fn add_at(&self, db: u8, d: i64, ts: Ts, view: Ts) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.push((ts, db, d));
+        self.has_pending.store(true, std::sync::atomic::Ordering::Release);
+        if p.len() >= PENDING_SETTLE_AT {
+            self.settle_locked(&mut p, view);
+        }
+    }
+
+    /// Applies the moves at or below the read view `view` (`Ts::MAX`: every move replay
+    /// made, as at a change of role in place, where replay stopped at the point).
+    pub fn settle(&self, view: Ts) {
+        if self.has_pending.load(std::sync::atomic::Ordering::Acquire) {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            self.settle_locked(&mut p, view);
+        }
+    }
+
+    fn settle_locked(&self, p: &mut Vec<(Ts, u8, i64)>, view: Ts) {
+        p.retain(|&(ts, db, d)| {
+            if ts <= view {
+                self.add(db, d);
+            }
+            ts > view
+        });
+        self.has_pending.store(!p.is_empty(), std::sync::atomic::Ordering::Release);
     }
 
     /// What committing `txn` as it stands changes in each database's count.
@@ -112,16 +160,17 @@ impl KeyCounts {
 
     /// Applies a committed transaction's `delta`.
     pub fn apply(&self, delta: &[i64; DBS]) {
-        for (c, &v) in self.0.iter().zip(delta) {
+        for (c, &v) in self.n.iter().zip(delta) {
             if v != 0 {
                 c.fetch_add(v, std::sync::atomic::Ordering::Relaxed);
             }
         }
     }
 
-    /// The keys of database `db` now.
-    pub fn get(&self, db: u8) -> i64 {
-        self.0.get(db as usize).map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
+    /// The keys of database `db` now (with the moves the read view `view` covers).
+    pub fn get(&self, db: u8, view: Ts) -> i64 {
+        self.settle(view);
+        self.n.get(db as usize).map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -133,16 +182,21 @@ impl KeyCounts {
 #[derive(Default)]
 pub struct ReplayKeyCounts {
     early: std::sync::Mutex<Vec<(TableId, u8, Ts, i64)>>,
-    attached: std::sync::OnceLock<(std::sync::Arc<KeyCounts>, TableId, Ts)>,
+    attached: std::sync::OnceLock<Attached>,
 }
+
+/// The counts replay moves, the `redis.keys` table, the snapshot they were counted at,
+/// and the database whose clock is the read view (a backup's clock is moved to its read
+/// view: `Database::publish_read_view`).
+type Attached = (std::sync::Arc<KeyCounts>, TableId, Ts, std::sync::Arc<ditto_engine::Database>);
 
 impl ReplayKeyCounts {
     /// A replayed write gave `key` of `table` a value (`delta` +1) or took it away (-1).
     pub fn record(&self, table: TableId, key: &[u8], ts: Ts, delta: i64) {
         let Some(&db) = key.first() else { return };
-        let apply = |(counts, keys, at): &(std::sync::Arc<KeyCounts>, TableId, Ts)| {
+        let apply = |(counts, keys, at, engine): &Attached| {
             if table == *keys && ts > *at {
-                counts.add(db, delta);
+                counts.add_at(db, delta, ts, engine.clock().now());
             }
         };
         if let Some(a) = self.attached.get() {
@@ -156,15 +210,22 @@ impl ReplayKeyCounts {
         }
     }
 
-    /// The counts (taken at snapshot `at`) that replay moves from now on.
-    pub fn attach(&self, counts: std::sync::Arc<KeyCounts>, keys: TableId, at: Ts) {
+    /// The counts (taken at snapshot `at`) that replay moves from now on, each move once
+    /// `engine`'s read view reaches it.
+    pub fn attach(
+        &self,
+        counts: std::sync::Arc<KeyCounts>,
+        keys: TableId,
+        at: Ts,
+        engine: std::sync::Arc<ditto_engine::Database>,
+    ) {
         let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
         for (table, db, ts, delta) in early.drain(..) {
             if table == keys && ts > at {
-                counts.add(db, delta);
+                counts.add_at(db, delta, ts, engine.clock().now());
             }
         }
-        let _ = self.attached.set((counts, keys, at));
+        let _ = self.attached.set((counts, keys, at, engine));
     }
 }
 
@@ -512,4 +573,50 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ditto_engine::Options;
+    use std::sync::Arc;
+
+    /// On a backup, a replayed insert or delete of a key moves the count only once the
+    /// read view (the backup's clock) reaches its timestamp: a transaction's moves show
+    /// together, with its data, never ahead of it. Moves made before the counts were
+    /// attached wait the same way; a change of role takes every move replay made.
+    #[test]
+    fn replayed_moves_count_once_the_read_view_reaches_them() {
+        let db = Database::new(Options { workers: 1 });
+        let ks = Keyspace::open(&db).unwrap();
+        let counts = Arc::new(KeyCounts::from_values([0; DBS]));
+        let replay = ReplayKeyCounts::default();
+        let view = |ts: u64| db.clock().advance_to(Ts(ts));
+        view(10);
+        // Before the counts are attached (counted at snapshot 10): one below it, one above.
+        replay.record(ks.keys, b"\x00a", Ts(9), 1);
+        replay.record(ks.keys, b"\x00b", Ts(12), 1);
+        replay.attach(Arc::clone(&counts), ks.keys, Ts(10), Arc::clone(&db));
+        assert_eq!(counts.get(0, db.clock().now()), 0, "the move at 9 is in the snapshot's count; 12 waits");
+        // A transaction at 14 that adds two keys and removes one, in db 0 and db 3.
+        replay.record(ks.keys, b"\x00c", Ts(14), 1);
+        replay.record(ks.fields, b"\x00c\x00f", Ts(14), 1); // not a key row: never counted
+        replay.record(ks.keys, b"\x03d", Ts(14), 1);
+        replay.record(ks.keys, b"\x00b", Ts(14), -1);
+        view(13);
+        assert_eq!((counts.get(0, db.clock().now()), counts.get(3, db.clock().now())), (1, 0), "b at 12 only");
+        view(14);
+        assert_eq!((counts.get(0, db.clock().now()), counts.get(3, db.clock().now())), (1, 1), "14 whole");
+        // A change of role in place takes every move replay made.
+        replay.record(ks.keys, b"\x00e", Ts(20), 1);
+        assert_eq!(counts.values(db.clock().now())[0], 1);
+        assert_eq!(counts.values(Ts::MAX)[0], 2);
+        // Many moves waiting are settled as they come, to where the view is.
+        for i in 0..(2 * PENDING_SETTLE_AT as u64) {
+            view(100 + i);
+            replay.record(ks.keys, &[1, (i % 250) as u8, (i / 250) as u8], Ts(101 + i), 1);
+        }
+        assert!(counts.pending.lock().unwrap().len() < PENDING_SETTLE_AT, "the moves waiting are bounded");
+        assert_eq!(counts.get(1, Ts::MAX), 2 * PENDING_SETTLE_AT as i64);
+    }
 }

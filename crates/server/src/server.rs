@@ -693,7 +693,7 @@ fn run_role(
     let mut sh = Shared::with_counts(Arc::clone(&db), logger.clone(), cfg.requirepass.clone(), port, counted)
         .map_err(|e| stop_backup(e.into()))?;
     let t_shared = t_role.elapsed();
-    replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at);
+    replay_key_counts.attach(Arc::clone(&sh.key_counts), sh.ks.keys, sh.key_counts_at, Arc::clone(&db));
     sh.read_only = backup.is_some();
     sh.config_view = cfg.view();
     sh.max_output_bytes = cfg.max_output_bytes;
@@ -1214,7 +1214,7 @@ fn run_role(
             _ => unreachable!("a change in place is a backup's, or a drained primary's follow"),
         };
         // Replay moved them up to the point and stopped there (nothing above is installed).
-        let counts = sh.key_counts.values();
+        let counts = sh.key_counts.values(Ts::MAX);
         return Ok(Some(NextRole { cfg: next.0, kept: Some(Kept { db: next.1, counts }), joined: None }));
     }
     if let Some(j) = rejoined {

@@ -967,8 +967,12 @@ impl Session {
             },
             // The count kept by every commit, in O(1). It may include commits not yet
             // durable: the reply waits until every commit so far is, as a read waits for
-            // what it saw.
-            "DBSIZE" => return Outcome::after(Reply::Int(sh.key_counts.get(self.db)), sh.db.clock().now()),
+            // what it saw. (On a backup the clock is the read view, and the count is of
+            // what it covers: `KeyCounts::settle`.)
+            "DBSIZE" => {
+                let now = sh.db.clock().now();
+                return Outcome::after(Reply::Int(sh.key_counts.get(self.db, now)), now);
+            }
             "SCAN" | "KEYS" => return self.read_keys(spec, a, sh, &mut Reader::Snapshot(sh.db.read())),
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
             "DITTO.WAITTS" => return wait_ts(a, sh),
@@ -1894,7 +1898,7 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     if want("keyspace") && !reads_held(sh) {
         out.push_str("# Keyspace\r\n");
         for db in 0..DATABASES as u8 {
-            let n = sh.key_counts.get(db);
+            let n = sh.key_counts.get(db, sh.db.clock().now());
             if n > 0 {
                 let _ = write!(out, "db{db}:keys={n},expires=0,avg_ttl=0\r\n");
             }
@@ -2335,12 +2339,12 @@ mod tests {
             let j = format!("k{}", rng.gen_range(0..8));
             cmd(&mut s, &sh, &mut w, &op.replace("{k}", &k).replace("{j}", &j));
             for db in [0, 1] {
-                assert_eq!(sh.key_counts.get(db), walk(db), "db {db} after step {step}: {op}");
+                assert_eq!(sh.key_counts.get(db, Ts::MAX), walk(db), "db {db} after step {step}: {op}");
             }
         }
         let fresh = KeyCounts::count(&sh.db, &sh.ks).unwrap();
         for db in 0..DATABASES as u8 {
-            assert_eq!(fresh.get(db), sh.key_counts.get(db));
+            assert_eq!(fresh.get(db, Ts::MAX), sh.key_counts.get(db, Ts::MAX));
         }
         assert!((0..2).map(walk).sum::<i64>() > 0, "the mix left keys to count");
     }
@@ -2377,7 +2381,7 @@ mod tests {
             }
         });
         let fresh = KeyCounts::count(&sh.db, &sh.ks).unwrap();
-        assert_eq!(sh.key_counts.get(0), fresh.get(0), "the kept count against a walk");
+        assert_eq!(sh.key_counts.get(0, Ts::MAX), fresh.get(0, Ts::MAX), "the kept count against a walk");
         assert!(
             sh.stats.txn_conflicts.load(Ordering::Relaxed) > 0,
             "no commit conflicted: the retry path went untested"
