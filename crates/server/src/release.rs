@@ -197,6 +197,9 @@ impl Release {
 ///   moved every release to `w`, and a `majority` or `all` reply that no backup held went
 ///   out as +OK).
 pub fn on_log_progress(recompute: Option<&dyn Fn()>, releases: &[Arc<Release>], w: Ts, failed: Option<&Arc<str>>) {
+    // What a failed reply says (the log's error alone would not say that writes stopped).
+    let failed: Option<Arc<str>> = failed.map(|f| format!("log failure, writes stopped: {f}").into());
+    let failed = failed.as_ref();
     match (recompute, failed) {
         (Some(recompute), None) => recompute(),
         (Some(recompute), Some(why)) => {
@@ -270,7 +273,9 @@ mod tests {
         on_log_progress(Some(&recompute), &[Arc::clone(&majority), Arc::clone(&local)], Ts(10), Some(&why));
         assert_eq!(poll_once(held.as_mut()), Some(Ok(())), "held by the quorum");
         assert_eq!(poll_once(local_wait.as_mut()), Some(Ok(())), "local: durable here");
-        assert_eq!(poll_once(only_here.as_mut()), Some(Err(Arc::clone(&why))), "no backup held it");
+        // (The reply says that the log failed and writes stopped, and why.)
+        let said: Arc<str> = "log failure, writes stopped: fsync failed: EIO".into();
+        assert_eq!(poll_once(only_here.as_mut()), Some(Err(Arc::clone(&said))), "no backup held it");
         assert_eq!(majority.watermark(), Ts(4), "the local watermark moved no policy's release");
         assert!(poll_once(pin!(majority.wait(Ts(6)))).is_some_and(|r| r.is_err()), "later waits fail too");
 
@@ -281,7 +286,7 @@ mod tests {
         assert_eq!(poll_once(not.as_mut()), None);
         on_log_progress(None, &[Arc::clone(&r)], Ts(10), Some(&why));
         assert_eq!(poll_once(durable.as_mut()), Some(Ok(())));
-        assert_eq!(poll_once(not.as_mut()), Some(Err(why)));
+        assert_eq!(poll_once(not.as_mut()), Some(Err(said)));
     }
 
     #[test]

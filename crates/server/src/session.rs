@@ -890,7 +890,9 @@ impl Session {
             })();
             let res = attempt.and_then(|r| Ok((r, commit_counted(sh, txn)?)));
             match res {
-                Ok((None, _)) => return Outcome::now(Reply::NilArray),
+                // A watched key changed: nil, once the change it saw is durable (as a read
+                // waits for what it saw), so that no client learns of it before.
+                Ok((None, ticket)) => return Outcome::after(Reply::NilArray, ticket.ts()),
                 Ok((Some(replies), ticket)) => {
                     sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
                     if wrote {
