@@ -51,17 +51,21 @@ impl Entry {
 /// another client's commit may show in the count a moment before its data is readable.
 /// On a backup replay moves them (`ReplayKeyCounts`), and each move waits in `pending`
 /// until the read view reaches its timestamp (`settle`): DBSIZE and INFO keyspace there
-/// count a prefix of the released history, never part of a transaction (before, every
-/// replayed write counted at once, ahead of what reads saw).
+/// never count a write above the read view (before, every replayed write counted at once,
+/// ahead of what reads saw, part of a transaction included). A move replay makes out of
+/// order (a delete replayed before its insert, on another stream, waits parked and is
+/// installed by the insert) counts at the timestamp of the write that installed it, so at
+/// a view between the two the count may be off by it until the view passes the later one.
 #[derive(Debug)]
 pub struct KeyCounts {
     n: [std::sync::atomic::AtomicI64; DBS],
-    /// Replay's moves (timestamp, database, move) the read view has not reached yet.
-    pending: std::sync::Mutex<Vec<(Ts, u8, i64)>>,
+    /// Replay's moves the read view has not reached yet, by (timestamp, database).
+    pending: std::sync::Mutex<std::collections::BTreeMap<(Ts, u8), i64>>,
     has_pending: std::sync::atomic::AtomicBool,
 }
 
-/// Moves waiting for the read view that make `KeyCounts::add_at` settle them at once.
+/// Moves waiting for the read view past which `KeyCounts::add_at` settles those the view
+/// covers (none while it stands still: a settle then costs one look at the oldest).
 const PENDING_SETTLE_AT: usize = 4096;
 
 /// Databases a key row can name (`SELECT 0..15`; the row's first byte).
@@ -119,7 +123,7 @@ impl KeyCounts {
     /// many wait).
     pub fn add_at(&self, db: u8, d: i64, ts: Ts, view: Ts) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.push((ts, db, d));
+        *p.entry((ts, db)).or_insert(0) += d;
         self.has_pending.store(true, std::sync::atomic::Ordering::Release);
         if p.len() >= PENDING_SETTLE_AT {
             self.settle_locked(&mut p, view);
@@ -135,13 +139,14 @@ impl KeyCounts {
         }
     }
 
-    fn settle_locked(&self, p: &mut Vec<(Ts, u8, i64)>, view: Ts) {
-        p.retain(|&(ts, db, d)| {
-            if ts <= view {
-                self.add(db, d);
-            }
-            ts > view
-        });
+    fn settle_locked(&self, p: &mut std::collections::BTreeMap<(Ts, u8), i64>, view: Ts) {
+        if p.first_key_value().is_none_or(|(&(ts, _), _)| ts > view) {
+            return;
+        }
+        let above = p.split_off(&(Ts(view.0.saturating_add(1)), 0));
+        for ((_, db), d) in std::mem::replace(p, above) {
+            self.add(db, d);
+        }
         self.has_pending.store(!p.is_empty(), std::sync::atomic::Ordering::Release);
     }
 
@@ -618,5 +623,16 @@ mod tests {
         }
         assert!(counts.pending.lock().unwrap().len() < PENDING_SETTLE_AT, "the moves waiting are bounded");
         assert_eq!(counts.get(1, Ts::MAX), 2 * PENDING_SETTLE_AT as i64);
+        // With the view standing still they wait (each a look at the oldest, not a walk of
+        // them all), and count once it moves.
+        let at = db.clock().now().0;
+        for i in 0..(4 * PENDING_SETTLE_AT as u64) {
+            replay.record(ks.keys, &[2, (i % 250) as u8, (i / 250) as u8], Ts(at + 1 + i / 2), 1);
+        }
+        assert_eq!(counts.pending.lock().unwrap().len(), 2 * PENDING_SETTLE_AT, "two moves per timestamp");
+        assert_eq!(counts.get(2, db.clock().now()), 0);
+        view(at + 4 * PENDING_SETTLE_AT as u64);
+        assert_eq!(counts.get(2, db.clock().now()), 4 * PENDING_SETTLE_AT as i64);
+        assert!(counts.pending.lock().unwrap().is_empty());
     }
 }

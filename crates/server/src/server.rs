@@ -890,7 +890,14 @@ fn run_role(
             })?;
         match &primary {
             Some(p) => p.recompute(),
-            None => release.advance(logger.watermark(), logger.failure().as_ref()),
+            // (A log that failed before the listener was installed says so as the listener
+            // would.)
+            None => crate::release::on_log_progress(
+                None,
+                std::slice::from_ref(&release),
+                logger.watermark(),
+                logger.failure().as_ref(),
+            ),
         }
     }
     // A backup's replies wait for its read view (DITTO.WAITTS, bounded); it moves as replay
@@ -1835,7 +1842,10 @@ impl Conn {
                             let before = out.len();
                             let reply = match o.replicas {
                                 Some(w) => match conn.wait_replicas(w, &mut stream, &mut inbuf, hub, seen).await {
-                                    Some(n) => Reply::Int(n as i64),
+                                    Some(n) => {
+                                        inbuf_large |= inbuf.capacity() > 1 << 20;
+                                        Reply::Int(n as i64)
+                                    }
                                     // The client left while it waited: nothing to answer.
                                     None => return Ok(()),
                                 },
@@ -2006,9 +2016,10 @@ impl Conn {
     /// Redis's WAIT: polls (every millisecond) until `w.n` backups have received every commit
     /// up to `w.ts`, or the timeout passes, or the server changes its role in place (the
     /// hub's generation moves from `seen`); how many have. Meanwhile it reads what the
-    /// client sends into `inbuf` (up to `WAIT_READ_AHEAD`, handled after the WAIT), so that
-    /// a client that closes its connection ends the wait: `None` (a `WAIT n 0` that can
-    /// never be met held its task and its client slot for good).
+    /// client sends into `inbuf` (handled after the WAIT), so that a client that closes its
+    /// connection ends the wait: `None` (a `WAIT n 0` that can never be met held its task
+    /// and its client slot for good). A client that sends `WAIT_READ_AHEAD` behind it gets
+    /// its answer then, as at its timeout (the read-ahead, and the watch, are bounded).
     async fn wait_replicas<S: AsyncRead + Unpin>(
         &self,
         w: crate::session::WaitReplicas,
@@ -2023,14 +2034,19 @@ impl Conn {
             if n >= w.n
                 || deadline.is_some_and(|d| Instant::now() >= d)
                 || hub.generation.load(Ordering::Acquire) != seen
+                || inbuf.len() >= WAIT_READ_AHEAD
             {
                 return Some(n);
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(1)) => {}
                 // (`read_buf` is cancel safe: if the sleep ends first, nothing was read.)
-                r = stream.read_buf(inbuf), if inbuf.len() < WAIT_READ_AHEAD => match r {
-                    Ok(0) | Err(_) => return None,
+                r = stream.read_buf(inbuf) => match r {
+                    Ok(0) => return None,
+                    Err(e) => {
+                        tracing::debug!("a connection waiting in WAIT: {e}");
+                        return None;
+                    }
                     Ok(_) => {}
                 },
             }

@@ -807,7 +807,12 @@ impl Session {
     /// EXEC. A DITTO.POLICY queued in the transaction is the transaction's own policy: its
     /// reply is released under it, and the connection keeps its policy.
     fn exec(&mut self, sh: &Shared, worker: &mut Worker) -> Outcome {
-        let conn_policy = self.policy;
+        // A policy not recorded with this primary is tried again first (the queued writes
+        // are refused if it still is: `exec_queued`).
+        if self.policy_unrecorded {
+            let _ = self.record_policy(sh);
+        }
+        let (conn_policy, unrecorded) = (self.policy, self.policy_unrecorded);
         let mut o = self.exec_queued(sh, worker);
         if self.policy != conn_policy {
             let server = match &sh.replication {
@@ -815,7 +820,10 @@ impl Session {
                 _ => None,
             };
             o.policy = self.policy.or(server);
+            // The connection's policy comes back, and whether it is recorded with it (a
+            // queued DITTO.POLICY recorded another).
             self.policy = conn_policy;
+            self.policy_unrecorded = unrecorded;
         }
         o
     }
@@ -840,9 +848,10 @@ impl Session {
             return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: {why}")));
         }
         if self.policy_unrecorded && writes {
-            if let Err(e) = self.record_policy(sh) {
-                return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: {e}")));
-            }
+            let p = self.policy.map_or(String::new(), |p| p.name());
+            return Outcome::now(Reply::err(format!(
+                "EXECABORT Transaction discarded: commit policy {p} could not be recorded with this primary"
+            )));
         }
         let db_before = self.db;
         let mut tries = 0;
