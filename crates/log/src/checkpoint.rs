@@ -204,7 +204,12 @@ fn ckpt_dir(data: &Path, ts: Ts) -> PathBuf {
 }
 
 fn part_path(dir: &Path, i: usize) -> PathBuf {
-    dir.join(format!("part-{i:04}.dat"))
+    dir.join(part_name(i))
+}
+
+/// The name of a checkpoint's part `i` in its directory.
+pub fn part_name(i: usize) -> String {
+    format!("part-{i:04}.dat")
 }
 
 /// Writes a checkpoint of `db` at a fresh snapshot with `threads` writers, each starting a

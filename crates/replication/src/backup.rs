@@ -605,6 +605,14 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // abandoned (a cluster node finished or removed it before; a standalone backup never
     // finishes one), and its record must not be taken for this run's later.
     clear_promotion_mark(&dir).map_err(io("removing an abandoned promotion's record"))?;
+    // A copy an earlier run did not finish (it may be gigabytes): a copy starts afresh, and
+    // a resume needs none of it.
+    match std::fs::remove_dir_all(dir.join("incoming-checkpoint")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!("could not remove an unfinished checkpoint copy: {e}")
+        }
+        _ => {}
+    }
     if let Some(o) = opened.as_ref().filter(|o| o.report.log_txns_dropped_above_cut > 0) {
         tracing::warn!(
             "recovery left out {} transactions above the cut at ts {}",
@@ -643,9 +651,20 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // the deadline. The checkpoint that may follow is read without a timeout.
             let attempt = connect(&opts.primary, opts.tls.as_deref(), hello).and_then(|(s, mut r)| {
                 s.set_read_timeout(Some(SILENCE_MAX))?;
-                let w = read_frame(&mut r)?.ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome")
-                })?;
+                let w = loop {
+                    match read_frame(&mut r)? {
+                        // The primary is writing the checkpoint it will send (it says so
+                        // every second): the welcome comes after, however long that takes.
+                        Some(Frame::Heartbeat { .. }) => continue,
+                        Some(w) => break w,
+                        None => {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "closed before its welcome",
+                            ))
+                        }
+                    }
+                };
                 s.set_read_timeout(None)?;
                 Ok((s, r, Some(w)))
             });
@@ -744,7 +763,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         }
         Start::Checkpoint { ts } => {
             let t0 = Instant::now();
-            let incoming = receive_checkpoint(&mut reader, &dir, opts.progress).map_err(|e| {
+            let incoming = receive_checkpoint(&mut reader, &dir, ts, opts.progress).map_err(|e| {
                 if cancelled() {
                     BackupError::Stopped
                 } else {
@@ -757,15 +776,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // it held to the oldest: a crash midway leaves an older state that opens as it is.
             let gone = ditto_log::replica::replaced_by_a_checkpoint_copy(&dir)?;
             ditto_log::replica::to_trash(&dir, &gone)?;
-            std::fs::create_dir_all(dir.join("checkpoints")).map_err(io("creating checkpoints"))?;
-            let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", ts.0));
-            std::fs::rename(&incoming, &ckpt).map_err(io("moving the received checkpoint in place"))?;
-            ditto_log::storage::sync_dir(&dir.join("checkpoints")).map_err(io("syncing checkpoints"))?;
+            // The checkpoint's tables first: a crash after this opens an empty directory
+            // (which copies again), where a checkpoint in place with the catalog of what was
+            // moved aside would be refused at every start ("no such table").
             let mut cat = Catalog::default();
             for (id, name) in &tables {
                 cat.add(ditto_engine::TableId(*id), name);
             }
             cat.save(&dir, &*storage).map_err(io("saving the catalog"))?;
+            std::fs::create_dir_all(dir.join("checkpoints")).map_err(io("creating checkpoints"))?;
+            let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", ts.0));
+            std::fs::rename(&incoming, &ckpt).map_err(io("moving the received checkpoint in place"))?;
+            ditto_log::storage::sync_dir(&dir.join("checkpoints")).map_err(io("syncing checkpoints"))?;
+            ditto_log::storage::sync_dir(&dir).map_err(io("syncing the data directory"))?;
             let opened = open_replica(&dir, opts.workers, &storage)?;
             if opts.progress {
                 eprintln!(
@@ -999,42 +1022,101 @@ fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn
     Ok(())
 }
 
-fn receive_checkpoint(r: &mut BufReader<TcpStream>, dir: &Path, progress: bool) -> Result<PathBuf, BackupError> {
+/// Receives the checkpoint at `ts` the welcome announced into `incoming-checkpoint/`, and
+/// checks it whole before anything of this node's is moved aside for it: each file comes
+/// in order from offset 0 and ends with its last piece, only a MANIFEST and the parts it
+/// names come, the MANIFEST decodes and is at `ts`, and each part has the length and
+/// checksum the MANIFEST gives (checked as the bytes arrive). A copy that fails any of
+/// these is refused, and the node keeps what it had (before, a part damaged on the
+/// primary's disk was found only by the open, after this node's own data had gone).
+fn receive_checkpoint(
+    r: &mut BufReader<TcpStream>,
+    dir: &Path,
+    ts: Ts,
+    progress: bool,
+) -> Result<PathBuf, BackupError> {
+    let bad = |what: String| BackupError::Protocol(format!("the checkpoint copy: {what}"));
     let incoming = dir.join("incoming-checkpoint");
     let _ = std::fs::remove_dir_all(&incoming);
     std::fs::create_dir_all(&incoming).map_err(io("creating incoming-checkpoint"))?;
-    let mut open: Option<(String, std::fs::File)> = None;
+    // The file being received: its name, its file, its bytes so far and their checksum.
+    let mut open: Option<(String, std::fs::File, u64, u32)> = None;
+    // The files received whole: their lengths and checksums.
+    let mut done: std::collections::BTreeMap<String, (u64, u32)> = Default::default();
     let mut bytes = 0u64;
     let mut last_print = Instant::now();
     loop {
         match read_frame(r).map_err(io("receiving the checkpoint"))? {
             Some(Frame::File { name, offset, data, last }) => {
-                if name.contains('/') || name.contains("..") || name.is_empty() {
-                    return Err(BackupError::Protocol(format!("checkpoint file name '{name}'")));
+                let part = name.strip_prefix("part-").and_then(|n| n.strip_suffix(".dat"));
+                if name != "MANIFEST" && !part.is_some_and(|n| n.len() >= 4 && n.bytes().all(|b| b.is_ascii_digit())) {
+                    return Err(bad(format!("a file named '{name}' (a MANIFEST and part-NNNN.dat only)")));
                 }
-                if open.as_ref().is_none_or(|(n, _)| *n != name) {
-                    if offset != 0 {
-                        return Err(BackupError::Protocol(format!("{name} does not start at offset 0")));
+                match &open {
+                    Some((n, _, at, _)) if *n == name && offset != *at => {
+                        return Err(bad(format!("a piece of {name} at offset {offset}, where {at} was due")))
                     }
-                    let f = std::fs::File::create(incoming.join(&name)).map_err(io(format!("creating {name}")))?;
-                    open = Some((name.clone(), f));
+                    Some((n, ..)) if *n != name => return Err(bad(format!("{name} began before {n} ended"))),
+                    Some(_) => {}
+                    None if done.contains_key(&name) => return Err(bad(format!("{name} came twice"))),
+                    None if offset != 0 => return Err(bad(format!("{name} does not start at offset 0"))),
+                    None => {
+                        let f = std::fs::File::create(incoming.join(&name)).map_err(io(format!("creating {name}")))?;
+                        open = Some((name.clone(), f, 0, 0));
+                    }
                 }
-                let (_, f) = open.as_mut().expect("opened above");
+                let (_, f, at, crc) = open.as_mut().expect("opened above");
                 f.write_all(&data).map_err(io(format!("writing {name}")))?;
+                *at += data.len() as u64;
+                *crc = crc32c::crc32c_append(*crc, &data);
                 bytes += data.len() as u64;
                 if last {
                     f.sync_all().map_err(io(format!("syncing {name}")))?;
-                    open = None;
+                    let (name, _, at, crc) = open.take().expect("opened above");
+                    done.insert(name, (at, crc));
                 }
                 if progress && last_print.elapsed() > Duration::from_millis(500) {
                     eprintln!("backup: received {:.1} MB of checkpoint", bytes as f64 / 1e6);
                     last_print = Instant::now();
                 }
             }
-            Some(Frame::CheckpointDone { .. }) => break,
+            Some(Frame::CheckpointDone { ts: at }) => {
+                if let Some((n, ..)) = &open {
+                    return Err(bad(format!("{n} was cut short (the copy ended before its last piece)")));
+                }
+                if at != ts {
+                    return Err(bad(format!("it ended at ts {}, the welcome announced ts {}", at.0, ts.0)));
+                }
+                break;
+            }
             Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
             other => return Err(BackupError::Protocol(format!("expected checkpoint files, got {other:?}"))),
         }
+    }
+    let mpath = incoming.join("MANIFEST");
+    if !done.contains_key("MANIFEST") {
+        return Err(bad("no MANIFEST came".into()));
+    }
+    let m = std::fs::read(&mpath).map_err(io("reading the received MANIFEST"))?;
+    let m = ditto_log::checkpoint::Manifest::decode(&m, &mpath)?;
+    if m.ts != ts {
+        return Err(bad(format!("its MANIFEST is at ts {}, the welcome announced ts {}", m.ts.0, ts.0)));
+    }
+    for (i, p) in m.parts.iter().enumerate() {
+        let name = ditto_log::checkpoint::part_name(i);
+        match done.get(&name) {
+            Some(&(len, crc)) if len == p.bytes && crc == p.crc => {}
+            Some(&(len, _)) => {
+                return Err(bad(format!(
+                    "{name} is {len} bytes with another checksum than its MANIFEST gives ({} bytes): damaged",
+                    p.bytes
+                )))
+            }
+            None => return Err(bad(format!("{name}, which its MANIFEST names, did not come"))),
+        }
+    }
+    if done.len() != m.parts.len() + 1 {
+        return Err(bad(format!("{} files came for a MANIFEST of {} parts", done.len(), m.parts.len())));
     }
     ditto_log::storage::sync_dir(&incoming).map_err(io("syncing incoming-checkpoint"))?;
     Ok(incoming)

@@ -1096,7 +1096,7 @@ impl Primary {
                     _ => {
                         let _ = std::fs::remove_dir_all(&keep);
                         link.asked_from.store(NOTHING_ASKED, Ordering::Release);
-                        let info = self.durable.checkpoint().map_err(std::io::Error::other)?;
+                        let info = self.checkpoint_for_a_join(&mut w)?;
                         let files =
                             ditto_log::checkpoint::link_files(&info.dir, &keep).map_err(std::io::Error::other)?;
                         (info, files, Gap::default())
@@ -1330,28 +1330,54 @@ impl Primary {
 }
 
 fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Result<()> {
+    use std::io::Read;
     const CHUNK: usize = 1 << 20;
+    // A chunk at a time: a part (64 MiB by default, larger if configured) is never held
+    // whole, once per joining backup.
+    let mut buf = vec![0u8; CHUNK];
     for name in files {
         let path: PathBuf = dir.join(name);
-        let data = std::fs::read(&path)?;
-        let mut off = 0;
+        let mut file = std::fs::File::open(&path)?;
+        let len = file.metadata()?.len();
+        let mut off = 0u64;
         loop {
-            let end = (off + CHUNK).min(data.len());
-            let last = end == data.len();
-            let f = Frame::File {
-                name: name.clone(),
-                offset: off as u64,
-                data: Bytes::copy_from_slice(&data[off..end]),
-                last,
-            };
+            let n = (len - off).min(CHUNK as u64) as usize;
+            file.read_exact(&mut buf[..n])?;
+            let last = off + n as u64 == len;
+            let f = Frame::File { name: name.clone(), offset: off, data: Bytes::copy_from_slice(&buf[..n]), last };
             w.write_all(&f.encode())?;
-            off = end;
+            off += n as u64;
             if last {
                 break;
             }
         }
     }
     Ok(())
+}
+
+impl Primary {
+    /// Writes a checkpoint to send a joining backup, telling it every second meanwhile
+    /// that the welcome is coming (a heartbeat before the welcome, which it skips): it waits
+    /// only `backup::SILENCE_MAX` (5 s) for a word, and a checkpoint of gigabytes takes
+    /// longer (before, it reconnected every 5 s, and a starting backup gave up after 60).
+    fn checkpoint_for_a_join(&self, w: &mut impl Write) -> std::io::Result<ditto_log::CheckpointInfo> {
+        std::thread::scope(|s| {
+            let writing = s.spawn(|| self.durable.checkpoint());
+            let mut said = Instant::now();
+            let mut told = Ok(());
+            while !writing.is_finished() {
+                std::thread::sleep(Duration::from_millis(10));
+                if told.is_ok() && said.elapsed() >= Duration::from_secs(1) {
+                    let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+                    told = w.write_all(&beat.encode()).and_then(|()| w.flush());
+                    said = Instant::now();
+                }
+            }
+            let info = writing.join().expect("the checkpoint writer panicked").map_err(std::io::Error::other)?;
+            // (The checkpoint stays for the next join to reuse if this backup left.)
+            told.map(|()| info)
+        })
+    }
 }
 
 /// Removes what a process that ended mid-send left in `dir`: the `ship-PID-SLOT`

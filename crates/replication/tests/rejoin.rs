@@ -173,7 +173,7 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
         let welcome =
             Frame::Welcome { epoch: Epoch(3), streams: 1, tables: vec![], start: Start::Checkpoint { ts: Ts(9) } };
         s.write_all(&welcome.encode()).unwrap();
-        let part = Frame::File { name: "part-0".into(), offset: 0, data: vec![1u8; 100].into(), last: false };
+        let part = Frame::File { name: "part-0000.dat".into(), offset: 0, data: vec![1u8; 100].into(), last: false };
         s.write_all(&part.encode()).unwrap();
         // Held open until the backup's end of it is shut down.
         let mut buf = [0u8; 64];
@@ -203,6 +203,165 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
     for d in &kept {
         assert_eq!(std::fs::read(d.join("held")).unwrap(), b"held", "{} changed", d.display());
     }
+}
+
+/// A checkpoint copy that is not whole or not right is refused before anything the backup
+/// held is moved aside: a part damaged on the primary's disk (its checksum is not its
+/// MANIFEST's), a copy that ends before its MANIFEST or before a file's last piece, a piece
+/// at the wrong offset, a file name that is not a checkpoint's, an end at another
+/// timestamp than the welcome's. Each is answered with an error saying so, and the
+/// directory holds what it held. (Before, the copy was moved into place first and checked
+/// by the open, after the backup's own data had gone.) The whole copy is taken.
+#[test]
+fn a_checkpoint_copy_that_is_not_whole_or_not_right_is_refused_and_the_directory_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A real checkpoint, its files as the primary sends them.
+    let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, progress: false, ..Default::default() })
+        .unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| (0..2000u32).try_for_each(|k| x.put(t, &k.to_be_bytes(), &[7u8; 300]).map(|_| ())))
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    let info = d.checkpoint().unwrap();
+    assert!(info.parts >= 1);
+    let files: Vec<(String, Vec<u8>)> = (0..info.parts)
+        .map(ditto_log::checkpoint::part_name)
+        .chain(["MANIFEST".to_string()])
+        .map(|n| (n.clone(), std::fs::read(info.dir.join(&n)).unwrap()))
+        .collect();
+    let pieces = |files: &[(String, Vec<u8>)]| -> Vec<Frame> {
+        files
+            .iter()
+            .flat_map(|(name, b)| {
+                let n = b.chunks(64 << 10).count();
+                b.chunks(64 << 10).enumerate().map(move |(i, c)| Frame::File {
+                    name: name.clone(),
+                    offset: (i * (64 << 10)) as u64,
+                    data: c.to_vec().into(),
+                    last: i + 1 == n,
+                })
+            })
+            .collect()
+    };
+    let done = Frame::CheckpointDone { ts: info.ts };
+    let whole = [pieces(&files), vec![done.clone()]].concat();
+    let mut damaged = files.clone();
+    let mid = damaged[0].1.len() / 2;
+    damaged[0].1[mid] ^= 0x40;
+    let mut gap = whole.clone();
+    if let Frame::File { offset, .. } = &mut gap[1] {
+        *offset += 1;
+    }
+    let named = |name: &str| {
+        [vec![Frame::File { name: name.into(), offset: 0, data: vec![1u8; 10].into(), last: true }], whole.clone()]
+            .concat()
+    };
+    // The MANIFEST's last piece not marked so: the copy ends with a file open.
+    let cut_short = whole.iter().map(|f| match f {
+        Frame::File { name, offset, data, last: true } if name == "MANIFEST" => {
+            Frame::File { name: name.clone(), offset: *offset, data: data.clone(), last: false }
+        }
+        f => f.clone(),
+    });
+    let cases: Vec<(&str, Vec<Frame>, &str)> = vec![
+        ("a damaged part", [pieces(&damaged), vec![done.clone()]].concat(), "another checksum"),
+        ("no MANIFEST", [pieces(&files[..files.len() - 1]), vec![done.clone()]].concat(), "no MANIFEST"),
+        ("a file cut short", cut_short.collect(), "cut short"),
+        ("a piece at the wrong offset", gap, "where"),
+        ("a path", named("../escape"), "a file named"),
+        ("another name", named("notes.txt"), "a file named"),
+        (
+            "another timestamp",
+            [pieces(&files), vec![Frame::CheckpointDone { ts: Ts(info.ts.0 + 1) }]].concat(),
+            "ended at ts",
+        ),
+    ];
+    for (i, (case, frames, says)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("b{i}"));
+        let kept = [dir.join("checkpoints").join("ckpt-00000000000000000007"), dir.join("replica")];
+        for k in &kept {
+            std::fs::create_dir_all(k).unwrap();
+            std::fs::write(k.join("held"), b"held").unwrap();
+        }
+        let r = fake_copy(&dir, info.ts, frames, None, 0);
+        match r {
+            Err(BackupError::Protocol(e)) => assert!(e.contains(says), "{case}: {e}"),
+            other => panic!("{case}: {other:?}"),
+        }
+        for k in &kept {
+            assert_eq!(std::fs::read(k.join("held")).unwrap(), b"held", "{case}: {} changed", k.display());
+        }
+    }
+    // The whole copy is taken: in place, the backup's own data moved aside.
+    let dir = tmp.path().join("whole");
+    let cancel = JoinCancel::default();
+    let r = fake_copy(&dir, info.ts, whole.clone(), Some(cancel), 0);
+    // (Opened and following by then, or cancelled while it opened.)
+    assert!(matches!(r, Ok(()) | Err(BackupError::Stopped)), "{r:?}");
+    let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", info.ts.0));
+    assert!(ckpt.join("MANIFEST").exists(), "the whole copy in place");
+    // A welcome that comes 7 s after the hello, the primary saying every second that it is
+    // writing the checkpoint: the backup waits for it on the same connection (before, it
+    // gave the connection up after 5 s of silence, and asked again).
+    let dir = tmp.path().join("slow");
+    let r = fake_copy(&dir, info.ts, whole, Some(JoinCancel::default()), 7);
+    assert!(matches!(r, Ok(()) | Err(BackupError::Stopped)), "{r:?}");
+    let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", info.ts.0));
+    assert!(ckpt.join("MANIFEST").exists(), "the copy after a slow welcome in place");
+}
+
+/// A backup joining afresh a fake primary at `addr` that welcomes it with a checkpoint at
+/// `ts` and sends `frames`, then holds the connection; `cancel`, if given, is cancelled
+/// once the frames are sent (after a moment to take them). What the join ended with.
+fn fake_copy(
+    dir: &std::path::Path,
+    ts: Ts,
+    frames: Vec<Frame>,
+    cancel: Option<JoinCancel>,
+    beats: u32,
+) -> Result<(), BackupError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (sent_tx, sent) = std::sync::mpsc::channel();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let _hello = read_frame(&mut s).unwrap();
+        // A primary writing the checkpoint it will send says so every second.
+        for _ in 0..beats {
+            std::thread::sleep(Duration::from_secs(1));
+            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+            if s.write_all(&beat.encode()).is_err() {
+                return;
+            }
+        }
+        let tables = vec![(0u32, "t".to_string())];
+        let welcome = Frame::Welcome { epoch: Epoch(3), streams: 1, tables, start: Start::Checkpoint { ts } };
+        let _ = s.write_all(&welcome.encode());
+        for f in frames {
+            if s.write_all(&f.encode()).is_err() {
+                break;
+            }
+        }
+        let _ = sent_tx.send(());
+        // Held until the backup ends it, or 3 s.
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 64];
+        while matches!(std::io::Read::read(&mut s, &mut buf), Ok(n) if n > 0) {}
+    });
+    let opts = BackupOptions { fresh_copy: true, cancel: cancel.clone(), ..BackupOptions::new(&addr, dir, 1, "b") };
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done_tx.send(backup::start(opts).map(|_| ())).unwrap());
+    sent.recv_timeout(Duration::from_secs(30)).expect("the fake primary sent its frames");
+    if let Some(c) = cancel {
+        std::thread::sleep(Duration::from_millis(500));
+        c.cancel();
+    }
+    let r = done.recv_timeout(Duration::from_secs(30)).expect("the join ended");
+    fake.join().unwrap();
+    r
 }
 
 /// Copies directory `from` to `to`, files as they are on disk now.
