@@ -1509,7 +1509,15 @@ pub fn read_segment_checking(
         if file[off..].iter().all(|&b| b == 0) {
             break SegmentEnd::Zeros { offset };
         }
-        break if !reason.could_be_torn() || valid_header_after(file, off + 1, &header) {
+        // A later header is looked for past the failed batch's own bytes where its header
+        // checks out: inside them lies a client's data, which may hold a header's bytes (a
+        // value that does would otherwise turn a torn tail into damage, and the node would
+        // not start). A header that does not check out is looked past byte by byte.
+        let from = match decode_batch_header(&rest) {
+            Ok(h) => off.saturating_add(h.total_len()),
+            Err(_) => off + 1,
+        };
+        break if !reason.could_be_torn() || valid_header_after(file, from, &header) {
             SegmentEnd::Corrupt { offset, reason }
         } else {
             SegmentEnd::Torn { offset, reason }

@@ -229,8 +229,17 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     // An old primary's log sealed in the chain names an epoch this one must lie above.
     let chain_epoch = report.max_epoch;
     let recovery::LogDir { segments, unfinished } = recovery::list_segments(dir)?;
-    let cut =
-        recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, None, &mut report, opts.progress, &*opts.log.storage)?;
+    let cut = recovery::replay_log(
+        &db,
+        &segments,
+        epoch_min,
+        ckpt_ts,
+        None,
+        &mut report,
+        opts.progress,
+        &*opts.log.storage,
+        false,
+    )?;
     report.max_epoch = report.max_epoch.max(chain_epoch);
     // Only once the log checked out: a segment a crash left unfinished held no batch.
     for path in unfinished {

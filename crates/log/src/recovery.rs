@@ -479,6 +479,7 @@ pub(crate) fn replay_log(
     report: &mut RecoveryReport,
     progress: bool,
     storage: &dyn Storage,
+    sealed: bool,
 ) -> Result<Ts, LogError> {
     let t0 = Instant::now();
     let live: Vec<&SegmentFile> = segments.iter().filter(|s| s.epoch >= epoch_min).collect();
@@ -549,6 +550,17 @@ pub(crate) fn replay_log(
             }
         }
     }
+    // A sealed log (`sealed`: a promoted node's own log of its epoch, `crate::sealed`) had
+    // its torn tails cut before it was sealed: one now is damage, refused before anything
+    // is cut (cut, it could drop commits at or below the point that other streams' floors
+    // would hide).
+    if let Some((path, len)) = logs.iter().filter_map(|l| l.torn).next().filter(|_| sealed) {
+        return Err(LogError::Corrupt {
+            file: path.to_path_buf(),
+            offset: len,
+            what: "a sealed log's stream ends in a batch that does not check: damage (its torn tails were cut before it was sealed)".into(),
+        });
+    }
     let floor = logs.iter().map(|l| l.floor).max().unwrap_or(Ts::ZERO);
     let cut = logs.iter().map(|l| l.bound.max(ckpt_ts)).min().unwrap_or(ckpt_ts).max(floor);
     let cut = limit.map_or(cut, |l| cut.min(l.max(ckpt_ts)));
@@ -617,7 +629,10 @@ pub fn primary_log_holdings(
         let scans = files.iter().map(|f| read_one(f, ckpt_ts)).collect();
         logs.push((files[0].stream, check_stream(files, scans, ckpt_ts)?));
     }
-    let n = logs.iter().map(|(_, l)| l.streams as usize).max().unwrap_or(0).max(logs.len());
+    // (Version-3 headers record no stream count: the highest stream id counts too, so that
+    // a log whose stream 0 has no file left indexes no stream past the end.)
+    let highest = logs.iter().map(|(s, _)| *s as usize + 1).max().unwrap_or(0);
+    let n = logs.iter().map(|(_, l)| l.streams as usize).max().unwrap_or(0).max(logs.len()).max(highest);
     let floor = logs.iter().map(|(_, l)| l.floor).max().unwrap_or(Ts::ZERO);
     let mut streams = vec![ckpt_ts.max(floor); n];
     let mut newest = ckpt_ts;

@@ -407,6 +407,12 @@ fn open_replica_inner(
         for (_, p) in &scan.files {
             storage.remove(p).map_err(|e| LogError::io(p, e))?;
         }
+        // Gone for good before anything later is made durable (a followed epoch written
+        // next): back after a crash, files above a limit would be replayed at the next open.
+        if !scan.files.is_empty() {
+            let rdir = replica_dir(dir);
+            crate::storage::sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+        }
         crate::remove_checkpoints_except(dir, &info.dir)?;
         crate::sealed::remove_sealed(dir, info.ts, &**storage)?;
     }
@@ -519,6 +525,7 @@ fn open_old_primary(
         &mut report,
         false,
         &**storage,
+        false,
     )?
     .max(ckpt_ts)
     .min(point.max(ckpt_ts));
@@ -1065,7 +1072,10 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
                 off += used;
             }
             // The tail of the newest file may be torn (never acknowledged), or, in a running
-            // backup's, being written.
+            // backup's, being written; a valid entry after it is damage.
+            Err(e) if damaged_not_torn(&raw, off) => {
+                return Err(corrupt(v.len + off as u64, format!("{e}, with valid entries after it")));
+            }
             Err(e) => {
                 if !quiet {
                     tracing::warn!("{}: torn tail at offset {} ({e}); dropped", path.display(), v.len + off as u64);
@@ -1166,6 +1176,33 @@ fn decode_entry(raw: &Bytes, off: usize) -> Result<(Batch, u8, usize), String> {
         return Err(format!("entry of {len} bytes holds a batch of {used}"));
     }
     Ok((batch, flags, ENTRY_HEADER_LEN + len))
+}
+
+/// Whether the failed entry at `off` of a newest file is damage rather than a torn tail: a
+/// whole valid entry (its header's checksum, its batch's) starts after it. A crash cuts
+/// only the end of what was written, so anything valid after the failure means bytes in
+/// the middle changed: acknowledged entries would be dropped as torn. Looked for past the
+/// failed entry's own bytes where its header checks out (inside them lies a client's data,
+/// which may hold an entry's bytes), else from the next byte.
+fn damaged_not_torn(raw: &Bytes, off: usize) -> bool {
+    let rest = &raw[off..];
+    let header_ok = |h: &[u8]| {
+        h.len() >= ENTRY_HEADER_LEN && u32::from_le_bytes(h[8..12].try_into().expect("4")) == crc32c::crc32c(&h[..8])
+    };
+    let mut p = match header_ok(rest) {
+        true => off.saturating_add(ENTRY_HEADER_LEN + u32::from_le_bytes(rest[..4].try_into().expect("4")) as usize),
+        false => off + 1,
+    };
+    if raw.get(p..).is_none_or(|t| t.iter().all(|&b| b == 0)) {
+        return false;
+    }
+    while p + ENTRY_HEADER_LEN <= raw.len() {
+        if header_ok(&raw[p..]) && decode_entry(raw, p).is_ok() {
+            return true;
+        }
+        p += 1;
+    }
+    false
 }
 
 /// Reads ahead what a report of `dir`'s replica log would read (its newest file checked
@@ -1491,8 +1528,11 @@ fn read_files(
                     off += used;
                 }
                 // The tail of the newest file may be torn (never acknowledged); all zeros
-                // is the same. Anything else is damage.
+                // is the same. Anything else is damage, a valid entry after it included.
                 Err(e) if last => {
+                    if damaged_not_torn(&raw, off) {
+                        return Err(corrupt(off as u64, format!("{e}, with valid entries after it")));
+                    }
                     read.torn_at(path, off, &e);
                     break;
                 }
@@ -1601,6 +1641,13 @@ fn read_files_each(
                     off += used;
                 }
                 Err(e) if last => {
+                    // (The rest of the file read to tell a torn tail from damage: only
+                    // where an entry fails, the newest file's end as a rule.)
+                    let mut tail = entry.to_vec();
+                    r.read_to_end(&mut tail).map_err(|e| LogError::io(path, e))?;
+                    if damaged_not_torn(&Bytes::from(tail), 0) {
+                        return Err(corrupt(off as u64, format!("{e}, with valid entries after it")));
+                    }
                     read.torn_at(path, off, &e);
                     break;
                 }
@@ -1891,7 +1938,15 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
         let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| LogError::io(path, e))?;
         f.set_len(*len).and_then(|_| f.sync_all()).map_err(|e| LogError::io(path, e))?;
     }
-    let seq = files.last().map_or(1, |(seq, _)| seq + 1);
+    let mut seq = files.last().map_or(1, |(seq, _)| seq + 1);
+    // A newest file with no header (a crash while it was being created: it holds nothing)
+    // goes, and the new one takes its number: behind a newer file it would be refused as
+    // "not a replica log file", and the directory would not open.
+    if let (Some((s, path)), None) = (files.last(), newest.streams) {
+        storage.remove(path).map_err(|e| LogError::io(path, e))?;
+        crate::storage::sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+        seq = *s;
+    }
     let mut log =
         ReplicaLog::create(dir, Arc::clone(storage), streams, seq, u64::MAX).map_err(|e| LogError::io(&rdir, e))?;
     for b in batches {

@@ -426,6 +426,7 @@ fn replay_own_log(db: &Database, s: &Sealed, floor: Ts, report: &mut RecoveryRep
         report,
         false,
         &crate::storage::RealStorage,
+        true,
     )?;
     if cut < s.point {
         return Err(LogError::Corrupt {

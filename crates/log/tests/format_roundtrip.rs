@@ -1182,6 +1182,44 @@ fn later_batch_of_other_stream_does_not_make_a_torn_tail_corrupt() {
     assert_prefix(&scan, &batches, &offsets, 2);
 }
 
+/// A torn last batch whose payload holds, in a client's value, the bytes of a whole valid
+/// batch of the segment's own stream and epoch is still a torn tail: a later header is
+/// looked for past the torn batch's own bytes (it was looked for inside them, found the
+/// client's, and called the tail damage: a node whose last write was cut by a crash then
+/// refused to start).
+#[test]
+fn a_header_inside_a_torn_batchs_value_does_not_make_the_tail_corrupt() {
+    let batches = three_batches();
+    let (mut file, offsets) = build_segment(&batches[..2], &[false]);
+    let torn_at = file.len() as u64;
+    // A value that is a whole batch of stream 7, epoch 3.
+    let mut forged = Vec::new();
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &batches[2]);
+    b.finish_into(STREAM, EPOCH, Ts(300), false, &mut forged);
+    let txn = vec![T { ts: 400, writes: vec![W { table: 1, rid: 5, key: Some(b"k".to_vec()), value: Some(forged) }] }];
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &txn);
+    let mut last = Vec::new();
+    b.finish_into(STREAM, EPOCH, Ts(400), false, &mut last);
+    // Cut by a crash 3 bytes short of its end (its value whole inside it).
+    file.extend_from_slice(&last[..last.len() - 3]);
+    let scan = read_segment(&Bytes::from(file.clone())).unwrap();
+    assert!(matches!(scan.end, SegmentEnd::Torn { offset, .. } if offset == torn_at), "{:?}", scan.end);
+    assert_prefix(&scan, &batches, &offsets, 2);
+    // Its whole length there, the payload's checksum failing, and a batch after it: damage.
+    file.extend_from_slice(&last[last.len() - 3..]);
+    let n = file.len();
+    file[n - 10] ^= 0x20;
+    let mut after = Vec::new();
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &sample_txns(500, 2));
+    b.finish_into(STREAM, EPOCH, Ts(510), false, &mut after);
+    file.extend_from_slice(&after);
+    let scan = read_segment(&Bytes::from(file)).unwrap();
+    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset, .. } if offset == torn_at), "{:?}", scan.end);
+}
+
 #[test]
 fn segment_header_round_trip_and_errors() {
     let h = SegmentHeader {

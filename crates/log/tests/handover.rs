@@ -149,3 +149,45 @@ fn a_fence_stops_a_checkpoint_under_way_and_leaves_the_log_whole() {
         assert_eq!(r.get(t, &i.to_be_bytes()).unwrap().as_deref(), Some(&value[..]), "key {i}");
     }
 }
+
+/// An old primary's own log sealed at the point had its torn tails cut before the seal: a
+/// last batch that does not check in it now is damage. The open refuses it, naming it, and
+/// cuts nothing (before, it was cut back as a torn tail, on disk, before the open found the
+/// stream short of the point; with another stream's floor above the point, the open went on
+/// without the commits it held).
+#[test]
+fn a_sealed_own_log_whose_last_batch_does_not_check_is_refused_and_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let db = Arc::clone(d.db());
+    let t = db.create_table("t").unwrap();
+    let mut w = db.worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..50u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), &[5u8; 100])).unwrap().1.wait().unwrap();
+    }
+    d.close_and_release();
+    ditto_log::sealed::seal_own_log(dir.path(), last, &RealStorage).unwrap();
+    drop(d);
+    // The sealed link's newest segment, a byte of its last batch flipped.
+    let link = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with(ditto_log::sealed::SEALED_DIR))
+        .expect("a sealed link");
+    let mut segs: Vec<_> = std::fs::read_dir(&link)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segs.sort();
+    let seg = segs.last().expect("a segment").clone();
+    let mut raw = std::fs::read(&seg).unwrap();
+    let n = raw.len();
+    raw[n - 20] ^= 0x10;
+    std::fs::write(&seg, &raw).unwrap();
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(RealStorage);
+    let e = ditto_log::replica::open_replica(dir.path(), 1, &storage).err().expect("refused").to_string();
+    assert!(e.contains("sealed log") && e.contains("damage"), "{e}");
+    assert_eq!(std::fs::read(&seg).unwrap(), raw, "the sealed segment was cut");
+}

@@ -185,6 +185,15 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     bad[last] ^= 1;
     assert!(append_fetched(b.path(), 2, &[Bytes::from(bad)], &storage).is_err());
     assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
+    // A newest file with no whole header (B's server died as it created it): the next fetch
+    // takes its place (before, it stayed behind the new file, and the directory no longer
+    // opened: "not a replica log file").
+    let rdir = ditto_log::replica::replica_dir(b.path());
+    let n = std::fs::read_dir(&rdir).unwrap().count() as u64;
+    std::fs::write(rdir.join(format!("rlog-{:010}.seg", n + 1)), [0x44u8; 10]).unwrap();
+    append_fetched(b.path(), 2, &fetched[..1], &storage).unwrap();
+    ditto_log::replica::forget_holdings();
+    assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
 
     // A promotion at a point above what a directory holds is refused, and changes nothing.
     let above = Ts(ha.cut.0 + 1000);
@@ -543,10 +552,15 @@ fn the_newest_file_is_read_from_where_the_last_look_stopped() {
     std::fs::write(&file, &completed).unwrap();
     let h3 = same_as_fresh("the entry completed");
     assert!(h3.cut >= h2.cut && h3.streams != h2.streams, "{h2:?} {h3:?}");
-    // Cut in place below what was read and written again past it with other entries: read
-    // afresh, not taken from the earlier look.
+    // Cut in place below what was read (at an entry's end, as a recovery cuts a torn tail)
+    // and written again past it with other entries: read afresh, not taken from the earlier
+    // look. (Cut inside an entry, with whole entries after it, it is damage: refused.)
     drop(log);
-    let keep = whole.len() - whole.len() / 4;
+    let mut keep = ditto_log::replica::REPLICA_HEADER_LEN;
+    while keep < whole.len() - whole.len() / 4 {
+        let len = u32::from_le_bytes(whole[keep..keep + 4].try_into().unwrap()) as usize;
+        keep += ditto_log::replica::ENTRY_HEADER_LEN + len;
+    }
     let mut rewritten = whole[..keep].to_vec();
     while rewritten.len() < completed.len() + 64 {
         rewritten.extend_from_slice(&other);
@@ -1020,8 +1034,11 @@ fn a_last_resort_takes_back_into_its_own_log_what_it_shipped_but_lost() {
     assert_eq!(o.db.count(to).unwrap(), 400, "stream 1's lost tail is back");
 }
 
-/// A byte of the newest replica log file damaged after a report: the read of the stream
-/// ends quietly there (a torn tail, as far as it can tell), and what it returns as the
+/// Damage in the newest replica log file after a report. In its middle (valid entries
+/// after it), the read of a stream, a report and an open each refuse it, naming the file
+/// and the offset: it is not a torn tail, which a crash leaves only at the end (before
+/// 2026-12-02 each read it as torn and dropped every acknowledged entry after it). In its
+/// last entry (a torn tail), the read ends quietly there, and what it returns as the
 /// stream's reach falls below the reported position, which the answering node checks
 /// (crates/ditto/src/node.rs, `fetch_job`) rather than send an answer that ends early as if
 /// it were whole. Undamaged, the read reaches exactly the reported position.
@@ -1055,17 +1072,42 @@ fn a_read_that_ends_in_damage_reaches_less_than_the_holdings_said() {
     let files: Vec<_> =
         std::fs::read_dir(ditto_log::replica::replica_dir(dir.path())).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
-    let mut raw = std::fs::read(&files[0]).unwrap();
-    let at = raw.len() / 2;
+    let undamaged = std::fs::read(&files[0]).unwrap();
+    // In the middle: refused, by a fetch's read, a report and an open alike.
+    let mut raw = undamaged.clone();
+    let mid = raw.len() / 2;
+    raw[mid] ^= 0x5a;
+    std::fs::write(&files[0], &raw).unwrap();
+    let middle = fresh_copy(dir.path());
+    let rdir = ditto_log::replica::replica_dir(middle.path());
+    let said = |e: String| assert!(e.contains("rlog") && e.contains("valid entries after it"), "{e}");
+    for s in 0..2 {
+        let r = ditto_log::replica::replica_stream_batches_each(middle.path(), s, Ts::ZERO, &mut |_| true);
+        said(r.unwrap_err().to_string());
+    }
+    ditto_log::replica::forget_holdings();
+    said(replica_holdings(middle.path(), 2, None).unwrap_err().to_string());
+    let before_open: Vec<_> = std::fs::read_dir(&rdir).unwrap().map(|e| e.unwrap().path()).collect();
+    said(ditto_log::replica::open_replica(middle.path(), 1, &storage).err().expect("refused").to_string());
+    let after_open: Vec<_> = std::fs::read_dir(&rdir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(before_open, after_open, "the refused open removed nothing");
+    assert_eq!(std::fs::read(&after_open[0]).unwrap(), raw, "nor cut it");
+    // In the last entry: a torn tail.
+    let mut raw = undamaged;
+    let at = raw.len() - 40;
     raw[at] ^= 0x5a;
     std::fs::write(&files[0], &raw).unwrap();
     let damaged = fresh_copy(dir.path());
     let mut before = 0;
+    let mut short = 0;
     for s in 0..2 {
         let (reach, n) = read_all(damaged.path(), s);
         before += n;
-        assert!(reach < reported.streams[s], "stream {s}: reach {reach:?} against {:?}", reported.streams[s]);
+        // (The stream whose batch the last entry held reaches less.)
+        assert!(reach <= reported.streams[s], "stream {s}: reach {reach:?} against {:?}", reported.streams[s]);
+        short += usize::from(reach < reported.streams[s]);
     }
+    assert_eq!(short, 1, "the torn entry's stream reaches less than its report said");
     assert!(before > 0, "the batches before the damage are read, and the read ends quietly");
     // A report read afresh (the answering node forgets what it read last when it refuses
     // such an answer) says what the damaged log holds: the next plan does not count on it.
