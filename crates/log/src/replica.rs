@@ -1622,7 +1622,11 @@ fn read_files_each(
                 entry.reserve_exact(ENTRY_HEADER_LEN + len);
                 entry.extend_from_slice(&eh);
                 entry.resize(ENTRY_HEADER_LEN + len, 0);
-                short = fill(&mut r, &mut entry[ENTRY_HEADER_LEN..], path)? < len;
+                let n = fill(&mut r, &mut entry[ENTRY_HEADER_LEN..], path)?;
+                short = n < len;
+                // (Cut short: only the bytes the file holds, so that what follows, read to
+                // tell a torn tail from damage, lies at its own offset.)
+                entry.truncate(ENTRY_HEADER_LEN + n);
             } else {
                 entry.extend_from_slice(&eh[..got]);
             }
