@@ -412,6 +412,9 @@ struct Sim {
     policy: CommitPolicy,
     streams: usize,
     loss: f64,
+    /// How often a node asked for a fetch cannot serve it (its log damaged since its
+    /// report, a read that failed): the fetcher's prepare is given up (`Msg::Unprepared`).
+    fetch_fail: f64,
     /// The longest delay of a Raft message, ms.
     raft_lag: u64,
     nodes: Vec<Node>,
@@ -495,6 +498,7 @@ impl Sim {
         let change_every = [0, 15][rng.gen_range(0..2)];
         let all = nodes.len();
         let raft_lag = [6, 30][rng.gen_range(0..2)];
+        let fetch_fail = [0.0, 0.0, 0.3][rng.gen_range(0..3)];
         let mut sim = Sim {
             rng,
             trace: std::env::var("SIM_TRACE").is_ok(),
@@ -503,6 +507,7 @@ impl Sim {
             policy,
             streams,
             loss,
+            fetch_fail,
             raft_lag,
             nodes,
             founding: n,
@@ -1439,6 +1444,8 @@ impl Sim {
                 let d = &self.nodes[i].data;
                 let units =
                     (d.pos(stream) >= upto && after >= d.ckpt).then(|| d.range(stream, after, upto, usize::MAX));
+                // A read that fails: refused (the round's prepare is given up, not waited out).
+                let units = units.filter(|_| !(self.fetch_fail > 0.0 && self.rng.gen_bool(self.fetch_fail)));
                 self.h.fetches += u64::from(units.is_some());
                 self.send(id, from, Msg::FetchReply { epoch, stream, prev: after, upto, units });
             }
@@ -1655,6 +1662,7 @@ fn many_seeds() {
     assert!(changes >= seeds / 2, "the faults should change the membership: {changes}");
     assert!(learners >= seeds / 10, "learners should be added among the changes: {learners}");
     assert!(switch_done >= seeds / 10, "switchovers should complete among the faults: {switch_done} of {switch_asked}");
+    assert!(seeds < 1000 || unprepared > 0, "fetches that fail should give prepares up among the faults");
 }
 
 /// One run, its event log printed (`SIM_SEED=N` picks the seed; 1 by default).
