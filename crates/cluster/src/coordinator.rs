@@ -469,15 +469,26 @@ impl Coordinator {
         state: &ControlState,
         leader: bool,
     ) -> Vec<Action> {
-        let Some(r) = self.round.as_mut() else { return Vec::new() };
-        let matches =
-            r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch && p.recovery_point == point);
-        if !leader || !matches || r.epoch != state.epoch || state.phase != Some(Phase::Failover) {
-            return Vec::new();
-        }
+        let Some(r) = self.round_answered(node, epoch, point, state, leader) else { return Vec::new() };
         r.prepared = Some(discarded);
         r.prepared_at.get_or_insert(now);
         self.tick(now, state, leader)
+    }
+
+    /// The round this leader leads, if an answer of `node` about the plan of `epoch` with
+    /// recovery point `point` is about its plan (not another round's, nor another node's).
+    fn round_answered(
+        &mut self,
+        node: NodeId,
+        epoch: u64,
+        point: u64,
+        state: &ControlState,
+        leader: bool,
+    ) -> Option<&mut Round> {
+        let r = self.round.as_mut()?;
+        let matches =
+            r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch && p.recovery_point == point);
+        (leader && matches && r.epoch == state.epoch && state.phase == Some(Phase::Failover)).then_some(r)
     }
 
     /// The chosen node cannot prepare the plan with recovery point `point` (a node it
@@ -496,13 +507,9 @@ impl Coordinator {
         state: &ControlState,
         leader: bool,
     ) -> Vec<Action> {
-        let Some(r) = self.round.as_mut() else { return Vec::new() };
-        let matches =
-            r.plan.as_ref().is_some_and(|(p, _, _)| p.primary == node && p.epoch == epoch && p.recovery_point == point);
-        if !leader || !matches || r.prepared.is_some() || r.epoch != state.epoch || state.phase != Some(Phase::Failover)
-        {
+        let Some(r) = self.round_answered(node, epoch, point, state, leader).filter(|r| r.prepared.is_none()) else {
             return Vec::new();
-        }
+        };
         r.unprepared = Some(why);
         self.tick(now, state, leader)
     }

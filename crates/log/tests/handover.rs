@@ -11,17 +11,27 @@ use ditto_engine::{Ts, WorkerId};
 use ditto_log::storage::RealStorage;
 use ditto_log::{Epoch, OpenOptions};
 
-#[test]
-fn an_engine_whose_log_was_released_commits_into_the_next_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, ..Default::default() }).unwrap();
+/// A primary in `dir` with one worker and 50 commits of `value` (keys 0-49) in table "t":
+/// its log, engine, table, worker and last commit's timestamp.
+fn primary_with_50_commits(
+    dir: &std::path::Path,
+    value: &[u8],
+) -> (ditto_log::Durable, Arc<ditto_engine::Database>, ditto_engine::TableId, ditto_engine::Worker, Ts) {
+    let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let db = Arc::clone(d.db());
     let t = db.create_table("t").unwrap();
     let mut w = db.worker(WorkerId(0)).unwrap();
     let mut last = Ts::ZERO;
     for i in 0..50u32 {
-        last = w.run(|x| x.put(t, &i.to_be_bytes(), b"one")).unwrap().1.wait().unwrap();
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), value)).unwrap().1.wait().unwrap();
     }
+    (d, db, t, w, last)
+}
+
+#[test]
+fn an_engine_whose_log_was_released_commits_into_the_next_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, db, t, mut w, last) = primary_with_50_commits(dir.path(), b"one");
     let epoch = d.logger().epoch();
     d.close_and_release();
     assert!(d.checkpoint().is_err(), "no checkpoint once the directory is given up");
@@ -158,14 +168,7 @@ fn a_fence_stops_a_checkpoint_under_way_and_leaves_the_log_whole() {
 #[test]
 fn a_sealed_own_log_whose_last_batch_does_not_check_is_refused_and_not_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let db = Arc::clone(d.db());
-    let t = db.create_table("t").unwrap();
-    let mut w = db.worker(WorkerId(0)).unwrap();
-    let mut last = Ts::ZERO;
-    for i in 0..50u32 {
-        last = w.run(|x| x.put(t, &i.to_be_bytes(), &[5u8; 100])).unwrap().1.wait().unwrap();
-    }
+    let (d, _, _, _, last) = primary_with_50_commits(dir.path(), &[5u8; 100]);
     d.close_and_release();
     ditto_log::sealed::seal_own_log(dir.path(), last, &RealStorage).unwrap();
     drop(d);
