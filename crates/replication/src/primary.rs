@@ -128,9 +128,14 @@ pub struct BackupInfo {
 struct Link {
     node: String,
     addr: String,
-    /// Its place in the commit quorum's holdings (`Primary::holdings`); a learner's slots
-    /// are numbered apart and never counted.
+    /// Its number among the live links of its kind (a learner's are numbered apart); the
+    /// quorum's record keeps a bound on it (`crate::restart`). Not its place in
+    /// `Primary::holdings`, which lists the live counted links.
     slot: usize,
+    /// Killed (`kill`): it counts in no quorum from then on, and its slot is free, though
+    /// its thread may not have taken it out of the list yet (a registration wait, a
+    /// checkpoint being written, its ack reader's end).
+    gone: AtomicBool,
     learner: bool,
     /// Its backup counts in the quorum: not a learner's, and of a member
     /// (`set_counted_nodes`). Set when it registers and when the members change, so that
@@ -179,6 +184,7 @@ struct Queue {
 
 impl Link {
     fn kill(&self, why: String) {
+        self.gone.store(true, Ordering::Release);
         let mut q = self.queue.lock();
         if q.dead.is_none() {
             q.dead = Some(why);
@@ -382,12 +388,17 @@ impl Primary {
         let links = self.links.lock();
         let expected = self.backups_expected.load(Ordering::Acquire);
         // A learner counts in no quorum (docs/cluster.md, "Learners"); nor does a node that
-        // is not a member (`set_counted_nodes`).
-        let counted = || links.iter().filter(|l| l.counted.load(Ordering::Acquire));
-        let slots = expected.max(counted().map(|l| l.slot + 1).max().unwrap_or(0));
-        let mut backups = vec![None; slots];
-        for l in counted() {
-            backups[l.slot] = Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
+        // is not a member (`set_counted_nodes`), nor a link killed, whose backup's new link
+        // (under the same name) may be in the list beside it. Each live counted link is one
+        // backup, and the quorum is at least the expected count: a link that is not there
+        // holds nothing. (Placed by their slots before 2026-12-02: a killed link not yet out
+        // of the list and its backup's new one counted twice, and a removed member's link at
+        // a low slot padded the quorum with an empty place.)
+        let counted: Vec<&Arc<Link>> =
+            links.iter().filter(|l| l.counted.load(Ordering::Acquire) && !l.gone.load(Ordering::Acquire)).collect();
+        let mut backups = vec![None; expected.max(counted.len())];
+        for (b, l) in backups.iter_mut().zip(&counted) {
+            *b = Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
         }
         Holdings { primary_durable: logger.watermark(), primary_shipped: self.shipped.lock().watermark(), backups }
     }
@@ -831,16 +842,22 @@ impl Primary {
         // Register first: from here on every framed batch is queued for this backup.
         let link = loop {
             let links = self.links.lock();
-            let slot =
-                (0..).find(|s| !links.iter().any(|l| l.learner == learner && l.slot == *s)).expect("a free slot");
+            let taken =
+                |s: usize| links.iter().any(|l| l.learner == learner && l.slot == s && !l.gone.load(Ordering::Acquire));
+            let slot = (0..).find(|&s| !taken(s)).expect("a free slot");
             // Read again under the links' lock, which `set_counted_nodes` holds as it
             // changes the set and every link's flag. (Recorded above; a node that counts
             // only now, or a slot beyond that bound, taken meanwhile, here.)
             let counts = Self::counts(&self.counted_nodes.lock(), &node, learner);
-            let recorded = {
-                let q = self.quorum.lock();
-                q.mine.slots > slot && q.mine.backups.contains(&node)
+            // (Not waited for under the links' lock, which the commit path takes: the
+            // quorum's lock is held through the record's fsync.)
+            let Some(q) = self.quorum.try_lock() else {
+                drop(links);
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
             };
+            let recorded = q.mine.slots > slot && q.mine.backups.contains(&node);
+            drop(q);
             if counts && !recorded {
                 // Off the lock, and then looked at again.
                 drop(links);
@@ -858,6 +875,7 @@ impl Primary {
                 node: node.clone(),
                 addr: addr.clone(),
                 slot,
+                gone: AtomicBool::new(false),
                 learner,
                 counted: AtomicBool::new(counts),
                 queue: Mutex::new(Queue {
@@ -1073,10 +1091,12 @@ impl Primary {
             None => {
                 // Hard links keep the files while a later checkpoint replaces this one.
                 let keep = self.durable.dir().join(format!(
-                    "ship-{}-{}{}",
+                    "ship-{}-{}{}-{}",
                     std::process::id(),
                     if link.learner { "l" } else { "" },
-                    link.slot
+                    link.slot,
+                    // (Its own: a killed link of the same slot may still be leaving its own.)
+                    SHIP_DIRS.fetch_add(1, Ordering::Relaxed)
                 ));
                 let _ = std::fs::remove_dir_all(&keep);
                 // A recent checkpoint and the log above it (after a failover, the one the
@@ -1379,6 +1399,9 @@ impl Primary {
         })
     }
 }
+
+/// Numbers each link's directory of checkpoint files being sent (`ship-PID-SLOT-N`).
+static SHIP_DIRS: AtomicU64 = AtomicU64::new(0);
 
 /// Removes what a process that ended mid-send left in `dir`: the `ship-PID-SLOT`
 /// directories of checkpoint files linked for a joining backup (each link removes its own

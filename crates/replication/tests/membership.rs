@@ -136,3 +136,40 @@ fn a_backup_of_a_node_that_is_no_member_releases_nothing() {
     p.stop();
     a.close();
 }
+
+/// A removed node's backup still connected at a low slot pads no place into the quorum: a
+/// primary with two members b1 and b2 (three nodes, a majority is two) releases a commit
+/// that b2 alone holds, b1 being gone, though the removed node linked first (slot 0) and
+/// b2 last (slot 2). Before 2026-12-02 the quorum was laid out by slot, [removed: empty,
+/// b1, b2]: four places, three needed, so `majority` waited for every member as `all`
+/// does (and a killed link not yet out of the list beside its backup's new one counted
+/// that backup twice).
+#[test]
+fn a_removed_nodes_link_pads_no_place_into_the_quorum() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2, gone) =
+        (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"), tmp.path().join("gone"));
+    let (a, t, p, addr) = start_primary(&pa, 2);
+    p.set_counted_nodes(Some(["b1".to_string(), "b2".to_string()].into_iter().collect()));
+    let linked = |n: usize| wait_until("the backups linked", Duration::from_secs(20), || p.backups().len() == n);
+    let removed = backup::start(BackupOptions::new(&addr, &gone, 1, "gone")).unwrap();
+    linked(1);
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    linked(2);
+    let bk2 = backup::start(BackupOptions::new(&addr, &b2, 1, "b2")).unwrap();
+    linked(3);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let first = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+    wait_until("a release with every member", Duration::from_secs(20), || p.released() >= first);
+    bk1.stop("gone", Duration::from_secs(10)).unwrap();
+    linked(2);
+    let ts = w.run(|x| x.put(t, b"k2", b"v")).unwrap().1.wait().unwrap();
+    wait_until("a release with the primary and b2, a majority of three", Duration::from_secs(20), || {
+        p.released() >= ts
+    });
+    bk2.stop("done", Duration::from_secs(10)).unwrap();
+    removed.stop("done", Duration::from_secs(10)).unwrap();
+    drop(w);
+    p.stop();
+    a.close();
+}
