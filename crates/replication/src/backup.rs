@@ -1859,6 +1859,14 @@ struct PersistQueue {
 }
 
 impl ToPersist {
+    /// Nothing more is queued (`Queue::stop`): a push is refused, and the persister ends
+    /// once what is queued is durable, without waiting out its pace.
+    fn close(&self) {
+        self.q.lock().stop = true;
+        self.pace.notify_all();
+        self.cv.notify_all();
+    }
+
     /// Queues a burst; waits while too much is queued. False if the persister failed.
     fn push(&self, jobs: &mut Vec<Job>, received: &Prefix) -> bool {
         let mut q = self.q.lock();
@@ -1970,9 +1978,7 @@ impl Receiver {
     fn run(mut self, stream: TcpStream, reader: BufReader<TcpStream>) {
         self.follow(stream, reader);
         // Stopped for good (the backup failed): the persister ends too.
-        self.persist.q.lock().stop = true;
-        self.persist.pace.notify_all();
-        self.persist.cv.notify_all();
+        self.persist.close();
     }
 
     /// Follows the primary, resuming after each interruption, until the backup fails.
@@ -2513,11 +2519,7 @@ impl Backup {
         // the failure above is set), so the persister ends once what is queued is durable;
         // a receiver that is connecting meanwhile (5 s a try to a primary gone silent) is
         // not waited for.
-        {
-            self.persist.q.lock().stop = true;
-            self.persist.pace.notify_all();
-            self.persist.cv.notify_all();
-        }
+        self.persist.close();
         // Done once the persister has made every push durable (replay may still be
         // running, or waiting: it does not matter for what was acknowledged).
         let deadline = Instant::now() + timeout;

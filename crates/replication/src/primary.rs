@@ -394,11 +394,13 @@ impl Primary {
         // holds nothing. (Placed by their slots before 2026-12-02: a killed link not yet out
         // of the list and its backup's new one counted twice, and a removed member's link at
         // a low slot padded the quorum with an empty place.)
-        let counted: Vec<&Arc<Link>> =
-            links.iter().filter(|l| l.counted.load(Ordering::Acquire) && !l.gone.load(Ordering::Acquire)).collect();
-        let mut backups = vec![None; expected.max(counted.len())];
-        for (b, l) in backups.iter_mut().zip(&counted) {
-            *b = Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire))));
+        let mut backups: Vec<_> = links
+            .iter()
+            .filter(|l| l.counted.load(Ordering::Acquire) && !l.gone.load(Ordering::Acquire))
+            .map(|l| Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire)))))
+            .collect();
+        if backups.len() < expected {
+            backups.resize(expected, None);
         }
         Holdings { primary_durable: logger.watermark(), primary_shipped: self.shipped.lock().watermark(), backups }
     }

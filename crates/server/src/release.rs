@@ -202,12 +202,7 @@ pub fn on_log_progress(recompute: Option<&dyn Fn()>, releases: &[Arc<Release>], 
     let failed = failed.as_ref();
     match (recompute, failed) {
         (Some(recompute), None) => recompute(),
-        (Some(recompute), Some(why)) => {
-            recompute();
-            for r in releases {
-                r.fail(why);
-            }
-        }
+        (Some(recompute), Some(why)) => give_up(Some(recompute), releases, why),
         (None, _) => {
             for r in releases {
                 r.advance(w, failed);
@@ -216,20 +211,33 @@ pub fn on_log_progress(recompute: Option<&dyn Fn()>, releases: &[Arc<Release>], 
     }
 }
 
+/// A primary that releases nothing more (its log failed; it was fenced for a switchover;
+/// it follows another primary now): each release is moved by its own policy first
+/// (`recompute`), and every reply it does not cover then fails with `why`, as does every
+/// later wait.
+pub fn give_up(recompute: Option<&dyn Fn()>, releases: &[Arc<Release>], why: &Arc<str>) {
+    if let Some(recompute) = recompute {
+        recompute();
+    }
+    for r in releases {
+        r.fail(why);
+    }
+}
+
+/// Polls a future once: `Some` if it finished (the tests' way to look at a wait).
+#[cfg(test)]
+pub(crate) fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+    let waker = std::task::Waker::noop();
+    match f.poll(&mut std::task::Context::from_waker(waker)) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::future::Future;
     use std::pin::pin;
-    use std::task::{Context, Poll, Waker};
-
-    /// Polls once; `Some` if it finished.
-    fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
-        match f.poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(v) => Some(v),
-            Poll::Pending => None,
-        }
-    }
 
     #[test]
     fn the_highest_commit_released_to_a_client_is_counted_for_every_policy_sharing_it() {

@@ -876,8 +876,7 @@ fn run_role(
     let ckpt_policy = cfg.checkpoint_policy();
     let checkpointer = durable.as_ref().and_then(|d| ckpt_policy.any().then(|| d.spawn_checkpointer(ckpt_policy)));
     if let Some(logger) = &logger {
-        let releases: Vec<Arc<Release>> =
-            std::iter::once(Arc::clone(&release)).chain(by_policy.iter().map(|(_, r)| Arc::clone(r))).collect();
+        let releases = every_release(&release, &by_policy);
         let p = primary.clone();
         logger
             .set_progress_listener(Box::new(move |w, failed| {
@@ -1273,18 +1272,21 @@ fn run_role(
 /// outcome is unknown), rather than wait for good.
 fn give_up_waits(
     primary: Option<&ditto_replication::Primary>,
-    release: &Release,
+    release: &Arc<Release>,
     by_policy: &[(ditto_replication::CommitPolicy, Arc<Release>)],
     why: &str,
 ) {
-    if let Some(p) = primary {
-        p.recompute();
-    }
-    let why: Arc<str> = why.into();
-    release.fail(&why);
-    for (_, r) in by_policy {
-        r.fail(&why);
-    }
+    let recompute = primary.map(|p| move || p.recompute());
+    let releases = every_release(release, by_policy);
+    crate::release::give_up(recompute.as_ref().map(|f| f as &dyn Fn()), &releases, &why.into());
+}
+
+/// The server's policy's release and each other policy's.
+fn every_release(
+    release: &Arc<Release>,
+    by_policy: &[(ditto_replication::CommitPolicy, Arc<Release>)],
+) -> Vec<Arc<Release>> {
+    std::iter::once(Arc::clone(release)).chain(by_policy.iter().map(|(_, r)| Arc::clone(r))).collect()
 }
 
 /// The failpoint `count-ignored-once` has ignored a `count` (it ignores the first only).
@@ -2181,15 +2183,9 @@ mod tests {
     /// again).
     #[test]
     fn a_primary_changing_its_role_in_place_fails_the_replies_still_waiting() {
-        use std::task::{Context, Poll, Waker};
-        fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
-            match f.poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(v) => Some(v),
-                Poll::Pending => None,
-            }
-        }
+        use crate::release::poll_once;
         let policy = ditto_replication::CommitPolicy::parse("majority-durable").unwrap();
-        let (release, majority) = (Release::default(), Arc::new(Release::default()));
+        let (release, majority) = (Arc::new(Release::default()), Arc::new(Release::default()));
         release.advance(Ts(5), None);
         let mut covered = std::pin::pin!(release.wait(Ts(5)));
         let mut above = std::pin::pin!(release.wait(Ts(9)));
