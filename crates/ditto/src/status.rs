@@ -137,6 +137,22 @@ pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>
                     g("freshness_pct"),
                     g("queued_bytes")
                 );
+                // A backup still being sent its start (a copy, the log from disk).
+                if !matches!(b.get("state").map(String::as_str), None | Some("online")) {
+                    let copy = match (b.get("copy_sent_bytes"), b.get("copy_total_bytes")) {
+                        (Some(sent), Some(total)) => {
+                            let (sent, total) = (sent.parse().unwrap_or(0.0), total.parse().unwrap_or(0.0f64));
+                            format!(
+                                ": checkpoint copy {:.1} of {:.1} MB ({:.0}%)",
+                                sent / 1e6,
+                                total / 1e6,
+                                100.0 * sent / total.max(1.0)
+                            )
+                        }
+                        _ => String::new(),
+                    };
+                    println!("    joining, {}{copy}", g("state"));
+                }
             }
             println!(
                 "  lags: how long the oldest commit shipped and not yet at that position has waited (primary's clock)"

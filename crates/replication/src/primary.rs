@@ -6,7 +6,9 @@
 //!  link reader thread:  Ack{received, durable, replayed} -> Holdings -> on_change (the server releases)
 //! ```
 //! Invariants: the tap never blocks a flusher (a link whose queue passes
-//! `queue_bytes_max` is dropped, and the backup resumes from disk); a link's frames go out
+//! `queue_bytes_max` is dropped, and the backup resumes from disk; one whose start is
+//! still being sent stops queueing instead, and is sent what it missed from disk after its
+//! start, `Queue::spilled`); a link's frames go out
 //! in tap order, after everything of its start (checkpoint or gap), so floors stay true on
 //! the backup (crates/log/src/replica.rs); a backup's watermarks only count while its link
 //! is up, and only grow within a link.
@@ -123,7 +125,22 @@ pub struct BackupInfo {
     pub replay_lag: Duration,
     /// How long ago its last acknowledgement arrived (a cluster's failure detector).
     pub heard_ago: Duration,
+    /// Where its start is, in Redis's words where they fit: `wait_bgsave` (registered, a
+    /// checkpoint being written for it), `send_bulk` (a checkpoint copy or a gap from disk
+    /// being sent), `catch_up` (the log its queue could not hold meanwhile, from disk,
+    /// `Queue::spilled`), `online` (live).
+    pub state: &'static str,
+    /// The checkpoint copy being sent or last sent on this link: bytes sent, of its files'
+    /// total (both 0 when none).
+    pub copy_sent_bytes: u64,
+    pub copy_total_bytes: u64,
 }
+
+/// `Link::phase`'s values, named as `BackupInfo::state` gives them.
+const PHASES: [&str; 4] = ["wait_bgsave", "send_bulk", "catch_up", "online"];
+const PHASE_SENDING: u8 = 1;
+const PHASE_CATCHING_UP: u8 = 2;
+const PHASE_ONLINE: u8 = 3;
 
 struct Link {
     node: String,
@@ -164,6 +181,11 @@ struct Link {
     /// its first ack, the log above it is kept for it (`log_needed_above`), so that a
     /// checkpoint while a long gap is sent deletes none of it.
     asked_from: AtomicU64,
+    /// Where its start is (`PHASES`).
+    phase: std::sync::atomic::AtomicU8,
+    /// Its checkpoint copy's bytes sent and total (`BackupInfo`).
+    copy_sent: AtomicU64,
+    copy_total: AtomicU64,
 }
 
 const NOTHING_ASKED: u64 = u64::MAX;
@@ -176,6 +198,17 @@ struct Queue {
     dead: Option<String>,
     /// The link's thread is writing frames it took from `frames`.
     writing: bool,
+    /// Its start (a checkpoint copy, a gap read from disk, and what it missed meanwhile)
+    /// is still being sent: a queue that passes its bound then spills (`spilled`) instead
+    /// of killing the link. Cleared as the link goes live, under this lock.
+    starting: bool,
+    /// The queue passed its bound while the link's start was sent: what was queued was
+    /// dropped and nothing more is queued; the link's thread sends the log from disk above
+    /// where its start ends (kept for it, `Link::asked_from`), queueing again from just
+    /// before it reads it (`Primary::catch_up`). A backup that holds nothing until its
+    /// copy is whole (a join) would otherwise be dropped and copied again from scratch,
+    /// for ever, where the copy takes longer than the queue holds at the write rate.
+    spilled: bool,
     /// The connection, once the link is live (its welcome and gap sent): a thread that
     /// ships a frame while nothing is queued or being written sends it here itself, without
     /// waking the link's thread (`push_to`).
@@ -249,6 +282,9 @@ pub struct Primary {
     /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
     pub heartbeats_not_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
+    /// Times a link's queue passed its bound while its start was sent, and what it missed
+    /// was sent from disk after it (`Primary::catch_up`), instead of the link being dropped.
+    pub starts_caught_up: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
     pub checkpoints_sent: AtomicU64,
     /// Counted backups whose link closed: how far each had made the log durable
@@ -290,6 +326,7 @@ impl Primary {
             dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
+            starts_caught_up: AtomicU64::new(0),
             checkpoints_sent: AtomicU64::new(0),
             gone: Mutex::new(Default::default()),
         });
@@ -597,6 +634,9 @@ impl Primary {
                         NEVER_ACKED => Duration::MAX,
                         us => l.since.elapsed().saturating_sub(Duration::from_micros(us)),
                     },
+                    state: PHASES[l.phase.load(Ordering::Acquire) as usize],
+                    copy_sent_bytes: l.copy_sent.load(Ordering::Acquire),
+                    copy_total_bytes: l.copy_total.load(Ordering::Acquire),
                 }
             })
             .collect()
@@ -672,17 +712,24 @@ impl Primary {
         let mut gone = self.gone.lock();
         gone.retain(|node, d| Self::counts(&counted, node, false) && *d >= gone_below.0);
         // Each counted link: what it made durable, or (not heard from yet) where the log it
-        // is being sent starts (`NOTHING_ASKED`, the maximum, when none).
+        // is being sent starts (`NOTHING_ASKED`, the maximum, when none); and any link
+        // whose start is still being sent (a learner's too): where that starts, for what
+        // its queue cannot hold meanwhile (`Queue::spilled`).
         let (mut low, mut heard) = (u64::MAX, std::collections::BTreeSet::new());
-        for l in links.iter().filter(|l| l.counted.load(Ordering::Acquire)) {
-            let d = if l.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
-                heard.insert(l.node.as_str());
-                l.durable.load(Ordering::Acquire)
-            } else {
-                l.asked_from.load(Ordering::Acquire)
-            };
+        let mut keep = |d: u64| {
             if d >= gone_below.0 {
                 low = low.min(d);
+            }
+        };
+        for l in links.iter() {
+            let counts = l.counted.load(Ordering::Acquire);
+            let was_heard = l.heard_us.load(Ordering::Acquire) != NEVER_ACKED;
+            if counts && was_heard {
+                heard.insert(l.node.as_str());
+                keep(l.durable.load(Ordering::Acquire));
+            }
+            if (counts && !was_heard) || l.queue.lock().starting {
+                keep(l.asked_from.load(Ordering::Acquire));
             }
         }
         // And those away, unless a link of theirs has been heard from since.
@@ -742,7 +789,7 @@ impl Primary {
     fn push_to(&self, links: &[Arc<Link>], frame: &Bytes, at_once: bool) {
         for l in links {
             let mut q = l.queue.lock();
-            if q.dead.is_some() {
+            if q.dead.is_some() || q.spilled {
                 continue;
             }
             let mut frame = frame.clone();
@@ -757,6 +804,14 @@ impl Primary {
                     // The link's thread meets the same error, and ends the link.
                     Err(_) => {}
                 }
+            }
+            if q.bytes + frame.len() > self.opts.queue_bytes_max && q.starting {
+                // Its start is still being sent: what it misses now is read from disk
+                // after it (`catch_up`).
+                q.frames.clear();
+                q.bytes = 0;
+                q.spilled = true;
+                continue;
             }
             if q.bytes + frame.len() > self.opts.queue_bytes_max {
                 drop(q);
@@ -885,6 +940,8 @@ impl Primary {
                     bytes: 0,
                     dead: None,
                     writing: false,
+                    starting: true,
+                    spilled: false,
                     direct: None,
                 }),
                 cv: Condvar::new(),
@@ -897,6 +954,9 @@ impl Primary {
                 sock: stream.try_clone().ok(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
+                phase: Default::default(),
+                copy_sent: AtomicU64::new(0),
+                copy_total: AtomicU64::new(0),
             });
             links.push(Arc::clone(&link));
             break link;
@@ -1072,7 +1132,9 @@ impl Primary {
         let tables = |logger: &ditto_log::Logger| {
             logger.catalog_tables().into_iter().map(|(id, n)| (id.0, n)).collect::<Vec<_>>()
         };
-        match gap {
+        // Everything at or below it is in the start sent (the log above it is read from disk
+        // for what the queue drops meanwhile, `catch_up`).
+        let start_ends = match gap {
             Some(gap) => {
                 tracing::info!(
                     "backup {} at {addr}: resuming above ts {} ({} batches from disk)",
@@ -1087,8 +1149,10 @@ impl Primary {
                     tables: tables(logger),
                     start: Start::Resume,
                 };
+                link.phase.store(PHASE_SENDING, Ordering::Release);
                 w.write_all(&welcome.encode())?;
                 self.send_gap(&mut w, gap, have_ts, reg_clock)?;
+                reg_clock
             }
             None => {
                 // Hard links keep the files while a later checkpoint replaces this one.
@@ -1117,7 +1181,9 @@ impl Primary {
                     (Some((info, files)), Some(above)) => (info, files, above),
                     _ => {
                         let _ = std::fs::remove_dir_all(&keep);
-                        link.asked_from.store(NOTHING_ASKED, Ordering::Release);
+                        // The log above the registration (so above the checkpoint) is kept
+                        // while the copy is sent, for what the queue cannot hold meanwhile.
+                        link.asked_from.store(reg_clock.0, Ordering::Release);
                         let info = self.checkpoint_for_a_join(&mut w)?;
                         let files =
                             ditto_log::checkpoint::link_files(&info.dir, &keep).map_err(std::io::Error::other)?;
@@ -1143,26 +1209,30 @@ impl Primary {
                     start: Start::Checkpoint { ts: info.ts },
                 };
                 self.checkpoints_sent.fetch_add(1, Ordering::Relaxed);
+                let total = files.iter().filter_map(|n| std::fs::metadata(keep.join(n)).ok()).map(|m| m.len()).sum();
+                link.copy_total.store(total, Ordering::Release);
+                link.phase.store(PHASE_SENDING, Ordering::Release);
                 w.write_all(&welcome.encode())?;
-                let sent = send_files(&mut w, &keep, &files);
+                let sent = send_files(&mut w, &keep, &files, &link.copy_sent);
                 let _ = std::fs::remove_dir_all(&keep);
                 sent?;
                 w.write_all(&Frame::CheckpointDone { ts: info.ts }.encode())?;
                 // The log above a reused checkpoint, as a resumed backup's gap is sent (for
                 // one written now, at or above the registration, there is none).
                 self.send_gap(&mut w, above, info.ts, reg_clock)?;
+                info.ts.max(reg_clock)
             }
-        }
+        };
         w.flush()?;
         // Acks are read on the server's runtime, or on a thread of their own.
         let acks = self.read_acks(link, reader)?;
         self.changed();
-        // Live: a frame shipped while nothing waits here is sent by the thread shipping it.
-        {
-            let mut q = link.queue.lock();
-            if q.dead.is_none() {
-                q.direct = Some(stream.try_clone()?);
-            }
+        // What the queue dropped meanwhile, then live: a frame shipped while nothing waits
+        // here is sent by the thread shipping it.
+        if let Err(e) = self.catch_up(stream, &mut w, link, start_ends, logger) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            acks.join();
+            return Err(e);
         }
         // Send the queue until the link dies.
         let (mut last_released, mut last_acknowledged) = (Ts::ZERO, Ts::ZERO);
@@ -1234,6 +1304,78 @@ impl Primary {
         let _ = stream.shutdown(std::net::Shutdown::Both);
         acks.join();
         result
+    }
+
+    /// Sends `link` what its queue dropped while its start was sent (`Queue::spilled`):
+    /// the log above `from` (everything at or below it was in the start), read from disk
+    /// after the queue takes frames again, as a resumed backup's gap is; again while the
+    /// queue spills during that. Then takes the link live, under the queue's lock. The log
+    /// above `from` was kept for it (`asked_from`, `log_needed_above`) up to the bound on
+    /// the log kept for backups: past it, the link ends saying so, and the backup starts
+    /// again from what it holds.
+    fn catch_up(
+        &self,
+        stream: &TcpStream,
+        w: &mut impl Write,
+        link: &Link,
+        mut from: Ts,
+        logger: &ditto_log::Logger,
+    ) -> std::io::Result<()> {
+        let clock = self.durable.db().clock();
+        loop {
+            {
+                let mut q = link.queue.lock();
+                if let Some(why) = &q.dead {
+                    return Err(std::io::Error::other(why.clone()));
+                }
+                if !q.spilled {
+                    q.starting = false;
+                    q.direct = Some(stream.try_clone()?);
+                    link.phase.store(PHASE_ONLINE, Ordering::Release);
+                    return Ok(());
+                }
+                // Queued again from here: everything framed before is read from disk below.
+                q.spilled = false;
+            }
+            self.starts_caught_up.fetch_add(1, Ordering::Relaxed);
+            link.phase.store(PHASE_CATCHING_UP, Ordering::Release);
+            let reg = clock.now();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while logger.watermark() < reg {
+                if Instant::now() > deadline || link.gone.load(Ordering::Acquire) {
+                    return Err(std::io::Error::other("the log did not become durable up to the catch-up's start"));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let gap = match ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from) {
+                Ok(Some(gap)) => gap,
+                Ok(None) => {
+                    return Err(std::io::Error::other(format!(
+                        "the log above ts {} that backup {} missed while its start was sent is gone (past the log kept for backups, log_keep_for_backups_mb): it starts again from what it holds",
+                        from.0, link.node
+                    )))
+                }
+                Err(e) => {
+                    return Err(std::io::Error::other(format!(
+                        "the log above ts {} that backup {} missed while its start was sent cannot be read whole ({e}): it starts again from what it holds",
+                        from.0, link.node
+                    )))
+                }
+            };
+            tracing::info!(
+                "backup {} at {}: the log written while its start was sent passed its queue ({} MiB); sending it from disk above ts {} ({} batches)",
+                link.node,
+                link.addr,
+                self.opts.queue_bytes_max >> 20,
+                from.0,
+                gap.len()
+            );
+            self.send_gap(w, gap, from, reg)?;
+            w.flush()?;
+            // Everything at or below `reg` was durable before the gap was read, so in it.
+            from = reg;
+            link.asked_from.store(from.0, Ordering::Release);
+        }
     }
 
     /// Reads `link`'s acknowledgements (from `reader`, the connection after its `Hello`)
@@ -1351,7 +1493,8 @@ impl Primary {
     }
 }
 
-fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Result<()> {
+/// Sends checkpoint files `files` of `dir`, counting the bytes sent in `sent`.
+fn send_files(w: &mut impl Write, dir: &Path, files: &[String], sent: &AtomicU64) -> std::io::Result<()> {
     use std::io::Read;
     const CHUNK: usize = 1 << 20;
     // A chunk at a time: a part (64 MiB by default, larger if configured) is never held
@@ -1368,6 +1511,7 @@ fn send_files(w: &mut impl Write, dir: &Path, files: &[String]) -> std::io::Resu
             let last = off + n as u64 == len;
             let f = Frame::File { name: name.clone(), offset: off, data: Bytes::copy_from_slice(&buf[..n]), last };
             w.write_all(&f.encode())?;
+            sent.fetch_add(n as u64, Ordering::Relaxed);
             off += n as u64;
             if last {
                 break;

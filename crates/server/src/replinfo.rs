@@ -61,9 +61,10 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                 put(
                     &format!("slave{i}"),
                     format!(
-                        "node={},addr={},state=online,received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={}{}",
+                        "node={},addr={},state={},received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={}{}{}",
                         b.node,
                         b.addr,
+                        b.state,
                         b.received.0,
                         b.durable.0,
                         b.replayed.0,
@@ -74,7 +75,11 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                         freshness_pct(b.replayed.0.min(primary.released().0), visible),
                         b.queued_bytes,
                         b.heard_ago.as_millis(),
-                        if b.learner { ",learner=1" } else { "" }
+                        if b.learner { ",learner=1" } else { "" },
+                        match b.copy_total_bytes {
+                            0 => String::new(),
+                            total => format!(",copy_sent_bytes={},copy_total_bytes={total}", b.copy_sent_bytes),
+                        }
                     ),
                 );
             }
@@ -82,6 +87,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_frames_sent_directly", primary.frames_sent_directly.load(Ordering::Relaxed).to_string());
             put("ditto_heartbeats_not_shipped", primary.heartbeats_not_shipped.load(Ordering::Relaxed).to_string());
             put("ditto_backups_dropped", primary.backups_dropped.load(Ordering::Relaxed).to_string());
+            put("ditto_backup_starts_caught_up", primary.starts_caught_up.load(Ordering::Relaxed).to_string());
         }
         Replication::Backup { state, primary } => {
             let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Acquire);
