@@ -851,7 +851,7 @@ impl Database {
     fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<()> {
         // Unlinked already (the backup's own cleanup): every snapshot saw its tombstone.
         if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT != 0 {
-            return Ok(());
+            return unlinked_and_let_go(t, rid);
         }
         let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         while self.clock.refresh_horizon().0 < ts.0 - 1 {
@@ -888,9 +888,38 @@ impl Database {
             if now & UNLINKED_BIT == 0 {
                 return Err(Error::Corrupt(format!("table {}: record {} could not be unlinked", t.name, rid.0)));
             }
+            return unlinked_and_let_go(t, rid);
         }
         Ok(())
     }
+}
+
+/// Waits until whoever unlinked record `rid` (the backup's own cleanup, `txn::unlink_if`,
+/// or another replayer) has let its lock go: it marks the record unlinked while it still
+/// holds the lock, then takes the key out of the index. A reuse of the record under it
+/// (which writes the TID word and the key) would be undone when it let go: the record
+/// marked unlinked again under its new life, its key out of the index, every later
+/// update parked as if its insert never came (found by a review hunting a failure of the
+/// churn test in the dependency mode, once in CI).
+fn unlinked_and_let_go(t: &Table, rid: RecordId) -> Result<()> {
+    let tid = &t.record(rid).tid;
+    let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
+    let mut spins = 0u32;
+    while tid.load(Ordering::Acquire) & LOCK_BIT != 0 {
+        if Instant::now() > deadline {
+            return Err(Error::Corrupt(format!(
+                "table {}: record {} stayed locked while unlinked for {REPLAY_REUSE_WAIT_MAX:?}",
+                t.name, rid.0
+            )));
+        }
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
 }
 
 /// The replay error for a second earlier life of record `rid` (another key, at `ts`) while
@@ -973,5 +1002,47 @@ unsafe fn insert_older(rec: &Record, ts: Ts, value: Option<Val<'_>>) {
             return;
         }
         above = below;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Database, Options};
+
+    /// A record the backup's own cleanup is unlinking (marked unlinked, its lock still held,
+    /// its key not yet out of the index) when a replayed write gives its key a new life on
+    /// it: the write waits until the cleanup lets go, so the new life is neither marked
+    /// unlinked nor taken out of the index by the cleanup's last steps.
+    #[test]
+    fn a_new_life_on_a_record_being_unlinked_waits_for_the_unlinker() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let rid = RecordId(0);
+        db.replay_install(t, rid, Some(b"k"), Ts(1), Some(b"v1")).unwrap();
+        db.replay_install(t, rid, None, Ts(2), None).unwrap();
+        db.publish_read_view(Ts(2)).unwrap();
+        // The cleanup's first steps (`txn::unlink_if`): locked, then marked unlinked.
+        let table = db.table(t).unwrap();
+        let rec = table.record(rid);
+        assert!(rec.lock());
+        let cur = rec.tid.load(Ordering::Relaxed) & !LOCK_BIT;
+        rec.tid.store(cur | UNLINKED_BIT | LOCK_BIT, Ordering::Release);
+        std::thread::scope(|s| {
+            let db = &db;
+            let writer = s.spawn(move || db.replay_install(t, rid, Some(b"k"), Ts(3), Some(b"v3")));
+            std::thread::sleep(Duration::from_millis(100));
+            // Its last steps: the key out of the index, the lock let go.
+            let guard = crossbeam_epoch::pin();
+            table.index.remove_if(b"k", rid.0, &guard);
+            rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
+            writer.join().unwrap().unwrap();
+        });
+        db.publish_read_view(Ts(3)).unwrap();
+        assert_eq!(rec.tid.load(Ordering::Acquire) & (UNLINKED_BIT | LOCK_BIT), 0, "the new life is live");
+        assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v3"[..]));
+        db.replay_install(t, rid, None, Ts(4), Some(b"v4")).unwrap();
+        db.publish_read_view(Ts(4)).unwrap();
+        assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v4"[..]), "a later update finds its record");
     }
 }
