@@ -43,6 +43,11 @@ pub struct PrimaryOptions {
     /// A backup further behind than this many bytes of queued frames is dropped (it resumes
     /// from the log on disk): the primary's memory stays bounded whatever a backup does.
     pub queue_bytes_max: usize,
+    /// How long a write to a backup may wait while its start (a checkpoint copy, the log
+    /// from disk) is sent: one that reads nothing for so long is given up. (Its queue
+    /// spills meanwhile rather than kill the link, `Queue::spilled`, so nothing else
+    /// would; once live, the queue's bound does.)
+    pub start_stall_max: Duration,
     /// How often an idle link sends the release watermark (and how stale a backup's view of
     /// it can be when nothing else is sent).
     pub heartbeat: Duration,
@@ -91,6 +96,7 @@ impl Default for PrimaryOptions {
             backups_expected: 0,
             members_config: 0,
             queue_bytes_max: 256 << 20,
+            start_stall_max: Duration::from_secs(60),
             heartbeat: Duration::from_millis(1),
             resume_from: None,
             acknowledged: None,
@@ -282,9 +288,10 @@ pub struct Primary {
     /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
     pub heartbeats_not_shipped: AtomicU64,
     pub backups_dropped: AtomicU64,
-    /// Times a link's queue passed its bound while its start was sent, and what it missed
-    /// was sent from disk after it (`Primary::catch_up`), instead of the link being dropped.
-    pub starts_caught_up: AtomicU64,
+    /// Rounds of `Primary::catch_up`: a link's queue passed its bound while its start (or
+    /// the round before) was sent, and what it missed was sent from disk after it,
+    /// instead of the link being dropped.
+    pub catch_up_rounds: AtomicU64,
     /// Backups that joined with a checkpoint copy (the others resumed from the log).
     pub checkpoints_sent: AtomicU64,
     /// Counted backups whose link closed: how far each had made the log durable
@@ -326,7 +333,7 @@ impl Primary {
             dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
-            starts_caught_up: AtomicU64::new(0),
+            catch_up_rounds: AtomicU64::new(0),
             checkpoints_sent: AtomicU64::new(0),
             gone: Mutex::new(Default::default()),
         });
@@ -961,7 +968,16 @@ impl Primary {
             links.push(Arc::clone(&link));
             break link;
         };
-        let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger);
+        let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger).map_err(|e| {
+            let stalled = matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
+            match link.queue.lock().starting && stalled {
+                true => std::io::Error::other(format!(
+                    "backup {node} read nothing of its start (a checkpoint copy, or the log from disk) for {:?}: given up",
+                    self.opts.start_stall_max
+                )),
+                false => e,
+            }
+        });
         link.kill("link closed".into());
         self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
         if link.counted.load(Ordering::Acquire) && link.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
@@ -1047,6 +1063,8 @@ impl Primary {
         logger: &ditto_log::Logger,
     ) -> std::io::Result<()> {
         let db = self.durable.db();
+        // A backup that reads nothing of its start for so long is given up.
+        stream.set_write_timeout(Some(self.opts.start_stall_max))?;
         let reg_clock = db.clock().now();
         // Everything framed before the registration must be durable (so a gap read from
         // disk holds it) and installed (so a checkpoint holds it).
@@ -1329,6 +1347,7 @@ impl Primary {
                     return Err(std::io::Error::other(why.clone()));
                 }
                 if !q.spilled {
+                    stream.set_write_timeout(None)?;
                     q.starting = false;
                     q.direct = Some(stream.try_clone()?);
                     link.phase.store(PHASE_ONLINE, Ordering::Release);
@@ -1337,31 +1356,39 @@ impl Primary {
                 // Queued again from here: everything framed before is read from disk below.
                 q.spilled = false;
             }
-            self.starts_caught_up.fetch_add(1, Ordering::Relaxed);
+            self.catch_up_rounds.fetch_add(1, Ordering::Relaxed);
             link.phase.store(PHASE_CATCHING_UP, Ordering::Release);
             let reg = clock.now();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while logger.watermark() < reg {
-                if Instant::now() > deadline || link.gone.load(Ordering::Acquire) {
-                    return Err(std::io::Error::other("the log did not become durable up to the catch-up's start"));
-                }
-                std::thread::sleep(Duration::from_micros(200));
+            // Tables created meanwhile: their frames were dropped with the rest, and the
+            // catalog, not the log, holds them (each is in it before its frame is framed,
+            // so those dropped are there now; a backup takes one it has again).
+            for (id, name) in logger.catalog_tables() {
+                w.write_all(&Frame::Table { id: id.0, name }.encode())?;
             }
-            let gap = match ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from) {
-                Ok(Some(gap)) => gap,
-                Ok(None) => {
-                    return Err(std::io::Error::other(format!(
+            let read = || {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while logger.watermark() < reg {
+                    if Instant::now() > deadline || link.gone.load(Ordering::Acquire) {
+                        return Err(std::io::Error::other("the log did not become durable up to the catch-up's start"));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                match ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from) {
+                    Ok(Some(gap)) => Ok(gap),
+                    Ok(None) => Err(std::io::Error::other(format!(
                         "the log above ts {} that backup {} missed while its start was sent is gone (past the log kept for backups, log_keep_for_backups_mb): it starts again from what it holds",
                         from.0, link.node
-                    )))
-                }
-                Err(e) => {
-                    return Err(std::io::Error::other(format!(
+                    ))),
+                    Err(e) => Err(std::io::Error::other(format!(
                         "the log above ts {} that backup {} missed while its start was sent cannot be read whole ({e}): it starts again from what it holds",
                         from.0, link.node
-                    )))
+                    ))),
                 }
             };
+            // (Read on a thread of its own, the backup told meanwhile that the link lives:
+            // a long log is checked whole before it is sent.)
+            w.flush()?;
+            let gap = saying_alive(w, read)?;
             tracing::info!(
                 "backup {} at {}: the log written while its start was sent passed its queue ({} MiB); sending it from disk above ts {} ({} batches)",
                 link.node,
@@ -1527,23 +1554,31 @@ impl Primary {
     /// only `backup::SILENCE_MAX` (5 s) for a word, and a checkpoint of gigabytes takes
     /// longer (before, it reconnected every 5 s, and a starting backup gave up after 60).
     fn checkpoint_for_a_join(&self, w: &mut impl Write) -> std::io::Result<ditto_log::CheckpointInfo> {
-        std::thread::scope(|s| {
-            let writing = s.spawn(|| self.durable.checkpoint());
-            let mut said = Instant::now();
-            let mut told = Ok(());
-            while !writing.is_finished() {
-                std::thread::sleep(Duration::from_millis(10));
-                if told.is_ok() && said.elapsed() >= Duration::from_secs(1) {
-                    let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
-                    told = w.write_all(&beat.encode()).and_then(|()| w.flush());
-                    said = Instant::now();
-                }
-            }
-            let info = writing.join().expect("the checkpoint writer panicked").map_err(std::io::Error::other)?;
-            // (The checkpoint stays for the next join to reuse if this backup left.)
-            told.map(|()| info)
-        })
+        let info = saying_alive(w, || self.durable.checkpoint().map_err(std::io::Error::other))?;
+        // (The checkpoint stays for the next join to reuse if this backup left.)
+        Ok(info)
     }
+}
+
+/// Runs `f` on a thread of its own, telling the backup on `w` every second meanwhile that
+/// the link is alive (it gives a silent primary up after `backup::SILENCE_MAX`, 5 s): a
+/// heartbeat that moves nothing (before its welcome, it skips it).
+fn saying_alive<T: Send>(w: &mut impl Write, f: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<T> {
+    std::thread::scope(|s| {
+        let working = s.spawn(f);
+        let mut said = Instant::now();
+        let mut told = Ok(());
+        while !working.is_finished() {
+            std::thread::sleep(Duration::from_millis(10));
+            if told.is_ok() && said.elapsed() >= Duration::from_secs(1) {
+                let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+                told = w.write_all(&beat.encode()).and_then(|()| w.flush());
+                said = Instant::now();
+            }
+        }
+        let out = working.join().expect("a link's helper thread panicked")?;
+        told.map(|()| out)
+    })
 }
 
 /// Numbers each link's directory of checkpoint files being sent (`ship-PID-SLOT-N`).

@@ -89,7 +89,7 @@ fn join_under_writes(keep_for_backups_max_bytes: u64) -> (u64, u64, u64) {
     let mut noise = noise_from(0x2545_f491_4f6c_dd1d);
     let mut rows = Vec::new();
     let mut last = Ts::ZERO;
-    let mut commit = |from: u32, to: u32, size: usize, rows: &mut Vec<(u32, Vec<u8>)>| {
+    let mut commit_to = |t: ditto_engine::TableId, from: u32, to: u32, size: usize, rows: &mut Vec<(u32, Vec<u8>)>| {
         let mut pending = Vec::new();
         for i in from..to {
             let v = noise(size);
@@ -100,7 +100,7 @@ fn join_under_writes(keep_for_backups_max_bytes: u64) -> (u64, u64, u64) {
             last = last.max(h.wait().unwrap());
         }
     };
-    commit(0, 384, 64 << 10, &mut rows);
+    commit_to(t, 0, 384, 64 << 10, &mut rows);
     let stall = Arc::new(AtomicBool::new(true));
     let px = stalling_proxy(addr, Arc::clone(&stall));
     // (Its start returns once the copy is in place.)
@@ -109,9 +109,14 @@ fn join_under_writes(keep_for_backups_max_bytes: u64) -> (u64, u64, u64) {
     wait_until("the copy to start", Duration::from_secs(30), || p.checkpoints_sent.load(Ordering::SeqCst) == 1);
     // Eight times the queue, in 4 KiB rows, while the copy cannot move; then a checkpoint,
     // which deletes the segments below it that nothing keeps.
-    commit(1000, 1512, 4 << 10, &mut rows);
+    commit_to(t, 1000, 1512, 4 << 10, &mut rows);
+    // A table created meanwhile: its frame is dropped with the rest, and the catch-up
+    // names it before the writes to it.
+    let t2 = a.db().create_table("t2").unwrap();
+    let mut rows2 = Vec::new();
+    commit_to(t2, 0, 16, 100, &mut rows2);
     a.checkpoint().unwrap();
-    commit(2000, 2064, 4 << 10, &mut rows);
+    commit_to(t, 2000, 2064, 4 << 10, &mut rows);
     std::thread::sleep(Duration::from_millis(300));
     // Its state says where its start is, and how much of the copy went.
     let b = p.backups().into_iter().next().expect("the backup's link");
@@ -120,11 +125,11 @@ fn join_under_writes(keep_for_backups_max_bytes: u64) -> (u64, u64, u64) {
     stall.store(false, Ordering::SeqCst);
     let mut bk = starting.join().unwrap();
     // And more while it catches up, and after.
-    commit(3000, 3064, 4 << 10, &mut rows);
+    commit_to(t, 3000, 3064, 4 << 10, &mut rows);
     // A backup whose primary could not send what it missed is told to join again with a
     // fresh copy (`JoinAgain::Copy`), as a server does then.
     wait_until("the backup to replay everything, or to need a copy", Duration::from_secs(60), || {
-        bk.state.visible.load(Ordering::SeqCst) >= last.0 || bk.join_again().is_some()
+        bk.state.visible.load(Ordering::SeqCst) >= last.0 || bk.join_again().is_some() || bk.failure().is_some()
     });
     let mut copies_asked = 0;
     if let Some(again) = bk.join_again() {
@@ -146,8 +151,12 @@ fn join_under_writes(keep_for_backups_max_bytes: u64) -> (u64, u64, u64) {
     for (k, v) in &rows {
         assert_eq!(r.get(tb, &k.to_be_bytes()).unwrap().as_deref(), Some(&v[..]), "key {k} on the backup");
     }
+    let tb2 = bk.db.table_id("t2").expect("the table made during the copy");
+    for (k, v) in &rows2 {
+        assert_eq!(r.get(tb2, &k.to_be_bytes()).unwrap().as_deref(), Some(&v[..]), "key {k} of t2 on the backup");
+    }
     drop(r);
-    let figures = (p.checkpoints_sent.load(Ordering::SeqCst), copies_asked, p.starts_caught_up.load(Ordering::SeqCst));
+    let figures = (p.checkpoints_sent.load(Ordering::SeqCst), copies_asked, p.catch_up_rounds.load(Ordering::SeqCst));
     bk.stop("done", Duration::from_secs(10)).unwrap();
     drop(w);
     p.stop();
@@ -173,4 +182,51 @@ fn a_copy_whose_missed_log_went_past_the_kept_bound_is_sent_again_and_nothing_is
     assert_eq!(asked, 1, "joined again once");
     assert!(copies >= 2, "the copy sent again: {copies}");
     assert!(caught_up >= 1, "{caught_up}");
+}
+
+#[test]
+fn a_joining_backup_that_reads_nothing_of_its_copy_is_given_up_and_its_name_freed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let opts = PrimaryOptions {
+        backups_expected: 1,
+        queue_bytes_max: 256 << 10,
+        start_stall_max: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let (a, t, p, addr) = start_primary(&pa, LogOptions::default(), "local", opts);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut noise = noise_from(0x9e37_79b9_7f4a_7c15);
+    let mut last = Ts::ZERO;
+    for i in 0..384u32 {
+        last = last.max(w.run(|x| x.put(t, &i.to_be_bytes(), &noise(64 << 10))).unwrap().1.wait().unwrap());
+    }
+    // A backup that says hello and then reads nothing: the copy fills the sockets' buffers
+    // and the primary's write waits on it; its queue spills, so only the stall ends it.
+    let mut mute = TcpStream::connect(&addr).unwrap();
+    let hello = ditto_replication::protocol::Frame::Hello {
+        version: ditto_replication::protocol::PROTOCOL_VERSION,
+        epoch: a.logger().epoch(),
+        have_ts: Ts::ZERO,
+        node: "b".into(),
+        learner: false,
+        auth: None,
+    };
+    mute.write_all(&hello.encode()).unwrap();
+    wait_until("the copy to start", Duration::from_secs(30), || p.checkpoints_sent.load(Ordering::SeqCst) == 1);
+    for i in 1000..1512u32 {
+        last = last.max(w.run(|x| x.put(t, &i.to_be_bytes(), &noise(4 << 10))).unwrap().1.wait().unwrap());
+    }
+    wait_until("the mute link to be given up", Duration::from_secs(30), || p.backups().is_empty());
+    assert_eq!(p.log_needed_above(Ts::ZERO), Ts(u64::MAX), "nothing kept for it any more");
+    // Its name is free: a backup of that name joins and holds everything.
+    let bk = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    wait_until("the backup to replay everything", Duration::from_secs(60), || {
+        bk.state.visible.load(Ordering::SeqCst) >= last.0
+    });
+    assert_eq!(p.checkpoints_sent.load(Ordering::SeqCst), 2);
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    drop((w, mute));
+    p.stop();
+    a.close();
 }

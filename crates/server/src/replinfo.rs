@@ -87,7 +87,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_frames_sent_directly", primary.frames_sent_directly.load(Ordering::Relaxed).to_string());
             put("ditto_heartbeats_not_shipped", primary.heartbeats_not_shipped.load(Ordering::Relaxed).to_string());
             put("ditto_backups_dropped", primary.backups_dropped.load(Ordering::Relaxed).to_string());
-            put("ditto_backup_starts_caught_up", primary.starts_caught_up.load(Ordering::Relaxed).to_string());
+            put("ditto_catch_up_rounds", primary.catch_up_rounds.load(Ordering::Relaxed).to_string());
         }
         Replication::Backup { state, primary } => {
             let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Acquire);
