@@ -364,7 +364,11 @@ const NEEDS_PASSWORD: &str = "the node asks for a password (its requirepass): gi
 
 /// Waits for a node just added to run as a backup with its link to the primary up,
 /// printing what it does meanwhile (at most once a second).
-fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Error> {
+/// Waits until node `id`'s server (at `addr`) is a backup with its link up, saying what it
+/// does meanwhile: while it does not answer (copying the primary's data), what the
+/// primary, found through the `others` members' servers, says of its link (its start's
+/// state, and the copy's bytes sent of its total).
+fn wait_joined(id: u64, addr: &str, others: &[String], wait: std::time::Duration) -> Result<(), Error> {
     let t = std::time::Instant::now();
     let mut last_said = String::new();
     loop {
@@ -383,7 +387,20 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
                 format!("its server runs as {} (link {})", g("role"), g("master_link_status"))
             }
             Err(e) if e.to_string().contains(NEEDS_PASSWORD) => return Err(e),
-            Err(_) => "its server is not answering yet (starting, or copying the primary's data)".to_string(),
+            Err(_) => match others.iter().find_map(|o| primary_link_of(o, addr)) {
+                Some(link) => {
+                    let g = |k: &str| link.get(k).and_then(|v| v.parse::<f64>().ok());
+                    let copy = match (g("copy_sent_bytes"), g("copy_total_bytes")) {
+                        (Some(sent), Some(total)) => {
+                            format!(": checkpoint copy {:.0} of {:.0} MB", sent / 1e6, total / 1e6)
+                        }
+                        _ => String::new(),
+                    };
+                    let state = link.get("state").map_or("", String::as_str);
+                    format!("its server is not answering yet; the primary's link to it: {state}{copy}")
+                }
+                None => "its server is not answering yet (starting, or copying the primary's data)".to_string(),
+            },
         };
         if now != last_said {
             println!("node {id}: {now}");
@@ -397,6 +414,14 @@ fn wait_joined(id: u64, addr: &str, wait: std::time::Duration) -> Result<(), Err
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// The link of the backup named `node_addr` as the primary sees it (`slaveN` of `INFO
+/// replication`), the primary found through member `via`'s server.
+fn primary_link_of(via: &str, node_addr: &str) -> Option<BTreeMap<String, String>> {
+    let primary = info(via).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
+    let (_, links) = info_sections(&primary, &["replication"]).ok()?;
+    links.into_iter().find(|l| l.get("node").map(String::as_str) == Some(node_addr))
 }
 
 /// Node `id`'s link as its primary sees it (`slaveN` of `INFO replication`, by the name
@@ -497,15 +522,21 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             let secret = a.secret.load()?;
             // A learner first: it copies the primary's data while counting in no quorum
             // (docs/cluster.md, "Learners"); then, once it has joined, a voter.
-            match change(&a.via, &secret, ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
-                Ok(_) => println!("node {id} added as a learner: it copies the primary's data and counts in no quorum"),
+            let others = match change(&a.via, &secret, ditto_cluster::AdminRequest::AddLearner(member.clone()), wait) {
+                Ok(applied) => {
+                    println!("node {id} added as a learner: it copies the primary's data and counts in no quorum");
+                    applied.members.iter().filter(|o| o.id != id).map(|o| o.addr.clone()).collect()
+                }
                 // An earlier `add` that stopped before the promotion: it goes on from there.
-                Err(e) if e.to_string().contains("is already a learner") => println!("node {id} is a learner already"),
+                Err(e) if e.to_string().contains("is already a learner") => {
+                    println!("node {id} is a learner already");
+                    Vec::new()
+                }
                 Err(e) => return Err(e),
-            }
+            };
             if a.join_wait_s == 0 || a.learner {
                 if a.join_wait_s > 0 {
-                    wait_joined(id, &m.client_addr(), std::time::Duration::from_secs(a.join_wait_s))?;
+                    wait_joined(id, &m.client_addr(), &others, std::time::Duration::from_secs(a.join_wait_s))?;
                 }
                 // (Promoted only once joined: a voter without the data stalls writes.)
                 println!("node {id} stays a learner: `ditto cluster add` again promotes it once it has joined");
@@ -513,7 +544,7 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
             }
             let join_wait = std::time::Duration::from_secs(a.join_wait_s);
             let t = std::time::Instant::now();
-            wait_joined(id, &m.client_addr(), join_wait)?;
+            wait_joined(id, &m.client_addr(), &others, join_wait)?;
             wait_caught_up(id, &m.client_addr(), a.max_lag_ms, join_wait.saturating_sub(t.elapsed()))?;
             let applied = change(&a.via, &secret, ditto_cluster::AdminRequest::Add(member), wait)?;
             println!("node {id} promoted: a voter ({} members)", applied.members.len());

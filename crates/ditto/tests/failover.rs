@@ -2409,6 +2409,11 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     fc = Reader::start(c.ports[&follower]);
     drop(fconn);
     let oc = Reader::start(c.ports[&new]);
+    // And a transaction whose write was queued on the primary before it handed its role
+    // over: its EXEC, on a backup by then, is refused whole, naming the new primary.
+    let mut tx = Client::connect(c.ports[&new]).unwrap();
+    assert_eq!(tx.one(&["MULTI"]), "+OK");
+    assert_eq!(tx.one(&["SET", "queued-before-the-switchover", "1"]), "+QUEUED");
     switchover_and_wait(&c, &w, follower, new, "the switchover");
     let (mut sconn, scounts, serr) = fc.stop();
     assert_eq!(serr, None, "node {follower}'s connection through the switchover");
@@ -2421,6 +2426,14 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     c.wait_or_dump("the old primary's connection to read writes made after", Duration::from_secs(20), || {
         (oc.last().1.is_some() || oc.last().0.is_some_and(|n| n >= wanted)).then_some(())
     });
+    let refused = tx.one(&["EXEC"]);
+    assert!(
+        refused.starts_with("-EXECABORT")
+            && refused.contains("READONLY")
+            && refused.contains(&c.ports[&follower].to_string()),
+        "{refused}"
+    );
+    assert_eq!(sconn.cmd(&["GET", "queued-before-the-switchover"]).unwrap(), ["(nil)"], "nothing of it written");
     let (mut oconn, ocounts, oerr) = oc.stop();
     assert_eq!(oerr, None, "node {new}'s connection through its change from primary to backup");
     assert!(ocounts.windows(2).all(|p| p[0].1 <= p[1].1), "node {new}'s reads never go back");

@@ -75,11 +75,12 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                         freshness_pct(b.replayed.0.min(primary.released().0), visible),
                         b.queued_bytes,
                         b.heard_ago.as_millis(),
-                        if b.learner { ",learner=1" } else { "" },
+                        // (The learner flag last, as before the copy's fields came.)
                         match b.copy_total_bytes {
                             0 => String::new(),
                             total => format!(",copy_sent_bytes={},copy_total_bytes={total}", b.copy_sent_bytes),
-                        }
+                        },
+                        if b.learner { ",learner=1" } else { "" },
                     ),
                 );
             }

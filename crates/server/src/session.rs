@@ -835,17 +835,19 @@ impl Session {
         if std::mem::take(&mut self.multi_failed) {
             return Outcome::now(Reply::err("EXECABORT Transaction discarded because of previous errors."));
         }
-        // The write gate closed after the writes were queued (a primary that lost contact
-        // with its cluster): the transaction is refused as a whole.
-        let writes = queue.iter().any(|a| lookup(&a[0]).is_some_and(|spec| spec.write));
-        if let Some(why) = sh.write_gate.refusal_for(self.tls).filter(|_| writes) {
-            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: READONLY {why}")));
-        }
         // The server became a backup after the writes were queued (it follows another
-        // primary in place): refused as a whole, naming the primary, as a write is.
+        // primary in place): refused as a whole, naming the primary, as a write is (and
+        // first, as a write's refusal is: a backup's write gate may still give a reason of
+        // its time as primary).
+        let writes = queue.iter().any(|a| lookup(&a[0]).is_some_and(|spec| spec.write));
         if sh.read_only && writes {
             let why = read_only_refusal(sh, self.tls);
             return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: {why}")));
+        }
+        // The write gate closed after the writes were queued (a primary that lost contact
+        // with its cluster): the transaction is refused as a whole.
+        if let Some(why) = sh.write_gate.refusal_for(self.tls).filter(|_| writes) {
+            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: READONLY {why}")));
         }
         if self.policy_unrecorded && writes {
             let p = self.policy.map_or(String::new(), |p| p.name());
