@@ -390,17 +390,31 @@ impl Record {
     /// visible at their snapshot, which this record does not have: its former life ended
     /// at or below every snapshot's horizon, and its new one starts after every running
     /// snapshot.
-    pub unsafe fn reuse(&self, key: Bytes, guard: &Guard) {
+    ///
+    /// Returns false, changing nothing, if the record is not unlinked and unlocked when
+    /// it is claimed (a compare-and-swap of its TID word): replayers of two streams may
+    /// both find one unlinked record to give a new life, and only one may (before, both
+    /// did: the second freed the first's new version, or both dropped the old key). A
+    /// record given the key it had keeps it (its slot is not written: a replayer still
+    /// reading the key of the life that ended reads the same bytes).
+    pub unsafe fn reuse(&self, key: &[u8], guard: &Guard) -> bool {
         let cur = self.tid.load(Ordering::Acquire);
-        debug_assert!(cur & UNLINKED_BIT != 0 && cur & LOCK_BIT == 0, "reuse of a live record: {cur:#x}");
-        self.tid.store(LOCK_BIT, Ordering::Release);
+        if cur & UNLINKED_BIT == 0
+            || cur & LOCK_BIT != 0
+            || self.tid.compare_exchange(cur, LOCK_BIT, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return false;
+        }
         free_chain(self.head.swap(std::ptr::null_mut(), Ordering::AcqRel), guard);
-        // The OnceLock's bytes all sit in cells (the value's `UnsafeCell`, the `Once`'s
-        // atomic), so they may be written through a shared reference while nobody reads
-        // them (see above).
-        let slot = &self.key as *const OnceLock<Bytes> as *mut OnceLock<Bytes>;
-        drop(std::ptr::replace(slot, OnceLock::from(key)));
+        if self.key.get().is_none_or(|k| k.as_ref() != key) {
+            // The OnceLock's bytes all sit in cells (the value's `UnsafeCell`, the `Once`'s
+            // atomic), so they may be written through a shared reference while nobody
+            // reads them (see above).
+            let slot = &self.key as *const OnceLock<Bytes> as *mut OnceLock<Bytes>;
+            drop(std::ptr::replace(slot, OnceLock::from(Bytes::copy_from_slice(key))));
+        }
         self.tid.store(0, Ordering::Release);
+        true
     }
 
     /// Hands every version older than the newest one at or below `horizon` to the epoch GC.

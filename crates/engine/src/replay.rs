@@ -668,31 +668,49 @@ impl Database {
         ts: Ts,
         on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<Option<(RecordId, Ts)>> {
-        // The record's own key: set on its first life, or a reused id with a new key.
-        match rec.key.get() {
-            None => {
-                let _ = rec.key.get_or_init(|| Bytes::copy_from_slice(key));
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if tries > 1_000 {
+                return Err(Error::Corrupt(format!(
+                    "table {}: record {} at ts {}: its life kept changing under this write",
+                    t.name, rid.0, ts.0
+                )));
             }
-            // The same key on a live record: the life goes on.
-            Some(k) if k.as_ref() == key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => {}
-            Some(k) => {
-                // Another key, on a live record whose every version lies above this write:
-                // the record's life came first, and this write is of an earlier life of the
-                // id, on a stream that was behind (see the module notes).
-                if k.as_ref() != key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
-                    if let Some(start) = self.later_life_start(t, table, rid, rec, ts)? {
-                        return self.late_life_of_id(t, table, rid, key, ts, start, on_wait).map(Some);
+            // The record's own key: set on its first life, or a reused id with a new key.
+            match rec.key.get() {
+                None => {
+                    // (Another replayer's key may win: this write is then of another life.)
+                    if rec.key.get_or_init(|| Bytes::copy_from_slice(key)).as_ref() != key {
+                        continue;
                     }
                 }
-                self.end_old_life(t, rid, ts, on_wait)?;
-                let guard = crossbeam_epoch::pin();
-                // SAFETY: `end_old_life` unlinked the record, and every snapshot sees its
-                // tombstone; a snapshot still holding the rid reads no version at or below
-                // its view from the new life (which starts above the read view).
-                unsafe { rec.reuse(Bytes::copy_from_slice(key), &guard) };
+                // The same key on a live record: the life goes on.
+                Some(k) if k.as_ref() == key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => {}
+                Some(k) => {
+                    // Another key, on a live record whose every version lies above this
+                    // write: the record's life came first, and this write is of an earlier
+                    // life of the id, on a stream that was behind (see the module notes).
+                    if k.as_ref() != key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
+                        if let Some(start) = self.later_life_start(t, table, rid, rec, ts)? {
+                            return self.late_life_of_id(t, table, rid, key, ts, start, on_wait).map(Some);
+                        }
+                    }
+                    self.end_old_life(t, rid, ts, None, on_wait)?;
+                    let guard = crossbeam_epoch::pin();
+                    // SAFETY: `end_old_life` unlinked the record, and every snapshot sees its
+                    // tombstone; a snapshot still holding the rid reads no version at or
+                    // below its view from the new life (which starts above the read view).
+                    // Claimed, or another replayer gave it its new life first: looked at
+                    // again.
+                    if !unsafe { rec.reuse(key, &guard) } {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
             }
+            return self.bind_key(t, table, rid, key, ts, on_wait);
         }
-        self.bind_key(t, table, rid, key, ts, on_wait)
     }
 
     /// Where the life that holds record `rid` now starts, if it started above `ts` and
@@ -766,7 +784,11 @@ impl Database {
             if let Some(later) = t.index.get(key, &guard).map(RecordId) {
                 let lrec = t.record(later);
                 if lrec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
-                    if let Some(Some(next)) = next_above(lrec, ts, &guard) {
+                    // (Still the key's record once its version is read: not unlinked and
+                    // given to another key meanwhile.)
+                    if let (Some(Some(next)), true) =
+                        (next_above(lrec, ts, &guard), t.index.get(key, &guard) == Some(later.0))
+                    {
                         return Ok((later, next.min(start)));
                     }
                 }
@@ -811,8 +833,14 @@ impl Database {
                     // The key's later life, bound before this earlier one came (its
                     // stream's replayer was behind): this life goes below that one, up to
                     // the next version there (a later life's start, or a life between
-                    // that came late too and went below it already).
-                    Some(Some(next)) => return Ok(Some((RecordId(other), next))),
+                    // that came late too and went below it already). Unless the record
+                    // left the key meanwhile (the backup's cleanup unlinked it and a
+                    // replayer gave it to another key: its version is that key's): then
+                    // looked at again.
+                    Some(Some(next)) if t.index.get(key, &guard) == Some(other) => {
+                        return Ok(Some((RecordId(other), next)))
+                    }
+                    Some(Some(_)) => continue,
                     Some(None) => {}
                     // Bound by a replayer that has not installed yet: look again.
                     None => {
@@ -835,7 +863,7 @@ impl Database {
                 self.redirects.binding.lock().insert((table, rid), ts);
                 binding = Some(Binding(&self.redirects.binding, (table, rid)));
             }
-            self.end_old_life(t, RecordId(other), ts, on_wait)?;
+            self.end_old_life(t, RecordId(other), ts, Some(key), on_wait)?;
             if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(
                     "table {}: key held by record {other} would not leave the index",
@@ -848,7 +876,18 @@ impl Database {
     /// Waits until every snapshot sees everything before `ts`, then unlinks record `rid`,
     /// whose newest version must then be a tombstone (or nothing): its life ended before
     /// `ts` on the primary.
-    fn end_old_life(&self, t: &Table, rid: RecordId, ts: Ts, on_wait: &mut dyn FnMut(Ts) -> bool) -> Result<()> {
+    ///
+    /// With `key` (the caller binds that key, which the index gave to `rid`): a record that
+    /// left the key meanwhile (unlinked, and given to another key by a replayer of a later
+    /// write) is not this life's any more: `Ok`, and the caller looks at the index again.
+    fn end_old_life(
+        &self,
+        t: &Table,
+        rid: RecordId,
+        ts: Ts,
+        key: Option<&[u8]>,
+        on_wait: &mut dyn FnMut(Ts) -> bool,
+    ) -> Result<()> {
         // Unlinked already (the backup's own cleanup): every snapshot saw its tombstone.
         if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT != 0 {
             return unlinked_and_let_go(t, rid);
@@ -875,17 +914,25 @@ impl Database {
         if tid & UNLINKED_BIT != 0 {
             return Ok(());
         }
+        let left_the_key = || key.is_some_and(|k| t.index.get(k, &guard) != Some(rid.0));
         if head.is_some_and(|v| v.value().is_some()) {
+            if left_the_key() {
+                return Ok(());
+            }
             return Err(Error::Corrupt(format!(
                 "table {}: record {} still holds a value when the primary gave its key or id a new life at ts {}",
                 t.name, rid.0, ts.0
             )));
         }
         let expect = tid & !LOCK_BIT;
-        if !crate::txn::unlink_if(t, rid, expect, &guard) {
-            // Raced with another replayer ending the same life; it is unlinked either way.
+        if !crate::txn::unlink_keyed_if(t, rid, expect, key, &guard) {
+            // Raced with another replayer ending the same life; it is unlinked either way
+            // (or it left the key meanwhile).
             let now = rec.tid.load(Ordering::Acquire);
             if now & UNLINKED_BIT == 0 {
+                if left_the_key() {
+                    return Ok(());
+                }
                 return Err(Error::Corrupt(format!("table {}: record {} could not be unlinked", t.name, rid.0)));
             }
             return unlinked_and_let_go(t, rid);
@@ -1044,5 +1091,74 @@ mod tests {
         db.replay_install(t, rid, None, Ts(4), Some(b"v4")).unwrap();
         db.publish_read_view(Ts(4)).unwrap();
         assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v4"[..]), "a later update finds its record");
+    }
+
+    /// A record unlinked by the cleanup, given its key's next lives by two replayers at
+    /// once (two streams' writes to it): one claims it, the other finds it taken and goes
+    /// on as a write of the live record. Before, both reused it: the second freed the
+    /// first's new version (a later delete then parked for good) or both dropped the
+    /// record's old key. Many rounds, the two writers let go together.
+    #[test]
+    fn two_replayers_giving_an_unlinked_record_new_lives_at_once_keep_both_versions() {
+        for round in 0..300 {
+            let db = Database::new(Options { workers: 2 });
+            let t = db.create_table("t").unwrap();
+            let rid = RecordId(0);
+            db.replay_install(t, rid, Some(b"k"), Ts(1), Some(b"v1")).unwrap();
+            db.replay_install(t, rid, None, Ts(2), None).unwrap();
+            db.publish_read_view(Ts(2)).unwrap();
+            let table = db.table(t).unwrap();
+            let guard = crossbeam_epoch::pin();
+            assert!(crate::txn::unlink_if(table, rid, 2, &guard), "round {round}: the cleanup unlinks it");
+            drop(guard);
+            let go = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                let (db, go) = (&db, &go);
+                let a = s.spawn(move || {
+                    go.wait();
+                    db.replay_install(t, rid, Some(b"k"), Ts(3), Some(b"v3"))
+                });
+                let b = s.spawn(move || {
+                    go.wait();
+                    db.replay_install(t, rid, Some(b"k"), Ts(5), Some(b"v5"))
+                });
+                a.join().unwrap().unwrap();
+                b.join().unwrap().unwrap();
+            });
+            db.replay_install(t, rid, None, Ts(4), None).unwrap();
+            for (view, want) in [(3, Some("v3")), (4, None), (5, Some("v5"))] {
+                db.publish_read_view(Ts(view)).unwrap();
+                let got = db.read().get(t, b"k").unwrap();
+                assert_eq!(got.as_deref(), want.map(str::as_bytes), "round {round}, view {view}");
+            }
+        }
+    }
+
+    /// A key's new life on record r2 waits for the read view to end its old life on r1;
+    /// meanwhile a later write gives r1 (unlinked by then) to another key. The waiting
+    /// write finds r1 no longer its key's and binds the key to r2 (before, it found r1
+    /// holding a value and replay failed: "still holds a value").
+    #[test]
+    fn a_key_whose_old_record_went_to_another_key_while_it_waited_binds_its_new_one() {
+        let db = Database::new(Options { workers: 2 });
+        let t = db.create_table("t").unwrap();
+        let (r1, r2) = (RecordId(1), RecordId(2));
+        db.replay_install(t, r1, Some(b"k"), Ts(1), Some(b"old-k")).unwrap();
+        db.replay_install(t, r1, None, Ts(2), None).unwrap();
+        db.publish_read_view(Ts(2)).unwrap();
+        std::thread::scope(|s| {
+            let db = &db;
+            let waiting = s.spawn(move || db.replay_install(t, r2, Some(b"k"), Ts(10), Some(b"new-k")));
+            std::thread::sleep(Duration::from_millis(100));
+            // r1's id given to k2 at ts 4 (the primary reused it): its old life ends at 3.
+            db.publish_read_view(Ts(3)).unwrap();
+            db.replay_install(t, r1, Some(b"k2"), Ts(4), Some(b"k2")).unwrap();
+            db.publish_read_view(Ts(9)).unwrap();
+            waiting.join().unwrap().unwrap();
+        });
+        db.publish_read_view(Ts(10)).unwrap();
+        let r = db.read();
+        assert_eq!(r.get(t, b"k").unwrap().as_deref(), Some(&b"new-k"[..]));
+        assert_eq!(r.get(t, b"k2").unwrap().as_deref(), Some(&b"k2"[..]));
     }
 }

@@ -604,8 +604,10 @@ impl<'w> Transaction<'w> {
                     || match t.take_free_rid(bound) {
                         Some(rid) => {
                             // SAFETY: the id came back through the epoch GC after the
-                            // unlink (`release_rids_after`), and the checkpoint bound holds.
-                            unsafe { t.record(rid).reuse(Bytes::copy_from_slice(key), guard) };
+                            // unlink (`release_rids_after`), and the checkpoint bound holds;
+                            // the free list hands it to this writer alone.
+                            let claimed = unsafe { t.record(rid).reuse(key, guard) };
+                            assert!(claimed, "a free record id {} that was not unlinked", rid.0);
                             rid.0
                         }
                         None => {
@@ -1004,6 +1006,19 @@ fn in_phantom_set(tid: u64) -> bool {
 /// was freed only if the delete's own install could trim it, which a stale horizon often
 /// prevented, and nothing writes an unlinked record again.)
 pub(crate) fn unlink_if(t: &Table, rid: RecordId, expect_tid: u64, guard: &Guard) -> bool {
+    unlink_keyed_if(t, rid, expect_tid, None, guard)
+}
+
+/// `unlink_if`, and only if the record's key (read under its lock) is `expect_key` where
+/// one is given: a replayer ending a key's old life on a record must not end another
+/// key's life that a reuse gave it meanwhile.
+pub(crate) fn unlink_keyed_if(
+    t: &Table,
+    rid: RecordId,
+    expect_tid: u64,
+    expect_key: Option<&[u8]>,
+    guard: &Guard,
+) -> bool {
     let rec = t.record(rid);
     if !rec.lock() {
         return false;
@@ -1016,7 +1031,8 @@ pub(crate) fn unlink_if(t: &Table, rid: RecordId, expect_tid: u64, guard: &Guard
     // The key is read under the lock: a reuse changes it only while the lock bit is set,
     // and this may be a late unlink of the record's former life (then the TID differs).
     let key = rec.key.get();
-    let (true, true, Some(key)) = (cur == expect_tid, is_tombstone_or_absent, key) else {
+    let same_key = expect_key.is_none_or(|e| key.is_some_and(|k| k.as_ref() == e));
+    let (true, true, true, Some(key)) = (cur == expect_tid, is_tombstone_or_absent, same_key, key) else {
         rec.unlock_unchanged();
         return false;
     };
@@ -1150,9 +1166,11 @@ impl<'db> ReadTxn<'db> {
                 guard.repin();
             }
             let rec = t.record(RecordId(rid));
-            match (rec.read_at(self.ts, &guard).and_then(|v| v.value()), rec.key.get()) {
-                (Some(v), Some(key)) => f(key, v),
-                _ => true,
+            // (The key read only for a value at the snapshot: a record without one may be
+            // given a new life meanwhile, `Record::reuse`.)
+            match rec.read_at(self.ts, &guard).and_then(|v| v.value()).and_then(|v| Some((v, rec.key.get()?))) {
+                Some((v, key)) => f(key, v),
+                None => true,
             }
         });
         Ok(())
@@ -1172,7 +1190,9 @@ impl<'db> ReadTxn<'db> {
         let guard = crossbeam_epoch::pin();
         t.index.for_each(lo, hi, dir, |rid| {
             let rec = t.record(RecordId(rid));
-            if let (Some(v), Some(key)) = (rec.read_at(self.ts, &guard).and_then(|v| v.value()), rec.key.get()) {
+            if let Some((v, key)) =
+                rec.read_at(self.ts, &guard).and_then(|v| v.value()).and_then(|v| Some((v, rec.key.get()?)))
+            {
                 out.push((key.clone(), Bytes::copy_from_slice(v)));
             }
             limit == 0 || out.len() < limit
@@ -1198,7 +1218,7 @@ impl<'db> ReadTxn<'db> {
             }
             let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
             if let Some(v) = rec.read_at(self.ts, &guard) {
-                if let (Some(val), Some(key)) = (v.value(), rec.key.get()) {
+                if let Some((val, key)) = v.value().and_then(|val| Some((val, rec.key.get()?))) {
                     if f(RecordId(rid), key, v.ts(), val).is_break() {
                         break;
                     }
