@@ -308,13 +308,15 @@ struct Drain {
 const DRAIN_MS: u64 = 200;
 
 impl Primary {
-    /// A node starting to serve `epoch`, its timestamps above `clock`.
-    fn new(epoch: u64, clock: u64, config: u64, counted: Vec<NodeId>) -> Primary {
+    /// A node starting to serve `epoch`, its timestamps above `clock`, holding commits up
+    /// to `holds`: its membership is settled once a majority holds them too (what the old
+    /// primary released may be on this node alone).
+    fn new(epoch: u64, clock: u64, holds: u64, config: u64, counted: Vec<NodeId>) -> Primary {
         Primary {
             config,
             counted,
-            settle_target: 0,
-            settled: true,
+            settle_target: holds,
+            settled: holds == 0,
             next_settle_proposal: 0,
             config_due: None,
             draining: None,
@@ -934,11 +936,12 @@ impl Sim {
                         }
                     }
                     self.h.max_epoch = self.h.max_epoch.max(*epoch);
-                    let start = (*start).max(self.nodes[i].data.newest());
+                    let holds = self.nodes[i].data.newest();
+                    let start = (*start).max(holds);
                     self.nodes[i].coord.reset_contact();
                     let st = self.state_of(i);
                     let (config, counted) = (st.config, st.members.keys().copied().filter(|&m| m != id).collect());
-                    self.nodes[i].primary = Some(Primary::new(*epoch, start, config, counted));
+                    self.nodes[i].primary = Some(Primary::new(*epoch, start, holds, config, counted));
                     self.nodes[i].own_log = Some(*epoch);
                 }
                 if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan.epoch <= *epoch) {
@@ -950,7 +953,7 @@ impl Sim {
                     self.note(format!("node {id} is the first primary"));
                     self.nodes[i].coord.reset_contact();
                     let counted = self.state_of(i).members.keys().copied().filter(|&m| m != id).collect();
-                    self.nodes[i].primary = Some(Primary::new(1, 0, 0, counted));
+                    self.nodes[i].primary = Some(Primary::new(1, 0, 0, 0, counted));
                     self.nodes[i].own_log = Some(1);
                 }
             }
@@ -1187,7 +1190,12 @@ impl Sim {
                 p.waiting.remove(ts);
             }
             p.released_upto = p.released_upto.max(rw);
-            if !p.settled && rw >= p.settle_target {
+            // Settled by a majority at the policy's level (`Primary::settle_covers`).
+            let covers = match self.policy.scope {
+                Scope::Local => rw,
+                _ => release_watermark(CommitPolicy { scope: Scope::Majority, level: self.policy.level }, &h).0,
+            };
+            if !p.settled && covers >= p.settle_target {
                 p.settled = true;
             }
             // Settled: recorded, so that the next change may go ahead.

@@ -316,7 +316,9 @@ impl Primary {
             epoch: logger.epoch(),
             backups_expected: std::sync::atomic::AtomicUsize::new(opts.backups_expected),
             counted_nodes: Mutex::new(None),
-            settle: Mutex::new((opts.members_config, Ts::ZERO, true)),
+            // Not settled on what it holds from before until its quorum holds that too (a
+            // new primary after a failover: the others may lack what the old one released).
+            settle: Mutex::new((opts.members_config, durable.db().clock().visible_ts(), false)),
             counted: AtomicBool::new(false),
             quorum: Mutex::new(Quorum::start(&opts)),
             heard: Mutex::new(Default::default()),
@@ -419,6 +421,8 @@ impl Primary {
             }
         })?;
         *p.accept.lock() = Some((local, accept));
+        // (What it holds may be settled already: the primary alone, or nothing held.)
+        p.changed();
         Ok(p)
     }
 
@@ -676,12 +680,27 @@ impl Primary {
     }
 
     fn changed(&self) {
-        let released = (self.on_change)(&self.holdings());
+        let h = self.holdings();
+        let released = (self.on_change)(&h);
         self.set_released(released);
         let mut s = self.settle.lock();
-        if !s.2 && released >= s.1 {
+        if !s.2 && self.settle_covers(&h, released) >= s.1 {
             s.2 = true;
             tracing::info!(config = s.0, "the commit quorum counts the new membership");
+        }
+    }
+
+    /// Up to where a majority of the counted nodes holds everything, at the level of the
+    /// server's policy (`released` where it has none, or it is `local`): what a membership
+    /// settles by. A majority is what the next change needs (two majorities of
+    /// configurations one change apart overlap), and all that may be had under `all` with
+    /// a member down, whose removal waits for the settle.
+    fn settle_covers(&self, h: &Holdings, released: Ts) -> Ts {
+        match self.opts.policy {
+            Some(p) if p.scope != crate::Scope::Local => {
+                crate::release_watermark(crate::CommitPolicy { scope: crate::Scope::Majority, level: p.level }, h)
+            }
+            _ => released,
         }
     }
 
@@ -1220,14 +1239,14 @@ impl Primary {
                 let mut files = files;
                 // The manifest last: a backup treats the checkpoint as whole only with it.
                 files.sort_by_key(|n| (n == "MANIFEST", n.clone()));
+                let total = files.iter().filter_map(|n| std::fs::metadata(keep.join(n)).ok()).map(|m| m.len()).sum();
                 let welcome = Frame::Welcome {
                     epoch: self.epoch,
                     streams: logger.streams() as u32,
                     tables: tables(logger),
-                    start: Start::Checkpoint { ts: info.ts },
+                    start: Start::Checkpoint { ts: info.ts, bytes: total },
                 };
                 self.checkpoints_sent.fetch_add(1, Ordering::Relaxed);
-                let total = files.iter().filter_map(|n| std::fs::metadata(keep.join(n)).ok()).map(|m| m.len()).sum();
                 link.copy_total.store(total, Ordering::Release);
                 link.phase.store(PHASE_SENDING, Ordering::Release);
                 w.write_all(&welcome.encode())?;

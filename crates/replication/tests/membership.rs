@@ -28,7 +28,7 @@ fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
     let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
     // Three nodes: the primary and two backups, configuration 0.
     let (a, t, p, addr) = start_primary(&pa, 2);
-    assert_eq!(p.members_settled(), Some(0), "the membership it starts with is settled");
+    assert_eq!(p.members_settled(), Some(0), "the membership it starts with, holding nothing, is settled");
     let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     let mut last = Ts::ZERO;
@@ -170,6 +170,54 @@ fn a_removed_nodes_link_pads_no_place_into_the_quorum() {
     bk2.stop("done", Duration::from_secs(10)).unwrap();
     removed.stop("done", Duration::from_secs(10)).unwrap();
     drop(w);
+    p.stop();
+    a.close();
+}
+
+/// A primary that starts holding commits (a new primary after a failover: what the old one
+/// released may be on it alone) settles its membership only once a majority of it holds
+/// them too, so the next change cannot leave a majority that lacks them (found by a
+/// review: with {P, B1, B2}, a commit on {P, B2}, B4 added, P dead before the change
+/// settled, B2 promoted settled at once, P removed, then B2 lost: {B1, B4} was a majority
+/// of the new configuration and held nothing of it). Judged by a majority at the policy's
+/// level whatever the policy: under `all`, a member down would otherwise keep it from
+/// ever settling, and its removal waits for that.
+#[test]
+fn a_primary_that_starts_holding_commits_settles_once_a_majority_holds_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let mut last = Ts::ZERO;
+    {
+        let a = ditto_log::open(&pa, ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        let mut w = a.db().worker(WorkerId(0)).unwrap();
+        for i in 0..50u32 {
+            last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+        }
+        drop(w);
+        a.close();
+    }
+    // Reopened under `all-durable`, two backups counted, configuration 7: it holds 50
+    // commits no backup has.
+    let a = ditto_log::open(&pa, ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = ditto_replication::CommitPolicy::parse("all-durable").unwrap();
+    let opts = PrimaryOptions { backups_expected: 2, members_config: 7, policy: Some(policy), ..Default::default() };
+    let p =
+        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p.members_settled(), None, "one node of three holds what it started with");
+    // One backup joins and holds it all: two of three, a majority, though `all` still
+    // releases nothing new (the second backup is down).
+    let bk = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    wait_until("the backup to hold what the primary started with", Duration::from_secs(20), || {
+        bk.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= last.0
+    });
+    wait_until("the membership to settle", Duration::from_secs(20), || p.members_settled() == Some(7));
+    bk.stop("done", Duration::from_secs(10)).unwrap();
     p.stop();
     a.close();
 }
