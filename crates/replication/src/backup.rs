@@ -761,9 +761,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             }
             (have, opened)
         }
-        Start::Checkpoint { ts } => {
+        Start::Checkpoint { ts, bytes } => {
             let t0 = Instant::now();
-            let incoming = receive_checkpoint(&mut reader, &dir, ts, opts.progress).map_err(|e| {
+            let progress = opts.progress.then_some(bytes);
+            let incoming = receive_checkpoint(&mut reader, &dir, ts, progress).map_err(|e| {
                 if cancelled() {
                     BackupError::Stopped
                 } else {
@@ -1033,7 +1034,7 @@ fn receive_checkpoint(
     r: &mut BufReader<TcpStream>,
     dir: &Path,
     ts: Ts,
-    progress: bool,
+    progress: Option<u64>,
 ) -> Result<PathBuf, BackupError> {
     let bad = |what: String| BackupError::Protocol(format!("the checkpoint copy: {what}"));
     let incoming = dir.join("incoming-checkpoint");
@@ -1075,8 +1076,13 @@ fn receive_checkpoint(
                     let (name, _, at, crc) = open.take().expect("opened above");
                     done.insert(name, (at, crc));
                 }
-                if progress && last_print.elapsed() > Duration::from_millis(500) {
-                    eprintln!("backup: received {:.1} MB of checkpoint", bytes as f64 / 1e6);
+                if let (Some(total), true) = (progress, last_print.elapsed() > Duration::from_millis(500)) {
+                    eprintln!(
+                        "backup: received {:.1} of {:.1} MB of checkpoint ({:.0}%)",
+                        bytes as f64 / 1e6,
+                        total as f64 / 1e6,
+                        100.0 * bytes as f64 / total.max(1) as f64
+                    );
                     last_print = Instant::now();
                 }
             }

@@ -18,8 +18,9 @@ use ditto_log::Epoch;
 
 pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// 2 (2026-11-28): `Start::CutAt`, and `Heartbeat::acknowledged`. 3 (2026-11-28):
-/// `Batch::counted`. A primary refuses a backup of another version, saying which it speaks.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// `Batch::counted`. 4 (2026-12-02): `Start::Checkpoint::bytes`. A primary refuses a backup
+/// of another version, saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame accepted: a batch of the largest transaction (128 MiB) and change.
 pub const FRAME_BYTES_MAX: usize = 160 << 20;
 pub const FRAME_HEADER_LEN: usize = 8;
@@ -95,8 +96,9 @@ pub enum Frame {
 pub enum Start {
     /// The backup's `have_ts` is served from the log: batches follow.
     Resume,
-    /// A checkpoint at `ts` follows (`File`s, `CheckpointDone`), then batches.
-    Checkpoint { ts: Ts },
+    /// A checkpoint at `ts` follows (`File`s, `CheckpointDone`), then batches; its files
+    /// hold `bytes` in all (for the backup's progress).
+    Checkpoint { ts: Ts, bytes: u64 },
     /// Nothing follows (the primary closes the link): this primary's epoch opened from
     /// the epoch the backup follows, cut at `point`, and the backup holds more than that
     /// (what the old primary lost). Cut at `point` (everything above dropped), it is
@@ -198,9 +200,10 @@ impl Frame {
                         b.put_u8(2);
                         b.put_u64_le(point.0);
                     }
-                    Start::Checkpoint { ts } => {
+                    Start::Checkpoint { ts, bytes } => {
                         b.put_u8(1);
                         b.put_u64_le(ts.0);
+                        b.put_u64_le(*bytes);
                     }
                 }
             }
@@ -306,7 +309,7 @@ impl Frame {
                 }
                 let start = match get_u8(&mut b)? {
                     0 => Start::Resume,
-                    1 => Start::Checkpoint { ts: Ts(get_u64(&mut b)?) },
+                    1 => Start::Checkpoint { ts: Ts(get_u64(&mut b)?), bytes: get_u64(&mut b)? },
                     2 => Start::CutAt { point: Ts(get_u64(&mut b)?) },
                     _ => return Err(ProtocolError::Malformed("unknown start")),
                 };
@@ -549,7 +552,7 @@ mod tests {
             epoch: Epoch(4),
             streams: 2,
             tables: vec![(0, "redis.keys".into()), (1, "redis.fields".into())],
-            start: Start::Checkpoint { ts: Ts(7) },
+            start: Start::Checkpoint { ts: Ts(7), bytes: 1 << 40 },
         });
         roundtrip(Frame::Welcome { epoch: Epoch(4), streams: 2, tables: vec![], start: Start::Resume });
         roundtrip(Frame::Welcome {

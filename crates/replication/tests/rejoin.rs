@@ -170,8 +170,12 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
         let (mut s, _) = listener.accept().unwrap();
         let hello = read_frame(&mut s).unwrap();
         hello_tx.send(hello).unwrap();
-        let welcome =
-            Frame::Welcome { epoch: Epoch(3), streams: 1, tables: vec![], start: Start::Checkpoint { ts: Ts(9) } };
+        let welcome = Frame::Welcome {
+            epoch: Epoch(3),
+            streams: 1,
+            tables: vec![],
+            start: Start::Checkpoint { ts: Ts(9), bytes: 0 },
+        };
         s.write_all(&welcome.encode()).unwrap();
         let part = Frame::File { name: "part-0000.dat".into(), offset: 0, data: vec![1u8; 100].into(), last: false };
         s.write_all(&part.encode()).unwrap();
@@ -338,7 +342,7 @@ fn fake_copy(
             }
         }
         let tables = vec![(0u32, "t".to_string())];
-        let welcome = Frame::Welcome { epoch: Epoch(3), streams: 1, tables, start: Start::Checkpoint { ts } };
+        let welcome = Frame::Welcome { epoch: Epoch(3), streams: 1, tables, start: Start::Checkpoint { ts, bytes: 0 } };
         let _ = s.write_all(&welcome.encode());
         for f in frames {
             if s.write_all(&f.encode()).is_err() {
