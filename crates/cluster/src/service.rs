@@ -1543,6 +1543,11 @@ impl Run {
                         epoch: state.epoch,
                         primary: state.primary(),
                     },
+                    // Refused for what passes (a failover or a switchover ordered before it,
+                    // a change not settled yet): asked again, not given up.
+                    (true, Err(why)) if cmd.changes_membership() && state.may_change_members().as_ref() == Err(why) => {
+                        AdminReply::Busy(why.clone())
+                    }
                     (true, Err(why)) => AdminReply::Refused(why.clone()),
                     (false, _) => AdminReply::Busy("the proposal was lost to a change of leader; ask again".into()),
                 }),

@@ -329,6 +329,9 @@ impl ControlState {
             }
             Command::RemoveMember { id } => {
                 self.may_change_members()?;
+                if self.retired.contains(id) {
+                    return Err(format!("node {id} was removed already"));
+                }
                 if !self.members.contains_key(id) {
                     return Err(format!("node {id} is not a member"));
                 }
@@ -720,6 +723,10 @@ mod tests {
         let back =
             Command::AddMember { member: Member { id: 2, addr: "127.0.0.1:7002".into(), repl: 1, control: 2, tls: 0 } };
         assert!(s.apply(&back).unwrap_err().contains("never used again"));
+        // Removed again (an answer lost, asked again): said to be done already.
+        let before = s.clone();
+        assert!(s.apply(&Command::RemoveMember { id: 2 }).unwrap_err().contains("was removed already"));
+        assert_eq!(s, before);
         // A failover in progress holds changes back.
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
         assert!(s.apply(&Command::RemoveMember { id: 3 }).unwrap_err().contains("failing over"));

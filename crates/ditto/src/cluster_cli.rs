@@ -172,6 +172,7 @@ fn change(
     let deadline = std::time::Instant::now() + wait;
     let mut at = via.to_string();
     let mut last_busy = String::new();
+    let mut redirects = 0u32;
     loop {
         let reply = match ditto_cluster::admin_request(&at, &req, dial.secret.as_ref(), dial.tls.as_deref()) {
             // Refused for the secret or the TLS: asking again would not change that.
@@ -190,10 +191,18 @@ fn change(
                 return Ok(Applied { config, members, epoch, primary });
             }
             Ok(AdminReply::Refused(why)) => return Err(format!("refused: {why}").into()),
-            Ok(AdminReply::NotLeader { addr: Some(a), leader }) => {
+            Ok(AdminReply::NotLeader { addr: Some(a), leader }) if std::time::Instant::now() < deadline => {
                 println!("{at} does not lead the control plane; asking node {} at {a}", leader.unwrap_or(0));
                 at = a;
+                // (Two nodes naming each other while a leadership moves: not in a tight loop.)
+                redirects += 1;
+                if redirects > 1 {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
                 continue;
+            }
+            Ok(AdminReply::NotLeader { addr: Some(a), .. }) => {
+                format!("{a} was named the leader, and did not answer as one")
             }
             Ok(AdminReply::NotLeader { .. }) => "no leader is known right now".to_string(),
             Ok(AdminReply::Busy(why)) => why,
@@ -554,7 +563,16 @@ pub fn run(cmd: ClusterCmd) -> Result<(), Error> {
         ClusterCmd::Remove(a) => {
             let secret = a.secret.load()?;
             let wait = std::time::Duration::from_secs(a.wait_s);
-            change(&a.via, &secret, ditto_cluster::AdminRequest::Remove(a.id), wait)?;
+            match change(&a.via, &secret, ditto_cluster::AdminRequest::Remove(a.id), wait) {
+                // Asked again after an answer was lost (a leader's crash, a timeout that said
+                // it may still be applied): it was.
+                Err(e) if e.to_string().contains("was removed already") => {
+                    println!("node {} was removed already", a.id)
+                }
+                r => {
+                    r?;
+                }
+            }
             return Ok(());
         }
         ClusterCmd::Switchover(a) => return switchover(a),

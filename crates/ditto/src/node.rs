@@ -2238,6 +2238,15 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             say(cfg.id, format!("was removed from the cluster (configuration {}): stopping", st.state.config));
             break;
         }
+        // Removed before this start (it applied its removal, and was started again): its
+        // id is never used again, so it would wait for ever to be added.
+        if !member && st.state.retired.contains(&cfg.id) {
+            return Err(format!(
+                "node {} was removed from the cluster (configuration {}), and ids are never used again: to bring this machine back, add it under a new id with an empty directory (ditto cluster add)",
+                cfg.id, st.state.config
+            )
+            .into());
+        }
         member = now_member;
         if !member && st.state.epoch > 0 && !said_waiting {
             said_waiting = true;

@@ -268,7 +268,12 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     // backups alone count.
                     ("backups", rest) => {
                         let w: Vec<&str> = rest.split_whitespace().collect();
-                        let nodes = w.get(2).map(|a| a.split(',').map(str::to_string).collect::<Vec<_>>());
+                        // (None named with none counted: the set is empty, not unknown.)
+                        let nodes = match (w.first(), w.get(2)) {
+                            (_, Some(a)) => Some(a.split(',').map(str::to_string).collect::<Vec<_>>()),
+                            (Some(&"0"), None) => Some(Vec::new()),
+                            _ => None,
+                        };
                         match (w.first().map(|n| n.parse::<u64>()), w.get(1).map(|c| c.parse::<u64>())) {
                             (Some(Ok(n)), Some(Ok(config))) if w.len() <= 3 => g.set_backups(n as usize, config, nodes),
                             _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),

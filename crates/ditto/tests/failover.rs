@@ -1521,6 +1521,18 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     let again = format!("{victim}=127.0.0.1:1/2/3");
     let (ok, out) = cluster_cli(&["add", &again, "--via", &c.control_addr(4), "--wait-s", "5"]);
     assert!(!ok && out.contains("never used again"), "adding node {victim} back: {out}");
+    // Removing it again (as a tool does whose first answer was lost) says it is done.
+    let (ok, out) = cluster_cli(&["remove", &victim.to_string(), "--via", &c.control_addr(4), "--wait-s", "5"]);
+    assert!(ok && out.contains("was removed already"), "removing node {victim} again: {out}");
+    // Started again on its directory, it says it was removed and stops (before, it waited
+    // for ever to be added, which its id never can be).
+    c.start_node(victim);
+    let mut again = c.nodes.remove(&victim).unwrap();
+    let status =
+        wait_for("the removed node started again to stop", Duration::from_secs(20), || again.try_wait().unwrap());
+    assert!(!status.success(), "it fails, saying why: {status}");
+    let removed_log = std::fs::read_to_string(c.log(victim)).unwrap();
+    assert!(removed_log.contains("ids are never used again: to bring this machine back"), "{removed_log}");
 
     // The primary dies: the three members left fail over, losing nothing acknowledged.
     let killed_at = Instant::now();
