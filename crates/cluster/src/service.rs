@@ -1523,6 +1523,11 @@ impl Run {
             Err(NodeError::Busy(why)) => {
                 let _ = reply.send(AdminReply::Busy(why));
             }
+            // Refused for what passes (a switchover asked before the primary settled its
+            // membership: after a failover, until a majority holds what it started with).
+            Err(NodeError::Refused(why)) if self.node.state().may_change_members().as_ref() == Err(&why) => {
+                let _ = reply.send(AdminReply::Busy(why));
+            }
             Err(e) => {
                 let _ = reply.send(AdminReply::Refused(e.to_string()));
             }
@@ -1545,7 +1550,10 @@ impl Run {
                     },
                     // Refused for what passes (a failover or a switchover ordered before it,
                     // a change not settled yet): asked again, not given up.
-                    (true, Err(why)) if cmd.changes_membership() && state.may_change_members().as_ref() == Err(why) => {
+                    (true, Err(why))
+                        if (cmd.changes_membership() || matches!(cmd, Command::Switchover { .. }))
+                            && state.may_change_members().as_ref() == Err(why) =>
+                    {
                         AdminReply::Busy(why.clone())
                     }
                     (true, Err(why)) => AdminReply::Refused(why.clone()),

@@ -677,6 +677,9 @@ impl Database {
                     t.name, rid.0, ts.0
                 )));
             }
+            // Read once: what this turn decides on (another replayer may give the record
+            // its next life meanwhile).
+            let seen = rec.tid.load(Ordering::Acquire);
             // The record's own key: set on its first life, or a reused id with a new key.
             match rec.key.get() {
                 None => {
@@ -686,17 +689,27 @@ impl Database {
                     }
                 }
                 // The same key on a live record: the life goes on.
-                Some(k) if k.as_ref() == key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 => {}
+                Some(k) if k.as_ref() == key && seen & UNLINKED_BIT == 0 => {}
                 Some(k) => {
                     // Another key, on a live record whose every version lies above this
                     // write: the record's life came first, and this write is of an earlier
                     // life of the id, on a stream that was behind (see the module notes).
-                    if k.as_ref() != key && rec.tid.load(Ordering::Acquire) & UNLINKED_BIT == 0 {
+                    if k.as_ref() != key && seen & UNLINKED_BIT == 0 {
                         if let Some(start) = self.later_life_start(t, table, rid, rec, ts)? {
                             return self.late_life_of_id(t, table, rid, key, ts, start, on_wait).map(Some);
                         }
                     }
-                    self.end_old_life(t, rid, ts, None, on_wait)?;
+                    if seen & UNLINKED_BIT != 0 {
+                        unlinked_and_let_go(t, rid)?;
+                    } else if let Err(e) = self.end_old_life(t, rid, ts, None, on_wait) {
+                        // Given its next life by another replayer meanwhile (its TID moved:
+                        // a value found where this life's end was expected): looked at again.
+                        if matches!(e, Error::Corrupt(_)) && rec.tid.load(Ordering::Acquire) != seen {
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        return Err(e);
+                    }
                     let guard = crossbeam_epoch::pin();
                     // SAFETY: `end_old_life` unlinked the record, and every snapshot sees its
                     // tombstone; a snapshot still holding the rid reads no version at or

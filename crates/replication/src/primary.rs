@@ -777,7 +777,9 @@ impl Primary {
                 return;
             }
             self.backups_expected.store(n, Ordering::Release);
-            *s = (config, self.released(), false);
+            // (What it started with, if not settled yet, stays to be covered too.)
+            let bar = if s.2 { self.released() } else { s.1.max(self.released()) };
+            *s = (config, bar, false);
         }
         if let Err(e) = self.grow_quorum(None, n) {
             tracing::error!("recording the quorum's {n} backups: {e}");
