@@ -622,7 +622,17 @@ struct Shared {
     refusals: Mutex<Refusals>,
     /// Connections accepted whose hello has not been read yet.
     awaiting_hello: std::sync::atomic::AtomicUsize,
+    /// The ids removed from the cluster (`ControlState::retired`, as this node applied it):
+    /// their connections are refused at the hello, saying so (`REMOVED`).
+    retired: Mutex<std::collections::BTreeSet<NodeId>>,
+    /// A peer refused this node's connection because it was removed: the service stops,
+    /// saying why (a node removed while it was down, or that missed its removal, never
+    /// learns it otherwise: no member talks to a non-member).
+    removed: Mutex<Option<String>>,
 }
+
+/// What a member answers a removed node's hello (its node stops when it reads it).
+pub const REMOVED: &str = "this node was removed from the cluster, and its id is never used again";
 
 #[derive(Default)]
 struct Refusals {
@@ -928,6 +938,8 @@ impl ControlService {
             tls: cfg.tls.clone(),
             refusals: Mutex::default(),
             awaiting_hello: Default::default(),
+            retired: Default::default(),
+            removed: Default::default(),
         });
         let (inbox, rx) = mpsc::sync_channel(INBOX);
         let mut threads = Vec::new();
@@ -1227,6 +1239,7 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared, until: 
     let hello = read_frame_at_most(&mut Until { s: stream, until }, HELLO_MAX);
     let why = match hello {
         Ok(Some((from, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
+            None if shared.retired.lock().unwrap().contains(&from) => format!("{REMOVED} (node {from})"),
             None => {
                 let _ = stream.set_read_timeout(None);
                 let _ = stream.set_write_timeout(None);
@@ -1371,6 +1384,9 @@ fn send_to(addr: SocketAddr, name: String, rx: Receiver<Outgoing>, shared: Arc<S
                 // peer's or this node's file may be mended, and the node restarted).
                 Err(e) if is_refused(&e) => {
                     let why = e.to_string();
+                    if why.contains(REMOVED) {
+                        *shared.removed.lock().unwrap() = Some(why.clone());
+                    }
                     if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
                         tracing::warn!("control: {why}");
                         refused = Some((why, Instant::now()));
@@ -1749,6 +1765,10 @@ impl Run {
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
+            if let Some(why) = self.shared.removed.lock().unwrap().take() {
+                failed = Some(why);
+                break;
+            }
             let input = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
             let now = started.elapsed().as_millis() as u64;
             let handled = Instant::now();
@@ -1966,6 +1986,11 @@ impl Run {
             s.term = self.node.term();
             if std::mem::take(&mut state_changed) {
                 s.state = self.node.state().clone();
+                let retired = &self.node.state().retired;
+                let mut mine = self.shared.retired.lock().unwrap();
+                if *mine != *retired {
+                    mine.clone_from(retired);
+                }
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
@@ -2030,6 +2055,8 @@ mod tests {
                 tls: None,
                 refusals: Mutex::default(),
                 awaiting_hello: Default::default(),
+                retired: Default::default(),
+                removed: Default::default(),
             });
             let (jobs, rx) = mpsc::channel();
             let sh = Arc::clone(&shared);

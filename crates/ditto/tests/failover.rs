@@ -2473,6 +2473,30 @@ fn a_backups_client_connections_are_kept_through_a_failover_and_a_switchover() {
     );
 }
 
+/// A node removed while it was down never applied its removal (no member talks to a
+/// non-member): started again, its control plane reaches the members, which refuse it as
+/// removed, and it stops, saying so (before, it served on as a backup, its reads growing
+/// stale after the next failover).
+#[test]
+fn a_node_removed_while_it_was_down_is_told_when_it_comes_back_and_stops() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-durable");
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let victim = (1..=3).find(|&id| id != first).unwrap();
+    c.wait_or_dump("the victim a backup with its link up", Duration::from_secs(30), || {
+        c.info(victim).filter(|i| i.contains("role:slave") && i.contains("master_link_status:up")).map(|_| ())
+    });
+    c.kill(victim);
+    let (ok, out) = cluster_cli(&["remove", &victim.to_string(), "--via", &c.control_addr(first), "--wait-s", "20"]);
+    assert!(ok, "removing node {victim} while it is down: {out}");
+    c.start_node(victim);
+    let mut back = c.nodes.remove(&victim).unwrap();
+    let status = wait_for("the removed node to stop", Duration::from_secs(30), || back.try_wait().unwrap());
+    assert!(!status.success(), "it fails, saying why: {status}");
+    let log = std::fs::read_to_string(c.log(victim)).unwrap();
+    assert!(log.contains("this node was removed from the cluster, and its id is never used again"), "{log}");
+}
+
 /// A cluster secret file (`--cluster-secret-file`) in `dir`, readable by its owner alone.
 fn secret_file(dir: &std::path::Path, name: &str, text: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
