@@ -1070,18 +1070,25 @@ mod tests {
     use super::*;
     use crate::{Database, Options};
 
+    /// A backup's database with key `k` written at ts 1 on record 0 and deleted at ts 2,
+    /// the read view at 2 (the record's tombstone seen by every snapshot).
+    fn a_deleted_key() -> (std::sync::Arc<Database>, TableId, RecordId) {
+        let db = Database::new(Options { workers: 2 });
+        let t = db.create_table("t").unwrap();
+        let rid = RecordId(0);
+        db.replay_install(t, rid, Some(b"k"), Ts(1), Some(b"v1")).unwrap();
+        db.replay_install(t, rid, None, Ts(2), None).unwrap();
+        db.publish_read_view(Ts(2)).unwrap();
+        (db, t, rid)
+    }
+
     /// A record the backup's own cleanup is unlinking (marked unlinked, its lock still held,
     /// its key not yet out of the index) when a replayed write gives its key a new life on
     /// it: the write waits until the cleanup lets go, so the new life is neither marked
     /// unlinked nor taken out of the index by the cleanup's last steps.
     #[test]
     fn a_new_life_on_a_record_being_unlinked_waits_for_the_unlinker() {
-        let db = Database::new(Options { workers: 1 });
-        let t = db.create_table("t").unwrap();
-        let rid = RecordId(0);
-        db.replay_install(t, rid, Some(b"k"), Ts(1), Some(b"v1")).unwrap();
-        db.replay_install(t, rid, None, Ts(2), None).unwrap();
-        db.publish_read_view(Ts(2)).unwrap();
+        let (db, t, rid) = a_deleted_key();
         // The cleanup's first steps (`txn::unlink_if`): locked, then marked unlinked.
         let table = db.table(t).unwrap();
         let rec = table.record(rid);
@@ -1114,12 +1121,7 @@ mod tests {
     #[test]
     fn two_replayers_giving_an_unlinked_record_new_lives_at_once_keep_both_versions() {
         for round in 0..300 {
-            let db = Database::new(Options { workers: 2 });
-            let t = db.create_table("t").unwrap();
-            let rid = RecordId(0);
-            db.replay_install(t, rid, Some(b"k"), Ts(1), Some(b"v1")).unwrap();
-            db.replay_install(t, rid, None, Ts(2), None).unwrap();
-            db.publish_read_view(Ts(2)).unwrap();
+            let (db, t, rid) = a_deleted_key();
             let table = db.table(t).unwrap();
             let guard = crossbeam_epoch::pin();
             assert!(crate::txn::unlink_if(table, rid, 2, &guard), "round {round}: the cleanup unlinks it");

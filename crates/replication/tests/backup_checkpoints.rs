@@ -9,25 +9,14 @@ use ditto_engine::{Ts, WorkerId};
 use ditto_log::OpenOptions;
 use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
 
+mod common;
+use common::noise_from;
+
 fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
     while !f() {
         assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Bytes that do not compress: `n` at a time from a xorshift generator seeded with `x`.
-fn noise_from(mut x: u64) -> impl FnMut(usize) -> Vec<u8> {
-    move |n| {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 }
 

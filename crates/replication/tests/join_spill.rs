@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{start_primary, wait_until};
+use common::{noise_from, start_primary, wait_until};
 use ditto_engine::{Ts, WorkerId};
 use ditto_log::LogOptions;
 use ditto_replication::{backup, BackupOptions, JoinAgain, PrimaryOptions};
@@ -57,20 +57,6 @@ fn stalling_proxy(upstream: String, stall: Arc<AtomicBool>) -> String {
         }
     });
     addr
-}
-
-/// Bytes that do not compress: `n` at a time from a xorshift generator seeded with `x`.
-fn noise_from(mut x: u64) -> impl FnMut(usize) -> Vec<u8> {
-    move |n| {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 }
 
 /// A primary whose live queue holds 256 KiB and whose log segments are 256 KiB, with

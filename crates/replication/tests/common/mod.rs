@@ -37,3 +37,17 @@ pub fn start_primary(
     a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
     (a, t, p, addr)
 }
+
+/// Bytes that do not compress: `n` at a time from a xorshift generator seeded with `x`.
+pub fn noise_from(mut x: u64) -> impl FnMut(usize) -> Vec<u8> {
+    move |n| {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+}
