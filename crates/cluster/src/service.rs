@@ -622,9 +622,6 @@ struct Shared {
     refusals: Mutex<Refusals>,
     /// Connections accepted whose hello has not been read yet.
     awaiting_hello: std::sync::atomic::AtomicUsize,
-    /// The ids removed from the cluster (`ControlState::retired`, as this node applied it):
-    /// their connections are refused at the hello, saying so (`REMOVED`).
-    retired: Mutex<std::collections::BTreeSet<NodeId>>,
     /// A peer refused this node's connection because it was removed: the service stops,
     /// saying why (a node removed while it was down, or that missed its removal, never
     /// learns it otherwise: no member talks to a non-member).
@@ -938,7 +935,6 @@ impl ControlService {
             tls: cfg.tls.clone(),
             refusals: Mutex::default(),
             awaiting_hello: Default::default(),
-            retired: Default::default(),
             removed: Default::default(),
         });
         let (inbox, rx) = mpsc::sync_channel(INBOX);
@@ -1239,7 +1235,8 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared, until: 
     let hello = read_frame_at_most(&mut Until { s: stream, until }, HELLO_MAX);
     let why = match hello {
         Ok(Some((from, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
-            None if shared.retired.lock().unwrap().contains(&from) => format!("{REMOVED} (node {from})"),
+            // (An id removed from the cluster, as this node applied it.)
+            None if shared.status.lock().unwrap().state.retired.contains(&from) => format!("{REMOVED} (node {from})"),
             None => {
                 let _ = stream.set_read_timeout(None);
                 let _ = stream.set_write_timeout(None);
@@ -1541,7 +1538,7 @@ impl Run {
             }
             // Refused for what passes (a switchover asked before the primary settled its
             // membership: after a failover, until a majority holds what it started with).
-            Err(NodeError::Refused(why)) if self.node.state().may_change_members().as_ref() == Err(&why) => {
+            Err(NodeError::Refused(why)) if self.node.state().refusal_passes(&why) => {
                 let _ = reply.send(AdminReply::Busy(why));
             }
             Err(e) => {
@@ -1568,7 +1565,7 @@ impl Run {
                     // a change not settled yet): asked again, not given up.
                     (true, Err(why))
                         if (cmd.changes_membership() || matches!(cmd, Command::Switchover { .. }))
-                            && state.may_change_members().as_ref() == Err(why) =>
+                            && state.refusal_passes(why) =>
                     {
                         AdminReply::Busy(why.clone())
                     }
@@ -1986,11 +1983,6 @@ impl Run {
             s.term = self.node.term();
             if std::mem::take(&mut state_changed) {
                 s.state = self.node.state().clone();
-                let retired = &self.node.state().retired;
-                let mut mine = self.shared.retired.lock().unwrap();
-                if *mine != *retired {
-                    mine.clone_from(retired);
-                }
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
@@ -2055,7 +2047,6 @@ mod tests {
                 tls: None,
                 refusals: Mutex::default(),
                 awaiting_hello: Default::default(),
-                retired: Default::default(),
                 removed: Default::default(),
             });
             let (jobs, rx) = mpsc::channel();

@@ -457,6 +457,12 @@ impl ControlState {
         Ok(())
     }
 
+    /// Whether `why`, a change's refusal, is one that passes (`may_change_members`'s: a
+    /// failover, a switchover, a configuration not settled yet): it is asked again.
+    pub fn refusal_passes(&self, why: &str) -> bool {
+        self.may_change_members().err().as_deref() == Some(why)
+    }
+
     /// Whether `member`, new, may join (as a member or a learner): a fresh id, never used
     /// before, and an address nobody serves clients at.
     fn may_add(&self, member: &Member) -> Result<(), String> {

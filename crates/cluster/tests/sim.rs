@@ -37,7 +37,7 @@ use ditto_cluster::{
     quiet_logger, Action, Command, ControlNode, Coordinator, Fence, Member, NodeId, Phase, RaftDurable, RecoveryPlan,
     TailReport, Timeouts, Timing,
 };
-use ditto_replication::{release_watermark, CommitPolicy, Holdings, Scope};
+use ditto_replication::{release_watermark, settle_watermark, CommitPolicy, Holdings, Scope};
 use raft::eraftpb::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -1190,11 +1190,8 @@ impl Sim {
                 p.waiting.remove(ts);
             }
             p.released_upto = p.released_upto.max(rw);
-            // Settled by a majority at the policy's level (`Primary::settle_covers`).
-            let covers = match self.policy.scope {
-                Scope::Local => rw,
-                _ => release_watermark(CommitPolicy { scope: Scope::Majority, level: self.policy.level }, &h).0,
-            };
+            // Settled as the real primary settles (`settle_watermark`).
+            let covers = settle_watermark(self.policy, &h).0;
             if !p.settled && covers >= p.settle_target {
                 p.settled = true;
             }

@@ -371,8 +371,6 @@ fn info_sections(
 /// What an `INFO` refused for want of a password says: asking again would not change it.
 const NEEDS_PASSWORD: &str = "the node asks for a password (its requirepass): give --password";
 
-/// Waits for a node just added to run as a backup with its link to the primary up,
-/// printing what it does meanwhile (at most once a second).
 /// Waits until node `id`'s server (at `addr`) is a backup with its link up, saying what it
 /// does meanwhile: while it does not answer (copying the primary's data), what the
 /// primary, found through the `others` members' servers, says of its link (its start's
@@ -396,16 +394,10 @@ fn wait_joined(id: u64, addr: &str, others: &[String], wait: std::time::Duration
                 format!("its server runs as {} (link {})", g("role"), g("master_link_status"))
             }
             Err(e) if e.to_string().contains(NEEDS_PASSWORD) => return Err(e),
-            Err(_) => match others.iter().find_map(|o| primary_link_of(o, addr)) {
-                Some(link) => {
-                    let g = |k: &str| link.get(k).and_then(|v| v.parse::<f64>().ok());
-                    let copy = match (g("copy_sent_bytes"), g("copy_total_bytes")) {
-                        (Some(sent), Some(total)) => {
-                            format!(": checkpoint copy {:.0} of {:.0} MB", sent / 1e6, total / 1e6)
-                        }
-                        _ => String::new(),
-                    };
+            Err(_) => match others.iter().find_map(|o| link_on_primary(o, addr)) {
+                Some((_, link, _)) => {
                     let state = link.get("state").map_or("", String::as_str);
+                    let copy = crate::status::copy_progress(&link);
                     format!("its server is not answering yet; the primary's link to it: {state}{copy}")
                 }
                 None => "its server is not answering yet (starting, or copying the primary's data)".to_string(),
@@ -425,20 +417,14 @@ fn wait_joined(id: u64, addr: &str, others: &[String], wait: std::time::Duration
     }
 }
 
-/// The link of the backup named `node_addr` as the primary sees it (`slaveN` of `INFO
-/// replication`), the primary found through member `via`'s server.
-fn primary_link_of(via: &str, node_addr: &str) -> Option<BTreeMap<String, String>> {
-    let primary = info(via).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
-    let (_, links) = info_sections(&primary, &["replication"]).ok()?;
-    links.into_iter().find(|l| l.get("node").map(String::as_str) == Some(node_addr))
-}
-
 /// Node `id`'s link as its primary sees it (`slaveN` of `INFO replication`, by the name
-/// `node_addr` its backup gives), the primary's client address and its own fields; `None`
-/// while its server does not name a primary or the primary does not list the link.
+/// `node_addr` its backup gives), the primary found through the member whose server is at
+/// `ask` (the node itself, or another while it does not answer): the primary's client
+/// address, the link and the primary's own fields; `None` while that server does not
+/// name a primary or the primary does not list the link.
 #[allow(clippy::type_complexity)]
-fn link_on_primary(node_addr: &str) -> Option<(String, BTreeMap<String, String>, BTreeMap<String, String>)> {
-    let primary = info(node_addr).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
+fn link_on_primary(ask: &str, node_addr: &str) -> Option<(String, BTreeMap<String, String>, BTreeMap<String, String>)> {
+    let primary = info(ask).ok()?.get("cluster_primary_addr").cloned().filter(|a| a.contains(':'))?;
     let (fields, links) = info_sections(&primary, &["replication"]).ok()?;
     let link = links.into_iter().find(|l| l.get("node").map(String::as_str) == Some(node_addr))?;
     Some((primary, link, fields))
@@ -456,7 +442,7 @@ fn wait_caught_up(id: u64, node_addr: &str, max_lag_ms: u64, wait: std::time::Du
     let mut target: Option<(String, u64)> = None;
     let ts = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<u64>().ok());
     loop {
-        if let Some((primary, link, fields)) = link_on_primary(node_addr) {
+        if let Some((primary, link, fields)) = link_on_primary(node_addr, node_addr) {
             // (A new primary meanwhile: its own position is the mark.)
             if target.as_ref().is_none_or(|(p, _)| *p != primary) {
                 target = ts(&fields, "ditto_durable_ts").map(|d| (primary.clone(), d));
@@ -496,7 +482,7 @@ fn wait_counted(id: u64, node_addr: &str, config: u64, wait: std::time::Duration
     };
     loop {
         if let Some((primary, _, _)) =
-            link_on_primary(node_addr).filter(|(_, l, f)| !l.contains_key("learner") && settled(f))
+            link_on_primary(node_addr, node_addr).filter(|(_, l, f)| !l.contains_key("learner") && settled(f))
         {
             let ms = t.elapsed().as_secs_f64() * 1e3;
             println!("node {id} counted: the primary at {primary} counts its backup in the quorum ({ms:.0} ms after)");

@@ -24,6 +24,21 @@ pub struct StatusArgs {
 }
 
 /// `INFO replication`'s fields, and each `slaveN` line split into its own fields.
+/// A `slaveN` link's checkpoint copy, as ": checkpoint copy X of Y MB (Z%)"; empty when
+/// none is being sent.
+pub(crate) fn copy_progress(link: &BTreeMap<String, String>) -> String {
+    let g = |k: &str| link.get(k).and_then(|v| v.parse::<f64>().ok());
+    match (g("copy_sent_bytes"), g("copy_total_bytes")) {
+        (Some(sent), Some(total)) => format!(
+            ": checkpoint copy {:.1} of {:.1} MB ({:.0}%)",
+            sent / 1e6,
+            total / 1e6,
+            100.0 * sent / total.max(1.0)
+        ),
+        _ => String::new(),
+    }
+}
+
 pub(crate) fn parse_info(text: &str) -> (BTreeMap<String, String>, Vec<BTreeMap<String, String>>) {
     let mut fields = BTreeMap::new();
     let mut backups = Vec::new();
@@ -139,19 +154,7 @@ pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>
                 );
                 // A backup still being sent its start (a copy, the log from disk).
                 if !matches!(b.get("state").map(String::as_str), None | Some("online")) {
-                    let copy = match (b.get("copy_sent_bytes"), b.get("copy_total_bytes")) {
-                        (Some(sent), Some(total)) => {
-                            let (sent, total) = (sent.parse().unwrap_or(0.0), total.parse().unwrap_or(0.0f64));
-                            format!(
-                                ": checkpoint copy {:.1} of {:.1} MB ({:.0}%)",
-                                sent / 1e6,
-                                total / 1e6,
-                                100.0 * sent / total.max(1.0)
-                            )
-                        }
-                        _ => String::new(),
-                    };
-                    println!("    joining, {}{copy}", g("state"));
+                    println!("    joining, {}{}", g("state"), copy_progress(b));
                 }
             }
             println!(

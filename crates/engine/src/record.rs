@@ -542,7 +542,7 @@ pub(crate) unsafe fn free_chain(chain: *mut Version, guard: &Guard) {
     });
 }
 
-fn backoff(spins: u32) {
+pub(crate) fn backoff(spins: u32) {
     if spins < 64 {
         std::hint::spin_loop();
     } else {

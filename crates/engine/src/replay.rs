@@ -973,11 +973,7 @@ fn unlinked_and_let_go(t: &Table, rid: RecordId) -> Result<()> {
             )));
         }
         spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
+        crate::record::backoff(spins);
     }
     Ok(())
 }

@@ -34,6 +34,6 @@ pub use backup::{
     parse_replay, replay_recorded, Backup, BackupError, BackupOptions, BackupState, JoinAgain, JoinCancel, ReplayMode,
     ReplayRun,
 };
-pub use policy::{blocked_by, release_watermark, CommitPolicy, Holdings, Level, Scope};
+pub use policy::{blocked_by, release_watermark, settle_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};
 pub use restart::{restart_settled, QuorumRecord};

@@ -146,6 +146,18 @@ pub fn release_watermark(policy: CommitPolicy, h: &Holdings) -> Ts {
     held[need - 1]
 }
 
+/// Up to where a membership change counts as settled under `policy`: where a majority of
+/// the counted nodes holds everything, at the policy's level (under `local`, its own
+/// release). A majority is what the next change needs (two majorities of configurations
+/// one change apart overlap), and all that may be had under `all` with a member down,
+/// whose removal waits for the settle.
+pub fn settle_watermark(policy: CommitPolicy, h: &Holdings) -> Ts {
+    match policy.scope {
+        Scope::Local => release_watermark(policy, h),
+        _ => release_watermark(CommitPolicy { scope: Scope::Majority, level: policy.level }, h),
+    }
+}
+
 /// Why `policy` cannot release anything more while `h` holds (a counted backup is not
 /// connected), for `INFO replication` and the logs; `None` if nothing is missing.
 pub fn blocked_by(policy: CommitPolicy, h: &Holdings) -> Option<String> {

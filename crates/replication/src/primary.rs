@@ -187,7 +187,9 @@ struct Link {
     /// its first ack, the log above it is kept for it (`log_needed_above`), so that a
     /// checkpoint while a long gap is sent deletes none of it.
     asked_from: AtomicU64,
-    /// Where its start is (`PHASES`).
+    /// Where its start is (`PHASES`): set to `PHASE_ONLINE` under the queue's lock, so
+    /// that a queue passing its bound before then spills (`Queue::spilled`) instead of
+    /// killing the link (`Link::starting`).
     phase: std::sync::atomic::AtomicU8,
     /// Its checkpoint copy's bytes sent and total (`BackupInfo`).
     copy_sent: AtomicU64,
@@ -204,10 +206,6 @@ struct Queue {
     dead: Option<String>,
     /// The link's thread is writing frames it took from `frames`.
     writing: bool,
-    /// Its start (a checkpoint copy, a gap read from disk, and what it missed meanwhile)
-    /// is still being sent: a queue that passes its bound then spills (`spilled`) instead
-    /// of killing the link. Cleared as the link goes live, under this lock.
-    starting: bool,
     /// The queue passed its bound while the link's start was sent: what was queued was
     /// dropped and nothing more is queued; the link's thread sends the log from disk above
     /// where its start ends (kept for it, `Link::asked_from`), queueing again from just
@@ -222,6 +220,12 @@ struct Queue {
 }
 
 impl Link {
+    /// Its start (a checkpoint copy, a gap read from disk, and what it missed meanwhile)
+    /// is still being sent.
+    fn starting(&self) -> bool {
+        self.phase.load(Ordering::Acquire) != PHASE_ONLINE
+    }
+
     fn kill(&self, why: String) {
         self.gone.store(true, Ordering::Release);
         let mut q = self.queue.lock();
@@ -690,16 +694,11 @@ impl Primary {
         }
     }
 
-    /// Up to where a majority of the counted nodes holds everything, at the level of the
-    /// server's policy (`released` where it has none, or it is `local`): what a membership
-    /// settles by. A majority is what the next change needs (two majorities of
-    /// configurations one change apart overlap), and all that may be had under `all` with
-    /// a member down, whose removal waits for the settle.
+    /// What a membership settles by (`crate::settle_watermark` of the server's policy;
+    /// `released` where it has none, or it is `local`).
     fn settle_covers(&self, h: &Holdings, released: Ts) -> Ts {
         match self.opts.policy {
-            Some(p) if p.scope != crate::Scope::Local => {
-                crate::release_watermark(crate::CommitPolicy { scope: crate::Scope::Majority, level: p.level }, h)
-            }
+            Some(p) if p.scope != crate::Scope::Local => crate::settle_watermark(p, h),
             _ => released,
         }
     }
@@ -754,7 +753,7 @@ impl Primary {
                 heard.insert(l.node.as_str());
                 keep(l.durable.load(Ordering::Acquire));
             }
-            if (counts && !was_heard) || l.queue.lock().starting {
+            if (counts && !was_heard) || l.starting() {
                 keep(l.asked_from.load(Ordering::Acquire));
             }
         }
@@ -833,15 +832,15 @@ impl Primary {
                     Err(_) => {}
                 }
             }
-            if q.bytes + frame.len() > self.opts.queue_bytes_max && q.starting {
-                // Its start is still being sent: what it misses now is read from disk
-                // after it (`catch_up`).
-                q.frames.clear();
-                q.bytes = 0;
-                q.spilled = true;
-                continue;
-            }
             if q.bytes + frame.len() > self.opts.queue_bytes_max {
+                if l.starting() {
+                    // Its start is still being sent: what it misses now is read from disk
+                    // after it (`catch_up`).
+                    q.frames.clear();
+                    q.bytes = 0;
+                    q.spilled = true;
+                    continue;
+                }
                 drop(q);
                 self.backups_dropped.fetch_add(1, Ordering::Relaxed);
                 l.kill(format!(
@@ -968,7 +967,6 @@ impl Primary {
                     bytes: 0,
                     dead: None,
                     writing: false,
-                    starting: true,
                     spilled: false,
                     direct: None,
                 }),
@@ -991,7 +989,7 @@ impl Primary {
         };
         let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger).map_err(|e| {
             let stalled = matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
-            match link.queue.lock().starting && stalled {
+            match link.starting() && stalled {
                 true => std::io::Error::other(format!(
                     "backup {node} read nothing of its start (a checkpoint copy, or the log from disk) for {:?}: given up",
                     self.opts.start_stall_max
@@ -1089,13 +1087,7 @@ impl Primary {
         let reg_clock = db.clock().now();
         // Everything framed before the registration must be durable (so a gap read from
         // disk holds it) and installed (so a checkpoint holds it).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while logger.watermark() < reg_clock || db.clock().visible_ts() < reg_clock {
-            if Instant::now() > deadline {
-                return Err(std::io::Error::other("the log did not become durable up to the registration"));
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        wait_logged(logger, link, reg_clock, || db.clock().visible_ts() >= reg_clock, "the registration")?;
         // What the log is read from: above what the backup holds, or (a backup of the
         // epoch this one was recovered from, holding exactly its cut) above this epoch's
         // start, since nothing lies between the two.
@@ -1369,7 +1361,6 @@ impl Primary {
                 }
                 if !q.spilled {
                     stream.set_write_timeout(None)?;
-                    q.starting = false;
                     q.direct = Some(stream.try_clone()?);
                     link.phase.store(PHASE_ONLINE, Ordering::Release);
                     return Ok(());
@@ -1387,13 +1378,7 @@ impl Primary {
                 w.write_all(&Frame::Table { id: id.0, name }.encode())?;
             }
             let read = || {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while logger.watermark() < reg {
-                    if Instant::now() > deadline || link.gone.load(Ordering::Acquire) {
-                        return Err(std::io::Error::other("the log did not become durable up to the catch-up's start"));
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
+                wait_logged(logger, link, reg, || true, "the catch-up's start")?;
                 match ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from) {
                     Ok(Some(gap)) => Ok(gap),
                     Ok(None) => Err(std::io::Error::other(format!(
@@ -1539,6 +1524,26 @@ impl Primary {
             let _ = accept.join();
         }
     }
+}
+
+/// Waits (up to 10 s, or until `link` is killed) until `logger` is durable up to `upto`
+/// and `also` holds: what was framed before a link's queue took frames (its registration,
+/// a catch-up's start) is then on disk, for a gap read from it. `what` names the point.
+fn wait_logged(
+    logger: &ditto_log::Logger,
+    link: &Link,
+    upto: Ts,
+    also: impl Fn() -> bool,
+    what: &str,
+) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while logger.watermark() < upto || !also() {
+        if Instant::now() > deadline || link.gone.load(Ordering::Acquire) {
+            return Err(std::io::Error::other(format!("the log did not become durable up to {what}")));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
 }
 
 /// Sends checkpoint files `files` of `dir`, counting the bytes sent in `sent`.

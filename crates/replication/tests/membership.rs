@@ -200,14 +200,9 @@ fn a_primary_that_starts_holding_commits_settles_once_a_majority_holds_them() {
     // Reopened under `all-durable`, two backups counted, configuration 7: it holds 50
     // commits no backup has.
     let a = ditto_log::open(&pa, ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let policy = ditto_replication::CommitPolicy::parse("all-durable").unwrap();
     let opts = PrimaryOptions { backups_expected: 2, members_config: 7, policy: Some(policy), ..Default::default() };
-    let p =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
-    let p2 = Arc::clone(&p);
-    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let (p, addr) = common::ship(&a, "all-durable", opts);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(p.members_settled(), None, "one node of three holds what it started with");
     // One backup joins and holds it all: two of three, a majority, though `all` still

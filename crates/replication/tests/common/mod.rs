@@ -28,14 +28,21 @@ pub fn start_primary(
 ) -> (ditto_log::Durable, ditto_engine::TableId, Arc<Primary>, String) {
     let a = ditto_log::open(dir, OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
+    let (p, addr) = ship(&a, policy, opts);
+    (a, t, p, addr)
+}
+
+/// A primary shipping `a`'s log on a free loopback port, releasing under `policy` with
+/// `opts`, its watermark recomputed as the log moves: (the primary, its address).
+pub fn ship(a: &ditto_log::Durable, policy: &str, opts: PrimaryOptions) -> (Arc<Primary>, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let policy = CommitPolicy::parse(policy).unwrap();
     let p: Arc<Primary> =
-        Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
+        Primary::start(a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
     let p2 = Arc::clone(&p);
     a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
-    (a, t, p, addr)
+    (p, addr)
 }
 
 /// Bytes that do not compress: `n` at a time from a xorshift generator seeded with `x`.
