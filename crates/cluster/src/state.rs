@@ -733,9 +733,11 @@ mod tests {
         let before = s.clone();
         assert!(s.apply(&Command::RemoveMember { id: 2 }).unwrap_err().contains("was removed already"));
         assert_eq!(s, before);
-        // A failover in progress holds changes back.
+        assert!(!s.refusal_passes("node 2 was removed already"), "a refusal for good is not asked again");
+        // A failover in progress holds changes back: a refusal that passes.
         s.apply(&Command::BeginFailover { epoch: 2, reason: "t".into() }).unwrap();
-        assert!(s.apply(&Command::RemoveMember { id: 3 }).unwrap_err().contains("failing over"));
+        let why = s.apply(&Command::RemoveMember { id: 3 }).unwrap_err();
+        assert!(why.contains("failing over") && s.refusal_passes(&why), "{why}");
     }
 
     /// A member's TLS port is left out of the entry when none is named, so entries read
