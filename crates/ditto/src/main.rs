@@ -82,6 +82,6 @@ fn main() {
     };
     if let Err(e) = out {
         eprintln!("ditto: error: {e}");
-        std::process::exit(1);
+        std::process::exit(if e.is::<node::Removed>() { node::EXIT_REMOVED } else { 1 });
     }
 }

@@ -596,6 +596,24 @@ fn probe_wait(failures: u32) -> Duration {
 /// killed (more than a backup's own bound on draining what it received, 10 s);
 /// `--server-stop-timeout-ms` sets it (`NodeConfig::stop_timeout`).
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A node removed from its cluster stops with this error, and `ditto` exits with
+/// [`EXIT_REMOVED`]: its id is never used again, so a service manager that restarts it
+/// would only see it stop again (docs/cluster.md, "Membership changes").
+#[derive(Debug)]
+pub struct Removed(pub String);
+
+impl std::fmt::Display for Removed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Removed {}
+
+/// The exit status of a removed node (`EX_CONFIG` of sysexits.h): a service manager is
+/// told not to restart on it (systemd: `RestartPreventExitStatus=78`).
+pub const EXIT_REMOVED: i32 = 78;
 /// How long the control thread waits for a server it told to stop, or to fence itself,
 /// before it goes on (and looks again at its next turn): a server normally does either in
 /// a few milliseconds, and one that does not (stopped, its disk hung) must not hold Raft
@@ -2225,10 +2243,15 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
     let mut member = false;
     let mut said_waiting = false;
+    let mut removed = None;
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(5));
         let st = svc.status();
         if let Some(f) = &st.failed {
+            // Refused by the members as removed (it was removed while it was down).
+            if f.contains(ditto_cluster::service::REMOVED) {
+                return Err(Box::new(Removed(format!("the control plane stopped: {f}"))));
+            }
             return Err(format!("the control plane stopped: {f}").into());
         }
         // A node that was a member and was removed stops (its server first); one that is
@@ -2236,16 +2259,19 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         let now_member = st.state.node(cfg.id).is_some();
         if member && !now_member {
             say(cfg.id, format!("was removed from the cluster (configuration {}): stopping", st.state.config));
+            removed = Some(format!(
+                "node {} was removed from the cluster (configuration {}), and ids are never used again",
+                cfg.id, st.state.config
+            ));
             break;
         }
         // Removed before this start (it applied its removal, and was started again): its
         // id is never used again, so it would wait for ever to be added.
         if !member && st.state.retired.contains(&cfg.id) {
-            return Err(format!(
+            return Err(Box::new(Removed(format!(
                 "node {} was removed from the cluster (configuration {}), and ids are never used again: to bring this machine back, add it under a new id with an empty directory (ditto cluster add)",
                 cfg.id, st.state.config
-            )
-            .into());
+            ))));
         }
         member = now_member;
         if !member && st.state.epoch > 0 && !said_waiting {
@@ -2310,7 +2336,10 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     }
     say(cfg.id, "stopping");
     svc.stop();
-    Ok(())
+    match removed {
+        Some(why) => Err(Box::new(Removed(why))),
+        None => Ok(()),
+    }
 }
 
 /// Runs `read` (a read of this node's log) on a thread of its own named `name`, off the

@@ -1508,7 +1508,8 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     assert!(ok, "removing node {victim}: {out}");
     let mut gone = c.nodes.remove(&victim).unwrap();
     let status = wait_for("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
-    assert!(status.success(), "the removed node exits cleanly: {status}");
+    // With the status a service manager is told not to restart on (EX_CONFIG).
+    assert_eq!(status.code(), Some(78), "the removed node stops with the removed status: {status}");
     let removed_ms = t.elapsed().as_secs_f64() * 1e3;
     c.ports.remove(&victim);
     c.wait_or_dump("the primary counting two backups, settled", Duration::from_secs(10), || {
@@ -1530,7 +1531,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     let mut again = c.nodes.remove(&victim).unwrap();
     let status =
         wait_for("the removed node started again to stop", Duration::from_secs(20), || again.try_wait().unwrap());
-    assert!(!status.success(), "it fails, saying why: {status}");
+    assert_eq!(status.code(), Some(78), "it stops with the removed status, saying why: {status}");
     let removed_log = std::fs::read_to_string(c.log(victim)).unwrap();
     assert!(removed_log.contains("ids are never used again: to bring this machine back"), "{removed_log}");
 
@@ -2027,7 +2028,7 @@ fn a_switchover_promotes_its_target_in_place_loses_nothing_and_lets_the_old_prim
     assert!(ok, "removing the old primary: {out}");
     let mut gone = c.nodes.remove(&first).unwrap();
     let status = wait_for("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
-    assert!(status.success(), "it exits cleanly: {status}");
+    assert_eq!(status.code(), Some(78), "it stops with the removed status: {status}");
     c.ports.remove(&first);
     c.wait_or_dump("the primary counting one backup, settled", Duration::from_secs(10), || {
         let i = c.info(to)?;
@@ -2492,7 +2493,7 @@ fn a_node_removed_while_it_was_down_is_told_when_it_comes_back_and_stops() {
     c.start_node(victim);
     let mut back = c.nodes.remove(&victim).unwrap();
     let status = wait_for("the removed node to stop", Duration::from_secs(30), || back.try_wait().unwrap());
-    assert!(!status.success(), "it fails, saying why: {status}");
+    assert_eq!(status.code(), Some(78), "it stops with the removed status, saying why: {status}");
     let log = std::fs::read_to_string(c.log(victim)).unwrap();
     assert!(log.contains("this node was removed from the cluster, and its id is never used again"), "{log}");
 }
