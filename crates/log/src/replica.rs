@@ -1897,7 +1897,8 @@ fn link_entries_above(
     })
 }
 
-/// Adds batches fetched from a peer to `dir`'s replica log: checked, written to a new file
+/// Adds batches fetched from a peer to `dir`'s replica log: checked (checksums and every
+/// record of the payload), written to a new file
 /// after the existing ones (their floors not trusted: they were not shipped in framing
 /// order), fsynced. The next `open_replica_upto` replays them with the rest. `streams` is
 /// the primary's stream count, used when no replica log file names it.
@@ -1915,8 +1916,12 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
         None => FilesRead::default(),
     };
     let streams = newest.streams.unwrap_or(streams);
+    // Every record of every payload is checked, not just the checksums: a batch from a
+    // peer whose payload does not parse would be written here and then fail the open of
+    // this directory, at the promotion that needed it.
+    let mut scratch = Vec::new();
     for b in batches {
-        let (batch, used) = decode_batch_checksums(b).map_err(|e| LogError::Corrupt {
+        let (batch, used) = crate::format::decode_batch_in(b, &mut scratch).map_err(|e| LogError::Corrupt {
             file: rdir.clone(),
             offset: 0,
             what: format!("a fetched batch: {e}"),

@@ -185,6 +185,22 @@ fn a_backup_lacking_a_streams_tail_fetches_it_from_a_peer_and_then_holds_what_th
     bad[last] ^= 1;
     assert!(append_fetched(b.path(), 2, &[Bytes::from(bad)], &storage).is_err());
     assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
+    // So is one whose checksums hold over a payload that does not parse (a peer's bug, or
+    // a peer that holds the secret): before, only the checksums were checked, and the
+    // directory then failed to open at the promotion that needed it.
+    let (good, _) = decode_batch_checksums(&fetched[0]).unwrap();
+    let mut h = good.header;
+    assert!(!h.compressed, "the test's log is not compressed");
+    let body = h.header_len();
+    let mut garbled = fetched[0].to_vec();
+    garbled[body..].fill(0xFF);
+    h.payload_crc = h.payload_checksum(&garbled[body..]);
+    garbled[..body].copy_from_slice(&h.encode());
+    let garbled = Bytes::from(garbled);
+    assert!(decode_batch_checksums(&garbled).is_ok(), "its checksums hold");
+    let err = append_fetched(b.path(), 2, &[garbled], &storage).unwrap_err().to_string();
+    assert!(err.contains("a fetched batch"), "{err}");
+    assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, ha.streams);
     // A newest file with no whole header (B's server died as it created it): the next fetch
     // takes its place (before, it stayed behind the new file, and the directory no longer
     // opened: "not a replica log file").
