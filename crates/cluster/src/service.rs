@@ -422,7 +422,11 @@ type Outgoing = (Vec<u8>, Option<SyncSender<()>>);
 /// A fetch to answer, on the fetch thread: the job, where to send its pieces, and what
 /// they answer.
 struct FetchToServe {
-    job: FetchJob,
+    /// What to read, or why it cannot be served: the refusal is sent from the fetch
+    /// thread too, which waits for room in the peer's queue (from the control thread it
+    /// was dropped on a full queue, and the fetcher's round then waited out its prepare
+    /// timeout).
+    job: Result<FetchJob, String>,
     to: SyncSender<Outgoing>,
     from: NodeId,
     me: NodeId,
@@ -456,7 +460,18 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
             return;
         }
         let Some(f) = waiting.pop_front() else { continue };
-        let FetchJob { position, read } = f.job;
+        let refuse = |why: String| {
+            let refused = Ctl::FetchRefused { epoch: f.epoch, stream: f.stream, req: f.req, why };
+            let body = serde_json::to_vec(&refused).expect("control requests serialise");
+            queue_frame(&f.to, frame(f.me, KIND_CTL, &body));
+        };
+        let FetchJob { position, read } = match f.job {
+            Ok(job) => job,
+            Err(why) => {
+                refuse(why);
+                continue;
+            }
+        };
         let mut out =
             Answer { to: &f.to, me: f.me, epoch: f.epoch, stream: f.stream, req: f.req, position, next: 0, held: None };
         let mut pieces = Piecer::default();
@@ -470,9 +485,7 @@ fn serve_fetches(rx: Receiver<FetchToServe>, shared: Arc<Shared>) {
             // the same connection, so after them) ends the fetcher's prepare at once.
             Err(why) => {
                 tracing::warn!(node = f.me, "cannot serve a fetch of stream {}: {why}", f.stream);
-                let refused = Ctl::FetchRefused { epoch: f.epoch, stream: f.stream, req: f.req, why };
-                let body = serde_json::to_vec(&refused).expect("control requests serialise");
-                queue_frame(&f.to, frame(f.me, KIND_CTL, &body));
+                refuse(why);
             }
             Ok(()) if going => {
                 if let Some(p) = pieces.finish() {
@@ -1704,17 +1717,13 @@ impl Run {
                 // Only once fenced at that failover: then nothing more is acknowledged here.
                 if epoch <= self.disk.fence() && from != self.node.id() {
                     let Some(to) = self.senders.get(&from).cloned() else { return Ok(()) };
-                    match self.data.fetch_job(stream, after) {
-                        Ok(job) => {
-                            let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream, req };
-                            if self.fetches.send(f).is_err() {
-                                tracing::warn!(node = self.node.id(), "the fetch thread has stopped");
-                            }
-                        }
-                        Err(why) => {
-                            tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}");
-                            self.ctl(from, Ctl::FetchRefused { epoch, stream, req, why }, now)?;
-                        }
+                    let job = self.data.fetch_job(stream, after);
+                    if let Err(why) = &job {
+                        tracing::warn!(node = self.node.id(), "cannot serve a fetch of stream {stream}: {why}");
+                    }
+                    let f = FetchToServe { job, to, from, me: self.node.id(), epoch, stream, req };
+                    if self.fetches.send(f).is_err() {
+                        tracing::warn!(node = self.node.id(), "the fetch thread has stopped");
                     }
                 }
             }
@@ -2072,7 +2081,7 @@ mod tests {
         let n = fetch_pieces(&batches).len();
         assert!(n >= 6, "{n} pieces");
         let job = FetchJob::ready(batches, 99);
-        jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
+        jobs.send(FetchToServe { job: Ok(job), to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
         for i in 0..n {
             let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("a piece");
             assert!(f.len() > FETCH_PIECE / 2, "piece {i}: {} bytes", f.len());
@@ -2118,7 +2127,7 @@ mod tests {
                 .collect();
             let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
             jobs.send(FetchToServe {
-                job: FetchJob::ready(batches, 99),
+                job: Ok(FetchJob::ready(batches, 99)),
                 to,
                 from: 2,
                 me: 1,
@@ -2174,7 +2183,7 @@ mod tests {
                 Ok(())
             }),
         };
-        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
+        fetches.jobs.send(FetchToServe { job: Ok(job), to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
         let handed = done.recv_timeout(Duration::from_secs(10)).expect("the read ended");
         // Two pieces of 6 batches: the first held back, the second's completion sends it.
         assert!(handed < 20, "the read went on for {handed} batches after its answer could not go");
@@ -2196,7 +2205,7 @@ mod tests {
                 Err("a segment damaged since the report".into())
             }),
         };
-        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
+        fetches.jobs.send(FetchToServe { job: Ok(job), to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
         let (mut pieces, mut refused) = (0, None);
         while let Ok((f, written)) = peer.recv_timeout(Duration::from_millis(500)) {
             written.unwrap().send(()).unwrap();
@@ -2222,6 +2231,36 @@ mod tests {
                 assert!(why.contains("a segment damaged since the report"), "{why}")
             }
             other => panic!("no refusal after the pieces: {other:?}"),
+        }
+        fetches.stop();
+    }
+
+    /// A fetch that cannot be served is refused from the fetch thread, which waits for room
+    /// in the peer's queue: a full queue delays the refusal, and does not drop it (sent
+    /// from the control thread, it was dropped, and the fetcher's round waited out its
+    /// prepare timeout).
+    #[test]
+    fn a_refusal_waits_for_room_in_a_full_queue() {
+        let fetches = FetchThread::start();
+        let (to, peer) = mpsc::sync_channel::<Outgoing>(PEER_QUEUE);
+        for _ in 0..PEER_QUEUE {
+            to.try_send((b"raft".to_vec(), None)).unwrap();
+        }
+        assert!(to.try_send((b"raft".to_vec(), None)).is_err(), "the queue is full");
+        let job = Err("the log no longer holds stream 1 above 40".to_string());
+        fetches.jobs.send(FetchToServe { job, to, from: 2, me: 1, epoch: 7, stream: 1, req: 5 }).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..PEER_QUEUE {
+            let (f, _) = peer.recv_timeout(Duration::from_secs(1)).expect("the frames queued before");
+            assert_eq!(f, b"raft");
+        }
+        let (f, written) = peer.recv_timeout(Duration::from_secs(5)).expect("the refusal, once there is room");
+        written.expect("a refusal waits until it is written").send(()).unwrap();
+        let (_, kind, body) = read_frame(&mut &f[..]).unwrap().unwrap();
+        assert_eq!(kind, KIND_CTL);
+        match serde_json::from_slice::<Ctl>(&body).unwrap() {
+            Ctl::FetchRefused { epoch: 7, stream: 1, req: 5, why } => assert!(why.contains("no longer holds"), "{why}"),
+            other => panic!("not the refusal: {other:?}"),
         }
         fetches.stop();
     }
