@@ -18,6 +18,8 @@ use crate::txn::{ReadTxn, Transaction, TxnScratch};
 pub const WORKERS_MAX: usize = 1024;
 /// Most tables a database can hold.
 pub const TABLES_MAX: usize = 256;
+/// The longest table name, in bytes (the catalog stores its length in 16 bits).
+pub const TABLE_NAME_MAX: usize = u16::MAX as usize;
 /// Longest key, in bytes (the log format's limit).
 pub const KEY_LEN_MAX: usize = 64 * 1024;
 /// Longest value, in bytes.
@@ -291,6 +293,10 @@ impl Database {
 
     /// Creates a table (durably, if a log is attached). Creating an existing name is an error.
     pub fn create_table(&self, name: &str) -> Result<TableId> {
+        // (Longer, the catalog could not store it, and the directory would not open.)
+        if name.len() > TABLE_NAME_MAX {
+            return Err(Error::TooLarge { what: "a table name", len: name.len(), max: TABLE_NAME_MAX });
+        }
         let mut names = self.names.lock();
         if names.contains_key(name) {
             return Err(Error::TableExists(name.to_string()));

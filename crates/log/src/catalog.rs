@@ -55,6 +55,10 @@ impl Catalog {
             return Err(bad(&format!("unsupported catalog version {version}")));
         }
         let count = u32::from_le_bytes(body[12..16].try_into().unwrap()) as usize;
+        // (More, or a name twice, and restoring the tables would panic.)
+        if count > ditto_engine::TABLES_MAX {
+            return Err(bad(&format!("{count} tables, over the limit of {}", ditto_engine::TABLES_MAX)));
+        }
         let mut p = 16;
         let mut cat = Catalog::default();
         for i in 0..count {
@@ -68,6 +72,9 @@ impl Catalog {
                 return Err(bad("catalog entry out of order or truncated"));
             }
             let name = std::str::from_utf8(&body[p..p + len]).map_err(|_| bad("table name is not UTF-8"))?;
+            if cat.tables.iter().any(|(_, n)| n == name) {
+                return Err(bad(&format!("table name '{name}' twice")));
+            }
             cat.tables.push((TableId(id), name.to_string()));
             p += len;
         }

@@ -229,7 +229,10 @@ pub(crate) fn write(
     let snap = db.read();
     let ts = snap.ts();
     let dir = ckpt_dir(data, ts);
-    if dir.exists() {
+    let root = checkpoints_dir(data);
+    // (Not `exists`, which says no on any error: then the directory made below would be
+    // a complete checkpoint's, and the failed attempt's clean-up would remove it.)
+    if dir.try_exists().map_err(|e| LogError::io(&dir, e))? {
         let mpath = dir.join("MANIFEST");
         match std::fs::read(&mpath) {
             // A complete checkpoint at this very timestamp (nothing committed since it was
@@ -243,6 +246,11 @@ pub(crate) fn write(
                     m.log_epoch_min = log_epoch_min;
                     write_atomically(&dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
                 }
+                // Durable under its name before the caller deletes segments it covers: the
+                // attempt that wrote it may have died before it synced `checkpoints/`
+                // (before 2026-12-02 this path synced neither; the normal path does both).
+                storage.sync_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
+                storage.sync_dir(&root).map_err(|e| LogError::io(&root, e))?;
                 return Ok(CheckpointInfo::of(&m, dir, t0));
             }
             // A leftover of an earlier attempt at the same timestamp, never complete.
@@ -252,8 +260,9 @@ pub(crate) fn write(
             Err(e) => return Err(LogError::io(&mpath, e)),
         }
     }
-    std::fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
-    let root = checkpoints_dir(data);
+    std::fs::create_dir_all(&root).map_err(|e| LogError::io(&root, e))?;
+    // Made here, never found: one that exists is not this attempt's to clean up.
+    std::fs::create_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
     let written = write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref())
         .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
     match written {

@@ -183,6 +183,9 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     for d in [dir.to_path_buf(), dir.join("log"), dir.join("checkpoints")] {
         std::fs::create_dir_all(&d).map_err(|e| LogError::io(&d, e))?;
     }
+    // Their entries durable before anything is written in them (a `log/` made again
+    // beside an existing CATALOG was otherwise made durable by nothing).
+    opts.log.storage.sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
     let lock = lock_dir(dir)?;
     sealed::finish_seal(dir, &*opts.log.storage)?;
     // (A crash between an old primary's seal's steps left its `log/` sealed: the rename

@@ -2222,3 +2222,107 @@ fn with_an_interval_at_commit_pace_a_failed_fsync_fails_the_log_and_acknowledges
     assert!(d.logger().watermark() < ts);
     assert!(w.run(|x| x.put(t, b"after", b"v")).is_err(), "a failed log takes no commit");
 }
+
+/// Real files, with every directory sync and every removal recorded in order.
+#[derive(Default)]
+struct Recording {
+    events: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Storage for Recording {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_new(path)
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.events.lock().unwrap().push(format!("sync_dir {}", dir.display()));
+        RealStorage.sync_dir(dir)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.events.lock().unwrap().push(format!("remove {}", path.display()));
+        RealStorage.remove(path)
+    }
+}
+
+/// A checkpoint at the timestamp of a complete one (nothing committed since) makes its
+/// directory entry durable before it returns, as a new one does: the attempt that wrote it
+/// may have died before it synced `checkpoints/`, and the caller deletes the segments it
+/// covers once it returns (a recovery whose cut is that checkpoint's). Before, this path
+/// synced nothing, and a power loss could take the checkpoint's name away after the
+/// segments it covered were gone.
+#[test]
+fn a_checkpoint_at_the_timestamp_of_a_complete_one_makes_its_name_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Recording::default();
+    let events = Arc::clone(&storage.events);
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(storage);
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 100);
+    let a = d.checkpoint().unwrap();
+    events.lock().unwrap().clear();
+    let b = d.checkpoint().unwrap();
+    assert_eq!(b.dir, a.dir, "the same checkpoint");
+    let root = dir.path().join("checkpoints");
+    let seen = events.lock().unwrap().clone();
+    assert!(seen.contains(&format!("sync_dir {}", a.dir.display())), "{seen:?}");
+    assert!(seen.contains(&format!("sync_dir {}", root.display())), "{seen:?}");
+}
+
+/// A table name longer than the catalog can store is refused when the table is created,
+/// and the directory opens after it; the longest that fits is stored and read back.
+/// Before, the name was written with its length cut to 16 bits: the create succeeded,
+/// commits to it were acknowledged, and the next open refused the whole directory.
+#[test]
+fn a_table_name_the_catalog_cannot_hold_is_refused_and_the_directory_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let longest = "n".repeat(ditto_engine::TABLE_NAME_MAX);
+    {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let too_long = "n".repeat(ditto_engine::TABLE_NAME_MAX + 4);
+        match d.db().create_table(&too_long) {
+            Err(ditto_engine::Error::TooLarge { what, .. }) => assert_eq!(what, "a table name"),
+            other => panic!("a name of {} bytes: {other:?}", too_long.len()),
+        }
+        let t = d.db().create_table(&longest).unwrap();
+        put_n(&d, t, 0, 0, 10);
+        d.close();
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id(&longest).expect("the longest name is read back");
+    assert_eq!(count(&d, t), 10);
+}
+
+/// A catalog whose checksum holds but which names a table twice, or more tables than the
+/// engine has room for, is refused as damaged, naming the file (restoring it panicked).
+#[test]
+fn a_catalog_with_a_name_twice_or_too_many_tables_is_refused() {
+    use ditto_log::catalog::Catalog;
+    for (case, tables) in
+        [("a name twice", vec!["a", "b", "a"]), ("too many tables", vec!["x"; ditto_engine::TABLES_MAX + 1])]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+            d.close();
+        }
+        let mut cat = Catalog::default();
+        for (i, name) in tables.iter().enumerate() {
+            // (Distinct names for the second case: only the count is wrong.)
+            let name = if case == "too many tables" { format!("{name}{i}") } else { name.to_string() };
+            cat.tables.push((TableId(i as u32), name));
+        }
+        std::fs::write(dir.path().join("CATALOG"), cat.encode()).unwrap();
+        match open(dir.path(), opts(1, Durability::EveryBatch)) {
+            Err(LogError::Corrupt { file, what, .. }) => {
+                assert!(file.ends_with("CATALOG"), "{case}: {}", file.display());
+                assert!(what.contains("twice") || what.contains("over the limit"), "{case}: {what}");
+            }
+            Err(e) => panic!("{case}: wrong error {e}"),
+            Ok(_) => panic!("{case}: opened"),
+        }
+    }
+}
