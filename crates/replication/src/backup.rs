@@ -307,8 +307,7 @@ pub struct BackupState {
     /// Stopped because the primary can no longer resume it as it stands; how it may join
     /// again (`Backup::join_again`).
     pub join_again: Mutex<Option<JoinAgain>>,
-    /// A cluster's backup (`keep_what_the_primary_lost` false): the read view this run
-    /// started at (its log replayed up to its own cut, the primary's checkpoint copied, a
+    /// The read view this run started at (its log replayed up to its own cut, the primary's checkpoint copied, a
     /// cut at a failover's point, or an engine kept through a change of role in place), or
     /// the point it was cut at to follow the next primary. Its data is not read until the
     /// primary has released that far (`reads_held`): a failover that goes ahead without
@@ -828,15 +827,17 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     for a in [&state.received, &state.durable, &state.replayed, &state.visible] {
         a.store(base.0, Ordering::Release);
     }
-    // A cluster's backup, whether or not its replay holds at the release: its read view is
-    // the released watermark once it runs, but its start's is its own. That holds of a cut
-    // at a failover's point too (its cut there, or its engine kept through a change of
-    // role in place): a later failover may set a lower point, if the new primary dies
-    // before a quorum holds what it recovered, and discard what lies above it (taken as
-    // final before: found by the simulation, docs/cluster.md).
-    if !opts.keep_what_the_primary_lost {
-        state.reads_from.store(base.0, Ordering::Release);
-    }
+    // Whether or not its replay holds at the release, a backup's read view is the released
+    // watermark once it runs, but its start's is its own: its replica log replayed to its
+    // own cut, which may lie above what the primary released (a commit durable here that
+    // a quorum had not acknowledged, under `all` with a backup down, say), so its reads
+    // wait for the release. A cluster's backup: that holds of a cut at a failover's point
+    // too (its cut there, or its engine kept through a change of role in place): a later
+    // failover may set a lower point, if the new primary dies before a quorum holds what
+    // it recovered, and discard what lies above it (taken as final before: found by the
+    // simulation, docs/cluster.md). (A standalone backup's reads were not held before
+    // 2026-12-02: restarted, it served commits no client had been answered for.)
+    state.reads_from.store(base.0, Ordering::Release);
     state.connected.store(true, Ordering::Release);
     let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, opts.replica_file_bytes.max(1 << 12))
         .map_err(io("creating the replica log"))?;
@@ -2053,7 +2054,16 @@ impl Receiver {
                 if s.set_read_timeout(Some(SILENCE_MAX)).is_err() {
                     continue;
                 }
-                let answer = read_frame(&mut r);
+                // The primary writing the checkpoint it will send says so every second
+                // (`saying_alive`): the welcome comes after, as at the start (before
+                // 2026-12-02 this loop took such a heartbeat for a wrong answer, dropped the
+                // connection and asked again, behind the same checkpoint).
+                let answer = loop {
+                    match read_frame(&mut r) {
+                        Ok(Some(Frame::Heartbeat { .. })) => continue,
+                        other => break other,
+                    }
+                };
                 if let Ok(Some(Frame::Welcome { .. })) = &answer {
                     // Taken (whatever follows): no refusal stands.
                     *self.state.refused.lock() = None;

@@ -697,3 +697,82 @@ fn walk(d: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
     }
     out
 }
+
+/// A standalone backup restarted while it holds commits its primary has not released
+/// (under `all-durable`, the second backup it waits for not there) opens its whole replica
+/// log, but holds its data reads until the primary releases that far, as a running
+/// backup's read view and a cluster's backup's start do. Before, its restart served
+/// commits no client had been answered for.
+#[test]
+fn a_restarted_backup_holds_reads_of_what_its_primary_has_not_released() {
+    use std::sync::atomic::Ordering::Acquire;
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let policy = CommitPolicy::parse("all-durable").unwrap();
+    let opts = PrimaryOptions { backups_expected: 2, policy: Some(policy), ..Default::default() };
+    let on_change = Box::new(move |h: &ditto_replication::Holdings| ditto_replication::release_watermark(policy, h));
+    let p = Primary::start(&a, listener, opts, on_change).unwrap();
+    let bk = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    let last = commit(&a, t, 0..50);
+    wait_until("the commits durable on the backup", Duration::from_secs(30), || {
+        bk.state.durable.load(Acquire) >= last.0
+    });
+    assert!(bk.state.released.load(Acquire) < last.0, "released without the second backup");
+    assert!(bk.state.visible.load(Acquire) < last.0, "a running backup reads at the release");
+    bk.stop("restarted", Duration::from_secs(10)).unwrap();
+    drop(bk);
+    let bk = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    assert!(bk.state.visible.load(Acquire) >= last.0, "its open replayed its whole replica log");
+    let (from, released) = bk.state.reads_held().expect("its reads are held");
+    assert!(from >= last.0 && released < last.0, "held from {from}, released {released}");
+    // The second backup joins: the primary releases everything, and the reads open.
+    let bk2 = backup::start(BackupOptions::new(&addr, &pc, 1, "c")).unwrap();
+    wait_until("the reads to open", Duration::from_secs(30), || bk.state.reads_held().is_none());
+    assert!(bk.state.released.load(Acquire) >= last.0);
+    bk2.stop("done", Duration::from_secs(10)).unwrap();
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    p.stop();
+}
+
+/// A running backup whose primary went away reconnects; the primary that answers must
+/// write a checkpoint first and says so every second (heartbeats before its welcome),
+/// then welcomes it with a copy: the backup waits through the heartbeats and says it
+/// needs a fresh copy. Before, its reconnect took the first heartbeat for a wrong answer,
+/// dropped the connection and asked again, for ever behind the same checkpoint.
+#[test]
+fn a_reconnect_waits_through_heartbeats_before_its_welcome() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (a, t, addr, p, bk) = primary_and_backup(&pa, &pb, ditto_replication::ReplayMode::Parallel);
+    let first = commit(&a, t, 0..20);
+    wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
+        bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
+    });
+    p.stop();
+    drop(p);
+    // The primary's stand-in, on its address: two heartbeats, then a copy's welcome.
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let _hello = read_frame(&mut s).unwrap();
+        for _ in 0..2 {
+            std::thread::sleep(Duration::from_millis(300));
+            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+            s.write_all(&beat.encode()).unwrap();
+        }
+        let tables = vec![(0u32, "t".to_string())];
+        let start = Start::Checkpoint { ts: Ts(first.0 + 1000), bytes: 0 };
+        s.write_all(&Frame::Welcome { epoch: Epoch(9), streams: 1, tables, start }.encode()).unwrap();
+        // Held until the backup ends it, or 3 s.
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 64];
+        while matches!(std::io::Read::read(&mut s, &mut buf), Ok(n) if n > 0) {}
+    });
+    wait_until("the backup to say it needs a fresh copy", Duration::from_secs(30), || bk.join_again().is_some());
+    assert_eq!(bk.join_again(), Some(JoinAgain::Copy));
+    fake.join().unwrap();
+}
