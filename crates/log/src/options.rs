@@ -61,6 +61,9 @@ pub struct LogOptions {
     /// A segment file is closed and a new one started once it is over this size.
     pub segment_bytes_max: u64,
     /// A worker's commit blocks while its stream has more than this many bytes buffered.
+    /// At most `MAX_RAW_LEN - TXN_BYTES_MAX` (128 MiB) is used, whatever is set: one more
+    /// transaction on a buffer above that could pass a batch's limit, which the writer
+    /// cannot cut (it asserted, in the middle of a commit, before 2026-12-02).
     pub stream_buffer_bytes_max: usize,
     /// Threads writing an online checkpoint (recovery loads and writes with every core).
     pub checkpoint_threads: usize,

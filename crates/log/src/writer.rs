@@ -321,6 +321,9 @@ pub struct Logger {
     /// disk thread keeps the interval (`ship_at_commit_pace`).
     eager: AtomicBool,
     shutdown: AtomicBool,
+    /// Shut down and every flusher and disk thread ended: nothing appended now is ever
+    /// made durable, and a wait for it fails (`wait_durable`).
+    flushers_ended: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     catalog: Mutex<Catalog>,
     pub stats: LogStats,
@@ -398,6 +401,7 @@ impl Logger {
             tap: OnceLock::new(),
             eager: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            flushers_ended: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             catalog: Mutex::new(catalog),
             stats: LogStats::default(),
@@ -702,8 +706,11 @@ impl Logger {
                     std::thread::sleep(wait);
                 }
             }
+            // (When the batch started, not when its write and fsync ended: batches an
+            // interval apart, not an interval plus an fsync, as docs/durability.md says.)
+            let started = Instant::now();
             match self.flush_once(w, &mut stream.flush.lock(), Some(seg), ahead, stopping) {
-                Flushed::Batch => last_start = Some(Instant::now()),
+                Flushed::Batch => last_start = Some(started),
                 Flushed::Nothing => {}
                 Flushed::Closed => return,
             }
@@ -1014,6 +1021,23 @@ impl Logger {
         for h in self.threads.lock().drain(..) {
             let _ = h.join();
         }
+        // A commit that passed its check before the shutdown and appended after the last
+        // flush waited for ever, neither acknowledged nor failed (found by a review,
+        // 2026-12-02): now its wait fails.
+        self.flushers_ended.store(true, Ordering::Release);
+        let _g = self.wait_lock.lock();
+        self.wait_cv.notify_all();
+    }
+
+    /// Why a wait for `ts`, not durable, fails: the log failed, or it was closed after its
+    /// last flush (the watermark, read before this, never moves again).
+    fn never_durable(&self) -> Option<Error> {
+        if let Some(msg) = self.failed.get() {
+            return Some(Error::LogFailed(msg.clone()));
+        }
+        self.flushers_ended
+            .load(Ordering::Acquire)
+            .then(|| Error::LogFailed("the log was closed before this commit was made durable".into()))
     }
 }
 
@@ -1153,7 +1177,9 @@ impl CommitLog for Logger {
     fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
         let stream = &self.streams[worker.0 as usize];
         let mut buf = stream.buf.lock();
-        while buf.payload_len() > self.opts.stream_buffer_bytes_max && self.failed.get().is_none() {
+        // (Bounded so that a transaction, at most TXN_BYTES_MAX, always fits in a batch.)
+        let max = self.opts.stream_buffer_bytes_max.min(crate::format::MAX_RAW_LEN - ditto_engine::TXN_BYTES_MAX);
+        while buf.payload_len() > max && self.failed.get().is_none() {
             stream.space.wait_for(&mut buf, Duration::from_millis(10));
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
@@ -1181,8 +1207,8 @@ impl CommitLog for Logger {
             if self.watermark() >= ts {
                 return Ok(());
             }
-            if let Some(msg) = self.failed.get() {
-                return Err(Error::LogFailed(msg.clone()));
+            if let Some(e) = self.never_durable() {
+                return Err(e);
             }
             self.wait_cv.wait_for(&mut g, Duration::from_millis(50));
         }
@@ -1192,8 +1218,8 @@ impl CommitLog for Logger {
         if self.watermark() >= ts {
             return Ok(true);
         }
-        match self.failed.get() {
-            Some(msg) => Err(Error::LogFailed(msg.clone())),
+        match self.never_durable() {
+            Some(e) => Err(e),
             None => Ok(false),
         }
     }

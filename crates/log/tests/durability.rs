@@ -2326,3 +2326,25 @@ fn a_catalog_with_a_name_twice_or_too_many_tables_is_refused() {
         }
     }
 }
+
+/// A commit appended after the log's last flush (it passed its check before `close`, and
+/// appended after the flushers ended) is never made durable: its wait fails, saying so,
+/// where it waited for ever, neither acknowledged nor failed (found by a review).
+#[test]
+fn a_commit_appended_after_the_logs_last_flush_fails_its_wait() {
+    use ditto_engine::CommitLog;
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 10);
+    let logger = Arc::clone(d.logger());
+    logger.shutdown();
+    let ts = Ts(logger.watermark().0 + 1);
+    CommitLog::append(&*logger, WorkerId(0), ts, &mut std::iter::empty());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(CommitLog::wait_durable(&*logger, ts)).unwrap());
+    match rx.recv_timeout(Duration::from_secs(5)).expect("the wait ends") {
+        Err(Error::LogFailed(why)) => assert!(why.contains("closed"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
