@@ -772,6 +772,14 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             })?;
             // Replace whatever this node held with the primary's checkpoint.
             drop((opened, fresh_lock));
+            // First, it follows no epoch (`Epoch(0)`, read as "holding nothing the primary
+            // can resume": its next start is sent a copy) until the copy is loaded and the
+            // new epoch saved below. Before 2026-12-02 the old epoch stayed named while the
+            // copy loaded (seconds, for a large one), and a crash then left the new epoch's
+            // checkpoint under the old epoch's name: the next start asked to resume it as
+            // the old epoch's history, and a primary that restarted below it answered with
+            // a cut the backup refused at every start.
+            write_followed_epoch(&dir, Epoch(0)).map_err(io("saving the followed epoch"))?;
             // Moved aside (a rename each, durable before the next), from the newest of what
             // it held to the oldest: a crash midway leaves an older state that opens as it is.
             let gone = ditto_log::replica::replaced_by_a_checkpoint_copy(&dir)?;

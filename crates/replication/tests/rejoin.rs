@@ -776,3 +776,42 @@ fn a_reconnect_waits_through_heartbeats_before_its_welcome() {
     assert_eq!(bk.join_again(), Some(JoinAgain::Copy));
     fake.join().unwrap();
 }
+
+/// A copy that is in place but does not load (here a checkpoint with rows of a table its
+/// welcome does not name, as a crash while it loads leaves it) leaves the directory
+/// following no epoch: its next start is sent a copy. Before, the epoch it followed before
+/// the copy stayed named, and its next start asked to resume the copy's checkpoint as that
+/// epoch's history.
+#[test]
+fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 1, progress: false, ..Default::default() })
+        .unwrap();
+    let _first = d.db().create_table("a").unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| (0..100u32).try_for_each(|k| x.put(t, &k.to_be_bytes(), &[7u8; 30]).map(|_| ())))
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+    let info = d.checkpoint().unwrap();
+    let mut frames: Vec<Frame> = (0..info.parts)
+        .map(ditto_log::checkpoint::part_name)
+        .chain(["MANIFEST".to_string()])
+        .map(|name| {
+            let data = std::fs::read(info.dir.join(&name)).unwrap();
+            Frame::File { name, offset: 0, data: data.into(), last: true }
+        })
+        .collect();
+    frames.push(Frame::CheckpointDone { ts: info.ts });
+    let dir = tmp.path().join("b");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("REPLICA_STATE"), "epoch 5\n").unwrap();
+    assert_eq!(backup::read_followed_epoch(&dir), Some(Epoch(5)));
+    // (The fake's welcome names table 0 only, as "t": the rows of table 1 do not load.)
+    let r = fake_copy(&dir, info.ts, frames, None, 0);
+    assert!(r.is_err(), "{r:?}");
+    assert!(dir.join("checkpoints").join(format!("ckpt-{:020}", info.ts.0)).join("MANIFEST").exists());
+    assert_eq!(backup::read_followed_epoch(&dir), Some(Epoch(0)), "the old epoch is no longer named");
+}
