@@ -329,6 +329,23 @@ fn open_replica_inner(
         };
         return open_old_primary(dir, workers, storage, point, false, own_log, lock, t0);
     }
+    // A cut an earlier open began and did not finish (a crash between its checkpoint at
+    // the point and the removal of the files above it): it still applies, or what it
+    // dropped would be replayed back.
+    let limit = match (read_cut_mark(dir)?, limit) {
+        (Some(m), Some(l)) if require_limit && m < l => {
+            return Err(LogError::Corrupt {
+                file: dir.join(CUT_MARK_FILE),
+                offset: 0,
+                what: format!(
+                    "asked to hold everything up to ts {}, but an earlier open began to cut this directory at ts {}",
+                    l.0, m.0
+                ),
+            })
+        }
+        (Some(m), l) => Some(l.map_or(m, |l| l.min(m))),
+        (None, l) => l,
+    };
     // (A checkpoint at the point itself is this promotion's own, written before a crash
     // cut it short: the node chose this directory knowing what it held, `holding_now`.)
     let lowest = older.iter().min_by_key(|c| c.point).copied();
@@ -363,6 +380,7 @@ fn open_replica_inner(
     let scan = scan(dir, ckpt_ts)?;
     report.log_bytes += scan.log_bytes;
     let mut cut = scan.cut();
+    let whole = cut;
     if let Some(limit) = limit {
         if require_limit && cut < limit {
             return Err(LogError::Corrupt {
@@ -400,6 +418,11 @@ fn open_replica_inner(
     db.publish_read_view(cut).map_err(LogError::Engine)?;
     // Everything recovered goes into a checkpoint, so the files can go (a torn tail with
     // them: it was never acknowledged; and what lies above a limit).
+    // Cutting something off: said durably first (`CUT_MARK_FILE`), until it is gone.
+    let marked = cut < whole && !scan.files.is_empty();
+    if marked {
+        write_cut_mark(dir, cut, &**storage)?;
+    }
     if !scan.files.is_empty() || !base.chain.is_empty() {
         let info = checkpoint::write(&db, dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
         report.checkpoint_write_seconds = info.seconds;
@@ -415,6 +438,9 @@ fn open_replica_inner(
         }
         crate::remove_checkpoints_except(dir, &info.dir)?;
         crate::sealed::remove_sealed(dir, info.ts, &**storage)?;
+    }
+    if marked || read_cut_mark(dir)?.is_some() {
+        remove_cut_mark(dir, &**storage)?;
     }
     report.total_seconds = t0.elapsed().as_secs_f64();
     Ok(ReplicaOpen { db, cut, streams: scan.streams, sealed: None, report, lock })
@@ -1895,6 +1921,39 @@ fn link_entries_above(
         })?;
         Ok(sink(Bytes::from(framed)))
     })
+}
+
+/// Names, in a replica directory, the point an open is cutting it at (`open_replica_upto`
+/// with a limit below what it holds: a standalone backup's rejoin at its restarted
+/// primary's point, a promotion's cut): written and synced before the checkpoint at the
+/// point, removed once the files above it are gone, and applied by every open while it is
+/// there. Before 2026-12-02 the point was held in memory only, and a crash between the
+/// checkpoint and the removals brought back, at the next plain open, what the cut had
+/// dropped (a backup then found itself holding more than its primary's point, and stayed
+/// stopped at every start).
+pub const CUT_MARK_FILE: &str = "REPLICA_CUT";
+
+fn read_cut_mark(dir: &Path) -> Result<Option<Ts>, LogError> {
+    let path = dir.join(CUT_MARK_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => match s.trim().strip_prefix("upto ").and_then(|n| n.parse().ok()) {
+            Some(ts) => Ok(Some(Ts(ts))),
+            None => Err(LogError::Corrupt { file: path, offset: 0, what: format!("not a cut's mark: {s:?}") }),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(LogError::io(&path, e)),
+    }
+}
+
+fn write_cut_mark(dir: &Path, upto: Ts, storage: &dyn Storage) -> Result<(), LogError> {
+    crate::catalog::write_atomically(dir, CUT_MARK_FILE, format!("upto {}\n", upto.0).as_bytes(), storage)
+        .map_err(|e| LogError::io(&dir.join(CUT_MARK_FILE), e))
+}
+
+fn remove_cut_mark(dir: &Path, storage: &dyn Storage) -> Result<(), LogError> {
+    let path = dir.join(CUT_MARK_FILE);
+    storage.remove(&path).map_err(|e| LogError::io(&path, e))?;
+    storage.sync_dir(dir).map_err(|e| LogError::io(dir, e))
 }
 
 /// Adds batches fetched from a peer to `dir`'s replica log: checked (checksums and every

@@ -1133,3 +1133,61 @@ fn a_read_that_ends_in_damage_reaches_less_than_the_holdings_said() {
         assert_eq!(afresh.streams[s], read_all(damaged.path(), s).0, "stream {s}");
     }
 }
+
+/// Real files, but replica log files cannot be removed.
+struct ReplicaFilesStay;
+
+impl Storage for ReplicaFilesStay {
+    fn create_new(&self, path: &std::path::Path) -> std::io::Result<Box<dyn ditto_log::storage::LogFile>> {
+        RealStorage.create_new(path)
+    }
+    fn create_segment(
+        &self,
+        path: &std::path::Path,
+        direct: bool,
+    ) -> std::io::Result<Box<dyn ditto_log::storage::LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rlog-")) {
+            return Err(std::io::Error::other("simulated: a crash before the removal"));
+        }
+        RealStorage.remove(path)
+    }
+}
+
+/// An open that cuts a replica log below what it holds (a standalone backup's rejoin at
+/// its restarted primary's point) and stops after its checkpoint at the point, before the
+/// files above it are gone (as a crash there does): the next open, with no limit, still
+/// cuts at the point, and the one after it too. Before, the point was held in memory
+/// only: the next open replayed what the cut had dropped.
+#[test]
+fn a_cut_that_stops_before_its_files_are_removed_still_applies_at_the_next_open() {
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let stream = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+    let real: Arc<dyn Storage> = Arc::new(RealStorage);
+    {
+        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&real), 2, 1, u64::MAX).unwrap();
+        for b in &batches {
+            log.append(b, false, stream(b).bound_ts);
+        }
+        log.sync().unwrap();
+    }
+    let whole = replica_holdings(dir.path(), 2, None).unwrap().cut;
+    let point = Ts(whole.0 / 2);
+    assert!(point > Ts::ZERO && point < whole);
+    let stays: Arc<dyn Storage> = Arc::new(ReplicaFilesStay);
+    let r = ditto_log::replica::open_replica_upto(dir.path(), 2, &stays, Some(point));
+    assert!(r.is_err(), "the removal failed: the open stops there");
+    drop(r);
+    ditto_log::replica::forget_holdings();
+    let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &real, None).unwrap();
+    assert_eq!(o.cut, point, "the cut still applies");
+    drop(o);
+    assert!(!dir.path().join(ditto_log::replica::CUT_MARK_FILE).exists(), "the mark goes once the cut is done");
+    let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &real, None).unwrap();
+    assert_eq!(o.cut, point, "and nothing above it came back");
+}
