@@ -985,7 +985,23 @@ impl ControlService {
                 admin: Vec::new(),
             };
             run.sync_peers();
-            threads.push(spawn(format!("ditto-ctl-node-{id}"), move || run.run(rx)));
+            let sh = Arc::clone(&run.shared);
+            threads.push(spawn(format!("ditto-ctl-node-{id}"), move || {
+                // A panic here (raft-rs, the coordinator, the data plane) is the control
+                // plane's failure, said in the status as any other: its supervisor stops
+                // on it (before 2026-12-02 the status stayed as last published, and the
+                // node neither served nor exited).
+                if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.run(rx))) {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    tracing::error!("control node {id} stops: its thread panicked: {what}");
+                    sh.status.lock().unwrap_or_else(|e| e.into_inner()).failed =
+                        Some(format!("the control thread panicked: {what}"));
+                }
+            }));
         }
         Ok(ControlService { shared, inbox, threads })
     }

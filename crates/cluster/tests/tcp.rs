@@ -48,6 +48,8 @@ struct World {
     failing_reads: usize,
     /// Every failover's epoch and reason, as the nodes applied them.
     failovers: Vec<(u64, String)>,
+    /// A node whose data plane panics the next time it is asked what it heard.
+    panics: Option<NodeId>,
 }
 
 /// Byte `j` of fetched batch `i` (after its 8-byte header).
@@ -65,6 +67,10 @@ struct ModelPlane {
 
 impl DataPlane for ModelPlane {
     fn heard(&mut self) -> Vec<NodeId> {
+        // (The lock let go first: the other nodes' planes go on using it.)
+        if self.world.lock().unwrap().panics == Some(self.me) {
+            panic!("the model data plane of node {} panics", self.me);
+        }
         // The serving primary's batches reach every running node, and their
         // acknowledgements reach it.
         let w = self.world.lock().unwrap();
@@ -658,6 +664,20 @@ fn a_primary_cut_off_from_the_majority_loses_its_contact() {
     let s = c.nodes[&p].status();
     assert_eq!(s.state.epoch, 1, "no failover without a quorum");
     assert!(!s.quorum_contact);
+}
+
+/// A panic on the control thread (here, in the data plane it calls) is the control plane's
+/// failure, said in its status, as the node's supervisor reads it to stop. Before, the
+/// status stayed as last published: the node neither served nor exited.
+#[test]
+fn a_panic_on_the_control_thread_is_said_as_its_failure() {
+    let c = Cluster::running(3);
+    let victim = c.leader_now();
+    assert!(c.nodes[&victim].status().failed.is_none());
+    c.world.lock().unwrap().panics = Some(victim);
+    wait_for("the panic said as the failure", Duration::from_secs(5), || c.nodes[&victim].status().failed.is_some());
+    let why = c.nodes[&victim].status().failed.unwrap();
+    assert!(why.contains("panicked") && why.contains("model data plane"), "{why}");
 }
 
 /// A frame as the control plane frames it: `len | crc32c | from | kind | body`.
