@@ -841,6 +841,30 @@ impl NodePlane {
                 }
             }
         }
+        // Named the primary of the open epoch by a state this run did not see applied live
+        // (its supervisor restarted after the epoch opened, or its server served and
+        // exited): it cannot serve that epoch (`desired`), so it gives it up at once, as a
+        // failed start does. Before 2026-12-02 it waited: where the coordinator never heard
+        // it serve (a supervisor restarted while its new primary's server started), it
+        // waited out a new primary's start (20 s) with no primary.
+        if self.caught_up && self.gives_up.is_none() && self.state.phase == Some(Phase::Serving) {
+            if let Some(open) = self.state.epochs.last().filter(|e| {
+                e.primary == self.me
+                    && e.epoch == self.state.epoch
+                    && e.epoch >= self.fence
+                    && self.may_serve != Some(e.epoch)
+                    && self.child.as_ref().is_none_or(|c| !matches!(c.role, Role::Primary { .. }))
+            }) {
+                say(
+                    self.me,
+                    format!(
+                        "is named the primary of epoch {}, which it cannot serve (it was not named while it ran): it gives the epoch up",
+                        open.epoch
+                    ),
+                );
+                self.gives_up = Some((open.epoch, None));
+            }
+        }
         // A fence asked for (`fenced`) that failed, or was not answered in time, stops the
         // server even before this node's state has the failover.
         if self.child.as_ref().is_some_and(|c| c.fence_asked.is_some()) && self.fence_in_place(false) == Fencing::Failed

@@ -2728,3 +2728,46 @@ fn the_cluster_secret_is_rotated_one_node_at_a_time() {
     let (ok, out) = cluster_cli(&["remove", "2", "--via", &via, "--cluster-secret-file", &old_file]);
     assert!(!ok && out.contains("a wrong cluster secret"), "{out}");
 }
+
+/// A node named the new primary whose supervisor is restarted before its server served
+/// (its start slowed by the failpoint `primary-start-slow`, 4 s; changes in place refused by
+/// `role-change-in-place`, so a new primary starts from its directory) gives the epoch up
+/// as it comes back, and a primary takes writes seconds later. Before, the restarted
+/// supervisor could not serve the epoch and said nothing, and the coordinator, which had
+/// never heard it serve, waited out a new primary's start (20 s) with no primary.
+#[test]
+fn a_new_primary_whose_supervisor_restarts_before_it_served_gives_its_epoch_up() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = [("DITTO_FAILPOINTS", "role-change-in-place,primary-start-slow")];
+    let mut c = Cluster::start_with(3, "majority-durable", &env);
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(60), || c.primary());
+    // (Data on every node: a backup that never joined cannot be promoted.)
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    c.wait_or_dump("writes", Duration::from_secs(30), || (w.acked().len() > 200).then_some(()));
+    w.stop();
+    c.kill(first);
+    // The node epoch 2 names (every survivor's log says so as it applies it).
+    let named = c.wait_or_dump("the next primary named", Duration::from_secs(30), || {
+        c.nodes.keys().find_map(|&id| {
+            let log = std::fs::read_to_string(c.log(id)).ok()?;
+            let at = log.find("epoch 2 opened: primary ")? + "epoch 2 opened: primary ".len();
+            log[at..].split(|ch: char| !ch.is_ascii_digit()).next()?.parse::<u64>().ok()
+        })
+    });
+    assert!(c.primary().is_none(), "node {named}'s server is still starting");
+    c.kill(named);
+    c.start_node(named);
+    let t = Instant::now();
+    let p = c.wait_or_dump("a primary taking writes", Duration::from_secs(60), || c.primary());
+    let took = t.elapsed();
+    let log = std::fs::read_to_string(c.log(named)).unwrap();
+    if !log.contains("which it cannot serve") {
+        c.dump_logs();
+        panic!("node {named} did not give epoch 2 up");
+    }
+    assert!(took < Duration::from_secs(15), "node {p} took writes {took:?} after node {named}'s restart");
+    eprintln!(
+        "node {named} restarted before it served epoch 2: node {p} took writes {:.1} s later",
+        took.as_secs_f64()
+    );
+}

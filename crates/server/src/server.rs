@@ -159,6 +159,19 @@ pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
     // runtime, listeners and connections (`Lasting`).
     let mut joined = None;
     let signals = StopSignals::watch()?;
+    if cfg.cluster.as_ref().is_some_and(|c| c.epoch >= 2) && cfg.replica_of.is_none() && failpoint("primary-start-slow")
+    {
+        // A cluster primary's start after a failover that takes 4 s before it opens
+        // anything (a large recovery, say), for the test of a supervisor restarted
+        // meanwhile; it ends at once if its supervisor goes.
+        let parent = std::os::unix::process::parent_id();
+        for _ in 0..80 {
+            std::thread::sleep(Duration::from_millis(50));
+            if std::os::unix::process::parent_id() != parent {
+                std::process::exit(1);
+            }
+        }
+    }
     while let Some(next) = run_role(cfg, kept.take(), joined.take(), &mut lasting, &signals, &ready)? {
         (cfg, kept, joined) = (next.cfg, next.kept, next.joined);
     }
@@ -1340,7 +1353,7 @@ fn host_name() -> Option<String> {
 
 /// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
 /// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
-/// `role-change-crash-after-seal`, `promotion-fails-after-log`.
+/// `role-change-crash-after-seal`, `promotion-fails-after-log`, `primary-start-slow`.
 fn failpoint(name: &str) -> bool {
     std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name))
 }
