@@ -62,6 +62,9 @@ pub(crate) struct Table {
     /// what lets `Transaction::changed_since` tell a key that was deleted before a read
     /// from one created and deleted after it, once either record is gone.
     unlinked: Box<[AtomicU64]>,
+    /// The newest tombstone unlinked from the index for any key: a read-only scan that
+    /// may have missed one waits for it to be durable.
+    newest_unlinked: AtomicU64,
 }
 
 /// Slots of `Table::unlinked` (32 KiB a table): a key shares its slot with one in 4,096.
@@ -86,6 +89,7 @@ impl Table {
             free: Mutex::new(VecDeque::new()),
             free_len: AtomicUsize::new(0),
             unlinked: (0..UNLINKED_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            newest_unlinked: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +97,20 @@ impl Table {
     /// Called before it leaves, so whoever misses the key in the index sees the note.
     pub(crate) fn note_unlinked(&self, key: &[u8], ts: Ts) {
         self.unlinked[unlinked_slot(key)].fetch_max(ts.0, Ordering::SeqCst);
+        if self.newest_unlinked.load(Ordering::Relaxed) < ts.0 {
+            self.newest_unlinked.fetch_max(ts.0, Ordering::SeqCst);
+        }
+    }
+
+    /// The newest tombstone unlinked from the index for any key of the table.
+    pub(crate) fn newest_unlinked(&self) -> Ts {
+        Ts(self.newest_unlinked.load(Ordering::SeqCst))
+    }
+
+    /// The newest tombstone unlinked from the index for a key of `key`'s slot (`Ts(0)`:
+    /// none): a read-only transaction that missed `key` waits for it to be durable.
+    pub(crate) fn unlinked_ts(&self, key: &[u8]) -> Ts {
+        Ts(self.unlinked[unlinked_slot(key)].load(Ordering::SeqCst))
     }
 
     /// Whether a tombstone newer than `since` may have been unlinked for `key`: true if one

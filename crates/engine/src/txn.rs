@@ -318,17 +318,31 @@ impl TxnScratch {
         Some(t.record(RecordId(rid)))
     }
 
-    /// Reads `rec` as a transaction does: our own write if we wrote it, else the newest
-    /// committed version, whose TID is recorded for validation. Does not touch the
-    /// version itself (a caller may prefetch it first).
+    /// Reads `rec`, found in the index for `key`, as a transaction does: our own write if
+    /// we wrote it, else the newest committed version, whose TID is recorded for
+    /// validation. Does not touch the version itself (a caller may prefetch it first).
     #[inline]
-    fn see<'g>(&mut self, rec: &Record, guard: &'g Guard) -> Seen<'g> {
+    fn see<'g>(&mut self, rec: &Record, guard: &'g Guard, table: TableId, key: &[u8]) -> Seen<'g> {
         if let Some(i) = self.find_write(rec) {
             return Seen::Own(i);
         }
         let (tid, head) = self.read_rec(rec, guard);
-        self.reads.push((rec, tid));
+        self.read(rec, tid, table, key);
         Seen::Committed(head)
+    }
+
+    /// Records a read of `rec`, found in the index for `key`, at `tid`. A record read
+    /// unlinked (the cleanup took its tombstone out of the index after the lookup found it)
+    /// says the key is absent, as a miss does, and is checked as one too: a record the key
+    /// gets next is a phantom. The read alone always validates (an unlinked record stays
+    /// so while this transaction is pinned), so before 2026-12-02 an insert of the key
+    /// committed below this transaction went unseen (found by a review).
+    #[inline]
+    fn read(&mut self, rec: &Record, tid: u64, table: TableId, key: &[u8]) {
+        self.reads.push((rec, tid));
+        if tid & UNLINKED_BIT != 0 && self.snapshot.is_none() {
+            self.misses.push((table, Bytes::copy_from_slice(key)));
+        }
     }
 
     /// The version a read sees: the newest committed (with its TID, for validation), or in
@@ -457,7 +471,7 @@ impl<'w> Transaction<'w> {
             }
             // Pass 2: read each record's TID and head, and start loading the versions.
             for i in 0..n {
-                seen[i] = recs[i].map(|rec| self.s.see(rec, &self.guard));
+                seen[i] = recs[i].map(|rec| self.s.see(rec, &self.guard, table, keys[i].as_ref()));
                 if let Some(Seen::Committed(Some(v))) = seen[i] {
                     v.prefetch();
                 }
@@ -482,7 +496,7 @@ impl<'w> Transaction<'w> {
     /// recorded for validation).
     fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
         let Some(rec) = self.locate(table, key)? else { return Ok(None) };
-        let seen = self.s.see(rec, &self.guard);
+        let seen = self.s.see(rec, &self.guard, table, key);
         Ok(self.s.value(seen))
     }
 
@@ -503,7 +517,7 @@ impl<'w> Transaction<'w> {
             return Ok(KeyVersion { ts: Ts(w.observed_tid & TS_MASK), present: w.existed, missed_at: clock });
         }
         let (tid, head) = self.s.read_rec(rec, &self.guard);
-        self.s.reads.push((rec, tid));
+        self.s.read(rec, tid, table, key);
         let present = head.is_some_and(|v| v.value().is_some());
         Ok(KeyVersion { ts: Ts(tid & TS_MASK), present, missed_at: clock })
     }
@@ -643,7 +657,7 @@ impl<'w> Transaction<'w> {
         };
         if let Some(out) = refuse {
             // The outcome depended on the record's state: validate it like any read.
-            self.s.reads.push((rec, tid));
+            self.s.read(rec, tid, table, key);
             return out;
         }
         if entry_rid.0 >= crate::table::RECORDS_PER_TABLE_MAX {
@@ -831,7 +845,19 @@ impl<'w> Transaction<'w> {
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
             self.validate()?;
-            let read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
+            let mut read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
+            // A key found absent may be absent because a delete's tombstone left the index,
+            // and that delete may not be durable yet: its reply waits for it too (the
+            // newest tombstone unlinked in the key's slot). A range scanned may have lost
+            // tombstones the same way: it waits for the table's newest one unlinked.
+            // (Before 2026-12-02 neither counted: a GET could answer nil for a key whose
+            // DEL a crash then undid. Found by a review.)
+            for (table, key) in &self.s.misses {
+                read_ts = read_ts.max(self.worker.db.table(*table)?.unlinked_ts(key).0 & TS_MASK);
+            }
+            for scan in &self.s.scans {
+                read_ts = read_ts.max(self.worker.db.table(scan.table)?.newest_unlinked().0 & TS_MASK);
+            }
             return Ok(CommitTicket { ts: Ts(read_ts), log: self.ticket_log() });
         }
         let log = self.ticket_log();
@@ -1244,6 +1270,91 @@ impl Drop for ReadTxn<'_> {
 mod tests {
     use super::*;
     use crate::{Database, Options, WorkerId, WORKERS_MAX};
+
+    /// A point read that finds a tombstone's record as the cleanup unlinks it sees the key
+    /// absent, and is checked as a miss: an insert of the key committed below the reader
+    /// makes it abort. Here the reader reads k absent (its lookup found the record, whose
+    /// lock the test holds as the cleanup does), then a counter that an insert of k
+    /// committed with: no serial order has both. Before, the reader committed.
+    #[test]
+    fn a_read_of_a_record_being_unlinked_is_checked_as_a_miss() {
+        let db = Database::new(Options { workers: 3 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"k", b"v").and_then(|_| x.put(t, b"c", b"0"))).unwrap().1.wait().unwrap();
+        w.run(|x| x.delete(t, b"k").and_then(|_| x.put(t, b"c", b"1"))).unwrap().1.wait().unwrap();
+        let table = db.table(t).unwrap();
+        let guard = crossbeam_epoch::pin();
+        let rid = table.index.get(b"k", &guard).expect("the tombstone's record is indexed");
+        let rec = table.record(RecordId(rid));
+        // The cleanup's lock, taken first.
+        assert!(rec.lock());
+        let cur = rec.tid.load(Ordering::Relaxed) & !LOCK_BIT;
+        let ((looked_tx, looked_rx), (go_tx, go_rx)) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let outcome = std::thread::scope(|sc| {
+            let db = &db;
+            let reader = sc.spawn(move || {
+                let mut r = db.worker(WorkerId(1)).unwrap();
+                let mut tx = r.begin();
+                // Waits for the lock; then sees the record unlinked: absent.
+                let k = tx.get(t, b"k").unwrap();
+                looked_tx.send(k.is_none()).unwrap();
+                go_rx.recv().unwrap();
+                let c = tx.get(t, b"c").unwrap();
+                (c, tx.commit())
+            });
+            // (The reader's lookup found the record before the unlink below; its read
+            // waits on the lock.)
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            // The cleanup's steps (`unlink_keyed_if`): unlinked under the lock, out of the
+            // index, let go.
+            rec.tid.store(cur | UNLINKED_BIT | LOCK_BIT, Ordering::Release);
+            table.note_unlinked(b"k", Ts(cur));
+            assert!(table.index.remove_if(b"k", rid, &guard));
+            rec.tid.store(cur | UNLINKED_BIT, Ordering::Release);
+            assert!(looked_rx.recv().unwrap(), "the reader saw k absent");
+            // k inserted again, the counter moved with it.
+            let mut i = db.worker(WorkerId(2)).unwrap();
+            i.run(|x| x.insert(t, b"k", b"again").and_then(|_| x.put(t, b"c", b"2"))).unwrap().1.wait().unwrap();
+            go_tx.send(()).unwrap();
+            reader.join().unwrap()
+        });
+        let (c, committed) = outcome;
+        assert_eq!(c.as_deref(), Some(&b"2"[..]), "the reader read the insert's counter");
+        assert!(
+            matches!(committed, Err(Error::Conflict(_))),
+            "k absent and the counter the insert of k wrote: {committed:?}"
+        );
+    }
+
+    /// A read-only transaction that finds a key absent because its delete's tombstone left
+    /// the index waits for that delete to be durable (its ticket is at least the
+    /// tombstone's timestamp), and one that scans a range which lost a tombstone waits for
+    /// what was visible. Before, both tickets said 0: a GET answered nil for a key whose DEL
+    /// a crash could still undo.
+    #[test]
+    fn a_read_only_miss_waits_for_the_delete_it_did_not_see() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+        let (_, del) = w.run(|x| x.delete(t, b"k")).unwrap();
+        let deleted_at = del.ts();
+        del.wait().unwrap();
+        db.reclaim();
+        assert!(
+            db.table(t).unwrap().index.get(b"k", &crossbeam_epoch::pin()).is_none(),
+            "the tombstone left the index"
+        );
+        let (got, ticket) = w.run(|x| x.get(t, b"k")).unwrap();
+        assert!(got.is_none());
+        assert!(ticket.ts() >= deleted_at, "a miss's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+        let (n, ticket) = w
+            .run(|x| x.scan(t, Bound::Unbounded, Bound::Unbounded, Direction::Forward, 0).map(|rows| rows.len()))
+            .unwrap();
+        assert_eq!(n, 0);
+        assert!(ticket.ts() >= deleted_at, "a scan's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+    }
 
     /// A table whose record ids are (nearly) all handed out refuses new keys with an error,
     /// where `allocate_rid` used to panic; existing keys still update and delete.
