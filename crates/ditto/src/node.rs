@@ -120,6 +120,20 @@ fn addrs_of(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, id: Nod
     })
 }
 
+/// The member or learner whose backup names itself `name` in its primary's `INFO
+/// replication`. A backup names itself by the control state's address for it
+/// (`--replica-name`), which this node's own flags (`flags`) may spell otherwise (a host
+/// name for an address, a proxy of its own): either matches. (Before 2026-12-02 only the
+/// flags did, and a primary whose flags spelled its backups otherwise heard none of them,
+/// kept its writes refused, and was never failed over: its node still heard it.)
+fn node_named(state: &ControlState, flags: &BTreeMap<NodeId, MemberAddrs>, name: &str) -> Option<NodeId> {
+    let known = state.members.keys().chain(state.learners.keys()).chain(flags.keys());
+    known.copied().find(|&id| {
+        state.node(id).is_some_and(|m| m.addr == name)
+            || addrs_of(state, flags, id).is_some_and(|m| m.client_addr() == name)
+    })
+}
+
 /// Parses `ID=HOST:CLIENT/REPL/CONTROL[/TLS][,...]` (the ports of clients, replication,
 /// the control plane and, optionally, TLS clients).
 pub fn parse_members(s: &str) -> Result<BTreeMap<NodeId, MemberAddrs>, String> {
@@ -1631,11 +1645,7 @@ impl NodePlane {
                         continue;
                     };
                     if ago.saturating_add(age) <= HEARD_WITHIN_MS {
-                        let known =
-                            self.state.members.keys().chain(self.state.learners.keys()).chain(self.members.keys());
-                        if let Some(&id) = known.into_iter().find(|&&id| {
-                            addrs_of(&self.state, &self.members, id).is_some_and(|m| m.client_addr() == node)
-                        }) {
+                        if let Some(id) = node_named(&self.state, &self.members, node) {
                             self.heard.push(id);
                         }
                     }
@@ -2383,6 +2393,35 @@ fn reads_its_log_off_thread<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::{parse_members, probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY};
+
+    /// A backup names itself by the control state's address for it; a primary whose own
+    /// flags spell that address otherwise (here `localhost` for the state's `127.0.0.1`)
+    /// still knows which node it is (before, it heard no backup so named, kept its writes
+    /// refused for want of a quorum, and was never failed over). Its flags' spelling is
+    /// known too, and a name of no member is no one's.
+    #[test]
+    fn a_backup_is_known_by_the_state_address_or_the_flags_spelling() {
+        let mut st = super::ControlState::default();
+        let m = |id: u64, port: u16| super::Member {
+            id,
+            addr: format!("127.0.0.1:{port}"),
+            repl: port + 100,
+            control: port + 200,
+            tls: 0,
+        };
+        st.apply(&super::Command::Bootstrap {
+            members: vec![m(1, 7001), m(2, 7002), m(3, 7003)],
+            primary: 2,
+            policy: "majority-durable".into(),
+        })
+        .unwrap();
+        let flags =
+            parse_members("1=localhost:7001/7101/7201,2=127.0.0.1:7002/7102/7202,3=localhost:7003/7103/7203").unwrap();
+        assert_eq!(super::node_named(&st, &flags, "127.0.0.1:7001"), Some(1), "the state's address");
+        assert_eq!(super::node_named(&st, &flags, "127.0.0.1:7003"), Some(3));
+        assert_eq!(super::node_named(&st, &flags, "localhost:7003"), Some(3), "the flags' spelling");
+        assert_eq!(super::node_named(&st, &flags, "127.0.0.1:7009"), None);
+    }
 
     /// A member names three ports, or four with its TLS port; the TLS port reaches the
     /// control state's member and the address TLS clients are told; anything else is
