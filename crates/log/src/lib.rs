@@ -352,6 +352,10 @@ pub(crate) fn check_engine_at_base(dir: &Path, db: &Database) -> Result<(), LogE
             format!("given an engine recovered to ts {}, but the replica log is sealed at ts {}", view.0, s.point.0),
         ),
         (Some(_), _) => Ok(()),
+        // An empty engine for an empty directory: a backup that never joined, promoted at a
+        // failover whose point is 0 (its primary died before anything was committed; seen
+        // in a test: that promotion failed, and its node gave the epoch up).
+        (None, None) if view == Ts::ZERO => Ok(()),
         (None, None) => {
             refuse(dir.to_path_buf(), "given a recovered engine, but the directory holds no checkpoint".into())
         }

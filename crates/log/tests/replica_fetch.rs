@@ -1191,3 +1191,31 @@ fn a_cut_that_stops_before_its_files_are_removed_still_applies_at_the_next_open(
     let o = ditto_log::replica::open_replica_upto(dir.path(), 2, &real, None).unwrap();
     assert_eq!(o.cut, point, "and nothing above it came back");
 }
+
+/// A backup's directory that never received anything (its node was started as a backup and
+/// the primary died before it joined), promoted at a point of 0: the empty engine opens the
+/// directory as a primary's, and it takes writes. Before, the open refused it ("the
+/// directory holds no checkpoint") and the failover had to move on to another epoch.
+#[test]
+fn an_empty_backup_directory_is_promoted_at_point_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ditto_log::replica::replica_dir(dir.path())).unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let opened = ditto_log::replica::open_replica_at(dir.path(), 2, &storage, Ts::ZERO, &[]).unwrap();
+    assert_eq!(opened.cut, Ts::ZERO);
+    let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
+    drop(lock);
+    let d = open(
+        dir.path(),
+        OpenOptions {
+            workers: 2,
+            recovered: Some(ditto_log::Recovered(db)),
+            epoch: Some(ditto_log::Epoch(2)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| x.put(t, b"k", b"v").map(|_| ())).unwrap().1.wait().unwrap();
+}
