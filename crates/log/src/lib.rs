@@ -729,11 +729,20 @@ impl Durable {
             }
         }
         i.logger.return_segments(kept);
-        remove_checkpoints_except(&i.dir, &info.dir)?;
+        *i.last_checkpoint.lock() = Some((info.clone(), bytes_then));
+        // The checkpoint is complete and counted: what is left (older checkpoints, a
+        // sealed log it covers) only costs disk if it cannot go now, and goes at the next
+        // checkpoint. (Before 2026-12-02 such a failure made the call an error after its
+        // success: the checkpointer backed off as if it had failed, and the last
+        // checkpoint was not recorded. Found by a review.)
+        if let Err(e) = remove_checkpoints_except(&i.dir, &info.dir) {
+            tracing::warn!("{}: older checkpoints not removed (the next checkpoint tries again): {e}", i.dir.display());
+        }
         // At the read view, so above a sealed log's point: that log is no longer recovery's.
         // It is kept until the next checkpoint, for a backup that rejoins below its point.
-        sealed::retire_sealed(&i.dir, sealed_floor, &*i.opts.storage)?;
-        *i.last_checkpoint.lock() = Some((info.clone(), bytes_then));
+        if let Err(e) = sealed::retire_sealed(&i.dir, sealed_floor, &*i.opts.storage) {
+            tracing::warn!("{}: a sealed log not retired (the next checkpoint tries again): {e}", i.dir.display());
+        }
         Ok(info)
     }
 
