@@ -22,6 +22,9 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+/// The least room made for a bulk argument whose bytes have not all arrived.
+const BULK_ROOM_MIN: usize = 64 << 10;
+
 /// Bounds on what one client may send.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -110,8 +113,15 @@ impl RequestParser {
                 }
                 State::Multibulk { left, pending: Some(len) } => {
                     if buf.len() < len + 2 {
-                        // Make room once for the whole argument, not read by read.
-                        buf.reserve(len + 2 - buf.len());
+                        // Room for the argument as its bytes arrive: at most as much again as
+                        // has arrived (64 KiB at least), so a large argument's buffer grows
+                        // a few times rather than read by read, and a length announced with
+                        // nothing after it costs no more than 64 KiB. (Before 2026-12-02 the
+                        // whole announced length was reserved at once: 20 bytes from a
+                        // client that had not authenticated made the server count 64 MiB
+                        // against `maxmemory`. Redis's CVE-2021-32675 is the same.)
+                        let room = (len + 2 - buf.len()).min(buf.len().max(BULK_ROOM_MIN));
+                        buf.reserve(room);
                         return Ok(None);
                     }
                     if &buf[len..len + 2] != b"\r\n" {
@@ -369,6 +379,31 @@ mod tests {
     use proptest::prelude::*;
     use redis_protocol::resp2::decode::decode_bytes_mut;
     use redis_protocol::resp2::types::BytesFrame;
+
+    /// A bulk length announced with nothing after it makes room for 64 KiB, not for the
+    /// length (a client that had not authenticated made the server reserve, and count
+    /// against `maxmemory`, 64 MiB with 20 bytes); the argument's bytes, as they arrive,
+    /// still make one request whole.
+    #[test]
+    fn an_announced_length_reserves_only_as_its_bytes_arrive() {
+        let limits = Limits::default();
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::from(&b"*1\r\n$67108000\r\n"[..]);
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        assert!(buf.capacity() <= 2 * BULK_ROOM_MIN, "reserved {} bytes", buf.capacity());
+        let arg = vec![b'x'; 3 << 20];
+        let mut p = RequestParser::default();
+        let mut buf = BytesMut::new();
+        let whole = encode_request(std::slice::from_ref(&arg));
+        let mut got = None;
+        for piece in whole.chunks(100_000) {
+            buf.extend_from_slice(piece);
+            if let Some(r) = p.next(&mut buf, &limits).unwrap() {
+                got = Some(r);
+            }
+        }
+        assert_eq!(got.unwrap(), vec![Bytes::from(arg)]);
+    }
 
     fn encode_request(args: &[Vec<u8>]) -> Vec<u8> {
         let mut out = format!("*{}\r\n", args.len()).into_bytes();
