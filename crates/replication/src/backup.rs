@@ -731,7 +731,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         return Err(BackupError::Stopped);
     }
     let (epoch, streams, tables, start) = match welcome {
-        Some(Frame::Welcome { epoch, streams, tables, start }) => (epoch, streams, tables, start),
+        Some(Frame::Welcome { epoch, streams, tables, start }) => {
+            check_welcome(streams, &tables)?;
+            (epoch, streams, tables, start)
+        }
         Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
         other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
     };
@@ -1008,15 +1011,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
 }
 
 fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn Storage) -> Result<(), BackupError> {
-    let have = db.tables();
     let mut changed = false;
     for (id, name) in tables {
+        let have = db.tables();
         match have.iter().find(|(i, _)| i.0 == *id) {
             Some((_, n)) if n == name => {}
             Some((_, n)) => {
                 return Err(BackupError::Protocol(format!("table {id} is '{name}' on the primary, '{n}' here")))
             }
             None => {
+                // Checked before the engine is asked (it asserts them): the next id, a name
+                // not taken, within the limits. A primary only ever sends such; a peer that
+                // did not stopped the receiver's thread without a word.
+                check_new_table(*id, name, have.len(), have.iter().any(|(_, n)| n == name))?;
                 db.restore_table(ditto_engine::TableId(*id), name);
                 changed = true;
             }
@@ -1028,6 +1035,41 @@ fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn
             cat.add(id, &name);
         }
         cat.save(dir, storage).map_err(io("saving the catalog"))?;
+    }
+    Ok(())
+}
+
+/// Refuses a table the primary names that this backup could not add as it is: `id` must be
+/// the next one (`next`), below the engine's limit, its name new and within its limit.
+fn check_new_table(id: u32, name: &str, next: usize, name_taken: bool) -> Result<(), BackupError> {
+    let bad = |why: String| Err(BackupError::Protocol(format!("the primary names table {id} '{name}': {why}")));
+    if id as usize != next {
+        return bad(format!("the next table is {next}"));
+    }
+    if next >= ditto_engine::TABLES_MAX {
+        return bad(format!("at most {} tables", ditto_engine::TABLES_MAX));
+    }
+    if name_taken {
+        return bad("that name is another table's".into());
+    }
+    if name.len() > ditto_engine::TABLE_NAME_MAX {
+        return bad(format!("a name of {} bytes, over {}", name.len(), ditto_engine::TABLE_NAME_MAX));
+    }
+    Ok(())
+}
+
+/// The stream count and tables a primary's welcome names, checked before anything of this
+/// backup is changed: a stream count it could not hold (one a primary never has: each
+/// stream is a worker), and tables not numbered 0, 1, 2... with names unique.
+fn check_welcome(streams: u32, tables: &[(u32, String)]) -> Result<(), BackupError> {
+    if streams == 0 || streams as usize > ditto_engine::WORKERS_MAX {
+        return Err(BackupError::Protocol(format!(
+            "the primary's welcome names {streams} streams (1 to {})",
+            ditto_engine::WORKERS_MAX
+        )));
+    }
+    for (i, (id, name)) in tables.iter().enumerate() {
+        check_new_table(*id, name, i, tables[..i].iter().any(|(_, n)| n == name))?;
     }
     Ok(())
 }
@@ -2778,6 +2820,43 @@ pub fn replay_recorded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a primary names that this backup could not take as it is (a stream count it
+    /// never has, tables out of order, a name twice, a table id not the next) is refused
+    /// with a protocol error before anything is changed; the engine's asserts panicked the
+    /// receiver before (found by a review).
+    #[test]
+    fn tables_and_streams_a_backup_cannot_take_are_refused_not_panicked_on() {
+        let t = |v: &[(u32, &str)]| v.iter().map(|(i, n)| (*i, n.to_string())).collect::<Vec<_>>();
+        assert!(check_welcome(2, &t(&[(0, "a"), (1, "b")])).is_ok());
+        for (streams, tables, says) in [
+            (0, t(&[]), "streams"),
+            (u32::MAX, t(&[]), "streams"),
+            (2, t(&[(1, "a")]), "the next table is 0"),
+            (2, t(&[(0, "a"), (1, "a")]), "another table's"),
+        ] {
+            match check_welcome(streams, &tables) {
+                Err(BackupError::Protocol(e)) => assert!(e.contains(says), "{e}"),
+                other => panic!("{streams} {tables:?}: {other:?}"),
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::new(ditto_engine::Options { workers: 1 });
+        let storage = RealStorage;
+        let added = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            add_tables(&db, dir.path(), &t(&[(5, "t")]), &storage)
+        }));
+        match added {
+            Ok(Err(BackupError::Protocol(e))) => assert!(e.contains("the next table is 0"), "{e}"),
+            other => panic!("{:?}", other.map(|r| r.map_err(|e| e.to_string()))),
+        }
+        assert!(db.tables().is_empty(), "nothing added");
+        add_tables(&db, dir.path(), &t(&[(0, "t")]), &storage).unwrap();
+        match add_tables(&db, dir.path(), &t(&[(1, "t")]), &storage) {
+            Err(BackupError::Protocol(e)) => assert!(e.contains("another table's"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn the_replay_budget_holds_its_bound_unless_a_replayer_waits_for_the_read_view() {

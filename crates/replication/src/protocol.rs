@@ -50,7 +50,7 @@ impl From<&str> for Secret {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Frame {
     /// Backup -> primary, first: who it follows and what it holds; `learner`: a cluster's
     /// learner, whose acknowledgements the primary never counts in its commit quorum
@@ -162,6 +162,57 @@ fn get_u8(b: &mut Bytes) -> Result<u8, ProtocolError> {
         return Err(ProtocolError::Malformed("cut short"));
     }
     Ok(b.get_u8())
+}
+
+/// At most this many characters of a peer's string in a frame's `Debug` output.
+const DEBUG_STR_MAX: usize = 200;
+
+/// Short, whatever the frame holds: its bytes by their count and its strings cut, since a
+/// frame that was not expected is written into an error and a log line (before
+/// 2026-12-02 a 160 MiB frame became a 640 MiB string, on every reconnect).
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cut = |s: &str| -> String {
+            match s.char_indices().nth(DEBUG_STR_MAX) {
+                Some((at, _)) => format!("{:?}.. ({} bytes)", &s[..at], s.len()),
+                None => format!("{s:?}"),
+            }
+        };
+        match self {
+            Frame::Hello { version, epoch, have_ts, node, learner, auth } => write!(
+                f,
+                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?} }}",
+                cut(node)
+            ),
+            Frame::Welcome { epoch, streams, tables, start } => {
+                let names: Vec<String> = tables.iter().take(8).map(|(id, n)| format!("{id}={}", cut(n))).collect();
+                write!(
+                    f,
+                    "Welcome {{ epoch: {epoch:?}, streams: {streams}, tables: {} [{}{}], start: {start:?} }}",
+                    tables.len(),
+                    names.join(", "),
+                    if tables.len() > 8 { ", .." } else { "" }
+                )
+            }
+            Frame::File { name, offset, data, last } => {
+                write!(f, "File {{ name: {}, offset: {offset}, data: {} bytes, last: {last} }}", cut(name), data.len())
+            }
+            Frame::CheckpointDone { ts } => write!(f, "CheckpointDone {{ ts: {ts:?} }}"),
+            Frame::Table { id, name } => write!(f, "Table {{ id: {id}, name: {} }}", cut(name)),
+            Frame::Batch { epoch, released, floor_trusted, counted, batch } => write!(
+                f,
+                "Batch {{ epoch: {epoch:?}, released: {released:?}, floor_trusted: {floor_trusted}, counted: {counted}, batch: {} bytes }}",
+                batch.len()
+            ),
+            Frame::Heartbeat { released, acknowledged } => {
+                write!(f, "Heartbeat {{ released: {released:?}, acknowledged: {acknowledged:?} }}")
+            }
+            Frame::Ack { received, durable, replayed } => {
+                write!(f, "Ack {{ received: {received:?}, durable: {durable:?}, replayed: {replayed:?} }}")
+            }
+            Frame::Refuse { reason } => write!(f, "Refuse {{ reason: {} }}", cut(reason)),
+        }
+    }
 }
 
 impl Frame {
@@ -451,6 +502,27 @@ pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frame's `Debug` output, written into errors and logs when a frame was not
+    /// expected, stays short whatever the frame holds (a 1 MiB file, a 100 KiB name).
+    #[test]
+    fn a_frames_debug_output_is_short() {
+        let f = Frame::File { name: "part-0000.dat".into(), offset: 0, data: vec![7u8; 1 << 20].into(), last: false };
+        let s = format!("{f:?}");
+        assert!(s.len() < 1024 && s.contains("1048576 bytes"), "{s}");
+        let r = Frame::Refuse { reason: "x".repeat(100_000) };
+        assert!(format!("{r:?}").len() < 1024);
+        let h = Frame::Hello {
+            version: 4,
+            epoch: Epoch(1),
+            have_ts: Ts(2),
+            node: "n".repeat(65_000),
+            learner: false,
+            auth: Some(Secret("pw".into())),
+        };
+        let s = format!("{h:?}");
+        assert!(s.len() < 1024 && !s.contains("pw"), "{s}");
+    }
 
     /// A frame longer than the reader takes is refused from its header alone, before its
     /// body is read (or allocated): given the header and nothing more, the error is the
