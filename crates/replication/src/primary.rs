@@ -28,7 +28,7 @@ use ditto_log::{Durable, Epoch};
 use parking_lot::{Condvar, Mutex};
 
 use crate::policy::Holdings;
-use crate::protocol::{read_frame, read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
+use crate::protocol::{read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
 use crate::watermark::Prefix;
 
 /// How the primary ships.
@@ -385,7 +385,7 @@ impl Primary {
                                     // Its hello read first: a socket closed with bytes
                                     // unread resets the connection, and the backup may
                                     // lose the answer.
-                                    let _ = read_frame_at_most(&mut &s, HELLO_BYTES_MAX);
+                                    let _ = read_frame_at_most(&mut Until::new(&s, HELLO_WAIT_MAX), HELLO_BYTES_MAX);
                                     Err(refuse(&s, format!("{TLS_ONLY}: set tls_replication on the backup, with a certificate of this primary's CA")))
                                 }
                                 // (It cannot be answered: it waits for a TLS answer.)
@@ -860,10 +860,13 @@ impl Primary {
     /// `stream` is the tunnel's loopback end).
     fn serve(self: &Arc<Self>, stream: TcpStream, addr: &str) -> std::io::Result<()> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let addr = addr.to_string();
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node, learner, auth) = match read_frame_at_most(&mut reader, HELLO_BYTES_MAX)? {
+        // The hello within `HELLO_WAIT_MAX` in all, however its bytes trickle in (a timeout
+        // per read let a peer that sent a byte every 9 s hold this thread for days).
+        let hello = read_frame_at_most(&mut Until::new(&stream, HELLO_WAIT_MAX), HELLO_BYTES_MAX)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let reader = BufReader::new(stream.try_clone()?);
+        let (epoch, have_ts, node, learner, auth) = match hello {
             Some(Frame::Hello { version, epoch, have_ts, node, learner, auth }) if version == PROTOCOL_VERSION => {
                 (epoch, have_ts, node, learner, auth)
             }
@@ -1434,7 +1437,7 @@ impl Primary {
         let thread = std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
             let mut reader = reader;
             let why = loop {
-                match read_frame(&mut reader) {
+                match read_frame_at_most(&mut reader, crate::protocol::BACKUP_FRAME_BYTES_MAX) {
                     Ok(Some(f)) => {
                         if let Some(why) = me.take_ack(&l2, f) {
                             break why;
@@ -1643,6 +1646,33 @@ pub const AUTH_REFUSED: &str = "authentication failed";
 /// The largest `Hello` a primary reads (a name and a password): a peer that has not said
 /// who it is makes the primary allocate no more than this.
 const HELLO_BYTES_MAX: usize = 64 << 10;
+
+/// The longest a connection to the replication port may take to say its hello, in all.
+const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Reads `stream` until a deadline, however the bytes trickle in: each read waits at most
+/// for what is left of it.
+struct Until<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl<'a> Until<'a> {
+    fn new(stream: &'a TcpStream, within: Duration) -> Until<'a> {
+        Until { stream, until: Instant::now() + within }
+    }
+}
+
+impl std::io::Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "its hello did not come in time"));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
 /// A link heard from within this long is a live backup's: an idle link is heard at every
 /// heartbeat (`IDLE_HEARTBEAT`), a busy backup whose replay or disk stalls may be silent
 /// for longer, and a backup gives up on a silent primary after `backup::SILENCE_MAX` (5 s),
@@ -1726,7 +1756,7 @@ async fn read_acks_async(
         // Every whole frame read so far, then `after_read` once for them all.
         let mut took = false;
         let ended = loop {
-            match crate::protocol::take_frame(&mut buf) {
+            match crate::protocol::take_frame_at_most(&mut buf, crate::protocol::BACKUP_FRAME_BYTES_MAX) {
                 Ok(Some(f)) => match take(f) {
                     Some(why) => break Some(why),
                     None => took = true,
@@ -1920,6 +1950,43 @@ impl ditto_log::ShipTap for Tap {
 
 #[cfg(test)]
 mod tests {
+    /// A hello read gives up at its deadline however its bytes trickle in: a peer that
+    /// sends a byte every 100 ms is given up after 500 ms, not after a timeout per read.
+    #[test]
+    fn a_hello_that_trickles_in_is_given_up_at_its_deadline() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            let hello = Frame::Hello {
+                version: PROTOCOL_VERSION,
+                epoch: ditto_log::Epoch(1),
+                have_ts: Ts(0),
+                node: "b".into(),
+                learner: false,
+                auth: None,
+            }
+            .encode();
+            for b in hello.iter() {
+                if std::io::Write::write_all(&mut c, &[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let (s, _) = listener.accept().unwrap();
+        let t = Instant::now();
+        let r = read_frame_at_most(&mut Until::new(&s, Duration::from_millis(500)), HELLO_BYTES_MAX);
+        let took = t.elapsed();
+        assert!(
+            matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut || e.kind() == std::io::ErrorKind::WouldBlock),
+            "{r:?}"
+        );
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        drop(s);
+        peer.join().unwrap();
+    }
+
     use super::*;
 
     /// `peer_closed` says no for a live connection, unread data or not, and yes once the

@@ -449,11 +449,26 @@ fn truncated(at_least: usize, of: usize) -> std::io::Error {
 /// has gathered (no I/O); `Ok(None)` while no whole frame is there yet (room for the rest
 /// of one is reserved). The checks are `read_frame`'s.
 pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, ProtocolError> {
+    take_frame_at_most(buf, FRAME_BYTES_MAX)
+}
+
+/// The most a backup's frame holds, as its primary reads them: a backup sends only
+/// acknowledgements and a refusal, so a primary reserves no more than this for one (it
+/// took up to `FRAME_BYTES_MAX` from a backup before 2026-12-02: 160 MiB counted against
+/// its `maxmemory` for a header alone).
+pub const BACKUP_FRAME_BYTES_MAX: usize = 64 << 10;
+
+/// `take_frame`, refusing a frame whose body is longer than `max` from its header alone.
+pub fn take_frame_at_most(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, ProtocolError> {
     if buf.len() < FRAME_HEADER_LEN {
         return Ok(None);
     }
     let h: [u8; FRAME_HEADER_LEN] = buf[..FRAME_HEADER_LEN].try_into().expect("length checked");
-    let whole = FRAME_HEADER_LEN + Frame::body_len(&h)?;
+    let len = Frame::body_len(&h)?;
+    if len > max {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    let whole = FRAME_HEADER_LEN + len;
     if buf.len() < whole {
         buf.reserve(whole - buf.len());
         return Ok(None);
@@ -502,6 +517,20 @@ pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A primary takes from a backup frames of at most `BACKUP_FRAME_BYTES_MAX`: a header
+    /// announcing more is refused before anything is reserved for it (it reserved up to
+    /// 160 MiB); an acknowledgement passes.
+    #[test]
+    fn a_backups_frame_over_its_bound_is_refused_from_its_header() {
+        let big = Frame::File { name: "x".into(), offset: 0, data: vec![1u8; 1 << 20].into(), last: true }.encode();
+        let mut buf = BytesMut::from(&big[..FRAME_HEADER_LEN]);
+        assert!(matches!(take_frame_at_most(&mut buf, BACKUP_FRAME_BYTES_MAX), Err(ProtocolError::TooLarge(_))));
+        assert!(buf.capacity() < 1 << 16, "nothing reserved for it: {}", buf.capacity());
+        let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) };
+        let mut buf = BytesMut::from(&ack.encode()[..]);
+        assert_eq!(take_frame_at_most(&mut buf, BACKUP_FRAME_BYTES_MAX).unwrap(), Some(ack));
+    }
 
     /// A frame's `Debug` output, written into errors and logs when a frame was not
     /// expected, stays short whatever the frame holds (a 1 MiB file, a 100 KiB name).
