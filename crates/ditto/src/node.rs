@@ -538,7 +538,8 @@ struct NodePlane {
     prepare_check: Option<(u64, std::sync::mpsc::Receiver<Result<Checked, String>>)>,
     /// The epoch this node was named primary of and gave up (its promotion in place failed
     /// once the epoch's log had begun), and when it last proposed failing it over.
-    gives_up: Option<(u64, Option<Instant>)>,
+    /// Why, as the failover's reason says it.
+    gives_up: Option<(u64, Option<Instant>, &'static str)>,
     /// The epoch this node served as a switchover's drained primary and whose server is
     /// asked to follow the next primary in place: once it has, it discarded nothing of it.
     count_after_follow: Option<u64>,
@@ -840,7 +841,7 @@ impl NodePlane {
                     // alike: a port taken, say) proposes it after a second, not at once, so
                     // that such failures do not churn through epochs.
                     let first = (!changing).then(|| Instant::now() + GIVE_UP_AFTER_FAILED_START);
-                    self.gives_up = Some((was.epoch(), first));
+                    self.gives_up = Some((was.epoch(), first, "its server failed before it served"));
                     self.restart_after = Instant::now() + Duration::from_millis(500);
                 } else if changing {
                     // The change in place failed before the server served: the node starts
@@ -849,7 +850,10 @@ impl NodePlane {
                     self.restart_after = Instant::now();
                 } else {
                     if primary {
-                        self.may_serve = None; // never resumed: the coordinator fails it over
+                        // Never resumed: it gives the epoch up (the coordinator would fail it
+                        // over too, once it missed it).
+                        self.may_serve = None;
+                        self.gives_up = Some((was.epoch(), None, "its server exited"));
                     }
                     self.restart_after = Instant::now() + Duration::from_millis(500);
                 }
@@ -876,7 +880,7 @@ impl NodePlane {
                         open.epoch
                     ),
                 );
-                self.gives_up = Some((open.epoch, None));
+                self.gives_up = Some((open.epoch, None, "its supervisor restarted after it was named"));
             }
         }
         // A fence asked for (`fenced`) that failed, or was not answered in time, stops the
@@ -1419,6 +1423,19 @@ impl NodePlane {
             });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
+        // A copy moved in and not loaded (its backup follows epoch 0 until it is): of an
+        // epoch it does not know, so nothing it holds is vouched for, and it may not be
+        // chosen (its next start copies again).
+        if followed_epoch(&self.data) == Some(0) {
+            return Ok(Holding {
+                streams: vec![0; h.streams.len()],
+                newest: 0,
+                eligible: false,
+                serves_above: u64::MAX,
+                last_resort: false,
+                own_epoch: 0,
+            });
+        }
         // What this node holds of an epoch that a failover since cut is held only up to the
         // cut: the rest is discarded when its server starts (`--recover-upto`), or when it
         // is promoted (`--epoch-cuts`).
@@ -1490,7 +1507,7 @@ impl NodePlane {
     /// The failover away from the epoch this node, named its primary, gave up (see
     /// `gives_up`), proposed every `PROPOSE_EVERY` until an epoch after it begins.
     fn gives_up_proposals(&mut self) -> Vec<Command> {
-        let Some((epoch, at)) = self.gives_up else { return Vec::new() };
+        let Some((epoch, at, why)) = self.gives_up else { return Vec::new() };
         if self.state.epoch != epoch || self.state.open_epoch().is_none_or(|e| e.epoch != epoch) {
             self.gives_up = None; // begun (or not this epoch's to give up any longer)
             return Vec::new();
@@ -1498,8 +1515,8 @@ impl NodePlane {
         if at.is_some_and(|t| t.elapsed() < PROPOSE_EVERY) {
             return Vec::new();
         }
-        self.gives_up = Some((epoch, Some(Instant::now())));
-        let reason = format!("primary {} gives epoch {epoch} up: its server failed before it served", self.me);
+        self.gives_up = Some((epoch, Some(Instant::now()), why));
+        let reason = format!("primary {} gives epoch {epoch} up: {why}", self.me);
         vec![Command::BeginFailover { epoch: epoch + 1, reason }]
     }
 

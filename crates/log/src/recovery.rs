@@ -944,9 +944,12 @@ pub fn append_own_fetched(
     let mut bound = log.bound.max(ckpt_ts).max(log.floor);
     let mut out = OwnFetched::default();
     let mut keep = Vec::new();
+    // Every record of every payload checked, not just the checksums (as `append_fetched`
+    // does): a payload that does not parse, written here, would fail this log's next open.
+    let mut scratch = Vec::new();
     for b in batches {
-        let (batch, used) =
-            crate::format::decode_batch_checksums(b).map_err(|e| corrupt(&logdir, format!("a fetched batch: {e}")))?;
+        let (batch, used) = crate::format::decode_batch_in(b, &mut scratch)
+            .map_err(|e| corrupt(&logdir, format!("a fetched batch: {e}")))?;
         let h = &batch.header;
         if used != b.len() {
             return Err(corrupt(&logdir, "a fetched batch with trailing bytes".into()));

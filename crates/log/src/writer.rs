@@ -1029,14 +1029,14 @@ impl Logger {
         self.wait_cv.notify_all();
     }
 
-    /// Why a wait for `ts`, not durable, fails: the log failed, or it was closed after its
-    /// last flush (the watermark, read before this, never moves again).
-    fn never_durable(&self) -> Option<Error> {
+    /// Why a wait for `ts`, not durable when its caller looked, fails: the log failed, or it
+    /// was closed after its last flush and the watermark, read again once that is seen
+    /// (the last flush may have made `ts` durable since the caller looked), is below it.
+    fn never_durable(&self, ts: Ts) -> Option<Error> {
         if let Some(msg) = self.failed.get() {
             return Some(Error::LogFailed(msg.clone()));
         }
-        self.flushers_ended
-            .load(Ordering::Acquire)
+        (self.flushers_ended.load(Ordering::Acquire) && self.watermark() < ts)
             .then(|| Error::LogFailed("the log was closed before this commit was made durable".into()))
     }
 }
@@ -1207,7 +1207,7 @@ impl CommitLog for Logger {
             if self.watermark() >= ts {
                 return Ok(());
             }
-            if let Some(e) = self.never_durable() {
+            if let Some(e) = self.never_durable(ts) {
                 return Err(e);
             }
             self.wait_cv.wait_for(&mut g, Duration::from_millis(50));
@@ -1218,7 +1218,7 @@ impl CommitLog for Logger {
         if self.watermark() >= ts {
             return Ok(true);
         }
-        match self.never_durable() {
+        match self.never_durable(ts) {
             Some(e) => Err(e),
             None => Ok(false),
         }

@@ -619,8 +619,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             o.cut.0
         );
     }
+    // (Following epoch 0: a copy moved in and not loaded, its epoch not saved. It holds
+    // nothing the primary can resume, and says so: a hello of epoch 0 holding more would
+    // count as holding what a restarted primary lost.)
     let have = match (followed, &opened) {
-        (Some(_), Some(o)) if o.cut > Ts::ZERO => o.cut,
+        (Some(e), Some(o)) if e > Epoch(0) && o.cut > Ts::ZERO => o.cut,
         _ => Ts::ZERO,
     };
     let cancelled = || {
@@ -2108,9 +2111,15 @@ impl Receiver {
                 // (`saying_alive`): the welcome comes after, as at the start (before
                 // 2026-12-02 this loop took such a heartbeat for a wrong answer, dropped the
                 // connection and asked again, behind the same checkpoint).
+                // A run stopped or fenced meanwhile gives the connection up at the next
+                // heartbeat (this socket is not the link a stop shuts down).
                 let answer = loop {
                     match read_frame(&mut r) {
-                        Ok(Some(Frame::Heartbeat { .. })) => continue,
+                        Ok(Some(Frame::Heartbeat { .. })) if self.state.failure.lock().is_none() => continue,
+                        Ok(Some(Frame::Heartbeat { .. })) => {
+                            let _ = s.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
                         other => break other,
                     }
                 };

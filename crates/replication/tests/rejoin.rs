@@ -814,4 +814,26 @@ fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
     assert!(r.is_err(), "{r:?}");
     assert!(dir.join("checkpoints").join(format!("ckpt-{:020}", info.ts.0)).join("MANIFEST").exists());
     assert_eq!(backup::read_followed_epoch(&dir), Some(Epoch(0)), "the old epoch is no longer named");
+    // Its next start says it holds nothing the primary can resume: epoch 0 and ts 0 (a
+    // hello of epoch 0 holding the copy's timestamp would count, to a restarted primary, as
+    // holding what it lost). (The catalog mended first, so that the copy opens, as one
+    // whose load a crash cut short does.)
+    let mut cat = ditto_log::catalog::Catalog::default();
+    cat.add(ditto_engine::TableId(0), "a");
+    cat.add(ditto_engine::TableId(1), "t");
+    cat.save(&dir, &ditto_log::storage::RealStorage).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let hello = read_frame(&mut s).unwrap();
+        let _ = s.write_all(&Frame::Refuse { reason: "seen".into() }.encode());
+        hello
+    });
+    let r = backup::start(BackupOptions::new(&addr, &dir, 1, "b"));
+    assert!(matches!(r, Err(BackupError::Refused(_))), "{:?}", r.err());
+    match fake.join().unwrap() {
+        Some(Frame::Hello { epoch, have_ts, .. }) => assert_eq!((epoch, have_ts), (Epoch(0), Ts::ZERO)),
+        other => panic!("{other:?}"),
+    }
 }
