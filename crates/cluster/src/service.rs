@@ -1534,6 +1534,14 @@ impl Run {
             let _ = reply.send(AdminReply::NotLeader { leader, addr: leader.and_then(|l| self.control_addr(l)) });
             return;
         }
+        if let AdminRequest::Add(m) | AdminRequest::AddLearner(m) = &req {
+            // Checked before it is proposed: once in the Raft log, an entry too large for a
+            // frame would stop the log (every follower drops the message that carries it).
+            if let Err(why) = crate::state::check_member_addr(&m.addr) {
+                let _ = reply.send(AdminReply::Refused(why));
+                return;
+            }
+        }
         let cmd = match req {
             AdminRequest::Add(member) => Command::AddMember { member },
             AdminRequest::AddLearner(member) => Command::AddLearner { member },
