@@ -878,6 +878,17 @@ impl Primary {
             }
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
+        // A name goes into `INFO replication` (one line per backup) and the restart's
+        // record: short, and without control characters (a line break split the INFO
+        // reply's lines).
+        if node.is_empty() || node.len() > BACKUP_NAME_MAX || node.chars().any(char::is_control) {
+            let shown: String = node.chars().take(64).flat_map(char::escape_default).collect();
+            let reason = format!(
+                "a backup's name must be 1 to {BACKUP_NAME_MAX} bytes without control characters, not {} bytes: {shown}",
+                node.len()
+            );
+            return Err(refuse(&stream, reason));
+        }
         stream.set_read_timeout(None)?;
         if let Some(password) = &self.opts.password {
             let reason = match auth {
@@ -1646,6 +1657,9 @@ pub const AUTH_REFUSED: &str = "authentication failed";
 /// The largest `Hello` a primary reads (a name and a password): a peer that has not said
 /// who it is makes the primary allocate no more than this.
 const HELLO_BYTES_MAX: usize = 64 << 10;
+
+/// The longest name a backup may give in its hello (an address, or a data directory's path).
+pub const BACKUP_NAME_MAX: usize = 4096;
 
 /// The longest a connection to the replication port may take to say its hello, in all.
 const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);

@@ -150,3 +150,29 @@ fn hellos_of_one_name_at_once_register_one_link() {
     p.stop();
     a.close();
 }
+
+/// A hello whose name has a line break, or is empty, is refused saying why, and registers
+/// nothing (its name went into `INFO replication`, one line per backup, as sent).
+#[test]
+fn a_backup_name_with_a_line_break_or_none_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_a, _t, p, addr) = start_primary(&tmp.path().join("p"));
+    for name in ["b\r\nrole:master", ""] {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let hello = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            epoch: Epoch(0),
+            have_ts: Ts::ZERO,
+            node: name.into(),
+            learner: false,
+            auth: None,
+        };
+        s.write_all(&hello.encode()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        match read_frame(&mut s).unwrap() {
+            Some(Frame::Refuse { reason }) => assert!(reason.contains("without control characters"), "{reason}"),
+            other => panic!("{name:?}: {other:?}"),
+        }
+    }
+    assert!(p.backups().is_empty(), "nothing registered");
+}
