@@ -377,6 +377,10 @@ pub struct Status {
     /// A primary must take no writes without it (cut off from the majority, it could not
     /// release them under `majority` or `all`, and under `local` this is what stops it).
     pub quorum_contact: bool,
+    /// When the control thread last published this (every step, at least every tick): a
+    /// reader that finds it old knows `quorum_contact` may no longer hold (the thread
+    /// stalled: a hung disk, say) and treats it as lost (`contact_now`).
+    pub published: Option<Instant>,
     /// While this node leads a failover round that has no plan yet: the epoch and why
     /// (`Coordinator::unplanned`: too few reports, or none that may become primary can
     /// fetch what it lacks).
@@ -385,6 +389,18 @@ pub struct Status {
     /// the last one's peer and reason.
     pub refused: u64,
     pub refused_last: Option<String>,
+}
+
+impl Status {
+    /// Whether this node, serving as primary, has quorum contact now: as last published,
+    /// and only while that is less than `failure` old. A control thread that stalls stops
+    /// publishing; the contact it last said it had is then as stale as the stall is long,
+    /// and a primary that goes on taking writes on it (under `local`, acknowledging them)
+    /// may have been failed over meanwhile. (Before 2026-12-02 the last published contact
+    /// held however old it was; found by a review.)
+    pub fn contact_now(&self, failure: Duration) -> bool {
+        self.quorum_contact && self.published.is_some_and(|t| t.elapsed() < failure)
+    }
 }
 
 /// The read of a fetch's answer (`DataPlane::fetch_job`): where the node holds the stream
@@ -2019,6 +2035,7 @@ impl Run {
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
+            s.published = Some(Instant::now());
             s.failover_waiting = self.coord.unplanned().map(|(e, why)| (e, why.to_string()));
             // The leader steps aside for a backup while it is also the serving primary: a
             // crash of the primary's machine then needs no election before its failover
@@ -2257,6 +2274,21 @@ mod tests {
             other => panic!("no refusal after the pieces: {other:?}"),
         }
         fetches.stop();
+    }
+
+    /// Quorum contact holds only while the control thread keeps publishing it: a status
+    /// older than the failure timeout says no contact, whatever it said then.
+    #[test]
+    fn quorum_contact_lapses_when_the_status_is_not_published() {
+        let failure = Duration::from_millis(250);
+        let mut st = Status { quorum_contact: true, published: Some(Instant::now()), ..Default::default() };
+        assert!(st.contact_now(failure));
+        st.published = Some(Instant::now() - Duration::from_millis(400));
+        assert!(!st.contact_now(failure), "published 400 ms ago");
+        st.published = None;
+        assert!(!st.contact_now(failure), "never published");
+        st = Status { quorum_contact: false, published: Some(Instant::now()), ..Default::default() };
+        assert!(!st.contact_now(failure));
     }
 
     /// A fetch that cannot be served is refused from the fetch thread, which waits for room

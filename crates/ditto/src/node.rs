@@ -2364,8 +2364,10 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
                     );
                 }
             }
-            if g.primary && g.open != st.quorum_contact {
-                let line = match st.quorum_contact {
+            // (Contact as published, and only while the control thread keeps publishing.)
+            let contact = st.contact_now(Duration::from_millis(cfg.timeouts.failure));
+            if g.primary && g.open != contact {
+                let line = match contact {
                     true => "writes on".to_string(),
                     false => format!(
                         "writes off this node is the primary of epoch {} but has not heard a quorum of its cluster for {} ms: it takes no writes (the others may have failed it over)",
@@ -2373,7 +2375,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
                     ),
                 };
                 if g.stdin.as_mut().is_some_and(|p| p.send(&line)) {
-                    g.open = st.quorum_contact;
+                    g.open = contact;
                     say(cfg.id, format!("writes {}", if g.open { "taken" } else { "refused: no quorum contact" }));
                 }
             }
