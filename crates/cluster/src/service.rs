@@ -52,7 +52,7 @@ use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
 use crate::state::{Command, ControlState, Member, NodeId, Phase};
 pub use ditto_replication::protocol::Secret;
-use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls};
+use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls, Until};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
@@ -793,24 +793,6 @@ fn hello_refusal(mine: Option<&ClusterSecret>, given: &[u8]) -> Option<&'static 
     }
 }
 
-/// Reads from a socket until a deadline: each read waits at most what is left, so that a
-/// peer sending a byte now and then is cut off at the deadline too.
-struct Until<'a> {
-    s: &'a TcpStream,
-    until: Instant,
-}
-
-impl Read for Until<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.s.set_read_timeout(Some(left))?;
-        (&*self.s).read(buf)
-    }
-}
-
 /// Whether `e` is a read that waited out its time (a socket's read timeout says
 /// `WouldBlock` on Linux).
 fn timed_out(e: &std::io::Error) -> bool {
@@ -856,7 +838,7 @@ fn connect(
     s.set_nodelay(true)?;
     s.set_write_timeout(Some(HELLO_TIMEOUT))?;
     s.write_all(&frame(from, KIND_HELLO, secret.map_or(&[][..], |x| x.0.as_bytes())))?;
-    let answer = read_frame_at_most(&mut Until { s: &s, until: Instant::now() + HELLO_TIMEOUT }, HELLO_MAX);
+    let answer = read_frame_at_most(&mut Until::new(&s, Instant::now() + HELLO_TIMEOUT), HELLO_MAX);
     s.set_read_timeout(None)?;
     match answer {
         Ok(Some((_, KIND_HELLO, why))) if why.is_empty() => Ok(s),
@@ -1277,7 +1259,7 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared, until: 
     // A peer that does not say its whole hello in time is dropped; one that was taken
     // may be idle for long.
     let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
-    let hello = read_frame_at_most(&mut Until { s: stream, until }, HELLO_MAX);
+    let hello = read_frame_at_most(&mut Until::new(stream, until), HELLO_MAX);
     let why = match hello {
         Ok(Some((from, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
             // (An id removed from the cluster, as this node applied it.)
@@ -1326,7 +1308,7 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared, until: Instant)
             shared.refused(peer, why);
             // Its hello read first: a socket closed with bytes unread resets the
             // connection, and the peer may lose the answer.
-            let _ = read_frame_at_most(&mut Until { s: &stream, until }, HELLO_MAX);
+            let _ = read_frame_at_most(&mut Until::new(&stream, until), HELLO_MAX);
             let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
             let _ = (&stream).write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
             None

@@ -116,7 +116,7 @@ impl Table {
     /// Whether a tombstone newer than `since` may have been unlinked for `key`: true if one
     /// was (exact), or if one was for another key of the same slot.
     pub(crate) fn unlinked_after(&self, key: &[u8], since: Ts) -> bool {
-        self.unlinked[unlinked_slot(key)].load(Ordering::SeqCst) > since.0
+        self.unlinked_ts(key) > since
     }
 
     /// Gives back the ids of records unlinked, each with the timestamp of the tombstone

@@ -332,7 +332,8 @@ fn open_replica_inner(
     // A cut an earlier open began and did not finish (a crash between its checkpoint at
     // the point and the removal of the files above it): it still applies, or what it
     // dropped would be replayed back.
-    let limit = match (read_cut_mark(dir)?, limit) {
+    let mark = read_cut_mark(dir)?;
+    let limit = match (mark, limit) {
         (Some(m), Some(l)) if require_limit && m < l => {
             return Err(LogError::Corrupt {
                 file: dir.join(CUT_MARK_FILE),
@@ -439,7 +440,7 @@ fn open_replica_inner(
         crate::remove_checkpoints_except(dir, &info.dir)?;
         crate::sealed::remove_sealed(dir, info.ts, &**storage)?;
     }
-    if marked || read_cut_mark(dir)?.is_some() {
+    if marked || mark.is_some() {
         remove_cut_mark(dir, &**storage)?;
     }
     report.total_seconds = t0.elapsed().as_secs_f64();

@@ -359,11 +359,14 @@ impl Logger {
     pub(crate) fn start(
         dir: &Path,
         epoch: Epoch,
-        opts: LogOptions,
+        mut opts: LogOptions,
         clock: Arc<CommitClock>,
         catalog: Catalog,
         durable_from: Ts,
     ) -> std::io::Result<Arc<Logger>> {
+        // (Bounded so that one more transaction, at most TXN_BYTES_MAX, always fits a batch.)
+        opts.stream_buffer_bytes_max =
+            opts.stream_buffer_bytes_max.min(crate::format::MAX_RAW_LEN - ditto_engine::TXN_BYTES_MAX);
         let n = clock.workers();
         let streams = (0..n)
             .map(|_| Stream {
@@ -1177,9 +1180,7 @@ impl CommitLog for Logger {
     fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
         let stream = &self.streams[worker.0 as usize];
         let mut buf = stream.buf.lock();
-        // (Bounded so that a transaction, at most TXN_BYTES_MAX, always fits in a batch.)
-        let max = self.opts.stream_buffer_bytes_max.min(crate::format::MAX_RAW_LEN - ditto_engine::TXN_BYTES_MAX);
-        while buf.payload_len() > max && self.failed.get().is_none() {
+        while buf.payload_len() > self.opts.stream_buffer_bytes_max && self.failed.get().is_none() {
             stream.space.wait_for(&mut buf, Duration::from_millis(10));
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));

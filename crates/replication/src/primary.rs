@@ -29,6 +29,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::policy::Holdings;
 use crate::protocol::{read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
+use crate::tls::Until;
 use crate::watermark::Prefix;
 
 /// How the primary ships.
@@ -385,7 +386,7 @@ impl Primary {
                                     // Its hello read first: a socket closed with bytes
                                     // unread resets the connection, and the backup may
                                     // lose the answer.
-                                    let _ = read_frame_at_most(&mut Until::new(&s, HELLO_WAIT_MAX), HELLO_BYTES_MAX);
+                                    let _ = read_frame_at_most(&mut Until::new(&s, Instant::now() + HELLO_WAIT_MAX), HELLO_BYTES_MAX);
                                     Err(refuse(&s, format!("{TLS_ONLY}: set tls_replication on the backup, with a certificate of this primary's CA")))
                                 }
                                 // (It cannot be answered: it waits for a TLS answer.)
@@ -863,7 +864,7 @@ impl Primary {
         let addr = addr.to_string();
         // The hello within `HELLO_WAIT_MAX` in all, however its bytes trickle in (a timeout
         // per read let a peer that sent a byte every 9 s hold this thread for days).
-        let hello = read_frame_at_most(&mut Until::new(&stream, HELLO_WAIT_MAX), HELLO_BYTES_MAX)?;
+        let hello = read_frame_at_most(&mut Until::new(&stream, Instant::now() + HELLO_WAIT_MAX), HELLO_BYTES_MAX)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let reader = BufReader::new(stream.try_clone()?);
         let (epoch, have_ts, node, learner, auth) = match hello {
@@ -1664,29 +1665,6 @@ pub const BACKUP_NAME_MAX: usize = 4096;
 /// The longest a connection to the replication port may take to say its hello, in all.
 const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);
 
-/// Reads `stream` until a deadline, however the bytes trickle in: each read waits at most
-/// for what is left of it.
-struct Until<'a> {
-    stream: &'a TcpStream,
-    until: Instant,
-}
-
-impl<'a> Until<'a> {
-    fn new(stream: &'a TcpStream, within: Duration) -> Until<'a> {
-        Until { stream, until: Instant::now() + within }
-    }
-}
-
-impl std::io::Read for Until<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "its hello did not come in time"));
-        }
-        self.stream.set_read_timeout(Some(left))?;
-        (&mut &*self.stream).read(buf)
-    }
-}
 /// A link heard from within this long is a live backup's: an idle link is heard at every
 /// heartbeat (`IDLE_HEARTBEAT`), a busy backup whose replay or disk stalls may be silent
 /// for longer, and a backup gives up on a silent primary after `backup::SILENCE_MAX` (5 s),
@@ -1990,7 +1968,7 @@ mod tests {
         });
         let (s, _) = listener.accept().unwrap();
         let t = Instant::now();
-        let r = read_frame_at_most(&mut Until::new(&s, Duration::from_millis(500)), HELLO_BYTES_MAX);
+        let r = read_frame_at_most(&mut Until::new(&s, Instant::now() + Duration::from_millis(500)), HELLO_BYTES_MAX);
         let took = t.elapsed();
         assert!(
             matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut || e.kind() == std::io::ErrorKind::WouldBlock),

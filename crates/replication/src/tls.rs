@@ -30,7 +30,7 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -200,6 +200,31 @@ fn set_user_timeout(sock: &TcpStream, d: Duration) -> std::io::Result<()> {
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_PROBES: u32 = 3;
+
+/// Reads from a socket until a deadline: each read waits at most what is left of it, so a
+/// peer sending a byte now and then is cut off at the deadline too (a hello on the
+/// replication and control ports).
+pub struct Until<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl<'a> Until<'a> {
+    pub fn new(stream: &'a TcpStream, until: Instant) -> Until<'a> {
+        Until { stream, until }
+    }
+}
+
+impl std::io::Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
 
 /// Turns TCP keepalive on for a connection between nodes (or from `ditto cluster`), so a
 /// peer that lost its power or its network without a FIN ends a read that waits on it
