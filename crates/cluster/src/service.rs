@@ -1675,6 +1675,22 @@ impl Run {
         let leader = self.node.leads_current();
         match c {
             Ctl::AskReport { epoch } => {
+                // A report is asked for the failover the leader's state has begun: one
+                // epoch past this node's applied state at most (it may not have applied
+                // that `BeginFailover` yet; a failover begins only the epoch after the
+                // newest). A request for a farther epoch would fence this node, durably,
+                // above every epoch the cluster reaches for a long time (it would refuse
+                // every primary's batches): it is refused, and the coordinator's resend
+                // finds this node caught up.
+                let applied = self.node.state().epoch;
+                if epoch > applied.saturating_add(1) {
+                    tracing::warn!(
+                        node = self.node.id(),
+                        "node {from} asked a report for epoch {epoch}, past the next one ({}): ignored",
+                        applied.saturating_add(1)
+                    );
+                    return Ok(());
+                }
                 if epoch > self.disk.fence() {
                     self.disk.set_fence(epoch).map_err(|e| format!("writing the fence: {e}"))?;
                     self.data.fenced(epoch);

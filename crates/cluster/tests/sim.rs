@@ -1375,6 +1375,9 @@ impl Sim {
                 if now < self.nodes[i].disk_full_until {
                     return; // cannot make the fence durable
                 }
+                if epoch > self.state_of(i).epoch + 1 {
+                    return; // past the next epoch: refused (asked again once caught up)
+                }
                 self.nodes[i].fence.0 = self.nodes[i].fence.0.max(epoch);
                 if self.nodes[i].primary.as_ref().is_some_and(|p| p.epoch < epoch) {
                     self.nodes[i].primary = None;

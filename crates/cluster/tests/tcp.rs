@@ -680,6 +680,31 @@ fn a_panic_on_the_control_thread_is_said_as_its_failure() {
     assert!(why.contains("panicked") && why.contains("model data plane"), "{why}");
 }
 
+/// A report asked for an epoch past the next one (from a peer gone wrong, or a forged
+/// request from one holding the secret) is refused: it would have fenced the node, durably,
+/// at that epoch, so that it refused every primary's batches from then on. A request for
+/// the next epoch, sent after it on the same connection, is taken (the fence moves there
+/// and no further).
+#[test]
+fn a_report_asked_for_an_epoch_past_the_next_one_fences_nothing() {
+    use std::io::Write;
+    let c = Cluster::running(3);
+    let p = c.bootstrap();
+    wait_for("epoch 1 applied everywhere", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));
+    let target = (1..=3).find(|&id| id != p).unwrap();
+    let before = c.nodes[&target].status().fence;
+    assert!(before <= 1, "fenced at {before} before any failover");
+    let (mut s, taken) = hello_as(c.peers[&target], p, b"");
+    assert_eq!(taken, "");
+    for epoch in [u64::MAX, 1000, 3, 2] {
+        let ask = format!("{{\"AskReport\":{{\"epoch\":{epoch}}}}}");
+        s.write_all(&raw_frame(p, 2, ask.as_bytes())).unwrap();
+    }
+    wait_for("the fence at the next epoch", Duration::from_secs(5), || c.nodes[&target].status().fence != before);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(c.nodes[&target].status().fence, 2, "fenced past the next epoch");
+}
+
 /// A frame as the control plane frames it: `len | crc32c | from | kind | body`.
 fn raw_frame(from: NodeId, kind: u8, body: &[u8]) -> Vec<u8> {
     let rest = [&from.to_le_bytes()[..], &[kind], body].concat();
