@@ -280,7 +280,8 @@ pub struct Primary {
     /// The record on disk (where `quorum_record` names a directory) and this run's own.
     quorum: Mutex<Quorum>,
     /// Each backup's last `Hello`, by its name: the epoch it followed and what it held
-    /// (`heard_since_restart`).
+    /// (`heard_since_restart`); kept only while a restart waits (lock order: `quorum`,
+    /// then this).
     heard: Mutex<std::collections::BTreeMap<String, (Epoch, Ts)>>,
     pub batches_shipped: AtomicU64,
     /// Frames sent to a backup by the thread that shipped them, not its link's thread.
@@ -549,6 +550,7 @@ impl Primary {
         let mine = q.mine.clone();
         q.replace(mine)?;
         q.waits = None;
+        self.heard.lock().clear();
         Ok(())
     }
 
@@ -914,7 +916,15 @@ impl Primary {
         if let Some(reason) = self.name_taken(&node, &addr, have_ts) {
             return Err(refuse(&stream, reason));
         }
-        self.heard.lock().insert(node.clone(), (epoch, have_ts));
+        {
+            // Only while a restart waits, which alone reads them: the list would
+            // otherwise grow by a name at every backup (or client holding the password)
+            // that says a new one, for the primary's life.
+            let q = self.quorum.lock();
+            if q.waits.is_some() {
+                self.heard.lock().insert(node.clone(), (epoch, have_ts));
+            }
+        }
         // Waiting after a restart: a backup of an older epoch than the one restarted from
         // may hold what an earlier restart lost; a copy would discard it. Refused, it
         // keeps it (and the wait names it). One that holds nothing above where a restart

@@ -53,8 +53,16 @@ fn ship_telling(
     tell_upto: Arc<std::sync::atomic::AtomicU64>,
 ) -> Arc<Primary> {
     let policy = CommitPolicy::parse(policy).unwrap();
-    let opts =
-        PrimaryOptions { backups_expected: 1, resume_from, acknowledged, policy: Some(policy), ..Default::default() };
+    // (A restart waits, as a server's does where its record counts backups: what the
+    // backups' Hellos said is kept for `heard_since_restart` only then.)
+    let opts = PrimaryOptions {
+        backups_expected: 1,
+        restart_wait: resume_from.is_some(),
+        resume_from,
+        acknowledged,
+        policy: Some(policy),
+        ..Default::default()
+    };
     let on_change = Box::new(move |h: &ditto_replication::Holdings| {
         let w = ditto_replication::release_watermark(policy, h);
         w.min(Ts(tell_upto.load(std::sync::atomic::Ordering::Acquire)))

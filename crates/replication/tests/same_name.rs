@@ -176,3 +176,32 @@ fn a_backup_name_with_a_line_break_or_none_is_refused() {
     }
     assert!(p.backups().is_empty(), "nothing registered");
 }
+
+/// The names backups' Hellos give are kept only while a restart waits (which alone reads
+/// them): a primary that waits for none keeps none, however many names connect (before,
+/// each new name stayed for the primary's life).
+#[test]
+fn a_primary_that_waits_for_no_restart_keeps_no_names_heard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, _t, p, addr) = start_primary(&tmp.path().join("p"));
+    assert!(p.restart_record().is_none(), "a fresh primary waits for no restart");
+    for i in 0..20 {
+        let s = std::net::TcpStream::connect(&addr).unwrap();
+        let hello = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            epoch: Epoch(0),
+            have_ts: Ts::ZERO,
+            node: format!("b{i}"),
+            learner: false,
+            auth: None,
+        };
+        (&s).write_all(&hello.encode()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        // The primary's first answer: the Hello was read and judged.
+        assert!(read_frame(&mut &s).unwrap().is_some(), "backup b{i} was answered");
+    }
+    let (clear, more) = p.heard_since_restart(Epoch(0), Ts::ZERO);
+    assert_eq!((clear.len(), more.len()), (0, 0), "names kept: {clear:?} {more:?}");
+    p.stop();
+    a.close();
+}
