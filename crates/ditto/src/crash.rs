@@ -1,10 +1,12 @@
 //! `ditto crash-child`: the workload the crash tests SIGKILL.
 //!
 //! Bank transfers between `accounts` accounts, each transfer also inserting an event
-//! (worker, seq) -> (from, to, amount). A line `ACK <worker> <seq> <ts>` is printed only
-//! after the commit is durable. After any crash, the checker (crates/ditto/tests/crash.rs)
-//! expects: every ACKed event present; each worker's events a gap-free prefix (recovery is
-//! a prefix of the commit order); the total balance unchanged (no partial transfer).
+//! (worker, seq) -> (from, to, amount). A line `COMMIT <worker> <seq> <ts>` is printed
+//! once the commit has its timestamp, and `ACK <worker> <seq> <ts>` only after it is
+//! durable. After any crash, the checker (crates/ditto/tests/crash.rs) expects: every
+//! ACKed event present; the events present a prefix of the commit order (each worker's
+//! gap-free, and none missing below the newest present or acknowledged); each balance
+//! what the events present make it (no partial transfer).
 //! `--active-workers` and `--pause-pct` leave log streams idle, for good or at random
 //! moments, so crashes also land while busy streams vouch for idle ones (the log's floor).
 
@@ -127,6 +129,13 @@ pub fn run(a: CrashArgs) -> Result<(), Box<dyn std::error::Error>> {
                         ev[16..].copy_from_slice(&amount.to_le_bytes());
                         x.insert(events, &event_key(wi, seq), &ev)
                     })?;
+                    {
+                        // Its timestamp before it is durable: the checker's prefix check
+                        // across workers needs those it may lose too.
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "COMMIT {wi} {seq} {}", ticket.ts().0);
+                        let _ = out.flush();
+                    }
                     let ts = ticket.wait()?;
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "ACK {wi} {seq} {}", ts.0);
