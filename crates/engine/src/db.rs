@@ -407,7 +407,7 @@ impl Database {
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
         if let Some(key) = key {
-            let _ = rec.key.get_or_init(key);
+            rec.key.get_or_init(key, &crossbeam_epoch::pin());
         }
         // During recovery a record's version only ever gets newer, so a write that is not
         // newer than what the record holds now never will be: skip it without taking the
@@ -479,7 +479,7 @@ impl Database {
                     }
                     // A present record got its key from the checkpoint or from the logged
                     // insert; without one the log or checkpoint lost an insert.
-                    let Some(key) = rec.key.get() else {
+                    let Some(key) = rec.key.get(&guard) else {
                         failed.store(true, Ordering::Relaxed);
                         return Err(Error::Corrupt(format!(
                             "table {} record {rid} has a value but no key was recovered for it",

@@ -21,7 +21,6 @@ use std::alloc::Layout;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use bytes::Bytes;
 use crossbeam_epoch::Guard;
@@ -281,7 +280,77 @@ impl<'g> VersionRef<'g> {
 pub(crate) struct Record {
     pub tid: AtomicU64,
     pub head: AtomicPtr<Version>,
-    pub key: OnceLock<Bytes>,
+    pub key: KeySlot,
+}
+
+/// A record's key: set when the record is first made, replaced only when its id is given
+/// a new life with another key (`Record::reuse`). Readers load it under an epoch guard,
+/// and a replaced key is freed through the epoch GC, so a reader that loaded the old one
+/// (a backup's snapshot scan or another stream's replayer, which reach a record by its id
+/// while a replayer gives it its next life) reads it whole until it unpins. (It was a
+/// `OnceLock<Bytes>` written over in place: such a reader could read a torn or freed key.)
+#[derive(Default)]
+pub(crate) struct KeySlot(AtomicPtr<Bytes>);
+
+impl KeySlot {
+    /// The key, if it was set; valid while both the record and `guard` are.
+    #[inline]
+    pub fn get<'a>(&'a self, _guard: &'a Guard) -> Option<&'a Bytes> {
+        // SAFETY: a pointer in the slot came from `Box::into_raw`; one replaced is freed
+        // only once every guard pinned before the replacement is gone (`replace`).
+        unsafe { self.0.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// The key, without a guard.
+    ///
+    /// SAFETY: the record's key cannot be replaced while the result is used: the caller's
+    /// transaction holds a pin and record ids are given new lives only after a grace
+    /// period (a primary's), or the caller holds the record's lock, or has the table to
+    /// itself.
+    #[inline]
+    pub unsafe fn get_unguarded(&self) -> Option<&Bytes> {
+        self.0.load(Ordering::Acquire).as_ref()
+    }
+
+    /// Sets the key of a record that has none; the key the slot holds after (another
+    /// thread's, where it set one first).
+    pub fn get_or_init<'a>(&'a self, key: impl FnOnce() -> Bytes, guard: &'a Guard) -> &'a Bytes {
+        if let Some(k) = self.get(guard) {
+            return k;
+        }
+        let fresh = Box::into_raw(Box::new(key()));
+        match self.0.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: as in `get`; `fresh` is now the slot's.
+            Ok(_) => unsafe { &*fresh },
+            Err(other) => {
+                // SAFETY: `fresh` was never shared; `other` as in `get`.
+                drop(unsafe { Box::from_raw(fresh) });
+                unsafe { &*other }
+            }
+        }
+    }
+
+    /// Puts `key` in place of the slot's key, which goes to the epoch GC.
+    ///
+    /// SAFETY: one writer at a time (the caller holds the record's lock).
+    unsafe fn replace(&self, key: &[u8], guard: &Guard) {
+        let old = self.0.swap(Box::into_raw(Box::new(Bytes::copy_from_slice(key))), Ordering::AcqRel);
+        if !old.is_null() {
+            let old = old as usize;
+            // SAFETY: readers that may hold `old` are pinned; it is freed after them.
+            guard.defer_unchecked(move || drop(Box::from_raw(old as *mut Bytes)));
+        }
+    }
+}
+
+impl Drop for KeySlot {
+    fn drop(&mut self) {
+        let p = *self.0.get_mut();
+        if !p.is_null() {
+            // SAFETY: the slot's own box; nobody else can reach it any more.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
 }
 
 impl Record {
@@ -383,20 +452,23 @@ impl Record {
     /// key changes, so a late unlink of the record's former life (`unlink_if`) waits, then
     /// finds a TID it does not expect and leaves it (it reads the key only under the lock).
     ///
-    /// SAFETY: the record is unlinked (out of the index) or absent after recovery, and no
-    /// transaction that could have reached it before then is still running (its id came
-    /// back through the epoch GC). Walkers by record id (checkpoints) may still read its TID
-    /// and versions, which stay valid; they read the key only of a record with a value
-    /// visible at their snapshot, which this record does not have: its former life ended
-    /// at or below every snapshot's horizon, and its new one starts after every running
-    /// snapshot.
+    /// SAFETY: the record is unlinked (out of the index) or absent after recovery. On a
+    /// primary no transaction that could have reached it before then is still running (its
+    /// id came back through the epoch GC); on a backup, snapshot scans and other streams'
+    /// replayers may hold it. Readers by record id (those, and checkpoints) may still read
+    /// its TID, versions and key, which stay valid until they unpin (the versions and the
+    /// replaced key go to the epoch GC); a snapshot finds no version of the new life at or
+    /// below its view (it starts above every read view), and the former life ended at or
+    /// below every snapshot's horizon.
     ///
     /// Returns false, changing nothing, if the record is not unlinked and unlocked when
     /// it is claimed (a compare-and-swap of its TID word): replayers of two streams may
     /// both find one unlinked record to give a new life, and only one may (before, both
     /// did: the second freed the first's new version, or both dropped the old key). A
-    /// record given the key it had keeps it (its slot is not written: a replayer still
-    /// reading the key of the life that ended reads the same bytes).
+    /// record given the key it had keeps it; one given another key has it replaced
+    /// through the epoch GC (`KeySlot`): a reader by record id still holding the old key
+    /// (a backup's replayer of another stream, or its snapshot scan, which reach records
+    /// whose ids come back without a grace period there) reads it whole.
     pub unsafe fn reuse(&self, key: &[u8], guard: &Guard) -> bool {
         let cur = self.tid.load(Ordering::Acquire);
         if cur & UNLINKED_BIT == 0
@@ -406,12 +478,8 @@ impl Record {
             return false;
         }
         free_chain(self.head.swap(std::ptr::null_mut(), Ordering::AcqRel), guard);
-        if self.key.get().is_none_or(|k| k.as_ref() != key) {
-            // The OnceLock's bytes all sit in cells (the value's `UnsafeCell`, the `Once`'s
-            // atomic), so they may be written through a shared reference while nobody
-            // reads them (see above).
-            let slot = &self.key as *const OnceLock<Bytes> as *mut OnceLock<Bytes>;
-            drop(std::ptr::replace(slot, OnceLock::from(Bytes::copy_from_slice(key))));
+        if self.key.get(guard).is_none_or(|k| k.as_ref() != key) {
+            self.key.replace(key, guard);
         }
         self.tid.store(0, Ordering::Release);
         true

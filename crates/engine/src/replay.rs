@@ -98,7 +98,7 @@ pub struct KeyDelta {
 
 impl KeyDelta {
     fn of(rec: &Record, delta: i64) -> KeyDelta {
-        KeyDelta { delta, key: if delta != 0 { rec.key.get().cloned() } else { None } }
+        KeyDelta { delta, key: if delta != 0 { rec.key.get(&crossbeam_epoch::pin()).cloned() } else { None } }
     }
 }
 
@@ -681,20 +681,27 @@ impl Database {
             // its next life meanwhile).
             let seen = rec.tid.load(Ordering::Acquire);
             // The record's own key: set on its first life, or a reused id with a new key.
-            match rec.key.get() {
-                None => {
-                    // (Another replayer's key may win: this write is then of another life.)
-                    if rec.key.get_or_init(|| Bytes::copy_from_slice(key)).as_ref() != key {
-                        continue;
-                    }
+            // (Compared under a pin of its own: the arms below may wait, and a pin held
+            // through a wait would hold back every thread's reclamation.)
+            let (had_key, same) = {
+                let guard = crossbeam_epoch::pin();
+                match rec.key.get(&guard) {
+                    None => (false, rec.key.get_or_init(|| Bytes::copy_from_slice(key), &guard).as_ref() == key),
+                    Some(k) => (true, k.as_ref() == key),
                 }
+            };
+            match (had_key, same) {
+                // Keyless, and another replayer's key won: this write is of another life.
+                (false, false) => continue,
+                // Keyless, and it took this write's key.
+                (false, true) => {}
                 // The same key on a live record: the life goes on.
-                Some(k) if k.as_ref() == key && seen & UNLINKED_BIT == 0 => {}
-                Some(k) => {
+                (true, true) if seen & UNLINKED_BIT == 0 => {}
+                (true, same) => {
                     // Another key, on a live record whose every version lies above this
                     // write: the record's life came first, and this write is of an earlier
                     // life of the id, on a stream that was behind (see the module notes).
-                    if k.as_ref() != key && seen & UNLINKED_BIT == 0 {
+                    if !same && seen & UNLINKED_BIT == 0 {
                         if let Some(start) = self.later_life_start(t, table, rid, rec, ts)? {
                             return self.late_life_of_id(t, table, rid, key, ts, start, on_wait).map(Some);
                         }
@@ -754,7 +761,7 @@ impl Database {
             }
             // ... or bound and not installed yet (looked at again), or gone to a later
             // record of its key.
-            if rec.key.get().is_none_or(|k| t.index.get(k, &guard) != Some(rid.0)) {
+            if rec.key.get(&guard).is_none_or(|k| t.index.get(k, &guard) != Some(rid.0)) {
                 return Ok(None);
             }
             if Instant::now() > deadline {
@@ -813,7 +820,7 @@ impl Database {
                 t.name
             ))
         })?;
-        let _ = t.record(own).key.get_or_init(|| Bytes::copy_from_slice(key));
+        t.record(own).key.get_or_init(|| Bytes::copy_from_slice(key), &crossbeam_epoch::pin());
         Ok(match self.bind_key(t, table, own, key, ts, on_wait)? {
             None => (own, start),
             Some((later, next)) => (later, next.min(start)),
@@ -992,7 +999,8 @@ fn second_late_life(t: &Table, rid: RecordId, ts: Ts) -> Error {
 fn describe_record(rec: &Record) -> String {
     let guard = crossbeam_epoch::pin();
     let tid = rec.tid.load(Ordering::Acquire);
-    let key = rec.key.get().map_or("none".to_string(), |k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
+    let key =
+        rec.key.get(&guard).map_or("none".to_string(), |k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
     let mut versions = Vec::new();
     let mut p: *mut Version = rec.head.load(Ordering::Acquire);
     // SAFETY: as in `next_above`: versions reached under the pin stay valid.
@@ -1107,6 +1115,35 @@ mod tests {
         db.replay_install(t, rid, None, Ts(4), Some(b"v4")).unwrap();
         db.publish_read_view(Ts(4)).unwrap();
         assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v4"[..]), "a later update finds its record");
+    }
+
+    /// A reader by record id (a backup's snapshot scan, another stream's replayer) that
+    /// loaded a record's key under its pin reads that key whole while a replayer gives the
+    /// unlinked record a new life with another key: the old key is freed through the epoch
+    /// GC. (The key was a `OnceLock` written over in place: the reader's reference read the
+    /// new key, or a torn or freed one.)
+    #[test]
+    fn a_key_held_under_a_pin_outlives_its_records_new_life_with_another_key() {
+        let (db, t, rid) = a_deleted_key();
+        let table = db.table(t).unwrap();
+        let rec = table.record(rid);
+        let reader = crossbeam_epoch::pin();
+        let held = rec.key.get(&reader).expect("the record's key");
+        assert_eq!(&held[..], b"k");
+        {
+            let guard = crossbeam_epoch::pin();
+            assert!(crate::txn::unlink_if(table, rid, 2, &guard), "the cleanup unlinks it");
+        }
+        db.replay_install(t, rid, Some(b"another key"), Ts(3), Some(b"v3")).unwrap();
+        // Other threads' pins come and go meanwhile; the reader's stays.
+        for _ in 0..1000 {
+            crossbeam_epoch::pin().flush();
+        }
+        assert_eq!(&rec.key.get(&crossbeam_epoch::pin()).unwrap()[..], b"another key", "the new life's key");
+        assert_eq!(&held[..], b"k", "the key the reader loaded");
+        drop(reader);
+        db.publish_read_view(Ts(3)).unwrap();
+        assert_eq!(db.read().get(t, b"another key").unwrap().as_deref(), Some(&b"v3"[..]));
     }
 
     /// A record unlinked by the cleanup, given its key's next lives by two replayers at

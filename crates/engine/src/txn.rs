@@ -94,9 +94,10 @@ impl WriteEntry {
         if self.existed {
             return None;
         }
-        // SAFETY: records outlive the transaction (see TxnScratch).
+        // SAFETY: records outlive the transaction (see TxnScratch), which holds a pin
+        // while it commits: a primary gives an id a new life only after a grace period.
         let rec = unsafe { &*self.rec };
-        Some(rec.key.get().expect("an indexed record has its key"))
+        Some(unsafe { rec.key.get_unguarded() }.expect("an indexed record has its key"))
     }
 }
 
@@ -626,7 +627,7 @@ impl<'w> Transaction<'w> {
                         }
                         None => {
                             let rid = t.allocate_rid();
-                            let _ = t.record(rid).key.set(Bytes::copy_from_slice(key));
+                            t.record(rid).key.get_or_init(|| Bytes::copy_from_slice(key), guard);
                             rid.0
                         }
                     },
@@ -739,7 +740,7 @@ impl<'w> Transaction<'w> {
         let mut stopped_at: Option<Bytes> = None;
         let mut visit = |this: &mut Self, rid: RecordId| -> bool {
             let rec: &Record = t.record(rid);
-            let key = rec.key.get().expect("an indexed record has its key");
+            let key = rec.key.get(&this.guard).expect("an indexed record has its key");
             // Scans are often followed by updates of what they found (TPC-C Delivery).
             this.s.recent.remember(table, key, rid);
             let value = match this.s.find_write(rec) {
@@ -797,7 +798,7 @@ impl<'w> Transaction<'w> {
         self.s.writes.iter().filter(move |w| w.table == table).map(|w| {
             // SAFETY: records outlive the transaction (see TxnScratch).
             let rec = unsafe { &*w.rec };
-            let key = rec.key.get().expect("a written record has its key");
+            let key = rec.key.get(&self.guard).expect("a written record has its key");
             (&key[..], w.existed, w.version.value().is_some())
         })
     }
@@ -1056,7 +1057,7 @@ pub(crate) fn unlink_keyed_if(
     };
     // The key is read under the lock: a reuse changes it only while the lock bit is set,
     // and this may be a late unlink of the record's former life (then the TID differs).
-    let key = rec.key.get();
+    let key = rec.key.get(guard);
     let same_key = expect_key.is_none_or(|e| key.is_some_and(|k| k.as_ref() == e));
     let (true, true, true, Some(key)) = (cur == expect_tid, is_tombstone_or_absent, same_key, key) else {
         rec.unlock_unchanged();
@@ -1194,7 +1195,7 @@ impl<'db> ReadTxn<'db> {
             let rec = t.record(RecordId(rid));
             // (The key read only for a value at the snapshot: a record without one may be
             // given a new life meanwhile, `Record::reuse`.)
-            match rec.read_at(self.ts, &guard).and_then(|v| v.value()).and_then(|v| Some((v, rec.key.get()?))) {
+            match rec.read_at(self.ts, &guard).and_then(|v| v.value()).and_then(|v| Some((v, rec.key.get(&guard)?))) {
                 Some((v, key)) => f(key, v),
                 None => true,
             }
@@ -1217,7 +1218,7 @@ impl<'db> ReadTxn<'db> {
         t.index.for_each(lo, hi, dir, |rid| {
             let rec = t.record(RecordId(rid));
             if let Some((v, key)) =
-                rec.read_at(self.ts, &guard).and_then(|v| v.value()).and_then(|v| Some((v, rec.key.get()?)))
+                rec.read_at(self.ts, &guard).and_then(|v| v.value()).and_then(|v| Some((v, rec.key.get(&guard)?)))
             {
                 out.push((key.clone(), Bytes::copy_from_slice(v)));
             }
@@ -1244,7 +1245,7 @@ impl<'db> ReadTxn<'db> {
             }
             let Some(rec) = t.record_if_allocated(RecordId(rid)) else { continue };
             if let Some(v) = rec.read_at(self.ts, &guard) {
-                if let Some((val, key)) = v.value().and_then(|val| Some((val, rec.key.get()?))) {
+                if let Some((val, key)) = v.value().and_then(|val| Some((val, rec.key.get(&guard)?))) {
                     if f(RecordId(rid), key, v.ts(), val).is_break() {
                         break;
                     }
