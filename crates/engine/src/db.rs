@@ -137,6 +137,16 @@ pub struct Database {
     reuse_bound: AtomicU64,
     /// Record ids given back for reuse since the database was created (`release_rids_after`).
     rids_released: AtomicU64,
+    /// Versions come from replay (a backup's engine, set by its first replayed write until
+    /// `forget_reusable_rids`): record ids are the primary's, none is handed out here, so
+    /// the ids the cleanup unlinks are not kept for reuse (they were kept for good, a
+    /// list growing by one entry per replayed delete).
+    replaying: AtomicBool,
+    /// Moved by `forget_reusable_rids`: ids whose giving back was deferred before it are
+    /// dropped (a backup's, promoted meanwhile, would otherwise reach the new primary's
+    /// free list with a record a replayer had given a new life: the next insert's reuse
+    /// failed on a live record).
+    rid_generation: AtomicU64,
     /// This database, for work deferred to the epoch GC (giving back record ids).
     me: Weak<Database>,
     /// On a backup: replayed updates waiting for their record's insert (replay.rs).
@@ -162,6 +172,8 @@ impl Database {
             redirects: Default::default(),
             reuse_bound: AtomicU64::new(u64::MAX),
             rids_released: AtomicU64::new(0),
+            replaying: AtomicBool::new(false),
+            rid_generation: AtomicU64::new(0),
             me: me.clone(),
         })
     }
@@ -178,18 +190,28 @@ impl Database {
 
     /// Gives unlinked records' ids back for reuse once no transaction pinned now can hold
     /// them: (table, rid, the timestamp of the tombstone that ended the record's life).
+    /// The engine's versions come from replay (`replaying`).
+    #[inline]
+    pub(crate) fn mark_replaying(&self) {
+        if !self.replaying.load(Ordering::Relaxed) {
+            self.replaying.store(true, Ordering::Release);
+        }
+    }
+
     pub(crate) fn release_rids_after(&self, guard: &crossbeam_epoch::Guard, unlinked: Vec<Deleted>) {
-        if unlinked.is_empty() {
+        if unlinked.is_empty() || self.replaying.load(Ordering::Acquire) {
             return;
         }
         let me = self.me.clone();
+        let generation = self.rid_generation.load(Ordering::Acquire);
         guard.defer(move || {
             let Some(db) = me.upgrade() else { return };
             db.rids_released.fetch_add(unlinked.len() as u64, Ordering::Relaxed);
             // One lock per table: the ids come grouped by table, or nearly.
+            let current = || db.rid_generation.load(Ordering::Acquire) == generation;
             for run in unlinked.chunk_by(|a, b| a.0 == b.0) {
                 if let Ok(t) = db.table(run[0].0) {
-                    t.release_rids(run.iter().map(|&(_, rid, deleted)| (rid, deleted)));
+                    t.release_rids(run.iter().map(|&(_, rid, deleted)| (rid, deleted)), current);
                 }
             }
         });
@@ -497,7 +519,7 @@ impl Database {
                     }
                     n += 1;
                 }
-                t.release_rids(absent.iter().map(|&rid| (RecordId(rid), Ts(0))));
+                t.release_rids(absent.iter().map(|&rid| (RecordId(rid), Ts(0))), || true);
             }
             Ok(n)
         };
@@ -524,6 +546,11 @@ impl Database {
     /// left unused (the space is `RECORDS_PER_TABLE_MAX` per table) until the next recovery
     /// counts them again; ids the new primary frees itself are reused as usual.
     pub fn forget_reusable_rids(&self) {
+        // Before the lists are cleared, each under its lock: a deferred giving back checks
+        // the generation under the same lock, so it either lands before the clear or
+        // drops its ids.
+        self.rid_generation.fetch_add(1, Ordering::AcqRel);
+        self.replaying.store(false, Ordering::Release);
         for slot in self.tables.iter() {
             if let Some(t) = slot.get() {
                 t.forget_free_rids();

@@ -558,7 +558,14 @@ impl Index {
                             let j = nd.keys.search(nd.h.count(INNER_CAP), &sk[i], true, g);
                             let child = nd.children[j].load(Ordering::Acquire);
                             prefetch_node(child, BATCH_SEARCH_LINES);
-                            (!child.is_null()).then_some(Step::Enter { c: child, parent: c, pv: v })
+                            // The node unchanged since `v` before the child is kept, as in
+                            // `Inner::child`: a pointer read past a split's new count may
+                            // be stale (a node since freed), and it is entered later.
+                            (!child.is_null() && nd.h.version.check(v)).then_some(Step::Enter {
+                                c: child,
+                                parent: c,
+                                pv: v,
+                            })
                         }
                         NodeRef::Leaf(l) => l.find(&sk[i], v, g).map(|val| {
                             out[i] = val;

@@ -316,6 +316,7 @@ impl Database {
         if rid.0 >= RECORDS_PER_TABLE_MAX {
             return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
         }
+        self.mark_replaying();
         if let Some(v) = value {
             check_value_len(v.bytes().len())?;
         }

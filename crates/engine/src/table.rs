@@ -122,13 +122,17 @@ impl Table {
     /// Gives back the ids of records unlinked, each with the timestamp of the tombstone
     /// that ended its life (`Ts(0)`: a record that never had a version, or one recovery
     /// found absent, whose life is in the checkpoint recovery writes). Called only once no
-    /// transaction can hold them.
-    pub fn release_rids(&self, ids: impl IntoIterator<Item = (RecordId, Ts)>) {
+    /// transaction can hold them. Nothing is given back unless `current()`, asked under the
+    /// list's lock (`Database::forget_reusable_rids`).
+    pub fn release_rids(&self, ids: impl IntoIterator<Item = (RecordId, Ts)>, current: impl FnOnce() -> bool) {
         let mut ids = ids.into_iter().peekable();
         if ids.peek().is_none() {
             return;
         }
         let mut free = self.free.lock();
+        if !current() {
+            return;
+        }
         // A backup's own records are never reused: their ids are no primary's.
         free.extend(ids.filter(|(rid, _)| rid.0 < RECORDS_PER_TABLE_MAX).map(|(rid, deleted)| (rid.0, deleted)));
         self.free_len.store(free.len(), Ordering::Release);
