@@ -362,6 +362,12 @@ impl Config {
         if self.max_output_bytes < 1024 {
             return bad("max_output_bytes must be >= 1024");
         }
+        // (A pace past a million MB/s is no pace; past u64::MAX bytes it would overflow.)
+        if self.checkpoint_write_mb_per_s > 1_000_000 || self.backup_checkpoint_write_mb_per_s > 1_000_000 {
+            return bad(
+                "checkpoint_write_mb_per_s and backup_checkpoint_write_mb_per_s must be <= 1000000 (0: unpaced)",
+            );
+        }
         if self.log_segment_bytes < 4096 {
             return bad("log_segment_bytes must be >= 4096");
         }
@@ -582,6 +588,8 @@ mod tests {
         );
         let c: Config = toml::from_str("backup_checkpoint_write_mb_per_s = 8").unwrap();
         assert_eq!((c.checkpoint_write_mb_per_s, c.backup_checkpoint_write_mb_per_s), (128, 8));
+        let c: Config = toml::from_str("checkpoint_write_mb_per_s = 18446744073710").unwrap();
+        assert!(c.validate().is_err(), "a pace that overflows in bytes per second");
     }
 
     #[test]

@@ -306,10 +306,22 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// About the bytes the reply takes on the wire: its strings' lengths, and 16 for each
+    /// element's framing (at least what RESP writes for it).
+    pub fn wire_bytes(&self) -> usize {
+        16 + match self {
+            Reply::Ok | Reply::Int(_) | Reply::Nil | Reply::NilArray | Reply::Bool(_) => 0,
+            Reply::Simple(s) => s.len(),
+            Reply::SimpleOwned(s) | Reply::Error(s) => s.len(),
+            Reply::Bulk(b) => b.len(),
+            Reply::Array(v) | Reply::Set(v) => v.iter().map(Reply::wire_bytes).sum(),
+            Reply::Map(v) => v.iter().map(|(k, x)| k.wire_bytes() + x.wire_bytes()).sum(),
+        }
+    }
+
+    /// An error line (a CR or LF in it is written as a space: `line`).
     pub fn err(msg: impl Into<String>) -> Reply {
-        let msg = msg.into();
-        debug_assert!(!msg.contains(['\r', '\n']), "an error line holds no line break");
-        Reply::Error(msg)
+        Reply::Error(msg.into())
     }
 
     pub fn bulk(b: impl Into<Bytes>) -> Reply {
@@ -361,9 +373,16 @@ impl Reply {
     }
 }
 
+/// A simple string or error line. A CR or LF in `body` (client bytes some error names,
+/// such as an option or subcommand it refuses) is written as a space, as Redis does: the
+/// line must end where the client reads its end, or what follows would read as replies.
 fn line(out: &mut BytesMut, prefix: u8, body: &[u8]) {
     out.put_u8(prefix);
-    out.put_slice(body);
+    if body.iter().any(|&c| c == b'\r' || c == b'\n') {
+        out.extend(body.iter().map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }));
+    } else {
+        out.put_slice(body);
+    }
     out.put_slice(b"\r\n");
 }
 
@@ -379,6 +398,25 @@ mod tests {
     use proptest::prelude::*;
     use redis_protocol::resp2::decode::decode_bytes_mut;
     use redis_protocol::resp2::types::BytesFrame;
+
+    /// An error or simple string naming a client's bytes with a CR or LF in them stays one
+    /// line (they are written as spaces): a client's `HELLO 3 "x\r\n+OK"` was answered
+    /// with an error line and a forged `+OK` after it (and, in a debug build, a panic).
+    #[test]
+    fn a_line_break_in_an_error_or_simple_string_is_written_as_a_space() {
+        for r in [Reply::err("ERR Syntax error in HELLO option 'x\r\n+OK'"), Reply::SimpleOwned("a\nb\rc".into())] {
+            let mut out = BytesMut::new();
+            r.encode(Proto::Resp2, &mut out);
+            let mut copy = out.clone();
+            let (frame, used, _) = decode_bytes_mut(&mut copy).unwrap().expect("one whole frame");
+            assert_eq!(used, out.len(), "one reply, nothing after it: {out:?}");
+            match frame {
+                BytesFrame::Error(e) => assert_eq!(&e[..], "ERR Syntax error in HELLO option 'x  +OK'"),
+                BytesFrame::SimpleString(s) => assert_eq!(&s[..], b"a b c"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     /// A bulk length announced with nothing after it makes room for 64 KiB, not for the
     /// length (a client that had not authenticated made the server reserve, and count

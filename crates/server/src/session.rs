@@ -272,19 +272,26 @@ pub struct Cursors {
     next: u64,
     by_id: HashMap<u64, (u8, Bytes)>,
     order: VecDeque<u64>,
+    /// The keys' bytes held.
+    bytes: usize,
 }
 
 const CURSORS_MAX: usize = 65_536;
+/// The most bytes of keys the cursors hold (each key counted 64 bytes more): a client
+/// scanning one large key over and over would otherwise hold up to 4 GiB.
+const CURSORS_BYTES_MAX: usize = 16 << 20;
 
 impl Cursors {
     fn issue(&mut self, db: u8, after: Bytes) -> u64 {
         self.next += 1;
         let id = self.next;
+        self.bytes += after.len() + 64;
         self.by_id.insert(id, (db, after));
         self.order.push_back(id);
-        while self.order.len() > CURSORS_MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.by_id.remove(&old);
+        while self.order.len() > CURSORS_MAX || self.bytes > CURSORS_BYTES_MAX {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some((_, k)) = self.by_id.remove(&old) {
+                self.bytes -= k.len() + 64;
             }
         }
         id
@@ -702,7 +709,10 @@ impl Session {
                          write; EXEC will abort"
                     )));
                 }
-                queue.push(args);
+                // Copies: the parser's arguments are views of the connection's input
+                // buffer, whose whole allocation (up to a large request's size) a queued
+                // view would keep alive, counted as its few bytes.
+                queue.push(args.iter().map(|a| Bytes::copy_from_slice(a)).collect());
                 return Ok(Outcome::now(Reply::Simple("QUEUED")));
             }
         }
@@ -777,7 +787,8 @@ impl Session {
                 .iter()
                 .try_for_each(|k| {
                     let v = txn.version(sh.ks.keys, &Keyspace::key_row(self.db, k))?;
-                    seen.push((self.db, k.clone(), v));
+                    // (A copy, not a view of the input buffer: see the MULTI queue.)
+                    seen.push((self.db, Bytes::copy_from_slice(k), v));
                     Ok(())
                 })
                 .and_then(|()| txn.commit_async());
@@ -862,6 +873,10 @@ impl Session {
             let mut txn = begin(sh, worker);
             let mut wait = Ts(0);
             let mut wrote = false;
+            // The whole reply is held to `max_output_bytes`, as each command's is: a short
+            // queue of reads of one large value would otherwise make the server copy and
+            // encode without bound (a pipeline of the same is answered in parts).
+            let (mut left, mut over) = (sh.max_output_bytes, None);
             let attempt = (|| -> Result<Option<Vec<Reply>>, Error> {
                 for ((db, key), then) in &watched {
                     if txn.changed_since(sh.ks.keys, &Keyspace::key_row(*db, key), *then)? {
@@ -877,7 +892,7 @@ impl Session {
                         // before the engine refused the rest (`MSET a 1 <key too large> 2`
                         // wrote `a`; an `HSET` a field but not its hash), and Redis refuses
                         // such an argument when it is queued, so nothing runs.
-                        let r = run_data(spec, args, &sh.ks, self.db, sh.max_output_bytes, &mut txn)?;
+                        let r = run_data(spec, args, &sh.ks, self.db, left, &mut txn)?;
                         wrote |= spec.write && !r.is_error();
                         replies.push(r);
                     } else if walks_keys(spec) {
@@ -896,9 +911,24 @@ impl Session {
                             None => out.reply,
                         });
                     }
+                    let bytes = replies.last().map_or(0, Reply::wire_bytes);
+                    if bytes > left {
+                        over = Some(sh.max_output_bytes - left + bytes);
+                        return Ok(None);
+                    }
+                    left -= bytes;
                 }
                 Ok(Some(replies))
             })();
+            if let Some(bytes) = over {
+                // Nothing committed: the transaction is dropped, as if never run.
+                drop(txn);
+                self.db = db_before;
+                return Outcome::now(Reply::err(format!(
+                    "ERR EXEC's reply would be over max_output_bytes ({}): at least {bytes} bytes; the transaction was not run",
+                    sh.max_output_bytes
+                )));
+            }
             let res = attempt.and_then(|r| Ok((r, commit_counted(sh, txn)?)));
             match res {
                 // A watched key changed: nil, once the change it saw is durable (as a read
@@ -959,7 +989,15 @@ impl Session {
                 self.unwatch();
                 Reply::Ok
             }
-            "INFO" => Reply::Bulk(info(a, sh).into()),
+            "INFO" => {
+                // Its key counts may include commits not yet durable (they move at the
+                // commit): answered once those are, as DBSIZE is, so that no client
+                // learns of a key a crash could take back. Without the keyspace section,
+                // at once.
+                let text = info(a, sh);
+                let wait = if text.contains("# Keyspace\r\n") { sh.db.clock().now() } else { Ts(0) };
+                return Outcome::after(Reply::Bulk(text.into()), wait);
+            }
             "ROLE" => role(sh),
             "SENTINEL" => sentinel(a, sh, self.tls),
             // Redis's WAIT: how many backups have received this connection's writes (the
@@ -1058,7 +1096,10 @@ impl Session {
                     rest = &rest[3..];
                 }
                 b"SETNAME" if rest.len() >= 2 => {
-                    name = Some(rest[1].clone());
+                    if let Some(refusal) = client_name_refusal(&rest[1]) {
+                        return refusal;
+                    }
+                    name = Some(Bytes::copy_from_slice(&rest[1]));
                     rest = &rest[2..];
                 }
                 _ => return Reply::err(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(opt))),
@@ -1082,7 +1123,7 @@ impl Session {
             (s("proto"), Reply::Int(if proto == Proto::Resp3 { 3 } else { 2 })),
             (s("id"), Reply::Int(self.id as i64)),
             (s("mode"), s("standalone")),
-            (s("role"), s("master")),
+            (s("role"), s(if matches!(sh.replication, Replication::Backup { .. }) { "replica" } else { "master" })),
             (s("modules"), Reply::Array(Vec::new())),
         ])
     }
@@ -1092,10 +1133,11 @@ impl Session {
     fn client(&mut self, a: &[Bytes]) -> Reply {
         match a[0].to_ascii_uppercase().as_slice() {
             b"SETNAME" => {
-                if a[1].iter().any(|&b| b <= b' ' || b > b'~') {
-                    return Reply::err("ERR Client names cannot contain spaces, newlines or special characters.");
+                if let Some(refusal) = client_name_refusal(&a[1]) {
+                    return refusal;
                 }
-                self.name = if a[1].is_empty() { None } else { Some(a[1].clone()) };
+                // (A copy, not a view of the input buffer: see the MULTI queue.)
+                self.name = if a[1].is_empty() { None } else { Some(Bytes::copy_from_slice(&a[1])) };
                 Reply::Ok
             }
             b"GETNAME" => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
@@ -1252,6 +1294,13 @@ impl Reader<'_, '_> {
     }
 }
 
+/// Why a client name is refused, as Redis says it (CLIENT SETNAME and HELLO's SETNAME).
+fn client_name_refusal(name: &[u8]) -> Option<Reply> {
+    name.iter()
+        .any(|&b| b <= b' ' || b > b'~')
+        .then(|| Reply::err("ERR Client names cannot contain spaces, newlines or special characters."))
+}
+
 fn db_range(db: u8) -> (Vec<u8>, Option<Vec<u8>>) {
     (vec![db], prefix_end(&[db]))
 }
@@ -1323,6 +1372,9 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared, at: &mut Reader) -> Outcome {
     let mut keys = Vec::new();
     let mut examined = 0;
     let mut last: Option<Bytes> = None;
+    // The reply stops early (with a cursor) once its keys take half of
+    // `max_output_bytes`, as encoded: a large COUNT over large keys is answered in parts.
+    let mut bytes = 0usize;
     let res = at.for_each(
         sh.ks.keys,
         lo.as_ref().map(|v| &v[..]),
@@ -1333,8 +1385,9 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared, at: &mut Reader) -> Outcome {
             let type_ok = kind.as_ref().is_none_or(|k| type_name_of(value).as_bytes() == &k[..]);
             if type_ok && pattern.as_ref().is_none_or(|p| glob_match(p, key)) {
                 keys.push(Reply::Bulk(Bytes::copy_from_slice(key)));
+                bytes += key.len() + 24;
             }
-            if examined >= count {
+            if examined >= count || bytes >= sh.max_output_bytes / 2 {
                 last = Some(Bytes::copy_from_slice(key));
                 return false;
             }
@@ -2265,6 +2318,39 @@ mod tests {
         assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
 
+    /// INFO's keyspace section counts a key at its commit: its reply waits for that commit
+    /// to be durable, as DBSIZE's does (it was answered at once); without that section it
+    /// waits for nothing.
+    #[test]
+    fn info_with_key_counts_waits_for_what_it_counted() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        let mut run =
+            |line: &str| s.handle(line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect(), &sh, &mut w);
+        run("AUTH sesame");
+        let set = run("SET k v");
+        assert!(set.wait > Ts(0));
+        let info = run("INFO keyspace");
+        assert!(matches!(&info.reply, Reply::Bulk(b) if b.windows(6).any(|x| x == b"keys=1")), "{:?}", info.reply);
+        assert!(info.wait >= set.wait, "INFO keyspace waits for {:?}, the SET's commit is {:?}", info.wait, set.wait);
+        assert_eq!(run("INFO server").wait, Ts(0));
+    }
+
+    /// HELLO's SETNAME takes the names CLIENT SETNAME takes, and refuses the others as it
+    /// does (a name with a space broke CLIENT INFO's `name=` field for parsers).
+    #[test]
+    fn hello_setname_refuses_what_client_setname_refuses() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        let mut run = |args: &[&str]| {
+            s.handle(args.iter().map(|a| Bytes::copy_from_slice(a.as_bytes())).collect(), &sh, &mut w).reply
+        };
+        assert!(run(&["HELLO", "3", "AUTH", "default", "sesame", "SETNAME", "a b"]).is_error());
+        assert_eq!(run(&["CLIENT", "GETNAME"]), Reply::Nil, "nothing set by the refused HELLO");
+        assert!(matches!(run(&["HELLO", "3", "SETNAME", "ok"]), Reply::Map(_)));
+        assert_eq!(run(&["CLIENT", "GETNAME"]), Reply::bulk("ok"));
+    }
+
     /// A command over a limit inside EXEC aborts the whole transaction: nothing it or the
     /// commands before it wrote is committed (before, the writes it made before the
     /// engine refused the rest were committed with the others: `a` below, and an orphan
@@ -2541,8 +2627,13 @@ mod tests {
             );
         }
         assert_eq!(cmd(&mut s2, &limited, &mut w, "HLEN hbig"), Reply::Int(2));
+        // In EXEC, a command over the limit answers its error and the rest runs; the whole
+        // reply is held to the limit too (each element counted 16 bytes more than its
+        // strings), or the transaction is not run at all.
+        let limited = Shared { max_output_bytes: 200, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        let mut s2 = Session::new(&limited);
         cmd(&mut s2, &limited, &mut w, "MULTI");
-        cmd(&mut s2, &limited, &mut w, "MGET big big big");
+        cmd(&mut s2, &limited, &mut w, &format!("MGET{}", " big".repeat(9)));
         cmd(&mut s2, &limited, &mut w, "GET big");
         match cmd(&mut s2, &limited, &mut w, "EXEC") {
             Reply::Array(r) => {
@@ -2551,6 +2642,16 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        cmd(&mut s2, &limited, &mut w, "MULTI");
+        cmd(&mut s2, &limited, &mut w, "SET marker 1");
+        for _ in 0..6 {
+            cmd(&mut s2, &limited, &mut w, "GET big");
+        }
+        assert!(
+            matches!(cmd(&mut s2, &limited, &mut w, "EXEC"), Reply::Error(e) if e.contains("max_output_bytes") && e.contains("not run")),
+            "six GETs of 25 bytes (41 each as counted) pass 200"
+        );
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "GET marker"), Reply::Nil, "the refused EXEC wrote nothing");
         assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL big hbig"), Reply::Int(2));
         let mut c = |line: &str| cmd(&mut s, &sh, &mut w, line);
         assert!(err(c("FLUSHDB NOW"), "ERR syntax error"));
@@ -2734,6 +2835,44 @@ mod tests {
         assert_eq!(cursor, "0", "the scan did not finish");
         assert_eq!(seen.len(), 57);
         assert!(cmd(&mut s, &sh, &mut w, "SCAN 999999").is_error());
+    }
+
+    /// A SCAN's reply stops early, with a cursor, once its keys take half of
+    /// `max_output_bytes`: a large COUNT over large keys is answered in parts, and every
+    /// key is still visited once. The cursors hold at most `CURSORS_BYTES_MAX` of keys.
+    #[test]
+    fn scan_replies_are_bounded_in_bytes_and_so_are_the_cursors() {
+        let (sh, mut w) = setup();
+        let limited = Shared { max_output_bytes: 2000, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        let mut s = Session::new(&limited);
+        for i in 0..20 {
+            cmd(&mut s, &limited, &mut w, &format!("SET {i:02}{} v", "k".repeat(298)));
+        }
+        let (mut seen, mut cursor, mut calls) = (Vec::new(), "0".to_string(), 0);
+        for _ in 0..100 {
+            let Reply::Array(parts) = cmd(&mut s, &limited, &mut w, &format!("SCAN {cursor} COUNT 1000")) else {
+                panic!()
+            };
+            let (Reply::Bulk(c), Reply::Array(keys)) = (&parts[0], &parts[1]) else { panic!() };
+            assert!(keys.len() <= 4, "{} keys of 300 bytes in one reply, against 2000 bytes", keys.len());
+            seen.extend(keys.iter().cloned());
+            calls += 1;
+            cursor = String::from_utf8(c.to_vec()).unwrap();
+            if cursor == "0" {
+                break;
+            }
+        }
+        assert_eq!(cursor, "0", "the scan did not finish");
+        assert!(calls >= 5, "{calls} calls");
+        seen.sort_by_key(|k| format!("{k:?}"));
+        seen.dedup();
+        assert_eq!(seen.len(), 20, "every key once");
+        let mut c = Cursors::default();
+        for _ in 0..1000 {
+            c.issue(0, Bytes::from(vec![b'k'; 64 << 10]));
+        }
+        assert!(c.bytes <= CURSORS_BYTES_MAX && c.by_id.len() == c.order.len(), "{} bytes", c.bytes);
+        assert!(c.by_id.len() < 300, "{} cursors of 64 KiB keys kept", c.by_id.len());
     }
 
     #[test]
