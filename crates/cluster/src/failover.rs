@@ -113,6 +113,11 @@ pub enum PlanError {
     /// for more reports.
     #[error("no eligible reporting node can fetch what it lacks: the holders' checkpoints lie above it")]
     NoSource,
+    /// Reporters hold different numbers of log streams: nodes run different `--workers`.
+    /// A plan over them would take a stream only one reports as held up to its own
+    /// position, and so lower the recovery point below acknowledged commits: none is made.
+    #[error("the reports name {0:?} log streams: every node of a cluster must run the same --workers")]
+    StreamCounts(Vec<usize>),
 }
 
 /// The open epoch being recovered, as the state has it: its commits lie above `start`;
@@ -155,7 +160,11 @@ pub fn plan_preferring(
     if valid.len() < quorum {
         return Err(PlanError::NoQuorum { got: valid.len(), members, quorum });
     }
-    let streams = valid.iter().map(|r| r.streams.len()).max().unwrap_or(0);
+    let counts: std::collections::BTreeSet<usize> = valid.iter().map(|r| r.streams.len()).filter(|&n| n > 0).collect();
+    if counts.len() > 1 {
+        return Err(PlanError::StreamCounts(counts.into_iter().collect()));
+    }
+    let streams = counts.into_iter().next().unwrap_or(0);
     let pos = |r: &TailReport, s: usize| r.streams.get(s).copied().unwrap_or(0);
     // Per stream, the most any reporter holds, and the first (lowest id) that holds it.
     let tails: Vec<(u64, NodeId)> = (0..streams)
@@ -300,6 +309,19 @@ mod tests {
         old.eligible = false;
         let rs = reports(vec![old, report(2, &[60, 60])]);
         assert_eq!(plan_preferring(&rs, 3, 2, at(1, 0), Some(1)).unwrap().primary, 2);
+    }
+
+    /// Reports of different stream counts (nodes running different `--workers`) make no
+    /// plan: an old primary's own log of 4 streams, capped at the last point, beside a
+    /// backup holding the acknowledged commits of a 2-stream epoch, made the point the old
+    /// primary's (a loss of everything acknowledged since).
+    #[test]
+    fn reports_of_different_stream_counts_make_no_plan() {
+        let mut old = report(1, &[100, 100, 100, 100]);
+        old.eligible = false;
+        old.last_resort = true;
+        let rs = reports(vec![old, report(3, &[500, 480])]);
+        assert_eq!(plan(&rs, 3, 2, at(1, 0)), Err(PlanError::StreamCounts(vec![2, 4])));
     }
 
     #[test]

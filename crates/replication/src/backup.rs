@@ -174,6 +174,13 @@ pub struct BackupOptions {
     /// over it. On by default; a cluster's backups turn it off: a failover's point lies
     /// above every commit ever acknowledged, so what a backup holds above it was not.
     pub keep_what_the_primary_lost: bool,
+    /// A cluster's backup: its primary must write as many log streams as this node has
+    /// workers, or it is refused. Every node of a cluster runs the same number: a
+    /// failover's plan takes each node's report of its streams as the cluster's, and a
+    /// node reporting more (its own, from a checkpoint) would lower the recovery point
+    /// below acknowledged commits (`ditto_cluster::failover::plan` refuses such reports
+    /// too). Off by default: a standalone backup replays any number.
+    pub same_streams: bool,
     /// The password its primary asks of backups (a server's `masterauth`: the primary's
     /// `requirepass`), sent in every `Hello`.
     pub auth: Option<crate::protocol::Secret>,
@@ -250,6 +257,7 @@ impl BackupOptions {
             fresh_copy: false,
             cancel: None,
             keep_what_the_primary_lost: true,
+            same_streams: false,
             auth: None,
             tls: None,
             persist_interval: None,
@@ -736,6 +744,12 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let (epoch, streams, tables, start) = match welcome {
         Some(Frame::Welcome { epoch, streams, tables, start }) => {
             check_welcome(streams, &tables)?;
+            if opts.same_streams && streams as usize != opts.workers {
+                return Err(BackupError::Refused(format!(
+                    "the primary writes {streams} log streams and this node runs {} workers: every node of a cluster must run the same --workers",
+                    opts.workers
+                )));
+            }
             (epoch, streams, tables, start)
         }
         Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),

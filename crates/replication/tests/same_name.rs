@@ -205,3 +205,23 @@ fn a_primary_that_waits_for_no_restart_keeps_no_names_heard() {
     p.stop();
     a.close();
 }
+
+/// A cluster's backup (`same_streams`) refuses a primary writing another number of log
+/// streams than it has workers, saying so; a standalone backup follows it.
+#[test]
+fn a_clusters_backup_refuses_a_primary_of_another_stream_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, _t, p, addr) = start_primary(&tmp.path().join("p"));
+    let opts = BackupOptions { same_streams: true, ..BackupOptions::new(&addr, &tmp.path().join("b1"), 2, "b") };
+    match backup::start(opts) {
+        Err(BackupError::Refused(why)) => {
+            assert!(why.contains("1 log streams") && why.contains("2 workers"), "{why}")
+        }
+        other => panic!("a cluster's backup of 2 workers followed a primary of 1 stream: {:?}", other.map(|_| ())),
+    }
+    let b = backup::start(BackupOptions::new(&addr, &tmp.path().join("b2"), 2, "b")).unwrap();
+    wait_until("the standalone backup's link", Duration::from_secs(20), || links_named(&p, "b") == 1);
+    b.stop("done", Duration::from_secs(10)).unwrap();
+    p.stop();
+    a.close();
+}

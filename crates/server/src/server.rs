@@ -448,6 +448,7 @@ fn backup_options(
         cancel: None,
         // A cluster's failover points lie above every acknowledged commit.
         keep_what_the_primary_lost: cfg.cluster.is_none(),
+        same_streams: cfg.cluster.is_some(),
         auth: cfg.link_secret.as_deref().or(cfg.masterauth.as_deref()).map(Into::into),
         tls: link_tls(cfg)?,
         // Its fsyncs paced as the server's durability paces a primary's.
