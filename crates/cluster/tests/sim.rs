@@ -1667,6 +1667,9 @@ fn many_seeds() {
     eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes ({learners} learners added), {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, {fetches} fetches (none below a checkpoint), {unprepared} prepares given up, newest epoch {max_epoch}");
     assert!(failed.is_empty(), "{} of {seeds} seeds failed (rerun each with SIM_SEED=N): {failed:?}", failed.len());
     assert!(failovers >= seeds, "the faults should force failovers");
+    // The loss and prefix checks check something: commits are released, backups read.
+    assert!(released as u64 >= seeds * 100, "too few released commits for the loss checks: {released}");
+    assert!(reads as u64 >= seeds * 10, "too few backup reads for the prefix checks: {reads}");
     assert!(changes >= seeds / 2, "the faults should change the membership: {changes}");
     assert!(learners >= seeds / 10, "learners should be added among the changes: {learners}");
     assert!(switch_done >= seeds / 10, "switchovers should complete among the faults: {switch_done} of {switch_asked}");

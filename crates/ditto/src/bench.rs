@@ -427,13 +427,15 @@ fn run_modes(
             }
             r.print();
             let x = &r.extra;
+            let freshness = x["freshness_score"].as_f64().map_or("n/a (no sample)".into(), |f| format!("{f:.3}%"));
             println!(
-                "  cluster              {:.3}x of standalone; replay {:.3}x of execution CPU per txn; backup lag p50 {:.2} ms, p99 {:.2} ms; freshness {:.3}%",
+                "  cluster              {:.3}x of standalone; replay {:.3}x of execution CPU per txn; backup lag p50 {:.2} ms, p99 {:.2} ms ({} samples, {} skipped with a backup unlinked); freshness {freshness}",
                 r.throughput_tps / standalone_tps,
                 x["replay_cost_ratio"].as_f64().unwrap_or(0.0),
                 x["backup_lag_ms_p50"].as_f64().unwrap_or(0.0),
                 x["backup_lag_ms_p99"].as_f64().unwrap_or(0.0),
-                x["freshness_score"].as_f64().unwrap_or(0.0),
+                x["lag_samples"].as_u64().unwrap_or(0),
+                x["lag_samples_missing_a_backup"].as_u64().unwrap_or(0),
             );
             results.push((cl, r));
         }

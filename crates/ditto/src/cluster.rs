@@ -222,12 +222,14 @@ pub fn run(
         let hist = || hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
         let lags = Mutex::new([hist(), hist(), hist()]);
         let fresh = Mutex::new((0.0f64, 0u64));
-        let counters0 = Mutex::new(Vec::new());
+        let counters0: Mutex<Vec<Result<(f64, f64), String>>> = Mutex::new(Vec::new());
+        // Samples taken while a backup was not linked (its lag unknown): not recorded, and
+        // counted in the report.
+        let missing = std::sync::atomic::AtomicU64::new(0);
         let logged0 = std::sync::atomic::AtomicU64::new(0);
         let on_start = || {
             logged0.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
-            let c: Vec<(f64, f64)> = backups.iter().map(|b| replay_counters(b.port).unwrap_or((0.0, 0.0))).collect();
-            *counters0.lock() = c;
+            *counters0.lock() = backups.iter().map(|b| replay_counters(b.port).map_err(|e| e.to_string())).collect();
             started.store(true, Ordering::Release);
         };
         let released = || primary.released();
@@ -241,6 +243,10 @@ pub fn run(
                         continue;
                     }
                     let bs = primary.backups();
+                    if bs.len() < backups.len() {
+                        missing.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let visible = d.db().clock().visible_ts().0;
                     let rel = primary.released().0;
                     {
@@ -272,7 +278,12 @@ pub fn run(
         let logged = d.logger().stats.txns.load(Ordering::Relaxed) - logged0.load(Ordering::Relaxed);
         let exec_s_per_txn = report.cpu_s_per_txn * report.committed as f64 / logged.max(1) as f64;
         let c1: Vec<(f64, f64)> = backups.iter().map(|b| replay_counters(b.port)).collect::<Result<_, _>>()?;
-        let c0 = counters0.lock().clone();
+        let c0: Vec<(f64, f64)> = counters0
+            .lock()
+            .clone()
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("a backup's replay counters could not be read at the run's start: {e}"))?;
         // Replay CPU per transaction: the most expensive backup.
         let replay_s_per_txn =
             c0.iter().zip(&c1).map(|(a, b)| ((b.0 - a.0) / 1e3) / (b.1 - a.1).max(1.0)).fold(0.0, f64::max);
@@ -296,7 +307,9 @@ pub fn run(
                 m.insert(format!("{stage}_ms_max"), ms(h.max()).into());
             }
             m.insert("lag_samples".into(), lags[2].len().into());
-            m.insert("freshness_score".into(), (if fr.1 > 0 { fr.0 / fr.1 as f64 } else { 100.0 }).into());
+            m.insert("lag_samples_missing_a_backup".into(), missing.load(Ordering::Relaxed).into());
+            // (No sample, no figure: null.)
+            m.insert("freshness_score".into(), (fr.1 > 0).then(|| fr.0 / fr.1 as f64).into());
             m.insert("commit_latency_us_p50".into(), report.latency_us_p50.into());
             m.insert("commit_latency_us_p99".into(), report.latency_us_p99.into());
         }

@@ -112,7 +112,10 @@ fn new_secret(dir: &Path) -> Result<(ditto_cluster::Secret, std::path::PathBuf),
 }
 
 impl Nodes {
-    /// Three nodes on free ports, started, in `dir`; with TLS between them if `tls`.
+    /// Three nodes on free ports, started, in `dir`; with TLS between them if `tls`. The
+    /// ports lie below Linux's ephemeral range (32768 and up): a node killed and started
+    /// again binds its ports anew, and a port of that range may meanwhile be the local end
+    /// of some outgoing connection ("Address already in use").
     pub(crate) fn start_three(
         dir: &Path,
         workers: usize,
@@ -120,9 +123,7 @@ impl Nodes {
         failure_timeout_ms: u64,
         tls: bool,
     ) -> Result<Nodes, Error> {
-        let ls: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-        let p: Vec<u16> = ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
-        drop(ls);
+        let p = ports_below_ephemeral(9)?;
         let members = (0..3)
             .map(|i| format!("{}=127.0.0.1:{}/{}/{}", i + 1, p[3 * i], p[3 * i + 1], p[3 * i + 2]))
             .collect::<Vec<_>>();
@@ -651,4 +652,24 @@ impl FailoverDemo {
         );
         println!("checks:   the backup's client kept its connection through every change of role  OK");
     }
+}
+
+/// `n` ports on 127.0.0.1 free now, in 20000..32000 (below the ephemeral range: see
+/// `Nodes::start_three`), tried at random.
+fn ports_below_ephemeral(n: usize) -> Result<Vec<u16>, Error> {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    let mut held: Vec<TcpListener> = Vec::new();
+    for _ in 0..10_000 {
+        if held.len() == n {
+            break;
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", rng.gen_range(20_000..32_000u16))) {
+            held.push(l);
+        }
+    }
+    if held.len() < n {
+        return Err(format!("only {} of {n} free ports found in 20000..32000", held.len()).into());
+    }
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }

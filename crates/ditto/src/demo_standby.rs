@@ -162,6 +162,9 @@ pub fn run(dir: &Path, workers: usize, clients: usize, seconds: f64) -> Result<S
     let mut lat: Vec<u32> = logs.iter().flat_map(|l| l.latencies_us.iter().copied()).collect();
     lat.sort_unstable();
     let pct = |v: &[u32], p: f64| v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied();
+    if lags.is_empty() || fresh.is_empty() {
+        return Err("the sampler read no replay lag or freshness from the backup's INFO replication".into());
+    }
     let mut sorted = lags.clone();
     sorted.sort_by(f64::total_cmp);
     let q = |p: f64| sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1))).copied();
@@ -173,7 +176,7 @@ pub fn run(dir: &Path, workers: usize, clients: usize, seconds: f64) -> Result<S
         p99_us: pct(&lat, 0.99).unwrap_or(0),
         backup_reads,
         lag_ms: (q(0.5).unwrap_or(0.0), q(0.99).unwrap_or(0.0), sorted.last().copied().unwrap_or(0.0)),
-        freshness: if fresh.is_empty() { 100.0 } else { fresh.iter().sum::<f64>() / fresh.len() as f64 },
+        freshness: fresh.iter().sum::<f64>() / fresh.len() as f64,
         lag_samples: lags.len(),
         caught_up_ms,
         counters_checked: logs.len(),

@@ -111,7 +111,8 @@ struct Figures {
     unavailable_ms_p99: f64,
     unavailable_ms_max: f64,
     acknowledged_writes: usize,
-    lost_writes: usize,
+    /// Nodes that lack an acknowledged write or a preloaded key (each said on stderr).
+    nodes_lacking_writes: usize,
     /// With `--backup-reader`: its reads, the connections it lost to a failover, and its
     /// slowest read.
     backup_reads: Option<u64>,
@@ -184,23 +185,30 @@ fn preload(port: u16, keys: u64, value_bytes: usize) -> Result<f64, Error> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// Up to 1,000 of the preloaded keys, evenly spaced (the first and the last among them),
-/// read back from the node on `port`.
+/// Every preloaded key, read back from the node on `port` (MGETs of 500), with the value
+/// the preload wrote; `Err` says how many are missing or wrong, and the first.
 fn check_preload(port: u16, keys: u64, value_bytes: usize) -> Result<(), Error> {
-    if keys == 0 {
-        return Ok(());
-    }
+    let want = Reply::Bulk(Some("v".repeat(value_bytes).into_bytes()));
     let mut c = Client::connect_to("127.0.0.1", port)?;
-    let step = keys.div_ceil(1000).max(1);
-    let mut sample: Vec<u64> = (0..keys).step_by(step as usize).collect();
-    sample.push(keys - 1);
-    for k in sample {
-        match c.call(&["GET", &format!("p:{k}")])? {
-            Reply::Bulk(Some(v)) if v.len() == value_bytes => {}
-            other => return Err(format!("preloaded key p:{k}: {other:?}").into()),
+    let (mut bad, mut first) = (0u64, None);
+    for lo in (0..keys).step_by(500) {
+        let names: Vec<String> = (lo..(lo + 500).min(keys)).map(|k| format!("p:{k}")).collect();
+        let mut args = vec!["MGET"];
+        args.extend(names.iter().map(String::as_str));
+        let Reply::Array(Some(vals)) = c.call(&args)? else {
+            return Err("MGET of preloaded keys: not an array".into());
+        };
+        for (k, v) in names.iter().zip(vals) {
+            if v != want {
+                bad += 1;
+                first.get_or_insert_with(|| format!("{k} is {v:?}"));
+            }
         }
     }
-    Ok(())
+    match first {
+        None => Ok(()),
+        Some(first) => Err(format!("{bad} of {keys} preloaded keys missing or wrong; the first: {first}").into()),
+    }
 }
 
 fn rate_between(acks: &[Ack], from: Instant, to: Instant) -> f64 {
@@ -345,7 +353,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         unavailable_ms_p99: quantile(&unavailable, 0.99),
         unavailable_ms_max: unavailable.last().copied().unwrap_or(0.0),
         acknowledged_writes: acked.len(),
-        lost_writes: lost,
+        nodes_lacking_writes: lost,
         backup_reads,
         backup_connections_lost,
         backup_read_ms_max,
@@ -404,8 +412,8 @@ fn print(f: &Figures) {
     println!(
         "{} acknowledged writes, {} on every node ({})",
         f.acknowledged_writes,
-        if f.lost_writes == 0 { "all" } else { "NOT all" },
-        if f.lost_writes == 0 { "none lost" } else { "LOST" }
+        if f.nodes_lacking_writes == 0 { "all" } else { "NOT all" },
+        if f.nodes_lacking_writes == 0 { "none lost" } else { "LOST" }
     );
     if let (Some(r), Some(l), Some(m)) = (f.backup_reads, f.backup_connections_lost, f.backup_read_ms_max) {
         println!("a backup's client: {r} reads, {l} connections lost to a failover, slowest read {m:.1} ms");

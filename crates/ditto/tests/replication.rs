@@ -112,18 +112,21 @@ fn prefixes_and_restart(replay: &str) {
     }
     // Reads on the backup, throughout: the bank's total never changes and the counter
     // never goes back (nor passes what the primary acknowledged... it may lag).
+    // Each reader's checks fail the test (its panic is joined), and each says how many
+    // reads it checked: a reader whose connection ends (the backup killed) stops there.
     let reads = Arc::new(AtomicU64::new(0));
     let check_reads = |port: u16, stop: Arc<AtomicBool>, reads: Arc<AtomicU64>, acked: Arc<AtomicU64>| {
         std::thread::spawn(move || {
             let mut seen_counter = 0u64;
+            let mut checked = 0u64;
             let deadline = Instant::now() + Duration::from_secs(120);
-            let Ok(mut c) = Client::connect(port) else { return };
+            let Ok(mut c) = Client::connect(port) else { return checked };
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 let mut args = vec!["MGET".to_string()];
                 args.extend((0..ACCOUNTS).map(|i| format!("acct{i}")));
                 args.push("counter".into());
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let Ok(vals) = c.cmd(&args) else { return };
+                let Ok(vals) = c.cmd(&args) else { return checked };
                 let (accts, counter) = vals.split_at(ACCOUNTS);
                 if accts.iter().all(|v| v == "(nil)") {
                     continue;
@@ -136,15 +139,18 @@ fn prefixes_and_restart(replay: &str) {
                 // (its reply may still be on the way).
                 assert!(ctr <= acked.load(Ordering::Acquire) + 1, "the backup shows an unreleased counter {ctr}");
                 seen_counter = ctr;
+                checked += 1;
                 reads.fetch_add(1, Ordering::Relaxed);
             }
+            checked
         })
     };
     let r1 = check_reads(backup.port, Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&acked_counter));
     std::thread::sleep(Duration::from_millis(1500));
     // SIGKILL the backup under load; writes wait (majority of two needs it), then resume.
     backup.kill();
-    let _ = r1.join();
+    let first = r1.join().expect("the first reader's checks");
+    assert!(first > 0, "the backup served no checked read before it was killed");
     let before = transfers.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(300));
     let ckpts: Vec<u64> = std::fs::read_dir(bdir.join("checkpoints"))
@@ -160,7 +166,8 @@ fn prefixes_and_restart(replay: &str) {
     for w in writers {
         w.join().unwrap();
     }
-    r2.join().unwrap();
+    let second = r2.join().expect("the second reader's checks");
+    assert!(second > 0, "the restarted backup served no checked read");
     assert!(transfers.load(Ordering::Relaxed) > before, "writes went on after the backup came back");
     assert!(reads.load(Ordering::Relaxed) > 10, "the backup served reads throughout");
 

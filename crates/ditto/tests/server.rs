@@ -47,7 +47,12 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(60);
         while (want_plain && port.is_none()) || (want_tls && tls_port.is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).expect("server did not report its addresses in 60 s");
+            let Ok(line) = rx.recv_timeout(left) else {
+                // (Killed before the panic: no Server guards it yet.)
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not report its addresses in 60 s, or exited");
+            };
             if let Some(rest) = line.strip_prefix("ditto server listening for TLS on ") {
                 tls_port = Some(port_of(rest));
             } else if let Some(rest) = line.strip_prefix("ditto server listening on ") {

@@ -49,7 +49,12 @@ impl Node {
         let (mut port, mut repl) = (None, None);
         let deadline = Instant::now() + Duration::from_secs(60);
         while port.is_none() || (want_repl && repl.is_none()) {
-            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server start");
+            let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+                // (Killed before the panic: no Node guards it yet.)
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not report its addresses within 60 s, or exited");
+            };
             if let Some(rest) = line.strip_prefix("ditto server listening on ") {
                 port = Some(rest.split(' ').next().unwrap().rsplit(':').next().unwrap().parse().unwrap());
             } else if let Some(rest) = line.strip_prefix("ditto server accepting backups on ") {
