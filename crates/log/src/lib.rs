@@ -22,6 +22,7 @@ pub mod catalog;
 pub mod checkpoint;
 pub mod format;
 pub mod options;
+pub mod power_cut;
 pub mod recovery;
 pub mod replica;
 pub mod sealed;

@@ -1,249 +1,26 @@
 //! Power loss, in-process: what a machine that loses power keeps is only what was made
 //! durable (a file's bytes up to its last fsync, a directory entry once its directory was
 //! synced), not what a process crash keeps (every write in the page cache, which is all
-//! the SIGKILL tests in crates/ditto/tests/crash.rs can take away). `PowerCut` is a
-//! storage over real files that records what each fsync and directory sync made durable,
-//! and builds, at any moment, the directory a power cut would leave. A bank workload runs
+//! the SIGKILL tests in crates/ditto/tests/crash.rs can take away): `ditto_log::power_cut`
+//! builds, at any moment, the directory a power cut would leave. A bank workload runs
 //! under every-batch and interval durability with frequent checkpoints and small
 //! segments; at random moments the image is recovered and must hold every commit
 //! acknowledged before the cut, as a prefix of the commit order, with balances that match
 //! the transfers recovered. A commit acknowledged before its fsync, a segment or
 //! checkpoint renamed without its directory synced, or a checkpoint's segments removed
-//! before its name is durable would fail it.
-//!
-//! What the image keeps of a file: the bytes up to its last fsync (its length then), and,
-//! in one image of two, a random part of what was written after (a torn tail). Files the
-//! log writes outside the storage (none but the lock) and directories are taken as they
-//! are when their parent's entry is durable: directories are created with
-//! `create_dir_all`, and only the syncs of their parents are modelled.
+//! before its name is durable would fail it. In one image of two, a random part of what
+//! was written after a file's last fsync is kept too (a torn tail).
 
-use std::collections::HashMap;
-use std::ffi::OsString;
-use std::io;
 use std::ops::Bound::Unbounded;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::{Direction, WorkerId};
-use ditto_log::storage::{LogFile, RealStorage, Storage};
+use ditto_log::power_cut::PowerCut;
 use ditto_log::{open, CheckpointPolicy, Durability, LogOptions, OpenOptions};
 use rand::{Rng, SeedableRng};
-
-/// A durable directory entry.
-#[derive(Clone, Copy, Debug)]
-enum Entry {
-    /// A file the storage made, by its id.
-    File(u64),
-    /// A directory, or a file made outside the storage: taken as it is.
-    AsIs,
-}
-
-struct FileState {
-    /// Where its bytes are now (a removed file is moved aside, its bytes kept for images
-    /// in which its removal is not durable yet).
-    real: PathBuf,
-    /// Its length at its last fsync.
-    synced: u64,
-}
-
-#[derive(Default)]
-struct Disk {
-    /// Current names of the files the storage made.
-    names: HashMap<PathBuf, u64>,
-    files: HashMap<u64, FileState>,
-    /// Per directory, its entries as of its last sync (a directory never synced holds
-    /// nothing durable, the root aside).
-    durable: HashMap<PathBuf, HashMap<OsString, Entry>>,
-    next: u64,
-    /// Removed files go here.
-    attic: PathBuf,
-}
-
-impl Disk {
-    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
-        let mut entries = HashMap::new();
-        for e in std::fs::read_dir(dir)? {
-            let e = e?;
-            let entry = match self.names.get(&e.path()) {
-                Some(&id) => Entry::File(id),
-                None => Entry::AsIs,
-            };
-            entries.insert(e.file_name(), entry);
-        }
-        self.durable.insert(dir.to_path_buf(), entries);
-        Ok(())
-    }
-
-    /// Moves every name under `from` (itself, or inside it) to `to`, durable maps too.
-    fn rename(&mut self, from: &Path, to: &Path) {
-        let moved = |p: &Path| {
-            p.strip_prefix(from)
-                .ok()
-                .map(|rest| if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) })
-        };
-        let names: Vec<(PathBuf, u64)> = self.names.drain().collect();
-        for (p, id) in names {
-            let p = moved(&p).unwrap_or(p);
-            self.files.get_mut(&id).expect("a named file").real = p.clone();
-            self.names.insert(p, id);
-        }
-        // A file renamed over another: the other is gone from the current names above.
-        let durable: Vec<(PathBuf, HashMap<OsString, Entry>)> = self.durable.drain().collect();
-        for (d, e) in durable {
-            self.durable.insert(moved(&d).unwrap_or(d), e);
-        }
-    }
-
-    /// The directory a power cut would leave of `root`, built in `img`.
-    fn image(&self, root: &Path, img: &Path, rng: &mut impl Rng) -> io::Result<()> {
-        let torn = rng.gen_bool(0.5);
-        self.image_dir(root, img, torn, rng)
-    }
-
-    fn image_dir(&self, dir: &Path, img: &Path, torn: bool, rng: &mut impl Rng) -> io::Result<()> {
-        std::fs::create_dir_all(img)?;
-        let Some(entries) = self.durable.get(dir) else { return Ok(()) };
-        for (name, e) in entries {
-            if name == "LOCK" {
-                continue;
-            }
-            let (real, to) = (dir.join(name), img.join(name));
-            match *e {
-                Entry::File(id) => {
-                    let f = &self.files[&id];
-                    // (Gone for good: a checkpoint's directory removed whole, outside the
-                    // storage; taken as removed.)
-                    let Ok(bytes) = std::fs::read(&f.real) else { continue };
-                    let mut keep = (f.synced as usize).min(bytes.len());
-                    if torn && keep < bytes.len() {
-                        keep = rng.gen_range(keep..=bytes.len());
-                    }
-                    std::fs::write(&to, &bytes[..keep])?;
-                }
-                Entry::AsIs if real.is_dir() => self.image_dir(&real, &to, torn, rng)?,
-                Entry::AsIs => {
-                    if let Ok(bytes) = std::fs::read(&real) {
-                        std::fs::write(&to, bytes)?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Real files, with what each fsync and directory sync made durable recorded (`Disk`).
-#[derive(Clone)]
-struct PowerCut {
-    disk: Arc<Mutex<Disk>>,
-}
-
-impl PowerCut {
-    fn new(root: &Path, attic: &Path) -> PowerCut {
-        let mut disk = Disk { attic: attic.to_path_buf(), ..Disk::default() };
-        // The root's own entry is durable (the test made it); nothing in it yet.
-        disk.durable.insert(root.to_path_buf(), HashMap::new());
-        PowerCut { disk: Arc::new(Mutex::new(disk)) }
-    }
-
-    /// A file made under the lock, so that no directory sync lists it untracked.
-    fn make(&self, path: &Path, make: impl FnOnce() -> io::Result<Box<dyn LogFile>>) -> io::Result<Box<dyn LogFile>> {
-        let mut d = self.disk.lock().unwrap();
-        let inner = make()?;
-        d.next += 1;
-        let id = d.next;
-        d.files.insert(id, FileState { real: path.to_path_buf(), synced: 0 });
-        d.names.insert(path.to_path_buf(), id);
-        Ok(Box::new(Tracked { inner, id, len: 0, pos: 0, disk: Arc::clone(&self.disk) }))
-    }
-}
-
-impl Storage for PowerCut {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        self.make(path, || RealStorage.create_new(path))
-    }
-    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
-        self.make(path, || RealStorage.create_segment(path, direct))
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut d = self.disk.lock().unwrap();
-        RealStorage.sync_dir(dir)?;
-        d.sync_dir(dir)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut d = self.disk.lock().unwrap();
-        // A file renamed over another: the other's bytes go to the attic first, for
-        // images in which the rename is not durable.
-        if let Some(&old) = d.names.get(to).filter(|_| to.is_file()) {
-            let aside = d.attic.join(format!("{old}"));
-            std::fs::copy(to, &aside)?;
-            d.files.get_mut(&old).expect("a named file").real = aside;
-            d.names.remove(to);
-        }
-        RealStorage.rename(from, to)?;
-        d.rename(from, to);
-        Ok(())
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        let mut d = self.disk.lock().unwrap();
-        match d.names.remove(path) {
-            Some(id) => {
-                let aside = d.attic.join(format!("{id}"));
-                std::fs::rename(path, &aside)?;
-                d.files.get_mut(&id).expect("a named file").real = aside;
-                Ok(())
-            }
-            None => RealStorage.remove(path),
-        }
-    }
-    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
-        let mut d = self.disk.lock().unwrap();
-        RealStorage.truncate_existing(path, len)?;
-        if let Some(&id) = d.names.get(path) {
-            d.files.get_mut(&id).expect("a named file").synced = len;
-        }
-        Ok(())
-    }
-}
-
-struct Tracked {
-    inner: Box<dyn LogFile>,
-    id: u64,
-    /// The file's length as written (zeros ahead included), and the write position.
-    len: u64,
-    pos: u64,
-    disk: Arc<Mutex<Disk>>,
-}
-
-impl LogFile for Tracked {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.inner.write_all(buf)?;
-        self.pos += buf.len() as u64;
-        self.len = self.len.max(self.pos);
-        Ok(())
-    }
-    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        self.inner.extend_zeroed(len)?;
-        self.len = self.len.max(len);
-        Ok(())
-    }
-    fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.inner.truncate(len)?;
-        self.len = len;
-        Ok(())
-    }
-    fn sync(&mut self) -> io::Result<()> {
-        let len = self.len;
-        self.inner.sync()?;
-        self.disk.lock().unwrap().files.get_mut(&self.id).expect("a tracked file").synced = len;
-        Ok(())
-    }
-    fn write_back(&mut self) -> io::Result<()> {
-        self.inner.write_back()
-    }
-}
 
 const ACCOUNTS: u64 = 32;
 const START: i64 = 1_000_000;
@@ -379,7 +156,9 @@ fn power_cuts(durability: Durability, seed: u64, seconds: u64) -> (usize, u64) {
         // What was acknowledged before the cut: durable, by the log's promise.
         let before: Vec<u64> = acked.iter().map(|a| a.load(Ordering::Acquire)).collect();
         let img = tmp.path().join(format!("image-{images}"));
-        storage.disk.lock().unwrap().image(&root, &img, &mut rng).unwrap();
+        let torn = rng.gen_bool(0.5);
+        let mut tail = |synced: usize, written: usize| if torn { rng.gen_range(synced..=written) } else { synced };
+        storage.image(&root, &img, &mut tail).unwrap();
         most = most.max(check_image(&img, &before, true));
         std::fs::remove_dir_all(&img).unwrap();
         images += 1;

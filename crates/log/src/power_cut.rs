@@ -1,0 +1,256 @@
+//! A power cut, simulated over real files (a simulator of disk faults, for tests): what a
+//! machine that loses power keeps is only what was made durable, a file's bytes up to its
+//! last fsync and a directory entry once its directory was synced, not what a process
+//! crash keeps (every write in the page cache, which is all a SIGKILL can take away).
+//! `PowerCut` is a storage over real files that records what each fsync and directory
+//! sync made durable, and builds, at any moment, the directory a power cut would leave
+//! (`PowerCut::image`). Files written outside the storage (the lock) and directories
+//! (made with `create_dir_all`) are taken as they are once their parent's entry is
+//! durable: only the syncs of their parents are modelled.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::storage::{LogFile, RealStorage, Storage};
+
+/// A durable directory entry.
+#[derive(Clone, Copy, Debug)]
+enum Entry {
+    /// A file the storage made, by its id.
+    File(u64),
+    /// A directory, or a file made outside the storage: taken as it is.
+    AsIs,
+}
+
+struct FileState {
+    /// Where its bytes are now (a removed file is moved aside, its bytes kept for images
+    /// in which its removal is not durable yet).
+    real: PathBuf,
+    /// Its length at its last fsync.
+    synced: u64,
+}
+
+#[derive(Default)]
+struct Disk {
+    /// Current names of the files the storage made.
+    names: HashMap<PathBuf, u64>,
+    files: HashMap<u64, FileState>,
+    /// Per directory, its entries as of its last sync (a directory never synced holds
+    /// nothing durable, the root aside).
+    durable: HashMap<PathBuf, HashMap<OsString, Entry>>,
+    next: u64,
+    /// Removed files go here.
+    attic: PathBuf,
+    /// Directories are taken as listed now, not as of their last sync
+    /// (`PowerCut::lenient_dirs`).
+    lenient_dirs: bool,
+}
+
+impl Disk {
+    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        let entries = self.listing(dir)?;
+        self.durable.insert(dir.to_path_buf(), entries);
+        Ok(())
+    }
+
+    /// `dir`'s entries now.
+    fn listing(&self, dir: &Path) -> io::Result<HashMap<OsString, Entry>> {
+        let mut entries = HashMap::new();
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let entry = match self.names.get(&e.path()) {
+                Some(&id) => Entry::File(id),
+                None => Entry::AsIs,
+            };
+            entries.insert(e.file_name(), entry);
+        }
+        Ok(entries)
+    }
+
+    /// Moves every name under `from` (itself, or inside it) to `to`, durable maps too.
+    fn rename(&mut self, from: &Path, to: &Path) {
+        let moved = |p: &Path| {
+            p.strip_prefix(from)
+                .ok()
+                .map(|rest| if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) })
+        };
+        let names: Vec<(PathBuf, u64)> = self.names.drain().collect();
+        for (p, id) in names {
+            let p = moved(&p).unwrap_or(p);
+            self.files.get_mut(&id).expect("a named file").real = p.clone();
+            self.names.insert(p, id);
+        }
+        // A file renamed over another: the other is gone from the current names above.
+        let durable: Vec<(PathBuf, HashMap<OsString, Entry>)> = self.durable.drain().collect();
+        for (d, e) in durable {
+            self.durable.insert(moved(&d).unwrap_or(d), e);
+        }
+    }
+
+    fn image_dir(&self, dir: &Path, img: &Path, tail: &mut dyn FnMut(usize, usize) -> usize) -> io::Result<()> {
+        std::fs::create_dir_all(img)?;
+        let entries = match self.durable.get(dir) {
+            _ if self.lenient_dirs => self.listing(dir)?,
+            Some(e) => e.clone(),
+            None => return Ok(()),
+        };
+        for (name, e) in &entries {
+            if name == "LOCK" {
+                continue;
+            }
+            let (real, to) = (dir.join(name), img.join(name));
+            match *e {
+                Entry::File(id) => {
+                    let f = &self.files[&id];
+                    // (Gone for good: a checkpoint's directory removed whole, outside the
+                    // storage; taken as removed.)
+                    let Ok(bytes) = std::fs::read(&f.real) else { continue };
+                    let synced = (f.synced as usize).min(bytes.len());
+                    let keep = tail(synced, bytes.len()).clamp(synced, bytes.len());
+                    std::fs::write(&to, &bytes[..keep])?;
+                }
+                Entry::AsIs if real.is_dir() => self.image_dir(&real, &to, tail)?,
+                Entry::AsIs => {
+                    if let Ok(bytes) = std::fs::read(&real) {
+                        std::fs::write(&to, bytes)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Real files, with what each fsync and directory sync made durable recorded (`Disk`).
+#[derive(Clone)]
+pub struct PowerCut {
+    disk: Arc<Mutex<Disk>>,
+}
+
+impl PowerCut {
+    /// Over the directory `root` (made by the caller, empty: its own entry is durable);
+    /// removed files' bytes go to `attic`, another directory.
+    pub fn new(root: &Path, attic: &Path) -> PowerCut {
+        let mut disk = Disk { attic: attic.to_path_buf(), ..Disk::default() };
+        // The root's own entry is durable (the test made it); nothing in it yet.
+        disk.durable.insert(root.to_path_buf(), HashMap::new());
+        PowerCut { disk: Arc::new(Mutex::new(disk)) }
+    }
+
+    /// Directories are taken as listed at the cut (their files' bytes still only up to
+    /// their last fsync): for code that syncs some directories with `storage::sync_dir`
+    /// directly (a backup's), which this storage cannot see, so that only the files'
+    /// fsyncs are checked.
+    pub fn lenient_dirs(self) -> PowerCut {
+        self.disk.lock().unwrap().lenient_dirs = true;
+        self
+    }
+
+    /// Builds in `img` the directory a power cut now would leave of `root` (what it was
+    /// made over, or a directory in it): each file's bytes up to its last fsync, plus
+    /// `tail(synced, written)` bytes in all (at least `synced`, at most `written`: a torn
+    /// tail); every entry as of its directory's last sync. Every storage operation waits
+    /// meanwhile.
+    pub fn image(&self, root: &Path, img: &Path, tail: &mut dyn FnMut(usize, usize) -> usize) -> io::Result<()> {
+        self.disk.lock().unwrap().image_dir(root, img, tail)
+    }
+
+    /// A file made under the lock, so that no directory sync lists it untracked.
+    fn make(&self, path: &Path, make: impl FnOnce() -> io::Result<Box<dyn LogFile>>) -> io::Result<Box<dyn LogFile>> {
+        let mut d = self.disk.lock().unwrap();
+        let inner = make()?;
+        d.next += 1;
+        let id = d.next;
+        d.files.insert(id, FileState { real: path.to_path_buf(), synced: 0 });
+        d.names.insert(path.to_path_buf(), id);
+        Ok(Box::new(Tracked { inner, id, len: 0, pos: 0, disk: Arc::clone(&self.disk) }))
+    }
+}
+
+impl Storage for PowerCut {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        self.make(path, || RealStorage.create_new(path))
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        self.make(path, || RealStorage.create_segment(path, direct))
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut d = self.disk.lock().unwrap();
+        RealStorage.sync_dir(dir)?;
+        d.sync_dir(dir)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut d = self.disk.lock().unwrap();
+        // A file renamed over another: the other's bytes go to the attic first, for
+        // images in which the rename is not durable.
+        if let Some(&old) = d.names.get(to).filter(|_| to.is_file()) {
+            let aside = d.attic.join(format!("{old}"));
+            std::fs::copy(to, &aside)?;
+            d.files.get_mut(&old).expect("a named file").real = aside;
+            d.names.remove(to);
+        }
+        RealStorage.rename(from, to)?;
+        d.rename(from, to);
+        Ok(())
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut d = self.disk.lock().unwrap();
+        match d.names.remove(path) {
+            Some(id) => {
+                let aside = d.attic.join(format!("{id}"));
+                std::fs::rename(path, &aside)?;
+                d.files.get_mut(&id).expect("a named file").real = aside;
+                Ok(())
+            }
+            None => RealStorage.remove(path),
+        }
+    }
+    fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
+        let mut d = self.disk.lock().unwrap();
+        RealStorage.truncate_existing(path, len)?;
+        if let Some(&id) = d.names.get(path) {
+            d.files.get_mut(&id).expect("a named file").synced = len;
+        }
+        Ok(())
+    }
+}
+
+struct Tracked {
+    inner: Box<dyn LogFile>,
+    id: u64,
+    /// The file's length as written (zeros ahead included), and the write position.
+    len: u64,
+    pos: u64,
+    disk: Arc<Mutex<Disk>>,
+}
+
+impl LogFile for Tracked {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_all(buf)?;
+        self.pos += buf.len() as u64;
+        self.len = self.len.max(self.pos);
+        Ok(())
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.inner.extend_zeroed(len)?;
+        self.len = self.len.max(len);
+        Ok(())
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)?;
+        self.len = len;
+        Ok(())
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        let len = self.len;
+        self.inner.sync()?;
+        self.disk.lock().unwrap().files.get_mut(&self.id).expect("a tracked file").synced = len;
+        Ok(())
+    }
+    fn write_back(&mut self) -> io::Result<()> {
+        self.inner.write_back()
+    }
+}
