@@ -292,7 +292,7 @@ where
     let start = Instant::now();
     let deadline = start + cfg.duration;
 
-    let results: Vec<Result<WorkerStats, Error>> = std::thread::scope(|s| {
+    let (results, ended): (Vec<Result<WorkerStats, Error>>, Instant) = std::thread::scope(|s| {
         let monitor = cfg.progress.then(|| {
             let (progress, finished) = (&progress, &finished);
             s.spawn(move || monitor(cfg, benchmark, start, progress, finished))
@@ -315,11 +315,12 @@ where
             })
             .collect();
         let results = handles.into_iter().map(|h| h.join().expect("worker thread panicked")).collect();
+        let ended = Instant::now();
         finished.store(true, Ordering::Relaxed);
         if let Some(m) = monitor {
             m.join().expect("monitor thread panicked");
         }
-        results
+        (results, ended)
     });
     let cpu = cpu_seconds() - cpu_before;
     let log_bytes = (probe.log_bytes)().saturating_sub(log_before);
@@ -341,7 +342,9 @@ where
     let committed: u64 = total.committed.iter().sum();
     let aborts: u64 = total.aborts.iter().sum();
     let user_aborts: u64 = total.user_aborts.iter().sum();
-    let duration_s = cfg.duration.as_secs_f64();
+    // From the start until every worker's last commit counted (its drain after the
+    // deadline included: the commits it waited for are counted, so is their time).
+    let duration_s = ended.duration_since(start).as_secs_f64();
     let per = |x: f64| if committed == 0 { 0.0 } else { x / committed as f64 };
     let pct = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0 } else { h.value_at_quantile(q) };
     Ok(Report {

@@ -135,7 +135,8 @@ pub struct Database {
     /// newest durable checkpoint's timestamp once a log is attached (0 before the first),
     /// unbounded without a log.
     reuse_bound: AtomicU64,
-    /// Record ids given back for reuse since the database was created (`release_rids_after`).
+    /// Record ids given back since the database was created (`release_rids_after`): for
+    /// reuse, or, on a backup, unlinked and let go.
     rids_released: AtomicU64,
     /// Versions come from replay (a backup's engine, set by its first replayed write until
     /// `forget_reusable_rids`): record ids are the primary's, none is handed out here, so
@@ -199,14 +200,19 @@ impl Database {
     }
 
     pub(crate) fn release_rids_after(&self, guard: &crossbeam_epoch::Guard, unlinked: Vec<Deleted>) {
-        if unlinked.is_empty() || self.replaying.load(Ordering::Acquire) {
+        if unlinked.is_empty() {
             return;
         }
         let me = self.me.clone();
         let generation = self.rid_generation.load(Ordering::Acquire);
+        let replaying = self.replaying.load(Ordering::Acquire);
         guard.defer(move || {
             let Some(db) = me.upgrade() else { return };
+            // (Counted on a backup too: its checkpointer's trigger on ids given back.)
             db.rids_released.fetch_add(unlinked.len() as u64, Ordering::Relaxed);
+            if replaying {
+                return;
+            }
             // One lock per table: the ids come grouped by table, or nearly.
             let current = || db.rid_generation.load(Ordering::Acquire) == generation;
             for run in unlinked.chunk_by(|a, b| a.0 == b.0) {
@@ -566,9 +572,9 @@ impl Database {
     }
 
     /// Record ids given back for reuse, in every table, since this database was created:
-    /// deleted records' ids, which wait for the next checkpoint to be reused. The log's
-    /// checkpointer counts them to checkpoint sooner under key churn
-    /// (`ditto_log::CheckpointPolicy`).
+    /// deleted records' ids, which wait for the next checkpoint to be reused (on a
+    /// backup, which reuses none, those unlinked). The log's checkpointer counts them to
+    /// checkpoint sooner under key churn (`ditto_log::CheckpointPolicy`).
     pub fn record_ids_released(&self) -> u64 {
         self.rids_released.load(Ordering::Relaxed)
     }
