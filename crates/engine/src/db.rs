@@ -148,6 +148,8 @@ pub struct Database {
     /// free list with a record a replayer had given a new life: the next insert's reuse
     /// failed on a live record).
     rid_generation: AtomicU64,
+    /// `Database::replay_wait_max` in ms (0: the default).
+    pub(crate) replay_wait_max_ms: AtomicU64,
     /// This database, for work deferred to the epoch GC (giving back record ids).
     me: Weak<Database>,
     /// On a backup: replayed updates waiting for their record's insert (replay.rs).
@@ -175,6 +177,7 @@ impl Database {
             rids_released: AtomicU64::new(0),
             replaying: AtomicBool::new(false),
             rid_generation: AtomicU64::new(0),
+            replay_wait_max_ms: AtomicU64::new(0),
             me: me.clone(),
         })
     }

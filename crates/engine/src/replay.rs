@@ -260,6 +260,21 @@ impl Database {
         self.replay_install_val(table, rid, key, ts, value, on_wait)
     }
 
+    /// How long a replayed write giving a record or key a new life waits for a snapshot
+    /// that holds the read horizon below it before it fails (`REPLAY_REUSE_WAIT_MAX` unless
+    /// set; tests shorten it).
+    pub fn replay_wait_max(&self) -> Duration {
+        match self.replay_wait_max_ms.load(Ordering::Relaxed) {
+            0 => REPLAY_REUSE_WAIT_MAX,
+            ms => Duration::from_millis(ms),
+        }
+    }
+
+    /// Sets `replay_wait_max` (at least 1 ms).
+    pub fn set_replay_wait_max(&self, d: Duration) {
+        self.replay_wait_max_ms.store((d.as_millis() as u64).max(1), Ordering::Relaxed);
+    }
+
     /// Pins the engine's memory for a replayer's batch. Every install pins for itself;
     /// under a pin already held, that skips the pin's memory fence (measured: 7% of a
     /// serial TPC-C replay, docs/replication.md). Drop it between batches, so freed
@@ -841,7 +856,7 @@ impl Database {
         on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<Option<(RecordId, Ts)>> {
         let guard = crossbeam_epoch::pin();
-        let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
+        let mut deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
         let mut binding: Option<Binding<'_>> = None;
         loop {
             let (other, inserted) = t.index.get_or_insert_with(key, || rid.0, &guard);
@@ -884,7 +899,10 @@ impl Database {
                 self.redirects.binding.lock().insert((table, rid), ts);
                 binding = Some(Binding(&self.redirects.binding, (table, rid)));
             }
+            // (The time `end_old_life` waited does not count here: it has its own rule.)
+            let waited = Instant::now();
             self.end_old_life(t, RecordId(other), ts, Some(key), on_wait)?;
+            deadline += waited.elapsed();
             if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(
                     "table {}: key held by record {other} would not leave the index",
@@ -913,7 +931,14 @@ impl Database {
         if t.record(rid).tid.load(Ordering::Acquire) & UNLINKED_BIT != 0 {
             return unlinked_and_let_go(t, rid);
         }
-        let deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
+        // Only time with the read view published past the need counts toward the limit
+        // (a snapshot holding the horizon below it that long). A view held below it is
+        // the caller's to move (`on_wait`): on a standalone backup it waits for the
+        // primary's release, which stalls for as long as a backup that `all` counts is
+        // away; replay then failed for good after the limit, and the backup served stale
+        // reads until it was restarted.
+        let limit = self.replay_wait_max();
+        let mut deadline = Instant::now() + limit;
         while self.clock.refresh_horizon().0 < ts.0 - 1 {
             if !on_wait(Ts(ts.0 - 1)) {
                 return Err(Error::ReplayPutOff(ts.0));
@@ -921,10 +946,12 @@ impl Database {
             if self.clock.refresh_horizon().0 >= ts.0 - 1 {
                 break;
             }
-            if Instant::now() > deadline {
+            if self.clock.now().0 < ts.0 - 1 {
+                deadline = Instant::now() + limit;
+            } else if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(
-                    "table {}: record {} changes key at ts {}, but the read view stayed below it for {:?}",
-                    t.name, rid.0, ts.0, REPLAY_REUSE_WAIT_MAX
+                    "table {}: record {} changes key at ts {}, but a snapshot held the read horizon below it for {:?}",
+                    t.name, rid.0, ts.0, limit
                 )));
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -1116,6 +1143,48 @@ mod tests {
         db.replay_install(t, rid, None, Ts(4), Some(b"v4")).unwrap();
         db.publish_read_view(Ts(4)).unwrap();
         assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), Some(&b"v4"[..]), "a later update finds its record");
+    }
+
+    /// A key's new life on another record waits for the read view to pass its old life's
+    /// end for as long as the view is held below it (by the caller: on a standalone backup,
+    /// the primary's release, which stalls while a backup that `all` counts is away), and
+    /// fails after `replay_wait_max` only when a snapshot holds the horizon below a view
+    /// already past it. (It failed after the limit whatever held it: the backup's replay
+    /// stopped for good.)
+    #[test]
+    fn a_new_life_waits_out_a_held_view_and_fails_only_for_a_held_snapshot() {
+        // The view at 1, below the delete at 2: held by the caller for 5 times the limit.
+        let db2 = Database::new(Options { workers: 2 });
+        let t2 = db2.create_table("t").unwrap();
+        db2.set_replay_wait_max(Duration::from_millis(100));
+        db2.replay_install(t2, RecordId(0), Some(b"k"), Ts(1), Some(b"v1")).unwrap();
+        db2.replay_install(t2, RecordId(0), None, Ts(2), None).unwrap();
+        db2.publish_read_view(Ts(1)).unwrap();
+        let started = Instant::now();
+        let mut waits = 0;
+        let r = db2.replay_install_with(t2, RecordId(1), Some(b"k"), Ts(3), Some(b"v3"), None, &mut |_| {
+            waits += 1;
+            if started.elapsed() > Duration::from_millis(500) {
+                db2.publish_read_view(Ts(2)).unwrap();
+            }
+            true
+        });
+        assert!(r.is_ok(), "a wait held by the view failed: {r:?}");
+        assert!(started.elapsed() >= Duration::from_millis(500) && waits > 0);
+        db2.publish_read_view(Ts(3)).unwrap();
+        assert_eq!(db2.read().get(t2, b"k").unwrap().as_deref(), Some(&b"v3"[..]));
+        // The view past the delete, a snapshot at 1 held: the limit applies.
+        let db3 = Database::new(Options { workers: 2 });
+        let t3 = db3.create_table("t").unwrap();
+        db3.set_replay_wait_max(Duration::from_millis(100));
+        db3.replay_install(t3, RecordId(0), Some(b"k"), Ts(1), Some(b"v1")).unwrap();
+        db3.publish_read_view(Ts(1)).unwrap();
+        let held = db3.read();
+        db3.replay_install(t3, RecordId(0), None, Ts(2), None).unwrap();
+        db3.publish_read_view(Ts(2)).unwrap();
+        let r = db3.replay_install_with(t3, RecordId(1), Some(b"k"), Ts(3), Some(b"v3"), None, &mut |_| true);
+        assert!(matches!(&r, Err(Error::Corrupt(e)) if e.contains("a snapshot held")), "{r:?}");
+        drop(held);
     }
 
     /// A reader by record id (a backup's snapshot scan, another stream's replayer) that
