@@ -1900,11 +1900,20 @@ impl Conn {
             }
             if !out.is_empty() {
                 let handled = Instant::now();
-                let mut waited = Ok(());
-                for (p, ts) in waits.drain(..) {
-                    waited = Conn::wait_moving(&mut conn, hub, &mut seen, ts, p).await;
-                    if waited.is_err() {
-                        break;
+                let waited;
+                {
+                    let wait_all = async {
+                        for (p, ts) in waits.drain(..) {
+                            Conn::wait_moving(&mut conn, hub, &mut seen, ts, p).await?;
+                        }
+                        Ok(())
+                    };
+                    tokio::pin!(wait_all);
+                    // The client is read meanwhile (`watch_while_waiting`): one gone while
+                    // the release stalls held its slot and buffers for good.
+                    match watch_while_waiting(&mut wait_all, &mut stream, &mut inbuf).await {
+                        Some(w) => waited = w,
+                        None => return Ok(()),
                     }
                 }
                 if let Err(failed) = waited {
@@ -2124,6 +2133,43 @@ impl Conn {
 /// How much a connection blocked in WAIT reads ahead of it (requests it then handles in
 /// turn), watching for the client closing its connection.
 const WAIT_READ_AHEAD: usize = 1 << 20;
+
+/// How long replies wait, once their client's input has ended (a close, or a half-close
+/// that still reads), before the connection ends: past it the client is taken for gone.
+const WAIT_AFTER_INPUT_ENDS: Duration = Duration::from_secs(10);
+
+/// Drives `wait` (a connection's replies waiting for their release) while reading the
+/// client ahead (up to `WAIT_READ_AHEAD`, requests it then handles in turn): `None`, the
+/// connection is to end, if the client reset its connection, or if its input ended and
+/// `WAIT_AFTER_INPUT_ENDS` passed without the wait ending (a half-closed client that
+/// reads gets its replies within that). Before, a primary whose release stalled (under
+/// `all` with a backup away, or cut off from its quorum) kept each gone client's task,
+/// slot and buffers for good, until `max_clients` refused everyone.
+async fn watch_while_waiting<S: AsyncRead + Unpin>(
+    wait: &mut (impl std::future::Future<Output = Result<(), Arc<str>>> + Unpin),
+    stream: &mut S,
+    inbuf: &mut BytesMut,
+) -> Option<Result<(), Arc<str>>> {
+    let mut ended: Option<tokio::time::Instant> = None;
+    loop {
+        let reading = ended.is_none() && inbuf.len() < WAIT_READ_AHEAD;
+        let give_up = ended
+            .map_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600), |e| e + WAIT_AFTER_INPUT_ENDS);
+        tokio::select! {
+            w = &mut *wait => return Some(w),
+            // (`read_buf` is cancel safe: if the wait ends first, nothing was read.)
+            r = stream.read_buf(inbuf), if reading => match r {
+                Ok(0) => ended = Some(tokio::time::Instant::now()),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!("a connection whose replies wait: {e}");
+                    return None;
+                }
+            },
+            _ = tokio::time::sleep_until(give_up), if ended.is_some() => return None,
+        }
+    }
+}
 
 /// A switchover's drain on a primary (`RoleRequest::Drain`): refuses writes, then waits
 /// until no commit is under way, the log holds every commit durably (its settled
@@ -2397,6 +2443,60 @@ mod tests {
             wait_timeout: c.wait_timeout,
             metrics: Arc::clone(&c.metrics),
         }
+    }
+
+    /// Clients that leave while their replies wait for a stalled release do not keep
+    /// their connections: one that resets at once, one that closes within
+    /// `WAIT_AFTER_INPUT_ENDS`; a client that half-closes and reads still gets its reply
+    /// if the release comes within it. Before, each kept its task and client slot for as
+    /// long as the release stalled.
+    #[test]
+    fn clients_gone_while_their_replies_wait_let_their_connections_go() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let release = Arc::new(Release::default());
+        let conn = test_conn(Some(Arc::clone(&release)), Duration::from_secs(10));
+        let (db, stats) = (Arc::clone(&conn.sh.db), Arc::clone(&conn.sh.stats));
+        rt.block_on(async move {
+            let addr = listen(conn, None).await;
+            let clients = || stats.connected_clients.load(Ordering::Acquire);
+            let set = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n";
+            let wait_for = |n: usize, limit: Duration| {
+                let clients = &clients;
+                async move {
+                    let end = Instant::now() + limit;
+                    while clients() != n {
+                        assert!(Instant::now() < end, "{} clients after {limit:?}, {n} expected", clients());
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            };
+            // Reset: gone at once.
+            for _ in 0..5 {
+                let mut a = TcpStream::connect(addr).await.unwrap();
+                a.write_all(set).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                #[allow(deprecated)] // (a linger of 0 resets at once: nothing blocks)
+                a.set_linger(Some(Duration::ZERO)).unwrap();
+                drop(a);
+            }
+            wait_for(0, Duration::from_secs(5)).await;
+            // Closed: gone within WAIT_AFTER_INPUT_ENDS.
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(set).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(a);
+            wait_for(1, Duration::from_secs(1)).await;
+            wait_for(0, WAIT_AFTER_INPUT_ENDS + Duration::from_secs(5)).await;
+            // Half-closed, reading: answered once the release comes.
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(set).await.unwrap();
+            a.shutdown().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            release.advance(db.clock().visible_ts(), None);
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), a.read_to_end(&mut got)).await.unwrap().unwrap();
+            assert_eq!(&got[..], b"+OK\r\n");
+        });
     }
 
     #[test]
