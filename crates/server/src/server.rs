@@ -2100,6 +2100,17 @@ impl Conn {
             tokio::pin!(changed);
             changed.as_mut().enable();
             hub.follow(conn, seen);
+            // Moved to a primary: a timestamp past everything it has committed (a client's
+            // DITTO.WAITTS ahead of the cluster) is refused as a primary's DITTO.WAITTS is;
+            // its release, unbounded, would never reach it.
+            if !conn.sh.read_only && ts > conn.sh.db.clock().now() {
+                return Err(format!(
+                    "timestamp {} is ahead of this node (at {}), which became the primary meanwhile",
+                    ts.0,
+                    conn.sh.db.clock().now().0
+                )
+                .into());
+            }
             tokio::select! {
                 r = conn.wait_durable(ts, policy) => return r,
                 _ = &mut changed => {}
@@ -2420,6 +2431,39 @@ mod tests {
             hub.set(next);
             let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.unwrap().unwrap();
             assert_eq!(&buf[..n], b":1\r\n");
+        });
+    }
+
+    /// A backup's DITTO.WAITTS for a timestamp ahead of everything, waiting when the node
+    /// is promoted in place, is refused by the new primary as its own DITTO.WAITTS would be
+    /// (it moved to the primary's release, which has no timeout, and waited for good).
+    #[test]
+    fn a_waitts_ahead_of_everything_moved_to_a_new_primary_is_refused() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let base = test_conn(None, Duration::from_secs(10));
+        let db = Arc::clone(&base.sh.db);
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.read_only = true;
+        let backup = Arc::new(Conn {
+            sh: Arc::new(s),
+            durable: Some(Arc::new(Release::default())),
+            wait_timeout: Some(Duration::from_secs(30)),
+            ..clone_conn(&base)
+        });
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.carry_over(&backup.sh);
+        let next = Arc::new(Conn { sh: Arc::new(s), durable: Some(Arc::new(Release::default())), ..clone_conn(&base) });
+        let hub = Arc::new(Hub::default());
+        rt.block_on(async move {
+            let addr = listen_with(backup, None, Arc::clone(&hub)).await;
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(b"*2\r\n$12\r\nDITTO.WAITTS\r\n$7\r\n1000000\r\n").await.unwrap();
+            let mut buf = vec![0u8; 256];
+            assert!(tokio::time::timeout(Duration::from_millis(300), a.read(&mut buf)).await.is_err());
+            hub.set(next);
+            let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.expect("an answer").unwrap();
+            let got = String::from_utf8_lossy(&buf[..n]).into_owned();
+            assert!(got.starts_with("-ERR timestamp 1000000 is ahead of this node"), "{got}");
         });
     }
 

@@ -631,7 +631,19 @@ impl Session {
             }
         });
         let Ok((replies, ticket)) = ran else {
-            return reqs.iter().map(|r| self.handle(r.clone(), sh, worker)).collect();
+            // One by one, held to the budget as the run is (at least one answered): GETs
+            // of a large value under constant conflicts otherwise buffered every reply.
+            let mut out: Vec<Outcome> = Vec::new();
+            let mut bytes = 0usize;
+            for r in reqs {
+                if !out.is_empty() && bytes >= budget {
+                    break;
+                }
+                let o = self.handle(r.clone(), sh, worker);
+                bytes += o.reply.wire_bytes();
+                out.push(o);
+            }
+            return out;
         };
         let wait = ticket.ts();
         if kind == RunKind::Set {
