@@ -2703,6 +2703,16 @@ impl Backup {
         timeout: Duration,
     ) -> Result<(Arc<Database>, std::fs::File, Ts), String> {
         let deadline = Instant::now() + timeout;
+        // Its replay threads end however the cut ends, once it has what it needs of them
+        // (they hold the engine: without it they ran on for good, a set per promotion or
+        // follow in place).
+        struct ShutDown(Arc<Engine>);
+        impl Drop for ShutDown {
+            fn drop(&mut self) {
+                self.0.shut_down();
+            }
+        }
+        let _replay_ends = ShutDown(Arc::clone(&self.engine));
         // From here on this run's connections read nothing: the view goes to the point
         // below, above what any primary has released (a later failover may set a lower
         // point), and this run will see no release again; its connections wait, and move
