@@ -120,7 +120,12 @@ impl ReplicaLog {
         bytes_max: u64,
     ) -> std::io::Result<ReplicaLog> {
         let dir = replica_dir(data);
-        std::fs::create_dir_all(&dir)?;
+        if !dir.is_dir() {
+            // Its entry in the data directory durable before anything in it is
+            // acknowledged (the file's and `replica/`'s own syncs do not make it so).
+            std::fs::create_dir_all(&dir)?;
+            storage.sync_dir(data)?;
+        }
         let file = Self::open_file(data, &*storage, streams, seq)?;
         Ok(ReplicaLog {
             data: data.to_path_buf(),
@@ -435,7 +440,7 @@ fn open_replica_inner(
         // next): back after a crash, files above a limit would be replayed at the next open.
         if !scan.files.is_empty() {
             let rdir = replica_dir(dir);
-            crate::storage::sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+            storage.sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
         }
         crate::remove_checkpoints_except(dir, &info.dir)?;
         crate::sealed::remove_sealed(dir, info.ts, &**storage)?;

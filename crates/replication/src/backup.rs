@@ -409,7 +409,7 @@ pub fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
     s.trim().strip_prefix("epoch ")?.parse().ok().map(Epoch)
 }
 
-fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
+fn write_followed_epoch(dir: &Path, e: Epoch, storage: &dyn Storage) -> std::io::Result<()> {
     let tmp = dir.join(format!("{STATE_FILE}.tmp"));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -417,7 +417,7 @@ fn write_followed_epoch(dir: &Path, e: Epoch) -> std::io::Result<()> {
         f.sync_all()?;
     }
     std::fs::rename(&tmp, dir.join(STATE_FILE))?;
-    ditto_log::storage::sync_dir(dir)
+    storage.sync_dir(dir)
 }
 
 const PROMOTION_FILE: &str = "PROMOTION";
@@ -596,7 +596,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             e => e,
         };
         if own.0 > 0 {
-            write_followed_epoch(&dir, own).map_err(io("saving the followed epoch"))?;
+            write_followed_epoch(&dir, own, &*storage).map_err(io("saving the followed epoch"))?;
             followed = Some(own);
         }
     }
@@ -799,7 +799,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // checkpoint under the old epoch's name: the next start asked to resume it as
             // the old epoch's history, and a primary that restarted below it answered with
             // a cut the backup refused at every start.
-            write_followed_epoch(&dir, Epoch(0)).map_err(io("saving the followed epoch"))?;
+            write_followed_epoch(&dir, Epoch(0), &*storage).map_err(io("saving the followed epoch"))?;
             // Moved aside (a rename each, durable before the next), from the newest of what
             // it held to the oldest: a crash midway leaves an older state that opens as it is.
             let gone = ditto_log::replica::replaced_by_a_checkpoint_copy(&dir)?;
@@ -815,8 +815,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             std::fs::create_dir_all(dir.join("checkpoints")).map_err(io("creating checkpoints"))?;
             let ckpt = dir.join("checkpoints").join(format!("ckpt-{:020}", ts.0));
             std::fs::rename(&incoming, &ckpt).map_err(io("moving the received checkpoint in place"))?;
-            ditto_log::storage::sync_dir(&dir.join("checkpoints")).map_err(io("syncing checkpoints"))?;
-            ditto_log::storage::sync_dir(&dir).map_err(io("syncing the data directory"))?;
+            storage.sync_dir(&dir.join("checkpoints")).map_err(io("syncing checkpoints"))?;
+            storage.sync_dir(&dir).map_err(io("syncing the data directory"))?;
             let opened = open_replica(&dir, opts.workers, &storage)?;
             if opts.progress {
                 eprintln!(
@@ -829,7 +829,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             (ts, opened)
         }
     };
-    write_followed_epoch(&dir, epoch).map_err(io("saving the followed epoch"))?;
+    write_followed_epoch(&dir, epoch, &*storage).map_err(io("saving the followed epoch"))?;
     let db = Arc::clone(&opened.db);
     // The size of the checkpoint this run started from (written by the open, or loaded).
     let opened_checkpoint_bytes = match opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes) {

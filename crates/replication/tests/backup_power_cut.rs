@@ -7,11 +7,9 @@
 //! backup's directory on real files whose fsyncs are recorded. An acknowledgement of
 //! durability sent before the replica log's fsync, or a checkpoint's deletion of replica
 //! files before its own files were durable, would fail it.
-//!
-//! The backup's directory syncs go through `storage::sync_dir` directly, which the model
-//! cannot see: its directories are taken as listed at the cut (`lenient_dirs`), and only
-//! the files' contents are cut to what was fsynced (the primary's log, whose syncs all go
-//! through its storage, is checked for both: crates/log/tests/power_loss.rs).
+//! A missing directory sync would fail it too: the join's and the followed epoch's go
+//! through the backup's storage since this test (they called `storage::sync_dir`
+//! directly, which the model cannot see).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,7 +51,7 @@ fn every_commit_released_under_majority_durable_survives_a_power_cut_on_the_back
     let (bdir, attic) = (tmp.path().join("b"), tmp.path().join("attic"));
     std::fs::create_dir_all(&bdir).unwrap();
     std::fs::create_dir_all(&attic).unwrap();
-    let cut = PowerCut::new(&bdir, &attic).lenient_dirs();
+    let cut = PowerCut::new(&bdir, &attic);
     let storage: Arc<dyn Storage> = Arc::new(cut.clone());
     let opts = BackupOptions {
         storage: Some(storage),
