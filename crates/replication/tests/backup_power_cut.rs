@@ -12,7 +12,7 @@
 //! directly, which the model cannot see).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,10 @@ use ditto_engine::{Ts, WorkerId};
 use ditto_log::power_cut::PowerCut;
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::OpenOptions;
-use ditto_replication::{backup, release_watermark, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
+use ditto_replication::{backup, BackupOptions, PrimaryOptions};
 use rand::{Rng, SeedableRng};
+
+mod common;
 
 #[test]
 fn every_commit_released_under_majority_durable_survives_a_power_cut_on_the_backup() {
@@ -29,24 +31,7 @@ fn every_commit_released_under_majority_durable_survives_a_power_cut_on_the_back
     let d = ditto_log::open(&tmp.path().join("p"), OpenOptions { workers: 2, progress: false, ..Default::default() })
         .unwrap();
     let t = d.db().create_table("t").unwrap();
-    let policy = CommitPolicy::parse("majority-durable").unwrap();
-    let released = Arc::new(AtomicU64::new(0));
-    let r2 = Arc::clone(&released);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let p = Primary::start(
-        &d,
-        listener,
-        PrimaryOptions { backups_expected: 1, ..Default::default() },
-        Box::new(move |h| {
-            let w = release_watermark(policy, h);
-            r2.fetch_max(w.0, Ordering::SeqCst);
-            w
-        }),
-    )
-    .unwrap();
-    let p2 = Arc::clone(&p);
-    d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    let (p, addr) = common::ship(&d, "majority-durable", PrimaryOptions { backups_expected: 1, ..Default::default() });
 
     let (bdir, attic) = (tmp.path().join("b"), tmp.path().join("attic"));
     std::fs::create_dir_all(&bdir).unwrap();
@@ -85,7 +70,7 @@ fn every_commit_released_under_majority_durable_survives_a_power_cut_on_the_back
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(rng.gen_range(20..200)));
         // Released before the cut: durable on the backup, by the policy's promise.
-        let rel = Ts(released.load(Ordering::SeqCst));
+        let rel = p.released();
         let img = tmp.path().join(format!("image-{images}"));
         let torn = rng.gen_bool(0.5);
         let mut tail = |synced: usize, written: usize| if torn { rng.gen_range(synced..=written) } else { synced };

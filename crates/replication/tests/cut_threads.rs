@@ -2,12 +2,13 @@
 //! they hold its engine, and ran on for good (a set per change of role in place). Alone in
 //! its test binary, so that the threads counted are this test's.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::WorkerId;
 use ditto_log::OpenOptions;
-use ditto_replication::{backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions, ReplayMode};
+use ditto_replication::{backup, BackupOptions, PrimaryOptions, ReplayMode};
+
+mod common;
 
 /// The threads of this process whose names start with one of `prefixes`.
 fn threads_named(prefixes: &[&str]) -> usize {
@@ -25,14 +26,7 @@ fn a_cut_in_place_ends_the_backups_replay_threads() {
         let a = ditto_log::open(&tmp.path().join("a"), OpenOptions { workers: 1, ..Default::default() }).unwrap();
         let t = a.db().create_table("t").unwrap();
         // Under `all` with two backups expected and one there, nothing is released.
-        let policy = CommitPolicy::parse("all-durable").unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let opts = PrimaryOptions { backups_expected: 2, ..Default::default() };
-        let p = Primary::start(&a, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h)))
-            .unwrap();
-        let p2 = Arc::clone(&p);
-        a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+        let (p, addr) = common::ship(&a, "all-durable", PrimaryOptions { backups_expected: 2, ..Default::default() });
         let opts = BackupOptions {
             hold_replay_at_release: true,
             replay: mode,
