@@ -208,7 +208,9 @@ impl Storage for PowerCut {
 struct Tracked {
     inner: Box<dyn LogFile>,
     id: u64,
-    /// The file's length as written (zeros ahead included), and the write position.
+    /// The file's length as written (zeros ahead included), and the write position: the
+    /// end of what was written as data (an fsync makes that much durable, not the zeros
+    /// written ahead past it, which later writes fill before their own fsync).
     len: u64,
     pos: u64,
     disk: Arc<Mutex<Disk>>,
@@ -232,7 +234,8 @@ impl LogFile for Tracked {
         Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
-        let len = self.len;
+        // (Zeros past the data read as the log's end: cutting the image there is the same.)
+        let len = self.pos.min(self.len);
         self.inner.sync()?;
         self.disk.lock().unwrap().files.get_mut(&self.id).expect("a tracked file").synced = len;
         Ok(())

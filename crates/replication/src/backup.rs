@@ -1472,6 +1472,11 @@ struct Engine {
     /// Why replay failed, if it did (kept apart from `BackupState::failure`, which a stop
     /// sets first: a promotion must know whether replay reached its point).
     replay_error: Mutex<Option<String>>,
+    /// Set by `shut_down`: a write waiting for the read view gives way (its wait has no
+    /// limit while the view is held below it, and a run let go will see no view move
+    /// again: the thread, pinned, would have held back the process's memory reclamation
+    /// for good).
+    halted: AtomicBool,
 }
 
 impl Engine {
@@ -1505,6 +1510,7 @@ impl Engine {
             db,
             state,
             replayed: Mutex::new(Ordered::new(Prefix::new(streams, base), 1)),
+            halted: AtomicBool::new(false),
             queues: Mutex::new(queues),
             mode,
             on_keys,
@@ -1580,6 +1586,7 @@ impl Engine {
     /// so the replayers (or the dependency mode's dispatcher) end, the executors and the
     /// hold stop; each held the engine, and with it the database.
     fn shut_down(&self) {
+        self.halted.store(true, Ordering::Release);
         if let Some(h) = &self.hold {
             h.stop();
         }
@@ -2405,7 +2412,7 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                 }
                 let mut scratch = Vec::new();
                 while let Ok(job) = rx.recv() {
-                    let replayed = e.replay(&job, &mut scratch, &mut |_| true);
+                    let replayed = e.replay(&job, &mut scratch, &mut |_| !e.halted.load(Ordering::Acquire));
                     e.account_cpu(&mut cpu_reported);
                     e.budget.released(job.batch.len());
                     if !e.finish(&job, replayed) {
@@ -2497,8 +2504,8 @@ impl SerialQueue {
             self.waiting.borrow_mut().push(Ts(need.0 + 1));
             self.help(e, cpu_reported);
             self.waiting.borrow_mut().pop();
-            // A helped batch failed: stop waiting, and stop.
-            e.state.failure.lock().is_none()
+            // A helped batch failed, or the run was let go: stop waiting, and stop.
+            e.state.failure.lock().is_none() && !e.halted.load(Ordering::Acquire)
         });
         self.busy.borrow_mut().pop();
         self.scratch.borrow_mut().push(scratch);

@@ -588,7 +588,8 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
         let mut on_wait = |_: Ts| {
             let replayed = sh.tracker.lock().replayed();
             sink.replayed(replayed);
-            true
+            // (Stopped for good: the wait gives way, see `Engine::halted`.)
+            !sh.stop.load(Ordering::Acquire)
         };
         if let Err(why) = sink.install(&node.txn, &mut on_wait) {
             sh.stop.store(true, Ordering::Release);

@@ -1915,6 +1915,8 @@ impl Conn {
                         Some(w) => waited = w,
                         None => return Ok(()),
                     }
+                    // (What it read ahead may have grown the buffer: given back once used.)
+                    inbuf_large |= inbuf.capacity() > 1 << 20;
                 }
                 if let Err(failed) = waited {
                     // On a backup the only wait that fails is a read view that did not get
