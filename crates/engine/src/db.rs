@@ -192,8 +192,6 @@ impl Database {
         Ts(self.reuse_bound.load(Ordering::Acquire))
     }
 
-    /// Gives unlinked records' ids back for reuse once no transaction pinned now can hold
-    /// them: (table, rid, the timestamp of the tombstone that ended the record's life).
     /// The engine's versions come from replay (`replaying`).
     #[inline]
     pub(crate) fn mark_replaying(&self) {
@@ -202,6 +200,8 @@ impl Database {
         }
     }
 
+    /// Gives unlinked records' ids back for reuse once no transaction pinned now can hold
+    /// them: (table, rid, the timestamp of the tombstone that ended the record's life).
     pub(crate) fn release_rids_after(&self, guard: &crossbeam_epoch::Guard, unlinked: Vec<Deleted>) {
         if unlinked.is_empty() {
             return;
@@ -438,7 +438,7 @@ impl Database {
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
         if let Some(key) = key {
-            rec.key.get_or_init(key, &crossbeam_epoch::pin());
+            rec.key.init(key);
         }
         // During recovery a record's version only ever gets newer, so a write that is not
         // newer than what the record holds now never will be: skip it without taking the

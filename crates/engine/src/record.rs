@@ -312,22 +312,23 @@ impl KeySlot {
         self.0.load(Ordering::Acquire).as_ref()
     }
 
-    /// Sets the key of a record that has none; the key the slot holds after (another
-    /// thread's, where it set one first).
-    pub fn get_or_init<'a>(&'a self, key: impl FnOnce() -> Bytes, guard: &'a Guard) -> &'a Bytes {
-        if let Some(k) = self.get(guard) {
-            return k;
+    /// Sets the key of a record that has none (`key` is called only then); a key set by
+    /// another thread first stays. Needs no guard: nothing it read is handed out.
+    pub fn init(&self, key: impl FnOnce() -> Bytes) {
+        if !self.0.load(Ordering::Acquire).is_null() {
+            return;
         }
         let fresh = Box::into_raw(Box::new(key()));
-        match self.0.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-            // SAFETY: as in `get`; `fresh` is now the slot's.
-            Ok(_) => unsafe { &*fresh },
-            Err(other) => {
-                // SAFETY: `fresh` was never shared; `other` as in `get`.
-                drop(unsafe { Box::from_raw(fresh) });
-                unsafe { &*other }
-            }
+        if self.0.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            // SAFETY: `fresh` was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
         }
+    }
+
+    /// `init`, then the key the slot holds (this one, or another thread's set first).
+    pub fn get_or_init<'a>(&'a self, key: impl FnOnce() -> Bytes, guard: &'a Guard) -> &'a Bytes {
+        self.init(key);
+        self.get(guard).expect("a key was just set")
     }
 
     /// Puts `key` in place of the slot's key, which goes to the epoch GC.

@@ -697,8 +697,8 @@ impl Database {
             // its next life meanwhile).
             let seen = rec.tid.load(Ordering::Acquire);
             // The record's own key: set on its first life, or a reused id with a new key.
-            // (Compared under a pin of its own: the arms below may wait, and a pin held
-            // through a wait would hold back every thread's reclamation.)
+            // (Compared under a pin of its own, let go before the arms below, which may
+            // wait.)
             let (had_key, same) = {
                 let guard = crossbeam_epoch::pin();
                 match rec.key.get(&guard) {
@@ -836,7 +836,7 @@ impl Database {
                 t.name
             ))
         })?;
-        t.record(own).key.get_or_init(|| Bytes::copy_from_slice(key), &crossbeam_epoch::pin());
+        t.record(own).key.init(|| Bytes::copy_from_slice(key));
         Ok(match self.bind_key(t, table, own, key, ts, on_wait)? {
             None => (own, start),
             Some((later, next)) => (later, next.min(start)),

@@ -627,7 +627,7 @@ impl<'w> Transaction<'w> {
                         }
                         None => {
                             let rid = t.allocate_rid();
-                            t.record(rid).key.get_or_init(|| Bytes::copy_from_slice(key), guard);
+                            t.record(rid).key.init(|| Bytes::copy_from_slice(key));
                             rid.0
                         }
                     },

@@ -50,14 +50,8 @@ struct Disk {
 }
 
 impl Disk {
+    /// `dir`'s entries now are its durable ones.
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
-        let entries = self.listing(dir)?;
-        self.durable.insert(dir.to_path_buf(), entries);
-        Ok(())
-    }
-
-    /// `dir`'s entries now.
-    fn listing(&self, dir: &Path) -> io::Result<HashMap<OsString, Entry>> {
         let mut entries = HashMap::new();
         for e in std::fs::read_dir(dir)? {
             let e = e?;
@@ -67,7 +61,8 @@ impl Disk {
             };
             entries.insert(e.file_name(), entry);
         }
-        Ok(entries)
+        self.durable.insert(dir.to_path_buf(), entries);
+        Ok(())
     }
 
     /// Moves every name under `from` (itself, or inside it) to `to`, durable maps too.

@@ -119,13 +119,11 @@ impl ReplicaLog {
         seq: u64,
         bytes_max: u64,
     ) -> std::io::Result<ReplicaLog> {
-        let dir = replica_dir(data);
-        if !dir.is_dir() {
-            // Its entry in the data directory durable before anything in it is
-            // acknowledged (the file's and `replica/`'s own syncs do not make it so).
-            std::fs::create_dir_all(&dir)?;
-            storage.sync_dir(data)?;
-        }
+        // `replica/`'s entry in the data directory durable before anything in it is
+        // acknowledged, whoever made the directory (the file's and `replica/`'s own syncs
+        // do not make it so).
+        std::fs::create_dir_all(replica_dir(data))?;
+        storage.sync_dir(data)?;
         let file = Self::open_file(data, &*storage, streams, seq)?;
         Ok(ReplicaLog {
             data: data.to_path_buf(),

@@ -2166,8 +2166,8 @@ async fn watch_while_waiting<S: AsyncRead + Unpin>(
     let mut ended: Option<tokio::time::Instant> = None;
     loop {
         let reading = ended.is_none() && inbuf.len() < WAIT_READ_AHEAD;
-        let give_up = ended
-            .map_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600), |e| e + WAIT_AFTER_INPUT_ENDS);
+        // (Polled only once the input ended.)
+        let give_up = ended.map_or_else(tokio::time::Instant::now, |e| e + WAIT_AFTER_INPUT_ENDS);
         tokio::select! {
             w = &mut *wait => return Some(w),
             // (`read_buf` is cancel safe: if the wait ends first, nothing was read.)
