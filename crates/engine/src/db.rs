@@ -192,6 +192,12 @@ impl Database {
         Ts(self.reuse_bound.load(Ordering::Acquire))
     }
 
+    /// Moved by each `forget_reusable_rids` (an id taken from a free list goes back only
+    /// within the generation it was taken in).
+    pub(crate) fn rid_generation(&self) -> u64 {
+        self.rid_generation.load(Ordering::Acquire)
+    }
+
     /// The engine's versions come from replay (`replaying`).
     #[inline]
     pub(crate) fn mark_replaying(&self) {

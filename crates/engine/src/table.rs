@@ -141,7 +141,8 @@ impl Table {
     /// A record id to reuse, if the oldest given back ended its life at or below `bound`
     /// (the newest durable checkpoint: recovery replays only what is above it, so it never
     /// meets the record's former life and its key).
-    pub fn take_free_rid(&self, bound: Ts) -> Option<RecordId> {
+    /// With it, the timestamp its life ended at (for `untake_free_rid`).
+    pub fn take_free_rid(&self, bound: Ts) -> Option<(RecordId, Ts)> {
         if self.free_len.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -152,7 +153,19 @@ impl Table {
         }
         free.pop_front();
         self.free_len.store(free.len(), Ordering::Release);
-        Some(RecordId(rid))
+        Some((RecordId(rid), deleted))
+    }
+
+    /// Puts back an id `take_free_rid` gave that was not used (its record untouched), first
+    /// in line again. Unless the list was forgotten since (`forget_free_rids`, under the
+    /// same rule as `release_rids`'s `current`).
+    pub fn untake_free_rid(&self, (rid, deleted): (RecordId, Ts), current: impl FnOnce() -> bool) {
+        let mut free = self.free.lock();
+        if !current() {
+            return;
+        }
+        free.push_front((rid.0, deleted));
+        self.free_len.store(free.len(), Ordering::Release);
     }
 
     /// Forgets every id waiting for reuse (`Database::forget_reusable_rids`).
@@ -160,11 +173,6 @@ impl Table {
         let mut free = self.free.lock();
         free.clear();
         self.free_len.store(0, Ordering::Release);
-    }
-
-    /// Whether `take_free_rid(bound)` would give an id now.
-    pub fn has_free_rid(&self, bound: Ts) -> bool {
-        self.free_len.load(Ordering::Acquire) != 0 && self.free.lock().front().is_some_and(|&(_, d)| d <= bound)
     }
 
     /// Ids in use: handed out, less those given back and not yet reused (reports).

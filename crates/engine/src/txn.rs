@@ -598,41 +598,58 @@ impl<'w> Transaction<'w> {
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
             None => {
-                // A table that has handed out nearly all its record ids, with none to reuse,
-                // refuses new records with an error rather than panicking in
-                // `allocate_rid`. The margin covers every worker between this check and its
-                // allocation (one each).
-                if t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX
-                    && !t.has_free_rid(self.worker.db.reuse_bound())
-                {
-                    return Err(Error::OutOfRecordIds {
-                        table: t.name.clone(),
-                        max: crate::table::RECORDS_PER_TABLE_MAX,
-                    });
-                }
-                // The record gets its key before the index publishes its rid, so whoever
-                // finds the rid finds the key.
-                let bound = self.worker.db.reuse_bound();
+                let db = &self.worker.db;
+                let bound = db.reuse_bound();
+                // A table that has handed out nearly all its record ids gives new records
+                // only ids to reuse, taken before the index is entered (its `make` cannot
+                // fail), and refuses with an error when there is none, rather than
+                // panicking in `allocate_rid`. The margin covers every worker between this
+                // check and its allocation (one each). (Taking the id inside `make` let
+                // every loser of a race for the one free id allocate a fresh one, each
+                // moving the limit on, until one panicked.)
+                let near_limit = t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX;
+                let generation = db.rid_generation();
+                let taken = if near_limit { t.take_free_rid(bound).map(|entry| (entry, generation)) } else { None };
                 let guard = &self.guard;
-                let (rid, created) = t.index.get_or_insert_with(
-                    key,
-                    || match t.take_free_rid(bound) {
-                        Some(rid) => {
-                            // SAFETY: the id came back through the epoch GC after the
-                            // unlink (`release_rids_after`), and the checkpoint bound holds;
-                            // the free list hands it to this writer alone.
-                            let claimed = unsafe { t.record(rid).reuse(key, guard) };
-                            assert!(claimed, "a free record id {} that was not unlinked", rid.0);
-                            rid.0
-                        }
+                let (rid, created) = if near_limit && taken.is_none() {
+                    // No id to give: only a key that is there can be written (a put of one
+                    // was refused too).
+                    match t.index.get(key, guard) {
+                        Some(rid) => (rid, false),
                         None => {
-                            let rid = t.allocate_rid();
-                            t.record(rid).key.init(|| Bytes::copy_from_slice(key));
-                            rid.0
+                            return Err(Error::OutOfRecordIds {
+                                table: t.name.clone(),
+                                max: crate::table::RECORDS_PER_TABLE_MAX,
+                            });
                         }
-                    },
-                    guard,
-                );
+                    }
+                } else {
+                    // The record gets its key before the index publishes its rid, so whoever
+                    // finds the rid finds the key.
+                    t.index.get_or_insert_with(
+                        key,
+                        || match taken.map(|(entry, _)| entry).or_else(|| t.take_free_rid(bound)) {
+                            Some((rid, _)) => {
+                                // SAFETY: the id came back through the epoch GC after the
+                                // unlink (`release_rids_after`), and the checkpoint bound holds;
+                                // the free list hands it to this writer alone.
+                                let claimed = unsafe { t.record(rid).reuse(key, guard) };
+                                assert!(claimed, "a free record id {} that was not unlinked", rid.0);
+                                rid.0
+                            }
+                            None => {
+                                let rid = t.allocate_rid();
+                                t.record(rid).key.init(|| Bytes::copy_from_slice(key));
+                                rid.0
+                            }
+                        },
+                        guard,
+                    )
+                };
+                // The key was there after all: the id taken goes back, first in line.
+                if let (Some((entry, generation)), false) = (taken, created) {
+                    t.untake_free_rid(entry, || db.rid_generation() == generation);
+                }
                 (RecordId(rid), created)
             }
         };
@@ -1358,7 +1375,8 @@ mod tests {
     }
 
     /// A table whose record ids are (nearly) all handed out refuses new keys with an error,
-    /// where `allocate_rid` used to panic; existing keys still update and delete.
+    /// where `allocate_rid` used to panic; existing keys still update, put (a SET was
+    /// refused too) and delete.
     #[test]
     fn a_table_out_of_record_ids_refuses_new_keys_and_serves_the_rest() {
         let db = Database::new(Options { workers: 1 });
@@ -1376,9 +1394,100 @@ mod tests {
             }
         }
         w.run(|x| x.update(t, b"old", b"2")).unwrap().1.wait().unwrap();
+        w.run(|x| x.put(t, b"last", b"2")).unwrap().1.wait().unwrap();
         w.run(|x| x.delete(t, b"last")).unwrap().1.wait().unwrap();
         assert_eq!(db.count(t).unwrap(), 1);
         assert_eq!(w.run(|x| x.get(t, b"old")).unwrap().0.as_deref(), Some(&b"2"[..]));
+    }
+
+    /// Near the limit, new keys take only ids given back, and workers racing for the few
+    /// there are never move the limit: each loser of a race took a fresh id (the check
+    /// before the index saw a free one, the take inside it found it gone), and after a few
+    /// such losses the next one panicked in `allocate_rid`. A key found present gives its
+    /// taken id back, first in line.
+    #[test]
+    fn workers_racing_for_the_last_free_ids_never_pass_the_limit() {
+        use std::sync::atomic::AtomicBool;
+        use std::time::Duration;
+        const THREADS: usize = 4;
+        let db = Database::new(Options { workers: THREADS });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        // Ids 0..3 hold keys, then every id but 3 is taken: the table is near its limit.
+        for i in 0..3 {
+            w.run(|x| x.insert(t, format!("seed{i}").as_bytes(), b"v")).unwrap().1.wait().unwrap();
+        }
+        let max = crate::table::RECORDS_PER_TABLE_MAX;
+        db.table(t).unwrap().reserve_rids(max - 3);
+        // A key already there near the limit: its taken id goes back (nothing leaks).
+        let used = db.record_ids_used(t).unwrap();
+        w.run(|x| x.put(t, b"seed0", b"w")).unwrap().1.wait().unwrap();
+        assert_eq!(db.record_ids_used(t).unwrap(), used);
+        for i in 0..3 {
+            assert!(w.run(|x| x.delete(t, format!("seed{i}").as_bytes())).unwrap().0);
+        }
+        let give_back = |db: &Database| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while db.record_ids_used(t).unwrap() > max - 6 {
+                assert!(std::time::Instant::now() < deadline, "the deleted keys' ids never came back");
+                db.reclaim();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        give_back(&db);
+        // A key present again, found by a put that took the one id: it is back first.
+        w.run(|x| x.insert(t, b"there", b"v")).unwrap().1.wait().unwrap();
+        w.run(|x| x.put(t, b"there", b"w")).unwrap().1.wait().unwrap();
+        assert_eq!(db.record_ids_used(t).unwrap(), max - 5, "a put of a present key kept the id it took");
+        assert!(w.run(|x| x.delete(t, b"there")).unwrap().0);
+        give_back(&db);
+        drop(w);
+        // Workers race for the three ids: insert a key, read it, delete it.
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (db, stop) = (Arc::clone(&db), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut w = db.worker(WorkerId(i as u32)).unwrap();
+                    let (mut made, mut refused) = (0u64, 0u64);
+                    for n in 0..3000u64 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let key = format!("w{i}-{n}");
+                        match w.run(|x| x.insert(t, key.as_bytes(), key.as_bytes())) {
+                            Ok((_, ticket)) => {
+                                ticket.wait().unwrap();
+                            }
+                            Err(Error::OutOfRecordIds { .. }) => {
+                                refused += 1;
+                                db.reclaim();
+                                continue;
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                        made += 1;
+                        assert_eq!(w.run(|x| x.get(t, key.as_bytes())).unwrap().0.as_deref(), Some(key.as_bytes()));
+                        assert!(w.run(|x| x.delete(t, key.as_bytes())).unwrap().0);
+                        db.reclaim();
+                    }
+                    (made, refused)
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !threads.iter().all(|h| h.is_finished()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (mut made, mut refused) = (0, 0);
+        for h in threads {
+            let (m, r) = h.join().expect("a worker panicked");
+            (made, refused) = (made + m, refused + r);
+        }
+        eprintln!("near the limit: {made} keys made, {refused} refused");
+        assert!(made > 0, "no key was ever made");
+        assert_eq!(db.record_ids_allocated(t).unwrap(), max - 3, "a fresh id was handed out near the limit");
     }
 
     /// `put_concat` stores its two parts as one value, replacing in place or not, and a

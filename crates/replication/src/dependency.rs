@@ -356,12 +356,20 @@ pub(crate) fn start<M: Send + 'static>(
 }
 
 impl Shared {
-    /// Ends the executors (each at its next look, within 50 ms) and the dispatcher's
-    /// waits for room: replay is over for good.
+    /// Ends the executors (each before its next transaction, an idle one within 50 ms) and
+    /// the dispatcher's waits for room: replay is over for good.
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.ready_cv.notify_all();
         self.room_cv.notify_all();
+    }
+
+    /// Replay failed (an install, a decode, a merge): every thread stops, and the sink
+    /// says why. (The dispatcher's failures left the executors running, each holding the
+    /// sink, until the run was let go.)
+    fn fail(&self, sink: &dyn Sink, why: String) {
+        self.stop();
+        sink.failed(why);
     }
 }
 
@@ -456,12 +464,12 @@ fn dispatch<M>(
         let work = match decode(work) {
             Ok(w) => w,
             Err(why) => {
-                sink.failed(why);
+                sh.fail(sink, why);
                 break;
             }
         };
         if let Err(why) = merge.push(work.stream, work.bound, work.floor, work.txns) {
-            sink.failed(why);
+            sh.fail(sink, why);
             break;
         }
         while let Some(txn) = merge.pop() {
@@ -564,6 +572,11 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
         let node = {
             let mut q = sh.ready.lock();
             loop {
+                // Stopped: nothing more is installed, even with work ready (a run let
+                // go, or another thread's failure: what lies above it must not be).
+                if sh.stop.load(Ordering::Acquire) {
+                    return;
+                }
                 if let Some(Ready(n)) = q.pop() {
                     break n;
                 }
@@ -577,9 +590,6 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
                     sh.ready_cv.wait_for(&mut q, Duration::from_millis(50));
                     sh.idle.fetch_sub(1, Ordering::SeqCst);
                 }
-                if sh.stop.load(Ordering::Acquire) {
-                    return;
-                }
             }
         };
         // A write waiting for the read view waits for the transactions below it, which
@@ -592,9 +602,7 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
             !sh.stop.load(Ordering::Acquire)
         };
         if let Err(why) = sink.install(&node.txn, &mut on_wait) {
-            sh.stop.store(true, Ordering::Release);
-            sh.ready_cv.notify_all();
-            sink.failed(why);
+            sh.fail(sink, why);
             return;
         }
         let followers = {
@@ -880,6 +888,16 @@ mod tests {
         assert_eq!(wait_failed(&sink), "no room for ts 50");
         std::thread::sleep(Duration::from_millis(50));
         assert!(*sink.replayed.lock() < Ts(50), "the watermark covered the failed transaction");
+        // Every thread ends (each held the sink) once the dispatcher's input closes.
+        drop(tx);
+        let threads_end = |sink: &Arc<Failing>| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while Arc::strong_count(sink) > 1 {
+                assert!(std::time::Instant::now() < deadline, "{} replay threads run on", Arc::strong_count(sink) - 1);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        threads_end(&sink);
 
         // A batch that does not decode.
         let sink = Arc::new(Failing { at: 0, replayed: Mutex::new(Ts(0)), failed: Mutex::default() });
@@ -887,5 +905,8 @@ mod tests {
         start(Arc::clone(&sink) as Arc<dyn Sink>, rx, |w: Result<Work, String>| w, 1, Ts(0), 1, 0);
         tx.send(Err("payload checksum mismatch".to_string())).unwrap();
         assert_eq!(wait_failed(&sink), "payload checksum mismatch");
+        // The executors end too, with the input still open.
+        threads_end(&sink);
+        drop(tx);
     }
 }
