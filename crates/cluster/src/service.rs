@@ -239,6 +239,13 @@ pub trait DataPlane: Send + 'static {
     fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {
         let _ = (plan, stream, batches, position, last);
     }
+    /// The failover `plan` was prepared for is over without it (an epoch opened, on
+    /// another node, or a later failover began): nothing more of its fetches comes, and
+    /// what it was doing ends (a late piece written into the directory of a server started
+    /// since would mix an old epoch's batches into it).
+    fn abandoned(&mut self, plan: &RecoveryPlan) {
+        let _ = plan;
+    }
     /// While this node serves as primary: the membership configuration its commit quorum
     /// has settled (it counts that many backups, and a quorum of them holds everything it
     /// released). The node then records it (`Command::ConfigApplied`), which lets the next
@@ -1630,6 +1637,24 @@ impl Run {
         }
     }
 
+    /// A prepare whose failover is over (an epoch opened, on another node since this one
+    /// was chosen, or a later failover began) ends here and in the data plane: a peer's
+    /// fetch thread is not stopped when the epoch moves on, and a late piece of its answer
+    /// matched the prepare left behind, and was written into the directory of the server
+    /// started since (found by a review; test
+    /// `a_late_fetch_answer_after_the_failover_ended_elsewhere_is_not_taken`).
+    fn abandon_if_over(&mut self) {
+        let Some((plan, _)) = &self.preparing else { return };
+        let st = self.node.state();
+        if st.epoch == plan.epoch && st.phase == Some(crate::state::Phase::Failover) {
+            return;
+        }
+        let (plan, _) = self.preparing.take().expect("checked");
+        tracing::info!(node = self.node.id(), "the failover of epoch {} is over: its prepare here ends", plan.epoch);
+        self.fetch_in.clear();
+        self.data.abandoned(&plan);
+    }
+
     /// The plan being prepared cannot be: what its fetches put together goes, and its
     /// coordinator is told why (`Ctl::Unprepared`), so the round ends without waiting
     /// for the prepare timeout.
@@ -1837,7 +1862,8 @@ impl Run {
                     // Only the answer to a fetch the prepare under way asked (a late answer
                     // to another plan of the same epoch, from another node or from another
                     // point, would start the stream's pieces over, or fill it from the
-                    // wrong place).
+                    // wrong place), while its failover is under way.
+                    self.abandon_if_over();
                     let asked = |p: &RecoveryPlan| p.epoch == epoch && req == self.fetch_req && asks(p, from, stream);
                     match self.preparing.as_ref().filter(|(p, _)| asked(p)) {
                         // Pieces come in order on one connection; a gap (a piece dropped
@@ -1924,6 +1950,7 @@ impl Run {
                     }
                 }
             }
+            self.abandon_if_over();
             if let Some((plan, to)) = self.preparing.take() {
                 let outcome = self.data.prepared(&plan);
                 if outcome.is_some() {

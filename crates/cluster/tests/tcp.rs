@@ -50,6 +50,16 @@ struct World {
     failovers: Vec<(u64, String)>,
     /// A node whose data plane panics the next time it is asked what it heard.
     panics: Option<NodeId>,
+    /// Nodes that report themselves not eligible to become primary.
+    ineligible: std::collections::BTreeSet<NodeId>,
+    /// Only the first fetch read takes `fetch_read`; the rest are at once. Set once that
+    /// read has ended.
+    slow_read_once: bool,
+    slow_read_ended: bool,
+    /// Pieces handed to a data plane for a plan whose failover was over there (an epoch
+    /// after it begun), and prepares the service ended as over (`abandoned`).
+    late_pieces_taken: usize,
+    abandoned: usize,
 }
 
 /// Byte `j` of fetched batch `i` (after its 8-byte header).
@@ -63,6 +73,8 @@ struct ModelPlane {
     plan: Option<RecoveryPlan>,
     /// Streams being fetched over the wire: (up to, batches received so far).
     fetching: BTreeMap<usize, (u64, usize)>,
+    /// The newest epoch a failover or an opening applied here named.
+    epoch_seen: u64,
 }
 
 impl DataPlane for ModelPlane {
@@ -99,7 +111,7 @@ impl DataPlane for ModelPlane {
         Ok(Holding {
             newest: streams.iter().copied().max().unwrap_or(0),
             streams,
-            eligible: true,
+            eligible: !w.ineligible.contains(&self.me),
             serves_above: w.serves_above.get(&self.me).copied().unwrap_or(0),
             last_resort: false,
             own_epoch: 0,
@@ -150,12 +162,17 @@ impl DataPlane for ModelPlane {
                 let delay = {
                     let mut w = world.lock().unwrap();
                     w.reading = Some(me);
-                    w.fetch_read
+                    let d = w.fetch_read;
+                    if w.slow_read_once {
+                        w.fetch_read = Duration::ZERO;
+                    }
+                    d
                 };
                 std::thread::sleep(delay);
                 let fail = {
                     let mut w = world.lock().unwrap();
                     w.reading = None;
+                    w.slow_read_ended |= !delay.is_zero();
                     let fail = w.failing_reads > 0;
                     w.failing_reads = w.failing_reads.saturating_sub(1);
                     fail
@@ -176,8 +193,16 @@ impl DataPlane for ModelPlane {
             }),
         })
     }
-    fn fetched(&mut self, _plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, _position: u64, last: bool) {
+    fn abandoned(&mut self, _plan: &RecoveryPlan) {
+        self.world.lock().unwrap().abandoned += 1;
+        self.fetching.clear();
+        self.plan = None;
+    }
+    fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, _position: u64, last: bool) {
         let mut w = self.world.lock().unwrap();
+        if plan.epoch < self.epoch_seen {
+            w.late_pieces_taken += 1;
+        }
         let (n, size) = w.fetch_batches.expect("fetching over the wire");
         let Some((upto, got)) = self.fetching.get_mut(&stream) else { return };
         for b in &batches {
@@ -199,6 +224,9 @@ impl DataPlane for ModelPlane {
     }
     fn applied(&mut self, cmd: &Command, _state: &ControlState, live: bool) {
         let mut w = self.world.lock().unwrap();
+        if let Command::BeginFailover { epoch, .. } | Command::OpenEpoch { epoch, .. } = cmd {
+            self.epoch_seen = self.epoch_seen.max(*epoch);
+        }
         match cmd {
             Command::Bootstrap { primary, .. } | Command::OpenEpoch { primary, .. } if live && *primary == self.me => {
                 w.serving = Some(self.me);
@@ -312,7 +340,8 @@ impl Cluster {
         let l = self.listeners[&id].try_clone().unwrap();
         let cfg = self.config(id, self.dirs.path());
         self.world.lock().unwrap().running.insert(id, true);
-        let plane = ModelPlane { me: id, world: Arc::clone(&self.world), plan: None, fetching: BTreeMap::new() };
+        let plane =
+            ModelPlane { me: id, world: Arc::clone(&self.world), plan: None, fetching: BTreeMap::new(), epoch_seen: 0 };
         self.nodes.insert(id, ControlService::start(cfg, l, Box::new(plane)).unwrap());
     }
 
@@ -585,6 +614,43 @@ fn a_fetch_answer_from_a_node_the_plan_did_not_ask_is_not_taken() {
     assert_eq!(c.world.lock().unwrap().reading, Some(reader), "sent while the asked node's read was under way");
     let w = epoch_2_opens_on_whole_answers(&c, 4);
     assert_eq!(w.batches_fetched, 4, "the asked node's answer only");
+}
+
+/// A late answer to a fetch of a failover that ended on another node is not taken: the
+/// fetcher's prepare ends when the next failover begins (`DataPlane::abandoned`). Before,
+/// the prepare stayed behind, and the answer, still matching it, was handed to the data
+/// plane, which wrote it into the directory of the server it had started since (a
+/// review's find). Here node A prepares epoch 2 and asks B for a stream whose read takes
+/// 3 s; A's prepare times out, A reports itself not eligible, epoch 3 opens on B; then
+/// B's answer for epoch 2 reaches A.
+#[test]
+fn a_late_fetch_answer_after_the_failover_ended_elsewhere_is_not_taken() {
+    let mut c = Cluster::running(3);
+    let first = bootstrap_with_split_holdings(&c);
+    let others: Vec<NodeId> = (1..=3).filter(|&id| id != first).collect();
+    let (a, b) = (others[0], others[1]);
+    {
+        let mut w = c.world.lock().unwrap();
+        w.fetch_batches = Some((4, 1 << 10));
+        w.fetch_read = Duration::from_secs(3);
+        w.slow_read_once = true;
+        w.ineligible.insert(b);
+    }
+    c.stop(first);
+    wait_for("B's read for A's fetch", Duration::from_secs(20), || c.world.lock().unwrap().reading == Some(b));
+    {
+        let mut w = c.world.lock().unwrap();
+        w.ineligible = [a].into();
+    }
+    wait_for("an epoch to open on B", Duration::from_secs(20), || {
+        c.statuses().iter().all(|s| s.state.epoch >= 3 && s.state.primary() == Some(b))
+    });
+    wait_for("B's slow read to end", Duration::from_secs(10), || c.world.lock().unwrap().slow_read_ended);
+    // Its pieces on their way to A.
+    std::thread::sleep(Duration::from_millis(500));
+    let w = c.world.lock().unwrap();
+    assert_eq!(w.late_pieces_taken, 0, "pieces of epoch 2's fetch were taken after its failover ended");
+    assert!(w.abandoned >= 1, "A's prepare of epoch 2 was never ended");
 }
 
 /// A node whose read of a fetch fails (its log damaged since it reported) says so after

@@ -1891,9 +1891,33 @@ impl DataPlane for NodePlane {
         })
     }
 
+    fn abandoned(&mut self, plan: &RecoveryPlan) {
+        if !self.fetching.is_empty() || self.prepare_check.is_some() {
+            say(self.me, format!("the failover of epoch {} is over: its prepare here ends", plan.epoch));
+        }
+        self.fetching.clear();
+        self.prepare_check = None;
+        self.prepared = None;
+    }
+
     fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {
         if !self.fetching.contains(&stream) {
             return; // a resend, or a stream this plan does not fetch
+        }
+        // Written into the directory only while the plan's failover is under way and no
+        // server of this node runs (the service ends a prepare whose failover is over,
+        // `abandoned`; this is the last check before the write).
+        let current = self.state.epoch == plan.epoch && self.state.phase == Some(Phase::Failover);
+        if !current || self.child.is_some() {
+            say(
+                self.me,
+                format!(
+                    "a fetched piece of stream {stream} for epoch {} is not taken: its failover is over",
+                    plan.epoch
+                ),
+            );
+            self.abandoned(plan);
+            return;
         }
         let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
         let mut batches: Vec<bytes::Bytes> = batches.into_iter().map(bytes::Bytes::from).collect();
@@ -1931,7 +1955,11 @@ impl DataPlane for NodePlane {
             // written to its directory: waited for here, on the control thread, if it
             // is not (a fenced backup stops in milliseconds; one that does not is killed
             // after the stop timeout).
-            self.poll_stop(self.stop_timeout + Duration::from_secs(1));
+            if !self.poll_stop(self.stop_timeout + Duration::from_secs(1)) {
+                self.fetching.clear();
+                self.prepared = Some(Err("its server has not stopped: nothing fetched is written".into()));
+                return;
+            }
             ditto_log::replica::forget_holdings();
             let added = if holds_primary_log(&self.data) {
                 // A last resort that lacks what it shipped but had not made durable: the
