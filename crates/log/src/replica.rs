@@ -365,6 +365,22 @@ fn open_replica_inner(
             ),
         });
     }
+    // A promotion's point below the directory's checkpoint: the checkpoint holds commits
+    // the failover discarded, and a cut cannot go below it (it went to the checkpoint
+    // instead, silently: the new primary would have served them). Refused before
+    // anything is loaded or rewritten; its node copies the primary's data instead.
+    if let (true, Some(l)) = (require_limit, limit) {
+        if let Some(b) = crate::sealed::base(dir).ok().filter(|b| b.ts > l) {
+            return Err(LogError::Corrupt {
+                file: dir.to_path_buf(),
+                offset: 0,
+                what: format!(
+                    "holds a checkpoint at ts {}, above the point ts {} it is asked to be cut at: it holds commits that failover discarded",
+                    b.ts.0, l.0
+                ),
+            });
+        }
+    }
     let (db, mut report, base) = load_base_checkpoint(dir, workers)?;
     let t = Instant::now();
     // The sealed logs first (everything up to the last one's point), then the live one

@@ -264,6 +264,64 @@ fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
     assert_eq!(value_on(&opened.db, 60), None);
 }
 
+/// Under `local` a backup may replay, and checkpoint, above a failover's point. Asked to
+/// open at the point (a promotion), its directory is refused, not cut at its checkpoint
+/// (the cut went there silently: the promoted node would have served commits every other
+/// node discarded), and nothing in it changes.
+#[test]
+fn a_backup_checkpointed_above_the_point_is_refused_a_promotion_at_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let (pa_repl, a_addr) = start_primary_under(&a, None, "local");
+    let opts = BackupOptions {
+        hold_replay_at_release: true,
+        checkpoint_every: Duration::from_millis(20),
+        ..BackupOptions::new(&a_addr, &b1, 1, "b1")
+    };
+    let bk1 = backup::start(opts).unwrap();
+    wait_until("the backup to join", Duration::from_secs(20), || bk1.state.link_up());
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts: Vec<Ts> = (0..100u32)
+        .map(|i| w.run(|x| x.put(t, &i.to_be_bytes(), format!("v{i}").as_bytes())).unwrap().1.wait().unwrap())
+        .collect();
+    wait_until("a backup checkpoint above commit 59", Duration::from_secs(20), || {
+        bk1.state.checkpoint_ts.load(std::sync::atomic::Ordering::SeqCst) > ts[59].0
+    });
+    pa_repl.stop();
+    a.close();
+    bk1.fence("promoted", Duration::from_secs(20)).unwrap();
+    bk1.release();
+    let listing = |d: &std::path::Path| {
+        let mut v: Vec<(String, u64)> = walkdir(d);
+        v.sort();
+        v
+    };
+    let before = listing(&b1);
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    match ditto_log::replica::open_replica_at(&b1, 1, &storage, ts[59], &[]) {
+        Err(e) => assert!(e.to_string().contains("above the point"), "{e}"),
+        Ok(o) => panic!("opened, cut at ts {} for the point {}", o.report.cut_ts.0, ts[59].0),
+    }
+    assert_eq!(listing(&b1), before, "the refused open changed the directory");
+}
+
+/// Every file under `d` (not the lock file), with its length.
+fn walkdir(d: &std::path::Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        } else if !p.ends_with("LOCK") {
+            out.push((p.display().to_string(), e.metadata().unwrap().len()));
+        }
+    }
+    out
+}
+
 /// A held backup that follows the next epoch's primary in place: cut at the point and
 /// sealed there, it joins the new primary with the engine it kept (nothing loaded, no
 /// checkpoint copied: it resumes from the new primary's log) and receives its commits.
