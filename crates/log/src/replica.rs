@@ -2021,10 +2021,15 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
         }
     }
     // A torn tail of the newest file is cut first: after the new file it would no longer
-    // be the newest's, and the directory would not open.
-    if let Some((path, len)) = &newest.torn {
-        let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| LogError::io(path, e))?;
-        f.set_len(*len).and_then(|_| f.sync_all()).map_err(|e| LogError::io(path, e))?;
+    // be the newest's, and the directory would not open. A whole one is made durable
+    // first, for the same reason (what a killed backup wrote and never fsynced could be
+    // torn by a power cut after the new file's fsync: the directory would not open).
+    match (&newest.torn, files.last()) {
+        (Some((path, len)), _) => storage.truncate_existing(path, *len).map_err(|e| LogError::io(path, e))?,
+        (None, Some((_, path))) if newest.streams.is_some() => {
+            storage.sync_existing(path).map_err(|e| LogError::io(path, e))?
+        }
+        _ => {}
     }
     let mut seq = files.last().map_or(1, |(seq, _)| seq + 1);
     // A newest file with no header (a crash while it was being created: it holds nothing)
@@ -2032,7 +2037,7 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
     // "not a replica log file", and the directory would not open.
     if let (Some((s, path)), None) = (files.last(), newest.streams) {
         storage.remove(path).map_err(|e| LogError::io(path, e))?;
-        crate::storage::sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
+        storage.sync_dir(&rdir).map_err(|e| LogError::io(&rdir, e))?;
         seq = *s;
     }
     let mut log =
@@ -2041,7 +2046,22 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
         let (batch, _) = decode_batch_checksums(b).expect("checked above");
         log.append(b, false, batch.header.bound_ts);
     }
-    log.sync().map_err(|e| LogError::io(&rdir, e))
+    // A failed fsync leaves the file's state unknown, and a later fsync through another
+    // descriptor (a holdings report's) would succeed on what the page cache holds and
+    // count it as held: the file goes instead (its batches fetched again next round).
+    if let Err(e) = log.sync() {
+        let path = file_path(dir, seq);
+        drop(log);
+        let gone = storage.remove(&path).and_then(|()| storage.sync_dir(&rdir));
+        forget_holdings();
+        return Err(match gone {
+            Ok(()) => LogError::io(&rdir, e),
+            Err(g) => {
+                LogError::io(&path, std::io::Error::other(format!("{e}; and removing the file then failed: {g}")))
+            }
+        });
+    }
+    Ok(())
 }
 
 /// The batches of the primary's log in `data` (its current epoch `epoch`) that hold

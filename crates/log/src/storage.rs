@@ -39,6 +39,11 @@ pub trait Storage: Send + Sync + 'static {
         f.set_len(len)?;
         f.sync_all()
     }
+    /// Makes what was written to the existing file `path` durable (fdatasync through a
+    /// descriptor of its own: whatever wrote it may be gone, a process killed, say).
+    fn sync_existing(&self, path: &Path) -> io::Result<()> {
+        OpenOptions::new().write(true).open(path)?.sync_data()
+    }
 }
 
 pub trait LogFile: Send {
@@ -413,6 +418,9 @@ impl Storage for Cancellable {
     }
     fn truncate_existing(&self, path: &Path, len: u64) -> io::Result<()> {
         self.inner.truncate_existing(path, len)
+    }
+    fn sync_existing(&self, path: &Path) -> io::Result<()> {
+        self.inner.sync_existing(path)
     }
 }
 

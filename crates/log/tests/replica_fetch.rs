@@ -1219,3 +1219,143 @@ fn an_empty_backup_directory_is_promoted_at_point_zero() {
     let mut w = d.db().worker(WorkerId(0)).unwrap();
     w.run(|x| x.put(t, b"k", b"v").map(|_| ())).unwrap().1.wait().unwrap();
 }
+
+/// Real files, but the first fsync of the batches of a replica log file made after
+/// `armed` is set fails (its header's passes): an EIO, the page cache holds its bytes,
+/// the disk may not.
+struct FailsOneSync {
+    armed: std::sync::atomic::AtomicBool,
+}
+
+struct FailingSync {
+    inner: Box<dyn ditto_log::storage::LogFile>,
+    /// Syncs until the one that fails (0: none fails).
+    fail_at: u32,
+}
+
+impl ditto_log::storage::LogFile for FailingSync {
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        if self.fail_at > 0 {
+            self.fail_at -= 1;
+            if self.fail_at == 0 {
+                return Err(std::io::Error::other("simulated: EIO on fsync"));
+            }
+        }
+        self.inner.sync()
+    }
+}
+
+impl Storage for FailsOneSync {
+    fn create_new(&self, path: &std::path::Path) -> std::io::Result<Box<dyn ditto_log::storage::LogFile>> {
+        let inner = RealStorage.create_new(path)?;
+        let armed = self.armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+        Ok(Box::new(FailingSync { inner, fail_at: if armed { 2 } else { 0 } }))
+    }
+}
+
+/// A fetched piece whose fsync fails is not left in the directory: a later holdings
+/// report, whose own fsync through another descriptor would succeed on what the page
+/// cache holds, would count it as held (and a power cut could then lose what a failover
+/// counted on). The file goes; the next fetch adds it whole.
+#[test]
+fn a_fetched_piece_whose_fsync_failed_is_not_counted_as_held() {
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let stream = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let s0: Vec<&Bytes> = batches.iter().filter(|b| stream(b).stream.0 == 0).collect();
+    let cut_bound = stream(s0[s0.len() / 2]).bound_ts;
+    let b = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), b.path().join("CATALOG")).unwrap();
+    let failing = Arc::new(FailsOneSync { armed: false.into() });
+    let storage: Arc<dyn Storage> = failing.clone();
+    {
+        let mut log = ReplicaLog::create(b.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+        for x in batches.iter().filter(|x| !(stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound)) {
+            log.append(x, false, stream(x).bound_ts);
+        }
+        log.sync().unwrap();
+    }
+    let before = replica_holdings(b.path(), 2, None).unwrap();
+    assert_eq!(before.streams[0], cut_bound);
+    let fetched: Vec<Bytes> =
+        batches.iter().filter(|x| stream(x).stream.0 == 0 && stream(x).bound_ts > cut_bound).cloned().collect();
+    let files = || std::fs::read_dir(ditto_log::replica::replica_dir(b.path())).unwrap().count();
+    let n = files();
+    failing.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = append_fetched(b.path(), 2, &fetched, &storage).unwrap_err().to_string();
+    assert!(err.contains("EIO"), "{err}");
+    assert_eq!(files(), n, "the file whose fsync failed is still there");
+    ditto_log::replica::forget_holdings();
+    assert_eq!(replica_holdings(b.path(), 2, None).unwrap().streams, before.streams, "counted as held");
+    // Fetched again, it is held.
+    append_fetched(b.path(), 2, &fetched, &storage).unwrap();
+    let after = replica_holdings(b.path(), 2, None).unwrap();
+    assert!(after.streams[0] > cut_bound, "{after:?}");
+}
+
+/// A fetch's new file comes after the newest one made durable: a backup killed after a
+/// write and before its fsync leaves bytes only the page cache holds, and a power cut
+/// after the fetch's own fsync could tear them. The newest file then no longer being the
+/// last, every open refused the directory ("cut short (not the newest file)"). A power
+/// cut right after the fetch (`ditto_log::power_cut`) leaves a directory that opens, with
+/// every batch.
+#[test]
+fn a_fetch_makes_the_newest_file_durable_before_it_adds_one() {
+    use ditto_log::power_cut::PowerCut;
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let stream = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let (s0, s1): (Vec<&Bytes>, Vec<&Bytes>) = batches.iter().partition(|b| stream(b).stream.0 == 0);
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, attic, twin) = (tmp.path().join("b"), tmp.path().join("attic"), tmp.path().join("twin"));
+    for d in [&dir, &attic, &twin] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::copy(primary.path().join("CATALOG"), dir.join("CATALOG")).unwrap();
+    let cut = PowerCut::new(&dir, &attic);
+    let storage: Arc<dyn Storage> = Arc::new(cut.clone());
+    storage.sync_dir(&dir).unwrap();
+    // Stream 1 whole and durable; then stream 0's first half written by a process that
+    // was killed before its fsync: the same entries as a twin log's, appended as bytes.
+    let half = s0.len() / 2;
+    let real: Arc<dyn Storage> = Arc::new(RealStorage);
+    let mut twin_log = ReplicaLog::create(&twin, Arc::clone(&real), 2, 1, u64::MAX).unwrap();
+    let mut log = ReplicaLog::create(&dir, Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+    for x in &s1 {
+        log.append(x, false, stream(x).bound_ts);
+        twin_log.append(x, false, stream(x).bound_ts);
+    }
+    log.sync().unwrap();
+    twin_log.sync().unwrap();
+    drop(log);
+    let file = ditto_log::replica::replica_dir(&dir).join("rlog-0000000001.seg");
+    let synced = std::fs::metadata(&file).unwrap().len() as usize;
+    for x in &s0[..half] {
+        twin_log.append(x, false, stream(x).bound_ts);
+    }
+    twin_log.sync().unwrap();
+    let twin_bytes = std::fs::read(ditto_log::replica::replica_dir(&twin).join("rlog-0000000001.seg")).unwrap();
+    {
+        use std::io::Write;
+        std::fs::OpenOptions::new().append(true).open(&file).unwrap().write_all(&twin_bytes[synced..]).unwrap();
+    }
+    // The fetch adds stream 0's second half in a file of its own.
+    let rest: Vec<Bytes> = s0[half..].iter().map(|b| (*b).clone()).collect();
+    append_fetched(&dir, 2, &rest, &storage).unwrap();
+    // The power cut: what was not fsynced is torn halfway.
+    let img = tmp.path().join("image");
+    cut.image(&dir, &img, &mut |synced, written| synced + (written - synced) / 2).unwrap();
+    let opened = ditto_log::replica::open_replica(&img, 2, &real)
+        .unwrap_or_else(|e| panic!("the directory a power cut left after a fetch does not open: {e}"));
+    let t = opened.db.table_id("t").unwrap();
+    assert_eq!(opened.db.count(t).unwrap(), 400, "every batch is there");
+}
