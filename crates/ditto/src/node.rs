@@ -149,7 +149,21 @@ pub fn parse_members(s: &str) -> Result<BTreeMap<NodeId, MemberAddrs>, String> {
             [c, r, ctl, t] if t != 0 => (c, r, ctl, t),
             _ => return Err(bad()),
         };
+        // Port 0 would bind a port no peer or client knows, and two ports the same would
+        // make every server start fail (a primary giving up its epoch again and again).
+        let mine: Vec<u16> = [client, repl, control, tls].into_iter().filter(|&p| p != 0).collect();
+        if client == 0 || repl == 0 || control == 0 {
+            return Err(format!("member {part:?}: port 0 is no port a peer or client can reach"));
+        }
+        if (1..mine.len()).any(|i| mine[..i].contains(&mine[i])) {
+            return Err(format!("member {part:?}: its ports must differ"));
+        }
         let m = MemberAddrs { host: host.to_string(), client, repl, control, tls };
+        if let Some((other, _)) = out.iter().find(|(_, o): &(&NodeId, &MemberAddrs)| {
+            o.host == m.host && [o.client, o.repl, o.control, o.tls].iter().any(|p| *p != 0 && mine.contains(p))
+        }) {
+            return Err(format!("member {part:?}: a port of member {other} on the same host"));
+        }
         if id == 0 || out.insert(id, m).is_some() {
             return Err(format!("member {part:?}: ids are distinct and above 0"));
         }
@@ -441,6 +455,18 @@ fn role_change_of(line: &str) -> Option<(&'static str, u64)> {
 
 type History = Arc<parking_lot::Mutex<Vec<FailoverSeen>>>;
 
+/// The failovers a node remembers (INFO shows the last five): each round and each
+/// restart's replay of the log pushed one more, for the node's life.
+const HISTORY_KEEP: usize = 64;
+
+/// `f` remembered, the oldest forgotten past `HISTORY_KEEP`.
+fn remember(h: &mut Vec<FailoverSeen>, f: FailoverSeen) {
+    h.push(f);
+    if h.len() > HISTORY_KEEP {
+        h.drain(..h.len() - HISTORY_KEEP);
+    }
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -506,9 +532,10 @@ struct NodePlane {
     /// while it was down (docs/cluster.md, "A node that missed an epoch").
     caught_up: bool,
     prepared: Option<Result<u64, String>>,
-    /// The last server did not stop cleanly (killed, or its drain failed): this node's
-    /// holdings are not reported until a server of it has run again.
-    unclean: bool,
+    /// The last server, of this epoch, did not stop cleanly (killed, or its drain failed):
+    /// this node's holdings are not reported until a later epoch opens (applied, or seen
+    /// in a snapshot of the state).
+    unclean: Option<u64>,
     /// The streams the plan being prepared still fetches.
     fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
@@ -671,6 +698,49 @@ fn say(me: NodeId, what: impl std::fmt::Display) {
 }
 
 impl NodePlane {
+    fn new(cfg: &NodeConfig, gate: SharedGate, history: History, warm: Arc<AtomicBool>) -> NodePlane {
+        NodePlane {
+            me: cfg.id,
+            secret: cfg.secret.clone(),
+            password: cfg.password.clone(),
+            config_file: cfg.config_file.clone(),
+            gate,
+            history,
+            members: cfg.members.clone(),
+            data: cfg.dir.join("data"),
+            child_args: cfg.child_args.clone(),
+            workers: cfg.workers,
+            child: None,
+            state: ControlState::default(),
+            fence: 0,
+            may_serve: None,
+            caught_up: false,
+            prepared: None,
+            fetching: Default::default(),
+            unclean: None,
+            restart_after: Instant::now(),
+            stopping: None,
+            heard: Vec::new(),
+            serving: false,
+            settled: None,
+            in_place: cfg.promote_in_place,
+            stop_timeout: cfg.stop_timeout,
+            warm,
+            count_discarded: None,
+            prepared_own_log: None,
+            prepare_check: None,
+            report_warm: None,
+            count_after_follow: None,
+            gives_up: None,
+            switching: None,
+            drained: Default::default(),
+            drained_in: None,
+            switch_asked: Default::default(),
+        }
+    }
+}
+
+impl NodePlane {
     /// Tells the server to stop and waits for it at most `SERVER_WAIT`: `poll_stop` sees
     /// its exit later (and kills it after the stop timeout).
     fn stop_child(&mut self, why: &str) {
@@ -746,7 +816,7 @@ impl NodePlane {
             // A backup that had joined may have acknowledged what is not on its disk: not
             // reported until the next epoch opens (`report`). One still joining had
             // acknowledged nothing; a primary's log holds all it acknowledged.
-            self.unclean = true;
+            self.unclean = Some(st.child.role.epoch());
         }
         say(
             self.me,
@@ -1386,7 +1456,7 @@ impl NodePlane {
         if !self.child_quiet() {
             return Err("the server still runs (not fenced)".into());
         }
-        if self.unclean {
+        if self.unclean.is_some() {
             return Err("its last server did not stop cleanly: what it acknowledged may not be on disk".into());
         }
         Ok(())
@@ -1737,6 +1807,14 @@ impl DataPlane for NodePlane {
     fn restored(&mut self, state: &ControlState) {
         say(self.me, format!("took the control state from the leader's snapshot (epoch {})", state.epoch));
         self.state = state.clone();
+        // An epoch opened after the unclean stop's, learnt from a snapshot rather than
+        // applied: what the stop may have left off the disk was of a cut epoch here too
+        // (before, the node went on refusing reports, and a failover needing its report
+        // never had a quorum).
+        if self.unclean.is_some_and(|e| state.open_epoch().is_some_and(|o| o.epoch > e)) {
+            say(self.me, "the epoch of its unclean stop is closed: it reports again".to_string());
+            self.unclean = None;
+        }
     }
 
     fn caught_up(&mut self) {
@@ -1768,10 +1846,13 @@ impl DataPlane for NodePlane {
         // stall holds the whole failover); what it read is cached (`replica_holdings`,
         // `primary_log_holdings`), so the read below, here, finds it unless a file changed
         // since. Until it is done, no report: the coordinator asks again.
-        // A read begun long ago (an earlier round's) warmed what may have changed since.
-        let warm = match self.report_warm.take().filter(|(at, _)| at.elapsed() < REPORT_READ_FRESH) {
-            Some(w) => w,
-            None => {
+        // A read begun long ago (an earlier round's) warmed what may have changed since,
+        // unless it is still under way: it is waited for, however old (behind a disk that
+        // hangs, a new one every round only piled up threads blocked in I/O).
+        let warm = match self.report_warm.take() {
+            Some(w) if w.0.elapsed() < REPORT_READ_FRESH => w,
+            Some(w) if matches!(w.1.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) => w,
+            _ => {
                 let (primary_dir, data, workers) = (self.primary_log_dir(), self.data.clone(), self.workers);
                 let rx = reads_its_log_off_thread("ditto-report", move || {
                     let _ = match primary_dir {
@@ -2003,10 +2084,10 @@ impl DataPlane for NodePlane {
                 }
                 if let Command::OpenEpoch { epoch, recovery_point, lost, phases_ms, .. } = cmd {
                     // What an unclean stop may have left off the disk was of a cut epoch.
-                    self.unclean = false;
+                    self.unclean = None;
                     let mut h = self.history.lock();
                     if h.last().is_none_or(|f| f.epoch != *epoch) {
-                        h.push(FailoverSeen { epoch: *epoch, ..Default::default() });
+                        remember(&mut h, FailoverSeen { epoch: *epoch, ..Default::default() });
                     }
                     let f = h.last_mut().expect("pushed");
                     f.opened_ms = live.then(unix_ms);
@@ -2037,12 +2118,10 @@ impl DataPlane for NodePlane {
                     say(self.me, format!("failover to epoch {epoch} began: {reason}"));
                 }
                 let began_ms = if live { unix_ms() } else { 0 };
-                self.history.lock().push(FailoverSeen {
-                    epoch: *epoch,
-                    reason: reason.clone(),
-                    began_ms,
-                    ..Default::default()
-                });
+                remember(
+                    &mut self.history.lock(),
+                    FailoverSeen { epoch: *epoch, reason: reason.clone(), began_ms, ..Default::default() },
+                );
             }
             _ => {}
         }
@@ -2247,44 +2326,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             })
             .map_err(|e| format!("starting the thread that reads its log ahead: {e}"))?;
     }
-    let plane = NodePlane {
-        me: cfg.id,
-        secret: cfg.secret.clone(),
-        password: cfg.password.clone(),
-        config_file: cfg.config_file.clone(),
-        gate: Arc::clone(&gate),
-        history: Arc::clone(&history),
-        members: cfg.members.clone(),
-        data: cfg.dir.join("data"),
-        child_args: cfg.child_args.clone(),
-        workers: cfg.workers,
-        child: None,
-        state: ControlState::default(),
-        fence: 0,
-        may_serve: None,
-        caught_up: false,
-        prepared: None,
-        fetching: Default::default(),
-        unclean: false,
-        restart_after: Instant::now(),
-        stopping: None,
-        heard: Vec::new(),
-        serving: false,
-        settled: None,
-        in_place: cfg.promote_in_place,
-        stop_timeout: cfg.stop_timeout,
-        warm: Arc::clone(&warm),
-        count_discarded: None,
-        prepared_own_log: None,
-        prepare_check: None,
-        report_warm: None,
-        count_after_follow: None,
-        gives_up: None,
-        switching: None,
-        drained: Default::default(),
-        drained_in: None,
-        switch_asked: Default::default(),
-    };
+    let plane = NodePlane::new(&cfg, Arc::clone(&gate), Arc::clone(&history), Arc::clone(&warm));
     let svc = ControlService::start(
         ServiceConfig {
             id: cfg.id,
@@ -2440,6 +2482,127 @@ fn reads_its_log_off_thread<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::{parse_members, probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY};
+
+    /// A supervisor's data plane over `dir` with no server, for the steps a test drives.
+    fn plane_in(dir: &std::path::Path) -> super::NodePlane {
+        let cfg = super::NodeConfig {
+            id: 2,
+            members: Default::default(),
+            dir: dir.to_path_buf(),
+            child_args: Vec::new(),
+            workers: 1,
+            policy: "majority".into(),
+            timeouts: super::Timeouts { failure: 150, resend: 20, prepare: 300, start: 150 },
+            tick: std::time::Duration::from_millis(10),
+            join: false,
+            promote_in_place: false,
+            stop_timeout: std::time::Duration::from_secs(1),
+            secret: None,
+            control_tls: None,
+            password: None,
+            config_file: None,
+        };
+        super::NodePlane::new(&cfg, Default::default(), Default::default(), Default::default())
+    }
+
+    fn opened(epochs: &[u64]) -> super::ControlState {
+        let mut st = super::ControlState {
+            phase: Some(super::Phase::Serving),
+            epoch: *epochs.last().unwrap(),
+            ..Default::default()
+        };
+        st.epochs = epochs
+            .iter()
+            .map(|&epoch| ditto_cluster::state::EpochRecord {
+                epoch,
+                primary: 1,
+                start: 0,
+                recovered: None,
+                discarded_by_primary: None,
+            })
+            .collect();
+        st
+    }
+
+    /// A node whose last server stopped uncleanly reports again once a later epoch has
+    /// opened, whether it applied the opening or learnt it from the leader's snapshot
+    /// (before, only an applied `OpenEpoch` did: a node that fell behind and took a
+    /// snapshot refused every report, and a failover needing its report never had a
+    /// quorum).
+    #[test]
+    fn an_unclean_stop_is_forgotten_once_a_later_epoch_opened_even_from_a_snapshot() {
+        use ditto_cluster::DataPlane;
+        let dir = tempfile::tempdir().unwrap();
+        let mut plane = plane_in(dir.path());
+        plane.unclean = Some(3);
+        plane.restored(&opened(&[1, 2, 3]));
+        assert!(plane.reportable().is_err(), "reported with epoch 3 still open");
+        plane.restored(&opened(&[1, 2, 3, 4]));
+        assert!(plane.reportable().is_ok(), "epoch 4 opened: {:?}", plane.reportable());
+    }
+
+    /// Members whose ports cannot work are refused with a clear error: port 0, two ports
+    /// of a member the same, a port of another member on the same host.
+    #[test]
+    fn members_with_ports_that_cannot_work_are_refused() {
+        assert!(parse_members("1=h:7001/7002/7003,2=h:7011/7012/7013").is_ok());
+        assert!(parse_members("1=h:7001/7002/7003,2=other:7001/7002/7003").is_ok(), "another host");
+        for (bad, says) in [
+            ("1=h:0/7002/7003", "port 0"),
+            ("1=h:7001/0/7003", "port 0"),
+            ("1=h:7001/7002/0", "port 0"),
+            ("1=h:7001/7001/7003", "must differ"),
+            ("1=h:7001/7002/7003/7002", "must differ"),
+            ("1=h:7001/7002/7003,2=h:7011/7002/7013", "member 1 on the same host"),
+            ("1=h:7001/7002/7003/7004,2=h:7004/7012/7013", "member 1 on the same host"),
+        ] {
+            let e = parse_members(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    /// A node remembers its last `HISTORY_KEEP` failovers, not every one of its life.
+    #[test]
+    fn the_failover_history_is_bounded() {
+        use ditto_cluster::{Command, DataPlane};
+        let dir = tempfile::tempdir().unwrap();
+        let mut plane = plane_in(dir.path());
+        for epoch in 2..1000u64 {
+            let st = opened(&[1]);
+            plane.applied(&Command::BeginFailover { epoch, reason: "a test".into() }, &st, false);
+        }
+        let h = plane.history.lock();
+        assert_eq!(h.len(), super::HISTORY_KEEP);
+        assert_eq!(h.last().unwrap().epoch, 999, "the newest kept");
+    }
+
+    /// A fetched piece for a plan whose failover is over (the state shows a later epoch)
+    /// is not written into the directory, and the plan's fetches end.
+    #[test]
+    fn a_fetched_piece_for_a_failover_that_is_over_is_not_written() {
+        use ditto_cluster::DataPlane;
+        let dir = tempfile::tempdir().unwrap();
+        let mut plane = plane_in(dir.path());
+        let plan = super::RecoveryPlan {
+            epoch: 3,
+            recovered_epoch: 2,
+            recovery_point: 100,
+            primary: 2,
+            fetch: vec![ditto_cluster::failover::Fetch { stream: 0, from: 1, after: 50, upto: 100 }],
+            start: 200,
+            reporters_ahead: 0,
+        };
+        plane.state = opened(&[1, 2]);
+        plane.state.phase = Some(super::Phase::Failover);
+        plane.state.epoch = 3;
+        plane.prepare(&plan);
+        assert!(plane.fetching.contains(&0));
+        // Epoch 4 has begun: the piece comes late.
+        plane.state.epoch = 4;
+        plane.fetched(&plan, 0, vec![vec![1, 2, 3]], 100, true);
+        assert!(plane.fetching.is_empty(), "the plan's fetches go on");
+        assert!(!ditto_log::replica::replica_dir(&plane.data).exists(), "written into the directory");
+    }
 
     /// A backup names itself by the control state's address for it; a primary whose own
     /// flags spell that address otherwise (here `localhost` for the state's `127.0.0.1`)
