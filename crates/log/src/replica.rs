@@ -233,7 +233,7 @@ pub fn open_replica_upto(
     storage: &Arc<dyn Storage>,
     limit: Option<Ts>,
 ) -> Result<ReplicaOpen, LogError> {
-    open_replica_inner(dir, workers, storage, limit, false, &[])
+    open_replica_inner(dir, workers, storage, limit, false, &[], None)
 }
 
 /// Where a failover cut an older epoch than the one a promotion recovers: batches of
@@ -265,7 +265,7 @@ pub fn open_replica_at(
     point: Ts,
     older: &[EpochCut],
 ) -> Result<ReplicaOpen, LogError> {
-    open_replica_inner(dir, workers, storage, Some(point), true, older)
+    open_replica_inner(dir, workers, storage, Some(point), true, older, None)
 }
 
 /// An old primary's directory cut at a failover's recovery point `point`, to serve the
@@ -280,7 +280,7 @@ pub fn open_own_log_at(
     point: Ts,
 ) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
-    let (lock, own_log) = lock_and_list_own_log(dir, storage)?;
+    let (lock, own_log) = lock_and_list_own_log(dir, storage, None)?;
     if own_log.segments.is_empty() {
         return Err(LogError::Corrupt {
             file: dir.join("log"),
@@ -294,13 +294,29 @@ pub fn open_own_log_at(
     open_old_primary(dir, workers, storage, point, true, own_log, lock, t0)
 }
 
-/// Takes `dir`'s lock, finishes a seal a crash cut short, and lists the primary's own log
-/// segments the directory holds (none for a backup's).
+/// `open_replica` of a directory whose lock the caller holds (`lock_replica_dir`): a
+/// backup that replaced what it held with a checkpoint copy opens it without letting the
+/// lock go between (another process could have opened the directory half replaced).
+pub fn open_replica_locked(
+    dir: &Path,
+    workers: usize,
+    storage: &Arc<dyn Storage>,
+    lock: std::fs::File,
+) -> Result<ReplicaOpen, LogError> {
+    open_replica_inner(dir, workers, storage, None, false, &[], Some(lock))
+}
+
+/// Takes `dir`'s lock (unless `held`), finishes a seal a crash cut short, and lists the
+/// primary's own log segments the directory holds (none for a backup's).
 fn lock_and_list_own_log(
     dir: &Path,
     storage: &Arc<dyn Storage>,
+    held: Option<std::fs::File>,
 ) -> Result<(std::fs::File, crate::recovery::LogDir), LogError> {
-    let lock = crate::lock_dir(dir)?;
+    let lock = match held {
+        Some(l) => l,
+        None => crate::lock_dir(dir)?,
+    };
     crate::sealed::finish_seal(dir, &**storage)?;
     Ok((lock, crate::recovery::list_segments(dir)?))
 }
@@ -312,6 +328,7 @@ fn open_replica_inner(
     limit: Option<Ts>,
     require_limit: bool,
     older: &[EpochCut],
+    held: Option<std::fs::File>,
 ) -> Result<ReplicaOpen, LogError> {
     let t0 = Instant::now();
     for d in [dir.to_path_buf(), replica_dir(dir), checkpoint::checkpoints_dir(dir)] {
@@ -319,7 +336,7 @@ fn open_replica_inner(
     }
     // An old primary that rejoins as a backup: its own log, cut at the failover's recovery
     // point (`limit`), becomes the backup's starting point (see `open_old_primary`).
-    let (lock, own_log) = lock_and_list_own_log(dir, storage)?;
+    let (lock, own_log) = lock_and_list_own_log(dir, storage, held)?;
     if !own_log.segments.is_empty() {
         let Some(point) = limit.filter(|_| !require_limit) else {
             return Err(LogError::Corrupt {

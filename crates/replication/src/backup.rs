@@ -661,10 +661,20 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // the deadline. The checkpoint that may follow is read without a timeout.
             let attempt = connect(&opts.primary, opts.tls.as_deref(), hello).and_then(|(s, mut r)| {
                 s.set_read_timeout(Some(SILENCE_MAX))?;
+                // Held from here, so that a cancel shuts it and the read below ends.
+                if opts.cancel.as_ref().is_some_and(|c| !c.hold(&s)) {
+                    return Err(std::io::Error::other("the join was cancelled"));
+                }
                 let w = loop {
                     match read_frame(&mut r)? {
                         // The primary is writing the checkpoint it will send (it says so
-                        // every second): the welcome comes after, however long that takes.
+                        // every second): the welcome comes after, however long that takes,
+                        // unless the backup is stopped or its join cancelled meanwhile
+                        // (before, the start waited for it, or for good while the primary
+                        // went on saying so).
+                        Some(Frame::Heartbeat { .. }) if cancelled() => {
+                            return Err(std::io::Error::other("the join was cancelled"))
+                        }
                         Some(Frame::Heartbeat { .. }) => continue,
                         Some(w) => break w,
                         None => {
@@ -790,8 +800,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     e
                 }
             })?;
-            // Replace whatever this node held with the primary's checkpoint.
-            drop((opened, fresh_lock));
+            // Replace whatever this node held with the primary's checkpoint: its engine
+            // goes, its directory's lock stays held until the copy is opened (let go here
+            // before, another process could open the directory half replaced).
+            let lock = fresh_lock.or(opened.map(|o| o.lock));
             // First, it follows no epoch (`Epoch(0)`, read as "holding nothing the primary
             // can resume": its next start is sent a copy) until the copy is loaded and the
             // new epoch saved below. Before 2026-12-02 the old epoch stayed named while the
@@ -817,7 +829,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             std::fs::rename(&incoming, &ckpt).map_err(io("moving the received checkpoint in place"))?;
             storage.sync_dir(&dir.join("checkpoints")).map_err(io("syncing checkpoints"))?;
             storage.sync_dir(&dir).map_err(io("syncing the data directory"))?;
-            let opened = open_replica(&dir, opts.workers, &storage)?;
+            let opened = match lock {
+                Some(lock) => ditto_log::replica::open_replica_locked(&dir, opts.workers, &storage, lock)?,
+                None => open_replica(&dir, opts.workers, &storage)?,
+            };
             if opts.progress {
                 eprintln!(
                     "backup: checkpoint at ts {} loaded: {} rows in {:.2} s",
@@ -2170,9 +2185,13 @@ impl Receiver {
                             );
                             return;
                         }
-                        if let Err(e) = add_tables(&self.engine.db, &self.opts.data_dir, &tables, &*self.storage) {
-                            self.fatal(e.to_string());
-                            return;
+                        match self.add_tables_unless_stopped(&tables) {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_stopped)) => return,
+                            Err(e) => {
+                                self.fatal(e.to_string());
+                                return;
+                            }
                         }
                         (stream, reader) = (s, r);
                         self.state.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -2239,6 +2258,19 @@ impl Receiver {
     fn fatal(&self, why: String) {
         tracing::error!("backup stopped: {why}");
         *self.state.failure.lock() = Some(why);
+    }
+
+    /// `add_tables` unless the backup was stopped: checked under the link's lock, which
+    /// `Backup::stop` takes after setting the failure, so a fence that returned has no
+    /// catalog written behind it (a receiver resuming, or reading a buffered `Table`
+    /// frame, wrote it into a directory the next run was cutting or replacing).
+    /// `Ok(Err(why))` if stopped.
+    fn add_tables_unless_stopped(&self, tables: &[(u32, String)]) -> Result<Result<(), String>, BackupError> {
+        let _link = self.link.lock();
+        if let Some(why) = self.state.failure.lock().clone() {
+            return Ok(Err(why));
+        }
+        add_tables(&self.engine.db, &self.opts.data_dir, tables, &*self.storage).map(Ok)
     }
 
     /// Stopped for good, but joining again as `how` says brings it back
@@ -2362,8 +2394,7 @@ impl Receiver {
                     self.state.acknowledged.fetch_max(acknowledged.0, Ordering::AcqRel);
                 }
                 Frame::Table { id, name } => {
-                    add_tables(&self.engine.db, &self.opts.data_dir, &[(id, name)], &*self.storage)
-                        .map_err(|e| e.to_string())?;
+                    self.add_tables_unless_stopped(&[(id, name)]).map_err(|e| e.to_string())??
                 }
                 Frame::Refuse { reason } => return Err(format!("the primary refused: {reason}")),
                 other => return Err(format!("unexpected frame {other:?}")),

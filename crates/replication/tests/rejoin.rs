@@ -845,3 +845,53 @@ fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A join waiting for its welcome while the primary writes the checkpoint it will send
+/// (saying so every second, for as long as that takes) ends once it is cancelled, or its
+/// backup stopped: before, the heartbeats kept it reading, and a stop or a rejoin's cancel
+/// waited for the whole checkpoint, or for good. Both ways, with a primary that never
+/// stops saying so.
+#[test]
+fn a_join_waiting_out_a_primarys_checkpoint_ends_when_cancelled_or_stopped() {
+    for by_cancel in [true, false] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _hello = read_frame(&mut s).unwrap();
+            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+            // (Bounded: a test that fails ends anyway.)
+            for _ in 0..300 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(&beat.encode()).is_err() {
+                    return;
+                }
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let cancel = JoinCancel::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opts = BackupOptions {
+            fresh_copy: true,
+            cancel: by_cancel.then(|| cancel.clone()),
+            stop: Some(Arc::clone(&stop)),
+            ..BackupOptions::new(&addr, dir.path(), 1, "b")
+        };
+        let (done_tx, done) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done_tx.send(backup::start(opts).map(|_| ())).unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+        let t = Instant::now();
+        if by_cancel {
+            cancel.cancel();
+        } else {
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        }
+        match done.recv_timeout(Duration::from_secs(10)) {
+            Ok(Err(BackupError::Stopped)) => {}
+            Ok(other) => panic!("the join ended with {other:?}"),
+            Err(_) => panic!("the join went on 10 s after it was {}", if by_cancel { "cancelled" } else { "stopped" }),
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "ended {:?} after", t.elapsed());
+        fake.join().unwrap();
+    }
+}
