@@ -213,6 +213,19 @@ impl Coordinator {
     /// majority's coordinator times it out (it could not release them anyway under
     /// `majority` or `all`: the fenced majority refuses its batches; under `local` this
     /// is what stops it).
+    /// When this node's quorum contact lapses unless it hears more: the quorum-th most
+    /// recent time it heard a member (itself now), plus the failure timeout (`None`: it
+    /// has no quorum of members heard at all). `has_quorum_contact` is `now` before it.
+    pub fn contact_deadline(&self, state: &ControlState, now: u64) -> Option<u64> {
+        let mut times: Vec<u64> = state
+            .members
+            .keys()
+            .filter_map(|&n| if n == self.me { Some(now) } else { self.heard.get(&n).copied() })
+            .collect();
+        times.sort_unstable_by(|a, b| b.cmp(a));
+        times.get(state.quorum().checked_sub(1)?).map(|&t| t.saturating_add(self.t.failure))
+    }
+
     pub fn has_quorum_contact(&self, state: &ControlState, now: u64) -> bool {
         // This node hears itself as long as it runs.
         let recent = state
@@ -775,6 +788,12 @@ mod tests {
         assert!(!c.has_quorum_contact(&s, 150), "itself and node 2 are two of five");
         c.heard(3, 160);
         assert!(c.has_quorum_contact(&s, 160));
+        // The lease: the quorum-th most recent (itself at 160, 3 at 160, 2 at 150) plus
+        // the failure timeout, and contact holds exactly before it.
+        let until = c.contact_deadline(&s, 160).unwrap();
+        assert_eq!(until, 150 + T.failure);
+        assert!(c.has_quorum_contact(&s, until - 1) && !c.has_quorum_contact(&s, until));
+        assert_eq!(Coordinator::new(1, T, 0).contact_deadline(&s, 10), None, "heard from no one");
     }
 
     #[test]

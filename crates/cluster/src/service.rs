@@ -388,6 +388,12 @@ pub struct Status {
     /// reader that finds it old knows `quorum_contact` may no longer hold (the thread
     /// stalled: a hung disk, say) and treats it as lost (`contact_now`).
     pub published: Option<Instant>,
+    /// While it has quorum contact: when the contact lapses unless more is heard (the
+    /// quorum-th most recent acknowledgement's time plus the failure timeout,
+    /// `Coordinator::contact_deadline`). A lease: a control thread that stalls cannot
+    /// stretch it (before, a contact published just before a stall held for up to a
+    /// failure timeout more, about two in all after the last acknowledgement).
+    pub contact_until: Option<Instant>,
     /// While this node leads a failover round that has no plan yet: the epoch and why
     /// (`Coordinator::unplanned`: too few reports, or none that may become primary can
     /// fetch what it lacks).
@@ -406,7 +412,9 @@ impl Status {
     /// may have been failed over meanwhile. (Before 2026-12-02 the last published contact
     /// held however old it was; found by a review.)
     pub fn contact_now(&self, failure: Duration) -> bool {
-        self.quorum_contact && self.published.is_some_and(|t| t.elapsed() < failure)
+        self.quorum_contact
+            && self.published.is_some_and(|t| t.elapsed() < failure)
+            && self.contact_until.is_some_and(|u| Instant::now() < u)
     }
 }
 
@@ -2060,6 +2068,11 @@ impl Run {
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
+            // (On the clock `now` counts on: the time since this loop started.)
+            s.contact_until = match s.quorum_contact {
+                true => self.coord.contact_deadline(self.node.state(), now).map(|d| started + Duration::from_millis(d)),
+                false => None,
+            };
             s.published = Some(Instant::now());
             s.failover_waiting = self.coord.unplanned().map(|(e, why)| (e, why.to_string()));
             // The leader steps aside for a backup while it is also the serving primary: a
@@ -2306,14 +2319,34 @@ mod tests {
     #[test]
     fn quorum_contact_lapses_when_the_status_is_not_published() {
         let failure = Duration::from_millis(250);
-        let mut st = Status { quorum_contact: true, published: Some(Instant::now()), ..Default::default() };
+        let until = Some(Instant::now() + Duration::from_secs(60));
+        let mut st = Status {
+            quorum_contact: true,
+            published: Some(Instant::now()),
+            contact_until: until,
+            ..Default::default()
+        };
         assert!(st.contact_now(failure));
         st.published = Some(Instant::now() - Duration::from_millis(400));
         assert!(!st.contact_now(failure), "published 400 ms ago");
         st.published = None;
         assert!(!st.contact_now(failure), "never published");
-        st = Status { quorum_contact: false, published: Some(Instant::now()), ..Default::default() };
+        st = Status {
+            quorum_contact: false,
+            published: Some(Instant::now()),
+            contact_until: until,
+            ..Default::default()
+        };
         assert!(!st.contact_now(failure));
+        // Published a moment ago, but the last acknowledgement that made the quorum is a
+        // failure timeout old by now: the lease is over, however fresh the publication.
+        st = Status {
+            quorum_contact: true,
+            published: Some(Instant::now()),
+            contact_until: Some(Instant::now() - Duration::from_millis(1)),
+            ..Default::default()
+        };
+        assert!(!st.contact_now(failure), "past its lease");
     }
 
     /// A fetch that cannot be served is refused from the fetch thread, which waits for room

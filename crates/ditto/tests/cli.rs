@@ -466,7 +466,13 @@ fn a_cluster_node_refuses_tls_only_or_a_role_in_its_config_with_a_clear_error() 
     );
     refused_as(with_tls, &[], "tls_port needs tls_cert_file and tls_key_file");
     refused_as(with_tls, &["--tls-cert-file", b, "--tls-key-file", b], "bad.pem");
-    refused_as("1=127.0.0.1:1/2/3/3", &["--tls-cert-file", b, "--tls-key-file", b], "one of this node's own ports");
+    // (A member's TLS port the same as another of its ports is refused with the members.)
+    refused_as("1=127.0.0.1:1/2/3/3", &["--tls-cert-file", b, "--tls-key-file", b], "its ports must differ");
+    refused_as(
+        "1=127.0.0.1:1/2/3",
+        &["--tls-port", "3", "--tls-cert-file", b, "--tls-key-file", b],
+        "one of this node's own ports",
+    );
     // TLS between nodes: both links or neither, the CA too, and files that load (no TLS
     // port needed).
     let files = ["--tls-cert-file", b, "--tls-key-file", b, "--tls-ca-cert-file", b];
