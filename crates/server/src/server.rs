@@ -891,16 +891,10 @@ fn run_role(
     let checkpointer = durable.as_ref().and_then(|d| ckpt_policy.any().then(|| d.spawn_checkpointer(ckpt_policy)));
     if let Some(logger) = &logger {
         let releases = every_release(&release, &by_policy);
-        let p = primary.clone();
-        logger
-            .set_progress_listener(Box::new(move |w, failed| {
-                let recompute = p.as_ref().map(|p| move || p.recompute());
-                crate::release::on_log_progress(recompute.as_ref().map(|f| f as &dyn Fn()), &releases, w, failed)
-            }))
-            .map_err(|e| ServerError::Io {
-                what: "installing the durability listener".into(),
-                source: std::io::Error::other(e),
-            })?;
+        logger.set_progress_listener(durability_listener(primary.as_ref(), releases)).map_err(|e| ServerError::Io {
+            what: "installing the durability listener".into(),
+            source: std::io::Error::other(e),
+        })?;
         match &primary {
             Some(p) => p.recompute(),
             // (A log that failed before the listener was installed says so as the listener
@@ -1296,6 +1290,32 @@ fn give_up_waits(
 }
 
 /// The server's policy's release and each other policy's.
+/// The log's progress listener: the primary recomputes its releases, or without one the
+/// releases move with the log's durability. It holds the primary weakly: the logger keeps
+/// its listener for its life, and the primary holds the log (`Durable`, which holds the
+/// logger): a strong handle made a cycle, and a primary that followed the next one in
+/// place (a switchover) kept its log, its links and its engine for the process's life, one
+/// more set per switchover (found by a review).
+fn durability_listener(
+    primary: Option<&Arc<ditto_replication::Primary>>,
+    releases: Vec<Arc<Release>>,
+) -> Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync> {
+    let p = primary.map(Arc::downgrade);
+    Box::new(move |w, failed| {
+        // A primary gone releases nothing more (its replies were given up when it
+        // stopped): never by this log's durability alone.
+        let p = match &p {
+            Some(weak) => match weak.upgrade() {
+                Some(p) => Some(p),
+                None => return,
+            },
+            None => None,
+        };
+        let recompute = p.as_ref().map(|p| move || p.recompute());
+        crate::release::on_log_progress(recompute.as_ref().map(|f| f as &dyn Fn()), &releases, w, failed)
+    })
+}
+
 fn every_release(
     release: &Arc<Release>,
     by_policy: &[(ditto_replication::CommitPolicy, Arc<Release>)],
@@ -1900,6 +1920,9 @@ impl Conn {
             }
             if !out.is_empty() {
                 let handled = Instant::now();
+                // Made on a backup (its replies read at its view): decided before the wait,
+                // which may move the connection to a new primary's role meanwhile.
+                let made_on_backup = conn.wait_timeout.is_some();
                 let waited;
                 {
                     let wait_all = async {
@@ -1925,8 +1948,10 @@ impl Conn {
                     // SELECT, a MULTI, an AUTH, reads below it) went through and say so.
                     // On a primary every reply fails and the connection closes, saying why
                     // (its log failed; it was fenced for a switchover; it follows another
-                    // primary now).
-                    let reached = match conn.wait_timeout.is_some() {
+                    // primary now). A backup's batch moved to a new primary (promoted in
+                    // place) is still a backup's: before, every reply of it failed,
+                    // a SELECT's whose effect stood too, and the connection closed.
+                    let reached = match made_on_backup {
                         true => Some(conn.durable.as_ref().map_or(Ts(0), |r| r.watermark())),
                         false => None,
                     };
@@ -2273,6 +2298,36 @@ mod tests {
         assert!(poll_once(std::pin::pin!(majority.wait(Ts(1)))).is_some_and(|r| r.is_err()), "later waits too");
     }
 
+    /// The log's progress listener holds the primary weakly (a strong handle made a cycle
+    /// through the log, and a primary that followed another in place was never freed), and
+    /// once the primary is gone it releases nothing by the log's durability alone.
+    #[test]
+    fn the_durability_listener_holds_the_primary_weakly_and_releases_nothing_once_it_is_gone() {
+        use crate::release::poll_once;
+        let dir = tempfile::tempdir().unwrap();
+        let d = ditto_log::open(dir.path(), ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p =
+            ditto_replication::Primary::start(&d, l, ditto_replication::PrimaryOptions::default(), Box::new(|_| Ts(0)))
+                .unwrap();
+        let strong = Arc::strong_count(&p);
+        let release = Arc::new(Release::default());
+        let listener = durability_listener(Some(&p), vec![Arc::clone(&release)]);
+        assert_eq!(Arc::strong_count(&p), strong, "the listener holds the primary");
+        p.stop();
+        let weak = Arc::downgrade(&p);
+        drop(p);
+        let gone = Instant::now() + Duration::from_secs(10);
+        while weak.upgrade().is_some() && Instant::now() < gone {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(weak.upgrade().is_none(), "the primary outlived its stop and every handle");
+        // Gone: the log's progress moves no release.
+        listener(Ts(7), None);
+        assert_eq!(poll_once(std::pin::pin!(release.wait(Ts(7)))), None, "released by the log alone");
+        drop(d);
+    }
+
     /// Backups on other hosts bound to every interface on the same port get other names
     /// (a restarted primary counts its backups by name).
     #[test]
@@ -2459,13 +2514,18 @@ mod tests {
         rt.block_on(async move {
             let addr = listen_with(backup, None, Arc::clone(&hub)).await;
             let mut a = TcpStream::connect(addr).await.unwrap();
-            a.write_all(b"*2\r\n$12\r\nDITTO.WAITTS\r\n$7\r\n1000000\r\n").await.unwrap();
+            // Pipelined behind a SELECT, whose effect stands: its reply says so, the wait's
+            // is refused, and the connection goes on (it closed, every reply failed).
+            a.write_all(b"*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n*2\r\n$12\r\nDITTO.WAITTS\r\n$7\r\n1000000\r\n")
+                .await
+                .unwrap();
             let mut buf = vec![0u8; 256];
             assert!(tokio::time::timeout(Duration::from_millis(300), a.read(&mut buf)).await.is_err());
             hub.set(next);
             let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.expect("an answer").unwrap();
             let got = String::from_utf8_lossy(&buf[..n]).into_owned();
-            assert!(got.starts_with("-ERR timestamp 1000000 is ahead of this node"), "{got}");
+            assert!(got.starts_with("+OK\r\n-ERR timestamp 1000000 is ahead of this node"), "{got}");
+            assert_eq!(ask(&mut a, b"*1\r\n$4\r\nPING\r\n").await, "+PONG\r\n", "the connection goes on");
         });
     }
 
