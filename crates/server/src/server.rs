@@ -1299,7 +1299,7 @@ fn give_up_waits(
 fn durability_listener(
     primary: Option<&Arc<ditto_replication::Primary>>,
     releases: Vec<Arc<Release>>,
-) -> Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync> {
+) -> ditto_log::ProgressListener {
     let p = primary.map(Arc::downgrade);
     Box::new(move |w, failed| {
         // A primary gone releases nothing more (its replies were given up when it
