@@ -2230,7 +2230,7 @@ fn drain_for_switchover(
 ) -> Result<(Ts, Duration), String> {
     const SETTLE: Duration = Duration::from_millis(2);
     let t = std::time::Instant::now();
-    sh.write_gate.drain_to(target, |to| {
+    let drain = sh.write_gate.drain_to(target, |to| {
         format!(
             "this node is handing its primary role to {to} (a switchover): writes go to the new primary in a moment"
         )
@@ -2253,7 +2253,7 @@ fn drain_for_switchover(
             _ => held = None,
         }
         if t.elapsed() >= within {
-            sh.write_gate.set_draining(None);
+            sh.write_gate.end_drain(drain);
             return Err(match (wm, acked) {
                 (_, None) => format!("{target} is not connected as a backup"),
                 (None, _) => format!("the log did not settle within {within:?} (commits still being made durable)"),
@@ -2263,7 +2263,7 @@ fn drain_for_switchover(
             });
         }
         if let Some(f) = log.failure() {
-            sh.write_gate.set_draining(None);
+            sh.write_gate.end_drain(drain);
             return Err(format!("the log failed: {f}"));
         }
         std::thread::sleep(Duration::from_micros(200));

@@ -1477,6 +1477,9 @@ pub struct WriteGate {
     /// and take writes as soon as it is promoted, rather than back here. With it, the
     /// drain's refusal as a client over TLS is told it (naming the target's TLS address).
     handing_to: Mutex<Option<(ClientAddr, String)>>,
+    /// One more at each drain (`drain_to`): a drain that ends by itself (`end_drain`)
+    /// clears only its own, not one begun since.
+    drain_gen: std::sync::atomic::AtomicU64,
     cluster: Mutex<Vec<(String, String)>>,
     /// Asked to stop (the supervisor's fence): honoured once the server serves, so that a
     /// backup that has acknowledged anything drains it first (`Backup::stop`).
@@ -1623,9 +1626,28 @@ impl WriteGate {
     /// `why(the target's address)`, of the client's kind (`ClientAddr::for_client`);
     /// SENTINEL names `target` as the primary until the drain ends (`set_draining(None)`,
     /// which a new role does).
-    pub fn drain_to(&self, target: &ClientAddr, why: impl Fn(&str) -> String) {
+    /// Returns the drain's number, for `end_drain`.
+    pub fn drain_to(&self, target: &ClientAddr, why: impl Fn(&str) -> String) -> u64 {
+        let mut w = self.why.lock();
+        let gen = self.drain_gen.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         *self.handing_to.lock() = Some((target.clone(), why(target.for_client(true))));
-        self.set_draining(Some(why(target.for_client(false))));
+        w.1 = Some(why(target.for_client(false)));
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        gen
+    }
+
+    /// Ends the drain numbered `gen` (it failed or timed out), unless another began since:
+    /// a drain left over from a switchover given up (its thread still waiting) would
+    /// otherwise open the writes of a later one, which then said it was drained with its
+    /// gate open.
+    pub fn end_drain(&self, gen: u64) {
+        let mut w = self.why.lock();
+        if self.drain_gen.load(std::sync::atomic::Ordering::Acquire) != gen {
+            return;
+        }
+        *self.handing_to.lock() = None;
+        w.1 = None;
+        self.closed.store(w.0.is_some(), std::sync::atomic::Ordering::Release);
     }
 
     /// The node a switchover's drain hands the primary role to (`drain_to`).
@@ -2962,6 +2984,25 @@ mod tests {
             matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT") && e.contains("no quorum contact"))
         );
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("w"));
+    }
+
+    /// A drain that ends by itself ends only itself: one left over from a switchover given
+    /// up cannot open the writes of a later drain.
+    #[test]
+    fn a_drain_that_ends_by_itself_leaves_a_later_one_in_force() {
+        let gate = WriteGate::default();
+        let first = gate.drain_to(&ClientAddr::new("10.0.0.8:7002", None), |a| format!("to {a}"));
+        let second = gate.drain_to(&ClientAddr::new("10.0.0.9:7002", None), |a| format!("to {a}"));
+        gate.end_drain(first);
+        assert!(gate.draining() && gate.refusal().is_some(), "the later drain was ended by the first");
+        assert_eq!(gate.handing_to().map(|t| t.plain), Some("10.0.0.9:7002".to_string()));
+        gate.end_drain(second);
+        assert!(!gate.draining() && gate.refusal().is_none() && gate.handing_to().is_none());
+        // The supervisor's own reason stays through a drain's end.
+        gate.set(Some("no quorum".into()));
+        let third = gate.drain_to(&ClientAddr::new("10.0.0.9:7002", None), |a| format!("to {a}"));
+        gate.end_drain(third);
+        assert!(gate.refusal().is_some(), "the supervisor's reason went with the drain");
     }
 
     /// SENTINEL answers for the service `ditto` with the primary the node knows, and for
