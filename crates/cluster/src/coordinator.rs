@@ -207,12 +207,6 @@ impl Coordinator {
         self.starting = starting;
     }
 
-    /// Whether a primary may accept writes: it has heard (acknowledgements of its epoch)
-    /// from a quorum of the members, itself included, within the failure timeout. A
-    /// primary cut off from the majority stops taking writes by itself, before the
-    /// majority's coordinator times it out (it could not release them anyway under
-    /// `majority` or `all`: the fenced majority refuses its batches; under `local` this
-    /// is what stops it).
     /// When this node's quorum contact lapses unless it hears more: the quorum-th most
     /// recent time it heard a member (itself now), plus the failure timeout (`None`: it
     /// has no quorum of members heard at all). `has_quorum_contact` is `now` before it.
@@ -226,6 +220,12 @@ impl Coordinator {
         times.get(state.quorum().checked_sub(1)?).map(|&t| t.saturating_add(self.t.failure))
     }
 
+    /// Whether a primary may accept writes: it has heard (acknowledgements of its epoch)
+    /// from a quorum of the members, itself included, within the failure timeout. A
+    /// primary cut off from the majority stops taking writes by itself, before the
+    /// majority's coordinator times it out (it could not release them anyway under
+    /// `majority` or `all`: the fenced majority refuses its batches; under `local` this
+    /// is what stops it).
     pub fn has_quorum_contact(&self, state: &ControlState, now: u64) -> bool {
         // This node hears itself as long as it runs.
         let recent = state

@@ -1973,12 +1973,14 @@ impl DataPlane for NodePlane {
     }
 
     fn abandoned(&mut self, plan: &RecoveryPlan) {
-        if !self.fetching.is_empty() || self.prepare_check.is_some() {
-            say(self.me, format!("the failover of epoch {} is over: its prepare here ends", plan.epoch));
+        if !self.fetching.is_empty() {
+            say(self.me, format!("the failover of epoch {} is over: its fetches here end", plan.epoch));
         }
         self.fetching.clear();
-        self.prepare_check = None;
         self.prepared = None;
+        // (A check of the directory still reading is kept: the next round's plan with the
+        // same point and nothing to fetch takes it over, `prepare`; nothing wrote the
+        // directory since. Dropped, each round read an old primary's whole log again.)
     }
 
     fn fetched(&mut self, plan: &RecoveryPlan, stream: usize, batches: Vec<Vec<u8>>, position: u64, last: bool) {
@@ -1989,7 +1991,7 @@ impl DataPlane for NodePlane {
         // server of this node runs (the service ends a prepare whose failover is over,
         // `abandoned`; this is the last check before the write).
         let current = self.state.epoch == plan.epoch && self.state.phase == Some(Phase::Failover);
-        if !current || self.child.is_some() {
+        if !current {
             say(
                 self.me,
                 format!(
@@ -1998,6 +2000,11 @@ impl DataPlane for NodePlane {
                 ),
             );
             self.abandoned(plan);
+            return;
+        }
+        if self.child.is_some() {
+            self.fetching.clear();
+            self.prepared = Some(Err("a server of this node runs: nothing fetched is written".into()));
             return;
         }
         let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
@@ -2602,6 +2609,12 @@ mod tests {
         plane.fetched(&plan, 0, vec![vec![1, 2, 3]], 100, true);
         assert!(plane.fetching.is_empty(), "the plan's fetches go on");
         assert!(!ditto_log::replica::replica_dir(&plane.data).exists(), "written into the directory");
+        // A check of the directory still reading outlives its round: the next plan with
+        // the same point takes it over (each round read an old primary's whole log again).
+        let (_tx, rx) = std::sync::mpsc::channel();
+        plane.prepare_check = Some((100, rx));
+        plane.abandoned(&plan);
+        assert!(plane.prepare_check.is_some(), "the check under way was dropped");
     }
 
     /// A backup names itself by the control state's address for it; a primary whose own

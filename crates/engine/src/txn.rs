@@ -608,6 +608,8 @@ impl<'w> Transaction<'w> {
                 // every loser of a race for the one free id allocate a fresh one, each
                 // moving the limit on, until one panicked.)
                 let near_limit = t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX;
+                // (Read before the take: an id taken across a promotion's
+                // `forget_reusable_rids` is then never put back, at worst one id lost.)
                 let generation = db.rid_generation();
                 let taken = if near_limit { t.take_free_rid(bound).map(|entry| (entry, generation)) } else { None };
                 let guard = &self.guard;
@@ -1419,7 +1421,8 @@ mod tests {
         }
         let max = crate::table::RECORDS_PER_TABLE_MAX;
         db.table(t).unwrap().reserve_rids(max - 3);
-        // A key already there near the limit: its taken id goes back (nothing leaks).
+        // A put of a key already there near the limit, with no id to reuse: written, not
+        // refused, and no id used.
         let used = db.record_ids_used(t).unwrap();
         w.run(|x| x.put(t, b"seed0", b"w")).unwrap().1.wait().unwrap();
         assert_eq!(db.record_ids_used(t).unwrap(), used);

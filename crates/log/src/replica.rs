@@ -382,6 +382,7 @@ fn open_replica_inner(
             ),
         });
     }
+    // (With it, the check of a seal above the limit below serves `open_replica_upto`.)
     // A promotion's point below the directory's checkpoint: the checkpoint holds commits
     // the failover discarded, and a cut cannot go below it (it went to the checkpoint
     // instead, silently: the new primary would have served them). Refused before
@@ -392,7 +393,7 @@ fn open_replica_inner(
                 file: dir.to_path_buf(),
                 offset: 0,
                 what: format!(
-                    "holds a checkpoint at ts {}, above the point ts {} it is asked to be cut at: it holds commits that failover discarded",
+                    "holds a checkpoint or a seal at ts {}, above the point ts {} it is asked to be cut at: it holds commits that failover discarded",
                     b.ts.0, l.0
                 ),
             });
