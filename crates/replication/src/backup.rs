@@ -157,9 +157,11 @@ pub struct BackupOptions {
     /// checkpoint at once, which takes the sealed logs away (default). Off, they stay
     /// until the policy's next checkpoint (tests of a second change in place before it).
     pub checkpoint_sealed: bool,
-    /// Set to stop: a backup still trying to join its primary gives up at once
-    /// (`BackupError::Stopped`); it has acknowledged nothing.
-    pub stop: Option<Arc<AtomicBool>>,
+    /// Any of them set stops: a backup still trying to join its primary gives up at once
+    /// (`BackupError::Stopped`); it has acknowledged nothing. (A cluster node's server
+    /// passes its supervisor's stop and the stop signals: a SIGTERM during a join that
+    /// follows a new primary in place waited for the join before.)
+    pub stop: Vec<Arc<AtomicBool>>,
     /// Join with a fresh copy of the primary's checkpoint, whatever the directory holds
     /// (it is not loaded; it is replaced once the copy is whole): a running backup whose
     /// primary can no longer resume it (`Backup::join_again`, `JoinAgain::Copy`) joins
@@ -253,7 +255,7 @@ impl BackupOptions {
             hold_replay_at_release: false,
             engine: None,
             checkpoint_sealed: true,
-            stop: None,
+            stop: Vec::new(),
             fresh_copy: false,
             cancel: None,
             keep_what_the_primary_lost: true,
@@ -635,8 +637,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         _ => Ts::ZERO,
     };
     let cancelled = || {
-        opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Acquire))
-            || opts.cancel.as_ref().is_some_and(JoinCancel::cancelled)
+        opts.stop.iter().any(|s| s.load(Ordering::Acquire)) || opts.cancel.as_ref().is_some_and(JoinCancel::cancelled)
     };
     let hello = Frame::Hello {
         version: PROTOCOL_VERSION,

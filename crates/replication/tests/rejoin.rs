@@ -874,7 +874,9 @@ fn a_join_waiting_out_a_primarys_checkpoint_ends_when_cancelled_or_stopped() {
         let opts = BackupOptions {
             fresh_copy: true,
             cancel: by_cancel.then(|| cancel.clone()),
-            stop: Some(Arc::clone(&stop)),
+            // (Any of the flags stops it: a cluster node's server passes its supervisor's
+            // stop and the stop signals.)
+            stop: vec![Arc::new(std::sync::atomic::AtomicBool::new(false)), Arc::clone(&stop)],
             ..BackupOptions::new(&addr, dir.path(), 1, "b")
         };
         let (done_tx, done) = std::sync::mpsc::channel();

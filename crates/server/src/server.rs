@@ -442,8 +442,12 @@ fn backup_options(
         // primary in place, `RoleRequest::Follow`).
         engine,
         checkpoint_sealed: true,
-        // A cluster node's stop, or a stop signal, ends a join that has not happened yet.
-        stop: Some(cfg.write_gate.as_ref().map_or_else(|| Arc::clone(&signals.asked), |g| g.stop_flag())),
+        // A cluster node's stop, or a stop signal, ends a join that has not happened yet
+        // (both for a cluster node: a SIGTERM to a server following a new primary in
+        // place waited for its join before).
+        stop: std::iter::once(Arc::clone(&signals.asked))
+            .chain(cfg.write_gate.as_ref().map(|g| g.stop_flag()))
+            .collect(),
         fresh_copy: false,
         cancel: None,
         // A cluster's failover points lie above every acknowledged commit.
