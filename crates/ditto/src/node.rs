@@ -738,9 +738,7 @@ impl NodePlane {
             switch_asked: Default::default(),
         }
     }
-}
 
-impl NodePlane {
     /// Tells the server to stop and waits for it at most `SERVER_WAIT`: `poll_stop` sees
     /// its exit later (and kills it after the stop timeout).
     fn stop_child(&mut self, why: &str) {

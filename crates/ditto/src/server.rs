@@ -252,7 +252,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     },
                     // A switchover: `drain TARGET_CLIENT_ADDR WITHIN_MS [TARGET_TLS_ADDR]`, and
                     // `drain off` when it is given up (RoleRequest::Drain).
-                    ("drain", "off") => g.set_draining(None),
+                    ("drain", "off") => g.end_drains(),
                     ("drain", rest) => match rest.split_whitespace().collect::<Vec<_>>()[..] {
                         [target, ms, ref tls @ ..] if ms.parse::<u64>().is_ok() && tls.len() <= 1 => {
                             g.request_role(ditto_server::session::RoleRequest::Drain {

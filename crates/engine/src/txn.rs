@@ -608,10 +608,15 @@ impl<'w> Transaction<'w> {
                 // every loser of a race for the one free id allocate a fresh one, each
                 // moving the limit on, until one panicked.)
                 let near_limit = t.rid_limit() + crate::db::WORKERS_MAX as u64 >= crate::table::RECORDS_PER_TABLE_MAX;
-                // (Read before the take: an id taken across a promotion's
+                // (The generation read before the take: an id taken across a promotion's
                 // `forget_reusable_rids` is then never put back, at worst one id lost.)
-                let generation = db.rid_generation();
-                let taken = if near_limit { t.take_free_rid(bound).map(|entry| (entry, generation)) } else { None };
+                let taken = match near_limit {
+                    true => {
+                        let generation = db.rid_generation();
+                        t.take_free_rid(bound).map(|entry| (entry, generation))
+                    }
+                    false => None,
+                };
                 let guard = &self.guard;
                 let (rid, created) = if near_limit && taken.is_none() {
                     // No id to give: only a key that is there can be written (a put of one

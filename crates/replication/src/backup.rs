@@ -749,7 +749,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             dir.display()
         )));
     }
-    if opts.cancel.as_ref().is_some_and(|c| !c.hold(&stream)) {
+    // (Its connection is held for a cancel since its connect, in `join`.)
+    if opts.cancel.as_ref().is_some_and(JoinCancel::cancelled) {
         return Err(BackupError::Stopped);
     }
     let (epoch, streams, tables, start) = match welcome {

@@ -991,7 +991,7 @@ fn run_role(
     hub.set(Arc::clone(&conn));
     // A new role is not draining (the write gate outlives roles, with the connections: a
     // switchover's old primary that followed in place kept its drain until now).
-    sh.write_gate.set_draining(None);
+    sh.write_gate.end_drains();
     // A failover waits for a promoted node's role to start: where its time went.
     if t_role.elapsed() > Duration::from_millis(20) {
         tracing::info!(

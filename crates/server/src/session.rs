@@ -1611,22 +1611,24 @@ impl WriteGate {
         self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
     }
 
-    /// A switchover's drain refuses writes with `why` (`Some`), or no longer (`None`),
-    /// whatever the supervisor's own reason says.
-    pub fn set_draining(&self, why: Option<String>) {
+    /// Ends any switchover's drain (it was given up, or a new role starts), whatever the
+    /// supervisor's own reason says.
+    pub fn end_drains(&self) {
         let mut w = self.why.lock();
-        if why.is_none() {
-            *self.handing_to.lock() = None;
-        }
-        w.1 = why;
-        self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
+        self.clear_drain(&mut w);
+    }
+
+    /// The drain's part of the gate cleared, under the reasons' lock.
+    fn clear_drain(&self, w: &mut (Option<String>, Option<String>)) {
+        *self.handing_to.lock() = None;
+        w.1 = None;
+        self.closed.store(w.0.is_some(), std::sync::atomic::Ordering::Release);
     }
 
     /// A switchover's drain to `target` (its clients' address) refuses writes with
     /// `why(the target's address)`, of the client's kind (`ClientAddr::for_client`);
-    /// SENTINEL names `target` as the primary until the drain ends (`set_draining(None)`,
-    /// which a new role does).
-    /// Returns the drain's number, for `end_drain`.
+    /// SENTINEL names `target` as the primary until the drain ends (`end_drains`, which a
+    /// new role does, or `end_drain`). Returns the drain's number, for `end_drain`.
     pub fn drain_to(&self, target: &ClientAddr, why: impl Fn(&str) -> String) -> u64 {
         let mut w = self.why.lock();
         let gen = self.drain_gen.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
@@ -1642,12 +1644,9 @@ impl WriteGate {
     /// gate open.
     pub fn end_drain(&self, gen: u64) {
         let mut w = self.why.lock();
-        if self.drain_gen.load(std::sync::atomic::Ordering::Acquire) != gen {
-            return;
+        if self.drain_gen.load(std::sync::atomic::Ordering::Acquire) == gen {
+            self.clear_drain(&mut w);
         }
-        *self.handing_to.lock() = None;
-        w.1 = None;
-        self.closed.store(w.0.is_some(), std::sync::atomic::Ordering::Release);
     }
 
     /// The node a switchover's drain hands the primary role to (`drain_to`).
@@ -1655,7 +1654,7 @@ impl WriteGate {
         self.handing_to.lock().as_ref().map(|(t, _)| t.clone())
     }
 
-    /// Whether a switchover's drain refuses writes now (`set_draining`).
+    /// Whether a switchover's drain refuses writes now (`drain_to`).
     pub fn draining(&self) -> bool {
         self.why.lock().1.is_some()
     }
@@ -3042,7 +3041,7 @@ mod tests {
         };
         assert!(refused(&mut s, &mut w).ends_with("handing the role to 10.0.0.8:7002"));
         assert!(refused(&mut t, &mut w).ends_with("handing the role to 10.0.0.8:7302"));
-        sh.write_gate.set_draining(None);
+        sh.write_gate.end_drains();
         assert_eq!(addr(&mut s, &sh, &mut w), at("10.0.0.7", "7001"));
         // A primary whose TLS address is not known: a TLS client is told the plaintext one.
         sh.primary_addr = Some(ClientAddr::new("10.0.0.7:7001", None));
