@@ -1380,6 +1380,12 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
                 }
                 Err(e) => format!("undecodable operator request: {e}"),
             },
+            // A node removed since its hello (one that missed the entry removing it goes
+            // on sending on the connections it has): the connection closes, and the hello
+            // of its next one is refused as removed, which stops its node.
+            Ok(Some(_)) if shared.status.lock().unwrap().state.retired.contains(&hello_from) => {
+                format!("node {hello_from} was removed from the cluster since its hello")
+            }
             Ok(Some((from, kind, body))) => match decode(from, kind, &body) {
                 Ok(input) => {
                     if inbox.send(input).is_err() {

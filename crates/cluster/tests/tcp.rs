@@ -958,6 +958,51 @@ fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
     panic!("the removal was not applied after 100 tries");
 }
 
+/// A member removed while its connections stay open, that missed the entry removing it,
+/// is told at its next frame: the connection the frame came on closes, and the hello of
+/// its next one is refused as removed, which stops its node. (Before, only a new
+/// connection's hello was checked: a node that missed its removal went on sending its
+/// campaigns on the connections it had, read for ever, and never stopped.)
+#[test]
+fn a_removed_nodes_open_connection_is_closed_at_its_next_frame() {
+    use std::io::Write;
+    let c = Cluster::running(3);
+    let primary = c.bootstrap();
+    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 1)
+    });
+    c.nodes[&c.leader_now()].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
+    wait_for("the membership settled", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
+    });
+    let gone = (1..=3).find(|&id| id != primary).unwrap();
+    // A connection as node `gone`, its hello taken while it is a member.
+    let (mut s, taken) = hello_as(c.peers[&primary], gone, b"");
+    assert_eq!(taken, "", "a member's hello is taken");
+    let mut at = c.leader_now();
+    let mut done = false;
+    for _ in 0..100 {
+        match admin_request(&c.peers[&at].to_string(), &AdminRequest::Remove(gone), None, None).unwrap() {
+            AdminReply::Done { .. } => {
+                done = true;
+                break;
+            }
+            AdminReply::NotLeader { leader: Some(l), .. } => at = l,
+            AdminReply::Busy(_) | AdminReply::NotLeader { .. } => std::thread::sleep(Duration::from_millis(100)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(done, "the removal was not applied after 100 tries");
+    wait_for("the primary's node applying the removal", Duration::from_secs(10), || {
+        c.nodes[&primary].status().state.retired.contains(&gone)
+    });
+    // Its next frame (a stale heartbeat, which moves nothing) closes the connection.
+    s.write_all(&forged_heartbeat(primary, gone, 0)).unwrap();
+    assert_eq!(read_to_close(&mut s, "a removed node's frame"), Vec::<u8>::new());
+    let (_s, refused) = hello_as(c.peers[&primary], gone, b"");
+    assert!(refused.contains(ditto_cluster::service::REMOVED), "{refused}");
+}
+
 /// Nodes given different secrets, or one none, do not form one group: each side refuses
 /// the other's connections and says why. Given the same secret, the odd node joins.
 #[test]

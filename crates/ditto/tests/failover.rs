@@ -1535,7 +1535,7 @@ fn members_are_added_and_removed_online_and_a_failover_after_loses_nothing() {
     let (ok, out) = cluster_cli(&["remove", &victim.to_string(), "--via", &c.control_addr(4)]);
     assert!(ok, "removing node {victim}: {out}");
     let mut gone = c.nodes.remove(&victim).unwrap();
-    let status = wait_for("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
+    let status = c.wait_or_dump("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
     // With the status a service manager is told not to restart on (EX_CONFIG).
     assert_eq!(status.code(), Some(78), "the removed node stops with the removed status: {status}");
     let removed_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -2055,7 +2055,7 @@ fn a_switchover_promotes_its_target_in_place_loses_nothing_and_lets_the_old_prim
     let (ok, out) = cluster_cli(&["remove", &first.to_string(), "--via", &c.control_addr(to)]);
     assert!(ok, "removing the old primary: {out}");
     let mut gone = c.nodes.remove(&first).unwrap();
-    let status = wait_for("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
+    let status = c.wait_or_dump("the removed node to stop", Duration::from_secs(20), || gone.try_wait().unwrap());
     assert_eq!(status.code(), Some(78), "it stops with the removed status: {status}");
     c.ports.remove(&first);
     c.wait_or_dump("the primary counting one backup, settled", Duration::from_secs(10), || {
@@ -2520,7 +2520,7 @@ fn a_node_removed_while_it_was_down_is_told_when_it_comes_back_and_stops() {
     assert!(ok, "removing node {victim} while it is down: {out}");
     c.start_node(victim);
     let mut back = c.nodes.remove(&victim).unwrap();
-    let status = wait_for("the removed node to stop", Duration::from_secs(30), || back.try_wait().unwrap());
+    let status = c.wait_or_dump("the removed node to stop", Duration::from_secs(30), || back.try_wait().unwrap());
     assert_eq!(status.code(), Some(78), "it stops with the removed status, saying why: {status}");
     let log = std::fs::read_to_string(c.log(victim)).unwrap();
     assert!(log.contains("this node was removed from the cluster, and its id is never used again"), "{log}");
@@ -2590,7 +2590,7 @@ fn a_cluster_with_a_secret_takes_no_request_or_backup_without_it() {
     let (ok, out) = cluster_cli(&["remove", &victim, "--via", &via, "--cluster-secret-file", &right]);
     assert!(ok && out.contains("done: configuration"), "{out}");
     let mut gone = c.nodes.remove(&backups[1]).unwrap();
-    wait_for("the removed node to stop", Duration::from_secs(30), || gone.try_wait().unwrap());
+    c.wait_or_dump("the removed node to stop", Duration::from_secs(30), || gone.try_wait().unwrap());
 }
 
 /// A node refuses to start with a secret file others may read, one too short, or, where
