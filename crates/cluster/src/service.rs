@@ -670,6 +670,13 @@ struct Shared {
     /// saying why (a node removed while it was down, or that missed its removal, never
     /// learns it otherwise: no member talks to a non-member).
     removed: Mutex<Option<String>>,
+    /// Peers whose connection to this node ended after it carried frames: this node says
+    /// its hello to each once more, on a connection of its own that it then closes
+    /// (`send_to`), to learn whether it was removed. A learner removed that missed the
+    /// entry removing it sends nothing of its own on which to learn it; the leader dropping
+    /// its connection is the only sign. (A probe carries no frame, so its end asks for no
+    /// probe back.)
+    probe: Mutex<std::collections::BTreeSet<NodeId>>,
 }
 
 /// What a member answers a removed node's hello (its node stops when it reads it).
@@ -962,6 +969,7 @@ impl ControlService {
             refusals: Mutex::default(),
             awaiting_hello: Default::default(),
             removed: Default::default(),
+            probe: Default::default(),
         });
         let (inbox, rx) = mpsc::sync_channel(INBOX);
         let mut threads = Vec::new();
@@ -1354,9 +1362,29 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     // The node the hello named (0: an operator): every frame after it on this connection
     // is that node's, so that one peer cannot speak for another.
     let Some((hello_from, stream)) = taken else { return };
+    let mut frames = 0u64;
+    read_frames(hello_from, stream, peer, &shared, &inbox, &mut frames);
+    if frames > 0 && hello_from != 0 && !shared.stop.load(Ordering::SeqCst) {
+        shared.probe.lock().unwrap().insert(hello_from);
+    }
+}
+
+/// Reads the frames of node `hello_from` on `stream` until it ends, counting them.
+fn read_frames(
+    hello_from: NodeId,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    inbox: &SyncSender<Input>,
+    frames: &mut u64,
+) {
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
-        let why = match read_frame(&mut buf) {
+        let got = read_frame(&mut buf);
+        if matches!(got, Ok(Some(_))) {
+            *frames += 1;
+        }
+        let why = match got {
             Ok(Some((from, kind, _))) if from != hello_from || (from == 0 && kind != KIND_ADMIN) => {
                 format!(
                     "a frame of kind {kind} from node {from} on a connection whose hello came from node {hello_from}"
@@ -1404,13 +1432,25 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     }
 }
 
-fn send_to(addr: SocketAddr, name: String, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
+fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
     let mut conn: Option<TcpStream> = None;
     let mut retry_at = Instant::now();
     // The peer's last refusal, and when it was logged (again only when it changes, or
     // after a minute).
     let mut refused: Option<(String, Instant)> = None;
     while !shared.stop.load(Ordering::SeqCst) {
+        // The peer's connection here ended (`Shared::probe`): a hello on a connection of
+        // this node's own, closed at once, tells whether the peer removed this node. (Not
+        // on `conn`: closing a connection that carried frames asks the peer for a probe.)
+        if shared.probe.lock().unwrap().remove(&peer) {
+            let secret = shared.secret.as_ref().map(|s| &s.shown);
+            if let Err(e) = connect(addr, &name, shared.id, secret, shared.tls.as_deref(), Duration::from_millis(200)) {
+                if is_refused(&e) && e.to_string().contains(REMOVED) {
+                    tracing::warn!("control: {e}");
+                    *shared.removed.lock().unwrap() = Some(e.to_string());
+                }
+            }
+        }
         let (f, written) = match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(f) => f,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -1529,7 +1569,7 @@ impl Run {
                 .or_else(|| st.node(peer).map(|m| m.host()))
                 .map_or_else(|| addr.ip().to_string(), |h| cert_name(h).to_string());
             self.sender_threads
-                .push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(addr, name, rx, shared)));
+                .push(spawn(format!("ditto-ctl-send-{me}-{peer}"), move || send_to(peer, addr, name, rx, shared)));
         }
         self.sender_threads.retain(|t| !t.is_finished());
     }
@@ -2142,6 +2182,7 @@ mod tests {
                 refusals: Mutex::default(),
                 awaiting_hello: Default::default(),
                 removed: Default::default(),
+                probe: Default::default(),
             });
             let (jobs, rx) = mpsc::channel();
             let sh = Arc::clone(&shared);
