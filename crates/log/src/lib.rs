@@ -679,6 +679,14 @@ impl Durable {
                 what: "the log is fenced (`Durable::fence`): no checkpoint is written".into(),
             });
         }
+        // A failed log: the engine holds commits whose log write failed (answered as
+        // failed), which a checkpoint would make durable, and covered segments are what
+        // recovery needs while the log is in doubt. (Found by a review.)
+        if let Some(why) = i.logger.failure() {
+            return Err(LogError::Engine(ditto_engine::Error::LogFailed(
+                format!("no checkpoint is written on a failed log: {why}").into(),
+            )));
+        }
         let bytes_then = i.logger.stats.bytes_written.load(std::sync::atomic::Ordering::Acquire);
         // The newest sealed log's floor (what it lies on), for keeping it once this
         // checkpoint takes the chain away (`sealed::retire_sealed`).

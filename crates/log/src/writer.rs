@@ -610,11 +610,16 @@ impl Logger {
             .truncate(seg.end)
             .and_then(|()| seg.file.sync())
             .map_err(|e| format!("trimming {}: {e}", seg.path.display()))?;
-        self.streams[w].closed.lock().push(ClosedSegment { path: seg.path.clone(), last_ts: seg.last_ts });
+        // The full segment may go (a checkpoint covering it) only once the next exists,
+        // durably named: until then it is the stream's last, which recovery needs (offered
+        // before, a checkpoint could delete it while the next failed to be created, or a
+        // power cut came between, and every open refused the directory: a stream with no
+        // segment; found by a review).
         let next = seg.seq + 1;
         let opened = self.open_segment(w, next, seg.last_ts).map_err(|e| {
             format!("opening segment {}: {e}", Self::segment_path(&self.dir, w, self.epoch, next).display())
         })?;
+        self.streams[w].closed.lock().push(ClosedSegment { path: seg.path.clone(), last_ts: seg.last_ts });
         *seg = Segment::new(opened);
         Ok(())
     }

@@ -698,6 +698,48 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
     }
 }
 
+/// A stream's next segment that cannot be created fails the log; a checkpoint after it
+/// is refused (the engine holds commits answered as failed), and the full segment is not
+/// offered for deletion before its successor exists: a reopen has every acknowledged
+/// commit. (Before, the full segment was offered first, a checkpoint deleted it, and every
+/// open refused the directory: "stream 0 ... has no segment file".)
+#[test]
+fn a_failed_roll_leaves_the_full_segment_and_refuses_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = StepFaults::of_kind("/log/stream-0000-", "create");
+    faults.arm(2);
+    let mut o = opts(2, Durability::EveryBatch);
+    o.log.storage = Arc::new(faults.clone());
+    let mut acked = 0u64;
+    {
+        let d = open(dir.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        put_n(&d, t, 1, 1_000_000, 5);
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        for i in 0..3000u64 {
+            let r = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes().repeat(8)).map(|_| ()));
+            match r.and_then(|(_, ticket)| ticket.wait()) {
+                Ok(_) => acked = i + 1,
+                Err(Error::LogFailed(_)) => break,
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        let why = d.logger().failure().expect("the roll's create failed the log");
+        assert!(why.contains("opening segment"), "{why}");
+        assert!(acked > 100, "the fault came with the roll, after {acked}");
+        match d.checkpoint() {
+            Err(e) => assert!(e.to_string().contains("failed log"), "{e}"),
+            Ok(i) => panic!("a checkpoint on a failed log: {i:?}"),
+        }
+    }
+    let d = open(dir.path(), opts(2, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    for i in (0..acked).chain(1_000_000..1_000_005) {
+        assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "acknowledged commit {i} lost");
+    }
+}
+
 fn checkpoint_dirs(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir.join("checkpoints")).unwrap().map(|e| e.unwrap().path()).collect();
     v.sort();
