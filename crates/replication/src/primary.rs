@@ -913,6 +913,17 @@ impl Primary {
                 return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
             }
         }
+        // A backup of a later epoch than this primary's: this primary is stale (deposed,
+        // or restored from an older copy), and the copy it would send (no log of that
+        // epoch to resume from) would discard commits a later primary released with the
+        // backup in its quorum. Refused: the backup keeps them. (Found by a review.)
+        if epoch > self.epoch {
+            let reason = format!(
+                "this backup follows epoch {}, later than this primary's epoch {}: this primary is stale (deposed, or restored from an older copy) and sends it nothing; the backup keeps what it holds (point it at the current primary)",
+                epoch.0, self.epoch.0
+            );
+            return Err(refuse(&stream, reason));
+        }
         if let Some(reason) = self.name_taken(&node, &addr, have_ts) {
             return Err(refuse(&stream, reason));
         }
@@ -946,7 +957,10 @@ impl Primary {
                 .map_err(|e| refuse(&stream, format!("the primary could not record its quorum: {e}")))
         };
         if Self::counts(&self.counted_nodes.lock(), &node, learner) {
-            record(self.links.lock().iter().filter(|l| !l.learner).count() + 1)?;
+            // (The count read first: a guard in the call's argument lived through the
+            // record's fsync, stalling every commit meanwhile; found by a review.)
+            let counted = self.links.lock().iter().filter(|l| !l.learner).count();
+            record(counted + 1)?;
         }
         // Register first: from here on every framed batch is queued for this backup.
         let link = loop {
@@ -978,6 +992,13 @@ impl Primary {
                 let reason = format!("{NAME_TAKEN}: backup {node} linked from {} meanwhile", l.addr);
                 drop(links);
                 return Err(refuse(&stream, reason));
+            }
+            // Stopped (fenced) meanwhile: `stop` killed the links it saw under this lock,
+            // and this one, registered after, would resume and be sent heartbeats for good,
+            // its backup never learning that the primary is gone. (Found by a review.)
+            if self.stopping.load(Ordering::Acquire) {
+                drop(links);
+                return Err(refuse(&stream, "the primary is shutting down".to_string()));
             }
             let mut links = links;
             let link = Arc::new(Link {
@@ -1211,38 +1232,50 @@ impl Primary {
                 reg_clock
             }
             None => {
-                // Hard links keep the files while a later checkpoint replaces this one.
-                let keep = self.durable.dir().join(format!(
+                // Hard links keep the files while a later checkpoint replaces this one; they
+                // go on every way out (a failed send, a log unread, a refused write: before,
+                // each left its directory, pinning the checkpoint's files until a restart).
+                let keep = ShipDir(self.durable.dir().join(format!(
                     "ship-{}-{}{}-{}",
                     std::process::id(),
                     if link.learner { "l" } else { "" },
                     link.slot,
                     // (Its own: a killed link of the same slot may still be leaving its own.)
                     SHIP_DIRS.fetch_add(1, Ordering::Relaxed)
-                ));
-                let _ = std::fs::remove_dir_all(&keep);
+                )));
+                let _ = std::fs::remove_dir_all(&keep.0);
                 // A recent checkpoint and the log above it (after a failover, the one the
                 // new primary writes in the background), or one written for this backup.
-                let recent = self.durable.link_recent_checkpoint(&keep).map_err(std::io::Error::other)?;
+                let recent = self.durable.link_recent_checkpoint(&keep.0).map_err(std::io::Error::other)?;
                 // Kept for it: the log above the checkpoint it is sent (none for one written
                 // now, above which it is sent the log live).
                 let asked = recent.as_ref().map_or(NOTHING_ASKED, |(info, _)| info.ts.0);
                 link.asked_from.store(asked, Ordering::Release);
+                // (A log that cannot be read whole, a damaged segment, is not sent: a
+                // checkpoint is written for it instead, as for a resumed backup. Before, the
+                // join failed, and every try again failed the same way.)
                 let above = match &recent {
                     Some((info, _)) => ditto_log::replica::batches_after(self.durable.dir(), self.epoch, info.ts)
-                        .map_err(std::io::Error::other)?,
+                        .unwrap_or_else(|e| {
+                            tracing::warn!(
+                                "the log above the recent checkpoint at ts {} cannot be read whole ({e}): a checkpoint is written for backup {}",
+                                info.ts.0,
+                                link.node
+                            );
+                            None
+                        }),
                     None => None,
                 };
                 let (info, files, above) = match (recent, above) {
                     (Some((info, files)), Some(above)) => (info, files, above),
                     _ => {
-                        let _ = std::fs::remove_dir_all(&keep);
+                        let _ = std::fs::remove_dir_all(&keep.0);
                         // The log above the registration (so above the checkpoint) is kept
                         // while the copy is sent, for what the queue cannot hold meanwhile.
                         link.asked_from.store(reg_clock.0, Ordering::Release);
                         let info = self.checkpoint_for_a_join(&mut w)?;
                         let files =
-                            ditto_log::checkpoint::link_files(&info.dir, &keep).map_err(std::io::Error::other)?;
+                            ditto_log::checkpoint::link_files(&info.dir, &keep.0).map_err(std::io::Error::other)?;
                         (info, files, Gap::default())
                     }
                 };
@@ -1258,7 +1291,7 @@ impl Primary {
                 let mut files = files;
                 // The manifest last: a backup treats the checkpoint as whole only with it.
                 files.sort_by_key(|n| (n == "MANIFEST", n.clone()));
-                let total = files.iter().filter_map(|n| std::fs::metadata(keep.join(n)).ok()).map(|m| m.len()).sum();
+                let total = files.iter().filter_map(|n| std::fs::metadata(keep.0.join(n)).ok()).map(|m| m.len()).sum();
                 let welcome = Frame::Welcome {
                     epoch: self.epoch,
                     streams: logger.streams() as u32,
@@ -1269,8 +1302,8 @@ impl Primary {
                 link.copy_total.store(total, Ordering::Release);
                 link.phase.store(PHASE_SENDING, Ordering::Release);
                 w.write_all(&welcome.encode())?;
-                let sent = send_files(&mut w, &keep, &files, &link.copy_sent);
-                let _ = std::fs::remove_dir_all(&keep);
+                let sent = send_files(&mut w, &keep.0, &files, &link.copy_sent);
+                drop(keep);
                 sent?;
                 w.write_all(&Frame::CheckpointDone { ts: info.ts }.encode())?;
                 // The log above a reused checkpoint, as a resumed backup's gap is sent (for
@@ -1295,7 +1328,9 @@ impl Primary {
         let mut last_sent = Instant::now();
         // Since when nothing was queued and nothing moved (a link dozes after `LINK_DOZE_AFTER`).
         let mut still_since = Instant::now();
-        let result = loop {
+        // (A failed write ends the loop, not the function: the acks' reader is joined
+        // below before the link's figures are read as it ends.)
+        let result = 'live: loop {
             let frames: Vec<Bytes> = {
                 let mut q = link.queue.lock();
                 q.writing = false;
@@ -1336,7 +1371,9 @@ impl Primary {
                 q.frames.drain(..).collect()
             };
             for f in &frames {
-                w.write_all(f)?;
+                if let Err(e) = w.write_all(f) {
+                    break 'live Err(e);
+                }
             }
             let released = self.released();
             let acknowledged = self.acknowledged().max(released);
@@ -1349,13 +1386,17 @@ impl Primary {
                 || acknowledged > last_acknowledged
                 || (frames.is_empty() && last_sent.elapsed() >= IDLE_HEARTBEAT)
             {
-                w.write_all(&Frame::Heartbeat { released, acknowledged }.encode())?;
+                if let Err(e) = w.write_all(&Frame::Heartbeat { released, acknowledged }.encode()) {
+                    break Err(e);
+                }
                 (last_released, last_acknowledged) = (released, acknowledged);
             } else if frames.is_empty() {
                 continue;
             }
             last_sent = Instant::now();
-            w.flush()?;
+            if let Err(e) = w.flush() {
+                break Err(e);
+            }
         };
         let _ = stream.shutdown(std::net::Shutdown::Both);
         acks.join();
@@ -1396,12 +1437,6 @@ impl Primary {
             self.catch_up_rounds.fetch_add(1, Ordering::Relaxed);
             link.phase.store(PHASE_CATCHING_UP, Ordering::Release);
             let reg = clock.now();
-            // Tables created meanwhile: their frames were dropped with the rest, and the
-            // catalog, not the log, holds them (each is in it before its frame is framed,
-            // so those dropped are there now; a backup takes one it has again).
-            for (id, name) in logger.catalog_tables() {
-                w.write_all(&Frame::Table { id: id.0, name }.encode())?;
-            }
             let read = || {
                 wait_logged(logger, link, reg, || true, "the catch-up's start")?;
                 match ditto_log::replica::batches_after(self.durable.dir(), self.epoch, from) {
@@ -1420,6 +1455,14 @@ impl Primary {
             // a long log is checked whole before it is sent.)
             w.flush()?;
             let gap = saying_alive(w, read)?;
+            // Tables created meanwhile: their frames were dropped with the rest, and the
+            // catalog, not the log, holds them (each is in it before a batch writes it, so
+            // read after the gap it holds every table the gap writes; a backup takes one
+            // it has again). Read before the gap, a table created between the two had its
+            // frame queued behind the gap that wrote it, and the backup's replay failed.
+            for (id, name) in logger.catalog_tables() {
+                w.write_all(&Frame::Table { id: id.0, name }.encode())?;
+            }
             tracing::info!(
                 "backup {} at {}: the log written while its start was sent passed its queue ({} MiB); sending it from disk above ts {} ({} batches)",
                 link.node,
@@ -1630,6 +1673,16 @@ fn saying_alive<T: Send>(w: &mut impl Write, f: impl FnOnce() -> std::io::Result
         let out = working.join().expect("a link's helper thread panicked")?;
         told.map(|()| out)
     })
+}
+
+/// A directory of hard links to a checkpoint's files kept for one backup's copy, removed
+/// when dropped.
+struct ShipDir(PathBuf);
+
+impl Drop for ShipDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Numbers each link's directory of checkpoint files being sent (`ship-PID-SLOT-N`).

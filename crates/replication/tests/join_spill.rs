@@ -216,3 +216,58 @@ fn a_joining_backup_that_reads_nothing_of_its_copy_is_given_up_and_its_name_free
     p.stop();
     a.close();
 }
+
+/// A backup joining while a recent checkpoint would do, but the log above it cannot be
+/// read whole (a damaged segment): it is sent a checkpoint written for it, as a resumed
+/// backup is, and joins with every row; no directory of hard links is left behind (before,
+/// the join failed, every try again the same way, each leaving its `ship-*` directory
+/// pinning the checkpoint's files).
+#[test]
+fn a_join_whose_log_above_the_recent_checkpoint_is_damaged_gets_a_fresh_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let log = LogOptions { segment_bytes_max: 64 << 10, ..Default::default() };
+    let (a, t, p, addr) = start_primary(&pa, log, "local", PrimaryOptions::default());
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut noise = noise_from(0x9e37_79b9_7f4a_7c15);
+    let mut rows = Vec::new();
+    let mut put = |from: u32, to: u32, size: usize, rows: &mut Vec<(u32, Vec<u8>)>| {
+        for i in from..to {
+            let v = noise(size);
+            w.run(|x| x.put(t, &i.to_be_bytes(), &v)).unwrap().1.wait().unwrap();
+            rows.push((i, v));
+        }
+    };
+    put(0, 128, 32 << 10, &mut rows); // a 4 MiB checkpoint
+    a.checkpoint().unwrap();
+    put(1000, 1128, 4 << 10, &mut rows); // 512 KiB of log above it: eight segments
+    let mut segs: Vec<_> = std::fs::read_dir(pa.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "{segs:?}");
+    // A byte in the middle of the oldest (closed) segment.
+    let mut bytes = std::fs::read(&segs[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&segs[0], &bytes).unwrap();
+    let bk = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    wait_until("the backup to replay everything", Duration::from_secs(60), || {
+        rows.iter().all(|(k, v)| {
+            let tb = bk.db.table_id("t").unwrap();
+            bk.db.read().get(tb, &k.to_be_bytes()).unwrap().as_deref() == Some(&v[..])
+        })
+    });
+    assert_eq!(p.checkpoints_sent.load(Ordering::SeqCst), 1);
+    let ship: Vec<_> = std::fs::read_dir(&pa)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ship-"))
+        .collect();
+    assert!(ship.is_empty(), "directories of hard links left: {ship:?}");
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    drop(w);
+    p.stop();
+}

@@ -177,6 +177,37 @@ fn a_backup_name_with_a_line_break_or_none_is_refused() {
     assert!(p.backups().is_empty(), "nothing registered");
 }
 
+/// A backup following a later epoch than the primary's is refused, saying so, and sent no
+/// copy (which would discard what it holds): the primary is stale (a deposed one still
+/// listening, or one restored from an older copy). Its own epoch's backups are taken.
+#[test]
+fn a_backup_of_a_later_epoch_is_refused_and_sent_no_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, _t, p, addr) = start_primary(&tmp.path().join("p"));
+    let mine = a.logger().epoch();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let hello = Frame::Hello {
+        version: PROTOCOL_VERSION,
+        epoch: Epoch(mine.0 + 1),
+        have_ts: Ts(5),
+        node: "later".into(),
+        learner: false,
+        auth: None,
+    };
+    s.write_all(&hello.encode()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    match read_frame(&mut s).unwrap() {
+        Some(Frame::Refuse { reason }) => {
+            assert!(reason.contains(&format!("later than this primary's epoch {}", mine.0)), "{reason}")
+        }
+        other => panic!("a backup of epoch {} was not refused: {other:?}", mine.0 + 1),
+    }
+    assert!(p.backups().is_empty(), "nothing registered");
+    let same = backup::start(BackupOptions::new(&addr, &tmp.path().join("b"), 1, "b")).unwrap();
+    wait_until("a backup of no epoch yet taken", Duration::from_secs(20), || links_named(&p, "b") == 1);
+    same.stop("done", Duration::from_secs(10)).unwrap();
+}
+
 /// The names backups' Hellos give are kept only while a restart waits (which alone reads
 /// them): a primary that waits for none keeps none, however many names connect (before,
 /// each new name stayed for the primary's life).
