@@ -591,12 +591,17 @@ impl Logger {
         }
         // A large batch written past the zeros appends; the file ends at the batch.
         seg.zeroed = seg.zeroed.max(end);
-        seg.file.write_all(frames).map_err(|e| format!("write to {}: {e}", seg.path.display()))?;
+        let start = seg.end;
+        if let Err(e) = seg.file.write_all(frames) {
+            return Err(Self::unwritten(seg, start, format!("write to {}: {e}", seg.path.display())));
+        }
         seg.end = end;
         seg.last_ts = seg.last_ts.max(bound);
         if fsync {
             let t0 = Instant::now();
-            seg.file.sync().map_err(|e| format!("fsync of {}: {e}", seg.path.display()))?;
+            if let Err(e) = seg.file.sync() {
+                return Err(Self::unwritten(seg, start, format!("fsync of {}: {e}", seg.path.display())));
+            }
             self.count_fsync(t0);
         }
         self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
@@ -622,6 +627,20 @@ impl Logger {
         self.streams[w].closed.lock().push(ClosedSegment { path: seg.path.clone(), last_ts: seg.last_ts });
         *seg = Segment::new(opened);
         Ok(())
+    }
+
+    /// A write or fsync of the batches from `start` failed (`why`, returned): the segment is
+    /// cut back to `start`, what earlier fsyncs made durable. Left, the failed bytes stay
+    /// in the page cache, and a later fsync through another descriptor (a holdings report,
+    /// an open in the same boot) succeeds on them and counts them as held, though they may
+    /// never reach the disk (the kernel reports a writeback error once; found by a
+    /// review). If the cut fails too, the log has failed all the same; it is said.
+    fn unwritten(seg: &mut Segment, start: u64, why: String) -> String {
+        if let Err(e) = seg.file.truncate(start) {
+            tracing::error!("{}: cutting the failed write back to offset {start}: {e}", seg.path.display());
+        }
+        (seg.end, seg.zeroed) = (start, start);
+        why
     }
 
     /// An fsync that began at `t0` ended: the figures.
