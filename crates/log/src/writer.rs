@@ -415,8 +415,15 @@ impl Logger {
         }
         for (w, file) in files.into_iter().enumerate() {
             let l = Arc::clone(&logger);
-            let h = std::thread::Builder::new().name(format!("ditto-log-{w}")).spawn(move || l.flusher(w, file))?;
-            logger.threads.lock().push(h);
+            match std::thread::Builder::new().name(format!("ditto-log-{w}")).spawn(move || l.flusher(w, file)) {
+                Ok(h) => logger.threads.lock().push(h),
+                // The flushers started end (each held the logger and its segment for the
+                // process's life; found by a review).
+                Err(e) => {
+                    logger.shutdown();
+                    return Err(e);
+                }
+            }
         }
         Ok(logger)
     }
