@@ -756,6 +756,19 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let (epoch, streams, tables, start) = match welcome {
         Some(Frame::Welcome { epoch, streams, tables, start }) => {
             check_welcome(streams, &tables)?;
+            // A primary of an older epoch than the one this backup follows is stale
+            // (deposed, or restored from an older copy): whatever it offers would discard
+            // commits a later primary released with this backup in its quorum. (A primary
+            // refuses such a backup itself; this is the backup's own check.)
+            if let Some(f) = followed.filter(|&f| epoch < f && !opts.fresh_copy) {
+                return Err(BackupError::Refused(format!(
+                    "the primary at {} is of epoch {}, older than epoch {} that this backup follows: it is stale (deposed, or restored from an older copy); this backup keeps what it holds in {} (point it at the current primary)",
+                    opts.primary,
+                    epoch.0,
+                    f.0,
+                    dir.display()
+                )));
+            }
             if opts.same_streams && streams as usize != opts.workers {
                 return Err(BackupError::Refused(format!(
                     "the primary writes {streams} log streams and this node runs {} workers: every node of a cluster must run the same --workers",

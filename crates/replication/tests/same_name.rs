@@ -208,6 +208,58 @@ fn a_backup_of_a_later_epoch_is_refused_and_sent_no_copy() {
     same.stop("done", Duration::from_secs(10)).unwrap();
 }
 
+/// A backup told by a primary of an older epoch than the one it follows to take a copy (a
+/// stale primary of an older build, which does not refuse it itself) refuses, saying so,
+/// and keeps what it holds.
+#[test]
+fn a_backup_refuses_a_primary_of_an_older_epoch_and_keeps_what_it_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("p"), tmp.path().join("b"));
+    // The primary's directory opened a second time: epoch 2.
+    ditto_log::open(&pa, ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap().close();
+    let (a, t, p, addr) = common::start_primary(&pa, Default::default(), "local", Default::default());
+    let followed = a.logger().epoch();
+    assert!(followed.0 >= 2, "{followed:?}");
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+    let b = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    wait_until("the backup to replay the row", Duration::from_secs(20), || {
+        b.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts.0
+    });
+    b.stop("done", Duration::from_secs(10)).unwrap();
+    drop(b);
+    // A stale primary: whatever the hello, a welcome of epoch 1 with a checkpoint.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stale = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let mut s = s.unwrap();
+            let _ = read_frame(&mut s);
+            let welcome = Frame::Welcome {
+                epoch: Epoch(followed.0 - 1),
+                streams: 1,
+                tables: vec![(0, "t".into())],
+                start: ditto_replication::protocol::Start::Checkpoint { ts: Ts(1), bytes: 0 },
+            };
+            let _ = s.write_all(&welcome.encode());
+        }
+    });
+    match backup::start(BackupOptions::new(&stale, &pb, 1, "b")) {
+        Err(BackupError::Refused(why)) => {
+            assert!(why.contains(&format!("older than epoch {} that this backup follows", followed.0)), "{why}")
+        }
+        other => panic!("a stale primary's copy was not refused: {:?}", other.map(|_| ())),
+    }
+    // What it holds is there: it resumes from its own primary, sent no copy.
+    let b = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    let tb = b.db.table_id("t").unwrap();
+    assert_eq!(b.db.read().get(tb, b"k").unwrap().as_deref(), Some(&b"v"[..]), "the backup kept its row");
+    assert_eq!(p.checkpoints_sent.load(std::sync::atomic::Ordering::SeqCst), 1, "the first join's copy alone");
+    b.stop("done", Duration::from_secs(10)).unwrap();
+    drop(w);
+    p.stop();
+}
+
 /// The names backups' Hellos give are kept only while a restart waits (which alone reads
 /// them): a primary that waits for none keeps none, however many names connect (before,
 /// each new name stayed for the primary's life).
