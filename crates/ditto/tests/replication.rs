@@ -406,6 +406,33 @@ fn a_second_backup_sharing_a_name_is_refused_and_exits_saying_why() {
     assert_eq!(r.one(&["GET", "k"]), "2");
 }
 
+/// Read-your-writes in one pipeline: `DITTO.WAITTS ts` then `GET k` sent together to a
+/// backup answer the value written at `ts`, every time (before, the GET read at once, at
+/// the view the backup had, and its reply waited with the WAITTS's: `+OK`, then the old
+/// value). In a transaction DITTO.WAITTS is refused (a transaction reads at its start).
+#[test]
+fn a_read_pipelined_after_waitts_on_a_backup_reads_at_least_that_fresh() {
+    let tmp = tempfile::tempdir().unwrap();
+    let primary = Node::start(&tmp.path().join("primary"), &["--repl-port", "0", "--commit-policy", "local"]);
+    let repl = primary.repl.clone().unwrap();
+    let backup = Node::start(&tmp.path().join("b1"), &["--replica-of", repl.as_str()]);
+    let mut c = Client::connect(primary.port).unwrap();
+    let mut r = Client::connect(backup.port).unwrap();
+    r.set_read_timeout(Duration::from_secs(10));
+    for i in 0..300 {
+        assert_eq!(c.one(&["SET", "k", &i.to_string()]), "+OK");
+        let ts = c.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+        r.send(&[&["DITTO.WAITTS", &ts], &["GET", "k"]]).unwrap();
+        assert_eq!(r.reply().unwrap(), ["+OK"], "write {i}");
+        assert_eq!(r.reply().unwrap(), [i.to_string()], "the GET after DITTO.WAITTS {ts} (write {i})");
+    }
+    assert_eq!(r.one(&["MULTI"]), "+OK");
+    let refused = r.one(&["DITTO.WAITTS", "1"]);
+    assert!(refused.contains("inside MULTI is not allowed"), "{refused}");
+    let exec = r.one(&["EXEC"]);
+    assert!(exec.starts_with("-EXECABORT"), "{exec}");
+}
+
 /// Under a `received` commit policy a reply waits for the backup's memory and no fsync on
 /// the primary, so not for the primary's fsync interval either: with `--durability
 /// interval` and an interval of 4 s, writes in a row are each acknowledged well within it

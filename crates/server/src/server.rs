@@ -1809,6 +1809,7 @@ impl Conn {
                         // Where reads could become held while it runs (a cut to follow a
                         // new primary), it is handled again if they did (below).
                         let gate = session.read_gate(&args, &conn.sh).map(|g| (g, args.clone()));
+                        let ends_batch = session.ends_batch(&args);
                         // A run of plain GETs, or of plain SETs, is answered together
                         // (`Session::handle_run`).
                         let work = match session.run_kind(&args, &conn.sh) {
@@ -1910,7 +1911,7 @@ impl Conn {
                             }
                             close |= o.close;
                         }
-                        if close {
+                        if close || ends_batch {
                             break;
                         }
                     }

@@ -528,6 +528,15 @@ impl Session {
         self.multi.is_none() && args[0].eq_ignore_ascii_case(b"WAIT")
     }
 
+    /// Whether `args` is a `DITTO.WAITTS` (not in a transaction, where it is refused): the
+    /// requests after it are handled only once its wait is over, so that they read at
+    /// least that fresh. (Before, a pipelined read after it read at once, at the view it
+    /// had, and its reply waited with the WAITTS's: `+OK`, then the old value; found by a
+    /// review.)
+    pub fn ends_batch(&self, args: &[Bytes]) -> bool {
+        self.multi.is_none() && args[0].eq_ignore_ascii_case(b"DITTO.WAITTS")
+    }
+
     pub fn run_kind(&self, args: &[Bytes], sh: &Shared) -> Option<RunKind> {
         if !self.authed || self.multi.is_some() {
             return None;
@@ -711,6 +720,13 @@ impl Session {
             return Err(Reply::err(OOM));
         }
         if let Some(queue) = self.multi.as_mut() {
+            // A transaction reads at its start: a wait queued in it would answer after reads
+            // that did not wait (found by a review).
+            if spec.name == "DITTO.WAITTS" {
+                return Err(Reply::err(
+                    "ERR DITTO.WAITTS inside MULTI is not allowed: send it before MULTI (a transaction reads at its start)",
+                ));
+            }
             if !matches!(spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
                 self.multi_bytes += args.iter().map(|a| a.len() + QUEUED_ARG_OVERHEAD).sum::<usize>();
                 if self.multi_bytes > MULTI_QUEUE_BYTES_MAX {
