@@ -253,9 +253,10 @@ pub fn run_data(
     let a = &args[1..];
     Ok(match spec.name {
         "GET" => get_reply(ks.get_string(txn, db, &a[0])?),
-        "SET" => return set(a, ks, db, txn),
+        "SET" => return set(a, ks, db, max_reply, txn),
         "GETSET" => match ks.get_string(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
+            Ok(Some(old)) if bulk_over(&old, max_reply) => too_large(max_reply),
             Ok(old) => {
                 ks.replace_with_string(txn, db, &a[0], None, &a[1])?;
                 old.map_or(Reply::Nil, Reply::Bulk)
@@ -422,6 +423,7 @@ pub fn run_data(
         "GETDEL" => match ks.get_string(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(None) => Reply::Nil,
+            Ok(Some(v)) if bulk_over(&v, max_reply) => too_large(max_reply),
             Ok(Some(v)) => {
                 ks.delete(txn, db, &a[0])?;
                 Reply::Bulk(v)
@@ -486,7 +488,7 @@ pub fn run_data(
 
 /// SET key value [NX|XX] [GET] [KEEPTTL]. Expiry options are refused: ditto has no key
 /// expiry (yet), and silently ignoring one would keep data a client meant to expire.
-fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<Reply> {
+fn set(a: &[Bytes], ks: &Keyspace, db: u8, max_reply: usize, txn: &mut Transaction<'_>) -> Result<Reply> {
     let (mut nx, mut xx, mut get) = (false, false, false);
     for opt in &a[2..] {
         match opt.to_ascii_uppercase().as_slice() {
@@ -505,6 +507,7 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<
     }
     let entry = ks.get(txn, db, &a[0])?;
     let old = match (&entry, get) {
+        (Some(Entry::String(v)), true) if bulk_over(v, max_reply) => return Ok(too_large(max_reply)),
         (Some(Entry::String(v)), true) => Some(v.clone()),
         (Some(_), true) => return Ok(wrongtype()),
         _ => None,
@@ -515,6 +518,15 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> Result<
     }
     ks.replace_with_string(txn, db, &a[0], entry.as_ref(), &a[1])?;
     Ok(if get { old.map_or(Reply::Nil, Reply::Bulk) } else { Reply::Ok })
+}
+
+/// Whether a reply of the one value `v` would pass `max_reply`: a command that writes and
+/// answers the old value (GETSET, GETDEL, SET ... GET) refuses before it writes. (Found by
+/// a review: the reply was replaced by this error after the commit, and GETDEL's value
+/// was gone with no one told it.)
+fn bulk_over(v: &[u8], max_reply: usize) -> bool {
+    // `$`, up to 20 digits and two CRLFs around the value.
+    v.len().saturating_add(32) > max_reply
 }
 
 /// The error for a reply whose values alone pass `max_output_bytes`.

@@ -904,7 +904,8 @@ impl Session {
             // The whole reply is held to `max_output_bytes`, as each command's is: a short
             // queue of reads of one large value would otherwise make the server copy and
             // encode without bound (a pipeline of the same is answered in parts).
-            let (mut left, mut over) = (sh.max_output_bytes, None);
+            // (Less the array's own header.)
+            let (mut left, mut over) = (sh.max_output_bytes.saturating_sub(16), None);
             let attempt = (|| -> Result<Option<Vec<Reply>>, Error> {
                 for ((db, key), then) in &watched {
                     if txn.changed_since(sh.ks.keys, &Keyspace::key_row(*db, key), *then)? {
@@ -2680,6 +2681,33 @@ mod tests {
             "six GETs of 25 bytes (41 each as counted) pass 200"
         );
         assert_eq!(cmd(&mut s2, &limited, &mut w, "GET marker"), Reply::Nil, "the refused EXEC wrote nothing");
+        // A command that writes and answers the old value refuses before it writes when
+        // that value's reply would pass the limit (before, the reply became the error
+        // after the commit: GETDEL's value was gone).
+        cmd(&mut s2, &limited, &mut w, &format!("SET huge {}", "h".repeat(190)));
+        for over in ["GETDEL huge", "GETSET huge small", "SET huge small GET"] {
+            assert!(
+                matches!(cmd(&mut s2, &limited, &mut w, over), Reply::Error(e) if e.contains("max_output_bytes")),
+                "{over}: a 190-byte value passes 200 with its framing"
+            );
+            assert_eq!(cmd(&mut s2, &limited, &mut w, "STRLEN huge"), Reply::Int(190), "{over} wrote nothing");
+        }
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL huge"), Reply::Int(1));
+        // An EXEC's integers are counted as they may encode (up to 23 bytes), and its
+        // array's header too: ten INCRBYs of a 19-digit counter answer 225 bytes, over 200,
+        // and are not run (counted as 16 bytes each, they ran, and the reply was replaced
+        // by an error after the commit).
+        cmd(&mut s2, &limited, &mut w, "SET n 1000000000000000000");
+        cmd(&mut s2, &limited, &mut w, "MULTI");
+        for _ in 0..10 {
+            cmd(&mut s2, &limited, &mut w, "INCRBY n 1");
+        }
+        assert!(
+            matches!(cmd(&mut s2, &limited, &mut w, "EXEC"), Reply::Error(e) if e.contains("nothing of the transaction was written")),
+            "ten INCRBYs answering 225 bytes pass 200"
+        );
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "GET n"), Reply::Bulk(Bytes::from("1000000000000000000")));
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL n"), Reply::Int(1));
         assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL big hbig"), Reply::Int(2));
         let mut c = |line: &str| cmd(&mut s, &sh, &mut w, line);
         assert!(err(c("FLUSHDB NOW"), "ERR syntax error"));
