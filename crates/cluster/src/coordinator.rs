@@ -109,6 +109,11 @@ pub struct Coordinator {
     heard: BTreeMap<NodeId, u64>,
     /// When each node's control plane was last heard from (any Raft message).
     alive: BTreeMap<NodeId, u64>,
+    /// When each primary last said it serves with quorum contact (`vouched`, its
+    /// `Ctl::Heard`).
+    vouched: BTreeMap<NodeId, u64>,
+    /// The (epoch, primary) heard from but not vouching for itself, and since when.
+    unvouched_since: Option<(u64, NodeId, u64)>,
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
     proposed: Option<(Command, u64)>,
@@ -137,6 +142,8 @@ impl Coordinator {
             starting: false,
             heard: BTreeMap::new(),
             alive: BTreeMap::new(),
+            vouched: BTreeMap::new(),
+            unvouched_since: None,
             round: None,
             proposed: None,
             switchover_since: None,
@@ -148,6 +155,13 @@ impl Coordinator {
     /// plane), here or, for the primary, at a backup that told the leader (`Ctl::Heard`).
     pub fn heard(&mut self, node: NodeId, now: u64) {
         let e = self.heard.entry(node).or_insert(now);
+        *e = (*e).max(now);
+    }
+
+    /// The primary `node` said it serves with quorum contact (its `Ctl::Heard`, which it
+    /// sends only then).
+    pub fn vouched(&mut self, node: NodeId, now: u64) {
+        let e = self.vouched.entry(node).or_insert(now);
         *e = (*e).max(now);
     }
 
@@ -338,7 +352,36 @@ impl Coordinator {
                     }
                     _ => self.switchover_since = None,
                 }
-                if silent >= self.t.failure && !starting {
+                // Heard (its backups' links are up), but not saying it has quorum contact:
+                // a primary cut off from the majority, or whose control thread hangs, takes
+                // no writes (its contact lapsed), while this node's backup still hears it.
+                // Failed over once that lasts another failure timeout. (Before, it was
+                // never failed over while the leader's own backup heard it: with five
+                // nodes, a partition leaving the primary with the leader alone kept writes
+                // down for as long as it lasted; found by a review.)
+                let unvouched = p != self.me
+                    && silent < self.t.failure
+                    && !starting
+                    && self.vouched.get(&p).is_none_or(|&v| now.saturating_sub(v) >= self.t.failure);
+                let unvouched_for = match (unvouched, self.unvouched_since) {
+                    (false, _) => {
+                        self.unvouched_since = None;
+                        0
+                    }
+                    // (Counted from the end of this node's own stall, as silence is.)
+                    (true, Some((e, q, t))) if e == state.epoch && q == p => now.saturating_sub(t.max(self.started)),
+                    (true, _) => {
+                        self.unvouched_since = Some((state.epoch, p, now));
+                        0
+                    }
+                };
+                if unvouched_for >= self.t.failure {
+                    let reason = format!(
+                        "primary {p} is heard but has not said it has quorum contact for {} ms (it takes no writes)",
+                        unvouched_for + self.t.failure
+                    );
+                    self.propose(Command::BeginFailover { epoch: state.epoch + 1, reason }, now, &mut out);
+                } else if silent >= self.t.failure && !starting {
                     let reason = if p == self.me {
                         format!("primary {p} (this node) has not served for {silent} ms")
                     } else {
@@ -614,6 +657,37 @@ mod tests {
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
     }
 
+    /// A primary heard from (the leader's own backup hears its link) that does not say it
+    /// has quorum contact (cut off from the rest of a five-node cluster with the leader,
+    /// or its control thread hung: either way it takes no writes) is failed over once that
+    /// has lasted a failure timeout beyond the contact's own; one that says so every 50 ms
+    /// is not.
+    #[test]
+    fn a_primary_heard_but_without_quorum_contact_is_failed_over() {
+        let s = boot(5);
+        let mut c = Coordinator::new(2, T, 0);
+        let mut proposed = None;
+        let mut t = 0;
+        while proposed.is_none() && t < 10 * T.failure {
+            c.heard(1, t);
+            proposed = c.tick(t, &s, true).into_iter().find(|a| matches!(a, Action::Propose(_)));
+            t += 10;
+        }
+        let Some(Action::Propose(Command::BeginFailover { epoch: 2, reason })) = proposed else {
+            panic!("a primary heard but never vouching for itself was not failed over: {proposed:?}")
+        };
+        assert!(reason.contains("has not said it has quorum contact"), "{reason}");
+        assert!(t > T.failure, "not before a failure timeout of it: {t}");
+        let mut c = Coordinator::new(2, T, 0);
+        for t in (0..10 * T.failure).step_by(10) {
+            c.heard(1, t);
+            if t % 25 == 0 {
+                c.vouched(1, t);
+            }
+            assert!(c.tick(t, &s, true).is_empty(), "a primary vouching for itself, at {t}");
+        }
+    }
+
     /// A leader whose own loop stalled does not fail a primary over for the silence it
     /// measured across the stall; silence counts again from its end.
     #[test]
@@ -621,6 +695,7 @@ mod tests {
         let s = boot(3);
         let mut c = Coordinator::new(2, T, 0);
         c.heard(1, 0);
+        c.vouched(1, 0);
         for t in (10..=40).step_by(10) {
             assert!(c.tick(t, &s, true).is_empty());
         }
@@ -644,6 +719,7 @@ mod tests {
         assert!(c.tick(400, &s, true).is_empty());
         for t in (410..=700).step_by(10) {
             c.heard(1, t);
+            c.vouched(1, t);
             assert!(c.tick(t, &s, true).is_empty(), "heard at {t}");
         }
     }
@@ -654,13 +730,16 @@ mod tests {
         s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
         let mut c = Coordinator::new(2, T, 0);
         c.heard(1, 0);
+        c.vouched(1, 0);
         c.alive(3, 0);
         assert_eq!(c.successor(&s, 50), Some(2), "the lowest id other than the primary, heard (itself)");
         s.apply(&Command::Switchover { epoch: 1, from: 1, to: 3 }).unwrap();
         // Not begun within `start` (the primary went quiet mid-drain): given up.
         c.heard(1, 60);
+        c.vouched(1, 60);
         assert!(c.tick(60, &s, true).is_empty());
         c.heard(1, 150);
+        c.vouched(1, 150);
         let a = c.tick(160, &s, true);
         let [Action::Propose(Command::EndSwitchover { epoch: 1, .. })] = &a[..] else { panic!("{a:?}") };
         // The drained primary begins the failover; the round waits for node 3's report.

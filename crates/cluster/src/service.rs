@@ -1848,6 +1848,7 @@ impl Run {
                 let st = self.node.state();
                 if st.epoch == epoch && st.primary() == Some(primary) && from == primary {
                     self.coord.heard(primary, now);
+                    self.coord.vouched(primary, now);
                 }
             }
             Ctl::Prepared { epoch, point, discarded } => {

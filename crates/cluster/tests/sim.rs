@@ -1122,17 +1122,21 @@ impl Sim {
         let drain = self.nodes[i].primary.as_ref().unwrap().draining;
         if let Some(d) = drain {
             self.drain_step(i, d, &state);
-        } else if contact && disk_ok {
-            let commits = self.rng.gen_range(0..3);
-            for _ in 0..commits {
-                let s = self.rng.gen_range(0..self.streams);
-                let p = self.nodes[i].primary.as_mut().unwrap();
-                p.clock += self.rng.gen_range(1..3);
-                let u = Unit { epoch, ts: p.clock, txn: true };
-                p.waiting.insert(u.ts);
-                let prev = self.nodes[i].data.pos(s);
-                self.nodes[i].data.append(s, prev, &[u], 0).unwrap();
+        } else if disk_ok {
+            if contact {
+                let commits = self.rng.gen_range(0..3);
+                for _ in 0..commits {
+                    let s = self.rng.gen_range(0..self.streams);
+                    let p = self.nodes[i].primary.as_mut().unwrap();
+                    p.clock += self.rng.gen_range(1..3);
+                    let u = Unit { epoch, ts: p.clock, txn: true };
+                    p.waiting.insert(u.ts);
+                    let prev = self.nodes[i].data.pos(s);
+                    self.nodes[i].data.append(s, prev, &[u], 0).unwrap();
+                }
             }
+            // Its links go on without quorum contact, as a real server's do (it only
+            // refuses writes): the backups' data planes hear it regardless.
             let p = self.nodes[i].primary.as_mut().unwrap();
             if now >= p.last_heartbeat + HEARTBEAT_MS {
                 p.last_heartbeat = now;
@@ -1349,6 +1353,7 @@ impl Sim {
                 let state = self.state_of(i);
                 if state.epoch == epoch && state.primary() == Some(from) {
                     self.nodes[i].coord.heard(from, now);
+                    self.nodes[i].coord.vouched(from, now);
                 }
             }
             Msg::Ack { epoch, recv, dur } => {

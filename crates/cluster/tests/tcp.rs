@@ -35,6 +35,8 @@ struct World {
     batches_fetched: usize,
     /// Nodes whose data plane hears nothing (a backup's server restarting).
     deaf: std::collections::BTreeSet<NodeId>,
+    /// Pairs of nodes whose data planes do not hear each other (a partition).
+    parted: std::collections::BTreeSet<(NodeId, NodeId)>,
     /// How long a fetch's read takes (on the service's fetch thread), and the node whose
     /// read is under way.
     fetch_read: Duration,
@@ -89,10 +91,19 @@ impl DataPlane for ModelPlane {
         if w.deaf.contains(&self.me) {
             return Vec::new();
         }
+        let parted = |a: NodeId, b: NodeId| w.parted.contains(&(a.min(b), a.max(b)));
         if w.serving == Some(self.me) {
-            return w.running.iter().filter(|(&n, &up)| up && n != self.me).map(|(&n, _)| n).collect();
+            return w
+                .running
+                .iter()
+                .filter(|(&n, &up)| up && n != self.me && !parted(n, self.me))
+                .map(|(&n, _)| n)
+                .collect();
         }
-        w.serving.filter(|p| *p != self.me && w.running.get(p) == Some(&true)).into_iter().collect()
+        w.serving
+            .filter(|p| *p != self.me && w.running.get(p) == Some(&true) && !parted(*p, self.me))
+            .into_iter()
+            .collect()
     }
     fn serving(&self) -> bool {
         self.world.lock().unwrap().serving == Some(self.me)
@@ -1157,6 +1168,75 @@ fn a_learner_that_missed_its_removal_is_told_when_the_leader_drops_it() {
         n4.status().failed.is_some_and(|f| f.contains(ditto_cluster::service::REMOVED))
     });
     n4.stop();
+}
+
+/// A primary cut off from all but one of its four peers (five nodes) loses its quorum
+/// contact and takes no writes, while every data plane still hears it (the model's, as a
+/// real backup's link does): it no longer says it has contact, and the majority fails it
+/// over. (Before, a leader that heard it never failed it over: writes stayed down for as
+/// long as the partition lasted; found by a review.)
+#[test]
+fn a_primary_heard_but_cut_off_from_the_majority_is_failed_over() {
+    let mut c = Cluster::new(5);
+    let mut cuts: BTreeMap<(NodeId, NodeId), Cut> = BTreeMap::new();
+    for from in 1..=5 {
+        for to in (1..=5).filter(|&to| to != from) {
+            let x = Cut::to(c.peers[&to]);
+            c.routes.entry(from).or_default().insert(to, x.addr);
+            cuts.insert((from, to), x);
+        }
+    }
+    for id in 1..=5 {
+        c.start(id);
+    }
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let primary = c.bootstrap();
+    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.epoch == 1)
+    });
+    // The leadership moves off the primary's node (to a backup that hears it): that
+    // leader is the one peer the primary keeps.
+    wait_for("the leadership off the primary's node", Duration::from_secs(10), || {
+        c.leader().is_some_and(|l| l != primary)
+    });
+    let kept = c.leader_now();
+    for ((from, to), x) in &cuts {
+        let with_primary = *from == primary || *to == primary;
+        if with_primary && *from != kept && *to != kept {
+            x.cut();
+        }
+    }
+    // And the data planes alike: the primary's links to the three others.
+    for other in (1..=5).filter(|&id| id != primary && id != kept) {
+        c.world.lock().unwrap().parted.insert((other.min(primary), other.max(primary)));
+    }
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = c.nodes[&kept].status().state;
+        if st.epoch >= 2
+            && st.phase == Some(ditto_cluster::Phase::Serving)
+            && st.primary().is_some_and(|p| p != primary)
+        {
+            break;
+        }
+        if Instant::now() > end {
+            for (id, n) in &c.nodes {
+                let s = n.status();
+                eprintln!(
+                    "node {id}: leader {:?} epoch {} phase {:?} primary {:?} contact {} waiting {:?} failed {:?}",
+                    s.leader,
+                    s.state.epoch,
+                    s.state.phase,
+                    s.state.primary(),
+                    s.quorum_contact,
+                    s.failover_waiting,
+                    s.failed
+                );
+            }
+            panic!("no epoch opened on another node within 20 s (primary {primary}, kept {kept})");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Nodes given different secrets, or one none, do not form one group: each side refuses
