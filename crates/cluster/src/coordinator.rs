@@ -416,9 +416,17 @@ impl Coordinator {
                 let r = self.round.as_mut().expect("set above");
                 match &mut r.plan {
                     None => {
-                        if r.asked_at.is_none_or(|t| now.saturating_sub(t) >= self.t.resend) {
+                        // Reports that make no plan (no node may become primary, or none can
+                        // fetch what it lacks) are asked for again, from every member, each
+                        // prepare timeout (a report may read a log): what they say
+                        // (eligibility, what a log still serves) may change, and no other
+                        // report can come once all have. (Before, such a round replanned
+                        // the same reports until the leader changed; found by a review.)
+                        let again = matches!(r.unplanned, Some(PlanError::NoEligibleNode | PlanError::NoSource));
+                        let every = if again { self.t.prepare } else { self.t.resend };
+                        if r.asked_at.is_none_or(|t| now.saturating_sub(t) >= every) {
                             r.asked_at = Some(now);
-                            for &to in state.members.keys().filter(|n| !r.reports.contains_key(n)) {
+                            for &to in state.members.keys().filter(|n| again || !r.reports.contains_key(n)) {
                                 out.push(Action::AskReport { to, epoch });
                             }
                         }
@@ -686,6 +694,27 @@ mod tests {
             }
             assert!(c.tick(t, &s, true).is_empty(), "a primary vouching for itself, at {t}");
         }
+    }
+
+    /// A round whose reports make no plan (here no reporter may become primary) asks
+    /// every member again each prepare timeout, and plans once a report changes.
+    #[test]
+    fn a_round_whose_reports_make_no_plan_asks_every_member_again() {
+        let mut s = boot(3);
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "test".into() }).unwrap();
+        let mut c = Coordinator::new(2, T, 0);
+        let a = c.tick(10, &s, true);
+        assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>());
+        for node in 1..=3 {
+            let r = TailReport { eligible: false, ..report(node, 2, &[10, 10]) };
+            assert!(c.on_report(r, 11, &s, true).is_empty(), "no node may become primary");
+        }
+        assert!(matches!(c.unplanned(), Some((2, PlanError::NoEligibleNode))));
+        assert!(c.tick(11 + T.resend, &s, true).is_empty(), "not asked again at the resend");
+        let a = c.tick(10 + T.prepare, &s, true);
+        assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>(), "asked again");
+        let a = c.on_report(report(3, 2, &[10, 10]), 11 + T.prepare, &s, true);
+        assert!(matches!(&a[..], [Action::Prepare { to: 3, .. }]), "{a:?}");
     }
 
     /// A leader whose own loop stalled does not fail a primary over for the silence it

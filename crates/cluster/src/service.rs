@@ -1793,6 +1793,11 @@ impl Run {
                     Err(why) => tracing::warn!(node = self.node.id(), "no tail report for epoch {epoch}: {why}"),
                 }
             }
+            // (A report names its node: one from another node's connection is a node of
+            // another configuration, refused, not counted as that node's.)
+            Ctl::Report(r) if r.node != from => {
+                tracing::warn!(node = self.node.id(), "a tail report of node {} from node {from}: ignored", r.node);
+            }
             Ctl::Report(r) => {
                 let a = self.coord.on_report(r, now, self.node.state(), leader);
                 self.act(a, now)?;
