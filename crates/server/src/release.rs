@@ -49,7 +49,13 @@ pub struct Release {
 struct State {
     failed: Option<Arc<str>>,
     waiting: BinaryHeap<Waiter>,
+    /// The queue's length at which waiters that gave up are dropped next (`wait`).
+    prune_at: usize,
 }
+
+/// The queue is pruned of waiters that gave up once it reaches this many, then at twice
+/// what it kept.
+const PRUNE_AT_MIN: usize = 1024;
 
 struct Waiter {
     ts: Ts,
@@ -78,7 +84,7 @@ impl Default for Release {
     fn default() -> Self {
         Release {
             watermark: AtomicU64::new(0),
-            state: Mutex::new(State { failed: None, waiting: BinaryHeap::new() }),
+            state: Mutex::new(State { failed: None, waiting: BinaryHeap::new(), prune_at: PRUNE_AT_MIN }),
             acknowledged: None,
             new_waiter: std::sync::OnceLock::new(),
         }
@@ -148,6 +154,14 @@ impl Release {
             }
             if let Some(f) = &st.failed {
                 return Err(Arc::clone(f));
+            }
+            // Waiters that gave up (a timeout, a closed connection) stay until the release
+            // covers them: while it stalls (under `all` with a backup down) every client
+            // that gave up and came back left one, for as long as the stall lasted. They
+            // go once the queue doubles (found by a review).
+            if st.waiting.len() >= st.prune_at {
+                st.waiting.retain(|w| !w.tx.is_closed());
+                st.prune_at = (st.waiting.len() * 2).max(PRUNE_AT_MIN);
             }
             let (tx, rx) = oneshot::channel();
             st.waiting.push(Waiter { ts, tx });
@@ -416,6 +430,22 @@ mod tests {
         r.advance(Ts(7), None);
         assert_eq!(poll_once(kept.as_mut()), Some(Ok(())));
         assert_eq!(r.waiting_still(), 0);
+    }
+
+    /// Waiters that gave up while the release stalls are dropped as more queue: the queue
+    /// stays within twice what still waits (at least `PRUNE_AT_MIN`).
+    #[test]
+    fn waiters_that_gave_up_while_the_release_stalls_do_not_pile_up() {
+        let r = Release::default();
+        let mut kept = pin!(r.wait(Ts(3)));
+        assert_eq!(poll_once(kept.as_mut()), None);
+        for i in 0..10_000u64 {
+            let mut gone = Box::pin(r.wait(Ts(5 + i)));
+            assert_eq!(poll_once(gone.as_mut()), None);
+        }
+        assert!(r.waiting() <= PRUNE_AT_MIN, "{} waiters queued", r.waiting());
+        r.advance(Ts(3), None);
+        assert_eq!(poll_once(kept.as_mut()), Some(Ok(())), "the one still waiting is answered");
     }
 
     /// A waiter that queues tells whoever watches (`new_waiters`), and one answered on the

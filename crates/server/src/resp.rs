@@ -161,7 +161,16 @@ fn read_int_line(buf: &mut BytesMut, skip: usize, limits: &Limits, what: &str) -
         return Err(perr("too big count string"));
     }
     let digits = &buf[skip..end];
-    let n = std::str::from_utf8(digits).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| perr(what))?;
+    // Written as Redis's `string2ll` takes it: no `+`, no leading zero, no `-0` (before,
+    // `*+1`, `$03` and `$+3` were taken; found by a review).
+    let unsigned = digits.strip_prefix(b"-").unwrap_or(digits);
+    let canonical = match unsigned {
+        [b'0'] => digits.len() == 1,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    let n =
+        canonical.then(|| std::str::from_utf8(digits).ok()?.parse::<i64>().ok()).flatten().ok_or_else(|| perr(what))?;
     buf.advance(end + 2);
     Ok(Some(n))
 }
@@ -633,8 +642,19 @@ mod tests {
     #[test]
     fn nested_arrays_and_bad_terminators_are_protocol_errors() {
         let limits = Limits::default();
-        for bad in [&b"*1\r\n*1\r\n$1\r\na\r\n"[..], b"*1\r\n:5\r\n", b"*1\r\n$1\r\nab\r\n", b"*x\r\n", b"*1\r\n$z\r\n"]
-        {
+        for bad in [
+            &b"*1\r\n*1\r\n$1\r\na\r\n"[..],
+            b"*1\r\n:5\r\n",
+            b"*1\r\n$1\r\nab\r\n",
+            b"*x\r\n",
+            b"*1\r\n$z\r\n",
+            // Lengths Redis refuses: a `+`, a leading zero, `-0`.
+            b"*+1\r\n$1\r\na\r\n",
+            b"*1\r\n$03\r\nabc\r\n",
+            b"*1\r\n$+3\r\nabc\r\n",
+            b"*01\r\n$1\r\na\r\n",
+            b"*-0\r\n",
+        ] {
             let mut p = RequestParser::default();
             let mut buf = BytesMut::from(bad);
             assert!(p.next(&mut buf, &limits).is_err(), "{:?} was accepted", String::from_utf8_lossy(bad));
