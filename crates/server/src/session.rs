@@ -1109,13 +1109,14 @@ impl Session {
             rest = &a[1..];
         }
         let mut name = None;
+        // Every option is checked before the credentials are tried, as Redis does (before,
+        // `HELLO 3 AUTH default pw BOGUS` authenticated the client, then answered the
+        // syntax error; found by a review).
+        let mut creds = None;
         while let Some(opt) = rest.first() {
             match opt.to_ascii_uppercase().as_slice() {
                 b"AUTH" if rest.len() >= 3 => {
-                    let r = self.auth(&rest[1..3], sh);
-                    if r.is_error() {
-                        return r;
-                    }
+                    creds = Some(&rest[1..3]);
                     rest = &rest[3..];
                 }
                 b"SETNAME" if rest.len() >= 2 => {
@@ -1126,6 +1127,12 @@ impl Session {
                     rest = &rest[2..];
                 }
                 _ => return Reply::err(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(opt))),
+            }
+        }
+        if let Some(c) = creds {
+            let r = self.auth(c, sh);
+            if r.is_error() {
+                return r;
             }
         }
         if !self.authed {
@@ -2375,6 +2382,14 @@ mod tests {
             s.handle(args.iter().map(|a| Bytes::copy_from_slice(a.as_bytes())).collect(), &sh, &mut w).reply
         };
         assert!(run(&["HELLO", "3", "AUTH", "default", "sesame", "SETNAME", "a b"]).is_error());
+        // Refused whole, as Redis does: its options are checked before its credentials,
+        // so it did not authenticate the client either.
+        assert!(matches!(run(&["CLIENT", "GETNAME"]), Reply::Error(e) if e.starts_with("NOAUTH")));
+        assert!(
+            matches!(run(&["HELLO", "3", "AUTH", "default", "sesame", "BOGUS"]), Reply::Error(e) if e.contains("Syntax error"))
+        );
+        assert!(matches!(run(&["CLIENT", "GETNAME"]), Reply::Error(e) if e.starts_with("NOAUTH")));
+        assert!(matches!(run(&["HELLO", "3", "AUTH", "default", "sesame"]), Reply::Map(_)));
         assert_eq!(run(&["CLIENT", "GETNAME"]), Reply::Nil, "nothing set by the refused HELLO");
         assert!(matches!(run(&["HELLO", "3", "SETNAME", "ok"]), Reply::Map(_)));
         assert_eq!(run(&["CLIENT", "GETNAME"]), Reply::bulk("ok"));
