@@ -76,6 +76,9 @@ struct Round {
     prepared_at: Option<u64>,
     /// Why the reports so far make no plan (`plan_preferring`'s error), while there is none.
     unplanned: Option<PlanError>,
+    /// When every member was last asked again for its report (a round whose reports make
+    /// no plan; the others are asked each `resend`).
+    asked_all_at: Option<u64>,
 }
 
 /// See the module notes.
@@ -300,6 +303,10 @@ impl Coordinator {
         if state.phase == Some(Phase::Serving) {
             self.failed_rounds = 0;
         }
+        if !leader || state.phase != Some(Phase::Serving) {
+            // (Counted afresh by a leader, for the primary it sees serving.)
+            self.unvouched_since = None;
+        }
         if !leader {
             self.round = None;
             self.proposed = None;
@@ -359,10 +366,17 @@ impl Coordinator {
                 // never failed over while the leader's own backup heard it: with five
                 // nodes, a partition leaving the primary with the leader alone kept writes
                 // down for as long as it lasted; found by a review.)
+                // A primary that has not vouched since it was named is still gathering its
+                // quorum (a backup the quorum needs may still be joining): it has the start
+                // grace, as one never heard from has.
+                let vouched = self.vouched.get(&p).copied().filter(|&v| v >= since);
                 let unvouched = p != self.me
                     && silent < self.t.failure
                     && !starting
-                    && self.vouched.get(&p).is_none_or(|&v| now.saturating_sub(v) >= self.t.failure);
+                    && match vouched {
+                        Some(v) => now.saturating_sub(v) >= self.t.failure,
+                        None => now.saturating_sub(since) >= self.t.start,
+                    };
                 let unvouched_for = match (unvouched, self.unvouched_since) {
                     (false, _) => {
                         self.unvouched_since = None;
@@ -406,6 +420,7 @@ impl Coordinator {
                         started: now,
                         prepared_at: None,
                         unplanned: None,
+                        asked_all_at: None,
                     });
                 }
                 if let Some(open) = state.open_epoch() {
@@ -422,10 +437,13 @@ impl Coordinator {
                         // (eligibility, what a log still serves) may change, and no other
                         // report can come once all have. (Before, such a round replanned
                         // the same reports until the leader changed; found by a review.)
-                        let again = matches!(r.unplanned, Some(PlanError::NoEligibleNode | PlanError::NoSource));
-                        let every = if again { self.t.prepare } else { self.t.resend };
-                        if r.asked_at.is_none_or(|t| now.saturating_sub(t) >= every) {
+                        let again = matches!(r.unplanned, Some(PlanError::NoEligibleNode | PlanError::NoSource))
+                            && now.saturating_sub(r.asked_all_at.unwrap_or(r.started)) >= self.t.prepare;
+                        if again || r.asked_at.is_none_or(|t| now.saturating_sub(t) >= self.t.resend) {
                             r.asked_at = Some(now);
+                            if again {
+                                r.asked_all_at = Some(now);
+                            }
                             for &to in state.members.keys().filter(|n| again || !r.reports.contains_key(n)) {
                                 out.push(Action::AskReport { to, epoch });
                             }
@@ -694,6 +712,33 @@ mod tests {
             }
             assert!(c.tick(t, &s, true).is_empty(), "a primary vouching for itself, at {t}");
         }
+        // One that has not vouched since it was named is still gathering its quorum (a
+        // backup it needs may be joining): it has the start grace, and is failed over
+        // only past it.
+        let long = Timeouts { start: 10 * T.failure, ..T };
+        let mut c = Coordinator::new(2, long, 0);
+        let mut t = 0;
+        let mut proposed = None;
+        while proposed.is_none() && t < 30 * T.failure {
+            c.heard(1, t);
+            proposed = c.tick(t, &s, true).into_iter().find(|a| matches!(a, Action::Propose(_)));
+            t += 10;
+        }
+        assert!(proposed.is_some(), "failed over past the start grace");
+        assert!(t > long.start, "not within the start grace: {t}");
+        // A leader that lost its leadership meanwhile counts afresh when it leads again.
+        let mut c = Coordinator::new(2, T, 0);
+        c.vouched(1, 0);
+        for t in (0..=150).step_by(10) {
+            c.heard(1, t);
+            assert!(c.tick(t, &s, true).is_empty(), "at {t}");
+        }
+        for t in (160..=500).step_by(10) {
+            c.heard(1, t);
+            assert!(c.tick(t, &s, false).is_empty(), "a follower, at {t}");
+        }
+        c.heard(1, 510);
+        assert!(c.tick(510, &s, true).is_empty(), "leading again: the count starts afresh");
     }
 
     /// A round whose reports make no plan (here no reporter may become primary) asks
@@ -705,12 +750,17 @@ mod tests {
         let mut c = Coordinator::new(2, T, 0);
         let a = c.tick(10, &s, true);
         assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>());
-        for node in 1..=3 {
+        for node in 1..=2 {
             let r = TailReport { eligible: false, ..report(node, 2, &[10, 10]) };
             assert!(c.on_report(r, 11, &s, true).is_empty(), "no node may become primary");
         }
         assert!(matches!(c.unplanned(), Some((2, PlanError::NoEligibleNode))));
-        assert!(c.tick(11 + T.resend, &s, true).is_empty(), "not asked again at the resend");
+        // The member that has not reported is asked each resend, as before.
+        let a = c.tick(11 + T.resend, &s, true);
+        assert_eq!(a, vec![Action::AskReport { to: 3, epoch: 2 }]);
+        let r = TailReport { eligible: false, ..report(3, 2, &[10, 10]) };
+        assert!(c.on_report(r, 12 + T.resend, &s, true).is_empty());
+        assert!(c.tick(12 + 2 * T.resend, &s, true).is_empty(), "all reported: not asked again at the resend");
         let a = c.tick(10 + T.prepare, &s, true);
         assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>(), "asked again");
         let a = c.on_report(report(3, 2, &[10, 10]), 11 + T.prepare, &s, true);

@@ -2073,6 +2073,7 @@ impl Run {
                     if out.restored {
                         tracing::info!(node = id, "control: the state was restored from the leader's snapshot");
                         self.data.restored(self.node.state());
+                        self.shared.status.lock().unwrap().state.retired = self.node.state().retired.clone();
                         self.sync_peers();
                         state_changed = true;
                     }
@@ -2098,6 +2099,9 @@ impl Run {
                         }
                     }
                     if members_changed {
+                        // The removed ids published first: a removed node's probe, asked
+                        // for by the sender `sync_peers` drops, must find them refused.
+                        self.shared.status.lock().unwrap().state.retired = self.node.state().retired.clone();
                         self.sync_peers();
                     }
                     self.answer_admin(None);

@@ -529,9 +529,16 @@ fn bulk_over(v: &[u8], max_reply: usize) -> bool {
     v.len().saturating_add(32) > max_reply
 }
 
+const TOO_LARGE: &str = "ERR reply would be over max_output_bytes";
+
+/// Whether `r` is the error of a command whose reply would pass the limit it was given.
+pub fn is_too_large(r: &Reply) -> bool {
+    matches!(r, Reply::Error(e) if e.starts_with(TOO_LARGE))
+}
+
 /// The error for a reply whose values alone pass `max_output_bytes`.
 fn too_large(max_reply: usize) -> Reply {
-    Reply::err(format!("ERR reply would be over max_output_bytes ({max_reply})"))
+    Reply::err(format!("{TOO_LARGE} ({max_reply})"))
 }
 
 /// The bytes of the values in an MGET's answer.

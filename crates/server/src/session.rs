@@ -922,6 +922,14 @@ impl Session {
                         // wrote `a`; an `HSET` a field but not its hash), and Redis refuses
                         // such an argument when it is queued, so nothing runs.
                         let r = run_data(spec, args, &sh.ks, self.db, left, &mut txn)?;
+                        // A write that answers a value (GETDEL, GETSET, SET ... GET)
+                        // refused because that value's reply would pass what is left:
+                        // the whole transaction is, as its reply would pass the limit
+                        // (answered alone, the rest of it would commit without it).
+                        if spec.write && commands::is_too_large(&r) {
+                            over = Some(sh.max_output_bytes.saturating_add(1));
+                            return Ok(None);
+                        }
                         wrote |= spec.write && !r.is_error();
                         replies.push(r);
                     } else if walks_keys(spec) {
@@ -2707,6 +2715,16 @@ mod tests {
             );
             assert_eq!(cmd(&mut s2, &limited, &mut w, "STRLEN huge"), Reply::Int(190), "{over} wrote nothing");
         }
+        // In a transaction too: the whole of it is refused, nothing written.
+        cmd(&mut s2, &limited, &mut w, "MULTI");
+        cmd(&mut s2, &limited, &mut w, "GETDEL huge");
+        cmd(&mut s2, &limited, &mut w, "SET taken 1");
+        assert!(
+            matches!(cmd(&mut s2, &limited, &mut w, "EXEC"), Reply::Error(e) if e.contains("nothing of the transaction was written")),
+            "a GETDEL whose value passes the limit, in EXEC"
+        );
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "GET taken"), Reply::Nil, "the rest of it was not written");
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "STRLEN huge"), Reply::Int(190));
         assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL huge"), Reply::Int(1));
         // An EXEC's integers are counted as they may encode (up to 23 bytes), and its
         // array's header too: ten INCRBYs of a 19-digit counter answer 225 bytes, over 200,
