@@ -1067,6 +1067,31 @@ impl Cut {
     }
 }
 
+impl Cluster {
+    /// `n` nodes, each dialling each peer through a proxy the test can cut (the proxies,
+    /// by (from, to)), bootstrapped: with the primary.
+    fn behind_proxies(n: u64) -> (Cluster, BTreeMap<(NodeId, NodeId), Cut>, NodeId) {
+        let mut c = Cluster::new(n);
+        let mut cuts: BTreeMap<(NodeId, NodeId), Cut> = BTreeMap::new();
+        for from in 1..=n {
+            for to in (1..=n).filter(|&to| to != from) {
+                let x = Cut::to(c.peers[&to]);
+                c.routes.entry(from).or_default().insert(to, x.addr);
+                cuts.insert((from, to), x);
+            }
+        }
+        for id in 1..=n {
+            c.start(id);
+        }
+        wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+        let primary = c.bootstrap();
+        wait_for("the bootstrap on every node", Duration::from_secs(10), || {
+            c.statuses().iter().all(|s| s.state.epoch == 1)
+        });
+        (c, cuts, primary)
+    }
+}
+
 /// Asks the cluster's leader to `req` (bounded, following the leadership, never to
 /// `not`), until it is done.
 fn admin_done(c: &Cluster, req: &AdminRequest, not: NodeId) {
@@ -1089,24 +1114,7 @@ fn admin_done(c: &Cluster, req: &AdminRequest, not: NodeId) {
 /// removed node of CI's failover test never stopped.)
 #[test]
 fn a_running_node_that_missed_its_removal_is_told_and_stops() {
-    let mut c = Cluster::new(3);
-    // Each node dials each peer through a proxy the test can cut.
-    let mut cuts: BTreeMap<(NodeId, NodeId), Cut> = BTreeMap::new();
-    for from in 1..=3 {
-        for to in (1..=3).filter(|&to| to != from) {
-            let x = Cut::to(c.peers[&to]);
-            c.routes.entry(from).or_default().insert(to, x.addr);
-            cuts.insert((from, to), x);
-        }
-    }
-    for id in 1..=3 {
-        c.start(id);
-    }
-    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-    let primary = c.bootstrap();
-    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.epoch == 1)
-    });
+    let (c, cuts, primary) = Cluster::behind_proxies(3);
     c.nodes[&c.leader_now()].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
     wait_for("the membership settled", Duration::from_secs(10), || {
         c.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
@@ -1177,23 +1185,7 @@ fn a_learner_that_missed_its_removal_is_told_when_the_leader_drops_it() {
 /// long as the partition lasted; found by a review.)
 #[test]
 fn a_primary_heard_but_cut_off_from_the_majority_is_failed_over() {
-    let mut c = Cluster::new(5);
-    let mut cuts: BTreeMap<(NodeId, NodeId), Cut> = BTreeMap::new();
-    for from in 1..=5 {
-        for to in (1..=5).filter(|&to| to != from) {
-            let x = Cut::to(c.peers[&to]);
-            c.routes.entry(from).or_default().insert(to, x.addr);
-            cuts.insert((from, to), x);
-        }
-    }
-    for id in 1..=5 {
-        c.start(id);
-    }
-    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-    let primary = c.bootstrap();
-    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.epoch == 1)
-    });
+    let (c, cuts, primary) = Cluster::behind_proxies(5);
     // The leadership moves off the primary's node (to a backup that hears it): that
     // leader is the one peer the primary keeps.
     wait_for("the leadership off the primary's node", Duration::from_secs(10), || {
