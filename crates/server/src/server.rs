@@ -1835,6 +1835,7 @@ impl Conn {
                         let t = Instant::now();
                         match work {
                             Work::One(args) => {
+                                let db_before = session.selected_db();
                                 let o = with_worker(&conn.sh.db, |w| {
                                     shard = w.id().0 as usize;
                                     session.handle(args, &conn.sh, w)
@@ -1846,7 +1847,9 @@ impl Conn {
                                         break;
                                     }
                                     // A transaction is not run twice (its queue is gone):
-                                    // it read nothing that may be shown.
+                                    // it read nothing that may be shown, and a SELECT queued
+                                    // in it is undone, as its other refusals undo it.
+                                    session.restore_db(db_before);
                                     o.reply = Reply::err(
                                         "LOADING this backup changed its role while the transaction ran; run it again",
                                     );

@@ -377,6 +377,17 @@ pub struct Session {
 impl Session {
     /// The commit policy this connection's writes are released under (`None`: the
     /// server's default).
+    /// The database this connection has selected.
+    pub fn selected_db(&self) -> u8 {
+        self.db
+    }
+
+    /// Selects `db` again: an EXEC whose reply is refused after it ran undoes its queued
+    /// SELECT.
+    pub fn restore_db(&mut self, db: u8) {
+        self.db = db;
+    }
+
     pub fn policy(&self) -> Option<ditto_replication::CommitPolicy> {
         self.policy
     }
