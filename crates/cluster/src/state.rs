@@ -246,6 +246,12 @@ impl ControlState {
                 if !members.iter().any(|m| m.id == *primary) {
                     return Err(format!("primary {primary} is not a member"));
                 }
+                // (Merged silently before: one member fewer than the nodes started, and so
+                // a smaller quorum than the operator counted on; found by a review.)
+                let ids: std::collections::BTreeSet<NodeId> = members.iter().map(|m| m.id).collect();
+                if ids.len() != members.len() || ids.contains(&0) {
+                    return Err("a bootstrap's members must have distinct ids, none of them 0".into());
+                }
                 self.members = members.iter().map(|m| (m.id, m.clone())).collect();
                 self.policy = policy.clone();
                 self.epoch = 1;
@@ -562,6 +568,19 @@ mod tests {
             .collect();
         s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
         s
+    }
+
+    /// A bootstrap naming one id twice, or id 0, is refused and changes nothing (the two
+    /// were merged into one member: a smaller quorum than the nodes started).
+    #[test]
+    fn a_bootstrap_with_a_repeated_id_or_id_0_is_refused() {
+        let m = |id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0, tls: 0 };
+        for members in [vec![m(1), m(2), m(2)], vec![m(1), m(0), m(2)]] {
+            let mut s = ControlState::default();
+            let e = s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap_err();
+            assert!(e.contains("distinct ids"), "{e}");
+            assert_eq!(s, ControlState::default());
+        }
     }
 
     #[test]
