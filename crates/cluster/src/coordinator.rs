@@ -117,6 +117,9 @@ pub struct Coordinator {
     vouched: BTreeMap<NodeId, u64>,
     /// The (epoch, primary) heard from but not vouching for itself, and since when.
     unvouched_since: Option<(u64, NodeId, u64)>,
+    /// The (epoch, primary) last failed over for not vouching for itself: the next
+    /// round chooses another node where one can be (`try_plan`).
+    unvouched_primary: Option<(u64, NodeId)>,
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
     proposed: Option<(Command, u64)>,
@@ -147,6 +150,7 @@ impl Coordinator {
             alive: BTreeMap::new(),
             vouched: BTreeMap::new(),
             unvouched_since: None,
+            unvouched_primary: None,
             round: None,
             proposed: None,
             switchover_since: None,
@@ -394,6 +398,7 @@ impl Coordinator {
                         "primary {p} is heard but has not said it has quorum contact for {} ms (it takes no writes)",
                         unvouched_for + self.t.failure
                     );
+                    self.unvouched_primary = Some((state.epoch, p));
                     self.propose(Command::BeginFailover { epoch: state.epoch + 1, reason }, now, &mut out);
                 } else if silent >= self.t.failure && !starting {
                     let reason = if p == self.me {
@@ -527,7 +532,20 @@ impl Coordinator {
         }
         // (The open epoch is the state's last record: always there.)
         let Some(recovered) = state.recovering(open_epoch) else { return };
-        match plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer) {
+        // A primary failed over for want of quorum contact (heard by the leader alone, say)
+        // is not chosen again by the next round where another node can be: it would hold
+        // the most, be chosen, and lack contact again, round after round.
+        let avoid = self.unvouched_primary.filter(|(e, _)| e + 1 == r.epoch).map(|(_, n)| n);
+        let planned = match avoid.filter(|n| r.reports.get(n).is_some_and(|x| x.eligible)) {
+            Some(n) => {
+                let mut others = r.reports.clone();
+                others.get_mut(&n).expect("checked").eligible = false;
+                plan_preferring(&others, state.members.len(), r.epoch, recovered, prefer)
+                    .or_else(|_| plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer))
+            }
+            None => plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer),
+        };
+        match planned {
             Ok(p) => {
                 r.unplanned = None;
                 r.plan = Some((p.clone(), now, now));
