@@ -691,6 +691,16 @@ struct Refusals {
 }
 
 impl Shared {
+    /// Whether a peer's refusal `why` says this node was removed: if so, kept for the
+    /// service to stop on (`Shared::removed`).
+    fn note_removed(&self, why: &str) -> bool {
+        let removed = why.contains(REMOVED);
+        if removed {
+            *self.removed.lock().unwrap() = Some(why.to_string());
+        }
+        removed
+    }
+
     /// A connection from `peer` refused, and why: counted, and logged at most once a
     /// second (a node with the wrong secret reconnects every second, a scanner faster).
     fn refused(&self, peer: SocketAddr, why: &str) {
@@ -1362,27 +1372,26 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     // The node the hello named (0: an operator): every frame after it on this connection
     // is that node's, so that one peer cannot speak for another.
     let Some((hello_from, stream)) = taken else { return };
-    let mut frames = 0u64;
-    read_frames(hello_from, stream, peer, &shared, &inbox, &mut frames);
+    let frames = read_frames(hello_from, stream, peer, &shared, &inbox);
     if frames > 0 && hello_from != 0 && !shared.stop.load(Ordering::SeqCst) {
         shared.probe.lock().unwrap().insert(hello_from);
     }
 }
 
-/// Reads the frames of node `hello_from` on `stream` until it ends, counting them.
+/// Reads the frames of node `hello_from` on `stream` until it ends; how many it read.
 fn read_frames(
     hello_from: NodeId,
     stream: TcpStream,
     peer: SocketAddr,
     shared: &Shared,
     inbox: &SyncSender<Input>,
-    frames: &mut u64,
-) {
+) -> u64 {
+    let mut frames = 0;
     let mut buf = std::io::BufReader::new(stream);
     while !shared.stop.load(Ordering::SeqCst) {
         let got = read_frame(&mut buf);
         if matches!(got, Ok(Some(_))) {
-            *frames += 1;
+            frames += 1;
         }
         let why = match got {
             Ok(Some((from, kind, _))) if from != hello_from || (from == 0 && kind != KIND_ADMIN) => {
@@ -1395,14 +1404,14 @@ fn read_frames(
                     tracing::info!(%peer, "control: an operator asks {req:?}");
                     let (tx, rx) = mpsc::channel();
                     if inbox.send(Input::Admin(req, tx)).is_err() {
-                        return;
+                        return frames;
                     }
                     let reply = rx.recv_timeout(ADMIN_TIMEOUT + Duration::from_secs(2)).unwrap_or_else(|_| {
                         AdminReply::Busy("the control node did not answer in time; see `ditto cluster status`".into())
                     });
                     let f = frame(0, KIND_ADMIN, &serde_json::to_vec(&reply).expect("replies serialise"));
                     if buf.get_mut().write_all(&f).is_err() {
-                        return;
+                        return frames;
                     }
                     continue;
                 }
@@ -1417,19 +1426,20 @@ fn read_frames(
             Ok(Some((from, kind, body))) => match decode(from, kind, &body) {
                 Ok(input) => {
                     if inbox.send(input).is_err() {
-                        return;
+                        return frames;
                     }
                     continue;
                 }
                 Err(why) => why,
             },
-            Ok(None) => return,
-            Err(_) if shared.stop.load(Ordering::SeqCst) => return,
+            Ok(None) => return frames,
+            Err(_) if shared.stop.load(Ordering::SeqCst) => return frames,
             Err(e) => e.to_string(),
         };
         tracing::warn!(%peer, "dropping a control connection: {why}");
-        return;
+        return frames;
     }
+    frames
 }
 
 fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
@@ -1445,9 +1455,8 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
         if shared.probe.lock().unwrap().remove(&peer) {
             let secret = shared.secret.as_ref().map(|s| &s.shown);
             if let Err(e) = connect(addr, &name, shared.id, secret, shared.tls.as_deref(), Duration::from_millis(200)) {
-                if is_refused(&e) && e.to_string().contains(REMOVED) {
+                if is_refused(&e) && shared.note_removed(&e.to_string()) {
                     tracing::warn!("control: {e}");
-                    *shared.removed.lock().unwrap() = Some(e.to_string());
                 }
             }
         }
@@ -1469,9 +1478,7 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
                 // peer's or this node's file may be mended, and the node restarted).
                 Err(e) if is_refused(&e) => {
                     let why = e.to_string();
-                    if why.contains(REMOVED) {
-                        *shared.removed.lock().unwrap() = Some(why.clone());
-                    }
+                    shared.note_removed(&why);
                     if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
                         tracing::warn!("control: {why}");
                         refused = Some((why, Instant::now()));

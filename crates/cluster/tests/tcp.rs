@@ -983,14 +983,8 @@ fn an_operator_without_the_cluster_secret_is_refused_and_changes_nothing() {
 fn a_removed_nodes_open_connection_is_closed_at_its_next_frame() {
     use std::io::Write;
     let c = Cluster::running(3);
-    let primary = c.bootstrap();
-    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.epoch == 1)
-    });
-    c.nodes[&c.leader_now()].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
-    wait_for("the membership settled", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
-    });
+    let primary = c.bootstrapped();
+    c.settle(primary);
     let gone = (1..=3).find(|&id| id != primary).unwrap();
     // A connection as node `gone`, its hello taken while it is a member.
     let (mut s, taken) = hello_as(c.peers[&primary], gone, b"");
@@ -1084,11 +1078,26 @@ impl Cluster {
             c.start(id);
         }
         wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-        let primary = c.bootstrap();
-        wait_for("the bootstrap on every node", Duration::from_secs(10), || {
-            c.statuses().iter().all(|s| s.state.epoch == 1)
-        });
+        let primary = c.bootstrapped();
         (c, cuts, primary)
+    }
+
+    /// `bootstrap`, and waited for on every node: the primary.
+    fn bootstrapped(&self) -> NodeId {
+        let primary = self.bootstrap();
+        wait_for("the bootstrap on every node", Duration::from_secs(10), || {
+            self.statuses().iter().all(|s| s.state.epoch == 1)
+        });
+        primary
+    }
+
+    /// The first epoch's membership settled (what `primary`'s data plane says once its
+    /// backups hold the membership's quorum), waited for on every node.
+    fn settle(&self, primary: NodeId) {
+        self.nodes[&self.leader_now()].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
+        wait_for("the membership settled", Duration::from_secs(10), || {
+            self.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
+        });
     }
 }
 
@@ -1115,10 +1124,7 @@ fn admin_done(c: &Cluster, req: &AdminRequest, not: NodeId) {
 #[test]
 fn a_running_node_that_missed_its_removal_is_told_and_stops() {
     let (c, cuts, primary) = Cluster::behind_proxies(3);
-    c.nodes[&c.leader_now()].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
-    wait_for("the membership settled", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
-    });
+    c.settle(primary);
     // The one that is neither the primary nor the leader (the removal needs neither to
     // move): nothing reaches it from the others from now on.
     let leader = c.leader_now();
@@ -1141,19 +1147,9 @@ fn a_running_node_that_missed_its_removal_is_told_and_stops() {
 /// has it say its hello again, which is refused as removed.
 #[test]
 fn a_learner_that_missed_its_removal_is_told_when_the_leader_drops_it() {
-    let mut c = Cluster::new(3);
-    for id in 1..=3 {
-        c.start(id);
-    }
-    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-    let primary = c.bootstrap();
-    wait_for("the bootstrap on every node", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.epoch == 1)
-    });
-    c.nodes[&c.leader_now()].propose(Command::ConfigApplied { epoch: 1, primary, config: 0 }).unwrap();
-    wait_for("the membership settled", Duration::from_secs(10), || {
-        c.statuses().iter().all(|s| s.state.settled == Some((1, 0)))
-    });
+    let c = Cluster::running(3);
+    let primary = c.bootstrapped();
+    c.settle(primary);
     // Node 4, reached by the others through a proxy, joins as a learner.
     let l4 = TcpListener::bind("127.0.0.1:0").unwrap();
     let into4 = Cut::to(l4.local_addr().unwrap());

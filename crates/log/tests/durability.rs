@@ -631,6 +631,22 @@ impl LogFile for StepFile {
     }
 }
 
+/// Commits keys 0, 1, ... (up to 3,000) on worker 0 until one fails with the log's
+/// failure; how many were acknowledged. `what` names the case in a panic.
+fn commit_until_the_log_fails(d: &ditto_log::Durable, t: TableId, what: &str) -> u64 {
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut acked = 0;
+    for i in 0..3000u64 {
+        let r = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes().repeat(8)).map(|_| ()));
+        match r.and_then(|(_, ticket)| ticket.wait()) {
+            Ok(_) => acked = i + 1,
+            Err(Error::LogFailed(_)) => break,
+            Err(e) => panic!("{what}: unexpected error {e}"),
+        }
+    }
+    acked
+}
+
 /// A full disk while the log zeroes a segment ahead, while it cuts a full segment before
 /// starting the next (first or second time), or while it creates the next segment, gives
 /// it its name or syncs the directory entry of it (the first roll): the log fails and
@@ -650,22 +666,14 @@ fn a_failure_zeroing_ahead_or_cutting_a_segment_fails_the_log_and_loses_nothing(
         faults.arm(nth);
         let mut o = opts(1, Durability::EveryBatch);
         o.log.storage = Arc::new(faults.clone());
-        let mut acked = 0u64;
+        let acked;
         {
             let d = open(dir.path(), o).unwrap();
             if tap {
                 d.logger().set_ship_tap(Arc::new(NoShip)).unwrap();
             }
             let t = d.db().create_table("t").unwrap();
-            let mut w = d.db().worker(WorkerId(0)).unwrap();
-            for i in 0..3000u64 {
-                let r = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes().repeat(8)).map(|_| ()));
-                match r.and_then(|(_, ticket)| ticket.wait()) {
-                    Ok(_) => acked = i + 1,
-                    Err(Error::LogFailed(_)) => break,
-                    Err(e) => panic!("{kind} #{nth}: unexpected error {e}"),
-                }
-            }
+            acked = commit_until_the_log_fails(&d, t, &format!("{kind} #{nth}"));
             let why = d.logger().failure().unwrap_or_else(|| panic!("{kind} #{nth} was never reached"));
             assert!(why.contains("/log/stream-"), "{kind} #{nth}: the failure names the segment: {why}");
             assert!(acked > 100 || kind == "extend", "{kind} #{nth}: the fault came with a roll, after {acked}");
@@ -713,20 +721,12 @@ fn a_failed_roll_leaves_the_full_segment_and_refuses_checkpoints() {
     faults.arm(2);
     let mut o = opts(2, Durability::EveryBatch);
     o.log.storage = Arc::new(faults.clone());
-    let mut acked = 0u64;
+    let acked;
     {
         let d = open(dir.path(), o).unwrap();
         let t = d.db().create_table("t").unwrap();
         put_n(&d, t, 1, 1_000_000, 5);
-        let mut w = d.db().worker(WorkerId(0)).unwrap();
-        for i in 0..3000u64 {
-            let r = w.run(|x| x.put(t, &i.to_be_bytes(), &i.to_le_bytes().repeat(8)).map(|_| ()));
-            match r.and_then(|(_, ticket)| ticket.wait()) {
-                Ok(_) => acked = i + 1,
-                Err(Error::LogFailed(_)) => break,
-                Err(e) => panic!("unexpected error {e}"),
-            }
-        }
+        acked = commit_until_the_log_fails(&d, t, "the roll");
         let why = d.logger().failure().expect("the roll's create failed the log");
         assert!(why.contains("opening segment"), "{why}");
         assert!(acked > 100, "the fault came with the roll, after {acked}");

@@ -53,6 +53,13 @@ struct State {
     prune_at: usize,
 }
 
+impl State {
+    /// Drops the waiters whose receiver went away (a timeout, a closed connection).
+    fn drop_given_up(&mut self) {
+        self.waiting.retain(|w| !w.tx.is_closed());
+    }
+}
+
 /// The queue is pruned of waiters that gave up once it reaches this many, then at twice
 /// what it kept.
 const PRUNE_AT_MIN: usize = 1024;
@@ -160,7 +167,7 @@ impl Release {
             // that gave up and came back left one, for as long as the stall lasted. They
             // go once the queue doubles (found by a review).
             if st.waiting.len() >= st.prune_at {
-                st.waiting.retain(|w| !w.tx.is_closed());
+                st.drop_given_up();
                 st.prune_at = (st.waiting.len() * 2).max(PRUNE_AT_MIN);
             }
             let (tx, rx) = oneshot::channel();
@@ -186,7 +193,7 @@ impl Release {
     /// `DITTO.WAITTS` that timed out, a connection closed) are dropped first.
     pub fn waiting_still(&self) -> usize {
         let mut st = self.state.lock();
-        st.waiting.retain(|w| !w.tx.is_closed());
+        st.drop_given_up();
         st.waiting.len()
     }
 

@@ -375,8 +375,6 @@ pub struct Session {
 }
 
 impl Session {
-    /// The commit policy this connection's writes are released under (`None`: the
-    /// server's default).
     /// The database this connection has selected.
     pub fn selected_db(&self) -> u8 {
         self.db
@@ -388,6 +386,8 @@ impl Session {
         self.db = db;
     }
 
+    /// The commit policy this connection's writes are released under (`None`: the
+    /// server's default).
     pub fn policy(&self) -> Option<ditto_replication::CommitPolicy> {
         self.policy
     }
