@@ -337,11 +337,16 @@ impl TxnScratch {
     /// says the key is absent, as a miss does, and is checked as one too: a record the key
     /// gets next is a phantom. The read alone always validates (an unlinked record stays
     /// so while this transaction is pinned), so before 2026-12-02 an insert of the key
-    /// committed below this transaction went unseen (found by a review).
+    /// committed below this transaction went unseen (found by a review). A record with no
+    /// committed version (an insert still running put it in the index) says the key is
+    /// absent too, and may stand where a delete's tombstone was unlinked: as a miss, a
+    /// read-only transaction's ticket waits for that delete (before 2026-12-02 a GET read
+    /// such a record as absent with a ticket of 0, answering nil before the DEL was
+    /// durable; found by a review).
     #[inline]
     fn read(&mut self, rec: &Record, tid: u64, table: TableId, key: &[u8]) {
         self.reads.push((rec, tid));
-        if tid & UNLINKED_BIT != 0 && self.snapshot.is_none() {
+        if (tid & UNLINKED_BIT != 0 || tid & TS_MASK == 0) && self.snapshot.is_none() {
             self.misses.push((table, Bytes::copy_from_slice(key)));
         }
     }
@@ -1379,6 +1384,43 @@ mod tests {
             .unwrap();
         assert_eq!(n, 0);
         assert!(ticket.ts() >= deleted_at, "a scan's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+    }
+
+    /// The same where the key's index entry is a record an insert still running put there
+    /// after the tombstone left: its GET, refused DEL and WATCH read no committed version
+    /// and wait for the delete all the same. Before, their tickets said 0.
+    #[test]
+    fn a_read_only_read_of_an_inflight_insert_waits_for_the_delete_before_it() {
+        let db = Database::new(Options { workers: 3 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+        let (_, del) = w.run(|x| x.delete(t, b"k")).unwrap();
+        let deleted_at = del.ts();
+        del.wait().unwrap();
+        db.reclaim();
+        assert!(db.table(t).unwrap().index.get(b"k", &crossbeam_epoch::pin()).is_none(), "the tombstone left");
+        let mut w1 = db.worker(WorkerId(1)).unwrap();
+        let mut ins = w1.begin();
+        ins.put(t, b"k", b"new").unwrap();
+        assert!(db.table(t).unwrap().index.get(b"k", &crossbeam_epoch::pin()).is_some(), "the insert's record");
+        let mut w2 = db.worker(WorkerId(2)).unwrap();
+        let (got, ticket) = w2.run(|x| x.get(t, b"k")).unwrap();
+        assert!(got.is_none());
+        assert!(ticket.ts() >= deleted_at, "a GET's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+        let (deleted, ticket) = w2.run(|x| x.delete(t, b"k")).unwrap();
+        assert!(!deleted);
+        assert!(ticket.ts() >= deleted_at, "a DEL's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+        let (v, ticket) = w2.run(|x| x.version(t, b"k")).unwrap();
+        assert!(!v.present);
+        assert!(ticket.ts() >= deleted_at, "a WATCH's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+        let mut got = Vec::new();
+        let (_, ticket) = w2.run(|x| x.get_many_with(t, &[b"k"], |_, v| got.push(v.is_some()))).unwrap();
+        assert_eq!(got, [false]);
+        assert!(ticket.ts() >= deleted_at, "an MGET's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
+        // The insert commits after the readers: they were before it in the serial order.
+        ins.commit().unwrap();
+        assert_eq!(w2.run(|x| x.get(t, b"k")).unwrap().0.as_deref(), Some(&b"new"[..]));
     }
 
     /// A table whose record ids are (nearly) all handed out refuses new keys with an error,

@@ -1598,7 +1598,11 @@ impl Engine {
         {
             let mut b = self.budget.budget.lock();
             while !b.may_take(Instant::now()) {
-                if self.state.failure.lock().is_some() {
+                // Only a replay that stopped frees no room. A stop or fence of the backup
+                // (`BackupState::failure`) does not: a cut after it replays what is held up
+                // to its point (before 2026-12-02 it stopped here, and a promotion in place
+                // with a full budget waited out its 60 s; found by a review).
+                if self.stopped() {
                     return false;
                 }
                 self.budget.room.wait_for(&mut b, Duration::from_millis(10));
@@ -1645,6 +1649,13 @@ impl Engine {
     }
 
     /// Records why replay failed (the first reason), where a stop cannot hide it.
+    /// Replay ended: it failed (`replay_error`), or the run was let go (`halted`). A stop or
+    /// fence of the backup alone does not end it: a cut after a fence replays up to its
+    /// point.
+    fn stopped(&self) -> bool {
+        self.halted.load(Ordering::Acquire) || self.replay_error.lock().is_some()
+    }
+
     fn replay_failed(&self, why: &str) {
         self.replay_error.lock().get_or_insert_with(|| why.to_string());
         if let Some(h) = &self.hold {
@@ -2535,7 +2546,10 @@ impl SerialQueue {
     /// Replays `job`, and completes it or puts it off; false once replay failed (here, or
     /// in a batch it helped).
     fn run(&self, e: &Engine, job: Job, cpu_reported: &mut u64) -> bool {
-        if e.state.failure.lock().is_some() {
+        // (Not on the backup's stop or fence: see `Engine::stopped`. Before 2026-12-02 the
+        // serial replayer ended at a fence, and every promotion or follow in place of a
+        // node replaying serially waited out its 60 s for the point; found by a review.)
+        if e.stopped() {
             return false;
         }
         self.busy.borrow_mut().push(job.stream);
@@ -2551,13 +2565,13 @@ impl SerialQueue {
             self.help(e, cpu_reported);
             self.waiting.borrow_mut().pop();
             // A helped batch failed, or the run was let go: stop waiting, and stop.
-            e.state.failure.lock().is_none() && !e.halted.load(Ordering::Acquire)
+            !e.stopped()
         });
         self.busy.borrow_mut().pop();
         self.scratch.borrow_mut().push(scratch);
         e.account_cpu(cpu_reported);
         match replayed {
-            Err(Stop::PutOff(_)) if e.state.failure.lock().is_some() => false,
+            Err(Stop::PutOff(_)) if e.stopped() => false,
             Err(Stop::PutOff(at)) => {
                 // Ahead of every later batch of its stream, which `help` then leaves too.
                 // Still held: it stays in the budget.

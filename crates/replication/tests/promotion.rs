@@ -138,6 +138,12 @@ fn held_backup_under(
     (a, pa_repl, bk1, ts, a_addr)
 }
 
+thread_local! {
+    /// The replay mode `held_backups_under` starts its backups with (the default's unless
+    /// a test sets it).
+    static HELD_MODE: std::cell::Cell<Option<ditto_replication::ReplayMode>> = const { std::cell::Cell::new(None) };
+}
+
 /// `held_backup_under`, with a second backup in `b2` (if given) that also joins before the
 /// writes, so that its replica log holds them (not a checkpoint above them).
 #[allow(clippy::type_complexity)]
@@ -150,7 +156,10 @@ fn held_backups_under(
     let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
     let (pa_repl, a_addr) = start_primary_under(&a, None, policy);
-    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, b1, 1, "b1") };
+    let mut opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, b1, 1, "b1") };
+    if let Some(m) = HELD_MODE.get() {
+        opts.replay = m;
+    }
     let bk1 = backup::start(opts).unwrap();
     let bk2 = b2.map(|b2| {
         let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, b2, 1, "b2") };
@@ -192,6 +201,19 @@ fn value_on(db: &ditto_engine::Database, i: u32) -> Option<Vec<u8>> {
 /// cut), and its engine, sealed into a checkpoint there, is the next epoch's primary's.
 #[test]
 fn a_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() {
+    promoted_in_place_cut_exactly_at_the_point();
+}
+
+/// The same with one serial replayer: it replays what the cut releases after the fence
+/// (before 2026-12-02 it ended at the fence, and the cut waited out its timeout: every
+/// promotion or follow in place of a node replaying serially fell back to a restart).
+#[test]
+fn a_serial_backup_held_at_the_release_is_promoted_in_place_cut_exactly_at_the_point() {
+    HELD_MODE.set(Some(ditto_replication::ReplayMode::Serial));
+    promoted_in_place_cut_exactly_at_the_point();
+}
+
+fn promoted_in_place_cut_exactly_at_the_point() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
     // Under `all` with two backups expected and one there, nothing is released.
