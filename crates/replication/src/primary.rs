@@ -273,6 +273,9 @@ pub struct Primary {
     /// changed, whether the new count's quorum has covered it since).
     settle: Mutex<(u64, Ts, bool)>,
     on_change: OnChange,
+    /// Woken whenever what the nodes hold may have moved (`changed`): Redis's WAIT waits on
+    /// it (`holdings_moved`) instead of polling the links.
+    moved: tokio::sync::Notify,
     stopping: AtomicBool,
     /// Backups alone may release a commit now (`QuorumRecord::backups_release` of this
     /// run's record): batches are shipped `counted`.
@@ -334,6 +337,7 @@ impl Primary {
             samples: Mutex::new(Default::default()),
             released: AtomicU64::new(0),
             on_change,
+            moved: tokio::sync::Notify::new(),
             stopping: AtomicBool::new(false),
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
@@ -690,11 +694,32 @@ impl Primary {
         let h = self.holdings();
         let released = (self.on_change)(&h);
         self.set_released(released);
-        let mut s = self.settle.lock();
-        if !s.2 && self.settle_covers(&h, released) >= s.1 {
-            s.2 = true;
-            tracing::info!(config = s.0, "the commit quorum counts the new membership");
+        {
+            let mut s = self.settle.lock();
+            if !s.2 && self.settle_covers(&h, released) >= s.1 {
+                s.2 = true;
+                tracing::info!(config = s.0, "the commit quorum counts the new membership");
+            }
         }
+        self.moved.notify_waiters();
+    }
+
+    /// How many backups have received every commit up to `ts` (Redis's WAIT): a learner's
+    /// link counts in no quorum and is not counted, nor is a link that ended (its backup's
+    /// next link, if it came back, counts once).
+    pub fn replicas_received(&self, ts: Ts) -> usize {
+        self.links
+            .lock()
+            .iter()
+            .filter(|l| !l.learner && !l.gone.load(Ordering::Acquire) && l.received.load(Ordering::Acquire) >= ts.0)
+            .count()
+    }
+
+    /// Resolves the next time what the nodes hold may have moved (an acknowledgement, a
+    /// link's end, the local log). `enable` it before reading `replicas_received`, so that a
+    /// move between the two is not missed.
+    pub fn holdings_moved(&self) -> tokio::sync::futures::Notified<'_> {
+        self.moved.notified()
     }
 
     /// What a membership settles by (`crate::settle_watermark` of the server's policy;

@@ -2073,9 +2073,11 @@ impl Conn {
         (released, hub.generation.load(Ordering::Acquire))
     }
 
-    /// Redis's WAIT: polls (every millisecond) until `w.n` backups have received every commit
-    /// up to `w.ts`, or the timeout passes, or the server changes its role in place (the
-    /// hub's generation moves from `seen`); how many have. Meanwhile it reads what the
+    /// Redis's WAIT: waits until `w.n` backups have received every commit up to `w.ts`, or
+    /// the timeout passes, or the server changes its role in place (the hub's generation
+    /// moves from `seen`); how many have. It wakes when the primary's holdings move
+    /// (`Primary::holdings_moved`; it polled the links every millisecond before 2026-12-02,
+    /// answering up to a millisecond late). Meanwhile it reads what the
     /// client sends into `inbuf` (handled after the WAIT), so that a client that closes its
     /// connection ends the wait: `None` (a `WAIT n 0` that can never be met held its task
     /// and its client slot for good). A client that sends `WAIT_READ_AHEAD` behind it gets
@@ -2088,18 +2090,33 @@ impl Conn {
         hub: &Hub,
         seen: u64,
     ) -> Option<usize> {
-        let deadline = (!w.timeout.is_zero()).then(|| Instant::now() + w.timeout);
+        let deadline = (!w.timeout.is_zero()).then(|| tokio::time::Instant::now() + w.timeout);
+        let primary = match &self.sh.replication {
+            crate::session::Replication::Primary { primary, .. } => Some(Arc::clone(primary)),
+            _ => None,
+        };
         loop {
+            // Both enabled before the count is read: a move between is not missed.
+            let moved = primary.as_ref().map(|p| p.holdings_moved());
+            let changed = hub.changed.notified();
+            tokio::pin!(moved, changed);
+            if let Some(m) = moved.as_mut().as_pin_mut() {
+                m.enable();
+            }
+            changed.as_mut().enable();
             let n = crate::session::replicas_holding(&self.sh, w.ts);
             if n >= w.n
-                || deadline.is_some_and(|d| Instant::now() >= d)
+                || deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
                 || hub.generation.load(Ordering::Acquire) != seen
                 || inbuf.len() >= WAIT_READ_AHEAD
             {
                 return Some(n);
             }
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                // (No primary: nothing moves the count, so only the timeout or the client ends it.)
+                _ = async { match moved.as_mut().as_pin_mut() { Some(m) => m.await, None => std::future::pending().await } } => {}
+                _ = &mut changed => {}
+                _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {}
                 // (`read_buf` is cancel safe: if the sleep ends first, nothing was read.)
                 r = stream.read_buf(inbuf) => match r {
                     Ok(0) => return None,
