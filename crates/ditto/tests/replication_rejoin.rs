@@ -591,6 +591,20 @@ fn a_cleanly_stopped_primary_waits_for_no_backup_and_a_killed_one_is_not_started
     let mut c = Client::connect(primary.port).unwrap();
     let refused = c.one(&["SET", "k", "v"]);
     assert!(refused.contains("until 1 more of the backups its quorum counted (b1)"), "{refused}");
+    // The refused start had begun an epoch from the point: the restart that waits knows
+    // the backup's older epoch all the same, and takes writes once b1 says what it holds.
+    // (Before 2026-12-02 the refused start's restart was not recorded, and b1 was refused
+    // for good as holding more.)
+    let _backup = Node::start(&tmp.path().join("backup"), &named);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.one(&["SET", "k", "v"]);
+        if r == "+OK" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "writes still refused with b1 back: {r}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A client of the server on `port`, trying again for up to `limit`: a backup that joins

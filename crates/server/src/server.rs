@@ -613,13 +613,32 @@ fn run_role(
                 (open.recovered, open.epoch) = promote_standalone(&dir, cfg.workers)?;
             }
             let d = ditto_log::open(&dir, open)?;
-            // A standalone primary that did not stop cleanly, started without replication,
-            // would take writes without asking the backups that may hold commits it lost.
+            // A standalone primary that did not stop cleanly: the open has begun a new epoch
+            // from the point it recovered (`old`'s), so the restart joins the record's chain
+            // now (`QuorumRecord::restarts`), before anything else can fail. A start that
+            // failed after the open (refused below for want of --repl-port, a port taken, a
+            // TLS setting) wrote it only in `Primary::start`, which it never reached: the
+            // next start then recovered from the empty new epoch, and its backups of the
+            // epoch before were refused as holding more, for good (found by a review).
+            let record = match (&cfg.cluster, d.opened_from()) {
+                (None, Some((old, point))) => {
+                    let read = ditto_replication::QuorumRecord::read(&dir).and_then(|r| match r {
+                        Some(mut r) if r.need() > 0 => {
+                            r.add_restart(old, point);
+                            r.write(&dir).map(|()| Some(r))
+                        }
+                        r => Ok(r),
+                    });
+                    read.map_err(|e| {
+                        d.close();
+                        ServerError::Io { what: "reading or writing the quorum's record".into(), source: e }
+                    })?
+                }
+                _ => None,
+            };
+            // Started without replication, it would take writes without asking the backups
+            // that may hold commits it lost.
             if let (None, None, Some((old, point))) = (&cfg.repl_port, &cfg.cluster, d.opened_from()) {
-                let record = ditto_replication::QuorumRecord::read(&dir).map_err(|e| {
-                    d.close();
-                    ServerError::Io { what: "reading the quorum's record".into(), source: e }
-                })?;
                 if let Some(r) = record.filter(|r| r.need() > 0) {
                     d.close();
                     return Err(ConfigError::Invalid(format!(
