@@ -422,7 +422,7 @@ impl Gen {
             35 => c = vec![w("ECHO"), self.value()],
             36 => c = [vec![w("PING")], if self.rng.gen_bool(0.5) { vec![self.value()] } else { vec![] }].concat(),
             37 => c = vec![w("DBSIZE")],
-            38 => c = vec![w("KEYS"), w(self.pick(&["*", "h*", "?", "[ab]", "n"]))],
+            38 => c = vec![w("KEYS"), w(self.pick(&["*", "h*", "?", "[ab]", "n", "[h-]*"]))],
             39 => c = vec![w(self.pick(&["NOSUCHCOMMAND", "get\u{e9}"])), self.key()],
             40 => {
                 // MULTI, EXEC, DISCARD and WATCH, in and out of order.

@@ -18,6 +18,8 @@ use crate::tls::TlsFiles;
 const TLS_HANDSHAKE_TIMEOUT_S_MAX: u64 = 3600;
 /// The longest `fsync_interval_ms`.
 const FSYNC_INTERVAL_MS_MAX: u64 = 60_000;
+/// The largest `max_request_bytes` taken (see `validate`).
+const MAX_REQUEST_BYTES_CAP: usize = 1 << 30;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -359,6 +361,12 @@ impl Config {
         if self.max_args == 0 || self.max_request_bytes < 1024 || self.max_inline_bytes < 64 {
             return bad("max_args must be >= 1, max_request_bytes >= 1024, max_inline_bytes >= 64");
         }
+        // (Past 4 GiB one argument's length no longer fits the index's u32 key length, and a
+        // GET of such a key panicked before the engine's own limit refused it; Redis caps
+        // its proto-max-bulk-len at 512 MB. Found by a review.)
+        if self.max_request_bytes > MAX_REQUEST_BYTES_CAP {
+            return bad("max_request_bytes must be <= 1073741824 (1 GiB)");
+        }
         if self.max_output_bytes < 1024 {
             return bad("max_output_bytes must be >= 1024");
         }
@@ -548,6 +556,14 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(&format!("{key} is empty")), "{e}");
         }
+        // One argument longer than the index's u32 key length is refused at the start.
+        let mut c: Config =
+            toml::from_str("port = 7000\ndata_dir = \"/tmp/x\"\nmax_request_bytes = 4294967296").unwrap();
+        c.used_memory = Some(crate::memory::allocated_bytes);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("max_request_bytes must be <="), "{e}");
+        c.max_request_bytes = 1 << 30;
+        c.validate().unwrap();
     }
 
     #[test]

@@ -1902,7 +1902,9 @@ fn class_match(pat: &[u8], p: usize, c: u8) -> Option<usize> {
         if pat[j] == b'\\' && j + 1 < pat.len() {
             hit |= pat[j + 1] == c;
             j += 2;
-        } else if j + 2 < pat.len() && pat[j + 1] == b'-' && pat[j + 2] != b']' {
+        } else if j + 2 < pat.len() && pat[j + 1] == b'-' {
+            // (Redis's `stringmatchlen`: a range's end may be `]`, which then ends no class:
+            // `[a-]` is the range `]`..`a`, unterminated. Until 2026-12-02 it was `a` or `-`.)
             let (a, b) = (pat[j].min(pat[j + 2]), pat[j].max(pat[j + 2]));
             hit |= (a..=b).contains(&c);
             j += 3;
@@ -3173,6 +3175,10 @@ mod tests {
             ("k\\*", "k*", true),
             ("k\\*", "kx", false),
             ("*:*:x", "a:b:c:x", true),
+            ("[a-]", "_", true),
+            ("[a-]", "-", false),
+            ("[a-]", "a", true),
+            ("[a-c]", "-", false),
         ] {
             assert_eq!(glob_match(p.as_bytes(), s.as_bytes()), m, "{p} vs {s}");
         }
