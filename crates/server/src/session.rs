@@ -2327,6 +2327,12 @@ mod tests {
         assert_eq!(cmd(&mut b, &sh, &mut w, "HDEL h nosuchfield"), Reply::Int(0));
         assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
         assert!(exec_ok(&mut a, &mut w), "an HDEL of no field is no change");
+        // A field too long to be stored is absent: HDEL deletes the others (before, the
+        // engine refused the whole HDEL, the key and field past its key limit).
+        assert_eq!(cmd(&mut a, &sh, &mut w, "HSET h2 a 1"), Reply::Int(1));
+        let long = format!("HDEL h2 a {}", "x".repeat(ditto_engine::KEY_LEN_MAX));
+        assert_eq!(cmd(&mut a, &sh, &mut w, &long), Reply::Int(1));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "EXISTS h2"), Reply::Int(0));
         assert_eq!(cmd(&mut a, &sh, &mut w, "WATCH h"), Reply::Ok);
         assert_eq!(cmd(&mut b, &sh, &mut w, "SET h x NX"), Reply::Nil);
         assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
