@@ -1369,6 +1369,18 @@ mod tests {
         );
     }
 
+    /// `k` written, deleted, and its tombstone taken out of the index by the cleanup: the
+    /// delete's timestamp.
+    fn deleted_and_cleaned_up(db: &Database, w: &mut Worker, t: TableId) -> Ts {
+        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+        let (_, del) = w.run(|x| x.delete(t, b"k")).unwrap();
+        let deleted_at = del.ts();
+        del.wait().unwrap();
+        db.reclaim();
+        assert!(db.table(t).unwrap().index.get(b"k", &crossbeam_epoch::pin()).is_none(), "the tombstone left");
+        deleted_at
+    }
+
     /// A read-only transaction that finds a key absent because its delete's tombstone left
     /// the index waits for that delete to be durable (its ticket is at least the
     /// tombstone's timestamp), and one that scans a range which lost a tombstone waits for
@@ -1379,15 +1391,7 @@ mod tests {
         let db = Database::new(Options { workers: 1 });
         let t = db.create_table("t").unwrap();
         let mut w = db.worker(WorkerId(0)).unwrap();
-        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-        let (_, del) = w.run(|x| x.delete(t, b"k")).unwrap();
-        let deleted_at = del.ts();
-        del.wait().unwrap();
-        db.reclaim();
-        assert!(
-            db.table(t).unwrap().index.get(b"k", &crossbeam_epoch::pin()).is_none(),
-            "the tombstone left the index"
-        );
+        let deleted_at = deleted_and_cleaned_up(&db, &mut w, t);
         let (got, ticket) = w.run(|x| x.get(t, b"k")).unwrap();
         assert!(got.is_none());
         assert!(ticket.ts() >= deleted_at, "a miss's ticket at {:?}, the delete at {deleted_at:?}", ticket.ts());
@@ -1406,12 +1410,7 @@ mod tests {
         let db = Database::new(Options { workers: 3 });
         let t = db.create_table("t").unwrap();
         let mut w = db.worker(WorkerId(0)).unwrap();
-        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-        let (_, del) = w.run(|x| x.delete(t, b"k")).unwrap();
-        let deleted_at = del.ts();
-        del.wait().unwrap();
-        db.reclaim();
-        assert!(db.table(t).unwrap().index.get(b"k", &crossbeam_epoch::pin()).is_none(), "the tombstone left");
+        let deleted_at = deleted_and_cleaned_up(&db, &mut w, t);
         let mut w1 = db.worker(WorkerId(1)).unwrap();
         let mut ins = w1.begin();
         ins.put(t, b"k", b"new").unwrap();
