@@ -1598,11 +1598,13 @@ impl Engine {
         {
             let mut b = self.budget.budget.lock();
             while !b.may_take(Instant::now()) {
-                // Only a replay that stopped frees no room. A stop or fence of the backup
-                // (`BackupState::failure`) does not: a cut after it replays what is held up
-                // to its point (before 2026-12-02 it stopped here, and a promotion in place
-                // with a full budget waited out its 60 s; found by a review).
-                if self.stopped() {
+                // A replay that stopped frees no room. A stop or fence of the backup
+                // (`BackupState::failure`) ends a wait of the persister's (a backup not held
+                // at the release, which no cut replays up to a point: its stop waits for no
+                // replay), but not the hold's: a cut after the fence replays what is held up
+                // to its point (before 2026-12-02 the hold stopped here too, and a promotion
+                // in place with a full budget waited out its 60 s; found by a review).
+                if self.stopped() || (self.hold.is_none() && self.state.failure.lock().is_some()) {
                     return false;
                 }
                 self.budget.room.wait_for(&mut b, Duration::from_millis(10));
@@ -1648,7 +1650,6 @@ impl Engine {
         }
     }
 
-    /// Records why replay failed (the first reason), where a stop cannot hide it.
     /// Replay ended: it failed (`replay_error`), or the run was let go (`halted`). A stop or
     /// fence of the backup alone does not end it: a cut after a fence replays up to its
     /// point.
@@ -1656,6 +1657,7 @@ impl Engine {
         self.halted.load(Ordering::Acquire) || self.replay_error.lock().is_some()
     }
 
+    /// Records why replay failed (the first reason), where a stop cannot hide it.
     fn replay_failed(&self, why: &str) {
         self.replay_error.lock().get_or_insert_with(|| why.to_string());
         if let Some(h) = &self.hold {

@@ -273,8 +273,8 @@ pub struct Primary {
     /// changed, whether the new count's quorum has covered it since).
     settle: Mutex<(u64, Ts, bool)>,
     on_change: OnChange,
-    /// Woken whenever what the nodes hold may have moved (`changed`): Redis's WAIT waits on
-    /// it (`holdings_moved`) instead of polling the links.
+    /// Woken whenever a backup's acknowledgements are read (`acks_read`): Redis's WAIT waits
+    /// on it (`holdings_moved`) instead of polling the links.
     moved: tokio::sync::Notify,
     stopping: AtomicBool,
     /// Backups alone may release a commit now (`QuorumRecord::backups_release` of this
@@ -701,6 +701,13 @@ impl Primary {
                 tracing::info!(config = s.0, "the commit quorum counts the new membership");
             }
         }
+    }
+
+    /// Acknowledgements were read from a backup: what the nodes hold moved, and what a
+    /// backup received (Redis's WAIT, `holdings_moved`) too. (Only here: `changed` runs for
+    /// every shipped batch as well, which moves no backup's count.)
+    fn acks_read(&self) {
+        self.changed();
         self.moved.notify_waiters();
     }
 
@@ -715,9 +722,9 @@ impl Primary {
             .count()
     }
 
-    /// Resolves the next time what the nodes hold may have moved (an acknowledgement, a
-    /// link's end, the local log). `enable` it before reading `replicas_received`, so that a
-    /// move between the two is not missed.
+    /// Resolves the next time a backup's acknowledgements are read (what a backup received
+    /// may have moved). `enable` it before reading `replicas_received`, so that a move
+    /// between the two is not missed.
     pub fn holdings_moved(&self) -> tokio::sync::futures::Notified<'_> {
         self.moved.notified()
     }
@@ -1519,7 +1526,7 @@ impl Primary {
             rt.spawn(async move {
                 // Dropped with the task, however it ends (the link's thread waits for it).
                 let _done = done;
-                let why = read_acks_async(sock, buffered, |f| me.take_ack(&l2, f), || me.changed()).await;
+                let why = read_acks_async(sock, buffered, |f| me.take_ack(&l2, f), || me.acks_read()).await;
                 ending.0.take().expect("set above").kill(why);
             });
             return Ok(AckReader::Task(ended));
@@ -1534,7 +1541,7 @@ impl Primary {
                         }
                         // Once per read's worth of acks.
                         if reader.buffer().is_empty() {
-                            me.changed();
+                            me.acks_read();
                         }
                     }
                     Ok(None) => break "the backup closed the connection".into(),
