@@ -289,6 +289,14 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     // A count below 0 is answered at once (Redis); in a transaction WAIT does not block and
     // answers how many hold the writes so far (before, 0 whatever they held).
     assert_eq!(w.one(&["WAIT", "-1", "0"]), ":1");
+    // A write answered before its backup holds it (`local`), then a WAIT with no timeout:
+    // woken by the backup's acknowledgement (a wake-up lost would hang it past the read
+    // timeout).
+    assert_eq!(l.one(&["DITTO.POLICY", "local"]), "+OK");
+    for i in 0..50 {
+        assert_eq!(l.cmd(&["SET", "waited", &i.to_string()]).unwrap(), ["+OK"]);
+        assert_eq!(l.one(&["WAIT", "1", "0"]), ":1", "pair {i}");
+    }
     assert_eq!(w.one(&["MULTI"]), "+OK");
     assert_eq!(w.one(&["WAIT", "1", "0"]), "+QUEUED");
     assert_eq!(w.cmd(&["EXEC"]).unwrap(), [":1"]);

@@ -694,12 +694,10 @@ impl Primary {
         let h = self.holdings();
         let released = (self.on_change)(&h);
         self.set_released(released);
-        {
-            let mut s = self.settle.lock();
-            if !s.2 && self.settle_covers(&h, released) >= s.1 {
-                s.2 = true;
-                tracing::info!(config = s.0, "the commit quorum counts the new membership");
-            }
+        let mut s = self.settle.lock();
+        if !s.2 && self.settle_covers(&h, released) >= s.1 {
+            s.2 = true;
+            tracing::info!(config = s.0, "the commit quorum counts the new membership");
         }
     }
 

@@ -2094,9 +2094,8 @@ impl Conn {
 
     /// Redis's WAIT: waits until `w.n` backups have received every commit up to `w.ts`, or
     /// the timeout passes, or the server changes its role in place (the hub's generation
-    /// moves from `seen`); how many have. It wakes when the primary's holdings move
-    /// (`Primary::holdings_moved`; it polled the links every millisecond before 2026-12-02,
-    /// answering up to a millisecond late). Meanwhile it reads what the
+    /// moves from `seen`); how many have. It wakes when a backup's acknowledgements are read
+    /// (`Primary::holdings_moved`; it polled the links every millisecond before 2026-12-02). Meanwhile it reads what the
     /// client sends into `inbuf` (handled after the WAIT), so that a client that closes its
     /// connection ends the wait: `None` (a `WAIT n 0` that can never be met held its task
     /// and its client slot for good). A client that sends `WAIT_READ_AHEAD` behind it gets
@@ -2123,7 +2122,7 @@ impl Conn {
                 m.enable();
             }
             changed.as_mut().enable();
-            let n = crate::session::replicas_holding(&self.sh, w.ts);
+            let n = primary.as_ref().map_or(0, |p| p.replicas_received(w.ts));
             if n >= w.n
                 || deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
                 || hub.generation.load(Ordering::Acquire) != seen

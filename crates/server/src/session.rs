@@ -1812,7 +1812,7 @@ fn read_only_refusal(sh: &Shared, tls: bool) -> String {
     }
 }
 
-pub fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
+fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
     match &sh.replication {
         // (A cluster's learner is no replica a failover counts on.)
         Replication::Primary { primary, .. } => primary.replicas_received(ts),
