@@ -46,9 +46,10 @@
 //!   life's +1 and -1 cancel). It is placed below the next version above it there (the
 //!   later life's start, or a life between that came late too). Writes to the old record
 //!   below that bound follow (parked ones too), until the read view passes it, or until
-//!   the record gets another key (its own next life); a backup does not checkpoint
-//!   meanwhile (`replay_checkpoint_gate`), since the cut would hold the old life's rows
-//!   under the later record's id.
+//!   the record gets another key (its own next life); a backup does not take a
+//!   checkpoint's snapshot meanwhile (`replay_checkpoint_gate`), since the cut would hold
+//!   the old life's rows under the later record's id. (A redirect made after the snapshot
+//!   moves only writes above it, which the snapshot does not read.)
 //!
 //! - A record id's late old life: the same with the lives of a record id. The primary
 //!   gave a record id another key once a checkpoint covered its old life; a lagging stream
@@ -553,7 +554,8 @@ impl Database {
     /// For a backup's checkpoint: `None` while a key's late old life is being replayed onto
     /// a later record (a cut would hold that old life's rows under the later record's id,
     /// where the primary had them under the old one); else a gate that keeps new redirects
-    /// out until it is dropped, so that the cut taken under it has none either.
+    /// out until it is dropped, so that the snapshot taken under it has none either (it
+    /// may be dropped once the snapshot is taken: `ditto_log::replica::checkpoint_replica`).
     pub fn replay_checkpoint_gate(&self) -> Option<ReplayGate<'_>> {
         let gate = self.redirects.gate.read();
         (!self.replay_redirecting()).then_some(ReplayGate(gate))

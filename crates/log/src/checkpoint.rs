@@ -225,8 +225,23 @@ pub(crate) fn write(
     storage: &dyn Storage,
     pace: Option<Pace<'_>>,
 ) -> Result<CheckpointInfo, LogError> {
+    write_at(db, db.read(), data, threads, part_bytes, log_epoch_min, storage, pace)
+}
+
+/// [`write`] of the snapshot `snap` of `db`, taken by the caller (a backup takes it under
+/// its replay gate and lets the gate go before the write: see `replica::checkpoint_replica`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_at(
+    db: &Database,
+    snap: ReadTxn<'_>,
+    data: &Path,
+    threads: usize,
+    part_bytes: u64,
+    log_epoch_min: Epoch,
+    storage: &dyn Storage,
+    pace: Option<Pace<'_>>,
+) -> Result<CheckpointInfo, LogError> {
     let t0 = Instant::now();
-    let snap = db.read();
     let ts = snap.ts();
     let dir = ckpt_dir(data, ts);
     let root = checkpoints_dir(data);

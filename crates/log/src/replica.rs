@@ -2397,15 +2397,25 @@ pub const TRASH_DIR: &str = "trash";
 /// (`ReplicaLog::remove_covered_by` with the returned timestamp); `open_replica` loads it
 /// and replays only what lies above it. It writes at most `write_bytes_per_s` (0: as fast
 /// as it goes; `LogOptions::checkpoint_write_bytes_per_s`).
+///
+/// `gate` (`Database::replay_checkpoint_gate`) is held until the snapshot is taken, and no
+/// longer: a redirect made after it moves only writes above the snapshot's timestamp (every
+/// write at or below the read view is installed), which the snapshot does not read, so a
+/// replayer that adds one need not wait out the paced write (30 s for 1 GB at the default
+/// pace, with the replay budget full meanwhile).
 pub fn checkpoint_replica(
     db: &Database,
+    gate: ditto_engine::ReplayGate<'_>,
     data: &Path,
     storage: &dyn Storage,
     write_bytes_per_s: u64,
 ) -> Result<CheckpointInfo, LogError> {
     let threads = recovery_threads().min(2);
-    let info = checkpoint::write(
+    let snap = db.read();
+    drop(gate);
+    let info = checkpoint::write_at(
         db,
+        snap,
         data,
         threads,
         64 << 20,

@@ -1,7 +1,7 @@
 //! Checkpoints written while a node serves (checkpoint.rs, `Pace`): a paced checkpoint
 //! writes no faster than its pace and is the same image as an unpaced one; a checkpoint
-//! whose storage is cancelled mid-write (a fence) stops short and leaves nothing behind.
-//! Real files.
+//! whose storage is cancelled mid-write (a fence) stops short and leaves nothing behind;
+//! a backup's checkpoint holds the replay gate only until its snapshot is taken. Real files.
 
 use std::io;
 use std::path::Path;
@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ditto_engine::WorkerId;
+use ditto_engine::{Database, Options, RecordId, ReplayGate, Ts, WorkerId};
+use ditto_log::catalog::Catalog;
 use ditto_log::replica::{checkpoint_replica, open_replica};
 use ditto_log::storage::{Cancellable, LogFile, RealStorage, Storage};
 use ditto_log::{open, Durability, LogOptions, OpenOptions};
@@ -43,6 +44,12 @@ fn filled_paced(dir: &Path, pace: u64) -> ditto_log::Durable {
     d
 }
 
+/// The replay gate a backup's checkpoint takes (no key's late old life is being replayed in
+/// these databases).
+fn gate(db: &Database) -> ReplayGate<'_> {
+    db.replay_checkpoint_gate().expect("nothing is being redirected")
+}
+
 fn filled(dir: &Path) -> ditto_log::Durable {
     filled_paced(dir, 0)
 }
@@ -73,10 +80,10 @@ fn a_paced_checkpoint_writes_no_faster_than_its_pace_and_holds_the_same_rows() {
     for dir in [&fast, &paced] {
         std::fs::copy(src.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
     }
-    let unpaced = checkpoint_replica(d.db(), fast.path(), &RealStorage, 0).unwrap();
+    let unpaced = checkpoint_replica(d.db(), gate(d.db()), fast.path(), &RealStorage, 0).unwrap();
     let rate = 40_000_000u64;
     let t = Instant::now();
-    let info = checkpoint_replica(d.db(), paced.path(), &RealStorage, rate).unwrap();
+    let info = checkpoint_replica(d.db(), gate(d.db()), paced.path(), &RealStorage, rate).unwrap();
     let took = t.elapsed();
     assert_eq!((info.rows, info.bytes), (unpaced.rows, unpaced.bytes));
     assert!(info.bytes > 20_000_000, "enough to pace: {} bytes", info.bytes);
@@ -149,7 +156,7 @@ fn a_checkpoint_cancelled_mid_write_stops_short_and_leaves_nothing() {
         let (tx, rx) = std::sync::mpsc::channel();
         let (db, dir) = (Arc::clone(d.db()), out.path().to_path_buf());
         std::thread::spawn(move || {
-            let _ = tx.send(checkpoint_replica(&db, &dir, &storage, pace).map(|i| i.rows));
+            let _ = tx.send(checkpoint_replica(&db, gate(&db), &dir, &storage, pace).map(|i| i.rows));
         });
         let r = rx.recv_timeout(Duration::from_secs(30)).expect("the cancelled checkpoint stopped within 30 s");
         let e = r.expect_err("a cancelled checkpoint fails");
@@ -226,11 +233,67 @@ fn where_the_trash_cannot_be_made_checkpoints_are_deleted_in_place() {
     let cancel = Arc::new(AtomicBool::new(false));
     let inner = CancelMidWrite { writes: Arc::new(AtomicUsize::new(0)), after: 3, cancel: Arc::clone(&cancel) };
     let storage = Cancellable { inner: Arc::new(inner), cancel: Arc::clone(&cancel) };
-    let e = checkpoint_replica(d.db(), out.path(), &storage, 0).expect_err("a cancelled checkpoint fails");
+    let e =
+        checkpoint_replica(d.db(), gate(d.db()), out.path(), &storage, 0).expect_err("a cancelled checkpoint fails");
     assert!(e.to_string().contains("cancelled"), "{e}");
     let left: Vec<_> = std::fs::read_dir(out.path().join("checkpoints"))
         .map(|r| r.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "the cancelled checkpoint left {left:?}");
     d.close();
+}
+
+/// A backup's checkpoint holds the replay gate (`Database::replay_checkpoint_gate`) until
+/// its snapshot is taken, not through its paced write: a replayer that meanwhile replays a
+/// key's late old life onto its later record (a redirect, which takes the gate) goes on at
+/// once. The checkpoint is the image at its snapshot, which no such write lies below.
+#[test]
+fn a_backups_checkpoint_lets_replay_redirect_once_its_snapshot_is_taken() {
+    // A backup's database: about 16 MB replayed at ts 1 (past the 4 MiB each of the two
+    // writer threads writes before its pace is first told), then key k's later life on
+    // record 1 at ts 7, above the read view.
+    let db = Database::new(Options { workers: 2 });
+    let t = db.create_table("t").unwrap();
+    let rows = 16_000u64;
+    for i in 0..rows {
+        let v = vec![(i % 251) as u8; VALUE];
+        db.replay_install(t, RecordId(10 + i), Some(&i.to_be_bytes()), Ts(1), Some(&v)).unwrap();
+    }
+    db.publish_read_view(Ts(1)).unwrap();
+    db.replay_install(t, RecordId(1), Some(b"k"), Ts(7), Some(b"new")).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut cat = Catalog::default();
+    cat.add(t, "t");
+    cat.save(out.path(), &RealStorage).unwrap();
+    // 4 MB/s: at least 2 s for what lies past the unpaced start.
+    let rate = 4_000_000;
+    let writer = {
+        let (db, dir) = (Arc::clone(&db), out.path().to_path_buf());
+        std::thread::spawn(move || checkpoint_replica(&db, gate(&db), &dir, &RealStorage, rate).unwrap())
+    };
+    // Its directory is made once the snapshot is taken.
+    let end = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(out.path().join("checkpoints")).map_or(true, |mut d| d.next().is_none()) {
+        assert!(Instant::now() < end && !writer.is_finished(), "the checkpoint's directory never appeared");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // k's old life, on record 0 at ts 3, comes late: it goes below the later life.
+    db.replay_install(t, RecordId(0), Some(b"k"), Ts(3), Some(b"old")).unwrap();
+    assert!(db.replay_redirecting(), "k's old life is replayed onto record 1");
+    assert!(!writer.is_finished(), "the redirect did not wait for the paced write");
+    assert!(db.replay_checkpoint_gate().is_none(), "no next checkpoint is started while it lasts");
+    let info = writer.join().unwrap();
+    assert_eq!((info.ts, info.rows), (Ts(1), rows), "the image at the snapshot: k has no life at 1");
+    let read = rows_of(out.path());
+    assert_eq!(read.len() as u64, rows);
+    assert!(read.iter().all(|(k, _)| k.as_slice() != b"k"));
+    // Replay goes on as before: every view reads the primary's history.
+    for (view, want) in [(3, Some("old")), (6, None), (7, Some("new"))] {
+        if view == 6 {
+            db.replay_install(t, RecordId(0), None, Ts(5), None).unwrap();
+        }
+        db.publish_read_view(Ts(view)).unwrap();
+        assert_eq!(db.read().get(t, b"k").unwrap().as_deref(), want.map(str::as_bytes), "at view {view}");
+    }
+    assert!(!db.replay_redirecting());
 }

@@ -1005,7 +1005,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     if view <= state.checkpoint_ts.load(Ordering::Acquire) && !seal_pending {
                         continue; // nothing new since the last one
                     }
-                    let Some(_gate) = db.replay_checkpoint_gate() else {
+                    let Some(gate) = db.replay_checkpoint_gate() else {
                         // A key's late old life is being replayed onto its later record: a cut
                         // now would hold it under the wrong record id. It is over once the
                         // read view passes the later life's start; the next round will do.
@@ -1024,7 +1024,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     // Once, whatever comes of it: after a failure the sealed log stays (recovery
                     // replays it), and the policy's next checkpoint takes it away.
                     seal_pending = false;
-                    match ditto_log::replica::checkpoint_replica(&db, &dir, &storage, pace) {
+                    match ditto_log::replica::checkpoint_replica(&db, gate, &dir, &storage, pace) {
                         Ok(info) => {
                             (last_at, last_bytes, last_size, carried) = (Instant::now(), bytes_then, info.bytes, 0);
                             state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);
