@@ -272,6 +272,12 @@ pub struct Primary {
     /// The membership being settled: (configuration, the release watermark when the count
     /// changed, whether the new count's quorum has covered it since).
     settle: Mutex<(u64, Ts, bool)>,
+    /// Held through each `changed` (what the nodes hold, read, released and checked against
+    /// the settle), and by a membership change while it counts the new members: a `changed`
+    /// that read the nodes under the old membership never releases or settles after the
+    /// new one took its bar (found by a review, 2026-12-03: such a late `changed` reported a
+    /// removal settled that its new quorum did not hold).
+    changing: Mutex<()>,
     on_change: OnChange,
     /// Woken whenever a backup's acknowledgements are read (`acks_read`): Redis's WAIT waits
     /// on it (`holdings_moved`) instead of polling the links.
@@ -328,6 +334,7 @@ impl Primary {
             // Not settled on what it holds from before until its quorum holds that too (a
             // new primary after a failover: the others may lack what the old one released).
             settle: Mutex::new((opts.members_config, durable.db().clock().visible_ts(), false)),
+            changing: Mutex::new(()),
             counted: AtomicBool::new(false),
             quorum: Mutex::new(Quorum::start(&opts)),
             heard: Mutex::new(Default::default()),
@@ -691,6 +698,7 @@ impl Primary {
     }
 
     fn changed(&self) {
+        let _one = self.changing.lock();
         let h = self.holdings();
         let released = (self.on_change)(&h);
         self.set_released(released);
@@ -747,6 +755,7 @@ impl Primary {
     /// that a failover among the members would not meet.
     pub fn set_counted_nodes(&self, nodes: Option<std::collections::BTreeSet<String>>) {
         {
+            let _one = self.changing.lock();
             // (Under the links' lock, as a link registering reads the set.)
             let links = self.links.lock();
             let mut n = self.counted_nodes.lock();
@@ -804,6 +813,7 @@ impl Primary {
 
     pub fn set_backups_expected(&self, n: usize, config: u64) {
         {
+            let _one = self.changing.lock();
             let mut s = self.settle.lock();
             if s.0 == config && self.backups_expected.load(Ordering::Acquire) == n {
                 return;

@@ -216,3 +216,72 @@ fn a_primary_that_starts_holding_commits_settles_once_a_majority_holds_them() {
     p.stop();
     a.close();
 }
+
+/// A release computed from what the nodes held under the old membership is never applied,
+/// nor checked against the settle, after a membership change took its bar: the change
+/// waits for it, then counts the new members. Here the old membership is the primary
+/// alone (everything it holds is released) and the new one adds a backup that is not
+/// there: the change must not be reported settled. (Before 2026-12-03 a `changed` that
+/// had read the nodes before the change and checked the settle after it reported it
+/// settled: a removal could then go ahead while the new quorum lacked acknowledged
+/// commits.)
+#[test]
+fn a_release_read_under_the_old_membership_does_not_settle_the_new_one() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    let tmp = tempfile::tempdir().unwrap();
+    let a = ditto_log::open(tmp.path(), ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let policy = ditto_replication::CommitPolicy::parse("majority-durable").unwrap();
+    let opts = PrimaryOptions { backups_expected: 0, members_config: 0, policy: Some(policy), ..Default::default() };
+    // The release hook blocks once, when told to, inside a `changed` (after it read what
+    // the nodes hold).
+    let block = Arc::new(AtomicBool::new(false));
+    let (entered_tx, entered) = mpsc::channel::<()>();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = parking_lot::Mutex::new(go_rx);
+    let hook_block = Arc::clone(&block);
+    let on_change = Box::new(move |h: &ditto_replication::Holdings| {
+        if hook_block.swap(false, Ordering::SeqCst) {
+            entered_tx.send(()).unwrap();
+            go_rx.lock().recv_timeout(Duration::from_secs(30)).unwrap();
+        }
+        ditto_replication::release_watermark(policy, h)
+    });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = Primary::start(&a, listener, opts, on_change).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..20u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+    }
+    p.recompute();
+    assert!(p.released() >= last, "the primary alone releases what it holds");
+    assert_eq!(p.members_settled(), Some(0));
+
+    // A `changed` reads the nodes (the primary alone) and stops in the hook.
+    block.store(true, Ordering::SeqCst);
+    let stale = {
+        let p = Arc::clone(&p);
+        std::thread::spawn(move || p.recompute())
+    };
+    entered.recv_timeout(Duration::from_secs(30)).expect("the hook was entered");
+    // Meanwhile the membership becomes the primary and backup b2 (absent): it waits.
+    let change = {
+        let p = Arc::clone(&p);
+        std::thread::spawn(move || {
+            p.set_counted_nodes(Some(["b2".to_string()].into_iter().collect()));
+            p.set_backups_expected(1, 1);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!change.is_finished(), "the change waits for the release under way");
+    go.send(()).unwrap();
+    stale.join().unwrap();
+    change.join().unwrap();
+    assert_eq!(p.backups_expected(), 1);
+    assert_eq!(p.members_settled(), None, "one node of two holds what was released: not settled");
+    drop(w);
+    p.stop();
+    a.close();
+}
