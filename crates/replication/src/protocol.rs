@@ -21,8 +21,16 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// `Batch::counted`. 4 (2026-12-02): `Start::Checkpoint::bytes`. A primary refuses a backup
 /// of another version, saying which it speaks.
 pub const PROTOCOL_VERSION: u32 = 4;
-/// The largest frame accepted: a batch of the largest transaction (128 MiB) and change.
-pub const FRAME_BYTES_MAX: usize = 160 << 20;
+/// The largest frame accepted: the largest batch the log writes (its header and a payload
+/// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
+/// stream's buffer of up to 64 MiB and one more transaction of up to 128 MiB make: such a
+/// batch was refused by every backup, which then asked for it again from disk, for ever;
+/// found by a review.)
+pub const FRAME_BYTES_MAX: usize = ditto_log::format::MAX_STORED_LEN + (1 << 20);
+const _: () = assert!(
+    FRAME_BYTES_MAX >= ditto_log::format::BATCH_HEADER_LEN + ditto_log::format::MAX_STORED_LEN + 64,
+    "a frame holds the largest batch with its frame's own fields"
+);
 pub const FRAME_HEADER_LEN: usize = 8;
 
 /// A password, as a `Hello` carries it and a primary keeps it: sent and compared as is,
@@ -517,6 +525,22 @@ pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The largest batch the log writes (its header and a stored payload of
+    /// `MAX_STORED_LEN`) fits a frame; one byte more than the bound does not.
+    #[test]
+    fn the_largest_batch_the_log_writes_fits_a_frame() {
+        let header = |len: usize| {
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            h[..4].copy_from_slice(&u32::try_from(len).unwrap().to_le_bytes());
+            h
+        };
+        let batch = ditto_log::format::BATCH_HEADER_LEN + ditto_log::format::MAX_STORED_LEN;
+        // A batch frame's body: its kind, epoch, release and flags (18 bytes), then the batch.
+        let body = 18 + batch;
+        assert_eq!(Frame::body_len(&header(body)).unwrap(), body);
+        assert!(matches!(Frame::body_len(&header(FRAME_BYTES_MAX + 1)), Err(ProtocolError::TooLarge(_))));
+    }
 
     /// A primary takes from a backup frames of at most `BACKUP_FRAME_BYTES_MAX`: a header
     /// announcing more is refused before anything is reserved for it (it reserved up to
