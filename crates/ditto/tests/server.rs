@@ -26,7 +26,9 @@ impl Server {
     /// Starts `ditto server` on `dir` with extra config lines; waits for it to listen.
     fn start(dir: &Path, config: &str) -> Server {
         let cfg = dir.with_extension("toml");
-        std::fs::write(&cfg, format!("metrics = \"off\"\nworkers = 2\ncheckpoint_interval_s = 2\n{config}")).unwrap();
+        // Two workers unless the test says how many.
+        let workers = if config.contains("workers =") { "" } else { "workers = 2\n" };
+        std::fs::write(&cfg, format!("metrics = \"off\"\n{workers}checkpoint_interval_s = 2\n{config}")).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
             .args(["server", "--port", "0", "--data-dir", dir.to_str().unwrap(), "--config", cfg.to_str().unwrap()])
             .stdout(Stdio::piped())
@@ -507,6 +509,43 @@ fn client_and_output_limits_hold() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A run of pipelined GETs that fills the output bound, followed by a request not yet
+/// complete, then completed while the run's replies wait for their fsync: that request is
+/// answered once they go out, with no more bytes from the client. (Before 2026-12-03 the
+/// run's "nothing complete yet" was kept and read again after the flush, and the
+/// connection waited for more input with the request in its buffer; found by a review.)
+#[test]
+fn a_request_completed_while_a_full_runs_replies_wait_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    // One stream, written at most once per 1.5 s: a write within that of the last one
+    // waits for the next.
+    let srv = Server::start(
+        &dir.path().join("d"),
+        "workers = 1\nmax_output_bytes = 1024\ndurability = \"interval\"\nfsync_interval_ms = 1500\n",
+    );
+    let mut c = Raw::connect(srv.port);
+    // Just after this SET's write, the next is about 1.5 s away.
+    assert_eq!(c.cmd(&["SET", "warm", "1"]).unwrap(), "+OK");
+    let value = "v".repeat(700);
+    let mut req = Vec::new();
+    for args in [&["SET", "k", value.as_str()][..], &["GET", "k"], &["GET", "k"]] {
+        req.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+    }
+    // Two GETs' replies (1,400 bytes) pass the bound; then the start of `GET warm`.
+    req.extend_from_slice(b"*2\r\n$3\r\nGET\r\n$4\r\nwa");
+    c.s.write_all(&req).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Its rest, while the replies before it wait for the fsync.
+    c.s.write_all(b"rm\r\n").unwrap();
+    assert_eq!(c.reply().unwrap(), "+OK");
+    assert_eq!(c.reply().unwrap(), value);
+    assert_eq!(c.reply().unwrap(), value);
+    assert_eq!(c.reply().unwrap(), "1", "the request completed meanwhile is answered");
 }
 
 /// Writes a CA, a server and a client certificate under `dir`; returns the config lines

@@ -1839,6 +1839,12 @@ impl Conn {
                                     match next_request(&mut pending, &mut parser, &mut inbuf, &conn.limits) {
                                         Ok(Some(a)) if a.is_empty() => continue,
                                         Ok(Some(a)) if session.run_kind(&a, &conn.sh) == Some(kind) => run.push(a),
+                                        // Nothing complete yet: not set aside, or, read
+                                        // again after bytes came in (while the replies
+                                        // waited), it would end the next turn with those
+                                        // bytes unparsed, and the connection would wait
+                                        // for more input with a request in its buffer.
+                                        Ok(None) => break,
                                         other => {
                                             pending.push_front(other);
                                             break;
