@@ -114,7 +114,7 @@ impl KeyCounts {
     /// Moves database `db`'s count by `d`.
     pub fn add(&self, db: u8, d: i64) {
         if let Some(c) = self.n.get(db as usize) {
-            c.fetch_add(d, std::sync::atomic::Ordering::Relaxed);
+            c.fetch_add(d, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -163,11 +163,13 @@ impl KeyCounts {
         d
     }
 
-    /// Applies a committed transaction's `delta`.
+    /// Applies a committed transaction's `delta` (after its commit took its timestamp: a
+    /// reader that sees the move and then reads the clock reads one at or above it, as
+    /// DBSIZE's wait needs, hence Release here and Acquire in `get`).
     pub fn apply(&self, delta: &[i64; DBS]) {
         for (c, &v) in self.n.iter().zip(delta) {
             if v != 0 {
-                c.fetch_add(v, std::sync::atomic::Ordering::Relaxed);
+                c.fetch_add(v, std::sync::atomic::Ordering::Release);
             }
         }
     }
@@ -175,7 +177,7 @@ impl KeyCounts {
     /// The keys of database `db` now (with the moves the read view `view` covers).
     pub fn get(&self, db: u8, view: Ts) -> i64 {
         self.settle(view);
-        self.n.get(db as usize).map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
+        self.n.get(db as usize).map_or(0, |c| c.load(std::sync::atomic::Ordering::Acquire))
     }
 }
 

@@ -1061,10 +1061,13 @@ impl Session {
             // The count kept by every commit, in O(1). It may include commits not yet
             // durable: the reply waits until every commit so far is, as a read waits for
             // what it saw. (On a backup the clock is the read view, and the count is of
-            // what it covers: `KeyCounts::settle`.)
+            // what it covers: `KeyCounts::settle`.) The clock is read again after the count:
+            // a commit takes its timestamp before it moves the count, so every move counted
+            // lies at or below that reading (with the clock read only before, a commit
+            // timestamped between the two was counted and not waited for; found by a review).
             "DBSIZE" => {
-                let now = sh.db.clock().now();
-                return Outcome::after(Reply::Int(sh.key_counts.get(self.db, now)), now);
+                let n = sh.key_counts.get(self.db, sh.db.clock().now());
+                return Outcome::after(Reply::Int(n), sh.db.clock().now());
             }
             "SCAN" | "KEYS" => return self.read_keys(spec, a, sh, &mut Reader::Snapshot(sh.db.read())),
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
