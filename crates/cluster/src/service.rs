@@ -258,6 +258,15 @@ pub trait DataPlane: Send + 'static {
     fn proposals(&mut self) -> Vec<Command> {
         Vec::new()
     }
+    /// The state this node starts from: its own last snapshot's, before the committed
+    /// entries above it are `applied` (with `live` false). Where the snapshot covers every
+    /// entry (a compaction at the last command), no command is applied at all until the
+    /// next one commits, and this is all the data plane learns. (Before 2026-12-03 it was
+    /// not told: a node restarted in a quiet cluster after a compaction ran no server until
+    /// an unrelated command committed; found by a review.)
+    fn started(&mut self, state: &ControlState) {
+        let _ = state;
+    }
     /// The state was replaced by the leader's snapshot (this node was far behind, or has
     /// just joined): no command is applied for what it skipped.
     fn restored(&mut self, state: &ControlState) {
@@ -1889,6 +1898,7 @@ impl Run {
         let started = Instant::now();
         let replayed_upto = self.disk.durable().hard_state.commit;
         self.data.fenced(self.disk.fence());
+        self.data.started(self.node.state());
         let mut next_tick = Instant::now() + self.tick;
         let mut failed: Option<String> = None;
         let mut was_serving = false;

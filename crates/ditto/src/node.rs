@@ -1802,6 +1802,12 @@ impl DataPlane for NodePlane {
         out
     }
 
+    fn started(&mut self, state: &ControlState) {
+        // Not `restored`'s closing of an unclean stop: its own snapshot is older than the
+        // stop, or from it.
+        self.state = state.clone();
+    }
+
     fn restored(&mut self, state: &ControlState) {
         say(self.me, format!("took the control state from the leader's snapshot (epoch {})", state.epoch));
         self.state = state.clone();
