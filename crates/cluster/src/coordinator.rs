@@ -327,9 +327,15 @@ impl Coordinator {
                 };
                 // Silent since it was last heard from, or since it was named primary, or
                 // since this node started, whichever is latest. This node itself hears
-                // itself while it serves; named primary but not serving (it restarted, or
-                // it is still getting ready) it counts as never heard, like any other.
-                if p == self.me && self.serving {
+                // itself while it serves with quorum contact (the leader is the primary:
+                // after an election, before it hands the leadership on); named primary but
+                // not serving (it restarted, or it is still getting ready) it counts as
+                // never heard, like any other. (Before 2026-12-03 it heard itself while it
+                // served at all: a leader-primary that lost every backup's link, or whose
+                // server hung, while its control plane worked, took no writes and was never
+                // failed over, since it hands the leadership on only with contact and only
+                // the leader fails a primary over; found by a review.)
+                if p == self.me && self.serving && self.has_quorum_contact(state, now) {
                     self.heard(p, now);
                 }
                 let heard = self.heard.get(&p).copied();
@@ -340,7 +346,9 @@ impl Coordinator {
                     && heard.is_none_or(|h| h < since)
                     && now.saturating_sub(since) < self.t.start
                     && match p == self.me {
-                        true => self.starting,
+                        // (Serving without quorum contact yet, its backups still coming to
+                        // it: still starting, as a primary elsewhere whose node is up.)
+                        true => self.starting || self.serving,
                         false => self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure),
                     };
                 // A switchover its primary neither began nor gave up (its node went quiet
@@ -699,6 +707,36 @@ mod tests {
         assert_eq!(s.primary(), Some(3));
         c.heard(3, 185);
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
+    }
+
+    /// The leader is the serving primary (an election it won, before it hands the
+    /// leadership on): it hears itself while it has quorum contact, and fails itself over
+    /// once it has lost it for a failure timeout (every backup's link down, or its server
+    /// hung, while the control plane works).
+    #[test]
+    fn a_leader_serving_as_primary_without_quorum_contact_fails_itself_over() {
+        let s = boot(3);
+        let mut c = Coordinator::new(1, T, 0);
+        c.set_serving(true);
+        // Its backups heard every 10 ms: nothing to do.
+        for t in (0..=300).step_by(10) {
+            c.heard(2, t);
+            c.heard(3, t);
+            assert!(c.tick(t, &s, true).is_empty(), "a primary with contact, at {t}");
+        }
+        // From 300 none is heard: contact ends at 400 (the failure timeout), and a failure
+        // timeout after the last moment it heard itself, it fails itself over.
+        let mut t = 310;
+        let proposed = loop {
+            let a = c.tick(t, &s, true);
+            if let Some(Action::Propose(cmd)) = a.into_iter().find(|a| matches!(a, Action::Propose(_))) {
+                break cmd;
+            }
+            assert!(t < 2000, "never failed over");
+            t += 10;
+        };
+        assert!(matches!(proposed, Command::BeginFailover { epoch: 2, .. }), "{proposed:?}");
+        assert!(t >= 300 + 2 * T.failure - 10, "not before contact and then a failure timeout lapsed: {t}");
     }
 
     /// A primary heard from (the leader's own backup hears its link) that does not say it
