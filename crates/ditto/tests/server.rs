@@ -511,6 +511,29 @@ fn client_and_output_limits_hold() {
     }
 }
 
+/// Before AUTH a connection's requests are held to Redis's pre-authentication limits (10
+/// arguments, 16 KiB each): a larger one is refused with Redis's error and the connection
+/// closed, before its bytes are held; after AUTH the same request is taken.
+#[test]
+fn requests_before_auth_are_held_to_redis_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "requirepass = \"s3cret\"\n");
+    let big = "v".repeat(20_000);
+    let mut c = Raw::connect(srv.port);
+    assert_eq!(c.cmd(&["GET", "k"]).unwrap(), "-NOAUTH Authentication required.");
+    assert_eq!(c.cmd(&["SET", "k", &big]).unwrap(), "-ERR Protocol error: unauthenticated bulk length");
+    assert!(c.reply().is_err(), "the connection is closed");
+    let mut c = Raw::connect(srv.port);
+    let many: Vec<&str> = std::iter::once("MSET").chain(std::iter::repeat_n("x", 12)).collect();
+    assert_eq!(c.cmd(&many).unwrap(), "-ERR Protocol error: unauthenticated multibulk length");
+    assert!(c.reply().is_err(), "the connection is closed");
+    let mut c = Raw::connect(srv.port);
+    assert_eq!(c.cmd(&["AUTH", "s3cret"]).unwrap(), "+OK");
+    assert_eq!(c.cmd(&["SET", "k", &big]).unwrap(), "+OK");
+    assert_eq!(c.cmd(&many).unwrap(), "+OK");
+    assert_eq!(c.cmd(&["STRLEN", "k"]).unwrap(), ":20000");
+}
+
 /// A run of pipelined GETs that fills the output bound, followed by a request not yet
 /// complete, then completed while the run's replies wait for their fsync: that request is
 /// answered once they go out, with no more bytes from the client. (Before 2026-12-03 the

@@ -319,6 +319,7 @@ impl Config {
             max_args: self.max_args,
             max_request_bytes: self.max_request_bytes,
             max_inline_bytes: self.max_inline_bytes,
+            unauthenticated: false,
         }
     }
 

@@ -34,11 +34,34 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// Bytes of an inline command line, or of a header line.
     pub max_inline_bytes: usize,
+    /// A connection that has not authenticated (with a password set): at most
+    /// `UNAUTHENTICATED_ARGS_MAX` arguments of at most `UNAUTHENTICATED_BULK_MAX` bytes, as
+    /// Redis since CVE-2021-32675, so that a client without the password cannot make the
+    /// server hold a request of up to `max_request_bytes` (or a million small arguments)
+    /// before it answers NOAUTH.
+    pub unauthenticated: bool,
 }
+
+/// Arguments of a request before the connection authenticated (Redis's 10).
+pub const UNAUTHENTICATED_ARGS_MAX: usize = 10;
+/// Bytes of one argument before the connection authenticated (Redis's 16 KiB).
+pub const UNAUTHENTICATED_BULK_MAX: usize = 16 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_args: 1024 * 1024, max_request_bytes: 64 << 20, max_inline_bytes: 64 * 1024 }
+        Limits {
+            max_args: 1024 * 1024,
+            max_request_bytes: 64 << 20,
+            max_inline_bytes: 64 * 1024,
+            unauthenticated: false,
+        }
+    }
+}
+
+impl Limits {
+    /// These limits for a connection that has not authenticated.
+    pub fn unauthenticated(&self) -> Limits {
+        Limits { unauthenticated: true, ..*self }
     }
 }
 
@@ -90,6 +113,9 @@ impl RequestParser {
                     if n <= 0 {
                         return Ok(Some(Vec::new()));
                     }
+                    if limits.unauthenticated && n as u64 > UNAUTHENTICATED_ARGS_MAX as u64 {
+                        return Err(perr("unauthenticated multibulk length"));
+                    }
                     if n as u64 > limits.max_args as u64 {
                         return Err(perr("invalid multibulk length"));
                     }
@@ -106,6 +132,9 @@ impl RequestParser {
                     let Some(len) = read_int_line(buf, 1, limits, "invalid bulk length")? else {
                         return Ok(None);
                     };
+                    if limits.unauthenticated && len > UNAUTHENTICATED_BULK_MAX as i64 {
+                        return Err(perr("unauthenticated bulk length"));
+                    }
                     if len < 0 || len as u64 > (limits.max_request_bytes - self.bytes) as u64 {
                         return Err(perr("invalid bulk length"));
                     }
@@ -506,7 +535,7 @@ mod tests {
         /// Random bytes never panic the parser, and what it returns obeys the limits.
         #[test]
         fn random_bytes_give_requests_or_an_error_never_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
-            let limits = Limits { max_args: 4, max_request_bytes: 64, max_inline_bytes: 32 };
+            let limits = Limits { max_args: 4, max_request_bytes: 64, max_inline_bytes: 32, unauthenticated: false };
             let mut p = RequestParser::default();
             let mut buf = BytesMut::from(&bytes[..]);
             while let Ok(Some(req)) = p.next(&mut buf, &limits) {
@@ -542,7 +571,7 @@ mod tests {
             noise in prop::collection::vec(any::<u8>(), 0..20),
             at in 0usize..400,
         ) {
-            let limits = Limits { max_args: 3, max_request_bytes: 60, max_inline_bytes: 70 };
+            let limits = Limits { max_args: 3, max_request_bytes: 60, max_inline_bytes: 70, unauthenticated: false };
             let mut bytes: Vec<u8> = reqs.iter().flat_map(|r| encode_request(r)).collect();
             bytes.extend_from_slice(&noise);
             let at = at.min(bytes.len());
@@ -569,7 +598,12 @@ mod tests {
         }
         let mset = encode_request(&mset);
         let big = encode_request(&[b"SET".to_vec(), b"k".to_vec(), vec![b'v'; 4 << 20]]);
-        let limits = Limits { max_args: 1 << 20, max_request_bytes: 64 << 20, max_inline_bytes: 1 << 16 };
+        let limits = Limits {
+            max_args: 1 << 20,
+            max_request_bytes: 64 << 20,
+            max_inline_bytes: 1 << 16,
+            unauthenticated: false,
+        };
         let ours = |bytes: &[u8], chunk: usize| -> usize {
             let mut p = RequestParser::default();
             let mut buf = BytesMut::new();
@@ -618,9 +652,32 @@ mod tests {
         }
     }
 
+    /// Before it authenticates, a connection sends at most 10 arguments of at most 16 KiB
+    /// each (Redis's limits and messages); the same requests pass once it has.
+    #[test]
+    fn an_unauthenticated_connections_requests_are_small() {
+        let pre = Limits::default().unauthenticated();
+        let bulk = |n: usize| format!("*2\r\n$4\r\nAUTH\r\n${n}\r\n{}\r\n", "p".repeat(n));
+        let many = |n: usize| format!("*{n}\r\n{}", "$1\r\nx\r\n".repeat(n));
+        for (req, refused) in [
+            (bulk(UNAUTHENTICATED_BULK_MAX), None),
+            (bulk(UNAUTHENTICATED_BULK_MAX + 1), Some("unauthenticated bulk length")),
+            (many(UNAUTHENTICATED_ARGS_MAX), None),
+            (many(UNAUTHENTICATED_ARGS_MAX + 1), Some("unauthenticated multibulk length")),
+        ] {
+            let got = RequestParser::default().next(&mut BytesMut::from(req.as_bytes()), &pre);
+            match refused {
+                Some(why) => assert_eq!(got.unwrap_err().0, why),
+                None => assert!(matches!(got, Ok(Some(_))), "{got:?}"),
+            }
+            let authed = RequestParser::default().next(&mut BytesMut::from(req.as_bytes()), &Limits::default());
+            assert!(matches!(authed, Ok(Some(_))), "{authed:?}");
+        }
+    }
+
     #[test]
     fn oversized_requests_are_refused_when_announced_not_when_buffered() {
-        let limits = Limits { max_args: 3, max_request_bytes: 10, max_inline_bytes: 16 };
+        let limits = Limits { max_args: 3, max_request_bytes: 10, max_inline_bytes: 16, unauthenticated: false };
         let mut p = RequestParser::default();
         let mut buf = BytesMut::from(&b"*4\r\n"[..]);
         assert_eq!(p.next(&mut buf, &limits).unwrap_err().0, "invalid multibulk length");

@@ -1799,7 +1799,7 @@ impl Conn {
             // wait that times out fails only the replies it covers.
             marks.clear();
             while out.len() < conn.sh.max_output_bytes {
-                match next_request(&mut pending, &mut parser, &mut inbuf, &conn.limits) {
+                match next_request(&mut pending, &mut parser, &mut inbuf, &session.limits(&conn.limits)) {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
@@ -1836,7 +1836,12 @@ impl Conn {
                             Some(kind) => {
                                 let mut run = vec![args];
                                 while run.len() < RUN_MAX {
-                                    match next_request(&mut pending, &mut parser, &mut inbuf, &conn.limits) {
+                                    match next_request(
+                                        &mut pending,
+                                        &mut parser,
+                                        &mut inbuf,
+                                        &session.limits(&conn.limits),
+                                    ) {
                                         Ok(Some(a)) if a.is_empty() => continue,
                                         Ok(Some(a)) if session.run_kind(&a, &conn.sh) == Some(kind) => run.push(a),
                                         // Nothing complete yet: not set aside, or, read

@@ -548,6 +548,15 @@ impl Session {
         self.multi.is_none() && args[0].eq_ignore_ascii_case(b"DITTO.WAITTS")
     }
 
+    /// The request limits for this connection's next request: `limits`, or Redis's smaller
+    /// ones while it has not authenticated (`Limits::unauthenticated`).
+    pub fn limits(&self, limits: &crate::resp::Limits) -> crate::resp::Limits {
+        match self.authed {
+            true => *limits,
+            false => limits.unauthenticated(),
+        }
+    }
+
     pub fn run_kind(&self, args: &[Bytes], sh: &Shared) -> Option<RunKind> {
         if !self.authed || self.multi.is_some() {
             return None;
