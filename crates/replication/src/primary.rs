@@ -964,6 +964,20 @@ impl Primary {
             );
             return Err(refuse(&stream, reason));
         }
+        // A backup of this very epoch that holds more than this primary ever stamped: its
+        // history is not this primary's (epochs are numbered per data directory: a copy of
+        // an older directory started as a primary opens the same next epoch its original
+        // did). Resumed, it would skip this primary's commits up to what it holds and
+        // acknowledge them. Refused: it keeps what it holds. (Found by a review,
+        // 2026-12-03.)
+        let stamped = self.durable.db().clock().now();
+        if epoch == self.epoch && have_ts > stamped {
+            let reason = format!(
+                "this backup holds up to ts {} of epoch {}, past everything this primary stamped in it (ts {}): its history is another primary's of the same epoch number (a copy of an older data directory started as a primary?); it keeps what it holds (point it at the primary it followed, or empty it to copy this one)",
+                have_ts.0, epoch.0, stamped.0
+            );
+            return Err(refuse(&stream, reason));
+        }
         if let Some(reason) = self.name_taken(&node, &addr, have_ts) {
             return Err(refuse(&stream, reason));
         }

@@ -897,3 +897,59 @@ fn a_join_waiting_out_a_primarys_checkpoint_ends_when_cancelled_or_stopped() {
         fake.join().unwrap();
     }
 }
+
+/// A backup of the primary's own epoch number that holds more than this primary ever
+/// stamped in it has another primary's history (epochs are numbered per data directory: a
+/// copy of an older directory started as a primary opens the same next epoch its original
+/// did). It is refused, not resumed (which would skip this primary's commits up to what it
+/// holds and acknowledge them), and keeps what it holds.
+#[test]
+fn a_backup_of_the_same_epoch_number_holding_more_than_the_primary_stamped_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("a-copy"));
+    // A primary with 20 commits, stopped; its directory is copied.
+    {
+        let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        commit(&a, t, 0..20);
+        a.close();
+    }
+    copy_dir(&pa, &pc);
+    // The original goes on, with a backup, to 60 commits.
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().table_id("t").unwrap();
+    let epoch = a.logger().epoch();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let p = ship(&a, listener);
+    let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+    let last = commit(&a, t, 20..60);
+    wait_until("the backup to hold every commit", Duration::from_secs(20), || {
+        bk.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= last.0
+    });
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    drop(bk);
+    p.stop();
+    drop(p);
+    a.close();
+    // The copy, started as a primary, opens the same epoch number with less in it.
+    let c = ditto_log::open(&pc, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    assert_eq!(c.logger().epoch(), epoch, "the same epoch number");
+    assert!(c.db().clock().now() < last);
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    let p2 = ship(&c, listener);
+    match backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")) {
+        Err(BackupError::Refused(why)) => assert!(why.contains("past everything this primary stamped"), "{why}"),
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a backup holding another primary's history of the same epoch was resumed"),
+    }
+    assert_eq!(p2.checkpoints_sent.load(std::sync::atomic::Ordering::Relaxed), 0, "no copy was sent");
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    let kept = ditto_log::replica::open_replica(&pb, 1, &storage).unwrap();
+    let r = kept.db.read();
+    assert!((0..60u32).all(|k| r.get(t, &k.to_be_bytes()).unwrap().is_some()), "the backup kept its keys");
+    drop(r);
+    drop(kept);
+    p2.stop();
+    c.close();
+}
