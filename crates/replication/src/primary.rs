@@ -298,6 +298,11 @@ pub struct Primary {
     /// When a refusal a backup tries again after (`NAME_TAKEN`, `AUTH_REFUSED`) was last
     /// logged.
     retried_refusal_said: Mutex<Option<Instant>>,
+    /// Connections whose hello has not been read yet (each holds a thread for up to
+    /// `HELLO_WAIT_MAX`, and a TLS handshake's time): at most `UNHELLOED_MAX`.
+    unhelloed: Arc<std::sync::atomic::AtomicUsize>,
+    /// When a connection over that bound was last said to be dropped.
+    unhelloed_said: Mutex<Option<Instant>>,
     /// Links dozing (`serve_link`): a release that moves wakes them.
     dozing_links: AtomicUsize,
     /// Heartbeat batches of this log that moved nothing a backup holds, not sent.
@@ -349,6 +354,8 @@ impl Primary {
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
             retried_refusal_said: Mutex::new(None),
+            unhelloed: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            unhelloed_said: Mutex::new(None),
             dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
             backups_dropped: AtomicU64::new(0),
@@ -383,6 +390,22 @@ impl Primary {
                 }
                 match conn {
                     Ok(s) => {
+                        // Anyone who reaches the port may open connections and say nothing:
+                        // past `UNHELLOED_MAX` of those, a new one is closed at once
+                        // (before 2026-12-03 each took a thread for up to 20 s, without
+                        // bound, until threads or descriptors ran out and real backups were
+                        // dropped too; found by a review).
+                        let Some(slot) = HelloSlot::take(&me.unhelloed) else {
+                            let mut said = me.unhelloed_said.lock();
+                            if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                                *said = Some(Instant::now());
+                                let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                                tracing::warn!(
+                                    "replication connection from {addr} closed: {UNHELLOED_MAX} others have not said their hello yet"
+                                );
+                            }
+                            continue;
+                        };
                         let me = Arc::clone(&me);
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -392,8 +415,8 @@ impl Primary {
                             let opens = crate::tls::opens_with_tls(&s, Duration::from_secs(10));
                             let served = match (&me.opts.tls, opens) {
                                 (_, Err(e)) => Err(e),
-                                (None, Ok(false)) => me.serve(s, &addr),
-                                (Some(t), Ok(true)) => t.accept(s).and_then(|s| me.serve(s, &addr)),
+                                (None, Ok(false)) => me.serve(s, &addr, slot),
+                                (Some(t), Ok(true)) => t.accept(s).and_then(|s| me.serve(s, &addr, slot)),
                                 (Some(_), Ok(false)) => {
                                     // Its hello read first: a socket closed with bytes
                                     // unread resets the connection, and the backup may
@@ -901,12 +924,14 @@ impl Primary {
 
     /// One backup's connection, start to end: `addr` is where it came from (with TLS,
     /// `stream` is the tunnel's loopback end).
-    fn serve(self: &Arc<Self>, stream: TcpStream, addr: &str) -> std::io::Result<()> {
+    fn serve(self: &Arc<Self>, stream: TcpStream, addr: &str, slot: HelloSlot) -> std::io::Result<()> {
         stream.set_nodelay(true)?;
         let addr = addr.to_string();
         // The hello within `HELLO_WAIT_MAX` in all, however its bytes trickle in (a timeout
         // per read let a peer that sent a byte every 9 s hold this thread for days).
-        let hello = read_frame_at_most(&mut Until::new(&stream, Instant::now() + HELLO_WAIT_MAX), HELLO_BYTES_MAX)?;
+        let hello = read_frame_at_most(&mut Until::new(&stream, Instant::now() + HELLO_WAIT_MAX), HELLO_BYTES_MAX);
+        drop(slot);
+        let hello = hello?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let reader = BufReader::new(stream.try_clone()?);
         let (epoch, have_ts, node, learner, auth) = match hello {
@@ -1781,6 +1806,28 @@ pub const BACKUP_NAME_MAX: usize = 4096;
 
 /// The longest a connection to the replication port may take to say its hello, in all.
 const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Most connections to the replication port whose hello has not been read yet.
+pub const UNHELLOED_MAX: usize = 64;
+
+/// One of the `UNHELLOED_MAX` places for a connection not yet past its hello, given back
+/// when dropped.
+struct HelloSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl HelloSlot {
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<HelloSlot> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < UNHELLOED_MAX).then_some(n + 1))
+            .ok()
+            .map(|_| HelloSlot(Arc::clone(count)))
+    }
+}
+
+impl Drop for HelloSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// A link heard from within this long is a live backup's: an idle link is heard at every
 /// heartbeat (`IDLE_HEARTBEAT`), a busy backup whose replay or disk stalls may be silent
