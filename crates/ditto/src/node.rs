@@ -1541,10 +1541,16 @@ impl NodePlane {
     }
 
     /// The directory of this node's own primary log, if it holds one: its data (an old
-    /// primary not yet rejoined), or the old log it set aside while it rejoins.
+    /// primary not yet rejoined), or the old log it set aside while it rejoins, until the
+    /// copy of the new primary's checkpoint is loaded. From then on its backup follows the
+    /// new epoch (the epoch is saved before it receives a batch) and may acknowledge the
+    /// new primary's commits, which only its data directory holds (the copy holds all the
+    /// old epoch released, up to the recovery point) (before 2026-12-03 it reported from
+    /// the old log until a probe saw its link up and deleted it, so a failover in between
+    /// counted none of what it had acknowledged; found by a review).
     fn primary_log_dir(&self) -> Option<PathBuf> {
         let old = self.old_primary_dir();
-        if old.exists() {
+        if old.exists() && !followed_epoch(&self.data).is_some_and(|e| e > 0) {
             return Some(old);
         }
         holds_primary_log(&self.data).then(|| self.data.clone())
@@ -2533,6 +2539,25 @@ mod tests {
             })
             .collect();
         st
+    }
+
+    /// An old primary rejoining by a copy reports from the log it set aside until the copy
+    /// is loaded (its backup then follows the new epoch, and may acknowledge the new
+    /// primary's commits), and from its data directory from then on, though the old log is
+    /// still there (it goes once a probe sees the backup's link up).
+    #[test]
+    fn a_rejoining_old_primary_reports_from_its_copy_once_it_is_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = plane_in(dir.path());
+        let old = plane.old_primary_dir();
+        std::fs::create_dir_all(old.join("log")).unwrap();
+        std::fs::create_dir_all(&plane.data).unwrap();
+        assert_eq!(plane.primary_log_dir(), Some(old.clone()), "the copy has not begun");
+        std::fs::write(plane.data.join("REPLICA_STATE"), "epoch 0\n").unwrap();
+        assert_eq!(plane.primary_log_dir(), Some(old.clone()), "the copy is not loaded");
+        std::fs::write(plane.data.join("REPLICA_STATE"), "epoch 5\n").unwrap();
+        assert_eq!(plane.primary_log_dir(), None, "loaded: its backup follows epoch 5");
+        assert!(old.exists());
     }
 
     /// A node whose last server stopped uncleanly reports again once a later epoch has
