@@ -1550,7 +1550,7 @@ impl NodePlane {
     /// counted none of what it had acknowledged; found by a review).
     fn primary_log_dir(&self) -> Option<PathBuf> {
         let old = self.old_primary_dir();
-        if old.exists() && !followed_epoch(&self.data).is_some_and(|e| e > 0) {
+        if old.exists() && followed_epoch(&self.data).is_none_or(|e| e == 0) {
             return Some(old);
         }
         holds_primary_log(&self.data).then(|| self.data.clone())
