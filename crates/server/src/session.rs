@@ -46,8 +46,17 @@ pub const DATABASES: usize = crate::keyspace::DBS;
 /// `TXN_BYTES_MAX`), so a queue of writes any larger could not commit anyway. Without a
 /// bound a client could queue without end (each request is bounded, their number was not).
 pub const MULTI_QUEUE_BYTES_MAX: usize = ditto_engine::TXN_BYTES_MAX;
-/// What a queued argument costs besides its bytes (its `Bytes` handle and slot).
+/// What a queued argument costs besides its bytes (its `Bytes` handle in its request's
+/// list; a request's arguments share one allocation).
 const QUEUED_ARG_OVERHEAD: usize = 32;
+/// What a queued request costs besides its arguments: its slot in the queue, its list's
+/// and its arguments' allocations and their headers. (Before 2026-12-03 each argument was
+/// an allocation of its own and a request was counted as its arguments alone: a queue of
+/// one-word requests took about three times the bound; found by a review.)
+const QUEUED_REQUEST_OVERHEAD: usize = 96;
+/// What a watched key costs besides its bytes: its map entry (its key's handle, database
+/// and version), the map's spare room, and the key's allocation.
+const WATCHED_KEY_OVERHEAD: usize = 128;
 
 /// What the server shares with every session.
 /// This node's part in replication.
@@ -353,14 +362,15 @@ pub struct Session {
     db: u8,
     /// Queued requests while inside MULTI.
     multi: Option<Vec<Vec<Bytes>>>,
-    /// The bytes queued since MULTI, counted as `QUEUED_ARG_OVERHEAD` per argument plus
-    /// its bytes; past `MULTI_QUEUE_BYTES_MAX` the queue is dropped and EXEC aborts.
+    /// The bytes queued since MULTI, counted as `QUEUED_REQUEST_OVERHEAD` per request and
+    /// `QUEUED_ARG_OVERHEAD` per argument plus its bytes; past `MULTI_QUEUE_BYTES_MAX` the
+    /// queue is dropped and EXEC aborts.
     multi_bytes: usize,
     /// A request queued inside MULTI was refused: EXEC answers EXECABORT.
     multi_failed: bool,
     /// (db, key) -> the key's newest version when first WATCHed.
     watched: std::collections::HashMap<(u8, Bytes), KeyVersion>,
-    /// The bytes of the watched keys (plus `QUEUED_ARG_OVERHEAD` each), bounded as a MULTI
+    /// The bytes of the watched keys (plus `WATCHED_KEY_OVERHEAD` each), bounded as a MULTI
     /// queue is.
     watched_bytes: usize,
     /// The commit timestamp of this connection's last write (DITTO.LASTCOMMIT).
@@ -753,7 +763,8 @@ impl Session {
                 ));
             }
             if !matches!(spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
-                self.multi_bytes += args.iter().map(|a| a.len() + QUEUED_ARG_OVERHEAD).sum::<usize>();
+                self.multi_bytes +=
+                    QUEUED_REQUEST_OVERHEAD + args.iter().map(|a| a.len() + QUEUED_ARG_OVERHEAD).sum::<usize>();
                 if self.multi_bytes > MULTI_QUEUE_BYTES_MAX {
                     // EXEC will abort (the caller flags it); what was queued is let go now.
                     *queue = Vec::new();
@@ -764,8 +775,22 @@ impl Session {
                 }
                 // Copies: the parser's arguments are views of the connection's input
                 // buffer, whose whole allocation (up to a large request's size) a queued
-                // view would keep alive, counted as its few bytes.
-                queue.push(args.iter().map(|a| Bytes::copy_from_slice(a)).collect());
+                // view would keep alive, counted as its few bytes. One allocation for
+                // all of a request's arguments.
+                let mut all = bytes::BytesMut::with_capacity(args.iter().map(|a| a.len()).sum());
+                for a in &args {
+                    all.extend_from_slice(a);
+                }
+                let all = all.freeze();
+                let mut at = 0;
+                queue.push(
+                    args.iter()
+                        .map(|a| {
+                            at += a.len();
+                            all.slice(at - a.len()..at)
+                        })
+                        .collect(),
+                );
                 return Ok(Outcome::now(Reply::Simple("QUEUED")));
             }
         }
@@ -850,7 +875,7 @@ impl Session {
                     // A key watched again keeps its first watch, as in Redis.
                     for (db, key, ts) in seen {
                         if let std::collections::hash_map::Entry::Vacant(e) = self.watched.entry((db, key)) {
-                            self.watched_bytes += e.key().1.len() + QUEUED_ARG_OVERHEAD;
+                            self.watched_bytes += e.key().1.len() + WATCHED_KEY_OVERHEAD;
                             e.insert(ts);
                         }
                     }
@@ -2916,7 +2941,7 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "UNWATCH"), Reply::Ok);
         assert!(s.watched.is_empty() && s.watched_bytes == 0);
         let key_len = 60 << 10;
-        let n = MULTI_QUEUE_BYTES_MAX / (key_len + QUEUED_ARG_OVERHEAD) / 2 + 1;
+        let n = MULTI_QUEUE_BYTES_MAX / (key_len + WATCHED_KEY_OVERHEAD) / 2 + 1;
         let watch = |tag: u8| {
             let mut args = vec![Bytes::from("WATCH")];
             args.extend((0..n).map(|i| {
