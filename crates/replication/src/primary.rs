@@ -740,14 +740,19 @@ impl Primary {
         self.moved.notify_waiters();
     }
 
-    /// How many backups have received every commit up to `ts` (Redis's WAIT): a learner's
-    /// link counts in no quorum and is not counted, nor is a link that ended (its backup's
-    /// next link, if it came back, counts once).
+    /// How many backups have received every commit up to `ts` (Redis's WAIT): a link the
+    /// quorum does not count (a learner's, or one of a node that is no member) is not
+    /// counted, nor is a link that ended (its backup's next link, if it came back, counts
+    /// once).
     pub fn replicas_received(&self, ts: Ts) -> usize {
         self.links
             .lock()
             .iter()
-            .filter(|l| !l.learner && !l.gone.load(Ordering::Acquire) && l.received.load(Ordering::Acquire) >= ts.0)
+            .filter(|l| {
+                l.counted.load(Ordering::Acquire)
+                    && !l.gone.load(Ordering::Acquire)
+                    && l.received.load(Ordering::Acquire) >= ts.0
+            })
             .count()
     }
 
