@@ -107,6 +107,8 @@ pub struct Coordinator {
     last_seen: Option<(u64, Option<Phase>)>,
     /// This node was named primary and its server is still starting (its data plane says).
     starting: bool,
+    /// When this node began serving as primary, in this run (`None` while it does not).
+    serving_began: Option<u64>,
     /// When each other node was last heard from (its data plane; this node itself while
     /// it serves).
     heard: BTreeMap<NodeId, u64>,
@@ -143,6 +145,7 @@ impl Coordinator {
             last_stall: 0,
             serving: false,
             serving_since: None,
+            serving_began: None,
             saw_open: false,
             last_seen: None,
             starting: false,
@@ -302,6 +305,10 @@ impl Coordinator {
             }
         }
         self.last_seen = Some((state.epoch, state.phase));
+        self.serving_began = match self.serving {
+            true => self.serving_began.or(Some(now)),
+            false => None,
+        };
         // (Every node, leader or not: one that leads a later failover starts its count
         // from the last epoch that opened.)
         if state.phase == Some(Phase::Serving) {
@@ -341,15 +348,22 @@ impl Coordinator {
                 let heard = self.heard.get(&p).copied();
                 let silent = now.saturating_sub(heard.unwrap_or(0).max(self.started).max(since));
                 // Not yet heard serving since it was named, its node up, within `start`:
-                // it is still recovering its data.
-                let starting = self.saw_open
-                    && heard.is_none_or(|h| h < since)
-                    && now.saturating_sub(since) < self.t.start
+                // it is still recovering its data. This node itself, serving without quorum
+                // contact yet (its backups still coming to it), has `start` from when it
+                // began serving, at the bootstrap too (no opening was seen then: the first
+                // leader names itself; a review found it failed itself over there when its
+                // backups took longer than a failure timeout to connect).
+                let starting = heard.is_none_or(|h| h < since)
                     && match p == self.me {
-                        // (Serving without quorum contact yet, its backups still coming to
-                        // it: still starting, as a primary elsewhere whose node is up.)
-                        true => self.starting || self.serving,
-                        false => self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure),
+                        true => {
+                            (self.saw_open && now.saturating_sub(since) < self.t.start && self.starting)
+                                || self.serving_began.is_some_and(|b| now.saturating_sub(b) < self.t.start)
+                        }
+                        false => {
+                            self.saw_open
+                                && now.saturating_sub(since) < self.t.start
+                                && self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure)
+                        }
                     };
                 // A switchover its primary neither began nor gave up (its node went quiet
                 // mid-drain, say) is given up after `start`, so that writes and membership
@@ -707,6 +721,36 @@ mod tests {
         assert_eq!(s.primary(), Some(3));
         c.heard(3, 185);
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
+    }
+
+    /// At the bootstrap the first leader names itself primary: serving, its backups not
+    /// heard yet (still connecting), it has the start grace from when it began serving,
+    /// and fails itself over only past it.
+    #[test]
+    fn a_leader_primary_at_the_bootstrap_has_the_start_grace() {
+        let s = boot(3);
+        let long = Timeouts { start: 10 * T.failure, ..T };
+        let mut c = Coordinator::new(1, long, 0);
+        c.set_serving(true);
+        let mut t = 0;
+        let proposed = loop {
+            let a = c.tick(t, &s, true);
+            if a.iter().any(|a| matches!(a, Action::Propose(_))) {
+                break t;
+            }
+            assert!(t < 30 * T.failure, "never failed over");
+            t += 10;
+        };
+        assert!(proposed >= long.start, "failed itself over within the start grace, at {proposed}");
+        // Its backups heard within the grace: it goes on, and hears itself.
+        let mut c = Coordinator::new(1, long, 0);
+        c.set_serving(true);
+        for t in (0..=30 * T.failure).step_by(10) {
+            if t >= 5 * T.failure {
+                c.heard(2, t);
+            }
+            assert!(c.tick(t, &s, true).is_empty(), "at {t}");
+        }
     }
 
     /// The leader is the serving primary (an election it won, before it hands the

@@ -498,9 +498,6 @@ fn three_nodes_elect_commit_fail_over_and_a_restarted_node_catches_up() {
     assert!(c.statuses().iter().all(|s| s.failed.is_none()));
 }
 
-/// The leader's own backup stops hearing the primary (its server restarting, say) while the
-/// primary keeps its quorum contact through the other backup, and tells the leader so: no
-/// failover. Once the primary loses its contact, the failover comes.
 /// A node restarted on a control log whose snapshot covers every entry (each compacted
 /// away as it applied) gives its data plane the state it starts from, though no command is
 /// applied: before, the plane knew of no epoch, and a real node ran no server, until an
@@ -532,6 +529,9 @@ fn a_node_restarted_on_a_snapshot_that_covers_every_entry_gives_its_data_plane_t
     });
 }
 
+/// The leader's own backup stops hearing the primary (its server restarting, say) while the
+/// primary keeps its quorum contact through the other backup, and tells the leader so: no
+/// failover. Once the primary loses its contact, the failover comes.
 #[test]
 fn a_primary_with_quorum_contact_is_not_failed_over_when_the_leader_does_not_hear_it() {
     let c = Cluster::running(3);
