@@ -300,8 +300,8 @@ pub struct Primary {
     retried_refusal_said: Mutex<Option<Instant>>,
     /// Connections whose hello has not been read yet (each holds a thread for up to
     /// `HELLO_WAIT_MAX`, and a TLS handshake's time): at most `UNHELLOED_MAX`.
-    unhelloed: Arc<std::sync::atomic::AtomicUsize>,
-    /// When a connection over that bound was last said to be dropped.
+    unhelloed: Arc<Unhelloed>,
+    /// When a connection closed for that bound was last said to be.
     unhelloed_said: Mutex<Option<Instant>>,
     /// Links dozing (`serve_link`): a release that moves wakes them.
     dozing_links: AtomicUsize,
@@ -354,7 +354,7 @@ impl Primary {
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
             retried_refusal_said: Mutex::new(None),
-            unhelloed: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            unhelloed: Arc::default(),
             unhelloed_said: Mutex::new(None),
             dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
@@ -391,21 +391,24 @@ impl Primary {
                 match conn {
                     Ok(s) => {
                         // Anyone who reaches the port may open connections and say nothing:
-                        // past `UNHELLOED_MAX` of those, a new one is closed at once
-                        // (before 2026-12-03 each took a thread for up to 20 s, without
-                        // bound, until threads or descriptors ran out and real backups were
-                        // dropped too; found by a review).
-                        let Some(slot) = HelloSlot::take(&me.unhelloed) else {
+                        // past `UNHELLOED_MAX` of those, the oldest is closed (before
+                        // 2026-12-03 each took a thread for up to 20 s, without bound, until
+                        // threads or descriptors ran out and real backups were dropped too;
+                        // found by a review). The oldest, not the newest: a real backup says
+                        // its hello within milliseconds, so silent connections cannot keep
+                        // it out unless they come faster than that.
+                        let (slot, evicted) = Unhelloed::take(&me.unhelloed, &s);
+                        if let Some(old) = evicted {
+                            let _ = old.shutdown(std::net::Shutdown::Both);
                             let mut said = me.unhelloed_said.lock();
                             if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                                 *said = Some(Instant::now());
-                                let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                                let addr = old.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                                 tracing::warn!(
-                                    "replication connection from {addr} closed: {UNHELLOED_MAX} others have not said their hello yet"
+                                    "replication connection from {addr} closed: the oldest of {UNHELLOED_MAX} that have not said their hello"
                                 );
                             }
-                            continue;
-                        };
+                        }
                         let me = Arc::clone(&me);
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -1815,22 +1818,38 @@ const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);
 /// Most connections to the replication port whose hello has not been read yet.
 pub const UNHELLOED_MAX: usize = 64;
 
-/// One of the `UNHELLOED_MAX` places for a connection not yet past its hello, given back
-/// when dropped.
-struct HelloSlot(Arc<std::sync::atomic::AtomicUsize>);
+/// The connections to the replication port whose hello has not been read yet, oldest
+/// first, each with a handle to close it by.
+#[derive(Default)]
+struct Unhelloed {
+    next: std::sync::atomic::AtomicU64,
+    waiting: Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+}
 
-impl HelloSlot {
-    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<HelloSlot> {
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < UNHELLOED_MAX).then_some(n + 1))
-            .ok()
-            .map(|_| HelloSlot(Arc::clone(count)))
+impl Unhelloed {
+    /// A place for `s`, and the oldest connection waiting, to be closed, if it made room.
+    fn take(this: &Arc<Unhelloed>, s: &TcpStream) -> (HelloSlot, Option<TcpStream>) {
+        let id = this.next.fetch_add(1, Ordering::Relaxed);
+        let mut w = this.waiting.lock();
+        let evicted = match w.len() >= UNHELLOED_MAX {
+            true => w.pop_front().map(|(_, s)| s),
+            false => None,
+        };
+        // (A handle that cannot be had leaves it uncounted: it is still bounded in time.)
+        if let Ok(h) = s.try_clone() {
+            w.push_back((id, h));
+        }
+        (HelloSlot(Arc::clone(this), id), evicted)
     }
 }
 
+/// A connection's place among the `Unhelloed`, given back when dropped (its hello read,
+/// or its thread's end).
+struct HelloSlot(Arc<Unhelloed>, u64);
+
 impl Drop for HelloSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.waiting.lock().retain(|(id, _)| *id != self.1);
     }
 }
 
