@@ -164,20 +164,30 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
 /// CLIENT's subcommands and their arity as Redis counts it (the command and subcommand
 /// included; negative: at least).
 const CLIENT_SUBCOMMANDS: &[(&str, i32)] = &[("SETNAME", 3), ("GETNAME", 2), ("ID", 2), ("SETINFO", 4), ("INFO", 2)];
+/// COMMAND's subcommands ditto answers, with Redis's arity (counting COMMAND itself).
+const COMMAND_SUBCOMMANDS: &[(&str, i32)] = &[("COUNT", 2), ("LIST", -2), ("INFO", -2), ("DOCS", -2)];
 
 /// The refusal Redis gives a container command's subcommand before running (or queueing)
-/// it: unknown, or the wrong number of arguments. CLIENT's subcommands, and CONFIG GET's
-/// arity (CONFIG's other subcommands get ditto's own answer when they run).
+/// it: unknown, or the wrong number of arguments. CLIENT's and COMMAND's subcommands, and
+/// CONFIG GET's arity (CONFIG's other subcommands get ditto's own answer when they run).
+/// (COMMAND's since 2026-12-03: `COMMAND COUNT x` answered, and an unknown subcommand
+/// queued in MULTI did not abort the EXEC; found by a review.)
 pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
     let sub = args.get(1)?.to_ascii_uppercase();
+    let table = match spec.name {
+        "CLIENT" => CLIENT_SUBCOMMANDS,
+        "COMMAND" => COMMAND_SUBCOMMANDS,
+        _ => &[],
+    };
     let arity = match spec.name {
-        "CLIENT" => match CLIENT_SUBCOMMANDS.iter().find(|(n, _)| n.as_bytes() == sub.as_slice()) {
+        "CLIENT" | "COMMAND" => match table.iter().find(|(n, _)| n.as_bytes() == sub.as_slice()) {
             Some(&(_, arity)) => arity,
             None => {
                 let shown = &args[1][..args[1].len().min(128)];
                 return Some(Reply::err(format!(
-                    "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                    one_line(&String::from_utf8_lossy(shown))
+                    "ERR unknown subcommand '{}'. Try {} HELP.",
+                    one_line(&String::from_utf8_lossy(shown)),
+                    spec.name
                 )));
             }
         },

@@ -1321,16 +1321,40 @@ fn command_info(a: &[Bytes]) -> Reply {
         ])
     };
     let Some(sub) = a.first() else { return Reply::Array(SPECS.iter().map(entry).collect()) };
-    match sub.to_ascii_uppercase().as_slice() {
+    let upper = |b: &Bytes| b.to_ascii_uppercase();
+    // (Names and arity were checked by `commands::subcommand_refusal`.)
+    match upper(sub).as_slice() {
         b"COUNT" => Reply::Int(SPECS.len() as i64),
-        b"LIST" => Reply::Array(SPECS.iter().map(|s| Reply::bulk(s.lower_name())).collect()),
+        b"LIST" => match &a[1..] {
+            [] => Reply::Array(SPECS.iter().map(|s| Reply::bulk(s.lower_name())).collect()),
+            // As Redis: by a glob on the name, by ACL category (ditto's commands fall
+            // into `read`, `write` and `connection` only), by module (none).
+            [f, by, arg] if upper(f) == b"FILTERBY" => {
+                let keep = |s: &&Spec| match upper(by).as_slice() {
+                    b"PATTERN" => glob_match(arg, s.lower_name().as_bytes()),
+                    b"ACLCAT" => match arg.to_ascii_lowercase().as_slice() {
+                        b"read" => s.kind != Kind::Conn && !s.write,
+                        b"write" => s.write,
+                        b"connection" => s.kind == Kind::Conn,
+                        _ => false,
+                    },
+                    _ => false,
+                };
+                match upper(by).as_slice() {
+                    b"PATTERN" | b"ACLCAT" | b"MODULE" => {
+                        Reply::Array(SPECS.iter().filter(keep).map(|s| Reply::bulk(s.lower_name())).collect())
+                    }
+                    _ => Reply::err(commands::SYNTAX),
+                }
+            }
+            _ => Reply::err(commands::SYNTAX),
+        },
+        // With no names, every command (Redis 7).
+        b"INFO" if a.len() == 1 => Reply::Array(SPECS.iter().map(entry).collect()),
         b"INFO" => Reply::Array(a[1..].iter().map(|n| lookup(n).map_or(Reply::Nil, entry)).collect()),
         // Documentation is not served; clients that probe for it (redis-cli) do without.
         b"DOCS" => Reply::Map(Vec::new()),
-        _ => Reply::err(format!(
-            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-            String::from_utf8_lossy(sub).chars().filter(|c| !c.is_control()).take(64).collect::<String>()
-        )),
+        other => unreachable!("COMMAND {other:?} passed subcommand_refusal"),
     }
 }
 
@@ -2348,6 +2372,60 @@ mod tests {
     }
 
     /// Found by the differential test against Redis (crates/ditto/tests/redis_differential.rs):
+    /// COMMAND's subcommands answer as Redis 7's do (compared by hand with redis-server
+    /// 7.0.15): INFO with no names lists every command, COUNT takes no argument, LIST
+    /// filters by a name pattern, an ACL category or a module, with anything else a syntax
+    /// error, and an unknown subcommand or a wrong arity is refused before it runs, so that
+    /// queued in MULTI it aborts the EXEC.
+    #[test]
+    fn command_subcommands_answer_as_redis() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        let names = |r: Reply| -> Vec<String> {
+            let Reply::Array(v) = r else { panic!("{r:?}") };
+            v.into_iter()
+                .map(|x| match x {
+                    Reply::Bulk(b) => String::from_utf8(b.to_vec()).unwrap(),
+                    Reply::Array(e) => match &e[0] {
+                        Reply::Bulk(b) => String::from_utf8(b.to_vec()).unwrap(),
+                        o => panic!("{o:?}"),
+                    },
+                    o => panic!("{o:?}"),
+                })
+                .collect()
+        };
+        let all = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST"));
+        assert_eq!(all.len(), SPECS.len());
+        assert_eq!(names(cmd(&mut s, &sh, &mut w, "COMMAND INFO")), all, "INFO with no names: every command");
+        let Reply::Array(info) = cmd(&mut s, &sh, &mut w, "COMMAND INFO get nope") else { panic!() };
+        assert!(matches!(&info[..], [Reply::Array(_), Reply::Nil]), "{info:?}");
+        let err = |r: Reply| match r {
+            Reply::Error(e) => e.to_string(),
+            o => panic!("not an error: {o:?}"),
+        };
+        assert_eq!(
+            err(cmd(&mut s, &sh, &mut w, "COMMAND COUNT x")),
+            "ERR wrong number of arguments for 'command|count' command"
+        );
+        assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND NOPE")), "ERR unknown subcommand 'NOPE'. Try COMMAND HELP.");
+        let mut h = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY PATTERN h*"));
+        h.sort();
+        let mut want: Vec<String> = all.iter().filter(|n| n.starts_with('h')).cloned().collect();
+        want.sort();
+        assert!(!want.is_empty());
+        assert_eq!(h, want);
+        assert!(names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY MODULE foo")).is_empty());
+        let writes = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY ACLCAT write"));
+        assert!(writes.contains(&"set".to_string()) && !writes.contains(&"get".to_string()), "{writes:?}");
+        assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY NOPE x")), "ERR syntax error");
+        assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND LIST x")), "ERR syntax error");
+        // Queued: an unknown subcommand aborts the EXEC.
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "COMMAND NOPE"), Reply::Error(_)));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+    }
+
     /// what WATCH counts as a change, what KEYS and DBSIZE see inside EXEC, and an EXEC
     /// refused before it runs.
     #[test]
