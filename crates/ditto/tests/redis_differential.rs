@@ -349,9 +349,11 @@ impl Gen {
 
     fn next(&mut self) -> Vec<Vec<u8>> {
         let mut c = self.command();
-        // Now and then a wrong arity: one argument too few or one too many.
+        // Now and then a wrong arity: one argument too few or one too many. (Not one too
+        // few for COMMAND: its answers with fewer arguments list the commands, which
+        // differ by design.)
         if self.rng.gen_ratio(1, 25) {
-            if self.rng.gen_bool(0.5) && c.len() > 1 {
+            if self.rng.gen_bool(0.5) && c.len() > 1 && !c[0].eq_ignore_ascii_case(b"COMMAND") {
                 c.pop();
             } else {
                 c.push(b"extra".to_vec());
@@ -452,11 +454,20 @@ impl Gen {
             44 => c = vec![w("SCAN")],
             45 => {
                 // Connection commands with their errors (no password is configured).
-                c = match self.rng.gen_range(0..6) {
+                c = match self.rng.gen_range(0..9) {
                     0 => vec![w("AUTH"), w("secret")],
                     1 => vec![w("AUTH"), w("default"), w("secret")],
                     2 => vec![w("CLIENT"), w("SETNAME"), w(self.pick(&["conn", "a b", "", "x\ny"]))],
                     3 => vec![w("CLIENT"), w("GETNAME")],
+                    // (No count above 0: with no replica it would wait for its timeout.)
+                    4 => vec![w("WAIT"), w(self.pick(&["0", "-1", "x"])), w(self.pick(&["0", "1", "-1", "x"]))],
+                    5 => match self.rng.gen_range(0..5) {
+                        0 => vec![w("COMMAND"), w("COUNT"), w("x")],
+                        1 => vec![w("COMMAND"), w("NOPE")],
+                        2 => vec![w("COMMAND"), w("LIST"), w("x")],
+                        3 => vec![w("COMMAND"), w("LIST"), w("FILTERBY"), w(self.pick(&["NOPE", "MODULE"])), w("m")],
+                        _ => vec![w("COMMAND"), w("INFO"), w("nosuchcommand")],
+                    },
                     _ => vec![w("HELLO"), w(self.pick(&["2", "3", "4", "x", "0"]))],
                 };
             }

@@ -1083,10 +1083,15 @@ impl Session {
             "SENTINEL" => sentinel(a, sh, self.tls),
             // Redis's WAIT: how many backups have received this connection's writes (the
             // connection waits, bounded by the timeout; see `WaitReplicas`).
+            // Refused on a backup before its arguments are read, then the count's error,
+            // then the timeout's, with Redis's texts.
+            "WAIT" if sh.read_only => Reply::err("ERR WAIT cannot be used with replica instances"),
             "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
-                (Some(_), Some(_)) if sh.read_only => Reply::err("ERR WAIT cannot be used with replica instances"),
+                (None, _) => Reply::err(commands::NOT_INTEGER),
+                (Some(_), None) => Reply::err("ERR timeout is not an integer or out of range"),
+                (Some(_), Some(t)) if t < 0 => Reply::err("ERR timeout is negative"),
                 // (A count below 0 is answered at once, as Redis does.)
-                (Some(n), Some(t)) if t >= 0 => {
+                (Some(n), Some(t)) => {
                     let w = WaitReplicas {
                         n: n.max(0) as usize,
                         ts: self.last_commit,
@@ -1094,8 +1099,6 @@ impl Session {
                     };
                     return Outcome { replicas: Some(w), ..Outcome::now(Reply::Int(0)) };
                 }
-                (Some(_), Some(_)) => Reply::err("ERR timeout is negative"),
-                _ => Reply::err(commands::NOT_INTEGER),
             },
             // The count kept by every commit, in O(1). It may include commits not yet
             // durable: the reply waits until every commit so far is, as a read waits for
