@@ -107,8 +107,6 @@ pub struct Coordinator {
     last_seen: Option<(u64, Option<Phase>)>,
     /// This node was named primary and its server is still starting (its data plane says).
     starting: bool,
-    /// When this node began serving as primary, in this run (`None` while it does not).
-    serving_began: Option<u64>,
     /// When each other node was last heard from (its data plane; this node itself while
     /// it serves).
     heard: BTreeMap<NodeId, u64>,
@@ -145,7 +143,6 @@ impl Coordinator {
             last_stall: 0,
             serving: false,
             serving_since: None,
-            serving_began: None,
             saw_open: false,
             last_seen: None,
             starting: false,
@@ -305,10 +302,6 @@ impl Coordinator {
             }
         }
         self.last_seen = Some((state.epoch, state.phase));
-        self.serving_began = match self.serving {
-            true => self.serving_began.or(Some(now)),
-            false => None,
-        };
         // (Every node, leader or not: one that leads a later failover starts its count
         // from the last epoch that opened.)
         if state.phase == Some(Phase::Serving) {
@@ -348,21 +341,19 @@ impl Coordinator {
                 let heard = self.heard.get(&p).copied();
                 let silent = now.saturating_sub(heard.unwrap_or(0).max(self.started).max(since));
                 // Not yet heard serving since it was named, its node up, within `start`:
-                // it is still recovering its data. This node itself, serving without quorum
-                // contact yet (its backups still coming to it), has `start` from when it
-                // began serving, at the bootstrap too (no opening was seen then: the first
-                // leader names itself; a review found it failed itself over there when its
-                // backups took longer than a failure timeout to connect).
+                // it is still recovering its data. This node itself, starting or serving
+                // without quorum contact yet (its backups still coming to it), has `start`
+                // from when it was named, at the bootstrap too (no opening was seen then:
+                // the first leader names itself; a review found it failed itself over there
+                // when its backups took longer than a failure timeout to connect).
                 let starting = heard.is_none_or(|h| h < since)
+                    && now.saturating_sub(since) < self.t.start
                     && match p == self.me {
-                        true => {
-                            (self.saw_open && now.saturating_sub(since) < self.t.start && self.starting)
-                                || self.serving_began.is_some_and(|b| now.saturating_sub(b) < self.t.start)
-                        }
+                        // (Its own state says it starts or serves: no opening need be seen,
+                        // a restarted primary never serves its epoch again.)
+                        true => self.starting || self.serving,
                         false => {
-                            self.saw_open
-                                && now.saturating_sub(since) < self.t.start
-                                && self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure)
+                            self.saw_open && self.alive.get(&p).is_some_and(|&a| now.saturating_sub(a) < self.t.failure)
                         }
                     };
                 // A switchover its primary neither began nor gave up (its node went quiet

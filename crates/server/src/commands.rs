@@ -165,7 +165,7 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
 /// included; negative: at least).
 const CLIENT_SUBCOMMANDS: &[(&str, i32)] = &[("SETNAME", 3), ("GETNAME", 2), ("ID", 2), ("SETINFO", 4), ("INFO", 2)];
 /// COMMAND's subcommands ditto answers, with Redis's arity (counting COMMAND itself).
-const COMMAND_SUBCOMMANDS: &[(&str, i32)] = &[("COUNT", 2), ("LIST", -2), ("INFO", -2), ("DOCS", -2)];
+const COMMAND_SUBCOMMANDS: &[(&str, i32)] = &[("COUNT", 2), ("LIST", -2), ("INFO", -2), ("DOCS", -2), ("HELP", 2)];
 
 /// The refusal Redis gives a container command's subcommand before running (or queueing)
 /// it: unknown, or the wrong number of arguments. CLIENT's and COMMAND's subcommands, and

@@ -1085,7 +1085,9 @@ impl Session {
             // connection waits, bounded by the timeout; see `WaitReplicas`).
             // Refused on a backup before its arguments are read, then the count's error,
             // then the timeout's, with Redis's texts.
-            "WAIT" if sh.read_only => Reply::err("ERR WAIT cannot be used with replica instances"),
+            "WAIT" if sh.read_only => Reply::err(
+                "ERR WAIT cannot be used with replica instances. Please also note that since Redis 4.0 if a replica is configured to be writable (which is not the default) writes to replicas are just local and are not propagated.",
+            ),
             "WAIT" => match (parse_int(&a[0]), parse_int(&a[1])) {
                 (None, _) => Reply::err(commands::NOT_INTEGER),
                 (Some(_), None) => Reply::err("ERR timeout is not an integer or out of range"),
@@ -1304,6 +1306,10 @@ pub fn engine_error(e: &Error) -> Reply {
     }
 }
 
+/// The commands ditto has of Redis's `@connection` ACL category.
+const CONNECTION_COMMANDS: &[&str] =
+    &["PING", "ECHO", "HELLO", "AUTH", "SELECT", "QUIT", "RESET", "COMMAND", "CLIENT", "WAIT"];
+
 fn command_info(a: &[Bytes]) -> Reply {
     let entry = |s: &Spec| {
         let mut flags = vec![Reply::Simple(if s.write { "write" } else { "readonly" })];
@@ -1330,15 +1336,16 @@ fn command_info(a: &[Bytes]) -> Reply {
         b"COUNT" => Reply::Int(SPECS.len() as i64),
         b"LIST" => match &a[1..] {
             [] => Reply::Array(SPECS.iter().map(|s| Reply::bulk(s.lower_name())).collect()),
-            // As Redis: by a glob on the name, by ACL category (ditto's commands fall
-            // into `read`, `write` and `connection` only), by module (none).
+            // As Redis: by a glob on the name (in any case), by ACL category (ditto's
+            // commands fall into `read`, `write` and `connection` only), by module (none).
             [f, by, arg] if upper(f) == b"FILTERBY" => {
+                let connection = |s: &Spec| CONNECTION_COMMANDS.contains(&s.name);
                 let keep = |s: &&Spec| match upper(by).as_slice() {
-                    b"PATTERN" => glob_match(arg, s.lower_name().as_bytes()),
+                    b"PATTERN" => glob_match(&arg.to_ascii_lowercase(), s.lower_name().as_bytes()),
                     b"ACLCAT" => match arg.to_ascii_lowercase().as_slice() {
-                        b"read" => s.kind != Kind::Conn && !s.write,
+                        b"read" => !s.write && (s.kind != Kind::Conn || matches!(s.name, "DBSIZE" | "SCAN" | "KEYS")),
                         b"write" => s.write,
-                        b"connection" => s.kind == Kind::Conn,
+                        b"connection" => connection(s),
                         _ => false,
                     },
                     _ => false,
@@ -1357,6 +1364,26 @@ fn command_info(a: &[Bytes]) -> Reply {
         b"INFO" => Reply::Array(a[1..].iter().map(|n| lookup(n).map_or(Reply::Nil, entry)).collect()),
         // Documentation is not served; clients that probe for it (redis-cli) do without.
         b"DOCS" => Reply::Map(Vec::new()),
+        b"HELP" => Reply::Array(
+            [
+                "COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "(no subcommand)",
+                "    Return details about all commands.",
+                "COUNT",
+                "    Return the total number of commands in this server.",
+                "LIST [FILTERBY (MODULE <module-name>|ACLCAT <category>|PATTERN <pattern>)]",
+                "    Return a list of all commands in this server.",
+                "INFO [<command-name> ...]",
+                "    Return details about the given commands, or all of them.",
+                "DOCS [<command-name> ...]",
+                "    Answered with no documentation in ditto.",
+                "HELP",
+                "    Print this help.",
+            ]
+            .into_iter()
+            .map(Reply::Simple)
+            .collect(),
+        ),
         other => unreachable!("COMMAND {other:?} passed subcommand_refusal"),
     }
 }
@@ -2412,7 +2439,7 @@ mod tests {
             "ERR wrong number of arguments for 'command|count' command"
         );
         assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND NOPE")), "ERR unknown subcommand 'NOPE'. Try COMMAND HELP.");
-        let mut h = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY PATTERN h*"));
+        let mut h = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY PATTERN H*"));
         h.sort();
         let mut want: Vec<String> = all.iter().filter(|n| n.starts_with('h')).cloned().collect();
         want.sort();
@@ -2421,6 +2448,12 @@ mod tests {
         assert!(names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY MODULE foo")).is_empty());
         let writes = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY ACLCAT write"));
         assert!(writes.contains(&"set".to_string()) && !writes.contains(&"get".to_string()), "{writes:?}");
+        let reads = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY ACLCAT read"));
+        assert!(reads.contains(&"get".to_string()) && reads.contains(&"dbsize".to_string()), "{reads:?}");
+        assert!(!reads.contains(&"config".to_string()) && !reads.contains(&"set".to_string()), "{reads:?}");
+        let conn = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY ACLCAT connection"));
+        assert!(conn.contains(&"ping".to_string()) && !conn.contains(&"dbsize".to_string()), "{conn:?}");
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "COMMAND HELP"), Reply::Array(h) if h.len() > 4));
         assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY NOPE x")), "ERR syntax error");
         assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND LIST x")), "ERR syntax error");
         // Queued: an unknown subcommand aborts the EXEC.
