@@ -1817,27 +1817,38 @@ const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// Most connections to the replication port whose hello has not been read yet.
 pub const UNHELLOED_MAX: usize = 64;
+/// Most of those from one address.
+pub const UNHELLOED_PER_ADDRESS_MAX: usize = 8;
 
 /// The connections to the replication port whose hello has not been read yet, oldest
 /// first, each with a handle to close it by.
 #[derive(Default)]
 struct Unhelloed {
     next: std::sync::atomic::AtomicU64,
-    waiting: Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+    /// Each with its peer's address (`None`: unknown).
+    waiting: Mutex<std::collections::VecDeque<(u64, Option<std::net::IpAddr>, TcpStream)>>,
 }
 
 impl Unhelloed {
-    /// A place for `s`, and the oldest connection waiting, to be closed, if it made room.
+    /// A place for `s`, and the connection to close to make room, if one must go: the
+    /// oldest of its own address's once that address has `UNHELLOED_PER_ADDRESS_MAX`
+    /// waiting (so that one host's silent connections crowd out only its own), else the
+    /// oldest of all once `UNHELLOED_MAX` wait.
     fn take(this: &Arc<Unhelloed>, s: &TcpStream) -> (HelloSlot, Option<TcpStream>) {
         let id = this.next.fetch_add(1, Ordering::Relaxed);
+        let ip = s.peer_addr().ok().map(|a| a.ip());
         let mut w = this.waiting.lock();
-        let evicted = match w.len() >= UNHELLOED_MAX {
-            true => w.pop_front().map(|(_, s)| s),
-            false => None,
+        let own = w.iter().filter(|(_, a, _)| ip.is_some() && *a == ip).count();
+        let evicted = if own >= UNHELLOED_PER_ADDRESS_MAX {
+            w.iter().position(|(_, a, _)| *a == ip).and_then(|i| w.remove(i)).map(|(_, _, s)| s)
+        } else if w.len() >= UNHELLOED_MAX {
+            w.pop_front().map(|(_, _, s)| s)
+        } else {
+            None
         };
         // (A handle that cannot be had leaves it uncounted: it is still bounded in time.)
         if let Ok(h) = s.try_clone() {
-            w.push_back((id, h));
+            w.push_back((id, ip, h));
         }
         (HelloSlot(Arc::clone(this), id), evicted)
     }
@@ -1849,7 +1860,7 @@ struct HelloSlot(Arc<Unhelloed>, u64);
 
 impl Drop for HelloSlot {
     fn drop(&mut self) {
-        self.0.waiting.lock().retain(|(id, _)| *id != self.1);
+        self.0.waiting.lock().retain(|(id, _, _)| *id != self.1);
     }
 }
 

@@ -110,38 +110,54 @@ fn a_backup_refused_on_a_reconnect_says_why_until_it_is_taken_again() {
 }
 
 /// Anyone who reaches the replication port may open connections and say nothing: past
-/// `UNHELLOED_MAX` of those the oldest is closed (each held a thread for up to 20 s,
-/// without bound), so a backup with the password joins while they are all still open.
+/// `UNHELLOED_PER_ADDRESS_MAX` of one address's the oldest of that address's is closed, past
+/// `UNHELLOED_MAX` in all the oldest of all (each held a thread for up to 20 s, without
+/// bound), so a backup with the password joins while they are still open, and one host's
+/// flood does not close another's connections.
 #[test]
 fn silent_connections_to_the_replication_port_are_bounded() {
+    use ditto_replication::primary::UNHELLOED_PER_ADDRESS_MAX;
     use std::io::Read;
     let tmp = tempfile::tempdir().unwrap();
     let opts = PrimaryOptions { password: Some("sesame-9".into()), ..Default::default() };
     let (a, t, p, addr) = common::start_primary(&tmp.path().join("p"), Default::default(), "local", opts);
+    let target: std::net::SocketAddr = addr.parse().unwrap();
+    // Another host's (127.0.0.2) silent connections, first, so the oldest of all.
+    let other: Vec<std::net::TcpStream> = (0..UNHELLOED_PER_ADDRESS_MAX)
+        .map(|_| {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.bind(&"127.0.0.2:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+            s.connect(&target.into()).unwrap();
+            s.into()
+        })
+        .collect();
+    // Then a flood from 127.0.0.1.
     let mut silent: Vec<std::net::TcpStream> =
         (0..ditto_replication::primary::UNHELLOED_MAX).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-    // Accepted after them all (the kernel's queue is in order): the oldest makes room.
+    // Accepted after them all (the kernel's queue is in order): an older one makes room.
     let opts =
         BackupOptions { auth: Some("sesame-9".into()), ..BackupOptions::new(&addr, &tmp.path().join("b"), 1, "b") };
     let bk = backup::start(opts).expect("a backup joins past the silent connections");
     wait_until("the backup to replay the commit", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= ts.0
     });
-    // The oldest silent one was closed; the newest is still open (its 10 s to say its
-    // hello are not over).
-    silent[0].set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    match silent[0].read(&mut [0u8; 16]) {
-        Ok(0) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        other => panic!("the oldest silent connection was not closed: {other:?}"),
-    }
-    let last = silent.last_mut().unwrap();
-    last.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    match last.read(&mut [0u8; 16]) {
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-        other => panic!("the newest silent connection was closed too: {other:?}"),
+    let closed = |s: &mut std::net::TcpStream, wait: Duration| {
+        s.set_read_timeout(Some(wait)).unwrap();
+        match s.read(&mut [0u8; 16]) {
+            Ok(0) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => false,
+            other => panic!("{other:?}"),
+        }
+    };
+    // The flood's oldest were closed, its newest not (its 10 s to say its hello are not
+    // over); the other host's, older than all of them, were left alone.
+    assert!(closed(&mut silent[0], Duration::from_secs(5)), "the oldest silent connection was not closed");
+    assert!(!closed(silent.last_mut().unwrap(), Duration::from_millis(200)), "the newest was closed too");
+    for (i, mut s) in other.into_iter().enumerate() {
+        assert!(!closed(&mut s, Duration::from_millis(50)), "another host's connection {i} was closed by the flood");
     }
     drop(silent);
     bk.stop("done", Duration::from_secs(10)).unwrap();
