@@ -212,26 +212,14 @@ pub fn part_name(i: usize) -> String {
     format!("part-{i:04}.dat")
 }
 
-/// Writes a checkpoint of `db` at a fresh snapshot with `threads` writers, each starting a
-/// new part once its part is over `part_bytes`, every file through `storage`. Deletes
-/// nothing older; the caller does that once this returns. On an error (a full disk, a
-/// failed fsync) the new checkpoint's directory is removed and the previous one stays.
-pub(crate) fn write(
-    db: &Database,
-    data: &Path,
-    threads: usize,
-    part_bytes: u64,
-    log_epoch_min: Epoch,
-    storage: &dyn Storage,
-    pace: Option<Pace<'_>>,
-) -> Result<CheckpointInfo, LogError> {
-    write_at(db, db.read(), data, threads, part_bytes, log_epoch_min, storage, pace)
-}
-
-/// [`write`] of the snapshot `snap` of `db`, taken by the caller (a backup takes it under
-/// its replay gate and lets the gate go before the write: see `replica::checkpoint_replica`).
+/// Writes a checkpoint of `db` at its snapshot `snap` (`db.read()`, taken by the caller: a
+/// backup takes it under its replay gate and lets the gate go before the write, see
+/// `replica::checkpoint_replica`) with `threads` writers, each starting a new part once its
+/// part is over `part_bytes`, every file through `storage`. Deletes nothing older; the
+/// caller does that once this returns. On an error (a full disk, a failed fsync) the new
+/// checkpoint's directory is removed and the previous one stays.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_at(
+pub(crate) fn write(
     db: &Database,
     snap: ReadTxn<'_>,
     data: &Path,

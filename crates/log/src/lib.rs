@@ -285,8 +285,16 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     let mut durable_ckpt_ts = ckpt_ts;
     if !segments.is_empty() || !base.chain.is_empty() {
         let threads = recovery::recovery_threads().max(opts.log.checkpoint_threads);
-        let info =
-            checkpoint::write(&db, dir, threads, opts.log.checkpoint_part_bytes, epoch, &*opts.log.storage, None)?;
+        let info = checkpoint::write(
+            &db,
+            db.read(),
+            dir,
+            threads,
+            opts.log.checkpoint_part_bytes,
+            epoch,
+            &*opts.log.storage,
+            None,
+        )?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
         durable_ckpt_ts = info.ts;
@@ -694,6 +702,7 @@ impl Durable {
         let sealed_floor = base.chain.len().checked_sub(1).map(|last| base.floor_of(last));
         let written = checkpoint::write(
             &i.db,
+            i.db.read(),
             &i.dir,
             i.opts.checkpoint_threads,
             i.opts.checkpoint_part_bytes,

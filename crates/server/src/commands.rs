@@ -175,12 +175,12 @@ const COMMAND_SUBCOMMANDS: &[(&str, i32)] = &[("COUNT", 2), ("LIST", -2), ("INFO
 pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
     let sub = args.get(1)?.to_ascii_uppercase();
     let table = match spec.name {
-        "CLIENT" => CLIENT_SUBCOMMANDS,
-        "COMMAND" => COMMAND_SUBCOMMANDS,
-        _ => &[],
+        "CLIENT" => Some(CLIENT_SUBCOMMANDS),
+        "COMMAND" => Some(COMMAND_SUBCOMMANDS),
+        _ => None,
     };
-    let arity = match spec.name {
-        "CLIENT" | "COMMAND" => match table.iter().find(|(n, _)| n.as_bytes() == sub.as_slice()) {
+    let arity = match table {
+        Some(t) => match t.iter().find(|(n, _)| n.as_bytes() == sub.as_slice()) {
             Some(&(_, arity)) => arity,
             None => {
                 let shown = &args[1][..args[1].len().min(128)];
@@ -191,8 +191,8 @@ pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
                 )));
             }
         },
-        "CONFIG" if sub == b"GET" => -3,
-        _ => return None,
+        None if spec.name == "CONFIG" && sub == b"GET" => -3,
+        None => return None,
     };
     let ok = if arity >= 0 { args.len() == arity as usize } else { args.len() >= (-arity) as usize };
     (!ok).then(|| {

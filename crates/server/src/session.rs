@@ -1339,18 +1339,18 @@ fn command_info(a: &[Bytes]) -> Reply {
             // As Redis: by a glob on the name (in any case), by ACL category (ditto's
             // commands fall into `read`, `write` and `connection` only), by module (none).
             [f, by, arg] if upper(f) == b"FILTERBY" => {
-                let connection = |s: &Spec| CONNECTION_COMMANDS.contains(&s.name);
-                let keep = |s: &&Spec| match upper(by).as_slice() {
-                    b"PATTERN" => glob_match(&arg.to_ascii_lowercase(), s.lower_name().as_bytes()),
-                    b"ACLCAT" => match arg.to_ascii_lowercase().as_slice() {
-                        b"read" => !s.write && (s.kind != Kind::Conn || matches!(s.name, "DBSIZE" | "SCAN" | "KEYS")),
-                        b"write" => s.write,
-                        b"connection" => connection(s),
-                        _ => false,
-                    },
+                let (by, arg) = (upper(by), arg.to_ascii_lowercase());
+                let keep = |s: &&Spec| match (by.as_slice(), arg.as_slice()) {
+                    (b"PATTERN", pattern) => glob_match(pattern, s.lower_name().as_bytes()),
+                    (b"ACLCAT", b"read") => {
+                        !s.write && (s.kind != Kind::Conn || matches!(s.name, "DBSIZE" | "SCAN" | "KEYS"))
+                    }
+                    (b"ACLCAT", b"write") => s.write,
+                    (b"ACLCAT", b"connection") => CONNECTION_COMMANDS.contains(&s.name),
+                    // Another category, or a module: none.
                     _ => false,
                 };
-                match upper(by).as_slice() {
+                match by.as_slice() {
                     b"PATTERN" | b"ACLCAT" | b"MODULE" => {
                         Reply::Array(SPECS.iter().filter(keep).map(|s| Reply::bulk(s.lower_name())).collect())
                     }
