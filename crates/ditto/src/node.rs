@@ -1825,6 +1825,15 @@ impl DataPlane for NodePlane {
             say(self.me, "the epoch of its unclean stop is closed: it reports again".to_string());
             self.unclean = None;
         }
+        // A switchover from this node, learnt from the snapshot rather than applied: it
+        // drains (or, not serving, gives the switchover up at once) as an applied one's
+        // node does. Before, nothing drained and the switchover was given up after 20 s.
+        if let Some(w) = state.switchover.as_ref().filter(|w| w.from == self.me && w.epoch == state.epoch) {
+            if self.switching.as_ref().is_none_or(|s| (s.epoch, s.id) != (w.epoch, w.id)) {
+                say(self.me, format!("a switchover from it to node {} was asked in epoch {}", w.to, w.epoch));
+                self.drain_for(w.epoch, w.id, w.to);
+            }
+        }
     }
 
     fn caught_up(&mut self) {
@@ -2575,6 +2584,38 @@ mod tests {
         assert!(plane.reportable().is_err(), "reported with epoch 3 still open");
         plane.restored(&opened(&[1, 2, 3, 4]));
         assert!(plane.reportable().is_ok(), "epoch 4 opened: {:?}", plane.reportable());
+    }
+
+    /// A switchover from this node learnt from the leader's snapshot (this node fell
+    /// behind while it was asked) is acted on as an applied one is: not serving, the node
+    /// gives it up at once instead of leaving it to time out; asked again by a later
+    /// snapshot with the same record, it does not start over.
+    #[test]
+    fn a_switchover_learnt_from_a_snapshot_is_acted_on() {
+        use ditto_cluster::{Command, DataPlane};
+        let dir = tempfile::tempdir().unwrap();
+        let mut plane = plane_in(dir.path());
+        let mut st = opened(&[1, 2, 3]);
+        st.switchover = Some(ditto_cluster::state::SwitchoverRecord { epoch: 3, from: 2, to: 1, id: 7 });
+        plane.restored(&st);
+        let (epoch, id) = plane.switching.as_ref().map(|s| (s.epoch, s.id)).expect("switching");
+        assert_eq!((epoch, id), (3, 7));
+        let p = plane.proposals();
+        assert!(
+            p.iter().any(
+                |c| matches!(c, Command::EndSwitchover { epoch: 3, why } if why.contains("does not serve epoch 3"))
+            ),
+            "{p:?}"
+        );
+        // The same record again (a later snapshot): no new drain (a new one would start
+        // its proposals over).
+        plane.restored(&st);
+        assert!(plane.switching.as_ref().is_some_and(|s| s.proposed.is_some()), "drained again");
+        // A switchover from another node is not this one's to drain.
+        let mut other = plane_in(dir.path());
+        st.switchover = Some(ditto_cluster::state::SwitchoverRecord { epoch: 3, from: 1, to: 2, id: 8 });
+        other.restored(&st);
+        assert!(other.switching.is_none());
     }
 
     /// Members whose ports cannot work are refused with a clear error: port 0, two ports
