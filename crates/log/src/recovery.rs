@@ -938,6 +938,21 @@ pub fn append_own_fetched(
         _ => (0, Ts::ZERO),
     };
     let log = check_stream(files, scans, ckpt_ts)?;
+    // A log of a format before 4 (an older build's; its headers record no stream count):
+    // the new segment, and the batches fetched into it, would be of this build's format,
+    // which a stream's segments may not mix, and its header could name no stream count
+    // its own stream lies below. Refused with the way out instead of leaving a directory
+    // no open takes (found by a review, 2026-12-03).
+    if log.streams == 0 {
+        return Err(corrupt(
+            &logdir,
+            format!(
+                "stream {stream}'s log of epoch {} was written by an older ditto (log format before {}): a fetch cannot be added to it; start this node's server once with this build (its open moves the log to a new epoch in this format), or rejoin it as a new member",
+                epoch.0,
+                crate::format::LOG_FORMAT_VERSION
+            ),
+        ));
+    }
     let mut last_ts = log.batches.iter().map(|k| k.batch.header.last_ts).max().unwrap_or(Ts::ZERO).max(last_prev);
     // The highest timestamp in the segments before the new one (`SegmentHeader::prev_ts`).
     let prev_ts = last_ts.max(log.bound);

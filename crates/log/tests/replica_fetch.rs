@@ -922,6 +922,61 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// A last resort whose own log an older build wrote (log format 3: its segment headers
+/// name no stream count, and a segment's batches are all of its version) is refused a
+/// fetch with the way out, and nothing changes: a segment of this build's format added to
+/// it left a directory no open, report or fetch took (found by a review, 2026-12-03).
+#[test]
+fn a_fetch_into_an_older_builds_log_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (closed, batches) = primary_with_400_commits(dir.path());
+    drop(closed);
+    // Every segment rewritten as version 3 wrote it: the header's version, its stream
+    // count and `prev_ts` zero; every batch's version, with its checksums.
+    for p in segment_files(dir.path()) {
+        let file = Bytes::from(std::fs::read(&p).unwrap());
+        let scan = ditto_log::format::read_segment(&file).unwrap();
+        let mut out = scan.header.encode().to_vec();
+        out[8..12].copy_from_slice(&3u32.to_le_bytes());
+        out[32..44].fill(0);
+        let crc = crc32c::crc32c(&out[..44]);
+        out[44..48].copy_from_slice(&crc.to_le_bytes());
+        for (o, b) in &scan.batches {
+            let mut h = b.header;
+            let at = *o as usize + h.header_len();
+            let payload = &file[at..at + h.stored_len as usize];
+            h.version = 3;
+            h.payload_crc = h.payload_checksum(payload);
+            out.extend_from_slice(&h.encode());
+            out.extend_from_slice(payload);
+        }
+        std::fs::write(&p, out).unwrap();
+    }
+    // Stream 1 lost its last batch with transactions (a crash before it was durable):
+    // what the fetch brings back, as this build frames it.
+    let seg1 = segment_files(dir.path()).into_iter().rfind(|p| p.to_string_lossy().contains("stream-0001")).unwrap();
+    let scan = ditto_log::format::read_segment(&Bytes::from(std::fs::read(&seg1).unwrap())).unwrap();
+    let (at, lost) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&seg1).unwrap().set_len(*at).unwrap();
+    let fetched: Vec<Bytes> = batches
+        .iter()
+        .filter(|b| decode_batch_checksums(b).unwrap().0.header.first_ts >= lost.header.first_ts)
+        .cloned()
+        .collect();
+    let fetched: Vec<Bytes> =
+        fetched.into_iter().filter(|b| decode_batch_checksums(b).unwrap().0.header.stream.0 == 1).collect();
+    assert!(!fetched.is_empty());
+    let held = ditto_log::recovery::primary_log_holdings(dir.path(), None).unwrap().0;
+    let before: Vec<_> =
+        segment_files(dir.path()).into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect();
+    let err = ditto_log::recovery::append_own_fetched(dir.path(), 1, &fetched, &RealStorage).unwrap_err();
+    assert!(err.to_string().contains("written by an older ditto (log format before 4)"), "{err}");
+    let after: Vec<_> =
+        segment_files(dir.path()).into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect();
+    assert!(before == after, "the refusal changed the log");
+    assert_eq!(ditto_log::recovery::primary_log_holdings(dir.path(), None).unwrap().0.streams, held.streams);
+}
+
 /// A failover's last resort that lacks part of what it shipped (it crashed before that
 /// part was durable; a backup received it) takes it back into its own log
 /// (`recovery::append_own_fetched`), as the stream's next segment: it then holds, serves
