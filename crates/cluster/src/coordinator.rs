@@ -117,9 +117,14 @@ pub struct Coordinator {
     vouched: BTreeMap<NodeId, u64>,
     /// The (epoch, primary) heard from but not vouching for itself, and since when.
     unvouched_since: Option<(u64, NodeId, u64)>,
-    /// The (epoch, primary) last failed over for not vouching for itself: the next
-    /// round chooses another node where one can be (`try_plan`).
-    unvouched_primary: Option<(u64, NodeId)>,
+    /// Nodes that failed as primary or as a round's choice since the open epoch did, each
+    /// with that epoch, the latest last: a primary failed over for not vouching for itself,
+    /// a chosen node that could not prepare or did not in time. A round chooses another
+    /// node where one can be (`try_plan`): the same reports make the same plan, and a
+    /// node whose fault lasts would be chosen round after round while another could
+    /// serve (found by a review, 2026-12-03; before, only the unvouched primary was
+    /// avoided, and for one round).
+    avoid: Vec<(u64, NodeId)>,
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
     proposed: Option<(Command, u64)>,
@@ -150,7 +155,7 @@ impl Coordinator {
             alive: BTreeMap::new(),
             vouched: BTreeMap::new(),
             unvouched_since: None,
-            unvouched_primary: None,
+            avoid: Vec::new(),
             round: None,
             proposed: None,
             switchover_since: None,
@@ -306,6 +311,7 @@ impl Coordinator {
         // from the last epoch that opened.)
         if state.phase == Some(Phase::Serving) {
             self.failed_rounds = 0;
+            self.avoid.retain(|&(e, _)| e >= state.epoch);
         }
         if !leader || state.phase != Some(Phase::Serving) {
             // (Counted afresh by a leader, for the primary it sees serving.)
@@ -411,7 +417,7 @@ impl Coordinator {
                         "primary {p} is heard but has not said it has quorum contact for {} ms (it takes no writes)",
                         unvouched_for + self.t.failure
                     );
-                    self.unvouched_primary = Some((state.epoch, p));
+                    self.avoid_next(state.epoch, p);
                     self.propose(Command::BeginFailover { epoch: state.epoch + 1, reason }, now, &mut out);
                 } else if silent >= self.t.failure && !starting {
                     let reason = if p == self.me {
@@ -488,9 +494,11 @@ impl Coordinator {
                             r.unprepared.as_ref().filter(|_| now.saturating_sub(sent) >= retry_after)
                         {
                             let reason = format!("node {} could not prepare: {why}", p.primary);
+                            self.avoid_next(p.recovered_epoch, p.primary);
                             self.propose(Command::BeginFailover { epoch: epoch + 1, reason }, now, &mut out);
                         } else if now.saturating_sub(sent) >= self.t.prepare {
                             let reason = format!("node {} did not prepare within {} ms", p.primary, self.t.prepare);
+                            self.avoid_next(p.recovered_epoch, p.primary);
                             self.propose(Command::BeginFailover { epoch: epoch + 1, reason }, now, &mut out);
                         } else if resend {
                             // The request may have been lost; Prepare is idempotent.
@@ -501,6 +509,13 @@ impl Coordinator {
             }
         }
         out
+    }
+
+    /// `node` failed as the primary of, or as a choice to recover, the open epoch `epoch`:
+    /// the next rounds choose another where one can be (`avoid`).
+    fn avoid_next(&mut self, epoch: u64, node: NodeId) {
+        self.avoid.retain(|&(_, n)| n != node);
+        self.avoid.push((epoch, node));
     }
 
     /// How long after its plan went out a round whose chosen node cannot prepare ends:
@@ -538,26 +553,36 @@ impl Coordinator {
     /// Plans the round once a quorum has reported; in a switchover, once its target has
     /// reported too, or `Timeouts::prepare` after the round began without it.
     fn try_plan(&mut self, now: u64, state: &ControlState, open_epoch: u64, out: &mut Vec<Action>) {
+        // The nodes that failed since the open epoch did, the latest last.
+        let failed: Vec<NodeId> = self.avoid.iter().filter(|&&(e, _)| e == open_epoch).map(|&(_, n)| n).collect();
         let Some(r) = self.round.as_mut().filter(|r| r.plan.is_none()) else { return };
-        let prefer = state.switchover.as_ref().filter(|s| s.epoch < r.epoch).map(|s| s.to);
+        // A switchover's target is preferred in the round its hand-over began, not in the
+        // rounds after it (each would wait for a dead target's report first; found by a
+        // review: `state.switchover` stays until an epoch opens).
+        let prefer = state.switchover.as_ref().filter(|s| s.epoch + 1 == r.epoch).map(|s| s.to);
         if prefer.is_some_and(|to| !r.reports.contains_key(&to)) && now.saturating_sub(r.started) < self.t.prepare {
             return;
         }
         // (The open epoch is the state's last record: always there.)
         let Some(recovered) = state.recovering(open_epoch) else { return };
-        // A primary failed over for want of quorum contact (heard by the leader alone, say)
-        // is not chosen again by the next round where another node can be: it would hold
-        // the most, be chosen, and lack contact again, round after round.
-        let avoid = self.unvouched_primary.filter(|(e, _)| e + 1 == r.epoch).map(|(_, n)| n);
-        let planned = match avoid.filter(|n| r.reports.get(n).is_some_and(|x| x.eligible)) {
-            Some(n) => {
-                let mut others = r.reports.clone();
-                others.get_mut(&n).expect("checked").eligible = false;
-                plan_preferring(&others, state.members.len(), r.epoch, recovered, prefer)
-                    .or_else(|_| plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer))
+        // A node that failed (a primary failed over for want of quorum contact, heard by the
+        // leader alone, say; a choice that could not prepare) is not chosen again where
+        // another node can be: it would hold the most, be chosen, and fail again, round
+        // after round. Every failed node is left out if a plan can be made without them;
+        // else the latest alone (so that two that fail in turn are tried in turn); else
+        // none.
+        let without = |left_out: &[NodeId]| {
+            let mut others = r.reports.clone();
+            for n in left_out {
+                if let Some(x) = others.get_mut(n) {
+                    x.eligible = false;
+                }
             }
-            None => plan_preferring(&r.reports, state.members.len(), r.epoch, recovered, prefer),
+            plan_preferring(&others, state.members.len(), r.epoch, recovered, prefer)
         };
+        let planned = without(&failed)
+            .or_else(|e| if failed.len() > 1 { without(&failed[failed.len() - 1..]) } else { Err(e) })
+            .or_else(|e| if failed.is_empty() { Err(e) } else { without(&[]) });
         match planned {
             Ok(p) => {
                 r.unplanned = None;
@@ -933,6 +958,16 @@ mod tests {
         assert!(!c2.tick(100, &s2, true).iter().any(|a| matches!(a, Action::Prepare { .. })), "still waiting");
         let a = c2.tick(10 + T.prepare, &s2, true);
         assert!(a.iter().any(|a| matches!(a, Action::Prepare { to: 2, .. })), "{a:?}");
+        // The round after (node 2 did not prepare either): the target is not waited for
+        // again; a quorum's reports plan at once.
+        s2.apply(&Command::BeginFailover { epoch: 3, reason: "node 2 did not prepare".into() }).unwrap();
+        let at = 20 + 2 * T.prepare;
+        let _ = c2.tick(at, &s2, true);
+        let mut r1 = report(1, 3, &[40, 40]);
+        r1.eligible = false;
+        assert!(c2.on_report(r1, at + 1, &s2, true).is_empty());
+        let a = c2.on_report(report(2, 3, &[40, 40]), at + 2, &s2, true);
+        assert!(a.iter().any(|a| matches!(a, Action::Prepare { to: 2, .. })), "waited for the target again: {a:?}");
     }
 
     #[test]
@@ -966,18 +1001,22 @@ mod tests {
 
     /// A chosen node that says it cannot prepare ends its round after `resend`, not the
     /// prepare timeout, and says why; each such round in a row waits twice as long; an
-    /// answer to another plan, or one after `Prepared`, changes nothing.
+    /// answer to another plan, or one after `Prepared`, changes nothing. The next round
+    /// chooses another node that can recover the epoch (here one that fetches what it
+    /// lacks) instead of the same one again, and two that fail are tried in turn.
     #[test]
     fn a_chosen_node_that_cannot_prepare_ends_the_round_early_and_rounds_in_a_row_back_off() {
         let mut s = boot(3);
         let mut c = Coordinator::new(2, T, 0);
-        // Round `epoch` planned at `at`: the plan (to node 3).
-        fn plan_round(c: &mut Coordinator, s: &ControlState, epoch: u64, at: u64) -> RecoveryPlan {
+        // Round `epoch` planned at `at`: the plan, to `to`.
+        fn plan_round(c: &mut Coordinator, s: &ControlState, epoch: u64, at: u64, to: NodeId) -> RecoveryPlan {
             c.tick(at, s, true);
             c.on_report(report(2, epoch, &[5]), at, s, true);
             let a = c.on_report(report(3, epoch, &[9]), at, s, true);
-            let [Action::Prepare { to: 3, plan }] = &a[..] else { panic!("{a:?}") };
-            plan.clone()
+            match &a[..] {
+                [Action::Prepare { to: t, plan }] if *t == to => plan.clone(),
+                _ => panic!("round {epoch}, expected a plan to node {to}: {a:?}"),
+            }
         }
         let ends = |a: &[Action], epoch: u64| {
             a.iter().find_map(|a| match a {
@@ -986,7 +1025,7 @@ mod tests {
             })
         };
         s.apply(&Command::BeginFailover { epoch: 2, reason: String::new() }).unwrap();
-        let p = plan_round(&mut c, &s, 2, 100);
+        let p = plan_round(&mut c, &s, 2, 100, 3);
         let point = p.recovery_point;
         assert!(c.on_unprepared(3, 2, point + 1, "x".into(), 101, &s, true).is_empty(), "another plan's answer");
         assert!(c.on_unprepared(2, 2, point, "x".into(), 101, &s, true).is_empty(), "not the chosen node");
@@ -997,12 +1036,13 @@ mod tests {
         assert!(why.contains("node 3 could not prepare: its fetch of stream 0 was refused"), "{why}");
         // The next round in a row waits twice as long, the one after four times.
         s.apply(&Command::BeginFailover { epoch: 3, reason: why }).unwrap();
-        let p = plan_round(&mut c, &s, 3, 200);
-        c.on_unprepared(3, 3, p.recovery_point, "again".into(), 201, &s, true);
+        let p = plan_round(&mut c, &s, 3, 200, 2);
+        assert_eq!(p.fetch.len(), 1, "node 2 fetches what it lacks: {p:?}");
+        c.on_unprepared(2, 3, p.recovery_point, "again".into(), 201, &s, true);
         assert!(ends(&c.tick(239, &s, true), 4).is_none());
         assert!(ends(&c.tick(240, &s, true), 4).is_some());
         s.apply(&Command::BeginFailover { epoch: 4, reason: String::new() }).unwrap();
-        let p = plan_round(&mut c, &s, 4, 300);
+        let p = plan_round(&mut c, &s, 4, 300, 3);
         c.on_unprepared(3, 4, p.recovery_point, "again".into(), 301, &s, true);
         assert!(ends(&c.tick(379, &s, true), 5).is_none());
         assert!(ends(&c.tick(380, &s, true), 5).is_some());
@@ -1012,10 +1052,10 @@ mod tests {
         assert_eq!(c.retry_after(), T.prepare);
         // Prepared first: a later "cannot" is an old answer and changes nothing.
         s.apply(&Command::BeginFailover { epoch: 5, reason: String::new() }).unwrap();
-        let p = plan_round(&mut c, &s, 5, 400);
-        let a = c.on_prepared(3, 5, p.recovery_point, 0, 401, &s, true);
+        let p = plan_round(&mut c, &s, 5, 400, 2);
+        let a = c.on_prepared(2, 5, p.recovery_point, 0, 401, &s, true);
         assert!(a.iter().any(|a| matches!(a, Action::Propose(Command::OpenEpoch { epoch: 5, .. }))), "{a:?}");
-        assert!(c.on_unprepared(3, 5, p.recovery_point, "late".into(), 402, &s, true).is_empty());
+        assert!(c.on_unprepared(2, 5, p.recovery_point, "late".into(), 402, &s, true).is_empty());
         let open = a.iter().find_map(|a| match a {
             Action::Propose(cmd @ Command::OpenEpoch { .. }) => Some(cmd.clone()),
             _ => None,
