@@ -262,6 +262,11 @@ impl Coordinator {
         recent >= state.quorum()
     }
 
+    /// The failure timeout, in ms.
+    pub fn failure_ms(&self) -> u64 {
+        self.t.failure
+    }
+
     fn propose(&mut self, cmd: Command, now: u64, out: &mut Vec<Action>) {
         if let Some((prev, at)) = &self.proposed {
             let same = match (prev, &cmd) {

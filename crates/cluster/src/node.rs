@@ -408,6 +408,13 @@ impl ControlNode {
         self.is_leader() && r.commit_to_current_term() && r.raft_log.applied == r.raft_log.committed
     }
 
+    /// Leads in its current term but has not applied every entry committed yet (a message
+    /// just stepped moved the commit index; the next `poll` applies them).
+    pub fn leads_unapplied(&self) -> bool {
+        let r = &self.raw.raft;
+        self.is_leader() && r.commit_to_current_term() && r.raft_log.applied < r.raft_log.committed
+    }
+
     pub fn term(&self) -> u64 {
         self.raw.raft.term
     }
