@@ -2,7 +2,10 @@
 //! that understands the replication frames damages the stream on purpose. Its first
 //! connection gets one byte of a batch frame flipped (the CRC must catch it), its second is
 //! cut in the middle of a batch frame (a truncated frame), its third goes silent (the
-//! backup must notice within `backup::SILENCE_MAX`); the later ones pass everything.
+//! backup must notice within `backup::SILENCE_MAX`), its fourth gets a batch frame's length
+//! field damaged (the frames after it, heartbeats mostly, fill the body it names: the
+//! backup must give up on it at `protocol::FRAME_BODY_MIN_BYTES_PER_S`); the later ones
+//! pass everything.
 //! The backup must drop each damaged connection with a clear log line, resume above what
 //! it holds, and end with exactly the primary's acknowledged state: nothing skipped, and
 //! reads that never go back. A second test: under `all-durable` a missing backup blocks
@@ -33,8 +36,9 @@ struct ProxyLog {
     damaged: AtomicUsize,
 }
 
-/// Relays primary -> backup frame by frame, damaging connection 0 (a flipped byte) and
-/// connection 1 (cut mid-frame); backup -> primary bytes pass as they are.
+/// Relays primary -> backup frame by frame, damaging connection 0 (a flipped byte),
+/// connection 1 (cut mid-frame), connection 2 (silent) and connection 3 (a length field 1
+/// MiB too long); backup -> primary bytes pass as they are.
 fn proxy(primary: String, log: Arc<ProxyLog>) -> String {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -70,7 +74,7 @@ fn proxy(primary: String, log: Arc<ProxyLog>) -> String {
                         batches += 1;
                         log.batches_last.store(batches, Ordering::Release);
                     }
-                    if batches == DAMAGED_BATCH && body.first() == Some(&BATCH_KIND) && i < 3 {
+                    if batches == DAMAGED_BATCH && body.first() == Some(&BATCH_KIND) && i < 4 {
                         log.damaged.fetch_add(1, Ordering::AcqRel);
                         match i {
                             0 => body[n / 2] ^= 0x10, // one bit, mid-body
@@ -79,7 +83,12 @@ fn proxy(primary: String, log: Arc<ProxyLog>) -> String {
                                 let _ = b_w.write_all(&body[..n / 2]);
                                 break; // cut mid-frame
                             }
-                            _ => silent = true, // from here on, nothing reaches the backup
+                            2 => silent = true, // from here on, nothing reaches the backup
+                            _ => {
+                                // Bit 20 of the length: the body named runs 1 MiB on.
+                                let len = u32::from_le_bytes(h[..4].try_into().unwrap());
+                                h[..4].copy_from_slice(&(len ^ (1 << 20)).to_le_bytes());
+                            }
                         }
                     }
                     if silent {
@@ -153,14 +162,14 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
     };
     // Both faults, then a clean connection that carries load again.
     let deadline = Instant::now() + Duration::from_secs(90);
-    while !(plog.connections.load(Ordering::Acquire) >= 4 && plog.batches_last.load(Ordering::Acquire) >= 100) {
+    while !(plog.connections.load(Ordering::Acquire) >= 5 && plog.batches_last.load(Ordering::Acquire) >= 100) {
         assert!(Instant::now() < deadline, "the backup did not get past the faults within 90 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     assert!(reader.join().unwrap() > 10, "the backup served reads throughout");
-    assert_eq!(plog.damaged.load(Ordering::Acquire), 3);
+    assert_eq!(plog.damaged.load(Ordering::Acquire), 4);
 
     // Every acknowledged write is on the backup, once the primary's last commit is.
     let mut p = Client::connect(primary.port).unwrap();
@@ -177,13 +186,14 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
     // Replay keeps DBSIZE (the backup counted at its start, then replay moved it).
     assert_eq!(b.one(&["DBSIZE"]), p.one(&["DBSIZE"]), "DBSIZE on the backup and the primary");
     let reconnects: u64 = info_field(&mut b, "ditto_reconnects").unwrap().parse().unwrap();
-    assert_eq!(reconnects, 3, "one resume per damaged connection");
+    assert_eq!(reconnects, 4, "one resume per damaged connection");
     assert_eq!(info_field(&mut b, "master_link_status").as_deref(), Some("up"));
     let text = std::fs::read_to_string(&blog).unwrap();
     assert!(text.contains("checksum mismatch"), "no log line names the bad checksum:\n{text}");
     assert!(text.contains("truncated frame"), "no log line names the truncated frame:\n{text}");
     assert!(text.contains("nothing from the primary for"), "no log line names the silence:\n{text}");
-    assert!(text.matches("resuming").count() >= 3, "no log line says the backup resumes:\n{text}");
+    assert!(text.contains("did not come in time"), "no log line names the damaged length:\n{text}");
+    assert!(text.matches("resuming").count() >= 4, "no log line says the backup resumes:\n{text}");
 }
 
 #[test]

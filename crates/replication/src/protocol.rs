@@ -495,6 +495,52 @@ pub fn read_frame(r: &mut impl std::io::Read) -> std::io::Result<Option<Frame>> 
 /// (a primary reading a peer's first frame: a header alone must not make it allocate
 /// `FRAME_BYTES_MAX`).
 pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Result<Option<Frame>> {
+    read_frame_paced(r, max, FRAME_BODY_GRACE, FRAME_BODY_MIN_BYTES_PER_S)
+}
+
+/// Once a frame's header has come, its body must come within `FRAME_BODY_GRACE` and a
+/// second per `FRAME_BODY_MIN_BYTES_PER_S` of its length, or the read fails (the link is
+/// dropped and resumed). The length field is not under the frame's checksum, which is
+/// checked only once the whole body is read: a damaged one named a body of up to 257 MiB
+/// that the primary's heartbeats (26 bytes each 200 ms) would fill for hours, every read
+/// answering within the link's silence bound, while the backup learned nothing and
+/// acknowledged nothing (found by a review, 2026-12-03). A sound frame comes at the link's
+/// speed; a link slower than this cannot follow a primary anyway.
+pub const FRAME_BODY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub const FRAME_BODY_MIN_BYTES_PER_S: u64 = 1 << 20;
+
+/// A reader that refuses to read on past `until` (`read_frame_paced`); each read blocks
+/// as the inner reader's own timeout allows.
+struct Within<'a, R> {
+    r: &'a mut R,
+    until: std::time::Instant,
+    len: usize,
+}
+
+impl<R: std::io::Read> std::io::Read for Within<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if std::time::Instant::now() >= self.until {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a frame's body of {} bytes did not come in time (at least {} KiB/s after {} s): its length field may be damaged",
+                    self.len,
+                    FRAME_BODY_MIN_BYTES_PER_S >> 10,
+                    FRAME_BODY_GRACE.as_secs()
+                ),
+            ));
+        }
+        self.r.read(buf)
+    }
+}
+
+/// `read_frame_at_most` with the body's pace given (`FRAME_BODY_GRACE`).
+fn read_frame_paced(
+    r: &mut impl std::io::Read,
+    max: usize,
+    grace: std::time::Duration,
+    min_bytes_per_s: u64,
+) -> std::io::Result<Option<Frame>> {
     let mut h = [0u8; FRAME_HEADER_LEN];
     // The end of the stream between frames is a close; anywhere else, a truncated frame.
     let mut got = 0;
@@ -515,7 +561,9 @@ pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Re
         ));
     }
     let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
+    let until =
+        std::time::Instant::now() + grace + std::time::Duration::from_secs_f64(len as f64 / min_bytes_per_s as f64);
+    std::io::Read::read_exact(&mut Within { r, until, len }, &mut body).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => truncated(FRAME_HEADER_LEN, FRAME_HEADER_LEN + len),
         _ => e,
     })?;
@@ -554,6 +602,37 @@ mod tests {
         let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) };
         let mut buf = BytesMut::from(&ack.encode()[..]);
         assert_eq!(take_frame_at_most(&mut buf, BACKUP_FRAME_BYTES_MAX).unwrap(), Some(ack));
+    }
+
+    /// A frame whose body comes at the pace asked is read; one whose length field names
+    /// more than comes (a damaged length, then heartbeats trickling in) fails once its
+    /// time is up, not when the body is finally full.
+    #[test]
+    fn a_frames_body_that_does_not_come_in_time_fails_the_read() {
+        use std::time::{Duration, Instant};
+        /// One byte a millisecond: `bytes`, then zeros for ever.
+        struct Trickle(Vec<u8>, usize);
+        impl std::io::Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                std::thread::sleep(Duration::from_millis(1));
+                buf[0] = self.0.get(self.1).copied().unwrap_or(0);
+                self.1 += 1;
+                Ok(1)
+            }
+        }
+        let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) };
+        let sound = ack.encode().to_vec();
+        let (grace, rate) = (Duration::from_millis(500), 10_000);
+        let got = read_frame_paced(&mut Trickle(sound.clone(), 0), 1 << 20, grace, rate).unwrap();
+        assert_eq!(got, Some(ack), "a body at the pace asked");
+        let mut damaged = sound;
+        damaged[..4].copy_from_slice(&20_000u32.to_le_bytes());
+        let t = Instant::now();
+        let e = read_frame_paced(&mut Trickle(damaged, 0), 1 << 20, grace, rate).unwrap_err();
+        assert!(e.to_string().contains("did not come in time"), "{e}");
+        // 20,000 bytes at 10,000 a second after the grace: 2.5 s, not the 20 s the
+        // trickle would take.
+        assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
     }
 
     /// A frame's `Debug` output, written into errors and logs when a frame was not
