@@ -2835,6 +2835,19 @@ impl Backup {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        // An engine already past the point (its run began from a checkpoint copy, or from
+        // an earlier change in place, above it: a later failover may set a lower point)
+        // holds commits above it that no cut here can take out; publishing the point would
+        // not move its view back. Refused, so that the node falls back to recovering from
+        // its directory (found by a review, 2026-12-03: the cut succeeded, and its seal was
+        // written, before the next open refused the engine).
+        let at = self.db.clock().visible_ts();
+        if at > point {
+            return Err(format!(
+                "this backup's engine holds commits up to ts {} (where its run began), above the point {}: it cannot be cut there in place",
+                at.0, point.0
+            ));
+        }
         self.db.publish_read_view(point).map_err(|e| e.to_string())?;
         self.state.visible.fetch_max(point.0, Ordering::AcqRel);
         Ok((self.db, self._lock, point))

@@ -286,6 +286,33 @@ fn a_backup_that_replayed_above_the_point_refuses_a_promotion_in_place() {
     assert_eq!(value_on(&opened.db, 60), None);
 }
 
+/// A backup whose run began from a checkpoint copy above a failover's point (it joined
+/// after the commits; under `local` the copy may hold what no quorum acknowledged) is
+/// refused a cut there in place: its engine holds the copy's commits, which no cut takes
+/// out (before, the cut succeeded and its seal was written; the next open then refused
+/// the engine).
+#[test]
+fn a_backup_whose_run_began_above_the_point_is_refused_a_cut_in_place_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let (pa_repl, a_addr) = start_primary_under(&a, None, "local");
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts: Vec<Ts> = (0..100u32)
+        .map(|i| w.run(|x| x.put(t, &i.to_be_bytes(), format!("v{i}").as_bytes())).unwrap().1.wait().unwrap())
+        .collect();
+    let opts = BackupOptions { hold_replay_at_release: true, ..BackupOptions::new(&a_addr, &b1, 1, "b1") };
+    let bk1 = backup::start(opts).unwrap();
+    wait_until("the backup to join from a copy", Duration::from_secs(20), || {
+        bk1.state.link_up() && bk1.state.durable.load(std::sync::atomic::Ordering::SeqCst) >= ts[99].0
+    });
+    pa_repl.stop();
+    a.close();
+    let e = bk1.cut_at(ts[59], "promoted", Duration::from_secs(20)).err().expect("refused");
+    assert!(e.contains("cannot be cut there in place"), "{e}");
+}
+
 /// Under `local` a backup may replay, and checkpoint, above a failover's point. Asked to
 /// open at the point (a promotion), its directory is refused, not cut at its checkpoint
 /// (the cut went there silently: the promoted node would have served commits every other
