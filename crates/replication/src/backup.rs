@@ -2283,9 +2283,17 @@ impl Receiver {
         }
     }
 
-    fn fatal(&self, why: String) {
+    /// Stops the run for `why`, unless it was stopped already (a stop or fence that landed
+    /// while the receiver reconnected: its reason stands, and false is returned).
+    fn fatal(&self, why: String) -> bool {
+        let mut failure = self.state.failure.lock();
+        if let Some(first) = &*failure {
+            tracing::info!("backup: {why} (after it stopped: {first})");
+            return false;
+        }
         tracing::error!("backup stopped: {why}");
-        *self.state.failure.lock() = Some(why);
+        *failure = Some(why);
+        true
     }
 
     /// `add_tables` unless the backup was stopped: checked under the link's lock, which
@@ -2304,11 +2312,13 @@ impl Receiver {
     /// Stopped for good, but joining again as `how` says brings it back
     /// (`Backup::join_again`).
     fn must_join_again(&self, why: String, how: JoinAgain) {
-        self.fatal(match how {
+        let stopped_now = self.fatal(match how {
             JoinAgain::Copy => format!("{why}: it needs a fresh copy of the primary's checkpoint"),
             JoinAgain::CutAt(p) => format!("{why}: it must be cut at ts {} and join again", p.0),
         });
-        *self.state.join_again.lock() = Some(how);
+        if stopped_now {
+            *self.state.join_again.lock() = Some(how);
+        }
     }
 
     fn ack(&self) -> Result<(), String> {
