@@ -127,8 +127,10 @@ pub struct Coordinator {
     avoid: Vec<(u64, NodeId)>,
     round: Option<Round>,
     /// The last proposal and when it was made (not repeated before `resend`).
-    proposed: Option<(Command, u64)>,
-    /// The switchover waiting to begin (its epoch), and since when this leader saw it.
+    /// Each of a tick's proposals is kept (an `EndSwitchover` and a `BeginFailover` may go
+    /// in one tick: with one kept, each was proposed again at every tick).
+    proposed: Vec<(Command, u64)>,
+    /// The switchover waiting to begin (its id), and since when this leader saw it.
     switchover_since: Option<(u64, u64)>,
     /// Failover rounds this coordinator saw end in a row without an epoch opening: a round
     /// whose chosen node cannot prepare ends sooner than the prepare timeout, but each such
@@ -157,7 +159,7 @@ impl Coordinator {
             unvouched_since: None,
             avoid: Vec::new(),
             round: None,
-            proposed: None,
+            proposed: Vec::new(),
             switchover_since: None,
             failed_rounds: 0,
         }
@@ -268,16 +270,16 @@ impl Coordinator {
     }
 
     fn propose(&mut self, cmd: Command, now: u64, out: &mut Vec<Action>) {
-        if let Some((prev, at)) = &self.proposed {
-            let same = match (prev, &cmd) {
-                (Command::BeginFailover { epoch: a, .. }, Command::BeginFailover { epoch: b, .. }) => a == b,
-                _ => *prev == cmd,
-            };
-            if same && now.saturating_sub(*at) < self.t.resend {
-                return;
-            }
+        let resend = self.t.resend;
+        self.proposed.retain(|(_, at)| now.saturating_sub(*at) < resend);
+        let same = |prev: &Command| match (prev, &cmd) {
+            (Command::BeginFailover { epoch: a, .. }, Command::BeginFailover { epoch: b, .. }) => a == b,
+            _ => *prev == cmd,
+        };
+        if self.proposed.iter().any(|(prev, _)| same(prev)) {
+            return;
         }
-        self.proposed = Some((cmd.clone(), now));
+        self.proposed.push((cmd.clone(), now));
         out.push(Action::Propose(cmd));
     }
 
@@ -324,7 +326,7 @@ impl Coordinator {
         }
         if !leader {
             self.round = None;
-            self.proposed = None;
+            self.proposed.clear();
             return out;
         }
         match state.phase {
@@ -372,17 +374,20 @@ impl Coordinator {
                 // changes are not held off for good.
                 match &state.switchover {
                     Some(sw) if sw.epoch == state.epoch => {
+                        // (By its id: a later switchover of the same epoch is counted
+                        // afresh, though no tick saw the state between the two.)
                         let since = match self.switchover_since {
-                            Some((e, t)) if e == sw.epoch => t,
+                            Some((id, t)) if id == sw.id => t,
                             _ => now,
                         };
-                        self.switchover_since = Some((sw.epoch, since));
+                        self.switchover_since = Some((sw.id, since));
                         if now.saturating_sub(since) >= self.t.start {
                             let why = format!(
                                 "node {} did not hand over to node {} within {} ms",
                                 sw.from, sw.to, self.t.start
                             );
-                            self.propose(Command::EndSwitchover { epoch: sw.epoch, why }, now, &mut out);
+                            let end = Command::EndSwitchover { epoch: sw.epoch, switchover: sw.id, why };
+                            self.propose(end, now, &mut out);
                         }
                     }
                     _ => self.switchover_since = None,
@@ -973,6 +978,31 @@ mod tests {
         assert!(c2.on_report(r1, at + 1, &s2, true).is_empty());
         let a = c2.on_report(report(2, 3, &[40, 40]), at + 2, &s2, true);
         assert!(a.iter().any(|a| matches!(a, Action::Prepare { to: 2, .. })), "waited for the target again: {a:?}");
+    }
+
+    /// A tick that proposes both a switchover's end and a failover proposes neither again
+    /// before `resend` (each was proposed again at every tick when one proposal was kept).
+    #[test]
+    fn two_proposals_of_one_tick_are_each_held_back_until_resend() {
+        let mut s = boot(3);
+        s.apply(&Command::ConfigApplied { epoch: 1, primary: 1, config: 0 }).unwrap();
+        s.apply(&Command::Switchover { epoch: 1, from: 1, to: 3 }).unwrap();
+        let mut c = Coordinator::new(2, T, 0);
+        let proposals = |a: Vec<Action>| a.into_iter().filter(|a| matches!(a, Action::Propose(_))).count();
+        let mut t = 0;
+        let both = loop {
+            let n = proposals(c.tick(t, &s, true));
+            if n > 0 {
+                break n;
+            }
+            assert!(t < 10 * T.failure, "nothing proposed");
+            t += 10;
+        };
+        assert_eq!(both, 2, "the switchover's end and the failover, in one tick");
+        for dt in (1..T.resend).step_by(5) {
+            assert_eq!(proposals(c.tick(t + dt, &s, true)), 0, "proposed again {dt} ms later");
+        }
+        assert_eq!(proposals(c.tick(t + T.resend, &s, true)), 2, "both again at `resend`");
     }
 
     #[test]

@@ -147,8 +147,16 @@ pub enum Command {
     /// notes). Only while the epoch serves and its primary has settled the membership.
     Switchover { epoch: u64, from: NodeId, to: NodeId },
     /// The switchover of `epoch` is given up (its primary could not hand over in time, and
-    /// takes writes again): `why`.
-    EndSwitchover { epoch: u64, why: String },
+    /// takes writes again): `why`. `switchover` names which (its `SwitchoverRecord::id`):
+    /// a duplicate proposed for one given up must not end a later one of the same epoch
+    /// (found by a review, 2026-12-03). 0 (entries written before it was named) ends the
+    /// epoch's, whichever it is.
+    EndSwitchover {
+        epoch: u64,
+        #[serde(default)]
+        switchover: u64,
+        why: String,
+    },
     /// The drained primary of switchover `switchover` (its `SwitchoverRecord::id`) begins
     /// the failover to epoch `epoch`, as `BeginFailover` does; refused unless that very
     /// switchover is still under way (one given up meanwhile has its primary taking writes
@@ -413,9 +421,10 @@ impl ControlState {
                 self.switchovers += 1;
                 self.switchover = Some(SwitchoverRecord { epoch: *epoch, from: *from, to: *to, id: self.switchovers });
             }
-            Command::EndSwitchover { epoch, .. } => {
-                if self.phase != Some(Phase::Serving) || self.switchover.as_ref().map(|s| s.epoch) != Some(*epoch) {
-                    return Err(format!("no switchover of epoch {epoch} is waiting to begin"));
+            Command::EndSwitchover { epoch, switchover, .. } => {
+                let named = |s: &SwitchoverRecord| s.epoch == *epoch && (*switchover == 0 || s.id == *switchover);
+                if self.phase != Some(Phase::Serving) || !self.switchover.as_ref().is_some_and(named) {
+                    return Err(format!("no switchover of epoch {epoch} (number {switchover}) is waiting to begin"));
                 }
                 self.switchover = None;
             }
@@ -859,7 +868,7 @@ mod tests {
             (Command::Switchover { epoch: 1, from: 1, to: 1 }, "not a member other than the primary"),
             (Command::Switchover { epoch: 1, from: 1, to: 9 }, "not a member other than the primary"),
             (Command::Switchover { epoch: 2, from: 1, to: 3 }, "the cluster is at epoch 1"),
-            (Command::EndSwitchover { epoch: 1, why: "t".into() }, "no switchover"),
+            (Command::EndSwitchover { epoch: 1, switchover: 0, why: "t".into() }, "no switchover"),
         ] {
             let e = s.apply(&bad).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
@@ -869,7 +878,7 @@ mod tests {
         assert!(s.clone().apply(&sw).unwrap_err().contains("already under way"));
         assert!(s.may_change_members().unwrap_err().contains("switchover"), "no membership change meanwhile");
         let mut ended = s.clone();
-        ended.apply(&Command::EndSwitchover { epoch: 1, why: "t".into() }).unwrap();
+        ended.apply(&Command::EndSwitchover { epoch: 1, switchover: 1, why: "t".into() }).unwrap();
         assert_eq!(ended.switchover, None);
         // A hand-over after the switchover was given up is refused (its primary takes
         // writes again); one while it is under way begins the failover.
@@ -881,11 +890,19 @@ mod tests {
         again.apply(&sw).unwrap();
         assert_eq!(again.switchover.as_ref().map(|w| w.id), Some(2));
         assert!(again.clone().apply(&hand).is_err(), "switchover 1's hand-over, under switchover 2");
+        // Nor does a late end of it (a duplicate proposal): switchover 2 goes on.
+        let late_end = Command::EndSwitchover { epoch: 1, switchover: 1, why: "t".into() };
+        assert!(again.clone().apply(&late_end).unwrap_err().contains("no switchover of epoch 1 (number 1)"));
+        let old_entry = br#"{"EndSwitchover":{"epoch":1,"why":"t"}}"#;
+        assert!(matches!(Command::decode(old_entry).unwrap(), Command::EndSwitchover { switchover: 0, .. }));
         // The failover keeps it (its plan prefers the target); the opening clears it.
         s.apply(&hand).unwrap();
         assert_eq!(s.phase, Some(Phase::Failover));
         assert_eq!(s.switchover.as_ref().map(|w| w.to), Some(3));
-        assert!(s.clone().apply(&Command::EndSwitchover { epoch: 1, why: "t".into() }).is_err(), "begun");
+        assert!(
+            s.clone().apply(&Command::EndSwitchover { epoch: 1, switchover: 0, why: "t".into() }).is_err(),
+            "begun"
+        );
         s.apply(&Command::OpenEpoch {
             epoch: 2,
             primary: 3,

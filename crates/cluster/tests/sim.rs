@@ -988,7 +988,7 @@ impl Sim {
                     self.note(format!("node {id} drains for the switchover to node {to}"));
                 }
             }
-            Command::EndSwitchover { epoch, why } if live => {
+            Command::EndSwitchover { epoch, why, .. } if live => {
                 if let Some(p) = self.nodes[i].primary.as_mut().filter(|p| p.epoch == *epoch) {
                     p.draining = None;
                     self.note(format!("node {id} takes writes again: {why}"));
@@ -1309,7 +1309,11 @@ impl Sim {
             }
         } else if d.gave_up || now >= d.since + DRAIN_MS {
             self.nodes[i].primary.as_mut().unwrap().draining.as_mut().unwrap().gave_up = true;
-            Command::EndSwitchover { epoch, why: format!("node {} did not acknowledge all within {DRAIN_MS} ms", d.to) }
+            Command::EndSwitchover {
+                epoch,
+                switchover: d.id,
+                why: format!("node {} did not acknowledge all within {DRAIN_MS} ms", d.to),
+            }
         } else {
             return;
         };

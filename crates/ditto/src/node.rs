@@ -1688,7 +1688,7 @@ impl NodePlane {
             Some(Err(why)) => {
                 tell_server(&self.gate, "drain off");
                 self.drained_in = None;
-                Command::EndSwitchover { epoch: sw.epoch, why }
+                Command::EndSwitchover { epoch: sw.epoch, switchover: sw.id, why }
             }
         };
         if sw.proposed.is_none() {
@@ -2136,7 +2136,7 @@ impl DataPlane for NodePlane {
                     self.drain_for(*epoch, id, *to);
                 }
             }
-            Command::EndSwitchover { epoch, why } if live => {
+            Command::EndSwitchover { epoch, why, .. } if live => {
                 say(self.me, format!("the switchover of epoch {epoch} was given up: {why}"))
             }
             Command::BeginFailover { epoch, reason } | Command::HandOver { epoch, reason, .. } => {
@@ -2603,7 +2603,7 @@ mod tests {
         let p = plane.proposals();
         assert!(
             p.iter().any(
-                |c| matches!(c, Command::EndSwitchover { epoch: 3, why } if why.contains("does not serve epoch 3"))
+                |c| matches!(c, Command::EndSwitchover { epoch: 3, switchover: 7, why } if why.contains("does not serve epoch 3"))
             ),
             "{p:?}"
         );
