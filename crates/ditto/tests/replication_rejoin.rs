@@ -218,8 +218,19 @@ fn a_backups_directory_is_refused_as_a_primarys_unless_promoted_and_then_serves_
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("backup's data directory") && err.contains("--promote"), "{err}");
+    // A promotion that crashes once the followed epoch is gone with the replica log, before
+    // the primary's log began (failpoint `promotion-crash-before-log`): the next start, a
+    // primary's directory now, still writes an epoch above the followed one (before
+    // 2026-12-03 it wrote epoch 1, and a backup of the old primary could have been resumed
+    // from its log as if it were the same history).
+    let crashed = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--promote", "--data-dir", bdir.to_str().unwrap()])
+        .env("DITTO_FAILPOINTS", "promotion-crash-before-log")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&crashed.stderr).contains("failpoint promotion-crash-before-log"));
     // Promoted: every acknowledged key, and it takes writes.
-    let promoted = Node::start(&bdir, &["--promote", "--repl-port", "0"]);
+    let promoted = Node::start(&bdir, &["--repl-port", "0"]);
     let mut c = Client::connect(promoted.port).unwrap();
     assert_eq!(c.one(&["DBSIZE"]), format!(":{FIRST}"));
     assert_eq!(c.one(&["GET", &format!("k{}", FIRST - 1)]), format!("k{}", FIRST - 1));

@@ -212,6 +212,23 @@ pub fn part_name(i: usize) -> String {
     format!("part-{i:04}.dat")
 }
 
+/// Raises the newest checkpoint's `log_epoch_min` to `epoch` where it is lower (its
+/// manifest rewritten atomically), so that `data` opened as a primary's from then on writes
+/// `epoch` at least, even once what else recorded it is gone: a promoted backup's followed
+/// epoch goes with its replica log before the primary's first segments exist, and a crash
+/// between the two opened epoch 1 (a backup of the old primary could then have been resumed
+/// from the new one's log as if it were the same history; found by a review, 2026-12-03).
+/// Nothing without a checkpoint.
+pub fn raise_epoch_floor(data: &Path, epoch: Epoch, storage: &dyn Storage) -> Result<(), LogError> {
+    let Some((dir, mut m)) = crate::sealed::base(data)?.ckpt else { return Ok(()) };
+    if m.log_epoch_min >= epoch {
+        return Ok(());
+    }
+    m.log_epoch_min = epoch;
+    write_atomically(&dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
+    storage.sync_dir(&dir).map_err(|e| LogError::io(&dir, e))
+}
+
 /// Writes a checkpoint of `db` at its snapshot `snap` (`db.read()`, taken by the caller: a
 /// backup takes it under its replay gate and lets the gate go before the write, see
 /// `replica::checkpoint_replica`) with `threads` writers, each starting a new part once its

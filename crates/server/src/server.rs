@@ -490,8 +490,9 @@ fn promote_standalone(
         "promotion: a backup's directory (it followed epoch {}) opened as a primary's",
         followed.map_or(0, |e| e.0)
     );
-    let db = promote_replica_dir(dir, workers, None, &[])?;
-    Ok((Some(db), followed.map(|e| ditto_log::Epoch(e.0 + 1))))
+    let next = followed.map(|e| ditto_log::Epoch(e.0 + 1));
+    let db = promote_replica_dir(dir, workers, None, &[], next)?;
+    Ok((Some(db), next))
 }
 
 /// Starts a standalone backup's join again (`Rejoin`), as `how` says: with a fresh copy
@@ -611,6 +612,10 @@ fn run_role(
                 open.ts_above = Ts(c.ts_above);
             } else if cfg.promote {
                 (open.recovered, open.epoch) = promote_standalone(&dir, cfg.workers)?;
+                if failpoint("promotion-crash-before-log") {
+                    eprintln!("failpoint promotion-crash-before-log: aborting");
+                    std::process::abort();
+                }
             }
             let d = ditto_log::open(&dir, open)?;
             // A standalone primary that did not stop cleanly: the open has begun a new epoch
@@ -1629,7 +1634,9 @@ fn promote_replica(
     if !rdir.exists() {
         return Ok(None); // a primary's own directory (the first epoch, or a restart)
     }
-    promote_replica_dir(dir, workers, c.upto.map(Ts), &c.epoch_cuts).map(Some)
+    // (A cluster's promotion is given its epoch by its node at every start, and a crash
+    // mid-way is finished from its record: `backup::finish_cut_short_promotion`.)
+    promote_replica_dir(dir, workers, c.upto.map(Ts), &c.epoch_cuts, None).map(Some)
 }
 
 /// A backup's directory opened whole as a primary's (a cluster's promotion, `--promote`):
@@ -1642,6 +1649,7 @@ fn promote_replica_dir(
     workers: usize,
     upto: Option<Ts>,
     older: &[ditto_log::replica::EpochCut],
+    next_epoch: Option<ditto_log::Epoch>,
 ) -> Result<ditto_log::Recovered, ServerError> {
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
     // A directory that missed a failover: a crash after the checkpoint at the point below
@@ -1677,6 +1685,11 @@ fn promote_replica_dir(
     );
     let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
     drop(lock);
+    // The epoch the primary is to write, on disk before the followed one goes with the
+    // replica log (`raise_epoch_floor`).
+    if let Some(e) = next_epoch {
+        ditto_log::checkpoint::raise_epoch_floor(dir, e, &*storage)?;
+    }
     ditto_replication::backup::end_promotion(dir).map_err(|e| io("ending the promotion")(std::io::Error::other(e)))?;
     Ok(ditto_log::Recovered(db))
 }
