@@ -155,10 +155,24 @@ pub struct Database {
     /// On a backup: replayed updates waiting for their record's insert (replay.rs).
     pub(crate) parked: crate::replay::Parked,
     pub(crate) redirects: crate::replay::Redirects,
+    /// Recovery of a log in which a record id may have two lives (`recovery_log_begins`):
+    /// per record the log gave a key, the timestamp of the newest keyed write seen, so that
+    /// the record ends with the key of its newest life in whatever order the writes are
+    /// replayed. Sharded by record id; `None` outside such a recovery.
+    recovery_keys: parking_lot::RwLock<Option<Box<[KeyTimes]>>>,
+    recovery_tracking: AtomicBool,
 }
+
+/// A shard of `Database::recovery_keys`: (table, record id) to the newest keyed write's
+/// timestamp.
+type KeyTimes = Mutex<HashMap<(u32, u64), u64>>;
+
+/// Shards of `Database::recovery_keys`.
+const RECOVERY_KEY_SHARDS: usize = 64;
 
 /// A deleted record waiting to be unlinked: its table, rid and tombstone's timestamp.
 pub(crate) type Deleted = (TableId, RecordId, Ts);
+
 
 impl Database {
     pub fn new(opts: Options) -> Arc<Database> {
@@ -173,6 +187,8 @@ impl Database {
             deleted: (0..opts.workers).map(|_| Mutex::new(Vec::new())).collect(),
             parked: Default::default(),
             redirects: Default::default(),
+            recovery_keys: parking_lot::RwLock::new(None),
+            recovery_tracking: AtomicBool::new(false),
             reuse_bound: AtomicU64::new(u64::MAX),
             rids_released: AtomicU64::new(0),
             replaying: AtomicBool::new(false),
@@ -443,8 +459,10 @@ impl Database {
         }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
-        if let Some(key) = key {
-            rec.key.init(key);
+        match key {
+            Some(key) if self.recovery_tracking.load(Ordering::Acquire) => self.recovery_key(table, rid, rec, key, ts),
+            Some(key) => rec.key.init(key),
+            None => {}
         }
         // During recovery a record's version only ever gets newer, so a write that is not
         // newer than what the record holds now never will be: skip it without taking the
@@ -475,12 +493,60 @@ impl Database {
         Ok(())
     }
 
+    /// The writes installed from here on come from a log in which a record id may have two
+    /// lives: a backup's replica log (or a sealed one) above the backup's own checkpoint,
+    /// which its own schedule may have taken before the tombstone whose cover by the
+    /// primary's checkpoint let the primary reuse the id (table.rs). A record then takes the
+    /// key of its newest keyed write, not the first it was given (the checkpoint's, or the
+    /// first replayed: recovery goes newest first, on several threads). Until
+    /// `recovery_finish`. (Before 2026-12-03 the first key stayed: a backup restarted or
+    /// promoted from its directory could read the new key's value under the old key, and
+    /// miss the new key; found by a review.) A primary's own log needs none of this: its
+    /// ids are reused only once its own checkpoint covers the old life.
+    pub fn recovery_log_begins(&self) {
+        let mut keys = self.recovery_keys.write();
+        if keys.is_none() {
+            *keys = Some((0..RECOVERY_KEY_SHARDS).map(|_| Mutex::new(HashMap::new())).collect());
+        }
+        self.recovery_tracking.store(true, Ordering::Release);
+    }
+
+    /// `recovery_install`'s key under `recovery_log_begins`: set or replaced if `ts` is the
+    /// newest keyed write of the record seen so far.
+    fn recovery_key<K: FnOnce() -> Bytes>(
+        &self,
+        table: TableId,
+        rid: RecordId,
+        rec: &crate::record::Record,
+        key: K,
+        ts: Ts,
+    ) {
+        let shards = self.recovery_keys.read();
+        let Some(shards) = shards.as_ref() else { return rec.key.init(key) };
+        let mut shard = shards[(rid.0 % RECOVERY_KEY_SHARDS as u64) as usize].lock();
+        let newest = shard.entry((table.0, rid.0)).or_insert(0);
+        if ts.0 <= *newest {
+            return;
+        }
+        *newest = ts.0;
+        let key = key();
+        let guard = crossbeam_epoch::pin();
+        if rec.key.get(&guard).is_some_and(|k| *k == key) {
+            return;
+        }
+        // SAFETY: one writer of this record's key at a time (its shard's lock is held), and
+        // the old key goes through the epoch GC (nothing reads keys during recovery anyway).
+        unsafe { rec.key.replace(&key, &guard) };
+    }
+
     /// After recovery installs: builds every table's index from its live records, on
     /// `threads` threads, and moves the clock past `max_ts`. The index takes concurrent
     /// inserts, so the threads share out record-id ranges of all tables
     /// (`REBUILD_RIDS_PER_TASK` each) from one counter. Returns the keys indexed.
     pub fn recovery_finish(&self, max_ts: Ts, threads: usize) -> Result<u64> {
         const REBUILD_RIDS_PER_TASK: u64 = 1 << 14;
+        self.recovery_tracking.store(false, Ordering::Release);
+        *self.recovery_keys.write() = None;
         self.clock.advance_to(max_ts);
         let mut tasks = Vec::new();
         for slot in self.tables.iter() {
@@ -724,6 +790,7 @@ pub(crate) fn check_value_len(len: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
 
     /// A log that counts the transactions appended to it.
     #[derive(Default)]

@@ -334,7 +334,7 @@ impl KeySlot {
     /// Puts `key` in place of the slot's key, which goes to the epoch GC.
     ///
     /// SAFETY: one writer at a time (the caller holds the record's lock).
-    unsafe fn replace(&self, key: &[u8], guard: &Guard) {
+    pub(crate) unsafe fn replace(&self, key: &[u8], guard: &Guard) {
         let old = self.0.swap(Box::into_raw(Box::new(Bytes::copy_from_slice(key))), Ordering::AcqRel);
         if !old.is_null() {
             let old = old as usize;

@@ -17,7 +17,10 @@
 //! and a new key takes it (`take_free_rid`, `Record::reuse`) once a durable checkpoint
 //! covers the tombstone that ended its former life. The log names records by id, so the
 //! checkpoint matters: recovery replays only what is above its checkpoint, and so never
-//! meets two lives (two keys) of one id. Without a log, ids are reused at once.
+//! meets two lives (two keys) of one id in a primary's own log. A backup's checkpoints
+//! follow their own schedule, so its replica log above its checkpoint may hold both lives:
+//! its recovery gives each record the key of its newest keyed write
+//! (`Database::recovery_log_begins`). Without a log, ids are reused at once.
 //!
 //! Index choice: our own B+tree with optimistic lock coupling (`index`), picked by `ditto
 //! bench index` over crossbeam-skiplist, scc's TreeIndex and a locked `BTreeMap`

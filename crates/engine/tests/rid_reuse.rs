@@ -215,3 +215,36 @@ fn ids_given_back_after_a_promotion_forgot_the_list_are_dropped() {
     w.run(|x| x.insert(t, b"b", b"v")).unwrap().1.wait().unwrap();
     assert_eq!(db.record_ids_allocated(t).unwrap(), 2, "a fresh id for the new key");
 }
+
+/// Recovery from a backup's directory meets two lives of one record id: the backup's own
+/// checkpoint (taken on its own schedule) can be older than the tombstone the primary's
+/// checkpoint covered when it reused the id, so the replica log above it holds the old
+/// life's end and the new life's insert. The record takes the key of its newest life,
+/// whatever order the writes are replayed in (recovery goes newest first, on several
+/// threads): before 2026-12-03 the checkpoint's key stayed, and the new key's value was
+/// read under the old key (found by a review).
+#[test]
+fn recovery_gives_a_reused_record_id_the_key_of_its_newest_life() {
+    use ditto_engine::{RecordId, Ts};
+    type Key = fn() -> bytes::Bytes;
+    let (k1, k2): (Key, Key) = (|| bytes::Bytes::from_static(b"k1"), || bytes::Bytes::from_static(b"k2"));
+    // Every order of the log's three writes: k1's delete at 10, k2's insert at 20, k2's
+    // keyless update at 30.
+    type Write = (Option<Key>, u64, Option<&'static [u8]>);
+    let writes: [Write; 3] = [(Some(k1), 10, None), (Some(k2), 20, Some(b"v2")), (None, 30, Some(b"v2b"))];
+    for order in [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]] {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        // The checkpoint: id 0 holds k1 (written at 5).
+        db.recovery_install(t, RecordId(0), Some(k1), Ts(5), Some(&b"v1"[..])).unwrap();
+        db.recovery_log_begins();
+        for i in order {
+            let (key, ts, value) = writes[i];
+            db.recovery_install(t, RecordId(0), key, Ts(ts), value).unwrap();
+        }
+        db.recovery_finish(Ts(30), 1).unwrap();
+        let r = db.read();
+        assert_eq!(r.get(t, b"k2").unwrap().as_deref(), Some(&b"v2b"[..]), "order {order:?}");
+        assert_eq!(r.get(t, b"k1").unwrap(), None, "order {order:?}");
+    }
+}

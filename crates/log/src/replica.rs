@@ -446,6 +446,9 @@ fn open_replica_inner(
             Kept { batch, file: scan.files[i].1.as_path(), offset, upto }
         })
         .collect();
+    // Above the backup's own checkpoint, a record id may have two lives
+    // (`Database::recovery_log_begins`).
+    db.recovery_log_begins();
     let (replayed, dropped) = replay_kept(&db, kept.iter().collect(), ckpt_ts, cut, recovery_threads())?;
     report.log_txns_replayed = replayed;
     report.log_txns_dropped_above_cut = dropped;

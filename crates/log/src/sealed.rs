@@ -399,6 +399,8 @@ pub(crate) fn replay_sealed(
         .into_iter()
         .map(|(batch, i, offset)| Kept { batch, file: files[i].1.as_path(), offset, upto: Ts(u64::MAX) })
         .collect();
+    // A replica log: a record id may have two lives in it (`Database::recovery_log_begins`).
+    db.recovery_log_begins();
     let (replayed, dropped) = replay_kept(db, kept.iter().collect(), ckpt_ts, s.point, recovery_threads())?;
     report.log_bytes += log_bytes;
     report.log_txns_replayed += replayed;

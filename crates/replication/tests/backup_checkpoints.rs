@@ -363,3 +363,52 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
     assert!(ditto_log::replica::batches_after(&pa, epoch, Ts(1)).unwrap().is_none(), "the log above ts 1 went");
     p.stop();
 }
+
+/// A backup's directory holds a record id's two lives when its own checkpoint is older
+/// than the tombstone the primary's checkpoint covered when it reused the id: here the
+/// backup's checkpoint is the copy it joined from (key `old` at the id), and the primary
+/// then deletes `old`, checkpoints, and gives the id to `new`. Reopened from its directory
+/// (a restart, a promotion), the backup reads `new` with its value and no `old` (before
+/// 2026-12-03 the record kept the copy's key: `old` read `new`'s value, and `new` was
+/// missing; `Database::recovery_log_begins`).
+#[test]
+fn a_backup_reopened_over_a_reused_record_id_reads_the_new_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let (p, addr) = primary_under_local(&a, 1);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| x.insert(t, b"old", b"old value")).unwrap().1.wait().unwrap();
+    a.checkpoint().unwrap();
+    // Joins now: its copy (its directory's checkpoint) holds `old`.
+    let opts = BackupOptions { checkpoint_every: Duration::from_secs(3600), ..BackupOptions::new(&addr, &b1, 1, "b1") };
+    let bk = backup::start(opts).unwrap();
+    wait_until("the backup to join", Duration::from_secs(20), || bk.state.link_up());
+    assert!(w.run(|x| x.delete(t, b"old")).unwrap().0);
+    // The id comes back once the primary's checkpoint covers the tombstone and the epoch
+    // GC has let it go; `new` takes it.
+    let used = a.db().record_ids_used(t).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.db().record_ids_used(t).unwrap() >= used {
+        assert!(Instant::now() < deadline, "the deleted record's id never came back");
+        a.checkpoint().unwrap();
+        a.db().reclaim();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let last = w.run(|x| x.insert(t, b"new", b"new value")).unwrap().1.wait().unwrap();
+    assert_eq!(a.db().record_ids_used(t).unwrap(), used, "`new` took the id `old` had");
+    wait_until("the backup to hold everything", Duration::from_secs(20), || {
+        bk.state.durable.load(Ordering::SeqCst) >= last.0
+    });
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+    bk.release();
+    let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
+    let opened = ditto_log::replica::open_replica_upto(&b1, 1, &storage, None).unwrap();
+    let r = opened.db.read();
+    assert_eq!(r.get(t, b"new").unwrap().as_deref(), Some(&b"new value"[..]));
+    assert_eq!(r.get(t, b"old").unwrap(), None);
+    drop(w);
+    p.stop();
+    a.close();
+}
