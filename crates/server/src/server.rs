@@ -627,8 +627,12 @@ fn run_role(
             // epoch before were refused as holding more, for good (found by a review).
             let record = match (&cfg.cluster, d.opened_from()) {
                 (None, Some((old, point))) => {
+                    // (Whenever the wait below will be, by the last run's record merged
+                    // with this run's: a policy changed at this restart may need a wait
+                    // the last record alone does not; found by a review, 2026-12-03.)
+                    let mine = ditto_replication::QuorumRecord::new(cfg.backups, policy);
                     let read = ditto_replication::QuorumRecord::read(&dir).and_then(|r| match r {
-                        Some(mut r) if r.need() > 0 => {
+                        Some(mut r) if r.merged(&mine).need() > 0 => {
                             r.add_restart(old, point);
                             r.write(&dir).map(|()| Some(r))
                         }
