@@ -264,11 +264,6 @@ impl Coordinator {
         recent >= state.quorum()
     }
 
-    /// The failure timeout, in ms.
-    pub fn failure_ms(&self) -> u64 {
-        self.t.failure
-    }
-
     fn propose(&mut self, cmd: Command, now: u64, out: &mut Vec<Action>) {
         let resend = self.t.resend;
         self.proposed.retain(|(_, at)| now.saturating_sub(*at) < resend);
@@ -578,21 +573,27 @@ impl Coordinator {
         // A node that failed (a primary failed over for want of quorum contact, heard by the
         // leader alone, say; a choice that could not prepare) is not chosen again where
         // another node can be: it would hold the most, be chosen, and fail again, round
-        // after round. Every failed node is left out if a plan can be made without them;
-        // else the latest alone (so that two that fail in turn are tried in turn); else
-        // none.
+        // after round. Every failed node is left out (as a last resort too) if a plan can
+        // be made without them; else all but the one that failed longest ago, and so on
+        // (so that nodes that fail in turn are each tried again, the longest-rested
+        // first); else none.
         let without = |left_out: &[NodeId]| {
             let mut others = r.reports.clone();
             for n in left_out {
                 if let Some(x) = others.get_mut(n) {
                     x.eligible = false;
+                    x.last_resort = false;
                 }
             }
             plan_preferring(&others, state.members.len(), r.epoch, recovered, prefer)
         };
-        let planned = without(&failed)
-            .or_else(|e| if failed.len() > 1 { without(&failed[failed.len() - 1..]) } else { Err(e) })
-            .or_else(|e| if failed.is_empty() { Err(e) } else { without(&[]) });
+        let mut planned = without(&failed);
+        for i in 1..=failed.len() {
+            if planned.is_ok() {
+                break;
+            }
+            planned = without(&failed[i..]);
+        }
         match planned {
             Ok(p) => {
                 r.unplanned = None;
@@ -978,6 +979,36 @@ mod tests {
         assert!(c2.on_report(r1, at + 1, &s2, true).is_empty());
         let a = c2.on_report(report(2, 3, &[40, 40]), at + 2, &s2, true);
         assert!(a.iter().any(|a| matches!(a, Action::Prepare { to: 2, .. })), "waited for the target again: {a:?}");
+    }
+
+    /// An old primary chosen as the last resort after the one eligible node failed, and
+    /// failing in turn, is passed over as well: the eligible node is tried again, not the
+    /// last resort round after round (`avoid` left out only eligibility, which a last
+    /// resort does not need).
+    #[test]
+    fn a_last_resort_that_failed_is_passed_over_too() {
+        let mut s = boot(3);
+        let mut c = Coordinator::new(2, T, 0);
+        let old = TailReport { last_resort: true, eligible: false, ..report(1, 0, &[9]) };
+        let mut at = 0;
+        let mut round = |s: &mut ControlState, epoch: u64, expect: NodeId| {
+            s.apply(&Command::BeginFailover { epoch, reason: String::new() }).unwrap();
+            at += 1000;
+            c.tick(at, s, true);
+            c.on_report(TailReport { fenced_at: epoch, ..old.clone() }, at, s, true);
+            let a = c.on_report(report(2, epoch, &[5]), at, s, true);
+            let plan = match &a[..] {
+                [Action::Prepare { to, plan }] if *to == expect => plan.clone(),
+                _ => panic!("round {epoch}: expected a plan to node {expect}: {a:?}"),
+            };
+            c.on_unprepared(expect, epoch, plan.recovery_point, "a lasting fault".into(), at + 1, s, true);
+            let ended = c.tick(at + T.prepare, s, true);
+            assert!(ended.iter().any(|a| matches!(a, Action::Propose(Command::BeginFailover { .. }))), "{ended:?}");
+        };
+        round(&mut s, 2, 2);
+        round(&mut s, 3, 1);
+        round(&mut s, 4, 2);
+        round(&mut s, 5, 1);
     }
 
     /// A tick that proposes both a switchover's end and a failover proposes neither again

@@ -2064,13 +2064,14 @@ impl Run {
                 // A leader whose commit index a message just moved is not ticked as a
                 // follower (which drops the round it leads: its reports, plan and prepare
                 // timer) but waits for the `poll` below to apply the entries: the next
-                // tick sees them (found by a review, 2026-12-03). Not for longer than
-                // half a failure timeout, should applying ever lag that far.
+                // tick sees them (found by a review, 2026-12-03). Not for longer than a
+                // quarter of a failure timeout, should applying ever lag that far (ticks
+                // half a timeout apart count as a stall of this node's own loop).
                 if !self.node.leads_unapplied() {
                     unapplied_since = None;
                 }
                 let unapplied = self.node.leads_unapplied()
-                    && now.saturating_sub(*unapplied_since.get_or_insert(now)) < self.coord.failure_ms() / 2;
+                    && now.saturating_sub(*unapplied_since.get_or_insert(now)) < self.coord.failure_timeout() / 4;
                 let (stalls, _) = self.coord.stalls();
                 let a = if unapplied {
                     Vec::new()
