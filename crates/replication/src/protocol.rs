@@ -504,10 +504,15 @@ pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Re
 /// checked only once the whole body is read: a damaged one named a body of up to 257 MiB
 /// that the primary's heartbeats (26 bytes each 200 ms) would fill for hours, every read
 /// answering within the link's silence bound, while the backup learned nothing and
-/// acknowledged nothing (found by a review, 2026-12-03). A sound frame comes at the link's
-/// speed; a link slower than this cannot follow a primary anyway.
+/// acknowledged nothing (found by a review, 2026-12-03). A batch frame's length is also
+/// checked against its batch's own header (under that header's checksum) as soon as it
+/// has come, so a damaged one fails at once; the pace bounds the rest, low enough that a
+/// sound 257 MiB batch on a slow link is not cut off (and resent, and cut off again).
 pub const FRAME_BODY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-pub const FRAME_BODY_MIN_BYTES_PER_S: u64 = 1 << 20;
+pub const FRAME_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
+
+/// A batch frame's body before its batch: kind, epoch, release, flags.
+const BATCH_BODY_PREFIX: usize = 18;
 
 /// A reader that refuses to read on past `until` (`read_frame_paced`); each read blocks
 /// as the inner reader's own timeout allows.
@@ -563,10 +568,26 @@ fn read_frame_paced(
     let mut body = vec![0u8; len];
     let until =
         std::time::Instant::now() + grace + std::time::Duration::from_secs_f64(len as f64 / min_bytes_per_s as f64);
-    std::io::Read::read_exact(&mut Within { r, until, len }, &mut body).map_err(|e| match e.kind() {
+    let eof = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => truncated(FRAME_HEADER_LEN, FRAME_HEADER_LEN + len),
         _ => e,
-    })?;
+    };
+    let mut within = Within { r, until, len };
+    // A batch's header first: the batch it announces must fill the frame exactly.
+    let pre = len.min(BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN);
+    std::io::Read::read_exact(&mut within, &mut body[..pre]).map_err(eof)?;
+    if body[0] == kind::BATCH && pre == BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN {
+        let damaged = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        let h = ditto_log::format::decode_batch_header(&body[BATCH_BODY_PREFIX..])
+            .map_err(|e| damaged(format!("a batch frame whose batch header does not check: {e}")))?;
+        if BATCH_BODY_PREFIX + h.total_len() != len {
+            return Err(damaged(format!(
+                "a batch frame of {len} bytes holding a batch of {}: its length field is damaged",
+                h.total_len()
+            )));
+        }
+    }
+    std::io::Read::read_exact(&mut within, &mut body[pre..]).map_err(eof)?;
     Frame::decode(&h, Bytes::from(body)).map(Some).map_err(std::io::Error::other)
 }
 
@@ -622,17 +643,44 @@ mod tests {
         }
         let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) };
         let sound = ack.encode().to_vec();
-        let (grace, rate) = (Duration::from_millis(500), 10_000);
-        let got = read_frame_paced(&mut Trickle(sound.clone(), 0), 1 << 20, grace, rate).unwrap();
+        let rate = 10_000;
+        let got = read_frame_paced(&mut Trickle(sound.clone(), 0), 1 << 20, Duration::from_secs(5), rate).unwrap();
         assert_eq!(got, Some(ack), "a body at the pace asked");
         let mut damaged = sound;
         damaged[..4].copy_from_slice(&20_000u32.to_le_bytes());
         let t = Instant::now();
-        let e = read_frame_paced(&mut Trickle(damaged, 0), 1 << 20, grace, rate).unwrap_err();
+        let e = read_frame_paced(&mut Trickle(damaged, 0), 1 << 20, Duration::from_millis(200), rate).unwrap_err();
         assert!(e.to_string().contains("did not come in time"), "{e}");
-        // 20,000 bytes at 10,000 a second after the grace: 2.5 s, not the 20 s the
+        // 20,000 bytes at 10,000 a second after the grace: 2.2 s, not the 20 s the
         // trickle would take.
         assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
+    }
+
+    /// A batch frame whose length disagrees with its batch's own header (under the
+    /// batch header's checksum) fails as soon as that header has come, not once the body
+    /// it names is full; a sound one is read.
+    #[test]
+    fn a_batch_frames_damaged_length_fails_at_its_batch_header() {
+        let mut batch = Vec::new();
+        ditto_log::format::BatchBuilder::new().finish_vouching_into(
+            ditto_log::StreamId(0),
+            Epoch(1),
+            Ts(5),
+            Ts(5),
+            false,
+            &mut batch,
+        );
+        let flags = BatchFlags { floor_trusted: false, counted: false };
+        let frame = encode_batch(Epoch(1), Ts(5), flags, &batch).to_vec();
+        assert!(matches!(read_frame(&mut &frame[..]).unwrap(), Some(Frame::Batch { .. })));
+        let len = u32::from_le_bytes(frame[..4].try_into().unwrap());
+        for wrong in [len ^ (1 << 20), len + 1] {
+            let mut damaged = frame.clone();
+            damaged[..4].copy_from_slice(&wrong.to_le_bytes());
+            // Only the frame's own bytes: a read past them would fail otherwise.
+            let e = read_frame(&mut &damaged[..]).unwrap_err();
+            assert!(e.to_string().contains("its length field is damaged"), "{e}");
+        }
     }
 
     /// A frame's `Debug` output, written into errors and logs when a frame was not
