@@ -2286,14 +2286,20 @@ impl Receiver {
     /// Stops the run for `why`, unless it was stopped already (a stop or fence that landed
     /// while the receiver reconnected: its reason stands, and false is returned).
     fn fatal(&self, why: String) -> bool {
-        let mut failure = self.state.failure.lock();
-        if let Some(first) = &*failure {
-            tracing::info!("backup: {why} (after it stopped: {first})");
-            return false;
+        let first = {
+            let mut failure = self.state.failure.lock();
+            let first = failure.clone();
+            if first.is_none() {
+                *failure = Some(why.clone());
+            }
+            first
+        };
+        // (Said with the lock let go: a stop, the persister and the replayers take it.)
+        match &first {
+            Some(first) => tracing::info!("backup: {why} (after it stopped: {first})"),
+            None => tracing::error!("backup stopped: {why}"),
         }
-        tracing::error!("backup stopped: {why}");
-        *failure = Some(why);
-        true
+        first.is_none()
     }
 
     /// `add_tables` unless the backup was stopped: checked under the link's lock, which

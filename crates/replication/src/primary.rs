@@ -1233,24 +1233,13 @@ impl Primary {
         // A backup of the epoch this one opened from that holds more than its cut (what the
         // old primary had not made durable when it died): it is told to cut there and ask
         // again (`Start::CutAt`), and is then resumed from the log, not sent a copy.
-        // (Only if this epoch's log still reaches down to the point: one a checkpoint has
-        // cut is no use, and the backup is sent a checkpoint below instead.)
-        let cut_helps = |p: Ts| matches!(ditto_log::replica::batches_after(dir, self.epoch, p), Ok(Some(_)));
-        let above = self.opts.resume_from.filter(|&(e, p, _)| e == epoch && have_ts > p);
-        let helps = above.is_some_and(|(_, p, _)| cut_helps(p));
-        // One that cannot be told to cut (this epoch's log no longer reaches down to the
-        // point, or cannot be read) while the restart waits: what it holds above the point
-        // may be acknowledged commits this primary lost, and a copy would discard them (the
-        // backup then says it holds nothing, and the wait would have settled on it: found
-        // by a review, 2026-12-03). Refused: it keeps them, and the wait names it.
-        if let Some((old, point, _)) = above.filter(|_| !helps && self.quorum.lock().waits.is_some()) {
-            let reason = format!(
-                "this primary restarted from epoch {} at ts {} and waits for its backups; this backup holds up to ts {} of it, above that, and this primary's log cannot tell it to cut there: it may hold acknowledged commits this primary lost, so it is sent no copy (it keeps what it holds)",
-                old.0, point.0, have_ts.0
-            );
-            return Err(refuse(stream, reason));
-        }
-        if let Some((_, point, _)) = above.filter(|_| helps) {
+        // Told to cut even where this epoch's log no longer reaches down to the point (or
+        // cannot be read), so that the backup decides from what it knows was acknowledged
+        // whether it may: sent a copy at once instead, it discarded what it held above the
+        // point, acknowledged or not, and its next hello (holding nothing) counted as clear
+        // for a waiting restart (found by a review, 2026-12-03). Cut, it asks again from
+        // the point, and is sent a copy then if the log cannot serve it.
+        if let Some((_, point, _)) = self.opts.resume_from.filter(|&(e, p, _)| e == epoch && have_ts > p) {
             tracing::info!(
                 "backup {} at {}: holds up to ts {} of epoch {}, above this epoch's start at ts {}: told to cut there",
                 link.node,
