@@ -506,10 +506,13 @@ pub fn read_frame_at_most(r: &mut impl std::io::Read, max: usize) -> std::io::Re
 /// answering within the link's silence bound, while the backup learned nothing and
 /// acknowledged nothing (found by a review, 2026-12-03). A batch frame's length is also
 /// checked against its batch's own header (under that header's checksum) as soon as it
-/// has come, so a damaged one fails at once; the pace bounds the rest, low enough that a
-/// sound 257 MiB batch on a slow link is not cut off (and resent, and cut off again).
+/// has come, so a damaged one fails at once, and the rest of a batch whose length checked
+/// is given the slower `BATCH_BODY_MIN_BYTES_PER_S`, so that a sound 257 MiB batch on a
+/// slow link is not cut off (and resent, and cut off again). Every other frame a primary
+/// sends is small (a checkpoint's file chunks are 1 MiB).
 pub const FRAME_BODY_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-pub const FRAME_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
+pub const FRAME_BODY_MIN_BYTES_PER_S: u64 = 1 << 20;
+pub const BATCH_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
 
 /// A batch frame's body before its batch: kind, epoch, release, flags.
 const BATCH_BODY_PREFIX: usize = 18;
@@ -566,8 +569,9 @@ fn read_frame_paced(
         ));
     }
     let mut body = vec![0u8; len];
-    let until =
-        std::time::Instant::now() + grace + std::time::Duration::from_secs_f64(len as f64 / min_bytes_per_s as f64);
+    let began = std::time::Instant::now();
+    let pace = |rate: u64| began + grace + std::time::Duration::from_secs_f64(len as f64 / rate as f64);
+    let until = pace(min_bytes_per_s);
     let eof = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => truncated(FRAME_HEADER_LEN, FRAME_HEADER_LEN + len),
         _ => e,
@@ -576,8 +580,20 @@ fn read_frame_paced(
     // A batch's header first: the batch it announces must fill the frame exactly.
     let pre = len.min(BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN);
     std::io::Read::read_exact(&mut within, &mut body[..pre]).map_err(eof)?;
+    let damaged = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    // The frames of a fixed length (a heartbeat, the commonest on an idle link; an ack).
+    let fixed = match body[0] {
+        kind::HEARTBEAT => Some(17),
+        kind::ACK => Some(25),
+        _ => None,
+    };
+    if let Some(n) = fixed.filter(|&n| n != len) {
+        return Err(damaged(format!(
+            "a frame of kind {} of {len} bytes, not {n}: its length field is damaged",
+            body[0]
+        )));
+    }
     if body[0] == kind::BATCH && pre == BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN {
-        let damaged = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
         let h = ditto_log::format::decode_batch_header(&body[BATCH_BODY_PREFIX..])
             .map_err(|e| damaged(format!("a batch frame whose batch header does not check: {e}")))?;
         if BATCH_BODY_PREFIX + h.total_len() != len {
@@ -586,6 +602,7 @@ fn read_frame_paced(
                 h.total_len()
             )));
         }
+        within.until = pace(min_bytes_per_s.min(BATCH_BODY_MIN_BYTES_PER_S));
     }
     std::io::Read::read_exact(&mut within, &mut body[pre..]).map_err(eof)?;
     Frame::decode(&h, Bytes::from(body)).map(Some).map_err(std::io::Error::other)
@@ -641,11 +658,12 @@ mod tests {
                 Ok(1)
             }
         }
-        let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) };
-        let sound = ack.encode().to_vec();
+        // (A frame of no fixed length: a heartbeat's or an ack's is checked at once.)
+        let refuse = Frame::Refuse { reason: "no".into() };
+        let sound = refuse.encode().to_vec();
         let rate = 10_000;
         let got = read_frame_paced(&mut Trickle(sound.clone(), 0), 1 << 20, Duration::from_secs(5), rate).unwrap();
-        assert_eq!(got, Some(ack), "a body at the pace asked");
+        assert_eq!(got, Some(refuse), "a body at the pace asked");
         let mut damaged = sound;
         damaged[..4].copy_from_slice(&20_000u32.to_le_bytes());
         let t = Instant::now();
@@ -681,6 +699,13 @@ mod tests {
             let e = read_frame(&mut &damaged[..]).unwrap_err();
             assert!(e.to_string().contains("its length field is damaged"), "{e}");
         }
+        // A heartbeat's too (a fixed length), followed by more heartbeats.
+        let hb = Frame::Heartbeat { released: Ts(1), acknowledged: Ts(1) }.encode().to_vec();
+        let mut stream = hb.clone();
+        stream[..4].copy_from_slice(&(u32::from_le_bytes(hb[..4].try_into().unwrap()) ^ (1 << 20)).to_le_bytes());
+        stream.extend(hb.repeat(10));
+        let e = read_frame(&mut &stream[..]).unwrap_err();
+        assert!(e.to_string().contains("its length field is damaged"), "{e}");
     }
 
     /// A frame's `Debug` output, written into errors and logs when a frame was not
