@@ -1011,6 +1011,31 @@ mod tests {
         round(&mut s, 5, 1);
     }
 
+    /// Three nodes that fail in turn are each tried again, the one that failed longest
+    /// ago first (leaving out only the latest would choose, of the other two, the one
+    /// lacking least every time: node 3, never node 2).
+    #[test]
+    fn nodes_that_fail_in_turn_are_tried_again_longest_rested_first() {
+        let mut s = boot(4);
+        let mut c = Coordinator::new(2, T, 0);
+        let mut at = 0;
+        for (epoch, expect) in [(2, 3), (3, 4), (4, 2), (5, 3), (6, 4), (7, 2)] {
+            s.apply(&Command::BeginFailover { epoch, reason: String::new() }).unwrap();
+            at += 1000;
+            c.tick(at, &s, true);
+            c.on_report(report(2, epoch, &[5]), at, &s, true);
+            c.on_report(report(3, epoch, &[9]), at, &s, true);
+            let a = c.on_report(report(4, epoch, &[9]), at, &s, true);
+            let plan = match &a[..] {
+                [Action::Prepare { to, plan }] if *to == expect => plan.clone(),
+                _ => panic!("round {epoch}: expected a plan to node {expect}: {a:?}"),
+            };
+            c.on_unprepared(expect, epoch, plan.recovery_point, "a lasting fault".into(), at + 1, &s, true);
+            let ended = c.tick(at + T.prepare, &s, true);
+            assert!(ended.iter().any(|a| matches!(a, Action::Propose(Command::BeginFailover { .. }))), "{ended:?}");
+        }
+    }
+
     /// A tick that proposes both a switchover's end and a failover proposes neither again
     /// before `resend` (each was proposed again at every tick when one proposal was kept).
     #[test]
