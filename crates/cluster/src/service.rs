@@ -2067,10 +2067,11 @@ impl Run {
                 // tick sees them (found by a review, 2026-12-03). Not for longer than a
                 // quarter of a failure timeout, should applying ever lag that far (ticks
                 // half a timeout apart count as a stall of this node's own loop).
-                if !self.node.leads_unapplied() {
+                let behind = self.node.leads_unapplied();
+                if !behind {
                     unapplied_since = None;
                 }
-                let unapplied = self.node.leads_unapplied()
+                let unapplied = behind
                     && now.saturating_sub(*unapplied_since.get_or_insert(now)) < self.coord.failure_timeout() / 4;
                 let (stalls, _) = self.coord.stalls();
                 let a = if unapplied {

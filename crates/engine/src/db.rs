@@ -557,12 +557,15 @@ impl Database {
         *newest = ts.0;
         let key = key();
         let guard = crossbeam_epoch::pin();
-        if rec.key.get(&guard).is_some_and(|k| *k == key) {
-            return;
+        match rec.key.get(&guard) {
+            // (The common case, a record's first key: taken as it is, not copied again.)
+            None => rec.key.init(move || key),
+            Some(k) if *k == key => {}
+            // SAFETY: one writer of this record's key at a time (its shard's lock is held),
+            // and the old key goes through the epoch GC (nothing reads keys during recovery
+            // anyway).
+            Some(_) => unsafe { rec.key.replace(&key, &guard) },
         }
-        // SAFETY: one writer of this record's key at a time (its shard's lock is held), and
-        // the old key goes through the epoch GC (nothing reads keys during recovery anyway).
-        unsafe { rec.key.replace(&key, &guard) };
     }
 
     /// After recovery installs: builds every table's index from its live records, on

@@ -221,12 +221,18 @@ pub fn part_name(i: usize) -> String {
 /// Nothing without a checkpoint.
 pub fn raise_epoch_floor(data: &Path, epoch: Epoch, storage: &dyn Storage) -> Result<(), LogError> {
     let Some((dir, mut m)) = crate::sealed::base(data)?.ckpt else { return Ok(()) };
-    if m.log_epoch_min >= epoch {
-        return Ok(());
-    }
-    m.log_epoch_min = epoch;
-    write_atomically(&dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
+    raise_manifest_epoch(&dir, &mut m, epoch, storage)?;
     storage.sync_dir(&dir).map_err(|e| LogError::io(&dir, e))
+}
+
+/// Moves the manifest `m` of the checkpoint in `dir` to `epoch` where its
+/// `log_epoch_min` is lower, in one atomic write.
+fn raise_manifest_epoch(dir: &Path, m: &mut Manifest, epoch: Epoch, storage: &dyn Storage) -> Result<(), LogError> {
+    if m.log_epoch_min < epoch {
+        m.log_epoch_min = epoch;
+        write_atomically(dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(dir, e))?;
+    }
+    Ok(())
 }
 
 /// Writes a checkpoint of `db` at its snapshot `snap` (`db.read()`, taken by the caller: a
@@ -262,10 +268,7 @@ pub(crate) fn write(
             // one atomic write.
             Ok(b) => {
                 let mut m = Manifest::decode(&b, &mpath)?;
-                if m.log_epoch_min < log_epoch_min {
-                    m.log_epoch_min = log_epoch_min;
-                    write_atomically(&dir, "MANIFEST", &m.encode(), storage).map_err(|e| LogError::io(&dir, e))?;
-                }
+                raise_manifest_epoch(&dir, &mut m, log_epoch_min, storage)?;
                 // Durable under its name before the caller deletes segments it covers: the
                 // attempt that wrote it may have died before it synced `checkpoints/`
                 // (before 2026-12-02 this path synced neither; the normal path does both).

@@ -429,7 +429,7 @@ const FLOOR_TRUSTED: u8 = 1;
 const COUNTED: u8 = 2;
 
 fn put_batch_body(b: &mut BytesMut, epoch: Epoch, released: Ts, flags: BatchFlags, batch: &[u8]) {
-    b.reserve(batch.len() + 18);
+    b.reserve(batch.len() + BATCH_BODY_PREFIX);
     b.put_u8(kind::BATCH);
     b.put_u64_le(epoch.0);
     b.put_u64_le(released.0);
@@ -515,7 +515,10 @@ pub const FRAME_BODY_MIN_BYTES_PER_S: u64 = 1 << 20;
 pub const BATCH_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
 
 /// A batch frame's body before its batch: kind, epoch, release, flags.
-const BATCH_BODY_PREFIX: usize = 18;
+const BATCH_BODY_PREFIX: usize = 1 + 8 + 8 + 1;
+/// A heartbeat's body (kind, release, acknowledged) and an ack's (kind, three positions).
+const HEARTBEAT_BODY_LEN: usize = 1 + 8 + 8;
+const ACK_BODY_LEN: usize = 1 + 3 * 8;
 
 /// A reader that refuses to read on past `until` (`read_frame_paced`); each read blocks
 /// as the inner reader's own timeout allows.
@@ -523,6 +526,8 @@ struct Within<'a, R> {
     r: &'a mut R,
     until: std::time::Instant,
     len: usize,
+    /// The pace `until` was set by, for the error.
+    rate: u64,
 }
 
 impl<R: std::io::Read> std::io::Read for Within<'_, R> {
@@ -531,10 +536,8 @@ impl<R: std::io::Read> std::io::Read for Within<'_, R> {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
-                    "a frame's body of {} bytes did not come in time (at least {} KiB/s after {} s): its length field may be damaged",
-                    self.len,
-                    FRAME_BODY_MIN_BYTES_PER_S >> 10,
-                    FRAME_BODY_GRACE.as_secs()
+                    "a frame's body of {} bytes did not come in time (at least {} B/s after a grace): its length field may be damaged",
+                    self.len, self.rate
                 ),
             ));
         }
@@ -572,19 +575,20 @@ fn read_frame_paced(
     let began = std::time::Instant::now();
     let pace = |rate: u64| began + grace + std::time::Duration::from_secs_f64(len as f64 / rate as f64);
     let until = pace(min_bytes_per_s);
+    let rate = min_bytes_per_s;
     let eof = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => truncated(FRAME_HEADER_LEN, FRAME_HEADER_LEN + len),
         _ => e,
     };
-    let mut within = Within { r, until, len };
+    let mut within = Within { r, until, len, rate };
     // A batch's header first: the batch it announces must fill the frame exactly.
     let pre = len.min(BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN);
     std::io::Read::read_exact(&mut within, &mut body[..pre]).map_err(eof)?;
     let damaged = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     // The frames of a fixed length (a heartbeat, the commonest on an idle link; an ack).
     let fixed = match body[0] {
-        kind::HEARTBEAT => Some(17),
-        kind::ACK => Some(25),
+        kind::HEARTBEAT => Some(HEARTBEAT_BODY_LEN),
+        kind::ACK => Some(ACK_BODY_LEN),
         _ => None,
     };
     if let Some(n) = fixed.filter(|&n| n != len) {
@@ -602,7 +606,8 @@ fn read_frame_paced(
                 h.total_len()
             )));
         }
-        within.until = pace(min_bytes_per_s.min(BATCH_BODY_MIN_BYTES_PER_S));
+        within.rate = min_bytes_per_s.min(BATCH_BODY_MIN_BYTES_PER_S);
+        within.until = pace(within.rate);
     }
     std::io::Read::read_exact(&mut within, &mut body[pre..]).map_err(eof)?;
     Frame::decode(&h, Bytes::from(body)).map(Some).map_err(std::io::Error::other)
