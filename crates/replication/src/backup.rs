@@ -780,6 +780,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
         other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
     };
+    let resumed = matches!(start, Start::Resume);
     let (base, opened) = match start {
         Start::CutAt { point } => {
             return Err(BackupError::Protocol(format!(
@@ -943,6 +944,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         persist: Arc::clone(&persist),
         link: Arc::clone(&link),
         link_learner: opts.learner,
+        held_at_start: if resumed { base } else { Ts::ZERO },
     };
     std::thread::Builder::new()
         .name("ditto-repl-recv".into())
@@ -1935,6 +1937,11 @@ struct Receiver {
     /// The link now was opened with a `Hello` that said learner (`BackupState::learner`
     /// may have turned false since: that link is then dropped and opened again).
     link_learner: bool,
+    /// What this run held when it resumed from its own directory (`Ts::ZERO` after a
+    /// copy): the primary may have released it on the acknowledgement of this backup's
+    /// last process, which this one was never told. A primary that restarts below it is
+    /// answered as at the join (`BackupError::HoldsWhatThePrimaryLost`): kept, not cut.
+    held_at_start: Ts,
 }
 
 /// Why a learner's link is dropped when it is promoted (`Backup::count_in_quorum`): it is
@@ -2235,11 +2242,13 @@ impl Receiver {
                         // They are kept, and the backup stays stopped, saying so. Those it
                         // was told of, and those it received `counted`: the primary may
                         // have released them on this backup's acknowledgement and died
-                        // before it said so. (Not a cluster's backup: a failover's point
+                        // before it said so; and what it held when it resumed from its
+                        // directory, which its last process may have acknowledged so
+                        // (`held_at_start`). (Not a cluster's backup: a failover's point
                         // lies above every commit acknowledged, so what it received above
                         // the point was not, `counted` or not.)
                         let counted = match self.opts.keep_what_the_primary_lost {
-                            true => self.state.counted.load(Ordering::Acquire),
+                            true => self.state.counted.load(Ordering::Acquire).max(self.held_at_start.0),
                             false => 0,
                         };
                         let acked = Ts(self

@@ -417,15 +417,26 @@ fn commits_released_on_this_backups_acknowledgement_are_kept_before_it_hears_so(
     primary_restarts_without_commits_the_backup_holds("majority-received", Acked::Unheard);
 }
 
-/// Under `majority-durable` with one backup the primary's own fsync is needed for every
-/// release: nothing above its disk's point was acknowledged, the batches are not marked
-/// `counted`, and the backup is cut there (found by review: every batch was marked under
-/// any policy but `local`, and such a backup stayed stopped after every crash under load).
+/// The same, but the backup restarts (a crash, an upgrade) after it acknowledged them and
+/// before the primary dies: its new process resumes from its directory, told nothing of
+/// the release, and has received nothing `counted`. It keeps them all the same, as a
+/// backup told to cut at its join does (before 2026-12-03 it was cut). A resume waits for
+/// the primary's log to hold what the backup has, so only a primary restarted from a disk
+/// that lost synced writes (or an older copy of its directory) lacks them then.
+#[test]
+fn commits_released_on_the_acknowledgement_of_a_backups_last_process_are_kept_too() {
+    primary_restarts_without_commits_the_backup_holds("majority-received", Acked::UnheardAcrossItsRestart);
+}
+
 #[test]
 fn a_backup_holding_acknowledged_commits_keeps_them_where_the_restarted_log_cannot_be_read() {
     primary_restarts_without_commits_the_backup_holds("majority-received", Acked::ReleasedAndTheLogUnreadable);
 }
 
+/// Under `majority-durable` with one backup the primary's own fsync is needed for every
+/// release: nothing above its disk's point was acknowledged, the batches are not marked
+/// `counted`, and the backup is cut there (found by review: every batch was marked under
+/// any policy but `local`, and such a backup stayed stopped after every crash under load).
 #[test]
 fn under_majority_durable_with_one_backup_what_the_primary_lost_is_cut() {
     primary_restarts_without_commits_the_backup_holds("majority-durable", Acked::No);
@@ -455,6 +466,8 @@ enum Acked {
     ByAConnection,
     /// By the server's policy, on this backup's acknowledgement; the backup was not told.
     Unheard,
+    /// As `Unheard`, and the backup restarted before the primary died.
+    UnheardAcrossItsRestart,
     /// As `Unheard`, but the backup is a cluster's (what it received above a failover's
     /// point was never acknowledged there): it is cut, as under `No`.
     UnheardInACluster,
@@ -496,7 +509,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
     wait_until("the backup to replay the first commits", Duration::from_secs(30), || {
         bk.state.visible.load(std::sync::atomic::Ordering::Acquire) >= first.0
     });
-    if matches!(how, Acked::Unheard | Acked::UnheardInACluster) {
+    if matches!(how, Acked::Unheard | Acked::UnheardAcrossItsRestart | Acked::UnheardInACluster) {
         wait_until("the backup to hear the first commits released", Duration::from_secs(30), || {
             bk.state.acknowledged.load(std::sync::atomic::Ordering::Acquire) >= first.0
         });
@@ -523,7 +536,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
         wait_until("the backup to learn they were released", Duration::from_secs(30), || {
             bk.state.released.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0
         });
-    } else if matches!(how, Acked::Unheard | Acked::UnheardInACluster) {
+    } else if matches!(how, Acked::Unheard | Acked::UnheardAcrossItsRestart | Acked::UnheardInACluster) {
         // Released (the primary's own watermark covers them: the backup acknowledged
         // them), and the backup told nothing of it.
         wait_until("the primary to release them", Duration::from_secs(30), || {
@@ -537,8 +550,36 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
             .max(bk.state.acknowledged.load(std::sync::atomic::Ordering::Acquire));
         assert!(told < lost[0].0, "the backup was told of the release (up to {told})");
     }
+    let bk = if how == Acked::UnheardAcrossItsRestart {
+        // A backup's resume waits until the primary's own log holds what it registered at
+        // (`primary::wait_logged`), so on a sound disk the primary's restart holds all the
+        // backup resumed with. The restart here is from the image of its disk taken before
+        // (a disk that lost synced writes, or a directory restored from an older copy).
+        copy_dir(&pa, &pc);
+        stalled.store(false, std::sync::atomic::Ordering::SeqCst);
+        bk.fence("restarting", Duration::from_secs(10)).unwrap();
+        bk.release();
+        let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
+        wait_until("the restarted backup to resume", Duration::from_secs(30), || bk.state.link_up());
+        assert!(bk.state.durable.load(std::sync::atomic::Ordering::Acquire) >= last_lost.0, "resumed below them");
+        let told = bk
+            .state
+            .released
+            .load(std::sync::atomic::Ordering::Acquire)
+            .max(bk.state.acknowledged.load(std::sync::atomic::Ordering::Acquire))
+            .max(bk.state.counted.load(std::sync::atomic::Ordering::Acquire));
+        assert!(
+            told < lost[0].0,
+            "the restarted backup was told of the release, or received them again (up to {told})"
+        );
+        bk
+    } else {
+        bk
+    };
     // The primary dies: what a restart finds is its directory as the disk holds it now.
-    copy_dir(&pa, &pc);
+    if how != Acked::UnheardAcrossItsRestart {
+        copy_dir(&pa, &pc);
+    }
     p.stop();
     let c = ditto_log::open(&pc, OpenOptions { workers: 2, ..Default::default() }).unwrap();
     let (old, point) = c.opened_from().expect("a new epoch above the one the log held");
