@@ -233,24 +233,8 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     // An old primary's log sealed in the chain names an epoch this one must lie above.
     let chain_epoch = report.max_epoch;
     let recovery::LogDir { segments, unfinished } = recovery::list_segments(dir)?;
-    let cut = recovery::replay_log(
-        &db,
-        &segments,
-        epoch_min,
-        ckpt_ts,
-        None,
-        &mut report,
-        opts.progress,
-        &*opts.log.storage,
-        false,
-    )?;
+    let cut = recovery::replay_log(&db, &segments, epoch_min, ckpt_ts, None, &mut report, opts.progress, false)?;
     report.max_epoch = report.max_epoch.max(chain_epoch);
-    // Only once the log checked out: a segment a crash left unfinished held no batch.
-    for path in unfinished {
-        tracing::warn!("{}: a segment left unfinished by a crash (no batch in it); removing", path.display());
-        opts.log.storage.remove(&path).map_err(|e| LogError::io(&path, e))?;
-        report.unfinished_segments_removed.push(path);
-    }
     let recovered_ts = cut.max(ckpt_ts);
     let t = Instant::now();
     report.index_keys = db.recovery_finish(recovered_ts, recovery::recovery_threads()).map_err(LogError::Engine)?;
@@ -266,6 +250,14 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             });
         }
         epoch = e;
+    }
+    // Only once nothing more refuses the open (a refused open changes nothing): torn tails
+    // cut, and the segments a crash left unfinished (no batch in them) removed.
+    recovery::cut_torn_tails(&report, &*opts.log.storage)?;
+    for path in unfinished {
+        tracing::warn!("{}: a segment left unfinished by a crash (no batch in it); removing", path.display());
+        opts.log.storage.remove(&path).map_err(|e| LogError::io(&path, e))?;
+        report.unfinished_segments_removed.push(path);
     }
     if opts.progress && !segments.is_empty() {
         eprintln!(

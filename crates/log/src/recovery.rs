@@ -11,7 +11,7 @@
 //!         5, so no payload is decompressed twice;
 //!       - a torn tail in a stream's LAST segment is truncated away (it was never durable,
 //!         so it held nothing acknowledged), once the whole log has been checked and
-//!         replayed;
+//!         replayed and nothing more refuses the open (`cut_torn_tails`);
 //!       - any other damage, here or in step 5, stops recovery with the file and offset,
 //!         changing nothing on disk.
 //!  4. cut = max(min over streams of max(C, highest bound_ts the stream made durable),
@@ -478,7 +478,6 @@ pub(crate) fn replay_log(
     limit: Option<Ts>,
     report: &mut RecoveryReport,
     progress: bool,
-    storage: &dyn Storage,
     sealed: bool,
 ) -> Result<Ts, LogError> {
     let t0 = Instant::now();
@@ -582,16 +581,23 @@ pub(crate) fn replay_log(
 
     let batches: Vec<&Kept> = logs.iter().flat_map(|l| &l.batches).collect();
     let (replayed, dropped) = replay_kept(db, batches, ckpt_ts, cut, threads)?;
-    // Only once the whole log checked out and replayed: cut torn tails away (they were never
-    // durable, so they held nothing acknowledged).
-    for (path, len) in logs.iter().filter_map(|l| l.torn) {
-        storage.truncate_existing(path, len).map_err(|e| LogError::io(path, e))?;
-    }
     report.log_txns_replayed = replayed;
     report.log_txns_dropped_above_cut = dropped;
     report.max_epoch = segments.iter().map(|s| s.epoch.0).max().unwrap_or(0);
     report.log_seconds = t0.elapsed().as_secs_f64();
     Ok(cut)
+}
+
+/// Cuts away the torn tails `replay_log` found (`RecoveryReport::torn_tails_truncated`):
+/// they were never durable, so they held nothing acknowledged. An open calls it once
+/// nothing more can refuse it, so that a refused open leaves the directory as it was
+/// (before 2026-12-03 the cut came as soon as the log replayed, ahead of the engine's
+/// index check and the asked epoch's).
+pub(crate) fn cut_torn_tails(report: &RecoveryReport, storage: &dyn Storage) -> Result<(), LogError> {
+    for (path, len) in &report.torn_tails_truncated {
+        storage.truncate_existing(path, *len).map_err(|e| LogError::io(path, e))?;
+    }
+    Ok(())
 }
 
 /// What a primary's own log in `data` holds, read without changing it (a failover's

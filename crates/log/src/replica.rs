@@ -591,7 +591,6 @@ fn open_old_primary(
         Some(point),
         &mut report,
         false,
-        &**storage,
         false,
     )?
     .max(ckpt_ts)
@@ -609,6 +608,9 @@ fn open_old_primary(
     report.index_keys = db.recovery_finish(cut, recovery_threads()).map_err(LogError::Engine)?;
     report.index_seconds = ti.elapsed().as_secs_f64();
     db.publish_read_view(cut).map_err(LogError::Engine)?;
+    // Nothing more refuses it: its torn tails are cut (before it is sealed, whose replay
+    // takes a torn tail for damage) and its unfinished segments removed.
+    crate::recovery::cut_torn_tails(&report, &**storage)?;
     for p in &own_log.unfinished {
         storage.remove(p).map_err(|e| LogError::io(p, e))?;
     }

@@ -419,17 +419,7 @@ fn replay_own_log(db: &Database, s: &Sealed, floor: Ts, report: &mut RecoveryRep
         (report.log_bytes, report.log_txns_replayed, report.log_txns_dropped_above_cut, report.segments);
     // It was replayed, and any torn tail cut, before it was sealed: a torn tail now is
     // damage, and drops nothing it must hold, or the cut below refuses it.
-    let cut = crate::recovery::replay_log(
-        db,
-        &segments,
-        epoch,
-        floor,
-        Some(s.point),
-        report,
-        false,
-        &crate::storage::RealStorage,
-        true,
-    )?;
+    let cut = crate::recovery::replay_log(db, &segments, epoch, floor, Some(s.point), report, false, true)?;
     if cut < s.point {
         return Err(LogError::Corrupt {
             file: s.dir.clone(),
