@@ -437,7 +437,7 @@ impl Database {
         Some(Worker {
             db: Arc::clone(self),
             id,
-            scratch: TxnScratch::default(),
+            scratch: Some(Box::default()),
             commits: 0,
             installs_since_collect: 0,
             ticket_log: None,
@@ -711,7 +711,8 @@ impl Database {
 pub struct Worker {
     pub(crate) db: Arc<Database>,
     pub(crate) id: WorkerId,
-    pub(crate) scratch: TxnScratch,
+    /// The transaction buffers (`Transaction::s`), here between transactions.
+    pub(crate) scratch: Option<Box<TxnScratch>>,
     pub(crate) commits: u64,
     /// Versions installed since this worker last asked the epoch GC to collect (see
     /// `GC_COLLECT_EVERY_INSTALLS` in txn.rs).

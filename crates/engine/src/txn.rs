@@ -204,9 +204,12 @@ const WRITE_MAP_MIN: usize = 64;
 /// A table grown past this (a huge write set) is given back when its transaction ends.
 const WRITE_MAP_KEEP: usize = 4096;
 
+/// Empty, with no table until the first write (`insert`): a transaction takes its
+/// worker's scratch buffers and leaves a default one in their place (`Transaction::new`),
+/// which allocated and zeroed 1 KiB per transaction while the table was made here.
 impl Default for WriteMap {
     fn default() -> Self {
-        WriteMap { slots: vec![WriteSlot::default(); WRITE_MAP_MIN], generation: 1 }
+        WriteMap { slots: Vec::new(), generation: 1 }
     }
 }
 
@@ -220,6 +223,9 @@ impl WriteMap {
 
     #[inline]
     fn get(&self, rec: *const Record) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
         let rec = rec as usize;
         let mask = self.slots.len() - 1;
         let mut i = self.home(rec);
@@ -256,7 +262,7 @@ impl WriteMap {
 
     fn grow(&mut self) {
         let live: Vec<WriteSlot> = self.slots.iter().filter(|s| s.generation == self.generation).copied().collect();
-        self.slots = vec![WriteSlot::default(); self.slots.len() * 2];
+        self.slots = vec![WriteSlot::default(); (self.slots.len() * 2).max(WRITE_MAP_MIN)];
         for s in live {
             self.place(s.rec, s.index);
         }
@@ -382,7 +388,10 @@ unsafe impl Send for TxnScratch {}
 pub struct Transaction<'w> {
     worker: &'w mut Worker,
     guard: Guard,
-    s: TxnScratch,
+    /// The worker's buffers, lent for the transaction and given back when it drops (a
+    /// pointer moved, where the buffers themselves, about 900 bytes, were moved in and
+    /// out and a default set made in their place).
+    s: std::mem::ManuallyDrop<Box<TxnScratch>>,
     done: bool,
 }
 
@@ -406,9 +415,10 @@ enum WriteMode {
 
 impl<'w> Transaction<'w> {
     pub(crate) fn new(worker: &'w mut Worker) -> Transaction<'w> {
-        let s = std::mem::take(&mut worker.scratch);
+        // (Only a transaction that leaked instead of dropping leaves none.)
+        let s = worker.scratch.take().unwrap_or_default();
         debug_assert!(s.reads.is_empty() && s.writes.is_empty() && s.snapshot.is_none());
-        Transaction { worker, guard: crossbeam_epoch::pin(), s, done: false }
+        Transaction { worker, guard: crossbeam_epoch::pin(), s: std::mem::ManuallyDrop::new(s), done: false }
     }
 
     /// A transaction that reads at the newest snapshot (as a `ReadTxn`) and refuses writes
@@ -698,7 +708,8 @@ impl<'w> Transaction<'w> {
             return Err(Error::Conflict("the key's record is a backup's own, leaving the index"));
         }
         let version = OwnedVersion::new_in_parts(value);
-        self.s.write_map.insert(rec, self.s.writes.len());
+        let at = self.s.writes.len();
+        self.s.write_map.insert(rec, at);
         self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, version, observed_tid: tid, created, existed });
         Ok(existed)
     }
@@ -1118,7 +1129,8 @@ impl Drop for Transaction<'_> {
         if !self.done {
             self.abort_cleanup();
         }
-        let mut s = std::mem::take(&mut self.s);
+        // SAFETY: `drop` runs once, and nothing reads `self.s` after this.
+        let mut s = unsafe { std::mem::ManuallyDrop::take(&mut self.s) };
         if let Some((slot, _)) = s.snapshot.take() {
             self.worker.db.clock.release_reader(slot);
         }
@@ -1131,7 +1143,7 @@ impl Drop for Transaction<'_> {
         clear_keeping(&mut s.scans, WRITE_MAP_KEEP);
         clear_keeping(&mut s.misses, WRITE_MAP_KEEP);
         s.recent.clear();
-        self.worker.scratch = s;
+        self.worker.scratch = Some(s);
     }
 }
 
@@ -1630,7 +1642,7 @@ mod tests {
             .unwrap()
             .0;
         assert_eq!(read, n as usize);
-        let s = &w.scratch;
+        let s = w.scratch.as_ref().expect("given back");
         let caps = [s.reads.capacity(), s.writes.capacity(), s.scans.capacity(), s.misses.capacity()];
         assert!(caps.iter().all(|&c| c <= WRITE_MAP_KEEP), "capacities {caps:?}");
     }
