@@ -425,6 +425,34 @@ fn a_primary_restarted_twice_while_its_backup_was_away_takes_writes_once_it_come
     assert_eq!(b.one(&["GET", "after"]), "1");
 }
 
+/// A primary whose last run was `local` (nothing its backup held could have been
+/// acknowledged by it) restarts under `majority-received`, and its start fails after the
+/// open began the new epoch (its replication port taken): the restart joins the record's
+/// chain all the same, by the last record merged with this run's policy (before
+/// 2026-12-03 by the last record alone, which needed no wait: the next start recovered
+/// from the empty new epoch and refused its backup of the epoch before as holding more).
+#[test]
+fn a_restart_that_changes_the_policy_and_fails_after_its_open_still_joins_the_chain() {
+    let mut away = b1_stopped("local", |_| None);
+    away.primary.kill();
+    let repl_port = away.restart[1].clone();
+    let taken = std::net::TcpListener::bind(format!("127.0.0.1:{repl_port}")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["server", "--port", "0", "--metrics", "off", "--data-dir", away.pdir.to_str().unwrap()])
+        .args(["--repl-port", &repl_port, "--commit-policy", "majority-received", "--backups", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with its replication port taken: {err}");
+    drop(taken);
+    let record = std::fs::read_to_string(away.pdir.join("quorum")).unwrap();
+    assert_eq!(
+        record.lines().filter(|l| l.starts_with("restart ")).count(),
+        1,
+        "the failed start's epoch is in the chain: {record}\n{err}"
+    );
+}
+
 /// A primary whose restart crashed between its recovery's checkpoint (which names the new
 /// epoch) and the new epoch's first segments, as a crash would leave it (no segment left):
 /// started again, it still waits for the backup its quorum counted, and takes writes once

@@ -204,9 +204,11 @@ const WRITE_MAP_MIN: usize = 64;
 /// A table grown past this (a huge write set) is given back when its transaction ends.
 const WRITE_MAP_KEEP: usize = 4096;
 
-/// Empty, with no table until the first write (`insert`): a transaction takes its
-/// worker's scratch buffers and leaves a default one in their place (`Transaction::new`),
-/// which allocated and zeroed 1 KiB per transaction while the table was made here.
+/// Empty, with no table until the first write (`insert`): a worker's first transaction,
+/// and one after a transaction whose buffers were lost (`Transaction::new`), make a
+/// default set, which need not allocate before it is used. (Until 2026-12-03 every
+/// transaction moved its worker's set out and a default one in, and the table made here
+/// cost an allocation of 1 KiB per transaction.)
 impl Default for WriteMap {
     fn default() -> Self {
         WriteMap { slots: Vec::new(), generation: 1 }
@@ -415,7 +417,8 @@ enum WriteMode {
 
 impl<'w> Transaction<'w> {
     pub(crate) fn new(worker: &'w mut Worker) -> Transaction<'w> {
-        // (Only a transaction that leaked instead of dropping leaves none.)
+        // (None only after a transaction that leaked instead of dropping, or whose abort
+        // panicked before its drop gave the set back: a new set then.)
         let s = worker.scratch.take().unwrap_or_default();
         debug_assert!(s.reads.is_empty() && s.writes.is_empty() && s.snapshot.is_none());
         Transaction { worker, guard: crossbeam_epoch::pin(), s: std::mem::ManuallyDrop::new(s), done: false }
