@@ -153,11 +153,15 @@ impl ReplicaLog {
     }
 
     /// Queues one batch (as the primary framed it) for the next `sync`. `bound` is its
-    /// `bound_ts`, for deciding later which files a checkpoint covers.
-    pub fn append(&mut self, batch: &[u8], floor_trusted: bool, bound: Ts) {
+    /// `bound_ts`, for deciding later which files a checkpoint covers. Returns where the
+    /// batch will lie once synced (`read_appended`): a file rolls only after a sync, so
+    /// every batch of one sync lies in the file now open.
+    pub fn append(&mut self, batch: &[u8], floor_trusted: bool, bound: Ts) -> Appended {
+        let at = Appended { seq: self.seq, offset: self.bytes + (self.pending.len() + ENTRY_HEADER_LEN) as u64 };
         self.pending.extend_from_slice(&entry_header(batch.len(), if floor_trusted { FLOOR_TRUSTED } else { 0 }));
         self.pending.extend_from_slice(batch);
         self.cur_max_ts = self.cur_max_ts.max(bound);
+        at
     }
 
     /// Writes and fsyncs everything appended. After an error the log must not be used again
@@ -201,6 +205,27 @@ impl ReplicaLog {
             }
         });
     }
+}
+
+/// Where `ReplicaLog::append` put a batch: its file's number and the batch's offset in it
+/// (behind its entry header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub seq: u64,
+    pub offset: u64,
+}
+
+/// Reads back the `len` bytes of a batch appended at `at` to `data`'s replica log and
+/// synced since (a backup whose replay is held at the release keeps the batches above
+/// what it can hold in memory there, not twice). The file is kept until a checkpoint
+/// covers its every batch (`ReplicaLog::remove_covered_by`), which a batch not yet
+/// replayed is not.
+pub fn read_appended(data: &Path, at: Appended, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file_path(data, at.seq))?;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, at.offset)?;
+    Ok(buf)
 }
 
 /// A backup's database recovered from its data directory.

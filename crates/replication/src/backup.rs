@@ -148,6 +148,9 @@ pub struct BackupOptions {
     /// Replay only what the primary has released (`Hold`): a cluster node's backup, so
     /// that a failover can promote it in place (`Backup::cut_at`).
     pub hold_replay_at_release: bool,
+    /// Most bytes of batches held at the release kept in memory; those above it are read
+    /// back from the replica log when released (`Hold`). Default `HELD_IN_MEMORY_MAX`.
+    pub held_in_memory_max: u64,
     /// An engine kept from this node's previous backup run, cut where the directory was
     /// sealed (`Backup::cut_at`, then `ditto_log::sealed::seal_tail` or `seal_at_point`):
     /// taken as it is instead of loading the directory (`open_replica_with`);
@@ -253,6 +256,7 @@ impl BackupOptions {
             replica_file_bytes: 64 << 20,
             recover_upto: None,
             hold_replay_at_release: false,
+            held_in_memory_max: HELD_IN_MEMORY_MAX,
             engine: None,
             checkpoint_sealed: true,
             stop: Vec::new(),
@@ -284,6 +288,12 @@ pub struct BackupState {
     pub batches_skipped: AtomicU64,
     /// Bytes of received batches held for replay (`REPLAY_QUEUE_BYTES_MAX`).
     pub replay_queued_bytes: AtomicU64,
+    /// Replay held at the release (`Hold`): bytes of held batches in memory
+    /// (`BackupOptions::held_in_memory_max`), held batches that lie in the replica log
+    /// alone, and how many such were read back from it since the start.
+    pub held_bytes: AtomicU64,
+    pub held_spilled: AtomicU64,
+    pub held_read_back: AtomicU64,
     pub txns_replayed: AtomicU64,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
@@ -907,7 +917,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         base,
         opts.replay,
         opts.on_keys.clone(),
-        opts.hold_replay_at_release,
+        opts.hold_replay_at_release.then(|| (dir.clone(), opts.held_in_memory_max)),
     );
     engine.set_share_from(opts.share_values_from);
     let run_storage = Arc::clone(&storage);
@@ -1239,8 +1249,24 @@ struct Job {
     /// Transactions above this are not installed (a promotion's cut, `Hold`; else
     /// `Ts(u64::MAX)`).
     upto: Ts,
+    /// Empty while `spilled`.
     batch: Bytes,
+    /// Where the persister put it in the replica log (`None` before it did).
+    at: Option<ditto_log::replica::Appended>,
+    /// Held at the release above what memory holds (`Hold`): the batch is read back from
+    /// `at` when released, checked against what it was.
+    spilled: Option<Spilled>,
 }
+
+/// A held batch's length and checksum, kept while it lies in the replica log alone.
+#[derive(Clone, Copy)]
+struct Spilled {
+    len: usize,
+    crc: u32,
+}
+
+/// Most bytes of batches held at the release kept in memory (`Hold`).
+pub const HELD_IN_MEMORY_MAX: u64 = 256 << 20;
 
 /// Most bytes of received batches held in memory for replay (queued, or being replayed)
 /// before the persister waits: a backup whose replay stays behind the primary then slows
@@ -1325,13 +1351,23 @@ impl ReplayBudget {
 ///
 /// What it costs: a batch becomes visible once its whole bound is released, not each
 /// transaction as it is (the read view is the minimum of the two anyway), and replay
-/// starts when the release arrives instead of overlapping with the round trip. What it
-/// holds in memory is what this node has persisted and the primary has not released, which
-/// the primary's own shipping bounds.
-#[derive(Default)]
+/// starts when the release arrives instead of overlapping with the round trip.
+///
+/// What it holds is what this node has persisted and the primary has not released. While
+/// the release moves that is a round trip's worth; while it stalls (under `all` with a
+/// backup down, say) and writes go on (under a connection's `local`), it grows for as long
+/// as the stall lasts. So at most `held_in_memory_max` bytes of it stay in memory: a batch
+/// held above that keeps only where the persister put it in the replica log, its length
+/// and its checksum (`Spilled`), and is read back when released, or a cut takes it
+/// (`Engine::read_back`). Blocking the persister instead would deadlock under a `durable`
+/// policy: the release may need a later batch of another stream acknowledged as durable.
 struct Hold {
     q: Mutex<HoldQ>,
     cv: Condvar,
+    /// The data directory, whose replica log spilled batches are read back from.
+    dir: PathBuf,
+    /// Where the held bytes and spilled batches show.
+    state: Arc<BackupState>,
 }
 
 #[derive(Default)]
@@ -1356,6 +1392,11 @@ struct HoldQ {
     /// `a_held_backup_replays_every_commit_of_two_streams_in_every_mode` lacked half of one
     /// stream's keys). The other modes number the batches and put them in order themselves.
     in_order: bool,
+    /// Bytes of held batches in memory, and the most there may be.
+    bytes: u64,
+    max: u64,
+    /// Held batches that lie in the replica log alone.
+    spilled: u64,
 }
 
 impl HoldQ {
@@ -1391,8 +1432,29 @@ impl HoldQ {
         }
         for j in &out {
             self.handed_to = self.handed_to.max(j.bound);
+            match j.spilled {
+                Some(_) => self.spilled -= 1,
+                None => self.bytes -= j.batch.len() as u64,
+            }
         }
         out
+    }
+
+    /// Holds `j`, in memory while there is room (or its place in the replica log is not
+    /// known: never, once persisted), else in the replica log alone.
+    fn hold(&mut self, mut j: Job) {
+        let len = j.batch.len() as u64;
+        if self.bytes + len > self.max && j.at.is_some() && len > 0 {
+            j.spilled = Some(Spilled { len: j.batch.len(), crc: crc32c::crc32c(&j.batch) });
+            j.batch = Bytes::new();
+            self.spilled += 1;
+        } else {
+            self.bytes += len;
+        }
+        if self.streams.len() <= j.stream {
+            self.streams.resize_with(j.stream + 1, Default::default);
+        }
+        self.streams[j.stream].push_back(j);
     }
 }
 
@@ -1404,13 +1466,38 @@ impl Hold {
             return false;
         }
         for j in jobs {
-            if q.streams.len() <= j.stream {
-                q.streams.resize_with(j.stream + 1, Default::default);
-            }
-            q.streams[j.stream].push_back(j);
+            q.hold(j);
         }
+        self.show(&q);
         self.cv.notify_all();
         true
+    }
+
+    /// `j` with its batch in memory: read back from the replica log if it was spilled,
+    /// and refused unless it is what was held (its length and checksum).
+    fn read_back(&self, mut j: Job) -> Result<Job, String> {
+        let (Some(s), Some(at)) = (j.spilled, j.at) else { return Ok(j) };
+        let what = || format!("batch {} of stream {} (bound ts {})", j.seq, j.stream, j.bound.0);
+        let b = ditto_log::replica::read_appended(&self.dir, at, s.len).map_err(|e| {
+            format!("reading back held {} from replica log file {} at offset {}: {e}", what(), at.seq, at.offset)
+        })?;
+        if crc32c::crc32c(&b) != s.crc {
+            return Err(format!(
+                "held {} read back from replica log file {} at offset {} is not what was received (checksum): damage",
+                what(),
+                at.seq,
+                at.offset
+            ));
+        }
+        j.batch = Bytes::from(b);
+        j.spilled = None;
+        self.state.held_read_back.fetch_add(1, Ordering::Relaxed);
+        Ok(j)
+    }
+
+    fn show(&self, q: &HoldQ) {
+        self.state.held_bytes.store(q.bytes, Ordering::Relaxed);
+        self.state.held_spilled.store(q.spilled, Ordering::Relaxed);
     }
 
     /// The primary released everything up to `ts`.
@@ -1451,6 +1538,7 @@ impl Hold {
             }
             let ready = q.take_ready();
             if !ready.is_empty() {
+                self.show(&q);
                 return Some(ready);
             }
             self.cv.wait(&mut q);
@@ -1520,7 +1608,9 @@ impl Engine {
         base: Ts,
         mode: ReplayMode,
         on_keys: Option<KeysHook>,
-        hold: bool,
+        // Held at the release: the data directory (spilled batches are read back from its
+        // replica log) and the most bytes held in memory.
+        hold: Option<(PathBuf, u64)>,
     ) -> Arc<Engine> {
         let threads = match mode {
             ReplayMode::Serial | ReplayMode::Dependency { .. } => 1,
@@ -1540,7 +1630,7 @@ impl Engine {
         });
         let e = Arc::new(Engine {
             db,
-            state,
+            state: Arc::clone(&state),
             replayed: Mutex::new(Ordered::new(Prefix::new(streams, base), 1)),
             halted: AtomicBool::new(false),
             queues: Mutex::new(queues),
@@ -1549,11 +1639,13 @@ impl Engine {
             share_from: AtomicUsize::new(usize::MAX),
             graph: std::sync::OnceLock::new(),
             budget: Arc::clone(&budget),
-            hold: hold.then(|| {
+            hold: hold.map(|(dir, max)| {
                 let in_order = matches!(mode, ReplayMode::Dependency { .. });
                 Arc::new(Hold {
-                    q: Mutex::new(HoldQ { limit: base, in_order, ..Default::default() }),
+                    q: Mutex::new(HoldQ { limit: base, in_order, max, ..Default::default() }),
                     cv: Condvar::new(),
+                    dir,
+                    state: Arc::clone(&state),
                 })
             }),
             replay_error: Mutex::new(None),
@@ -1564,9 +1656,23 @@ impl Engine {
                 .name("ditto-repl-hold".into())
                 .spawn(move || {
                     while let Some(jobs) = h2.next() {
-                        if !jobs.into_iter().all(|j| e2.dispatch(j)) {
-                            h2.stop();
-                            return;
+                        for j in jobs {
+                            if e2.stopped() {
+                                // (Let go, or failed: what is left is not replayed here.)
+                                return;
+                            }
+                            let j = match h2.read_back(j) {
+                                Ok(j) => j,
+                                Err(why) => {
+                                    // As a replayer's failure: the backup stops, saying why.
+                                    crate::dependency::Sink::failed(&*e2, why);
+                                    return;
+                                }
+                            };
+                            if !e2.dispatch(j) {
+                                h2.stop();
+                                return;
+                            }
                         }
                         e2.publish();
                     }
@@ -2058,8 +2164,9 @@ impl Persister {
                 persist.cv.notify_all();
                 (std::mem::take(&mut q.jobs), q.received.take().expect("checked"), q.pushed)
             };
-            for j in &jobs {
-                self.rlog.append(&j.batch, j.floor.is_some(), j.bound);
+            let mut jobs = jobs;
+            for j in &mut jobs {
+                j.at = Some(self.rlog.append(&j.batch, j.floor.is_some(), j.bound));
             }
             if let Err(e) = self.rlog.sync() {
                 let why = format!("persisting received batches failed ({e}); this backup stops acknowledging");
@@ -2436,6 +2543,8 @@ impl Receiver {
                             skip_to: held,
                             upto: Ts(u64::MAX),
                             batch,
+                            at: None,
+                            spilled: None,
                         });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
                         self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
@@ -2910,7 +3019,7 @@ pub fn replay_recorded(
     let state = Arc::new(BackupState::default());
     // Snapshots may read at the replayed view; nothing waits for a primary's release.
     state.released.store(u64::MAX >> 8, Ordering::Release);
-    let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None, false);
+    let engine = Engine::start(db, Arc::clone(&state), streams, base, mode, None, None);
     engine.set_share_from(share_values_from);
     let t0 = Instant::now();
     let mut prefix = Prefix::new(streams, base);
@@ -2930,6 +3039,8 @@ pub fn replay_recorded(
             skip_to: base,
             upto: Ts(u64::MAX),
             batch: b.clone(),
+            at: None,
+            spilled: None,
         };
         if !engine.dispatch(job) {
             return Err(state.failure.lock().clone().unwrap_or_else(|| "a replayer stopped".to_string()));

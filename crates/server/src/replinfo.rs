@@ -122,6 +122,11 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_batches_received", ld(&state.batches_received).to_string());
             put("ditto_batches_skipped", ld(&state.batches_skipped).to_string());
             put("ditto_replay_queued_bytes", ld(&state.replay_queued_bytes).to_string());
+            // Replay held at the release (a cluster's backup): held in memory, held in the
+            // replica log alone past `held_in_memory_max`, and read back from it so far.
+            put("ditto_replay_held_bytes", ld(&state.held_bytes).to_string());
+            put("ditto_replay_held_spilled_batches", ld(&state.held_spilled).to_string());
+            put("ditto_replay_held_read_back_batches", ld(&state.held_read_back).to_string());
             put("ditto_txns_replayed", ld(&state.txns_replayed).to_string());
             put("ditto_bytes_received", ld(&state.bytes_received).to_string());
             put("ditto_reconnects", ld(&state.reconnects).to_string());
@@ -226,6 +231,16 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 "ditto_replication_replay_queued_bytes",
                 "Bytes of received batches held in memory for replay (bounded; past the bound receipt waits).",
                 vec![(String::new(), ld(&state.replay_queued_bytes))],
+            );
+            gauge(
+                "ditto_replication_replay_held_bytes",
+                "Bytes of batches held at the primary's release kept in memory (bounded; past the bound they are read back from the replica log when released).",
+                vec![(String::new(), ld(&state.held_bytes))],
+            );
+            gauge(
+                "ditto_replication_replay_held_spilled_batches",
+                "Batches held at the primary's release that lie in the replica log alone.",
+                vec![(String::new(), ld(&state.held_spilled))],
             );
             gauge(
                 "ditto_replication_reconnects",
