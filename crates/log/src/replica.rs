@@ -104,8 +104,11 @@ pub struct ReplicaLog {
     bytes: u64,
     bytes_max: u64,
     pending: Vec<u8>,
-    /// The highest batch bound in the current file, and the closed files with theirs: a
-    /// file is deleted once a checkpoint covers its highest bound.
+    /// The highest batch bound appended so far (not reset when a file rolls), and the
+    /// closed files with it as it was when each closed: a file is deleted once a
+    /// checkpoint covers that bound. (A batch a backup holds at the release and reads
+    /// back from its file, `read_appended`, relies on it: the bound recorded is at least
+    /// that of every batch appended before the file closed.)
     cur_max_ts: Ts,
     closed: Vec<(PathBuf, Ts)>,
 }

@@ -1415,7 +1415,10 @@ impl HoldQ {
             j
         };
         let ready = |j: &Job| cut.is_some() || j.bound <= limit;
-        if self.in_order {
+        // (At a cut every batch goes: in the shipping order, so that those at or below
+        // its point come first, not one stream's whole backlog above it first, read back
+        // from the replica log, ahead of another's below it.)
+        if self.in_order || cut.is_some() {
             loop {
                 let first = self.streams.iter_mut().filter(|q| !q.is_empty()).min_by_key(|q| q[0].seq);
                 match first {
@@ -1440,11 +1443,15 @@ impl HoldQ {
         out
     }
 
-    /// Holds `j`, in memory while there is room (or its place in the replica log is not
-    /// known: never, once persisted), else in the replica log alone.
+    /// Holds `j`, in memory while there is room, else in the replica log alone. Not a
+    /// batch that brings its stream nothing new (a heartbeat kept for its floor, at most
+    /// a few hundred bytes): the read view may already lie above its bound, and a
+    /// checkpoint there could delete its file before it is read back. A batch that brings
+    /// something lies above the read view until it is replayed, and so does its file's
+    /// recorded bound (`ReplicaLog::remove_covered_by`).
     fn hold(&mut self, mut j: Job) {
         let len = j.batch.len() as u64;
-        if self.bytes + len > self.max && j.at.is_some() && len > 0 {
+        if self.bytes + len > self.max && j.at.is_some() && j.bound > j.skip_to && len > 0 {
             j.spilled = Some(Spilled { len: j.batch.len(), crc: crc32c::crc32c(&j.batch) });
             j.batch = Bytes::new();
             self.spilled += 1;

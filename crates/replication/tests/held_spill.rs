@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ditto_engine::{TableId, Ts, WorkerId};
 use ditto_log::OpenOptions;
-use ditto_replication::{backup, Backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions};
+use ditto_replication::{backup, Backup, BackupOptions, CommitPolicy, Primary, PrimaryOptions, ReplayMode};
 
 mod common;
 use common::wait_until;
@@ -40,6 +40,12 @@ fn value(k: u32) -> Vec<u8> {
 /// A primary with two streams and a held backup; 100 commits released, then 1,000 of
 /// about 1 KiB each (two streams) while the release stalls.
 fn held_past_memory() -> Held {
+    held_past_memory_with(ReplayMode::Parallel, 64 << 20)
+}
+
+/// `held_past_memory` with the backup replaying in `mode`, its replica log files rolled
+/// past `file_bytes`.
+fn held_past_memory_with(mode: ReplayMode, file_bytes: u64) -> Held {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 2, ..Default::default() }).unwrap();
@@ -59,6 +65,10 @@ fn held_past_memory() -> Held {
     let bk = backup::start(BackupOptions {
         hold_replay_at_release: true,
         held_in_memory_max: HELD_MAX,
+        replay: mode,
+        replica_file_bytes: file_bytes,
+        // Its own checkpoints during the stall, which delete the files they cover.
+        checkpoint_every: Duration::from_millis(50),
         ..BackupOptions::new(&addr, &pb, 2, "b")
     })
     .unwrap();
@@ -79,6 +89,9 @@ fn held_past_memory() -> Held {
     wait_until("the backup to make the stalled commits durable", Duration::from_secs(30), || {
         bk.state.durable.load(Ordering::Acquire) >= last.0
     });
+    wait_until("a checkpoint of the backup's at the release", Duration::from_secs(30), || {
+        bk.state.checkpoint_ts.load(Ordering::Acquire) >= released.0
+    });
     drop((w0, w1));
     Held { _tmp: tmp, a, p, bk, bdir: pb, t, tell_upto, released, stalled }
 }
@@ -96,7 +109,20 @@ fn spilled(bk: &Backup) -> u64 {
 /// is read back and replayed, with its value.
 #[test]
 fn batches_held_past_the_memory_bound_are_read_back_from_the_replica_log_when_released() {
-    let h = held_past_memory();
+    read_back_when_released(held_past_memory());
+}
+
+/// The same in the dependency mode (held batches go in the shipping order), with replica
+/// log files rolled every 64 KiB (a batch's place names its file).
+#[test]
+fn the_same_in_the_dependency_mode_with_the_replica_log_rolling_often() {
+    let h = held_past_memory_with(ReplayMode::Dependency { barrier_every: 1024 }, 64 << 10);
+    let files = std::fs::read_dir(ditto_log::replica::replica_dir(&h.bdir)).unwrap().count();
+    assert!(files > 4, "{files} replica log files");
+    read_back_when_released(h);
+}
+
+fn read_back_when_released(h: Held) {
     assert!(spilled(&h.bk) > 0, "nothing spilled ({} bytes held in memory)", held_bytes(&h.bk));
     assert!(held_bytes(&h.bk) <= HELD_MAX, "{} bytes held in memory, past {HELD_MAX}", held_bytes(&h.bk));
     assert!(h.bk.state.visible.load(Ordering::Acquire) <= h.released.0, "visible above the release");

@@ -243,6 +243,11 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 vec![(String::new(), ld(&state.held_spilled))],
             );
             gauge(
+                "ditto_replication_replay_held_read_back_batches",
+                "Batches held at the primary's release read back from the replica log since the start.",
+                vec![(String::new(), ld(&state.held_read_back))],
+            );
+            gauge(
                 "ditto_replication_reconnects",
                 "Times this backup resumed after a dropped link.",
                 vec![(String::new(), ld(&state.reconnects))],
