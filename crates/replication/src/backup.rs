@@ -1256,6 +1256,8 @@ struct Job {
     /// Held at the release above what memory holds (`Hold`): the batch is read back from
     /// `at` when released, checked against what it was.
     spilled: Option<Spilled>,
+    /// Its bound lay above everything received before it (`HoldQ::hold`).
+    spillable: bool,
 }
 
 /// A held batch's length and checksum, kept while it lies in the replica log alone.
@@ -1443,15 +1445,17 @@ impl HoldQ {
         out
     }
 
-    /// Holds `j`, in memory while there is room, else in the replica log alone. Not a
-    /// batch that brings its stream nothing new (a heartbeat kept for its floor, at most
-    /// a few hundred bytes): the read view may already lie above its bound, and a
-    /// checkpoint there could delete its file before it is read back. A batch that brings
-    /// something lies above the read view until it is replayed, and so does its file's
-    /// recorded bound (`ReplicaLog::remove_covered_by`).
+    /// Holds `j`, in memory while there is room, else in the replica log alone; but only
+    /// a batch whose bound lay above everything received before it, floors included
+    /// (`Job::spillable`): the replayed prefix of the batches before it cannot pass that,
+    /// so the read view stays below its bound until it is replayed, and so does its file's
+    /// recorded bound (`ReplicaLog::remove_covered_by`), which no checkpoint then covers.
+    /// Any other (a heartbeat kept for its floor, a batch under another stream's floor)
+    /// brings no transaction the view lacks, and may lie below it: a checkpoint could
+    /// delete its file before it was read back. Such a batch stays in memory.
     fn hold(&mut self, mut j: Job) {
         let len = j.batch.len() as u64;
-        if self.bytes + len > self.max && j.at.is_some() && j.bound > j.skip_to && len > 0 {
+        if self.bytes + len > self.max && j.at.is_some() && j.spillable && len > 0 {
             j.spilled = Some(Spilled { len: j.batch.len(), crc: crc32c::crc32c(&j.batch) });
             j.batch = Bytes::new();
             self.spilled += 1;
@@ -2536,6 +2540,9 @@ impl Receiver {
                         self.state.batches_skipped.fetch_add(1, Ordering::Relaxed);
                     } else {
                         let floor = floor_trusted.then_some(h.floor_ts);
+                        // Above everything received before it (floors included), it lies
+                        // above the read view until it is replayed (`HoldQ::hold`).
+                        let spillable = h.bound_ts > self.received.watermark();
                         self.received.push(s, h.bound_ts, floor);
                         if counted {
                             // Before it is acknowledged, so before it can be released.
@@ -2552,6 +2559,7 @@ impl Receiver {
                             batch,
                             at: None,
                             spilled: None,
+                            spillable,
                         });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
                         self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
@@ -3048,6 +3056,7 @@ pub fn replay_recorded(
             batch: b.clone(),
             at: None,
             spilled: None,
+            spillable: false,
         };
         if !engine.dispatch(job) {
             return Err(state.failure.lock().clone().unwrap_or_else(|| "a replayer stopped".to_string()));
