@@ -1358,10 +1358,10 @@ impl ReplayBudget {
 /// What it holds is what this node has persisted and the primary has not released. While
 /// the release moves that is a round trip's worth; while it stalls (under `all` with a
 /// backup down, say) and writes go on (under a connection's `local`), it grows for as long
-/// as the stall lasts. So at most `held_in_memory_max` bytes of it stay in memory: a batch
-/// held above that keeps only where the persister put it in the replica log, its length
-/// and its checksum (`Spilled`), and is read back when released, or a cut takes it
-/// (`Engine::read_back`). Blocking the persister instead would deadlock under a `durable`
+/// as the stall lasts. So at most `held_in_memory_max` bytes of it stay in memory (and
+/// the few batches that are never spilled, `HoldQ::hold`): a batch held above that keeps
+/// only where the persister put it in the replica log, its length and its checksum
+/// (`Spilled`), and is read back when released, or a cut takes it (`Hold::read_back`). Blocking the persister instead would deadlock under a `durable`
 /// policy: the release may need a later batch of another stream acknowledged as durable.
 struct Hold {
     q: Mutex<HoldQ>,
