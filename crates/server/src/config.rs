@@ -63,6 +63,10 @@ pub struct Config {
     /// which every commit under a `durable` policy waits for, and nothing waits for them
     /// (docs/replication.md, "A held snapshot no longer slows replay"). 0: unpaced.
     pub backup_checkpoint_write_mb_per_s: u64,
+    /// A cluster's backup replays only what its primary released; of what it holds until
+    /// then, at most this many MB (10^6 bytes) stay in memory, the rest is read back from
+    /// its replica log when released (docs/replication.md, "Replay held at the release").
+    pub replay_held_memory_mb: u64,
     /// A primary's checkpoints keep the log its backups have not made durable, up to this
     /// many MB (10^6 bytes), so that one that returns resumes from the log and a failover
     /// can fetch from it (docs/cluster.md, "The log kept for backups"); 0: none kept.
@@ -233,6 +237,7 @@ impl Default for Config {
             checkpoint_reuse_min_ids: 100_000,
             checkpoint_write_mb_per_s: 128,
             backup_checkpoint_write_mb_per_s: 32,
+            replay_held_memory_mb: 256,
             log_keep_for_backups_mb: 1024,
             log_segment_bytes: 64 << 20,
             requirepass: None,
@@ -379,6 +384,9 @@ impl Config {
         }
         if self.log_segment_bytes < 4096 {
             return bad("log_segment_bytes must be >= 4096");
+        }
+        if !(1..=1_000_000).contains(&self.replay_held_memory_mb) {
+            return bad("replay_held_memory_mb must be between 1 and 1000000");
         }
         if self.fsync_interval_ms == 0 && self.durability != "every-batch" {
             return bad("fsync_interval_ms must be >= 1");
@@ -607,6 +615,17 @@ mod tests {
         assert_eq!((c.checkpoint_write_mb_per_s, c.backup_checkpoint_write_mb_per_s), (128, 8));
         let c: Config = toml::from_str("checkpoint_write_mb_per_s = 18446744073710").unwrap();
         assert!(c.validate().is_err(), "a pace that overflows in bytes per second");
+        // What a held backup keeps in memory: 256 MB by default, at least 1.
+        assert_eq!(Config::default().replay_held_memory_mb, 256);
+        for (mb, ok) in [(0, false), (8, true), (1_000_001, false)] {
+            let mut c: Config =
+                toml::from_str(&format!("port = 7000\ndata_dir = \"/tmp/x\"\nreplay_held_memory_mb = {mb}")).unwrap();
+            c.used_memory = Some(crate::memory::allocated_bytes);
+            match c.validate() {
+                Ok(()) => assert!(ok, "{mb} MB taken"),
+                Err(e) => assert!(!ok && e.to_string().contains("replay_held_memory_mb"), "{mb} MB: {e}"),
+            }
+        }
     }
 
     #[test]

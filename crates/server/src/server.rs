@@ -438,7 +438,7 @@ fn backup_options(
         // A cluster node's backup may be promoted in place: it replays only what
         // the primary released (docs/cluster.md).
         hold_replay_at_release: cfg.cluster.as_ref().is_some_and(|c| c.hold_replay_at_release),
-        held_in_memory_max: ditto_replication::backup::HELD_IN_MEMORY_MAX,
+        held_in_memory_max: cfg.replay_held_memory_mb * 1_000_000,
         // Kept from this server's previous run (it follows the next epoch's
         // primary in place, `RoleRequest::Follow`).
         engine,
