@@ -46,6 +46,12 @@ fn held_past_memory() -> Held {
 /// `held_past_memory` with the backup replaying in `mode`, its replica log files rolled
 /// past `file_bytes`.
 fn held_past_memory_with(mode: ReplayMode, file_bytes: u64) -> Held {
+    held(mode, file_bytes, HELD_MAX, 1000, true)
+}
+
+/// A held backup kept to `held_max` bytes in memory, and `stalled` commits made while
+/// the release stalls (each waited for when `wait_each`, else only the last).
+fn held(mode: ReplayMode, file_bytes: u64, held_max: u64, stalled: u32, wait_each: bool) -> Held {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 2, ..Default::default() }).unwrap();
@@ -64,7 +70,7 @@ fn held_past_memory_with(mode: ReplayMode, file_bytes: u64) -> Held {
     a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
     let bk = backup::start(BackupOptions {
         hold_replay_at_release: true,
-        held_in_memory_max: HELD_MAX,
+        held_in_memory_max: held_max,
         replay: mode,
         replica_file_bytes: file_bytes,
         // Its own checkpoints during the stall, which delete the files they cover.
@@ -73,9 +79,14 @@ fn held_past_memory_with(mode: ReplayMode, file_bytes: u64) -> Held {
     })
     .unwrap();
     wait_until("the backup to join", Duration::from_secs(30), || bk.state.link_up());
-    let commit = |w: &mut ditto_engine::Worker, k: u32| {
-        w.run(|x| x.put(t, &k.to_be_bytes(), &value(k))).unwrap().1.wait().unwrap()
+    let commit_then = |w: &mut ditto_engine::Worker, k: u32, wait: bool| {
+        let ticket = w.run(|x| x.put(t, &k.to_be_bytes(), &value(k))).unwrap().1;
+        match wait {
+            true => ticket.wait().unwrap(),
+            false => ticket.ts(),
+        }
     };
+    let commit = |w: &mut ditto_engine::Worker, k: u32| commit_then(w, k, true);
     let mut w0 = a.db().worker(WorkerId(0)).unwrap();
     let mut w1 = a.db().worker(WorkerId(1)).unwrap();
     let released = (0..100u32).map(|k| commit(if k % 2 == 0 { &mut w0 } else { &mut w1 }, k)).max().unwrap();
@@ -83,8 +94,10 @@ fn held_past_memory_with(mode: ReplayMode, file_bytes: u64) -> Held {
         bk.state.visible.load(Ordering::Acquire) >= released.0
     });
     tell_upto.store(released.0, Ordering::Release);
-    let stalled: Vec<(Ts, u32)> =
-        (100..1100u32).map(|k| (commit(if k % 2 == 0 { &mut w0 } else { &mut w1 }, k), k)).collect();
+    let end = 100 + stalled;
+    let stalled: Vec<(Ts, u32)> = (100..end)
+        .map(|k| (commit_then(if k % 2 == 0 { &mut w0 } else { &mut w1 }, k, wait_each || k + 2 >= end), k))
+        .collect();
     let last = stalled.iter().map(|(ts, _)| *ts).max().unwrap();
     wait_until("the backup to make the stalled commits durable", Duration::from_secs(30), || {
         bk.state.durable.load(Ordering::Acquire) >= last.0
@@ -94,6 +107,37 @@ fn held_past_memory_with(mode: ReplayMode, file_bytes: u64) -> Held {
     });
     drop((w0, w1));
     Held { _tmp: tmp, a, p, bk, bdir: pb, t, tell_upto, released, stalled }
+}
+
+/// What reading spilled batches back costs a held backup's catch-up: 200,000 commits of
+/// about 1 KiB held while the release stalls, with 64 KiB in memory (nearly all spilled)
+/// and with 1 GiB (none), then released; prints the time from the release to the last
+/// commit visible, for each (the replica log is in the page cache: it was just written).
+/// `cargo test --release -p ditto-replication --test held_spill -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn catch_up_after_a_stall_with_and_without_spilling() {
+    for round in 0..2 {
+        for (name, max) in [("spilled", HELD_MAX), ("in memory", 1 << 30)] {
+            let h = held(ReplayMode::Parallel, 64 << 20, max, 200_000, false);
+            let last = h.stalled.iter().map(|(ts, _)| *ts).max().unwrap();
+            let (spilled_now, in_memory) = (spilled(&h.bk), held_bytes(&h.bk));
+            let t0 = std::time::Instant::now();
+            h.tell_upto.store(u64::MAX, Ordering::Release);
+            h.p.recompute();
+            wait_until("the released commits to be visible", Duration::from_secs(120), || {
+                h.bk.state.visible.load(Ordering::Acquire) >= last.0
+            });
+            let el = t0.elapsed();
+            println!(
+                "round {round}, {name}: {spilled_now} batches spilled, {} MB held in memory; visible {:.0} ms after the release",
+                in_memory / 1_000_000,
+                el.as_secs_f64() * 1e3
+            );
+            h.p.stop();
+            h.a.close();
+        }
+    }
 }
 
 fn held_bytes(bk: &Backup) -> u64 {
