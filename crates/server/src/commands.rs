@@ -111,7 +111,7 @@ pub static SPECS: &[Spec] = &[
     conn("SCAN", -2),
     conn("KEYS", 2),
     conn("DITTO.LASTCOMMIT", 1),
-    conn("DITTO.WAITTS", -2),
+    conn("DITTO.WAITTS", 2),
     conn("DITTO.POLICY", -1),
     conn("DITTO.FORGETBACKUP", 2),
 ];
@@ -172,7 +172,13 @@ const COMMAND_SUBCOMMANDS: &[(&str, i32)] = &[("COUNT", 2), ("LIST", -2), ("INFO
 /// CONFIG GET's arity (CONFIG's other subcommands get ditto's own answer when they run).
 /// (COMMAND's since 2026-12-03: `COMMAND COUNT x` answered, and an unknown subcommand
 /// queued in MULTI did not abort the EXEC; found by a review.)
+///
+/// Also `DITTO.POLICY` with more than one argument (its arity says "at least none"): it
+/// read the first and answered OK, setting the policy (found by a review, 2026-12-03).
 pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
+    if spec.name == "DITTO.POLICY" && args.len() > 2 {
+        return Some(wrong_arity(spec));
+    }
     let sub = args.get(1)?.to_ascii_uppercase();
     let table = match spec.name {
         "CLIENT" => Some(CLIENT_SUBCOMMANDS),

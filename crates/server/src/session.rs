@@ -2439,6 +2439,18 @@ mod tests {
             "ERR wrong number of arguments for 'command|count' command"
         );
         assert_eq!(err(cmd(&mut s, &sh, &mut w, "COMMAND NOPE")), "ERR unknown subcommand 'NOPE'. Try COMMAND HELP.");
+        // ditto's own commands take no argument they would not read (they read the first
+        // and answered, DITTO.POLICY setting the policy).
+        let policy = cmd(&mut s, &sh, &mut w, "DITTO.POLICY");
+        assert_eq!(
+            err(cmd(&mut s, &sh, &mut w, "DITTO.POLICY all-durable oops")),
+            "ERR wrong number of arguments for 'ditto.policy' command"
+        );
+        assert_eq!(cmd(&mut s, &sh, &mut w, "DITTO.POLICY"), policy, "the refused DITTO.POLICY changed the policy");
+        assert_eq!(
+            err(cmd(&mut s, &sh, &mut w, "DITTO.WAITTS 5 junk")),
+            "ERR wrong number of arguments for 'ditto.waitts' command"
+        );
         let mut h = names(cmd(&mut s, &sh, &mut w, "COMMAND LIST FILTERBY PATTERN H*"));
         h.sort();
         let mut want: Vec<String> = all.iter().filter(|n| n.starts_with('h')).cloned().collect();
