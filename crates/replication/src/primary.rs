@@ -1224,8 +1224,15 @@ impl Primary {
         // What the log is read from: above what the backup holds, or (a backup of the
         // epoch this one was recovered from, holding exactly its cut) above this epoch's
         // start, since nothing lies between the two.
+        // A backup of this very epoch that holds less than the recovered point: it was
+        // welcomed into this epoch as one of the recovered epoch behind the point, and its
+        // link dropped while the sealed part of its start was sent, before every stream had
+        // it. This epoch's log alone begins above the point and vouches for nothing below
+        // it: a gap read from it skipped the rest of the sealed part, and its vouch then
+        // covered the hole (found by a review, 2026-12-03). It is served as it was at first.
+        let below_point = epoch == self.epoch && self.opts.resume_from.is_some_and(|(_, p, _)| have_ts < p);
         let from = match self.opts.resume_from {
-            _ if epoch == self.epoch => Some(have_ts),
+            _ if epoch == self.epoch && !below_point => Some(have_ts),
             Some((e, p, start)) if (e, p) == (epoch, have_ts) => Some(start.max(have_ts)),
             _ => None,
         };
@@ -1273,7 +1280,7 @@ impl Primary {
                 // primary's last batches had not all reached it): what this node's replica
                 // log, sealed at the point, holds above what it has, cut at the point, then
                 // this epoch's log (docs/cluster.md).
-                Some((e, p, start)) if e == epoch && have_ts < p && have_ts > Ts::ZERO => {
+                Some((e, p, start)) if (e == epoch || below_point) && have_ts < p && have_ts > Ts::ZERO => {
                     // A damaged sealed log is only a shortcut lost: the backup is sent a
                     // checkpoint instead (never a gap that skips what the damage hides).
                     let sealed = ditto_log::replica::sealed_batches_above(dir, have_ts, p).unwrap_or_else(|e| {

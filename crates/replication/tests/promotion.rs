@@ -356,6 +356,39 @@ fn a_backup_checkpointed_above_the_point_is_refused_a_promotion_at_it() {
     assert_eq!(listing(&b1), before, "the refused open changed the directory");
 }
 
+/// The bounds of the batches a primary at `addr` sends, within 2 s of its welcome, to a
+/// backup named `node` that says it follows `epoch` and holds up to `have`.
+fn bounds_sent_to_a_hello(addr: &str, epoch: Epoch, have: Ts, node: &str) -> Vec<Ts> {
+    use ditto_replication::protocol::{read_frame, Frame, Start, PROTOCOL_VERSION};
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let hello =
+        Frame::Hello { version: PROTOCOL_VERSION, epoch, have_ts: have, node: node.into(), learner: false, auth: None };
+    s.write_all(&hello.encode()).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let welcome = loop {
+        match read_frame(&mut s).unwrap() {
+            Some(Frame::Heartbeat { .. }) => continue,
+            other => break other,
+        }
+    };
+    assert!(matches!(welcome, Some(Frame::Welcome { start: Start::Resume, .. })), "{welcome:?}");
+    let mut bounds = Vec::new();
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        match read_frame(&mut s) {
+            Ok(Some(Frame::Batch { batch, .. })) => {
+                bounds.push(ditto_log::format::decode_batch_checksums(&batch).unwrap().0.header.bound_ts)
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    bounds
+}
+
 /// Every file under `d` (not the lock file, and not `trash/`: what the backup's own
 /// checkpoints retired is deleted there by a thread of its own, which may still be at it),
 /// with its length.
@@ -1180,6 +1213,18 @@ fn behind_the_point(served: Served) {
             }
             _ => {}
         }
+    }
+    if served == Served::NotYet {
+        // A backup already of the new epoch that holds less than the point (welcomed as
+        // one behind it, its link dropped while the sealed part came): it is sent the
+        // sealed part again, not only the new epoch's log, which vouched past the hole.
+        let got = bounds_sent_to_a_hello(&bp_addr, Epoch(epoch1.0 + 1), ts[49], "b3");
+        assert!(
+            got.iter().any(|&b| b > ts[49] && b <= p),
+            "no batch between ts {} and the point {} was sent: {got:?}",
+            ts[49].0,
+            p.0
+        );
     }
     // The second backup: cut where it holds everything, below the point.
     let (db2, lock2, cut) = bk2.cut_at_most(p, "follows", Duration::from_secs(20)).unwrap();
