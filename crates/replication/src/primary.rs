@@ -1267,23 +1267,29 @@ impl Primary {
         if have_ts > Ts::ZERO {
             link.asked_from.store(from.unwrap_or(have_ts).0, Ordering::Release);
         }
-        let gap = if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
-            // A log that cannot be read whole (a damaged segment: a hole) is not sent: the
-            // backup is sent a checkpoint instead.
-            ditto_log::replica::batches_after(dir, self.epoch, from).unwrap_or_else(|e| {
-                tracing::warn!("the log above ts {} cannot be read whole ({e}): a checkpoint is sent", from.0);
-                None
-            })
-        } else {
-            match self.opts.resume_from {
-                // A backup of the recovered epoch that held less than its point (the old
-                // primary's last batches had not all reached it): what this node's replica
-                // log, sealed at the point, holds above what it has, cut at the point, then
-                // this epoch's log (docs/cluster.md).
-                Some((e, p, start)) if (e == epoch || below_point) && have_ts < p && have_ts > Ts::ZERO => {
-                    // A damaged sealed log is only a shortcut lost: the backup is sent a
-                    // checkpoint instead (never a gap that skips what the damage hides).
-                    let sealed = ditto_log::replica::sealed_batches_above(dir, have_ts, p).unwrap_or_else(|e| {
+        // Read from disk before the welcome (the whole of a large kept log may be read):
+        // a heartbeat a second meanwhile, as while a checkpoint is written for a join, so
+        // that the backup, which waits 5 s for a word, does not give up and ask again for
+        // the same read (found by a review, 2026-12-03).
+        let mut beats = stream.try_clone()?;
+        let gap = saying_alive(&mut beats, || {
+            Ok(if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
+                // A log that cannot be read whole (a damaged segment: a hole) is not sent: the
+                // backup is sent a checkpoint instead.
+                ditto_log::replica::batches_after(dir, self.epoch, from).unwrap_or_else(|e| {
+                    tracing::warn!("the log above ts {} cannot be read whole ({e}): a checkpoint is sent", from.0);
+                    None
+                })
+            } else {
+                match self.opts.resume_from {
+                    // A backup of the recovered epoch that held less than its point (the old
+                    // primary's last batches had not all reached it): what this node's replica
+                    // log, sealed at the point, holds above what it has, cut at the point, then
+                    // this epoch's log (docs/cluster.md).
+                    Some((e, p, start)) if (e == epoch || below_point) && have_ts < p && have_ts > Ts::ZERO => {
+                        // A damaged sealed log is only a shortcut lost: the backup is sent a
+                        // checkpoint instead (never a gap that skips what the damage hides).
+                        let sealed = ditto_log::replica::sealed_batches_above(dir, have_ts, p).unwrap_or_else(|e| {
                         tracing::warn!(
                             "backup {} at {addr}: its gap cannot come from the sealed log ({e}); it is sent a checkpoint",
                             link.node,
@@ -1291,15 +1297,17 @@ impl Primary {
                         );
                         None
                     });
-                    let own = ditto_log::replica::batches_after(dir, self.epoch, start.max(p)).unwrap_or_else(|e| {
-                        tracing::warn!("this epoch's log cannot be read whole ({e}): a checkpoint is sent");
-                        None
-                    });
-                    sealed.zip(own).map(|(a, b)| b.after_held(a))
+                        let own =
+                            ditto_log::replica::batches_after(dir, self.epoch, start.max(p)).unwrap_or_else(|e| {
+                                tracing::warn!("this epoch's log cannot be read whole ({e}): a checkpoint is sent");
+                                None
+                            });
+                        sealed.zip(own).map(|(a, b)| b.after_held(a))
+                    }
+                    _ => None,
                 }
-                _ => None,
-            }
-        };
+            })
+        })?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
         let tables = |logger: &ditto_log::Logger| {
             logger.catalog_tables().into_iter().map(|(id, n)| (id.0, n)).collect::<Vec<_>>()
