@@ -1219,8 +1219,13 @@ impl Primary {
         stream.set_write_timeout(Some(self.opts.start_stall_max))?;
         let reg_clock = db.clock().now();
         // Everything framed before the registration must be durable (so a gap read from
-        // disk holds it) and installed (so a checkpoint holds it).
-        wait_logged(logger, link, reg_clock, || db.clock().visible_ts() >= reg_clock, "the registration")?;
+        // disk holds it) and installed (so a checkpoint holds it). A heartbeat a second
+        // meanwhile, and while the gap is read below (`saying_alive`): a backup waits 5 s
+        // for a word, then gives up and asks again.
+        let mut beats = stream.try_clone()?;
+        saying_alive(&mut beats, || {
+            wait_logged(logger, link, reg_clock, || db.clock().visible_ts() >= reg_clock, "the registration")
+        })?;
         // What the log is read from: above what the backup holds, or (a backup of the
         // epoch this one was recovered from, holding exactly its cut) above this epoch's
         // start, since nothing lies between the two.
@@ -1271,7 +1276,6 @@ impl Primary {
         // a heartbeat a second meanwhile, as while a checkpoint is written for a join, so
         // that the backup, which waits 5 s for a word, does not give up and ask again for
         // the same read (found by a review, 2026-12-03).
-        let mut beats = stream.try_clone()?;
         let gap = saying_alive(&mut beats, || {
             Ok(if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
                 // A log that cannot be read whole (a damaged segment: a hole) is not sent: the
