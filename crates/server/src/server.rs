@@ -1812,6 +1812,11 @@ impl Conn {
             }
             // Handle every complete request buffered (up to the output bound).
             let mut close = false;
+            // The server changed its role in place while a WAIT blocked (a drained primary
+            // following the new one): the requests after it are handled in the next round,
+            // under the new role (`hub.follow`), not with this one's (a SET got "log
+            // detached" rather than READONLY naming the new primary; found by a review).
+            let mut role_moved = false;
             let mut replies = 0usize;
             // Where each reply ends in `out`, and the timestamp it waits for: on a backup a
             // wait that times out fails only the replies it covers.
@@ -1936,6 +1941,7 @@ impl Conn {
                                 Some(w) => match conn.wait_replicas(w, &mut stream, &mut inbuf, hub, seen).await {
                                     Some(n) => {
                                         inbuf_large |= inbuf.capacity() > 1 << 20;
+                                        role_moved |= hub.generation.load(Ordering::Acquire) != seen;
                                         Reply::Int(n as i64)
                                     }
                                     // The client left while it waited: nothing to answer.
@@ -1962,7 +1968,7 @@ impl Conn {
                             }
                             close |= o.close;
                         }
-                        if close || ends_batch {
+                        if close || ends_batch || role_moved {
                             break;
                         }
                     }
