@@ -1668,8 +1668,9 @@ impl Engine {
                 .spawn(move || {
                     while let Some(jobs) = h2.next() {
                         for j in jobs {
-                            if e2.stopped() {
-                                // (Let go, or failed: what is left is not replayed here.)
+                            if j.spilled.is_some() && e2.stopped() {
+                                // (Let go, or failed: what is left is not read back; its
+                                // file may be gone with the run.)
                                 return;
                             }
                             let j = match h2.read_back(j) {
@@ -2535,14 +2536,16 @@ impl Receiver {
                     let held = self.received.stream_bound(s);
                     // Nothing new on its stream: skip it, unless it is a heartbeat whose
                     // floor lifts the watermark (an idle stream's bound may not move).
-                    let lifts = floor_trusted && h.floor_ts > self.received.watermark();
+                    // (What was received before it, read once: the skip and the spill both ask.)
+                    let before = self.received.watermark();
+                    let lifts = floor_trusted && h.floor_ts > before;
                     if h.bound_ts <= held && !lifts {
                         self.state.batches_skipped.fetch_add(1, Ordering::Relaxed);
                     } else {
                         let floor = floor_trusted.then_some(h.floor_ts);
                         // Above everything received before it (floors included), it lies
                         // above the read view until it is replayed (`HoldQ::hold`).
-                        let spillable = h.bound_ts > self.received.watermark();
+                        let spillable = h.bound_ts > before;
                         self.received.push(s, h.bound_ts, floor);
                         if counted {
                             // Before it is acknowledged, so before it can be released.
