@@ -1740,10 +1740,12 @@ impl Conn {
     /// `connected_clients`.
     async fn serve(self: Arc<Self>, stream: TcpStream, tls: Option<TlsAcceptor>, hub: Arc<Hub>) {
         let _ = stream.set_nodelay(true);
+        // (The socket's, under TLS too: open for as long as the connection is served.)
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let done = match tls {
-            None => Arc::clone(&self).serve_inner(stream, false, &hub).await,
+            None => Arc::clone(&self).serve_inner(stream, fd, false, &hub).await,
             Some(acceptor) => match tokio::time::timeout(self.tls_handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => Arc::clone(&self).serve_inner(s, true, &hub).await,
+                Ok(Ok(s)) => Arc::clone(&self).serve_inner(s, fd, true, &hub).await,
                 Ok(Err(e)) => {
                     self.sh.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
                     Err(e)
@@ -1764,9 +1766,11 @@ impl Conn {
     /// role's `Conn` (`Hub`) when its server changes its role in place, between two
     /// requests: its session (database, name, authentication, MULTI and WATCH state) goes
     /// on, as it does on a Redis replica that is promoted or follows another primary.
+    /// `fd` is the connection's socket (`stream`'s, or the one under its TLS).
     async fn serve_inner<S: AsyncRead + AsyncWrite + Unpin>(
         self: Arc<Self>,
         mut stream: S,
+        fd: std::os::fd::RawFd,
         tls: bool,
         hub: &Hub,
     ) -> std::io::Result<()> {
@@ -1996,7 +2000,7 @@ impl Conn {
                     tokio::pin!(wait_all);
                     // The client is read meanwhile (`watch_while_waiting`): one gone while
                     // the release stalls held its slot and buffers for good.
-                    match watch_while_waiting(&mut wait_all, &mut stream, &mut inbuf).await {
+                    match watch_while_waiting(&mut wait_all, &mut stream, fd, &mut inbuf).await {
                         Some(w) => waited = w,
                         None => return Ok(()),
                     }
@@ -2254,16 +2258,38 @@ const WAIT_READ_AHEAD: usize = 1 << 20;
 /// that still reads), before the connection ends: past it the client is taken for gone.
 const WAIT_AFTER_INPUT_ENDS: Duration = Duration::from_secs(10);
 
+/// How often a waiting connection that stopped reading ahead asks its socket whether the
+/// client closed it (`peer_closed`).
+const WAIT_CLOSE_POLL: Duration = Duration::from_millis(500);
+
+/// Whether the peer of TCP socket `fd` closed its side or the connection ended (its state
+/// is no longer ESTABLISHED: a FIN received moves it to CLOSE_WAIT, however much of what
+/// came before is still unread; a reset to CLOSE). What a connection that stopped reading
+/// at `WAIT_READ_AHEAD` asks instead of reading. False where it cannot be told.
+fn peer_closed(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: `tcp_info` is plain data, zeroed is a valid value; the kernel writes at
+    // most `len` bytes of it, and `fd` is the caller's open socket.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len) };
+    // (1: TCP_ESTABLISHED, in the kernel's enum, which libc does not name.)
+    rc == 0 && len >= 1 && info.tcpi_state != 1
+}
+
 /// Drives `wait` (a connection's replies waiting for their release) while reading the
 /// client ahead (up to `WAIT_READ_AHEAD`, requests it then handles in turn): `None`, the
 /// connection is to end, if the client reset its connection, or if its input ended and
 /// `WAIT_AFTER_INPUT_ENDS` passed without the wait ending (a half-closed client that
 /// reads gets its replies within that). Before, a primary whose release stalled (under
 /// `all` with a backup away, or cut off from its quorum) kept each gone client's task,
-/// slot and buffers for good, until `max_clients` refused everyone.
+/// slot and buffers for good, until `max_clients` refused everyone. Once it has read
+/// `WAIT_READ_AHEAD`, the socket `fd` is asked every `WAIT_CLOSE_POLL` whether the client
+/// closed it (`peer_closed`): before, a client that pipelined that much and then left was
+/// not seen gone until the release moved.
 async fn watch_while_waiting<S: AsyncRead + Unpin>(
     wait: &mut (impl std::future::Future<Output = Result<(), Arc<str>>> + Unpin),
     stream: &mut S,
+    fd: std::os::fd::RawFd,
     inbuf: &mut BytesMut,
 ) -> Option<Result<(), Arc<str>>> {
     let mut ended: Option<tokio::time::Instant> = None;
@@ -2271,8 +2297,15 @@ async fn watch_while_waiting<S: AsyncRead + Unpin>(
         let reading = ended.is_none() && inbuf.len() < WAIT_READ_AHEAD;
         // (Polled only once the input ended.)
         let give_up = ended.map_or_else(tokio::time::Instant::now, |e| e + WAIT_AFTER_INPUT_ENDS);
+        let full = ended.is_none() && !reading;
         tokio::select! {
             w = &mut *wait => return Some(w),
+            // (Its socket asked, the input unread: `ended` as if a read had met the close.)
+            _ = tokio::time::sleep(WAIT_CLOSE_POLL), if full => {
+                if peer_closed(fd) {
+                    ended = Some(tokio::time::Instant::now());
+                }
+            }
             // (`read_buf` is cancel safe: if the wait ends first, nothing was read.)
             r = stream.read_buf(inbuf), if reading => match r {
                 Ok(0) => ended = Some(tokio::time::Instant::now()),
@@ -2664,12 +2697,22 @@ mod tests {
                 drop(a);
             }
             wait_for(0, Duration::from_secs(5)).await;
-            // Closed: gone within WAIT_AFTER_INPUT_ENDS.
+            // Closed: gone within WAIT_AFTER_INPUT_ENDS. So is one that pipelined more than
+            // the connection reads ahead while it waits, then closed (the rest of its
+            // requests unread: its socket says it closed, `peer_closed`; before, it was
+            // held until the release moved).
             let mut a = TcpStream::connect(addr).await.unwrap();
             a.write_all(set).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut big = TcpStream::connect(addr).await.unwrap();
+            let mut pipeline = set.to_vec();
+            while pipeline.len() < WAIT_READ_AHEAD + WAIT_READ_AHEAD / 2 {
+                pipeline.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+            }
+            tokio::time::timeout(Duration::from_secs(10), big.write_all(&pipeline)).await.unwrap().unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
             drop(a);
-            wait_for(1, Duration::from_secs(1)).await;
+            drop(big);
+            wait_for(2, Duration::from_secs(1)).await;
             wait_for(0, WAIT_AFTER_INPUT_ENDS + Duration::from_secs(5)).await;
             // Half-closed, reading: answered once the release comes.
             let mut a = TcpStream::connect(addr).await.unwrap();
