@@ -1878,6 +1878,30 @@ pub fn sealed_batches_above(data: &Path, after: Ts, point: Ts) -> Result<Option<
     Ok(reached.map(|_| out))
 }
 
+/// `sealed_batches_above` as the first part of a gap, read again when the gap is sent
+/// (`Gap::for_each`) instead of held: here it is read through once, to count its batches
+/// and to find a damaged or unreachable sealed log before anything is sent (`None` where
+/// it does not reach down to `after`), and nothing of it is kept. Before 2026-12-03 the
+/// sealed part was held in memory whole for as long as its link was sent its start: up
+/// to what the sealed log held above its checkpoint, per link.
+pub fn sealed_gap_above(data: &Path, after: Ts, point: Ts) -> Result<Option<SealedPart>, LogError> {
+    let mut batches = 0;
+    let reached = sealed_batches_of(data, after, point, None, &mut |_| {
+        batches += 1;
+        true
+    })?;
+    Ok(reached.map(|_| SealedPart { data: data.to_path_buf(), after, point, batches }))
+}
+
+/// What `sealed_gap_above` found: where to read it again, and how many batches it held.
+#[derive(Debug)]
+pub struct SealedPart {
+    data: PathBuf,
+    after: Ts,
+    point: Ts,
+    batches: usize,
+}
+
 /// `sealed_batches_above`, of one stream only where `stream` names it, each batch handed
 /// to `sink` as it is read.
 fn sealed_batches_of(
@@ -2211,7 +2235,7 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
 const GAP_OPEN_MAX: usize = 256;
 
 /// Batches for a backup (`batches_after`), read when they are sent: open segments with
-/// the length of each found whole then, and batches already in memory (a sealed log's).
+/// the length of each found whole then, and a sealed log's part (`sealed_gap_above`).
 #[derive(Debug, Default)]
 pub struct Gap {
     parts: Vec<GapPart>,
@@ -2221,7 +2245,7 @@ pub struct Gap {
 #[derive(Debug)]
 enum GapPart {
     Segment { file: Option<std::fs::File>, path: PathBuf, len: u64, after: Ts, batches: usize },
-    Held(Vec<Bytes>),
+    Sealed(SealedPart),
 }
 
 impl Gap {
@@ -2234,10 +2258,10 @@ impl Gap {
         self.batches == 0
     }
 
-    /// `batches` first, then this gap's.
-    pub fn after_held(mut self, batches: Vec<Bytes>) -> Gap {
-        self.batches += batches.len();
-        self.parts.insert(0, GapPart::Held(batches));
+    /// A sealed log's part first (`sealed_gap_above`), then this gap's.
+    pub fn after_sealed(mut self, sealed: SealedPart) -> Gap {
+        self.batches += sealed.batches;
+        self.parts.insert(0, GapPart::Sealed(sealed));
         self
     }
 
@@ -2247,7 +2271,43 @@ impl Gap {
     pub fn for_each(self, mut f: impl FnMut(Bytes) -> std::io::Result<()>) -> std::io::Result<()> {
         for part in self.parts {
             match part {
-                GapPart::Held(batches) => batches.into_iter().try_for_each(&mut f)?,
+                GapPart::Sealed(SealedPart { data, after, point, batches }) => {
+                    // Read as it is sent; one that no longer reads as it was counted (a
+                    // checkpoint retired the sealed log meanwhile, say) ends the send after
+                    // what was sent before, as a changed segment does.
+                    let changed = |what: String| {
+                        std::io::Error::other(format!(
+                            "{}: the sealed log above ts {}: {what} since the gap was taken",
+                            data.display(),
+                            after.0
+                        ))
+                    };
+                    let (mut sent, mut failed) = (0, None);
+                    let reached = sealed_batches_of(&data, after, point, None, &mut |b| {
+                        sent += 1;
+                        if sent > batches {
+                            return false;
+                        }
+                        match f(b) {
+                            Ok(()) => true,
+                            Err(e) => {
+                                failed = Some(e);
+                                false
+                            }
+                        }
+                    });
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                    match reached {
+                        Ok(Some(Reached::End)) if sent == batches => {}
+                        Ok(Some(_)) => {
+                            return Err(changed(format!("more than the {batches} batches it held, or fewer ({sent})")))
+                        }
+                        Ok(None) => return Err(changed("no longer reaching down".into())),
+                        Err(e) => return Err(changed(format!("{e}"))),
+                    }
+                }
                 GapPart::Segment { file, path, len, after, batches } => {
                     let changed = |what: String| {
                         std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))

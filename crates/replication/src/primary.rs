@@ -203,6 +203,7 @@ const NEVER_ACKED: u64 = u64::MAX;
 
 struct Queue {
     frames: std::collections::VecDeque<Bytes>,
+    /// Queued, and taken by the link's thread and not yet written (held to `queue_bytes_max`).
     bytes: usize,
     dead: Option<String>,
     /// The link's thread is writing frames it took from `frames`.
@@ -1293,7 +1294,7 @@ impl Primary {
                     Some((e, p, start)) if (e == epoch || below_point) && have_ts < p && have_ts > Ts::ZERO => {
                         // A damaged sealed log is only a shortcut lost: the backup is sent a
                         // checkpoint instead (never a gap that skips what the damage hides).
-                        let sealed = ditto_log::replica::sealed_batches_above(dir, have_ts, p).unwrap_or_else(|e| {
+                        let sealed = ditto_log::replica::sealed_gap_above(dir, have_ts, p).unwrap_or_else(|e| {
                         tracing::warn!(
                             "backup {} at {addr}: its gap cannot come from the sealed log ({e}); it is sent a checkpoint",
                             link.node,
@@ -1306,7 +1307,7 @@ impl Primary {
                                 tracing::warn!("this epoch's log cannot be read whole ({e}): a checkpoint is sent");
                                 None
                             });
-                        sealed.zip(own).map(|(a, b)| b.after_held(a))
+                        sealed.zip(own).map(|(a, b)| b.after_sealed(a))
                     }
                     _ => None,
                 }
@@ -1435,12 +1436,19 @@ impl Primary {
         let mut last_sent = Instant::now();
         // Since when nothing was queued and nothing moved (a link dozes after `LINK_DOZE_AFTER`).
         let mut still_since = Instant::now();
+        // What the last turn took from the queue: counted against its bound until written
+        // and flushed, so that a backup reading slowly holds at most `queue_bytes_max` here,
+        // queued and being written together (before, the queue filled again to the bound
+        // while a full turn was written: twice the bound).
+        let mut taken = 0;
         // (A failed write ends the loop, not the function: the acks' reader is joined
         // below before the link's figures are read as it ends.)
         let result = 'live: loop {
             let frames: Vec<Bytes> = {
                 let mut q = link.queue.lock();
                 q.writing = false;
+                // (A link killed meanwhile counts nothing.)
+                q.bytes = q.bytes.saturating_sub(std::mem::take(&mut taken));
                 if q.frames.is_empty() && q.dead.is_none() {
                     let due = IDLE_HEARTBEAT.saturating_sub(last_sent.elapsed());
                     // Frames sent on the socket by other threads (`push_to`, at once) keep
@@ -1472,9 +1480,9 @@ impl Primary {
                 if let Some(why) = &q.dead {
                     break Err(std::io::Error::other(why.clone()));
                 }
-                q.bytes = 0;
                 // Until the next turn, what this thread writes goes out alone.
                 q.writing = true;
+                taken = q.bytes;
                 q.frames.drain(..).collect()
             };
             for f in &frames {

@@ -681,6 +681,19 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let both = ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap().expect("from both links");
     let want: Vec<Ts> = ts[51..].iter().chain(&ts2).copied().collect();
     assert_eq!(commits_above(&both, ts[50]), want, "the end of epoch 1, then epoch 2");
+    // What a new primary sends such a backup reads the same batches again as it sends them
+    // (`sealed_gap_above`: counted now, nothing kept), before the gap of its own log.
+    let sealed_gap = |after: Ts| {
+        let part = ditto_log::replica::sealed_gap_above(&b2, after, p2).unwrap().expect("reaches");
+        ditto_log::replica::Gap::default().after_sealed(part)
+    };
+    let gap = sealed_gap(ts[50]);
+    assert_eq!(gap.len(), both.len());
+    assert_eq!(gap.collect().unwrap(), both, "read again as sent: the same batches");
+    assert_eq!(sealed_gap(ts2[29]).collect().unwrap(), rest);
+    assert!(ditto_log::replica::sealed_gap_above(&b2, ts[50], Ts(p2.0 + 1)).unwrap().is_none(), "no seal there");
+    // Taken now and sent after the checkpoint below (which takes the first link away).
+    let (early_both, early_rest) = (sealed_gap(ts[50]), sealed_gap(ts2[29]));
     // And a failover's fetch of the stream from this directory (the chain read link by link),
     // which can start below both links (its report says so: `fetch_floor`).
     assert!(fetch_floor_is_exact(&b2) <= ts[50], "the chain reaches below both links");
@@ -715,6 +728,11 @@ fn a_second_change_in_place_before_the_checkpoint_seals_a_chain() {
     let rest = ditto_log::replica::sealed_batches_above(&b2, ts2[29], p2).unwrap().expect("from the kept link");
     assert!(!rest.is_empty());
     assert_eq!(ditto_log::replica::sealed_batches_above(&b2, ts[50], p2).unwrap(), None);
+    // A gap taken before, sent now: from the kept link, the same; reaching into the link
+    // taken away, an error (never a gap sent with a hole).
+    assert_eq!(early_rest.collect().unwrap(), rest, "the kept link serves what the chain did");
+    let e = early_both.collect().expect_err("the first link is gone");
+    assert!(e.to_string().contains("no longer reaching down"), "{e}");
     // A failover's fetch from it (its own log, then) starts at that checkpoint, or below
     // where its own log reaches: to where epoch 3 began (its one segment is still open,
     // so the checkpoint deleted none of it).
