@@ -179,6 +179,13 @@ struct AheadState {
 /// the whole interval.
 const PACE_QUIET: Duration = Duration::from_millis(1);
 
+/// The longest durability interval a log takes (`Logger::start`).
+const INTERVAL_MAX: Duration = Duration::from_secs(3600);
+
+/// A flusher paced by its interval sleeps in steps of at most this, looking at the close
+/// and a failure between (`flush_loop`).
+const PACE_STEP: Duration = Duration::from_millis(20);
+
 /// Framed batches waiting for the disk thread at most (per stream): a disk that stalls
 /// holds the flusher back once this much is queued, so memory stays bounded.
 const AHEAD_BYTES_MAX: usize = 32 << 20;
@@ -364,6 +371,15 @@ impl Logger {
         catalog: Catalog,
         durable_from: Ts,
     ) -> std::io::Result<Arc<Logger>> {
+        // A zero interval spun every flusher at full CPU, and one past `Instant`'s range
+        // panicked a flusher (the server's configuration refuses both; a library user was
+        // not told).
+        if let Some(d) = opts.durability.interval().filter(|d| d.is_zero() || *d > INTERVAL_MAX) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("a log's durability interval must be above zero and at most an hour, not {d:?}"),
+            ));
+        }
         // (Bounded so that one more transaction, at most TXN_BYTES_MAX, always fits a batch.)
         opts.stream_buffer_bytes_max =
             opts.stream_buffer_bytes_max.min(crate::format::MAX_RAW_LEN - ditto_engine::TXN_BYTES_MAX);
@@ -466,12 +482,10 @@ impl Logger {
 
     fn fail(&self, what: String) {
         tracing::error!("log failed, writes stopped: {what}");
-        // Only the first failure is the log's reason, and only it is reported.
-        if self.failed.set(what.into()).is_ok() {
-            if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
-                f(self.watermark(), Some(why));
-            }
-        }
+        // Only the first failure is the log's reason, and only it is reported (last: a
+        // listener that panics, as one may that a log thread's panic came from, leaves
+        // every waiter woken all the same).
+        let first = self.failed.set(what.into()).is_ok();
         {
             let _g = self.wait_lock.lock();
             self.wait_cv.notify_all();
@@ -482,6 +496,30 @@ impl Logger {
             s.cv.notify_all();
             s.space.notify_all();
         }
+        if first {
+            if let (Some(f), Some(why)) = (self.listener.get(), self.failed.get()) {
+                f(self.watermark(), Some(why));
+            }
+        }
+    }
+
+    /// Runs `body`, a log thread's (`what`); a panic in it is the log's failure. Before
+    /// 2026-12-03 a panicking flusher or disk thread left the log open with a stream that
+    /// never became durable again: the watermark stopped below its next batch, every commit
+    /// waited for good, its worker blocked in `append` once its buffer filled, and a close
+    /// waited for the flusher's scope for ever (found by a review).
+    fn failing_on_panic(&self, what: &str, body: impl FnOnce()) {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".into());
+            // (A listener that panics again here is the log's last word: the failure is
+            // set and every waiter woken before it is called.)
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fail(format!("{what} panicked: {msg}"))));
+        }
     }
 
     /// Stream `w`'s flusher thread, with its disk thread beside it (see `WriteAhead`).
@@ -489,11 +527,18 @@ impl Logger {
         let ahead = &self.streams[w].ahead;
         let seg = Mutex::new(Segment::new(first));
         std::thread::scope(|sc| {
-            let disk = std::thread::Builder::new()
-                .name(format!("ditto-disk-{w}"))
-                .spawn_scoped(sc, || self.disk_thread(w, &seg, ahead))
-                .expect("starting a log disk thread");
-            self.flush_loop(w, &seg, ahead);
+            let disk = std::thread::Builder::new().name(format!("ditto-disk-{w}")).spawn_scoped(sc, || {
+                self.failing_on_panic(&format!("the disk thread of log stream {w}"), || {
+                    self.disk_thread(w, &seg, ahead)
+                })
+            });
+            // (Failed to start, the log fails: before, the flusher panicked, and its stream
+            // never became durable again, the log still taking commits.)
+            let disk = match disk {
+                Ok(d) => d,
+                Err(e) => return self.fail(format!("starting the disk thread of log stream {w}: {e}")),
+            };
+            self.failing_on_panic(&format!("the flusher of log stream {w}"), || self.flush_loop(w, &seg, ahead));
             ahead.state.lock().stop = true;
             ahead.cv.notify_all();
             let _ = disk.join();
@@ -562,13 +607,23 @@ impl Logger {
             if frames.capacity() > BUFFER_KEEP_MAX {
                 frames = Vec::new();
             }
+            // The failure first: a flusher draining for a close that saw the queue idle
+            // before it trimmed and synced the same segment again, an fsync retried after
+            // one failed (found by a review).
+            let failed = match done {
+                Err(e) => {
+                    self.fail(e);
+                    true
+                }
+                Ok(()) => false,
+            };
             {
                 let mut st = ahead.state.lock();
                 st.busy = false;
                 ahead.cv.notify_all();
             }
-            if let Err(e) = done {
-                return self.fail(e);
+            if failed {
+                return;
             }
             // The flusher asks again whether it owes a heartbeat, if it may (it also asks
             // at its idle timeout).
@@ -724,7 +779,11 @@ impl Logger {
                     if now != seen {
                         (seen, still_since) = (now, Instant::now());
                     }
-                    if still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf) {
+                    // (The close and a failure are looked at again under the lock they notify
+                    // under: one between the look above and this wait was missed, and the
+                    // close waited up to an interval, then the pacing below, for nothing.)
+                    let ending = self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some();
+                    if !ending && (still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf)) {
                         let look = interval.filter(|_| !self.eager()).unwrap_or(HEARTBEAT_EVERY);
                         stream.cv.wait_for(&mut buf, look);
                     }
@@ -736,8 +795,16 @@ impl Logger {
             // tap the disk thread keeps that pace instead, and batches are framed and
             // shipped as commits come (`disk_thread`).
             if let (Some(d), false, false) = (interval, stopping, self.eager()) {
-                if let Some(wait) = last_start.and_then(|t| (t + d).checked_duration_since(Instant::now())) {
-                    std::thread::sleep(wait);
+                // (In steps of at most `PACE_STEP`, the close or a failure looked at between:
+                // a close waited out the whole interval, up to a minute. Not on the stream's
+                // condition, which every append notifies.)
+                if let Some(next) = last_start.map(|t| t + d) {
+                    while let Some(wait) = next.checked_duration_since(Instant::now()).filter(|w| !w.is_zero()) {
+                        if self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some() {
+                            break;
+                        }
+                        std::thread::sleep(wait.min(PACE_STEP));
+                    }
                 }
             }
             // (When the batch started, not when its write and fsync ended: batches an

@@ -2437,3 +2437,86 @@ fn a_commit_appended_after_the_logs_last_flush_fails_its_wait() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Runs `f` on a thread of its own and waits at most `limit` for it (a hang is a failure
+/// of the test, not a test that never ends).
+fn within<T: Send + 'static>(what: &str, limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what} did not end within {limit:?}"))
+}
+
+/// A log thread that panics (here a progress listener, which runs on the flusher or its
+/// disk thread, once the watermark moved) fails the log, saying so: later commits are
+/// refused, and the log closes. Before, the stream never became durable again, the log
+/// took commits that waited for good, and the close hung (found by a review).
+#[test]
+fn a_log_thread_that_panics_fails_the_log_instead_of_stalling_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Arc::new(open(dir.path(), opts(1, Durability::EveryBatch)).unwrap());
+    let armed = Arc::new(AtomicBool::new(false));
+    let a2 = Arc::clone(&armed);
+    d.logger()
+        .set_progress_listener(Box::new(move |_, failed| {
+            if failed.is_none() && a2.load(Ordering::SeqCst) {
+                panic!("a listener's bug");
+            }
+        }))
+        .unwrap();
+    // (Never dropped: a close that hangs, as before, would hang the test's unwinding.)
+    std::mem::forget(Arc::clone(&d));
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 5);
+    armed.store(true, Ordering::SeqCst);
+    let d2 = Arc::clone(&d);
+    // Durable, where the listener that panicked was told of its own batch (told after the
+    // watermark moved); failed, where an earlier move (a heartbeat's) made it panic first.
+    let waited = within("the commit's wait", Duration::from_secs(30), move || {
+        let mut w = d2.db().worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait()
+    });
+    if let Err(e) = waited {
+        assert!(e.to_string().contains("panicked: a listener's bug"), "{e}");
+    }
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while d.logger().failure().is_none() {
+        assert!(std::time::Instant::now() < end, "the log did not fail with its thread");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let why = d.logger().failure().unwrap();
+    assert!(why.contains("of log stream 0 panicked: a listener's bug"), "{why}");
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    assert!(w.run(|x| x.put(t, b"k2", b"v")).is_err(), "later commits are refused");
+    drop(w);
+    within("the close", Duration::from_secs(30), move || d.close());
+}
+
+/// A close under a long interval does not wait the interval out (the flusher's pacing
+/// looks at it), and the batch it was pacing is made durable by the close; a zero
+/// interval, which spun every flusher, is refused (found by a review).
+#[test]
+fn a_close_under_a_long_interval_does_not_wait_it_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path(), opts(1, Durability::Interval(Duration::ZERO))).err().expect("refused");
+    assert!(e.to_string().contains("above zero"), "{e}");
+    let d = Arc::new(open(dir.path(), opts(1, Durability::Interval(Duration::from_secs(120)))).unwrap());
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    // The first goes out at once (the stream wrote nothing for an interval); the second
+    // waits for the next interval, two minutes on.
+    w.run(|x| x.put(t, b"a", b"1")).unwrap().1.wait().unwrap();
+    let second = w.run(|x| x.put(t, b"b", b"2")).unwrap().1;
+    drop(w);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(d.logger().watermark() < second.ts(), "paced: not yet durable");
+    let d2 = Arc::clone(&d);
+    within("the close", Duration::from_secs(30), move || d2.close());
+    assert!(second.wait().is_ok(), "made durable by the close");
+    drop(d);
+    let r = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let mut w = r.db().worker(WorkerId(0)).unwrap();
+    let t = r.db().table_id("t").unwrap();
+    assert_eq!(w.run(|x| x.get(t, b"b")).unwrap().0.as_deref(), Some(&b"2"[..]));
+}
