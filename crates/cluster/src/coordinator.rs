@@ -466,8 +466,13 @@ impl Coordinator {
                         // (eligibility, what a log still serves) may change, and no other
                         // report can come once all have. (Before, such a round replanned
                         // the same reports until the leader changed; found by a review.)
-                        let again = matches!(r.unplanned, Some(PlanError::NoEligibleNode | PlanError::NoSource))
-                            && now.saturating_sub(r.asked_all_at.unwrap_or(r.started)) >= self.t.prepare;
+                        // So are reports of different stream counts, no count's a quorum:
+                        // a node restarted with the cluster's `--workers`, or one stopped,
+                        // is then heard (before 2026-12-03, never: found by a review).
+                        let again = matches!(
+                            r.unplanned,
+                            Some(PlanError::NoEligibleNode | PlanError::NoSource | PlanError::StreamCounts(_))
+                        ) && now.saturating_sub(r.asked_all_at.unwrap_or(r.started)) >= self.t.prepare;
                         if again || r.asked_at.is_none_or(|t| now.saturating_sub(t) >= self.t.resend) {
                             r.asked_at = Some(now);
                             if again {
@@ -892,6 +897,25 @@ mod tests {
         assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>(), "asked again");
         let a = c.on_report(report(3, 2, &[10, 10]), 11 + T.prepare, &s, true);
         assert!(matches!(&a[..], [Action::Prepare { to: 3, .. }]), "{a:?}");
+    }
+
+    /// So does a round whose reports name different stream counts, neither a quorum's: the
+    /// node whose count differs (restarted with the cluster's `--workers`) is heard again,
+    /// and the round plans. Before, nobody that had reported was asked again, and the
+    /// round waited until the leader changed (found by a review).
+    #[test]
+    fn a_round_of_different_stream_counts_asks_every_member_again() {
+        let mut s = boot(3);
+        s.apply(&Command::BeginFailover { epoch: 2, reason: "test".into() }).unwrap();
+        let mut c = Coordinator::new(2, T, 0);
+        c.tick(10, &s, true);
+        assert!(c.on_report(report(1, 2, &[10, 10, 10, 10]), 11, &s, true).is_empty());
+        assert!(c.on_report(report(2, 2, &[10, 10]), 11, &s, true).is_empty());
+        assert!(matches!(c.unplanned(), Some((2, PlanError::StreamCounts(_)))));
+        let a = c.tick(10 + T.prepare, &s, true);
+        assert_eq!(a, (1..=3).map(|to| Action::AskReport { to, epoch: 2 }).collect::<Vec<_>>(), "asked again");
+        let a = c.on_report(report(1, 2, &[10, 10]), 11 + T.prepare, &s, true);
+        assert!(matches!(&a[..], [Action::Prepare { .. }]), "{a:?}");
     }
 
     /// A leader whose own loop stalled does not fail a primary over for the silence it

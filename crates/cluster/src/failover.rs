@@ -154,7 +154,7 @@ pub fn plan_preferring(
     prefer: Option<NodeId>,
 ) -> Result<RecoveryPlan, PlanError> {
     let Recovered { epoch: recovered_epoch, start, floor } = recovered;
-    let valid: Vec<&TailReport> =
+    let mut valid: Vec<&TailReport> =
         reports.values().filter(|r| r.fenced_at == epoch && r.epoch == recovered_epoch).collect();
     let quorum = members / 2 + 1;
     if valid.len() < quorum {
@@ -162,9 +162,24 @@ pub fn plan_preferring(
     }
     let counts: std::collections::BTreeSet<usize> = valid.iter().map(|r| r.streams.len()).filter(|&n| n > 0).collect();
     if counts.len() > 1 {
-        return Err(PlanError::StreamCounts(counts.into_iter().collect()));
+        // The reporters of one stream count (with those that hold nothing), if they are a
+        // quorum by themselves, are planned from alone: any quorum that released a commit
+        // meets them in a node that followed the primary, whose count is the primary's, so
+        // theirs is, and the others (an old primary's own log from before a change of
+        // `--workers`, say) hold nothing of the epoch that is not held here too. (Two
+        // counts' reporters can both be a quorum only through reporters that hold
+        // nothing, and then no quorum released anything in the epoch; no plan is made
+        // then, as none is where no count's are.) Before 2026-12-03 any other count
+        // stopped the plan, and the round waited for good on a report nobody asked for
+        // again (found by a review).
+        let same = |c: usize| valid.iter().filter(|r| r.streams.len() == c || r.streams.is_empty()).count();
+        let quorate: Vec<usize> = counts.iter().copied().filter(|&c| same(c) >= quorum).collect();
+        let [c] = quorate[..] else {
+            return Err(PlanError::StreamCounts(counts.into_iter().collect()));
+        };
+        valid.retain(|r| r.streams.len() == c || r.streams.is_empty());
     }
-    let streams = counts.into_iter().next().unwrap_or(0);
+    let streams = valid.iter().map(|r| r.streams.len()).max().unwrap_or(0);
     let pos = |r: &TailReport, s: usize| r.streams.get(s).copied().unwrap_or(0);
     // Per stream, the most any reporter holds, and the first (lowest id) that holds it.
     let tails: Vec<(u64, NodeId)> = (0..streams)
@@ -312,16 +327,36 @@ mod tests {
     }
 
     /// Reports of different stream counts (nodes running different `--workers`) make no
-    /// plan: an old primary's own log of 4 streams, capped at the last point, beside a
-    /// backup holding the acknowledged commits of a 2-stream epoch, made the point the old
-    /// primary's (a loss of everything acknowledged since).
+    /// plan where no count's reporters are a quorum by themselves: an old primary's own
+    /// log of 4 streams, capped at the last point, beside a backup holding the
+    /// acknowledged commits of a 2-stream epoch, made the point the old primary's (a loss
+    /// of everything acknowledged since). Where they are, the plan is theirs alone (with
+    /// the reporters that hold nothing), as if the others had not reported.
     #[test]
     fn reports_of_different_stream_counts_make_no_plan() {
         let mut old = report(1, &[100, 100, 100, 100]);
         old.eligible = false;
         old.last_resort = true;
-        let rs = reports(vec![old, report(3, &[500, 480])]);
+        let rs = reports(vec![old.clone(), report(3, &[500, 480])]);
         assert_eq!(plan(&rs, 3, 2, at(1, 0)), Err(PlanError::StreamCounts(vec![2, 4])));
+        // A third member's report of the primary's two streams: those two are a quorum.
+        let rs = reports(vec![old.clone(), report(2, &[490, 500]), report(3, &[500, 480])]);
+        let p = plan(&rs, 3, 2, at(1, 0)).unwrap();
+        assert_eq!((p.primary, p.recovery_point), (2, 500), "{p:?}");
+        assert!(p.fetch.iter().all(|f| f.from != 1), "nothing from the other count: {p:?}");
+        // With one that holds nothing, of five members: the two and it are a quorum.
+        let rs = reports(vec![old.clone(), report(2, &[490, 500]), report(3, &[500, 480]), report(5, &[])]);
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)).unwrap().recovery_point, 500);
+        // Of three, one of the count and one that holds nothing are a quorum, but so are
+        // the other count's and it: no plan.
+        let rs = reports(vec![old.clone(), report(2, &[]), report(3, &[500, 480])]);
+        assert_eq!(plan(&rs, 3, 2, at(1, 0)), Err(PlanError::StreamCounts(vec![2, 4])));
+        // Five members, two of each count and one that holds nothing: a quorum is three,
+        // which either count's reporters make with it: no plan.
+        let mut old2 = old.clone();
+        old2.node = 4;
+        let rs = reports(vec![old, old2, report(2, &[490, 500]), report(3, &[500, 480]), report(5, &[])]);
+        assert_eq!(plan(&rs, 5, 2, at(1, 0)), Err(PlanError::StreamCounts(vec![2, 4])));
     }
 
     #[test]
