@@ -508,7 +508,7 @@ impl Logger {
     /// never became durable again: the watermark stopped below its next batch, every commit
     /// waited for good, its worker blocked in `append` once its buffer filled, and a close
     /// waited for the flusher's scope for ever (found by a review).
-    fn failing_on_panic(&self, what: &str, body: impl FnOnce()) {
+    fn failing_on_panic(&self, what: impl FnOnce() -> String, body: impl FnOnce()) {
         if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
             let msg = p
                 .downcast_ref::<&str>()
@@ -517,8 +517,9 @@ impl Logger {
                 .unwrap_or_else(|| "(no message)".into());
             // (A listener that panics again here is the log's last word: the failure is
             // set and every waiter woken before it is called.)
-            let _ =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fail(format!("{what} panicked: {msg}"))));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.fail(format!("{} panicked: {msg}", what()))
+            }));
         }
     }
 
@@ -528,9 +529,10 @@ impl Logger {
         let seg = Mutex::new(Segment::new(first));
         std::thread::scope(|sc| {
             let disk = std::thread::Builder::new().name(format!("ditto-disk-{w}")).spawn_scoped(sc, || {
-                self.failing_on_panic(&format!("the disk thread of log stream {w}"), || {
-                    self.disk_thread(w, &seg, ahead)
-                })
+                self.failing_on_panic(
+                    || format!("the disk thread of log stream {w}"),
+                    || self.disk_thread(w, &seg, ahead),
+                )
             });
             // (Failed to start, the log fails: before, the flusher panicked, and its stream
             // never became durable again, the log still taking commits.)
@@ -538,7 +540,7 @@ impl Logger {
                 Ok(d) => d,
                 Err(e) => return self.fail(format!("starting the disk thread of log stream {w}: {e}")),
             };
-            self.failing_on_panic(&format!("the flusher of log stream {w}"), || self.flush_loop(w, &seg, ahead));
+            self.failing_on_panic(|| format!("the flusher of log stream {w}"), || self.flush_loop(w, &seg, ahead));
             ahead.state.lock().stop = true;
             ahead.cv.notify_all();
             let _ = disk.join();
@@ -1257,7 +1259,15 @@ impl Logger {
                 return;
             }
             if !ahead_full {
-                self.flush_once(w, &mut st, None, &stream.ahead, false);
+                // (A panic here, framing or in the shipping tap, would leave a batch taken
+                // from the buffer and never written, and the next batch's bound would
+                // carry the watermark past it: the log fails instead; found by a review.)
+                self.failing_on_panic(
+                    || format!("a flush of log stream {w} on thread {:?}", std::thread::current().name()),
+                    || {
+                        self.flush_once(w, &mut st, None, &stream.ahead, false);
+                    },
+                );
                 return;
             }
         }

@@ -2520,3 +2520,50 @@ fn a_close_under_a_long_interval_does_not_wait_it_out() {
     let t = r.db().table_id("t").unwrap();
     assert_eq!(w.run(|x| x.get(t, b"b")).unwrap().0.as_deref(), Some(&b"2"[..]));
 }
+
+/// A shipping tap that panics while `armed`.
+struct PanickingTap {
+    armed: Arc<AtomicBool>,
+}
+
+impl ditto_log::ShipTap for PanickingTap {
+    fn batch(&self, _: &ditto_log::format::BatchHeader, _: &[u8], _: bool) {
+        if self.armed.load(Ordering::SeqCst) {
+            panic!("a tap's bug");
+        }
+    }
+    fn table_created(&self, _: TableId, _: &str) {}
+}
+
+/// A batch flushed on a thread that defers its flushes (a server's runtime thread, about
+/// to park) whose shipping panics fails the log: the commit in it is never acknowledged,
+/// and nothing after it is. Before, the batch, already taken from the buffer, was lost
+/// with the panic, the log went on, and the next batch's bound carried the watermark past
+/// the lost commit: acknowledged, and gone at the next open (found by a review).
+#[test]
+fn a_flush_on_a_deferring_thread_that_panics_fails_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    d.logger().set_ship_tap(Arc::new(PanickingTap { armed: Arc::clone(&armed) })).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    w.run(|x| x.put(t, b"before", b"1")).unwrap().1.wait().unwrap();
+    // This thread defers from now on (the flusher, woken every millisecond, may still
+    // take the batch first: then it is the flusher's panic, which fails the log too).
+    ditto_log::flush_before_sleeping();
+    armed.store(true, Ordering::SeqCst);
+    let lost = w.run(|x| x.put(t, b"lost", b"1")).unwrap().1;
+    let _ = std::panic::catch_unwind(ditto_log::flush_deferred);
+    armed.store(false, Ordering::SeqCst);
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while d.logger().failure().is_none() {
+        assert!(std::time::Instant::now() < end, "the log did not fail with the panic");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(d.logger().failure().unwrap().contains("panicked: a tap's bug"), "{:?}", d.logger().failure());
+    // Never acknowledged, and no later commit carries the watermark past it.
+    assert!(w.run(|x| x.put(t, b"after", b"1")).is_err(), "refused");
+    let e = lost.wait().expect_err("not acknowledged");
+    assert!(e.to_string().contains("panicked"), "{e}");
+}
