@@ -408,6 +408,23 @@ pub enum BackupError {
     HoldsWhatThePrimaryLost(String),
 }
 
+/// Runs `body`, a backup thread's (`what`); if it panics, the backup stops (its failure
+/// says which thread panicked, unless it had failed already) and its link is shut, so the
+/// primary sees it go and the receiver ends, as after any failure.
+fn stopping_on_panic(state: &BackupState, link: &AckLink, what: &str, body: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        let why = format!("{what} of this backup panicked ({msg}); it stops acknowledging");
+        tracing::error!("backup stopped: {why}");
+        state.failure.lock().get_or_insert(why);
+        let _ = link.lock().shutdown(std::net::Shutdown::Both);
+    }
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
     let what = what.into();
     move |source| BackupError::Io { what, source }
@@ -932,12 +949,21 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         interval: opts.persist_interval,
     };
     let persister_done = Arc::new(AtomicBool::new(false));
+    // (Both threads below stop the backup, saying so, if they panic: before 2026-12-03 a
+    // panicking persister left the backup linked and silent, acknowledging nothing, and
+    // a fence waited for its end until its timeout.)
     {
         let (persist, done) = (Arc::clone(&persist), Arc::clone(&persister_done));
+        let (state, link) = (Arc::clone(&state), Arc::clone(&link));
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
             .spawn(move || {
-                persister.run(&persist);
+                stopping_on_panic(&state, &link, "the persister", || persister.run(&persist));
+                // (Failed by a panic, it takes no more jobs, as after a failed sync.)
+                if state.failure.lock().is_some() {
+                    persist.q.lock().failed = true;
+                    persist.cv.notify_all();
+                }
                 done.store(true, Ordering::Release);
             })
             .map_err(io("starting the persister"))?;
@@ -956,10 +982,13 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         link_learner: opts.learner,
         held_at_start: if resumed { base } else { Ts::ZERO },
     };
-    std::thread::Builder::new()
-        .name("ditto-repl-recv".into())
-        .spawn(move || run.run(stream, reader))
-        .map_err(io("starting the receiver"))?;
+    {
+        let (state, link) = (Arc::clone(&state), Arc::clone(&link));
+        std::thread::Builder::new()
+            .name("ditto-repl-recv".into())
+            .spawn(move || stopping_on_panic(&state, &link, "the receiver", || run.run(stream, reader)))
+            .map_err(io("starting the receiver"))?;
+    }
     // Its own checkpoints, at its read view, off the receiving path; the persister then
     // deletes the replica log files they cover (after each sync).
     let ckpt_busy = Arc::new(Mutex::new(()));
@@ -2605,33 +2634,53 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
         std::thread::Builder::new()
             .name(format!("ditto-replay-{i}"))
             .spawn(move || {
-                let mut cpu_reported = thread_cpu_ns();
-                if serial {
-                    let q = SerialQueue {
-                        rx,
-                        deferred: Default::default(),
-                        busy: Default::default(),
-                        waiting: Default::default(),
-                        scratch: Default::default(),
-                    };
-                    while let Some(job) = q.next() {
-                        if !q.run(&e, job, &mut cpu_reported) {
-                            return;
-                        }
-                    }
-                    return;
-                }
-                let mut scratch = Vec::new();
-                while let Ok(job) = rx.recv() {
-                    let replayed = e.replay(&job, &mut scratch, &mut |_| !e.halted.load(Ordering::Acquire));
-                    e.account_cpu(&mut cpu_reported);
-                    e.budget.released(job.batch.len());
-                    if !e.finish(&job, replayed) {
-                        return;
-                    }
+                // A replayer that panics stops replay as a failed batch does, saying so
+                // (before 2026-12-03 replay stopped without a word: reads on the backup
+                // stayed at the view of its last batch for good, and nothing said why).
+                let e2 = Arc::clone(&e);
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || replay_queue(&e, rx, serial)));
+                if let Err(p) = ran {
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "(no message)".into());
+                    let msg = format!("replayer {i} panicked ({msg}): replay stops");
+                    tracing::error!("{msg}");
+                    e2.replay_failed(&msg);
+                    e2.state.failure.lock().get_or_insert(msg);
                 }
             })
             .expect("starting a replayer");
+    }
+}
+
+/// One replayer's loop over its queue `rx` (`start_replayers`).
+fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: bool) {
+    let mut cpu_reported = thread_cpu_ns();
+    if serial {
+        let q = SerialQueue {
+            rx,
+            deferred: Default::default(),
+            busy: Default::default(),
+            waiting: Default::default(),
+            scratch: Default::default(),
+        };
+        while let Some(job) = q.next() {
+            if !q.run(e, job, &mut cpu_reported) {
+                return;
+            }
+        }
+        return;
+    }
+    let mut scratch = Vec::new();
+    while let Ok(job) = rx.recv() {
+        let replayed = e.replay(&job, &mut scratch, &mut |_| !e.halted.load(Ordering::Acquire));
+        e.account_cpu(&mut cpu_reported);
+        e.budget.released(job.batch.len());
+        if !e.finish(&job, replayed) {
+            return;
+        }
     }
 }
 

@@ -505,3 +505,67 @@ fn a_stop_does_not_wait_for_a_receiver_that_is_reconnecting() {
     assert!(b.state.durable.load(Ordering::SeqCst) >= last.0);
     drop(conn);
 }
+
+/// Real files whose fsync panics once `bug` is set (a storage layer's bug, say).
+struct PanickingDisk {
+    bug: Arc<AtomicBool>,
+}
+
+struct PanickingFile {
+    inner: Box<dyn LogFile>,
+    bug: Arc<AtomicBool>,
+}
+
+impl Storage for PanickingDisk {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(PanickingFile { inner: RealStorage.create_new(path)?, bug: Arc::clone(&self.bug) }))
+    }
+}
+
+impl LogFile for PanickingFile {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        if self.bug.load(Ordering::SeqCst) {
+            panic!("a storage layer's bug");
+        }
+        self.inner.sync()
+    }
+}
+
+/// A backup whose persister panics stops, saying which thread panicked and why, and its
+/// link goes down (the primary stops counting it; the commit that waited on it is not
+/// released); a fence of it ends at once instead of waiting out its timeout. Before, the
+/// backup stayed linked and silent, acknowledging nothing, and a fence waited for the
+/// persister's end for its whole timeout.
+#[test]
+fn a_backup_whose_persister_panics_stops_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let bug = Arc::new(AtomicBool::new(false));
+    let disk: Arc<dyn Storage> = Arc::new(PanickingDisk { bug: Arc::clone(&bug) });
+    let b1 = backup::start(backup_opts(&addr, &tmp.path().join("b1"), "b1", Some(disk))).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..50u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+    }
+    wait_until("the first commits released", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= last.0);
+    bug.store(true, Ordering::SeqCst);
+    let stuck = w.run(|x| x.put(t, b"after", b"bug")).unwrap().1.wait().unwrap();
+    wait_until("the backup to stop", Duration::from_secs(20), || b1.failure().is_some());
+    let why = b1.failure().unwrap();
+    assert!(why.contains("the persister of this backup panicked (a storage layer's bug)"), "{why}");
+    wait_until("its link to go", Duration::from_secs(20), || p.backups().is_empty());
+    assert!(released.load(Ordering::SeqCst) < stuck.0, "not released on a backup that did not persist it");
+    let t0 = Instant::now();
+    assert!(b1.fence("test", Duration::from_secs(10)).is_err(), "its persisting failed");
+    assert!(t0.elapsed() < Duration::from_secs(5), "the fence waited {:?}", t0.elapsed());
+}
