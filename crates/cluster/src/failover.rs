@@ -160,6 +160,9 @@ pub fn plan_preferring(
     if valid.len() < quorum {
         return Err(PlanError::NoQuorum { got: valid.len(), members, quorum });
     }
+    // New timestamps start above everything any report held, those left out below too
+    // (so that they keep growing on a node that has not discarded yet).
+    let newest = valid.iter().map(|r| r.newest).max().unwrap_or(start);
     let counts: std::collections::BTreeSet<usize> = valid.iter().map(|r| r.streams.len()).filter(|&n| n > 0).collect();
     if counts.len() > 1 {
         // The reporters of one stream count (with those that hold nothing), if they are a
@@ -241,7 +244,6 @@ pub fn plan_preferring(
             Fetch { stream: s, from: source(s, after).expect("checked by can_fetch"), after, upto: recovery_point }
         })
         .collect();
-    let newest = valid.iter().map(|r| r.newest).max().unwrap_or(start);
     Ok(RecoveryPlan {
         epoch,
         recovered_epoch,
@@ -343,6 +345,10 @@ mod tests {
         let rs = reports(vec![old.clone(), report(2, &[490, 500]), report(3, &[500, 480])]);
         let p = plan(&rs, 3, 2, at(1, 0)).unwrap();
         assert_eq!((p.primary, p.recovery_point), (2, 500), "{p:?}");
+        let mut high = old.clone();
+        high.newest = 900;
+        let p = plan(&reports(vec![high, report(2, &[490, 500]), report(3, &[500, 480])]), 3, 2, at(1, 0)).unwrap();
+        assert_eq!((p.recovery_point, p.start), (500, 900), "above what the one left out held too");
         assert!(p.fetch.iter().all(|f| f.from != 1), "nothing from the other count: {p:?}");
         // With one that holds nothing, of five members: the two and it are a quorum.
         let rs = reports(vec![old.clone(), report(2, &[490, 500]), report(3, &[500, 480]), report(5, &[])]);

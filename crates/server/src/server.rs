@@ -2259,21 +2259,33 @@ const WAIT_READ_AHEAD: usize = 1 << 20;
 const WAIT_AFTER_INPUT_ENDS: Duration = Duration::from_secs(10);
 
 /// How often a waiting connection that stopped reading ahead asks its socket whether the
-/// client closed it (`peer_closed`).
+/// client closed it (`peer_state`).
 const WAIT_CLOSE_POLL: Duration = Duration::from_millis(500);
 
-/// Whether the peer of TCP socket `fd` closed its side or the connection ended (its state
-/// is no longer ESTABLISHED: a FIN received moves it to CLOSE_WAIT, however much of what
-/// came before is still unread; a reset to CLOSE). What a connection that stopped reading
-/// at `WAIT_READ_AHEAD` asks instead of reading. False where it cannot be told.
-fn peer_closed(fd: std::os::fd::RawFd) -> bool {
+/// What became of the peer of TCP socket `fd` (from its state in the kernel, which moves
+/// on however much of what came before is still unread): a FIN received moves it from
+/// ESTABLISHED to CLOSE_WAIT, a reset to CLOSE. What a connection that stopped reading at
+/// `WAIT_READ_AHEAD` asks instead of reading. `Open` where it cannot be told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Peer {
+    Open,
+    Closed,
+    Reset,
+}
+
+fn peer_state(fd: std::os::fd::RawFd) -> Peer {
     // SAFETY: `tcp_info` is plain data, zeroed is a valid value; the kernel writes at
     // most `len` bytes of it, and `fd` is the caller's open socket.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len) };
-    // (1: TCP_ESTABLISHED, in the kernel's enum, which libc does not name.)
-    rc == 0 && len >= 1 && info.tcpi_state != 1
+    // (The kernel's enum, which libc does not name: 1 TCP_ESTABLISHED, 7 TCP_CLOSE. This
+    // side shuts its socket down only after the wait, so any other state is the peer's.)
+    match (rc == 0 && len >= 1).then_some(info.tcpi_state) {
+        None | Some(1) => Peer::Open,
+        Some(7) => Peer::Reset,
+        Some(_) => Peer::Closed,
+    }
 }
 
 /// Drives `wait` (a connection's replies waiting for their release) while reading the
@@ -2284,7 +2296,7 @@ fn peer_closed(fd: std::os::fd::RawFd) -> bool {
 /// `all` with a backup away, or cut off from its quorum) kept each gone client's task,
 /// slot and buffers for good, until `max_clients` refused everyone. Once it has read
 /// `WAIT_READ_AHEAD`, the socket `fd` is asked every `WAIT_CLOSE_POLL` whether the client
-/// closed it (`peer_closed`): before, a client that pipelined that much and then left was
+/// closed it (`peer_state`): before, a client that pipelined that much and then left was
 /// not seen gone until the release moved.
 async fn watch_while_waiting<S: AsyncRead + Unpin>(
     wait: &mut (impl std::future::Future<Output = Result<(), Arc<str>>> + Unpin),
@@ -2300,12 +2312,16 @@ async fn watch_while_waiting<S: AsyncRead + Unpin>(
         let full = ended.is_none() && !reading;
         tokio::select! {
             w = &mut *wait => return Some(w),
-            // (Its socket asked, the input unread: `ended` as if a read had met the close.)
-            _ = tokio::time::sleep(WAIT_CLOSE_POLL), if full => {
-                if peer_closed(fd) {
-                    ended = Some(tokio::time::Instant::now());
+            // (Its socket asked, the input unread: as if a read had met the close, or the
+            // reset.)
+            _ = tokio::time::sleep(WAIT_CLOSE_POLL), if full => match peer_state(fd) {
+                Peer::Open => {}
+                Peer::Closed => ended = Some(tokio::time::Instant::now()),
+                Peer::Reset => {
+                    tracing::debug!("a connection whose replies wait: reset by its client");
+                    return None;
                 }
-            }
+            },
             // (`read_buf` is cancel safe: if the wait ends first, nothing was read.)
             r = stream.read_buf(inbuf), if reading => match r {
                 Ok(0) => ended = Some(tokio::time::Instant::now()),
@@ -2687,7 +2703,18 @@ mod tests {
                     }
                 }
             };
-            // Reset: gone at once.
+            // Reset: gone at once; one that pipelined more than is read ahead too (its
+            // socket says so, `peer_state`).
+            let mut big = TcpStream::connect(addr).await.unwrap();
+            let mut pipeline = set.to_vec();
+            while pipeline.len() < WAIT_READ_AHEAD + WAIT_READ_AHEAD / 2 {
+                pipeline.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+            }
+            tokio::time::timeout(Duration::from_secs(10), big.write_all(&pipeline)).await.unwrap().unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            #[allow(deprecated)] // (as below)
+            big.set_linger(Some(Duration::ZERO)).unwrap();
+            drop(big);
             for _ in 0..5 {
                 let mut a = TcpStream::connect(addr).await.unwrap();
                 a.write_all(set).await.unwrap();
@@ -2699,7 +2726,7 @@ mod tests {
             wait_for(0, Duration::from_secs(5)).await;
             // Closed: gone within WAIT_AFTER_INPUT_ENDS. So is one that pipelined more than
             // the connection reads ahead while it waits, then closed (the rest of its
-            // requests unread: its socket says it closed, `peer_closed`; before, it was
+            // requests unread: its socket says it closed, `peer_state`; before, it was
             // held until the release moved).
             let mut a = TcpStream::connect(addr).await.unwrap();
             a.write_all(set).await.unwrap();
