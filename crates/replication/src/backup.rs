@@ -410,9 +410,10 @@ pub enum BackupError {
 
 /// Runs `body`, a backup thread's (`what`); if it panics, the backup stops (its failure
 /// says which thread panicked, unless it had failed already) and its link is shut, so the
-/// primary sees it go and the receiver ends, as after any failure.
-fn stopping_on_panic(state: &BackupState, link: &AckLink, what: &str, body: impl FnOnce()) {
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+/// primary sees it go and the receiver ends, as after any failure. Whether it panicked.
+fn stopping_on_panic(state: &BackupState, link: &AckLink, what: &str, body: impl FnOnce()) -> bool {
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    if let Err(p) = &ran {
         let msg = p
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
@@ -423,6 +424,7 @@ fn stopping_on_panic(state: &BackupState, link: &AckLink, what: &str, body: impl
         state.failure.lock().get_or_insert(why);
         let _ = link.lock().shutdown(std::net::Shutdown::Both);
     }
+    ran.is_err()
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
@@ -958,9 +960,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
             .spawn(move || {
-                stopping_on_panic(&state, &link, "the persister", || persister.run(&persist));
-                // (Failed by a panic, it takes no more jobs, as after a failed sync.)
-                if state.failure.lock().is_some() {
+                // (Failed by a panic, it takes no more jobs, as after a failed sync. Not
+                // after a stop's end: a fence would then be told persisting failed.)
+                if stopping_on_panic(&state, &link, "the persister", || persister.run(&persist)) {
                     persist.q.lock().failed = true;
                     persist.cv.notify_all();
                 }
@@ -983,10 +985,15 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         held_at_start: if resumed { base } else { Ts::ZERO },
     };
     {
-        let (state, link) = (Arc::clone(&state), Arc::clone(&link));
+        let (state, link, persist) = (Arc::clone(&state), Arc::clone(&link), Arc::clone(&persist));
         std::thread::Builder::new()
             .name("ditto-repl-recv".into())
-            .spawn(move || stopping_on_panic(&state, &link, "the receiver", || run.run(stream, reader)))
+            .spawn(move || {
+                stopping_on_panic(&state, &link, "the receiver", || run.run(stream, reader));
+                // (As `Receiver::run` does on its way out: the persister ends once what is
+                // queued is durable.)
+                persist.close();
+            })
             .map_err(io("starting the receiver"))?;
     }
     // Its own checkpoints, at its read view, off the receiving path; the persister then
