@@ -510,11 +510,7 @@ impl Logger {
     /// waited for the flusher's scope for ever (found by a review).
     fn failing_on_panic(&self, what: impl FnOnce() -> String, body: impl FnOnce()) {
         if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".into());
+            let msg = ditto_engine::panic_message(&*p);
             // (A listener that panics again here is the log's last word: the failure is
             // set and every waiter woken before it is called.)
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -414,14 +414,17 @@ pub enum BackupError {
 fn stopping_on_panic(state: &BackupState, link: &AckLink, what: &str, body: impl FnOnce()) -> bool {
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
     if let Err(p) = &ran {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".into());
+        let msg = ditto_engine::panic_message(&**p);
         let why = format!("{what} of this backup panicked ({msg}); it stops acknowledging");
         tracing::error!("backup stopped: {why}");
-        state.failure.lock().get_or_insert(why);
+        // Over a stop's reason too (a panic while a fence drains): the fence then says why
+        // it failed, not only that the backup was stopped.
+        let mut failure = state.failure.lock();
+        match &*failure {
+            Some(f) if !f.starts_with("stopped: ") => {}
+            _ => *failure = Some(why),
+        }
+        drop(failure);
         let _ = link.lock().shutdown(std::net::Shutdown::Both);
     }
     ran.is_err()
@@ -1702,27 +1705,35 @@ impl Engine {
             std::thread::Builder::new()
                 .name("ditto-repl-hold".into())
                 .spawn(move || {
-                    while let Some(jobs) = h2.next() {
-                        for j in jobs {
-                            if j.spilled.is_some() && e2.stopped() {
-                                // (Let go, or failed: what is left is not read back; its
-                                // file may be gone with the run.)
-                                return;
-                            }
-                            let j = match h2.read_back(j) {
-                                Ok(j) => j,
-                                Err(why) => {
-                                    // As a replayer's failure: the backup stops, saying why.
-                                    crate::dependency::Sink::failed(&*e2, why);
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        while let Some(jobs) = h2.next() {
+                            for j in jobs {
+                                if j.spilled.is_some() && e2.stopped() {
+                                    // (Let go, or failed: what is left is not read back;
+                                    // its file may be gone with the run.)
                                     return;
                                 }
-                            };
-                            if !e2.dispatch(j) {
-                                h2.stop();
-                                return;
+                                let j = match h2.read_back(j) {
+                                    Ok(j) => j,
+                                    Err(why) => {
+                                        // As a replayer's failure: the backup stops, saying why.
+                                        crate::dependency::Sink::failed(&*e2, why);
+                                        return;
+                                    }
+                                };
+                                if !e2.dispatch(j) {
+                                    h2.stop();
+                                    return;
+                                }
                             }
+                            e2.publish();
                         }
-                        e2.publish();
+                    }));
+                    // (A panic stops replay as a failed read-back does.)
+                    if let Err(p) = ran {
+                        let why = format!("the replay hold panicked ({})", ditto_engine::panic_message(&*p));
+                        crate::dependency::Sink::failed(&*e2, why);
+                        h2.stop();
                     }
                 })
                 .expect("starting the replay hold");
@@ -2647,12 +2658,7 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                 let e2 = Arc::clone(&e);
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || replay_queue(&e, rx, serial)));
                 if let Err(p) = ran {
-                    let msg = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "(no message)".into());
-                    let msg = format!("replayer {i} panicked ({msg}): replay stops");
+                    let msg = format!("replayer {i} panicked ({}): replay stops", ditto_engine::panic_message(&*p));
                     tracing::error!("{msg}");
                     e2.replay_failed(&msg);
                     e2.state.failure.lock().get_or_insert(msg);
@@ -2682,7 +2688,10 @@ fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: boo
     }
     let mut scratch = Vec::new();
     while let Ok(job) = rx.recv() {
-        let replayed = e.replay(&job, &mut scratch, &mut |_| !e.halted.load(Ordering::Acquire));
+        // (A write waiting for the read view stops waiting once replay failed elsewhere,
+        // as the serial replayer's does: the view never moves again. Before, a sibling of
+        // a failed replayer waited, its pin held, until the run was let go or cut.)
+        let replayed = e.replay(&job, &mut scratch, &mut |_| !e.stopped());
         e.account_cpu(&mut cpu_reported);
         e.budget.released(job.batch.len());
         if !e.finish(&job, replayed) {

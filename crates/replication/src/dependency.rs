@@ -344,15 +344,33 @@ pub(crate) fn start<M: Send + 'static>(
         let (sh, sk) = (Arc::clone(&shared), Arc::clone(&sink));
         std::thread::Builder::new()
             .name(format!("ditto-replay-x{i}"))
-            .spawn(move || execute(&sh, &*sk))
+            .spawn(move || failing_on_panic(&sh, &*sk, || format!("replay executor {i}"), || execute(&sh, &*sk)))
             .expect("starting a replay executor");
     }
     let (sh, sk) = (Arc::clone(&shared), sink);
     std::thread::Builder::new()
         .name("ditto-replay-dispatch".into())
-        .spawn(move || dispatch(&sh, &*sk, rx, decode, streams, base, barrier_every))
+        .spawn(move || {
+            failing_on_panic(
+                &sh,
+                &*sk,
+                || "the replay dispatcher".into(),
+                || dispatch(&sh, &*sk, rx, decode, streams, base, barrier_every),
+            )
+        })
         .expect("starting the replay dispatcher");
     shared
+}
+
+/// Runs `body`, a replay thread's (`what`); a panic in it fails replay as an install's
+/// error does (`Shared::fail`: every thread stops, the sink says why). Before 2026-12-03
+/// it ended the thread without a word: the graph stopped moving, the dispatcher waited
+/// for room for good, and a backup not held at the release stopped persisting, linked and
+/// silent (found by a review).
+fn failing_on_panic(sh: &Shared, sink: &dyn Sink, what: impl FnOnce() -> String, body: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        sh.fail(sink, format!("{} panicked ({})", what(), ditto_engine::panic_message(&*p)));
+    }
 }
 
 impl Shared {
