@@ -344,23 +344,23 @@ fn a_backup_whose_disk_stalls_still_acknowledges_receipt_and_nothing_more() {
     p.stop();
 }
 
-/// Real files whose fsyncs are counted.
-struct CountingDisk {
-    syncs: Arc<AtomicU64>,
+/// Real files whose every fsync first calls `before_sync` (to count them, or to panic).
+struct SyncHookDisk {
+    before_sync: Arc<dyn Fn() + Send + Sync>,
 }
 
-struct CountingFile {
+struct SyncHookFile {
     inner: Box<dyn LogFile>,
-    syncs: Arc<AtomicU64>,
+    before_sync: Arc<dyn Fn() + Send + Sync>,
 }
 
-impl Storage for CountingDisk {
+impl Storage for SyncHookDisk {
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        Ok(Box::new(CountingFile { inner: RealStorage.create_new(path)?, syncs: Arc::clone(&self.syncs) }))
+        Ok(Box::new(SyncHookFile { inner: RealStorage.create_new(path)?, before_sync: Arc::clone(&self.before_sync) }))
     }
 }
 
-impl LogFile for CountingFile {
+impl LogFile for SyncHookFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.inner.write_all(buf)
     }
@@ -371,7 +371,7 @@ impl LogFile for CountingFile {
         self.inner.truncate(len)
     }
     fn sync(&mut self) -> io::Result<()> {
-        self.syncs.fetch_add(1, Ordering::SeqCst);
+        (self.before_sync)();
         self.inner.sync()
     }
 }
@@ -387,7 +387,14 @@ fn a_paced_backup_fsyncs_at_most_once_per_interval_and_releases_everything() {
     let interval = Duration::from_millis(100);
     let (paced_syncs, eager_syncs) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let disk = |syncs: &Arc<AtomicU64>| -> Option<Arc<dyn Storage>> {
-        Some(Arc::new(CountingDisk { syncs: Arc::clone(syncs) }))
+        Some(Arc::new(SyncHookDisk {
+            before_sync: Arc::new({
+                let syncs = Arc::clone(syncs);
+                move || {
+                    syncs.fetch_add(1, Ordering::SeqCst);
+                }
+            }),
+        }))
     };
     let paced = backup::start(BackupOptions {
         persist_interval: Some(interval),
@@ -506,40 +513,6 @@ fn a_stop_does_not_wait_for_a_receiver_that_is_reconnecting() {
     drop(conn);
 }
 
-/// Real files whose fsync panics once `bug` is set (a storage layer's bug, say).
-struct PanickingDisk {
-    bug: Arc<AtomicBool>,
-}
-
-struct PanickingFile {
-    inner: Box<dyn LogFile>,
-    bug: Arc<AtomicBool>,
-}
-
-impl Storage for PanickingDisk {
-    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-        Ok(Box::new(PanickingFile { inner: RealStorage.create_new(path)?, bug: Arc::clone(&self.bug) }))
-    }
-}
-
-impl LogFile for PanickingFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.inner.write_all(buf)
-    }
-    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
-        self.inner.extend_zeroed(len)
-    }
-    fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.inner.truncate(len)
-    }
-    fn sync(&mut self) -> io::Result<()> {
-        if self.bug.load(Ordering::SeqCst) {
-            panic!("a storage layer's bug");
-        }
-        self.inner.sync()
-    }
-}
-
 /// A backup whose persister panics stops, saying which thread panicked and why, and its
 /// link goes down (the primary stops counting it; the commit that waited on it is not
 /// released); a fence of it ends at once instead of waiting out its timeout. Before, the
@@ -550,7 +523,15 @@ fn a_backup_whose_persister_panics_stops_and_says_so() {
     let tmp = tempfile::tempdir().unwrap();
     let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
     let bug = Arc::new(AtomicBool::new(false));
-    let disk: Arc<dyn Storage> = Arc::new(PanickingDisk { bug: Arc::clone(&bug) });
+    // (Its fsync panics once `bug` is set: a storage layer's bug, say.)
+    let b2 = Arc::clone(&bug);
+    let disk: Arc<dyn Storage> = Arc::new(SyncHookDisk {
+        before_sync: Arc::new(move || {
+            if b2.load(Ordering::SeqCst) {
+                panic!("a storage layer's bug");
+            }
+        }),
+    });
     let b1 = backup::start(backup_opts(&addr, &tmp.path().join("b1"), "b1", Some(disk))).unwrap();
     let mut w = d.db().worker(WorkerId(0)).unwrap();
     let mut last = Ts::ZERO;

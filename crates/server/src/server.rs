@@ -2703,15 +2703,21 @@ mod tests {
                     }
                 }
             };
+            // A client that pipelined more than a waiting connection reads ahead: the SET,
+            // then PINGs to 1.5 MiB, sent, and 300 ms for the server to read what it reads.
+            let past_read_ahead = || async move {
+                let mut big = TcpStream::connect(addr).await.unwrap();
+                let mut pipeline = set.to_vec();
+                while pipeline.len() < WAIT_READ_AHEAD + WAIT_READ_AHEAD / 2 {
+                    pipeline.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+                }
+                tokio::time::timeout(Duration::from_secs(10), big.write_all(&pipeline)).await.unwrap().unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                big
+            };
             // Reset: gone at once; one that pipelined more than is read ahead too (its
             // socket says so, `peer_state`).
-            let mut big = TcpStream::connect(addr).await.unwrap();
-            let mut pipeline = set.to_vec();
-            while pipeline.len() < WAIT_READ_AHEAD + WAIT_READ_AHEAD / 2 {
-                pipeline.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
-            }
-            tokio::time::timeout(Duration::from_secs(10), big.write_all(&pipeline)).await.unwrap().unwrap();
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let big = past_read_ahead().await;
             #[allow(deprecated)] // (as below)
             big.set_linger(Some(Duration::ZERO)).unwrap();
             drop(big);
@@ -2730,13 +2736,7 @@ mod tests {
             // held until the release moved).
             let mut a = TcpStream::connect(addr).await.unwrap();
             a.write_all(set).await.unwrap();
-            let mut big = TcpStream::connect(addr).await.unwrap();
-            let mut pipeline = set.to_vec();
-            while pipeline.len() < WAIT_READ_AHEAD + WAIT_READ_AHEAD / 2 {
-                pipeline.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
-            }
-            tokio::time::timeout(Duration::from_secs(10), big.write_all(&pipeline)).await.unwrap().unwrap();
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let big = past_read_ahead().await;
             drop(a);
             drop(big);
             wait_for(2, Duration::from_secs(1)).await;
