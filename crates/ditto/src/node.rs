@@ -804,16 +804,7 @@ impl NodePlane {
         }
         // (A server of an epoch that a failover has since closed lost, if anything, only
         // what that epoch's recovery point already decided on without this node.)
-        let open = self.state.open_epoch().map_or(0, |e| e.epoch);
-        // (A learner's acknowledgements never counted: what it lost endangers nothing.)
-        if !clean
-            && matches!(st.child.role, Role::Backup { learner: false, .. })
-            && st.child.joined.load(Ordering::Acquire)
-            && st.child.role.epoch() >= open
-        {
-            // A backup that had joined may have acknowledged what is not on its disk: not
-            // reported until the next epoch opens (`report`). One still joining had
-            // acknowledged nothing; a primary's log holds all it acknowledged.
+        if !clean && self.may_have_lost_acknowledged(&st.child) {
             self.unclean = Some(st.child.role.epoch());
         }
         say(
@@ -821,6 +812,24 @@ impl NodePlane {
             format!("stopped {:?} in {:.1} ms ({})", st.child.role, st.since.elapsed().as_secs_f64() * 1e3, st.why),
         );
         true
+    }
+
+    /// Whether `child`, a server that ended uncleanly (killed, or exited with an error),
+    /// may have acknowledged what is not on its disk: a counted backup that had joined
+    /// (one still joining had acknowledged nothing; a learner's acknowledgements never
+    /// counted; a primary's log holds all it acknowledged), not fenced (a fence that
+    /// completed made everything it received durable, and it acknowledges nothing after),
+    /// of the open epoch or later (a server of an epoch a failover has since closed lost,
+    /// if anything, only what that epoch's recovery point already decided on without
+    /// this node). Such a node does not report until the next epoch opens (`report`).
+    /// (Until 2026-12-03 a server that died on its own, seen by `reconcile`, was never
+    /// marked, and one killed after its fence completed was; found by a review.)
+    fn may_have_lost_acknowledged(&self, child: &Running) -> bool {
+        let open = self.state.open_epoch().map_or(0, |e| e.epoch);
+        matches!(child.role, Role::Backup { learner: false, .. })
+            && child.joined.load(Ordering::Acquire)
+            && !child.fenced.load(Ordering::Acquire)
+            && child.role.epoch() >= open
     }
 
     /// The role the control state gives this node now, if any.
@@ -876,6 +885,10 @@ impl NodePlane {
                 let was = c.role.clone();
                 let ready = c.ready.load(Ordering::Acquire);
                 let changing = c.changing && !ready;
+                let lost = !status.success() && self.may_have_lost_acknowledged(self.child.as_ref().expect("a child"));
+                if lost {
+                    self.unclean = Some(was.epoch());
+                }
                 self.child = None;
                 self.drained_in = None;
                 *self.gate.lock() = Gate::default();
@@ -1547,10 +1560,14 @@ impl NodePlane {
     /// new primary's commits, which only its data directory holds (the copy holds all the
     /// old epoch released, up to the recovery point) (before 2026-12-03 it reported from
     /// the old log until a probe saw its link up and deleted it, so a failover in between
-    /// counted none of what it had acknowledged; found by a review).
+    /// counted none of what it had acknowledged; found by a review). Nor once its data
+    /// holds a primary log of its own: promoted after the copy loaded (a promotion removes
+    /// the followed epoch's record), before a probe saw its link up and dropped the old
+    /// log, it reported from the old log as primary of the next epoch, and counted none of
+    /// what it had released (found by a review, 2026-12-03).
     fn primary_log_dir(&self) -> Option<PathBuf> {
         let old = self.old_primary_dir();
-        if old.exists() && followed_epoch(&self.data).is_none_or(|e| e == 0) {
+        if old.exists() && followed_epoch(&self.data).is_none_or(|e| e == 0) && !holds_primary_log(&self.data) {
             return Some(old);
         }
         holds_primary_log(&self.data).then(|| self.data.clone())
@@ -1721,6 +1738,15 @@ impl NodePlane {
         match &c.role {
             Role::Primary { epoch, .. } => {
                 self.warm.store(false, Ordering::Release);
+                // Serving from its data: an old log set aside at a rejoin it was promoted
+                // after (before a probe saw its link up) holds nothing it needs.
+                let old = self.data.with_file_name("old-primary");
+                if old.exists() && holds_primary_log(&self.data) {
+                    match std::fs::remove_dir_all(&old) {
+                        Ok(()) => say(self.me, "serves as primary from its data: its old log is dropped"),
+                        Err(e) => tracing::warn!("node {}: removing {}: {e}", self.me, old.display()),
+                    }
+                }
                 // (A drained old primary fenced as it stands serves no more.)
                 self.serving = !c.fenced.load(Ordering::Acquire)
                     && c.fence_asked.is_none()
@@ -2567,6 +2593,13 @@ mod tests {
         std::fs::write(plane.data.join("REPLICA_STATE"), "epoch 5\n").unwrap();
         assert_eq!(plane.primary_log_dir(), None, "loaded: its backup follows epoch 5");
         assert!(old.exists());
+        // Promoted before a probe dropped the old log: the followed epoch's record goes, and
+        // its data holds a primary log of its own, which it reports from (before, from the
+        // old log: found by a review).
+        std::fs::remove_file(plane.data.join("REPLICA_STATE")).unwrap();
+        std::fs::create_dir_all(plane.data.join("log")).unwrap();
+        std::fs::write(plane.data.join("log").join("stream-0000-e0000000006-s0000000000.seg"), b"").unwrap();
+        assert_eq!(plane.primary_log_dir(), Some(plane.data.clone()), "promoted: its own log");
     }
 
     /// A node whose last server stopped uncleanly reports again once a later epoch has
