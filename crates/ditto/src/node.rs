@@ -791,7 +791,11 @@ impl NodePlane {
                     }
                 }
                 Err(e) => {
-                    tracing::error!("node {}: waiting for the server: {e}", self.me);
+                    // (Not taken for stopped while it may run on: killed and waited for,
+                    // so that the next server never starts beside it; found by a review.)
+                    tracing::error!("node {}: waiting for the server: {e}; killing it", self.me);
+                    let _ = st.child.proc.kill();
+                    let _ = st.child.proc.wait();
                     break false;
                 }
             }
@@ -1221,8 +1225,7 @@ impl NodePlane {
         let drained = Arc::clone(&self.drained);
         let switch_asked = Arc::clone(&self.switch_asked);
         let reader = std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { return };
+            each_line(out, |line| {
                 if let Some(rest) = line.strip_prefix("ditto server drained at ts ") {
                     if let Some(Ok(ts)) = rest.split_whitespace().next().map(str::parse::<u64>) {
                         *drained.lock() = Some(Ok(ts));
@@ -1234,7 +1237,7 @@ impl NodePlane {
                 if line == "ditto server asks for a switchover" {
                     switch_asked.store(true, Ordering::Release);
                 }
-                if let Some(change) = role_change_of(&line) {
+                if let Some(change) = role_change_of(line) {
                     // The failover that gave it the role: the last one this node saw.
                     if let Some(last) = history.lock().last_mut() {
                         last.role_change = Some(change);
@@ -1253,7 +1256,7 @@ impl NodePlane {
                     r.store(true, Ordering::Release);
                 }
                 say(me_id, format!("server: {line}"));
-            }
+            })
         });
         // The password the server about to start reads from the same file.
         if let Some(path) = &self.config_file {
@@ -2192,6 +2195,23 @@ fn followed_epoch(data: &Path) -> Option<u64> {
 }
 
 /// Whether `data` holds a primary's own log segments.
+/// Hands each line of `out` (a server's output) to `f`, without its line end, until the
+/// output ends or fails. Read as bytes and taken lossily: a line that is not UTF-8 (a key
+/// in a message, say) ended the reading before 2026-12-03, and with it the pipe: the node
+/// saw none of its server's later lines (`listening`, `fenced`, `joined`), and the
+/// server's next write to it failed (found by a review).
+fn each_line(out: impl std::io::Read, mut f: impl FnMut(&str)) {
+    let mut out = BufReader::new(out);
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        match std::io::BufRead::read_until(&mut out, b'\n', &mut raw) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => f(String::from_utf8_lossy(&raw).trim_end_matches(['\n', '\r'])),
+        }
+    }
+}
+
 fn holds_primary_log(data: &Path) -> bool {
     // A log with a cut file in it is sealed (a crash between `seal_own_log`'s steps): a
     // link of the chain, not a live log; the server's open finishes the seal.
@@ -2576,10 +2596,31 @@ mod tests {
         st
     }
 
+    /// A server's output line that is not UTF-8 is read lossily, and the lines after it
+    /// are read (before, the reading ended there, and the node saw no more of its server).
+    #[test]
+    fn a_servers_line_that_is_not_utf8_does_not_end_the_reading() {
+        use super::each_line;
+        let out: &[u8] =
+            b"ditto server starting\nkey \xff\xfe in a message\r\nditto server listening on 127.0.0.1:1\nlast";
+        let mut lines = Vec::new();
+        each_line(out, |l| lines.push(l.to_string()));
+        assert_eq!(
+            lines,
+            [
+                "ditto server starting",
+                "key \u{fffd}\u{fffd} in a message",
+                "ditto server listening on 127.0.0.1:1",
+                "last"
+            ]
+        );
+    }
+
     /// An old primary rejoining by a copy reports from the log it set aside until the copy
     /// is loaded (its backup then follows the new epoch, and may acknowledge the new
     /// primary's commits), and from its data directory from then on, though the old log is
-    /// still there (it goes once a probe sees the backup's link up).
+    /// still there (it goes once a probe sees the backup's link up); promoted, from its own
+    /// primary log.
     #[test]
     fn a_rejoining_old_primary_reports_from_its_copy_once_it_is_loaded() {
         let dir = tempfile::tempdir().unwrap();
