@@ -1576,9 +1576,9 @@ impl NodePlane {
         holds_primary_log(&self.data).then(|| self.data.clone())
     }
 
-    /// Where an old primary's directory waits while the node rejoins.
+    /// Where an old primary's directory waits while the node rejoins (`drop_old_primary`).
     fn old_primary_dir(&self) -> PathBuf {
-        self.data.with_file_name("old-primary")
+        old_primary_of(&self.data)
     }
 
     /// Starts the check of this node's directory against the plan's point on a thread of
@@ -1743,12 +1743,8 @@ impl NodePlane {
                 self.warm.store(false, Ordering::Release);
                 // Serving from its data: an old log set aside at a rejoin it was promoted
                 // after (before a probe saw its link up) holds nothing it needs.
-                let old = self.data.with_file_name("old-primary");
-                if old.exists() && holds_primary_log(&self.data) {
-                    match std::fs::remove_dir_all(&old) {
-                        Ok(()) => say(self.me, "serves as primary from its data: its old log is dropped"),
-                        Err(e) => tracing::warn!("node {}: removing {}: {e}", self.me, old.display()),
-                    }
+                if old_primary_of(&self.data).exists() && holds_primary_log(&self.data) {
+                    drop_old_primary(self.me, &self.data, "serves as primary from its data");
                 }
                 // (A drained old primary fenced as it stands serves no more.)
                 self.serving = !c.fenced.load(Ordering::Acquire)
@@ -1788,13 +1784,7 @@ impl NodePlane {
                 if up {
                     // Joined: it holds the new primary's checkpoint, so an old primary's
                     // log set aside at its rejoin can go.
-                    let old = self.data.with_file_name("old-primary");
-                    if old.exists() {
-                        match std::fs::remove_dir_all(&old) {
-                            Ok(()) => say(self.me, "joined the new primary: its old log is dropped"),
-                            Err(e) => tracing::warn!("node {}: removing {}: {e}", self.me, old.display()),
-                        }
-                    }
+                    drop_old_primary(self.me, &self.data, "joined the new primary");
                 }
                 let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
                 if up && ago.saturating_add(age) <= HEARD_WITHIN_MS {
@@ -2194,7 +2184,23 @@ fn followed_epoch(data: &Path) -> Option<u64> {
     s.trim().strip_prefix("epoch ")?.parse().ok()
 }
 
-/// Whether `data` holds a primary's own log segments.
+/// Where an old primary's directory beside `data` waits while the node rejoins.
+fn old_primary_of(data: &Path) -> PathBuf {
+    data.with_file_name("old-primary")
+}
+
+/// Removes the old primary's log set aside beside `data` at a rejoin (`old-primary/`),
+/// if it is there: `why` it holds nothing the node needs any more.
+fn drop_old_primary(me: NodeId, data: &Path, why: &str) {
+    let old = old_primary_of(data);
+    if old.exists() {
+        match std::fs::remove_dir_all(&old) {
+            Ok(()) => say(me, format!("{why}: its old log is dropped")),
+            Err(e) => tracing::warn!("node {me}: removing {}: {e}", old.display()),
+        }
+    }
+}
+
 /// Hands each line of `out` (a server's output) to `f`, without its line end, until the
 /// output ends or fails. Read as bytes and taken lossily: a line that is not UTF-8 (a key
 /// in a message, say) ended the reading before 2026-12-03, and with it the pipe: the node
@@ -2212,6 +2218,7 @@ fn each_line(out: impl std::io::Read, mut f: impl FnMut(&str)) {
     }
 }
 
+/// Whether `data` holds a primary's own log segments.
 fn holds_primary_log(data: &Path) -> bool {
     // A log with a cut file in it is sealed (a crash between `seal_own_log`'s steps): a
     // link of the chain, not a live log; the server's open finishes the seal.

@@ -57,13 +57,15 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What a caught panic said (`std::panic::catch_unwind`'s payload): its message where it
-/// is a string, as `panic!` makes it. For the threads that turn a panic into a failure
-/// they report (the log's, a backup's).
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
+/// Runs `body`, catching a panic in it: `Err` with what the panic said (its message where
+/// it is a string, as `panic!` makes it). For the threads that turn a panic into a
+/// failure they report (the log's, a backup's, replay's).
+pub fn catch_panic<T>(body: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into())
+    })
 }

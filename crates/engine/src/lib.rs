@@ -36,7 +36,7 @@ pub use db::{
     CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
     LOG_WRITE_OVERHEAD_MAX, RETRIES_MAX, TABLES_MAX, TABLE_NAME_MAX, TXN_BYTES_MAX, VALUE_LEN_MAX, WORKERS_MAX,
 };
-pub use error::{panic_message, Error, Result};
+pub use error::{catch_panic, Error, Result};
 pub use ids::{RecordId, TableId, Ts, WorkerId};
 /// The engine's ordered index, public for `ditto bench index` and for reuse.
 pub use index::Index as BTreeIndex;

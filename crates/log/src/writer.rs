@@ -503,19 +503,21 @@ impl Logger {
         }
     }
 
+    /// The log is closing or has failed: a flusher stops waiting, pacing and dozing.
+    fn ending(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some()
+    }
+
     /// Runs `body`, a log thread's (`what`); a panic in it is the log's failure. Before
     /// 2026-12-03 a panicking flusher or disk thread left the log open with a stream that
     /// never became durable again: the watermark stopped below its next batch, every commit
     /// waited for good, its worker blocked in `append` once its buffer filled, and a close
     /// waited for the flusher's scope for ever (found by a review).
     fn failing_on_panic(&self, what: impl FnOnce() -> String, body: impl FnOnce()) {
-        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-            let msg = ditto_engine::panic_message(&*p);
+        if let Err(msg) = ditto_engine::catch_panic(body) {
             // (A listener that panics again here is the log's last word: the failure is
             // set and every waiter woken before it is called.)
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.fail(format!("{} panicked: {msg}", what()))
-            }));
+            let _ = ditto_engine::catch_panic(|| self.fail(format!("{} panicked: {msg}", what())));
         }
     }
 
@@ -780,8 +782,7 @@ impl Logger {
                     // (The close and a failure are looked at again under the lock they notify
                     // under: one between the look above and this wait was missed, and the
                     // close waited up to an interval, then the pacing below, for nothing.)
-                    let ending = self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some();
-                    if !ending && (still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf)) {
+                    if !self.ending() && (still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf)) {
                         let look = interval.filter(|_| !self.eager()).unwrap_or(HEARTBEAT_EVERY);
                         stream.cv.wait_for(&mut buf, look);
                     }
@@ -798,7 +799,7 @@ impl Logger {
                 // condition, which every append notifies.)
                 if let Some(next) = last_start.map(|t| t + d) {
                     while let Some(wait) = next.checked_duration_since(Instant::now()).filter(|w| !w.is_zero()) {
-                        if self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some() {
+                        if self.ending() {
                             break;
                         }
                         std::thread::sleep(wait.min(PACE_STEP));
@@ -839,7 +840,7 @@ impl Logger {
             wm >= top
         };
         // (The close and a failure notify under this lock: seen here, or they wake the wait.)
-        if !quiet || self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some() {
+        if !quiet || self.ending() {
             return false;
         }
         self.stats.flusher_dozes.fetch_add(1, Ordering::Relaxed);
@@ -1249,7 +1250,7 @@ impl Logger {
             // Under the lock: once the flusher has made its last flush (under the lock,
             // after the shutdown was set) or stopped on a failure, nothing more is framed;
             // and only the lock's holder adds to the disk queue.
-            let closing = self.shutdown.load(Ordering::Acquire) || self.failed.get().is_some();
+            let closing = self.ending();
             let ahead_full = stream.ahead.state.lock().frames.len() >= AHEAD_BYTES_MAX;
             if closing {
                 return;

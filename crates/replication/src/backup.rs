@@ -412,9 +412,8 @@ pub enum BackupError {
 /// says which thread panicked, unless it had failed already) and its link is shut, so the
 /// primary sees it go and the receiver ends, as after any failure. Whether it panicked.
 fn stopping_on_panic(state: &BackupState, link: &AckLink, what: &str, body: impl FnOnce()) -> bool {
-    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-    if let Err(p) = &ran {
-        let msg = ditto_engine::panic_message(&**p);
+    let ran = ditto_engine::catch_panic(body);
+    if let Err(msg) = &ran {
         let why = format!("{what} of this backup panicked ({msg}); it stops acknowledging");
         tracing::error!("backup stopped: {why}");
         // Over a stop's reason too (a panic while a fence drains): the fence then says why
@@ -992,9 +991,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         std::thread::Builder::new()
             .name("ditto-repl-recv".into())
             .spawn(move || {
-                stopping_on_panic(&state, &link, "the receiver", || run.run(stream, reader));
-                // (As `Receiver::run` does on its way out: the persister ends once what is
-                // queued is durable.)
+                let mut run = run;
+                stopping_on_panic(&state, &link, "the receiver", || run.follow(stream, reader));
+                // Stopped for good (the backup failed, or its receiver panicked): the
+                // persister ends once what is queued is durable.
                 persist.close();
             })
             .map_err(io("starting the receiver"))?;
@@ -1705,7 +1705,7 @@ impl Engine {
             std::thread::Builder::new()
                 .name("ditto-repl-hold".into())
                 .spawn(move || {
-                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let ran = ditto_engine::catch_panic(|| {
                         while let Some(jobs) = h2.next() {
                             for j in jobs {
                                 if j.spilled.is_some() && e2.stopped() {
@@ -1728,11 +1728,10 @@ impl Engine {
                             }
                             e2.publish();
                         }
-                    }));
+                    });
                     // (A panic stops replay as a failed read-back does.)
-                    if let Err(p) = ran {
-                        let why = format!("the replay hold panicked ({})", ditto_engine::panic_message(&*p));
-                        crate::dependency::Sink::failed(&*e2, why);
+                    if let Err(msg) = ran {
+                        crate::dependency::Sink::failed(&*e2, format!("the replay hold panicked ({msg})"));
                         h2.stop();
                     }
                 })
@@ -2272,12 +2271,6 @@ fn send_ack(link: &AckLink, state: &BackupState) -> Result<(), String> {
 }
 
 impl Receiver {
-    fn run(mut self, stream: TcpStream, reader: BufReader<TcpStream>) {
-        self.follow(stream, reader);
-        // Stopped for good (the backup failed): the persister ends too.
-        self.persist.close();
-    }
-
     /// Follows the primary, resuming after each interruption, until the backup fails.
     fn follow(&mut self, stream: TcpStream, reader: BufReader<TcpStream>) {
         let (mut stream, mut reader) = (stream, reader);
@@ -2655,13 +2648,10 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
                 // A replayer that panics stops replay as a failed batch does, saying so
                 // (before 2026-12-03 replay stopped without a word: reads on the backup
                 // stayed at the view of its last batch for good, and nothing said why).
-                let e2 = Arc::clone(&e);
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || replay_queue(&e, rx, serial)));
-                if let Err(p) = ran {
-                    let msg = format!("replayer {i} panicked ({}): replay stops", ditto_engine::panic_message(&*p));
-                    tracing::error!("{msg}");
-                    e2.replay_failed(&msg);
-                    e2.state.failure.lock().get_or_insert(msg);
+                // (As a failed batch's: `Sink::failed`, as the hold's and the dependency
+                // mode's threads do.)
+                if let Err(msg) = ditto_engine::catch_panic(|| replay_queue(&e, rx, serial)) {
+                    crate::dependency::Sink::failed(&*e, format!("replayer {i} panicked ({msg})"));
                 }
             })
             .expect("starting a replayer");

@@ -368,8 +368,8 @@ pub(crate) fn start<M: Send + 'static>(
 /// for room for good, and a backup not held at the release stopped persisting, linked and
 /// silent (found by a review).
 fn failing_on_panic(sh: &Shared, sink: &dyn Sink, what: impl FnOnce() -> String, body: impl FnOnce()) {
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        sh.fail(sink, format!("{} panicked ({})", what(), ditto_engine::panic_message(&*p)));
+    if let Err(msg) = ditto_engine::catch_panic(body) {
+        sh.fail(sink, format!("{} panicked ({msg})", what()));
     }
 }
 
