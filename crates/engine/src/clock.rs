@@ -68,6 +68,11 @@ pub struct CommitClock {
     /// an earlier one. A bound once valid stays valid (installs are permanent), so we return
     /// the maximum and snapshots never go backwards.
     visible_max: AtomicU64,
+    /// Record ids whose previous life ended at or below this may be given a new life
+    /// (table.rs): the newest durable checkpoint's timestamp once a log is attached (0
+    /// before the first), unbounded without one. Here, not in the database, because the
+    /// log frames it into every batch (`reuse_bound`).
+    reuse_bound: AtomicU64,
 }
 
 /// Max concurrent read-only transactions (snapshots); more wait for a free slot.
@@ -83,7 +88,29 @@ impl CommitClock {
             horizon: AtomicU64::new(0),
             horizon_high: AtomicU64::new(0),
             visible_max: AtomicU64::new(0),
+            reuse_bound: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Record ids whose previous life ended at or below this may be given a new life; the
+    /// log frames it into each batch (crates/log/src/format.rs, `BatchHeader::reuse_ts`)
+    /// after taking the batch's transactions, so it is at least what any of them read
+    /// when it took an id: a replayer installs the batch's writes above it only once every
+    /// transaction at or below it is installed, so no reused id's new life overtakes its
+    /// old one (docs/replication.md, "A record id's lives the other way round"). `u64::MAX`
+    /// without a log.
+    pub fn reuse_bound(&self) -> Ts {
+        Ts(self.reuse_bound.load(SeqCst))
+    }
+
+    /// A checkpoint at `ts` is durable (`Database::allow_rid_reuse_up_to`).
+    pub(crate) fn raise_reuse_bound(&self, ts: Ts) {
+        self.reuse_bound.fetch_max(ts.0, SeqCst);
+    }
+
+    /// A log is attached: ids are reused only under its checkpoints from now on.
+    pub(crate) fn reset_reuse_bound(&self) {
+        self.reuse_bound.store(0, SeqCst);
     }
 
     pub fn workers(&self) -> usize {

@@ -131,10 +131,6 @@ pub struct Database {
     /// them (`Database::unlink_deleted`). Shared, not the worker's own, so that `reclaim`
     /// on any thread reaches every worker's deletes.
     pub(crate) deleted: Box<[Mutex<DeletedList>]>,
-    /// Ids of records whose life ended at or below this may be reused (table.rs): the
-    /// newest durable checkpoint's timestamp once a log is attached (0 before the first),
-    /// unbounded without a log.
-    reuse_bound: AtomicU64,
     /// Record ids given back since the database was created (`release_rids_after`): for
     /// reuse, or, on a backup, unlinked and let go.
     rids_released: AtomicU64,
@@ -227,7 +223,6 @@ impl Database {
             redirects: Default::default(),
             recovery_keys: parking_lot::RwLock::new(None),
             recovery_tracking: AtomicBool::new(false),
-            reuse_bound: AtomicU64::new(u64::MAX),
             rids_released: AtomicU64::new(0),
             replaying: AtomicBool::new(false),
             rid_generation: AtomicU64::new(0),
@@ -239,11 +234,11 @@ impl Database {
     /// Record ids whose former life ended at or below `ts` may be reused: the log calls this
     /// once a checkpoint at `ts` is durable (table.rs says why).
     pub fn allow_rid_reuse_up_to(&self, ts: Ts) {
-        self.reuse_bound.fetch_max(ts.0, Ordering::AcqRel);
+        self.clock.raise_reuse_bound(ts);
     }
 
     pub(crate) fn reuse_bound(&self) -> Ts {
-        Ts(self.reuse_bound.load(Ordering::Acquire))
+        self.clock.reuse_bound()
     }
 
     /// Moved by each `forget_reusable_rids` (an id taken from a free list goes back only
@@ -340,7 +335,7 @@ impl Database {
         assert!(slot.as_ref().is_none_or(|l| l.detached()), "a commit log is already attached");
         *slot = Some(log);
         self.log_gen.fetch_add(1, Ordering::AcqRel);
-        self.reuse_bound.store(0, Ordering::Release);
+        self.clock.reset_reuse_bound();
         drop(slot);
         self.unlink_backup_own_records();
     }

@@ -83,9 +83,9 @@
 //! * Cross-batch invariants (ts increasing across batches, `bound_ts` monotone) are stream
 //!   semantics and are left to recovery.
 //! * No attempt to salvage data after a corrupt point, and no backwards compatibility
-//!   machinery beyond the version fields: this build writes version 3, reads versions 2
-//!   and 3 (2 lacks `floor_ts`), and reports any other version (e.g. a version-1 file) as
-//!   `UnsupportedVersion`.
+//!   machinery beyond the version fields: this build writes version 5, reads versions 2
+//!   to 5 (2 lacks `floor_ts`, 2 to 4 lack `reuse_ts`), and reports any other version
+//!   (e.g. a version-1 file) as `UnsupportedVersion`.
 
 use bytes::Bytes;
 use ditto_engine::{RecordId, TableId, Ts, RECORDS_PER_TABLE_MAX, TABLES_MAX};
@@ -100,17 +100,21 @@ pub struct StreamId(pub u32);
 pub struct Epoch(pub u64);
 
 /// The format version this build writes in segment headers (u32) and batch headers (u16).
-/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 3 is
-/// version 4 without the segment header's `streams` and `prev_ts` (read as 0: not
+/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 4 is
+/// version 5 without the batch header's `reuse_ts` (read as 0: claims nothing); version 3
+/// is version 4 without the segment header's `streams` and `prev_ts` (read as 0: not
 /// recorded); version 2 is version 3 without the batch header's `floor_ts` (read as 0);
 /// version 1 (fixed-width payload) is refused as `UnsupportedVersion(1)`.
-pub const LOG_FORMAT_VERSION: u32 = 4;
+pub const LOG_FORMAT_VERSION: u32 = 5;
 pub const OLDEST_READABLE_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"DITTOLOG";
 pub const BATCH_MAGIC: [u8; 4] = *b"DBAT";
 pub const SEGMENT_HEADER_LEN: usize = 48;
-/// A batch header since version 3: the 64 bytes every version shares, then `floor_ts`.
-pub const BATCH_HEADER_LEN: usize = 72;
+/// A batch header since version 5: the 64 bytes every version shares, then `floor_ts`
+/// and `reuse_ts`.
+pub const BATCH_HEADER_LEN: usize = 80;
+/// A batch header of versions 3 and 4: the 64 bytes every version shares, then `floor_ts`.
+pub const BATCH_HEADER_V3_LEN: usize = 72;
 /// The part of a batch header whose layout every version shares (magic, version, header
 /// checksum at fixed offsets): a whole version-2 header.
 pub const BATCH_HEADER_FIXED_LEN: usize = 64;
@@ -364,7 +368,17 @@ impl SegmentHeader {
 // Batch header
 // ---------------------------------------------------------------------------------------
 
-/// The header in front of every batch's payload (72 bytes in version 3, 64 in version 2).
+/// What a batch says beyond its transactions (`BatchBuilder::finish_marked_into`; each
+/// field is `BatchHeader`'s of the same name).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Marks {
+    pub bound_ts: Ts,
+    pub floor_ts: Ts,
+    pub reuse_ts: Ts,
+}
+
+/// The header in front of every batch's payload (80 bytes since version 5, 72 in versions
+/// 3 and 4, 64 in version 2).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BatchHeader {
     /// The format version of this batch: `LOG_FORMAT_VERSION` for every batch this build
@@ -386,24 +400,30 @@ pub struct BatchHeader {
     /// framed (the writer vouched for idle streams, `crates/log/src/writer.rs`). At most
     /// `bound_ts`; 0 vouches for nothing.
     pub floor_ts: Ts,
+    /// Every record id a transaction of this batch gives a new life (another key) had its
+    /// previous life end at or below this: the primary reuses an id only once a durable
+    /// checkpoint covers the old life's end, and this is its newest durable checkpoint's
+    /// timestamp when the batch was framed. A replayer installs a write above it only once
+    /// every transaction at or below it is installed (and one at or below it only once
+    /// every transaction below its own is), so no new life overtakes an old one. 0 (and in
+    /// versions before 5) claims nothing.
+    pub reuse_ts: Ts,
     pub txn_count: u32,
     /// Uncompressed payload length.
     pub raw_len: u32,
     /// Payload bytes following the header.
     pub stored_len: u32,
-    /// CRC32C of the stored payload bytes (version 3: of `floor_ts`'s 8 bytes, then the
-    /// stored payload bytes; the header checksum covers only the fixed part).
+    /// CRC32C of the stored payload bytes (versions 3 and 4: of `floor_ts`'s 8 bytes, then
+    /// the stored payload bytes; version 5: of `floor_ts`'s and `reuse_ts`'s 8 bytes, then
+    /// the stored payload bytes; the header checksum covers only the fixed part).
     pub payload_crc: u32,
 }
 
 impl BatchHeader {
-    /// The bytes this header occupies: 72 (version 3) or 64 (version 2).
+    /// The bytes this header occupies: 80 (version 5), 72 (versions 3 and 4) or 64
+    /// (version 2).
     pub fn header_len(&self) -> usize {
-        if self.version == 2 {
-            BATCH_HEADER_FIXED_LEN
-        } else {
-            BATCH_HEADER_LEN
-        }
+        batch_header_len(self.version)
     }
 
     /// Header plus stored payload: the bytes this batch occupies in a segment.
@@ -413,16 +433,26 @@ impl BatchHeader {
 
     /// The payload checksum of `stored` under this header's version.
     pub fn payload_checksum(&self, stored: &[u8]) -> u32 {
-        if self.version == 2 {
-            crc32c::crc32c(stored)
-        } else {
-            crc32c::crc32c_append(crc32c::crc32c(&self.floor_ts.0.to_le_bytes()), stored)
+        let mut tail = [0u8; BATCH_HEADER_LEN - BATCH_HEADER_FIXED_LEN];
+        let n = self.header_len() - BATCH_HEADER_FIXED_LEN;
+        self.encode_tail(&mut tail[..n]);
+        crc32c::crc32c_append(crc32c::crc32c(&tail[..n]), stored)
+    }
+
+    /// The fields after the fixed 64 bytes: `floor_ts` (version 3 on), then `reuse_ts`
+    /// (version 5 on).
+    fn encode_tail(&self, out: &mut [u8]) {
+        if out.len() >= 8 {
+            out[..8].copy_from_slice(&self.floor_ts.0.to_le_bytes());
+        }
+        if out.len() >= 16 {
+            out[8..16].copy_from_slice(&self.reuse_ts.0.to_le_bytes());
         }
     }
 
     /// Serializes the header (`header_len()` bytes), computing the header checksum. Does
     /// not validate: the encoder only builds consistent headers, and tests need to build
-    /// inconsistent ones (and version-2 ones, whose `floor_ts` is not written).
+    /// inconsistent ones (and older versions', which lack `floor_ts` or `reuse_ts`).
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.header_len()];
         self.encode_into(&mut b);
@@ -449,16 +479,24 @@ impl BatchHeader {
         let crc = crc32c::crc32c(&b[..60]);
         put(&mut b, 60, crc.to_le_bytes());
         out[..BATCH_HEADER_FIXED_LEN].copy_from_slice(&b);
-        if self.version != 2 {
-            out[BATCH_HEADER_FIXED_LEN..].copy_from_slice(&self.floor_ts.0.to_le_bytes());
-        }
+        self.encode_tail(&mut out[BATCH_HEADER_FIXED_LEN..]);
+    }
+}
+
+/// The bytes a batch header of `version` occupies (a readable version's).
+fn batch_header_len(version: u16) -> usize {
+    match version {
+        2 => BATCH_HEADER_FIXED_LEN,
+        3 | 4 => BATCH_HEADER_V3_LEN,
+        _ => BATCH_HEADER_LEN,
     }
 }
 
 /// Decodes and validates the batch header at the start of `buf`: magic, header checksum,
 /// version, flags, reserved byte, size limits, and the consistency of the header fields
-/// among themselves. Does not look at the payload. `floor_ts` (version 3) is read but not
-/// yet trusted: the payload checksum covers it, and `decode_batch_checksums` checks it.
+/// among themselves. Does not look at the payload. `floor_ts` (version 3 on) and
+/// `reuse_ts` (version 5 on) are read but not yet trusted: the payload checksum covers
+/// them, and `decode_batch_checksums` checks it.
 pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
     let b: &[u8; BATCH_HEADER_FIXED_LEN] =
         buf.first_chunk().ok_or(FormatError::Truncated { needed: BATCH_HEADER_FIXED_LEN, available: buf.len() })?;
@@ -476,13 +514,13 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
     if !readable_version(version.into()) {
         return Err(FormatError::UnsupportedVersion(version.into()));
     }
-    let floor_ts = if version == 2 {
-        Ts(0)
-    } else {
-        let f: &[u8; BATCH_HEADER_LEN] =
-            buf.first_chunk().ok_or(FormatError::Truncated { needed: BATCH_HEADER_LEN, available: buf.len() })?;
-        Ts(le64(f, BATCH_HEADER_FIXED_LEN))
+    let len = batch_header_len(version);
+    let whole = buf.get(..len).ok_or(FormatError::Truncated { needed: len, available: buf.len() })?;
+    let tail = |at: usize| match whole.get(at..at + 8) {
+        Some(f) => Ts(u64::from_le_bytes(f.try_into().expect("8 bytes"))),
+        None => Ts(0),
     };
+    let (floor_ts, reuse_ts) = (tail(BATCH_HEADER_FIXED_LEN), tail(BATCH_HEADER_FIXED_LEN + 8));
     let flags = b[6];
     if flags & !FLAG_COMPRESSED != 0 {
         return Err(FormatError::BadFlags(flags));
@@ -499,6 +537,7 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
         last_ts: Ts(le64(b, 28)),
         bound_ts: Ts(le64(b, 36)),
         floor_ts,
+        reuse_ts,
         txn_count: le32(b, 44),
         raw_len: le32(b, 48),
         stored_len: le32(b, 52),
@@ -740,6 +779,20 @@ impl BatchBuilder {
         compress: bool,
         out: &mut Vec<u8>,
     ) -> BatchHeader {
+        let marks = Marks { bound_ts, floor_ts, reuse_ts: Ts(0) };
+        self.finish_marked_into(stream, epoch, marks, compress, out)
+    }
+
+    /// `finish_into` with every mark a batch header carries (see `Marks`).
+    pub fn finish_marked_into(
+        &self,
+        stream: StreamId,
+        epoch: Epoch,
+        marks: Marks,
+        compress: bool,
+        out: &mut Vec<u8>,
+    ) -> BatchHeader {
+        let Marks { bound_ts, floor_ts, reuse_ts } = marks;
         assert!(floor_ts <= bound_ts, "log: floor {floor_ts:?} above bound {bound_ts:?}");
         let raw = &self.payload[..];
         let start = out.len();
@@ -768,6 +821,7 @@ impl BatchBuilder {
             last_ts: self.last_ts.unwrap_or(Ts(0)),
             bound_ts,
             floor_ts,
+            reuse_ts,
             txn_count: self.txn_count,
             // Both fit: push_txn keeps raw <= MAX_RAW_LEN and compressed < raw.
             raw_len: raw.len() as u32,
@@ -1190,7 +1244,8 @@ pub fn cut_batch(batch: &Batch, upto: Ts, out: &mut Vec<u8>) -> Result<BatchHead
         b.push_txn(txn.ts, txn.writes().map(|w| (w.table, w.rid, w.key, w.value)));
     }
     let bound = h.bound_ts.min(upto);
-    Ok(b.finish_vouching_into(h.stream, h.epoch, bound, h.floor_ts.min(bound), h.compressed, out))
+    let marks = Marks { bound_ts: bound, floor_ts: h.floor_ts.min(bound), reuse_ts: h.reuse_ts };
+    Ok(b.finish_marked_into(h.stream, h.epoch, marks, h.compressed, out))
 }
 
 /// The first step of `decode_batch`: header and payload checksums, no decompression and

@@ -911,8 +911,15 @@ impl Logger {
         // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
         let has_txns = !st.spare.is_empty();
         let try_compress = self.opts.compress && has_txns && st.compress_skip == 0;
-        let header =
-            st.spare.finish_vouching_into(StreamId(w as u32), self.epoch, bound, floor, try_compress, &mut st.frame);
+        // Read after the buffer was taken: at least what any transaction in it read when it
+        // gave a record id a new life (`CommitClock::reuse_bound`). Unbounded only before
+        // a log is attached, when nothing commits through one.
+        let reuse = match self.clock.reuse_bound() {
+            Ts(u64::MAX) => Ts::ZERO,
+            r => r,
+        };
+        let marks = crate::format::Marks { bound_ts: bound, floor_ts: floor, reuse_ts: reuse };
+        let header = st.spare.finish_marked_into(StreamId(w as u32), self.epoch, marks, try_compress, &mut st.frame);
         if try_compress {
             if u64::from(header.stored_len) * 8 > u64::from(header.raw_len) * 7 {
                 st.compress_skip = COMPRESS_SKIP_BATCHES;

@@ -302,7 +302,7 @@ fn heartbeat_round_trip() {
     let (file, offsets) = build_segment(&[vec![], vec![], vec![]], &[true]);
     let scan = read_segment(&Bytes::from(file)).unwrap();
     assert_eq!(scan.end, SegmentEnd::Clean);
-    assert_eq!(offsets, vec![48, 120, 192]);
+    assert_eq!(offsets, vec![48, 128, 208]);
     assert_eq!(scan.batches.len(), 3);
 }
 
@@ -586,6 +586,7 @@ fn header(txn_count: u32, first: u64, last: u64, raw_len: u32) -> BatchHeader {
         last_ts: Ts(last),
         bound_ts: Ts(last),
         floor_ts: Ts(0),
+        reuse_ts: Ts(0),
         txn_count,
         raw_len,
         stored_len: 0,
@@ -1249,7 +1250,13 @@ fn segment_header_round_trip_and_errors() {
     let mut bad = b;
     bad[30] ^= 1;
     assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::HeaderChecksum { .. })));
-    assert_eq!(LOG_FORMAT_VERSION, 4);
+    assert_eq!(LOG_FORMAT_VERSION, 5);
+    // Version 4's segment header is version 5's.
+    let mut v4 = b;
+    v4[8] = 4;
+    let crc = crc32c::crc32c(&v4[..44]);
+    v4[44..].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(SegmentHeader::decode(&v4), Ok(h));
     // Versions 2 and 3 (no stream count or prev_ts: bytes 32..44 reserved, zero) are
     // still read, as "not recorded"; non-zero reserved bytes there are refused.
     for version in [2, 3] {
@@ -1264,7 +1271,7 @@ fn segment_header_round_trip_and_errors() {
         old[44..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(SegmentHeader::decode(&old), Err(FormatError::Malformed(_))));
     }
-    for version in [1, 5] {
+    for version in [1, 6] {
         let mut bad = b;
         bad[8] = version;
         let crc = crc32c::crc32c(&bad[..44]);
@@ -1290,9 +1297,10 @@ fn batch_header_layout_is_as_documented() {
     assert_eq!(u32_at(44), 3);
     assert_eq!(u32_at(48), h.raw_len);
     assert_eq!(u32_at(52), h.stored_len);
-    // floor_ts (0: `finish_into` vouches for no other stream), then the payload; the
-    // payload checksum covers both, the header checksum the first 60 bytes only.
-    assert_eq!(u64_at(64), 0);
+    // floor_ts (0: `finish_into` vouches for no other stream), reuse_ts (0: it claims
+    // nothing), then the payload; the payload checksum covers all three, the header
+    // checksum the first 60 bytes only.
+    assert_eq!((u64_at(64), u64_at(72)), (0, 0));
     assert_eq!(u32_at(56), crc32c::crc32c(&bytes[64..]));
     assert_eq!(u32_at(60), crc32c::crc32c(&bytes[..60]));
     // The payload, byte by byte: the worked example of docs/log-format.md.
@@ -1309,7 +1317,7 @@ fn batch_header_layout_is_as_documented() {
         b"key-2-1",                    //   key
     ]
     .concat();
-    assert_eq!(&bytes[72..], &expected[..]);
+    assert_eq!(&bytes[80..], &expected[..]);
     assert_eq!(decode_batch_header(&bytes), Ok(h));
 }
 
@@ -1332,10 +1340,10 @@ fn floor_is_written_checked_and_bounded() {
         assert!(matches!(decode_err(bad), FormatError::PayloadChecksum { .. }), "byte {i}");
     }
     // A floor above the bound, checksums correct, is malformed.
-    let e = decode_err(forge(BatchHeader { floor_ts: Ts(1235), ..h }, &bytes[72..]));
+    let e = decode_err(forge(BatchHeader { floor_ts: Ts(1235), ..h }, &bytes[80..]));
     assert_eq!(e, FormatError::Malformed("floor_ts above bound_ts"));
     // A header cut inside the floor is truncated (so may be a torn tail).
-    assert_eq!(decode_batch_header(&bytes[..70]), Err(FormatError::Truncated { needed: 72, available: 70 }));
+    assert_eq!(decode_batch_header(&bytes[..70]), Err(FormatError::Truncated { needed: 80, available: 70 }));
     // Heartbeats carry a floor too.
     let mut hb = Vec::new();
     let h = BatchBuilder::new().finish_vouching_into(STREAM, EPOCH, Ts(50), Ts(50), true, &mut hb);
@@ -1381,7 +1389,65 @@ fn version_2_batches_are_still_read() {
     mixed.extend_from_slice(&v3_heartbeat());
     mixed.extend_from_slice(&v2);
     let scan = read_segment(&Bytes::from(mixed)).unwrap();
-    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset: 120, .. }), "{:?}", scan.end);
+    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset: 128, .. }), "{:?}", scan.end);
+}
+
+/// The reuse bound a writer frames (version 5): at offset 72, covered by the payload
+/// checksum as the floor is, any value (it may lie above the batch's transactions: they
+/// may have been taken before the bound moved).
+#[test]
+fn reuse_bound_is_written_and_checked() {
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &sample_txns(78, 3));
+    let mut bytes = Vec::new();
+    let marks = Marks { bound_ts: Ts(1234), floor_ts: Ts(1000), reuse_ts: Ts(4321) };
+    let h = b.finish_marked_into(STREAM, EPOCH, marks, true, &mut bytes);
+    assert_eq!((h.bound_ts, h.floor_ts, h.reuse_ts, h.header_len()), (Ts(1234), Ts(1000), Ts(4321), 80));
+    assert_eq!(u64::from_le_bytes(bytes[72..80].try_into().unwrap()), 4321);
+    let (batch, used) = decode_batch(&Bytes::from(bytes.clone())).unwrap();
+    assert_eq!((batch.header, used), (h, bytes.len()));
+    for i in 72..80 {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x01;
+        assert!(matches!(decode_err(bad), FormatError::PayloadChecksum { .. }), "byte {i}");
+    }
+    assert_eq!(decode_batch_header(&bytes[..76]), Err(FormatError::Truncated { needed: 80, available: 76 }));
+    // A failover's cut keeps it.
+    let mut cut = Vec::new();
+    let c = ditto_log::format::cut_batch(&batch, Ts(u64::MAX), &mut cut).unwrap();
+    assert_eq!(c.reuse_ts, Ts(4321));
+}
+
+/// A log written by version 4 (72-byte batch headers: a floor, no reuse bound) is still
+/// read: the same batches, re-framed as version 4, decode to the same transactions with
+/// reuse bound 0 (which claims nothing).
+#[test]
+fn version_4_batches_are_still_read() {
+    let txns = sample_txns(6, 4);
+    let mut v5 = Vec::new();
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &txns);
+    let marks = Marks { bound_ts: Ts(20), floor_ts: Ts(7), reuse_ts: Ts(9) };
+    let h5 = b.finish_marked_into(STREAM, EPOCH, marks, false, &mut v5);
+    let payload = &v5[BATCH_HEADER_LEN..];
+    let h4 = BatchHeader { version: 4, reuse_ts: Ts(0), ..h5 };
+    let v4 = forge(h4, payload);
+    assert_eq!(v4.len(), 72 + payload.len());
+    assert_eq!(u64::from_le_bytes(v4[64..72].try_into().unwrap()), 7);
+    let (b4, used) = decode_batch(&Bytes::from(v4.clone())).unwrap();
+    assert_eq!((b4.header.floor_ts, b4.header.reuse_ts, b4.header.header_len(), used), (Ts(7), Ts(0), 72, v4.len()));
+    let (b5, _) = decode_batch(&Bytes::from(v5)).unwrap();
+    assert_eq!(b4.records(), b5.records());
+    // A whole version-4 segment.
+    let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 3, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
+    seg[8] = 4;
+    let crc = crc32c::crc32c(&seg[..44]);
+    seg[44..48].copy_from_slice(&crc.to_le_bytes());
+    seg.extend_from_slice(&v4);
+    seg.extend_from_slice(&forge(BatchHeader { version: 4, ..header(0, 0, 0, 0) }, &[]));
+    let scan = read_segment(&Bytes::from(seg)).unwrap();
+    assert_eq!(scan.end, SegmentEnd::Clean);
+    assert_eq!(scan.batches.iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![48, 48 + v4.len() as u64]);
 }
 
 fn v3_heartbeat() -> Vec<u8> {

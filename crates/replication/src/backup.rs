@@ -299,6 +299,9 @@ pub struct BackupState {
     pub reconnects: AtomicU64,
     /// Replay CPU (thread time) in nanoseconds, summed over replayers.
     pub replay_cpu_ns: AtomicU64,
+    /// Transactions whose install waited for what lies below a batch's `reuse_ts` (a
+    /// reused record id's old life, `Engine::await_replayed`).
+    pub reuse_waits: AtomicU64,
     /// When the newest batch arrived, and the ts it carried (for lag in milliseconds).
     pub last_batch_unix_ms: AtomicU64,
     /// When the newest frame of any kind (heartbeats too) arrived, in Unix milliseconds:
@@ -1781,6 +1784,10 @@ impl Engine {
             ReplayMode::Serial | ReplayMode::Dependency { .. } => 0,
             ReplayMode::Parallel => job.stream,
         };
+        // (The dependency mode keeps its own watermark, `Tracker`.)
+        if !matches!(self.mode, ReplayMode::Dependency { .. }) {
+            self.replayed.lock().started(job.seq, job.stream, job.floor);
+        }
         self.queues.lock().get(i).is_some_and(|q| q.send(job).is_ok())
     }
 
@@ -1940,11 +1947,25 @@ impl Engine {
         for (table, limit) in limits {
             self.db.replay_reserve_rids(table, limit);
         }
+        // A record id the primary gave a new life had its old life end at or below
+        // `reuse`: a transaction above it is installed only once everything at or below it
+        // is, one at or below it once everything below its own timestamp is (it may give
+        // an id a new life under an older bound), so no new life overtakes an old one on
+        // its record (`BatchHeader::reuse_ts`; a stream's gap, sent whole before the next
+        // stream's, brought new lives first).
+        let reuse = batch.header.reuse_ts;
+        let mut reuse_passed = reuse == Ts::ZERO;
         let installed = self.install_ahead(
             writes.len(),
             |i| (writes[i].1.table, writes[i].1.rid),
             |i| {
                 let (ts, w) = writes[i];
+                let first_of_txn = i == 0 || writes[i - 1].0 != ts;
+                if first_of_txn && !(reuse_passed && ts > reuse) {
+                    let need = if ts > reuse { reuse } else { Ts(ts.0 - 1) };
+                    self.await_replayed(job, ts, need, help)?;
+                    reuse_passed |= ts > reuse;
+                }
                 let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
                 // Waiting for the read view mid-batch: what this batch installed so far
                 // must count, or the wait is for itself (`Ordered::progress`).
@@ -1965,6 +1986,40 @@ impl Engine {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Waits until every transaction at or below `need` is installed, before the
+    /// transaction at `at` of `job` is (`replay`'s wait for a reused id's old life). What
+    /// this batch installed below `at` counts first, or the wait could be for itself;
+    /// `help` as for `replay` (false: the batch is put off at `at`).
+    ///
+    /// No deadlock: `need` is below `at`, so the smallest transaction not yet installed
+    /// anywhere waits for nothing that is not installed already, once every stream's
+    /// progress is counted (a stream's replayer blocked on `need` reports its own first,
+    /// and the receiver goes on: the wait lifts the replay budget).
+    fn await_replayed(&self, job: &Job, at: Ts, need: Ts, help: &mut dyn FnMut(Ts) -> bool) -> Result<(), Stop> {
+        let replayed = || Ts(self.state.replayed.load(Ordering::Acquire));
+        if replayed() >= need {
+            return Ok(());
+        }
+        self.state.reuse_waits.fetch_add(1, Ordering::Relaxed);
+        loop {
+            // Each time: a floor that counts only while a replayer waits may have come
+            // (`Ordered::progress`).
+            self.progressed(job, Ts(at.0 - 1));
+            if replayed() >= need {
+                break;
+            }
+            self.budget.note_wait();
+            if !help(need) {
+                return Err(Stop::PutOff(at));
+            }
+            if replayed() >= need {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
     }
 
     /// `job` is in progress with everything of it at or below `upto` installed.
@@ -3075,6 +3130,8 @@ pub struct ReplayRun {
     pub cpu_seconds: f64,
     /// The replayed watermark at the end (every transaction at or below it is installed).
     pub replayed: Ts,
+    /// Transactions that waited for a reused record id's old life (`BackupState::reuse_waits`).
+    pub reuse_waits: u64,
 }
 
 /// Replays recorded batches (each a framed batch as the primary's log wrote it, in the
@@ -3139,6 +3196,7 @@ pub fn replay_recorded(
         seconds,
         cpu_seconds: state.replay_cpu_ns.load(Ordering::Acquire) as f64 / 1e9,
         replayed: Ts(state.replayed.load(Ordering::Acquire)),
+        reuse_waits: state.reuse_waits.load(Ordering::Acquire),
     })
 }
 

@@ -62,7 +62,14 @@ impl Prefix {
 ///   *earlier in the order*);
 /// - the minimum over streams of what each has installed of its own transactions;
 /// - a floor of the batch in progress at the head of the order (every earlier batch
-///   done), capped at what that batch has installed.
+///   done), capped at what that batch has installed;
+/// - a floor further on, once every batch up to it is known (`started`): every
+///   transaction at or below it is in a batch up to it, so, capped at what each stream
+///   with a batch not done there has installed of its own, it is all installed. A
+///   replayer waiting in a batch needs it (`progress` computes it): an idle stream's
+///   bound stays where it was, and the floor that vouches for it may come after the
+///   waiting batch, even in its own stream (a gap's closing vouch), so the head's floor
+///   alone left the wait for ever.
 #[derive(Debug)]
 pub struct Ordered {
     next: u64,
@@ -72,8 +79,10 @@ pub struct Ordered {
     installed: Vec<Ts>,
     /// The last batch completed per stream (the per-stream order is asserted).
     last_seq: Vec<Option<u64>>,
-    /// The third claim above.
+    /// The third and fourth claims above.
     vouched: Ts,
+    /// Batches handed to replay and not complete: their stream and floor.
+    started: BTreeMap<u64, (usize, Option<Ts>)>,
 }
 
 impl Ordered {
@@ -88,7 +97,38 @@ impl Ordered {
             installed: vec![base; streams],
             last_seq: vec![None; streams],
             vouched: base,
+            started: BTreeMap::new(),
         }
+    }
+
+    /// Batch `seq` of `stream` with `floor` is handed to replay (it completes later).
+    pub fn started(&mut self, seq: u64, stream: usize, floor: Option<Ts>) {
+        if seq >= self.next && !self.done.contains_key(&seq) {
+            self.started.insert(seq, (stream, floor));
+        }
+    }
+
+    /// The fourth claim (see the type's notes): the best floor of the batches known from
+    /// the head on, each capped at what every stream with a batch not done up to it has
+    /// installed. Walks those batches (a waiting replayer asks, not every completion).
+    fn reach(&self) -> Ts {
+        let mut open = vec![false; self.installed.len()];
+        let (mut cap, mut best) = (Ts(u64::MAX), Ts::ZERO);
+        for seq in self.next.. {
+            let (stream, floor, done) = match (self.started.get(&seq), self.done.get(&seq)) {
+                (_, Some(&(s, _, f))) => (s, f, true),
+                (Some(&(s, f)), None) => (s, f, false),
+                (None, None) => break,
+            };
+            if !done && !open[stream] {
+                open[stream] = true;
+                cap = cap.min(self.installed[stream]);
+            }
+            if let Some(f) = floor {
+                best = best.max(f.min(cap));
+            }
+        }
+        best
     }
 
     /// Batch `seq` is complete. Returns the watermark.
@@ -100,6 +140,7 @@ impl Ordered {
         );
         self.last_seq[stream] = Some(seq);
         self.installed[stream] = self.installed[stream].max(bound);
+        self.started.remove(&seq);
         self.done.insert(seq, (stream, bound, floor));
         while let Some((s, b, f)) = self.done.remove(&self.next) {
             self.prefix.push(s, b, f);
@@ -123,6 +164,7 @@ impl Ordered {
                 self.vouched = self.vouched.max(f.min(upto));
             }
         }
+        self.vouched = self.vouched.max(self.reach());
         self.watermark()
     }
 
@@ -196,6 +238,32 @@ mod tests {
         o.complete(1, 1, Ts(10), None);
         assert_eq!(o.progress(2, 0, Ts(7), None), Ts(7));
         assert_eq!(o.progress(2, 0, Ts(12), None), Ts(10), "stream 1 holds up to 10 only");
+    }
+
+    /// A replayer waiting in a batch (stream 0, batch 1, everything of it below 20
+    /// installed) needs stream 1, idle since its bound 5, to be vouched for; the floor
+    /// that does it comes later, in stream 0's own next batch (a gap's closing vouch).
+    /// Known, it counts, capped at what every stream with a batch not done before it has
+    /// installed; unknown batches in between stop the walk.
+    #[test]
+    fn a_floor_behind_a_waiting_batch_counts_once_every_batch_before_it_is_known() {
+        let mut o = Ordered::new(Prefix::new(3, Ts(0)), 1);
+        o.started(1, 0, None);
+        o.complete(2, 1, Ts(5), None);
+        o.started(4, 0, Some(Ts(30)));
+        assert_eq!(o.progress(1, 0, Ts(19), None), Ts(0), "batch 3 is not known: the floor may not count");
+        o.started(3, 2, None);
+        assert_eq!(o.progress(1, 0, Ts(19), None), Ts(0), "capped at what stream 2 installed: nothing");
+        assert_eq!(o.complete(3, 2, Ts(25), None), Ts(5), "stream 1 holds up to 5; no waiting replayer asked yet");
+        assert_eq!(o.progress(1, 0, Ts(19), None), Ts(19), "the floor 30, capped at stream 0's 19");
+        assert_eq!(o.progress(1, 0, Ts(29), None), Ts(29));
+        assert_eq!(o.complete(1, 0, Ts(29), None), Ts(29));
+        assert_eq!(o.complete(4, 0, Ts(30), Some(Ts(30))), Ts(30));
+        // A floor never counts past a stream that has a batch not done before it.
+        let mut o = Ordered::new(Prefix::new(2, Ts(0)), 1);
+        o.started(1, 1, None);
+        o.started(2, 0, Some(Ts(50)));
+        assert_eq!(o.progress(2, 0, Ts(40), Some(Ts(50))), Ts(0), "stream 1's batch 1 installed nothing");
     }
 
     #[test]
