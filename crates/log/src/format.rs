@@ -12,7 +12,7 @@
 //!
 //! A log is a set of *streams* (one per worker). A stream is a sequence of *segment
 //! files*; each starts with a 48-byte `SegmentHeader` and continues with *batches* back to
-//! back. A batch is the unit of group commit: a 72-byte header followed by a payload of
+//! back. A batch is the unit of group commit: an 80-byte header followed by a payload of
 //! transactions, optionally LZ4-compressed as a whole.
 //!
 //! Why it looks like this

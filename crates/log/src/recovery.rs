@@ -953,9 +953,8 @@ pub fn append_own_fetched(
         return Err(corrupt(
             &logdir,
             format!(
-                "stream {stream}'s log of epoch {} was written by an older ditto (log format before {}): a fetch cannot be added to it; start this node's server once with this build (its open moves the log to a new epoch in this format), or rejoin it as a new member",
+                "stream {stream}'s log of epoch {} was written by an older ditto (log format before 4): a fetch cannot be added to it; start this node's server once with this build (its open moves the log to a new epoch in this format), or rejoin it as a new member",
                 epoch.0,
-                crate::format::LOG_FORMAT_VERSION
             ),
         ));
     }
@@ -991,6 +990,19 @@ pub fn append_own_fetched(
         if h.bound_ts <= bound {
             out.held += 1;
             continue;
+        }
+        // The new segment is of this build's format, and a segment's batches are of its
+        // version: a batch an older build framed cannot go into it (found by a review,
+        // 2026-12-03, when format 5 came: the next open refused the segment).
+        if u32::from(h.version) != crate::format::LOG_FORMAT_VERSION {
+            return Err(corrupt(
+                &logdir,
+                format!(
+                    "a fetched batch of stream {stream} is of log format {}, written by an older ditto: it cannot be added to this log (format {}); start this node's server once with this build (its open moves the log to a new epoch in this format), or rejoin it as a new member",
+                    h.version,
+                    crate::format::LOG_FORMAT_VERSION
+                ),
+            ));
         }
         if h.txn_count > 0 {
             if h.first_ts <= last_ts {
