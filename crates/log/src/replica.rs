@@ -2140,8 +2140,9 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
 }
 
 /// The batches of the primary's log in `data` (its current epoch `epoch`) that hold
-/// anything above `after`: every stream's batches with a bound above it, stream by stream
-/// in order, for shipping to a backup that has everything at or below `after`. `None` when
+/// anything above `after`: every stream's batches with a bound above it, the streams
+/// merged in timestamp order (`Gap::for_each`), for shipping to a backup that has
+/// everything at or below `after`. `None` when
 /// the log no longer holds all of them (a checkpoint deleted a segment the backup still
 /// needs): the backup must then be sent a checkpoint. The files are read as they are; a
 /// batch still being written at the end of a stream's last segment is left out (the caller
@@ -2149,10 +2150,10 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
 ///
 /// Every segment is read and checked here, one at a time, and let go, but kept open: what
 /// is returned holds each segment's file with the length found whole, and `Gap::for_each`
-/// reads them again one at a time. So a backup that returns after a long absence (its gap
-/// up to the log kept for backups, 1 GiB by default) costs the primary one segment of
-/// memory at a time, not the whole gap (before 2026-11-28 the gap was read whole into
-/// memory here); and a checkpoint that deletes a segment while the gap is being sent
+/// reads them again a batch at a time. So a backup that returns after a long absence (its
+/// gap up to the log kept for backups, 1 GiB by default) costs the primary one batch of
+/// memory per stream, not the whole gap (before 2026-11-28 the gap was read whole into
+/// memory here; until 2026-12-03 a segment at a time); and a checkpoint that deletes a segment while the gap is being sent
 /// (nothing keeps the log for a backup before its first ack) takes only its name: the
 /// open file is read all the same.
 pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>, LogError> {
@@ -2219,7 +2220,8 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
                 gap.batches += batches;
                 // Past the bound, the rest are opened again by name when sent.
                 let file = (gap.parts.len() < GAP_OPEN_MAX).then_some(file);
-                gap.parts.push(GapPart::Segment { file, path: f.path.clone(), len: scan.valid_len(), after, batches });
+                let (path, len) = (f.path.clone(), scan.valid_len());
+                gap.parts.push(GapPart::Segment(SegmentPart { stream, file, path, len, after, batches }));
             }
             first = false;
             prev_seq = f.seq;
@@ -2244,8 +2246,20 @@ pub struct Gap {
 
 #[derive(Debug)]
 enum GapPart {
-    Segment { file: Option<std::fs::File>, path: PathBuf, len: u64, after: Ts, batches: usize },
+    Segment(SegmentPart),
     Sealed(SealedPart),
+}
+
+/// One segment's part of a gap: its batches with a bound above `after`, `batches` of
+/// them within its first `len` bytes when the gap was taken.
+#[derive(Debug)]
+struct SegmentPart {
+    stream: u32,
+    file: Option<std::fs::File>,
+    path: PathBuf,
+    len: u64,
+    after: Ts,
+    batches: usize,
 }
 
 impl Gap {
@@ -2265,10 +2279,18 @@ impl Gap {
         self
     }
 
-    /// Hands each batch to `f`, in order, reading one segment at a time. A segment that no
-    /// longer reads as it did when the gap was taken (cut short or damaged since) is an
-    /// error after the batches before it: never a gap sent with a hole.
+    /// Hands each batch to `f`: a sealed log's part first, then the segments' batches of
+    /// every stream merged in timestamp order (by each batch's first transaction, a
+    /// heartbeat's bound), each stream's in its own order, read a batch at a time. A
+    /// segment that no longer reads as it did when the gap was taken (cut short or damaged
+    /// since) is an error after the batches before it: never a stream sent with a hole.
+    ///
+    /// Merged, not stream after stream (as before 2026-12-03): a backup given one
+    /// stream's whole part before the next's replayed one stream at a time, and a
+    /// batch's writes above its reuse bound (`BatchHeader::reuse_ts`) waited, holding
+    /// every batch received meanwhile in memory, until the later streams' parts came.
     pub fn for_each(self, mut f: impl FnMut(Bytes) -> std::io::Result<()>) -> std::io::Result<()> {
+        let mut streams: Vec<std::collections::VecDeque<SegmentPart>> = Vec::new();
         for part in self.parts {
             match part {
                 GapPart::Sealed(SealedPart { data, after, point, batches }) => {
@@ -2308,33 +2330,24 @@ impl Gap {
                         Err(e) => return Err(changed(format!("{e}"))),
                     }
                 }
-                GapPart::Segment { file, path, len, after, batches } => {
-                    let changed = |what: String| {
-                        std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))
-                    };
-                    let file = match file {
-                        Some(f) => f,
-                        None => std::fs::File::open(&path).map_err(|e| changed(format!("{e}")))?,
-                    };
-                    let raw = read_prefix(&file, Some(len)).map_err(|e| changed(format!("{e}")))?;
-                    let scan = crate::format::read_segment(&raw).map_err(|e| changed(format!("{e}")))?;
-                    if !matches!(scan.end, crate::format::SegmentEnd::Clean) {
-                        return Err(changed(format!("damaged ({:?})", scan.end)));
-                    }
-                    let above: Vec<_> = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).collect();
-                    if above.len() != batches {
-                        return Err(changed(format!(
-                            "{} batches above ts {} where {batches} were",
-                            above.len(),
-                            after.0
-                        )));
-                    }
-                    for (off, b) in above {
-                        let off = *off as usize;
-                        f(raw.slice(off..off + b.header.total_len()))?;
-                    }
-                }
+                GapPart::Segment(seg) => match streams.last_mut() {
+                    Some(q) if q.back().is_some_and(|l| l.stream == seg.stream) => q.push_back(seg),
+                    _ => streams.push([seg].into()),
+                },
             }
+        }
+        let mut cursors = Vec::with_capacity(streams.len());
+        for parts in streams {
+            let mut c = StreamCursor { parts, open: None, next: None };
+            c.advance()?;
+            cursors.push(c);
+        }
+        // The stream whose next batch comes first (few streams: a scan is cheap).
+        while let Some(c) = cursors.iter_mut().filter(|c| c.next.is_some()).min_by_key(|c| c.next.as_ref().map(|n| n.0))
+        {
+            let (_, batch) = c.next.take().expect("a stream with a next batch");
+            f(batch)?;
+            c.advance()?;
         }
         Ok(())
     }
@@ -2366,6 +2379,74 @@ impl Gap {
             Err(e) => Err(LogError::Corrupt { file: PathBuf::new(), offset: 0, what: e.to_string() }),
         }
     }
+}
+
+/// One stream's segments of a gap, read a batch at a time (`Gap::for_each`).
+struct StreamCursor {
+    parts: std::collections::VecDeque<SegmentPart>,
+    /// The segment being read: it, its file, where its next batch starts, and how many of
+    /// its batches above the gap's start were read.
+    open: Option<(SegmentPart, std::fs::File, u64, usize)>,
+    /// The next batch to send, and its place in the merge (first transaction, or bound).
+    next: Option<(Ts, Bytes)>,
+}
+
+impl StreamCursor {
+    /// Reads the stream's next batch above the gap's start into `next` (none at the end).
+    fn advance(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        loop {
+            let Some((part, file, off, read)) = &mut self.open else {
+                let Some(part) = self.parts.pop_front() else { return Ok(()) };
+                let file = match part.file.as_ref().map(|f| f.try_clone()) {
+                    Some(f) => f,
+                    None => std::fs::File::open(&part.path),
+                }
+                .map_err(|e| changed(&part.path, format!("{e}")))?;
+                let mut head = [0u8; crate::format::SEGMENT_HEADER_LEN];
+                file.read_exact_at(&mut head, 0).map_err(|e| changed(&part.path, format!("{e}")))?;
+                let h = crate::format::SegmentHeader::decode(&head).map_err(|e| changed(&part.path, format!("{e}")))?;
+                if h.stream.0 != part.stream {
+                    return Err(changed(&part.path, format!("its header names stream {}", h.stream.0)));
+                }
+                self.open = Some((part, file, crate::format::SEGMENT_HEADER_LEN as u64, 0));
+                continue;
+            };
+            if *off >= part.len {
+                if *read != part.batches {
+                    let what = format!("{read} batches above ts {} where {} were", part.after.0, part.batches);
+                    return Err(changed(&part.path, what));
+                }
+                self.open = None;
+                continue;
+            }
+            let damaged = |what: String| changed(&part.path, format!("damaged at offset {off} ({what})"));
+            let mut head = [0u8; crate::format::BATCH_HEADER_LEN];
+            let want = head.len().min((part.len - *off) as usize);
+            file.read_exact_at(&mut head[..want], *off).map_err(|e| damaged(e.to_string()))?;
+            let h = crate::format::decode_batch_header(&head[..want]).map_err(|e| damaged(e.to_string()))?;
+            let total = h.total_len() as u64;
+            if *off + total > part.len || h.stream.0 != part.stream {
+                return Err(damaged(format!("a batch of stream {} and {total} bytes", h.stream.0)));
+            }
+            let mut buf = vec![0u8; total as usize];
+            file.read_exact_at(&mut buf, *off).map_err(|e| damaged(e.to_string()))?;
+            let batch = Bytes::from(buf);
+            crate::format::decode_batch_checksums(&batch).map_err(|e| damaged(e.to_string()))?;
+            *off += total;
+            if h.bound_ts > part.after {
+                *read += 1;
+                let at = if h.txn_count > 0 { h.first_ts } else { h.bound_ts };
+                self.next = Some((at, batch));
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A gap's segment that no longer reads as it did when the gap was taken.
+fn changed(path: &Path, what: String) -> std::io::Error {
+    std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))
 }
 
 /// The first `len` bytes of `file` (all of it with `None`), read from its start (the

@@ -767,13 +767,13 @@ fn an_old_primarys_own_log_is_cut_for_a_last_resort_only_if_it_reaches_the_point
     assert!(o.db.count(t).unwrap() <= 400 && o.db.count(t).unwrap() > 0);
 }
 
-/// A backup's gap is checked whole when it is taken and read again a segment at a time
-/// when it is sent (`Gap::for_each`): the same batches, in the same order, as reading
-/// every segment at once; nothing appended since (shipped live instead); a checkpoint that
+/// A backup's gap is checked whole when it is taken and read again a batch at a time
+/// when it is sent (`Gap::for_each`): the same batches as reading every segment at once,
+/// the streams merged in timestamp order; nothing appended since (shipped live instead); a checkpoint that
 /// deletes its segments meanwhile takes nothing from it (the files are held open); and a
 /// segment damaged since is an error after the batches before it, never a gap with a hole.
 #[test]
-fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_error() {
+fn a_gap_is_read_again_a_batch_at_a_time_merged_and_a_segment_changed_since_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let o = OpenOptions {
         workers: 2,
@@ -808,6 +808,21 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
         }
     }
     assert_eq!(streams.len(), 2, "both streams have batches in the gap");
+    // Sent merged in timestamp order (a batch's first transaction, a heartbeat's bound),
+    // each stream in its own order: the streams' batches, stream after stream, sorted
+    // stably by that.
+    let key = |b: &Bytes| {
+        let h = ditto_log::format::decode_batch_checksums(b).unwrap().0.header;
+        if h.txn_count > 0 {
+            h.first_ts
+        } else {
+            h.bound_ts
+        }
+    };
+    expected.sort_by_key(key);
+    let stream = |b: &Bytes| ditto_log::format::decode_batch_checksums(b).unwrap().0.header.stream;
+    let switches = expected.windows(2).filter(|w| stream(&w[0]) != stream(&w[1])).count();
+    assert!(switches > 100, "the streams' commits alternate: {switches} switches");
     let gap = ditto_log::replica::batches_after(dir.path(), epoch, after).unwrap().unwrap();
     assert_eq!(gap.len(), expected.len());
     // More commits after the gap was taken (in its segments' tails), then a checkpoint that
@@ -817,13 +832,14 @@ fn a_gap_is_read_again_a_segment_at_a_time_and_a_segment_changed_since_is_an_err
     assert!(segs.iter().any(|p| !p.exists()), "the checkpoint deleted some of the gap's segments");
     let got = gap.collect().unwrap();
     assert_eq!(got, expected, "the gap read again equals the log read whole when it was taken");
-    // A segment of a gap damaged since (a byte in the middle of the second stream's
-    // first segment): an error naming it, after the batches before it.
+    // A segment of a gap damaged since (a byte in the middle of the second stream's third
+    // segment): an error naming it, after the batches before it (of both streams).
     write(800, 1400);
     let gap = ditto_log::replica::batches_after(dir.path(), epoch, ckpt.ts).unwrap().unwrap();
     let n = gap.len();
     let now = segment_files(dir.path());
-    let victim = now.iter().find(|p| p.file_name().unwrap().to_str().unwrap().contains("stream-0001")).unwrap().clone();
+    let victim =
+        now.iter().filter(|p| p.file_name().unwrap().to_str().unwrap().contains("stream-0001")).nth(2).unwrap().clone();
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new().read(true).write(true).open(&victim).unwrap();

@@ -1955,6 +1955,13 @@ impl Engine {
         // stream's, brought new lives first).
         let reuse = batch.header.reuse_ts;
         let mut reuse_passed = reuse == Ts::ZERO;
+        // The first transaction's wait before the batch's pin (`install_ahead`): held
+        // through a wait, the pin would hold the engine's reclamation back meanwhile.
+        if let (Some(&(ts, _)), false) = (writes.first(), reuse_passed) {
+            let need = if ts > reuse { reuse } else { Ts(ts.0 - 1) };
+            self.await_replayed(job, ts, need, help)?;
+            reuse_passed = ts > reuse;
+        }
         let installed = self.install_ahead(
             writes.len(),
             |i| (writes[i].1.table, writes[i].1.rid),

@@ -110,10 +110,11 @@ impl Ordered {
 
     /// The fourth claim (see the type's notes): the best floor of the batches known from
     /// the head on, each capped at what every stream with a batch not done up to it has
-    /// installed. Walks those batches (a waiting replayer asks, not every completion).
+    /// installed; at least the watermark. Walks those batches (a waiting replayer asks, not
+    /// every completion), until no floor further on could give more.
     fn reach(&self) -> Ts {
         let mut open = vec![false; self.installed.len()];
-        let (mut cap, mut best) = (Ts(u64::MAX), Ts::ZERO);
+        let (mut cap, mut best) = (Ts(u64::MAX), self.watermark());
         for seq in self.next.. {
             let (stream, floor, done) = match (self.started.get(&seq), self.done.get(&seq)) {
                 (_, Some(&(s, _, f))) => (s, f, true),
@@ -123,6 +124,10 @@ impl Ordered {
             if !done && !open[stream] {
                 open[stream] = true;
                 cap = cap.min(self.installed[stream]);
+                // The cap only comes down: no floor further on can give more.
+                if cap <= best {
+                    break;
+                }
             }
             if let Some(f) = floor {
                 best = best.max(f.min(cap));

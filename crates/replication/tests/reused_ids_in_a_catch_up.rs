@@ -228,3 +228,50 @@ fn a_gap_that_brings_a_reused_ids_new_life_first_replays_to_the_primarys_state()
         }
     }
 }
+
+/// A batch straddling its reuse bound: a transaction at or below it (taken before the
+/// bound moved, framed after) waits for everything below its own timestamp, one above it
+/// for everything up to the bound. Stream 0's batch (reuse bound 6) gives record 0 to key
+/// b at ts 4 and updates it at 7; stream 1's, behind it, holds key a's life on record 0
+/// (insert 1, delete 2). Either way round, b's life is installed after a's, on record 0
+/// itself.
+#[test]
+fn a_batch_straddling_its_reuse_bound_waits_below_and_above_it() {
+    type W = (TableId, ditto_engine::RecordId, Option<&'static [u8]>, Option<&'static [u8]>);
+    let frame = |stream: u32, bound: u64, reuse: u64, txns: &[(u64, Vec<W>)]| {
+        let mut b = BatchBuilder::new();
+        for (ts, writes) in txns {
+            b.push_txn(Ts(*ts), writes.iter().copied());
+        }
+        let mut out = Vec::new();
+        let marks = Marks { bound_ts: Ts(bound), floor_ts: Ts::ZERO, reuse_ts: Ts(reuse) };
+        b.finish_marked_into(ditto_log::StreamId(stream), ditto_log::Epoch(1), marks, false, &mut out);
+        Bytes::from(out)
+    };
+    let (t, r0) = (TableId(0), ditto_engine::RecordId(0));
+    let new_life =
+        frame(0, 7, 6, &[(4, vec![(t, r0, Some(b"b"), Some(b"b4"))]), (7, vec![(t, r0, None, Some(b"b7"))])]);
+    let old_life = frame(1, 7, 0, &[(1, vec![(t, r0, Some(b"a"), Some(b"a1"))]), (2, vec![(t, r0, None, None)])]);
+    for mode in [ReplayMode::Serial, ReplayMode::Parallel] {
+        for batches in [vec![new_life.clone(), old_life.clone()], vec![old_life.clone(), new_life.clone()]] {
+            let first = if batches[0] == new_life { "new life first" } else { "old life first" };
+            let db = Database::new(Options { workers: 2 });
+            db.create_table("t").unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let d = Arc::clone(&db);
+            std::thread::spawn(move || {
+                let _ = tx.send(replay_recorded(d, 2, Ts::ZERO, mode, None, &batches));
+            });
+            let run = rx
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("{mode:?}, {first}: replay still waiting after 20 s"))
+                .unwrap_or_else(|e| panic!("{mode:?}, {first}: replay failed: {e}"));
+            assert_eq!(run.replayed, Ts(7), "{mode:?}, {first}");
+            let r = db.read();
+            assert_eq!(r.get(t, b"b").unwrap().as_deref(), Some(&b"b7"[..]), "{mode:?}, {first}");
+            assert_eq!(r.get(t, b"a").unwrap(), None, "{mode:?}, {first}");
+            assert_eq!(db.count(t).unwrap(), 1, "{mode:?}, {first}");
+            assert_eq!(db.replay_own_records(), 0, "{mode:?}, {first}: b's life went onto record 0 itself");
+        }
+    }
+}
