@@ -832,7 +832,7 @@ pub fn primary_stream_batches(data: &Path, stream: usize, after: Ts, epoch_start
 }
 
 /// `primary_stream_batches`, each batch handed to `sink` in order as it is read (a
-/// segment at a time), so that the answer is never held whole; `sink` returning false
+/// batch at a time), so that the answer is never held whole; `sink` returning false
 /// asks for no more.
 pub fn primary_stream_batches_each(
     data: &Path,

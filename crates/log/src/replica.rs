@@ -2151,9 +2151,10 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
 /// Every segment is read and checked here, one at a time, and let go, but kept open: what
 /// is returned holds each segment's file with the length found whole, and `Gap::for_each`
 /// reads them again a batch at a time. So a backup that returns after a long absence (its
-/// gap up to the log kept for backups, 1 GiB by default) costs the primary one batch of
-/// memory per stream, not the whole gap (before 2026-11-28 the gap was read whole into
-/// memory here; until 2026-12-03 a segment at a time); and a checkpoint that deletes a segment while the gap is being sent
+/// gap up to the log kept for backups, 1 GiB by default) costs the primary one segment of
+/// memory while the gap is taken, and one batch per stream while it is sent, not the
+/// whole gap (before 2026-11-28 the gap was read whole into memory here; until 2026-12-03
+/// the send read a segment at a time too); and a checkpoint that deletes a segment while the gap is being sent
 /// (nothing keeps the log for a backup before its first ack) takes only its name: the
 /// open file is read all the same.
 pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>, LogError> {
@@ -2290,6 +2291,14 @@ impl Gap {
     /// batch's writes above its reuse bound (`BatchHeader::reuse_ts`) waited, holding
     /// every batch received meanwhile in memory, until the later streams' parts came.
     pub fn for_each(self, mut f: impl FnMut(Bytes) -> std::io::Result<()>) -> std::io::Result<()> {
+        self.for_each_ahead_of(|b, _| f(b))
+    }
+
+    /// `for_each`, telling `f` with each batch of the segments the key every batch still to
+    /// come lies at or above (`None` after the last, and for a sealed part's): every
+    /// transaction of the gap's segments below it has been handed over (a sender vouches
+    /// with it, `send_gap`).
+    pub fn for_each_ahead_of(self, mut f: impl FnMut(Bytes, Option<Ts>) -> std::io::Result<()>) -> std::io::Result<()> {
         let mut streams: Vec<std::collections::VecDeque<SegmentPart>> = Vec::new();
         for part in self.parts {
             match part {
@@ -2310,7 +2319,7 @@ impl Gap {
                         if sent > batches {
                             return false;
                         }
-                        match f(b) {
+                        match f(b, None) {
                             Ok(()) => true,
                             Err(e) => {
                                 failed = Some(e);
@@ -2338,16 +2347,17 @@ impl Gap {
         }
         let mut cursors = Vec::with_capacity(streams.len());
         for parts in streams {
-            let mut c = StreamCursor { parts, open: None, next: None };
+            let mut c = StreamCursor { parts, open: None, next: None, scratch: Vec::new() };
             c.advance()?;
             cursors.push(c);
         }
         // The stream whose next batch comes first (few streams: a scan is cheap).
+        let head = |cursors: &[StreamCursor]| cursors.iter().filter_map(|c| c.next.as_ref().map(|n| n.0)).min();
         while let Some(c) = cursors.iter_mut().filter(|c| c.next.is_some()).min_by_key(|c| c.next.as_ref().map(|n| n.0))
         {
             let (_, batch) = c.next.take().expect("a stream with a next batch");
-            f(batch)?;
             c.advance()?;
+            f(batch, head(&cursors))?;
         }
         Ok(())
     }
@@ -2362,7 +2372,7 @@ impl Gap {
         Ok(out)
     }
 
-    /// Hands each batch to `sink`, in order, a segment at a time (`for_each`), until it
+    /// Hands each batch to `sink`, in order, a batch at a time (`for_each`), until it
     /// returns false, and reads no further then; whether it took them all.
     pub fn each(self, sink: &mut dyn FnMut(Bytes) -> bool) -> Result<bool, LogError> {
         #[derive(Debug)]
@@ -2384,11 +2394,25 @@ impl Gap {
 /// One stream's segments of a gap, read a batch at a time (`Gap::for_each`).
 struct StreamCursor {
     parts: std::collections::VecDeque<SegmentPart>,
-    /// The segment being read: it, its file, where its next batch starts, and how many of
-    /// its batches above the gap's start were read.
-    open: Option<(SegmentPart, std::fs::File, u64, usize)>,
+    /// The segment being read.
+    open: Option<OpenSegment>,
     /// The next batch to send, and its place in the merge (first transaction, or bound).
     next: Option<(Ts, Bytes)>,
+    /// For a compressed payload's check.
+    scratch: Vec<u8>,
+}
+
+/// A gap's segment being read (`StreamCursor`).
+struct OpenSegment {
+    part: SegmentPart,
+    file: std::fs::File,
+    /// Where its next batch starts.
+    off: u64,
+    /// Its batches above the gap's start read so far.
+    read: usize,
+    /// What its header names: every batch is of them.
+    epoch: Epoch,
+    version: u16,
 }
 
 impl StreamCursor {
@@ -2396,20 +2420,23 @@ impl StreamCursor {
     fn advance(&mut self) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         loop {
-            let Some((part, file, off, read)) = &mut self.open else {
-                let Some(part) = self.parts.pop_front() else { return Ok(()) };
-                let file = match part.file.as_ref().map(|f| f.try_clone()) {
+            let Some(OpenSegment { part, file, off, read, epoch, version }) = &mut self.open else {
+                let Some(mut part) = self.parts.pop_front() else { return Ok(()) };
+                let file = match part.file.take() {
                     Some(f) => f,
-                    None => std::fs::File::open(&part.path),
-                }
-                .map_err(|e| changed(&part.path, format!("{e}")))?;
+                    None => std::fs::File::open(&part.path).map_err(|e| {
+                        std::io::Error::other(format!("{}: could not be opened again: {e}", part.path.display()))
+                    })?,
+                };
                 let mut head = [0u8; crate::format::SEGMENT_HEADER_LEN];
                 file.read_exact_at(&mut head, 0).map_err(|e| changed(&part.path, format!("{e}")))?;
                 let h = crate::format::SegmentHeader::decode(&head).map_err(|e| changed(&part.path, format!("{e}")))?;
                 if h.stream.0 != part.stream {
                     return Err(changed(&part.path, format!("its header names stream {}", h.stream.0)));
                 }
-                self.open = Some((part, file, crate::format::SEGMENT_HEADER_LEN as u64, 0));
+                let version = u16::from_le_bytes([head[8], head[9]]);
+                let off = crate::format::SEGMENT_HEADER_LEN as u64;
+                self.open = Some(OpenSegment { part, file, off, read: 0, epoch: h.epoch, version });
                 continue;
             };
             if *off >= part.len {
@@ -2426,13 +2453,15 @@ impl StreamCursor {
             file.read_exact_at(&mut head[..want], *off).map_err(|e| damaged(e.to_string()))?;
             let h = crate::format::decode_batch_header(&head[..want]).map_err(|e| damaged(e.to_string()))?;
             let total = h.total_len() as u64;
-            if *off + total > part.len || h.stream.0 != part.stream {
-                return Err(damaged(format!("a batch of stream {} and {total} bytes", h.stream.0)));
+            if *off + total > part.len || h.stream.0 != part.stream || h.epoch != *epoch || h.version != *version {
+                return Err(damaged(format!("a batch of stream {} and {total} bytes, not of its segment", h.stream.0)));
             }
             let mut buf = vec![0u8; total as usize];
             file.read_exact_at(&mut buf, *off).map_err(|e| damaged(e.to_string()))?;
             let batch = Bytes::from(buf);
-            crate::format::decode_batch_checksums(&batch).map_err(|e| damaged(e.to_string()))?;
+            // Checked whole, as when the gap was taken (`read_segment`).
+            let (checked, _) = crate::format::decode_batch_checksums(&batch).map_err(|e| damaged(e.to_string()))?;
+            checked.checked_payload_in(&mut self.scratch).map_err(|e| damaged(e.to_string()))?;
             *off += total;
             if h.bound_ts > part.after {
                 *read += 1;

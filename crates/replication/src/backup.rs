@@ -1951,8 +1951,8 @@ impl Engine {
         // `reuse`: a transaction above it is installed only once everything at or below it
         // is, one at or below it once everything below its own timestamp is (it may give
         // an id a new life under an older bound), so no new life overtakes an old one on
-        // its record (`BatchHeader::reuse_ts`; a stream's gap, sent whole before the next
-        // stream's, brought new lives first).
+        // its record (`BatchHeader::reuse_ts`; a replayer further behind than the primary's
+        // checkpoint interval brought new lives first).
         let reuse = batch.header.reuse_ts;
         let mut reuse_passed = reuse == Ts::ZERO;
         // The first transaction's wait before the batch's pin (`install_ahead`): held

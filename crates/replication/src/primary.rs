@@ -197,6 +197,40 @@ struct Link {
     copy_total: AtomicU64,
 }
 
+/// A gap sent from disk vouches for what it has sent every this many batches
+/// (`send_gap`): an empty batch of 80 bytes per 64, against batches of a few KB.
+const GAP_VOUCH_EVERY: u64 = 64;
+
+/// When a gap sent from disk vouches for what it sent (`send_gap`); no I/O.
+struct GapVouches {
+    sent: u64,
+    /// The highest timestamp vouched for (at first, what the backup holds).
+    vouched: Ts,
+    /// Everything at or below it is in the gap.
+    reg_clock: Ts,
+}
+
+impl GapVouches {
+    /// A batch was sent, and every batch still to come lies at or above `ahead` (the
+    /// merge's next key, `Gap::for_each_ahead_of`): what to vouch for now, if anything.
+    /// Every transaction below `ahead` has been sent (or was held already), and everything
+    /// at or below `reg_clock` is in the gap: the floor is the lower of the two.
+    fn after(&mut self, ahead: Option<Ts>) -> Option<Ts> {
+        self.sent += 1;
+        let next = ahead.filter(|_| self.sent.is_multiple_of(GAP_VOUCH_EVERY))?;
+        let upto = Ts(next.0.saturating_sub(1)).min(self.reg_clock);
+        (upto > self.vouched).then(|| {
+            self.vouched = upto;
+            upto
+        })
+    }
+
+    /// The gap is sent: everything at or below the registration clock was in it.
+    fn last(&self) -> Option<Ts> {
+        (self.reg_clock > self.vouched).then_some(self.reg_clock)
+    }
+}
+
 const NOTHING_ASKED: u64 = u64::MAX;
 
 const NEVER_ACKED: u64 = u64::MAX;
@@ -1656,30 +1690,45 @@ impl Primary {
 
     /// Sends batches read back from this primary's log to a backup that holds everything
     /// up to `have_ts` (a resumed backup's gap, or the log above a checkpoint it was sent).
-    /// The gap is read from disk a segment at a time as it is sent (`Gap::for_each`).
+    /// The gap is read from disk a batch at a time as it is sent, its streams merged in
+    /// timestamp order (`Gap::for_each_ahead_of`).
+    ///
+    /// The gap's floors are not trusted (not in framing order), so an idle stream would
+    /// hold the backup's watermark until it writes again; while writers wait on that
+    /// watermark, it never would. Everything at or below the registration clock was durable
+    /// before the gap was read, so it is all in the gap: an empty batch vouches for it at
+    /// the end (and is persisted like any, so the backup's own recovery sees it too). On the
+    /// way, every `GAP_VOUCH_EVERY` batches, an empty batch vouches for what the merge has
+    /// sent (everything below the next batch's key, up to the registration clock): a
+    /// replayer waiting for a reused id's old life (`BatchHeader::reuse_ts`) needs an idle
+    /// stream vouched for, and without these waited, the rest of the gap held in its
+    /// memory, until the end; a link dropped in the middle resumes from there too.
     fn send_gap(&self, w: &mut impl Write, gap: Gap, have_ts: Ts, reg_clock: Ts) -> std::io::Result<()> {
-        gap.for_each(|b| {
-            let flags = self.flags(false);
-            w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), flags, &b))
-        })?;
-        // The gap's floors are not trusted (not in framing order), so an idle stream would
-        // hold the backup's watermark until it writes again; while writers wait on that
-        // watermark, it never would. Everything at or below the registration clock was
-        // durable before the gap was read, so it was all in the gap: an empty batch vouches
-        // for it (and is persisted like any, so the backup's own recovery sees it too).
-        if reg_clock > have_ts {
+        let mut vouches = GapVouches { sent: 0, vouched: have_ts, reg_clock };
+        let vouch = |w: &mut dyn Write, upto: Ts| -> std::io::Result<()> {
             let mut frame = Vec::new();
             ditto_log::format::BatchBuilder::new().finish_vouching_into(
                 ditto_log::StreamId(0),
                 self.epoch,
-                reg_clock,
-                reg_clock,
+                upto,
+                upto,
                 false,
                 &mut frame,
             );
-            w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), self.flags(true), &frame))?;
+            w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), self.flags(true), &frame))
+        };
+        gap.for_each_ahead_of(|b, ahead| {
+            let flags = self.flags(false);
+            w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), flags, &b))?;
+            match vouches.after(ahead) {
+                Some(upto) => vouch(w, upto),
+                None => Ok(()),
+            }
+        })?;
+        match vouches.last() {
+            Some(upto) => vouch(w, upto),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Stops accepting backups (links close with the process).
@@ -2169,6 +2218,35 @@ impl ditto_log::ShipTap for Tap {
 
 #[cfg(test)]
 mod tests {
+    /// A gap vouches every `GAP_VOUCH_EVERY` batches for what lies below the merge's next
+    /// key, never past the registration clock, never twice for the same, and once at the
+    /// end for the clock unless it vouched for that already; never past what the backup
+    /// held if nothing came.
+    #[test]
+    fn a_gap_vouches_for_what_it_sent_on_the_way_and_at_the_end() {
+        use super::{GapVouches, GAP_VOUCH_EVERY};
+        let n = GAP_VOUCH_EVERY;
+        let mut v = GapVouches { sent: 0, vouched: Ts(10), reg_clock: Ts(500) };
+        let got: Vec<_> = (1..=4 * n).filter_map(|i| v.after(Some(Ts(20 + i))).map(|u| (i, u))).collect();
+        assert_eq!(
+            got,
+            vec![(n, Ts(19 + n)), (2 * n, Ts(19 + 2 * n)), (3 * n, Ts(19 + 3 * n)), (4 * n, Ts(19 + 4 * n))]
+        );
+        // Past the clock: capped there, once.
+        let mut v = GapVouches { sent: 0, vouched: Ts(10), reg_clock: Ts(50) };
+        let got: Vec<_> = (1..=3 * n).filter_map(|i| v.after(Some(Ts(1000 + i)))).collect();
+        assert_eq!(got, vec![Ts(50)]);
+        assert_eq!(v.last(), None, "the clock is vouched for already");
+        // The last batch (nothing ahead) vouches for nothing on the way; the end does.
+        let mut v = GapVouches { sent: n - 1, vouched: Ts(10), reg_clock: Ts(50) };
+        assert_eq!(v.after(None), None);
+        assert_eq!(v.last(), Some(Ts(50)));
+        // A key that does not move past what was vouched for vouches for nothing more.
+        let mut v = GapVouches { sent: n - 1, vouched: Ts(40), reg_clock: Ts(50) };
+        assert_eq!(v.after(Some(Ts(41))), None);
+        assert_eq!(GapVouches { sent: 0, vouched: Ts(50), reg_clock: Ts(50) }.last(), None);
+    }
+
     /// A hello read gives up at its deadline however its bytes trickle in: a peer that
     /// sends a byte every 100 ms is given up after 500 ms, not after a timeout per read.
     #[test]
