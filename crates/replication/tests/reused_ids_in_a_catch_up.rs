@@ -17,7 +17,7 @@ use bytes::Bytes;
 use ditto_engine::{Database, Options, TableId, Ts, WorkerId};
 use ditto_log::format::{decode_batch_checksums, BatchBuilder, Marks};
 use ditto_log::{Durability, LogOptions, OpenOptions};
-use ditto_replication::{replay_recorded, ReplayMode};
+use ditto_replication::{replay_recorded, ReplayMode, ReplayRun};
 use parking_lot::Mutex;
 
 /// Keeps every batch the primary frames, as it ships them.
@@ -140,6 +140,23 @@ fn as_a_gap(batches: &[Bytes], order: &[u32]) -> Vec<Bytes> {
     out
 }
 
+/// Replays `batches` of `streams` streams into a fresh database of one table ("t") in
+/// `mode`, failing the test (named `what`) if it fails or takes over 30 s.
+fn replay(streams: usize, mode: ReplayMode, batches: Vec<Bytes>, what: &str) -> (Arc<Database>, ReplayRun) {
+    let db = Database::new(Options { workers: streams });
+    db.create_table("t").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = Arc::clone(&db);
+    std::thread::spawn(move || {
+        let _ = tx.send(replay_recorded(d, streams, Ts::ZERO, mode, None, &batches));
+    });
+    let run = rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what}: replay still waiting after 30 s"))
+        .unwrap_or_else(|e| panic!("{what}: replay failed: {e}"));
+    (db, run)
+}
+
 /// Every batch framed after the checkpoint says so; none before it claims anything.
 #[test]
 fn batches_framed_after_a_checkpoint_carry_its_reuse_bound() {
@@ -179,18 +196,8 @@ fn a_gap_that_brings_a_reused_ids_new_life_first_replays_to_the_primarys_state()
     for mode in [ReplayMode::Serial, ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }] {
         let mut waited = 0;
         for order in orders {
-            let gap = as_a_gap(&batches, &order);
-            let db = Database::new(Options { workers: 3 });
-            let t = db.create_table("t").unwrap();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let d = Arc::clone(&db);
-            std::thread::spawn(move || {
-                let _ = tx.send(replay_recorded(d, 3, Ts::ZERO, mode, None, &gap));
-            });
-            let run = rx
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("{mode:?} {order:?}: replay still waiting after 30 s"))
-                .unwrap_or_else(|e| panic!("{mode:?} {order:?}: replay failed: {e}"));
+            let (db, run) = replay(3, mode, as_a_gap(&batches, &order), &format!("{mode:?} {order:?}"));
+            let t = TableId(0);
             waited += run.reuse_waits;
             let got: State = db
                 .read()
@@ -255,17 +262,7 @@ fn a_batch_straddling_its_reuse_bound_waits_below_and_above_it() {
     for mode in [ReplayMode::Serial, ReplayMode::Parallel] {
         for batches in [vec![new_life.clone(), old_life.clone()], vec![old_life.clone(), new_life.clone()]] {
             let first = if batches[0] == new_life { "new life first" } else { "old life first" };
-            let db = Database::new(Options { workers: 2 });
-            db.create_table("t").unwrap();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let d = Arc::clone(&db);
-            std::thread::spawn(move || {
-                let _ = tx.send(replay_recorded(d, 2, Ts::ZERO, mode, None, &batches));
-            });
-            let run = rx
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|_| panic!("{mode:?}, {first}: replay still waiting after 20 s"))
-                .unwrap_or_else(|e| panic!("{mode:?}, {first}: replay failed: {e}"));
+            let (db, run) = replay(2, mode, batches, &format!("{mode:?}, {first}"));
             assert_eq!(run.replayed, Ts(7), "{mode:?}, {first}");
             let r = db.read();
             assert_eq!(r.get(t, b"b").unwrap().as_deref(), Some(&b"b7"[..]), "{mode:?}, {first}");
