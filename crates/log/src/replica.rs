@@ -2173,9 +2173,14 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         .filter(|s| s.epoch == epoch && only.is_none_or(|o| s.stream as usize == o))
         .collect();
     let mut gap = Gap::default();
+    // The files kept open are shared out among the streams, each's first segments: the
+    // merge reads every stream's from the start, and a checkpoint deletes the oldest.
+    let streams = segs.iter().map(|s| s.stream).collect::<std::collections::BTreeSet<_>>().len();
+    let keep_open = (GAP_OPEN_MAX / streams.max(1)).max(1);
     let mut i = 0;
     while i < segs.len() {
         let stream = segs[i].stream;
+        let mut kept = 0;
         let mut first = true;
         let mut prev_seq = 0;
         while i < segs.len() && segs[i].stream == stream {
@@ -2219,8 +2224,9 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
             let batches = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).count();
             if batches > 0 {
                 gap.batches += batches;
-                // Past the bound, the rest are opened again by name when sent.
-                let file = (gap.parts.len() < GAP_OPEN_MAX).then_some(file);
+                // Past its share, a stream's others are opened again by name when sent.
+                let file = (kept < keep_open).then_some(file);
+                kept += 1;
                 let (path, len) = (f.path.clone(), scan.valid_len());
                 gap.parts.push(GapPart::Segment(SegmentPart { stream, file, path, len, after, batches }));
             }
@@ -2233,8 +2239,9 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
 }
 
 /// A gap keeps at most this many segments open (a default-sized one holds up to 16 GiB so,
-/// past any kept log; with small segments, more): the others are opened again by name
-/// when sent, and a checkpoint that deletes one meanwhile ends the send there.
+/// past any kept log; with small segments, more), each stream's first ones: the others are
+/// opened again by name when sent, and a checkpoint that deletes one meanwhile ends the
+/// send there.
 const GAP_OPEN_MAX: usize = 256;
 
 /// Batches for a backup (`batches_after`), read when they are sent: open segments with

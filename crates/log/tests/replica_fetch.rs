@@ -879,6 +879,67 @@ fn a_gap_is_read_again_a_batch_at_a_time_merged_and_a_segment_changed_since_is_a
     drop(d);
 }
 
+/// A gap of more segments than it keeps open (256, each stream's first 128 here) opens
+/// the rest again by name when it reaches them: the same batches as the segments read
+/// whole, merged; and one such segment deleted meanwhile (a checkpoint) is an error
+/// naming it, after the batches before it (what the open ones hold, of both streams),
+/// never a stream sent with a hole.
+#[test]
+fn a_gap_of_more_segments_than_it_keeps_open_reopens_the_rest_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = OpenOptions {
+        workers: 2,
+        // About one batch a segment.
+        log: LogOptions { durability: Durability::EveryBatch, segment_bytes_max: 1 << 10, ..LogOptions::default() },
+        ..Default::default()
+    };
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut ws = [d.db().worker(WorkerId(0)).unwrap(), d.db().worker(WorkerId(1)).unwrap()];
+    for i in 0..700u64 {
+        let w = &mut ws[(i % 2) as usize];
+        w.run(|x| x.put(t, &i.to_be_bytes(), &[7u8; 1000]).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    let epoch = d.logger().epoch();
+    let segs = segment_files(dir.path());
+    assert!(segs.len() > 300, "{} segments", segs.len());
+    let key = |b: &Bytes| {
+        let h = ditto_log::format::decode_batch_checksums(b).unwrap().0.header;
+        if h.txn_count > 0 {
+            h.first_ts
+        } else {
+            h.bound_ts
+        }
+    };
+    let mut expected = Vec::new();
+    for p in &segs {
+        let raw = Bytes::from(std::fs::read(p).unwrap());
+        for (off, b) in ditto_log::format::read_segment(&raw).unwrap().batches {
+            expected.push(raw.slice(off as usize..off as usize + b.header.total_len()));
+        }
+    }
+    expected.sort_by_key(key);
+    let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().unwrap();
+    assert_eq!(gap.collect().unwrap(), expected);
+    // Taken again, then a checkpoint deletes the closed segments: those it holds open are
+    // read all the same; the first it must open again by name is gone.
+    let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().unwrap();
+    let n = gap.len();
+    d.checkpoint().unwrap();
+    assert!(segment_files(dir.path()).len() < 10, "the checkpoint deleted the closed segments");
+    let mut seen = 0;
+    let err = gap
+        .for_each(|_| {
+            seen += 1;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("could not be opened again"), "{err}");
+    assert!(seen > 200 && seen < n, "{seen} of {n} batches before the deleted segment");
+    drop(ws);
+    drop(d);
+}
+
 /// A node that missed the failover away from epoch 1 and was chosen in the next one
 /// (docs/cluster.md, "A node that missed an epoch"): its replica log holds epoch 1's
 /// batches above that epoch's point (commits the failover discarded), then what it fetched
