@@ -769,57 +769,24 @@ fn an_old_primarys_own_log_is_cut_for_a_last_resort_only_if_it_reaches_the_point
 
 /// A backup's gap is checked whole when it is taken and read again a batch at a time
 /// when it is sent (`Gap::for_each`): the same batches as reading every segment at once,
-/// the streams merged in timestamp order; nothing appended since (shipped live instead); a checkpoint that
-/// deletes its segments meanwhile takes nothing from it (the files are held open); and a
-/// segment damaged since is an error after the batches before it, never a gap with a hole.
+/// the streams merged in timestamp order; nothing appended since (shipped live instead);
+/// a checkpoint that deletes its segments meanwhile takes nothing from it (the files are
+/// held open); and a segment damaged since is an error after the batches before it, never
+/// a gap with a hole.
 #[test]
 fn a_gap_is_read_again_a_batch_at_a_time_merged_and_a_segment_changed_since_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let o = OpenOptions {
-        workers: 2,
-        log: LogOptions { durability: Durability::EveryBatch, segment_bytes_max: 16 << 10, ..LogOptions::default() },
-        ..Default::default()
-    };
-    let d = open(dir.path(), o).unwrap();
-    let t = d.db().create_table("t").unwrap();
-    let mut ws = [d.db().worker(WorkerId(0)).unwrap(), d.db().worker(WorkerId(1)).unwrap()];
-    let mut write = |from: u64, to: u64| {
-        for i in from..to {
-            let w = &mut ws[(i % 2) as usize];
-            w.run(|x| x.put(t, &i.to_be_bytes(), &[9u8; 300]).map(|_| ())).unwrap().1.wait().unwrap();
-        }
-    };
+    let (d, mut write) = alternating_log(dir.path(), 16 << 10, 300);
     write(0, 600);
     let epoch = d.logger().epoch();
     let after = Ts(d.db().clock().now().0 / 2);
     let segs = segment_files(dir.path());
     assert!(segs.len() >= 6, "{} segments", segs.len());
-    // What the gap must hold: every segment read at once, the batches above `after`.
-    let mut expected = Vec::new();
-    let mut streams = std::collections::BTreeSet::new();
-    for p in &segs {
-        let raw = Bytes::from(std::fs::read(p).unwrap());
-        let scan = ditto_log::format::read_segment(&raw).unwrap();
-        for (off, b) in scan.batches {
-            if b.header.bound_ts > after {
-                streams.insert(b.header.stream.0);
-                expected.push(raw.slice(off as usize..off as usize + b.header.total_len()));
-            }
-        }
-    }
+    let expected = gap_read_whole(&segs, after);
+    let streams: std::collections::BTreeSet<_> =
+        expected.iter().map(|b| decode_batch_checksums(b).unwrap().0.header.stream).collect();
     assert_eq!(streams.len(), 2, "both streams have batches in the gap");
-    // Sent merged in timestamp order (a batch's first transaction, a heartbeat's bound),
-    // each stream in its own order: the streams' batches, stream after stream, sorted
-    // stably by that.
-    let key = |b: &Bytes| {
-        let h = ditto_log::format::decode_batch_checksums(b).unwrap().0.header;
-        if h.txn_count > 0 {
-            h.first_ts
-        } else {
-            h.bound_ts
-        }
-    };
-    expected.sort_by_key(key);
+    let key = gap_key;
     let stream = |b: &Bytes| ditto_log::format::decode_batch_checksums(b).unwrap().0.header.stream;
     let switches = expected.windows(2).filter(|w| stream(&w[0]) != stream(&w[1])).count();
     assert!(switches > 100, "the streams' commits alternate: {switches} switches");
@@ -875,7 +842,7 @@ fn a_gap_is_read_again_a_batch_at_a_time_merged_and_a_segment_changed_since_is_a
         .unwrap_err();
     assert!(err.to_string().contains(&victim.display().to_string()), "{err}");
     assert!(seen > 0 && seen < n, "{seen} of {n} batches before the damaged segment");
-    drop(ws);
+    drop(write);
     drop(d);
 }
 
@@ -887,38 +854,13 @@ fn a_gap_is_read_again_a_batch_at_a_time_merged_and_a_segment_changed_since_is_a
 #[test]
 fn a_gap_of_more_segments_than_it_keeps_open_reopens_the_rest_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let o = OpenOptions {
-        workers: 2,
-        // About one batch a segment.
-        log: LogOptions { durability: Durability::EveryBatch, segment_bytes_max: 1 << 10, ..LogOptions::default() },
-        ..Default::default()
-    };
-    let d = open(dir.path(), o).unwrap();
-    let t = d.db().create_table("t").unwrap();
-    let mut ws = [d.db().worker(WorkerId(0)).unwrap(), d.db().worker(WorkerId(1)).unwrap()];
-    for i in 0..700u64 {
-        let w = &mut ws[(i % 2) as usize];
-        w.run(|x| x.put(t, &i.to_be_bytes(), &[7u8; 1000]).map(|_| ())).unwrap().1.wait().unwrap();
-    }
+    // About one batch a segment.
+    let (d, mut write) = alternating_log(dir.path(), 1 << 10, 1000);
+    write(0, 700);
     let epoch = d.logger().epoch();
     let segs = segment_files(dir.path());
     assert!(segs.len() > 300, "{} segments", segs.len());
-    let key = |b: &Bytes| {
-        let h = ditto_log::format::decode_batch_checksums(b).unwrap().0.header;
-        if h.txn_count > 0 {
-            h.first_ts
-        } else {
-            h.bound_ts
-        }
-    };
-    let mut expected = Vec::new();
-    for p in &segs {
-        let raw = Bytes::from(std::fs::read(p).unwrap());
-        for (off, b) in ditto_log::format::read_segment(&raw).unwrap().batches {
-            expected.push(raw.slice(off as usize..off as usize + b.header.total_len()));
-        }
-    }
-    expected.sort_by_key(key);
+    let expected = gap_read_whole(&segs, Ts::ZERO);
     let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().unwrap();
     assert_eq!(gap.collect().unwrap(), expected);
     // Taken again, then a checkpoint deletes the closed segments: those it holds open are
@@ -936,8 +878,58 @@ fn a_gap_of_more_segments_than_it_keeps_open_reopens_the_rest_by_name() {
         .unwrap_err();
     assert!(err.to_string().contains("could not be opened again"), "{err}");
     assert!(seen > 200 && seen < n, "{seen} of {n} batches before the deleted segment");
-    drop(ws);
+    drop(write);
     drop(d);
+}
+
+/// A log of two streams, every commit `EveryBatch`, segments of `segment_bytes` bytes,
+/// and a writer of keys `from..to` alternating between the streams, values of
+/// `value_len` bytes.
+fn alternating_log(
+    dir: &std::path::Path,
+    segment_bytes: u64,
+    value_len: usize,
+) -> (ditto_log::Durable, impl FnMut(u64, u64)) {
+    let log =
+        LogOptions { durability: Durability::EveryBatch, segment_bytes_max: segment_bytes, ..LogOptions::default() };
+    let d = open(dir, OpenOptions { workers: 2, log, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let mut ws = [d.db().worker(WorkerId(0)).unwrap(), d.db().worker(WorkerId(1)).unwrap()];
+    let value = vec![9u8; value_len];
+    let write = move |from: u64, to: u64| {
+        for i in from..to {
+            let w = &mut ws[(i % 2) as usize];
+            w.run(|x| x.put(t, &i.to_be_bytes(), &value).map(|_| ())).unwrap().1.wait().unwrap();
+        }
+    };
+    (d, write)
+}
+
+/// A batch's place in a gap's merge: its first transaction, a heartbeat's bound.
+fn gap_key(b: &Bytes) -> Ts {
+    let h = decode_batch_checksums(b).unwrap().0.header;
+    if h.txn_count > 0 {
+        h.first_ts
+    } else {
+        h.bound_ts
+    }
+}
+
+/// What a gap above `after` must send: every segment read at once, its batches with a
+/// bound above `after`, the streams' batches, stream after stream, sorted stably by
+/// `gap_key` (merged in timestamp order, each stream in its own).
+fn gap_read_whole(segs: &[std::path::PathBuf], after: Ts) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    for p in segs {
+        let raw = Bytes::from(std::fs::read(p).unwrap());
+        for (off, b) in ditto_log::format::read_segment(&raw).unwrap().batches {
+            if b.header.bound_ts > after {
+                out.push(raw.slice(off as usize..off as usize + b.header.total_len()));
+            }
+        }
+    }
+    out.sort_by_key(gap_key);
+    out
 }
 
 /// A node that missed the failover away from epoch 1 and was chosen in the next one
