@@ -18,9 +18,11 @@ use ditto_log::Epoch;
 
 pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// 2 (2026-11-28): `Start::CutAt`, and `Heartbeat::acknowledged`. 3 (2026-11-28):
-/// `Batch::counted`. 4 (2026-12-02): `Start::Checkpoint::bytes`. A primary refuses a backup
-/// of another version, saying which it speaks.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// `Batch::counted`. 4 (2026-12-02): `Start::Checkpoint::bytes`. 5 (2026-12-03): batches
+/// of log format 5 (`BatchHeader::reuse_ts`), which a backup of an older build cannot read
+/// (it dropped the link at the first batch and connected again, for ever). A primary
+/// refuses a backup of another version, saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The largest frame accepted: the largest batch the log writes (its header and a payload
 /// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
 /// stream's buffer of up to 64 MiB and one more transaction of up to 128 MiB make: such a

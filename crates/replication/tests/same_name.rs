@@ -177,6 +177,31 @@ fn a_backup_name_with_a_line_break_or_none_is_refused() {
     assert!(p.backups().is_empty(), "nothing registered");
 }
 
+/// A backup of an older build (replication protocol 4: it cannot read log format 5's
+/// batches, and dropped its link at the first one, again and again) is refused at its
+/// hello, saying which version the primary speaks, and registers nothing.
+#[test]
+fn a_backup_of_an_older_protocol_is_refused_saying_which_the_primary_speaks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_a, _t, p, addr) = start_primary(&tmp.path().join("p"));
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let Frame::Hello { epoch, have_ts, node, learner, auth, .. } = hello_from_b() else { unreachable!() };
+    let old = Frame::Hello { version: PROTOCOL_VERSION - 1, epoch, have_ts, node, learner, auth };
+    s.write_all(&old.encode()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    match read_frame(&mut s).unwrap() {
+        Some(Frame::Refuse { reason }) => assert!(
+            reason.contains(&format!(
+                "protocol version {} is not supported (this primary speaks {PROTOCOL_VERSION})",
+                PROTOCOL_VERSION - 1
+            )),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(p.backups().is_empty(), "nothing registered");
+}
+
 /// A backup following a later epoch than the primary's is refused, saying so, and sent no
 /// copy (which would discard what it holds): the primary is stale (a deposed one still
 /// listening, or one restored from an older copy). Its own epoch's backups are taken.
