@@ -103,6 +103,11 @@ pub struct Common {
     /// primary's keys and values.
     #[arg(long, value_delimiter = ',')]
     pub replay_only: Vec<String>,
+    /// Logged runs: an online checkpoint every this many milliseconds, load and run (0:
+    /// none). Ids of deleted rows are reused after each, so a replay-only run then meets
+    /// batches with a reuse bound (`BatchHeader::reuse_ts`), and says how often it waited.
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every_ms: u64,
 }
 
 impl Common {
@@ -343,6 +348,14 @@ fn run_modes(
                         ..Default::default()
                     },
                 )?;
+                if c.checkpoint_every_ms > 0 {
+                    d.spawn_checkpointer(ditto_log::CheckpointPolicy {
+                        every: Some(std::time::Duration::from_millis(c.checkpoint_every_ms)),
+                        log_growth_percent: 0,
+                        log_min_bytes: 0,
+                        reuse_min_ids: 0,
+                    });
+                }
                 let logger = d.logger().clone();
                 let stats = d.logger().clone();
                 let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);

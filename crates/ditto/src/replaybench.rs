@@ -119,13 +119,14 @@ pub fn replay(
     let per_txn = run.cpu_seconds / run.txns.max(1) as f64;
     let ratio = per_txn / exec_s_per_txn.max(1e-12);
     println!(
-        "  replay-only {mode:<8}  {:>10.0} txn/s ({} txns, {} batches in {:.2} s); replay CPU {:.2} us/txn = {:.3}x of execution",
+        "  replay-only {mode:<8}  {:>10.0} txn/s ({} txns, {} batches in {:.2} s); replay CPU {:.2} us/txn = {:.3}x of execution; {} waits for a reused id's old life",
         run.txns as f64 / run.seconds.max(1e-9),
         run.txns,
         run.batches,
         run.seconds,
         per_txn * 1e6,
-        ratio
+        ratio,
+        run.reuse_waits
     );
     Ok(serde_json::json!({
         "mode": mode,
@@ -136,6 +137,7 @@ pub fn replay(
         "replay_cpu_s_per_txn": per_txn,
         "exec_cpu_s_per_logged_txn": exec_s_per_txn,
         "replay_cost_ratio": ratio,
+        "reuse_waits": run.reuse_waits,
         "load_txns_replayed": load.txns,
         "prefault_mib": prefaulted.mib,
         "matches_primary": true,
