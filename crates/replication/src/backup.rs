@@ -1957,21 +1957,16 @@ impl Engine {
         let mut reuse_passed = reuse == Ts::ZERO;
         // The first transaction's wait before the batch's pin (`install_ahead`): held
         // through a wait, the pin would hold the engine's reclamation back meanwhile.
-        if let (Some(&(ts, _)), false) = (writes.first(), reuse_passed) {
-            let need = if ts > reuse { reuse } else { Ts(ts.0 - 1) };
-            self.await_replayed(job, ts, need, help)?;
-            reuse_passed = ts > reuse;
+        if let Some(&(ts, _)) = writes.first() {
+            self.await_reuse(job, ts, reuse, &mut reuse_passed, help)?;
         }
         let installed = self.install_ahead(
             writes.len(),
             |i| (writes[i].1.table, writes[i].1.rid),
             |i| {
                 let (ts, w) = writes[i];
-                let first_of_txn = i == 0 || writes[i - 1].0 != ts;
-                if first_of_txn && !(reuse_passed && ts > reuse) {
-                    let need = if ts > reuse { reuse } else { Ts(ts.0 - 1) };
-                    self.await_replayed(job, ts, need, help)?;
-                    reuse_passed |= ts > reuse;
+                if i == 0 || writes[i - 1].0 != ts {
+                    self.await_reuse(job, ts, reuse, &mut reuse_passed, help)?;
                 }
                 let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
                 // Waiting for the read view mid-batch: what this batch installed so far
@@ -1993,6 +1988,26 @@ impl Engine {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Before the transaction at `ts` of a batch with reuse bound `reuse`: waits, unless
+    /// `passed` (the bound was reached already) and `ts` lies above it, for everything up to
+    /// the bound, or, at or below it, for everything below `ts` (`replay`).
+    fn await_reuse(
+        &self,
+        job: &Job,
+        ts: Ts,
+        reuse: Ts,
+        passed: &mut bool,
+        help: &mut dyn FnMut(Ts) -> bool,
+    ) -> Result<(), Stop> {
+        if *passed && ts > reuse {
+            return Ok(());
+        }
+        let need = if ts > reuse { reuse } else { Ts(ts.0 - 1) };
+        self.await_replayed(job, ts, need, help)?;
+        *passed |= ts > reuse;
+        Ok(())
     }
 
     /// Waits until every transaction at or below `need` is installed, before the
