@@ -1850,8 +1850,14 @@ impl Engine {
             |i| {
                 let (table, rid, key, value) = t.write(i);
                 let shared = value.filter(|v| v.len() >= share_from).map(|v| t.batch.payload.slice_ref(v));
-                self.install_write(WriteView { table, rid, key, value }, t.ts, shared.as_ref(), on_wait)
-                    .map_err(|e| e.to_string())
+                self.install_write(
+                    WriteView { table, rid, key, value },
+                    t.ts,
+                    shared.as_ref(),
+                    t.batch.reuse_bound,
+                    on_wait,
+                )
+                .map_err(|e| e.to_string())
             },
         )
     }
@@ -1895,6 +1901,7 @@ impl Engine {
         w: WriteView<'_>,
         ts: Ts,
         shared: Option<&Bytes>,
+        reuse_bound: Ts,
         on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<(), Stop> {
         let WriteView { table, rid, key, value } = w;
@@ -1903,10 +1910,12 @@ impl Engine {
             self.budget.note_wait();
             on_wait(need)
         };
-        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, &mut wait).map_err(|e| match e {
-            ditto_engine::Error::ReplayPutOff(at) => Stop::PutOff(Ts(at)),
-            e => Stop::Failed(e.to_string()),
-        })?;
+        let d = self.db.replay_install_with(table, rid, key, ts, value, shared, reuse_bound, &mut wait).map_err(
+            |e| match e {
+                ditto_engine::Error::ReplayPutOff(at) => Stop::PutOff(Ts(at)),
+                e => Stop::Failed(e.to_string()),
+            },
+        )?;
         if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
             f(table, key, ts, d.delta);
         }
@@ -1955,6 +1964,9 @@ impl Engine {
         // checkpoint interval brought new lives first).
         let reuse = batch.header.reuse_ts;
         let mut reuse_passed = reuse == Ts::ZERO;
+        // The engine's wait for such an old life is for every snapshot to reach the bound
+        // (0: the batch reuses no id, or is of a format before the bound).
+        let reuse_bound = if reuse == Ts::ZERO { Ts::MAX } else { reuse };
         // The first transaction's wait before the batch's pin (`install_ahead`): held
         // through a wait, the pin would hold the engine's reclamation back meanwhile.
         if let Some(&(ts, _)) = writes.first() {
@@ -1971,7 +1983,7 @@ impl Engine {
                 let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
                 // Waiting for the read view mid-batch: what this batch installed so far
                 // must count, or the wait is for itself (`Ordered::progress`).
-                self.install_write(w, ts, shared.as_ref(), &mut |need| {
+                self.install_write(w, ts, shared.as_ref(), reuse_bound, &mut |need| {
                     self.progressed(job, need);
                     help(need)
                 })
@@ -2124,7 +2136,11 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
         }
     }
     let payload = if batch.header.compressed { Bytes::from(std::mem::take(scratch)) } else { batch.stored().clone() };
-    let d = Arc::new(Decoded { payload, writes });
+    let reuse_bound = match batch.header.reuse_ts {
+        Ts::ZERO => Ts::MAX,
+        r => r,
+    };
+    let d = Arc::new(Decoded { payload, writes, reuse_bound });
     let txns = spans.into_iter().map(|(ts, writes)| Txn { ts, batch: Arc::clone(&d), writes }).collect();
     Ok(crate::dependency::Work { stream: job.stream, bound: job.bound, floor: job.floor, txns })
 }

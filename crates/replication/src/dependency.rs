@@ -71,6 +71,10 @@ pub struct WriteAt {
 pub struct Decoded {
     pub payload: Bytes,
     pub writes: Vec<WriteAt>,
+    /// Where the old lives of the record ids its writes give new keys ended at or below
+    /// (`BatchHeader::reuse_ts`; `Ts::MAX`: not known), for the engine's wait for them
+    /// (`Database::replay_install_with`).
+    pub reuse_bound: Ts,
 }
 
 /// One transaction: its writes are `batch.writes[writes]`.
@@ -660,7 +664,11 @@ mod tests {
             .map(|&r| WriteAt { table: TableId(1), rid: RecordId(r), key: None, value: Some((0, 0)) })
             .collect();
         let n = writes.len();
-        Txn { ts: Ts(ts), batch: Arc::new(Decoded { payload: Bytes::new(), writes }), writes: 0..n }
+        Txn {
+            ts: Ts(ts),
+            batch: Arc::new(Decoded { payload: Bytes::new(), writes, reuse_bound: Ts::MAX }),
+            writes: 0..n,
+        }
     }
 
     /// Rolis figure 3 through the merge: stream 0 commits 1 and 3, stream 1 commits 2 and
