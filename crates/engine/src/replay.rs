@@ -925,9 +925,9 @@ impl Database {
         }
     }
 
-    /// Waits until every snapshot sees everything before `ts`, then unlinks record `rid`,
-    /// whose newest version must then be a tombstone (or nothing): its life ended before
-    /// `ts` on the primary.
+    /// Waits until every snapshot sees the end of record `rid`'s old life (everything
+    /// before `ts`, or `ended_by` below), then unlinks the record, whose newest version
+    /// must then be a tombstone (or nothing): its life ended before `ts` on the primary.
     ///
     /// With `key` (the caller binds that key, which the index gave to `rid`): a record that
     /// left the key meanwhile (unlinked, and given to another key by a replayer of a later
@@ -958,12 +958,13 @@ impl Database {
             }
             self.await_horizon(t, rid, ts, need, on_wait)?;
             if need < all_before {
-                let tid = t.record(rid).tid.load(Ordering::Acquire);
-                let fits = tid & UNLINKED_BIT != 0 || {
-                    let guard = crossbeam_epoch::pin();
-                    let (_, head) = t.record(rid).read_latest(&guard);
-                    head.is_none_or(|v| v.value().is_none()) && tid & TS_MASK <= need.0
-                };
+                // A tombstone at or below the bound (a record with no version yet is a
+                // binder's below `ts` that has not installed: not the old life's end).
+                let guard = crossbeam_epoch::pin();
+                let (tid, head) = t.record(rid).read_latest(&guard);
+                let fits =
+                    tid & UNLINKED_BIT != 0 || (head.is_some_and(|v| v.value().is_none()) && tid & TS_MASK <= need.0);
+                drop(guard);
                 if !fits {
                     need = all_before;
                     continue;

@@ -1982,9 +1982,13 @@ impl Engine {
                 }
                 let shared = w.value.filter(|v| v.len() >= share_from).map(|v| payload.bytes(v));
                 // Waiting for the read view mid-batch: what this batch installed so far
-                // must count, or the wait is for itself (`Ordered::progress`).
+                // must count, or the wait is for itself (`Ordered::progress`). All of it
+                // below `ts`, even where the wait needs less (a reuse bound): the serial
+                // replayer puts a helped batch off only while what it reported covers the
+                // waits below it (`SerialQueue::help`), and a batch put off having reported
+                // less could hold a wait below it for good (found by a review).
                 self.install_write(w, ts, shared.as_ref(), reuse_bound, &mut |need| {
-                    self.progressed(job, need);
+                    self.progressed(job, Ts(ts.0 - 1));
                     help(need)
                 })
             },

@@ -30,7 +30,8 @@
 //!   unfinished timestamp minus one, and at most the cut (the received watermark up to
 //!   which everything was put in the graph).
 //! - No deadlock when an install waits for an old record life to end (the engine waits
-//!   until the read view reaches its timestamp minus one, see ditto_engine's replay.rs):
+//!   until the read view reaches its timestamp minus one at most, see ditto_engine's
+//!   replay.rs):
 //!   executors take the *smallest* ready timestamp, so the smallest unfinished transaction
 //!   is always running or about to run, and it waits for nothing (everything below it is
 //!   finished).
