@@ -394,7 +394,8 @@ fn write_new(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("checkpoint writer panicked")).collect()
+        // (A part writer's panic goes on with its own message: `Durable::checkpoint` tells it.)
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     });
     let mut numbered = Vec::new();
     for w in written {

@@ -82,6 +82,10 @@ pub enum LogError {
     WrongRole { dir: PathBuf, what: String },
     #[error(transparent)]
     Engine(ditto_engine::Error),
+    /// A thread of the log panicked doing it (a bug): what it was doing and the panic's
+    /// message. Nothing it wrote counts (a checkpoint without its manifest is none).
+    #[error("{0} panicked ({1})")]
+    Panicked(&'static str, String),
 }
 
 impl LogError {
@@ -692,16 +696,23 @@ impl Durable {
         // checkpoint takes the chain away (`sealed::retire_sealed`).
         let base = sealed::base(&i.dir)?;
         let sealed_floor = base.chain.len().checked_sub(1).map(|last| base.floor_of(last));
-        let written = checkpoint::write(
-            &i.db,
-            i.db.read(),
-            &i.dir,
-            i.opts.checkpoint_threads,
-            i.opts.checkpoint_part_bytes,
-            i.logger.epoch(),
-            &storage::Cancellable { inner: Arc::clone(&i.opts.storage), cancel: Arc::clone(&i.fenced) },
-            checkpoint::Pace::new(i.opts.checkpoint_write_bytes_per_s, Some(&i.checkpoint_waiters)),
-        );
+        // A panic in it fails it as an error does: counted, retried by the checkpointer
+        // after its pause. (Before 2026-12-03 it ended the background checkpointer's thread
+        // without a word: the primary never checkpointed again, its log grew until its
+        // disk filled, and a restart replayed all of it.)
+        let written = ditto_engine::catch_panic(|| {
+            checkpoint::write(
+                &i.db,
+                i.db.read(),
+                &i.dir,
+                i.opts.checkpoint_threads,
+                i.opts.checkpoint_part_bytes,
+                i.logger.epoch(),
+                &storage::Cancellable { inner: Arc::clone(&i.opts.storage), cancel: Arc::clone(&i.fenced) },
+                checkpoint::Pace::new(i.opts.checkpoint_write_bytes_per_s, Some(&i.checkpoint_waiters)),
+            )
+        })
+        .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)));
         let stats = &i.logger.stats;
         let counter = if written.is_ok() { &stats.checkpoints } else { &stats.checkpoint_failures };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

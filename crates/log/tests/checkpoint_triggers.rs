@@ -199,6 +199,59 @@ fn a_failed_checkpoint_is_retried_after_a_pause_not_at_once() {
     assert_eq!(d.db().count(t).unwrap(), 65);
 }
 
+/// A disk whose checkpoint files cannot be created while `armed`: the creation panics (a
+/// storage layer's bug, say).
+struct CheckpointsPanic {
+    armed: Arc<AtomicBool>,
+}
+
+impl Storage for CheckpointsPanic {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        if self.armed.load(Ordering::SeqCst) && path.components().any(|c| c.as_os_str() == "checkpoints") {
+            panic!("a storage layer's bug");
+        }
+        RealStorage.create_new(path)
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+}
+
+/// A checkpoint whose writer panics fails as an error does: counted, and retried after
+/// the pause, so the background checkpointer checkpoints once the fault is gone; commits
+/// go on throughout. Before, the panic ended the checkpointer's thread without a word, and
+/// the primary never checkpointed again.
+#[test]
+fn a_checkpoint_whose_writer_panics_fails_and_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let armed = Arc::new(AtomicBool::new(true));
+    let mut o = opts();
+    o.log.storage = Arc::new(CheckpointsPanic { armed: Arc::clone(&armed) });
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let policy = CheckpointPolicy { every: None, log_growth_percent: 100, log_min_bytes: 64 << 10, reuse_min_ids: 0 };
+    let _ckpt = d.spawn_checkpointer(policy);
+    let stats = &d.logger().stats;
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let value = vec![1u8; 4096];
+    for i in 0..64u32 {
+        w.run(|x| x.put(t, &i.to_be_bytes(), &value).map(|_| ())).unwrap().1.wait().unwrap();
+    }
+    assert!(eventually(|| stats.checkpoint_failures.load(Ordering::Relaxed) >= 1), "the due checkpoint never ran");
+    let r = d.checkpoint();
+    assert!(matches!(&r, Err(e) if e.to_string() == "the checkpoint writer panicked (a storage layer's bug)"), "{r:?}");
+    w.run(|x| x.put(t, b"during", b"1").map(|_| ())).unwrap().1.wait().unwrap();
+    armed.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(|| stats.checkpoints_by_log_growth.load(Ordering::Relaxed) >= 1),
+        "no checkpoint once the fault was gone"
+    );
+    drop(w);
+    drop(d);
+    let d = open(dir.path(), opts()).unwrap();
+    assert_eq!(d.db().count(t).unwrap(), 65);
+}
+
 /// After a restart, log growth counts against the checkpoint the database opened on (the
 /// one recovery wrote), not against nothing: it used to take the minimum alone, so a large
 /// database checkpointed again after `log_min_bytes` of log, whatever its size.

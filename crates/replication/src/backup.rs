@@ -1078,7 +1078,15 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     // Once, whatever comes of it: after a failure the sealed log stays (recovery
                     // replays it), and the policy's next checkpoint takes it away.
                     seal_pending = false;
-                    match ditto_log::replica::checkpoint_replica(&db, gate, &dir, &storage, pace) {
+                    // A panic in it fails this round as an error does (and is told as one):
+                    // the thread goes on. (Before 2026-12-03 it ended the thread without a
+                    // word: the backup took no checkpoint again, its replica log grew until
+                    // its disk filled, and a restart replayed all of it.)
+                    let taken = ditto_engine::catch_panic(|| {
+                        ditto_log::replica::checkpoint_replica(&db, gate, &dir, &storage, pace)
+                    })
+                    .unwrap_or_else(|msg| Err(ditto_log::LogError::Panicked("the backup's checkpointer", msg)));
+                    match taken {
                         Ok(info) => {
                             (last_at, last_bytes, last_size, carried) = (Instant::now(), bytes_then, info.bytes, 0);
                             state.checkpoint_ts.fetch_max(info.ts.0, Ordering::AcqRel);

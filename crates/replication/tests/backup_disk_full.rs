@@ -550,3 +550,74 @@ fn a_backup_whose_persister_panics_stops_and_says_so() {
     assert!(b1.fence("test", Duration::from_secs(10)).is_err(), "its persisting failed");
     assert!(t0.elapsed() < Duration::from_secs(5), "the fence waited {:?}", t0.elapsed());
 }
+
+/// A disk whose files under a checkpoint's directory cannot be created while `armed`:
+/// the creation panics (a storage layer's bug, say), counted in `panics`.
+struct PanickingCheckpointDisk {
+    armed: Arc<AtomicBool>,
+    panics: Arc<AtomicU64>,
+}
+
+impl Storage for PanickingCheckpointDisk {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        if self.armed.load(Ordering::SeqCst) && path.to_string_lossy().contains("ckpt-") {
+            self.panics.fetch_add(1, Ordering::SeqCst);
+            panic!("a storage layer's bug");
+        }
+        RealStorage.create_new(path)
+    }
+}
+
+/// A backup whose checkpointer panics goes on: still linked and acknowledging, and its
+/// next rounds checkpoint once the fault is gone (at the same read view as the round that
+/// panicked, which left its checkpoint's directory behind), and it opens again from that
+/// checkpoint. Before, the panic ended the checkpointer's thread without a word: the
+/// backup never checkpointed again, and its replica log grew until its disk filled.
+#[test]
+fn a_backup_whose_checkpointer_panics_goes_on_and_checkpoints_once_it_can() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let (armed, panics) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+    let disk: Arc<dyn Storage> =
+        Arc::new(PanickingCheckpointDisk { armed: Arc::clone(&armed), panics: Arc::clone(&panics) });
+    let dir = tmp.path().join("b1");
+    let opts =
+        BackupOptions { checkpoint_every: Duration::from_millis(50), ..backup_opts(&addr, &dir, "b1", Some(disk)) };
+    let b1 = backup::start(opts.clone()).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..50u32 {
+        last = w.run(|x| x.put(t, &i.to_be_bytes(), b"v")).unwrap().1.wait().unwrap();
+    }
+    wait_until("the commits released", Duration::from_secs(20), || released.load(Ordering::SeqCst) >= last.0);
+    wait_until("two checkpoints to panic", Duration::from_secs(20), || panics.load(Ordering::SeqCst) >= 2);
+    assert_eq!(b1.state.checkpoints.load(Ordering::SeqCst), 0);
+    assert_eq!(b1.failure(), None, "the backup goes on");
+    let more = w.run(|x| x.put(t, b"after", b"the panics")).unwrap().1.wait().unwrap();
+    wait_until("a commit after the panics released", Duration::from_secs(20), || {
+        released.load(Ordering::SeqCst) >= more.0
+    });
+    assert_eq!(p.backups().len(), 1, "still linked");
+    let view = b1.state.visible.load(Ordering::SeqCst);
+    wait_until("a round at the view it has now to panic", Duration::from_secs(20), || {
+        let n = panics.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(200));
+        panics.load(Ordering::SeqCst) > n
+    });
+    armed.store(false, Ordering::SeqCst);
+    wait_until("a checkpoint once the fault is gone", Duration::from_secs(20), || {
+        b1.state.checkpoints.load(Ordering::SeqCst) >= 1
+    });
+    assert_eq!(b1.state.checkpoint_ts.load(Ordering::SeqCst), view, "at the view the panicked rounds had");
+    assert_eq!(b1.failure(), None);
+    b1.fence("the test restarts it", Duration::from_secs(10)).unwrap();
+    b1.release();
+    // It opens again, from that checkpoint, holding every commit.
+    let b2 = backup::start(BackupOptions { storage: None, ..opts }).unwrap();
+    wait_until("the reopened backup to replay every commit", Duration::from_secs(20), || {
+        b2.state.visible.load(Ordering::SeqCst) >= more.0
+    });
+    let r = b2.db.read();
+    assert_eq!(r.get(t, b"after").unwrap().as_deref(), Some(&b"the panics"[..]));
+    assert_eq!(r.get(t, &49u32.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]));
+}
