@@ -147,15 +147,34 @@ fn prefixes_and_restart(replay: &str) {
     };
     let r1 = check_reads(backup.port, Arc::clone(&stop), Arc::clone(&reads), Arc::clone(&acked_counter));
     std::thread::sleep(Duration::from_millis(1500));
+    // Its own checkpoint taken first (a loaded machine may take longer than the sleep: a
+    // CI run once killed it while it wrote its first one, and only the join's was whole).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut probe = Client::connect(backup.port).unwrap();
+    loop {
+        let info = probe.cmd(&["INFO", "replication"]).unwrap().join("\n");
+        let taken = info.lines().find_map(|l| l.strip_prefix("ditto_checkpoints:")?.trim().parse::<u64>().ok());
+        if taken.is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the backup took no checkpoint of its own within 60 s: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(probe);
     // SIGKILL the backup under load; writes wait (majority of two needs it), then resume.
     backup.kill();
     let first = r1.join().expect("the first reader's checks");
     assert!(first > 0, "the backup served no checked read before it was killed");
     let before = transfers.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(300));
+    // (Whole ones: the kill may have come while it wrote its next, which has no manifest.)
     let ckpts: Vec<u64> = std::fs::read_dir(bdir.join("checkpoints"))
         .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("ckpt-")?.parse().ok())
+        .filter_map(|e| {
+            let e = e.ok()?;
+            e.path().join("MANIFEST").exists().then_some(())?;
+            e.file_name().to_str()?.strip_prefix("ckpt-")?.parse().ok()
+        })
         .collect();
     assert_eq!(ckpts.len(), 1, "one checkpoint left: {ckpts:?}");
     assert!(ckpts[0] > 100, "the checkpoint is the backup's own, taken under load (ts {})", ckpts[0]);
