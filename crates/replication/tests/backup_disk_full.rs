@@ -598,6 +598,10 @@ fn a_backup_whose_checkpointer_panics_goes_on_and_checkpoints_once_it_can() {
         released.load(Ordering::SeqCst) >= more.0
     });
     assert_eq!(p.backups().len(), 1, "still linked");
+    // (Released once durable there: replayed and visible a little later.)
+    wait_until("the backup's view to reach it", Duration::from_secs(20), || {
+        b1.state.visible.load(Ordering::SeqCst) >= more.0
+    });
     let view = b1.state.visible.load(Ordering::SeqCst);
     wait_until("a round at the view it has now to panic", Duration::from_secs(20), || {
         let n = panics.load(Ordering::SeqCst);
