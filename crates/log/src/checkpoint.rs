@@ -22,7 +22,7 @@
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -286,8 +286,14 @@ pub(crate) fn write(
     std::fs::create_dir_all(&root).map_err(|e| LogError::io(&root, e))?;
     // Made here, never found: one that exists is not this attempt's to clean up.
     std::fs::create_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
-    let written = write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref())
-        .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
+    // A panic fails the attempt as an error does, and is cleaned up as one (uncaught, it
+    // left the directory, nearly a whole checkpoint, behind at every retry; found by a
+    // review).
+    let written = ditto_engine::catch_panic(|| {
+        write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref())
+    })
+    .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)))
+    .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
     match written {
         Ok(manifest) => Ok(CheckpointInfo::of(&manifest, dir, t0)),
         Err(e) => {
@@ -347,12 +353,15 @@ fn write_new(
     }
     let next = AtomicUsize::new(0);
     let next_part = AtomicUsize::new(0);
+    // Set by a writer that failed or panicked: the others stop before their next task (the
+    // attempt has failed; they wrote on to its end before).
+    let failed = AtomicBool::new(false);
     let threads = threads.clamp(1, tasks.len().max(1));
     let written: Vec<Result<Vec<(usize, PartInfo)>, LogError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (tasks, next, next_part) = (&tasks, &next, &next_part);
-                s.spawn(move || -> Result<Vec<(usize, PartInfo)>, LogError> {
+                let (tasks, next, next_part, failed) = (&tasks, &next, &next_part, &failed);
+                let part_writer = move || -> Result<Vec<(usize, PartInfo)>, LogError> {
                     // Every part number handed out gets its file and its manifest entry, so
                     // the numbers are 0..n without gaps.
                     let start = || -> Result<(usize, PathBuf, PartWriter), LogError> {
@@ -364,6 +373,9 @@ fn write_new(
                     let mut done = Vec::new();
                     let (mut i, mut path, mut w) = start()?;
                     loop {
+                        if failed.load(Ordering::Relaxed) {
+                            break;
+                        }
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some((table, rids)) = tasks.get(k) else { break };
                         if w.bytes >= part_bytes {
@@ -391,10 +403,17 @@ fn write_new(
                     }
                     done.push((i, w.finish().map_err(|e| LogError::io(&path, e))?));
                     Ok(done)
+                };
+                s.spawn(move || {
+                    let r = ditto_engine::catch_panic(part_writer)
+                        .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)));
+                    if r.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    r
                 })
             })
             .collect();
-        // (A part writer's panic goes on with its own message: `Durable::checkpoint` tells it.)
         handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     });
     let mut numbered = Vec::new();

@@ -166,10 +166,11 @@ impl Storage for CheckpointsFail {
 }
 
 /// A database on `CheckpointsFail` (full) with its background checkpointer, 64 values of
-/// 4 KiB written, and the checkpoint they made due failed once. `then(d, t)` runs there;
-/// then a commit goes in, the disk is freed, a checkpoint must follow, and the database
-/// opens again with all 65 keys.
-fn a_checkpoint_fails_then_succeeds(panics: bool, then: impl FnOnce(&ditto_log::Durable, TableId)) {
+/// 4 KiB written, and the checkpoint they made due failed once, leaving no directory
+/// behind. `then(d, t)` runs there; then a commit goes in, the disk is freed, a checkpoint
+/// must follow, `failures` failed ones counted in all, and the database opens again with
+/// all 65 keys.
+fn a_checkpoint_fails_then_succeeds(panics: bool, failures: u64, then: impl FnOnce(&ditto_log::Durable, TableId)) {
     let dir = tempfile::tempdir().unwrap();
     let full = Arc::new(AtomicBool::new(true));
     let mut o = opts();
@@ -186,6 +187,12 @@ fn a_checkpoint_fails_then_succeeds(panics: bool, then: impl FnOnce(&ditto_log::
     }
     assert!(eventually(|| stats.checkpoint_failures.load(Ordering::Relaxed) >= 1), "the due checkpoint never ran");
     then(&d, t);
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.join("MANIFEST").exists())
+        .collect();
+    assert!(left.is_empty(), "a failed attempt left {left:?}");
     // Commits go on while checkpoints fail.
     w.run(|x| x.put(t, b"during", b"1").map(|_| ())).unwrap().1.wait().unwrap();
     full.store(false, Ordering::SeqCst);
@@ -193,6 +200,7 @@ fn a_checkpoint_fails_then_succeeds(panics: bool, then: impl FnOnce(&ditto_log::
         eventually(|| stats.checkpoints_by_log_growth.load(Ordering::Relaxed) >= 1),
         "no checkpoint once the disk had room"
     );
+    assert_eq!(stats.checkpoint_failures.load(Ordering::Relaxed), failures);
     drop(w);
     drop(d);
     let d = open(dir.path(), opts()).unwrap();
@@ -205,7 +213,7 @@ fn a_checkpoint_fails_then_succeeds(panics: bool, then: impl FnOnce(&ditto_log::
 #[test]
 fn a_failed_checkpoint_is_retried_after_a_pause_not_at_once() {
     let failures = |d: &ditto_log::Durable| d.logger().stats.checkpoint_failures.load(Ordering::Relaxed);
-    a_checkpoint_fails_then_succeeds(false, |d, _| {
+    a_checkpoint_fails_then_succeeds(false, 1, |d, _| {
         // The trigger is still due; without the pause the checkpointer would try every 50 ms.
         std::thread::sleep(CHECKPOINT_RETRY_AFTER / 2);
         assert_eq!(failures(d), 1, "retried within the pause");
@@ -218,7 +226,8 @@ fn a_failed_checkpoint_is_retried_after_a_pause_not_at_once() {
 /// without a word, and the primary never checkpointed again.
 #[test]
 fn a_checkpoint_whose_writer_panics_fails_and_is_retried() {
-    a_checkpoint_fails_then_succeeds(true, |d, _| {
+    // (Counted twice: the background attempt, and the one asked for here.)
+    a_checkpoint_fails_then_succeeds(true, 2, |d, _| {
         let r = d.checkpoint();
         assert!(
             matches!(&r, Err(e) if e.to_string() == "the checkpoint writer panicked (a storage layer's bug)"),
