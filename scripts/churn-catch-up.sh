@@ -4,13 +4,7 @@
 # new life on another record, not given a bound). Usage: churn-catch-up.sh BINARY [N] [churn|set]
 set -u
 B=$1; N=${2:-200000}; KIND=${3:-churn}
-D=$(mktemp -d)
-read -r P R Q < <(python3 -c 'import socket
-ss=[socket.socket() for _ in range(3)]
-[s.bind(("127.0.0.1",0)) for s in ss]
-print(*[s.getsockname()[1] for s in ss])')
-cleanup() { kill -9 $pp $bp 2>/dev/null; wait 2>/dev/null; rm -rf $D; }
-trap cleanup EXIT
+. "$(dirname "$0")/pair-setup.sh"
 $B server --port $P --data-dir $D/p --repl-port $R --commit-policy local --metrics off > $D/p.log 2>&1 & pp=$!
 sleep 1
 $B server --port $Q --data-dir $D/b --replica-of 127.0.0.1:$R --metrics off > $D/b.log 2>&1 & bp=$!

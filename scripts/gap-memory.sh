@@ -7,13 +7,7 @@
 # peak read once the backup has caught up. Usage: gap-memory.sh BINARY [N]
 set -u
 B=$1; N=${2:-300000}
-D=$(mktemp -d)
-read -r P R Q < <(python3 -c 'import socket
-ss=[socket.socket() for _ in range(3)]
-[s.bind(("127.0.0.1",0)) for s in ss]
-print(*[s.getsockname()[1] for s in ss])')
-cleanup() { kill -9 $pp $bp 2>/dev/null; wait 2>/dev/null; rm -rf $D; }
-trap cleanup EXIT
+. "$(dirname "$0")/pair-setup.sh"
 RUST_LOG=info $B server --port $P --data-dir $D/p --repl-port $R --commit-policy local --metrics off > $D/p.log 2>&1 & pp=$!
 sleep 1
 kill -0 $pp || { echo "the primary did not start:"; cat $D/p.log; exit 1; }

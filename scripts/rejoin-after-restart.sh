@@ -17,13 +17,7 @@
 # Usage: rejoin-after-restart.sh BINARY [N]
 set -u
 B=$1; N=${2:-1000000}; SIG=${SIG:-TERM}; OLD=${OLD:-0}; RESTARTS=${RESTARTS:-1}; POLICY=${POLICY:-majority-durable}
-D=$(mktemp -d)
-read -r P R Q < <(python3 -c 'import socket
-ss=[socket.socket() for _ in range(3)]
-[s.bind(("127.0.0.1",0)) for s in ss]
-print(*[s.getsockname()[1] for s in ss])')
-cleanup() { kill -9 $pp $bp 2>/dev/null; wait 2>/dev/null; rm -rf $D; }
-trap cleanup EXIT
+. "$(dirname "$0")/pair-setup.sh"
 primary() { $B server --port $P --data-dir $D/p --repl-port $R --commit-policy $POLICY --backups 1 --metrics off >> $D/p.log 2>&1 & pp=$!; }
 backup() { $B server --port $Q --data-dir $D/b --replica-of 127.0.0.1:$R --metrics off >> $D/b.log 2>&1 & bp=$!; }
 up() { for i in $(seq 1 600); do redis-cli -p $1 ping 2>/dev/null | grep -q PONG && return 0; sleep 0.1; done; return 1; }

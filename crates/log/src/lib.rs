@@ -699,7 +699,9 @@ impl Durable {
         // A panic in it fails it as an error does: counted, retried by the checkpointer
         // after its pause. (Before 2026-12-03 it ended the background checkpointer's thread
         // without a word: the primary never checkpointed again, its log grew until its
-        // disk filled, and a restart replayed all of it.)
+        // disk filled, and a restart replayed all of it.) `write` catches its writers'
+        // panics itself, to clean up after them; this catches the rest of it (the
+        // snapshot, the same-timestamp path).
         let written = ditto_engine::catch_panic(|| {
             checkpoint::write(
                 &i.db,

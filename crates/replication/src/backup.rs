@@ -1972,9 +1972,7 @@ impl Engine {
         // checkpoint interval brought new lives first).
         let reuse = batch.header.reuse_ts;
         let mut reuse_passed = reuse == Ts::ZERO;
-        // The engine's wait for such an old life is for every snapshot to reach the bound
-        // (0: the batch reuses no id, or is of a format before the bound).
-        let reuse_bound = if reuse == Ts::ZERO { Ts::MAX } else { reuse };
+        let reuse_bound = engine_reuse_bound(reuse);
         // The first transaction's wait before the batch's pin (`install_ahead`): held
         // through a wait, the pin would hold the engine's reclamation back meanwhile.
         if let Some(&(ts, _)) = writes.first() {
@@ -2119,6 +2117,17 @@ fn txns_of(ts: impl Iterator<Item = Ts>) -> u64 {
 const PREFETCH_RECORD_AHEAD: usize = 8;
 const PREFETCH_HEAD_AHEAD: usize = 4;
 
+/// A batch's reuse bound (`BatchHeader::reuse_ts`) as the engine's wait for a reused id's
+/// old life takes it (`Database::replay_install_with`): 0, a batch that reuses no id or of
+/// a format before the bound, says nothing (`Ts::MAX`).
+fn engine_reuse_bound(reuse_ts: Ts) -> Ts {
+    if reuse_ts == Ts::ZERO {
+        Ts::MAX
+    } else {
+        reuse_ts
+    }
+}
+
 /// A batch for the dependency mode: every write located in one shared payload (the
 /// stored bytes themselves when the batch is not compressed).
 fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependency::Work, String> {
@@ -2148,11 +2157,7 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
         }
     }
     let payload = if batch.header.compressed { Bytes::from(std::mem::take(scratch)) } else { batch.stored().clone() };
-    let reuse_bound = match batch.header.reuse_ts {
-        Ts::ZERO => Ts::MAX,
-        r => r,
-    };
-    let d = Arc::new(Decoded { payload, writes, reuse_bound });
+    let d = Arc::new(Decoded { payload, writes, reuse_bound: engine_reuse_bound(batch.header.reuse_ts) });
     let txns = spans.into_iter().map(|(ts, writes)| Txn { ts, batch: Arc::clone(&d), writes }).collect();
     Ok(crate::dependency::Work { stream: job.stream, bound: job.bound, floor: job.floor, txns })
 }
