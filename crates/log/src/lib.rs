@@ -723,34 +723,57 @@ impl Durable {
         // The checkpoint is complete: a segment that cannot be deleted now costs only disk
         // space, so it is logged, counted and left for the next checkpoint to delete
         // (recovery reads a covered segment and skips it).
-        let covered = i.logger.take_segments_covered_by(info.ts);
-        // What backups have not made durable stays (a backup that returns, or a failover's
-        // fetch from this log, reads it), up to `keep_for_backups_max_bytes`.
-        let dropped = &i.dropped_for_backups;
-        let gone_below = Ts(dropped.load(std::sync::atomic::Ordering::Acquire));
-        let mut needed = i.keeper.lock().as_ref().map_or(Ts(u64::MAX), |f| f(gone_below)).max(gone_below);
-        // (A size that cannot be read counts as the bound: nothing is kept past it blindly.)
-        let size = |p: &Path| std::fs::metadata(p).map_or(i.opts.keep_for_backups_max_bytes, |m| m.len());
-        let wanted: u64 = covered.iter().filter(|(_, s)| s.last_ts > needed).map(|(_, s)| size(&s.path)).sum();
-        if wanted > i.opts.keep_for_backups_max_bytes {
-            tracing::warn!(
-                "{}: {wanted} bytes of log kept for a backup that has not made them durable, over {}: deleted (that backup is sent a checkpoint when it returns)",
-                i.dir.display(),
-                i.opts.keep_for_backups_max_bytes
-            );
-            let newest = covered.iter().map(|(_, s)| s.last_ts.0).max().unwrap_or(0);
-            dropped.fetch_max(newest, std::sync::atomic::Ordering::AcqRel);
-            needed = Ts(u64::MAX);
-        }
+        //
+        // A panic in what follows (the keeper is the replication layer's, the removal the
+        // storage's) does not undo the checkpoint: it is logged and counted as a failed
+        // deletion, and every segment not yet deleted goes back to the list for the next
+        // checkpoint. (Before 2026-12-04 it ended the checkpointer's thread, and the
+        // segments taken from the list were neither deleted nor given back: the log kept
+        // them on disk until a restart. Found by a review.)
+        let mut covered: std::collections::VecDeque<_> = i.logger.take_segments_covered_by(info.ts).into();
         let mut kept = Vec::new();
-        for (w, seg) in covered {
-            if seg.last_ts > needed {
-                kept.push((w, seg));
-            } else if !remove_or_warn(&*i.opts.storage, &seg.path, "after a checkpoint; the next one tries again") {
-                stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                kept.push((w, seg));
+        let swept = ditto_engine::catch_panic(|| {
+            // What backups have not made durable stays (a backup that returns, or a
+            // failover's fetch from this log, reads it), up to `keep_for_backups_max_bytes`.
+            let dropped = &i.dropped_for_backups;
+            let gone_below = Ts(dropped.load(std::sync::atomic::Ordering::Acquire));
+            let mut needed = i.keeper.lock().as_ref().map_or(Ts(u64::MAX), |f| f(gone_below)).max(gone_below);
+            // (A size that cannot be read counts as the bound: nothing is kept past it blindly.)
+            let size = |p: &Path| std::fs::metadata(p).map_or(i.opts.keep_for_backups_max_bytes, |m| m.len());
+            let wanted: u64 = covered.iter().filter(|(_, s)| s.last_ts > needed).map(|(_, s)| size(&s.path)).sum();
+            if wanted > i.opts.keep_for_backups_max_bytes {
+                tracing::warn!(
+                    "{}: {wanted} bytes of log kept for a backup that has not made them durable, over {}: deleted (that backup is sent a checkpoint when it returns)",
+                    i.dir.display(),
+                    i.opts.keep_for_backups_max_bytes
+                );
+                let newest = covered.iter().map(|(_, s)| s.last_ts.0).max().unwrap_or(0);
+                dropped.fetch_max(newest, std::sync::atomic::Ordering::AcqRel);
+                needed = Ts(u64::MAX);
             }
+            // A segment leaves `covered` only once dealt with: one whose removal panicked
+            // is still there.
+            while let Some((_, seg)) = covered.front() {
+                let keep = seg.last_ts > needed
+                    || !remove_or_warn(&*i.opts.storage, &seg.path, "after a checkpoint; the next one tries again")
+                        && {
+                            stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            true
+                        };
+                let taken = covered.pop_front().expect("looked at");
+                if keep {
+                    kept.push(taken);
+                }
+            }
+        });
+        if let Err(msg) = swept {
+            tracing::error!(
+                "{}: deleting the log segments a checkpoint covers panicked ({msg}); the checkpoint stands, and the segments not deleted are left for the next one",
+                i.dir.display()
+            );
+            stats.segment_delete_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        kept.extend(covered);
         i.logger.return_segments(kept);
         *i.last_checkpoint.lock() = Some((info.clone(), bytes_then));
         // The checkpoint is complete and counted: what is left (older checkpoints, a
@@ -758,12 +781,18 @@ impl Durable {
         // checkpoint. (Before 2026-12-02 such a failure made the call an error after its
         // success: the checkpointer backed off as if it had failed, and the last
         // checkpoint was not recorded. Found by a review.)
-        if let Err(e) = remove_checkpoints_except(&i.dir, &info.dir) {
+        // (A panic there is taken as such a failure.)
+        let removed =
+            ditto_engine::catch_panic(|| remove_checkpoints_except(&i.dir, &info.dir).map_err(|e| e.to_string()));
+        if let Err(e) = removed.unwrap_or_else(|m| Err(format!("panicked: {m}"))) {
             tracing::warn!("{}: older checkpoints not removed (the next checkpoint tries again): {e}", i.dir.display());
         }
         // At the read view, so above a sealed log's point: that log is no longer recovery's.
         // It is kept until the next checkpoint, for a backup that rejoins below its point.
-        if let Err(e) = sealed::retire_sealed(&i.dir, sealed_floor, &*i.opts.storage) {
+        let retired = ditto_engine::catch_panic(|| {
+            sealed::retire_sealed(&i.dir, sealed_floor, &*i.opts.storage).map_err(|e| e.to_string())
+        });
+        if let Err(e) = retired.unwrap_or_else(|m| Err(format!("panicked: {m}"))) {
             tracing::warn!("{}: a sealed log not retired (the next checkpoint tries again): {e}", i.dir.display());
         }
         Ok(info)

@@ -1754,6 +1754,65 @@ fn segments_a_checkpoint_cannot_delete_are_deleted_by_the_next() {
     assert!(old.iter().all(|p| !p.exists()), "the next open deleted them");
 }
 
+/// Real files whose `at`-th deletion (counting from 1) panics while `on` is set: a storage
+/// layer's bug.
+struct PanicsOnDelete {
+    on: Arc<AtomicBool>,
+    calls: AtomicU64,
+    at: u64,
+}
+
+impl Storage for PanicsOnDelete {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_new(path)
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        if self.on.load(Ordering::SeqCst) && self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+            panic!("a storage layer's bug");
+        }
+        RealStorage.remove(path)
+    }
+}
+
+/// A panic while a complete checkpoint deletes the segments it covers does not undo it:
+/// the call succeeds, the panic counts as a failed deletion, the segments not yet deleted
+/// (the one whose deletion panicked among them) go back to the log's list, and the next
+/// checkpoint deletes them. Before, the panic went out of the call (ending the background
+/// checkpointer's thread) and the segments taken from the list stayed on disk for good.
+#[test]
+fn a_panic_deleting_covered_segments_leaves_them_for_the_next_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let on = Arc::new(AtomicBool::new(true));
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(PanicsOnDelete { on: on.clone(), calls: AtomicU64::new(0), at: 2 });
+    let d = open(dir.path(), o.clone()).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 2000);
+    let before = segments(dir.path()).len();
+    assert!(before >= 4, "small segments should have rolled: {before}");
+    let (first, second) = (segment_named(dir.path(), 0, 1), segment_named(dir.path(), 0, 2));
+    assert!(first.exists() && second.exists());
+    d.checkpoint().unwrap();
+    let stats = &d.logger().stats;
+    assert!(!first.exists(), "the deletion before the panic went through");
+    assert!(second.exists(), "the panicking deletion's segment is left");
+    assert_eq!(segments(dir.path()).len(), before - 1, "nothing deleted after the panic");
+    assert_eq!(stats.segment_delete_failures.load(Ordering::Relaxed), 1);
+    on.store(false, Ordering::SeqCst);
+    put_n(&d, t, 0, 2000, 10);
+    d.checkpoint().unwrap();
+    assert!(!second.exists(), "the next checkpoint deleted what the first left");
+    let after = segments(dir.path());
+    assert!(after.len() <= 2, "only the newest segments are left: {after:?}");
+    d.close();
+    drop(d);
+    let d = open(dir.path(), o).unwrap();
+    assert_eq!(count(&d, t), 2010);
+}
+
 /// What a crash while a segment's header is written leaves: `<segment>.seg.new`, empty or
 /// holding the header (one block with direct I/O). Recovery removes it once the rest of
 /// the log checked out, and reports it. Anything else with that suffix is refused, naming

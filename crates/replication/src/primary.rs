@@ -1155,7 +1155,13 @@ impl Primary {
             links.push(Arc::clone(&link));
             break link;
         };
-        let out = self.serve_link(&stream, reader, &link, epoch, have_ts, &logger).map_err(|e| {
+        // A panic in it (a bug: in the listener `changed` calls, say) ends the link as an
+        // error does, so the backup connects again. (Before 2026-12-04 it ended the thread
+        // with the link still listed, never shipped to again: a commit policy counting it
+        // stalled for good. Found by a review.)
+        let served = ditto_engine::catch_panic(|| self.serve_link(&stream, reader, &link, epoch, have_ts, &logger))
+            .unwrap_or_else(|m| Err(std::io::Error::other(format!("the link's thread panicked: {m}"))));
+        let out = served.map_err(|e| {
             let stalled = matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
             match link.starting() && stalled {
                 true => std::io::Error::other(format!(
@@ -1650,7 +1656,11 @@ impl Primary {
         }
         let thread = std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
             let mut reader = reader;
-            let why = loop {
+            // A panic (a bug: in the listener `acks_read` calls, say) ends the link as a
+            // broken connection does. (Before 2026-12-04 it ended this thread alone: the
+            // link shipped on with its acks unread, and a commit policy counting it stalled
+            // for good. The runtime's task is ended by its `KillOnDrop`.)
+            let why = ditto_engine::catch_panic(|| loop {
                 match read_frame_at_most(&mut reader, crate::protocol::BACKUP_FRAME_BYTES_MAX) {
                     Ok(Some(f)) => {
                         if let Some(why) = me.take_ack(&l2, f) {
@@ -1664,7 +1674,8 @@ impl Primary {
                     Ok(None) => break "the backup closed the connection".into(),
                     Err(e) => break format!("reading acks: {e}"),
                 }
-            };
+            })
+            .unwrap_or_else(|m| format!("the thread reading acks panicked: {m}"));
             // A link thread blocked writing to a backup that reads no more is let go.
             let _ = reader.get_ref().shutdown(std::net::Shutdown::Both);
             l2.kill(why);
