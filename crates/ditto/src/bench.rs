@@ -104,7 +104,8 @@ pub struct Common {
     #[arg(long, value_delimiter = ',')]
     pub replay_only: Vec<String>,
     /// Logged runs: an online checkpoint every this many milliseconds, load and run (0:
-    /// none). Ids of deleted rows are reused after each, so a replay-only run then meets
+    /// none), on the standalone run and on a cluster run's primary (before 2026-12-04 only
+    /// the standalone one). Ids of deleted rows are reused after each, so replay then meets
     /// batches with a reuse bound (`BatchHeader::reuse_ts`), and says how often it waited.
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every_ms: u64,
@@ -348,14 +349,14 @@ fn run_modes(
                         ..Default::default()
                     },
                 )?;
-                if c.checkpoint_every_ms > 0 {
+                let checkpointer = (c.checkpoint_every_ms > 0).then(|| {
                     d.spawn_checkpointer(ditto_log::CheckpointPolicy {
                         every: Some(std::time::Duration::from_millis(c.checkpoint_every_ms)),
                         log_growth_percent: 0,
                         log_min_bytes: 0,
                         reuse_min_ids: 0,
-                    });
-                }
+                    })
+                });
                 let logger = d.logger().clone();
                 let stats = d.logger().clone();
                 let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
@@ -385,6 +386,12 @@ fn run_modes(
                     None => Vec::new(),
                 };
                 d.close();
+                // A checkpoint under way ends before the scratch directory goes (before
+                // 2026-12-04 it could be deleted under the checkpoint, which then failed,
+                // logging an error in the next run's output).
+                if let Some(h) = checkpointer {
+                    let _ = h.join();
+                }
                 if let Some(rec) = &recorder {
                     let exec = r.cpu_s_per_txn * r.committed as f64 / logged_in_run.max(1) as f64;
                     let mut out = Vec::new();
@@ -433,6 +440,7 @@ fn run_modes(
                 durability: dur,
                 compress: c.compress,
                 direct_io: !c.buffered_log,
+                checkpoint_every_ms: c.checkpoint_every_ms,
             };
             let mut r = crate::cluster::run(name, &spec, &run, body)?;
             if let serde_json::Value::Object(m) = &mut r.extra {

@@ -55,6 +55,9 @@ pub struct ClusterSpec<'a> {
     pub durability: Durability,
     pub compress: bool,
     pub direct_io: bool,
+    /// The primary checkpoints this often (`--checkpoint-every-ms`; 0: never), as the
+    /// standalone run does: a checkpoint lets record ids be reused, which replay then meets.
+    pub checkpoint_every_ms: u64,
 }
 
 struct BackupProc {
@@ -182,6 +185,14 @@ pub fn run(
         // The backups are `ditto server`s, which serve the Redis keyspace: it exists before
         // they join (a backup never creates a table of its own).
         ditto_server::keyspace::Keyspace::open(d.db())?;
+        let checkpointer = (spec.checkpoint_every_ms > 0).then(|| {
+            d.spawn_checkpointer(ditto_log::CheckpointPolicy {
+                every: Some(Duration::from_millis(spec.checkpoint_every_ms)),
+                log_growth_percent: 0,
+                log_min_bytes: 0,
+                reuse_min_ids: 0,
+            })
+        });
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?.to_string();
         let policy = spec.policy;
@@ -316,6 +327,10 @@ pub fn run(
         primary.stop();
         drop(backups);
         d.close();
+        // (A checkpoint under way ends before the scratch directory goes.)
+        if let Some(h) = checkpointer {
+            let _ = h.join();
+        }
         Ok(report)
     })();
     out

@@ -1156,9 +1156,10 @@ impl Primary {
             break link;
         };
         // A panic in it (a bug: in the listener `changed` calls, say) ends the link as an
-        // error does, so the backup connects again. (Before 2026-12-04 it ended the thread
-        // with the link still listed, never shipped to again: a commit policy counting it
-        // stalled for good. Found by a review.)
+        // error does, so the backup connects again at once. (Before 2026-12-04 it ended
+        // the thread with the link still listed for good, never shipped to again; its
+        // backup, hearing nothing, linked again after its silence timeout. Found by a
+        // review.)
         let served = ditto_engine::catch_panic(|| self.serve_link(&stream, reader, &link, epoch, have_ts, &logger))
             .unwrap_or_else(|m| Err(std::io::Error::other(format!("the link's thread panicked: {m}"))));
         let out = served.map_err(|e| {
@@ -1462,13 +1463,15 @@ impl Primary {
         };
         w.flush()?;
         // Acks are read on the server's runtime, or on a thread of their own.
-        let acks = self.read_acks(link, reader)?;
+        // Ended and waited for however this returns, a panic's unwinding too: `serve`
+        // reads the link's figures after it, which the reader must be done moving. (A
+        // review found the panic's path reading them with the reader still running.)
+        let acks = AcksEnd { sock: stream, acks: Some(self.read_acks(link, reader)?) };
         self.changed();
         // What the queue dropped meanwhile, then live: a frame shipped while nothing waits
         // here is sent by the thread shipping it.
         if let Err(e) = self.catch_up(stream, &mut w, link, start_ends, logger) {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-            acks.join();
+            drop(acks);
             return Err(e);
         }
         // Send the queue until the link dies.
@@ -1553,8 +1556,7 @@ impl Primary {
                 break Err(e);
             }
         };
-        let _ = stream.shutdown(std::net::Shutdown::Both);
-        acks.join();
+        drop(acks);
         result
     }
 
@@ -1845,7 +1847,8 @@ fn saying_alive<T: Send>(w: &mut impl Write, f: impl FnOnce() -> std::io::Result
                 said = Instant::now();
             }
         }
-        let out = working.join().expect("a link's helper thread panicked")?;
+        // (Its panic goes on here, its own payload: the link's catch says what it said.)
+        let out = working.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
         told.map(|()| out)
     })
 }
@@ -1984,6 +1987,21 @@ enum AckReader {
     Thread(std::thread::JoinHandle<()>),
     /// Disconnected once the task has ended (or was dropped with its runtime).
     Task(std::sync::mpsc::Receiver<()>),
+}
+
+/// A link's ack reader, which its drop ends (shutting the connection down) and waits for.
+struct AcksEnd<'a> {
+    sock: &'a TcpStream,
+    acks: Option<AckReader>,
+}
+
+impl Drop for AcksEnd<'_> {
+    fn drop(&mut self) {
+        if let Some(a) = self.acks.take() {
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            a.join();
+        }
+    }
 }
 
 impl AckReader {
