@@ -1777,6 +1777,59 @@ impl Storage for PanicsOnDelete {
     }
 }
 
+/// Real files, but the first checkpoint part file cannot be created (a full disk); every
+/// other part's creation is counted and takes 50 ms (long enough for the failure to be
+/// known to the other writers).
+struct FirstPartFails {
+    others: AtomicU64,
+}
+
+impl Storage for FirstPartFails {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        if name.starts_with("part-") {
+            if name == "part-0000.dat" {
+                return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            self.others.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RealStorage.create_new(path)
+    }
+    fn create_segment(&self, path: &Path, direct: bool) -> io::Result<Box<dyn LogFile>> {
+        RealStorage.create_segment(path, direct)
+    }
+}
+
+/// Once one of a checkpoint's part writers fails, the others stop before their next task
+/// (the attempt has failed): here the other writer, with a part per task (40 tables, parts
+/// of 1 byte), creates its one part and no more, where before it wrote on through every
+/// task, a part each. The attempt fails, leaves no directory, and the database goes on.
+#[test]
+fn a_failed_part_writer_stops_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(FirstPartFails { others: AtomicU64::new(0) });
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.checkpoint_threads = 2;
+    o.log.checkpoint_part_bytes = 1;
+    o.log.storage = storage.clone();
+    let d = open(dir.path(), o).unwrap();
+    let tables: Vec<TableId> = (0..40).map(|i| d.db().create_table(&format!("t{i}")).unwrap()).collect();
+    for &t in &tables {
+        put_n(&d, t, 0, 0, 1);
+    }
+    let r = d.checkpoint();
+    assert!(matches!(&r, Err(e) if e.to_string().contains("part-0000.dat")), "{r:?}");
+    let others = storage.others.load(Ordering::SeqCst);
+    assert!(others <= 2, "the other writer went on after the failure: {others} parts created");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("checkpoints"))
+        .map(|r| r.map(|e| e.unwrap().path()).filter(|p| p.is_dir() && !p.ends_with("trash")).collect())
+        .unwrap_or_default();
+    assert!(left.iter().all(|p| p.join("MANIFEST").exists()), "a failed attempt left {left:?}");
+    put_n(&d, tables[0], 0, 1, 1);
+    assert_eq!(count(&d, tables[0]), 2);
+}
+
 /// A panic while a complete checkpoint deletes the segments it covers does not undo it:
 /// the call succeeds, the panic counts as a failed deletion, the segments not yet deleted
 /// (the one whose deletion panicked among them) go back to the log's list, and the next
