@@ -349,14 +349,19 @@ fn run_modes(
                         ..Default::default()
                     },
                 )?;
-                let checkpointer = (c.checkpoint_every_ms > 0).then(|| {
-                    d.spawn_checkpointer(ditto_log::CheckpointPolicy {
-                        every: Some(std::time::Duration::from_millis(c.checkpoint_every_ms)),
-                        log_growth_percent: 0,
-                        log_min_bytes: 0,
-                        reuse_min_ids: 0,
-                    })
-                });
+                // (Closed, its checkpointer waited for, before the scratch directory goes,
+                // on an early error too.)
+                let mut closing = crate::logmode::CloseOnDrop(
+                    &d,
+                    (c.checkpoint_every_ms > 0).then(|| {
+                        d.spawn_checkpointer(ditto_log::CheckpointPolicy {
+                            every: Some(std::time::Duration::from_millis(c.checkpoint_every_ms)),
+                            log_growth_percent: 0,
+                            log_min_bytes: 0,
+                            reuse_min_ids: 0,
+                        })
+                    }),
+                );
                 let logger = d.logger().clone();
                 let stats = d.logger().clone();
                 let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
@@ -385,13 +390,10 @@ fn run_modes(
                     Some(_) => crate::replaybench::contents(d.db())?,
                     None => Vec::new(),
                 };
-                d.close();
-                // A checkpoint under way ends before the scratch directory goes (before
-                // 2026-12-04 it could be deleted under the checkpoint, which then failed,
-                // logging an error in the next run's output).
-                if let Some(h) = checkpointer {
-                    let _ = h.join();
-                }
+                // A checkpoint under way ends here, before the replay-only runs and before
+                // the scratch directory goes (before 2026-12-04 the directory could be
+                // deleted under it, which then failed, an ERROR in the next run's output).
+                closing.close_now();
                 if let Some(rec) = &recorder {
                     let exec = r.cpu_s_per_txn * r.committed as f64 / logged_in_run.max(1) as f64;
                     let mut out = Vec::new();

@@ -185,14 +185,21 @@ pub fn run(
         // The backups are `ditto server`s, which serve the Redis keyspace: it exists before
         // they join (a backup never creates a table of its own).
         ditto_server::keyspace::Keyspace::open(d.db())?;
-        let checkpointer = (spec.checkpoint_every_ms > 0).then(|| {
-            d.spawn_checkpointer(ditto_log::CheckpointPolicy {
-                every: Some(Duration::from_millis(spec.checkpoint_every_ms)),
-                log_growth_percent: 0,
-                log_min_bytes: 0,
-                reuse_min_ids: 0,
-            })
-        });
+        // Closed and its checkpointer waited for however this returns: an early error
+        // leaves the primary's log held by the primary (its release listener holds the
+        // primary, which holds the log), and its checkpointer would go on writing into the
+        // scratch directory as it is deleted (found by a review).
+        let _closing = crate::logmode::CloseOnDrop(
+            &d,
+            (spec.checkpoint_every_ms > 0).then(|| {
+                d.spawn_checkpointer(ditto_log::CheckpointPolicy {
+                    every: Some(Duration::from_millis(spec.checkpoint_every_ms)),
+                    log_growth_percent: 0,
+                    log_min_bytes: 0,
+                    reuse_min_ids: 0,
+                })
+            }),
+        );
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?.to_string();
         let policy = spec.policy;
@@ -326,11 +333,6 @@ pub fn run(
         }
         primary.stop();
         drop(backups);
-        d.close();
-        // (A checkpoint under way ends before the scratch directory goes.)
-        if let Some(h) = checkpointer {
-            let _ = h.join();
-        }
         Ok(report)
     })();
     out

