@@ -373,9 +373,16 @@ fn run_modes(
                         .map_err(|e| format!("recording the log: {e}"))?;
                 }
                 let l2 = d.logger().clone();
+                // The checkpoints' CPU when the run starts: taken out of the execution the
+                // replay is compared with, as in a cluster run (`cluster.rs`).
+                let ckpt_cpu0 = std::sync::atomic::AtomicU64::new(0);
                 let mark = || {
                     if let Some(rec) = &recorder {
                         rec.mark_run_start(l2.stats.txns.load(std::sync::atomic::Ordering::Relaxed));
+                        ckpt_cpu0.store(
+                            l2.stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                     }
                 };
                 let probe = Probe {
@@ -395,7 +402,10 @@ fn run_modes(
                 // deleted under it, which then failed, an ERROR in the next run's output).
                 closing.close_now();
                 if let Some(rec) = &recorder {
-                    let exec = r.cpu_s_per_txn * r.committed as f64 / logged_in_run.max(1) as f64;
+                    let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed)
+                        - ckpt_cpu0.load(std::sync::atomic::Ordering::Relaxed);
+                    let exec =
+                        (r.cpu_s_per_txn * r.committed as f64 - ckpt_ns as f64 / 1e9) / logged_in_run.max(1) as f64;
                     let mut out = Vec::new();
                     for m in &c.replay_only {
                         let mib = c.prefault.mib(c.workers, c.seconds);

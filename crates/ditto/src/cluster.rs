@@ -14,7 +14,9 @@
 //! caller from the same mode run without backups in the same process, just before),
 //! `replay_cost_ratio` (the backups' replay CPU per transaction, from their INFO, over this
 //! process's CPU per logged transaction: workers, log and shipping, read-only transactions
-//! excluded since they are not replayed), `backup_lag_ms_p50/_p99` (how long the oldest
+//! excluded since they are not replayed, and the CPU of the primary's checkpoints
+//! (`--checkpoint-every-ms`, `checkpoint_cpu_s_per_logged_txn`) taken out, as a backup's
+//! replay CPU counts none of its own), `backup_lag_ms_p50/_p99` (how long the oldest
 //! shipped commit not yet replayed has waited, sampled over the run, worst backup; and the
 //! same for its stages, `backup_received_lag_ms_*` and `backup_durable_lag_ms_*`, so a lag
 //! can be placed: on the link, at the backup's fsync, or in its replay) and
@@ -245,8 +247,10 @@ pub fn run(
         // counted in the report.
         let missing = std::sync::atomic::AtomicU64::new(0);
         let logged0 = std::sync::atomic::AtomicU64::new(0);
+        let ckpt_cpu0 = std::sync::atomic::AtomicU64::new(0);
         let on_start = || {
             logged0.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
+            ckpt_cpu0.store(d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed), Ordering::Relaxed);
             *counters0.lock() = backups.iter().map(|b| replay_counters(b.port).map_err(|e| e.to_string())).collect();
             started.store(true, Ordering::Release);
         };
@@ -295,6 +299,11 @@ pub fn run(
         // logged): this process's CPU over the run (workers, log, shipping) per logged one.
         let logged = d.logger().stats.txns.load(Ordering::Relaxed) - logged0.load(Ordering::Relaxed);
         let exec_s_per_txn = report.cpu_s_per_txn * report.committed as f64 / logged.max(1) as f64;
+        // The primary's checkpoints are not execution (a backup's replay CPU counts none of
+        // its own): taken out of the ratio's denominator, counted as each completed.
+        let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed) - ckpt_cpu0.load(Ordering::Relaxed);
+        let ckpt_s_per_txn = ckpt_ns as f64 / 1e9 / logged.max(1) as f64;
+        let exec_excl = (exec_s_per_txn - ckpt_s_per_txn).max(1e-12);
         let c1: Vec<(f64, f64)> = backups.iter().map(|b| replay_counters(b.port)).collect::<Result<_, _>>()?;
         let c0: Vec<(f64, f64)> = counters0
             .lock()
@@ -317,7 +326,8 @@ pub fn run(
             }
             m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
             m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
-            m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_s_per_txn.max(1e-12)).into());
+            m.insert("checkpoint_cpu_s_per_logged_txn".into(), ckpt_s_per_txn.into());
+            m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_excl).into());
             let ms = |us: u64| us as f64 / 1e3;
             for (h, stage) in lags.iter().zip(["backup_received_lag", "backup_durable_lag", "backup_lag"]) {
                 m.insert(format!("{stage}_ms_p50"), ms(h.value_at_quantile(0.5)).into());

@@ -7,7 +7,8 @@
 //!
 //! Figures per mode: transactions replayed per second, replay CPU per transaction, and
 //! `replay_cost_ratio`: that over the recorded run's CPU per logged transaction (the whole
-//! process: workers, log; read-only transactions are not logged, so not counted).
+//! process: workers, log; read-only transactions are not logged, so not counted; the CPU
+//! of checkpoints completed during the run, `--checkpoint-every-ms`, taken out).
 //! Recording copies every batch, and a tap moves the log's writes and fsyncs to disk
 //! threads (crates/log/src/writer.rs), so the recorded run's own figures include both.
 

@@ -164,6 +164,9 @@ pub struct CheckpointInfo {
     pub bytes: u64,
     pub parts: usize,
     pub seconds: f64,
+    /// The CPU time its writing took, summed over its threads (`write`; next to none for
+    /// one found already written at its timestamp).
+    pub cpu_seconds: f64,
 }
 
 impl CheckpointInfo {
@@ -176,6 +179,7 @@ impl CheckpointInfo {
             bytes: m.parts.iter().map(|p| p.bytes).sum(),
             parts: m.parts.len(),
             seconds: started.elapsed().as_secs_f64(),
+            cpu_seconds: 0.0,
         }
     }
 }
@@ -289,13 +293,20 @@ pub(crate) fn write(
     // A panic fails the attempt as an error does, and is cleaned up as one (uncaught, it
     // left the directory, nearly a whole checkpoint, behind at every retry; found by a
     // review).
+    let cpu0 = crate::thread_cpu_ns();
     let written = ditto_engine::catch_panic(|| {
         write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref())
     })
     .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)))
     .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
     match written {
-        Ok(manifest) => Ok(CheckpointInfo::of(&manifest, dir, t0)),
+        Ok((manifest, writers_cpu_ns)) => {
+            let own = crate::thread_cpu_ns().saturating_sub(cpu0);
+            Ok(CheckpointInfo {
+                cpu_seconds: (own + writers_cpu_ns) as f64 / 1e9,
+                ..CheckpointInfo::of(&manifest, dir, t0)
+            })
+        }
         Err(e) => {
             // A full disk, or a failed write or fsync: the attempt leaves nothing behind,
             // and the caller deletes no segment, so the previous checkpoint and the log
@@ -340,7 +351,7 @@ fn write_new(
     log_epoch_min: Epoch,
     storage: &dyn Storage,
     pace: Option<&Pace<'_>>,
-) -> Result<Manifest, LogError> {
+) -> Result<(Manifest, u64), LogError> {
     let ts = snap.ts();
     let mut tasks = Vec::new();
     for (table, _) in db.tables() {
@@ -356,11 +367,13 @@ fn write_new(
     // Set by a writer that failed or panicked: the others stop before their next task (the
     // attempt has failed; they wrote on to its end before).
     let failed = AtomicBool::new(false);
+    // The writers' CPU time, in nanoseconds (`CheckpointInfo::cpu_seconds`).
+    let writers_cpu = AtomicU64::new(0);
     let threads = threads.clamp(1, tasks.len().max(1));
     let written: Vec<Result<Vec<(usize, PartInfo)>, LogError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (tasks, next, next_part, failed) = (&tasks, &next, &next_part, &failed);
+                let (tasks, next, next_part, failed, writers_cpu) = (&tasks, &next, &next_part, &failed, &writers_cpu);
                 let part_writer = move || -> Result<Vec<(usize, PartInfo)>, LogError> {
                     // Every part number handed out gets its file and its manifest entry, so
                     // the numbers are 0..n without gaps.
@@ -405,11 +418,13 @@ fn write_new(
                     Ok(done)
                 };
                 s.spawn(move || {
+                    let cpu0 = crate::thread_cpu_ns();
                     let r = ditto_engine::catch_panic(part_writer)
                         .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)));
                     if r.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
+                    writers_cpu.fetch_add(crate::thread_cpu_ns().saturating_sub(cpu0), Ordering::Relaxed);
                     r
                 })
             })
@@ -427,7 +442,7 @@ fn write_new(
     storage.sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
     write_atomically(dir, "MANIFEST", &manifest.encode(), storage)
         .map_err(|e| LogError::io(&dir.join("MANIFEST"), e))?;
-    Ok(manifest)
+    Ok((manifest, writers_cpu.into_inner()))
 }
 
 /// One part file being written, through the storage and a 1 MiB buffer, at the

@@ -274,6 +274,9 @@ pub struct LogStats {
     /// the log goes on, and the previous checkpoint stays; see `Durable::checkpoint`).
     pub checkpoints: AtomicU64,
     pub checkpoint_failures: AtomicU64,
+    /// The CPU time online checkpoints took to write, in nanoseconds, summed over their
+    /// threads and counted when each completes (`CheckpointInfo::cpu_seconds`).
+    pub checkpoint_cpu_ns: AtomicU64,
     /// The background checkpointer's completed checkpoints by trigger
     /// (`CheckpointPolicy`); checkpoints asked for directly count in none.
     pub checkpoints_by_time: AtomicU64,

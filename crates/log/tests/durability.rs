@@ -1777,6 +1777,24 @@ impl Storage for PanicsOnDelete {
     }
 }
 
+/// A checkpoint says what CPU its writing took (summed over its threads), and the log's
+/// stats add it up: the benchmarks take it out of the execution they compare replay with.
+#[test]
+fn a_checkpoint_counts_its_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.checkpoint_threads = 2;
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 2000);
+    let stats = &d.logger().stats;
+    let before = stats.checkpoint_cpu_ns.load(Ordering::Relaxed);
+    let info = d.checkpoint().unwrap();
+    assert!(info.cpu_seconds > 0.0 && info.cpu_seconds < 60.0, "{}", info.cpu_seconds);
+    let counted = stats.checkpoint_cpu_ns.load(Ordering::Relaxed) - before;
+    assert_eq!(counted, (info.cpu_seconds * 1e9) as u64);
+}
+
 /// Real files, but the first checkpoint part file cannot be created (a full disk); every
 /// other part's creation is counted, waits until the first was tried, and takes 50 ms more
 /// (for the failure to be known to the other writers).

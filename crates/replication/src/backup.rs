@@ -2189,13 +2189,7 @@ impl crate::dependency::Sink for Engine {
     }
 }
 
-/// This thread's CPU time in nanoseconds.
-pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub(crate) use ditto_log::thread_cpu_ns;
 
 struct Receiver {
     opts: BackupOptions,

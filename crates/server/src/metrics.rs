@@ -168,12 +168,15 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         let _ = writeln!(
             out,
             "# HELP ditto_log_fsync_seconds_total Time spent in log fsyncs.\n# TYPE ditto_log_fsync_seconds_total counter\n\
-             ditto_log_fsync_seconds_total {}\n# HELP ditto_log_fsync_seconds_max The slowest log fsync.\n\
+             ditto_log_fsync_seconds_total {}\n# HELP ditto_checkpoint_cpu_seconds_total CPU time online checkpoints took to write, over their threads.\n\
+             # TYPE ditto_checkpoint_cpu_seconds_total counter\nditto_checkpoint_cpu_seconds_total {}\n\
+             # HELP ditto_log_fsync_seconds_max The slowest log fsync.\n\
              # TYPE ditto_log_fsync_seconds_max gauge\nditto_log_fsync_seconds_max {}\n\
              # HELP ditto_durable_ts Every commit at or below this timestamp is durable.\n# TYPE ditto_durable_ts gauge\n\
              ditto_durable_ts {}\n# HELP ditto_log_failed 1 once the log failed and writes stopped.\n\
              # TYPE ditto_log_failed gauge\nditto_log_failed {}",
             r(&l.stats.fsync_ns_total) as f64 / 1e9,
+            r(&l.stats.checkpoint_cpu_ns) as f64 / 1e9,
             r(&l.stats.fsync_ns_max) as f64 / 1e9,
             l.watermark().0,
             l.failure().is_some() as u8,
