@@ -391,6 +391,9 @@ fn run_modes(
                     ..Probe::NONE
                 };
                 let mut r = body(d.db(), &run, &probe)?;
+                // (Read as the run ends, before the checkpoint under way is waited for.)
+                let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed)
+                    - ckpt_cpu0.load(std::sync::atomic::Ordering::Relaxed);
                 let logged_in_run = d.logger().stats.txns.load(std::sync::atomic::Ordering::Relaxed)
                     - recorder.as_ref().map_or(0, |rec| rec.logged_at_start.load(std::sync::atomic::Ordering::Relaxed));
                 let primary_contents = match &recorder {
@@ -402,10 +405,11 @@ fn run_modes(
                 // deleted under it, which then failed, an ERROR in the next run's output).
                 closing.close_now();
                 if let Some(rec) = &recorder {
-                    let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed)
-                        - ckpt_cpu0.load(std::sync::atomic::Ordering::Relaxed);
-                    let exec =
-                        (r.cpu_s_per_txn * r.committed as f64 - ckpt_ns as f64 / 1e9) / logged_in_run.max(1) as f64;
+                    let exec = crate::logmode::exec_without_checkpoints(
+                        r.cpu_s_per_txn * r.committed as f64,
+                        ckpt_ns,
+                        logged_in_run,
+                    );
                     let mut out = Vec::new();
                     for m in &c.replay_only {
                         let mib = c.prefault.mib(c.workers, c.seconds);

@@ -300,10 +300,11 @@ pub fn run(
         let logged = d.logger().stats.txns.load(Ordering::Relaxed) - logged0.load(Ordering::Relaxed);
         let exec_s_per_txn = report.cpu_s_per_txn * report.committed as f64 / logged.max(1) as f64;
         // The primary's checkpoints are not execution (a backup's replay CPU counts none of
-        // its own): taken out of the ratio's denominator, counted as each completed.
+        // its own): taken out of the ratio's denominator.
         let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed) - ckpt_cpu0.load(Ordering::Relaxed);
         let ckpt_s_per_txn = ckpt_ns as f64 / 1e9 / logged.max(1) as f64;
-        let exec_excl = (exec_s_per_txn - ckpt_s_per_txn).max(1e-12);
+        let exec_excl =
+            crate::logmode::exec_without_checkpoints(report.cpu_s_per_txn * report.committed as f64, ckpt_ns, logged);
         let c1: Vec<(f64, f64)> = backups.iter().map(|b| replay_counters(b.port)).collect::<Result<_, _>>()?;
         let c0: Vec<(f64, f64)> = counters0
             .lock()
@@ -327,7 +328,7 @@ pub fn run(
             m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
             m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
             m.insert("checkpoint_cpu_s_per_logged_txn".into(), ckpt_s_per_txn.into());
-            m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_excl).into());
+            m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_excl.max(1e-12)).into());
             let ms = |us: u64| us as f64 / 1e3;
             for (h, stage) in lags.iter().zip(["backup_received_lag", "backup_durable_lag", "backup_lag"]) {
                 m.insert(format!("{stage}_ms_p50"), ms(h.value_at_quantile(0.5)).into());

@@ -78,6 +78,23 @@ impl ScratchDir {
     }
 }
 
+/// Execution CPU per logged transaction: `run_cpu_s` (the process's over the run) less
+/// `checkpoint_ns` (the checkpoints' CPU counted over the same run, `checkpoint_cpu_ns`,
+/// to a task's worth), over `logged`. Where the checkpoints' part is not below the run's
+/// CPU (a window that does not match), it is said and not taken out.
+pub fn exec_without_checkpoints(run_cpu_s: f64, checkpoint_ns: u64, logged: u64) -> f64 {
+    let ckpt_s = checkpoint_ns as f64 / 1e9;
+    let exec = if ckpt_s < run_cpu_s {
+        run_cpu_s - ckpt_s
+    } else {
+        eprintln!(
+            "  note: the checkpoints' CPU ({ckpt_s:.3} s) is not below the run's ({run_cpu_s:.3} s): not taken out of execution"
+        );
+        run_cpu_s
+    };
+    exec / logged.max(1) as f64
+}
+
 /// Closes a log and then waits for its background checkpointer (which ends once the log is
 /// closed, after a checkpoint under way), when dropped or at `close_now`: a run's scratch
 /// directory then goes with nothing writing into it, on an early error too.

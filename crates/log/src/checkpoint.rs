@@ -256,6 +256,26 @@ pub(crate) fn write(
     storage: &dyn Storage,
     pace: Option<Pace<'_>>,
 ) -> Result<CheckpointInfo, LogError> {
+    write_counting(db, snap, data, threads, part_bytes, log_epoch_min, storage, pace, None)
+}
+
+/// `write`, adding the CPU time its threads take to `cpu` (nanoseconds) as they go, a
+/// part writer's after each of its tasks, a failed or cancelled attempt's too: a reader of
+/// `cpu` over a window sees what was spent in it, to a task's worth (the log's
+/// `checkpoint_cpu_ns`; before 2026-12-04 a checkpoint's CPU was counted whole when it
+/// completed, and a benchmark's window took in what was spent before it, or after).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_counting(
+    db: &Database,
+    snap: ReadTxn<'_>,
+    data: &Path,
+    threads: usize,
+    part_bytes: u64,
+    log_epoch_min: Epoch,
+    storage: &dyn Storage,
+    pace: Option<Pace<'_>>,
+    cpu: Option<&AtomicU64>,
+) -> Result<CheckpointInfo, LogError> {
     let t0 = Instant::now();
     let ts = snap.ts();
     let dir = ckpt_dir(data, ts);
@@ -294,19 +314,23 @@ pub(crate) fn write(
     // left the directory, nearly a whole checkpoint, behind at every retry; found by a
     // review).
     let cpu0 = crate::thread_cpu_ns();
+    let writers_cpu = AtomicU64::new(0);
     let written = ditto_engine::catch_panic(|| {
-        write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref())
+        write_new(db, &snap, &dir, threads, part_bytes, log_epoch_min, storage, pace.as_ref(), &writers_cpu, cpu)
     })
     .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)))
     .and_then(|m| storage.sync_dir(&root).map(|()| m).map_err(|e| LogError::io(&root, e)));
+    // This thread's share (the tasks' list, the joins, the manifest), whatever the outcome.
+    let own = crate::thread_cpu_ns().saturating_sub(cpu0);
+    if let Some(c) = cpu {
+        c.fetch_add(own, Ordering::Relaxed);
+    }
+    let writers_cpu_ns = writers_cpu.into_inner();
     match written {
-        Ok((manifest, writers_cpu_ns)) => {
-            let own = crate::thread_cpu_ns().saturating_sub(cpu0);
-            Ok(CheckpointInfo {
-                cpu_seconds: (own + writers_cpu_ns) as f64 / 1e9,
-                ..CheckpointInfo::of(&manifest, dir, t0)
-            })
-        }
+        Ok(manifest) => Ok(CheckpointInfo {
+            cpu_seconds: (own + writers_cpu_ns) as f64 / 1e9,
+            ..CheckpointInfo::of(&manifest, dir, t0)
+        }),
         Err(e) => {
             // A full disk, or a failed write or fsync: the attempt leaves nothing behind,
             // and the caller deletes no segment, so the previous checkpoint and the log
@@ -351,7 +375,9 @@ fn write_new(
     log_epoch_min: Epoch,
     storage: &dyn Storage,
     pace: Option<&Pace<'_>>,
-) -> Result<(Manifest, u64), LogError> {
+    writers_cpu: &AtomicU64,
+    cpu: Option<&AtomicU64>,
+) -> Result<Manifest, LogError> {
     let ts = snap.ts();
     let mut tasks = Vec::new();
     for (table, _) in db.tables() {
@@ -367,14 +393,21 @@ fn write_new(
     // Set by a writer that failed or panicked: the others stop before their next task (the
     // attempt has failed; they wrote on to its end before).
     let failed = AtomicBool::new(false);
-    // The writers' CPU time, in nanoseconds (`CheckpointInfo::cpu_seconds`).
-    let writers_cpu = AtomicU64::new(0);
     let threads = threads.clamp(1, tasks.len().max(1));
     let written: Vec<Result<Vec<(usize, PartInfo)>, LogError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (tasks, next, next_part, failed, writers_cpu) = (&tasks, &next, &next_part, &failed, &writers_cpu);
-                let part_writer = move || -> Result<Vec<(usize, PartInfo)>, LogError> {
+                let (tasks, next, next_part, failed) = (&tasks, &next, &next_part, &failed);
+                // Adds this writer's CPU since the last call to `writers_cpu` and `cpu`.
+                let account = move |last: &std::cell::Cell<u64>| {
+                    let now = crate::thread_cpu_ns();
+                    let d = now.saturating_sub(last.replace(now));
+                    writers_cpu.fetch_add(d, Ordering::Relaxed);
+                    if let Some(c) = cpu {
+                        c.fetch_add(d, Ordering::Relaxed);
+                    }
+                };
+                let part_writer = move |last: &std::cell::Cell<u64>| -> Result<Vec<(usize, PartInfo)>, LogError> {
                     // Every part number handed out gets its file and its manifest entry, so
                     // the numbers are 0..n without gaps.
                     let start = || -> Result<(usize, PathBuf, PartWriter), LogError> {
@@ -413,18 +446,19 @@ fn write_new(
                         if let Some(e) = err {
                             return Err(LogError::io(&path, e));
                         }
+                        account(last);
                     }
                     done.push((i, w.finish().map_err(|e| LogError::io(&path, e))?));
                     Ok(done)
                 };
                 s.spawn(move || {
-                    let cpu0 = crate::thread_cpu_ns();
-                    let r = ditto_engine::catch_panic(part_writer)
+                    let last = std::cell::Cell::new(crate::thread_cpu_ns());
+                    let r = ditto_engine::catch_panic(|| part_writer(&last))
                         .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)));
                     if r.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
-                    writers_cpu.fetch_add(crate::thread_cpu_ns().saturating_sub(cpu0), Ordering::Relaxed);
+                    account(&last);
                     r
                 })
             })
@@ -442,7 +476,7 @@ fn write_new(
     storage.sync_dir(dir).map_err(|e| LogError::io(dir, e))?;
     write_atomically(dir, "MANIFEST", &manifest.encode(), storage)
         .map_err(|e| LogError::io(&dir.join("MANIFEST"), e))?;
-    Ok((manifest, writers_cpu.into_inner()))
+    Ok(manifest)
 }
 
 /// One part file being written, through the storage and a 1 MiB buffer, at the

@@ -494,9 +494,6 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<std::fs::File, LogError> {
     Ok(lock)
 }
 
-/// Deletes a log segment that a complete checkpoint made obsolete; whether it is gone (a
-/// file already missing is). A failure only costs disk, so it is logged (`when` says when
-/// and what happens next), not returned.
 /// This thread's CPU time in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -505,6 +502,9 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Deletes a log segment that a complete checkpoint made obsolete; whether it is gone (a
+/// file already missing is). A failure only costs disk, so it is logged (`when` says when
+/// and what happens next), not returned.
 fn remove_or_warn(storage: &dyn storage::Storage, path: &Path, when: &str) -> bool {
     match storage.remove(path) {
         Ok(()) => true,
@@ -711,7 +711,7 @@ impl Durable {
         // panics itself, to clean up after them; this catches the rest of it (the
         // snapshot, the same-timestamp path).
         let written = ditto_engine::catch_panic(|| {
-            checkpoint::write(
+            checkpoint::write_counting(
                 &i.db,
                 i.db.read(),
                 &i.dir,
@@ -720,6 +720,7 @@ impl Durable {
                 i.logger.epoch(),
                 &storage::Cancellable { inner: Arc::clone(&i.opts.storage), cancel: Arc::clone(&i.fenced) },
                 checkpoint::Pace::new(i.opts.checkpoint_write_bytes_per_s, Some(&i.checkpoint_waiters)),
+                Some(&i.logger.stats.checkpoint_cpu_ns),
             )
         })
         .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)));
@@ -727,7 +728,6 @@ impl Durable {
         let counter = if written.is_ok() { &stats.checkpoints } else { &stats.checkpoint_failures };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let info = written?;
-        stats.checkpoint_cpu_ns.fetch_add((info.cpu_seconds * 1e9) as u64, std::sync::atomic::Ordering::Relaxed);
         i.db.allow_rid_reuse_up_to(info.ts);
         // The checkpoint is complete: a segment that cannot be deleted now costs only disk
         // space, so it is logged, counted and left for the next checkpoint to delete
