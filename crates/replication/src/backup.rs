@@ -2781,39 +2781,18 @@ fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: boo
         return;
     }
     let mut scratch = Vec::new();
-    let Ok(mut job) = rx.recv() else { return };
-    let mut accounted = Instant::now();
-    loop {
+    while let Ok(job) = rx.recv() {
         // (A write waiting for the read view stops waiting once replay failed elsewhere,
         // as the serial replayer's does: the view never moves again. Before, a sibling of
         // a failed replayer waited, its pin held, until the run was let go or cut.)
         let replayed = e.replay(&job, &mut scratch, &mut |_| !e.stopped());
-        // This thread's CPU is read (a system call, about 1 us on the VM, where batches
-        // hold 3 TPC-C transactions: 4% of replay's CPU when read at every batch) at most
-        // every `CPU_ACCOUNT_EVERY`, and before a batch that leaves the queue empty
-        // completes, so whoever sees every batch complete sees their cost.
-        let next = rx.try_recv();
-        if next.is_err() || accounted.elapsed() >= CPU_ACCOUNT_EVERY {
-            e.account_cpu(&mut cpu_reported);
-            accounted = Instant::now();
-        }
+        e.account_cpu(&mut cpu_reported);
         e.budget.released(job.batch.len());
         if !e.finish(&job, replayed) {
             return;
         }
-        job = match next {
-            Ok(j) => j,
-            Err(std::sync::mpsc::TryRecvError::Empty) => match rx.recv() {
-                Ok(j) => j,
-                Err(_) => return,
-            },
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
-        };
     }
 }
-
-/// How often a parallel replayer busy with batches adds its CPU to `replay_cpu_ns`.
-const CPU_ACCOUNT_EVERY: Duration = Duration::from_millis(1);
 
 impl Engine {
     /// Adds this thread's CPU since the last report. Called before a batch completes (by
