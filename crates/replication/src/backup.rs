@@ -2795,10 +2795,12 @@ fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: boo
 }
 
 impl Engine {
-    /// Adds this thread's CPU since the last report. Called before a batch completes (by
-    /// the parallel replayers, before one that leaves their queue empty, and at most every
-    /// `CPU_ACCOUNT_EVERY` otherwise), so whoever sees every batch complete sees their cost
-    /// too (`replay_recorded`).
+    /// Adds this thread's CPU since the last report. Called before a batch completes, so
+    /// whoever sees it complete sees its cost too (`replay_recorded`). (Reading the clock
+    /// at most every millisecond instead, which took its 4% of replay's CPU in a TPC-C
+    /// profile to 0.14%, raised a hot standby's replay lag, p50 1.0-1.2 ms to 1.2-2.0 ms
+    /// and p99 up to 153 ms over `ditto demo`'s runs, by a cause not found: reverted,
+    /// docs/results.md, 2026-12-04.)
     fn account_cpu(&self, cpu_reported: &mut u64) {
         let now = thread_cpu_ns();
         self.state.replay_cpu_ns.fetch_add(now - *cpu_reported, Ordering::Relaxed);
