@@ -245,27 +245,14 @@ fn raise_manifest_epoch(dir: &Path, m: &mut Manifest, epoch: Epoch, storage: &dy
 /// part is over `part_bytes`, every file through `storage`. Deletes nothing older; the
 /// caller does that once this returns. On an error (a full disk, a failed fsync) the new
 /// checkpoint's directory is removed and the previous one stays.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn write(
-    db: &Database,
-    snap: ReadTxn<'_>,
-    data: &Path,
-    threads: usize,
-    part_bytes: u64,
-    log_epoch_min: Epoch,
-    storage: &dyn Storage,
-    pace: Option<Pace<'_>>,
-) -> Result<CheckpointInfo, LogError> {
-    write_counting(db, snap, data, threads, part_bytes, log_epoch_min, storage, pace, None)
-}
-
-/// `write`, adding the CPU time its threads take to `cpu` (nanoseconds) as they go, a
+///
+/// With `cpu`, the CPU time its threads take is added to it (nanoseconds) as they go, a
 /// part writer's after each of its tasks, a failed or cancelled attempt's too: a reader of
 /// `cpu` over a window sees what was spent in it, to a task's worth (the log's
 /// `checkpoint_cpu_ns`; before 2026-12-04 a checkpoint's CPU was counted whole when it
 /// completed, and a benchmark's window took in what was spent before it, or after).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_counting(
+pub(crate) fn write(
     db: &Database,
     snap: ReadTxn<'_>,
     data: &Path,

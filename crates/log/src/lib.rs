@@ -290,6 +290,7 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             epoch,
             &*opts.log.storage,
             None,
+            None,
         )?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
@@ -711,7 +712,7 @@ impl Durable {
         // panics itself, to clean up after them; this catches the rest of it (the
         // snapshot, the same-timestamp path).
         let written = ditto_engine::catch_panic(|| {
-            checkpoint::write_counting(
+            checkpoint::write(
                 &i.db,
                 i.db.read(),
                 &i.dir,

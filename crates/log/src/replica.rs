@@ -493,7 +493,8 @@ fn open_replica_inner(
         write_cut_mark(dir, cut, &**storage)?;
     }
     if !scan.files.is_empty() || !base.chain.is_empty() {
-        let info = checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
+        let info =
+            checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None, None)?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
         for (_, p) in &scan.files {
@@ -656,7 +657,7 @@ fn open_old_primary(
         return Ok(ReplicaOpen { db, cut, streams: None, sealed: Some(cut), report, lock });
     }
     // A full chain: the engine is written as a checkpoint at the cut, and the rest goes.
-    let info = checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None)?;
+    let info = checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None, None)?;
     report.checkpoint_write_seconds = info.seconds;
     report.checkpoint_written_bytes = info.bytes;
     for s in &own_log.segments {
@@ -2510,7 +2511,7 @@ fn read_prefix(file: &std::fs::File, len: Option<u64>) -> std::io::Result<Bytes>
 /// second or more, which a failover need not wait for (nothing reads `trash/`; what a
 /// crash leaves there is deleted by the next seal).
 pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
-    let info = checkpoint::write(db, db.read(), data, recovery_threads(), 64 << 20, Epoch(0), storage, None)?;
+    let info = checkpoint::write(db, db.read(), data, recovery_threads(), 64 << 20, Epoch(0), storage, None, None)?;
     let root = checkpoint::checkpoints_dir(data);
     let mut gone: Vec<PathBuf> = Vec::new();
     for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
@@ -2632,6 +2633,7 @@ pub fn checkpoint_replica(
         Epoch(0),
         storage,
         checkpoint::Pace::new(write_bytes_per_s, None),
+        None,
     )?;
     crate::remove_checkpoints_except(data, &info.dir)?;
     // At the read view, so at or above the sealed logs' points: they can go.

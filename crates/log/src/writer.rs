@@ -276,7 +276,7 @@ pub struct LogStats {
     pub checkpoint_failures: AtomicU64,
     /// The CPU time online checkpoints took to write, in nanoseconds, summed over their
     /// threads, failed attempts' too, counted as it is spent (a part writer's after each
-    /// task; `checkpoint::write_counting`).
+    /// task; `checkpoint::write`).
     pub checkpoint_cpu_ns: AtomicU64,
     /// The background checkpointer's completed checkpoints by trigger
     /// (`CheckpointPolicy`); checkpoints asked for directly count in none.
