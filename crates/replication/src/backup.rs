@@ -2816,6 +2816,12 @@ impl Engine {
                 self.completed(job);
                 true
             }
+            // A write that waited for the read view gave way because replay ended (the
+            // backup was let go, or replay failed elsewhere and said so): no failure of
+            // this batch. (Before 2026-12-04 it was reported as one: an ERROR line at
+            // every release of a backup whose replayer waited, as the serial replayer's
+            // `run` does not.)
+            Err(Stop::PutOff(_)) if self.stopped() => false,
             Err(why) => {
                 let msg = format!("replaying a batch of stream {} failed: {why}", job.stream);
                 tracing::error!("{msg}");
@@ -3324,6 +3330,60 @@ mod tests {
         assert!(!b.may_take(t0 + WAIT_LIFTS_FOR * 2));
         b.released(1000);
         assert!(b.may_take(t0 + WAIT_LIFTS_FOR * 2));
+    }
+
+    /// A replayer whose write waits for the read view when its backup is let go
+    /// (`Backup::release`, which halts the engine) ends quietly in every mode: the wait
+    /// gives way, and that is no failure of replay. The parallel replayer reported it as a
+    /// failed batch (an ERROR line, and `failure` set on a backup already let go).
+    #[test]
+    fn a_replayer_waiting_for_the_read_view_ends_quietly_when_its_backup_is_let_go() {
+        use ditto_engine::RecordId;
+        for mode in [ReplayMode::Serial, ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }] {
+            let db = Database::new(ditto_engine::Options { workers: 2 });
+            let t = db.create_table("t").unwrap();
+            let state = Arc::new(BackupState::default());
+            state.released.store(u64::MAX >> 8, Ordering::Release);
+            let engine = Engine::start(db, Arc::clone(&state), 2, Ts::ZERO, mode, None, None);
+            // Stream 0: "k" inserted, deleted, and given a new record at ts 4, which waits
+            // for everything below it: stream 1's ts 3, never sent.
+            let mut b = ditto_log::format::BatchBuilder::new();
+            b.push_txn(Ts(1), [(t, RecordId(0), Some(&b"k"[..]), Some(&b"old"[..]))].into_iter());
+            b.push_txn(Ts(2), [(t, RecordId(0), None, None)].into_iter());
+            b.push_txn(Ts(4), [(t, RecordId(1), Some(&b"k"[..]), Some(&b"new"[..]))].into_iter());
+            let mut out = Vec::new();
+            b.finish_into(ditto_log::StreamId(0), Epoch(1), Ts(4), false, &mut out);
+            let job = Job {
+                seq: 1,
+                stream: 0,
+                bound: Ts(4),
+                floor: None,
+                skip_to: Ts::ZERO,
+                upto: Ts(u64::MAX),
+                batch: Bytes::from(out),
+                at: None,
+                spilled: None,
+                spillable: false,
+            };
+            assert!(engine.dispatch(job), "{mode:?}");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            // (The dependency mode orders transactions across streams before any runs: ts
+            // 4 waits there for stream 1, not in its write.)
+            let waits_in_write = !matches!(mode, ReplayMode::Dependency { .. });
+            while waits_in_write && engine.budget.budget.lock().last_wait.is_none() {
+                assert!(Instant::now() < deadline, "{mode:?}: the write never waited");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(state.replayed.load(Ordering::Acquire) < 4, "{mode:?}: the write at 4 still waits");
+            engine.shut_down();
+            // The replay threads end (they hold the engine), having said nothing failed.
+            while Arc::strong_count(&engine) > 1 {
+                assert!(Instant::now() < deadline, "{mode:?}: a replayer still runs after the release");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(*state.failure.lock(), None, "{mode:?}");
+            assert_eq!(*engine.replay_error.lock(), None, "{mode:?}");
+        }
     }
 
     #[test]
