@@ -988,6 +988,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         link: Arc::clone(&link),
         link_learner: opts.learner,
         held_at_start: if resumed { base } else { Ts::ZERO },
+        scratch: Vec::new(),
     };
     {
         let (state, link, persist) = (Arc::clone(&state), Arc::clone(&link), Arc::clone(&persist));
@@ -2210,6 +2211,8 @@ struct Receiver {
     /// last process, which this one was never told. A primary that restarts below it is
     /// answered as at the join (`BackupError::HoldsWhatThePrimaryLost`): kept, not cut.
     held_at_start: Ts,
+    /// For a compressed batch's payload, checked before it is acknowledged.
+    scratch: Vec<u8>,
 }
 
 /// Why a learner's link is dropped when it is promoted (`Backup::count_in_quorum`): it is
@@ -2670,6 +2673,17 @@ impl Receiver {
                     let (b, used) = decode_batch_checksums(&batch).map_err(|e| format!("a corrupt batch: {e}"))?;
                     if used != batch.len() {
                         return Err("a batch frame with trailing bytes".into());
+                    }
+                    // Its records parse, or it is not acknowledged: checksums that hold
+                    // over a payload that does not (a primary's bug, not damage on the
+                    // way) would have been acknowledged, and a commit released on it,
+                    // by a backup whose replay then failed on it. One pass over the
+                    // payload (a compressed one is decompressed here and again in replay).
+                    if let Err(e) = b.checked_payload_in(&mut self.scratch) {
+                        return Err(format!(
+                            "a batch of stream {} (ts {}..={}) whose checksums hold but whose records do not parse ({e}): not acknowledged",
+                            b.header.stream.0, b.header.first_ts.0, b.header.last_ts.0
+                        ));
                     }
                     let h = b.header;
                     let s = h.stream.0 as usize;

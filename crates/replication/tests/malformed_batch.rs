@@ -1,0 +1,138 @@
+//! A batch whose checksums hold but whose payload does not parse (a primary's bug, not a
+//! torn or flipped byte, which the checksums catch) is refused by the backup before it
+//! acknowledges anything of it: the link drops with the reason, and the batch is never
+//! counted as received. Before 2026-12-04 the backup acknowledged it (its checksums
+//! held), and its replay failed afterwards: a commit could be released on an
+//! acknowledgement from a backup that could never apply it.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ditto_engine::{RecordId, TableId, Ts, WorkerId};
+use ditto_log::format::BatchBuilder;
+use ditto_log::{Epoch, StreamId};
+use ditto_replication::protocol::{read_frame, Frame, Start};
+use ditto_replication::{backup, BackupOptions};
+
+mod common;
+use common::wait_until;
+
+/// One transaction at `ts` inserting a key, as stream 0 of `epoch` frames it; with
+/// `malformed`, its header claims two transactions (the header's checksum made to match),
+/// so only the payload's structure is wrong.
+fn batch(epoch: Epoch, ts: Ts, malformed: bool) -> Bytes {
+    let mut b = BatchBuilder::new();
+    b.push_txn(ts, [(TableId(0), RecordId(7), Some(&b"new"[..]), Some(&b"v"[..]))].into_iter());
+    let mut out = Vec::new();
+    b.finish_into(StreamId(0), epoch, ts, false, &mut out);
+    if malformed {
+        let count = u32::from_le_bytes(out[44..48].try_into().unwrap());
+        out[44..48].copy_from_slice(&(count + 1).to_le_bytes());
+        let crc = crc32c::crc32c(&out[..60]);
+        out[60..64].copy_from_slice(&crc.to_le_bytes());
+    }
+    Bytes::from(out)
+}
+
+/// What a stand-in primary saw of one link: the highest `received` acknowledged, and
+/// whether the backup closed the link.
+#[derive(Debug)]
+struct Seen {
+    acked: Ts,
+    closed_by_backup: bool,
+}
+
+/// Serves each connection as a primary of `epoch` resuming the backup would: a Welcome,
+/// then one batch above what the backup holds; reports what the backup answered within
+/// 5 s.
+fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed: bool, seen: mpsc::Sender<(Ts, Seen)>) {
+    for s in l.incoming() {
+        let Ok(mut s) = s else { return };
+        let Ok(Some(Frame::Hello { have_ts, .. })) = read_frame(&mut s) else { continue };
+        let welcome = Frame::Welcome { epoch, streams: 1, tables: vec![(0, "t".into())], start: Start::Resume };
+        let next = Ts(have_ts.0 + 1);
+        let b = Frame::Batch {
+            epoch,
+            released: next,
+            floor_trusted: true,
+            counted: true,
+            batch: batch(epoch, next, malformed),
+        };
+        if s.write_all(&welcome.encode()).and_then(|()| s.write_all(&b.encode())).is_err() {
+            continue;
+        }
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut out = Seen { acked: Ts::ZERO, closed_by_backup: false };
+        while Instant::now() < end {
+            match read_frame(&mut s) {
+                Ok(Some(Frame::Ack { received, .. })) => out.acked = out.acked.max(received),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    out.closed_by_backup = true;
+                    break;
+                }
+                Err(e) if e.to_string().contains("timed out") || e.to_string().contains("would block") => {
+                    // A valid batch's acknowledgement has come: nothing more to wait for.
+                    if !malformed && out.acked >= next {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    out.closed_by_backup = true;
+                    break;
+                }
+            }
+        }
+        if seen.send((have_ts, out)).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_batch_whose_payload_does_not_parse_is_refused_unacknowledged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("p"), tmp.path().join("b"));
+    // A real primary first: the backup joins it and holds a row.
+    let (a, t, p, addr) = common::start_primary(&pa, Default::default(), "local", Default::default());
+    let epoch = a.logger().epoch();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+    let b = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
+    wait_until("the backup to replay the row", Duration::from_secs(20), || {
+        b.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts.0
+    });
+    b.stop("done", Duration::from_secs(10)).unwrap();
+    drop(b);
+    drop(w);
+    p.stop();
+    a.close();
+
+    for malformed in [true, false] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stand_in = l.local_addr().unwrap().to_string();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || stand_in_primary(l, epoch, malformed, tx));
+        let b = backup::start(BackupOptions::new(&stand_in, &pb, 1, "b")).unwrap();
+        let (have, seen) = rx.recv_timeout(Duration::from_secs(20)).expect("the stand-in primary reports");
+        assert_eq!(have, ts, "the backup resumes from what it holds");
+        if malformed {
+            assert!(seen.closed_by_backup, "the backup dropped the link: {seen:?}");
+            assert!(seen.acked < Ts(ts.0 + 1), "the malformed batch was acknowledged: {seen:?}");
+            assert_eq!(b.state.received.load(std::sync::atomic::Ordering::SeqCst), ts.0, "nothing counted");
+            // It resumes from the same point, and is refused the same batch again.
+            let (again, seen) = rx.recv_timeout(Duration::from_secs(20)).expect("the backup links again");
+            assert_eq!(again, ts, "{seen:?}");
+            assert!(seen.acked < Ts(ts.0 + 1), "{seen:?}");
+            assert_eq!(b.failure(), None, "a link's fault, not the backup's");
+        } else {
+            // (The test's control: the same batch, well formed, is acknowledged.)
+            assert!(seen.acked >= Ts(ts.0 + 1), "the valid batch was not acknowledged: {seen:?}");
+        }
+        b.stop("done", Duration::from_secs(10)).unwrap();
+    }
+}
