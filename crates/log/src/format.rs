@@ -1564,21 +1564,127 @@ pub fn read_segment_checking(
         if file[off..].iter().all(|&b| b == 0) {
             break SegmentEnd::Zeros { offset };
         }
-        // A later header is looked for past the failed batch's own bytes where its header
-        // checks out: inside them lies a client's data, which may hold a header's bytes (a
-        // value that does would otherwise turn a torn tail into damage, and the node would
-        // not start). A header that does not check out is looked past byte by byte.
-        let from = match decode_batch_header(&rest) {
-            Ok(h) => off.saturating_add(h.total_len()),
-            Err(_) => off + 1,
-        };
-        break if !reason.could_be_torn() || valid_header_after(file, from, &header) {
-            SegmentEnd::Corrupt { offset, reason }
-        } else {
-            SegmentEnd::Torn { offset, reason }
-        };
+        break damaged_end(&rest, offset, reason, &header);
     };
     Ok(SegmentScan { header, batches, end })
+}
+
+/// How a segment ends at `offset`, where `rest` (the file from there on, not all zeros)
+/// failed to read as a batch for `reason`: torn, or damage.
+fn damaged_end(rest: &[u8], offset: u64, reason: FormatError, header: &SegmentHeader) -> SegmentEnd {
+    // A later header is looked for past the failed batch's own bytes where its header
+    // checks out: inside them lies a client's data, which may hold a header's bytes (a
+    // value that does would otherwise turn a torn tail into damage, and the node would
+    // not start). A header that does not check out is looked past byte by byte.
+    let from = match decode_batch_header(rest) {
+        Ok(h) => h.total_len(),
+        Err(_) => 1,
+    };
+    if !reason.could_be_torn() || valid_header_after(rest, from, header) {
+        SegmentEnd::Corrupt { offset, reason }
+    } else {
+        SegmentEnd::Torn { offset, reason }
+    }
+}
+
+/// What `scan_segment` found: `read_segment`'s answer without the batches.
+#[derive(Debug)]
+pub struct SegmentSummary {
+    pub header: SegmentHeader,
+    pub end: SegmentEnd,
+    /// As `SegmentScan::valid_len`.
+    pub valid_len: u64,
+}
+
+/// Why `scan_segment` found no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Format(#[from] FormatError),
+}
+
+/// Zeros are checked this many bytes at a time (`scan_segment`).
+const SCAN_ZEROS_CHUNK: usize = 256 << 10;
+
+/// `read_segment` of a segment of `len` bytes read through `read_at` (offset, buffer to
+/// fill) a batch at a time: each intact batch goes to `each` with its offset, and is let go.
+/// A scan holds one batch in memory (and 256 KiB while it checks a tail of zeros), not
+/// the file: a segment is up to 64 MiB, and a primary scanned one whole per returning
+/// backup's gap before 2026-12-04. Only where the segment ends in damage (not zeros) is
+/// its rest read at once, to tell a torn tail from damage as `read_segment` does. Its
+/// answer is `read_segment`'s for the same bytes (a test compares them); for a file
+/// still being written, bytes that change under the scan are read again.
+pub fn scan_segment(
+    len: u64,
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+    each: &mut dyn FnMut(u64, &Batch),
+) -> Result<SegmentSummary, ScanError> {
+    let mut head = vec![0u8; SEGMENT_HEADER_LEN.min(len as usize)];
+    read_at(0, &mut head)?;
+    let header = SegmentHeader::decode(&head)?;
+    let version = u16::from_le_bytes([head[8], head[9]]);
+    let mut scratch = Vec::new();
+    let mut read = |b: &Bytes| -> Result<(Batch, usize), FormatError> {
+        let (batch, used) = decode_batch_checksums(b)?;
+        batch.checked_payload_in(&mut scratch)?;
+        belongs(&header, version, (batch, used))
+    };
+    let mut off = SEGMENT_HEADER_LEN as u64;
+    let mut valid_len = off;
+    // Rereads at the same offset of bytes that changed under the scan (bounded: a file
+    // written without pause gets its tail taken as torn here after a few).
+    let mut rereads = 0;
+    let end = loop {
+        if off == len {
+            break SegmentEnd::Clean;
+        }
+        let mut bh = [0u8; BATCH_HEADER_LEN];
+        let n = (BATCH_HEADER_LEN as u64).min(len - off) as usize;
+        read_at(off, &mut bh[..n])?;
+        if let Ok(h) = decode_batch_header(&bh[..n]) {
+            let total = h.total_len() as u64;
+            if off + total <= len {
+                let mut buf = vec![0u8; total as usize];
+                read_at(off, &mut buf)?;
+                if let Ok((batch, used)) = read(&Bytes::from(buf)) {
+                    each(off, &batch);
+                    off += used as u64;
+                    valid_len = off;
+                    rereads = 0;
+                    continue;
+                }
+            }
+        }
+        // Not a batch here: zeros to the end, or a tail read whole to say what it is.
+        let mut chunk = vec![0u8; SCAN_ZEROS_CHUNK.min((len - off) as usize)];
+        let (mut p, mut zeros) = (off, true);
+        while p < len {
+            let n = (chunk.len() as u64).min(len - p) as usize;
+            read_at(p, &mut chunk[..n])?;
+            if chunk[..n].iter().any(|&b| b != 0) {
+                zeros = false;
+                break;
+            }
+            p += n as u64;
+        }
+        if zeros {
+            break SegmentEnd::Zeros { offset: off };
+        }
+        let mut rest = vec![0u8; (len - off) as usize];
+        read_at(off, &mut rest)?;
+        let rest = Bytes::from(rest);
+        match read(&rest) {
+            Err(reason) => break damaged_end(&rest, off, reason, &header),
+            // Written meanwhile (a file still being written): read it again.
+            Ok(_) if rereads < 3 => rereads += 1,
+            Ok(_) => {
+                break SegmentEnd::Torn { offset: off, reason: FormatError::Malformed("bytes changing under the scan") }
+            }
+        }
+    };
+    Ok(SegmentSummary { header, end, valid_len })
 }
 
 fn belongs(seg: &SegmentHeader, version: u16, b: (Batch, usize)) -> Result<(Batch, usize), FormatError> {

@@ -2149,13 +2149,14 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
 /// batch still being written at the end of a stream's last segment is left out (the caller
 /// waits until what was framed before it asked is durable, and ships later batches live).
 ///
-/// Every segment is read and checked here, one at a time, and let go, but kept open: what
-/// is returned holds each segment's file with the length found whole, and `Gap::for_each`
-/// reads them again a batch at a time. So a backup that returns after a long absence (its
-/// gap up to the log kept for backups, 1 GiB by default) costs the primary one segment of
-/// memory while the gap is taken, and one batch per stream while it is sent, not the
-/// whole gap (before 2026-11-28 the gap was read whole into memory here; until 2026-12-03
-/// the send read a segment at a time too); and a checkpoint that deletes a segment while the gap is being sent
+/// Every segment is read and checked here, a batch at a time (`format::scan_segment`,
+/// through a 256 KiB window), and kept open: what is returned holds each segment's file
+/// with the length found whole, and `Gap::for_each` reads them again a batch at a time. So
+/// a backup that returns after a long absence (its gap up to the log kept for backups, 1
+/// GiB by default) costs the primary a window and a batch of memory while the gap is
+/// taken, and a window and a batch per stream while it is sent, not the whole gap (before
+/// 2026-11-28 the gap was read whole into memory here; until 2026-12-03 the send read a
+/// segment at a time too, and until 2026-12-04 the taking did); and a checkpoint that deletes a segment while the gap is being sent
 /// (nothing keeps the log for a backup before its first ack) takes only its name: the
 /// open file is read all the same.
 pub fn batches_after(data: &Path, epoch: Epoch, after: Ts) -> Result<Option<Gap>, LogError> {
@@ -2187,11 +2188,20 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         while i < segs.len() && segs[i].stream == stream {
             let f = &segs[i];
             let file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
-            let raw = read_prefix(&file, None).map_err(|e| LogError::io(&f.path, e))?;
-            let scan = crate::format::read_segment(&raw).map_err(|e| LogError::Corrupt {
-                file: f.path.clone(),
-                offset: 0,
-                what: format!("segment header: {e}"),
+            // Read a batch at a time, counting those above `after` (a whole segment in
+            // memory per returning backup before 2026-12-04).
+            let len = file.metadata().map_err(|e| LogError::io(&f.path, e))?.len();
+            let mut batches = 0;
+            let mut window = ReadWindow::new(file, len);
+            let scan = crate::format::scan_segment(len, &mut |off, buf| window.read_at(off, buf), &mut |_, b| {
+                batches += usize::from(b.header.bound_ts > after);
+            });
+            let file = window.into_file();
+            let scan = scan.map_err(|e| match e {
+                crate::format::ScanError::Io(e) => LogError::io(&f.path, e),
+                crate::format::ScanError::Format(e) => {
+                    LogError::Corrupt { file: f.path.clone(), offset: 0, what: format!("segment header: {e}") }
+                }
             })?;
             if scan.header.stream.0 != stream || scan.header.seq != f.seq {
                 return Err(LogError::Corrupt {
@@ -2222,13 +2232,12 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
                     })
                 }
             }
-            let batches = scan.batches.iter().filter(|(_, b)| b.header.bound_ts > after).count();
             if batches > 0 {
                 gap.batches += batches;
                 // Past its share, a stream's others are opened again by name when sent.
                 let file = (kept < keep_open).then_some(file);
                 kept += 1;
-                let (path, len) = (f.path.clone(), scan.valid_len());
+                let (path, len) = (f.path.clone(), scan.valid_len);
                 gap.parts.push(GapPart::Segment(SegmentPart { stream, file, path, len, after, batches }));
             }
             first = false;
@@ -2237,6 +2246,51 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         }
     }
     Ok(Some(gap))
+}
+
+/// Reads of the first `len` bytes of a file served from a window of up to `READ_WINDOW`
+/// bytes read at once: a scan a batch at a time (`format::scan_segment`) then makes a
+/// system call per window, not two per batch. A gap of about 150,000 batches of about 1 KB
+/// (138 MB, page cache warm): taken in 0.050 s with 0.48 MB of heap at the peak, sent
+/// (read back) in 0.047 s; the segment read whole took 0.104 s and 89 MB, and the send's
+/// two reads per batch 0.157 s; a batch at a time without the window, 0.157 s to take
+/// (the ignored test in crates/log/tests/gap_memory.rs). A read as large as the window
+/// goes to the file.
+struct ReadWindow {
+    file: std::fs::File,
+    len: u64,
+    /// The file's bytes from `start`.
+    start: u64,
+    buf: Vec<u8>,
+}
+
+const READ_WINDOW: usize = 256 << 10;
+
+impl ReadWindow {
+    fn new(file: std::fs::File, len: u64) -> Self {
+        ReadWindow { file, len, start: 0, buf: Vec::new() }
+    }
+
+    fn into_file(self) -> std::fs::File {
+        self.file
+    }
+
+    fn read_at(&mut self, off: u64, out: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let end = off + out.len() as u64;
+        if off < self.start || end > self.start + self.buf.len() as u64 {
+            if out.len() >= READ_WINDOW || end > self.len {
+                return self.file.read_exact_at(out, off);
+            }
+            let n = (READ_WINDOW as u64).min(self.len - off) as usize;
+            self.buf.resize(n, 0);
+            self.file.read_exact_at(&mut self.buf, off)?;
+            self.start = off;
+        }
+        let at = (off - self.start) as usize;
+        out.copy_from_slice(&self.buf[at..at + out.len()]);
+        Ok(())
+    }
 }
 
 /// A gap keeps at most this many segments open (a default-sized one holds up to 16 GiB so,
@@ -2413,7 +2467,8 @@ struct StreamCursor {
 /// A gap's segment being read (`StreamCursor`).
 struct OpenSegment {
     part: SegmentPart,
-    file: std::fs::File,
+    /// Its first `part.len` bytes.
+    file: ReadWindow,
     /// Where its next batch starts.
     off: u64,
     /// Its batches above the gap's start read so far.
@@ -2426,7 +2481,6 @@ struct OpenSegment {
 impl StreamCursor {
     /// Reads the stream's next batch above the gap's start into `next` (none at the end).
     fn advance(&mut self) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
         loop {
             let Some(OpenSegment { part, file, off, read, epoch, version }) = &mut self.open else {
                 let Some(mut part) = self.parts.pop_front() else { return Ok(()) };
@@ -2436,8 +2490,9 @@ impl StreamCursor {
                         std::io::Error::other(format!("{}: could not be opened again: {e}", part.path.display()))
                     })?,
                 };
+                let mut file = ReadWindow::new(file, part.len);
                 let mut head = [0u8; crate::format::SEGMENT_HEADER_LEN];
-                file.read_exact_at(&mut head, 0).map_err(|e| changed(&part.path, format!("{e}")))?;
+                file.read_at(0, &mut head).map_err(|e| changed(&part.path, format!("{e}")))?;
                 let h = crate::format::SegmentHeader::decode(&head).map_err(|e| changed(&part.path, format!("{e}")))?;
                 if h.stream.0 != part.stream {
                     return Err(changed(&part.path, format!("its header names stream {}", h.stream.0)));
@@ -2458,14 +2513,14 @@ impl StreamCursor {
             let damaged = |what: String| changed(&part.path, format!("damaged at offset {off} ({what})"));
             let mut head = [0u8; crate::format::BATCH_HEADER_LEN];
             let want = head.len().min((part.len - *off) as usize);
-            file.read_exact_at(&mut head[..want], *off).map_err(|e| damaged(e.to_string()))?;
+            file.read_at(*off, &mut head[..want]).map_err(|e| damaged(e.to_string()))?;
             let h = crate::format::decode_batch_header(&head[..want]).map_err(|e| damaged(e.to_string()))?;
             let total = h.total_len() as u64;
             if *off + total > part.len || h.stream.0 != part.stream || h.epoch != *epoch || h.version != *version {
                 return Err(damaged(format!("a batch of stream {} and {total} bytes, not of its segment", h.stream.0)));
             }
             let mut buf = vec![0u8; total as usize];
-            file.read_exact_at(&mut buf, *off).map_err(|e| damaged(e.to_string()))?;
+            file.read_at(*off, &mut buf).map_err(|e| damaged(e.to_string()))?;
             let batch = Bytes::from(buf);
             // Checked whole, as when the gap was taken (`read_segment`).
             let (checked, _) = crate::format::decode_batch_checksums(&batch).map_err(|e| damaged(e.to_string()))?;
@@ -2484,19 +2539,6 @@ impl StreamCursor {
 /// A gap's segment that no longer reads as it did when the gap was taken.
 fn changed(path: &Path, what: String) -> std::io::Error {
     std::io::Error::other(format!("{}: {what} since the gap was taken", path.display()))
-}
-
-/// The first `len` bytes of `file` (all of it with `None`), read from its start (the
-/// callers name the file in their errors).
-fn read_prefix(file: &std::fs::File, len: Option<u64>) -> std::io::Result<Bytes> {
-    use std::os::unix::fs::FileExt;
-    let len = match len {
-        Some(l) => l,
-        None => file.metadata()?.len(),
-    };
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, 0)?;
-    Ok(Bytes::from(buf))
 }
 
 /// A backup promoted in place at a failover's recovery point (its engine replayed up to

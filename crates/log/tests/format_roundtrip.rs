@@ -1588,3 +1588,89 @@ fn a_batch_cut_at_a_timestamp_keeps_exactly_what_lies_at_or_below_it() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// `scan_segment`: `read_segment`'s answer, a batch at a time
+// ---------------------------------------------------------------------------------------
+
+/// What a scan says of a segment: its end, valid length and batch offsets, or its error.
+type Said = Result<(SegmentEnd, u64, Vec<u64>), String>;
+
+fn said_by_read(file: &[u8]) -> Said {
+    let scan = read_segment(&Bytes::from(file.to_vec())).map_err(|e| e.to_string())?;
+    let offsets = scan.batches.iter().map(|(o, _)| *o).collect();
+    Ok((scan.end.clone(), scan.valid_len(), offsets))
+}
+
+/// `scan_segment` over `file`, and the largest read it asked for.
+fn said_by_scan(file: &[u8]) -> (Said, usize) {
+    let mut largest = 0;
+    let mut offsets = Vec::new();
+    let mut read_at = |off: u64, buf: &mut [u8]| {
+        largest = largest.max(buf.len());
+        let off = off as usize;
+        match file.get(off..off + buf.len()) {
+            Some(b) => {
+                buf.copy_from_slice(b);
+                Ok(())
+            }
+            None => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "past the end")),
+        }
+    };
+    let s = scan_segment(file.len() as u64, &mut read_at, &mut |off, _| offsets.push(off));
+    let said = match s {
+        Ok(s) => Ok((s.end, s.valid_len, offsets)),
+        Err(ScanError::Format(e)) => Err(e.to_string()),
+        Err(ScanError::Io(e)) => panic!("the scan read past the end: {e}"),
+    };
+    (said, largest)
+}
+
+/// Every cut, every flipped byte, zero tails with and without a stray byte, and a
+/// half-written last batch: `scan_segment` says what `read_segment` says.
+#[test]
+fn scan_segment_answers_as_read_segment_does_for_every_damage() {
+    let batches = three_batches();
+    for compress in [[false], [true]] {
+        let (file, offsets) = build_segment(&batches, &compress);
+        let same = |f: &[u8], what: &str| assert_eq!(said_by_scan(f).0, said_by_read(f), "{what}");
+        for len in 0..=file.len() {
+            same(&file[..len], &format!("cut at {len}"));
+        }
+        for pos in 0..file.len() {
+            let mut d = file.clone();
+            d[pos] ^= 0xFF;
+            same(&d, &format!("byte {pos} flipped"));
+        }
+        let mut padded = file.clone();
+        padded.resize(file.len() + 4096, 0);
+        same(&padded, "zeros after the last batch");
+        for pos in [file.len(), file.len() + 1000, padded.len() - 1] {
+            let mut d = padded.clone();
+            d[pos] = 1;
+            same(&d, &format!("a stray byte at {pos} in the zeros"));
+        }
+        let last = offsets[2] as usize;
+        for keep in [last + 8, last + 40, last + 70, (last + file.len()) / 2] {
+            let mut torn = file[..keep].to_vec();
+            torn.resize(file.len() + 512, 0);
+            same(&torn, &format!("the last batch cut at {keep}, zeros after"));
+        }
+    }
+}
+
+/// A segment of many batches and 8 MiB of zeros ahead is scanned reading at most one
+/// batch, or a mebibyte of zeros, at a time: never the file whole.
+#[test]
+fn scan_segment_reads_a_batch_at_a_time() {
+    let batches: Vec<Vec<T>> = (0..400).map(|i| sample_txns(1 + i * 10, 10)).collect();
+    let (mut file, offsets) = build_segment(&batches, &[false]);
+    let largest_batch = offsets.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap();
+    let written = file.len();
+    file.resize(written + (8 << 20), 0);
+    let (said, largest) = said_by_scan(&file);
+    assert_eq!(said, said_by_read(&file));
+    assert_eq!(said.unwrap().0, SegmentEnd::Zeros { offset: written as u64 });
+    assert!(largest <= largest_batch.max(1 << 20), "read {largest} bytes at once of a {} byte file", file.len());
+    assert!(file.len() > 4 * largest, "the file is larger than any one read");
+}

@@ -1,0 +1,121 @@
+//! The heap a primary takes to find a returning backup's gap (`replica::batches_after`):
+//! a batch at a time, not a segment. Until 2026-12-04 each segment was read whole to be
+//! checked (64 MiB by default, per returning backup). Alone in its test binary: the
+//! counting allocator sees the whole process.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use ditto_engine::{Ts, WorkerId};
+use ditto_log::{LogOptions, OpenOptions};
+
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        let p = unsafe { std::alloc::System.alloc(l) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        LIVE.fetch_sub(l.size(), Relaxed);
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+#[test]
+fn taking_a_gap_holds_a_batch_at_a_time_not_a_segment() {
+    const SEGMENT: u64 = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let log = LogOptions { segment_bytes_max: SEGMENT, ..Default::default() };
+    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let val = vec![7u8; 16 << 10];
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    // About 26 MB: three full segments and a fourth being written.
+    for i in 0..1600u64 {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), &val).map(|_| ())).unwrap();
+        if i % 20 == 19 {
+            ticket.wait().unwrap();
+        }
+    }
+    w.run(|x| x.put(t, b"last", b"x").map(|_| ())).unwrap().1.wait().unwrap();
+    let epoch = d.logger().epoch();
+    let segments = std::fs::read_dir(dir.path().join("log")).map(|r| r.count()).unwrap_or(0);
+    let before = LIVE.load(Relaxed);
+    PEAK.store(before, Relaxed);
+    let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().expect("a gap");
+    let peak = PEAK.load(Relaxed).saturating_sub(before);
+    assert!(gap.len() >= 80, "{} batches", gap.len());
+    // Each batch holds up to 20 values of 16 KiB; the scan of a tail of zeros reads a
+    // mebibyte at a time.
+    assert!(peak < 2 << 20, "taking the gap of {segments} files took {peak} bytes of heap at its peak");
+    // Everything is there when sent, a batch at a time.
+    let mut keys = 0;
+    gap.for_each(|b| {
+        keys += ditto_log::format::decode_batch(&b).unwrap().0.header.txn_count as usize;
+        Ok(())
+    })
+    .unwrap();
+    assert!(keys >= 1601, "{keys} transactions");
+    drop(w);
+    d.close();
+}
+
+/// A measurement, not a test (ignored; `cargo test --release -p ditto-log --test
+/// gap_memory -- --ignored --nocapture`): the time to take and to send the gap of a log
+/// of small batches (about 1 KB, as TPC-C's) in segments of 64 MiB, and the heap's peak
+/// while it is taken. Prints `GAP_TIME {json}`.
+#[test]
+#[ignore = "a measurement: run alone with --ignored --nocapture"]
+fn time_to_take_and_send_a_gap_of_small_batches() {
+    // (In memory where there is /dev/shm: an fsync every three commits on a disk would
+    // take minutes to write the log.)
+    let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+    let log = LogOptions { durability: ditto_log::Durability::EveryBatch, ..Default::default() };
+    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let val = vec![7u8; 300];
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    for i in 0..400_000u64 {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), &val).map(|_| ())).unwrap();
+        if i % 3 == 2 {
+            ticket.wait().unwrap();
+        }
+    }
+    w.run(|x| x.put(t, b"last", b"x").map(|_| ())).unwrap().1.wait().unwrap();
+    let epoch = d.logger().epoch();
+    let mut best = (f64::MAX, f64::MAX, 0usize, 0usize);
+    for _ in 0..3 {
+        let before = LIVE.load(Relaxed);
+        PEAK.store(before, Relaxed);
+        let t0 = std::time::Instant::now();
+        let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().expect("a gap");
+        let took = t0.elapsed().as_secs_f64();
+        let peak = PEAK.load(Relaxed).saturating_sub(before);
+        let n = gap.len();
+        let t1 = std::time::Instant::now();
+        gap.for_each(|_| Ok(())).unwrap();
+        let sent = t1.elapsed().as_secs_f64();
+        best = (best.0.min(took), best.1.min(sent), n, peak.max(best.3));
+    }
+    let bytes: u64 =
+        std::fs::read_dir(dir.path().join("log")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    println!(
+        "GAP_TIME {{\"log_mb\": {:.1}, \"batches\": {}, \"take_s\": {:.3}, \"send_s\": {:.3}, \"take_heap_peak_mb\": {:.2}}}",
+        bytes as f64 / 1e6,
+        best.2,
+        best.0,
+        best.1,
+        best.3 as f64 / 1e6
+    );
+    drop(w);
+    d.close();
+}
