@@ -1615,7 +1615,7 @@ const SCAN_ZEROS_CHUNK: usize = 256 << 10;
 /// backup's gap before 2026-12-04. Only where the segment ends in damage (not zeros) is
 /// its rest read at once, to tell a torn tail from damage as `read_segment` does. Its
 /// answer is `read_segment`'s for the same bytes (a test compares them); for a file
-/// still being written, bytes that change under the scan are read again.
+/// still being written, a batch found whole in the rest read at once is taken.
 pub fn scan_segment(
     len: u64,
     read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
@@ -1633,9 +1633,6 @@ pub fn scan_segment(
     };
     let mut off = SEGMENT_HEADER_LEN as u64;
     let mut valid_len = off;
-    // Rereads at the same offset of bytes that changed under the scan (bounded: a file
-    // written without pause gets its tail taken as torn here after a few).
-    let mut rereads = 0;
     let end = loop {
         if off == len {
             break SegmentEnd::Clean;
@@ -1652,7 +1649,6 @@ pub fn scan_segment(
                     each(off, &batch);
                     off += used as u64;
                     valid_len = off;
-                    rereads = 0;
                     continue;
                 }
             }
@@ -1677,10 +1673,12 @@ pub fn scan_segment(
         let rest = Bytes::from(rest);
         match read(&rest) {
             Err(reason) => break damaged_end(&rest, off, reason, &header),
-            // Written meanwhile (a file still being written): read it again.
-            Ok(_) if rereads < 3 => rereads += 1,
-            Ok(_) => {
-                break SegmentEnd::Torn { offset: off, reason: FormatError::Malformed("bytes changing under the scan") }
+            // Written meanwhile (a file still being written, read through a window that
+            // held its older bytes): whole and checked in this one buffer, so taken.
+            Ok((batch, used)) => {
+                each(off, &batch);
+                off += used as u64;
+                valid_len = off;
             }
         }
     };

@@ -2187,16 +2187,27 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         let mut prev_seq = 0;
         while i < segs.len() && segs[i].stream == stream {
             let f = &segs[i];
-            let file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
+            let mut file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
             // Read a batch at a time, counting those above `after` (a whole segment in
-            // memory per returning backup before 2026-12-04).
-            let len = file.metadata().map_err(|e| LogError::io(&f.path, e))?.len();
-            let mut batches = 0;
-            let mut window = ReadWindow::new(file, len);
-            let scan = crate::format::scan_segment(len, &mut |off, buf| window.read_at(off, buf), &mut |_, b| {
-                batches += usize::from(b.header.bound_ts > after);
-            });
-            let file = window.into_file();
+            // memory per returning backup before 2026-12-04). A stream's last segment
+            // loses the zeros written ahead of its batches when the next one starts: a
+            // scan that meets the file's end short of the length it began with scans again.
+            let mut tries = 0;
+            let (scan, batches) = loop {
+                let len = file.metadata().map_err(|e| LogError::io(&f.path, e))?.len();
+                let mut batches = 0;
+                let mut window = ReadWindow::new(file, len);
+                let scan = crate::format::scan_segment(len, &mut |off, buf| window.read_at(off, buf), &mut |_, b| {
+                    batches += usize::from(b.header.bound_ts > after);
+                });
+                file = window.into_file();
+                tries += 1;
+                match scan {
+                    Err(crate::format::ScanError::Io(e))
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof && tries < 3 => {}
+                    scan => break (scan, batches),
+                }
+            };
             let scan = scan.map_err(|e| match e {
                 crate::format::ScanError::Io(e) => LogError::io(&f.path, e),
                 crate::format::ScanError::Format(e) => {
