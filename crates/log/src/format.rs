@@ -1673,8 +1673,10 @@ pub fn scan_segment(
         let rest = Bytes::from(rest);
         match read(&rest) {
             Err(reason) => break damaged_end(&rest, off, reason, &header),
-            // Written meanwhile (a file still being written, read through a window that
-            // held its older bytes): whole and checked in this one buffer, so taken.
+            // Written meanwhile (a file still being written, whose older bytes the batch's
+            // own reads saw: through a caller's window, say, where a rest at least as
+            // large as the window is read from the file): whole and checked in this one
+            // buffer, so taken.
             Ok((batch, used)) => {
                 each(off, &batch);
                 off += used as u64;

@@ -2682,15 +2682,16 @@ impl Receiver {
                     // way) would have been acknowledged, and a commit released on it,
                     // by a backup whose replay then failed on it. One pass over the
                     // payload (a compressed one is decompressed here and again in replay).
-                    if let Err(e) = b.checked_payload_in(&mut self.scratch) {
+                    let parsed = b.checked_payload_in(&mut self.scratch).map(drop);
+                    // (A large compressed batch's room is not kept for the link's life.)
+                    if self.scratch.capacity() > SCRATCH_KEPT_MAX {
+                        self.scratch = Vec::new();
+                    }
+                    if let Err(e) = parsed {
                         return Err(format!(
                             "a batch of stream {} (ts {}..={}) whose checksums hold but whose records do not parse ({e}): not acknowledged",
                             b.header.stream.0, b.header.first_ts.0, b.header.last_ts.0
                         ));
-                    }
-                    // (A large compressed batch's room is not kept for the link's life.)
-                    if self.scratch.capacity() > SCRATCH_KEPT_MAX {
-                        self.scratch = Vec::new();
                     }
                     let h = b.header;
                     let s = h.stream.0 as usize;
