@@ -24,39 +24,16 @@ use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::OpenOptions;
 use std::sync::Arc;
 
-/// The heap in use and its peak, counted at every allocation: what a fetch asks of the
-/// allocator, whatever pages the allocator keeps resident from before (a peak of RSS
-/// does not show an answer built in pages freed earlier).
-struct Counting;
-static LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        use std::sync::atomic::Ordering::Relaxed;
-        let p = unsafe { std::alloc::System.alloc(l) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-            PEAK.fetch_max(now, Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        LIVE.fetch_sub(l.size(), std::sync::atomic::Ordering::Relaxed);
-        unsafe { std::alloc::System.dealloc(p, l) }
-    }
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: counting_alloc::Counting = counting_alloc::Counting;
 
 /// The heap's peak above what was in use, while `f` runs (MB).
 fn heap_peak_growth_mb<T>(f: impl FnOnce() -> T) -> (T, f64) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let before = LIVE.load(Relaxed);
-    PEAK.store(before, Relaxed);
-    let out = f();
-    (out, PEAK.load(Relaxed).saturating_sub(before) as f64 / 1e6)
+    let (out, bytes) = counting_alloc::heap_peak_growth(f);
+    (out, bytes as f64 / 1e6)
 }
 
 fn hwm_kb() -> u64 {

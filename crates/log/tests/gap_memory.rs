@@ -3,35 +3,34 @@
 //! checked (64 MiB by default, per returning backup). Alone in its test binary: the
 //! counting allocator sees the whole process.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
 use ditto_engine::{Ts, WorkerId};
 use ditto_log::{LogOptions, OpenOptions};
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        let p = unsafe { std::alloc::System.alloc(l) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-            PEAK.fetch_max(now, Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
-        unsafe { std::alloc::System.dealloc(p, l) }
-    }
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static A: Counting = Counting;
+static ALLOC: counting_alloc::Counting = counting_alloc::Counting;
 
 /// The counter is the process's: the two tests never run at once (`--include-ignored`).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A one-stream log in `dir` of `n` commits of a key and `value_len` bytes each, waiting
+/// for every `wait_every`th to be durable (each wait ends a batch), then one more.
+fn log_of(dir: &std::path::Path, log: LogOptions, n: u64, value_len: usize, wait_every: u64) -> ditto_log::Durable {
+    let d = ditto_log::open(dir, OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    let val = vec![7u8; value_len];
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    for i in 0..n {
+        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), &val).map(|_| ())).unwrap();
+        if i % wait_every == wait_every - 1 {
+            ticket.wait().unwrap();
+        }
+    }
+    w.run(|x| x.put(t, b"last", b"x").map(|_| ())).unwrap().1.wait().unwrap();
+    d
+}
 
 #[test]
 fn taking_a_gap_holds_a_batch_at_a_time_not_a_segment() {
@@ -39,24 +38,13 @@ fn taking_a_gap_holds_a_batch_at_a_time_not_a_segment() {
     const SEGMENT: u64 = 8 << 20;
     let dir = tempfile::tempdir().unwrap();
     let log = LogOptions { segment_bytes_max: SEGMENT, ..Default::default() };
-    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
-    let t = d.db().create_table("t").unwrap();
-    let val = vec![7u8; 16 << 10];
-    let mut w = d.db().worker(WorkerId(0)).unwrap();
     // About 26 MB: three full segments and a fourth being written.
-    for i in 0..1600u64 {
-        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), &val).map(|_| ())).unwrap();
-        if i % 20 == 19 {
-            ticket.wait().unwrap();
-        }
-    }
-    w.run(|x| x.put(t, b"last", b"x").map(|_| ())).unwrap().1.wait().unwrap();
+    let d = log_of(dir.path(), log, 1600, 16 << 10, 20);
     let epoch = d.logger().epoch();
     let segments = std::fs::read_dir(dir.path().join("log")).map(|r| r.count()).unwrap_or(0);
-    let before = LIVE.load(Relaxed);
-    PEAK.store(before, Relaxed);
-    let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().expect("a gap");
-    let peak = PEAK.load(Relaxed).saturating_sub(before);
+    let (gap, peak) =
+        counting_alloc::heap_peak_growth(|| ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO));
+    let gap = gap.unwrap().expect("a gap");
     assert!(gap.len() >= 80, "{} batches", gap.len());
     // Each batch holds up to 20 values of 16 KiB; the reads go through a window of 256
     // KiB, and the scan of a tail of zeros reads 256 KiB at a time.
@@ -69,7 +57,6 @@ fn taking_a_gap_holds_a_batch_at_a_time_not_a_segment() {
     })
     .unwrap();
     assert!(keys >= 1601, "{keys} transactions");
-    drop(w);
     d.close();
 }
 
@@ -85,26 +72,15 @@ fn time_to_take_and_send_a_gap_of_small_batches() {
     // take minutes to write the log.)
     let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
     let log = LogOptions { durability: ditto_log::Durability::EveryBatch, ..Default::default() };
-    let d = ditto_log::open(dir.path(), OpenOptions { workers: 1, log, ..Default::default() }).unwrap();
-    let t = d.db().create_table("t").unwrap();
-    let val = vec![7u8; 300];
-    let mut w = d.db().worker(WorkerId(0)).unwrap();
-    for i in 0..400_000u64 {
-        let (_, ticket) = w.run(|x| x.put(t, &i.to_be_bytes(), &val).map(|_| ())).unwrap();
-        if i % 3 == 2 {
-            ticket.wait().unwrap();
-        }
-    }
-    w.run(|x| x.put(t, b"last", b"x").map(|_| ())).unwrap().1.wait().unwrap();
+    let d = log_of(dir.path(), log, 400_000, 300, 3);
     let epoch = d.logger().epoch();
     let mut best = (f64::MAX, f64::MAX, 0usize, 0usize);
     for _ in 0..3 {
-        let before = LIVE.load(Relaxed);
-        PEAK.store(before, Relaxed);
         let t0 = std::time::Instant::now();
-        let gap = ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO).unwrap().expect("a gap");
+        let (gap, peak) =
+            counting_alloc::heap_peak_growth(|| ditto_log::replica::batches_after(dir.path(), epoch, Ts::ZERO));
         let took = t0.elapsed().as_secs_f64();
-        let peak = PEAK.load(Relaxed).saturating_sub(before);
+        let gap = gap.unwrap().expect("a gap");
         let n = gap.len();
         let t1 = std::time::Instant::now();
         gap.for_each(|_| Ok(())).unwrap();
@@ -121,6 +97,5 @@ fn time_to_take_and_send_a_gap_of_small_batches() {
         best.1,
         best.3 as f64 / 1e6
     );
-    drop(w);
     d.close();
 }

@@ -18,7 +18,6 @@ use ditto_replication::protocol::{read_frame, Frame, Start};
 use ditto_replication::{backup, BackupOptions};
 
 mod common;
-use common::wait_until;
 
 /// One transaction at `ts` inserting a key, as stream 0 of `epoch` frames it; with
 /// `malformed`, its header claims two transactions (the header's checksum made to match),
@@ -106,12 +105,7 @@ fn a_batch_whose_payload_does_not_parse_is_refused_unacknowledged() {
     let epoch = a.logger().epoch();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-    let b = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
-    wait_until("the backup to replay the row", Duration::from_secs(20), || {
-        b.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts.0
-    });
-    b.stop("done", Duration::from_secs(10)).unwrap();
-    drop(b);
+    common::backup_holding(&addr, &pb, ts);
     drop(w);
     p.stop();
     a.close();

@@ -247,12 +247,7 @@ fn a_backup_refuses_a_primary_of_an_older_epoch_and_keeps_what_it_holds() {
     assert!(followed.0 >= 2, "{followed:?}");
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-    let b = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).unwrap();
-    wait_until("the backup to replay the row", Duration::from_secs(20), || {
-        b.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts.0
-    });
-    b.stop("done", Duration::from_secs(10)).unwrap();
-    drop(b);
+    common::backup_holding(&addr, &pb, ts);
     // A stale primary: whatever the hello, a welcome of epoch 1 with a checkpoint.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let stale = l.local_addr().unwrap().to_string();

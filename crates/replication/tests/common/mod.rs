@@ -17,6 +17,16 @@ pub fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A backup named "b" of one worker joins the primary at `addr` in `dir`, replays
+/// everything up to `ts`, and stops: its directory then holds it, to be resumed.
+pub fn backup_holding(addr: &str, dir: &std::path::Path, ts: ditto_engine::Ts) {
+    let b = ditto_replication::backup::start(ditto_replication::BackupOptions::new(addr, dir, 1, "b")).unwrap();
+    wait_until("the backup to replay up to the timestamp", Duration::from_secs(20), || {
+        b.state.visible.load(std::sync::atomic::Ordering::SeqCst) >= ts.0
+    });
+    b.stop("done", Duration::from_secs(10)).unwrap();
+}
+
 /// A primary on a fresh one-stream log in `dir` (with `log`'s options), with a table "t",
 /// releasing under `policy` with `opts`, its watermark recomputed as the log moves: (its
 /// log, the table, the primary, the address backups connect to).
