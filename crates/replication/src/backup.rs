@@ -2688,10 +2688,15 @@ impl Receiver {
                         self.scratch = Vec::new();
                     }
                     if let Err(e) = parsed {
-                        return Err(format!(
+                        let why = format!(
                             "a batch of stream {} (ts {}..={}) whose checksums hold but whose records do not parse ({e}): not acknowledged",
                             b.header.stream.0, b.header.first_ts.0, b.header.last_ts.0
-                        ));
+                        );
+                        // The primary is told why (it logs the link's end with the reason),
+                        // best effort: the link drops either way.
+                        let refuse = Frame::Refuse { reason: why.clone() };
+                        let _ = (&*self.link.lock()).write_all(&refuse.encode());
+                        return Err(why);
                     }
                     let h = b.header;
                     let s = h.stream.0 as usize;

@@ -46,6 +46,8 @@ fn batch(epoch: Epoch, ts: Ts, malformed: bool) -> Bytes {
 struct Seen {
     acked: Ts,
     closed_by_backup: bool,
+    /// Why the backup refused, if it said.
+    refused: Option<String>,
 }
 
 /// Serves each connection as a primary of `epoch` resuming the backup would: a Welcome,
@@ -69,10 +71,11 @@ fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed: bool, seen: mpsc::S
         }
         s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         let end = Instant::now() + Duration::from_secs(5);
-        let mut out = Seen { acked: Ts::ZERO, closed_by_backup: false };
+        let mut out = Seen { acked: Ts::ZERO, closed_by_backup: false, refused: None };
         while Instant::now() < end {
             match read_frame(&mut s) {
                 Ok(Some(Frame::Ack { received, .. })) => out.acked = out.acked.max(received),
+                Ok(Some(Frame::Refuse { reason })) => out.refused = Some(reason),
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     out.closed_by_backup = true;
@@ -122,6 +125,9 @@ fn a_batch_whose_payload_does_not_parse_is_refused_unacknowledged() {
             assert!(seen.closed_by_backup, "the backup dropped the link: {seen:?}");
             assert!(seen.acked < Ts(ts.0 + 1), "the malformed batch was acknowledged: {seen:?}");
             assert_eq!(b.state.received.load(std::sync::atomic::Ordering::SeqCst), ts.0, "nothing counted");
+            // The primary is told why.
+            let why = seen.refused.as_deref().unwrap_or_default();
+            assert!(why.contains("records do not parse") && why.contains("not acknowledged"), "{seen:?}");
             // It resumes from the same point, and is refused the same batch again.
             let (again, seen) = rx.recv_timeout(Duration::from_secs(20)).expect("the backup links again");
             assert_eq!(again, ts, "{seen:?}");
@@ -130,6 +136,7 @@ fn a_batch_whose_payload_does_not_parse_is_refused_unacknowledged() {
         } else {
             // (The test's control: the same batch, well formed, is acknowledged.)
             assert!(seen.acked >= Ts(ts.0 + 1), "the valid batch was not acknowledged: {seen:?}");
+            assert_eq!(seen.refused, None);
         }
         b.stop("done", Duration::from_secs(10)).unwrap();
     }
