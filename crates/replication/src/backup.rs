@@ -1309,6 +1309,10 @@ struct Job {
     spilled: Option<Spilled>,
     /// Its bound lay above everything received before it (`HoldQ::hold`).
     spillable: bool,
+    /// Its records were checked when it was received (`Receiver::serve_link`, before it
+    /// was acknowledged): replay decodes them without walking them first. A spilled batch
+    /// keeps the mark, as it is read back only if it is what was received (`read_back`).
+    parsed: bool,
 }
 
 /// A held batch's length and checksum, kept while it lies in the replica log alone.
@@ -1944,7 +1948,10 @@ impl Engine {
     fn replay(&self, job: &Job, scratch: &mut Vec<u8>, help: &mut dyn FnMut(Ts) -> bool) -> Result<u64, Stop> {
         let failed = |e: ditto_log::format::FormatError| Stop::Failed(e.to_string());
         let (batch, _) = decode_batch_checksums(&job.batch).map_err(failed)?;
-        let payload = batch.checked_payload_in(scratch).map_err(failed)?;
+        let payload = match job.parsed {
+            true => batch.payload_in(scratch),
+            false => batch.checked_payload_in(scratch).map_err(failed)?,
+        };
         // A compressed batch's payload is in `scratch`, reused: its values are copied.
         let share_from = if batch.header.compressed { usize::MAX } else { self.share_from.load(Ordering::Relaxed) };
         let mut flat = payload.writes_above(job.skip_to);
@@ -2137,7 +2144,10 @@ fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependenc
     let mut writes = Vec::new();
     let mut spans = Vec::new();
     {
-        let p = batch.checked_payload_in(scratch).map_err(|e| e.to_string())?;
+        let p = match job.parsed {
+            true => batch.payload_in(scratch),
+            false => batch.checked_payload_in(scratch).map_err(|e| e.to_string())?,
+        };
         let base = p.as_slice().as_ptr() as usize;
         let at = |part: &[u8]| ((part.as_ptr() as usize - base) as u32, part.len() as u32);
         for t in p.txns() {
@@ -2680,8 +2690,9 @@ impl Receiver {
                     // Its records parse, or it is not acknowledged: checksums that hold
                     // over a payload that does not (a primary's bug, not damage on the
                     // way) would have been acknowledged, and a commit released on it,
-                    // by a backup whose replay then failed on it. One pass over the
-                    // payload (a compressed one is decompressed here and again in replay).
+                    // by a backup whose replay then failed on it. The one pass over the
+                    // records: replay trusts it (`Job::parsed`; a compressed payload is
+                    // decompressed here and again in replay).
                     let parsed = b.checked_payload_in(&mut self.scratch).map(drop);
                     // (A large compressed batch's room is not kept for the link's life.)
                     if self.scratch.capacity() > SCRATCH_KEPT_MAX {
@@ -2734,6 +2745,7 @@ impl Receiver {
                             at: None,
                             spilled: None,
                             spillable,
+                            parsed: true,
                         });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
                         self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
@@ -3266,6 +3278,8 @@ pub fn replay_recorded(
             at: None,
             spilled: None,
             spillable: false,
+            // (Checked by replay: the run counts what a backup's receiver does besides.)
+            parsed: false,
         };
         if !engine.dispatch(job) {
             return Err(state.failure.lock().clone().unwrap_or_else(|| "a replayer stopped".to_string()));
@@ -3388,6 +3402,7 @@ mod tests {
             at: None,
             spilled: None,
             spillable: false,
+            parsed: false,
         };
         for mode in [ReplayMode::Serial, ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }] {
             let db = Database::new(ditto_engine::Options { workers: 2 });
