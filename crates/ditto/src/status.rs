@@ -106,6 +106,12 @@ pub fn run(a: StatusArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>
             if let Some(why) = f.get("ditto_master_link_refused") {
                 println!("  REFUSED by the primary (still trying): {why}");
             }
+            if let Some(why) = f.get("ditto_batch_refused") {
+                println!(
+                    "  REFUSING what the primary sends ({} batch(es) refused, trying again): {why}",
+                    get("ditto_batches_refused")
+                );
+            }
         }
         _ if f.contains_key("ditto_repl_addr") => {
             println!(

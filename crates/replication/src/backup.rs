@@ -316,6 +316,10 @@ pub struct BackupState {
     /// takes, a name taken), while the link is down; cleared when the link resumes. The
     /// backup goes on trying and serving its reads meanwhile.
     pub refused: Mutex<Option<String>>,
+    /// Batches refused unacknowledged because their records do not parse (a primary's
+    /// bug), and why the last was, until its stream is received that far (`Refusal`).
+    pub batches_refused: AtomicU64,
+    pub batch_refused: Mutex<Option<String>>,
     /// The replay mode, as `ReplayMode` prints it.
     pub replay_mode: Mutex<String>,
     /// A cluster's learner (`BackupOptions::learner`) until `Backup::count_in_quorum`.
@@ -989,6 +993,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         link_learner: opts.learner,
         held_at_start: if resumed { base } else { Ts::ZERO },
         scratch: Vec::new(),
+        refusal: None,
     };
     {
         let (state, link, persist) = (Arc::clone(&state), Arc::clone(&link), Arc::clone(&persist));
@@ -2223,6 +2228,32 @@ struct Receiver {
     held_at_start: Ts,
     /// For a compressed batch's payload, checked before it is acknowledged.
     scratch: Vec<u8>,
+    /// The batch this backup last refused for records that do not parse, until a batch of
+    /// its stream reaching as far is taken: the links it ends are tried again further and
+    /// further apart (`refusal_backoff`), the primary sending it again each time.
+    refusal: Option<Refusal>,
+}
+
+/// A batch refused as malformed (its stream and first timestamp), and how many links in
+/// a row ended on it.
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    stream: usize,
+    first_ts: Ts,
+    times: u32,
+}
+
+/// How long the receiver waits before it links again after an interruption: 100 ms, or,
+/// where the same malformed batch was refused `times` times in a row, twice as long each
+/// time up to 5 s (a primary that frames it wrong sends it again at every link: ten links
+/// a second and a warning on each node for each, before).
+fn refusal_backoff(refusal: Option<Refusal>) -> Duration {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+    match refusal {
+        None => FIRST,
+        Some(r) => FIRST.saturating_mul(1 << r.times.saturating_sub(1).min(16)).min(MAX),
+    }
 }
 
 /// The most room the receiver keeps for decompressing a batch to check it.
@@ -2408,8 +2439,17 @@ impl Receiver {
             // (A promotion drops a learner's link on purpose: opened again at once.)
             let promoted = self.link_learner && !self.state.learner.load(Ordering::Acquire);
             let mut wait = !promoted;
+            let backoff = refusal_backoff(self.refusal);
             if wait {
-                tracing::warn!("replication from {} interrupted: {why}; resuming", self.opts.primary);
+                match self.refusal {
+                    Some(r) => tracing::warn!(
+                        "replication from {} interrupted: {why}; refused {} time(s) in a row, resuming in {} ms",
+                        self.opts.primary,
+                        r.times,
+                        backoff.as_millis()
+                    ),
+                    None => tracing::warn!("replication from {} interrupted: {why}; resuming", self.opts.primary),
+                }
             } else {
                 tracing::info!("replication from {}: {COUNTED_NOW}", self.opts.primary);
             }
@@ -2417,8 +2457,10 @@ impl Receiver {
             let mut refused_said = None;
             let mut tls_said = None;
             loop {
-                // 100 ms between tries, in steps, so that a stop (`Backup::stop`) is seen soon.
-                for _ in 0..if wait { 20 } else { 1 } {
+                // 100 ms between tries (more after refused batches, `refusal_backoff`), in
+                // steps, so that a stop (`Backup::stop`) is seen soon.
+                let steps = (backoff.as_millis() / 5).max(1);
+                for _ in 0..if wait { steps } else { 1 } {
                     if self.state.failure.lock().is_some() {
                         return; // stopped meanwhile
                     }
@@ -2698,16 +2740,30 @@ impl Receiver {
                     if self.scratch.capacity() > SCRATCH_KEPT_MAX {
                         self.scratch = Vec::new();
                     }
+                    let (stream, first_ts) = (b.header.stream.0 as usize, b.header.first_ts);
                     if let Err(e) = parsed {
                         let why = format!(
                             "a batch of stream {} (ts {}..={}) whose checksums hold but whose records do not parse ({e}): not acknowledged",
                             b.header.stream.0, b.header.first_ts.0, b.header.last_ts.0
                         );
+                        self.refusal = Some(match self.refusal {
+                            Some(r) if r.stream == stream && r.first_ts == first_ts => {
+                                Refusal { times: r.times.saturating_add(1), ..r }
+                            }
+                            _ => Refusal { stream, first_ts, times: 1 },
+                        });
+                        self.state.batches_refused.fetch_add(1, Ordering::Relaxed);
+                        *self.state.batch_refused.lock() = Some(why.clone());
                         // The primary is told why (it logs the link's end with the reason),
                         // best effort: the link drops either way.
                         let refuse = Frame::Refuse { reason: why.clone() };
                         let _ = (&*self.link.lock()).write_all(&refuse.encode());
                         return Err(why);
+                    }
+                    // The primary sent its stream that far in a batch that parses.
+                    if self.refusal.is_some_and(|r| r.stream == stream && b.header.last_ts >= r.first_ts) {
+                        self.refusal = None;
+                        *self.state.batch_refused.lock() = None;
                     }
                     let h = b.header;
                     let s = h.stream.0 as usize;

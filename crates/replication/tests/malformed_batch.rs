@@ -3,10 +3,12 @@
 //! acknowledges anything of it: the link drops with the reason, and the batch is never
 //! counted as received. Before 2026-12-04 the backup acknowledged it (its checksums
 //! held), and its replay failed afterwards: a commit could be released on an
-//! acknowledgement from a backup that could never apply it.
+//! acknowledgement from a backup that could never apply it. A backup refused the same
+//! batch again links again further and further apart, and says so in its state.
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -48,15 +50,20 @@ struct Seen {
     closed_by_backup: bool,
     /// Why the backup refused, if it said.
     refused: Option<String>,
+    /// When the backup's Hello came, and when the link ended here.
+    opened: Instant,
+    ended: Instant,
 }
 
 /// Serves each connection as a primary of `epoch` resuming the backup would: a Welcome,
-/// then one batch above what the backup holds; reports what the backup answered within
-/// 5 s.
-fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed: bool, seen: mpsc::Sender<(Ts, Seen)>) {
-    for s in l.incoming() {
+/// then one batch above what the backup holds, malformed on the first `malformed_links`
+/// links; reports what the backup answered within 5 s.
+fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed_links: usize, seen: mpsc::Sender<(Ts, Seen)>) {
+    for (link, s) in l.incoming().enumerate() {
+        let malformed = link < malformed_links;
         let Ok(mut s) = s else { return };
         let Ok(Some(Frame::Hello { have_ts, .. })) = read_frame(&mut s) else { continue };
+        let opened = Instant::now();
         let welcome = Frame::Welcome { epoch, streams: 1, tables: vec![(0, "t".into())], start: Start::Resume };
         let next = Ts(have_ts.0 + 1);
         let b = Frame::Batch {
@@ -71,7 +78,7 @@ fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed: bool, seen: mpsc::S
         }
         s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         let end = Instant::now() + Duration::from_secs(5);
-        let mut out = Seen { acked: Ts::ZERO, closed_by_backup: false, refused: None };
+        let mut out = Seen { acked: Ts::ZERO, closed_by_backup: false, refused: None, opened, ended: opened };
         while Instant::now() < end {
             match read_frame(&mut s) {
                 Ok(Some(Frame::Ack { received, .. })) => out.acked = out.acked.max(received),
@@ -93,6 +100,7 @@ fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed: bool, seen: mpsc::S
                 }
             }
         }
+        out.ended = Instant::now();
         if seen.send((have_ts, out)).is_err() {
             return;
         }
@@ -113,31 +121,43 @@ fn a_batch_whose_payload_does_not_parse_is_refused_unacknowledged() {
     p.stop();
     a.close();
 
-    for malformed in [true, false] {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let stand_in = l.local_addr().unwrap().to_string();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || stand_in_primary(l, epoch, malformed, tx));
-        let b = backup::start(BackupOptions::new(&stand_in, &pb, 1, "b")).unwrap();
-        let (have, seen) = rx.recv_timeout(Duration::from_secs(20)).expect("the stand-in primary reports");
-        assert_eq!(have, ts, "the backup resumes from what it holds");
-        if malformed {
-            assert!(seen.closed_by_backup, "the backup dropped the link: {seen:?}");
-            assert!(seen.acked < Ts(ts.0 + 1), "the malformed batch was acknowledged: {seen:?}");
-            assert_eq!(b.state.received.load(std::sync::atomic::Ordering::SeqCst), ts.0, "nothing counted");
-            // The primary is told why.
+    // A stand-in primary sends the batch malformed on its first four links, then well
+    // formed (the test's control: the same batch is then acknowledged).
+    const MALFORMED_LINKS: usize = 4;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let stand_in = l.local_addr().unwrap().to_string();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || stand_in_primary(l, epoch, MALFORMED_LINKS, tx));
+    let b = backup::start(BackupOptions::new(&stand_in, &pb, 1, "b")).unwrap();
+    let refused_now = || (b.state.batches_refused.load(Ordering::SeqCst), b.state.batch_refused.lock().clone());
+    let mut links: Vec<Seen> = Vec::new();
+    for link in 0..=MALFORMED_LINKS {
+        let (have, seen) = rx.recv_timeout(Duration::from_secs(20)).expect("the backup links to the stand-in");
+        // It resumes from the same point each time.
+        assert_eq!(have, ts, "link {link}: {seen:?}");
+        if link < MALFORMED_LINKS {
+            assert!(seen.closed_by_backup, "link {link}: the backup dropped the link: {seen:?}");
+            assert!(seen.acked < Ts(ts.0 + 1), "link {link}: the malformed batch was acknowledged: {seen:?}");
+            assert_eq!(b.state.received.load(Ordering::SeqCst), ts.0, "nothing counted");
+            // The primary is told why, and the backup's state says it.
             let why = seen.refused.as_deref().unwrap_or_default();
             assert!(why.contains("records do not parse") && why.contains("not acknowledged"), "{seen:?}");
-            // It resumes from the same point, and is refused the same batch again.
-            let (again, seen) = rx.recv_timeout(Duration::from_secs(20)).expect("the backup links again");
-            assert_eq!(again, ts, "{seen:?}");
-            assert!(seen.acked < Ts(ts.0 + 1), "{seen:?}");
+            let (count, standing) = refused_now();
+            assert_eq!(count, link as u64 + 1);
+            assert_eq!(standing.as_deref(), Some(why));
             assert_eq!(b.failure(), None, "a link's fault, not the backup's");
         } else {
-            // (The test's control: the same batch, well formed, is acknowledged.)
             assert!(seen.acked >= Ts(ts.0 + 1), "the valid batch was not acknowledged: {seen:?}");
             assert_eq!(seen.refused, None);
+            // The refusal no longer stands; the count stays.
+            assert_eq!(refused_now(), (MALFORMED_LINKS as u64, None));
         }
-        b.stop("done", Duration::from_secs(10)).unwrap();
+        links.push(seen);
     }
+    // Each link after a refusal came later than the one before (100, 200, 400, 800 ms):
+    // before 2026-12-04 every 100 ms, ten refusals a second logged on both nodes.
+    let gaps: Vec<Duration> = links.windows(2).map(|w| w[1].opened.saturating_duration_since(w[0].ended)).collect();
+    assert!(gaps[2] >= Duration::from_millis(300) && gaps[3] >= Duration::from_millis(600), "{gaps:?}");
+    assert!(gaps[3] > gaps[1], "{gaps:?}");
+    b.stop("done", Duration::from_secs(10)).unwrap();
 }

@@ -121,6 +121,12 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_reads_refused_loading", ld(&state.reads_refused).to_string());
             put("ditto_batches_received", ld(&state.batches_received).to_string());
             put("ditto_batches_skipped", ld(&state.batches_skipped).to_string());
+            // Batches whose records did not parse, refused unacknowledged (a primary's
+            // bug: docs/replication.md, "Protocol"), and why the last was while it stands.
+            put("ditto_batches_refused", ld(&state.batches_refused).to_string());
+            if let Some(why) = state.batch_refused.lock().clone() {
+                put("ditto_batch_refused", why.replace(['\r', '\n'], " "));
+            }
             put("ditto_replay_queued_bytes", ld(&state.replay_queued_bytes).to_string());
             // Replay held at the release (a cluster's backup): held in memory, held in the
             // replica log alone past `held_in_memory_max`, and read back from it so far.
