@@ -199,8 +199,13 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
 #[test]
 fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     let tmp = tempfile::tempdir().unwrap();
-    let primary =
-        Node::start(&tmp.path().join("p"), &["--repl-port", "0", "--commit-policy", "all-durable", "--backups", "1"]);
+    let conf = tmp.path().join("ditto.toml");
+    std::fs::write(&conf, "waitts_timeout_ms = 500\n").unwrap();
+    let conf = conf.display().to_string();
+    let primary = Node::start(
+        &tmp.path().join("p"),
+        &["--repl-port", "0", "--commit-policy", "all-durable", "--backups", "1", "--config", &conf],
+    );
     let mut c = Client::connect(primary.port).unwrap();
     let info = c.cmd(&["INFO", "replication"]).unwrap().join("\n");
     assert!(info.contains("ditto_release_blocked:backup slot 0 is not connected"), "{info}");
@@ -217,8 +222,26 @@ fn under_all_a_missing_backup_blocks_releases_and_info_says_so() {
     assert_eq!(l.one(&["DITTO.POLICY"]), "local");
     l.set_read_timeout(Duration::from_secs(10));
     assert_eq!(l.one(&["SET", "mine", "1"]), "+OK", "a local write while the backup is missing");
+    let mine = l.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    assert_eq!(l.one(&["DITTO.WAITTS", &mine]), "+OK", "released under the connection's policy");
     assert_eq!(l.one(&["DITTO.POLICY", "default"]), "+OK");
     assert_eq!(l.one(&["DITTO.POLICY"]), "all-durable");
+    // Under the server's policy it is not released: a DITTO.WAITTS for it gives up after
+    // `waitts_timeout_ms`, saying why, and only its own reply fails (before 2026-12-04 it
+    // waited without a bound on a primary). The replies around it go out.
+    l.send(&[&["ECHO", "before"], &["DITTO.WAITTS", &mine], &["ECHO", "after"]]).unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(l.reply().unwrap(), ["before"]);
+    let gave_up = l.reply().unwrap().join("");
+    assert!(started.elapsed() >= Duration::from_millis(450), "{:?}", started.elapsed());
+    assert!(
+        gave_up.starts_with("-ERR timed out after 500 ms waiting for commits up to ts ")
+            && gave_up.contains("to be released on this primary")
+            && gave_up.contains("backup slot 0 is not connected"),
+        "{gave_up}"
+    );
+    assert_eq!(l.reply().unwrap(), ["after"]);
+    assert_eq!(l.one(&["PING"]), "+PONG", "the connection goes on");
     // A transaction may choose its own policy (DITTO.POLICY inside MULTI): `local` here is
     // answered, and the connection keeps its own policy afterwards...
     for (cmd, want) in

@@ -124,7 +124,8 @@ pub struct Config {
     /// `+shared` to share replayed values with their received batch instead of copying
     /// them (`+shared:N`: values of N bytes or more; Query Fresh's log-as-database).
     pub replay: String,
-    /// On a backup: how long DITTO.WAITTS waits for the read view to reach its timestamp.
+    /// How long DITTO.WAITTS waits: on a backup for the read view to reach its timestamp,
+    /// on a primary for its release (docs/server.md, "Commit timestamps for clients").
     pub waitts_timeout_ms: u64,
     /// Over this much memory in use, commands that may grow the data are refused with
     /// `-OOM` (Redis's `noeviction`; `memory.rs`). A size in Redis's units (`"4gb"`, or

@@ -122,6 +122,9 @@ struct Conn {
     by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)>,
     /// On a backup: how long a reply waits for the read view (DITTO.WAITTS).
     wait_timeout: Option<Duration>,
+    /// On a primary: how long a DITTO.WAITTS waits for the release (`waitts_timeout_ms`);
+    /// a write's reply waits without a bound.
+    waitts_timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
@@ -1014,6 +1017,7 @@ fn run_role(
         durable: Some(Arc::clone(&release)),
         by_policy: by_policy.clone(),
         wait_timeout,
+        waitts_timeout: Duration::from_millis(cfg.waitts_timeout_ms),
         metrics,
     });
     let hub = Arc::clone(&lasting.hub);
@@ -1822,6 +1826,9 @@ impl Conn {
             // detached" rather than READONLY naming the new primary; found by a review).
             let mut role_moved = false;
             let mut replies = 0usize;
+            // The batch is a DITTO.WAITTS alone (`Session::may_block` and `ends_batch`):
+            // on a primary its wait is bounded (`waitts_timeout`).
+            let mut lone_waitts = false;
             // Where each reply ends in `out`, and the timestamp it waits for: on a backup a
             // wait that times out fails only the replies it covers.
             marks.clear();
@@ -1856,6 +1863,7 @@ impl Conn {
                         // new primary), it is handled again if they did (below).
                         let gate = session.read_gate(&args, &conn.sh).map(|g| (g, args.clone()));
                         let ends_batch = session.ends_batch(&args);
+                        lone_waitts = ends_batch && out.is_empty();
                         // A run of plain GETs, or of plain SETs, is answered together
                         // (`Session::handle_run`).
                         let work = match session.run_kind(&args, &conn.sh) {
@@ -1989,13 +1997,28 @@ impl Conn {
                 // Made on a backup (its replies read at its view): decided before the wait,
                 // which may move the connection to a new primary's role meanwhile.
                 let made_on_backup = conn.wait_timeout.is_some();
+                // A primary's DITTO.WAITTS waits for its release as a write's reply does,
+                // but bounded: past it only its own reply fails, with nothing written
+                // and the connection going on (before 2026-12-04 it had no bound).
+                let bound = (lone_waitts && !made_on_backup).then_some(conn.waitts_timeout);
+                let mut timed_out = None;
                 let waited;
                 {
                     let wait_all = async {
-                        for (p, ts) in waits.drain(..) {
-                            Conn::wait_moving(&mut conn, hub, &mut seen, ts, p).await?;
+                        let each = async {
+                            for (p, ts) in waits.drain(..) {
+                                Conn::wait_moving(&mut conn, hub, &mut seen, ts, p).await?;
+                            }
+                            Ok(())
+                        };
+                        let Some(t) = bound else { return each.await };
+                        match tokio::time::timeout(t, each).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                timed_out = Some(t);
+                                Ok(())
+                            }
                         }
-                        Ok(())
                     };
                     tokio::pin!(wait_all);
                     // The client is read meanwhile (`watch_while_waiting`): one gone while
@@ -2006,6 +2029,11 @@ impl Conn {
                     }
                     // (What it read ahead may have grown the buffer: given back once used.)
                     inbuf_large |= inbuf.capacity() > 1 << 20;
+                }
+                if let (Some(t), Ok(())) = (timed_out, &waited) {
+                    let &(_, ts) = marks.last().expect("the DITTO.WAITTS's reply");
+                    out.clear();
+                    Reply::err(conn.waitts_timed_out(t, ts, session.policy())).encode(session.proto, &mut out);
                 }
                 if let Err(failed) = waited {
                     // On a backup the only wait that fails is a read view that did not get
@@ -2225,6 +2253,26 @@ impl Conn {
                 _ = &mut changed => {}
             }
         }
+    }
+
+    /// Why a primary's DITTO.WAITTS for `ts` under `policy` (the connection's) gave up
+    /// after `t`: where its release got, and what holds it (`policy::blocked_by`).
+    fn waitts_timed_out(&self, t: Duration, ts: Ts, policy: Option<ditto_replication::CommitPolicy>) -> String {
+        let release = policy.and_then(|p| self.by_policy.iter().find(|(q, _)| *q == p)).map(|(_, r)| r);
+        let released = release.or(self.durable.as_ref()).map_or(Ts(0), |r| r.watermark());
+        let blocked = match &self.sh.replication {
+            crate::session::Replication::Primary { primary, policy: server, .. } => {
+                ditto_replication::blocked_by(policy.unwrap_or(*server), &primary.holdings())
+            }
+            _ => None,
+        };
+        format!(
+            "ERR timed out after {} ms waiting for commits up to ts {} to be released on this primary (released up to ts {}{})",
+            t.as_millis(),
+            ts.0,
+            released.0,
+            blocked.map_or(String::new(), |why| format!(": {why}"))
+        )
     }
 
     /// Waits until every commit up to `ts` is durable (released under `policy`, or the
@@ -2511,6 +2559,7 @@ mod tests {
             durable,
             by_policy: Vec::new(),
             wait_timeout: None,
+            waitts_timeout: Duration::from_secs(5),
             metrics: Arc::new(Metrics::new(1)),
         })
     }
@@ -2599,6 +2648,7 @@ mod tests {
             sh: Arc::new(s),
             durable: Some(Arc::clone(&old_release)),
             wait_timeout: Some(Duration::from_secs(30)),
+            waitts_timeout: Duration::from_secs(5),
             ..clone_conn(&base)
         });
         let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
@@ -2632,6 +2682,7 @@ mod tests {
             sh: Arc::new(s),
             durable: Some(Arc::new(Release::default())),
             wait_timeout: Some(Duration::from_secs(30)),
+            waitts_timeout: Duration::from_secs(5),
             ..clone_conn(&base)
         });
         let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
@@ -2641,17 +2692,21 @@ mod tests {
         rt.block_on(async move {
             let addr = listen_with(backup, None, Arc::clone(&hub)).await;
             let mut a = TcpStream::connect(addr).await.unwrap();
-            // Pipelined behind a SELECT, whose effect stands: its reply says so, the wait's
-            // is refused, and the connection goes on (it closed, every reply failed).
+            // Pipelined behind a SELECT, whose effect stands: its reply says so (at once:
+            // the replies before a DITTO.WAITTS go out before it waits, since 2026-12-04),
+            // the wait's is refused, and the connection goes on (it closed, every reply
+            // failed).
             a.write_all(b"*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n*2\r\n$12\r\nDITTO.WAITTS\r\n$7\r\n1000000\r\n")
                 .await
                 .unwrap();
             let mut buf = vec![0u8; 256];
+            let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.expect("an answer").unwrap();
+            assert_eq!(&buf[..n], b"+OK\r\n");
             assert!(tokio::time::timeout(Duration::from_millis(300), a.read(&mut buf)).await.is_err());
             hub.set(next);
             let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.expect("an answer").unwrap();
             let got = String::from_utf8_lossy(&buf[..n]).into_owned();
-            assert!(got.starts_with("+OK\r\n-ERR timestamp 1000000 is ahead of this node"), "{got}");
+            assert!(got.starts_with("-ERR timestamp 1000000 is ahead of this node"), "{got}");
             assert_eq!(ask(&mut a, b"*1\r\n$4\r\nPING\r\n").await, "+PONG\r\n", "the connection goes on");
         });
     }
@@ -2674,6 +2729,7 @@ mod tests {
             durable: c.durable.clone(),
             by_policy: c.by_policy.clone(),
             wait_timeout: c.wait_timeout,
+            waitts_timeout: c.waitts_timeout,
             metrics: Arc::clone(&c.metrics),
         }
     }

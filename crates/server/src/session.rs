@@ -543,10 +543,12 @@ impl Session {
     /// neighbours of the same kind in a pipeline: a plain `GET key` or `SET key value`, in a
     /// session that is authenticated and not queueing a MULTI (so the request would run as a
     /// data command of its own), a SET only where writes are allowed.
-    /// Whether `args` is a WAIT that may block (not queued in a transaction): the replies
-    /// before it go out first, as Redis sends them before it blocks the client.
+    /// Whether `args` is a WAIT or a DITTO.WAITTS that may block (not queued in a
+    /// transaction): the replies before it go out first, as Redis sends them before it
+    /// blocks the client. (A DITTO.WAITTS, alone in its batch so, has a bound of its own
+    /// on a primary, `waitts_timeout_ms`, which the writes' replies before it have not.)
     pub fn may_block(&self, args: &[Bytes]) -> bool {
-        self.multi.is_none() && args[0].eq_ignore_ascii_case(b"WAIT")
+        self.multi.is_none() && (args[0].eq_ignore_ascii_case(b"WAIT") || args[0].eq_ignore_ascii_case(b"DITTO.WAITTS"))
     }
 
     /// Whether `args` is a `DITTO.WAITTS` (not in a transaction, where it is refused): the
