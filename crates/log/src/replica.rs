@@ -2187,27 +2187,8 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         let mut prev_seq = 0;
         while i < segs.len() && segs[i].stream == stream {
             let f = &segs[i];
-            let mut file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
-            // Read a batch at a time, counting those above `after` (a whole segment in
-            // memory per returning backup before 2026-12-04). A stream's last segment
-            // loses the zeros written ahead of its batches when the next one starts: a
-            // scan that meets the file's end short of the length it began with scans again.
-            let mut tries = 0;
-            let (scan, batches) = loop {
-                let len = file.metadata().map_err(|e| LogError::io(&f.path, e))?.len();
-                let mut batches = 0;
-                let mut window = ReadWindow::new(file, len);
-                let scan = crate::format::scan_segment(len, &mut |off, buf| window.read_at(off, buf), &mut |_, b| {
-                    batches += usize::from(b.header.bound_ts > after);
-                });
-                file = window.into_file();
-                tries += 1;
-                match scan {
-                    Err(crate::format::ScanError::Io(e))
-                        if e.kind() == std::io::ErrorKind::UnexpectedEof && tries < 3 => {}
-                    scan => break (scan, batches),
-                }
-            };
+            let file = std::fs::File::open(&f.path).map_err(|e| LogError::io(&f.path, e))?;
+            let (file, scan, batches) = scan_gap_segment(file, after, |_| {});
             let scan = scan.map_err(|e| match e {
                 crate::format::ScanError::Io(e) => LogError::io(&f.path, e),
                 crate::format::ScanError::Format(e) => {
@@ -2257,6 +2238,38 @@ fn gap_in(data: &Path, epoch: Epoch, after: Ts, only: Option<usize>) -> Result<O
         }
     }
     Ok(Some(gap))
+}
+
+/// Scans a gap's segment `file` a batch at a time, counting the batches above `after` (a
+/// whole segment in memory per returning backup before 2026-12-04). A stream's last
+/// segment loses the zeros written ahead of its batches when the next one starts: a scan
+/// that meets the file's end short of the length it began with scans again, up to three
+/// times in all. `before_scan` runs once the length is read, before each scan (a test
+/// trims the file there).
+fn scan_gap_segment(
+    mut file: std::fs::File,
+    after: Ts,
+    mut before_scan: impl FnMut(&std::fs::File),
+) -> (std::fs::File, Result<crate::format::SegmentSummary, crate::format::ScanError>, usize) {
+    let mut tries = 0;
+    loop {
+        let len = match file.metadata() {
+            Ok(m) => m.len(),
+            Err(e) => return (file, Err(e.into()), 0),
+        };
+        before_scan(&file);
+        let mut batches = 0;
+        let mut window = ReadWindow::new(file, len);
+        let scan = crate::format::scan_segment(len, &mut |off, buf| window.read_at(off, buf), &mut |_, b| {
+            batches += usize::from(b.header.bound_ts > after);
+        });
+        file = window.into_file();
+        tries += 1;
+        match scan {
+            Err(crate::format::ScanError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof && tries < 3 => {}
+            scan => return (file, scan, batches),
+        }
+    }
 }
 
 /// Reads of the first `len` bytes of a file served from a window of up to `READ_WINDOW`
@@ -2720,6 +2733,66 @@ mod tests {
             true
         });
         r.map(|f| (out, f.streams, f.bounds, f.floor, f.log_bytes, f.torn)).map_err(|e| e.to_string())
+    }
+
+    /// A gap's segment whose zeros written ahead are trimmed while it is scanned (the
+    /// writer starting the stream's next segment) is scanned again at its new length: its
+    /// batches are taken, the end clean. A segment trimmed at every scan is given up on
+    /// after three, with the read's error.
+    #[test]
+    fn a_gap_segment_trimmed_under_its_scan_is_scanned_again() {
+        let primary = tempfile::tempdir().unwrap();
+        let o = OpenOptions { workers: 1, ..Default::default() };
+        let d = open(primary.path(), o).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        for i in 0..50u64 {
+            w.run(|x| x.put(t, &i.to_be_bytes(), b"v").map(|_| ())).unwrap().1.wait().unwrap();
+        }
+        drop(w);
+        d.close();
+        let segs = crate::recovery::list_segments(primary.path()).unwrap().segments;
+        // The segment as its writer leaves it while it is the stream's last: its batches,
+        // then zeros written ahead.
+        let path = primary.path().join("trimmed");
+        let mut bytes = std::fs::read(&segs[0].path).unwrap();
+        let whole = crate::format::read_segment(&Bytes::from(bytes.clone())).unwrap();
+        let (valid, taken) = (whole.valid_len(), whole.batches.len());
+        assert!(taken > 0);
+        bytes.truncate(valid as usize);
+        bytes.resize(valid as usize + (1 << 20), 0);
+        let file_of = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap()
+        };
+        // Trimmed to its batches once its length was read, at the first scan only.
+        let mut scans = 0;
+        let trim_first = |f: &std::fs::File| {
+            scans += 1;
+            if scans == 1 {
+                f.set_len(valid).unwrap();
+            }
+        };
+        let (_, scan, batches) = scan_gap_segment(file_of(&bytes), Ts::ZERO, trim_first);
+        let scan = scan.expect("scanned again at its new length");
+        assert_eq!((scans, scan.valid_len, batches), (2, valid, taken));
+        assert!(matches!(scan.end, crate::format::SegmentEnd::Clean), "{:?}", scan.end);
+        // Untouched, one scan (the control): the zeros end it.
+        let mut scans = 0;
+        let (_, scan, batches) = scan_gap_segment(file_of(&bytes), Ts::ZERO, |_| scans += 1);
+        assert_eq!((scans, scan.unwrap().valid_len, batches), (1, valid, taken));
+        // Shorter at every scan: three, then the error.
+        let mut scans = 0;
+        let trim_each = |f: &std::fs::File| {
+            scans += 1;
+            f.set_len(f.metadata().unwrap().len() - 1000).unwrap();
+        };
+        let (_, scan, _) = scan_gap_segment(file_of(&bytes), Ts::ZERO, trim_each);
+        match scan {
+            Err(crate::format::ScanError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(scans, 3);
     }
 
     /// A replica log of 400 commits over two streams, in files of about 2 KiB.

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ditto_engine::{Database, Prefetch, Ts};
 use ditto_log::catalog::Catalog;
-use ditto_log::format::{decode_batch_checksums, WriteView};
+use ditto_log::format::{decode_batch_checksums, FormatError, WriteView};
 use ditto_log::replica::{open_replica, ReplicaLog};
 use ditto_log::storage::{RealStorage, Storage};
 use ditto_log::Epoch;
@@ -2259,6 +2259,17 @@ fn refusal_backoff(refusal: Option<Refusal>) -> Duration {
 /// The most room the receiver keeps for decompressing a batch to check it.
 const SCRATCH_KEPT_MAX: usize = 4 << 20;
 
+/// Whether `batch`'s records parse (decompressed into `scratch` if compressed). A large
+/// compressed batch's room is not kept for the link's life: `scratch` is let go past
+/// `SCRATCH_KEPT_MAX`.
+fn records_parse(batch: &ditto_log::format::Batch, scratch: &mut Vec<u8>) -> Result<(), FormatError> {
+    let parsed = batch.checked_payload_in(scratch).map(drop);
+    if scratch.capacity() > SCRATCH_KEPT_MAX {
+        *scratch = Vec::new();
+    }
+    parsed
+}
+
 /// Why a learner's link is dropped when it is promoted (`Backup::count_in_quorum`): it is
 /// opened again at once.
 const COUNTED_NOW: &str = "counted in the quorum from now on: connecting again";
@@ -2735,11 +2746,7 @@ impl Receiver {
                     // by a backup whose replay then failed on it. The one pass over the
                     // records: replay trusts it (`Job::parsed`; a compressed payload is
                     // decompressed here and again in replay).
-                    let parsed = b.checked_payload_in(&mut self.scratch).map(drop);
-                    // (A large compressed batch's room is not kept for the link's life.)
-                    if self.scratch.capacity() > SCRATCH_KEPT_MAX {
-                        self.scratch = Vec::new();
-                    }
+                    let parsed = records_parse(&b, &mut self.scratch);
                     let (stream, first_ts) = (b.header.stream.0 as usize, b.header.first_ts);
                     if let Err(e) = parsed {
                         let why = format!(
@@ -3367,6 +3374,34 @@ pub fn replay_recorded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The receiver's check of a batch's records keeps a small compressed batch's room
+    /// and lets a large one's go (`SCRATCH_KEPT_MAX`: before, a link kept the room of the
+    /// largest compressed batch it ever checked for its life; found by a review).
+    #[test]
+    fn the_receivers_check_keeps_no_more_than_its_bound_of_room() {
+        let compressed = |n: usize| {
+            let mut b = ditto_log::format::BatchBuilder::new();
+            let value = vec![7u8; n];
+            b.push_txn(
+                Ts(1),
+                [(ditto_engine::TableId(0), ditto_engine::RecordId(0), Some(&b"k"[..]), Some(&value[..]))].into_iter(),
+            );
+            let mut out = Vec::new();
+            b.finish_into(ditto_log::StreamId(0), Epoch(1), Ts(1), true, &mut out);
+            let (batch, _) = decode_batch_checksums(&Bytes::from(out)).unwrap();
+            assert!(batch.header.compressed && batch.header.raw_len as usize > n);
+            batch
+        };
+        let mut scratch = Vec::new();
+        records_parse(&compressed(64 << 10), &mut scratch).unwrap();
+        let kept = scratch.capacity();
+        assert!(kept >= 64 << 10, "{kept}");
+        records_parse(&compressed(SCRATCH_KEPT_MAX + (1 << 20)), &mut scratch).unwrap();
+        assert_eq!(scratch.capacity(), 0, "a large batch's room is let go");
+        records_parse(&compressed(64 << 10), &mut scratch).unwrap();
+        assert_eq!(scratch.capacity(), kept);
+    }
 
     /// What a primary names that this backup could not take as it is (a stream count it
     /// never has, tables out of order, a name twice, a table id not the next) is refused
