@@ -3532,6 +3532,136 @@ mod tests {
         }
     }
 
+    /// The serial replayer's help nested two deep, with a put-off inside it (left by a
+    /// review as traced by reading only, AJ2): stream 0's new life of "a" at ts 10 waits
+    /// for everything up to 9; helping, stream 1's new life of "b" at 8 waits for 7 and
+    /// helps in turn; there stream 2's new life of "c" at 12 needs 11, which the write
+    /// waiting at 10 below holds, so it is put off (what it installed, 5 and 6, stays);
+    /// stream 3's batch brings 7, 9 and 11, and the waits unwind: 8, then 10, then the
+    /// put-off batch's 12. Every key ends at its last value, in order, nothing failed.
+    /// A snapshot taken at the start holds the read horizon at 0 for the first 300 ms:
+    /// the waits hold on (the writes do not go ahead of it) and go on once it is gone.
+    #[test]
+    fn the_serial_replayer_puts_a_batch_off_inside_a_nested_help_and_takes_it_up_again() {
+        use ditto_engine::{RecordId, WorkerId};
+        type Write<'a> = (u64, RecordId, Option<&'a [u8]>, Option<&'a [u8]>);
+        let batch = |stream: u32, txns: &[Write]| {
+            let mut b = ditto_log::format::BatchBuilder::new();
+            for &(ts, rid, key, value) in txns {
+                b.push_txn(Ts(ts), [(ditto_engine::TableId(0), rid, key, value)].into_iter());
+            }
+            let mut out = Vec::new();
+            b.finish_into(ditto_log::StreamId(stream), Epoch(1), Ts(12), false, &mut out);
+            Bytes::from(out)
+        };
+        let job = |seq: u64, stream: usize, batch: Bytes| Job {
+            seq,
+            stream,
+            bound: Ts(12),
+            floor: None,
+            skip_to: Ts::ZERO,
+            upto: Ts(u64::MAX),
+            batch,
+            at: None,
+            spilled: None,
+            spillable: false,
+            parsed: false,
+        };
+        let db = Database::new(ditto_engine::Options { workers: 2 });
+        let t = db.create_table("t").unwrap();
+        let state = Arc::new(BackupState::default());
+        // Nothing waits for a primary's release: the view is the replayed prefix.
+        state.released.store(u64::MAX >> 8, Ordering::Release);
+        let mut reader = db.worker(WorkerId(0)).unwrap();
+        let engine = Engine::start(Arc::clone(&db), Arc::clone(&state), 4, Ts::ZERO, ReplayMode::Serial, None, None);
+        let read = |reader: &mut ditto_engine::Worker, key: &[u8]| {
+            let mut x = reader.begin_snapshot();
+            x.get(t, key).unwrap().map(|v| v.to_vec())
+        };
+        let held = std::thread::scope(|scope| {
+            // A snapshot at the start, held 300 ms.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let db = Arc::clone(&db);
+            let holder = scope.spawn(move || {
+                let mut w = db.worker(WorkerId(1)).unwrap();
+                let mut x = w.begin_snapshot();
+                assert_eq!(x.get(t, b"a").unwrap(), None);
+                tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                drop(x);
+            });
+            rx.recv().unwrap();
+            let jobs = [
+                (
+                    0,
+                    batch(
+                        0,
+                        &[
+                            (1, RecordId(0), Some(b"a"), Some(b"a1")),
+                            (2, RecordId(0), None, None),
+                            (10, RecordId(1), Some(b"a"), Some(b"a2")),
+                        ],
+                    ),
+                ),
+                (
+                    1,
+                    batch(
+                        1,
+                        &[
+                            (3, RecordId(2), Some(b"b"), Some(b"b1")),
+                            (4, RecordId(2), None, None),
+                            (8, RecordId(3), Some(b"b"), Some(b"b2")),
+                        ],
+                    ),
+                ),
+                (
+                    2,
+                    batch(
+                        2,
+                        &[
+                            (5, RecordId(4), Some(b"c"), Some(b"c1")),
+                            (6, RecordId(4), None, None),
+                            (12, RecordId(5), Some(b"c"), Some(b"c2")),
+                        ],
+                    ),
+                ),
+                (
+                    3,
+                    batch(
+                        3,
+                        &[
+                            (7, RecordId(6), Some(b"e"), Some(b"e")),
+                            (9, RecordId(7), Some(b"f"), Some(b"f")),
+                            (11, RecordId(8), Some(b"g"), Some(b"g")),
+                        ],
+                    ),
+                ),
+            ];
+            let t0 = Instant::now();
+            for (i, (stream, b)) in jobs.into_iter().enumerate() {
+                assert!(engine.dispatch(job(i as u64 + 1, stream, b)));
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while state.replayed.load(Ordering::Acquire) < 12 {
+                assert!(state.failure.lock().is_none(), "{:?}", state.failure.lock());
+                assert!(Instant::now() < deadline, "replay stalled at ts {}", state.replayed.load(Ordering::Acquire));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            holder.join().unwrap();
+            t0.elapsed()
+        });
+        assert!(held >= Duration::from_millis(250), "the writes went ahead of the snapshot: {held:?}");
+        for (key, want) in
+            [(&b"a"[..], &b"a2"[..]), (b"b", b"b2"), (b"c", b"c2"), (b"e", b"e"), (b"f", b"f"), (b"g", b"g")]
+        {
+            assert_eq!(read(&mut reader, key).as_deref(), Some(want), "{}", String::from_utf8_lossy(key));
+        }
+        assert_eq!(state.txns_replayed.load(Ordering::Acquire), 12);
+        assert_eq!(*state.failure.lock(), None);
+        assert_eq!(*engine.replay_error.lock(), None);
+        engine.shut_down();
+    }
+
     #[test]
     fn replay_settings_parse_and_bad_ones_say_why() {
         assert_eq!(parse_replay("parallel"), Ok((ReplayMode::Parallel, None)));
