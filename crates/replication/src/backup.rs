@@ -994,6 +994,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         held_at_start: if resumed { base } else { Ts::ZERO },
         scratch: Vec::new(),
         refusal: None,
+        ended_on_refusal: false,
     };
     {
         let (state, link, persist) = (Arc::clone(&state), Arc::clone(&link), Arc::clone(&persist));
@@ -2232,6 +2233,8 @@ struct Receiver {
     /// its stream reaching as far is taken: the links it ends are tried again further and
     /// further apart (`refusal_backoff`), the primary sending it again each time.
     refusal: Option<Refusal>,
+    /// The link last ended on such a refusal (only then is the next link put off longer).
+    ended_on_refusal: bool,
 }
 
 /// A batch refused as malformed (its stream and first timestamp), and how many links in
@@ -2450,9 +2453,12 @@ impl Receiver {
             // (A promotion drops a learner's link on purpose: opened again at once.)
             let promoted = self.link_learner && !self.state.learner.load(Ordering::Acquire);
             let mut wait = !promoted;
-            let backoff = refusal_backoff(self.refusal);
+            // Longer only after a link that ended on a refused batch; tries that fail to
+            // connect, and any other interruption, wait 100 ms as before.
+            let refused = std::mem::take(&mut self.ended_on_refusal).then_some(self.refusal).flatten();
+            let mut backoff = refusal_backoff(refused);
             if wait {
-                match self.refusal {
+                match refused {
                     Some(r) => tracing::warn!(
                         "replication from {} interrupted: {why}; refused {} time(s) in a row, resuming in {} ms",
                         self.opts.primary,
@@ -2475,11 +2481,16 @@ impl Receiver {
                     if self.state.failure.lock().is_some() {
                         return; // stopped meanwhile
                     }
+                    // A learner promoted meanwhile connects at once (`count_in_quorum`).
+                    if self.link_learner && !self.state.learner.load(Ordering::Acquire) {
+                        break;
+                    }
                     if wait {
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 }
                 wait = true;
+                backoff = refusal_backoff(None);
                 let have = self.received.watermark();
                 let learner = self.state.learner.load(Ordering::Acquire);
                 self.link_learner = learner;
@@ -2759,6 +2770,7 @@ impl Receiver {
                             }
                             _ => Refusal { stream, first_ts, times: 1 },
                         });
+                        self.ended_on_refusal = true;
                         self.state.batches_refused.fetch_add(1, Ordering::Relaxed);
                         *self.state.batch_refused.lock() = Some(why.clone());
                         // The primary is told why (it logs the link's end with the reason),

@@ -1997,10 +1997,12 @@ impl Conn {
                 // Made on a backup (its replies read at its view): decided before the wait,
                 // which may move the connection to a new primary's role meanwhile.
                 let made_on_backup = conn.wait_timeout.is_some();
-                // A primary's DITTO.WAITTS waits for its release as a write's reply does,
-                // but bounded: past it only its own reply fails, with nothing written
-                // and the connection going on (before 2026-12-04 it had no bound).
-                let bound = (lone_waitts && !made_on_backup).then_some(conn.waitts_timeout);
+                // A DITTO.WAITTS waits for the read view on a backup, for the release on a
+                // primary (as a write's reply does), bounded on both and across a change
+                // of role meanwhile: past it only its own reply fails, nothing written and
+                // the connection going on (before 2026-12-04 a primary's had no bound, nor
+                // one a backup promoted in place moved to its release).
+                let bound = lone_waitts.then_some(conn.waitts_timeout);
                 let mut timed_out = None;
                 let waited;
                 {
@@ -2255,9 +2257,14 @@ impl Conn {
         }
     }
 
-    /// Why a primary's DITTO.WAITTS for `ts` under `policy` (the connection's) gave up
-    /// after `t`: where its release got, and what holds it (`policy::blocked_by`).
+    /// Why a DITTO.WAITTS for `ts` under `policy` (the connection's) gave up after `t`: on
+    /// a backup, where its read view got; on a primary, where its release got, and what
+    /// holds it (`policy::blocked_by`).
     fn waitts_timed_out(&self, t: Duration, ts: Ts, policy: Option<ditto_replication::CommitPolicy>) -> String {
+        if self.sh.read_only {
+            let view = self.durable.as_ref().map_or(Ts(0), |r| r.watermark());
+            return format!("ERR {}", view_timed_out(t, view, ts));
+        }
         let release = policy.and_then(|p| self.by_policy.iter().find(|(q, _)| *q == p)).map(|(_, r)| r);
         let released = release.or(self.durable.as_ref()).map_or(Ts(0), |r| r.watermark());
         let blocked = match &self.sh.replication {
@@ -2285,17 +2292,22 @@ impl Conn {
             (Some(release), None) => release.wait(ts).await,
             (Some(release), Some(t)) => match tokio::time::timeout(t, release.wait(ts)).await {
                 Ok(r) => r,
-                Err(_) => Err(format!(
-                    "timed out after {} ms waiting for this backup's read view (at {}) to reach ts {}",
-                    t.as_millis(),
-                    release.watermark().0,
-                    ts.0
-                )
-                .into()),
+                Err(_) => Err(view_timed_out(t, release.watermark(), ts).into()),
             },
             (None, _) => Ok(()),
         }
     }
+}
+
+/// Why a backup's reply gave up after `t` waiting for its read view (at `view`) to reach
+/// `ts`.
+fn view_timed_out(t: Duration, view: Ts, ts: Ts) -> String {
+    format!(
+        "timed out after {} ms waiting for this backup's read view (at {}) to reach ts {}",
+        t.as_millis(),
+        view.0,
+        ts.0
+    )
 }
 
 /// How much a connection blocked in WAIT reads ahead of it (requests it then handles in
@@ -2692,10 +2704,10 @@ mod tests {
         rt.block_on(async move {
             let addr = listen_with(backup, None, Arc::clone(&hub)).await;
             let mut a = TcpStream::connect(addr).await.unwrap();
-            // Pipelined behind a SELECT, whose effect stands: its reply says so (at once:
-            // the replies before a DITTO.WAITTS go out before it waits, since 2026-12-04),
-            // the wait's is refused, and the connection goes on (it closed, every reply
-            // failed).
+            // Pipelined behind a SELECT: its reply goes out at once (the replies before a
+            // DITTO.WAITTS go out before it waits, since 2026-12-04; a batch that mixes
+            // them is `a_backups_batch_whose_wait_times_out_fails_only_the_replies_above_the_view`),
+            // the wait's is refused, and the connection goes on.
             a.write_all(b"*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n*2\r\n$12\r\nDITTO.WAITTS\r\n$7\r\n1000000\r\n")
                 .await
                 .unwrap();
@@ -2707,6 +2719,106 @@ mod tests {
             let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf)).await.expect("an answer").unwrap();
             let got = String::from_utf8_lossy(&buf[..n]).into_owned();
             assert!(got.starts_with("-ERR timestamp 1000000 is ahead of this node"), "{got}");
+            assert_eq!(ask(&mut a, b"*1\r\n$4\r\nPING\r\n").await, "+PONG\r\n", "the connection goes on");
+        });
+    }
+
+    /// A backup's DITTO.WAITTS for a timestamp the new primary has reached but not
+    /// released, waiting when the node is promoted in place, gives up after
+    /// `waitts_timeout` with the primary's reason; the connection goes on. (It moved to
+    /// the primary's release, which has no bound of its own, and waited for good; found by
+    /// a review, 2026-12-04.)
+    #[test]
+    fn a_waitts_moved_to_a_new_primary_that_does_not_release_it_gives_up() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let base = test_conn(None, Duration::from_secs(10));
+        let db = Database::new(Options { workers: 2 });
+        let t = db.create_table("t").unwrap();
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.read_only = true;
+        let backup = Arc::new(Conn {
+            sh: Arc::new(s),
+            durable: Some(Arc::new(Release::default())),
+            wait_timeout: Some(Duration::from_secs(30)),
+            waitts_timeout: Duration::from_millis(800),
+            ..clone_conn(&base)
+        });
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.carry_over(&backup.sh);
+        // The new primary's release stays at 0.
+        let next = Arc::new(Conn {
+            sh: Arc::new(s),
+            durable: Some(Arc::new(Release::default())),
+            waitts_timeout: Duration::from_millis(800),
+            ..clone_conn(&base)
+        });
+        let hub = Arc::new(Hub::default());
+        rt.block_on(async move {
+            let addr = listen_with(backup, None, Arc::clone(&hub)).await;
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(b"*2\r\n$12\r\nDITTO.WAITTS\r\n$1\r\n1\r\n").await.unwrap();
+            // It waits on the backup (for its read view)...
+            let mut buf = vec![0u8; 512];
+            assert!(tokio::time::timeout(Duration::from_millis(300), a.read(&mut buf)).await.is_err());
+            // ...when the node commits at ts 1 and more (it is the primary now), and the
+            // connection moves to it.
+            let mut w = db.worker(ditto_engine::WorkerId(1)).unwrap();
+            for i in 0..3u8 {
+                w.run(|x| x.put(t, &[i], b"v").map(drop)).unwrap().1.wait().unwrap();
+            }
+            assert!(db.clock().now() >= Ts(1));
+            let started = Instant::now();
+            hub.set(next);
+            let n = tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await.expect("an answer").unwrap();
+            let got = String::from_utf8_lossy(&buf[..n]).into_owned();
+            assert!(
+                got.starts_with("-ERR timed out after 800 ms waiting for commits up to ts 1 to be released on this primary (released up to ts 0"),
+                "{got}"
+            );
+            assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+            assert_eq!(ask(&mut a, b"*1\r\n$4\r\nPING\r\n").await, "+PONG\r\n", "the connection goes on");
+        });
+    }
+
+    /// On a backup, a batch of replies whose wait for the read view times out fails only
+    /// the replies that read above where the view got: a SELECT before a read keeps its
+    /// reply (its effect stands), the read fails, and the connection goes on.
+    #[test]
+    fn a_backups_batch_whose_wait_times_out_fails_only_the_replies_above_the_view() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let base = test_conn(None, Duration::from_secs(10));
+        let db = Database::new(Options { workers: 2 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(ditto_engine::WorkerId(1)).unwrap();
+        w.run(|x| x.put(t, b"k", b"v").map(drop)).unwrap().1.wait().unwrap();
+        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        s.read_only = true;
+        // The read view stays at 0, below the write.
+        let backup = Arc::new(Conn {
+            sh: Arc::new(s),
+            durable: Some(Arc::new(Release::default())),
+            wait_timeout: Some(Duration::from_millis(300)),
+            ..clone_conn(&base)
+        });
+        rt.block_on(async move {
+            let addr = listen(backup, None).await;
+            let mut a = TcpStream::connect(addr).await.unwrap();
+            a.write_all(b"*2\r\n$6\r\nSELECT\r\n$1\r\n1\r\n*1\r\n$6\r\nDBSIZE\r\n").await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 512];
+            while !got.ends_with(b"\r\n") || got.iter().filter(|&&c| c == b'\n').count() < 2 {
+                let n =
+                    tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await.expect("answers").unwrap();
+                assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+                got.extend_from_slice(&buf[..n]);
+            }
+            let got = String::from_utf8_lossy(&got).into_owned();
+            assert!(
+                got.starts_with(
+                    "+OK\r\n-ERR timed out after 300 ms waiting for this backup's read view (at 0) to reach ts "
+                ),
+                "{got}"
+            );
             assert_eq!(ask(&mut a, b"*1\r\n$4\r\nPING\r\n").await, "+PONG\r\n", "the connection goes on");
         });
     }
