@@ -1094,7 +1094,7 @@ fn describe_record(rec: &Record) -> String {
         while !p.is_null() && versions.len() < 8 {
             let v = &*p;
             versions.push(format!("{}{}", v.ts.0, if v.is_tombstone() { "-" } else { "" }));
-            p = v.older.load(Ordering::Acquire);
+            p = crate::record::older_of(p, Ordering::Acquire);
         }
     }
     drop(guard);
@@ -1121,7 +1121,7 @@ fn next_above(rec: &Record, ts: Ts, _guard: &Guard) -> Option<Option<Ts>> {
     unsafe {
         while !p.is_null() && (*p).ts > ts {
             above = Some((*p).ts);
-            p = (*p).older.load(Ordering::Acquire);
+            p = crate::record::older_of(p, Ordering::Acquire);
         }
     }
     Some(above)
@@ -1138,12 +1138,15 @@ unsafe fn insert_older(rec: &Record, ts: Ts, value: Option<Val<'_>>) {
         return;
     }
     loop {
-        let below = (*above).older.load(Ordering::Acquire);
+        // (A link marked as leading to a kept tail, `record::TAIL`, keeps its mark: the new
+        // version takes it over.)
+        let link = (*above).older.load(Ordering::Acquire);
+        let below = crate::record::unmarked(link);
         if below.is_null() || (*below).ts < ts {
             let mut v = Val::version(value);
             v.set_ts(ts);
             let p = v.into_raw();
-            (*p).older.store(below, Ordering::Relaxed);
+            (*p).older.store(link, Ordering::Relaxed);
             // Release: a reader that follows the new link sees the version whole.
             (*above).older.store(p, Ordering::Release);
             return;
@@ -1159,6 +1162,43 @@ unsafe fn insert_older(rec: &Record, ts: Ts, value: Option<Val<'_>>) {
 mod tests {
     use super::*;
     use crate::{Database, Options};
+
+    /// A version slotted below W, whose link to the kept tail V is marked
+    /// (`record::TAIL`), takes the mark over: W now leads to it, it to V; reads at every
+    /// point see their version, and the next trim frees it (no snapshot between W and V).
+    #[test]
+    fn a_version_slotted_above_a_kept_tail_takes_its_mark_over() {
+        use crate::clock::Horizons;
+        use crate::record::{OwnedVersion, Record};
+        let rec = Record::default();
+        let guard = crossbeam_epoch::pin();
+        let put = |ts: u64, h: Horizons| {
+            assert!(rec.lock());
+            rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&ts.to_le_bytes())), h, &guard);
+        };
+        let at = |t: u64| rec.read_at(Ts(t), &guard).map(|v| v.ts().0);
+        put(2, Horizons::at(Ts(1)));
+        put(6, Horizons { low: Ts(2), high: Ts(2) });
+        put(8, Horizons { low: Ts(2), high: Ts(6) });
+        // W is 6, V is 2, the link between marked.
+        let marked = |t: u64| {
+            let w = rec.read_at(Ts(t), &guard).unwrap();
+            // SAFETY: versions reached under the pin stay valid.
+            unsafe { (*w.as_ptr()).older.load(Ordering::Acquire).addr() & 1 != 0 }
+        };
+        assert!(marked(6));
+        assert!(rec.lock());
+        // SAFETY: the record's lock is held; ts 4 is below the head's.
+        unsafe { insert_older(&rec, Ts(4), Some(Val::Copy(b"four"))) };
+        rec.unlock_unchanged();
+        assert!(!marked(6) && marked(4), "the slotted version took the mark over");
+        assert_eq!((at(2), at(3), at(4), at(5), at(6), at(8)), (Some(2), Some(2), Some(4), Some(4), Some(6), Some(8)));
+        put(9, Horizons { low: Ts(2), high: Ts(6) });
+        assert!(marked(6));
+        assert_eq!((at(2), at(4), at(6)), (Some(2), Some(2), Some(6)), "4 went, 2 stays for the snapshot at 2");
+        // SAFETY: nothing else can reach this record.
+        unsafe { rec.free_versions_now() };
+    }
 
     /// A backup's database with key `k` written at ts 1 on record 0 and deleted at ts 2,
     /// the read view at 2 (the record's tombstone seen by every snapshot).
