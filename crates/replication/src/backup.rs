@@ -3387,6 +3387,37 @@ pub fn replay_recorded(
 mod tests {
     use super::*;
 
+    /// One write of a test batch: (ts, record id, key, value), in table 0.
+    type TestWrite<'a> = (u64, ditto_engine::RecordId, Option<&'a [u8]>, Option<&'a [u8]>);
+
+    /// A batch of stream `stream` (epoch 1, bound `bound`) of one-write transactions.
+    fn test_batch(stream: u32, bound: Ts, txns: &[TestWrite]) -> Bytes {
+        let mut b = ditto_log::format::BatchBuilder::new();
+        for &(ts, rid, key, value) in txns {
+            b.push_txn(Ts(ts), [(ditto_engine::TableId(0), rid, key, value)].into_iter());
+        }
+        let mut out = Vec::new();
+        b.finish_into(ditto_log::StreamId(stream), Epoch(1), bound, false, &mut out);
+        Bytes::from(out)
+    }
+
+    /// A received job of `batch` (not spilled, records not checked by a receiver).
+    fn test_job(seq: u64, stream: usize, bound: Ts, batch: Bytes) -> Job {
+        Job {
+            seq,
+            stream,
+            bound,
+            floor: None,
+            skip_to: Ts::ZERO,
+            upto: Ts(u64::MAX),
+            batch,
+            at: None,
+            spilled: None,
+            spillable: false,
+            parsed: false,
+        }
+    }
+
     /// The receiver's check of a batch's records keeps a small compressed batch's room
     /// and lets a large one's go (`SCRATCH_KEPT_MAX`: before, a link kept the room of the
     /// largest compressed batch it ever checked for its life; found by a review).
@@ -3484,29 +3515,8 @@ mod tests {
     #[test]
     fn a_replayer_waiting_for_the_read_view_ends_quietly_when_its_backup_is_let_go() {
         use ditto_engine::RecordId;
-        type Write<'a> = (u64, RecordId, Option<&'a [u8]>, Option<&'a [u8]>);
-        let batch = |stream: u32, txns: &[Write]| {
-            let mut b = ditto_log::format::BatchBuilder::new();
-            for &(ts, rid, key, value) in txns {
-                b.push_txn(Ts(ts), [(ditto_engine::TableId(0), rid, key, value)].into_iter());
-            }
-            let mut out = Vec::new();
-            b.finish_into(ditto_log::StreamId(stream), Epoch(1), Ts(4), false, &mut out);
-            Bytes::from(out)
-        };
-        let job = |seq: u64, stream: usize, batch: Bytes| Job {
-            seq,
-            stream,
-            bound: Ts(4),
-            floor: None,
-            skip_to: Ts::ZERO,
-            upto: Ts(u64::MAX),
-            batch,
-            at: None,
-            spilled: None,
-            spillable: false,
-            parsed: false,
-        };
+        let batch = |stream: u32, txns: &[TestWrite]| test_batch(stream, Ts(4), txns);
+        let job = |seq: u64, stream: usize, batch: Bytes| test_job(seq, stream, Ts(4), batch);
         for mode in [ReplayMode::Serial, ReplayMode::Parallel, ReplayMode::Dependency { barrier_every: 0 }] {
             let db = Database::new(ditto_engine::Options { workers: 2 });
             db.create_table("t").unwrap();
@@ -3556,29 +3566,8 @@ mod tests {
     #[test]
     fn the_serial_replayer_puts_a_batch_off_inside_a_nested_help_and_takes_it_up_again() {
         use ditto_engine::{RecordId, WorkerId};
-        type Write<'a> = (u64, RecordId, Option<&'a [u8]>, Option<&'a [u8]>);
-        let batch = |stream: u32, txns: &[Write]| {
-            let mut b = ditto_log::format::BatchBuilder::new();
-            for &(ts, rid, key, value) in txns {
-                b.push_txn(Ts(ts), [(ditto_engine::TableId(0), rid, key, value)].into_iter());
-            }
-            let mut out = Vec::new();
-            b.finish_into(ditto_log::StreamId(stream), Epoch(1), Ts(12), false, &mut out);
-            Bytes::from(out)
-        };
-        let job = |seq: u64, stream: usize, batch: Bytes| Job {
-            seq,
-            stream,
-            bound: Ts(12),
-            floor: None,
-            skip_to: Ts::ZERO,
-            upto: Ts(u64::MAX),
-            batch,
-            at: None,
-            spilled: None,
-            spillable: false,
-            parsed: false,
-        };
+        let batch = |stream: u32, txns: &[TestWrite]| test_batch(stream, Ts(12), txns);
+        let job = |seq: u64, stream: usize, batch: Bytes| test_job(seq, stream, Ts(12), batch);
         let db = Database::new(ditto_engine::Options { workers: 2 });
         let t = db.create_table("t").unwrap();
         let state = Arc::new(BackupState::default());

@@ -2654,18 +2654,8 @@ mod tests {
             t.put(ks.keys, &crate::keyspace::Keyspace::key_row(0, b"k"), b"v").unwrap();
             t.commit().unwrap();
         }
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.read_only = true;
-        let backup = Arc::new(Conn {
-            sh: Arc::new(s),
-            durable: Some(Arc::clone(&old_release)),
-            wait_timeout: Some(Duration::from_secs(30)),
-            waitts_timeout: Duration::from_secs(5),
-            ..clone_conn(&base)
-        });
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.carry_over(&backup.sh);
-        let next = Arc::new(Conn { sh: Arc::new(s), ..clone_conn(&base) });
+        let backup = backup_conn(&base, &db, Arc::clone(&old_release), Duration::from_secs(30), Duration::from_secs(5));
+        let next = promoted_conn(&base, &backup, None, Duration::from_secs(5));
         let hub = Arc::new(Hub::default());
         rt.block_on(async move {
             let addr = listen_with(backup, None, Arc::clone(&hub)).await;
@@ -2688,18 +2678,9 @@ mod tests {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let base = test_conn(None, Duration::from_secs(10));
         let db = Arc::clone(&base.sh.db);
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.read_only = true;
-        let backup = Arc::new(Conn {
-            sh: Arc::new(s),
-            durable: Some(Arc::new(Release::default())),
-            wait_timeout: Some(Duration::from_secs(30)),
-            waitts_timeout: Duration::from_secs(5),
-            ..clone_conn(&base)
-        });
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.carry_over(&backup.sh);
-        let next = Arc::new(Conn { sh: Arc::new(s), durable: Some(Arc::new(Release::default())), ..clone_conn(&base) });
+        let five = Duration::from_secs(5);
+        let backup = backup_conn(&base, &db, Arc::new(Release::default()), Duration::from_secs(30), five);
+        let next = promoted_conn(&base, &backup, Some(Arc::new(Release::default())), five);
         let hub = Arc::new(Hub::default());
         rt.block_on(async move {
             let addr = listen_with(backup, None, Arc::clone(&hub)).await;
@@ -2734,24 +2715,10 @@ mod tests {
         let base = test_conn(None, Duration::from_secs(10));
         let db = Database::new(Options { workers: 2 });
         let t = db.create_table("t").unwrap();
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.read_only = true;
-        let backup = Arc::new(Conn {
-            sh: Arc::new(s),
-            durable: Some(Arc::new(Release::default())),
-            wait_timeout: Some(Duration::from_secs(30)),
-            waitts_timeout: Duration::from_millis(800),
-            ..clone_conn(&base)
-        });
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.carry_over(&backup.sh);
+        let bound = Duration::from_millis(800);
+        let backup = backup_conn(&base, &db, Arc::new(Release::default()), Duration::from_secs(30), bound);
         // The new primary's release stays at 0.
-        let next = Arc::new(Conn {
-            sh: Arc::new(s),
-            durable: Some(Arc::new(Release::default())),
-            waitts_timeout: Duration::from_millis(800),
-            ..clone_conn(&base)
-        });
+        let next = promoted_conn(&base, &backup, Some(Arc::new(Release::default())), bound);
         let hub = Arc::new(Hub::default());
         rt.block_on(async move {
             let addr = listen_with(backup, None, Arc::clone(&hub)).await;
@@ -2791,15 +2758,9 @@ mod tests {
         let t = db.create_table("t").unwrap();
         let mut w = db.worker(ditto_engine::WorkerId(1)).unwrap();
         w.run(|x| x.put(t, b"k", b"v").map(drop)).unwrap().1.wait().unwrap();
-        let mut s = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
-        s.read_only = true;
         // The read view stays at 0, below the write.
-        let backup = Arc::new(Conn {
-            sh: Arc::new(s),
-            durable: Some(Arc::new(Release::default())),
-            wait_timeout: Some(Duration::from_millis(300)),
-            ..clone_conn(&base)
-        });
+        let backup =
+            backup_conn(&base, &db, Arc::new(Release::default()), Duration::from_millis(300), Duration::from_secs(5));
         rt.block_on(async move {
             let addr = listen(backup, None).await;
             let mut a = TcpStream::connect(addr).await.unwrap();
@@ -2829,6 +2790,29 @@ mod tests {
         let mut buf = vec![0u8; 256];
         let n = tokio::time::timeout(Duration::from_secs(10), a.read(&mut buf)).await.unwrap().unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// A backup's `Conn` over `db` like `base`, its read view `view`, its replies waiting
+    /// for it at most `wait`, a DITTO.WAITTS at most `waitts`.
+    fn backup_conn(base: &Conn, db: &Arc<Database>, view: Arc<Release>, wait: Duration, waitts: Duration) -> Arc<Conn> {
+        let mut s = Shared::new(Arc::clone(db), None, None, 0).unwrap();
+        s.read_only = true;
+        Arc::new(Conn {
+            sh: Arc::new(s),
+            durable: Some(view),
+            wait_timeout: Some(wait),
+            waitts_timeout: waitts,
+            ..clone_conn(base)
+        })
+    }
+
+    /// The primary's `Conn` that `backup`'s node serves as once promoted in place (its
+    /// connections carried over), releasing through `release` (`base`'s when `None`).
+    fn promoted_conn(base: &Conn, backup: &Conn, release: Option<Arc<Release>>, waitts: Duration) -> Arc<Conn> {
+        let mut s = Shared::new(Arc::clone(&backup.sh.db), None, None, 0).unwrap();
+        s.carry_over(&backup.sh);
+        let c = clone_conn(base);
+        Arc::new(Conn { sh: Arc::new(s), durable: release.or(c.durable.clone()), waitts_timeout: waitts, ..c })
     }
 
     /// A `Conn` like `c` (the fields other than `sh`).
