@@ -304,9 +304,11 @@ impl<'g> VersionRef<'g> {
         unsafe { Version::value_of(self.p.as_ptr()) }
     }
 
+    /// Whether this version's link to the next older one is marked (`TAIL`).
     #[cfg(test)]
-    pub(crate) fn as_ptr(self) -> *mut Version {
-        self.p.as_ptr()
+    pub(crate) fn older_marked(self) -> bool {
+        // SAFETY: as in `ts`.
+        is_marked(unsafe { (*self.p.as_ptr()).older.load(Ordering::Acquire) })
     }
 
     #[inline]
@@ -781,15 +783,10 @@ mod tests {
         }
     }
 
-    /// Whether `w`'s link to the next older version is marked as leading to a kept tail.
-    fn marked(w: *mut Version) -> bool {
-        // SAFETY: the tests' versions are freed only through their guard's epoch.
-        unsafe { is_marked((*w).older.load(Ordering::Acquire)) }
-    }
-
     /// Under a snapshot held for long, W's link to V is marked (`TAIL`) once trimmed, and
-    /// stays so while W does; the mark moves down with a new W, goes when the low horizon
-    /// passes W, and a version slotted between keeps it.
+    /// stays so while W does; the mark moves down with a new W, and goes when the low
+    /// horizon reaches W. (A version slotted between: replay.rs,
+    /// `a_version_slotted_above_a_kept_tail_takes_its_mark_over`.)
     #[test]
     fn the_kept_tail_is_marked_and_the_mark_follows_the_chain() {
         let rec = Record::default();
@@ -807,22 +804,22 @@ mod tests {
         put(4, 3, 3);
         put(5, 3, 4);
         put(6, 3, 5);
-        let w = rec.read_at(Ts(5), &guard).unwrap().p.as_ptr();
+        let w = rec.read_at(Ts(5), &guard).unwrap();
         assert_eq!((at(3), at(5), at(6)), (Some(Ts(3)), Some(Ts(5)), Some(Ts(6))));
-        assert!(marked(w), "W's link to the kept tail is marked");
+        assert!(w.older_marked(), "W's link to the kept tail is marked");
         assert_eq!(chain_len(&rec), 3);
         // The view stays: W's mark ends the next trims, the chain as it was plus the new.
         put(7, 3, 5);
-        assert!(marked(w));
+        assert!(w.older_marked());
         assert_eq!(chain_len(&rec), 4);
         // The view moves on to 7: the new W (7) takes the mark, 5 and 6 go.
         put(8, 3, 7);
-        let w7 = rec.read_at(Ts(7), &guard).unwrap().p.as_ptr();
-        assert!(marked(w7));
+        let w7 = rec.read_at(Ts(7), &guard).unwrap();
+        assert!(w7.older_marked());
         assert_eq!((chain_len(&rec), at(3), at(6)), (3, Some(Ts(3)), Some(Ts(3))));
         // The snapshot ends, the low horizon reaches W: the kept tail goes, and the mark.
         put(9, 7, 7);
-        assert!(!marked(w7));
+        assert!(!w7.older_marked());
         assert_eq!((chain_len(&rec), at(6)), (3, None));
         // SAFETY: nothing else can reach this record.
         unsafe { rec.free_versions_now() };

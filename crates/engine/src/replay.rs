@@ -1184,11 +1184,7 @@ mod tests {
         put(6, Horizons { low: Ts(2), high: Ts(2) });
         put(8, Horizons { low: Ts(2), high: Ts(6) });
         // W is 6, V is 2, the link between marked.
-        let marked = |t: u64| {
-            let w = rec.read_at(Ts(t), &guard).unwrap();
-            // SAFETY: versions reached under the pin stay valid.
-            unsafe { crate::record::is_marked((*w.as_ptr()).older.load(Ordering::Acquire)) }
-        };
+        let marked = |t: u64| rec.read_at(Ts(t), &guard).unwrap().older_marked();
         assert!(marked(6));
         assert!(rec.lock());
         // SAFETY: the record's lock is held; ts 4 is below the head's.

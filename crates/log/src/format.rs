@@ -1253,15 +1253,29 @@ pub fn cut_batch(batch: &Batch, upto: Ts, out: &mut Vec<u8>) -> Result<BatchHead
 /// explains a later `checked_payload_in` failure: that is corruption); its payload must
 /// still pass `checked_payload_in` before anything reads it.
 pub fn decode_batch_checksums(buf: &Bytes) -> Result<(Batch, usize), FormatError> {
+    decode_batch_with(buf, true)
+}
+
+/// `decode_batch_checksums` for bytes whose payload checksum was verified before, these
+/// same bytes in memory (a backup's received batch, checked before it was acknowledged,
+/// or read back only if it is what was received): the header is decoded and checked
+/// (its own checksum too), the payload's is not computed again.
+pub fn decode_batch_verified_before(buf: &Bytes) -> Result<(Batch, usize), FormatError> {
+    decode_batch_with(buf, false)
+}
+
+fn decode_batch_with(buf: &Bytes, verify_payload: bool) -> Result<(Batch, usize), FormatError> {
     let header = decode_batch_header(buf)?;
     let total = header.total_len();
     if buf.len() < total {
         return Err(FormatError::Truncated { needed: total, available: buf.len() });
     }
     let body = header.header_len();
-    let computed = header.payload_checksum(&buf[body..total]);
-    if computed != header.payload_crc {
-        return Err(FormatError::PayloadChecksum { stored: header.payload_crc, computed });
+    if verify_payload {
+        let computed = header.payload_checksum(&buf[body..total]);
+        if computed != header.payload_crc {
+            return Err(FormatError::PayloadChecksum { stored: header.payload_crc, computed });
+        }
     }
     // The floor is trusted only now that the payload checksum has vouched for its bytes.
     if header.floor_ts > header.bound_ts {

@@ -1704,3 +1704,30 @@ fn scan_segment_takes_a_batch_written_while_it_scans() {
     assert_eq!(seen, offsets);
     assert_eq!(s.valid_len, file.len() as u64);
 }
+
+/// `decode_batch_verified_before` decodes what `decode_batch_checksums` does, checks the
+/// header (its checksum too) and the length, and does not compute the payload's checksum
+/// again: for bytes verified before (a backup's received batch, in replay).
+#[test]
+fn decoding_a_batch_verified_before_skips_the_payload_checksum_only() {
+    let txns = sample_txns(10, 5);
+    let (bytes, _) = encode_batch(&txns, 20, false);
+    let good = Bytes::from(bytes.clone());
+    let (a, used_a) = decode_batch_checksums(&good).unwrap();
+    let (b, used_b) = decode_batch_verified_before(&good).unwrap();
+    assert_eq!((a.header, used_a), (b.header, used_b));
+    assert_same_txns(&b, &txns);
+    // A flipped payload byte: the full decode refuses it, this one does not look.
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x40;
+    let flipped = Bytes::from(flipped);
+    assert!(matches!(decode_batch_checksums(&flipped), Err(FormatError::PayloadChecksum { .. })));
+    assert!(decode_batch_verified_before(&flipped).is_ok());
+    // A flipped header byte, or a cut batch: refused by both.
+    let mut head = bytes.clone();
+    head[20] ^= 1;
+    assert!(matches!(decode_batch_verified_before(&Bytes::from(head)), Err(FormatError::HeaderChecksum { .. })));
+    let cut = good.slice(..good.len() - 1);
+    assert!(matches!(decode_batch_verified_before(&cut), Err(FormatError::Truncated { .. })));
+}

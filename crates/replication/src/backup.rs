@@ -1315,9 +1315,10 @@ struct Job {
     spilled: Option<Spilled>,
     /// Its bound lay above everything received before it (`HoldQ::hold`).
     spillable: bool,
-    /// Its records were checked when it was received (`Receiver::serve_link`, before it
-    /// was acknowledged): replay decodes them without walking them first. A spilled batch
-    /// keeps the mark, as it is read back only if it is what was received (`read_back`).
+    /// Its checksums and records were checked when it was received (`Receiver::serve_link`,
+    /// before it was acknowledged): replay decodes it without checking either again
+    /// (`decode_job`). A spilled batch keeps the mark, as it is read back only if it is
+    /// what was received (`read_back`).
     parsed: bool,
 }
 
@@ -1953,7 +1954,7 @@ impl Engine {
     /// puts this batch off if it returns false (`SerialQueue`).
     fn replay(&self, job: &Job, scratch: &mut Vec<u8>, help: &mut dyn FnMut(Ts) -> bool) -> Result<u64, Stop> {
         let failed = |e: ditto_log::format::FormatError| Stop::Failed(e.to_string());
-        let (batch, _) = decode_batch_checksums(&job.batch).map_err(failed)?;
+        let (batch, _) = decode_job(job).map_err(failed)?;
         let payload = match job.parsed {
             true => batch.payload_in(scratch),
             false => batch.checked_payload_in(scratch).map_err(failed)?,
@@ -2142,11 +2143,20 @@ fn engine_reuse_bound(reuse_ts: Ts) -> Ts {
     }
 }
 
+/// `job`'s batch decoded: its checksums verified, unless the receiver verified them and
+/// its records on these same bytes (`Job::parsed`), which replay then does not do again.
+fn decode_job(job: &Job) -> Result<(ditto_log::format::Batch, usize), FormatError> {
+    match job.parsed {
+        true => ditto_log::format::decode_batch_verified_before(&job.batch),
+        false => decode_batch_checksums(&job.batch),
+    }
+}
+
 /// A batch for the dependency mode: every write located in one shared payload (the
 /// stored bytes themselves when the batch is not compressed).
 fn decode_for_graph(job: &Job, scratch: &mut Vec<u8>) -> Result<crate::dependency::Work, String> {
     use crate::dependency::{Decoded, Txn, WriteAt};
-    let (batch, _) = decode_batch_checksums(&job.batch).map_err(|e| e.to_string())?;
+    let (batch, _) = decode_job(job).map_err(|e| e.to_string())?;
     let mut writes = Vec::new();
     let mut spans = Vec::new();
     {
@@ -3392,12 +3402,17 @@ mod tests {
 
     /// A batch of stream `stream` (epoch 1, bound `bound`) of one-write transactions.
     fn test_batch(stream: u32, bound: Ts, txns: &[TestWrite]) -> Bytes {
+        test_batch_as(stream, bound, txns, false)
+    }
+
+    /// `test_batch`, LZ4-compressed if `compressed`.
+    fn test_batch_as(stream: u32, bound: Ts, txns: &[TestWrite], compressed: bool) -> Bytes {
         let mut b = ditto_log::format::BatchBuilder::new();
         for &(ts, rid, key, value) in txns {
             b.push_txn(Ts(ts), [(ditto_engine::TableId(0), rid, key, value)].into_iter());
         }
         let mut out = Vec::new();
-        b.finish_into(ditto_log::StreamId(stream), Epoch(1), bound, false, &mut out);
+        b.finish_into(ditto_log::StreamId(stream), Epoch(1), bound, compressed, &mut out);
         Bytes::from(out)
     }
 
@@ -3424,15 +3439,9 @@ mod tests {
     #[test]
     fn the_receivers_check_keeps_no_more_than_its_bound_of_room() {
         let compressed = |n: usize| {
-            let mut b = ditto_log::format::BatchBuilder::new();
             let value = vec![7u8; n];
-            b.push_txn(
-                Ts(1),
-                [(ditto_engine::TableId(0), ditto_engine::RecordId(0), Some(&b"k"[..]), Some(&value[..]))].into_iter(),
-            );
-            let mut out = Vec::new();
-            b.finish_into(ditto_log::StreamId(0), Epoch(1), Ts(1), true, &mut out);
-            let (batch, _) = decode_batch_checksums(&Bytes::from(out)).unwrap();
+            let txn = (1, ditto_engine::RecordId(0), Some(&b"k"[..]), Some(&value[..]));
+            let (batch, _) = decode_batch_checksums(&test_batch_as(0, Ts(1), &[txn], true)).unwrap();
             assert!(batch.header.compressed && batch.header.raw_len as usize > n);
             batch
         };

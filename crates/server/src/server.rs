@@ -122,8 +122,8 @@ struct Conn {
     by_policy: Vec<(ditto_replication::CommitPolicy, Arc<Release>)>,
     /// On a backup: how long a reply waits for the read view (DITTO.WAITTS).
     wait_timeout: Option<Duration>,
-    /// On a primary: how long a DITTO.WAITTS waits for the release (`waitts_timeout_ms`);
-    /// a write's reply waits without a bound.
+    /// How long a DITTO.WAITTS waits (`waitts_timeout_ms`), on either role and across a
+    /// change of role meanwhile; a primary's write replies wait without a bound.
     waitts_timeout: Duration,
     metrics: Arc<Metrics>,
 }
@@ -2257,6 +2257,11 @@ impl Conn {
         }
     }
 
+    /// The release of a connection's own commit policy, where it has one on this primary.
+    fn policy_release(&self, policy: Option<ditto_replication::CommitPolicy>) -> Option<&Arc<Release>> {
+        policy.and_then(|p| self.by_policy.iter().find(|(q, _)| *q == p)).map(|(_, r)| r)
+    }
+
     /// Why a DITTO.WAITTS for `ts` under `policy` (the connection's) gave up after `t`: on
     /// a backup, where its read view got; on a primary, where its release got, and what
     /// holds it (`policy::blocked_by`).
@@ -2265,8 +2270,7 @@ impl Conn {
             let view = self.durable.as_ref().map_or(Ts(0), |r| r.watermark());
             return format!("ERR {}", view_timed_out(t, view, ts));
         }
-        let release = policy.and_then(|p| self.by_policy.iter().find(|(q, _)| *q == p)).map(|(_, r)| r);
-        let released = release.or(self.durable.as_ref()).map_or(Ts(0), |r| r.watermark());
+        let released = self.policy_release(policy).or(self.durable.as_ref()).map_or(Ts(0), |r| r.watermark());
         let blocked = match &self.sh.replication {
             crate::session::Replication::Primary { primary, policy: server, .. } => {
                 ditto_replication::blocked_by(policy.unwrap_or(*server), &primary.holdings())
@@ -2285,7 +2289,7 @@ impl Conn {
     /// Waits until every commit up to `ts` is durable (released under `policy`, or the
     /// server's policy).
     async fn wait_durable(&self, ts: Ts, policy: Option<ditto_replication::CommitPolicy>) -> Result<(), Arc<str>> {
-        if let Some((_, r)) = policy.and_then(|p| self.by_policy.iter().find(|(q, _)| *q == p)) {
+        if let Some(r) = self.policy_release(policy) {
             return r.wait(ts).await;
         }
         match (&self.durable, self.wait_timeout) {
