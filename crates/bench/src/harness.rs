@@ -61,6 +61,9 @@ pub struct Probe<'a> {
     pub released: Option<&'a (dyn Fn() -> Ts + Sync)>,
     /// Called once as the measured run starts (after the load), before any worker.
     pub on_run_start: Option<&'a (dyn Fn() + Sync)>,
+    /// Called once as it ends: every worker's last commit counted (the run's duration
+    /// ends here), before any check the benchmark makes after it.
+    pub on_run_end: Option<&'a (dyn Fn() + Sync)>,
 }
 
 fn no_log_bytes() -> u64 {
@@ -69,7 +72,8 @@ fn no_log_bytes() -> u64 {
 
 impl Probe<'static> {
     /// A probe for a database without a log.
-    pub const NONE: Probe<'static> = Probe { log_bytes: &no_log_bytes, released: None, on_run_start: None };
+    pub const NONE: Probe<'static> =
+        Probe { log_bytes: &no_log_bytes, released: None, on_run_start: None, on_run_end: None };
 }
 
 /// The result of running one transaction to its end (conflicts are reported as
@@ -316,6 +320,9 @@ where
             .collect();
         let results = handles.into_iter().map(|h| h.join().expect("worker thread panicked")).collect();
         let ended = Instant::now();
+        if let Some(f) = probe.on_run_end {
+            f();
+        }
         finished.store(true, Ordering::Relaxed);
         if let Some(m) = monitor {
             m.join().expect("monitor thread panicked");

@@ -299,6 +299,10 @@ pub struct BackupState {
     pub reconnects: AtomicU64,
     /// Replay CPU (thread time) in nanoseconds, summed over replayers.
     pub replay_cpu_ns: AtomicU64,
+    /// Acks sent to the primary, and the replayed watermark the last one sent said
+    /// (`ReplayAcks`).
+    pub acks_sent: AtomicU64,
+    pub acked_replayed: AtomicU64,
     /// Transactions whose install waited for what lies below a batch's `reuse_ts` (a
     /// reused record id's old life, `Engine::await_replayed`).
     pub reuse_waits: AtomicU64,
@@ -951,6 +955,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let run_storage = Arc::clone(&storage);
     let persist = Arc::new(ToPersist::default());
     let link: AckLink = Arc::new(Mutex::new(stream.try_clone().map_err(io("cloning the link"))?));
+    engine.start_replay_acks(&link).map_err(io("starting the replay acker"))?;
     let persister = Persister {
         rlog,
         engine: Arc::clone(&engine),
@@ -1665,6 +1670,8 @@ struct Engine {
     /// Why replay failed, if it did (kept apart from `BackupState::failure`, which a stop
     /// sets first: a promotion must know whether replay reached its point).
     replay_error: Mutex<Option<String>>,
+    /// Acks for replay's progress (`ReplayAcks`), sent once `start_replay_acks` has run.
+    replay_acks: Arc<ReplayAcks>,
     /// Set by `shut_down`: a write waiting for the read view gives way (its wait has no
     /// limit while the view is held below it, and a run let go will see no view move
     /// again: the thread, pinned, would have held back the process's memory reclamation
@@ -1722,6 +1729,7 @@ impl Engine {
                 })
             }),
             replay_error: Mutex::new(None),
+            replay_acks: Arc::default(),
         });
         if let Some(h) = &e.hold {
             let (e2, h2) = (Arc::clone(&e), Arc::clone(h));
@@ -1816,6 +1824,7 @@ impl Engine {
     /// hold stop; each held the engine, and with it the database.
     fn shut_down(&self) {
         self.halted.store(true, Ordering::Release);
+        self.replay_acks.close();
         if let Some(h) = &self.hold {
             h.stop();
         }
@@ -2085,13 +2094,23 @@ impl Engine {
     fn progressed(&self, job: &Job, upto: Ts) {
         let w = self.replayed.lock().progress(job.seq, job.stream, upto, job.floor);
         self.state.replayed.fetch_max(w.0, Ordering::AcqRel);
+        self.replay_acks.moved(&self.state, w.0);
         self.publish();
     }
 
     fn completed(&self, job: &Job) {
         let w = self.replayed.lock().complete(job.seq, job.stream, job.bound, job.floor);
         self.state.replayed.fetch_max(w.0, Ordering::AcqRel);
+        self.replay_acks.moved(&self.state, w.0);
         self.publish();
+    }
+
+    /// Replay's progress is acked on `link` from now on when no other ack carries it
+    /// (`ReplayAcks`), on a thread of its own, which `shut_down` ends.
+    fn start_replay_acks(&self, link: &AckLink) -> std::io::Result<()> {
+        let (acks, link, state) = (Arc::clone(&self.replay_acks), Arc::clone(link), Arc::clone(&self.state));
+        std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || acks.run(&link, &state))?;
+        Ok(())
     }
 
     fn publish(&self) {
@@ -2196,6 +2215,7 @@ impl crate::dependency::Sink for Engine {
 
     fn replayed(&self, ts: Ts) {
         if self.state.replayed.fetch_max(ts.0, Ordering::AcqRel) < ts.0 {
+            self.replay_acks.moved(&self.state, ts.0);
             self.publish();
         }
     }
@@ -2437,12 +2457,86 @@ impl Persister {
 
 /// Tells the primary what this node holds.
 fn send_ack(link: &AckLink, state: &BackupState) -> Result<(), String> {
+    let replayed = state.replayed.load(Ordering::Acquire);
     let f = Frame::Ack {
         received: Ts(state.received.load(Ordering::Acquire)),
         durable: Ts(state.durable.load(Ordering::Acquire)),
-        replayed: Ts(state.replayed.load(Ordering::Acquire)),
+        replayed: Ts(replayed),
     };
-    (&*link.lock()).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))
+    (&*link.lock()).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))?;
+    state.acked_replayed.fetch_max(replayed, Ordering::AcqRel);
+    state.acks_sent.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// How long replay's progress waits for an ack of the receiver or the persister to carry
+/// it before `ReplayAcks` sends one of its own.
+const REPLAY_ACK_DELAY: Duration = Duration::from_millis(1);
+
+/// Acks for replay's progress alone. The receiver acks what it received and the persister
+/// what it made durable, each ack saying how far replay is; replay that finishes after the
+/// last of those went unreported until the next frame came, which an idle primary sends
+/// every `primary::IDLE_HEARTBEAT` (200 ms): the primary's replay lag (`INFO`, `ditto
+/// status`, the benchmarks' `backup_lag_ms`) and freshness read up to 200 ms stale, and
+/// its lag samples were let go that much later. (Found 2026-12-04: the cluster runs' "200 ms
+/// replay stall" was this, at the run's end.) Now a replayer that moves the watermark past
+/// what the last ack said wakes this acker, which waits `REPLAY_ACK_DELAY` and sends an ack
+/// if none went out meanwhile and replay is still unreported; if one did, it waits again.
+/// Under load the others' acks carry replay's progress and this one sends none.
+#[derive(Default)]
+struct ReplayAcks {
+    /// (replay moved past the last ack, the acker is to end)
+    due: Mutex<(bool, bool)>,
+    cv: Condvar,
+}
+
+impl ReplayAcks {
+    /// Replay's watermark rose to `w`.
+    fn moved(&self, state: &BackupState, w: u64) {
+        if w <= state.acked_replayed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut d = self.due.lock();
+        if !d.0 {
+            d.0 = true;
+            self.cv.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        self.due.lock().1 = true;
+        self.cv.notify_one();
+    }
+
+    fn run(&self, link: &AckLink, state: &BackupState) {
+        loop {
+            {
+                let mut d = self.due.lock();
+                while !d.0 && !d.1 {
+                    self.cv.wait(&mut d);
+                }
+                if d.1 {
+                    return;
+                }
+                // Cleared before the watermark is read below: a move after this sets it again.
+                d.0 = false;
+            }
+            let sent = state.acks_sent.load(Ordering::Acquire);
+            std::thread::sleep(REPLAY_ACK_DELAY);
+            if state.replayed.load(Ordering::Acquire) <= state.acked_replayed.load(Ordering::Acquire)
+                || state.failure.lock().is_some()
+            {
+                continue;
+            }
+            if state.acks_sent.load(Ordering::Acquire) == sent {
+                // (A link that is down takes it with it; the next link's first ack says it.)
+                let _ = send_ack(link, state);
+            } else {
+                // Others are acking: one more wait, which their acks likely make needless.
+                self.due.lock().0 = true;
+            }
+        }
+    }
 }
 
 impl Receiver {

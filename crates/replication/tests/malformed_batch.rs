@@ -13,9 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ditto_engine::{RecordId, TableId, Ts, WorkerId};
-use ditto_log::format::BatchBuilder;
-use ditto_log::{Epoch, StreamId};
+use ditto_engine::{Ts, WorkerId};
+use ditto_log::Epoch;
 use ditto_replication::protocol::{read_frame, Frame, Start};
 use ditto_replication::{backup, BackupOptions};
 
@@ -25,10 +24,7 @@ mod common;
 /// `malformed`, its header claims two transactions (the header's checksum made to match),
 /// so only the payload's structure is wrong.
 fn batch(epoch: Epoch, ts: Ts, malformed: bool) -> Bytes {
-    let mut b = BatchBuilder::new();
-    b.push_txn(ts, [(TableId(0), RecordId(7), Some(&b"new"[..]), Some(&b"v"[..]))].into_iter());
-    let mut out = Vec::new();
-    b.finish_into(StreamId(0), epoch, ts, false, &mut out);
+    let mut out = common::one_insert_batch(epoch, ts);
     if malformed {
         let count = u32::from_le_bytes(out[44..48].try_into().unwrap());
         out[44..48].copy_from_slice(&(count + 1).to_le_bytes());

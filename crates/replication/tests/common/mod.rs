@@ -55,6 +55,17 @@ pub fn ship(a: &ditto_log::Durable, policy: &str, opts: PrimaryOptions) -> (Arc<
     (p, addr)
 }
 
+/// A batch of stream 0 of `epoch` holding one transaction at `ts` that inserts key "new"
+/// (record 7 of table 0) with value "v", as a primary frames it.
+pub fn one_insert_batch(epoch: ditto_log::Epoch, ts: ditto_engine::Ts) -> Vec<u8> {
+    use ditto_engine::{RecordId, TableId};
+    let mut b = ditto_log::format::BatchBuilder::new();
+    b.push_txn(ts, [(TableId(0), RecordId(7), Some(&b"new"[..]), Some(&b"v"[..]))].into_iter());
+    let mut out = Vec::new();
+    b.finish_into(ditto_log::StreamId(0), epoch, ts, false, &mut out);
+    out
+}
+
 /// Bytes that do not compress: `n` at a time from a xorshift generator seeded with `x`.
 pub fn noise_from(mut x: u64) -> impl FnMut(usize) -> Vec<u8> {
     move |n| {
