@@ -25,7 +25,7 @@ use ditto_engine::{TableId, Ts};
 use ditto_log::format::BatchHeader;
 use ditto_log::replica::Gap;
 use ditto_log::{Durable, Epoch};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::policy::Holdings;
 use crate::protocol::{read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
@@ -294,7 +294,11 @@ pub struct Primary {
     accept: Mutex<Option<(std::net::SocketAddr, std::thread::JoinHandle<()>)>>,
     epoch: Epoch,
     opts: PrimaryOptions,
-    links: Mutex<Vec<Arc<Link>>>,
+    /// Read by the commit path (the shipping tap, `holdings`) and by every link; written only
+    /// as a link registers (`serve`, which reads and adds under one write) or goes. (A
+    /// mutex before 2026-12-04: `holdings`, on every ack, waited for the tap, which holds
+    /// it while it sends a batch on the backups' sockets.)
+    links: RwLock<Vec<Arc<Link>>>,
     shipped: Mutex<Prefix>,
     /// (batch bound, when shipped), oldest first, for the lags (`lag_since`); trimmed to
     /// what some backup has not replayed, and at most `LAG_SAMPLES_MAX` long.
@@ -379,7 +383,7 @@ impl Primary {
             quorum: Mutex::new(Quorum::start(&opts)),
             heard: Mutex::new(Default::default()),
             opts,
-            links: Mutex::new(Vec::new()),
+            links: RwLock::new(Vec::new()),
             shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
             samples: Mutex::new(Default::default()),
             released: AtomicU64::new(0),
@@ -511,7 +515,7 @@ impl Primary {
     /// What every node holds now.
     pub fn holdings(&self) -> Holdings {
         let logger = self.durable.logger();
-        let links = self.links.lock();
+        let links = self.links.read();
         let expected = self.backups_expected.load(Ordering::Acquire);
         // A learner counts in no quorum (docs/cluster.md, "Learners"); nor does a node that
         // is not a member (`set_counted_nodes`), nor a link killed, whose backup's new link
@@ -540,7 +544,7 @@ impl Primary {
             // parks is (`push_to`, at once: on the socket if it takes it, else queued and
             // the link's thread woken), so that backups read it as soon as they would from
             // a link awake. (Its thread sends it again when it next looks: harmless.)
-            let links = self.links.lock();
+            let links = self.links.read();
             let dozing: Vec<Arc<Link>> = links.iter().filter(|l| l.dozing.load(Ordering::SeqCst)).cloned().collect();
             if !dozing.is_empty() {
                 let released = Ts(self.released.load(Ordering::SeqCst));
@@ -696,7 +700,7 @@ impl Primary {
     }
 
     pub fn backups(&self) -> Vec<BackupInfo> {
-        let links: Vec<Arc<Link>> = self.links.lock().clone();
+        let links: Vec<Arc<Link>> = self.links.read().clone();
         let samples = self.samples.lock();
         let now = Instant::now();
         let lag = |held: Ts| lag_since(&samples, held, now);
@@ -771,8 +775,7 @@ impl Primary {
     }
 
     /// Acknowledgements were read from a backup: what the nodes hold moved, and what a
-    /// backup received (Redis's WAIT, `holdings_moved`) too. (Only here: `changed` runs for
-    /// every shipped batch as well, which moves no backup's count.)
+    /// backup received (Redis's WAIT, `holdings_moved`) too.
     fn acks_read(&self) {
         self.changed();
         self.moved.notify_waiters();
@@ -784,7 +787,7 @@ impl Primary {
     /// once).
     pub fn replicas_received(&self, ts: Ts) -> usize {
         self.links
-            .lock()
+            .read()
             .iter()
             .filter(|l| {
                 l.counted.load(Ordering::Acquire)
@@ -823,7 +826,7 @@ impl Primary {
         {
             let _one = self.changing.lock();
             // (Under the links' lock, as a link registering reads the set.)
-            let links = self.links.lock();
+            let links = self.links.read();
             let mut n = self.counted_nodes.lock();
             *n = nodes;
             for l in links.iter() {
@@ -840,7 +843,7 @@ impl Primary {
     /// waited for (it is sent a checkpoint, or is being sent one), but for the log above
     /// where it asked while that is sent (`Link::asked_from`).
     pub fn log_needed_above(&self, gone_below: Ts) -> Ts {
-        let links = self.links.lock();
+        let links = self.links.read();
         let counted = self.counted_nodes.lock();
         let mut gone = self.gone.lock();
         gone.retain(|node, d| Self::counts(&counted, node, false) && *d >= gone_below.0);
@@ -913,7 +916,7 @@ impl Primary {
     }
 
     fn push_all(&self, frame: &Bytes) {
-        self.push_to(&self.links.lock(), frame, false);
+        self.push_to(&self.links.read(), frame, false);
     }
 
     /// Sends `frame` to each of `links`, or queues it for the link's thread (the caller
@@ -1081,12 +1084,12 @@ impl Primary {
         if Self::counts(&self.counted_nodes.lock(), &node, learner) {
             // (The count read first: a guard in the call's argument lived through the
             // record's fsync, stalling every commit meanwhile; found by a review.)
-            let counted = self.links.lock().iter().filter(|l| !l.learner).count();
+            let counted = self.links.read().iter().filter(|l| !l.learner).count();
             record(counted + 1)?;
         }
         // Register first: from here on every framed batch is queued for this backup.
         let link = loop {
-            let links = self.links.lock();
+            let links = self.links.write();
             let taken =
                 |s: usize| links.iter().any(|l| l.learner == learner && l.slot == s && !l.gone.load(Ordering::Acquire));
             let slot = (0..).find(|&s| !taken(s)).expect("a free slot");
@@ -1173,7 +1176,7 @@ impl Primary {
             }
         });
         link.kill("link closed".into());
-        self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
+        self.links.write().retain(|l| !Arc::ptr_eq(l, &link));
         if link.counted.load(Ordering::Acquire) && link.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
             self.gone.lock().insert(link.node.clone(), link.durable.load(Ordering::Acquire));
         }
@@ -1194,7 +1197,7 @@ impl Primary {
     fn name_taken(&self, node: &str, addr: &str, have_ts: Ts) -> Option<String> {
         let end = Instant::now() + NAME_FREED_WAIT;
         let old = loop {
-            let live = live_link_named(&self.links.lock(), node).cloned();
+            let live = live_link_named(&self.links.read(), node).cloned();
             match live {
                 Some(l) if Instant::now() < end => drop(l),
                 other => break other?,
@@ -1747,7 +1750,7 @@ impl Primary {
     /// Stops accepting backups (links close with the process).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
-        for l in self.links.lock().iter() {
+        for l in self.links.read().iter() {
             l.kill("the primary is shutting down".into());
         }
         // The accept thread sees `stopping` at its next connection: one is made, and the
@@ -2226,17 +2229,22 @@ impl ditto_log::ShipTap for Tap {
             }
             s.push(stream, header.bound_ts, Some(header.floor_ts));
         }
-        {
-            // One look at the links per batch: sample, frame once, queue for each.
-            let links = p.links.lock();
-            if !links.is_empty() {
-                p.sample(&links, header.bound_ts);
-                let f = crate::protocol::encode_batch(p.epoch, p.released(), p.flags(true), frame);
-                p.push_to(&links, &f, at_once);
-                p.batches_shipped.fetch_add(1, Ordering::Relaxed);
-            }
+        // One look at the links per batch: sample, frame once, queue for each.
+        let links = p.links.read();
+        if !links.is_empty() {
+            p.sample(&links, header.bound_ts);
+            let f = crate::protocol::encode_batch(p.epoch, p.released(), p.flags(true), frame);
+            p.push_to(&links, &f, at_once);
+            p.batches_shipped.fetch_add(1, Ordering::Relaxed);
         }
-        p.changed();
+        // No `changed` here (there was one per batch before 2026-12-04): what this node
+        // shipped never decides a release. A `received` policy counts it as the primary's
+        // own holding, and every backup's receipt is of batches shipped already (pushed
+        // above before they are sent), so the need-th largest holding, with at least two
+        // needed whenever a backup counts, is a backup's; a `durable` one counts the disk,
+        // whose progress recomputes it (`recompute`); with no backup counted the release
+        // is the disk's. (`release_watermark`; test
+        // `shipping_alone_never_moves_a_release`.)
     }
 
     fn table_created(&self, id: TableId, name: &str) {
