@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ditto_engine::{Ts, WorkerId};
+use ditto_engine::Ts;
 use ditto_log::Epoch;
 use ditto_replication::protocol::{read_frame, Frame, Start};
 use ditto_replication::{backup, BackupOptions};
@@ -106,16 +106,8 @@ fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed_links: usize, seen: 
 #[test]
 fn a_batch_whose_payload_does_not_parse_is_refused_unacknowledged() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pa, pb) = (tmp.path().join("p"), tmp.path().join("b"));
-    // A real primary first: the backup joins it and holds a row.
-    let (a, t, p, addr) = common::start_primary(&pa, Default::default(), "local", Default::default());
-    let epoch = a.logger().epoch();
-    let mut w = a.db().worker(WorkerId(0)).unwrap();
-    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-    common::backup_holding(&addr, &pb, ts);
-    drop(w);
-    p.stop();
-    a.close();
+    let pb = tmp.path().join("b");
+    let (epoch, ts) = common::backup_dir_holding_a_row(&tmp.path().join("p"), &pb);
 
     // A stand-in primary sends the batch malformed on its first four links, then well
     // formed (the test's control: the same batch is then acknowledged).

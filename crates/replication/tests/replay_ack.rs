@@ -12,7 +12,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ditto_engine::{Ts, WorkerId};
+use ditto_engine::Ts;
 use ditto_replication::protocol::{read_frame, Frame, Start};
 use ditto_replication::{backup, BackupOptions};
 
@@ -21,16 +21,8 @@ mod common;
 #[test]
 fn replay_of_the_last_batch_is_acked_without_another_frame() {
     let tmp = tempfile::tempdir().unwrap();
-    let (pa, pb) = (tmp.path().join("p"), tmp.path().join("b"));
-    // A real primary first: the backup joins it and holds a row.
-    let (a, t, p, addr) = common::start_primary(&pa, Default::default(), "local", Default::default());
-    let epoch = a.logger().epoch();
-    let mut w = a.db().worker(WorkerId(0)).unwrap();
-    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
-    common::backup_holding(&addr, &pb, ts);
-    drop(w);
-    p.stop();
-    a.close();
+    let pb = tmp.path().join("b");
+    let (epoch, ts) = common::backup_dir_holding_a_row(&tmp.path().join("p"), &pb);
 
     // The stand-in resumes the backup with one batch, then sends nothing, and reads every
     // ack until 500 ms after the one that says the batch is replayed, or 10 s.

@@ -55,6 +55,21 @@ pub fn ship(a: &ditto_log::Durable, policy: &str, opts: PrimaryOptions) -> (Arc<
     (p, addr)
 }
 
+/// A backup's directory `b` holding one row, joined from a real primary in `a` that is
+/// then stopped: (the primary's epoch, the row's commit timestamp). A stand-in primary of
+/// that epoch can then resume the backup (`Frame::Welcome` with `Start::Resume`).
+pub fn backup_dir_holding_a_row(a: &std::path::Path, b: &std::path::Path) -> (ditto_log::Epoch, ditto_engine::Ts) {
+    let (d, t, p, addr) = start_primary(a, Default::default(), "local", Default::default());
+    let epoch = d.logger().epoch();
+    let mut w = d.db().worker(ditto_engine::WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+    backup_holding(&addr, b, ts);
+    drop(w);
+    p.stop();
+    d.close();
+    (epoch, ts)
+}
+
 /// A batch of stream 0 of `epoch` holding one transaction at `ts` that inserts key "new"
 /// (record 7 of table 0) with value "v", as a primary frames it.
 pub fn one_insert_batch(epoch: ditto_log::Epoch, ts: ditto_engine::Ts) -> Vec<u8> {
