@@ -2108,7 +2108,7 @@ impl Engine {
     /// Replay's progress is acked on `link` from now on when no other ack carries it
     /// (`ReplayAcks`), on a thread of its own, which `shut_down` ends.
     fn start_replay_acks(&self, link: &AckLink) -> std::io::Result<()> {
-        let (acks, link, state) = (Arc::clone(&self.replay_acks), Arc::clone(link), Arc::clone(&self.state));
+        let (acks, link, state) = (Arc::clone(&self.replay_acks), Arc::downgrade(link), Arc::clone(&self.state));
         std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || acks.run(&link, &state))?;
         Ok(())
     }
@@ -2508,7 +2508,9 @@ impl ReplayAcks {
         self.cv.notify_one();
     }
 
-    fn run(&self, link: &AckLink, state: &BackupState) {
+    /// Until closed, or until the link is gone (`link` is held weakly: the receiver and
+    /// the persister hold it, and once both have ended this holds no socket open).
+    fn run(&self, link: &std::sync::Weak<Mutex<TcpStream>>, state: &BackupState) {
         loop {
             {
                 let mut d = self.due.lock();
@@ -2529,8 +2531,9 @@ impl ReplayAcks {
                 continue;
             }
             if state.acks_sent.load(Ordering::Acquire) == sent {
+                let Some(link) = link.upgrade() else { return };
                 // (A link that is down takes it with it; the next link's first ack says it.)
-                let _ = send_ack(link, state);
+                let _ = send_ack(&link, state);
             } else {
                 // Others are acking: one more wait, which their acks likely make needless.
                 self.due.lock().0 = true;
