@@ -955,7 +955,6 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let run_storage = Arc::clone(&storage);
     let persist = Arc::new(ToPersist::default());
     let link: AckLink = Arc::new(Mutex::new(stream.try_clone().map_err(io("cloning the link"))?));
-    engine.start_replay_acks(&link).map_err(io("starting the replay acker"))?;
     let persister = Persister {
         rlog,
         engine: Arc::clone(&engine),
@@ -1009,8 +1008,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                 let mut run = run;
                 stopping_on_panic(&state, &link, "the receiver", || run.follow(stream, reader));
                 // Stopped for good (the backup failed, or its receiver panicked): the
-                // persister ends once what is queued is durable.
+                // persister ends once what is queued is durable, and no link will carry
+                // replay's acks again.
                 persist.close();
+                run.engine.replay_acks.close();
             })
             .map_err(io("starting the receiver"))?;
     }
@@ -1117,6 +1118,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             })
             .map_err(io("starting the checkpointer"))?;
     }
+    // Last: an error return above leaves no acker behind.
+    engine.start_replay_acks(&link).map_err(io("starting the replay acker"))?;
     Ok(Backup {
         db,
         state,
@@ -2480,51 +2483,65 @@ const REPLAY_ACK_DELAY: Duration = Duration::from_millis(1);
 /// status`, the benchmarks' `backup_lag_ms`) and freshness read up to 200 ms stale, and
 /// its lag samples were let go that much later. (Found 2026-12-04: the cluster runs' "200 ms
 /// replay stall" was this, at the run's end.) Now a replayer that moves the watermark past
-/// what the last ack said wakes this acker, which waits `REPLAY_ACK_DELAY` and sends an ack
+/// what the last ack said arms this acker, which waits `REPLAY_ACK_DELAY` and sends an ack
 /// if none went out meanwhile and replay is still unreported; if one did, it waits again.
-/// Under load the others' acks carry replay's progress and this one sends none.
+/// Where the other acks come at least once a `REPLAY_ACK_DELAY` (a busy link) they carry
+/// replay's progress and this one sends none; with batches further apart it sends about
+/// one ack per batch more, at most one per `REPLAY_ACK_DELAY`.
+///
+/// A replayer pays a fence and a load while the acker is armed (every step under load),
+/// and a lock and a wake-up only to arm it: `due` is set (and the waiting acker woken
+/// under the lock, so that a wake between its look and its wait is not lost) only by the
+/// step that finds it clear, and the acker clears it before it reads the watermark (the
+/// two fences order each side's store before its load, so a step that saw it still set
+/// has its watermark read by the acker).
 #[derive(Default)]
 struct ReplayAcks {
-    /// (replay moved past the last ack, the acker is to end)
-    due: Mutex<(bool, bool)>,
+    /// Replay moved past the last ack, and the acker has not looked since.
+    due: AtomicBool,
+    /// The acker is to end: the backup stopped for good, or its replayers were let go.
+    closed: AtomicBool,
+    lock: Mutex<()>,
     cv: Condvar,
 }
 
 impl ReplayAcks {
-    /// Replay's watermark rose to `w`.
+    /// Replay's watermark rose to `w` (stored before this is called).
     fn moved(&self, state: &BackupState, w: u64) {
         if w <= state.acked_replayed.load(Ordering::Acquire) {
             return;
         }
-        let mut d = self.due.lock();
-        if !d.0 {
-            d.0 = true;
-            self.cv.notify_one();
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.due.load(Ordering::Relaxed) || self.due.swap(true, Ordering::AcqRel) {
+            return;
         }
-    }
-
-    fn close(&self) {
-        self.due.lock().1 = true;
+        let _g = self.lock.lock();
         self.cv.notify_one();
     }
 
-    /// Until closed, or until the link is gone (`link` is held weakly: the receiver and
-    /// the persister hold it, and once both have ended this holds no socket open).
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _g = self.lock.lock();
+        self.cv.notify_one();
+    }
+
+    /// Until closed. `link` is held weakly: the receiver and the persister hold it, and
+    /// once both have ended this holds no socket open.
     fn run(&self, link: &std::sync::Weak<Mutex<TcpStream>>, state: &BackupState) {
         loop {
             {
-                let mut d = self.due.lock();
-                while !d.0 && !d.1 {
-                    self.cv.wait(&mut d);
+                let mut g = self.lock.lock();
+                while !self.due.load(Ordering::Acquire) && !self.closed.load(Ordering::Acquire) {
+                    self.cv.wait(&mut g);
                 }
-                if d.1 {
-                    return;
-                }
-                // Cleared before the watermark is read below: a move after this sets it again.
-                d.0 = false;
             }
+            if self.closed.load(Ordering::Acquire) {
+                return;
+            }
+            self.due.store(false, Ordering::SeqCst);
             let sent = state.acks_sent.load(Ordering::Acquire);
             std::thread::sleep(REPLAY_ACK_DELAY);
+            std::sync::atomic::fence(Ordering::SeqCst);
             if state.replayed.load(Ordering::Acquire) <= state.acked_replayed.load(Ordering::Acquire)
                 || state.failure.lock().is_some()
             {
@@ -2536,7 +2553,7 @@ impl ReplayAcks {
                 let _ = send_ack(&link, state);
             } else {
                 // Others are acking: one more wait, which their acks likely make needless.
-                self.due.lock().0 = true;
+                self.due.store(true, Ordering::Release);
             }
         }
     }

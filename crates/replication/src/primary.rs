@@ -9,8 +9,12 @@
 //! `queue_bytes_max` is dropped, and the backup resumes from disk; one whose start is
 //! still being sent stops queueing instead, and is sent what it missed from disk after its
 //! start, `Queue::spilled`); a link's frames go out
-//! in tap order, after everything of its start (checkpoint or gap), so floors stay true on
-//! the backup (crates/log/src/replica.rs); a backup's watermarks only count while its link
+//! in its stream's tap order, after everything of its start (checkpoint or gap), and a
+//! batch whose floor vouches for another stream's batch is framed only after that batch's
+//! tap returned (it is durable, and the disk thread takes a batch after its tap), so
+//! floors stay true on the backup (crates/log/src/replica.rs); two streams' batches that
+//! do not depend on each other may reach two links in different orders (the links' list
+//! is read-locked by the tap since 2026-12-04); a backup's watermarks only count while its link
 //! is up, and only grow within a link.
 
 use std::io::{BufReader, Write};
@@ -920,7 +924,8 @@ impl Primary {
     }
 
     /// Sends `frame` to each of `links`, or queues it for the link's thread (the caller
-    /// holds the links' lock). With `at_once` (a batch flushed by a runtime thread about to
+    /// holds the links' lock, to read: two streams' flushes may be here at once, each
+    /// link's queue lock ordering their frames on it). With `at_once` (a batch flushed by a runtime thread about to
     /// park, `ShipTap::batch`), a live link with nothing queued or being written is sent the
     /// frame here, as far as its socket takes it without waiting; the rest is queued (a
     /// frame sent here and the link thread's writes never interleave: both happen only
@@ -2239,12 +2244,15 @@ impl ditto_log::ShipTap for Tap {
         }
         // No `changed` here (there was one per batch before 2026-12-04): what this node
         // shipped never decides a release. A `received` policy counts it as the primary's
-        // own holding, and every backup's receipt is of batches shipped already (pushed
-        // above before they are sent), so the need-th largest holding, with at least two
-        // needed whenever a backup counts, is a backup's; a `durable` one counts the disk,
-        // whose progress recomputes it (`recompute`); with no backup counted the release
-        // is the disk's. (`release_watermark`; test
-        // `shipping_alone_never_moves_a_release`.)
+        // own holding, and a backup's receipt is of batches shipped already (pushed above
+        // before they are sent), so the need-th largest holding, with at least two needed
+        // whenever a backup counts, is a backup's; a `durable` one counts the disk, whose
+        // progress recomputes it (`recompute`); with no backup counted the release is the
+        // disk's. (`release_watermark`; test `shipping_alone_never_moves_a_release`.) The
+        // one receipt above what was shipped is a backup's start from a checkpoint, counted
+        // received at the checkpoint's timestamp: a batch shipped later may then lift a
+        // `received` release, and the backup's ack, sent after every burst it reads (one it
+        // skips too), recomputes it within a round trip.
     }
 
     fn table_created(&self, id: TableId, name: &str) {
