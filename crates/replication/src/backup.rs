@@ -2096,16 +2096,24 @@ impl Engine {
     /// `job` is in progress with everything of it at or below `upto` installed.
     fn progressed(&self, job: &Job, upto: Ts) {
         let w = self.replayed.lock().progress(job.seq, job.stream, upto, job.floor);
-        self.state.replayed.fetch_max(w.0, Ordering::AcqRel);
-        self.replay_acks.moved(&self.state, w.0);
+        self.raise_replayed(w);
         self.publish();
     }
 
     fn completed(&self, job: &Job) {
         let w = self.replayed.lock().complete(job.seq, job.stream, job.bound, job.floor);
-        self.state.replayed.fetch_max(w.0, Ordering::AcqRel);
-        self.replay_acks.moved(&self.state, w.0);
+        self.raise_replayed(w);
         self.publish();
+    }
+
+    /// The replayed watermark is at least `w` now; whether it rose. The one place it is
+    /// raised during a run, so that the acker hears of every rise (`ReplayAcks`).
+    fn raise_replayed(&self, w: Ts) -> bool {
+        let rose = self.state.replayed.fetch_max(w.0, Ordering::AcqRel) < w.0;
+        if rose {
+            self.replay_acks.moved(&self.state, w.0);
+        }
+        rose
     }
 
     /// Replay's progress is acked on `link` from now on when no other ack carries it
@@ -2217,8 +2225,7 @@ impl crate::dependency::Sink for Engine {
     }
 
     fn replayed(&self, ts: Ts) {
-        if self.state.replayed.fetch_max(ts.0, Ordering::AcqRel) < ts.0 {
-            self.replay_acks.moved(&self.state, ts.0);
+        if self.raise_replayed(ts) {
             self.publish();
         }
     }

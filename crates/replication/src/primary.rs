@@ -925,11 +925,11 @@ impl Primary {
 
     /// Sends `frame` to each of `links`, or queues it for the link's thread (the caller
     /// holds the links' lock, to read: two streams' flushes may be here at once, each
-    /// link's queue lock ordering their frames on it). With `at_once` (a batch flushed by a runtime thread about to
-    /// park, `ShipTap::batch`), a live link with nothing queued or being written is sent the
-    /// frame here, as far as its socket takes it without waiting; the rest is queued (a
-    /// frame sent here and the link thread's writes never interleave: both happen only
-    /// under the queue's lock, or with `writing` set).
+    /// link's queue lock ordering their frames on it). With `at_once` (a batch flushed by
+    /// a runtime thread about to park, `ShipTap::batch`), a live link with nothing queued
+    /// or being written is sent the frame here, as far as its socket takes it without
+    /// waiting; the rest is queued (a frame sent here and the link thread's writes never
+    /// interleave: both happen only under the queue's lock, or with `writing` set).
     fn push_to(&self, links: &[Arc<Link>], frame: &Bytes, at_once: bool) {
         for l in links {
             let mut q = l.queue.lock();
