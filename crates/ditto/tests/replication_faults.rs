@@ -187,6 +187,9 @@ fn a_corrupt_or_truncated_frame_drops_the_link_and_the_backup_resumes_with_nothi
     assert_eq!(b.one(&["DBSIZE"]), p.one(&["DBSIZE"]), "DBSIZE on the backup and the primary");
     let reconnects: u64 = info_field(&mut b, "ditto_reconnects").unwrap().parse().unwrap();
     assert_eq!(reconnects, 4, "one resume per damaged connection");
+    // Each link's first ack goes out whatever it says (`ditto_acks_sent`, since 2026-12-04).
+    let acks: u64 = info_field(&mut b, "ditto_acks_sent").unwrap().parse().unwrap();
+    assert!(acks > reconnects, "{acks} acks sent over {} links", reconnects + 1);
     assert_eq!(info_field(&mut b, "master_link_status").as_deref(), Some("up"));
     let text = std::fs::read_to_string(&blog).unwrap();
     assert!(text.contains("checksum mismatch"), "no log line names the bad checksum:\n{text}");

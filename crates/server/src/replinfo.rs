@@ -136,6 +136,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_txns_replayed", ld(&state.txns_replayed).to_string());
             put("ditto_bytes_received", ld(&state.bytes_received).to_string());
             put("ditto_reconnects", ld(&state.reconnects).to_string());
+            put("ditto_acks_sent", ld(&state.acks_sent).to_string());
             put("ditto_replay_mode", state.replay_mode.lock().clone());
             put("ditto_replay_cpu_ms", (ld(&state.replay_cpu_ns) / 1_000_000).to_string());
             put("ditto_checkpoint_ts", ld(&state.checkpoint_ts).to_string());
