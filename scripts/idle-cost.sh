@@ -7,20 +7,9 @@
 # Usage: scripts/idle-cost.sh BINARY [BASE_PORT]
 set -euo pipefail
 bin=$1; base=${2:-7011}
-dir=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$dir"' EXIT
-mkdir "$dir/p" "$dir/b"
-"$bin" server --data-dir "$dir/p" --port "$base" --metrics off --repl-port $((base + 1)) \
-  --commit-policy majority-received --backups 1 > "$dir/p.log" 2>&1 &
-P=$!
-sleep 0.7
-"$bin" server --data-dir "$dir/b" --port $((base + 2)) --metrics off --replica-of 127.0.0.1:$((base + 1)) \
-  > "$dir/b.log" 2>&1 &
-B=$!
-for _ in $(seq 100); do redis-cli -p "$base" info replication | grep -q connected_slaves:1 && break; sleep 0.1; done
-redis-benchmark -p "$base" -t set -n 20000 -c 10 -q > /dev/null 2>&1
+. "$(dirname "$0")/pair.sh"
+start_pair
 sleep 2
-wakeups() { for t in /proc/$1/task/*; do awk '/^voluntary_ctxt_switches/ {print $2}' "$t/status"; done | awk '{s += $1} END {print s}'; }
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 w0p=$(wakeups $P); w0b=$(wakeups $B); c0p=$(cpu $P); c0b=$(cpu $B)
 sleep 10
 w1p=$(wakeups $P); w1b=$(wakeups $B); c1p=$(cpu $P); c1b=$(cpu $B)

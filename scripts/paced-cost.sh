@@ -10,20 +10,9 @@
 # Usage: [DURABILITY=interval] [WORKERS=1] [DETAIL=1] scripts/paced-cost.sh BINARY BASE_PORT RATE|max [SECONDS]
 set -euo pipefail
 bin=$1; base=$2; rate=$3; secs=${4:-10}
-dir=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
-mkdir "$dir/p" "$dir/b"
-"$bin" server --data-dir "$dir/p" --port "$base" --metrics off --repl-port $((base + 1)) \
-  --commit-policy majority-received --backups 1 --durability "${DURABILITY:-every-batch}" --workers "${WORKERS:-2}" > "$dir/p.log" 2>&1 &
-P=$!
-sleep 0.7
-"$bin" server --data-dir "$dir/b" --port $((base + 2)) --metrics off --replica-of 127.0.0.1:$((base + 1)) \
-  --durability "${DURABILITY:-every-batch}" --workers "${WORKERS:-2}" > "$dir/b.log" 2>&1 &
-B=$!
-for _ in $(seq 100); do redis-cli -p "$base" info replication | grep -q connected_slaves:1 && break; sleep 0.1; done
-redis-benchmark -p "$base" -t set -n 20000 -c 10 -q > /dev/null 2>&1
+. "$(dirname "$0")/pair.sh"
+start_pair --durability "${DURABILITY:-every-batch}" --workers "${WORKERS:-2}"
 sleep 1
-wakeups() { for t in /proc/$1/task/*; do awk '/^voluntary_ctxt_switches/ {print $2}' "$t/status"; done | awk '{s += $1} END {print s}'; }
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # Per thread name: voluntary context switches and CPU ticks (DETAIL=1).
 threads() { for t in /proc/$1/task/*; do printf '%s %s %s\n' "$(tr ' ' _ < "$t/comm")" \
   "$(awk '/^voluntary_ctxt_switches/ {print $2}' "$t/status")" "$(awk '{print $14 + $15}' "$t/stat")"; done | sort; }
