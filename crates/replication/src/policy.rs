@@ -248,8 +248,8 @@ mod tests {
 
     /// What the primary shipped never decides a release, as long as no backup received
     /// more than was shipped (a backup receives only shipped batches, but for a start from
-    /// a checkpoint: `primary::Tap::batch`): so the shipping tap recomputes nothing. Every
-    /// policy's release is the same with the primary's shipped watermark at the highest
+    /// a checkpoint). (The shipping tap recomputes after each batch all the same:
+    /// `primary::Tap::batch` says why.) Every policy's release is the same with the primary's shipped watermark at the highest
     /// receipt as with it anywhere above, over 20,000 random holdings of 0-4 backups, some
     /// missing.
     #[test]

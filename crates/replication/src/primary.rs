@@ -9,12 +9,8 @@
 //! `queue_bytes_max` is dropped, and the backup resumes from disk; one whose start is
 //! still being sent stops queueing instead, and is sent what it missed from disk after its
 //! start, `Queue::spilled`); a link's frames go out
-//! in its stream's tap order, after everything of its start (checkpoint or gap), and a
-//! batch whose floor vouches for another stream's batch is framed only after that batch's
-//! tap returned (it is durable, and the disk thread takes a batch after its tap), so
-//! floors stay true on the backup (crates/log/src/replica.rs); two streams' batches that
-//! do not depend on each other may reach two links in different orders (the links' list
-//! is read-locked by the tap since 2026-12-04); a backup's watermarks only count while its link
+//! in tap order, after everything of its start (checkpoint or gap), so floors stay true on
+//! the backup (crates/log/src/replica.rs); a backup's watermarks only count while its link
 //! is up, and only grow within a link.
 
 use std::io::{BufReader, Write};
@@ -29,7 +25,7 @@ use ditto_engine::{TableId, Ts};
 use ditto_log::format::BatchHeader;
 use ditto_log::replica::Gap;
 use ditto_log::{Durable, Epoch};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 
 use crate::policy::Holdings;
 use crate::protocol::{read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
@@ -298,11 +294,7 @@ pub struct Primary {
     accept: Mutex<Option<(std::net::SocketAddr, std::thread::JoinHandle<()>)>>,
     epoch: Epoch,
     opts: PrimaryOptions,
-    /// Read by the commit path (the shipping tap, `holdings`) and by every link; written only
-    /// as a link registers (`serve`, which reads and adds under one write) or goes. (A
-    /// mutex before 2026-12-04: `holdings`, on every ack, waited for the tap, which holds
-    /// it while it sends a batch on the backups' sockets.)
-    links: RwLock<Vec<Arc<Link>>>,
+    links: Mutex<Vec<Arc<Link>>>,
     shipped: Mutex<Prefix>,
     /// (batch bound, when shipped), oldest first, for the lags (`lag_since`); trimmed to
     /// what some backup has not replayed, and at most `LAG_SAMPLES_MAX` long.
@@ -387,7 +379,7 @@ impl Primary {
             quorum: Mutex::new(Quorum::start(&opts)),
             heard: Mutex::new(Default::default()),
             opts,
-            links: RwLock::new(Vec::new()),
+            links: Mutex::new(Vec::new()),
             shipped: Mutex::new(Prefix::new(logger.streams(), logger.watermark())),
             samples: Mutex::new(Default::default()),
             released: AtomicU64::new(0),
@@ -519,7 +511,7 @@ impl Primary {
     /// What every node holds now.
     pub fn holdings(&self) -> Holdings {
         let logger = self.durable.logger();
-        let links = self.links.read();
+        let links = self.links.lock();
         let expected = self.backups_expected.load(Ordering::Acquire);
         // A learner counts in no quorum (docs/cluster.md, "Learners"); nor does a node that
         // is not a member (`set_counted_nodes`), nor a link killed, whose backup's new link
@@ -548,7 +540,7 @@ impl Primary {
             // parks is (`push_to`, at once: on the socket if it takes it, else queued and
             // the link's thread woken), so that backups read it as soon as they would from
             // a link awake. (Its thread sends it again when it next looks: harmless.)
-            let links = self.links.read();
+            let links = self.links.lock();
             let dozing: Vec<Arc<Link>> = links.iter().filter(|l| l.dozing.load(Ordering::SeqCst)).cloned().collect();
             if !dozing.is_empty() {
                 let released = Ts(self.released.load(Ordering::SeqCst));
@@ -704,7 +696,7 @@ impl Primary {
     }
 
     pub fn backups(&self) -> Vec<BackupInfo> {
-        let links: Vec<Arc<Link>> = self.links.read().clone();
+        let links: Vec<Arc<Link>> = self.links.lock().clone();
         let samples = self.samples.lock();
         let now = Instant::now();
         let lag = |held: Ts| lag_since(&samples, held, now);
@@ -779,7 +771,8 @@ impl Primary {
     }
 
     /// Acknowledgements were read from a backup: what the nodes hold moved, and what a
-    /// backup received (Redis's WAIT, `holdings_moved`) too.
+    /// backup received (Redis's WAIT, `holdings_moved`) too. (Only here: `changed` runs for
+    /// every shipped batch as well, which moves no backup's count.)
     fn acks_read(&self) {
         self.changed();
         self.moved.notify_waiters();
@@ -791,7 +784,7 @@ impl Primary {
     /// once).
     pub fn replicas_received(&self, ts: Ts) -> usize {
         self.links
-            .read()
+            .lock()
             .iter()
             .filter(|l| {
                 l.counted.load(Ordering::Acquire)
@@ -830,7 +823,7 @@ impl Primary {
         {
             let _one = self.changing.lock();
             // (Under the links' lock, as a link registering reads the set.)
-            let links = self.links.read();
+            let links = self.links.lock();
             let mut n = self.counted_nodes.lock();
             *n = nodes;
             for l in links.iter() {
@@ -847,7 +840,7 @@ impl Primary {
     /// waited for (it is sent a checkpoint, or is being sent one), but for the log above
     /// where it asked while that is sent (`Link::asked_from`).
     pub fn log_needed_above(&self, gone_below: Ts) -> Ts {
-        let links = self.links.read();
+        let links = self.links.lock();
         let counted = self.counted_nodes.lock();
         let mut gone = self.gone.lock();
         gone.retain(|node, d| Self::counts(&counted, node, false) && *d >= gone_below.0);
@@ -920,16 +913,15 @@ impl Primary {
     }
 
     fn push_all(&self, frame: &Bytes) {
-        self.push_to(&self.links.read(), frame, false);
+        self.push_to(&self.links.lock(), frame, false);
     }
 
     /// Sends `frame` to each of `links`, or queues it for the link's thread (the caller
-    /// holds the links' lock, to read: two streams' flushes may be here at once, each
-    /// link's queue lock ordering their frames on it). With `at_once` (a batch flushed by
-    /// a runtime thread about to park, `ShipTap::batch`), a live link with nothing queued
-    /// or being written is sent the frame here, as far as its socket takes it without
-    /// waiting; the rest is queued (a frame sent here and the link thread's writes never
-    /// interleave: both happen only under the queue's lock, or with `writing` set).
+    /// holds the links' lock). With `at_once` (a batch flushed by a runtime thread about to
+    /// park, `ShipTap::batch`), a live link with nothing queued or being written is sent the
+    /// frame here, as far as its socket takes it without waiting; the rest is queued (a
+    /// frame sent here and the link thread's writes never interleave: both happen only
+    /// under the queue's lock, or with `writing` set).
     fn push_to(&self, links: &[Arc<Link>], frame: &Bytes, at_once: bool) {
         for l in links {
             let mut q = l.queue.lock();
@@ -1089,12 +1081,12 @@ impl Primary {
         if Self::counts(&self.counted_nodes.lock(), &node, learner) {
             // (The count read first: a guard in the call's argument lived through the
             // record's fsync, stalling every commit meanwhile; found by a review.)
-            let counted = self.links.read().iter().filter(|l| !l.learner).count();
+            let counted = self.links.lock().iter().filter(|l| !l.learner).count();
             record(counted + 1)?;
         }
         // Register first: from here on every framed batch is queued for this backup.
         let link = loop {
-            let links = self.links.write();
+            let links = self.links.lock();
             let taken =
                 |s: usize| links.iter().any(|l| l.learner == learner && l.slot == s && !l.gone.load(Ordering::Acquire));
             let slot = (0..).find(|&s| !taken(s)).expect("a free slot");
@@ -1181,7 +1173,7 @@ impl Primary {
             }
         });
         link.kill("link closed".into());
-        self.links.write().retain(|l| !Arc::ptr_eq(l, &link));
+        self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
         if link.counted.load(Ordering::Acquire) && link.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
             self.gone.lock().insert(link.node.clone(), link.durable.load(Ordering::Acquire));
         }
@@ -1202,7 +1194,7 @@ impl Primary {
     fn name_taken(&self, node: &str, addr: &str, have_ts: Ts) -> Option<String> {
         let end = Instant::now() + NAME_FREED_WAIT;
         let old = loop {
-            let live = live_link_named(&self.links.read(), node).cloned();
+            let live = live_link_named(&self.links.lock(), node).cloned();
             match live {
                 Some(l) if Instant::now() < end => drop(l),
                 other => break other?,
@@ -1755,7 +1747,7 @@ impl Primary {
     /// Stops accepting backups (links close with the process).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
-        for l in self.links.read().iter() {
+        for l in self.links.lock().iter() {
             l.kill("the primary is shutting down".into());
         }
         // The accept thread sees `stopping` at its next connection: one is made, and the
@@ -2234,25 +2226,23 @@ impl ditto_log::ShipTap for Tap {
             }
             s.push(stream, header.bound_ts, Some(header.floor_ts));
         }
-        // One look at the links per batch: sample, frame once, queue for each.
-        let links = p.links.read();
-        if !links.is_empty() {
-            p.sample(&links, header.bound_ts);
-            let f = crate::protocol::encode_batch(p.epoch, p.released(), p.flags(true), frame);
-            p.push_to(&links, &f, at_once);
-            p.batches_shipped.fetch_add(1, Ordering::Relaxed);
+        {
+            // One look at the links per batch: sample, frame once, queue for each.
+            let links = p.links.lock();
+            if !links.is_empty() {
+                p.sample(&links, header.bound_ts);
+                let f = crate::protocol::encode_batch(p.epoch, p.released(), p.flags(true), frame);
+                p.push_to(&links, &f, at_once);
+                p.batches_shipped.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        // No `changed` here (there was one per batch before 2026-12-04): what this node
-        // shipped never decides a release. A `received` policy counts it as the primary's
-        // own holding, and a backup's receipt is of batches shipped already (pushed above
-        // before they are sent), so the need-th largest holding, with at least two needed
-        // whenever a backup counts, is a backup's; a `durable` one counts the disk, whose
-        // progress recomputes it (`recompute`); with no backup counted the release is the
-        // disk's. (`release_watermark`; test `shipping_alone_never_moves_a_release`.) The
-        // one receipt above what was shipped is a backup's start from a checkpoint, counted
-        // received at the checkpoint's timestamp: a batch shipped later may then lift a
-        // `received` release, and the backup's ack, sent after every burst it reads (one it
-        // skips too), recomputes it within a round trip.
+        // (What was shipped never decides a release: test
+        // `shipping_alone_never_moves_a_release`, policy.rs. Taken out on 2026-12-04 with a
+        // read-write lock for the links, it cost TPC-C cluster runs on two cores a third of
+        // their throughput: each flush turn ended sooner, batches were smaller and their
+        // costs on the primary's one core, fsyncs, sends and the backup's acks, more. Put
+        // back the same day: docs/results.md, "2026-12-04, afternoon".)
+        p.changed();
     }
 
     fn table_created(&self, id: TableId, name: &str) {
