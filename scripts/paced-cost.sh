@@ -13,8 +13,8 @@ bin=$1; base=$2; rate=$3; secs=${4:-10}
 . "$(dirname "$0")/pair.sh"
 start_pair --durability "${DURABILITY:-every-batch}" --workers "${WORKERS:-2}"
 sleep 1
-# Per thread name: voluntary context switches and CPU ticks (DETAIL=1).
-threads() { for t in /proc/$1/task/*; do printf '%s %s %s\n' "$(tr ' ' _ < "$t/comm")" \
+# Per thread: its id, name, voluntary context switches and CPU ticks (DETAIL=1).
+threads() { for t in /proc/$1/task/*; do printf '%s %s %s %s\n' "${t##*/}" "$(tr ' ' _ < "$t/comm")" \
   "$(awk '/^voluntary_ctxt_switches/ {print $2}' "$t/status")" "$(awk '{print $14 + $15}' "$t/stat")"; done | sort; }
 [ "${DETAIL:-0}" = 1 ] && { threads $P > "$dir/p0"; threads $B > "$dir/b0"; }
 shipped() { redis-cli -p "$base" info replication | tr -d '\r' | awk -F: '/^ditto_batches_shipped:/ {print $2}'; }
@@ -47,10 +47,10 @@ s1=$(shipped); a1=$(acks)
 if [ "${DETAIL:-0}" = 1 ]; then
   threads $P > "$dir/p1"; threads $B > "$dir/b1"
   for who in p b; do
-    # Threads of one name summed; a thread that came or went in between is left out.
-    join <(awk '{print $1"#"NR, $2, $3}' "$dir/${who}0" | sort) <(awk '{print $1"#"NR, $2, $3}' "$dir/${who}1" | sort) |
-      awk -v n="$n" -v who="$who" -v tck="$(getconf CLK_TCK)" '{split($1, a, "#"); w[a[1]] += $4 - $2; c[a[1]] += $5 - $3}
-        END {for (k in w) if (w[k] > 0 || c[k] > 0) printf "  %s %-18s %.2f wake-ups/SET %.1f us/SET\n", who, k, w[k] / n, c[k] * 1e6 / tck / n}' | sort -k4 -nr
+    # Joined by thread id, summed by name; a thread that came or went in between is left out.
+    join "$dir/${who}0" "$dir/${who}1" |
+      awk -v n="$n" -v who="$who" -v tck="$(getconf CLK_TCK)" '{w[$2] += $6 - $3; c[$2] += $7 - $4}
+        END {for (k in w) if (w[k] > 0 || c[k] > 0) printf "  %s %-18s %.2f wake-ups/SET %.1f us/SET\n", who, k, w[k] / n, c[k] * 1e6 / tck / n}' | sort -k3 -nr
   done
 fi
 tck=$(getconf CLK_TCK)

@@ -249,9 +249,9 @@ mod tests {
     /// What the primary shipped never decides a release, as long as no backup received
     /// more than was shipped (a backup receives only shipped batches, but for a start from
     /// a checkpoint). (The shipping tap recomputes after each batch all the same:
-    /// `primary::Tap::batch` says why.) Every policy's release is the same with the primary's shipped watermark at the highest
-    /// receipt as with it anywhere above, over 20,000 random holdings of 0-4 backups, some
-    /// missing.
+    /// `primary::Tap::batch` says why.) Every policy's release is the same with the
+    /// primary's shipped watermark at the highest receipt as with it anywhere above, over
+    /// 20,000 random holdings of 0-4 backups, some missing.
     #[test]
     fn shipping_alone_never_moves_a_release() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
