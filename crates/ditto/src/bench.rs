@@ -109,6 +109,11 @@ pub struct Common {
     /// batches with a reuse bound (`BatchHeader::reuse_ts`), and says how often it waited.
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every_ms: u64,
+    /// The time slice in us that the threads on a commit's path ask for (Linux 6.12+), in
+    /// this process and in the backups, as a server's `commit_thread_slice_us`; 0: the
+    /// kernel's default (docs/replication.md, "Short time slices for the commit path").
+    #[arg(long, default_value_t = 0)]
+    pub commit_thread_slice_us: u64,
 }
 
 impl Common {
@@ -292,9 +297,15 @@ fn run_modes(
     c: &Common,
     body: impl Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if c.commit_thread_slice_us != 0 && !(100..=100_000).contains(&c.commit_thread_slice_us) {
+        return Err("--commit-thread-slice-us must be 0 (the kernel's default) or between 100 and 100000".into());
+    }
     if c.log.len() > 1 && !c.one_process && c.backups == 0 {
         return run_modes_in_children(name, c);
     }
+    ditto_log::sched::set_commit_thread_slice(
+        (c.commit_thread_slice_us != 0).then(|| std::time::Duration::from_micros(c.commit_thread_slice_us)),
+    );
     let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
     if let Some(path) = &c.backup_config {
         // Read here, so that a file the backups would refuse says why (their logs go with
@@ -457,6 +468,7 @@ fn run_modes(
                 compress: c.compress,
                 direct_io: !c.buffered_log,
                 checkpoint_every_ms: c.checkpoint_every_ms,
+                commit_thread_slice_us: c.commit_thread_slice_us,
             };
             let mut r = crate::cluster::run(name, &spec, &run, body)?;
             if let serde_json::Value::Object(m) = &mut r.extra {

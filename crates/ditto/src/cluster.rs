@@ -60,6 +60,9 @@ pub struct ClusterSpec<'a> {
     /// The primary checkpoints this often (`--checkpoint-every-ms`; 0: never), as the
     /// standalone run does: a checkpoint lets record ids be reused, which replay then meets.
     pub checkpoint_every_ms: u64,
+    /// The slice the commit path's threads ask for, here and in the backups
+    /// (`--commit-thread-slice-us`; 0: the kernel's default).
+    pub commit_thread_slice_us: u64,
 }
 
 struct BackupProc {
@@ -113,15 +116,8 @@ pub fn cpu_list(cpus: &[usize]) -> String {
     cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
-fn start_backup(
-    dir: &Path,
-    primary: &str,
-    workers: usize,
-    replay: &str,
-    cpus: Option<&[usize]>,
-    prefault_mib: u64,
-    config: Option<&Path>,
-) -> Result<BackupProc, Error> {
+fn start_backup(dir: &Path, primary: &str, spec: &ClusterSpec<'_>) -> Result<BackupProc, Error> {
+    let cpus = spec.backup_cpus.as_deref();
     let exe = std::env::current_exe()?;
     let mut cmd = match cpus {
         Some(c) => {
@@ -133,9 +129,10 @@ fn start_backup(
     };
     let mut child = cmd
         .args(["server", "--port", "0", "--metrics", "off", "--data-dir", dir.to_str().ok_or("dir is not UTF-8")?])
-        .args(["--workers", &workers.to_string(), "--replica-of", primary, "--replay", replay])
-        .args(["--prefault-mib", &prefault_mib.to_string()])
-        .args(config.iter().flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]))
+        .args(["--workers", &spec.workers.to_string(), "--replica-of", primary, "--replay", spec.replay])
+        .args(["--prefault-mib", &spec.prefault_mib.to_string()])
+        .args(["--commit-thread-slice-us", &spec.commit_thread_slice_us.to_string()])
+        .args(spec.config.iter().flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log"))?))
         .spawn()
@@ -216,15 +213,7 @@ pub fn run(
         let mut backups = Vec::new();
         for i in 0..spec.backups {
             let dir = scratch.path.join(format!("backup-{i}"));
-            backups.push(start_backup(
-                &dir,
-                &addr,
-                spec.workers,
-                spec.replay,
-                theirs.as_deref(),
-                spec.prefault_mib,
-                spec.config,
-            )?);
+            backups.push(start_backup(&dir, &addr, spec)?);
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while primary.backups().len() < spec.backups {
@@ -328,6 +317,7 @@ pub fn run(
         if let serde_json::Value::Object(m) = &mut report.extra {
             m.insert("backups".into(), spec.backups.into());
             m.insert("commit_policy".into(), spec.policy.name().into());
+            m.insert("commit_thread_slice_us".into(), spec.commit_thread_slice_us.into());
             m.insert("backup_replay".into(), spec.replay.into());
             m.insert("pinned".into(), spec.backup_cpus.is_some().into());
             if let Some(c) = spec.config {

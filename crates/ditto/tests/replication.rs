@@ -722,3 +722,111 @@ fn files_under(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
     }
     files
 }
+
+/// A field of `INFO server`.
+fn server_field(c: &mut Client, name: &str) -> u64 {
+    let info = c.cmd(&["INFO", "server"]).unwrap().join("\n");
+    let prefix = format!("{name}:");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(&prefix).map(|v| v.parse().unwrap()))
+        .unwrap_or_else(|| panic!("no {name} in {info}"))
+}
+
+/// Each thread named with one of `names` in process `pid`, and its time slice in ns
+/// (`se.slice` in /proc, where the kernel shows it: None if it does not).
+fn thread_slices(pid: u32, names: &[&str]) -> Vec<(String, Option<u64>)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default().trim().to_string();
+        if !names.iter().any(|n| comm.starts_with(n)) {
+            continue;
+        }
+        let slice = std::fs::read_to_string(t.join("sched")).ok().and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("se.slice").map(|v| v.trim_start_matches([' ', ':']).trim().parse().unwrap())
+            })
+        });
+        out.push((comm, slice));
+    }
+    out
+}
+
+/// The commit path's threads ask for the slice the server is given (`commit_thread_slice_us`,
+/// docs/replication.md "Short time slices for the commit path"), on a primary and on its
+/// backup, and `INFO server` says how many got it; 0 asks for nothing; a value out of the
+/// kernel's range is refused with a clear error.
+#[test]
+fn the_commit_paths_threads_run_with_the_slice_they_are_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let takes = ditto_log::sched::kernel_takes_slices();
+    let primary_threads = ["ditto-log-", "ditto-disk-", "ditto-repl-link"];
+    let backup_threads = ["ditto-repl-recv", "ditto-repl-pers", "ditto-repl-acks"];
+    for slice in [250u64, 0] {
+        let s = slice.to_string();
+        let (pdir, bdir) = (tmp.path().join(format!("p{slice}")), tmp.path().join(format!("b{slice}")));
+        let primary = Node::start(
+            &pdir,
+            &[
+                "--repl-port",
+                "0",
+                "--commit-policy",
+                "majority-received",
+                "--backups",
+                "1",
+                "--commit-thread-slice-us",
+                &s,
+            ],
+        );
+        let backup =
+            Node::start(&bdir, &["--replica-of", primary.repl.as_ref().unwrap(), "--commit-thread-slice-us", &s]);
+        let mut c = Client::connect(primary.port).unwrap();
+        // Released only once the backup holds it: its link and threads are up.
+        assert_eq!(c.one(&["SET", "k", "v"]), "+OK");
+        let mut b = Client::connect(backup.port).unwrap();
+        for (client, node, names) in [(&mut c, &primary, &primary_threads[..]), (&mut b, &backup, &backup_threads[..])]
+        {
+            assert_eq!(server_field(client, "commit_thread_slice_us"), slice);
+            let (given, ignored, refused) = (
+                server_field(client, "commit_thread_slice_given"),
+                server_field(client, "commit_thread_slice_ignored"),
+                server_field(client, "commit_thread_slice_refused"),
+            );
+            let pid = node.child.id();
+            let threads = thread_slices(pid, names);
+            // The process's main thread (not on the commit path): the kernel's default.
+            let default = thread_slices(pid, &["ditto"]).into_iter().find(|(t, _)| t == "ditto").and_then(|(_, ns)| ns);
+            // Every kind of thread is there (2 workers: 2 flushers and 2 disk threads).
+            for n in names {
+                assert!(threads.iter().any(|(t, _)| t.starts_with(n)), "no {n} thread in {threads:?}");
+            }
+            if slice == 0 {
+                assert_eq!((given, ignored, refused), (0, 0, 0));
+                for (t, ns) in &threads {
+                    assert_eq!(*ns, default, "{t} asked for a slice with none set");
+                }
+                continue;
+            }
+            assert_eq!(refused, 0);
+            assert!(given + ignored >= threads.len() as u64, "{given} + {ignored} of {threads:?}");
+            if takes {
+                assert_eq!(ignored, 0);
+                for (t, ns) in &threads {
+                    if let Some(ns) = ns {
+                        assert_eq!(*ns, slice * 1000, "{t}'s slice");
+                    }
+                }
+                assert_ne!(default, Some(slice * 1000), "the main thread keeps the default");
+            }
+        }
+    }
+    for bad in ["50", "100001"] {
+        let (status, said) = Node::run_to_exit(
+            &tmp.path().join(format!("bad{bad}")),
+            &["--commit-thread-slice-us", bad],
+            &tmp.path().join(format!("bad{bad}.log")),
+        );
+        assert!(!status.success());
+        assert!(said.contains("commit_thread_slice_us must be 0"), "{said}");
+    }
+}

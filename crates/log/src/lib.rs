@@ -25,6 +25,7 @@ pub mod options;
 pub mod power_cut;
 pub mod recovery;
 pub mod replica;
+pub mod sched;
 pub mod sealed;
 pub mod storage;
 pub mod writer;

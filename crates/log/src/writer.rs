@@ -527,6 +527,7 @@ impl Logger {
 
     /// Stream `w`'s flusher thread, with its disk thread beside it (see `WriteAhead`).
     fn flusher(&self, w: usize, first: (Box<dyn LogFile>, u64, PathBuf)) {
+        crate::sched::commit_thread();
         let ahead = &self.streams[w].ahead;
         let seg = Mutex::new(Segment::new(first));
         std::thread::scope(|sc| {
@@ -559,6 +560,7 @@ impl Logger {
     /// pacing the flusher would hold every batch, and so every release, up to an interval
     /// before it is shipped.
     fn disk_thread(&self, w: usize, seg: &Mutex<Segment>, ahead: &WriteAhead) {
+        crate::sched::commit_thread();
         let stream = &self.streams[w];
         let fsync = !matches!(self.opts.durability, Durability::NoSync(_));
         let interval = self.opts.durability.interval();

@@ -973,6 +973,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         std::thread::Builder::new()
             .name("ditto-repl-persist".into())
             .spawn(move || {
+                ditto_log::sched::commit_thread();
                 // (Failed by a panic, it takes no more jobs, as after a failed sync. Not
                 // after a stop's end: a fence would then be told persisting failed.)
                 if stopping_on_panic(&state, &link, "the persister", || persister.run(&persist)) {
@@ -1005,6 +1006,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         std::thread::Builder::new()
             .name("ditto-repl-recv".into())
             .spawn(move || {
+                ditto_log::sched::commit_thread();
                 let mut run = run;
                 stopping_on_panic(&state, &link, "the receiver", || run.follow(stream, reader));
                 // Stopped for good (the backup failed, or its receiver panicked): the
@@ -2120,7 +2122,10 @@ impl Engine {
     /// (`ReplayAcks`), on a thread of its own, which `shut_down` ends.
     fn start_replay_acks(&self, link: &AckLink) -> std::io::Result<()> {
         let (acks, link, state) = (Arc::clone(&self.replay_acks), Arc::downgrade(link), Arc::clone(&self.state));
-        std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || acks.run(&link, &state))?;
+        std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
+            ditto_log::sched::commit_thread();
+            acks.run(&link, &state)
+        })?;
         Ok(())
     }
 

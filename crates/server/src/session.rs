@@ -2024,15 +2024,23 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     let mut out = String::new();
     use std::fmt::Write;
     if want("server") {
+        // (The threads of this process that asked for it, this node's and earlier roles'.)
+        let slices = ditto_log::sched::slice_counts();
         let _ = write!(
             out,
             "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nditto_version:{}\r\nredis_mode:standalone\r\n\
-             process_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nworkers:{}\r\n\r\n",
+             process_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nworkers:{}\r\n\
+             commit_thread_slice_us:{}\r\ncommit_thread_slice_given:{}\r\ncommit_thread_slice_ignored:{}\r\n\
+             commit_thread_slice_refused:{}\r\n\r\n",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
             sh.tcp_port,
             sh.started.elapsed().as_secs(),
             sh.db.workers(),
+            ditto_log::sched::commit_thread_slice().map_or(0, |s| s.as_micros()),
+            slices.given,
+            slices.ignored,
+            slices.refused,
         );
     }
     if want("clients") {
