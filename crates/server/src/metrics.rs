@@ -197,6 +197,21 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         (sh.memory.used)(),
         sh.memory.max
     );
+    let slices = ditto_log::sched::slice_counts();
+    let _ = writeln!(
+        out,
+        "# HELP ditto_commit_thread_slice_seconds The time slice the commit path's threads ask for (0: the kernel's default).\n\
+         # TYPE ditto_commit_thread_slice_seconds gauge\nditto_commit_thread_slice_seconds {}\n\
+         # HELP ditto_commit_thread_slice_threads Commit-path threads by what became of their request: given, ignored (a kernel before 6.12), refused.\n\
+         # TYPE ditto_commit_thread_slice_threads gauge\n\
+         ditto_commit_thread_slice_threads{{outcome=\"given\"}} {}\n\
+         ditto_commit_thread_slice_threads{{outcome=\"ignored\"}} {}\n\
+         ditto_commit_thread_slice_threads{{outcome=\"refused\"}} {}",
+        ditto_log::sched::commit_thread_slice().map_or(0.0, |s| s.as_secs_f64()),
+        slices.given,
+        slices.ignored,
+        slices.refused,
+    );
     let name = "ditto_command_latency_seconds";
     let _ = writeln!(
         out,
@@ -313,6 +328,11 @@ mod tests {
         assert_eq!(series("ditto_command_latency_by_command_seconds_count{cmd=\"get\"}"), vec![2]);
         assert_eq!(series("ditto_command_calls_total{cmd=\"get\"}"), vec![2]);
         assert!(!text.contains("cmd=\"set\""), "only commands seen");
+        // No slice set in this process (a server sets it from its config): 0, and no thread.
+        assert!(text.contains("\nditto_commit_thread_slice_seconds 0\n"), "{text}");
+        for outcome in ["given", "ignored", "refused"] {
+            assert_eq!(series(&format!("ditto_commit_thread_slice_threads{{outcome=\"{outcome}\"}}")), vec![0]);
+        }
         assert!(fetch("/other").starts_with("HTTP/1.1 404"));
     }
 }
