@@ -83,8 +83,8 @@ pub fn commit_thread() {
     match outcome {
         Ok(true) => {}
         Ok(false) if first => tracing::info!(
-            "this kernel ignores a thread's own time slice (Linux 6.12 and later take it): \
-             the commit path's threads run with the default slice"
+            "a commit thread runs with the default time slice: this kernel ignores a thread's own \
+             (Linux 6.12 and later take it), or the thread runs under a real-time policy"
         ),
         Err(e) if first => tracing::warn!("asking for a {slice:?} time slice for a commit thread: {e}"),
         _ => {}
@@ -107,9 +107,10 @@ struct SchedAttr {
     util_max: u32,
 }
 
-/// Asks for `slice` for the calling thread under `SCHED_OTHER` at its nice value. True if
-/// the kernel reads it back (so applies it), false if it took the request and ignored it.
-/// A thread under another policy (a real-time one someone set) is left as it is.
+/// Asks for `slice` for the calling thread, under its fair policy (`SCHED_OTHER`, or
+/// `SCHED_BATCH` or `SCHED_IDLE` if someone set one) and at its nice value. True if the
+/// kernel reads it back (so applies it), false if it took the request and ignored it. A
+/// thread under a real-time policy is left as it is (false).
 pub fn request_slice(slice: Duration) -> std::io::Result<bool> {
     let ns = slice.clamp(SLICE_MIN, SLICE_MAX).as_nanos() as u64;
     let size = std::mem::size_of::<SchedAttr>() as u32;
@@ -120,11 +121,11 @@ pub fn request_slice(slice: Duration) -> std::io::Result<bool> {
         if libc::syscall(libc::SYS_sched_getattr, 0, &mut now as *mut SchedAttr, size, 0) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        if now.policy != libc::SCHED_OTHER as u32 {
+        let fair = [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].map(|p| p as u32);
+        if !fair.contains(&now.policy) {
             return Ok(false);
         }
-        let want =
-            SchedAttr { size, policy: libc::SCHED_OTHER as u32, nice: now.nice, runtime: ns, ..Default::default() };
+        let want = SchedAttr { size, policy: now.policy, nice: now.nice, runtime: ns, ..Default::default() };
         if libc::syscall(libc::SYS_sched_setattr, 0, &want as *const SchedAttr, 0) != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -184,6 +185,28 @@ mod tests {
         if kernel_takes_slices() {
             assert_eq!(short, (true, 100_000));
             assert_eq!(long, (true, 100_000_000));
+        }
+    }
+
+    /// A thread someone put under `SCHED_BATCH` stays there, with the slice.
+    #[test]
+    fn a_batch_threads_policy_is_kept() {
+        let (policy, took, runtime) = on_a_thread(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: sched_setscheduler and sched_getattr on the calling thread.
+            unsafe {
+                assert_eq!(libc::sched_setscheduler(0, libc::SCHED_BATCH, &param), 0);
+                let took = request_slice(Duration::from_micros(400)).unwrap();
+                let mut back = SchedAttr::default();
+                let size = std::mem::size_of::<SchedAttr>() as u32;
+                assert_eq!(libc::syscall(libc::SYS_sched_getattr, 0, &mut back as *mut SchedAttr, size, 0), 0);
+                (back.policy, took, back.runtime)
+            }
+        });
+        assert_eq!(policy, libc::SCHED_BATCH as u32);
+        assert_eq!(took, kernel_takes_slices());
+        if took {
+            assert_eq!(runtime, 400_000);
         }
     }
 
