@@ -297,15 +297,12 @@ fn run_modes(
     c: &Common,
     body: impl Fn(&Arc<Database>, &RunConfig, &Probe<'_>) -> Result<Report, Box<dyn std::error::Error>>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    if c.commit_thread_slice_us != 0 && !(100..=100_000).contains(&c.commit_thread_slice_us) {
-        return Err("--commit-thread-slice-us must be 0 (the kernel's default) or between 100 and 100000".into());
-    }
+    let slice = ditto_log::sched::slice_from_us(c.commit_thread_slice_us)
+        .map_err(|e| format!("--commit-thread-slice-us {e}"))?;
     if c.log.len() > 1 && !c.one_process && c.backups == 0 {
         return run_modes_in_children(name, c);
     }
-    ditto_log::sched::set_commit_thread_slice(
-        (c.commit_thread_slice_us != 0).then(|| std::time::Duration::from_micros(c.commit_thread_slice_us)),
-    );
+    ditto_log::sched::set_commit_thread_slice(slice);
     let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
     if let Some(path) = &c.backup_config {
         // Read here, so that a file the backups would refuse says why (their logs go with

@@ -107,34 +107,52 @@ struct SchedAttr {
     util_max: u32,
 }
 
+/// The calling thread's scheduling attributes (`sched_getattr`).
+fn get_attr() -> std::io::Result<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: sched_getattr on the calling thread (pid 0) with a valid `sched_attr` of the
+    // size given.
+    if unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut attr as *mut SchedAttr, size, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(attr)
+}
+
+/// The slice a setting in us names: 0 is none (the kernel's default), else it must lie in
+/// the kernel's range (`SLICE_MIN..=SLICE_MAX`). For the server's config and the benchmarks'
+/// flag alike.
+pub fn slice_from_us(us: u64) -> Result<Option<Duration>, String> {
+    let slice = Duration::from_micros(us);
+    match us {
+        0 => Ok(None),
+        _ if (SLICE_MIN..=SLICE_MAX).contains(&slice) => Ok(Some(slice)),
+        _ => Err(format!(
+            "must be 0 (the kernel's default) or between {} and {}",
+            SLICE_MIN.as_micros(),
+            SLICE_MAX.as_micros()
+        )),
+    }
+}
+
 /// Asks for `slice` for the calling thread, under its fair policy (`SCHED_OTHER`, or
 /// `SCHED_BATCH` or `SCHED_IDLE` if someone set one) and at its nice value. True if the
 /// kernel reads it back (so applies it), false if it took the request and ignored it. A
 /// thread under a real-time policy is left as it is (false).
 pub fn request_slice(slice: Duration) -> std::io::Result<bool> {
     let ns = slice.clamp(SLICE_MIN, SLICE_MAX).as_nanos() as u64;
-    let size = std::mem::size_of::<SchedAttr>() as u32;
-    let mut now = SchedAttr::default();
-    // SAFETY: sched_getattr and sched_setattr on the calling thread (pid 0), each with a
-    // valid `sched_attr` of the size given.
-    unsafe {
-        if libc::syscall(libc::SYS_sched_getattr, 0, &mut now as *mut SchedAttr, size, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let fair = [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].map(|p| p as u32);
-        if !fair.contains(&now.policy) {
-            return Ok(false);
-        }
-        let want = SchedAttr { size, policy: now.policy, nice: now.nice, runtime: ns, ..Default::default() };
-        if libc::syscall(libc::SYS_sched_setattr, 0, &want as *const SchedAttr, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut back = SchedAttr::default();
-        if libc::syscall(libc::SYS_sched_getattr, 0, &mut back as *mut SchedAttr, size, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(back.runtime == ns)
+    let now = get_attr()?;
+    let fair = [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].map(|p| p as u32);
+    if !fair.contains(&now.policy) {
+        return Ok(false);
     }
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    let want = SchedAttr { size, policy: now.policy, nice: now.nice, runtime: ns, ..Default::default() };
+    // SAFETY: sched_setattr on the calling thread (pid 0) with a valid `sched_attr`.
+    if unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &want as *const SchedAttr, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(get_attr()?.runtime == ns)
 }
 
 /// Whether this kernel takes a thread's own slice (Linux 6.12 or later), from its release.
@@ -158,12 +176,7 @@ mod tests {
     fn a_thread_gets_the_slice_it_asks_for_where_the_kernel_takes_it() {
         let (took, readback) = on_a_thread(|| {
             let took = request_slice(Duration::from_micros(300)).expect("sched_setattr");
-            let mut back = SchedAttr::default();
-            let size = std::mem::size_of::<SchedAttr>() as u32;
-            // SAFETY: as in `request_slice`.
-            let r = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut back as *mut SchedAttr, size, 0) };
-            assert_eq!(r, 0);
-            (took, back.runtime)
+            (took, get_attr().unwrap().runtime)
         });
         assert_eq!(took, kernel_takes_slices(), "the kernel's release says whether it takes a slice");
         if took {
@@ -171,20 +184,23 @@ mod tests {
         }
         // Out of the kernel's range: clamped, as the kernel would.
         let (short, long) = on_a_thread(|| {
-            let short = request_slice(Duration::from_micros(5)).unwrap();
-            let mut back = SchedAttr::default();
-            let size = std::mem::size_of::<SchedAttr>() as u32;
-            // SAFETY: as in `request_slice`.
-            unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut back as *mut SchedAttr, size, 0) };
-            let short_back = back.runtime;
-            let long = request_slice(Duration::from_secs(5)).unwrap();
-            // SAFETY: as above.
-            unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &mut back as *mut SchedAttr, size, 0) };
-            ((short, short_back), (long, back.runtime))
+            let short = (request_slice(Duration::from_micros(5)).unwrap(), get_attr().unwrap().runtime);
+            let long = (request_slice(Duration::from_secs(5)).unwrap(), get_attr().unwrap().runtime);
+            (short, long)
         });
         if kernel_takes_slices() {
             assert_eq!(short, (true, 100_000));
             assert_eq!(long, (true, 100_000_000));
+        }
+    }
+
+    #[test]
+    fn a_setting_in_us_is_none_or_in_the_kernels_range() {
+        assert_eq!(slice_from_us(0), Ok(None));
+        assert_eq!(slice_from_us(100), Ok(Some(SLICE_MIN)));
+        assert_eq!(slice_from_us(100_000), Ok(Some(SLICE_MAX)));
+        for bad in [1, 99, 100_001, u64::MAX] {
+            assert!(slice_from_us(bad).unwrap_err().contains("between 100 and 100000"), "{bad}");
         }
     }
 
@@ -193,15 +209,11 @@ mod tests {
     fn a_batch_threads_policy_is_kept() {
         let (policy, took, runtime) = on_a_thread(|| {
             let param = libc::sched_param { sched_priority: 0 };
-            // SAFETY: sched_setscheduler and sched_getattr on the calling thread.
-            unsafe {
-                assert_eq!(libc::sched_setscheduler(0, libc::SCHED_BATCH, &param), 0);
-                let took = request_slice(Duration::from_micros(400)).unwrap();
-                let mut back = SchedAttr::default();
-                let size = std::mem::size_of::<SchedAttr>() as u32;
-                assert_eq!(libc::syscall(libc::SYS_sched_getattr, 0, &mut back as *mut SchedAttr, size, 0), 0);
-                (back.policy, took, back.runtime)
-            }
+            // SAFETY: sched_setscheduler on the calling thread.
+            assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) }, 0);
+            let took = request_slice(Duration::from_micros(400)).unwrap();
+            let back = get_attr().unwrap();
+            (back.policy, took, back.runtime)
         });
         assert_eq!(policy, libc::SCHED_BATCH as u32);
         assert_eq!(took, kernel_takes_slices());

@@ -309,8 +309,9 @@ impl Config {
     }
 
     /// The slice the commit path's threads ask for (`None`: the kernel's default).
+    /// (`validate` refuses a value out of the kernel's range.)
     pub fn commit_thread_slice(&self) -> Option<Duration> {
-        (self.commit_thread_slice_us != 0).then(|| Duration::from_micros(self.commit_thread_slice_us))
+        ditto_log::sched::slice_from_us(self.commit_thread_slice_us).ok().flatten()
     }
 
     pub fn durability(&self) -> Result<Durability, ConfigError> {
@@ -412,8 +413,8 @@ impl Config {
         if self.fsync_interval_ms > FSYNC_INTERVAL_MS_MAX {
             return bad(&format!("fsync_interval_ms must be at most {FSYNC_INTERVAL_MS_MAX} (a minute)"));
         }
-        if self.commit_thread_slice_us != 0 && !(100..=100_000).contains(&self.commit_thread_slice_us) {
-            return bad("commit_thread_slice_us must be 0 (the kernel's default) or between 100 and 100000");
+        if let Err(e) = ditto_log::sched::slice_from_us(self.commit_thread_slice_us) {
+            return bad(&format!("commit_thread_slice_us {e}"));
         }
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass is empty: remove it for no password");
