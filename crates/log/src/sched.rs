@@ -7,7 +7,7 @@
 //! that the workers keep busy, Linux's fair scheduler let such a thread wait up to the
 //! running worker's whole slice (0.75 ms times 1 + log2 of the CPUs: 1.4 ms on 2 CPUs,
 //! 3.75 ms on 16) before it ran. Since Linux 6.12 a thread may ask for a shorter slice
-//! (`sched_setattr`, `sched_runtime` under `SCHED_OTHER`, 0.1 to 100 ms, no privilege
+//! (`sched_setattr`, `sched_runtime` under a fair policy, 0.1 to 100 ms, no privilege
 //! needed), and a woken thread with a shorter slice than the running one preempts it
 //! (the scheduler's `PREEMPT_SHORT`). Its share of the CPU is unchanged (its weight, its
 //! nice value, is), only how soon it runs. Older kernels take the request and ignore it,
