@@ -64,6 +64,8 @@ pub struct Probe<'a> {
     /// Called once as it ends: every worker's last commit counted (the run's duration
     /// ends here), before any check the benchmark makes after it.
     pub on_run_end: Option<&'a (dyn Fn() + Sync)>,
+    /// Called on each worker's thread before its first transaction.
+    pub on_worker_start: Option<&'a (dyn Fn() + Sync)>,
 }
 
 fn no_log_bytes() -> u64 {
@@ -73,7 +75,7 @@ fn no_log_bytes() -> u64 {
 impl Probe<'static> {
     /// A probe for a database without a log.
     pub const NONE: Probe<'static> =
-        Probe { log_bytes: &no_log_bytes, released: None, on_run_start: None, on_run_end: None };
+        Probe { log_bytes: &no_log_bytes, released: None, on_run_start: None, on_run_end: None, on_worker_start: None };
 }
 
 /// The result of running one transaction to its end (conflicts are reported as
@@ -309,6 +311,9 @@ where
                     .spawn_scoped(s, move || {
                         let mut worker = db.worker(WorkerId(i as u32)).unwrap_or_else(|| panic!("worker {i} is taken"));
                         let mut wl = make(i);
+                        if let Some(f) = probe.on_worker_start {
+                            f();
+                        }
                         let out = worker_loop(&mut worker, &mut wl, ntypes, deadline, stop, progress, probe.released);
                         if out.is_err() {
                             stop.store(true, Ordering::Relaxed);

@@ -63,6 +63,8 @@ pub struct ClusterSpec<'a> {
     /// The slice the commit path's threads ask for, here and in the backups
     /// (`--commit-thread-slice-us`; 0: the kernel's default).
     pub commit_thread_slice_us: u64,
+    /// The workers ship the primary's batches, not the flushers (`--workers-ship`).
+    pub workers_ship: bool,
 }
 
 struct BackupProc {
@@ -286,6 +288,9 @@ pub fn run(
                 released: Some(&released),
                 on_run_start: Some(&on_start),
                 on_run_end: Some(&on_end),
+                // With `--workers-ship`, each worker ships its own batches
+                // (`ditto_log::defer_flushes`), as a server's busy runtime threads do.
+                on_worker_start: spec.workers_ship.then_some(&ditto_log::defer_flushes as &(dyn Fn() + Sync)),
             };
             let r = body(d.db(), run, &probe);
             done.store(true, Ordering::Release);
@@ -318,6 +323,7 @@ pub fn run(
             m.insert("backups".into(), spec.backups.into());
             m.insert("commit_policy".into(), spec.policy.name().into());
             m.insert("commit_thread_slice_us".into(), spec.commit_thread_slice_us.into());
+            m.insert("shipped_by".into(), if spec.workers_ship { "workers" } else { "flushers" }.into());
             m.insert("backup_replay".into(), spec.replay.into());
             m.insert("pinned".into(), spec.backup_cpus.is_some().into());
             if let Some(c) = spec.config {

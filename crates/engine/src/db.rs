@@ -62,6 +62,10 @@ pub trait CommitLog: Send + Sync {
     /// Buffers one transaction's write set on `worker`'s stream. Never does I/O itself; may
     /// block while the stream's buffer is over its limit (backpressure).
     fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>);
+    /// Called on the committing thread at the end of each commit that `append`ed, once its
+    /// writes are installed, its record locks let go and its timestamp visible: a log may
+    /// do here the I/O it deferred (ship a batch), holding up no other transaction.
+    fn committed(&self) {}
     /// Blocks until every transaction with a timestamp at or below `ts` is durable under
     /// the log's durability, or the log has failed.
     fn wait_durable(&self, ts: Ts) -> Result<()>;

@@ -982,6 +982,10 @@ impl<'w> Transaction<'w> {
         drop(deleted);
         // 6. Visible to snapshots and to the stream bound.
         clock.end_commit(worker);
+        // 7. The log's deferred work, if any (`CommitLog::committed`).
+        if let Some(log) = &log {
+            log.0.committed();
+        }
         if self.worker.installs_since_collect >= GC_COLLECT_EVERY_INSTALLS {
             self.worker.installs_since_collect = 0;
             // Hands this thread's freed versions to the global queue and collects there.

@@ -43,7 +43,7 @@ pub use checkpoint::CheckpointInfo;
 pub use format::{Epoch, StreamId};
 pub use options::{Durability, LogOptions};
 pub use recovery::RecoveryReport;
-pub use writer::{flush_before_sleeping, flush_deferred, LogStats, Logger, ProgressListener, ShipTap};
+pub use writer::{defer_flushes, flush_before_sleeping, flush_deferred, LogStats, Logger, ProgressListener, ShipTap};
 
 use crate::catalog::Catalog;
 

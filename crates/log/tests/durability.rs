@@ -2153,6 +2153,55 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
     }
 }
 
+/// A thread that defers from its start (`defer_flushes`: a benchmark's worker) and commits
+/// back to back, never sleeping nor waiting, ships its own batches: at the end of a commit
+/// once its deferral is `DEFER_TIME_MAX` old (before, its appends then woke the flusher, and
+/// it shipped nothing). Every commit is shipped and made durable, and found after a reopen.
+#[test]
+fn a_thread_that_commits_back_to_back_ships_its_own_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let highest = Arc::new(AtomicU64::new(0));
+    let on_thread = Arc::new(AtomicU64::new(0));
+    let at_once_wrong = Arc::new(AtomicU64::new(0));
+    let mut n = 0u64;
+    {
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        let tap = ShippedOn {
+            highest: Arc::clone(&highest),
+            thread: std::thread::current().id(),
+            on_thread: Arc::clone(&on_thread),
+            at_once_wrong: Arc::clone(&at_once_wrong),
+        };
+        d.logger().set_ship_tap(Arc::new(tap)).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        ditto_log::defer_flushes();
+        // Back to back for 100 ms (bounded in count too): hundreds of `DEFER_TIME_MAX`s.
+        let start = std::time::Instant::now();
+        let mut last = Ts::ZERO;
+        while start.elapsed() < Duration::from_millis(100) && n < 200_000 {
+            last = w.run(|x| x.put(t, &n.to_be_bytes(), b"v")).unwrap().1.ts();
+            n += 1;
+        }
+        let mine = on_thread.load(Ordering::SeqCst);
+        assert!(mine >= 10, "{n} commits over 100 ms, {mine} batches shipped by the committing thread");
+        assert_eq!(at_once_wrong.load(Ordering::SeqCst), 0, "batches shipped here go at once, the flusher's do not");
+        // What it deferred last is shipped and made durable by the flusher's check.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while d.logger().watermark() < last && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(d.logger().watermark() >= last, "the last commit became durable");
+        assert!(highest.load(Ordering::SeqCst) >= last.0, "the last commit was shipped");
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    let r = d.db().read();
+    for i in 0..n {
+        assert!(r.get(t, &i.to_be_bytes()).unwrap().is_some(), "commit {i} lost");
+    }
+}
+
 /// An idle log's flushers doze (`Logger::doze`: no look every millisecond once the whole
 /// log is quiet, up to a second), and commits after still become durable soon, well within
 /// that second: one deferred by a thread that then does not sleep (the append wakes the
