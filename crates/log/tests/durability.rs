@@ -2074,6 +2074,18 @@ struct ShippedOn {
     at_once_wrong: Arc<AtomicU64>,
 }
 
+impl ShippedOn {
+    /// One that counts the batches shipped on this thread, its counters at zero.
+    fn here() -> Arc<Self> {
+        Arc::new(ShippedOn {
+            highest: Arc::default(),
+            thread: std::thread::current().id(),
+            on_thread: Arc::default(),
+            at_once_wrong: Arc::default(),
+        })
+    }
+}
+
 impl ditto_log::ShipTap for ShippedOn {
     fn batch(&self, h: &ditto_log::format::BatchHeader, _: &[u8], at_once: bool) {
         self.highest.fetch_max(h.bound_ts.0, Ordering::SeqCst);
@@ -2096,9 +2108,8 @@ impl ditto_log::ShipTap for ShippedOn {
 #[test]
 fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_covers_one_that_does_not() {
     let dir = tempfile::tempdir().unwrap();
-    let highest = Arc::new(AtomicU64::new(0));
-    let on_thread = Arc::new(AtomicU64::new(0));
-    let at_once_wrong = Arc::new(AtomicU64::new(0));
+    let tap = ShippedOn::here();
+    let (highest, on_thread, at_once_wrong) = (&tap.highest, &tap.on_thread, &tap.at_once_wrong);
     let n = 50u64;
     let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -2109,13 +2120,7 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
     };
     {
         let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-        let tap = ShippedOn {
-            highest: Arc::clone(&highest),
-            thread: std::thread::current().id(),
-            on_thread: Arc::clone(&on_thread),
-            at_once_wrong: Arc::clone(&at_once_wrong),
-        };
-        d.logger().set_ship_tap(Arc::new(tap)).unwrap();
+        d.logger().set_ship_tap(Arc::clone(&tap) as Arc<dyn ditto_log::ShipTap>).unwrap();
         let t = d.db().create_table("t").unwrap();
         // Not deferring yet: the flusher ships every batch.
         let mut w = d.db().worker(WorkerId(0)).unwrap();
@@ -2160,19 +2165,12 @@ fn a_thread_that_defers_its_flushes_ships_them_before_it_sleeps_and_the_flusher_
 #[test]
 fn a_thread_that_commits_back_to_back_ships_its_own_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let highest = Arc::new(AtomicU64::new(0));
-    let on_thread = Arc::new(AtomicU64::new(0));
-    let at_once_wrong = Arc::new(AtomicU64::new(0));
+    let tap = ShippedOn::here();
+    let (highest, on_thread, at_once_wrong) = (&tap.highest, &tap.on_thread, &tap.at_once_wrong);
     let mut n = 0u64;
     {
         let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-        let tap = ShippedOn {
-            highest: Arc::clone(&highest),
-            thread: std::thread::current().id(),
-            on_thread: Arc::clone(&on_thread),
-            at_once_wrong: Arc::clone(&at_once_wrong),
-        };
-        d.logger().set_ship_tap(Arc::new(tap)).unwrap();
+        d.logger().set_ship_tap(Arc::clone(&tap) as Arc<dyn ditto_log::ShipTap>).unwrap();
         let t = d.db().create_table("t").unwrap();
         let mut w = d.db().worker(WorkerId(0)).unwrap();
         ditto_log::defer_flushes();
