@@ -3,7 +3,9 @@
 //! machine, in the same run, and their ratios.
 //!
 //! Every server is started first; then each round runs each pipeline depth against each
-//! server in turn, so the servers are measured minutes apart at most, interleaved. The
+//! server in turn (in the reverse order in even rounds, `round_order`: with the same order
+//! every round, the second of two builds compared with `--other-ditto` won in both orders,
+//! 2026-12-04), so the servers are measured minutes apart at most, interleaved. The
 //! table shows each configuration's median over the rounds (ratios are median to median)
 //! and the range: on a shared VM a burst of CPU steal can halve one measurement, and
 //! interleaving spreads such bursts over all servers instead of landing on one.
@@ -96,6 +98,16 @@ pub struct RedisBenchArgs {
     /// End with one JSON object holding every figure.
     #[arg(long)]
     json: bool,
+}
+
+/// The order in which round `round` (from 1) measures `n` servers: as given in odd rounds,
+/// reversed in even ones, so that over the rounds no server always runs right after
+/// another (on a shared VM the position in a round can be worth more than a change).
+fn round_order(n: usize, round: u32) -> Vec<usize> {
+    match round % 2 {
+        1 => (0..n).collect(),
+        _ => (0..n).rev().collect(),
+    }
 }
 
 /// One redis-benchmark test of one round.
@@ -533,7 +545,8 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     for round in 1..=a.rounds.max(1) {
         for &p in &a.pipeline {
-            for (server, proc) in servers.iter().zip(&running) {
+            for i in round_order(servers.len(), round) {
+                let (server, proc) = (&servers[i], &running[i]);
                 eprintln!("round {round}: {server}: SET, GET with {} clients, pipeline {p} ...", a.clients);
                 // SET first, so GET finds the keys.
                 for test in ["set", "get"] {
@@ -616,6 +629,14 @@ pub fn run(a: RedisBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_alternate_the_servers_order() {
+        assert_eq!(round_order(3, 1), vec![0, 1, 2]);
+        assert_eq!(round_order(3, 2), vec![2, 1, 0]);
+        assert_eq!(round_order(3, 3), vec![0, 1, 2]);
+        assert_eq!(round_order(0, 2), Vec::<usize>::new());
+    }
 
     fn row(server: &str, round: u32, rps: f64) -> Row {
         let (p50_ms, cpu_us_per_req, rss_mib) = (rps / 1e4, rps / 10.0, 100.0 - rps);
