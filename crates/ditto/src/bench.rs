@@ -306,6 +306,10 @@ fn run_modes(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let slice = ditto_log::sched::slice_from_us(c.commit_thread_slice_us)
         .map_err(|e| format!("--commit-thread-slice-us {e}"))?;
+    if c.workers_ship && c.backups == 0 {
+        // (Without backups nothing is shipped: the flag would be silently without effect.)
+        return Err("--workers-ship needs --backups: only a cluster run ships its batches".into());
+    }
     if c.log.len() > 1 && !c.one_process && c.backups == 0 {
         return run_modes_in_children(name, c);
     }

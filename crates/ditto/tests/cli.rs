@@ -117,6 +117,12 @@ fn bench_ycsb_small() {
         assert!(err.contains("--backup-config") && err.contains(says), "{text}: {err}");
         assert!(!err.contains("== "), "refused before any run started: {err}");
     }
+    // Workers shipping their batches with nothing to ship to: refused, not ignored.
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto")).args(["bench", "ycsb", "--workers-ship"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--workers-ship needs --backups"), "{err}");
+    assert!(!err.contains("== "), "refused before any run started: {err}");
 }
 
 #[test]
