@@ -114,6 +114,11 @@ pub struct Common {
     /// kernel's default (docs/replication.md, "Short time slices for the commit path").
     #[arg(long, default_value_t = 0)]
     pub commit_thread_slice_us: u64,
+    /// The time slice in us that a primary's replication links and ack readers ask for
+    /// (Linux 6.12+), as a server's `link_thread_slice_us`; 0: the kernel's default
+    /// (docs/replication.md, "A short slice for the links").
+    #[arg(long, default_value_t = 300)]
+    pub link_thread_slice_us: u64,
     /// Cluster runs: each worker frames and ships its own batches, at the end of its first
     /// commit 200 us after its last batch (`ditto_log::defer_flushes`, as a server's busy
     /// runtime threads do), where by default the log's flusher threads do it: lower backup
@@ -306,6 +311,8 @@ fn run_modes(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let slice = ditto_log::sched::slice_from_us(c.commit_thread_slice_us)
         .map_err(|e| format!("--commit-thread-slice-us {e}"))?;
+    let link_slice =
+        ditto_log::sched::slice_from_us(c.link_thread_slice_us).map_err(|e| format!("--link-thread-slice-us {e}"))?;
     if c.workers_ship && c.backups == 0 {
         // (Without backups nothing is shipped: the flag would be silently without effect.)
         return Err("--workers-ship needs --backups: only a cluster run ships its batches".into());
@@ -314,6 +321,7 @@ fn run_modes(
         return run_modes_in_children(name, c);
     }
     ditto_log::sched::set_commit_thread_slice(slice);
+    ditto_log::sched::set_link_thread_slice(link_slice);
     let policy = ditto_replication::CommitPolicy::parse(&c.commit_policy)?;
     if let Some(path) = &c.backup_config {
         // Read here, so that a file the backups would refuse says why (their logs go with
@@ -477,6 +485,7 @@ fn run_modes(
                 direct_io: !c.buffered_log,
                 checkpoint_every_ms: c.checkpoint_every_ms,
                 commit_thread_slice_us: c.commit_thread_slice_us,
+                link_thread_slice_us: c.link_thread_slice_us,
                 workers_ship: c.workers_ship,
             };
             let mut r = crate::cluster::run(name, &spec, &run, body)?;

@@ -63,6 +63,9 @@ pub struct ClusterSpec<'a> {
     /// The slice the commit path's threads ask for, here and in the backups
     /// (`--commit-thread-slice-us`; 0: the kernel's default).
     pub commit_thread_slice_us: u64,
+    /// The slice a primary's links and ack readers ask for, here and in the backups
+    /// (`--link-thread-slice-us`; 0: the kernel's default).
+    pub link_thread_slice_us: u64,
     /// The workers ship the primary's batches, not the flushers (`--workers-ship`).
     pub workers_ship: bool,
 }
@@ -134,6 +137,7 @@ fn start_backup(dir: &Path, primary: &str, spec: &ClusterSpec<'_>) -> Result<Bac
         .args(["--workers", &spec.workers.to_string(), "--replica-of", primary, "--replay", spec.replay])
         .args(["--prefault-mib", &spec.prefault_mib.to_string()])
         .args(["--commit-thread-slice-us", &spec.commit_thread_slice_us.to_string()])
+        .args(["--link-thread-slice-us", &spec.link_thread_slice_us.to_string()])
         .args(spec.config.iter().flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log"))?))
@@ -323,6 +327,7 @@ pub fn run(
             m.insert("backups".into(), spec.backups.into());
             m.insert("commit_policy".into(), spec.policy.name().into());
             m.insert("commit_thread_slice_us".into(), spec.commit_thread_slice_us.into());
+            m.insert("link_thread_slice_us".into(), spec.link_thread_slice_us.into());
             m.insert("shipped_by".into(), if spec.workers_ship { "workers" } else { "flushers" }.into());
             m.insert("backup_replay".into(), spec.replay.into());
             m.insert("pinned".into(), spec.backup_cpus.is_some().into());

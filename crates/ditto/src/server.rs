@@ -34,6 +34,10 @@ pub struct ServerArgs {
     /// throughput on saturated cores); 0: the kernel's default [default: 0].
     #[arg(long)]
     commit_thread_slice_us: Option<u64>,
+    /// The time slice in us that a primary's replication links and ack readers ask for
+    /// (Linux 6.12+), as --commit-thread-slice-us; 0: the kernel's default [default: 300].
+    #[arg(long)]
+    link_thread_slice_us: Option<u64>,
     /// Prometheus endpoint host:port, or "off" [default: 127.0.0.1:9379].
     #[arg(long)]
     metrics: Option<String>,
@@ -320,6 +324,9 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(us) = a.commit_thread_slice_us {
         cfg.commit_thread_slice_us = us;
     }
+    if let Some(us) = a.link_thread_slice_us {
+        cfg.link_thread_slice_us = us;
+    }
     if let Some(m) = a.metrics {
         cfg.metrics = m;
     }
@@ -530,6 +537,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     pass("durability", a.durability);
     pass("fsync-interval-ms", a.fsync_interval_ms.map(|v| v.to_string()));
     pass("commit-thread-slice-us", a.commit_thread_slice_us.map(|v| v.to_string()));
+    pass("link-thread-slice-us", a.link_thread_slice_us.map(|v| v.to_string()));
     pass("metrics", Some(a.metrics.unwrap_or_else(|| "off".into())));
     pass("maxmemory", a.maxmemory);
     pass("replay", a.replay);

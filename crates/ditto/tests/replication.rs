@@ -754,69 +754,75 @@ fn thread_slices(pid: u32, names: &[&str]) -> Vec<(String, Option<u64>)> {
 
 /// The commit path's threads ask for the slice the server is given (`commit_thread_slice_us`,
 /// docs/replication.md "Short time slices for the commit path"), on a primary and on its
-/// backup, and `INFO server` says how many got it; 0 asks for nothing; a value out of the
-/// kernel's range is refused with a clear error.
+/// backup, and a primary's link thread for its own (`link_thread_slice_us`, 300 us unless
+/// set: "A short slice for the links"); `INFO server` says how many got each; 0 asks for
+/// nothing; a value out of the kernel's range is refused with a clear error.
 #[test]
 fn the_commit_paths_threads_run_with_the_slice_they_are_given() {
     let tmp = tempfile::tempdir().unwrap();
     let takes = ditto_log::sched::kernel_takes_slices();
-    let primary_threads = ["ditto-log-", "ditto-disk-", "ditto-repl-link"];
+    let primary_threads = ["ditto-log-", "ditto-disk-"];
     let backup_threads = ["ditto-repl-recv", "ditto-repl-pers", "ditto-repl-acks"];
-    for slice in [250u64, 0] {
-        let s = slice.to_string();
-        let (pdir, bdir) = (tmp.path().join(format!("p{slice}")), tmp.path().join(format!("b{slice}")));
-        let primary = Node::start(
-            &pdir,
-            &[
-                "--repl-port",
-                "0",
-                "--commit-policy",
-                "majority-received",
-                "--backups",
-                "1",
-                "--commit-thread-slice-us",
-                &s,
-            ],
-        );
-        let backup =
-            Node::start(&bdir, &["--replica-of", primary.repl.as_ref().unwrap(), "--commit-thread-slice-us", &s]);
+    // (The primary's acks are read on its runtime: its one link thread is the link class.)
+    let link_threads = ["ditto-repl-link"];
+    // The flags given (None: not given) and the slices expected, commit path's and links'.
+    let cases = [(Some(250u64), Some(400u64), 250, 400), (Some(0), Some(0), 0, 0), (None, None, 0, 300)];
+    for (i, (commit_flag, link_flag, commit, link)) in cases.into_iter().enumerate() {
+        let mut flags = Vec::new();
+        if let Some(us) = commit_flag {
+            flags.extend(["--commit-thread-slice-us".to_string(), us.to_string()]);
+        }
+        if let Some(us) = link_flag {
+            flags.extend(["--link-thread-slice-us".to_string(), us.to_string()]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let (pdir, bdir) = (tmp.path().join(format!("p{i}")), tmp.path().join(format!("b{i}")));
+        let mut pargs = vec!["--repl-port", "0", "--commit-policy", "majority-received", "--backups", "1"];
+        pargs.extend(&flags);
+        let primary = Node::start(&pdir, &pargs);
+        let mut bargs = vec!["--replica-of", primary.repl.as_ref().unwrap()];
+        bargs.extend(&flags);
+        let backup = Node::start(&bdir, &bargs);
         let mut c = Client::connect(primary.port).unwrap();
         // Released only once the backup holds it: its link and threads are up.
         assert_eq!(c.one(&["SET", "k", "v"]), "+OK");
         let mut b = Client::connect(backup.port).unwrap();
-        for (client, node, names) in [(&mut c, &primary, &primary_threads[..]), (&mut b, &backup, &backup_threads[..])]
-        {
-            assert_eq!(server_field(client, "commit_thread_slice_us"), slice);
-            let (given, ignored, refused) = (
-                server_field(client, "commit_thread_slice_given"),
-                server_field(client, "commit_thread_slice_ignored"),
-                server_field(client, "commit_thread_slice_refused"),
-            );
+        let on_primary = [("commit", commit, &primary_threads[..]), ("link", link, &link_threads[..])];
+        let on_backup = [("commit", commit, &backup_threads[..]), ("link", link, &[][..])];
+        for (client, node, classes) in [(&mut c, &primary, on_primary), (&mut b, &backup, on_backup)] {
             let pid = node.child.id();
-            let threads = thread_slices(pid, names);
-            // The process's main thread (not on the commit path): the kernel's default.
+            // The process's main thread (in neither class): the kernel's default.
             let default = thread_slices(pid, &["ditto"]).into_iter().find(|(t, _)| t == "ditto").and_then(|(_, ns)| ns);
-            // Every kind of thread is there (2 workers: 2 flushers and 2 disk threads).
-            for n in names {
-                assert!(threads.iter().any(|(t, _)| t.starts_with(n)), "no {n} thread in {threads:?}");
-            }
-            if slice == 0 {
-                assert_eq!((given, ignored, refused), (0, 0, 0));
-                for (t, ns) in &threads {
-                    assert_eq!(*ns, default, "{t} asked for a slice with none set");
+            for (class, slice, names) in classes {
+                assert_eq!(server_field(client, &format!("{class}_thread_slice_us")), slice, "case {i}");
+                let (given, ignored, refused) = (
+                    server_field(client, &format!("{class}_thread_slice_given")),
+                    server_field(client, &format!("{class}_thread_slice_ignored")),
+                    server_field(client, &format!("{class}_thread_slice_refused")),
+                );
+                let threads = thread_slices(pid, names);
+                // Every kind of thread is there (2 workers: 2 flushers and 2 disk threads).
+                for n in names {
+                    assert!(threads.iter().any(|(t, _)| t.starts_with(n)), "no {n} thread in {threads:?}");
                 }
-                continue;
-            }
-            assert_eq!(refused, 0);
-            assert!(given + ignored >= threads.len() as u64, "{given} + {ignored} of {threads:?}");
-            if takes {
-                assert_eq!(ignored, 0);
-                for (t, ns) in &threads {
-                    if let Some(ns) = ns {
-                        assert_eq!(*ns, slice * 1000, "{t}'s slice");
+                if slice == 0 {
+                    assert_eq!((given, ignored, refused), (0, 0, 0), "case {i}, {class}");
+                    for (t, ns) in &threads {
+                        assert_eq!(*ns, default, "{t} asked for a slice with none set (case {i})");
                     }
+                    continue;
                 }
-                assert_ne!(default, Some(slice * 1000), "the main thread keeps the default");
+                assert_eq!(refused, 0);
+                assert!(given + ignored >= threads.len() as u64, "{given} + {ignored} of {threads:?}");
+                if takes {
+                    assert_eq!(ignored, 0);
+                    for (t, ns) in &threads {
+                        if let Some(ns) = ns {
+                            assert_eq!(*ns, slice * 1000, "{t}'s slice (case {i})");
+                        }
+                    }
+                    assert_ne!(default, Some(slice * 1000), "the main thread keeps the default");
+                }
             }
         }
     }
@@ -828,5 +834,12 @@ fn the_commit_paths_threads_run_with_the_slice_they_are_given() {
         );
         assert!(!status.success());
         assert!(said.contains("commit_thread_slice_us must be 0"), "{said}");
+        let (status, said) = Node::run_to_exit(
+            &tmp.path().join(format!("badlink{bad}")),
+            &["--link-thread-slice-us", bad],
+            &tmp.path().join(format!("badlink{bad}.log")),
+        );
+        assert!(!status.success());
+        assert!(said.contains("link_thread_slice_us must be 0"), "{said}");
     }
 }

@@ -16,6 +16,12 @@
 //! The setting is the process's (a server's `commit_thread_slice_us`, a benchmark's
 //! flag), set before its log starts; threads ask for it as they start. Unset (a library
 //! user, a test), nothing is asked.
+//!
+//! A primary's replication links and ack readers are a class of their own, with their own
+//! setting (a server's `link_thread_slice_us`, 300 us unless set): each wake-up is a send
+//! or an ack read of a few microseconds, so running them at once costs the workers little,
+//! and a primary's view of its backups (its releases, the lag it reports) waits for them.
+//! The log's flushers and disk threads are the ones whose promptness shrinks batches.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -25,27 +31,102 @@ pub const SLICE_MIN: Duration = Duration::from_micros(100);
 /// The longest slice Linux takes.
 pub const SLICE_MAX: Duration = Duration::from_millis(100);
 
-/// The slice asked for, in ns; 0: none (the kernel's default).
-static SLICE_NS: AtomicU64 = AtomicU64::new(0);
-/// Threads given the slice, threads whose kernel ignored it, threads refused it.
-static GIVEN: AtomicU64 = AtomicU64::new(0);
-static IGNORED: AtomicU64 = AtomicU64::new(0);
-static REFUSED: AtomicU64 = AtomicU64::new(0);
+/// A class of threads that ask for the same slice: the setting and what became of the
+/// requests.
+struct Class {
+    /// The slice asked for, in ns; 0: none (the kernel's default).
+    slice_ns: AtomicU64,
+    /// Threads given the slice, threads whose kernel ignored it, threads refused it.
+    given: AtomicU64,
+    ignored: AtomicU64,
+    refused: AtomicU64,
+    /// What such a thread is, for the log.
+    what: &'static str,
+}
+
+impl Class {
+    const fn new(what: &'static str) -> Class {
+        Class {
+            slice_ns: AtomicU64::new(0),
+            given: AtomicU64::new(0),
+            ignored: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            what,
+        }
+    }
+
+    fn set(&self, slice: Option<Duration>) {
+        let ns = slice.map_or(0, |s| s.clamp(SLICE_MIN, SLICE_MAX).as_nanos() as u64);
+        self.slice_ns.store(ns, Ordering::Relaxed);
+    }
+
+    fn slice(&self) -> Option<Duration> {
+        match self.slice_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    fn counts(&self) -> SliceCounts {
+        SliceCounts {
+            given: self.given.load(Ordering::Relaxed),
+            ignored: self.ignored.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The calling thread asks for the class's slice, if one is set. A kernel that
+    /// ignores or refuses it is said once per class, in the log; the thread runs on
+    /// either way.
+    fn join(&self) {
+        let Some(slice) = self.slice() else { return };
+        let outcome = request_slice(slice);
+        let counter = match &outcome {
+            Ok(true) => &self.given,
+            Ok(false) => &self.ignored,
+            Err(_) => &self.refused,
+        };
+        let first = self.ignored.load(Ordering::Relaxed) + self.refused.load(Ordering::Relaxed) == 0;
+        counter.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Ok(true) => {}
+            Ok(false) if first => tracing::info!(
+                "{} runs with the default time slice: this kernel ignores a thread's own \
+                 (Linux 6.12 and later take it), or the thread runs under a real-time policy",
+                self.what
+            ),
+            Err(e) if first => tracing::warn!("asking for a {slice:?} time slice for {}: {e}", self.what),
+            _ => {}
+        }
+    }
+}
+
+/// The log's flushers and disk threads, a backup's receiver, persister and replay acker.
+static COMMIT: Class = Class::new("a commit thread");
+/// A primary's replication links and ack readers.
+static LINK: Class = Class::new("a replication link's thread");
 
 /// Sets the slice the commit path's threads ask for from now on (`None`: the kernel's
 /// default). Threads already started keep theirs. A slice outside `SLICE_MIN..=SLICE_MAX`
 /// is clamped, as the kernel would.
 pub fn set_commit_thread_slice(slice: Option<Duration>) {
-    let ns = slice.map_or(0, |s| s.clamp(SLICE_MIN, SLICE_MAX).as_nanos() as u64);
-    SLICE_NS.store(ns, Ordering::Relaxed);
+    COMMIT.set(slice);
 }
 
 /// The slice the commit path's threads ask for (`None`: the kernel's default).
 pub fn commit_thread_slice() -> Option<Duration> {
-    match SLICE_NS.load(Ordering::Relaxed) {
-        0 => None,
-        ns => Some(Duration::from_nanos(ns)),
-    }
+    COMMIT.slice()
+}
+
+/// Sets the slice a primary's replication links and ack readers ask for from now on
+/// (`None`: the kernel's default), as `set_commit_thread_slice` does for the commit path's.
+pub fn set_link_thread_slice(slice: Option<Duration>) {
+    LINK.set(slice);
+}
+
+/// The slice a primary's replication links and ack readers ask for.
+pub fn link_thread_slice() -> Option<Duration> {
+    LINK.slice()
 }
 
 /// How the requests went, for `INFO` and the metrics.
@@ -59,36 +140,27 @@ pub struct SliceCounts {
     pub refused: u64,
 }
 
+/// The commit path's threads' requests.
 pub fn slice_counts() -> SliceCounts {
-    SliceCounts {
-        given: GIVEN.load(Ordering::Relaxed),
-        ignored: IGNORED.load(Ordering::Relaxed),
-        refused: REFUSED.load(Ordering::Relaxed),
-    }
+    COMMIT.counts()
+}
+
+/// The replication links' and ack readers' requests.
+pub fn link_slice_counts() -> SliceCounts {
+    LINK.counts()
 }
 
 /// Called by a thread on a commit's path as it starts: asks for the process's slice, if
 /// one is set. A kernel that ignores or refuses it is said once per process, in the log;
 /// the thread runs on either way.
 pub fn commit_thread() {
-    let Some(slice) = commit_thread_slice() else { return };
-    let outcome = request_slice(slice);
-    let counter = match &outcome {
-        Ok(true) => &GIVEN,
-        Ok(false) => &IGNORED,
-        Err(_) => &REFUSED,
-    };
-    let first = IGNORED.load(Ordering::Relaxed) + REFUSED.load(Ordering::Relaxed) == 0;
-    counter.fetch_add(1, Ordering::Relaxed);
-    match outcome {
-        Ok(true) => {}
-        Ok(false) if first => tracing::info!(
-            "a commit thread runs with the default time slice: this kernel ignores a thread's own \
-             (Linux 6.12 and later take it), or the thread runs under a real-time policy"
-        ),
-        Err(e) if first => tracing::warn!("asking for a {slice:?} time slice for a commit thread: {e}"),
-        _ => {}
-    }
+    COMMIT.join();
+}
+
+/// Called by a primary's replication link or ack reader as it starts: asks for the
+/// process's link slice, if one is set, as `commit_thread` does.
+pub fn link_thread() {
+    LINK.join();
 }
 
 /// Linux's `struct sched_attr` (include/uapi/linux/sched/types.h), its first version.

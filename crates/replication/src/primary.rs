@@ -446,7 +446,7 @@ impl Primary {
                         }
                         let me = Arc::clone(&me);
                         let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
-                            ditto_log::sched::commit_thread();
+                            ditto_log::sched::link_thread();
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                             // A backup gone without a FIN is found by the kernel's probes
                             // where no write of this side's is waiting to fail.
@@ -1658,7 +1658,7 @@ impl Primary {
             return Ok(AckReader::Task(ended));
         }
         let thread = std::thread::Builder::new().name("ditto-repl-acks".into()).spawn(move || {
-            ditto_log::sched::commit_thread();
+            ditto_log::sched::link_thread();
             let mut reader = reader;
             // A panic (a bug: in the listener `acks_read` calls, say) ends the link as a
             // broken connection does. (Before 2026-12-04 it ended this thread alone: the

@@ -40,14 +40,20 @@ pub struct Config {
     pub durability: String,
     pub fsync_interval_ms: u64,
     /// The time slice, in us, that the threads on a commit's path ask the kernel for (the
-    /// log's flushers and disk threads, replication's links and ack readers, a backup's
-    /// receiver, persister and replay acker): on a core the workers keep busy, a woken one
+    /// log's flushers and disk threads, a backup's receiver, persister and replay acker;
+    /// a primary's links and ack readers have `link_thread_slice_us`): on a core the workers keep busy, a woken one
     /// then runs within about this instead of the running worker's whole slice (1.4 ms on
     /// 2 CPUs, 3.75 on 16). Lower commit latency and backup lag, for less throughput when
     /// the workers saturate their cores (smaller batches). Linux 6.12 and later; older
     /// kernels ignore it (`INFO server` says). 0 (the default): the kernel's default; else
     /// 100 to 100,000 (docs/replication.md, "Short time slices for the commit path").
     pub commit_thread_slice_us: u64,
+    /// The time slice, in us, that a primary's replication links and ack readers ask for,
+    /// as `commit_thread_slice_us` for the commit path's threads. Each of their wake-ups is
+    /// a send or an ack read of a few microseconds, so running them at once costs little,
+    /// and a primary's releases and the lag it reports wait for them. 300 by default; 0:
+    /// the kernel's default (docs/replication.md, "A short slice for the links").
+    pub link_thread_slice_us: u64,
     /// LZ4 per log batch (off by default: CPU for a few bytes, docs/durability.md).
     pub compress_log: bool,
     /// Seconds between online checkpoints (0: not by time). Checkpoints also start sooner,
@@ -241,6 +247,7 @@ impl Default for Config {
             durability: "every-batch".into(),
             fsync_interval_ms: 10,
             commit_thread_slice_us: 0,
+            link_thread_slice_us: 300,
             compress_log: false,
             checkpoint_interval_s: 300,
             checkpoint_log_growth_percent: 100,
@@ -312,6 +319,11 @@ impl Config {
     /// (`validate` refuses a value out of the kernel's range.)
     pub fn commit_thread_slice(&self) -> Option<Duration> {
         ditto_log::sched::slice_from_us(self.commit_thread_slice_us).ok().flatten()
+    }
+
+    /// The slice a primary's links and ack readers ask for (`None`: the kernel's default).
+    pub fn link_thread_slice(&self) -> Option<Duration> {
+        ditto_log::sched::slice_from_us(self.link_thread_slice_us).ok().flatten()
     }
 
     pub fn durability(&self) -> Result<Durability, ConfigError> {
@@ -416,6 +428,9 @@ impl Config {
         if let Err(e) = ditto_log::sched::slice_from_us(self.commit_thread_slice_us) {
             return bad(&format!("commit_thread_slice_us {e}"));
         }
+        if let Err(e) = ditto_log::sched::slice_from_us(self.link_thread_slice_us) {
+            return bad(&format!("link_thread_slice_us {e}"));
+        }
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass is empty: remove it for no password");
         }
@@ -449,6 +464,7 @@ impl Config {
             ("durability", self.durability.clone()),
             ("fsync-interval-ms", self.fsync_interval_ms.to_string()),
             ("commit-thread-slice-us", self.commit_thread_slice_us.to_string()),
+            ("link-thread-slice-us", self.link_thread_slice_us.to_string()),
             ("proto-max-bulk-len", self.max_request_bytes.to_string()),
             ("client-output-buffer-limit", format!("normal {} {} 0", self.max_output_bytes, self.max_output_bytes)),
             ("maxmemory", self.maxmemory.bytes().unwrap_or(0).to_string()),

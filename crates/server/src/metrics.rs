@@ -212,6 +212,21 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         slices.ignored,
         slices.refused,
     );
+    let links = ditto_log::sched::link_slice_counts();
+    let _ = writeln!(
+        out,
+        "# HELP ditto_link_thread_slice_seconds The time slice a primary's replication links and ack readers ask for (0: the kernel's default).\n\
+         # TYPE ditto_link_thread_slice_seconds gauge\nditto_link_thread_slice_seconds {}\n\
+         # HELP ditto_link_thread_slice_threads Link and ack-reader threads by what became of their request: given, ignored (a kernel before 6.12), refused.\n\
+         # TYPE ditto_link_thread_slice_threads gauge\n\
+         ditto_link_thread_slice_threads{{outcome=\"given\"}} {}\n\
+         ditto_link_thread_slice_threads{{outcome=\"ignored\"}} {}\n\
+         ditto_link_thread_slice_threads{{outcome=\"refused\"}} {}",
+        ditto_log::sched::link_thread_slice().map_or(0.0, |s| s.as_secs_f64()),
+        links.given,
+        links.ignored,
+        links.refused,
+    );
     let name = "ditto_command_latency_seconds";
     let _ = writeln!(
         out,

@@ -164,6 +164,7 @@ pub fn run(cfg: Config, ready: impl Fn(&Listening)) -> Result<(), ServerError> {
     let signals = StopSignals::watch()?;
     // Before any log or link starts: their threads ask for it as they start.
     ditto_log::sched::set_commit_thread_slice(cfg.commit_thread_slice());
+    ditto_log::sched::set_link_thread_slice(cfg.link_thread_slice());
     if cfg.cluster.as_ref().is_some_and(|c| c.epoch >= 2) && cfg.replica_of.is_none() && failpoint("primary-start-slow")
     {
         // A cluster primary's start after a failover that takes 4 s before it opens

@@ -2026,12 +2026,14 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
     if want("server") {
         // (The threads of this process that asked for it, this node's and earlier roles'.)
         let slices = ditto_log::sched::slice_counts();
+        let links = ditto_log::sched::link_slice_counts();
         let _ = write!(
             out,
             "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nditto_version:{}\r\nredis_mode:standalone\r\n\
              process_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nworkers:{}\r\n\
              commit_thread_slice_us:{}\r\ncommit_thread_slice_given:{}\r\ncommit_thread_slice_ignored:{}\r\n\
-             commit_thread_slice_refused:{}\r\n\r\n",
+             commit_thread_slice_refused:{}\r\nlink_thread_slice_us:{}\r\nlink_thread_slice_given:{}\r\n\
+             link_thread_slice_ignored:{}\r\nlink_thread_slice_refused:{}\r\n\r\n",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
             sh.tcp_port,
@@ -2041,6 +2043,10 @@ fn info(a: &[Bytes], sh: &Shared) -> String {
             slices.given,
             slices.ignored,
             slices.refused,
+            ditto_log::sched::link_thread_slice().map_or(0, |s| s.as_micros()),
+            links.given,
+            links.ignored,
+            links.refused,
         );
     }
     if want("clients") {
