@@ -197,36 +197,33 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
         (sh.memory.used)(),
         sh.memory.max
     );
-    let slices = ditto_log::sched::slice_counts();
-    let _ = writeln!(
-        out,
-        "# HELP ditto_commit_thread_slice_seconds The time slice the commit path's threads ask for (0: the kernel's default).\n\
-         # TYPE ditto_commit_thread_slice_seconds gauge\nditto_commit_thread_slice_seconds {}\n\
-         # HELP ditto_commit_thread_slice_threads Commit-path threads by what became of their request: given, ignored (a kernel before 6.12), refused.\n\
-         # TYPE ditto_commit_thread_slice_threads gauge\n\
-         ditto_commit_thread_slice_threads{{outcome=\"given\"}} {}\n\
-         ditto_commit_thread_slice_threads{{outcome=\"ignored\"}} {}\n\
-         ditto_commit_thread_slice_threads{{outcome=\"refused\"}} {}",
-        ditto_log::sched::commit_thread_slice().map_or(0.0, |s| s.as_secs_f64()),
-        slices.given,
-        slices.ignored,
-        slices.refused,
-    );
-    let links = ditto_log::sched::link_slice_counts();
-    let _ = writeln!(
-        out,
-        "# HELP ditto_link_thread_slice_seconds The time slice a primary's replication links and ack readers ask for (0: the kernel's default).\n\
-         # TYPE ditto_link_thread_slice_seconds gauge\nditto_link_thread_slice_seconds {}\n\
-         # HELP ditto_link_thread_slice_threads Link and ack-reader threads by what became of their request: given, ignored (a kernel before 6.12), refused.\n\
-         # TYPE ditto_link_thread_slice_threads gauge\n\
-         ditto_link_thread_slice_threads{{outcome=\"given\"}} {}\n\
-         ditto_link_thread_slice_threads{{outcome=\"ignored\"}} {}\n\
-         ditto_link_thread_slice_threads{{outcome=\"refused\"}} {}",
-        ditto_log::sched::link_thread_slice().map_or(0.0, |s| s.as_secs_f64()),
-        links.given,
-        links.ignored,
-        links.refused,
-    );
+    use ditto_log::sched::{commit_thread_slice, link_slice_counts, link_thread_slice, slice_counts};
+    for (class, threads, what, slice, counts) in [
+        ("commit", "Commit-path threads", "the commit path's threads", commit_thread_slice(), slice_counts()),
+        (
+            "link",
+            "Link and ack-reader threads",
+            "a primary's replication links and ack readers",
+            link_thread_slice(),
+            link_slice_counts(),
+        ),
+    ] {
+        let m = format!("ditto_{class}_thread_slice");
+        let _ = writeln!(
+            out,
+            "# HELP {m}_seconds The time slice {what} ask for (0: the kernel's default).\n\
+             # TYPE {m}_seconds gauge\n{m}_seconds {}\n\
+             # HELP {m}_threads {threads} by what became of their request: given, ignored (a kernel before 6.12), refused.\n\
+             # TYPE {m}_threads gauge\n\
+             {m}_threads{{outcome=\"given\"}} {}\n\
+             {m}_threads{{outcome=\"ignored\"}} {}\n\
+             {m}_threads{{outcome=\"refused\"}} {}",
+            slice.map_or(0.0, |s| s.as_secs_f64()),
+            counts.given,
+            counts.ignored,
+            counts.refused,
+        );
+    }
     let name = "ditto_command_latency_seconds";
     let _ = writeln!(
         out,
@@ -344,9 +341,12 @@ mod tests {
         assert_eq!(series("ditto_command_calls_total{cmd=\"get\"}"), vec![2]);
         assert!(!text.contains("cmd=\"set\""), "only commands seen");
         // No slice set in this process (a server sets it from its config): 0, and no thread.
-        assert!(text.contains("\nditto_commit_thread_slice_seconds 0\n"), "{text}");
-        for outcome in ["given", "ignored", "refused"] {
-            assert_eq!(series(&format!("ditto_commit_thread_slice_threads{{outcome=\"{outcome}\"}}")), vec![0]);
+        for class in ["commit", "link"] {
+            assert!(text.contains(&format!("\nditto_{class}_thread_slice_seconds 0\n")), "{text}");
+            for outcome in ["given", "ignored", "refused"] {
+                let threads = series(&format!("ditto_{class}_thread_slice_threads{{outcome=\"{outcome}\"}}"));
+                assert_eq!(threads, vec![0]);
+            }
         }
         assert!(fetch("/other").starts_with("HTTP/1.1 404"));
     }
