@@ -765,7 +765,10 @@ impl Logger {
         }
         st.bound = st.bound.max(bound);
         st.floor = st.floor.max(floor);
-        st.queued_at = Some(Instant::now());
+        // (Read only where an interval paces the disk thread: no clock read per batch else.)
+        if self.opts.durability.interval().is_some() {
+            st.queued_at = Some(Instant::now());
+        }
         if !st.pacing || st.frames.len() >= AHEAD_BYTES_MAX {
             ahead.cv.notify_all();
         }
@@ -1259,8 +1262,9 @@ impl Logger {
     /// (recorded if so): only on a thread that defers, with every-batch durability or
     /// batches framed as commits come (an interval's pacing is otherwise the flusher's) and
     /// a tap (the flush then ships and queues for the disk thread, which keeps an
-    /// interval's pace; it never writes or syncs on the caller's thread), and not past
-    /// `DEFER_TIME_MAX` since its first deferral.
+    /// interval's pace; it never writes or syncs on the caller's thread). Past
+    /// `DEFER_TIME_MAX` since its first deferral the commit's end flushes (`due`,
+    /// `Logger::committed`).
     fn defer_flush(&self, w: usize) -> bool {
         if self.tap.get().is_none() || (self.opts.durability != Durability::EveryBatch && !self.eager()) {
             return false;
@@ -1270,11 +1274,14 @@ impl Logger {
             if !d.on {
                 return false;
             }
-            let now = Instant::now();
-            match d.since {
-                Some(t) if now.duration_since(t) > DEFER_TIME_MAX => d.due = true,
-                Some(_) => {}
-                None => d.since = Some(now),
+            // (Once due, the clock is not read again until the flush.)
+            if !d.due {
+                let now = Instant::now();
+                match d.since {
+                    Some(t) if now.duration_since(t) > DEFER_TIME_MAX => d.due = true,
+                    Some(_) => {}
+                    None => d.since = Some(now),
+                }
             }
             if !d.streams.iter().any(|(l, v)| *v == w && std::ptr::eq(l.as_ptr(), self)) {
                 d.streams.push((self.me.clone(), w));
