@@ -410,6 +410,41 @@ impl Record {
         crate::prefetch(self.head.load(Ordering::Relaxed));
     }
 
+    /// Starts loading the version below the newest that installing a version above it
+    /// will have `trim` load (`below_head_for_trim`). Under a snapshot held below the view
+    /// (a backup's checkpoint holds one for seconds) that version, written one install
+    /// earlier and cold since, was most of `trim`'s time in a backup's replay, and a
+    /// replayer issues this a few writes ahead (docs/results.md, 2026-12-05). Reads the
+    /// newest version's header, so call it once that is in cache (`prefetch_head` some
+    /// writes earlier). A hint: it changes nothing.
+    #[inline]
+    pub fn prefetch_below_head(&self, h: Horizons, guard: &Guard) {
+        if let Some(v) = self.below_head_for_trim(h, guard) {
+            crate::prefetch(v.as_ptr().cast_const());
+        }
+    }
+
+    /// The version below the newest (H) that `trim` loads when a version is installed
+    /// above H under horizons `h`: H's older one where H is above `h.high` (the walk down
+    /// to W goes on past it), or where H is W, above `h.low`, and its link is not marked
+    /// (the walk down to V starts there). None where `trim` stops at H: H at or below
+    /// `h.low` (it cuts below H without reading what it cuts), or H's link marked.
+    pub(crate) fn below_head_for_trim(&self, h: Horizons, _guard: &Guard) -> Option<NonNull<Version>> {
+        let head = self.head.load(Ordering::Acquire);
+        if head.is_null() {
+            return None;
+        }
+        // SAFETY: `head` was the record's head while `_guard` is pinned: the epoch GC frees
+        // nothing it could reach before the guard goes.
+        let (ts, link) = unsafe { ((*head).ts, (*head).older.load(Ordering::Relaxed)) };
+        let loaded = ts > h.high || (ts > h.low && !is_marked(link));
+        if loaded {
+            NonNull::new(unmarked(link))
+        } else {
+            None
+        }
+    }
+
     /// Reads the newest version consistently against concurrent committers (Silo's stable
     /// read): TID, head, TID again; retried while a committer holds the lock or the TID
     /// moved. Lends the version, which is immutable once published and lives while `guard`
@@ -593,6 +628,8 @@ pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard) {
     let mut w = head;
     while !w.is_null() && (*w).ts > h.high {
         w = older_of(w, Ordering::Acquire);
+        #[cfg(test)]
+        tests::loaded(w);
     }
     if w.is_null() {
         return;
@@ -612,6 +649,8 @@ pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard) {
     // Down to the newest at or below `h.low`, or a link marked as leading to a kept tail
     // (at or below it, with nothing older).
     let mut tail_known = false;
+    #[cfg(test)]
+    tests::loaded(v);
     while !v.is_null() && (*v).ts > h.low {
         let next = (*v).older.load(Ordering::Acquire);
         v = unmarked(next);
@@ -619,6 +658,8 @@ pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard) {
             tail_known = true;
             break;
         }
+        #[cfg(test)]
+        tests::loaded(v);
     }
     if v.is_null() {
         if !first.is_null() {
@@ -833,6 +874,7 @@ mod tests {
     #[test]
     fn trims_under_snapshots_that_come_and_go_keep_what_each_reads() {
         use rand::{Rng, SeedableRng};
+        let mut prefetched = [0u32; 2];
         for seed in 0..40u64 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let rec = Record::default();
@@ -855,8 +897,15 @@ mod tests {
                 let h = past[past.len() - 1 - back];
                 // The view trails the installs by up to three.
                 let ts = model.last().map_or(1, |t| t + rng.gen_range(1..3));
+                // What a replayer prefetches is what the trim loads below the old head.
+                let below = rec.below_head_for_trim(h, &guard).map(|p| p.as_ptr());
+                let old_head = rec.head.load(Ordering::Relaxed);
+                LOADED.with(|l| l.borrow_mut().clear());
                 assert!(rec.lock());
                 rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&ts.to_le_bytes())), h, &guard);
+                let first_below = LOADED.with(|l| l.borrow().iter().copied().find(|&p| p != old_head));
+                assert_eq!(below, first_below, "seed {seed}: the version below the head at ts {ts} under {h:?}");
+                prefetched[usize::from(below.is_some())] += 1;
                 model.push(ts);
                 if model.len() > 3 {
                     view = model[model.len() - 1 - rng.gen_range(0..3usize)].max(view);
@@ -872,6 +921,21 @@ mod tests {
             }
             // SAFETY: nothing else can reach this record.
             unsafe { rec.free_versions_now() };
+        }
+        // Both kinds of install came up: some where the trim loads a version below the old
+        // head (two horizons), some where it loads none.
+        assert!(prefetched.iter().all(|&n| n > 100), "installs with nothing / something to prefetch: {prefetched:?}");
+    }
+
+    thread_local! {
+        /// The versions `trim` loaded on this thread, in order (tests only).
+        static LOADED: std::cell::RefCell<Vec<*mut Version>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// `trim` loaded `p` (its timestamp, to compare with a horizon).
+    pub(super) fn loaded(p: *mut Version) {
+        if !p.is_null() {
+            LOADED.with(|l| l.borrow_mut().push(p));
         }
     }
 }

@@ -199,6 +199,9 @@ pub struct ReplayPin(#[allow(dead_code)] Guard);
 pub enum Prefetch {
     Record,
     Head,
+    /// The version below the newest, where the install's trim will load it
+    /// (`Record::prefetch_below_head`), issued once the newest version is in cache.
+    BelowHead,
 }
 
 /// How long replay waits for an old life to end for every snapshot before it reports the
@@ -307,7 +310,9 @@ impl Database {
 
     /// Starts loading what installing a write to `rid` will touch first, without waiting:
     /// `Prefetch::Record` the record's TID word and head pointer, `Prefetch::Head` (issued
-    /// later, once the record is in cache) the newest version, which an update reads.
+    /// later, once the record is in cache) the newest version, which an update reads, and
+    /// `Prefetch::BelowHead` (later still, once that version is in cache) the one below it
+    /// where the install's trim will load it (`Record::prefetch_below_head`).
     /// A replayer issues these some writes ahead of the one it installs, so the cache
     /// misses of several writes overlap instead of following one another (measured: the
     /// two misses were most of a serial TPC-C replay's time, docs/replication.md). A hint:
@@ -324,6 +329,10 @@ impl Database {
                 crate::prefetch(&rec.key);
             }
             Prefetch::Head => rec.prefetch_head(),
+            Prefetch::BelowHead => {
+                let guard = crossbeam_epoch::pin();
+                rec.prefetch_below_head(self.clock.horizons(), &guard)
+            }
         }
     }
 
@@ -869,7 +878,10 @@ impl Database {
         on_wait: &mut dyn FnMut(Ts) -> bool,
     ) -> Result<Option<(RecordId, Ts)>> {
         let guard = crossbeam_epoch::pin();
-        let mut deadline = Instant::now() + REPLAY_REUSE_WAIT_MAX;
+        // Set at the first look again, not on entry: a clock read per insert was 1.7% of a
+        // backup's replay threads' time in a TPC-C cluster run (docs/results.md,
+        // 2026-12-05), and nearly every insert binds its key at the first try.
+        let mut deadline: Option<Instant> = None;
         let mut binding: Option<Binding<'_>> = None;
         loop {
             let (other, inserted) = t.index.get_or_insert_with(key, || rid.0, &guard);
@@ -893,7 +905,7 @@ impl Database {
                     Some(None) => {}
                     // Bound by a replayer that has not installed yet: look again.
                     None => {
-                        if Instant::now() > deadline {
+                        if Instant::now() > *deadline.get_or_insert_with(|| Instant::now() + REPLAY_REUSE_WAIT_MAX) {
                             return Err(Error::Corrupt(format!(
                                 "table {}: key held by record {other}, which never got a value",
                                 t.name
@@ -915,8 +927,9 @@ impl Database {
             // (The time `end_old_life` waited does not count here: it has its own rule.)
             let waited = Instant::now();
             self.end_old_life(t, RecordId(other), ts, Some(key), Ts::MAX, on_wait)?;
-            deadline += waited.elapsed();
-            if Instant::now() > deadline {
+            let until =
+                *deadline.insert(deadline.map_or(Instant::now() + REPLAY_REUSE_WAIT_MAX, |d| d + waited.elapsed()));
+            if Instant::now() > until {
                 return Err(Error::Corrupt(format!(
                     "table {}: key held by record {other} would not leave the index",
                     t.name

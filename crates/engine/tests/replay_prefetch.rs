@@ -24,6 +24,13 @@ fn prefetching_allocates_nothing_fails_on_nothing_and_changes_nothing() {
         (t, RecordId(u64::MAX)),              // far past it
         (TableId(t.0 + 7), RecordId(5)),      // no such table
     ];
+    // The prefetches run under a snapshot held below the view (two horizons: `Prefetch::BelowHead` reads
+    // the newest version's header there).
+    db.replay_install(t, RecordId(5), None, Ts(6), Some(b"v6")).unwrap();
+    let held = db.read();
+    db.replay_install(t, RecordId(5), None, Ts(8), Some(b"v8")).unwrap();
+    db.replay_install(t, RecordId(5), None, Ts(10), Some(b"v10")).unwrap();
+    db.publish_read_view(Ts(10)).unwrap();
     // Warm up thread-locals (the epoch's handle) so only the prefetches are measured.
     db.replay_prefetch(t, RecordId(5), Prefetch::Head);
     let before = allocated_bytes();
@@ -31,14 +38,17 @@ fn prefetching_allocates_nothing_fails_on_nothing_and_changes_nothing() {
         for (table, rid) in targets {
             db.replay_prefetch(table, rid, Prefetch::Record);
             db.replay_prefetch(table, rid, Prefetch::Head);
+            db.replay_prefetch(table, rid, Prefetch::BelowHead);
         }
     }
+    assert_eq!(held.get(t, b"k").unwrap().as_deref(), Some(&b"v4"[..]), "the held snapshot reads as before");
+    drop(held);
     let grown = allocated_bytes() as i64 - before as i64;
     // A record chunk is 64 Ki records; the counter flushes per thread every 256 KiB.
     assert!(grown.abs() < 256 << 10, "prefetching allocated {grown} bytes");
 
     assert_eq!(db.record_ids_allocated(t).unwrap(), 6, "no record id was taken");
     let r = db.read();
-    assert_eq!(r.get(t, b"k").unwrap().as_deref(), Some(&b"v4"[..]));
+    assert_eq!(r.get(t, b"k").unwrap().as_deref(), Some(&b"v10"[..]));
     assert_eq!(db.count(t).unwrap(), 1);
 }

@@ -1898,8 +1898,9 @@ impl Engine {
 
     /// Installs writes `0..n` in order with `install(i)`, `row(j)` naming write `j`'s
     /// record: before write `i`, it prefetches the record of write `i +
-    /// PREFETCH_RECORD_AHEAD` and the newest version of write `i + PREFETCH_HEAD_AHEAD`
-    /// (by then in cache), so the cache misses of several writes overlap instead of
+    /// PREFETCH_RECORD_AHEAD`, the newest version of write `i + PREFETCH_HEAD_AHEAD` (by
+    /// then in cache) and the version below it of write `i + PREFETCH_BELOW_HEAD_AHEAD`
+    /// where the trim will load it, so the cache misses of several writes overlap instead of
     /// following one another (`Database::replay_prefetch`); and it pins the engine's
     /// memory once for them all (`Database::replay_pin`).
     fn install_ahead<E>(
@@ -1917,6 +1918,10 @@ impl Engine {
             if i + PREFETCH_HEAD_AHEAD < n {
                 let (table, rid) = row(i + PREFETCH_HEAD_AHEAD);
                 self.db.replay_prefetch(table, rid, Prefetch::Head);
+            }
+            if i + PREFETCH_BELOW_HEAD_AHEAD < n {
+                let (table, rid) = row(i + PREFETCH_BELOW_HEAD_AHEAD);
+                self.db.replay_prefetch(table, rid, Prefetch::BelowHead);
             }
             install(i)?;
         }
@@ -2159,13 +2164,18 @@ fn txns_of(ts: impl Iterator<Item = Ts>) -> u64 {
     ts.filter(|&t| last.replace(t) != Some(t)).count() as u64
 }
 
-/// How many writes ahead of the one it installs a replayer prefetches a record, and its
-/// newest version (which needs the record in cache to find). On TPC-C replay (2-core VM),
+/// How many writes ahead of the one it installs a replayer prefetches a record, its
+/// newest version (which needs the record in cache to find), and the version below that
+/// which the install's trim will load (which needs the newest in cache; under a snapshot
+/// held below the view, as the backup's own checkpoint holds one, it took TPC-C replay's
+/// cost from 0.284-0.292 to 0.262-0.275 of the primary's in four alternated cluster runs,
+/// docs/results.md, 2026-12-05). On TPC-C replay (2-core VM),
 /// distances from 4/2 to 32/16 measured within the noise of each other and all well
 /// ahead of none (docs/replication.md); 8/4 reaches across most of a transaction's writes
 /// in the dependency mode, which prefetches within a transaction.
 const PREFETCH_RECORD_AHEAD: usize = 8;
 const PREFETCH_HEAD_AHEAD: usize = 4;
+const PREFETCH_BELOW_HEAD_AHEAD: usize = 2;
 
 /// A batch's reuse bound (`BatchHeader::reuse_ts`) as the engine's wait for a reused id's
 /// old life takes it (`Database::replay_install_with`): 0, a batch that reuses no id or of
