@@ -2788,10 +2788,20 @@ fn a_new_primary_whose_supervisor_restarts_before_it_served_gives_its_epoch_up()
     let t = Instant::now();
     let p = c.wait_or_dump("a primary taking writes", Duration::from_secs(60), || c.primary());
     let took = t.elapsed();
+    // Epoch 2 was left: the restarted node gave it up once caught up, or, where its
+    // restart was slow to catch up (a loaded machine: seen once in CI, 2026-12-05), the
+    // control plane failed it over first, its own detector saying the primary has not
+    // served. Either way a primary takes writes well within a new primary's start (20 s),
+    // which is what was waited out before.
     let log = std::fs::read_to_string(c.log(named)).unwrap();
-    if !log.contains("which it cannot serve") {
+    let failed_over = c.nodes.keys().any(|&id| {
+        std::fs::read_to_string(c.log(id)).is_ok_and(|l| {
+            l.contains(&format!("failover to epoch 3 began: primary {named} (this node) has not served"))
+        })
+    });
+    if !log.contains("which it cannot serve") && !failed_over {
         c.dump_logs();
-        panic!("node {named} did not give epoch 2 up");
+        panic!("node {named} did not give epoch 2 up, nor was it failed over");
     }
     assert!(took < Duration::from_secs(15), "node {p} took writes {took:?} after node {named}'s restart");
     eprintln!(
