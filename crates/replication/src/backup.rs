@@ -1955,8 +1955,8 @@ impl Engine {
                 e => Stop::Failed(e.to_string()),
             },
         )?;
-        if let (Some(f), Some(key)) = (&self.on_keys, &d.key) {
-            f(table, key, ts, d.delta);
+        if let Some(f) = &self.on_keys {
+            self.db.with_delta_key(&d, |key| f(table, key, ts, d.delta));
         }
         Ok(())
     }
