@@ -900,10 +900,11 @@ mod tests {
                 // What a replayer prefetches is what the trim loads below the old head.
                 let below = rec.below_head_for_trim(h, &guard).map(|p| p.as_ptr());
                 let old_head = rec.head.load(Ordering::Relaxed);
-                LOADED.with(|l| l.borrow_mut().clear());
+                LOADED.with(|l| *l.borrow_mut() = Some(Vec::new()));
                 assert!(rec.lock());
                 rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&ts.to_le_bytes())), h, &guard);
-                let first_below = LOADED.with(|l| l.borrow().iter().copied().find(|&p| p != old_head));
+                let loaded = LOADED.with(|l| l.borrow_mut().take()).unwrap_or_default();
+                let first_below = loaded.into_iter().find(|&p| p != old_head);
                 assert_eq!(below, first_below, "seed {seed}: the version below the head at ts {ts} under {h:?}");
                 prefetched[usize::from(below.is_some())] += 1;
                 model.push(ts);
@@ -928,14 +929,15 @@ mod tests {
     }
 
     thread_local! {
-        /// The versions `trim` loaded on this thread, in order (tests only).
-        static LOADED: std::cell::RefCell<Vec<*mut Version>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// The versions `trim` loaded on this thread, in order, while a test records them
+        /// (`Some`; other tests' trims record nothing).
+        static LOADED: std::cell::RefCell<Option<Vec<*mut Version>>> = const { std::cell::RefCell::new(None) };
     }
 
     /// `trim` loaded `p` (its timestamp, to compare with a horizon).
     pub(super) fn loaded(p: *mut Version) {
         if !p.is_null() {
-            LOADED.with(|l| l.borrow_mut().push(p));
+            LOADED.with(|l| l.borrow_mut().as_mut().map(|v| v.push(p)));
         }
     }
 }
