@@ -923,7 +923,8 @@ impl Database {
                     Some(None) => {}
                     // Bound by a replayer that has not installed yet: look again.
                     None => {
-                        if Instant::now() > *deadline.get_or_insert_with(|| Instant::now() + REPLAY_REUSE_WAIT_MAX) {
+                        let now = Instant::now();
+                        if now > *deadline.get_or_insert(now + REPLAY_REUSE_WAIT_MAX) {
                             return Err(Error::Corrupt(format!(
                                 "table {}: key held by record {other}, which never got a value",
                                 t.name
