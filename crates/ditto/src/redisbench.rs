@@ -56,8 +56,8 @@ pub struct RedisBenchArgs {
     /// server's].
     #[arg(long)]
     fsync_interval_ms: Option<u64>,
-    /// ditto server workers.
-    #[arg(long, default_value_t = 2)]
+    /// ditto server workers (the server's own default: the cores less one, at least one).
+    #[arg(long, default_value_t = ditto_server::config::default_workers())]
     workers: usize,
     /// Rounds; each runs every server once per pipeline depth, interleaved.
     #[arg(long, default_value_t = 3)]

@@ -20,7 +20,7 @@ pub struct ServerArgs {
     /// TOML config file (see docs/server.md); flags given here override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Engine workers (server threads, log streams) [default: cores].
+    /// Engine workers (server threads, log streams) [default: cores - 1, at least 1].
     #[arg(long)]
     workers: Option<usize>,
     /// Durability: every-batch, interval or nosync [default: every-batch].

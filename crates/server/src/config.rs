@@ -236,6 +236,18 @@ impl MaxMemory {
     }
 }
 
+/// The default number of workers (runtime threads, log streams): one fewer than the cores,
+/// at least one, at most 64. The spare core runs what a commit needs besides the request
+/// (each stream's flusher and disk thread, a primary's links and ack readers, a backup's
+/// receiver, persister and replayers) and the kernel's network work. Measured on two cores
+/// (docs/server.md, "Workers on a small machine"): one worker served SET without pipelining
+/// with a backup at `interval` 30% faster than two, at a fifth less CPU per SET (the two
+/// runtime threads spent 15% of their time switching), and GET and pipelined requests as
+/// fast or faster; on many cores it is one thread among many.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)).clamp(1, 64)
+}
+
 impl Default for Config {
     fn default() -> Self {
         let limits = Limits::default();
@@ -243,7 +255,7 @@ impl Default for Config {
             bind: "127.0.0.1".into(),
             port: 6379,
             data_dir: None,
-            workers: std::thread::available_parallelism().map_or(2, |n| n.get()).min(64),
+            workers: default_workers(),
             durability: "every-batch".into(),
             fsync_interval_ms: 10,
             commit_thread_slice_us: 0,
