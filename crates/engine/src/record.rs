@@ -521,7 +521,7 @@ impl Record {
         unsafe { (*new).older.store(self.head.load(Ordering::Relaxed), Ordering::Relaxed) };
         self.head.store(new, Ordering::Release);
         // SAFETY: we hold the lock, so nobody else trims this chain; `new` is live.
-        unsafe { trim(new, horizon, guard) };
+        unsafe { trim(new, horizon, guard, Walk::Amortized) };
         self.tid.store(ts.0, Ordering::Release);
     }
 
@@ -569,7 +569,7 @@ impl Record {
     /// or will be taken.
     pub unsafe fn trim_locked(&self, horizon: Ts, guard: &Guard) {
         debug_assert!(self.tid.load(Ordering::Relaxed) & LOCK_BIT != 0, "trim without the lock");
-        trim(self.head.load(Ordering::Relaxed), Horizons::at(horizon), guard)
+        trim(self.head.load(Ordering::Relaxed), Horizons::at(horizon), guard, Walk::Whole)
     }
 
     /// Overwrites the record's only version in place if the value fits its allocation.
@@ -622,11 +622,22 @@ impl Record {
 /// (its last one still leads to V) until the epoch GC frees it, and no live snapshot stops
 /// inside it.
 ///
+/// With `Walk::Amortized` (an install's), a trim that finds `WALK_ABOVE` versions above
+/// `h.high` goes on down only for one install in `WALK_ON_EVERY` (chosen by a hash of the
+/// newest version's timestamp), and otherwise stops there, freeing nothing (see `Walk`).
+///
 /// SAFETY: the caller holds the record lock and `head` is the record's live head.
-pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard) {
+pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard, walk: Walk) {
     debug_assert!(h.low <= h.high);
     let mut w = head;
+    let mut above = 0usize;
     while !w.is_null() && (*w).ts > h.high {
+        above += 1;
+        if above == WALK_ABOVE && walk == Walk::Amortized && !walks_on((*head).ts) {
+            #[cfg(test)]
+            tests::skipped();
+            return;
+        }
         w = older_of(w, Ordering::Acquire);
         #[cfg(test)]
         tests::loaded(w);
@@ -677,6 +688,41 @@ pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard) {
     if first != v {
         free_piece(first, v, guard);
     }
+}
+
+/// How far a trim walks (`trim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Walk {
+    /// Down to what it frees, however many versions lie above the high horizon: the unlink
+    /// of a deleted record (its last trim).
+    Whole,
+    /// An install's: where many versions lie above the high horizon, the walk down to the
+    /// newest at or below it loads each of them, most of them cold, and frees nothing
+    /// new unless the horizon moved past some since the record's last trim. A record
+    /// written faster than the horizon moves (a hot row under a replayer that runs ahead
+    /// of the read view, the other streams' replayers behind it) paid that walk at every
+    /// install: in a replay-only TPC-C run with two streams, ten versions per trim against
+    /// two with one replayer, and a third more replay CPU per transaction
+    /// (docs/results.md, 2026-12-05). So such a trim goes on for one install in
+    /// `WALK_ON_EVERY`: a skipped trim keeps what it would have freed until a later
+    /// install's trim (the expected wait is `WALK_ON_EVERY` installs of the record; a trim
+    /// never frees what a snapshot reads, so keeping longer is always safe).
+    Amortized,
+}
+
+/// Versions above the high horizon an amortized trim loads before it decides to go on.
+const WALK_ABOVE: usize = 4;
+/// One amortized trim in this many goes on past `WALK_ABOVE` versions above the horizon.
+const WALK_ON_EVERY: u64 = 8;
+
+/// Whether the amortized trim of an install at `ts` goes on (one in `WALK_ON_EVERY`): a
+/// multiplicative hash of the timestamp, so that a record written at any regular stride
+/// of timestamps is still trimmed as often (a plain `ts % 8` would never trim a record
+/// whose writes all land on one residue).
+#[inline]
+fn walks_on(ts: Ts) -> bool {
+    const _: () = assert!(WALK_ON_EVERY.is_power_of_two());
+    ts.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - WALK_ON_EVERY.trailing_zeros()) == 0
 }
 
 /// Hands the versions from `first` down to (not including) `end` to the epoch GC: a piece
@@ -875,6 +921,7 @@ mod tests {
     fn trims_under_snapshots_that_come_and_go_keep_what_each_reads() {
         use rand::{Rng, SeedableRng};
         let mut prefetched = [0u32; 2];
+        let mut skipped = 0u32;
         for seed in 0..40u64 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let rec = Record::default();
@@ -900,6 +947,8 @@ mod tests {
                 // What a replayer prefetches is what the trim loads below the old head.
                 let below = rec.below_head_for_trim(h, &guard).map(|p| p.as_ptr());
                 let old_head = rec.head.load(Ordering::Relaxed);
+                let len_before = chain_len(&rec);
+                let skips_before = SKIPS.with(|c| c.get());
                 LOADED.with(|l| *l.borrow_mut() = Some(Vec::new()));
                 assert!(rec.lock());
                 rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&ts.to_le_bytes())), h, &guard);
@@ -916,9 +965,21 @@ mod tests {
                     let got = rec.read_at(Ts(s), &guard).map(|v| v.ts().0);
                     assert_eq!(got, want, "seed {seed}: a snapshot at {s} after ts {ts} under {h:?}");
                 }
-                // Above the high horizon it was given, W and V.
-                let bound = model.iter().filter(|&&t| t > h.high.0).count() + 2;
-                assert!(chain_len(&rec) <= bound, "seed {seed}: {} versions, at most {bound}", chain_len(&rec));
+                // Above the high horizon it was given, W and V; or, where the trim stopped
+                // early (`Walk::Amortized`), what was there and the new version.
+                let above = model.iter().filter(|&&t| t > h.high.0).count();
+                if SKIPS.with(|c| c.get()) > skips_before {
+                    skipped += 1;
+                    assert!(above >= WALK_ABOVE, "seed {seed}: stopped early with {above} versions above {h:?}");
+                    assert_eq!(
+                        chain_len(&rec),
+                        len_before + 1,
+                        "seed {seed}: a trim that stopped early freed something"
+                    );
+                } else {
+                    let bound = above + 2;
+                    assert!(chain_len(&rec) <= bound, "seed {seed}: {} versions, at most {bound}", chain_len(&rec));
+                }
             }
             // SAFETY: nothing else can reach this record.
             unsafe { rec.free_versions_now() };
@@ -926,12 +987,78 @@ mod tests {
         // Both kinds of install came up: some where the trim loads a version below the old
         // head (two horizons), some where it loads none.
         assert!(prefetched.iter().all(|&n| n > 100), "installs with nothing / something to prefetch: {prefetched:?}");
+        // And trims that stopped early, under a view that trails the installs.
+        assert!(skipped > 100, "trims that stopped early: {skipped}");
+    }
+
+    /// A record written while its horizon stays behind (a replayer ahead of the read view):
+    /// an install's trim loads a few versions, not every one above the horizon, and once
+    /// the horizon moves on, a later install's trim frees what it passed.
+    #[test]
+    fn installs_under_a_horizon_left_behind_load_a_few_versions_and_trim_later() {
+        let rec = Record::default();
+        let guard = crossbeam_epoch::pin();
+        let put = |ts: u64, h: u64| {
+            LOADED.with(|l| *l.borrow_mut() = Some(Vec::new()));
+            assert!(rec.lock());
+            rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&ts.to_le_bytes())), Horizons::at(Ts(h)), &guard);
+            LOADED.with(|l| l.borrow_mut().take()).unwrap_or_default().len()
+        };
+        // 300 installs above a horizon at 1: nothing can go (each is above it).
+        let mut whole_walks = 0;
+        for ts in 1..=300u64 {
+            let loaded = put(ts, 1);
+            let above = ts as usize; // every version so far is above the horizon but ts 1
+            if walks_on(Ts(ts)) || above < WALK_ABOVE {
+                whole_walks += usize::from(above >= WALK_ABOVE);
+                assert!(loaded >= above - 1, "ts {ts}: a walk that goes on loads the chain, {loaded} loads");
+            } else {
+                assert_eq!(loaded, WALK_ABOVE - 1, "ts {ts}: stopped after {} versions", WALK_ABOVE - 1);
+            }
+        }
+        assert_eq!(chain_len(&rec), 300);
+        // About one in eight went on (a walk of the whole chain, as every install did before).
+        assert!((20..=60).contains(&whole_walks), "{whole_walks} whole walks in 300");
+        // The horizon moves to 290: the first install whose trim goes on frees 1-289.
+        let first = (301..).find(|&ts| walks_on(Ts(ts))).unwrap();
+        assert!(first < 301 + 64, "a trim goes on within 64 installs");
+        for ts in 301..first {
+            put(ts, 290);
+            assert_eq!(chain_len(&rec), ts as usize, "ts {ts}: nothing freed yet");
+        }
+        put(first, 290);
+        let above = (first - 290) as usize;
+        assert_eq!(chain_len(&rec), above + 1, "the versions above 290 and the one at 290");
+        // SAFETY: nothing else can reach this record.
+        unsafe { rec.free_versions_now() };
+    }
+
+    /// `walks_on` picks about one timestamp in `WALK_ON_EVERY` whatever the stride between
+    /// a record's writes (a `ts % 8` would pick all or none at a stride of 8).
+    #[test]
+    fn the_amortized_walk_goes_on_for_about_one_install_in_eight_at_any_stride() {
+        for stride in [1u64, 2, 3, 4, 8, 16, 64, 1000, 1 << 20] {
+            let n = 8000u64;
+            let on = (0..n).filter(|i| walks_on(Ts(12_345 + i * stride))).count() as u64;
+            let want = n / WALK_ON_EVERY;
+            assert!(on > want / 2 && on < want * 3 / 2, "stride {stride}: {on} of {n}, about {want} wanted");
+        }
     }
 
     thread_local! {
         /// The versions `trim` loaded on this thread, in order, while a test records them
         /// (`Some`; other tests' trims record nothing).
         static LOADED: std::cell::RefCell<Option<Vec<*mut Version>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    thread_local! {
+        /// How many trims stopped early on this thread (`Walk::Amortized`).
+        static SKIPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A trim stopped early.
+    pub(super) fn skipped() {
+        SKIPS.with(|c| c.set(c.get() + 1));
     }
 
     /// `trim` loaded `p` (its timestamp, to compare with a horizon).
