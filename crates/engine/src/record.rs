@@ -622,21 +622,26 @@ impl Record {
 /// (its last one still leads to V) until the epoch GC frees it, and no live snapshot stops
 /// inside it.
 ///
-/// With `Walk::Amortized` (an install's), a trim that finds `WALK_ABOVE` versions above
+/// With `Walk::Amortized` (an install's), a trim that has met `WALK_ABOVE` versions above
 /// `h.high` goes on down only for one install in `WALK_ON_EVERY` (chosen by a hash of the
-/// newest version's timestamp), and otherwise stops there, freeing nothing (see `Walk`).
+/// newest version's timestamp), and otherwise stops there, freeing nothing; one that goes
+/// on decides again after `WALK_ON_EVERY` times as many, and so on (see `Walk`).
 ///
 /// SAFETY: the caller holds the record lock and `head` is the record's live head.
 pub(crate) unsafe fn trim(head: *mut Version, h: Horizons, guard: &Guard, walk: Walk) {
     debug_assert!(h.low <= h.high);
     let mut w = head;
-    let mut above = 0usize;
+    let (mut above, mut decide_at, mut tier) = (0usize, WALK_ABOVE, 0u32);
     while !w.is_null() && (*w).ts > h.high {
         above += 1;
-        if above == WALK_ABOVE && walk == Walk::Amortized && !walks_on((*head).ts) {
-            #[cfg(test)]
-            tests::skipped();
-            return;
+        if above == decide_at && walk == Walk::Amortized {
+            if !walks_on((*head).ts, tier) {
+                #[cfg(test)]
+                tests::skipped();
+                return;
+            }
+            tier += 1;
+            decide_at = decide_at.saturating_mul(WALK_ON_EVERY as usize);
         }
         w = older_of(w, Ordering::Acquire);
         #[cfg(test)]
@@ -697,32 +702,40 @@ pub(crate) enum Walk {
     /// of a deleted record (its last trim).
     Whole,
     /// An install's: where many versions lie above the high horizon, the walk down to the
-    /// newest at or below it loads each of them, most of them cold, and frees nothing
-    /// new unless the horizon moved past some since the record's last trim. A record
-    /// written faster than the horizon moves (a hot row under a replayer that runs ahead
-    /// of the read view, the other streams' replayers behind it) paid that walk at every
-    /// install: in a replay-only TPC-C run with two streams, ten versions per trim against
-    /// two with one replayer, and a third more replay CPU per transaction
-    /// (docs/results.md, 2026-12-05). So such a trim goes on for one install in
-    /// `WALK_ON_EVERY`: a skipped trim keeps what it would have freed until a later
-    /// install's trim (the expected wait is `WALK_ON_EVERY` installs of the record; a trim
-    /// never frees what a snapshot reads, so keeping longer is always safe).
+    /// newest at or below it loads each of them, most of them cold, to free the few the
+    /// horizon passed since the record's last trim. A record written faster than the
+    /// horizon moves (a hot row under a replayer that runs ahead of the read view, the
+    /// other streams' replayers behind it) paid that walk at every install: in a
+    /// replay-only TPC-C run with two streams, ten versions per trim against two with one
+    /// replayer, hundreds on the hot rows, and a third more replay CPU per transaction
+    /// (docs/results.md, 2026-12-05). So such a trim goes on past `WALK_ABOVE` versions
+    /// for one install in `WALK_ON_EVERY`, past `WALK_ABOVE * WALK_ON_EVERY` for one in
+    /// `WALK_ON_EVERY` of those, and so on: with L versions above the horizon an install
+    /// loads about `WALK_ABOVE` + 1 per tier of them (log L), and a skipped trim keeps
+    /// what it would have freed for a later one, about as many installs of the record
+    /// later as L (a trim never frees what a snapshot reads: keeping longer is safe).
     Amortized,
 }
 
-/// Versions above the high horizon an amortized trim loads before it decides to go on.
+/// Versions above the high horizon an amortized trim meets before it first decides
+/// whether to go on.
 const WALK_ABOVE: usize = 4;
-/// One amortized trim in this many goes on past `WALK_ABOVE` versions above the horizon.
+/// One amortized trim in this many goes on at each decision; the next decision comes
+/// after this many times as many versions.
 const WALK_ON_EVERY: u64 = 8;
 
-/// Whether the amortized trim of an install at `ts` goes on (one in `WALK_ON_EVERY`): a
-/// multiplicative hash of the timestamp, so that a record written at any regular stride
-/// of timestamps is still trimmed as often (a plain `ts % 8` would never trim a record
-/// whose writes all land on one residue).
+/// Whether the amortized trim of an install at `ts` goes on at its decision `tier` (one
+/// in `WALK_ON_EVERY`): bits of a multiplicative hash of the timestamp, another group of
+/// bits for each tier, so that a record written at any regular stride of timestamps is
+/// still trimmed as often (a plain `ts % 8` would never trim a record whose writes all
+/// land on one residue), and the tiers' choices are not the same one.
 #[inline]
-fn walks_on(ts: Ts) -> bool {
-    const _: () = assert!(WALK_ON_EVERY.is_power_of_two());
-    ts.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - WALK_ON_EVERY.trailing_zeros()) == 0
+fn walks_on(ts: Ts, tier: u32) -> bool {
+    const BITS: u32 = WALK_ON_EVERY.trailing_zeros();
+    const _: () = assert!(WALK_ON_EVERY.is_power_of_two() && BITS > 0);
+    // Past the hash's bits (a walk of 4 * 8^20 versions): go on.
+    let Some(shift) = 64u32.checked_sub(BITS * (tier + 1)) else { return true };
+    (ts.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) & (WALK_ON_EVERY - 1) == 0
 }
 
 /// Hands the versions from `first` down to (not including) `end` to the epoch GC: a piece
@@ -1004,45 +1017,71 @@ mod tests {
             rec.install_and_unlock(Ts(ts), OwnedVersion::new(Some(&ts.to_le_bytes())), Horizons::at(Ts(h)), &guard);
             LOADED.with(|l| l.borrow_mut().take()).unwrap_or_default().len()
         };
-        // 300 installs above a horizon at 1: nothing can go (each is above it).
-        let mut whole_walks = 0;
-        for ts in 1..=300u64 {
+        // Where a trim of an install at `ts` with `above` versions above the horizon stops
+        // (the versions it met there), or None where it walks them all.
+        let stops_at = |ts: u64, above: usize| {
+            let (mut at, mut tier) = (WALK_ABOVE, 0);
+            while at <= above {
+                if !walks_on(Ts(ts), tier) {
+                    return Some(at);
+                }
+                (at, tier) = (at * WALK_ON_EVERY as usize, tier + 1);
+            }
+            None
+        };
+        // 600 installs above a horizon at 1: nothing can go (each is above it but ts 1).
+        let (mut whole, mut past_first) = (0, 0);
+        for ts in 1..=600u64 {
             let loaded = put(ts, 1);
-            let above = ts as usize; // every version so far is above the horizon but ts 1
-            if walks_on(Ts(ts)) || above < WALK_ABOVE {
-                whole_walks += usize::from(above >= WALK_ABOVE);
-                assert!(loaded >= above - 1, "ts {ts}: a walk that goes on loads the chain, {loaded} loads");
-            } else {
-                assert_eq!(loaded, WALK_ABOVE - 1, "ts {ts}: stopped after {} versions", WALK_ABOVE - 1);
+            let above = ts as usize - 1;
+            match stops_at(ts, above) {
+                // It met `at` versions, having loaded all but the first.
+                Some(at) => {
+                    assert_eq!(loaded, at - 1, "ts {ts}: stopped at {at} versions above");
+                    past_first += usize::from(at > WALK_ABOVE);
+                }
+                None => {
+                    assert_eq!(loaded, above, "ts {ts}: a walk that goes on loads down to the horizon");
+                    whole += usize::from(above >= WALK_ABOVE);
+                }
             }
         }
-        assert_eq!(chain_len(&rec), 300);
-        // About one in eight went on (a walk of the whole chain, as every install did before).
-        assert!((20..=60).contains(&whole_walks), "{whole_walks} whole walks in 300");
-        // The horizon moves to 290: the first install whose trim goes on frees 1-289.
-        let first = (301..).find(|&ts| walks_on(Ts(ts))).unwrap();
-        assert!(first < 301 + 64, "a trim goes on within 64 installs");
-        for ts in 301..first {
-            put(ts, 290);
+        assert_eq!(chain_len(&rec), 600);
+        // Walks went on past the first decision and stopped at a later one, and a few went
+        // all the way: the whole walk every install made before.
+        assert!(past_first > 10 && (2..=40).contains(&whole), "{past_first} past the first decision, {whole} whole");
+        // The horizon moves to 590: the first install whose trim goes all the way frees 1-589.
+        let first = (601..).find(|&ts| stops_at(ts, (ts - 590) as usize).is_none()).unwrap();
+        assert!(first < 601 + 512, "a trim goes all the way within 512 installs");
+        for ts in 601..first {
+            put(ts, 590);
             assert_eq!(chain_len(&rec), ts as usize, "ts {ts}: nothing freed yet");
         }
-        put(first, 290);
-        let above = (first - 290) as usize;
-        assert_eq!(chain_len(&rec), above + 1, "the versions above 290 and the one at 290");
+        put(first, 590);
+        let above = (first - 590) as usize;
+        assert_eq!(chain_len(&rec), above + 1, "the versions above 590 and the one at 590");
         // SAFETY: nothing else can reach this record.
         unsafe { rec.free_versions_now() };
     }
 
-    /// `walks_on` picks about one timestamp in `WALK_ON_EVERY` whatever the stride between
-    /// a record's writes (a `ts % 8` would pick all or none at a stride of 8).
+    /// `walks_on` picks about one timestamp in `WALK_ON_EVERY` at each tier whatever the
+    /// stride between a record's writes (a `ts % 8` would pick all or none at a stride of
+    /// 8), and the tiers pick independently (about one in 64 passes two).
     #[test]
     fn the_amortized_walk_goes_on_for_about_one_install_in_eight_at_any_stride() {
         for stride in [1u64, 2, 3, 4, 8, 16, 64, 1000, 1 << 20] {
-            let n = 8000u64;
-            let on = (0..n).filter(|i| walks_on(Ts(12_345 + i * stride))).count() as u64;
-            let want = n / WALK_ON_EVERY;
-            assert!(on > want / 2 && on < want * 3 / 2, "stride {stride}: {on} of {n}, about {want} wanted");
+            let n = 64_000u64;
+            let ts = |i: u64| Ts(12_345 + i * stride);
+            for tier in 0..3 {
+                let on = (0..n).filter(|&i| walks_on(ts(i), tier)).count() as u64;
+                let want = n / WALK_ON_EVERY;
+                assert!(on > want / 2 && on < want * 3 / 2, "stride {stride}, tier {tier}: {on} of {n}, about {want}");
+            }
+            let both = (0..n).filter(|&i| walks_on(ts(i), 0) && walks_on(ts(i), 1)).count() as u64;
+            let want = n / WALK_ON_EVERY / WALK_ON_EVERY;
+            assert!(both > want / 2 && both < want * 3 / 2, "stride {stride}: {both} pass two tiers, about {want}");
         }
+        assert!(walks_on(Ts(7), 21), "past the hash's bits, a walk goes on");
     }
 
     thread_local! {
