@@ -59,6 +59,10 @@ pub struct DemoArgs {
     /// Client connections in the server part.
     #[arg(long, default_value_t = 8)]
     server_clients: usize,
+    /// Workers of every `ditto server` the server, standby and cluster parts start (the
+    /// TPC-C part's are `--workers`) [default: the server's own, the cores less one].
+    #[arg(long, default_value_t = ditto_server::config::default_workers())]
+    server_workers: usize,
     /// Seconds of client load on a primary with a backup (0: skip the hot-standby part).
     #[arg(long, default_value_t = 3.0)]
     standby_seconds: f64,
@@ -192,7 +196,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let server = if a.server_seconds > 0.0 {
         let dir = ScratchDir::new(a.dir.as_ref().map(|d| d.with_extension("server")), "demo-server")?;
         Some(
-            crate::demo_server::run(&dir.path, a.workers, a.server_clients.max(1), a.server_seconds)
+            crate::demo_server::run(&dir.path, a.server_workers, a.server_clients.max(1), a.server_seconds)
                 .map_err(|e| e.to_string())?,
         )
     } else {
@@ -202,7 +206,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let standby = if a.standby_seconds > 0.0 {
         let dir = ScratchDir::new(a.dir.as_ref().map(|d| d.with_extension("standby")), "demo-standby")?;
         Some(
-            crate::demo_standby::run(&dir.path, a.workers, a.server_clients.max(1), a.standby_seconds)
+            crate::demo_standby::run(&dir.path, a.server_workers, a.server_clients.max(1), a.standby_seconds)
                 .map_err(|e| e.to_string())?,
         )
     } else {
@@ -211,7 +215,7 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     let failover = if a.failovers > 0 {
         let dir = ScratchDir::new(a.dir.as_ref().map(|d| d.with_extension("failover")), "demo-failover")?;
-        Some(crate::demo_failover::run(&dir.path, a.workers, a.failovers).map_err(|e| e.to_string())?)
+        Some(crate::demo_failover::run(&dir.path, a.server_workers, a.failovers).map_err(|e| e.to_string())?)
     } else {
         None
     };
