@@ -44,8 +44,8 @@ pub struct FailoverBenchArgs {
     /// The cluster's commit policy.
     #[arg(long, default_value = "majority-durable")]
     policy: String,
-    /// Workers per server.
-    #[arg(long, default_value_t = 2)]
+    /// Workers per server (the server's own default: the cores less one, at least one).
+    #[arg(long, default_value_t = ditto_server::config::default_workers())]
     workers: usize,
     /// The failure timeout of the cluster's nodes (ms).
     #[arg(long, default_value_t = 250)]
