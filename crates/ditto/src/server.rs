@@ -573,7 +573,10 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let policy = a.commit_policy.unwrap_or_else(|| "majority-durable".into());
     ditto_replication::CommitPolicy::parse(&policy)?;
     let failure = a.failure_timeout_ms.unwrap_or(250);
-    let workers = a.workers.unwrap_or_else(|| Config::default().workers);
+    // The flag, else the config file's (which its servers are also given, but the flag
+    // the node passes them wins: before 2026-12-05 a file's `workers` was overridden by
+    // the default), else the server's default.
+    let workers = a.workers.or(file.as_ref().map(|c| c.workers)).unwrap_or_else(ditto_server::config::default_workers);
     crate::node::run(crate::node::NodeConfig {
         id,
         members,

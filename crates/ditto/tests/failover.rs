@@ -2637,6 +2637,43 @@ fn a_node_refuses_a_weak_secret_and_no_secret_off_loopback() {
     assert!(!ok && !out.contains("no --cluster-secret-file") && out.contains("binding the control port"), "{out}");
 }
 
+/// A node's servers run the `workers` its config file sets where no flag does, and the
+/// flag's where one is given. (Before 2026-12-05 the node handed its servers the default
+/// as a flag, which won over the file: `workers = 3` ran one worker on two cores.)
+#[test]
+fn a_nodes_servers_take_the_workers_of_its_config_file_unless_a_flag_says() {
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("ditto.toml");
+    std::fs::write(&conf, "workers = 3\n").unwrap();
+    for (flag, want) in [(None, "3"), (Some("2"), "2")] {
+        let p = free_ports(3);
+        let members = format!("1=127.0.0.1:{}/{}/{}", p[0], p[1], p[2]);
+        let data = dir.path().join(format!("n{want}"));
+        let _node = Killed(
+            Command::new(env!("CARGO_BIN_EXE_ditto"))
+                .args(["server", "--node-id", "1", "--members", &members, "--data-dir", data.to_str().unwrap()])
+                .args(["--config", conf.to_str().unwrap()])
+                .args(flag.map(|w| vec!["--workers", w]).unwrap_or_default())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let got = wait_for("the node's server", Duration::from_secs(60), || {
+            let mut k = Client::connect(p[0]).ok()?;
+            field(&k.cmd(&["INFO", "server"]).ok()?.join("\n"), "workers")
+        });
+        assert_eq!(got, want, "workers with the flag {flag:?} and `workers = 3` in the file");
+    }
+}
+
 /// A cluster whose servers share a config file with `requirepass` (and a secret): its
 /// clients must AUTH, the nodes' own probes do, so a SIGKILL of the primary fails over
 /// with every acknowledged write, and the killed node rejoins as a backup; `ditto cluster
