@@ -1332,6 +1332,15 @@ mod tests {
         let per = 60_000u64;
         let done = AtomicBool::new(false);
         let progress: Vec<AtomicU64> = (0..writers).map(|_| AtomicU64::new(0)).collect();
+        // Writers that ended, a failed one too (so that the wait below ends and the scope
+        // reports its panic instead of waiting for good).
+        let ended = AtomicU64::new(0);
+        struct Ends<'a>(&'a AtomicU64);
+        impl Drop for Ends<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::Release);
+            }
+        }
         // Key of (writer w, i): value x = i * writers + w, as 8 bytes, or 24 bytes (with a
         // tail) for odd i; the value is x, so key order is value order.
         let key = |x: u64| -> Vec<u8> {
@@ -1345,8 +1354,9 @@ mod tests {
         let stays = |x: u64| x % 5 != 4;
         std::thread::scope(|s| {
             for w in 0..writers {
-                let (ix, progress) = (&ix, &progress);
+                let (ix, progress, ended) = (&ix, &progress, &ended);
                 s.spawn(move || {
+                    let _ends = Ends(ended);
                     for i in 0..per {
                         let x = i * writers + w;
                         let g = crossbeam_epoch::pin();
@@ -1417,7 +1427,7 @@ mod tests {
                 });
             }
             // Let the writers finish, then stop the readers.
-            while progress.iter().any(|p| p.load(Ordering::Acquire) < per) {
+            while ended.load(Ordering::Acquire) < writers {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             done.store(true, Ordering::Release);
@@ -1447,8 +1457,20 @@ mod tests {
             k.extend_from_slice(&x.to_be_bytes());
             k
         };
+        // Set by the appender or the deleter failing, so that the others stop and the
+        // scope reports the panic instead of waiting for good.
+        let gave_up = AtomicBool::new(false);
+        struct FailsAll<'a>(&'a AtomicBool);
+        impl Drop for FailsAll<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+        }
         std::thread::scope(|s| {
             s.spawn(|| {
+                let _fails = FailsAll(&gave_up);
                 for x in 0..n {
                     let g = crossbeam_epoch::pin();
                     assert!(ix.get_or_insert_with(&key(x), || x, &g).1);
@@ -1456,8 +1478,9 @@ mod tests {
                 }
             });
             s.spawn(|| {
+                let _fails = FailsAll(&gave_up);
                 let mut x = 0;
-                while x < n {
+                while x < n && !gave_up.load(Ordering::Acquire) {
                     if x < appended.load(Ordering::Acquire) {
                         let g = crossbeam_epoch::pin();
                         deleting.store(x + 1, Ordering::Release);
@@ -1470,10 +1493,10 @@ mod tests {
                 }
             });
             for r in 0..2u64 {
-                let (ix, appended, deleting, deleted) = (&ix, &appended, &deleting, &deleted);
+                let (ix, appended, deleting, deleted, gave_up) = (&ix, &appended, &deleting, &deleted, &gave_up);
                 s.spawn(move || {
                     let mut rng = SmallRng::seed_from_u64(100 + r);
-                    while deleted.load(Ordering::Acquire) < n {
+                    while deleted.load(Ordering::Acquire) < n && !gave_up.load(Ordering::Acquire) {
                         let lo = deleted.load(Ordering::Acquire);
                         let hi = appended.load(Ordering::Acquire);
                         let g = crossbeam_epoch::pin();
