@@ -26,7 +26,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,9 @@ use crate::demo_server::{Client, Reply};
 use crate::logmode::log_options;
 
 type Error = Box<dyn std::error::Error>;
+
+/// How long a cluster run waits, before its clock starts, for the backups to replay the load.
+const LOAD_REPLAY_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// What a cluster run needs besides the benchmark body.
 pub struct ClusterSpec<'a> {
@@ -240,10 +243,32 @@ pub fn run(
         let counters0: Mutex<Vec<Result<(f64, f64), String>>> = Mutex::new(Vec::new());
         // Samples taken while a backup was not linked (its lag unknown): not recorded, and
         // counted in the report.
-        let missing = std::sync::atomic::AtomicU64::new(0);
-        let logged0 = std::sync::atomic::AtomicU64::new(0);
-        let ckpt_cpu0 = std::sync::atomic::AtomicU64::new(0);
+        let missing = AtomicU64::new(0);
+        let logged0 = AtomicU64::new(0);
+        let ckpt_cpu0 = AtomicU64::new(0);
+        // (u64::MAX: the run's end was not reported; read after the body then.)
+        let (logged1, ckpt_cpu1) = (AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX));
+        let caught_up: Mutex<Result<(), String>> = Mutex::new(Ok(()));
         let on_start = || {
+            // The backups replay the load first (its chunks of hundreds of rows each), so
+            // that none of it counts as the run's replay (a review found the counters read
+            // while a backup could still be replaying the load's tail). Before the run's
+            // clock starts (`harness::run` calls this first).
+            let target = d.db().clock().visible_ts();
+            let waited = Instant::now();
+            let deadline = waited + LOAD_REPLAY_WAIT_MAX;
+            while primary.backups().len() < backups.len() || primary.backups().iter().any(|b| b.replayed < target) {
+                if Instant::now() > deadline {
+                    *caught_up.lock() = Err(format!(
+                        "the backups had not replayed the load (up to ts {}) {} s after it ended",
+                        target.0,
+                        LOAD_REPLAY_WAIT_MAX.as_secs()
+                    ));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            eprintln!("  the backups held the load replayed {} ms after it ended", waited.elapsed().as_millis());
             logged0.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
             ckpt_cpu0.store(d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed), Ordering::Relaxed);
             *counters0.lock() = backups.iter().map(|b| replay_counters(b.port).map_err(|e| e.to_string())).collect();
@@ -286,7 +311,13 @@ pub fn run(
             });
             // Sampled over the run alone: not while the benchmark checks its data after it
             // (before 2026-12-04, those idle 200 ms and more were sampled too).
-            let on_end = || done.store(true, Ordering::Release);
+            // (The primary's logged transactions and checkpoint CPU as the run's CPU is read,
+            // not after the benchmark's checks, which the checkpointer runs beside.)
+            let on_end = || {
+                logged1.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
+                ckpt_cpu1.store(d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+                done.store(true, Ordering::Release);
+            };
             let probe = Probe {
                 log_bytes: &bytes,
                 released: Some(&released),
@@ -303,11 +334,16 @@ pub fn run(
         let mut report = report?;
         // Execution CPU per transaction that the backups replay (read-only ones are not
         // logged): this process's CPU over the run (workers, log, shipping) per logged one.
-        let logged = d.logger().stats.txns.load(Ordering::Relaxed) - logged0.load(Ordering::Relaxed);
+        caught_up.into_inner()?;
+        let at_end = |v: &AtomicU64, now: &AtomicU64| match v.load(Ordering::Relaxed) {
+            u64::MAX => now.load(Ordering::Relaxed),
+            v => v,
+        };
+        let logged = at_end(&logged1, &d.logger().stats.txns) - logged0.load(Ordering::Relaxed);
         let exec_s_per_txn = report.cpu_s_per_txn * report.committed as f64 / logged.max(1) as f64;
         // The primary's checkpoints are not execution (a backup's replay CPU counts none of
         // its own): taken out of the ratio's denominator.
-        let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed) - ckpt_cpu0.load(Ordering::Relaxed);
+        let ckpt_ns = at_end(&ckpt_cpu1, &d.logger().stats.checkpoint_cpu_ns) - ckpt_cpu0.load(Ordering::Relaxed);
         let ckpt_s_per_txn = ckpt_ns as f64 / 1e9 / logged.max(1) as f64;
         let exec_excl =
             crate::logmode::exec_without_checkpoints(report.cpu_s_per_txn * report.committed as f64, ckpt_ns, logged);
