@@ -246,8 +246,8 @@ pub fn run(
         let missing = AtomicU64::new(0);
         let logged0 = AtomicU64::new(0);
         let ckpt_cpu0 = AtomicU64::new(0);
-        // (u64::MAX: the run's end was not reported; read after the body then.)
-        let (logged1, ckpt_cpu1) = (AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX));
+        // The primary's logged transactions and checkpoint CPU at the run's end (`on_end`).
+        let at_end: Mutex<Option<(u64, u64)>> = Mutex::new(None);
         let caught_up: Mutex<Result<(), String>> = Mutex::new(Ok(()));
         let on_start = || {
             // The backups replay the load first (its chunks of hundreds of rows each), so
@@ -257,7 +257,11 @@ pub fn run(
             let target = d.db().clock().visible_ts();
             let waited = Instant::now();
             let deadline = waited + LOAD_REPLAY_WAIT_MAX;
-            while primary.backups().len() < backups.len() || primary.backups().iter().any(|b| b.replayed < target) {
+            let behind = || {
+                let bs = primary.backups();
+                bs.len() < backups.len() || bs.iter().any(|b| b.replayed < target)
+            };
+            while behind() {
                 if Instant::now() > deadline {
                     *caught_up.lock() = Err(format!(
                         "the backups had not replayed the load (up to ts {}) {} s after it ended",
@@ -314,8 +318,9 @@ pub fn run(
             // (The primary's logged transactions and checkpoint CPU as the run's CPU is read,
             // not after the benchmark's checks, which the checkpointer runs beside.)
             let on_end = || {
-                logged1.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
-                ckpt_cpu1.store(d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+                let stats = &d.logger().stats;
+                *at_end.lock() =
+                    Some((stats.txns.load(Ordering::Relaxed), stats.checkpoint_cpu_ns.load(Ordering::Relaxed)));
                 done.store(true, Ordering::Release);
             };
             let probe = Probe {
@@ -335,15 +340,16 @@ pub fn run(
         // Execution CPU per transaction that the backups replay (read-only ones are not
         // logged): this process's CPU over the run (workers, log, shipping) per logged one.
         caught_up.into_inner()?;
-        let at_end = |v: &AtomicU64, now: &AtomicU64| match v.load(Ordering::Relaxed) {
-            u64::MAX => now.load(Ordering::Relaxed),
-            v => v,
-        };
-        let logged = at_end(&logged1, &d.logger().stats.txns) - logged0.load(Ordering::Relaxed);
+        // (A body that never reported its run's end: read now.)
+        let stats = &d.logger().stats;
+        let (logged1, ckpt_cpu1) = at_end
+            .into_inner()
+            .unwrap_or_else(|| (stats.txns.load(Ordering::Relaxed), stats.checkpoint_cpu_ns.load(Ordering::Relaxed)));
+        let logged = logged1 - logged0.load(Ordering::Relaxed);
         let exec_s_per_txn = report.cpu_s_per_txn * report.committed as f64 / logged.max(1) as f64;
         // The primary's checkpoints are not execution (a backup's replay CPU counts none of
         // its own): taken out of the ratio's denominator.
-        let ckpt_ns = at_end(&ckpt_cpu1, &d.logger().stats.checkpoint_cpu_ns) - ckpt_cpu0.load(Ordering::Relaxed);
+        let ckpt_ns = ckpt_cpu1 - ckpt_cpu0.load(Ordering::Relaxed);
         let ckpt_s_per_txn = ckpt_ns as f64 / 1e9 / logged.max(1) as f64;
         let exec_excl =
             crate::logmode::exec_without_checkpoints(report.cpu_s_per_txn * report.committed as f64, ckpt_ns, logged);

@@ -2165,8 +2165,9 @@ impl Engine {
 thread_local! {
     /// A replay thread's vector of a batch's writes, kept empty from one batch to the next
     /// (`Engine::replay`). Collected afresh for each batch, it grew by doubling, about a
-    /// thousand writes of a TPC-C batch copied twice over: 2.6% of a loaded backup's
-    /// replay thread (`perf record --call-graph dwarf`, 2026-12-05).
+    /// thousand writes of a TPC-C batch copied twice over: collecting them took 9.0% of a
+    /// loaded backup's replay thread, 5.0% kept (`perf record --call-graph dwarf`,
+    /// docs/results.md, 2026-12-05, morning).
     static BATCH_WRITES: std::cell::Cell<Vec<(Ts, WriteView<'static>)>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
