@@ -52,6 +52,12 @@ pub struct PrimaryOptions {
     /// How often an idle link sends the release watermark (and how stale a backup's view of
     /// it can be when nothing else is sent).
     pub heartbeat: Duration,
+    /// A live link whose backup acknowledges nothing for this long is ended (the backup
+    /// resumes from what it holds when it connects again). A backup acknowledges every
+    /// burst it reads, the idle heartbeats included (`IDLE_HEARTBEAT`), so only a backup
+    /// gone without closing its connection (a power loss, a cut network) or stuck stays
+    /// silent; until it is ended, its last acknowledgement still counts in the quorum.
+    pub ack_silence_max: Duration,
     /// A cluster's new primary: `(e, p, start)` when this epoch opened from epoch `e` cut
     /// at `p`, its log starting above `start` (docs/cluster.md; nothing lies between `p`
     /// and `start`). A backup of epoch `e` that holds exactly `p` then holds what this
@@ -99,6 +105,7 @@ impl Default for PrimaryOptions {
             queue_bytes_max: 256 << 20,
             start_stall_max: Duration::from_secs(60),
             heartbeat: Duration::from_millis(1),
+            ack_silence_max: ACK_SILENCE_MAX,
             resume_from: None,
             acknowledged: None,
             policy: None,
@@ -449,8 +456,12 @@ impl Primary {
                             ditto_log::sched::link_thread();
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                             // A backup gone without a FIN is found by the kernel's probes
-                            // where no write of this side's is waiting to fail.
+                            // where no write of this side's is waiting to fail, and by the
+                            // user timeout where one is (data unacknowledged for 30 s: the
+                            // idle heartbeats keep some in flight); a live link also ends
+                            // after `ack_silence_max` without an acknowledgement.
                             let _ = crate::tls::keep_alive(&s);
+                            let _ = crate::tls::give_up_unacknowledged(&s);
                             let opens = crate::tls::opens_with_tls(&s, Duration::from_secs(10));
                             let served = match (&me.opts.tls, opens) {
                                 (_, Err(e)) => Err(e),
@@ -1468,6 +1479,8 @@ impl Primary {
         // reads the link's figures after it, which the reader must be done moving. (A
         // review found the panic's path reading them with the reader still running.)
         let acks = AcksEnd { sock: stream, acks: Some(self.read_acks(link, reader)?) };
+        // Silence is counted from here for a backup that has not acknowledged yet.
+        let acks_from = link.since.elapsed();
         self.changed();
         // What the queue dropped meanwhile, then live: a frame shipped while nothing waits
         // here is sent by the thread shipping it.
@@ -1529,6 +1542,10 @@ impl Primary {
                 taken = q.bytes;
                 q.frames.drain(..).collect()
             };
+            let heard_us = link.heard_us.load(Ordering::Acquire);
+            if let Some(why) = too_silent(heard_us, acks_from, link.since.elapsed(), self.opts.ack_silence_max) {
+                break Err(std::io::Error::other(why));
+            }
             for f in &frames {
                 if let Err(e) = w.write_all(f) {
                     break 'live Err(e);
@@ -1972,6 +1989,34 @@ const LINK_DOZE_AFTER: Duration = Duration::from_millis(50);
 /// An idle link sends a heartbeat at least this often.
 pub const IDLE_HEARTBEAT: Duration = Duration::from_millis(200);
 
+/// `PrimaryOptions::ack_silence_max` by default: fifty idle heartbeats, twice the silence
+/// after which a backup gives its primary up (`backup::SILENCE_MAX`). PostgreSQL's
+/// `wal_sender_timeout` does the same at 60 s by default. (Before 2026-12-05 a link lasted
+/// until TCP gave up, up to about 15 minutes for a backup gone without a FIN while
+/// heartbeats kept data unacknowledged: its last `received` counted in the quorum all
+/// that time, though its memory was gone; found by a review.)
+pub const ACK_SILENCE_MAX: Duration = Duration::from_secs(10);
+
+/// Why a live link ends for its backup's silence, if it does: nothing heard for more than
+/// `max`, counted from the last acknowledgement (`heard_us`, microseconds after the link
+/// began, or `NEVER_ACKED`) or, before the first, from when its acks began to be read
+/// (`acks_from`); `now` on the same clock.
+fn too_silent(heard_us: u64, acks_from: Duration, now: Duration, max: Duration) -> Option<String> {
+    let heard = match heard_us {
+        NEVER_ACKED => acks_from,
+        us => Duration::from_micros(us).max(acks_from),
+    };
+    let silent = now.saturating_sub(heard);
+    (silent > max).then(|| {
+        format!(
+            "no acknowledgement from the backup for {:.1} s (the limit is {:.1} s): gone without closing its \
+             connection, or stuck; it resumes from what it holds when it connects again",
+            silent.as_secs_f64(),
+            max.as_secs_f64()
+        )
+    })
+}
+
 /// Lag samples at most this close together.
 const LAG_SAMPLE_EVERY: Duration = Duration::from_micros(100);
 /// At most this many lag samples (10 s of a backup that replays nothing, at one per 100 us;
@@ -2322,6 +2367,27 @@ mod tests {
     }
 
     use super::*;
+
+    /// A link's silence counts from its last acknowledgement, or from when its acks began
+    /// to be read if none came (or the last came before that: a start's), and ends the link
+    /// only past the limit.
+    #[test]
+    fn a_backup_is_too_silent_only_past_the_limit_from_its_last_word() {
+        let (s, max) = (Duration::from_secs, Duration::from_secs(10));
+        // Never acknowledged: from when the acks began to be read.
+        assert_eq!(too_silent(NEVER_ACKED, s(5), s(15), max), None);
+        assert!(too_silent(NEVER_ACKED, s(5), s(16), max).is_some());
+        // Acknowledged: from the last acknowledgement.
+        let at = |secs: u64| secs * 1_000_000;
+        assert_eq!(too_silent(at(20), s(5), s(30), max), None);
+        let why = too_silent(at(20), s(5), s(31), max).expect("11 s silent");
+        assert!(why.contains("for 11.0 s") && why.contains("limit is 10.0 s"), "{why}");
+        // An acknowledgement from before the acks were read does not count: from then.
+        assert_eq!(too_silent(at(1), s(5), s(15), max), None);
+        assert!(too_silent(at(1), s(5), s(15) + Duration::from_millis(1), max).is_some());
+        // A clock that reads before the last word (a race with the reader): not silent.
+        assert_eq!(too_silent(at(20), s(5), s(19), max), None);
+    }
 
     /// `peer_closed` says no for a live connection, unread data or not, and yes once the
     /// peer has closed it (with nothing left unread).

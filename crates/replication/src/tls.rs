@@ -194,6 +194,14 @@ fn set_user_timeout(sock: &TcpStream, d: Duration) -> std::io::Result<()> {
     socket2::SockRef::from(sock).set_tcp_user_timeout(Some(d))
 }
 
+/// Has the kernel give a connection up once data sent on it stays unacknowledged for
+/// `USER_TIMEOUT` (a peer gone without a FIN, or whose receive window stays shut): a thread
+/// blocked writing to it then fails instead of waiting out TCP's retransmissions (some 15
+/// minutes). A TLS tunnel sets it on its own socket; a primary sets it on every link's.
+pub fn give_up_unacknowledged(sock: &TcpStream) -> std::io::Result<()> {
+    set_user_timeout(sock, USER_TIMEOUT)
+}
+
 /// A connection between nodes that goes quiet is probed by the kernel after this long,
 /// then every `KEEPALIVE_INTERVAL`, and given up after `KEEPALIVE_PROBES` unanswered (or,
 /// with TLS, by the user timeout, which takes over from them).
