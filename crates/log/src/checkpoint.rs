@@ -226,7 +226,13 @@ pub fn part_name(i: usize) -> String {
 pub fn raise_epoch_floor(data: &Path, epoch: Epoch, storage: &dyn Storage) -> Result<(), LogError> {
     let Some((dir, mut m)) = crate::sealed::base(data)?.ckpt else { return Ok(()) };
     raise_manifest_epoch(&dir, &mut m, epoch, storage)?;
-    storage.sync_dir(&dir).map_err(|e| LogError::io(&dir, e))
+    storage.sync_dir(&dir).map_err(|e| LogError::io(&dir, e))?;
+    // The checkpoint's own name too: an attempt that died after its manifest's rename but
+    // before `checkpoints/` was synced left a checkpoint a power cut may still take away,
+    // and the raised floor with it (`write` syncs it on its same-timestamp path for the
+    // same reason; found by a review, 2026-12-05).
+    let root = checkpoints_dir(data);
+    storage.sync_dir(&root).map_err(|e| LogError::io(&root, e))
 }
 
 /// Moves the manifest `m` of the checkpoint in `dir` to `epoch` where its
@@ -549,11 +555,17 @@ pub(crate) type Found = (Option<(PathBuf, Manifest)>, Vec<PathBuf>);
 
 pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     let root = checkpoints_dir(data);
+    // An entry that cannot be read is an error, not skipped: the listing stops at it, and
+    // the checkpoints after it (the newest among them, maybe) would be passed over for an
+    // older one, silently (found by a review, 2026-12-05).
     let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&root) {
         Ok(rd) => rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-")))
-            .collect(),
+            .map(|e| e.map(|e| e.path()).map_err(|e| LogError::io(&root, e)))
+            .filter(|p| {
+                p.as_ref()
+                    .map_or(true, |p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-")))
+            })
+            .collect::<Result<_, _>>()?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(LogError::io(&root, e)),
     };
