@@ -166,10 +166,16 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
 const CLIENT_SUBCOMMANDS: &[(&str, i32)] = &[("SETNAME", 3), ("GETNAME", 2), ("ID", 2), ("SETINFO", 4), ("INFO", 2)];
 /// COMMAND's subcommands ditto answers, with Redis's arity (counting COMMAND itself).
 const COMMAND_SUBCOMMANDS: &[(&str, i32)] = &[("COUNT", 2), ("LIST", -2), ("INFO", -2), ("DOCS", -2), ("HELP", 2)];
+/// CONFIG's subcommands as Redis knows them, with its arity (counting CONFIG itself):
+/// ditto answers GET, and refuses the others (its settings live in its config file).
+const CONFIG_SUBCOMMANDS: &[(&str, i32)] = &[("GET", -3), ("SET", -4), ("RESETSTAT", 2), ("REWRITE", 2), ("HELP", 2)];
 
 /// The refusal Redis gives a container command's subcommand before running (or queueing)
-/// it: unknown, or the wrong number of arguments. CLIENT's and COMMAND's subcommands, and
-/// CONFIG GET's arity (CONFIG's other subcommands get ditto's own answer when they run).
+/// it: unknown, or the wrong number of arguments; CLIENT's, COMMAND's and CONFIG's. And
+/// ditto's own refusal of a CONFIG subcommand other than GET, at the same point: queued in
+/// MULTI, each aborts the EXEC, as Redis's refusals do. (Before 2026-12-05 only CONFIG
+/// GET's arity was checked there: `CONFIG FOO` or `CONFIG SET a` was queued, and the EXEC
+/// ran the rest; found by a review.)
 /// (COMMAND's since 2026-12-03: `COMMAND COUNT x` answered, and an unknown subcommand
 /// queued in MULTI did not abort the EXEC; found by a review.)
 ///
@@ -183,6 +189,7 @@ pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
     let table = match spec.name {
         "CLIENT" => Some(CLIENT_SUBCOMMANDS),
         "COMMAND" => Some(COMMAND_SUBCOMMANDS),
+        "CONFIG" => Some(CONFIG_SUBCOMMANDS),
         _ => None,
     };
     let arity = match table {
@@ -197,17 +204,25 @@ pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
                 )));
             }
         },
-        None if spec.name == "CONFIG" && sub == b"GET" => -3,
         None => return None,
     };
     let ok = if arity >= 0 { args.len() == arity as usize } else { args.len() >= (-arity) as usize };
-    (!ok).then(|| {
-        Reply::err(format!(
+    if !ok {
+        return Some(Reply::err(format!(
             "ERR wrong number of arguments for '{}|{}' command",
             spec.lower_name(),
             String::from_utf8_lossy(&sub).to_ascii_lowercase()
-        ))
-    })
+        )));
+    }
+    (spec.name == "CONFIG" && sub != b"GET").then(|| config_unsupported(&sub))
+}
+
+/// ditto's answer to a CONFIG subcommand Redis knows and ditto does not run.
+pub fn config_unsupported(sub: &[u8]) -> Reply {
+    Reply::err(format!(
+        "ERR CONFIG {} is not supported by ditto (CONFIG GET is; settings live in the config file)",
+        String::from_utf8_lossy(sub).to_ascii_uppercase()
+    ))
 }
 
 pub fn wrong_arity(spec: &Spec) -> Reply {

@@ -244,10 +244,14 @@ fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, Pro
 /// (any other escaped byte stands for itself); `'single quotes'` where only `\'` is an
 /// escape. A closing quote must end the word; a line holding an unclosed quote, or a quote
 /// closed mid-word, is refused (`None`). The line ends at a NUL byte, as Redis reads it as
-/// a C string.
+/// a C string. White space between words is C's `isspace` (vertical tab and form feed
+/// too), but a word outside quotes ends only at a space, tab, CR or LF, as in Redis: `\v`
+/// and `\f` inside it are its bytes (split there before 2026-12-05; found by a review's
+/// differential run against Redis).
 fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
     let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
     let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    let ends_word = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let mut args = Vec::new();
     let mut i = 0;
@@ -265,7 +269,7 @@ fn split_inline(line: &[u8]) -> Option<Vec<Bytes>> {
             let Some(q) = quote else {
                 match line.get(i).copied() {
                     None => break,
-                    Some(c) if space(c) => break,
+                    Some(c) if ends_word(c) => break,
                     Some(c @ (b'"' | b'\'')) => quote = Some(c),
                     Some(c) => word.push(c),
                 }
@@ -744,6 +748,14 @@ mod tests {
         assert_eq!(split(br#"SET "" ''"#), words(&[b"SET", b"", b""]));
         assert_eq!(split(b"PING\0 ignored"), words(&[b"PING"]), "the line ends at a NUL");
         assert_eq!(split(b" \x0b\x0c "), words(&[]));
+        // Vertical tab and form feed separate words only where white space is skipped
+        // (before a word, after a closing quote): inside a word they are its bytes. Checked
+        // against redis-server 7.0.15: `SET a\vb v` sets key "a\vb", `GET\v a` is an
+        // unknown command "GET\v", `ECHO 'x'\vy` has two arguments.
+        assert_eq!(split(b"SET a\x0bb v"), words(&[b"SET", b"a\x0bb", b"v"]));
+        assert_eq!(split(b"GET\x0b a\x0cb"), words(&[b"GET\x0b", b"a\x0cb"]));
+        assert_eq!(split(b"\x0b\x0cGET k"), words(&[b"GET", b"k"]));
+        assert_eq!(split(b"ECHO 'x'\x0by"), words(&[b"ECHO", b"x", b"y"]));
         // Through the parser: an unbalanced line is a protocol error.
         let mut buf = BytesMut::from(&b"GET \"a b\r\n"[..]);
         let e = RequestParser::default().next(&mut buf, &Limits::default()).unwrap_err();

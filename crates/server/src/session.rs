@@ -1188,10 +1188,7 @@ impl Session {
                     rest = &rest[3..];
                 }
                 b"SETNAME" if rest.len() >= 2 => {
-                    if let Some(refusal) = client_name_refusal(&rest[1]) {
-                        return refusal;
-                    }
-                    name = Some(Bytes::copy_from_slice(&rest[1]));
+                    name = Some(&rest[1]);
                     rest = &rest[2..];
                 }
                 _ => return Reply::err(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(opt))),
@@ -1210,9 +1207,19 @@ impl Session {
                  version at the same time",
             );
         }
+        // The name is checked once the client is authenticated, before the protocol
+        // changes, and an empty one clears it, as Redis 7.0.15 does (compared over a raw
+        // socket: `HELLO 3 AUTH default pw SETNAME "a b"` authenticates, refuses the name
+        // and keeps RESP2; before 2026-12-05 ditto refused it unauthenticated, and kept
+        // `SETNAME ""` as an empty name; found by a review).
+        if let Some(n) = name {
+            if let Some(refusal) = client_name_refusal(n) {
+                return refusal;
+            }
+        }
         self.proto = proto;
-        if name.is_some() {
-            self.name = name;
+        if let Some(n) = name {
+            self.name = (!n.is_empty()).then(|| Bytes::copy_from_slice(n));
         }
         let s = |t: &'static str| Reply::bulk(t);
         Reply::Map(vec![
@@ -1554,11 +1561,9 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared, at: &mut Reader) -> Outcome {
 /// CONFIG GET pattern...: the parameters in `Shared::config_view` whose names match a glob,
 /// as a map. Nothing can be changed at run time: the config file is the one place.
 fn config(a: &[Bytes], sh: &Shared) -> Reply {
+    // (Refused before it runs, `commands::subcommand_refusal`; kept for any other caller.)
     if !a[0].eq_ignore_ascii_case(b"GET") {
-        return Reply::err(format!(
-            "ERR CONFIG {} is not supported by ditto (CONFIG GET is; settings live in the config file)",
-            String::from_utf8_lossy(&a[0]).to_ascii_uppercase()
-        ));
+        return crate::commands::config_unsupported(&a[0]);
     }
     let pairs = sh
         .config_view
@@ -2488,6 +2493,29 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
         assert!(matches!(cmd(&mut s, &sh, &mut w, "COMMAND NOPE"), Reply::Error(_)));
         assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+        // CONFIG's too, and those ditto does not run (Redis 7.0.15 answers the first two
+        // the same; before 2026-12-05 each was queued and the EXEC ran the rest).
+        assert_eq!(err(cmd(&mut s, &sh, &mut w, "CONFIG FOO")), "ERR unknown subcommand 'FOO'. Try CONFIG HELP.");
+        assert_eq!(
+            err(cmd(&mut s, &sh, &mut w, "CONFIG SET a")),
+            "ERR wrong number of arguments for 'config|set' command"
+        );
+        assert_eq!(
+            err(cmd(&mut s, &sh, &mut w, "CONFIG RESETSTAT x")),
+            "ERR wrong number of arguments for 'config|resetstat' command"
+        );
+        assert!(err(cmd(&mut s, &sh, &mut w, "CONFIG RESETSTAT")).contains("not supported by ditto"));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "CONFIG GET maxmemory"), Reply::Map(_)));
+        for refused in ["CONFIG FOO", "CONFIG SET a", "CONFIG SET maxmemory 1"] {
+            assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+            assert!(matches!(cmd(&mut s, &sh, &mut w, refused), Reply::Error(_)), "{refused}");
+            assert_eq!(cmd(&mut s, &sh, &mut w, "SET config_k 1"), Reply::Simple("QUEUED"));
+            assert!(
+                matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")),
+                "{refused}"
+            );
+            assert_eq!(cmd(&mut s, &sh, &mut w, "GET config_k"), Reply::Nil, "{refused}: the EXEC ran the rest");
+        }
     }
 
     /// what WATCH counts as a change, what KEYS and DBSIZE see inside EXEC, and an EXEC
@@ -2582,26 +2610,35 @@ mod tests {
     }
 
     /// HELLO's SETNAME takes the names CLIENT SETNAME takes, and refuses the others as it
-    /// does (a name with a space broke CLIENT INFO's `name=` field for parsers).
+    /// does (a name with a space broke CLIENT INFO's `name=` field for parsers), in Redis
+    /// 7.0.15's order (compared over a raw socket): a syntax error refuses the whole HELLO
+    /// before its credentials are tried; a bad name is refused after them (the client is
+    /// then authenticated) and before the protocol changes; an empty name clears it.
     #[test]
     fn hello_setname_refuses_what_client_setname_refuses() {
         let (sh, mut w) = setup();
-        let mut s = Session::new(&sh);
-        let mut run = |args: &[&str]| {
-            s.handle(args.iter().map(|a| Bytes::copy_from_slice(a.as_bytes())).collect(), &sh, &mut w).reply
+        let run = |s: &mut Session, w: &mut Worker, args: &[&str]| {
+            s.handle(args.iter().map(|a| Bytes::copy_from_slice(a.as_bytes())).collect(), &sh, w).reply
         };
-        assert!(run(&["HELLO", "3", "AUTH", "default", "sesame", "SETNAME", "a b"]).is_error());
-        // Refused whole, as Redis does: its options are checked before its credentials,
-        // so it did not authenticate the client either.
-        assert!(matches!(run(&["CLIENT", "GETNAME"]), Reply::Error(e) if e.starts_with("NOAUTH")));
+        let proto = |r: Reply| match r {
+            Reply::Map(m) => m.into_iter().find(|(k, _)| *k == Reply::bulk("proto")).map(|(_, v)| v),
+            o => panic!("{o:?}"),
+        };
+        let mut s = Session::new(&sh);
         assert!(
-            matches!(run(&["HELLO", "3", "AUTH", "default", "sesame", "BOGUS"]), Reply::Error(e) if e.contains("Syntax error"))
+            matches!(run(&mut s, &mut w, &["HELLO", "3", "AUTH", "default", "sesame", "BOGUS"]), Reply::Error(e) if e.contains("Syntax error"))
         );
-        assert!(matches!(run(&["CLIENT", "GETNAME"]), Reply::Error(e) if e.starts_with("NOAUTH")));
-        assert!(matches!(run(&["HELLO", "3", "AUTH", "default", "sesame"]), Reply::Map(_)));
-        assert_eq!(run(&["CLIENT", "GETNAME"]), Reply::Nil, "nothing set by the refused HELLO");
-        assert!(matches!(run(&["HELLO", "3", "SETNAME", "ok"]), Reply::Map(_)));
-        assert_eq!(run(&["CLIENT", "GETNAME"]), Reply::bulk("ok"));
+        assert!(matches!(run(&mut s, &mut w, &["CLIENT", "GETNAME"]), Reply::Error(e) if e.starts_with("NOAUTH")));
+        assert!(run(&mut s, &mut w, &["HELLO", "3", "AUTH", "default", "sesame", "SETNAME", "a b"]).is_error());
+        assert_eq!(run(&mut s, &mut w, &["CLIENT", "GETNAME"]), Reply::Nil, "authenticated, no name set");
+        assert_eq!(proto(run(&mut s, &mut w, &["HELLO"])), Some(Reply::Int(2)), "the refused HELLO kept RESP2");
+        assert!(matches!(run(&mut s, &mut w, &["HELLO", "3", "SETNAME", "ok"]), Reply::Map(_)));
+        assert_eq!(run(&mut s, &mut w, &["CLIENT", "GETNAME"]), Reply::bulk("ok"));
+        assert!(run(&mut s, &mut w, &["HELLO", "2", "SETNAME", "a\nb"]).is_error());
+        assert_eq!(proto(run(&mut s, &mut w, &["HELLO"])), Some(Reply::Int(3)), "a refused name kept RESP3");
+        assert_eq!(run(&mut s, &mut w, &["CLIENT", "GETNAME"]), Reply::bulk("ok"), "a refused name kept the old one");
+        assert!(matches!(run(&mut s, &mut w, &["HELLO", "3", "SETNAME", ""]), Reply::Map(_)));
+        assert_eq!(run(&mut s, &mut w, &["CLIENT", "GETNAME"]), Reply::Nil, "an empty name clears it");
     }
 
     /// A command over a limit inside EXEC aborts the whole transaction: nothing it or the
