@@ -947,9 +947,19 @@ impl Session {
             )));
         }
         let db_before = self.db;
+        // What the queue's connection commands may change here (CLIENT SETNAME, HELLO,
+        // AUTH): put back before another attempt, and where the EXEC answers without
+        // committing (a watched key changed, a reply over the limit, an abort), as Redis
+        // runs none of the queue then. (Before 2026-12-05 an attempt's changes stayed: an
+        // EXEC retried after a conflict and answered nil had set the name and moved the
+        // connection to RESP3; found by a review.) SELECT's database comes back the same
+        // way, DITTO.POLICY's policy in `exec`. What such a command does outside the
+        // connection (SENTINEL FAILOVER's request, DITTO.FORGETBACKUP) is not undone.
+        let conn_before = (self.name.clone(), self.proto, self.authed);
         let mut tries = 0;
         loop {
             self.db = db_before;
+            (self.name, self.proto, self.authed) = conn_before.clone();
             let mut txn = begin(sh, worker);
             let mut wait = Ts(0);
             let mut wrote = false;
@@ -1010,11 +1020,12 @@ impl Session {
                 Ok(Some(replies))
             })();
             if let Some(bytes) = over {
-                // Nothing committed: the transaction is dropped. (Connection commands
-                // queued before the reply passed the budget ran: CLIENT SETNAME, AUTH and
-                // DITTO.FORGETBACKUP keep their effect; SELECT and DITTO.POLICY come back.)
+                // Nothing committed: the transaction is dropped, and the connection is as
+                // it was (DITTO.FORGETBACKUP queued before the reply passed the budget
+                // keeps its effect).
                 drop(txn);
                 self.db = db_before;
+                (self.name, self.proto, self.authed) = conn_before;
                 return Outcome::now(Reply::err(format!(
                     "ERR EXEC's reply would be over max_output_bytes ({}): at least {bytes} bytes; nothing of the transaction was written",
                     sh.max_output_bytes
@@ -1024,7 +1035,11 @@ impl Session {
             match res {
                 // A watched key changed: nil, once the change it saw is durable (as a read
                 // waits for what it saw), so that no client learns of it before.
-                Ok((None, ticket)) => return Outcome::after(Reply::NilArray, ticket.ts()),
+                Ok((None, ticket)) => {
+                    self.db = db_before;
+                    (self.name, self.proto, self.authed) = conn_before;
+                    return Outcome::after(Reply::NilArray, ticket.ts());
+                }
                 Ok((Some(replies), ticket)) => {
                     sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
                     if wrote {
@@ -1038,10 +1053,12 @@ impl Session {
                 }
                 Err(e @ Error::TooLarge { .. }) => {
                     self.db = db_before;
+                    (self.name, self.proto, self.authed) = conn_before;
                     return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {e}")));
                 }
                 Err(e) => {
                     self.db = db_before;
+                    (self.name, self.proto, self.authed) = conn_before;
                     return Outcome::now(engine_error(&e));
                 }
             }
@@ -2921,6 +2938,22 @@ mod tests {
         // reply is held to the limit too (each element counted 16 bytes more than its
         // strings), or the transaction is not run at all.
         let limited = Shared { max_output_bytes: 200, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        // Refused whole: the connection commands queued before the reply passed the limit
+        // are undone too (their name and protocol), as Redis runs none of the queue.
+        let mut s3 = Session::new(&limited);
+        cmd(&mut s3, &limited, &mut w, "CLIENT SETNAME before");
+        cmd(&mut s3, &limited, &mut w, "MULTI");
+        cmd(&mut s3, &limited, &mut w, "CLIENT SETNAME x");
+        cmd(&mut s3, &limited, &mut w, "HELLO 3");
+        cmd(&mut s3, &limited, &mut w, "SELECT 2");
+        for _ in 0..4 {
+            cmd(&mut s3, &limited, &mut w, "GET big");
+        }
+        cmd(&mut s3, &limited, &mut w, &format!("MGET{}", " big".repeat(9)));
+        assert!(matches!(cmd(&mut s3, &limited, &mut w, "EXEC"), Reply::Error(e) if e.contains("max_output_bytes")));
+        assert_eq!(cmd(&mut s3, &limited, &mut w, "CLIENT GETNAME"), bulk("before"), "the queued SETNAME stayed");
+        assert_eq!(s3.proto, Proto::Resp2, "the queued HELLO 3 stayed");
+        assert_eq!(cmd(&mut s3, &limited, &mut w, "GET big"), bulk(&"x".repeat(25)), "the queued SELECT stayed");
         let mut s2 = Session::new(&limited);
         cmd(&mut s2, &limited, &mut w, "MULTI");
         cmd(&mut s2, &limited, &mut w, &format!("MGET{}", " big".repeat(9)));
