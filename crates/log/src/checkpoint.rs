@@ -660,7 +660,11 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
         }
         // Checkpoint rows are whole records: they always carry the key.
         let key = || keys.copy(&b[kstart..kstart + klen]);
-        db.recovery_install(table, rid, Some(key), vts, Some(&b[vstart..vstart + vlen])).map_err(LogError::Engine)?;
+        // A row whose checksums pass but which the engine refuses (an unknown table, a
+        // record id past its limit, a value too large) names the part and the row, as
+        // other damage does (before 2026-12-05 the engine's error alone; a review).
+        db.recovery_install(table, rid, Some(key), vts, Some(&b[vstart..vstart + vlen]))
+            .map_err(|e| bad(p, &format!("the engine refused the row: {e}")))?;
         p = vstart + vlen;
         n += 1;
     }

@@ -444,7 +444,20 @@ pub(crate) fn replay_kept(
                             }
                             for w in t.writes() {
                                 let key = w.key.map(|k| move || keep(k));
-                                db.recovery_install(w.table, w.rid, key, t.ts, w.value).map_err(LogError::Engine)?;
+                                // Refused by the engine (an unknown table, a record id past
+                                // its limit, a value too large, in a batch whose checksums
+                                // pass): named by its segment and batch, as other damage
+                                // is (before 2026-12-05 the engine's error alone; a review).
+                                db.recovery_install(w.table, w.rid, key, t.ts, w.value).map_err(|e| {
+                                    LogError::Corrupt {
+                                        file: k.file.to_path_buf(),
+                                        offset: k.offset,
+                                        what: format!(
+                                            "the engine refused a write of the transaction at ts {}: {e}",
+                                            t.ts.0
+                                        ),
+                                    }
+                                })?;
                             }
                             n_replayed += 1;
                         }

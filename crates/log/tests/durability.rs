@@ -2760,3 +2760,36 @@ fn a_flush_on_a_deferring_thread_that_panics_fails_the_log() {
     let e = lost.wait().expect_err("not acknowledged");
     assert!(e.to_string().contains("panicked"), "{e}");
 }
+
+/// A log or checkpoint row whose checksums pass but which the engine refuses (here: its
+/// table is not in the catalog) stops recovery naming the segment or the checkpoint part
+/// where it lies, as other damage does (before 2026-12-05 the engine's error alone, with
+/// no file).
+#[test]
+fn a_row_the_engine_refuses_names_its_file() {
+    for checkpointed in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("d");
+        {
+            let d = open(&dir, OpenOptions { workers: 1, progress: false, ..Default::default() }).unwrap();
+            let t = d.db().create_table("t").unwrap();
+            d.db().worker(WorkerId(0)).unwrap().run(|x| x.insert(t, b"k", b"v")).unwrap().1.wait().unwrap();
+            if checkpointed {
+                d.checkpoint().unwrap();
+            }
+            d.close();
+        }
+        // A catalog without the table (its checksum right).
+        std::fs::write(dir.join("CATALOG"), ditto_log::catalog::Catalog::default().encode()).unwrap();
+        match open(&dir, OpenOptions { workers: 1, progress: false, ..Default::default() }) {
+            Err(LogError::Corrupt { file, what, .. }) => {
+                let name = file.file_name().unwrap().to_string_lossy().to_string();
+                let want = if checkpointed { "part-" } else { "stream-" };
+                assert!(name.starts_with(want), "checkpointed {checkpointed}: named {file:?} ({what})");
+                assert!(what.contains("the engine refused"), "{what}");
+            }
+            Err(e) => panic!("checkpointed {checkpointed}: {e}"),
+            Ok(_) => panic!("checkpointed {checkpointed}: a row of a table not in the catalog was recovered"),
+        }
+    }
+}
