@@ -953,8 +953,9 @@ impl Session {
         // runs none of the queue then. (Before 2026-12-05 an attempt's changes stayed: an
         // EXEC retried after a conflict and answered nil had set the name and moved the
         // connection to RESP3; found by a review.) SELECT's database comes back the same
-        // way, DITTO.POLICY's policy in `exec`. What such a command does outside the
-        // connection (SENTINEL FAILOVER's request, DITTO.FORGETBACKUP) is not undone.
+        // way, DITTO.POLICY's policy in `exec`. What cannot be undone (a command acting
+        // outside the connection: `acts_outside`) runs only once the transaction has
+        // committed, its reply put in its place then.
         let conn_before = (self.name.clone(), self.proto, self.authed);
         let mut tries = 0;
         loop {
@@ -977,7 +978,10 @@ impl Session {
                 let mut replies = Vec::with_capacity(queue.len());
                 for args in &queue {
                     let spec = lookup(&args[0]).expect("queued requests were looked up");
-                    if spec.kind == Kind::Data {
+                    if acts_outside(spec, args) {
+                        // Its reply, once committed (a short status or error line).
+                        replies.push(Reply::Nil);
+                    } else if spec.kind == Kind::Data {
                         // A command over a limit (a key or a value too large) aborts the
                         // whole transaction, below: it may have written part of its effect
                         // before the engine refused the rest (`MSET a 1 <key too large> 2`
@@ -1040,8 +1044,14 @@ impl Session {
                     (self.name, self.proto, self.authed) = conn_before;
                     return Outcome::after(Reply::NilArray, ticket.ts());
                 }
-                Ok((Some(replies), ticket)) => {
+                Ok((Some(mut replies), ticket)) => {
                     sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
+                    for (i, args) in queue.iter().enumerate() {
+                        let spec = lookup(&args[0]).expect("queued requests were looked up");
+                        if acts_outside(spec, args) {
+                            replies[i] = self.conn_command(spec, args, sh).reply;
+                        }
+                    }
                     if wrote {
                         self.last_commit = ticket.ts();
                     }
@@ -1653,6 +1663,8 @@ pub struct WriteGate {
     backups: Mutex<Backups>,
     /// Role changes asked for and not yet taken up (`RoleRequest`).
     roles: Mutex<std::collections::VecDeque<RoleRequest>>,
+    /// Switchovers asked of the supervisor (`ask_switchover`), counted.
+    switchovers_asked: std::sync::atomic::AtomicU64,
     role_asked: tokio::sync::Notify,
 }
 
@@ -1859,7 +1871,13 @@ impl WriteGate {
             return Err("INPROG Failover already in progress".into());
         }
         crate::say!("ditto server asks for a switchover");
+        self.switchovers_asked.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// How many switchovers this server has asked its supervisor for.
+    pub fn switchovers_asked(&self) -> u64 {
+        self.switchovers_asked.load(Ordering::Relaxed)
     }
 }
 
@@ -1937,6 +1955,19 @@ fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
         // (A cluster's learner is no replica a failover counts on.)
         Replication::Primary { primary, .. } => primary.replicas_received(ts),
         _ => 0,
+    }
+}
+
+/// A queued command whose effect lies outside the connection and cannot be undone:
+/// `SENTINEL FAILOVER` (asks the cluster for a switchover) and `DITTO.FORGETBACKUP`
+/// (records a backup as lost). Inside EXEC it runs only once the transaction has committed,
+/// so an EXEC that answers nil or an error, or is retried after a conflict, runs it not at
+/// all, or once (before 2026-12-05 each attempt ran it; found by a review).
+fn acts_outside(spec: &Spec, args: &[Bytes]) -> bool {
+    match spec.name {
+        "DITTO.FORGETBACKUP" => true,
+        "SENTINEL" => args.get(1).is_some_and(|s| s.eq_ignore_ascii_case(b"FAILOVER")),
+        _ => false,
     }
 }
 
@@ -2942,7 +2973,12 @@ mod tests {
         // are undone too (their name and protocol), as Redis runs none of the queue.
         let mut s3 = Session::new(&limited);
         cmd(&mut s3, &limited, &mut w, "CLIENT SETNAME before");
+        limited.write_gate.set_cluster_info(vec![
+            ("cluster_phase".into(), "serving".into()),
+            ("cluster_switchover".into(), "none".into()),
+        ]);
         cmd(&mut s3, &limited, &mut w, "MULTI");
+        cmd(&mut s3, &limited, &mut w, "SENTINEL failover ditto");
         cmd(&mut s3, &limited, &mut w, "CLIENT SETNAME x");
         cmd(&mut s3, &limited, &mut w, "HELLO 3");
         cmd(&mut s3, &limited, &mut w, "SELECT 2");
@@ -2953,6 +2989,7 @@ mod tests {
         assert!(matches!(cmd(&mut s3, &limited, &mut w, "EXEC"), Reply::Error(e) if e.contains("max_output_bytes")));
         assert_eq!(cmd(&mut s3, &limited, &mut w, "CLIENT GETNAME"), bulk("before"), "the queued SETNAME stayed");
         assert_eq!(s3.proto, Proto::Resp2, "the queued HELLO 3 stayed");
+        assert_eq!(limited.write_gate.switchovers_asked(), 0, "the refused EXEC asked for a switchover");
         assert_eq!(cmd(&mut s3, &limited, &mut w, "GET big"), bulk(&"x".repeat(25)), "the queued SELECT stayed");
         let mut s2 = Session::new(&limited);
         cmd(&mut s2, &limited, &mut w, "MULTI");
@@ -3420,6 +3457,23 @@ mod tests {
             ("cluster_switchover".into(), "none".into()),
         ]);
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto"), Reply::Ok);
+        assert_eq!(sh.write_gate.switchovers_asked(), 1);
+        // Queued, it is asked only once the EXEC commits, its reply in its place; an EXEC
+        // that answers nil (a watched key changed) asks nothing.
+        let mut other = Session::new(&sh);
+        cmd(&mut other, &sh, &mut w, "AUTH sesame");
+        cmd(&mut s, &sh, &mut w, "WATCH fk");
+        cmd(&mut s, &sh, &mut w, "MULTI");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto"), Reply::Simple("QUEUED"));
+        cmd(&mut s, &sh, &mut w, "SET fj 1");
+        cmd(&mut other, &sh, &mut w, "SET fk 2");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::NilArray);
+        assert_eq!(sh.write_gate.switchovers_asked(), 1, "an EXEC that answered nil asked for a switchover");
+        cmd(&mut s, &sh, &mut w, "MULTI");
+        cmd(&mut s, &sh, &mut w, "SET fj 1");
+        cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Array(vec![Reply::Ok, Reply::Ok]));
+        assert_eq!(sh.write_gate.switchovers_asked(), 2);
     }
 
     #[test]
