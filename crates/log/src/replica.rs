@@ -168,13 +168,26 @@ impl ReplicaLog {
     }
 
     /// Writes and fsyncs everything appended. After an error the log must not be used again
-    /// (no fsync retry on the same file, see `LogFile::sync`).
+    /// (no fsync retry on the same file, see `LogFile::sync`), and the file is cut back to
+    /// what earlier syncs made durable: left, the failed bytes stay in the page cache, and
+    /// a later fsync through another descriptor (a holdings report, which a failover's
+    /// plan trusts) succeeds on them and counts them as held, though they may never reach
+    /// the disk (the primary's log does the same, `Logger::unwritten`; found by a review,
+    /// 2026-12-05). If the cut fails too, it is logged: the backup has stopped all the same.
     pub fn sync(&mut self) -> std::io::Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.file.write_all(&self.pending)?;
-        self.file.sync()?;
+        if let Err(e) = self.file.write_all(&self.pending).and_then(|()| self.file.sync()) {
+            if let Err(t) = self.file.truncate(self.bytes) {
+                tracing::error!(
+                    "{}: cutting the failed write back to offset {}: {t}",
+                    file_path(&self.data, self.seq).display(),
+                    self.bytes
+                );
+            }
+            return Err(e);
+        }
         self.bytes += self.pending.len() as u64;
         self.pending.clear();
         if self.pending.capacity() > 1 << 20 {

@@ -1557,3 +1557,27 @@ fn a_fetch_makes_the_newest_file_durable_before_it_adds_one() {
     let t = opened.db.table_id("t").unwrap();
     assert_eq!(opened.db.count(t).unwrap(), 400, "every batch is there");
 }
+
+/// A replica log whose fsync fails holds, for a later holdings report (which fsyncs the
+/// files again through descriptors of its own, and which a failover's plan trusts), only
+/// what earlier syncs made durable: the failed batches are cut off the file, not left in
+/// the page cache for that fsync to find and count (found by a review, 2026-12-05).
+#[test]
+fn batches_whose_fsync_failed_are_not_counted_as_held() {
+    let primary = tempfile::tempdir().unwrap();
+    let (_closed, batches) = primary_with_400_commits(primary.path());
+    let stream = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    // The file's first sync (its header) passes, the next (the batches) fails.
+    let storage: Arc<dyn Storage> = Arc::new(FailsOneSync { armed: true.into() });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(primary.path().join("CATALOG"), dir.path().join("CATALOG")).unwrap();
+    let mut log = ReplicaLog::create(dir.path(), storage, 2, 1, u64::MAX).unwrap();
+    for x in &batches {
+        log.append(x, false, stream(x).bound_ts);
+    }
+    assert!(log.sync().is_err(), "the simulated fsync failure");
+    drop(log);
+    let after = replica_holdings(dir.path(), 2, None).unwrap();
+    assert!(after.streams.iter().all(|&s| s == Ts::ZERO), "batches whose fsync failed were counted as held: {after:?}");
+    assert_eq!(after.newest, Ts::ZERO, "{after:?}");
+}
