@@ -448,9 +448,23 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackupError {
 const STATE_FILE: &str = "REPLICA_STATE";
 
 /// The primary's epoch a backup's directory `dir` last followed (`None`: none recorded).
-pub fn read_followed_epoch(dir: &Path) -> Option<Epoch> {
-    let s = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
-    s.trim().strip_prefix("epoch ")?.parse().ok().map(Epoch)
+/// A record that cannot be read, or does not parse, is an error: read as none, a backup
+/// asked its primary for a copy and set aside what it held, commits a restarted primary
+/// lost included (before 2026-12-05; found by a review).
+pub fn read_followed_epoch(dir: &Path) -> std::io::Result<Option<Epoch>> {
+    let path = dir.join(STATE_FILE);
+    let s = match std::fs::read_to_string(&path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
+    };
+    match s.trim().strip_prefix("epoch ").and_then(|n| n.parse().ok()) {
+        Some(e) => Ok(Some(Epoch(e))),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} does not hold `epoch N` (it holds {:?}): damaged", path.display(), &s[..s.len().min(64)]),
+        )),
+    }
 }
 
 fn write_followed_epoch(dir: &Path, e: Epoch, storage: &dyn Storage) -> std::io::Result<()> {
@@ -529,7 +543,8 @@ pub fn finish_cut_short_promotion(dir: &Path) -> Result<Option<Ts>, BackupError>
         clear("unreadable")?;
         return Ok(None);
     };
-    if read_followed_epoch(dir) != Some(followed) || before >= point {
+    let recorded = read_followed_epoch(dir).map_err(io("reading the followed epoch, to finish a promotion"))?;
+    if recorded != Some(followed) || before >= point {
         clear("it does not match")?;
         return Ok(None);
     }
@@ -629,7 +644,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let storage: Arc<dyn Storage> = opts.storage.clone().unwrap_or_else(|| Arc::new(RealStorage));
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-    let mut followed = read_followed_epoch(&dir);
+    let mut followed = read_followed_epoch(&dir).map_err(io("reading the epoch this backup followed"))?;
     if followed.is_none() && opts.recover_upto.is_some() {
         // An old primary that rejoins: its own log (of this epoch) is cut at the recovery
         // point and kept (`open_replica_upto`), and it follows on from there. The epoch is

@@ -1367,7 +1367,7 @@ fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
         "cut short, it reads as holding above epoch 1's point (what made its node not eligible)"
     );
     assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), Some(Ts(9)));
-    assert_eq!(backup::read_followed_epoch(dir.path()), None, "a primary's directory now");
+    assert_eq!(backup::read_followed_epoch(dir.path()).unwrap(), None, "a primary's directory now");
     assert!(!replica_dir(dir.path()).exists() && !dir.path().join("PROMOTION").exists());
     let h = ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap();
     assert_eq!(h.streams, vec![Ts(9), Ts(9)], "it holds the recovered history up to the point");
@@ -1383,7 +1383,7 @@ fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
     let before = ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap();
     assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), None);
     assert!(!dir.path().join("PROMOTION").exists());
-    assert_eq!(backup::read_followed_epoch(dir.path()), Some(Epoch(1)));
+    assert_eq!(backup::read_followed_epoch(dir.path()).unwrap(), Some(Epoch(1)));
     assert_eq!(ditto_log::replica::replica_holdings(dir.path(), 2, None).unwrap(), before);
     let o = open_replica_at(dir.path(), 2, &storage, Ts(9), &[cut]).unwrap();
     assert_eq!(rows(&o.db), want);
@@ -1396,7 +1396,7 @@ fn a_promotion_cut_short_after_its_checkpoint_is_finished_from_its_record() {
     backup::mark_promotion(dir.path(), Epoch(1), Ts(9)).unwrap();
     assert_eq!(backup::finish_cut_short_promotion(dir.path()).unwrap(), None);
     assert!(!dir.path().join("PROMOTION").exists());
-    assert_eq!(backup::read_followed_epoch(dir.path()), Some(Epoch(1)));
+    assert_eq!(backup::read_followed_epoch(dir.path()).unwrap(), Some(Epoch(1)));
 }
 
 /// A cluster's backup holds its replay at the release (`hold_replay_at_release`) and hands
@@ -1445,4 +1445,32 @@ fn a_held_backup_replays_every_commit_of_two_streams_in_every_mode() {
         let missing: Vec<u32> = (0..400u32).filter(|&i| value_on(&db, i).is_none()).collect();
         assert!(missing.is_empty(), "{mode}: the backup lacks keys {missing:?}");
     }
+}
+
+/// A backup whose record of the epoch it followed is damaged refuses to start, naming the
+/// file, and keeps what it holds: read as no record, it asked its primary for a copy and
+/// set its replica log aside, commits a restarted primary lost included (found by a
+/// review, 2026-12-05).
+#[test]
+fn a_damaged_record_of_the_followed_epoch_stops_the_backup_and_keeps_its_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    common::backup_dir_holding_a_row(&a, &b);
+    assert!(backup::read_followed_epoch(&b).unwrap().is_some());
+    let files = |d: &std::path::Path| {
+        let mut v: Vec<_> = std::fs::read_dir(d.join("replica")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        v.sort();
+        v
+    };
+    let before = files(&b);
+    assert!(!before.is_empty());
+    std::fs::write(b.join("REPLICA_STATE"), "epoch x\n").unwrap();
+    let err = backup::read_followed_epoch(&b).unwrap_err().to_string();
+    assert!(err.contains("REPLICA_STATE") && err.contains("damaged"), "{err}");
+    // (No primary is needed: the record is read before anything is asked of one.)
+    let started = backup::start(BackupOptions::new("127.0.0.1:1", &b, 1, "b"));
+    let Err(e) = started else { panic!("a backup with a damaged record started") };
+    let e = e.to_string();
+    assert!(e.contains("REPLICA_STATE"), "{e}");
+    assert_eq!(files(&b), before, "the replica log was touched");
 }

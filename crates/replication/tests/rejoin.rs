@@ -882,12 +882,12 @@ fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
     let dir = tmp.path().join("b");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("REPLICA_STATE"), "epoch 5\n").unwrap();
-    assert_eq!(backup::read_followed_epoch(&dir), Some(Epoch(5)));
+    assert_eq!(backup::read_followed_epoch(&dir).unwrap(), Some(Epoch(5)));
     // (The fake's welcome names table 0 only, as "t": the rows of table 1 do not load.)
     let r = fake_copy(&dir, info.ts, frames, None, 0);
     assert!(r.is_err(), "{r:?}");
     assert!(dir.join("checkpoints").join(format!("ckpt-{:020}", info.ts.0)).join("MANIFEST").exists());
-    assert_eq!(backup::read_followed_epoch(&dir), Some(Epoch(0)), "the old epoch is no longer named");
+    assert_eq!(backup::read_followed_epoch(&dir).unwrap(), Some(Epoch(0)), "the old epoch is no longer named");
     // Its next start says it holds nothing the primary can resume: epoch 0 and ts 0 (a
     // hello of epoch 0 holding the copy's timestamp would count, to a restarted primary, as
     // holding what it lost). (The catalog mended first, so that the copy opens, as one

@@ -489,7 +489,8 @@ fn promote_standalone(
     dir: &std::path::Path,
     workers: usize,
 ) -> Result<(Option<ditto_log::Recovered>, Option<ditto_log::Epoch>), ServerError> {
-    let followed = ditto_replication::backup::read_followed_epoch(dir);
+    let followed =
+        ditto_replication::backup::read_followed_epoch(dir).map_err(io("reading the epoch this backup followed"))?;
     if !ditto_log::replica::replica_dir(dir).exists() && followed.is_none() {
         return Ok((None, None));
     }
@@ -1667,7 +1668,8 @@ fn promote_replica_dir(
     // A directory that missed a failover: a crash after the checkpoint at the point below
     // would leave it looking as if it held what that failover discarded; the record lets
     // its node tell (`backup::finish_cut_short_promotion`).
-    let followed = ditto_replication::backup::read_followed_epoch(dir);
+    let followed =
+        ditto_replication::backup::read_followed_epoch(dir).map_err(io("reading the epoch this backup followed"))?;
     let marked = matches!((upto, followed, older.is_empty()), (Some(_), Some(_), false));
     if let (Some(p), Some(f), true) = (upto, followed, marked) {
         ditto_replication::backup::mark_promotion(dir, f, p).map_err(io("recording the promotion"))?;
