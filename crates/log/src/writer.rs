@@ -732,6 +732,13 @@ impl Logger {
     /// sees the floor with it (`durable_state`), so no stream mistakes the moment between
     /// for a lagging watermark and writes a heartbeat nobody needs.
     fn publish_durable(&self, stream: &Stream, bound: Ts, floor: Ts) {
+        // Nothing more is acknowledged once the log has failed (the module notes): a
+        // batch written by another stream's thread meanwhile is durable, and recovery
+        // keeps it, but no waiter is told so (before 2026-12-05 the watermark still rose;
+        // found by a review).
+        if self.failed.get().is_some() {
+            return;
+        }
         self.floor.fetch_max(floor.0, Ordering::AcqRel);
         stream.durable.fetch_max(bound.0, Ordering::AcqRel);
         self.advance_watermark();
@@ -891,6 +898,14 @@ impl Logger {
         ahead: &WriteAhead,
         stopping: bool,
     ) -> Flushed {
+        // A failed log frames and ships nothing more: a turn that waited for the flush lock
+        // while another thread's turn panicked with a batch it had taken (failing the log
+        // before letting the lock go) would frame the commits appended since, and ship a
+        // batch whose bound covers the lost one's: a backup would hold later commits of
+        // the stream without the earlier ones (found by a review, 2026-12-05).
+        if self.failed.get().is_some() {
+            return Flushed::Closed;
+        }
         let stream = &self.streams[w];
         let fsync = !matches!(self.opts.durability, Durability::NoSync(_));
         let bound = self.clock.stream_bound(w);
@@ -961,6 +976,10 @@ impl Logger {
         // With a shipping tap, the batch is shipped now and written by the disk thread
         // (see `WriteAhead`); without one, this thread writes and fsyncs it.
         if let Some(tap) = self.tap.get() {
+            // (Again: the log may have failed while this batch was framed.)
+            if self.failed.get().is_some() {
+                return Flushed::Closed;
+            }
             // Only a flush off the flusher (`flush_now`) has no segment to write to.
             tap.batch(&header, &st.frame, seg.is_none());
             if !self.queue_ahead(ahead, &mut st.frame, bound, floor) {
