@@ -489,6 +489,11 @@ impl Database {
         if let Some(v) = value {
             check_value_len(v.len())?;
         }
+        // As replay checks (a timestamp past the mask would set the record's lock or
+        // unlinked bit, and move the clock past its end; found by a review, 2026-12-05).
+        if ts.0 == 0 || ts.0 > TS_MASK {
+            return Err(Error::Corrupt(format!("recovered write at timestamp {}", ts.0)));
+        }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
         match key {
@@ -849,6 +854,22 @@ mod tests {
         assert_eq!(l.take_due(Ts(35)).len(), 1);
         assert_eq!(l.take_due(Ts(100)).len(), 2);
         assert_eq!((l.oldest, l.list.len()), (None, 0));
+    }
+
+    /// A recovered write at timestamp 0 or past the timestamp mask is refused as damage,
+    /// as replay refuses it, and changes nothing (it set the record's lock or unlinked
+    /// bit before 2026-12-05; found by a review).
+    #[test]
+    fn a_recovered_write_outside_the_timestamps_is_refused() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let key = || Bytes::from_static(b"k");
+        for ts in [0, TS_MASK + 1, LOCK_BIT, u64::MAX] {
+            let e = db.recovery_install(t, RecordId(0), Some(key), Ts(ts), Some(&b"v"[..])).unwrap_err();
+            assert!(matches!(&e, Error::Corrupt(w) if w.contains("timestamp")), "ts {ts}: {e}");
+        }
+        db.recovery_install(t, RecordId(0), Some(key), Ts(TS_MASK), Some(&b"v"[..])).unwrap();
+        assert_eq!(db.table(t).unwrap().record(RecordId(0)).tid.load(Ordering::Acquire), TS_MASK);
     }
 
     /// A log that counts the transactions appended to it.
