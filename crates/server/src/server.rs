@@ -2042,6 +2042,14 @@ impl Conn {
                     out.clear();
                     Reply::err(conn.waitts_timed_out(t, ts, session.policy())).encode(session.proto, &mut out);
                 }
+                // What this reply says was written (or read) is the server's to show from
+                // now on: a later SCAN or KEYS, this client's or another's, takes its
+                // snapshot at or above it (`session::fresh_snapshot`).
+                if waited.is_ok() && timed_out.is_none() && !made_on_backup {
+                    if let Some(top) = marks.iter().map(|&(_, ts)| ts).max() {
+                        conn.sh.acked.fetch_max(top.0, Ordering::AcqRel);
+                    }
+                }
                 if let Err(failed) = waited {
                     // On a backup the only wait that fails is a read view that did not get
                     // there in time: nothing was written, the connection goes on, and only

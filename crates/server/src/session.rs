@@ -141,6 +141,9 @@ pub struct Shared {
     pub max_output_bytes: usize,
     /// `maxmemory` and the gauge it is checked against (memory.rs).
     pub memory: MemoryLimit,
+    /// The newest commit (or value read) whose reply this server has sent (`note_acked`):
+    /// a snapshot for SCAN or KEYS is taken at or above it (`fresh_snapshot`).
+    pub acked: AtomicU64,
     next_client_id: AtomicU64,
 }
 
@@ -197,6 +200,7 @@ impl Shared {
             config_view: Vec::new(),
             max_output_bytes: usize::MAX,
             memory: MemoryLimit::none(),
+            acked: AtomicU64::new(0),
             primary_addr: None,
             write_gate: Arc::default(),
             next_client_id: AtomicU64::new(1),
@@ -1142,7 +1146,12 @@ impl Session {
                 let n = sh.key_counts.get(self.db, sh.db.clock().now());
                 return Outcome::after(Reply::Int(n), sh.db.clock().now());
             }
-            "SCAN" | "KEYS" => return self.read_keys(spec, a, sh, &mut Reader::Snapshot(sh.db.read())),
+            "SCAN" | "KEYS" => {
+                return match fresh_snapshot(sh, self.last_commit) {
+                    Ok(snap) => self.read_keys(spec, a, sh, &mut Reader::Snapshot(snap)),
+                    Err(refused) => Outcome::now(refused),
+                }
+            }
             "DITTO.LASTCOMMIT" => Reply::Int(self.last_commit.0 as i64),
             "DITTO.WAITTS" => return wait_ts(a, sh),
             "DITTO.POLICY" => self.set_policy(a, sh),
@@ -1442,6 +1451,41 @@ fn dbsize(db: u8, sh: &Shared, at: &mut Reader) -> Outcome {
         Ok(()) => Outcome::after(Reply::Int(n), at.wait()),
         Err(e) => Outcome::now(engine_error(&e)),
     }
+}
+
+/// The longest SCAN or KEYS waits for its snapshot to reach what it must hold
+/// (`fresh_snapshot`): a commit's install takes microseconds once it is in the log.
+const SNAPSHOT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A snapshot for SCAN and KEYS that holds every commit whose reply this server has sent
+/// (`Shared::acked`) and this connection's own last commit (`mine`, whose reply may still
+/// wait in the pipeline). The newest consistent snapshot (`visible_ts`) can lie below
+/// such a commit for a moment: an older commit, in the log already, may still be
+/// installing, and the snapshot must not pass it. Taken at once, KEYS could then miss a
+/// key that a client had been told was written (found by a review, 2026-12-05). So it
+/// waits for that install, spinning, then yielding; past `SNAPSHOT_WAIT_MAX`, an error.
+fn fresh_snapshot(sh: &Shared, mine: Ts) -> Result<ditto_engine::ReadTxn<'_>, Reply> {
+    let want = Ts(sh.acked.load(Ordering::Acquire)).max(mine);
+    let clock = sh.db.clock();
+    let mut spins = 0u32;
+    let mut since = None;
+    while clock.visible_ts() < want {
+        spins += 1;
+        if spins < 128 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let t0 = *since.get_or_insert_with(Instant::now);
+        if t0.elapsed() > SNAPSHOT_WAIT_MAX {
+            return Err(Reply::err(format!(
+                "ERR this read's snapshot did not reach ts {} (a commit below it has not finished installing for {} ms)",
+                want.0,
+                SNAPSHOT_WAIT_MAX.as_millis()
+            )));
+        }
+        std::thread::yield_now();
+    }
+    Ok(sh.db.read())
 }
 
 /// Where DBSIZE, KEYS and SCAN read: a snapshot of their own, or inside EXEC the EXEC's
@@ -2655,6 +2699,101 @@ mod tests {
             Reply::err("ERR unknown subcommand 'NOSUCH'. Try CLIENT HELP.")
         );
         assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+    }
+
+    /// A commit log whose appends on worker 1 wait while `held` (a commit in the log and not
+    /// yet installed, its timestamp below later ones); the others pass at once.
+    #[derive(Default)]
+    struct HoldsWorker1 {
+        held: parking_lot::Mutex<bool>,
+        cv: parking_lot::Condvar,
+        waiting: std::sync::atomic::AtomicBool,
+    }
+
+    impl HoldsWorker1 {
+        fn set(&self, held: bool) {
+            *self.held.lock() = held;
+            self.cv.notify_all();
+        }
+    }
+
+    impl ditto_engine::CommitLog for HoldsWorker1 {
+        fn check_writable(&self) -> ditto_engine::Result<()> {
+            Ok(())
+        }
+        fn append(&self, worker: WorkerId, _: Ts, _: &mut dyn ExactSizeIterator<Item = ditto_engine::LoggedWrite<'_>>) {
+            if worker == WorkerId(1) {
+                let mut h = self.held.lock();
+                self.waiting.store(*h, Ordering::SeqCst);
+                while *h {
+                    self.cv.wait(&mut h);
+                }
+                self.waiting.store(false, Ordering::SeqCst);
+            }
+        }
+        fn wait_durable(&self, _: Ts) -> ditto_engine::Result<()> {
+            Ok(())
+        }
+        fn is_durable(&self, _: Ts) -> ditto_engine::Result<bool> {
+            Ok(true)
+        }
+        fn table_created(&self, _: ditto_engine::TableId, _: &str) -> ditto_engine::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// KEYS (and SCAN) after a write hold it, though an older commit, in the log already,
+    /// still installs (the newest consistent snapshot lies below the write meanwhile): the
+    /// read waits for that install, and past a second refuses, saying why. Before
+    /// 2026-12-05 it took the snapshot at once and missed the key (found by a review).
+    #[test]
+    fn keys_after_a_write_holds_it_while_an_older_commit_installs() {
+        let db = Database::new(Options { workers: 2 });
+        let sh = Shared::new(Arc::clone(&db), None, None, 0).unwrap();
+        let log = Arc::new(HoldsWorker1::default());
+        db.attach_log(log.clone());
+        let other = db.create_table("other").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        let mut s = Session::new(&sh);
+        for (round, hold_ms) in [(0, 200u64), (1, 1_500)] {
+            log.set(true);
+            let db2 = Arc::clone(&db);
+            let older = std::thread::spawn(move || {
+                let mut w1 = db2.worker(WorkerId(1)).unwrap();
+                w1.run(|x| x.put(other, format!("o{round}").as_bytes(), b"v")).map(|_| ()).unwrap();
+            });
+            let t0 = Instant::now();
+            while !log.waiting.load(Ordering::SeqCst) {
+                assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the older commit never reached the log");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let key = format!("k{round}");
+            assert_eq!(cmd(&mut s, &sh, &mut w, &format!("SET {key} v")), Reply::Ok);
+            assert!(sh.db.clock().visible_ts() < s.last_commit, "the snapshot lies below the write meanwhile");
+            let release = std::thread::spawn({
+                let log = Arc::clone(&log);
+                move || {
+                    std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+                    log.set(false);
+                }
+            });
+            let asked = Instant::now();
+            let r = cmd(&mut s, &sh, &mut w, "KEYS k*");
+            let took = asked.elapsed();
+            if round == 0 {
+                let Reply::Array(keys) = r else { panic!("{r:?}") };
+                assert!(keys.contains(&Reply::bulk(key.clone())), "KEYS missed {key}: {keys:?}");
+                assert!(took >= std::time::Duration::from_millis(100), "it did not wait: {took:?}");
+            } else {
+                assert!(matches!(&r, Reply::Error(e) if e.contains("did not reach ts")), "{r:?}");
+                assert!(took >= SNAPSHOT_WAIT_MAX, "{took:?}");
+            }
+            release.join().unwrap();
+            older.join().unwrap();
+        }
+        // With nothing in flight, at once.
+        let Reply::Array(keys) = cmd(&mut s, &sh, &mut w, "KEYS k*") else { panic!() };
+        assert_eq!(keys.len(), 2, "{keys:?}");
     }
 
     /// HELLO's SETNAME takes the names CLIENT SETNAME takes, and refuses the others as it
