@@ -894,6 +894,48 @@ mod tests {
         }
     }
 
+    /// A log that records the newest timestamp a ticket waited for.
+    #[derive(Default)]
+    struct Waited(AtomicU64);
+
+    impl CommitLog for Waited {
+        fn check_writable(&self) -> Result<()> {
+            Ok(())
+        }
+        fn append(&self, _w: WorkerId, _ts: Ts, _writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {}
+        fn wait_durable(&self, ts: Ts) -> Result<()> {
+            self.0.fetch_max(ts.0, Ordering::SeqCst);
+            Ok(())
+        }
+        fn is_durable(&self, _ts: Ts) -> Result<bool> {
+            Ok(false)
+        }
+        fn table_created(&self, _id: TableId, _name: &str) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A snapshot transaction's ticket waits for its snapshot to be durable, as a
+    /// read-only transaction's waits for what it read (it waited for nothing before
+    /// 2026-12-05).
+    #[test]
+    fn a_snapshot_transactions_ticket_waits_for_its_snapshot() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let log = Arc::new(Waited::default());
+        db.attach_log(log.clone());
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        let (_, written) = w.run(|x| x.put(t, b"a", b"1")).unwrap();
+        log.0.store(0, Ordering::SeqCst);
+        let mut snap = w.begin_snapshot();
+        assert_eq!(snap.get(t, b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        let ticket = snap.commit_async().unwrap();
+        let at = ticket.ts();
+        assert!(at >= written.ts());
+        ticket.wait().unwrap();
+        assert_eq!(log.0.load(Ordering::SeqCst), at.0, "the ticket did not wait for its snapshot");
+    }
+
     /// A log detached and another attached while the engine and its worker live on (a
     /// switchover's old primary that follows in place and is later promoted in place): the
     /// worker's next commit goes to the new log, none to the old one; attaching a second log

@@ -883,8 +883,12 @@ impl<'w> Transaction<'w> {
 
     fn try_commit(&mut self) -> Result<CommitTicket> {
         if let Some((_, at)) = self.s.snapshot {
-            // Everything read was at one snapshot: nothing to validate, nothing to wait for.
-            return Ok(CommitTicket { ts: at, log: None });
+            // Everything read was at one snapshot: nothing to validate. Its reply waits for
+            // the snapshot to be durable, as a read-only transaction's waits for what it
+            // read: on a primary the newest snapshot may lie above the durable point
+            // (before 2026-12-05 the ticket waited for nothing; only backups, whose log is
+            // detached, took snapshots then; found by a review).
+            return Ok(CommitTicket { ts: at, log: self.ticket_log() });
         }
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
