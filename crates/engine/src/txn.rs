@@ -927,6 +927,9 @@ impl<'w> Transaction<'w> {
         if let Some(log) = &log {
             log.0.check_writable()?;
         }
+        // From the first record lock until the timestamp is visible, a panic stops the
+        // process (`AbortOnUnwind`).
+        let critical = AbortOnUnwind;
         // 1. Lock in address order.
         self.s.writes.sort_unstable_by_key(|w| w.rec as usize);
         let mut locked = 0;
@@ -986,6 +989,7 @@ impl<'w> Transaction<'w> {
         drop(deleted);
         // 6. Visible to snapshots and to the stream bound.
         clock.end_commit(worker);
+        drop(critical);
         // 7. The log's deferred work, if any (`CommitLog::committed`).
         if let Some(log) = &log {
             log.0.committed();
@@ -1063,6 +1067,28 @@ impl<'w> Transaction<'w> {
             }
         }
         db.release_rids_after(&self.guard, unlinked);
+    }
+}
+
+/// Held by a commit from its first record lock until its timestamp is visible, when it
+/// holds what every other transaction may wait for: record locks, and a busy commit slot,
+/// which bounds every snapshot and the log's stream bound. A panic there (a bug: an
+/// assertion of the install, a commit log's append) cannot be unwound safely: the
+/// transaction's clean-up would spin on a record lock this thread holds, and a slot left
+/// busy would freeze every snapshot and the durable watermark for good. So the process
+/// stops instead, saying why; its supervisor, or a cluster's failover, takes over (before
+/// 2026-12-05 it hung; found by a review).
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "ditto: a panic inside a commit's critical section (record locks held, its timestamp not yet \
+                 visible): aborting the process rather than leave the database stalled"
+            );
+            std::process::abort();
+        }
     }
 }
 
