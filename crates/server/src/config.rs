@@ -18,6 +18,11 @@ use crate::tls::TlsFiles;
 const TLS_HANDSHAKE_TIMEOUT_S_MAX: u64 = 3600;
 /// The longest `fsync_interval_ms`.
 const FSYNC_INTERVAL_MS_MAX: u64 = 60_000;
+/// The longest `waitts_timeout_ms` taken: a day.
+const WAITTS_TIMEOUT_MS_MAX: u64 = 86_400_000;
+/// The longest `checkpoint_interval_s` taken: a year.
+const CHECKPOINT_INTERVAL_S_MAX: u64 = 366 * 86_400;
+
 /// The largest `max_request_bytes` taken (see `validate`).
 const MAX_REQUEST_BYTES_CAP: usize = 1 << 30;
 
@@ -417,6 +422,26 @@ impl Config {
         if self.max_output_bytes < 1024 {
             return bad("max_output_bytes must be >= 1024");
         }
+        // Found by a review (2026-12-05), each accepted before: an inline request's
+        // argument is bounded by `max_inline_bytes` alone, so past `max_request_bytes` it
+        // passed the cap above; no client could connect with `max_clients = 0`; a backup's
+        // every read raced a zero `waitts_timeout_ms` (its read view moves only while a
+        // read waits) and failed now and then; a checkpoint interval past what a clock
+        // instant holds panicked the backup's checkpointer.
+        if self.max_inline_bytes > self.max_request_bytes {
+            return bad("max_inline_bytes must be <= max_request_bytes");
+        }
+        if self.max_clients == 0 {
+            return bad("max_clients must be >= 1");
+        }
+        if !(1..=WAITTS_TIMEOUT_MS_MAX).contains(&self.waitts_timeout_ms) {
+            return bad(&format!("waitts_timeout_ms must be between 1 and {WAITTS_TIMEOUT_MS_MAX} (a day)"));
+        }
+        if self.checkpoint_interval_s > CHECKPOINT_INTERVAL_S_MAX {
+            return bad(&format!(
+                "checkpoint_interval_s must be at most {CHECKPOINT_INTERVAL_S_MAX} (a year; 0: by log growth only)"
+            ));
+        }
         // (A pace past a million MB/s is no pace; past u64::MAX bytes it would overflow.)
         if self.checkpoint_write_mb_per_s > 1_000_000 || self.backup_checkpoint_write_mb_per_s > 1_000_000 {
             return bad(
@@ -622,6 +647,25 @@ mod tests {
         assert!(e.contains("max_request_bytes must be <="), "{e}");
         c.max_request_bytes = 1 << 30;
         c.validate().unwrap();
+        // Values that broke the server at run time are refused at the start (a review,
+        // 2026-12-05); the edges taken.
+        for (setting, refused) in [
+            ("max_inline_bytes = 2147483648", "max_inline_bytes must be <= max_request_bytes"),
+            ("max_clients = 0", "max_clients must be >= 1"),
+            ("waitts_timeout_ms = 0", "waitts_timeout_ms must be between 1"),
+            ("waitts_timeout_ms = 86400001", "waitts_timeout_ms must be between 1"),
+            ("checkpoint_interval_s = 9223372036854775807", "checkpoint_interval_s must be at most"),
+        ] {
+            let mut c: Config = toml::from_str(&format!("port = 7000\ndata_dir = \"/tmp/x\"\n{setting}")).unwrap();
+            c.used_memory = Some(crate::memory::allocated_bytes);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(refused), "{setting}: {e}");
+        }
+        for setting in ["max_clients = 1", "waitts_timeout_ms = 1", "checkpoint_interval_s = 31622400"] {
+            let mut c: Config = toml::from_str(&format!("port = 7000\ndata_dir = \"/tmp/x\"\n{setting}")).unwrap();
+            c.used_memory = Some(crate::memory::allocated_bytes);
+            c.validate().unwrap_or_else(|e| panic!("{setting}: {e}"));
+        }
     }
 
     #[test]
