@@ -124,6 +124,10 @@ pub(crate) struct SegmentFile {
     pub stream: u32,
     pub epoch: Epoch,
     pub seq: u64,
+    /// The next segment of its stream was begun (an unfinished one, `UNFINISHED_SUFFIX`,
+    /// is there): this one had been cut to its last batch and synced before it was, so it
+    /// must end whole (`check_stream`).
+    pub successor_begun: bool,
 }
 
 /// Parses `stream-SSSS-eEEEEEEEEEE-sQQQQQQQQQQ.seg`.
@@ -185,7 +189,7 @@ pub(crate) fn list_segments_in(dir: &Path) -> Result<LogDir, LogError> {
             continue;
         }
         match parse_name(&path) {
-            Some((stream, epoch, seq)) => out.push(SegmentFile { path, stream, epoch, seq }),
+            Some((stream, epoch, seq)) => out.push(SegmentFile { path, stream, epoch, seq, successor_begun: false }),
             None => return Err(corrupt("unexpected file in the log directory")),
         }
     }
@@ -198,6 +202,11 @@ pub(crate) fn list_segments_in(dir: &Path) -> Result<LogDir, LogError> {
                 what: "an unfinished segment is not its stream's last".into(),
             });
         }
+    }
+    for s in &mut out {
+        s.successor_begun = unfinished
+            .iter()
+            .any(|((stream, epoch, seq), _)| (*stream, *epoch, *seq) == (s.stream, s.epoch, s.seq + 1));
     }
     out.sort_by_key(|s| (s.stream, s.epoch, s.seq));
     Ok(LogDir { segments: out, unfinished: unfinished.into_iter().map(|(_, p)| p).collect() })
@@ -284,7 +293,11 @@ fn check_stream<'s>(
     let mut last_ts = Ts::ZERO;
     for (i, (f, scan)) in files.iter().zip(scans).enumerate() {
         let (scan, len) = scan?;
-        let is_last = i + 1 == files.len();
+        // A stream's last segment may end torn or in zeros, unless its successor was begun:
+        // the writer (and a fetch's append) cuts a segment to its last batch and syncs it
+        // before it begins the next, so such a tail is damage to bytes that were durable
+        // (before 2026-12-05 it was cut as torn; found by a review).
+        let is_last = i + 1 == files.len() && !f.successor_begun;
         // The segment before this one is missing (or, for the first file, may be): what
         // the stream wrote before this segment must be in the checkpoint.
         let predecessor_missing = i == 0 || files[i - 1].seq + 1 != f.seq;

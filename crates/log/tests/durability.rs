@@ -184,47 +184,92 @@ fn torn_tail_is_truncated_and_recovery_continues() {
 }
 
 /// An open refused after its log replayed (here: asked to write an epoch the directory
-/// already passed) leaves a torn tail and a segment a crash left unfinished as they were:
-/// before 2026-12-03 both were cut away as soon as the log replayed.
+/// already passed) leaves a torn tail, or a segment a crash left unfinished, as it was:
+/// before 2026-12-03 both were cut away as soon as the log replayed. (One at a time: a torn
+/// tail in the segment before an unfinished one is damage, below.)
 #[test]
 fn an_open_refused_after_the_log_replayed_leaves_its_torn_tail_and_unfinished_segment() {
-    let dir = filled(50);
-    let last = segments(dir.path()).pop().unwrap();
-    let whole = std::fs::read(&last).unwrap();
-    let scan = ditto_log::format::read_segment(&bytes::Bytes::from(whole.clone())).unwrap();
-    let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
-    let half = &whole[*off as usize..whole.len() - (whole.len() - *off as usize) / 2];
-    let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
-    io::Write::write_all(&mut f, half).unwrap();
-    drop(f);
-    let name = last.file_name().unwrap().to_str().unwrap().to_owned();
-    let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
-    let unfinished = last.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
-    std::fs::write(&unfinished, &whole[..48]).unwrap();
-    let listing = || {
-        let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir.path().join("log"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .map(|p| (p.clone(), std::fs::read(p).unwrap()))
-            .collect();
-        v.sort();
-        v
-    };
-    let before = listing();
-    let mut o = opts(1, Durability::EveryBatch);
-    o.epoch = Some(ditto_log::Epoch(1));
-    match open(dir.path(), o) {
-        Err(LogError::Corrupt { what, .. }) => assert!(what.contains("asked to write epoch 1"), "{what}"),
-        Err(e) => panic!("refused for another reason: {e}"),
-        Ok(_) => panic!("opened at an epoch the directory passed"),
+    for torn in [true, false] {
+        let dir = filled(50);
+        let last = segments(dir.path()).pop().unwrap();
+        let whole = std::fs::read(&last).unwrap();
+        let name = last.file_name().unwrap().to_str().unwrap().to_owned();
+        let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
+        let unfinished = last.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
+        if torn {
+            let scan = ditto_log::format::read_segment(&bytes::Bytes::from(whole.clone())).unwrap();
+            let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
+            let half = &whole[*off as usize..whole.len() - (whole.len() - *off as usize) / 2];
+            let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
+            io::Write::write_all(&mut f, half).unwrap();
+        } else {
+            std::fs::write(&unfinished, &whole[..48]).unwrap();
+        }
+        let listing = || {
+            let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir.path().join("log"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .map(|p| (p.clone(), std::fs::read(p).unwrap()))
+                .collect();
+            v.sort();
+            v
+        };
+        let before = listing();
+        let mut o = opts(1, Durability::EveryBatch);
+        o.epoch = Some(ditto_log::Epoch(1));
+        match open(dir.path(), o) {
+            Err(LogError::Corrupt { what, .. }) => assert!(what.contains("asked to write epoch 1"), "{what}"),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("opened at an epoch the directory passed"),
+        }
+        assert_eq!(listing(), before, "torn {torn}: the refused open changed the log");
+        // Opened as asked, it goes and every row is there.
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        assert_eq!(d.recovery().torn_tails_truncated.len(), usize::from(torn));
+        let removed = if torn { vec![] } else { vec![unfinished.clone()] };
+        assert_eq!(d.recovery().unfinished_segments_removed, removed);
+        assert!(!unfinished.exists());
+        assert_eq!(count(&d, d.db().table_id("t").unwrap()), 50);
     }
-    assert_eq!(listing(), before, "the refused open changed the log");
-    // Opened as asked, both go and every row is there.
-    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
-    assert_eq!(d.recovery().torn_tails_truncated.len(), 1);
-    assert_eq!(d.recovery().unfinished_segments_removed, vec![unfinished.clone()]);
-    assert!(!unfinished.exists());
-    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 50);
+}
+
+/// A segment whose successor was begun (its `.seg.new` is there) had been cut to its last
+/// batch and synced before: a torn tail or zeros at its end are damage to bytes that were
+/// durable, refused naming the file, not cut as a torn write (before 2026-12-05 they were
+/// cut, and the batches there lost without a word; found by a review).
+#[test]
+fn a_torn_tail_before_a_begun_segment_is_damage() {
+    for zeros in [false, true] {
+        let dir = filled(50);
+        let last = segments(dir.path()).pop().unwrap();
+        let whole = std::fs::read(&last).unwrap();
+        let name = last.file_name().unwrap().to_str().unwrap().to_owned();
+        let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
+        let unfinished = last.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
+        let tail = if zeros {
+            vec![0u8; 512]
+        } else {
+            let scan = ditto_log::format::read_segment(&bytes::Bytes::from(whole.clone())).unwrap();
+            let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
+            whole[*off as usize..whole.len() - (whole.len() - *off as usize) / 2].to_vec()
+        };
+        let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
+        io::Write::write_all(&mut f, &tail).unwrap();
+        drop(f);
+        std::fs::write(&unfinished, &whole[..48]).unwrap();
+        let before = std::fs::read(&last).unwrap();
+        match open(dir.path(), opts(1, Durability::EveryBatch)) {
+            Err(LogError::Corrupt { file, .. }) => assert_eq!(file, last, "zeros {zeros}"),
+            Err(e) => panic!("zeros {zeros}: refused for another reason: {e}"),
+            Ok(_) => panic!("zeros {zeros}: a damaged tail before a begun segment was cut"),
+        }
+        assert_eq!(std::fs::read(&last).unwrap(), before, "zeros {zeros}: the refused open changed the segment");
+        assert!(unfinished.exists());
+        // Without the begun segment the same tail is a torn write, cut.
+        std::fs::remove_file(&unfinished).unwrap();
+        let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+        assert_eq!(count(&d, d.db().table_id("t").unwrap()), 50, "zeros {zeros}");
+    }
 }
 
 #[test]

@@ -1191,13 +1191,18 @@ fn a_last_resort_takes_back_into_its_own_log_what_it_shipped_but_lost() {
         assert!(matches!(err, ditto_log::LogError::InUse(_)), "{err}");
     }
     assert_eq!(files(), before);
-    // A segment the writer began and never named (its header at most, under the name the
-    // new one takes) does not stand in the way: it goes.
+    // A segment the writer began and never named (its header at most) does not stand in the
+    // way: it goes. (Stream 0's: a begun segment follows one the writer cut to its last batch
+    // and synced, and stream 0's ends whole here; after stream 1's torn tail it would be
+    // damage, refused, `a_torn_tail_before_a_begun_segment_is_damage` in durability.rs.)
     let last1 = before.iter().map(|(p, _)| p).rfind(|p| p.to_string_lossy().contains("stream-0001")).unwrap();
     let name = last1.file_name().unwrap().to_string_lossy().to_string();
     let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
-    let begun = last1.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
-    std::fs::write(&begun, &std::fs::read(last1).unwrap()[..ditto_log::format::SEGMENT_HEADER_LEN]).unwrap();
+    let last0 = before.iter().map(|(p, _)| p).rfind(|p| p.to_string_lossy().contains("stream-0000")).unwrap();
+    let name0 = last0.file_name().unwrap().to_string_lossy().to_string();
+    let seq0: u64 = name0[name0.len() - 14..name0.len() - 4].parse().unwrap();
+    let begun = last0.with_file_name(format!("{}{:010}.seg.new", &name0[..name0.len() - 14], seq0 + 1));
+    std::fs::write(&begun, &std::fs::read(last0).unwrap()[..ditto_log::format::SEGMENT_HEADER_LEN]).unwrap();
     // A copy, to cut short below.
     let again_dir = tempfile::tempdir().unwrap();
     copy_dir(old.path(), again_dir.path());

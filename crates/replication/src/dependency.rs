@@ -520,7 +520,9 @@ fn dispatch<M>(
                 return;
             }
             sh.in_flight.fetch_add(1, Ordering::SeqCst);
-            since_barrier += 1;
+            // (Saturating: with no barrier, `dependency:0`, it is never reset, and past four
+            // billion transactions a build with overflow checks panicked; a review, 2026-12-05.)
+            since_barrier = since_barrier.saturating_add(1);
             let idx = sh.tracker.lock().register(txn.ts);
             let node = Arc::new(Node { idx, txn, pending: AtomicU32::new(1), links: Mutex::default() });
             let payload = &node.txn.batch.payload[..];
