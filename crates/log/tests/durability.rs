@@ -183,6 +183,25 @@ fn torn_tail_is_truncated_and_recovery_continues() {
     assert_eq!(d.recovery().torn_tails_truncated, vec![(last.clone(), good_len)]);
 }
 
+/// The last segment of `dir`'s log, its bytes, and the name its successor would be begun
+/// under (`<segment>.seg.new`).
+fn last_segment_and_next(dir: &Path) -> (PathBuf, Vec<u8>, PathBuf) {
+    let last = segments(dir).pop().unwrap();
+    let whole = std::fs::read(&last).unwrap();
+    let name = last.file_name().unwrap().to_str().unwrap().to_owned();
+    let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
+    let next = last.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
+    (last, whole, next)
+}
+
+/// The first half of the last batch with transactions in a segment's bytes: appended, a
+/// torn write.
+fn half_of_last_batch(whole: &[u8]) -> Vec<u8> {
+    let scan = ditto_log::format::read_segment(&bytes::Bytes::from(whole.to_vec())).unwrap();
+    let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
+    whole[*off as usize..whole.len() - (whole.len() - *off as usize) / 2].to_vec()
+}
+
 /// An open refused after its log replayed (here: asked to write an epoch the directory
 /// already passed) leaves a torn tail, or a segment a crash left unfinished, as it was:
 /// before 2026-12-03 both were cut away as soon as the log replayed. (One at a time: a torn
@@ -191,17 +210,10 @@ fn torn_tail_is_truncated_and_recovery_continues() {
 fn an_open_refused_after_the_log_replayed_leaves_its_torn_tail_and_unfinished_segment() {
     for torn in [true, false] {
         let dir = filled(50);
-        let last = segments(dir.path()).pop().unwrap();
-        let whole = std::fs::read(&last).unwrap();
-        let name = last.file_name().unwrap().to_str().unwrap().to_owned();
-        let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
-        let unfinished = last.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
+        let (last, whole, unfinished) = last_segment_and_next(dir.path());
         if torn {
-            let scan = ditto_log::format::read_segment(&bytes::Bytes::from(whole.clone())).unwrap();
-            let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
-            let half = &whole[*off as usize..whole.len() - (whole.len() - *off as usize) / 2];
             let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
-            io::Write::write_all(&mut f, half).unwrap();
+            io::Write::write_all(&mut f, &half_of_last_batch(&whole)).unwrap();
         } else {
             std::fs::write(&unfinished, &whole[..48]).unwrap();
         }
@@ -241,18 +253,8 @@ fn an_open_refused_after_the_log_replayed_leaves_its_torn_tail_and_unfinished_se
 fn a_torn_tail_before_a_begun_segment_is_damage() {
     for zeros in [false, true] {
         let dir = filled(50);
-        let last = segments(dir.path()).pop().unwrap();
-        let whole = std::fs::read(&last).unwrap();
-        let name = last.file_name().unwrap().to_str().unwrap().to_owned();
-        let seq: u64 = name[name.len() - 14..name.len() - 4].parse().unwrap();
-        let unfinished = last.with_file_name(format!("{}{:010}.seg.new", &name[..name.len() - 14], seq + 1));
-        let tail = if zeros {
-            vec![0u8; 512]
-        } else {
-            let scan = ditto_log::format::read_segment(&bytes::Bytes::from(whole.clone())).unwrap();
-            let (off, _) = scan.batches.iter().rev().find(|(_, b)| b.header.txn_count > 0).unwrap();
-            whole[*off as usize..whole.len() - (whole.len() - *off as usize) / 2].to_vec()
-        };
+        let (last, whole, unfinished) = last_segment_and_next(dir.path());
+        let tail = if zeros { vec![0u8; 512] } else { half_of_last_batch(&whole) };
         let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
         io::Write::write_all(&mut f, &tail).unwrap();
         drop(f);
