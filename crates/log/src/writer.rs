@@ -739,8 +739,13 @@ impl Logger {
         if self.failed.get().is_some() {
             return;
         }
-        self.floor.fetch_max(floor.0, Ordering::AcqRel);
-        stream.durable.fetch_max(bound.0, Ordering::AcqRel);
+        // Sequentially consistent, with `durable_state`'s loads: two streams publishing at
+        // once each store their own bound, then load the other's (the store-buffering
+        // pattern); under acquire and release alone both may read the other's old bound,
+        // and neither move the watermark to the new minimum (x86's locked operations and
+        // ARMv8's release-then-acquire order happen to forbid it; a review, 2026-12-05).
+        self.floor.fetch_max(floor.0, Ordering::SeqCst);
+        stream.durable.fetch_max(bound.0, Ordering::SeqCst);
         self.advance_watermark();
     }
 
@@ -1043,11 +1048,11 @@ impl Logger {
     fn durable_state(&self) -> (u64, u64) {
         let (mut min, mut top) = (u64::MAX, 0);
         for s in self.streams.iter() {
-            let d = s.durable.load(Ordering::Acquire);
+            let d = s.durable.load(Ordering::SeqCst);
             (min, top) = (min.min(d), top.max(d));
         }
         debug_assert!(!self.streams.is_empty(), "a log has at least one stream");
-        (min.max(self.floor.load(Ordering::Acquire)), top)
+        (min.max(self.floor.load(Ordering::SeqCst)), top)
     }
 
     fn advance_watermark(&self) {
