@@ -558,17 +558,19 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     // An entry that cannot be read is an error, not skipped: the listing stops at it, and
     // the checkpoints after it (the newest among them, maybe) would be passed over for an
     // older one, silently (found by a review, 2026-12-05).
-    let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&root) {
-        Ok(rd) => rd
-            .map(|e| e.map(|e| e.path()).map_err(|e| LogError::io(&root, e)))
-            .filter(|p| {
-                p.as_ref()
-                    .map_or(true, |p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-")))
-            })
-            .collect::<Result<_, _>>()?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    match std::fs::read_dir(&root) {
+        Ok(rd) => {
+            for e in rd {
+                let p = e.map_err(|e| LogError::io(&root, e))?.path();
+                if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-")) {
+                    dirs.push(p);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(LogError::io(&root, e)),
-    };
+    }
     dirs.sort();
     let mut incomplete = Vec::new();
     let mut found = None;

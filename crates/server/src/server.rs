@@ -2046,8 +2046,12 @@ impl Conn {
                 // now on: a later SCAN or KEYS, this client's or another's, takes its
                 // snapshot at or above it (`session::fresh_snapshot`).
                 if waited.is_ok() && timed_out.is_none() && !made_on_backup {
-                    if let Some(top) = marks.iter().map(|&(_, ts)| ts).max() {
-                        conn.sh.acked.fetch_max(top.0, Ordering::AcqRel);
+                    // (Looked at first: a read-modify-write of the line every connection
+                    // shares only where this batch moves it.)
+                    if let Some(top) = marks.iter().map(|&(_, ts)| ts.0).max() {
+                        if top > conn.sh.acked.load(Ordering::Acquire) {
+                            conn.sh.acked.fetch_max(top, Ordering::AcqRel);
+                        }
                     }
                 }
                 if let Err(failed) = waited {

@@ -141,8 +141,9 @@ pub struct Shared {
     pub max_output_bytes: usize,
     /// `maxmemory` and the gauge it is checked against (memory.rs).
     pub memory: MemoryLimit,
-    /// The newest commit (or value read) whose reply this server has sent (`note_acked`):
-    /// a snapshot for SCAN or KEYS is taken at or above it (`fresh_snapshot`).
+    /// The newest commit (or value read) whose reply this server has sent (moved as each
+    /// connection writes its replies, server.rs): a snapshot for SCAN or KEYS is taken at
+    /// or above it (`fresh_snapshot`).
     pub acked: AtomicU64,
     next_client_id: AtomicU64,
 }
@@ -950,7 +951,6 @@ impl Session {
                 "EXECABORT Transaction discarded: commit policy {p} could not be recorded with this primary"
             )));
         }
-        let db_before = self.db;
         // What the queue's connection commands may change here (CLIENT SETNAME, HELLO,
         // AUTH): put back before another attempt, and where the EXEC answers without
         // committing (a watched key changed, a reply over the limit, an abort), as Redis
@@ -960,11 +960,13 @@ impl Session {
         // way, DITTO.POLICY's policy in `exec`. What cannot be undone (a command acting
         // outside the connection: `acts_outside`) runs only once the transaction has
         // committed, its reply put in its place then.
-        let conn_before = (self.name.clone(), self.proto, self.authed);
+        let before = self.conn_state();
+        let deferred: Vec<usize> = (0..queue.len())
+            .filter(|&i| lookup(&queue[i][0]).is_some_and(|spec| acts_outside(spec, &queue[i])))
+            .collect();
         let mut tries = 0;
         loop {
-            self.db = db_before;
-            (self.name, self.proto, self.authed) = conn_before.clone();
+            self.restore(before.clone());
             let mut txn = begin(sh, worker);
             let mut wait = Ts(0);
             let mut wrote = false;
@@ -1029,11 +1031,9 @@ impl Session {
             })();
             if let Some(bytes) = over {
                 // Nothing committed: the transaction is dropped, and the connection is as
-                // it was (DITTO.FORGETBACKUP queued before the reply passed the budget
-                // keeps its effect).
+                // it was.
                 drop(txn);
-                self.db = db_before;
-                (self.name, self.proto, self.authed) = conn_before;
+                self.restore(before);
                 return Outcome::now(Reply::err(format!(
                     "ERR EXEC's reply would be over max_output_bytes ({}): at least {bytes} bytes; nothing of the transaction was written",
                     sh.max_output_bytes
@@ -1044,17 +1044,14 @@ impl Session {
                 // A watched key changed: nil, once the change it saw is durable (as a read
                 // waits for what it saw), so that no client learns of it before.
                 Ok((None, ticket)) => {
-                    self.db = db_before;
-                    (self.name, self.proto, self.authed) = conn_before;
+                    self.restore(before);
                     return Outcome::after(Reply::NilArray, ticket.ts());
                 }
                 Ok((Some(mut replies), ticket)) => {
                     sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
-                    for (i, args) in queue.iter().enumerate() {
-                        let spec = lookup(&args[0]).expect("queued requests were looked up");
-                        if acts_outside(spec, args) {
-                            replies[i] = self.conn_command(spec, args, sh).reply;
-                        }
+                    for &i in &deferred {
+                        let spec = lookup(&queue[i][0]).expect("queued requests were looked up");
+                        replies[i] = self.conn_command(spec, &queue[i], sh).reply;
                     }
                     if wrote {
                         self.last_commit = ticket.ts();
@@ -1066,17 +1063,24 @@ impl Session {
                     tries += 1;
                 }
                 Err(e @ Error::TooLarge { .. }) => {
-                    self.db = db_before;
-                    (self.name, self.proto, self.authed) = conn_before;
+                    self.restore(before);
                     return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {e}")));
                 }
                 Err(e) => {
-                    self.db = db_before;
-                    (self.name, self.proto, self.authed) = conn_before;
+                    self.restore(before);
                     return Outcome::now(engine_error(&e));
                 }
             }
         }
+    }
+
+    /// What a queued connection command may change on this connection (`exec_queued`).
+    fn conn_state(&self) -> ConnState {
+        ConnState { db: self.db, name: self.name.clone(), proto: self.proto, authed: self.authed }
+    }
+
+    fn restore(&mut self, s: ConnState) {
+        (self.db, self.name, self.proto, self.authed) = (s.db, s.name, s.proto, s.authed);
     }
 
     /// Connection commands (no engine transaction of their own). Also run inside EXEC.
@@ -2000,6 +2004,16 @@ fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
         Replication::Primary { primary, .. } => primary.replicas_received(ts),
         _ => 0,
     }
+}
+
+/// The connection's state a queued command may change (SELECT, CLIENT SETNAME, HELLO,
+/// AUTH), put back where an EXEC does not commit (`Session::exec_queued`).
+#[derive(Clone)]
+struct ConnState {
+    db: u8,
+    name: Option<Bytes>,
+    proto: Proto,
+    authed: bool,
 }
 
 /// A queued command whose effect lies outside the connection and cannot be undone:
