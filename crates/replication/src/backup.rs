@@ -462,7 +462,12 @@ pub fn read_followed_epoch(dir: &Path) -> std::io::Result<Option<Epoch>> {
         Some(e) => Ok(Some(Epoch(e))),
         None => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{} does not hold `epoch N` (it holds {:?}): damaged", path.display(), &s[..s.len().min(64)]),
+            // (Its first 64 characters, not bytes: a cut inside a character panicked.)
+            format!(
+                "{} does not hold `epoch N` (it holds {:?}): damaged",
+                path.display(),
+                s.chars().take(64).collect::<String>()
+            ),
         )),
     }
 }
