@@ -1466,7 +1466,7 @@ fn a_damaged_record_of_the_followed_epoch_stops_the_backup_and_keeps_its_data() 
     assert!(!before.is_empty());
     // Damage of any bytes that read as text, multi-byte characters across the 64th byte
     // included (the message quotes the start of it).
-    std::fs::write(b.join("REPLICA_STATE"), "é".repeat(40)).unwrap();
+    std::fs::write(b.join("REPLICA_STATE"), format!("x{}", "é".repeat(40))).unwrap();
     let err = backup::read_followed_epoch(&b).unwrap_err().to_string();
     assert!(err.contains("REPLICA_STATE") && err.contains("damaged"), "{err}");
     std::fs::write(b.join("REPLICA_STATE"), "epoch x\n").unwrap();
