@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::failover::{plan_preferring, PlanError, RecoveryPlan, TailReport};
+use crate::failover::{plan_preferring, PlanError, RecoveryPlan, TailReport, HEARD_STAMP_SLACK_MS, NEVER_ACKED};
 use crate::state::{Command, ControlState, NodeId, Phase};
 
 /// Timings, in the caller's clock units (milliseconds in a server).
@@ -65,6 +65,9 @@ pub enum Action {
 struct Round {
     epoch: u64,
     reports: BTreeMap<NodeId, TailReport>,
+    /// When each report arrived (this coordinator's clock): with its `acked_ms_ago`, when
+    /// its node last acknowledged the old primary, at the latest (`lease_end`).
+    reported_at: BTreeMap<NodeId, u64>,
     asked_at: Option<u64>,
     /// The plan, when it was first sent, and when last.
     plan: Option<(RecoveryPlan, u64, u64)>,
@@ -269,6 +272,8 @@ impl Coordinator {
         self.proposed.retain(|(_, at)| now.saturating_sub(*at) < resend);
         let same = |prev: &Command| match (prev, &cmd) {
             (Command::BeginFailover { epoch: a, .. }, Command::BeginFailover { epoch: b, .. }) => a == b,
+            // (Its `writes_after_ms` shrinks as time passes: the same opening.)
+            (Command::OpenEpoch { epoch: a, .. }, Command::OpenEpoch { epoch: b, .. }) => a == b,
             _ => *prev == cmd,
         };
         if self.proposed.iter().any(|(prev, _)| same(prev)) {
@@ -442,6 +447,7 @@ impl Coordinator {
                     self.round = Some(Round {
                         epoch,
                         reports: BTreeMap::new(),
+                        reported_at: BTreeMap::new(),
                         asked_at: None,
                         plan: None,
                         prepared: None,
@@ -490,6 +496,8 @@ impl Coordinator {
                         }
                         if let Some(discarded) = r.prepared {
                             let prepared_at = r.prepared_at.unwrap_or(now);
+                            let old_primary = state.open_epoch().map(|e| e.primary);
+                            let lease_end = lease_end(&r.reports, &r.reported_at, old_primary, self.t.failure);
                             let open = Command::OpenEpoch {
                                 epoch,
                                 primary: p.primary,
@@ -498,6 +506,9 @@ impl Coordinator {
                                 start: p.start,
                                 lost: discarded,
                                 phases_ms: [sent.saturating_sub(r.started), prepared_at.saturating_sub(sent)],
+                                // (Counted by the new primary from when it applies this,
+                                // later than now: never shorter than the lease.)
+                                writes_after_ms: lease_end.saturating_sub(now),
                             };
                             self.propose(open, now, &mut out);
                         } else if let Some(why) =
@@ -555,6 +566,7 @@ impl Coordinator {
         if report.epoch != open_epoch || r.plan.is_some() || !state.members.contains_key(&report.node) {
             return out;
         }
+        r.reported_at.insert(report.node, now);
         r.reports.insert(report.node, report);
         self.try_plan(now, state, open_epoch, &mut out);
         out
@@ -682,6 +694,41 @@ impl Fence {
     }
 }
 
+/// When every older primary's lease (its quorum contact, `Coordinator::contact_deadline`
+/// on its node) has run out at the latest, on this coordinator's clock, from a round's
+/// reports and when each arrived; `old_primary` is the open epoch's primary and
+/// `failure` the failure timeout.
+///
+/// A primary takes writes only while a quorum of the members, itself counted, has
+/// acknowledged it within the failure timeout (stamped up to `HEARD_STAMP_SLACK_MS` late).
+/// The reporters are a quorum too: for a primary not among them, the two quorums share
+/// another node, which acknowledged it no later than that node's newest acknowledgement
+/// of any primary, which its report gives; so that lease ends by the newest such
+/// acknowledgement of any reporter, plus the failure timeout and the slack. A report's
+/// instant is its arrival less its age: later than the truth by the report's delay, never
+/// earlier. Every reporter was fenced before it reported: it acknowledges nothing more,
+/// and, if it is a primary, takes no more writes. Where the open epoch's primary reported
+/// and says it took writes, it did so only once every lease before it had run out (this
+/// same wait, at its own opening), so nothing older can write after its report: the
+/// leases end at its report's arrival.
+pub fn lease_end(
+    reports: &BTreeMap<NodeId, TailReport>,
+    reported_at: &BTreeMap<NodeId, u64>,
+    old_primary: Option<NodeId>,
+    failure: u64,
+) -> u64 {
+    let at = |n: &NodeId| reported_at.get(n).copied().unwrap_or(0);
+    if let Some(p) = old_primary.filter(|p| reports.get(p).is_some_and(|r| r.took_writes)) {
+        return at(&p);
+    }
+    reports
+        .iter()
+        .filter(|(_, r)| r.acked_ms_ago != NEVER_ACKED)
+        .map(|(n, r)| at(n).saturating_sub(r.acked_ms_ago).saturating_add(failure + HEARD_STAMP_SLACK_MS))
+        .max()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -707,6 +754,8 @@ mod tests {
             serves_above: 0,
             last_resort: false,
             own_epoch: 0,
+            acked_ms_ago: crate::failover::NEVER_ACKED,
+            took_writes: false,
         }
     }
 
@@ -747,12 +796,117 @@ mod tests {
                 lost: 4,
                 // Reports from 160 (the round's start) to 182 (the plan), prepared at 184.
                 phases_ms: [22, 2],
+                // No reporter acknowledged the old primary: nothing to wait for.
+                writes_after_ms: 0,
             }
         );
         s.apply(open).unwrap();
         assert_eq!(s.primary(), Some(3));
         c.heard(3, 185);
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
+    }
+
+    /// The new epoch's opening says how long its primary waits before it takes writes: until
+    /// the old primary's lease has run out, as the reports say, counted from the proposal.
+    #[test]
+    fn the_opening_waits_out_the_old_primarys_lease() {
+        let mut s = boot(3);
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        for t in [50, 90, 130] {
+            c.tick(t, &s, true);
+        }
+        let a = c.tick(150, &s, true);
+        let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
+        s.apply(begin).unwrap();
+        c.tick(160, &s, true);
+        // Node 2 last acknowledged the old primary at 131, node 3 at 142.
+        c.on_report(TailReport { acked_ms_ago: 30, ..report(2, 2, &[10, 20]) }, 161, &s, true);
+        c.on_report(TailReport { acked_ms_ago: 40, ..report(3, 2, &[15, 25]) }, 182, &s, true);
+        let a = c.on_prepared(3, 2, 15, 0, 184, &s, true);
+        let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
+        // 142 + the failure timeout (100) + the stamp's slack (50), less 184.
+        assert_eq!(*writes_after_ms, 142 + 100 + HEARD_STAMP_SLACK_MS - 184);
+        // Its wait shrinks with time, but it is the same opening: not proposed again
+        // before the resend.
+        assert!(c.tick(190, &s, true).is_empty());
+        let a = c.tick(205, &s, true);
+        let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
+        assert_eq!(*writes_after_ms, 142 + 100 + HEARD_STAMP_SLACK_MS - 205);
+
+        // The old primary among the reporters, having taken writes, was fenced before it
+        // reported, and the leases before its own had run out when it took them: the
+        // leases end at its report's arrival, whatever the others acknowledged.
+        let mut reports = BTreeMap::new();
+        let mut at = BTreeMap::new();
+        for (n, ago, t) in [(1, NEVER_ACKED, 170), (2, 5, 175)] {
+            reports.insert(n, TailReport { acked_ms_ago: ago, ..report(n, 2, &[1]) });
+            at.insert(n, t);
+        }
+        let others = 170 + 100 + HEARD_STAMP_SLACK_MS;
+        assert_eq!(lease_end(&reports, &at, Some(1), 100), others, "it did not say it took writes");
+        reports.get_mut(&1).unwrap().took_writes = true;
+        assert_eq!(lease_end(&reports, &at, Some(1), 100), 170);
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), others, "node 1 is not the open epoch's primary");
+        // (Node 1, a backup before it was primary, acknowledged a primary too: the newest
+        // acknowledgement counts.)
+        reports.get_mut(&1).unwrap().acked_ms_ago = 0;
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), others);
+        reports.get_mut(&2).unwrap().acked_ms_ago = NEVER_ACKED;
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), 170 + 100 + HEARD_STAMP_SLACK_MS);
+        reports.get_mut(&1).unwrap().acked_ms_ago = 30;
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), 140 + 100 + HEARD_STAMP_SLACK_MS);
+        reports.get_mut(&1).unwrap().acked_ms_ago = NEVER_ACKED;
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), 0, "no reporter ever acknowledged a primary");
+    }
+
+    /// Whatever the old primary heard and whoever reports (a quorum without it), the
+    /// lease the reports bound is never shorter than the one the old primary's own
+    /// coordinator keeps (`contact_deadline`): the two quorums meet in a reporter.
+    #[test]
+    fn the_reports_bound_the_old_primarys_contact_deadline() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut cases = 0;
+        for _ in 0..20_000 {
+            let n = [3u64, 4, 5][rng.gen_range(0..3)];
+            let s = boot(n);
+            let q = s.quorum();
+            let p = 1;
+            let mut old = Coordinator::new(p, T, 0);
+            // When each other member last acknowledged it (none: never), and when the old
+            // primary stamped that heard (up to the slack later).
+            let mut acked = BTreeMap::new();
+            for m in 2..=n {
+                if rng.gen_bool(0.8) {
+                    let t = rng.gen_range(0..1000u64);
+                    acked.insert(m, t);
+                    old.heard(m, t + rng.gen_range(0..=HEARD_STAMP_SLACK_MS));
+                }
+            }
+            let now = rng.gen_range(0..1200u64);
+            let Some(deadline) = old.contact_deadline(&s, now) else { continue };
+            // A quorum of reporters, the old primary not among them; each reports after
+            // its last acknowledgement, arriving after it sent.
+            let mut others: Vec<u64> = (2..=n).collect();
+            while others.len() > q {
+                others.remove(rng.gen_range(0..others.len()));
+            }
+            if others.len() < q {
+                continue;
+            }
+            let (mut reports, mut at) = (BTreeMap::new(), BTreeMap::new());
+            for &m in &others {
+                let sent = acked.get(&m).copied().unwrap_or(0).max(now) + rng.gen_range(0..50);
+                let ago = acked.get(&m).map_or(NEVER_ACKED, |&t| sent - t);
+                reports.insert(m, TailReport { acked_ms_ago: ago, ..report(m, 2, &[1]) });
+                at.insert(m, sent + rng.gen_range(0..50));
+            }
+            let end = lease_end(&reports, &at, Some(p), T.failure);
+            assert!(end >= deadline, "n {n}, acked {acked:?}, reporters {others:?}, now {now}: {end} < {deadline}");
+            cases += 1;
+        }
+        assert!(cases > 5_000, "{cases}");
     }
 
     /// At the bootstrap the first leader names itself primary: serving, its backups not

@@ -72,7 +72,30 @@ pub struct TailReport {
     /// are added to its own log (`ditto_log::recovery::append_own_fetched`).
     #[serde(default)]
     pub own_epoch: u64,
+    /// How long before this report (ms, on the node's own clock) the node last
+    /// acknowledged a primary, of any epoch, as a backup ([`NEVER_ACKED`]: never, as far as
+    /// it knows; 0 from a node of a version that did not say: as if just now, which waits
+    /// longest). A primary's lease (its quorum contact) stands on such acknowledgements:
+    /// the new primary takes no writes before every older primary's lease has run out
+    /// (`OpenEpoch::writes_after_ms`, docs/cluster.md "The old primary's lease").
+    #[serde(default)]
+    pub acked_ms_ago: u64,
+    /// This node is the primary of `epoch` and took writes in it: it did so only once the
+    /// leases of the primaries before it had run out, and it was fenced before it reported
+    /// (it takes none from then on), so no older primary's writes can come after this
+    /// report. A node of a version that did not say: false, which waits longest.
+    #[serde(default)]
+    pub took_writes: bool,
 }
+
+/// `TailReport::acked_ms_ago` of a node that never acknowledged the old primary.
+pub const NEVER_ACKED: u64 = u64::MAX;
+
+/// A node's data plane may report another node heard (`DataPlane::heard`) up to this long
+/// after it last was (a server's prober says "heard within 50 ms", and the node is stamped
+/// heard at the probe): so a primary's quorum contact can outlast the acknowledgement it
+/// stands on by this much more than the failure timeout.
+pub const HEARD_STAMP_SLACK_MS: u64 = 50;
 
 /// A stream's missing range and where to fetch it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -270,6 +293,8 @@ mod tests {
             serves_above: 0,
             last_resort: false,
             own_epoch: 0,
+            acked_ms_ago: NEVER_ACKED,
+            took_writes: false,
         }
     }
 

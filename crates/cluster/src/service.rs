@@ -175,6 +175,11 @@ pub struct Holding {
     pub last_resort: bool,
     /// The epoch of the primary's own log it holds; 0 if none (`TailReport::own_epoch`).
     pub own_epoch: u64,
+    /// How long ago it last acknowledged a primary as a backup, in ms
+    /// (`TailReport::acked_ms_ago`: `NEVER_ACKED` if it never did, 0 if not known).
+    pub acked_ms_ago: u64,
+    /// It is the open epoch's primary and took writes in it (`TailReport::took_writes`).
+    pub took_writes: bool,
 }
 
 /// What a node's data plane (its log shipping and replay) does for the control plane. It
@@ -403,6 +408,10 @@ pub struct Status {
     /// stretch it (before, a contact published just before a stall held for up to a
     /// failure timeout more, about two in all after the last acknowledgement).
     pub contact_until: Option<Instant>,
+    /// Named primary by an opening this node applied: it takes no writes before this, when
+    /// the old primary's lease has run out (`Command::OpenEpoch::writes_after_ms`, counted
+    /// from when the opening was applied here).
+    pub writes_not_before: Option<Instant>,
     /// While this node leads a failover round that has no plan yet: the epoch and why
     /// (`Coordinator::unplanned`: too few reports, or none that may become primary can
     /// fetch what it lacks).
@@ -424,6 +433,22 @@ impl Status {
         self.quorum_contact
             && self.published.is_some_and(|t| t.elapsed() < failure)
             && self.contact_until.is_some_and(|u| Instant::now() < u)
+    }
+
+    /// Whether this node, serving as primary, may take writes now: it has quorum contact
+    /// (`contact_now`), and the old primary's lease has run out (`writes_not_before`).
+    pub fn takes_writes(&self, failure: Duration) -> bool {
+        self.contact_now(failure) && self.writes_not_before.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Until when this node may take writes unless it hears more (`contact_until`), while
+    /// it may now (`takes_writes`): what its server's write gate is told, so that the gate
+    /// closes on time by itself however late the node is to close it.
+    pub fn writes_until(&self, failure: Duration) -> Option<Instant> {
+        match self.takes_writes(failure) {
+            true => self.contact_until,
+            false => None,
+        }
     }
 }
 
@@ -1803,6 +1828,8 @@ impl Run {
                             serves_above: h.serves_above,
                             last_resort: h.last_resort,
                             own_epoch: h.own_epoch,
+                            acked_ms_ago: h.acked_ms_ago,
+                            took_writes: h.took_writes,
                         };
                         self.ctl(from, Ctl::Report(r), now)?;
                     }
@@ -2126,6 +2153,18 @@ impl Run {
                             Ok(()) => {
                                 tracing::info!(node = id, index = a.index, "control: applied {:?}", a.command);
                                 let live = a.index > replayed_upto;
+                                if let Command::OpenEpoch { primary, writes_after_ms, .. } = &a.command {
+                                    if *primary == id {
+                                        let at = Instant::now() + Duration::from_millis(*writes_after_ms);
+                                        self.shared.status.lock().unwrap().writes_not_before = Some(at);
+                                        if *writes_after_ms > 0 {
+                                            tracing::info!(
+                                                node = id,
+                                                "control: named primary; it takes writes in {writes_after_ms} ms, once the old primary's lease has run out"
+                                            );
+                                        }
+                                    }
+                                }
                                 self.data.applied(&a.command, self.node.state(), live);
                             }
                             Err(why) => {
@@ -2439,6 +2478,21 @@ mod tests {
             ..Default::default()
         };
         assert!(!st.contact_now(failure), "past its lease");
+        assert_eq!(st.writes_until(failure), None);
+        // A new primary with contact takes writes only once the old primary's lease ran
+        // out; then its gate is told the end of its own.
+        st = Status {
+            quorum_contact: true,
+            published: Some(Instant::now()),
+            contact_until: until,
+            writes_not_before: Some(Instant::now() + Duration::from_secs(60)),
+            ..Default::default()
+        };
+        assert!(st.contact_now(failure) && !st.takes_writes(failure));
+        assert_eq!(st.writes_until(failure), None);
+        st.writes_not_before = Some(Instant::now() - Duration::from_millis(1));
+        assert!(st.takes_writes(failure));
+        assert_eq!(st.writes_until(failure), until);
     }
 
     /// A fetch that cannot be served is refused from the fetch thread, which waits for room

@@ -107,6 +107,10 @@ pub enum Command {
     /// discarded commits the new primary held (never released under majority or all).
     /// `phases_ms`: how long the coordinator took to gather a quorum's reports and plan,
     /// and then for the chosen node to prepare (for `INFO cluster` and the metrics).
+    /// `writes_after_ms`: the new primary takes no writes until this long after it applies
+    /// this, when the old primary's lease (its quorum contact) has run out: from the
+    /// reports, as the coordinator reckoned it when it proposed this (docs/cluster.md, "The
+    /// old primary's lease"; 0 from a coordinator of a version that did not reckon it).
     OpenEpoch {
         epoch: u64,
         primary: NodeId,
@@ -116,6 +120,8 @@ pub enum Command {
         lost: u64,
         #[serde(default)]
         phases_ms: [u64; 2],
+        #[serde(default)]
+        writes_after_ms: u64,
     },
     /// The cluster's default commit policy (a `CommitPolicy` name).
     SetPolicy { policy: String },
@@ -608,6 +614,7 @@ mod tests {
             start: 55,
             lost: 3,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         };
         s.apply(&open).unwrap();
         assert_eq!(s.primary(), Some(2));
@@ -634,6 +641,7 @@ mod tests {
                 start: 1,
                 lost: 0,
                 phases_ms: [0, 0],
+                writes_after_ms: 0,
             },
             Command::SetPolicy { policy: "most".into() },
             Command::Bootstrap { members: vec![], primary: 1, policy: "local".into() },
@@ -653,6 +661,7 @@ mod tests {
             start,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         };
         for bad in [open(9, 1, 5, 5), open(2, 0, 5, 5), open(2, 1, 9, 5)] {
             assert!(s.apply(&bad).is_err(), "{bad:?}");
@@ -672,6 +681,7 @@ mod tests {
             start: 50,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         })
         .unwrap();
         s.apply(&Command::BeginFailover { epoch: 3, reason: "t".into() }).unwrap();
@@ -683,6 +693,7 @@ mod tests {
             start: 45,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         };
         assert!(s.apply(&bad).is_err(), "starts below epoch 2's start");
         s.apply(&Command::OpenEpoch {
@@ -693,6 +704,7 @@ mod tests {
             start: 60,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         })
         .unwrap();
         assert_eq!(s.recovery_point(1), Some(Ts(35)));
@@ -735,6 +747,7 @@ mod tests {
             start: 10,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         };
         let mut f = s.clone();
         f.apply(&Command::BeginFailover { epoch: 2, reason: "test".into() }).unwrap();
@@ -827,6 +840,7 @@ mod tests {
             start: 9,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         })
         .unwrap();
         assert!(s.apply(&count(2, 3)).is_err(), "only epoch 1's primary");
@@ -846,13 +860,17 @@ mod tests {
             recovery_point: 99,
             start: 120,
             lost: 2,
-            phases_ms: [0, 0],
+            phases_ms: [4, 9],
+            writes_after_ms: 37,
         };
         assert_eq!(Command::decode(&c.encode()).unwrap(), c);
         assert!(Command::decode(b"{\"Nope\":1}").is_err());
         // A command written before a field was added decodes with its default.
         let old = br#"{"OpenEpoch":{"epoch":2,"primary":1,"recovered_epoch":1,"recovery_point":5,"start":5,"lost":0}}"#;
-        assert!(matches!(Command::decode(old).unwrap(), Command::OpenEpoch { phases_ms: [0, 0], .. }));
+        assert!(matches!(
+            Command::decode(old).unwrap(),
+            Command::OpenEpoch { phases_ms: [0, 0], writes_after_ms: 0, .. }
+        ));
         assert!(Command::decode(&[0xff, 0x00]).is_err());
     }
 
@@ -911,6 +929,7 @@ mod tests {
             start: 10,
             lost: 0,
             phases_ms: [0, 0],
+            writes_after_ms: 0,
         })
         .unwrap();
         assert_eq!((s.switchover.clone(), s.primary()), (None, Some(3)));

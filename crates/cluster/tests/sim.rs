@@ -219,10 +219,19 @@ enum Msg {
         units: Vec<Unit>,
         released: u64,
     },
+    /// `echo`: when its primary sent the newest `Ping` of the epoch the backup had
+    /// received (0: none); the primary stamps the backup heard then, not on arrival.
     Ack {
         epoch: u64,
         recv: Vec<u64>,
         dur: Vec<u64>,
+        echo: u64,
+    },
+    /// Primary -> backups every `HEARTBEAT_MS`: when it was sent (a real primary's
+    /// heartbeat carries its send time, which acknowledgements echo).
+    Ping {
+        epoch: u64,
+        sent: u64,
     },
     Nack {
         epoch: u64,
@@ -287,6 +296,9 @@ struct Primary {
     next_settle_proposal: u64,
     /// A newer configuration seen in the state, and when this primary takes it in.
     config_due: Option<(u64, u64)>,
+    /// It takes no writes before this (`OpenEpoch::writes_after_ms` from when it applied
+    /// the opening).
+    not_before: u64,
     /// A switchover this primary drains for: the target, since when, whether its last
     /// heartbeat round (every stream's bound past every commit) is done, and when it last
     /// proposed the failover or the giving up.
@@ -319,6 +331,7 @@ impl Primary {
             settled: holds == 0,
             next_settle_proposal: 0,
             config_due: None,
+            not_before: 0,
             draining: None,
             epoch,
             start: clock,
@@ -371,6 +384,14 @@ struct Node {
     /// Its server runs (since its restart, it took a batch from its primary); a real
     /// server opens the directory then, and publishes its read view at its cut.
     started: bool,
+    /// When it last acknowledged a primary (`TailReport::acked_ms_ago`; at its start it
+    /// counts as just now: a real node does not know when its server last did), and the
+    /// newest `Ping` it received, of which epoch (echoed in its acknowledgements).
+    acked_at: Option<u64>,
+    echo: (u64, u64),
+    /// The epoch it took writes in as primary (`TailReport::took_writes`; forgotten at a
+    /// crash, as a real node's supervisor forgets it).
+    took_writes_in: Option<u64>,
 }
 
 #[derive(Default)]
@@ -403,6 +424,13 @@ struct History {
     fetches_refused: u64,
     /// Prepares given up (`Msg::Unprepared`).
     unprepared: u64,
+    /// The newest epoch whose primary has taken writes, and when its first were: no
+    /// primary of an older epoch may take any after (checked at every write), under every
+    /// policy (the old primary's lease, docs/cluster.md).
+    writing_epoch: (u64, u64),
+    /// Openings whose primary waited for an older primary's lease, and the longest wait.
+    lease_waits: u64,
+    lease_wait_max: u64,
 }
 
 struct Sim {
@@ -491,6 +519,9 @@ impl Sim {
                     view: 0,
                     reads_from: 0,
                     started: true,
+                    acked_at: None,
+                    echo: (0, 0),
+                    took_writes_in: None,
                 }
             })
             .collect();
@@ -543,6 +574,9 @@ impl Sim {
         n.coord = Coordinator::new(n.id, TIMEOUTS, self.now);
         n.up = true;
         n.started_at = self.now;
+        n.acked_at = Some(self.now);
+        n.echo = (0, 0);
+        n.took_writes_in = None;
     }
 
     fn crash(&mut self, i: usize, why: &str) {
@@ -893,7 +927,7 @@ impl Sim {
                     self.note(format!("epoch {e} begins: {reason}"));
                 }
             }
-            Command::OpenEpoch { epoch, primary, recovery_point, start, lost, .. } => {
+            Command::OpenEpoch { epoch, primary, recovery_point, start, lost, writes_after_ms, .. } => {
                 let gone = self.nodes[i].data.cut(*epoch, *recovery_point);
                 self.h.discarded.extend(&gone);
                 if *primary != id && live && self.nodes[i].started {
@@ -941,7 +975,16 @@ impl Sim {
                     self.nodes[i].coord.reset_contact();
                     let st = self.state_of(i);
                     let (config, counted) = (st.config, st.members.keys().copied().filter(|&m| m != id).collect());
-                    self.nodes[i].primary = Some(Primary::new(*epoch, start, holds, config, counted));
+                    let mut p = Primary::new(*epoch, start, holds, config, counted);
+                    p.not_before = self.now + writes_after_ms;
+                    if *writes_after_ms > 0 {
+                        self.h.lease_waits += 1;
+                        self.h.lease_wait_max = self.h.lease_wait_max.max(*writes_after_ms);
+                        if self.trace {
+                            self.note(format!("node {id} waits {writes_after_ms} ms for the old primary's lease"));
+                        }
+                    }
+                    self.nodes[i].primary = Some(p);
                     self.nodes[i].own_log = Some(*epoch);
                 }
                 if self.nodes[i].preparing.as_ref().is_some_and(|p| p.plan.epoch <= *epoch) {
@@ -1055,7 +1098,12 @@ impl Sim {
         if self.nodes[i].own_log.is_some_and(|e| e < epoch) {
             self.nodes[i].own_log = None;
         }
-        self.send(id, p, Msg::Ack { epoch, recv, dur });
+        let echo = match self.nodes[i].echo {
+            (e, sent) if e == epoch => sent,
+            _ => 0,
+        };
+        self.nodes[i].acked_at = Some(self.now);
+        self.send(id, p, Msg::Ack { epoch, recv, dur, echo });
     }
 
     /// A checkpoint. A backup's at its learned release (what it replays). A primary's at
@@ -1123,7 +1171,20 @@ impl Sim {
         if let Some(d) = drain {
             self.drain_step(i, d, &state);
         } else if disk_ok {
-            if contact {
+            let takes = contact && now >= self.nodes[i].primary.as_ref().unwrap().not_before;
+            if takes {
+                self.nodes[i].took_writes_in = Some(epoch);
+                // No older primary takes writes once this one does (its lease ran out).
+                let (e, since) = self.h.writing_epoch;
+                if e > epoch {
+                    self.dump();
+                    panic!("node {id}, primary of epoch {epoch}, takes writes at {now}, after the primary of epoch {e} began to at {since}");
+                }
+                if e < epoch {
+                    self.h.writing_epoch = (epoch, now);
+                }
+            }
+            if takes {
                 let commits = self.rng.gen_range(0..3);
                 for _ in 0..commits {
                     let s = self.rng.gen_range(0..self.streams);
@@ -1141,6 +1202,9 @@ impl Sim {
             if now >= p.last_heartbeat + HEARTBEAT_MS {
                 p.last_heartbeat = now;
                 self.heartbeat_round(i);
+                for to in (1..=self.nodes.len() as u64).filter(|&n| n != id) {
+                    self.send(id, to, Msg::Ping { epoch, sent: now });
+                }
             }
         }
         // A new membership reaches the primary's quorum some time after it commits (its
@@ -1360,12 +1424,20 @@ impl Sim {
                     self.nodes[i].coord.vouched(from, now);
                 }
             }
-            Msg::Ack { epoch, recv, dur } => {
+            Msg::Ping { epoch, sent } => {
+                let state = self.state_of(i);
+                if self.nodes[i].fence.accepts(state, epoch, from) && self.nodes[i].echo <= (epoch, sent) {
+                    self.nodes[i].echo = (epoch, sent);
+                }
+            }
+            Msg::Ack { epoch, recv, dur, echo } => {
                 let Some(p) = self.nodes[i].primary.as_mut() else { return };
                 if p.epoch != epoch {
                     return;
                 }
-                self.nodes[i].coord.heard(from, now);
+                // Heard as of when it sent what the backup had seen (arrival would stretch
+                // its lease by the acknowledgement's delay).
+                self.nodes[i].coord.heard(from, echo);
                 let p = self.nodes[i].primary.as_mut().unwrap();
                 let progressed = p.acks.get(&from).is_none_or(|(r, _, _)| *r != recv);
                 let at = if progressed { now } else { p.acks.get(&from).map_or(now, |a| a.2) };
@@ -1411,6 +1483,8 @@ impl Sim {
                     // (taken back into that log: `append_own_fetched`).
                     last_resort: self.nodes[i].own_log.is_some(),
                     own_epoch: self.nodes[i].own_log.unwrap_or(0),
+                    acked_ms_ago: self.nodes[i].acked_at.map_or(ditto_cluster::failover::NEVER_ACKED, |t| now - t),
+                    took_writes: self.nodes[i].took_writes_in == Some(open.epoch),
                 };
                 self.send(id, from, Msg::Report(r));
             }
@@ -1652,6 +1726,7 @@ fn many_seeds() {
     let keep_going = std::env::var("SIM_KEEP_GOING").is_ok();
     let (mut failovers, mut released, mut reads, mut max_epoch, mut changes) = (0, 0, 0, 0, 0);
     let (mut switch_asked, mut switch_done, mut learners, mut fetches, mut unprepared) = (0, 0, 0, 0, 0);
+    let (mut lease_waits, mut lease_wait_max) = (0, 0);
     let mut failed = Vec::new();
     for seed in from..from + seeds {
         let h = match std::panic::catch_unwind(|| run_seed(seed)) {
@@ -1672,8 +1747,10 @@ fn many_seeds() {
         switch_done += h.switchovers_done;
         fetches += h.fetches;
         unprepared += h.unprepared;
+        lease_waits += h.lease_waits;
+        lease_wait_max = lease_wait_max.max(h.lease_wait_max);
     }
-    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes ({learners} learners added), {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, {fetches} fetches (none below a checkpoint), {unprepared} prepares given up, newest epoch {max_epoch}");
+    eprintln!("{seeds} seeds: {failovers} failovers, {changes} membership changes ({learners} learners added), {switch_asked} switchovers asked ({switch_done} done: drained, and the target opened the next epoch discarding nothing), {released} released commits, {reads} backup reads checked, {fetches} fetches (none below a checkpoint), {unprepared} prepares given up, {lease_waits} openings waited for an older primary's lease (longest {lease_wait_max} ms), newest epoch {max_epoch}");
     assert!(failed.is_empty(), "{} of {seeds} seeds failed (rerun each with SIM_SEED=N): {failed:?}", failed.len());
     assert!(failovers >= seeds, "the faults should force failovers");
     // The loss and prefix checks check something: commits are released, backups read.
@@ -1683,6 +1760,7 @@ fn many_seeds() {
     assert!(learners >= seeds / 10, "learners should be added among the changes: {learners}");
     assert!(switch_done >= seeds / 10, "switchovers should complete among the faults: {switch_done} of {switch_asked}");
     assert!(seeds < 1000 || unprepared > 0, "fetches that fail should give prepares up among the faults");
+    assert!(seeds < 100 || lease_waits > 0, "some openings should wait for an older primary's lease");
 }
 
 /// One run, its event log printed (`SIM_SEED=N` picks the seed; 1 by default).

@@ -132,6 +132,9 @@ impl DataPlane for ModelPlane {
             serves_above: w.serves_above.get(&self.me).copied().unwrap_or(0),
             last_resort: false,
             own_epoch: 0,
+            // (This model's primary takes no writes: it gives no lease.)
+            acked_ms_ago: ditto_cluster::failover::NEVER_ACKED,
+            took_writes: false,
         })
     }
     fn prepare(&mut self, plan: &RecoveryPlan) {

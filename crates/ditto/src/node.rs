@@ -346,6 +346,8 @@ struct Gate {
     stdin: Option<Pipe>,
     primary: bool,
     open: bool,
+    /// While open: the deadline it was last told (`writes until`, `monotonic_ms`).
+    until_ms: u64,
     /// The `INFO cluster` fields the server was last sent.
     info: Vec<(String, String)>,
     /// The membership configuration a primary server was last given its backups for.
@@ -353,6 +355,47 @@ struct Gate {
 }
 
 type SharedGate = Arc<parking_lot::Mutex<Gate>>;
+
+/// What a node knows of the leases it gave and took (docs/cluster.md, "The old primary's
+/// lease"), for its failover reports: when a server of its last acked a primary as a
+/// backup, and the epoch it took writes in as primary.
+struct Leases {
+    /// When a server of this node last acked a primary, at the latest (`None`: never).
+    acked: parking_lot::Mutex<Option<Instant>>,
+    /// The open epoch this node's server was opened for writes in, as primary (0: none).
+    took_writes_in: AtomicU64,
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        // A server of this node's previous run may have acked until about now (it exits
+        // as soon as its standard input closes, when that run ended).
+        Leases { acked: parking_lot::Mutex::new(Some(Instant::now())), took_writes_in: AtomicU64::new(0) }
+    }
+}
+
+impl Leases {
+    /// A server of this node may have acked a primary as late as `at`.
+    fn acked_until(&self, at: Instant) {
+        let mut a = self.acked.lock();
+        if a.is_none_or(|t| t < at) {
+            *a = Some(at);
+        }
+    }
+}
+
+/// What a server prints once fenced in place, after which it acks nothing: with how long
+/// ago it last acked (`ditto server fenced, its last ack N us ago`), or that it never did
+/// (`..., it never acked`); a drained primary prints the bare words. Returns the line's
+/// ack age, `Some(None)` if it says none, `None` if the line is not a fence's.
+fn fenced_line(line: &str) -> Option<Option<Duration>> {
+    if line == "ditto server fenced" || line == "ditto server fenced, it never acked" {
+        return Some(None);
+    }
+    let us = line.strip_prefix("ditto server fenced, its last ack ")?.strip_suffix(" us ago")?;
+    // (An unreadable age is taken as just now: the longest wait.)
+    Some(Some(Duration::from_micros(us.parse().unwrap_or(0))))
+}
 
 /// A server's standard input, written without blocking: what the pipe cannot take now
 /// waits here, in order, and goes at the next `flush` (the supervisor's loop flushes every
@@ -584,6 +627,8 @@ struct NodePlane {
     /// A client asked this node's server for a failover (`SENTINEL FAILOVER ditto`): a
     /// switchover is proposed (once; a client whose request is lost asks again).
     switch_asked: Arc<AtomicBool>,
+    /// The leases it gave and took, for its reports (`Leases`).
+    leases: Arc<Leases>,
 }
 
 /// A switchover this node's primary server is draining for (`Command::Switchover`): once
@@ -698,7 +743,13 @@ fn say(me: NodeId, what: impl std::fmt::Display) {
 }
 
 impl NodePlane {
-    fn new(cfg: &NodeConfig, gate: SharedGate, history: History, warm: Arc<AtomicBool>) -> NodePlane {
+    fn new(
+        cfg: &NodeConfig,
+        gate: SharedGate,
+        history: History,
+        warm: Arc<AtomicBool>,
+        leases: Arc<Leases>,
+    ) -> NodePlane {
         NodePlane {
             me: cfg.id,
             secret: cfg.secret.clone(),
@@ -736,7 +787,35 @@ impl NodePlane {
             drained: Default::default(),
             drained_in: None,
             switch_asked: Default::default(),
+            leases,
         }
+    }
+
+    /// A backup server of this node may have acked its primary up to now: one running and
+    /// not fenced (it may ack at any moment), or one stopping (it drains, acking).
+    fn note_acks(&self) {
+        let unfenced_backup = |c: &Running| matches!(c.role, Role::Backup { .. }) && !c.fenced.load(Ordering::Acquire);
+        if self.child.as_ref().is_some_and(unfenced_backup)
+            || self.stopping.as_ref().is_some_and(|s| unfenced_backup(&s.child))
+        {
+            self.leases.acked_until(Instant::now());
+        }
+    }
+
+    /// `TailReport::acked_ms_ago`: 0 while a backup server of this node runs unfenced.
+    fn acked_ms_ago(&self) -> u64 {
+        self.note_acks();
+        match *self.leases.acked.lock() {
+            Some(t) => t.elapsed().as_millis() as u64,
+            None => ditto_cluster::failover::NEVER_ACKED,
+        }
+    }
+
+    /// `TailReport::took_writes`: this node's server was opened for writes as the open
+    /// epoch's primary.
+    fn took_writes(&self) -> bool {
+        let open = self.state.open_epoch().map(|e| e.epoch);
+        open.is_some_and(|e| e > 0 && self.leases.took_writes_in.load(Ordering::Acquire) == e)
     }
 
     /// Tells the server to stop and waits for it at most `SERVER_WAIT`: `poll_stop` sees
@@ -800,6 +879,8 @@ impl NodePlane {
                 }
             }
         };
+        // (A backup that stopped may have acked up to its exit.)
+        self.note_acks();
         let mut st = self.stopping.take().expect("checked");
         drop(st.stdin.take());
         // Every line it printed is read once its output ends (it has exited).
@@ -881,6 +962,10 @@ impl NodePlane {
                 c.prober.new_role();
             }
             if let Ok(Some(status)) = c.proc.try_wait() {
+                if matches!(c.role, Role::Backup { .. }) && !c.fenced.load(Ordering::Acquire) {
+                    // (It may have acked up to its exit.)
+                    self.leases.acked_until(Instant::now());
+                }
                 // Every line it printed is read once its output ends (it has exited): a
                 // server that served and died at once is seen to have served.
                 if let Some(r) = c.reader.take() {
@@ -1211,6 +1296,7 @@ impl NodePlane {
             },
             primary: matches!(role, Role::Primary { .. }),
             open: false, // a new primary's server starts with its writes refused
+            until_ms: 0,
             info: Vec::new(),
             // (None yet: a primary is sent the members it counts before it takes writes.)
             config: u64::MAX,
@@ -1221,6 +1307,7 @@ impl NodePlane {
         let out = proc.stdout.take().expect("piped");
         let (r, j, me_id) = (Arc::clone(&ready), Arc::clone(&joined), self.me);
         let (f, ff) = (Arc::clone(&fenced), Arc::clone(&fence_failed));
+        let leases = Arc::clone(&self.leases);
         let history = Arc::clone(&self.history);
         let drained = Arc::clone(&self.drained);
         let switch_asked = Arc::clone(&self.switch_asked);
@@ -1246,7 +1333,12 @@ impl NodePlane {
                 if line.starts_with("ditto server joined its primary") {
                     j.store(true, Ordering::Release);
                 }
-                if line == "ditto server fenced" {
+                if let Some(ago) = fenced_line(line) {
+                    // (Its last ack before the flag: a report waits for the flag, then
+                    // reads when this node last acked.)
+                    if let Some(ago) = ago {
+                        leases.acked_until(Instant::now() - ago);
+                    }
                     f.store(true, Ordering::Release);
                 }
                 if line.starts_with("ditto server fence failed") {
@@ -1342,7 +1434,7 @@ impl NodePlane {
         let mut g = self.gate.lock();
         let sent = g.stdin.as_mut().is_some_and(|p| p.send(line));
         // (A primary is sent the members it counts before it takes writes.)
-        *g = Gate { stdin: g.stdin.take(), primary, open: false, info: Vec::new(), config: u64::MAX };
+        *g = Gate { stdin: g.stdin.take(), primary, open: false, until_ms: 0, info: Vec::new(), config: u64::MAX };
         drop(g);
         if !sent {
             self.stop_child("it could not be asked to change its role in place");
@@ -1504,6 +1596,8 @@ impl NodePlane {
                 serves_above,
                 last_resort,
                 own_epoch: epoch.0,
+                acked_ms_ago: self.acked_ms_ago(),
+                took_writes: self.took_writes(),
             });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
@@ -1518,6 +1612,8 @@ impl NodePlane {
                 serves_above: u64::MAX,
                 last_resort: false,
                 own_epoch: 0,
+                acked_ms_ago: self.acked_ms_ago(),
+                took_writes: self.took_writes(),
             });
         }
         // What this node holds of an epoch that a failover since cut is held only up to the
@@ -1540,6 +1636,8 @@ impl NodePlane {
             serves_above: fetch_floor(&self.data)?,
             last_resort: false,
             own_epoch: 0,
+            acked_ms_ago: self.acked_ms_ago(),
+            took_writes: self.took_writes(),
         })
     }
 
@@ -1804,6 +1902,7 @@ impl Drop for NodePlane {
 
 impl DataPlane for NodePlane {
     fn heard(&mut self) -> Vec<NodeId> {
+        self.note_acks();
         self.reconcile();
         self.probe();
         self.heard.clone()
@@ -1874,6 +1973,7 @@ impl DataPlane for NodePlane {
     }
 
     fn report(&mut self) -> Result<Holding, String> {
+        self.note_acks();
         // A server stopping or fencing itself is waited for a little (it normally takes a
         // few ms): until then, no report, and the coordinator asks again.
         self.poll_stop(SERVER_WAIT);
@@ -2405,7 +2505,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             })
             .map_err(|e| format!("starting the thread that reads its log ahead: {e}"))?;
     }
-    let plane = NodePlane::new(&cfg, Arc::clone(&gate), Arc::clone(&history), Arc::clone(&warm));
+    let leases = Arc::new(Leases::default());
+    let plane = NodePlane::new(&cfg, Arc::clone(&gate), Arc::clone(&history), Arc::clone(&warm), Arc::clone(&leases));
     let svc = ControlService::start(
         ServiceConfig {
             id: cfg.id,
@@ -2513,19 +2614,37 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
                     );
                 }
             }
-            // (Contact as published, and only while the control thread keeps publishing.)
-            let contact = st.contact_now(Duration::from_millis(cfg.timeouts.failure));
-            if g.primary && g.open != contact {
-                let line = match contact {
-                    true => "writes on".to_string(),
+            // (Contact as published, and only while the control thread keeps publishing;
+            // a new primary's only once the old primary's lease has run out.) The gate is
+            // told the lease's end, and closes by itself then, however late this loop is
+            // to close it (stopped, or stalled): told again as the lease moves.
+            let failure = Duration::from_millis(cfg.timeouts.failure);
+            let until = st.writes_until(failure).map(ditto_server::session::monotonic_ms_of);
+            let line = match until {
+                // (Within 5 ms of what it was told, later: not told again, it holds less.)
+                Some(ms) if g.primary && (!g.open || ms < g.until_ms || ms >= g.until_ms + 5) => {
+                    Some(format!("writes until {ms}"))
+                }
+                None if g.primary && g.open => Some(match st.contact_now(failure) {
+                    true => "writes off this node is the cluster's new primary and waits for the old primary's lease to run out".to_string(),
                     false => format!(
                         "writes off this node is the primary of epoch {} but has not heard a quorum of its cluster for {} ms: it takes no writes (the others may have failed it over)",
                         st.state.epoch, cfg.timeouts.failure
                     ),
-                };
+                }),
+                _ => None,
+            };
+            if let Some(line) = line {
                 if g.stdin.as_mut().is_some_and(|p| p.send(&line)) {
-                    g.open = contact;
-                    say(cfg.id, format!("writes {}", if g.open { "taken" } else { "refused: no quorum contact" }));
+                    let was = g.open;
+                    (g.open, g.until_ms) = (until.is_some(), until.unwrap_or(0));
+                    if g.open {
+                        let open = st.state.open_epoch().map_or(0, |e| e.epoch);
+                        leases.took_writes_in.fetch_max(open, Ordering::AcqRel);
+                    }
+                    if was != g.open {
+                        say(cfg.id, format!("writes {}", if g.open { "taken" } else { "refused: no quorum contact" }));
+                    }
                 }
             }
         }
@@ -2560,7 +2679,25 @@ fn reads_its_log_off_thread<T: Send + 'static>(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_members, probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY};
+    use super::{
+        fenced_line, parse_members, probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY,
+    };
+    use std::time::Duration;
+
+    /// A fenced server's line gives its last ack's age, that it never acked, or nothing
+    /// (a drained primary's bare line); any other line is not a fence's.
+    #[test]
+    fn a_fenced_line_says_when_the_server_last_acked() {
+        assert_eq!(
+            fenced_line("ditto server fenced, its last ack 1500 us ago"),
+            Some(Some(Duration::from_micros(1500)))
+        );
+        assert_eq!(fenced_line("ditto server fenced, it never acked"), Some(None));
+        assert_eq!(fenced_line("ditto server fenced"), Some(None));
+        assert_eq!(fenced_line("ditto server fenced, its last ack x us ago"), Some(Some(Duration::ZERO)));
+        assert_eq!(fenced_line("ditto server fence failed: no"), None);
+        assert_eq!(fenced_line("ditto server fenced twice"), None);
+    }
 
     /// A supervisor's data plane over `dir` with no server, for the steps a test drives.
     fn plane_in(dir: &std::path::Path) -> super::NodePlane {
@@ -2581,7 +2718,7 @@ mod tests {
             password: None,
             config_file: None,
         };
-        super::NodePlane::new(&cfg, Default::default(), Default::default(), Default::default())
+        super::NodePlane::new(&cfg, Default::default(), Default::default(), Default::default(), Default::default())
     }
 
     fn opened(epochs: &[u64]) -> super::ControlState {

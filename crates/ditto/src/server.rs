@@ -205,7 +205,7 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let gate = std::sync::Arc::new(ditto_server::session::WriteGate::default());
     if a.exit_with_stdin {
         // A cluster node's server: its supervisor opens and closes the write gate with
-        // lines on standard input ("writes on", "writes off WHY"; a new primary starts
+        // lines on standard input ("writes on", "writes until MS", "writes off WHY"; a new primary starts
         // closed until the supervisor has heard a quorum of the cluster) and says what the
         // cluster looks like ("cluster [[name, value], ...]", for INFO cluster) and how
         // many backups a primary's quorum counts ("backups N CONFIG", as members come and
@@ -272,6 +272,12 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
                         _ => tracing::warn!("unreadable line from the cluster node: {line:?}"),
                     },
                     ("writes", "on") => g.set(None),
+                    // `writes until MS`: taken until the shared monotonic clock reaches MS (a
+                    // primary's lease), refused after by the server itself.
+                    ("writes", rest) if rest.starts_with("until ") => match rest[6..].trim().parse::<u64>() {
+                        Ok(ms) => g.open_until(ms),
+                        Err(_) => tracing::warn!("unreadable line from the cluster node: {line:?}"),
+                    },
                     ("writes", why) if why.starts_with("off") => g.set(Some(why[3..].trim().to_string())),
                     // `backups N CONFIG [CLIENT_ADDR,...]`: the others' addresses, whose
                     // backups alone count.

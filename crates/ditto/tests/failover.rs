@@ -2326,6 +2326,55 @@ fn a_switchover_goes_through_while_the_server_of_the_raft_leaders_node_is_stoppe
     );
 }
 
+/// A primary's server refuses writes by itself once its lease runs out, though its
+/// supervisor, stopped by SIGSTOP, never tells it to: its write gate was told the lease's
+/// end. (Before, the gate stayed open for as long as the supervisor was stopped; under
+/// `local`, which this runs, the server went on acknowledging writes on its own disk while
+/// the others failed it over and a new primary took writes too.)
+#[test]
+fn a_primary_whose_supervisor_is_stopped_refuses_writes_once_its_lease_runs_out() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(3, "local");
+    let first = c.wait_or_dump("a first primary", Duration::from_secs(30), || c.primary());
+    let port = c.ports[&first];
+    let set = |k: &str| -> Option<String> {
+        let mut cl = Client::connect(port).ok()?;
+        cl.set_read_timeout(Duration::from_secs(2));
+        cl.cmd(&["SET", k, "v"]).ok().map(|r| r.concat())
+    };
+    c.wait_or_dump("a write on the primary", Duration::from_secs(30), || (set("before")? == "+OK").then_some(()));
+    let pid = c.nodes[&first].id() as i32;
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let mut taken = 0;
+    let refusal = wait_for("the stopped node's server to refuse writes", Duration::from_secs(10), || {
+        match set(&format!("k{taken}")) {
+            Some(r) if r == "+OK" => {
+                taken += 1;
+                None
+            }
+            Some(r) => Some((r, stopped.elapsed())),
+            None => None,
+        }
+    });
+    signal(pid, libc::SIGCONT);
+    eprintln!(
+        "the server of node {first}, its supervisor stopped, took {taken} writes, then after {:.0} ms: {}",
+        refusal.1.as_secs_f64() * 1e3,
+        refusal.0
+    );
+    assert!(refusal.0.contains("lease"), "refused for another reason: {}", refusal.0);
+    // Its lease: the failure timeout (250 ms) after the last acknowledgement its quorum
+    // stands on, as the supervisor last told it (within a busy machine's slack).
+    assert!(refusal.1 < Duration::from_millis(1500), "refused only after {:?}", refusal.1);
+    // Running again, the cluster goes on: a primary takes writes.
+    c.wait_or_dump("a primary taking writes again", Duration::from_secs(30), || {
+        let p = c.primary()?;
+        let mut cl = Client::connect(c.ports[&p]).ok()?;
+        (cl.cmd(&["SET", "after", "v"]).ok()?.concat() == "+OK").then_some(())
+    });
+}
+
 /// What a `Reader` saw: each count read, with when, and the first error.
 type Seen = Arc<Mutex<(Vec<(Instant, u64)>, Option<String>)>>;
 

@@ -303,6 +303,9 @@ pub struct BackupState {
     /// (`ReplayAcks`).
     pub acks_sent: AtomicU64,
     pub acked_replayed: AtomicU64,
+    /// When this backup last sent (or began to send) an ack: the primary's lease stands on
+    /// its acks, so a cluster's failover waits until it has run out (`Backup::last_acked`).
+    pub last_ack: Mutex<Option<Instant>>,
     /// Transactions whose install waited for what lies below a batch's `reuse_ts` (a
     /// reused record id's old life, `Engine::await_replayed`).
     pub reuse_waits: AtomicU64,
@@ -2528,6 +2531,8 @@ fn send_ack(link: &AckLink, state: &BackupState) -> Result<(), String> {
         durable: Ts(state.durable.load(Ordering::Acquire)),
         replayed: Ts(replayed),
     };
+    // (Before the write: an ack cut short may still reach the primary.)
+    *state.last_ack.lock() = Some(Instant::now());
     (&*link.lock()).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))?;
     state.acked_replayed.fetch_max(replayed, Ordering::AcqRel);
     state.acks_sent.fetch_add(1, Ordering::AcqRel);
@@ -3252,6 +3257,12 @@ impl BackupState {
 }
 
 impl Backup {
+    /// How long ago this backup last sent its primary an ack (`None`: never, this run).
+    /// Final once `fence` or `stop` has returned: nothing is acked after.
+    pub fn last_acked(&self) -> Option<Duration> {
+        self.state.last_ack.lock().map(|t| t.elapsed())
+    }
+
     /// Whether the primary counts this backup in no quorum (a cluster's learner).
     pub fn is_learner(&self) -> bool {
         self.state.learner.load(Ordering::Acquire)

@@ -1174,7 +1174,12 @@ fn run_role(
                             b.fence("fenced by the cluster", Duration::from_secs(10))
                         };
                         match tokio::task::block_in_place(fence) {
-                            Ok(()) => crate::say!("ditto server fenced"),
+                            // With how long ago it last acked its primary (final now): a
+                            // failover waits for that primary's lease, which stands on it.
+                            Ok(()) => match b.last_acked() {
+                                Some(ago) => crate::say!("ditto server fenced, its last ack {} us ago", ago.as_micros()),
+                                None => crate::say!("ditto server fenced, it never acked"),
+                            },
                             Err(e) => crate::say!("ditto server fence failed: {e}"),
                         }
                     }

@@ -1684,12 +1684,43 @@ fn role(sh: &Shared) -> Reply {
     }
 }
 
+/// Why a cluster primary's write gate refuses writes once its deadline passed
+/// (`WriteGate::open_until`).
+pub const LEASE_RAN_OUT: &str = "this node's lease as the cluster's primary ran out: it has not heard a quorum of its cluster within the failure timeout, and takes no writes (the others may have failed it over)";
+
+/// This machine's `CLOCK_MONOTONIC` in milliseconds: the clock a cluster node's supervisor
+/// and its server share (Rust's `Instant` reads it on Linux), so that a deadline one
+/// reckons the other can check (`WriteGate::open_until`).
+pub fn monotonic_ms() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+/// `when` on `monotonic_ms`'s clock, rounded down (never later than `when`).
+pub fn monotonic_ms_of(when: std::time::Instant) -> u64 {
+    // (The clock read first: `now` is then no earlier, and the sum no later than `when`.)
+    let now_ms = monotonic_ms();
+    let now = std::time::Instant::now();
+    match when.checked_duration_since(now) {
+        Some(ahead) => now_ms + ahead.as_millis() as u64,
+        None => now_ms.saturating_sub(now.duration_since(when).as_millis() as u64 + 1),
+    }
+}
+
 /// Writes refused for now, with the reason; open by default. Checked before every write
-/// command (one atomic load while open). A cluster node's supervisor holds it, and also
-/// tells the server what the cluster looks like (`INFO cluster`).
+/// command (one atomic load while open, and a read of the clock where the gate has a
+/// deadline). A cluster node's supervisor holds it, and also tells the server what the
+/// cluster looks like (`INFO cluster`).
 #[derive(Default, Debug)]
 pub struct WriteGate {
     closed: std::sync::atomic::AtomicBool,
+    /// Open only until this `monotonic_ms` (0: no deadline): a cluster primary's lease, its
+    /// quorum contact, as its supervisor last reckoned it (`open_until`). The gate closes
+    /// by itself when it passes, however late the supervisor is to close it (a supervisor
+    /// stopped by SIGSTOP, or stalled, left it open for as long as that lasted).
+    until_ms: std::sync::atomic::AtomicU64,
     /// Why writes are refused: the supervisor's reason (no quorum contact, a new primary
     /// not yet heard), and a switchover's drain. Either closes the gate.
     why: Mutex<(Option<String>, Option<String>)>,
@@ -1826,12 +1857,22 @@ impl WriteGate {
         self.cluster.lock().clone()
     }
 
-    /// Refuse writes with `why` (`Some`), or take them again (`None`) unless a drain
-    /// refuses them.
+    /// Refuse writes with `why` (`Some`), or take them again (`None`, with no deadline)
+    /// unless a drain refuses them.
     pub fn set(&self, why: Option<String>) {
         let mut w = self.why.lock();
+        self.until_ms.store(0, std::sync::atomic::Ordering::Release);
         w.0 = why;
         self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Take writes (unless a drain refuses them) until `monotonic_ms()` reaches `until_ms`,
+    /// then refuse them by itself (`LEASE_RAN_OUT`) until told again.
+    pub fn open_until(&self, until_ms: u64) {
+        let mut w = self.why.lock();
+        self.until_ms.store(until_ms.max(1), std::sync::atomic::Ordering::Release);
+        w.0 = None;
+        self.closed.store(w.1.is_some(), std::sync::atomic::Ordering::Release);
     }
 
     /// Ends any switchover's drain (it was given up, or a new role starts), whatever the
@@ -1884,7 +1925,8 @@ impl WriteGate {
 
     pub fn refusal(&self) -> Option<String> {
         if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
+            let until = self.until_ms.load(std::sync::atomic::Ordering::Acquire);
+            return (until != 0 && monotonic_ms() >= until).then(|| LEASE_RAN_OUT.to_string());
         }
         let w = self.why.lock();
         w.1.clone().or_else(|| w.0.clone())
@@ -3540,6 +3582,36 @@ mod tests {
         let third = gate.drain_to(&ClientAddr::new("10.0.0.9:7002", None), |a| format!("to {a}"));
         gate.end_drain(third);
         assert!(gate.refusal().is_some(), "the supervisor's reason went with the drain");
+    }
+
+    /// A gate opened until a deadline closes by itself when it passes, with no word from
+    /// the supervisor; a later deadline or "writes on" opens it again, and a drain or the
+    /// supervisor's reason refuses whatever the deadline.
+    #[test]
+    fn a_gate_open_until_a_deadline_closes_by_itself() {
+        let at = monotonic_ms_of(std::time::Instant::now());
+        assert!(at <= monotonic_ms() && monotonic_ms() <= at + 50, "the two clocks agree");
+        let later = monotonic_ms_of(std::time::Instant::now() + std::time::Duration::from_secs(60));
+        assert!((59_950..=60_050).contains(&(later - monotonic_ms())), "{later}");
+        let gate = WriteGate::default();
+        gate.set(Some("not yet".into()));
+        gate.open_until(monotonic_ms() + 200);
+        assert_eq!(gate.refusal(), None);
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        assert_eq!(gate.refusal().as_deref(), Some(LEASE_RAN_OUT), "closed by itself");
+        gate.open_until(monotonic_ms() + 60_000);
+        assert_eq!(gate.refusal(), None);
+        let drain = gate.drain_to(&ClientAddr::new("10.0.0.9:7002", None), |a| format!("to {a}"));
+        assert_eq!(gate.refusal().as_deref(), Some("to 10.0.0.9:7002"));
+        gate.end_drain(drain);
+        assert_eq!(gate.refusal(), None, "open again until its deadline");
+        gate.open_until(monotonic_ms());
+        assert_eq!(gate.refusal().as_deref(), Some(LEASE_RAN_OUT));
+        gate.set(None);
+        assert_eq!(gate.refusal(), None, "writes on: no deadline");
+        gate.open_until(monotonic_ms());
+        gate.set(Some("no quorum".into()));
+        assert_eq!(gate.refusal().as_deref(), Some("no quorum"));
     }
 
     /// SENTINEL answers for the service `ditto` with the primary the node knows, and for
