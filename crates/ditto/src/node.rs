@@ -1864,10 +1864,12 @@ impl NodePlane {
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
                 self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
-                    // slaveN:node=HOST:PORT,addr=...,heard_ms_ago=N
+                    // slaveN:node=HOST:PORT,addr=...,lease_ms_ago=N: how long ago the server
+                    // sent the heartbeat the backup's newest ack echoed (not when that ack
+                    // arrived, which a network may delay: the lease stands on it).
                     let fields = l.split_once(':').map_or("", |(_, f)| f);
                     let kv = |k: &str| fields.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
-                    let (Some(node), Some(ago)) = (kv("node"), kv("heard_ms_ago").and_then(|v| v.parse::<u64>().ok()))
+                    let (Some(node), Some(ago)) = (kv("node"), kv("lease_ms_ago").and_then(|v| v.parse::<u64>().ok()))
                     else {
                         continue;
                     };

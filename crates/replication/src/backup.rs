@@ -306,6 +306,9 @@ pub struct BackupState {
     /// When this backup last sent (or began to send) an ack: the primary's lease stands on
     /// its acks, so a cluster's failover waits until it has run out (`Backup::last_acked`).
     pub last_ack: Mutex<Option<Instant>>,
+    /// The newest `Frame::Heartbeat::sent_us` received on the current link (0: none), which
+    /// every ack echoes (`Frame::Ack::echo_us`).
+    pub echo_us: AtomicU64,
     /// Transactions whose install waited for what lies below a batch's `reuse_ts` (a
     /// reused record id's old life, `Engine::await_replayed`).
     pub reuse_waits: AtomicU64,
@@ -962,6 +965,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // simulation, docs/cluster.md). (A standalone backup's reads were not held before
     // 2026-12-02: restarted, it served commits no client had been answered for.)
     state.reads_from.store(base.0, Ordering::Release);
+    // (A heartbeat time is of its primary's clock: none echoed from another link.)
+    state.echo_us.store(0, Ordering::Release);
     state.connected.store(true, Ordering::Release);
     let rlog = ReplicaLog::create(&dir, Arc::clone(&storage), streams, 1, opts.replica_file_bytes.max(1 << 12))
         .map_err(io("creating the replica log"))?;
@@ -2530,6 +2535,7 @@ fn send_ack(link: &AckLink, state: &BackupState) -> Result<(), String> {
         received: Ts(state.received.load(Ordering::Acquire)),
         durable: Ts(state.durable.load(Ordering::Acquire)),
         replayed: Ts(replayed),
+        echo_us: state.echo_us.load(Ordering::Acquire),
     };
     // (Before the write: an ack cut short may still reach the primary.)
     *state.last_ack.lock() = Some(Instant::now());
@@ -2764,6 +2770,7 @@ impl Receiver {
                         }
                         (stream, reader) = (s, r);
                         self.state.reconnects.fetch_add(1, Ordering::Relaxed);
+                        self.state.echo_us.store(0, Ordering::Release);
                         self.state.connected.store(true, Ordering::Release);
                         tracing::info!("replication resumed above ts {}", have.0);
                         break;
@@ -3018,7 +3025,8 @@ impl Receiver {
                     }
                     self.engine.note_released(released);
                 }
-                Frame::Heartbeat { released, acknowledged } => {
+                Frame::Heartbeat { released, acknowledged, sent_us } => {
+                    self.state.echo_us.fetch_max(sent_us, Ordering::AcqRel);
                     self.engine.note_released(released);
                     self.state.acknowledged.fetch_max(acknowledged.0, Ordering::AcqRel);
                 }

@@ -95,6 +95,11 @@ pub struct PrimaryOptions {
     /// TLS on the replication port (`tls_replication`): every backup must open with a TLS
     /// handshake and show a certificate the CA signed. `None`: plaintext.
     pub tls: Option<Arc<crate::tls::LinkTls>>,
+    /// A cluster primary's: every link sends a heartbeat at least this often, busy or idle
+    /// (`LEASE_HEARTBEAT`), so that its backups' acks echo a recent send time and its lease
+    /// (`BackupInfo::lease_ago`) stays fresh. `None`: idle links beat every
+    /// `IDLE_HEARTBEAT`, and may doze until then.
+    pub lease_beat: Option<Duration>,
 }
 
 impl Default for PrimaryOptions {
@@ -115,6 +120,7 @@ impl Default for PrimaryOptions {
             password: None,
             also_accepted: Vec::new(),
             tls: None,
+            lease_beat: None,
         }
     }
 }
@@ -139,6 +145,11 @@ pub struct BackupInfo {
     pub replay_lag: Duration,
     /// How long ago its last acknowledgement arrived (a cluster's failure detector).
     pub heard_ago: Duration,
+    /// How long ago this primary sent the newest heartbeat the backup's acks echo
+    /// (`Ack::echo_us`; `Duration::MAX`: none yet): what a cluster primary's lease stands
+    /// on. Never less than the time since its newest ack was sent, however long that ack
+    /// took to arrive.
+    pub lease_ago: Duration,
     /// Where its start is, in Redis's words where they fit: `wait_bgsave` (registered, a
     /// checkpoint being written for it), `send_bulk` (a checkpoint copy or a gap from disk
     /// being sent), `catch_up` (the log its queue could not hold meanwhile, from disk,
@@ -190,6 +201,8 @@ struct Link {
     /// Microseconds after `since` when the last acknowledgement arrived (`NEVER_ACKED`
     /// before the first).
     heard_us: AtomicU64,
+    /// The newest heartbeat time (`Primary::now_us`) an ack of this link echoed (0: none).
+    lease_us: AtomicU64,
     /// Where the log this link is sent starts (what the backup said it holds, or the
     /// checkpoint it is sent), set before the log is read (`NOTHING_ASKED` before): until
     /// its first ack, the log above it is kept for it (`log_needed_above`), so that a
@@ -359,6 +372,8 @@ pub struct Primary {
     /// Counted backups whose link closed: how far each had made the log durable
     /// (`log_needed_above`). Forgotten once its node no longer counts.
     gone: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// What heartbeats' `sent_us` count from (`now_us`).
+    clock_base: Instant,
 }
 
 impl Primary {
@@ -373,6 +388,7 @@ impl Primary {
         let logger = durable.logger();
         let local = listener.local_addr()?;
         let p = Arc::new(Primary {
+            clock_base: Instant::now(),
             durable: durable.clone(),
             accept: Mutex::new(None),
             epoch: logger.epoch(),
@@ -556,7 +572,12 @@ impl Primary {
             let dozing: Vec<Arc<Link>> = links.iter().filter(|l| l.dozing.load(Ordering::SeqCst)).cloned().collect();
             if !dozing.is_empty() {
                 let released = Ts(self.released.load(Ordering::SeqCst));
-                let f = Frame::Heartbeat { released, acknowledged: self.acknowledged().max(released) }.encode();
+                let f = Frame::Heartbeat {
+                    released,
+                    acknowledged: self.acknowledged().max(released),
+                    sent_us: self.now_us(),
+                }
+                .encode();
                 self.push_to(&dozing, &f, true);
             }
         }
@@ -564,6 +585,12 @@ impl Primary {
 
     pub fn released(&self) -> Ts {
         Ts(self.released.load(Ordering::Acquire))
+    }
+
+    /// Now on the clock heartbeats say they were sent by (`Frame::Heartbeat::sent_us`):
+    /// microseconds since this primary started, never 0.
+    fn now_us(&self) -> u64 {
+        self.clock_base.elapsed().as_micros() as u64 + 1
     }
 
     /// From now on, commits may be released to their clients on backups'
@@ -735,6 +762,10 @@ impl Primary {
                     heard_ago: match l.heard_us.load(Ordering::Acquire) {
                         NEVER_ACKED => Duration::MAX,
                         us => l.since.elapsed().saturating_sub(Duration::from_micros(us)),
+                    },
+                    lease_ago: match l.lease_us.load(Ordering::Acquire) {
+                        0 => Duration::MAX,
+                        us => self.clock_base.elapsed().saturating_sub(Duration::from_micros(us)),
                     },
                     state: PHASES[l.phase.load(Ordering::Acquire) as usize],
                     copy_sent_bytes: l.copy_sent.load(Ordering::Acquire),
@@ -1159,6 +1190,7 @@ impl Primary {
                 sent_directly_us: AtomicU64::new(0),
                 sock: stream.try_clone().ok(),
                 heard_us: AtomicU64::new(NEVER_ACKED),
+                lease_us: AtomicU64::new(0),
                 asked_from: AtomicU64::new(NOTHING_ASKED),
                 phase: Default::default(),
                 copy_sent: AtomicU64::new(0),
@@ -1491,6 +1523,9 @@ impl Primary {
         // Send the queue until the link dies.
         let (mut last_released, mut last_acknowledged) = (Ts::ZERO, Ts::ZERO);
         let mut last_sent = Instant::now();
+        // A heartbeat at least this often while idle; with a lease, whatever else is sent.
+        let beat_every = self.opts.lease_beat.map_or(IDLE_HEARTBEAT, |d| d.min(IDLE_HEARTBEAT));
+        let mut last_beat = Instant::now();
         // Since when nothing was queued and nothing moved (a link dozes after `LINK_DOZE_AFTER`).
         let mut still_since = Instant::now();
         // What the last turn took from the queue: counted against its bound until written
@@ -1507,7 +1542,7 @@ impl Primary {
                 // (A link killed meanwhile counts nothing.)
                 q.bytes = q.bytes.saturating_sub(std::mem::take(&mut taken));
                 if q.frames.is_empty() && q.dead.is_none() {
-                    let due = IDLE_HEARTBEAT.saturating_sub(last_sent.elapsed());
+                    let due = beat_every.saturating_sub(last_sent.elapsed());
                     // Frames sent on the socket by other threads (`push_to`, at once) keep
                     // it awake too: dozing under steady traffic would have each move of
                     // the release sent on its own (`set_released`).
@@ -1560,12 +1595,15 @@ impl Primary {
             }
             if released > last_released
                 || acknowledged > last_acknowledged
-                || (frames.is_empty() && last_sent.elapsed() >= IDLE_HEARTBEAT)
+                || (frames.is_empty() && last_sent.elapsed() >= beat_every)
+                || self.opts.lease_beat.is_some_and(|d| last_beat.elapsed() >= d)
             {
-                if let Err(e) = w.write_all(&Frame::Heartbeat { released, acknowledged }.encode()) {
+                let beat = Frame::Heartbeat { released, acknowledged, sent_us: self.now_us() };
+                if let Err(e) = w.write_all(&beat.encode()) {
                     break Err(e);
                 }
                 (last_released, last_acknowledged) = (released, acknowledged);
+                last_beat = Instant::now();
             } else if frames.is_empty() {
                 continue;
             }
@@ -1708,11 +1746,13 @@ impl Primary {
     /// once for all it read at once); any other ends the link, for the reason returned.
     fn take_ack(&self, link: &Link, f: Frame) -> Option<String> {
         match f {
-            Frame::Ack { received, durable, replayed } => {
+            Frame::Ack { received, durable, replayed, echo_us } => {
                 link.received.fetch_max(received.0, Ordering::AcqRel);
                 link.durable.fetch_max(durable.0, Ordering::AcqRel);
                 link.replayed.fetch_max(replayed.0, Ordering::AcqRel);
                 link.heard_us.store(link.since.elapsed().as_micros() as u64, Ordering::Release);
+                // (Heard as of when it sent what the backup had seen: never later than now.)
+                link.lease_us.fetch_max(echo_us.min(self.now_us()), Ordering::AcqRel);
                 None
             }
             Frame::Refuse { reason } => Some(format!("the backup refused: {reason}")),
@@ -1861,7 +1901,7 @@ fn saying_alive<T: Send>(w: &mut impl Write, f: impl FnOnce() -> std::io::Result
         while !working.is_finished() {
             std::thread::sleep(Duration::from_millis(10));
             if told.is_ok() && said.elapsed() >= Duration::from_secs(1) {
-                let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+                let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us: 0 };
                 told = w.write_all(&beat.encode()).and_then(|()| w.flush());
                 said = Instant::now();
             }
@@ -1988,6 +2028,11 @@ const LINK_DOZE_AFTER: Duration = Duration::from_millis(50);
 
 /// An idle link sends a heartbeat at least this often.
 pub const IDLE_HEARTBEAT: Duration = Duration::from_millis(200);
+
+/// How often a cluster primary's links beat (`PrimaryOptions::lease_beat`): its supervisor
+/// counts a backup heard if its acks echo a heartbeat sent within 50 ms of its probe
+/// (`HEARD_STAMP_SLACK_MS` in the cluster crate), so a beat well inside that.
+pub const LEASE_HEARTBEAT: Duration = Duration::from_millis(10);
 
 /// `PrimaryOptions::ack_silence_max` by default: fifty idle heartbeats, twice the silence
 /// after which a backup gives its primary up (`backup::SILENCE_MAX`). PostgreSQL's
@@ -2418,7 +2463,7 @@ mod tests {
     #[test]
     fn acks_read_on_a_runtime_come_whole_and_in_order_and_every_end_says_why() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let ack = |n: u64| Frame::Ack { received: Ts(n), durable: Ts(n), replayed: Ts(n) };
+        let ack = |n: u64| Frame::Ack { received: Ts(n), durable: Ts(n), replayed: Ts(n), echo_us: 0 };
         // Runs the reader over what `write` sends, and returns the frames it was handed
         // and why it ended.
         let run = |write: &dyn Fn(&mut TcpStream), stop_at: Option<u64>| -> (Vec<Frame>, String) {

@@ -20,9 +20,10 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// 2 (2026-11-28): `Start::CutAt`, and `Heartbeat::acknowledged`. 3 (2026-11-28):
 /// `Batch::counted`. 4 (2026-12-02): `Start::Checkpoint::bytes`. 5 (2026-12-03): batches
 /// of log format 5 (`BatchHeader::reuse_ts`), which a backup of an older build cannot read
-/// (it dropped the link at the first batch and connected again, for ever). A primary
-/// refuses a backup of another version, saying which it speaks.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// (it dropped the link at the first batch and connected again, for ever). 6 (2026-12-05):
+/// `Heartbeat::sent_us` and `Ack::echo_us` (a cluster primary's lease). A primary refuses
+/// a backup of another version, saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The largest frame accepted: the largest batch the log writes (its header and a payload
 /// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
 /// stream's buffer of up to 64 MiB and one more transaction of up to 128 MiB make: such a
@@ -92,11 +93,16 @@ pub enum Frame {
     /// while the link is busy; an idle link (`Primary::serve_link` dozing) sends a move of
     /// `released` at once, but one of `acknowledged` alone at its next idle heartbeat
     /// (within 200 ms: a commit acknowledged under `local` is on the primary's disk, and
-    /// one released on backups' acknowledgements was shipped `counted`).
-    Heartbeat { released: Ts, acknowledged: Ts },
+    /// one released on backups' acknowledgements was shipped `counted`). `sent_us`: when
+    /// the primary made it, in microseconds on its own clock (0: no time said); the backup
+    /// echoes the newest it received in its acks (`Ack::echo_us`).
+    Heartbeat { released: Ts, acknowledged: Ts, sent_us: u64 },
     /// Backup -> primary: its watermarks (every commit at or below each is received, made
-    /// durable, replayed on the backup).
-    Ack { received: Ts, durable: Ts, replayed: Ts },
+    /// durable, replayed on the backup); `echo_us`: the newest `Heartbeat::sent_us` it had
+    /// received on this link when it sent this (0: none). A cluster primary counts the
+    /// backup heard as of that time, not this ack's arrival, which a network can delay
+    /// without bound (its lease stands on it: docs/cluster.md, "The old primary's lease").
+    Ack { received: Ts, durable: Ts, replayed: Ts, echo_us: u64 },
     /// Either way, before closing: why.
     Refuse { reason: String },
 }
@@ -214,12 +220,13 @@ impl std::fmt::Debug for Frame {
                 "Batch {{ epoch: {epoch:?}, released: {released:?}, floor_trusted: {floor_trusted}, counted: {counted}, batch: {} bytes }}",
                 batch.len()
             ),
-            Frame::Heartbeat { released, acknowledged } => {
-                write!(f, "Heartbeat {{ released: {released:?}, acknowledged: {acknowledged:?} }}")
+            Frame::Heartbeat { released, acknowledged, sent_us } => {
+                write!(f, "Heartbeat {{ released: {released:?}, acknowledged: {acknowledged:?}, sent_us: {sent_us} }}")
             }
-            Frame::Ack { received, durable, replayed } => {
-                write!(f, "Ack {{ received: {received:?}, durable: {durable:?}, replayed: {replayed:?} }}")
-            }
+            Frame::Ack { received, durable, replayed, echo_us } => write!(
+                f,
+                "Ack {{ received: {received:?}, durable: {durable:?}, replayed: {replayed:?}, echo_us: {echo_us} }}"
+            ),
             Frame::Refuse { reason } => write!(f, "Refuse {{ reason: {} }}", cut(reason)),
         }
     }
@@ -293,16 +300,18 @@ impl Frame {
                     batch,
                 );
             }
-            Frame::Heartbeat { released, acknowledged } => {
+            Frame::Heartbeat { released, acknowledged, sent_us } => {
                 b.put_u8(kind::HEARTBEAT);
                 b.put_u64_le(released.0);
                 b.put_u64_le(acknowledged.0);
+                b.put_u64_le(*sent_us);
             }
-            Frame::Ack { received, durable, replayed } => {
+            Frame::Ack { received, durable, replayed, echo_us } => {
                 b.put_u8(kind::ACK);
                 b.put_u64_le(received.0);
                 b.put_u64_le(durable.0);
                 b.put_u64_le(replayed.0);
+                b.put_u64_le(*echo_us);
             }
             Frame::Refuse { reason } => {
                 b.put_u8(kind::REFUSE);
@@ -394,11 +403,16 @@ impl Frame {
                 let (floor_trusted, counted) = (flags & FLOOR_TRUSTED != 0, flags & COUNTED != 0);
                 Frame::Batch { epoch, released, floor_trusted, counted, batch: std::mem::take(&mut b) }
             }
-            kind::HEARTBEAT => Frame::Heartbeat { released: Ts(get_u64(&mut b)?), acknowledged: Ts(get_u64(&mut b)?) },
+            kind::HEARTBEAT => Frame::Heartbeat {
+                released: Ts(get_u64(&mut b)?),
+                acknowledged: Ts(get_u64(&mut b)?),
+                sent_us: get_u64(&mut b)?,
+            },
             kind::ACK => Frame::Ack {
                 received: Ts(get_u64(&mut b)?),
                 durable: Ts(get_u64(&mut b)?),
                 replayed: Ts(get_u64(&mut b)?),
+                echo_us: get_u64(&mut b)?,
             },
             kind::REFUSE => Frame::Refuse { reason: get_str(&mut b)? },
             k => return Err(ProtocolError::UnknownKind(k)),
@@ -519,8 +533,8 @@ pub const BATCH_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
 /// A batch frame's body before its batch: kind, epoch, release, flags.
 const BATCH_BODY_PREFIX: usize = 1 + 8 + 8 + 1;
 /// A heartbeat's body (kind, release, acknowledged) and an ack's (kind, three positions).
-const HEARTBEAT_BODY_LEN: usize = 1 + 8 + 8;
-const ACK_BODY_LEN: usize = 1 + 3 * 8;
+const HEARTBEAT_BODY_LEN: usize = 1 + 3 * 8;
+const ACK_BODY_LEN: usize = 1 + 4 * 8;
 
 /// A reader that refuses to read on past `until` (`read_frame_paced`); each read blocks
 /// as the inner reader's own timeout allows.
@@ -644,7 +658,7 @@ mod tests {
         let mut buf = BytesMut::from(&big[..FRAME_HEADER_LEN]);
         assert!(matches!(take_frame_at_most(&mut buf, BACKUP_FRAME_BYTES_MAX), Err(ProtocolError::TooLarge(_))));
         assert!(buf.capacity() < 1 << 16, "nothing reserved for it: {}", buf.capacity());
-        let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) };
+        let ack = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1), echo_us: 77 };
         let mut buf = BytesMut::from(&ack.encode()[..]);
         assert_eq!(take_frame_at_most(&mut buf, BACKUP_FRAME_BYTES_MAX).unwrap(), Some(ack));
     }
@@ -707,7 +721,7 @@ mod tests {
             assert!(e.to_string().contains("its length field is damaged"), "{e}");
         }
         // A heartbeat's too (a fixed length), followed by more heartbeats.
-        let hb = Frame::Heartbeat { released: Ts(1), acknowledged: Ts(1) }.encode().to_vec();
+        let hb = Frame::Heartbeat { released: Ts(1), acknowledged: Ts(1), sent_us: 5 }.encode().to_vec();
         let mut stream = hb.clone();
         stream[..4].copy_from_slice(&(u32::from_le_bytes(hb[..4].try_into().unwrap()) ^ (1 << 20)).to_le_bytes());
         stream.extend(hb.repeat(10));
@@ -766,9 +780,9 @@ mod tests {
     #[test]
     fn take_frame_gives_whole_frames_in_order_and_refuses_damage() {
         let frames = vec![
-            Frame::Ack { received: Ts(5), durable: Ts(4), replayed: Ts(3) },
+            Frame::Ack { received: Ts(5), durable: Ts(4), replayed: Ts(3), echo_us: 0 },
             Frame::Refuse { reason: "no".into() },
-            Frame::Ack { received: Ts(9), durable: Ts(9), replayed: Ts(7) },
+            Frame::Ack { received: Ts(9), durable: Ts(9), replayed: Ts(7), echo_us: u64::MAX },
         ];
         let bytes: Vec<u8> = frames.iter().flat_map(|f| f.encode().to_vec()).collect();
         let mut buf = BytesMut::new();
@@ -861,8 +875,8 @@ mod tests {
             let flags = BatchFlags { floor_trusted, counted };
             assert_eq!(encode_batch(Epoch(4), Ts(5), flags, b"DBAT...."), f.encode());
         }
-        roundtrip(Frame::Heartbeat { released: Ts(8), acknowledged: Ts(11) });
-        roundtrip(Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) });
+        roundtrip(Frame::Heartbeat { released: Ts(8), acknowledged: Ts(11), sent_us: 1_234_567 });
+        roundtrip(Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1), echo_us: 77 });
         roundtrip(Frame::Refuse { reason: "no".into() });
     }
 
@@ -882,7 +896,7 @@ mod tests {
 
     #[test]
     fn a_truncated_frame_is_an_error_not_a_frame() {
-        let b = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1) }.encode();
+        let b = Frame::Ack { received: Ts(3), durable: Ts(2), replayed: Ts(1), echo_us: 77 }.encode();
         for cut in 0..b.len() {
             let mut r = &b[..cut];
             let got = read_frame(&mut r);

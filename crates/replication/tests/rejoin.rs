@@ -344,7 +344,7 @@ fn fake_copy(
         // A primary writing the checkpoint it will send says so every second.
         for _ in 0..beats {
             std::thread::sleep(Duration::from_secs(1));
-            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us: 0 };
             if s.write_all(&beat.encode()).is_err() {
                 return;
             }
@@ -835,7 +835,7 @@ fn a_reconnect_waits_through_heartbeats_before_its_welcome() {
         let _hello = read_frame(&mut s).unwrap();
         for _ in 0..2 {
             std::thread::sleep(Duration::from_millis(300));
-            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us: 0 };
             s.write_all(&beat.encode()).unwrap();
         }
         let tables = vec![(0u32, "t".to_string())];
@@ -925,7 +925,7 @@ fn a_join_waiting_out_a_primarys_checkpoint_ends_when_cancelled_or_stopped() {
         let fake = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let _hello = read_frame(&mut s).unwrap();
-            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO };
+            let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us: 0 };
             // (Bounded: a test that fails ends anyway.)
             for _ in 0..300 {
                 std::thread::sleep(Duration::from_millis(100));

@@ -50,7 +50,7 @@ fn replay_of_the_last_batch_is_acked_without_another_frame() {
         let end = sent + Duration::from_secs(3);
         while Instant::now() < end && replayed_at.is_none_or(|at: Instant| at.elapsed() < Duration::from_millis(500)) {
             match read_frame(&mut s) {
-                Ok(Some(Frame::Ack { received, durable, replayed })) => {
+                Ok(Some(Frame::Ack { received, durable, replayed, .. })) => {
                     acks.push((received.0, durable.0, replayed.0));
                     if replayed >= next && replayed_at.is_none() {
                         replayed_at = Some(Instant::now());

@@ -92,7 +92,9 @@ fn a_silent_link_of_the_name_is_closed_and_the_backup_connecting_again_is_taken(
     let hello = hello_from_b();
     ghost.write_all(&hello.encode()).unwrap();
     wait_until("the ghost's link", Duration::from_secs(20), || links_named(&p, "b") == 1);
-    ghost.write_all(&Frame::Ack { received: Ts::ZERO, durable: Ts::ZERO, replayed: Ts::ZERO }.encode()).unwrap();
+    ghost
+        .write_all(&Frame::Ack { received: Ts::ZERO, durable: Ts::ZERO, replayed: Ts::ZERO, echo_us: 0 }.encode())
+        .unwrap();
     wait_until("the ghost's acknowledgement", Duration::from_secs(20), || {
         p.backups().iter().any(|b| b.node == "b" && b.heard_ago < Duration::from_secs(60))
     });

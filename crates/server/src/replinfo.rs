@@ -61,7 +61,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                 put(
                     &format!("slave{i}"),
                     format!(
-                        "node={},addr={},state={},received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={}{}{}",
+                        "node={},addr={},state={},received_ts={},durable_ts={},replayed_ts={},lag_ts={},received_lag_ms={:.3},durable_lag_ms={:.3},replay_lag_ms={:.3},freshness_pct={:.3},queued_bytes={},heard_ms_ago={},lease_ms_ago={}{}{}",
                         b.node,
                         b.addr,
                         b.state,
@@ -75,6 +75,9 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                         freshness_pct(b.replayed.0.min(primary.released().0), visible),
                         b.queued_bytes,
                         b.heard_ago.as_millis(),
+                        // (How long ago this primary sent the heartbeat its newest ack
+                        // echoed: what a cluster primary's lease counts, docs/cluster.md.)
+                        b.lease_ago.as_millis(),
                         // (The learner flag last, as before the copy's fields came.)
                         match b.copy_total_bytes {
                             0 => String::new(),

@@ -846,6 +846,8 @@ fn run_role(
             password: cfg.link_secret.as_deref().or(cfg.requirepass.as_deref()).map(Into::into),
             also_accepted: cfg.link_secret_also.iter().map(|s| s.as_str().into()).collect(),
             tls: link_tls(&cfg)?,
+            // A cluster primary's lease stands on its backups' acks echoing its heartbeats.
+            lease_beat: cfg.cluster.as_ref().map(|_| ditto_replication::primary::LEASE_HEARTBEAT),
             ..Default::default()
         };
         let r = Arc::clone(&release);
