@@ -757,6 +757,108 @@ fn a_primary_cut_off_from_the_majority_is_fenced_refuses_writes_and_rejoins() {
     }
 }
 
+/// The old primary's lease between real processes (docs/cluster.md, "The old primary's
+/// lease"), under `local`: the primary is cut off from both other nodes' control planes and
+/// from one node's replication link, while the other node's backup goes on acknowledging
+/// it. It keeps quorum contact, and takes writes, until that backup is fenced at the
+/// failover's start, and for a failure timeout more; the new primary must take none before
+/// then. Checked on what the clients saw: every write the old primary acknowledged after
+/// the cut was sent before the new primary acknowledged its first. (Before 2026-12-05 the
+/// new primary opened tens of milliseconds after the fence, while the old one acknowledged
+/// writes for about a failure timeout more.)
+#[test]
+fn an_old_primary_still_acknowledged_by_one_backup_takes_no_write_once_the_new_primary_does() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, proxies) = proxied_cluster("local", true);
+    let old = wait_for("a first primary", Duration::from_secs(30), || c.primary());
+    let others: Vec<u64> = (1..=3).filter(|&n| n != old).collect();
+    let (cut_link, kept_link) = (others[0], others[1]);
+    // Every link is up: both backups acknowledge the primary.
+    c.wait_or_dump("both backups linked", Duration::from_secs(30), || {
+        others.iter().all(|&n| c.link_of(old, n).is_some_and(|l| l.contains("state=online"))).then_some(())
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    // (Sent at, answered at) of each write a node acknowledged, per client.
+    type Acks = Arc<Mutex<Vec<(Instant, Instant, u16)>>>;
+    let writer = |ports: Vec<u16>, acks: Acks, stop: Arc<AtomicBool>| {
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                for &port in &ports {
+                    let Ok(mut cl) = Client::connect(port) else { continue };
+                    cl.set_read_timeout(Duration::from_millis(500));
+                    for _ in 0..20 {
+                        i += 1;
+                        let sent = Instant::now();
+                        match cl.cmd(&["SET", &format!("w{port}-{i}"), "v"]) {
+                            Ok(r) if r[0] == "+OK" => acks.lock().unwrap().push((sent, Instant::now(), port)),
+                            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let (on_old, on_others): (Acks, Acks) = Default::default();
+    let t1 = writer(vec![c.ports[&old]], Arc::clone(&on_old), Arc::clone(&stop));
+    let t2 = writer(others.iter().map(|n| c.ports[n]).collect(), Arc::clone(&on_others), Arc::clone(&stop));
+    c.wait_or_dump("writes on the primary", Duration::from_secs(30), || {
+        (on_old.lock().unwrap().len() > 100).then_some(())
+    });
+    // The cut: every control link of the old primary, and the replication link of one
+    // backup (both ways); the other backup's replication link stays up.
+    let cut_at = Instant::now();
+    for ((i, j), (r, ctl)) in &proxies {
+        if *i == old || *j == old {
+            ctl.as_ref().expect("control proxied").block(true);
+        }
+        if (*i, *j) == (cut_link, old) || (*i, *j) == (old, cut_link) {
+            r.block(true);
+        }
+    }
+    let _ = kept_link;
+    // Until the other side has taken writes for a while.
+    c.wait_or_dump("writes on the other side", Duration::from_secs(30), || {
+        let a = on_others.lock().unwrap();
+        a.first().is_some_and(|f| f.1.elapsed() > Duration::from_millis(700)).then_some(())
+    });
+    stop.store(true, Ordering::SeqCst);
+    let _ = (t1.join(), t2.join());
+    let old_after: Vec<(Instant, Instant, u16)> =
+        on_old.lock().unwrap().iter().copied().filter(|(sent, _, _)| *sent > cut_at).collect();
+    let first_new = on_others.lock().unwrap().first().copied().expect("the other side took writes");
+    let last_old = old_after.iter().map(|a| a.0).max();
+    let ms = |t: Instant| t.saturating_duration_since(cut_at).as_secs_f64() * 1e3;
+    eprintln!(
+        "after the cut: the old primary (node {old}) acknowledged {} writes, the last sent at {:.0} ms; node {} acknowledged its first at {:.0} ms",
+        old_after.len(),
+        last_old.map_or(f64::NAN, ms),
+        c.ports.iter().find(|(_, &p)| p == first_new.2).map_or(0, |(&n, _)| n),
+        ms(first_new.1)
+    );
+    if let Some(last) = last_old {
+        if last >= first_new.1 {
+            c.dump_logs();
+        }
+        assert!(
+            last < first_new.1,
+            "the old primary acknowledged a write sent {:.0} ms after the cut, after the new primary acknowledged one at {:.0} ms",
+            ms(last),
+            ms(first_new.1)
+        );
+    }
+    // (Else this run tested less: the old primary lost its contact at the cut.)
+    assert!(
+        !old_after.is_empty(),
+        "the old primary took no write after the cut: its kept backup did not hold its lease"
+    );
+    for (r, ctl) in proxies.values() {
+        r.block(false);
+        ctl.as_ref().expect("control proxied").block(false);
+    }
+}
+
 /// A client that follows the cluster: it sends to the node it is connected to and, when
 /// that fails (a backup's READONLY, a node going down), finds the node that takes writes.
 struct Follower {
