@@ -248,7 +248,19 @@ impl Coordinator {
             .filter_map(|&n| if n == self.me { Some(now) } else { self.heard.get(&n).copied() })
             .collect();
         times.sort_unstable_by(|a, b| b.cmp(a));
-        times.get(state.quorum().checked_sub(1)?).map(|&t| t.saturating_add(self.t.failure))
+        times.get(state.quorum().checked_sub(1)?).map(|&t| t.saturating_add(self.lease_ms(state)))
+    }
+
+    /// How long a primary's quorum contact lasts after the acknowledgements it stands on:
+    /// the cluster's, fixed at its bootstrap (`ControlState::lease_ms`), the same on every
+    /// node, so that the failover's wait for it (`lease_end`) holds whatever failure
+    /// timeout each node was started with; this node's failure timeout for a cluster
+    /// bootstrapped before the state said.
+    pub fn lease_ms(&self, state: &ControlState) -> u64 {
+        match state.lease_ms {
+            0 => self.t.failure,
+            ms => ms,
+        }
     }
 
     /// Whether a primary may accept writes: it has heard (acknowledgements of its epoch)
@@ -262,7 +274,9 @@ impl Coordinator {
         let recent = state
             .members
             .keys()
-            .filter(|&&n| n == self.me || self.heard.get(&n).is_some_and(|&t| now.saturating_sub(t) < self.t.failure))
+            .filter(|&&n| {
+                n == self.me || self.heard.get(&n).is_some_and(|&t| now.saturating_sub(t) < self.lease_ms(state))
+            })
             .count();
         recent >= state.quorum()
     }
@@ -463,6 +477,7 @@ impl Coordinator {
                     self.try_plan(now, state, open.epoch, &mut out);
                 }
                 let retry_after = self.retry_after();
+                let lease_ms = self.lease_ms(state);
                 let r = self.round.as_mut().expect("set above");
                 match &mut r.plan {
                     None => {
@@ -497,7 +512,7 @@ impl Coordinator {
                         if let Some(discarded) = r.prepared {
                             let prepared_at = r.prepared_at.unwrap_or(now);
                             let old_primary = state.open_epoch().map(|e| e.primary);
-                            let lease_end = lease_end(&r.reports, &r.reported_at, old_primary, self.t.failure);
+                            let lease_end = lease_end(&r.reports, &r.reported_at, old_primary, lease_ms);
                             let open = Command::OpenEpoch {
                                 epoch,
                                 primary: p.primary,
@@ -739,7 +754,7 @@ mod tests {
     fn boot(n: u64) -> ControlState {
         let mut s = ControlState::default();
         let members = (1..=n).map(|id| Member { id, addr: String::new(), repl: 0, control: 0, tls: 0 }).collect();
-        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 }).unwrap();
         s
     }
 
@@ -858,6 +873,38 @@ mod tests {
         assert_eq!(lease_end(&reports, &at, Some(3), 100), 140 + 100 + HEARD_STAMP_SLACK_MS);
         reports.get_mut(&1).unwrap().acked_ms_ago = NEVER_ACKED;
         assert_eq!(lease_end(&reports, &at, Some(3), 100), 0, "no reporter ever acknowledged a primary");
+    }
+
+    /// A primary's lease is the cluster's, fixed at its bootstrap, whatever failure timeout
+    /// each node runs with: the old primary's contact and the leader's wait for it agree
+    /// (a node started with a shorter failure timeout would otherwise wait too little).
+    #[test]
+    fn the_lease_is_the_clusters_whatever_each_nodes_failure_timeout() {
+        let mut s = ControlState::default();
+        let members = (1..=3).map(|id| Member { id, addr: String::new(), repl: 0, control: 0, tls: 0 }).collect();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 400 }).unwrap();
+        let mut p = Coordinator::new(1, T, 0);
+        p.heard(2, 1000);
+        assert_eq!(p.contact_deadline(&s, 1000), Some(1400), "not 1000 + T.failure (100)");
+        assert!(p.has_quorum_contact(&s, 1399) && !p.has_quorum_contact(&s, 1400));
+        // A leader whose own failure timeout is 100 waits the cluster's 400.
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        for t in [50, 90, 130] {
+            c.tick(t, &s, true);
+        }
+        let a = c.tick(150, &s, true);
+        let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
+        s.apply(begin).unwrap();
+        c.tick(160, &s, true);
+        c.on_report(TailReport { acked_ms_ago: 30, ..report(2, 2, &[10, 20]) }, 161, &s, true);
+        c.on_report(TailReport { acked_ms_ago: 40, ..report(3, 2, &[15, 25]) }, 182, &s, true);
+        let a = c.on_prepared(3, 2, 15, 0, 184, &s, true);
+        let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
+        assert_eq!(*writes_after_ms, 142 + 400 + HEARD_STAMP_SLACK_MS - 184);
+        // A cluster bootstrapped before the state said: each node's own.
+        s.lease_ms = 0;
+        assert_eq!(p.contact_deadline(&s, 1000), Some(1100));
     }
 
     /// Whatever the old primary heard and whoever reports (a quorum without it), the

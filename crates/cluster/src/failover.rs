@@ -91,11 +91,14 @@ pub struct TailReport {
 /// `TailReport::acked_ms_ago` of a node that never acknowledged the old primary.
 pub const NEVER_ACKED: u64 = u64::MAX;
 
-/// A node's data plane may report another node heard (`DataPlane::heard`) up to this long
-/// after it last was (a server's prober says "heard within 50 ms", and the node is stamped
-/// heard at the probe): so a primary's quorum contact can outlast the acknowledgement it
-/// stands on by this much more than the failure timeout.
-pub const HEARD_STAMP_SLACK_MS: u64 = 50;
+/// The margin the failover's wait for an old primary's lease adds for rounding
+/// (`coordinator::lease_end`): a primary's data plane stamps each backup heard no later
+/// than it sent the heartbeat the backup's newest ack echoes (`DataPlane::heard`), which is
+/// before the backup sent that ack; the times that carry it are whole milliseconds rounded
+/// toward a longer wait, all but the report's arrival, which may round 1 ms the other way.
+/// (50 ms until 2026-12-05, afternoon, when a primary stamped a backup heard at its probe,
+/// up to 50 ms after the ack.)
+pub const HEARD_STAMP_SLACK_MS: u64 = 5;
 
 /// A stream's missing range and where to fetch it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -186,9 +186,14 @@ pub struct Holding {
 /// is called on the control node's thread, so each call returns quickly (`prepare` starts
 /// work that `prepared` later reports on).
 pub trait DataPlane: Send + 'static {
-    /// The nodes heard from since the last call (batches, heartbeats, acknowledgements):
-    /// the failure detector's input.
-    fn heard(&mut self) -> Vec<NodeId>;
+    /// The nodes heard from since the last call (batches, heartbeats, acknowledgements),
+    /// each with when, at the latest: the failure detector's input, and a primary's lease
+    /// (its quorum contact). A primary's backups must be stamped no later than the
+    /// primary sent what their acks answer (their acks echo its heartbeats' times): its
+    /// lease is then never longer than the failover's wait for it allows
+    /// (`coordinator::lease_end`). A backup may stamp its primary up to
+    /// `HEARD_STAMP_SLACK_MS` late or more (failure detection only).
+    fn heard(&mut self) -> Vec<(NodeId, Instant)>;
     /// Whether this node serves as the primary now.
     fn serving(&self) -> bool;
     /// Whether this node, named primary of the open epoch, is still starting to serve it
@@ -2015,8 +2020,9 @@ impl Run {
             let t = Instant::now();
             let heard = self.data.heard();
             slow_step(id, "the data plane (starting, stopping and probing its server)", t);
-            for n in heard {
-                self.coord.heard(n, now);
+            for (n, at) in heard {
+                // (On the clock `now` counts on, rounded down: never later than `at`.)
+                self.coord.heard(n, at.saturating_duration_since(started).as_millis() as u64);
             }
             // A primary with quorum contact tells every member so (see `Ctl::Heard`).
             let st = self.node.state();

@@ -96,8 +96,16 @@ pub struct EpochRecord {
 /// A command the Raft group commits (serialised as JSON into the entry's data).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// The first entry: the members, epoch 1 with its primary, the policy.
-    Bootstrap { members: Vec<Member>, primary: NodeId, policy: String },
+    /// The first entry: the members, epoch 1 with its primary, the policy; `lease_ms`, the
+    /// length of every primary's lease (`ControlState::lease_ms`; the bootstrapping node's
+    /// failure timeout; 0 from a node of a version that did not say).
+    Bootstrap {
+        members: Vec<Member>,
+        primary: NodeId,
+        policy: String,
+        #[serde(default)]
+        lease_ms: u64,
+    },
     /// Begin epoch `epoch` (the newest begun + 1): from here on every node refuses
     /// batches of older epochs, and the open epoch's tail is gathered.
     BeginFailover { epoch: u64, reason: String },
@@ -218,6 +226,12 @@ pub struct ControlState {
     /// Switchovers recorded so far (each one's `id` is the count when it was).
     #[serde(default)]
     pub switchovers: u64,
+    /// How long a primary's quorum contact lasts after the acknowledgements it stands on
+    /// (its lease), the same on every node, for the failover's wait for it to hold
+    /// (`Coordinator::lease_ms`): fixed at the bootstrap (0: a cluster bootstrapped by a
+    /// version that did not say; each node then takes its own failure timeout).
+    #[serde(default)]
+    pub lease_ms: u64,
 }
 
 /// A switchover under way (`Command::Switchover`).
@@ -253,7 +267,7 @@ impl ControlState {
     /// unchanged).
     pub fn apply(&mut self, cmd: &Command) -> Result<(), String> {
         match cmd {
-            Command::Bootstrap { members, primary, policy } => {
+            Command::Bootstrap { members, primary, policy, lease_ms } => {
                 if self.epoch != 0 {
                     return Err("already bootstrapped".into());
                 }
@@ -268,6 +282,7 @@ impl ControlState {
                 }
                 self.members = members.iter().map(|m| (m.id, m.clone())).collect();
                 self.policy = policy.clone();
+                self.lease_ms = *lease_ms;
                 self.epoch = 1;
                 self.phase = Some(Phase::Serving);
                 self.epochs.push(EpochRecord {
@@ -581,7 +596,7 @@ mod tests {
         let members = (1..=3)
             .map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0, tls: 0 })
             .collect();
-        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 }).unwrap();
         s
     }
 
@@ -592,7 +607,9 @@ mod tests {
         let m = |id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0, tls: 0 };
         for members in [vec![m(1), m(2), m(2)], vec![m(1), m(0), m(2)]] {
             let mut s = ControlState::default();
-            let e = s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into() }).unwrap_err();
+            let e = s
+                .apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 })
+                .unwrap_err();
             assert!(e.contains("distinct ids"), "{e}");
             assert_eq!(s, ControlState::default());
         }
@@ -644,7 +661,7 @@ mod tests {
                 writes_after_ms: 0,
             },
             Command::SetPolicy { policy: "most".into() },
-            Command::Bootstrap { members: vec![], primary: 1, policy: "local".into() },
+            Command::Bootstrap { members: vec![], primary: 1, policy: "local".into(), lease_ms: 0 },
         ] {
             assert!(s.apply(&bad).is_err(), "{bad:?}");
             assert_eq!(s, before);

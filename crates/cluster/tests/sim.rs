@@ -828,7 +828,12 @@ impl Sim {
                 .collect();
             let ctrl = self.nodes[i].ctrl.as_mut().unwrap();
             if ctrl.is_leader() && ctrl.state().epoch == 0 && now.is_multiple_of(20) {
-                let _ = ctrl.propose(&Command::Bootstrap { members, primary: id, policy: self.policy.name() });
+                let _ = ctrl.propose(&Command::Bootstrap {
+                    members,
+                    primary: id,
+                    policy: self.policy.name(),
+                    lease_ms: TIMEOUTS.failure,
+                });
             }
         }
         if now.is_multiple_of(5) {

@@ -86,7 +86,7 @@ struct ModelPlane {
 }
 
 impl DataPlane for ModelPlane {
-    fn heard(&mut self) -> Vec<NodeId> {
+    fn heard(&mut self) -> Vec<(NodeId, std::time::Instant)> {
         // (The lock let go first: the other nodes' planes go on using it.)
         if self.world.lock().unwrap().panics == Some(self.me) {
             panic!("the model data plane of node {} panics", self.me);
@@ -103,11 +103,12 @@ impl DataPlane for ModelPlane {
                 .running
                 .iter()
                 .filter(|(&n, &up)| up && n != self.me && !parted(n, self.me))
-                .map(|(&n, _)| n)
+                .map(|(&n, _)| (n, std::time::Instant::now()))
                 .collect();
         }
         w.serving
             .filter(|p| *p != self.me && w.running.get(p) == Some(&true) && !parted(*p, self.me))
+            .map(|p| (p, std::time::Instant::now()))
             .into_iter()
             .collect()
     }
@@ -395,7 +396,7 @@ impl Cluster {
             .map(|&id| Member { id, addr: format!("node{id}"), repl: 0, control: 0, tls: 0 })
             .collect();
         self.nodes[&leader]
-            .propose(Command::Bootstrap { members, primary: leader, policy: "majority".into() })
+            .propose(Command::Bootstrap { members, primary: leader, policy: "majority".into(), lease_ms: 0 })
             .unwrap();
         leader
     }

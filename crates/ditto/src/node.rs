@@ -247,8 +247,10 @@ struct Prober {
 }
 
 struct ProbeAnswer {
-    /// When the answer (or the failure) came.
+    /// When the answer (or the failure) came, and when it was asked (what the server
+    /// measured, it measured after this).
     at: Instant,
+    asked: Instant,
     generation: u64,
     info: Result<String, String>,
 }
@@ -274,6 +276,7 @@ impl Prober {
                         conn = None; // the server changed its role: a fresh session
                         asked_in = generation;
                     }
+                    let asked = Instant::now();
                     let info = info_replication(&mut conn, &addr, password.as_deref()).map_err(|e| {
                         // One failed probe says nothing about the server (it may be busy);
                         // a refused password does, and is said (once per run of failures).
@@ -285,7 +288,7 @@ impl Prober {
                         e.to_string()
                     });
                     failures = if info.is_ok() { 0 } else { failures.saturating_add(1) };
-                    *l.lock() = Some(ProbeAnswer { at: Instant::now(), generation, info });
+                    *l.lock() = Some(ProbeAnswer { at: Instant::now(), asked, generation, info });
                     std::thread::park_timeout(probe_wait(failures));
                 }
             })
@@ -293,11 +296,12 @@ impl Prober {
         Ok(Prober { latest, generation, stop, thread: thread.thread().clone() })
     }
 
-    /// The newest answer of the server's present role, and how old it is.
-    fn answer(&self) -> Option<(Duration, Result<String, String>)> {
+    /// The newest answer of the server's present role, how old it is, and when it was
+    /// asked.
+    fn answer(&self) -> Option<(Duration, Instant, Result<String, String>)> {
         let generation = self.generation.load(Ordering::Acquire);
         let l = self.latest.lock();
-        l.as_ref().filter(|a| a.generation == generation).map(|a| (a.at.elapsed(), a.info.clone()))
+        l.as_ref().filter(|a| a.generation == generation).map(|a| (a.at.elapsed(), a.asked, a.info.clone()))
     }
 
     /// Answers from now on are the role's the server was just asked to change to.
@@ -348,6 +352,9 @@ struct Gate {
     open: bool,
     /// While open: the deadline it was last told (`writes until`, `monotonic_ms`).
     until_ms: u64,
+    /// When this server's role began (its start, or its change in place): it is opened only
+    /// on a status published after (one read before could be of an earlier role's epoch).
+    since: Option<Instant>,
     /// The `INFO cluster` fields the server was last sent.
     info: Vec<(String, String)>,
     /// The membership configuration a primary server was last given its backups for.
@@ -594,7 +601,7 @@ struct NodePlane {
     /// A server told to stop that has not exited yet: no other starts meanwhile, and the
     /// directory is not reported.
     stopping: Option<Stopping>,
-    heard: Vec<NodeId>,
+    heard: Vec<(NodeId, Instant)>,
     serving: bool,
     /// The membership configuration the primary server last said it has settled.
     settled: Option<u64>,
@@ -1310,6 +1317,7 @@ impl NodePlane {
             primary: matches!(role, Role::Primary { .. }),
             open: false, // a new primary's server starts with its writes refused
             until_ms: 0,
+            since: Some(Instant::now()),
             info: Vec::new(),
             // (None yet: a primary is sent the members it counts before it takes writes.)
             config: u64::MAX,
@@ -1447,7 +1455,15 @@ impl NodePlane {
         let mut g = self.gate.lock();
         let sent = g.stdin.as_mut().is_some_and(|p| p.send(line));
         // (A primary is sent the members it counts before it takes writes.)
-        *g = Gate { stdin: g.stdin.take(), primary, open: false, until_ms: 0, info: Vec::new(), config: u64::MAX };
+        *g = Gate {
+            stdin: g.stdin.take(),
+            primary,
+            open: false,
+            until_ms: 0,
+            since: Some(Instant::now()),
+            info: Vec::new(),
+            config: u64::MAX,
+        };
         drop(g);
         if !sent {
             self.stop_child("it could not be asked to change its role in place");
@@ -1771,7 +1787,12 @@ impl NodePlane {
     /// fails, and is given up, if it is not connected).
     fn asked_switchover(&self) -> Option<Command> {
         let (from, epoch) = (self.state.primary()?, self.state.epoch);
-        let mut heard = self.heard.clone();
+        let mut heard: Vec<NodeId> = self
+            .heard
+            .iter()
+            .filter(|(_, at)| at.elapsed() <= Duration::from_millis(HEARD_WITHIN_MS))
+            .map(|&(n, _)| n)
+            .collect();
         heard.sort_unstable();
         let to = if from == self.me {
             heard.into_iter().find(|&n| n != self.me)
@@ -1843,7 +1864,7 @@ impl NodePlane {
         if !c.ready.load(Ordering::Acquire) {
             return;
         }
-        let Some((age, Ok(info))) = c.prober.answer() else { return };
+        let Some((age, asked, Ok(info))) = c.prober.answer() else { return };
         let age = age.as_millis() as u64;
         if age > HEARD_WITHIN_MS {
             return;
@@ -1866,17 +1887,20 @@ impl NodePlane {
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
                     // slaveN:node=HOST:PORT,addr=...,lease_ms_ago=N: how long ago the server
                     // sent the heartbeat the backup's newest ack echoed (not when that ack
-                    // arrived, which a network may delay: the lease stands on it).
+                    // arrived, which a network may delay: the lease stands on it). The
+                    // server measured it after the probe was asked, in whole ms rounded
+                    // down: the heartbeat went out no earlier than the ask less N + 1 ms,
+                    // and the backup counts as heard then (never later than the truth, so
+                    // the lease it gives is never longer; docs/cluster.md).
                     let fields = l.split_once(':').map_or("", |(_, f)| f);
                     let kv = |k: &str| fields.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
                     let (Some(node), Some(ago)) = (kv("node"), kv("lease_ms_ago").and_then(|v| v.parse::<u64>().ok()))
                     else {
                         continue;
                     };
-                    if ago.saturating_add(age) <= HEARD_WITHIN_MS {
-                        if let Some(id) = node_named(&self.state, &self.members, node) {
-                            self.heard.push(id);
-                        }
+                    let at = asked.checked_sub(Duration::from_millis(ago.saturating_add(1)));
+                    if let (Some(id), Some(at)) = (node_named(&self.state, &self.members, node), at) {
+                        self.heard.push((id, at));
                     }
                 }
             }
@@ -1900,8 +1924,9 @@ impl NodePlane {
                     drop_old_primary(self.me, &self.data, "joined the new primary");
                 }
                 let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
+                // (Failure detection alone: stamped now, up to `HEARD_WITHIN_MS` late.)
                 if up && ago.saturating_add(age) <= HEARD_WITHIN_MS {
-                    self.heard.push(*of);
+                    self.heard.push((*of, Instant::now()));
                 }
             }
         }
@@ -1916,7 +1941,7 @@ impl Drop for NodePlane {
 }
 
 impl DataPlane for NodePlane {
-    fn heard(&mut self) -> Vec<NodeId> {
+    fn heard(&mut self) -> Vec<(NodeId, Instant)> {
         self.note_acks();
         self.reconcile();
         self.probe();
@@ -2561,6 +2586,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let mut last_bootstrap = Instant::now() - Duration::from_secs(1);
     let mut member = false;
     let mut said_waiting = false;
+    let mut said_lease = false;
     let mut removed = None;
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(5));
@@ -2592,6 +2618,16 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             ))));
         }
         member = now_member;
+        if st.state.lease_ms > 0 && st.state.lease_ms != cfg.timeouts.failure && !said_lease {
+            said_lease = true;
+            say(
+                cfg.id,
+                format!(
+                    "the cluster's primaries hold their leases {} ms (its bootstrap's failure timeout), not this node's --failure-timeout-ms {}, which counts for its failure detection alone",
+                    st.state.lease_ms, cfg.timeouts.failure
+                ),
+            );
+        }
         if !member && st.state.epoch > 0 && !said_waiting {
             said_waiting = true;
             say(cfg.id, "is not a member of the cluster: it waits to be added (ditto cluster add)");
@@ -2636,7 +2672,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
             // told the lease's end, and closes by itself then, however late this loop is
             // to close it (stopped, or stalled): told again as the lease moves.
             let failure = Duration::from_millis(cfg.timeouts.failure);
-            let until = st.writes_until(failure).map(ditto_server::session::monotonic_ms_of);
+            // (A status read before this server's role began says nothing of it.)
+            let fresh = st.published.is_some_and(|p| g.since.is_some_and(|s| p > s));
+            let until = st.writes_until(failure).filter(|_| fresh).map(ditto_server::session::monotonic_ms_of);
             let line = match until {
                 // (Within 5 ms of what it was told, later: not told again, it holds less.)
                 Some(ms) if g.primary && (!g.open || ms < g.until_ms || ms >= g.until_ms + 5) => {
@@ -2669,7 +2707,13 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         if st.state.epoch == 0 && st.leader == Some(cfg.id) && last_bootstrap.elapsed() > Duration::from_millis(200) {
             last_bootstrap = Instant::now();
             let members = cfg.members.iter().map(|(&id, m)| m.member(id)).collect::<Vec<_>>();
-            let _ = svc.propose(Command::Bootstrap { members, primary: cfg.id, policy: cfg.policy.clone() });
+            let _ = svc.propose(Command::Bootstrap {
+                members,
+                primary: cfg.id,
+                policy: cfg.policy.clone(),
+                // Every primary's lease, the same on every node (`ControlState::lease_ms`).
+                lease_ms: cfg.timeouts.failure,
+            });
         }
     }
     say(cfg.id, "stopping");
@@ -2941,6 +2985,7 @@ mod tests {
             members: vec![m(1, 7001), m(2, 7002), m(3, 7003)],
             primary: 2,
             policy: "majority-durable".into(),
+            lease_ms: 0,
         })
         .unwrap();
         let flags =
@@ -2974,6 +3019,7 @@ mod tests {
             members: vec![super::Member { id: 1, addr: "h:1".into(), repl: 2, control: 3, tls }],
             primary: 1,
             policy: "majority-durable".into(),
+            lease_ms: 0,
         };
         st.apply(&boot(9)).unwrap();
         let flags = parse_members("1=h:1/2/3").unwrap();

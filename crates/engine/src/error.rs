@@ -41,6 +41,13 @@ pub enum Error {
     /// its bytes may have reached the disk. Not retryable.
     #[error("log failure, writes stopped (outcome of commits in flight unknown): {0}")]
     LogFailed(Arc<str>),
+    /// The transaction committed, but its caller will not acknowledge it: a cluster
+    /// primary's lease ran out while it committed (its server checked the write gate
+    /// before, and the thread was held up past the deadline), so a new primary may have
+    /// begun taking writes meanwhile (docs/cluster.md, "The old primary's lease"). Its
+    /// outcome is unknown to the client (a failover may discard it). Not retryable.
+    #[error("this write committed after the node's lease as primary ran out, and is not acknowledged (its outcome is unknown): {0}")]
+    NotAcknowledged(Arc<str>),
     /// A replayed write stopped waiting for the read view because its caller said so
     /// (`Database::replay_install_with`'s `on_wait` returned false); its value is not
     /// installed, and installing it again later is safe.

@@ -1309,7 +1309,7 @@ impl Primary {
         // meanwhile, and while the gap is read below (`saying_alive`): a backup waits 5 s
         // for a word, then gives up and asks again.
         let mut beats = stream.try_clone()?;
-        saying_alive(&mut beats, || {
+        saying_alive(&mut beats, None, || {
             wait_logged(logger, link, reg_clock, || db.clock().visible_ts() >= reg_clock, "the registration")
         })?;
         // What the log is read from: above what the backup holds, or (a backup of the
@@ -1362,7 +1362,7 @@ impl Primary {
         // a heartbeat a second meanwhile, as while a checkpoint is written for a join, so
         // that the backup, which waits 5 s for a word, does not give up and ask again for
         // the same read (found by a review, 2026-12-03).
-        let gap = saying_alive(&mut beats, || {
+        let gap = saying_alive(&mut beats, None, || {
             Ok(if let Some(from) = from.filter(|_| have_ts > Ts::ZERO) {
                 // A log that cannot be read whole (a damaged segment: a hole) is not sent: the
                 // backup is sent a checkpoint instead.
@@ -1667,7 +1667,9 @@ impl Primary {
             // (Read on a thread of its own, the backup told meanwhile that the link lives:
             // a long log is checked whole before it is sent.)
             w.flush()?;
-            let gap = saying_alive(w, read)?;
+            // (A live backup: its acks meanwhile count for the lease.)
+            let now_us = || self.now_us();
+            let gap = saying_alive(w, self.opts.lease_beat.map(|d| (d, &now_us as &dyn Fn() -> u64)), read)?;
             // Tables created meanwhile: their frames were dropped with the rest, and the
             // catalog, not the log, holds them (each is in it before a batch writes it, so
             // read after the gap it holds every table the gap writes; a backup takes one
@@ -1789,9 +1791,19 @@ impl Primary {
             );
             w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), self.flags(true), &frame))
         };
+        // A cluster primary's heartbeat, with its time, between the batches every beat: a
+        // backup's acks of a long gap then count for the lease (a released watermark that
+        // moves nothing it would not learn live).
+        let mut beat_at = Instant::now();
         gap.for_each_ahead_of(|b, ahead| {
             let flags = self.flags(false);
             w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), flags, &b))?;
+            if self.opts.lease_beat.is_some_and(|d| beat_at.elapsed() >= d) {
+                beat_at = Instant::now();
+                let released = self.released();
+                let acknowledged = self.acknowledged().max(released);
+                w.write_all(&Frame::Heartbeat { released, acknowledged, sent_us: self.now_us() }.encode())?;
+            }
             match vouches.after(ahead) {
                 Some(upto) => vouch(w, upto),
                 None => Ok(()),
@@ -1884,7 +1896,7 @@ impl Primary {
     /// only `backup::SILENCE_MAX` (5 s) for a word, and a checkpoint of gigabytes takes
     /// longer (before, it reconnected every 5 s, and a starting backup gave up after 60).
     fn checkpoint_for_a_join(&self, w: &mut impl Write) -> std::io::Result<ditto_log::CheckpointInfo> {
-        let info = saying_alive(w, || self.durable.checkpoint().map_err(std::io::Error::other))?;
+        let info = saying_alive(w, None, || self.durable.checkpoint().map_err(std::io::Error::other))?;
         // (The checkpoint stays for the next join to reuse if this backup left.)
         Ok(info)
     }
@@ -1892,16 +1904,24 @@ impl Primary {
 
 /// Runs `f` on a thread of its own, telling the backup on `w` every second meanwhile that
 /// the link is alive (it gives a silent primary up after `backup::SILENCE_MAX`, 5 s): a
-/// heartbeat that moves nothing (before its welcome, it skips it).
-fn saying_alive<T: Send>(w: &mut impl Write, f: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<T> {
+/// heartbeat that moves nothing (before its welcome, it skips it). With `lease` (a cluster
+/// primary's beat and clock), every beat, carrying its time: a live backup's acks meanwhile
+/// (a catch-up's) then echo a recent one, and count for the lease.
+fn saying_alive<T: Send>(
+    w: &mut impl Write,
+    lease: Option<(Duration, &dyn Fn() -> u64)>,
+    f: impl FnOnce() -> std::io::Result<T> + Send,
+) -> std::io::Result<T> {
+    let every = lease.map_or(Duration::from_secs(1), |(d, _)| d);
     std::thread::scope(|s| {
         let working = s.spawn(f);
         let mut said = Instant::now();
         let mut told = Ok(());
         while !working.is_finished() {
-            std::thread::sleep(Duration::from_millis(10));
-            if told.is_ok() && said.elapsed() >= Duration::from_secs(1) {
-                let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us: 0 };
+            std::thread::sleep(every.min(Duration::from_millis(10)));
+            if told.is_ok() && said.elapsed() >= every {
+                let sent_us = lease.map_or(0, |(_, now_us)| now_us());
+                let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us };
                 told = w.write_all(&beat.encode()).and_then(|()| w.flush());
                 said = Instant::now();
             }

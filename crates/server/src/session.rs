@@ -1341,10 +1341,19 @@ fn run_txn<T>(
 }
 
 /// Commits a transaction of data commands and moves the key counts by what it did.
+///
+/// A write is refused its acknowledgement (`Error::NotAcknowledged`) where the write gate
+/// closed by the time it committed (`WriteGate::lapsed`): the gate was open when its
+/// command was checked, and the thread was held up (descheduled, stopped) until after a
+/// cluster primary's lease ran out, when a new primary may have begun taking writes.
 fn commit_counted(sh: &Shared, txn: Transaction<'_>) -> ditto_engine::Result<CommitTicket> {
     let delta = KeyCounts::delta(&sh.ks, &txn);
+    let wrote = txn.has_writes();
     let ticket = txn.commit_async()?;
     sh.key_counts.apply(&delta);
+    if wrote && sh.write_gate.lapsed() {
+        return Err(Error::NotAcknowledged(LEASE_RAN_OUT.into()));
+    }
     Ok(ticket)
 }
 
@@ -1861,9 +1870,27 @@ impl WriteGate {
     /// unless a drain refuses them.
     pub fn set(&self, why: Option<String>) {
         let mut w = self.why.lock();
-        self.until_ms.store(0, std::sync::atomic::Ordering::Release);
         w.0 = why;
-        self.closed.store(w.0.is_some() || w.1.is_some(), std::sync::atomic::Ordering::Release);
+        let closed = w.0.is_some() || w.1.is_some();
+        // Closed before the deadline goes (a gate that closed itself at its deadline is never
+        // seen open in between), and the deadline gone before it opens.
+        if closed {
+            self.closed.store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.until_ms.store(0, std::sync::atomic::Ordering::Release);
+        self.closed.store(closed, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a cluster primary's writes are over: its deadline (`open_until`) has passed,
+    /// or its supervisor closed the gate (a drain alone does not count). A write that
+    /// committed once this holds is not acknowledged (`commit_counted`). Two atomic loads
+    /// and, with a deadline, a read of the clock.
+    pub fn lapsed(&self) -> bool {
+        let until = self.until_ms.load(std::sync::atomic::Ordering::Acquire);
+        if until != 0 && monotonic_ms() >= until {
+            return true;
+        }
+        self.closed.load(std::sync::atomic::Ordering::Acquire) && self.why.lock().0.is_some()
     }
 
     /// Take writes (unless a drain refuses them) until `monotonic_ms()` reaches `until_ms`,
@@ -3612,6 +3639,42 @@ mod tests {
         gate.open_until(monotonic_ms());
         gate.set(Some("no quorum".into()));
         assert_eq!(gate.refusal().as_deref(), Some("no quorum"));
+        // Lapsed: past the deadline, or closed by the supervisor; not by a drain alone.
+        assert!(gate.lapsed());
+        gate.open_until(monotonic_ms() + 60_000);
+        assert!(!gate.lapsed());
+        let drain = gate.drain_to(&ClientAddr::new("10.0.0.9:7002", None), |a| format!("to {a}"));
+        assert!(!gate.lapsed(), "a drain is no lapse");
+        gate.end_drain(drain);
+        gate.open_until(monotonic_ms());
+        assert!(gate.lapsed());
+        gate.set(None);
+        assert!(!gate.lapsed());
+    }
+
+    /// A write whose command passed the gate but that committed once the lease had run out
+    /// (its thread held up between the two) is committed but not acknowledged; a read, or a
+    /// write within the lease, is answered as ever.
+    #[test]
+    fn a_write_that_commits_after_the_lease_ran_out_is_not_acknowledged() {
+        let (sh, mut w) = setup();
+        let key = Keyspace::key_row(0, b"k");
+        let write = |w: &mut Worker, v: &[u8]| {
+            let mut txn = begin(&sh, w);
+            txn.put(sh.ks.keys, &key, v).unwrap();
+            commit_counted(&sh, txn)
+        };
+        sh.write_gate.open_until(monotonic_ms() + 60_000);
+        assert!(write(&mut w, b"1").is_ok());
+        // The gate checked open, then the deadline passed before the commit.
+        sh.write_gate.open_until(monotonic_ms());
+        let e = write(&mut w, b"2").unwrap_err();
+        assert!(matches!(e, Error::NotAcknowledged(_)) && !e.is_retryable(), "{e:?}");
+        let mut txn = begin(&sh, &mut w);
+        assert_eq!(txn.get(sh.ks.keys, &key).unwrap().as_deref(), Some(&b"2"[..]), "committed all the same");
+        assert!(commit_counted(&sh, txn).is_ok(), "a read is answered");
+        sh.write_gate.set(None);
+        assert!(write(&mut w, b"3").is_ok(), "no deadline");
     }
 
     /// SENTINEL answers for the service `ditto` with the primary the node knows, and for
