@@ -3,7 +3,8 @@
 //! Three or five nodes, each running the real control-plane code (raft-rs through
 //! `ControlNode`, the `ControlState`, the `Coordinator` and the recovery plan) and the
 //! real release rule (`ditto_replication::release_watermark`), over a simulated network
-//! (delay, loss, partitions, single links cut) and simulated disks (an fsync that has not run is
+//! (delay, loss, partitions, single links cut, a primary's control links cut with its data
+//! links up) and simulated disks (an fsync that has not run is
 //! lost in a crash; a full disk refuses writes). The data plane is a model of ditto's:
 //! per-stream logs of commits and heartbeats, shipped by the primary with the position
 //! they follow, acknowledged per stream (received and durable), fenced by epoch.
@@ -463,6 +464,10 @@ struct Sim {
     /// Links cut both ways (partitions that are not transitive: a and b cannot talk while
     /// each still talks to c).
     cut: BTreeSet<(NodeId, NodeId)>,
+    /// Nodes whose control links are cut both ways (Raft, the coordinator's messages, a
+    /// primary's `Heard`), their data links up (`Ship`, `Ack`, `Nack`, `Ping`): a primary so
+    /// cut keeps its backups' acks, and its lease, until they are fenced.
+    ctl_cut: BTreeSet<NodeId>,
     queue: BTreeMap<(u64, u64), (NodeId, NodeId, Msg)>,
     /// The last delivery time per link (links are FIFO, like TCP).
     link_last: BTreeMap<(NodeId, NodeId), u64>,
@@ -549,6 +554,7 @@ impl Sim {
             change_every,
             group: vec![0; all],
             cut: BTreeSet::new(),
+            ctl_cut: BTreeSet::new(),
             queue: BTreeMap::new(),
             link_last: BTreeMap::new(),
             h: History::default(),
@@ -609,6 +615,10 @@ impl Sim {
         if !self.connected(from, to) || self.rng.gen_bool(self.loss) {
             return;
         }
+        let data = matches!(m, Msg::Ship { .. } | Msg::Ack { .. } | Msg::Nack { .. } | Msg::Ping { .. });
+        if !data && (self.ctl_cut.contains(&from) || self.ctl_cut.contains(&to)) {
+            return;
+        }
         // Raft's messages travel on a connection of their own, which can lag the data
         // plane's (a node then learns of a new epoch from the coordinator's request before
         // its control log has it: the durable fence is what covers that gap).
@@ -649,8 +659,19 @@ impl Sim {
     }
 
     fn fault(&mut self, n: usize) {
-        match self.rng.gen_range(0..11) {
+        match self.rng.gen_range(0..12) {
             10 => self.change_members(),
+            11 if self.policy.level == ditto_replication::Level::Received => {}
+            11 => {
+                // The primary's control links cut, its data links up: it keeps its lease
+                // while its backups ack it, and is failed over meanwhile (healed with the
+                // partitions).
+                if let Some(p) = (0..n).find(|&i| self.nodes[i].primary.is_some()) {
+                    let id = self.nodes[p].id;
+                    self.note(format!("node {id}'s control links cut"));
+                    self.ctl_cut.insert(id);
+                }
+            }
             0..=3 if !self.crash_allowed() => {}
             0..=3 => {
                 // Crash someone, the primary more often than not; back after a while.
@@ -682,6 +703,7 @@ impl Sim {
                     self.note("partition healed".into());
                     self.group = vec![0; n];
                     self.cut.clear();
+                    self.ctl_cut.clear();
                 } else {
                     let a = self.rng.gen_range(1..=n as u64);
                     let b = self.rng.gen_range(1..=n as u64);
@@ -777,6 +799,7 @@ impl Sim {
         self.note("faults stop; everything heals".into());
         self.group = vec![0; self.nodes.len()];
         self.cut.clear();
+        self.ctl_cut.clear();
         // Message loss is a fault too. (Kept on, it made liveness a matter of luck: seed
         // 85,756 lost four of the five vote messages of a two-voter cluster's elections in
         // a row, at 5% loss, and elected no leader for 1.9 s of the 2 s it had.)
