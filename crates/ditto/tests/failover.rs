@@ -340,18 +340,26 @@ fn run_cycles(policy: &str, cycles: usize) {
         unavailable_ms.push(ms);
         let new = wait_for("the new primary", Duration::from_secs(20), || c.primary());
         assert_ne!(new, primary, "cycle {cycle}: the killed node cannot be primary");
-        // Its INFO cluster says how it took the role: in place.
-        c.wait_or_dump(
+        // Its INFO cluster says how it took the role: in place; and how long it was to wait
+        // for the old primary's lease (after a SIGKILL, at most the 5 ms margin: the
+        // backups' last acks lie a failure timeout back).
+        let lease_wait: u64 = c.wait_or_dump(
             &format!("cycle {cycle}: node {new}'s role change in INFO cluster"),
             Duration::from_secs(10),
             || {
                 let ci = c.info_section(new, "cluster")?;
                 let epoch = field(&ci, "cluster_epoch")?;
                 let l = ci.lines().find(|l| l.starts_with(&format!("cluster_failover_{epoch}:")))?.to_string();
-                l.contains("role_change=promoted-in-place,role_change_ms=").then_some(())
+                if !l.contains("role_change=promoted-in-place,role_change_ms=") {
+                    return None;
+                }
+                l.split(',').find_map(|p| p.strip_prefix("lease_wait_ms=")?.parse().ok())
             },
         );
-        eprintln!("cycle {cycle}: node {primary} killed; node {new} took writes after {ms:.0} ms");
+        assert!(lease_wait <= 100, "cycle {cycle}: a wait for the lease of {lease_wait} ms after a SIGKILL");
+        eprintln!(
+            "cycle {cycle}: node {primary} killed; node {new} took writes after {ms:.0} ms (its wait for the lease: {lease_wait} ms)"
+        );
         if ms > 1000.0 {
             // An outlier: the nodes' own account of it, for whoever reads the output.
             eprintln!("cycle {cycle}: over a second; the nodes' logs follow");

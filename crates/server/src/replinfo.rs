@@ -315,7 +315,13 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
         if let Some(n) = field("old_primary_discarded") {
             discarded.push((format!("{{epoch=\"{epoch}\"}}"), n.to_string()));
         }
-        for (phase, key) in [("reports", "reports_ms"), ("prepare", "prepare_ms"), ("role_change", "role_change_ms")] {
+        let keys = [
+            ("reports", "reports_ms"),
+            ("prepare", "prepare_ms"),
+            ("role_change", "role_change_ms"),
+            ("lease_wait", "lease_wait_ms"),
+        ];
+        for (phase, key) in keys {
             if let Some(ms) = field(key) {
                 phases.push((format!("{{epoch=\"{epoch}\",phase=\"{phase}\"}}"), format!("{:.3}", ms as f64 / 1e3)));
             }
@@ -329,7 +335,7 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
     gauge("ditto_cluster_failover_lost_commits", "Per recent failover: commits above its recovery point.", lost);
     gauge(
         "ditto_cluster_failover_phase_seconds",
-        "Per recent failover: gathering a quorum's reports and planning, then the chosen node preparing; and this node's server taking its new role (promoted or following, in place or by a restart).",
+        "Per recent failover: gathering a quorum's reports and planning, then the chosen node preparing; this node's server taking its new role (promoted or following, in place or by a restart); and how long the new primary was to wait for the older primaries' leases (lease_wait).",
         phases,
     );
     gauge(
