@@ -842,27 +842,34 @@ mod tests {
         assert!(c.tick(190, &s, true).is_empty(), "the new primary is heard from");
     }
 
+    /// Node 2, leading, fails node 1 over (silent since 0); nodes 2 and 3 report, having
+    /// last acknowledged it at 131 and 142; node 3 is chosen and prepares at 184: the
+    /// coordinator and the opening's `writes_after_ms`.
+    fn opening_after_acks_at_131_and_142(s: &mut ControlState) -> (Coordinator, u64) {
+        let mut c = Coordinator::new(2, T, 0);
+        c.heard(1, 0);
+        for t in [50, 90, 130] {
+            c.tick(t, s, true);
+        }
+        let a = c.tick(150, s, true);
+        let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
+        s.apply(begin).unwrap();
+        c.tick(160, s, true);
+        c.on_report(TailReport { acked_ms_ago: 30, ..report(2, 2, &[10, 20]) }, 161, s, true);
+        c.on_report(TailReport { acked_ms_ago: 40, ..report(3, 2, &[15, 25]) }, 182, s, true);
+        let a = c.on_prepared(3, 2, 15, 0, 184, s, true);
+        let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
+        (c, *writes_after_ms)
+    }
+
     /// The new epoch's opening says how long its primary waits before it takes writes: until
     /// the old primary's lease has run out, as the reports say, counted from the proposal.
     #[test]
     fn the_opening_waits_out_the_old_primarys_lease() {
         let mut s = boot(3);
-        let mut c = Coordinator::new(2, T, 0);
-        c.heard(1, 0);
-        for t in [50, 90, 130] {
-            c.tick(t, &s, true);
-        }
-        let a = c.tick(150, &s, true);
-        let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
-        s.apply(begin).unwrap();
-        c.tick(160, &s, true);
-        // Node 2 last acknowledged the old primary at 131, node 3 at 142.
-        c.on_report(TailReport { acked_ms_ago: 30, ..report(2, 2, &[10, 20]) }, 161, &s, true);
-        c.on_report(TailReport { acked_ms_ago: 40, ..report(3, 2, &[15, 25]) }, 182, &s, true);
-        let a = c.on_prepared(3, 2, 15, 0, 184, &s, true);
-        let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
-        // 142 + the failure timeout (100) + the stamp's slack (50), less 184.
-        assert_eq!(*writes_after_ms, 142 + 100 + HEARD_STAMP_SLACK_MS - 184);
+        let (mut c, writes_after_ms) = opening_after_acks_at_131_and_142(&mut s);
+        // 142 + the lease (the failure timeout, 100) + the rounding margin, less 184.
+        assert_eq!(writes_after_ms, 142 + 100 + HEARD_STAMP_SLACK_MS - 184);
         // Its wait shrinks with time, but it is the same opening: not proposed again
         // before the resend.
         assert!(c.tick(190, &s, true).is_empty());
@@ -909,20 +916,8 @@ mod tests {
         assert_eq!(p.contact_deadline(&s, 1000), Some(1400), "not 1000 + T.failure (100)");
         assert!(p.has_quorum_contact(&s, 1399) && !p.has_quorum_contact(&s, 1400));
         // A leader whose own failure timeout is 100 waits the cluster's 400.
-        let mut c = Coordinator::new(2, T, 0);
-        c.heard(1, 0);
-        for t in [50, 90, 130] {
-            c.tick(t, &s, true);
-        }
-        let a = c.tick(150, &s, true);
-        let Action::Propose(begin) = &a[0] else { panic!("{a:?}") };
-        s.apply(begin).unwrap();
-        c.tick(160, &s, true);
-        c.on_report(TailReport { acked_ms_ago: 30, ..report(2, 2, &[10, 20]) }, 161, &s, true);
-        c.on_report(TailReport { acked_ms_ago: 40, ..report(3, 2, &[15, 25]) }, 182, &s, true);
-        let a = c.on_prepared(3, 2, 15, 0, 184, &s, true);
-        let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
-        assert_eq!(*writes_after_ms, 142 + 400 + HEARD_STAMP_SLACK_MS - 184);
+        let (_, writes_after_ms) = opening_after_acks_at_131_and_142(&mut s);
+        assert_eq!(writes_after_ms, 142 + 400 + HEARD_STAMP_SLACK_MS - 184);
         // A cluster bootstrapped before the state said: each node's own.
         s.lease_ms = 0;
         assert_eq!(p.contact_deadline(&s, 1000), Some(1100));

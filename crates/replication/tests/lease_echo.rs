@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ditto_engine::Ts;
-use ditto_log::Epoch;
 use ditto_replication::primary::LEASE_HEARTBEAT;
-use ditto_replication::protocol::{read_frame, Frame, PROTOCOL_VERSION};
+use ditto_replication::protocol::{read_frame, Frame};
 use ditto_replication::{Primary, PrimaryOptions};
 
 mod common;
@@ -34,15 +33,7 @@ struct StandIn {
 impl StandIn {
     fn join(addr: &str, name: &str) -> StandIn {
         let sock = std::net::TcpStream::connect(addr).unwrap();
-        let hello = Frame::Hello {
-            version: PROTOCOL_VERSION,
-            epoch: Epoch(0),
-            have_ts: Ts::ZERO,
-            node: name.into(),
-            learner: false,
-            auth: None,
-        };
-        (&sock).write_all(&hello.encode()).unwrap();
+        (&sock).write_all(&common::empty_hello(name).encode()).unwrap();
         let (newest, first) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let (n, f, mut r) = (Arc::clone(&newest), Arc::clone(&first), sock.try_clone().unwrap());
         std::thread::spawn(move || {

@@ -27,14 +27,7 @@ fn start_primary(dir: &std::path::Path) -> (ditto_log::Durable, ditto_engine::Ta
 
 /// The Hello of a backup named "b" that holds nothing.
 fn hello_from_b() -> Frame {
-    Frame::Hello {
-        version: PROTOCOL_VERSION,
-        epoch: Epoch(0),
-        have_ts: Ts::ZERO,
-        node: "b".into(),
-        learner: false,
-        auth: None,
-    }
+    common::empty_hello("b")
 }
 
 fn links_named(p: &Primary, name: &str) -> usize {
@@ -161,15 +154,7 @@ fn a_backup_name_with_a_line_break_or_none_is_refused() {
     let (_a, _t, p, addr) = start_primary(&tmp.path().join("p"));
     for name in ["b\r\nrole:master", ""] {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        let hello = Frame::Hello {
-            version: PROTOCOL_VERSION,
-            epoch: Epoch(0),
-            have_ts: Ts::ZERO,
-            node: name.into(),
-            learner: false,
-            auth: None,
-        };
-        s.write_all(&hello.encode()).unwrap();
+        s.write_all(&common::empty_hello(name).encode()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         match read_frame(&mut s).unwrap() {
             Some(Frame::Refuse { reason }) => assert!(reason.contains("without control characters"), "{reason}"),

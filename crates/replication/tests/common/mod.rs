@@ -94,3 +94,15 @@ pub fn noise_from(mut x: u64) -> impl FnMut(usize) -> Vec<u8> {
             .collect()
     }
 }
+
+/// The Hello of a backup named `name` that holds nothing, of this protocol version.
+pub fn empty_hello(name: &str) -> ditto_replication::protocol::Frame {
+    ditto_replication::protocol::Frame::Hello {
+        version: ditto_replication::protocol::PROTOCOL_VERSION,
+        epoch: ditto_log::Epoch(0),
+        have_ts: ditto_engine::Ts::ZERO,
+        node: name.into(),
+        learner: false,
+        auth: None,
+    }
+}
