@@ -270,15 +270,8 @@ impl Coordinator {
     /// `majority` or `all`: the fenced majority refuses its batches; under `local` this
     /// is what stops it).
     pub fn has_quorum_contact(&self, state: &ControlState, now: u64) -> bool {
-        // This node hears itself as long as it runs.
-        let recent = state
-            .members
-            .keys()
-            .filter(|&&n| {
-                n == self.me || self.heard.get(&n).is_some_and(|&t| now.saturating_sub(t) < self.lease_ms(state))
-            })
-            .count();
-        recent >= state.quorum()
+        // (A quorum heard within the lease is the quorum-th newest heard within it.)
+        self.contact_deadline(state, now).is_some_and(|d| now < d)
     }
 
     fn propose(&mut self, cmd: Command, now: u64, out: &mut Vec<Action>) {
@@ -733,14 +726,15 @@ impl Fence {
 /// When every older primary's lease (its quorum contact, `Coordinator::contact_deadline`
 /// on its node) has run out at the latest, on this coordinator's clock, from a round's
 /// reports and when each arrived; `old_primary` is the open epoch's primary and
-/// `failure` the failure timeout.
+/// `lease_ms` the lease's length (`Coordinator::lease_ms`).
 ///
 /// A primary takes writes only while a quorum of the members, itself counted, has
-/// acknowledged it within the failure timeout (stamped up to `HEARD_STAMP_SLACK_MS` late).
-/// The reporters are a quorum too: for a primary not among them, the two quorums share
-/// another node, which acknowledged it no later than that node's newest acknowledgement
-/// of any primary, which its report gives; so that lease ends by the newest such
-/// acknowledgement of any reporter, plus the failure timeout and the slack. A report's
+/// acknowledged it within the lease (each backup stamped heard no later than the primary
+/// sent what its ack echoes, `DataPlane::heard`). The reporters are a quorum too: for a
+/// primary not among them, the two quorums share another node, which acknowledged it no
+/// later than that node's newest acknowledgement of any primary, which its report gives;
+/// so that lease ends by the newest such acknowledgement of any reporter, plus the lease
+/// and a margin for rounding (`HEARD_STAMP_SLACK_MS`). A report's
 /// instant is its arrival less its age: later than the truth by the report's delay, never
 /// earlier. Every reporter was fenced before it reported: it acknowledges nothing more,
 /// and, if it is a primary, takes no more writes. Where the open epoch's primary reported
@@ -751,7 +745,7 @@ pub fn lease_end(
     reports: &BTreeMap<NodeId, TailReport>,
     reported_at: &BTreeMap<NodeId, u64>,
     old_primary: Option<NodeId>,
-    failure: u64,
+    lease_ms: u64,
 ) -> u64 {
     let at = |n: &NodeId| reported_at.get(n).copied().unwrap_or(0);
     if let Some(p) = old_primary.filter(|p| reports.get(p).is_some_and(|r| r.took_writes)) {
@@ -760,7 +754,7 @@ pub fn lease_end(
     reports
         .iter()
         .filter(|(_, r)| r.acked_ms_ago != NEVER_ACKED)
-        .map(|(n, r)| at(n).saturating_sub(r.acked_ms_ago).saturating_add(failure + HEARD_STAMP_SLACK_MS))
+        .map(|(n, r)| at(n).saturating_sub(r.acked_ms_ago).saturating_add(lease_ms + HEARD_STAMP_SLACK_MS))
         .max()
         .unwrap_or(0)
 }

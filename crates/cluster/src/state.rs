@@ -888,6 +888,8 @@ mod tests {
             Command::decode(old).unwrap(),
             Command::OpenEpoch { phases_ms: [0, 0], writes_after_ms: 0, .. }
         ));
+        let old = br#"{"Bootstrap":{"members":[],"primary":1,"policy":"majority"}}"#;
+        assert!(matches!(Command::decode(old).unwrap(), Command::Bootstrap { lease_ms: 0, .. }));
         assert!(Command::decode(&[0xff, 0x00]).is_err());
     }
 

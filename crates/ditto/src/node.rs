@@ -1358,7 +1358,8 @@ impl NodePlane {
                     // (Its last ack before the flag: a report waits for the flag, then
                     // reads when this node last acked.)
                     if let Some(ago) = ago {
-                        leases.acked_until(Instant::now() - ago);
+                        // (An age past the clock's start, from a garbled line: now.)
+                        leases.acked_until(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now));
                     }
                     f.store(true, Ordering::Release);
                 }
@@ -1598,7 +1599,8 @@ impl NodePlane {
     }
 
     /// What this node holds, read now (`report` reads it on a thread first), once
-    /// `reportable`.
+    /// `reportable`; its leases as the most cautious values (acked just now, took no
+    /// writes), which `report` fills in.
     fn holding_now(&self) -> Result<Holding, String> {
         self.finish_promotion()?;
         // An old primary (its own log, or the log it set aside while it rejoins) reports
@@ -1625,8 +1627,8 @@ impl NodePlane {
                 serves_above,
                 last_resort,
                 own_epoch: epoch.0,
-                acked_ms_ago: self.acked_ms_ago(),
-                took_writes: self.took_writes(),
+                acked_ms_ago: 0,
+                took_writes: false,
             });
         }
         let h = ditto_log::replica::replica_holdings(&self.data, self.workers, None).map_err(|e| e.to_string())?;
@@ -1641,8 +1643,8 @@ impl NodePlane {
                 serves_above: u64::MAX,
                 last_resort: false,
                 own_epoch: 0,
-                acked_ms_ago: self.acked_ms_ago(),
-                took_writes: self.took_writes(),
+                acked_ms_ago: 0,
+                took_writes: false,
             });
         }
         // What this node holds of an epoch that a failover since cut is held only up to the
@@ -1665,8 +1667,8 @@ impl NodePlane {
             serves_above: fetch_floor(&self.data)?,
             last_resort: false,
             own_epoch: 0,
-            acked_ms_ago: self.acked_ms_ago(),
-            took_writes: self.took_writes(),
+            acked_ms_ago: 0,
+            took_writes: false,
         })
     }
 
@@ -2045,7 +2047,9 @@ impl DataPlane for NodePlane {
             self.report_warm = Some(warm);
             return Err("its log is being read for the report (asked again shortly)".into());
         }
-        self.holding_now()
+        // (Its leases here, once: `holding_now` serves fetches too.)
+        let h = self.holding_now()?;
+        Ok(Holding { acked_ms_ago: self.acked_ms_ago(), took_writes: self.took_writes(), ..h })
     }
 
     fn prepare(&mut self, plan: &RecoveryPlan) {

@@ -846,14 +846,14 @@ impl<'w> Transaction<'w> {
         })
     }
 
-    /// Commits (validates and installs) without waiting for durability: the returned ticket
-    /// must be waited on before the outcome is reported to anyone.
     /// Whether this transaction has written anything (its commit takes a timestamp of its
     /// own and is logged; one that has not commits as a read).
     pub fn has_writes(&self) -> bool {
         !self.s.writes.is_empty()
     }
 
+    /// Commits (validates and installs) without waiting for durability: the returned ticket
+    /// must be waited on before the outcome is reported to anyone.
     pub fn commit_async(mut self) -> Result<CommitTicket> {
         let out = self.try_commit();
         if out.is_err() {

@@ -571,13 +571,7 @@ impl Primary {
             let links = self.links.lock();
             let dozing: Vec<Arc<Link>> = links.iter().filter(|l| l.dozing.load(Ordering::SeqCst)).cloned().collect();
             if !dozing.is_empty() {
-                let released = Ts(self.released.load(Ordering::SeqCst));
-                let f = Frame::Heartbeat {
-                    released,
-                    acknowledged: self.acknowledged().max(released),
-                    sent_us: self.now_us(),
-                }
-                .encode();
+                let f = self.heartbeat(Ts(self.released.load(Ordering::SeqCst))).encode();
                 self.push_to(&dozing, &f, true);
             }
         }
@@ -591,6 +585,12 @@ impl Primary {
     /// microseconds since this primary started, never 0.
     fn now_us(&self) -> u64 {
         self.clock_base.elapsed().as_micros() as u64 + 1
+    }
+
+    /// A heartbeat of the release `released` made now: with the highest release of any
+    /// policy, at or above it, and its time.
+    fn heartbeat(&self, released: Ts) -> Frame {
+        Frame::Heartbeat { released, acknowledged: self.acknowledged().max(released), sent_us: self.now_us() }
     }
 
     /// From now on, commits may be released to their clients on backups'
@@ -1800,9 +1800,7 @@ impl Primary {
             w.write_all(&crate::protocol::encode_batch(self.epoch, self.released(), flags, &b))?;
             if self.opts.lease_beat.is_some_and(|d| beat_at.elapsed() >= d) {
                 beat_at = Instant::now();
-                let released = self.released();
-                let acknowledged = self.acknowledged().max(released);
-                w.write_all(&Frame::Heartbeat { released, acknowledged, sent_us: self.now_us() }.encode())?;
+                w.write_all(&self.heartbeat(self.released()).encode())?;
             }
             match vouches.after(ahead) {
                 Some(upto) => vouch(w, upto),

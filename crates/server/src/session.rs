@@ -1886,11 +1886,13 @@ impl WriteGate {
     /// committed once this holds is not acknowledged (`commit_counted`). Two atomic loads
     /// and, with a deadline, a read of the clock.
     pub fn lapsed(&self) -> bool {
+        self.past_deadline() || (self.closed.load(std::sync::atomic::Ordering::Acquire) && self.why.lock().0.is_some())
+    }
+
+    /// Whether the gate has a deadline (`open_until`) and it has passed.
+    fn past_deadline(&self) -> bool {
         let until = self.until_ms.load(std::sync::atomic::Ordering::Acquire);
-        if until != 0 && monotonic_ms() >= until {
-            return true;
-        }
-        self.closed.load(std::sync::atomic::Ordering::Acquire) && self.why.lock().0.is_some()
+        until != 0 && monotonic_ms() >= until
     }
 
     /// Take writes (unless a drain refuses them) until `monotonic_ms()` reaches `until_ms`,
@@ -1952,8 +1954,7 @@ impl WriteGate {
 
     pub fn refusal(&self) -> Option<String> {
         if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            let until = self.until_ms.load(std::sync::atomic::Ordering::Acquire);
-            return (until != 0 && monotonic_ms() >= until).then(|| LEASE_RAN_OUT.to_string());
+            return self.past_deadline().then(|| LEASE_RAN_OUT.to_string());
         }
         let w = self.why.lock();
         w.1.clone().or_else(|| w.0.clone())
