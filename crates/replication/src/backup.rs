@@ -277,6 +277,8 @@ pub type KeysHook = Arc<dyn Fn(ditto_engine::TableId, &[u8], Ts, i64) + Send + S
 /// Figures of one backup (all timestamps are the primary's).
 #[derive(Default, Debug)]
 pub struct BackupState {
+    /// The id of the database this backup holds (`crate::identity`; 0: none said).
+    pub database: AtomicU64,
     pub received: AtomicU64,
     pub durable: AtomicU64,
     pub replayed: AtomicU64,
@@ -415,6 +417,10 @@ pub enum BackupError {
     Io { what: String, source: std::io::Error },
     #[error("the primary refused: {0}")]
     Refused(String),
+    /// The primary serves another database than the one its directory holds
+    /// (`crate::identity::check`): it takes nothing from it, keeping what it holds.
+    #[error("{0}")]
+    OtherDatabase(String),
     #[error("protocol: {0}")]
     Protocol(String),
     #[error("stopped before it joined its primary")]
@@ -592,6 +598,37 @@ pub fn end_promotion(dir: &Path) -> Result<(), BackupError> {
     clear_promotion_mark(dir).map_err(io("removing the promotion's record"))
 }
 
+/// Checks a primary's `Welcome` against the database `dir` holds (`crate::identity`), before
+/// anything of the primary's is taken: one of another database is refused (told why, and
+/// `BackupError::Refused`), and where the directory names none yet, it takes the primary's,
+/// durably, first.
+fn take_database(
+    database: &mut Option<crate::identity::DatabaseId>,
+    welcome: &Option<Frame>,
+    stream: &TcpStream,
+    dir: &Path,
+    primary: &str,
+    storage: &dyn Storage,
+) -> Result<(), BackupError> {
+    let Some(Frame::Welcome { database: theirs, .. }) = welcome else {
+        return Ok(());
+    };
+    let theirs = crate::identity::DatabaseId::from_wire(*theirs);
+    match crate::identity::check(*database, theirs, dir, primary) {
+        Ok(false) => Ok(()),
+        Ok(true) => {
+            crate::identity::write(dir, theirs.expect("checked"), storage).map_err(io("saving the database id"))?;
+            *database = theirs;
+            Ok(())
+        }
+        Err(reason) => {
+            let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            Err(BackupError::OtherDatabase(reason))
+        }
+    }
+}
+
 /// Whether a first join that failed with `e` is worth another try: the primary not (yet)
 /// listening, the connection reset, aborted or closed before the welcome, or no welcome
 /// within the read timeout. Other errors (a damaged frame, say) are reported.
@@ -656,6 +693,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let mut followed = read_followed_epoch(&dir).map_err(io("reading the epoch this backup followed"))?;
+    // The database whose history the directory holds, if any primary was followed (or
+    // served) here: a primary of another is taken nothing from (`take_database`).
+    let mut database = crate::identity::read(&dir).map_err(io("reading the directory's database id"))?;
     if followed.is_none() && opts.recover_upto.is_some() {
         // An old primary that rejoins: its own log (of this epoch) is cut at the recovery
         // point and kept (`open_replica_upto`), and it follows on from there. The epoch is
@@ -787,6 +827,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         }
     };
     let (mut stream, mut reader, mut welcome) = join(&hello)?;
+    take_database(&mut database, &welcome, &stream, &dir, &opts.primary, &*storage)?;
     if let (Some(Frame::Welcome { start: Start::CutAt { .. }, .. }), false) =
         (&welcome, opts.keep_what_the_primary_lost)
     {
@@ -800,6 +841,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             auth: opts.auth.clone(),
         };
         (stream, reader, welcome) = join(&fresh)?;
+        take_database(&mut database, &welcome, &stream, &dir, &opts.primary, &*storage)?;
     }
     if let (Some(Frame::Welcome { epoch: now, start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
         // The primary restarted from below what this backup holds: it lost commits this
@@ -822,7 +864,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         return Err(BackupError::Stopped);
     }
     let (epoch, streams, tables, start) = match welcome {
-        Some(Frame::Welcome { epoch, streams, tables, start }) => {
+        Some(Frame::Welcome { epoch, streams, tables, start, .. }) => {
             check_welcome(streams, &tables)?;
             // A primary of an older epoch than the one this backup follows is stale
             // (deposed, or restored from an older copy): whatever it offers would discard
@@ -946,6 +988,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let chain_bytes = if links > 0 { ditto_log::sealed::chain_bytes(&dir) } else { 0 };
     let state = Arc::new(BackupState::default());
     state.learner.store(opts.learner, Ordering::Release);
+    state.database.store(database.map_or(0, crate::identity::DatabaseId::to_wire), Ordering::Release);
     *state.replay_mode.lock() = match opts.share_values_from {
         None => opts.replay.to_string(),
         Some(0) => format!("{}+shared", opts.replay),
@@ -1028,6 +1071,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         scratch: Vec::new(),
         refusal: None,
         ended_on_refusal: false,
+        database,
     };
     {
         let (state, link, persist) = (Arc::clone(&state), Arc::clone(&link), Arc::clone(&persist));
@@ -2338,6 +2382,10 @@ struct Receiver {
     refusal: Option<Refusal>,
     /// The link last ended on such a refusal (only then is the next link put off longer).
     ended_on_refusal: bool,
+    /// The database whose history this backup holds (`crate::identity`; `None`: neither its
+    /// directory nor its primary said one): a primary of another met on a reconnect (one
+    /// made anew at the same address) is taken nothing from.
+    database: Option<crate::identity::DatabaseId>,
 }
 
 /// A batch refused as malformed (its stream and first timestamp), and how many links in
@@ -2734,12 +2782,23 @@ impl Receiver {
                         other => break other,
                     }
                 };
-                if let Ok(Some(Frame::Welcome { .. })) = &answer {
+                if let Ok(Some(Frame::Welcome { database, .. })) = &answer {
+                    // Not a primary of another database (one made anew at this address):
+                    // nothing of it is taken, and the backup stops, keeping what it holds.
+                    let theirs = crate::identity::DatabaseId::from_wire(*database);
+                    if let Err(reason) =
+                        crate::identity::check(self.database, theirs, &self.opts.data_dir, &self.opts.primary)
+                    {
+                        let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        self.fatal(reason);
+                        return;
+                    }
                     // Taken (whatever follows): no refusal stands.
                     *self.state.refused.lock() = None;
                 }
                 match answer {
-                    Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume })) => {
+                    Ok(Some(Frame::Welcome { epoch, streams, tables, start: Start::Resume, .. })) => {
                         if streams != self.streams {
                             self.must_join_again(
                                 format!("the primary has {streams} streams now, {} before", self.streams),

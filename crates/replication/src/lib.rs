@@ -23,6 +23,7 @@
 
 pub mod backup;
 pub mod dependency;
+pub mod identity;
 pub mod policy;
 pub mod primary;
 pub mod protocol;

@@ -374,6 +374,9 @@ pub struct Primary {
     gone: Mutex<std::collections::BTreeMap<String, u64>>,
     /// What heartbeats' `sent_us` count from (`now_us`).
     clock_base: Instant,
+    /// The id of the database this primary serves (`crate::identity`), said in every
+    /// `Welcome`.
+    database: crate::identity::DatabaseId,
 }
 
 impl Primary {
@@ -387,8 +390,11 @@ impl Primary {
     ) -> std::io::Result<Arc<Primary>> {
         let logger = durable.logger();
         let local = listener.local_addr()?;
+        // Before any backup is served: every one it welcomes takes this id.
+        let database = crate::identity::load_or_create(durable.dir(), &ditto_log::storage::RealStorage)?;
         let p = Arc::new(Primary {
             clock_base: Instant::now(),
+            database,
             durable: durable.clone(),
             accept: Mutex::new(None),
             epoch: logger.epoch(),
@@ -534,6 +540,11 @@ impl Primary {
 
     pub fn epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// The id of the database this primary serves (`crate::identity`).
+    pub fn database(&self) -> crate::identity::DatabaseId {
+        self.database
     }
 
     /// What every node holds now.
@@ -1352,6 +1363,7 @@ impl Primary {
                 streams: logger.streams() as u32,
                 tables,
                 start: Start::CutAt { point },
+                database: self.database.to_wire(),
             };
             return (&*stream).write_all(&welcome.encode());
         }
@@ -1418,6 +1430,7 @@ impl Primary {
                     streams: logger.streams() as u32,
                     tables: tables(logger),
                     start: Start::Resume,
+                    database: self.database.to_wire(),
                 };
                 link.phase.store(PHASE_SENDING, Ordering::Release);
                 w.write_all(&welcome.encode())?;
@@ -1490,6 +1503,7 @@ impl Primary {
                     streams: logger.streams() as u32,
                     tables: tables(logger),
                     start: Start::Checkpoint { ts: info.ts, bytes: total },
+                    database: self.database.to_wire(),
                 };
                 self.checkpoints_sent.fetch_add(1, Ordering::Relaxed);
                 link.copy_total.store(total, Ordering::Release);

@@ -21,9 +21,10 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// `Batch::counted`. 4 (2026-12-02): `Start::Checkpoint::bytes`. 5 (2026-12-03): batches
 /// of log format 5 (`BatchHeader::reuse_ts`), which a backup of an older build cannot read
 /// (it dropped the link at the first batch and connected again, for ever). 6 (2026-12-05):
-/// `Heartbeat::sent_us` and `Ack::echo_us` (a cluster primary's lease). A primary refuses
-/// a backup of another version, saying which it speaks.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// `Heartbeat::sent_us` and `Ack::echo_us` (a cluster primary's lease). 7 (2026-12-05):
+/// `Welcome::database` (`crate::identity`). A primary refuses a backup of another version,
+/// saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The largest frame accepted: the largest batch the log writes (its header and a payload
 /// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
 /// stream's buffer of up to 64 MiB and one more transaction of up to 128 MiB make: such a
@@ -69,8 +70,10 @@ pub enum Frame {
     /// `auth`: the password a primary with one asks of its backups (its `requirepass`,
     /// the backup's `masterauth`), a string after that byte, absent when none is given.
     Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<Secret> },
-    /// Primary -> backup: the answer to `Hello`.
-    Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start },
+    /// Primary -> backup: the answer to `Hello`. `database`: the id of the database the
+    /// primary serves (`crate::identity`; 0: none said), which a backup holding another
+    /// refuses.
+    Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start, database: u64 },
     /// Primary -> backup: a piece of a checkpoint file (`start` was `Checkpoint`).
     File { name: String, offset: u64, data: Bytes, last: bool },
     /// Primary -> backup: every file of the checkpoint at `ts` was sent.
@@ -200,11 +203,11 @@ impl std::fmt::Debug for Frame {
                 "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?} }}",
                 cut(node)
             ),
-            Frame::Welcome { epoch, streams, tables, start } => {
+            Frame::Welcome { epoch, streams, tables, start, database } => {
                 let names: Vec<String> = tables.iter().take(8).map(|(id, n)| format!("{id}={}", cut(n))).collect();
                 write!(
                     f,
-                    "Welcome {{ epoch: {epoch:?}, streams: {streams}, tables: {} [{}{}], start: {start:?} }}",
+                    "Welcome {{ epoch: {epoch:?}, streams: {streams}, tables: {} [{}{}], start: {start:?}, database: {database:016x} }}",
                     tables.len(),
                     names.join(", "),
                     if tables.len() > 8 { ", .." } else { "" }
@@ -252,7 +255,7 @@ impl Frame {
                     put_str(&mut b, &a.0);
                 }
             }
-            Frame::Welcome { epoch, streams, tables, start } => {
+            Frame::Welcome { epoch, streams, tables, start, database } => {
                 b.put_u8(kind::WELCOME);
                 b.put_slice(&MAGIC);
                 b.put_u64_le(epoch.0);
@@ -274,6 +277,7 @@ impl Frame {
                         b.put_u64_le(*bytes);
                     }
                 }
+                b.put_u64_le(*database);
             }
             Frame::File { name, offset, data, last } => {
                 b.put_u8(kind::FILE);
@@ -383,7 +387,7 @@ impl Frame {
                     2 => Start::CutAt { point: Ts(get_u64(&mut b)?) },
                     _ => return Err(ProtocolError::Malformed("unknown start")),
                 };
-                Frame::Welcome { epoch, streams, tables, start }
+                Frame::Welcome { epoch, streams, tables, start, database: get_u64(&mut b)? }
             }
             kind::FILE => {
                 let name = get_str(&mut b)?;
@@ -851,13 +855,15 @@ mod tests {
             streams: 2,
             tables: vec![(0, "redis.keys".into()), (1, "redis.fields".into())],
             start: Start::Checkpoint { ts: Ts(7), bytes: 1 << 40 },
+            database: 0x0123_4567_89ab_cdef,
         });
-        roundtrip(Frame::Welcome { epoch: Epoch(4), streams: 2, tables: vec![], start: Start::Resume });
+        roundtrip(Frame::Welcome { epoch: Epoch(4), streams: 2, tables: vec![], start: Start::Resume, database: 0 });
         roundtrip(Frame::Welcome {
             epoch: Epoch(5),
             streams: 3,
             tables: vec![],
             start: Start::CutAt { point: Ts(99) },
+            database: u64::MAX,
         });
         roundtrip(Frame::File {
             name: "part-0000.dat".into(),

@@ -183,6 +183,7 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
             streams: 1,
             tables: vec![],
             start: Start::Checkpoint { ts: Ts(9), bytes: 0 },
+            database: 0,
         };
         s.write_all(&welcome.encode()).unwrap();
         let part = Frame::File { name: "part-0000.dat".into(), offset: 0, data: vec![1u8; 100].into(), last: false };
@@ -350,7 +351,13 @@ fn fake_copy(
             }
         }
         let tables = vec![(0u32, "t".to_string())];
-        let welcome = Frame::Welcome { epoch: Epoch(3), streams: 1, tables, start: Start::Checkpoint { ts, bytes: 0 } };
+        let welcome = Frame::Welcome {
+            epoch: Epoch(3),
+            streams: 1,
+            tables,
+            start: Start::Checkpoint { ts, bytes: 0 },
+            database: 0,
+        };
         let _ = s.write_all(&welcome.encode());
         for f in frames {
             if s.write_all(&f.encode()).is_err() {
@@ -840,7 +847,7 @@ fn a_reconnect_waits_through_heartbeats_before_its_welcome() {
         }
         let tables = vec![(0u32, "t".to_string())];
         let start = Start::Checkpoint { ts: Ts(first.0 + 1000), bytes: 0 };
-        s.write_all(&Frame::Welcome { epoch: Epoch(9), streams: 1, tables, start }.encode()).unwrap();
+        s.write_all(&Frame::Welcome { epoch: Epoch(9), streams: 1, tables, start, database: 0 }.encode()).unwrap();
         // Held until the backup ends it, or 3 s.
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let mut buf = [0u8; 64];

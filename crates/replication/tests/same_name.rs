@@ -247,6 +247,7 @@ fn a_backup_refuses_a_primary_of_an_older_epoch_and_keeps_what_it_holds() {
                 streams: 1,
                 tables: vec![(0, "t".into())],
                 start: ditto_replication::protocol::Start::Checkpoint { ts: Ts(1), bytes: 0 },
+                database: 0,
             };
             let _ = s.write_all(&welcome.encode());
         }

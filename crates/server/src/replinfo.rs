@@ -37,6 +37,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_repl_addr", repl_addr.clone());
             put("ditto_commit_policy", policy.name());
             put("ditto_epoch", primary.epoch().0.to_string());
+            // (The history this node's directory holds: a backup of another is refused.)
+            put("ditto_database_id", primary.database().to_string());
             put("ditto_durable_ts", h.primary_durable.0.to_string());
             put("ditto_shipped_ts", h.primary_shipped.0.to_string());
             put("ditto_released_ts", primary.released().0.to_string());
@@ -104,6 +106,9 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("master_link_status", if up { "up" } else { "down" }.into());
             // A cluster's learner: its primary counts it in no quorum (docs/cluster.md).
             put("ditto_learner", u8::from(state.learner.load(Ordering::Acquire)).to_string());
+            if let Some(id) = ditto_replication::identity::DatabaseId::from_wire(ld(&state.database)) {
+                put("ditto_database_id", id.to_string());
+            }
             put("ditto_received_ts", received.to_string());
             put("ditto_durable_ts", ld(&state.durable).to_string());
             put("ditto_replayed_ts", ld(&state.replayed).to_string());
