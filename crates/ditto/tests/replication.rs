@@ -850,3 +850,81 @@ fn the_commit_paths_threads_run_with_the_slice_they_are_given() {
         }
     }
 }
+
+/// A field of `INFO replication`, as text.
+fn replication_field(c: &mut Client, name: &str) -> Option<String> {
+    let info = c.cmd(&["INFO", "replication"]).unwrap().join("\n");
+    let prefix = format!("{name}:");
+    info.lines().find_map(|l| l.trim().strip_prefix(&prefix).map(str::to_string))
+}
+
+/// A backup's directory names the database it holds (crates/replication/src/identity.rs):
+/// pointed at a primary of another database, its server exits saying so, its directory
+/// untouched; running, it stops following a primary made anew at its primary's address,
+/// and goes on serving what it held. Both primaries here are epoch 1 from timestamp 0,
+/// the second's clock past the backup's: before, the backup was resumed from the second
+/// primary's log above what it held, and served the two histories mixed.
+#[test]
+fn a_backup_takes_nothing_from_a_primary_of_another_database() {
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = ["--commit-policy", "local"];
+    let mut a = Node::start(&tmp.path().join("a"), &[&["--repl-port", "0"][..], &policy].concat());
+    let a_repl = a.repl.clone().unwrap();
+    let a_repl_port = a_repl.rsplit(':').next().unwrap().to_string();
+    let mut ca = Client::connect(a.port).unwrap();
+    let a_id = replication_field(&mut ca, "ditto_database_id").expect("the primary's id");
+    let b_args = ["--replica-of", a_repl.as_str()];
+    let b = Node::start(&tmp.path().join("b"), &b_args);
+    for k in 0..20 {
+        assert_eq!(ca.one(&["SET", &format!("k{k}"), "a"]), "+OK");
+    }
+    let ts = ca.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut cb = Client::connect(b.port).unwrap();
+    cb.set_read_timeout(Duration::from_secs(10));
+    assert!(!cb.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
+    assert_eq!(replication_field(&mut cb, "ditto_database_id").as_deref(), Some(a_id.as_str()));
+    // Primary a is replaced, at its replication address, by one on an empty directory.
+    a.kill();
+    let c = Node::start(&tmp.path().join("c"), &[&["--repl-port", a_repl_port.as_str()][..], &policy].concat());
+    let mut cc = Client::connect(c.port).unwrap();
+    let c_id = replication_field(&mut cc, "ditto_database_id").expect("the new primary's id");
+    assert_ne!(c_id, a_id);
+    for k in 0..200 {
+        assert_eq!(cc.one(&["SET", &format!("k{k}"), "c"]), "+OK");
+    }
+    // The running backup stops following, saying why, and serves what it held.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let failure = loop {
+        if let Some(f) = replication_field(&mut cb, "ditto_failure") {
+            break f;
+        }
+        assert!(std::time::Instant::now() < end, "the backup did not stop following the new primary");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(failure.contains("the primary serves another database"), "{failure}");
+    assert!(failure.contains(&a_id) && failure.contains(&c_id), "{failure}");
+    assert_eq!(cb.one(&["GET", "k0"]), "a");
+    assert_eq!(cb.one(&["GET", "k100"]), "(nil)", "the new primary's key was taken");
+    assert_eq!(cb.one(&["DBSIZE"]), ":20");
+    drop(b);
+    // Started again against it, the backup's server exits saying so.
+    let c_repl = c.repl.clone().unwrap();
+    let (status, said) =
+        Node::run_to_exit(&tmp.path().join("b"), &["--replica-of", c_repl.as_str()], &tmp.path().join("b.log"));
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("the primary serves another database") && said.contains(&c_id), "{said}");
+    drop(c);
+    // Its directory is as it was: with its own primary back, it resumes, holding a's keys.
+    let a = Node::start(&tmp.path().join("a"), &[&["--repl-port", "0"][..], &policy].concat());
+    let a_repl = a.repl.clone().unwrap();
+    let b = Node::start(&tmp.path().join("b"), &["--replica-of", a_repl.as_str()]);
+    let mut ca = Client::connect(a.port).unwrap();
+    assert_eq!(replication_field(&mut ca, "ditto_database_id").as_deref(), Some(a_id.as_str()), "a's id kept");
+    assert_eq!(ca.one(&["SET", "after", "a"]), "+OK");
+    let ts = ca.one(&["DITTO.LASTCOMMIT"]).trim_start_matches(':').to_string();
+    let mut cb = Client::connect(b.port).unwrap();
+    cb.set_read_timeout(Duration::from_secs(10));
+    assert!(!cb.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
+    assert_eq!(cb.one(&["DBSIZE"]), ":21");
+    assert_eq!(cb.one(&["GET", "k19"]), "a");
+}
