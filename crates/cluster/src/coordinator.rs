@@ -27,7 +27,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::failover::{plan_preferring, PlanError, RecoveryPlan, TailReport, HEARD_STAMP_SLACK_MS, NEVER_ACKED};
+#[cfg(test)]
+use crate::failover::HEARD_STAMP_SLACK_MS;
+use crate::failover::{lease_margin_ms, plan_preferring, PlanError, RecoveryPlan, TailReport, NEVER_ACKED};
 use crate::state::{Command, ControlState, NodeId, Phase};
 
 /// Timings, in the caller's clock units (milliseconds in a server).
@@ -734,7 +736,7 @@ impl Fence {
 /// primary not among them, the two quorums share another node, which acknowledged it no
 /// later than that node's newest acknowledgement of any primary, which its report gives;
 /// so that lease ends by the newest such acknowledgement of any reporter, plus the lease
-/// and a margin for rounding (`HEARD_STAMP_SLACK_MS`). A report's
+/// and a margin for rounding and the clocks' rates (`lease_margin_ms`). A report's
 /// instant is its arrival less its age: later than the truth by the report's delay, never
 /// earlier. Every reporter was fenced before it reported: it acknowledges nothing more,
 /// and, if it is a primary, takes no more writes. Where the open epoch's primary reported
@@ -754,7 +756,7 @@ pub fn lease_end(
     reports
         .iter()
         .filter(|(_, r)| r.acked_ms_ago != NEVER_ACKED)
-        .map(|(n, r)| at(n).saturating_sub(r.acked_ms_ago).saturating_add(lease_ms + HEARD_STAMP_SLACK_MS))
+        .map(|(n, r)| at(n).saturating_sub(r.acked_ms_ago).saturating_add(lease_ms + lease_margin_ms(lease_ms)))
         .max()
         .unwrap_or(0)
 }
@@ -863,13 +865,13 @@ mod tests {
         let mut s = boot(3);
         let (mut c, writes_after_ms) = opening_after_acks_at_131_and_142(&mut s);
         // 142 + the lease (the failure timeout, 100) + the rounding margin, less 184.
-        assert_eq!(writes_after_ms, 142 + 100 + HEARD_STAMP_SLACK_MS - 184);
+        assert_eq!(writes_after_ms, 142 + 100 + lease_margin_ms(100) - 184);
         // Its wait shrinks with time, but it is the same opening: not proposed again
         // before the resend.
         assert!(c.tick(190, &s, true).is_empty());
         let a = c.tick(205, &s, true);
         let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
-        assert_eq!(*writes_after_ms, 142 + 100 + HEARD_STAMP_SLACK_MS - 205);
+        assert_eq!(*writes_after_ms, 142 + 100 + lease_margin_ms(100) - 205);
 
         // The old primary among the reporters, having taken writes, was fenced before it
         // reported, and the leases before its own had run out when it took them: the
@@ -880,7 +882,7 @@ mod tests {
             reports.insert(n, TailReport { acked_ms_ago: ago, ..report(n, 2, &[1]) });
             at.insert(n, t);
         }
-        let others = 170 + 100 + HEARD_STAMP_SLACK_MS;
+        let others = 170 + 100 + lease_margin_ms(100);
         assert_eq!(lease_end(&reports, &at, Some(1), 100), others, "it did not say it took writes");
         reports.get_mut(&1).unwrap().took_writes = true;
         assert_eq!(lease_end(&reports, &at, Some(1), 100), 170);
@@ -890,9 +892,9 @@ mod tests {
         reports.get_mut(&1).unwrap().acked_ms_ago = 0;
         assert_eq!(lease_end(&reports, &at, Some(3), 100), others);
         reports.get_mut(&2).unwrap().acked_ms_ago = NEVER_ACKED;
-        assert_eq!(lease_end(&reports, &at, Some(3), 100), 170 + 100 + HEARD_STAMP_SLACK_MS);
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), 170 + 100 + lease_margin_ms(100));
         reports.get_mut(&1).unwrap().acked_ms_ago = 30;
-        assert_eq!(lease_end(&reports, &at, Some(3), 100), 140 + 100 + HEARD_STAMP_SLACK_MS);
+        assert_eq!(lease_end(&reports, &at, Some(3), 100), 140 + 100 + lease_margin_ms(100));
         reports.get_mut(&1).unwrap().acked_ms_ago = NEVER_ACKED;
         assert_eq!(lease_end(&reports, &at, Some(3), 100), 0, "no reporter ever acknowledged a primary");
     }
@@ -911,7 +913,7 @@ mod tests {
         assert!(p.has_quorum_contact(&s, 1399) && !p.has_quorum_contact(&s, 1400));
         // A leader whose own failure timeout is 100 waits the cluster's 400.
         let (_, writes_after_ms) = opening_after_acks_at_131_and_142(&mut s);
-        assert_eq!(writes_after_ms, 142 + 400 + HEARD_STAMP_SLACK_MS - 184);
+        assert_eq!(writes_after_ms, 142 + 400 + lease_margin_ms(400) - 184);
         // A cluster bootstrapped before the state said: each node's own.
         s.lease_ms = 0;
         assert_eq!(p.contact_deadline(&s, 1000), Some(1100));
@@ -964,6 +966,94 @@ mod tests {
             cases += 1;
         }
         assert!(cases > 5_000, "{cases}");
+    }
+
+    /// The same bound with every node's clock at its own rate, each within
+    /// `CLOCK_RATE_ERROR_PPM` of true time, and each offset from the others: the old primary
+    /// counts its lease on its clock, the reporters their acks' ages on theirs, the leader
+    /// the reports' arrivals and the wait on its own, and the new primary counts the wait
+    /// from its apply on its own. Whatever they are, the new primary begins no earlier, in
+    /// true time, than the old primary's lease ends. (Leases up to a minute: with only the
+    /// 5 ms for rounding, or with half the allowance for the rates, this fails.)
+    #[test]
+    fn the_wait_outlasts_the_old_primarys_lease_on_clocks_of_different_rates() {
+        use crate::failover::CLOCK_RATE_ERROR_PPM;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+        let s = boot(3);
+        let mut cases = 0;
+        for _ in 0..200_000 {
+            let lease = [250u64, 1_000, 10_000, 60_000][rng.gen_range(0..4)];
+            // Clock k reads off_k + r * (1 + rate_k) at true time r (ms).
+            let e = CLOCK_RATE_ERROR_PPM as f64 * 1e-6;
+            let mut clock = || {
+                // (At either bound half the time: the worst cases combine bounds.)
+                let rate = match rng.gen_range(0..4) {
+                    0 => -e,
+                    1 => e,
+                    _ => rng.gen_range(-e..=e),
+                };
+                let off = rng.gen_range(0.0..1e6);
+                move |r: f64| off + r * (1.0 + rate)
+            };
+            let (old_clock, leader, new_primary) = (clock(), clock(), clock());
+            let reporter = [clock(), clock()];
+            let ms = |c: f64| c.floor() as u64;
+            // Delays: none at all half the time (they only lengthen the wait).
+            let tight = rng.gen_bool(0.5);
+            let delay = |rng: &mut rand::rngs::SmallRng, most: f64| if tight { 0.0 } else { rng.gen_range(0.0..most) };
+            // Node 1, the old primary, sends heartbeats; backups 2 and 3 ack them. It stamps
+            // each heard when it sent what the ack echoes (`DataPlane::heard`).
+            let mut old = Coordinator::new(1, Timeouts { failure: lease, ..T }, 0);
+            let (mut acked, mut reports, mut at) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+            for m in [2u64, 3] {
+                if rng.gen_bool(0.9) {
+                    let sent = rng.gen_range(0.0..2.0 * lease as f64);
+                    old.heard(m, ms(old_clock(sent)));
+                    acked.insert(m, sent + delay(&mut rng, 20.0));
+                }
+            }
+            // Its lease, in true time: the last instant its clock is below the deadline.
+            let now_old = ms(old_clock(2.0 * lease as f64 + 50.0));
+            let Some(deadline) = old.contact_deadline(&s, now_old) else { continue };
+            let lease_ends = |r: f64| old_clock(r) >= deadline as f64;
+            // Both report (fenced after their last ack), each its ack's age on its clock.
+            let mut last_arrival: f64 = 0.0;
+            for (i, m) in [2u64, 3].into_iter().enumerate() {
+                let sent = 2.0 * lease as f64 + delay(&mut rng, 100.0);
+                let ago = acked
+                    .get(&m)
+                    .map_or(NEVER_ACKED, |&a| ms(reporter[i](sent)) - ms(reporter[i](a)).min(ms(reporter[i](sent))));
+                let arrives = sent + delay(&mut rng, 30.0);
+                last_arrival = last_arrival.max(arrives);
+                reports.insert(m, TailReport { acked_ms_ago: ago, ..report(m, 2, &[1]) });
+                at.insert(m, ms(leader(arrives)));
+            }
+            // The leader proposes the opening with what is left of the wait; the new
+            // primary counts it from its apply.
+            let proposed = last_arrival + delay(&mut rng, 10.0);
+            let end = lease_end(&reports, &at, Some(1), lease);
+            let wait = end.saturating_sub(ms(leader(proposed)));
+            let applied = proposed + delay(&mut rng, 10.0);
+            let from = new_primary(applied);
+            // The first true instant its clock has counted the wait.
+            let (mut lo, mut hi) = (applied, applied + 2.0 * wait as f64 + 1.0);
+            for _ in 0..60 {
+                let mid = (lo + hi) / 2.0;
+                if new_primary(mid) - from >= wait as f64 {
+                    hi = mid
+                } else {
+                    lo = mid
+                }
+            }
+            let begins = hi;
+            assert!(
+                lease_ends(begins),
+                "lease {lease}: the new primary begins at {begins:.3} (true ms) while the old primary's lease, to its clock's {deadline}, still stands"
+            );
+            cases += 1;
+        }
+        assert!(cases > 150_000, "{cases}");
     }
 
     /// At the bootstrap the first leader names itself primary: serving, its backups not
@@ -1207,7 +1297,7 @@ mod tests {
         assert!(a.iter().any(|a| matches!(a, Action::Prepare { to: 3, .. })), "{a:?}");
         let a = c3.on_prepared(3, 2, 40, 0, 402, &s, true);
         let [Action::Propose(Command::OpenEpoch { writes_after_ms, .. })] = &a[..] else { panic!("{a:?}") };
-        assert_eq!(*writes_after_ms, 301 + T.failure + HEARD_STAMP_SLACK_MS - 402);
+        assert_eq!(*writes_after_ms, 301 + T.failure + lease_margin_ms(T.failure) - 402);
         // ... unless its report comes before the opening is proposed.
         let mut c4 = Coordinator::new(2, T, 0);
         let _ = c4.tick(300, &s, true);
