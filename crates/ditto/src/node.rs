@@ -598,6 +598,13 @@ struct NodePlane {
     fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
     restart_after: Instant,
+    /// Backup servers of one role that exited in a row without joining their primary (one
+    /// refused for good: its directory holds another database, say), and when the next of
+    /// that role may start: 500 ms after the first, twice as long after each, up to 30 s.
+    /// Each start loads the directory's whole database, so a refusal retried every 500 ms
+    /// kept a core and the disk busy (found by a review, 2026-12-05). Another role starts
+    /// at once.
+    backup_backoff: Option<(Role, u32, Instant)>,
     /// A server told to stop that has not exited yet: no other starts meanwhile, and the
     /// directory is not reported.
     stopping: Option<Stopping>,
@@ -713,6 +720,13 @@ impl std::fmt::Display for Removed {
 
 impl std::error::Error for Removed {}
 
+/// How long after the `n`th backup server of one role in a row exited without joining its
+/// primary the next starts (`Node::backup_backoff`): 500 ms, then twice as long each time,
+/// up to 30 s.
+fn backup_backoff_after(n: u32) -> Duration {
+    Duration::from_millis(500).saturating_mul(1 << n.saturating_sub(1).min(6)).min(Duration::from_secs(30))
+}
+
 /// The exit status of a removed node (`EX_CONFIG` of sysexits.h): a service manager is
 /// told not to restart on it (systemd: `RestartPreventExitStatus=78`).
 pub const EXIT_REMOVED: i32 = 78;
@@ -785,6 +799,7 @@ impl NodePlane {
             fetching: Default::default(),
             unclean: None,
             restart_after: Instant::now(),
+            backup_backoff: None,
             stopping: None,
             heard: Vec::new(),
             serving: false,
@@ -993,6 +1008,7 @@ impl NodePlane {
                 }
                 let was = c.role.clone();
                 let ready = c.ready.load(Ordering::Acquire);
+                let c_joined = c.joined.load(Ordering::Acquire);
                 let changing = c.changing && !ready;
                 let lost = !status.success() && self.may_have_lost_acknowledged(self.child.as_ref().expect("a child"));
                 if lost {
@@ -1046,6 +1062,24 @@ impl NodePlane {
                         self.gives_up = Some((was.epoch(), None, "its server exited"));
                     }
                     self.restart_after = Instant::now() + Duration::from_millis(500);
+                    if !primary {
+                        self.backup_backoff = match self.backup_backoff.take() {
+                            _ if c_joined => None,
+                            Some((r, n, _)) if r == was => {
+                                Some((r, n + 1, Instant::now() + backup_backoff_after(n + 1)))
+                            }
+                            _ => Some((was, 1, Instant::now() + backup_backoff_after(1))),
+                        };
+                        if let Some((_, n, _)) = self.backup_backoff.as_ref().filter(|b| b.1 > 1) {
+                            say(
+                                self.me,
+                                format!(
+                                    "its backup server exited before it joined its primary, {n} times in a row: started again in {} ms",
+                                    backup_backoff_after(*n).as_millis()
+                                ),
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -1143,6 +1177,9 @@ impl NodePlane {
         }
         let Some(role) = want else { return };
         if Instant::now() < self.restart_after {
+            return;
+        }
+        if self.backup_backoff.as_ref().is_some_and(|(r, _, until)| *r == role && Instant::now() < *until) {
             return;
         }
         if let Err(e) = self.start_child(role.clone()) {

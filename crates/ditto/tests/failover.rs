@@ -3005,3 +3005,48 @@ fn a_new_primary_whose_supervisor_restarts_before_it_served_gives_its_epoch_up()
         took.as_secs_f64()
     );
 }
+
+/// A node whose directory holds another database (crates/replication/src/identity.rs):
+/// its backup server is refused by the primary (which records nothing of it) and exits,
+/// and its supervisor starts it again further and further apart (each start loads the
+/// directory's whole database; every 500 ms before), saying so; the cluster goes on
+/// taking writes, and the node's directory keeps its id.
+#[test]
+fn a_node_holding_another_database_is_refused_and_retried_further_and_further_apart() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority");
+    let primary = c.wait_or_dump("a primary", Duration::from_secs(60), || c.primary());
+    let other = (1..=3).find(|&id| id != primary).unwrap();
+    c.wait_or_dump(&format!("node {other} to follow"), Duration::from_secs(30), || {
+        c.info(other).filter(|i| i.contains("master_link_status:up")).map(|_| ())
+    });
+    c.kill(other);
+    // (A node's servers serve `data` under its directory.)
+    let dir = c.dir.path().join(format!("n{other}")).join("data");
+    assert!(ditto_replication::identity::read(&dir).unwrap().is_some(), "the node's server took the primary's id");
+    let foreign = ditto_replication::identity::DatabaseId::new_random();
+    ditto_replication::identity::write(&dir, foreign, &ditto_log::storage::RealStorage).unwrap();
+    let before = std::fs::read_to_string(c.log(other)).unwrap_or_default().len();
+    c.start_node(other);
+    let says = |n: u32| format!("exited before it joined its primary, {n} times in a row");
+    let t0 = Instant::now();
+    c.wait_or_dump("the third refusal in a row", Duration::from_secs(30), || {
+        std::fs::read_to_string(c.log(other)).unwrap()[before..].contains(&says(3)).then_some(())
+    });
+    // (500 ms, then 1 s, before the third start: at least 1.5 s.)
+    assert!(t0.elapsed() >= Duration::from_millis(1500), "{:?}", t0.elapsed());
+    let log = std::fs::read_to_string(c.log(other)).unwrap()[before..].to_string();
+    assert!(log.contains("the primary serves another database") && log.contains(&foreign.to_string()), "{log}");
+    // Over the next 3 s, at most two more starts (2 s and 4 s apart now; every 500 ms
+    // before, six).
+    std::thread::sleep(Duration::from_secs(3));
+    let log = std::fs::read_to_string(c.log(other)).unwrap()[before..].to_string();
+    assert!(!log.contains(&says(6)), "{log}");
+    // The primary took it in no quorum record and goes on with the other backup.
+    let mut w = Client::connect(c.ports[&primary]).unwrap();
+    w.set_read_timeout(Duration::from_secs(10));
+    assert_eq!(w.one(&["SET", "after", "1"]), "+OK");
+    let info = c.info(primary).unwrap();
+    assert!(!info.contains(&format!("node={other},")), "{info}");
+    assert_eq!(ditto_replication::identity::read(&dir).unwrap(), Some(foreign), "its id was changed");
+}

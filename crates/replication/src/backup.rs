@@ -600,32 +600,34 @@ pub fn end_promotion(dir: &Path) -> Result<(), BackupError> {
 
 /// Checks a primary's `Welcome` against the database `dir` holds (`crate::identity`), before
 /// anything of the primary's is taken: one of another database is refused (told why, and
-/// `BackupError::Refused`), and where the directory names none yet, it takes the primary's,
-/// durably, first.
-fn take_database(
-    database: &mut Option<crate::identity::DatabaseId>,
+/// `BackupError::OtherDatabase`); where the directory names none yet, the primary's id to
+/// write once the welcome's other checks have passed.
+fn check_database(
+    database: Option<crate::identity::DatabaseId>,
     welcome: &Option<Frame>,
     stream: &TcpStream,
     dir: &Path,
     primary: &str,
-    storage: &dyn Storage,
-) -> Result<(), BackupError> {
+) -> Result<Option<crate::identity::DatabaseId>, BackupError> {
     let Some(Frame::Welcome { database: theirs, .. }) = welcome else {
-        return Ok(());
+        return Ok(None);
     };
     let theirs = crate::identity::DatabaseId::from_wire(*theirs);
-    match crate::identity::check(*database, theirs, dir, primary) {
-        Ok(false) => Ok(()),
-        Ok(true) => {
-            crate::identity::write(dir, theirs.expect("checked"), storage).map_err(io("saving the database id"))?;
-            *database = theirs;
-            Ok(())
-        }
+    match crate::identity::check(database, theirs, dir, primary) {
+        Ok(adopt) => Ok(theirs.filter(|_| adopt)),
         Err(reason) => {
             let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
             let _ = stream.shutdown(std::net::Shutdown::Both);
             Err(BackupError::OtherDatabase(reason))
         }
+    }
+}
+
+/// A primary's refusal as an error: of another database (`crate::identity`), or any other.
+fn refused(reason: String) -> BackupError {
+    match reason.starts_with(crate::identity::OTHER_DATABASE) {
+        true => BackupError::OtherDatabase(reason),
+        false => BackupError::Refused(reason),
     }
 }
 
@@ -755,6 +757,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         node: opts.node.clone(),
         learner: opts.learner,
         auth: opts.auth.clone(),
+        database: database.map_or(0, crate::identity::DatabaseId::to_wire),
     };
     // The primary may not be up yet (a cluster starts its new primary and its backups at
     // once): try often, for a while, saying so once a second.
@@ -827,7 +830,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         }
     };
     let (mut stream, mut reader, mut welcome) = join(&hello)?;
-    take_database(&mut database, &welcome, &stream, &dir, &opts.primary, &*storage)?;
+    let mut adopt = check_database(database, &welcome, &stream, &dir, &opts.primary)?;
     if let (Some(Frame::Welcome { start: Start::CutAt { .. }, .. }), false) =
         (&welcome, opts.keep_what_the_primary_lost)
     {
@@ -839,9 +842,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             node: opts.node.clone(),
             learner: opts.learner,
             auth: opts.auth.clone(),
+            database: database.map_or(0, crate::identity::DatabaseId::to_wire),
         };
         (stream, reader, welcome) = join(&fresh)?;
-        take_database(&mut database, &welcome, &stream, &dir, &opts.primary, &*storage)?;
+        adopt = check_database(database, &welcome, &stream, &dir, &opts.primary)?;
     }
     if let (Some(Frame::Welcome { epoch: now, start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
         // The primary restarted from below what this backup holds: it lost commits this
@@ -887,9 +891,16 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             }
             (epoch, streams, tables, start)
         }
-        Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
+        Some(Frame::Refuse { reason }) => return Err(refused(reason)),
         other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
     };
+    // Taken from here (whatever follows is written to the directory): a directory that
+    // names no database takes the primary's first, durably. (Not before the welcome's
+    // checks: a refused one would name a database it took nothing from.)
+    if let Some(id) = adopt.take().filter(|_| !matches!(start, Start::CutAt { .. })) {
+        crate::identity::write(&dir, id, &*storage).map_err(io("saving the database id"))?;
+        database = Some(id);
+    }
     let resumed = matches!(start, Start::Resume);
     let (base, opened) = match start {
         Start::CutAt { point } => {
@@ -1344,7 +1355,7 @@ fn receive_checkpoint(
                 }
                 break;
             }
-            Some(Frame::Refuse { reason }) => return Err(BackupError::Refused(reason)),
+            Some(Frame::Refuse { reason }) => return Err(refused(reason)),
             other => return Err(BackupError::Protocol(format!("expected checkpoint files, got {other:?}"))),
         }
     }
@@ -2746,6 +2757,7 @@ impl Receiver {
                     node: self.opts.node.clone(),
                     learner,
                     auth: self.opts.auth.clone(),
+                    database: self.database.map_or(0, crate::identity::DatabaseId::to_wire),
                 };
                 let (s, mut r) = match connect(&self.opts.primary, self.opts.tls.as_deref(), &hello) {
                     Ok(c) => c,
@@ -2786,13 +2798,27 @@ impl Receiver {
                     // Not a primary of another database (one made anew at this address):
                     // nothing of it is taken, and the backup stops, keeping what it holds.
                     let theirs = crate::identity::DatabaseId::from_wire(*database);
-                    if let Err(reason) =
-                        crate::identity::check(self.database, theirs, &self.opts.data_dir, &self.opts.primary)
-                    {
-                        let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                        let _ = s.shutdown(std::net::Shutdown::Both);
-                        self.fatal(reason);
-                        return;
+                    match crate::identity::check(self.database, theirs, &self.opts.data_dir, &self.opts.primary) {
+                        Ok(false) => {}
+                        // (Its first primary said none: a test's stand-in.)
+                        Ok(true) => {
+                            match crate::identity::write(&self.opts.data_dir, theirs.expect("said"), &*self.storage) {
+                                Ok(()) => {
+                                    self.database = theirs;
+                                    self.state.database.store(theirs.map_or(0, |t| t.to_wire()), Ordering::Release);
+                                }
+                                Err(e) => {
+                                    self.fatal(format!("saving the database id: {e}"));
+                                    return;
+                                }
+                            }
+                        }
+                        Err(reason) => {
+                            let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                            let _ = s.shutdown(std::net::Shutdown::Both);
+                            self.fatal(reason);
+                            return;
+                        }
                     }
                     // Taken (whatever follows): no refusal stands.
                     *self.state.refused.lock() = None;
@@ -2879,6 +2905,12 @@ impl Receiver {
                         return;
                     }
                     // Said at most once a second (a refusal may last: `primary::NAME_TAKEN`).
+                    // The primary serves another database (it checked this backup's id):
+                    // stopped, as for the welcome's, keeping what it holds.
+                    Ok(Some(Frame::Refuse { reason })) if reason.starts_with(crate::identity::OTHER_DATABASE) => {
+                        self.fatal(reason);
+                        return;
+                    }
                     Ok(Some(Frame::Refuse { reason })) => {
                         *self.state.refused.lock() = Some(reason.clone());
                         if refused_said.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {

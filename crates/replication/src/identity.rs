@@ -86,7 +86,7 @@ pub fn read(dir: &Path) -> std::io::Result<Option<DatabaseId>> {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
-                "{} does not hold `{PREFIX}`, 16 hex digits and their checksum (it holds {:?}): damaged; it names the database whose history this directory holds",
+                "{} does not hold `{PREFIX}`, 16 hex digits and their checksum (it holds {:?}): damaged. It names the database whose history this directory holds, the same in every directory of one history: restore it from a copy, or from the primary's or a backup's directory (removed, a primary makes a new id, which its backups then refuse)",
                 path.display(),
                 String::from_utf8_lossy(&bytes).chars().take(64).collect::<String>()
             ),
@@ -123,11 +123,21 @@ pub fn check(mine: Option<DatabaseId>, theirs: Option<DatabaseId>, dir: &Path, p
         (_, None) => Ok(false),
         (None, Some(_)) => Ok(true),
         (Some(m), Some(t)) if m == t => Ok(false),
-        (Some(m), Some(t)) => Err(format!(
-            "{OTHER_DATABASE}: this backup's directory {} holds database {m} and the primary at {primary} serves database {t}: it was never that primary's backup, or the primary's directory was made anew; it takes nothing from it (no resume, no copy) and keeps what it holds (point it at the primary whose data it holds, or empty its directory to copy this primary's)",
-            dir.display()
+        (Some(m), Some(t)) => Err(refusal(
+            &format!("this backup's directory {}", dir.display()),
+            m,
+            &format!("the primary at {primary}"),
+            t,
         )),
     }
+}
+
+/// Why a backup whose directory (`holder`) holds database `held` takes nothing from a
+/// primary (`primary`) that serves `served`, and what a person may do.
+pub fn refusal(holder: &str, held: DatabaseId, primary: &str, served: DatabaseId) -> String {
+    format!(
+        "{OTHER_DATABASE}: {holder} holds database {held} and {primary} serves database {served}: it was never that primary's backup, or the primary's directory was made anew; it takes nothing from it (no resume, no copy) and keeps what it holds. Point it at the primary whose data it holds, or empty its directory to copy this primary's; only if the two do hold one history (a directory whose {DATABASE_ID_FILE} file was lost and made anew, or two made by this build over data an older build wrote) copy the primary's {DATABASE_ID_FILE} file into the backup's directory"
+    )
 }
 
 /// How a refusal for another database's primary begins (`check`).

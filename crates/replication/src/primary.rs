@@ -1031,9 +1031,11 @@ impl Primary {
         let hello = hello?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node, learner, auth) = match hello {
-            Some(Frame::Hello { version, epoch, have_ts, node, learner, auth }) if version == PROTOCOL_VERSION => {
-                (epoch, have_ts, node, learner, auth)
+        let (epoch, have_ts, node, learner, auth, database) = match hello {
+            Some(Frame::Hello { version, epoch, have_ts, node, learner, auth, database })
+                if version == PROTOCOL_VERSION =>
+            {
+                (epoch, have_ts, node, learner, auth, database)
             }
             Some(Frame::Hello { version, .. }) => {
                 let reason = format!(
@@ -1074,6 +1076,14 @@ impl Primary {
                 // (Logged by the caller, at most once a second.)
                 return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
             }
+        }
+        // A backup of another database (`crate::identity`): refused before anything is
+        // recorded (its name in the quorum's record) or made for it (a checkpoint to copy).
+        // It checks the welcome's id too. (Before 2026-12-05, evening, only the backup did:
+        // each try was recorded, and a restart then waited for it; found by a review.)
+        if let Some(theirs) = crate::identity::DatabaseId::from_wire(database).filter(|&t| t != self.database) {
+            let holder = format!("backup {node}'s directory");
+            return Err(refuse(&stream, crate::identity::refusal(&holder, theirs, "this primary", self.database)));
         }
         // A backup of a later epoch than this primary's: this primary is stale (deposed,
         // or restored from an older copy), and the copy it would send (no log of that
@@ -2421,6 +2431,7 @@ mod tests {
                 node: "b".into(),
                 learner: false,
                 auth: None,
+                database: 0,
             }
             .encode();
             for b in hello.iter() {

@@ -22,8 +22,10 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// of log format 5 (`BatchHeader::reuse_ts`), which a backup of an older build cannot read
 /// (it dropped the link at the first batch and connected again, for ever). 6 (2026-12-05):
 /// `Heartbeat::sent_us` and `Ack::echo_us` (a cluster primary's lease). 7 (2026-12-05):
-/// `Welcome::database` (`crate::identity`). A primary refuses a backup of another version,
-/// saying which it speaks.
+/// `Hello::database` and `Welcome::database` (`crate::identity`; a Hello of 7 lays out its
+/// trailing fields anew, decoded by its version, so a backup of 6 is still told which
+/// version the primary speaks). A primary refuses a backup of another version, saying
+/// which it speaks.
 pub const PROTOCOL_VERSION: u32 = 7;
 /// The largest frame accepted: the largest batch the log writes (its header and a payload
 /// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
@@ -36,6 +38,8 @@ const _: () = assert!(
     "a frame holds the largest batch with its frame's own fields"
 );
 pub const FRAME_HEADER_LEN: usize = 8;
+/// The first version whose `Hello` carries `database` (and always its learner byte).
+const HELLO_WITH_DATABASE: u32 = 7;
 
 /// A password, as a `Hello` carries it and a primary keeps it: sent and compared as is,
 /// never printed (its `Debug` hides it, so a frame or options printed for a log do too).
@@ -69,7 +73,12 @@ pub enum Frame {
     /// (a byte after `node`; absent, as a peer before it sends it, means a backup);
     /// `auth`: the password a primary with one asks of its backups (its `requirepass`,
     /// the backup's `masterauth`), a string after that byte, absent when none is given.
-    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<Secret> },
+    /// `database`: the id of the database the backup's directory holds (`crate::identity`;
+    /// 0: none), which a primary of another refuses before it records or sends anything.
+    /// From version 7 the learner byte and the id (u64) always follow `node`, then `auth`
+    /// where given; a Hello of an older version is laid out (and decoded) as that version's,
+    /// without the id.
+    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<Secret>, database: u64 },
     /// Primary -> backup: the answer to `Hello`. `database`: the id of the database the
     /// primary serves (`crate::identity`; 0: none said), which a backup holding another
     /// refuses.
@@ -198,9 +207,9 @@ impl std::fmt::Debug for Frame {
             }
         };
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner, auth } => write!(
+            Frame::Hello { version, epoch, have_ts, node, learner, auth, database } => write!(
                 f,
-                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?} }}",
+                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?}, database: {database:016x} }}",
                 cut(node)
             ),
             Frame::Welcome { epoch, streams, tables, start, database } => {
@@ -241,14 +250,17 @@ impl Frame {
         let mut b = BytesMut::with_capacity(64);
         b.put_bytes(0, FRAME_HEADER_LEN);
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner, auth } => {
+            Frame::Hello { version, epoch, have_ts, node, learner, auth, database } => {
                 b.put_u8(kind::HELLO);
                 b.put_slice(&MAGIC);
                 b.put_u32_le(*version);
                 b.put_u64_le(epoch.0);
                 b.put_u64_le(have_ts.0);
                 put_str(&mut b, node);
-                if *learner || auth.is_some() {
+                if *version >= HELLO_WITH_DATABASE {
+                    b.put_u8(u8::from(*learner));
+                    b.put_u64_le(*database);
+                } else if *learner || auth.is_some() {
                     b.put_u8(u8::from(*learner));
                 }
                 if let Some(a) = auth {
@@ -357,17 +369,27 @@ impl Frame {
                 magic(&mut b)?;
                 let (version, epoch, have_ts, node) =
                     (get_u32(&mut b)?, Epoch(get_u64(&mut b)?), Ts(get_u64(&mut b)?), get_str(&mut b)?);
-                let learner = match b.has_remaining() {
-                    false => false,
-                    true => match get_u8(&mut b)? {
+                let (learner, database) = if version >= HELLO_WITH_DATABASE {
+                    let learner = match get_u8(&mut b)? {
+                        0 => false,
                         1 => true,
-                        // (0 only where a password follows.)
-                        0 if b.has_remaining() => false,
-                        _ => return Err(ProtocolError::Malformed("a learner flag other than 1")),
-                    },
+                        _ => return Err(ProtocolError::Malformed("a learner flag other than 0 or 1")),
+                    };
+                    (learner, get_u64(&mut b)?)
+                } else {
+                    let learner = match b.has_remaining() {
+                        false => false,
+                        true => match get_u8(&mut b)? {
+                            1 => true,
+                            // (0 only where a password follows.)
+                            0 if b.has_remaining() => false,
+                            _ => return Err(ProtocolError::Malformed("a learner flag other than 1")),
+                        },
+                    };
+                    (learner, 0)
                 };
                 let auth = if b.has_remaining() { Some(Secret(get_str(&mut b)?)) } else { None };
-                Frame::Hello { version, epoch, have_ts, node, learner, auth }
+                Frame::Hello { version, epoch, have_ts, node, learner, auth, database }
             }
             kind::WELCOME => {
                 magic(&mut b)?;
@@ -749,6 +771,7 @@ mod tests {
             node: "n".repeat(65_000),
             learner: false,
             auth: Some(Secret("pw".into())),
+            database: 0,
         };
         let s = format!("{h:?}");
         assert!(s.len() < 1024 && !s.contains("pw"), "{s}");
@@ -772,6 +795,7 @@ mod tests {
             node: "b".into(),
             learner: false,
             auth: Some("pw".into()),
+            database: 7,
         };
         assert_eq!(read_frame_at_most(&mut &hello.encode()[..], 64 << 10).unwrap(), Some(hello.clone()));
         // A frame printed for a log does not show the password.
@@ -830,26 +854,27 @@ mod tests {
 
     #[test]
     fn every_frame_roundtrips_and_every_bit_flip_is_caught() {
-        roundtrip(Frame::Hello {
-            version: 1,
+        // Before version 7 (no database id; the learner byte only where needed), and from 7.
+        for (version, database) in [(1, 0), (6, 0), (PROTOCOL_VERSION, 0), (PROTOCOL_VERSION, u64::MAX - 5)] {
+            for (learner, auth) in [(false, None), (true, None), (false, Some("sesame")), (true, Some("sesame"))] {
+                let auth = auth.map(Secret::from);
+                let (node, epoch, have_ts) = ("b1".into(), Epoch(3), Ts(99));
+                roundtrip(Frame::Hello { version, epoch, have_ts, node, learner, auth, database });
+            }
+        }
+        // A Hello of 6 decodes as 6's, to be told the version: its layout has no id.
+        let six = Frame::Hello {
+            version: 6,
             epoch: Epoch(3),
-            have_ts: Ts(99),
-            node: "b1".into(),
+            have_ts: Ts(9),
+            node: "b".into(),
             learner: false,
             auth: None,
-        });
-        roundtrip(Frame::Hello {
-            version: 1,
-            epoch: Epoch(3),
-            have_ts: Ts(99),
-            node: "b4".into(),
-            learner: true,
-            auth: None,
-        });
-        for learner in [false, true] {
-            let auth = Some("sesame".into());
-            roundtrip(Frame::Hello { version: 1, epoch: Epoch(3), have_ts: Ts(9), node: "b".into(), learner, auth });
-        }
+            database: 0,
+        };
+        let bytes = six.encode();
+        assert_eq!(bytes.len(), FRAME_HEADER_LEN + 1 + 8 + 4 + 8 + 8 + 4 + 1, "6's layout");
+        assert_eq!(read_frame(&mut &bytes[..]).unwrap(), Some(six));
         roundtrip(Frame::Welcome {
             epoch: Epoch(4),
             streams: 2,

@@ -18,18 +18,18 @@ use ditto_replication::{backup, BackupError, BackupOptions, Primary, PrimaryOpti
 mod common;
 use common::wait_until;
 
-/// A primary on a fresh log in `dir`, on `listener`: (its log, table "t", the primary).
+/// A primary on a fresh log in `dir`, on `listener`, keeping its quorum's record in `dir`
+/// as a standalone server does (under `local`, counting one backup): (its log, table "t",
+/// the primary).
 fn primary_on(dir: &std::path::Path, listener: std::net::TcpListener) -> (ditto_log::Durable, TableId, Arc<Primary>) {
     let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = d.db().create_table("t").unwrap();
     let policy = ditto_replication::CommitPolicy::parse("local").unwrap();
-    let p = Primary::start(
-        &d,
-        listener,
-        PrimaryOptions::default(),
-        Box::new(move |h| ditto_replication::release_watermark(policy, h)),
-    )
-    .unwrap();
+    let record = ditto_replication::QuorumRecord::new(1, policy);
+    let opts =
+        PrimaryOptions { backups_expected: 1, quorum_record: Some((dir.to_path_buf(), record)), ..Default::default() };
+    let p =
+        Primary::start(&d, listener, opts, Box::new(move |h| ditto_replication::release_watermark(policy, h))).unwrap();
     let p2 = Arc::clone(&p);
     d.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
     (d, t, p)
@@ -87,7 +87,11 @@ fn a_backup_takes_nothing_from_a_primary_of_another_database_at_its_start() {
         Err(e) => panic!("refused for another reason: {e}"),
         Ok(_) => panic!("a backup of another database was taken"),
     }
+    // The primary refused it at its hello (its id): nothing recorded, no link, no copy.
     assert_eq!(p2.checkpoints_sent.load(Ordering::Relaxed), 0, "no copy was sent");
+    assert!(p2.backups().is_empty());
+    let record = ditto_replication::QuorumRecord::read(&pc).unwrap().unwrap();
+    assert!(record.backups.is_empty(), "the refused backup was recorded: {:?}", record.backups);
     // Its directory is as it was: a's keys, a's id.
     assert_eq!(held(&pb, t), before);
     assert_eq!(identity::read(&pb).unwrap(), Some(a_id));
@@ -131,7 +135,9 @@ fn a_running_backup_whose_primary_is_made_anew_at_its_address_stops_and_keeps_wh
         assert!((0..40u32).all(|k| r.get(t, &k.to_be_bytes()).unwrap().as_deref() == Some(&b"a"[..])));
         assert!((100..250u32).all(|k| r.get(t, &k.to_be_bytes()).unwrap().is_none()), "c's keys were taken");
     }
-    assert!(p2.backups().is_empty(), "c kept a link to the backup: {:?}", p2.backups());
+    wait_until("c to drop the refused link", Duration::from_secs(10), || p2.backups().is_empty());
+    let record = ditto_replication::QuorumRecord::read(&pc).unwrap().unwrap();
+    assert!(record.backups.is_empty(), "the refused backup was recorded: {:?}", record.backups);
     let _ = bk.stop("done", Duration::from_secs(10));
     drop(bk);
     let kept = held(&pb, t);
@@ -140,4 +146,57 @@ fn a_running_backup_whose_primary_is_made_anew_at_its_address_stops_and_keeps_wh
     assert_eq!(identity::read(&pb).unwrap(), Some(a_id));
     p2.stop();
     c.close();
+}
+
+/// The backup's own check of the welcome's id (a primary that did not check the hello's,
+/// a stand-in here): refused, told why, nothing taken. And a directory that names no
+/// database yet takes a primary's id only once the welcome's other checks pass: one
+/// refused for another reason (a welcome naming no stream) names none after.
+#[test]
+fn a_welcome_of_another_database_is_refused_by_the_backup_and_an_id_is_taken_only_with_the_welcome() {
+    use ditto_replication::protocol::{read_frame, Frame, Start};
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (epoch, ts) = common::backup_dir_holding_a_row(&pa, &pb);
+    let a_id = identity::read(&pb).unwrap().expect("taken from a");
+    let stand_in = |database: u64, streams: u32| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let hello = read_frame(&mut s).unwrap();
+            let tables = vec![(0u32, "t".to_string())];
+            let welcome = Frame::Welcome { epoch, streams, tables, start: Start::Resume, database };
+            s.write_all(&welcome.encode()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            (hello, read_frame(&mut s).ok().flatten())
+        });
+        (addr, peer)
+    };
+    // Another database's welcome: refused by the backup, which says why to the primary.
+    let other = identity::DatabaseId::new_random();
+    let (addr, peer) = stand_in(other.to_wire(), 1);
+    match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
+        Err(BackupError::OtherDatabase(why)) => assert!(why.contains(&other.to_string()), "{why}"),
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a welcome of another database was taken"),
+    }
+    let (hello, answer) = peer.join().unwrap();
+    assert!(
+        matches!(hello, Some(Frame::Hello { database, have_ts, .. }) if database == a_id.to_wire() && have_ts == ts)
+    );
+    assert!(matches!(&answer, Some(Frame::Refuse { reason }) if reason.starts_with(OTHER_DATABASE)), "{answer:?}");
+    assert_eq!(identity::read(&pb).unwrap(), Some(a_id));
+    // A directory that names none (an older build's), refused for the welcome's streams:
+    // still none.
+    std::fs::remove_file(pb.join(identity::DATABASE_ID_FILE)).unwrap();
+    let (addr, peer) = stand_in(other.to_wire(), 0);
+    match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
+        Err(BackupError::Protocol(e)) => assert!(e.contains("0 streams"), "{e}"),
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a welcome of no stream was taken"),
+    }
+    let _ = peer.join();
+    assert_eq!(identity::read(&pb).unwrap(), None, "it named a database it took nothing from");
 }

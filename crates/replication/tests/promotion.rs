@@ -362,8 +362,15 @@ fn bounds_sent_to_a_hello(addr: &str, epoch: Epoch, have: Ts, node: &str) -> Vec
     use ditto_replication::protocol::{read_frame, Frame, Start, PROTOCOL_VERSION};
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let hello =
-        Frame::Hello { version: PROTOCOL_VERSION, epoch, have_ts: have, node: node.into(), learner: false, auth: None };
+    let hello = Frame::Hello {
+        version: PROTOCOL_VERSION,
+        epoch,
+        have_ts: have,
+        node: node.into(),
+        learner: false,
+        auth: None,
+        database: 0,
+    };
     s.write_all(&hello.encode()).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let welcome = loop {

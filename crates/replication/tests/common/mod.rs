@@ -104,5 +104,6 @@ pub fn empty_hello(name: &str) -> ditto_replication::protocol::Frame {
         node: name.into(),
         learner: false,
         auth: None,
+        database: 0,
     }
 }
