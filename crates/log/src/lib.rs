@@ -21,6 +21,7 @@ mod arena;
 pub mod catalog;
 pub mod checkpoint;
 pub mod format;
+pub mod identity;
 pub mod options;
 pub mod power_cut;
 pub mod recovery;
@@ -450,6 +451,10 @@ fn start_logging(
     mut report: RecoveryReport,
     t0: Instant,
 ) -> Result<Durable, LogError> {
+    // The directory's database id (`identity`), from its first open on (a promotion's
+    // keeps the one its backup took): its copies carry it.
+    identity::load_or_create(dir, &*opts.log.storage)
+        .map_err(|e| LogError::io(&dir.join(identity::DATABASE_ID_FILE), e))?;
     // New commits, and the streams' durable positions, start above `ts_above`: nothing
     // lies between what was recovered and it (a failover discarded it), so the watermark
     // covers it at once (a backup registering waits for the watermark to reach the clock).

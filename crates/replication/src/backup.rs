@@ -464,19 +464,33 @@ const STATE_FILE: &str = "REPLICA_STATE";
 /// asked its primary for a copy and set aside what it held, commits a restarted primary
 /// lost included (before 2026-12-05; found by a review).
 pub fn read_followed_epoch(dir: &Path) -> std::io::Result<Option<Epoch>> {
+    Ok(read_followed(dir)?.map(|(e, _)| e))
+}
+
+/// `read_followed_epoch`, and the run of the primary that served it (`Primary::run`; 0:
+/// not recorded: the old primary's own epoch, a record of an older build).
+pub fn read_followed(dir: &Path) -> std::io::Result<Option<(Epoch, u64)>> {
     let path = dir.join(STATE_FILE);
     let s = match std::fs::read_to_string(&path) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
     };
-    match s.trim().strip_prefix("epoch ").and_then(|n| n.parse().ok()) {
-        Some(e) => Ok(Some(Epoch(e))),
+    // `epoch N`, or `epoch N run R` (R in 16 hex digits, not 0).
+    let parsed = s.trim().strip_prefix("epoch ").and_then(|rest| match rest.split_once(" run ") {
+        None => Some((Epoch(rest.parse().ok()?), 0)),
+        Some((e, r)) if r.len() == 16 => {
+            Some((Epoch(e.parse().ok()?), u64::from_str_radix(r, 16).ok().filter(|&r| r != 0)?))
+        }
+        Some(_) => None,
+    });
+    match parsed {
+        Some(f) => Ok(Some(f)),
         None => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             // (Its first 64 characters, not bytes: a cut inside a character panicked.)
             format!(
-                "{} does not hold `epoch N` (it holds {:?}): damaged",
+                "{} does not hold `epoch N` or `epoch N run R` (it holds {:?}): damaged",
                 path.display(),
                 s.chars().take(64).collect::<String>()
             ),
@@ -484,11 +498,14 @@ pub fn read_followed_epoch(dir: &Path) -> std::io::Result<Option<Epoch>> {
     }
 }
 
-fn write_followed_epoch(dir: &Path, e: Epoch, storage: &dyn Storage) -> std::io::Result<()> {
+fn write_followed_epoch(dir: &Path, e: Epoch, run: u64, storage: &dyn Storage) -> std::io::Result<()> {
     let tmp = dir.join(format!("{STATE_FILE}.tmp"));
     {
         let mut f = std::fs::File::create(&tmp)?;
-        writeln!(f, "epoch {}", e.0)?;
+        match run {
+            0 => writeln!(f, "epoch {}", e.0)?,
+            r => writeln!(f, "epoch {} run {r:016x}", e.0)?,
+        }
         f.sync_all()?;
     }
     std::fs::rename(&tmp, dir.join(STATE_FILE))?;
@@ -694,7 +711,11 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let storage: Arc<dyn Storage> = opts.storage.clone().unwrap_or_else(|| Arc::new(RealStorage));
     let dir = opts.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-    let mut followed = read_followed_epoch(&dir).map_err(io("reading the epoch this backup followed"))?;
+    let recorded = read_followed(&dir).map_err(io("reading the epoch this backup followed"))?;
+    let mut followed = recorded.map(|(e, _)| e);
+    // The run of the primary that served it (`Primary::run`), where recorded: a primary of
+    // that epoch number in another run is another history (`crate::identity::check_run`).
+    let followed_run = recorded.map_or(0, |(_, r)| r);
     // The database whose history the directory holds, if any primary was followed (or
     // served) here: a primary of another is taken nothing from (`take_database`).
     let mut database = crate::identity::read(&dir).map_err(io("reading the directory's database id"))?;
@@ -708,7 +729,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             e => e,
         };
         if own.0 > 0 {
-            write_followed_epoch(&dir, own, &*storage).map_err(io("saving the followed epoch"))?;
+            write_followed_epoch(&dir, own, 0, &*storage).map_err(io("saving the followed epoch"))?;
             followed = Some(own);
         }
     }
@@ -758,6 +779,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         learner: opts.learner,
         auth: opts.auth.clone(),
         database: database.map_or(0, crate::identity::DatabaseId::to_wire),
+        run: if opts.fresh_copy { 0 } else { followed_run },
     };
     // The primary may not be up yet (a cluster starts its new primary and its backups at
     // once): try often, for a while, saying so once a second.
@@ -843,6 +865,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             learner: opts.learner,
             auth: opts.auth.clone(),
             database: database.map_or(0, crate::identity::DatabaseId::to_wire),
+            run: 0,
         };
         (stream, reader, welcome) = join(&fresh)?;
         adopt = check_database(database, &welcome, &stream, &dir, &opts.primary)?;
@@ -867,9 +890,24 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     if opts.cancel.as_ref().is_some_and(JoinCancel::cancelled) {
         return Err(BackupError::Stopped);
     }
-    let (epoch, streams, tables, start) = match welcome {
-        Some(Frame::Welcome { epoch, streams, tables, start, .. }) => {
+    let (epoch, streams, tables, start, run) = match welcome {
+        Some(Frame::Welcome { epoch, streams, tables, start, run, .. }) => {
             check_welcome(streams, &tables)?;
+            // The epoch it follows served by another run of a primary: another history of
+            // the same epoch number (`crate::identity::check_run`). (Not where it asked
+            // for a fresh copy, nor for an old primary's own epoch, whose run is unknown.)
+            if !opts.fresh_copy && followed == Some(epoch) {
+                if let Err(reason) = crate::identity::check_run(
+                    epoch.0,
+                    followed_run,
+                    run,
+                    &format!("this backup's directory {}", dir.display()),
+                    &format!("the primary at {}", opts.primary),
+                ) {
+                    let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                    return Err(BackupError::OtherDatabase(reason));
+                }
+            }
             // A primary of an older epoch than the one this backup follows is stale
             // (deposed, or restored from an older copy): whatever it offers would discard
             // commits a later primary released with this backup in its quorum. (A primary
@@ -889,7 +927,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
                     opts.workers
                 )));
             }
-            (epoch, streams, tables, start)
+            (epoch, streams, tables, start, run)
         }
         Some(Frame::Refuse { reason }) => return Err(refused(reason)),
         other => return Err(BackupError::Protocol(format!("expected Welcome, got {other:?}"))),
@@ -948,7 +986,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // checkpoint under the old epoch's name: the next start asked to resume it as
             // the old epoch's history, and a primary that restarted below it answered with
             // a cut the backup refused at every start.
-            write_followed_epoch(&dir, Epoch(0), &*storage).map_err(io("saving the followed epoch"))?;
+            write_followed_epoch(&dir, Epoch(0), 0, &*storage).map_err(io("saving the followed epoch"))?;
             // Moved aside (a rename each, durable before the next), from the newest of what
             // it held to the oldest: a crash midway leaves an older state that opens as it is.
             let gone = ditto_log::replica::replaced_by_a_checkpoint_copy(&dir)?;
@@ -981,7 +1019,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             (ts, opened)
         }
     };
-    write_followed_epoch(&dir, epoch, &*storage).map_err(io("saving the followed epoch"))?;
+    write_followed_epoch(&dir, epoch, run, &*storage).map_err(io("saving the followed epoch"))?;
     let db = Arc::clone(&opened.db);
     // The size of the checkpoint this run started from (written by the open, or loaded).
     let opened_checkpoint_bytes = match opened.report.checkpoint_written_bytes.max(opened.report.checkpoint_bytes) {
@@ -1083,6 +1121,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         refusal: None,
         ended_on_refusal: false,
         database,
+        run,
     };
     {
         let (state, link, persist) = (Arc::clone(&state), Arc::clone(&link), Arc::clone(&persist));
@@ -2397,6 +2436,9 @@ struct Receiver {
     /// directory nor its primary said one): a primary of another met on a reconnect (one
     /// made anew at the same address) is taken nothing from.
     database: Option<crate::identity::DatabaseId>,
+    /// The run of the primary it follows (`Primary::run`; 0: not said): on a reconnect, a
+    /// primary of the same epoch in another run is another history of that number.
+    run: u64,
 }
 
 /// A batch refused as malformed (its stream and first timestamp), and how many links in
@@ -2758,6 +2800,7 @@ impl Receiver {
                     learner,
                     auth: self.opts.auth.clone(),
                     database: self.database.map_or(0, crate::identity::DatabaseId::to_wire),
+                    run: self.run,
                 };
                 let (s, mut r) = match connect(&self.opts.primary, self.opts.tls.as_deref(), &hello) {
                     Ok(c) => c,
@@ -2794,7 +2837,25 @@ impl Receiver {
                         other => break other,
                     }
                 };
-                if let Ok(Some(Frame::Welcome { database, .. })) = &answer {
+                if let Ok(Some(Frame::Welcome { database, epoch, run, .. })) = &answer {
+                    // Nor a primary of the same epoch in another run (another history of
+                    // that epoch's number).
+                    let holder = format!("this backup's directory {}", self.opts.data_dir.display());
+                    let primary = format!("the primary at {}", self.opts.primary);
+                    let same_epoch = *epoch == self.epoch;
+                    if let Err(reason) =
+                        crate::identity::check_run(epoch.0, self.run, *run, &holder, &primary).or_else(|e| {
+                            match same_epoch {
+                                true => Err(e),
+                                false => Ok(()),
+                            }
+                        })
+                    {
+                        let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        self.fatal(reason);
+                        return;
+                    }
                     // Not a primary of another database (one made anew at this address):
                     // nothing of it is taken, and the backup stops, keeping what it holds.
                     let theirs = crate::identity::DatabaseId::from_wire(*database);

@@ -1,117 +1,15 @@
-//! A data directory's database id
-//! ===============================
-//! Every primary's data directory holds a random 64-bit id, made the first time a primary
-//! serves it (`load_or_create`) and kept for good; a backup takes its primary's id from the
-//! primary's `Welcome` and writes it, durably, before anything the primary sends. A
-//! backup's directory thus names the database whose history it holds, and a promoted
-//! backup, an old primary that rejoins, a cluster's nodes all carry one id: the history
-//! they share. A backup told by its `Welcome` of another id (`check`) is not resumed, nor
-//! sent a copy: it keeps what it holds and says why. Without it, a backup pointed at an
-//! unrelated primary, or at its own primary's address once that directory was made anew,
-//! took the other history's log from where its own ended whenever the two epochs' numbers
-//! and clocks allowed it (both count from the start), or discarded all it held for a copy
-//! of an empty database (PostgreSQL's standby refuses a primary of another "database
-//! system identifier" for the same reason; a Redis replica's replication id is the same
-//! idea, though Redis then copies over the replica's data).
-//!
-//! What it does not tell apart: two copies of one directory, each served as a primary
-//! (both carry the copied id; the epoch number and the primary's clock catch some of it,
-//! docs/replication.md, "Protocol"), and a directory written by a build older than the id
-//! (it has none: it takes the first primary's it follows).
+//! Database ids and primary runs between nodes
+//! ===========================================
+//! A data directory names the database whose history it holds (`ditto_log::identity`,
+//! re-exported here); a primary says its id in every `Welcome` and each run of a primary
+//! its own run id; a backup says what it holds in its `Hello`. `check`, `refusal` and
+//! `check_run` decide, on either side, that a backup takes nothing from a primary of
+//! another database, or of another run of the epoch it follows (docs/replication.md,
+//! "Protocol").
 
 use std::path::Path;
 
-use ditto_log::storage::Storage;
-
-/// The file, in a data directory, that holds its database id.
-pub const DATABASE_ID_FILE: &str = "DATABASE_ID";
-
-/// A database's id: never 0, which the protocol uses for "none said".
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct DatabaseId(u64);
-
-impl DatabaseId {
-    /// A fresh random id.
-    pub fn new_random() -> DatabaseId {
-        loop {
-            let x: u64 = rand::random();
-            if x != 0 {
-                return DatabaseId(x);
-            }
-        }
-    }
-
-    /// The id a frame carries, `None` for 0 ("none said").
-    pub fn from_wire(x: u64) -> Option<DatabaseId> {
-        (x != 0).then_some(DatabaseId(x))
-    }
-
-    pub fn to_wire(self) -> u64 {
-        self.0
-    }
-}
-
-impl std::fmt::Display for DatabaseId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-const PREFIX: &str = "ditto database ";
-
-/// The file's one line: the prefix, the id in 16 lower-case hex digits, and the CRC-32C of
-/// what comes before it (a damaged digit would otherwise read as another id).
-fn line(id: DatabaseId) -> String {
-    let head = format!("{PREFIX}{id}");
-    format!("{head} crc32c {:08x}\n", crc32c::crc32c(head.as_bytes()))
-}
-
-/// The id `dir` holds, `None` where it holds none (a directory no primary served, or
-/// written by an older build). A file that does not hold one is an error naming it.
-pub fn read(dir: &Path) -> std::io::Result<Option<DatabaseId>> {
-    let path = dir.join(DATABASE_ID_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
-    };
-    let parsed = std::str::from_utf8(&bytes)
-        .ok()
-        .and_then(|s| s.strip_prefix(PREFIX))
-        .and_then(|s| s.get(..16))
-        .and_then(|h| u64::from_str_radix(h, 16).ok())
-        .and_then(DatabaseId::from_wire)
-        .filter(|&id| line(id).as_bytes() == bytes);
-    parsed.map(Some).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "{} does not hold `{PREFIX}`, 16 hex digits and their checksum (it holds {:?}): damaged. It names the database whose history this directory holds, the same in every directory of one history: restore it from a copy, or from the primary's or a backup's directory (removed, a primary makes a new id, which its backups then refuse)",
-                path.display(),
-                String::from_utf8_lossy(&bytes).chars().take(64).collect::<String>()
-            ),
-        )
-    })
-}
-
-/// Writes `id` into `dir`, durably (after a crash the file is the old one or the new).
-pub fn write(dir: &Path, id: DatabaseId, storage: &dyn Storage) -> std::io::Result<()> {
-    ditto_log::catalog::write_atomically(dir, DATABASE_ID_FILE, line(id).as_bytes(), storage)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("writing {}: {e}", dir.join(DATABASE_ID_FILE).display())))
-}
-
-/// The id of the directory a primary serves: the one it holds, else a new one, written
-/// before the primary serves any backup.
-pub fn load_or_create(dir: &Path, storage: &dyn Storage) -> std::io::Result<DatabaseId> {
-    match read(dir)? {
-        Some(id) => Ok(id),
-        None => {
-            let id = DatabaseId::new_random();
-            write(dir, id, storage)?;
-            Ok(id)
-        }
-    }
-}
+pub use ditto_log::identity::{load_or_create, read, write, DatabaseId, DATABASE_ID_FILE};
 
 /// What a backup whose directory `dir` holds `mine` does with a `Welcome` of `theirs`
 /// from the primary at `primary`: `Ok(true)`, write `theirs` before taking anything
@@ -140,56 +38,38 @@ pub fn refusal(holder: &str, held: DatabaseId, primary: &str, served: DatabaseId
     )
 }
 
+/// Whether a backup that follows epoch `epoch` as served by the primary run `mine`
+/// (`Primary::run`, said in its `Welcome`; 0: not recorded) may take from a primary that
+/// serves that same epoch number in run `theirs`. A primary serves an epoch in one run only
+/// (a restarted primary opens a new epoch, and so does each failover and promotion), so two
+/// runs of one epoch number are two histories: a copy of a data directory served as a
+/// primary beside its original opens the same next epoch its original does. Refused, the
+/// backup takes nothing and keeps what it holds. (Before, only the primary's clock told
+/// the two apart, where the backup held more than the copy had stamped.)
+pub fn check_run(epoch: u64, mine: u64, theirs: u64, holder: &str, primary: &str) -> Result<(), String> {
+    match mine == 0 || theirs == 0 || mine == theirs {
+        true => Ok(()),
+        false => Err(format!(
+            "{OTHER_DATABASE}'s history: {holder} holds epoch {epoch} as served by the primary run {mine:016x}, and {primary} serves epoch {epoch} in run {theirs:016x}: two primaries served the same epoch number (a copy of a data directory served as a primary beside its original?), so their histories differ; it takes nothing from it (no resume, no copy) and keeps what it holds. Point it at the primary it followed, or empty its directory to copy this primary's"
+        )),
+    }
+}
+
 /// How a refusal for another database's primary begins (`check`).
 pub const OTHER_DATABASE: &str = "the primary serves another database";
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ditto_log::storage::RealStorage;
 
     #[test]
-    fn an_id_is_made_once_and_read_back() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read(dir.path()).unwrap(), None);
-        let id = load_or_create(dir.path(), &RealStorage).unwrap();
-        assert_eq!(read(dir.path()).unwrap(), Some(id));
-        assert_eq!(load_or_create(dir.path(), &RealStorage).unwrap(), id, "made again");
-        let other = tempfile::tempdir().unwrap();
-        assert_ne!(load_or_create(other.path(), &RealStorage).unwrap(), id, "two directories, one id");
-        let text = std::fs::read_to_string(dir.path().join(DATABASE_ID_FILE)).unwrap();
-        let head = format!("ditto database {id}");
-        assert_eq!(text, format!("{head} crc32c {:08x}\n", crc32c::crc32c(head.as_bytes())));
-        assert!(!dir.path().join(format!("{DATABASE_ID_FILE}.tmp")).exists());
-    }
-
-    #[test]
-    fn a_damaged_id_file_is_an_error_naming_it_and_is_not_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let id = load_or_create(dir.path(), &RealStorage).unwrap();
-        let good = std::fs::read(dir.path().join(DATABASE_ID_FILE)).unwrap();
-        let mut bad: Vec<Vec<u8>> = (0..good.len()).map(|n| good[..n].to_vec()).collect();
-        for i in 0..good.len() {
-            let mut b = good.clone();
-            b[i] ^= 0x01;
-            bad.push(b);
-        }
-        bad.push(line(DatabaseId(0)).into_bytes());
-        let upper =
-            String::from_utf8(good.clone()).unwrap().replacen(&id.to_string(), &id.to_string().to_uppercase(), 1);
-        if upper.as_bytes() != good {
-            bad.push(upper.into_bytes());
-        }
-        bad.push([good.clone(), b"x".to_vec()].concat());
-        for b in bad {
-            std::fs::write(dir.path().join(DATABASE_ID_FILE), &b).unwrap();
-            let e = read(dir.path()).expect_err(&format!("{:?} read as an id", String::from_utf8_lossy(&b)));
-            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
-            assert!(e.to_string().contains(DATABASE_ID_FILE), "{e}");
-            let e = load_or_create(dir.path(), &RealStorage).expect_err("a damaged id replaced");
-            assert!(e.to_string().contains("damaged"), "{e}");
-            assert_eq!(std::fs::read(dir.path().join(DATABASE_ID_FILE)).unwrap(), b, "the damaged file was changed");
-        }
+    fn a_backup_takes_from_another_run_of_its_epoch_only_where_a_run_is_unknown() {
+        assert_eq!(check_run(3, 7, 7, "d", "p"), Ok(()));
+        assert_eq!(check_run(3, 0, 7, "d", "p"), Ok(()), "not recorded: an older build's record");
+        assert_eq!(check_run(3, 7, 0, "d", "p"), Ok(()), "not said");
+        let e = check_run(3, 7, 8, "this backup's directory /d", "the primary at p:1").unwrap_err();
+        assert!(e.starts_with(OTHER_DATABASE), "{e}");
+        assert!(e.contains("0000000000000007") && e.contains("0000000000000008") && e.contains("epoch 3"), "{e}");
     }
 
     #[test]

@@ -377,6 +377,9 @@ pub struct Primary {
     /// The id of the database this primary serves (`crate::identity`), said in every
     /// `Welcome`.
     database: crate::identity::DatabaseId,
+    /// This run of the primary: random, never 0, said in every `Welcome`. A primary serves
+    /// an epoch in one run only (`crate::identity::check_run`).
+    run: u64,
 }
 
 impl Primary {
@@ -395,6 +398,7 @@ impl Primary {
         let p = Arc::new(Primary {
             clock_base: Instant::now(),
             database,
+            run: crate::identity::DatabaseId::new_random().to_wire(),
             durable: durable.clone(),
             accept: Mutex::new(None),
             epoch: logger.epoch(),
@@ -545,6 +549,11 @@ impl Primary {
     /// The id of the database this primary serves (`crate::identity`).
     pub fn database(&self) -> crate::identity::DatabaseId {
         self.database
+    }
+
+    /// This run of the primary (`crate::identity::check_run`).
+    pub fn run(&self) -> u64 {
+        self.run
     }
 
     /// What every node holds now.
@@ -1031,11 +1040,11 @@ impl Primary {
         let hello = hello?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node, learner, auth, database) = match hello {
-            Some(Frame::Hello { version, epoch, have_ts, node, learner, auth, database })
+        let (epoch, have_ts, node, learner, auth, database, run) = match hello {
+            Some(Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run })
                 if version == PROTOCOL_VERSION =>
             {
-                (epoch, have_ts, node, learner, auth, database)
+                (epoch, have_ts, node, learner, auth, database, run)
             }
             Some(Frame::Hello { version, .. }) => {
                 let reason = format!(
@@ -1084,6 +1093,14 @@ impl Primary {
         if let Some(theirs) = crate::identity::DatabaseId::from_wire(database).filter(|&t| t != self.database) {
             let holder = format!("backup {node}'s directory");
             return Err(refuse(&stream, crate::identity::refusal(&holder, theirs, "this primary", self.database)));
+        }
+        // Nor one that followed this epoch's number as another run of a primary served it:
+        // another history of that number (`crate::identity::check_run`).
+        if epoch == self.epoch {
+            let holder = format!("backup {node}'s directory");
+            if let Err(reason) = crate::identity::check_run(epoch.0, run, self.run, &holder, "this primary") {
+                return Err(refuse(&stream, reason));
+            }
         }
         // A backup of a later epoch than this primary's: this primary is stale (deposed,
         // or restored from an older copy), and the copy it would send (no log of that
@@ -1374,6 +1391,7 @@ impl Primary {
                 tables,
                 start: Start::CutAt { point },
                 database: self.database.to_wire(),
+                run: self.run,
             };
             return (&*stream).write_all(&welcome.encode());
         }
@@ -1441,6 +1459,7 @@ impl Primary {
                     tables: tables(logger),
                     start: Start::Resume,
                     database: self.database.to_wire(),
+                    run: self.run,
                 };
                 link.phase.store(PHASE_SENDING, Ordering::Release);
                 w.write_all(&welcome.encode())?;
@@ -1514,6 +1533,7 @@ impl Primary {
                     tables: tables(logger),
                     start: Start::Checkpoint { ts: info.ts, bytes: total },
                     database: self.database.to_wire(),
+                    run: self.run,
                 };
                 self.checkpoints_sent.fetch_add(1, Ordering::Relaxed);
                 link.copy_total.store(total, Ordering::Release);
@@ -2432,6 +2452,7 @@ mod tests {
                 learner: false,
                 auth: None,
                 database: 0,
+                run: 0,
             }
             .encode();
             for b in hello.iter() {

@@ -22,7 +22,8 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// of log format 5 (`BatchHeader::reuse_ts`), which a backup of an older build cannot read
 /// (it dropped the link at the first batch and connected again, for ever). 6 (2026-12-05):
 /// `Heartbeat::sent_us` and `Ack::echo_us` (a cluster primary's lease). 7 (2026-12-05):
-/// `Hello::database` and `Welcome::database` (`crate::identity`; a Hello of 7 lays out its
+/// `Hello::database`, `Hello::run`, `Welcome::database` and `Welcome::run`
+/// (`crate::identity`; a Hello of 7 lays out its
 /// trailing fields anew, decoded by its version, so a backup of 6 is still told which
 /// version the primary speaks). A primary refuses a backup of another version, saying
 /// which it speaks.
@@ -75,14 +76,26 @@ pub enum Frame {
     /// the backup's `masterauth`), a string after that byte, absent when none is given.
     /// `database`: the id of the database the backup's directory holds (`crate::identity`;
     /// 0: none), which a primary of another refuses before it records or sends anything.
-    /// From version 7 the learner byte and the id (u64) always follow `node`, then `auth`
-    /// where given; a Hello of an older version is laid out (and decoded) as that version's,
-    /// without the id.
-    Hello { version: u32, epoch: Epoch, have_ts: Ts, node: String, learner: bool, auth: Option<Secret>, database: u64 },
+    /// `run`: the run of the primary that served the epoch it follows (`Primary::run`; 0:
+    /// not recorded), which a primary serving that epoch number in another run refuses.
+    /// From version 7 the learner byte, the id and the run (u64 each) always follow
+    /// `node`, then `auth` where given; a Hello of an older version is laid out (and
+    /// decoded) as that version's, without them.
+    Hello {
+        version: u32,
+        epoch: Epoch,
+        have_ts: Ts,
+        node: String,
+        learner: bool,
+        auth: Option<Secret>,
+        database: u64,
+        run: u64,
+    },
     /// Primary -> backup: the answer to `Hello`. `database`: the id of the database the
     /// primary serves (`crate::identity`; 0: none said), which a backup holding another
-    /// refuses.
-    Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start, database: u64 },
+    /// refuses; `run`: this run of the primary (`Primary::run`), which a backup that
+    /// followed the same epoch number in another run refuses.
+    Welcome { epoch: Epoch, streams: u32, tables: Vec<(u32, String)>, start: Start, database: u64, run: u64 },
     /// Primary -> backup: a piece of a checkpoint file (`start` was `Checkpoint`).
     File { name: String, offset: u64, data: Bytes, last: bool },
     /// Primary -> backup: every file of the checkpoint at `ts` was sent.
@@ -207,16 +220,16 @@ impl std::fmt::Debug for Frame {
             }
         };
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner, auth, database } => write!(
+            Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run } => write!(
                 f,
-                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?}, database: {database:016x} }}",
+                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?}, database: {database:016x}, run: {run:016x} }}",
                 cut(node)
             ),
-            Frame::Welcome { epoch, streams, tables, start, database } => {
+            Frame::Welcome { epoch, streams, tables, start, database, run } => {
                 let names: Vec<String> = tables.iter().take(8).map(|(id, n)| format!("{id}={}", cut(n))).collect();
                 write!(
                     f,
-                    "Welcome {{ epoch: {epoch:?}, streams: {streams}, tables: {} [{}{}], start: {start:?}, database: {database:016x} }}",
+                    "Welcome {{ epoch: {epoch:?}, streams: {streams}, tables: {} [{}{}], start: {start:?}, database: {database:016x}, run: {run:016x} }}",
                     tables.len(),
                     names.join(", "),
                     if tables.len() > 8 { ", .." } else { "" }
@@ -250,7 +263,7 @@ impl Frame {
         let mut b = BytesMut::with_capacity(64);
         b.put_bytes(0, FRAME_HEADER_LEN);
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner, auth, database } => {
+            Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run } => {
                 b.put_u8(kind::HELLO);
                 b.put_slice(&MAGIC);
                 b.put_u32_le(*version);
@@ -260,6 +273,7 @@ impl Frame {
                 if *version >= HELLO_WITH_DATABASE {
                     b.put_u8(u8::from(*learner));
                     b.put_u64_le(*database);
+                    b.put_u64_le(*run);
                 } else if *learner || auth.is_some() {
                     b.put_u8(u8::from(*learner));
                 }
@@ -267,7 +281,7 @@ impl Frame {
                     put_str(&mut b, &a.0);
                 }
             }
-            Frame::Welcome { epoch, streams, tables, start, database } => {
+            Frame::Welcome { epoch, streams, tables, start, database, run } => {
                 b.put_u8(kind::WELCOME);
                 b.put_slice(&MAGIC);
                 b.put_u64_le(epoch.0);
@@ -290,6 +304,7 @@ impl Frame {
                     }
                 }
                 b.put_u64_le(*database);
+                b.put_u64_le(*run);
             }
             Frame::File { name, offset, data, last } => {
                 b.put_u8(kind::FILE);
@@ -369,13 +384,13 @@ impl Frame {
                 magic(&mut b)?;
                 let (version, epoch, have_ts, node) =
                     (get_u32(&mut b)?, Epoch(get_u64(&mut b)?), Ts(get_u64(&mut b)?), get_str(&mut b)?);
-                let (learner, database) = if version >= HELLO_WITH_DATABASE {
+                let (learner, database, run) = if version >= HELLO_WITH_DATABASE {
                     let learner = match get_u8(&mut b)? {
                         0 => false,
                         1 => true,
                         _ => return Err(ProtocolError::Malformed("a learner flag other than 0 or 1")),
                     };
-                    (learner, get_u64(&mut b)?)
+                    (learner, get_u64(&mut b)?, get_u64(&mut b)?)
                 } else {
                     let learner = match b.has_remaining() {
                         false => false,
@@ -386,10 +401,10 @@ impl Frame {
                             _ => return Err(ProtocolError::Malformed("a learner flag other than 1")),
                         },
                     };
-                    (learner, 0)
+                    (learner, 0, 0)
                 };
                 let auth = if b.has_remaining() { Some(Secret(get_str(&mut b)?)) } else { None };
-                Frame::Hello { version, epoch, have_ts, node, learner, auth, database }
+                Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run }
             }
             kind::WELCOME => {
                 magic(&mut b)?;
@@ -409,7 +424,8 @@ impl Frame {
                     2 => Start::CutAt { point: Ts(get_u64(&mut b)?) },
                     _ => return Err(ProtocolError::Malformed("unknown start")),
                 };
-                Frame::Welcome { epoch, streams, tables, start, database: get_u64(&mut b)? }
+                let database = get_u64(&mut b)?;
+                Frame::Welcome { epoch, streams, tables, start, database, run: get_u64(&mut b)? }
             }
             kind::FILE => {
                 let name = get_str(&mut b)?;
@@ -772,6 +788,7 @@ mod tests {
             learner: false,
             auth: Some(Secret("pw".into())),
             database: 0,
+            run: 0,
         };
         let s = format!("{h:?}");
         assert!(s.len() < 1024 && !s.contains("pw"), "{s}");
@@ -796,6 +813,7 @@ mod tests {
             learner: false,
             auth: Some("pw".into()),
             database: 7,
+            run: 8,
         };
         assert_eq!(read_frame_at_most(&mut &hello.encode()[..], 64 << 10).unwrap(), Some(hello.clone()));
         // A frame printed for a log does not show the password.
@@ -855,11 +873,13 @@ mod tests {
     #[test]
     fn every_frame_roundtrips_and_every_bit_flip_is_caught() {
         // Before version 7 (no database id; the learner byte only where needed), and from 7.
-        for (version, database) in [(1, 0), (6, 0), (PROTOCOL_VERSION, 0), (PROTOCOL_VERSION, u64::MAX - 5)] {
+        for (version, database, run) in
+            [(1, 0, 0), (6, 0, 0), (PROTOCOL_VERSION, 0, 0), (PROTOCOL_VERSION, u64::MAX - 5, 3)]
+        {
             for (learner, auth) in [(false, None), (true, None), (false, Some("sesame")), (true, Some("sesame"))] {
                 let auth = auth.map(Secret::from);
                 let (node, epoch, have_ts) = ("b1".into(), Epoch(3), Ts(99));
-                roundtrip(Frame::Hello { version, epoch, have_ts, node, learner, auth, database });
+                roundtrip(Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run });
             }
         }
         // A Hello of 6 decodes as 6's, to be told the version: its layout has no id.
@@ -871,6 +891,7 @@ mod tests {
             learner: false,
             auth: None,
             database: 0,
+            run: 0,
         };
         let bytes = six.encode();
         assert_eq!(bytes.len(), FRAME_HEADER_LEN + 1 + 8 + 4 + 8 + 8 + 4 + 1, "6's layout");
@@ -881,14 +902,23 @@ mod tests {
             tables: vec![(0, "redis.keys".into()), (1, "redis.fields".into())],
             start: Start::Checkpoint { ts: Ts(7), bytes: 1 << 40 },
             database: 0x0123_4567_89ab_cdef,
+            run: 9,
         });
-        roundtrip(Frame::Welcome { epoch: Epoch(4), streams: 2, tables: vec![], start: Start::Resume, database: 0 });
+        roundtrip(Frame::Welcome {
+            epoch: Epoch(4),
+            streams: 2,
+            tables: vec![],
+            start: Start::Resume,
+            database: 0,
+            run: 0,
+        });
         roundtrip(Frame::Welcome {
             epoch: Epoch(5),
             streams: 3,
             tables: vec![],
             start: Start::CutAt { point: Ts(99) },
             database: u64::MAX,
+            run: 1,
         });
         roundtrip(Frame::File {
             name: "part-0000.dat".into(),

@@ -600,6 +600,7 @@ mod tests {
             learner: false,
             auth: auth.map(Secret::from),
             database: 0,
+            run: 0,
         };
         for f in [hello("127.0.0.1:7001", None), hello("b", Some("a-password")), hello(&"n".repeat(900), None)] {
             assert!(!looks_like_tls(&f.encode()), "{f:?}");

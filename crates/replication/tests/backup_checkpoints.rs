@@ -347,6 +347,7 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
         learner: false,
         auth: None,
         database: 0,
+        run: 0,
     };
     peer.write_all(&hello.encode()).unwrap();
     wait_until("the gap's send to begin", Duration::from_secs(10), || p.log_needed_above(Ts::ZERO) == Ts(1));

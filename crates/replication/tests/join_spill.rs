@@ -198,6 +198,7 @@ fn a_joining_backup_that_reads_nothing_of_its_copy_is_given_up_and_its_name_free
         learner: false,
         auth: None,
         database: 0,
+        run: 0,
     };
     mute.write_all(&hello.encode()).unwrap();
     wait_until("the copy to start", Duration::from_secs(30), || p.checkpoints_sent.load(Ordering::SeqCst) == 1);

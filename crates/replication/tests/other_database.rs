@@ -167,7 +167,7 @@ fn a_welcome_of_another_database_is_refused_by_the_backup_and_an_id_is_taken_onl
             let (mut s, _) = listener.accept().unwrap();
             let hello = read_frame(&mut s).unwrap();
             let tables = vec![(0u32, "t".to_string())];
-            let welcome = Frame::Welcome { epoch, streams, tables, start: Start::Resume, database };
+            let welcome = Frame::Welcome { epoch, streams, tables, start: Start::Resume, database, run: 0 };
             s.write_all(&welcome.encode()).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             (hello, read_frame(&mut s).ok().flatten())
@@ -199,4 +199,58 @@ fn a_welcome_of_another_database_is_refused_by_the_backup_and_an_id_is_taken_onl
     }
     let _ = peer.join();
     assert_eq!(identity::read(&pb).unwrap(), None, "it named a database it took nothing from");
+}
+
+/// Two copies of one data directory, each served as a primary, open the same next epoch
+/// number with the same database id: a backup of one is refused by the other, which serves
+/// that epoch in another run (`identity::check_run`), even where the other's clock is past
+/// what the backup holds. Before, it was resumed from the other's log and served the two
+/// histories mixed.
+#[test]
+fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+    // A directory with a first epoch, then copied.
+    {
+        let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        commit(&a, t, 0..10, b"first");
+        a.close();
+    }
+    let copy = std::process::Command::new("cp").arg("-a").arg(&pa).arg(&pc).status().unwrap();
+    assert!(copy.success());
+    // The original serves its next epoch; backup b follows it there.
+    let reopen = |dir: &std::path::Path| {
+        let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let (p, addr) = common::ship(&d, "local", PrimaryOptions::default());
+        (d, p, addr)
+    };
+    let (a, p, addr) = reopen(&pa);
+    let t = a.db().table_id("t").unwrap();
+    let epoch = a.logger().epoch();
+    let last = commit(&a, t, 10..30, b"a");
+    common::backup_holding(&addr, &pb, last);
+    let a_run = p.run();
+    p.stop();
+    a.close();
+    let before = held(&pb, t);
+    // The copy serves the same next epoch, in another run, its clock past b's.
+    let (c, p2, addr) = reopen(&pc);
+    assert_eq!(c.logger().epoch(), epoch, "the same epoch number");
+    commit(&c, t, 100..250, b"c");
+    assert!(c.db().clock().now() > last);
+    assert_eq!(identity::read(&pc).unwrap(), identity::read(&pb).unwrap(), "one database id");
+    match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
+        Err(BackupError::OtherDatabase(why)) => {
+            assert!(why.contains(&format!("{a_run:016x}")) && why.contains(&format!("{:016x}", p2.run())), "{why}");
+            assert!(why.contains("two primaries served the same epoch number"), "{why}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a backup of another run of its epoch was resumed"),
+    }
+    assert_eq!(p2.checkpoints_sent.load(Ordering::Relaxed), 0, "no copy was sent");
+    assert!(p2.backups().is_empty());
+    assert_eq!(held(&pb, t), before, "the backup's directory changed");
+    p2.stop();
+    c.close();
 }

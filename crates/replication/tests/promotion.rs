@@ -370,6 +370,7 @@ fn bounds_sent_to_a_hello(addr: &str, epoch: Epoch, have: Ts, node: &str) -> Vec
         learner: false,
         auth: None,
         database: 0,
+        run: 0,
     };
     s.write_all(&hello.encode()).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
@@ -1464,6 +1465,9 @@ fn a_damaged_record_of_the_followed_epoch_stops_the_backup_and_keeps_its_data() 
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     common::backup_dir_holding_a_row(&a, &b);
     assert!(backup::read_followed_epoch(&b).unwrap().is_some());
+    // (With the run of the primary that served it.)
+    let recorded = backup::read_followed(&b).unwrap();
+    assert!(recorded.is_some_and(|(_, run)| run != 0), "the run was not recorded: {recorded:?}");
     let files = |d: &std::path::Path| {
         let mut v: Vec<_> = std::fs::read_dir(d.join("replica")).unwrap().map(|e| e.unwrap().file_name()).collect();
         v.sort();
@@ -1476,9 +1480,24 @@ fn a_damaged_record_of_the_followed_epoch_stops_the_backup_and_keeps_its_data() 
     std::fs::write(b.join("REPLICA_STATE"), format!("x{}", "é".repeat(40))).unwrap();
     let err = backup::read_followed_epoch(&b).unwrap_err().to_string();
     assert!(err.contains("REPLICA_STATE") && err.contains("damaged"), "{err}");
-    std::fs::write(b.join("REPLICA_STATE"), "epoch x\n").unwrap();
-    let err = backup::read_followed_epoch(&b).unwrap_err().to_string();
-    assert!(err.contains("REPLICA_STATE") && err.contains("damaged"), "{err}");
+    // The epoch alone (an older build's record), and with the run that served it; and
+    // damaged forms of either.
+    for (text, read) in [("epoch 3\n", Some((Epoch(3), 0))), ("epoch 3 run 00000000000000ff\n", Some((Epoch(3), 255)))]
+    {
+        std::fs::write(b.join("REPLICA_STATE"), text).unwrap();
+        assert_eq!(backup::read_followed(&b).unwrap(), read, "{text}");
+    }
+    for text in [
+        "epoch x\n",
+        "epoch 3 run 0000000000000000\n",
+        "epoch 3 run ff\n",
+        "epoch 3 run 00000000000000fg\n",
+        "epoch 3 ran 00000000000000ff\n",
+    ] {
+        std::fs::write(b.join("REPLICA_STATE"), text).unwrap();
+        let err = backup::read_followed_epoch(&b).unwrap_err().to_string();
+        assert!(err.contains("REPLICA_STATE") && err.contains("damaged"), "{text}: {err}");
+    }
     // (No primary is needed: the record is read before anything is asked of one.)
     let started = backup::start(BackupOptions::new("127.0.0.1:1", &b, 1, "b"));
     let Err(e) = started else { panic!("a backup with a damaged record started") };

@@ -184,6 +184,7 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
             tables: vec![],
             start: Start::Checkpoint { ts: Ts(9), bytes: 0 },
             database: 0,
+            run: 0,
         };
         s.write_all(&welcome.encode()).unwrap();
         let part = Frame::File { name: "part-0000.dat".into(), offset: 0, data: vec![1u8; 100].into(), last: false };
@@ -357,6 +358,7 @@ fn fake_copy(
             tables,
             start: Start::Checkpoint { ts, bytes: 0 },
             database: 0,
+            run: 0,
         };
         let _ = s.write_all(&welcome.encode());
         for f in frames {
@@ -847,7 +849,8 @@ fn a_reconnect_waits_through_heartbeats_before_its_welcome() {
         }
         let tables = vec![(0u32, "t".to_string())];
         let start = Start::Checkpoint { ts: Ts(first.0 + 1000), bytes: 0 };
-        s.write_all(&Frame::Welcome { epoch: Epoch(9), streams: 1, tables, start, database: 0 }.encode()).unwrap();
+        s.write_all(&Frame::Welcome { epoch: Epoch(9), streams: 1, tables, start, database: 0, run: 0 }.encode())
+            .unwrap();
         // Held until the backup ends it, or 3 s.
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let mut buf = [0u8; 64];
@@ -1011,6 +1014,17 @@ fn a_backup_of_the_same_epoch_number_holding_more_than_the_primary_stamped_is_re
     assert!(c.db().clock().now() < last);
     let listener = std::net::TcpListener::bind(addr).unwrap();
     let p2 = ship(&c, listener);
+    // The backup says which run of a primary served its epoch: the copy's is another, and
+    // refuses it for that first (`identity::check_run`). A record without the run (an
+    // older build's) is refused by the clock.
+    match backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")) {
+        Err(BackupError::OtherDatabase(why)) => {
+            assert!(why.contains("two primaries served the same epoch number"), "{why}")
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a backup holding another primary's history of the same epoch was resumed"),
+    }
+    std::fs::write(pb.join("REPLICA_STATE"), format!("epoch {}\n", epoch.0)).unwrap();
     match backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")) {
         Err(BackupError::Refused(why)) => assert!(why.contains("past everything this primary stamped"), "{why}"),
         Err(e) => panic!("refused for another reason: {e}"),

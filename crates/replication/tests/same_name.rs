@@ -173,7 +173,7 @@ fn a_backup_of_an_older_protocol_is_refused_saying_which_the_primary_speaks() {
     let (_a, _t, p, addr) = start_primary(&tmp.path().join("p"));
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     let Frame::Hello { epoch, have_ts, node, learner, auth, .. } = hello_from_b() else { unreachable!() };
-    let old = Frame::Hello { version: PROTOCOL_VERSION - 1, epoch, have_ts, node, learner, auth, database: 0 };
+    let old = Frame::Hello { version: PROTOCOL_VERSION - 1, epoch, have_ts, node, learner, auth, database: 0, run: 0 };
     s.write_all(&old.encode()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     match read_frame(&mut s).unwrap() {
@@ -206,6 +206,7 @@ fn a_backup_of_a_later_epoch_is_refused_and_sent_no_copy() {
         learner: false,
         auth: None,
         database: 0,
+        run: 0,
     };
     s.write_all(&hello.encode()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -249,6 +250,7 @@ fn a_backup_refuses_a_primary_of_an_older_epoch_and_keeps_what_it_holds() {
                 tables: vec![(0, "t".into())],
                 start: ditto_replication::protocol::Start::Checkpoint { ts: Ts(1), bytes: 0 },
                 database: 0,
+                run: 0,
             };
             let _ = s.write_all(&welcome.encode());
         }
@@ -287,6 +289,7 @@ fn a_primary_that_waits_for_no_restart_keeps_no_names_heard() {
             learner: false,
             auth: None,
             database: 0,
+            run: 0,
         };
         (&s).write_all(&hello.encode()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

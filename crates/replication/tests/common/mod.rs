@@ -105,5 +105,6 @@ pub fn empty_hello(name: &str) -> ditto_replication::protocol::Frame {
         learner: false,
         auth: None,
         database: 0,
+        run: 0,
     }
 }
