@@ -2360,10 +2360,18 @@ fn fetch_floor(data: &Path) -> Result<u64, String> {
     ditto_log::replica::fetch_floor(data).map(|t| t.0).map_err(|e| format!("reading where its log starts: {e}"))
 }
 
-/// The epoch a backup's directory followed (its `REPLICA_STATE`).
+/// The epoch a backup's directory followed (its `REPLICA_STATE`, read as its server reads
+/// it: `epoch N` or, since 2026-12-05, `epoch N run R`; a parse of its own here read the
+/// second as none, and CI and a review caught it). A record that cannot be read is none
+/// here, said in the log; the server refuses to start on it.
 fn followed_epoch(data: &Path) -> Option<u64> {
-    let s = std::fs::read_to_string(data.join("REPLICA_STATE")).ok()?;
-    s.trim().strip_prefix("epoch ")?.parse().ok()
+    match ditto_replication::backup::read_followed_epoch(data) {
+        Ok(e) => e.map(|e| e.0),
+        Err(e) => {
+            tracing::warn!("{e}");
+            None
+        }
+    }
 }
 
 /// Where an old primary's directory beside `data` waits while the node rejoins.
@@ -2879,6 +2887,10 @@ mod tests {
         assert_eq!(plane.primary_log_dir(), Some(old.clone()), "the copy is not loaded");
         std::fs::write(plane.data.join("REPLICA_STATE"), "epoch 5\n").unwrap();
         assert_eq!(plane.primary_log_dir(), None, "loaded: its backup follows epoch 5");
+        // As a backup of this build records it, with the primary's run.
+        std::fs::write(plane.data.join("REPLICA_STATE"), "epoch 5 run 00000000000000ff\n").unwrap();
+        assert_eq!(super::followed_epoch(&plane.data), Some(5));
+        assert_eq!(plane.primary_log_dir(), None, "loaded: its backup follows epoch 5 (with a run)");
         assert!(old.exists());
         // Promoted before a probe dropped the old log: the followed epoch's record goes, and
         // its data holds a primary log of its own, which it reports from (before, from the

@@ -2842,15 +2842,11 @@ impl Receiver {
                     // that epoch's number).
                     let holder = format!("this backup's directory {}", self.opts.data_dir.display());
                     let primary = format!("the primary at {}", self.opts.primary);
-                    let same_epoch = *epoch == self.epoch;
-                    if let Err(reason) =
-                        crate::identity::check_run(epoch.0, self.run, *run, &holder, &primary).or_else(|e| {
-                            match same_epoch {
-                                true => Err(e),
-                                false => Ok(()),
-                            }
-                        })
-                    {
+                    let checked = match *epoch == self.epoch {
+                        true => crate::identity::check_run(epoch.0, self.run, *run, &holder, &primary),
+                        false => Ok(()),
+                    };
+                    if let Err(reason) = checked {
                         let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
                         let _ = s.shutdown(std::net::Shutdown::Both);
                         self.fatal(reason);

@@ -23,7 +23,8 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// (it dropped the link at the first batch and connected again, for ever). 6 (2026-12-05):
 /// `Heartbeat::sent_us` and `Ack::echo_us` (a cluster primary's lease). 7 (2026-12-05):
 /// `Hello::database`, `Hello::run`, `Welcome::database` and `Welcome::run`
-/// (`crate::identity`; a Hello of 7 lays out its
+/// (`crate::identity`; the runs came a few hours after the ids, at 0e71915, before any
+/// build of 7 left the day's commits; a Hello of 7 lays out its
 /// trailing fields anew, decoded by its version, so a backup of 6 is still told which
 /// version the primary speaks). A primary refuses a backup of another version, saying
 /// which it speaks.

@@ -254,3 +254,70 @@ fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
     p2.stop();
     c.close();
 }
+
+/// The backup's own check of the run (a primary that did not check the hello's, a
+/// stand-in here), at its start and on a reconnect: a welcome of the epoch it follows in
+/// another run is refused, told why, and nothing is taken; the run it recorded is taken.
+#[test]
+fn a_welcome_of_another_run_of_the_followed_epoch_is_refused_by_the_backup() {
+    use ditto_replication::protocol::{read_frame, Frame, Start};
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (epoch, ts) = common::backup_dir_holding_a_row(&pa, &pb);
+    let id = identity::read(&pb).unwrap().expect("taken from a").to_wire();
+    let (followed, run) = backup::read_followed(&pb).unwrap().expect("recorded");
+    assert_eq!(followed, epoch);
+    assert_ne!(run, 0);
+    // A stand-in primary of that epoch and database, in `runs[i]` on its i-th link: it
+    // welcomes, then holds the link until the backup closes it or 1 s passes; what the
+    // backup said last on each link.
+    let stand_in = |runs: Vec<u64>| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let peer = std::thread::spawn(move || {
+            let mut said = Vec::new();
+            for run in runs {
+                let (mut s, _) = listener.accept().unwrap();
+                let _hello = read_frame(&mut s).unwrap();
+                let tables = vec![(0u32, "t".to_string())];
+                let welcome = Frame::Welcome { epoch, streams: 1, tables, start: Start::Resume, database: id, run };
+                s.write_all(&welcome.encode()).unwrap();
+                s.write_all(&Frame::Heartbeat { released: ts, acknowledged: ts, sent_us: 0 }.encode()).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+                let mut last = None;
+                while let Ok(Some(f)) = read_frame(&mut s) {
+                    last = Some(f);
+                }
+                said.push(last);
+            }
+            said
+        });
+        (addr, peer)
+    };
+    // At its start.
+    let (addr, peer) = stand_in(vec![run ^ 1]);
+    match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
+        Err(BackupError::OtherDatabase(why)) => {
+            assert!(why.contains("two primaries served the same epoch number"), "{why}");
+            assert!(why.contains(&format!("{run:016x}")) && why.contains(&format!("{:016x}", run ^ 1)), "{why}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a welcome of another run of its epoch was taken"),
+    }
+    let said = peer.join().unwrap();
+    assert!(matches!(&said[0], Some(Frame::Refuse { reason }) if reason.starts_with(OTHER_DATABASE)), "{said:?}");
+    assert_eq!(backup::read_followed(&pb).unwrap(), Some((epoch, run)), "its record changed");
+    // On a reconnect: its own run first (taken), then, on the next link, another.
+    let (addr, peer) = stand_in(vec![run, run ^ 1]);
+    let bk = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).expect("its own primary's run");
+    wait_until("the backup to stop", Duration::from_secs(20), || bk.state.failure.lock().is_some());
+    let why = bk.state.failure.lock().clone().unwrap();
+    assert!(why.contains("two primaries served the same epoch number"), "{why}");
+    assert_eq!(bk.state.received.load(Ordering::Acquire), ts.0, "it took something");
+    let _ = bk.stop("done", Duration::from_secs(10));
+    drop(bk);
+    let said = peer.join().unwrap();
+    assert!(matches!(&said[1], Some(Frame::Refuse { reason }) if reason.starts_with(OTHER_DATABASE)), "{said:?}");
+    assert_eq!(backup::read_followed(&pb).unwrap(), Some((epoch, run)), "its record changed");
+}
