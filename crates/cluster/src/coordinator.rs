@@ -771,7 +771,8 @@ mod tests {
     fn boot(n: u64) -> ControlState {
         let mut s = ControlState::default();
         let members = (1..=n).map(|id| Member { id, addr: String::new(), repl: 0, control: 0, tls: 0 }).collect();
-        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 }).unwrap();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0, database: 0 })
+            .unwrap();
         s
     }
 
@@ -906,7 +907,8 @@ mod tests {
     fn the_lease_is_the_clusters_whatever_each_nodes_failure_timeout() {
         let mut s = ControlState::default();
         let members = (1..=3).map(|id| Member { id, addr: String::new(), repl: 0, control: 0, tls: 0 }).collect();
-        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 400 }).unwrap();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 400, database: 0 })
+            .unwrap();
         let mut p = Coordinator::new(1, T, 0);
         p.heard(2, 1000);
         assert_eq!(p.contact_deadline(&s, 1000), Some(1400), "not 1000 + T.failure (100)");

@@ -803,7 +803,13 @@ mod tests {
             g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
             let members = (1..=3).map(member).collect();
             g.leader()
-                .propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 })
+                .propose(&Command::Bootstrap {
+                    members,
+                    primary: 1,
+                    policy: "majority".into(),
+                    lease_ms: 0,
+                    database: 0,
+                })
                 .unwrap();
             g.run("bootstrapped", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1));
             g
@@ -1027,7 +1033,7 @@ mod tests {
         g.run("a leader", |g| g.nodes.values().any(|(n, _)| n.leads_current()));
         let members = (1..=2).map(member).collect();
         g.leader()
-            .propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 })
+            .propose(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0, database: 0 })
             .unwrap();
         g.run("bootstrapped", |g| g.nodes.values().all(|(n, _)| n.state().epoch == 1));
         g.settle();

@@ -98,13 +98,16 @@ pub struct EpochRecord {
 pub enum Command {
     /// The first entry: the members, epoch 1 with its primary, the policy; `lease_ms`, the
     /// length of every primary's lease (`ControlState::lease_ms`; the bootstrapping node's
-    /// failure timeout; 0 from a node of a version that did not say).
+    /// failure timeout; 0 from a node of a version that did not say); `database`, the id of
+    /// the database the cluster holds (`ControlState::database`; 0 from an older node).
     Bootstrap {
         members: Vec<Member>,
         primary: NodeId,
         policy: String,
         #[serde(default)]
         lease_ms: u64,
+        #[serde(default)]
+        database: u64,
     },
     /// Begin epoch `epoch` (the newest begun + 1): from here on every node refuses
     /// batches of older epochs, and the open epoch's tail is gathered.
@@ -232,6 +235,14 @@ pub struct ControlState {
     /// version that did not say; each node then takes its own failure timeout).
     #[serde(default)]
     pub lease_ms: u64,
+    /// The id of the database the cluster holds (ditto_log's `identity`), drawn at the
+    /// bootstrap: every node writes it into its directory before its first server starts,
+    /// so that every node's directory names one database whichever node's open comes first
+    /// (0: a cluster bootstrapped by an older version; each directory then takes its first
+    /// primary's). (Before 2026-12-05, evening, a node promoted before any backup had joined
+    /// made an id of its own, and the old primary's rejoin was refused; found by a review.)
+    #[serde(default)]
+    pub database: u64,
 }
 
 /// A switchover under way (`Command::Switchover`).
@@ -267,7 +278,7 @@ impl ControlState {
     /// unchanged).
     pub fn apply(&mut self, cmd: &Command) -> Result<(), String> {
         match cmd {
-            Command::Bootstrap { members, primary, policy, lease_ms } => {
+            Command::Bootstrap { members, primary, policy, lease_ms, database } => {
                 if self.epoch != 0 {
                     return Err("already bootstrapped".into());
                 }
@@ -283,6 +294,7 @@ impl ControlState {
                 self.members = members.iter().map(|m| (m.id, m.clone())).collect();
                 self.policy = policy.clone();
                 self.lease_ms = *lease_ms;
+                self.database = *database;
                 self.epoch = 1;
                 self.phase = Some(Phase::Serving);
                 self.epochs.push(EpochRecord {
@@ -596,7 +608,8 @@ mod tests {
         let members = (1..=3)
             .map(|id| Member { id, addr: format!("127.0.0.1:{}", 7000 + id), repl: 0, control: 0, tls: 0 })
             .collect();
-        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 }).unwrap();
+        s.apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0, database: 0 })
+            .unwrap();
         s
     }
 
@@ -608,7 +621,7 @@ mod tests {
         for members in [vec![m(1), m(2), m(2)], vec![m(1), m(0), m(2)]] {
             let mut s = ControlState::default();
             let e = s
-                .apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0 })
+                .apply(&Command::Bootstrap { members, primary: 1, policy: "majority".into(), lease_ms: 0, database: 0 })
                 .unwrap_err();
             assert!(e.contains("distinct ids"), "{e}");
             assert_eq!(s, ControlState::default());
@@ -661,7 +674,7 @@ mod tests {
                 writes_after_ms: 0,
             },
             Command::SetPolicy { policy: "most".into() },
-            Command::Bootstrap { members: vec![], primary: 1, policy: "local".into(), lease_ms: 0 },
+            Command::Bootstrap { members: vec![], primary: 1, policy: "local".into(), lease_ms: 0, database: 0 },
         ] {
             assert!(s.apply(&bad).is_err(), "{bad:?}");
             assert_eq!(s, before);
@@ -889,7 +902,15 @@ mod tests {
             Command::OpenEpoch { phases_ms: [0, 0], writes_after_ms: 0, .. }
         ));
         let old = br#"{"Bootstrap":{"members":[],"primary":1,"policy":"majority"}}"#;
-        assert!(matches!(Command::decode(old).unwrap(), Command::Bootstrap { lease_ms: 0, .. }));
+        assert!(matches!(Command::decode(old).unwrap(), Command::Bootstrap { lease_ms: 0, database: 0, .. }));
+        let boot = Command::Bootstrap {
+            members: vec![],
+            primary: 1,
+            policy: "majority".into(),
+            lease_ms: 250,
+            database: 0x0123_4567_89ab_cdef,
+        };
+        assert_eq!(Command::decode(&boot.encode()).unwrap(), boot);
         assert!(Command::decode(&[0xff, 0x00]).is_err());
     }
 

@@ -856,6 +856,7 @@ impl Sim {
                     primary: id,
                     policy: self.policy.name(),
                     lease_ms: TIMEOUTS.failure,
+                    database: 0,
                 });
             }
         }

@@ -396,7 +396,13 @@ impl Cluster {
             .map(|&id| Member { id, addr: format!("node{id}"), repl: 0, control: 0, tls: 0 })
             .collect();
         self.nodes[&leader]
-            .propose(Command::Bootstrap { members, primary: leader, policy: "majority".into(), lease_ms: 0 })
+            .propose(Command::Bootstrap {
+                members,
+                primary: leader,
+                policy: "majority".into(),
+                lease_ms: 0,
+                database: 0,
+            })
             .unwrap();
         leader
     }

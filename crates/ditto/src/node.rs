@@ -1201,6 +1201,7 @@ impl NodePlane {
             Role::Primary { .. } => None,
         };
         std::fs::create_dir_all(&self.data).map_err(|e| format!("creating {}: {e}", self.data.display()))?;
+        self.take_cluster_database()?;
         self.finish_promotion()?;
         let mut args: Vec<String> = vec!["server".into(), "--data-dir".into(), self.data.display().to_string()];
         args.extend(["--bind".into(), me.host.clone(), "--port".into(), me.client.to_string()]);
@@ -1606,6 +1607,21 @@ impl NodePlane {
     /// was cut at, what that failover discarded, and the node would report itself not
     /// eligible although it holds exactly the recovered history. Called only while no
     /// server writes the directory (before a report's read, before a server starts).
+    /// Writes the cluster's database id (`ControlState::database`) into this node's
+    /// directory where it names none yet, before its server starts: whichever node's
+    /// server first opens its directory (a backup's join, or a primary's open) finds the
+    /// cluster's id, and every node's names one database. A directory naming another is
+    /// left as it is: its server says so when its primary refuses it.
+    fn take_cluster_database(&self) -> Result<(), String> {
+        let Some(id) = ditto_log::identity::DatabaseId::from_wire(self.state.database) else { return Ok(()) };
+        match ditto_log::identity::read(&self.data) {
+            Ok(None) => ditto_log::identity::write(&self.data, id, &ditto_log::storage::RealStorage)
+                .map_err(|e| format!("writing the cluster's database id: {e}")),
+            Ok(Some(_)) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn finish_promotion(&self) -> Result<(), String> {
         match ditto_replication::backup::finish_cut_short_promotion(&self.data) {
             Ok(Some(p)) => {
@@ -2762,6 +2778,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
                 policy: cfg.policy.clone(),
                 // Every primary's lease, the same on every node (`ControlState::lease_ms`).
                 lease_ms: cfg.timeouts.failure,
+                // The cluster's database id, which every node's directory takes
+                // (`ControlState::database`).
+                database: ditto_log::identity::DatabaseId::new_random().to_wire(),
             });
         }
     }
@@ -2875,6 +2894,26 @@ mod tests {
     /// primary's commits), and from its data directory from then on, though the old log is
     /// still there (it goes once a probe sees the backup's link up); promoted, from its own
     /// primary log.
+    /// A node writes the cluster's database id into its directory before its server
+    /// starts, where the directory names none; one naming another is left as it is.
+    #[test]
+    fn a_node_takes_the_clusters_database_id_where_its_directory_names_none() {
+        use ditto_log::identity::{read, write, DatabaseId};
+        let dir = tempfile::tempdir().unwrap();
+        let mut plane = plane_in(dir.path());
+        std::fs::create_dir_all(&plane.data).unwrap();
+        plane.take_cluster_database().unwrap();
+        assert_eq!(read(&plane.data).unwrap(), None, "a cluster of an older version said none");
+        let id = DatabaseId::new_random();
+        plane.state.database = id.to_wire();
+        plane.take_cluster_database().unwrap();
+        assert_eq!(read(&plane.data).unwrap(), Some(id));
+        let other = DatabaseId::new_random();
+        write(&plane.data, other, &ditto_log::storage::RealStorage).unwrap();
+        plane.take_cluster_database().unwrap();
+        assert_eq!(read(&plane.data).unwrap(), Some(other), "another's id was replaced");
+    }
+
     #[test]
     fn a_rejoining_old_primary_reports_from_its_copy_once_it_is_loaded() {
         let dir = tempfile::tempdir().unwrap();
@@ -3039,6 +3078,7 @@ mod tests {
             primary: 2,
             policy: "majority-durable".into(),
             lease_ms: 0,
+            database: 0,
         })
         .unwrap();
         let flags =
@@ -3073,6 +3113,7 @@ mod tests {
             primary: 1,
             policy: "majority-durable".into(),
             lease_ms: 0,
+            database: 0,
         };
         st.apply(&boot(9)).unwrap();
         let flags = parse_members("1=h:1/2/3").unwrap();

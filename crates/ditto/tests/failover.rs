@@ -3017,13 +3017,18 @@ fn a_node_holding_another_database_is_refused_and_retried_further_and_further_ap
     let mut c = Cluster::start(3, "majority");
     let primary = c.wait_or_dump("a primary", Duration::from_secs(60), || c.primary());
     let other = (1..=3).find(|&id| id != primary).unwrap();
-    c.wait_or_dump(&format!("node {other} to follow"), Duration::from_secs(30), || {
-        c.info(other).filter(|i| i.contains("master_link_status:up")).map(|_| ())
-    });
+    for id in (1..=3).filter(|&id| id != primary) {
+        c.wait_or_dump(&format!("node {id} to follow"), Duration::from_secs(30), || {
+            c.info(id).filter(|i| i.contains("master_link_status:up")).map(|_| ())
+        });
+    }
     c.kill(other);
-    // (A node's servers serve `data` under its directory.)
+    // (A node's servers serve `data` under its directory.) Every node's names the
+    // cluster's database, drawn at the bootstrap.
+    let id_of = |id: u64| ditto_replication::identity::read(&c.dir.path().join(format!("n{id}")).join("data")).unwrap();
+    let cluster_id = id_of(primary).expect("the primary's directory names a database");
+    assert!((1..=3).all(|id| id_of(id) == Some(cluster_id)), "{:?}", (1..=3).map(id_of).collect::<Vec<_>>());
     let dir = c.dir.path().join(format!("n{other}")).join("data");
-    assert!(ditto_replication::identity::read(&dir).unwrap().is_some(), "the node's server took the primary's id");
     let foreign = ditto_replication::identity::DatabaseId::new_random();
     ditto_replication::identity::write(&dir, foreign, &ditto_log::storage::RealStorage).unwrap();
     let before = std::fs::read_to_string(c.log(other)).unwrap_or_default().len();
