@@ -230,6 +230,8 @@ struct Running {
     /// When a promoted learner's server was last told `count` (the probe tells it again,
     /// at most once per `COUNT_AGAIN`, while its `INFO` still says it is a learner).
     count_told: Option<Instant>,
+    /// When it was started (`Node::backup_backoff` counts only quick exits).
+    started: Instant,
 }
 
 /// The server's newest answer to `INFO replication`, asked by a thread of its own every
@@ -598,8 +600,9 @@ struct NodePlane {
     fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
     restart_after: Instant,
-    /// Backup servers of one role that exited in a row without joining their primary (one
-    /// refused for good: its directory holds another database, say), and when the next of
+    /// Backup servers of one role that exited in a row without joining their primary,
+    /// within `BACKOFF_QUICK_EXIT` of their start (one refused for good: its directory
+    /// holds another database, say), and when the next of
     /// that role may start: 500 ms after the first, twice as long after each, up to 30 s.
     /// Each start loads the directory's whole database, so a refusal retried every 500 ms
     /// kept a core and the disk busy (found by a review, 2026-12-05). Another role starts
@@ -719,6 +722,11 @@ impl std::fmt::Display for Removed {
 }
 
 impl std::error::Error for Removed {}
+
+/// A backup server that exits within this of its start, without joining its primary,
+/// counts toward `Node::backup_backoff` (a refusal comes within seconds; a join that gave
+/// up waits 60 s for its primary first).
+const BACKOFF_QUICK_EXIT: Duration = Duration::from_secs(20);
 
 /// How long after the `n`th backup server of one role in a row exited without joining its
 /// primary the next starts (`Node::backup_backoff`): 500 ms, then twice as long each time,
@@ -1008,7 +1016,9 @@ impl NodePlane {
                 }
                 let was = c.role.clone();
                 let ready = c.ready.load(Ordering::Acquire);
-                let c_joined = c.joined.load(Ordering::Acquire);
+                // (A backup that ran for a while before it exited, a join that gave up at
+                // its deadline say, is no refusal repeated: not put off further.)
+                let quick_exit = !c.joined.load(Ordering::Acquire) && c.started.elapsed() < BACKOFF_QUICK_EXIT;
                 let changing = c.changing && !ready;
                 let lost = !status.success() && self.may_have_lost_acknowledged(self.child.as_ref().expect("a child"));
                 if lost {
@@ -1064,7 +1074,7 @@ impl NodePlane {
                     self.restart_after = Instant::now() + Duration::from_millis(500);
                     if !primary {
                         self.backup_backoff = match self.backup_backoff.take() {
-                            _ if c_joined => None,
+                            _ if !quick_exit => None,
                             Some((r, n, _)) if r == was => {
                                 Some((r, n + 1, Instant::now() + backup_backoff_after(n + 1)))
                             }
@@ -1442,6 +1452,7 @@ impl NodePlane {
             fence_failed,
             changing: false,
             count_told: None,
+            started: Instant::now(),
         });
         Ok(())
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ditto_engine::Ts;
 use ditto_log::Epoch;
-use ditto_replication::protocol::{read_frame, Frame, Start};
+use ditto_replication::protocol::{read_frame, Frame};
 use ditto_replication::{backup, BackupOptions};
 
 mod common;
@@ -60,14 +60,7 @@ fn stand_in_primary(l: TcpListener, epoch: Epoch, malformed_links: usize, seen: 
         let Ok(mut s) = s else { return };
         let Ok(Some(Frame::Hello { have_ts, .. })) = read_frame(&mut s) else { continue };
         let opened = Instant::now();
-        let welcome = Frame::Welcome {
-            epoch,
-            streams: 1,
-            tables: vec![(0, "t".into())],
-            start: Start::Resume,
-            database: 0,
-            run: 0,
-        };
+        let welcome = common::resume_welcome(epoch);
         let next = Ts(have_ts.0 + 1);
         let b = Frame::Batch {
             epoch,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ditto_engine::Ts;
-use ditto_replication::protocol::{read_frame, Frame, Start};
+use ditto_replication::protocol::{read_frame, Frame};
 use ditto_replication::{backup, BackupOptions};
 
 mod common;
@@ -34,14 +34,7 @@ fn replay_of_the_last_batch_is_acked_without_another_frame() {
         let (mut s, _) = l.accept().unwrap();
         let Some(Frame::Hello { have_ts, .. }) = read_frame(&mut s).unwrap() else { panic!("no hello") };
         assert_eq!(have_ts, ts);
-        let welcome = Frame::Welcome {
-            epoch,
-            streams: 1,
-            tables: vec![(0, "t".into())],
-            start: Start::Resume,
-            database: 0,
-            run: 0,
-        };
+        let welcome = common::resume_welcome(epoch);
         let batch = Frame::Batch {
             epoch,
             released: next,

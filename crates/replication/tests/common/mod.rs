@@ -108,3 +108,16 @@ pub fn empty_hello(name: &str) -> ditto_replication::protocol::Frame {
         run: 0,
     }
 }
+
+/// A stand-in primary's welcome of `epoch` resuming a one-stream backup, with table "t"
+/// (no database id and no run said: a stand-in's).
+pub fn resume_welcome(epoch: ditto_log::Epoch) -> ditto_replication::protocol::Frame {
+    ditto_replication::protocol::Frame::Welcome {
+        epoch,
+        streams: 1,
+        tables: vec![(0, "t".into())],
+        start: ditto_replication::protocol::Start::Resume,
+        database: 0,
+        run: 0,
+    }
+}
