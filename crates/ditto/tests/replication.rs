@@ -868,9 +868,12 @@ fn replication_field(c: &mut Client, name: &str) -> Option<String> {
 fn a_backup_takes_nothing_from_a_primary_of_another_database() {
     let tmp = tempfile::tempdir().unwrap();
     let policy = ["--commit-policy", "local"];
-    let mut a = Node::start(&tmp.path().join("a"), &[&["--repl-port", "0"][..], &policy].concat());
+    // The replication port is taken again by the next primary once the first is killed:
+    // one below Linux's ephemeral range (32768 and up), which an outgoing connection's
+    // local end cannot take meanwhile.
+    let a_repl_port = port_below_the_ephemeral_range().to_string();
+    let mut a = Node::start(&tmp.path().join("a"), &[&["--repl-port", a_repl_port.as_str()][..], &policy].concat());
     let a_repl = a.repl.clone().unwrap();
-    let a_repl_port = a_repl.rsplit(':').next().unwrap().to_string();
     let mut ca = Client::connect(a.port).unwrap();
     let a_id = replication_field(&mut ca, "ditto_database_id").expect("the primary's id");
     let b_args = ["--replica-of", a_repl.as_str()];
@@ -927,4 +930,18 @@ fn a_backup_takes_nothing_from_a_primary_of_another_database() {
     assert!(!cb.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
     assert_eq!(cb.one(&["DBSIZE"]), ":21");
     assert_eq!(cb.one(&["GET", "k19"]), "a");
+}
+
+/// A port free now, from 20000 to 31999 (below Linux's ephemeral range).
+fn port_below_the_ephemeral_range() -> u16 {
+    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+        ^ ((std::process::id() as u64) << 32);
+    for _ in 0..10_000 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let port = 20_000 + ((x >> 33) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port from 20000 to 31999");
 }
