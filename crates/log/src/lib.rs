@@ -176,6 +176,8 @@ struct Inner {
     /// bound): no later checkpoint keeps anything for a position below it (that backup is
     /// sent a checkpoint anyway).
     dropped_for_backups: AtomicU64,
+    /// The directory's database id (`identity`), made by its first open.
+    database: identity::DatabaseId,
 }
 
 /// Says, when a checkpoint is done, the lowest timestamp the backups may still need the
@@ -453,7 +455,7 @@ fn start_logging(
 ) -> Result<Durable, LogError> {
     // The directory's database id (`identity`), from its first open on (a promotion's
     // keeps the one its backup took): its copies carry it.
-    identity::load_or_create(dir, &*opts.log.storage)
+    let database = identity::load_or_create(dir, &*opts.log.storage)
         .map_err(|e| LogError::io(&dir.join(identity::DATABASE_ID_FILE), e))?;
     // New commits, and the streams' durable positions, start above `ts_above`: nothing
     // lies between what was recovered and it (a failover discarded it), so the watermark
@@ -481,6 +483,7 @@ fn start_logging(
             lock: Mutex::new(Some(lock)),
             keeper: Mutex::new(None),
             dropped_for_backups: AtomicU64::new(0),
+            database,
         }),
     })
 }
@@ -638,6 +641,11 @@ impl Durable {
 
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// The id of the database this directory holds (`identity`), read or made by the open.
+    pub fn database(&self) -> identity::DatabaseId {
+        self.inner.database
     }
 
     /// What recovery found and did when this database was opened.

@@ -615,29 +615,10 @@ pub fn end_promotion(dir: &Path) -> Result<(), BackupError> {
     clear_promotion_mark(dir).map_err(io("removing the promotion's record"))
 }
 
-/// Checks a primary's `Welcome` against the database `dir` holds (`crate::identity`), before
-/// anything of the primary's is taken: one of another database is refused (told why, and
-/// `BackupError::OtherDatabase`); where the directory names none yet, the primary's id to
-/// write once the welcome's other checks have passed.
-fn check_database(
-    database: Option<crate::identity::DatabaseId>,
-    welcome: &Option<Frame>,
-    stream: &TcpStream,
-    dir: &Path,
-    primary: &str,
-) -> Result<Option<crate::identity::DatabaseId>, BackupError> {
-    let Some(Frame::Welcome { database: theirs, .. }) = welcome else {
-        return Ok(None);
-    };
-    let theirs = crate::identity::DatabaseId::from_wire(*theirs);
-    match crate::identity::check(database, theirs, dir, primary) {
-        Ok(adopt) => Ok(theirs.filter(|_| adopt)),
-        Err(reason) => {
-            let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-            Err(BackupError::OtherDatabase(reason))
-        }
-    }
+/// Tells the primary at the other end of `stream` why this backup refuses it, and closes.
+fn refuse_and_close(stream: &TcpStream, reason: &str) {
+    let _ = (&*stream).write_all(&Frame::Refuse { reason: reason.to_string() }.encode());
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 /// A primary's refusal as an error: of another database (`crate::identity`), or any other.
@@ -717,7 +698,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // that epoch number in another run is another history (`crate::identity::check_run`).
     let followed_run = recorded.map_or(0, |(_, r)| r);
     // The database whose history the directory holds, if any primary was followed (or
-    // served) here: a primary of another is taken nothing from (`take_database`).
+    // served) here: a primary of another is taken nothing from (`identity::check_welcome`).
     let mut database = crate::identity::read(&dir).map_err(io("reading the directory's database id"))?;
     if followed.is_none() && opts.recover_upto.is_some() {
         // An old primary that rejoins: its own log (of this epoch) is cut at the recovery
@@ -851,8 +832,21 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             }
         }
     };
+    // Each welcome checked for its database and, for the epoch it follows, the primary's
+    // run (`identity::check_welcome`) before anything of it is taken; the id to take, where
+    // the directory names none, is written once the welcome's other checks pass (below).
+    let followed_as = followed.filter(|_| !opts.fresh_copy).map(|e| (e.0, followed_run));
+    let check_identity = |welcome: &Option<Frame>, stream: &TcpStream| {
+        let Some(Frame::Welcome { epoch, database: theirs, run, .. }) = welcome else { return Ok(None) };
+        crate::identity::check_welcome(database, followed_as, epoch.0, *theirs, *run, &dir, &opts.primary).map_err(
+            |reason| {
+                refuse_and_close(stream, &reason);
+                BackupError::OtherDatabase(reason)
+            },
+        )
+    };
     let (mut stream, mut reader, mut welcome) = join(&hello)?;
-    let mut adopt = check_database(database, &welcome, &stream, &dir, &opts.primary)?;
+    let mut adopt = check_identity(&welcome, &stream)?;
     if let (Some(Frame::Welcome { start: Start::CutAt { .. }, .. }), false) =
         (&welcome, opts.keep_what_the_primary_lost)
     {
@@ -868,7 +862,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             run: 0,
         };
         (stream, reader, welcome) = join(&fresh)?;
-        adopt = check_database(database, &welcome, &stream, &dir, &opts.primary)?;
+        adopt = check_identity(&welcome, &stream)?;
     }
     if let (Some(Frame::Welcome { epoch: now, start: Start::CutAt { point }, .. }), Some(o)) = (&welcome, &opened) {
         // The primary restarted from below what this backup holds: it lost commits this
@@ -893,21 +887,6 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     let (epoch, streams, tables, start, run) = match welcome {
         Some(Frame::Welcome { epoch, streams, tables, start, run, .. }) => {
             check_welcome(streams, &tables)?;
-            // The epoch it follows served by another run of a primary: another history of
-            // the same epoch number (`crate::identity::check_run`). (Not where it asked
-            // for a fresh copy, nor for an old primary's own epoch, whose run is unknown.)
-            if !opts.fresh_copy && followed == Some(epoch) {
-                if let Err(reason) = crate::identity::check_run(
-                    epoch.0,
-                    followed_run,
-                    run,
-                    &format!("this backup's directory {}", dir.display()),
-                    &format!("the primary at {}", opts.primary),
-                ) {
-                    let _ = (&stream).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                    return Err(BackupError::OtherDatabase(reason));
-                }
-            }
             // A primary of an older epoch than the one this backup follows is stale
             // (deposed, or restored from an older copy): whatever it offers would discard
             // commits a later primary released with this backup in its quorum. (A primary
@@ -1120,7 +1099,6 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         scratch: Vec::new(),
         refusal: None,
         ended_on_refusal: false,
-        database,
         run,
     };
     {
@@ -2432,10 +2410,6 @@ struct Receiver {
     refusal: Option<Refusal>,
     /// The link last ended on such a refusal (only then is the next link put off longer).
     ended_on_refusal: bool,
-    /// The database whose history this backup holds (`crate::identity`; `None`: neither its
-    /// directory nor its primary said one): a primary of another met on a reconnect (one
-    /// made anew at the same address) is taken nothing from.
-    database: Option<crate::identity::DatabaseId>,
     /// The run of the primary it follows (`Primary::run`; 0: not said): on a reconnect, a
     /// primary of the same epoch in another run is another history of that number.
     run: u64,
@@ -2799,7 +2773,7 @@ impl Receiver {
                     node: self.opts.node.clone(),
                     learner,
                     auth: self.opts.auth.clone(),
-                    database: self.database.map_or(0, crate::identity::DatabaseId::to_wire),
+                    database: self.state.database.load(Ordering::Acquire),
                     run: self.run,
                 };
                 let (s, mut r) = match connect(&self.opts.primary, self.opts.tls.as_deref(), &hello) {
@@ -2838,41 +2812,31 @@ impl Receiver {
                     }
                 };
                 if let Ok(Some(Frame::Welcome { database, epoch, run, .. })) = &answer {
-                    // Nor a primary of the same epoch in another run (another history of
-                    // that epoch's number).
-                    let holder = format!("this backup's directory {}", self.opts.data_dir.display());
-                    let primary = format!("the primary at {}", self.opts.primary);
-                    let checked = match *epoch == self.epoch {
-                        true => crate::identity::check_run(epoch.0, self.run, *run, &holder, &primary),
-                        false => Ok(()),
-                    };
-                    if let Err(reason) = checked {
-                        let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                        let _ = s.shutdown(std::net::Shutdown::Both);
-                        self.fatal(reason);
-                        return;
-                    }
-                    // Not a primary of another database (one made anew at this address):
-                    // nothing of it is taken, and the backup stops, keeping what it holds.
-                    let theirs = crate::identity::DatabaseId::from_wire(*database);
-                    match crate::identity::check(self.database, theirs, &self.opts.data_dir, &self.opts.primary) {
-                        Ok(false) => {}
+                    // Not a primary of another database (one made anew at this address), nor
+                    // of the epoch it follows in another run: nothing of it is taken, and
+                    // the backup stops, keeping what it holds.
+                    let mine = crate::identity::DatabaseId::from_wire(self.state.database.load(Ordering::Acquire));
+                    let (dir, primary) = (&self.opts.data_dir, &self.opts.primary);
+                    match crate::identity::check_welcome(
+                        mine,
+                        Some((self.epoch.0, self.run)),
+                        epoch.0,
+                        *database,
+                        *run,
+                        dir,
+                        primary,
+                    ) {
+                        Ok(None) => {}
                         // (Its first primary said none: a test's stand-in.)
-                        Ok(true) => {
-                            match crate::identity::write(&self.opts.data_dir, theirs.expect("said"), &*self.storage) {
-                                Ok(()) => {
-                                    self.database = theirs;
-                                    self.state.database.store(theirs.map_or(0, |t| t.to_wire()), Ordering::Release);
-                                }
-                                Err(e) => {
-                                    self.fatal(format!("saving the database id: {e}"));
-                                    return;
-                                }
+                        Ok(Some(id)) => match crate::identity::write(dir, id, &*self.storage) {
+                            Ok(()) => self.state.database.store(id.to_wire(), Ordering::Release),
+                            Err(e) => {
+                                self.fatal(format!("saving the database id: {e}"));
+                                return;
                             }
-                        }
+                        },
                         Err(reason) => {
-                            let _ = (&s).write_all(&Frame::Refuse { reason: reason.clone() }.encode());
-                            let _ = s.shutdown(std::net::Shutdown::Both);
+                            refuse_and_close(&s, &reason);
                             self.fatal(reason);
                             return;
                         }

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-pub use ditto_log::identity::{load_or_create, read, write, DatabaseId, DATABASE_ID_FILE};
+pub use ditto_log::identity::{read, write, DatabaseId, DATABASE_ID_FILE};
 
 /// What a backup whose directory `dir` holds `mine` does with a `Welcome` of `theirs`
 /// from the primary at `primary`: `Ok(true)`, write `theirs` before taking anything
@@ -55,6 +55,29 @@ pub fn check_run(epoch: u64, mine: u64, theirs: u64, holder: &str, primary: &str
     }
 }
 
+/// What a backup does with a primary's `Welcome` of epoch `epoch`, database `database` and
+/// run `run` (0: none said), holding `mine` and following `followed`, the epoch it follows
+/// and the run that served it (0 where not known, or not to be checked: a fresh copy's):
+/// `check`, then, for the epoch it follows, `check_run`. `Ok(Some(id))`: write `id` before
+/// taking anything; `Ok(None)`: nothing to write; `Err`: the refusal's reason.
+pub fn check_welcome(
+    mine: Option<DatabaseId>,
+    followed: Option<(u64, u64)>,
+    epoch: u64,
+    database: u64,
+    run: u64,
+    dir: &Path,
+    primary: &str,
+) -> Result<Option<DatabaseId>, String> {
+    let theirs = DatabaseId::from_wire(database);
+    let adopt = check(mine, theirs, dir, primary)?;
+    if let Some((_, followed_run)) = followed.filter(|&(e, _)| e == epoch) {
+        let holder = format!("this backup's directory {}", dir.display());
+        check_run(epoch, followed_run, run, &holder, &format!("the primary at {primary}"))?;
+    }
+    Ok(theirs.filter(|_| adopt))
+}
+
 /// How a refusal for another database's primary begins (`check`).
 pub const OTHER_DATABASE: &str = "the primary serves another database";
 
@@ -70,6 +93,20 @@ mod tests {
         let e = check_run(3, 7, 8, "this backup's directory /d", "the primary at p:1").unwrap_err();
         assert!(e.starts_with(OTHER_DATABASE), "{e}");
         assert!(e.contains("0000000000000007") && e.contains("0000000000000008") && e.contains("epoch 3"), "{e}");
+    }
+
+    #[test]
+    fn a_welcome_is_checked_for_its_database_then_for_the_followed_epochs_run() {
+        let (a, b) = (DatabaseId::new_random(), DatabaseId::new_random());
+        let dir = Path::new("/d");
+        assert_eq!(check_welcome(None, None, 2, a.to_wire(), 9, dir, "p"), Ok(Some(a)));
+        assert_eq!(check_welcome(Some(a), Some((2, 9)), 2, a.to_wire(), 9, dir, "p"), Ok(None));
+        assert_eq!(check_welcome(Some(a), Some((1, 9)), 2, a.to_wire(), 8, dir, "p"), Ok(None), "another epoch");
+        assert_eq!(check_welcome(Some(a), Some((2, 0)), 2, a.to_wire(), 8, dir, "p"), Ok(None), "no run known");
+        let e = check_welcome(Some(a), Some((2, 9)), 2, a.to_wire(), 8, dir, "p").unwrap_err();
+        assert!(e.contains("two primaries served the same epoch number"), "{e}");
+        let e = check_welcome(Some(a), Some((2, 9)), 2, b.to_wire(), 9, dir, "p").unwrap_err();
+        assert!(e.contains(&b.to_string()), "{e}");
     }
 
     #[test]

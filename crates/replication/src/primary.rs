@@ -393,11 +393,10 @@ impl Primary {
     ) -> std::io::Result<Arc<Primary>> {
         let logger = durable.logger();
         let local = listener.local_addr()?;
-        // Before any backup is served: every one it welcomes takes this id.
-        let database = crate::identity::load_or_create(durable.dir(), &ditto_log::storage::RealStorage)?;
         let p = Arc::new(Primary {
             clock_base: Instant::now(),
-            database,
+            // (Made by the log's open: every backup it welcomes takes this id.)
+            database: durable.database(),
             run: crate::identity::DatabaseId::new_random().to_wire(),
             durable: durable.clone(),
             accept: Mutex::new(None),

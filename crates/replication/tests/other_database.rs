@@ -53,6 +53,39 @@ fn held(dir: &std::path::Path, t: TableId) -> Vec<(u32, Vec<u8>)> {
     (0..300u32).filter_map(|k| r.get(t, &k.to_be_bytes()).unwrap().map(|v| (k, v.to_vec()))).collect()
 }
 
+/// Each link's hello, and the last frame the backup sent on it.
+type Said = Vec<(Option<ditto_replication::protocol::Frame>, Option<ditto_replication::protocol::Frame>)>;
+
+/// A stand-in primary of `epoch` on a free port: its i-th link welcomes the backup with
+/// `links[i]` (database id, streams, run), resuming it, and a heartbeat at `ts`, then holds
+/// the link until the backup closes it or is silent for 1 s: (its address, what each link
+/// heard).
+fn stand_in(epoch: ditto_log::Epoch, ts: Ts, links: Vec<(u64, u32, u64)>) -> (String, std::thread::JoinHandle<Said>) {
+    use ditto_replication::protocol::{read_frame, Frame, Start};
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let peer = std::thread::spawn(move || {
+        let mut said = Vec::new();
+        for (database, streams, run) in links {
+            let (mut s, _) = listener.accept().unwrap();
+            let hello = read_frame(&mut s).unwrap();
+            let tables = vec![(0u32, "t".to_string())];
+            let welcome = Frame::Welcome { epoch, streams, tables, start: Start::Resume, database, run };
+            let _ = s.write_all(&welcome.encode());
+            let _ = s.write_all(&Frame::Heartbeat { released: ts, acknowledged: ts, sent_us: 0 }.encode());
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let mut last = None;
+            while let Ok(Some(f)) = read_frame(&mut s) {
+                last = Some(f);
+            }
+            said.push((hello, last));
+        }
+        said
+    });
+    (addr, peer)
+}
+
 #[test]
 fn a_backup_takes_nothing_from_a_primary_of_another_database_at_its_start() {
     let tmp = tempfile::tempdir().unwrap();
@@ -154,35 +187,20 @@ fn a_running_backup_whose_primary_is_made_anew_at_its_address_stops_and_keeps_wh
 /// refused for another reason (a welcome naming no stream) names none after.
 #[test]
 fn a_welcome_of_another_database_is_refused_by_the_backup_and_an_id_is_taken_only_with_the_welcome() {
-    use ditto_replication::protocol::{read_frame, Frame, Start};
-    use std::io::Write;
+    use ditto_replication::protocol::Frame;
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
     let (epoch, ts) = common::backup_dir_holding_a_row(&pa, &pb);
     let a_id = identity::read(&pb).unwrap().expect("taken from a");
-    let stand_in = |database: u64, streams: u32| {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let peer = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let hello = read_frame(&mut s).unwrap();
-            let tables = vec![(0u32, "t".to_string())];
-            let welcome = Frame::Welcome { epoch, streams, tables, start: Start::Resume, database, run: 0 };
-            s.write_all(&welcome.encode()).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            (hello, read_frame(&mut s).ok().flatten())
-        });
-        (addr, peer)
-    };
     // Another database's welcome: refused by the backup, which says why to the primary.
     let other = identity::DatabaseId::new_random();
-    let (addr, peer) = stand_in(other.to_wire(), 1);
+    let (addr, peer) = stand_in(epoch, ts, vec![(other.to_wire(), 1, 0)]);
     match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
         Err(BackupError::OtherDatabase(why)) => assert!(why.contains(&other.to_string()), "{why}"),
         Err(e) => panic!("refused for another reason: {e}"),
         Ok(_) => panic!("a welcome of another database was taken"),
     }
-    let (hello, answer) = peer.join().unwrap();
+    let (hello, answer) = peer.join().unwrap().remove(0);
     assert!(
         matches!(hello, Some(Frame::Hello { database, have_ts, .. }) if database == a_id.to_wire() && have_ts == ts)
     );
@@ -191,7 +209,7 @@ fn a_welcome_of_another_database_is_refused_by_the_backup_and_an_id_is_taken_onl
     // A directory that names none (an older build's), refused for the welcome's streams:
     // still none.
     std::fs::remove_file(pb.join(identity::DATABASE_ID_FILE)).unwrap();
-    let (addr, peer) = stand_in(other.to_wire(), 0);
+    let (addr, peer) = stand_in(epoch, ts, vec![(other.to_wire(), 0, 0)]);
     match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
         Err(BackupError::Protocol(e)) => assert!(e.contains("0 streams"), "{e}"),
         Err(e) => panic!("refused for another reason: {e}"),
@@ -260,8 +278,7 @@ fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
 /// another run is refused, told why, and nothing is taken; the run it recorded is taken.
 #[test]
 fn a_welcome_of_another_run_of_the_followed_epoch_is_refused_by_the_backup() {
-    use ditto_replication::protocol::{read_frame, Frame, Start};
-    use std::io::Write;
+    use ditto_replication::protocol::Frame;
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
     let (epoch, ts) = common::backup_dir_holding_a_row(&pa, &pb);
@@ -269,34 +286,10 @@ fn a_welcome_of_another_run_of_the_followed_epoch_is_refused_by_the_backup() {
     let (followed, run) = backup::read_followed(&pb).unwrap().expect("recorded");
     assert_eq!(followed, epoch);
     assert_ne!(run, 0);
-    // A stand-in primary of that epoch and database, in `runs[i]` on its i-th link: it
-    // welcomes, then holds the link until the backup closes it or 1 s passes; what the
-    // backup said last on each link.
-    let stand_in = |runs: Vec<u64>| {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let peer = std::thread::spawn(move || {
-            let mut said = Vec::new();
-            for run in runs {
-                let (mut s, _) = listener.accept().unwrap();
-                let _hello = read_frame(&mut s).unwrap();
-                let tables = vec![(0u32, "t".to_string())];
-                let welcome = Frame::Welcome { epoch, streams: 1, tables, start: Start::Resume, database: id, run };
-                s.write_all(&welcome.encode()).unwrap();
-                s.write_all(&Frame::Heartbeat { released: ts, acknowledged: ts, sent_us: 0 }.encode()).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
-                let mut last = None;
-                while let Ok(Some(f)) = read_frame(&mut s) {
-                    last = Some(f);
-                }
-                said.push(last);
-            }
-            said
-        });
-        (addr, peer)
-    };
+    // A stand-in primary of that epoch and database, in `runs[i]` on its i-th link.
+    let in_runs = |runs: Vec<u64>| stand_in(epoch, ts, runs.into_iter().map(|run| (id, 1, run)).collect());
     // At its start.
-    let (addr, peer) = stand_in(vec![run ^ 1]);
+    let (addr, peer) = in_runs(vec![run ^ 1]);
     match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
         Err(BackupError::OtherDatabase(why)) => {
             assert!(why.contains("two primaries served the same epoch number"), "{why}");
@@ -305,11 +298,11 @@ fn a_welcome_of_another_run_of_the_followed_epoch_is_refused_by_the_backup() {
         Err(e) => panic!("refused for another reason: {e}"),
         Ok(_) => panic!("a welcome of another run of its epoch was taken"),
     }
-    let said = peer.join().unwrap();
+    let said: Vec<_> = peer.join().unwrap().into_iter().map(|(_, last)| last).collect();
     assert!(matches!(&said[0], Some(Frame::Refuse { reason }) if reason.starts_with(OTHER_DATABASE)), "{said:?}");
     assert_eq!(backup::read_followed(&pb).unwrap(), Some((epoch, run)), "its record changed");
     // On a reconnect: its own run first (taken), then, on the next link, another.
-    let (addr, peer) = stand_in(vec![run, run ^ 1]);
+    let (addr, peer) = in_runs(vec![run, run ^ 1]);
     let bk = backup::start(BackupOptions::new(&addr, &pb, 1, "b")).expect("its own primary's run");
     wait_until("the backup to stop", Duration::from_secs(20), || bk.state.failure.lock().is_some());
     let why = bk.state.failure.lock().clone().unwrap();
@@ -317,7 +310,48 @@ fn a_welcome_of_another_run_of_the_followed_epoch_is_refused_by_the_backup() {
     assert_eq!(bk.state.received.load(Ordering::Acquire), ts.0, "it took something");
     let _ = bk.stop("done", Duration::from_secs(10));
     drop(bk);
-    let said = peer.join().unwrap();
+    let said: Vec<_> = peer.join().unwrap().into_iter().map(|(_, last)| last).collect();
     assert!(matches!(&said[1], Some(Frame::Refuse { reason }) if reason.starts_with(OTHER_DATABASE)), "{said:?}");
     assert_eq!(backup::read_followed(&pb).unwrap(), Some((epoch, run)), "its record changed");
+}
+
+/// Real files, except that creating the database id's file fails with ENOSPC.
+struct NoRoomForTheId;
+
+impl ditto_log::storage::Storage for NoRoomForTheId {
+    fn create_new(&self, path: &std::path::Path) -> std::io::Result<Box<dyn ditto_log::storage::LogFile>> {
+        if path.to_string_lossy().contains(identity::DATABASE_ID_FILE) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        ditto_log::storage::RealStorage.create_new(path)
+    }
+}
+
+/// A backup whose disk has no room for the primary's id takes nothing: its start fails
+/// saying so, before any of the primary's data is written, and its directory names no
+/// database (a later start, with room, takes the id and the data).
+#[test]
+fn a_backup_that_cannot_save_the_primarys_id_takes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (a, t, p) = primary_on(&pa, listener);
+    let last = commit(&a, t, 0..10, b"a");
+    let opts = BackupOptions { storage: Some(Arc::new(NoRoomForTheId)), ..BackupOptions::new(&addr, &pb, 1, "b") };
+    match backup::start(opts) {
+        Err(BackupError::Io { what, source }) => {
+            assert!(what.contains("saving the database id"), "{what}: {source}");
+            assert_eq!(source.kind(), std::io::ErrorKind::StorageFull, "{source}");
+        }
+        Err(e) => panic!("failed for another reason: {e}"),
+        Ok(_) => panic!("a backup that could not save the primary's id started"),
+    }
+    assert_eq!(identity::read(&pb).unwrap(), None);
+    assert_eq!(backup::read_followed(&pb).unwrap(), None, "it recorded an epoch it took nothing of");
+    common::backup_holding(&addr, &pb, last);
+    assert_eq!(identity::read(&pb).unwrap(), Some(p.database()));
+    assert_eq!(held(&pb, t).len(), 10);
+    p.stop();
+    a.close();
 }
