@@ -71,10 +71,13 @@
 //!
 //! The torn-vs-corrupt rule (`read_segment`): at the first batch that fails to decode, if
 //! only zero bytes follow up to the end, they are space zeroed ahead by the writer
-//! (`SegmentEnd::Zeros`); else, if a valid batch header of this segment follows anywhere
-//! later, the damage is in the middle (`SegmentEnd::Corrupt`); otherwise it is a torn tail
-//! (`SegmentEnd::Torn`) that the caller may truncate away. A failure in a batch whose
-//! checksums verify cannot come from a torn write, so it is always `Corrupt`.
+//! (`SegmentEnd::Zeros`); else, if a later batch of this segment proves the damaged bytes
+//! had been synced (one of version 6 claiming, in `synced_ts`, more synced than what lies
+//! before the damage; or any valid header of an older version, which claims nothing), the
+//! damage is to durable bytes (`SegmentEnd::Corrupt`); otherwise it is a torn write, its
+//! later batches perhaps reaching the disk before it (`SegmentEnd::Torn`), that the caller
+//! may truncate away. A failure in a batch whose checksums verify cannot come from a torn
+//! write, so it is always `Corrupt`.
 //!
 //! Non-goals
 //! ---------
@@ -83,9 +86,9 @@
 //! * Cross-batch invariants (ts increasing across batches, `bound_ts` monotone) are stream
 //!   semantics and are left to recovery.
 //! * No attempt to salvage data after a corrupt point, and no backwards compatibility
-//!   machinery beyond the version fields: this build writes version 5, reads versions 2
-//!   to 5 (2 lacks `floor_ts`, 2 to 4 lack `reuse_ts`), and reports any other version
-//!   (e.g. a version-1 file) as `UnsupportedVersion`.
+//!   machinery beyond the version fields: this build writes version 6, reads versions 2
+//!   to 6 (2 lacks `floor_ts`, 2 to 4 lack `reuse_ts`, 2 to 5 lack `synced_ts`), and
+//!   reports any other version (e.g. a version-1 file) as `UnsupportedVersion`.
 
 use bytes::Bytes;
 use ditto_engine::{RecordId, TableId, Ts, RECORDS_PER_TABLE_MAX, TABLES_MAX};
@@ -100,19 +103,24 @@ pub struct StreamId(pub u32);
 pub struct Epoch(pub u64);
 
 /// The format version this build writes in segment headers (u32) and batch headers (u16).
-/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 4 is
+/// It reads every version from `OLDEST_READABLE_VERSION` up to this one: version 5 is
+/// version 6 without the batch header's `synced_ts` (read as 0, and a damaged batch
+/// followed by any valid one is damage, as before: see `damaged_end`); version 4 is
 /// version 5 without the batch header's `reuse_ts` (read as 0: claims nothing); version 3
 /// is version 4 without the segment header's `streams` and `prev_ts` (read as 0: not
 /// recorded); version 2 is version 3 without the batch header's `floor_ts` (read as 0);
 /// version 1 (fixed-width payload) is refused as `UnsupportedVersion(1)`.
-pub const LOG_FORMAT_VERSION: u32 = 5;
+pub const LOG_FORMAT_VERSION: u32 = 6;
 pub const OLDEST_READABLE_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"DITTOLOG";
 pub const BATCH_MAGIC: [u8; 4] = *b"DBAT";
 pub const SEGMENT_HEADER_LEN: usize = 48;
-/// A batch header since version 5: the 64 bytes every version shares, then `floor_ts`
-/// and `reuse_ts`.
-pub const BATCH_HEADER_LEN: usize = 80;
+/// A batch header since version 6: the 64 bytes every version shares, then `floor_ts`,
+/// `reuse_ts` and `synced_ts`.
+pub const BATCH_HEADER_LEN: usize = 88;
+/// A batch header of version 5: the 64 bytes every version shares, then `floor_ts` and
+/// `reuse_ts`.
+pub const BATCH_HEADER_V5_LEN: usize = 80;
 /// A batch header of versions 3 and 4: the 64 bytes every version shares, then `floor_ts`.
 pub const BATCH_HEADER_V3_LEN: usize = 72;
 /// The part of a batch header whose layout every version shares (magic, version, header
@@ -375,10 +383,11 @@ pub struct Marks {
     pub bound_ts: Ts,
     pub floor_ts: Ts,
     pub reuse_ts: Ts,
+    pub synced_ts: Ts,
 }
 
-/// The header in front of every batch's payload (80 bytes since version 5, 72 in versions
-/// 3 and 4, 64 in version 2).
+/// The header in front of every batch's payload (88 bytes since version 6, 80 in version
+/// 5, 72 in versions 3 and 4, 64 in version 2).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BatchHeader {
     /// The format version of this batch: `LOG_FORMAT_VERSION` for every batch this build
@@ -408,22 +417,35 @@ pub struct BatchHeader {
     /// every transaction below its own is), so no new life overtakes an old one. 0 (and in
     /// versions before 5) claims nothing.
     pub reuse_ts: Ts,
+    /// The highest timestamp (a transaction's or a bound) of this stream's batches of this
+    /// epoch that an fsync had made durable when this batch was framed; 0 if none (and in
+    /// versions before 6, and under a durability that never fsyncs). At most `bound_ts`.
+    /// What it is for: a batch that follows a damaged one and claims no more than was
+    /// durable before the damage proves the damage was never synced, a torn write whose
+    /// pages reached the disk out of order, not damage to durable bytes (`damaged_end`).
+    pub synced_ts: Ts,
     pub txn_count: u32,
     /// Uncompressed payload length.
     pub raw_len: u32,
     /// Payload bytes following the header.
     pub stored_len: u32,
-    /// CRC32C of the stored payload bytes (versions 3 and 4: of `floor_ts`'s 8 bytes, then
-    /// the stored payload bytes; version 5: of `floor_ts`'s and `reuse_ts`'s 8 bytes, then
-    /// the stored payload bytes; the header checksum covers only the fixed part).
+    /// CRC32C of the stored payload bytes, after the header's bytes past its fixed 64
+    /// (versions 3 and 4: `floor_ts`'s 8 bytes; version 5: `floor_ts`'s and `reuse_ts`'s;
+    /// version 6: those and `synced_ts`'s), the header checksum covering only the fixed
+    /// part.
     pub payload_crc: u32,
 }
 
 impl BatchHeader {
-    /// The bytes this header occupies: 80 (version 5), 72 (versions 3 and 4) or 64
-    /// (version 2).
+    /// The bytes this header occupies: 88 (version 6), 80 (version 5), 72 (versions 3 and
+    /// 4) or 64 (version 2).
     pub fn header_len(&self) -> usize {
         batch_header_len(self.version)
+    }
+
+    /// The highest timestamp this batch holds, a transaction's or its bound.
+    pub fn high_ts(&self) -> Ts {
+        self.bound_ts.max(self.last_ts)
     }
 
     /// Header plus stored payload: the bytes this batch occupies in a segment.
@@ -440,13 +462,12 @@ impl BatchHeader {
     }
 
     /// The fields after the fixed 64 bytes: `floor_ts` (version 3 on), then `reuse_ts`
-    /// (version 5 on).
+    /// (version 5 on), then `synced_ts` (version 6 on).
     fn encode_tail(&self, out: &mut [u8]) {
-        if out.len() >= 8 {
-            out[..8].copy_from_slice(&self.floor_ts.0.to_le_bytes());
-        }
-        if out.len() >= 16 {
-            out[8..16].copy_from_slice(&self.reuse_ts.0.to_le_bytes());
+        for (i, field) in [self.floor_ts, self.reuse_ts, self.synced_ts].into_iter().enumerate() {
+            if let Some(at) = out.get_mut(i * 8..i * 8 + 8) {
+                at.copy_from_slice(&field.0.to_le_bytes());
+            }
         }
     }
 
@@ -488,15 +509,16 @@ fn batch_header_len(version: u16) -> usize {
     match version {
         2 => BATCH_HEADER_FIXED_LEN,
         3 | 4 => BATCH_HEADER_V3_LEN,
+        5 => BATCH_HEADER_V5_LEN,
         _ => BATCH_HEADER_LEN,
     }
 }
 
 /// Decodes and validates the batch header at the start of `buf`: magic, header checksum,
 /// version, flags, reserved byte, size limits, and the consistency of the header fields
-/// among themselves. Does not look at the payload. `floor_ts` (version 3 on) and
-/// `reuse_ts` (version 5 on) are read but not yet trusted: the payload checksum covers
-/// them, and `decode_batch_checksums` checks it.
+/// among themselves. Does not look at the payload. `floor_ts` (version 3 on), `reuse_ts`
+/// (version 5 on) and `synced_ts` (version 6 on) are read but not yet trusted: the
+/// payload checksum covers them, and `decode_batch_checksums` checks it.
 pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
     let b: &[u8; BATCH_HEADER_FIXED_LEN] =
         buf.first_chunk().ok_or(FormatError::Truncated { needed: BATCH_HEADER_FIXED_LEN, available: buf.len() })?;
@@ -520,7 +542,8 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
         Some(f) => Ts(u64::from_le_bytes(f.try_into().expect("8 bytes"))),
         None => Ts(0),
     };
-    let (floor_ts, reuse_ts) = (tail(BATCH_HEADER_FIXED_LEN), tail(BATCH_HEADER_FIXED_LEN + 8));
+    let (floor_ts, reuse_ts, synced_ts) =
+        (tail(BATCH_HEADER_FIXED_LEN), tail(BATCH_HEADER_FIXED_LEN + 8), tail(BATCH_HEADER_FIXED_LEN + 16));
     let flags = b[6];
     if flags & !FLAG_COMPRESSED != 0 {
         return Err(FormatError::BadFlags(flags));
@@ -538,6 +561,7 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, FormatError> {
         bound_ts: Ts(le64(b, 36)),
         floor_ts,
         reuse_ts,
+        synced_ts,
         txn_count: le32(b, 44),
         raw_len: le32(b, 48),
         stored_len: le32(b, 52),
@@ -779,7 +803,7 @@ impl BatchBuilder {
         compress: bool,
         out: &mut Vec<u8>,
     ) -> BatchHeader {
-        let marks = Marks { bound_ts, floor_ts, reuse_ts: Ts(0) };
+        let marks = Marks { bound_ts, floor_ts, ..Marks::default() };
         self.finish_marked_into(stream, epoch, marks, compress, out)
     }
 
@@ -792,8 +816,9 @@ impl BatchBuilder {
         compress: bool,
         out: &mut Vec<u8>,
     ) -> BatchHeader {
-        let Marks { bound_ts, floor_ts, reuse_ts } = marks;
+        let Marks { bound_ts, floor_ts, reuse_ts, synced_ts } = marks;
         assert!(floor_ts <= bound_ts, "log: floor {floor_ts:?} above bound {bound_ts:?}");
+        assert!(synced_ts <= bound_ts, "log: synced {synced_ts:?} above bound {bound_ts:?}");
         let raw = &self.payload[..];
         let start = out.len();
         let body = start + BATCH_HEADER_LEN;
@@ -822,6 +847,7 @@ impl BatchBuilder {
             bound_ts,
             floor_ts,
             reuse_ts,
+            synced_ts,
             txn_count: self.txn_count,
             // Both fit: push_txn keeps raw <= MAX_RAW_LEN and compressed < raw.
             raw_len: raw.len() as u32,
@@ -1244,7 +1270,12 @@ pub fn cut_batch(batch: &Batch, upto: Ts, out: &mut Vec<u8>) -> Result<BatchHead
         b.push_txn(txn.ts, txn.writes().map(|w| (w.table, w.rid, w.key, w.value)));
     }
     let bound = h.bound_ts.min(upto);
-    let marks = Marks { bound_ts: bound, floor_ts: h.floor_ts.min(bound), reuse_ts: h.reuse_ts };
+    let marks = Marks {
+        bound_ts: bound,
+        floor_ts: h.floor_ts.min(bound),
+        reuse_ts: h.reuse_ts,
+        synced_ts: h.synced_ts.min(bound),
+    };
     Ok(b.finish_marked_into(h.stream, h.epoch, marks, h.compressed, out))
 }
 
@@ -1277,9 +1308,13 @@ fn decode_batch_with(buf: &Bytes, verify_payload: bool) -> Result<(Batch, usize)
             return Err(FormatError::PayloadChecksum { stored: header.payload_crc, computed });
         }
     }
-    // The floor is trusted only now that the payload checksum has vouched for its bytes.
+    // The floor is trusted only now that the payload checksum has vouched for its bytes
+    // (and `synced_ts` with it).
     if header.floor_ts > header.bound_ts {
         return Err(FormatError::Malformed("floor_ts above bound_ts"));
+    }
+    if header.synced_ts > header.bound_ts {
+        return Err(FormatError::Malformed("synced_ts above bound_ts"));
     }
     Ok((Batch { header, stored: buf.slice(body..total) }, total))
 }
@@ -1560,6 +1595,8 @@ pub fn read_segment_checking(
     let version = u16::from_le_bytes([file[8], file[9]]);
     let mut batches = Vec::new();
     let mut off = SEGMENT_HEADER_LEN;
+    // The highest timestamp the stream's batches hold up to `off` (`damaged_end`).
+    let mut before = header.prev_ts;
     let end = loop {
         if off == file.len() {
             break SegmentEnd::Clean;
@@ -1568,6 +1605,7 @@ pub fn read_segment_checking(
         let decoded = decode_batch_checksums(&rest).and_then(|b| inside(&b.0).map(|()| b));
         let reason = match decoded.and_then(|b| belongs(&header, version, b)) {
             Ok((batch, used)) => {
+                before = before.max(batch.header.high_ts());
                 batches.push((off as u64, batch));
                 off += used;
                 continue;
@@ -1578,14 +1616,25 @@ pub fn read_segment_checking(
         if file[off..].iter().all(|&b| b == 0) {
             break SegmentEnd::Zeros { offset };
         }
-        break damaged_end(&rest, offset, reason, &header);
+        break damaged_end(&rest, offset, reason, &header, before);
     };
     Ok(SegmentScan { header, batches, end })
 }
 
 /// How a segment ends at `offset`, where `rest` (the file from there on, not all zeros)
-/// failed to read as a batch for `reason`: torn, or damage.
-fn damaged_end(rest: &[u8], offset: u64, reason: FormatError, header: &SegmentHeader) -> SegmentEnd {
+/// failed to read as a batch for `reason`: torn, or damage. `before` is the highest
+/// timestamp (a transaction's or a bound) of the stream's batches of this epoch before
+/// `offset`: the segment header's `prev_ts` and each earlier batch's `high_ts`.
+///
+/// Damage is a torn write when nothing after it proves that it had been synced: no later
+/// batch of version 6 or on, whole and checked, claims a `synced_ts` above `before` (an
+/// fsync had then made a batch at or past `offset` durable, and every byte before it), and
+/// no later batch of an older version, which claims nothing, checks out at all. Pages of
+/// one write reach a disk in any order before its fsync: a power cut in between may keep a
+/// later batch of the write and not an earlier one, and no batch of such a write was ever
+/// acknowledged under a durability that syncs (its fsync would have covered the damage).
+/// Before version 6 any later batch meant damage, and such a log needed a person.
+fn damaged_end(rest: &[u8], offset: u64, reason: FormatError, header: &SegmentHeader, before: Ts) -> SegmentEnd {
     // A later header is looked for past the failed batch's own bytes where its header
     // checks out: inside them lies a client's data, which may hold a header's bytes (a
     // value that does would otherwise turn a torn tail into damage, and the node would
@@ -1594,7 +1643,7 @@ fn damaged_end(rest: &[u8], offset: u64, reason: FormatError, header: &SegmentHe
         Ok(h) => h.total_len(),
         Err(_) => 1,
     };
-    if !reason.could_be_torn() || valid_header_after(rest, from, header) {
+    if !reason.could_be_torn() || synced_after(rest, from, header, before) {
         SegmentEnd::Corrupt { offset, reason }
     } else {
         SegmentEnd::Torn { offset, reason }
@@ -1647,6 +1696,7 @@ pub fn scan_segment(
     };
     let mut off = SEGMENT_HEADER_LEN as u64;
     let mut valid_len = off;
+    let mut before = header.prev_ts;
     let end = loop {
         if off == len {
             break SegmentEnd::Clean;
@@ -1660,6 +1710,7 @@ pub fn scan_segment(
                 let mut buf = vec![0u8; total as usize];
                 read_at(off, &mut buf)?;
                 if let Ok((batch, used)) = read(&Bytes::from(buf)) {
+                    before = before.max(batch.header.high_ts());
                     each(off, &batch);
                     off += used as u64;
                     valid_len = off;
@@ -1686,12 +1737,13 @@ pub fn scan_segment(
         read_at(off, &mut rest)?;
         let rest = Bytes::from(rest);
         match read(&rest) {
-            Err(reason) => break damaged_end(&rest, off, reason, &header),
+            Err(reason) => break damaged_end(&rest, off, reason, &header, before),
             // Written meanwhile (a file still being written, whose older bytes the batch's
             // own reads saw: through a caller's window, say, where a rest at least as
             // large as the window is read from the file): whole and checked in this one
             // buffer, so taken.
             Ok((batch, used)) => {
+                before = before.max(batch.header.high_ts());
                 each(off, &batch);
                 off += used as u64;
                 valid_len = off;
@@ -1715,25 +1767,36 @@ fn belongs(seg: &SegmentHeader, version: u16, b: (Batch, usize)) -> Result<(Batc
     Ok(b)
 }
 
-/// Whether a valid batch header of this segment (magic, checksum, version, and the
-/// segment's stream and epoch) starts at any offset >= `from`. Linear: jumps between
-/// occurrences of the magic's first byte and checksums only candidates that carry the
-/// whole magic.
-fn valid_header_after(file: &[u8], from: usize, seg: &SegmentHeader) -> bool {
+/// Whether anything at an offset >= `from` proves that bytes before it had been synced
+/// (`damaged_end`): a valid batch header of this segment (magic, checksum, version, and the
+/// segment's stream and epoch) of a version before 6, or a whole batch of version 6 or on
+/// whose payload checksum verifies and which claims a `synced_ts` above `before`. Linear:
+/// jumps between occurrences of the magic's first byte, checksums only candidates that
+/// carry the whole magic, and goes past a header that checks out by its batch's length
+/// (its payload is a client's data).
+fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> bool {
     let mut p = from;
     while p + BATCH_HEADER_FIXED_LEN <= file.len() {
         let Some(i) = file[p..file.len() - BATCH_HEADER_FIXED_LEN + 1].iter().position(|&x| x == BATCH_MAGIC[0]) else {
             return false;
         };
         let cand = &file[p + i..];
-        if cand.starts_with(&BATCH_MAGIC) {
-            if let Ok(h) = decode_batch_header(cand) {
-                if h.stream == seg.stream && h.epoch == seg.epoch {
-                    return true;
-                }
-            }
+        let header = if cand.starts_with(&BATCH_MAGIC) { decode_batch_header(cand).ok() } else { None };
+        let Some(h) = header.filter(|h| h.stream == seg.stream && h.epoch == seg.epoch) else {
+            p += i + 1;
+            continue;
+        };
+        if h.version < 6 {
+            return true;
         }
-        p += i + 1;
+        // A batch that is not whole, or whose payload does not check, was torn too: it
+        // claims nothing.
+        let total = h.total_len();
+        let whole = cand.get(h.header_len()..total).filter(|stored| h.payload_checksum(stored) == h.payload_crc);
+        if whole.is_some() && h.synced_ts > before {
+            return true;
+        }
+        p += i + total.max(1);
     }
     false
 }

@@ -36,8 +36,25 @@ struct FileState {
     synced: u64,
 }
 
+/// What a power cut leaves of a file from all it was written and its length at its last
+/// fsync (`PowerCut::image_with`).
+pub type Tail = Box<dyn FnMut(usize, &mut Vec<u8>) + Send>;
+
+/// A power cut to make at the next fsync of a file written well past its last one
+/// (`PowerCut::image_at_next_sync`).
+struct Armed {
+    root: PathBuf,
+    img: PathBuf,
+    min_unsynced: u64,
+    tail: Tail,
+}
+
 #[derive(Default)]
 struct Disk {
+    /// A power cut to make at the next fsync that finds enough unsynced, and what came of
+    /// the last one made.
+    armed: Option<Armed>,
+    fired: Option<io::Result<()>>,
     /// Current names of the files the storage made.
     names: HashMap<PathBuf, u64>,
     files: HashMap<u64, FileState>,
@@ -85,7 +102,7 @@ impl Disk {
         }
     }
 
-    fn image_dir(&self, dir: &Path, img: &Path, tail: &mut dyn FnMut(usize, usize) -> usize) -> io::Result<()> {
+    fn image_dir(&self, dir: &Path, img: &Path, tail: &mut dyn FnMut(usize, &mut Vec<u8>)) -> io::Result<()> {
         std::fs::create_dir_all(img)?;
         let Some(entries) = self.durable.get(dir) else { return Ok(()) };
         for (name, e) in entries {
@@ -98,10 +115,12 @@ impl Disk {
                     let f = &self.files[&id];
                     // (Gone for good: a checkpoint's directory removed whole, outside the
                     // storage; taken as removed.)
-                    let Ok(bytes) = std::fs::read(&f.real) else { continue };
+                    let Ok(mut bytes) = std::fs::read(&f.real) else { continue };
                     let synced = (f.synced as usize).min(bytes.len());
-                    let keep = tail(synced, bytes.len()).clamp(synced, bytes.len());
-                    std::fs::write(&to, &bytes[..keep])?;
+                    let durable = bytes[..synced].to_vec();
+                    tail(synced, &mut bytes);
+                    assert!(bytes.starts_with(&durable), "a power cut's tail changed synced bytes");
+                    std::fs::write(&to, &bytes)?;
                 }
                 Entry::AsIs if real.is_dir() => self.image_dir(&real, &to, tail)?,
                 Entry::AsIs => {
@@ -137,7 +156,40 @@ impl PowerCut {
     /// tail); every entry as of its directory's last sync. Every storage operation waits
     /// meanwhile.
     pub fn image(&self, root: &Path, img: &Path, tail: &mut dyn FnMut(usize, usize) -> usize) -> io::Result<()> {
+        self.image_with(root, img, &mut |synced, bytes| {
+            let keep = tail(synced, bytes.len()).clamp(synced, bytes.len());
+            bytes.truncate(keep);
+        })
+    }
+
+    /// `image`, where `tail(synced, bytes)` makes what the power cut left of each file
+    /// from all it was written (`bytes`) and its length at its last fsync: it may cut the
+    /// bytes past `synced` short and change them (pages of a write reach a disk in any
+    /// order before its fsync: some written, some not), never those before (asserted).
+    pub fn image_with(&self, root: &Path, img: &Path, tail: &mut dyn FnMut(usize, &mut Vec<u8>)) -> io::Result<()> {
         self.disk.lock().unwrap().image_dir(root, img, tail)
+    }
+
+    /// `image_with`, made at the moment the power would cut most: as a file with at least
+    /// `min_unsynced` bytes written past its last fsync is about to be synced (a random
+    /// moment mostly finds every write synced). `fired` says when it was made.
+    pub fn image_at_next_sync(&self, root: &Path, img: &Path, min_unsynced: u64, tail: Tail) {
+        let mut d = self.disk.lock().unwrap();
+        d.fired = None;
+        d.armed = Some(Armed { root: root.to_path_buf(), img: img.to_path_buf(), min_unsynced, tail });
+    }
+
+    /// What came of the image `image_at_next_sync` asked for, once made (`None` before).
+    pub fn fired(&self) -> Option<io::Result<()>> {
+        self.disk.lock().unwrap().fired.take()
+    }
+
+    /// No longer asks for the image `image_at_next_sync` asked for; whether it was made
+    /// meanwhile (then `fired` tells what came of it).
+    pub fn disarm(&self) -> bool {
+        let mut d = self.disk.lock().unwrap();
+        d.armed = None;
+        d.fired.is_some()
     }
 
     /// A file made under the lock, so that no directory sync lists it untracked.
@@ -240,6 +292,15 @@ impl LogFile for Tracked {
     fn sync(&mut self) -> io::Result<()> {
         // (Zeros past the data read as the log's end: cutting the image there is the same.)
         let len = self.pos.min(self.len);
+        {
+            let mut d = self.disk.lock().unwrap();
+            let synced = d.files[&self.id].synced;
+            if d.armed.as_ref().is_some_and(|a| len.saturating_sub(synced) >= a.min_unsynced) {
+                let mut a = d.armed.take().expect("armed");
+                let made = d.image_dir(&a.root, &a.img, &mut *a.tail);
+                d.fired = Some(made);
+            }
+        }
         self.inner.sync()?;
         self.disk.lock().unwrap().files.get_mut(&self.id).expect("a tracked file").synced = len;
         Ok(())

@@ -240,6 +240,10 @@ struct Stream {
     /// from `cv`, so a flush made off the flusher thread does not wake the flusher.
     space: Condvar,
     durable: AtomicU64,
+    /// The largest bound of this epoch's batches that an fsync made durable (0 before the
+    /// first, and always without fsyncs): each batch framed claims it (`synced_ts`), so
+    /// that recovery can tell a write torn out of order from damage (`format::damaged_end`).
+    synced: AtomicU64,
     /// The ts of the last transaction appended (stored before its committer leaves its
     /// commit slot). Every appended transaction is durable once `durable` reaches it.
     appended: AtomicU64,
@@ -414,6 +418,7 @@ impl Logger {
                 cv: Condvar::new(),
                 space: Condvar::new(),
                 durable: AtomicU64::new(durable_from.0),
+                synced: AtomicU64::new(0),
                 appended: AtomicU64::new(durable_from.0),
                 closed: Mutex::new(Vec::new()),
                 dozing: AtomicBool::new(false),
@@ -679,6 +684,7 @@ impl Logger {
                 return Err(Self::unwritten(seg, start, format!("fsync of {}: {e}", seg.path.display())));
             }
             self.count_fsync(t0);
+            self.streams[w].synced.fetch_max(bound.0, Ordering::Release);
         }
         self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
         self.publish_durable(&self.streams[w], bound, floor);
@@ -958,7 +964,9 @@ impl Logger {
             Ts(u64::MAX) => Ts::ZERO,
             r => r,
         };
-        let marks = crate::format::Marks { bound_ts: bound, floor_ts: floor, reuse_ts: reuse };
+        // (At most the bound: a bound framed at a close may lie below one written before.)
+        let synced = Ts(stream.synced.load(Ordering::Acquire)).min(bound);
+        let marks = crate::format::Marks { bound_ts: bound, floor_ts: floor, reuse_ts: reuse, synced_ts: synced };
         let header = st.spare.finish_marked_into(StreamId(w as u32), self.epoch, marks, try_compress, &mut st.frame);
         if try_compress {
             if u64::from(header.stored_len) * 8 > u64::from(header.raw_len) * 7 {

@@ -94,19 +94,33 @@ fn encode_batch(txns: &[T], bound: u64, compress: bool) -> (Vec<u8>, BatchHeader
 }
 
 /// A segment file holding one batch per element of `batches`; returns the file and the
-/// offset of each batch. Reuses one builder, as the log writer does.
+/// offset of each batch. Reuses one builder, as the log writer does. Each batch claims
+/// the one before it synced (`synced_ts`), as a writer that fsyncs every batch before it
+/// frames the next: damage before a later batch is then damage to synced bytes.
 fn build_segment(batches: &[Vec<T>], compress: &[bool]) -> (Vec<u8>, Vec<u64>) {
+    build_segment_synced(batches, compress, |_, previous| previous)
+}
+
+/// `build_segment` with each batch's `synced_ts` given by `synced(i, bound of batch i-1)`.
+fn build_segment_synced(
+    batches: &[Vec<T>],
+    compress: &[bool],
+    synced: impl Fn(usize, Ts) -> Ts,
+) -> (Vec<u8>, Vec<u64>) {
     let mut file =
         SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 11, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
     let mut offsets = Vec::new();
     let mut b = BatchBuilder::new();
+    let mut previous = Ts(0);
     for (i, txns) in batches.iter().enumerate() {
         b.clear();
         push_all(&mut b, txns);
         offsets.push(file.len() as u64);
-        let bound = txns.last().map_or(0, |t| t.ts);
-        let h = b.finish_into(STREAM, EPOCH, Ts(bound), compress[i % compress.len()], &mut file);
+        let bound = Ts(txns.last().map_or(previous.0, |t| t.ts));
+        let marks = Marks { bound_ts: bound, synced_ts: synced(i, previous).min(bound), ..Marks::default() };
+        let h = b.finish_marked_into(STREAM, EPOCH, marks, compress[i % compress.len()], &mut file);
         assert_eq!(file.len() as u64, offsets[i] + h.total_len() as u64);
+        previous = bound;
     }
     (file, offsets)
 }
@@ -302,7 +316,7 @@ fn heartbeat_round_trip() {
     let (file, offsets) = build_segment(&[vec![], vec![], vec![]], &[true]);
     let scan = read_segment(&Bytes::from(file)).unwrap();
     assert_eq!(scan.end, SegmentEnd::Clean);
-    assert_eq!(offsets, vec![48, 128, 208]);
+    assert_eq!(offsets, vec![48, 136, 224]);
     assert_eq!(scan.batches.len(), 3);
 }
 
@@ -587,6 +601,7 @@ fn header(txn_count: u32, first: u64, last: u64, raw_len: u32) -> BatchHeader {
         bound_ts: Ts(last),
         floor_ts: Ts(0),
         reuse_ts: Ts(0),
+        synced_ts: Ts(0),
         txn_count,
         raw_len,
         stored_len: 0,
@@ -1208,17 +1223,28 @@ fn a_header_inside_a_torn_batchs_value_does_not_make_the_tail_corrupt() {
     let scan = read_segment(&Bytes::from(file.clone())).unwrap();
     assert!(matches!(scan.end, SegmentEnd::Torn { offset, .. } if offset == torn_at), "{:?}", scan.end);
     assert_prefix(&scan, &batches, &offsets, 2);
-    // Its whole length there, the payload's checksum failing, and a batch after it: damage.
+    // Its whole length there, the payload's checksum failing, and a batch after it that
+    // claims it synced: damage.
     file.extend_from_slice(&last[last.len() - 3..]);
     let n = file.len();
     file[n - 10] ^= 0x20;
-    let mut after = Vec::new();
-    let mut b = BatchBuilder::new();
-    push_all(&mut b, &sample_txns(500, 2));
-    b.finish_into(STREAM, EPOCH, Ts(510), false, &mut after);
-    file.extend_from_slice(&after);
-    let scan = read_segment(&Bytes::from(file)).unwrap();
+    let after = |synced: u64| {
+        let mut after = Vec::new();
+        let mut b = BatchBuilder::new();
+        push_all(&mut b, &sample_txns(500, 2));
+        let marks = Marks { bound_ts: Ts(510), synced_ts: Ts(synced), ..Marks::default() };
+        b.finish_marked_into(STREAM, EPOCH, marks, false, &mut after);
+        after
+    };
+    let mut damaged = file.clone();
+    damaged.extend_from_slice(&after(400));
+    let scan = read_segment(&Bytes::from(damaged)).unwrap();
     assert!(matches!(scan.end, SegmentEnd::Corrupt { offset, .. } if offset == torn_at), "{:?}", scan.end);
+    // One that claims no more than what lies before it synced: a write torn out of order.
+    let last_before = batches[1].last().unwrap().ts;
+    file.extend_from_slice(&after(last_before));
+    let scan = read_segment(&Bytes::from(file)).unwrap();
+    assert!(matches!(scan.end, SegmentEnd::Torn { offset, .. } if offset == torn_at), "{:?}", scan.end);
 }
 
 #[test]
@@ -1250,13 +1276,15 @@ fn segment_header_round_trip_and_errors() {
     let mut bad = b;
     bad[30] ^= 1;
     assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::HeaderChecksum { .. })));
-    assert_eq!(LOG_FORMAT_VERSION, 5);
-    // Version 4's segment header is version 5's.
-    let mut v4 = b;
-    v4[8] = 4;
-    let crc = crc32c::crc32c(&v4[..44]);
-    v4[44..].copy_from_slice(&crc.to_le_bytes());
-    assert_eq!(SegmentHeader::decode(&v4), Ok(h));
+    assert_eq!(LOG_FORMAT_VERSION, 6);
+    // Version 4's and 5's segment headers are version 6's.
+    for version in [4, 5] {
+        let mut old = b;
+        old[8] = version;
+        let crc = crc32c::crc32c(&old[..44]);
+        old[44..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(SegmentHeader::decode(&old), Ok(h));
+    }
     // Versions 2 and 3 (no stream count or prev_ts: bytes 32..44 reserved, zero) are
     // still read, as "not recorded"; non-zero reserved bytes there are refused.
     for version in [2, 3] {
@@ -1271,7 +1299,7 @@ fn segment_header_round_trip_and_errors() {
         old[44..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(SegmentHeader::decode(&old), Err(FormatError::Malformed(_))));
     }
-    for version in [1, 6] {
+    for version in [1, 7] {
         let mut bad = b;
         bad[8] = version;
         let crc = crc32c::crc32c(&bad[..44]);
@@ -1297,10 +1325,10 @@ fn batch_header_layout_is_as_documented() {
     assert_eq!(u32_at(44), 3);
     assert_eq!(u32_at(48), h.raw_len);
     assert_eq!(u32_at(52), h.stored_len);
-    // floor_ts (0: `finish_into` vouches for no other stream), reuse_ts (0: it claims
-    // nothing), then the payload; the payload checksum covers all three, the header
-    // checksum the first 60 bytes only.
-    assert_eq!((u64_at(64), u64_at(72)), (0, 0));
+    // floor_ts (0: `finish_into` vouches for no other stream), reuse_ts and synced_ts (0:
+    // they claim nothing), then the payload; the payload checksum covers all four, the
+    // header checksum the first 60 bytes only.
+    assert_eq!((u64_at(64), u64_at(72), u64_at(80)), (0, 0, 0));
     assert_eq!(u32_at(56), crc32c::crc32c(&bytes[64..]));
     assert_eq!(u32_at(60), crc32c::crc32c(&bytes[..60]));
     // The payload, byte by byte: the worked example of docs/log-format.md.
@@ -1317,7 +1345,7 @@ fn batch_header_layout_is_as_documented() {
         b"key-2-1",                    //   key
     ]
     .concat();
-    assert_eq!(&bytes[80..], &expected[..]);
+    assert_eq!(&bytes[88..], &expected[..]);
     assert_eq!(decode_batch_header(&bytes), Ok(h));
 }
 
@@ -1340,10 +1368,10 @@ fn floor_is_written_checked_and_bounded() {
         assert!(matches!(decode_err(bad), FormatError::PayloadChecksum { .. }), "byte {i}");
     }
     // A floor above the bound, checksums correct, is malformed.
-    let e = decode_err(forge(BatchHeader { floor_ts: Ts(1235), ..h }, &bytes[80..]));
+    let e = decode_err(forge(BatchHeader { floor_ts: Ts(1235), ..h }, &bytes[BATCH_HEADER_LEN..]));
     assert_eq!(e, FormatError::Malformed("floor_ts above bound_ts"));
     // A header cut inside the floor is truncated (so may be a torn tail).
-    assert_eq!(decode_batch_header(&bytes[..70]), Err(FormatError::Truncated { needed: 80, available: 70 }));
+    assert_eq!(decode_batch_header(&bytes[..70]), Err(FormatError::Truncated { needed: 88, available: 70 }));
     // Heartbeats carry a floor too.
     let mut hb = Vec::new();
     let h = BatchBuilder::new().finish_vouching_into(STREAM, EPOCH, Ts(50), Ts(50), true, &mut hb);
@@ -1389,7 +1417,7 @@ fn version_2_batches_are_still_read() {
     mixed.extend_from_slice(&v3_heartbeat());
     mixed.extend_from_slice(&v2);
     let scan = read_segment(&Bytes::from(mixed)).unwrap();
-    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset: 128, .. }), "{:?}", scan.end);
+    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset: 136, .. }), "{:?}", scan.end);
 }
 
 /// The reuse bound a writer frames (version 5): at offset 72, covered by the payload
@@ -1400,9 +1428,9 @@ fn reuse_bound_is_written_and_checked() {
     let mut b = BatchBuilder::new();
     push_all(&mut b, &sample_txns(78, 3));
     let mut bytes = Vec::new();
-    let marks = Marks { bound_ts: Ts(1234), floor_ts: Ts(1000), reuse_ts: Ts(4321) };
+    let marks = Marks { bound_ts: Ts(1234), floor_ts: Ts(1000), reuse_ts: Ts(4321), ..Marks::default() };
     let h = b.finish_marked_into(STREAM, EPOCH, marks, true, &mut bytes);
-    assert_eq!((h.bound_ts, h.floor_ts, h.reuse_ts, h.header_len()), (Ts(1234), Ts(1000), Ts(4321), 80));
+    assert_eq!((h.bound_ts, h.floor_ts, h.reuse_ts, h.header_len()), (Ts(1234), Ts(1000), Ts(4321), 88));
     assert_eq!(u64::from_le_bytes(bytes[72..80].try_into().unwrap()), 4321);
     let (batch, used) = decode_batch(&Bytes::from(bytes.clone())).unwrap();
     assert_eq!((batch.header, used), (h, bytes.len()));
@@ -1411,7 +1439,7 @@ fn reuse_bound_is_written_and_checked() {
         bad[i] ^= 0x01;
         assert!(matches!(decode_err(bad), FormatError::PayloadChecksum { .. }), "byte {i}");
     }
-    assert_eq!(decode_batch_header(&bytes[..76]), Err(FormatError::Truncated { needed: 80, available: 76 }));
+    assert_eq!(decode_batch_header(&bytes[..76]), Err(FormatError::Truncated { needed: 88, available: 76 }));
     // A failover's cut keeps it.
     let mut cut = Vec::new();
     let c = ditto_log::format::cut_batch(&batch, Ts(u64::MAX), &mut cut).unwrap();
@@ -1427,7 +1455,7 @@ fn version_4_batches_are_still_read() {
     let mut v5 = Vec::new();
     let mut b = BatchBuilder::new();
     push_all(&mut b, &txns);
-    let marks = Marks { bound_ts: Ts(20), floor_ts: Ts(7), reuse_ts: Ts(9) };
+    let marks = Marks { bound_ts: Ts(20), floor_ts: Ts(7), reuse_ts: Ts(9), ..Marks::default() };
     let h5 = b.finish_marked_into(STREAM, EPOCH, marks, false, &mut v5);
     let payload = &v5[BATCH_HEADER_LEN..];
     let h4 = BatchHeader { version: 4, reuse_ts: Ts(0), ..h5 };
@@ -1730,4 +1758,135 @@ fn decoding_a_batch_verified_before_skips_the_payload_checksum_only() {
     assert!(matches!(decode_batch_verified_before(&Bytes::from(head)), Err(FormatError::HeaderChecksum { .. })));
     let cut = good.slice(..good.len() - 1);
     assert!(matches!(decode_batch_verified_before(&cut), Err(FormatError::Truncated { .. })));
+}
+
+/// The synced claim a writer frames (version 6): at offset 80, covered by the payload
+/// checksum as the floor and the reuse bound are, never above the bound; a failover's cut
+/// keeps it, capped at the cut's bound.
+#[test]
+fn synced_claim_is_written_checked_and_bounded() {
+    let mut b = BatchBuilder::new();
+    push_all(&mut b, &sample_txns(78, 3));
+    let mut bytes = Vec::new();
+    let marks = Marks { bound_ts: Ts(1234), floor_ts: Ts(1000), reuse_ts: Ts(4321), synced_ts: Ts(1200) };
+    let h = b.finish_marked_into(STREAM, EPOCH, marks, false, &mut bytes);
+    assert_eq!((h.synced_ts, h.header_len()), (Ts(1200), 88));
+    assert_eq!(u64::from_le_bytes(bytes[80..88].try_into().unwrap()), 1200);
+    let (batch, used) = decode_batch(&Bytes::from(bytes.clone())).unwrap();
+    assert_eq!((batch.header, used), (h, bytes.len()));
+    for i in 80..88 {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x04;
+        assert!(matches!(decode_err(bad), FormatError::PayloadChecksum { .. }), "byte {i}");
+    }
+    let e = decode_err(forge(BatchHeader { synced_ts: Ts(1235), ..h }, &bytes[BATCH_HEADER_LEN..]));
+    assert_eq!(e, FormatError::Malformed("synced_ts above bound_ts"));
+    assert_eq!(decode_batch_header(&bytes[..84]), Err(FormatError::Truncated { needed: 88, available: 84 }));
+    let mut cut = Vec::new();
+    assert_eq!(cut_batch(&batch, Ts(u64::MAX), &mut cut).unwrap().synced_ts, Ts(1200));
+    let mut cut = Vec::new();
+    assert_eq!(cut_batch(&batch, Ts(81), &mut cut).unwrap().synced_ts, Ts(81));
+}
+
+/// A log written by version 5 (80-byte batch headers: no synced claim) is still read, and
+/// its damage is told as before: a damaged batch with any valid batch after it is damage.
+#[test]
+fn version_5_batches_are_still_read_and_their_damage_told_as_before() {
+    let batches = three_batches();
+    let mut seg = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 3, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
+    seg[8] = 5;
+    let crc = crc32c::crc32c(&seg[..44]);
+    seg[44..48].copy_from_slice(&crc.to_le_bytes());
+    let mut offsets = Vec::new();
+    for txns in &batches {
+        let (v6, h6) = encode_batch(txns, txns.last().unwrap().ts, false);
+        let v5 = forge(BatchHeader { version: 5, ..h6 }, &v6[BATCH_HEADER_LEN..]);
+        assert_eq!(v5.len(), v6.len() - 8);
+        offsets.push(seg.len() as u64);
+        seg.extend_from_slice(&v5);
+    }
+    let scan = read_segment(&Bytes::from(seg.clone())).unwrap();
+    assert_eq!(scan.end, SegmentEnd::Clean);
+    assert_prefix(&scan, &batches, &offsets, 3);
+    assert!(scan.batches.iter().all(|(_, b)| b.header.header_len() == 80 && b.header.synced_ts == Ts(0)));
+    let mut damaged = seg;
+    damaged[offsets[1] as usize + 100] ^= 0x01;
+    let scan = read_segment(&Bytes::from(damaged.clone())).unwrap();
+    assert!(matches!(scan.end, SegmentEnd::Corrupt { offset, .. } if offset == offsets[1]), "{:?}", scan.end);
+    assert_eq!(said_by_scan(&damaged).0, said_by_read(&damaged));
+}
+
+/// Pages of one write reach the disk in any order before its fsync: a power cut may keep
+/// a later batch of the write and not an earlier one. Two batches synced one at a time,
+/// then four written together (each claiming the second synced): damage anywhere in the
+/// four but the last, with whole batches after it, is a torn write (cut at the damaged
+/// batch: none of the four was ever acknowledged under a durability that syncs), where
+/// before it was damage and the node needed a person; damage in a synced batch, which the
+/// later ones' claims prove was synced, is still damage. `scan_segment` says the same.
+#[test]
+fn a_write_torn_out_of_order_is_a_torn_tail_and_damage_to_synced_batches_is_not() {
+    let batches: Vec<Vec<T>> = (0..6).map(|i| sample_txns(10 + 100 * i, 5)).collect();
+    let synced_alone = 2;
+    let last_synced = Ts(batches[synced_alone - 1].last().unwrap().ts);
+    for compress in [false, true] {
+        let (file, offsets) =
+            build_segment_synced(
+                &batches,
+                &[compress],
+                |i, previous| if i < synced_alone { previous } else { last_synced },
+            );
+        let batch_of = |pos: usize| offsets.iter().rposition(|&o| o as usize <= pos).unwrap();
+        // Whether a batch after batch `j` is still as written (its claim proves the synced
+        // ones were; with none, nothing tells the damage from a torn tail, as before).
+        let ends: Vec<usize> = offsets[1..].iter().map(|&o| o as usize).chain([file.len()]).collect();
+        let intact_after = |damaged: &[u8], j: usize| {
+            (j + 1..batches.len()).any(|k| damaged[offsets[k] as usize..ends[k]] == file[offsets[k] as usize..ends[k]])
+        };
+        for pos in SEGMENT_HEADER_LEN..file.len() {
+            for how in ["flip", "zero page"] {
+                let mut damaged = file.clone();
+                match how {
+                    "flip" => damaged[pos] ^= 0x20,
+                    // A 512-byte sector that never reached the disk: zeros.
+                    _ => {
+                        let end = (pos + 512).min(file.len());
+                        if damaged[pos..end].iter().all(|&b| b == 0) {
+                            continue;
+                        }
+                        damaged[pos..end].fill(0);
+                    }
+                }
+                // (The first byte the damage changed: a zero it wrote over a zero is none.)
+                let first = (pos..file.len()).find(|&p| damaged[p] != file[p]).unwrap();
+                let j = batch_of(first);
+                let said = said_by_read(&damaged);
+                assert_eq!(said_by_scan(&damaged).0, said, "{how} at {pos}: the scan differs");
+                let (end, valid_len, kept) = said.unwrap();
+                assert_eq!(kept, offsets[..j].to_vec(), "{how} at {pos} (batch {j}): {end:?}");
+                assert_eq!(valid_len, offsets[j]);
+                match end {
+                    SegmentEnd::Torn { offset, .. } => {
+                        assert!(
+                            j >= synced_alone || !intact_after(&damaged, j),
+                            "{how} at {pos}: damage to synced batch {j} read as torn"
+                        );
+                        assert_eq!(offset, offsets[j]);
+                    }
+                    SegmentEnd::Corrupt { offset, .. } => {
+                        assert!(
+                            j < synced_alone && intact_after(&damaged, j),
+                            "{how} at {pos}: a write torn out of order in batch {j} read as damage"
+                        );
+                        assert_eq!(offset, offsets[j]);
+                    }
+                    SegmentEnd::Zeros { offset } => {
+                        // (A sector zeroed from a batch's start to the file's end.)
+                        assert!(damaged[offsets[j] as usize..].iter().all(|&b| b == 0), "{how} at {pos}: zeros");
+                        assert_eq!(offset, offsets[j]);
+                    }
+                    SegmentEnd::Clean => panic!("{how} at {pos}: clean"),
+                }
+            }
+        }
+    }
 }

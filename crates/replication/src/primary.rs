@@ -218,7 +218,7 @@ struct Link {
 }
 
 /// A gap sent from disk vouches for what it has sent every this many batches
-/// (`send_gap`): an empty batch of 80 bytes per 64, against batches of a few KB.
+/// (`send_gap`): an empty batch of 88 bytes per 64, against batches of a few KB.
 const GAP_VOUCH_EVERY: u64 = 64;
 
 /// When a gap sent from disk vouches for what it sent (`send_gap`); no I/O.

@@ -26,9 +26,10 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// (`crate::identity`; the runs came a few hours after the ids, at 0e71915, before any
 /// build of 7 left the day's commits; a Hello of 7 lays out its
 /// trailing fields anew, decoded by its version, so a backup of 6 is still told which
-/// version the primary speaks). A primary refuses a backup of another version, saying
-/// which it speaks.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// version the primary speaks). 8 (2026-12-05): batches of log format 6
+/// (`BatchHeader::synced_ts`), which a backup of an older build cannot read; frames as in
+/// 7. A primary refuses a backup of another version, saying which it speaks.
+pub const PROTOCOL_VERSION: u32 = 8;
 /// The largest frame accepted: the largest batch the log writes (its header and a payload
 /// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
 /// stream's buffer of up to 64 MiB and one more transaction of up to 128 MiB make: such a

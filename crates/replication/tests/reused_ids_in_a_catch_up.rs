@@ -126,7 +126,7 @@ fn as_a_gap(batches: &[Bytes], order: &[u32]) -> Vec<Bytes> {
             for txn in batch.checked_payload_in(&mut scratch).unwrap().txns() {
                 builder.push_txn(txn.ts, txn.writes().map(|w| (w.table, w.rid, w.key, w.value)));
             }
-            let marks = Marks { bound_ts: h.bound_ts, floor_ts: Ts::ZERO, reuse_ts: h.reuse_ts };
+            let marks = Marks { bound_ts: h.bound_ts, floor_ts: Ts::ZERO, reuse_ts: h.reuse_ts, ..Marks::default() };
             let mut framed = Vec::new();
             builder.finish_marked_into(h.stream, h.epoch, marks, false, &mut framed);
             out.push(Bytes::from(framed));
@@ -134,7 +134,7 @@ fn as_a_gap(batches: &[Bytes], order: &[u32]) -> Vec<Bytes> {
     }
     let epoch = decode_batch_checksums(&batches[0]).unwrap().0.header.epoch;
     let mut vouch = Vec::new();
-    let marks = Marks { bound_ts: top, floor_ts: top, reuse_ts: Ts::ZERO };
+    let marks = Marks { bound_ts: top, floor_ts: top, reuse_ts: Ts::ZERO, ..Marks::default() };
     BatchBuilder::new().finish_marked_into(ditto_log::StreamId(0), epoch, marks, false, &mut vouch);
     out.push(Bytes::from(vouch));
     out
@@ -251,7 +251,7 @@ fn a_batch_straddling_its_reuse_bound_waits_below_and_above_it() {
             b.push_txn(Ts(*ts), writes.iter().copied());
         }
         let mut out = Vec::new();
-        let marks = Marks { bound_ts: Ts(bound), floor_ts: Ts::ZERO, reuse_ts: Ts(reuse) };
+        let marks = Marks { bound_ts: Ts(bound), floor_ts: Ts::ZERO, reuse_ts: Ts(reuse), ..Marks::default() };
         b.finish_marked_into(ditto_log::StreamId(stream), ditto_log::Epoch(1), marks, false, &mut out);
         Bytes::from(out)
     };
