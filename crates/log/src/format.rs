@@ -12,7 +12,7 @@
 //!
 //! A log is a set of *streams* (one per worker). A stream is a sequence of *segment
 //! files*; each starts with a 48-byte `SegmentHeader` and continues with *batches* back to
-//! back. A batch is the unit of group commit: an 80-byte header followed by a payload of
+//! back. A batch is the unit of group commit: an 88-byte header followed by a payload of
 //! transactions, optionally LZ4-compressed as a whole.
 //!
 //! Why it looks like this
@@ -1772,8 +1772,8 @@ fn belongs(seg: &SegmentHeader, version: u16, b: (Batch, usize)) -> Result<(Batc
 /// segment's stream and epoch) of a version before 6, or a whole batch of version 6 or on
 /// whose payload checksum verifies and which claims a `synced_ts` above `before`. Linear:
 /// jumps between occurrences of the magic's first byte, checksums only candidates that
-/// carry the whole magic, and goes past a header that checks out by its batch's length
-/// (its payload is a client's data).
+/// carry the whole magic, and goes past a whole batch by its length (its payload is a
+/// client's data).
 fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> bool {
     let mut p = from;
     while p + BATCH_HEADER_FIXED_LEN <= file.len() {
@@ -1789,14 +1789,17 @@ fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> bo
         if h.version < 6 {
             return true;
         }
-        // A batch that is not whole, or whose payload does not check, was torn too: it
-        // claims nothing.
         let total = h.total_len();
         let whole = cand.get(h.header_len()..total).filter(|stored| h.payload_checksum(stored) == h.payload_crc);
-        if whole.is_some() && h.synced_ts > before {
-            return true;
+        match whole {
+            Some(_) if h.synced_ts > before => return true,
+            // Whole, and claiming no more: of the same unsynced write; looked past.
+            Some(_) => p += i + total,
+            // Not whole, or its payload does not check: torn too, and it claims nothing;
+            // or a header's bytes in a client's value, whose length may hide a real batch
+            // after it: looked past byte by byte.
+            None => p += i + 1,
         }
-        p += i + total.max(1);
     }
     false
 }

@@ -45,6 +45,7 @@ pub type Tail = Box<dyn FnMut(usize, &mut Vec<u8>) + Send>;
 struct Armed {
     root: PathBuf,
     img: PathBuf,
+    name_prefix: String,
     min_unsynced: u64,
     tail: Tail,
 }
@@ -55,6 +56,8 @@ struct Disk {
     /// the last one made.
     armed: Option<Armed>,
     fired: Option<io::Result<()>>,
+    /// How long each file's fsync takes at least (`PowerCut::slow_syncs`).
+    sync_delay: std::time::Duration,
     /// Current names of the files the storage made.
     names: HashMap<PathBuf, u64>,
     files: HashMap<u64, FileState>,
@@ -170,13 +173,21 @@ impl PowerCut {
         self.disk.lock().unwrap().image_dir(root, img, tail)
     }
 
-    /// `image_with`, made at the moment the power would cut most: as a file with at least
-    /// `min_unsynced` bytes written past its last fsync is about to be synced (a random
-    /// moment mostly finds every write synced). `fired` says when it was made.
-    pub fn image_at_next_sync(&self, root: &Path, img: &Path, min_unsynced: u64, tail: Tail) {
+    /// `image_with`, made at the moment the power would cut most: as a file whose name
+    /// starts with `name_prefix` and with at least `min_unsynced` bytes written past its
+    /// last fsync is about to be synced (a random moment mostly finds every write synced).
+    /// `fired` says when it was made.
+    pub fn image_at_next_sync(&self, root: &Path, img: &Path, name_prefix: &str, min_unsynced: u64, tail: Tail) {
         let mut d = self.disk.lock().unwrap();
         d.fired = None;
-        d.armed = Some(Armed { root: root.to_path_buf(), img: img.to_path_buf(), min_unsynced, tail });
+        let (root, img, name_prefix) = (root.to_path_buf(), img.to_path_buf(), name_prefix.to_string());
+        d.armed = Some(Armed { root, img, name_prefix, min_unsynced, tail });
+    }
+
+    /// Each file's fsync takes at least `delay` from now on (a slower disk: what is written
+    /// meanwhile goes in the next, larger write).
+    pub fn slow_syncs(&self, delay: std::time::Duration) {
+        self.disk.lock().unwrap().sync_delay = delay;
     }
 
     /// What came of the image `image_at_next_sync` asked for, once made (`None` before).
@@ -292,15 +303,18 @@ impl LogFile for Tracked {
     fn sync(&mut self) -> io::Result<()> {
         // (Zeros past the data read as the log's end: cutting the image there is the same.)
         let len = self.pos.min(self.len);
-        {
+        let delay = {
             let mut d = self.disk.lock().unwrap();
-            let synced = d.files[&self.id].synced;
-            if d.armed.as_ref().is_some_and(|a| len.saturating_sub(synced) >= a.min_unsynced) {
+            let f = &d.files[&self.id];
+            let named = |a: &Armed| f.real.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&a.name_prefix));
+            if d.armed.as_ref().is_some_and(|a| len.saturating_sub(f.synced) >= a.min_unsynced && named(a)) {
                 let mut a = d.armed.take().expect("armed");
                 let made = d.image_dir(&a.root, &a.img, &mut *a.tail);
                 d.fired = Some(made);
             }
-        }
+            d.sync_delay
+        };
+        std::thread::sleep(delay);
         self.inner.sync()?;
         self.disk.lock().unwrap().files.get_mut(&self.id).expect("a tracked file").synced = len;
         Ok(())

@@ -6,8 +6,10 @@
 //!
 //! ```text
 //!  dir/replica/rlog-QQQQQQQQQQ.seg   header (32 B) | entry | entry | ...
-//!  entry = len u32 | flags u8 | 3 zero bytes | crc32c u32 of those 8 bytes | the batch as the primary framed it
+//!  entry = len u32 | flags u8 | synced u24 | crc32c u32 of those 8 bytes | the batch as the primary framed it
 //!  flags bit 0: FLOOR_TRUSTED (the batch's floor_ts may vouch for other streams)
+//!  synced: how much of this file its syncs had made durable when the entry was appended,
+//!          in 4 KiB units, rounded down (format 2; three zero bytes in format 1)
 //! ```
 //!
 //! Why one sequence: a batch's floor vouches for other streams' batches that were durable
@@ -23,7 +25,10 @@
 //! then every entry checked, each stream's highest bound and the highest trusted floor make
 //! the cut, and the batches are replayed up to it on every core (`recovery::replay_kept`).
 //! A torn tail of the last file is cut; damage anywhere else stops the open with the file
-//! and offset. The open writes a checkpoint at the cut and deletes the files, so a
+//! and offset. A failed entry of the newest file followed by whole ones is a torn write
+//! (the backup writes a burst of entries in one write before one fsync, and a power cut
+//! may keep a later page of it and not an earlier one) unless a later entry's `synced`
+//! claims the failed bytes had been synced: then it is damage (`damaged_not_torn`). The open writes a checkpoint at the cut and deletes the files, so a
 //! restarted backup asks the primary for everything above its cut.
 
 use std::path::{Path, PathBuf};
@@ -40,7 +45,13 @@ use crate::storage::{LogFile, Storage};
 use crate::{checkpoint, CheckpointInfo, LogError, RecoveryReport};
 
 pub const REPLICA_MAGIC: [u8; 8] = *b"DITTORPL";
-pub const REPLICA_FORMAT_VERSION: u32 = 1;
+/// 2 (2026-12-05): each entry's header claims how far its file was synced
+/// (`ENTRY_SYNCED_UNIT`); 1 had three zero bytes there, and a file of 1 is still read,
+/// its damage told as before (any whole entry after a failed one makes it damage).
+pub const REPLICA_FORMAT_VERSION: u32 = 2;
+/// The unit of an entry's synced claim: its three bytes count 4 KiB (64 GiB at most; a
+/// longer file claims that much, which claims less).
+pub const ENTRY_SYNCED_UNIT: u64 = 4096;
 pub const REPLICA_HEADER_LEN: usize = 32;
 pub const ENTRY_HEADER_LEN: usize = 12;
 /// Entry flag: the batch's floor may vouch for other streams (it was shipped in framing order).
@@ -66,8 +77,16 @@ fn encode_header(streams: u32, seq: u64) -> [u8; REPLICA_HEADER_LEN] {
     b
 }
 
-/// (streams, seq) of a file header, or why not.
-fn decode_header(b: &[u8]) -> Result<(u32, u64), String> {
+/// A replica log file's header: its primary's stream count, its sequence number, its
+/// format version (1 or 2).
+struct FileHeader {
+    streams: u32,
+    seq: u64,
+    version: u32,
+}
+
+/// A file's header, or why not.
+fn decode_header(b: &[u8]) -> Result<FileHeader, String> {
     if b.len() < REPLICA_HEADER_LEN || b[..8] != REPLICA_MAGIC {
         return Err("not a replica log file (bad magic or too short)".into());
     }
@@ -76,20 +95,35 @@ fn decode_header(b: &[u8]) -> Result<(u32, u64), String> {
         return Err("replica log header checksum mismatch".into());
     }
     let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
-    if version != REPLICA_FORMAT_VERSION {
-        return Err(format!("replica log format version {version} is not supported (this build reads 1)"));
+    if !(1..=REPLICA_FORMAT_VERSION).contains(&version) {
+        return Err(format!(
+            "replica log format version {version} is not supported (this build reads 1 to {REPLICA_FORMAT_VERSION})"
+        ));
     }
-    Ok((u32::from_le_bytes(b[12..16].try_into().expect("4")), u64::from_le_bytes(b[16..24].try_into().expect("8"))))
+    Ok(FileHeader {
+        streams: u32::from_le_bytes(b[12..16].try_into().expect("4")),
+        seq: u64::from_le_bytes(b[16..24].try_into().expect("8")),
+        version,
+    })
 }
 
-/// The entry header in front of a batch of `len` bytes.
-pub fn entry_header(len: usize, flags: u8) -> [u8; ENTRY_HEADER_LEN] {
+/// The entry header in front of a batch of `len` bytes, in a file whose syncs had made
+/// `synced` bytes of it durable when the entry was appended.
+pub fn entry_header(len: usize, flags: u8, synced: u64) -> [u8; ENTRY_HEADER_LEN] {
     let mut h = [0u8; ENTRY_HEADER_LEN];
     h[..4].copy_from_slice(&(len as u32).to_le_bytes());
     h[4] = flags;
+    let units = (synced / ENTRY_SYNCED_UNIT).min(0xFF_FFFF) as u32;
+    h[5..8].copy_from_slice(&units.to_le_bytes()[..3]);
     let crc = crc32c::crc32c(&h[..8]);
     h[8..12].copy_from_slice(&crc.to_le_bytes());
     h
+}
+
+/// How much of its file an entry header claims was synced when it was appended (0 in a
+/// file of format 1).
+fn entry_synced(h: &[u8]) -> u64 {
+    u64::from(u32::from_le_bytes([h[5], h[6], h[7], 0])) * ENTRY_SYNCED_UNIT
 }
 
 /// Appends received batches to the backup's replica log; `sync` makes them durable.
@@ -161,7 +195,9 @@ impl ReplicaLog {
     /// every batch of one sync lies in the file now open.
     pub fn append(&mut self, batch: &[u8], floor_trusted: bool, bound: Ts) -> Appended {
         let at = Appended { seq: self.seq, offset: self.bytes + (self.pending.len() + ENTRY_HEADER_LEN) as u64 };
-        self.pending.extend_from_slice(&entry_header(batch.len(), if floor_trusted { FLOOR_TRUSTED } else { 0 }));
+        // (What earlier syncs made durable: every entry of one sync claims the same.)
+        let flags = if floor_trusted { FLOOR_TRUSTED } else { 0 };
+        self.pending.extend_from_slice(&entry_header(batch.len(), flags, self.bytes));
         self.pending.extend_from_slice(batch);
         self.cur_max_ts = self.cur_max_ts.max(bound);
         at
@@ -1064,6 +1100,8 @@ struct Verified {
     len: u64,
     /// None: a file cut short in its header (it holds nothing).
     streams: Option<u32>,
+    /// The file's format version (`REPLICA_FORMAT_VERSION` where it holds nothing).
+    version: u32,
     bounds: Vec<Ts>,
     floor: Ts,
     /// Every verified entry (file index 0).
@@ -1128,6 +1166,7 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
                     born: born.unwrap_or(std::time::UNIX_EPOCH),
                     len: 0,
                     streams: None,
+                    version: REPLICA_FORMAT_VERSION,
                     bounds: Vec::new(),
                     floor: Ts::ZERO,
                     entries: Vec::new(),
@@ -1137,18 +1176,19 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
                 return nothing();
             }
             f.read_exact_at(&mut head, 0).map_err(|e| LogError::io(path, e))?;
-            let (n, hseq) = match decode_header(&head) {
+            let fh = match decode_header(&head) {
                 Ok(h) => h,
                 Err(_) if size == REPLICA_HEADER_LEN as u64 => return nothing(),
                 Err(e) => return Err(corrupt(0, e)),
             };
             let (mut streams, mut bounds) = (None, Vec::new());
-            take_file_header(n, hseq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
+            take_file_header(fh.streams, fh.seq, *seq, &mut streams, &mut bounds).map_err(|e| corrupt(0, e))?;
             Verified {
                 ino,
                 born: born.unwrap_or(std::time::UNIX_EPOCH),
                 len: REPLICA_HEADER_LEN as u64,
-                streams: Some(n),
+                streams: Some(fh.streams),
+                version: fh.version,
                 bounds,
                 floor: Ts::ZERO,
                 entries: Vec::new(),
@@ -1160,7 +1200,7 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
     let raw = Bytes::from(raw);
     let mut off = 0usize;
     while off < raw.len() {
-        match decode_entry(&raw, off) {
+        match decode_entry(&raw, off, v.version) {
             Ok((batch, flags, used)) => {
                 let h = &batch.header;
                 let s = h.stream.0 as usize;
@@ -1184,7 +1224,7 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
             }
             // The tail of the newest file may be torn (never acknowledged), or, in a running
             // backup's, being written; a valid entry after it is damage.
-            Err(e) if damaged_not_torn(&raw, off) => {
+            Err(e) if damaged_not_torn(&raw, off, v.len, v.version) => {
                 return Err(corrupt(v.len + off as u64, format!("{e}, with valid entries after it")));
             }
             Err(e) => {
@@ -1265,9 +1305,9 @@ fn scan_older(file: &(u64, PathBuf)) -> Result<Arc<Older>, LogError> {
     Ok(o)
 }
 
-/// One entry of a replica log file at `off` of `raw`: the batch (payload checked), its
-/// flags, and the bytes it takes with its entry header.
-fn decode_entry(raw: &Bytes, off: usize) -> Result<(Batch, u8, usize), String> {
+/// One entry of a replica log file of format `version` at `off` of `raw`: the batch
+/// (payload checked), its flags, and the bytes it takes with its entry header.
+fn decode_entry(raw: &Bytes, off: usize, version: u32) -> Result<(Batch, u8, usize), String> {
     let rest = &raw[off..];
     if rest.len() < ENTRY_HEADER_LEN {
         return Err("entry header cut short".into());
@@ -1275,7 +1315,7 @@ fn decode_entry(raw: &Bytes, off: usize) -> Result<(Batch, u8, usize), String> {
     let len = u32::from_le_bytes(rest[..4].try_into().expect("4")) as usize;
     let flags = rest[4];
     let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4"));
-    if crc != crc32c::crc32c(&rest[..8]) || rest[5..8] != [0, 0, 0] || flags & !FLOOR_TRUSTED != 0 {
+    if crc != crc32c::crc32c(&rest[..8]) || !entry_header_fields_ok(&rest[..8], version) {
         return Err("entry header checksum mismatch".into());
     }
     if rest.len() < ENTRY_HEADER_LEN + len {
@@ -1289,17 +1329,29 @@ fn decode_entry(raw: &Bytes, off: usize) -> Result<(Batch, u8, usize), String> {
     Ok((batch, flags, ENTRY_HEADER_LEN + len))
 }
 
-/// Whether the failed entry at `off` of a newest file is damage rather than a torn tail: a
-/// whole valid entry (its header's checksum, its batch's) starts after it. A crash cuts
-/// only the end of what was written, so anything valid after the failure means bytes in
-/// the middle changed: acknowledged entries would be dropped as torn. Looked for past the
-/// failed entry's own bytes where its header checks out (inside them lies a client's data,
-/// which may hold an entry's bytes), else from the next byte.
-fn damaged_not_torn(raw: &Bytes, off: usize) -> bool {
+/// Whether an entry header's flags and synced claim are ones format `version` writes
+/// (its checksum aside).
+fn entry_header_fields_ok(h: &[u8], version: u32) -> bool {
+    h[4] & !FLOOR_TRUSTED == 0 && (version >= 2 || h[5..8] == [0, 0, 0])
+}
+
+/// Whether the failed entry at `off` of a newest file of format `version` is damage rather
+/// than a torn write (`raw` is the file from offset `base` on): a whole valid entry (its
+/// header's checksum, its batch's) after it claims that the failed entry's bytes had been
+/// synced (format 2), or any whole valid entry follows it (format 1, whose entries claim
+/// nothing). A power cut keeps only what was synced whole, and of a write not yet synced
+/// any of its pages (a backup writes a burst of entries in one write before one fsync):
+/// entries after the failure that claim no more synced than what lies before it are of
+/// the same unsynced write, never acknowledged, and the tail is cut there. One that claims
+/// more means bytes that were durable changed: acknowledged entries would be dropped as
+/// torn. Looked for past the failed entry's own bytes where its header checks out (inside
+/// them lies a client's data, which may hold an entry's bytes), else from the next byte.
+fn damaged_not_torn(raw: &Bytes, off: usize, base: u64, version: u32) -> bool {
     let rest = &raw[off..];
     let header_ok = |h: &[u8]| {
         h.len() >= ENTRY_HEADER_LEN && u32::from_le_bytes(h[8..12].try_into().expect("4")) == crc32c::crc32c(&h[..8])
     };
+    let failed_at = base + off as u64;
     let mut p = match header_ok(rest) {
         true => off.saturating_add(ENTRY_HEADER_LEN + u32::from_le_bytes(rest[..4].try_into().expect("4")) as usize),
         false => off + 1,
@@ -1308,8 +1360,15 @@ fn damaged_not_torn(raw: &Bytes, off: usize) -> bool {
         return false;
     }
     while p + ENTRY_HEADER_LEN <= raw.len() {
-        if header_ok(&raw[p..]) && decode_entry(raw, p).is_ok() {
-            return true;
+        if header_ok(&raw[p..]) {
+            if let Ok((_, _, used)) = decode_entry(raw, p, version) {
+                if version < 2 || entry_synced(&raw[p..]) > failed_at {
+                    return true;
+                }
+                // Of the same unsynced write: it vouches for nothing before it.
+                p += used;
+                continue;
+            }
         }
         p += 1;
     }
@@ -1364,8 +1423,8 @@ fn scan_file_headers(
     let size = f.metadata().map_err(|e| LogError::io(path, e))?.len();
     let mut head = [0u8; REPLICA_HEADER_LEN];
     f.read_exact_at(&mut head, 0).map_err(|e| LogError::io(path, e))?;
-    let (n, hseq) = decode_header(&head).map_err(|e| corrupt(0, e))?;
-    take_file_header(n, hseq, seq, streams, bounds).map_err(|e| corrupt(0, e))?;
+    let fh = decode_header(&head).map_err(|e| corrupt(0, e))?;
+    take_file_header(fh.streams, fh.seq, seq, streams, bounds).map_err(|e| corrupt(0, e))?;
     let mut off = REPLICA_HEADER_LEN as u64;
     let mut h = [0u8; ENTRY_HEADER_LEN + crate::format::BATCH_HEADER_LEN];
     while off < size {
@@ -1377,7 +1436,7 @@ fn scan_file_headers(
         let len = u32::from_le_bytes(h[..4].try_into().expect("4")) as usize;
         let flags = h[4];
         let crc = u32::from_le_bytes(h[8..12].try_into().expect("4"));
-        if crc != crc32c::crc32c(&h[..8]) || h[5..8] != [0, 0, 0] || flags & !FLOOR_TRUSTED != 0 {
+        if crc != crc32c::crc32c(&h[..8]) || !entry_header_fields_ok(&h[..8], fh.version) {
             return Err(corrupt(off, "entry header checksum mismatch".into()));
         }
         let header =
@@ -1387,7 +1446,7 @@ fn scan_file_headers(
         }
         let s = header.stream.0 as usize;
         if s >= bounds.len() {
-            return Err(corrupt(off, format!("batch of stream {s}, of {n} streams")));
+            return Err(corrupt(off, format!("batch of stream {s}, of {} streams", fh.streams)));
         }
         bounds[s] = bounds[s].max(header.bound_ts);
         let k = KeptHeader { header, file: i, offset: off, len };
@@ -1629,7 +1688,7 @@ fn read_files(
         let raw = std::fs::read(path).map(Bytes::from).map_err(|e| LogError::io(path, e))?;
         let last = i + 1 == files.len();
         let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
-        let (n, hseq) = match decode_header(&raw) {
+        let FileHeader { streams: n, seq: hseq, version } = match decode_header(&raw) {
             Ok(h) => h,
             // A crash while the header of the newest file was written: it holds nothing.
             Err(_) if last && raw.len() <= REPLICA_HEADER_LEN => break,
@@ -1638,7 +1697,7 @@ fn read_files(
         take_file_header(n, hseq, *seq, &mut read.streams, &mut read.bounds).map_err(|e| corrupt(0, e))?;
         let mut off = REPLICA_HEADER_LEN;
         while off < raw.len() {
-            match decode_entry(&raw, off) {
+            match decode_entry(&raw, off, version) {
                 Ok((batch, flags, used)) => {
                     let stream = read.take(n, &batch, flags, used).map_err(|e| corrupt(off as u64, e))?;
                     if !on_entry(FileEntry { file: i, raw: &raw, offset: off, used, stream, batch }) {
@@ -1650,7 +1709,7 @@ fn read_files(
                 // The tail of the newest file may be torn (never acknowledged); all zeros
                 // is the same. Anything else is damage, a valid entry after it included.
                 Err(e) if last => {
-                    if damaged_not_torn(&raw, off) {
+                    if damaged_not_torn(&raw, off, 0, version) {
                         return Err(corrupt(off as u64, format!("{e}, with valid entries after it")));
                     }
                     read.torn_at(path, off, &e);
@@ -1716,7 +1775,7 @@ fn read_files_each(
         let mut r = std::io::BufReader::with_capacity(1 << 20, file);
         let mut head = [0u8; REPLICA_HEADER_LEN];
         let got = fill(&mut r, &mut head, path)?;
-        let (n, hseq) = match decode_header(&head[..got]) {
+        let FileHeader { streams: n, seq: hseq, version } = match decode_header(&head[..got]) {
             Ok(h) => h,
             // A crash while the header of the newest file was written: it holds nothing.
             Err(_) if last && fill(&mut r, &mut [0u8; 1], path)? == 0 => break,
@@ -1754,7 +1813,7 @@ fn read_files_each(
             let decoded = if short && entry.len() >= ENTRY_HEADER_LEN && len > 0 {
                 Err(format!("entry of {len} bytes cut short"))
             } else {
-                decode_entry(&entry, 0)
+                decode_entry(&entry, 0, version)
             };
             match decoded {
                 Ok((batch, flags, used)) => {
@@ -1769,7 +1828,7 @@ fn read_files_each(
                     // where an entry fails, the newest file's end as a rule.)
                     let mut tail = entry.to_vec();
                     r.read_to_end(&mut tail).map_err(|e| LogError::io(path, e))?;
-                    if damaged_not_torn(&Bytes::from(tail), 0) {
+                    if damaged_not_torn(&Bytes::from(tail), 0, off as u64, version) {
                         return Err(corrupt(off as u64, format!("{e}, with valid entries after it")));
                     }
                     read.torn_at(path, off, &e);

@@ -244,6 +244,11 @@ struct Stream {
     /// first, and always without fsyncs): each batch framed claims it (`synced_ts`), so
     /// that recovery can tell a write torn out of order from damage (`format::damaged_end`).
     synced: AtomicU64,
+    /// The largest `synced` a framed batch claimed. Below `synced`, the stream's last
+    /// synced write is vouched for by no batch after it, and damage to it would read as a
+    /// torn write: a quiet stream, and a closing one, frame an empty batch that claims it
+    /// (`owes_vouch`).
+    vouched: AtomicU64,
     /// The ts of the last transaction appended (stored before its committer leaves its
     /// commit slot). Every appended transaction is durable once `durable` reaches it.
     appended: AtomicU64,
@@ -419,6 +424,7 @@ impl Logger {
                 space: Condvar::new(),
                 durable: AtomicU64::new(durable_from.0),
                 synced: AtomicU64::new(0),
+                vouched: AtomicU64::new(0),
                 appended: AtomicU64::new(durable_from.0),
                 closed: Mutex::new(Vec::new()),
                 dozing: AtomicBool::new(false),
@@ -806,6 +812,9 @@ impl Logger {
             if self.failed.get().is_some() {
                 return;
             }
+            // A closing stream, and one quiet for `DOZE_AFTER`, vouch for their last synced
+            // write (`owes_vouch`).
+            let mut vouch = stopping && self.owes_vouch(w);
             // Wait for work: a commit (appends wake us, unless their thread flushes before
             // it sleeps), or, idle, the timeout; but not if we owe a heartbeat (checked
             // first, so right after each of our batches). A batch queued for the disk
@@ -820,7 +829,10 @@ impl Logger {
                     // (The close and a failure are looked at again under the lock they notify
                     // under: one between the look above and this wait was missed, and the
                     // close waited up to an interval, then the pacing below, for nothing.)
-                    if !self.ending() && (still_since.elapsed() < DOZE_AFTER || !self.doze(w, &mut buf)) {
+                    let still = still_since.elapsed() >= DOZE_AFTER;
+                    if still && self.owes_vouch(w) {
+                        vouch = true;
+                    } else if !self.ending() && (!still || !self.doze(w, &mut buf)) {
                         let look = interval.filter(|_| !self.eager()).unwrap_or(HEARTBEAT_EVERY);
                         stream.cv.wait_for(&mut buf, look);
                     }
@@ -831,7 +843,7 @@ impl Logger {
             // interval apart (and every commit of the interval shares one fsync). With a
             // tap the disk thread keeps that pace instead, and batches are framed and
             // shipped as commits come (`disk_thread`).
-            if let (Some(d), false, false) = (interval, stopping, self.eager()) {
+            if let (Some(d), false, false, false) = (interval, stopping, self.eager(), vouch) {
                 // (In steps of at most `PACE_STEP`, the close or a failure looked at between:
                 // a close waited out the whole interval, up to a minute. Not on the stream's
                 // condition, which every append notifies.)
@@ -847,7 +859,7 @@ impl Logger {
             // (When the batch started, not when its write and fsync ended: batches an
             // interval apart, not an interval plus an fsync, as docs/durability.md says.)
             let started = Instant::now();
-            match self.flush_once(w, &mut stream.flush.lock(), Some(seg), ahead, stopping) {
+            match self.flush_once(w, &mut stream.flush.lock(), Some(seg), ahead, stopping, vouch) {
                 Flushed::Batch => last_start = Some(started),
                 Flushed::Nothing => {}
                 Flushed::Closed => return,
@@ -892,6 +904,16 @@ impl Logger {
         true
     }
 
+    /// Whether stream `w`'s last synced write is vouched for by no batch after it: no batch
+    /// framed since its fsync claims it synced. Damage to it would then read as a torn
+    /// write (`format::damaged_end`), and be cut at the next open where it should be
+    /// refused; an empty batch claiming it is owed once the stream is quiet, and at its
+    /// close. (A stream that goes on committing vouches with its next batch.)
+    fn owes_vouch(&self, w: usize) -> bool {
+        let s = &self.streams[w];
+        s.synced.load(Ordering::Acquire) > s.vouched.load(Ordering::Acquire)
+    }
+
     /// Whether stream `w`, having framed everything up to `written`, owes a heartbeat.
     fn owes(&self, w: usize, written: Ts) -> bool {
         written.0 <= self.streams[w].durable.load(Ordering::Acquire) && self.owes_heartbeat(w)
@@ -900,7 +922,9 @@ impl Logger {
     /// One turn of stream `w`'s flush: takes the buffer, frames it as one batch (or a
     /// heartbeat owed), and ships and queues it for the disk thread (with a tap), or writes
     /// and syncs it here (`seg`, without one). With `stopping`, an idle stream drains and
-    /// closes its segment. The caller holds the stream's flush lock (`st`).
+    /// closes its segment. With `vouch`, an idle stream that owes it frames an empty batch
+    /// vouching for its last synced write (`owes_vouch`). The caller holds the stream's
+    /// flush lock (`st`).
     fn flush_once(
         &self,
         w: usize,
@@ -908,6 +932,7 @@ impl Logger {
         seg: Option<&Mutex<Segment>>,
         ahead: &WriteAhead,
         stopping: bool,
+        vouch: bool,
     ) -> Flushed {
         // A failed log frames and ships nothing more: a turn that waited for the flush lock
         // while another thread's turn panicked with a batch it had taken (failing the log
@@ -935,11 +960,19 @@ impl Logger {
         let written_bound = st.written_bound;
         let idle =
             st.spare.is_empty() && !(stopping && bound > written_bound) && (stopping || !self.owes(w, written_bound));
-        if idle {
+        // The empty batch owed (`owes_vouch`), at the bound already written: once it is
+        // synced, nothing more is owed.
+        let vouching = idle && vouch && self.owes_vouch(w);
+        if idle && !vouching {
             if stopping {
                 let Some(seg) = seg else { return Flushed::Nothing };
                 if !self.drain_ahead(ahead) {
                     return Flushed::Closed;
+                }
+                // The last write drained is vouched for before the close: the loop comes
+                // back with `vouch`.
+                if self.owes_vouch(w) {
+                    return Flushed::Nothing;
                 }
                 // A clean close leaves no zeros past the last batch. Everything is
                 // durable already: if this fails, recovery reads the zeros as the end.
@@ -951,6 +984,7 @@ impl Logger {
             }
             return Flushed::Nothing;
         }
+        let bound = if vouching { written_bound } else { bound };
         st.frame.clear();
         let floor = self.floor_for(w, bound);
         stream.framed_floor.fetch_max(floor.0, Ordering::AcqRel);
@@ -966,6 +1000,7 @@ impl Logger {
         };
         // (At most the bound: a bound framed at a close may lie below one written before.)
         let synced = Ts(stream.synced.load(Ordering::Acquire)).min(bound);
+        stream.vouched.fetch_max(synced.0, Ordering::AcqRel);
         let marks = crate::format::Marks { bound_ts: bound, floor_ts: floor, reuse_ts: reuse, synced_ts: synced };
         let header = st.spare.finish_marked_into(StreamId(w as u32), self.epoch, marks, try_compress, &mut st.frame);
         if try_compress {
@@ -1344,7 +1379,7 @@ impl Logger {
                 self.failing_on_panic(
                     || format!("a flush of log stream {w} on thread {:?}", std::thread::current().name()),
                     || {
-                        self.flush_once(w, &mut st, None, &stream.ahead, false);
+                        self.flush_once(w, &mut st, None, &stream.ahead, false, false);
                     },
                 );
                 return;
