@@ -9,7 +9,7 @@
 //!  entry = len u32 | flags u8 | synced u24 | crc32c u32 of those 8 bytes | the batch as the primary framed it
 //!  flags bit 0: FLOOR_TRUSTED (the batch's floor_ts may vouch for other streams)
 //!  synced: how much of this file its syncs had made durable when the entry was appended,
-//!          in 4 KiB units, rounded down (format 2; three zero bytes in format 1)
+//!          in 256-byte units, rounded down (format 2; three zero bytes in format 1)
 //! ```
 //!
 //! Why one sequence: a batch's floor vouches for other streams' batches that were durable
@@ -49,9 +49,9 @@ pub const REPLICA_MAGIC: [u8; 8] = *b"DITTORPL";
 /// (`ENTRY_SYNCED_UNIT`); 1 had three zero bytes there, and a file of 1 is still read,
 /// its damage told as before (any whole entry after a failed one makes it damage).
 pub const REPLICA_FORMAT_VERSION: u32 = 2;
-/// The unit of an entry's synced claim: its three bytes count 4 KiB (64 GiB at most; a
+/// The unit of an entry's synced claim: its three bytes count 256 bytes (4 GiB at most; a
 /// longer file claims that much, which claims less).
-pub const ENTRY_SYNCED_UNIT: u64 = 4096;
+pub const ENTRY_SYNCED_UNIT: u64 = 256;
 pub const REPLICA_HEADER_LEN: usize = 32;
 pub const ENTRY_HEADER_LEN: usize = 12;
 /// Entry flag: the batch's floor may vouch for other streams (it was shipped in framing order).
@@ -1362,7 +1362,14 @@ fn damaged_not_torn(raw: &Bytes, off: usize, base: u64, version: u32) -> bool {
     while p + ENTRY_HEADER_LEN <= raw.len() {
         if header_ok(&raw[p..]) {
             if let Ok((_, _, used)) = decode_entry(raw, p, version) {
-                if version < 2 || entry_synced(&raw[p..]) > failed_at {
+                // (An entry claims at most its own offset: one that claims more is a
+                // client's value holding an entry's bytes, and proves nothing.)
+                let claim = entry_synced(&raw[p..]);
+                if version >= 2 && claim > base + p as u64 {
+                    p += 1;
+                    continue;
+                }
+                if version < 2 || claim > failed_at {
                     return true;
                 }
                 // Of the same unsynced write: it vouches for nothing before it.

@@ -270,6 +270,9 @@ struct FlushState {
 /// What one turn of a stream's flush did.
 enum Flushed {
     Batch,
+    /// An empty batch vouching for the last synced write (`owes_vouch`): it starts no
+    /// interval, so the next commit goes out at once as after any quiet spell.
+    Vouch,
     Nothing,
     /// The log failed, or closed: the flusher stops.
     Closed,
@@ -290,6 +293,9 @@ pub struct LogStats {
     /// Batches with no transactions, written only to move the watermark (see the module
     /// notes: most idle streams are vouched for by the busy ones instead).
     pub heartbeats: AtomicU64,
+    /// Empty batches framed only to vouch for a quiet or closing stream's last synced
+    /// write (`Logger::owes_vouch`); not counted as heartbeats.
+    pub vouches: AtomicU64,
     /// Online checkpoints completed, and those that failed (a full disk, a failed fsync:
     /// the log goes on, and the previous checkpoint stays; see `Durable::checkpoint`).
     pub checkpoints: AtomicU64,
@@ -861,7 +867,7 @@ impl Logger {
             let started = Instant::now();
             match self.flush_once(w, &mut stream.flush.lock(), Some(seg), ahead, stopping, vouch) {
                 Flushed::Batch => last_start = Some(started),
-                Flushed::Nothing => {}
+                Flushed::Vouch | Flushed::Nothing => {}
                 Flushed::Closed => return,
             }
         }
@@ -1016,7 +1022,9 @@ impl Logger {
         st.spare.clear_keeping(BUFFER_KEEP_MAX);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.txns.fetch_add(txns, Ordering::Relaxed);
-        if !has_txns {
+        if vouching {
+            self.stats.vouches.fetch_add(1, Ordering::Relaxed);
+        } else if !has_txns {
             self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
         }
         st.written_bound = written_bound.max(bound);
@@ -1043,7 +1051,11 @@ impl Logger {
         if st.frame.capacity() > BUFFER_KEEP_MAX {
             st.frame = Vec::new();
         }
-        Flushed::Batch
+        if vouching {
+            Flushed::Vouch
+        } else {
+            Flushed::Batch
+        }
     }
 
     /// The floor for a batch of stream `w` with bound `bound` (see the module notes).

@@ -229,8 +229,8 @@ fn power_cuts(durability: Durability, seed: u64, seconds: u64, tails: Tails) -> 
                 storage.image_at_next_sync(&root, &img, "stream-", 2048, Box::new(tail));
                 let asked = Instant::now();
                 while storage.fired().map(|made| made.unwrap()).is_none() {
-                    if asked.elapsed() > Duration::from_secs(2) {
-                        assert!(storage.disarm(), "no file was synced with 2 KiB unsynced for 2 s");
+                    if asked.elapsed() > Duration::from_secs(5) {
+                        assert!(storage.disarm(), "no file was synced with 2 KiB unsynced for 5 s");
                         storage.fired().unwrap().unwrap();
                         break;
                     }

@@ -1429,6 +1429,66 @@ fn a_burst_torn_out_of_order_is_a_torn_tail() {
     }
 }
 
+/// As above, the torn burst the third write of a file whose first two were synced: its
+/// entries claim the first two synced, so each reader (a report, a stream's read an entry
+/// at a time, an open) must compare the claims with the failure's offset in the file, not
+/// in what it read; and damage to the second write, which the third's claims prove
+/// synced, is refused by each.
+#[test]
+fn a_torn_third_write_is_cut_and_damage_to_the_synced_second_is_refused() {
+    let (batches, storage, dir) = empty_backup_of_400_commits();
+    let (a, b) = (batches.len() / 3, 2 * batches.len() / 3);
+    let mut ends = Vec::new();
+    {
+        let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+        for (i, x) in batches.iter().enumerate() {
+            log.append(x, false, decode_batch_checksums(x).unwrap().0.header.bound_ts);
+            if i + 1 == a || i + 1 == b || i + 1 == batches.len() {
+                log.sync().unwrap();
+                let f = std::fs::read_dir(ditto_log::replica::replica_dir(dir.path())).unwrap().next().unwrap();
+                ends.push(std::fs::metadata(f.unwrap().path()).unwrap().len() as usize);
+            }
+        }
+    }
+    let rdir = ditto_log::replica::replica_dir(dir.path());
+    let files: Vec<_> = std::fs::read_dir(&rdir).unwrap().map(|e| e.unwrap().path()).collect();
+    let undamaged = std::fs::read(&files[0]).unwrap();
+    assert!(ends[0] > 1024 && ends[1] - ends[0] > 1024 && ends[2] - ends[1] > 2048, "{ends:?}");
+    let whole = replica_holdings(dir.path(), 2, None).unwrap();
+    let read = |d: &std::path::Path| -> Result<Vec<Ts>, String> {
+        ditto_log::replica::forget_holdings();
+        let held = replica_holdings(d, 2, None).map_err(|e| e.to_string())?;
+        for s in 0..2 {
+            let reach = ditto_log::replica::replica_stream_batches_each(d, s, Ts::ZERO, &mut |_| true)
+                .map_err(|e| e.to_string())?;
+            assert_eq!(reach, held.streams[s], "stream {s}");
+        }
+        ditto_log::replica::open_replica(d, 1, &storage).map_err(|e| e.to_string())?;
+        Ok(held.streams)
+    };
+    // A sector of the third write lost: torn.
+    let mut raw = undamaged.clone();
+    let at = (ends[1] + ends[2]) / 2;
+    raw[at..at + 512].fill(0);
+    std::fs::write(&files[0], &raw).unwrap();
+    let held = read(fresh_copy(dir.path()).path()).unwrap_or_else(|e| panic!("a torn third write: {e}"));
+    assert!(held != whole.streams && held.iter().zip(&whole.streams).all(|(h, w)| h <= w), "{held:?}");
+    // A byte of the second write damaged: the third's claims prove it synced.
+    let mut raw = undamaged;
+    raw[(ends[0] + ends[1]) / 2] ^= 0x5a;
+    std::fs::write(&files[0], &raw).unwrap();
+    let fresh = fresh_copy(dir.path());
+    let e = read(fresh.path()).expect_err("damage to a synced write is refused");
+    assert!(e.contains("valid entries after it"), "{e}");
+    // Each reader, not only the first: the stream's read and the open refuse it too.
+    for s in 0..2 {
+        let r = ditto_log::replica::replica_stream_batches_each(fresh.path(), s, Ts::ZERO, &mut |_| true);
+        assert!(r.unwrap_err().to_string().contains("valid entries after it"));
+    }
+    let e = ditto_log::replica::open_replica(fresh.path(), 1, &storage).err().expect("refused").to_string();
+    assert!(e.contains("valid entries after it"), "{e}");
+}
+
 /// Real files, but replica log files cannot be removed.
 struct ReplicaFilesStay;
 

@@ -115,8 +115,8 @@ fn power_cuts_on_the_backup(out_of_order: bool) {
             cut.image_at_next_sync(&bdir, &img, "rlog-", 1024, Box::new(tail));
             let asked = Instant::now();
             while cut.fired().map(|made| made.unwrap()).is_none() {
-                if asked.elapsed() > Duration::from_secs(2) {
-                    assert!(cut.disarm(), "no replica log file was synced with 1 KiB unsynced for 2 s");
+                if asked.elapsed() > Duration::from_secs(5) {
+                    assert!(cut.disarm(), "no replica log file was synced with 1 KiB unsynced for 5 s");
                     cut.fired().unwrap().unwrap();
                     break;
                 }
