@@ -1890,3 +1890,61 @@ fn a_write_torn_out_of_order_is_a_torn_tail_and_damage_to_synced_batches_is_not(
         }
     }
 }
+
+/// What a damaged batch is compared with (`damaged_end`'s `before`): the segment header's
+/// `prev_ts` where it is the segment's first, and each earlier batch's larger of its bound
+/// and its last transaction (a batch may hold transactions above its bound). A later
+/// batch claiming exactly that much proves nothing (torn); one more proves the damaged
+/// batch synced (damage). And a later header of an older version, which claims nothing,
+/// still makes it damage.
+#[test]
+fn a_damaged_batch_is_weighed_against_prev_ts_and_the_highest_timestamp_before_it() {
+    let txns = |ts0: u64| sample_txns(ts0, 3);
+    let frame = |txns: &[T], bound: u64, synced: u64| {
+        let mut b = BatchBuilder::new();
+        push_all(&mut b, txns);
+        let mut out = Vec::new();
+        let marks = Marks { bound_ts: Ts(bound), synced_ts: Ts(synced), ..Marks::default() };
+        b.finish_marked_into(STREAM, EPOCH, marks, false, &mut out);
+        out
+    };
+    let segment = |prev_ts: u64, batches: &[Vec<u8>]| {
+        let mut f =
+            SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 12, streams: 8, prev_ts: Ts(prev_ts) }.encode().to_vec();
+        let mut offsets = Vec::new();
+        for b in batches {
+            offsets.push(f.len());
+            f.extend_from_slice(b);
+        }
+        (f, offsets)
+    };
+    let end_with = |f: &[u8], damaged: usize| {
+        let mut f = f.to_vec();
+        f[damaged + BATCH_HEADER_LEN + 2] ^= 0x08;
+        let said = said_by_read(&f);
+        assert_eq!(said_by_scan(&f).0, said);
+        said.unwrap().0
+    };
+    let torn = |e: &SegmentEnd| matches!(e, SegmentEnd::Torn { .. });
+    let corrupt = |e: &SegmentEnd| matches!(e, SegmentEnd::Corrupt { .. });
+    // The segment's first batch damaged: weighed against prev_ts (500).
+    for (claim, damage) in [(500, false), (501, true)] {
+        let (f, at) = segment(500, &[frame(&txns(510), 520, 500), frame(&txns(530), 540, claim)]);
+        let e = end_with(&f, at[0]);
+        assert!(if damage { corrupt(&e) } else { torn(&e) }, "claim {claim}: {e:?}");
+    }
+    // After a batch whose last transaction (516) lies above its bound (515): weighed
+    // against 516, not 515.
+    for (claim, damage) in [(516, false), (517, true)] {
+        let (f, at) =
+            segment(500, &[frame(&txns(510), 515, 500), frame(&txns(530), 540, 500), frame(&txns(550), 560, claim)]);
+        let e = end_with(&f, at[1]);
+        assert!(if damage { corrupt(&e) } else { torn(&e) }, "claim {claim}: {e:?}");
+    }
+    // A valid header of version 5 after the damage: damage, whatever it would claim.
+    let (v6, h6) = encode_batch(&txns(530), 540, false);
+    let v5 = forge(BatchHeader { version: 5, ..h6 }, &v6[BATCH_HEADER_LEN..]);
+    let (f, at) = segment(500, &[frame(&txns(510), 520, 500), v5]);
+    let e = end_with(&f, at[0]);
+    assert!(corrupt(&e), "{e:?}");
+}
