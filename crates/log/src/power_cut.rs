@@ -190,6 +190,33 @@ impl PowerCut {
         self.disk.lock().unwrap().sync_delay = delay;
     }
 
+    /// `image_at_next_sync`, waited for up to `wait`: whether it was made (one not made by
+    /// then is no longer asked for).
+    pub fn image_at_next_sync_within(
+        &self,
+        root: &Path,
+        img: &Path,
+        name_prefix: &str,
+        min_unsynced: u64,
+        tail: Tail,
+        wait: std::time::Duration,
+    ) -> io::Result<bool> {
+        self.image_at_next_sync(root, img, name_prefix, min_unsynced, tail);
+        let since = std::time::Instant::now();
+        loop {
+            if let Some(made) = self.fired() {
+                return made.map(|()| true);
+            }
+            if since.elapsed() > wait {
+                return match self.disarm() {
+                    true => self.fired().expect("made").map(|()| true),
+                    false => Ok(false),
+                };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// What came of the image `image_at_next_sync` asked for, once made (`None` before).
     pub fn fired(&self) -> Option<io::Result<()>> {
         self.disk.lock().unwrap().fired.take()

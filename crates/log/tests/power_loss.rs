@@ -226,16 +226,15 @@ fn power_cuts(durability: Durability, seed: u64, seconds: u64, tails: Tails) -> 
                     }
                 };
                 // What was acknowledged before the cut is read before it is asked for.
-                storage.image_at_next_sync(&root, &img, "stream-", 2048, Box::new(tail));
-                let asked = Instant::now();
-                while storage.fired().map(|made| made.unwrap()).is_none() {
-                    if asked.elapsed() > Duration::from_secs(5) {
-                        assert!(storage.disarm(), "no file was synced with 2 KiB unsynced for 5 s");
-                        storage.fired().unwrap().unwrap();
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                let made = storage.image_at_next_sync_within(
+                    &root,
+                    &img,
+                    "stream-",
+                    2048,
+                    Box::new(tail),
+                    Duration::from_secs(5),
+                );
+                assert!(made.unwrap(), "no segment was synced with 2 KiB unsynced for 5 s");
                 scrambled += usize::from(torn_out_of_order(&img));
             }
         }

@@ -112,16 +112,9 @@ fn power_cuts_on_the_backup(out_of_order: bool) {
                     }
                 }
             };
-            cut.image_at_next_sync(&bdir, &img, "rlog-", 1024, Box::new(tail));
-            let asked = Instant::now();
-            while cut.fired().map(|made| made.unwrap()).is_none() {
-                if asked.elapsed() > Duration::from_secs(5) {
-                    assert!(cut.disarm(), "no replica log file was synced with 1 KiB unsynced for 5 s");
-                    cut.fired().unwrap().unwrap();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            let made =
+                cut.image_at_next_sync_within(&bdir, &img, "rlog-", 1024, Box::new(tail), Duration::from_secs(5));
+            assert!(made.unwrap(), "no replica log file was synced with 1 KiB unsynced for 5 s");
             scrambled += usize::from(torn_out_of_order(&img));
         } else {
             let mut tail = |synced: usize, written: usize| if torn { rng.gen_range(synced..=written) } else { synced };
