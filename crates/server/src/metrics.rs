@@ -141,6 +141,11 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
             "Log batches without transactions, written only to move the durable watermark.",
             r(&l.stats.heartbeats),
         );
+        counter(
+            "ditto_log_vouches_total",
+            "Empty log batches written by a quiet or closing stream to vouch for its last synced write.",
+            r(&l.stats.vouches),
+        );
         counter("ditto_log_transactions_total", "Transactions written to the log.", r(&l.stats.txns));
         counter("ditto_checkpoints_total", "Online checkpoints completed.", r(&l.stats.checkpoints));
         counter(
