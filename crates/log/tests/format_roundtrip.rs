@@ -1948,3 +1948,37 @@ fn a_damaged_batch_is_weighed_against_prev_ts_and_the_highest_timestamp_before_i
     let e = end_with(&f, at[0]);
     assert!(corrupt(&e), "{e:?}");
 }
+
+/// A later batch proves the damaged bytes synced only if it is whole and its payload
+/// checks (its claim is covered by the payload checksum): one whose header checks out but
+/// whose payload does not (torn too) claims nothing, however much it would claim.
+#[test]
+fn a_torn_later_batch_proves_nothing() {
+    let frame = |ts0: u64, bound: u64, synced: u64| {
+        let mut b = BatchBuilder::new();
+        push_all(&mut b, &sample_txns(ts0, 3));
+        let mut out = Vec::new();
+        let marks = Marks { bound_ts: Ts(bound), synced_ts: Ts(synced), ..Marks::default() };
+        b.finish_marked_into(STREAM, EPOCH, marks, false, &mut out);
+        out
+    };
+    let mut f = SegmentHeader { stream: STREAM, epoch: EPOCH, seq: 12, streams: 8, prev_ts: Ts(0) }.encode().to_vec();
+    let first = f.len();
+    f.extend_from_slice(&frame(10, 20, 0));
+    let damaged = f.len();
+    f.extend_from_slice(&frame(30, 40, 0));
+    // Claims batch two synced, but its own payload is damaged.
+    let later = f.len();
+    f.extend_from_slice(&frame(50, 60, 40));
+    f[damaged + BATCH_HEADER_LEN + 1] ^= 0x10;
+    f[later + BATCH_HEADER_LEN + 1] ^= 0x10;
+    let said = said_by_read(&f);
+    assert_eq!(said_by_scan(&f).0, said);
+    let (end, valid_len, kept) = said.unwrap();
+    assert!(matches!(end, SegmentEnd::Torn { offset, .. } if offset == damaged as u64), "{end:?}");
+    assert_eq!((valid_len, kept), (damaged as u64, vec![first as u64]));
+    // Whole, the same claim proves it: damage.
+    f[later + BATCH_HEADER_LEN + 1] ^= 0x10;
+    let end = said_by_read(&f).unwrap().0;
+    assert!(matches!(end, SegmentEnd::Corrupt { offset, .. } if offset == damaged as u64), "{end:?}");
+}
