@@ -121,6 +121,9 @@ pub const BATCH_HEADER_LEN: usize = 88;
 /// A batch header of version 5: the 64 bytes every version shares, then `floor_ts` and
 /// `reuse_ts`.
 pub const BATCH_HEADER_V5_LEN: usize = 80;
+/// The first version whose batches claim how far their stream was synced (`synced_ts`):
+/// damage with only older batches after it is told by the rule before (`synced_after`).
+const SYNCED_TS_VERSION: u16 = 6;
 /// A batch header of versions 3 and 4: the 64 bytes every version shares, then `floor_ts`.
 pub const BATCH_HEADER_V3_LEN: usize = 72;
 /// The part of a batch header whose layout every version shares (magic, version, header
@@ -1786,7 +1789,7 @@ fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> bo
             p += i + 1;
             continue;
         };
-        if h.version < 6 {
+        if h.version < SYNCED_TS_VERSION {
             return true;
         }
         let total = h.total_len();

@@ -37,7 +37,7 @@ struct FileState {
 }
 
 /// What a power cut leaves of a file from all it was written and its length at its last
-/// fsync (`PowerCut::image_with`).
+/// fsync (`PowerCut::image_at_next_sync`).
 pub type Tail = Box<dyn FnMut(usize, &mut Vec<u8>) + Send>;
 
 /// A power cut to make at the next fsync of a file written well past its last one
@@ -159,40 +159,21 @@ impl PowerCut {
     /// tail); every entry as of its directory's last sync. Every storage operation waits
     /// meanwhile.
     pub fn image(&self, root: &Path, img: &Path, tail: &mut dyn FnMut(usize, usize) -> usize) -> io::Result<()> {
-        self.image_with(root, img, &mut |synced, bytes| {
+        self.disk.lock().unwrap().image_dir(root, img, &mut |synced, bytes| {
             let keep = tail(synced, bytes.len()).clamp(synced, bytes.len());
             bytes.truncate(keep);
         })
     }
 
-    /// `image`, where `tail(synced, bytes)` makes what the power cut left of each file
-    /// from all it was written (`bytes`) and its length at its last fsync: it may cut the
-    /// bytes past `synced` short and change them (pages of a write reach a disk in any
-    /// order before its fsync: some written, some not), never those before (asserted).
-    pub fn image_with(&self, root: &Path, img: &Path, tail: &mut dyn FnMut(usize, &mut Vec<u8>)) -> io::Result<()> {
-        self.disk.lock().unwrap().image_dir(root, img, tail)
-    }
-
-    /// `image_with`, made at the moment the power would cut most: as a file whose name
-    /// starts with `name_prefix` and with at least `min_unsynced` bytes written past its
-    /// last fsync is about to be synced (a random moment mostly finds every write synced).
-    /// `fired` says when it was made.
-    pub fn image_at_next_sync(&self, root: &Path, img: &Path, name_prefix: &str, min_unsynced: u64, tail: Tail) {
-        let mut d = self.disk.lock().unwrap();
-        d.fired = None;
-        let (root, img, name_prefix) = (root.to_path_buf(), img.to_path_buf(), name_prefix.to_string());
-        d.armed = Some(Armed { root, img, name_prefix, min_unsynced, tail });
-    }
-
-    /// Each file's fsync takes at least `delay` from now on (a slower disk: what is written
-    /// meanwhile goes in the next, larger write).
-    pub fn slow_syncs(&self, delay: std::time::Duration) {
-        self.disk.lock().unwrap().sync_delay = delay;
-    }
-
-    /// `image_at_next_sync`, waited for up to `wait`: whether it was made (one not made by
-    /// then is no longer asked for).
-    pub fn image_at_next_sync_within(
+    /// An image made at the moment the power would cut most: as a file whose name starts
+    /// with `name_prefix`, with at least `min_unsynced` bytes written past its last fsync,
+    /// is about to be synced (a random moment mostly finds every write synced), waited for
+    /// up to `wait`; whether it was made (one not made by then is no longer asked for).
+    /// `tail(synced, bytes)` makes what the power cut left of each file from all it was
+    /// written (`bytes`) and its length at its last fsync: it may cut the bytes past
+    /// `synced` short and change them (pages of a write reach a disk in any order before
+    /// its fsync: some written, some not), never those before (asserted).
+    pub fn image_at_next_sync(
         &self,
         root: &Path,
         img: &Path,
@@ -201,33 +182,32 @@ impl PowerCut {
         tail: Tail,
         wait: std::time::Duration,
     ) -> io::Result<bool> {
-        self.image_at_next_sync(root, img, name_prefix, min_unsynced, tail);
+        {
+            let mut d = self.disk.lock().unwrap();
+            d.fired = None;
+            let (root, img, name_prefix) = (root.to_path_buf(), img.to_path_buf(), name_prefix.to_string());
+            d.armed = Some(Armed { root, img, name_prefix, min_unsynced, tail });
+        }
         let since = std::time::Instant::now();
         loop {
-            if let Some(made) = self.fired() {
-                return made.map(|()| true);
-            }
-            if since.elapsed() > wait {
-                return match self.disarm() {
-                    true => self.fired().expect("made").map(|()| true),
-                    false => Ok(false),
-                };
+            {
+                let mut d = self.disk.lock().unwrap();
+                if let Some(made) = d.fired.take() {
+                    return made.map(|()| true);
+                }
+                if since.elapsed() > wait {
+                    d.armed = None;
+                    return Ok(false);
+                }
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
-    /// What came of the image `image_at_next_sync` asked for, once made (`None` before).
-    pub fn fired(&self) -> Option<io::Result<()>> {
-        self.disk.lock().unwrap().fired.take()
-    }
-
-    /// No longer asks for the image `image_at_next_sync` asked for; whether it was made
-    /// meanwhile (then `fired` tells what came of it).
-    pub fn disarm(&self) -> bool {
-        let mut d = self.disk.lock().unwrap();
-        d.armed = None;
-        d.fired.is_some()
+    /// Each file's fsync takes at least `delay` from now on (a slower disk: what is written
+    /// meanwhile goes in the next, larger write).
+    pub fn slow_syncs(&self, delay: std::time::Duration) {
+        self.disk.lock().unwrap().sync_delay = delay;
     }
 
     /// A file made under the lock, so that no directory sync lists it untracked.

@@ -52,6 +52,8 @@ pub const REPLICA_FORMAT_VERSION: u32 = 2;
 /// The unit of an entry's synced claim: its three bytes count 256 bytes (4 GiB at most; a
 /// longer file claims that much, which claims less).
 pub const ENTRY_SYNCED_UNIT: u64 = 256;
+/// The first format whose entries claim how far their file was synced.
+const ENTRY_SYNCED_VERSION: u32 = 2;
 pub const REPLICA_HEADER_LEN: usize = 32;
 pub const ENTRY_HEADER_LEN: usize = 12;
 /// Entry flag: the batch's floor may vouch for other streams (it was shipped in framing order).
@@ -1332,7 +1334,7 @@ fn decode_entry(raw: &Bytes, off: usize, version: u32) -> Result<(Batch, u8, usi
 /// Whether an entry header's flags and synced claim are ones format `version` writes
 /// (its checksum aside).
 fn entry_header_fields_ok(h: &[u8], version: u32) -> bool {
-    h[4] & !FLOOR_TRUSTED == 0 && (version >= 2 || h[5..8] == [0, 0, 0])
+    h[4] & !FLOOR_TRUSTED == 0 && (version >= ENTRY_SYNCED_VERSION || h[5..8] == [0, 0, 0])
 }
 
 /// Whether the failed entry at `off` of a newest file of format `version` is damage rather
@@ -1365,11 +1367,12 @@ fn damaged_not_torn(raw: &Bytes, off: usize, base: u64, version: u32) -> bool {
                 // (An entry claims at most its own offset: one that claims more is a
                 // client's value holding an entry's bytes, and proves nothing.)
                 let claim = entry_synced(&raw[p..]);
-                if version >= 2 && claim > base + p as u64 {
+                let claims = version >= ENTRY_SYNCED_VERSION;
+                if claims && claim > base + p as u64 {
                     p += 1;
                     continue;
                 }
-                if version < 2 || claim > failed_at {
+                if !claims || claim > failed_at {
                     return true;
                 }
                 // Of the same unsynced write: it vouches for nothing before it.

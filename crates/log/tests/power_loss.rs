@@ -226,14 +226,8 @@ fn power_cuts(durability: Durability, seed: u64, seconds: u64, tails: Tails) -> 
                     }
                 };
                 // What was acknowledged before the cut is read before it is asked for.
-                let made = storage.image_at_next_sync_within(
-                    &root,
-                    &img,
-                    "stream-",
-                    2048,
-                    Box::new(tail),
-                    Duration::from_secs(5),
-                );
+                let made =
+                    storage.image_at_next_sync(&root, &img, "stream-", 2048, Box::new(tail), Duration::from_secs(5));
                 assert!(made.unwrap(), "no segment was synced with 2 KiB unsynced for 5 s");
                 scrambled += usize::from(torn_out_of_order(&img));
             }

@@ -112,8 +112,7 @@ fn power_cuts_on_the_backup(out_of_order: bool) {
                     }
                 }
             };
-            let made =
-                cut.image_at_next_sync_within(&bdir, &img, "rlog-", 1024, Box::new(tail), Duration::from_secs(5));
+            let made = cut.image_at_next_sync(&bdir, &img, "rlog-", 1024, Box::new(tail), Duration::from_secs(5));
             assert!(made.unwrap(), "no replica log file was synced with 1 KiB unsynced for 5 s");
             scrambled += usize::from(torn_out_of_order(&img));
         } else {
