@@ -1550,10 +1550,12 @@ pub enum SegmentEnd {
     /// zeroed ahead of its batches and had not used yet. Acceptable only in a stream's
     /// last segment (the writer cuts the zeros off a segment before it starts the next).
     Zeros { offset: u64 },
-    /// The batch at `offset` is damaged and nothing valid follows it: a torn or
-    /// zero-filled tail. Acceptable only in a stream's last segment, where the caller may
-    /// truncate the file to `offset`.
-    Torn { offset: u64, reason: FormatError },
+    /// The batch at `offset` is damaged and nothing after it proves it was synced: a torn
+    /// or zero-filled tail. Acceptable only in a stream's last segment, where the caller
+    /// may truncate the file to `offset`. `whole_after` whole batches of the stream follow
+    /// it (of the same unsynced write, whose pages reached the disk out of order, and cut
+    /// with it); usually none.
+    Torn { offset: u64, reason: FormatError, whole_after: u32 },
     /// The batch at `offset` is damaged but valid data follows it (or its checksums
     /// verify, so no torn write explains it): the log is corrupt.
     Corrupt { offset: u64, reason: FormatError },
@@ -1646,10 +1648,9 @@ fn damaged_end(rest: &[u8], offset: u64, reason: FormatError, header: &SegmentHe
         Ok(h) => h.total_len(),
         Err(_) => 1,
     };
-    if !reason.could_be_torn() || synced_after(rest, from, header, before) {
-        SegmentEnd::Corrupt { offset, reason }
-    } else {
-        SegmentEnd::Torn { offset, reason }
+    match Some(()).filter(|()| reason.could_be_torn()).and_then(|()| synced_after(rest, from, header, before)) {
+        Some(whole_after) => SegmentEnd::Torn { offset, reason, whole_after },
+        None => SegmentEnd::Corrupt { offset, reason },
     }
 }
 
@@ -1770,18 +1771,19 @@ fn belongs(seg: &SegmentHeader, version: u16, b: (Batch, usize)) -> Result<(Batc
     Ok(b)
 }
 
-/// Whether anything at an offset >= `from` proves that bytes before it had been synced
+/// None if anything at an offset >= `from` proves that bytes before it had been synced
 /// (`damaged_end`): a valid batch header of this segment (magic, checksum, version, and the
 /// segment's stream and epoch) of a version before 6, or a whole batch of version 6 or on
-/// whose payload checksum verifies and which claims a `synced_ts` above `before`. Linear:
+/// whose payload checksum verifies and which claims a `synced_ts` above `before`; else
+/// how many whole batches claiming no more it found (the recovery's warning). Linear:
 /// jumps between occurrences of the magic's first byte, checksums only candidates that
 /// carry the whole magic, and goes past a whole batch by its length (its payload is a
 /// client's data).
-fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> bool {
-    let mut p = from;
+fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> Option<u32> {
+    let (mut p, mut whole_after) = (from, 0);
     while p + BATCH_HEADER_FIXED_LEN <= file.len() {
         let Some(i) = file[p..file.len() - BATCH_HEADER_FIXED_LEN + 1].iter().position(|&x| x == BATCH_MAGIC[0]) else {
-            return false;
+            break;
         };
         let cand = &file[p + i..];
         let header = if cand.starts_with(&BATCH_MAGIC) { decode_batch_header(cand).ok() } else { None };
@@ -1790,19 +1792,22 @@ fn synced_after(file: &[u8], from: usize, seg: &SegmentHeader, before: Ts) -> bo
             continue;
         };
         if h.version < SYNCED_TS_VERSION {
-            return true;
+            return None;
         }
         let total = h.total_len();
         let whole = cand.get(h.header_len()..total).filter(|stored| h.payload_checksum(stored) == h.payload_crc);
         match whole {
-            Some(_) if h.synced_ts > before => return true,
+            Some(_) if h.synced_ts > before => return None,
             // Whole, and claiming no more: of the same unsynced write; looked past.
-            Some(_) => p += i + total,
+            Some(_) => {
+                whole_after += 1;
+                p += i + total;
+            }
             // Not whole, or its payload does not check: torn too, and it claims nothing;
             // or a header's bytes in a client's value, whose length may hide a real batch
             // after it: looked past byte by byte.
             None => p += i + 1,
         }
     }
-    false
+    Some(whole_after)
 }

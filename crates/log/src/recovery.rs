@@ -344,11 +344,22 @@ fn check_stream<'s>(
                         .into(),
                 });
             }
-            SegmentEnd::Torn { offset, reason } if is_last => {
-                tracing::warn!("{}: torn tail at offset {offset} ({reason}); truncating", f.path.display());
+            SegmentEnd::Torn { offset, reason, whole_after } if is_last => {
+                // Whole batches after the damage are of the same unsynced write (nothing
+                // after it claims it was synced), kept by a power cut out of order: cut
+                // with it, and said, lest a reader of the log take them for lost.
+                let after = match whole_after {
+                    0 => String::new(),
+                    n => format!(
+                        ", with {n} whole batch{} after it from the same unsynced write (its pages \
+                         reached the disk out of order; nothing in it was acknowledged as durable)",
+                        if n == 1 { "" } else { "es" }
+                    ),
+                };
+                tracing::warn!("{}: torn tail at offset {offset} ({reason}){after}; truncating", f.path.display());
                 out.torn = Some((&f.path, offset));
             }
-            SegmentEnd::Torn { offset, reason } | SegmentEnd::Corrupt { offset, reason } => {
+            SegmentEnd::Torn { offset, reason, .. } | SegmentEnd::Corrupt { offset, reason } => {
                 return Err(LogError::Corrupt { file: f.path.clone(), offset, what: reason.to_string() });
             }
         }

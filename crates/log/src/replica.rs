@@ -28,7 +28,7 @@
 //! and offset. A failed entry of the newest file followed by whole ones is a torn write
 //! (the backup writes a burst of entries in one write before one fsync, and a power cut
 //! may keep a later page of it and not an earlier one) unless a later entry's `synced`
-//! claims the failed bytes had been synced: then it is damage (`damaged_not_torn`). The open writes a checkpoint at the cut and deletes the files, so a
+//! claims the failed bytes had been synced: then it is damage (`torn_entries_after`). The open writes a checkpoint at the cut and deletes the files, so a
 //! restarted backup asks the primary for everything above its cut.
 
 use std::path::{Path, PathBuf};
@@ -1226,12 +1226,13 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
             }
             // The tail of the newest file may be torn (never acknowledged), or, in a running
             // backup's, being written; a valid entry after it is damage.
-            Err(e) if damaged_not_torn(&raw, off, v.len, v.version) => {
-                return Err(corrupt(v.len + off as u64, format!("{e}, with valid entries after it")));
-            }
             Err(e) => {
+                let Some(after) = torn_entries_after(&raw, off, v.len, v.version) else {
+                    return Err(corrupt(v.len + off as u64, format!("{e}, with valid entries after it")));
+                };
                 if !quiet {
-                    tracing::warn!("{}: torn tail at offset {} ({e}); dropped", path.display(), v.len + off as u64);
+                    let (at, after) = (v.len + off as u64, cut_with(after));
+                    tracing::warn!("{}: torn tail at offset {at} ({e}){after}; dropped", path.display());
                 }
                 break;
             }
@@ -1337,8 +1338,9 @@ fn entry_header_fields_ok(h: &[u8], version: u32) -> bool {
     h[4] & !FLOOR_TRUSTED == 0 && (version >= ENTRY_SYNCED_VERSION || h[5..8] == [0, 0, 0])
 }
 
-/// Whether the failed entry at `off` of a newest file of format `version` is damage rather
-/// than a torn write (`raw` is the file from offset `base` on): a whole valid entry (its
+/// None if the failed entry at `off` of a newest file of format `version` is damage rather
+/// than a torn write, else how many whole entries after it it cuts with it (`raw` is the
+/// file from offset `base` on). Damage: a whole valid entry (its
 /// header's checksum, its batch's) after it claims that the failed entry's bytes had been
 /// synced (format 2), or any whole valid entry follows it (format 1, whose entries claim
 /// nothing). A power cut keeps only what was synced whole, and of a write not yet synced
@@ -1348,7 +1350,7 @@ fn entry_header_fields_ok(h: &[u8], version: u32) -> bool {
 /// more means bytes that were durable changed: acknowledged entries would be dropped as
 /// torn. Looked for past the failed entry's own bytes where its header checks out (inside
 /// them lies a client's data, which may hold an entry's bytes), else from the next byte.
-fn damaged_not_torn(raw: &Bytes, off: usize, base: u64, version: u32) -> bool {
+fn torn_entries_after(raw: &Bytes, off: usize, base: u64, version: u32) -> Option<u32> {
     let rest = &raw[off..];
     let header_ok = |h: &[u8]| {
         h.len() >= ENTRY_HEADER_LEN && u32::from_le_bytes(h[8..12].try_into().expect("4")) == crc32c::crc32c(&h[..8])
@@ -1359,8 +1361,9 @@ fn damaged_not_torn(raw: &Bytes, off: usize, base: u64, version: u32) -> bool {
         false => off + 1,
     };
     if raw.get(p..).is_none_or(|t| t.iter().all(|&b| b == 0)) {
-        return false;
+        return Some(0);
     }
+    let mut whole_after = 0;
     while p + ENTRY_HEADER_LEN <= raw.len() {
         if header_ok(&raw[p..]) {
             if let Ok((_, _, used)) = decode_entry(raw, p, version) {
@@ -1373,16 +1376,30 @@ fn damaged_not_torn(raw: &Bytes, off: usize, base: u64, version: u32) -> bool {
                     continue;
                 }
                 if !claims || claim > failed_at {
-                    return true;
+                    return None;
                 }
                 // Of the same unsynced write: it vouches for nothing before it.
+                whole_after += 1;
                 p += used;
                 continue;
             }
         }
         p += 1;
     }
-    false
+    Some(whole_after)
+}
+
+/// What a torn tail's warning adds where `n` whole entries after it, of the same unsynced
+/// write, are cut with it (a power cut kept that write's pages out of order).
+fn cut_with(n: u32) -> String {
+    match n {
+        0 => String::new(),
+        1 => ", with 1 whole entry after it from the same unsynced write (its pages reached the disk out of order)"
+            .into(),
+        n => format!(
+            ", with {n} whole entries after it from the same unsynced write (its pages reached the disk out of order)"
+        ),
+    }
 }
 
 /// Reads ahead what a report of `dir`'s replica log would read (its newest file checked
@@ -1719,10 +1736,10 @@ fn read_files(
                 // The tail of the newest file may be torn (never acknowledged); all zeros
                 // is the same. Anything else is damage, a valid entry after it included.
                 Err(e) if last => {
-                    if damaged_not_torn(&raw, off, 0, version) {
+                    let Some(after) = torn_entries_after(&raw, off, 0, version) else {
                         return Err(corrupt(off as u64, format!("{e}, with valid entries after it")));
-                    }
-                    read.torn_at(path, off, &e);
+                    };
+                    read.torn_at(path, off, &e, after);
                     break;
                 }
                 Err(e) => return Err(corrupt(off as u64, e)),
@@ -1749,8 +1766,9 @@ impl FilesRead {
     }
 
     /// The newest file's tail from `off` does not check (`why`): torn, dropped.
-    fn torn_at(&mut self, path: &Path, off: usize, why: &str) {
-        tracing::warn!("{}: torn tail at offset {off} ({why}); dropped", path.display());
+    fn torn_at(&mut self, path: &Path, off: usize, why: &str, whole_after: u32) {
+        let after = cut_with(whole_after);
+        tracing::warn!("{}: torn tail at offset {off} ({why}){after}; dropped", path.display());
         self.torn = Some((path.to_path_buf(), off as u64));
     }
 }
@@ -1838,10 +1856,10 @@ fn read_files_each(
                     // where an entry fails, the newest file's end as a rule.)
                     let mut tail = entry.to_vec();
                     r.read_to_end(&mut tail).map_err(|e| LogError::io(path, e))?;
-                    if damaged_not_torn(&Bytes::from(tail), 0, off as u64, version) {
+                    let Some(after) = torn_entries_after(&Bytes::from(tail), 0, off as u64, version) else {
                         return Err(corrupt(off as u64, format!("{e}, with valid entries after it")));
-                    }
-                    read.torn_at(path, off, &e);
+                    };
+                    read.torn_at(path, off, &e, after);
                     break;
                 }
                 Err(e) => return Err(corrupt(off as u64, e)),
@@ -2962,5 +2980,56 @@ mod tests {
             }
         }
         assert_eq!(each(&files), whole(&files));
+    }
+
+    /// A burst of five entries after 4 KiB synced, each claiming those 4 KiB: damage to
+    /// one is a torn write, cut with the whole entries after it, which the warning counts
+    /// (`torn_entries_after`); where a later entry claims the damaged bytes synced, damage.
+    #[test]
+    fn a_burst_torn_out_of_order_counts_the_whole_entries_cut_with_it() {
+        let base = 4096u64;
+        let burst = |claims: &[u64]| {
+            let (mut raw, mut at) = (Vec::new(), Vec::new());
+            for (i, &claim) in claims.iter().enumerate() {
+                let mut batch = Vec::new();
+                let bound = Ts(100 + 10 * i as u64);
+                crate::format::BatchBuilder::new().finish_into(
+                    crate::format::StreamId(0),
+                    Epoch(1),
+                    bound,
+                    false,
+                    &mut batch,
+                );
+                at.push(raw.len());
+                raw.extend_from_slice(&entry_header(batch.len(), 0, claim));
+                raw.extend_from_slice(&batch);
+            }
+            (raw, at)
+        };
+        let damaged = |raw: &[u8], at: usize| {
+            let mut raw = raw.to_vec();
+            raw[at + ENTRY_HEADER_LEN + 20] ^= 0x10;
+            let raw = Bytes::from(raw);
+            assert!(decode_entry(&raw, at, ENTRY_SYNCED_VERSION).is_err());
+            torn_entries_after(&raw, at, base, ENTRY_SYNCED_VERSION)
+        };
+        let (raw, at) = burst(&[base; 5]);
+        for (i, &off) in at.iter().enumerate() {
+            assert_eq!(damaged(&raw, off), Some((at.len() - 1 - i) as u32), "entry {i} damaged");
+        }
+        // The last entry claims 256 bytes more synced (claims are in 256-byte units): damage
+        // to an entry below that is damage, to one at or past it a torn write.
+        let claim = base + ENTRY_SYNCED_UNIT;
+        let (raw, at) = burst(&[base, base, base, base, claim]);
+        assert!(at[1] < ENTRY_SYNCED_UNIT as usize && at[4] >= ENTRY_SYNCED_UNIT as usize, "{at:?}");
+        for (i, &off) in at.iter().enumerate() {
+            let want = (base + off as u64 >= claim).then_some((at.len() - 1 - i) as u32);
+            assert_eq!(damaged(&raw, off), want, "entry {i} damaged, at {off}");
+        }
+        // In a format-1 file any whole entry after the damage is damage.
+        let (raw, at) = burst(&[0; 5]);
+        let mut bad = raw.clone();
+        bad[at[1] + ENTRY_HEADER_LEN + 20] ^= 0x10;
+        assert_eq!(torn_entries_after(&Bytes::from(bad), at[1], base, 1), None);
     }
 }

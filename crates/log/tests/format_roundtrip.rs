@@ -467,8 +467,9 @@ fn truncation_at_every_length() {
                 // The cut batch is the last one starting before `len`.
                 let i = offsets.iter().rposition(|&o| o < len).unwrap();
                 match &scan.end {
-                    SegmentEnd::Torn { offset, reason } => {
+                    SegmentEnd::Torn { offset, reason, whole_after } => {
                         assert_eq!(*offset, offsets[i], "len {len}");
+                        assert_eq!(*whole_after, 0, "len {len}");
                         assert!(matches!(reason, FormatError::Truncated { .. }), "len {len}: {reason:?}");
                     }
                     other => panic!("len {len}: expected Torn, got {other:?}"),
@@ -1839,9 +1840,12 @@ fn a_write_torn_out_of_order_is_a_torn_tail_and_damage_to_synced_batches_is_not(
         // Whether a batch after batch `j` is still as written (its claim proves the synced
         // ones were; with none, nothing tells the damage from a torn tail, as before).
         let ends: Vec<usize> = offsets[1..].iter().map(|&o| o as usize).chain([file.len()]).collect();
-        let intact_after = |damaged: &[u8], j: usize| {
-            (j + 1..batches.len()).any(|k| damaged[offsets[k] as usize..ends[k]] == file[offsets[k] as usize..ends[k]])
+        let intact = |damaged: &[u8], j: usize| {
+            (j + 1..batches.len())
+                .filter(|&k| damaged[offsets[k] as usize..ends[k]] == file[offsets[k] as usize..ends[k]])
+                .count() as u32
         };
+        let intact_after = |damaged: &[u8], j: usize| intact(damaged, j) > 0;
         for pos in SEGMENT_HEADER_LEN..file.len() {
             for how in ["flip", "zero page"] {
                 let mut damaged = file.clone();
@@ -1865,12 +1869,14 @@ fn a_write_torn_out_of_order_is_a_torn_tail_and_damage_to_synced_batches_is_not(
                 assert_eq!(kept, offsets[..j].to_vec(), "{how} at {pos} (batch {j}): {end:?}");
                 assert_eq!(valid_len, offsets[j]);
                 match end {
-                    SegmentEnd::Torn { offset, .. } => {
+                    SegmentEnd::Torn { offset, whole_after, .. } => {
                         assert!(
                             j >= synced_alone || !intact_after(&damaged, j),
                             "{how} at {pos}: damage to synced batch {j} read as torn"
                         );
                         assert_eq!(offset, offsets[j]);
+                        // The whole batches cut with it, for the recovery's warning.
+                        assert_eq!(whole_after, intact(&damaged, j), "{how} at {pos}: batches after it");
                     }
                     SegmentEnd::Corrupt { offset, .. } => {
                         assert!(
