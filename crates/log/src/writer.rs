@@ -179,6 +179,9 @@ struct AheadState {
     pacing: bool,
     /// When the last batch was queued.
     queued_at: Option<Instant>,
+    /// A batch other than a vouch is queued (`Logger::owes_vouch`): the next write is
+    /// fsynced. A write of vouches alone is not, nor published.
+    sync_owed: bool,
     stop: bool,
 }
 
@@ -596,7 +599,7 @@ impl Logger {
         let mut last_start: Option<Instant> = None;
         let mut frames = Vec::new();
         loop {
-            let (bound, floor) = {
+            let (bound, floor, sync_owed) = {
                 let mut st = ahead.state.lock();
                 while st.frames.is_empty() && !st.stop {
                     ahead.cv.wait(&mut st);
@@ -631,9 +634,9 @@ impl Logger {
                 last_start = Some(Instant::now());
                 // A flusher held back by `AHEAD_BYTES_MAX` goes on.
                 ahead.cv.notify_all();
-                (st.bound, st.floor)
+                (st.bound, st.floor, std::mem::take(&mut st.sync_owed))
             };
-            let done = self.write_batches(w, &mut seg.lock(), &frames, bound, floor, fsync);
+            let done = self.write_batches(w, &mut seg.lock(), &frames, bound, floor, fsync, !sync_owed);
             frames.clear();
             if frames.capacity() > BUFFER_KEEP_MAX {
                 frames = Vec::new();
@@ -667,7 +670,13 @@ impl Logger {
 
     /// Writes framed batches (one or more, back to back; `bound` and `floor` the largest
     /// of theirs) to stream `w`'s segment, fsyncs them (with `fsync`), publishes them, and
-    /// closes the segment if it is full. An error is the log's failure.
+    /// closes the segment if it is full. An error is the log's failure. With `vouches`
+    /// (the frames are vouches alone, `owes_vouch`) nothing is fsynced or published: a
+    /// vouch moves no bound, and is made durable by the stream's next fsync (its next
+    /// commit, the close, or a full segment's trim), so a stream committing less often
+    /// than `DOZE_AFTER` pays one fsync per commit, not two (2026-12-05). One lost to a
+    /// power cut before then claimed nothing anyone waited for.
+    #[allow(clippy::too_many_arguments)]
     fn write_batches(
         &self,
         w: usize,
@@ -676,6 +685,7 @@ impl Logger {
         bound: Ts,
         floor: Ts,
         fsync: bool,
+        vouches: bool,
     ) -> Result<(), String> {
         let end = seg.end + frames.len() as u64;
         if end > seg.zeroed && frames.len() as u64 <= ZERO_BATCH_MAX {
@@ -690,6 +700,10 @@ impl Logger {
         }
         seg.end = end;
         seg.last_ts = seg.last_ts.max(bound);
+        if vouches {
+            self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
+            return self.roll_if_full(w, seg);
+        }
         if fsync {
             let t0 = Instant::now();
             if let Err(e) = seg.file.sync() {
@@ -700,6 +714,11 @@ impl Logger {
         }
         self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
         self.publish_durable(&self.streams[w], bound, floor);
+        self.roll_if_full(w, seg)
+    }
+
+    /// Closes stream `w`'s segment `seg` and starts its next if it is full.
+    fn roll_if_full(&self, w: usize, seg: &mut Segment) -> Result<(), String> {
         if seg.end < self.opts.segment_bytes_max {
             return Ok(());
         }
@@ -779,7 +798,7 @@ impl Logger {
 
     /// Queues a framed batch for the disk thread (see `WriteAhead`); waits while too much
     /// is queued. False if the log failed.
-    fn queue_ahead(&self, ahead: &WriteAhead, frame: &mut Vec<u8>, bound: Ts, floor: Ts) -> bool {
+    fn queue_ahead(&self, ahead: &WriteAhead, frame: &mut Vec<u8>, bound: Ts, floor: Ts, vouch: bool) -> bool {
         let mut st = ahead.state.lock();
         while st.frames.len() >= AHEAD_BYTES_MAX && self.failed.get().is_none() {
             ahead.cv.wait_for(&mut st, Duration::from_millis(10));
@@ -795,6 +814,7 @@ impl Logger {
         }
         st.bound = st.bound.max(bound);
         st.floor = st.floor.max(floor);
+        st.sync_owed |= !vouch;
         // (Read only where an interval paces the disk thread: no clock read per batch else.)
         if self.opts.durability.interval().is_some() {
             st.queued_at = Some(Instant::now());
@@ -1036,14 +1056,19 @@ impl Logger {
             if self.failed.get().is_some() {
                 return Flushed::Closed;
             }
-            // Only a flush off the flusher (`flush_now`) has no segment to write to.
-            tap.batch(&header, &st.frame, seg.is_none());
-            if !self.queue_ahead(ahead, &mut st.frame, bound, floor) {
+            // Only a flush off the flusher (`flush_now`) has no segment to write to. A
+            // vouch is for this log's reader alone: not shipped (it moves no bound, and,
+            // not fsynced, a backup holding it could hold more than this log after a
+            // power cut).
+            if !vouching {
+                tap.batch(&header, &st.frame, seg.is_none());
+            }
+            if !self.queue_ahead(ahead, &mut st.frame, bound, floor, vouching) {
                 return Flushed::Closed;
             }
         } else {
             let seg = seg.expect("a stream is flushed off its flusher thread only with a tap");
-            if let Err(e) = self.write_batches(w, &mut seg.lock(), &st.frame, bound, floor, fsync) {
+            if let Err(e) = self.write_batches(w, &mut seg.lock(), &st.frame, bound, floor, fsync, vouching) {
                 self.fail(e);
                 return Flushed::Closed;
             }
