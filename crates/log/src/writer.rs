@@ -325,7 +325,8 @@ pub struct LogStats {
 /// that races with `set_progress_listener` may be told twice, so a listener keeps the first.
 pub type ProgressListener = Box<dyn Fn(Ts, Option<&Arc<str>>) + Send + Sync>;
 
-/// Sees every batch as it is framed, before it is written (the replication layer ships it
+/// Sees every batch as it is framed (but a vouch, `Logger::owes_vouch`, which is for this
+/// log's reader alone), before it is written (the replication layer ships it
 /// from here, so shipping overlaps the local write and fsync), and every table created.
 /// Calls come on the stream's flusher, or (for `batch`) on a thread flushing what it
 /// deferred (`flush_before_sleeping`: a server's runtime thread about to park), and must
@@ -631,7 +632,10 @@ impl Logger {
                 }
                 std::mem::swap(&mut st.frames, &mut frames);
                 st.busy = true;
-                last_start = Some(Instant::now());
+                // (A write of vouches alone starts no interval, as on the flusher.)
+                if st.sync_owed {
+                    last_start = Some(Instant::now());
+                }
                 // A flusher held back by `AHEAD_BYTES_MAX` goes on.
                 ahead.cv.notify_all();
                 (st.bound, st.floor, std::mem::take(&mut st.sync_owed))
@@ -1001,7 +1005,9 @@ impl Logger {
                     return Flushed::Nothing;
                 }
                 // A clean close leaves no zeros past the last batch. Everything is
-                // durable already: if this fails, recovery reads the zeros as the end.
+                // durable already but the last vouch, which this sync makes durable: if
+                // it fails, recovery reads the zeros as the end, and the vouch may be
+                // lost (the damage check on the last write, not data).
                 let seg = &mut *seg.lock();
                 if let Err(e) = seg.file.truncate(seg.end).and_then(|()| seg.file.sync()) {
                     tracing::warn!("trimming {} at close: {e}", seg.path.display());
@@ -1012,7 +1018,11 @@ impl Logger {
         }
         let bound = if vouching { written_bound } else { bound };
         st.frame.clear();
-        let floor = self.floor_for(w, bound);
+        // A vouch claims no floor: it is neither shipped nor published, so a floor of its
+        // could lift this log's watermark once a later write's fsync published it, and
+        // never the backups' (found by a review, 2026-12-05, night), and would stand in
+        // `framed_floor` for a heartbeat owed.
+        let floor = if vouching { Ts::ZERO } else { self.floor_for(w, bound) };
         stream.framed_floor.fetch_max(floor.0, Ordering::AcqRel);
         // Heartbeats (no transactions) neither try LZ4 nor count towards the skip.
         let has_txns = !st.spare.is_empty();

@@ -1520,8 +1520,10 @@ fn a_busy_stream_vouches_for_idle_ones_and_recovery_trusts_the_floor() {
         let scan = ditto_log::format::read_segment(&std::fs::read(&seg).unwrap().into()).unwrap();
         let mine = scan.header.stream.0 == 2;
         assert_eq!(scan.batches.is_empty(), !mine, "{seg:?}");
+        // (A quiet stream's empty batch vouching for its last write claims no floor.)
+        let vouch = |h: &ditto_log::format::BatchHeader| h.txn_count == 0 && h.floor_ts == ditto_engine::Ts::ZERO;
         assert!(
-            scan.batches.iter().all(|(_, b)| b.header.floor_ts == b.header.bound_ts),
+            scan.batches.iter().all(|(_, b)| b.header.floor_ts == b.header.bound_ts || vouch(&b.header)),
             "{seg:?}: every batch vouched"
         );
     }
@@ -2973,8 +2975,39 @@ fn a_stream_committing_slowly_pays_one_fsync_per_commit_not_two() {
         let kinds: Vec<bool> = scan.batches.iter().map(|(_, b)| b.header.txn_count > 0).collect();
         let data = kinds.iter().filter(|&&k| k).count() as u64;
         assert!(data >= n && kinds.last() == Some(&false), "tap {tap}: {kinds:?}");
+        // A vouch (an empty batch at the bound before it) claims no floor: shipped and
+        // published nowhere, a floor of its would lift nobody's watermark but this log's.
+        let headers: Vec<_> = scan.batches.iter().map(|(_, b)| b.header).collect();
+        let vouches: Vec<_> =
+            headers.windows(2).filter(|h| h[1].txn_count == 0 && h[1].bound_ts == h[0].bound_ts).collect();
+        assert!(vouches.len() as u64 >= n - 1, "tap {tap}: {} vouches", vouches.len());
+        assert!(vouches.iter().all(|h| h[1].floor_ts == ditto_engine::Ts::ZERO), "tap {tap}: a vouch's floor");
         let r = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
         assert_eq!(count(&r, r.db().table_id("t").unwrap()), n, "tap {tap}");
+    }
+}
+
+/// Each batch claims exactly how far its stream was synced when it was framed (log format
+/// 6, `synced_ts`): commits one at a time, each waiting for its fsync, so every batch's
+/// claim is the bound of the batch before it, not less (a claim lagging a write would
+/// read damage to the last synced write as a torn one), nor more (a claim ahead of an
+/// fsync would read a torn write as damage). The first claims 0.
+#[test]
+fn each_batch_claims_the_stream_synced_up_to_the_batch_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 40);
+    d.close();
+    drop(d);
+    let seg = segments(dir.path()).into_iter().rfind(|p| p.to_string_lossy().contains("stream-0000")).unwrap();
+    let scan = ditto_log::format::read_segment(&std::fs::read(seg).unwrap().into()).unwrap();
+    let data: Vec<_> = scan.batches.iter().map(|(_, b)| b.header).filter(|h| h.txn_count > 0).collect();
+    assert!(data.len() >= 40, "{} batches of data", data.len());
+    let first = scan.batches[0].1.header;
+    assert_eq!(first.synced_ts, ditto_engine::Ts::ZERO, "the epoch's first batch claims nothing synced: {first:?}");
+    for w in data.windows(2) {
+        assert_eq!(w[1].synced_ts, w[0].bound_ts, "a batch's claim against the one synced before it");
     }
 }
 
