@@ -319,9 +319,13 @@ pub struct SegmentHeader {
     /// recorded). Recovery refuses a log missing one of them.
     pub streams: u32,
     /// The highest timestamp, of a transaction or a bound, in this stream's earlier
-    /// segments of the epoch (version 4; 0 for a stream's first segment and in older
-    /// versions). A checkpoint deletes the oldest segments it covers, so recovery accepts
-    /// that earlier segments are missing only if this is at or below its checkpoint.
+    /// segments of the epoch (version 4; 0 in older versions). For an epoch's first
+    /// segment, the timestamp of the checkpoint the epoch's log stands on (since
+    /// 2026-12-05, night; 0 before): everything older lies at or below it. A checkpoint
+    /// deletes the oldest segments it covers, so recovery accepts that earlier segments
+    /// are missing only if this is at or below its checkpoint; so a log whose checkpoint
+    /// went missing (its MANIFEST deleted) is refused, where before its first segments
+    /// let recovery open on an older checkpoint, or none, without the commits between.
     pub prev_ts: Ts,
 }
 

@@ -461,9 +461,13 @@ fn start_logging(
     // lies between what was recovered and it (a failover discarded it), so the watermark
     // covers it at once (a backup registering waits for the watermark to reach the clock).
     db.clock().advance_to(opts.ts_above);
-    let logger =
-        Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, recovered_ts.max(opts.ts_above))
-            .map_err(|e| LogError::io(&dir.join("log"), e))?;
+    // The epoch's first segments name the checkpoint its log stands on (the newest durable
+    // one, which the next recovery starts from, or a newer one): a recovery that finds
+    // only an older one, or none, refuses the log rather than open without what lay
+    // between (`SegmentHeader::prev_ts`).
+    let from = recovered_ts.max(opts.ts_above);
+    let logger = Logger::start(dir, epoch, opts.log.clone(), Arc::clone(db.clock()), catalog, from, durable_ckpt_ts)
+        .map_err(|e| LogError::io(&dir.join("log"), e))?;
     db.attach_log(Arc::clone(&logger) as Arc<dyn ditto_engine::CommitLog>);
     // Record ids whose former life a checkpoint covers may be reused: recovery never meets
     // that life again (crates/engine/src/table.rs).

@@ -301,6 +301,19 @@ fn check_stream<'s>(
         // The segment before this one is missing (or, for the first file, may be): what
         // the stream wrote before this segment must be in the checkpoint.
         let predecessor_missing = i == 0 || files[i - 1].seq + 1 != f.seq;
+        if predecessor_missing && scan.header.prev_ts > ckpt_ts && f.seq <= 1 {
+            // The epoch's first segment: it names the checkpoint its log stands on.
+            return Err(LogError::Corrupt {
+                file: f.path.clone(),
+                offset: 0,
+                what: format!(
+                    "the checkpoint this log's epoch began on (ts {}) is missing: the newest found is at ts {} \
+                     (a checkpoint directory or its MANIFEST deleted?); opened, the database would lack \
+                     the commits between",
+                    scan.header.prev_ts.0, ckpt_ts.0
+                ),
+            });
+        }
         if predecessor_missing && scan.header.prev_ts > ckpt_ts {
             return Err(LogError::Corrupt {
                 file: f.path.clone(),

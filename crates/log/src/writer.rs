@@ -396,7 +396,8 @@ pub(crate) fn create_segment(
 }
 
 impl Logger {
-    /// Starts one flusher per stream, each with a fresh segment of `epoch`.
+    /// Starts one flusher per stream, each with a fresh segment of `epoch` whose header
+    /// names `base`, the checkpoint the epoch's log stands on (`SegmentHeader::prev_ts`).
     pub(crate) fn start(
         dir: &Path,
         epoch: Epoch,
@@ -404,6 +405,7 @@ impl Logger {
         clock: Arc<CommitClock>,
         catalog: Catalog,
         durable_from: Ts,
+        base: Ts,
     ) -> std::io::Result<Arc<Logger>> {
         // A zero interval spun every flusher at full CPU, and one past `Instant`'s range
         // panicked a flusher (the server's configuration refuses both; a library user was
@@ -463,7 +465,7 @@ impl Logger {
         });
         let mut files = Vec::with_capacity(n);
         for w in 0..n {
-            files.push(logger.open_segment(w, 1, Ts::ZERO)?);
+            files.push(logger.open_segment(w, 1, base)?);
         }
         for (w, file) in files.into_iter().enumerate() {
             let l = Arc::clone(&logger);

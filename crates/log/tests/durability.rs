@@ -3011,6 +3011,59 @@ fn each_batch_claims_the_stream_synced_up_to_the_batch_before_it() {
     }
 }
 
+/// A log's epoch stands on the checkpoint its open wrote (or found): its first segments
+/// name it (`SegmentHeader::prev_ts`). With that checkpoint's MANIFEST, or the whole
+/// checkpoint, gone, recovery found no checkpoint and opened on the epoch's log alone,
+/// without a word, holding only the commits made since (before 2026-12-05, night: those
+/// segments named 0); now it refuses, naming the checkpoint missing. With an older
+/// complete checkpoint left beside it, the same. Untouched, the image opens with every row.
+#[test]
+fn a_log_whose_checkpoint_went_missing_is_refused_not_opened_without_it() {
+    let dir = filled(50);
+    // A second open: recovery's checkpoint at ts C, then epoch 2's log on top of it.
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    put_n(&d, t, 0, 50, 30);
+    let image = crash_image(dir.path());
+    d.close();
+    drop(d);
+    let ckpts: Vec<PathBuf> = std::fs::read_dir(image.path().join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("ckpt-"))
+        .collect();
+    assert_eq!(ckpts.len(), 1, "{ckpts:?}");
+    let first = segments(image.path()).into_iter().find(|p| p.to_string_lossy().contains("stream-0000")).unwrap();
+    let scan = ditto_log::format::read_segment(&std::fs::read(&first).unwrap().into()).unwrap();
+    assert!(scan.header.prev_ts > ditto_engine::Ts::ZERO, "the epoch's first segment names its checkpoint");
+    for how in ["MANIFEST", "directory", "an older one"] {
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(image.path(), copy.path());
+        let ckpt = copy.path().join("checkpoints").join(ckpts[0].file_name().unwrap());
+        match how {
+            "MANIFEST" => std::fs::remove_file(ckpt.join("MANIFEST")).unwrap(),
+            "directory" => std::fs::remove_dir_all(&ckpt).unwrap(),
+            _ => {
+                // An older complete checkpoint (a second open's, of 20 rows) in its place.
+                let older = filled(20);
+                drop(open(older.path(), opts(1, Durability::EveryBatch)).unwrap());
+                let old = std::fs::read_dir(older.path().join("checkpoints")).unwrap().next().unwrap().unwrap().path();
+                std::fs::remove_dir_all(&ckpt).unwrap();
+                copy_dir(&old, &copy.path().join("checkpoints").join(old.file_name().unwrap()));
+            }
+        }
+        match open(copy.path(), opts(1, Durability::EveryBatch)) {
+            Err(LogError::Corrupt { what, .. }) => {
+                assert!(what.contains("checkpoint this log's epoch began on"), "{how}: {what}")
+            }
+            Err(e) => panic!("{how}: refused, but not as a missing checkpoint: {e}"),
+            Ok(d) => panic!("{how}: opened with {} of 80 rows", count(&d, d.db().table_id("t").unwrap())),
+        }
+    }
+    let r = open(image.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&r, r.db().table_id("t").unwrap()), 80);
+}
+
 /// A tap that counts the empty batches it was shown that move no bound it was shown
 /// before (a vouch's kind).
 struct CountShipped(Arc<AtomicU64>);
