@@ -330,6 +330,20 @@ pub struct SegmentHeader {
 }
 
 impl SegmentHeader {
+    /// The highest timestamp the stream's batches of this epoch hold before this segment
+    /// (`damaged_end`'s `before`): `prev_ts`, but for an epoch's first segment, whose
+    /// `prev_ts` names the checkpoint under the epoch, none. (Seeded with that checkpoint,
+    /// a batch claiming a heartbeat at its very bound synced would prove nothing, and
+    /// damage to the heartbeat would be cut with the acknowledged batch after it; found by
+    /// a review, 2026-12-05, night.)
+    pub fn epoch_ts_before(&self) -> Ts {
+        if self.seq <= 1 {
+            Ts::ZERO
+        } else {
+            self.prev_ts
+        }
+    }
+
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_LEN] {
         let mut b = [0u8; SEGMENT_HEADER_LEN];
         put(&mut b, 0, SEGMENT_MAGIC);
@@ -1605,7 +1619,7 @@ pub fn read_segment_checking(
     let mut batches = Vec::new();
     let mut off = SEGMENT_HEADER_LEN;
     // The highest timestamp the stream's batches hold up to `off` (`damaged_end`).
-    let mut before = header.prev_ts;
+    let mut before = header.epoch_ts_before();
     let end = loop {
         if off == file.len() {
             break SegmentEnd::Clean;
@@ -1704,7 +1718,7 @@ pub fn scan_segment(
     };
     let mut off = SEGMENT_HEADER_LEN as u64;
     let mut valid_len = off;
-    let mut before = header.prev_ts;
+    let mut before = header.epoch_ts_before();
     let end = loop {
         if off == len {
             break SegmentEnd::Clean;

@@ -307,9 +307,9 @@ fn check_stream<'s>(
                 file: f.path.clone(),
                 offset: 0,
                 what: format!(
-                    "the checkpoint this log's epoch began on (ts {}) is missing: the newest found is at ts {} \
-                     (a checkpoint directory or its MANIFEST deleted?); opened, the database would lack \
-                     the commits between",
+                    "the checkpoint this log's epoch began on (ts {}) is missing: what was found reaches ts {} \
+                     only (its newest checkpoint, or sealed log above it; a checkpoint directory or its \
+                     MANIFEST deleted?); opened, the database would lack the commits between",
                     scan.header.prev_ts.0, ckpt_ts.0
                 ),
             });

@@ -1988,3 +1988,41 @@ fn a_torn_later_batch_proves_nothing() {
     let end = said_by_read(&f).unwrap().0;
     assert!(matches!(end, SegmentEnd::Corrupt { offset, .. } if offset == damaged as u64), "{end:?}");
 }
+
+/// An epoch's first segment names the checkpoint under the epoch in its `prev_ts`, not a
+/// timestamp of the stream's batches: a damaged first batch there is weighed against
+/// nothing before it (`SegmentHeader::epoch_ts_before`). A heartbeat at the checkpoint's
+/// very bound, synced, then a batch claiming it synced: damage to the heartbeat is damage,
+/// as it is in a segment whose `prev_ts` is 0; in a later segment (whose `prev_ts` is its
+/// stream's last timestamp) the same claim proves nothing.
+#[test]
+fn an_epochs_first_segment_weighs_its_first_batch_against_nothing_before_it() {
+    let frame = |txns: bool, bound: u64, synced: u64| {
+        let mut b = BatchBuilder::new();
+        if txns {
+            push_all(&mut b, &sample_txns(bound - 5, 3));
+        }
+        let mut out = Vec::new();
+        let marks = Marks { bound_ts: Ts(bound), synced_ts: Ts(synced), ..Marks::default() };
+        b.finish_marked_into(STREAM, EPOCH, marks, false, &mut out);
+        out
+    };
+    for (seq, damage) in [(1, true), (0, true), (2, false)] {
+        let mut f = SegmentHeader { stream: STREAM, epoch: EPOCH, seq, streams: 8, prev_ts: Ts(500) }.encode().to_vec();
+        let heartbeat = f.len();
+        f.extend_from_slice(&frame(false, 500, 0));
+        f.extend_from_slice(&frame(true, 520, 500));
+        f[heartbeat + 20] ^= 0x10;
+        let said = said_by_read(&f);
+        assert_eq!(said_by_scan(&f).0, said, "seq {seq}");
+        let end = said.unwrap().0;
+        if damage {
+            assert!(
+                matches!(end, SegmentEnd::Corrupt { offset, .. } if offset == heartbeat as u64),
+                "seq {seq}: {end:?}"
+            );
+        } else {
+            assert!(matches!(end, SegmentEnd::Torn { offset, .. } if offset == heartbeat as u64), "seq {seq}: {end:?}");
+        }
+    }
+}
