@@ -295,6 +295,8 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
             &*opts.log.storage,
             None,
             None,
+            // (Nothing is logged yet: what it holds was recovered from disk.)
+            None,
         )?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
@@ -740,6 +742,7 @@ impl Durable {
                 &storage::Cancellable { inner: Arc::clone(&i.opts.storage), cancel: Arc::clone(&i.fenced) },
                 checkpoint::Pace::new(i.opts.checkpoint_write_bytes_per_s, Some(&i.checkpoint_waiters)),
                 Some(&i.logger.stats.checkpoint_cpu_ns),
+                Some(&|ts| i.db.wait_durable(ts).map_err(LogError::Engine)),
             )
         })
         .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint writer", msg)));

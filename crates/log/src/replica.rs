@@ -544,8 +544,18 @@ fn open_replica_inner(
         write_cut_mark(dir, cut, &**storage)?;
     }
     if !scan.files.is_empty() || !base.chain.is_empty() {
-        let info =
-            checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None, None)?;
+        let info = checkpoint::write(
+            &db,
+            db.read(),
+            dir,
+            recovery_threads(),
+            64 << 20,
+            Epoch(0),
+            &**storage,
+            None,
+            None,
+            None,
+        )?;
         report.checkpoint_write_seconds = info.seconds;
         report.checkpoint_written_bytes = info.bytes;
         for (_, p) in &scan.files {
@@ -708,7 +718,8 @@ fn open_old_primary(
         return Ok(ReplicaOpen { db, cut, streams: None, sealed: Some(cut), report, lock });
     }
     // A full chain: the engine is written as a checkpoint at the cut, and the rest goes.
-    let info = checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None, None)?;
+    let info =
+        checkpoint::write(&db, db.read(), dir, recovery_threads(), 64 << 20, Epoch(0), &**storage, None, None, None)?;
     report.checkpoint_write_seconds = info.seconds;
     report.checkpoint_written_bytes = info.bytes;
     for s in &own_log.segments {
@@ -2686,7 +2697,8 @@ fn changed(path: &Path, what: String) -> std::io::Error {
 /// second or more, which a failover need not wait for (nothing reads `trash/`; what a
 /// crash leaves there is deleted by the next seal).
 pub fn seal_at_point(db: &Database, data: &Path, storage: &dyn Storage) -> Result<CheckpointInfo, LogError> {
-    let info = checkpoint::write(db, db.read(), data, recovery_threads(), 64 << 20, Epoch(0), storage, None, None)?;
+    let info =
+        checkpoint::write(db, db.read(), data, recovery_threads(), 64 << 20, Epoch(0), storage, None, None, None)?;
     let root = checkpoint::checkpoints_dir(data);
     let mut gone: Vec<PathBuf> = Vec::new();
     for e in std::fs::read_dir(&root).map_err(|e| LogError::io(&root, e))? {
@@ -2808,6 +2820,9 @@ pub fn checkpoint_replica(
         Epoch(0),
         storage,
         checkpoint::Pace::new(write_bytes_per_s, None),
+        None,
+        // (A backup's replay follows its replica log's fsync: what it installed is
+        // durable here.)
         None,
     )?;
     crate::remove_checkpoints_except(data, &info.dir)?;

@@ -3064,6 +3064,99 @@ fn a_log_whose_checkpoint_went_missing_is_refused_not_opened_without_it() {
     assert_eq!(count(&r, r.db().table_id("t").unwrap()), 80);
 }
 
+/// A storage whose log segments' fsyncs wait while `hold` is set, then fail (EIO) if
+/// `fail` is; every other file (a checkpoint's) is written and synced for real.
+#[derive(Clone, Default)]
+struct HeldSegmentSyncs {
+    hold: Arc<AtomicBool>,
+    fail: Arc<AtomicBool>,
+    /// Segment fsyncs that found `hold` set.
+    held: Arc<AtomicU64>,
+}
+
+struct HeldSegment {
+    inner: Box<dyn LogFile>,
+    syncs: HeldSegmentSyncs,
+}
+
+impl Storage for HeldSegmentSyncs {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let inner = RealStorage.create_new(path)?;
+        if path.extension().is_some_and(|e| e == "seg") || path.to_string_lossy().ends_with(".seg.new") {
+            return Ok(Box::new(HeldSegment { inner, syncs: self.clone() }));
+        }
+        Ok(inner)
+    }
+}
+
+impl LogFile for HeldSegment {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_all(buf)
+    }
+    fn extend_zeroed(&mut self, len: u64) -> io::Result<()> {
+        self.inner.extend_zeroed(len)
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        if self.syncs.hold.load(Ordering::SeqCst) {
+            self.syncs.held.fetch_add(1, Ordering::SeqCst);
+            let since = std::time::Instant::now();
+            while self.syncs.hold.load(Ordering::SeqCst) && since.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if self.syncs.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(5)); // EIO
+        }
+        self.inner.sync()
+    }
+}
+
+/// A checkpoint's snapshot sees commits installed and not yet durable. One whose fsync
+/// then failed was answered as failed, and the log failed; a checkpoint that had taken
+/// it in completed all the same, made it durable, and the next open served it (a
+/// review, 2026-12-05, night). Now the checkpoint waits, before its manifest, for the
+/// log to make its snapshot durable, and fails with the log: the next open holds the
+/// commits made durable and not the failed one.
+#[test]
+fn a_checkpoint_never_makes_durable_a_commit_whose_fsync_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let syncs = HeldSegmentSyncs::default();
+    let mut o = opts(1, Durability::EveryBatch);
+    o.log.storage = Arc::new(syncs.clone());
+    let d = open(dir.path(), o).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 10);
+    syncs.fail.store(true, Ordering::SeqCst);
+    syncs.hold.store(true, Ordering::SeqCst);
+    // One more commit: its fsync held, then failed.
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let (_, waiter) = w.run(|x| x.put(t, &99u64.to_be_bytes(), b"doomed").map(|_| ())).unwrap();
+    let since = std::time::Instant::now();
+    while syncs.held.load(Ordering::SeqCst) == 0 {
+        assert!(since.elapsed() < Duration::from_secs(10), "the commit's fsync never began");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(count(&d, t), 11, "the commit is installed before its fsync returns");
+    let checkpoint = std::thread::scope(|s| {
+        let c = s.spawn(|| d.checkpoint());
+        // (Long enough for the checkpoint's parts and, without the wait, its manifest.)
+        std::thread::sleep(Duration::from_millis(300));
+        syncs.hold.store(false, Ordering::SeqCst);
+        c.join().unwrap()
+    });
+    assert!(waiter.wait().is_err(), "the commit whose fsync failed was answered as failed");
+    let e = checkpoint.expect_err("a checkpoint completed over a commit whose fsync failed");
+    assert!(e.to_string().contains("fsync"), "{e}");
+    drop(w);
+    d.close();
+    drop(d);
+    let r = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&r, r.db().table_id("t").unwrap()), 10, "the commit answered as failed came back");
+}
+
 /// A tap that counts the empty batches it was shown that move no bound it was shown
 /// before (a vouch's kind).
 struct CountShipped(Arc<AtomicU64>);
