@@ -185,6 +185,13 @@ pub fn subcommand_refusal(spec: &Spec, args: &[Bytes]) -> Option<Reply> {
     if spec.name == "DITTO.POLICY" && args.len() > 2 {
         return Some(wrong_arity(spec));
     }
+    // SET's key expiry, which ditto does not have, refused here too: queued in MULTI it
+    // aborts the EXEC. (Before 2026-12-05 it was refused only as the EXEC ran it, and the
+    // transaction's other commands committed without it: `MULTI; SET k v EX 60; INCR c;
+    // EXEC` answered an error and 1, where Redis applies both; found by a review.)
+    if spec.name == "SET" && args.iter().skip(3).any(|o| is_expiry_option(o)) {
+        return Some(Reply::err(SET_EXPIRY_REFUSED));
+    }
     let sub = args.get(1)?.to_ascii_uppercase();
     let table = match spec.name {
         "CLIENT" => Some(CLIENT_SUBCOMMANDS),
@@ -517,6 +524,14 @@ pub fn run_data(
     })
 }
 
+/// ditto's refusal of SET's expiry options.
+const SET_EXPIRY_REFUSED: &str = "ERR key expiry (EX, PX, EXAT, PXAT) is not supported by ditto";
+
+/// Whether `opt` is one of SET's expiry options (any case).
+fn is_expiry_option(opt: &[u8]) -> bool {
+    matches!(opt.to_ascii_uppercase().as_slice(), b"EX" | b"PX" | b"EXAT" | b"PXAT")
+}
+
 /// SET key value [NX|XX] [GET] [KEEPTTL]. Expiry options are refused: ditto has no key
 /// expiry (yet), and silently ignoring one would keep data a client meant to expire.
 fn set(a: &[Bytes], ks: &Keyspace, db: u8, max_reply: usize, txn: &mut Transaction<'_>) -> Result<Reply> {
@@ -527,9 +542,7 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, max_reply: usize, txn: &mut Transacti
             b"XX" => xx = true,
             b"GET" => get = true,
             b"KEEPTTL" => {}
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
-                return Ok(Reply::err("ERR key expiry (EX, PX, EXAT, PXAT) is not supported by ditto"))
-            }
+            _ if is_expiry_option(opt) => return Ok(Reply::err(SET_EXPIRY_REFUSED)),
             _ => return Ok(Reply::err(SYNTAX)),
         }
     }

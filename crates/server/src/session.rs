@@ -1095,7 +1095,12 @@ impl Session {
             "ECHO" => Reply::Bulk(a[0].clone()),
             "QUIT" => return Outcome { close: true, ..Outcome::now(Reply::Ok) },
             "RESET" => {
-                *self = Session { tls: self.tls, ..Session::with_id(self.id, sh) };
+                // The connection's last write is kept, as Redis keeps a client's
+                // replication offset: a WAIT after it still waits for that write, and
+                // KEYS and SCAN still see it (a review, 2026-12-05, night: WAIT answered
+                // at once, counting backups holding timestamp 0).
+                let last_commit = self.last_commit;
+                *self = Session { tls: self.tls, last_commit, ..Session::with_id(self.id, sh) };
                 Reply::Simple("RESET")
             }
             "AUTH" => self.auth(a, sh),
@@ -3297,6 +3302,42 @@ mod tests {
         })
         .unwrap();
         assert_eq!(fields, 0);
+    }
+
+    /// SET's expiry options are refused before the command runs: queued in MULTI, the EXEC
+    /// aborts and nothing of the transaction commits (it ran the rest without the SET);
+    /// alone, the same error; NX, XX, GET and KEEPTTL still queue and run.
+    #[test]
+    fn a_set_with_expiry_queued_in_multi_aborts_the_exec() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        let r = cmd(&mut s, &sh, &mut w, "SET k v ex 60");
+        assert!(matches!(&r, Reply::Error(e) if e.contains("key expiry")), "{r:?}");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "INCR c"), Reply::Simple("QUEUED"));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXISTS k c"), Reply::Int(0), "nothing of the transaction ran");
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "SET k v PXAT 1"), Reply::Error(e) if e.contains("key expiry")));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k v NX GET KEEPTTL"), Reply::Simple("QUEUED"));
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::Array(_)));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXISTS k"), Reply::Int(1));
+    }
+
+    /// RESET keeps the connection's last write (`DITTO.LASTCOMMIT`, what WAIT waits for),
+    /// as Redis keeps a client's replication offset; the rest of the session starts anew.
+    #[test]
+    fn reset_keeps_the_connections_last_write() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k v"), Reply::Ok);
+        let last = s.last_commit;
+        assert!(last > Ts(0));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "RESET"), Reply::Simple("RESET"));
+        assert_eq!(s.last_commit, last, "RESET forgot the last write");
+        assert!(!s.authed || sh.password.is_none(), "RESET deauthenticates");
     }
 
     /// A MULTI queue past `MULTI_QUEUE_BYTES_MAX` is refused at the request that passes it,
