@@ -1666,9 +1666,27 @@ fn damaged_end(rest: &[u8], offset: u64, reason: FormatError, header: &SegmentHe
         Ok(h) => h.total_len(),
         Err(_) => 1,
     };
-    match Some(()).filter(|()| reason.could_be_torn()).and_then(|()| synced_after(rest, from, header, before)) {
+    if !reason.could_be_torn() {
+        return SegmentEnd::Corrupt { offset, reason };
+    }
+    match synced_after(rest, from, header, before) {
         Some(whole_after) => SegmentEnd::Torn { offset, reason, whole_after },
         None => SegmentEnd::Corrupt { offset, reason },
+    }
+}
+
+/// What a torn tail's warning adds where `n` whole batches (`one`, `many`: a replica log's
+/// entries) after it, of the same unsynced write, are cut with it: a power cut kept that
+/// write's pages out of order (`SegmentEnd::Torn::whole_after`). Nothing where none are.
+pub(crate) fn cut_along(n: u32, one: &str, many: &str) -> String {
+    match n {
+        0 => String::new(),
+        1 => format!(
+            ", with 1 whole {one} after it from the same unsynced write (its pages reached the disk out of order)"
+        ),
+        n => format!(
+            ", with {n} whole {many} after it from the same unsynced write (its pages reached the disk out of order)"
+        ),
     }
 }
 

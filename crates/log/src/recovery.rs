@@ -301,32 +301,24 @@ fn check_stream<'s>(
         // The segment before this one is missing (or, for the first file, may be): what
         // the stream wrote before this segment must be in the checkpoint.
         let predecessor_missing = i == 0 || files[i - 1].seq + 1 != f.seq;
-        if predecessor_missing && scan.header.prev_ts > ckpt_ts && f.seq <= 1 {
-            // The epoch's first segment: it names the checkpoint its log stands on.
-            return Err(LogError::Corrupt {
-                file: f.path.clone(),
-                offset: 0,
-                what: format!(
-                    "the checkpoint this log's epoch began on (ts {}) is missing: what was found reaches ts {} \
-                     only (its newest checkpoint, or sealed log above it; a checkpoint directory or its \
-                     MANIFEST deleted?); opened, the database would lack the commits between",
-                    scan.header.prev_ts.0, ckpt_ts.0
-                ),
-            });
-        }
         if predecessor_missing && scan.header.prev_ts > ckpt_ts {
-            return Err(LogError::Corrupt {
-                file: f.path.clone(),
-                offset: 0,
-                what: format!(
+            let (prev, ckpt) = (scan.header.prev_ts.0, ckpt_ts.0);
+            let what = if f.seq <= 1 {
+                // The epoch's first segment: it names the checkpoint its log stands on.
+                format!(
+                    "the checkpoint this log's epoch began on (ts {prev}) is missing: what was found reaches ts \
+                     {ckpt} only (its newest checkpoint, or sealed log above it; a checkpoint directory or its \
+                     MANIFEST deleted?); opened, the database would lack the commits between"
+                )
+            } else {
+                format!(
                     "segment {} of stream {} is missing: the stream's segments before this one held \
-                     commits up to ts {}, above the checkpoint (ts {})",
-                    f.seq.saturating_sub(1),
+                     commits up to ts {prev}, above the checkpoint (ts {ckpt})",
+                    f.seq - 1,
                     f.stream,
-                    scan.header.prev_ts.0,
-                    ckpt_ts.0
-                ),
-            });
+                )
+            };
+            return Err(LogError::Corrupt { file: f.path.clone(), offset: 0, what });
         }
         if i > 0 && scan.header.streams != out.streams {
             return Err(LogError::Corrupt {
@@ -361,14 +353,7 @@ fn check_stream<'s>(
                 // Whole batches after the damage are of the same unsynced write (nothing
                 // after it claims it was synced), kept by a power cut out of order: cut
                 // with it, and said, lest a reader of the log take them for lost.
-                let after = match whole_after {
-                    0 => String::new(),
-                    n => format!(
-                        ", with {n} whole batch{} after it from the same unsynced write (its pages \
-                         reached the disk out of order; nothing in it was acknowledged as durable)",
-                        if n == 1 { "" } else { "es" }
-                    ),
-                };
+                let after = crate::format::cut_along(whole_after, "batch", "batches");
                 tracing::warn!("{}: torn tail at offset {offset} ({reason}){after}; truncating", f.path.display());
                 out.torn = Some((&f.path, offset));
             }

@@ -1242,7 +1242,7 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
                     return Err(corrupt(v.len + off as u64, format!("{e}, with valid entries after it")));
                 };
                 if !quiet {
-                    let (at, after) = (v.len + off as u64, cut_with(after));
+                    let (at, after) = (v.len + off as u64, crate::format::cut_along(after, "entry", "entries"));
                     tracing::warn!("{}: torn tail at offset {at} ({e}){after}; dropped", path.display());
                 }
                 break;
@@ -1398,19 +1398,6 @@ fn torn_entries_after(raw: &Bytes, off: usize, base: u64, version: u32) -> Optio
         p += 1;
     }
     Some(whole_after)
-}
-
-/// What a torn tail's warning adds where `n` whole entries after it, of the same unsynced
-/// write, are cut with it (a power cut kept that write's pages out of order).
-fn cut_with(n: u32) -> String {
-    match n {
-        0 => String::new(),
-        1 => ", with 1 whole entry after it from the same unsynced write (its pages reached the disk out of order)"
-            .into(),
-        n => format!(
-            ", with {n} whole entries after it from the same unsynced write (its pages reached the disk out of order)"
-        ),
-    }
 }
 
 /// Reads ahead what a report of `dir`'s replica log would read (its newest file checked
@@ -1778,7 +1765,7 @@ impl FilesRead {
 
     /// The newest file's tail from `off` does not check (`why`): torn, dropped.
     fn torn_at(&mut self, path: &Path, off: usize, why: &str, whole_after: u32) {
-        let after = cut_with(whole_after);
+        let after = crate::format::cut_along(whole_after, "entry", "entries");
         tracing::warn!("{}: torn tail at offset {off} ({why}){after}; dropped", path.display());
         self.torn = Some((path.to_path_buf(), off as u64));
     }

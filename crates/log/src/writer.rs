@@ -680,8 +680,9 @@ impl Logger {
     /// (the frames are vouches alone, `owes_vouch`) nothing is fsynced or published: a
     /// vouch moves no bound, and is made durable by the stream's next fsync (its next
     /// commit, the close, or a full segment's trim), so a stream committing less often
-    /// than `DOZE_AFTER` pays one fsync per commit, not two (2026-12-05). One lost to a
-    /// power cut before then claimed nothing anyone waited for.
+    /// than `DOZE_AFTER` pays one fsync per commit, not two (2026-12-05). One a power cut
+    /// loses before then is as if never framed: damage to the write it vouched for,
+    /// outside the disk model, reads as a torn write again.
     #[allow(clippy::too_many_arguments)]
     fn write_batches(
         &self,
@@ -706,11 +707,7 @@ impl Logger {
         }
         seg.end = end;
         seg.last_ts = seg.last_ts.max(bound);
-        if vouches {
-            self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
-            return self.roll_if_full(w, seg);
-        }
-        if fsync {
+        if fsync && !vouches {
             let t0 = Instant::now();
             if let Err(e) = seg.file.sync() {
                 return Err(Self::unwritten(seg, start, format!("fsync of {}: {e}", seg.path.display())));
@@ -719,12 +716,9 @@ impl Logger {
             self.streams[w].synced.fetch_max(bound.0, Ordering::Release);
         }
         self.stats.bytes_written.fetch_add(frames.len() as u64, Ordering::Relaxed);
-        self.publish_durable(&self.streams[w], bound, floor);
-        self.roll_if_full(w, seg)
-    }
-
-    /// Closes stream `w`'s segment `seg` and starts its next if it is full.
-    fn roll_if_full(&self, w: usize, seg: &mut Segment) -> Result<(), String> {
+        if !vouches {
+            self.publish_durable(&self.streams[w], bound, floor);
+        }
         if seg.end < self.opts.segment_bytes_max {
             return Ok(());
         }

@@ -527,9 +527,10 @@ pub fn run_data(
 /// ditto's refusal of SET's expiry options.
 const SET_EXPIRY_REFUSED: &str = "ERR key expiry (EX, PX, EXAT, PXAT) is not supported by ditto";
 
-/// Whether `opt` is one of SET's expiry options (any case).
+/// Whether `opt` is one of SET's expiry options (any case; no allocation: every SET with
+/// options is asked before it runs).
 fn is_expiry_option(opt: &[u8]) -> bool {
-    matches!(opt.to_ascii_uppercase().as_slice(), b"EX" | b"PX" | b"EXAT" | b"PXAT")
+    [&b"EX"[..], b"PX", b"EXAT", b"PXAT"].iter().any(|o| opt.eq_ignore_ascii_case(o))
 }
 
 /// SET key value [NX|XX] [GET] [KEEPTTL]. Expiry options are refused: ditto has no key
@@ -542,7 +543,7 @@ fn set(a: &[Bytes], ks: &Keyspace, db: u8, max_reply: usize, txn: &mut Transacti
             b"XX" => xx = true,
             b"GET" => get = true,
             b"KEEPTTL" => {}
-            _ if is_expiry_option(opt) => return Ok(Reply::err(SET_EXPIRY_REFUSED)),
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" => return Ok(Reply::err(SET_EXPIRY_REFUSED)),
             _ => return Ok(Reply::err(SYNTAX)),
         }
     }
