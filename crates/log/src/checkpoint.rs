@@ -207,6 +207,16 @@ fn ckpt_dir(data: &Path, ts: Ts) -> PathBuf {
     checkpoints_dir(data).join(format!("ckpt-{:020}", ts.0))
 }
 
+/// The timestamp a checkpoint directory's name gives (`ckpt-` and 20 digits, as
+/// `ckpt_dir` makes it), or `None` for any other name.
+fn parse_ckpt_name(name: &std::ffi::OsStr) -> Option<Ts> {
+    let digits = name.to_str()?.strip_prefix("ckpt-")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().map(Ts)
+}
+
 fn part_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(part_name(i))
 }
@@ -586,14 +596,30 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     // An entry that cannot be read is an error, not skipped: the listing stops at it, and
     // the checkpoints after it (the newest among them, maybe) would be passed over for an
     // older one, silently (found by a review, 2026-12-05).
-    let mut dirs: Vec<PathBuf> = Vec::new();
+    //
+    // `checkpoints/` is ditto's alone, as `log/` is: anything else in it is refused, naming
+    // it, as an unexpected file in `log/` is. Before 2026-12-05 any entry whose name began
+    // with `ckpt-` was taken for a checkpoint and others were passed over: a plain file so
+    // named stopped the open with "Not a directory", and a directory a person made there
+    // (`ckpt-old`, say) sorted above every real one, was taken for the newest checkpoint
+    // left half-written, and deleted with what it held (found by a review).
+    let mut dirs: Vec<(Ts, PathBuf)> = Vec::new();
     match std::fs::read_dir(&root) {
         Ok(rd) => {
             for e in rd {
-                let p = e.map_err(|e| LogError::io(&root, e))?.path();
-                if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-")) {
-                    dirs.push(p);
+                let e = e.map_err(|e| LogError::io(&root, e))?;
+                let p = e.path();
+                let unexpected = |what: &str| LogError::Corrupt { file: p.clone(), offset: 0, what: what.into() };
+                let Some(ts) = parse_ckpt_name(&e.file_name()) else {
+                    return Err(unexpected(
+                        "unexpected entry in the checkpoints directory (only ditto's checkpoints, \
+                         ckpt-<20-digit timestamp> directories, belong there)",
+                    ));
+                };
+                if !std::fs::metadata(&p).map_err(|e| LogError::io(&p, e))?.is_dir() {
+                    return Err(unexpected("a checkpoint's name on something that is not a directory"));
                 }
+                dirs.push((ts, p));
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -602,10 +628,23 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     dirs.sort();
     let mut incomplete = Vec::new();
     let mut found = None;
-    while let Some(d) = dirs.pop() {
+    while let Some((ts, d)) = dirs.pop() {
         let mpath = d.join("MANIFEST");
         match std::fs::read(&mpath) {
-            Ok(b) if found.is_none() => found = Some((d, Manifest::decode(&b, &mpath)?)),
+            Ok(b) if found.is_none() => {
+                let m = Manifest::decode(&b, &mpath)?;
+                // The name orders the checkpoints: one whose manifest says another time
+                // (a directory renamed, or a manifest copied in) could be taken for the
+                // newest where it is not, or the newest passed over.
+                if m.ts != ts {
+                    return Err(LogError::Corrupt {
+                        file: mpath,
+                        offset: 12,
+                        what: format!("the manifest is of ts {}, its directory's name says ts {}", m.ts.0, ts.0),
+                    });
+                }
+                found = Some((d, m));
+            }
             Ok(_) => incomplete.push(d), // older complete checkpoints: superseded
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => incomplete.push(d),
             Err(e) => return Err(LogError::io(&mpath, e)),
@@ -623,20 +662,33 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads.max(1))
             .map(|_| {
+                // A loader's panic (a bug the rows' checks did not catch) fails the open
+                // with an error naming the loader, as a damaged part does, where it took the
+                // whole process down (found by a review, 2026-12-05).
                 s.spawn(|| -> Result<(), LogError> {
-                    loop {
+                    ditto_engine::catch_panic(|| loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(info) = m.parts.get(i) else { return Ok(()) };
                         let path = part_path(dir, i);
-                        let b = std::fs::read(&path).map_err(|e| LogError::io(&path, e))?;
+                        let b = std::fs::read(&path).map_err(|e| match e.kind() {
+                            // Its manifest names it: a checkpoint that lost a part is
+                            // damaged, not a passing I/O failure worth retrying.
+                            std::io::ErrorKind::NotFound => LogError::Corrupt {
+                                file: path.clone(),
+                                offset: 0,
+                                what: format!("part {i} of the {} the manifest names is missing", m.parts.len()),
+                            },
+                            _ => LogError::io(&path, e),
+                        })?;
                         let n = load_part(db, &path, Bytes::from(b), i as u32, m.ts, info)?;
                         rows.fetch_add(n, Ordering::Relaxed);
                         bytes.fetch_add(info.bytes, Ordering::Relaxed);
-                    }
+                    })
+                    .unwrap_or_else(|msg| Err(LogError::Panicked("the checkpoint loader", msg)))
                 })
             })
             .collect();
-        hs.into_iter().try_for_each(|h| h.join().expect("checkpoint loader panicked"))
+        hs.into_iter().try_for_each(|h| h.join().expect("a loader's panics are caught"))
     })?;
     Ok((rows.into_inner(), bytes.into_inner()))
 }

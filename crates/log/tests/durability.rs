@@ -406,6 +406,100 @@ fn corrupt_checkpoint_part_refuses_to_start() {
     }
 }
 
+/// A directory with one checkpoint of 100 rows of table "t" and 10 rows logged after it,
+/// closed; and the checkpoint's directory.
+fn checkpointed() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 100);
+    let info = d.checkpoint().unwrap();
+    put_n(&d, t, 0, 100, 10);
+    d.close();
+    (dir, info.dir)
+}
+
+/// The open of `dir` fails as corrupt, naming `file`, and with `what` in its reason.
+fn refused_naming(dir: &Path, file: &Path, what: &str) {
+    match open(dir, opts(1, Durability::EveryBatch)) {
+        Err(LogError::Corrupt { file: f, what: w, .. }) => {
+            assert_eq!(f, file, "the refusal names the wrong file ({w})");
+            assert!(w.contains(what), "the reason {w:?} does not say {what:?}");
+        }
+        Err(e) => panic!("wrong error for {}: {e}", file.display()),
+        Ok(_) => panic!("opened with {} in place", file.display()),
+    }
+}
+
+/// `checkpoints/` holds ditto's checkpoints only. Anything else there (a note, a person's
+/// copy of an old checkpoint, a file under a checkpoint's name) stops the open, naming it,
+/// and is neither deleted nor taken for a checkpoint: before, a directory named
+/// `ckpt-old` sorted above the real checkpoints, was taken for a half-written newest one
+/// and deleted with its contents, and a file named `ckpt-...` stopped the open with "Not a
+/// directory". Taken away, the directory opens with every row.
+#[test]
+fn an_unexpected_entry_in_checkpoints_is_refused_naming_it_and_kept() {
+    let (dir, ckpt) = checkpointed();
+    let root = dir.path().join("checkpoints");
+    let newer = format!("ckpt-{:020}", u64::MAX >> 3);
+    for (name, as_dir, what) in [
+        ("ckpt-old", true, "unexpected entry in the checkpoints directory"),
+        ("ckpt-notes.txt", false, "unexpected entry in the checkpoints directory"),
+        ("README", false, "unexpected entry in the checkpoints directory"),
+        ("ckpt-123", true, "unexpected entry in the checkpoints directory"),
+        (&newer, false, "not a directory"),
+    ] {
+        let stray = root.join(name);
+        if as_dir {
+            std::fs::create_dir(&stray).unwrap();
+            std::fs::write(stray.join("kept.txt"), b"a person's file").unwrap();
+        } else {
+            std::fs::write(&stray, b"a person's file").unwrap();
+        }
+        refused_naming(dir.path(), &stray, what);
+        let kept = if as_dir { stray.join("kept.txt") } else { stray.clone() };
+        assert_eq!(std::fs::read(&kept).unwrap(), b"a person's file", "{name}: left as it was");
+        assert!(ckpt.join("MANIFEST").exists(), "{name}: the checkpoint is untouched");
+        if as_dir {
+            std::fs::remove_dir_all(&stray).unwrap();
+        } else {
+            std::fs::remove_file(&stray).unwrap();
+        }
+    }
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    assert_eq!(count(&d, t), 110);
+    assert_eq!(d.recovery().checkpoint_rows, 100);
+}
+
+/// A checkpoint is ordered by its directory's name: one whose manifest says another
+/// timestamp (renamed, or a manifest copied from another) is refused, naming the manifest,
+/// rather than being taken for the newest where it is not.
+#[test]
+fn a_checkpoint_whose_name_and_manifest_disagree_is_refused() {
+    let (dir, ckpt) = checkpointed();
+    let moved = ckpt.with_file_name(format!("ckpt-{:020}", u64::MAX >> 3));
+    std::fs::rename(&ckpt, &moved).unwrap();
+    refused_naming(dir.path(), &moved.join("MANIFEST"), "its directory's name says ts");
+    std::fs::rename(&moved, &ckpt).unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
+}
+
+/// A part its manifest names and the directory lacks is damage (corrupt, naming the part
+/// and saying it is missing), not an I/O error a person might retry.
+#[test]
+fn a_checkpoint_missing_a_part_is_refused_as_damaged_naming_the_part() {
+    let (dir, ckpt) = checkpointed();
+    let part = ckpt.join("part-0000.dat");
+    let b = std::fs::read(&part).unwrap();
+    std::fs::remove_file(&part).unwrap();
+    refused_naming(dir.path(), &part, "part 0 of the 1 the manifest names is missing");
+    std::fs::write(&part, b).unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
+}
+
 /// Writers roll to a new part file past `checkpoint_part_bytes`, so a checkpoint has more
 /// parts than threads; recovery loads them all (on every core), rebuilds the indexes in
 /// parallel and gets every row and value back. A flipped byte in any one part refuses.
