@@ -289,7 +289,8 @@ struct Gen {
     in_multi: bool,
 }
 
-const KEYS: &[&str] = &["a", "b", "c", "h1", "h2", "n"];
+// (The empty key too: Redis's glob matches it only with `*` and the empty pattern.)
+const KEYS: &[&str] = &["a", "b", "c", "h1", "h2", "n", ""];
 const FIELDS: &[&str] = &["f", "g", "x", "1"];
 
 impl Gen {
@@ -424,7 +425,7 @@ impl Gen {
             35 => c = vec![w("ECHO"), self.value()],
             36 => c = [vec![w("PING")], if self.rng.gen_bool(0.5) { vec![self.value()] } else { vec![] }].concat(),
             37 => c = vec![w("DBSIZE")],
-            38 => c = vec![w("KEYS"), w(self.pick(&["*", "h*", "?", "[ab]", "n", "[h-]*"]))],
+            38 => c = vec![w("KEYS"), w(self.pick(&["*", "h*", "?", "[ab]", "n", "[h-]*", "**", "", "*?*"]))],
             39 => c = vec![w(self.pick(&["NOSUCHCOMMAND", "get\u{e9}"])), self.key()],
             40 => {
                 // MULTI, EXEC, DISCARD and WATCH, in and out of order.
@@ -438,7 +439,9 @@ impl Gen {
                 }
             }
             41 => c = vec![w("WATCH"), self.key()],
-            42 => c = vec![w("SELECT"), self.pick(&["0", "0", "1", "16", "-1", "x"]).into()],
+            42 => {
+                c = vec![w("SELECT"), self.pick(&["0", "0", "1", "16", "-1", "x", "2147483648", "-2147483649"]).into()]
+            }
             43 => {
                 // Long strings: SETRANGE far out, APPEND of a long value.
                 c = match self.rng.gen_bool(0.5) {
@@ -502,7 +505,7 @@ impl Gen {
     fn scan_options(&mut self) -> Vec<Vec<u8>> {
         let mut o = Vec::new();
         if self.rng.gen_bool(0.5) {
-            o.extend([b"MATCH".to_vec(), self.pick(&["*", "h*", "?", "[a-c]", "n*"]).into()]);
+            o.extend([b"MATCH".to_vec(), self.pick(&["*", "h*", "?", "[a-c]", "n*", "**"]).into()]);
         }
         if self.rng.gen_bool(0.5) {
             o.extend([b"COUNT".to_vec(), self.pick(&["1", "2", "5", "100"]).into()]);

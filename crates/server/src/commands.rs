@@ -622,11 +622,8 @@ fn set_range(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> R
     }
     // Checked before allocating: the row is the type byte and the string.
     let end = offset.saturating_add(a[2].len());
-    if end > ditto_engine::VALUE_LEN_MAX - 1 {
-        return Ok(Reply::err(format!(
-            "ERR string exceeds maximum allowed size ({} bytes in ditto)",
-            ditto_engine::VALUE_LEN_MAX - 1
-        )));
+    if end > crate::keyspace::STRING_LEN_MAX {
+        return Ok(Reply::err(format!("ERR {}", crate::session::string_too_long())));
     }
     let mut v = old.to_vec();
     if v.len() < end {

@@ -26,6 +26,10 @@ pub const KEYS_TABLE: &str = "redis.keys";
 pub const FIELDS_TABLE: &str = "redis.fields";
 
 const T_STRING: u8 = 0;
+
+/// The longest string value: a string's row is its type byte and the string, and a row
+/// holds at most the engine's `VALUE_LEN_MAX` bytes. (Redis's is 512 MB.)
+pub const STRING_LEN_MAX: usize = ditto_engine::VALUE_LEN_MAX - 1;
 const T_HASH: u8 = 1;
 
 /// What a key holds.
@@ -400,6 +404,12 @@ impl Keyspace {
 
     /// Writes a string value under the `redis.keys` row `row`.
     fn put_string(&self, txn: &mut Transaction<'_>, row: &[u8], value: &[u8]) -> Result<()> {
+        // Refused in the string's own terms (`session::engine_error`): the engine's refusal
+        // counted the row's type byte, "value is 16777217 bytes, over the limit of
+        // 16777216" for a SET of 16 MiB (before 2026-12-05; a review).
+        if value.len() > STRING_LEN_MAX {
+            return Err(ditto_engine::Error::TooLarge { what: "string", len: value.len(), max: STRING_LEN_MAX });
+        }
         txn.put_concat(self.keys, row, &[T_STRING], value)?;
         Ok(())
     }

@@ -1064,7 +1064,11 @@ impl Session {
                 }
                 Err(e @ Error::TooLarge { .. }) => {
                     self.restore(before);
-                    return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {e}")));
+                    let why = match e {
+                        Error::TooLarge { what: "string", .. } => string_too_long(),
+                        e => e.to_string(),
+                    };
+                    return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {why}")));
                 }
                 Err(e) => {
                     self.restore(before);
@@ -1109,6 +1113,10 @@ impl Session {
                 Some(n) if (0..DATABASES as i64).contains(&n) => {
                     self.db = n as u8;
                     Reply::Ok
+                }
+                // Redis reads the index as a C int first (`getIntFromObjectOrReply`).
+                Some(n) if i32::try_from(n).is_err() => {
+                    Reply::err("ERR value is out of range, value must between -2147483648 and 2147483647")
                 }
                 Some(_) => Reply::err("ERR DB index is out of range"),
                 None => Reply::err(commands::NOT_INTEGER),
@@ -1365,8 +1373,15 @@ fn commit_counted(sh: &Shared, txn: Transaction<'_>) -> ditto_engine::Result<Com
 pub fn engine_error(e: &Error) -> Reply {
     match e {
         Error::Conflict(_) => Reply::err(format!("ERR {e} (gave up after {RETRIES_MAX} retries)")),
+        Error::TooLarge { what: "string", .. } => Reply::err(format!("ERR {}", string_too_long())),
         other => Reply::err(format!("ERR {other}")),
     }
+}
+
+/// Why a string write was refused for its length: Redis's words for its own limit
+/// (`proto-max-bulk-len`), with ditto's.
+pub(crate) fn string_too_long() -> String {
+    format!("string exceeds maximum allowed size ({} bytes in ditto)", crate::keyspace::STRING_LEN_MAX)
 }
 
 /// The commands ditto has of Redis's `@connection` ACL category.
@@ -2142,6 +2157,13 @@ fn wait_ts(a: &[Bytes], sh: &Shared) -> Outcome {
 
 /// Redis's glob: `*`, `?`, `[abc]`, `[^a-z]`, and `\` to escape.
 pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    // Redis's `stringmatchlen` matches the empty string with the empty pattern alone, and
+    // KEYS and SCAN take `*` by itself for every key without matching: so `*` and the
+    // empty pattern match the empty key, `**` does not (it did here until 2026-12-05; a
+    // review, then checked against Redis 7.0.15).
+    if s.is_empty() {
+        return pat.is_empty() || pat == b"*";
+    }
     let (mut p, mut i) = (0, 0);
     // Backtracking point for the last `*`: (pattern index after it, string index).
     let mut star: Option<(usize, usize)> = None;
@@ -3078,6 +3100,77 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "DBSIZE"), Reply::Int(0));
     }
 
+    /// A string one byte longer than ditto holds is refused in the string's own terms by
+    /// every command that writes one (SET and its kin, APPEND, MSET, SETRANGE; in MULTI,
+    /// EXEC's abort), naming the longest string ditto holds, and writes nothing; one at the
+    /// limit is taken. Before, the engine's refusal counted the row's type byte: "value is
+    /// 16777217 bytes, over the limit of 16777216" for a SET of 16 MiB.
+    #[test]
+    fn a_string_over_the_limit_is_refused_in_its_own_terms_and_writes_nothing() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        let mut c =
+            |args: Vec<&[u8]>| s.handle(args.into_iter().map(Bytes::copy_from_slice).collect(), &sh, &mut w).reply;
+        assert_eq!(c(vec![b"AUTH", b"sesame"]), Reply::Ok);
+        let max = crate::keyspace::STRING_LEN_MAX;
+        assert_eq!(max, ditto_engine::VALUE_LEN_MAX - 1);
+        let want = Reply::err(format!("ERR string exceeds maximum allowed size ({max} bytes in ditto)"));
+        let over = vec![b'x'; max + 1];
+        assert_eq!(c(vec![b"SET", b"old", b"v"]), Reply::Ok);
+        for args in [
+            vec![&b"SET"[..], b"k", &over],
+            vec![b"SET", b"old", &over, b"GET"],
+            vec![b"SETNX", b"k", &over],
+            vec![b"GETSET", b"old", &over],
+            vec![b"MSET", b"a", b"1", b"k", &over],
+            vec![b"APPEND", b"old", &over[1..]],
+            vec![b"APPEND", b"k", &over],
+        ] {
+            let name = String::from_utf8_lossy(args[0]).into_owned();
+            assert_eq!(c(args), want, "{name}");
+        }
+        assert_eq!(c(vec![b"SETRANGE", b"k", max.to_string().as_bytes(), b"x"]), want);
+        assert_eq!(c(vec![b"EXISTS", b"k", b"a"]), Reply::Int(0), "nothing written");
+        assert_eq!(c(vec![b"GET", b"old"]), Reply::bulk("v".to_owned()));
+        assert_eq!(c(vec![b"MULTI"]), Reply::Ok);
+        assert_eq!(c(vec![b"SET", b"a", b"1"]), Reply::Simple("QUEUED"));
+        assert_eq!(c(vec![b"SET", b"k", &over]), Reply::Simple("QUEUED"));
+        assert_eq!(
+            c(vec![b"EXEC"]),
+            Reply::err(format!(
+                "EXECABORT Transaction discarded because of: string exceeds maximum allowed size ({max} bytes in ditto)"
+            ))
+        );
+        assert_eq!(c(vec![b"EXISTS", b"k", b"a"]), Reply::Int(0), "nothing of the transaction written");
+        // At the limit: taken, and one more byte appended is refused.
+        assert_eq!(c(vec![b"SET", b"k", &over[1..]]), Reply::Ok);
+        assert_eq!(c(vec![b"STRLEN", b"k"]), Reply::Int(max as i64));
+        assert_eq!(c(vec![b"APPEND", b"k", b"y"]), want);
+        // A hash's field value is a row of its own, without the type byte: its limit is
+        // the engine's, and so is the refusal's wording.
+        let e = c(vec![b"HSET", b"h", b"f", &vec![b'x'; ditto_engine::VALUE_LEN_MAX + 1]]);
+        assert!(matches!(&e, Reply::Error(m) if m.contains("over the limit")), "{e:?}");
+    }
+
+    /// SELECT reads its index as Redis does, a C int first: one outside it gets Redis's
+    /// words for that, one inside it and out of the databases' range the other refusal.
+    #[test]
+    fn select_refuses_an_index_past_an_int_as_redis_does() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        let mut c = |line: &str| cmd(&mut s, &sh, &mut w, line);
+        c("AUTH sesame");
+        let int = Reply::err("ERR value is out of range, value must between -2147483648 and 2147483647");
+        let db = Reply::err("ERR DB index is out of range");
+        assert_eq!(c("SELECT 2147483648"), int);
+        assert_eq!(c("SELECT -2147483649"), int);
+        assert_eq!(c("SELECT 2147483647"), db);
+        assert_eq!(c("SELECT -2147483648"), db);
+        assert_eq!(c("SELECT 16"), db);
+        assert_eq!(c("SELECT 99999999999999999999"), Reply::err(commands::NOT_INTEGER));
+        assert_eq!(c("SELECT 15"), Reply::Ok);
+    }
+
     /// The commands beyond the issue's list that clients commonly send, with Redis's
     /// replies: UNLINK, GETDEL, GETRANGE, SETRANGE, HSETNX, HKEYS, HVALS, HSTRLEN, TTL,
     /// PTTL, RENAME, RENAMENX, KEYS, FLUSHDB, FLUSHALL.
@@ -3823,6 +3916,14 @@ mod tests {
             ("[a-]", "-", false),
             ("[a-]", "a", true),
             ("[a-c]", "-", false),
+            // The empty key: Redis 7.0.15's KEYS answers it for `*` and the empty pattern
+            // only.
+            ("", "", true),
+            ("**", "", false),
+            ("*?", "", false),
+            ("a*", "a", true),
+            ("a**", "a", true),
+            ("", "a", false),
         ] {
             assert_eq!(glob_match(p.as_bytes(), s.as_bytes()), m, "{p} vs {s}");
         }
