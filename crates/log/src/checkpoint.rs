@@ -452,17 +452,25 @@ fn write_new(
                         }
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some((table, rids)) = tasks.get(k) else { break };
-                        if w.bytes >= part_bytes {
-                            let (ni, npath, nw) = start()?;
-                            let full = std::mem::replace(&mut w, nw);
-                            done.push((i, full.finish().map_err(|e| LogError::io(&path, e))?));
-                            (i, path) = (ni, npath);
-                        }
                         let mut err = None;
+                        // A part is rolled at the row that finds it full, so none is longer
+                        // than `part_bytes` and one row: a load reads each part whole, on
+                        // each of its threads. (Before 2026-12-05 a part was rolled between
+                        // tasks, 65,536 record ids each: a task of large values made one
+                        // part of gigabytes, which a load then read into memory whole.)
                         // The first failed write ends the walk (a cancelled checkpoint stops
                         // at once, not after the rest of the task's records).
                         snap.for_each_record(*table, rids.clone(), |rid, key, vts, val| {
-                            match w.row(*table, rid, vts, key, val) {
+                            let mut row = || -> Result<(), LogError> {
+                                if w.bytes >= part_bytes {
+                                    let (ni, npath, nw) = start()?;
+                                    let full = std::mem::replace(&mut w, nw);
+                                    done.push((i, full.finish().map_err(|e| LogError::io(&path, e))?));
+                                    (i, path) = (ni, npath);
+                                }
+                                w.row(*table, rid, vts, key, val).map_err(|e| LogError::io(&path, e))
+                            };
+                            match row() {
                                 Ok(()) => std::ops::ControlFlow::Continue(()),
                                 Err(e) => {
                                     err = Some(e);
@@ -472,7 +480,7 @@ fn write_new(
                         })
                         .map_err(LogError::Engine)?;
                         if let Some(e) = err {
-                            return Err(LogError::io(&path, e));
+                            return Err(e);
                         }
                         account(last);
                     }

@@ -67,8 +67,9 @@ pub struct LogOptions {
     pub stream_buffer_bytes_max: usize,
     /// Threads writing an online checkpoint (recovery loads and writes with every core).
     pub checkpoint_threads: usize,
-    /// A checkpoint writer starts a new part file once its part is over this size, so
-    /// recovery can load a checkpoint on more threads than wrote it.
+    /// A checkpoint writer starts a new part file once its part is over this size (at the
+    /// row that finds it so: a part holds at most this and one row), so recovery can load
+    /// a checkpoint on more threads than wrote it, each part read whole.
     pub checkpoint_part_bytes: u64,
     /// The most an online checkpoint (`Durable::checkpoint`: the periodic one, the one
     /// that takes a sealed log away, SAVE) writes a second, its threads together; each

@@ -500,6 +500,51 @@ fn a_checkpoint_missing_a_part_is_refused_as_damaged_naming_the_part() {
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
 }
 
+/// A part holds at most `checkpoint_part_bytes` and one row, however large the values:
+/// a load reads each part whole, so a part is what one loader thread holds at once. One
+/// table of 200 values of 64 KiB (12.5 MiB, all in one writer's task of 65,536 record
+/// ids) with parts of 256 KiB: before 2026-12-05 the writer rolled its part only between
+/// tasks and wrote one part of 12.5 MiB.
+#[test]
+fn a_checkpoint_of_large_values_keeps_each_part_near_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let part_bytes: u64 = 256 << 10;
+    let value = |k: u64| vec![(k % 251) as u8; 64 << 10];
+    let o = || {
+        let mut o = opts(1, Durability::EveryBatch);
+        o.log.checkpoint_threads = 1;
+        o.log.checkpoint_part_bytes = part_bytes;
+        o
+    };
+    let info = {
+        let d = open(dir.path(), o()).unwrap();
+        let t = d.db().create_table("t").unwrap();
+        let mut w = d.db().worker(WorkerId(0)).unwrap();
+        for k in 0..200u64 {
+            w.run(|x| x.put(t, &k.to_be_bytes(), &value(k)).map(|_| ())).unwrap().1.wait().unwrap();
+        }
+        let info = d.checkpoint().unwrap();
+        d.close();
+        info
+    };
+    assert_eq!(info.rows, 200);
+    // One row: its header (24 bytes), its key (8) and the value's length and bytes.
+    let row_max = 24 + 8 + 4 + (64 << 10);
+    let sizes: Vec<u64> =
+        (0..info.parts).map(|i| std::fs::metadata(info.dir.join(format!("part-{i:04}.dat"))).unwrap().len()).collect();
+    assert!(info.parts >= 40, "{} parts of {sizes:?}", info.parts);
+    for (i, &len) in sizes.iter().enumerate() {
+        assert!(len <= part_bytes + row_max + 64, "part {i} is {len} bytes, over {part_bytes} and one row: {sizes:?}");
+    }
+    let d = open(dir.path(), o()).unwrap();
+    let t = d.db().table_id("t").unwrap();
+    assert_eq!(d.recovery().checkpoint_rows, 200);
+    let r = d.db().read();
+    for k in 0..200u64 {
+        assert_eq!(r.get(t, &k.to_be_bytes()).unwrap().as_deref(), Some(&value(k)[..]), "key {k}");
+    }
+}
+
 /// Writers roll to a new part file past `checkpoint_part_bytes`, so a checkpoint has more
 /// parts than threads; recovery loads them all (on every core), rebuilds the indexes in
 /// parallel and gets every row and value back. A flipped byte in any one part refuses.
