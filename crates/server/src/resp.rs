@@ -356,6 +356,10 @@ pub enum Reply {
     Set(Vec<Reply>),
     /// `#t`/`#f` in RESP3, `:1`/`:0` in RESP2.
     Bool(bool),
+    /// Text for a person (INFO, CLIENT INFO): a verbatim string of format `txt` in RESP3
+    /// (`=N\r\ntxt:...`), a bulk string in RESP2, as Redis 7 answers them (before
+    /// 2026-12-05 a bulk string in both; a review).
+    Text(Bytes),
 }
 
 impl Reply {
@@ -371,6 +375,7 @@ impl Reply {
             Reply::Simple(s) => s.len(),
             Reply::SimpleOwned(s) | Reply::Error(s) => s.len(),
             Reply::Bulk(b) => b.len(),
+            Reply::Text(b) => b.len() + 4,
             Reply::Array(v) | Reply::Set(v) => v.iter().map(Reply::wire_bytes).sum(),
             Reply::Map(v) => v.iter().map(|(k, x)| k.wire_bytes() + x.wire_bytes()).sum(),
         }
@@ -399,6 +404,17 @@ impl Reply {
             Reply::Int(n) => int_line(out, b':', *n),
             Reply::Bulk(b) => {
                 int_line(out, b'$', b.len() as i64);
+                out.put_slice(b);
+                out.put_slice(b"\r\n");
+            }
+            Reply::Text(b) => {
+                match proto {
+                    Proto::Resp3 => {
+                        int_line(out, b'=', b.len() as i64 + 4);
+                        out.put_slice(b"txt:");
+                    }
+                    Proto::Resp2 => int_line(out, b'$', b.len() as i64),
+                }
                 out.put_slice(b);
                 out.put_slice(b"\r\n");
             }
@@ -790,6 +806,12 @@ mod tests {
             (Reply::NilArray, b"*-1\r\n", b"_\r\n"),
             (Reply::Bool(true), b":1\r\n", b"#t\r\n"),
             (Reply::Set(vec![Reply::Ok]), b"*1\r\n+OK\r\n", b"~1\r\n+OK\r\n"),
+            // INFO's text, as Redis 7.0.15 writes it (read off a raw socket).
+            (
+                Reply::Text(Bytes::from_static(b"# Server\r\n")),
+                b"$10\r\n# Server\r\n\r\n",
+                b"=14\r\ntxt:# Server\r\n\r\n",
+            ),
         ] {
             let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
             r.encode(Proto::Resp2, &mut a);

@@ -1128,7 +1128,7 @@ impl Session {
                 self.unwatch();
                 Reply::Ok
             }
-            "INFO" => Reply::Bulk(info(a, sh).into()),
+            "INFO" => Reply::Text(info(a, sh).into()),
             "ROLE" => role(sh),
             "SENTINEL" => sentinel(a, sh, self.tls),
             // Redis's WAIT: how many backups have received this connection's writes (the
@@ -1302,7 +1302,7 @@ impl Session {
             b"ID" => Reply::Int(self.id as i64),
             // Client libraries announce themselves; nothing here uses it.
             b"SETINFO" => Reply::Ok,
-            b"INFO" => Reply::Bulk(self.client_line().into()),
+            b"INFO" => Reply::Text(self.client_line().into()),
             other => unreachable!("CLIENT {other:?} passed subcommand_refusal"),
         }
     }
@@ -2577,7 +2577,7 @@ mod tests {
         cmd(&mut s, &sh, &mut w, "INCR k"); // ran, answered an error
         cmd(&mut s, &sh, &mut w, "NOSUCHCOMMAND x");
         let text = match cmd(&mut s, &sh, &mut w, "INFO commandstats") {
-            Reply::Bulk(b) => String::from_utf8(b.to_vec()).unwrap(),
+            Reply::Text(b) => String::from_utf8(b.to_vec()).unwrap(),
             other => panic!("{other:?}"),
         };
         let line = |name: &str| {
@@ -2591,7 +2591,7 @@ mod tests {
         assert!(!text.contains("nosuchcommand") && !text.contains("cmdstat_hset"), "only commands seen: {text}");
         // Not in the default sections, as in Redis.
         match cmd(&mut s, &sh, &mut w, "INFO") {
-            Reply::Bulk(b) => assert!(!String::from_utf8_lossy(&b).contains("Commandstats")),
+            Reply::Text(b) => assert!(!String::from_utf8_lossy(&b).contains("Commandstats")),
             other => panic!("{other:?}"),
         }
         assert_eq!(sh.stats.errors.load(Ordering::Relaxed), 4, "NOAUTH, arity, INCR, unknown");
@@ -3689,11 +3689,11 @@ mod tests {
         assert!(s.read_held(&args("GET k"), &sh) && !s.read_held(&args("PING"), &sh));
         // INFO keyspace counts no keys meanwhile (DBSIZE is refused).
         assert!(
-            matches!(cmd(&mut s, &sh, &mut w, "INFO keyspace"), Reply::Bulk(b) if !b.windows(5).any(|x| x == b"keys="))
+            matches!(cmd(&mut s, &sh, &mut w, "INFO keyspace"), Reply::Text(b) if !b.windows(5).any(|x| x == b"keys="))
         );
         state.reads_from.store(0, Ordering::Release);
         assert!(
-            matches!(cmd(&mut s, &sh, &mut w, "INFO keyspace"), Reply::Bulk(b) if b.windows(5).any(|x| x == b"keys="))
+            matches!(cmd(&mut s, &sh, &mut w, "INFO keyspace"), Reply::Text(b) if b.windows(5).any(|x| x == b"keys="))
         );
         state.reads_from.store(u64::MAX, Ordering::Release);
         // Its gate's generation, which its server compares before and after a read.
@@ -3862,10 +3862,10 @@ mod tests {
         assert_eq!(cmd(&mut s, &sh, &mut w, "SENTINEL replicas ditto"), Reply::Array(Vec::new()));
         assert!(cmd(&mut s, &sh, &mut w, "SENTINEL failover ditto").is_error(), "not a cluster node");
         assert!(cmd(&mut s, &sh, &mut w, "SENTINEL failover other").is_error());
-        let Reply::Bulk(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("bulk") };
+        let Reply::Text(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("text") };
         assert!(std::str::from_utf8(&b).unwrap().contains("cluster_enabled:0"));
         sh.write_gate.set_cluster_info(vec![("cluster_epoch".into(), "3".into())]);
-        let Reply::Bulk(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("bulk") };
+        let Reply::Text(b) = cmd(&mut s, &sh, &mut w, "INFO cluster") else { panic!("text") };
         let text = std::str::from_utf8(&b).unwrap();
         assert!(text.contains("cluster_enabled:1\r\ncluster_epoch:3\r\n"), "{text}");
         // A cluster node: asked while a switchover is under way, it says so; else +OK.
