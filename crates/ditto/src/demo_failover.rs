@@ -29,6 +29,8 @@ pub struct FailoverDemo {
     /// slowest read's ms).
     backup_reads: (u64, u64, f64),
     unavailable_ms: Vec<f64>,
+    /// Where each failover's time went, as its new primary's node said.
+    phases: Vec<Option<Phases>>,
     rejoin_ms: Vec<f64>,
     acked: usize,
     /// Acknowledged writes per 100 ms around the first kill (from 1 s before).
@@ -251,12 +253,130 @@ impl Nodes {
     }
 
     fn role(&self, id: u64) -> Option<String> {
+        self.info(id, "replication")
+    }
+
+    fn info(&self, id: u64, section: &str) -> Option<String> {
         let mut c = Client::connect_to("127.0.0.1", self.ports[&id]).ok()?;
-        match c.call(&["INFO", "replication"]).ok()? {
+        match c.call(&["INFO", section]).ok()? {
             Reply::Bulk(Some(b)) => String::from_utf8(b).ok(),
             _ => None,
         }
     }
+
+    /// Where the newest failover's time went, as node `new` (its new primary) saw it:
+    /// `killed_unix_ms` is when the old primary was killed (or the switchover asked),
+    /// `unavailable_ms` from then to the first write the new primary acknowledged. Waits
+    /// up to 3 s for the node to have recorded its server's change of role; `None` if it
+    /// never does (the breakdown is then not printed, the failover's figure stands).
+    pub(crate) fn phases(&self, new: u64, killed_unix_ms: f64, unavailable_ms: f64) -> Option<Phases> {
+        wait_for("the failover's phases", Duration::from_secs(3), || {
+            let info = self.info(new, "cluster")?;
+            let mut p = Phases::parse(&info, killed_unix_ms, unavailable_ms)?;
+            // The other running nodes: each a backup that followed the new primary in place.
+            for id in self.procs.keys().filter(|&&id| id != new) {
+                let info = self.info(*id, "cluster")?;
+                let line = failover_line(&info, p.epoch)?;
+                let get = |k: &str| line.split(',').find_map(|f| f.strip_prefix(k)?.strip_prefix('='));
+                let num = |k: &str| get(k)?.parse::<u64>().ok();
+                let done = num("began_unix_ms")? + num("opened_after_ms")? + num("role_change_ms")?;
+                let at = done as f64 - killed_unix_ms;
+                p.backups_following_ms = Some(p.backups_following_ms.map_or(at, |b: f64| b.max(at)));
+            }
+            Some(p)
+        })
+        .ok()
+    }
+}
+
+/// Where a failover's time went, from the new primary's node's `INFO cluster` (its line
+/// `cluster_failover_<epoch>`, crates/ditto/src/node.rs), measured from the kill (or the
+/// switchover's request) to the first write the new primary acknowledged. The phases
+/// follow one another, but for the lease wait, which runs beside the change of role.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct Phases {
+    pub epoch: u64,
+    /// From the kill to the failover's start applied on the new primary's node: the
+    /// failure detector's timeout, then a Raft commit (wall clocks of one machine).
+    pub detect_ms: f64,
+    /// The coordinator's rounds within the next phase: the survivors' tail reports,
+    /// then the prepare (fences, fetches, the recovery point checked).
+    pub reports_ms: u64,
+    pub prepare_ms: u64,
+    /// From the start to the new epoch's opening, applied on the new primary's node.
+    pub open_ms: u64,
+    /// How the new primary's server took the role (`promoted-in-place`, ...), and how long
+    /// it took, as the server said.
+    pub role_change: String,
+    pub role_change_ms: u64,
+    /// How long the opening told it to wait for older primaries' leases.
+    pub lease_wait_ms: u64,
+    /// From the kill until the last other running node's server followed the new primary
+    /// (its own start, opening and change of role, as it said them): a commit under a
+    /// policy counting backups is released only once they hold it.
+    pub backups_following_ms: Option<f64>,
+    /// What none of the above counts: the client finding the new primary, the gaps
+    /// between the phases.
+    pub rest_ms: f64,
+}
+
+impl Phases {
+    fn parse(info: &str, killed_unix_ms: f64, unavailable_ms: f64) -> Option<Phases> {
+        let epoch: u64 = info_field(info, "cluster_epoch")?.parse().ok()?;
+        let line = failover_line(info, epoch)?;
+        let get = |k: &str| line.split(',').find_map(|f| f.strip_prefix(k)?.strip_prefix('='));
+        let num = |k: &str| get(k)?.parse::<u64>().ok();
+        let began_ms = num("began_unix_ms")?;
+        let (open_ms, role_change_ms) = (num("opened_after_ms")?, num("role_change_ms")?);
+        let lease_wait_ms = num("lease_wait_ms")?;
+        let detect_ms = began_ms as f64 - killed_unix_ms;
+        Some(Phases {
+            epoch,
+            detect_ms,
+            reports_ms: num("reports_ms")?,
+            prepare_ms: num("prepare_ms")?,
+            open_ms,
+            role_change: get("role_change")?.to_string(),
+            role_change_ms,
+            lease_wait_ms,
+            backups_following_ms: None,
+            rest_ms: unavailable_ms - detect_ms - (open_ms + role_change_ms.max(lease_wait_ms)) as f64,
+        })
+    }
+
+    /// One line: the phases in order, each in ms.
+    pub(crate) fn line(&self) -> String {
+        let following = match self.backups_following_ms {
+            Some(f) => format!(", the backup following it {f:.0} ms after the kill"),
+            None => String::new(),
+        };
+        format!(
+            "detected {:.0} ms after it, opened {} ms later (reports {}, prepare {}), {} in {} ms, lease wait {} ms{following}, the rest {:.0} ms",
+            self.detect_ms,
+            self.open_ms,
+            self.reports_ms,
+            self.prepare_ms,
+            self.role_change.replace('-', " "),
+            self.role_change_ms,
+            self.lease_wait_ms,
+            self.rest_ms
+        )
+    }
+}
+
+/// The value of `key` in an `INFO` text.
+fn info_field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
+    info.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')).map(str::trim)
+}
+
+/// An `INFO cluster` text's line for the failover to `epoch` (`cluster_failover_<epoch>`).
+fn failover_line(info: &str, epoch: u64) -> Option<&str> {
+    info_field(info, &format!("cluster_failover_{epoch}"))
+}
+
+/// Now, in milliseconds since the Unix epoch (the nodes' `began_unix_ms` is on this clock).
+pub(crate) fn unix_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
 impl Drop for Nodes {
@@ -468,13 +588,14 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     let mut reader = BackupReader::new();
     let mut unavailable_ms = Vec::new();
     let mut rejoin_ms = Vec::new();
+    let mut phases = Vec::new();
     let mut first_kill = None;
     for cycle in 0..cycles {
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
         let backup = nodes.ports.iter().find(|(id, _)| **id != primary).map(|(_, p)| *p).ok_or("no backup")?;
         reader.aim(backup, &stop);
         std::thread::sleep(Duration::from_millis(1000));
-        let killed_at = Instant::now();
+        let (killed_at, killed_unix_ms) = (Instant::now(), unix_ms());
         first_kill.get_or_insert(killed_at);
         let killed_port = nodes.ports[&primary];
         nodes.kill(primary)?;
@@ -491,6 +612,12 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
             cycle + 1,
             snapshot.len()
         );
+        let p = nodes.phases(new, killed_unix_ms, ms);
+        match &p {
+            Some(p) => println!("            {}", p.line()),
+            None => println!("            (node {new} did not say where the time went)"),
+        }
+        phases.push(p);
         let t = Instant::now();
         nodes.start(primary)?;
         wait_for("the killed node to rejoin", Duration::from_secs(30), || nodes.rejoined(primary).then_some(()))?;
@@ -595,6 +722,7 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
         failovers: cycles,
         backup_reads,
         unavailable_ms,
+        phases,
         rejoin_ms,
         acked: acked.len(),
         timeline,
@@ -619,6 +747,12 @@ impl FailoverDemo {
             u[u.len() / 2],
             u[u.len() - 1]
         );
+        // The slowest failover's phases: what made it the slowest.
+        let slowest =
+            (0..self.unavailable_ms.len()).max_by(|&a, &b| self.unavailable_ms[a].total_cmp(&self.unavailable_ms[b]));
+        if let Some(Some(p)) = slowest.and_then(|i| self.phases.get(i)) {
+            println!("  slowest failover    {}", p.line());
+        }
         let r = &self.rejoin_ms;
         println!(
             "  rejoin              the killed node back as a backup and caught up: max {:.0} ms",

@@ -90,6 +90,9 @@ struct FailoverFigures {
     writes_per_s_before: f64,
     writes_per_s_after: f64,
     after_over_before: f64,
+    /// Where its time went, as the new primary's node said (`None`: it did not say
+    /// within 3 s).
+    phases: Option<crate::demo_failover::Phases>,
 }
 
 #[derive(serde::Serialize)]
@@ -255,6 +258,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     let start = Instant::now();
     let between = Duration::from_secs_f64(a.between_s);
     let mut kills: Vec<(u64, u64, Instant, f64, f64, Instant)> = Vec::new();
+    let mut phases = Vec::new();
     for k in 0..a.kills {
         if a.backup_reader {
             // On a backup of the primary that is to fail (moved there before the pause).
@@ -265,7 +269,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         std::thread::sleep(between);
         let primary = wait_for("a primary", Duration::from_secs(20), || nodes.primary())?;
         let port = nodes.ports[&primary];
-        let at = Instant::now();
+        let (at, at_unix_ms) = (Instant::now(), crate::demo_failover::unix_ms());
         if a.switchover {
             nodes.switchover(primary)?;
         } else {
@@ -276,6 +280,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         })?;
         let unavailable = first_after.duration_since(at).as_secs_f64() * 1e3;
         let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
+        phases.push(nodes.phases(new, at_unix_ms, unavailable));
         let t = Instant::now();
         if !a.switchover {
             nodes.start(primary)?;
@@ -320,7 +325,8 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     let second = Duration::from_secs(1);
     let failovers: Vec<FailoverFigures> = kills
         .iter()
-        .map(|&(killed, new_primary, at, unavailable_ms, rejoin_ms, first_after)| {
+        .zip(phases)
+        .map(|(&(killed, new_primary, at, unavailable_ms, rejoin_ms, first_after), phases)| {
             let before = rate_between(&acked, at.checked_sub(second).unwrap_or(start).max(start), at);
             let after = rate_between(&acked, first_after, (first_after + second).min(end));
             FailoverFigures {
@@ -332,6 +338,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
                 writes_per_s_before: before,
                 writes_per_s_after: after,
                 after_over_before: if before > 0.0 { after / before } else { 0.0 },
+                phases,
             }
         })
         .collect();
@@ -401,6 +408,29 @@ fn print(f: &Figures) {
             x.writes_per_s_after,
             x.after_over_before
         );
+    }
+    println!("where each failover's time went (ms; as the new primary's node saw it):");
+    println!(
+        "{:>3} {:>7} {:>7} {:>8} {:>8} {:>20} {:>6} {:>6} {:>10} {:>6}",
+        "#", "start", "open", "reports", "prepare", "role change", "role", "lease", "following", "rest"
+    );
+    for (i, x) in f.failovers.iter().enumerate() {
+        match &x.phases {
+            Some(p) => println!(
+                "{:>3} {:>7.0} {:>7} {:>8} {:>8} {:>20} {:>6} {:>6} {:>10} {:>6.0}",
+                i + 1,
+                p.detect_ms,
+                p.open_ms,
+                p.reports_ms,
+                p.prepare_ms,
+                p.role_change,
+                p.role_change_ms,
+                p.lease_wait_ms,
+                p.backups_following_ms.map_or("-".into(), |f| format!("{f:.0}")),
+                p.rest_ms
+            ),
+            None => println!("{:>3} (not said)", i + 1),
+        }
     }
     println!(
         "unavailable: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms over {} failovers",

@@ -640,6 +640,8 @@ struct NodePlane {
     count_after_follow: Option<u64>,
     /// The thread reading this node's log for a report (`report`), until it is done.
     report_warm: Option<(Instant, std::sync::mpsc::Receiver<()>)>,
+    /// Set by that read's thread once it has read the log (`report_ready`).
+    report_read_done: Arc<AtomicBool>,
     /// A switchover this node, the primary, hands its role over in (see `Switching`).
     switching: Option<Switching>,
     /// What its server said of the last drain it was asked for (`ditto server drained at
@@ -819,6 +821,7 @@ impl NodePlane {
             prepared_own_log: None,
             prepare_check: None,
             report_warm: None,
+            report_read_done: Arc::new(AtomicBool::new(false)),
             count_after_follow: None,
             gives_up: None,
             switching: None,
@@ -2078,6 +2081,14 @@ impl DataPlane for NodePlane {
         }
     }
 
+    /// Once per read of the log for a report that said "not yet": true when that read has
+    /// ended (the service then asks `report` again at once). One shot: a report that
+    /// fails again for another reason waits for the coordinator's next request, not a
+    /// loop of its own.
+    fn report_ready(&mut self) -> bool {
+        self.report_warm.is_some() && self.report_read_done.swap(false, Ordering::AcqRel)
+    }
+
     fn report(&mut self) -> Result<Holding, String> {
         self.note_acks();
         // A server stopping or fencing itself is waited for a little (it normally takes a
@@ -2098,11 +2109,15 @@ impl DataPlane for NodePlane {
             Some(w) if matches!(w.1.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) => w,
             _ => {
                 let (primary_dir, data, workers) = (self.primary_log_dir(), self.data.clone(), self.workers);
+                // (A flag of its own per read: an older read ending late says nothing of this one.)
+                let done = Arc::new(AtomicBool::new(false));
+                self.report_read_done = Arc::clone(&done);
                 let rx = reads_its_log_off_thread("ditto-report", move || {
                     let _ = match primary_dir {
                         Some(dir) => ditto_log::recovery::primary_log_holdings(&dir, None).map(|_| ()),
                         None => ditto_log::replica::replica_holdings(&data, workers, None).map(|_| ()),
                     };
+                    done.store(true, Ordering::Release);
                 })?;
                 (Instant::now(), rx)
             }
@@ -2560,7 +2575,7 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
         f.push((
             format!("cluster_failover_{}", h.epoch),
             format!(
-                "reason={},primary={},recovery_point={},lost={},old_primary_discarded={},reports_ms={},prepare_ms={},opened_after_ms={},role_change={},role_change_ms={},lease_wait_ms={}",
+                "reason={},primary={},recovery_point={},lost={},old_primary_discarded={},reports_ms={},prepare_ms={},opened_after_ms={},role_change={},role_change_ms={},lease_wait_ms={},began_unix_ms={}",
                 h.reason.replace(',', ";"),
                 h.primary.map_or("-".into(), |p| p.to_string()),
                 h.recovery_point.map_or("-".into(), |p| p.to_string()),
@@ -2581,6 +2596,9 @@ fn cluster_info(cfg: &NodeConfig, st: &ditto_cluster::Status, history: &[Failove
                 h.role_change.map_or("-", |c| c.0),
                 h.role_change.map_or("-".into(), |c| c.1.to_string()),
                 h.lease_wait_ms,
+                // (When this node applied the failover's start, on its wall clock: `ditto
+                // demo` and `ditto bench failover` weigh it against the kill's time.)
+                if h.began_ms > 0 { h.began_ms.to_string() } else { "-".into() },
             ),
         ));
     }
