@@ -1955,11 +1955,25 @@ fn saying_alive<T: Send>(
 ) -> std::io::Result<T> {
     let every = lease.map_or(Duration::from_secs(1), |(d, _)| d);
     std::thread::scope(|s| {
-        let working = s.spawn(f);
+        // Its end is told at once, not found at the next look: a look every 10 ms made
+        // every call take 10 ms at least, a backup's join among them (after a failover,
+        // the new primary's first commit waited for it; before 2026-12-06).
+        let (ended, end) = std::sync::mpsc::channel::<()>();
+        let working = s.spawn(move || {
+            let out = f();
+            let _ = ended.send(());
+            out
+        });
         let mut said = Instant::now();
         let mut told = Ok(());
-        while !working.is_finished() {
-            std::thread::sleep(every.min(Duration::from_millis(10)));
+        loop {
+            // (Disconnected: `f` panicked, and its sender went with it.)
+            if !matches!(
+                end.recv_timeout(every.min(Duration::from_millis(10))),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            ) {
+                break;
+            }
             if told.is_ok() && said.elapsed() >= every {
                 let sent_us = lease.map_or(0, |(_, now_us)| now_us());
                 let beat = Frame::Heartbeat { released: Ts::ZERO, acknowledged: Ts::ZERO, sent_us };
@@ -2475,6 +2489,39 @@ mod tests {
     }
 
     use super::*;
+
+    /// `saying_alive` returns what its work returned, beats meanwhile only while the work
+    /// runs past a beat's interval (none for work that ends at once: it returns then, not
+    /// at its next look), and passes the work's panic on.
+    #[test]
+    fn saying_alive_beats_only_while_the_work_runs_and_passes_its_end_on() {
+        let beats = |w: &[u8]| {
+            let mut r = std::io::Cursor::new(w);
+            let mut n = 0;
+            while let Ok(Some(f)) = crate::protocol::read_frame(&mut r) {
+                assert!(matches!(f, Frame::Heartbeat { .. }), "{f:?}");
+                n += 1;
+            }
+            n
+        };
+        let now_us = || 7u64;
+        let mut w = Vec::new();
+        assert_eq!(saying_alive(&mut w, Some((Duration::from_millis(5), &now_us)), || Ok(41 + 1)).unwrap(), 42);
+        assert_eq!(beats(&w), 0, "work that ends at once is not beaten for");
+        let mut w = Vec::new();
+        saying_alive(&mut w, Some((Duration::from_millis(5), &now_us)), || {
+            std::thread::sleep(Duration::from_millis(60));
+            Ok(())
+        })
+        .unwrap();
+        assert!(beats(&w) >= 2, "{} beats over 60 ms at one per 5 ms", beats(&w));
+        let e = saying_alive(&mut Vec::new(), None, || Err::<(), _>(std::io::Error::other("the work's own error")));
+        assert_eq!(e.unwrap_err().to_string(), "the work's own error");
+        let panicked = std::panic::catch_unwind(|| {
+            saying_alive(&mut Vec::new(), None, || -> std::io::Result<()> { panic!("in the work") })
+        });
+        assert!(panicked.is_err(), "the work's panic goes on");
+    }
 
     /// A link's silence counts from its last acknowledgement, or from when its acks began
     /// to be read if none came (or the last came before that: a start's), and ends the link
