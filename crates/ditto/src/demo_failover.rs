@@ -270,18 +270,28 @@ impl Nodes {
     /// up to 3 s for the node to have recorded its server's change of role; `None` if it
     /// never does (the breakdown is then not printed, the failover's figure stands).
     pub(crate) fn phases(&self, new: u64, killed_unix_ms: f64, unavailable_ms: f64) -> Option<Phases> {
+        let asked = Instant::now();
         wait_for("the failover's phases", Duration::from_secs(3), || {
             let info = self.info(new, "cluster")?;
             let mut p = Phases::parse(&info, killed_unix_ms, unavailable_ms)?;
-            // The other running nodes: each a backup that followed the new primary in place.
-            for id in self.procs.keys().filter(|&&id| id != new) {
-                let info = self.info(*id, "cluster")?;
+            // The other running nodes: each a backup that followed the new primary. Best
+            // effort: one that did not say it (restarted rather than followed in place, or
+            // applied the failover from its disk) leaves the figure out, not the phases.
+            let following = |id: u64| -> Option<f64> {
+                let info = self.info(id, "cluster")?;
                 let line = failover_line(&info, p.epoch)?;
                 let get = |k: &str| line.split(',').find_map(|f| f.strip_prefix(k)?.strip_prefix('='));
                 let num = |k: &str| get(k)?.parse::<u64>().ok();
                 let done = num("began_unix_ms")? + num("opened_after_ms")? + num("role_change_ms")?;
-                let at = done as f64 - killed_unix_ms;
-                p.backups_following_ms = Some(p.backups_following_ms.map_or(at, |b: f64| b.max(at)));
+                Some(done as f64 - killed_unix_ms)
+            };
+            let others: Vec<Option<f64>> =
+                self.procs.keys().filter(|&&id| id != new).map(|&id| following(id)).collect();
+            match others.iter().all(Option::is_some) {
+                true => p.backups_following_ms = others.into_iter().flatten().reduce(f64::max),
+                // (Looked for again, for a second: a backup may still be joining.)
+                false if asked.elapsed() < Duration::from_secs(1) => return None,
+                false => {}
             }
             Some(p)
         })

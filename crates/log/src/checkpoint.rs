@@ -303,6 +303,13 @@ pub(crate) fn write(
             // one atomic write.
             Ok(b) => {
                 let mut m = Manifest::decode(&b, &mpath)?;
+                if m.ts != ts {
+                    return Err(LogError::Corrupt {
+                        file: mpath,
+                        offset: 12,
+                        what: format!("the manifest is of ts {}, its directory's name says ts {}", m.ts.0, ts.0),
+                    });
+                }
                 raise_manifest_epoch(&dir, &mut m, log_epoch_min, storage)?;
                 // Durable under its name before the caller deletes segments it covers: the
                 // attempt that wrote it may have died before it synced `checkpoints/`
@@ -624,8 +631,14 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
                          ckpt-<20-digit timestamp> directories, belong there)",
                     ));
                 };
-                if !std::fs::metadata(&p).map_err(|e| LogError::io(&p, e))?.is_dir() {
-                    return Err(unexpected("a checkpoint's name on something that is not a directory"));
+                match std::fs::metadata(&p) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => return Err(unexpected("a checkpoint's name on something that is not a directory")),
+                    // Gone since the listing: a running node moves older checkpoints, and a
+                    // failed attempt's, to the trash while others read this directory (a
+                    // report's `sealed::base`); it was none to take (a review, 2026-12-06).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(LogError::io(&p, e)),
                 }
                 dirs.push((ts, p));
             }
