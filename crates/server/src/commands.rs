@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use ditto_engine::{Result, Transaction};
 
-use crate::keyspace::{Entry, Keyspace, WrongType, WRONGTYPE};
+use crate::keyspace::{Entry, HashParts, Keyspace, WrongType, WRONGTYPE};
 use crate::resp::Reply;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -427,7 +427,7 @@ pub fn run_data(
         "HGETALL" => match ks.hash_len(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(None) => Reply::Map(Vec::new()),
-            Ok(Some(_)) => match ks.hgetall_within(txn, db, &a[0], max_reply)? {
+            Ok(Some(_)) => match ks.hash_within(txn, db, &a[0], HashParts::Both, max_reply)? {
                 None => too_large(max_reply),
                 Some(all) => Reply::Map(all.into_iter().map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v))).collect()),
             },
@@ -495,13 +495,17 @@ pub fn run_data(
         "HKEYS" | "HVALS" => match ks.hash_len(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
             Ok(None) => Reply::Array(Vec::new()),
-            // Bounded by fields and values together: both are copied out of the engine.
-            Ok(Some(_)) => match ks.hgetall_within(txn, db, &a[0], max_reply)? {
-                None => too_large(max_reply),
-                Some(all) => Reply::Array(
-                    all.into_iter().map(|(f, v)| Reply::Bulk(if spec.name == "HKEYS" { f } else { v })).collect(),
-                ),
-            },
+            // Bounded by what the reply holds, the only part copied out of the engine.
+            Ok(Some(_)) => {
+                let keys = spec.name == "HKEYS";
+                let parts = if keys { HashParts::Fields } else { HashParts::Values };
+                match ks.hash_within(txn, db, &a[0], parts, max_reply)? {
+                    None => too_large(max_reply),
+                    Some(all) => {
+                        Reply::Array(all.into_iter().map(|(f, v)| Reply::Bulk(if keys { f } else { v })).collect())
+                    }
+                }
+            }
         },
         "HSTRLEN" => match ks.hash_len(txn, db, &a[0])? {
             Err(WrongType) => wrongtype(),
@@ -622,8 +626,10 @@ fn set_range(a: &[Bytes], ks: &Keyspace, db: u8, txn: &mut Transaction<'_>) -> R
     }
     // Checked before allocating: the row is the type byte and the string.
     let end = offset.saturating_add(a[2].len());
+    // Refused as the other string writes are (`put_string`): alone, with their words; in
+    // MULTI, the whole EXEC (before 2026-12-06 its EXEC committed the rest; a review).
     if end > crate::keyspace::STRING_LEN_MAX {
-        return Ok(Reply::err(format!("ERR {}", crate::session::string_too_long())));
+        return Err(ditto_engine::Error::TooLarge { what: "string", len: end, max: crate::keyspace::STRING_LEN_MAX });
     }
     let mut v = old.to_vec();
     if v.len() < end {

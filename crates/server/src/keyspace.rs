@@ -27,6 +27,14 @@ pub const FIELDS_TABLE: &str = "redis.fields";
 
 const T_STRING: u8 = 0;
 
+/// What of a hash's fields a read copies out (`Keyspace::hash_within`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashParts {
+    Fields,
+    Values,
+    Both,
+}
+
 /// The longest string value: a string's row is its type byte and the string, and a row
 /// holds at most the engine's `VALUE_LEN_MAX` bytes. (Redis's is 512 MB.)
 pub const STRING_LEN_MAX: usize = ditto_engine::VALUE_LEN_MAX - 1;
@@ -460,29 +468,41 @@ impl Keyspace {
 
     /// Every (field, value) of the hash, in field order.
     pub fn hgetall(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
-        Ok(self.hgetall_within(txn, db, key, usize::MAX)?.expect("no byte limit"))
+        Ok(self.hash_within(txn, db, key, HashParts::Both, usize::MAX)?.expect("no byte limit"))
     }
 
-    /// `hgetall` for a reply: `None` once the fields and values (with their rows' prefix)
-    /// pass `max_bytes`, having copied no more than that.
-    pub fn hgetall_within(
+    /// The hash's (field, value) pairs in field order, for a reply: only the `parts` asked
+    /// copied (the other left empty), and `None` once those pass `max_bytes`, having copied
+    /// no more than that. Only what the reply holds counts: before 2026-12-06 the rows'
+    /// names counted (each repeats the key: a hash of 1,100 fields under a key of 65,000
+    /// bytes passed 64 MiB for a reply of 15 KB) and HKEYS counted the values it does not
+    /// send (and copied them); found by a review against Redis.
+    pub fn hash_within(
         &self,
         txn: &mut Transaction<'_>,
         db: u8,
         key: &[u8],
+        parts: HashParts,
         max_bytes: usize,
     ) -> Result<Option<Vec<(Bytes, Bytes)>>> {
         let lo = Self::field_prefix(db, key);
         let hi = prefix_end(&lo);
         let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        // With no row limit, the scan stops early only for passing `max_bytes`.
-        let (rows, whole) =
-            txn.scan_within(self.fields, Bound::Included(&lo[..]), hi, Direction::Forward, 0, max_bytes)?;
-        if !whole {
-            return Ok(None);
-        }
         let skip = lo.len();
-        Ok(Some(rows.into_iter().map(|(row, v)| (row.slice(skip..), v)).collect()))
+        let (fields, values) = (parts != HashParts::Values, parts != HashParts::Fields);
+        let (mut out, mut bytes, mut whole) = (Vec::new(), 0usize, true);
+        txn.for_each(self.fields, Bound::Included(&lo[..]), hi, |row, v| {
+            let f = &row[skip.min(row.len())..];
+            bytes = bytes.saturating_add(if fields { f.len() } else { 0 } + if values { v.len() } else { 0 });
+            if bytes > max_bytes {
+                whole = false;
+                return false;
+            }
+            let copy = |want: bool, b: &[u8]| if want { Bytes::copy_from_slice(b) } else { Bytes::new() };
+            out.push((copy(fields, f), copy(values, v)));
+            true
+        })?;
+        Ok(whole.then_some(out))
     }
 
     /// Sets fields of a hash (creating it); the caller has checked the key's type.

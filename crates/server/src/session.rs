@@ -1064,10 +1064,7 @@ impl Session {
                 }
                 Err(e @ Error::TooLarge { .. }) => {
                     self.restore(before);
-                    let why = match e {
-                        Error::TooLarge { what: "string", .. } => string_too_long(),
-                        e => e.to_string(),
-                    };
+                    let why = too_large_text(&e);
                     return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {why}")));
                 }
                 Err(e) => {
@@ -1373,7 +1370,7 @@ fn commit_counted(sh: &Shared, txn: Transaction<'_>) -> ditto_engine::Result<Com
 pub fn engine_error(e: &Error) -> Reply {
     match e {
         Error::Conflict(_) => Reply::err(format!("ERR {e} (gave up after {RETRIES_MAX} retries)")),
-        Error::TooLarge { what: "string", .. } => Reply::err(format!("ERR {}", string_too_long())),
+        Error::TooLarge { .. } => Reply::err(format!("ERR {}", too_large_text(e))),
         other => Reply::err(format!("ERR {other}")),
     }
 }
@@ -1382,6 +1379,22 @@ pub fn engine_error(e: &Error) -> Reply {
 /// (`proto-max-bulk-len`), with ditto's.
 pub(crate) fn string_too_long() -> String {
     format!("string exceeds maximum allowed size ({} bytes in ditto)", crate::keyspace::STRING_LEN_MAX)
+}
+
+/// A write refused for a size (`Error::TooLarge`), in the client's terms: a string's or a
+/// key's length as the client sent it, not the engine's row, which holds a database or
+/// type byte more (before 2026-12-06 a SET of a 65,536-byte key said "key is 65537 bytes,
+/// over the limit of 65536", and an HSET's long field named neither; a review).
+fn too_large_text(e: &Error) -> String {
+    match e {
+        Error::TooLarge { what: "string", .. } => string_too_long(),
+        // A key's row is its database byte and the key; a hash field's, the database
+        // byte, the key's length (4 bytes), the key and the field.
+        Error::TooLarge { what: "key", max, .. } => {
+            format!("key too long: a key may take {} bytes, a hash's key and field {} together", max - 1, max - 5)
+        }
+        e => e.to_string(),
+    }
 }
 
 /// The commands ditto has of Redis's `@connection` ACL category.
@@ -2957,7 +2970,10 @@ mod tests {
             assert_eq!(cmd(&mut a, &sh, &mut w, queued), Reply::Simple("QUEUED"));
             assert_eq!(cmd(&mut a, &sh, &mut w, &big), Reply::Simple("QUEUED"));
             match cmd(&mut a, &sh, &mut w, "EXEC") {
-                Reply::Error(e) => assert!(e.starts_with("EXECABORT") && e.contains("over the limit"), "{e}"),
+                Reply::Error(e) => assert_eq!(
+                    e,
+                    "EXECABORT Transaction discarded because of: key too long: a key may take 65535 bytes, a hash's key and field 65531 together"
+                ),
                 other => panic!("{big:.20}: {other:?}"),
             }
             for read in ["GET before", "GET a", "HGET h f1", "EXISTS h"] {
@@ -2969,6 +2985,25 @@ mod tests {
         // Outside MULTI the same command writes nothing either.
         assert!(cmd(&mut a, &sh, &mut w, &format!("MSET a 1 {big_key}x 2")).is_error());
         assert_eq!(cmd(&mut a, &sh, &mut w, "GET a"), Reply::Nil);
+        // The limits in the client's terms: a key of 65,535 bytes, a hash's key and field
+        // of 65,531 together, are taken; a byte more is refused, saying so.
+        let words = Reply::err("ERR key too long: a key may take 65535 bytes, a hash's key and field 65531 together");
+        let key = |n: usize| "k".repeat(n);
+        assert_eq!(cmd(&mut a, &sh, &mut w, &format!("SET {} v", key(65_535))), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, &format!("SET {} v", key(65_536))), words);
+        assert_eq!(cmd(&mut a, &sh, &mut w, &format!("HSET h {} v", key(65_530))), Reply::Int(1));
+        assert_eq!(cmd(&mut a, &sh, &mut w, &format!("HSET h {} v", key(65_531))), words);
+        // SETRANGE past the string limit aborts the EXEC as the other string writes do.
+        assert_eq!(cmd(&mut a, &sh, &mut w, "MULTI"), Reply::Ok);
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SET before 1"), Reply::Simple("QUEUED"));
+        assert_eq!(cmd(&mut a, &sh, &mut w, "SETRANGE r 16777215 x"), Reply::Simple("QUEUED"));
+        assert_eq!(
+            cmd(&mut a, &sh, &mut w, "EXEC"),
+            Reply::err(
+                "EXECABORT Transaction discarded because of: string exceeds maximum allowed size (16777215 bytes in ditto)"
+            )
+        );
+        assert_eq!(cmd(&mut a, &sh, &mut w, "EXISTS before r"), Reply::Int(0));
     }
 
     /// DBSIZE's kept counts (`KeyCounts`) equal a walk of each database after every command
@@ -3278,14 +3313,20 @@ mod tests {
         }
         // A whole hash too: within the limit it is answered, past it refused.
         assert!(matches!(cmd(&mut s2, &limited, &mut w, "HGETALL hbig"), Reply::Map(m) if m.len() == 1));
+        // Counted by what the reply holds (not the fields' stored rows): two fields of 26
+        // bytes (field and value) are 52, within 60; a third passes it, but for HKEYS,
+        // which sends 3 bytes of field names.
         cmd(&mut s2, &limited, &mut w, &format!("HSET hbig g {}", "z".repeat(25)));
-        for over in ["HGETALL hbig", "HKEYS hbig", "HVALS hbig"] {
+        assert!(matches!(cmd(&mut s2, &limited, &mut w, "HGETALL hbig"), Reply::Map(m) if m.len() == 2));
+        cmd(&mut s2, &limited, &mut w, &format!("HSET hbig h {}", "z".repeat(25)));
+        for over in ["HGETALL hbig", "HVALS hbig"] {
             assert!(
                 matches!(cmd(&mut s2, &limited, &mut w, over), Reply::Error(e) if e.contains("max_output_bytes")),
-                "{over}: two fields of 35 bytes (row prefix, field, value) pass 60"
+                "{over}: three values of 25 bytes pass 60"
             );
         }
-        assert_eq!(cmd(&mut s2, &limited, &mut w, "HLEN hbig"), Reply::Int(2));
+        assert!(matches!(cmd(&mut s2, &limited, &mut w, "HKEYS hbig"), Reply::Array(v) if v.len() == 3));
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "HLEN hbig"), Reply::Int(3));
         // In EXEC, a command over the limit answers its error and the rest runs; the whole
         // reply is held to the limit too (each element counted 16 bytes more than its
         // strings), or the transaction is not run at all.
@@ -3594,6 +3635,37 @@ mod tests {
     /// A SCAN's reply stops early, with a cursor, once its keys take half of
     /// `max_output_bytes`: a large COUNT over large keys is answered in parts, and every
     /// key is still visited once. The cursors hold at most `CURSORS_BYTES_MAX` of keys.
+    /// HGETALL, HKEYS and HVALS are held to `max_output_bytes` by what their reply holds:
+    /// a long key's fields (each row repeats the key) and, for HKEYS, values it does not
+    /// send, count for nothing. Before, a hash of 100 short fields under a key of 2,000
+    /// bytes was refused at 64 KiB, and HKEYS of a hash of large values too.
+    #[test]
+    fn hash_replies_count_only_what_they_send() {
+        let (sh, mut w) = setup();
+        let limited = Shared { max_output_bytes: 64 << 10, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        let mut s = Session::new(&limited);
+        let mut c = |line: &str| cmd(&mut s, &limited, &mut w, line);
+        let long = "k".repeat(2000);
+        for i in 0..100 {
+            c(&format!("HSET {long} f{i:02} v"));
+        }
+        let Reply::Map(all) = c(&format!("HGETALL {long}")) else { panic!("HGETALL of 100 short fields refused") };
+        assert_eq!(all.len(), 100);
+        let Reply::Array(keys) = c(&format!("HKEYS {long}")) else { panic!("HKEYS refused") };
+        assert_eq!(keys.len(), 100);
+        // Values of 1 KiB: 100 KiB of them pass 64 KiB, the fields do not.
+        let value = "x".repeat(1024);
+        for i in 0..100 {
+            c(&format!("HSET big f{i:02} {value}"));
+        }
+        let Reply::Array(keys) = c("HKEYS big") else { panic!("HKEYS of a hash of large values refused") };
+        assert_eq!(keys[0], Reply::bulk("f00"));
+        assert_eq!(keys.len(), 100);
+        for refused in ["HVALS big", "HGETALL big"] {
+            assert!(matches!(c(refused), Reply::Error(e) if e.contains("max_output_bytes")), "{refused}");
+        }
+    }
+
     #[test]
     fn scan_replies_are_bounded_in_bytes_and_so_are_the_cursors() {
         let (sh, mut w) = setup();
