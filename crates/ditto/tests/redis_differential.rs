@@ -153,7 +153,9 @@ impl<S: Read + Write + Send> Client<S> {
         let n = r.read_until(b'\n', &mut line).expect("read a reply");
         assert!(n >= 2 && line.ends_with(b"\r\n"), "reply line cut short: {line:?}");
         line.truncate(line.len() - 2);
-        String::from_utf8(line).expect("reply line is UTF-8")
+        // A line naming a client's bytes that are not UTF-8 (an unknown command's name)
+        // is kept byte for byte, escaped: both servers' lines compare as they came.
+        String::from_utf8(line).unwrap_or_else(|e| e.as_bytes().escape_ascii().to_string())
     }
 
     fn bytes(r: &mut BufReader<S>, n: usize) -> Vec<u8> {
@@ -426,7 +428,19 @@ impl Gen {
             36 => c = [vec![w("PING")], if self.rng.gen_bool(0.5) { vec![self.value()] } else { vec![] }].concat(),
             37 => c = vec![w("DBSIZE")],
             38 => c = vec![w("KEYS"), w(self.pick(&["*", "h*", "?", "[ab]", "n", "[h-]*", "**", "", "*?*"]))],
-            39 => c = vec![w(self.pick(&["NOSUCHCOMMAND", "get\u{e9}"])), self.key()],
+            39 => {
+                // Unknown commands, their names and arguments echoed as they came, bytes
+                // that are not UTF-8 too.
+                let name = match self.rng.gen_range(0..3) {
+                    0 => w("NOSUCHCOMMAND"),
+                    1 => w("get\u{e9}"),
+                    _ => b"get\xe9".to_vec(),
+                };
+                c = vec![name, self.key()];
+                if self.rng.gen_bool(0.3) {
+                    c.push(b"\xff\xfe".to_vec());
+                }
+            }
             40 => {
                 // MULTI, EXEC, DISCARD and WATCH, in and out of order.
                 c = if self.in_multi {

@@ -154,11 +154,13 @@ pub fn unknown_command(args: &[Bytes]) -> Reply {
         rest.extend_from_slice(b"' ");
     }
     let name = &args[0][..args[0].len().min(128)];
-    Reply::err(format!(
-        "ERR unknown command '{}', with args beginning with: {}",
-        one_line(&String::from_utf8_lossy(name)),
-        one_line(&String::from_utf8_lossy(&rest))
-    ))
+    // The client's bytes as they came, as Redis echoes them (a CR or LF is written as a
+    // space by the encoder, `resp::line`).
+    let mut line = b"ERR unknown command '".to_vec();
+    line.extend_from_slice(name);
+    line.extend_from_slice(b"', with args beginning with: ");
+    line.extend_from_slice(&rest);
+    Reply::ErrorRaw(Bytes::from(line))
 }
 
 /// CLIENT's subcommands and their arity as Redis counts it (the command and subcommand

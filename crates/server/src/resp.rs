@@ -343,6 +343,10 @@ pub enum Reply {
     SimpleOwned(String),
     /// An error line, with its code (`ERR`, `WRONGTYPE` ...) as the first word.
     Error(String),
+    /// An error line that names a client's bytes as they came, UTF-8 or not (an unknown
+    /// command's name and arguments, as Redis echoes them; before 2026-12-06 they were
+    /// shown as U+FFFD).
+    ErrorRaw(Bytes),
     Int(i64),
     Bulk(Bytes),
     /// A missing value: `$-1` in RESP2, `_` in RESP3.
@@ -374,6 +378,7 @@ impl Reply {
             Reply::Int(_) => 8,
             Reply::Simple(s) => s.len(),
             Reply::SimpleOwned(s) | Reply::Error(s) => s.len(),
+            Reply::ErrorRaw(b) => b.len(),
             Reply::Bulk(b) => b.len(),
             Reply::Text(b) => b.len() + 4,
             Reply::Array(v) | Reply::Set(v) => v.iter().map(Reply::wire_bytes).sum(),
@@ -391,7 +396,7 @@ impl Reply {
     }
 
     pub fn is_error(&self) -> bool {
-        matches!(self, Reply::Error(_))
+        matches!(self, Reply::Error(_) | Reply::ErrorRaw(_))
     }
 
     /// Appends the reply to `out` in protocol `proto`.
@@ -401,6 +406,7 @@ impl Reply {
             Reply::Simple(s) => line(out, b'+', s.as_bytes()),
             Reply::SimpleOwned(s) => line(out, b'+', s.as_bytes()),
             Reply::Error(s) => line(out, b'-', s.as_bytes()),
+            Reply::ErrorRaw(b) => line(out, b'-', b),
             Reply::Int(n) => int_line(out, b':', *n),
             Reply::Bulk(b) => {
                 int_line(out, b'$', b.len() as i64);
@@ -477,15 +483,19 @@ mod tests {
     /// with an error line and a forged `+OK` after it (and, in a debug build, a panic).
     #[test]
     fn a_line_break_in_an_error_or_simple_string_is_written_as_a_space() {
-        for r in [Reply::err("ERR Syntax error in HELLO option 'x\r\n+OK'"), Reply::SimpleOwned("a\nb\rc".into())] {
+        for (r, want) in [
+            (Reply::err("ERR Syntax error in HELLO option 'x\r\n+OK'"), "ERR Syntax error in HELLO option 'x  +OK'"),
+            (Reply::SimpleOwned("a\nb\rc".into()), "a b c"),
+            (Reply::ErrorRaw(Bytes::from_static(b"ERR unknown command 'x\r\n+OK'")), "ERR unknown command 'x  +OK'"),
+        ] {
             let mut out = BytesMut::new();
             r.encode(Proto::Resp2, &mut out);
             let mut copy = out.clone();
             let (frame, used, _) = decode_bytes_mut(&mut copy).unwrap().expect("one whole frame");
             assert_eq!(used, out.len(), "one reply, nothing after it: {out:?}");
             match frame {
-                BytesFrame::Error(e) => assert_eq!(&e[..], "ERR Syntax error in HELLO option 'x  +OK'"),
-                BytesFrame::SimpleString(s) => assert_eq!(&s[..], b"a b c"),
+                BytesFrame::Error(e) => assert_eq!(&e[..], want),
+                BytesFrame::SimpleString(s) => assert_eq!(&s[..], want.as_bytes()),
                 other => panic!("{other:?}"),
             }
         }
