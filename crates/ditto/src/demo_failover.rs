@@ -231,12 +231,7 @@ impl Nodes {
 
     /// Node `id`'s server's process id (`INFO server`).
     fn server_pid(&self, id: u64) -> Option<String> {
-        let mut c = Client::connect_to("127.0.0.1", self.ports[&id]).ok()?;
-        let info = match c.call(&["INFO", "server"]).ok()? {
-            Reply::Bulk(Some(b)) => String::from_utf8(b).ok()?,
-            _ => return None,
-        };
-        info.lines().find_map(|l| l.strip_prefix("process_id:")).map(|v| v.trim().to_string())
+        info_field(&self.info(id, "server")?, "process_id").map(str::to_string)
     }
 
     /// The node that takes a write now.
@@ -280,8 +275,7 @@ impl Nodes {
             let following = |id: u64| -> Option<f64> {
                 let info = self.info(id, "cluster")?;
                 let line = failover_line(&info, p.epoch)?;
-                let get = |k: &str| line.split(',').find_map(|f| f.strip_prefix(k)?.strip_prefix('='));
-                let num = |k: &str| get(k)?.parse::<u64>().ok();
+                let num = |k: &str| failover_field(line, k)?.parse::<u64>().ok();
                 let done = num("began_unix_ms")? + num("opened_after_ms")? + num("role_change_ms")?;
                 Some(done as f64 - killed_unix_ms)
             };
@@ -334,8 +328,7 @@ impl Phases {
     fn parse(info: &str, killed_unix_ms: f64, unavailable_ms: f64) -> Option<Phases> {
         let epoch: u64 = info_field(info, "cluster_epoch")?.parse().ok()?;
         let line = failover_line(info, epoch)?;
-        let get = |k: &str| line.split(',').find_map(|f| f.strip_prefix(k)?.strip_prefix('='));
-        let num = |k: &str| get(k)?.parse::<u64>().ok();
+        let num = |k: &str| failover_field(line, k)?.parse::<u64>().ok();
         let began_ms = num("began_unix_ms")?;
         let (open_ms, role_change_ms) = (num("opened_after_ms")?, num("role_change_ms")?);
         let lease_wait_ms = num("lease_wait_ms")?;
@@ -346,7 +339,7 @@ impl Phases {
             reports_ms: num("reports_ms")?,
             prepare_ms: num("prepare_ms")?,
             open_ms,
-            role_change: get("role_change")?.to_string(),
+            role_change: failover_field(line, "role_change")?.to_string(),
             role_change_ms,
             lease_wait_ms,
             backups_following_ms: None,
@@ -382,6 +375,11 @@ fn info_field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
 /// An `INFO cluster` text's line for the failover to `epoch` (`cluster_failover_<epoch>`).
 fn failover_line(info: &str, epoch: u64) -> Option<&str> {
     info_field(info, &format!("cluster_failover_{epoch}"))
+}
+
+/// The value of field `key` (`key=value`, comma-separated) in such a line.
+fn failover_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split(',').find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// Now, in milliseconds since the Unix epoch (the nodes' `began_unix_ms` is on this clock).

@@ -207,6 +207,21 @@ fn ckpt_dir(data: &Path, ts: Ts) -> PathBuf {
     checkpoints_dir(data).join(format!("ckpt-{:020}", ts.0))
 }
 
+/// Refuses a manifest (at `mpath`) whose timestamp is not `ts`, the one its directory's
+/// name gives. The name orders the checkpoints: one whose manifest says another time (a
+/// directory renamed, or a manifest copied in) could be taken for the newest where it is
+/// not, or the newest passed over.
+fn named_ts(m: &Manifest, ts: Ts, mpath: &Path) -> Result<(), LogError> {
+    if m.ts == ts {
+        return Ok(());
+    }
+    Err(LogError::Corrupt {
+        file: mpath.to_path_buf(),
+        offset: 12,
+        what: format!("the manifest is of ts {}, its directory's name says ts {}", m.ts.0, ts.0),
+    })
+}
+
 /// The timestamp a checkpoint directory's name gives (`ckpt-` and 20 digits, as
 /// `ckpt_dir` makes it), or `None` for any other name.
 fn parse_ckpt_name(name: &std::ffi::OsStr) -> Option<Ts> {
@@ -303,13 +318,7 @@ pub(crate) fn write(
             // one atomic write.
             Ok(b) => {
                 let mut m = Manifest::decode(&b, &mpath)?;
-                if m.ts != ts {
-                    return Err(LogError::Corrupt {
-                        file: mpath,
-                        offset: 12,
-                        what: format!("the manifest is of ts {}, its directory's name says ts {}", m.ts.0, ts.0),
-                    });
-                }
+                named_ts(&m, ts, &mpath)?;
                 raise_manifest_epoch(&dir, &mut m, log_epoch_min, storage)?;
                 // Durable under its name before the caller deletes segments it covers: the
                 // attempt that wrote it may have died before it synced `checkpoints/`
@@ -654,16 +663,7 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
         match std::fs::read(&mpath) {
             Ok(b) if found.is_none() => {
                 let m = Manifest::decode(&b, &mpath)?;
-                // The name orders the checkpoints: one whose manifest says another time
-                // (a directory renamed, or a manifest copied in) could be taken for the
-                // newest where it is not, or the newest passed over.
-                if m.ts != ts {
-                    return Err(LogError::Corrupt {
-                        file: mpath,
-                        offset: 12,
-                        what: format!("the manifest is of ts {}, its directory's name says ts {}", m.ts.0, ts.0),
-                    });
-                }
+                named_ts(&m, ts, &mpath)?;
                 found = Some((d, m));
             }
             Ok(_) => incomplete.push(d), // older complete checkpoints: superseded

@@ -1375,19 +1375,16 @@ pub fn engine_error(e: &Error) -> Reply {
     }
 }
 
-/// Why a string write was refused for its length: Redis's words for its own limit
-/// (`proto-max-bulk-len`), with ditto's.
-pub(crate) fn string_too_long() -> String {
-    format!("string exceeds maximum allowed size ({} bytes in ditto)", crate::keyspace::STRING_LEN_MAX)
-}
-
 /// A write refused for a size (`Error::TooLarge`), in the client's terms: a string's or a
 /// key's length as the client sent it, not the engine's row, which holds a database or
 /// type byte more (before 2026-12-06 a SET of a 65,536-byte key said "key is 65537 bytes,
 /// over the limit of 65536", and an HSET's long field named neither; a review).
 fn too_large_text(e: &Error) -> String {
     match e {
-        Error::TooLarge { what: "string", .. } => string_too_long(),
+        // Redis's words for its own limit (`proto-max-bulk-len`), with ditto's.
+        Error::TooLarge { what: "string", max, .. } => {
+            format!("string exceeds maximum allowed size ({max} bytes in ditto)")
+        }
         // A key's row is its database byte and the key; a hash field's, the database
         // byte, the key's length (4 bytes), the key and the field.
         Error::TooLarge { what: "key", max, .. } => {
