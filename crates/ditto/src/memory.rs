@@ -20,6 +20,8 @@
 //!
 //! The process keeps that memory until it exits (the purge stays off), which is what a
 //! benchmark process wants and why this is not done for the server.
+//!
+//! And turning transparent huge pages off for a server (`disable_thp`), as Redis does.
 
 use std::time::{Duration, Instant};
 
@@ -128,6 +130,46 @@ pub fn prefault(mib: u64, threads: usize) -> Prefaulted {
         }
     });
     Prefaulted { mib, took: t0.elapsed() }
+}
+
+/// Turns transparent huge pages off for this process and the processes it starts
+/// (`prctl(PR_SET_THP_DISABLE)`, which a child inherits across fork and exec), as Redis's
+/// `disable-thp yes` does; `ditto server` and a cluster node call it unless the config's
+/// `disable_thp` is false (docs/server.md, "Transparent huge pages").
+///
+/// mimalloc asks for huge pages on its arenas (`madvise(MADV_HUGEPAGE)`), so even where the
+/// kernel's setting is `madvise` a thread's first touch of a fresh 2 MiB of heap zeroes all
+/// of it in one page fault. On the project's 2-core VM, whose host backs a guest's fresh
+/// memory as it is first touched, such a fault stalled a failover's report by 30-90 ms in
+/// about one failover in ten (`perf`: every sample of the report's thread in
+/// `clear_page_erms` under `do_huge_pmd_anonymous_page`), and a replicated SET was no faster
+/// with them (docs/results.md, 2026-12-06).
+pub fn disable_thp() -> Result<(), String> {
+    // SAFETY: prctl with integer arguments only; it changes no memory of this process.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_THP_DISABLE,
+            1 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!("prctl(PR_SET_THP_DISABLE): {}", std::io::Error::last_os_error()))
+    }
+}
+
+/// `disable_thp` where `wanted`, a failure said (the server runs on, its pages as the
+/// system sets them).
+pub fn disable_thp_if(wanted: bool) {
+    if wanted {
+        if let Err(e) = disable_thp() {
+            tracing::warn!("disable_thp: transparent huge pages stay as the system sets them: {e}");
+        }
+    }
 }
 
 /// `MemAvailable` from /proc/meminfo, in MiB.

@@ -174,3 +174,11 @@ impl Client {
         self.cmd(args).unwrap().remove(0)
     }
 }
+
+/// Process `pid`'s `THP_enabled` (/proc/PID/status, Linux 5.0+): "0" once it turned
+/// transparent huge pages off (`prctl(PR_SET_THP_DISABLE)`), or inherited that.
+pub fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find_map(|l| l.strip_prefix("THP_enabled:"));
+    line.unwrap_or_else(|| panic!("no THP_enabled in /proc/{pid}/status (Linux 5.0+)")).trim().to_string()
+}
