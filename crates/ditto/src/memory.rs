@@ -21,7 +21,8 @@
 //! The process keeps that memory until it exits (the purge stays off), which is what a
 //! benchmark process wants and why this is not done for the server.
 //!
-//! And turning transparent huge pages off for a server (`disable_thp`), as Redis does.
+//! And turning transparent huge pages off for a cluster node's supervisor process
+//! (`thp_off_for_the_node`).
 
 use std::time::{Duration, Instant};
 
@@ -132,43 +133,59 @@ pub fn prefault(mib: u64, threads: usize) -> Prefaulted {
     Prefaulted { mib, took: t0.elapsed() }
 }
 
-/// Turns transparent huge pages off for this process and the processes it starts
-/// (`prctl(PR_SET_THP_DISABLE)`, which a child inherits across fork and exec), as Redis's
-/// `disable-thp yes` does; `ditto server` and a cluster node call it unless the config's
-/// `disable_thp` is false (docs/server.md, "Transparent huge pages").
+/// Whether this process turned transparent huge pages off (`thp_off_for_the_node`).
+static THP_TURNED_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns transparent huge pages off for a cluster node's own process (its supervisor:
+/// `prctl(PR_SET_THP_DISABLE)`), where they were on; the servers it starts get them back
+/// (`servers_get_thp_back`). A failure is a warning: the node runs on.
 ///
 /// mimalloc asks for huge pages on its arenas (`madvise(MADV_HUGEPAGE)`), so even where the
 /// kernel's setting is `madvise` a thread's first touch of a fresh 2 MiB of heap zeroes all
 /// of it in one page fault. On the project's 2-core VM, whose host backs a guest's fresh
-/// memory as it is first touched, such a fault stalled a failover's report by 30-90 ms in
-/// about one failover in ten (`perf`: every sample of the report's thread in
-/// `clear_page_erms` under `do_huge_pmd_anonymous_page`), and a replicated SET was no faster
-/// with them (docs/results.md, 2026-12-06).
-pub fn disable_thp() -> Result<(), String> {
+/// memory as it is first touched, such a fault stalled a failover's report (read on a
+/// thread of the node) by 30-90 ms in about one failover in six (`perf`: every sample of
+/// the report's thread in `clear_page_erms` under `do_huge_pmd_anonymous_page`). The node's
+/// heap is small and gains nothing from huge pages. A server's does: a backup replaying
+/// TPC-C without them cost 0.30-0.33 of execution against 0.23-0.27, its lag p99 25-31 ms
+/// against 5-21 (docs/cluster.md, "Reports read ahead").
+pub fn thp_off_for_the_node() {
+    let arg = |v: u64| v as libc::c_ulong;
     // SAFETY: prctl with integer arguments only; it changes no memory of this process.
-    let r = unsafe {
-        libc::prctl(
-            libc::PR_SET_THP_DISABLE,
-            1 as libc::c_ulong,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-        )
-    };
-    if r == 0 {
-        Ok(())
+    let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, arg(0), arg(0), arg(0), arg(0)) };
+    if off != 0 {
+        return; // (Off already, set so by whoever started the node: its servers keep that.)
+    }
+    // SAFETY: as above.
+    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, arg(1), arg(0), arg(0), arg(0)) } == 0 {
+        THP_TURNED_OFF.store(true, std::sync::atomic::Ordering::Release);
     } else {
-        Err(format!("prctl(PR_SET_THP_DISABLE): {}", std::io::Error::last_os_error()))
+        let e = std::io::Error::last_os_error();
+        tracing::warn!("turning transparent huge pages off for the node: prctl(PR_SET_THP_DISABLE): {e}");
     }
 }
 
-/// `disable_thp` where `wanted`, a failure said (the server runs on, its pages as the
-/// system sets them).
-pub fn disable_thp_if(wanted: bool) {
-    if wanted {
-        if let Err(e) = disable_thp() {
-            tracing::warn!("disable_thp: transparent huge pages stay as the system sets them: {e}");
-        }
+/// A server the node starts gets transparent huge pages back (the kernel's flag is
+/// inherited across fork and exec) where `thp_off_for_the_node` turned them off.
+pub fn servers_get_thp_back(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    if THP_TURNED_OFF.load(std::sync::atomic::Ordering::Acquire) {
+        // SAFETY: runs in the child between fork and exec: prctl is async-signal-safe,
+        // and nothing is allocated. A failure there fails the spawn, with its error.
+        unsafe {
+            cmd.pre_exec(|| {
+                match libc::prctl(
+                    libc::PR_SET_THP_DISABLE,
+                    0 as libc::c_ulong,
+                    0 as libc::c_ulong,
+                    0 as libc::c_ulong,
+                    0 as libc::c_ulong,
+                ) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            })
+        };
     }
 }
 

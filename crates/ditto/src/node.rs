@@ -1409,6 +1409,7 @@ impl NodePlane {
         }
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
         let mut proc = Proc::new(exe);
+        crate::memory::servers_get_thp_back(&mut proc);
         match &self.secret {
             // One per line, the one shown first (a secret holds no line break).
             Some(secret) => proc.env(

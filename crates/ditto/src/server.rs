@@ -403,7 +403,6 @@ pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         cfg.link_secret = given.next().or_else(|| cfg.requirepass.clone());
         cfg.link_secret_also = given.collect();
     }
-    crate::memory::disable_thp_if(cfg.disable_thp);
     cfg.used_memory = Some(ditto_server::memory::allocated_bytes);
     cfg.write_gate = Some(gate);
     cfg.replica_name = a.replica_name;
@@ -584,9 +583,8 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     // the node passes them wins: before 2026-12-05 a file's `workers` was overridden by
     // the default), else the server's default.
     let workers = a.workers.or(file.as_ref().map(|c| c.workers)).unwrap_or_else(ditto_server::config::default_workers);
-    // (Before the node's threads start; the servers it starts inherit it, and apply the
-    // same config themselves.)
-    crate::memory::disable_thp_if(file.as_ref().is_none_or(|c| c.disable_thp));
+    // (The servers it starts get them back: `memory::servers_get_thp_back`.)
+    crate::memory::thp_off_for_the_node();
     crate::node::run(crate::node::NodeConfig {
         id,
         members,

@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-mod common;
-
 struct Server {
     child: Child,
     /// The plaintext port (0 with `tls_only`).
@@ -204,18 +202,6 @@ fn redis_cli_speaks_to_the_server() {
     let incr = stats.lines().find(|l| l.starts_with("cmdstat_incr:")).unwrap_or_else(|| panic!("{stats}"));
     assert!(incr.split([':', ',']).any(|kv| kv.trim() == "failed_calls=1"), "INCR of a string failed once: {incr}");
     assert!(srv.cli(&["CONFIG", "GET", "appendonly"]).contains("yes"));
-}
-
-/// A server turns transparent huge pages off for itself (the config's `disable_thp`, on by
-/// default, as Redis's `disable-thp yes`), and leaves them as they were with `false`.
-#[test]
-fn a_server_turns_transparent_huge_pages_off_unless_told_not_to() {
-    let tmp = tempfile::tempdir().unwrap();
-    let default = Server::start(&tmp.path().join("default"), "");
-    assert_eq!(common::thp_enabled(default.child.id()), "0", "by default");
-    let kept = Server::start(&tmp.path().join("kept"), "disable_thp = false\n");
-    let own = common::thp_enabled(std::process::id());
-    assert_eq!(common::thp_enabled(kept.child.id()), own, "with disable_thp = false: as the test's own process");
 }
 
 #[test]

@@ -152,11 +152,6 @@ pub struct Config {
     /// bytes), `0` for none, or `"auto"` (the default): three quarters of the machine's
     /// memory or the cgroup's limit, whichever is lower.
     pub maxmemory: MaxMemory,
-    /// Turn transparent huge pages off for the process (and, on a cluster node, for the
-    /// servers it starts), as Redis's `disable-thp yes`; `false` leaves them as the system
-    /// and the allocator set them. The binary applies it (crates/ditto/src/memory.rs
-    /// `disable_thp`; docs/server.md, "Transparent huge pages").
-    pub disable_thp: bool,
     /// What measures the memory in use: set by the binary, which installs the counting
     /// allocator (`ditto_engine::alloc::Counting`). A `maxmemory` without it is refused.
     #[serde(skip)]
@@ -304,7 +299,6 @@ impl Default for Config {
             replay: "parallel".into(),
             waitts_timeout_ms: 5000,
             maxmemory: MaxMemory::Text("auto".into()),
-            disable_thp: true,
             used_memory: None,
             cluster: None,
             write_gate: None,
