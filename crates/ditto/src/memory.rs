@@ -136,9 +136,20 @@ pub fn prefault(mib: u64, threads: usize) -> Prefaulted {
 /// Whether this process turned transparent huge pages off (`thp_off_for_the_node`).
 static THP_TURNED_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// `prctl(PR_SET_THP_DISABLE, off)`.
+fn set_thp_disable(off: bool) -> Result<(), String> {
+    let arg = |v: u64| v as libc::c_ulong;
+    // SAFETY: prctl with integer arguments only; it changes no memory of this process.
+    match unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, arg(u64::from(off)), arg(0), arg(0), arg(0)) } {
+        0 => Ok(()),
+        _ => Err(format!("prctl(PR_SET_THP_DISABLE, {}): {}", u8::from(off), std::io::Error::last_os_error())),
+    }
+}
+
 /// Turns transparent huge pages off for a cluster node's own process (its supervisor:
-/// `prctl(PR_SET_THP_DISABLE)`), where they were on; the servers it starts get them back
-/// (`servers_get_thp_back`). A failure is a warning: the node runs on.
+/// `prctl(PR_SET_THP_DISABLE)`), where they were on; the servers it starts turn them on
+/// again (`--thp-back`, `thp_back`: the kernel's flag is inherited across fork and exec).
+/// A failure is a warning: the node runs on.
 ///
 /// mimalloc asks for huge pages on its arenas (`madvise(MADV_HUGEPAGE)`), so even where the
 /// kernel's setting is `madvise` a thread's first touch of a fresh 2 MiB of heap zeroes all
@@ -151,41 +162,32 @@ static THP_TURNED_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// against 5-21 (docs/cluster.md, "Reports read ahead").
 pub fn thp_off_for_the_node() {
     let arg = |v: u64| v as libc::c_ulong;
-    // SAFETY: prctl with integer arguments only; it changes no memory of this process.
+    // SAFETY: prctl with integer arguments only.
     let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, arg(0), arg(0), arg(0), arg(0)) };
-    if off != 0 {
-        return; // (Off already, set so by whoever started the node: its servers keep that.)
-    }
-    // SAFETY: as above.
-    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, arg(1), arg(0), arg(0), arg(0)) } == 0 {
-        THP_TURNED_OFF.store(true, std::sync::atomic::Ordering::Release);
-    } else {
-        let e = std::io::Error::last_os_error();
-        tracing::warn!("turning transparent huge pages off for the node: prctl(PR_SET_THP_DISABLE): {e}");
+    match off {
+        // (Off already, set so by whoever started the node: its servers keep that.)
+        1.. => {}
+        0 => match set_thp_disable(true) {
+            Ok(()) => THP_TURNED_OFF.store(true, std::sync::atomic::Ordering::Release),
+            Err(e) => tracing::warn!("turning transparent huge pages off for the node: {e}"),
+        },
+        _ => tracing::warn!(
+            "transparent huge pages stay as they are for the node: prctl(PR_GET_THP_DISABLE): {}",
+            std::io::Error::last_os_error()
+        ),
     }
 }
 
-/// A server the node starts gets transparent huge pages back (the kernel's flag is
-/// inherited across fork and exec) where `thp_off_for_the_node` turned them off.
-pub fn servers_get_thp_back(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    if THP_TURNED_OFF.load(std::sync::atomic::Ordering::Acquire) {
-        // SAFETY: runs in the child between fork and exec: prctl is async-signal-safe,
-        // and nothing is allocated. A failure there fails the spawn, with its error.
-        unsafe {
-            cmd.pre_exec(|| {
-                match libc::prctl(
-                    libc::PR_SET_THP_DISABLE,
-                    0 as libc::c_ulong,
-                    0 as libc::c_ulong,
-                    0 as libc::c_ulong,
-                    0 as libc::c_ulong,
-                ) {
-                    0 => Ok(()),
-                    _ => Err(std::io::Error::last_os_error()),
-                }
-            })
-        };
+/// Whether `thp_off_for_the_node` turned them off (its servers are then told `--thp-back`).
+pub fn node_turned_thp_off() -> bool {
+    THP_TURNED_OFF.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// A server started by a node that turned transparent huge pages off (`--thp-back`) turns
+/// them on again for itself. A failure is a warning: the server runs on without them.
+pub fn thp_back() {
+    if let Err(e) = set_thp_disable(false) {
+        tracing::warn!("turning transparent huge pages on again for the server its node started: {e}");
     }
 }
 

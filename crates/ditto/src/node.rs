@@ -722,7 +722,8 @@ impl Warmer {
     }
 
     /// Tells the thread of `link`, if it changed. A link down that was not up (a backup
-    /// still joining) is no news: nothing was received since the last read.
+    /// still joining, or one whose link went down before) is no news: it counts as `Off`,
+    /// nothing having been received since the last read.
     fn say(&mut self, link: WarmLink) {
         let link = if link == WarmLink::Down && self.said != WarmLink::Up { WarmLink::Off } else { link };
         if link != self.said {
@@ -1276,6 +1277,9 @@ impl NodePlane {
         // Its server writes the directory: reads cached for reports no longer hold.
         ditto_log::replica::forget_holdings();
         self.report_warm = None;
+        // A new server: its link is news only once seen up (a server replaced within one
+        // `reconcile` was never seen gone by the probe).
+        self.warm.say(WarmLink::Off);
         let me = self.addrs(self.me).ok_or("this node's own addresses are unknown")?;
         let of_addrs = match &role {
             Role::Backup { of, .. } => Some(self.addrs(*of).ok_or(format!("node {of}'s addresses are unknown"))?),
@@ -1407,9 +1411,13 @@ impl NodePlane {
                 }
             }
         }
+        if crate::memory::node_turned_thp_off() {
+            // (Turned on again by the server itself: a `pre_exec` hook would make every
+            // spawn fork the node instead of `posix_spawn`.)
+            args.push("--thp-back".into());
+        }
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
         let mut proc = Proc::new(exe);
-        crate::memory::servers_get_thp_back(&mut proc);
         match &self.secret {
             // One per line, the one shown first (a secret holds no line break).
             Some(secret) => proc.env(
@@ -3313,7 +3321,11 @@ mod tests {
         // A period of 5 ms: reads while the link is up.
         let (tx, rx) = channel();
         let (reads, read) = channel();
-        std::thread::spawn(move || warm_loop(&rx, Duration::from_millis(5), || reads.send(()).unwrap()));
+        std::thread::spawn(move || {
+            warm_loop(&rx, Duration::from_millis(5), || {
+                let _ = reads.send(());
+            })
+        });
         tx.send(Up).unwrap();
         for _ in 0..3 {
             read.recv_timeout(wait).expect("an up link is read every period");

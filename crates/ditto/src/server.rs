@@ -196,11 +196,18 @@ pub struct ServerArgs {
     /// their backups what the primary pre-faulted; see memory.rs).
     #[arg(long, hide = true)]
     prefault_mib: Option<u64>,
+    /// Started by a cluster node that turned transparent huge pages off for itself (and so
+    /// for this process, which inherited that): turn them on again (memory.rs, `thp_back`).
+    #[arg(long, hide = true)]
+    thp_back: bool,
 }
 
 pub fn run(a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(id) = a.node_id {
         return run_node(id, a);
+    }
+    if a.thp_back {
+        crate::memory::thp_back();
     }
     let gate = std::sync::Arc::new(ditto_server::session::WriteGate::default());
     if a.exit_with_stdin {
@@ -583,7 +590,7 @@ fn run_node(id: u64, a: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     // the node passes them wins: before 2026-12-05 a file's `workers` was overridden by
     // the default), else the server's default.
     let workers = a.workers.or(file.as_ref().map(|c| c.workers)).unwrap_or_else(ditto_server::config::default_workers);
-    // (The servers it starts get them back: `memory::servers_get_thp_back`.)
+    // (The servers it starts turn them on again: `--thp-back`.)
     crate::memory::thp_off_for_the_node();
     crate::node::run(crate::node::NodeConfig {
         id,

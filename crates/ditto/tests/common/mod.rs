@@ -176,9 +176,9 @@ impl Client {
 }
 
 /// Process `pid`'s `THP_enabled` (/proc/PID/status, Linux 5.0+): "0" once it turned
-/// transparent huge pages off (`prctl(PR_SET_THP_DISABLE)`), or inherited that.
-pub fn thp_enabled(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find_map(|l| l.strip_prefix("THP_enabled:"));
-    line.unwrap_or_else(|| panic!("no THP_enabled in /proc/{pid}/status (Linux 5.0+)")).trim().to_string()
+/// transparent huge pages off (`prctl(PR_SET_THP_DISABLE)`), or inherited that. None
+/// where the process is gone (or a zombie: no such line) or the kernel says nothing.
+pub fn thp_enabled(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("THP_enabled:")).map(|v| v.trim().to_string())
 }
