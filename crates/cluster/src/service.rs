@@ -433,6 +433,10 @@ pub struct Status {
     /// the last one's peer and reason.
     pub refused: u64,
     pub refused_last: Option<String>,
+    /// Bumped when what a primary's write gate is told may have moved: commands applied
+    /// (an opening names the primary and when it may take writes), or quorum contact won
+    /// or lost (`ControlService::wait_status`).
+    pub changes: u64,
 }
 
 impl Status {
@@ -700,10 +704,27 @@ enum Input {
     },
     Propose(Command, Sender<Result<(), String>>),
     Admin(AdminRequest, Sender<AdminReply>),
+    /// Look at the data plane now (`Waker`): it has news (a backup its server now hears).
+    Wake,
+}
+
+/// Wakes a node's control thread to look at its data plane at once (`DataPlane::heard`
+/// and the rest of a loop), rather than at its next input or tick (up to `tick` later):
+/// for news that a failover waits on, such as a new primary's server hearing a backup.
+#[derive(Clone)]
+pub struct Waker(SyncSender<Input>);
+
+impl Waker {
+    /// Never blocks: with the control thread's inbox full, it has plenty to wake it.
+    pub fn wake(&self) {
+        let _ = self.0.try_send(Input::Wake);
+    }
 }
 
 struct Shared {
     status: Mutex<Status>,
+    /// Told when `Status::changes` moves (`ControlService::wait_status`).
+    status_changed: std::sync::Condvar,
     stop: AtomicBool,
     id: NodeId,
     secret: Option<ClusterSecret>,
@@ -1019,6 +1040,7 @@ impl ControlService {
         }
         let shared = Arc::new(Shared {
             status: Mutex::new(Status { id: cfg.id, ..Status::default() }),
+            status_changed: Default::default(),
             stop: AtomicBool::new(false),
             id: cfg.id,
             secret: cfg.secret.clone(),
@@ -1083,6 +1105,17 @@ impl ControlService {
             }));
         }
         Ok(ControlService { shared, inbox, threads })
+    }
+
+    /// A `Waker` of this node's control thread.
+    pub fn waker(&self) -> Waker {
+        Waker(self.inbox.clone())
+    }
+
+    /// Waits until `Status::changes` is past `seen`, up to `timeout`.
+    pub fn wait_status(&self, seen: u64, timeout: Duration) {
+        let s = self.shared.status.lock().unwrap();
+        let _ = self.shared.status_changed.wait_timeout_while(s, timeout, |s| s.changes <= seen);
     }
 
     pub fn status(&self) -> Status {
@@ -1992,6 +2025,7 @@ impl Run {
                 Ok(Input::Fetched { .. }) => "fetched batches",
                 Ok(Input::Propose(..)) => "a proposal",
                 Ok(Input::Admin(..)) => "an operator's request",
+                Ok(Input::Wake) => "news of the data plane",
                 Err(_) => "",
             };
             let r = match input {
@@ -2034,7 +2068,7 @@ impl Run {
                     self.on_admin(req, reply, now);
                     Ok(())
                 }
-                Err(RecvTimeoutError::Timeout) => Ok(()),
+                Ok(Input::Wake) | Err(RecvTimeoutError::Timeout) => Ok(()),
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             if let Err(e) = r {
@@ -2237,11 +2271,14 @@ impl Run {
             s.voters = self.node.voters();
             s.learners = self.node.learners();
             s.term = self.node.term();
-            if std::mem::take(&mut state_changed) {
+            let contact_was = s.quorum_contact;
+            let changed = std::mem::take(&mut state_changed);
+            if changed {
                 s.state = self.node.state().clone();
             }
             s.fence = self.disk.fence();
             s.quorum_contact = serving && self.coord.has_quorum_contact(self.node.state(), now);
+            let changed = changed || s.quorum_contact != contact_was;
             // (On the clock `now` counts on: the time since this loop started.)
             s.contact_until = match s.quorum_contact {
                 true => self.coord.contact_deadline(self.node.state(), now).map(|d| started + Duration::from_millis(d)),
@@ -2249,6 +2286,10 @@ impl Run {
             };
             s.published = Some(Instant::now());
             s.failover_waiting = self.coord.unplanned().map(|(e, why)| (e, why.to_string()));
+            if changed {
+                s.changes += 1;
+                self.shared.status_changed.notify_all();
+            }
             // The leader steps aside for a backup while it is also the serving primary: a
             // crash of the primary's machine then needs no election before its failover
             // can begin (docs/cluster.md, "Leader and primary apart").
@@ -2303,6 +2344,7 @@ mod tests {
         fn start() -> FetchThread {
             let shared = Arc::new(Shared {
                 status: Mutex::new(Status::default()),
+                status_changed: Default::default(),
                 stop: AtomicBool::new(false),
                 id: 1,
                 secret: None,

@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ditto_cluster::service::Waker;
 use ditto_cluster::{
     Command, ControlService, ControlState, DataPlane, Holding, Member, NodeId, Phase, RecoveryPlan, ServiceConfig,
     Timeouts, Timing,
@@ -232,6 +233,8 @@ struct Running {
     count_told: Option<Instant>,
     /// When it was started (`Node::backup_backoff` counts only quick exits).
     started: Instant,
+    /// When it was given its present role (started, or asked to change it in place).
+    role_since: Instant,
 }
 
 /// The server's newest answer to `INFO replication`, asked by a thread of its own every
@@ -241,6 +244,9 @@ struct Running {
 /// apply an operator's request 10.6 s late on a node that led Raft; docs/cluster.md.)
 struct Prober {
     latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>>,
+    /// Probe every `PROBE_FAST` (a new primary waiting to hear its backups: each ms the
+    /// probe is late, its first write is).
+    fast: Arc<AtomicBool>,
     /// Bumped when the server is asked to change its role in place: an answer to a
     /// question asked before is not read as the new role's.
     generation: Arc<AtomicU64>,
@@ -258,16 +264,27 @@ struct ProbeAnswer {
 }
 
 impl Prober {
-    /// Starts asking the server at `addr` once `ready` (it listens).
-    fn start(me: NodeId, addr: String, password: Option<String>, ready: Arc<AtomicBool>) -> Result<Prober, String> {
+    /// Starts asking the server at `addr` once `ready` (it listens). An answer in which the
+    /// backups the server hears are not those of the answer before wakes the control
+    /// thread (`wake`, once the service runs), which reads it at once rather than at its
+    /// next input or tick.
+    fn start(
+        me: NodeId,
+        addr: String,
+        password: Option<String>,
+        ready: Arc<AtomicBool>,
+        wake: Arc<std::sync::OnceLock<Waker>>,
+    ) -> Result<Prober, String> {
         let latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>> = Default::default();
         let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (l, g, s) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop));
+        let fast = Arc::new(AtomicBool::new(false));
+        let (l, g, s, f) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop), Arc::clone(&fast));
         let thread = std::thread::Builder::new()
             .name("ditto-probe".into())
             .spawn(move || {
                 let (mut conn, mut failures, mut asked_in) = (None, 0u32, 0u64);
+                let mut heard_before = Vec::new();
                 while !s.load(Ordering::Acquire) {
                     if !ready.load(Ordering::Acquire) {
                         std::thread::park_timeout(PROBE_EVERY);
@@ -290,12 +307,20 @@ impl Prober {
                         e.to_string()
                     });
                     failures = if info.is_ok() { 0 } else { failures.saturating_add(1) };
+                    let heard = info.as_deref().map(backups_heard).unwrap_or_default();
                     *l.lock() = Some(ProbeAnswer { at: Instant::now(), asked, generation, info });
-                    std::thread::park_timeout(probe_wait(failures));
+                    if heard != heard_before {
+                        heard_before = heard;
+                        if let Some(w) = wake.get() {
+                            w.wake();
+                        }
+                    }
+                    let wait = if f.load(Ordering::Acquire) { PROBE_FAST } else { probe_wait(failures) };
+                    std::thread::park_timeout(wait);
                 }
             })
             .map_err(|e| format!("starting the thread that probes the server: {e}"))?;
-        Ok(Prober { latest, generation, stop, thread: thread.thread().clone() })
+        Ok(Prober { latest, fast, generation, stop, thread: thread.thread().clone() })
     }
 
     /// The newest answer of the server's present role, how old it is, and when it was
@@ -319,6 +344,20 @@ impl Drop for Prober {
         self.stop.store(true, Ordering::Release);
         self.thread.unpark();
     }
+}
+
+/// The backups an `INFO replication` answer says its server heard from lately
+/// (`slaveN:node=...`, whose newest ack echoed a heartbeat sent at most `HEARD_WITHIN_MS`
+/// before: `lease_ms_ago`), in its order.
+fn backups_heard(info: &str) -> Vec<String> {
+    info.lines()
+        .filter_map(|l| {
+            let fields = l.strip_prefix("slave")?.split_once(':')?.1;
+            let kv = |k: &str| fields.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
+            let ago: u64 = kv("lease_ms_ago")?.parse().ok()?;
+            (ago <= HEARD_WITHIN_MS).then(|| kv("node").map(str::to_string))?
+        })
+        .collect()
 }
 
 /// A server told to stop that has not exited yet (`NodePlane::stop_child`).
@@ -621,6 +660,8 @@ struct NodePlane {
     stop_timeout: Duration,
     /// The thread that reads the replica log ahead, told of the backup's link.
     warm: Warmer,
+    /// Wakes the control thread (set once the service runs): a prober's news.
+    waker: Arc<std::sync::OnceLock<Waker>>,
     /// What this node, an old primary that rejoins, discarded of its epoch above the
     /// recovery point: proposed (every `PROPOSE_EVERY`) until the state records it.
     count_discarded: Option<(Command, Instant)>,
@@ -772,6 +813,10 @@ const REPORT_READ_FRESH: Duration = Duration::from_secs(2);
 const GIVE_UP_AFTER_FAILED_START: Duration = Duration::from_millis(800);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
+/// How often a new primary is asked, while it does not serve yet, within `PROBE_FAST_FOR`
+/// of its role's start.
+const PROBE_FAST: Duration = Duration::from_millis(1);
+const PROBE_FAST_FOR: Duration = Duration::from_secs(2);
 /// The most a probe waits after failed ones (`probe_wait`).
 const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
@@ -857,7 +902,14 @@ fn say(me: NodeId, what: impl std::fmt::Display) {
 }
 
 impl NodePlane {
-    fn new(cfg: &NodeConfig, gate: SharedGate, history: History, warm: Warmer, leases: Arc<Leases>) -> NodePlane {
+    fn new(
+        cfg: &NodeConfig,
+        gate: SharedGate,
+        history: History,
+        warm: Warmer,
+        waker: Arc<std::sync::OnceLock<Waker>>,
+        leases: Arc<Leases>,
+    ) -> NodePlane {
         NodePlane {
             me: cfg.id,
             secret: cfg.secret.clone(),
@@ -886,6 +938,7 @@ impl NodePlane {
             in_place: cfg.promote_in_place,
             stop_timeout: cfg.stop_timeout,
             warm,
+            waker,
             count_discarded: None,
             prepared_own_log: None,
             prepare_check: None,
@@ -1509,7 +1562,13 @@ impl NodePlane {
                 }
             }
         }
-        let prober = match Prober::start(self.me, me.client_addr(), self.password.clone(), Arc::clone(&ready)) {
+        let prober = match Prober::start(
+            self.me,
+            me.client_addr(),
+            self.password.clone(),
+            Arc::clone(&ready),
+            Arc::clone(&self.waker),
+        ) {
             Ok(p) => p,
             Err(e) => {
                 *self.gate.lock() = Gate::default();
@@ -1533,6 +1592,7 @@ impl NodePlane {
             changing: false,
             count_told: None,
             started: Instant::now(),
+            role_since: Instant::now(),
         });
         Ok(())
     }
@@ -1578,6 +1638,7 @@ impl NodePlane {
             f.store(false, Ordering::Release);
         }
         c.prober.new_role();
+        c.role_since = Instant::now();
         c.fence_asked = None;
         c.changing = true;
         let primary = matches!(role, Role::Primary { .. });
@@ -2029,6 +2090,10 @@ impl NodePlane {
                     && c.fence_asked.is_none()
                     && self.state.open_epoch().map(|e| e.epoch) == Some(*epoch)
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
+                // A new primary hears its backups sooner, probed every ms until its write
+                // gate opens (within `PROBE_FAST_FOR` of its role's start).
+                let fast = !self.gate.lock().open && c.role_since.elapsed() < PROBE_FAST_FOR;
+                c.prober.fast.store(fast, Ordering::Release);
                 self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
                     // slaveN:node=HOST:PORT,addr=...,lease_ms_ago=N: how long ago the server
@@ -2052,6 +2117,7 @@ impl NodePlane {
             }
             Role::Backup { of, learner, .. } => {
                 self.serving = false;
+                c.prober.fast.store(false, Ordering::Release);
                 // A promoted learner's server that still says it is a learner did not take
                 // its `count` (it was changing its role, say): told again, until it has.
                 if !*learner
@@ -2703,7 +2769,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let history = History::default();
     let warm = Warmer::start(cfg.dir.join("data"), cfg.id)?;
     let leases = Arc::new(Leases::default());
-    let plane = NodePlane::new(&cfg, Arc::clone(&gate), Arc::clone(&history), warm, Arc::clone(&leases));
+    let waker: Arc<std::sync::OnceLock<Waker>> = Default::default();
+    let plane =
+        NodePlane::new(&cfg, Arc::clone(&gate), Arc::clone(&history), warm, Arc::clone(&waker), Arc::clone(&leases));
     let svc = ControlService::start(
         ServiceConfig {
             id: cfg.id,
@@ -2721,6 +2789,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
         listener,
         Box::new(plane),
     )?;
+    let _ = waker.set(svc.waker());
     say(cfg.id, format!("control plane on {}:{}", me.host, me.control));
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
@@ -2743,9 +2812,13 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let mut said_waiting = false;
     let mut said_lease = false;
     let mut removed = None;
+    // (What the status said it had changed, last: `wait_status` returns at once on news,
+    // a new primary's quorum contact say, and looks every 5 ms anyway.)
+    let mut seen = 0;
     while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(5));
+        svc.wait_status(seen, Duration::from_millis(5));
         let st = svc.status();
+        seen = st.changes;
         if let Some(f) = &st.failed {
             // Refused by the members as removed (it was removed while it was down).
             if f.contains(ditto_cluster::service::REMOVED) {
@@ -2937,7 +3010,14 @@ mod tests {
             password: None,
             config_file: None,
         };
-        super::NodePlane::new(&cfg, Default::default(), Default::default(), Default::default(), Default::default())
+        super::NodePlane::new(
+            &cfg,
+            Default::default(),
+            Default::default(),
+            Default::default(),
+            Default::default(),
+            Default::default(),
+        )
     }
 
     fn opened(epochs: &[u64]) -> super::ControlState {
@@ -3331,6 +3411,19 @@ mod tests {
             read.recv_timeout(wait).expect("an up link is read every period");
         }
         drop(tx);
+    }
+
+    /// What wakes the control thread: the backups the server's answer says it heard from
+    /// lately (an ack echoing a heartbeat at most `HEARD_WITHIN_MS` old), in order.
+    #[test]
+    fn the_backups_a_probe_hears_are_those_heard_lately() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:4\r\n\
+                    slave0:node=127.0.0.1:7001,addr=127.0.0.1:40001,heard_ms_ago=1,lease_ms_ago=3\r\n\
+                    slave1:node=127.0.0.1:7002,addr=127.0.0.1:40002,heard_ms_ago=0,lease_ms_ago=51\r\n\
+                    slave2:node=127.0.0.1:7003,addr=127.0.0.1:40003,lease_ms_ago=50,learner=1\r\n\
+                    slave3:node=127.0.0.1:7004,addr=127.0.0.1:40004\r\n";
+        assert_eq!(super::backups_heard(info), vec!["127.0.0.1:7001", "127.0.0.1:7003"]);
+        assert!(super::backups_heard("role:slave\r\nmaster_link_status:up\r\n").is_empty());
     }
 
     #[test]
