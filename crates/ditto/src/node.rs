@@ -233,8 +233,10 @@ struct Running {
     count_told: Option<Instant>,
     /// When it was started (`Node::backup_backoff` counts only quick exits).
     started: Instant,
-    /// When it was given its present role (started, or asked to change it in place).
-    role_since: Instant,
+    /// When a probe first found it a primary whose write gate is closed, in its present
+    /// role (None again at each start and each change in place): it is probed every
+    /// `PROBE_FAST` up to `PROBE_FAST_FOR` after, until the gate opens.
+    fast_from: Option<Instant>,
 }
 
 /// The server's newest answer to `INFO replication`, asked by a thread of its own every
@@ -244,9 +246,10 @@ struct Running {
 /// apply an operator's request 10.6 s late on a node that led Raft; docs/cluster.md.)
 struct Prober {
     latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>>,
-    /// Probe every `PROBE_FAST` (a new primary waiting to hear its backups: each ms the
-    /// probe is late, its first write is).
-    fast: Arc<AtomicBool>,
+    /// Until when to probe every `PROBE_FAST` while the server answers (a new primary
+    /// waiting to hear its backups: each ms the probe is late, its first write is). A
+    /// deadline the prober reads itself, so that it ends however the control thread fares.
+    fast_until: Arc<parking_lot::Mutex<Option<Instant>>>,
     /// Bumped when the server is asked to change its role in place: an answer to a
     /// question asked before is not read as the new role's.
     generation: Arc<AtomicU64>,
@@ -278,8 +281,8 @@ impl Prober {
         let latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>> = Default::default();
         let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let fast = Arc::new(AtomicBool::new(false));
-        let (l, g, s, f) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop), Arc::clone(&fast));
+        let fast_until: Arc<parking_lot::Mutex<Option<Instant>>> = Default::default();
+        let (l, g, s, f) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop), Arc::clone(&fast_until));
         let thread = std::thread::Builder::new()
             .name("ditto-probe".into())
             .spawn(move || {
@@ -315,12 +318,11 @@ impl Prober {
                             w.wake();
                         }
                     }
-                    let wait = if f.load(Ordering::Acquire) { PROBE_FAST } else { probe_wait(failures) };
-                    std::thread::park_timeout(wait);
+                    std::thread::park_timeout(next_probe_in(failures, *f.lock(), Instant::now()));
                 }
             })
             .map_err(|e| format!("starting the thread that probes the server: {e}"))?;
-        Ok(Prober { latest, fast, generation, stop, thread: thread.thread().clone() })
+        Ok(Prober { latest, fast_until, generation, stop, thread: thread.thread().clone() })
     }
 
     /// The newest answer of the server's present role, how old it is, and when it was
@@ -343,6 +345,15 @@ impl Drop for Prober {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         self.thread.unpark();
+    }
+}
+
+/// How long after a probe the next runs: `PROBE_FAST` until `fast_until` while the server
+/// answers (one that fails backs off as ever: `probe_wait`).
+fn next_probe_in(failures: u32, fast_until: Option<Instant>, now: Instant) -> Duration {
+    match fast_until {
+        Some(t) if failures == 0 && now < t => PROBE_FAST,
+        _ => probe_wait(failures),
     }
 }
 
@@ -813,10 +824,13 @@ const REPORT_READ_FRESH: Duration = Duration::from_secs(2);
 const GIVE_UP_AFTER_FAILED_START: Duration = Duration::from_millis(800);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
-/// How often a new primary is asked, while it does not serve yet, within `PROBE_FAST_FOR`
-/// of its role's start.
+/// How often a new primary is asked while its write gate is closed, up to `PROBE_FAST_FOR`
+/// after a probe first found it so in its role (`Running::fast_from`).
 const PROBE_FAST: Duration = Duration::from_millis(1);
 const PROBE_FAST_FOR: Duration = Duration::from_secs(2);
+/// The longest the loop that tells a primary's write gate waits between looks (it is also
+/// woken by the control thread's news: `ControlService::wait_status`).
+const GATE_LOOK_EVERY: Duration = Duration::from_millis(5);
 /// The most a probe waits after failed ones (`probe_wait`).
 const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
@@ -1592,7 +1606,7 @@ impl NodePlane {
             changing: false,
             count_told: None,
             started: Instant::now(),
-            role_since: Instant::now(),
+            fast_from: None,
         });
         Ok(())
     }
@@ -1638,7 +1652,7 @@ impl NodePlane {
             f.store(false, Ordering::Release);
         }
         c.prober.new_role();
-        c.role_since = Instant::now();
+        c.fast_from = None;
         c.fence_asked = None;
         c.changing = true;
         let primary = matches!(role, Role::Primary { .. });
@@ -2092,8 +2106,11 @@ impl NodePlane {
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
                 // A new primary hears its backups sooner, probed every ms until its write
                 // gate opens (within `PROBE_FAST_FOR` of its role's start).
-                let fast = !self.gate.lock().open && c.role_since.elapsed() < PROBE_FAST_FOR;
-                c.prober.fast.store(fast, Ordering::Release);
+                let until = match self.gate.lock().open {
+                    false => Some(*c.fast_from.get_or_insert_with(Instant::now) + PROBE_FAST_FOR),
+                    true => None,
+                };
+                *c.prober.fast_until.lock() = until;
                 self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
                     // slaveN:node=HOST:PORT,addr=...,lease_ms_ago=N: how long ago the server
@@ -2117,7 +2134,7 @@ impl NodePlane {
             }
             Role::Backup { of, learner, .. } => {
                 self.serving = false;
-                c.prober.fast.store(false, Ordering::Release);
+                *c.prober.fast_until.lock() = None;
                 // A promoted learner's server that still says it is a learner did not take
                 // its `count` (it was changing its role, say): told again, until it has.
                 if !*learner
@@ -2814,11 +2831,18 @@ pub fn run(cfg: NodeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let mut removed = None;
     // (What the status said it had changed, last: `wait_status` returns at once on news,
     // a new primary's quorum contact say, and looks every 5 ms anyway.)
-    let mut seen = 0;
+    let (mut seen, mut wait) = (0, GATE_LOOK_EVERY);
     while !stop.load(Ordering::SeqCst) {
-        svc.wait_status(seen, Duration::from_millis(5));
+        svc.wait_status(seen, wait);
         let st = svc.status();
         seen = st.changes;
+        // (A new primary's writes may begin at `writes_not_before`, the old primary's lease
+        // run out: looked at then, not up to 5 ms later.)
+        let now = Instant::now();
+        wait = match st.writes_not_before {
+            Some(t) if t > now => (t - now).min(GATE_LOOK_EVERY),
+            _ => GATE_LOOK_EVERY,
+        };
         if let Some(f) = &st.failed {
             // Refused by the members as removed (it was removed while it was down).
             if f.contains(ditto_cluster::service::REMOVED) {
@@ -3424,6 +3448,19 @@ mod tests {
                     slave3:node=127.0.0.1:7004,addr=127.0.0.1:40004\r\n";
         assert_eq!(super::backups_heard(info), vec!["127.0.0.1:7001", "127.0.0.1:7003"]);
         assert!(super::backups_heard("role:slave\r\nmaster_link_status:up\r\n").is_empty());
+    }
+
+    /// A new primary is probed every ms until its deadline, and only while it answers.
+    #[test]
+    fn a_new_primary_is_probed_fast_until_its_deadline_while_it_answers() {
+        use super::{next_probe_in, PROBE_FAST};
+        let now = std::time::Instant::now();
+        let later = Some(now + Duration::from_secs(1));
+        assert_eq!(next_probe_in(0, later, now), PROBE_FAST);
+        assert_eq!(next_probe_in(0, Some(now), now), PROBE_EVERY, "its deadline passed");
+        assert_eq!(next_probe_in(0, None, now), PROBE_EVERY);
+        assert_eq!(next_probe_in(3, later, now), probe_wait(3), "a server that fails backs off");
+        assert_eq!(next_probe_in(8, later, now), PROBE_BACKOFF_MAX);
     }
 
     #[test]
