@@ -233,10 +233,8 @@ struct Running {
     count_told: Option<Instant>,
     /// When it was started (`Node::backup_backoff` counts only quick exits).
     started: Instant,
-    /// When a probe first found it a primary whose write gate is closed, in its present
-    /// role (None again at each start and each change in place): it is probed every
-    /// `PROBE_FAST` up to `PROBE_FAST_FOR` after, until the gate opens.
-    fast_from: Option<Instant>,
+    /// When it was given its present role (started, or asked to change it in place).
+    role_since: Instant,
 }
 
 /// The server's newest answer to `INFO replication`, asked by a thread of its own every
@@ -246,10 +244,9 @@ struct Running {
 /// apply an operator's request 10.6 s late on a node that led Raft; docs/cluster.md.)
 struct Prober {
     latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>>,
-    /// Until when to probe every `PROBE_FAST` while the server answers (a new primary
-    /// waiting to hear its backups: each ms the probe is late, its first write is). A
-    /// deadline the prober reads itself, so that it ends however the control thread fares.
-    fast_until: Arc<parking_lot::Mutex<Option<Instant>>>,
+    /// Probe every `PROBE_FAST` (a new primary waiting to hear its backups: each ms the
+    /// probe is late, its first write is).
+    fast: Arc<AtomicBool>,
     /// Bumped when the server is asked to change its role in place: an answer to a
     /// question asked before is not read as the new role's.
     generation: Arc<AtomicU64>,
@@ -281,8 +278,8 @@ impl Prober {
         let latest: Arc<parking_lot::Mutex<Option<ProbeAnswer>>> = Default::default();
         let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let fast_until: Arc<parking_lot::Mutex<Option<Instant>>> = Default::default();
-        let (l, g, s, f) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop), Arc::clone(&fast_until));
+        let fast = Arc::new(AtomicBool::new(false));
+        let (l, g, s, f) = (Arc::clone(&latest), Arc::clone(&generation), Arc::clone(&stop), Arc::clone(&fast));
         let thread = std::thread::Builder::new()
             .name("ditto-probe".into())
             .spawn(move || {
@@ -318,11 +315,11 @@ impl Prober {
                             w.wake();
                         }
                     }
-                    std::thread::park_timeout(next_probe_in(failures, *f.lock(), Instant::now()));
+                    std::thread::park_timeout(next_probe_in(failures, f.load(Ordering::Acquire)));
                 }
             })
             .map_err(|e| format!("starting the thread that probes the server: {e}"))?;
-        Ok(Prober { latest, fast_until, generation, stop, thread: thread.thread().clone() })
+        Ok(Prober { latest, fast, generation, stop, thread: thread.thread().clone() })
     }
 
     /// The newest answer of the server's present role, how old it is, and when it was
@@ -348,12 +345,13 @@ impl Drop for Prober {
     }
 }
 
-/// How long after a probe the next runs: `PROBE_FAST` until `fast_until` while the server
-/// answers (one that fails backs off as ever: `probe_wait`).
-fn next_probe_in(failures: u32, fast_until: Option<Instant>, now: Instant) -> Duration {
-    match fast_until {
-        Some(t) if failures == 0 && now < t => PROBE_FAST,
-        _ => probe_wait(failures),
+/// How long after a probe the next runs: `PROBE_FAST` while `fast` and the server
+/// answers (one that fails backs off as ever, `probe_wait`, however long `fast` stays set:
+/// the control thread clears it only on an answer).
+fn next_probe_in(failures: u32, fast: bool) -> Duration {
+    match fast && failures == 0 {
+        true => PROBE_FAST,
+        false => probe_wait(failures),
     }
 }
 
@@ -824,8 +822,8 @@ const REPORT_READ_FRESH: Duration = Duration::from_secs(2);
 const GIVE_UP_AFTER_FAILED_START: Duration = Duration::from_millis(800);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
-/// How often a new primary is asked while its write gate is closed, up to `PROBE_FAST_FOR`
-/// after a probe first found it so in its role (`Running::fast_from`).
+/// How often a new primary is asked, while it does not serve yet, within `PROBE_FAST_FOR`
+/// of its role's start.
 const PROBE_FAST: Duration = Duration::from_millis(1);
 const PROBE_FAST_FOR: Duration = Duration::from_secs(2);
 /// The longest the loop that tells a primary's write gate waits between looks (it is also
@@ -1606,7 +1604,7 @@ impl NodePlane {
             changing: false,
             count_told: None,
             started: Instant::now(),
-            fast_from: None,
+            role_since: Instant::now(),
         });
         Ok(())
     }
@@ -1652,7 +1650,7 @@ impl NodePlane {
             f.store(false, Ordering::Release);
         }
         c.prober.new_role();
-        c.fast_from = None;
+        c.role_since = Instant::now();
         c.fence_asked = None;
         c.changing = true;
         let primary = matches!(role, Role::Primary { .. });
@@ -2106,11 +2104,8 @@ impl NodePlane {
                     && field("ditto_epoch") == Some(epoch.to_string().as_str());
                 // A new primary hears its backups sooner, probed every ms until its write
                 // gate opens (within `PROBE_FAST_FOR` of its role's start).
-                let until = match self.gate.lock().open {
-                    false => Some(*c.fast_from.get_or_insert_with(Instant::now) + PROBE_FAST_FOR),
-                    true => None,
-                };
-                *c.prober.fast_until.lock() = until;
+                let fast = !self.gate.lock().open && c.role_since.elapsed() < PROBE_FAST_FOR;
+                c.prober.fast.store(fast, Ordering::Release);
                 self.settled = field("ditto_members_settled").and_then(|c| c.parse().ok());
                 for l in info.lines().filter(|l| l.starts_with("slave")) {
                     // slaveN:node=HOST:PORT,addr=...,lease_ms_ago=N: how long ago the server
@@ -2134,7 +2129,7 @@ impl NodePlane {
             }
             Role::Backup { of, learner, .. } => {
                 self.serving = false;
-                *c.prober.fast_until.lock() = None;
+                c.prober.fast.store(false, Ordering::Release);
                 // A promoted learner's server that still says it is a learner did not take
                 // its `count` (it was changing its role, say): told again, until it has.
                 if !*learner
@@ -3450,17 +3445,14 @@ mod tests {
         assert!(super::backups_heard("role:slave\r\nmaster_link_status:up\r\n").is_empty());
     }
 
-    /// A new primary is probed every ms until its deadline, and only while it answers.
+    /// A new primary is probed every ms while `fast`, and only while it answers.
     #[test]
-    fn a_new_primary_is_probed_fast_until_its_deadline_while_it_answers() {
+    fn a_new_primary_is_probed_fast_only_while_it_answers() {
         use super::{next_probe_in, PROBE_FAST};
-        let now = std::time::Instant::now();
-        let later = Some(now + Duration::from_secs(1));
-        assert_eq!(next_probe_in(0, later, now), PROBE_FAST);
-        assert_eq!(next_probe_in(0, Some(now), now), PROBE_EVERY, "its deadline passed");
-        assert_eq!(next_probe_in(0, None, now), PROBE_EVERY);
-        assert_eq!(next_probe_in(3, later, now), probe_wait(3), "a server that fails backs off");
-        assert_eq!(next_probe_in(8, later, now), PROBE_BACKOFF_MAX);
+        assert_eq!(next_probe_in(0, true), PROBE_FAST);
+        assert_eq!(next_probe_in(0, false), PROBE_EVERY);
+        assert_eq!(next_probe_in(3, true), probe_wait(3), "a server that fails backs off");
+        assert_eq!(next_probe_in(8, true), PROBE_BACKOFF_MAX);
     }
 
     #[test]
