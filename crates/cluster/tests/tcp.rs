@@ -865,6 +865,28 @@ fn a_primary_cut_off_from_the_majority_loses_its_contact() {
     assert!(!s.quorum_contact);
 }
 
+/// `wait_status` returns once the status's `changes` moved past what its caller saw (here,
+/// the primary's quorum contact lost), not at its timeout; with nothing new it returns at
+/// its timeout. (The node's loop that tells its server's write gate waits on it.)
+#[test]
+fn wait_status_returns_on_news_not_at_its_timeout() {
+    let mut c = Cluster::running(3);
+    let p = c.bootstrap();
+    wait_for("the primary's contact", Duration::from_secs(10), || c.nodes[&p].status().quorum_contact);
+    let seen = c.nodes[&p].status().changes;
+    for id in (1..=3).filter(|&id| id != p) {
+        c.stop(id);
+    }
+    let t = Instant::now();
+    c.nodes[&p].wait_status(seen, Duration::from_secs(60));
+    assert!(t.elapsed() < Duration::from_secs(10), "waited {:?} for news", t.elapsed());
+    assert!(c.nodes[&p].status().changes > seen, "returned before the news");
+    let now = c.nodes[&p].status().changes;
+    let t = Instant::now();
+    c.nodes[&p].wait_status(now + 1_000_000, Duration::from_millis(50));
+    assert!(t.elapsed() < Duration::from_secs(5), "a wait of 50 ms took {:?}", t.elapsed());
+}
+
 /// A panic on the control thread (here, in the data plane it calls) is the control plane's
 /// failure, said in its status, as the node's supervisor reads it to stop. Before, the
 /// status stayed as last published: the node neither served nor exited.

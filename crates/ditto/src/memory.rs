@@ -136,11 +136,16 @@ pub fn prefault(mib: u64, threads: usize) -> Prefaulted {
 /// Whether this process turned transparent huge pages off (`thp_off_for_the_node`).
 static THP_TURNED_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// `prctl(option, arg, 0, 0, 0)`.
+fn prctl(option: libc::c_int, arg: u64) -> libc::c_int {
+    // SAFETY: prctl with integer arguments only (the THP options change no memory of this
+    // process).
+    unsafe { libc::prctl(option, arg as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) }
+}
+
 /// `prctl(PR_SET_THP_DISABLE, off)`.
 fn set_thp_disable(off: bool) -> Result<(), String> {
-    let arg = |v: u64| v as libc::c_ulong;
-    // SAFETY: prctl with integer arguments only; it changes no memory of this process.
-    match unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, arg(u64::from(off)), arg(0), arg(0), arg(0)) } {
+    match prctl(libc::PR_SET_THP_DISABLE, u64::from(off)) {
         0 => Ok(()),
         _ => Err(format!("prctl(PR_SET_THP_DISABLE, {}): {}", u8::from(off), std::io::Error::last_os_error())),
     }
@@ -161,10 +166,7 @@ fn set_thp_disable(off: bool) -> Result<(), String> {
 /// TPC-C without them cost 0.30-0.33 of execution against 0.23-0.27, its lag p99 25-31 ms
 /// against 5-21 (docs/cluster.md, "Reports read ahead").
 pub fn thp_off_for_the_node() {
-    let arg = |v: u64| v as libc::c_ulong;
-    // SAFETY: prctl with integer arguments only.
-    let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, arg(0), arg(0), arg(0), arg(0)) };
-    match off {
+    match prctl(libc::PR_GET_THP_DISABLE, 0) {
         // (Off already, set so by whoever started the node: its servers keep that.)
         1.. => {}
         0 => match set_thp_disable(true) {

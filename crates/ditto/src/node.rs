@@ -362,11 +362,15 @@ fn backups_heard(info: &str) -> Vec<String> {
     info.lines()
         .filter_map(|l| {
             let fields = l.strip_prefix("slave")?.split_once(':')?.1;
-            let kv = |k: &str| fields.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
-            let ago: u64 = kv("lease_ms_ago")?.parse().ok()?;
-            (ago <= HEARD_WITHIN_MS).then(|| kv("node").map(str::to_string))?
+            let ago: u64 = slave_field(fields, "lease_ms_ago")?.parse().ok()?;
+            (ago <= HEARD_WITHIN_MS).then(|| slave_field(fields, "node").map(str::to_string))?
         })
         .collect()
+}
+
+/// The value of `key` in the `key=value,...` fields of an `INFO replication` `slaveN:` line.
+fn slave_field<'a>(fields: &'a str, key: &str) -> Option<&'a str> {
+    fields.split(',').find_map(|p| p.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// A server told to stop that has not exited yet (`NodePlane::stop_child`).
@@ -822,8 +826,8 @@ const REPORT_READ_FRESH: Duration = Duration::from_secs(2);
 const GIVE_UP_AFTER_FAILED_START: Duration = Duration::from_millis(800);
 /// How often the child is asked what it heard.
 const PROBE_EVERY: Duration = Duration::from_millis(5);
-/// How often a new primary is asked, while it does not serve yet, within `PROBE_FAST_FOR`
-/// of its role's start.
+/// How often a new primary is asked while its write gate is closed, within
+/// `PROBE_FAST_FOR` of its role's start, and while it answers (`next_probe_in`).
 const PROBE_FAST: Duration = Duration::from_millis(1);
 const PROBE_FAST_FOR: Duration = Duration::from_secs(2);
 /// The longest the loop that tells a primary's write gate waits between looks (it is also
@@ -2116,7 +2120,7 @@ impl NodePlane {
                     // and the backup counts as heard then (never later than the truth, so
                     // the lease it gives is never longer; docs/cluster.md).
                     let fields = l.split_once(':').map_or("", |(_, f)| f);
-                    let kv = |k: &str| fields.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
+                    let kv = |k: &str| slave_field(fields, k);
                     let (Some(node), Some(ago)) = (kv("node"), kv("lease_ms_ago").and_then(|v| v.parse::<u64>().ok()))
                     else {
                         continue;
