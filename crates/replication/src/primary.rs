@@ -217,6 +217,22 @@ struct Link {
     copy_total: AtomicU64,
 }
 
+impl Link {
+    /// What its backup acknowledged holding, as a quorum may count it: (received,
+    /// durable); from a backup silent for longer than `silence_max` (no acknowledgement),
+    /// only what it made durable: its memory may be gone (a power loss, without a FIN), and
+    /// its link's thread, which ends such a link, may be blocked writing to it (a full
+    /// socket: then only TCP's 30 s user timeout ends it) or still sending its start. Before
+    /// 2026-12-06 its last `received` counted until the link ended (found by a review).
+    fn counted_holdings(&self, silence_max: Duration) -> (Ts, Ts) {
+        let (received, durable) = (self.received.load(Ordering::Acquire), self.durable.load(Ordering::Acquire));
+        let heard = self.heard_us.load(Ordering::Acquire);
+        let silent =
+            heard != NEVER_ACKED && self.since.elapsed().saturating_sub(Duration::from_micros(heard)) > silence_max;
+        (Ts(if silent { durable.min(received) } else { received }), Ts(durable))
+    }
+}
+
 /// A gap sent from disk vouches for what it has sent every this many batches
 /// (`send_gap`): an empty batch of 88 bytes per 64, against batches of a few KB.
 const GAP_VOUCH_EVERY: u64 = 64;
@@ -570,7 +586,7 @@ impl Primary {
         let mut backups: Vec<_> = links
             .iter()
             .filter(|l| l.counted.load(Ordering::Acquire) && !l.gone.load(Ordering::Acquire))
-            .map(|l| Some((Ts(l.received.load(Ordering::Acquire)), Ts(l.durable.load(Ordering::Acquire)))))
+            .map(|l| Some(l.counted_holdings(self.opts.ack_silence_max)))
             .collect();
         if backups.len() < expected {
             backups.resize(expected, None);
@@ -851,7 +867,7 @@ impl Primary {
             .filter(|l| {
                 l.counted.load(Ordering::Acquire)
                     && !l.gone.load(Ordering::Acquire)
-                    && l.received.load(Ordering::Acquire) >= ts.0
+                    && l.counted_holdings(self.opts.ack_silence_max).0 >= ts
             })
             .count()
     }

@@ -104,3 +104,59 @@ fn a_backup_gone_silent_without_a_fin_is_given_up_after_the_ack_silence_limit() 
     p.stop();
     a.close();
 }
+
+/// A silent backup's last `received` stops counting once the silence limit passes, even
+/// where its link's thread, which ends such a link, is blocked writing to it (the proxy
+/// reads nothing, so the socket fills): only what it made durable counts from then on.
+/// Before, its memory counted until the link ended: 30 s later (TCP's user timeout) with
+/// the thread blocked (found by a review, 2026-12-06).
+#[test]
+fn a_silent_backups_memory_stops_counting_at_the_limit_though_its_links_thread_is_blocked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let limit = Duration::from_millis(500);
+    let log = LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() };
+    let opts = PrimaryOptions { backups_expected: 1, ack_silence_max: limit, ..Default::default() };
+    let (a, t, p, addr) = common::start_primary(&tmp.path().join("p"), log, "majority-received", opts);
+    let mute = Arc::new(AtomicBool::new(false));
+    let via = proxy(addr, Arc::clone(&mute));
+    // The backup makes nothing durable within the test (an hour's pace after its first
+    // fsync): what it holds is in its memory alone, as a `received` policy counts it.
+    let mut bo = BackupOptions::new(&via, &tmp.path().join("b"), 1, "b");
+    bo.persist_interval = Some(Duration::from_secs(3600));
+    let b = backup::start(bo).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let mut ts = w.run(|x| x.put(t, b"k0", b"v")).unwrap().1.ts();
+    common::wait_until("a commit released on the backup's receipt", Duration::from_secs(20), || p.released() >= ts);
+    // Commits until one is received and not yet durable there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = p.holdings().backups[0].expect("the backup's link");
+        if held.0 >= ts && held.1 < ts {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no commit held in the backup's memory alone: {held:?}");
+        ts = w.run(|x| x.put(t, b"k1", b"v")).unwrap().1.ts();
+        common::wait_until("the commit received", Duration::from_secs(20), || p.replicas_received(ts) == 1);
+    }
+    let link = p.backups()[0].addr.clone();
+    mute.store(true, Ordering::SeqCst);
+    let muted = Instant::now();
+    // 64 MiB more: the link's socket and the proxy's fill, and its thread blocks writing.
+    let value = vec![7u8; 1 << 20];
+    for i in 0..64u32 {
+        // (Not waited for: released only once the backup holds it, which it never will.)
+        let _ = w.run(|x| x.put(t, &i.to_le_bytes(), &value)).unwrap().1;
+    }
+    std::thread::sleep((muted + 3 * limit).saturating_duration_since(Instant::now()));
+    assert!(
+        p.backups().iter().any(|l| l.addr == link),
+        "the link ended, so its thread was not blocked: the test shows nothing (raise what it writes)"
+    );
+    assert_eq!(p.replicas_received(ts), 0, "a silent backup's memory still counted {:?} after", muted.elapsed());
+    let held = p.holdings().backups[0].expect("the link is still listed");
+    assert!(held.0 < ts && held.0 == held.1, "counted as held: {held:?}");
+    drop(w);
+    drop(b);
+    p.stop();
+    a.close();
+}
