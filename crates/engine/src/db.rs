@@ -28,6 +28,15 @@ pub const VALUE_LEN_MAX: usize = 16 * 1024 * 1024;
 /// encodes: `LOG_TXN_OVERHEAD_MAX` per transaction, `LOG_WRITE_OVERHEAD_MAX` per write,
 /// plus every write's key and value bytes; half the log's batch limit.
 pub const TXN_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// Most a transaction may hold while it runs, beyond what it reads in place: its writes'
+/// values and the keys of the records it created, the keys it looked up and found absent
+/// (kept for the phantom check, once per lookup), and its scans' bounds. Twice
+/// `TXN_BYTES_MAX`, so that no transaction the commit would take is refused by it (a write
+/// set is counted here for no more than the commit counts it). Checked as it grows: before
+/// 2026-12-06 nothing bounded it until the commit, and an HMGET of a million fields under
+/// a 65,000-byte key kept 68 GB of missed rows (each repeats the key), an HSET of 500,000
+/// new fields 32 GB of records, before the commit's check (found by a review).
+pub const TXN_HELD_BYTES_MAX: usize = 2 * TXN_BYTES_MAX;
 /// Most bytes the log spends on one transaction besides its writes (log format v2: a ts
 /// delta varint of at most 10 bytes and a write count varint of at most 5). The log crate
 /// checks at compile time that its encoding stays within this.

@@ -39,7 +39,7 @@ use crossbeam_epoch::Guard;
 use crate::clock::CommitClock;
 use crate::db::{
     check_value_len, CommitTicket, Database, LoggedWrite, TicketLog, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
-    LOG_WRITE_OVERHEAD_MAX, TXN_BYTES_MAX,
+    LOG_WRITE_OVERHEAD_MAX, TXN_BYTES_MAX, TXN_HELD_BYTES_MAX,
 };
 use crate::error::{Error, Result};
 use crate::ids::{RecordId, TableId, Ts};
@@ -292,6 +292,9 @@ pub(crate) struct TxnScratch {
     write_map: WriteMap,
     scans: Vec<ScanEntry>,
     misses: Vec<(TableId, Bytes)>,
+    /// Bytes the transaction holds (`TXN_HELD_BYTES_MAX`): missed keys, written values,
+    /// created records' keys, scans' bounds.
+    held: usize,
     recent: RecentKeys,
     /// A snapshot transaction (`Worker::begin_snapshot`): reads at this timestamp, holds
     /// this reader slot, writes nothing and validates nothing.
@@ -321,6 +324,7 @@ impl TxnScratch {
     fn looked_up<'t>(&mut self, table: TableId, t: &'t Table, key: &[u8], rid: Option<u64>) -> Option<&'t Record> {
         let Some(rid) = rid else {
             self.misses.push((table, Bytes::copy_from_slice(key)));
+            self.held += key.len();
             return None;
         };
         self.recent.remember(table, key, RecordId(rid));
@@ -356,7 +360,21 @@ impl TxnScratch {
         self.reads.push((rec, tid));
         if (tid & UNLINKED_BIT != 0 || tid & TS_MASK == 0) && self.snapshot.is_none() {
             self.misses.push((table, Bytes::copy_from_slice(key)));
+            self.held += key.len();
         }
+    }
+
+    /// Refuses a transaction that holds more than `TXN_HELD_BYTES_MAX`; called where
+    /// what it holds grows, before that can grow by more than one call's keys.
+    fn check_held(&self) -> Result<()> {
+        if self.held > TXN_HELD_BYTES_MAX {
+            return Err(Error::TooLarge {
+                what: "what the transaction holds (its writes, and the keys it looked up and found absent)",
+                len: self.held,
+                max: TXN_HELD_BYTES_MAX,
+            });
+        }
+        Ok(())
     }
 
     /// The version a read sees: the newest committed (with its TID, for validation), or in
@@ -495,6 +513,7 @@ impl<'w> Transaction<'w> {
                     v.prefetch();
                 }
             }
+            self.s.check_held()?;
             // Pass 3: hand the values over.
             for (i, s) in seen[..n].iter().enumerate() {
                 f(c * GET_MANY_BATCH + i, s.and_then(|s| self.s.value(s)));
@@ -508,7 +527,9 @@ impl<'w> Transaction<'w> {
     fn locate(&mut self, table: TableId, key: &[u8]) -> Result<Option<&'w Record>> {
         let t = self.table(table)?;
         let rid = t.index.get(key, &self.guard);
-        Ok(self.s.looked_up(table, t, key, rid))
+        let rec = self.s.looked_up(table, t, key, rid);
+        self.s.check_held()?;
+        Ok(rec)
     }
 
     /// The value a read of `key` sees (our own write, or the newest committed version,
@@ -516,6 +537,7 @@ impl<'w> Transaction<'w> {
     fn find_value(&mut self, table: TableId, key: &[u8]) -> Result<Option<&[u8]>> {
         let Some(rec) = self.locate(table, key)? else { return Ok(None) };
         let seen = self.s.see(rec, &self.guard, table, key);
+        self.s.check_held()?;
         Ok(self.s.value(seen))
     }
 
@@ -537,6 +559,7 @@ impl<'w> Transaction<'w> {
         }
         let (tid, head) = self.s.read_rec(rec, &self.guard);
         self.s.read(rec, tid, table, key);
+        self.s.check_held()?;
         let present = head.is_some_and(|v| v.value().is_some());
         Ok(KeyVersion { ts: Ts(tid & TS_MASK), present, missed_at: clock })
     }
@@ -589,6 +612,18 @@ impl<'w> Transaction<'w> {
     }
 
     fn write(&mut self, table: TableId, key: &[u8], value: Option<Parts<'_>>, mode: WriteMode) -> Result<bool> {
+        let out = self.write_unchecked(table, key, value, mode);
+        self.s.check_held()?;
+        out
+    }
+
+    fn write_unchecked(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        value: Option<Parts<'_>>,
+        mode: WriteMode,
+    ) -> Result<bool> {
         if self.s.snapshot.is_some() {
             return Err(Error::ReadOnly);
         }
@@ -613,6 +648,7 @@ impl<'w> Transaction<'w> {
             Some(rid) => (rid, false),
             None if !may_create => {
                 self.s.misses.push((table, Bytes::copy_from_slice(key)));
+                self.s.held += key.len();
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
             None => {
@@ -686,7 +722,11 @@ impl<'w> Transaction<'w> {
                 WriteMode::Insert if existed => return Err(Error::KeyExists),
                 WriteMode::Update if !existed => return Err(Error::KeyNotFound),
                 WriteMode::Delete if !existed => return Ok(false),
-                _ => w.version.set(value),
+                _ => {
+                    let was = w.version.value().map_or(0, <[u8]>::len);
+                    w.version.set(value);
+                    self.s.held = self.s.held.saturating_sub(was) + value.map_or(0, |v| v.len());
+                }
             }
             return Ok(existed);
         }
@@ -711,6 +751,7 @@ impl<'w> Transaction<'w> {
             return Err(Error::Conflict("the key's record is a backup's own, leaving the index"));
         }
         let version = OwnedVersion::new_in_parts(value);
+        self.s.held += value.map_or(0, |v| v.len()) + if created { key.len() } else { 0 };
         let at = self.s.writes.len();
         self.s.write_map.insert(rec, at);
         self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, version, observed_tid: tid, created, existed });
@@ -751,6 +792,19 @@ impl<'w> Transaction<'w> {
             !((limit != 0 && out.len() >= limit) || bytes > max_bytes)
         })?;
         Ok((out, complete))
+    }
+
+    /// The present keys of the range in order (this transaction's own writes included),
+    /// validated at commit as a scan's are; the values are not copied (a delete of every
+    /// key of a range needs only the keys: FLUSHALL and a hash's DEL copied every value
+    /// first before 2026-12-06, found by a review).
+    pub fn scan_keys(&mut self, table: TableId, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<Vec<Bytes>> {
+        let mut out = Vec::new();
+        self.walk(table, lo, hi, Direction::Forward, |key, _| {
+            out.push(key.clone());
+            true
+        })?;
+        Ok(out)
     }
 
     /// Calls `f(key, value)` for the present keys of the range in order, this
@@ -824,7 +878,13 @@ impl<'w> Transaction<'w> {
             (Some(k), Direction::Reverse) => (Bound::Included(k), owned(hi)),
             (None, _) => (owned(lo), owned(hi)),
         };
+        let bound_len = |b: &Bound<Bytes>| match b {
+            Bound::Included(k) | Bound::Excluded(k) => k.len(),
+            Bound::Unbounded => 0,
+        };
+        self.s.held += bound_len(&lo) + bound_len(&hi);
         self.s.scans.push(ScanEntry { table, lo, hi, fingerprint: fp });
+        self.s.check_held()?;
         Ok(complete)
     }
 
@@ -1185,6 +1245,7 @@ impl Drop for Transaction<'_> {
         s.write_map.clear();
         clear_keeping(&mut s.scans, WRITE_MAP_KEEP);
         clear_keeping(&mut s.misses, WRITE_MAP_KEEP);
+        s.held = 0;
         s.recent.clear();
         self.worker.scratch = Some(s);
     }
@@ -1604,6 +1665,68 @@ mod tests {
         eprintln!("near the limit: {made} keys made, {refused} refused");
         assert!(made > 0, "no key was ever made");
         assert_eq!(db.record_ids_allocated(t).unwrap(), max - 3, "a fresh id was handed out near the limit");
+    }
+
+    /// What a transaction holds while it runs is bounded (`TXN_HELD_BYTES_MAX`), checked as
+    /// it grows: lookups of an absent key (each kept for the phantom check), and writes that
+    /// create records, are refused once past it and nothing is written; a value written again
+    /// counts once, so a transaction the commit takes is not refused by it.
+    #[test]
+    fn what_a_transaction_holds_is_bounded_as_it_grows() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        let key = vec![b'k'; KEY_LEN_MAX];
+        let fits = TXN_HELD_BYTES_MAX / KEY_LEN_MAX;
+        // The same absent key looked up again and again, by `get`, `get_many_with` and
+        // `version`: refused on the lookup that passes the bound.
+        for how in 0..3 {
+            let mut txn = w.begin();
+            let mut n = 0;
+            let e = loop {
+                let r = match how {
+                    0 => txn.get(t, &key).map(|v| assert!(v.is_none())),
+                    1 => txn.get_many_with(t, &[&key[..]], |_, v| assert!(v.is_none())),
+                    _ => txn.version(t, &key).map(|v| assert!(!v.present)),
+                };
+                match r {
+                    Ok(()) => n += 1,
+                    Err(e) => break e,
+                }
+                assert!(n <= fits, "never refused ({how})");
+            };
+            assert_eq!(n, fits, "({how})");
+            assert!(
+                matches!(e, Error::TooLarge { len, max: TXN_HELD_BYTES_MAX, .. } if len == (fits + 1) * KEY_LEN_MAX),
+                "{e:?}"
+            );
+        }
+        // Records created: refused at the insert that passes the bound, nothing written.
+        let value = vec![7u8; 1 << 20];
+        let e = w
+            .run(|x| -> Result<()> {
+                for i in 0u32.. {
+                    x.insert(t, &i.to_le_bytes(), &value)?;
+                }
+                unreachable!()
+            })
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, Error::TooLarge { max: TXN_HELD_BYTES_MAX, .. }), "{e:?}");
+        assert_eq!(w.run(|x| x.get(t, &0u32.to_le_bytes())).unwrap().0, None, "nothing written");
+        // The same key written 1,000 times with a 1 MiB value holds one value, not 1,000,
+        // and commits.
+        w.run(|x| {
+            for _ in 0..1000 {
+                x.put(t, b"same", &value)?;
+            }
+            Ok(())
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+        assert_eq!(w.run(|x| x.get(t, b"same")).unwrap().0.map(|v| v.len()), Some(value.len()));
     }
 
     /// `put_concat` stores its two parts as one value, replacing in place or not, and a

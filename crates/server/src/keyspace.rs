@@ -20,7 +20,7 @@
 use std::ops::Bound;
 
 use bytes::Bytes;
-use ditto_engine::{Database, Direction, Result, TableId, Transaction, Ts};
+use ditto_engine::{Database, Result, TableId, Transaction, Ts};
 
 pub const KEYS_TABLE: &str = "redis.keys";
 pub const FIELDS_TABLE: &str = "redis.fields";
@@ -436,21 +436,14 @@ impl Keyspace {
     }
 
     fn delete_fields(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<()> {
-        for (row, _) in self.scan_fields(txn, db, key)? {
+        let lo = Self::field_prefix(db, key);
+        let hi = prefix_end(&lo);
+        let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        // The rows' names only: the values are not copied (`scan_keys`).
+        for row in txn.scan_keys(self.fields, Bound::Included(&lo[..]), hi)? {
             txn.delete(self.fields, &row)?;
         }
         Ok(())
-    }
-
-    /// (row, value) of every field of hash `key`, in field order.
-    fn scan_fields(&self, txn: &mut Transaction<'_>, db: u8, key: &[u8]) -> Result<Vec<(Bytes, Bytes)>> {
-        let lo = Self::field_prefix(db, key);
-        let hi = prefix_end(&lo);
-        let hi = match &hi {
-            Some(h) => Bound::Excluded(&h[..]),
-            None => Bound::Unbounded,
-        };
-        txn.scan(self.fields, Bound::Included(&lo[..]), hi, Direction::Forward, 0)
     }
 
     /// The hash's field count; `Ok(None)` if absent.
@@ -568,7 +561,7 @@ impl Keyspace {
         let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         // Both tables' rows start with the database byte.
         for table in [self.keys, self.fields] {
-            for (row, _) in txn.scan(table, Bound::Included(&lo[..]), hi, Direction::Forward, 0)? {
+            for row in txn.scan_keys(table, Bound::Included(&lo[..]), hi)? {
                 txn.delete(table, &row)?;
             }
         }
