@@ -511,6 +511,84 @@ fn client_and_output_limits_hold() {
     }
 }
 
+/// A client that sends a whole pipeline before it reads any reply (redis-py's
+/// `pipeline().execute()`, Jedis's `sync()`) gets every reply: the server reads the
+/// client's requests while its replies wait for room in the socket. 40 MB of GETs of a
+/// 1 KB value, each under a 1 KB key, pass both directions' socket buffers (a few MB each
+/// on loopback); before 2026-12-06 the server stopped reading while its write waited, and
+/// client and server waited on each other for good (found by a review).
+#[test]
+fn a_pipeline_sent_whole_before_any_reply_is_read_is_answered_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "");
+    let key = "k".repeat(1000);
+    let value = "v".repeat(1000);
+    let mut c = Raw::connect(srv.port);
+    assert_eq!(c.cmd(&["SET", &key, &value]).unwrap(), "+OK");
+    const N: usize = 40_000;
+    let mut req = Vec::new();
+    for _ in 0..N {
+        req.extend_from_slice(format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).as_bytes());
+    }
+    assert!(req.len() > 40_000_000);
+    let mut w = c.s.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(w.write_all(&req).map(|()| Instant::now()));
+    });
+    // Its send ends only if the server reads on while the replies wait (none is read yet).
+    let sent = rx.recv_timeout(Duration::from_secs(60));
+    assert!(matches!(sent, Ok(Ok(_))), "the pipeline could not be sent whole: {sent:?}");
+    for i in 0..N {
+        let r = c.reply().unwrap_or_else(|e| panic!("reply {i}: {e}"));
+        assert!(r == value, "reply {i}: {} bytes", r.len());
+    }
+    assert_eq!(c.cmd(&["PING"]).unwrap(), "+PONG");
+}
+
+/// The timer the kernel runs on the server's end of a connection from local port `client`
+/// to `server` (`/proc/net/tcp`'s `tr` and `tm->when`, in clock ticks): 2 is keepalive's.
+fn server_side_timer(server: u16, client: u16) -> Option<(u32, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+        if port(f[1])? != server || port(f[2])? != client || f[3] != "01" {
+            return None;
+        }
+        let (tr, when) = f[5].split_once(':')?;
+        Some((u32::from_str_radix(tr, 16).ok()?, u64::from_str_radix(when, 16).ok()?))
+    })
+}
+
+/// Clients' connections get TCP keepalive, as with Redis's `tcp-keepalive` (300 s by
+/// default), so a client whose host died frees its slot; `tcp_keepalive_s = 0` turns it off.
+/// Seen from the kernel's side: the idle server end's timer is keepalive's, due within the
+/// idle time.
+#[test]
+fn clients_connections_are_kept_alive_as_with_redis_tcp_keepalive() {
+    let dir = tempfile::tempdir().unwrap();
+    for (keepalive, config) in
+        [(Some(300u64), ""), (Some(20), "tcp_keepalive_s = 20\n"), (None, "tcp_keepalive_s = 0\n")]
+    {
+        let srv = Server::start(&dir.path().join(format!("d{}", keepalive.unwrap_or(0))), config);
+        let mut c = Raw::connect(srv.port);
+        assert_eq!(c.cmd(&["PING"]).unwrap(), "+PONG");
+        let local = c.s.local_addr().unwrap().port();
+        std::thread::sleep(Duration::from_millis(200));
+        let (tr, when) = server_side_timer(srv.port, local).expect("the server's end in /proc/net/tcp");
+        match keepalive {
+            Some(s) => {
+                assert_eq!(tr, 2, "keepalive's timer on the server's end ({config:?})");
+                // Clock ticks (USER_HZ, 100 on Linux): due within the idle time.
+                assert!(when > 0 && when <= s * 100, "due in {when} ticks, idle {s} s");
+                assert_eq!(srv.cli(&["CONFIG", "GET", "tcp-keepalive"]), format!("tcp-keepalive\n{s}"));
+            }
+            None => assert_eq!(tr, 0, "no timer with keepalive off"),
+        }
+    }
+}
+
 /// Before AUTH a connection's requests are held to Redis's pre-authentication limits (10
 /// arguments, 16 KiB each): a larger one is refused with Redis's error and the connection
 /// closed, before its bytes are held; after AUTH the same request is taken.

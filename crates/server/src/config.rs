@@ -23,6 +23,9 @@ const WAITTS_TIMEOUT_MS_MAX: u64 = 86_400_000;
 /// The longest `checkpoint_interval_s` taken: a year.
 const CHECKPOINT_INTERVAL_S_MAX: u64 = 366 * 86_400;
 
+/// The longest `tcp_keepalive_s` taken (Linux's limit on a socket's keepalive idle time).
+const TCP_KEEPALIVE_S_MAX: u64 = 32_767;
+
 /// The largest `max_request_bytes` taken (see `validate`).
 const MAX_REQUEST_BYTES_CAP: usize = 1 << 30;
 
@@ -122,6 +125,11 @@ pub struct Config {
     pub tls_auth_clients: bool,
     /// Seconds a TLS client has to finish its handshake (and a node, on a link between nodes).
     pub tls_handshake_timeout_s: u64,
+    /// TCP keepalive on clients' connections (Redis's `tcp-keepalive`, 300 by default): a
+    /// connection idle this many seconds is probed, every third of it, and closed after
+    /// three probes unanswered, so that a client whose host died or whose network dropped
+    /// the flow frees its slot (`max_clients`) and buffers. 0: off.
+    pub tcp_keepalive_s: u64,
     /// TLS on replication links (Redis's `tls-replication`): a backup dials its primary
     /// with TLS and a primary takes only TLS backups, each showing `tls_cert_file` and
     /// checking the other's against `tls_ca_cert_file`; a backup also checks that the
@@ -290,6 +298,7 @@ impl Default for Config {
             tls_ca_cert_file: None,
             tls_auth_clients: false,
             tls_handshake_timeout_s: 10,
+            tcp_keepalive_s: 300,
             tls_replication: false,
             tls_cluster: false,
             replica_of: None,
@@ -419,6 +428,9 @@ impl Config {
         if self.max_request_bytes > MAX_REQUEST_BYTES_CAP {
             return bad("max_request_bytes must be <= 1073741824 (1 GiB)");
         }
+        if self.tcp_keepalive_s > TCP_KEEPALIVE_S_MAX {
+            return bad(&format!("tcp_keepalive_s must be 0 (off) to {TCP_KEEPALIVE_S_MAX}"));
+        }
         if self.max_output_bytes < 1024 {
             return bad("max_output_bytes must be >= 1024");
         }
@@ -495,6 +507,7 @@ impl Config {
             ("port", if self.tls_only { "0".into() } else { self.port.to_string() }),
             ("databases", crate::session::DATABASES.to_string()),
             ("maxclients", self.max_clients.to_string()),
+            ("tcp-keepalive", self.tcp_keepalive_s.to_string()),
             ("appendonly", "yes".into()),
             ("appendfsync", appendfsync.into()),
             ("save", String::new()),
@@ -741,6 +754,13 @@ mod tests {
             assert!(e.is_err_and(|e| e.to_string().contains("1 to 3600")), "{t}");
         }
         assert!(check("tls_port = 0\ntls_cert_file = \"a\"\ntls_key_file = \"b\"\ntls_auth_clients = true").is_err());
+        // TCP keepalive: 0 (off) to Linux's limit on its idle time.
+        check("tcp_keepalive_s = 0").unwrap();
+        check("tcp_keepalive_s = 32767").unwrap();
+        for t in [32_768, u64::MAX / 2] {
+            let e = check(&format!("tcp_keepalive_s = {t}"));
+            assert!(e.is_err_and(|e| e.to_string().contains("0 (off) to 32767")), "{t}");
+        }
         // An fsync interval past a minute (commits, a backup's durable acks and its replay
         // wait up to one; the largest overflowed the backup's pacing).
         check("durability = \"interval\"\nfsync_interval_ms = 60000").unwrap();

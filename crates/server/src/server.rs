@@ -116,6 +116,8 @@ struct Conn {
     limits: Limits,
     max_clients: usize,
     tls_handshake_timeout: Duration,
+    /// TCP keepalive's idle time on clients' sockets (`Config::tcp_keepalive_s`; None: off).
+    tcp_keepalive: Option<Duration>,
     durable: Option<Arc<Release>>,
     /// On a primary: one release per commit policy, for connections that chose their own
     /// (DITTO.POLICY); the server's policy's is `durable`.
@@ -1020,6 +1022,7 @@ fn run_role(
         limits: cfg.limits(),
         max_clients: cfg.max_clients,
         tls_handshake_timeout: Duration::from_secs(cfg.tls_handshake_timeout_s),
+        tcp_keepalive: (cfg.tcp_keepalive_s > 0).then(|| Duration::from_secs(cfg.tcp_keepalive_s)),
         durable: Some(Arc::clone(&release)),
         by_policy: by_policy.clone(),
         wait_timeout,
@@ -1757,6 +1760,18 @@ impl Conn {
     async fn serve(self: Arc<Self>, stream: TcpStream, tls: Option<TlsAcceptor>, hub: Arc<Hub>) {
         let _admitted = Admitted(Arc::clone(&self.sh.stats));
         let _ = stream.set_nodelay(true);
+        // As Redis's `tcp-keepalive`: probes every third of the idle time, three unanswered
+        // close it. Before 2026-12-06 clients' sockets had none, and one whose host died
+        // idle held its slot and buffers for the process's life (found by a review).
+        if let Some(idle) = self.tcp_keepalive {
+            let ka = socket2::TcpKeepalive::new()
+                .with_time(idle)
+                .with_interval((idle / 3).max(Duration::from_secs(1)))
+                .with_retries(3);
+            if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&ka) {
+                tracing::debug!("TCP keepalive on a client's connection: {e}");
+            }
+        }
         // (The socket's, under TLS too: open for as long as the connection is served.)
         let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let done = match tls {
@@ -2092,7 +2107,10 @@ impl Conn {
                     debug_assert_eq!(marks.len(), replies);
                     close |= reached.is_none();
                 }
-                stream.write_all(&out).await?;
+                // (The client's requests are read meanwhile: one that sends a whole pipeline
+                // before it reads a reply would otherwise never finish sending.)
+                write_reading_ahead(&mut stream, &out, &mut inbuf, conn.sh.max_output_bytes).await?;
+                inbuf_large |= inbuf.capacity() > 1 << 20;
                 // TLS buffers records until flushed; plain TCP's flush does nothing.
                 stream.flush().await?;
                 out.clear();
@@ -2448,6 +2466,57 @@ async fn watch_while_waiting<S: AsyncRead + Unpin>(
     }
 }
 
+/// Writes `out` whole; while the socket takes no more, reads what the client sends into
+/// `inbuf`, up to `ahead_max` bytes held there. A client that sends a whole pipeline before
+/// it reads any reply (redis-py's `pipeline().execute()`, Jedis's `sync()`) otherwise
+/// deadlocked with the server once the replies filled both sockets' buffers: the server
+/// stopped reading while its write waited, and the client's send waited on the server's
+/// reading (found by a review, 2026-12-06; Redis reads on while its output waits). A
+/// client whose unread pipeline passes `ahead_max` as well still waits, as before.
+/// What ended the input (the client's half-close) is found by the next read, as before.
+async fn write_reading_ahead<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &[u8],
+    inbuf: &mut BytesMut,
+    ahead_max: usize,
+) -> std::io::Result<()> {
+    use std::pin::Pin;
+    use std::task::Poll;
+    let mut written = 0;
+    let mut input_ended = false;
+    // (On the heap, and only once the socket is full: kept in the connection's future, an
+    // array would make every connection's larger.)
+    let mut chunk: Vec<u8> = Vec::new();
+    std::future::poll_fn(|cx| loop {
+        if written == out.len() {
+            return Poll::Ready(Ok(()));
+        }
+        match Pin::new(&mut *stream).poll_write(cx, &out[written..]) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => {
+                written += n;
+                continue;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => {}
+        }
+        // The socket is full (its waker is set): read what has come meanwhile.
+        if input_ended || inbuf.len() >= ahead_max {
+            return Poll::Pending;
+        }
+        chunk.resize(16 * 1024, 0);
+        let room = chunk.len().min(ahead_max - inbuf.len());
+        let mut rb = tokio::io::ReadBuf::new(&mut chunk[..room]);
+        match Pin::new(&mut *stream).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => input_ended = true,
+            Poll::Ready(Ok(())) => inbuf.extend_from_slice(rb.filled()),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+    })
+    .await
+}
+
 /// A switchover's drain on a primary (`RoleRequest::Drain`): refuses writes, then waits
 /// until no commit is under way, the log holds every commit durably (its settled
 /// watermark W), and the backup `target` has acknowledged W durably; W must then hold
@@ -2620,6 +2689,7 @@ mod tests {
             limits: Limits::default(),
             max_clients: 100,
             tls_handshake_timeout: handshake,
+            tcp_keepalive: None,
             durable,
             by_policy: Vec::new(),
             wait_timeout: None,
@@ -2874,6 +2944,7 @@ mod tests {
             limits: c.limits,
             max_clients: c.max_clients,
             tls_handshake_timeout: c.tls_handshake_timeout,
+            tcp_keepalive: c.tcp_keepalive,
             durable: c.durable.clone(),
             by_policy: c.by_policy.clone(),
             wait_timeout: c.wait_timeout,
