@@ -433,3 +433,50 @@ fn a_quorum_record_that_cannot_be_written_refuses_the_policy_and_the_backup_that
     let record = std::fs::read_to_string(pdir.join("quorum")).unwrap();
     assert!(record.contains("policies local,majority-received") && record.contains("backup b1"), "{record}");
 }
+
+/// A backup whose replay fails stops: its link to the primary ends and is not opened
+/// again, so it no longer acknowledges what it can never apply and its replica log stops
+/// growing, and its `INFO` says why. Before 2026-12-06 the receiver and the persister went
+/// on acknowledging (found by a review). The failpoint `replay-fails` fails every batch's
+/// replay once done.
+#[test]
+fn a_backup_whose_replay_fails_stops_acknowledging_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let primary = Node::start(&tmp.path().join("p"), &["--repl-port", "0", "--backups", "1"]);
+    let repl = primary.repl.clone().unwrap();
+    let backup = Node::start_with_env(
+        &tmp.path().join("b"),
+        &["--replica-of", &repl],
+        None,
+        &[("DITTO_FAILPOINTS", "replay-fails")],
+    );
+    let mut p = Client::connect(primary.port).unwrap();
+    let mut b = Client::connect(backup.port).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut n = 0;
+    // Writes until the backup has failed (its first replayed batch fails).
+    let failure = loop {
+        assert!(Instant::now() < deadline, "the backup never said its replay failed");
+        assert_eq!(p.one(&["SET", &format!("k{n}"), "v"]), "+OK");
+        n += 1;
+        if let Some(f) = info_field(&mut b, "ditto_failure") {
+            break f;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(failure.contains("replay") && failure.contains("replay-fails"), "{failure}");
+    // Its link ends, and stays down while the primary goes on writing.
+    let down_by = Instant::now() + Duration::from_secs(10);
+    while info_field(&mut p, "connected_slaves").as_deref() != Some("0") {
+        assert!(Instant::now() < down_by, "the failed backup's link is still up on the primary");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let received = info_field(&mut b, "ditto_received_ts").unwrap();
+    for i in 0..20 {
+        assert_eq!(p.one(&["SET", &format!("after{i}"), "v"]), "+OK");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(info_field(&mut p, "connected_slaves").as_deref(), Some("0"), "linked again");
+    assert_eq!(info_field(&mut b, "ditto_received_ts").unwrap(), received, "still receiving");
+    assert_eq!(info_field(&mut b, "master_link_status").as_deref(), Some("down"));
+}

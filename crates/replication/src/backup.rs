@@ -3046,6 +3046,13 @@ impl Receiver {
                 }
                 Err(e) => return Err(format!("reading from the primary: {e}")),
             };
+            // The backup failed elsewhere (its replay, its persister's fsync, a stop): the
+            // link ends here too, and the backup with it (`follow`). Before 2026-12-06 a
+            // failed replay left the receiver and the persister acknowledging for good,
+            // the replica log growing with no checkpoint to trim it (found by a review).
+            if let Some(why) = self.state.failure.lock().clone() {
+                return Err(why);
+            }
             let now_ms = unix_ms();
             self.state.last_frame_unix_ms.store(now_ms, Ordering::Relaxed);
             match frame {
@@ -3235,6 +3242,12 @@ impl Engine {
     /// Completes a replayed batch, or records why it failed (then returns false: the
     /// replayer stops).
     fn finish(&self, job: &Job, replayed: Result<u64, Stop>) -> bool {
+        let replayed = match replayed {
+            Ok(_) if replay_fails_failpoint() => {
+                Err(Stop::Failed("refused by the failpoint replay-fails (DITTO_FAILPOINTS)".into()))
+            }
+            r => r,
+        };
         match replayed {
             Ok(n) => {
                 self.state.txns_replayed.fetch_add(n, Ordering::Relaxed);
@@ -3259,6 +3272,14 @@ impl Engine {
             }
         }
     }
+}
+
+/// The failpoint `replay-fails` in `DITTO_FAILPOINTS` (comma-separated, read once): every
+/// batch's replay fails once done, for the tests of what a replay failure stops (the
+/// server's failpoints are in crates/server/src/server.rs).
+fn replay_fails_failpoint() -> bool {
+    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == "replay-fails")))
 }
 
 /// The serial mode's one replayer: batches in shipping order, one at a time, except while
