@@ -519,11 +519,13 @@ impl Logger {
     }
 
     fn fail(&self, what: String) {
-        tracing::error!("log failed, writes stopped: {what}");
         // Only the first failure is the log's reason, and only it is reported (last: a
         // listener that panics, as one may that a log thread's panic came from, leaves
-        // every waiter woken all the same).
+        // every waiter woken all the same). Set before anything else, the log line too:
+        // until it is, another thread may frame and ship (found by a review, 2026-12-06).
+        let line = format!("log failed, writes stopped: {what}");
         let first = self.failed.set(what.into()).is_ok();
+        tracing::error!("{line}");
         {
             let _g = self.wait_lock.lock();
             self.wait_cv.notify_all();
@@ -885,10 +887,23 @@ impl Logger {
             // (When the batch started, not when its write and fsync ended: batches an
             // interval apart, not an interval plus an fsync, as docs/durability.md says.)
             let started = Instant::now();
-            match self.flush_once(w, &mut stream.flush.lock(), Some(seg), ahead, stopping, vouch) {
-                Flushed::Batch => last_start = Some(started),
-                Flushed::Vouch | Flushed::Nothing => {}
-                Flushed::Closed => return,
+            // A panic while the batch is taken from the buffer (framing it, or in the
+            // shipping tap) fails the log with the flush lock still held, as `flush_now`
+            // does: let go first, a runtime thread's flush could take the next batch, whose
+            // bound covers the lost one, and ship it or make it durable before the failure
+            // was set (found by a review, 2026-12-06; a window of microseconds, mended by
+            // reading: no test makes it).
+            let mut st = stream.flush.lock();
+            let mut flushed = None;
+            self.failing_on_panic(
+                || format!("the flusher of log stream {w}"),
+                || flushed = Some(self.flush_once(w, &mut st, Some(seg), ahead, stopping, vouch)),
+            );
+            drop(st);
+            match flushed {
+                Some(Flushed::Batch) => last_start = Some(started),
+                Some(Flushed::Vouch | Flushed::Nothing) => {}
+                Some(Flushed::Closed) | None => return,
             }
         }
     }

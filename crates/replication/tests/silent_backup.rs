@@ -59,15 +59,26 @@ fn proxy(upstream: String, mute: Arc<AtomicBool>) -> String {
     addr
 }
 
+/// A primary in `dir` releasing under `majority-received` with one backup expected and the
+/// silence limit `limit`, reached through a `proxy` that `mute` silences: (its log, its
+/// table, the primary, the proxy's address, `mute`).
+fn primary_behind_a_proxy(
+    dir: &std::path::Path,
+    limit: Duration,
+) -> (ditto_log::Durable, ditto_engine::TableId, Arc<ditto_replication::Primary>, String, Arc<AtomicBool>) {
+    let log = LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() };
+    let opts = PrimaryOptions { backups_expected: 1, ack_silence_max: limit, ..Default::default() };
+    let (a, t, p, addr) = common::start_primary(&dir.join("p"), log, "majority-received", opts);
+    let mute = Arc::new(AtomicBool::new(false));
+    let via = proxy(addr, Arc::clone(&mute));
+    (a, t, p, via, mute)
+}
+
 #[test]
 fn a_backup_gone_silent_without_a_fin_is_given_up_after_the_ack_silence_limit() {
     let tmp = tempfile::tempdir().unwrap();
     let limit = Duration::from_millis(500);
-    let log = LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() };
-    let opts = PrimaryOptions { backups_expected: 1, ack_silence_max: limit, ..Default::default() };
-    let (a, t, p, addr) = common::start_primary(&tmp.path().join("p"), log, "majority-received", opts);
-    let mute = Arc::new(AtomicBool::new(false));
-    let via = proxy(addr, Arc::clone(&mute));
+    let (a, t, p, via, mute) = primary_behind_a_proxy(tmp.path(), limit);
     let b = backup::start(BackupOptions::new(&via, &tmp.path().join("b"), 1, "b")).unwrap();
     let mut w = a.db().worker(WorkerId(0)).unwrap();
     // Released under `majority-received`: the backup acknowledges through the proxy.
@@ -114,11 +125,7 @@ fn a_backup_gone_silent_without_a_fin_is_given_up_after_the_ack_silence_limit() 
 fn a_silent_backups_memory_stops_counting_at_the_limit_though_its_links_thread_is_blocked() {
     let tmp = tempfile::tempdir().unwrap();
     let limit = Duration::from_millis(500);
-    let log = LogOptions { durability: Durability::EveryBatch, ..LogOptions::default() };
-    let opts = PrimaryOptions { backups_expected: 1, ack_silence_max: limit, ..Default::default() };
-    let (a, t, p, addr) = common::start_primary(&tmp.path().join("p"), log, "majority-received", opts);
-    let mute = Arc::new(AtomicBool::new(false));
-    let via = proxy(addr, Arc::clone(&mute));
+    let (a, t, p, via, mute) = primary_behind_a_proxy(tmp.path(), limit);
     // The backup makes nothing durable within the test (an hour's pace after its first
     // fsync): what it holds is in its memory alone, as a `received` policy counts it.
     let mut bo = BackupOptions::new(&via, &tmp.path().join("b"), 1, "b");
