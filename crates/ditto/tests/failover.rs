@@ -2951,10 +2951,14 @@ fn the_cluster_secret_is_rotated_one_node_at_a_time() {
             std::fs::write(&files[&id].0, shown).unwrap();
             std::fs::write(&files[&id].1, also).unwrap();
             c.start_node(id);
-            let p = c.wait_or_dump("a primary", Duration::from_secs(30), || c.primary());
-            for b in (1..=3).filter(|&b| b != p) {
-                c.wait_or_dump("every backup linked", Duration::from_secs(30), || c.link_of(p, b));
-            }
+            // The primary and its links looked at together: a killed primary node's server
+            // may take a write for the rest of its lease before it dies (its supervisor is
+            // gone), and a primary found then is not the one its backups link to (CI,
+            // 2026-12-06: the test waited 30 s for links to the old one).
+            let p = c.wait_or_dump("a primary with every backup linked", Duration::from_secs(30), || {
+                let p = c.primary()?;
+                (1..=3).filter(|&b| b != p).all(|b| c.link_of(p, b).is_some()).then_some(p)
+            });
             let mut k = Client::connect(c.ports[&p]).unwrap();
             assert_eq!(k.one(&["SET", &format!("w{written}"), "1"]), "+OK");
             written += 1;
