@@ -323,8 +323,7 @@ impl TxnScratch {
     /// write of the same key, a miss is recorded for the phantom check.
     fn looked_up<'t>(&mut self, table: TableId, t: &'t Table, key: &[u8], rid: Option<u64>) -> Option<&'t Record> {
         let Some(rid) = rid else {
-            self.misses.push((table, Bytes::copy_from_slice(key)));
-            self.held += key.len();
+            self.missed(table, key);
             return None;
         };
         self.recent.remember(table, key, RecordId(rid));
@@ -359,9 +358,14 @@ impl TxnScratch {
     fn read(&mut self, rec: &Record, tid: u64, table: TableId, key: &[u8]) {
         self.reads.push((rec, tid));
         if (tid & UNLINKED_BIT != 0 || tid & TS_MASK == 0) && self.snapshot.is_none() {
-            self.misses.push((table, Bytes::copy_from_slice(key)));
-            self.held += key.len();
+            self.missed(table, key);
         }
+    }
+
+    /// Records `key` found absent, for the phantom check at commit (and what it holds).
+    fn missed(&mut self, table: TableId, key: &[u8]) {
+        self.misses.push((table, Bytes::copy_from_slice(key)));
+        self.held += key.len();
     }
 
     /// Refuses a transaction that holds more than `TXN_HELD_BYTES_MAX`; called where
@@ -647,8 +651,7 @@ impl<'w> Transaction<'w> {
         let (entry_rid, created) = match found {
             Some(rid) => (rid, false),
             None if !may_create => {
-                self.s.misses.push((table, Bytes::copy_from_slice(key)));
-                self.s.held += key.len();
+                self.s.missed(table, key);
                 return if mode == WriteMode::Update { Err(Error::KeyNotFound) } else { Ok(false) };
             }
             None => {

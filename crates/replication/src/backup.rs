@@ -3243,7 +3243,7 @@ impl Engine {
     /// replayer stops).
     fn finish(&self, job: &Job, replayed: Result<u64, Stop>) -> bool {
         let replayed = match replayed {
-            Ok(_) if replay_fails_failpoint() => {
+            Ok(_) if crate::failpoint("replay-fails") => {
                 Err(Stop::Failed("refused by the failpoint replay-fails (DITTO_FAILPOINTS)".into()))
             }
             r => r,
@@ -3272,14 +3272,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// The failpoint `replay-fails` in `DITTO_FAILPOINTS` (comma-separated, read once): every
-/// batch's replay fails once done, for the tests of what a replay failure stops (the
-/// server's failpoints are in crates/server/src/server.rs).
-fn replay_fails_failpoint() -> bool {
-    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SET.get_or_init(|| std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == "replay-fails")))
 }
 
 /// The serial mode's one replayer: batches in shipping order, one at a time, except while

@@ -38,3 +38,12 @@ pub use backup::{
 pub use policy::{blocked_by, release_watermark, settle_watermark, CommitPolicy, Holdings, Level, Scope};
 pub use primary::{BackupInfo, Primary, PrimaryOptions};
 pub use restart::{restart_settled, QuorumRecord};
+
+/// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated, read once
+/// per process), for the tests that make a step fail between real processes: a backup's
+/// `replay-fails` (every batch's replay fails once done), and the server's
+/// (crates/server/src/server.rs, `failpoint`).
+pub fn failpoint(name: &str) -> bool {
+    static SET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SET.get_or_init(|| std::env::var("DITTO_FAILPOINTS").unwrap_or_default()).split(',').any(|p| p == name)
+}

@@ -1423,11 +1423,11 @@ fn host_name() -> Option<String> {
     (rc == 0 && end > 0).then(|| String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
-/// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (comma-separated), for the
-/// tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
+/// Whether the failpoint `name` is set in `DITTO_FAILPOINTS` (`ditto_replication::failpoint`),
+/// for the tests of a cluster's fallbacks: `fence-in-place`, `role-change-in-place`,
 /// `role-change-crash-after-seal`, `promotion-fails-after-log`, `primary-start-slow`.
 fn failpoint(name: &str) -> bool {
-    std::env::var("DITTO_FAILPOINTS").is_ok_and(|f| f.split(',').any(|p| p == name))
+    ditto_replication::failpoint(name)
 }
 
 /// A fenced cluster backup cut in place at a failover's point `point` (`Backup::cut_at`:
