@@ -108,7 +108,9 @@ pub struct Config {
     pub max_request_bytes: usize,
     pub max_inline_bytes: usize,
     /// Replies buffered for one connection before the server stops reading its requests
-    /// and writes them out; one reply larger than this is refused with an error.
+    /// and writes them out; one reply larger than this is refused with an error. Also what
+    /// it reads ahead of a connection's requests while that write waits for room in the
+    /// socket (`server::write_reading_ahead`).
     pub max_output_bytes: usize,
     /// `host:port` of the Prometheus endpoint, or `off`.
     pub metrics: String,
