@@ -1922,11 +1922,17 @@ fn wait_logged(
 /// Sends checkpoint files `files` of `dir`, counting the bytes sent in `sent`.
 fn send_files(w: &mut impl Write, dir: &Path, files: &[String], sent: &AtomicU64) -> std::io::Result<()> {
     use std::io::Read;
-    const CHUNK: usize = 1 << 20;
+    const CHUNK: usize = crate::protocol::FILE_CHUNK_MAX;
     // A chunk at a time: a part (64 MiB by default, larger if configured) is never held
     // whole, once per joining backup.
     let mut buf = vec![0u8; CHUNK];
     for name in files {
+        if name.len() > crate::protocol::FILE_NAME_MAX {
+            return Err(std::io::Error::other(format!(
+                "a checkpoint file's name of {} bytes is too long to send",
+                name.len()
+            )));
+        }
         let path: PathBuf = dir.join(name);
         let mut file = std::fs::File::open(&path)?;
         let len = file.metadata()?.len();

@@ -348,7 +348,11 @@ impl Frame {
             }
             Frame::Refuse { reason } => {
                 b.put_u8(kind::REFUSE);
-                put_str(&mut b, reason);
+                let mut cut = REFUSE_REASON_MAX.min(reason.len());
+                while !reason.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                put_str(&mut b, &reason[..cut]);
             }
         }
         seal(b)
@@ -576,6 +580,30 @@ pub const BATCH_BODY_MIN_BYTES_PER_S: u64 = 64 << 10;
 
 /// A batch frame's body before its batch: kind, epoch, release, flags.
 const BATCH_BODY_PREFIX: usize = 1 + 8 + 8 + 1;
+/// The most data a checkpoint's `File` frame carries (the primary sends 1 MiB at a time).
+pub const FILE_CHUNK_MAX: usize = 1 << 20;
+/// The longest name a `File` frame carries (a checkpoint's files are named by ditto, in a
+/// few dozen bytes; Linux's `PATH_MAX`).
+pub const FILE_NAME_MAX: usize = 4096;
+/// The longest reason a `Refuse` carries; a longer one is cut when encoded.
+pub const REFUSE_REASON_MAX: usize = 8 << 10;
+
+/// The longest body a frame of `k` may have, where its kind bounds it below
+/// `FRAME_BYTES_MAX` (`None`: a batch, checked against its own header, a hello, which a
+/// primary reads under `HELLO_BYTES_MAX`, or a frame of fixed length). A damaged length
+/// field on a rare frame fails as soon as the frame's first bytes have come, as a batch's
+/// or a heartbeat's does, not after the body's pace (up to 260 s at 1 MiB/s).
+fn body_len_max(k: u8) -> Option<usize> {
+    use ditto_engine::{TABLES_MAX, TABLE_NAME_MAX};
+    match k {
+        kind::WELCOME => Some(1 + MAGIC.len() + 8 + 4 + 4 + TABLES_MAX * (4 + 4 + TABLE_NAME_MAX) + 1 + 16 + 16),
+        kind::FILE => Some(1 + 4 + FILE_NAME_MAX + 8 + 1 + FILE_CHUNK_MAX),
+        kind::CHECKPOINT_DONE => Some(1 + 8),
+        kind::TABLE => Some(1 + 4 + 4 + TABLE_NAME_MAX),
+        kind::REFUSE => Some(1 + 4 + REFUSE_REASON_MAX),
+        _ => None,
+    }
+}
 /// A heartbeat's body (kind, release, acknowledged) and an ack's (kind, three positions).
 const HEARTBEAT_BODY_LEN: usize = 1 + 3 * 8;
 const ACK_BODY_LEN: usize = 1 + 4 * 8;
@@ -657,6 +685,19 @@ fn read_frame_paced(
             body[0]
         )));
     }
+    // Where more is to come, a length its kind cannot have fails now (a body already
+    // whole goes on to its checksum, which names damage anywhere in it).
+    if len > pre {
+        if let Some(n) = body_len_max(body[0]).filter(|&n| len > n) {
+            return Err(damaged(format!(
+                "a frame of kind {} of {len} bytes, over the {n} its kind may hold: its length field is damaged",
+                body[0]
+            )));
+        }
+        if !(kind::HELLO..=kind::REFUSE).contains(&body[0]) {
+            return Err(std::io::Error::other(ProtocolError::UnknownKind(body[0])));
+        }
+    }
     if body[0] == kind::BATCH && pre == BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN {
         let h = ditto_log::format::decode_batch_header(&body[BATCH_BODY_PREFIX..])
             .map_err(|e| damaged(format!("a batch frame whose batch header does not check: {e}")))?;
@@ -730,13 +771,14 @@ mod tests {
         let got = read_frame_paced(&mut Trickle(sound.clone(), 0), 1 << 20, Duration::from_secs(5), rate).unwrap();
         assert_eq!(got, Some(refuse), "a body at the pace asked");
         let mut damaged = sound;
-        damaged[..4].copy_from_slice(&20_000u32.to_le_bytes());
+        // (Within what a refusal may hold: a longer one fails at once.)
+        damaged[..4].copy_from_slice(&8_000u32.to_le_bytes());
         let t = Instant::now();
         let e = read_frame_paced(&mut Trickle(damaged, 0), 1 << 20, Duration::from_millis(200), rate).unwrap_err();
         assert!(e.to_string().contains("did not come in time"), "{e}");
-        // 20,000 bytes at 10,000 a second after the grace: 2.2 s, not the 20 s the
-        // trickle would take.
-        assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
+        // 8,000 bytes at 10,000 a second after the grace: 1.0 s, not the 8 s the trickle
+        // would take.
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 
     /// A batch frame whose length disagrees with its batch's own header (under the
@@ -771,6 +813,64 @@ mod tests {
         stream.extend(hb.repeat(10));
         let e = read_frame(&mut &stream[..]).unwrap_err();
         assert!(e.to_string().contains("its length field is damaged"), "{e}");
+    }
+
+    /// A frame of a kind that bounds its length (a welcome, a checkpoint's file or its end,
+    /// a table, a refusal) whose length field names more than its kind may hold fails as
+    /// soon as its first bytes have come, though heartbeats keep coming after it; so does
+    /// one of an unknown kind. Sound frames of the largest each kind may be are read, and a
+    /// refusal's long reason is cut to fit.
+    #[test]
+    fn a_rare_frames_damaged_length_fails_at_once() {
+        let hb = Frame::Heartbeat { released: Ts(1), acknowledged: Ts(1), sent_us: 5 }.encode().to_vec();
+        let largest_table = Frame::Table { id: 3, name: "t".repeat(ditto_engine::TABLE_NAME_MAX) };
+        let largest_file = Frame::File {
+            name: "f".repeat(FILE_NAME_MAX),
+            offset: 9,
+            data: vec![1u8; FILE_CHUNK_MAX].into(),
+            last: true,
+        };
+        let tables =
+            (0..ditto_engine::TABLES_MAX as u32).map(|i| (i, "w".repeat(ditto_engine::TABLE_NAME_MAX))).collect();
+        let start = Start::Checkpoint { ts: Ts(u64::MAX), bytes: u64::MAX };
+        let largest_welcome = Frame::Welcome { epoch: Epoch(1), streams: 4, tables, start, database: 1, run: 2 };
+        let frames = [
+            largest_welcome,
+            largest_file,
+            Frame::CheckpointDone { ts: Ts(7) },
+            largest_table,
+            Frame::Refuse { reason: "é".repeat(REFUSE_REASON_MAX) },
+        ];
+        for f in frames {
+            let sound = f.encode().to_vec();
+            let got = read_frame(&mut &sound[..]).unwrap().unwrap();
+            match (&f, &got) {
+                (Frame::Refuse { reason }, Frame::Refuse { reason: cut }) => {
+                    assert!(
+                        cut.len() <= REFUSE_REASON_MAX
+                            && cut.len() > REFUSE_REASON_MAX - 2
+                            && reason.starts_with(cut.as_str())
+                    )
+                }
+                _ => assert_eq!(got, f, "the largest of its kind is read"),
+            }
+            let len = u32::from_le_bytes(sound[..4].try_into().unwrap());
+            for wrong in [len ^ (1 << 27), len + (17 << 20) + 1] {
+                let mut stream = sound.clone();
+                stream[..4].copy_from_slice(&wrong.to_le_bytes());
+                stream.extend(hb.repeat(20));
+                // Only these bytes: a reader that waited for the body it names fails
+                // otherwise with a cut-short frame, not this error.
+                let e = read_frame(&mut &stream[..]).unwrap_err();
+                assert!(e.to_string().contains("its length field is damaged"), "{f:?} {wrong}: {e}");
+            }
+        }
+        let mut unknown = Frame::Refuse { reason: "no".into() }.encode().to_vec();
+        unknown[FRAME_HEADER_LEN] = 200;
+        unknown[..4].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        unknown.extend(hb.repeat(20));
+        let e = read_frame(&mut &unknown[..]).unwrap_err();
+        assert!(e.to_string().contains("unknown frame kind 200"), "{e}");
     }
 
     /// A frame's `Debug` output, written into errors and logs when a frame was not
