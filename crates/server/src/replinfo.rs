@@ -141,6 +141,10 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_replay_held_bytes", ld(&state.held_bytes).to_string());
             put("ditto_replay_held_spilled_batches", ld(&state.held_spilled).to_string());
             put("ditto_replay_held_read_back_batches", ld(&state.held_read_back).to_string());
+            // Replay's queues past their bound while a replayer waits for the read view (a
+            // standalone backup whose primary's release stalls): in the replica log alone.
+            put("ditto_replay_queued_spilled_batches", ld(&state.replay_spilled).to_string());
+            put("ditto_replay_queued_read_back_batches", ld(&state.replay_read_back).to_string());
             put("ditto_txns_replayed", ld(&state.txns_replayed).to_string());
             put("ditto_bytes_received", ld(&state.bytes_received).to_string());
             put("ditto_reconnects", ld(&state.reconnects).to_string());
@@ -261,6 +265,16 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 "ditto_replication_replay_held_read_back_batches",
                 "Batches held at the primary's release read back from the replica log since the start.",
                 vec![(String::new(), ld(&state.held_read_back))],
+            );
+            gauge(
+                "ditto_replication_replay_queued_spilled_batches",
+                "Batches handed to replay past its bound while a replayer waits for the read view, lying in the replica log alone.",
+                vec![(String::new(), ld(&state.replay_spilled))],
+            );
+            gauge(
+                "ditto_replication_replay_queued_read_back_batches",
+                "Batches handed to replay past its bound read back from the replica log since the start.",
+                vec![(String::new(), ld(&state.replay_read_back))],
             );
             gauge(
                 "ditto_replication_reconnects",
