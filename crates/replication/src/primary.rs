@@ -1808,9 +1808,15 @@ impl Primary {
     fn take_ack(&self, link: &Link, f: Frame) -> Option<String> {
         match f {
             Frame::Ack { received, durable, replayed, echo_us } => {
-                link.received.fetch_max(received.0, Ordering::AcqRel);
-                link.durable.fetch_max(durable.0, Ordering::AcqRel);
-                link.replayed.fetch_max(replayed.0, Ordering::AcqRel);
+                // No more than this primary's clock: a commit waiting for its release has a
+                // timestamp at or below it, so the cap takes nothing from one, while an ack
+                // naming more (a backup's bug; a tail of an older epoch that a failover
+                // cut) would otherwise count now for commits not yet made, releasing them
+                // on receipt by no one.
+                let clock = self.durable.db().clock().now().0;
+                link.received.fetch_max(received.0.min(clock), Ordering::AcqRel);
+                link.durable.fetch_max(durable.0.min(clock), Ordering::AcqRel);
+                link.replayed.fetch_max(replayed.0.min(clock), Ordering::AcqRel);
                 link.heard_us.store(link.since.elapsed().as_micros() as u64, Ordering::Release);
                 // (Heard as of when it sent what the backup had seen: never later than now.)
                 link.lease_us.fetch_max(echo_us.min(self.now_us()), Ordering::AcqRel);
