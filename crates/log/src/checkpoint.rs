@@ -691,7 +691,11 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(info) = m.parts.get(i) else { return Ok(()) };
                         let path = part_path(dir, i);
-                        let b = std::fs::read(&path).map_err(|e| match e.kind() {
+                        // At most the bytes its manifest names (and one more, so that a
+                        // longer file is refused by `load_part`), never the file's own
+                        // length whole: a damaged size (a 40 GiB sparse file) was read
+                        // into memory until the process was killed (a review, 2026-12-06).
+                        let b = read_part(&path, info.bytes).map_err(|e| match e.kind() {
                             // Its manifest names it: a checkpoint that lost a part is
                             // damaged, not a passing I/O failure worth retrying.
                             std::io::ErrorKind::NotFound => LogError::Corrupt {
@@ -714,6 +718,16 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
     Ok((rows.into_inner(), bytes.into_inner()))
 }
 
+/// A part's bytes, at most `bytes` and one more (`load_part` refuses a length other than
+/// `bytes`), however long the file says it is.
+fn read_part(path: &Path, bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let mut out = Vec::with_capacity(f.metadata()?.len().min(bytes + 1) as usize);
+    f.take(bytes + 1).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &PartInfo) -> Result<u64, LogError> {
     let bad = |offset: usize, what: &str| LogError::Corrupt {
         file: path.to_path_buf(),
@@ -721,7 +735,12 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
         what: what.into(),
     };
     if b.len() as u64 != info.bytes {
-        return Err(bad(b.len(), &format!("part is {} bytes, manifest says {}", b.len(), info.bytes)));
+        // (One read past the manifest's length: the file is longer still, perhaps much.)
+        let what = match b.len() as u64 > info.bytes {
+            true => format!("part is longer than the {} bytes its manifest says", info.bytes),
+            false => format!("part is {} bytes, manifest says {}", b.len(), info.bytes),
+        };
+        return Err(bad(b.len(), &what));
     }
     if crc32c::crc32c(&b) != info.crc {
         return Err(bad(0, "part checksum does not match the manifest"));

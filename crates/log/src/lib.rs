@@ -201,6 +201,11 @@ pub fn open(dir: &Path, mut opts: OpenOptions) -> Result<Durable, LogError> {
     // just finished took it away.)
     std::fs::create_dir_all(dir.join("log")).map_err(|e| LogError::io(&dir.join("log"), e))?;
     let catalog = Catalog::load(dir)?;
+    // A damaged database id refuses the open here, before recovery changes anything (a
+    // torn tail cut, the log folded into a checkpoint and deleted, older checkpoints gone):
+    // it was read only once logging started, after all of that (found by a review,
+    // 2026-12-06). A missing one is made there, as before.
+    identity::read(dir).map_err(|e| LogError::io(&dir.join(identity::DATABASE_ID_FILE), e))?;
     let mut report = RecoveryReport::default();
     let (newest, stale_ckpts) = checkpoint::find_newest(dir)?;
     // A promoted backup's replica logs sealed at failovers' points (`sealed`).

@@ -58,7 +58,8 @@ pub struct LogOptions {
     /// cache) where the file system allows it; on by default. It cuts the flusher's CPU per
     /// batch (docs/durability.md, "Direct I/O"). Checkpoints always go through the page cache.
     pub direct_io: bool,
-    /// A segment file is closed and a new one started once it is over this size.
+    /// A segment file is closed and a new one started once it is over this size; at most
+    /// `SEGMENT_BYTES_LIMIT` is used, whatever is set.
     pub segment_bytes_max: u64,
     /// A worker's commit blocks while its stream has more than this many bytes buffered.
     /// At most `MAX_RAW_LEN - TXN_BYTES_MAX` (128 MiB) is used, whatever is set: one more
@@ -113,4 +114,40 @@ impl std::fmt::Debug for LogOptions {
             .field("segment_bytes_max", &self.segment_bytes_max)
             .finish()
     }
+}
+
+/// The most `LogOptions::segment_bytes_max` (the server's `log_segment_bytes`) may be, and
+/// a backup's replica log file's size likewise: recovery reads a file whole, and refuses
+/// one longer than any this log writes (`LOG_FILE_BYTES_MAX`) before reading it.
+pub const SEGMENT_BYTES_LIMIT: u64 = 1 << 30;
+
+/// The longest a log segment or replica log file can be: `SEGMENT_BYTES_LIMIT`, the write
+/// that crosses it (several batches, each at most the largest), and the zeros written
+/// ahead. A longer file's size is damaged (a file system's inode, a hole): read whole, a
+/// 40 GiB sparse file held the open in memory until the process was killed (found by a
+/// review, 2026-12-06).
+pub const LOG_FILE_BYTES_MAX: u64 =
+    SEGMENT_BYTES_LIMIT + 4 * (crate::format::MAX_STORED_LEN + crate::format::BATCH_HEADER_LEN) as u64 + (1 << 20);
+
+/// `path`'s bytes, refused with a clear error, before anything is read, if the file is
+/// longer than `max` (`what` names what it is, for the error).
+pub(crate) fn read_file_at_most(path: &std::path::Path, max: u64, what: &str) -> Result<Vec<u8>, crate::LogError> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| crate::LogError::io(path, e))?;
+    let too_long = |len: u64| crate::LogError::Corrupt {
+        file: path.to_path_buf(),
+        offset: max,
+        what: format!("{what} is {len} bytes, more than the {max} it can be: its size is damaged"),
+    };
+    let len = f.metadata().map_err(|e| crate::LogError::io(path, e))?.len();
+    if len > max {
+        return Err(too_long(len));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    // (At most one byte past the bound: a file that grew since is refused too.)
+    f.take(max + 1).read_to_end(&mut out).map_err(|e| crate::LogError::io(path, e))?;
+    if out.len() as u64 > max {
+        return Err(too_long(out.len() as u64));
+    }
+    Ok(out)
 }

@@ -221,7 +221,8 @@ fn replays(b: &Batch, ckpt_ts: Ts) -> bool {
 /// are checked here; the inside of a batch only if replay will not read it (the replayer
 /// checks the others as it decompresses them, so each payload is decompressed once).
 fn read_one(f: &SegmentFile, ckpt_ts: Ts) -> Result<(SegmentScan, u64), LogError> {
-    let raw = Bytes::from(std::fs::read(&f.path).map_err(|e| LogError::io(&f.path, e))?);
+    let raw =
+        Bytes::from(crate::options::read_file_at_most(&f.path, crate::options::LOG_FILE_BYTES_MAX, "a log segment")?);
     let scan = read_segment_checking(&raw, |b| !replays(b, ckpt_ts)).map_err(|e| match e {
         FormatError::UnsupportedVersion(version) => LogError::UnsupportedVersion {
             file: f.path.clone(),

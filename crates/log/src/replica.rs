@@ -171,7 +171,8 @@ impl ReplicaLog {
             file,
             seq,
             bytes: REPLICA_HEADER_LEN as u64,
-            bytes_max,
+            // (Recovery refuses a file longer than any this writes.)
+            bytes_max: bytes_max.min(crate::options::SEGMENT_BYTES_LIMIT),
             pending: Vec::new(),
             cur_max_ts: Ts::ZERO,
             closed: Vec::new(),
@@ -1710,7 +1711,11 @@ fn read_files(
 ) -> Result<FilesRead, LogError> {
     let mut read = FilesRead::default();
     for (i, (seq, path)) in files.iter().enumerate() {
-        let raw = std::fs::read(path).map(Bytes::from).map_err(|e| LogError::io(path, e))?;
+        let raw = Bytes::from(crate::options::read_file_at_most(
+            path,
+            crate::options::LOG_FILE_BYTES_MAX,
+            "a replica log file",
+        )?);
         let last = i + 1 == files.len();
         let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
         let FileHeader { streams: n, seq: hseq, version } = match decode_header(&raw) {

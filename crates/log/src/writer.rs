@@ -698,7 +698,8 @@ impl Logger {
     ) -> Result<(), String> {
         let end = seg.end + frames.len() as u64;
         if end > seg.zeroed && frames.len() as u64 <= ZERO_BATCH_MAX {
-            seg.zeroed = (end + ZERO_AHEAD).min(end.max(self.opts.segment_bytes_max));
+            seg.zeroed =
+                (end + ZERO_AHEAD).min(end.max(self.opts.segment_bytes_max.min(crate::options::SEGMENT_BYTES_LIMIT)));
             seg.file.extend_zeroed(seg.zeroed).map_err(|e| format!("write to {}: {e}", seg.path.display()))?;
         }
         // A large batch written past the zeros appends; the file ends at the batch.
@@ -721,7 +722,7 @@ impl Logger {
         if !vouches {
             self.publish_durable(&self.streams[w], bound, floor);
         }
-        if seg.end < self.opts.segment_bytes_max {
+        if seg.end < self.opts.segment_bytes_max.min(crate::options::SEGMENT_BYTES_LIMIT) {
             return Ok(());
         }
         // Only a stream's last segment may end in zeros (recovery refuses them in any

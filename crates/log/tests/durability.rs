@@ -406,6 +406,72 @@ fn corrupt_checkpoint_part_refuses_to_start() {
     }
 }
 
+/// A file whose size on disk is damaged (a hole past its end, an inode's size) is refused
+/// naming it, before it is read: a checkpoint's part longer than its manifest says, a log
+/// segment or a replica log file longer than any the log writes. Before 2026-12-06 each was
+/// read whole first (a 40 GiB sparse part held the open in memory until the process was
+/// killed), and a segment's trailing zeros were then taken for space written ahead.
+/// (Sparse files: the disk holds none of it.) Taken back to size, each opens again.
+#[test]
+fn a_file_whose_size_is_damaged_is_refused_before_it_is_read_whole() {
+    let (dir, ck) = checkpointed();
+    let part = ck.join("part-0000.dat");
+    let len = std::fs::metadata(&part).unwrap().len();
+    let grow = |path: &Path, to: u64| std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(to).unwrap();
+    // The process's peak memory (VmHWM): a file read whole would raise it by gigabytes.
+    let peak = || {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() << 10
+    };
+    let before = peak();
+    grow(&part, 3 << 30);
+    refused_naming(dir.path(), &part, &format!("part is longer than the {len} bytes its manifest says"));
+    assert!(peak() < before + (1 << 30), "peak memory {} after {before}: the part was read whole", peak());
+    grow(&part, len);
+    let seg = segments(dir.path()).pop().unwrap();
+    let seg_len = std::fs::metadata(&seg).unwrap().len();
+    let max = ditto_log::options::LOG_FILE_BYTES_MAX;
+    grow(&seg, max + 1);
+    refused_naming(dir.path(), &seg, &format!("a log segment is {} bytes, more than the {max} it can be", max + 1));
+    assert!(peak() < before + (1 << 30), "peak memory {} after {before}: the segment was read whole", peak());
+    grow(&seg, seg_len);
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
+}
+
+/// A damaged `DATABASE_ID` refuses the open before recovery changes anything: the log is
+/// as it was (before 2026-12-06 it was read once logging started, after a torn tail was
+/// cut, the log folded into a checkpoint and its segments deleted).
+#[test]
+fn a_damaged_database_id_refuses_the_open_before_recovery_changes_the_directory() {
+    let dir = filled(50);
+    let (last, whole, _) = last_segment_and_next(dir.path());
+    let mut f = std::fs::OpenOptions::new().append(true).open(&last).unwrap();
+    io::Write::write_all(&mut f, &half_of_last_batch(&whole)).unwrap();
+    let id = dir.path().join(ditto_log::identity::DATABASE_ID_FILE);
+    let good = std::fs::read(&id).unwrap();
+    std::fs::write(&id, b"garbage").unwrap();
+    let listing = |sub: &str| {
+        let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir.path().join(sub))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.clone(), if p.is_file() { std::fs::read(&p).unwrap() } else { Vec::new() }))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = (listing("log"), listing("checkpoints"));
+    match open(dir.path(), opts(1, Durability::EveryBatch)) {
+        Err(e) => assert!(e.to_string().contains(ditto_log::identity::DATABASE_ID_FILE), "{e}"),
+        Ok(_) => panic!("opened with a damaged database id"),
+    }
+    assert_eq!((listing("log"), listing("checkpoints")), before, "the refused open changed the directory");
+    std::fs::write(&id, good).unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 50);
+}
+
 /// A directory with one checkpoint of 100 rows of table "t" and 10 rows logged after it,
 /// closed; and the checkpoint's directory.
 fn checkpointed() -> (tempfile::TempDir, PathBuf) {

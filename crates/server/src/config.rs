@@ -462,8 +462,11 @@ impl Config {
                 "checkpoint_write_mb_per_s and backup_checkpoint_write_mb_per_s must be <= 1000000 (0: unpaced)",
             );
         }
-        if self.log_segment_bytes < 4096 {
-            return bad("log_segment_bytes must be >= 4096");
+        if !(4096..=ditto_log::options::SEGMENT_BYTES_LIMIT).contains(&self.log_segment_bytes) {
+            return bad(&format!(
+                "log_segment_bytes must be between 4096 and {} (1 GiB)",
+                ditto_log::options::SEGMENT_BYTES_LIMIT
+            ));
         }
         if !(1..=1_000_000).contains(&self.replay_held_memory_mb) {
             return bad("replay_held_memory_mb must be between 1 and 1000000");
