@@ -231,7 +231,15 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
 /// An inline command: one line (ended by `\n`, an optional `\r` before it), split into
 /// arguments as Redis splits it (`split_inline`).
 fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+    // A NUL byte in the line: Redis reads the line as a C string, so its end is never found
+    // and the connection hangs until the line passes 64 KiB. It was run cut at the NUL here
+    // (`SET k ab\0cd` stored "ab"; found by a review's differential run, 2026-12-06): now it
+    // is refused at once, and nothing of it runs.
+    let end = buf.iter().position(|&b| b == b'\n' || b == 0);
+    if end.is_some_and(|i| buf[i] == 0) {
+        return Err(perr("NUL byte in inline request"));
+    }
+    let Some(nl) = end else {
         if buf.len() > limits.max_inline_bytes {
             return Err(perr("too big inline request"));
         }
@@ -255,7 +263,7 @@ fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, Pro
 /// (any other escaped byte stands for itself); `'single quotes'` where only `\'` is an
 /// escape. A closing quote must end the word; a line holding an unclosed quote, or a quote
 /// closed mid-word, is refused (`None`). The line ends at a NUL byte, as Redis reads it as
-/// a C string. White space between words is C's `isspace` (vertical tab and form feed
+/// a C string (`inline` refuses such a line before it comes here). White space between words is C's `isspace` (vertical tab and form feed
 /// too), but a word outside quotes ends only at a space, tab, CR or LF, as in Redis: `\v`
 /// and `\f` inside it are its bytes (split there before 2026-12-05; found by a review's
 /// differential run against Redis).
@@ -801,6 +809,17 @@ mod tests {
         let mut buf = BytesMut::from(&b"GET \"a b\r\n"[..]);
         let e = RequestParser::default().next(&mut buf, &Limits::default()).unwrap_err();
         assert_eq!(e.to_string(), "Protocol error: unbalanced quotes in request");
+        // A NUL byte in an inline line is refused, the line's end come or not: it never
+        // runs cut at the NUL (`SET k ab\0cd` stored "ab" before 2026-12-06).
+        for line in [&b"SET nulk ab\0cd\r\nGET nulk\r\n"[..], b"SET nulk ab\0cd"] {
+            let mut buf = BytesMut::from(line);
+            let e = RequestParser::default().next(&mut buf, &Limits::default()).unwrap_err();
+            assert_eq!(e.to_string(), "Protocol error: NUL byte in inline request");
+        }
+        // In a bulk string (RESP's own framing) a NUL is a byte like any.
+        let mut buf = BytesMut::from(&b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\na\0b\r\n"[..]);
+        let got = RequestParser::default().next(&mut buf, &Limits::default()).unwrap().unwrap();
+        assert_eq!(got[2], Bytes::from_static(b"a\0b"));
     }
 
     #[test]

@@ -768,6 +768,9 @@ impl Session {
                 }
             }
         }
+        if let Some(refused) = commands::ditto_refusal(spec, &args) {
+            return Err(refused);
+        }
         if let (true, Replication::Backup { state, .. }) = (self.reads_data(spec), &sh.replication) {
             if let Some((from, released)) = state.reads_held() {
                 state.reads_refused.fetch_add(1, Ordering::Relaxed);
@@ -1268,7 +1271,7 @@ impl Session {
                     name = Some(&rest[1]);
                     rest = &rest[2..];
                 }
-                _ => return Reply::err(format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(opt))),
+                _ => return crate::commands::raw_error(&[b"ERR Syntax error in HELLO option '", opt, b"'"]),
             }
         }
         if let Some(c) = creds {
@@ -1702,7 +1705,7 @@ fn scan(db: u8, a: &[Bytes], sh: &Shared, at: &mut Reader) -> Outcome {
 /// CONFIG GET pattern...: the parameters in `Shared::config_view` whose names match a glob,
 /// as a map. Nothing can be changed at run time: the config file is the one place.
 fn config(a: &[Bytes], sh: &Shared) -> Reply {
-    // (Refused before it runs, `commands::subcommand_refusal`; kept for any other caller.)
+    // (Refused before it runs, `commands::ditto_refusal`; kept for any other caller.)
     if !a[0].eq_ignore_ascii_case(b"GET") {
         return crate::commands::config_unsupported(&a[0]);
     }
@@ -2455,8 +2458,19 @@ mod tests {
         assert!(matches!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Error(e) if e.starts_with("NOAUTH")));
         assert!(matches!(cmd(&mut s, &sh, &mut w, "AUTH nope"), Reply::Error(e) if e.starts_with("WRONGPASS")));
         assert!(matches!(cmd(&mut s, &sh, &mut w, "AUTH sesamf"), Reply::Error(_)));
+        // What ditto refuses of a command Redis runs (SET's expiry, CONFIG SET) is refused
+        // after authentication, as Redis would reach it (before 2026-12-06 it came first).
+        for refused_later in ["SET k v EX 10", "CONFIG SET a b"] {
+            let e = cmd(&mut s, &sh, &mut w, refused_later);
+            assert!(matches!(&e, Reply::Error(m) if m.starts_with("NOAUTH")), "{refused_later}: {e:?}");
+        }
+        // Redis's own checks of a subcommand come first, as in Redis.
+        let e = cmd(&mut s, &sh, &mut w, "CONFIG NOSUCH");
+        assert!(matches!(&e, Reply::Error(m) if m.starts_with("ERR unknown subcommand")), "{e:?}");
         assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH default sesame"), Reply::Ok);
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::Nil);
+        let e = cmd(&mut s, &sh, &mut w, "SET k v EX 10");
+        assert!(matches!(&e, Reply::Error(m) if m.contains("not supported by ditto")), "{e:?}");
     }
 
     /// A pipeline's run of GETs or SETs answered together gives each request the reply,
@@ -2845,6 +2859,25 @@ mod tests {
         assert_eq!(
             cmd(&mut a, &sh, &mut w, "CLIENT NOSUCH"),
             Reply::err("ERR unknown subcommand 'NOSUCH'. Try CLIENT HELP.")
+        );
+        // Bytes that are not UTF-8 are echoed as they came, as Redis does (they came back
+        // as U+FFFD before 2026-12-06); so in a HELLO's unknown option.
+        let raw = |args: &[&[u8]], a: &mut Session, w: &mut Worker| {
+            let mut out = bytes::BytesMut::new();
+            a.handle(args.iter().map(|x| Bytes::copy_from_slice(x)).collect(), &sh, w)
+                .reply
+                .encode(Proto::Resp2, &mut out);
+            out.to_vec()
+        };
+        let mut b = Session::new(&sh);
+        assert_eq!(cmd(&mut b, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        assert_eq!(
+            raw(&[&b"CLIENT"[..], b"\xff\xfe"], &mut b, &mut w),
+            b"-ERR unknown subcommand '\xff\xfe'. Try CLIENT HELP.\r\n"
+        );
+        assert_eq!(
+            raw(&[&b"HELLO"[..], b"2", b"\xff"], &mut b, &mut w),
+            b"-ERR Syntax error in HELLO option '\xff'\r\n"
         );
         assert!(matches!(cmd(&mut a, &sh, &mut w, "EXEC"), Reply::Error(e) if e.starts_with("EXECABORT")));
     }
@@ -3734,6 +3767,8 @@ mod tests {
         sh.read_only = true;
         assert!(matches!(cmd(&mut s, &sh, &mut w, "SET k w"), Reply::Error(e) if e.starts_with("READONLY")));
         assert!(matches!(cmd(&mut s, &sh, &mut w, "HSET h f v"), Reply::Error(e) if e.starts_with("READONLY")));
+        // A write ditto would refuse anyway (SET's expiry) is READONLY here, as in Redis.
+        assert!(matches!(cmd(&mut s, &sh, &mut w, "SET k v EX 1"), Reply::Error(e) if e.starts_with("READONLY")));
         assert_eq!(cmd(&mut s, &sh, &mut w, "GET k"), Reply::bulk("v"));
         // Inside MULTI a write is refused at once and the EXEC aborts.
         assert_eq!(cmd(&mut s, &sh, &mut w, "MULTI"), Reply::Ok);
