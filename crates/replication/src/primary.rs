@@ -493,16 +493,23 @@ impl Primary {
                             }
                         }
                         let me = Arc::clone(&me);
-                        let _ = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
+                        let spawned = std::thread::Builder::new().name("ditto-repl-link".into()).spawn(move || {
                             ditto_log::sched::link_thread();
                             let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                             // A backup gone without a FIN is found by the kernel's probes
                             // where no write of this side's is waiting to fail, and by the
                             // user timeout where one is (data unacknowledged for 30 s: the
                             // idle heartbeats keep some in flight); a live link also ends
-                            // after `ack_silence_max` without an acknowledgement.
-                            let _ = crate::tls::keep_alive(&s);
-                            let _ = crate::tls::give_up_unacknowledged(&s);
+                            // after `ack_silence_max` without an acknowledgement. Either
+                            // failing is said: the link goes on without it (the user
+                            // timeout is what lets go of a write to a backup that stopped
+                            // reading while traffic stays under the queue's bound).
+                            if let Err(e) = crate::tls::keep_alive(&s) {
+                                tracing::warn!("replication connection from {addr}: setting TCP keepalive: {e}");
+                            }
+                            if let Err(e) = crate::tls::give_up_unacknowledged(&s) {
+                                tracing::warn!("replication connection from {addr}: setting TCP's user timeout: {e}");
+                            }
                             let opens = crate::tls::opens_with_tls(&s, Duration::from_secs(10));
                             let served = match (&me.opts.tls, opens) {
                                 (_, Err(e)) => Err(e),
@@ -543,6 +550,10 @@ impl Primary {
                                 }
                             }
                         });
+                        if let Err(e) = spawned {
+                            // (The connection closes with it, unserved: the backup asks again.)
+                            tracing::error!("a replication connection was not served: starting its thread: {e}");
+                        }
                     }
                     Err(e) => {
                         tracing::warn!("replication accept failed: {e}");
@@ -1454,6 +1465,17 @@ impl Primary {
             })
         })?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
+        // Acks are read on the server's runtime, or on a thread of their own, from here on:
+        // while the start is sent too. The backup acks as it receives and persists it, and
+        // unread, its acks filled this side's receive buffer and its own send buffer (a few
+        // thousand acks on a network's smaller buffers, seconds of a gap), its receiver
+        // then blocked writing one, and the start stalled until this side gave up on it
+        // (found by a review, 2026-12-06; loopback's buffers hid it). What they say of a
+        // starting backup is what it holds. Ended and waited for however this returns, a
+        // panic's unwinding too: `serve` reads the link's figures after it, which the
+        // reader must be done moving. (A review found the panic's path reading them with
+        // the reader still running.)
+        let acks = AcksEnd { sock: stream, acks: Some(self.read_acks(link, reader)?) };
         let tables = |logger: &ditto_log::Logger| {
             logger.catalog_tables().into_iter().map(|(id, n)| (id.0, n)).collect::<Vec<_>>()
         };
@@ -1496,26 +1518,35 @@ impl Primary {
                 let _ = std::fs::remove_dir_all(&keep.0);
                 // A recent checkpoint and the log above it (after a failover, the one the
                 // new primary writes in the background), or one written for this backup.
-                let recent = self.durable.link_recent_checkpoint(&keep.0).map_err(std::io::Error::other)?;
-                // Kept for it: the log above the checkpoint it is sent (none for one written
-                // now, above which it is sent the log live).
-                let asked = recent.as_ref().map_or(NOTHING_ASKED, |(info, _)| info.ts.0);
-                link.asked_from.store(asked, Ordering::Release);
-                // (A log that cannot be read whole, a damaged segment, is not sent: a
-                // checkpoint is written for it instead, as for a resumed backup. Before, the
-                // join failed, and every try again failed the same way.)
-                let above = match &recent {
-                    Some((info, _)) => ditto_log::replica::batches_after(self.durable.dir(), self.epoch, info.ts)
-                        .unwrap_or_else(|e| {
-                            tracing::warn!(
-                                "the log above the recent checkpoint at ts {} cannot be read whole ({e}): a checkpoint is written for backup {}",
-                                info.ts.0,
-                                link.node
-                            );
-                            None
-                        }),
-                    None => None,
-                };
+                // A heartbeat a second meanwhile, as while a gap is read or a checkpoint
+                // written for a join: the recent checkpoint waits for one being written
+                // (its turn), and the log above it may be gigabytes, while the backup gives
+                // a silent primary up after 5 s and asks again (found by a review,
+                // 2026-12-06: each try's thread then read it all again).
+                let keep_dir = &keep.0;
+                let (recent, above) = saying_alive(&mut beats, None, || {
+                    let recent = self.durable.link_recent_checkpoint(keep_dir).map_err(std::io::Error::other)?;
+                    // Kept for it: the log above the checkpoint it is sent (none for one
+                    // written now, above which it is sent the log live).
+                    let asked = recent.as_ref().map_or(NOTHING_ASKED, |(info, _)| info.ts.0);
+                    link.asked_from.store(asked, Ordering::Release);
+                    // (A log that cannot be read whole, a damaged segment, is not sent: a
+                    // checkpoint is written for it instead, as for a resumed backup. Before,
+                    // the join failed, and every try again failed the same way.)
+                    let above = match &recent {
+                        Some((info, _)) => ditto_log::replica::batches_after(self.durable.dir(), self.epoch, info.ts)
+                            .unwrap_or_else(|e| {
+                                tracing::warn!(
+                                    "the log above the recent checkpoint at ts {} cannot be read whole ({e}): a checkpoint is written for backup {}",
+                                    info.ts.0,
+                                    link.node
+                                );
+                                None
+                            }),
+                        None => None,
+                    };
+                    Ok((recent, above))
+                })?;
                 let (info, files, above) = match (recent, above) {
                     (Some((info, files)), Some(above)) => (info, files, above),
                     _ => {
@@ -1565,11 +1596,6 @@ impl Primary {
             }
         };
         w.flush()?;
-        // Acks are read on the server's runtime, or on a thread of their own.
-        // Ended and waited for however this returns, a panic's unwinding too: `serve`
-        // reads the link's figures after it, which the reader must be done moving. (A
-        // review found the panic's path reading them with the reader still running.)
-        let acks = AcksEnd { sock: stream, acks: Some(self.read_acks(link, reader)?) };
         // Silence is counted from here for a backup that has not acknowledged yet.
         let acks_from = link.since.elapsed();
         self.changed();
