@@ -1084,6 +1084,7 @@ impl ControlService {
                 report_owed: None,
                 told_caught_up: false,
                 admin: Vec::new(),
+                resync_at: None,
             };
             run.sync_peers();
             let sh = Arc::clone(&run.shared);
@@ -1621,6 +1622,9 @@ struct Run {
     report_owed: Option<(NodeId, u64)>,
     /// The data plane was told this node's state is up to date (`DataPlane::caught_up`).
     told_caught_up: bool,
+    /// A member's control address did not resolve at the last `sync_peers`: it is tried
+    /// again at this time.
+    resync_at: Option<Instant>,
 }
 
 impl Run {
@@ -1629,6 +1633,12 @@ impl Run {
     fn sync_peers(&mut self) {
         let me = self.node.id();
         let st = self.node.state();
+        // Members whose control address did not resolve (a passing DNS failure): their
+        // sender, if they have one, is kept, and they are tried again in a second. (Before
+        // 2026-12-06 such a member was dropped from the wanted list without a word, its
+        // sender with it, and heard nothing from this node until the next membership
+        // change; and a bracketed IPv6 literal never resolved. Found by a review.)
+        let mut unresolved: Vec<(NodeId, String)> = Vec::new();
         let want: BTreeMap<NodeId, SocketAddr> = if st.epoch == 0 {
             self.config_peers.clone()
         } else {
@@ -1638,16 +1648,34 @@ impl Run {
                 .values()
                 .chain(st.learners.values())
                 .filter_map(|m| {
-                    let added = || {
-                        (m.control != 0)
-                            .then(|| std::net::ToSocketAddrs::to_socket_addrs(&(m.host(), m.control)).ok()?.next())
-                            .flatten()
-                    };
-                    Some((m.id, self.config_peers.get(&m.id).copied().or_else(added)?))
+                    if let Some(a) = self.config_peers.get(&m.id) {
+                        return Some((m.id, *a));
+                    }
+                    if m.control == 0 {
+                        return None;
+                    }
+                    let host = m.host().trim_start_matches('[').trim_end_matches(']');
+                    match std::net::ToSocketAddrs::to_socket_addrs(&(host, m.control)).map(|mut a| a.next()) {
+                        Ok(Some(a)) => Some((m.id, a)),
+                        Ok(None) => {
+                            unresolved.push((m.id, format!("{}:{}: no address", m.host(), m.control)));
+                            None
+                        }
+                        Err(e) => {
+                            unresolved.push((m.id, format!("{}:{}: {e}", m.host(), m.control)));
+                            None
+                        }
+                    }
                 })
                 .collect()
         };
-        self.senders.retain(|id, _| want.contains_key(id));
+        for (id, why) in &unresolved {
+            tracing::warn!(
+                "control node {me}: member {id}'s control address does not resolve ({why}); tried again in 1 s"
+            );
+        }
+        self.resync_at = (!unresolved.is_empty()).then(|| Instant::now() + Duration::from_secs(1));
+        self.senders.retain(|id, _| want.contains_key(id) || unresolved.iter().any(|(u, _)| u == id));
         for (&peer, &addr) in want.iter().filter(|(&p, _)| p != me) {
             if self.senders.contains_key(&peer) {
                 continue;
@@ -2011,10 +2039,15 @@ impl Run {
         let mut next_heard_report = 0u64;
         // The state is published when it changed (at first, and when a command applied).
         let mut state_changed = true;
+        // When a Raft message for another node was last said.
+        let mut wrong_to_said: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::SeqCst) && failed.is_none() {
             if let Some(why) = self.shared.removed.lock().unwrap().take() {
                 failed = Some(why);
                 break;
+            }
+            if self.resync_at.is_some_and(|t| Instant::now() >= t) {
+                self.sync_peers();
             }
             let input = rx.recv_timeout(next_tick.saturating_duration_since(Instant::now()));
             let now = started.elapsed().as_millis() as u64;
@@ -2029,6 +2062,21 @@ impl Run {
                 Err(_) => "",
             };
             let r = match input {
+                // A message for another node (a wrong port in another's `--members`) is
+                // said and dropped, not stepped as this node's (found by a review,
+                // 2026-12-06).
+                Ok(Input::Raft(m)) if m.to != id => {
+                    // (Said at most once a second: such messages come every tick.)
+                    if wrong_to_said.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                        wrong_to_said = Some(Instant::now());
+                        tracing::warn!(
+                            "control node {id}: a Raft message from node {} for node {} dropped: a peer's --members may name this node's address for another",
+                            m.from,
+                            m.to
+                        );
+                    }
+                    Ok(())
+                }
                 Ok(Input::Raft(m)) => {
                     self.coord.alive(m.from, now);
                     if let Err(e) = self.node.step(*m) {

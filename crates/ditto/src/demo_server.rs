@@ -38,6 +38,11 @@ pub(crate) enum Reply {
     Array(Option<Vec<Reply>>),
 }
 
+/// The longest reply line `Client` reads, the longest string and the longest array.
+const REPLY_LINE_MAX: u64 = 64 << 10;
+const REPLY_BULK_MAX: i64 = 512 << 20;
+const REPLY_ARRAY_MAX: i64 = 1 << 24;
+
 pub(crate) struct Client {
     w: TcpStream,
     r: BufReader<TcpStream>,
@@ -49,7 +54,25 @@ impl Client {
     }
 
     pub(crate) fn connect_to(host: &str, port: u16) -> Result<Client, Error> {
-        let s = TcpStream::connect((host, port))?;
+        use std::net::ToSocketAddrs;
+        // Each address in turn, 5 s each (a host that drops the SYN held `ditto status`
+        // for the kernel's connect timeout, about two minutes).
+        let mut last = None;
+        let mut s = None;
+        for addr in (host, port).to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+                Ok(c) => {
+                    s = Some(c);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let s = match (s, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => return Err(format!("{host}: no address").into()),
+        };
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         Ok(Client { r: BufReader::new(s.try_clone()?), w: s })
@@ -67,9 +90,23 @@ impl Client {
     }
 
     fn read(&mut self) -> Result<Reply, Error> {
+        self.read_nested(0)
+    }
+
+    /// A reply inside `depth` arrays (at most 32: a deeper nesting would run the stack out).
+    fn read_nested(&mut self, depth: usize) -> Result<Reply, Error> {
+        if depth > 32 {
+            return Err("a reply nested more than 32 arrays deep".into());
+        }
         let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
+        // A reply's line, its bulk and its array are bounded (`REPLY_LINE_MAX`,
+        // `REPLY_BULK_MAX`, `REPLY_ARRAY_MAX`): a peer's `$999999999999999` aborted the
+        // process allocating it (found by a review, 2026-12-06).
+        if (&mut self.r).take(REPLY_LINE_MAX).read_line(&mut line)? == 0 {
             return Err("connection closed".into());
+        }
+        if !line.ends_with('\n') {
+            return Err(format!("a reply line over {REPLY_LINE_MAX} bytes").into());
         }
         let line = line.trim_end_matches("\r\n");
         let (kind, rest) = line.split_at(1.min(line.len()));
@@ -79,6 +116,9 @@ impl Client {
             ":" => Reply::Int(rest.parse()?),
             "$" => match rest.parse::<i64>()? {
                 n if n < 0 => Reply::Bulk(None),
+                n if n > REPLY_BULK_MAX => {
+                    return Err(format!("a reply's string of {n} bytes, over {REPLY_BULK_MAX}").into())
+                }
                 n => {
                     let mut b = vec![0; n as usize + 2];
                     self.r.read_exact(&mut b)?;
@@ -88,7 +128,10 @@ impl Client {
             },
             "*" => match rest.parse::<i64>()? {
                 n if n < 0 => Reply::Array(None),
-                n => Reply::Array(Some((0..n).map(|_| self.read()).collect::<Result<_, _>>()?)),
+                n if n > REPLY_ARRAY_MAX => {
+                    return Err(format!("a reply's array of {n} elements, over {REPLY_ARRAY_MAX}").into())
+                }
+                n => Reply::Array(Some((0..n).map(|_| self.read_nested(depth + 1)).collect::<Result<_, _>>()?)),
             },
             _ => return Err(format!("unexpected reply line {line:?}").into()),
         })
@@ -390,5 +433,29 @@ mod tests {
         );
         assert_eq!(c.read().unwrap(), Reply::Array(None));
         assert!(c.read().is_err(), "closed");
+    }
+
+    /// A reply past what the client takes is an error, not an abort or a stack overflow:
+    /// a string of 10^15 bytes, an array of 2^40 elements, a line with no end, arrays
+    /// nested 100,000 deep (each answer on a connection of its own).
+    #[test]
+    fn replies_past_the_bounds_are_errors_not_aborts() {
+        let nested = b"*1\r\n".repeat(100_000);
+        let line = vec![b'+'; 100 << 10];
+        let answers: Vec<Vec<u8>> =
+            vec![b"$999999999999999\r\n".to_vec(), b"*1099511627776\r\n".to_vec(), line, nested];
+        for (i, a) in answers.into_iter().enumerate() {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let t = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let _ = s.write_all(&a);
+                s
+            });
+            let mut c = Client::connect(port).unwrap();
+            let e = c.read().map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("over") || e.contains("deep"), "answer {i}: {e}");
+            drop(t.join().unwrap());
+        }
     }
 }

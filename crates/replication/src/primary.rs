@@ -1080,13 +1080,15 @@ impl Primary {
             }
             other => return Err(std::io::Error::other(format!("expected Hello, got {other:?}"))),
         };
-        // A name goes into `INFO replication` (one line per backup) and the restart's
-        // record: short, and without control characters (a line break split the INFO
-        // reply's lines).
-        if node.is_empty() || node.len() > BACKUP_NAME_MAX || node.chars().any(char::is_control) {
+        // A name goes into `INFO replication` (one line per backup, its fields separated
+        // by commas) and the restart's record: short, and without control characters (a
+        // line break split the INFO reply's lines) or commas (one split its `slaveN` line's
+        // fields; a server's own `replica_name` refuses them, but another peer's hello was
+        // not held to it until 2026-12-06).
+        if node.is_empty() || node.len() > BACKUP_NAME_MAX || node.chars().any(|c| c.is_control() || c == ',') {
             let shown: String = node.chars().take(64).flat_map(char::escape_default).collect();
             let reason = format!(
-                "a backup's name must be 1 to {BACKUP_NAME_MAX} bytes without control characters, not {} bytes: {shown}",
+                "a backup's name must be 1 to {BACKUP_NAME_MAX} bytes without control characters or commas, not {} bytes: {shown}",
                 node.len()
             );
             return Err(refuse(&stream, reason));

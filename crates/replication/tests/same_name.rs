@@ -146,13 +146,14 @@ fn hellos_of_one_name_at_once_register_one_link() {
     a.close();
 }
 
-/// A hello whose name has a line break, or is empty, is refused saying why, and registers
-/// nothing (its name went into `INFO replication`, one line per backup, as sent).
+/// A hello whose name has a line break or a comma, or is empty, is refused saying why, and
+/// registers nothing (its name went into `INFO replication`, one line per backup, as sent,
+/// and a comma split its `slaveN` line's fields: refused since 2026-12-06).
 #[test]
 fn a_backup_name_with_a_line_break_or_none_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let (_a, _t, p, addr) = start_primary(&tmp.path().join("p"));
-    for name in ["b\r\nrole:master", ""] {
+    for name in ["b\r\nrole:master", "", "b,state=online"] {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.write_all(&common::empty_hello(name).encode()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -259,41 +259,88 @@ pub fn render(sh: &Shared, m: &Metrics) -> String {
     out
 }
 
+/// The most scrapes answered at once; a connection past them is closed at once. Each holds
+/// a file descriptor for up to `SCRAPE_TIME_MAX`, in the process that serves Redis clients:
+/// unbounded, 1,500 idle connections to this port under a limit of 200 descriptors made
+/// every accept fail, Redis clients' too (a SET waited 5 s; found by a review, 2026-12-06).
+pub const SCRAPES_MAX: usize = 16;
+/// A scrape is read, answered and closed within this, or dropped.
+const SCRAPE_TIME_MAX: Duration = Duration::from_secs(5);
+/// The longest request head read.
+const SCRAPE_HEAD_MAX: usize = 8192;
+
 /// Answers scrapes on `listener` from the server state `current` gives (the role that
-/// serves now, for a server that changes its role in place); none while it gives none.
+/// serves now, for a server that changes its role in place; 503 while it gives none), at
+/// most `SCRAPES_MAX` at once.
 pub async fn serve(listener: TcpListener, current: impl Fn() -> Option<Arc<Shared>>, m: Arc<Metrics>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Some(sh) = current() else { continue };
+        // (Dropped: closed at once, no task and no descriptor kept for it.)
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else { continue };
+        let sh = current();
         let m = Arc::clone(&m);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &sh, &m)).await;
+            let _ = tokio::time::timeout(SCRAPE_TIME_MAX, answer(stream, sh.as_deref(), &m)).await;
+            drop(permit);
         });
     }
 }
 
-async fn answer(mut s: TcpStream, sh: &Shared, m: &Metrics) -> std::io::Result<()> {
+async fn answer(mut s: TcpStream, sh: Option<&Shared>, m: &Metrics) -> std::io::Result<()> {
     let mut req = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+    let ended = |r: &[u8]| r.windows(4).any(|w| w == b"\r\n\r\n") || r.windows(2).any(|w| w == b"\n\n");
+    let too_long = loop {
+        if ended(&req) {
+            break false;
+        }
         let n = s.read(&mut buf).await?;
-        if n == 0 || req.len() + n > 8192 {
+        if n == 0 {
             return Ok(());
         }
+        if req.len() + n > SCRAPE_HEAD_MAX {
+            break true;
+        }
         req.extend_from_slice(&buf[..n]);
-    }
-    let ok = req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?");
-    let (status, body) = if ok { ("200 OK", render(sh, m)) } else { ("404 Not Found", "not found\n".to_string()) };
+    };
+    let get = req.starts_with(b"GET ");
+    let head_only = req.starts_with(b"HEAD ");
+    let path = req.split(|&b| b == b' ').nth(1).unwrap_or_default();
+    let metrics = path == b"/metrics" || path.starts_with(b"/metrics?");
+    let (status, body, exposition) = match (too_long, get || head_only, metrics, sh) {
+        (true, ..) => ("431 Request Header Fields Too Large", "request head over 8 KiB\n".to_string(), false),
+        (_, false, ..) => ("405 Method Not Allowed", "GET /metrics only\n".to_string(), false),
+        (_, _, false, _) => ("404 Not Found", "not found\n".to_string(), false),
+        (_, _, _, None) => ("503 Service Unavailable", "the server is changing its role\n".to_string(), false),
+        (_, _, _, Some(sh)) => ("200 OK", render(sh, m), true),
+    };
+    let kind = if exposition { "text/plain; version=0.0.4" } else { "text/plain" };
+    let allow = if status.starts_with("405") { "Allow: GET, HEAD\r\n" } else { "" };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n{allow}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).await?;
-    s.write_all(body.as_bytes()).await?;
-    s.shutdown().await
+    if !head_only {
+        s.write_all(body.as_bytes()).await?;
+    }
+    s.shutdown().await?;
+    if too_long {
+        // The rest of what it sent read and let go (within the scrape's time), so that the
+        // close does not reset the connection under the answer before the client reads it.
+        let mut left: usize = 64 << 10;
+        while left > 0 {
+            match s.read(&mut buf).await? {
+                0 => break,
+                n => left = left.saturating_sub(n),
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -354,5 +401,69 @@ mod tests {
             }
         }
         assert!(fetch("/other").starts_with("HTTP/1.1 404"));
+    }
+
+    /// At most `SCRAPES_MAX` scrapes are held at once: past them a connection is closed at
+    /// once (before, each was held up to 5 s, and enough of them used up the process's file
+    /// descriptors, Redis clients' accepts failing with them); the held ones answered or
+    /// gone, a scrape is answered again. Methods other than GET and HEAD get 405, HEAD no
+    /// body, a head over 8 KiB 431, and no serving role 503.
+    #[test]
+    fn scrapes_are_bounded_and_odd_requests_answered() {
+        let db = Database::new(Options { workers: 1 });
+        let sh = Arc::new(Shared::new(db, None, None, 0).unwrap());
+        let m = Arc::new(Metrics::new(1));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let ask = |addr: std::net::SocketAddr, req: Vec<u8>| async move {
+                let mut c = TcpStream::connect(addr).await.unwrap();
+                c.write_all(&req).await.unwrap();
+                let mut out = Vec::new();
+                // (A connection closed with the request unread may be reset: closed all the same.)
+                match tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out)).await.unwrap() {
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => assert!(out.is_empty(), "{e}"),
+                    r => drop(r.unwrap()),
+                }
+                String::from_utf8_lossy(&out).into_owned()
+            };
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let serving = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let s2 = Arc::clone(&serving);
+            let sh2 = Arc::clone(&sh);
+            tokio::spawn(serve(l, move || s2.load(Ordering::Relaxed).then(|| Arc::clone(&sh2)), m));
+            // Idle connections hold every scrape's place.
+            let mut idle = Vec::new();
+            for _ in 0..SCRAPES_MAX {
+                let mut c = TcpStream::connect(addr).await.unwrap();
+                c.write_all(b"GET /metr").await.unwrap();
+                idle.push(c);
+            }
+            // (Let the server take them all.)
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let t0 = std::time::Instant::now();
+            let past = ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n".to_vec()).await;
+            assert_eq!(past, "", "a scrape past the bound is closed unanswered");
+            assert!(t0.elapsed() < Duration::from_secs(4), "closed at once, not held: {:?}", t0.elapsed());
+            drop(idle);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let got = ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n".to_vec()).await;
+                if got.starts_with("HTTP/1.1 200 OK") {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "never answered again: {got:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let post = ask(addr, b"POST /metrics HTTP/1.1\r\n\r\n".to_vec()).await;
+            assert!(post.starts_with("HTTP/1.1 405") && post.contains("Allow: GET, HEAD"), "{post}");
+            let head = ask(addr, b"HEAD /metrics HTTP/1.0\n\n".to_vec()).await;
+            assert!(head.starts_with("HTTP/1.1 200 OK") && head.ends_with("\r\n\r\n"), "{head}");
+            let long = ask(addr, [&b"GET /metrics HTTP/1.1\r\nX: "[..], &[b'a'; 9000]].concat()).await;
+            assert!(long.starts_with("HTTP/1.1 431"), "{long}");
+            serving.store(false, Ordering::Relaxed);
+            let none = ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n".to_vec()).await;
+            assert!(none.starts_with("HTTP/1.1 503"), "{none}");
+        });
     }
 }

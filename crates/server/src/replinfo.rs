@@ -76,10 +76,12 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
                         b.replay_lag.as_secs_f64() * 1e3,
                         freshness_pct(b.replayed.0.min(primary.released().0), visible),
                         b.queued_bytes,
-                        b.heard_ago.as_millis(),
+                        // (-1: never yet; `Duration::MAX`'s milliseconds, 22 digits, fitted
+                        // no client's integer; found by a review, 2026-12-06.)
+                        ms_or_never(b.heard_ago),
                         // (How long ago this primary sent the heartbeat its newest ack
                         // echoed: what a cluster primary's lease counts, docs/cluster.md.)
-                        b.lease_ago.as_millis(),
+                        ms_or_never(b.lease_ago),
                         // (The learner flag last, as before the copy's fields came.)
                         match b.copy_total_bytes {
                             0 => String::new(),
@@ -206,7 +208,13 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
             let mut pos = Vec::new();
             let mut lag = Vec::new();
             let mut fresh = Vec::new();
-            for b in &backups {
+            // One series per backup name: a link of a name that was killed and not yet
+            // taken off the list, beside the new link of that name, made each series twice
+            // (invalid exposition; found by a review, 2026-12-06). The newest link, listed
+            // last, is shown.
+            let mut seen = std::collections::HashSet::new();
+            let backups: Vec<_> = backups.iter().rev().filter(|b| seen.insert(b.node.clone())).collect();
+            for b in backups.into_iter().rev() {
                 let n = esc(&b.node);
                 for (what, ts, l) in [
                     ("received", b.received, b.received_lag),
@@ -364,6 +372,14 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
     );
 }
 
+/// A duration in whole milliseconds, or -1 for `Duration::MAX` (never yet).
+fn ms_or_never(d: std::time::Duration) -> String {
+    match d {
+        std::time::Duration::MAX => "-1".into(),
+        d => d.as_millis().to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,5 +390,12 @@ mod tests {
         assert_eq!(freshness_pct(100, 100), 100.0);
         assert_eq!(freshness_pct(120, 100), 100.0, "a view learned later never counts above 100");
         assert_eq!(freshness_pct(0, 0), 100.0, "nothing committed: nothing to lag");
+    }
+
+    /// Never yet is -1, not `Duration::MAX`'s 22 digits, which fit no client's integer.
+    #[test]
+    fn a_duration_never_yet_is_minus_one() {
+        assert_eq!(ms_or_never(std::time::Duration::MAX), "-1");
+        assert_eq!(ms_or_never(std::time::Duration::from_micros(2500)), "2");
     }
 }
