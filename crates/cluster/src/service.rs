@@ -745,6 +745,17 @@ struct Shared {
     /// its connection is the only sign. (A probe carries no frame, so its end asks for no
     /// probe back.)
     probe: Mutex<std::collections::BTreeSet<NodeId>>,
+    /// The peers that refused this node's hello as removed (`note_removed`).
+    removed_by: Mutex<std::collections::BTreeSet<NodeId>>,
+}
+
+/// Whether the peers in `said` that told this node it was removed are a majority of the
+/// `others` its state knows (any one, where it knows none).
+fn removal_confirmed(said: &std::collections::BTreeSet<NodeId>, others: &std::collections::BTreeSet<NodeId>) -> bool {
+    match others.len() {
+        0 => !said.is_empty(),
+        n => said.intersection(others).count() > n / 2,
+    }
 }
 
 /// What a member answers a removed node's hello (its node stops when it reads it).
@@ -759,14 +770,38 @@ struct Refusals {
 }
 
 impl Shared {
-    /// Whether a peer's refusal `why` says this node was removed: if so, kept for the
-    /// service to stop on (`Shared::removed`).
-    fn note_removed(&self, why: &str) -> bool {
-        let removed = why.contains(REMOVED);
-        if removed {
-            *self.removed.lock().unwrap() = Some(why.to_string());
+    /// Whether `peer`'s refusal `why` says this node was removed. The service stops on it
+    /// (`Shared::removed`) once a majority of the other nodes its state knows have said so
+    /// (`removal_confirmed`); the first to say so has this node ask the others at once
+    /// (`probe`). One address alone no longer stops it: on a plaintext control link the
+    /// side that accepts proves nothing, so a stranger's listener on a member's port (while
+    /// that member is down) answered every member's hello as removed, and each stopped for
+    /// good (exit 78, which its service manager does not restart; found by a review,
+    /// 2026-12-06).
+    fn note_removed(&self, peer: NodeId, why: &str) -> bool {
+        if !why.contains(REMOVED) {
+            return false;
         }
-        removed
+        let others: std::collections::BTreeSet<NodeId> = {
+            let st = &self.status.lock().unwrap().state;
+            st.members.keys().chain(st.learners.keys()).copied().filter(|&n| n != self.id).collect()
+        };
+        let mut by = self.removed_by.lock().unwrap();
+        let first = by.is_empty();
+        by.insert(peer);
+        if removal_confirmed(&by, &others) {
+            *self.removed.lock().unwrap() = Some(why.to_string());
+        } else {
+            tracing::warn!(
+                "control: node {peer} says this node was removed; {} of the {} other nodes have said so, a majority is needed: asking them",
+                by.len(),
+                others.len()
+            );
+            if first {
+                self.probe.lock().unwrap().extend(others.iter().filter(|&&n| n != peer));
+            }
+        }
+        true
     }
 
     /// A connection from `peer` refused, and why: counted, and logged at most once a
@@ -1049,6 +1084,7 @@ impl ControlService {
             awaiting_hello: Default::default(),
             removed: Default::default(),
             probe: Default::default(),
+            removed_by: Default::default(),
         });
         let (inbox, rx) = mpsc::sync_channel(INBOX);
         let mut threads = Vec::new();
@@ -1537,7 +1573,7 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
         if shared.probe.lock().unwrap().remove(&peer) {
             let secret = shared.secret.as_ref().map(|s| &s.shown);
             if let Err(e) = connect(addr, &name, shared.id, secret, shared.tls.as_deref(), Duration::from_millis(200)) {
-                if is_refused(&e) && shared.note_removed(&e.to_string()) {
+                if is_refused(&e) && shared.note_removed(peer, &e.to_string()) {
                     tracing::warn!("control: {e}");
                 }
             }
@@ -1560,7 +1596,7 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
                 // peer's or this node's file may be mended, and the node restarted).
                 Err(e) if is_refused(&e) => {
                     let why = e.to_string();
-                    shared.note_removed(&why);
+                    shared.note_removed(peer, &why);
                     if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
                         tracing::warn!("control: {why}");
                         refused = Some((why, Instant::now()));
@@ -2382,6 +2418,20 @@ mod tests {
     use super::*;
 
     /// `serve_fetches` on a thread of its own, as a node runs it.
+    /// A removal is taken from a majority of the other nodes this node knows, never from
+    /// one of three (a stranger on one member's port); from any one where it knows none.
+    #[test]
+    fn a_removal_is_taken_from_a_majority_of_the_others() {
+        let set = |v: &[NodeId]| v.iter().copied().collect::<std::collections::BTreeSet<NodeId>>();
+        assert!(!removal_confirmed(&set(&[2]), &set(&[1, 2])), "one of two others");
+        assert!(removal_confirmed(&set(&[1, 2]), &set(&[1, 2])));
+        assert!(!removal_confirmed(&set(&[2, 3]), &set(&[1, 2, 4, 5])), "two of four");
+        assert!(removal_confirmed(&set(&[2, 4, 5]), &set(&[1, 2, 4, 5])));
+        assert!(!removal_confirmed(&set(&[7, 8, 9]), &set(&[1, 2])), "nodes it does not know count for nothing");
+        assert!(removal_confirmed(&set(&[7]), &set(&[])), "any one where it knows none");
+        assert!(!removal_confirmed(&set(&[]), &set(&[])));
+    }
+
     struct FetchThread {
         shared: Arc<Shared>,
         jobs: mpsc::Sender<FetchToServe>,
@@ -2401,6 +2451,7 @@ mod tests {
                 awaiting_hello: Default::default(),
                 removed: Default::default(),
                 probe: Default::default(),
+                removed_by: Default::default(),
             });
             let (jobs, rx) = mpsc::channel();
             let sh = Arc::clone(&shared);

@@ -1280,6 +1280,63 @@ fn a_running_node_that_missed_its_removal_is_told_and_stops() {
     });
 }
 
+/// A stranger answering on a member's control port while that member is down, every hello
+/// refused as removed, stops no one: a node takes itself for removed only once a majority
+/// of the other nodes it knows have said so, and asked, the others take its hello. On a
+/// plaintext control link the side that accepts proves nothing, and before 2026-12-06 each
+/// member that dialled such a port stopped for good (exit 78, which its service manager
+/// does not restart; found by a review). The cluster still commits.
+#[test]
+fn a_stranger_on_a_members_port_saying_removed_stops_no_one() {
+    use std::io::{Read, Write};
+    let mut c = Cluster::running(3);
+    let primary = c.bootstrapped();
+    c.settle(primary);
+    let leader = c.leader_now();
+    let victim = (1..=3).find(|&id| id != primary && id != leader).unwrap();
+    c.stop(victim);
+    // The test's own handle on the victim's listening socket: the stranger takes its port.
+    let squat = c.listeners[&victim].try_clone().unwrap();
+    squat.set_nonblocking(true).unwrap();
+    let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (a2, d2) = (Arc::clone(&answered), Arc::clone(&done));
+    let stranger = std::thread::spawn(move || {
+        let removed = format!("{} (node {victim})", ditto_cluster::service::REMOVED);
+        while !d2.load(std::sync::atomic::Ordering::SeqCst) {
+            match squat.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+                    let _ = s.read(&mut [0u8; 4096]);
+                    let _ = s.write_all(&raw_frame(victim, KIND_HELLO, removed.as_bytes()));
+                    a2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    // Both others dial the port (the leader's heartbeats, each node's probes).
+    wait_for("the stranger to answer the others", Duration::from_secs(20), || {
+        answered.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for (id, n) in &c.nodes {
+        let st = n.status();
+        assert!(st.failed.is_none(), "node {id} stopped on the stranger's word: {:?}", st.failed);
+    }
+    // The two left still commit: the victim's removal goes through.
+    admin_done(&c, &AdminRequest::Remove(victim), victim);
+    wait_for("the removal applied by the two left", Duration::from_secs(10), || {
+        c.statuses().iter().all(|s| s.state.node(victim).is_none())
+    });
+    for (id, n) in &c.nodes {
+        assert!(n.status().failed.is_none(), "node {id}: {:?}", n.status().failed);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    stranger.join().unwrap();
+}
+
 /// A learner removed that missed the entry removing it (everything sent to it lost from
 /// just before, its connections open) learns it all the same and stops: it sends nothing
 /// of its own (a learner never campaigns), but the leader dropping its connection to it
