@@ -150,9 +150,12 @@ pub fn admin_request(
         .next()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{to} resolves to nothing")))?;
     let mut s = connect(addr, host_of(to), 0, secret, tls, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(ADMIN_TIMEOUT + Duration::from_secs(5)))?;
     s.write_all(&frame(0, KIND_ADMIN, &serde_json::to_vec(req).expect("requests serialise")))?;
-    match read_frame(&mut s)? {
+    // The whole answer within one deadline, however its bytes trickle in (a timeout per
+    // read let a node sending a byte every 14 s hold the tool past its `--wait-s`; found
+    // by a review, 2026-12-06).
+    let deadline = Instant::now() + ADMIN_TIMEOUT + Duration::from_secs(5);
+    match read_frame(&mut Until::new(&s, deadline))? {
         Some((_, KIND_ADMIN, body)) => serde_json::from_slice(&body)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("undecodable answer: {e}"))),
         Some((_, k, _)) => Err(std::io::Error::other(format!("an answer of frame kind {k}"))),
