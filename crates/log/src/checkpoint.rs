@@ -695,7 +695,8 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
                         // longer file is refused by `load_part`), never the file's own
                         // length whole: a damaged size (a 40 GiB sparse file) was read
                         // into memory until the process was killed (a review, 2026-12-06).
-                        let b = read_part(&path, info.bytes).map_err(|e| match e.kind() {
+                        let part = std::fs::File::open(&path).and_then(|f| crate::options::read_up_to(f, info.bytes));
+                        let b = part.map_err(|e| match e.kind() {
                             // Its manifest names it: a checkpoint that lost a part is
                             // damaged, not a passing I/O failure worth retrying.
                             std::io::ErrorKind::NotFound => LogError::Corrupt {
@@ -716,16 +717,6 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
         hs.into_iter().try_for_each(|h| h.join().expect("a loader's panics are caught"))
     })?;
     Ok((rows.into_inner(), bytes.into_inner()))
-}
-
-/// A part's bytes, at most `bytes` and one more (`load_part` refuses a length other than
-/// `bytes`), however long the file says it is.
-fn read_part(path: &Path, bytes: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    let mut out = Vec::with_capacity(f.metadata()?.len().min(bytes + 1) as usize);
-    f.take(bytes + 1).read_to_end(&mut out)?;
-    Ok(out)
 }
 
 fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &PartInfo) -> Result<u64, LogError> {

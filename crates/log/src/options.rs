@@ -132,7 +132,6 @@ pub const LOG_FILE_BYTES_MAX: u64 =
 /// `path`'s bytes, refused with a clear error, before anything is read, if the file is
 /// longer than `max` (`what` names what it is, for the error).
 pub(crate) fn read_file_at_most(path: &std::path::Path, max: u64, what: &str) -> Result<Vec<u8>, crate::LogError> {
-    use std::io::Read;
     let f = std::fs::File::open(path).map_err(|e| crate::LogError::io(path, e))?;
     let too_long = |len: u64| crate::LogError::Corrupt {
         file: path.to_path_buf(),
@@ -143,11 +142,19 @@ pub(crate) fn read_file_at_most(path: &std::path::Path, max: u64, what: &str) ->
     if len > max {
         return Err(too_long(len));
     }
-    let mut out = Vec::with_capacity(len as usize);
-    // (At most one byte past the bound: a file that grew since is refused too.)
-    f.take(max + 1).read_to_end(&mut out).map_err(|e| crate::LogError::io(path, e))?;
+    // (A file that grew since is refused too.)
+    let out = read_up_to(f, max).map_err(|e| crate::LogError::io(path, e))?;
     if out.len() as u64 > max {
         return Err(too_long(out.len() as u64));
     }
+    Ok(out)
+}
+
+/// `f`'s bytes, at most `max` and one more (so that a longer file is told apart), however
+/// long the file says it is.
+pub(crate) fn read_up_to(f: std::fs::File, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::with_capacity(f.metadata()?.len().min(max + 1) as usize);
+    f.take(max + 1).read_to_end(&mut out)?;
     Ok(out)
 }

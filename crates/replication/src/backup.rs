@@ -1441,6 +1441,21 @@ struct Job {
     parsed: bool,
 }
 
+impl Job {
+    /// Lets go of the batch's bytes, keeping where the persister put it in the replica log,
+    /// its length and its checksum, to be read back (`read_back`); false (nothing changed)
+    /// for a batch not in the log, empty, spilled already, or that may lie below the read
+    /// view before it is replayed (`spillable`).
+    fn spill(&mut self) -> bool {
+        if self.at.is_none() || !self.spillable || self.spilled.is_some() || self.batch.is_empty() {
+            return false;
+        }
+        self.spilled = Some(Spilled { len: self.batch.len(), crc: crc32c::crc32c(&self.batch) });
+        self.batch = Bytes::new();
+        true
+    }
+}
+
 /// A held batch's length and checksum, kept while it lies in the replica log alone.
 #[derive(Clone, Copy)]
 struct Spilled {
@@ -1636,9 +1651,7 @@ impl HoldQ {
     /// delete its file before it was read back. Such a batch stays in memory.
     fn hold(&mut self, mut j: Job) {
         let len = j.batch.len() as u64;
-        if self.bytes + len > self.max && j.at.is_some() && j.spillable && len > 0 {
-            j.spilled = Some(Spilled { len: j.batch.len(), crc: crc32c::crc32c(&j.batch) });
-            j.batch = Bytes::new();
+        if self.bytes + len > self.max && j.spill() {
             self.spilled += 1;
         } else {
             self.bytes += len;
@@ -1936,24 +1949,14 @@ impl Engine {
         {
             let mut b = self.budget.budget.lock();
             loop {
-                let now = Instant::now();
-                if b.bytes >= b.max
-                    && b.may_take(now)
-                    && self.spill_dir.is_some()
-                    && job.at.is_some()
-                    && job.spillable
-                    && job.spilled.is_none()
-                    && len > 0
-                {
-                    job.spilled = Some(Spilled { len: job.batch.len(), crc: crc32c::crc32c(&job.batch) });
-                    job.batch = Bytes::new();
-                    job.charged = 0;
-                    self.state.replay_spilled.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                if b.may_take(now) {
-                    job.charged = len as usize;
-                    self.budget.took(&mut b, len);
+                if b.may_take(Instant::now()) {
+                    // Over the bound (a wait lifts it): lying in the replica log alone if it can.
+                    if b.bytes >= b.max && self.spill_dir.is_some() && job.spill() {
+                        self.state.replay_spilled.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        job.charged = len as usize;
+                        self.budget.took(&mut b, len);
+                    }
                     break;
                 }
                 // A replay that stopped frees no room. A stop or fence of the backup
