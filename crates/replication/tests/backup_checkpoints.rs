@@ -338,7 +338,14 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
     }
     let (p, addr) = primary_under_local(&a, 1);
     assert_eq!(p.log_needed_above(Ts::ZERO), Ts(u64::MAX), "no backup: nothing kept");
-    let mut peer = std::net::TcpStream::connect(&addr).unwrap();
+    // Its receive buffer small, set before it connects: this kernel grows an unread
+    // socket's buffer toward 32 MB, and the whole gap fitted in it now and then, the send
+    // ending before the test looked (CI met it, 2026-12-06).
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let to: std::net::SocketAddr = addr.parse().unwrap();
+    sock.connect(&to.into()).unwrap();
+    let mut peer: std::net::TcpStream = sock.into();
     let hello = ditto_replication::protocol::Frame::Hello {
         version: ditto_replication::protocol::PROTOCOL_VERSION,
         epoch: a.logger().epoch(),
