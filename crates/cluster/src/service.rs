@@ -24,8 +24,9 @@
 //! ([`Ctl`], JSON), kind 3 the batches a fetch asked for, kind 4 an operator's request
 //! ([`AdminRequest`], JSON; `ditto cluster add|remove`), answered on the same connection
 //! with an [`AdminReply`] once the change has been applied (or refused), kind 5 the hello
-//! that opens every connection both ways: the cluster secret, and the answer (taken, or
-//! why not; docs/cluster.md, "The cluster secret").
+//! that opens every connection both ways: each side's proof that it holds the cluster
+//! secret (never the secret itself), and the answer (taken, or why not; docs/cluster.md,
+//! "The cluster secret").
 //!
 //! The peers are the members the control state names, from the bootstrap on (before it,
 //! those the node was started with), each reached at the address the node was started
@@ -51,6 +52,7 @@ use crate::disk::{DiskError, FileDisk};
 use crate::failover::{RecoveryPlan, TailReport};
 use crate::node::{raft_logger, ControlNode, NodeError, Timing};
 use crate::state::{Command, ControlState, Member, NodeId, Phase};
+use ditto_replication::proof::{self, Side};
 pub use ditto_replication::protocol::Secret;
 use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls, Until};
 
@@ -74,13 +76,29 @@ const FETCHED_HEADER: usize = 37;
 /// protocol ships (a batch of the largest transaction, and change).
 const FETCHED_BATCH_MAX: usize = ditto_replication::protocol::FRAME_BYTES_MAX;
 const KIND_ADMIN: u8 = 4;
-/// The first frame of every connection, both ways (docs/cluster.md, "The cluster
-/// secret"): from the side that connects, the cluster secret (empty without one); from
-/// the side that accepts, the answer: empty when the connection is taken, else why it is
-/// refused, after which the connection closes. Nothing else is read before it.
+/// The frames that open every connection, both ways (docs/cluster.md, "The cluster
+/// secret"); nothing else is read before they end. The side that connects opens
+/// (`opening`: whether it holds a secret, and its nonce). Without a secret on either side
+/// the side that accepts answers at once: empty when the connection is taken, else why it
+/// is refused (a line of text), after which the connection closes. With one on both, it
+/// answers with its challenge (its nonce and its proof, `ditto_replication::proof`); the
+/// side that connects checks the proof and answers with its own, or with why it refuses;
+/// the side that accepts checks that, and answers as above. The secret itself never
+/// crosses the link, and the side that connects sends its proof only to a node that
+/// proved it holds the secret (a review found, 2026-12-06, that the secret was sent first,
+/// in the clear, to whoever listened on a member's port).
 const KIND_HELLO: u8 = 5;
-/// The largest hello body (a secret is at most `SECRET_BYTES_MAX`; a refusal, a line):
-/// all that is read of a peer that has not shown the secret.
+/// The first byte of a hello of the exchange (an opening, a challenge, a proof): never the
+/// first byte of a refusal's text (no UTF-8 holds 0xff), nor of an older ditto's hello (a
+/// secret's text).
+const HELLO_MARK: u8 = 0xff;
+/// The exchange's version, in the opening and in every proof (`HELLO_PURPOSE`).
+const HELLO_VERSION: u8 = 1;
+/// What a control hello's proofs are for (`proof::Transcript::purpose`): a proof made for
+/// another use of the secret is not taken here.
+const HELLO_PURPOSE: &str = "ditto control hello 1";
+/// The largest hello body (a refusal, a line; the exchange's are under 70 bytes): all
+/// that is read of a peer that has not proved it holds the secret.
 const HELLO_MAX: usize = 4096;
 /// How long the side that connects waits for the answer to its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
@@ -149,7 +167,8 @@ pub fn admin_request(
     let addr = std::net::ToSocketAddrs::to_socket_addrs(to)?
         .next()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{to} resolves to nothing")))?;
-    let mut s = connect(addr, host_of(to), 0, secret, tls, Duration::from_secs(2))?;
+    let secret = secret.map(|s| ClusterSecret { shown: s.clone(), also: Vec::new() });
+    let mut s = connect(addr, host_of(to), 0, None, secret.as_ref(), tls, Duration::from_secs(2))?;
     s.write_all(&frame(0, KIND_ADMIN, &serde_json::to_vec(req).expect("requests serialise")))?;
     // The whole answer within one deadline, however its bytes trickle in (a timeout per
     // read let a node sending a byte every 14 s hold the tool past its `--wait-s`; found
@@ -910,24 +929,96 @@ pub struct ClusterSecret {
 }
 
 impl ClusterSecret {
-    /// Whether `given` is one this node takes (each compared in constant time, all of them
-    /// every time).
-    pub fn accepts(&self, given: &[u8]) -> bool {
-        self.also.iter().fold(self.shown.matches(given), |ok, s| s.matches(given) | ok)
+    /// Every secret this node takes: the one it shows, then the others.
+    fn all(&self) -> impl Iterator<Item = &Secret> {
+        std::iter::once(&self.shown).chain(&self.also)
     }
 }
 
-/// Why a node with secret `mine` refuses a connection whose hello carried `given`; `None`
-/// when it takes it. Pure, for tests.
-fn hello_refusal(mine: Option<&ClusterSecret>, given: &[u8]) -> Option<&'static str> {
-    match (mine, given.is_empty()) {
-        (None, true) => None,
-        (None, false) => Some(
-            "the peer gave a cluster secret and this node has none: give every node and `ditto cluster` the same --cluster-secret-file, or none",
+/// Why a node refuses a connection whose opening said whether it holds a secret
+/// (`given`), when the node has `mine`; `None` when the exchange goes on (to the proofs
+/// where both hold one). Pure, for tests.
+fn hello_refusal(mine: Option<&ClusterSecret>, given: bool) -> Option<&'static str> {
+    match (mine, given) {
+        (None, false) | (Some(_), true) => None,
+        (None, true) => Some(
+            "the peer holds a cluster secret and this node has none: give every node and `ditto cluster` the same --cluster-secret-file, or none",
         ),
-        (Some(_), true) => Some("this cluster asks for its secret and none was given (--cluster-secret-file)"),
-        (Some(s), false) if s.accepts(given) => None,
-        (Some(_), false) => Some("a wrong cluster secret (--cluster-secret-file)"),
+        (Some(_), false) => Some("this cluster asks for its secret and none was given (--cluster-secret-file)"),
+    }
+}
+
+/// The refusal of a proof that no secret of the node's takes.
+const WRONG_SECRET: &str = "a wrong cluster secret (--cluster-secret-file)";
+
+/// A hello's exchange bodies (`KIND_HELLO`), laid out and read. Pure, for tests.
+mod hello {
+    use super::{HELLO_MARK, HELLO_PURPOSE, HELLO_VERSION};
+    use crate::state::NodeId;
+    use ditto_replication::proof::{Nonce, Proof, Transcript, NONCE_BYTES, PROOF_BYTES};
+
+    /// The side that connects, first: `MARK VERSION holds-a-secret(0|1) nonce`.
+    pub fn opening(holds_secret: bool, nonce: &Nonce) -> Vec<u8> {
+        [&[HELLO_MARK, HELLO_VERSION, holds_secret as u8][..], nonce].concat()
+    }
+
+    /// An opening's fields, or why it is refused.
+    pub fn read_opening(body: &[u8]) -> Result<(bool, Nonce), String> {
+        match body {
+            [HELLO_MARK, HELLO_VERSION, holds @ (0 | 1), nonce @ ..] if nonce.len() == NONCE_BYTES => {
+                Ok((*holds == 1, nonce.try_into().unwrap()))
+            }
+            [HELLO_MARK, v, ..] if *v != HELLO_VERSION => {
+                Err(format!("a hello of version {v}; this node speaks {HELLO_VERSION} (every node and `ditto cluster` must run the same version)"))
+            }
+            [HELLO_MARK, ..] => Err(format!("a malformed hello of {} bytes", body.len())),
+            // An older ditto's hello was its secret, sent in the clear (or nothing).
+            _ => Err("a hello of an older ditto, which sends its secret (every node and `ditto cluster` must run the same version)".into()),
+        }
+    }
+
+    /// The side that accepts, where both hold a secret: `MARK nonce proof`.
+    pub fn challenge(nonce: &Nonce, proof: &Proof) -> Vec<u8> {
+        [&[HELLO_MARK][..], nonce, proof].concat()
+    }
+
+    /// A challenge's nonce and proof; `None` if the body is not one.
+    pub fn read_challenge(body: &[u8]) -> Option<(Nonce, &[u8])> {
+        match body {
+            [HELLO_MARK, rest @ ..] if rest.len() == NONCE_BYTES + PROOF_BYTES => {
+                Some((rest[..NONCE_BYTES].try_into().unwrap(), &rest[NONCE_BYTES..]))
+            }
+            _ => None,
+        }
+    }
+
+    /// The side that connects, once it took the challenge: `MARK proof`.
+    pub fn response(proof: &Proof) -> Vec<u8> {
+        [&[HELLO_MARK][..], proof].concat()
+    }
+
+    /// A response's proof; `None` if the body is not one.
+    pub fn read_response(body: &[u8]) -> Option<&[u8]> {
+        match body {
+            [HELLO_MARK, proof @ ..] if proof.len() == PROOF_BYTES => Some(proof),
+            _ => None,
+        }
+    }
+
+    /// The names of a connection's sides, as its proofs cover them.
+    pub fn names(connects: NodeId, accepts: NodeId) -> ([u8; 8], [u8; 8]) {
+        (connects.to_le_bytes(), accepts.to_le_bytes())
+    }
+
+    /// What both sides' proofs cover.
+    pub fn transcript<'a>(names: &'a ([u8; 8], [u8; 8]), connects: &'a Nonce, accepts: &'a Nonce) -> Transcript<'a> {
+        Transcript {
+            purpose: HELLO_PURPOSE,
+            connects: &names.0,
+            accepts: &names.1,
+            connects_nonce: connects,
+            accepts_nonce: accepts,
+        }
     }
 }
 
@@ -950,13 +1041,16 @@ pub fn is_refused(e: &std::io::Error) -> bool {
 
 /// Connects to the control port at `addr` as node `from` (0: an operator) and says the
 /// hello, over TLS where `tls` is given (the node's certificate checked against `name`):
-/// the connection, once the node took it. A refusal, of the hello or of the TLS
+/// the connection, once the node took it. With a secret, the node must prove it holds
+/// one `secret` takes before this side proves its own (`KIND_HELLO`), and where `to` names
+/// the node expected there, that node. A refusal, of either side's hello or of the TLS
 /// handshake, is an error of kind `PermissionDenied` that says why (`is_refused`).
 fn connect(
     addr: SocketAddr,
     name: &str,
     from: NodeId,
-    secret: Option<&Secret>,
+    to: Option<NodeId>,
+    secret: Option<&ClusterSecret>,
     tls: Option<&LinkTls>,
     timeout: Duration,
 ) -> std::io::Result<TcpStream> {
@@ -975,11 +1069,62 @@ fn connect(
     };
     s.set_nodelay(true)?;
     s.set_write_timeout(Some(HELLO_TIMEOUT))?;
-    s.write_all(&frame(from, KIND_HELLO, secret.map_or(&[][..], |x| x.0.as_bytes())))?;
-    let answer = read_frame_at_most(&mut Until::new(&s, Instant::now() + HELLO_TIMEOUT), HELLO_MAX);
+    // One deadline for the whole exchange (two round trips with a secret).
+    let until = Instant::now() + 2 * HELLO_TIMEOUT;
+    let refused = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused(why));
+    let ours = proof::nonce();
+    s.write_all(&frame(from, KIND_HELLO, &hello::opening(secret.is_some(), &ours)))?;
+    let mut answer = read_hello_answer(&mut s, addr, tls.is_some(), until)?;
+    if let Some(secret) = secret {
+        // The node's challenge: its proof checked before this side proves anything.
+        let Some((node, (theirs, their_proof))) =
+            answer.as_ref().and_then(|(node, body)| Some((*node, hello::read_challenge(body)?)))
+        else {
+            return Err(refused(format!(
+                "the control port at {addr} took this connection without proving it holds the cluster secret: it has none, or is not a node of this cluster"
+            )));
+        };
+        let names = hello::names(from, node);
+        let t = hello::transcript(&names, &ours, &theirs);
+        let why = match to {
+            Some(to) if to != node => Some(format!(
+                "the control port at {addr} answered as node {node}, not as node {to}: another node, or a process passing this connection on to one"
+            )),
+            _ if !proof::verify(secret.all(), Side::Accepts, &t, their_proof) => Some(format!(
+                "the control port at {addr} did not prove it holds this cluster's secret: a wrong cluster secret on one side (--cluster-secret-file), or a process that is not a node of this cluster"
+            )),
+            _ => None,
+        };
+        if let Some(why) = why {
+            // Said to the node too, which counts it (its side of a configuration that
+            // differs is then in its log and `INFO cluster` as well).
+            let _ = s.write_all(&frame(from, KIND_HELLO, b"this side's secret does not take the proof given"));
+            return Err(refused(why));
+        }
+        s.write_all(&frame(from, KIND_HELLO, &hello::response(&proof::prove(&secret.shown, Side::Connects, &t))))?;
+        answer = read_hello_answer(&mut s, addr, tls.is_some(), until)?;
+    }
     s.set_read_timeout(None)?;
     match answer {
-        Ok(Some((_, KIND_HELLO, why))) if why.is_empty() => Ok(s),
+        None => Ok(s),
+        // A challenge where this side holds no secret (a node with one refuses it
+        // outright), or a second one.
+        Some(_) => Err(refused(format!("the control port at {addr} answered its hello out of turn"))),
+    }
+}
+
+/// The answer to a hello this side sent: `None` when the node took the connection (an
+/// empty hello), else the node and its body for the exchange (a challenge); a refusal is
+/// an error of kind `PermissionDenied` that says why (`is_refused`).
+fn read_hello_answer(
+    s: &mut TcpStream,
+    addr: SocketAddr,
+    tls: bool,
+    until: Instant,
+) -> std::io::Result<Option<(NodeId, Vec<u8>)>> {
+    match read_frame_at_most(&mut Until::new(&*s, until), HELLO_MAX) {
+        Ok(Some((_, KIND_HELLO, body))) if body.is_empty() => Ok(None),
+        Ok(Some((node, KIND_HELLO, body))) if body[0] == HELLO_MARK => Ok(Some((node, body))),
         Ok(Some((_, KIND_HELLO, why))) => Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             HelloRefused(format!(
@@ -989,7 +1134,7 @@ fn connect(
         )),
         Ok(Some((_, k, _))) => Err(std::io::Error::other(format!("an answer of frame kind {k} to a hello"))),
         // (A TLS port closes a plaintext hello with a plaintext refusal, which is read above.)
-        Ok(None) if tls.is_some() => Err(std::io::Error::new(
+        Ok(None) if tls => Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             HelloRefused(format!(
                 "the control port at {addr} closed the connection at its hello: it may have refused this side's certificate (its log says), or be plaintext (tls_cluster on every node, or on none)"
@@ -1000,7 +1145,7 @@ fn connect(
         }
         Err(e) if timed_out(&e) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("the control port at {addr} did not answer this connection's hello within {HELLO_TIMEOUT:?}"),
+            format!("the control port at {addr} did not answer this connection's hello within {:?}", 2 * HELLO_TIMEOUT),
         )),
         Err(e) => Err(e),
     }
@@ -1413,27 +1558,75 @@ fn take_hello(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared, until: 
     // A peer that does not say its whole hello in time is dropped; one that was taken
     // may be idle for long.
     let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
-    let hello = read_frame_at_most(&mut Until::new(stream, until), HELLO_MAX);
-    let why = match hello {
-        Ok(Some((from, KIND_HELLO, given))) => match hello_refusal(shared.secret.as_ref(), &given) {
-            // (An id removed from the cluster, as this node applied it.)
-            None if shared.status.lock().unwrap().state.retired.contains(&from) => format!("{REMOVED} (node {from})"),
-            None => {
-                let _ = stream.set_read_timeout(None);
-                let _ = stream.set_write_timeout(None);
-                return stream.write_all(&frame(shared.id, KIND_HELLO, &[])).is_ok().then_some(from);
+    let why = match hello_exchange(stream, shared, until) {
+        // (An id removed from the cluster, as this node applied it.)
+        Ok(from) if shared.status.lock().unwrap().state.retired.contains(&from) => format!("{REMOVED} (node {from})"),
+        Ok(from) => {
+            let _ = stream.set_read_timeout(None);
+            let _ = stream.set_write_timeout(None);
+            return stream.write_all(&frame(shared.id, KIND_HELLO, &[])).is_ok().then_some(from);
+        }
+        Err(HelloEnd::Refuse(why)) => why,
+        Err(HelloEnd::Gone(why)) => {
+            if let Some(why) = why {
+                shared.refused(peer, &why);
             }
-            Some(why) => why.to_string(),
-        },
-        Ok(Some((_, kind, _))) => format!("a frame of kind {kind} before its hello (a node of an older ditto?)"),
-        Ok(None) => return None,
-        Err(_) if shared.stop.load(Ordering::SeqCst) => return None,
-        Err(e) if timed_out(&e) => format!("no whole hello within {HELLO_WAIT:?}"),
-        Err(e) => format!("its hello: {e}"),
+            return None;
+        }
     };
     shared.refused(peer, &why);
     let _ = stream.write_all(&frame(shared.id, KIND_HELLO, why.as_bytes()));
     None
+}
+
+/// How a hello's exchange ended short of taking the connection (`hello_exchange`).
+enum HelloEnd {
+    /// Refused, and why: answered with it, counted.
+    Refuse(String),
+    /// The peer left, or refused this node's proof (why, then, counted): nothing to answer.
+    Gone(Option<String>),
+}
+
+/// Reads a connection's hello and, where both sides hold a secret, proves this node holds
+/// it and checks the peer's proof (`KIND_HELLO`): the node the hello named, once the
+/// connection may be taken.
+fn hello_exchange(stream: &mut TcpStream, shared: &Shared, until: Instant) -> Result<NodeId, HelloEnd> {
+    let read = |stream: &mut TcpStream| match read_frame_at_most(&mut Until::new(&*stream, until), HELLO_MAX) {
+        Ok(Some((from, KIND_HELLO, body))) => Ok((from, body)),
+        Ok(Some((_, kind, _))) => {
+            Err(HelloEnd::Refuse(format!("a frame of kind {kind} before its hello (a node of an older ditto?)")))
+        }
+        Ok(None) => Err(HelloEnd::Gone(None)),
+        Err(_) if shared.stop.load(Ordering::SeqCst) => Err(HelloEnd::Gone(None)),
+        Err(e) if timed_out(&e) => Err(HelloEnd::Refuse(format!("no whole hello within {HELLO_WAIT:?}"))),
+        Err(e) => Err(HelloEnd::Refuse(format!("its hello: {e}"))),
+    };
+    let (from, body) = read(stream)?;
+    let (holds, theirs) = hello::read_opening(&body).map_err(HelloEnd::Refuse)?;
+    if let Some(why) = hello_refusal(shared.secret.as_ref(), holds) {
+        return Err(HelloEnd::Refuse(why.into()));
+    }
+    let Some(secret) = shared.secret.as_ref() else { return Ok(from) };
+    let ours = proof::nonce();
+    let names = hello::names(from, shared.id);
+    let t = hello::transcript(&names, &theirs, &ours);
+    let challenge = hello::challenge(&ours, &proof::prove(&secret.shown, Side::Accepts, &t));
+    if stream.write_all(&frame(shared.id, KIND_HELLO, &challenge)).is_err() {
+        return Err(HelloEnd::Gone(None));
+    }
+    let (again, body) = read(stream)?;
+    match hello::read_response(&body) {
+        _ if again != from => Err(HelloEnd::Refuse(format!("a hello from node {again} after one from node {from}"))),
+        Some(p) if proof::verify(secret.all(), Side::Connects, &t, p) => Ok(from),
+        Some(_) => Err(HelloEnd::Refuse(WRONG_SECRET.into())),
+        None if body.first().is_none_or(|&b| b == HELLO_MARK) => {
+            Err(HelloEnd::Refuse(format!("a malformed hello of {} bytes", body.len())))
+        }
+        None => Err(HelloEnd::Gone(Some(format!(
+            "a wrong cluster secret on one side (--cluster-secret-file): it refused this node's proof of the secret, saying {:?}",
+            String::from_utf8_lossy(&body)
+        )))),
+    }
 }
 
 /// The connection a hello is read from: `stream` itself on a plaintext port, the TLS
@@ -1574,8 +1767,10 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
         // this node's own, closed at once, tells whether the peer removed this node. (Not
         // on `conn`: closing a connection that carried frames asks the peer for a probe.)
         if shared.probe.lock().unwrap().remove(&peer) {
-            let secret = shared.secret.as_ref().map(|s| &s.shown);
-            if let Err(e) = connect(addr, &name, shared.id, secret, shared.tls.as_deref(), Duration::from_millis(200)) {
+            let secret = shared.secret.as_ref();
+            if let Err(e) =
+                connect(addr, &name, shared.id, Some(peer), secret, shared.tls.as_deref(), Duration::from_millis(200))
+            {
                 if is_refused(&e) && shared.note_removed(peer, &e.to_string()) {
                     tracing::warn!("control: {e}");
                 }
@@ -1587,8 +1782,9 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
             Err(RecvTimeoutError::Disconnected) => return,
         };
         if conn.is_none() && Instant::now() >= retry_at {
-            let secret = shared.secret.as_ref().map(|s| &s.shown);
-            match connect(addr, &name, shared.id, secret, shared.tls.as_deref(), Duration::from_millis(200)) {
+            let secret = shared.secret.as_ref();
+            match connect(addr, &name, shared.id, Some(peer), secret, shared.tls.as_deref(), Duration::from_millis(200))
+            {
                 Ok(s) => {
                     let _ = s.set_read_timeout(None);
                     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
@@ -2843,24 +3039,83 @@ mod tests {
     }
 
     #[test]
-    fn a_hello_is_taken_only_with_the_nodes_own_secret_or_none_on_both_sides() {
+    fn a_hello_goes_on_only_where_both_sides_hold_a_secret_or_neither_does() {
         let s = ClusterSecret { shown: Secret("0123456789abcdef-x".into()), also: Vec::new() };
-        assert_eq!(hello_refusal(None, b""), None);
-        assert_eq!(hello_refusal(Some(&s), s.shown.0.as_bytes()), None);
-        assert!(hello_refusal(None, b"0123456789abcdef-x").unwrap().contains("this node has none"));
-        assert!(hello_refusal(Some(&s), b"").unwrap().contains("none was given"));
-        for wrong in [&b"0123456789abcdef-y"[..], b"0123456789abcdef-", b"0123456789abcdef-xx", b"x"] {
-            assert!(hello_refusal(Some(&s), wrong).unwrap().contains("wrong cluster secret"), "{wrong:?}");
+        assert_eq!(hello_refusal(None, false), None);
+        assert_eq!(hello_refusal(Some(&s), true), None, "on to the proofs");
+        assert!(hello_refusal(None, true).unwrap().contains("this node has none"));
+        assert!(hello_refusal(Some(&s), false).unwrap().contains("none was given"));
+    }
+
+    /// The exchange's bodies, laid out and read back; anything else refused or not taken
+    /// for one.
+    #[test]
+    fn a_hellos_bodies_are_read_back_as_laid_out_and_nothing_else_is() {
+        let n = proof::nonce();
+        for holds in [false, true] {
+            let o = hello::opening(holds, &n);
+            assert_eq!(o.len(), 35);
+            assert_eq!(hello::read_opening(&o), Ok((holds, n)));
+            // Cut short or grown by a byte, another version, an older ditto's (its secret,
+            // or nothing).
+            assert!(hello::read_opening(&o[..34]).unwrap_err().contains("malformed"));
+            assert!(hello::read_opening(&[&o[..], &[0]].concat()).unwrap_err().contains("malformed"));
+            let mut v2 = o.clone();
+            v2[1] = 2;
+            assert!(hello::read_opening(&v2).unwrap_err().contains("version 2"));
+            let mut holds2 = o.clone();
+            holds2[2] = 2;
+            assert!(hello::read_opening(&holds2).unwrap_err().contains("malformed"));
         }
-        // While it is rotated: the one shown and each also taken, nothing else.
-        let r = ClusterSecret {
-            shown: Secret("the-next-secret-0".into()),
-            also: vec![Secret("the-old-secret-00".into()), Secret("an-older-secret-0".into())],
+        for older in [&b""[..], b"0123456789abcdef-x"] {
+            assert!(hello::read_opening(older).unwrap_err().contains("an older ditto"), "{older:?}");
+        }
+        let p = [9u8; proof::PROOF_BYTES];
+        let c = hello::challenge(&n, &p);
+        assert_eq!(hello::read_challenge(&c), Some((n, &p[..])));
+        assert_eq!(hello::read_challenge(&c[..c.len() - 1]), None);
+        assert_eq!(hello::read_challenge(&hello::response(&p)), None, "a response is no challenge");
+        let r = hello::response(&p);
+        assert_eq!(hello::read_response(&r), Some(&p[..]));
+        assert_eq!(hello::read_response(&c), None, "a challenge is no response");
+        assert_eq!(hello::read_response(WRONG_SECRET.as_bytes()), None, "a refusal is no response");
+        assert_eq!(hello::read_response(b""), None);
+    }
+
+    /// Both sides' proofs, as `connect` and `hello_exchange` make and check them: each
+    /// takes the other's where one secret it takes is the one the other shows (a rotation's
+    /// steps), and neither's is taken as the other side's, for other nodes or nonces.
+    #[test]
+    fn each_side_takes_the_others_proof_only_for_a_secret_it_takes() {
+        let with = |shown: &str, also: &[&str]| ClusterSecret {
+            shown: Secret(shown.into()),
+            also: also.iter().map(|s| Secret(s.to_string())).collect(),
         };
-        for given in ["the-next-secret-0", "the-old-secret-00", "an-older-secret-0"] {
-            assert_eq!(hello_refusal(Some(&r), given.as_bytes()), None, "{given}");
+        let (old, new) = ("the-old-secret-00", "the-new-secret-00");
+        // (connecting side, accepting side, taken both ways)
+        for (c, a, taken) in [
+            (with(old, &[]), with(old, &[]), true),
+            (with(old, &[new]), with(old, &[]), true),
+            (with(new, &[old]), with(old, &[new]), true),
+            (with(new, &[]), with(new, &[old]), true),
+            (with(new, &[]), with(old, &[]), false),
+            // The side that connects takes the old, but shows the new, which the other
+            // does not take.
+            (with(new, &[old]), with(old, &[]), false),
+        ] {
+            let (nc, na) = (proof::nonce(), proof::nonce());
+            let names = hello::names(2, 3);
+            let t = hello::transcript(&names, &nc, &na);
+            let by_acceptor = proof::prove(&a.shown, Side::Accepts, &t);
+            let by_connector = proof::prove(&c.shown, Side::Connects, &t);
+            let both = proof::verify(c.all(), Side::Accepts, &t, &by_acceptor)
+                && proof::verify(a.all(), Side::Connects, &t, &by_connector);
+            assert_eq!(both, taken, "{:?} -> {:?}", c.shown.0, a.shown.0);
+            // Never the other side's proof, nor for another pair of nodes.
+            assert!(!proof::verify(a.all(), Side::Connects, &t, &by_acceptor));
+            let other = hello::names(3, 2);
+            assert!(!proof::verify(c.all(), Side::Accepts, &hello::transcript(&other, &nc, &na), &by_acceptor));
         }
-        assert!(hello_refusal(Some(&r), b"the-old-secret-01").unwrap().contains("wrong cluster secret"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ditto_replication::proof;
 use ditto_replication::tls::{pki, LinkTls};
 
 use ditto_cluster::{
@@ -952,24 +953,70 @@ fn read_to_close(s: &mut std::net::TcpStream, what: &str) -> Vec<u8> {
     }
 }
 
-/// A connection to `addr` that says the hello with `secret` as node 9 (no member); the
-/// node's answer (empty: taken).
+/// The hello's exchange, as docs/cluster.md lays it out ("The cluster secret"), written
+/// here from that text, not with the service's own code: the first byte of each body of
+/// the exchange, its version, and what the proofs are for.
+const HELLO_MARK: u8 = 0xff;
+const HELLO_PURPOSE: &str = "ditto control hello 1";
+
+/// The opening of a hello as node `from`: whether it holds a secret, and its nonce.
+fn opening(holds_secret: bool, nonce: &proof::Nonce) -> Vec<u8> {
+    [&[HELLO_MARK, 1, holds_secret as u8][..], nonce].concat()
+}
+
+/// What a hello's proofs cover: the purpose, both sides' ids (u64 LE) and both nonces.
+fn transcript<'a>(
+    names: &'a ([u8; 8], [u8; 8]),
+    connects: &'a proof::Nonce,
+    accepts: &'a proof::Nonce,
+) -> proof::Transcript<'a> {
+    proof::Transcript {
+        purpose: HELLO_PURPOSE,
+        connects: &names.0,
+        accepts: &names.1,
+        connects_nonce: connects,
+        accepts_nonce: accepts,
+    }
+}
+
+/// Reads one frame, within 5 s: (from, kind, body).
+fn read_raw_frame(s: &mut std::net::TcpStream) -> std::io::Result<(NodeId, u8, Vec<u8>)> {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = [0u8; 8];
+    s.read_exact(&mut head)?;
+    let mut rest = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+    s.read_exact(&mut rest)?;
+    Ok((u64::from_le_bytes(rest[..8].try_into().unwrap()), rest[8], rest[9..].to_vec()))
+}
+
+/// A connection to `addr` that says the hello with `secret` (none where empty) as node 9
+/// (no member); the node's answer (empty: taken). Where the node challenges, its proof is
+/// not checked (this side plays whoever connects) and this side's is made with `secret`.
 fn hello(addr: std::net::SocketAddr, secret: &[u8]) -> (std::net::TcpStream, String) {
     hello_as(addr, 9, secret)
 }
 
 /// `hello`, as node `from`.
 fn hello_as(addr: std::net::SocketAddr, from: NodeId, secret: &[u8]) -> (std::net::TcpStream, String) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(&raw_frame(from, KIND_HELLO, secret)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut head = [0u8; 8];
-    s.read_exact(&mut head).unwrap();
-    let mut rest = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
-    s.read_exact(&mut rest).unwrap();
-    assert_eq!(rest[8], KIND_HELLO, "the answer to a hello is a hello");
-    (s, String::from_utf8(rest[9..].to_vec()).unwrap())
+    let ours = proof::nonce();
+    s.write_all(&raw_frame(from, KIND_HELLO, &opening(!secret.is_empty(), &ours))).unwrap();
+    let (node, kind, mut body) = read_raw_frame(&mut s).unwrap();
+    assert_eq!(kind, KIND_HELLO, "the answer to a hello is a hello");
+    if body.first() == Some(&HELLO_MARK) {
+        assert_eq!(body.len(), 1 + proof::NONCE_BYTES + proof::PROOF_BYTES, "a challenge: {body:?}");
+        let theirs: proof::Nonce = body[1..1 + proof::NONCE_BYTES].try_into().unwrap();
+        let names = (from.to_le_bytes(), node.to_le_bytes());
+        let mine = Secret(String::from_utf8(secret.to_vec()).unwrap());
+        let p = proof::prove(&mine, proof::Side::Connects, &transcript(&names, &ours, &theirs));
+        s.write_all(&raw_frame(from, KIND_HELLO, &[&[HELLO_MARK][..], &p].concat())).unwrap();
+        let (_, kind, verdict) = read_raw_frame(&mut s).unwrap();
+        assert_eq!(kind, KIND_HELLO, "the answer to a proof is a hello");
+        body = verdict;
+    }
+    (s, String::from_utf8(body).unwrap())
 }
 
 #[test]
@@ -1337,6 +1384,111 @@ fn a_stranger_on_a_members_port_saying_removed_stops_no_one() {
     stranger.join().unwrap();
 }
 
+/// With a secret, a stranger on a stopped member's port learns nothing of it and is
+/// believed in nothing: whether it says the connection is taken, sends a challenge it
+/// made up, or passes each connection on to a live member (its challenge as that member
+/// sent it, or relabelled as the stopped member's), the members dialling the port never
+/// send it the secret, nor a proof, nor a frame of the group's: only the opening of their
+/// hello, then a refusal or nothing. Until 2026-12-06 the hello was the secret itself, and
+/// the first connection gave it away. The group goes on (it removes that member).
+#[test]
+fn a_stranger_on_a_members_port_learns_nothing_of_the_secret_and_is_not_believed() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    const SECRET: &str = "the-cluster-secret-1";
+    let mut c = Cluster::started_with_secrets(3, |_| secret(SECRET));
+    wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
+    let primary = c.bootstrapped();
+    c.settle(primary);
+    let leader = c.leader_now();
+    let victim = (1..=3).find(|&id| id != primary && id != leader).unwrap();
+    c.stop(victim);
+    let squat = c.listeners[&victim].try_clone().unwrap();
+    squat.set_nonblocking(true).unwrap();
+    let peers = c.peers.clone();
+    // Per way of answering: the connections so answered, and what each sent after the
+    // stranger's answer.
+    let seen: Arc<Mutex<BTreeMap<u8, Vec<Vec<u8>>>>> = Arc::default();
+    let everything: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let (seen2, all2, done2) = (Arc::clone(&seen), Arc::clone(&everything), Arc::clone(&done));
+    let stranger = std::thread::spawn(move || {
+        let mut way = 0u8;
+        while !done2.load(SeqCst) {
+            let Ok((mut s, _)) = squat.accept() else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            let Ok((from, kind, body)) = read_raw_frame(&mut s) else { continue };
+            all2.lock().unwrap().extend_from_slice(&raw_frame(from, kind, &body));
+            let answer = match way {
+                // "Taken", at once.
+                0 => raw_frame(victim, KIND_HELLO, b""),
+                // A challenge of its own making.
+                1 => raw_frame(victim, KIND_HELLO, &[&[HELLO_MARK][..], &proof::nonce(), &proof::nonce()].concat()),
+                // The opening passed on to the third member, and its challenge passed back
+                // as it came (2), or as if from the stopped member (3).
+                _ => {
+                    let third = (1..=3).find(|&id| id != victim && id != from).unwrap();
+                    let Ok(mut m) = std::net::TcpStream::connect(peers[&third]) else { continue };
+                    let _ = m.write_all(&raw_frame(from, kind, &body));
+                    let Ok((node, k, challenge)) = read_raw_frame(&mut m) else { continue };
+                    assert_eq!((node, k, challenge.len()), (third, KIND_HELLO, 65), "the member challenges");
+                    raw_frame(if way == 2 { third } else { victim }, KIND_HELLO, &challenge)
+                }
+            };
+            let _ = s.write_all(&answer);
+            // What the member sends until it closes, or for 2 s (a member that took the
+            // answer keeps the connection, and sends the group's frames on it).
+            let mut after = Vec::new();
+            let until = Instant::now() + Duration::from_secs(2);
+            let mut b = [0u8; 4096];
+            while let Some(left) = until.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) {
+                s.set_read_timeout(Some(left)).unwrap();
+                match std::io::Read::read(&mut s, &mut b) {
+                    Ok(n) if n > 0 => after.extend_from_slice(&b[..n]),
+                    _ => break,
+                }
+            }
+            all2.lock().unwrap().extend_from_slice(&after);
+            seen2.lock().unwrap().entry(way).or_default().push(after);
+            way = (way + 1) % 4;
+        }
+    });
+    wait_for("each way of answering met at least twice", Duration::from_secs(30), || {
+        let seen = seen.lock().unwrap();
+        (0..4).all(|w| seen.get(&w).is_some_and(|v| v.len() >= 2))
+    });
+    done.store(true, SeqCst);
+    stranger.join().unwrap();
+    let everything = everything.lock().unwrap().clone();
+    assert!(!everything.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the secret was sent to the stranger");
+    for (way, conns) in seen.lock().unwrap().iter() {
+        for after in conns {
+            // What followed the stranger's answer: hellos only, each a refusal's text.
+            let mut rest = &after[..];
+            while rest.len() >= 17 {
+                let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+                let len = len.min(rest.len() - 8);
+                let (kind, body) = (rest[16], &rest[17..8 + len]);
+                assert_eq!(kind, KIND_HELLO, "way {way}: a frame of kind {kind} sent to the stranger");
+                assert!(
+                    body.first().is_some_and(|&b| b != HELLO_MARK),
+                    "way {way}: a proof sent to the stranger: {body:?}"
+                );
+                rest = &rest[8 + len..];
+            }
+        }
+    }
+    for (id, n) in &c.nodes {
+        assert!(n.status().failed.is_none(), "node {id}: {:?}", n.status().failed);
+    }
+    let at = c.peers[&c.leader_now()].to_string();
+    let removed = admin_request(&at, &AdminRequest::Remove(victim), Some(&Secret(SECRET.into())), None).unwrap();
+    assert!(matches!(removed, AdminReply::Done { .. }), "{removed:?}");
+}
+
 /// A learner removed that missed the entry removing it (everything sent to it lost from
 /// just before, its connections open) learns it all the same and stops: it sends nothing
 /// of its own (a learner never campaigns), but the leader dropping its connection to it
@@ -1470,7 +1622,7 @@ fn connections_that_do_not_say_their_hello_are_cut_off_and_bounded() {
     let target_id = c.leader_now();
     let target = c.peers[&target_id];
     // A trickle: one byte of a hello's header every 400 ms (a whole hello would take 10 s).
-    let hello = raw_frame(9, KIND_HELLO, b"the-cluster-secret-1");
+    let hello = raw_frame(9, KIND_HELLO, &opening(true, &proof::nonce()));
     let t = Instant::now();
     let trickler = std::thread::spawn(move || {
         let mut s = std::net::TcpStream::connect(target).unwrap();

@@ -13,19 +13,20 @@
 //!
 //! Pure parts (no I/O, tested step by step): `protocol` (frames), `policy` (who must hold
 //! a commit), `watermark` (the watermark of a prefix of batches, in order or completed out
-//! of order). I/O parts: `primary`, `backup` (blocking TCP on threads of their own; the
+//! of order), `proof` (a peer's proof that it holds the cluster secret, never sent). I/O parts: `primary`, `backup` (blocking TCP on threads of their own; the
 //! server's tokio runtime is not involved).
 //!
-//! Not here: failover and the control plane (crates/cluster, not yet wired in): a backup
-//! follows one primary and its epoch, and stops (saying so) if that primary restarts into
-//! a new epoch or can no longer serve what the backup lacks; a restart then copies a fresh
-//! checkpoint.
+//! Not here: failover and the control plane (crates/cluster), which tells a server whom to
+//! follow or whether to serve: a backup follows one primary and its epoch, and stops
+//! (saying so) if that primary restarts into a new epoch or can no longer serve what the
+//! backup lacks.
 
 pub mod backup;
 pub mod dependency;
 pub mod identity;
 pub mod policy;
 pub mod primary;
+pub mod proof;
 pub mod protocol;
 pub mod restart;
 pub mod tls;
