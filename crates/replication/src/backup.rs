@@ -187,8 +187,13 @@ pub struct BackupOptions {
     /// too). Off by default: a standalone backup replays any number.
     pub same_streams: bool,
     /// The password its primary asks of backups (a server's `masterauth`: the primary's
-    /// `requirepass`), sent in every `Hello`.
+    /// `requirepass`; in a cluster, its secret): proved on every connection, never sent
+    /// (`Frame::Challenge`), and asked of the primary first. A backup with one takes no
+    /// primary that cannot prove it holds it (or one of `auth_also`).
     pub auth: Option<crate::protocol::Secret>,
+    /// Other passwords it takes of its primary's proof, while a cluster's secret is
+    /// rotated (the primary shows one of them, or `auth`).
+    pub auth_also: Vec<crate::protocol::Secret>,
     /// TLS to the primary (`tls_replication`): `None`, plaintext.
     pub tls: Option<Arc<crate::tls::LinkTls>>,
     /// Paces the fsyncs of the replica log as a primary's `interval` durability paces its
@@ -265,6 +270,7 @@ impl BackupOptions {
             keep_what_the_primary_lost: true,
             same_streams: false,
             auth: None,
+            auth_also: Vec::new(),
             tls: None,
             persist_interval: None,
         }
@@ -657,11 +663,17 @@ pub const SILENCE_MAX: Duration = Duration::from_secs(5);
 /// A backup's checkpointer looks this often whether the backup has stopped.
 const CHECKPOINTER_STEP: Duration = Duration::from_millis(100);
 
+/// A connection to the primary, its hello said: the stream, its reader, and where the
+/// password's exchange ended it, the refusal (the primary's, or this backup's own).
+type Connected = (TcpStream, BufReader<TcpStream>, Option<Frame>);
+
 fn connect(
     addr: &str,
     tls: Option<&crate::tls::LinkTls>,
     hello: &Frame,
-) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
+    auth: Option<&crate::protocol::Secret>,
+    auth_also: &[crate::protocol::Secret],
+) -> std::io::Result<Connected> {
     // Bounded, so that a stop asked meanwhile (`BackupOptions::stop`) is seen: a host that
     // drops packets would otherwise hold a connect for minutes.
     let mut last = None;
@@ -685,9 +697,47 @@ fn connect(
         None => s,
     };
     s.set_nodelay(true)?;
+    // A fresh nonce on each connection, where this backup holds a password.
+    let mut hello = hello.clone();
+    let ours = match &mut hello {
+        Frame::Hello { proves, .. } => {
+            *proves = auth.map(|_| crate::proof::nonce());
+            *proves
+        }
+        _ => None,
+    };
     (&s).write_all(&hello.encode())?;
-    let r = BufReader::with_capacity(4 << 20, s.try_clone()?);
-    Ok((s, r))
+    let mut r = BufReader::with_capacity(4 << 20, s.try_clone()?);
+    let (Some(auth), Some(ours), Frame::Hello { node, .. }) = (auth, ours, &hello) else { return Ok((s, r, None)) };
+    // The primary proves it holds the password before this backup proves anything: a
+    // process on the primary's port that cannot is refused here, as a primary refuses a
+    // backup without it (and is told nothing it could show anyone).
+    s.set_read_timeout(Some(SILENCE_MAX))?;
+    let not_proved = |why: &str| {
+        Frame::Refuse {
+        reason: format!(
+            "{}: the peer at {addr} {why}: it is not the primary, or the backup's masterauth is not this primary's requirepass (in a cluster: their cluster secrets differ)",
+            crate::primary::AUTH_REFUSED
+        ),
+    }
+    };
+    let why = match read_frame(&mut r)? {
+        Some(Frame::Challenge { nonce, proof }) => {
+            let t = crate::protocol::link_transcript(node, &ours, &nonce);
+            if crate::proof::verify(std::iter::once(auth).chain(auth_also), crate::proof::Side::Accepts, &t, &proof) {
+                let proof = crate::proof::prove(auth, crate::proof::Side::Connects, &t);
+                (&s).write_all(&Frame::Proof { proof }.encode())?;
+                return Ok((s, r, None));
+            }
+            "did not prove it holds this backup's password"
+        }
+        Some(f @ Frame::Refuse { .. }) => return Ok((s, r, Some(f))),
+        None => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its welcome")),
+        Some(_) => "asks no password of its backups, so cannot prove it holds this one's",
+    };
+    // This backup's own refusal: the connection closed, nothing more sent.
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    Ok((s, r, Some(not_proved(why))))
 }
 
 /// Joins the primary (a checkpoint if this node holds nothing the primary can resume,
@@ -763,7 +813,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         have_ts: have,
         node: opts.node.clone(),
         learner: opts.learner,
-        auth: opts.auth.clone(),
+        proves: None,
         database: database.map_or(0, crate::identity::DatabaseId::to_wire),
         run: if opts.fresh_copy { 0 } else { followed_run },
     };
@@ -779,35 +829,39 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // (a primary stopping, a proxy's first connection), or a welcome that does not come
             // within `SILENCE_MAX` (a peer that accepts and never answers): tried again until
             // the deadline. The checkpoint that may follow is read without a timeout.
-            let attempt = connect(&opts.primary, opts.tls.as_deref(), hello).and_then(|(s, mut r)| {
-                s.set_read_timeout(Some(SILENCE_MAX))?;
-                // Held from here, so that a cancel shuts it and the read below ends.
-                if opts.cancel.as_ref().is_some_and(|c| !c.hold(&s)) {
-                    return Err(std::io::Error::other("the join was cancelled"));
-                }
-                let w = loop {
-                    match read_frame(&mut r)? {
-                        // The primary is writing the checkpoint it will send (it says so
-                        // every second): the welcome comes after, however long that takes,
-                        // unless the backup is stopped or its join cancelled meanwhile
-                        // (before, the start waited for it, or for good while the primary
-                        // went on saying so).
-                        Some(Frame::Heartbeat { .. }) if cancelled() => {
-                            return Err(std::io::Error::other("the join was cancelled"))
-                        }
-                        Some(Frame::Heartbeat { .. }) => continue,
-                        Some(w) => break w,
-                        None => {
-                            return Err(std::io::Error::new(
-                                std::io::ErrorKind::UnexpectedEof,
-                                "closed before its welcome",
-                            ))
-                        }
+            let attempt = connect(&opts.primary, opts.tls.as_deref(), hello, opts.auth.as_ref(), &opts.auth_also)
+                .and_then(|(s, mut r, refused)| {
+                    if refused.is_some() {
+                        return Ok((s, r, refused));
                     }
-                };
-                s.set_read_timeout(None)?;
-                Ok((s, r, Some(w)))
-            });
+                    s.set_read_timeout(Some(SILENCE_MAX))?;
+                    // Held from here, so that a cancel shuts it and the read below ends.
+                    if opts.cancel.as_ref().is_some_and(|c| !c.hold(&s)) {
+                        return Err(std::io::Error::other("the join was cancelled"));
+                    }
+                    let w = loop {
+                        match read_frame(&mut r)? {
+                            // The primary is writing the checkpoint it will send (it says so
+                            // every second): the welcome comes after, however long that takes,
+                            // unless the backup is stopped or its join cancelled meanwhile
+                            // (before, the start waited for it, or for good while the primary
+                            // went on saying so).
+                            Some(Frame::Heartbeat { .. }) if cancelled() => {
+                                return Err(std::io::Error::other("the join was cancelled"))
+                            }
+                            Some(Frame::Heartbeat { .. }) => continue,
+                            Some(w) => break w,
+                            None => {
+                                return Err(std::io::Error::new(
+                                    std::io::ErrorKind::UnexpectedEof,
+                                    "closed before its welcome",
+                                ))
+                            }
+                        }
+                    };
+                    s.set_read_timeout(None)?;
+                    Ok((s, r, Some(w)))
+                });
             match attempt {
                 // A live link has this backup's name: its own older connection, closing or
                 // being closed, or another backup's (`Primary::name_taken`). Tried again
@@ -862,7 +916,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             have_ts: Ts::ZERO,
             node: opts.node.clone(),
             learner: opts.learner,
-            auth: opts.auth.clone(),
+            proves: None,
             database: database.map_or(0, crate::identity::DatabaseId::to_wire),
             run: 0,
         };
@@ -2830,11 +2884,17 @@ impl Receiver {
                     have_ts: have,
                     node: self.opts.node.clone(),
                     learner,
-                    auth: self.opts.auth.clone(),
+                    proves: None,
                     database: self.state.database.load(Ordering::Acquire),
                     run: self.run,
                 };
-                let (s, mut r) = match connect(&self.opts.primary, self.opts.tls.as_deref(), &hello) {
+                let (s, mut r, refused) = match connect(
+                    &self.opts.primary,
+                    self.opts.tls.as_deref(),
+                    &hello,
+                    self.opts.auth.as_ref(),
+                    &self.opts.auth_also,
+                ) {
                     Ok(c) => c,
                     // A primary down is the common case, and said once above; a handshake
                     // that failed (certificates changed on one side, a primary restarted
@@ -2860,6 +2920,9 @@ impl Receiver {
                 // A run stopped or fenced meanwhile gives the connection up at the next
                 // heartbeat (this socket is not the link a stop shuts down).
                 let answer = loop {
+                    if let Some(f) = refused {
+                        break Ok(Some(f));
+                    }
                     match read_frame(&mut r) {
                         Ok(Some(Frame::Heartbeat { .. })) if self.state.failure.lock().is_none() => continue,
                         Ok(Some(Frame::Heartbeat { .. })) => {

@@ -1061,16 +1061,16 @@ impl Primary {
         let addr = addr.to_string();
         // The hello within `HELLO_WAIT_MAX` in all, however its bytes trickle in (a timeout
         // per read let a peer that sent a byte every 9 s hold this thread for days).
-        let hello = read_frame_at_most(&mut Until::new(&stream, Instant::now() + HELLO_WAIT_MAX), HELLO_BYTES_MAX);
-        drop(slot);
-        let hello = hello?;
+        // (Its proof, where a password is asked, within the same time.)
+        let until = Instant::now() + HELLO_WAIT_MAX;
+        let hello = read_frame_at_most(&mut Until::new(&stream, until), HELLO_BYTES_MAX)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let reader = BufReader::new(stream.try_clone()?);
-        let (epoch, have_ts, node, learner, auth, database, run) = match hello {
-            Some(Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run })
+        let (epoch, have_ts, node, learner, proves, database, run) = match hello {
+            Some(Frame::Hello { version, epoch, have_ts, node, learner, proves, database, run })
                 if version == PROTOCOL_VERSION =>
             {
-                (epoch, have_ts, node, learner, auth, database, run)
+                (epoch, have_ts, node, learner, proves, database, run)
             }
             Some(Frame::Hello { version, .. }) => {
                 let reason = format!(
@@ -1093,27 +1093,50 @@ impl Primary {
             );
             return Err(refuse(&stream, reason));
         }
-        stream.set_read_timeout(None)?;
         if let Some(password) = &self.opts.password {
-            let reason = match auth {
-                None => Some(
-                    "this primary requires a password of its backups: give the backup masterauth (its requirepass), or in a cluster the same --cluster-secret-file",
-                ),
-                // (Each compared, all of them every time.)
-                Some(a)
-                    if !self.opts.also_accepted.iter().fold(password.matches(a.0.as_bytes()), |ok, s| {
-                        s.matches(a.0.as_bytes()) | ok
-                    }) =>
-                {
-                    Some("the backup's masterauth is not this primary's requirepass (in a cluster: their cluster secrets differ)")
-                }
-                Some(_) => None,
-            };
-            if let Some(reason) = reason {
+            // The password proved both ways, never sent (`crate::proof`): this primary
+            // first, then the backup, which proves only to a primary that did.
+            let Some(theirs) = proves else {
+                let reason = "this primary requires a password of its backups: give the backup masterauth (its requirepass), or in a cluster the same --cluster-secret-file";
                 // (Logged by the caller, at most once a second.)
                 return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
+            };
+            let ours = crate::proof::nonce();
+            let t = crate::protocol::link_transcript(&node, &theirs, &ours);
+            let proof = crate::proof::prove(password, crate::proof::Side::Accepts, &t);
+            (&stream).write_all(&Frame::Challenge { nonce: ours, proof }.encode())?;
+            match read_frame_at_most(&mut Until::new(&stream, until), HELLO_BYTES_MAX) {
+                // (Each password taken, all of them every time.)
+                Ok(Some(Frame::Proof { proof }))
+                    if crate::proof::verify(
+                        std::iter::once(password).chain(&self.opts.also_accepted),
+                        crate::proof::Side::Connects,
+                        &t,
+                        &proof,
+                    ) => {}
+                Ok(Some(Frame::Proof { .. })) => {
+                    let reason = "the backup's masterauth is not this primary's requirepass (in a cluster: their cluster secrets differ)";
+                    return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
+                }
+                Ok(Some(other)) => {
+                    return Err(std::io::Error::other(format!("backup {node} answered its challenge with {other:?}")))
+                }
+                // A backup whose password does not take this primary's proof closes.
+                Ok(None) => {
+                    return Err(std::io::Error::other(format!(
+                        "{AUTH_REFUSED} for backup {node}: it closed the link at its challenge (this primary's requirepass is not its masterauth; in a cluster, their cluster secrets differ)"
+                    )))
+                }
+                Err(e) => return Err(e),
             }
+        } else if proves.is_some() {
+            // A backup with a password takes no primary that cannot prove it holds it: said
+            // at once, before anything is made for it (a checkpoint to copy).
+            let reason = "the backup has a masterauth (in a cluster: a cluster secret) and this primary asks no password of its backups (requirepass): give both the same, or neither";
+            return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
         }
+        drop(slot);
+        stream.set_read_timeout(None)?;
         // A backup of another database (`crate::identity`): refused before anything is
         // recorded (its name in the quorum's record) or made for it (a checkpoint to copy).
         // It checks the welcome's id too. (Before 2026-12-05, evening, only the backup did:
@@ -2519,7 +2542,7 @@ mod tests {
                 have_ts: Ts(0),
                 node: "b".into(),
                 learner: false,
-                auth: None,
+                proves: None,
                 database: 0,
                 run: 0,
             }

@@ -28,8 +28,33 @@ pub const MAGIC: [u8; 8] = *b"DITTOREP";
 /// trailing fields anew, decoded by its version, so a backup of 6 is still told which
 /// version the primary speaks). 8 (2026-12-05): batches of log format 6
 /// (`BatchHeader::synced_ts`), which a backup of an older build cannot read; frames as in
-/// 7. A primary refuses a backup of another version, saying which it speaks.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 7. 9 (2026-12-06): a password is proved, never sent (`Hello::proves`, `Challenge`,
+/// `Proof`: docs/replication.md, "A password proved, not sent"); a Hello of 9 ends with
+/// the backup's nonce, or nothing. A primary refuses a backup of another version, saying
+/// which it speaks.
+pub const PROTOCOL_VERSION: u32 = 9;
+/// The first version whose `Hello` carries a nonce where older ones carried the password.
+const HELLO_WITH_PROOF: u32 = 9;
+/// What a replication link's proofs are for (`proof::Transcript::purpose`): a proof made
+/// for the control plane's hello is not taken here, nor the other way.
+pub const LINK_PROOF_PURPOSE: &str = "ditto replication hello 9";
+
+/// What both sides' proofs cover on a replication link: the purpose, the backup's name
+/// (the primary names nothing: a backup dials an address, and whoever serves it the
+/// database it asks for is its primary), and both nonces.
+pub fn link_transcript<'a>(
+    node: &'a str,
+    backup: &'a crate::proof::Nonce,
+    primary: &'a crate::proof::Nonce,
+) -> crate::proof::Transcript<'a> {
+    crate::proof::Transcript {
+        purpose: LINK_PROOF_PURPOSE,
+        connects: node.as_bytes(),
+        accepts: b"",
+        connects_nonce: backup,
+        accepts_nonce: primary,
+    }
+}
 /// The largest frame accepted: the largest batch the log writes (its header and a payload
 /// of `MAX_STORED_LEN`, 256 MiB), and change. (160 MiB before 2026-12-03, below what a
 /// stream's buffer of up to 64 MiB and one more transaction of up to 128 MiB make: such a
@@ -44,8 +69,9 @@ pub const FRAME_HEADER_LEN: usize = 8;
 /// The first version whose `Hello` carries `database` (and always its learner byte).
 const HELLO_WITH_DATABASE: u32 = 7;
 
-/// A password, as a `Hello` carries it and a primary keeps it: sent and compared as is,
-/// never printed (its `Debug` hides it, so a frame or options printed for a log do too).
+/// A password (a server's `requirepass` and `masterauth`, or a cluster's secret), as a
+/// primary and a backup keep it: proved on the link, never sent (`crate::proof`), never
+/// printed (its `Debug` hides it, so options printed for a log do too).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
 
@@ -74,8 +100,12 @@ pub enum Frame {
     /// Backup -> primary, first: who it follows and what it holds; `learner`: a cluster's
     /// learner, whose acknowledgements the primary never counts in its commit quorum
     /// (a byte after `node`; absent, as a peer before it sends it, means a backup);
-    /// `auth`: the password a primary with one asks of its backups (its `requirepass`,
-    /// the backup's `masterauth`), a string after that byte, absent when none is given.
+    /// `proves`: where the backup holds a password (its `masterauth`, or the cluster's
+    /// secret), its nonce: the primary answers with a `Challenge`, and the backup proves
+    /// it holds the password only once the primary proved it holds one the backup takes
+    /// (`Proof`). Before version 9 the password itself came here, in the clear; a Hello of
+    /// an older version is decoded without it (to be told the version), the password
+    /// dropped unread.
     /// `database`: the id of the database the backup's directory holds (`crate::identity`;
     /// 0: none), which a primary of another refuses before it records or sends anything.
     /// `run`: the run of the primary that served the epoch it follows (`Primary::run`; 0:
@@ -89,10 +119,16 @@ pub enum Frame {
         have_ts: Ts,
         node: String,
         learner: bool,
-        auth: Option<Secret>,
+        proves: Option<crate::proof::Nonce>,
         database: u64,
         run: u64,
     },
+    /// Primary -> backup, right after a `Hello` that `proves`, where the primary asks a
+    /// password of its backups: its nonce, and its proof that it holds its password
+    /// (`crate::proof`, `Side::Accepts`, over `link_transcript`).
+    Challenge { nonce: crate::proof::Nonce, proof: crate::proof::Proof },
+    /// Backup -> primary, once it took the `Challenge`'s proof: its own (`Side::Connects`).
+    Proof { proof: crate::proof::Proof },
     /// Primary -> backup: the answer to `Hello`. `database`: the id of the database the
     /// primary serves (`crate::identity`; 0: none said), which a backup holding another
     /// refuses; `run`: this run of the primary (`Primary::run`), which a backup that
@@ -171,6 +207,8 @@ mod kind {
     pub const HEARTBEAT: u8 = 7;
     pub const ACK: u8 = 8;
     pub const REFUSE: u8 = 9;
+    pub const CHALLENGE: u8 = 10;
+    pub const PROOF: u8 = 11;
 }
 
 fn put_str(b: &mut BytesMut, s: &str) {
@@ -200,6 +238,15 @@ fn get_u64(b: &mut Bytes) -> Result<u64, ProtocolError> {
     Ok(b.get_u64_le())
 }
 
+fn get_array<const N: usize>(b: &mut Bytes) -> Result<[u8; N], ProtocolError> {
+    if b.remaining() < N {
+        return Err(ProtocolError::Malformed("cut short"));
+    }
+    let mut a = [0u8; N];
+    b.copy_to_slice(&mut a);
+    Ok(a)
+}
+
 fn get_u8(b: &mut Bytes) -> Result<u8, ProtocolError> {
     if b.remaining() < 1 {
         return Err(ProtocolError::Malformed("cut short"));
@@ -222,11 +269,14 @@ impl std::fmt::Debug for Frame {
             }
         };
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run } => write!(
+            Frame::Hello { version, epoch, have_ts, node, learner, proves, database, run } => write!(
                 f,
-                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, auth: {auth:?}, database: {database:016x}, run: {run:016x} }}",
-                cut(node)
+                "Hello {{ version: {version}, epoch: {epoch:?}, have_ts: {have_ts:?}, node: {}, learner: {learner}, proves: {}, database: {database:016x}, run: {run:016x} }}",
+                cut(node),
+                proves.is_some()
             ),
+            Frame::Challenge { .. } => write!(f, "Challenge {{ .. }}"),
+            Frame::Proof { .. } => write!(f, "Proof {{ .. }}"),
             Frame::Welcome { epoch, streams, tables, start, database, run } => {
                 let names: Vec<String> = tables.iter().take(8).map(|(id, n)| format!("{id}={}", cut(n))).collect();
                 write!(
@@ -265,7 +315,7 @@ impl Frame {
         let mut b = BytesMut::with_capacity(64);
         b.put_bytes(0, FRAME_HEADER_LEN);
         match self {
-            Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run } => {
+            Frame::Hello { version, epoch, have_ts, node, learner, proves, database, run } => {
                 b.put_u8(kind::HELLO);
                 b.put_slice(&MAGIC);
                 b.put_u32_le(*version);
@@ -276,12 +326,23 @@ impl Frame {
                     b.put_u8(u8::from(*learner));
                     b.put_u64_le(*database);
                     b.put_u64_le(*run);
-                } else if *learner || auth.is_some() {
+                } else if *learner {
                     b.put_u8(u8::from(*learner));
                 }
-                if let Some(a) = auth {
-                    put_str(&mut b, &a.0);
+                // (A nonce only from version 9; an older version's Hello is made only by
+                // tests, to see it refused.)
+                if let Some(n) = proves.filter(|_| *version >= HELLO_WITH_PROOF) {
+                    b.put_slice(&n);
                 }
+            }
+            Frame::Challenge { nonce, proof } => {
+                b.put_u8(kind::CHALLENGE);
+                b.put_slice(nonce);
+                b.put_slice(proof);
+            }
+            Frame::Proof { proof } => {
+                b.put_u8(kind::PROOF);
+                b.put_slice(proof);
             }
             Frame::Welcome { epoch, streams, tables, start, database, run } => {
                 b.put_u8(kind::WELCOME);
@@ -409,8 +470,20 @@ impl Frame {
                     };
                     (learner, 0, 0)
                 };
-                let auth = if b.has_remaining() { Some(Secret(get_str(&mut b)?)) } else { None };
-                Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run }
+                let proves = if version >= HELLO_WITH_PROOF {
+                    match b.remaining() {
+                        0 => None,
+                        crate::proof::NONCE_BYTES => Some(get_array(&mut b)?),
+                        _ => return Err(ProtocolError::Malformed("a hello's nonce of another length")),
+                    }
+                } else {
+                    // An older version's password: dropped unread (the version is refused).
+                    if b.has_remaining() {
+                        get_str(&mut b)?;
+                    }
+                    None
+                };
+                Frame::Hello { version, epoch, have_ts, node, learner, proves, database, run }
             }
             kind::WELCOME => {
                 magic(&mut b)?;
@@ -463,6 +536,8 @@ impl Frame {
                 echo_us: get_u64(&mut b)?,
             },
             kind::REFUSE => Frame::Refuse { reason: get_str(&mut b)? },
+            kind::CHALLENGE => Frame::Challenge { nonce: get_array(&mut b)?, proof: get_array(&mut b)? },
+            kind::PROOF => Frame::Proof { proof: get_array(&mut b)? },
             k => return Err(ProtocolError::UnknownKind(k)),
         };
         if b.has_remaining() {
@@ -673,10 +748,13 @@ fn read_frame_paced(
     let pre = len.min(BATCH_BODY_PREFIX + ditto_log::format::BATCH_HEADER_LEN);
     std::io::Read::read_exact(&mut within, &mut body[..pre]).map_err(eof)?;
     let damaged = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-    // The frames of a fixed length (a heartbeat, the commonest on an idle link; an ack).
+    // The frames of a fixed length (a heartbeat, the commonest on an idle link; an ack; a
+    // hello's challenge and proof).
     let fixed = match body[0] {
         kind::HEARTBEAT => Some(HEARTBEAT_BODY_LEN),
         kind::ACK => Some(ACK_BODY_LEN),
+        kind::CHALLENGE => Some(1 + crate::proof::NONCE_BYTES + crate::proof::PROOF_BYTES),
+        kind::PROOF => Some(1 + crate::proof::PROOF_BYTES),
         _ => None,
     };
     if let Some(n) = fixed.filter(|&n| n != len) {
@@ -694,7 +772,7 @@ fn read_frame_paced(
                 body[0]
             )));
         }
-        if !(kind::HELLO..=kind::REFUSE).contains(&body[0]) {
+        if !(kind::HELLO..=kind::PROOF).contains(&body[0]) {
             return Err(std::io::Error::other(ProtocolError::UnknownKind(body[0])));
         }
     }
@@ -888,12 +966,16 @@ mod tests {
             have_ts: Ts(2),
             node: "n".repeat(65_000),
             learner: false,
-            auth: Some(Secret("pw".into())),
+            proves: Some([0xab; crate::proof::NONCE_BYTES]),
             database: 0,
             run: 0,
         };
         let s = format!("{h:?}");
-        assert!(s.len() < 1024 && !s.contains("pw"), "{s}");
+        assert!(s.len() < 1024 && s.contains("proves: true") && !s.contains("171"), "{s}");
+        for f in [Frame::Challenge { nonce: [0xab; 32], proof: [0xcd; 32] }, Frame::Proof { proof: [0xcd; 32] }] {
+            let s = format!("{f:?}");
+            assert!(!s.contains("171") && !s.contains("205"), "{s}");
+        }
     }
 
     /// A frame longer than the reader takes is refused from its header alone, before its
@@ -913,14 +995,58 @@ mod tests {
             have_ts: Ts(2),
             node: "b".into(),
             learner: false,
-            auth: Some("pw".into()),
+            proves: Some(crate::proof::nonce()),
             database: 7,
             run: 8,
         };
         assert_eq!(read_frame_at_most(&mut &hello.encode()[..], 64 << 10).unwrap(), Some(hello.clone()));
-        // A frame printed for a log does not show the password.
-        let printed = format!("{hello:?}");
-        assert!(printed.contains("Secret(..)") && !printed.contains("pw\""), "{printed}");
+    }
+
+    /// A Hello of version 8 or older carried the backup's password, in the clear: decoded
+    /// to be told the version, the password dropped unread (never kept, printed or
+    /// compared); a Hello of 9 carries a nonce of 32 bytes or nothing, any other length
+    /// refused.
+    #[test]
+    fn an_older_hellos_password_is_dropped_and_a_nonce_is_whole() {
+        for (version, learner) in [(6, true), (8, false), (8, true)] {
+            let h = Frame::Hello {
+                version,
+                epoch: Epoch(3),
+                have_ts: Ts(9),
+                node: "b".into(),
+                learner,
+                proves: None,
+                database: 0,
+                run: 0,
+            };
+            let mut body = h.encode()[FRAME_HEADER_LEN..].to_vec();
+            if version < 7 && !learner {
+                body.push(0);
+            }
+            body.extend_from_slice(&6u32.to_le_bytes());
+            body.extend_from_slice(b"sesame");
+            let framed = [&(body.len() as u32).to_le_bytes()[..], &crc32c::crc32c(&body).to_le_bytes(), &body].concat();
+            let got = read_frame(&mut &framed[..]).unwrap().unwrap();
+            assert_eq!(got, h, "version {version}: the password dropped");
+            assert!(!format!("{got:?}").contains("sesame"));
+        }
+        let nine = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            epoch: Epoch(3),
+            have_ts: Ts(9),
+            node: "b".into(),
+            learner: false,
+            proves: Some([5; crate::proof::NONCE_BYTES]),
+            database: 1,
+            run: 2,
+        };
+        let whole = nine.encode();
+        for cut in [1, 31] {
+            let body = &whole[FRAME_HEADER_LEN..whole.len() - cut];
+            let framed = [&(body.len() as u32).to_le_bytes()[..], &crc32c::crc32c(body).to_le_bytes(), body].concat();
+            let e = read_frame(&mut &framed[..]).unwrap_err();
+            assert!(e.to_string().contains("nonce of another length"), "{cut}: {e}");
+        }
     }
 
     /// Frames gathered a byte at a time, or all at once, come out whole and in order; a
@@ -978,12 +1104,14 @@ mod tests {
         for (version, database, run) in
             [(1, 0, 0), (6, 0, 0), (PROTOCOL_VERSION, 0, 0), (PROTOCOL_VERSION, u64::MAX - 5, 3)]
         {
-            for (learner, auth) in [(false, None), (true, None), (false, Some("sesame")), (true, Some("sesame"))] {
-                let auth = auth.map(Secret::from);
+            let nonce = (version >= HELLO_WITH_PROOF).then(crate::proof::nonce);
+            for (learner, proves) in [(false, None), (true, None), (false, nonce), (true, nonce)] {
                 let (node, epoch, have_ts) = ("b1".into(), Epoch(3), Ts(99));
-                roundtrip(Frame::Hello { version, epoch, have_ts, node, learner, auth, database, run });
+                roundtrip(Frame::Hello { version, epoch, have_ts, node, learner, proves, database, run });
             }
         }
+        roundtrip(Frame::Challenge { nonce: crate::proof::nonce(), proof: [7; crate::proof::PROOF_BYTES] });
+        roundtrip(Frame::Proof { proof: [9; crate::proof::PROOF_BYTES] });
         // A Hello of 6 decodes as 6's, to be told the version: its layout has no id.
         let six = Frame::Hello {
             version: 6,
@@ -991,7 +1119,7 @@ mod tests {
             have_ts: Ts(9),
             node: "b".into(),
             learner: false,
-            auth: None,
+            proves: None,
             database: 0,
             run: 0,
         };

@@ -541,7 +541,7 @@ pub mod pki {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Frame, Secret};
+    use crate::protocol::{Frame, PROTOCOL_VERSION};
     use std::io::{Read, Write};
 
     fn pair() -> (TcpStream, TcpStream) {
@@ -592,17 +592,17 @@ mod tests {
         s.write_all(b"pong").unwrap();
         assert_eq!(&dialer.join().unwrap(), b"pong");
         // Every first frame a port reads: not TLS.
-        let hello = |node: &str, auth: Option<&str>| Frame::Hello {
-            version: 3,
+        let hello = |node: &str, proves: Option<crate::proof::Nonce>| Frame::Hello {
+            version: PROTOCOL_VERSION,
             epoch: ditto_log::Epoch(7),
             have_ts: ditto_engine::Ts(123),
             node: node.into(),
             learner: false,
-            auth: auth.map(Secret::from),
+            proves,
             database: 0,
             run: 0,
         };
-        for f in [hello("127.0.0.1:7001", None), hello("b", Some("a-password")), hello(&"n".repeat(900), None)] {
+        for f in [hello("127.0.0.1:7001", None), hello("b", Some([0x16; 32])), hello(&"n".repeat(900), None)] {
             assert!(!looks_like_tls(&f.encode()), "{f:?}");
         }
         assert!(!looks_like_tls(b"*1\r\n$4\r\nPING\r\n"), "RESP");

@@ -117,7 +117,7 @@ fn acks_sent_while_a_start_comes_are_read_as_it_is_sent() {
         have_ts: have,
         node: "b".into(),
         learner: false,
-        auth: None,
+        proves: None,
         database: 0,
         run: 0,
     };

@@ -164,3 +164,76 @@ fn silent_connections_to_the_replication_port_are_bounded() {
     p.stop();
     a.close();
 }
+
+/// A backup proves its password only to a primary that proved it first, and never sends
+/// the password itself (until 2026-12-06 its hello carried it, in the clear, to whoever
+/// listened on the primary's port: a process on the primary's machine while it was down
+/// took it and could then copy all the data). A stranger on the port that welcomes it at
+/// once, or answers with a challenge of its own making, is refused by the backup, which
+/// sends it nothing after its hello; and a primary that asks no password is refused by a
+/// backup that has one, as a backup without one is by a primary that asks one.
+#[test]
+fn a_backup_proves_its_password_only_to_a_primary_that_proved_it_first() {
+    use ditto_replication::protocol::{read_frame, Frame, Start};
+    use std::io::{Read, Write};
+    const PASSWORD: &str = "sesame-9";
+    let tmp = tempfile::tempdir().unwrap();
+    for (way, says) in [("welcome", "asks no password of its backups"), ("challenge", "did not prove it holds")] {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let stranger = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            // The hello, read whole as bytes (the frame is then decoded from them).
+            let mut head = [0u8; 8];
+            s.read_exact(&mut head).unwrap();
+            let mut body = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+            s.read_exact(&mut body).unwrap();
+            got.extend_from_slice(&head);
+            got.extend_from_slice(&body);
+            let hello = read_frame(&mut &got[..]).unwrap().unwrap();
+            let answer = match way {
+                "welcome" => Frame::Welcome {
+                    epoch: ditto_log::Epoch(1),
+                    streams: 1,
+                    tables: vec![],
+                    start: Start::Resume,
+                    database: 0,
+                    run: 0,
+                },
+                _ => Frame::Challenge { nonce: ditto_replication::proof::nonce(), proof: [0x5a; 32] },
+            };
+            s.write_all(&answer.encode()).unwrap();
+            // Whatever the backup sends after the answer, until it closes (or 5 s).
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut after = Vec::new();
+            let _ = s.read_to_end(&mut after);
+            (hello, got, after)
+        });
+        let opts =
+            BackupOptions { auth: Some(PASSWORD.into()), ..BackupOptions::new(&addr, &tmp.path().join(way), 1, way) };
+        match backup::start(opts) {
+            Err(BackupError::Refused(why)) => {
+                assert!(why.contains("authentication failed") && why.contains(says), "{way}: {why}")
+            }
+            other => panic!("{way}: the backup took the stranger: {:?}", other.map(|_| ())),
+        }
+        let (hello, sent, after) = stranger.join().unwrap();
+        assert!(matches!(hello, Frame::Hello { proves: Some(_), .. }), "{way}: {hello:?}");
+        assert!(!sent.windows(PASSWORD.len()).any(|w| w == PASSWORD.as_bytes()), "{way}: the password was sent");
+        assert_eq!(after, Vec::<u8>::new(), "{way}: the backup sent more after the stranger's answer (a proof?)");
+        assert_eq!(walk(&tmp.path().join(way)), ["LOCK"], "{way}: nothing taken from the stranger");
+    }
+    // A real primary without a password: refused by a backup with one, at once.
+    let (a, _t, p, addr) =
+        common::start_primary(&tmp.path().join("p"), Default::default(), "local", Default::default());
+    let opts =
+        BackupOptions { auth: Some(PASSWORD.into()), ..BackupOptions::new(&addr, &tmp.path().join("b"), 1, "b") };
+    match backup::start(opts) {
+        Err(BackupError::Refused(why)) => assert!(why.contains("this primary asks no password"), "{why}"),
+        other => panic!("a backup with a password joined a primary without one: {:?}", other.map(|_| ())),
+    }
+    assert!(p.backups().is_empty());
+    p.stop();
+    a.close();
+}

@@ -352,7 +352,7 @@ fn the_log_a_backup_is_being_sent_is_kept_for_it_before_its_first_ack() {
         have_ts: Ts(1),
         node: "reads-nothing".into(),
         learner: false,
-        auth: None,
+        proves: None,
         database: 0,
         run: 0,
     };

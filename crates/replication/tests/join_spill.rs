@@ -196,7 +196,7 @@ fn a_joining_backup_that_reads_nothing_of_its_copy_is_given_up_and_its_name_free
         have_ts: Ts::ZERO,
         node: "b".into(),
         learner: false,
-        auth: None,
+        proves: None,
         database: 0,
         run: 0,
     };

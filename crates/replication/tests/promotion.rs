@@ -368,7 +368,7 @@ fn bounds_sent_to_a_hello(addr: &str, epoch: Epoch, have: Ts, node: &str) -> Vec
         have_ts: have,
         node: node.into(),
         learner: false,
-        auth: None,
+        proves: None,
         database: 0,
         run: 0,
     };

@@ -173,8 +173,9 @@ fn a_backup_of_an_older_protocol_is_refused_saying_which_the_primary_speaks() {
     let tmp = tempfile::tempdir().unwrap();
     let (_a, _t, p, addr) = start_primary(&tmp.path().join("p"));
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    let Frame::Hello { epoch, have_ts, node, learner, auth, .. } = hello_from_b() else { unreachable!() };
-    let old = Frame::Hello { version: PROTOCOL_VERSION - 1, epoch, have_ts, node, learner, auth, database: 0, run: 0 };
+    let Frame::Hello { epoch, have_ts, node, learner, proves, .. } = hello_from_b() else { unreachable!() };
+    let old =
+        Frame::Hello { version: PROTOCOL_VERSION - 1, epoch, have_ts, node, learner, proves, database: 0, run: 0 };
     s.write_all(&old.encode()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     match read_frame(&mut s).unwrap() {
@@ -205,7 +206,7 @@ fn a_backup_of_a_later_epoch_is_refused_and_sent_no_copy() {
         have_ts: Ts(5),
         node: "later".into(),
         learner: false,
-        auth: None,
+        proves: None,
         database: 0,
         run: 0,
     };
@@ -288,7 +289,7 @@ fn a_primary_that_waits_for_no_restart_keeps_no_names_heard() {
             have_ts: Ts::ZERO,
             node: format!("b{i}"),
             learner: false,
-            auth: None,
+            proves: None,
             database: 0,
             run: 0,
         };

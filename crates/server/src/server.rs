@@ -463,6 +463,11 @@ fn backup_options(
         keep_what_the_primary_lost: cfg.cluster.is_none(),
         same_streams: cfg.cluster.is_some(),
         auth: cfg.link_secret.as_deref().or(cfg.masterauth.as_deref()).map(Into::into),
+        // The cluster's other secrets while it is rotated: its primary may show one.
+        auth_also: match cfg.link_secret {
+            Some(_) => cfg.link_secret_also.iter().map(|s| s.as_str().into()).collect(),
+            None => Vec::new(),
+        },
         tls: link_tls(cfg)?,
         // Its fsyncs paced as the server's durability paces a primary's.
         persist_interval: cfg.durability()?.interval(),

@@ -103,7 +103,7 @@ pub fn empty_hello(name: &str) -> ditto_replication::protocol::Frame {
         have_ts: ditto_engine::Ts::ZERO,
         node: name.into(),
         learner: false,
-        auth: None,
+        proves: None,
         database: 0,
         run: 0,
     }
