@@ -55,6 +55,7 @@ use crate::state::{Command, ControlState, Member, NodeId, Phase};
 use ditto_replication::proof::{self, Side};
 pub use ditto_replication::protocol::Secret;
 use ditto_replication::tls::{cert_name, host_of, opens_with_tls, LinkTls, Until};
+use ditto_replication::unhelloed::{HelloSlot, Unhelloed};
 
 const KIND_RAFT: u8 = 1;
 const KIND_CTL: u8 = 2;
@@ -105,10 +106,17 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the side that accepts waits for a whole hello: a peer that trickles its bytes
 /// is cut off then, as one that says nothing.
 const HELLO_WAIT: Duration = Duration::from_secs(5);
-/// Connections that have not said their hello yet, at most: more are closed at once (a
-/// flood of silent connections costs a thread each for `HELLO_WAIT`, not a thread each
-/// for ever). Taken connections are not counted: they are the members' and operators'.
+/// Connections that have not said their hello yet, at most, and of those, from one
+/// address (`ditto_replication::unhelloed`): past either bound the oldest is closed, so a
+/// flood of silent connections costs a bounded number of threads for `HELLO_WAIT`, and
+/// cannot keep out a member, which says its hello within milliseconds. Taken connections
+/// are not counted: they are the members' and operators'. (Until 2026-12-06 the newest
+/// was refused past 64 in all: 64 silent connections, renewed every 5 s from anywhere,
+/// kept every member's reconnection out; found by a review.)
 const AWAITING_HELLO_MAX: usize = 64;
+/// (Members on one host, as in tests and `ditto demo`, share an address: each has at most
+/// a sender's and a probe's connection at its hello at once.)
+const AWAITING_HELLO_PER_ADDRESS_MAX: usize = 16;
 /// A cluster secret's bounds, in bytes (`load_secret`).
 pub const SECRET_BYTES_MIN: usize = 16;
 pub const SECRET_BYTES_MAX: usize = 1024;
@@ -755,7 +763,7 @@ struct Shared {
     /// refusal was last logged with the count since (at most one line a second).
     refusals: Mutex<Refusals>,
     /// Connections accepted whose hello has not been read yet.
-    awaiting_hello: std::sync::atomic::AtomicUsize,
+    unhelloed: Arc<Unhelloed>,
     /// A peer refused this node's connection because it was removed: the service stops,
     /// saying why (a node removed while it was down, or that missed its removal, never
     /// learns it otherwise: no member talks to a non-member).
@@ -1229,7 +1237,7 @@ impl ControlService {
             secret: cfg.secret.clone(),
             tls: cfg.tls.clone(),
             refusals: Mutex::default(),
-            awaiting_hello: Default::default(),
+            unhelloed: Arc::new(Unhelloed::new(AWAITING_HELLO_MAX, AWAITING_HELLO_PER_ADDRESS_MAX)),
             removed: Default::default(),
             probe: Default::default(),
             removed_by: Default::default(),
@@ -1347,23 +1355,21 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) 
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, peer)) => {
-                if shared.awaiting_hello.load(Ordering::SeqCst) >= AWAITING_HELLO_MAX {
-                    shared.refused(peer, &format!("{AWAITING_HELLO_MAX} connections await their hello already"));
-                    continue;
-                }
                 let Ok(handle) = stream.try_clone() else { continue };
+                let (slot, evicted) = Unhelloed::take(&shared.unhelloed, &stream);
+                if let Some(old) = evicted {
+                    let _ = old.shutdown(std::net::Shutdown::Both);
+                    let from = old.peer_addr().unwrap_or(peer);
+                    shared.refused(from, &format!("closed unanswered: the oldest of the connections that have not said their hello (at most {AWAITING_HELLO_MAX}, {AWAITING_HELLO_PER_ADDRESS_MAX} from one address)"));
+                }
                 let (sh, inbox) = (Arc::clone(&shared), inbox.clone());
-                shared.awaiting_hello.fetch_add(1, Ordering::SeqCst);
                 let reader = std::thread::Builder::new()
                     .name("ditto-ctl-read".into())
-                    .spawn(move || read_from(stream, peer, sh, inbox));
+                    .spawn(move || read_from(stream, peer, sh, inbox, slot));
                 match reader {
                     Ok(r) => readers.push((handle, r)),
                     // (The connection closes: its peer tries again.)
-                    Err(e) => {
-                        shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
-                        tracing::warn!(%peer, "control listener: no thread for a connection: {e}");
-                    }
+                    Err(e) => tracing::warn!(%peer, "control listener: no thread for a connection: {e}"),
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
@@ -1672,7 +1678,7 @@ fn tls_for(stream: TcpStream, peer: SocketAddr, shared: &Shared, until: Instant)
     }
 }
 
-fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>) {
+fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: SyncSender<Input>, slot: HelloSlot) {
     let _ = stream.set_nonblocking(false);
     // Its reads wait with no timeout once the hello is taken: a peer gone without a FIN
     // (power, network) is found by the kernel's probes, and this thread ends.
@@ -1682,7 +1688,7 @@ fn read_from(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, inbox: Sy
     let until = Instant::now() + HELLO_WAIT + shared.tls.as_ref().map_or(Duration::ZERO, |t| t.handshake());
     let taken =
         tls_for(stream, peer, &shared, until).and_then(|mut s| Some((take_hello(&mut s, peer, &shared, until)?, s)));
-    shared.awaiting_hello.fetch_sub(1, Ordering::SeqCst);
+    drop(slot);
     // The node the hello named (0: an operator): every frame after it on this connection
     // is that node's, so that one peer cannot speak for another.
     let Some((hello_from, stream)) = taken else { return };
@@ -2647,7 +2653,7 @@ mod tests {
                 secret: None,
                 tls: None,
                 refusals: Mutex::default(),
-                awaiting_hello: Default::default(),
+                unhelloed: Arc::new(Unhelloed::new(AWAITING_HELLO_MAX, AWAITING_HELLO_PER_ADDRESS_MAX)),
                 removed: Default::default(),
                 probe: Default::default(),
                 removed_by: Default::default(),

@@ -1612,8 +1612,11 @@ fn nodes_whose_secrets_differ_do_not_hear_each_other() {
 }
 
 /// A peer that does not say its whole hello in time is cut off, whether silent or sending
-/// a byte now and then; and connections awaiting their hello are bounded: more are closed
-/// at once, counted, while the members' own connections go on (the group commits).
+/// a byte now and then; and connections awaiting their hello are bounded, one address's
+/// past its own bound closing its own oldest: a flood from one host leaves another host's
+/// connections alone, a member's hello is taken while the flood is open, and the group
+/// commits. (Until 2026-12-06 the newest was refused past 64 in all, and 64 silent
+/// connections from anywhere kept every member's reconnection out.)
 #[test]
 fn connections_that_do_not_say_their_hello_are_cut_off_and_bounded() {
     use std::io::Write;
@@ -1621,36 +1624,60 @@ fn connections_that_do_not_say_their_hello_are_cut_off_and_bounded() {
     wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
     let target_id = c.leader_now();
     let target = c.peers[&target_id];
-    // A trickle: one byte of a hello's header every 400 ms (a whole hello would take 10 s).
+    let from = move |host: &str| -> std::net::TcpStream {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&format!("{host}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        s.connect(&target.into()).unwrap();
+        s.into()
+    };
+    // Whether the node closed `s` (within `wait`), having sent nothing or a refusal.
+    let closed = |s: &mut std::net::TcpStream, wait: Duration| {
+        use std::io::Read;
+        s.set_read_timeout(Some(wait)).unwrap();
+        match s.read(&mut [0u8; 4096]) {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => false,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // Another host's silent connections, as many as one address may have, first.
+    let mut other: Vec<std::net::TcpStream> = (0..16).map(|_| from("127.0.0.2")).collect();
+    // A trickle: one byte of a hello's opening every 400 ms (a whole one would take 20 s).
     let hello = raw_frame(9, KIND_HELLO, &opening(true, &proof::nonce()));
     let t = Instant::now();
+    let mut trickle = from("127.0.0.3");
     let trickler = std::thread::spawn(move || {
-        let mut s = std::net::TcpStream::connect(target).unwrap();
         for b in &hello {
-            if s.write_all(&[*b]).is_err() {
+            if trickle.write_all(&[*b]).is_err() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(400));
         }
-        read_to_close(&mut s, "the trickle")
+        read_to_close(&mut trickle, "the trickle")
     });
-    // 64 silent connections fill what awaits a hello; the next is closed unanswered.
-    std::thread::sleep(Duration::from_millis(100));
-    let mut silent: Vec<std::net::TcpStream> = (0..64).map(|_| std::net::TcpStream::connect(target).unwrap()).collect();
-    wait_for("the node to count the silent connections", Duration::from_secs(5), || {
-        let mut s = std::net::TcpStream::connect(target).unwrap();
-        read_to_close(&mut s, "one too many").is_empty()
-            && c.nodes[&target_id].status().refused_last.is_some_and(|l| l.contains("await their hello already"))
-    });
+    // A flood from a third host: past its own 16 its oldest are closed.
+    let mut flood: Vec<std::net::TcpStream> = (0..40).map(|_| from("127.0.0.4")).collect();
+    for s in flood.iter_mut().take(24) {
+        assert!(closed(s, Duration::from_secs(2)), "the flood's older connections are closed");
+    }
+    assert!(!closed(flood.last_mut().unwrap(), Duration::from_millis(200)), "the flood's newest is open");
+    for (i, s) in other.iter_mut().enumerate() {
+        assert!(!closed(s, Duration::from_millis(20)), "another host's connection {i} was closed by the flood");
+    }
+    // While they are all open, a member's hello is taken at once.
+    assert!(hello_taken(target), "a hello taken while the flood waits");
+    let st = c.nodes[&target_id].status();
+    assert!(st.refused >= 24, "{st:?}");
     let answer = trickler.join().unwrap();
     let took = t.elapsed();
     assert!(String::from_utf8_lossy(&answer).contains("no whole hello within 5s"), "{answer:?}");
     assert!(took < Duration::from_secs(8), "the trickle was cut off at {took:?}");
-    // The silent ones are cut off too (answered with why, then closed), and a hello is taken again.
-    for s in silent.iter_mut().take(3) {
+    // The silent ones are cut off too (answered with why, then closed).
+    for s in other.iter_mut().take(3) {
         assert!(String::from_utf8_lossy(&read_to_close(s, "silent")).contains("no whole hello"));
     }
-    drop(silent);
+    drop((other, flood));
     wait_for("a hello taken again", Duration::from_secs(10), || hello_taken(target));
     c.bootstrap();
     wait_for("the group still commits", Duration::from_secs(10), || c.statuses().iter().all(|s| s.state.epoch == 1));

@@ -30,6 +30,7 @@ pub mod proof;
 pub mod protocol;
 pub mod restart;
 pub mod tls;
+pub mod unhelloed;
 pub mod watermark;
 
 pub use backup::{

@@ -30,6 +30,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::policy::Holdings;
 use crate::protocol::{read_frame_at_most, Frame, Start, PROTOCOL_VERSION};
 use crate::tls::Until;
+use crate::unhelloed::{HelloSlot, Unhelloed};
 use crate::watermark::Prefix;
 
 /// How the primary ships.
@@ -437,7 +438,7 @@ impl Primary {
             batches_shipped: AtomicU64::new(0),
             frames_sent_directly: AtomicU64::new(0),
             retried_refusal_said: Mutex::new(None),
-            unhelloed: Arc::default(),
+            unhelloed: Arc::new(Unhelloed::new(UNHELLOED_MAX, UNHELLOED_PER_ADDRESS_MAX)),
             unhelloed_said: Mutex::new(None),
             dozing_links: AtomicUsize::new(0),
             heartbeats_not_shipped: AtomicU64::new(0),
@@ -2123,50 +2124,6 @@ const HELLO_WAIT_MAX: Duration = Duration::from_secs(10);
 pub const UNHELLOED_MAX: usize = 64;
 /// Most of those from one address.
 pub const UNHELLOED_PER_ADDRESS_MAX: usize = 8;
-
-/// The connections to the replication port whose hello has not been read yet, oldest
-/// first, each with a handle to close it by.
-#[derive(Default)]
-struct Unhelloed {
-    next: std::sync::atomic::AtomicU64,
-    /// Each with its peer's address (`None`: unknown).
-    waiting: Mutex<std::collections::VecDeque<(u64, Option<std::net::IpAddr>, TcpStream)>>,
-}
-
-impl Unhelloed {
-    /// A place for `s`, and the connection to close to make room, if one must go: the
-    /// oldest of its own address's once that address has `UNHELLOED_PER_ADDRESS_MAX`
-    /// waiting (so that one host's silent connections crowd out only its own), else the
-    /// oldest of all once `UNHELLOED_MAX` wait.
-    fn take(this: &Arc<Unhelloed>, s: &TcpStream) -> (HelloSlot, Option<TcpStream>) {
-        let id = this.next.fetch_add(1, Ordering::Relaxed);
-        let ip = s.peer_addr().ok().map(|a| a.ip());
-        let mut w = this.waiting.lock();
-        let own = w.iter().filter(|(_, a, _)| ip.is_some() && *a == ip).count();
-        let evicted = if own >= UNHELLOED_PER_ADDRESS_MAX {
-            w.iter().position(|(_, a, _)| *a == ip).and_then(|i| w.remove(i)).map(|(_, _, s)| s)
-        } else if w.len() >= UNHELLOED_MAX {
-            w.pop_front().map(|(_, _, s)| s)
-        } else {
-            None
-        };
-        // (A handle that cannot be had leaves it uncounted: it is still bounded in time.)
-        if let Ok(h) = s.try_clone() {
-            w.push_back((id, ip, h));
-        }
-        (HelloSlot(Arc::clone(this), id), evicted)
-    }
-}
-
-/// A connection's place among the `Unhelloed`, given back when dropped (its hello read,
-/// or its thread's end).
-struct HelloSlot(Arc<Unhelloed>, u64);
-
-impl Drop for HelloSlot {
-    fn drop(&mut self) {
-        self.0.waiting.lock().retain(|(id, _, _)| *id != self.1);
-    }
-}
 
 /// A link heard from within this long is a live backup's: an idle link is heard at every
 /// heartbeat (`IDLE_HEARTBEAT`), a busy backup whose replay or disk stalls may be silent
