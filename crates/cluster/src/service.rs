@@ -169,14 +169,13 @@ pub enum AdminReply {
 pub fn admin_request(
     to: &str,
     req: &AdminRequest,
-    secret: Option<&Secret>,
+    secret: Option<&ClusterSecret>,
     tls: Option<&LinkTls>,
 ) -> std::io::Result<AdminReply> {
     let addr = std::net::ToSocketAddrs::to_socket_addrs(to)?
         .next()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{to} resolves to nothing")))?;
-    let secret = secret.map(|s| ClusterSecret { shown: s.clone(), also: Vec::new() });
-    let mut s = connect(addr, host_of(to), 0, None, secret.as_ref(), tls, Duration::from_secs(2))?;
+    let mut s = connect(addr, host_of(to), 0, None, secret, tls, Duration::from_secs(2))?;
     s.write_all(&frame(0, KIND_ADMIN, &serde_json::to_vec(req).expect("requests serialise")))?;
     // The whole answer within one deadline, however its bytes trickle in (a timeout per
     // read let a node sending a byte every 14 s hold the tool past its `--wait-s`; found
@@ -937,6 +936,11 @@ pub struct ClusterSecret {
 }
 
 impl ClusterSecret {
+    /// One secret, shown, and no other taken.
+    pub fn one(shown: Secret) -> ClusterSecret {
+        ClusterSecret { shown, also: Vec::new() }
+    }
+
     /// Every secret this node takes: the one it shows, then the others.
     fn all(&self) -> impl Iterator<Item = &Secret> {
         std::iter::once(&self.shown).chain(&self.also)
@@ -980,8 +984,8 @@ mod hello {
                 Err(format!("a hello of version {v}; this node speaks {HELLO_VERSION} (every node and `ditto cluster` must run the same version)"))
             }
             [HELLO_MARK, ..] => Err(format!("a malformed hello of {} bytes", body.len())),
-            // An older ditto's hello was its secret, sent in the clear (or nothing).
-            _ => Err("a hello of an older ditto, which sends its secret (every node and `ditto cluster` must run the same version)".into()),
+            // An older ditto's hello was its secret, sent in the clear, or nothing.
+            _ => Err("a hello of an older ditto (every node and `ditto cluster` must run the same version)".into()),
         }
     }
 
@@ -1022,6 +1026,8 @@ mod hello {
     pub fn transcript<'a>(names: &'a ([u8; 8], [u8; 8]), connects: &'a Nonce, accepts: &'a Nonce) -> Transcript<'a> {
         Transcript {
             purpose: HELLO_PURPOSE,
+            // (A cluster's secret is at least 16 bytes: the stretch's salt is the purpose.)
+            salt: b"",
             connects: &names.0,
             accepts: &names.1,
             connects_nonce: connects,
@@ -1037,14 +1043,33 @@ fn timed_out(e: &std::io::Error) -> bool {
 }
 
 /// A control port's refusal of a connection at its hello, and why (`is_refused`).
+/// `trusted`: said by a node that proved it holds the cluster secret, or where this side
+/// holds none (nothing can be proved then; `Shared::note_removed` asks a majority). A
+/// refusal in answer to the opening, where this side holds a secret, is not: anyone on
+/// the port can say it (before 2026-12-06 a stranger's "removed" counted there, and in a
+/// membership of two it alone stopped the node for good; found by a review).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct HelloRefused(String);
+#[error("{why}")]
+struct HelloRefused {
+    why: String,
+    trusted: bool,
+}
+
+impl HelloRefused {
+    fn new(why: String) -> HelloRefused {
+        HelloRefused { why, trusted: true }
+    }
+}
 
 /// Whether `e` (from `admin_request`) is a node's refusal of the connection at its hello
 /// (the cluster secret): asking again would not change it.
 pub fn is_refused(e: &std::io::Error) -> bool {
     e.get_ref().is_some_and(|i| i.is::<HelloRefused>())
+}
+
+/// Whether `e` is a refusal a node that proved itself said (`HelloRefused::trusted`).
+fn is_trusted_refusal(e: &std::io::Error) -> bool {
+    e.get_ref().and_then(|i| i.downcast_ref::<HelloRefused>()).is_some_and(|r| r.trusted)
 }
 
 /// Connects to the control port at `addr` as node `from` (0: an operator) and says the
@@ -1068,7 +1093,7 @@ fn connect(
         // carry: asking again would not change it (a handshake that times out may).
         Some(t) => t.connect_named(s, &addr.to_string(), name).map_err(|e| {
             if ditto_replication::tls::is_handshake_failure(&e) || e.kind() == std::io::ErrorKind::InvalidInput {
-                std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused(e.to_string()))
+                std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused::new(e.to_string()))
             } else {
                 e
             }
@@ -1079,10 +1104,20 @@ fn connect(
     s.set_write_timeout(Some(HELLO_TIMEOUT))?;
     // One deadline for the whole exchange (two round trips with a secret).
     let until = Instant::now() + 2 * HELLO_TIMEOUT;
-    let refused = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused(why));
+    let refused = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, HelloRefused::new(why));
     let ours = proof::nonce();
     s.write_all(&frame(from, KIND_HELLO, &hello::opening(secret.is_some(), &ours)))?;
-    let mut answer = read_hello_answer(&mut s, addr, tls.is_some(), until)?;
+    // A refusal of the opening, where this side holds a secret, comes before the node
+    // proved anything: said, but not trusted.
+    let mut answer = read_hello_answer(&mut s, addr, tls.is_some(), until).map_err(|e| {
+        match e.get_ref().and_then(|i| i.downcast_ref::<HelloRefused>()).filter(|_| secret.is_some()) {
+            Some(r) => std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                HelloRefused { why: r.why.clone(), trusted: false },
+            ),
+            None => e,
+        }
+    })?;
     if let Some(secret) = secret {
         // The node's challenge: its proof checked before this side proves anything.
         let Some((node, (theirs, their_proof))) =
@@ -1094,22 +1129,33 @@ fn connect(
         };
         let names = hello::names(from, node);
         let t = hello::transcript(&names, &ours, &theirs);
-        let why = match to {
-            Some(to) if to != node => Some(format!(
-                "the control port at {addr} answered as node {node}, not as node {to}: another node, or a process passing this connection on to one"
+        // (This side proves with the secret the node proved it holds: either side may show
+        // either secret of a rotation.)
+        let held = match (to, proof::matching(secret.all(), Side::Accepts, &t, their_proof)) {
+            (Some(to), _) if to != node => Err((
+                format!(
+                    "the control port at {addr} answered as node {node}, not as node {to}: another node, or a process passing this connection on to one"
+                ),
+                &b"this side dialled another node here (an address reused, or a relay)"[..],
             )),
-            _ if !proof::verify(secret.all(), Side::Accepts, &t, their_proof) => Some(format!(
-                "the control port at {addr} did not prove it holds this cluster's secret: a wrong cluster secret on one side (--cluster-secret-file), or a process that is not a node of this cluster"
+            (_, None) => Err((
+                format!(
+                    "the control port at {addr} did not prove it holds this cluster's secret: a wrong cluster secret on one side (--cluster-secret-file), or a process that is not a node of this cluster"
+                ),
+                &b"this side's secret does not take the proof given"[..],
             )),
-            _ => None,
+            (_, Some(held)) => Ok(held),
         };
-        if let Some(why) = why {
-            // Said to the node too, which counts it (its side of a configuration that
-            // differs is then in its log and `INFO cluster` as well).
-            let _ = s.write_all(&frame(from, KIND_HELLO, b"this side's secret does not take the proof given"));
-            return Err(refused(why));
-        }
-        s.write_all(&frame(from, KIND_HELLO, &hello::response(&proof::prove(&secret.shown, Side::Connects, &t))))?;
+        let held = match held {
+            Ok(h) => h,
+            Err((why, said)) => {
+                // Said to the node too, which counts it (its side of a configuration that
+                // differs is then in its log and `INFO cluster` as well).
+                let _ = s.write_all(&frame(from, KIND_HELLO, said));
+                return Err(refused(why));
+            }
+        };
+        s.write_all(&frame(from, KIND_HELLO, &hello::response(&proof::prove(held, Side::Connects, &t))))?;
         answer = read_hello_answer(&mut s, addr, tls.is_some(), until)?;
     }
     s.set_read_timeout(None)?;
@@ -1135,7 +1181,7 @@ fn read_hello_answer(
         Ok(Some((node, KIND_HELLO, body))) if body[0] == HELLO_MARK => Ok(Some((node, body))),
         Ok(Some((_, KIND_HELLO, why))) => Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            HelloRefused(format!(
+            HelloRefused::new(format!(
                 "the control port at {addr} refused this connection: {}",
                 String::from_utf8_lossy(&why)
             )),
@@ -1144,7 +1190,7 @@ fn read_hello_answer(
         // (A TLS port closes a plaintext hello with a plaintext refusal, which is read above.)
         Ok(None) if tls => Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            HelloRefused(format!(
+            HelloRefused::new(format!(
                 "the control port at {addr} closed the connection at its hello: it may have refused this side's certificate (its log says), or be plaintext (tls_cluster on every node, or on none)"
             )),
         )),
@@ -1358,8 +1404,9 @@ fn accept(listener: TcpListener, shared: Arc<Shared>, inbox: SyncSender<Input>) 
                 let Ok(handle) = stream.try_clone() else { continue };
                 let (slot, evicted) = Unhelloed::take(&shared.unhelloed, &stream);
                 if let Some(old) = evicted {
-                    let _ = old.shutdown(std::net::Shutdown::Both);
+                    // (Its address read first: once shut, it may have none.)
                     let from = old.peer_addr().unwrap_or(peer);
+                    let _ = old.shutdown(std::net::Shutdown::Both);
                     shared.refused(from, &format!("closed unanswered: the oldest of the connections that have not said their hello (at most {AWAITING_HELLO_MAX}, {AWAITING_HELLO_PER_ADDRESS_MAX} from one address)"));
                 }
                 let (sh, inbox) = (Arc::clone(&shared), inbox.clone());
@@ -1628,6 +1675,10 @@ fn hello_exchange(stream: &mut TcpStream, shared: &Shared, until: Instant) -> Re
         None if body.first().is_none_or(|&b| b == HELLO_MARK) => {
             Err(HelloEnd::Refuse(format!("a malformed hello of {} bytes", body.len())))
         }
+        None if body.starts_with(b"this side dialled another node") => Err(HelloEnd::Gone(Some(format!(
+            "it expected another node at this address, saying {:?}",
+            String::from_utf8_lossy(&body)
+        )))),
         None => Err(HelloEnd::Gone(Some(format!(
             "a wrong cluster secret on one side (--cluster-secret-file): it refused this node's proof of the secret, saying {:?}",
             String::from_utf8_lossy(&body)
@@ -1777,7 +1828,7 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
             if let Err(e) =
                 connect(addr, &name, shared.id, Some(peer), secret, shared.tls.as_deref(), Duration::from_millis(200))
             {
-                if is_refused(&e) && shared.note_removed(peer, &e.to_string()) {
+                if is_trusted_refusal(&e) && shared.note_removed(peer, &e.to_string()) {
                     tracing::warn!("control: {e}");
                 }
             }
@@ -1801,7 +1852,9 @@ fn send_to(peer: NodeId, addr: SocketAddr, name: String, rx: Receiver<Outgoing>,
                 // peer's or this node's file may be mended, and the node restarted).
                 Err(e) if is_refused(&e) => {
                     let why = e.to_string();
-                    shared.note_removed(peer, &why);
+                    if is_trusted_refusal(&e) {
+                        shared.note_removed(peer, &why);
+                    }
                     if refused.as_ref().is_none_or(|(w, t)| *w != why || t.elapsed() >= Duration::from_secs(60)) {
                         tracing::warn!("control: {why}");
                         refused = Some((why, Instant::now()));

@@ -122,6 +122,11 @@ pub struct SecretArg {
     /// (--cluster-secret-file on each node).
     #[arg(long, value_name = "FILE")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// While the cluster's secret is rotated: a file of another secret the nodes may show
+    /// (up to 3; the node that answers must prove it holds one this tool takes). Give
+    /// the new secret as --cluster-secret-file and the old here, throughout a rotation.
+    #[arg(long, value_name = "FILE", requires = "cluster_secret_file")]
+    cluster_secret_also_file: Vec<std::path::PathBuf>,
     /// Where the nodes have tls_cluster: a PEM certificate their CA signed (shown to them).
     #[arg(long, value_name = "FILE", requires_all = ["tls_key_file", "tls_ca_cert_file"])]
     tls_cert_file: Option<std::path::PathBuf>,
@@ -135,13 +140,17 @@ pub struct SecretArg {
 
 /// How `ditto cluster` reaches a control port.
 struct Dial {
-    secret: Option<ditto_cluster::Secret>,
+    secret: Option<ditto_cluster::ClusterSecret>,
     tls: Option<std::sync::Arc<ditto_replication::tls::LinkTls>>,
 }
 
 impl SecretArg {
     fn load(&self) -> Result<Dial, Error> {
-        let secret = self.cluster_secret_file.as_deref().map(ditto_cluster::load_secret).transpose()?;
+        let secret = self
+            .cluster_secret_file
+            .as_deref()
+            .map(|shown| ditto_cluster::ClusterSecret::load(shown, &self.cluster_secret_also_file))
+            .transpose()?;
         let tls = match (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_cert_file) {
             (Some(cert), Some(key), Some(ca)) => {
                 Some(ditto_replication::tls::LinkTls::from_paths(cert, key, ca, std::time::Duration::from_secs(5))?)

@@ -212,7 +212,12 @@ impl Nodes {
     pub(crate) fn admin(&self, via: u64, req: ditto_cluster::AdminRequest) -> Result<(), Error> {
         let mut at = self.control_addr(via).ok_or("no control address")?;
         for _ in 0..200 {
-            match ditto_cluster::admin_request(&at.to_string(), &req, Some(&self.secret), self.operator_tls())? {
+            match ditto_cluster::admin_request(
+                &at.to_string(),
+                &req,
+                Some(&ditto_cluster::ClusterSecret::one(self.secret.clone())),
+                self.operator_tls(),
+            )? {
                 ditto_cluster::AdminReply::Done { .. } => return Ok(()),
                 ditto_cluster::AdminReply::NotLeader { addr: Some(a), .. } => at = a.parse()?,
                 ditto_cluster::AdminReply::Refused(why) => return Err(format!("{req:?} refused: {why}").into()),
@@ -689,7 +694,15 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     };
     let secret_refusal =
         refused("without the cluster secret", ditto_cluster::admin_request(&at, &remove, None, nodes.operator_tls()))?;
-    let tls_refusal = refused("in plaintext", ditto_cluster::admin_request(&at, &remove, Some(&nodes.secret), None))?;
+    let tls_refusal = refused(
+        "in plaintext",
+        ditto_cluster::admin_request(
+            &at,
+            &remove,
+            Some(&ditto_cluster::ClusterSecret::one(nodes.secret.clone())),
+            None,
+        ),
+    )?;
     if nodes.link_of(to, 4).is_none() {
         return Err("node 4 lost its link after the refused requests".into());
     }

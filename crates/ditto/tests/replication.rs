@@ -945,3 +945,59 @@ fn port_below_the_ephemeral_range() -> u16 {
     }
     panic!("no free port from 20000 to 31999");
 }
+
+/// The Prometheus exposition of a primary and of its backup, family by family: each
+/// family's HELP and TYPE said once, before its samples; a running count (named `_total`)
+/// typed a counter and every counter so named (until 2026-12-06 four running counts of
+/// replication and the cluster were typed gauges, found by a review).
+#[test]
+fn a_pairs_metrics_say_each_family_once_and_type_running_counts_as_counters() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (pm, bm) = (free(), free());
+    let primary = Node::start(&tmp.path().join("p"), &["--repl-port", "0", "--metrics", &pm]);
+    let repl = primary.repl.clone().unwrap();
+    let backup = Node::start(&tmp.path().join("b"), &["--replica-of", &repl, "--metrics", &bm]);
+    let mut c = Client::connect(primary.port).unwrap();
+    assert_eq!(c.one(&["SET", "k", "v"]), "+OK");
+    let mut b = Client::connect(backup.port).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !b.cmd(&["INFO", "replication"]).unwrap().join("\n").contains("master_link_status:up") {
+        assert!(Instant::now() < deadline, "the backup did not link within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let scrape = |addr: &str| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        text
+    };
+    for (who, addr, must) in
+        [("primary", &pm, "ditto_replication_backups"), ("backup", &bm, "ditto_replication_reconnects_total")]
+    {
+        let text = scrape(addr);
+        let mut said = std::collections::HashMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(said.insert(name.to_string(), kind.to_string()).is_none(), "{who}: {name} typed twice");
+                assert!(text.contains(&format!("# HELP {name} ")), "{who}: {name} without HELP");
+                if kind != "histogram" {
+                    assert_eq!(kind == "counter", name.ends_with("_total"), "{who}: {name} is a {kind}");
+                }
+            } else if !line.starts_with('#') && !line.is_empty() && line.starts_with("ditto_") {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|f| said.get(*f).is_some_and(|k| k == "histogram")))
+                    .unwrap_or(name);
+                assert!(said.contains_key(family), "{who}: a sample of {name} before its TYPE");
+            }
+        }
+        assert!(said.contains_key(must), "{who}: no {must}");
+    }
+}

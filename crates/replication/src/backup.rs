@@ -707,7 +707,7 @@ fn connect(
         _ => None,
     };
     (&s).write_all(&hello.encode())?;
-    let mut r = BufReader::with_capacity(4 << 20, s.try_clone()?);
+    let r = BufReader::with_capacity(4 << 20, s.try_clone()?);
     let (Some(auth), Some(ours), Frame::Hello { node, .. }) = (auth, ours, &hello) else { return Ok((s, r, None)) };
     // The primary proves it holds the password before this backup proves anything: a
     // process on the primary's port that cannot is refused here, as a primary refuses a
@@ -721,11 +721,22 @@ fn connect(
         ),
     }
     };
-    let why = match read_frame(&mut r)? {
-        Some(Frame::Challenge { nonce, proof }) => {
-            let t = crate::protocol::link_transcript(node, &ours, &nonce);
-            if crate::proof::verify(std::iter::once(auth).chain(auth_also), crate::proof::Side::Accepts, &t, &proof) {
-                let proof = crate::proof::prove(auth, crate::proof::Side::Connects, &t);
+    // Bounded in size and in time as a whole, as a primary reads a hello: a peer that has
+    // proved nothing allocates no large frame, nor holds this side past `SILENCE_MAX`.
+    // (Read from the socket itself: `r` has buffered nothing yet.)
+    let first = crate::protocol::read_frame_at_most(
+        &mut crate::tls::Until::new(&s, Instant::now() + SILENCE_MAX),
+        1 + 4 + crate::protocol::REFUSE_REASON_MAX,
+    )?;
+    let why = match first {
+        Some(Frame::Challenge { salt, nonce, proof }) => {
+            let salted = salt.to_le_bytes();
+            let t = crate::protocol::link_transcript(node, &salted, &ours, &nonce);
+            // (Proved with the password the primary proved it holds: either may show either
+            // of a rotation's secrets.)
+            let taken = std::iter::once(auth).chain(auth_also);
+            if let Some(held) = crate::proof::matching(taken, crate::proof::Side::Accepts, &t, &proof) {
+                let proof = crate::proof::prove(held, crate::proof::Side::Connects, &t);
                 (&s).write_all(&Frame::Proof { proof }.encode())?;
                 return Ok((s, r, None));
             }

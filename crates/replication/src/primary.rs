@@ -489,7 +489,7 @@ impl Primary {
                                 *said = Some(Instant::now());
                                 let addr = old.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                                 tracing::warn!(
-                                    "replication connection from {addr} closed: the oldest of {UNHELLOED_MAX} that have not said their hello"
+                                    "replication connection from {addr} closed: the oldest of those that have not said their hello (at most {UNHELLOED_MAX}, {UNHELLOED_PER_ADDRESS_MAX} from one address)"
                                 );
                             }
                         }
@@ -1103,9 +1103,11 @@ impl Primary {
                 return Err(refuse(&stream, format!("{AUTH_REFUSED} for backup {node}: {reason}")));
             };
             let ours = crate::proof::nonce();
-            let t = crate::protocol::link_transcript(&node, &theirs, &ours);
+            let salt = self.database.to_wire();
+            let salted = salt.to_le_bytes();
+            let t = crate::protocol::link_transcript(&node, &salted, &theirs, &ours);
             let proof = crate::proof::prove(password, crate::proof::Side::Accepts, &t);
-            (&stream).write_all(&Frame::Challenge { nonce: ours, proof }.encode())?;
+            (&stream).write_all(&Frame::Challenge { salt, nonce: ours, proof }.encode())?;
             match read_frame_at_most(&mut Until::new(&stream, until), HELLO_BYTES_MAX) {
                 // (Each password taken, all of them every time.)
                 Ok(Some(Frame::Proof { proof }))
@@ -1125,7 +1127,7 @@ impl Primary {
                 // A backup whose password does not take this primary's proof closes.
                 Ok(None) => {
                     return Err(std::io::Error::other(format!(
-                        "{AUTH_REFUSED} for backup {node}: it closed the link at its challenge (this primary's requirepass is not its masterauth; in a cluster, their cluster secrets differ)"
+                        "{AUTH_REFUSED} for backup {node}: it closed the link at its challenge (it did not take this primary's proof, where this primary's requirepass is not its masterauth, or in a cluster their cluster secrets differ; or it stopped)"
                     )))
                 }
                 Err(e) => return Err(e),

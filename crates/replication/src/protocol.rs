@@ -41,14 +41,17 @@ pub const LINK_PROOF_PURPOSE: &str = "ditto replication hello 9";
 
 /// What both sides' proofs cover on a replication link: the purpose, the backup's name
 /// (the primary names nothing: a backup dials an address, and whoever serves it the
-/// database it asks for is its primary), and both nonces.
+/// database it asks for is its primary), and both nonces; the password's stretch is
+/// salted by the primary's `salt` (its database id, LE).
 pub fn link_transcript<'a>(
     node: &'a str,
+    salt: &'a [u8; 8],
     backup: &'a crate::proof::Nonce,
     primary: &'a crate::proof::Nonce,
 ) -> crate::proof::Transcript<'a> {
     crate::proof::Transcript {
         purpose: LINK_PROOF_PURPOSE,
+        salt,
         connects: node.as_bytes(),
         accepts: b"",
         connects_nonce: backup,
@@ -124,9 +127,10 @@ pub enum Frame {
         run: u64,
     },
     /// Primary -> backup, right after a `Hello` that `proves`, where the primary asks a
-    /// password of its backups: its nonce, and its proof that it holds its password
-    /// (`crate::proof`, `Side::Accepts`, over `link_transcript`).
-    Challenge { nonce: crate::proof::Nonce, proof: crate::proof::Proof },
+    /// password of its backups: the salt of the password's stretch (its database id), its
+    /// nonce, and its proof that it holds its password (`crate::proof`, `Side::Accepts`,
+    /// over `link_transcript`).
+    Challenge { salt: u64, nonce: crate::proof::Nonce, proof: crate::proof::Proof },
     /// Backup -> primary, once it took the `Challenge`'s proof: its own (`Side::Connects`).
     Proof { proof: crate::proof::Proof },
     /// Primary -> backup: the answer to `Hello`. `database`: the id of the database the
@@ -335,8 +339,9 @@ impl Frame {
                     b.put_slice(&n);
                 }
             }
-            Frame::Challenge { nonce, proof } => {
+            Frame::Challenge { salt, nonce, proof } => {
                 b.put_u8(kind::CHALLENGE);
+                b.put_u64_le(*salt);
                 b.put_slice(nonce);
                 b.put_slice(proof);
             }
@@ -536,7 +541,9 @@ impl Frame {
                 echo_us: get_u64(&mut b)?,
             },
             kind::REFUSE => Frame::Refuse { reason: get_str(&mut b)? },
-            kind::CHALLENGE => Frame::Challenge { nonce: get_array(&mut b)?, proof: get_array(&mut b)? },
+            kind::CHALLENGE => {
+                Frame::Challenge { salt: get_u64(&mut b)?, nonce: get_array(&mut b)?, proof: get_array(&mut b)? }
+            }
             kind::PROOF => Frame::Proof { proof: get_array(&mut b)? },
             k => return Err(ProtocolError::UnknownKind(k)),
         };
@@ -753,7 +760,7 @@ fn read_frame_paced(
     let fixed = match body[0] {
         kind::HEARTBEAT => Some(HEARTBEAT_BODY_LEN),
         kind::ACK => Some(ACK_BODY_LEN),
-        kind::CHALLENGE => Some(1 + crate::proof::NONCE_BYTES + crate::proof::PROOF_BYTES),
+        kind::CHALLENGE => Some(1 + 8 + crate::proof::NONCE_BYTES + crate::proof::PROOF_BYTES),
         kind::PROOF => Some(1 + crate::proof::PROOF_BYTES),
         _ => None,
     };
@@ -972,7 +979,9 @@ mod tests {
         };
         let s = format!("{h:?}");
         assert!(s.len() < 1024 && s.contains("proves: true") && !s.contains("171"), "{s}");
-        for f in [Frame::Challenge { nonce: [0xab; 32], proof: [0xcd; 32] }, Frame::Proof { proof: [0xcd; 32] }] {
+        for f in
+            [Frame::Challenge { salt: 7, nonce: [0xab; 32], proof: [0xcd; 32] }, Frame::Proof { proof: [0xcd; 32] }]
+        {
             let s = format!("{f:?}");
             assert!(!s.contains("171") && !s.contains("205"), "{s}");
         }
@@ -1110,7 +1119,11 @@ mod tests {
                 roundtrip(Frame::Hello { version, epoch, have_ts, node, learner, proves, database, run });
             }
         }
-        roundtrip(Frame::Challenge { nonce: crate::proof::nonce(), proof: [7; crate::proof::PROOF_BYTES] });
+        roundtrip(Frame::Challenge {
+            salt: u64::MAX - 1,
+            nonce: crate::proof::nonce(),
+            proof: [7; crate::proof::PROOF_BYTES],
+        });
         roundtrip(Frame::Proof { proof: [9; crate::proof::PROOF_BYTES] });
         // A Hello of 6 decodes as 6's, to be told the version: its layout has no id.
         let six = Frame::Hello {

@@ -182,7 +182,17 @@ fn a_backup_proves_its_password_only_to_a_primary_that_proved_it_first() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let stranger = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
+            // (Bounded: a backup that failed before it connected must not hang the test.)
+            l.set_nonblocking(true).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut s = loop {
+                match l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => panic!("no backup connected within 30 s: {e}"),
+                }
+            };
+            s.set_nonblocking(false).unwrap();
             let mut got = Vec::new();
             // The hello, read whole as bytes (the frame is then decoded from them).
             let mut head = [0u8; 8];
@@ -201,7 +211,7 @@ fn a_backup_proves_its_password_only_to_a_primary_that_proved_it_first() {
                     database: 0,
                     run: 0,
                 },
-                _ => Frame::Challenge { nonce: ditto_replication::proof::nonce(), proof: [0x5a; 32] },
+                _ => Frame::Challenge { salt: 1, nonce: ditto_replication::proof::nonce(), proof: [0x5a; 32] },
             };
             s.write_all(&answer.encode()).unwrap();
             // Whatever the backup sends after the answer, until it closes (or 5 s).
@@ -224,6 +234,49 @@ fn a_backup_proves_its_password_only_to_a_primary_that_proved_it_first() {
         assert_eq!(after, Vec::<u8>::new(), "{way}: the backup sent more after the stranger's answer (a proof?)");
         assert_eq!(walk(&tmp.path().join(way)), ["LOCK"], "{way}: nothing taken from the stranger");
     }
+    // The primary's own check of a backup's proof: a stand-in backup that answers the
+    // challenge with a proof made up, or with one made with the password for another
+    // connection (another nonce), is refused, and nothing is sent it.
+    let opts = PrimaryOptions { password: Some(PASSWORD.into()), ..Default::default() };
+    let (a, _t, p, addr) = common::start_primary(&tmp.path().join("p2"), Default::default(), "local", opts);
+    for (i, made_up) in [true, false].into_iter().enumerate() {
+        let node = format!("stand-in-{i}");
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let ours = ditto_replication::proof::nonce();
+        let hello = Frame::Hello {
+            version: ditto_replication::protocol::PROTOCOL_VERSION,
+            epoch: ditto_log::Epoch(0),
+            have_ts: ditto_engine::Ts::ZERO,
+            node: node.clone(),
+            learner: false,
+            proves: Some(ours),
+            database: 0,
+            run: 0,
+        };
+        s.write_all(&hello.encode()).unwrap();
+        let Some(Frame::Challenge { salt, nonce, .. }) = read_frame(&mut s).unwrap() else { panic!("a challenge") };
+        let proof = if made_up {
+            [0x5a; 32]
+        } else {
+            let salted = salt.to_le_bytes();
+            let other = ditto_replication::proof::nonce();
+            let t = ditto_replication::protocol::link_transcript(&node, &salted, &other, &nonce);
+            ditto_replication::proof::prove(&PASSWORD.into(), ditto_replication::proof::Side::Connects, &t)
+        };
+        s.write_all(&Frame::Proof { proof }.encode()).unwrap();
+        match read_frame(&mut s).unwrap() {
+            Some(Frame::Refuse { reason }) => assert!(
+                reason.contains("authentication failed") && reason.contains("is not this primary's requirepass"),
+                "{reason}"
+            ),
+            other => panic!("made up {made_up}: the primary took the proof: {other:?}"),
+        }
+        assert_eq!(read_frame(&mut s).unwrap(), None, "nothing more sent");
+    }
+    assert!(p.backups().is_empty());
+    p.stop();
+    a.close();
     // A real primary without a password: refused by a backup with one, at once.
     let (a, _t, p, addr) =
         common::start_primary(&tmp.path().join("p"), Default::default(), "local", Default::default());

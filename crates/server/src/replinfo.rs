@@ -186,8 +186,12 @@ pub fn section(sh: &Shared) -> String {
 /// on a primary; positions, link state and reconnects on a backup.
 pub fn prometheus(sh: &Shared, out: &mut String) {
     use std::fmt::Write;
-    let mut gauge = |name: &str, help: &str, series: Vec<(String, String)>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    // A family named `..._total` is a counter (a running count, which only grows while the
+    // process runs; until 2026-12-06 four were typed gauges, so `rate()` over them was
+    // refused by linters and a reset was not taken for one), every other a gauge.
+    let mut family = |name: &str, help: &str, series: Vec<(String, String)>| {
+        let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (labels, v) in series {
             let _ = writeln!(out, "{name}{labels} {v}");
         }
@@ -199,8 +203,8 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
             let backups = primary.backups();
             let visible = sh.db.clock().visible_ts().0;
             let released = primary.released().0;
-            gauge("ditto_replication_backups", "Backups connected.", vec![(String::new(), backups.len().to_string())]);
-            gauge(
+            family("ditto_replication_backups", "Backups connected.", vec![(String::new(), backups.len().to_string())]);
+            family(
                 "ditto_replication_released_ts",
                 "Commits at or below are released.",
                 vec![(String::new(), released.to_string())],
@@ -227,17 +231,21 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 let f = freshness_pct(b.replayed.0.min(released), visible) / 100.0;
                 fresh.push((format!("{{backup=\"{n}\"}}"), format!("{f:.6}")));
             }
-            gauge("ditto_replication_backup_ts", "What each backup acknowledged.", pos);
-            gauge(
+            family("ditto_replication_backup_ts", "What each backup acknowledged.", pos);
+            family(
                 "ditto_replication_lag_seconds",
                 "How long the oldest commit shipped and not yet at a backup's position has waited.",
                 lag,
             );
-            gauge("ditto_replication_freshness_ratio", "A backup's read view over the primary's (Query Fresh).", fresh);
+            family(
+                "ditto_replication_freshness_ratio",
+                "A backup's read view over the primary's (Query Fresh).",
+                fresh,
+            );
         }
         Replication::Backup { state, .. } => {
             let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Acquire).to_string();
-            gauge(
+            family(
                 "ditto_replication_ts",
                 "This backup's positions in the primary's timestamps.",
                 vec![
@@ -249,43 +257,43 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
                 ],
             );
             let up = state.link_up();
-            gauge(
+            family(
                 "ditto_replication_link_up",
                 "1 while the link to the primary is up.",
                 vec![(String::new(), (up as u8).to_string())],
             );
-            gauge(
+            family(
                 "ditto_replication_replay_queued_bytes",
                 "Bytes of received batches held in memory for replay (bounded; past the bound receipt waits).",
                 vec![(String::new(), ld(&state.replay_queued_bytes))],
             );
-            gauge(
+            family(
                 "ditto_replication_replay_held_bytes",
                 "Bytes of batches held at the primary's release kept in memory (bounded; past the bound they are read back from the replica log when released).",
                 vec![(String::new(), ld(&state.held_bytes))],
             );
-            gauge(
+            family(
                 "ditto_replication_replay_held_spilled_batches",
                 "Batches held at the primary's release that lie in the replica log alone.",
                 vec![(String::new(), ld(&state.held_spilled))],
             );
-            gauge(
-                "ditto_replication_replay_held_read_back_batches",
+            family(
+                "ditto_replication_replay_held_read_back_batches_total",
                 "Batches held at the primary's release read back from the replica log since the start.",
                 vec![(String::new(), ld(&state.held_read_back))],
             );
-            gauge(
+            family(
                 "ditto_replication_replay_queued_spilled_batches",
                 "Batches handed to replay past its bound while a replayer waits for the read view, lying in the replica log alone.",
                 vec![(String::new(), ld(&state.replay_spilled))],
             );
-            gauge(
-                "ditto_replication_replay_queued_read_back_batches",
+            family(
+                "ditto_replication_replay_queued_read_back_batches_total",
                 "Batches handed to replay past its bound read back from the replica log since the start.",
                 vec![(String::new(), ld(&state.replay_read_back))],
             );
-            gauge(
-                "ditto_replication_reconnects",
+            family(
+                "ditto_replication_reconnects_total",
                 "Times this backup resumed after a dropped link.",
                 vec![(String::new(), ld(&state.reconnects))],
             );
@@ -300,31 +308,31 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
     for (name, key, help) in [
         ("ditto_cluster_epoch", "cluster_epoch", "The newest epoch begun."),
         ("ditto_cluster_raft_term", "cluster_raft_term", "The control plane's Raft term."),
-        ("ditto_cluster_failovers", "cluster_failovers", "Epochs opened after the first (failovers)."),
+        ("ditto_cluster_failovers_total", "cluster_failovers", "Epochs opened after the first (failovers)."),
         ("ditto_cluster_config", "cluster_config", "The membership configuration (one more at every change)."),
     ] {
         if let Some(v) = num(key) {
-            gauge(name, help, vec![(String::new(), v)]);
+            family(name, help, vec![(String::new(), v)]);
         }
     }
     let primary = cluster.get("cluster_primary") == cluster.get("cluster_node_id");
-    gauge(
+    family(
         "ditto_cluster_is_primary",
         "1 on the node the control plane names primary.",
         vec![(String::new(), u8::from(primary).to_string())],
     );
-    gauge(
+    family(
         "ditto_cluster_writes_refused",
         "1 while this node's server refuses writes (a primary without quorum contact, or draining for a switchover).",
         vec![(String::new(), u8::from(sh.write_gate.refusal().is_some()).to_string())],
     );
-    gauge(
+    family(
         "ditto_cluster_switchover_pending",
         "1 while a switchover is asked for and its failover has not begun (its primary drains).",
         vec![(String::new(), u8::from(cluster.get("cluster_switchover").is_some_and(|v| v != "none")).to_string())],
     );
     let voters = cluster.get("cluster_voters").map_or(0, |v| v.split(',').filter(|x| !x.is_empty()).count());
-    gauge(
+    family(
         "ditto_cluster_voters",
         "Voters of the control plane's Raft group.",
         vec![(String::new(), voters.to_string())],
@@ -354,18 +362,18 @@ pub fn prometheus(sh: &Shared, out: &mut String) {
             }
         }
     }
-    gauge(
+    family(
         "ditto_cluster_failover_open_seconds",
         "Per recent failover seen live: from its start to the new epoch opening.",
         took,
     );
-    gauge("ditto_cluster_failover_lost_commits", "Per recent failover: commits above its recovery point.", lost);
-    gauge(
+    family("ditto_cluster_failover_lost_commits", "Per recent failover: commits above its recovery point.", lost);
+    family(
         "ditto_cluster_failover_phase_seconds",
         "Per recent failover: gathering a quorum's reports and planning, then the chosen node preparing; this node's server taking its new role (promoted or following, in place or by a restart); and how long the new primary was to wait for the older primaries' leases (lease_wait).",
         phases,
     );
-    gauge(
+    family(
         "ditto_cluster_failover_old_primary_discarded",
         "Per recent failover: the old primary's own commits above the recovery point, counted at its rejoin.",
         discarded,

@@ -372,6 +372,11 @@ pub enum Reply {
     /// (`=N\r\ntxt:...`), a bulk string in RESP2, as Redis 7 answers them (before
     /// 2026-12-05 a bulk string in both; a review).
     Text(Bytes),
+    /// A reply written in the protocol given, whatever the connection's: one of an EXEC's
+    /// replies made after a queued HELLO changed the protocol (Redis writes each in the
+    /// protocol in force when it ran; before 2026-12-06 ditto wrote them all in the one in
+    /// force at the EXEC's end).
+    In(Proto, Box<Reply>),
 }
 
 impl Reply {
@@ -391,6 +396,7 @@ impl Reply {
             Reply::Text(b) => b.len() + 4,
             Reply::Array(v) | Reply::Set(v) => v.iter().map(Reply::wire_bytes).sum(),
             Reply::Map(v) => v.iter().map(|(k, x)| k.wire_bytes() + x.wire_bytes()).sum(),
+            Reply::In(_, r) => r.wire_bytes() - 16,
         }
     }
 
@@ -456,6 +462,7 @@ impl Reply {
                 Proto::Resp3 => out.put_slice(if *b { b"#t\r\n" } else { b"#f\r\n" }),
                 Proto::Resp2 => int_line(out, b':', *b as i64),
             },
+            Reply::In(p, r) => r.encode(*p, out),
         }
     }
 }

@@ -997,6 +997,9 @@ impl Session {
         let mut tries = 0;
         loop {
             self.restore(before.clone());
+            // The protocol each reply is written in: the connection's after its command ran
+            // (a queued HELLO's own reply is in the protocol it chose), as Redis writes them.
+            let mut protos = Vec::with_capacity(queue.len());
             let mut txn = begin(sh, worker);
             let mut wait = Ts(0);
             let mut wrote = false;
@@ -1050,6 +1053,7 @@ impl Session {
                             None => out.reply,
                         });
                     }
+                    protos.push(self.proto);
                     let bytes = replies.last().map_or(0, Reply::wire_bytes);
                     if bytes > left {
                         over = Some(sh.max_output_bytes - left + bytes);
@@ -1085,6 +1089,13 @@ impl Session {
                     }
                     if wrote {
                         self.last_commit = ticket.ts();
+                    }
+                    // (The array itself, and the replies made in the protocol in force at
+                    // the end, are written in it.)
+                    for (r, p) in replies.iter_mut().zip(protos) {
+                        if p != self.proto {
+                            *r = Reply::In(p, Box::new(std::mem::replace(r, Reply::Nil)));
+                        }
                     }
                     return Outcome::after(Reply::Array(replies), wait.max(ticket.ts()));
                 }
@@ -2422,6 +2433,45 @@ mod tests {
     fn cmd(s: &mut Session, sh: &Shared, w: &mut Worker, line: &str) -> Reply {
         let args = line.split(' ').map(|a| Bytes::copy_from_slice(a.as_bytes())).collect();
         s.handle(args, sh, w).reply
+    }
+
+    /// A HELLO queued in MULTI: each of the EXEC's replies is written in the protocol in
+    /// force when it ran, HELLO's own in the one it chose, as Redis 7.0.15 writes them
+    /// (its bytes for these queues, HELLO's map aside, which names the server:
+    /// `*3 $-1 %7 ... _` from RESP2, and `*3 _ *14 ... $-1` from RESP3). Before
+    /// 2026-12-06 all were written in the protocol in force at the end.
+    #[test]
+    fn an_exec_writes_each_reply_in_the_protocol_in_force_when_it_ran() {
+        let (sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        assert_eq!(cmd(&mut s, &sh, &mut w, "AUTH sesame"), Reply::Ok);
+        cmd(&mut s, &sh, &mut w, "HSET h f v");
+        let exec = |s: &mut Session, w: &mut Worker, queue: &[&str]| {
+            assert_eq!(cmd(s, &sh, w, "MULTI"), Reply::Ok);
+            for q in queue {
+                cmd(s, &sh, w, q);
+            }
+            let mut out = bytes::BytesMut::new();
+            cmd(s, &sh, w, "EXEC").encode(s.proto, &mut out);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        let from2 = exec(&mut s, &mut w, &["GET nokey", "HELLO 3", "GET nokey", "HGETALL h"]);
+        assert_eq!(s.proto, Proto::Resp3);
+        assert!(from2.starts_with("*4\r\n$-1\r\n%7\r\n"), "{from2:?}");
+        assert!(from2.ends_with("*0\r\n_\r\n%1\r\n$1\r\nf\r\n$1\r\nv\r\n"), "{from2:?}");
+        let from3 = exec(&mut s, &mut w, &["GET nokey", "HELLO 2", "GET nokey", "HGETALL h"]);
+        assert_eq!(s.proto, Proto::Resp2);
+        assert!(from3.starts_with("*4\r\n_\r\n*14\r\n"), "{from3:?}");
+        assert!(from3.ends_with("*0\r\n$-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"), "{from3:?}");
+        // No HELLO: nothing wrapped, the connection's protocol throughout.
+        let Reply::Array(v) = ({
+            cmd(&mut s, &sh, &mut w, "MULTI");
+            cmd(&mut s, &sh, &mut w, "GET nokey");
+            cmd(&mut s, &sh, &mut w, "EXEC")
+        }) else {
+            panic!()
+        };
+        assert_eq!(v, vec![Reply::Nil]);
     }
 
     /// Without backups only `local` can be chosen; a policy name is checked.

@@ -30,8 +30,11 @@ impl Node {
             Some(p) => Stdio::from(std::fs::File::create(p).expect("create the server's log file")),
             None => Stdio::inherit(),
         };
+        // (Metrics off unless `extra` asks for them: the default port is shared.)
+        let metrics: &[&str] = if extra.contains(&"--metrics") { &[] } else { &["--metrics", "off"] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_ditto"))
-            .args(["server", "--port", "0", "--metrics", "off", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
+            .args(["server", "--port", "0", "--workers", "2", "--data-dir", dir.to_str().unwrap()])
+            .args(metrics)
             .args(extra)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
