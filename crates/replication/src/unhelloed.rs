@@ -24,8 +24,22 @@ pub struct Unhelloed {
     /// Most of them from one address.
     per_address_max: usize,
     next: AtomicU64,
-    /// Each with its peer's address (`None`: unknown).
+    /// Each with its peer's address (`None`: unknown), as `source` groups it.
     waiting: Mutex<VecDeque<(u64, Option<IpAddr>, TcpStream)>>,
+}
+
+/// The source a connection is counted under: its IPv4 address, or its IPv6 address's /64
+/// (a host is given a /64 to choose from: counted by address, one host could fill the
+/// bound in all by itself; found by a review, 2026-12-06). An IPv4 address mapped into
+/// IPv6 counts as itself.
+fn source(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+        v4 => v4,
+    }
 }
 
 impl Unhelloed {
@@ -39,7 +53,7 @@ impl Unhelloed {
     /// the oldest of all once `max` wait.
     pub fn take(this: &Arc<Unhelloed>, s: &TcpStream) -> (HelloSlot, Option<TcpStream>) {
         let id = this.next.fetch_add(1, Ordering::Relaxed);
-        let ip = s.peer_addr().ok().map(|a| a.ip());
+        let ip = s.peer_addr().ok().map(|a| source(a.ip()));
         let mut w = this.waiting.lock();
         let own = w.iter().filter(|(_, a, _)| ip.is_some() && *a == ip).count();
         let evicted = if own >= this.per_address_max {
@@ -92,6 +106,17 @@ mod tests {
                 (s.into(), l.accept().unwrap().0)
             })
             .collect()
+    }
+
+    /// An IPv6 host counts as its /64; an IPv4 address, mapped or not, as itself.
+    #[test]
+    fn a_source_is_an_ipv4_address_or_an_ipv6_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(source(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")), ip("2001:db8:1:2::"));
+        assert_eq!(source(ip("2001:db8:1:2::1")), source(ip("2001:db8:1:2:ffff::9")));
+        assert_ne!(source(ip("2001:db8:1:2::1")), source(ip("2001:db8:1:3::1")));
+        assert_eq!(source(ip("192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(source(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
     }
 
     /// One address past its own bound closes its own oldest; past the bound in all, the
