@@ -36,7 +36,12 @@ pub const TXN_BYTES_MAX: usize = 128 * 1024 * 1024;
 /// 2026-12-06 nothing bounded it until the commit, and an HMGET of a million fields under
 /// a 65,000-byte key kept 68 GB of missed rows (each repeats the key), an HSET of 500,000
 /// new fields 32 GB of records, before the commit's check (found by a review).
-pub const TXN_HELD_BYTES_MAX: usize = 2 * TXN_BYTES_MAX;
+/// Since a later review (2026-12-06) each entry is charged its own memory too, not only
+/// the bytes it names (a FLUSHALL of 50M keys held about 8 GB of entries before its
+/// commit's check): 5 times `TXN_BYTES_MAX`, so a write set the commit would take still
+/// fits (`txn::WRITE_HELD` per write, which the log counts at least
+/// `LOG_WRITE_OVERHEAD_MAX + 1`; checked at compile time).
+pub const TXN_HELD_BYTES_MAX: usize = 5 * TXN_BYTES_MAX;
 /// Most bytes the log spends on one transaction besides its writes (log format v2: a ts
 /// delta varint of at most 10 bytes and a write count varint of at most 5). The log crate
 /// checks at compile time that its encoding stays within this.

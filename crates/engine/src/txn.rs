@@ -86,6 +86,24 @@ struct ScanEntry {
     fingerprint: Fingerprint,
 }
 
+/// What each entry a transaction keeps costs in memory besides the bytes it names, charged
+/// to what it holds (`TXN_HELD_BYTES_MAX`): a read kept for validation; a key found absent;
+/// a write (its entry, its version's header and its slot in the write map: the map's
+/// share is a bound, not a measure); a scan's range. Before 2026-12-06 only the named
+/// bytes were charged, and a delete of an existing key, a read, a miss of an empty key or
+/// an unbounded scan added nothing (a review's find).
+const READ_HELD: usize = std::mem::size_of::<(*const Record, u64)>();
+const MISS_HELD: usize = std::mem::size_of::<(TableId, Bytes)>();
+const WRITE_HELD: usize = std::mem::size_of::<WriteEntry>() + 64;
+const SCAN_HELD: usize = std::mem::size_of::<ScanEntry>();
+// A write the commit counts (at least `LOG_WRITE_OVERHEAD_MAX` and a byte of key) is
+// charged no more than `TXN_HELD_BYTES_MAX / TXN_BYTES_MAX` times that here, so a write set
+// the commit takes is never refused while it grows.
+const _: () = assert!(
+    WRITE_HELD <= (TXN_HELD_BYTES_MAX / TXN_BYTES_MAX) * (crate::db::LOG_WRITE_OVERHEAD_MAX + 1),
+    "a write is charged more than the commit's bound allows"
+);
+
 impl WriteEntry {
     /// The key the log carries for this write: only when the record had no value before
     /// this transaction (see `LoggedWrite::key`). Read from the record, which keeps it for
@@ -357,6 +375,7 @@ impl TxnScratch {
     #[inline]
     fn read(&mut self, rec: &Record, tid: u64, table: TableId, key: &[u8]) {
         self.reads.push((rec, tid));
+        self.held += READ_HELD;
         if (tid & UNLINKED_BIT != 0 || tid & TS_MASK == 0) && self.snapshot.is_none() {
             self.missed(table, key);
         }
@@ -365,7 +384,7 @@ impl TxnScratch {
     /// Records `key` found absent, for the phantom check at commit (and what it holds).
     fn missed(&mut self, table: TableId, key: &[u8]) {
         self.misses.push((table, Bytes::copy_from_slice(key)));
-        self.held += key.len();
+        self.held += MISS_HELD + key.len();
     }
 
     /// Refuses a transaction that holds more than `TXN_HELD_BYTES_MAX`; called where
@@ -754,7 +773,7 @@ impl<'w> Transaction<'w> {
             return Err(Error::Conflict("the key's record is a backup's own, leaving the index"));
         }
         let version = OwnedVersion::new_in_parts(value);
-        self.s.held += value.map_or(0, |v| v.len()) + if created { key.len() } else { 0 };
+        self.s.held += WRITE_HELD + value.map_or(0, |v| v.len()) + if created { key.len() } else { 0 };
         let at = self.s.writes.len();
         self.s.write_map.insert(rec, at);
         self.s.writes.push(WriteEntry { table, rid: entry_rid, rec, version, observed_tid: tid, created, existed });
@@ -856,6 +875,12 @@ impl<'w> Transaction<'w> {
                     if in_phantom_set(tid) {
                         fp.add(rid);
                         this.s.reads.push((rec, tid));
+                        this.s.held += READ_HELD;
+                        // Bounded as it grows: a walk of a huge range stops here, refused
+                        // below, not after its whole read set was kept.
+                        if this.s.held > TXN_HELD_BYTES_MAX {
+                            return false;
+                        }
                     }
                     head.and_then(|v| v.value())
                 }
@@ -869,6 +894,7 @@ impl<'w> Transaction<'w> {
             true
         };
         t.index.for_each(lo, hi, dir, |rid| visit(self, RecordId(rid)));
+        self.s.check_held()?;
         let owned = |b: Bound<&[u8]>| match b {
             Bound::Included(k) => Bound::Included(Bytes::copy_from_slice(k)),
             Bound::Excluded(k) => Bound::Excluded(Bytes::copy_from_slice(k)),
@@ -885,7 +911,7 @@ impl<'w> Transaction<'w> {
             Bound::Included(k) | Bound::Excluded(k) => k.len(),
             Bound::Unbounded => 0,
         };
-        self.s.held += bound_len(&lo) + bound_len(&hi);
+        self.s.held += SCAN_HELD + bound_len(&lo) + bound_len(&hi);
         self.s.scans.push(ScanEntry { table, lo, hi, fingerprint: fp });
         self.s.check_held()?;
         Ok(complete)
@@ -1680,7 +1706,9 @@ mod tests {
         let t = db.create_table("t").unwrap();
         let mut w = db.worker(WorkerId(0)).unwrap();
         let key = vec![b'k'; KEY_LEN_MAX];
-        let fits = TXN_HELD_BYTES_MAX / KEY_LEN_MAX;
+        // Each lookup keeps the key and its entry (`MISS_HELD`).
+        let per = KEY_LEN_MAX + MISS_HELD;
+        let fits = TXN_HELD_BYTES_MAX / per;
         // The same absent key looked up again and again, by `get`, `get_many_with` and
         // `version`: refused on the lookup that passes the bound.
         for how in 0..3 {
@@ -1700,7 +1728,7 @@ mod tests {
             };
             assert_eq!(n, fits, "({how})");
             assert!(
-                matches!(e, Error::TooLarge { len, max: TXN_HELD_BYTES_MAX, .. } if len == (fits + 1) * KEY_LEN_MAX),
+                matches!(e, Error::TooLarge { len, max: TXN_HELD_BYTES_MAX, .. } if len == (fits + 1) * per),
                 "{e:?}"
             );
         }
@@ -1730,6 +1758,32 @@ mod tests {
         .wait()
         .unwrap();
         assert_eq!(w.run(|x| x.get(t, b"same")).unwrap().0.map(|v| v.len()), Some(value.len()));
+        // Each entry is charged its own memory, not only the bytes it names: a read kept
+        // for validation, a delete of an existing key (no bytes of its own), a scan and the
+        // records it walked (before 2026-12-06 all of these were charged nothing, and a
+        // FLUSHALL of 50M keys held about 8 GB before its commit's check).
+        w.run(|x| {
+            for k in [b"a", b"b", b"c"] {
+                x.put(t, k, b"")?;
+            }
+            Ok(())
+        })
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
+        let mut txn = w.begin();
+        let h0 = txn.s.held;
+        assert!(txn.get(t, b"a").unwrap().is_some());
+        assert_eq!(txn.s.held - h0, READ_HELD, "a read");
+        let h1 = txn.s.held;
+        assert!(txn.delete(t, b"b").unwrap());
+        assert_eq!(txn.s.held - h1, WRITE_HELD, "a delete");
+        let h2 = txn.s.held;
+        let rows = txn.scan(t, Bound::Included(&b"a"[..]), Bound::Included(&b"c"[..]), Direction::Forward, 0).unwrap();
+        assert_eq!(rows.len(), 3 - 1, "b deleted here");
+        // (Its bounds' 2 bytes; the records walked that this transaction did not write: a and c.)
+        assert_eq!(txn.s.held - h2, SCAN_HELD + 2 + 2 * READ_HELD, "a scan");
     }
 
     /// `put_concat` stores its two parts as one value, replacing in place or not, and a

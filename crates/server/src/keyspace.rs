@@ -559,11 +559,29 @@ impl Keyspace {
             None => (Vec::new(), None),
         };
         let hi = hi.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        // Both tables' rows start with the database byte.
+        // Both tables' rows start with the database byte. The rows' names are gathered
+        // only as far as the commit would take their deletes (each at least
+        // `LOG_WRITE_OVERHEAD_MAX` and its name in the log): past that the flush is refused
+        // before a name more is copied (before 2026-12-06 every name of the keyspace was
+        // copied first, gigabytes for tens of millions of keys, only to be refused).
+        let mut rows = Vec::new();
+        let mut bytes = 0usize;
         for table in [self.keys, self.fields] {
-            for row in txn.scan_keys(table, Bound::Included(&lo[..]), hi)? {
-                txn.delete(table, &row)?;
+            txn.for_each(table, Bound::Included(&lo[..]), hi, |key, _| {
+                bytes += ditto_engine::LOG_WRITE_OVERHEAD_MAX + key.len();
+                rows.push((table, Bytes::copy_from_slice(key)));
+                bytes <= ditto_engine::TXN_BYTES_MAX
+            })?;
+            if bytes > ditto_engine::TXN_BYTES_MAX {
+                return Err(ditto_engine::Error::TooLarge {
+                    what: "a flush's deletes (the keyspace's rows, in one transaction)",
+                    len: bytes,
+                    max: ditto_engine::TXN_BYTES_MAX,
+                });
             }
+        }
+        for (table, row) in rows {
+            txn.delete(table, &row)?;
         }
         Ok(())
     }
