@@ -98,6 +98,12 @@ pub trait Workload {
     fn next(&mut self) -> (usize, Self::Input);
     /// Runs the transaction once, committing with `commit_async` (or on a `ReadTxn`).
     fn execute(&mut self, worker: &mut Worker, input: &Self::Input) -> Result<Outcome, Error>;
+    /// Whether transactions of type `ty` only read: they are neither logged nor replayed,
+    /// and the harness measures their CPU apart (`Report::worker_read_only_cpu_s`), so a
+    /// replay's cost is weighed against the CPU of the transactions it replays.
+    fn read_only(&self, _ty: usize) -> bool {
+        false
+    }
 }
 
 /// Per-type results.
@@ -136,6 +142,17 @@ pub struct Report {
     pub log_bytes_per_txn: f64,
     /// Process CPU time (user + sys, all threads) over the run phase / committed.
     pub cpu_s_per_txn: f64,
+    /// The worker threads' own CPU time over the run phase (the transactions, their
+    /// retries, the harness's loop; not the log's or the shipping threads'), in all.
+    #[serde(default)]
+    pub worker_cpu_s: f64,
+    /// Of `worker_cpu_s`, what the read-only transactions took (`Workload::read_only`).
+    #[serde(default)]
+    pub worker_read_only_cpu_s: f64,
+    /// Of `committed`, the read-only ones (committed on a snapshot: neither logged nor
+    /// replayed).
+    #[serde(default)]
+    pub read_only_committed: u64,
     pub per_type: Vec<TypeReport>,
     /// Workload parameters.
     pub extra: serde_json::Value,
@@ -197,6 +214,16 @@ impl Report {
 }
 
 /// Process CPU time (user + sys) in seconds.
+/// The calling thread's CPU time (user + sys), in ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime only writes the struct we pass.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes the struct we pass.
     unsafe {
@@ -243,6 +270,10 @@ struct WorkerStats {
     aborts: Vec<u64>,
     user_aborts: Vec<u64>,
     latency: Vec<Histogram<u64>>,
+    /// The thread's CPU over its loop, and of it the read-only transactions', in ns.
+    cpu_ns: u64,
+    read_only_cpu_ns: u64,
+    read_only_commits: u64,
 }
 
 impl WorkerStats {
@@ -252,6 +283,9 @@ impl WorkerStats {
             aborts: vec![0; types],
             user_aborts: vec![0; types],
             latency: (0..types).map(|_| histogram()).collect(),
+            cpu_ns: 0,
+            read_only_cpu_ns: 0,
+            read_only_commits: 0,
         }
     }
 
@@ -346,6 +380,9 @@ where
             total.user_aborts[ty] += st.user_aborts[ty];
             total.latency[ty].add(&st.latency[ty]).expect("histograms with the same bounds");
         }
+        total.cpu_ns += st.cpu_ns;
+        total.read_only_cpu_ns += st.read_only_cpu_ns;
+        total.read_only_commits += st.read_only_commits;
     }
     let mut all = histogram();
     for h in &total.latency {
@@ -374,6 +411,9 @@ where
         log_bytes,
         log_bytes_per_txn: per(log_bytes as f64),
         cpu_s_per_txn: per(cpu),
+        worker_cpu_s: total.cpu_ns as f64 / 1e9,
+        worker_read_only_cpu_s: total.read_only_cpu_ns as f64 / 1e9,
+        read_only_committed: total.read_only_commits,
         per_type: types
             .iter()
             .enumerate()
@@ -417,6 +457,7 @@ fn worker_loop<W: Workload>(
         }
     };
     let mut st = WorkerStats::new(ntypes);
+    let cpu0 = thread_cpu_ns();
     let mut pending: VecDeque<(CommitTicket, Instant, usize)> = VecDeque::with_capacity(1024);
     let mut done = 0u64;
     'run: while !stop.load(Ordering::Relaxed) {
@@ -425,6 +466,9 @@ fn worker_loop<W: Workload>(
         if start >= deadline {
             break;
         }
+        // (Only read-only types are timed apart: the clock is a system call, about 0.5 us,
+        // which every transaction would otherwise pay.)
+        let ro_cpu0 = wl.read_only(ty).then(thread_cpu_ns);
         loop {
             match wl.execute(worker, &input) {
                 Ok(Outcome::Committed(Some(ticket))) => {
@@ -432,6 +476,7 @@ fn worker_loop<W: Workload>(
                     break;
                 }
                 Ok(Outcome::Committed(None)) => {
+                    st.read_only_commits += 1;
                     st.record(ty, start, Instant::now());
                     break;
                 }
@@ -448,6 +493,9 @@ fn worker_loop<W: Workload>(
                 }
                 Err(e) => return Err(e),
             }
+        }
+        if let Some(c0) = ro_cpu0 {
+            st.read_only_cpu_ns += thread_cpu_ns().saturating_sub(c0);
         }
         // Retire the commits that became durable, oldest first.
         if !pending.is_empty() {
@@ -475,6 +523,7 @@ fn worker_loop<W: Workload>(
         wait(ticket)?;
         st.record(ty, t0, Instant::now());
     }
+    st.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
     progress.store(st.committed.iter().sum(), Ordering::Relaxed);
     Ok(st)
 }

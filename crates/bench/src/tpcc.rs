@@ -1310,6 +1310,11 @@ impl TpccWorker<'_> {
 impl Workload for TpccWorker<'_> {
     type Input = Input;
 
+    /// OrderStatus and StockLevel (TPC-C 2.6, 2.8) read only.
+    fn read_only(&self, ty: usize) -> bool {
+        ty == ORDER_STATUS || ty == STOCK_LEVEL
+    }
+
     fn next(&mut self) -> (usize, Input) {
         let x = self.rng.gen_range(1..=100);
         let d = self.rng.gen_range(1..=DISTRICTS);

@@ -244,6 +244,10 @@ impl Workload for YcsbWorker {
     /// Whether the transaction is read-write; its keys are in `cur`.
     type Input = bool;
 
+    fn read_only(&self, ty: usize) -> bool {
+        ty == READ_ONLY
+    }
+
     fn next(&mut self) -> (usize, bool) {
         let read_only = self.rng.gen::<f64>() < self.read_only_fraction;
         self.cur.clear();

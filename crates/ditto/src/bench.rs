@@ -366,98 +366,130 @@ fn run_modes(
                 body(&db, &run, &Probe::NONE)?
             }
             Some(dur) => {
-                let scratch = ScratchDir::new(c.dir.clone(), name)?;
-                let d = ditto_log::open(
-                    &scratch.path,
-                    OpenOptions {
-                        workers: c.workers,
-                        log: LogOptions { direct_io: !c.buffered_log, ..log_options(dur, c.compress) },
-                        progress: run.progress,
-                        ..Default::default()
-                    },
-                )?;
-                // (Closed, its checkpointer waited for, before the scratch directory goes,
-                // on an early error too.)
-                let mut closing = crate::logmode::CloseOnDrop(
-                    &d,
-                    (c.checkpoint_every_ms > 0).then(|| {
-                        d.spawn_checkpointer(ditto_log::CheckpointPolicy {
-                            every: Some(std::time::Duration::from_millis(c.checkpoint_every_ms)),
-                            log_growth_percent: 0,
-                            log_min_bytes: 0,
-                            reuse_min_ids: 0,
-                        })
-                    }),
-                );
-                let logger = d.logger().clone();
-                let stats = d.logger().clone();
-                let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
-                // --replay-only: record every batch, and where the run starts.
-                let recorder = (!c.replay_only.is_empty()).then(|| Arc::new(crate::replaybench::Recorder::default()));
-                if let Some(rec) = &recorder {
-                    d.logger()
-                        .set_ship_tap(Arc::clone(rec) as Arc<dyn ditto_log::ShipTap>)
-                        .map_err(|e| format!("recording the log: {e}"))?;
-                }
-                let l2 = d.logger().clone();
-                // The checkpoints' CPU when the run starts: taken out of the execution the
-                // replay is compared with, as in a cluster run (`cluster.rs`).
-                let ckpt_cpu0 = std::sync::atomic::AtomicU64::new(0);
-                let mark = || {
-                    if let Some(rec) = &recorder {
-                        rec.mark_run_start(l2.stats.txns.load(std::sync::atomic::Ordering::Relaxed));
-                        ckpt_cpu0.store(
-                            l2.stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed),
-                            std::sync::atomic::Ordering::Relaxed,
+                // One run of this mode, recorded (`--replay-only`) or not; `unrecorded`, the
+                // workers' CPU per logged transaction of an unrecorded run, for the replay's
+                // ratio.
+                let run_logged =
+                    |recording: bool, unrecorded: Option<f64>| -> Result<Report, Box<dyn std::error::Error>> {
+                        let scratch = ScratchDir::new(c.dir.clone(), name)?;
+                        let d = ditto_log::open(
+                            &scratch.path,
+                            OpenOptions {
+                                workers: c.workers,
+                                log: LogOptions { direct_io: !c.buffered_log, ..log_options(dur, c.compress) },
+                                progress: run.progress,
+                                ..Default::default()
+                            },
+                        )?;
+                        // (Closed, its checkpointer waited for, before the scratch directory goes,
+                        // on an early error too.)
+                        let mut closing = crate::logmode::CloseOnDrop(
+                            &d,
+                            (c.checkpoint_every_ms > 0).then(|| {
+                                d.spawn_checkpointer(ditto_log::CheckpointPolicy {
+                                    every: Some(std::time::Duration::from_millis(c.checkpoint_every_ms)),
+                                    log_growth_percent: 0,
+                                    log_min_bytes: 0,
+                                    reuse_min_ids: 0,
+                                })
+                            }),
                         );
-                    }
-                };
-                let probe = Probe {
-                    log_bytes: &bytes,
-                    on_run_start: recorder.as_ref().map(|_| &mark as &(dyn Fn() + Sync)),
-                    ..Probe::NONE
-                };
-                let mut r = body(d.db(), &run, &probe)?;
-                // (Read as the run ends, before the checkpoint under way is waited for.)
-                let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed)
-                    - ckpt_cpu0.load(std::sync::atomic::Ordering::Relaxed);
-                let logged_in_run = d.logger().stats.txns.load(std::sync::atomic::Ordering::Relaxed)
-                    - recorder.as_ref().map_or(0, |rec| rec.logged_at_start.load(std::sync::atomic::Ordering::Relaxed));
-                let primary_contents = match &recorder {
-                    Some(_) => crate::replaybench::contents(d.db())?,
-                    None => Vec::new(),
-                };
-                // A checkpoint under way ends here, before the replay-only runs and before
-                // the scratch directory goes (before 2026-12-04 the directory could be
-                // deleted under it, which then failed, an ERROR in the next run's output).
-                closing.close_now();
-                if let Some(rec) = &recorder {
-                    let exec = crate::logmode::exec_without_checkpoints(
-                        r.cpu_s_per_txn * r.committed as f64,
-                        ckpt_ns,
-                        logged_in_run,
-                    );
-                    let mut out = Vec::new();
-                    for m in &c.replay_only {
-                        let mib = c.prefault.mib(c.workers, c.seconds);
-                        out.push(crate::replaybench::replay(rec, c.workers, m, exec, &primary_contents, mib)?);
-                    }
+                        let logger = d.logger().clone();
+                        let stats = d.logger().clone();
+                        let bytes = move || logger.stats.bytes_written.load(std::sync::atomic::Ordering::Relaxed);
+                        // --replay-only: record every batch, and where the run starts.
+                        let recorder = recording.then(|| Arc::new(crate::replaybench::Recorder::default()));
+                        if let Some(rec) = &recorder {
+                            d.logger()
+                                .set_ship_tap(Arc::clone(rec) as Arc<dyn ditto_log::ShipTap>)
+                                .map_err(|e| format!("recording the log: {e}"))?;
+                        }
+                        let l2 = d.logger().clone();
+                        // The checkpoints' CPU when the run starts: taken out of the execution the
+                        // replay is compared with, as in a cluster run (`cluster.rs`).
+                        let ckpt_cpu0 = std::sync::atomic::AtomicU64::new(0);
+                        let mark = || {
+                            if let Some(rec) = &recorder {
+                                rec.mark_run_start(l2.stats.txns.load(std::sync::atomic::Ordering::Relaxed));
+                                ckpt_cpu0.store(
+                                    l2.stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed),
+                                    std::sync::atomic::Ordering::Relaxed,
+                                );
+                            }
+                        };
+                        let probe = Probe {
+                            log_bytes: &bytes,
+                            on_run_start: recorder.as_ref().map(|_| &mark as &(dyn Fn() + Sync)),
+                            ..Probe::NONE
+                        };
+                        let mut r = body(d.db(), &run, &probe)?;
+                        // (Read as the run ends, before the checkpoint under way is waited for.)
+                        let ckpt_ns = d.logger().stats.checkpoint_cpu_ns.load(std::sync::atomic::Ordering::Relaxed)
+                            - ckpt_cpu0.load(std::sync::atomic::Ordering::Relaxed);
+                        let logged_in_run = d.logger().stats.txns.load(std::sync::atomic::Ordering::Relaxed)
+                            - recorder
+                                .as_ref()
+                                .map_or(0, |rec| rec.logged_at_start.load(std::sync::atomic::Ordering::Relaxed));
+                        let primary_contents = match &recorder {
+                            Some(_) => crate::replaybench::contents(d.db())?,
+                            None => Vec::new(),
+                        };
+                        // A checkpoint under way ends here, before the replay-only runs and before
+                        // the scratch directory goes (before 2026-12-04 the directory could be
+                        // deleted under it, which then failed, an ERROR in the next run's output).
+                        closing.close_now();
+                        if let Some(rec) = &recorder {
+                            let process = crate::logmode::exec_without_checkpoints(
+                                r.cpu_s_per_txn * r.committed as f64,
+                                ckpt_ns,
+                                logged_in_run,
+                            );
+                            // (The workers' CPU of the unrecorded run before, where there was one:
+                            // recording slows this run's workers, 31 against 18 us per transaction
+                            // measured on TPC-C at one worker.)
+                            let workers = unrecorded.unwrap_or(
+                                (r.worker_cpu_s - r.worker_read_only_cpu_s).max(0.0) / logged_in_run.max(1) as f64,
+                            );
+                            let exec = (workers, process);
+                            let mut out = Vec::new();
+                            for m in &c.replay_only {
+                                let mib = c.prefault.mib(c.workers, c.seconds);
+                                out.push(crate::replaybench::replay(rec, c.workers, m, exec, &primary_contents, mib)?);
+                            }
+                            if let serde_json::Value::Object(m) = &mut r.extra {
+                                m.insert("replay_only".into(), out.into());
+                            }
+                        }
+                        // fsync latency over the whole process (load included): how the disk behaved.
+                        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                        let fsyncs = load(&stats.stats.fsyncs);
+                        let mean_ms = load(&stats.stats.fsync_ns_total) as f64 / fsyncs.max(1) as f64 / 1e6;
+                        let max_ms = load(&stats.stats.fsync_ns_max) as f64 / 1e6;
+                        eprintln!("  log fsyncs {fsyncs}, mean {mean_ms:.2} ms, max {max_ms:.1} ms (load and run)");
+                        if let serde_json::Value::Object(m) = &mut r.extra {
+                            m.insert("log_fsyncs".into(), fsyncs.into());
+                            m.insert("log_fsync_ms_mean".into(), mean_ms.into());
+                            m.insert("log_fsync_ms_max".into(), max_ms.into());
+                        }
+                        Ok(r)
+                    };
+                if c.replay_only.is_empty() {
+                    run_logged(false, None)?
+                } else {
+                    // The replay is weighed against an unrecorded run of the same mode and
+                    // seed first (a review found, 2026-12-06, that the recorded run's own
+                    // execution, slowed by the recording, made the ratio look better).
+                    eprintln!("  (an unrecorded run first, for the execution the replay is weighed against)");
+                    let base = run_logged(false, None)?;
+                    let logged = base.committed.saturating_sub(base.read_only_committed).max(1) as f64;
+                    let per = (base.worker_cpu_s - base.worker_read_only_cpu_s).max(0.0) / logged;
+                    let mut r = run_logged(true, Some(per))?;
                     if let serde_json::Value::Object(m) = &mut r.extra {
-                        m.insert("replay_only".into(), out.into());
+                        m.insert("unrecorded_worker_cpu_s_per_logged_txn".into(), per.into());
+                        m.insert("unrecorded_throughput_tps".into(), base.throughput_tps.into());
                     }
+                    r
                 }
-                // fsync latency over the whole process (load included): how the disk behaved.
-                let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-                let fsyncs = load(&stats.stats.fsyncs);
-                let mean_ms = load(&stats.stats.fsync_ns_total) as f64 / fsyncs.max(1) as f64 / 1e6;
-                let max_ms = load(&stats.stats.fsync_ns_max) as f64 / 1e6;
-                eprintln!("  log fsyncs {fsyncs}, mean {mean_ms:.2} ms, max {max_ms:.1} ms (load and run)");
-                if let serde_json::Value::Object(m) = &mut r.extra {
-                    m.insert("log_fsyncs".into(), fsyncs.into());
-                    m.insert("log_fsync_ms_mean".into(), mean_ms.into());
-                    m.insert("log_fsync_ms_max".into(), max_ms.into());
-                }
-                r
             }
         };
         report.print();
@@ -495,12 +527,14 @@ fn run_modes(
             r.print();
             let x = &r.extra;
             let freshness = x["freshness_score"].as_f64().map_or("n/a (no sample)".into(), |f| format!("{f:.3}%"));
+            let lag = |k: &str| x[k].as_f64().map_or("n/a".into(), |v| format!("{v:.2} ms"));
             println!(
-                "  cluster              {:.3}x of standalone; replay {:.3}x of execution CPU per txn; backup lag p50 {:.2} ms, p99 {:.2} ms ({} samples, {} skipped with a backup unlinked); freshness {freshness}",
+                "  cluster              {:.3}x of standalone; replay {:.3}x of execution CPU per txn (threads: receiver and replayers over workers; process over process {:.3}x); backup lag p50 {}, p99 {} ({} samples, {} skipped with a backup unlinked); freshness {freshness}",
                 r.throughput_tps / standalone_tps,
                 x["replay_cost_ratio"].as_f64().unwrap_or(0.0),
-                x["backup_lag_ms_p50"].as_f64().unwrap_or(0.0),
-                x["backup_lag_ms_p99"].as_f64().unwrap_or(0.0),
+                x["replay_cost_ratio_process"].as_f64().unwrap_or(0.0),
+                lag("backup_lag_ms_p50"),
+                lag("backup_lag_ms_p99"),
                 x["lag_samples"].as_u64().unwrap_or(0),
                 x["lag_samples_missing_a_backup"].as_u64().unwrap_or(0),
             );

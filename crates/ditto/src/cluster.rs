@@ -12,11 +12,19 @@
 //!
 //! Figures: the run's report, plus `throughput_ratio_vs_standalone` (filled in by the
 //! caller from the same mode run without backups in the same process, just before),
-//! `replay_cost_ratio` (the backups' replay CPU per transaction, from their INFO, over this
-//! process's CPU per logged transaction: workers, log and shipping, read-only transactions
-//! excluded since they are not replayed, and the CPU of the primary's checkpoints
-//! (`--checkpoint-every-ms`, `checkpoint_cpu_s_per_logged_txn`) taken out, as a backup's
-//! replay CPU counts none of its own), `backup_lag_ms_p50/_p99` (how long the oldest
+//! `replay_cost_ratio` (the CPU a backup spends making the run's transactions its own, per
+//! transaction: its replayers' (from its INFO) and its receiver thread's, which checks and
+//! parses each batch so that replay need not, over the CPU the primary's worker threads
+//! spend per logged transaction, its read-only transactions' CPU taken out: thread against
+//! thread; the worst backup), `replay_cost_ratio_process` (the same, process against
+//! process: the backup's whole CPU, its fsyncs, acks and checkpoints included, per
+//! transaction it replayed, over this process's per logged transaction, its read-only
+//! transactions' and checkpoints' CPU taken out; both sides count their logging and
+//! links), `replay_cost_ratio_replayers` (the replayers alone over the workers: the
+//! receiver's parse, which replay would otherwise do, left out, so a bound below), and
+//! `replay_cost_ratio_replayers_over_process` (the definition before
+//! 2026-12-06, kept to compare with earlier runs: the replayers alone over this whole
+//! process, read-only transactions' CPU left in, which a review found biased low); `backup_lag_ms_p50/_p99` (how long the oldest
 //! shipped commit not yet replayed has waited, sampled over the run, worst backup; and the
 //! same for its stages, `backup_received_lag_ms_*` and `backup_durable_lag_ms_*`, so a lag
 //! can be placed: on the link, at the backup's fsync, or in its replay) and
@@ -76,6 +84,29 @@ pub struct ClusterSpec<'a> {
 struct BackupProc {
     child: Child,
     port: u16,
+}
+
+/// A backup process's CPU so far, in seconds: all of it (`/proc/PID/stat`'s user and
+/// system time, its ended threads included), and its receiver thread's
+/// (`ditto-repl-recv`'s `schedstat`; a receiver of an earlier link, ended, is not counted).
+fn backup_cpu(pid: u32) -> Result<(f64, f64), Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').ok_or("an unreadable /proc stat")?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // (Fields 14 and 15 of the line, 12th and 13th after the name's end.)
+    let ticks = f.get(11).zip(f.get(12)).ok_or("a short /proc stat")?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let process = (ticks.0.parse::<u64>()? + ticks.1.parse::<u64>()?) as f64 / hz;
+    let mut receiver = 0.0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == "ditto-repl-recv" {
+            let s = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            receiver += s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) as f64 / 1e9;
+        }
+    }
+    Ok((process, receiver))
 }
 
 impl Drop for BackupProc {
@@ -241,6 +272,7 @@ pub fn run(
         let lags = Mutex::new([hist(), hist(), hist()]);
         let fresh = Mutex::new((0.0f64, 0u64));
         let counters0: Mutex<Vec<Result<(f64, f64), String>>> = Mutex::new(Vec::new());
+        let cpu0: Mutex<Vec<Result<(f64, f64), String>>> = Mutex::new(Vec::new());
         // Samples taken while a backup was not linked (its lag unknown): not recorded, and
         // counted in the report.
         let missing = AtomicU64::new(0);
@@ -276,6 +308,7 @@ pub fn run(
             logged0.store(d.logger().stats.txns.load(Ordering::Relaxed), Ordering::Relaxed);
             ckpt_cpu0.store(d.logger().stats.checkpoint_cpu_ns.load(Ordering::Relaxed), Ordering::Relaxed);
             *counters0.lock() = backups.iter().map(|b| replay_counters(b.port).map_err(|e| e.to_string())).collect();
+            *cpu0.lock() = backups.iter().map(|b| backup_cpu(b.child.id()).map_err(|e| e.to_string())).collect();
             started.store(true, Ordering::Release);
         };
         let released = || primary.released();
@@ -363,6 +396,28 @@ pub fn run(
         // Replay CPU per transaction: the most expensive backup.
         let replay_s_per_txn =
             c0.iter().zip(&c1).map(|(a, b)| ((b.0 - a.0) / 1e3) / (b.1 - a.1).max(1.0)).fold(0.0, f64::max);
+        // The backups' whole CPU and their receivers', per transaction each replayed.
+        let p1: Vec<(f64, f64)> = backups.iter().map(|b| backup_cpu(b.child.id())).collect::<Result<_, _>>()?;
+        let p0: Vec<(f64, f64)> = cpu0
+            .lock()
+            .clone()
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("a backup's CPU could not be read at the run's start: {e}"))?;
+        let replayed: Vec<f64> = c0.iter().zip(&c1).map(|(a, b)| (b.1 - a.1).max(1.0)).collect();
+        let per_backup = |i: usize| {
+            let process = (p1[i].0 - p0[i].0) / replayed[i];
+            let replay = ((c1[i].0 - c0[i].0) / 1e3 + (p1[i].1 - p0[i].1)) / replayed[i];
+            (process, replay)
+        };
+        let (backup_process_s, replay_threads_s) =
+            (0..backups.len()).map(per_backup).fold((0.0f64, 0.0f64), |(a, b), (x, y)| (a.max(x), b.max(y)));
+        let receiver_s = (0..backups.len()).map(|i| (p1[i].1 - p0[i].1) / replayed[i]).fold(0.0f64, f64::max);
+        // This side: the workers' CPU on the logged transactions, and the whole process's
+        // with the read-only transactions' and the checkpoints' taken out.
+        let workers_s = (report.worker_cpu_s - report.worker_read_only_cpu_s).max(0.0) / logged.max(1) as f64;
+        let process_s =
+            (exec_excl * logged.max(1) as f64 - report.worker_read_only_cpu_s).max(0.0) / logged.max(1) as f64;
         let lags = lags.lock();
         let fr = *fresh.lock();
         if let serde_json::Value::Object(m) = &mut report.extra {
@@ -379,12 +434,27 @@ pub fn run(
             m.insert("replay_cpu_s_per_txn".into(), replay_s_per_txn.into());
             m.insert("exec_cpu_s_per_logged_txn".into(), exec_s_per_txn.into());
             m.insert("checkpoint_cpu_s_per_logged_txn".into(), ckpt_s_per_txn.into());
-            m.insert("replay_cost_ratio".into(), (replay_s_per_txn / exec_excl.max(1e-12)).into());
+            m.insert("receiver_cpu_s_per_txn".into(), receiver_s.into());
+            m.insert("exec_worker_cpu_s_per_logged_txn".into(), workers_s.into());
+            m.insert("worker_read_only_cpu_s".into(), report.worker_read_only_cpu_s.into());
+            m.insert("backup_process_cpu_s_per_txn".into(), backup_process_s.into());
+            m.insert("primary_process_cpu_s_per_logged_txn".into(), process_s.into());
+            m.insert("replay_cost_ratio".into(), (replay_threads_s / workers_s.max(1e-12)).into());
+            m.insert("replay_cost_ratio_process".into(), (backup_process_s / process_s.max(1e-12)).into());
+            // (The replayers alone over the workers: the receiver's share left out.)
+            m.insert("replay_cost_ratio_replayers".into(), (replay_s_per_txn / workers_s.max(1e-12)).into());
+            m.insert(
+                "replay_cost_ratio_replayers_over_process".into(),
+                (replay_s_per_txn / exec_excl.max(1e-12)).into(),
+            );
             let ms = |us: u64| us as f64 / 1e3;
+            // (No sample, no figure: null, not a lag of 0; a review found an empty
+            // histogram read as 0 ms, 2026-12-06.)
             for (h, stage) in lags.iter().zip(["backup_received_lag", "backup_durable_lag", "backup_lag"]) {
-                m.insert(format!("{stage}_ms_p50"), ms(h.value_at_quantile(0.5)).into());
-                m.insert(format!("{stage}_ms_p99"), ms(h.value_at_quantile(0.99)).into());
-                m.insert(format!("{stage}_ms_max"), ms(h.max()).into());
+                let at = |q: f64| (!h.is_empty()).then(|| ms(h.value_at_quantile(q)));
+                m.insert(format!("{stage}_ms_p50"), at(0.5).into());
+                m.insert(format!("{stage}_ms_p99"), at(0.99).into());
+                m.insert(format!("{stage}_ms_max"), (!h.is_empty()).then(|| ms(h.max())).into());
             }
             m.insert("lag_samples".into(), lags[2].len().into());
             m.insert("lag_samples_missing_a_backup".into(), missing.load(Ordering::Relaxed).into());

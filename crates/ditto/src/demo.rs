@@ -191,6 +191,10 @@ pub fn run(a: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         &Probe { log_bytes: &|| 0, ..Probe::NONE },
     )?;
     tpcc::check_consistency(d.db(), &t).map_err(|e| format!("TPC-C consistency after the post-recovery run: {e}"))?;
+    // (Its "OK" below says transactions ran: none is a failure, not a pass.)
+    if after.committed == 0 {
+        return Err("no transaction committed after recovery".into());
+    }
     d.close();
 
     let server = if a.server_seconds > 0.0 {
@@ -307,6 +311,9 @@ impl ReportLine {
             latency_us_p50: self.latency_us_p50,
             latency_us_p99: self.latency_us_p99,
             latency_us_max: 0,
+            worker_cpu_s: 0.0,
+            worker_read_only_cpu_s: 0.0,
+            read_only_committed: 0,
             log_bytes: 0,
             log_bytes_per_txn: self.log_bytes_per_txn,
             cpu_s_per_txn: self.cpu_s_per_txn,

@@ -712,6 +712,9 @@ pub fn run(dir: &Path, workers: usize, cycles: usize) -> Result<FailoverDemo, Er
     stop.store(true, Ordering::SeqCst);
     writer.join().map_err(|_| "the writer panicked")?;
     let backup_reads = reader.finish()?;
+    if backup_reads.0 == 0 {
+        return Err("the backup's client read nothing across the failovers: nothing was checked".into());
+    }
     if backup_reads.1 > 0 {
         return Err(format!(
             "a backup's client lost its connection {} times in {} reads across the failovers",
