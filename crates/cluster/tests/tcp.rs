@@ -1271,6 +1271,20 @@ impl Cluster {
         primary
     }
 
+    /// Bootstraps and settles the group, then stops a member that is neither the primary
+    /// nor the leader, and hands back its id and the test's own handle on its listening
+    /// socket (non-blocking): a stranger taking its port.
+    fn stop_one_and_squat(&mut self) -> (NodeId, TcpListener) {
+        let primary = self.bootstrapped();
+        self.settle(primary);
+        let leader = self.leader_now();
+        let victim = (1..=3).find(|&id| id != primary && id != leader).unwrap();
+        self.stop(victim);
+        let squat = self.listeners[&victim].try_clone().unwrap();
+        squat.set_nonblocking(true).unwrap();
+        (victim, squat)
+    }
+
     /// The first epoch's membership settled (what `primary`'s data plane says once its
     /// backups hold the membership's quorum), waited for on every node.
     fn settle(&self, primary: NodeId) {
@@ -1336,14 +1350,7 @@ fn a_running_node_that_missed_its_removal_is_told_and_stops() {
 fn a_stranger_on_a_members_port_saying_removed_stops_no_one() {
     use std::io::{Read, Write};
     let mut c = Cluster::running(3);
-    let primary = c.bootstrapped();
-    c.settle(primary);
-    let leader = c.leader_now();
-    let victim = (1..=3).find(|&id| id != primary && id != leader).unwrap();
-    c.stop(victim);
-    // The test's own handle on the victim's listening socket: the stranger takes its port.
-    let squat = c.listeners[&victim].try_clone().unwrap();
-    squat.set_nonblocking(true).unwrap();
+    let (victim, squat) = c.stop_one_and_squat();
     let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (a2, d2) = (Arc::clone(&answered), Arc::clone(&done));
@@ -1397,13 +1404,7 @@ fn a_stranger_on_a_members_port_learns_nothing_of_the_secret_and_is_not_believed
     const SECRET: &str = "the-cluster-secret-1";
     let mut c = Cluster::started_with_secrets(3, |_| secret(SECRET));
     wait_for("a leader every node agrees on", Duration::from_secs(10), || c.leader().is_some());
-    let primary = c.bootstrapped();
-    c.settle(primary);
-    let leader = c.leader_now();
-    let victim = (1..=3).find(|&id| id != primary && id != leader).unwrap();
-    c.stop(victim);
-    let squat = c.listeners[&victim].try_clone().unwrap();
-    squat.set_nonblocking(true).unwrap();
+    let (victim, squat) = c.stop_one_and_squat();
     let peers = c.peers.clone();
     // Per way of answering: the connections so answered, and what each sent after the
     // stranger's answer.
