@@ -505,8 +505,12 @@ impl Database {
         }
         // As replay checks (a timestamp past the mask would set the record's lock or
         // unlinked bit, and move the clock past its end; found by a review, 2026-12-05).
-        if ts.0 == 0 || ts.0 > TS_MASK {
-            return Err(Error::Corrupt(format!("recovered write at timestamp {}", ts.0)));
+        if ts.0 == 0 || ts.0 > crate::record::TS_LIMIT {
+            return Err(Error::Corrupt(format!(
+                "recovered write at timestamp {}, not within 1 to {}",
+                ts.0,
+                crate::record::TS_LIMIT
+            )));
         }
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
@@ -878,12 +882,29 @@ mod tests {
         let db = Database::new(Options { workers: 1 });
         let t = db.create_table("t").unwrap();
         let key = || Bytes::from_static(b"k");
-        for ts in [0, TS_MASK + 1, LOCK_BIT, u64::MAX] {
+        let limit = crate::record::TS_LIMIT;
+        for ts in [0, limit + 1, TS_MASK, TS_MASK + 1, LOCK_BIT, u64::MAX] {
             let e = db.recovery_install(t, RecordId(0), Some(key), Ts(ts), Some(&b"v"[..])).unwrap_err();
             assert!(matches!(&e, Error::Corrupt(w) if w.contains("timestamp")), "ts {ts}: {e}");
         }
-        db.recovery_install(t, RecordId(0), Some(key), Ts(TS_MASK), Some(&b"v"[..])).unwrap();
-        assert_eq!(db.table(t).unwrap().record(RecordId(0)).tid.load(Ordering::Acquire), TS_MASK);
+        db.recovery_install(t, RecordId(0), Some(key), Ts(limit), Some(&b"v"[..])).unwrap();
+        assert_eq!(db.table(t).unwrap().record(RecordId(0)).tid.load(Ordering::Acquire), limit);
+    }
+
+    /// A clock at its limit takes no commit: refused with a clear error, where it aborted
+    /// the process (the clock's overflow), and a read still answers.
+    #[test]
+    fn a_clock_at_its_limit_refuses_commits_and_does_not_abort() {
+        let db = Database::new(Options { workers: 1 });
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+        db.clock().advance_to(Ts(crate::record::TS_LIMIT));
+        for _ in 0..3 {
+            let e = w.run(|x| x.put(t, b"k", b"w")).map(|_| ()).unwrap_err();
+            assert!(matches!(&e, Error::Corrupt(m) if m.contains("the commit clock")), "{e}");
+        }
+        assert_eq!(w.run(|x| x.get(t, b"k")).unwrap().0.as_deref(), Some(&b"v"[..]));
     }
 
     /// A log that counts the transactions appended to it.

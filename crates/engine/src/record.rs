@@ -31,6 +31,13 @@ use crate::ids::Ts;
 pub(crate) const LOCK_BIT: u64 = 1 << 63;
 pub(crate) const UNLINKED_BIT: u64 = 1 << 62;
 pub(crate) const TS_MASK: u64 = UNLINKED_BIT - 1;
+/// The highest timestamp a recovered or replayed write may carry, and past which the clock
+/// takes no commit: 2^40 below the mask (a million commits a second for 12 days). A log
+/// whose checksums hold and whose timestamps reach the clock's end (damage, or a writer
+/// other than ditto) is refused as such, with room left for the commits after it; before
+/// 2026-12-06 a timestamp at the mask was taken, and every commit after it aborted the
+/// process on the clock's overflow, at every restart (found by a review).
+pub(crate) const TS_LIMIT: u64 = TS_MASK - (1 << 40);
 
 /// One version of a record: a header followed, in the same allocation, by the value bytes.
 /// Keeping the value inline makes a write one allocation, not two (version node + value

@@ -985,6 +985,14 @@ impl<'w> Transaction<'w> {
             // detached, took snapshots then; found by a review).
             return Ok(CommitTicket { ts: at, log: self.ticket_log() });
         }
+        // A clock at its limit (a log's timestamps near the clock's end: `TS_LIMIT`) takes no
+        // write: refused here, before any lock, where its overflow aborted the process.
+        if !self.s.writes.is_empty() && self.clock().now().0 >= crate::record::TS_LIMIT {
+            return Err(Error::Corrupt(format!(
+                "the commit clock is at {}, its limit: the log's timestamps reach the clock's end (damage, or a log not written by ditto)",
+                self.clock().now().0
+            )));
+        }
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
             self.validate()?;
