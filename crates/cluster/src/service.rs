@@ -962,6 +962,9 @@ fn hello_refusal(mine: Option<&ClusterSecret>, given: bool) -> Option<&'static s
 
 /// The refusal of a proof that no secret of the node's takes.
 const WRONG_SECRET: &str = "a wrong cluster secret (--cluster-secret-file)";
+/// What the side that connects says to a node that answered as another than it dialled,
+/// and what that node looks for to say so in turn.
+const WRONG_NODE: &[u8] = b"this side dialled another node here (an address reused, or a relay)";
 
 /// A hello's exchange bodies (`KIND_HELLO`), laid out and read. Pure, for tests.
 mod hello {
@@ -1136,7 +1139,7 @@ fn connect(
                 format!(
                     "the control port at {addr} answered as node {node}, not as node {to}: another node, or a process passing this connection on to one"
                 ),
-                &b"this side dialled another node here (an address reused, or a relay)"[..],
+                WRONG_NODE,
             )),
             (_, None) => Err((
                 format!(
@@ -1675,7 +1678,7 @@ fn hello_exchange(stream: &mut TcpStream, shared: &Shared, until: Instant) -> Re
         None if body.first().is_none_or(|&b| b == HELLO_MARK) => {
             Err(HelloEnd::Refuse(format!("a malformed hello of {} bytes", body.len())))
         }
-        None if body.starts_with(b"this side dialled another node") => Err(HelloEnd::Gone(Some(format!(
+        None if body == WRONG_NODE => Err(HelloEnd::Gone(Some(format!(
             "it expected another node at this address, saying {:?}",
             String::from_utf8_lossy(&body)
         )))),
@@ -3141,9 +3144,10 @@ mod tests {
         assert_eq!(hello::read_response(b""), None);
     }
 
-    /// Both sides' proofs, as `connect` and `hello_exchange` make and check them: each
-    /// takes the other's where one secret it takes is the one the other shows (a rotation's
-    /// steps), and neither's is taken as the other side's, for other nodes or nonces.
+    /// Both sides' proofs, as `connect` and `hello_exchange` make and check them: the
+    /// connection is taken where the side that connects takes the secret the other shows
+    /// (it then proves with it), through a rotation's steps; neither side's proof is taken
+    /// as the other's, nor for other nodes.
     #[test]
     fn each_side_takes_the_others_proof_only_for_a_secret_it_takes() {
         let with = |shown: &str, also: &[&str]| ClusterSecret {
@@ -3158,17 +3162,21 @@ mod tests {
             (with(new, &[old]), with(old, &[new]), true),
             (with(new, &[]), with(new, &[old]), true),
             (with(new, &[]), with(old, &[]), false),
-            // The side that connects takes the old, but shows the new, which the other
-            // does not take.
-            (with(new, &[old]), with(old, &[]), false),
+            (with(old, &[]), with(new, &[]), false),
+            // The side that connects shows the new but also takes the old, which the other
+            // shows: it proves with the old (`proof::matching`), which the other takes.
+            (with(new, &[old]), with(old, &[]), true),
         ] {
             let (nc, na) = (proof::nonce(), proof::nonce());
             let names = hello::names(2, 3);
             let t = hello::transcript(&names, &nc, &na);
             let by_acceptor = proof::prove(&a.shown, Side::Accepts, &t);
-            let by_connector = proof::prove(&c.shown, Side::Connects, &t);
-            let both = proof::verify(c.all(), Side::Accepts, &t, &by_acceptor)
-                && proof::verify(a.all(), Side::Connects, &t, &by_connector);
+            // As `connect`: proved with the secret the other side proved it holds, if any.
+            let held = proof::matching(c.all(), Side::Accepts, &t, &by_acceptor);
+            let both = held.is_some_and(|h| {
+                let by_connector = proof::prove(h, Side::Connects, &t);
+                proof::verify(a.all(), Side::Connects, &t, &by_connector)
+            });
             assert_eq!(both, taken, "{:?} -> {:?}", c.shown.0, a.shown.0);
             // Never the other side's proof, nor for another pair of nodes.
             assert!(!proof::verify(a.all(), Side::Connects, &t, &by_acceptor));

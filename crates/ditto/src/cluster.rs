@@ -405,14 +405,15 @@ pub fn run(
             .collect::<Result<_, _>>()
             .map_err(|e| format!("a backup's CPU could not be read at the run's start: {e}"))?;
         let replayed: Vec<f64> = c0.iter().zip(&c1).map(|(a, b)| (b.1 - a.1).max(1.0)).collect();
+        // Per backup, per transaction it replayed: its whole process, its receiver, and its
+        // receiver and replayers together; the worst backup's of each.
         let per_backup = |i: usize| {
-            let process = (p1[i].0 - p0[i].0) / replayed[i];
-            let replay = ((c1[i].0 - c0[i].0) / 1e3 + (p1[i].1 - p0[i].1)) / replayed[i];
-            (process, replay)
+            let receiver = (p1[i].1 - p0[i].1) / replayed[i];
+            ((p1[i].0 - p0[i].0) / replayed[i], receiver, (c1[i].0 - c0[i].0) / 1e3 / replayed[i] + receiver)
         };
-        let (backup_process_s, replay_threads_s) =
-            (0..backups.len()).map(per_backup).fold((0.0f64, 0.0f64), |(a, b), (x, y)| (a.max(x), b.max(y)));
-        let receiver_s = (0..backups.len()).map(|i| (p1[i].1 - p0[i].1) / replayed[i]).fold(0.0f64, f64::max);
+        let (backup_process_s, receiver_s, replay_threads_s) = (0..backups.len())
+            .map(per_backup)
+            .fold((0.0f64, 0.0f64, 0.0f64), |(a, b, c), (x, y, z)| (a.max(x), b.max(y), c.max(z)));
         // This side: the workers' CPU on the logged transactions, and the whole process's
         // with the read-only transactions' and the checkpoints' taken out.
         let workers_s = (report.worker_cpu_s - report.worker_read_only_cpu_s).max(0.0) / logged.max(1) as f64;

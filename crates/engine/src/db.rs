@@ -505,13 +505,7 @@ impl Database {
         }
         // As replay checks (a timestamp past the mask would set the record's lock or
         // unlinked bit, and move the clock past its end; found by a review, 2026-12-05).
-        if ts.0 == 0 || ts.0 > crate::record::TS_LIMIT {
-            return Err(Error::Corrupt(format!(
-                "recovered write at timestamp {}, not within 1 to {}",
-                ts.0,
-                crate::record::TS_LIMIT
-            )));
-        }
+        crate::record::check_write_ts(ts, "recovered")?;
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
         match key {

@@ -39,6 +39,15 @@ pub(crate) const TS_MASK: u64 = UNLINKED_BIT - 1;
 /// process on the clock's overflow, at every restart (found by a review).
 pub(crate) const TS_LIMIT: u64 = TS_MASK - (1 << 40);
 
+/// Refuses a `what` ("recovered", "replayed") write's timestamp outside 1..=`TS_LIMIT`
+/// (one past the mask would set a record's lock or unlinked bit).
+pub(crate) fn check_write_ts(ts: crate::Ts, what: &str) -> crate::Result<()> {
+    if ts.0 == 0 || ts.0 > TS_LIMIT {
+        return Err(crate::Error::Corrupt(format!("{what} write at timestamp {}, not within 1 to {TS_LIMIT}", ts.0)));
+    }
+    Ok(())
+}
+
 /// One version of a record: a header followed, in the same allocation, by the value bytes.
 /// Keeping the value inline makes a write one allocation, not two (version node + value
 /// buffer), and a read one dependent cache miss fewer. A backup may instead share a

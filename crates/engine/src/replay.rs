@@ -373,13 +373,7 @@ impl Database {
         if let Some(v) = value {
             check_value_len(v.bytes().len())?;
         }
-        if ts.0 == 0 || ts.0 > crate::record::TS_LIMIT {
-            return Err(Error::Corrupt(format!(
-                "replayed write at timestamp {}, not within 1 to {}",
-                ts.0,
-                crate::record::TS_LIMIT
-            )));
-        }
+        crate::record::check_write_ts(ts, "replayed")?;
         t.reserve_rids(rid.0 + 1);
         // A late old life's write goes where its key's later life is (see the module notes).
         if let Some(to) = self.redirect_of(table, rid, key, ts) {

@@ -985,14 +985,6 @@ impl<'w> Transaction<'w> {
             // detached, took snapshots then; found by a review).
             return Ok(CommitTicket { ts: at, log: self.ticket_log() });
         }
-        // A clock at its limit (a log's timestamps near the clock's end: `TS_LIMIT`) takes no
-        // write: refused here, before any lock, where its overflow aborted the process.
-        if !self.s.writes.is_empty() && self.clock().now().0 >= crate::record::TS_LIMIT {
-            return Err(Error::Corrupt(format!(
-                "the commit clock is at {}, its limit: the log's timestamps reach the clock's end (damage, or a log not written by ditto)",
-                self.clock().now().0
-            )));
-        }
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
             self.validate()?;
@@ -1058,8 +1050,17 @@ impl<'w> Transaction<'w> {
         let worker = self.worker.id.0 as usize;
         let clock = self.clock();
         let ts = clock.begin_commit(worker);
-        // 3. Validate.
-        if let Err(e) = self.validate() {
+        // 3. Validate. (A clock at its limit, `TS_LIMIT`, a log's timestamps near the
+        // clock's end, takes no write: refused as a failed validation is, with the 2^40
+        // timestamps left below the end as room, where its overflow aborted the process.)
+        let at_limit = || {
+            Error::Corrupt(format!(
+                "the commit clock is at {}, its limit: the log's timestamps reach the clock's end (damage, or a log not written by ditto)",
+                ts.0
+            ))
+        };
+        let valid = if ts.0 > crate::record::TS_LIMIT { Err(at_limit()) } else { self.validate() };
+        if let Err(e) = valid {
             clock.end_commit(worker);
             self.unlock(locked);
             return Err(e);

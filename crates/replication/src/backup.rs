@@ -2930,17 +2930,18 @@ impl Receiver {
                 // connection and asked again, behind the same checkpoint).
                 // A run stopped or fenced meanwhile gives the connection up at the next
                 // heartbeat (this socket is not the link a stop shuts down).
-                let answer = loop {
-                    if let Some(f) = refused {
-                        break Ok(Some(f));
-                    }
-                    match read_frame(&mut r) {
-                        Ok(Some(Frame::Heartbeat { .. })) if self.state.failure.lock().is_none() => continue,
-                        Ok(Some(Frame::Heartbeat { .. })) => {
-                            let _ = s.shutdown(std::net::Shutdown::Both);
-                            return;
+                let answer = if let Some(f) = refused {
+                    Ok(Some(f))
+                } else {
+                    loop {
+                        match read_frame(&mut r) {
+                            Ok(Some(Frame::Heartbeat { .. })) if self.state.failure.lock().is_none() => continue,
+                            Ok(Some(Frame::Heartbeat { .. })) => {
+                                let _ = s.shutdown(std::net::Shutdown::Both);
+                                return;
+                            }
+                            other => break other,
                         }
-                        other => break other,
                     }
                 };
                 if let Ok(Some(Frame::Welcome { database, epoch, run, .. })) = &answer {

@@ -117,10 +117,13 @@ pub fn stretched(secret: &Secret, purpose: &str, salt: &[u8]) -> hmac::Key {
     ring::pbkdf2::derive(ring::pbkdf2::PBKDF2_HMAC_SHA256, rounds, &salted, secret.0.as_bytes(), &mut stretched);
     let key = hmac::Key::new(hmac::HMAC_SHA256, &stretched);
     let mut kept = KEPT.lock().unwrap();
-    if kept.len() >= STRETCHED_KEPT {
-        kept.remove(0);
+    // (Another connection may have made the same meanwhile: kept once.)
+    if !kept.iter().any(|(i, _)| *i == id) {
+        if kept.len() >= STRETCHED_KEPT {
+            kept.remove(0);
+        }
+        kept.push((id, key.clone()));
     }
-    kept.push((id, key.clone()));
     key
 }
 

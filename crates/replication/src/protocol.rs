@@ -84,14 +84,6 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-impl Secret {
-    /// Whether `given` is this secret: constant-time in their bytes (as a client's AUTH
-    /// is), so that the time taken tells nothing of how much of a guess was right.
-    pub fn matches(&self, given: &[u8]) -> bool {
-        bool::from(subtle::ConstantTimeEq::ct_eq(self.0.as_bytes(), given))
-    }
-}
-
 impl From<&str> for Secret {
     fn from(s: &str) -> Secret {
         Secret(s.to_string())

@@ -70,13 +70,10 @@ impl Unhelloed {
         (HelloSlot(Arc::clone(this), id), evicted)
     }
 
-    /// How many wait now.
-    pub fn len(&self) -> usize {
+    /// How many wait now (for tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.waiting.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -153,7 +150,7 @@ mod tests {
         slots.push(slot);
         // Hellos read: places given back, nothing more closed.
         slots.clear();
-        assert!(u.is_empty());
+        assert_eq!(u.len(), 0);
         let (_slot, evicted) = Unhelloed::take(&u, &c[0].1);
         assert!(evicted.is_none());
     }

@@ -994,12 +994,14 @@ impl Session {
         let deferred: Vec<usize> = (0..queue.len())
             .filter(|&i| lookup(&queue[i][0]).is_some_and(|spec| acts_outside(spec, &queue[i])))
             .collect();
+        let hello_queued = queue.iter().any(|a| a[0].eq_ignore_ascii_case(b"HELLO"));
         let mut tries = 0;
         loop {
             self.restore(before.clone());
             // The protocol each reply is written in: the connection's after its command ran
-            // (a queued HELLO's own reply is in the protocol it chose), as Redis writes them.
-            let mut protos = Vec::with_capacity(queue.len());
+            // (a queued HELLO's own reply is in the protocol it chose), as Redis writes them;
+            // kept only where a HELLO is queued (nothing else changes it).
+            let mut protos = Vec::with_capacity(if hello_queued { queue.len() } else { 0 });
             let mut txn = begin(sh, worker);
             let mut wait = Ts(0);
             let mut wrote = false;
@@ -1053,7 +1055,9 @@ impl Session {
                             None => out.reply,
                         });
                     }
-                    protos.push(self.proto);
+                    if hello_queued {
+                        protos.push(self.proto);
+                    }
                     let bytes = replies.last().map_or(0, Reply::wire_bytes);
                     if bytes > left {
                         over = Some(sh.max_output_bytes - left + bytes);
