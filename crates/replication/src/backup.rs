@@ -310,8 +310,8 @@ pub struct BackupState {
     pub txns_replayed: AtomicU64,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
-    /// Replay CPU (thread time) in nanoseconds, summed over replayers.
-    pub replay_cpu_ns: AtomicU64,
+    /// Replay CPU: the replay threads' own CPU time (`replay_cpu_ns`).
+    pub replay_cpu: Arc<crate::cpu::ThreadCpu>,
     /// Acks sent to the primary, and the replayed watermark the last one sent said
     /// (`ReplayAcks`).
     pub acks_sent: AtomicU64,
@@ -2184,8 +2184,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Every replay thread has reported its CPU (the dependency mode's threads report
-    /// when they go idle; the others before they complete a batch).
+    /// Every replay thread has counted the transactions it installed (the dependency
+    /// mode's threads count theirs when they go idle; the others as they complete a batch).
     fn quiet(&self) -> bool {
         self.graph.get().is_none_or(|g| g.quiet())
     }
@@ -2498,13 +2498,14 @@ impl crate::dependency::Sink for Engine {
         }
     }
 
-    fn add_done(&self, txns: u64, cpu_ns: u64) {
+    fn add_done(&self, txns: u64) {
         self.state.txns_replayed.fetch_add(txns, Ordering::Relaxed);
-        self.state.replay_cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+    }
+
+    fn count_cpu(&self) -> Option<crate::cpu::Counted> {
+        Some(self.state.replay_cpu.count_this_thread())
     }
 }
-
-pub(crate) use ditto_log::thread_cpu_ns;
 
 struct Receiver {
     opts: BackupOptions,
@@ -3335,7 +3336,7 @@ fn start_replayers(engine: &Arc<Engine>, rxs: Vec<std::sync::mpsc::Receiver<Job>
 
 /// One replayer's loop over its queue `rx` (`start_replayers`).
 fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: bool) {
-    let mut cpu_reported = thread_cpu_ns();
+    let _cpu = e.state.replay_cpu.count_this_thread();
     if serial {
         let q = SerialQueue {
             rx,
@@ -3345,7 +3346,7 @@ fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: boo
             scratch: Default::default(),
         };
         while let Some(job) = q.next() {
-            if !q.run(e, job, &mut cpu_reported) {
+            if !q.run(e, job) {
                 return;
             }
         }
@@ -3358,7 +3359,6 @@ fn replay_queue(e: &Arc<Engine>, rx: std::sync::mpsc::Receiver<Job>, serial: boo
         // as the serial replayer's does: the view never moves again. Before, a sibling of
         // a failed replayer waited, its pin held, until the run was let go or cut.)
         let replayed = e.replay(&job, &mut scratch, &mut |_| !e.stopped());
-        e.account_cpu(&mut cpu_reported);
         e.budget.released(job.charged);
         if !e.finish(&job, replayed) {
             return;
@@ -3393,18 +3393,6 @@ impl Engine {
                 None
             }
         }
-    }
-
-    /// Adds this thread's CPU since the last report. Called before a batch completes, so
-    /// whoever sees it complete sees its cost too (`replay_recorded`). (Reading the clock
-    /// at most every millisecond instead, which took its 4% of replay's CPU in a TPC-C
-    /// profile to 0.14%, raised a hot standby's replay lag, p50 1.0-1.2 ms to 1.2-2.0 ms
-    /// and p99 up to 153 ms over `ditto demo`'s runs, by a cause not found: reverted,
-    /// docs/results.md, 2026-12-04.)
-    fn account_cpu(&self, cpu_reported: &mut u64) {
-        let now = thread_cpu_ns();
-        self.state.replay_cpu_ns.fetch_add(now - *cpu_reported, Ordering::Relaxed);
-        *cpu_reported = now;
     }
 
     /// Completes a replayed batch, or records why it failed (then returns false: the
@@ -3474,7 +3462,7 @@ impl SerialQueue {
 
     /// Replays `job`, and completes it or puts it off; false once replay failed (here, or
     /// in a batch it helped).
-    fn run(&self, e: &Engine, job: Job, cpu_reported: &mut u64) -> bool {
+    fn run(&self, e: &Engine, job: Job) -> bool {
         // (Not on the backup's stop or fence: see `Engine::stopped`. Before 2026-12-02 the
         // serial replayer ended at a fence, and every promotion or follow in place of a
         // node replaying serially waited out its 60 s for the point; found by a review.)
@@ -3492,14 +3480,13 @@ impl SerialQueue {
                 return false;
             }
             self.waiting.borrow_mut().push(Ts(need.0 + 1));
-            self.help(e, cpu_reported, need);
+            self.help(e, need);
             self.waiting.borrow_mut().pop();
             // A helped batch failed, or the run was let go: stop waiting, and stop.
             !e.stopped()
         });
         self.busy.borrow_mut().pop();
         self.scratch.borrow_mut().push(scratch);
-        e.account_cpu(cpu_reported);
         match replayed {
             Err(Stop::PutOff(_)) if e.stopped() => false,
             Err(Stop::PutOff(at)) => {
@@ -3522,7 +3509,7 @@ impl SerialQueue {
     /// rest of the other streams' queues, while the view stood at the waiting write: the
     /// hot rows' version chains grew with every helped install, which each walked them to
     /// trim, and a TPC-C replay whose primary checkpointed, reusing ids, ran 4-5x slower.)
-    fn help(&self, e: &Engine, cpu_reported: &mut u64, need: Ts) {
+    fn help(&self, e: &Engine, need: Ts) {
         while let Ok(job) = self.rx.try_recv() {
             self.deferred.borrow_mut().push_back((job, None));
         }
@@ -3544,7 +3531,7 @@ impl SerialQueue {
             };
             let Some(i) = runnable else { return };
             let (job, _) = self.deferred.borrow_mut().remove(i).expect("an index just found");
-            if !self.run(e, job, cpu_reported) {
+            if !self.run(e, job) {
                 return;
             }
         }
@@ -3552,6 +3539,12 @@ impl SerialQueue {
 }
 
 impl BackupState {
+    /// Replay CPU (thread time) in nanoseconds so far, summed over the replay threads
+    /// (`crate::cpu`).
+    pub fn replay_cpu_ns(&self) -> u64 {
+        self.replay_cpu.total_ns()
+    }
+
     /// Connected to the primary and not stopped by a failure.
     pub fn link_up(&self) -> bool {
         self.connected.load(Ordering::Acquire) && self.failure.lock().is_none()
@@ -3872,12 +3865,13 @@ pub fn replay_recorded(
         std::thread::sleep(Duration::from_micros(200));
     }
     let seconds = t0.elapsed().as_secs_f64();
-    // Each replayer reports a batch's CPU before it completes it: the last report is in.
+    // (The replay threads' clocks are read now, `crate::cpu`: a batch seen complete is
+    // counted.)
     Ok(ReplayRun {
         batches: batches.len() as u64,
         txns: state.txns_replayed.load(Ordering::Acquire),
         seconds,
-        cpu_seconds: state.replay_cpu_ns.load(Ordering::Acquire) as f64 / 1e9,
+        cpu_seconds: state.replay_cpu_ns() as f64 / 1e9,
         replayed: Ts(state.replayed.load(Ordering::Acquire)),
         reuse_waits: state.reuse_waits.load(Ordering::Acquire),
     })

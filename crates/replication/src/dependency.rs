@@ -244,9 +244,14 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// Every transaction at or below `ts` is installed.
     fn replayed(&self, ts: Ts);
     fn failed(&self, why: String);
-    /// `txns` more transactions installed, `cpu_ns` more replay CPU (reported in bulk, not
-    /// per transaction: a counter shared by every executor would be a contended line).
-    fn add_done(&self, txns: u64, cpu_ns: u64);
+    /// `txns` more transactions installed (reported in bulk, not per transaction: a
+    /// counter shared by every executor would be a contended line).
+    fn add_done(&self, txns: u64);
+    /// Counts the calling replay thread's CPU until the registration is dropped
+    /// (`crate::cpu`); `None` where nothing is counted.
+    fn count_cpu(&self) -> Option<crate::cpu::Counted> {
+        None
+    }
 }
 
 struct Node {
@@ -301,7 +306,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Every replay thread is parked with nothing to do: its CPU is reported.
+    /// Every replay thread is parked with nothing to do: what it installed is counted.
     pub fn quiet(&self) -> bool {
         self.idle.load(Ordering::SeqCst) == self.threads && self.ready.lock().is_empty()
     }
@@ -466,14 +471,11 @@ fn dispatch<M>(
     let mut window_first = 0u64;
     let mut prune_at = 4 * MAX_IN_FLIGHT;
     let mut since_barrier = 0u32;
-    let mut cpu_reported = crate::backup::thread_cpu_ns();
+    let _cpu = sink.count_cpu();
     loop {
         let work = match rx.try_recv() {
             Ok(w) => w,
             Err(std::sync::mpsc::TryRecvError::Empty) => {
-                let now = crate::backup::thread_cpu_ns();
-                sink.add_done(0, now - cpu_reported);
-                cpu_reported = now;
                 sh.idle.fetch_add(1, Ordering::SeqCst);
                 let w = rx.recv();
                 sh.idle.fetch_sub(1, Ordering::SeqCst);
@@ -582,14 +584,12 @@ fn wait_for_room(sh: &Shared, most: usize, until: usize) {
 const PUBLISH_EVERY: u32 = 32;
 
 fn execute(sh: &Shared, sink: &dyn Sink) {
-    let mut cpu_reported = crate::backup::thread_cpu_ns();
-    // Installed since the last report (of transactions, CPU and the replayed watermark).
+    let _cpu = sink.count_cpu();
+    // Installed since the last report (of transactions and the replayed watermark).
     let mut unreported = 0u32;
-    let report = |n: &mut u32, cpu_reported: &mut u64, replayed: Ts| {
-        // The counts first, so whoever sees these complete sees their cost.
-        let now = crate::backup::thread_cpu_ns();
-        sink.add_done(u64::from(*n), now - *cpu_reported);
-        *cpu_reported = now;
+    let report = |n: &mut u32, replayed: Ts| {
+        // The count first, so whoever sees these complete sees them counted.
+        sink.add_done(u64::from(*n));
         sink.replayed(replayed);
         *n = 0;
     };
@@ -608,7 +608,7 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
                 // Going idle: report first.
                 drop(q);
                 let replayed = sh.tracker.lock().replayed();
-                report(&mut unreported, &mut cpu_reported, replayed);
+                report(&mut unreported, replayed);
                 q = sh.ready.lock();
                 if q.is_empty() {
                     sh.idle.fetch_add(1, Ordering::SeqCst);
@@ -653,7 +653,7 @@ fn execute(sh: &Shared, sink: &dyn Sink) {
         };
         unreported += 1;
         if unreported >= PUBLISH_EVERY {
-            report(&mut unreported, &mut cpu_reported, replayed);
+            report(&mut unreported, replayed);
         }
         let left = sh.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
         if left == sh.wake_at.load(Ordering::SeqCst) {
@@ -770,7 +770,7 @@ mod tests {
             fn failed(&self, why: String) {
                 *self.failed.lock() = Some(why);
             }
-            fn add_done(&self, _: u64, _: u64) {}
+            fn add_done(&self, _: u64) {}
         }
         let sink =
             Arc::new(Waits { replayed: Mutex::new(Ts(0)), installed: Mutex::default(), failed: Mutex::default() });
@@ -815,7 +815,7 @@ mod tests {
             fn failed(&self, why: String) {
                 *self.failed.lock() = Some(why);
             }
-            fn add_done(&self, _: u64, _: u64) {}
+            fn add_done(&self, _: u64) {}
         }
         let sink = Arc::new(Rec {
             log: Mutex::default(),
@@ -904,7 +904,7 @@ mod tests {
             fn failed(&self, why: String) {
                 self.failed.lock().get_or_insert(why);
             }
-            fn add_done(&self, _: u64, _: u64) {}
+            fn add_done(&self, _: u64) {}
         }
         let wait_failed = |sink: &Failing| {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);

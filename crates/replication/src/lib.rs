@@ -22,6 +22,7 @@
 //! backup lacks.
 
 pub mod backup;
+pub mod cpu;
 pub mod dependency;
 pub mod identity;
 pub mod policy;

@@ -152,7 +152,7 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_reconnects", ld(&state.reconnects).to_string());
             put("ditto_acks_sent", ld(&state.acks_sent).to_string());
             put("ditto_replay_mode", state.replay_mode.lock().clone());
-            put("ditto_replay_cpu_ms", (ld(&state.replay_cpu_ns) / 1_000_000).to_string());
+            put("ditto_replay_cpu_ms", (state.replay_cpu_ns() / 1_000_000).to_string());
             put("ditto_checkpoint_ts", ld(&state.checkpoint_ts).to_string());
             put("ditto_checkpoints", ld(&state.checkpoints).to_string());
             let now_ms =
