@@ -9,8 +9,11 @@
 //! - writes per second in 50 ms buckets over the whole run (`--plot FILE.svg` draws them,
 //!   with the kills marked);
 //! - per failover: the unavailability (SIGKILL to the first write acknowledged by another
-//!   node), the time for the killed node to rejoin, and the throughput in the second before
-//!   the kill and in the second after the first write on the new primary (their ratio);
+//!   node) and every client's (to the last client's first write acknowledged by another
+//!   node: each client finds the new primary by itself, and the first to find it says
+//!   only when the cluster took writes again), the time for the killed node to rejoin, and
+//!   the throughput in the second before the kill and in the second after the first write
+//!   on the new primary (their ratio);
 //! - at the end every acknowledged write is read back on every node: a lost one fails the
 //!   run;
 //! - with `--preload N`, N keys (`p:<n>`, `--preload-value-bytes` each) are written first,
@@ -86,6 +89,8 @@ struct FailoverFigures {
     new_primary: u64,
     at_s: f64,
     unavailable_ms: f64,
+    /// To the last client's first write acknowledged by another node.
+    unavailable_every_client_ms: f64,
     rejoin_ms: f64,
     writes_per_s_before: f64,
     writes_per_s_after: f64,
@@ -113,6 +118,9 @@ struct Figures {
     unavailable_ms_p50: f64,
     unavailable_ms_p99: f64,
     unavailable_ms_max: f64,
+    /// The same for every client's (`FailoverFigures::unavailable_every_client_ms`).
+    unavailable_every_client_ms_p50: f64,
+    unavailable_every_client_ms_max: f64,
     acknowledged_writes: usize,
     /// Nodes that lack an acknowledged write or a preloaded key (each said on stderr).
     nodes_lacking_writes: usize,
@@ -214,6 +222,32 @@ fn check_preload(port: u16, keys: u64, value_bytes: usize) -> Result<(), Error> 
     }
 }
 
+/// One failover as the run saw it (times in ms).
+#[derive(Clone, Copy)]
+struct Kill {
+    killed: u64,
+    new: u64,
+    at: Instant,
+    unavailable: f64,
+    every_client: f64,
+    rejoin: f64,
+    first_after: Instant,
+}
+
+/// When the last of `clients` clients had its first write after `at` acknowledged by a
+/// node other than the one on `port`; `None` while one has not.
+fn every_client_back(acks: &[Ack], clients: usize, at: Instant, port: u16) -> Option<Instant> {
+    let mut first: Vec<Option<Instant>> = vec![None; clients];
+    for &(c, _, t, p) in acks {
+        if t > at && p != port {
+            if let Some(f) = first.get_mut(c) {
+                f.get_or_insert(t);
+            }
+        }
+    }
+    first.into_iter().collect::<Option<Vec<Instant>>>()?.into_iter().max()
+}
+
 fn rate_between(acks: &[Ack], from: Instant, to: Instant) -> f64 {
     let c = acks.iter().filter(|(_, _, t, _)| *t >= from && *t < to).count();
     c as f64 / to.saturating_duration_since(from).as_secs_f64().max(1e-9)
@@ -257,7 +291,7 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     let mut reader = crate::demo_failover::BackupReader::new();
     let start = Instant::now();
     let between = Duration::from_secs_f64(a.between_s);
-    let mut kills: Vec<(u64, u64, Instant, f64, f64, Instant)> = Vec::new();
+    let mut kills: Vec<Kill> = Vec::new();
     let mut phases = Vec::new();
     for k in 0..a.kills {
         if a.backup_reader {
@@ -279,6 +313,10 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
             acks.lock().expect("acks").iter().find(|(_, _, t, p)| *t > at && *p != port).map(|a| a.2)
         })?;
         let unavailable = first_after.duration_since(at).as_secs_f64() * 1e3;
+        let every_client = wait_for("a write of every client on another node", Duration::from_secs(20), || {
+            every_client_back(&acks.lock().expect("acks"), a.clients, at, port)
+        })?;
+        let every_client = every_client.duration_since(at).as_secs_f64() * 1e3;
         let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;
         phases.push(nodes.phases(new, at_unix_ms, unavailable));
         let t = Instant::now();
@@ -288,12 +326,12 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         wait_for("the killed node to rejoin", Duration::from_secs(60), || nodes.rejoined(primary).then_some(()))?;
         let rejoin = t.elapsed().as_secs_f64() * 1e3;
         eprintln!(
-            "failover {}: {} node {primary} at {:.2} s; node {new} took writes {unavailable:.0} ms later; node {primary} rejoined in {rejoin:.0} ms",
+            "failover {}: {} node {primary} at {:.2} s; node {new} took writes {unavailable:.0} ms later, from every client {every_client:.0} ms later; node {primary} rejoined in {rejoin:.0} ms",
             k + 1,
             if a.switchover { "switchover from" } else { "SIGKILL of" },
             at.duration_since(start).as_secs_f64()
         );
-        kills.push((primary, new, at, unavailable, rejoin, first_after));
+        kills.push(Kill { killed: primary, new, at, unavailable, every_client, rejoin, first_after });
     }
     std::thread::sleep(between);
     stop.store(true, Ordering::SeqCst);
@@ -326,15 +364,16 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
     let failovers: Vec<FailoverFigures> = kills
         .iter()
         .zip(phases)
-        .map(|(&(killed, new_primary, at, unavailable_ms, rejoin_ms, first_after), phases)| {
+        .map(|(&Kill { killed, new: new_primary, at, unavailable, every_client, rejoin, first_after }, phases)| {
             let before = rate_between(&acked, at.checked_sub(second).unwrap_or(start).max(start), at);
             let after = rate_between(&acked, first_after, (first_after + second).min(end));
             FailoverFigures {
                 killed,
                 new_primary,
                 at_s: at.duration_since(start).as_secs_f64(),
-                unavailable_ms,
-                rejoin_ms,
+                unavailable_ms: unavailable,
+                unavailable_every_client_ms: every_client,
+                rejoin_ms: rejoin,
                 writes_per_s_before: before,
                 writes_per_s_after: after,
                 after_over_before: if before > 0.0 { after / before } else { 0.0 },
@@ -344,6 +383,8 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         .collect();
     let mut unavailable: Vec<f64> = failovers.iter().map(|f| f.unavailable_ms).collect();
     unavailable.sort_by(f64::total_cmp);
+    let mut every_client: Vec<f64> = failovers.iter().map(|f| f.unavailable_every_client_ms).collect();
+    every_client.sort_by(f64::total_cmp);
     let fig = Figures {
         bench: "failover",
         clients: a.clients,
@@ -359,6 +400,8 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         unavailable_ms_p50: quantile(&unavailable, 0.5),
         unavailable_ms_p99: quantile(&unavailable, 0.99),
         unavailable_ms_max: unavailable.last().copied().unwrap_or(0.0),
+        unavailable_every_client_ms_p50: quantile(&every_client, 0.5),
+        unavailable_every_client_ms_max: every_client.last().copied().unwrap_or(0.0),
         acknowledged_writes: acked.len(),
         nodes_lacking_writes: lost,
         backup_reads,
@@ -392,17 +435,27 @@ fn print(f: &Figures) {
         f.preload_keys
     );
     println!(
-        "{:>3} {:>7} {:>7} {:>8} {:>14} {:>10} {:>14} {:>13} {:>7}",
-        "#", "old", "new", "at s", "unavailable ms", "rejoin ms", "writes/s before", "writes/s after", "ratio"
+        "{:>3} {:>7} {:>7} {:>8} {:>14} {:>13} {:>10} {:>14} {:>13} {:>7}",
+        "#",
+        "old",
+        "new",
+        "at s",
+        "unavailable ms",
+        "every client",
+        "rejoin ms",
+        "writes/s before",
+        "writes/s after",
+        "ratio"
     );
     for (i, x) in f.failovers.iter().enumerate() {
         println!(
-            "{:>3} {:>7} {:>7} {:>8.2} {:>14.0} {:>10.0} {:>14.0} {:>13.0} {:>7.2}",
+            "{:>3} {:>7} {:>7} {:>8.2} {:>14.0} {:>13.0} {:>10.0} {:>14.0} {:>13.0} {:>7.2}",
             i + 1,
             x.killed,
             x.new_primary,
             x.at_s,
             x.unavailable_ms,
+            x.unavailable_every_client_ms,
             x.rejoin_ms,
             x.writes_per_s_before,
             x.writes_per_s_after,
@@ -433,11 +486,13 @@ fn print(f: &Figures) {
         }
     }
     println!(
-        "unavailable: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms over {} failovers",
+        "unavailable: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms over {} failovers (to the first write on the new primary); to every client's: p50 {:.0} ms, max {:.0} ms",
         f.unavailable_ms_p50,
         f.unavailable_ms_p99,
         f.unavailable_ms_max,
-        f.failovers.len()
+        f.failovers.len(),
+        f.unavailable_every_client_ms_p50,
+        f.unavailable_every_client_ms_max
     );
     println!(
         "{} acknowledged writes, {} on every node ({})",
@@ -484,4 +539,31 @@ fn plot(f: &Figures, path: &std::path::Path) -> Result<(), Error> {
     }
     root.present().map_err(|e| e.to_string())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failover's every-client figure waits for each client's first write on another
+    /// node: a client still writing to the killed node's port, or not heard from since the
+    /// kill, holds it; writes before the kill do not count.
+    #[test]
+    fn every_client_is_back_at_the_last_clients_first_write_elsewhere() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let (old, new) = (7001, 7002);
+        let mut acks: Vec<Ack> = vec![(0, 1, at(5), old), (1, 1, at(6), old), (1, 2, at(8), new)];
+        // The kill at 10 ms: client 1's write on the new port before it does not count.
+        assert_eq!(every_client_back(&acks, 2, at(10), old), None);
+        acks.push((0, 2, at(40), new));
+        assert_eq!(every_client_back(&acks, 2, at(10), old), None, "client 1 not back yet");
+        acks.push((1, 3, at(55), old)); // (a write the old port took: not back)
+        assert_eq!(every_client_back(&acks, 2, at(10), old), None);
+        acks.push((1, 4, at(90), new));
+        acks.push((0, 3, at(95), new));
+        assert_eq!(every_client_back(&acks, 2, at(10), old), Some(at(90)));
+        // A third client never heard from holds it.
+        assert_eq!(every_client_back(&acks, 3, at(10), old), None);
+    }
 }

@@ -1850,6 +1850,9 @@ fn the_failover_benchmark_follows_the_primary_and_loses_nothing() {
         assert_ne!(f["killed"], f["new_primary"], "{f}");
         let u = f["unavailable_ms"].as_f64().unwrap();
         assert!(u > 0.0 && u < 20_000.0, "{f}");
+        // Every client wrote on the new primary, none before the first.
+        let every = f["unavailable_every_client_ms"].as_f64().unwrap();
+        assert!(every >= u && every < 20_000.0, "{f}");
         assert!(f["writes_per_s_after"].as_f64().unwrap() > 0.0, "writes resumed: {f}");
     }
     // The preloaded keys were checked on every node (a lost one fails the run, above).
@@ -1859,6 +1862,8 @@ fn the_failover_benchmark_follows_the_primary_and_loses_nothing() {
     assert_eq!(j["unavailable_ms_max"].as_f64().unwrap(), worst, "{j}");
     assert_eq!(j["unavailable_ms_p99"].as_f64().unwrap(), worst, "two failovers: p99 is the worse: {j}");
     assert!(j["unavailable_ms_p50"].as_f64().unwrap() > 0.0, "{j}");
+    let every_worst = fo.iter().map(|f| f["unavailable_every_client_ms"].as_f64().unwrap()).fold(0.0, f64::max);
+    assert_eq!(j["unavailable_every_client_ms_max"].as_f64().unwrap(), every_worst, "{j}");
     let rates = j["writes_per_s"].as_array().unwrap();
     assert!(rates.iter().filter(|r| r.as_f64().unwrap() > 0.0).count() > rates.len() / 2, "{j}");
     assert!(j["acknowledged_writes"].as_u64().unwrap() > 100, "{j}");

@@ -61,7 +61,8 @@ pub struct CommitClock {
     reader_slots: Box<[Slot]>,
     /// One more than the highest reader slot ever claimed: a refresh reads the slots below
     /// it only (claims take the lowest free slot, so a handful of readers use the first
-    /// handful). Raised, before the slot is marked, by a claim of a slot at or above it.
+    /// handful; it never comes down, so after a burst of N snapshots at once refreshes read
+    /// N). Raised by a claim's attempt on a slot at or above it, before it marks the slot.
     /// Until 2026-12-06 every refresh read all 256 slots, 256 cache lines: a backup
     /// refreshes at each replayed batch, and it took 5% of its replay and its receiver.
     readers_used: AtomicUsize,

@@ -79,8 +79,10 @@ impl ThreadCpu {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        let used = ditto_log::thread_cpu_ns().saturating_sub(self.start_ns);
+        // Read under the lock: a reader in between would count this thread's clock past
+        // what is added here, and the total would step back.
         let mut g = self.meter.inner.lock();
+        let used = ditto_log::thread_cpu_ns().saturating_sub(self.start_ns);
         g.live.retain(|l| l.0 != self.id);
         g.ended_ns += used;
     }

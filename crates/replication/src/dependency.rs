@@ -299,7 +299,7 @@ pub(crate) struct Shared {
     /// The dispatcher waits until the graph holds at most this many (`usize::MAX`: it does
     /// not wait); the executor that brings it there wakes it.
     wake_at: AtomicUsize,
-    /// Replay threads parked with nothing to do (they report their CPU first).
+    /// Replay threads parked with nothing to do (they count what they installed first).
     idle: AtomicUsize,
     threads: usize,
     stop: AtomicBool,
