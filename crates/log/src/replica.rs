@@ -1144,6 +1144,17 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
     let f = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
     let m = f.metadata().map_err(|e| LogError::io(path, e))?;
     let (ino, size) = (m.ino(), m.len());
+    // A size no replica log file can have is damaged: refused before what lies past the
+    // last look is read whole (as `read_files` refuses it; before 2026-12-06 this look, a
+    // running backup's now and then and a failover's report, allocated it, found by a
+    // review).
+    let max = crate::options::LOG_FILE_BYTES_MAX;
+    if size > max {
+        return Err(corrupt(
+            max,
+            format!("a replica log file is {size} bytes, more than the {max} it can be: its size is damaged"),
+        ));
+    }
     // Without a birth time the file's identity is not sure: read whole each time.
     let born = m.created().ok();
     let cached = born.and_then(|born| {

@@ -610,6 +610,40 @@ fn the_newest_file_is_read_from_where_the_last_look_stopped() {
     replica_holdings(dir.path(), 2, Some(mid)).expect("a header cut short holds nothing");
 }
 
+/// A newest replica log file whose size is damaged (a hole past its end, an inode's size)
+/// is refused naming it by a running backup's look (`warm_holdings`) and by a report
+/// (`replica_holdings`), before either reads it whole: before 2026-12-06 the look read
+/// everything past where the last one stopped into memory. Taken back to size, both read
+/// it as before.
+#[test]
+fn a_newest_file_whose_size_is_damaged_is_refused_before_it_is_read() {
+    let (batches, storage, dir) = empty_backup_of_400_commits();
+    let header = |b: &Bytes| decode_batch_checksums(b).unwrap().0.header;
+    let mut log = ReplicaLog::create(dir.path(), Arc::clone(&storage), 2, 1, u64::MAX).unwrap();
+    for x in &batches {
+        log.append(x, false, header(x).bound_ts);
+    }
+    log.sync().unwrap();
+    drop(log);
+    let before = replica_holdings(dir.path(), 2, None).unwrap();
+    let file = ditto_log::replica::replica_dir(dir.path()).join("rlog-0000000001.seg");
+    let len = std::fs::metadata(&file).unwrap().len();
+    let grow = |to: u64| std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(to).unwrap();
+    // (Sparse: the disk holds none of it.)
+    let max = ditto_log::options::LOG_FILE_BYTES_MAX;
+    grow(max + 1);
+    let said = format!("a replica log file is {} bytes, more than the {max} it can be", max + 1);
+    for e in
+        [ditto_log::replica::warm_holdings(dir.path()).unwrap_err(), replica_holdings(dir.path(), 2, None).unwrap_err()]
+    {
+        let e = e.to_string();
+        assert!(e.contains(&said) && e.contains("rlog-0000000001.seg"), "{e}");
+    }
+    grow(len);
+    ditto_log::replica::warm_holdings(dir.path()).unwrap();
+    assert_eq!(replica_holdings(dir.path(), 2, None).unwrap(), before);
+}
+
 /// A primary's checkpoint keeps the log segments that hold anything above what its keeper
 /// says (`Durable::keep_log_for`): a fetch from its log can then start below the
 /// checkpoint, exactly where `primary_fetch_floor` says, and the directory still recovers
