@@ -17,7 +17,9 @@
 //! background, PostgreSQL's `synchronous_commit = remote_write`); the primary counts with
 //! what it has framed and shipped, so no fsync is on the commit path at all. With no
 //! backup connected, `majority` of a single node is the primary alone; `all` counts every
-//! backup that is configured to be connected (a missing one blocks releases, and says so).
+//! backup linked and not a learner, at least as many as are configured (a missing one
+//! blocks releases, and says so; an extra one that joins counts too, and holds releases
+//! back while its copy is sent).
 
 use ditto_engine::Ts;
 

@@ -50,14 +50,16 @@ pub struct PrimaryOptions {
     /// spills meanwhile rather than kill the link, `Queue::spilled`, so nothing else
     /// would; once live, the queue's bound does.)
     pub start_stall_max: Duration,
-    /// How often an idle link sends the release watermark (and how stale a backup's view of
-    /// it can be when nothing else is sent).
+    /// How often a link that has shipped lately sends the release watermark when nothing
+    /// else is sent; a link idle for `LINK_DOZE_AFTER` dozes, sending it when it moves
+    /// (`set_released`) and otherwise every `IDLE_HEARTBEAT`.
     pub heartbeat: Duration,
     /// A live link whose backup acknowledges nothing for this long is ended (the backup
     /// resumes from what it holds when it connects again). A backup acknowledges every
     /// burst it reads, the idle heartbeats included (`IDLE_HEARTBEAT`), so only a backup
     /// gone without closing its connection (a power loss, a cut network) or stuck stays
-    /// silent; until it is ended, its last acknowledgement still counts in the quorum.
+    /// silent; past this, until it is ended, only what it made durable counts in the quorum
+    /// (`Link::counted_holdings`).
     pub ack_silence_max: Duration,
     /// A cluster's new primary: `(e, p, start)` when this epoch opened from epoch `e` cut
     /// at `p`, its log starting above `start` (docs/cluster.md; nothing lies between `p`
@@ -149,7 +151,8 @@ pub struct BackupInfo {
     /// How long ago this primary sent the newest heartbeat the backup's acks echo
     /// (`Ack::echo_us`; `Duration::MAX`: none yet): what a cluster primary's lease stands
     /// on. Never less than the time since its newest ack was sent, however long that ack
-    /// took to arrive.
+    /// took to arrive, for a backup that echoes what it was sent (an echo from later than
+    /// now is taken as now: a backup that echoes made-up times can keep its lease fresh).
     pub lease_ago: Duration,
     /// Where its start is, in Redis's words where they fit: `wait_bgsave` (registered, a
     /// checkpoint being written for it), `send_bulk` (a checkpoint copy or a gap from disk
@@ -1309,10 +1312,14 @@ impl Primary {
             }
         });
         link.kill("link closed".into());
-        self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
+        // Recorded as gone before it leaves the links: a checkpoint's `log_needed_above`
+        // between the two would have seen neither, and deleted the log this backup would
+        // resume from (it then needed a whole copy; found by a review, 2026-12-06). While
+        // it is in both, its link's point counts and the record's is passed over.
         if link.counted.load(Ordering::Acquire) && link.heard_us.load(Ordering::Acquire) != NEVER_ACKED {
             self.gone.lock().insert(link.node.clone(), link.durable.load(Ordering::Acquire));
         }
+        self.links.lock().retain(|l| !Arc::ptr_eq(l, &link));
         self.changed();
         let _ = stream.shutdown(std::net::Shutdown::Both);
         out
