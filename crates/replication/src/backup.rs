@@ -3152,6 +3152,13 @@ impl Receiver {
         // silent for much longer is gone or cut off (or a damaged length field has us
         // waiting for bytes that never come); drop the link and resume.
         stream.set_read_timeout(Some(SILENCE_MAX)).map_err(|e| format!("setting the link's read timeout: {e}"))?;
+        // Acks (and a refusal) are written under the link's lock, which a stop or a fence
+        // takes to shut the link down: a primary that reads none of them for long enough to
+        // fill both sockets' buffers (tens of thousands of acks, seconds at the least)
+        // would hold that write, and the stop, for as long as it kept the link open. A
+        // write blocked this long fails, and the link ends as on any error (found by a
+        // review, 2026-12-06; not made in a test: the buffers take seconds of unread acks).
+        stream.set_write_timeout(Some(SILENCE_MAX)).map_err(|e| format!("setting the link's write timeout: {e}"))?;
         // What the join brought (a checkpoint, or what this node held) counts at once: an
         // idle primary sends nothing more, and a commit waiting on this backup (under
         // `all`) would wait for the next write.
