@@ -234,6 +234,11 @@ struct Kill {
     first_after: Instant,
 }
 
+/// Where the acks after `at` begin in `acks` (in time order).
+fn since(acks: &[Ack], at: Instant) -> usize {
+    acks.partition_point(|a| a.2 <= at)
+}
+
 /// When the last of `clients` clients had its first write after `at` acknowledged by a
 /// node other than the one on `port`; `None` while one has not.
 fn every_client_back(acks: &[Ack], clients: usize, at: Instant, port: u16) -> Option<Instant> {
@@ -309,12 +314,16 @@ fn run_inner(a: FailoverBenchArgs) -> Result<(), Error> {
         } else {
             nodes.kill(primary)?;
         }
+        // (From the kill on: the acks are in time order, each taken under the lock, and
+        // the writers wait for it while it is held.)
         let first_after = wait_for("a write on another node", Duration::from_secs(20), || {
-            acks.lock().expect("acks").iter().find(|(_, _, t, p)| *t > at && *p != port).map(|a| a.2)
+            let acks = acks.lock().expect("acks");
+            acks[since(&acks, at)..].iter().find(|(_, _, t, p)| *t > at && *p != port).map(|a| a.2)
         })?;
         let unavailable = first_after.duration_since(at).as_secs_f64() * 1e3;
         let every_client = wait_for("a write of every client on another node", Duration::from_secs(20), || {
-            every_client_back(&acks.lock().expect("acks"), a.clients, at, port)
+            let acks = acks.lock().expect("acks");
+            every_client_back(&acks[since(&acks, at)..], a.clients, at, port)
         })?;
         let every_client = every_client.duration_since(at).as_secs_f64() * 1e3;
         let new = wait_for("the new primary", Duration::from_secs(20), || nodes.primary())?;

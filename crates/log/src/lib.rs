@@ -517,10 +517,18 @@ pub(crate) fn lock_dir(dir: &Path) -> Result<std::fs::File, LogError> {
 
 /// This thread's CPU time in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
+}
+
+/// `clock`'s reading in nanoseconds (`None` if it cannot be read: an unknown clock, or a
+/// thread's that has ended).
+pub fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    match unsafe { libc::clock_gettime(clock, &mut ts) } {
+        0 => Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64),
+        _ => None,
+    }
 }
 
 /// Deletes a log segment that a complete checkpoint made obsolete; whether it is gone (a

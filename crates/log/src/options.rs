@@ -133,11 +133,7 @@ pub const LOG_FILE_BYTES_MAX: u64 =
 /// longer than `max` (`what` names what it is, for the error).
 pub(crate) fn read_file_at_most(path: &std::path::Path, max: u64, what: &str) -> Result<Vec<u8>, crate::LogError> {
     let f = std::fs::File::open(path).map_err(|e| crate::LogError::io(path, e))?;
-    let too_long = |len: u64| crate::LogError::Corrupt {
-        file: path.to_path_buf(),
-        offset: max,
-        what: format!("{what} is {len} bytes, more than the {max} it can be: its size is damaged"),
-    };
+    let too_long = |len: u64| too_long(path, len, max, what);
     let len = f.metadata().map_err(|e| crate::LogError::io(path, e))?.len();
     if len > max {
         return Err(too_long(len));
@@ -148,6 +144,16 @@ pub(crate) fn read_file_at_most(path: &std::path::Path, max: u64, what: &str) ->
         return Err(too_long(out.len() as u64));
     }
     Ok(out)
+}
+
+/// The refusal of `path`, `what` (a log segment, a replica log file), found `len` bytes long
+/// where it can be at most `max`.
+pub(crate) fn too_long(path: &std::path::Path, len: u64, max: u64, what: &str) -> crate::LogError {
+    crate::LogError::Corrupt {
+        file: path.to_path_buf(),
+        offset: max,
+        what: format!("{what} is {len} bytes, more than the {max} it can be: its size is damaged"),
+    }
 }
 
 /// `f`'s bytes, at most `max` and one more (so that a longer file is told apart), however

@@ -1150,10 +1150,7 @@ fn scan_newest(newest: &(u64, PathBuf), quiet: bool) -> Result<Arc<Verified>, Lo
     // review).
     let max = crate::options::LOG_FILE_BYTES_MAX;
     if size > max {
-        return Err(corrupt(
-            max,
-            format!("a replica log file is {size} bytes, more than the {max} it can be: its size is damaged"),
-        ));
+        return Err(crate::options::too_long(path, size, max, "a replica log file"));
     }
     // Without a birth time the file's identity is not sure: read whole each time.
     let born = m.created().ok();

@@ -2738,7 +2738,16 @@ fn send_ack(link: &AckLink, state: &BackupState) -> Result<(), String> {
     };
     // (Before the write: an ack cut short may still reach the primary.)
     *state.last_ack.lock() = Some(Instant::now());
-    (&*link.lock()).write_all(&f.encode()).map_err(|e| format!("sending an ack: {e}"))?;
+    {
+        let s = link.lock();
+        if let Err(e) = (&*s).write_all(&f.encode()) {
+            // Shut down under the lock: the writers queued behind this one (the receiver,
+            // the persister, the replay acker) fail at once rather than each wait out the
+            // write timeout, and nothing follows a frame cut short.
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            return Err(format!("sending an ack: {e}"));
+        }
+    }
     state.acked_replayed.fetch_max(replayed, Ordering::AcqRel);
     state.acks_sent.fetch_add(1, Ordering::AcqRel);
     Ok(())
@@ -3156,8 +3165,9 @@ impl Receiver {
         // takes to shut the link down: a primary that reads none of them for long enough to
         // fill both sockets' buffers (tens of thousands of acks, seconds at the least)
         // would hold that write, and the stop, for as long as it kept the link open. A
-        // write blocked this long fails, and the link ends as on any error (found by a
-        // review, 2026-12-06; not made in a test: the buffers take seconds of unread acks).
+        // write blocked this long fails and shuts the link down (`send_ack`), so the
+        // writers queued behind it fail at once (found by a review, 2026-12-06; not made
+        // in a test: the buffers take seconds of unread acks).
         stream.set_write_timeout(Some(SILENCE_MAX)).map_err(|e| format!("setting the link's write timeout: {e}"))?;
         // What the join brought (a checkpoint, or what this node held) counts at once: an
         // idle primary sends nothing more, and a commit waiting on this backup (under

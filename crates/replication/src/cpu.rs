@@ -12,7 +12,7 @@
 //!
 //! The total only grows: a thread's reading moves to the ended sum, under the lock that
 //! readers take, when its registration is dropped (on the thread, before it exits, so its
-//! clock is never read once it is gone).
+//! clock is never read once it is gone, and a live registered thread's clock always reads).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -90,12 +90,7 @@ impl Drop for Counted {
 
 /// `clock`'s reading in nanoseconds (0 if it cannot be read).
 fn read(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct we pass.
-    match unsafe { libc::clock_gettime(clock, &mut ts) } {
-        0 => ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
-        _ => 0,
-    }
+    ditto_log::clock_ns(clock).unwrap_or(0)
 }
 
 #[cfg(test)]

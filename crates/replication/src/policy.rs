@@ -17,7 +17,8 @@
 //! background, PostgreSQL's `synchronous_commit = remote_write`); the primary counts with
 //! what it has framed and shipped, so no fsync is on the commit path at all. With no
 //! backup connected, `majority` of a single node is the primary alone; `all` counts every
-//! backup linked and not a learner, at least as many as are configured (a missing one
+//! live link the quorum counts (a member's, not a learner's), at least as many as are
+//! configured (a missing one
 //! blocks releases, and says so; an extra one that joins counts too, and holds releases
 //! back while its copy is sent).
 
