@@ -286,6 +286,14 @@ fn horizons_of(v: u64, slots: &[u64]) -> (u64, u64) {
 mod tests {
     use super::*;
 
+    /// `n` commits by worker 0, one after the other.
+    fn commit_n(c: &CommitClock, n: usize) {
+        for _ in 0..n {
+            c.begin_commit(0);
+            c.end_commit(0);
+        }
+    }
+
     #[test]
     fn each_live_snapshot_is_at_low_or_at_or_above_high() {
         let idle = [IDLE; 4];
@@ -337,12 +345,7 @@ mod tests {
     #[test]
     fn a_refresh_sees_every_slot_ever_claimed_and_no_more() {
         let c = CommitClock::new(1);
-        let commit = |n: usize| {
-            for _ in 0..n {
-                c.begin_commit(0);
-                c.end_commit(0);
-            }
-        };
+        let commit = |n: usize| commit_n(&c, n);
         assert_eq!(c.readers_used.load(SeqCst), 0);
         commit(10);
         let old = c.register_reader();
@@ -377,12 +380,7 @@ mod tests {
     #[test]
     fn a_refresh_past_a_few_readers_sees_the_oldest_in_a_high_slot() {
         let c = CommitClock::new(1);
-        let commit = |n: usize| {
-            for _ in 0..n {
-                c.begin_commit(0);
-                c.end_commit(0);
-            }
-        };
+        let commit = |n: usize| commit_n(&c, n);
         commit(10);
         let first: Vec<(usize, Ts)> = (0..20).map(|_| c.register_reader()).collect();
         assert_eq!(first[19], (19, Ts(10)));
@@ -407,12 +405,7 @@ mod tests {
     #[test]
     fn a_refresh_during_a_readers_registration_never_passes_its_snapshot() {
         let c = CommitClock::new(1);
-        let commit = |n: usize| {
-            for _ in 0..n {
-                c.begin_commit(0);
-                c.end_commit(0);
-            }
-        };
+        let commit = |n: usize| commit_n(&c, n);
         commit(20);
         c.refresh_horizon();
         assert_eq!(c.horizons(), Horizons::at(Ts(20)));
