@@ -213,7 +213,6 @@ impl Report {
     }
 }
 
-/// Process CPU time (user + sys) in seconds.
 /// The calling thread's CPU time (user + sys), in ns.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

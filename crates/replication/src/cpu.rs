@@ -73,7 +73,9 @@ impl ThreadCpu {
     /// Every registered thread's CPU since it registered, ended ones' included.
     pub fn total_ns(&self) -> u64 {
         let g = self.inner.lock();
-        g.ended_ns + g.live.iter().map(|&(_, clock, start)| read(clock).saturating_sub(start)).sum::<u64>()
+        // (A clock that cannot be read counts 0: never a live registered thread's.)
+        let now = |clock| ditto_log::clock_ns(clock).unwrap_or(0);
+        g.ended_ns + g.live.iter().map(|&(_, clock, start)| now(clock).saturating_sub(start)).sum::<u64>()
     }
 }
 
@@ -86,11 +88,6 @@ impl Drop for Counted {
         g.live.retain(|l| l.0 != self.id);
         g.ended_ns += used;
     }
-}
-
-/// `clock`'s reading in nanoseconds (0 if it cannot be read).
-fn read(clock: libc::clockid_t) -> u64 {
-    ditto_log::clock_ns(clock).unwrap_or(0)
 }
 
 #[cfg(test)]
