@@ -1252,6 +1252,18 @@ impl Logger {
         (wm >= top).then_some(Ts(wm))
     }
 
+    /// Whether the log is at rest: every stream's flusher dozes (so each stream's last
+    /// write is vouched for, `owes_vouch`) and no disk thread holds or writes a frame.
+    /// Nothing more is written until the next commit or the close; tests wait for it
+    /// before reading the segments as they will stay (a quiet stream's vouch is framed
+    /// `DOZE_AFTER` after its last commit).
+    pub fn at_rest(&self) -> bool {
+        self.streams.iter().all(|s| {
+            let ahead = s.ahead.state.lock();
+            s.dozing.load(Ordering::Relaxed) && ahead.frames.is_empty() && !ahead.busy
+        })
+    }
+
     /// The tables the catalog holds, in id order.
     pub fn catalog_tables(&self) -> Vec<(TableId, String)> {
         self.catalog.lock().tables.clone()

@@ -828,6 +828,7 @@ fn a_gap_is_read_again_a_batch_at_a_time_merged_and_a_segment_changed_since_is_a
     let dir = tempfile::tempdir().unwrap();
     let (d, mut write) = alternating_log(dir.path(), 16 << 10, 300);
     write(0, 600);
+    at_rest(&d);
     let epoch = d.logger().epoch();
     let after = Ts(d.db().clock().now().0 / 2);
     let segs = segment_files(dir.path());
@@ -907,6 +908,7 @@ fn a_gap_of_more_segments_than_it_keeps_open_reopens_the_rest_by_name() {
     // About one batch a segment.
     let (d, mut write) = alternating_log(dir.path(), 1 << 10, 1000);
     write(0, 700);
+    at_rest(&d);
     let epoch = d.logger().epoch();
     let segs = segment_files(dir.path());
     assert!(segs.len() > 300, "{} segments", segs.len());
@@ -953,6 +955,17 @@ fn alternating_log(
         }
     };
     (d, write)
+}
+
+/// Until the log is at rest (`Logger::at_rest`, bounded): each stream's vouch for its
+/// last write, framed once it has been quiet a while, is in its segment, and nothing more
+/// will be written, so the segments read now are those a gap taken next holds.
+fn at_rest(d: &ditto_log::Durable) {
+    let since = std::time::Instant::now();
+    while !d.logger().at_rest() {
+        assert!(since.elapsed() < std::time::Duration::from_secs(10), "the log never came to rest");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// A batch's place in a gap's merge: its first transaction, a heartbeat's bound.
