@@ -126,6 +126,13 @@ pub struct Common {
     /// shipped by the committing thread").
     #[arg(long)]
     pub workers_ship: bool,
+    /// Cluster runs: no standalone run after them. By default each logged mode with
+    /// backups runs standalone again after its cluster runs, and their
+    /// `throughput_ratio_vs_standalone` is against the mean of the runs before and after
+    /// (both kept, `_before` and `_after`); not with --replay-only, whose standalone run is
+    /// recorded.
+    #[arg(long)]
+    pub no_bracket: bool,
 }
 
 impl Common {
@@ -360,17 +367,20 @@ fn run_modes(
     for mode in &c.log {
         let label = mode.name(c.interval_ms);
         eprintln!("== {name}: {} worker(s), log {label}", c.workers);
-        let report = match mode.durability(c.interval_ms) {
-            None => {
-                let db = Database::new(Options { workers: c.workers });
-                body(&db, &run, &Probe::NONE)?
-            }
-            Some(dur) => {
-                // One run of this mode, recorded (`--replay-only`) or not; `unrecorded`, the
-                // workers' CPU per logged transaction of an unrecorded run, for the replay's
-                // ratio.
-                let run_logged =
-                    |recording: bool, unrecorded: Option<f64>| -> Result<Report, Box<dyn std::error::Error>> {
+        // A standalone run of this mode (with --replay-only, its recorded run and replays).
+        let standalone = || -> Result<Report, Box<dyn std::error::Error>> {
+            Ok(match mode.durability(c.interval_ms) {
+                None => {
+                    let db = Database::new(Options { workers: c.workers });
+                    body(&db, &run, &Probe::NONE)?
+                }
+                Some(dur) => {
+                    // One run of this mode, recorded (`--replay-only`) or not; `unrecorded`, the
+                    // workers' CPU per logged transaction of an unrecorded run, for the replay's
+                    // ratio.
+                    let run_logged = |recording: bool,
+                                      unrecorded: Option<f64>|
+                     -> Result<Report, Box<dyn std::error::Error>> {
                         let scratch = ScratchDir::new(c.dir.clone(), name)?;
                         let d = ditto_log::open(
                             &scratch.path,
@@ -473,29 +483,32 @@ fn run_modes(
                         }
                         Ok(r)
                     };
-                if c.replay_only.is_empty() {
-                    run_logged(false, None)?
-                } else {
-                    // The replay is weighed against an unrecorded run of the same mode and
-                    // seed first (a review found, 2026-12-06, that the recorded run's own
-                    // execution, slowed by the recording, made the ratio look better).
-                    eprintln!("  (an unrecorded run first, for the execution the replay is weighed against)");
-                    let base = run_logged(false, None)?;
-                    let logged = base.committed.saturating_sub(base.read_only_committed).max(1) as f64;
-                    let per = (base.worker_cpu_s - base.worker_read_only_cpu_s).max(0.0) / logged;
-                    let mut r = run_logged(true, Some(per))?;
-                    if let serde_json::Value::Object(m) = &mut r.extra {
-                        m.insert("unrecorded_worker_cpu_s_per_logged_txn".into(), per.into());
-                        m.insert("unrecorded_throughput_tps".into(), base.throughput_tps.into());
+                    if c.replay_only.is_empty() {
+                        run_logged(false, None)?
+                    } else {
+                        // The replay is weighed against an unrecorded run of the same mode and
+                        // seed first (a review found, 2026-12-06, that the recorded run's own
+                        // execution, slowed by the recording, made the ratio look better).
+                        eprintln!("  (an unrecorded run first, for the execution the replay is weighed against)");
+                        let base = run_logged(false, None)?;
+                        let logged = base.committed.saturating_sub(base.read_only_committed).max(1) as f64;
+                        let per = (base.worker_cpu_s - base.worker_read_only_cpu_s).max(0.0) / logged;
+                        let mut r = run_logged(true, Some(per))?;
+                        if let serde_json::Value::Object(m) = &mut r.extra {
+                            m.insert("unrecorded_worker_cpu_s_per_logged_txn".into(), per.into());
+                            m.insert("unrecorded_throughput_tps".into(), base.throughput_tps.into());
+                        }
+                        r
                     }
-                    r
                 }
-            }
+            })
         };
+        let report = standalone()?;
         report.print();
         let standalone_tps = report.throughput_tps;
         results.push((label.clone(), report));
         let Some(dur) = mode.durability(c.interval_ms).filter(|_| c.backups > 0) else { continue };
+        let first_cluster_run = results.len();
         for replay in &c.backup_replay {
             let cl = format!("{label}+{}x{}/{}", c.backups, policy.name(), replay);
             eprintln!(
@@ -540,6 +553,36 @@ fn run_modes(
             );
             results.push((cl, r));
         }
+        // The standalone run again after the cluster runs, so that their ratio is against
+        // the mean of a run on either side: this VM drifts between runs, and a ratio
+        // against the run before alone read the drift as the cluster's cost, either way.
+        if c.no_bracket || !c.replay_only.is_empty() {
+            continue;
+        }
+        eprintln!(
+            "== {name}: {} worker(s), log {label} again, after the cluster runs (their ratio is against both)",
+            c.workers
+        );
+        let after = standalone()?;
+        after.print();
+        let mean = (standalone_tps + after.throughput_tps) / 2.0;
+        for (cl, r) in &mut results[first_cluster_run..] {
+            let tps = r.throughput_tps;
+            println!(
+                "  {cl}: {:.3}x of the standalone run before, {:.3}x of the one after, {:.3}x of their mean",
+                tps / standalone_tps,
+                tps / after.throughput_tps,
+                tps / mean
+            );
+            if let serde_json::Value::Object(m) = &mut r.extra {
+                m.insert("throughput_ratio_vs_standalone".into(), (tps / mean).into());
+                m.insert("throughput_ratio_vs_standalone_before".into(), (tps / standalone_tps).into());
+                m.insert("throughput_ratio_vs_standalone_after".into(), (tps / after.throughput_tps).into());
+                m.insert("standalone_tps_before".into(), standalone_tps.into());
+                m.insert("standalone_tps_after".into(), after.throughput_tps.into());
+            }
+        }
+        results.push((format!("{label} (after)"), after));
     }
     if results.len() > 1 {
         let base = results[0].1.throughput_tps;

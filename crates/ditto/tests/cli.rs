@@ -259,14 +259,23 @@ fn bench_ycsb_cluster_run_with_a_backup() {
     ]);
     let j = last_json(&out);
     let runs = j["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4, "standalone, then serial, parallel and dependency cluster runs: {out}");
-    for (run, replay) in runs[1..].iter().zip(["serial", "parallel", "dependency"]) {
+    assert_eq!(runs.len(), 5, "standalone, serial, parallel and dependency cluster runs, standalone again: {out}");
+    assert_eq!(runs[4]["log"], "fsync-every-batch (after)", "{out}");
+    let tps = |r: &serde_json::Value| r["report"]["throughput_tps"].as_f64().unwrap();
+    let (before, after) = (tps(&runs[0]), tps(&runs[4]));
+    assert!(before > 0.0 && after > 0.0, "{out}");
+    for (run, replay) in runs[1..4].iter().zip(["serial", "parallel", "dependency"]) {
         let x = &run["report"]["extra"];
         assert_eq!(x["backup_replay"], replay, "{x}");
         assert_eq!(x["commit_policy"], "majority-durable", "{x}");
         assert!(run["report"]["committed"].as_u64().unwrap() > 0, "{x}");
         let ratio = x["throughput_ratio_vs_standalone"].as_f64().unwrap();
         assert!(ratio > 0.0 && ratio < 10.0, "{x}");
+        // Against the mean of the standalone runs on either side, each kept too.
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b;
+        assert!(close(ratio, tps(run) / ((before + after) / 2.0)), "{x}");
+        assert!(close(x["throughput_ratio_vs_standalone_before"].as_f64().unwrap(), tps(run) / before), "{x}");
+        assert!(close(x["throughput_ratio_vs_standalone_after"].as_f64().unwrap(), tps(run) / after), "{x}");
         assert!(x["replay_cost_ratio"].as_f64().unwrap() > 0.0, "the backup replayed: {x}");
         // Each ratio is what its parts say (one backup: it is the worst).
         let f = |k: &str| x[k].as_f64().unwrap_or_else(|| panic!("no {k}: {x}"));
