@@ -42,6 +42,13 @@ pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
 const PART_HEADER_LEN: usize = 32;
 const PART_TRAILER_LEN: usize = 24;
 const RIDS_PER_TASK: u64 = 1 << 16;
+
+/// The most parts a checkpoint has (4M: 256 TiB at the default 64 MiB a part), and so
+/// the longest its manifest can be: a longer MANIFEST's size is damaged, and is refused
+/// before it is read (read whole, a damaged inode's 40 GiB would have held the open in
+/// memory until the process was killed, as the log's segments could before 2026-12-06).
+pub const PARTS_MAX: usize = 1 << 22;
+pub const MANIFEST_BYTES_MAX: u64 = 36 + 20 * PARTS_MAX as u64;
 /// A paced checkpoint's writer checks its pace, and starts the write-back of what it
 /// wrote, every `Pace::step` bytes: about 8 ms of its pace (so a writer sleeps about that
 /// long at a time, and a cancelled one stops that soon: a fence waits for it), between
@@ -142,6 +149,9 @@ impl Manifest {
             return Err(bad(8, &format!("unsupported checkpoint version {version}")));
         }
         let n = u32_at(28) as usize;
+        if n > PARTS_MAX {
+            return Err(bad(28, &format!("a part count of {n}, more than the {PARTS_MAX} a checkpoint has")));
+        }
         if body.len() != 32 + n * 20 {
             return Err(bad(28, "manifest length does not match its part count"));
         }
@@ -184,19 +194,36 @@ impl CheckpointInfo {
     }
 }
 
-/// Hard-links every file of the checkpoint in `dir` into the new directory `to` (so the
-/// files stay while a later checkpoint deletes `dir`: a copy being sent to a backup);
-/// returns their names.
+/// Hard-links the checkpoint in `dir`, its MANIFEST and the parts it names, into the new
+/// directory `to` (so the files stay while a later checkpoint deletes `dir`: a copy being
+/// sent to a backup); returns their names. Nothing else in `dir` goes: before 2026-12-06
+/// every file did, and a `MANIFEST.tmp` left by a crash while the manifest was rewritten
+/// (`raise_manifest_epoch`) went to every backup that joined, which refused the copy (only
+/// a MANIFEST and its parts may come), join after join (found by a review).
 pub fn link_files(dir: &Path, to: &Path) -> Result<Vec<String>, LogError> {
+    let mpath = dir.join("MANIFEST");
+    let m = match read_manifest(&mpath)? {
+        Some(b) => Manifest::decode(&b, &mpath)?,
+        None => return Err(LogError::io(&mpath, std::io::ErrorKind::NotFound.into())),
+    };
     std::fs::create_dir_all(to).map_err(|e| LogError::io(to, e))?;
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| LogError::io(dir, e))? {
-        let p = e.map_err(|e| LogError::io(dir, e))?.path();
-        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        std::fs::hard_link(&p, to.join(&name)).map_err(|e| LogError::io(&p, e))?;
-        files.push(name);
+    let mut files: Vec<String> = (0..m.parts.len()).map(part_name).collect();
+    files.push("MANIFEST".into());
+    for name in &files {
+        let p = dir.join(name);
+        std::fs::hard_link(&p, to.join(name)).map_err(|e| LogError::io(&p, e))?;
     }
     Ok(files)
+}
+
+/// The bytes of the MANIFEST at `mpath`, `None` where there is none; one longer than any
+/// manifest can be (`MANIFEST_BYTES_MAX`) is refused before it is read.
+pub fn read_manifest(mpath: &Path) -> Result<Option<Vec<u8>>, LogError> {
+    match crate::options::read_file_at_most(mpath, MANIFEST_BYTES_MAX, "a checkpoint's MANIFEST") {
+        Ok(b) => Ok(Some(b)),
+        Err(LogError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 pub(crate) fn checkpoints_dir(data: &Path) -> PathBuf {
@@ -310,13 +337,13 @@ pub(crate) fn write(
     // a complete checkpoint's, and the failed attempt's clean-up would remove it.)
     if dir.try_exists().map_err(|e| LogError::io(&dir, e))? {
         let mpath = dir.join("MANIFEST");
-        match std::fs::read(&mpath) {
+        match read_manifest(&mpath)? {
             // A complete checkpoint at this very timestamp (nothing committed since it was
             // taken, as after a recovery that replayed nothing): the same image. It may be the
             // only complete checkpoint, so it is kept, never removed and rewritten (a crash
             // in between would leave none); only its manifest moves to the newer epoch, in
             // one atomic write.
-            Ok(b) => {
+            Some(b) => {
                 let mut m = Manifest::decode(&b, &mpath)?;
                 named_ts(&m, ts, &mpath)?;
                 raise_manifest_epoch(&dir, &mut m, log_epoch_min, storage)?;
@@ -328,10 +355,7 @@ pub(crate) fn write(
                 return Ok(CheckpointInfo::of(&m, dir, t0));
             }
             // A leftover of an earlier attempt at the same timestamp, never complete.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::remove_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
-            }
-            Err(e) => return Err(LogError::io(&mpath, e)),
+            None => std::fs::remove_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?,
         }
     }
     std::fs::create_dir_all(&root).map_err(|e| LogError::io(&root, e))?;
@@ -386,6 +410,13 @@ pub(crate) fn write(
             match std::fs::remove_file(dir.join("MANIFEST")) {
                 Err(r) if r.kind() != std::io::ErrorKind::NotFound => {}
                 _ => {
+                    // The removal durable before the parts go (a review, 2026-12-06): a
+                    // file system that keeps no order among metadata operations could
+                    // otherwise bring the manifest back after a power cut without its
+                    // parts, a newest checkpoint that refuses to load where the one
+                    // before it and the log hold everything. (If this sync fails, the
+                    // parts still go: the manifest's removal may then not be durable.)
+                    let _ = storage.sync_dir(&dir);
                     if crate::replica::to_trash_unsynced(data, std::slice::from_ref(&dir)).is_err() {
                         let _ = std::fs::remove_dir_all(&dir);
                     }
@@ -660,15 +691,18 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     let mut found = None;
     while let Some((ts, d)) = dirs.pop() {
         let mpath = d.join("MANIFEST");
-        match std::fs::read(&mpath) {
-            Ok(b) if found.is_none() => {
+        if found.is_some() {
+            // Older checkpoints, complete or not: superseded.
+            incomplete.push(d);
+            continue;
+        }
+        match read_manifest(&mpath)? {
+            Some(b) => {
                 let m = Manifest::decode(&b, &mpath)?;
                 named_ts(&m, ts, &mpath)?;
                 found = Some((d, m));
             }
-            Ok(_) => incomplete.push(d), // older complete checkpoints: superseded
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => incomplete.push(d),
-            Err(e) => return Err(LogError::io(&mpath, e)),
+            None => incomplete.push(d),
         }
     }
     Ok((found, incomplete))
@@ -759,6 +793,10 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
         let rid = RecordId(u64_at(p + 4));
         let vts = Ts(u64_at(p + 12));
         let klen = u32_at(p + 20) as usize;
+        if klen > ditto_engine::KEY_LEN_MAX {
+            // (Log replay refuses such a key too; loaded, no client could ever name it.)
+            return Err(bad(p + 20, &format!("a row key of {klen} bytes, longer than any key ditto takes")));
+        }
         let kstart = p + 24;
         if kstart + klen + 4 > end {
             return Err(bad(p, "row key runs past the end"));

@@ -440,8 +440,66 @@ fn a_file_whose_size_is_damaged_is_refused_before_it_is_read_whole() {
     refused_naming(dir.path(), &seg, &format!("a log segment is {} bytes, more than the {max} it can be", max + 1));
     assert!(peak() < before + (1 << 30), "peak memory {} after {before}: the segment was read whole", peak());
     grow(&seg, seg_len);
+    // The checkpoint's MANIFEST likewise (read whole before 2026-12-06, at every open and
+    // every online checkpoint's look for the newest).
+    let manifest = ck.join("MANIFEST");
+    let manifest_len = std::fs::metadata(&manifest).unwrap().len();
+    let max = ditto_log::checkpoint::MANIFEST_BYTES_MAX;
+    grow(&manifest, 3 << 30);
+    refused_naming(
+        dir.path(),
+        &manifest,
+        &format!("a checkpoint's MANIFEST is {} bytes, more than the {max}", 3u64 << 30),
+    );
+    assert!(peak() < before + (1 << 30), "peak memory {} after {before}: the manifest was read whole", peak());
+    grow(&manifest, manifest_len);
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
+}
+
+/// A manifest whose checksum holds but whose part count is more than any checkpoint has
+/// (`PARTS_MAX`) is refused as such, naming it, before its length is weighed.
+#[test]
+fn a_manifest_naming_more_parts_than_a_checkpoint_has_is_refused() {
+    let (dir, ck) = checkpointed();
+    let manifest = ck.join("MANIFEST");
+    let good = std::fs::read(&manifest).unwrap();
+    let mut b = good.clone();
+    let n = ditto_log::checkpoint::PARTS_MAX as u32 + 1;
+    b[28..32].copy_from_slice(&n.to_le_bytes());
+    let body = b.len() - 4;
+    let crc = crc32c::crc32c(&b[..body]);
+    b[body..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&manifest, &b).unwrap();
+    refused_naming(dir.path(), &manifest, &format!("a part count of {n}"));
+    std::fs::write(&manifest, &good).unwrap();
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
+}
+
+/// A checkpoint sent to a backup is its MANIFEST and the parts it names, nothing else in
+/// its directory (a `MANIFEST.tmp` a crash left while the manifest was rewritten went to
+/// every joining backup before 2026-12-06, which refused the copy).
+#[test]
+fn a_checkpoint_linked_for_a_copy_is_its_manifest_and_parts_alone() {
+    let (_dir, ck) = checkpointed();
+    std::fs::write(ck.join("MANIFEST.tmp"), b"left by a crash").unwrap();
+    let to = tempfile::tempdir().unwrap();
+    let linked = to.path().join("copy");
+    let mut names = ditto_log::checkpoint::link_files(&ck, &linked).unwrap();
+    names.sort();
+    let mut expected: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "MANIFEST.tmp")
+        .collect();
+    expected.sort();
+    assert!(expected.len() >= 2 && expected.contains(&"MANIFEST".to_string()), "{expected:?}");
+    assert_eq!(names, expected);
+    let mut there: Vec<String> =
+        std::fs::read_dir(&linked).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    there.sort();
+    assert_eq!(there, expected, "only the manifest and its parts are linked");
 }
 
 /// A damaged `DATABASE_ID` refuses the open before recovery changes anything: the log is

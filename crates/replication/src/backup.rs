@@ -1451,7 +1451,8 @@ fn receive_checkpoint(
     if !done.contains_key("MANIFEST") {
         return Err(bad("no MANIFEST came".into()));
     }
-    let m = std::fs::read(&mpath).map_err(io("reading the received MANIFEST"))?;
+    // (Refused if it is longer than any manifest can be, before it is read.)
+    let m = ditto_log::checkpoint::read_manifest(&mpath)?.ok_or_else(|| bad("the received MANIFEST is gone".into()))?;
     let m = ditto_log::checkpoint::Manifest::decode(&m, &mpath)?;
     if m.ts != ts {
         return Err(bad(format!("its MANIFEST is at ts {}, the welcome announced ts {}", m.ts.0, ts.0)));
