@@ -14,6 +14,9 @@ use crate::LogError;
 const MAGIC: &[u8; 8] = b"DITTOCAT";
 const VERSION: u32 = 1;
 pub const CATALOG_FILE: &str = "CATALOG";
+/// The longest a catalog can be: its header and checksum, and `TABLES_MAX` tables of the
+/// longest names (`load` reads no more than this and a byte).
+const CATALOG_BYTES_MAX: u64 = 20 + ditto_engine::TABLES_MAX as u64 * (4 + 2 + u16::MAX as u64);
 
 #[derive(Default, Clone, Debug)]
 pub struct Catalog {
@@ -86,9 +89,10 @@ impl Catalog {
 
     pub fn load(dir: &Path) -> Result<Catalog, LogError> {
         let path = dir.join(CATALOG_FILE);
-        match std::fs::read(&path) {
-            Ok(b) => Catalog::decode(&b, &path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Catalog::default()),
+        // (At most as long as a catalog can be, and a byte more, which fails its checksum.)
+        match crate::options::read_small(&path, CATALOG_BYTES_MAX) {
+            Ok(Some(b)) => Catalog::decode(&b, &path),
+            Ok(None) => Ok(Catalog::default()),
             Err(e) => Err(LogError::io(&path, e)),
         }
     }

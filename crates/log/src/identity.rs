@@ -72,9 +72,11 @@ fn line(id: DatabaseId) -> String {
 /// written by an older build). A file that does not hold one is an error naming it.
 pub fn read(dir: &Path) -> std::io::Result<Option<DatabaseId>> {
     let path = dir.join(DATABASE_ID_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    // (At most a line and a byte more, which the check below refuses: a damaged size is
+    // not read whole.)
+    let bytes = match crate::options::read_small(&path, line(DatabaseId(1)).len() as u64) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(None),
         Err(e) => return Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
     };
     let parsed = std::str::from_utf8(&bytes)

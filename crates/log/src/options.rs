@@ -156,6 +156,17 @@ pub(crate) fn too_long(path: &std::path::Path, len: u64, max: u64, what: &str) -
     }
 }
 
+/// The bytes of the small file at `path`, at most `max` and one more however long the
+/// file says it is (its decoder refuses a longer one: a damaged inode's size is not read
+/// whole), `None` where there is no such file.
+pub fn read_small(path: &std::path::Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::File::open(path) {
+        Ok(f) => read_up_to(f, max).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// `f`'s bytes, at most `max` and one more (so that a longer file is told apart), however
 /// long the file says it is.
 pub(crate) fn read_up_to(f: std::fs::File, max: u64) -> std::io::Result<Vec<u8>> {

@@ -174,9 +174,10 @@ fn link_dirs(data: &Path) -> Result<(Vec<PathBuf>, usize), LogError> {
 
 fn read_cut(dir: &Path) -> Result<Option<Ts>, LogError> {
     let f = dir.join(CUT_FILE);
-    match std::fs::read(&f) {
-        Ok(b) => decode_cut(&b).map(Some).map_err(|what| LogError::Corrupt { file: f, offset: 0, what }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+    // (A byte more than a cut, which `decode_cut` refuses: a damaged size is not read whole.)
+    match crate::options::read_small(&f, CUT_LEN as u64) {
+        Ok(Some(b)) => decode_cut(&b).map(Some).map_err(|what| LogError::Corrupt { file: f, offset: 0, what }),
+        Ok(None) => Ok(None),
         Err(e) => Err(LogError::io(&f, e)),
     }
 }
@@ -472,9 +473,11 @@ pub(crate) fn retire_sealed(data: &Path, floor: Option<Ts>, storage: &dyn Storag
 pub fn served(data: &Path) -> Option<(PathBuf, Ts, Ts)> {
     let dir = data.join(SERVED_DIR);
     let read = |name: &str| -> Option<Ts> {
-        match std::fs::read(dir.join(name)) {
-            Ok(b) => decode_cut(&b).map_err(|e| tracing::warn!("{}: {e}; not used", dir.join(name).display())).ok(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        match crate::options::read_small(&dir.join(name), CUT_LEN as u64) {
+            Ok(Some(b)) => {
+                decode_cut(&b).map_err(|e| tracing::warn!("{}: {e}; not used", dir.join(name).display())).ok()
+            }
+            Ok(None) => None,
             Err(e) => {
                 tracing::warn!("{}: {e}; not used", dir.join(name).display());
                 None

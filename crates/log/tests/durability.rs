@@ -453,6 +453,14 @@ fn a_file_whose_size_is_damaged_is_refused_before_it_is_read_whole() {
     );
     assert!(peak() < before + (1 << 30), "peak memory {} after {before}: the manifest was read whole", peak());
     grow(&manifest, manifest_len);
+    // And the catalog (a byte past the longest a catalog can be is read, which fails its
+    // checksum).
+    let catalog = dir.path().join(ditto_log::catalog::CATALOG_FILE);
+    let catalog_len = std::fs::metadata(&catalog).unwrap().len();
+    grow(&catalog, 3 << 30);
+    refused_naming(dir.path(), &catalog, "catalog checksum mismatch");
+    assert!(peak() < before + (1 << 30), "peak memory {} after {before}: the catalog was read whole", peak());
+    grow(&catalog, catalog_len);
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
 }
