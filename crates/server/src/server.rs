@@ -1869,6 +1869,16 @@ impl Conn {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
                     Ok(Some(args)) => {
+                        // The role changed since this batch began (`hub.follow` above):
+                        // this request and those after it are handled in the next round,
+                        // under the new role. Before 2026-12-06 the rest of a pipeline ran
+                        // with the old one: a SET on a demoted primary got "log detached"
+                        // rather than READONLY naming the new primary, a promoted backup
+                        // answered READONLY naming the old one (found by a review).
+                        if hub.generation.load(Ordering::Acquire) != seen {
+                            pending.push_front(Ok(Some(args)));
+                            break;
+                        }
                         if session.may_block(&args) && !out.is_empty() {
                             pending.push_front(Ok(Some(args)));
                             break;
