@@ -73,8 +73,17 @@ pub struct LoggedWrite<'a> {
 pub trait CommitLog: Send + Sync {
     /// Err once the log has failed: commits are refused before they take a timestamp.
     fn check_writable(&self) -> Result<()>;
-    /// Buffers one transaction's write set on `worker`'s stream. Never does I/O itself; may
-    /// block while the stream's buffer is over its limit (backpressure).
+    /// Called before a commit on `worker` takes its record locks: a log that holds writers
+    /// back (a stream buffer over its limit while the disk stalls) waits here, where the
+    /// commit holds nothing, rather than in `append`, under its record locks and its
+    /// commit slot (where readers of its records spun and the visible timestamp froze for
+    /// as long as the disk stalled; found by a review, 2026-12-06). Err as `check_writable`.
+    fn reserve(&self, _worker: WorkerId) -> Result<()> {
+        self.check_writable()
+    }
+    /// Buffers one transaction's write set on `worker`'s stream. Never does I/O itself; a
+    /// log whose `reserve` waits for room does not wait here (the stream is the worker's
+    /// alone, so nothing fills it between the two).
     fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>);
     /// Called on the committing thread at the end of each commit that `append`ed, once its
     /// writes are installed, its record locks let go and its timestamp visible: a log may

@@ -1020,7 +1020,8 @@ impl<'w> Transaction<'w> {
             return Err(Error::TooLarge { what: "transaction write set", len: bytes, max: TXN_BYTES_MAX });
         }
         if let Some(log) = &log {
-            log.0.check_writable()?;
+            // (Waits for room in the worker's log stream, if it must, before any lock.)
+            log.0.reserve(self.worker.id)?;
         }
         // From the first record lock until the timestamp is visible, a panic stops the
         // process (`AbortOnUnwind`).

@@ -1470,9 +1470,27 @@ impl CommitLog for Logger {
         }
     }
 
+    fn reserve(&self, worker: WorkerId) -> ditto_engine::Result<()> {
+        // Backpressure: while the stream's buffer is over its limit (the disk behind), the
+        // commit waits for the flusher to take it, before it locks anything. Only this
+        // worker appends to its stream, so the room is still there at its `append`.
+        let stream = &self.streams[worker.0 as usize];
+        let mut buf = stream.buf.lock();
+        while buf.payload_len() > self.opts.stream_buffer_bytes_max
+            && self.failed.get().is_none()
+            && !self.shutdown.load(Ordering::Acquire)
+        {
+            stream.space.wait_for(&mut buf, Duration::from_millis(10));
+        }
+        drop(buf);
+        self.check_writable()
+    }
+
     fn append(&self, worker: WorkerId, ts: Ts, writes: &mut dyn ExactSizeIterator<Item = LoggedWrite<'_>>) {
         let stream = &self.streams[worker.0 as usize];
         let mut buf = stream.buf.lock();
+        // (`reserve` waited for room before the commit's locks; this never waits but for
+        // a caller that skipped it.)
         while buf.payload_len() > self.opts.stream_buffer_bytes_max && self.failed.get().is_none() {
             stream.space.wait_for(&mut buf, Duration::from_millis(10));
         }

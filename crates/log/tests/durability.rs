@@ -2708,6 +2708,86 @@ fn a_stream_frames_a_heartbeat_once_while_its_last_floor_is_on_the_way_to_disk()
     );
 }
 
+/// A commit held back by a full stream buffer (the disk stalled) waits before it takes
+/// its record locks and its timestamp (`CommitLog::reserve`), not after: another worker
+/// commits to the same key, and the visible timestamp moves, while it waits; once the
+/// disk answers, both are committed and durable. Before 2026-12-06 it waited in `append`,
+/// holding the key's lock and its commit slot: the other worker's commit spun on the
+/// lock, and every reader's view stood still, for as long as the disk stalled.
+#[test]
+fn a_commit_held_back_by_a_full_log_buffer_holds_no_lock_while_it_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let stalled = Arc::new(AtomicBool::new(false));
+    let mut o = opts(2, Durability::EveryBatch);
+    o.log.storage = Arc::new(StallingStorage { stalled: Arc::clone(&stalled) });
+    o.log.stream_buffer_bytes_max = 16 << 10;
+    let d = Arc::new(open(dir.path(), o).unwrap());
+    let t = d.db().create_table("t").unwrap();
+    put_n(&d, t, 0, 0, 5);
+    stalled.store(true, Ordering::SeqCst);
+    // Worker 0 writes the hot key until its stream's buffer is full and a commit waits.
+    let made = Arc::new(AtomicU64::new(0));
+    let filler = {
+        let (d, made) = (Arc::clone(&d), Arc::clone(&made));
+        std::thread::spawn(move || {
+            let mut w = d.db().worker(WorkerId(0)).unwrap();
+            let value = vec![1u8; 1024];
+            let mut tickets = Vec::new();
+            for _ in 0..64 {
+                tickets.push(w.run(|x| x.put(t, b"hot", &value)).unwrap().1);
+                made.fetch_add(1, Ordering::SeqCst);
+            }
+            tickets
+        })
+    };
+    // Until it stops making commits: one is waiting for room.
+    let since = std::time::Instant::now();
+    let mut last = (made.load(Ordering::SeqCst), std::time::Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = made.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        } else if last.1.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        assert!(since.elapsed() < Duration::from_secs(20), "worker 0 never waited ({now} commits)");
+    }
+    let waiting_after = made.load(Ordering::SeqCst);
+    assert!(waiting_after < 64, "worker 0's commits all went through a stalled disk's 16 KiB buffer");
+    // Worker 1 commits to the same key meanwhile, and the visible timestamp reaches it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let other = {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || {
+            let mut w = d.db().worker(WorkerId(1)).unwrap();
+            let tk = w.run(|x| x.put(t, b"hot", b"worker 1")).unwrap().1;
+            tx.send(tk.ts()).unwrap();
+            tk
+        })
+    };
+    let ts = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| {
+        stalled.store(false, Ordering::SeqCst);
+        panic!("worker 1's commit to the key worker 0's waiting commit writes waited for the stalled disk")
+    });
+    let since = std::time::Instant::now();
+    while d.db().clock().visible_ts() < ts {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the visible timestamp stood still behind the waiting commit"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(made.load(Ordering::SeqCst), waiting_after, "worker 0 still waits: the disk is stalled");
+    stalled.store(false, Ordering::SeqCst);
+    let other = other.join().unwrap();
+    for tk in filler.join().unwrap() {
+        tk.wait().unwrap();
+    }
+    other.wait().unwrap();
+    assert_eq!(made.load(Ordering::SeqCst), 64);
+}
+
 /// With a shipping tap, a local disk that stalls holds up no shipping: commits made while
 /// every write hangs are still shipped (framed and handed to the tap) at once, and none
 /// is durable, nor acknowledged, until the disk answers; then all are, and survive.

@@ -1942,7 +1942,10 @@ impl Conn {
                         let t = Instant::now();
                         match work {
                             Work::One(args) => {
-                                let db_before = session.selected_db();
+                                // (Where it may be answered LOADING below: an EXEC on a
+                                // backup, whose queued SELECT, HELLO, CLIENT SETNAME and
+                                // AUTH are then undone.)
+                                let before = gate.as_ref().map(|_| session.conn_state());
                                 let o = with_worker(&conn.sh.db, |w| {
                                     shard = w.id().0 as usize;
                                     session.handle(args, &conn.sh, w)
@@ -1954,9 +1957,15 @@ impl Conn {
                                         break;
                                     }
                                     // A transaction is not run twice (its queue is gone):
-                                    // it read nothing that may be shown, and a SELECT queued
-                                    // in it is undone, as its other refusals undo it.
-                                    session.restore_db(db_before);
+                                    // it read nothing that may be shown, and what its queued
+                                    // connection commands changed (the database, the name,
+                                    // the protocol, the authentication) is undone, as its
+                                    // other refusals undo it (before 2026-12-06 the
+                                    // database alone: a queued HELLO 3 left a client told
+                                    // "run it again" speaking RESP3; found by a review).
+                                    if let Some(b) = before {
+                                        session.restore_conn_state(b);
+                                    }
                                     o.reply = Reply::err(
                                         "LOADING this backup changed its role while the transaction ran; run it again",
                                     );

@@ -395,12 +395,6 @@ impl Session {
         self.db
     }
 
-    /// Selects `db` again: an EXEC whose reply is refused after it ran undoes its queued
-    /// SELECT.
-    pub fn restore_db(&mut self, db: u8) {
-        self.db = db;
-    }
-
     /// The commit policy this connection's writes are released under (`None`: the
     /// server's default).
     pub fn policy(&self) -> Option<ditto_replication::CommitPolicy> {
@@ -968,17 +962,17 @@ impl Session {
         let writes = queue.iter().any(|a| lookup(&a[0]).is_some_and(|spec| spec.write));
         if sh.read_only && writes {
             let why = read_only_refusal(sh, self.tls);
-            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: {why}")));
+            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: {why}")));
         }
         // The write gate closed after the writes were queued (a primary that lost contact
         // with its cluster): the transaction is refused as a whole.
         if let Some(why) = sh.write_gate.refusal_for(self.tls).filter(|_| writes) {
-            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded: READONLY {why}")));
+            return Outcome::now(Reply::err(format!("EXECABORT Transaction discarded because of: READONLY {why}")));
         }
         if self.policy_unrecorded && writes {
             let p = self.policy.map_or(String::new(), |p| p.name());
             return Outcome::now(Reply::err(format!(
-                "EXECABORT Transaction discarded: commit policy {p} could not be recorded with this primary"
+                "EXECABORT Transaction discarded because of: commit policy {p} could not be recorded with this primary"
             )));
         }
         // What the queue's connection commands may change here (CLIENT SETNAME, HELLO,
@@ -1121,8 +1115,15 @@ impl Session {
     }
 
     /// What a queued connection command may change on this connection (`exec_queued`).
-    fn conn_state(&self) -> ConnState {
+    /// What the connection's own commands set (the database, the name, the protocol, the
+    /// authentication), to be put back (`restore_conn_state`).
+    pub fn conn_state(&self) -> ConnState {
         ConnState { db: self.db, name: self.name.clone(), proto: self.proto, authed: self.authed }
+    }
+
+    /// Puts back what `conn_state` saved.
+    pub fn restore_conn_state(&mut self, s: ConnState) {
+        self.restore(s);
     }
 
     fn restore(&mut self, s: ConnState) {
@@ -2154,7 +2155,7 @@ fn replicas_holding(sh: &Shared, ts: Ts) -> usize {
 /// The connection's state a queued command may change (SELECT, CLIENT SETNAME, HELLO,
 /// AUTH), put back where an EXEC does not commit (`Session::exec_queued`).
 #[derive(Clone)]
-struct ConnState {
+pub struct ConnState {
     db: u8,
     name: Option<Bytes>,
     proto: Proto,
