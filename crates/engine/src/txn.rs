@@ -987,7 +987,22 @@ impl<'w> Transaction<'w> {
         }
         if self.s.writes.is_empty() {
             // Read-only: validate, and let the ticket wait for what we read to be durable.
-            self.validate()?;
+            // Its misses and scans are checked at one point, as a read-write transaction's
+            // are at its timestamp: a reader slot held across the checks keeps every delete
+            // committed from then on linked in the index (deletes are unlinked only below
+            // every snapshot, `Database::unlink_deleted`), so a key inserted and deleted
+            // while the reads were checked still shows as a phantom at the miss check.
+            // Without it, a transaction that missed k, read y after the insert of k wrote
+            // it and z before the delete of k wrote it, committed: the delete, and its
+            // cleanup, landed between the check of z and the check of k (found by a review,
+            // 2026-12-06). Reads alone need no such point: each is unchanged from its read
+            // to its check, and every read comes before every check.
+            let hold = (!self.s.misses.is_empty() || !self.s.scans.is_empty()).then(|| self.clock().register_reader());
+            let valid = self.validate();
+            if let Some((slot, _)) = hold {
+                self.clock().release_reader(slot);
+            }
+            valid?;
             let mut read_ts = self.s.reads.iter().map(|(_, tid)| tid & TS_MASK).max().unwrap_or(0);
             // A key found absent may be absent because a delete's tombstone left the index,
             // and that delete may not be durable yet: its reply waits for it too (the
@@ -1141,6 +1156,8 @@ impl<'w> Transaction<'w> {
                 return Err(Error::Conflict("phantom in scanned range"));
             }
         }
+        #[cfg(test)]
+        tests::between_the_checks();
         for (table, key) in &self.s.misses {
             let t = self.worker.db.table(*table)?;
             if let Some(rid) = t.index.get(key, &self.guard) {
@@ -1467,6 +1484,54 @@ impl Drop for ReadTxn<'_> {
 mod tests {
     use super::*;
     use crate::{Database, Options, WorkerId, WORKERS_MAX};
+
+    thread_local! {
+        /// Run once by this thread's next validation, between its reads' and scans'
+        /// checks and its misses' (`Transaction::validate`).
+        static BETWEEN: std::cell::RefCell<Option<Box<dyn FnOnce()>>> = std::cell::RefCell::new(None);
+    }
+
+    pub(super) fn between_the_checks() {
+        if let Some(f) = BETWEEN.with(|b| b.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    /// A read-only transaction's misses are checked at the same point as its reads: it
+    /// missed k, read y after an insert of k wrote it and z before a delete of k wrote it;
+    /// the delete commits, and the cleanup runs, between the check of its reads and that of
+    /// its misses. No serial order has all three (k absent, y new, z old): it aborts. Before
+    /// 2026-12-06 the cleanup unlinked k's tombstone there, and the transaction committed.
+    #[test]
+    fn a_read_only_transaction_missing_a_key_inserted_and_deleted_while_it_checks_aborts() {
+        let db = Arc::new(Database::new(Options { workers: 3 }));
+        let t = db.create_table("t").unwrap();
+        let mut w = db.worker(WorkerId(0)).unwrap();
+        w.run(|x| x.put(t, b"y", b"old").and_then(|_| x.put(t, b"z", b"old"))).unwrap().1.wait().unwrap();
+        let mut r = db.worker(WorkerId(1)).unwrap();
+        let mut tx = r.begin();
+        assert_eq!(tx.get(t, b"k").unwrap(), None);
+        // W1: k inserted with y.
+        w.run(|x| x.put(t, b"k", b"v").and_then(|_| x.put(t, b"y", b"new"))).unwrap().1.wait().unwrap();
+        assert_eq!(tx.get(t, b"y").unwrap().as_deref(), Some(&b"new"[..]));
+        assert_eq!(tx.get(t, b"z").unwrap().as_deref(), Some(&b"old"[..]));
+        // W2, between the checks: k deleted with z, then the cleanup.
+        let db2 = Arc::clone(&db);
+        BETWEEN.with(|b| {
+            *b.borrow_mut() = Some(Box::new(move || {
+                let mut w2 = db2.worker(WorkerId(2)).unwrap();
+                w2.run(|x| x.delete(t, b"k").and_then(|_| x.put(t, b"z", b"new"))).unwrap().1.wait().unwrap();
+                db2.reclaim();
+            }))
+        });
+        let committed = tx.commit();
+        assert!(BETWEEN.with(|b| b.borrow().is_none()), "the delete ran between the checks");
+        assert!(matches!(committed, Err(Error::Conflict(_))), "k absent, y new and z old: {committed:?}");
+        // Nothing holds the delete's cleanup back any more: k's record leaves the index.
+        db.reclaim();
+        let guard = crossbeam_epoch::pin();
+        assert!(db.table(t).unwrap().index.get(b"k", &guard).is_none(), "the cleanup ran once the check was done");
+    }
 
     /// A point read that finds a tombstone's record as the cleanup unlinks it sees the key
     /// absent, and is checked as a miss: an insert of the key committed below the reader
