@@ -485,6 +485,59 @@ fn a_manifest_naming_more_parts_than_a_checkpoint_has_is_refused() {
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
 }
 
+/// Every byte of a checkpoint's MANIFEST flipped, and the MANIFEST cut at every length:
+/// each refuses the open as damage naming the MANIFEST, never a panic, never an open on
+/// part of it, and changes nothing in the directory.
+#[test]
+fn every_byte_of_a_manifest_flipped_or_cut_is_refused_and_changes_nothing() {
+    let (dir, ck) = checkpointed();
+    let manifest = ck.join("MANIFEST");
+    let good = std::fs::read(&manifest).unwrap();
+    let image = |root: &Path| {
+        let mut files = Vec::new();
+        for e in walk(root) {
+            files.push((e.clone(), std::fs::read(&e).unwrap()));
+        }
+        files.sort();
+        files
+    };
+    let before = image(dir.path());
+    let refused = |b: &[u8], what: &str| {
+        std::fs::write(&manifest, b).unwrap();
+        match open(dir.path(), opts(1, Durability::EveryBatch)) {
+            Err(LogError::Corrupt { file, .. }) => assert_eq!(file, manifest, "{what}"),
+            Err(e) => panic!("{what}: wrong error {e}"),
+            Ok(_) => panic!("{what}: opened"),
+        }
+    };
+    for i in 0..good.len() {
+        let mut b = good.clone();
+        b[i] ^= 0xff;
+        refused(&b, &format!("byte {i} flipped"));
+    }
+    for len in 0..good.len() {
+        refused(&good[..len], &format!("cut at {len}"));
+    }
+    std::fs::write(&manifest, &good).unwrap();
+    assert!(image(dir.path()) == before, "a refused open changed the directory");
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
+}
+
+/// Every file under `root`, recursively.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.file_name().is_some_and(|n| n != "LOCK") {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// A checkpoint sent to a backup is its MANIFEST and the parts it names, nothing else in
 /// its directory (a `MANIFEST.tmp` a crash left while the manifest was rewritten went to
 /// every joining backup before 2026-12-06, which refused the copy).
