@@ -82,8 +82,15 @@ pub struct CommitClock {
     reuse_bound: AtomicU64,
 }
 
-/// Max concurrent read-only transactions (snapshots); more wait for a free slot.
-pub const READERS_MAX: usize = 256;
+/// Max concurrent snapshots (read-only transactions, and a read-only transaction's
+/// checks of its misses and scans); more wait for a free slot, and a claim that waits
+/// about 10 s panics (`claim_reader_slot`). Each thread holds at most one at a time as
+/// ditto uses them (a command's, a checkpoint's), so one per worker the engine takes
+/// (`WORKERS_MAX`) and room for the other threads: before 2026-12-06 there were 256, and
+/// an engine of more workers, each with a snapshot while a checkpoint held one, could
+/// exhaust them and panic (a review). A refresh reads only the slots ever claimed
+/// (`readers_used`), so the unused ones cost 128 bytes each and no time.
+pub const READERS_MAX: usize = crate::db::WORKERS_MAX + 64;
 
 impl CommitClock {
     pub(crate) fn new(workers: usize) -> CommitClock {
@@ -337,6 +344,24 @@ mod tests {
         c.release_reader(young);
         c.refresh_horizon();
         assert_eq!(c.horizons(), Horizons::at(Ts(25)));
+    }
+
+    /// A snapshot for each worker of the largest engine, and one more (a checkpoint's), are
+    /// held at once: each gets a slot of its own, at once (before 2026-12-06 the 257th
+    /// waited for a free slot, then panicked), and a refresh counts the oldest.
+    #[test]
+    fn a_snapshot_per_worker_of_the_largest_engine_and_a_checkpoints_fit() {
+        let c = CommitClock::new(1);
+        commit_n(&c, 3);
+        let held: Vec<(usize, Ts)> = (0..crate::db::WORKERS_MAX + 1).map(|_| c.register_reader()).collect();
+        let slots: std::collections::BTreeSet<usize> = held.iter().map(|h| h.0).collect();
+        assert_eq!(slots.len(), held.len(), "each snapshot has a slot of its own");
+        commit_n(&c, 3);
+        assert_eq!(c.refresh_horizon(), held[0].1, "the oldest snapshot holds the horizon");
+        for (slot, _) in held {
+            c.release_reader(slot);
+        }
+        assert!(c.refresh_horizon() > Ts(3));
     }
 
     /// A refresh reads only the slots ever claimed (`readers_used`), and each of those: the
