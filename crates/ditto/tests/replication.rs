@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{Client, Node};
+use common::{port_below_the_ephemeral_range, Client, Node};
 
 const ACCOUNTS: usize = 8;
 const START: i64 = 1000;
@@ -930,20 +930,6 @@ fn a_backup_takes_nothing_from_a_primary_of_another_database() {
     assert!(!cb.one(&["DITTO.WAITTS", &ts]).starts_with('-'));
     assert_eq!(cb.one(&["DBSIZE"]), ":21");
     assert_eq!(cb.one(&["GET", "k19"]), "a");
-}
-
-/// A port free now, from 20000 to 31999 (below Linux's ephemeral range).
-fn port_below_the_ephemeral_range() -> u16 {
-    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-        ^ ((std::process::id() as u64) << 32);
-    for _ in 0..10_000 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let port = 20_000 + ((x >> 33) % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port from 20000 to 31999");
 }
 
 /// The Prometheus exposition of a primary and of its backup, family by family: each

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{Client, Node};
+use common::{port_below_the_ephemeral_range, Client, Node};
 
 const FIRST: usize = 2000;
 const AFTER: usize = 500;
@@ -45,7 +45,8 @@ struct Pair {
 impl Pair {
     fn start(dir: &std::path::Path) -> Pair {
         let (pdir, blog) = (dir.join("primary"), dir.join("backup.log"));
-        let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &POLICY].concat());
+        let port = port_below_the_ephemeral_range().to_string();
+        let primary = Node::start(&pdir, &[&["--repl-port", &port][..], &POLICY].concat());
         let repl = primary.repl.clone().unwrap();
         let repl_port = repl.rsplit(':').next().unwrap().to_string();
         let backup = Node::start_logged(&dir.join("backup"), &["--replica-of", &repl], Some(&blog));
@@ -300,7 +301,8 @@ fn b1_stopped(policy: &str, more: impl FnOnce(u16) -> Option<u64>) -> B1Stopped 
     let tmp = tempfile::tempdir().unwrap();
     let policy = ["--commit-policy", policy, "--backups", "1"];
     let pdir = tmp.path().join("primary");
-    let primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let port = port_below_the_ephemeral_range().to_string();
+    let primary = Node::start(&pdir, &[&["--repl-port", &port][..], &policy].concat());
     let repl = primary.repl.clone().unwrap();
     let repl_port = repl.rsplit(':').next().unwrap().to_string();
     let bdir = tmp.path().join("backup");
@@ -496,7 +498,8 @@ fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_ot
     let tmp = tempfile::tempdir().unwrap();
     let policy = ["--commit-policy", "majority-received", "--backups", "2"];
     let pdir = tmp.path().join("primary");
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let port = port_below_the_ephemeral_range().to_string();
+    let mut primary = Node::start(&pdir, &[&["--repl-port", &port][..], &policy].concat());
     let repl = primary.repl.clone().unwrap();
     let repl_port = repl.rsplit(':').next().unwrap().to_string();
     let named =
@@ -559,7 +562,8 @@ fn a_backup_declared_lost_is_given_up_and_the_restarted_primary_waits_for_the_ot
 fn a_backup_that_cannot_serve_after_joining_again_stops_cleanly_and_comes_back_whole() {
     let tmp = tempfile::tempdir().unwrap();
     let pdir = tmp.path().join("primary");
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &POLICY].concat());
+    let port = port_below_the_ephemeral_range().to_string();
+    let mut primary = Node::start(&pdir, &[&["--repl-port", &port][..], &POLICY].concat());
     let repl = primary.repl.clone().unwrap();
     let repl_port = repl.rsplit(':').next().unwrap().to_string();
     let (bdir, blog) = (tmp.path().join("backup"), tmp.path().join("backup.log"));
@@ -596,7 +600,8 @@ fn a_cleanly_stopped_primary_waits_for_no_backup_and_a_killed_one_is_not_started
     let tmp = tempfile::tempdir().unwrap();
     let policy = ["--commit-policy", "majority-received", "--backups", "1"];
     let pdir = tmp.path().join("primary");
-    let mut primary = Node::start(&pdir, &[&["--repl-port", "0"][..], &policy].concat());
+    let port = port_below_the_ephemeral_range().to_string();
+    let mut primary = Node::start(&pdir, &[&["--repl-port", &port][..], &policy].concat());
     let repl = primary.repl.clone().unwrap();
     let repl_port = repl.rsplit(':').next().unwrap().to_string();
     let named = ["--replica-of", &repl, "--replica-name", "b1"];
