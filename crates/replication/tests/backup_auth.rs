@@ -179,7 +179,7 @@ fn a_backup_proves_its_password_only_to_a_primary_that_proved_it_first() {
     const PASSWORD: &str = "sesame-9";
     let tmp = tempfile::tempdir().unwrap();
     for (way, says) in [("welcome", "asks no password of its backups"), ("challenge", "did not prove it holds")] {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = common::listener_below_the_ephemeral_range();
         let addr = l.local_addr().unwrap().to_string();
         let stranger = std::thread::spawn(move || {
             // (Bounded: a backup that failed before it connected must not hang the test.)

@@ -63,7 +63,7 @@ type Said = Vec<(Option<ditto_replication::protocol::Frame>, Option<ditto_replic
 fn stand_in(epoch: ditto_log::Epoch, ts: Ts, links: Vec<(u64, u32, u64)>) -> (String, std::thread::JoinHandle<Said>) {
     use ditto_replication::protocol::{read_frame, Frame, Start};
     use std::io::Write;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let peer = std::thread::spawn(move || {
         let mut said = Vec::new();
@@ -91,7 +91,7 @@ fn a_backup_takes_nothing_from_a_primary_of_another_database_at_its_start() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
     // Backup b holds primary a's keys 0..40, and a's id.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let (a, t, p) = primary_on(&pa, listener);
     let a_id = p.database();
@@ -104,7 +104,7 @@ fn a_backup_takes_nothing_from_a_primary_of_another_database_at_its_start() {
     assert_eq!(before.len(), 40);
     // An unrelated primary c: epoch 1 too, and its clock past what b holds, so that the
     // epoch and the clock checks let a resume through.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let (c, tc, p2) = primary_on(&pc, listener);
     assert_eq!(tc, t);
@@ -140,7 +140,7 @@ fn a_backup_takes_nothing_from_a_primary_of_another_database_at_its_start() {
 fn a_running_backup_whose_primary_is_made_anew_at_its_address_stops_and_keeps_what_it_holds() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap();
     let (a, t, p) = primary_on(&pa, listener);
     let a_id = p.database();
@@ -334,7 +334,7 @@ impl ditto_log::storage::Storage for NoRoomForTheId {
 fn a_backup_that_cannot_save_the_primarys_id_takes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let (a, t, p) = primary_on(&pa, listener);
     let last = commit(&a, t, 0..10, b"a");

@@ -6,6 +6,8 @@
 //! primary lost gone from the backup too (real files and TCP). The server's use of both, between real processes, is tested in
 //! crates/ditto/tests/replication_rejoin.rs.
 
+mod common;
+
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,7 +81,7 @@ fn primary_and_backup(
 ) -> (ditto_log::Durable, ditto_engine::TableId, std::net::SocketAddr, Arc<Primary>, ditto_replication::Backup) {
     let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap();
     let p = ship(&a, listener);
     let bk = backup::start(BackupOptions { replay, ..BackupOptions::new(&addr.to_string(), pb, 1, "b") }).unwrap();
@@ -171,7 +173,7 @@ fn a_fresh_join_cut_short_mid_copy_leaves_the_directory_as_it_was() {
     }
     // A primary that starts sending a checkpoint and then goes quiet (a copy that takes
     // long: a fresh join reads it without a timeout).
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let (hello_tx, hello_rx) = std::sync::mpsc::channel();
     let fake = std::thread::spawn(move || {
@@ -337,7 +339,7 @@ fn fake_copy(
     cancel: Option<JoinCancel>,
     beats: u32,
 ) -> Result<(), BackupError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let (sent_tx, sent) = std::sync::mpsc::channel();
     let fake = std::thread::spawn(move || {
@@ -506,7 +508,7 @@ fn primary_restarts_without_commits_the_backup_holds(policy: &str, how: Acked) {
     // Dropped before `a` (a failed check included): its stalled writes then end at once.
     let _unstall = Unstall(Arc::clone(&stalled));
     let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap();
     let p = ship_telling(&a, listener, policy, None, Some(Arc::clone(&acknowledged)), Arc::clone(&tell_upto));
     let bk = backup::start(BackupOptions {
@@ -793,7 +795,7 @@ fn a_restarted_backup_holds_reads_of_what_its_primary_has_not_released() {
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().create_table("t").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let policy = CommitPolicy::parse("all-durable").unwrap();
     let opts = PrimaryOptions { backups_expected: 2, policy: Some(policy), ..Default::default() };
@@ -906,7 +908,7 @@ fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
     cat.add(ditto_engine::TableId(0), "a");
     cat.add(ditto_engine::TableId(1), "t");
     cat.save(&dir, &ditto_log::storage::RealStorage).unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap().to_string();
     let fake = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
@@ -930,7 +932,7 @@ fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
 #[test]
 fn a_join_waiting_out_a_primarys_checkpoint_ends_when_cancelled_or_stopped() {
     for by_cancel in [true, false] {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = common::listener_below_the_ephemeral_range();
         let addr = listener.local_addr().unwrap().to_string();
         let fake = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
@@ -995,7 +997,7 @@ fn a_backup_of_the_same_epoch_number_holding_more_than_the_primary_stamped_is_re
     let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
     let t = a.db().table_id("t").unwrap();
     let epoch = a.logger().epoch();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = common::listener_below_the_ephemeral_range();
     let addr = listener.local_addr().unwrap();
     let p = ship(&a, listener);
     let bk = backup::start(BackupOptions::new(&addr.to_string(), &pb, 1, "b")).unwrap();
