@@ -239,6 +239,10 @@ struct Stream {
     ahead: WriteAhead,
     /// Signalled when a worker appends (the flusher waits).
     cv: Condvar,
+    /// The buffer passed `stream_buffer_bytes_max` at an append (set by the stream's
+    /// worker, under `buf`; cleared when a flush takes the buffer): `reserve` takes the
+    /// buffer's lock only then, so a commit pays one load for the check, not a lock.
+    full: AtomicBool,
     /// Signalled when a flush takes the buffer (a worker under backpressure waits). Apart
     /// from `cv`, so a flush made off the flusher thread does not wake the flusher.
     space: Condvar,
@@ -433,6 +437,7 @@ impl Logger {
                 framed_floor: AtomicU64::new(durable_from.0),
                 ahead: WriteAhead::default(),
                 cv: Condvar::new(),
+                full: AtomicBool::new(false),
                 space: Condvar::new(),
                 durable: AtomicU64::new(durable_from.0),
                 synced: AtomicU64::new(0),
@@ -990,6 +995,7 @@ impl Logger {
         {
             let mut buf = stream.buf.lock();
             std::mem::swap(&mut *buf, &mut st.spare);
+            stream.full.store(false, Ordering::Relaxed);
             stream.space.notify_all();
         }
         // The batch's last transaction is a bound too: the stream's worker commits one
@@ -1474,15 +1480,18 @@ impl CommitLog for Logger {
         // Backpressure: while the stream's buffer is over its limit (the disk behind), the
         // commit waits for the flusher to take it, before it locks anything. Only this
         // worker appends to its stream, so the room is still there at its `append`.
+        // (Only this worker sets `full`, at its own appends: read here, it is never stale
+        // the unsafe way.)
         let stream = &self.streams[worker.0 as usize];
-        let mut buf = stream.buf.lock();
-        while buf.payload_len() > self.opts.stream_buffer_bytes_max
-            && self.failed.get().is_none()
-            && !self.shutdown.load(Ordering::Acquire)
-        {
-            stream.space.wait_for(&mut buf, Duration::from_millis(10));
+        if stream.full.load(Ordering::Relaxed) {
+            let mut buf = stream.buf.lock();
+            while buf.payload_len() > self.opts.stream_buffer_bytes_max
+                && self.failed.get().is_none()
+                && !self.shutdown.load(Ordering::Acquire)
+            {
+                stream.space.wait_for(&mut buf, Duration::from_millis(10));
+            }
         }
-        drop(buf);
         self.check_writable()
     }
 
@@ -1495,6 +1504,9 @@ impl CommitLog for Logger {
             stream.space.wait_for(&mut buf, Duration::from_millis(10));
         }
         buf.push_txn(ts, writes.map(|w| (w.table, w.rid, w.key, w.value)));
+        if buf.payload_len() > self.opts.stream_buffer_bytes_max {
+            stream.full.store(true, Ordering::Relaxed);
+        }
         stream.appended.store(ts.0, Ordering::Release);
         if buf.payload_len() > DEFER_BYTES_MAX || !self.defer_flush(worker.0 as usize) {
             stream.cv.notify_one();

@@ -1945,7 +1945,10 @@ impl Conn {
                                 // (Where it may be answered LOADING below: an EXEC on a
                                 // backup, whose queued SELECT, HELLO, CLIENT SETNAME and
                                 // AUTH are then undone.)
-                                let before = gate.as_ref().map(|_| session.conn_state());
+                                let before = gate
+                                    .as_ref()
+                                    .filter(|(_, a)| a[0].eq_ignore_ascii_case(b"EXEC"))
+                                    .map(|_| session.conn_state());
                                 let o = with_worker(&conn.sh.db, |w| {
                                     shard = w.id().0 as usize;
                                     session.handle(args, &conn.sh, w)
@@ -1964,7 +1967,7 @@ impl Conn {
                                     // database alone: a queued HELLO 3 left a client told
                                     // "run it again" speaking RESP3; found by a review).
                                     if let Some(b) = before {
-                                        session.restore_conn_state(b);
+                                        session.restore(b);
                                     }
                                     o.reply = Reply::err(
                                         "LOADING this backup changed its role while the transaction ran; run it again",

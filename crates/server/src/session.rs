@@ -390,11 +390,6 @@ pub struct Session {
 }
 
 impl Session {
-    /// The database this connection has selected.
-    pub fn selected_db(&self) -> u8 {
-        self.db
-    }
-
     /// The commit policy this connection's writes are released under (`None`: the
     /// server's default).
     pub fn policy(&self) -> Option<ditto_replication::CommitPolicy> {
@@ -1122,11 +1117,7 @@ impl Session {
     }
 
     /// Puts back what `conn_state` saved.
-    pub fn restore_conn_state(&mut self, s: ConnState) {
-        self.restore(s);
-    }
-
-    fn restore(&mut self, s: ConnState) {
+    pub fn restore(&mut self, s: ConnState) {
         (self.db, self.name, self.proto, self.authed) = (s.db, s.name, s.proto, s.authed);
     }
 
