@@ -506,15 +506,7 @@ impl Database {
         K: FnOnce() -> Bytes,
     {
         let t = self.table(table)?;
-        if rid.0 >= RECORDS_PER_TABLE_MAX {
-            return Err(Error::Corrupt(format!("table {} record {} is beyond the record id limit", t.name, rid.0)));
-        }
-        if let Some(v) = value {
-            check_value_len(v.len())?;
-        }
-        // As replay checks (a timestamp past the mask would set the record's lock or
-        // unlinked bit, and move the clock past its end; found by a review, 2026-12-05).
-        crate::record::check_write_ts(ts, "recovered")?;
+        check_recovered_row(&t.name, rid, ts, value.map(<[u8]>::len))?;
         t.reserve_rids(rid.0 + 1);
         let rec = t.record(rid);
         match key {
@@ -843,6 +835,22 @@ impl std::fmt::Debug for CommitTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CommitTicket({})", self.ts)
     }
+}
+
+/// What `Database::recovery_install` refuses in a row of table `table` (named in the
+/// error) before it looks at the table's records: a record id past the limit, a value
+/// longer than any, a timestamp outside the engine's range. Public for a check of a
+/// checkpoint that installs nothing (`ditto_log::checkpoint::check`).
+pub fn check_recovered_row(table: &str, rid: RecordId, ts: Ts, value_len: Option<usize>) -> Result<()> {
+    if rid.0 >= RECORDS_PER_TABLE_MAX {
+        return Err(Error::Corrupt(format!("table {table} record {} is beyond the record id limit", rid.0)));
+    }
+    if let Some(len) = value_len {
+        check_value_len(len)?;
+    }
+    // As replay checks (a timestamp past the mask would set the record's lock or
+    // unlinked bit, and move the clock past its end; found by a review, 2026-12-05).
+    crate::record::check_write_ts(ts, "recovered")
 }
 
 pub(crate) fn check_value_len(len: usize) -> Result<()> {

@@ -33,9 +33,9 @@ mod txn;
 pub use bytes::Bytes;
 pub use clock::{CommitClock, READERS_MAX};
 pub use db::{
-    CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX, LOG_TXN_OVERHEAD_MAX,
-    LOG_WRITE_OVERHEAD_MAX, RETRIES_MAX, TABLES_MAX, TABLE_NAME_MAX, TXN_BYTES_MAX, TXN_HELD_BYTES_MAX, VALUE_LEN_MAX,
-    WORKERS_MAX,
+    check_recovered_row, CommitLog, CommitTicket, Database, LoggedWrite, Options, Worker, KEY_LEN_MAX,
+    LOG_TXN_OVERHEAD_MAX, LOG_WRITE_OVERHEAD_MAX, RETRIES_MAX, TABLES_MAX, TABLE_NAME_MAX, TXN_BYTES_MAX,
+    TXN_HELD_BYTES_MAX, VALUE_LEN_MAX, WORKERS_MAX,
 };
 pub use error::{catch_panic, Error, Result};
 pub use ids::{RecordId, TableId, Ts, WorkerId};

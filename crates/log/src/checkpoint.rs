@@ -711,6 +711,53 @@ pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
 /// Loads a checkpoint into `db` (tables already restored), parts in parallel.
 /// Returns (rows, bytes).
 pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> Result<(u64, u64), LogError> {
+    for_each_part(dir, m, threads, |i, path, b, info| load_part(db, path, b, i as u32, m.ts, info))
+}
+
+/// Checks a checkpoint as its load would, row by row, installing nothing: every part's
+/// length, checksum, header, trailer and row count, and every row's bounds, key length,
+/// timestamp, record id and value length, and its table is one `known` names. A backup
+/// checks a received copy so before its own data goes (a copy whose checksums pass but
+/// whose rows its load refuses, a primary's bug, left before a backup that failed every
+/// start until a person acted). Not checked: two records with the same key (the load's
+/// index build refuses them), which needs every key at once. Returns (rows, bytes).
+pub fn check(
+    dir: &Path,
+    m: &Manifest,
+    threads: usize,
+    known: impl Fn(TableId) -> bool + Sync,
+) -> Result<(u64, u64), LogError> {
+    for_each_part(dir, m, threads, |i, path, b, info| check_part(path, &b, i as u32, m.ts, info, &known))
+}
+
+/// `check` of one part: part `part` of a checkpoint at `ts`, its bytes `b` read from
+/// `path` (named in an error), against its manifest's `info`. Returns its rows.
+pub fn check_part(
+    path: &Path,
+    b: &[u8],
+    part: u32,
+    ts: Ts,
+    info: &PartInfo,
+    known: impl Fn(TableId) -> bool,
+) -> Result<u64, LogError> {
+    parse_part(path, b, part, ts, info, |p, table, rid, _key, vts, value| {
+        if !known(table) {
+            return Err(format!("a row of table {}, which the copy's catalog does not name", table.0));
+        }
+        ditto_engine::check_recovered_row(&format!("id {}", table.0), rid, vts, Some(value.len()))
+            .map_err(|e| format!("the engine would refuse the row at {p}: {e}"))
+    })
+}
+
+/// Runs `part` on each part of the checkpoint in `dir` that `m` names, read whole (at most
+/// its manifest's length and a byte), `threads` parts at a time. Returns the rows `part`
+/// counted and the parts' bytes.
+fn for_each_part(
+    dir: &Path,
+    m: &Manifest,
+    threads: usize,
+    part: impl Fn(usize, &Path, Bytes, &PartInfo) -> Result<u64, LogError> + Sync,
+) -> Result<(u64, u64), LogError> {
     let next = AtomicUsize::new(0);
     let rows = AtomicU64::new(0);
     let bytes = AtomicU64::new(0);
@@ -726,11 +773,11 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
                         let Some(info) = m.parts.get(i) else { return Ok(()) };
                         let path = part_path(dir, i);
                         // At most the bytes its manifest names (and one more, so that a
-                        // longer file is refused by `load_part`), never the file's own
+                        // longer file is refused by `parse_part`), never the file's own
                         // length whole: a damaged size (a 40 GiB sparse file) was read
                         // into memory until the process was killed (a review, 2026-12-06).
-                        let part = std::fs::File::open(&path).and_then(|f| crate::options::read_up_to(f, info.bytes));
-                        let b = part.map_err(|e| match e.kind() {
+                        let read = std::fs::File::open(&path).and_then(|f| crate::options::read_up_to(f, info.bytes));
+                        let b = read.map_err(|e| match e.kind() {
                             // Its manifest names it: a checkpoint that lost a part is
                             // damaged, not a passing I/O failure worth retrying.
                             std::io::ErrorKind::NotFound => LogError::Corrupt {
@@ -740,7 +787,7 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
                             },
                             _ => LogError::io(&path, e),
                         })?;
-                        let n = load_part(db, &path, Bytes::from(b), i as u32, m.ts, info)?;
+                        let n = part(i, &path, Bytes::from(b), info)?;
                         rows.fetch_add(n, Ordering::Relaxed);
                         bytes.fetch_add(info.bytes, Ordering::Relaxed);
                     })
@@ -754,6 +801,29 @@ pub(crate) fn load(db: &Database, dir: &Path, m: &Manifest, threads: usize) -> R
 }
 
 fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &PartInfo) -> Result<u64, LogError> {
+    let mut keys = KeyArena::default();
+    parse_part(path, &b, part, ts, info, |_, table, rid, key, vts, value| {
+        // Checkpoint rows are whole records: they always carry the key.
+        // A row whose checksums pass but which the engine refuses (an unknown table, a
+        // record id past its limit, a value too large) names the part and the row, as
+        // other damage does (before 2026-12-05 the engine's error alone; a review).
+        db.recovery_install(table, rid, Some(|| keys.copy(key)), vts, Some(value))
+            .map_err(|e| format!("the engine refused the row: {e}"))
+    })
+}
+
+/// Checks part `part` of a checkpoint at `ts` (its bytes `b`, read from `path`) against its
+/// manifest's `info`, and hands each row to `row` (its offset, table, record id, key,
+/// version timestamp and value); an error `row` returns names the part and the row.
+/// Returns the rows.
+fn parse_part(
+    path: &Path,
+    b: &[u8],
+    part: u32,
+    ts: Ts,
+    info: &PartInfo,
+    mut row: impl FnMut(usize, TableId, RecordId, &[u8], Ts, &[u8]) -> Result<(), String>,
+) -> Result<u64, LogError> {
     let bad = |offset: usize, what: &str| LogError::Corrupt {
         file: path.to_path_buf(),
         offset: offset as u64,
@@ -767,7 +837,7 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
         };
         return Err(bad(b.len(), &what));
     }
-    if crc32c::crc32c(&b) != info.crc {
+    if crc32c::crc32c(b) != info.crc {
         return Err(bad(0, "part checksum does not match the manifest"));
     }
     if b.len() < PART_HEADER_LEN + PART_TRAILER_LEN || &b[..8] != PART_MAGIC {
@@ -782,7 +852,6 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
     if &b[end..end + 8] != END_MAGIC || u64_at(end + 8) != info.rows {
         return Err(bad(end, "bad part trailer"));
     }
-    let mut keys = KeyArena::default();
     let mut p = PART_HEADER_LEN;
     let mut n = 0;
     while p < end {
@@ -809,13 +878,7 @@ fn load_part(db: &Database, path: &Path, b: Bytes, part: u32, ts: Ts, info: &Par
         if vts > ts {
             return Err(bad(p, "row version is newer than the checkpoint"));
         }
-        // Checkpoint rows are whole records: they always carry the key.
-        let key = || keys.copy(&b[kstart..kstart + klen]);
-        // A row whose checksums pass but which the engine refuses (an unknown table, a
-        // record id past its limit, a value too large) names the part and the row, as
-        // other damage does (before 2026-12-05 the engine's error alone; a review).
-        db.recovery_install(table, rid, Some(key), vts, Some(&b[vstart..vstart + vlen]))
-            .map_err(|e| bad(p, &format!("the engine refused the row: {e}")))?;
+        row(p, table, rid, &b[kstart..kstart + klen], vts, &b[vstart..vstart + vlen]).map_err(|what| bad(p, &what))?;
         p = vstart + vlen;
         n += 1;
     }

@@ -524,6 +524,79 @@ fn every_byte_of_a_manifest_flipped_or_cut_is_refused_and_changes_nothing() {
     assert_eq!(count(&d, d.db().table_id("t").unwrap()), 110);
 }
 
+/// Every byte of a checkpoint's part flipped: the open refuses it as damage naming the
+/// part, and so does `checkpoint::check` (a backup's check of a received copy, which
+/// installs nothing). And every byte flipped with the part's checksum and the MANIFEST's
+/// made to agree (a writer's bug, not damage): `check` refuses exactly what the open
+/// refuses (but two records of one key, which only the open's index build can find),
+/// neither panics, and a refused open changes nothing in the directory.
+#[test]
+fn every_byte_of_a_part_flipped_is_refused_alike_by_the_open_and_the_check() {
+    let (dir, ck) = checkpointed_with(8);
+    let part = ck.join("part-0000.dat");
+    let good = std::fs::read(&part).unwrap();
+    let manifest = ck.join("MANIFEST");
+    let good_manifest = std::fs::read(&manifest).unwrap();
+    let m = ditto_log::checkpoint::Manifest::decode(&good_manifest, &manifest).unwrap();
+    assert_eq!(m.parts.len(), 1, "one part");
+    let t = TableId(0);
+    let check = |m: &ditto_log::checkpoint::Manifest| ditto_log::checkpoint::check(&ck, m, 1, |x| x == t);
+    let image = |root: &Path| {
+        let mut files: Vec<_> = walk(root).into_iter().map(|e| (e.clone(), std::fs::read(&e).unwrap())).collect();
+        files.sort();
+        files
+    };
+    let before = image(dir.path());
+    for i in 0..good.len() {
+        let mut b = good.clone();
+        b[i] ^= 0xff;
+        std::fs::write(&part, &b).unwrap();
+        match check(&m) {
+            Err(LogError::Corrupt { file, what, .. }) => {
+                assert_eq!(file, part, "byte {i}: {what}");
+                assert!(what.contains("checksum"), "byte {i}: {what}");
+            }
+            other => panic!("byte {i}: the check gave {other:?}"),
+        }
+        refused_naming(dir.path(), &part, "checksum");
+    }
+    std::fs::write(&part, &good).unwrap();
+    assert!(image(dir.path()) == before, "a refused open changed the directory");
+    // With the checksums made to agree, each flip opened in a copy of the directory.
+    let (mut refused, mut opened) = (0, 0);
+    for i in 0..good.len() {
+        let mut b = good.clone();
+        b[i] ^= 0xff;
+        let mut m = m.clone();
+        m.parts[0].crc = crc32c::crc32c(&b);
+        std::fs::write(&part, &b).unwrap();
+        std::fs::write(&manifest, m.encode()).unwrap();
+        let checked = check(&m);
+        let copy = tempfile::tempdir().unwrap();
+        for (file, bytes) in image(dir.path()) {
+            let to = copy.path().join(file.strip_prefix(dir.path()).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::write(to, bytes).unwrap();
+        }
+        let copied_part = copy.path().join(part.strip_prefix(dir.path()).unwrap());
+        match (open(copy.path(), opts(1, Durability::EveryBatch)), checked) {
+            (Ok(_), Ok(_)) => opened += 1,
+            (Err(LogError::Corrupt { file, what, .. }), Err(LogError::Corrupt { .. })) => {
+                assert_eq!(file, copied_part, "byte {i}: the open refused another file ({what})");
+                refused += 1;
+            }
+            (Err(e), Ok(_)) if e.to_string().contains("same key") => opened += 1,
+            (o, c) => panic!("byte {i}: the open gave {:?}, the check {c:?}", o.err()),
+        }
+    }
+    std::fs::write(&part, &good).unwrap();
+    std::fs::write(&manifest, &good_manifest).unwrap();
+    // (Both kinds met: a flip in a value opens, one in a row's length or table is refused.)
+    assert!(refused > 0 && opened > 0, "refused {refused}, opened {opened}");
+    let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
+    assert_eq!(count(&d, d.db().table_id("t").unwrap()), 18);
+}
+
 /// Every file under `root`, recursively.
 fn walk(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -598,12 +671,17 @@ fn a_damaged_database_id_refuses_the_open_before_recovery_changes_the_directory(
 /// A directory with one checkpoint of 100 rows of table "t" and 10 rows logged after it,
 /// closed; and the checkpoint's directory.
 fn checkpointed() -> (tempfile::TempDir, PathBuf) {
+    checkpointed_with(100)
+}
+
+/// `checkpointed` with `rows` rows in the checkpoint.
+fn checkpointed_with(rows: u64) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let d = open(dir.path(), opts(1, Durability::EveryBatch)).unwrap();
     let t = d.db().create_table("t").unwrap();
-    put_n(&d, t, 0, 0, 100);
+    put_n(&d, t, 0, 0, rows);
     let info = d.checkpoint().unwrap();
-    put_n(&d, t, 0, 100, 10);
+    put_n(&d, t, 0, rows, 10);
     d.close();
     (dir, info.dir)
 }

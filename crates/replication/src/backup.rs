@@ -1017,7 +1017,7 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
         Start::Checkpoint { ts, bytes } => {
             let t0 = Instant::now();
             let progress = opts.progress.then_some(bytes);
-            let incoming = receive_checkpoint(&mut reader, &dir, ts, progress).map_err(|e| {
+            let incoming = receive_checkpoint(&mut reader, &dir, ts, &tables, progress).map_err(|e| {
                 if cancelled() {
                     BackupError::Stopped
                 } else {
@@ -1382,6 +1382,7 @@ fn receive_checkpoint(
     r: &mut BufReader<TcpStream>,
     dir: &Path,
     ts: Ts,
+    tables: &[(u32, String)],
     progress: Option<u64>,
 ) -> Result<PathBuf, BackupError> {
     let bad = |what: String| BackupError::Protocol(format!("the checkpoint copy: {what}"));
@@ -1473,6 +1474,13 @@ fn receive_checkpoint(
     if done.len() != m.parts.len() + 1 {
         return Err(bad(format!("{} files came for a MANIFEST of {} parts", done.len(), m.parts.len())));
     }
+    // Every row checked as the load will check it, before the caller lets this backup's
+    // own data go: a copy whose checksums pass but whose rows a load refuses (a primary's
+    // bug) is refused here, the backup keeping what it held (before 2026-12-06 it was
+    // found only at the open after the move, and the backup failed every start after).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ditto_log::checkpoint::check(&incoming, &m, threads, |t| tables.iter().any(|(id, _)| *id == t.0))
+        .map_err(|e| bad(format!("a row its load would refuse: {e}")))?;
     ditto_log::storage::sync_dir(&incoming).map_err(io("syncing incoming-checkpoint"))?;
     Ok(incoming)
 }

@@ -1945,16 +1945,23 @@ impl Conn {
                                 // (Where it may be answered LOADING below: an EXEC on a
                                 // backup, whose queued SELECT, HELLO, CLIENT SETNAME and
                                 // AUTH are then undone.)
-                                let before = gate
-                                    .as_ref()
-                                    .filter(|(_, a)| a[0].eq_ignore_ascii_case(b"EXEC"))
-                                    .map(|_| session.conn_state());
+                                let exec = args[0].eq_ignore_ascii_case(b"EXEC");
+                                let before = gate.as_ref().filter(|_| exec).map(|_| session.conn_state());
+                                if exec {
+                                    session.set_exec_gate(gate.as_ref().map(|(g, _)| *g));
+                                }
                                 let o = with_worker(&conn.sh.db, |w| {
                                     shard = w.id().0 as usize;
                                     session.handle(args, &conn.sh, w)
                                 });
                                 let mut o = o.unwrap_or_else(no_worker);
-                                if let Some((_, args)) = gate.filter(|(g, _)| conn.gate_gen() != *g) {
+                                // (Not where the EXEC compared the gate after it read, and then
+                                // ran a command acting outside the connection: its reads
+                                // stand, and what it ran cannot be undone.)
+                                let changed = gate.filter(|(g, _)| conn.gate_gen() != *g).filter(|(_, a)| {
+                                    !a[0].eq_ignore_ascii_case(b"EXEC") || !session.exec_gate_checked()
+                                });
+                                if let Some((_, args)) = changed {
                                     if !args[0].eq_ignore_ascii_case(b"EXEC") {
                                         pending.push_front(Ok(Some(args)));
                                         break;
@@ -1969,9 +1976,7 @@ impl Conn {
                                     if let Some(b) = before {
                                         session.restore(b);
                                     }
-                                    o.reply = Reply::err(
-                                        "LOADING this backup changed its role while the transaction ran; run it again",
-                                    );
+                                    o.reply = Reply::err(crate::session::EXEC_ROLE_CHANGED);
                                 }
                                 outcomes.push(o);
                             }

@@ -373,6 +373,11 @@ pub struct Session {
     multi_bytes: usize,
     /// A request queued inside MULTI was refused: EXEC answers EXECABORT.
     multi_failed: bool,
+    /// On a backup's read path, the gate generation its server saw before an EXEC
+    /// (`set_exec_gate`): the EXEC compares it once it has read, before it runs what acts
+    /// outside the connection (`acts_outside`), and says it did (`exec_gate_checked`).
+    exec_gate: Option<u64>,
+    exec_gate_checked: bool,
     /// (db, key) -> the key's newest version when first WATCHed.
     watched: std::collections::HashMap<(u8, Bytes), KeyVersion>,
     /// The bytes of the watched keys (plus `WATCHED_KEY_OVERHEAD` each), bounded as a MULTI
@@ -481,6 +486,8 @@ impl Session {
             db: 0,
             multi: None,
             multi_failed: false,
+            exec_gate: None,
+            exec_gate_checked: false,
             multi_bytes: 0,
             watched: std::collections::HashMap::new(),
             watched_bytes: 0,
@@ -597,6 +604,21 @@ impl Session {
     /// generation now (`BackupState::gate_gen`). Its server compares it again once the
     /// request is handled; if reads became held meanwhile, the request may have read at a
     /// view published since, and is handled again.
+    /// Its server, before an EXEC: the backup's gate generation it saw (`read_gate`), or
+    /// none.
+    pub fn set_exec_gate(&mut self, gen: Option<u64>) {
+        self.exec_gate = gen;
+        self.exec_gate_checked = false;
+    }
+
+    /// Whether the last EXEC compared the backup's gate after its reads, found it as its
+    /// server saw it, and then ran a command acting outside the connection: its reads
+    /// stand whatever the gate did since, and it must not be answered "run it again" (what
+    /// it ran cannot be undone). Told once.
+    pub fn exec_gate_checked(&mut self) -> bool {
+        std::mem::take(&mut self.exec_gate_checked)
+    }
+
     pub fn read_gate(&self, args: &[Bytes], sh: &Shared) -> Option<u64> {
         // Inside MULTI a command is queued, not run (and must not be queued twice): only
         // EXEC reads, and it is not run again (its server answers LOADING instead).
@@ -1075,6 +1097,21 @@ impl Session {
                     return Outcome::after(Reply::NilArray, ticket.ts());
                 }
                 Ok((Some(mut replies), ticket)) => {
+                    // On a backup whose gate moved since its server looked (a change of
+                    // role), the reads may be of a view published since, and the EXEC is
+                    // answered "run it again": before what acts outside runs, not after
+                    // (before 2026-12-06 a queued SENTINEL FAILOVER had asked for its
+                    // switchover by then; found by a review).
+                    let gate = self.exec_gate.take();
+                    if let (Some(g), Replication::Backup { state, .. }, false) =
+                        (gate, &sh.replication, deferred.is_empty())
+                    {
+                        if state.gate_gen.load(Ordering::Acquire) != g {
+                            self.restore(before);
+                            return Outcome::now(Reply::err(EXEC_ROLE_CHANGED));
+                        }
+                        self.exec_gate_checked = true;
+                    }
                     sh.stats.txn_commits.fetch_add(1, Ordering::Relaxed);
                     for &i in &deferred {
                         let spec = lookup(&queue[i][0]).expect("queued requests were looked up");
@@ -2152,6 +2189,10 @@ pub struct ConnState {
     proto: Proto,
     authed: bool,
 }
+
+/// An EXEC on a backup whose role changed while it ran (its server's answer, or its own
+/// before it runs what acts outside the connection).
+pub const EXEC_ROLE_CHANGED: &str = "LOADING this backup changed its role while the transaction ran; run it again";
 
 /// A queued command whose effect lies outside the connection and cannot be undone:
 /// `SENTINEL FAILOVER` (asks the cluster for a switchover) and `DITTO.FORGETBACKUP`
@@ -3878,6 +3919,48 @@ mod tests {
         // Its gate's generation, which its server compares before and after a read.
         assert_eq!(s.read_gate(&args("GET k"), &sh), Some(0));
         assert_eq!(s.read_gate(&args("PING"), &sh), None);
+    }
+
+    /// An EXEC on a backup whose gate moved after its server looked (a change of role) is
+    /// answered "run it again" before a queued command acting outside the connection runs
+    /// (SENTINEL FAILOVER: its switchover is not asked for), and the connection is as it
+    /// was; with the gate as its server saw it, that command runs and the EXEC says it
+    /// compared the gate (its server then keeps the reply, whatever the gate did since).
+    #[test]
+    fn an_exec_whose_backup_changed_role_runs_nothing_that_acts_outside() {
+        let (mut sh, mut w) = setup();
+        let mut s = Session::new(&sh);
+        cmd(&mut s, &sh, &mut w, "AUTH sesame");
+        assert_eq!(cmd(&mut s, &sh, &mut w, "SET k v"), Reply::Ok);
+        let state = Arc::new(ditto_replication::BackupState::default());
+        sh.read_only = true;
+        sh.replication = Replication::Backup { state: Arc::clone(&state), primary: "p:1".into() };
+        sh.write_gate.set_cluster_info(vec![
+            ("cluster_phase".into(), "serving".into()),
+            ("cluster_switchover".into(), "none".into()),
+        ]);
+        let queue = |s: &mut Session, w: &mut Worker| {
+            assert_eq!(cmd(s, &sh, w, "MULTI"), Reply::Ok);
+            for line in ["GET k", "CLIENT SETNAME x", "SENTINEL failover ditto", "GET k"] {
+                assert_eq!(cmd(s, &sh, w, line), Reply::Simple("QUEUED"), "{line}");
+            }
+        };
+        queue(&mut s, &mut w);
+        let seen = state.gate_gen.load(Ordering::Acquire);
+        state.gate_gen.fetch_add(1, Ordering::AcqRel);
+        s.set_exec_gate(Some(seen));
+        assert_eq!(cmd(&mut s, &sh, &mut w, "EXEC"), Reply::err(EXEC_ROLE_CHANGED));
+        assert_eq!(sh.write_gate.switchovers_asked(), 0, "the switchover was asked for");
+        assert!(!s.exec_gate_checked());
+        assert_eq!(cmd(&mut s, &sh, &mut w, "CLIENT GETNAME"), Reply::Nil, "the queued SETNAME stayed");
+        queue(&mut s, &mut w);
+        s.set_exec_gate(Some(state.gate_gen.load(Ordering::Acquire)));
+        assert_eq!(
+            cmd(&mut s, &sh, &mut w, "EXEC"),
+            Reply::Array(vec![Reply::bulk("v"), Reply::Ok, Reply::Ok, Reply::bulk("v")])
+        );
+        assert_eq!(sh.write_gate.switchovers_asked(), 1);
+        assert!(s.exec_gate_checked() && !s.exec_gate_checked(), "told once");
     }
 
     /// A cluster's primary without quorum contact: its write gate refuses writes with the
