@@ -155,6 +155,11 @@ fn bench_recovery_small() {
     let replayed = j["log_txns_replayed"].as_u64().unwrap();
     assert!(replayed > 0);
     assert!(j["log_mb_per_s"].as_f64().unwrap() > 0.0);
+    // A backup's check of a copy of the checkpoint the open wrote, timed.
+    assert!(
+        j["checkpoint_check_mb"].as_f64().unwrap() > 0.0 && j["checkpoint_check_s"].as_f64().unwrap() > 0.0,
+        "{out}"
+    );
     assert!(saved.join("log").is_dir(), "--save copies the directory as the run left it");
     // Recovering the saved copy replays the same transactions; the copy itself is untouched,
     // so it can be recovered again.

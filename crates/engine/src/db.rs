@@ -841,7 +841,12 @@ impl std::fmt::Debug for CommitTicket {
 /// error) before it looks at the table's records: a record id past the limit, a value
 /// longer than any, a timestamp outside the engine's range. Public for a check of a
 /// checkpoint that installs nothing (`ditto_log::checkpoint::check`).
-pub fn check_recovered_row(table: &str, rid: RecordId, ts: Ts, value_len: Option<usize>) -> Result<()> {
+pub fn check_recovered_row(
+    table: &dyn std::fmt::Display,
+    rid: RecordId,
+    ts: Ts,
+    value_len: Option<usize>,
+) -> Result<()> {
     if rid.0 >= RECORDS_PER_TABLE_MAX {
         return Err(Error::Corrupt(format!("table {table} record {} is beyond the record id limit", rid.0)));
     }

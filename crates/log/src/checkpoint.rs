@@ -744,7 +744,7 @@ pub fn check_part(
         if !known(table) {
             return Err(format!("a row of table {}, which the copy's catalog does not name", table.0));
         }
-        ditto_engine::check_recovered_row(&format!("id {}", table.0), rid, vts, Some(value.len()))
+        ditto_engine::check_recovered_row(&table.0, rid, vts, Some(value.len()))
             .map_err(|e| format!("the engine would refuse the row at {p}: {e}"))
     })
 }
