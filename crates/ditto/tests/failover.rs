@@ -37,21 +37,18 @@ struct Cluster {
 /// from the ephemeral range may meanwhile be taken by an outgoing connection's local end
 /// (seen in CI: "binding the replication port ...: Address already in use").
 fn free_ports(n: usize) -> Vec<u16> {
-    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-        ^ ((std::process::id() as u64) << 32);
-    let mut held: Vec<TcpListener> = Vec::new();
-    for _ in 0..10_000 {
-        if held.len() == n {
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    for _ in 0..10 * n + 100 {
+        if ports.len() == n {
             break;
         }
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let port = 20_000 + ((seed >> 33) % 12_000) as u16;
-        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
-            held.push(l);
+        let p = common::port_below_the_ephemeral_range();
+        if !ports.contains(&p) {
+            ports.push(p);
         }
     }
-    assert_eq!(held.len(), n, "{n} free ports below the ephemeral range");
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    assert_eq!(ports.len(), n, "{n} free ports below the ephemeral range");
+    ports
 }
 
 fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {

@@ -1838,7 +1838,10 @@ impl Conn {
         // policy it was given, and none leaves before all are released. Drained at each
         // flush; reused.
         let mut waits: Vec<(Option<ditto_replication::CommitPolicy>, Ts)> = Vec::new();
-        let mut marks: Vec<(usize, Ts)> = Vec::new();
+        // Each reply's end in `out`, what it waits for, and whether its request may have
+        // written (a write, an EXEC, a request not known: its outcome is unknown if the wait
+        // fails on a primary).
+        let mut marks: Vec<(usize, Ts, bool)> = Vec::new();
         // What the last wait for held reads that gave up saw (`Conn::gate_marker`).
         let mut gave_up: Option<(u64, u64)> = None;
         // The hub's generation whose role the session last told of its commit policy
@@ -2031,7 +2034,10 @@ impl Conn {
                                 .encode(session.proto, &mut out);
                             }
                             replies += 1;
-                            marks.push((out.len(), o.wait));
+                            let may_write = o.cmd.is_none_or(|i| {
+                                crate::commands::SPECS[i].write || crate::commands::SPECS[i].name == "EXEC"
+                            });
+                            marks.push((out.len(), o.wait, may_write));
                             let p = o.policy.or(session.policy());
                             match waits.iter_mut().find(|w| w.0 == p) {
                                 Some(w) => w.1 = w.1.max(o.wait),
@@ -2092,7 +2098,7 @@ impl Conn {
                     inbuf_large |= inbuf.capacity() > 1 << 20;
                 }
                 if let (Some(t), Ok(())) = (timed_out, &waited) {
-                    let &(_, ts) = marks.last().expect("the DITTO.WAITTS's reply");
+                    let &(_, ts, _) = marks.last().expect("the DITTO.WAITTS's reply");
                     out.clear();
                     Reply::err(conn.waitts_timed_out(t, ts, session.policy())).encode(session.proto, &mut out);
                 }
@@ -2102,7 +2108,7 @@ impl Conn {
                 if waited.is_ok() && timed_out.is_none() && !made_on_backup {
                     // (Looked at first: a read-modify-write of the line every connection
                     // shares only where this batch moves it.)
-                    if let Some(top) = marks.iter().map(|&(_, ts)| ts.0).max() {
+                    if let Some(top) = marks.iter().map(|&(_, ts, _)| ts.0).max() {
                         if top > conn.sh.acked.load(Ordering::Acquire) {
                             conn.sh.acked.fetch_max(top, Ordering::AcqRel);
                         }
@@ -2113,9 +2119,14 @@ impl Conn {
                     // there in time: nothing was written, the connection goes on, and only
                     // the replies that read above where the view got fail; the others (a
                     // SELECT, a MULTI, an AUTH, reads below it) went through and say so.
-                    // On a primary every reply fails and the connection closes, saying why
-                    // (its log failed; it was fenced for a switchover; it follows another
-                    // primary now). A backup's batch moved to a new primary (promoted in
+                    // On a primary every reply fails, saying why (its log failed; it was
+                    // fenced for a switchover; it follows another primary now), and the
+                    // connection closes where a request that may have written is among them,
+                    // whose outcome is unknown; one that cannot have (a read, a SELECT)
+                    // says it was not answered and nothing was written, and the connection
+                    // goes on (before 2026-12-06 a read on a switchover's old primary,
+                    // between its join of the new one and its move to the backup role, was
+                    // answered "outcome unknown" and its connection closed; a review). A backup's batch moved to a new primary (promoted in
                     // place) is still a backup's: before, every reply of it failed,
                     // a SELECT's whose effect stood too, and the connection closed.
                     let reached = match made_on_backup {
@@ -2124,20 +2135,22 @@ impl Conn {
                     };
                     let all = std::mem::take(&mut out);
                     let mut start = 0;
-                    for &(end, ts) in &marks {
+                    for &(end, ts, may_write) in &marks {
                         match reached {
                             Some(r) if ts <= r => out.extend_from_slice(&all[start..end]),
                             Some(_) => Reply::err(format!("ERR {failed}")).encode(session.proto, &mut out),
-                            None => {
+                            None if may_write => {
                                 Reply::err(format!("ERR {failed} (outcome unknown)")).encode(session.proto, &mut out)
                             }
+                            None => Reply::err(format!("ERR {failed} (not answered; it wrote nothing)"))
+                                .encode(session.proto, &mut out),
                         }
                         start = end;
                     }
                     // (A protocol error's reply, which ends the batch, waits for nothing.)
                     out.extend_from_slice(&all[start..]);
                     debug_assert_eq!(marks.len(), replies);
-                    close |= reached.is_none();
+                    close |= reached.is_none() && marks.iter().any(|&(_, _, may_write)| may_write);
                 }
                 // (The client's requests are read meanwhile: one that sends a whole pipeline
                 // before it reads a reply would otherwise never finish sending.)
@@ -3084,6 +3097,10 @@ mod tests {
             let mut b = TcpStream::connect(addr).await.unwrap();
             b.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nw\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await.unwrap();
             assert!(tokio::time::timeout(quiet, b.read(&mut buf)).await.is_err(), "answered before durable");
+            // A read alone of what that write wrote waits too.
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").await.unwrap();
+            assert!(tokio::time::timeout(quiet, c.read(&mut buf)).await.is_err(), "answered before durable");
             // (As the log's progress listener fails it: `on_log_progress`, standalone.)
             crate::release::on_log_progress(
                 None,
@@ -3097,10 +3114,23 @@ mod tests {
             let lines: Vec<&str> = text.lines().collect();
             assert_eq!(lines.len(), 2, "{text}");
             assert!(
-                lines.iter().all(|l| l.starts_with("-ERR log failure, writes stopped: fsync failed: EIO")
-                    && l.ends_with("(outcome unknown)")),
+                lines.iter().all(|l| l.starts_with("-ERR log failure, writes stopped: fsync failed: EIO")),
                 "{text}"
             );
+            // The write's outcome is unknown; the read wrote nothing, and says so (the
+            // connection closes for the write).
+            assert!(lines[0].ends_with("(outcome unknown)") && lines[1].ends_with("(not answered; it wrote nothing)"));
+            // The read alone fails so too, and its connection goes on (before 2026-12-06 it
+            // was answered "outcome unknown" and closed).
+            let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf)).await.unwrap().unwrap();
+            let text = String::from_utf8_lossy(&buf[..n]).to_string();
+            assert!(
+                text.starts_with("-ERR log failure") && text.ends_with("(not answered; it wrote nothing)\r\n"),
+                "{text}"
+            );
+            c.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+            let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf)).await.unwrap().unwrap();
+            assert_eq!(&buf[..n], b"+PONG\r\n");
         });
     }
 
