@@ -202,7 +202,13 @@ impl ReplicaLog {
         let flags = if floor_trusted { FLOOR_TRUSTED } else { 0 };
         self.pending.extend_from_slice(&entry_header(batch.len(), flags, self.bytes));
         self.pending.extend_from_slice(batch);
-        self.cur_max_ts = self.cur_max_ts.max(bound);
+        // The file's highest timestamp, which decides when a checkpoint covers it: the
+        // bound, or a transaction above it (the format allows one: `format::BatchHeader`'s
+        // `high_ts`; the primary's writer never frames one today, and before 2026-12-06 this
+        // counted on it: a file holding such a transaction could be deleted by a
+        // checkpoint below it; a review). (The header is whole: the batch was checked.)
+        let high = crate::format::decode_batch_header(batch).map_or(bound, |h| h.high_ts().max(bound));
+        self.cur_max_ts = self.cur_max_ts.max(high);
         at
     }
 
@@ -1811,6 +1817,14 @@ fn read_files_each(
         let last = i + 1 == files.len();
         let corrupt = |offset: u64, what: String| LogError::Corrupt { file: path.clone(), offset, what };
         let file = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
+        // A size no replica log file can have is damaged: refused, as `read_files` refuses
+        // it, before the rest of such a file is read to tell a torn tail from damage
+        // (before 2026-12-06 a failover's fetch read it into memory; found by a review).
+        let size = file.metadata().map_err(|e| LogError::io(path, e))?.len();
+        let max = crate::options::LOG_FILE_BYTES_MAX;
+        if size > max {
+            return Err(crate::options::too_long(path, size, max, "a replica log file"));
+        }
         let mut r = std::io::BufReader::with_capacity(1 << 20, file);
         let mut head = [0u8; REPLICA_HEADER_LEN];
         let got = fill(&mut r, &mut head, path)?;
@@ -1835,11 +1849,13 @@ fn read_files_each(
             let mut entry = Vec::new();
             let mut short = got < ENTRY_HEADER_LEN;
             // (A length read from a damaged header is checked against its checksum before
-            // anything that large is allocated.)
+            // anything that large is allocated, and no more is allocated than the file
+            // holds after the header: a length past it is an entry cut short.)
             if !short && crc32c::crc32c(&eh[..8]) == u32::from_le_bytes(eh[8..12].try_into().expect("4")) {
-                entry.reserve_exact(ENTRY_HEADER_LEN + len);
+                let room = size.saturating_sub((off + ENTRY_HEADER_LEN) as u64).min(len as u64) as usize;
+                entry.reserve_exact(ENTRY_HEADER_LEN + room);
                 entry.extend_from_slice(&eh);
-                entry.resize(ENTRY_HEADER_LEN + len, 0);
+                entry.resize(ENTRY_HEADER_LEN + room, 0);
                 let n = fill(&mut r, &mut entry[ENTRY_HEADER_LEN..], path)?;
                 short = n < len;
                 // (Cut short: only the bytes the file holds, so that what follows, read to

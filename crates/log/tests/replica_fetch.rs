@@ -633,15 +633,40 @@ fn a_newest_file_whose_size_is_damaged_is_refused_before_it_is_read() {
     let max = ditto_log::options::LOG_FILE_BYTES_MAX;
     grow(max + 1);
     let said = format!("a replica log file is {} bytes, more than the {max} it can be", max + 1);
-    for e in
-        [ditto_log::replica::warm_holdings(dir.path()).unwrap_err(), replica_holdings(dir.path(), 2, None).unwrap_err()]
-    {
+    // And a failover's fetch from it (`replica_stream_batches`, entry by entry: before
+    // 2026-12-06 it read the rest of such a file into memory to tell a torn tail).
+    for e in [
+        ditto_log::replica::warm_holdings(dir.path()).unwrap_err(),
+        replica_holdings(dir.path(), 2, None).unwrap_err(),
+        ditto_log::replica::replica_stream_batches(dir.path(), 0, Ts::ZERO).unwrap_err(),
+    ] {
         let e = e.to_string();
         assert!(e.contains(&said) && e.contains("rlog-0000000001.seg"), "{e}");
     }
     grow(len);
     ditto_log::replica::warm_holdings(dir.path()).unwrap();
     assert_eq!(replica_holdings(dir.path(), 2, None).unwrap(), before);
+    let whole = ditto_log::replica::replica_stream_batches(dir.path(), 0, Ts::ZERO).unwrap();
+    assert!(!whole.is_empty());
+    // An entry header at the end whose checksum holds and whose length is 4 GiB: the fetch
+    // allocates no more than the file holds after it (a torn tail, as recovery reads it),
+    // and hands over what came before.
+    let peak = || {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() << 10
+    };
+    let at_first = peak();
+    let mut eh = [0u8; ditto_log::replica::ENTRY_HEADER_LEN];
+    eh[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let crc = crc32c::crc32c(&eh[..8]);
+    eh[8..12].copy_from_slice(&crc.to_le_bytes());
+    let mut f = std::fs::OpenOptions::new().append(true).open(&file).unwrap();
+    std::io::Write::write_all(&mut f, &eh).unwrap();
+    std::io::Write::write_all(&mut f, &[0u8; 100]).unwrap();
+    drop(f);
+    assert_eq!(ditto_log::replica::replica_stream_batches(dir.path(), 0, Ts::ZERO).unwrap(), whole);
+    assert!(peak() < at_first + (1 << 30), "peak memory {} after {at_first}: the length was allocated", peak());
 }
 
 /// A primary's checkpoint keeps the log segments that hold anything above what its keeper

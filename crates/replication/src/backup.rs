@@ -1308,9 +1308,9 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
 }
 
 fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn Storage) -> Result<(), BackupError> {
-    let mut changed = false;
+    let mut have = db.tables();
+    let mut new = Vec::new();
     for (id, name) in tables {
-        let have = db.tables();
         match have.iter().find(|(i, _)| i.0 == *id) {
             Some((_, n)) if n == name => {}
             Some((_, n)) => {
@@ -1321,17 +1321,27 @@ fn add_tables(db: &Database, dir: &Path, tables: &[(u32, String)], storage: &dyn
                 // not taken, within the limits. A primary only ever sends such; a peer that
                 // did not stopped the receiver's thread without a word.
                 check_new_table(*id, name, have.len(), have.iter().any(|(_, n)| n == name))?;
-                db.restore_table(ditto_engine::TableId(*id), name);
-                changed = true;
+                have.push((ditto_engine::TableId(*id), name.clone()));
+                new.push((ditto_engine::TableId(*id), name));
             }
         }
     }
-    if changed {
-        let mut cat = Catalog::default();
-        for (id, name) in db.tables() {
-            cat.add(id, &name);
-        }
-        cat.save(dir, storage).map_err(io("saving the catalog"))?;
+    if new.is_empty() {
+        return Ok(());
+    }
+    // The catalog first, durably, and only then the engine: a save that fails (a full
+    // disk, a failed fsync) leaves the engine without the tables, so the next welcome
+    // adds and saves them again. (Before 2026-12-06 the engine took them first: after a
+    // failed save the link's next welcome found them there and saved nothing, batches of
+    // the new table were acknowledged durable and replayed, and every later start of the
+    // backup refused its own log, "no such table"; found by a review.)
+    let mut cat = Catalog::default();
+    for (id, name) in &have {
+        cat.add(*id, name);
+    }
+    cat.save(dir, storage).map_err(io("saving the catalog"))?;
+    for (id, name) in new {
+        db.restore_table(id, name);
     }
     Ok(())
 }

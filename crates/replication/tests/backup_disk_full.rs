@@ -625,3 +625,66 @@ fn a_backup_whose_checkpointer_panics_goes_on_and_checkpoints_once_it_can() {
     assert_eq!(r.get(t, b"after").unwrap().as_deref(), Some(&b"the panics"[..]));
     assert_eq!(r.get(t, &49u32.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]));
 }
+
+/// Real files, but the catalog's save fails once (ENOSPC on its temporary file) after
+/// `armed` is set.
+struct CatalogFailsOnce {
+    armed: Arc<AtomicBool>,
+    failed: Arc<AtomicBool>,
+}
+
+impl Storage for CatalogFailsOnce {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let catalog =
+            path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(ditto_log::catalog::CATALOG_FILE));
+        if catalog && self.armed.load(Ordering::SeqCst) && !self.failed.swap(true, Ordering::SeqCst) {
+            return Err(enospc());
+        }
+        RealStorage.create_new(path)
+    }
+}
+
+/// A table the primary creates while a backup follows, whose save in the backup's catalog
+/// fails once: the link drops, the next welcome saves it, and the rows of the table that
+/// the backup then acknowledges are there when its directory is opened again. (Before
+/// 2026-12-06 the engine took the table before the catalog was saved: the next welcome
+/// found it there and saved nothing, and every later open of the backup's directory was
+/// refused, "no such table", holding what it had acknowledged durable.)
+#[test]
+fn a_table_whose_catalog_save_failed_is_saved_at_the_next_welcome() {
+    let tmp = tempfile::tempdir().unwrap();
+    let TestPrimary { d, t, released, addr, p } = TestPrimary::start(&tmp.path().join("p"));
+    let (armed, failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let disk: Arc<dyn Storage> = Arc::new(CatalogFailsOnce { armed: Arc::clone(&armed), failed: Arc::clone(&failed) });
+    let bdir = tmp.path().join("b");
+    let b = backup::start(backup_opts(&addr, &bdir, "b", Some(disk))).unwrap();
+    let mut w = d.db().worker(WorkerId(0)).unwrap();
+    let (_, ticket) = w.run(|x| x.put(t, b"first", b"row")).unwrap();
+    let first = ticket.wait().unwrap();
+    wait_until("the first row durable on the backup", Duration::from_secs(20), || {
+        b.state.durable.load(Ordering::SeqCst) >= first.0
+    });
+    armed.store(true, Ordering::SeqCst);
+    let u = d.db().create_table("u").unwrap();
+    let mut last = Ts::ZERO;
+    for i in 0..50u32 {
+        let (_, ticket) = w.run(|x| x.put(u, &i.to_be_bytes(), b"v")).unwrap();
+        last = ticket.wait().unwrap();
+    }
+    wait_until("the rows of u released", Duration::from_secs(30), || released.load(Ordering::SeqCst) >= last.0);
+    assert!(failed.load(Ordering::SeqCst), "the catalog's save failed once");
+    assert!(b.failure().is_none(), "{:?}", b.failure());
+    wait_until("the backup durable to the last row", Duration::from_secs(20), || {
+        b.state.durable.load(Ordering::SeqCst) >= last.0
+    });
+    b.stop("the test is done", Duration::from_secs(10)).unwrap();
+    drop(b);
+    p.stop();
+    let storage: Arc<dyn Storage> = Arc::new(RealStorage);
+    let opened = ditto_log::replica::open_replica(&bdir, 1, &storage).unwrap_or_else(|e| panic!("reopened: {e}"));
+    let tu = opened.db.table_id("u").unwrap();
+    let r = opened.db.read();
+    for i in 0..50u32 {
+        assert_eq!(r.get(tu, &i.to_be_bytes()).unwrap().as_deref(), Some(&b"v"[..]), "row {i}");
+    }
+}
