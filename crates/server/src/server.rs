@@ -1958,6 +1958,23 @@ impl Conn {
                                     session.handle(args, &conn.sh, w)
                                 });
                                 let mut o = o.unwrap_or_else(no_worker);
+                                // A data read its session refused because reads became held
+                                // after this loop looked (a cut to follow a new primary began
+                                // between the two, and the generation it bumps may come only
+                                // after the refusal): handled again, through the wait a read
+                                // that meets held reads is given, as the refusal changed
+                                // nothing (before 2026-12-06 it went out as "LOADING ...
+                                // changing its role", seen once in CI; not an EXEC, whose
+                                // queue is gone, nor once a wait gave up).
+                                if let Some((_, args)) = gate.as_ref().filter(|(_, a)| {
+                                    o.reply.is_error()
+                                        && !a[0].eq_ignore_ascii_case(b"EXEC")
+                                        && session.read_held(a, &conn.sh)
+                                        && gave_up != Some(conn.gate_marker(hub))
+                                }) {
+                                    pending.push_front(Ok(Some(args.clone())));
+                                    break;
+                                }
                                 // (Not where the EXEC compared the gate after it read, and then
                                 // ran a command acting outside the connection: its reads
                                 // stand, and what it ran cannot be undone.)
