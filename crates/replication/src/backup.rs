@@ -905,7 +905,8 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
     // Each welcome checked for its database and, for the epoch it follows, the primary's
     // run (`identity::check_welcome`) before anything of it is taken; the id to take, where
     // the directory names none, is written once the welcome's other checks pass (below).
-    let followed_as = followed.filter(|_| !opts.fresh_copy).map(|e| (e.0, followed_run));
+    // (A fresh copy's too: its hello names no run, see the epoch's check below.)
+    let followed_as = followed.map(|e| (e.0, followed_run));
     let check_identity = |welcome: &Option<Frame>, stream: &TcpStream| {
         let Some(Frame::Welcome { epoch, database: theirs, run, .. }) = welcome else { return Ok(None) };
         crate::identity::check_welcome(database, followed_as, epoch.0, *theirs, *run, &dir, &opts.primary).map_err(
@@ -960,8 +961,12 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             // A primary of an older epoch than the one this backup follows is stale
             // (deposed, or restored from an older copy): whatever it offers would discard
             // commits a later primary released with this backup in its quorum. (A primary
-            // refuses such a backup itself; this is the backup's own check.)
-            if let Some(f) = followed.filter(|&f| epoch < f && !opts.fresh_copy) {
+            // refuses such a backup itself; this is the backup's own check. A fresh copy's
+            // too, since 2026-12-06: its hello says it holds nothing, so the primary checks
+            // nothing of it, and a primary restored from an older copy, or a backup behind
+            // this one promoted, at the same address before the copy came would have had
+            // its older history copied over this one's; found by a review.)
+            if let Some(f) = followed.filter(|&f| epoch < f) {
                 return Err(BackupError::Refused(format!(
                     "the primary at {} is of epoch {}, older than epoch {} that this backup follows: it is stale (deposed, or restored from an older copy); this backup keeps what it holds in {} (point it at the current primary)",
                     opts.primary,

@@ -896,6 +896,29 @@ fn a_reconnect_waits_through_heartbeats_before_its_welcome() {
     fake.join().unwrap();
 }
 
+/// A fresh copy (a running backup's join again, `JoinAgain::Copy`, whose hello says it
+/// holds nothing) from a primary of an older epoch than the one its directory follows is
+/// refused as stale, and the directory keeps what it held: before 2026-12-06 the backup
+/// skipped the check for a fresh copy, so a primary restored from an older copy (or a
+/// backup behind it promoted) at the same address would have had its history copied over
+/// this one's.
+#[test]
+fn a_fresh_copy_from_a_primary_older_than_the_epoch_followed_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    let kept = dir.join("checkpoints").join("ckpt-00000000000000000007");
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join("held"), b"held").unwrap();
+    std::fs::write(dir.join("REPLICA_STATE"), "epoch 5\n").unwrap();
+    // (The fake primary welcomes it at epoch 3.)
+    match fake_copy(&dir, Ts(7), Vec::new(), None, 0, t_alone()) {
+        Err(BackupError::Refused(e)) => assert!(e.contains("older than epoch 5"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read(kept.join("held")).unwrap(), b"held");
+    assert_eq!(backup::read_followed_epoch(&dir).unwrap(), Some(Epoch(5)), "the epoch followed is kept");
+}
+
 /// A copy that is in place but does not load (here a checkpoint with two records of one
 /// key, which the check of a received copy does not look for, as a crash while it loads
 /// leaves it) leaves the directory following no epoch: its next start is sent a copy.
@@ -933,8 +956,8 @@ fn a_copy_that_does_not_load_leaves_the_directory_following_no_epoch() {
     frames.push(Frame::CheckpointDone { ts: info.ts });
     let dir = tmp.path().join("b");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("REPLICA_STATE"), "epoch 5\n").unwrap();
-    assert_eq!(backup::read_followed_epoch(&dir).unwrap(), Some(Epoch(5)));
+    std::fs::write(dir.join("REPLICA_STATE"), "epoch 2\n").unwrap();
+    assert_eq!(backup::read_followed_epoch(&dir).unwrap(), Some(Epoch(2)));
     let r = fake_copy(&dir, info.ts, frames, None, 0, vec![(0, "a".into()), (1, "t".into())]);
     assert!(format!("{r:?}").contains("same key"), "{r:?}");
     assert!(dir.join("checkpoints").join(format!("ckpt-{:020}", info.ts.0)).join("MANIFEST").exists());
