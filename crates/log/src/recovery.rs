@@ -578,29 +578,17 @@ pub(crate) fn replay_log(
         // review). Missing top streams with nothing written are a crash while they were
         // created, which held no commit.
         let top = by_stream.keys().copied().max().unwrap_or(0);
-        if let Some(k) = (0..top).find(|k| !by_stream.contains_key(k)) {
+        let wrote = logs.iter().any(|l| l.wrote);
+        if let Some(k) = (0..if wrote { n } else { top }).find(|k| !by_stream.contains_key(k)) {
+            let why = if k < top { format!("stream {top} has one") } else { "wrote batches".to_string() };
             return Err(LogError::Corrupt {
                 file: dir,
                 offset: 0,
                 what: format!(
-                    "stream {k} of epoch {} has no segment file, though the epoch has {n} streams \
-                     and stream {top} has one",
+                    "stream {k} of epoch {} has no segment file, though the epoch has {n} streams and {why}",
                     first.epoch.0
                 ),
             });
-        }
-        if logs.iter().any(|l| l.wrote) {
-            if let Some(k) = (0..n).find(|k| !by_stream.contains_key(k)) {
-                return Err(LogError::Corrupt {
-                    file: dir,
-                    offset: 0,
-                    what: format!(
-                        "stream {k} of epoch {} has no segment file, though the epoch has {n} streams \
-                         and wrote batches",
-                        first.epoch.0
-                    ),
-                });
-            }
         }
     }
     // A sealed log (`sealed`: a promoted node's own log of its epoch, `crate::sealed`) had
