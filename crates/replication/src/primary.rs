@@ -1966,9 +1966,11 @@ impl Primary {
     }
 }
 
-/// Waits (up to 10 s, or until `link` is killed) until `logger` is durable up to `upto`
-/// and `also` holds: what was framed before a link's queue took frames (its registration,
-/// a catch-up's start) is then on disk, for a gap read from it. `what` names the point.
+/// Waits (up to 10 s and two of the log's intervals, or until `link` is killed) until
+/// `logger` is durable up to `upto` and `also` holds: what was framed before a link's queue
+/// took frames (its registration, a catch-up's start) is then on disk, for a gap read from
+/// it. `what` names the point. (10 s alone before 2026-12-06: under an `interval` of more
+/// than that, up to 60 s, a join timed out at most tries; found by a review.)
 fn wait_logged(
     logger: &ditto_log::Logger,
     link: &Link,
@@ -1976,7 +1978,8 @@ fn wait_logged(
     also: impl Fn() -> bool,
     what: &str,
 ) -> std::io::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let interval = logger.durability().interval().unwrap_or(Duration::ZERO);
+    let deadline = Instant::now() + Duration::from_secs(10) + 2 * interval;
     while logger.watermark() < upto || !also() {
         if Instant::now() > deadline || link.gone.load(Ordering::Acquire) {
             return Err(std::io::Error::other(format!("the log did not become durable up to {what}")));
