@@ -804,14 +804,7 @@ fn recovery(a: RecoveryArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// Times `checkpoint::check` of the newest checkpoint in data directory `dir` (of tables
 /// `tables`), as a backup checks a received copy: (seconds, MB).
 fn checkpoint_check_time(dir: &std::path::Path, tables: &[u32]) -> Result<(f64, f64), Box<dyn std::error::Error>> {
-    let newest = std::fs::read_dir(dir.join("checkpoints"))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("MANIFEST").exists())
-        .max()
-        .ok_or("no checkpoint to check")?;
-    let mpath = newest.join("MANIFEST");
-    let m = ditto_log::checkpoint::read_manifest(&mpath)?.ok_or("the checkpoint's MANIFEST is gone")?;
-    let m = ditto_log::checkpoint::Manifest::decode(&m, &mpath)?;
+    let (newest, m) = ditto_log::checkpoint::newest(dir)?.ok_or("no checkpoint to check")?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let t0 = std::time::Instant::now();
     let (_, bytes) = ditto_log::checkpoint::check(&newest, &m, threads, |t| tables.contains(&t.0))?;

@@ -646,6 +646,13 @@ impl<'p, 'h> PartWriter<'p, 'h> {
 /// The newest complete checkpoint (directory and manifest), and the directories to delete.
 pub(crate) type Found = (Option<(PathBuf, Manifest)>, Vec<PathBuf>);
 
+/// The newest complete checkpoint of data directory `data`, if any: its directory and
+/// manifest (`find_newest`, for a reader outside the crate: `ditto bench recovery` times a
+/// backup's `check` of it).
+pub fn newest(data: &Path) -> Result<Option<(PathBuf, Manifest)>, LogError> {
+    Ok(find_newest(data)?.0)
+}
+
 pub(crate) fn find_newest(data: &Path) -> Result<Found, LogError> {
     let root = checkpoints_dir(data);
     // An entry that cannot be read is an error, not skipped: the listing stops at it, and

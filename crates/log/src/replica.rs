@@ -192,22 +192,19 @@ impl ReplicaLog {
         self.streams
     }
 
-    /// Queues one batch (as the primary framed it) for the next `sync`. `bound` is its
-    /// `bound_ts`, for deciding later which files a checkpoint covers. Returns where the
+    /// Queues one batch (as the primary framed it) for the next `sync`. `high` is its
+    /// highest timestamp (`BatchHeader::high_ts`: its bound, or a transaction above it,
+    /// which the format allows; before 2026-12-06 its bound alone was counted, so a file
+    /// holding such a transaction could be deleted by a checkpoint below it; a review),
+    /// for deciding later which files a checkpoint covers. Returns where the
     /// batch will lie once synced (`read_appended`): a file rolls only after a sync, so
     /// every batch of one sync lies in the file now open.
-    pub fn append(&mut self, batch: &[u8], floor_trusted: bool, bound: Ts) -> Appended {
+    pub fn append(&mut self, batch: &[u8], floor_trusted: bool, high: Ts) -> Appended {
         let at = Appended { seq: self.seq, offset: self.bytes + (self.pending.len() + ENTRY_HEADER_LEN) as u64 };
         // (What earlier syncs made durable: every entry of one sync claims the same.)
         let flags = if floor_trusted { FLOOR_TRUSTED } else { 0 };
         self.pending.extend_from_slice(&entry_header(batch.len(), flags, self.bytes));
         self.pending.extend_from_slice(batch);
-        // The file's highest timestamp, which decides when a checkpoint covers it: the
-        // bound, or a transaction above it (the format allows one: `format::BatchHeader`'s
-        // `high_ts`; the primary's writer never frames one today, and before 2026-12-06 this
-        // counted on it: a file holding such a transaction could be deleted by a
-        // checkpoint below it; a review). (The header is whole: the batch was checked.)
-        let high = crate::format::decode_batch_header(batch).map_or(bound, |h| h.high_ts().max(bound));
         self.cur_max_ts = self.cur_max_ts.max(high);
         at
     }
@@ -2256,7 +2253,7 @@ pub fn append_fetched(dir: &Path, streams: u32, batches: &[Bytes], storage: &Arc
         ReplicaLog::create(dir, Arc::clone(storage), streams, seq, u64::MAX).map_err(|e| LogError::io(&rdir, e))?;
     for b in batches {
         let (batch, _) = decode_batch_checksums(b).expect("checked above");
-        log.append(b, false, batch.header.bound_ts);
+        log.append(b, false, batch.header.high_ts());
     }
     // A failed fsync leaves the file's state unknown, and a later fsync through another
     // descriptor (a holdings report's) would succeed on what the page cache holds and

@@ -1505,6 +1505,9 @@ struct Job {
     seq: u64,
     stream: usize,
     bound: Ts,
+    /// Its highest timestamp, its bound's or a transaction's above it
+    /// (`BatchHeader::high_ts`): what its replica log file covers.
+    high: Ts,
     floor: Option<Ts>,
     /// Transactions at or below this were held before (a resume overlaps).
     skip_to: Ts,
@@ -2715,7 +2718,7 @@ impl Persister {
             };
             let mut jobs = jobs;
             for j in &mut jobs {
-                j.at = Some(self.rlog.append(&j.batch, j.floor.is_some(), j.bound));
+                j.at = Some(self.rlog.append(&j.batch, j.floor.is_some(), j.high));
             }
             if let Err(e) = self.rlog.sync() {
                 let why = format!("persisting received batches failed ({e}); this backup stops acknowledging");
@@ -3310,6 +3313,7 @@ impl Receiver {
                             seq: self.seq,
                             stream: s,
                             bound: h.bound_ts,
+                            high: h.high_ts(),
                             floor,
                             skip_to: held,
                             upto: Ts(u64::MAX),
@@ -3879,6 +3883,7 @@ pub fn replay_recorded(
             seq: i as u64 + 1,
             stream: s,
             bound: h.bound_ts,
+            high: h.high_ts(),
             floor: Some(h.floor_ts),
             skip_to: base,
             upto: Ts(u64::MAX),
@@ -3965,6 +3970,7 @@ mod tests {
             seq,
             stream,
             bound,
+            high: bound,
             floor: None,
             skip_to: Ts::ZERO,
             upto: Ts(u64::MAX),
@@ -4097,7 +4103,7 @@ mod tests {
             engine.budget.budget.lock().max = MAX;
             let mut persisted = |seq: u64, stream: usize, bound: u64, batch: Bytes| {
                 let mut j = test_job(seq, stream, Ts(bound), batch);
-                j.at = Some(rlog.append(&j.batch, false, j.bound));
+                j.at = Some(rlog.append(&j.batch, false, j.high));
                 rlog.sync().unwrap();
                 j.spillable = true;
                 j

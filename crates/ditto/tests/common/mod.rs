@@ -15,22 +15,12 @@ use std::time::{Duration, Instant};
 /// restart binds it again (seen in CI, 2026-12-06: "binding the replication port ...:
 /// Address already in use", another test's connection on it).
 pub fn port_below_the_ephemeral_range() -> u16 {
-    // (Each call of a process starts elsewhere, so two tests running at once do not try
-    // the same ports in the same order.)
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-        ^ ((std::process::id() as u64) << 32)
-        ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for _ in 0..10_000 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let port = 20_000 + ((x >> 33) % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port from 20000 to 31999");
+    // (The listener is let go on return: the port is free for the server.)
+    ports::listener_below_the_ephemeral_range().local_addr().unwrap().port()
 }
+
+#[path = "../../../replication/tests/common/ports.rs"]
+mod ports;
 
 pub struct Node {
     pub child: Child,
