@@ -481,46 +481,11 @@ pub fn read_followed_epoch(dir: &Path) -> std::io::Result<Option<Epoch>> {
 /// `read_followed_epoch`, and the run of the primary that served it (`Primary::run`; 0:
 /// not recorded: the old primary's own epoch, a record of an older build).
 pub fn read_followed(dir: &Path) -> std::io::Result<Option<(Epoch, u64)>> {
-    let path = dir.join(STATE_FILE);
-    let s = match std::fs::read_to_string(&path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
-    };
-    // `epoch N`, or `epoch N run R` (R in 16 hex digits, not 0).
-    let parsed = s.trim().strip_prefix("epoch ").and_then(|rest| match rest.split_once(" run ") {
-        None => Some((Epoch(rest.parse().ok()?), 0)),
-        Some((e, r)) if r.len() == 16 => {
-            Some((Epoch(e.parse().ok()?), u64::from_str_radix(r, 16).ok().filter(|&r| r != 0)?))
-        }
-        Some(_) => None,
-    });
-    match parsed {
-        Some(f) => Ok(Some(f)),
-        None => Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            // (Its first 64 characters, not bytes: a cut inside a character panicked.)
-            format!(
-                "{} does not hold `epoch N` or `epoch N run R` (it holds {:?}): damaged",
-                path.display(),
-                s.chars().take(64).collect::<String>()
-            ),
-        )),
-    }
+    crate::identity::read_epoch_run(&dir.join(STATE_FILE))
 }
 
 fn write_followed_epoch(dir: &Path, e: Epoch, run: u64, storage: &dyn Storage) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        match run {
-            0 => writeln!(f, "epoch {}", e.0)?,
-            r => writeln!(f, "epoch {} run {r:016x}", e.0)?,
-        }
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(STATE_FILE))?;
-    storage.sync_dir(dir)
+    crate::identity::write_epoch_run(dir, STATE_FILE, e, run, storage)
 }
 
 const PROMOTION_FILE: &str = "PROMOTION";
@@ -618,12 +583,25 @@ pub fn end_promotion(dir: &Path) -> Result<(), BackupError> {
         std::fs::remove_dir_all(&rdir).map_err(io(format!("removing {}", rdir.display())))?;
         ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?;
     }
-    match std::fs::remove_file(dir.join(STATE_FILE)) {
-        Ok(()) => ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("removing the followed epoch")(e)),
-    }
+    forget_followed(dir)?;
     clear_promotion_mark(dir).map_err(io("removing the promotion's record"))
+}
+
+/// Removes the record of the epoch a backup's directory `dir` followed, durably, as its
+/// promotion to a primary ends. The run that served that epoch is kept first, where
+/// recorded (`identity::EPOCH_RUN_FILE`): the primary that opens the next epoch from it
+/// then refuses a backup of that epoch number served by another run (another history),
+/// where it would have resumed it or told it to cut. Cut short, it may be done again.
+pub fn forget_followed(dir: &Path) -> Result<(), BackupError> {
+    if let Some((e, run)) = read_followed(dir).map_err(io("reading the followed epoch"))?.filter(|&(_, r)| r != 0) {
+        crate::identity::write_epoch_run(dir, crate::identity::EPOCH_RUN_FILE, e, run, &RealStorage)
+            .map_err(io("keeping the followed epoch's run"))?;
+    }
+    match std::fs::remove_file(dir.join(STATE_FILE)) {
+        Ok(()) => ditto_log::storage::sync_dir(dir).map_err(io(format!("syncing {}", dir.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io("removing the followed epoch")(e)),
+    }
 }
 
 /// Tells the primary at the other end of `stream` why this backup refuses it, and closes.
@@ -776,7 +754,10 @@ pub fn start(opts: BackupOptions) -> Result<Backup, BackupError> {
             e => e,
         };
         if own.0 > 0 {
-            write_followed_epoch(&dir, own, 0, &*storage).map_err(io("saving the followed epoch"))?;
+            // The run it served that epoch in, where recorded: its next primary, promoted
+            // from a backup of that run, then takes it as of one history.
+            let run = crate::identity::run_of(&dir, own).map_err(io("reading the run of its own epoch"))?;
+            write_followed_epoch(&dir, own, run, &*storage).map_err(io("saving the followed epoch"))?;
             followed = Some(own);
         }
     }

@@ -7,7 +7,11 @@
 //! another database, or of another run of the epoch it follows (docs/replication.md,
 //! "Protocol").
 
+use std::io::Write;
 use std::path::Path;
+
+use ditto_log::storage::Storage;
+use ditto_log::Epoch;
 
 pub use ditto_log::identity::{read, write, DatabaseId, DATABASE_ID_FILE};
 
@@ -55,6 +59,70 @@ pub fn check_run(epoch: u64, mine: u64, theirs: u64, holder: &str, primary: &str
     }
 }
 
+/// A record of an epoch and the primary run that served it (0: not recorded), one line:
+/// `epoch N`, or `epoch N run R` (R in 16 hex digits, not 0). A backup's `REPLICA_STATE`
+/// (the epoch it follows) and a directory's `EPOCH_RUN` (`EPOCH_RUN_FILE`) are such
+/// records. `None`: no file. A record that cannot be read, or does not parse, is an
+/// error: read as none, a backup asked its primary for a copy and set aside what it held,
+/// commits a restarted primary lost included (before 2026-12-05; found by a review).
+pub fn read_epoch_run(path: &Path) -> std::io::Result<Option<(Epoch, u64)>> {
+    let s = match std::fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
+    };
+    let parsed = s.trim().strip_prefix("epoch ").and_then(|rest| match rest.split_once(" run ") {
+        None => Some((Epoch(rest.parse().ok()?), 0)),
+        Some((e, r)) if r.len() == 16 => {
+            Some((Epoch(e.parse().ok()?), u64::from_str_radix(r, 16).ok().filter(|&r| r != 0)?))
+        }
+        Some(_) => None,
+    });
+    match parsed {
+        Some(f) => Ok(Some(f)),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            // (Its first 64 characters, not bytes: a cut inside a character panicked.)
+            format!(
+                "{} does not hold `epoch N` or `epoch N run R` (it holds {:?}): damaged",
+                path.display(),
+                s.chars().take(64).collect::<String>()
+            ),
+        )),
+    }
+}
+
+/// Writes `read_epoch_run`'s record `file` in `dir`, durably: a temporary file synced,
+/// renamed over the old record, the directory synced.
+pub fn write_epoch_run(dir: &Path, file: &str, e: Epoch, run: u64, storage: &dyn Storage) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{file}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        match run {
+            0 => writeln!(f, "epoch {}", e.0)?,
+            r => writeln!(f, "epoch {} run {r:016x}", e.0)?,
+        }
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(file))?;
+    storage.sync_dir(dir)
+}
+
+/// The record of the last epoch a directory served as a primary, and its run; or, where a
+/// backup's directory was promoted, the epoch it followed and that epoch's run (kept
+/// from its `REPLICA_STATE`, which the promotion removes). A primary that opens the next
+/// epoch from that one knows so which run served it, and a backup of that epoch number
+/// in another run is another history (`check_run`): refused, not resumed or cut into
+/// this one's (docs/replication.md, "Protocol"). Written by `Primary::start` before any
+/// backup is welcomed.
+pub const EPOCH_RUN_FILE: &str = "EPOCH_RUN";
+
+/// The run that served epoch `epoch`, as `dir`'s `EPOCH_RUN` records it (0: not recorded,
+/// another epoch recorded, or no record).
+pub fn run_of(dir: &Path, epoch: Epoch) -> std::io::Result<u64> {
+    Ok(read_epoch_run(&dir.join(EPOCH_RUN_FILE))?.filter(|&(e, _)| e == epoch).map_or(0, |(_, r)| r))
+}
+
 /// What a backup does with a primary's `Welcome` of epoch `epoch`, database `database` and
 /// run `run` (0: none said), holding `mine` and following `followed`, the epoch it follows
 /// and the run that served it (0 where not known, or not to be checked: a fresh copy's):
@@ -84,6 +152,33 @@ pub const OTHER_DATABASE: &str = "the primary serves another database";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory's `EPOCH_RUN` names the run of one epoch only; a promotion keeps the
+    /// followed epoch's run there as its record of following goes; a damaged record is an
+    /// error, not "none".
+    #[test]
+    fn the_run_of_an_epoch_is_kept_through_a_promotion_and_read_for_that_epoch_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        assert_eq!(run_of(dir, Epoch(4)).unwrap(), 0, "no record");
+        write_epoch_run(dir, EPOCH_RUN_FILE, Epoch(4), 0xabc, &ditto_log::storage::RealStorage).unwrap();
+        assert_eq!(run_of(dir, Epoch(4)).unwrap(), 0xabc);
+        assert_eq!(run_of(dir, Epoch(5)).unwrap(), 0, "another epoch's record");
+        // A backup's record of the epoch it followed, then its promotion's end.
+        std::fs::write(dir.join("REPLICA_STATE"), "epoch 9 run 00000000000000ff\n").unwrap();
+        crate::backup::end_promotion(dir).unwrap();
+        assert!(!dir.join("REPLICA_STATE").exists(), "the followed epoch went");
+        assert_eq!(run_of(dir, Epoch(9)).unwrap(), 0xff, "its run was kept");
+        assert_eq!(run_of(dir, Epoch(4)).unwrap(), 0, "replaced");
+        // A followed epoch without a run (an older build's) leaves the record as it was.
+        std::fs::write(dir.join("REPLICA_STATE"), "epoch 10\n").unwrap();
+        crate::backup::forget_followed(dir).unwrap();
+        assert!(!dir.join("REPLICA_STATE").exists());
+        assert_eq!(run_of(dir, Epoch(9)).unwrap(), 0xff);
+        std::fs::write(dir.join(EPOCH_RUN_FILE), "epoch 9 run ff\n").unwrap();
+        let e = run_of(dir, Epoch(9)).unwrap_err();
+        assert!(e.to_string().contains("damaged"), "{e}");
+    }
 
     #[test]
     fn a_backup_takes_from_another_run_of_its_epoch_only_where_a_run_is_unknown() {

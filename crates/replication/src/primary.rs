@@ -400,6 +400,9 @@ pub struct Primary {
     /// This run of the primary: random, never 0, said in every `Welcome`. A primary serves
     /// an epoch in one run only (`crate::identity::check_run`).
     run: u64,
+    /// The run that served the epoch this one opened from (`PrimaryOptions::resume_from`),
+    /// as the directory recorded it (`crate::identity::run_of`; 0: not recorded).
+    resumed_run: u64,
 }
 
 impl Primary {
@@ -413,11 +416,25 @@ impl Primary {
     ) -> std::io::Result<Arc<Primary>> {
         let logger = durable.logger();
         let local = listener.local_addr()?;
+        // The run that served the epoch this one opened from, where the directory recorded
+        // it; then this run, of this epoch, recorded before any backup is welcomed
+        // (`crate::identity::EPOCH_RUN_FILE`).
+        let dir = durable.dir();
+        let resumed_run = match opts.resume_from {
+            Some((e, _, _)) => crate::identity::run_of(dir, e)?,
+            None => 0,
+        };
+        let run = crate::identity::DatabaseId::new_random().to_wire();
+        let storage = ditto_log::storage::RealStorage;
+        crate::identity::write_epoch_run(dir, crate::identity::EPOCH_RUN_FILE, logger.epoch(), run, &storage).map_err(
+            |e| std::io::Error::new(e.kind(), format!("recording this primary's run in {}: {e}", dir.display())),
+        )?;
         let p = Arc::new(Primary {
             clock_base: Instant::now(),
             // (Made by the log's open: every backup it welcomes takes this id.)
             database: durable.database(),
-            run: crate::identity::DatabaseId::new_random().to_wire(),
+            run,
+            resumed_run,
             durable: durable.clone(),
             accept: Mutex::new(None),
             epoch: logger.epoch(),
@@ -1156,6 +1173,16 @@ impl Primary {
         if epoch == self.epoch {
             let holder = format!("backup {node}'s directory");
             if let Err(reason) = crate::identity::check_run(epoch.0, run, self.run, &holder, "this primary") {
+                return Err(refuse(&stream, reason));
+            }
+        }
+        // Nor one of the epoch this one opened from, as another run served it: resumed or
+        // told to cut, it would take this history above its own (a copy of a directory
+        // that served that epoch number beside its original, then restarted).
+        if self.opts.resume_from.is_some_and(|(e, _, _)| e == epoch) {
+            let holder = format!("backup {node}'s directory");
+            let this = format!("this primary (which opened epoch {} from it)", self.epoch.0);
+            if let Err(reason) = crate::identity::check_run(epoch.0, run, self.resumed_run, &holder, &this) {
                 return Err(refuse(&stream, reason));
             }
         }

@@ -273,6 +273,78 @@ fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
     c.close();
 }
 
+/// A copy of a directory that served an epoch number beside its original, restarted into
+/// the next epoch from it: a backup of the original's run of that epoch, holding exactly
+/// the point the copy opened from, is refused, where it was resumed from the copy's log,
+/// taking the copy's history above its own (the directory records the run that served
+/// the epoch it opens from: `EPOCH_RUN`). A backup of the copy's own run is resumed.
+#[test]
+fn a_backup_of_another_run_of_the_epoch_a_restarted_primary_opened_from_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, pb, pc, pd) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"), tmp.path().join("d"));
+    {
+        let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        commit(&a, t, 0..10, b"first");
+        a.close();
+    }
+    let copy = std::process::Command::new("cp").arg("-a").arg(&pa).arg(&pc).status().unwrap();
+    assert!(copy.success());
+    // As a standalone server does: a primary that reopened its log into a new epoch
+    // resumes its backups of the epoch before (`Durable::opened_from`).
+    let reopen = |dir: &std::path::Path| {
+        let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let resume_from = d.opened_from().map(|(e, p)| (e, p, p));
+        let (p, addr) = common::ship(&d, "local", PrimaryOptions { resume_from, ..Default::default() });
+        (d, p, addr)
+    };
+    // The original serves epoch 2 (run A); backup b follows it to ts `last`.
+    let (a, p, addr) = reopen(&pa);
+    let t = a.db().table_id("t").unwrap();
+    let epoch = a.logger().epoch();
+    let last = commit(&a, t, 10..30, b"a");
+    common::backup_holding(&addr, &pb, last);
+    let a_run = p.run();
+    p.stop();
+    a.close();
+    let before = held(&pb, t);
+    // The copy serves epoch 2 too (run C), as many commits of other values, so that it
+    // stamps exactly what b holds, and backup d follows it; then it restarts into epoch
+    // 3, opened from epoch 2 at that point: b holds "exactly the point".
+    let (c, p2, addr) = reopen(&pc);
+    assert_eq!(c.logger().epoch(), epoch, "the same epoch number");
+    let c_last = commit(&c, t, 10..30, b"c");
+    assert_eq!(c_last, last, "the copy stamped what b holds");
+    common::backup_holding(&addr, &pd, c_last);
+    let c_run = p2.run();
+    p2.stop();
+    c.close_and_release();
+    let (c, p3, addr) = reopen(&pc);
+    assert_eq!(c.opened_from(), Some((epoch, c_last)), "epoch 3 opened from epoch 2 at the copy's last commit");
+    match backup::start(BackupOptions::new(&addr, &pb, 1, "b")) {
+        Err(BackupError::OtherDatabase(why)) => {
+            assert!(why.contains(&format!("{a_run:016x}")) && why.contains(&format!("{c_run:016x}")), "{why}");
+            assert!(why.contains("two primaries served the same epoch number"), "{why}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a backup of another run of the epoch opened from was taken"),
+    }
+    assert_eq!(p3.checkpoints_sent.load(Ordering::Relaxed), 0, "no copy was sent");
+    assert_eq!(held(&pb, t), before, "the backup's directory changed");
+    assert_eq!(backup::read_followed(&pb).unwrap(), Some((epoch, a_run)), "its record changed");
+    // The copy's own backup of epoch 2 holds exactly the point: resumed from the log.
+    let bk = backup::start(BackupOptions::new(&addr, &pd, 1, "d")).expect("a backup of the run opened from");
+    let more = commit(&c, t, 200..203, b"c3");
+    wait_until("d to hold the new epoch's commits", Duration::from_secs(20), || {
+        bk.state.received.load(Ordering::Acquire) >= more.0
+    });
+    assert_eq!(p3.checkpoints_sent.load(Ordering::Relaxed), 0, "d was resumed, not sent a copy");
+    let _ = bk.stop("done", Duration::from_secs(10));
+    drop(bk);
+    p3.stop();
+    c.close();
+}
+
 /// The backup's own check of the run (a primary that did not check the hello's, a
 /// stand-in here), at its start and on a reconnect: a welcome of the epoch it follows in
 /// another run is refused, told why, and nothing is taken; the run it recorded is taken.

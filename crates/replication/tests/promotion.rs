@@ -60,6 +60,7 @@ fn a_promoted_backup_starts_above_the_point_and_a_backup_cut_there_resumes_from_
         });
     }
     let epoch1 = a.logger().epoch();
+    let a_run = pa_repl.run();
     // The fence: both backups stop; A is gone.
     bk1.stop("fenced", Duration::from_secs(10)).unwrap();
     bk2.stop("fenced", Duration::from_secs(10)).unwrap();
@@ -77,6 +78,10 @@ fn a_promoted_backup_starts_above_the_point_and_a_backup_cut_there_resumes_from_
     let ditto_log::replica::ReplicaOpen { db, lock, .. } = opened;
     drop(lock);
     std::fs::remove_dir_all(ditto_log::replica::replica_dir(&b1)).unwrap();
+    // Its record of following goes, the run that served epoch 1 kept (as a server's
+    // promotion does): the primary it becomes takes a backup of that run only.
+    backup::forget_followed(&b1).unwrap();
+    assert_eq!(ditto_replication::identity::run_of(&b1, epoch1).unwrap(), a_run);
     // The engine replayed from the replica log becomes the primary's as it is (no second
     // load of the checkpoint it wrote); one that does not match the checkpoint is refused.
     let o = |recovered| OpenOptions {

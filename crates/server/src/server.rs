@@ -1621,7 +1621,11 @@ fn promote_in_place(
         Ts(run.upto.ok_or_else(|| ConfigError::Invalid("a promotion in place needs the recovery point".into()))?);
     let (db, _) = cut_and_seal(cfg, b, point, false, "promotion")?;
     let dir = cfg.data_dir.clone().expect("validated");
-    let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
+    // The followed epoch's run is kept (the primary refuses a backup of another run of
+    // it); where that fails, the primary only checks less, as before it was kept.
+    if let Err(e) = ditto_replication::backup::forget_followed(&dir) {
+        tracing::warn!("promotion: {e}");
+    }
     let mut next = cfg.clone();
     next.replica_of = None;
     next.repl_port = Some(repl_port);
