@@ -173,6 +173,12 @@ pub struct Database {
     rid_generation: AtomicU64,
     /// `Database::replay_wait_max` in ms (0: the default).
     pub(crate) replay_wait_max_ms: AtomicU64,
+    /// The snapshot a backup's own checkpoint reads at while it is written
+    /// (`Database::checkpoint_reading`; 0: none).
+    pub(crate) checkpoint_reading_at: AtomicU64,
+    /// Replayed writes waiting for every snapshot to pass a key's or id's old life
+    /// (`Database::horizon_waiters`).
+    pub(crate) horizon_waiters: std::sync::atomic::AtomicUsize,
     /// This database, for work deferred to the epoch GC (giving back record ids).
     me: Weak<Database>,
     /// On a backup: replayed updates waiting for their record's insert (replay.rs).
@@ -254,6 +260,8 @@ impl Database {
             replaying: AtomicBool::new(false),
             rid_generation: AtomicU64::new(0),
             replay_wait_max_ms: AtomicU64::new(0),
+            checkpoint_reading_at: AtomicU64::new(0),
+            horizon_waiters: Default::default(),
             me: me.clone(),
         })
     }

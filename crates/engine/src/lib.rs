@@ -41,7 +41,7 @@ pub use error::{catch_panic, Error, Result};
 pub use ids::{RecordId, TableId, Ts, WorkerId};
 /// The engine's ordered index, public for `ditto bench index` and for reuse.
 pub use index::Index as BTreeIndex;
-pub use replay::{KeyDelta, Prefetch, ReplayGate, ReplayPin, REPLAY_REUSE_WAIT_MAX};
+pub use replay::{CheckpointReading, KeyDelta, Prefetch, ReplayGate, ReplayPin, REPLAY_REUSE_WAIT_MAX};
 pub use table::RECORDS_PER_TABLE_MAX;
 pub use txn::{Direction, KeyVersion, ReadTxn, Transaction};
 

@@ -94,9 +94,13 @@ impl<'a> Pace<'a> {
             return;
         }
         let due = self.start + Duration::from_secs_f64(total as f64 / self.bytes_per_s);
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
+        // In steps, so that a hurry that comes while it sleeps ends the sleep.
+        loop {
+            let now = Instant::now();
+            if due <= now || self.hurry.is_some_and(|h| h.load(Ordering::Relaxed) > 0) {
+                return;
+            }
+            std::thread::sleep((due - now).min(Duration::from_millis(20)));
         }
     }
 }

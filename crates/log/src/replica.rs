@@ -2823,7 +2823,8 @@ pub const TRASH_DIR: &str = "trash";
 /// replica log files that the new checkpoint covers may then go
 /// (`ReplicaLog::remove_covered_by` with the returned timestamp); `open_replica` loads it
 /// and replays only what lies above it. It writes at most `write_bytes_per_s` (0: as fast
-/// as it goes; `LogOptions::checkpoint_write_bytes_per_s`).
+/// as it goes; `LogOptions::checkpoint_write_bytes_per_s`), and goes unpaced while a
+/// replayed write waits for its snapshot to end (`Database::checkpoint_reading`).
 ///
 /// `gate` (`Database::replay_checkpoint_gate`) is held until the snapshot is taken, and no
 /// longer: a redirect made after it moves only writes above the snapshot's timestamp (every
@@ -2839,6 +2840,9 @@ pub fn checkpoint_replica(
 ) -> Result<CheckpointInfo, LogError> {
     let threads = recovery_threads().min(2);
     let snap = db.read();
+    // Replayed writes that wait for this snapshot to end (a key's new life) do not fail
+    // for it, and make the write go unpaced while they wait.
+    let _reading = db.checkpoint_reading(snap.ts());
     drop(gate);
     let info = checkpoint::write(
         db,
@@ -2848,7 +2852,7 @@ pub fn checkpoint_replica(
         64 << 20,
         Epoch(0),
         storage,
-        checkpoint::Pace::new(write_bytes_per_s, None),
+        checkpoint::Pace::new(write_bytes_per_s, Some(db.horizon_waiters())),
         None,
         // (A backup's replay follows its replica log's fsync: what it installed is
         // durable here.)

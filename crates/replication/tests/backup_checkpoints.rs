@@ -178,6 +178,79 @@ fn a_fence_stops_a_checkpoint_being_written_short() {
     assert!(opened.cut >= last, "the directory holds everything received");
 }
 
+/// A key's new life (deleted, cleaned up on the primary, written again: another record)
+/// replayed while the backup's own paced checkpoint reads below it: the replayed write
+/// waits for the checkpoint's snapshot to end, the checkpoint goes unpaced meanwhile, and
+/// the wait does not count toward the replay's limit. Before 2026-12-07 the reads stayed
+/// below the write for the whole paced checkpoint (16 s here), and past the limit (5 ms
+/// here, 60 s in a server) the backup's replay failed for good (found by a review).
+#[test]
+fn a_new_life_replayed_under_the_backups_own_checkpoint_hurries_it_and_does_not_fail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1) = (tmp.path().join("a"), tmp.path().join("b1"));
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    let (p, addr) = primary_under_local(&a, 1);
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    // About 16 MB that does not compress, before the backup joins: each of its own
+    // checkpoints, 16 s at 1 MB/s, holds all of it.
+    let mut noise = noise_from(7);
+    let mut last = Ts::ZERO;
+    for i in 0..200u32 {
+        let values: Vec<Vec<u8>> = (0..20).map(|_| noise(4000)).collect();
+        let (_, h) = w
+            .run(|x| {
+                for (k, v) in values.iter().enumerate() {
+                    x.put(t, &(i * 20 + k as u32).to_be_bytes(), v)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        last = last.max(h.wait().unwrap());
+    }
+    let opts = BackupOptions {
+        checkpoint_every: Duration::from_millis(300),
+        checkpoint_write_bytes_per_s: 1 << 20,
+        ..BackupOptions::new(&addr, &b1, 1, "b1")
+    };
+    let bk = backup::start(opts).unwrap();
+    // (Shorter than the hurried checkpoint's write, about 50 ms: the wait must not count it.)
+    bk.db.set_replay_wait_max(Duration::from_millis(5));
+    // (A commit after the copy: a backup checkpoints only past its last one.)
+    let last = w.run(|x| x.put(t, b"moved", b"on")).unwrap().1.wait().unwrap();
+    wait_until("the backup to hold everything", Duration::from_secs(30), || {
+        bk.state.visible.load(Ordering::SeqCst) >= last.0
+    });
+    let ckpts = b1.join("checkpoints");
+    let in_progress = || {
+        std::fs::read_dir(&ckpts).is_ok_and(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-") && !e.path().join("MANIFEST").exists())
+        })
+    };
+    wait_until("a checkpoint to be under way", Duration::from_secs(30), in_progress);
+    let before = bk.state.checkpoints.load(Ordering::SeqCst);
+    // A key's life ended, its record cleaned up on the primary, then a new life.
+    w.run(|x| x.put(t, b"k", b"first")).unwrap().1.wait().unwrap();
+    assert!(w.run(|x| x.delete(t, b"k")).unwrap().0);
+    a.db().reclaim();
+    let t0 = Instant::now();
+    let again = w.run(|x| x.put(t, b"k", b"second")).unwrap().1.wait().unwrap();
+    wait_until("the backup to read the new life", Duration::from_secs(30), || {
+        bk.state.visible.load(Ordering::SeqCst) >= again.0 || bk.state.failure.lock().is_some()
+    });
+    let took = t0.elapsed();
+    assert_eq!(bk.state.failure.lock().clone(), None, "the backup's replay failed");
+    assert_eq!(bk.db.read().get(t, b"k").unwrap().as_deref(), Some(&b"second"[..]));
+    assert!(bk.state.checkpoints.load(Ordering::SeqCst) > before, "the checkpoint it waited for completed");
+    // Paced, the checkpoint had most of its 16 s left.
+    assert!(took < Duration::from_secs(8), "the new life waited {took:?}: the checkpoint did not hurry");
+    drop(w);
+    p.stop();
+    a.close();
+    bk.stop("done", Duration::from_secs(10)).unwrap();
+}
+
 /// A backup that joins is sent the primary's recent checkpoint and the log above it, not a
 /// checkpoint written for it, while little log has been written since (after a failover,
 /// the one the new primary writes in the background); after more log, a new one.
