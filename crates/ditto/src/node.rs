@@ -646,8 +646,15 @@ struct NodePlane {
     prepared: Option<Result<u64, String>>,
     /// The last server, of this epoch, did not stop cleanly (killed, or its drain failed):
     /// this node's holdings are not reported until a later epoch opens (applied, or seen
-    /// in a snapshot of the state).
+    /// in a snapshot of the state), or until a later backup server of this epoch caught
+    /// up again (`unclean_caught_up`).
     unclean: Option<u64>,
+    /// While `unclean`: the release the primary told the next backup server of that epoch
+    /// once its link was up (`probe`). Everything the primary released on the dead
+    /// server's acknowledgements is at or below it (the primary takes a backup's new link
+    /// only once the old one of its name is gone); once that server holds it durably, the
+    /// node holds again all the dead one acknowledged, and reports again.
+    unclean_caught_up: Option<u64>,
     /// The streams the plan being prepared still fetches.
     fetching: std::collections::BTreeSet<usize>,
     /// A backup child that exited is started again no sooner than this.
@@ -945,6 +952,7 @@ impl NodePlane {
             prepared: None,
             fetching: Default::default(),
             unclean: None,
+            unclean_caught_up: None,
             restart_after: Instant::now(),
             backup_backoff: None,
             stopping: None,
@@ -1075,6 +1083,7 @@ impl NodePlane {
         // what that epoch's recovery point already decided on without this node.)
         if !clean && self.may_have_lost_acknowledged(&st.child) {
             self.unclean = Some(st.child.role.epoch());
+            self.unclean_caught_up = None;
         }
         say(
             self.me,
@@ -1164,6 +1173,7 @@ impl NodePlane {
                 let lost = !status.success() && self.may_have_lost_acknowledged(self.child.as_ref().expect("a child"));
                 if lost {
                     self.unclean = Some(was.epoch());
+                    self.unclean_caught_up = None;
                 }
                 self.child = None;
                 self.drained_in = None;
@@ -2150,6 +2160,27 @@ impl NodePlane {
                     // Joined: it holds the new primary's checkpoint, so an old primary's
                     // log set aside at its rejoin can go.
                     drop_old_primary(self.me, &self.data, "joined the new primary");
+                }
+                // A backup server of the epoch whose last server stopped uncleanly (this
+                // one started after it died): caught up, the node reports again. Before
+                // 2026-12-07 it did not until the next epoch, so a backup server killed
+                // once (the OOM killer, a panic) made the node refuse every report of the
+                // epoch, and a later failover with a bare majority waited for the dead
+                // primary's node (found by a review).
+                if self.unclean == Some(c.role.epoch()) && !*learner && up {
+                    let num = |k: &str| field(k).and_then(|v| v.parse::<u64>().ok());
+                    match (self.unclean_caught_up, num("ditto_released_ts"), num("ditto_durable_ts")) {
+                        (None, Some(released), _) if released > 0 => self.unclean_caught_up = Some(released),
+                        (Some(target), _, Some(durable)) if durable >= target => {
+                            say(
+                                self.me,
+                                format!("its backup server, started after the last one stopped uncleanly, holds durably what the primary released then (ts {target}): it reports again"),
+                            );
+                            self.unclean = None;
+                            self.unclean_caught_up = None;
+                        }
+                        _ => {}
+                    }
                 }
                 let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
                 // (Failure detection alone: stamped now, up to `HEARD_WITHIN_MS` late.)

@@ -1257,6 +1257,40 @@ fn a_restarted_old_primary_reports_from_its_log_so_the_failover_can_complete() {
     every_other_node_follows_and_all_hold_what_was_acked(&c, last, &mut w);
 }
 
+/// A backup's server killed on its own (SIGKILL of the server, its node running: the OOM
+/// killer, a panic), under `majority-received`: its node starts it again, it joins and
+/// catches up, and once it holds durably what the primary had released, the node reports
+/// again. The primary then killed for good, that node and the third are a majority, and
+/// the failover completes without the dead primary's node. Before 2026-12-07 the node
+/// refused every report until the next epoch ("its last server did not stop cleanly"),
+/// and the failover waited for the dead primary's node (found by a review).
+#[test]
+fn a_backup_whose_server_died_once_reports_again_once_caught_up_so_a_later_failover_completes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start(3, "majority-received");
+    let primary = wait_for("a first primary", Duration::from_secs(30), || c.primary());
+    let mut w = Writer::start(c.ports.values().copied().collect());
+    wait_for("writes", Duration::from_secs(30), || (w.acked().len() > 300).then_some(()));
+    let b = *c.ports.keys().find(|&&id| id != primary).unwrap();
+    let pid = c.server_pid(b);
+    signal(pid, libc::SIGKILL);
+    c.wait_or_dump(&format!("node {b}'s server to be started again and join"), Duration::from_secs(30), || {
+        let again = field(&c.info_section(b, "server")?, "process_id")?.parse::<i32>().ok()? != pid;
+        (again && c.info(b)?.contains("master_link_status:up")).then_some(())
+    });
+    let before = w.acked().len();
+    wait_for("writes after the restart", Duration::from_secs(30), || (w.acked().len() > before + 300).then_some(()));
+    c.kill(primary);
+    let new = c.wait_or_dump("a new primary without the old one's node", Duration::from_secs(20), || {
+        c.primary().filter(|&p| p != primary)
+    });
+    c.wait_or_dump(&format!("writes on node {new}"), Duration::from_secs(20), || {
+        w.acked().iter().any(|(_, _, port)| *port == c.ports[&new]).then_some(())
+    });
+    c.start_node(primary);
+    every_other_node_follows_and_all_hold_what_was_acked(&c, new, &mut w);
+}
+
 /// Every node but `primary` follows it; then, `w` stopped, every node holds every write
 /// it acknowledged.
 fn every_other_node_follows_and_all_hold_what_was_acked(c: &Cluster, primary: u64, w: &mut Writer) {
