@@ -516,34 +516,54 @@ fn client_and_output_limits_hold() {
 /// client's requests while its replies wait for room in the socket. 40 MB of GETs of a
 /// 1 KB value, each under a 1 KB key, pass both directions' socket buffers (a few MB each
 /// on loopback); before 2026-12-06 the server stopped reading while its write waited, and
-/// client and server waited on each other for good (found by a review).
+/// client and server waited on each other for good (found by a review). Over TLS too:
+/// there the wait for room was the flush's, which read nothing until 2026-12-07 (found by
+/// a review; the TLS half fails without it).
 #[test]
 fn a_pipeline_sent_whole_before_any_reply_is_read_is_answered_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&dir.path().join("d"), "");
+    let (pki, cfg) = tls_config(&dir.path().join("pki"), "");
+    let srv = Server::start(&dir.path().join("d"), &cfg);
     let key = "k".repeat(1000);
     let value = "v".repeat(1000);
     let mut c = Raw::connect(srv.port);
     assert_eq!(c.cmd(&["SET", &key, &value]).unwrap(), "+OK");
+    let plain = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    answers_a_pipeline_sent_whole(plain, &key, &value, "plaintext");
+    let tls = TcpStream::connect(("127.0.0.1", srv.tls_port.unwrap())).unwrap();
+    let cfg = ditto_server::tls::client_config(&pki.ca, None).unwrap();
+    let name = ditto_server::tls::server_name("127.0.0.1").unwrap();
+    let tls = rustls::StreamOwned::new(rustls::ClientConnection::new(cfg, name).unwrap(), tls);
+    answers_a_pipeline_sent_whole(tls, &key, &value, "TLS");
+    assert_eq!(c.cmd(&["PING"]).unwrap(), "+PONG");
+}
+
+/// Sends 40,000 `GET key` on `s` whole before reading any reply (the send must end within
+/// 60 s), then reads every reply: `value` each time.
+fn answers_a_pipeline_sent_whole<S: Read + Write + Send + 'static>(mut s: S, key: &str, value: &str, over: &str) {
     const N: usize = 40_000;
     let mut req = Vec::new();
     for _ in 0..N {
         req.extend_from_slice(format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).as_bytes());
     }
     assert!(req.len() > 40_000_000);
-    let mut w = c.s.try_clone().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(w.write_all(&req).map(|()| Instant::now()));
+        let sent = s.write_all(&req).and_then(|()| s.flush());
+        let _ = tx.send(sent.map(|()| s));
     });
     // Its send ends only if the server reads on while the replies wait (none is read yet).
-    let sent = rx.recv_timeout(Duration::from_secs(60));
-    assert!(matches!(sent, Ok(Ok(_))), "the pipeline could not be sent whole: {sent:?}");
+    let mut s = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => panic!("{over}: the pipeline could not be sent: {e}"),
+        Err(e) => panic!("{over}: the pipeline could not be sent whole within 60 s ({e})"),
+    };
+    let one = format!("${}\r\n{value}\r\n", value.len());
+    let mut got = vec![0u8; one.len()];
     for i in 0..N {
-        let r = c.reply().unwrap_or_else(|e| panic!("reply {i}: {e}"));
-        assert!(r == value, "reply {i}: {} bytes", r.len());
+        s.read_exact(&mut got).unwrap_or_else(|e| panic!("{over}: reply {i}: {e}"));
+        assert!(got == one.as_bytes(), "{over}: reply {i}: {:?}", String::from_utf8_lossy(&got[..got.len().min(40)]));
     }
-    assert_eq!(c.cmd(&["PING"]).unwrap(), "+PONG");
 }
 
 /// The timer the kernel runs on the server's end of a connection from local port `client`
@@ -610,6 +630,82 @@ fn requests_before_auth_are_held_to_redis_limits() {
     assert_eq!(c.cmd(&["SET", "k", &big]).unwrap(), "+OK");
     assert_eq!(c.cmd(&many).unwrap(), "+OK");
     assert_eq!(c.cmd(&["STRLEN", "k"]).unwrap(), ":20000");
+}
+
+/// A client without the password that sends request after request and reads no reply is
+/// read only a little ahead (64 KiB) while its NOAUTH replies wait: before 2026-12-07 the
+/// server read up to `max_output_bytes` (64 MiB) of it ahead, then held as much again of
+/// NOAUTH replies (found by a review). What the client gets to send is what the sockets'
+/// buffers hold beside that.
+#[test]
+fn a_client_without_the_password_is_read_little_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "requirepass = \"s3cret\"\n");
+    let sent = bytes_sent_unread(srv.port, b"PING\r\n", 160 << 20);
+    // (About 5.5 MB on the project's VM; 76 MB before.)
+    assert!(sent < 32 << 20, "a client without the password had {sent} bytes taken without reading a reply");
+    let mut c = Raw::connect(srv.port);
+    assert_eq!(c.cmd(&["AUTH", "s3cret"]).unwrap(), "+OK");
+    assert_eq!(c.cmd(&["PING"]).unwrap(), "+PONG");
+}
+
+/// A pipeline of 10 million PINGs sent whole before any reply is read, so that the server
+/// reads most of it ahead (60 MB) while its first replies wait, is handled in batches of
+/// bounded bookkeeping: before 2026-12-07 one batch took requests until its replies
+/// reached `max_output_bytes`, 9.6 million PINGs, holding 56 bytes of bookkeeping for each
+/// 7-byte reply (about 940 MB more at its peak; found by a review). Seen as the server's
+/// peak resident memory.
+#[test]
+fn a_long_pipeline_of_short_requests_is_handled_in_bounded_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("d"), "");
+    let peak_mib = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", srv.child.id())).unwrap();
+        let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap();
+        kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() >> 10
+    };
+    let mut c = Raw::connect(srv.port);
+    assert_eq!(c.cmd(&["PING"]).unwrap(), "+PONG");
+    let before = peak_mib();
+    const N: usize = 10_000_000;
+    let mut w = c.s.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let req = b"PING\r\n".repeat(N);
+        let _ = tx.send(w.write_all(&req));
+    });
+    let sent = rx.recv_timeout(Duration::from_secs(120));
+    assert!(matches!(sent, Ok(Ok(()))), "the pipeline could not be sent whole: {sent:?}");
+    let mut replies = BufReader::with_capacity(1 << 20, c.s.try_clone().unwrap());
+    let mut got = vec![0u8; 7 * 100_000];
+    for i in 0..N / 100_000 {
+        replies.read_exact(&mut got).unwrap_or_else(|e| panic!("replies {i}: {e}"));
+        assert!(got.chunks(7).all(|r| r == b"+PONG\r\n"), "replies {i}");
+    }
+    let after = peak_mib();
+    // (139 MiB more on the project's VM, the 60 MB read ahead among it; 1,009 before.)
+    assert!(after < before + 400, "the server's peak resident memory went from {before} MiB to {after} MiB");
+}
+
+/// Sends `req` again and again on a new connection to `port` without reading a reply,
+/// until `max` bytes or until the socket has taken nothing for 2 s: the bytes it took.
+fn bytes_sent_unread(port: u16, req: &[u8], max: usize) -> usize {
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let chunk: Vec<u8> = req.iter().copied().cycle().take(req.len() * (64 * 1024 / req.len())).collect();
+    let (mut sent, mut at, mut last_progress) = (0usize, 0usize, Instant::now());
+    while sent < max && last_progress.elapsed() < Duration::from_secs(2) {
+        match (&s).write(&chunk[at..]) {
+            Ok(n) => {
+                sent += n;
+                at = (at + n) % chunk.len();
+                last_progress = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("sending: {e}"),
+        }
+    }
+    sent
 }
 
 /// A run of pipelined GETs that fills the output bound, followed by a request not yet

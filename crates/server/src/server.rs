@@ -1871,7 +1871,7 @@ impl Conn {
             // Where each reply ends in `out`, and the timestamp it waits for: on a backup a
             // wait that times out fails only the replies it covers.
             marks.clear();
-            while out.len() < conn.sh.max_output_bytes {
+            while out.len() < conn.sh.max_output_bytes && started.len() < BATCH_REQUESTS_MAX {
                 match next_request(&mut pending, &mut parser, &mut inbuf, &session.limits(&conn.limits)) {
                     Ok(None) => break,
                     Ok(Some(args)) if args.is_empty() => continue,
@@ -2175,10 +2175,18 @@ impl Conn {
                 }
                 // (The client's requests are read meanwhile: one that sends a whole pipeline
                 // before it reads a reply would otherwise never finish sending.)
-                write_reading_ahead(&mut stream, &out, &mut inbuf, conn.sh.max_output_bytes).await?;
+                // (Flushed too: TLS buffers records until flushed.) A connection that has
+                // not authenticated reads little ahead: before 2026-12-07 it was held to
+                // Redis's request limits (`Limits::unauthenticated`) but not here, and a
+                // client without the password that sent 80 MB of PINGs and read nothing
+                // made the server hold 64 MiB of them, then their NOAUTH replies (found by
+                // a review).
+                let ahead = match session.authed() {
+                    true => conn.sh.max_output_bytes,
+                    false => UNAUTHENTICATED_READ_AHEAD_MAX,
+                };
+                write_reading_ahead(&mut stream, &out, &mut inbuf, ahead).await?;
                 inbuf_large |= inbuf.capacity() > 1 << 20;
-                // TLS buffers records until flushed; plain TCP's flush does nothing.
-                stream.flush().await?;
                 out.clear();
                 // Latency: parsed to written. Handling time (INFO commandstats): the gap to
                 // the next request's start, or to the end of handling for the last one.
@@ -2439,6 +2447,19 @@ const WAIT_READ_AHEAD: usize = 1 << 20;
 /// reply ends) up to this many requests' room between batches; a larger batch's is let go.
 const REQUESTS_KEPT_MAX: usize = 4096;
 
+/// What a connection that has not authenticated (a password set) reads ahead of its
+/// requests while its replies wait for room (`write_reading_ahead`): 64 KiB, four of
+/// Redis's reads.
+const UNAUTHENTICATED_READ_AHEAD_MAX: usize = 64 * 1024;
+
+/// Requests handled in one batch before its replies are written: each holds about 56
+/// bytes of bookkeeping (`started`, `marks`) against a reply as short as 7 (`+PONG`), so
+/// a batch bounded by `max_output_bytes` alone held 9.6 million of them after a read-ahead
+/// of 64 MiB of PINGs (940 MB for one connection, found by a review, 2026-12-07), and
+/// handled them without a pause for the runtime's other connections. 16,384 keep it under
+/// a megabyte; writing a batch yields to the runtime as its budget says.
+const BATCH_REQUESTS_MAX: usize = 16 * 1024;
+
 /// A client counted in `connected_clients` (`Conn::admit`), counted out when its task ends
 /// however it does: a panic in a command's handler unwinds through `serve`, and its place
 /// under `max_clients` was kept for good (found by a review, 2026-12-05).
@@ -2532,7 +2553,7 @@ async fn watch_while_waiting<S: AsyncRead + Unpin>(
     }
 }
 
-/// Writes `out` whole; while the socket takes no more, reads what the client sends into
+/// Writes `out` whole and flushes it; while the socket takes no more, reads what the client sends into
 /// `inbuf`, up to `ahead_max` bytes held there. A client that sends a whole pipeline before
 /// it reads any reply (redis-py's `pipeline().execute()`, Jedis's `sync()`) otherwise
 /// deadlocked with the server once the replies filled both sockets' buffers: the server
@@ -2554,12 +2575,19 @@ async fn write_reading_ahead<S: AsyncRead + AsyncWrite + Unpin>(
     // array would make every connection's larger.)
     let mut chunk: Vec<u8> = Vec::new();
     std::future::poll_fn(|cx| loop {
-        if written == out.len() {
-            return Poll::Ready(Ok(()));
-        }
-        match Pin::new(&mut *stream).poll_write(cx, &out[written..]) {
-            Poll::Ready(Ok(0)) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
-            Poll::Ready(Ok(n)) => {
+        // Written whole, then flushed: TLS takes a write into its own buffer (up to 64 KiB)
+        // before the socket has room, so the wait for room may be the flush's, and reading
+        // stopped there until 2026-12-07 (a TLS client sending a whole pipeline first
+        // deadlocked as a plaintext one had; found by a review). Plain TCP's flush does
+        // nothing.
+        let polled = match written == out.len() {
+            true => Pin::new(&mut *stream).poll_flush(cx).map_ok(|()| None),
+            false => Pin::new(&mut *stream).poll_write(cx, &out[written..]).map_ok(Some),
+        };
+        match polled {
+            Poll::Ready(Ok(None)) => return Poll::Ready(Ok(())),
+            Poll::Ready(Ok(Some(0))) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(Some(n))) => {
                 written += n;
                 continue;
             }

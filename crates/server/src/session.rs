@@ -563,6 +563,11 @@ impl Session {
 
     /// The request limits for this connection's next request: `limits`, or Redis's smaller
     /// ones while it has not authenticated (`Limits::unauthenticated`).
+    /// Whether the connection may run commands: it authenticated, or no password is set.
+    pub fn authed(&self) -> bool {
+        self.authed
+    }
+
     pub fn limits(&self, limits: &crate::resp::Limits) -> crate::resp::Limits {
         match self.authed {
             true => *limits,
