@@ -19,9 +19,11 @@
 //! Every write is followed by `fdatasync` before the call returns (a Raft node may answer
 //! only once what it answers with is durable). Opening replays the records in order. A
 //! last record that is incomplete, or whose checksum fails and which runs to the end of the
-//! file, or zeros to the end, is a write torn by a crash: it is cut off. Anything else
-//! that does not check (a length and its complement that disagree, a bad checksum with
-//! records behind it) is corruption: opening fails, naming the file and the offset. When
+//! file, or whose header does not check with no whole record anywhere after it (zeros to
+//! the end, or an append whose first page never came), is a write torn by a crash: it is
+//! cut off. Anything else that does not check (a length and its complement that disagree,
+//! or a bad checksum, with a whole record behind it) is corruption: opening fails, naming
+//! the file and the offset. When
 //! the file has grown to four times its size after the last rewrite (and at least 1 MiB),
 //! it is rewritten with what it holds (a new file, fsynced, renamed over the old one, the
 //! directory fsynced); so it is at every snapshot (the log's compaction, node.rs).
@@ -111,6 +113,19 @@ fn decode_entries(mut b: &[u8]) -> Result<Vec<Entry>, String> {
     Ok(out)
 }
 
+/// Whether `bytes` holds a whole record at `at`: its length and complement agree, its body
+/// is there, and its checksum holds.
+fn whole_record_at(bytes: &[u8], at: usize) -> bool {
+    let Some(h) = bytes.get(at..at + HEADER) else { return false };
+    let word = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
+    let (len, check, crc) = (word(0), word(4), word(8));
+    if len != !check {
+        return false;
+    }
+    let Some(body) = bytes.get(at + HEADER..at + HEADER + len as usize) else { return false };
+    crc32c::crc32c_append(crc32c::crc32c(&[h[12]]), body) == crc
+}
+
 impl FileDisk {
     /// Opens the node's control state in `dir`, or creates it for a founding member of a
     /// group whose first voters are `voters` (none: a node that joins a running group;
@@ -138,8 +153,14 @@ impl FileDisk {
             let word = |at: usize| u32::from_le_bytes(bytes[off + at..off + at + 4].try_into().unwrap());
             let (len, check, crc) = (word(0), word(4), word(8));
             if len != !check {
-                if bytes[off..].iter().all(|&b| b == 0) {
-                    break; // the file grew, its data never came
+                // A torn append whose first page never came (zeros, or the page's older
+                // bytes) and whose later pages did: no whole record follows, so nothing
+                // acknowledged is lost by cutting it. (Before 2026-12-07 only zeros to the
+                // end were cut: such a header made the file unopenable, the node stopped
+                // until a person cut it by hand; found by a review.) A whole record after
+                // it makes it damage, not a torn tail.
+                if !(off + 1..bytes.len()).any(|at| whole_record_at(&bytes, at)) {
+                    break;
                 }
                 return Err(corrupt(off, format!("length {len} does not match its check")));
             }
@@ -352,7 +373,9 @@ mod tests {
     }
 
     /// An append's pages may reach the disk out of order before its fsync: a hole in the
-    /// middle of the last append is a torn tail, not corruption.
+    /// middle of the last append, or at its start (its header: before 2026-12-07 the file
+    /// would not open), is a torn tail, not corruption; the same header damaged with a
+    /// whole record after it is.
     #[test]
     fn an_append_torn_in_its_middle_is_cut_as_a_whole() {
         let t = tempfile::tempdir().unwrap();
@@ -363,13 +386,25 @@ mod tests {
         let big = vec![7u8; 6000];
         d.append(&[entry(6, 2, &big), entry(7, 2, &big), entry(8, 2, &big)]).unwrap();
         drop(d);
-        let mut b = std::fs::read(&path).unwrap();
-        let hole = before + 6000;
-        b[hole..hole + 4096].fill(0);
+        let torn = std::fs::read(&path).unwrap();
+        for hole in [before + 6000, before, before + 2] {
+            let mut b = torn.clone();
+            b[hole..hole + 4096].fill(0);
+            std::fs::write(&path, &b).unwrap();
+            let d = FileDisk::open(t.path(), &[]).unwrap();
+            assert_eq!(d.durable(), &want, "hole at {hole}: the torn append is gone, the rest is as written");
+            assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, before);
+        }
+        // The header damaged, a whole record after it: refused.
+        let mut b = torn.clone();
+        b[before..before + 4096].fill(0);
+        b.extend(record(KIND_FENCE, &9u64.to_le_bytes()));
         std::fs::write(&path, &b).unwrap();
-        let d = FileDisk::open(t.path(), &[]).unwrap();
-        assert_eq!(d.durable(), &want, "the torn append is gone, the rest is as written");
-        assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, before);
+        match FileDisk::open(t.path(), &[]) {
+            Err(DiskError::Corrupt { offset, .. }) => assert_eq!(offset as usize, before),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a damaged header with a whole record after it opened"),
+        }
     }
 
     #[test]
