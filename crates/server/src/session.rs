@@ -3462,22 +3462,35 @@ mod tests {
                 "{over}: 75 bytes of values pass 60"
             );
         }
-        // A whole hash too: within the limit it is answered, past it refused.
+        // A whole hash too: within the limit it is answered, past it refused. Counted by
+        // what the reply holds (not the fields' stored rows), each element sent 16 bytes
+        // more than its bytes (as `Reply::wire_bytes`): one field of 1 byte and its value
+        // of 25 are 58, within 60; two are 116, within 120; a third passes it, but for
+        // HKEYS, which sends three names of 1 byte (51).
         assert!(matches!(cmd(&mut s2, &limited, &mut w, "HGETALL hbig"), Reply::Map(m) if m.len() == 1));
-        // Counted by what the reply holds (not the fields' stored rows): two fields of 26
-        // bytes (field and value) are 52, within 60; a third passes it, but for HKEYS,
-        // which sends 3 bytes of field names.
+        let limited = Shared { max_output_bytes: 120, ..Shared::new(Arc::clone(&sh.db), None, None, 0).unwrap() };
+        let mut s2 = Session::new(&limited);
         cmd(&mut s2, &limited, &mut w, &format!("HSET hbig g {}", "z".repeat(25)));
         assert!(matches!(cmd(&mut s2, &limited, &mut w, "HGETALL hbig"), Reply::Map(m) if m.len() == 2));
         cmd(&mut s2, &limited, &mut w, &format!("HSET hbig h {}", "z".repeat(25)));
         for over in ["HGETALL hbig", "HVALS hbig"] {
             assert!(
                 matches!(cmd(&mut s2, &limited, &mut w, over), Reply::Error(e) if e.contains("max_output_bytes")),
-                "{over}: three values of 25 bytes pass 60"
+                "{over}: three values of 25 bytes pass 120 with their framing"
             );
         }
         assert!(matches!(cmd(&mut s2, &limited, &mut w, "HKEYS hbig"), Reply::Array(v) if v.len() == 3));
         assert_eq!(cmd(&mut s2, &limited, &mut w, "HLEN hbig"), Reply::Int(3));
+        // Empty values count their framing: before 2026-12-07 HVALS of any number of them
+        // counted nothing, and copied them all.
+        for i in 0..8 {
+            cmd(&mut s2, &limited, &mut w, &format!("HSET hempty f{i} ")); // (an empty last argument)
+        }
+        assert!(
+            matches!(cmd(&mut s2, &limited, &mut w, "HVALS hempty"), Reply::Error(e) if e.contains("max_output_bytes")),
+            "eight empty values (128 bytes framed) pass 120"
+        );
+        assert_eq!(cmd(&mut s2, &limited, &mut w, "DEL hempty"), Reply::Int(1));
         // In EXEC, a command over the limit answers its error and the rest runs; the whole
         // reply is held to the limit too (each element counted 16 bytes more than its
         // strings), or the transaction is not run at all.
