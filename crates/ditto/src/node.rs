@@ -2169,17 +2169,20 @@ impl NodePlane {
                 // primary's node (found by a review).
                 if self.unclean == Some(c.role.epoch()) && !*learner && up {
                     let num = |k: &str| field(k).and_then(|v| v.parse::<u64>().ok());
-                    match (self.unclean_caught_up, num("ditto_released_ts"), num("ditto_durable_ts")) {
-                        (None, Some(released), _) if released > 0 => self.unclean_caught_up = Some(released),
-                        (Some(target), _, Some(durable)) if durable >= target => {
-                            say(
-                                self.me,
-                                format!("its backup server, started after the last one stopped uncleanly, holds durably what the primary released then (ts {target}): it reports again"),
-                            );
-                            self.unclean = None;
-                            self.unclean_caught_up = None;
-                        }
-                        _ => {}
+                    let (target, cleared) = unclean_catch_up(
+                        self.unclean_caught_up,
+                        num("ditto_released_ts"),
+                        num("ditto_acknowledged_ts"),
+                        num("ditto_durable_ts"),
+                    );
+                    self.unclean_caught_up = target;
+                    if let Some(target) = cleared {
+                        say(
+                            self.me,
+                            format!("its backup server, started after the last one stopped uncleanly, holds durably what the primary had released then under any policy (ts {target}): it reports again"),
+                        );
+                        self.unclean = None;
+                        self.unclean_caught_up = None;
                     }
                 }
                 let ago = field("ditto_heard_ms_ago").and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
@@ -2606,6 +2609,26 @@ fn followed_epoch(data: &Path) -> Option<u64> {
     }
 }
 
+/// A step of an unclean mark's catch-up (`NodePlane::unclean_caught_up`), from a probe of
+/// the later backup server with its link up: (the target kept, `Some(target)` once the mark
+/// goes). The target is the highest release of any policy the primary told it of
+/// (`ditto_acknowledged_ts`, which heartbeats carry; a connection may have chosen a
+/// weaker policy than the default, whose release `ditto_released_ts` alone is: a review
+/// found a first version taking that alone), taken once the acknowledged release was
+/// heard; the mark goes once the server holds the target durably.
+fn unclean_catch_up(
+    target: Option<u64>,
+    released: Option<u64>,
+    acknowledged: Option<u64>,
+    durable: Option<u64>,
+) -> (Option<u64>, Option<u64>) {
+    match (target, acknowledged) {
+        (None, Some(a)) if a > 0 => (Some(a.max(released.unwrap_or(0))), None),
+        (Some(t), _) if durable.is_some_and(|d| d >= t) => (Some(t), Some(t)),
+        (t, _) => (t, None),
+    }
+}
+
 /// Where an old primary's directory beside `data` waits while the node rejoins.
 fn old_primary_of(data: &Path) -> PathBuf {
     data.with_file_name("old-primary")
@@ -3026,7 +3049,8 @@ fn reads_its_log_off_thread<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::{
-        fenced_line, parse_members, probe_wait, role_change_of, Pipe, PIPE_PENDING_MAX, PROBE_BACKOFF_MAX, PROBE_EVERY,
+        fenced_line, parse_members, probe_wait, role_change_of, unclean_catch_up, Pipe, PIPE_PENDING_MAX,
+        PROBE_BACKOFF_MAX, PROBE_EVERY,
     };
     use std::time::Duration;
 
@@ -3162,6 +3186,21 @@ mod tests {
         std::fs::create_dir_all(plane.data.join("log")).unwrap();
         std::fs::write(plane.data.join("log").join("stream-0000-e0000000006-s0000000000.seg"), b"").unwrap();
         assert_eq!(plane.primary_log_dir(), Some(plane.data.clone()), "promoted: its own log");
+    }
+
+    /// An unclean mark's catch-up: no target before the primary's acknowledged release is
+    /// heard; the target is the highest of the two releases; the mark stays while the
+    /// server holds less durably and goes at the target.
+    #[test]
+    fn an_unclean_mark_goes_only_once_the_later_server_holds_every_release_durably() {
+        assert_eq!(unclean_catch_up(None, Some(60), None, Some(60)), (None, None), "acknowledged not heard yet");
+        assert_eq!(unclean_catch_up(None, Some(60), Some(0), Some(60)), (None, None));
+        let (target, cleared) = unclean_catch_up(None, Some(60), Some(100), Some(60));
+        assert_eq!((target, cleared), (Some(100), None), "a weaker policy's release above the default's");
+        assert_eq!(unclean_catch_up(target, Some(120), Some(130), Some(99)), (Some(100), None), "held below it");
+        assert_eq!(unclean_catch_up(target, Some(120), Some(130), None), (Some(100), None));
+        assert_eq!(unclean_catch_up(target, Some(120), Some(130), Some(100)), (Some(100), Some(100)));
+        assert_eq!(unclean_catch_up(None, Some(80), Some(70), Some(0)), (Some(80), None), "the default's, if higher");
     }
 
     /// A node whose last server stopped uncleanly reports again once a later epoch has

@@ -1052,9 +1052,15 @@ impl Database {
             if self.clock.refresh_horizon() >= need {
                 break;
             }
-            waiting.get_or_insert_with(|| HorizonWaiter::new(&self.horizon_waiters));
+            // The checkpoint is hurried only while it holds this wait (a wait for a client's
+            // snapshot, or with no checkpoint under way, leaves its pace as it is).
             let checkpoint = self.checkpoint_reading_at.load(Ordering::Acquire);
-            if self.clock.now() < need || (checkpoint != 0 && checkpoint < need.0) {
+            let checkpoint_holds = checkpoint != 0 && checkpoint < need.0;
+            match checkpoint_holds {
+                true => drop(waiting.get_or_insert_with(|| HorizonWaiter::new(&self.horizon_waiters))),
+                false => waiting = None,
+            }
+            if self.clock.now() < need || checkpoint_holds {
                 deadline = Instant::now() + limit;
             } else if Instant::now() > deadline {
                 return Err(Error::Corrupt(format!(

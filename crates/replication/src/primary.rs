@@ -911,13 +911,22 @@ impl Primary {
         self.moved.notified()
     }
 
-    /// What a membership settles by (`crate::settle_watermark` of the server's policy;
-    /// `released` where it has none, or it is `local`).
+    /// What a membership settles by: the least `crate::settle_watermark` of every policy in
+    /// use that counts backups, the server's and those its connections or transactions
+    /// chose (the quorum's record); `released` where none does. (Before 2026-12-07 the
+    /// server's policy alone: under a default of `local`, a commit a client's
+    /// `majority-durable` released on one backup of three was not waited for, and two
+    /// members added one after the other could then form a majority that lacked it; found
+    /// by a review.) Read only while a change is unsettled.
     fn settle_covers(&self, h: &Holdings, released: Ts) -> Ts {
-        match self.opts.policy {
-            Some(p) if p.scope != crate::Scope::Local => crate::settle_watermark(p, h),
-            _ => released,
-        }
+        let in_use = self.quorum.lock().mine.policies.clone();
+        in_use
+            .iter()
+            .chain(self.opts.policy.iter())
+            .filter(|p| p.scope != crate::Scope::Local)
+            .map(|&p| crate::settle_watermark(p, h))
+            .min()
+            .unwrap_or(released)
     }
 
     /// A cluster's membership changed to configuration `config`, with `n` backups: the
@@ -995,8 +1004,11 @@ impl Primary {
                 return;
             }
             self.backups_expected.store(n, Ordering::Release);
-            // (What it started with, if not settled yet, stays to be covered too.)
-            let bar = if s.2 { self.released() } else { s.1.max(self.released()) };
+            // Everything released under any policy (`acknowledged`: a connection's own may
+            // release more than the server's). (What it started with, if not settled yet,
+            // stays to be covered too.)
+            let released = self.released().max(self.acknowledged());
+            let bar = if s.2 { released } else { s.1.max(released) };
             *s = (config, bar, false);
         }
         if let Err(e) = self.grow_quorum(None, n) {

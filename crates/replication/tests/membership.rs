@@ -64,6 +64,64 @@ fn a_new_membership_is_settled_once_its_quorum_holds_what_was_released() {
     a.close();
 }
 
+/// A membership change is settled by every policy in use, not the server's alone: under a
+/// server policy of `local`, a commit released under a connection's own
+/// `majority-durable` on one backup of two (two nodes of three) is not yet held by a
+/// majority of five once two members are added, so that change does not settle until a
+/// third node holds it. Before 2026-12-07 it settled at once (the settle judged `local`,
+/// the primary's own disk), and a second member added after it could make a majority
+/// without the commit (found by a review).
+#[test]
+fn a_membership_change_settles_by_every_policy_in_use() {
+    use ditto_replication::CommitPolicy;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let (pa, b1, b2) = (tmp.path().join("a"), tmp.path().join("b1"), tmp.path().join("b2"));
+    let a = ditto_log::open(&pa, ditto_log::OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let t = a.db().create_table("t").unwrap();
+    // As a server does: every policy's release kept, the server's (`local`) returned.
+    let acked = Arc::new(AtomicU64::new(0));
+    let (local, strong) = (CommitPolicy::parse("local").unwrap(), CommitPolicy::parse("majority-durable").unwrap());
+    let opts = PrimaryOptions {
+        backups_expected: 2,
+        members_config: 0,
+        policy: Some(local),
+        acknowledged: Some(Arc::clone(&acked)),
+        ..Default::default()
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let a2 = Arc::clone(&acked);
+    let on_change = Box::new(move |h: &ditto_replication::Holdings| {
+        a2.fetch_max(ditto_replication::release_watermark(strong, h).0, Ordering::AcqRel);
+        ditto_replication::release_watermark(local, h)
+    });
+    let p = Primary::start(&a, listener, opts, on_change).unwrap();
+    let p2 = Arc::clone(&p);
+    a.logger().set_progress_listener(Box::new(move |_, _| p2.recompute())).unwrap();
+    // A connection chose `majority-durable` (a server records it before its first commit).
+    p.backups_may_release(strong).unwrap();
+    let bk1 = backup::start(BackupOptions::new(&addr, &b1, 1, "b1")).unwrap();
+    let mut w = a.db().worker(WorkerId(0)).unwrap();
+    let ts = w.run(|x| x.put(t, b"k", b"v")).unwrap().1.wait().unwrap();
+    wait_until("the commit released under majority-durable", Duration::from_secs(20), || {
+        acked.load(Ordering::Acquire) >= ts.0
+    });
+    // Five nodes: a majority is three, and two hold the commit.
+    p.set_backups_expected(4, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p.members_settled(), None, "two nodes of five hold a commit released under majority-durable");
+    // A third node holds it: settled.
+    let bk2 = backup::start(BackupOptions::new(&addr, &b2, 1, "b2")).unwrap();
+    wait_until("the new membership to settle", Duration::from_secs(20), || p.members_settled() == Some(1));
+    for b in [bk1, bk2] {
+        b.stop("done", Duration::from_secs(10)).unwrap();
+    }
+    drop(w);
+    p.stop();
+    a.close();
+}
+
 /// A learner (a cluster node being added, `Frame::Hello::learner`) counts in no commit
 /// quorum: with the one counted backup expected absent, a learner that receives and
 /// acknowledges everything durably releases nothing (the primary's `backups()` shows it a

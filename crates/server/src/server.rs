@@ -1622,9 +1622,11 @@ fn promote_in_place(
     let (db, _) = cut_and_seal(cfg, b, point, false, "promotion")?;
     let dir = cfg.data_dir.clone().expect("validated");
     // The followed epoch's run is kept (the primary refuses a backup of another run of
-    // it); where that fails, the primary only checks less, as before it was kept.
+    // it); where that fails, the primary only checks less, as before it was kept, and the
+    // followed epoch's record goes all the same.
     if let Err(e) = ditto_replication::backup::forget_followed(&dir) {
         tracing::warn!("promotion: {e}");
+        let _ = std::fs::remove_file(dir.join("REPLICA_STATE"));
     }
     let mut next = cfg.clone();
     next.replica_of = None;

@@ -561,13 +561,13 @@ impl Session {
         self.multi.is_none() && args[0].eq_ignore_ascii_case(b"DITTO.WAITTS")
     }
 
-    /// The request limits for this connection's next request: `limits`, or Redis's smaller
-    /// ones while it has not authenticated (`Limits::unauthenticated`).
     /// Whether the connection may run commands: it authenticated, or no password is set.
     pub fn authed(&self) -> bool {
         self.authed
     }
 
+    /// The request limits for this connection's next request: `limits`, or Redis's smaller
+    /// ones while it has not authenticated (`Limits::unauthenticated`).
     pub fn limits(&self, limits: &crate::resp::Limits) -> crate::resp::Limits {
         match self.authed {
             true => *limits,
