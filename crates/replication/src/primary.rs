@@ -919,8 +919,9 @@ impl Primary {
     /// members added one after the other could then form a majority that lacked it; found
     /// by a review.) Read only while a change is unsettled.
     fn settle_covers(&self, h: &Holdings, released: Ts) -> Ts {
-        let in_use = self.quorum.lock().mine.policies.clone();
-        in_use
+        let q = self.quorum.lock();
+        q.mine
+            .policies
             .iter()
             .chain(self.opts.policy.iter())
             .filter(|p| p.scope != crate::Scope::Local)
