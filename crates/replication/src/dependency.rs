@@ -37,6 +37,10 @@
 //!   finished).
 //! - Bounded: at most `MAX_IN_FLIGHT` transactions in the graph; the dispatcher waits for
 //!   room, and the receiver's queue behind it is bounded by the replica log's flow control.
+//!   And at most `WINDOW_MAX` transactions from the oldest unfinished one on, finished or
+//!   not: each holds its batch, and behind one that waits (a key's new life) the finished
+//!   ones after it were kept without bound under `dependency:0` (found by a review,
+//!   2026-12-07); the dispatcher waits for the oldest to finish, as at a barrier.
 //!
 //! Barriers (KuaFu IV.D): KuaFu drains the graph every N transactions to take a consistent
 //! snapshot. ditto does not need them for consistency (the read view is the replayed
@@ -107,6 +111,9 @@ impl Txn {
 
 /// Most transactions in the graph at once (KuaFu throttles its graph inserter the same way).
 pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// Most transactions kept from the oldest unfinished one on (`dispatch`'s window).
+pub const WINDOW_MAX: usize = 4 * MAX_IN_FLIGHT;
 
 /// KuaFu's barrier interval, in transactions (its evaluation: no cost beyond about 1024).
 pub const KUAFU_BARRIER_EVERY: u32 = 1024;
@@ -499,7 +506,8 @@ fn dispatch<M>(
         }
         while let Some(txn) = merge.pop() {
             let barrier = barrier_every > 0 && since_barrier >= barrier_every;
-            if barrier || sh.in_flight.load(Ordering::SeqCst) > MAX_IN_FLIGHT - 1 {
+            let window_full = window.len() >= WINDOW_MAX;
+            if barrier || window_full || sh.in_flight.load(Ordering::SeqCst) > MAX_IN_FLIGHT - 1 {
                 // About to wait for executors: one of them may be waiting for the read
                 // view to reach the ts below its own (a key's new life), which the cut
                 // bounds. Everything below this transaction is registered (the merge
@@ -514,6 +522,17 @@ fn dispatch<M>(
             if barrier {
                 wait_for_room(sh, 0, 0);
                 since_barrier = 0;
+            }
+            if window_full {
+                // Until the oldest finishes (as safe as a barrier, which waits for all).
+                while window.front().is_some_and(|n| !n.links.lock().finished) && !sh.stop.load(Ordering::Acquire) {
+                    let mut g = sh.room.lock();
+                    sh.room_cv.wait_for(&mut g, Duration::from_millis(1));
+                }
+                while window.front().is_some_and(|n| n.links.lock().finished) {
+                    window.pop_front();
+                    window_first += 1;
+                }
             }
             // Full: wait until a quarter has drained, not for one slot (one wake-up per
             // transaction would cost a futex round trip each).
@@ -788,6 +807,67 @@ mod tests {
         let mut done = sink.installed.lock().clone();
         done.sort();
         assert_eq!(done, [1, 2, 3]);
+    }
+
+    /// Without barriers (`dependency:0`), behind a transaction whose install waits, the
+    /// dispatcher takes at most `WINDOW_MAX` transactions from it on, finished or not
+    /// (each holds its batch): before 2026-12-07 it took every transaction that came, and
+    /// kept each finished one, batch and all, behind the one that waited (found by a
+    /// review). Once that one finishes, the rest is replayed.
+    #[test]
+    fn behind_a_waiting_transaction_the_dispatcher_holds_a_bounded_window() {
+        struct Blocks {
+            go: AtomicBool,
+            installed: AtomicUsize,
+            replayed: Mutex<Ts>,
+            failed: Mutex<Option<String>>,
+        }
+        impl Sink for Blocks {
+            fn install(&self, t: &Txn, _: &mut dyn FnMut(Ts) -> bool) -> Result<(), String> {
+                while t.ts == Ts(1) && !self.go.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                self.installed.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
+            fn replayed(&self, ts: Ts) {
+                let mut r = self.replayed.lock();
+                *r = (*r).max(ts);
+            }
+            fn failed(&self, why: String) {
+                *self.failed.lock() = Some(why);
+            }
+            fn add_done(&self, _: u64) {}
+        }
+        let sink = Arc::new(Blocks {
+            go: AtomicBool::new(false),
+            installed: AtomicUsize::new(0),
+            replayed: Mutex::new(Ts(0)),
+            failed: Mutex::default(),
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _shared = start(Arc::clone(&sink) as Arc<dyn Sink>, rx, |w: Result<Work, String>| w, 1, Ts(0), 2, 0);
+        let n = (WINDOW_MAX + 2000) as u64;
+        for ts in 1..=n {
+            tx.send(Ok(Work { stream: 0, bound: Ts(ts), floor: None, txns: vec![txn(ts, &[ts])] })).unwrap();
+        }
+        // Everything the dispatcher takes behind ts 1 is installed at once: wait until that
+        // stops moving.
+        let mut seen = usize::MAX;
+        while sink.installed.load(Ordering::Acquire) != seen {
+            seen = sink.installed.load(Ordering::Acquire);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(seen < WINDOW_MAX, "{seen} transactions installed behind a waiting one");
+        assert!(seen >= WINDOW_MAX - MAX_IN_FLIGHT, "only {seen} installed: the window took too few");
+        sink.go.store(true, Ordering::Release);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while *sink.replayed.lock() < Ts(n) {
+            assert!(sink.failed.lock().is_none(), "{:?}", sink.failed.lock());
+            assert!(std::time::Instant::now() < deadline, "replay stopped at {:?}", sink.replayed.lock());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(sink.installed.load(Ordering::Acquire), n as usize);
     }
 
     /// The executors against a recording sink: every row's writes are installed in ts
