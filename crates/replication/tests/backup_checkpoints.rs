@@ -20,6 +20,15 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Whether a checkpoint is being written in the backup directory `b` (its directory is
+/// there, its MANIFEST not yet).
+fn checkpoint_under_way(b: &std::path::Path) -> bool {
+    std::fs::read_dir(b.join("checkpoints")).is_ok_and(|rd| {
+        rd.flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-") && !e.path().join("MANIFEST").exists())
+    })
+}
+
 /// Replication of `a` under `local` on a free loopback port, `backups` expected; the
 /// primary and its address.
 fn primary_under_local(a: &ditto_log::Durable, backups: usize) -> (Arc<Primary>, String) {
@@ -157,13 +166,7 @@ fn a_fence_stops_a_checkpoint_being_written_short() {
         bk.state.visible.load(Ordering::SeqCst) >= last.0
     });
     // A checkpoint at the read view that holds everything is being written.
-    let ckpts = b1.join("checkpoints");
-    let in_progress = || {
-        std::fs::read_dir(&ckpts).is_ok_and(|rd| {
-            rd.flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-") && !e.path().join("MANIFEST").exists())
-        })
-    };
+    let in_progress = || checkpoint_under_way(&b1);
     wait_until("a checkpoint to be under way", Duration::from_secs(30), in_progress);
     let before = bk.state.checkpoints.load(Ordering::SeqCst);
     bk.fence("failover", Duration::from_secs(20)).unwrap();
@@ -221,13 +224,7 @@ fn a_new_life_replayed_under_the_backups_own_checkpoint_hurries_it_and_does_not_
     wait_until("the backup to hold everything", Duration::from_secs(30), || {
         bk.state.visible.load(Ordering::SeqCst) >= last.0
     });
-    let ckpts = b1.join("checkpoints");
-    let in_progress = || {
-        std::fs::read_dir(&ckpts).is_ok_and(|rd| {
-            rd.flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-") && !e.path().join("MANIFEST").exists())
-        })
-    };
+    let in_progress = || checkpoint_under_way(&b1);
     wait_until("a checkpoint to be under way", Duration::from_secs(30), in_progress);
     let before = bk.state.checkpoints.load(Ordering::SeqCst);
     // A key's life ended, its record cleaned up on the primary, then a new life.

@@ -45,6 +45,28 @@ fn commit(d: &ditto_log::Durable, t: TableId, keys: std::ops::Range<u32>, tag: &
     last
 }
 
+/// A directory `pa` with a first epoch (keys 0..10 of table "t"), then copied to `pc`.
+fn served_then_copied(pa: &std::path::Path, pc: &std::path::Path) {
+    {
+        let a = ditto_log::open(pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+        let t = a.db().create_table("t").unwrap();
+        commit(&a, t, 0..10, b"first");
+        a.close();
+    }
+    let copy = std::process::Command::new("cp").arg("-a").arg(pa).arg(pc).status().unwrap();
+    assert!(copy.success());
+}
+
+/// `dir` opened again (its next epoch) and served under `local`; with `resume`, resuming
+/// its backups of the epoch before as a standalone server does (`Durable::opened_from`):
+/// (its log, the primary, its address).
+fn served_again(dir: &std::path::Path, resume: bool) -> (ditto_log::Durable, Arc<Primary>, String) {
+    let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    let resume_from = d.opened_from().filter(|_| resume).map(|(e, p)| (e, p, p));
+    let (p, addr) = common::ship(&d, "local", PrimaryOptions { resume_from, ..Default::default() });
+    (d, p, addr)
+}
+
 /// What the backup directory `dir` holds of keys 0..300: (key, value) pairs.
 fn held(dir: &std::path::Path, t: TableId) -> Vec<(u32, Vec<u8>)> {
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
@@ -228,21 +250,9 @@ fn a_welcome_of_another_database_is_refused_by_the_backup_and_an_id_is_taken_onl
 fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
-    // A directory with a first epoch, then copied.
-    {
-        let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-        let t = a.db().create_table("t").unwrap();
-        commit(&a, t, 0..10, b"first");
-        a.close();
-    }
-    let copy = std::process::Command::new("cp").arg("-a").arg(&pa).arg(&pc).status().unwrap();
-    assert!(copy.success());
+    served_then_copied(&pa, &pc);
     // The original serves its next epoch; backup b follows it there.
-    let reopen = |dir: &std::path::Path| {
-        let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-        let (p, addr) = common::ship(&d, "local", PrimaryOptions::default());
-        (d, p, addr)
-    };
+    let reopen = |dir: &std::path::Path| served_again(dir, false);
     let (a, p, addr) = reopen(&pa);
     let t = a.db().table_id("t").unwrap();
     let epoch = a.logger().epoch();
@@ -282,22 +292,10 @@ fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
 fn a_backup_of_another_run_of_the_epoch_a_restarted_primary_opened_from_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let (pa, pb, pc, pd) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"), tmp.path().join("d"));
-    {
-        let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-        let t = a.db().create_table("t").unwrap();
-        commit(&a, t, 0..10, b"first");
-        a.close();
-    }
-    let copy = std::process::Command::new("cp").arg("-a").arg(&pa).arg(&pc).status().unwrap();
-    assert!(copy.success());
+    served_then_copied(&pa, &pc);
     // As a standalone server does: a primary that reopened its log into a new epoch
     // resumes its backups of the epoch before (`Durable::opened_from`).
-    let reopen = |dir: &std::path::Path| {
-        let d = ditto_log::open(dir, OpenOptions { workers: 1, ..Default::default() }).unwrap();
-        let resume_from = d.opened_from().map(|(e, p)| (e, p, p));
-        let (p, addr) = common::ship(&d, "local", PrimaryOptions { resume_from, ..Default::default() });
-        (d, p, addr)
-    };
+    let reopen = |dir: &std::path::Path| served_again(dir, true);
     // The original serves epoch 2 (run A); backup b follows it to ts `last`.
     let (a, p, addr) = reopen(&pa);
     let t = a.db().table_id("t").unwrap();
