@@ -327,9 +327,12 @@ pub struct BackupState {
     pub reuse_waits: AtomicU64,
     /// When the newest batch arrived, and the ts it carried (for lag in milliseconds).
     pub last_batch_unix_ms: AtomicU64,
-    /// When the newest frame of any kind (heartbeats too) arrived, in Unix milliseconds:
-    /// a cluster's failure detector hears the primary by it.
-    pub last_frame_unix_ms: AtomicU64,
+    /// When the newest frame of any kind (heartbeats too) arrived, on a monotonic clock
+    /// (`heard_ago`; 0: none yet): a cluster's failure detector hears the primary by it.
+    /// (Unix milliseconds until 2026-12-07: a backup that had heard nothing reported the
+    /// Unix time as its age, and a wall clock stepped back read "heard just now" for as
+    /// long; found by a review.)
+    last_frame_mono_us: AtomicU64,
     /// The timestamp of this backup's newest own checkpoint (0: none yet this run), and
     /// how many it wrote.
     pub checkpoint_ts: AtomicU64,
@@ -3213,7 +3216,7 @@ impl Receiver {
                 return Err(why);
             }
             let now_ms = unix_ms();
-            self.state.last_frame_unix_ms.store(now_ms, Ordering::Relaxed);
+            self.state.last_frame_mono_us.store(mono_us(), Ordering::Relaxed);
             match frame {
                 Frame::Batch { epoch, released, floor_trusted, counted, batch } => {
                     if epoch < self.epoch {
@@ -3565,6 +3568,14 @@ impl SerialQueue {
 }
 
 impl BackupState {
+    /// How long ago the newest frame from the primary came (`None`: none yet).
+    pub fn heard_ago(&self) -> Option<Duration> {
+        match self.last_frame_mono_us.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Duration::from_micros(mono_us().saturating_sub(at))),
+        }
+    }
+
     /// Replay CPU (thread time) in nanoseconds so far, summed over the replay threads
     /// (`crate::cpu`).
     pub fn replay_cpu_ns(&self) -> u64 {
@@ -3819,6 +3830,12 @@ fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Microseconds on a monotonic clock since this process first asked, plus one (never 0).
+fn mono_us() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
 /// What [`replay_recorded`] did.
 #[derive(Clone, Debug)]
 pub struct ReplayRun {
@@ -3907,6 +3924,15 @@ pub fn replay_recorded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backup that has heard nothing says so (`None`: -1 in INFO), not the Unix time.
+    #[test]
+    fn a_backup_that_heard_nothing_says_so() {
+        let state = BackupState::default();
+        assert_eq!(state.heard_ago(), None);
+        state.last_frame_mono_us.store(mono_us(), Ordering::Relaxed);
+        assert!(state.heard_ago().is_some_and(|d| d < Duration::from_secs(5)));
+    }
 
     #[test]
     fn a_recycled_vector_of_writes_is_empty_and_keeps_its_allocation() {

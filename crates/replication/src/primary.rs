@@ -862,10 +862,7 @@ impl Primary {
             s[last].0 = bound;
             return;
         }
-        if s.len() >= LAG_SAMPLES_MAX {
-            s.pop_front();
-        }
-        s.push_back((bound, now));
+        push_sample(&mut s, bound, now);
     }
 
     fn changed(&self) {
@@ -2232,6 +2229,22 @@ const LAG_SAMPLE_EVERY: Duration = Duration::from_micros(100);
 const LAG_SAMPLES_MAX: usize = 100_000;
 
 /// How long the oldest sample above `held` has waited at `now`: zero if none is above it.
+/// Appends a lag sample; at `LAG_SAMPLES_MAX`, the oldest goes and its time is kept on
+/// the next, so a backup below both reads its lag from the older time: higher than the
+/// truth by at most the gap between them, never lower. (Dropped outright until
+/// 2026-12-07: a backup stuck for longer than the samples' span, about 10 s under steady
+/// load, read that span as its lag for good; found by a review.)
+fn push_sample(s: &mut std::collections::VecDeque<(Ts, Instant)>, bound: Ts, now: Instant) {
+    if s.len() >= LAG_SAMPLES_MAX {
+        if let Some((_, oldest)) = s.pop_front() {
+            if let Some(next) = s.front_mut() {
+                next.1 = oldest;
+            }
+        }
+    }
+    s.push_back((bound, now));
+}
+
 fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now: Instant) -> Duration {
     let i = samples.partition_point(|(ts, _)| *ts <= held);
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
@@ -2508,6 +2521,28 @@ impl ditto_log::ShipTap for Tap {
 
 #[cfg(test)]
 mod tests {
+    /// A backup stuck below every sample reads its lag from the first sample ever taken,
+    /// however many were dropped since: before 2026-12-07 the lag stopped growing at the
+    /// samples' span (`LAG_SAMPLES_MAX` of them: 10 s at one every 100 us).
+    #[test]
+    fn a_stuck_backups_lag_keeps_growing_past_the_samples_kept() {
+        use super::{lag_since, push_sample, LAG_SAMPLES_MAX};
+        use ditto_engine::Ts;
+        use std::time::{Duration, Instant};
+        let base = Instant::now();
+        let mut s = std::collections::VecDeque::new();
+        let n = LAG_SAMPLES_MAX as u64 + 50_000;
+        for i in 0..n {
+            push_sample(&mut s, Ts(i + 1), base + Duration::from_micros(100 * i));
+        }
+        assert_eq!(s.len(), LAG_SAMPLES_MAX);
+        let now = base + Duration::from_micros(100 * n);
+        assert_eq!(lag_since(&s, Ts(0), now), now - base, "stuck below the first commit shipped");
+        // A backup past the dropped ones reads from the sample after its position.
+        let held = Ts(n - 10);
+        assert_eq!(lag_since(&s, held, now), Duration::from_micros(100 * 10));
+    }
+
     /// A gap vouches every `GAP_VOUCH_EVERY` batches for what lies below the merge's next
     /// key, never past the registration clock, never twice for the same, and once at the
     /// end for the clock unless it vouched for that already; never past what the backup

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use crate::session::{Replication, Shared};
 
-/// Query Fresh's freshness score (section 5.5): the backup's read view over the primary's,
+/// Query Fresh's freshness score (section 4.5): the backup's read view over the primary's,
 /// in percent, now. Timestamps count commits from the start, so it reads close to 100 on a
 /// long-running primary even when the backup lags; the lags in milliseconds say more.
 pub fn freshness_pct(backup_view: u64, primary_view: u64) -> f64 {
@@ -155,9 +155,8 @@ pub fn fields(sh: &Shared) -> Vec<(String, String)> {
             put("ditto_replay_cpu_ms", (state.replay_cpu_ns() / 1_000_000).to_string());
             put("ditto_checkpoint_ts", ld(&state.checkpoint_ts).to_string());
             put("ditto_checkpoints", ld(&state.checkpoints).to_string());
-            let now_ms =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-            put("ditto_heard_ms_ago", now_ms.saturating_sub(ld(&state.last_frame_unix_ms)).to_string());
+            // (-1: nothing heard yet, as the primary says of a backup never heard.)
+            put("ditto_heard_ms_ago", state.heard_ago().map_or("-1".into(), |d| d.as_millis().to_string()));
             if let Some(why) = state.failure.lock().clone() {
                 put("ditto_failure", why.replace(['\r', '\n'], " "));
             }
