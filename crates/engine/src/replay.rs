@@ -300,8 +300,8 @@ impl Database {
     /// default pace), held it: reads stayed at the view below the write until the
     /// checkpoint ended, and past `replay_wait_max` the backup's replay failed for good
     /// (found by a review, 2026-12-07). Now such a wait does not count the checkpoint's
-    /// time toward the limit (it ends by itself), and the checkpoint goes unpaced while
-    /// any write waits (`horizon_waiters`, its pace's hurry).
+    /// time toward the limit (it ends by itself), and the checkpoint goes unpaced while a
+    /// write waits for its snapshot (`horizon_waiters`, its pace's hurry).
     pub fn checkpoint_reading(&self, at: Ts) -> CheckpointReading<'_> {
         self.checkpoint_reading_at.store(at.0.max(1), Ordering::Release);
         CheckpointReading(self)
@@ -1056,9 +1056,10 @@ impl Database {
             // snapshot, or with no checkpoint under way, leaves its pace as it is).
             let checkpoint = self.checkpoint_reading_at.load(Ordering::Acquire);
             let checkpoint_holds = checkpoint != 0 && checkpoint < need.0;
-            match checkpoint_holds {
-                true => drop(waiting.get_or_insert_with(|| HorizonWaiter::new(&self.horizon_waiters))),
-                false => waiting = None,
+            if !checkpoint_holds {
+                waiting = None;
+            } else if waiting.is_none() {
+                waiting = Some(HorizonWaiter::new(&self.horizon_waiters));
             }
             if self.clock.now() < need || checkpoint_holds {
                 deadline = Instant::now() + limit;

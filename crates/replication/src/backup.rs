@@ -325,8 +325,6 @@ pub struct BackupState {
     /// Transactions whose install waited for what lies below a batch's `reuse_ts` (a
     /// reused record id's old life, `Engine::await_replayed`).
     pub reuse_waits: AtomicU64,
-    /// When the newest batch arrived, and the ts it carried (for lag in milliseconds).
-    pub last_batch_unix_ms: AtomicU64,
     /// When the newest frame of any kind (heartbeats too) arrived, on a monotonic clock
     /// (`heard_ago`; 0: none yet): a cluster's failure detector hears the primary by it.
     /// (Unix milliseconds until 2026-12-07: a backup that had heard nothing reported the
@@ -3215,7 +3213,6 @@ impl Receiver {
             if let Some(why) = self.state.failure.lock().clone() {
                 return Err(why);
             }
-            let now_ms = unix_ms();
             self.state.last_frame_mono_us.store(mono_us(), Ordering::Relaxed);
             match frame {
                 Frame::Batch { epoch, released, floor_trusted, counted, batch } => {
@@ -3309,7 +3306,6 @@ impl Receiver {
                             charged: 0,
                         });
                         self.state.batches_received.fetch_add(1, Ordering::Relaxed);
-                        self.state.last_batch_unix_ms.store(now_ms, Ordering::Relaxed);
                     }
                     self.engine.note_released(released);
                 }
@@ -3824,10 +3820,6 @@ impl Backup {
         self.state.visible.fetch_max(point.0, Ordering::AcqRel);
         Ok((self.db, self._lock, point))
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Microseconds on a monotonic clock since this process first asked, plus one (never 0).

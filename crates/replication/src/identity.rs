@@ -7,7 +7,6 @@
 //! another database, or of another run of the epoch it follows (docs/replication.md,
 //! "Protocol").
 
-use std::io::Write;
 use std::path::Path;
 
 use ditto_log::storage::Storage;
@@ -92,20 +91,14 @@ pub fn read_epoch_run(path: &Path) -> std::io::Result<Option<(Epoch, u64)>> {
     }
 }
 
-/// Writes `read_epoch_run`'s record `file` in `dir`, durably: a temporary file synced,
-/// renamed over the old record, the directory synced.
+/// Writes `read_epoch_run`'s record `file` in `dir`, durably (the log's
+/// `write_atomically`: after a crash the old record or the new one).
 pub fn write_epoch_run(dir: &Path, file: &str, e: Epoch, run: u64, storage: &dyn Storage) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{file}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        match run {
-            0 => writeln!(f, "epoch {}", e.0)?,
-            r => writeln!(f, "epoch {} run {r:016x}", e.0)?,
-        }
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(file))?;
-    storage.sync_dir(dir)
+    let line = match run {
+        0 => format!("epoch {}\n", e.0),
+        r => format!("epoch {} run {r:016x}\n", e.0),
+    };
+    ditto_log::catalog::write_atomically(dir, file, line.as_bytes(), storage)
 }
 
 /// The record of the last epoch a directory served as a primary, and its run; or, where a

@@ -2228,7 +2228,6 @@ const LAG_SAMPLE_EVERY: Duration = Duration::from_micros(100);
 /// past it, the oldest go, and the lag reads lower than it is).
 const LAG_SAMPLES_MAX: usize = 100_000;
 
-/// How long the oldest sample above `held` has waited at `now`: zero if none is above it.
 /// Appends a lag sample; at `LAG_SAMPLES_MAX`, the oldest goes and its time is kept on
 /// the next, so a backup below both reads its lag from the older time: higher than the
 /// truth by at most the gap between them, never lower. (Dropped outright until
@@ -2245,6 +2244,7 @@ fn push_sample(s: &mut std::collections::VecDeque<(Ts, Instant)>, bound: Ts, now
     s.push_back((bound, now));
 }
 
+/// How long the oldest sample above `held` has waited at `now`: zero if none is above it.
 fn lag_since(samples: &std::collections::VecDeque<(Ts, Instant)>, held: Ts, now: Instant) -> Duration {
     let i = samples.partition_point(|(ts, _)| *ts <= held);
     samples.get(i).map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))

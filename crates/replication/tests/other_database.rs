@@ -67,6 +67,30 @@ fn served_again(dir: &std::path::Path, resume: bool) -> (ditto_log::Durable, Arc
     (d, p, addr)
 }
 
+/// What `original_followed` left: the table, the epoch the original served, its last
+/// commit, its run, and what the backup's directory holds.
+struct Original {
+    t: TableId,
+    epoch: ditto_log::Epoch,
+    last: Ts,
+    run: u64,
+    held: Vec<(u32, Vec<u8>)>,
+}
+
+/// The original directory `pa` served again (`served_again`, `resume` as there), keys
+/// 10..30 committed, backup `pb` following it up to the last; then both stopped.
+fn original_followed(pa: &std::path::Path, pb: &std::path::Path, resume: bool) -> Original {
+    let (a, p, addr) = served_again(pa, resume);
+    let t = a.db().table_id("t").unwrap();
+    let epoch = a.logger().epoch();
+    let last = commit(&a, t, 10..30, b"a");
+    common::backup_holding(&addr, pb, last);
+    let run = p.run();
+    p.stop();
+    a.close();
+    Original { t, epoch, last, run, held: held(pb, t) }
+}
+
 /// What the backup directory `dir` holds of keys 0..300: (key, value) pairs.
 fn held(dir: &std::path::Path, t: TableId) -> Vec<(u32, Vec<u8>)> {
     let storage: Arc<dyn ditto_log::storage::Storage> = Arc::new(ditto_log::storage::RealStorage);
@@ -253,15 +277,7 @@ fn a_backup_takes_nothing_from_another_run_of_its_epoch_number() {
     served_then_copied(&pa, &pc);
     // The original serves its next epoch; backup b follows it there.
     let reopen = |dir: &std::path::Path| served_again(dir, false);
-    let (a, p, addr) = reopen(&pa);
-    let t = a.db().table_id("t").unwrap();
-    let epoch = a.logger().epoch();
-    let last = commit(&a, t, 10..30, b"a");
-    common::backup_holding(&addr, &pb, last);
-    let a_run = p.run();
-    p.stop();
-    a.close();
-    let before = held(&pb, t);
+    let Original { t, epoch, last, run: a_run, held: before } = original_followed(&pa, &pb, false);
     // The copy serves the same next epoch, in another run, its clock past b's.
     let (c, p2, addr) = reopen(&pc);
     assert_eq!(c.logger().epoch(), epoch, "the same epoch number");
@@ -297,15 +313,7 @@ fn a_backup_of_another_run_of_the_epoch_a_restarted_primary_opened_from_is_refus
     // resumes its backups of the epoch before (`Durable::opened_from`).
     let reopen = |dir: &std::path::Path| served_again(dir, true);
     // The original serves epoch 2 (run A); backup b follows it to ts `last`.
-    let (a, p, addr) = reopen(&pa);
-    let t = a.db().table_id("t").unwrap();
-    let epoch = a.logger().epoch();
-    let last = commit(&a, t, 10..30, b"a");
-    common::backup_holding(&addr, &pb, last);
-    let a_run = p.run();
-    p.stop();
-    a.close();
-    let before = held(&pb, t);
+    let Original { t, epoch, last, run: a_run, held: before } = original_followed(&pa, &pb, true);
     // The copy serves epoch 2 too (run C), as many commits of other values, so that it
     // stamps exactly what b holds, and backup d follows it; then it restarts into epoch
     // 3, opened from epoch 2 at that point: b holds "exactly the point".
@@ -341,6 +349,26 @@ fn a_backup_of_another_run_of_the_epoch_a_restarted_primary_opened_from_is_refus
     drop(bk);
     p3.stop();
     c.close();
+}
+
+/// A primary that cannot record its run of its epoch (`EPOCH_RUN`; here a directory where
+/// its temporary file goes) does not start, and so welcomes no backup that a later
+/// primary opened from this epoch could not tell from another run's.
+#[test]
+fn a_primary_that_cannot_record_its_run_does_not_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pa = tmp.path().join("a");
+    let a = ditto_log::open(&pa, OpenOptions { workers: 1, ..Default::default() }).unwrap();
+    std::fs::create_dir_all(pa.join(format!("{}.tmp", identity::EPOCH_RUN_FILE)).join("in the way")).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let local = ditto_replication::CommitPolicy::parse("local").unwrap();
+    let on_change = Box::new(move |h: &ditto_replication::Holdings| ditto_replication::release_watermark(local, h));
+    match Primary::start(&a, listener, PrimaryOptions::default(), on_change) {
+        Err(e) => assert!(e.to_string().contains("recording this primary's run"), "{e}"),
+        Ok(_) => panic!("a primary that could not record its run started"),
+    }
+    assert!(!pa.join(identity::EPOCH_RUN_FILE).exists());
+    a.close();
 }
 
 /// The backup's own check of the run (a primary that did not check the hello's, a

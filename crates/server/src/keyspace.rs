@@ -486,11 +486,11 @@ impl Keyspace {
         let (mut out, mut bytes, mut whole) = (Vec::new(), 0usize, true);
         txn.for_each(self.fields, Bound::Included(&lo[..]), hi, |row, v| {
             let f = &row[skip.min(row.len())..];
-            // Each element sent counts its framing as `Reply::wire_bytes` does (16): before
+            // Each element sent counts its framing as `Reply::wire_bytes` does: before
             // 2026-12-07 only its bytes, so HVALS of a hash of empty values counted nothing
             // and copied every field (64 bytes or more each) whatever the bound (found by a
             // review).
-            let sent = |want: bool, b: &[u8]| if want { b.len() + 16 } else { 0 };
+            let sent = |want: bool, b: &[u8]| if want { b.len() + crate::resp::ELEMENT_FRAMING_BYTES } else { 0 };
             bytes = bytes.saturating_add(sent(fields, f) + sent(values, v));
             if bytes > max_bytes {
                 whole = false;

@@ -379,25 +379,30 @@ pub enum Reply {
     In(Proto, Box<Reply>),
 }
 
+/// What a reply's size bound counts for each element's framing besides its strings
+/// (`Reply::wire_bytes`, and the hash replies' `Keyspace::hash_within`).
+pub const ELEMENT_FRAMING_BYTES: usize = 16;
+
 impl Reply {
-    /// About the bytes the reply takes on the wire: its strings' lengths, and 16 for each
-    /// element's framing (at least what RESP writes for it).
+    /// About the bytes the reply takes on the wire: its strings' lengths, and
+    /// `ELEMENT_FRAMING_BYTES` for each element's framing (at least what RESP writes for it).
     pub fn wire_bytes(&self) -> usize {
-        16 + match self {
-            Reply::Ok | Reply::Nil | Reply::NilArray | Reply::Bool(_) => 0,
-            // (`:-9223372036854775808\r\n` is 23 bytes: counted as 16, an EXEC of many
-            // INCRs passed the bound checked before its commit, and its reply was replaced
-            // by an error after it.)
-            Reply::Int(_) => 8,
-            Reply::Simple(s) => s.len(),
-            Reply::SimpleOwned(s) | Reply::Error(s) => s.len(),
-            Reply::ErrorRaw(b) => b.len(),
-            Reply::Bulk(b) => b.len(),
-            Reply::Text(b) => b.len() + 4,
-            Reply::Array(v) | Reply::Set(v) => v.iter().map(Reply::wire_bytes).sum(),
-            Reply::Map(v) => v.iter().map(|(k, x)| k.wire_bytes() + x.wire_bytes()).sum(),
-            Reply::In(_, r) => r.wire_bytes() - 16,
-        }
+        ELEMENT_FRAMING_BYTES
+            + match self {
+                Reply::Ok | Reply::Nil | Reply::NilArray | Reply::Bool(_) => 0,
+                // (`:-9223372036854775808\r\n` is 23 bytes: counted as 16, an EXEC of many
+                // INCRs passed the bound checked before its commit, and its reply was replaced
+                // by an error after it.)
+                Reply::Int(_) => 8,
+                Reply::Simple(s) => s.len(),
+                Reply::SimpleOwned(s) | Reply::Error(s) => s.len(),
+                Reply::ErrorRaw(b) => b.len(),
+                Reply::Bulk(b) => b.len(),
+                Reply::Text(b) => b.len() + 4,
+                Reply::Array(v) | Reply::Set(v) => v.iter().map(Reply::wire_bytes).sum(),
+                Reply::Map(v) => v.iter().map(|(k, x)| k.wire_bytes() + x.wire_bytes()).sum(),
+                Reply::In(_, r) => r.wire_bytes() - ELEMENT_FRAMING_BYTES,
+            }
     }
 
     /// An error line (a CR or LF in it is written as a space: `line`).

@@ -2555,8 +2555,8 @@ async fn watch_while_waiting<S: AsyncRead + Unpin>(
     }
 }
 
-/// Writes `out` whole and flushes it; while the socket takes no more, reads what the client sends into
-/// `inbuf`, up to `ahead_max` bytes held there. A client that sends a whole pipeline before
+/// Writes `out` whole and flushes it; while the socket takes no more, reads what the client
+/// sends into `inbuf`, up to `ahead_max` bytes held there. A client that sends a whole pipeline before
 /// it reads any reply (redis-py's `pipeline().execute()`, Jedis's `sync()`) otherwise
 /// deadlocked with the server once the replies filled both sockets' buffers: the server
 /// stopped reading while its write waited, and the client's send waited on the server's
